@@ -1,0 +1,59 @@
+"""The one place authentication and authorization plug in.
+
+``Authenticator.authenticate`` is asked once per MQTT CONNECT and per AMQP SASL
+exchange; ``Authorizer`` is asked for every publish, subscribe, will and retained
+write.  The defaults accept everyone (anonymous access); a later user store replaces
+them without touching the protocols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol, Union
+
+from twisted.internet.defer import Deferred
+
+__all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll"]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    client_id: str
+    username: Optional[str]
+    password: Optional[bytes]
+    protocol: str          # "mqtt" or "amqp"
+    peer: str              # remote address, for logs and rules
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who an accepted connection is; ``username`` None means anonymous."""
+
+    client_id: str
+    username: Optional[str] = None
+
+
+class Authenticator(Protocol):
+    def authenticate(self, credentials: Credentials) -> Union[bool, "Deferred[bool]"]:
+        ...
+
+
+class Authorizer(Protocol):
+    def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+        ...
+
+    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        ...
+
+
+class AllowAll:
+    """Anonymous access: every client, every topic."""
+
+    def authenticate(self, credentials: Credentials) -> bool:
+        return True
+
+    def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+        return True
+
+    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        return True

@@ -1,0 +1,491 @@
+"""The router: sessions by client id, the subscription trie, retained messages,
+wills, limits and counters.  Protocols (MQTT, AMQP) and the console drive it.
+
+What it owns: who is connected to which session, takeover, clean/persistent
+session rules, routing (trie match, delivery QoS = min(publish, granted), one copy
+per session at the highest granted QoS), retained messages, wills (including the
+grace rule after a restart), session expiry, ``$SYS`` topics.
+
+What it must not do: parse bytes, touch sockets, or wait on storage.  Every durable
+change is handed to the ``StateStore`` as operations; callers that must promise
+durability (PUBACK, PUBREC, CONNACK, AMQP Accepted) chain on the returned Deferred.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Sequence
+
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp import __version__
+from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.persistence import (
+    ClearRetained, DeleteRetained, DeleteSession, DeleteSubscription, DeleteWill, Op,
+    PutRetained, PutSession, PutSubscription, PutWill, StateStore,
+)
+from mqttamqp.core.retained import RetainedStore
+from mqttamqp.core.session import ClientLink, Session, SessionState
+from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter, validate_topic_name
+
+__all__ = ["Broker", "SUBSCRIBE_FAILURE"]
+
+SUBSCRIBE_FAILURE = 0x80
+_SYS_PREFIX = "$SYS/"
+
+
+class Broker:
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, store: StateStore, limits: Limits = Limits(),
+                 authenticator: Optional[Authenticator] = None,
+                 authorizer: Optional[Authorizer] = None) -> None:
+        self.clock = clock
+        self.store = store
+        self.limits = limits
+        self.authenticator: Authenticator = authenticator or AllowAll()
+        self.authorizer: Authorizer = authorizer or AllowAll()
+        self.sessions: dict[str, Session] = {}
+        self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        self.retained = RetainedStore()
+        self.wills: dict[str, WillMessage] = {}
+        self.stats = BrokerStats()
+        self._grace: dict[str, IDelayedCall] = {}
+        self._paused: dict[int, Callable[[], None]] = {}  # id -> resume callback
+        self._loops: list[LoopingCall] = []
+        self._dropped_retired = 0  # drops of sessions that no longer exist
+        # Set when the process shuts down: connections then end without firing wills
+        # (the grace rule decides at the next start) and nothing more is stored.
+        self.stopping = False
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Rebuild from the store, arm the grace timers of orphaned wills and loops."""
+        now = self.clock.seconds()
+        self.stats.started = now
+        snap = self.store.load()
+        for topic, message in snap.retained.items():
+            self.retained.put(message)
+        for record in snap.sessions.values():
+            session = Session(record.client_id, True, self.limits, record.last_seen)
+            session.last_seen = record.last_seen
+            session.restore(record.queue, record.inbound_qos2)
+            for topic_filter, qos in record.subscriptions.items():
+                session.subscriptions[topic_filter] = qos
+                self.trie.add(topic_filter, session, qos)
+            self.sessions[record.client_id] = session
+        for owner, will in snap.wills.items():
+            # The owner was connected when the broker stopped: it lost its connection
+            # without a clean close, unless it comes back within the grace period.
+            self.wills[owner] = will
+            self._grace[owner] = self.clock.callLater(
+                self.limits.will_grace, self._grace_expired, owner)
+        if snap.wills:
+            self.log.info("{n} stored will(s) will be published in {s}s unless their "
+                          "clients reconnect", n=len(snap.wills), s=self.limits.will_grace)
+        self.log.info("loaded {r} retained message(s), {s} persistent session(s)",
+                      r=len(snap.retained), s=len(snap.sessions))
+        self._start_loop(self.publish_sys, self.limits.sys_interval)
+        if self.limits.session_expiry > 0:
+            self._start_loop(self.expire_sessions, min(60.0, self.limits.session_expiry))
+
+    def _start_loop(self, fn: Callable[[], object], interval: float) -> None:
+        if interval <= 0:
+            return
+        loop = LoopingCall(fn)
+        loop.clock = self.clock
+        loop.start(interval, now=True).addErrback(
+            lambda f: self.log.failure("periodic task {fn} failed", f, fn=fn.__name__))
+        self._loops.append(loop)
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+        for call in self._grace.values():
+            if call.active():
+                call.cancel()
+        self._grace.clear()
+
+    # -- storage --------------------------------------------------------------
+
+    def persist(self, ops: Sequence[Op]) -> "Optional[Deferred[None]]":
+        """Submit ``ops``; the Deferred fires once durable (None: nothing to wait for)."""
+        if not ops or self.stopping:
+            return None
+        return self.store.submit(ops)
+
+    # -- authentication -------------------------------------------------------
+
+    def authenticate(self, credentials: Credentials) -> "Deferred[bool]":
+        return maybeDeferred(self.authenticator.authenticate, credentials)
+
+    # -- connections and sessions ---------------------------------------------
+
+    def open_session(self, connection: ClientLink, client_id: str, clean: bool,
+                     will: Optional[WillMessage]
+                     ) -> tuple[Session, bool, "Optional[Deferred[None]]"]:
+        """Claim the session of ``client_id`` for ``connection``.
+
+        Takes over from a connection that holds it (the old one is closed and its
+        will fires), applies clean/persistent rules and stores the will.  Returns
+        the session, the session-present flag and a Deferred for the commit that
+        must precede CONNACK.  Call ``activate`` once CONNACK is out.
+        """
+        now = self.clock.seconds()
+        ops: list[Op] = []
+        grace = self._grace.pop(client_id, None)
+        if grace is not None and grace.active():
+            grace.cancel()
+            self.log.info("client {c} is back within the will grace period; its old "
+                          "will is not published", c=client_id)
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.connection is not None:
+            old = existing.connection
+            self.log.info("client {c} connected again: closing its previous connection",
+                          c=client_id)
+            self.end_session(old, existing, clean=False, reason="taken over")
+            old.close("session taken over by a new connection")
+            existing = self.sessions.get(client_id)
+        present = False
+        if clean:
+            if existing is not None:
+                ops.extend(self._discard(existing))
+            session = Session(client_id, False, self.limits, now)
+            self.sessions[client_id] = session
+        elif existing is not None and existing.persistent:
+            session = existing
+            present = True
+            ops.append(PutSession(client_id, now))
+        else:
+            session = Session(client_id, True, self.limits, now)
+            self.sessions[client_id] = session
+            ops.append(PutSession(client_id, now))
+        session.last_seen = now
+        session.connection = connection
+        session.state = SessionState.CONNECTING
+        if will is not None and not self._will_allowed(will):
+            self.log.warn("will of {c} on {t!r} is not authorized; ignored", c=client_id,
+                          t=will.topic)
+            will = None
+        if will is not None:
+            self.wills[client_id] = will
+            ops.append(PutWill(will))
+        elif self.wills.pop(client_id, None) is not None:
+            ops.append(DeleteWill(client_id))
+        return session, present, self.persist(ops)
+
+    def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
+        """CONNACK went out: deliver in-flight and queued messages to ``link``."""
+        self.stats.connected(protocol)
+        session.protocol = protocol
+        session.attach(link)
+
+    def end_session(self, connection: ClientLink, session: Session, clean: bool,
+                    reason: str) -> None:
+        """The connection that holds ``session`` is gone.
+
+        ``clean`` is True for MQTT DISCONNECT (the will is deleted, not published);
+        any other end publishes the will.  A clean session is discarded; a
+        persistent one stays with its subscriptions and queue.
+        """
+        if session.connection is not connection:
+            return  # already ended (takeover, console) — nothing to do twice
+        if self.stopping:
+            session.detach()
+            return
+        client_id = session.client_id
+        was_online = session.state is SessionState.ONLINE
+        if was_online:
+            self.stats.disconnected(session.protocol)
+        ops: list[Op] = []
+        if clean:
+            if self.wills.pop(client_id, None) is not None:
+                ops.append(DeleteWill(client_id))
+        else:
+            self.fire_will(client_id, reason)
+        session.detach()
+        if session.persistent:
+            session.last_seen = self.clock.seconds()
+            ops.append(PutSession(client_id, session.last_seen))
+        else:
+            ops.extend(self._discard(session))
+        self._resume_paused()
+        d = self.persist(ops)
+        if d is not None:
+            d.addErrback(self._log_store_failure, "ending session of " + client_id)
+
+    def _discard(self, session: Session) -> list[Op]:
+        """Remove a session: subscriptions out of the trie, state dropped."""
+        for topic_filter in session.subscriptions:
+            self.trie.remove(topic_filter, session)
+        self._dropped_retired += session.dropped
+        session.clear_messages()
+        session.subscriptions.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        return [DeleteSession(session.client_id)] if session.persistent else []
+
+    # -- wills ----------------------------------------------------------------
+
+    def _will_allowed(self, will: WillMessage) -> bool:
+        if validate_topic_name(will.topic) is not None:
+            return False
+        identity = Identity(will.owner)
+        return self.authorizer.may_publish(identity, will.topic, will.retain)
+
+    def set_will(self, will: WillMessage) -> "Optional[Deferred[None]]":
+        """Store (or replace) the will of ``will.owner`` (AMQP_WILL, also mid-connection)."""
+        self.wills[will.owner] = will
+        return self.persist([PutWill(will)])
+
+    def clear_will(self, owner: str) -> "Optional[Deferred[None]]":
+        if self.wills.pop(owner, None) is None:
+            return None
+        return self.persist([DeleteWill(owner)])
+
+    def fire_will(self, owner: str, reason: str) -> bool:
+        """Publish the will of ``owner`` (if any) and delete it."""
+        will = self.wills.pop(owner, None)
+        if will is None:
+            return False
+        self.log.info("publishing will of {o} to {t!r} ({r})", o=owner, t=will.topic, r=reason)
+        self.stats.wills_published += 1
+        d = self.publish(will.as_message(self.clock.seconds()), extra_ops=[DeleteWill(owner)])
+        if d is not None:
+            d.addErrback(self._log_store_failure, "publishing will of " + owner)
+        return True
+
+    def _grace_expired(self, owner: str) -> None:
+        self._grace.pop(owner, None)
+        self.fire_will(owner, "client did not return within the will grace period after a restart")
+
+    # -- publishing -----------------------------------------------------------
+
+    def publish(self, message: Message, identity: Optional[Identity] = None,
+                extra_ops: Sequence[Op] = ()) -> "Optional[Deferred[None]]":
+        """Route ``message``; the Deferred fires when everything it promised is durable.
+
+        Deliveries to clean sessions go out at once; deliveries to persistent
+        sessions are held until the commit that stores them.  ``extra_ops`` (e.g.
+        the inbound QoS 2 id) are committed in the same batch.
+        """
+        if identity is not None and not self.authorizer.may_publish(
+                identity, message.topic, message.retain):
+            self.stats.publish_denied += 1
+            self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=message.topic)
+            return self.persist(extra_ops)
+        self.stats.messages_received += 1
+        ops: list[Op] = list(extra_ops)
+        if message.retain:
+            durable = not message.topic.startswith(_SYS_PREFIX)
+            if not message.payload:
+                if self.retained.delete(message.topic) and durable:
+                    ops.append(DeleteRetained(message.topic))
+            else:
+                self.retained.put(message)
+                if durable:
+                    ops.append(PutRetained(message.with_retain(True)))
+        held: list[tuple[Session, int]] = []
+        msg_qos = message.qos
+        for session, granted in self.trie.match(message.topic).items():
+            qos = granted if granted < msg_qos else msg_qos
+            session_ops = session.enqueue(message, qos, False)
+            if session_ops:
+                ops.extend(session_ops)
+                held.append((session, session_ops[-1].seq))  # type: ignore[union-attr]
+        d = self.persist(ops)
+        if d is not None and held:
+            d.addBoth(self._release_held, held)
+        return d
+
+    def _release_held(self, result: object, held: list[tuple[Session, int]]) -> object:
+        for session, seq in held:
+            session.release_held(seq)
+        return result
+
+    def publish_sys(self) -> None:
+        now = self.clock.seconds()
+        dropped = self.dropped_total()
+        self.stats.messages_dropped = dropped
+        for topic, payload in self.stats.sys_topics(
+                __version__, now, len(self.trie), len(self.retained),
+                len(self.sessions), len(self.wills), dropped):
+            self.publish(Message(topic, payload.encode(), 0, True, None, now))
+
+    def dropped_total(self) -> int:
+        return self._dropped_retired + sum(s.dropped for s in self.sessions.values())
+
+    # -- back-pressure --------------------------------------------------------
+
+    def congested_for(self, topic: str) -> bool:
+        """True if an online subscriber of ``topic`` is past its high-water mark."""
+        for session in self.trie.match(topic):
+            if session.over_high_water():
+                return True
+        return False
+
+    def pause_until_drained(self, key: int, resume: Callable[[], None]) -> None:
+        self._paused[key] = resume
+
+    def forget_paused(self, key: int) -> None:
+        self._paused.pop(key, None)
+
+    def link_drained(self, session: Optional[Session]) -> None:
+        """A congested link can take more again: send its queue, wake publishers."""
+        if session is not None:
+            session.pump()
+        self._resume_paused()
+
+    def _resume_paused(self) -> None:
+        if not self._paused:
+            return
+        if any(s.over_high_water() for s in self.sessions.values() if s.link is not None):
+            return
+        paused, self._paused = self._paused, {}
+        for resume in paused.values():
+            resume()
+
+    # -- subscriptions --------------------------------------------------------
+
+    def subscribe(self, session: Session, identity: Identity,
+                  requests: Sequence[tuple[str, int]]
+                  ) -> tuple[list[int], "Optional[Deferred[None]]"]:
+        """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
+        codes: list[int] = []
+        ops: list[Op] = []
+        for topic_filter, qos in requests:
+            problem = validate_topic_filter(topic_filter)
+            if problem is not None:
+                self.log.warn("{c} subscribed to an invalid filter {f!r}: {p}",
+                              c=session.client_id, f=topic_filter, p=problem)
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            if not self.authorizer.may_subscribe(identity, topic_filter):
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            granted = min(qos, 2)
+            session.subscriptions[topic_filter] = granted
+            self.trie.add(topic_filter, session, granted)
+            if session.persistent:
+                ops.append(PutSubscription(session.client_id, topic_filter, granted))
+            codes.append(granted)
+        return codes, self.persist(ops)
+
+    def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
+        """After SUBACK: the retained messages of each granted filter, retain set."""
+        ops: list[Op] = []
+        last_seq = 0
+        for topic_filter, granted in grants:
+            if granted == SUBSCRIBE_FAILURE:
+                continue
+            for message in self.retained.match(topic_filter):
+                qos = min(granted, message.qos)
+                session_ops = session.enqueue(message, qos, True)
+                if session_ops:
+                    ops.extend(session_ops)
+                    last_seq = session_ops[-1].seq  # type: ignore[union-attr]
+        d = self.persist(ops)
+        if d is not None:
+            d.addBoth(self._release_held, [(session, last_seq)])
+            d.addErrback(self._log_store_failure, "queueing retained messages")
+
+    def unsubscribe(self, session: Session, filters: Sequence[str]) -> "Optional[Deferred[None]]":
+        ops: list[Op] = []
+        for topic_filter in filters:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.trie.remove(topic_filter, session)
+                if session.persistent:
+                    ops.append(DeleteSubscription(session.client_id, topic_filter))
+        return self.persist(ops)
+
+    # -- outbound acknowledgements -------------------------------------------
+
+    def acknowledged(self, session: Session, packet_id: int) -> None:
+        self._background(session.acknowledge(packet_id))
+        self._resume_paused()
+
+    def received(self, session: Session, packet_id: int) -> None:
+        self._background(session.received(packet_id))
+
+    def completed(self, session: Session, packet_id: int) -> None:
+        self._background(session.completed(packet_id))
+        self._resume_paused()
+
+    def rejected(self, session: Session, packet_id: int) -> None:
+        self._background(session.drop(packet_id))
+
+    def _background(self, ops: Sequence[Op]) -> None:
+        d = self.persist(ops)
+        if d is not None:
+            d.addErrback(self._log_store_failure, "recording an acknowledgement")
+
+    def _log_store_failure(self, failure: Failure, what: str) -> None:
+        self.log.failure("storage failed while {what}", failure, what=what)
+
+    # -- expiry ---------------------------------------------------------------
+
+    def expire_sessions(self) -> None:
+        cutoff = self.clock.seconds() - self.limits.session_expiry
+        expired = [s for s in self.sessions.values()
+                   if s.persistent and s.connection is None and s.last_seen < cutoff]
+        ops: list[Op] = []
+        for session in expired:
+            self.log.info("persistent session {c} expired (offline since {t:.0f})",
+                          c=session.client_id, t=session.last_seen)
+            ops.extend(self._discard(session))
+        self._background(ops)
+
+    # -- operator actions (console) -------------------------------------------
+
+    def disconnect_client(self, client_id: str, with_will: bool, reason: str) -> bool:
+        """Close the connection of ``client_id``; its will fires only if asked."""
+        session = self.sessions.get(client_id)
+        if session is None or session.connection is None:
+            return False
+        connection = session.connection
+        if not with_will:
+            self.clear_will(client_id)
+        self.end_session(connection, session, clean=not with_will, reason=reason)
+        connection.close(reason)
+        return True
+
+    def clear_session(self, client_id: str, reason: str) -> "Optional[Deferred[None]]":
+        """Disconnect (without will) and delete subscriptions, queue and in-flight state."""
+        self.disconnect_client(client_id, with_will=False, reason=reason)
+        session = self.sessions.get(client_id)
+        if session is None:
+            return None
+        was_persistent = session.persistent
+        ops = self._discard(session)
+        if was_persistent and not ops:
+            ops = [DeleteSession(client_id)]
+        return self.persist(ops)
+
+    def delete_retained(self, topic: str) -> "Optional[Deferred[None]]":
+        if not self.retained.delete(topic):
+            return None
+        return self.persist([DeleteRetained(topic)])
+
+    def delete_retained_matching(self, topic_filter: str) -> tuple[int, "Optional[Deferred[None]]"]:
+        matches = self.retained.match(topic_filter)
+        ops: list[Op] = []
+        for message in matches:
+            self.retained.delete(message.topic)
+            if not message.topic.startswith(_SYS_PREFIX):
+                ops.append(DeleteRetained(message.topic))
+        count = len(matches)
+        return count, self.persist(ops)
+
+    def clear_all_retained(self) -> "Optional[Deferred[None]]":
+        self.retained.clear()
+        return self.persist([ClearRetained()])
+

@@ -1,0 +1,22 @@
+"""Every bound the broker enforces, with defaults a small site can live with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Limits"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 10_000
+    max_packet_size: int = 1 << 20            # bytes, whole MQTT packet
+    max_inflight: int = 32                    # outbound QoS 1/2 per client
+    max_queued_messages: int = 1_000          # per session (queued, not in flight)
+    max_queued_bytes: int = 16 << 20          # per session, payload bytes
+    connect_timeout: float = 10.0             # seconds from accept to CONNECT
+    session_expiry: float = 0.0               # seconds offline; 0 = never expire
+    will_grace: float = 10.0                  # seconds after a restart before orphan wills fire
+    sys_interval: float = 10.0                # $SYS refresh period; 0 = off
+    max_client_id_31: int = 23                # MQTT 3.1 rule
+    congested_qos0_bytes: int = 4 << 20       # QoS 0 bytes buffered to a stalled client before dropping

@@ -1,0 +1,182 @@
+"""The contract between the in-memory core and durable storage.
+
+The core holds authoritative state in memory and describes every durable change as
+a small immutable *operation*.  A ``StateStore`` applies batches of operations in
+order and fires the returned Deferred (on the reactor thread) once the commit that
+holds them is durable.  Acknowledgements that promise durability are sent from that
+callback.  At start-up ``load()`` returns a ``Snapshot`` that rebuilds the core.
+
+This module must not import ZODB; ``mqttamqp.store`` implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence, Union
+
+from twisted.internet.defer import Deferred
+
+from mqttamqp.core.message import Message, WillMessage
+
+__all__ = [
+    "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
+    "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
+    "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "Op",
+    "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
+    "NullStore",
+]
+
+
+class QueuedState:
+    """Where an outbound QoS 1/2 message of a persistent session stands."""
+
+    QUEUED = "queued"      # not yet sent on the current connection
+    SENT = "sent"          # PUBLISH sent, waiting for PUBACK / PUBREC
+    RELEASED = "released"  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+
+
+@dataclass(frozen=True, slots=True)
+class StoredQueued:
+    message: Message
+    qos: int                       # delivery QoS (min(publish, granted))
+    state: str = QueuedState.QUEUED
+    packet_id: Optional[int] = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutRetained:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRetained:
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearRetained:
+    """Delete every retained message (used by the console's delete-all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutWill:
+    will: WillMessage
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteWill:
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutSession:
+    """Create the persistent session if missing and record when it was last seen."""
+
+    client_id: str
+    last_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSession:
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutSubscription:
+    client_id: str
+    topic_filter: str
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSubscription:
+    client_id: str
+    topic_filter: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutQueued:
+    """Insert or replace the queue entry ``seq`` of a persistent session."""
+
+    client_id: str
+    seq: int
+    entry: StoredQueued
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueued:
+    client_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutInboundQos2:
+    client_id: str
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteInboundQos2:
+    client_id: str
+    packet_id: int
+
+
+Op = Union[
+    PutRetained, DeleteRetained, ClearRetained, PutWill, DeleteWill, PutSession,
+    DeleteSession, PutSubscription, DeleteSubscription, PutQueued, DeleteQueued,
+    PutInboundQos2, DeleteInboundQos2,
+]
+
+
+@dataclass
+class SessionRecord:
+    client_id: str
+    last_seen: float = 0.0
+    subscriptions: dict[str, int] = field(default_factory=dict)
+    queue: list[tuple[int, StoredQueued]] = field(default_factory=list)  # ascending seq
+    inbound_qos2: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Snapshot:
+    retained: dict[str, Message] = field(default_factory=dict)
+    wills: dict[str, WillMessage] = field(default_factory=dict)
+    sessions: dict[str, SessionRecord] = field(default_factory=dict)
+
+
+class StateStore(Protocol):
+    def load(self) -> Snapshot:
+        """Read the whole durable state (called once, before serving)."""
+
+    def submit(self, ops: Sequence[Op]) -> "Deferred[None]":
+        """Apply ``ops`` in order after everything submitted before; fire when durable."""
+
+    def pack(self) -> "Deferred[None]":
+        """Reclaim space from old revisions, off the reactor thread."""
+
+    def close(self) -> None:
+        """Flush what was submitted and close the storage."""
+
+
+class NullStore:
+    """A store that keeps nothing (for unit tests of the core)."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Op] = []
+
+    def load(self) -> Snapshot:
+        return Snapshot()
+
+    def submit(self, ops: Sequence[Op]) -> "Deferred[None]":
+        from twisted.internet.defer import succeed
+
+        self.submitted.extend(ops)
+        return succeed(None)
+
+    def pack(self) -> "Deferred[None]":
+        from twisted.internet.defer import succeed
+
+        return succeed(None)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,131 @@
+"""Retained messages: one per topic, found by topic filter through a level tree.
+
+Owns the in-memory retained set.  It does not persist anything itself; the broker
+turns each change into a store operation.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from mqttamqp.core.message import Message
+
+__all__ = ["RetainedStore"]
+
+
+class _Node:
+    __slots__ = ("children", "message")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.message: Optional[Message] = None
+
+
+class RetainedStore:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self._count = 0
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def payload_bytes(self) -> int:
+        return self._bytes
+
+    def get(self, topic: str) -> Optional[Message]:
+        node: Optional[_Node] = self._root
+        for level in topic.split("/"):
+            assert node is not None
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.message if node is not None else None
+
+    def put(self, message: Message) -> None:
+        node = self._root
+        for level in message.topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        if node.message is None:
+            self._count += 1
+        else:
+            self._bytes -= len(node.message.payload)
+        self._bytes += len(message.payload)
+        node.message = message.with_retain(True)
+
+    def delete(self, topic: str) -> bool:
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return False
+            path.append((node, level))
+            node = child
+        if node.message is None:
+            return False
+        self._count -= 1
+        self._bytes -= len(node.message.payload)
+        node.message = None
+        for parent, level in reversed(path):
+            child = parent.children[level]
+            if child.message is not None or child.children:
+                break
+            del parent.children[level]
+        return True
+
+    def clear(self) -> None:
+        self._root = _Node()
+        self._count = 0
+        self._bytes = 0
+
+    def match(self, topic_filter: str) -> list[Message]:
+        """Retained messages whose topic matches ``topic_filter``, sorted by topic."""
+        levels = topic_filter.split("/")
+        out: list[Message] = []
+        self._walk(self._root, levels, 0, out)
+        out.sort(key=lambda m: m.topic)
+        return out
+
+    def _walk(self, node: _Node, levels: list[str], depth: int, out: list[Message]) -> None:
+        if depth == len(levels):
+            if node.message is not None:
+                out.append(node.message)
+            return
+        level = levels[depth]
+        if level == "#":
+            # "a/#" matches "a" itself; a leading '#' skips "$" topics.
+            if node.message is not None and depth > 0:
+                out.append(node.message)
+            for name, child in node.children.items():
+                if depth == 0 and name.startswith("$"):
+                    continue
+                self._collect(child, out)
+            return
+        if level == "+":
+            for name, child in node.children.items():
+                if depth == 0 and name.startswith("$"):
+                    continue
+                self._walk(child, levels, depth + 1, out)
+            return
+        child = node.children.get(level)
+        if child is not None:
+            self._walk(child, levels, depth + 1, out)
+
+    def _collect(self, node: _Node, out: list[Message]) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.message is not None:
+                out.append(n.message)
+            stack.extend(n.children.values())
+
+    def __iter__(self) -> Iterator[Message]:
+        out: list[Message] = []
+        self._collect(self._root, out)
+        out.sort(key=lambda m: m.topic)
+        return iter(out)

@@ -1,0 +1,314 @@
+"""A session: one client id's subscriptions, outbound queue, in-flight window and
+inbound QoS 2 ids — the same model whether an MQTT connection or an AMQP receiver
+is attached.
+
+The session decides what to send and when (window, order, redelivery with DUP,
+bounds and drops) and describes each durable change as a store operation it
+returns; it never talks to storage or sockets itself.  Delivery goes through the
+attached ``ClientLink``.
+
+Durability rule: an entry queued for a persistent session is *held* until the
+commit that stores it has happened, then sent.  So a subscriber never sees a QoS
+1/2 message the broker could forget in a crash, and a QoS 2 message keeps its
+packet id (allocated at enqueue and stored with it) across a restart.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import Enum
+from typing import Iterable, Iterator, Optional, Protocol
+
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import (
+    DeleteInboundQos2, DeleteQueued, Op, PutInboundQos2, PutQueued, QueuedState,
+    StoredQueued,
+)
+
+__all__ = ["ClientLink", "OutEntry", "Session", "SessionState"]
+
+_NO_OPS: list[Op] = []
+
+
+class ClientLink(Protocol):
+    """What a session needs from whatever is attached to it (MQTT or AMQP)."""
+
+    @property
+    def congested(self) -> bool:
+        """True while the peer cannot take more (full socket buffer, no credit)."""
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes written since the link became congested (0 when it is not)."""
+
+    def send_publish(self, message: Message, qos: int, packet_id: Optional[int],
+                     dup: bool, retain: bool) -> None:
+        ...
+
+    def send_pubrel(self, packet_id: int) -> None:
+        ...
+
+    def close(self, reason: str) -> None:
+        """Broker-initiated close; the link must not call back into the broker."""
+
+
+class SessionState(Enum):
+    OFFLINE = "offline"      # persistent session with nothing attached
+    CONNECTING = "connecting"  # claimed by a connection that has not had CONNACK yet
+    ONLINE = "online"
+
+
+class OutEntry:
+    """One outbound QoS 1/2 message of a session, queued or in flight."""
+
+    __slots__ = ("seq", "message", "qos", "retain", "state", "packet_id", "dup", "held")
+
+    def __init__(self, seq: int, message: Message, qos: int, retain: bool,
+                 packet_id: int, state: str = QueuedState.QUEUED,
+                 dup: bool = False, held: bool = False) -> None:
+        self.seq = seq
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.state = state
+        self.packet_id = packet_id
+        self.dup = dup
+        self.held = held
+
+    def stored(self) -> StoredQueued:
+        return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
+                            self.packet_id)
+
+
+class Session:
+    def __init__(self, client_id: str, persistent: bool, limits: Limits,
+                 created: float = 0.0) -> None:
+        self.client_id = client_id
+        self.persistent = persistent
+        self.limits = limits
+        self.created = created
+        self.last_seen = created
+        self.subscriptions: dict[str, int] = {}
+        self.state = SessionState.OFFLINE
+        self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
+        self.connection: Optional[ClientLink] = None       # the connection that claimed it
+        self.link: Optional[ClientLink] = None  # set once CONNACK went out
+        self.inflight: dict[int, OutEntry] = {}  # packet id -> entry, in send order
+        self.queue: deque[OutEntry] = deque()
+        self.inbound_qos2: set[int] = set()
+        self.queued_bytes = 0
+        self.dropped = 0
+        self.delivered = 0
+        self._next_seq = 1
+        self._next_pid = 1
+        self._pids: set[int] = set()
+
+    # -- inspection -------------------------------------------------------------
+
+    @property
+    def online(self) -> bool:
+        return self.state is SessionState.ONLINE
+
+    def entries(self) -> Iterator[OutEntry]:
+        yield from self.inflight.values()
+        yield from self.queue
+
+    def over_high_water(self) -> bool:
+        """Queue past half its bound while online: publishers should slow down."""
+        return self.link is not None and (
+            len(self.queue) * 2 > self.limits.max_queued_messages
+            or self.queued_bytes * 2 > self.limits.max_queued_bytes
+            or self.link.congested)
+
+    # -- restoring ------------------------------------------------------------
+
+    def restore(self, queue: Iterable[tuple[int, StoredQueued]],
+                inbound_qos2: Iterable[int]) -> None:
+        """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
+        for seq, stored in queue:
+            pid = stored.packet_id or self._allocate_pid()
+            self._pids.add(pid)
+            msg = stored.message
+            state = (QueuedState.RELEASED if stored.state == QueuedState.RELEASED
+                     else QueuedState.QUEUED)
+            entry = OutEntry(seq, msg, stored.qos, msg.retain, pid, state, dup=True)
+            self.queue.append(entry)
+            self.queued_bytes += len(msg.payload)
+            self._next_seq = max(self._next_seq, seq + 1)
+        self.inbound_qos2.update(inbound_qos2)
+
+    # -- packet ids -----------------------------------------------------------
+
+    def _allocate_pid(self) -> int:
+        if len(self._pids) >= 65535:
+            raise RuntimeError("no free packet id")
+        pid = self._next_pid
+        while pid in self._pids:
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        self._pids.add(pid)
+        return pid
+
+    # -- outbound -------------------------------------------------------------
+
+    def enqueue(self, message: Message, qos: int, retain: bool) -> list[Op]:
+        """Take a message for delivery at ``qos``; returns the durable ops it needs."""
+        link = self.link
+        if qos == 0:
+            if link is None:
+                return _NO_OPS  # QoS 0 is not queued for offline sessions
+            if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
+                self.dropped += 1
+                return _NO_OPS
+            link.send_publish(message, 0, None, False, retain)
+            self.delivered += 1
+            return _NO_OPS
+        size = len(message.payload)
+        if (len(self.queue) >= self.limits.max_queued_messages
+                or self.queued_bytes + size > self.limits.max_queued_bytes):
+            self.dropped += 1
+            return _NO_OPS
+        seq = self._next_seq
+        self._next_seq += 1
+        entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
+                         held=self.persistent)
+        self.queue.append(entry)
+        self.queued_bytes += size
+        if self.persistent:
+            return [PutQueued(self.client_id, seq, entry.stored())]
+        self.pump()
+        return _NO_OPS
+
+    def release_held(self, upto_seq: int) -> None:
+        """The commit holding entries up to ``upto_seq`` is durable: they may go."""
+        for entry in self.queue:
+            if entry.seq > upto_seq:
+                break
+            entry.held = False
+        self.pump()
+
+    def pump(self) -> None:
+        """Send queued entries while the window and the link allow, in order."""
+        link = self.link
+        if link is None:
+            return
+        queue = self.queue
+        inflight = self.inflight
+        window = self.limits.max_inflight
+        while queue and len(inflight) < window and not link.congested:
+            entry = queue[0]
+            if entry.held:
+                break
+            queue.popleft()
+            self.queued_bytes -= len(entry.message.payload)
+            inflight[entry.packet_id] = entry
+            if entry.state == QueuedState.RELEASED:
+                link.send_pubrel(entry.packet_id)
+            else:
+                entry.state = QueuedState.SENT
+                link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
+                                  entry.retain)
+                entry.dup = True  # any later send of it is a redelivery
+
+    def acknowledge(self, packet_id: int) -> list[Op]:
+        """PUBACK from the client (or Accepted on an AMQP delivery of QoS 1)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 1:
+            return _NO_OPS
+        return self._finish(entry)
+
+    def received(self, packet_id: int) -> list[Op]:
+        """PUBREC: the client has the QoS 2 message; answer PUBREL and remember it."""
+        entry = self.inflight.get(packet_id)
+        if self.link is not None:
+            self.link.send_pubrel(packet_id)
+        if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
+            return _NO_OPS
+        entry.state = QueuedState.RELEASED
+        if self.persistent:
+            return [PutQueued(self.client_id, entry.seq, entry.stored())]
+        return _NO_OPS
+
+    def completed(self, packet_id: int) -> list[Op]:
+        """PUBCOMP: the QoS 2 exchange is over."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 2:
+            return _NO_OPS
+        return self._finish(entry)
+
+    def redeliver(self, packet_id: int, increment: bool) -> None:
+        """AMQP Released/Modified: put the entry back at the head, to be sent again."""
+        entry = self.inflight.pop(packet_id, None)
+        if entry is None:
+            return
+        entry.state = QueuedState.QUEUED
+        entry.dup = entry.dup or increment
+        self.queue.appendleft(entry)
+        self.queued_bytes += len(entry.message.payload)
+        self.pump()
+
+    def _finish(self, entry: OutEntry) -> list[Op]:
+        del self.inflight[entry.packet_id]
+        self._pids.discard(entry.packet_id)
+        self.delivered += 1
+        self.pump()
+        if self.persistent:
+            return [DeleteQueued(self.client_id, entry.seq)]
+        return _NO_OPS
+
+    def drop(self, packet_id: int) -> list[Op]:
+        """Remove an in-flight entry without delivery (AMQP Rejected); counted."""
+        entry = self.inflight.get(packet_id)
+        if entry is None:
+            return _NO_OPS
+        self.dropped += 1
+        self.delivered -= 1
+        return self._finish(entry)
+
+    # -- attach / detach ------------------------------------------------------
+
+    def attach(self, link: ClientLink) -> None:
+        """Start delivering to ``link``: in-flight first (DUP / PUBREL), then the queue."""
+        self.link = link
+        self.state = SessionState.ONLINE
+        # Everything in flight on the old connection goes back to the queue head in
+        # its original order and is sent again.
+        if self.inflight:
+            for entry in reversed(list(self.inflight.values())):
+                entry.dup = True
+                self.queue.appendleft(entry)
+                self.queued_bytes += len(entry.message.payload)
+            self.inflight.clear()
+        self.pump()
+
+    def detach(self) -> None:
+        self.link = None
+        self.connection = None
+        self.state = SessionState.OFFLINE
+
+    # -- inbound QoS 2 --------------------------------------------------------
+
+    def inbound_seen(self, packet_id: int) -> bool:
+        return packet_id in self.inbound_qos2
+
+    def inbound_add(self, packet_id: int) -> list[Op]:
+        self.inbound_qos2.add(packet_id)
+        if self.persistent:
+            return [PutInboundQos2(self.client_id, packet_id)]
+        return _NO_OPS
+
+    def inbound_release(self, packet_id: int) -> list[Op]:
+        if packet_id not in self.inbound_qos2:
+            return _NO_OPS
+        self.inbound_qos2.discard(packet_id)
+        if self.persistent:
+            return [DeleteInboundQos2(self.client_id, packet_id)]
+        return _NO_OPS
+
+    def clear_messages(self) -> None:
+        self.queue.clear()
+        self.inflight.clear()
+        self._pids.clear()
+        self.queued_bytes = 0
+        self.inbound_qos2.clear()

@@ -1,0 +1,174 @@
+"""Topic names, topic filters and the subscription trie.
+
+Owns the MQTT topic rules (what a valid name and filter is, how ``+`` and ``#``
+match, that ``$``-topics are not matched by a leading wildcard) and the trie that
+answers "who is subscribed to this topic" without scanning every filter.
+Subscribers are opaque hashable keys (the core uses sessions).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Hashable, Iterator, Optional, TypeVar
+
+__all__ = [
+    "validate_topic_name", "validate_topic_filter", "topic_matches", "SubscriptionTrie",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+MAX_TOPIC_BYTES = 65535
+
+
+def validate_topic_name(topic: str) -> Optional[str]:
+    """Return why ``topic`` is not a valid PUBLISH topic name, or None if it is."""
+    if not topic:
+        return "topic name is empty"
+    if "+" in topic or "#" in topic:
+        return "topic name contains a wildcard"
+    if "\x00" in topic:
+        return "topic name contains U+0000"
+    if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
+        return "topic name is longer than 65535 bytes"
+    return None
+
+
+def validate_topic_filter(topic_filter: str) -> Optional[str]:
+    """Return why ``topic_filter`` is not a valid subscription filter, or None."""
+    if not topic_filter:
+        return "topic filter is empty"
+    if "\x00" in topic_filter:
+        return "topic filter contains U+0000"
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return "'#' must be the whole last level of a topic filter"
+        if "+" in level and level != "+":
+            return "'+' must occupy a whole level of a topic filter"
+    return None
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """True if ``topic`` (a name) matches ``topic_filter`` (both assumed valid)."""
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    if topic.startswith("$") and f_levels[0] in ("+", "#"):
+        return False
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= len(t_levels):
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
+
+
+class _Node(Generic[K]):
+    __slots__ = ("children", "subscribers")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[K]] = {}
+        self.subscribers: dict[K, int] = {}
+
+
+class SubscriptionTrie(Generic[K]):
+    """Filters split by level into a trie; ``match`` walks only matching branches."""
+
+    def __init__(self) -> None:
+        self._root: _Node[K] = _Node()
+        self._count = 0
+
+    def __len__(self) -> int:
+        """Number of (filter, subscriber) pairs."""
+        return self._count
+
+    def add(self, topic_filter: str, key: K, qos: int) -> bool:
+        """Subscribe ``key``; returns True if it is new (False: QoS replaced)."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        new = key not in node.subscribers
+        node.subscribers[key] = qos
+        if new:
+            self._count += 1
+        return new
+
+    def remove(self, topic_filter: str, key: K) -> bool:
+        """Unsubscribe ``key``; prunes empty branches. Returns True if it was there."""
+        path: list[tuple[_Node[K], str]] = []
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return False
+            path.append((node, level))
+            node = child
+        if node.subscribers.pop(key, None) is None:
+            return False
+        self._count -= 1
+        for parent, level in reversed(path):
+            child = parent.children[level]
+            if child.subscribers or child.children:
+                break
+            del parent.children[level]
+        return True
+
+    def match(self, topic: str) -> dict[K, int]:
+        """Every subscriber whose filter matches ``topic``, with its highest QoS."""
+        result: dict[K, int] = {}
+        levels = topic.split("/")
+        last = len(levels)
+        dollar = topic.startswith("$")
+        # Iterative walk: (node, depth) pairs still to expand.
+        stack: list[tuple[_Node[K], int]] = [(self._root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            children = node.children
+            if not children:
+                continue
+            wild_ok = not (dollar and depth == 0)
+            if wild_ok:
+                hash_node = children.get("#")
+                if hash_node is not None:
+                    _merge(result, hash_node.subscribers)
+            if depth == last:
+                continue
+            exact = children.get(levels[depth])
+            if exact is not None:
+                if depth + 1 == last:
+                    _merge(result, exact.subscribers)
+                    hash_child = exact.children.get("#")
+                    if hash_child is not None:  # "a/#" matches "a"
+                        _merge(result, hash_child.subscribers)
+                else:
+                    stack.append((exact, depth + 1))
+            if wild_ok:
+                plus = children.get("+")
+                if plus is not None:
+                    if depth + 1 == last:
+                        _merge(result, plus.subscribers)
+                        hash_child = plus.children.get("#")
+                        if hash_child is not None:
+                            _merge(result, hash_child.subscribers)
+                    else:
+                        stack.append((plus, depth + 1))
+        return result
+
+    def filters(self) -> Iterator[tuple[str, K, int]]:
+        """Every (filter, subscriber, qos); for inspection, not the hot path."""
+        stack: list[tuple[_Node[K], tuple[str, ...]]] = [(self._root, ())]
+        while stack:
+            node, path = stack.pop()
+            for key, qos in node.subscribers.items():
+                yield "/".join(path), key, qos
+            for level, child in node.children.items():
+                stack.append((child, path + (level,)))
+
+
+def _merge(result: dict[K, int], subscribers: dict[K, int]) -> None:
+    for key, qos in subscribers.items():
+        if result.get(key, -1) < qos:
+            result[key] = qos

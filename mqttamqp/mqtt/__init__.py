@@ -1,0 +1,1 @@
+"""MQTT 3.1 / 3.1.1: a sans-IO codec (``packets``, ``codec``) and a thin Twisted protocol."""

@@ -1,0 +1,503 @@
+"""The MQTT 3.1 / 3.1.1 connection: bytes from Twisted into the codec, packets into
+the broker core, and the core's deliveries back out as bytes.
+
+This module owns the per-connection state machine (awaiting CONNECT → connecting
+→ connected → closed), the connect timeout and keepalive timers, acknowledgement
+ordering (a PUBACK/PUBREC/SUBACK/CONNACK that promises durability waits for its
+commit, and acknowledgements leave in the order their packets arrived), and
+back-pressure (it is a push producer for its socket and pauses reading when the
+subscribers it feeds fall behind).
+
+There is exactly one place that turns a protocol error into a disconnect:
+``_violation``.  The routing rules live in ``mqttamqp.core``, not here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from enum import Enum
+from typing import Any, Callable, Optional
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mqttamqp.core.auth import Credentials, Identity
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.session import Session
+from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.mqtt.packets import (
+    PROTOCOL_31, PROTOCOL_311, Connack, ConnackCode, Connect, Disconnect, Pingreq,
+    Pingresp, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
+    Unsubscribe,
+)
+
+__all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState"]
+
+_PINGRESP = encode(Pingresp())
+
+
+class ConnectionState(Enum):
+    AWAITING_CONNECT = "awaiting-connect"  # socket open, no CONNECT yet (timer running)
+    CONNECTING = "connecting"              # CONNECT read; auth and session commit pending
+    CONNECTED = "connected"                # CONNACK sent; packets flow
+    CLOSED = "closed"                      # closing or closed; input is ignored
+
+
+def _ack_frame(kind: int, packet_id: int) -> bytes:
+    return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
+
+
+# One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
+# row; encode it once.
+_qos0_cache: list[Any] = [None, False, b""]
+
+
+@implementer(IPushProducer)
+class MQTTProtocol(Protocol):
+    log = Logger()
+
+    def __init__(self, factory: "MQTTFactory") -> None:
+        self.factory = factory
+        self.broker = factory.broker
+        self.clock = factory.clock
+        self.limits: Limits = factory.broker.limits
+        self.state = ConnectionState.AWAITING_CONNECT
+        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
+        self.session: Optional[Session] = None
+        self.identity: Optional[Identity] = None
+        self.client_id = ""
+        self.username: Optional[str] = None
+        self.version = ""
+        self.keepalive = 0
+        self.clean_session = True
+        self.peer = "?"
+        self.connected_since = 0.0
+        self.has_will = False
+        self._clean_close = False
+        self._last_activity = 0.0
+        self._connect_timer: Optional[IDelayedCall] = None
+        self._keepalive_timer: Optional[IDelayedCall] = None
+        self._acks: deque[list[Any]] = deque()
+        self._congested = False
+        self._backlog = 0
+        self._reading_paused_for: set[str] = set()
+
+    # -- Twisted ----------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()  # type: ignore[union-attr]
+        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        self._last_activity = self.clock.seconds()
+        if len(self.factory.connections) >= self.limits.max_connections:
+            self.broker.stats.connections_refused += 1
+            self.log.warn("refusing connection from {peer}: max-connections ({n}) reached",
+                          peer=self.peer, n=self.limits.max_connections)
+            self.state = ConnectionState.CLOSED
+            self.transport.abortConnection()  # type: ignore[union-attr]
+            return
+        self.factory.connections.add(self)
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self._connect_timer = self.clock.callLater(
+            self.limits.connect_timeout, self._connect_timed_out)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._last_activity = self.clock.seconds()
+        self.broker.stats.bytes_received += len(data)
+        self.decoder.feed(data)
+        self._process()
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self.factory.connections.discard(self)
+        self.broker.forget_paused(id(self))
+        self._cancel_timers()
+        was = self.state
+        self.state = ConnectionState.CLOSED
+        self._acks.clear()
+        if self.session is not None:
+            why = "client disconnected" if self._clean_close else (
+                "connection lost: " + reason.getErrorMessage())
+            if was is not ConnectionState.CLOSED and not self._clean_close:
+                self.log.info("{c} ({peer}) {why}", c=self.client_id, peer=self.peer, why=why)
+            self.broker.end_session(self, self.session, self._clean_close, why)
+            self.session = None
+
+    # IPushProducer: the transport tells us when its write buffer is full/drained.
+    def pauseProducing(self) -> None:
+        self._congested = True
+        self._backlog = 0
+
+    def resumeProducing(self) -> None:
+        self._congested = False
+        self._backlog = 0
+        if self.state is ConnectionState.CONNECTED:
+            self.broker.link_drained(self.session)
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- ClientLink (what the core calls) ----------------------------------------
+
+    @property
+    def congested(self) -> bool:
+        return self._congested
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._backlog
+
+    def send_publish(self, message: Message, qos: int, packet_id: Optional[int],
+                     dup: bool, retain: bool) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        if qos == 0 and not dup:
+            cache = _qos0_cache
+            if cache[0] is message and cache[1] == retain:
+                frame = cache[2]
+            else:
+                frame = encode_publish(message.topic.encode("utf-8"), message.payload, 0,
+                                       retain, False, None)
+                cache[0], cache[1], cache[2] = message, retain, frame
+        else:
+            frame = encode_publish(message.topic.encode("utf-8"), message.payload, qos,
+                                   retain, dup, packet_id)
+        self.transport.write(frame)  # type: ignore[union-attr]
+        stats = self.broker.stats
+        stats.messages_sent += 1
+        stats.bytes_sent += len(frame)
+        if self._congested:
+            self._backlog += len(frame)
+
+    def send_pubrel(self, packet_id: int) -> None:
+        if self.state is not ConnectionState.CLOSED:
+            self._write(_ack_frame(0x62, packet_id))
+
+    def close(self, reason: str) -> None:
+        """Closed by the broker (takeover, console): the session was already ended."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        self.log.info("closing {c} ({peer}): {r}", c=self.client_id, peer=self.peer, r=reason)
+        self.state = ConnectionState.CLOSED
+        self.session = None
+        self._cancel_timers()
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    # -- the one place a protocol error becomes a disconnect ----------------------
+
+    def _violation(self, reason: str) -> None:
+        self.broker.stats.protocol_errors += 1
+        self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
+                      c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
+        self._clean_close = False
+        self.state = ConnectionState.CLOSED
+        self._cancel_timers()
+        # The will fires in connectionLost (the client did not send DISCONNECT).
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    # -- input --------------------------------------------------------------------
+
+    def _process(self) -> None:
+        decoder = self.decoder
+        handlers = self._handlers
+        try:
+            while (self.state is ConnectionState.CONNECTED
+                   or self.state is ConnectionState.AWAITING_CONNECT):
+                packet = decoder.next_packet()
+                if packet is None:
+                    return
+                if (self.state is ConnectionState.AWAITING_CONNECT
+                        and type(packet) is not Connect):
+                    self._violation(f"first packet must be CONNECT, got "
+                                    f"{type(packet).__name__.upper()}")
+                    return
+                handler = handlers.get(type(packet))
+                if handler is None:
+                    self._violation(f"a client may not send {type(packet).__name__.upper()}")
+                    return
+                handler(self, packet)
+        except MalformedPacket as exc:
+            self._violation(f"malformed packet: {exc.reason}")
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(data)  # type: ignore[union-attr]
+        self.broker.stats.bytes_sent += len(data)
+
+    # -- CONNECT ------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect) -> None:
+        if self.state is not ConnectionState.AWAITING_CONNECT:
+            self._violation("second CONNECT on one connection")
+            return
+        if self._connect_timer is not None and self._connect_timer.active():
+            self._connect_timer.cancel()
+        self._connect_timer = None
+        proto = (packet.protocol_name, packet.protocol_level)
+        if proto not in (PROTOCOL_31, PROTOCOL_311):
+            self._refuse(ConnackCode.UNACCEPTABLE_PROTOCOL,
+                         f"unsupported protocol {packet.protocol_name!r} level "
+                         f"{packet.protocol_level}")
+            return
+        level = packet.protocol_level
+        self.decoder.protocol_level = level
+        self.version = "3.1" if level == 3 else "3.1.1"
+        client_id = packet.client_id
+        if level == 3:
+            if not 1 <= len(client_id) <= self.limits.max_client_id_31:
+                self._refuse(ConnackCode.IDENTIFIER_REJECTED,
+                             f"MQTT 3.1 client id must be 1-23 characters, got {len(client_id)}")
+                return
+        elif not client_id:
+            if not packet.clean_session:
+                self._refuse(ConnackCode.IDENTIFIER_REJECTED,
+                             "empty client id requires clean session")
+                return
+            client_id = "auto-" + uuid.uuid4().hex
+        self.client_id = client_id
+        self.username = packet.username
+        self.keepalive = packet.keepalive
+        self.clean_session = packet.clean_session
+        self.state = ConnectionState.CONNECTING
+        self._pause_reading("connect")
+        creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
+        d = self.broker.authenticate(creds)
+        d.addCallback(self._authenticated, packet)
+        d.addErrback(self._connect_failed)
+
+    def _authenticated(self, ok: bool, packet: Connect) -> "Optional[Deferred[None]]":
+        if self.state is not ConnectionState.CONNECTING:
+            return None  # the socket went away while we checked
+        if not ok:
+            code = (ConnackCode.BAD_CREDENTIALS if packet.username is not None
+                    else ConnackCode.NOT_AUTHORIZED)
+            self._refuse(code, "authentication failed")
+            return None
+        self.identity = Identity(self.client_id, packet.username)
+        will = None
+        if packet.will is not None:
+            w = packet.will
+            will = WillMessage(self.client_id, w.topic, w.payload, w.qos, w.retain, "mqtt",
+                               self.clock.seconds())
+        self.has_will = will is not None
+        session, present, d = self.broker.open_session(
+            self, self.client_id, packet.clean_session, will)
+        self.session = session
+        if d is None:
+            self._connected(None, session, present)
+            return None
+        d.addCallback(self._connected, session, present)
+        return d
+
+    def _connected(self, _: object, session: Session, present: bool) -> None:
+        if self.state is not ConnectionState.CONNECTING or self.session is not session:
+            return
+        self.state = ConnectionState.CONNECTED
+        self.connected_since = self.clock.seconds()
+        self._write(encode(Connack(present and self.version == "3.1.1",
+                                   ConnackCode.ACCEPTED)))
+        self.broker.activate(session, self, "mqtt" + self.version)
+        self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
+                      c=self.client_id, peer=self.peer, v=self.version,
+                      cs=self.clean_session, k=self.keepalive)
+        if self.keepalive > 0:
+            self._keepalive_timer = self.clock.callLater(
+                self.keepalive * 1.5, self._keepalive_check)
+        self._resume_reading("connect")
+        self._process()
+
+    def _connect_failed(self, failure: Failure) -> None:
+        self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)
+        if self.state is ConnectionState.CONNECTING:
+            self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
+
+    def _refuse(self, code: int, reason: str) -> None:
+        self.broker.stats.connections_refused += 1
+        self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK {code})",
+                      peer=self.peer, c=self.client_id, r=reason, code=int(code))
+        self._write(encode(Connack(False, code)))
+        self.state = ConnectionState.CLOSED
+        self._cancel_timers()
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    # -- timers -------------------------------------------------------------------
+
+    def _connect_timed_out(self) -> None:
+        self._connect_timer = None
+        self._violation(f"no CONNECT within {self.limits.connect_timeout:g}s")
+
+    def _keepalive_check(self) -> None:
+        self._keepalive_timer = None
+        limit = self.keepalive * 1.5
+        idle = self.clock.seconds() - self._last_activity
+        if idle >= limit:
+            self._violation(f"keepalive expired (no packet for {idle:.1f}s, limit {limit:g}s)")
+        else:
+            self._keepalive_timer = self.clock.callLater(limit - idle, self._keepalive_check)
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._connect_timer, self._keepalive_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._connect_timer = self._keepalive_timer = None
+
+    # -- reading pause (connect in progress, back-pressure) -----------------------
+
+    def _pause_reading(self, why: str) -> None:
+        if not self._reading_paused_for:
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+        self._reading_paused_for.add(why)
+
+    def _resume_reading(self, why: str) -> None:
+        if why in self._reading_paused_for:
+            self._reading_paused_for.discard(why)
+            if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
+                self.transport.resumeProducing()  # type: ignore[union-attr]
+
+    def _drained(self) -> None:
+        self._resume_reading("congestion")
+
+    # -- ordered acknowledgements ---------------------------------------------------
+
+    def _ack(self, d: "Optional[Deferred[None]]", frame: bytes,
+             after: Optional[Callable[[], None]] = None) -> None:
+        """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out."""
+        if d is None and not self._acks:
+            self._write(frame)
+            if after is not None:
+                after()
+            return
+        entry: list[Any] = [d is None, frame, after]
+        self._acks.append(entry)
+        if d is None:
+            self._flush_acks()
+        else:
+            d.addCallbacks(self._ack_ready, self._ack_failed,
+                           callbackArgs=(entry,))
+
+    def _ack_ready(self, _: object, entry: list[Any]) -> None:
+        entry[0] = True
+        self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        acks = self._acks
+        while acks and acks[0][0]:
+            _, frame, after = acks.popleft()
+            if self.state is ConnectionState.CLOSED:
+                continue
+            self._write(frame)
+            if after is not None:
+                after()
+
+    def _ack_failed(self, failure: Failure) -> None:
+        self.log.failure("storage commit failed for {c}; closing so the client retries",
+                         failure, c=self.client_id)
+        if self.state is not ConnectionState.CLOSED:
+            self._violation("storage failure (nothing was acknowledged)")
+
+    # -- PUBLISH and its flows --------------------------------------------------------
+
+    def _on_publish(self, packet: Publish) -> None:
+        session = self.session
+        assert session is not None
+        message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
+                          self.client_id, self.clock.seconds(), packet.dup)
+        broker = self.broker
+        qos = packet.qos
+        if qos == 0:
+            d = broker.publish(message, self.identity)
+            if d is not None:
+                d.addErrback(broker._log_store_failure, "routing a QoS 0 message")
+        elif qos == 1:
+            assert packet.packet_id is not None
+            self._ack(broker.publish(message, self.identity),
+                      _ack_frame(0x40, packet.packet_id))
+        else:
+            pid = packet.packet_id
+            assert pid is not None
+            if session.inbound_seen(pid):
+                self._ack(None, _ack_frame(0x50, pid))  # a duplicate: not routed again
+            else:
+                extra = session.inbound_add(pid)
+                self._ack(broker.publish(message, self.identity, extra), _ack_frame(0x50, pid))
+        if broker.congested_for(packet.topic):
+            self._pause_reading("congestion")
+            broker.pause_until_drained(id(self), self._drained)
+
+    def _on_puback(self, packet: Puback) -> None:
+        assert self.session is not None
+        self.broker.acknowledged(self.session, packet.packet_id)
+
+    def _on_pubrec(self, packet: Pubrec) -> None:
+        assert self.session is not None
+        self.broker.received(self.session, packet.packet_id)
+
+    def _on_pubrel(self, packet: Pubrel) -> None:
+        assert self.session is not None
+        d = self.broker.persist(self.session.inbound_release(packet.packet_id))
+        self._ack(d, _ack_frame(0x70, packet.packet_id))
+
+    def _on_pubcomp(self, packet: Pubcomp) -> None:
+        assert self.session is not None
+        self.broker.completed(self.session, packet.packet_id)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------------
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        session = self.session
+        assert session is not None and self.identity is not None
+        codes, d = self.broker.subscribe(session, self.identity, packet.topics)
+        grants = [(f, code) for (f, _), code in zip(packet.topics, codes)]
+        self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
+                  lambda: self.broker.send_retained(session, grants))
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        assert self.session is not None
+        d = self.broker.unsubscribe(self.session, packet.topics)
+        self._ack(d, encode(Unsuback(packet.packet_id)))
+
+    # -- PING / DISCONNECT --------------------------------------------------------------
+
+    def _on_pingreq(self, packet: Pingreq) -> None:
+        self._write(_PINGRESP)
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        self._clean_close = True
+        self.state = ConnectionState.CLOSED
+        self._cancel_timers()
+        if self.session is not None:
+            self.broker.end_session(self, self.session, True, "client sent DISCONNECT")
+            self.session = None
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    _handlers: dict[type, Callable[["MQTTProtocol", Any], None]] = {
+        Connect: _on_connect,
+        Publish: _on_publish,
+        Puback: _on_puback,
+        Pubrec: _on_pubrec,
+        Pubrel: _on_pubrel,
+        Pubcomp: _on_pubcomp,
+        Subscribe: _on_subscribe,
+        Unsubscribe: _on_unsubscribe,
+        Pingreq: _on_pingreq,
+        Disconnect: _on_disconnect,
+    }
+
+
+class MQTTFactory(Factory):
+    """Builds one ``MQTTProtocol`` per accepted socket; knows every live connection."""
+
+    def __init__(self, broker: Broker, clock: IReactorTime) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.connections: set[MQTTProtocol] = set()
+        self.noisy = False
+
+    def buildProtocol(self, addr: Any) -> MQTTProtocol:
+        return MQTTProtocol(self)

@@ -1,0 +1,96 @@
+"""Command-line options of ``twistd mqttamqp`` (also used by the .tac file)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.python import usage
+
+from mqttamqp.core.limits import Limits
+
+__all__ = ["Options", "limits_from"]
+
+_D = Limits()
+
+
+def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    def check(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise usage.UsageError(f"--{name} must be a number, got {value!r}") from None
+        if number < 0:
+            raise usage.UsageError(f"--{name} must not be negative")
+        return number
+    check.coerceDoc = ""  # type: ignore[attr-defined]
+    return check
+
+
+class Options(usage.Options):
+    synopsis = "[options]"
+    longdesc = (
+        "Run the mqttamqp broker: MQTT 3.1/3.1.1 with sessions, wills and retained "
+        "messages stored in ZODB. Listener options take Twisted endpoint "
+        "descriptions (e.g. tcp:1883:interface=127.0.0.1) and may be given "
+        "several times."
+    )
+    optParameters = [
+        ["data", "d", "mqttamqp-data",
+         "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
+        ["max-connections", None, _D.max_connections,
+         "Refuse sockets beyond this many live MQTT connections.", _positive(int, "max-connections")],
+        ["max-packet-size", None, _D.max_packet_size,
+         "Largest MQTT packet accepted, in bytes; larger ones close the connection.",
+         _positive(int, "max-packet-size")],
+        ["max-inflight", None, _D.max_inflight,
+         "Outbound QoS 1/2 messages in flight per client; the rest wait in order.",
+         _positive(int, "max-inflight")],
+        ["max-queued-messages", None, _D.max_queued_messages,
+         "Messages queued per session beyond the in-flight window; more are dropped "
+         "and counted.", _positive(int, "max-queued-messages")],
+        ["max-queued-bytes", None, _D.max_queued_bytes,
+         "Payload bytes queued per session; more are dropped and counted.",
+         _positive(int, "max-queued-bytes")],
+        ["connect-timeout", None, _D.connect_timeout,
+         "Seconds a new socket has to send CONNECT.", _positive(float, "connect-timeout")],
+        ["session-expiry", None, _D.session_expiry,
+         "Seconds after which an offline persistent session is deleted; 0 = never.",
+         _positive(float, "session-expiry")],
+        ["will-grace", None, _D.will_grace,
+         "After a restart, seconds to wait for clients that were connected before "
+         "publishing their wills.", _positive(float, "will-grace")],
+        ["sys-interval", None, _D.sys_interval,
+         "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
+        ["pack-interval", None, 24.0,
+         "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["mqtt"] = []
+
+    def opt_mqtt(self, description: str) -> None:
+        """MQTT listener, a Twisted endpoint description (repeatable; default tcp:1883)."""
+        self["mqtt"].append(description)
+
+    def postOptions(self) -> None:
+        if not self["mqtt"]:
+            self["mqtt"] = ["tcp:1883"]
+        if self["max-inflight"] < 1:
+            raise usage.UsageError("--max-inflight must be at least 1")
+        if self["max-packet-size"] < 2:
+            raise usage.UsageError("--max-packet-size must be at least 2")
+
+
+def limits_from(options: Any) -> Limits:
+    return Limits(
+        max_connections=options["max-connections"],
+        max_packet_size=options["max-packet-size"],
+        max_inflight=options["max-inflight"],
+        max_queued_messages=options["max-queued-messages"],
+        max_queued_bytes=options["max-queued-bytes"],
+        connect_timeout=options["connect-timeout"],
+        session_expiry=options["session-expiry"],
+        will_grace=options["will-grace"],
+        sys_interval=options["sys-interval"],
+    )

@@ -1,0 +1,92 @@
+"""Assembles the broker process: storage, core, listeners, periodic packing.
+
+``makeService(options)`` is what the twistd plugin and the .tac file call.  The
+storage is opened in ``startService`` (not at import or option parsing) and closed
+after the listeners stop.  On shutdown, stored wills are kept, not fired: the
+clients were connected when the broker stopped, so the grace rule applies at the
+next start.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from twisted.application import internet, service, strports
+from twisted.internet import reactor as global_reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
+from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.options import Options, limits_from
+
+__all__ = ["BrokerService", "makeService"]
+
+
+class BrokerService(service.MultiService):
+    log = Logger()
+
+    def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
+                 reactor: Any = None) -> None:
+        super().__init__()
+        self.reactor = reactor if reactor is not None else global_reactor
+        self.data_dir = os.path.abspath(data_dir)
+        self.pack_interval = pack_interval_hours * 3600.0
+        from mqttamqp.core.persistence import NullStore
+        # The real store is opened in startService; until then nothing persists.
+        self.broker = Broker(self.reactor, NullStore(), limits)
+        self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
+        self._pack_loop: Optional[LoopingCall] = None
+        self.store: Any = None
+
+    def add_mqtt_listener(self, description: str) -> internet.StreamServerEndpointService:
+        svc: internet.StreamServerEndpointService = strports.service(
+            description, self.mqtt_factory, reactor=self.reactor)
+        svc.setName("mqtt:" + description)
+        svc.setServiceParent(self)
+        return svc
+
+    def startService(self) -> None:
+        from mqttamqp.store import ZODBStore
+
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.store = ZODBStore(self.data_dir, self.reactor)
+        self.broker.store = self.store
+        self.broker.start()
+        self.log.info("data directory {d}", d=self.data_dir)
+        if self.pack_interval > 0:
+            self._pack_loop = LoopingCall(self._pack)
+            self._pack_loop.clock = self.reactor
+            self._pack_loop.start(self.pack_interval, now=False)
+        super().startService()
+
+    def _pack(self) -> "Deferred[None]":
+        d: Deferred[None] = self.store.pack()
+        d.addCallback(lambda _: self.log.info("storage packed"))
+        d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
+        return d
+
+    def stopService(self) -> "Deferred[None]":
+        self.broker.stopping = True
+        if self._pack_loop is not None and self._pack_loop.running:
+            self._pack_loop.stop()
+        d: Deferred[None] = Deferred.fromCoroutine(self._stop())
+        return d
+
+    async def _stop(self) -> None:
+        await super().stopService()  # type: ignore[misc]
+        self.broker.stop()
+        for conn in list(self.mqtt_factory.connections):
+            conn.transport.abortConnection()  # type: ignore[union-attr]
+        if self.store is not None:
+            self.store.close()
+
+
+def makeService(options: Options) -> BrokerService:
+    svc = BrokerService(options["data"], limits_from(options), options["pack-interval"])
+    for description in options["mqtt"]:
+        svc.add_mqtt_listener(description)
+    return svc
