@@ -11,6 +11,7 @@ from mqttamqp.core.limits import Limits
 __all__ = ["Options", "limits_from"]
 
 _D = Limits()
+DEFAULT_LISTENERS = {"mqtt": "tcp:1883", "amqp": "tcp:5672", "web": "tcp:8080"}
 
 
 def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
@@ -61,6 +62,9 @@ class Options(usage.Options):
          "publishing their wills.", _positive(float, "will-grace")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
+        ["users", None, None,
+         "File of users allowed to log in over AMQP SASL PLAIN (see README); "
+         "without it AMQP accepts ANONYMOUS only."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
     ]
@@ -68,14 +72,28 @@ class Options(usage.Options):
     def __init__(self) -> None:
         super().__init__()
         self["mqtt"] = []
+        self["amqp"] = []
+        self["web"] = []
 
     def opt_mqtt(self, description: str) -> None:
-        """MQTT listener, a Twisted endpoint description (repeatable; default tcp:1883)."""
+        """MQTT listener, a Twisted endpoint description (repeatable; default tcp:1883;
+        'none' disables MQTT)."""
         self["mqtt"].append(description)
 
+    def opt_amqp(self, description: str) -> None:
+        """AMQP 1.0 listener (repeatable; default tcp:5672; 'none' disables AMQP)."""
+        self["amqp"].append(description)
+
+    def opt_web(self, description: str) -> None:
+        """Admin console listener (repeatable; default tcp:8080; 'none' disables it)."""
+        self["web"].append(description)
+
     def postOptions(self) -> None:
-        if not self["mqtt"]:
-            self["mqtt"] = ["tcp:1883"]
+        for kind, default in DEFAULT_LISTENERS.items():
+            given = self[kind]
+            if not given:
+                given = [default]
+            self[kind] = [d for d in given if d.strip().lower() != "none"]
         if self["max-inflight"] < 1:
             raise usage.UsageError("--max-inflight must be at least 1")
         if self["max-packet-size"] < 2:

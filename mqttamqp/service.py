@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from twisted.application import internet, service, strports
+from twisted.application import service
+from twisted.internet import endpoints
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
@@ -24,6 +25,48 @@ from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import Options, limits_from
 
 __all__ = ["BrokerService", "makeService"]
+
+
+class ListenerService(service.Service):
+    """Listens on one endpoint description and logs the address it got.
+
+    The log line ``listening for KIND on HOST:PORT`` is what operators (and the
+    tests, which listen on port 0) read to find the bound port.
+    """
+
+    log = Logger()
+
+    def __init__(self, kind: str, description: str, factory: Any, reactor: Any) -> None:
+        self.kind = kind
+        self.description = description
+        self.factory = factory
+        self.reactor = reactor
+        self.port: Any = None
+        self.address = ""
+
+    def startService(self) -> None:
+        super().startService()
+        endpoint = endpoints.serverFromString(self.reactor, self.description)
+        d = endpoint.listen(self.factory)
+        d.addCallbacks(self._listening, self._failed)
+
+    def _listening(self, port: Any) -> None:
+        self.port = port
+        host = port.getHost()
+        self.address = f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
+        self.log.info("listening for {kind} on {address}", kind=self.kind, address=self.address)
+
+    def _failed(self, failure: Any) -> None:
+        self.log.failure("cannot listen for {kind} on {d!r}; stopping", failure,
+                         kind=self.kind, d=self.description)
+        self.reactor.stop()
+
+    def stopService(self) -> "Optional[Deferred[None]]":
+        super().stopService()
+        if self.port is not None:
+            port, self.port = self.port, None
+            return port.stopListening()  # type: ignore[no-any-return]
+        return None
 
 
 class BrokerService(service.MultiService):
@@ -41,12 +84,31 @@ class BrokerService(service.MultiService):
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: Optional[LoopingCall] = None
         self.store: Any = None
+        self.listeners: list[ListenerService] = []
+        self.amqp_factory: Any = None
+        self.web_site: Any = None
 
-    def add_mqtt_listener(self, description: str) -> internet.StreamServerEndpointService:
-        svc: internet.StreamServerEndpointService = strports.service(
-            description, self.mqtt_factory, reactor=self.reactor)
-        svc.setName("mqtt:" + description)
+    def add_mqtt_listener(self, description: str) -> "ListenerService":
+        return self.add_listener("MQTT", description, self.mqtt_factory)
+
+    def add_amqp_listener(self, description: str, users_file: Optional[str]) -> "ListenerService":
+        from mqttamqp.amqp.listener import AMQPFactory
+
+        if self.amqp_factory is None:
+            self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file)
+        return self.add_listener("AMQP", description, self.amqp_factory)
+
+    def add_web_listener(self, description: str) -> "ListenerService":
+        from webui.site import make_site
+
+        if self.web_site is None:
+            self.web_site = make_site(self)
+        return self.add_listener("web", description, self.web_site)
+
+    def add_listener(self, kind: str, description: str, factory: Any) -> "ListenerService":
+        svc = ListenerService(kind, description, factory, self.reactor)
         svc.setServiceParent(self)
+        self.listeners.append(svc)
         return svc
 
     def startService(self) -> None:
@@ -89,4 +151,8 @@ def makeService(options: Options) -> BrokerService:
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"])
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
+    for description in options["amqp"]:
+        svc.add_amqp_listener(description, options["users"])
+    for description in options["web"]:
+        svc.add_web_listener(description)
     return svc

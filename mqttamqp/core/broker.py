@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp import __version__
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
+from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import (
@@ -56,6 +57,7 @@ class Broker:
         self.retained = RetainedStore()
         self.wills: dict[str, WillMessage] = {}
         self.stats = BrokerStats()
+        self.connections: dict[str, InspectableConnection] = {}
         self._grace: dict[str, IDelayedCall] = {}
         self._paused: dict[int, Callable[[], None]] = {}  # id -> resume callback
         self._loops: list[LoopingCall] = []
@@ -129,6 +131,14 @@ class Broker:
         return maybeDeferred(self.authenticator.authenticate, credentials)
 
     # -- connections and sessions ---------------------------------------------
+
+    def register_connection(self, key: str, connection: InspectableConnection) -> None:
+        """A connection is live (after CONNACK / AMQP open): the console lists it."""
+        self.connections[key] = connection
+
+    def unregister_connection(self, key: str, connection: InspectableConnection) -> None:
+        if self.connections.get(key) is connection:
+            del self.connections[key]
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
                      will: Optional[WillMessage]

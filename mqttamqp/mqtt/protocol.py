@@ -28,6 +28,7 @@ from zope.interface import implementer
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.session import Session
@@ -122,6 +123,7 @@ class MQTTProtocol(Protocol):
         was = self.state
         self.state = ConnectionState.CLOSED
         self._acks.clear()
+        self.broker.unregister_connection(self.key, self)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 "connection lost: " + reason.getErrorMessage())
@@ -188,7 +190,20 @@ class MQTTProtocol(Protocol):
         self.state = ConnectionState.CLOSED
         self.session = None
         self._cancel_timers()
+        self.broker.unregister_connection(self.key, self)
         self.transport.loseConnection()  # type: ignore[union-attr]
+
+    @property
+    def key(self) -> str:
+        return "mqtt:" + self.client_id
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(
+            key=self.key, client_id=self.client_id, protocol="mqtt" + self.version,
+            remote=self.peer, user=self.username, connected_since=self.connected_since,
+            keepalive=self.keepalive, clean_session=self.clean_session,
+            session_id=self.client_id,
+            will_owners=(self.client_id,) if self.client_id in self.broker.wills else ())
 
     # -- the one place a protocol error becomes a disconnect ----------------------
 
@@ -303,6 +318,7 @@ class MQTTProtocol(Protocol):
         self._write(encode(Connack(present and self.version == "3.1.1",
                                    ConnackCode.ACCEPTED)))
         self.broker.activate(session, self, "mqtt" + self.version)
+        self.broker.register_connection(self.key, self)
         self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
                       c=self.client_id, peer=self.peer, v=self.version,
                       cs=self.clean_session, k=self.keepalive)

@@ -1,0 +1,107 @@
+"""Run the real broker (``twistd -n mqttamqp``) as a child process for integration tests.
+
+It listens on port 0 on 127.0.0.1; the bound ports are read from its log
+(``listening for MQTT on 127.0.0.1:PORT``), waiting on the log lines themselves
+with a timeout.  Only processes started here are ever signalled, by their PID.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+_LISTEN = re.compile(r"listening for (\w+) on ([\d.]+):(\d+)")
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: str, *extra: str, listeners: tuple[str, ...] = ("--mqtt",),
+                 env: Optional[dict[str, str]] = None) -> None:
+        self.data_dir = data_dir
+        self.extra = extra
+        self.listeners = listeners
+        self.env = env
+        self.proc: Optional[subprocess.Popen[str]] = None
+        self.lines: "queue.Queue[str]" = queue.Queue()
+        self.log: list[str] = []
+        self.ports: dict[str, int] = {}
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.ports["MQTT"]
+
+    def start(self, timeout: float = 30.0) -> "BrokerProcess":
+        args = [TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir]
+        for option in ("--mqtt", "--amqp", "--web"):
+            where = "tcp:0:interface=127.0.0.1" if option in self.listeners else "none"
+            args += [option, where]
+        args += list(self.extra)
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, start_new_session=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+        wanted = {opt.lstrip("-").upper() for opt in self.listeners}
+        self.ports = {}
+        while not wanted <= set(self.ports):
+            line = self.wait_for_line(r"listening for|Traceback|error", timeout)
+            m = _LISTEN.search(line)
+            if m is None:
+                raise RuntimeError("broker failed to start:\n" + self.output())
+            self.ports[m.group(1)] = int(m.group(3))
+        return self
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line)
+            self.lines.put(line)
+        self.lines.put("")  # EOF marker
+
+    def wait_for_line(self, pattern: str, timeout: float = 10.0) -> str:
+        """Wait until the broker logs a line matching ``pattern`` (regex); return it."""
+        rx = re.compile(pattern)
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s:\n"
+                                   + self.output()) from None
+            if line == "":
+                raise RuntimeError(f"broker exited while waiting for {pattern!r}:\n"
+                                   + self.output())
+            if rx.search(line):
+                return line
+
+    def output(self) -> str:
+        return "".join(self.log[-200:])
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        return self.proc.returncode if self.proc.returncode is not None else 0
+
+    def __enter__(self) -> "BrokerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
