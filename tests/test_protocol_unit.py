@@ -1,0 +1,730 @@
+"""Unit tests for the MQTT connection state machine: StringTransport, Clock, no reactor.
+
+The transport only records; where a real reactor would call ``connectionLost`` after
+``loseConnection``, the tests do it themselves (``Client.lost``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import NullStore, Op
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from mqttamqp.mqtt.protocol import ConnectionState, MQTTFactory, MQTTProtocol
+
+EPSILON = 0.001
+
+
+class FakeLink:
+    """A ClientLink standing in for a subscriber, recording what the core sends it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, int, bool]] = []
+        self.congested = False
+        self.backlog_bytes = 0
+        self.closed: list[str] = []
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool) -> None:
+        self.sent.append((message.topic, message.payload, qos, retain))
+
+    def send_pubrel(self, packet_id: int) -> None:
+        pass
+
+    def close(self, reason: str) -> None:
+        self.closed.append(reason)
+
+
+class ManualStore(NullStore):
+    """A store whose commits become durable only when the test fires them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[list[Op], Deferred[None]]] = []
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        self.submitted.extend(ops)
+        d: Deferred[None] = Deferred()
+        self.pending.append((list(ops), d))
+        return d
+
+    def commit_next(self) -> list[Op]:
+        ops, d = self.pending.pop(0)
+        d.callback(None)
+        return ops
+
+    def commit_all(self) -> None:
+        while self.pending:
+            self.commit_next()
+
+
+class Client:
+    """One MQTTProtocol on a StringTransport, with packet-level send and receive."""
+
+    def __init__(self, factory: MQTTFactory) -> None:
+        self.proto: MQTTProtocol = factory.buildProtocol(None)
+        self.transport = StringTransport()
+        self.decoder = Decoder()
+        self.proto.makeConnection(self.transport)  # type: ignore[no-untyped-call]
+
+    def send(self, *packets: Packet) -> None:
+        self.proto.dataReceived(b"".join(encode(p) for p in packets))
+
+    def received(self) -> list[Packet]:
+        self.decoder.feed(self.transport.value())
+        self.transport.clear()
+        return list(self.decoder)
+
+    def connect(self, client_id: str = "c", clean: bool = True, keepalive: int = 0,
+                will: Will | None = None, level: int = 4) -> list[Packet]:
+        name = "MQTT" if level == 4 else "MQIsdp"
+        self.send(Connect(name, level, client_id, clean, keepalive, will))
+        return self.received()
+
+    @property
+    def open(self) -> bool:
+        return not self.transport.disconnecting
+
+    def lost(self) -> None:
+        """What the reactor does after loseConnection: report the connection lost."""
+        assert self.transport.disconnecting
+        self.proto.connectionLost(Failure(ConnectionDone()))
+
+
+class Harness:
+    def __init__(self, store: NullStore | None = None, **limits: Any) -> None:
+        limits.setdefault("sys_interval", 0)
+        self.clock = Clock()
+        self.store = store if store is not None else NullStore()
+        self.broker = Broker(self.clock, self.store, Limits(**limits))
+        self.factory = MQTTFactory(self.broker, self.clock)
+
+    def client(self) -> Client:
+        return Client(self.factory)
+
+    def watcher(self, topic_filter: str, client_id: str = "watcher") -> FakeLink:
+        """A subscriber on the core, not on MQTT, to see what gets routed."""
+        link = FakeLink()
+        session, _, _ = self.broker.open_session(link, client_id, True, None)
+        self.broker.activate(session, link, "test")
+        self.broker.subscribe(session, _identity(client_id), [(topic_filter, 2)])
+        return link
+
+
+def _identity(client_id: str) -> Any:
+    from mqttamqp.core.auth import Identity
+    return Identity(client_id)
+
+
+ACCEPTED = Connack(False, 0)
+
+
+# --------------------------------------------------------------------------
+# CONNECT
+
+
+def test_connect_gets_connack_bytes() -> None:
+    """A valid 3.1.1 CONNECT is answered with exactly 20 02 00 00."""
+    h = Harness()
+    c = h.client()
+    c.send(Connect("MQTT", 4, "c", True, 0))
+    assert c.transport.value() == b"\x20\x02\x00\x00"
+    assert c.proto.state is ConnectionState.CONNECTED
+    assert "mqtt:c" in h.broker.connections
+    assert c.transport.producerState == "producing"
+
+
+def test_connect_31_accepted() -> None:
+    """A 3.1 (MQIsdp) CONNECT with a short id is accepted."""
+    h = Harness()
+    c = h.client()
+    assert c.connect("x" * 23, level=3) == [ACCEPTED]
+    assert c.proto.version == "3.1"
+
+
+def test_session_present_on_persistent_reconnect() -> None:
+    """Reconnecting to a persistent session answers CONNACK with session present (3.1.1)."""
+    h = Harness()
+    c1 = h.client()
+    assert c1.connect("p", clean=False) == [Connack(False, 0)]
+    c1.send(Disconnect())
+    c1.lost()
+    c2 = h.client()
+    assert c2.connect("p", clean=False) == [Connack(True, 0)]
+
+
+def test_session_present_never_set_for_31() -> None:
+    """MQTT 3.1 has no session-present flag: the byte stays 0."""
+    h = Harness()
+    c1 = h.client()
+    c1.connect("p", clean=False, level=3)
+    c1.send(Disconnect())
+    c1.lost()
+    c2 = h.client()
+    c2.send(Connect("MQIsdp", 3, "p", False, 0))
+    assert c2.transport.value() == b"\x20\x02\x00\x00"
+
+
+def test_connack_waits_for_session_commit() -> None:
+    """CONNACK for a persistent session is sent only after its session record is durable."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0))
+    assert c.transport.value() == b""
+    assert c.proto.state is ConnectionState.CONNECTING
+    assert c.transport.producerState == "paused"
+    store.commit_all()
+    assert c.received() == [ACCEPTED]
+    assert c.transport.producerState == "producing"
+
+
+def test_packets_pipelined_behind_connect_wait_for_connack() -> None:
+    """A PINGREQ sent right behind CONNECT is answered after CONNACK, not before."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0), Pingreq())
+    assert c.transport.value() == b""
+    store.commit_all()
+    assert c.received() == [ACCEPTED, Pingresp()]
+
+
+def test_unsupported_protocol_level_gets_connack_1() -> None:
+    """An unknown protocol level (MQTT 5) is refused with CONNACK 1 and the socket closed."""
+    h = Harness()
+    c = h.client()
+    c.send(Connect("MQTT", 5, "c", True, 0))
+    assert c.received() == [Connack(False, 1)]
+    assert not c.open
+    c.lost()
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_mismatched_protocol_name_and_level_gets_connack_1() -> None:
+    """'MQTT' with level 3 is not a protocol we speak: CONNACK 1."""
+    h = Harness()
+    c = h.client()
+    c.send(Connect("MQTT", 3, "c", True, 0))
+    assert c.received() == [Connack(False, 1)]
+    assert not c.open
+
+
+def test_31_client_id_longer_than_23_gets_connack_2() -> None:
+    """MQTT 3.1 client ids over 23 characters are refused with CONNACK 2."""
+    h = Harness()
+    c = h.client()
+    assert c.connect("x" * 24, level=3) == [Connack(False, 2)]
+    assert not c.open
+    c.lost()
+    assert "x" * 24 not in h.broker.sessions
+
+
+def test_31_empty_client_id_gets_connack_2() -> None:
+    """MQTT 3.1 requires a client id: empty is refused with CONNACK 2."""
+    h = Harness()
+    c = h.client()
+    assert c.connect("", level=3) == [Connack(False, 2)]
+    assert not c.open
+
+
+def test_311_empty_client_id_with_clean_session_gets_generated_id() -> None:
+    """3.1.1: an empty id with clean session is accepted and given a unique id."""
+    h = Harness()
+    c1, c2 = h.client(), h.client()
+    assert c1.connect("", clean=True) == [ACCEPTED]
+    assert c2.connect("", clean=True) == [ACCEPTED]
+    assert c1.proto.client_id and c2.proto.client_id
+    assert c1.proto.client_id != c2.proto.client_id
+    assert c1.open and c2.open
+
+
+def test_311_empty_client_id_without_clean_session_gets_connack_2() -> None:
+    """3.1.1: an empty id with clean session 0 is refused with CONNACK 2."""
+    h = Harness()
+    c = h.client()
+    assert c.connect("", clean=False) == [Connack(False, 2)]
+    assert not c.open
+
+
+def test_first_packet_not_connect_closes() -> None:
+    """A connection whose first packet is not CONNECT is closed without an answer."""
+    h = Harness()
+    c = h.client()
+    c.send(Pingreq())
+    assert c.transport.value() == b""
+    assert not c.open
+    c.lost()
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_second_connect_closes_and_fires_will() -> None:
+    """A second CONNECT is a protocol violation: the connection closes and its will fires."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = h.client()
+    c.connect("c", will=Will("will/c", b"gone", 0, False))
+    c.send(Connect("MQTT", 4, "c", True, 0))
+    assert c.received() == []
+    assert not c.open
+    c.lost()
+    assert watcher.sent == [("will/c", b"gone", 0, False)]
+
+
+def test_malformed_packet_closes() -> None:
+    """Bytes that are not a valid packet close the connection."""
+    h = Harness()
+    c = h.client()
+    c.connect("c")
+    c.proto.dataReceived(b"\x00\x00")
+    assert not c.open
+    assert h.broker.stats.protocol_errors == 1
+
+
+def test_max_connections_refuses_extra_socket() -> None:
+    """Past max_connections a new socket is aborted at once."""
+    h = Harness(max_connections=1)
+    c1 = h.client()
+    c2 = h.client()
+    assert c1.open
+    assert c2.transport.disconnecting
+    assert h.broker.stats.connections_refused == 1
+
+
+# --------------------------------------------------------------------------
+# timers
+
+
+def test_connect_timeout_closes_silent_socket() -> None:
+    """A socket that sends no CONNECT within connect_timeout is closed; no timer is left."""
+    h = Harness()
+    c = h.client()
+    h.clock.advance(10 - EPSILON)
+    assert c.open
+    h.clock.advance(2 * EPSILON)
+    assert not c.open
+    assert h.clock.getDelayedCalls() == []
+    c.lost()
+    assert h.clock.getDelayedCalls() == []
+    assert c.proto not in h.factory.connections
+
+
+def test_connect_cancels_connect_timeout() -> None:
+    """After CONNECT (keepalive 0) no timer remains and the connection outlives the timeout."""
+    h = Harness()
+    c = h.client()
+    c.connect("c", keepalive=0)
+    assert h.clock.getDelayedCalls() == []
+    h.clock.advance(1000)
+    assert c.open
+
+
+def test_keepalive_expiry_closes_and_fires_will() -> None:
+    """keepalive=10: open at 15 - ε, closed after 15, will published, no delayed call left."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = h.client()
+    assert c.connect("c", keepalive=10, will=Will("will/c", b"dead", 1, False)) == [ACCEPTED]
+    h.clock.advance(15 - EPSILON)
+    assert c.open
+    assert watcher.sent == []
+    h.clock.advance(2 * EPSILON)
+    assert not c.open
+    c.lost()
+    assert watcher.sent == [("will/c", b"dead", 1, False)]
+    assert "c" not in h.broker.sessions
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_keepalive_reset_by_activity() -> None:
+    """Any packet resets the keepalive: a PINGREQ at t=10 keeps it open until 25."""
+    h = Harness()
+    c = h.client()
+    c.connect("c", keepalive=10)
+    h.clock.advance(10)
+    c.send(Pingreq())
+    assert c.received() == [Pingresp()]
+    h.clock.advance(15 - EPSILON)
+    assert c.open
+    h.clock.advance(2 * EPSILON)
+    assert not c.open
+    c.lost()
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_clean_disconnect_no_will_no_timers() -> None:
+    """DISCONNECT closes without the will and leaves no delayed call."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = h.client()
+    c.connect("c", keepalive=10, will=Will("will/c", b"dead", 0, False))
+    c.send(Disconnect())
+    assert not c.open
+    assert h.clock.getDelayedCalls() == []
+    c.lost()
+    h.clock.advance(100)
+    assert watcher.sent == []
+    assert "c" not in h.broker.wills
+    assert "mqtt:c" not in h.broker.connections
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_connection_lost_fires_will_and_cancels_keepalive() -> None:
+    """A socket that just drops publishes the will and leaves no keepalive timer."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = h.client()
+    c.connect("c", keepalive=30, will=Will("will/c", b"dropped", 0, True))
+    c.proto.connectionLost(Failure(ConnectionDone()))
+    assert watcher.sent == [("will/c", b"dropped", 0, False)]
+    assert h.clock.getDelayedCalls() == []
+
+
+# --------------------------------------------------------------------------
+# publish flows and acknowledgement order
+
+
+def test_qos1_publish_routed_and_acked() -> None:
+    """A QoS 1 PUBLISH with nothing to store is routed and PUBACKed at once."""
+    h = Harness()
+    watcher = h.watcher("t")
+    c = h.client()
+    c.connect("c")
+    c.send(Publish("t", b"m", 1, False, False, 7))
+    assert c.received() == [Puback(7)]
+    assert watcher.sent == [("t", b"m", 1, False)]
+
+
+def test_puback_only_after_durable_commit() -> None:
+    """A QoS 1 retained PUBLISH is PUBACKed only once its commit has fired."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.connect("c")
+    assert store.pending == []
+    c.send(Publish("r", b"v", 1, True, False, 1))
+    assert c.received() == []
+    assert len(store.pending) == 1
+    store.commit_all()
+    assert c.received() == [Puback(1)]
+
+
+def test_acks_leave_in_arrival_order() -> None:
+    """A PUBACK that needs no commit waits behind an earlier one that does."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.connect("c")
+    c.send(Publish("r", b"v", 1, True, False, 1),     # stores a retained message
+           Publish("t", b"v", 1, False, False, 2),    # nothing to store
+           Publish("t", b"v", 2, False, False, 3))    # nothing to store
+    assert c.received() == []
+    store.commit_all()
+    assert c.received() == [Puback(1), Puback(2), Pubrec(3)]
+    c.send(Publish("t", b"v", 1, False, False, 4))
+    assert c.received() == [Puback(4)]
+
+
+def test_suback_waits_for_commit_and_precedes_later_acks() -> None:
+    """A persistent SUBSCRIBE's SUBACK waits for its commit; a later PUBACK stays behind it."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0))
+    store.commit_all()
+    assert c.received() == [ACCEPTED]
+    c.send(Subscribe(1, (("a", 1),)), Publish("x", b"v", 1, False, False, 9))
+    assert c.received() == []
+    store.commit_all()
+    assert c.received() == [Suback(1, (1,)), Puback(9)]
+
+
+def test_qos2_duplicate_before_pubrel_routed_once() -> None:
+    """A QoS 2 PUBLISH resent before PUBREL is answered with PUBREC again but routed once."""
+    h = Harness()
+    watcher = h.watcher("t")
+    c = h.client()
+    c.connect("c")
+    c.send(Publish("t", b"once", 2, False, False, 5))
+    c.send(Publish("t", b"once", 2, False, True, 5))
+    assert c.received() == [Pubrec(5), Pubrec(5)]
+    assert watcher.sent == [("t", b"once", 2, False)]
+    c.send(Pubrel(5))
+    assert c.received() == [Pubcomp(5)]
+    # The id is free again: a new message with it is routed.
+    c.send(Publish("t", b"again", 2, False, False, 5))
+    assert c.received() == [Pubrec(5)]
+    assert [p for _, p, _, _ in watcher.sent] == [b"once", b"again"]
+
+
+def test_qos2_pubrec_and_pubcomp_wait_for_commit_for_persistent_publisher() -> None:
+    """A persistent publisher's PUBREC waits for the inbound id commit, PUBCOMP for its delete."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0))
+    store.commit_all()
+    c.received()
+    c.send(Publish("t", b"v", 2, False, False, 3))
+    assert c.received() == []
+    store.commit_all()
+    assert c.received() == [Pubrec(3)]
+    c.send(Pubrel(3))
+    assert c.received() == []
+    store.commit_all()
+    assert c.received() == [Pubcomp(3)]
+
+
+def test_subscriber_flow_over_mqtt() -> None:
+    """A subscriber gets SUBACK, retained (retain=1), then live PUBLISHes; PUBACK frees."""
+    h = Harness()
+    pub = h.client()
+    pub.connect("pub")
+    pub.send(Publish("a/r", b"kept", 1, True, False, 1))
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("a/#", 1), ("bad/#/x", 0))))
+    assert sub.received() == [
+        Suback(1, (1, 0x80)),
+        Publish("a/r", b"kept", 1, True, False, 1),
+    ]
+    pub.send(Publish("a/b", b"live", 2, True, False, 2))
+    assert sub.received() == [Publish("a/b", b"live", 1, False, False, 2)]
+    session = h.broker.sessions["sub"]
+    assert set(session.inflight) == {1, 2}
+    sub.send(Puback(1), Puback(2))
+    assert session.inflight == {}
+    sub.send(Unsubscribe(2, ("a/#",)))
+    assert sub.received() == [Unsuback(2)]
+    pub.send(Publish("a/b", b"late", 0, False, False, None))
+    assert sub.received() == []
+
+
+def test_qos2_outbound_flow_over_mqtt() -> None:
+    """Outbound QoS 2: PUBLISH, client PUBREC → PUBREL, client PUBCOMP frees the id."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 2),)))
+    sub.received()
+    h.broker.publish(Message("t", b"x", 2, False, "p", 0.0))
+    assert sub.received() == [Publish("t", b"x", 2, False, False, 1)]
+    sub.send(Pubrec(1))
+    assert sub.received() == [Pubrel(1)]
+    sub.send(Pubcomp(1))
+    assert h.broker.sessions["sub"].inflight == {}
+
+
+def test_takeover_closes_old_connection_once() -> None:
+    """A second CONNECT with the same id closes the first connection and fires its will once."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    old = h.client()
+    old.connect("c", will=Will("will/c", b"old", 0, False))
+    new = h.client()
+    assert new.connect("c") == [ACCEPTED]
+    assert not old.open
+    old.lost()
+    assert watcher.sent == [("will/c", b"old", 0, False)]
+    assert new.open
+    assert h.broker.sessions["c"].connection is new.proto
+    assert h.broker.connections["mqtt:c"] is new.proto
+
+
+# --------------------------------------------------------------------------
+# back-pressure
+
+
+def test_pause_and_resume_producing_mark_congestion() -> None:
+    """pauseProducing makes the link congested (publishers see it); resumeProducing clears it."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.proto.pauseProducing()
+    assert sub.proto.congested is True
+    assert h.broker.congested_for("t") is True
+    sub.proto.resumeProducing()
+    assert sub.proto.congested is False
+    assert h.broker.congested_for("t") is False
+
+
+def test_congested_subscriber_pauses_publisher_until_drained() -> None:
+    """A publisher to a congested subscriber stops being read until the subscriber drains."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    pub = h.client()
+    pub.connect("pub")
+    sub.proto.pauseProducing()
+    pub.send(Publish("t", b"1", 1, False, False, 1))
+    assert pub.received() == [Puback(1)]
+    assert pub.transport.producerState == "paused"
+    assert sub.received() == []  # nothing written while the subscriber's socket is full
+    sub.proto.resumeProducing()
+    assert pub.transport.producerState == "producing"
+    assert sub.received() == [Publish("t", b"1", 1, False, False, 1)]
+
+
+def test_qos0_backlog_counted_while_congested() -> None:
+    """QoS 0 written while congested counts toward backlog_bytes; resume resets it."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 0),)))
+    sub.received()
+    sub.proto.pauseProducing()
+    h.broker.publish(Message("t", b"12345", 0, False, "p", 0.0))
+    assert sub.proto.backlog_bytes == len(encode(Publish("t", b"12345")))
+    sub.proto.resumeProducing()
+    assert sub.proto.backlog_bytes == 0
+
+
+def test_publisher_paused_by_backpressure_not_dropped_by_keepalive() -> None:
+    """A publisher the broker stopped reading (back-pressure) is not dropped by keepalive."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    pub = h.client()
+    pub.connect("pub", keepalive=10, will=Will("will/pub", b"x", 0, False))
+    sub.proto.pauseProducing()
+    pub.send(Publish("t", b"1", 1, False, False, 1))
+    assert pub.transport.producerState == "paused"
+    h.clock.advance(60)
+    assert pub.open
+    sub.proto.resumeProducing()
+    assert pub.transport.producerState == "producing"
+    h.clock.advance(15 - EPSILON)
+    assert pub.open
+
+
+def test_paused_publisher_resumes_when_its_subscriber_drains() -> None:
+    """A paused publisher resumes when its subscriber drains, despite an unrelated backlog."""
+    h = Harness(max_inflight=1, max_queued_messages=4)
+    slow = h.client()
+    slow.connect("slow")
+    slow.send(Subscribe(1, (("y", 1),)))
+    for _i in range(4):  # 1 in flight, 3 queued: over half the queue bound, never acked
+        h.broker.publish(Message("y", b"v", 1, False, "p", 0.0))
+    assert h.broker.sessions["slow"].over_high_water()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 1),)))
+    pub = h.client()
+    pub.connect("pub")
+    sub.proto.pauseProducing()
+    pub.send(Publish("t", b"1", 1, False, False, 1))
+    assert pub.transport.producerState == "paused"
+    sub.proto.resumeProducing()
+    assert pub.transport.producerState == "producing"
+
+
+def test_authentication_failure_refused() -> None:
+    """A rejected CONNECT gets CONNACK 5 without a username and 4 with one; no session is made."""
+    class DenyAll:
+        def authenticate(self, credentials: Any) -> bool:
+            return False
+    for username, code in ((None, 5), ("u", 4)):
+        clock = Clock()
+        broker = Broker(clock, NullStore(), Limits(sys_interval=0), authenticator=DenyAll())
+        c = Client(MQTTFactory(broker, clock))
+        c.send(Connect("MQTT", 4, "c", True, 0, None, username, None))
+        assert c.received() == [Connack(False, code)]
+        assert not c.open
+        assert broker.sessions == {}
+        c.lost()
+        assert clock.getDelayedCalls() == []
+
+
+def test_authenticator_error_gives_connack_3() -> None:
+    """An authenticator that fails gets CONNACK 3 (server unavailable) and a close."""
+    class Broken:
+        def authenticate(self, credentials: Any) -> bool:
+            raise RuntimeError("user database down")
+    clock = Clock()
+    broker = Broker(clock, NullStore(), Limits(sys_interval=0), authenticator=Broken())
+    c = Client(MQTTFactory(broker, clock))
+    c.send(Connect("MQTT", 4, "c", True, 0))
+    assert c.received() == [Connack(False, 3)]
+    assert not c.open
+    assert broker.sessions == {}
+
+
+def test_failed_session_commit_refuses_without_publishing_will() -> None:
+    """A failed CONNECT commit gives CONNACK 3; the never-accepted will is not published."""
+    store = ManualStore()
+    h = Harness(store)
+    watcher = h.watcher("will/#")
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0, Will("will/p", b"never", 0, False)))
+    _, d = store.pending.pop(0)
+    d.errback(Failure(RuntimeError("disk full")))
+    assert c.received() == [Connack(False, 3)]
+    assert not c.open
+    c.lost()
+    assert watcher.sent == []
+    assert "p" not in h.broker.wills
+
+
+def test_takeover_leaves_only_new_connection_timers() -> None:
+    """After takeover the old connection's keepalive timer is gone."""
+    h = Harness()
+    old = h.client()
+    old.connect("c", keepalive=10)
+    new = h.client()
+    new.connect("c", keepalive=0)
+    old.lost()
+    assert h.clock.getDelayedCalls() == []
+    h.clock.advance(100)
+    assert new.open
+
+
+def test_persistent_inbound_qos2_dedup_survives_reconnect() -> None:
+    """A QoS 2 PUBLISH resent after a persistent reconnect (before PUBREL) is routed once."""
+    h = Harness()
+    watcher = h.watcher("t")
+    c1 = h.client()
+    c1.connect("p", clean=False)
+    c1.send(Publish("t", b"once", 2, False, False, 5))
+    assert c1.received() == [Pubrec(5)]
+    c1.proto.connectionLost(Failure(ConnectionDone()))
+    c2 = h.client()
+    assert c2.connect("p", clean=False) == [Connack(True, 0)]
+    c2.send(Publish("t", b"once", 2, False, True, 5))
+    assert c2.received() == [Pubrec(5)]
+    c2.send(Pubrel(5))
+    assert c2.received() == [Pubcomp(5)]
+    assert watcher.sent == [("t", b"once", 2, False)]
