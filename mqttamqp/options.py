@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from twisted.python import usage
 
@@ -35,11 +36,12 @@ class Options(usage.Options):
         "descriptions (e.g. tcp:1883:interface=127.0.0.1) and may be given "
         "several times."
     )
-    optParameters = [
+    optParameters: ClassVar[list[list[Any]]] = [
         ["data", "d", "mqttamqp-data",
          "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
         ["max-connections", None, _D.max_connections,
-         "Refuse sockets beyond this many live MQTT connections.", _positive(int, "max-connections")],
+         "Refuse sockets beyond this many live MQTT connections.",
+         _positive(int, "max-connections")],
         ["max-packet-size", None, _D.max_packet_size,
          "Largest MQTT packet accepted, in bytes; larger ones close the connection.",
          _positive(int, "max-packet-size")],
@@ -70,7 +72,7 @@ class Options(usage.Options):
     ]
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self["mqtt"] = []
         self["amqp"] = []
         self["web"] = []

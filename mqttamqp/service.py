@@ -10,7 +10,7 @@ next start.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from twisted.application import service
 from twisted.internet import endpoints
@@ -45,7 +45,7 @@ class ListenerService(service.Service):
         self.address = ""
 
     def startService(self) -> None:
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         endpoint = endpoints.serverFromString(self.reactor, self.description)
         d = endpoint.listen(self.factory)
         d.addCallbacks(self._listening, self._failed)
@@ -61,8 +61,8 @@ class ListenerService(service.Service):
                          kind=self.kind, d=self.description)
         self.reactor.stop()
 
-    def stopService(self) -> "Optional[Deferred[None]]":
-        super().stopService()
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()  # type: ignore[no-untyped-call]
         if self.port is not None:
             port, self.port = self.port, None
             return port.stopListening()  # type: ignore[no-any-return]
@@ -74,7 +74,7 @@ class BrokerService(service.MultiService):
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
                  reactor: Any = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
         self.pack_interval = pack_interval_hours * 3600.0
@@ -82,32 +82,32 @@ class BrokerService(service.MultiService):
         # The real store is opened in startService; until then nothing persists.
         self.broker = Broker(self.reactor, NullStore(), limits)
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
-        self._pack_loop: Optional[LoopingCall] = None
+        self._pack_loop: LoopingCall | None = None
         self.store: Any = None
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
         self.web_site: Any = None
 
-    def add_mqtt_listener(self, description: str) -> "ListenerService":
+    def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
 
-    def add_amqp_listener(self, description: str, users_file: Optional[str]) -> "ListenerService":
+    def add_amqp_listener(self, description: str, users_file: str | None) -> ListenerService:
         from mqttamqp.amqp.listener import AMQPFactory
 
         if self.amqp_factory is None:
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file)
         return self.add_listener("AMQP", description, self.amqp_factory)
 
-    def add_web_listener(self, description: str) -> "ListenerService":
+    def add_web_listener(self, description: str) -> ListenerService:
         from webui.site import make_site
 
         if self.web_site is None:
             self.web_site = make_site(self)
         return self.add_listener("web", description, self.web_site)
 
-    def add_listener(self, kind: str, description: str, factory: Any) -> "ListenerService":
+    def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
         svc = ListenerService(kind, description, factory, self.reactor)
-        svc.setServiceParent(self)
+        svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
 
@@ -123,15 +123,15 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
 
-    def _pack(self) -> "Deferred[None]":
+    def _pack(self) -> Deferred[None]:
         d: Deferred[None] = self.store.pack()
         d.addCallback(lambda _: self.log.info("storage packed"))
         d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
         return d
 
-    def stopService(self) -> "Deferred[None]":
+    def stopService(self) -> Deferred[None]:
         self.broker.stopping = True
         if self._pack_loop is not None and self._pack_loop.running:
             self._pack_loop.stop()
@@ -139,16 +139,21 @@ class BrokerService(service.MultiService):
         return d
 
     async def _stop(self) -> None:
-        await super().stopService()  # type: ignore[misc]
+        await super().stopService()  # type: ignore[no-untyped-call]
         self.broker.stop()
         for conn in list(self.mqtt_factory.connections):
-            conn.transport.abortConnection()  # type: ignore[union-attr]
+            conn.transport.abortConnection()
         if self.store is not None:
             self.store.close()
 
 
 def makeService(options: Options) -> BrokerService:
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"])
+    if options["users"]:
+        # MQTT CONNECT and AMQP SASL PLAIN both check it; anonymous clients are refused.
+        from mqttamqp.core.users import UserFile
+
+        svc.broker.authenticator = UserFile(options["users"], svc.reactor)
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:

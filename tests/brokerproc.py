@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Optional
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 _LISTEN = re.compile(r"listening for (\w+) on ([\d.]+):(\d+)")
@@ -22,13 +21,13 @@ _LISTEN = re.compile(r"listening for (\w+) on ([\d.]+):(\d+)")
 
 class BrokerProcess:
     def __init__(self, data_dir: str, *extra: str, listeners: tuple[str, ...] = ("--mqtt",),
-                 env: Optional[dict[str, str]] = None) -> None:
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.listeners = listeners
         self.env = env
-        self.proc: Optional[subprocess.Popen[str]] = None
-        self.lines: "queue.Queue[str]" = queue.Queue()
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
 
@@ -36,7 +35,7 @@ class BrokerProcess:
     def mqtt_port(self) -> int:
         return self.ports["MQTT"]
 
-    def start(self, timeout: float = 30.0) -> "BrokerProcess":
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
         args = [TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir]
         for option in ("--mqtt", "--amqp", "--web"):
             where = "tcp:0:interface=127.0.0.1" if option in self.listeners else "none"
@@ -100,7 +99,7 @@ class BrokerProcess:
                 self.proc.wait(timeout=10)
         return self.proc.returncode if self.proc.returncode is not None else 0
 
-    def __enter__(self) -> "BrokerProcess":
+    def __enter__(self) -> BrokerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from brokerproc import BrokerProcess  # noqa: E402
+from brokerproc import BrokerProcess
 
 _ids = itertools.count(1)
 
@@ -32,7 +32,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
-def fresh_broker(tmp_path: "os.PathLike[str]") -> Iterator[BrokerProcess]:
+def fresh_broker(tmp_path: os.PathLike[str]) -> Iterator[BrokerProcess]:
     """A broker of this test's own, for tests that restart or kill it."""
     proc = BrokerProcess(os.path.join(str(tmp_path), "data"), "--will-grace", "2")
     proc.start()

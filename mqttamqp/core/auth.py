@@ -9,7 +9,7 @@ them without touching the protocols.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Union
+from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -19,8 +19,8 @@ __all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll"]
 @dataclass(frozen=True, slots=True)
 class Credentials:
     client_id: str
-    username: Optional[str]
-    password: Optional[bytes]
+    username: str | None
+    password: bytes | None
     protocol: str          # "mqtt" or "amqp"
     peer: str              # remote address, for logs and rules
 
@@ -30,11 +30,11 @@ class Identity:
     """Who an accepted connection is; ``username`` None means anonymous."""
 
     client_id: str
-    username: Optional[str] = None
+    username: str | None = None
 
 
 class Authenticator(Protocol):
-    def authenticate(self, credentials: Credentials) -> Union[bool, "Deferred[bool]"]:
+    def authenticate(self, credentials: Credentials) -> bool | Deferred[bool]:
         ...
 
 

@@ -8,7 +8,7 @@ AMQP connections list their links as ``LinkInfo``.  Nothing here changes state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Protocol
 
 __all__ = ["LinkInfo", "ConnectionInfo", "InspectableConnection"]
 
@@ -31,11 +31,11 @@ class ConnectionInfo:
     client_id: str             # MQTT client id or AMQP container id
     protocol: str              # "mqtt3.1", "mqtt3.1.1" or "amqp"
     remote: str                # "host:port"
-    user: Optional[str]
+    user: str | None
     connected_since: float
     keepalive: int             # seconds (AMQP: idle time-out)
-    clean_session: Optional[bool]
-    session_id: Optional[str]  # the session it is attached to, if any
+    clean_session: bool | None
+    session_id: str | None  # the session it is attached to, if any
     will_owners: tuple[str, ...] = ()   # keys into Broker.wills this connection owns
     links: tuple[LinkInfo, ...] = field(default=())
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 __all__ = ["Message", "WillMessage"]
 
@@ -22,11 +21,11 @@ class Message:
     payload: bytes
     qos: int = 0
     retain: bool = False
-    publisher: Optional[str] = None
+    publisher: str | None = None
     timestamp: float = 0.0
     dup: bool = False
 
-    def with_retain(self, retain: bool) -> "Message":
+    def with_retain(self, retain: bool) -> Message:
         return self if self.retain == retain else replace(self, retain=retain)
 
 

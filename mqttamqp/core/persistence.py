@@ -11,8 +11,9 @@ This module must not import ZODB; ``mqttamqp.store`` implements it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence, Union
+from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -40,7 +41,7 @@ class StoredQueued:
     message: Message
     qos: int                       # delivery QoS (min(publish, granted))
     state: str = QueuedState.QUEUED
-    packet_id: Optional[int] = None
+    packet_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +122,11 @@ class DeleteInboundQos2:
     packet_id: int
 
 
-Op = Union[
-    PutRetained, DeleteRetained, ClearRetained, PutWill, DeleteWill, PutSession,
-    DeleteSession, PutSubscription, DeleteSubscription, PutQueued, DeleteQueued,
-    PutInboundQos2, DeleteInboundQos2,
-]
+Op = (
+    PutRetained | DeleteRetained | ClearRetained | PutWill | DeleteWill | PutSession
+    | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
+    | PutInboundQos2 | DeleteInboundQos2
+)
 
 
 @dataclass
@@ -148,10 +149,10 @@ class StateStore(Protocol):
     def load(self) -> Snapshot:
         """Read the whole durable state (called once, before serving)."""
 
-    def submit(self, ops: Sequence[Op]) -> "Deferred[None]":
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         """Apply ``ops`` in order after everything submitted before; fire when durable."""
 
-    def pack(self) -> "Deferred[None]":
+    def pack(self) -> Deferred[None]:
         """Reclaim space from old revisions, off the reactor thread."""
 
     def close(self) -> None:
@@ -167,13 +168,13 @@ class NullStore:
     def load(self) -> Snapshot:
         return Snapshot()
 
-    def submit(self, ops: Sequence[Op]) -> "Deferred[None]":
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         from twisted.internet.defer import succeed
 
         self.submitted.extend(ops)
         return succeed(None)
 
-    def pack(self) -> "Deferred[None]":
+    def pack(self) -> Deferred[None]:
         from twisted.internet.defer import succeed
 
         return succeed(None)

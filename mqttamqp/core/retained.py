@@ -6,7 +6,7 @@ turns each change into a store operation.
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from mqttamqp.core.message import Message
 
@@ -18,7 +18,7 @@ class _Node:
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
-        self.message: Optional[Message] = None
+        self.message: Message | None = None
 
 
 class RetainedStore:
@@ -34,8 +34,8 @@ class RetainedStore:
     def payload_bytes(self) -> int:
         return self._bytes
 
-    def get(self, topic: str) -> Optional[Message]:
-        node: Optional[_Node] = self._root
+    def get(self, topic: str) -> Message | None:
+        node: _Node | None = self._root
         for level in topic.split("/"):
             assert node is not None
             node = node.children.get(level)
@@ -112,9 +112,9 @@ class RetainedStore:
                     continue
                 self._walk(child, levels, depth + 1, out)
             return
-        child = node.children.get(level)
-        if child is not None:
-            self._walk(child, levels, depth + 1, out)
+        exact = node.children.get(level)
+        if exact is not None:
+            self._walk(exact, levels, depth + 1, out)
 
     def _collect(self, node: _Node, out: list[Message]) -> None:
         stack = [node]

@@ -16,13 +16,19 @@ packet id (allocated at enqueue and stored with it) across a restart.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 from enum import Enum
-from typing import Iterable, Iterator, Optional, Protocol
+from typing import Protocol
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
-    DeleteInboundQos2, DeleteQueued, Op, PutInboundQos2, PutQueued, QueuedState,
+    DeleteInboundQos2,
+    DeleteQueued,
+    Op,
+    PutInboundQos2,
+    PutQueued,
+    QueuedState,
     StoredQueued,
 )
 
@@ -42,7 +48,7 @@ class ClientLink(Protocol):
     def backlog_bytes(self) -> int:
         """Bytes written since the link became congested (0 when it is not)."""
 
-    def send_publish(self, message: Message, qos: int, packet_id: Optional[int],
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool) -> None:
         ...
 
@@ -62,7 +68,8 @@ class SessionState(Enum):
 class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
-    __slots__ = ("seq", "message", "qos", "retain", "state", "packet_id", "dup", "held")
+    __slots__ = ("dup", "failures", "held", "message", "packet_id", "qos", "retain", "seq",
+                 "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -75,6 +82,9 @@ class OutEntry:
         self.packet_id = packet_id
         self.dup = dup
         self.held = held
+        # Failed delivery attempts (AMQP Modified with delivery-failed): an AMQP
+        # receiver sees them in delivery-count; Released does not count (§3.4.4).
+        self.failures = 0
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -92,8 +102,8 @@ class Session:
         self.subscriptions: dict[str, int] = {}
         self.state = SessionState.OFFLINE
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
-        self.connection: Optional[ClientLink] = None       # the connection that claimed it
-        self.link: Optional[ClientLink] = None  # set once CONNACK went out
+        self.connection: ClientLink | None = None       # the connection that claimed it
+        self.link: ClientLink | None = None  # set once CONNACK went out
         self.inflight: dict[int, OutEntry] = {}  # packet id -> entry, in send order
         self.queue: deque[OutEntry] = deque()
         self.inbound_qos2: set[int] = set()
@@ -126,9 +136,11 @@ class Session:
     def restore(self, queue: Iterable[tuple[int, StoredQueued]],
                 inbound_qos2: Iterable[int]) -> None:
         """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
-        for seq, stored in queue:
+        entries = list(queue)
+        # Stored ids first, so an entry without one cannot be given an id in use.
+        self._pids.update(stored.packet_id for _, stored in entries if stored.packet_id)
+        for seq, stored in entries:
             pid = stored.packet_id or self._allocate_pid()
-            self._pids.add(pid)
             msg = stored.message
             state = (QueuedState.RELEASED if stored.state == QueuedState.RELEASED
                      else QueuedState.QUEUED)
@@ -237,6 +249,17 @@ class Session:
             return _NO_OPS
         return self._finish(entry)
 
+    def mark_released(self, packet_id: int) -> list[Op]:
+        """AMQP_PUBREL on ``$mqtt.<id>.pubrel``: the PUBREC state change of ``received``
+        without sending the release; the caller sends it after the commit."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
+            return _NO_OPS
+        entry.state = QueuedState.RELEASED
+        if self.persistent:
+            return [PutQueued(self.client_id, entry.seq, entry.stored())]
+        return _NO_OPS
+
     def redeliver(self, packet_id: int, increment: bool) -> None:
         """AMQP Released/Modified: put the entry back at the head, to be sent again."""
         entry = self.inflight.pop(packet_id, None)
@@ -244,6 +267,8 @@ class Session:
             return
         entry.state = QueuedState.QUEUED
         entry.dup = entry.dup or increment
+        if increment:
+            entry.failures += 1
         self.queue.appendleft(entry)
         self.queued_bytes += len(entry.message.payload)
         self.pump()

@@ -8,7 +8,8 @@ Subscribers are opaque hashable keys (the core uses sessions).
 
 from __future__ import annotations
 
-from typing import Generic, Hashable, Iterator, Optional, TypeVar
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
 
 __all__ = [
     "validate_topic_name", "validate_topic_filter", "topic_matches", "SubscriptionTrie",
@@ -19,7 +20,7 @@ K = TypeVar("K", bound=Hashable)
 MAX_TOPIC_BYTES = 65535
 
 
-def validate_topic_name(topic: str) -> Optional[str]:
+def validate_topic_name(topic: str) -> str | None:
     """Return why ``topic`` is not a valid PUBLISH topic name, or None if it is."""
     if not topic:
         return "topic name is empty"
@@ -32,12 +33,14 @@ def validate_topic_name(topic: str) -> Optional[str]:
     return None
 
 
-def validate_topic_filter(topic_filter: str) -> Optional[str]:
+def validate_topic_filter(topic_filter: str) -> str | None:
     """Return why ``topic_filter`` is not a valid subscription filter, or None."""
     if not topic_filter:
         return "topic filter is empty"
     if "\x00" in topic_filter:
         return "topic filter contains U+0000"
+    if len(topic_filter.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
+        return "topic filter is longer than 65535 bytes"
     levels = topic_filter.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):
@@ -165,7 +168,7 @@ class SubscriptionTrie(Generic[K]):
             for key, qos in node.subscribers.items():
                 yield "/".join(path), key, qos
             for level, child in node.children.items():
-                stack.append((child, path + (level,)))
+                stack.append((child, (*path, level)))
 
 
 def _merge(result: dict[K, int], subscribers: dict[K, int]) -> None:

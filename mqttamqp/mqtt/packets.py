@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Optional, Union
 
 __all__ = [
     "PacketType", "ConnackCode", "Will", "Connect", "Connack", "Publish", "Puback",
@@ -63,9 +62,9 @@ class Connect:
     client_id: str
     clean_session: bool
     keepalive: int
-    will: Optional[Will] = None
-    username: Optional[str] = None
-    password: Optional[bytes] = None
+    will: Will | None = None
+    username: str | None = None
+    password: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +80,7 @@ class Publish:
     qos: int = 0
     retain: bool = False
     dup: bool = False
-    packet_id: Optional[int] = None  # required (1..65535) when qos > 0, else None
+    packet_id: int | None = None  # required (1..65535) when qos > 0, else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +142,7 @@ class Disconnect:
     pass
 
 
-Packet = Union[
-    Connect, Connack, Publish, Puback, Pubrec, Pubrel, Pubcomp, Subscribe, Suback,
-    Unsubscribe, Unsuback, Pingreq, Pingresp, Disconnect,
-]
+Packet = (
+    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
+    | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect
+)

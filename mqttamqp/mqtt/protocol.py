@@ -16,26 +16,42 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.session import Session
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.packets import (
-    PROTOCOL_31, PROTOCOL_311, Connack, ConnackCode, Connect, Disconnect, Pingreq,
-    Pingresp, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe, Unsuback,
+    PROTOCOL_31,
+    PROTOCOL_311,
+    Connack,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
     Unsubscribe,
 )
 
@@ -63,18 +79,19 @@ _qos0_cache: list[Any] = [None, False, b""]
 @implementer(IPushProducer)
 class MQTTProtocol(Protocol):
     log = Logger()
+    transport: Any
 
-    def __init__(self, factory: "MQTTFactory") -> None:
+    def __init__(self, factory: MQTTFactory) -> None:
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
         self.limits: Limits = factory.broker.limits
         self.state = ConnectionState.AWAITING_CONNECT
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
-        self.session: Optional[Session] = None
-        self.identity: Optional[Identity] = None
+        self.session: Session | None = None
+        self.identity: Identity | None = None
         self.client_id = ""
-        self.username: Optional[str] = None
+        self.username: str | None = None
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
@@ -83,8 +100,8 @@ class MQTTProtocol(Protocol):
         self.has_will = False
         self._clean_close = False
         self._last_activity = 0.0
-        self._connect_timer: Optional[IDelayedCall] = None
-        self._keepalive_timer: Optional[IDelayedCall] = None
+        self._connect_timer: DelayedCall | None = None
+        self._keepalive_timer: DelayedCall | None = None
         self._acks: deque[list[Any]] = deque()
         self._congested = False
         self._backlog = 0
@@ -93,7 +110,7 @@ class MQTTProtocol(Protocol):
     # -- Twisted ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()  # type: ignore[union-attr]
+        peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self._last_activity = self.clock.seconds()
         if len(self.factory.connections) >= self.limits.max_connections:
@@ -101,10 +118,10 @@ class MQTTProtocol(Protocol):
             self.log.warn("refusing connection from {peer}: max-connections ({n}) reached",
                           peer=self.peer, n=self.limits.max_connections)
             self.state = ConnectionState.CLOSED
-            self.transport.abortConnection()  # type: ignore[union-attr]
+            self.transport.abortConnection()
             return
         self.factory.connections.add(self)
-        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self.transport.registerProducer(self, True)
         self._connect_timer = self.clock.callLater(
             self.limits.connect_timeout, self._connect_timed_out)
 
@@ -116,7 +133,7 @@ class MQTTProtocol(Protocol):
         self.decoder.feed(data)
         self._process()
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
         self.broker.forget_paused(id(self))
         self._cancel_timers()
@@ -126,10 +143,12 @@ class MQTTProtocol(Protocol):
         self.broker.unregister_connection(self.key, self)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
-                "connection lost: " + reason.getErrorMessage())
+                "connection lost: " + (reason.getErrorMessage() if reason else "unknown"))
             if was is not ConnectionState.CLOSED and not self._clean_close:
                 self.log.info("{c} ({peer}) {why}", c=self.client_id, peer=self.peer, why=why)
-            self.broker.end_session(self, self.session, self._clean_close, why)
+            # Lost before CONNACK: the CONNECT (and its will) was never accepted.
+            clean = self._clean_close or was is ConnectionState.CONNECTING
+            self.broker.end_session(self, self.session, clean, why)
             self.session = None
 
     # IPushProducer: the transport tells us when its write buffer is full/drained.
@@ -156,7 +175,7 @@ class MQTTProtocol(Protocol):
     def backlog_bytes(self) -> int:
         return self._backlog
 
-    def send_publish(self, message: Message, qos: int, packet_id: Optional[int],
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool) -> None:
         if self.state is ConnectionState.CLOSED:
             return
@@ -171,7 +190,7 @@ class MQTTProtocol(Protocol):
         else:
             frame = encode_publish(message.topic.encode("utf-8"), message.payload, qos,
                                    retain, dup, packet_id)
-        self.transport.write(frame)  # type: ignore[union-attr]
+        self.transport.write(frame)
         stats = self.broker.stats
         stats.messages_sent += 1
         stats.bytes_sent += len(frame)
@@ -191,7 +210,7 @@ class MQTTProtocol(Protocol):
         self.session = None
         self._cancel_timers()
         self.broker.unregister_connection(self.key, self)
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self.transport.loseConnection()
 
     @property
     def key(self) -> str:
@@ -215,7 +234,7 @@ class MQTTProtocol(Protocol):
         self.state = ConnectionState.CLOSED
         self._cancel_timers()
         # The will fires in connectionLost (the client did not send DISCONNECT).
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self.transport.loseConnection()
 
     # -- input --------------------------------------------------------------------
 
@@ -242,7 +261,7 @@ class MQTTProtocol(Protocol):
             self._violation(f"malformed packet: {exc.reason}")
 
     def _write(self, data: bytes) -> None:
-        self.transport.write(data)  # type: ignore[union-attr]
+        self.transport.write(data)
         self.broker.stats.bytes_sent += len(data)
 
     # -- CONNECT ------------------------------------------------------------------
@@ -286,7 +305,7 @@ class MQTTProtocol(Protocol):
         d.addCallback(self._authenticated, packet)
         d.addErrback(self._connect_failed)
 
-    def _authenticated(self, ok: bool, packet: Connect) -> "Optional[Deferred[None]]":
+    def _authenticated(self, ok: bool, packet: Connect) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
             return None  # the socket went away while we checked
         if not ok:
@@ -337,10 +356,14 @@ class MQTTProtocol(Protocol):
         self.broker.stats.connections_refused += 1
         self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK {code})",
                       peer=self.peer, c=self.client_id, r=reason, code=int(code))
+        if self.session is not None:
+            # A refused CONNECT leaves no will behind and publishes none.
+            self.broker.end_session(self, self.session, True, "CONNECT refused")
+            self.session = None
         self._write(encode(Connack(False, code)))
         self.state = ConnectionState.CLOSED
         self._cancel_timers()
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self.transport.loseConnection()
 
     # -- timers -------------------------------------------------------------------
 
@@ -351,6 +374,11 @@ class MQTTProtocol(Protocol):
     def _keepalive_check(self) -> None:
         self._keepalive_timer = None
         limit = self.keepalive * 1.5
+        if self._reading_paused_for:
+            # We stopped reading (back-pressure): the client's packets wait in the
+            # socket, so its silence is ours. Check again a full period later.
+            self._keepalive_timer = self.clock.callLater(limit, self._keepalive_check)
+            return
         idle = self.clock.seconds() - self._last_activity
         if idle >= limit:
             self._violation(f"keepalive expired (no packet for {idle:.1f}s, limit {limit:g}s)")
@@ -367,22 +395,23 @@ class MQTTProtocol(Protocol):
 
     def _pause_reading(self, why: str) -> None:
         if not self._reading_paused_for:
-            self.transport.pauseProducing()  # type: ignore[union-attr]
+            self.transport.pauseProducing()
         self._reading_paused_for.add(why)
 
     def _resume_reading(self, why: str) -> None:
         if why in self._reading_paused_for:
             self._reading_paused_for.discard(why)
             if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
-                self.transport.resumeProducing()  # type: ignore[union-attr]
+                self._last_activity = self.clock.seconds()
+                self.transport.resumeProducing()
 
     def _drained(self) -> None:
         self._resume_reading("congestion")
 
     # -- ordered acknowledgements ---------------------------------------------------
 
-    def _ack(self, d: "Optional[Deferred[None]]", frame: bytes,
-             after: Optional[Callable[[], None]] = None) -> None:
+    def _ack(self, d: Deferred[None] | None, frame: bytes,
+             after: Callable[[], None] | None = None) -> None:
         """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out."""
         if d is None and not self._acks:
             self._write(frame)
@@ -442,9 +471,9 @@ class MQTTProtocol(Protocol):
             else:
                 extra = session.inbound_add(pid)
                 self._ack(broker.publish(message, self.identity, extra), _ack_frame(0x50, pid))
-        if broker.congested_for(packet.topic):
+        if broker.last_publish_congested:
             self._pause_reading("congestion")
-            broker.pause_until_drained(id(self), self._drained)
+            broker.pause_until_drained(id(self), self._drained, broker.last_publish_congested)
 
     def _on_puback(self, packet: Puback) -> None:
         assert self.session is not None
@@ -469,7 +498,7 @@ class MQTTProtocol(Protocol):
         session = self.session
         assert session is not None and self.identity is not None
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
-        grants = [(f, code) for (f, _), code in zip(packet.topics, codes)]
+        grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
         self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
                   lambda: self.broker.send_retained(session, grants))
 
@@ -490,9 +519,9 @@ class MQTTProtocol(Protocol):
         if self.session is not None:
             self.broker.end_session(self, self.session, True, "client sent DISCONNECT")
             self.session = None
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self.transport.loseConnection()
 
-    _handlers: dict[type, Callable[["MQTTProtocol", Any], None]] = {
+    _handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         Connect: _on_connect,
         Publish: _on_publish,
         Puback: _on_puback,
@@ -509,7 +538,7 @@ class MQTTProtocol(Protocol):
 class MQTTFactory(Factory):
     """Builds one ``MQTTProtocol`` per accepted socket; knows every live connection."""
 
-    def __init__(self, broker: Broker, clock: IReactorTime) -> None:
+    def __init__(self, broker: Broker, clock: Clock) -> None:
         self.broker = broker
         self.clock = clock
         self.connections: set[MQTTProtocol] = set()
