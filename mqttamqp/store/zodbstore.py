@@ -1,0 +1,508 @@
+"""``ZODBStore``: the durable ``StateStore`` on a ZODB FileStorage.
+
+This module owns all ZODB I/O of the broker: opening the FileStorage under the data
+directory, the single writer thread with natural group commit, packing, and the
+start-up ``load()``.
+
+Threading rules:
+
+* ``load()`` runs once on the calling thread before serving.
+* After that the reactor thread never touches ZODB: ``submit()`` only queues the ops
+  and returns a Deferred; ``stats()`` reads counters and ``os.stat``s the file.
+* The writer thread takes everything queued (up to ``max_batch_ops`` ops, never
+  splitting one submit), applies it in order to its own connection, commits once
+  (FileStorage fsyncs every commit) and fires the Deferreds of that commit on the
+  reactor thread through ``reactor.callFromThread``.  Whatever arrives during a
+  commit goes into the next one.
+* ``pack()`` runs in its own thread; FileStorage packs concurrently with commits.
+
+It must not hold authoritative state (the core does), must not run ZODB work on the
+reactor thread, and must not pickle ``mqttamqp.core`` classes (see ``models``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import transaction
+from transaction.interfaces import NoTransaction
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from ZODB import DB
+from ZODB.FileStorage import FileStorage
+
+from mqttamqp.core.persistence import (
+    ClearRetained,
+    DeleteInboundQos2,
+    DeleteQueued,
+    DeleteRetained,
+    DeleteSession,
+    DeleteSubscription,
+    DeleteWill,
+    Op,
+    PutInboundQos2,
+    PutQueued,
+    PutRetained,
+    PutSession,
+    PutSubscription,
+    PutWill,
+    Snapshot,
+)
+from mqttamqp.store.models import (
+    PersistentSession,
+    init_root,
+    message_to_record,
+    queued_to_record,
+    record_to_message,
+    record_to_will,
+    session_to_record,
+    will_to_record,
+)
+
+__all__ = ["FILENAME", "StoreClosedError", "ZODBStore"]
+
+FILENAME = "mqttamqp.fs"
+
+_log = Logger(namespace="mqttamqp.store")
+
+_Waiter = tuple[tuple[Op, ...], "Deferred[None]"]
+_Completion = tuple["Deferred[None]", Failure | None]
+
+
+def _abort_if_open(tm: Any) -> None:
+    """Abort a transaction left open (a failed commit in the last attempt does that)."""
+    try:
+        tm.get()
+    except NoTransaction:
+        return
+    try:
+        tm.abort()
+    except Exception:  # logged; the commit has failed already
+        _log.failure("abort after a failed commit failed")
+
+
+class StoreClosedError(RuntimeError):
+    """``submit()`` or ``pack()`` after ``close()`` (or after the writer died)."""
+
+
+class _Trees:
+    """The root's BTrees, fetched once per commit attempt."""
+
+    __slots__ = ("deleted", "retained", "sessions", "wills")
+
+    def __init__(self, root: Any) -> None:
+        self.retained: Any = root["retained"]
+        self.wills: Any = root["wills"]
+        self.sessions: Any = root["sessions"]
+        # Sessions removed by DeleteSession earlier in the current submit: later
+        # session ops of the same submit do not resurrect them implicitly.
+        self.deleted: set[str] = set()
+
+
+def _session_for_put(t: _Trees, client_id: str) -> PersistentSession | None:
+    session: PersistentSession | None = t.sessions.get(client_id)
+    if session is None and client_id not in t.deleted:
+        session = PersistentSession(client_id)
+        t.sessions[client_id] = session
+    return session
+
+
+def _put_retained(t: _Trees, op: PutRetained) -> None:
+    t.retained[op.message.topic] = message_to_record(op.message)
+
+
+def _delete_retained(t: _Trees, op: DeleteRetained) -> None:
+    t.retained.pop(op.topic, None)
+
+
+def _clear_retained(t: _Trees, op: ClearRetained) -> None:
+    if len(t.retained):
+        t.retained.clear()
+
+
+def _put_will(t: _Trees, op: PutWill) -> None:
+    t.wills[op.will.owner] = will_to_record(op.will)
+
+
+def _delete_will(t: _Trees, op: DeleteWill) -> None:
+    t.wills.pop(op.owner, None)
+
+
+def _put_session(t: _Trees, op: PutSession) -> None:
+    t.deleted.discard(op.client_id)
+    session = _session_for_put(t, op.client_id)
+    assert session is not None
+    if session.last_seen != op.last_seen:
+        session.last_seen = float(op.last_seen)
+
+
+def _delete_session(t: _Trees, op: DeleteSession) -> None:
+    t.sessions.pop(op.client_id, None)
+    t.deleted.add(op.client_id)
+
+
+def _put_subscription(t: _Trees, op: PutSubscription) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.subscriptions[op.topic_filter] = int(op.qos)
+
+
+def _delete_subscription(t: _Trees, op: DeleteSubscription) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.subscriptions.pop(op.topic_filter, None)
+
+
+def _put_queued(t: _Trees, op: PutQueued) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.queue[int(op.seq)] = queued_to_record(op.entry)
+
+
+def _delete_queued(t: _Trees, op: DeleteQueued) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.queue.pop(int(op.seq), None)
+
+
+def _put_inbound_qos2(t: _Trees, op: PutInboundQos2) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.inbound_qos2.add(int(op.packet_id))
+
+
+def _delete_inbound_qos2(t: _Trees, op: DeleteInboundQos2) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.inbound_qos2.discard(int(op.packet_id))
+
+
+_HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
+    PutRetained: _put_retained,
+    DeleteRetained: _delete_retained,
+    ClearRetained: _clear_retained,
+    PutWill: _put_will,
+    DeleteWill: _delete_will,
+    PutSession: _put_session,
+    DeleteSession: _delete_session,
+    PutSubscription: _put_subscription,
+    DeleteSubscription: _delete_subscription,
+    PutQueued: _put_queued,
+    DeleteQueued: _delete_queued,
+    PutInboundQos2: _put_inbound_qos2,
+    DeleteInboundQos2: _delete_inbound_qos2,
+}
+
+
+class ZODBStore:
+    """A ``StateStore`` on ``FileStorage(<path>/mqttamqp.fs)`` with one writer thread.
+
+    Ops on a session that does not exist are ignored, except that ``PutQueued``,
+    ``PutSubscription`` and ``PutInboundQos2`` create it implicitly unless a
+    ``DeleteSession`` earlier in the same ``submit()`` removed it.
+
+    ``close()`` is meant to be called on the reactor thread (or when no reactor
+    runs): it fires the Deferreds of the final commits itself, so they fire even
+    if the reactor is stopping.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        reactor: IReactorFromThreads,
+        max_batch_ops: int = 5000,
+        commit_attempts: int = 3,
+    ) -> None:
+        if max_batch_ops < 1:
+            raise ValueError("max_batch_ops must be >= 1")
+        if commit_attempts < 1:
+            raise ValueError("commit_attempts must be >= 1")
+        self._reactor = reactor
+        self._max_batch_ops = max_batch_ops
+        self._commit_attempts = commit_attempts
+        os.makedirs(path, exist_ok=True)
+        self.path: str = os.path.join(path, FILENAME)
+        storage = FileStorage(self.path, pack_keep_old=False)
+        try:
+            self._db: Any = DB(storage, cache_size=20000)
+        except BaseException:
+            storage.close()
+            raise
+        try:
+            self._init_root()
+        except BaseException:
+            self._db.close()
+            raise
+
+        self._cond = threading.Condition()
+        self._pending: deque[_Waiter] = deque()
+        self._accepting = True
+        self._stopping = False
+        self._closed = False
+        self._completions: deque[_Completion] = deque()
+        self._completions_lock = threading.Lock()
+        self._draining = False  # touched only on the reactor thread (or in close())
+        self._pack_lock = threading.Lock()
+        self._pack_threads: set[threading.Thread] = set()
+
+        # Counters: written by the writer/pack threads, read by stats().
+        self._pending_ops = 0
+        self._submits = 0
+        self._ops = 0
+        self._batches = 0
+        self._commits = 0
+        self._failed_commits = 0
+        self._last_commit_seconds = 0.0
+        self._max_commit_seconds = 0.0
+        self._last_batch_ops = 0
+        self._max_batch_seen = 0
+        self._packs = 0
+        self._last_pack_seconds = 0.0
+
+        self._writer = threading.Thread(
+            target=self._run, name="mqttamqp-zodb-writer", daemon=False
+        )
+        self._writer.start()
+
+    # -- StateStore ------------------------------------------------------------
+
+    def load(self) -> Snapshot:
+        """Read the whole durable state into plain objects (on the calling thread)."""
+        tm = transaction.TransactionManager(explicit=True)
+        conn = self._db.open(transaction_manager=tm)
+        try:
+            tm.begin()
+            try:
+                root = conn.root()
+                snapshot = Snapshot()
+                for topic, record in root["retained"].items():
+                    snapshot.retained[topic] = record_to_message(record)
+                for owner, record in root["wills"].items():
+                    snapshot.wills[owner] = record_to_will(record)
+                for client_id, session in root["sessions"].items():
+                    snapshot.sessions[client_id] = session_to_record(session)
+            finally:
+                tm.abort()
+            conn.cacheMinimize()
+        finally:
+            conn.close()
+        return snapshot
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        """Queue ``ops`` for the next commit; the Deferred fires once it is durable.
+
+        An empty ``ops`` is a barrier: it fires once everything submitted before
+        is durable.  Unknown op types fail at once without affecting other submits.
+        """
+        batch = tuple(ops)
+        for op in batch:
+            if type(op) not in _HANDLERS:
+                return fail(TypeError(f"not a store operation: {op!r}"))
+        d: Deferred[None] = Deferred()
+        with self._cond:
+            if not self._accepting:
+                return fail(StoreClosedError("store is closed"))
+            self._pending.append((batch, d))
+            self._pending_ops += len(batch)
+            self._submits += 1
+            self._cond.notify()
+        return d
+
+    def pack(self, days: float = 0) -> Deferred[None]:
+        """Drop revisions older than ``days`` days, in a thread; fires when done."""
+        d: Deferred[None] = Deferred()
+        with self._cond:
+            if self._closed:
+                return fail(StoreClosedError("store is closed"))
+            thread = threading.Thread(
+                target=self._pack_thread, args=(d, days), name="mqttamqp-zodb-pack",
+                daemon=False,
+            )
+            self._pack_threads.add(thread)
+            thread.start()
+        return d
+
+    def close(self) -> None:
+        """Stop accepting, commit what was submitted, fire its Deferreds, close.
+
+        Idempotent.  Blocks until the writer (and any pack) is done.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._accepting = False
+            self._stopping = True
+            self._cond.notify_all()
+            packs = list(self._pack_threads)
+        self._writer.join()
+        for thread in packs:
+            thread.join()
+        try:
+            self._db.close()  # also closes the FileStorage
+        finally:
+            self._drain_completions()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the admin console; cheap and safe on the reactor thread."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            size = 0
+        return {
+            "path": self.path,
+            "file_size_bytes": size,
+            "submits": self._submits,          # submit() calls accepted
+            "batches": self._batches,          # submits committed (or failed)
+            "ops": self._ops,                  # ops committed
+            "commits": self._commits,          # successful group commits
+            "failed_commits": self._failed_commits,
+            "last_commit_seconds": self._last_commit_seconds,
+            "max_commit_seconds": self._max_commit_seconds,
+            "last_commit_ops": self._last_batch_ops,
+            "max_commit_ops": self._max_batch_seen,
+            "pending_submits": len(self._pending),
+            "pending_ops": self._pending_ops,
+            "packs": self._packs,
+            "last_pack_seconds": self._last_pack_seconds,
+            "packing": bool(self._pack_threads),
+            "closed": self._closed,
+        }
+
+    # -- internals ---------------------------------------------------------------
+
+    def _init_root(self) -> None:
+        tm = transaction.TransactionManager(explicit=True)
+        conn = self._db.open(transaction_manager=tm)
+        try:
+            for attempt in tm.attempts(self._commit_attempts):
+                with attempt:
+                    init_root(conn.root())
+        finally:
+            conn.close()
+
+    def _take(self) -> list[_Waiter] | None:
+        """Block for work; return the next group (None once closed and drained)."""
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            first = self._pending.popleft()
+            group = [first]
+            count = len(first[0])
+            while self._pending:
+                nxt = len(self._pending[0][0])
+                if count + nxt > self._max_batch_ops:
+                    break
+                group.append(self._pending.popleft())
+                count += nxt
+            self._pending_ops -= count
+            return group
+
+    def _run(self) -> None:
+        tm = transaction.TransactionManager(explicit=True)
+        conn = self._db.open(transaction_manager=tm)
+        try:
+            while True:
+                group = self._take()
+                if group is None:
+                    break
+                self._commit(tm, conn, group)
+        except BaseException:
+            _log.failure("ZODB writer thread died")
+            raise
+        finally:
+            conn.close()
+            with self._cond:
+                self._accepting = False
+                leftover = list(self._pending)
+                self._pending.clear()
+                self._pending_ops = 0
+            if leftover:
+                err = Failure(StoreClosedError("ZODB writer stopped"))
+                self._complete([(d, err) for _, d in leftover])
+
+    def _commit(self, tm: Any, conn: Any, group: list[_Waiter]) -> None:
+        nops = sum(len(ops) for ops, _ in group)
+        started = time.monotonic()
+        failure: Failure | None = None
+        try:
+            for attempt in tm.attempts(self._commit_attempts):
+                with attempt:
+                    trees = _Trees(conn.root())
+                    for ops, _ in group:
+                        trees.deleted.clear()
+                        for op in ops:
+                            _HANDLERS[type(op)](trees, op)
+        except Exception:  # any failure errbacks the whole commit
+            failure = Failure()
+            _abort_if_open(tm)
+            _log.failure(
+                "ZODB commit of {submits} submits ({ops} ops) failed",
+                failure, submits=len(group), ops=nops,
+            )
+        elapsed = time.monotonic() - started
+        self._last_commit_seconds = elapsed
+        self._max_commit_seconds = max(self._max_commit_seconds, elapsed)
+        self._batches += len(group)
+        self._last_batch_ops = nops
+        self._max_batch_seen = max(self._max_batch_seen, nops)
+        if failure is None:
+            self._commits += 1
+            self._ops += nops
+        else:
+            self._failed_commits += 1
+        self._complete([(d, failure) for _, d in group])
+
+    def _pack_thread(self, d: Deferred[None], days: float) -> None:
+        failure: Failure | None = None
+        started = time.monotonic()
+        try:
+            try:
+                with self._pack_lock:
+                    self._db.pack(days=days)
+                self._packs += 1
+                self._last_pack_seconds = time.monotonic() - started
+            except Exception:  # reported through the Deferred
+                failure = Failure()
+                _log.failure("ZODB pack failed", failure)
+            self._complete([(d, failure)])  # before close() can stop waiting for us
+        finally:
+            with self._cond:
+                self._pack_threads.discard(threading.current_thread())
+
+    def _complete(self, items: list[_Completion]) -> None:
+        """From a worker thread: hand results to the reactor thread."""
+        with self._completions_lock:
+            self._completions.extend(items)
+        try:
+            self._reactor.callFromThread(self._drain_completions)
+        except Exception:  # never lose results over a dead reactor
+            # The reactor is gone; close() fires what is left.
+            _log.failure("callFromThread failed; results wait for close()")
+
+    def _drain_completions(self) -> None:
+        """On the reactor thread (or in close()): fire finished Deferreds in order."""
+        if self._draining:  # re-entered from a callback (e.g. one calling close())
+            return
+        self._draining = True
+        try:
+            while True:
+                with self._completions_lock:
+                    if not self._completions:
+                        return
+                    d, failure = self._completions.popleft()
+                if failure is None:
+                    d.callback(None)
+                else:
+                    d.errback(failure)
+        finally:
+            self._draining = False
