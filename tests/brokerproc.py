@@ -53,7 +53,7 @@ class BrokerProcess:
             m = _LISTEN.search(line)
             if m is None:
                 raise RuntimeError("broker failed to start:\n" + self.output())
-            self.ports[m.group(1)] = int(m.group(3))
+            self.ports[m.group(1).upper()] = int(m.group(3))
         return self
 
     def _pump(self) -> None:

@@ -1,0 +1,145 @@
+"""``mqttamqp-admin``: manage the console's admin users and API tokens.
+
+Works on ``<data>/admin-users.json`` directly, so it runs while the broker runs
+(the broker re-reads the file when it changes; a changed password logs out that
+user's open console sessions).  Passwords are read with ``getpass`` (or one line
+from standard input with ``--password-stdin``), never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+import time
+
+from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
+
+__all__ = ["main"]
+
+MIN_PASSWORD = 8
+
+
+def _read_password(from_stdin: bool) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("New password: ")
+    second = getpass.getpass("Repeat it: ")
+    if first != second:
+        raise SystemExit("mqttamqp-admin: the passwords differ; nothing changed")
+    return first
+
+
+def _passwd(store: UserStore, args: argparse.Namespace) -> int:
+    if not valid_username(args.user):
+        raise SystemExit(f"mqttamqp-admin: invalid user name {args.user!r} "
+                         "(letters, digits and ._-@, at most 64)")
+    password = _read_password(args.password_stdin)
+    if len(password) < MIN_PASSWORD:
+        raise SystemExit(f"mqttamqp-admin: the password must have at least {MIN_PASSWORD} "
+                         "characters; nothing changed")
+    existed = store.get(args.user) is not None
+    store.set_password(args.user, password)
+    # The generated first password is no longer valid: do not leave it lying around.
+    initial = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
+    try:
+        with open(initial, encoding="utf-8") as f:
+            if f.readline().strip() == f"user: {args.user}":
+                os.unlink(initial)
+    except FileNotFoundError:
+        pass
+    print(f"{'changed the password of' if existed else 'created'} user {args.user!r} "
+          f"in {store.path}")
+    return 0
+
+
+def _users(store: UserStore, args: argparse.Namespace) -> int:
+    for user in sorted(store.users().values(), key=lambda u: u.name):
+        changed = time.strftime("%Y-%m-%d %H:%M", time.gmtime(user.changed))
+        print(f"{user.name}\tpassword set {changed} UTC\t{len(user.tokens)} API token(s)")
+    return 0
+
+
+def _deluser(store: UserStore, args: argparse.Namespace) -> int:
+    if not store.delete_user(args.user):
+        raise SystemExit(f"mqttamqp-admin: no user {args.user!r}")
+    print(f"deleted user {args.user!r}")
+    return 0
+
+
+def _token(store: UserStore, args: argparse.Namespace) -> int:
+    try:
+        token = store.create_token(args.user, args.label, args.read_only)
+    except KeyError:
+        raise SystemExit(f"mqttamqp-admin: no user {args.user!r}") from None
+    print(token)
+    print("(shown once; send it as 'Authorization: Bearer <token>' to /api/...)",
+          file=sys.stderr)
+    return 0
+
+
+def _tokens(store: UserStore, args: argparse.Namespace) -> int:
+    user = store.get(args.user)
+    if user is None:
+        raise SystemExit(f"mqttamqp-admin: no user {args.user!r}")
+    for t in user.tokens:
+        created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
+        mode = "read-only" if t.read_only else "read-write"
+        print(f"{t.id}\t{mode}\tcreated {created} UTC\t{t.label}")
+    return 0
+
+
+def _revoke(store: UserStore, args: argparse.Namespace) -> int:
+    if not store.revoke_token(args.user, args.token_id):
+        raise SystemExit(f"mqttamqp-admin: user {args.user!r} has no token {args.token_id!r}")
+    print(f"revoked token {args.token_id} of {args.user!r}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mqttamqp-admin", description="Manage the mqttamqp console's admin users.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--data", "-d", default="mqttamqp-data",
+                       help="the broker's data directory (default: mqttamqp-data)")
+        return p
+
+    p = command("passwd", "set (or create) a user's console password")
+    p.add_argument("user")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the new password as one line from standard input")
+    p.set_defaults(run=_passwd)
+    p = command("users", "list the console users")
+    p.set_defaults(run=_users)
+    p = command("deluser", "delete a console user")
+    p.add_argument("user")
+    p.set_defaults(run=_deluser)
+    p = command("token", "create an API token (printed once) for the JSON API")
+    p.add_argument("user")
+    p.add_argument("--label", default="", help="a note saying what the token is for")
+    p.add_argument("--read-only", action="store_true",
+                   help="the token may read but not act (POSTs get 403)")
+    p.set_defaults(run=_token)
+    p = command("tokens", "list a user's API tokens")
+    p.add_argument("user")
+    p.set_defaults(run=_tokens)
+    p = command("revoke", "revoke an API token")
+    p.add_argument("user")
+    p.add_argument("token_id")
+    p.set_defaults(run=_revoke)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    store = UserStore(os.path.abspath(args.data))
+    result: int = args.run(store, args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

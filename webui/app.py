@@ -1,0 +1,747 @@
+"""The console's Klein application: HTML pages, the JSON API under ``/api/``, the
+live feed (Server-Sent Events) and the login flow.
+
+Routes are bound to a ``Console`` instance (``app = Klein()`` on the class); the
+broker service, clock, users file and thread runner are injected, so tests drive
+it with ``treq.testing.StubTreq``, a ``task.Clock`` and a synchronous thread
+runner.  What a page shows comes from ``webui.views`` (the same dicts the API
+returns); what a button does is in ``webui.actions``.
+
+Security rules enforced here, in one place each:
+- every page and API call needs a login (``_require``); pages redirect to the
+  login form, the API answers 401;
+- every POST needs the session's CSRF token (form field ``csrf_token`` or header
+  ``X-CSRF-Token``) unless it carries a bearer token; read-only tokens get 403;
+- every response carries the security headers (``SecureHeaders``);
+- templates autoescape; the API is JSON with ``nosniff``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+
+from mqttamqp import __version__
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.topics import validate_topic_filter
+from webui import views
+from webui.actions import ActionError, ActionResult, ConsoleActions
+from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
+from webui.feed import EventStream, StatsFeed
+from webui.rendering import make_environment, static_dir
+
+__all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
+
+COOKIE_NAME = "mqttamqp_console"
+CSRF_FIELD = "csrf_token"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                 ".svg": "image/svg+xml", ".png": "image/png"}
+
+RunInThread = Callable[..., "Deferred[Any]"]
+
+
+class HTTPError(Exception):
+    """An error answer: JSON under /api/, an error page elsewhere."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Redirect(Exception):
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.location = location
+
+
+@dataclass
+class Auth:
+    """Who is making this request, and how they proved it."""
+
+    user: str
+    session: LoginSession | None
+    token: ApiToken | None
+
+    @property
+    def read_only(self) -> bool:
+        return self.token is not None and self.token.read_only
+
+
+class SecureHeaders(Resource):
+    """Wraps the Klein resource: security headers on every response, pages uncached."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.inner = inner
+
+    def render(self, request: Any) -> Any:
+        request.setHeader(b"content-security-policy", CSP.encode())
+        request.setHeader(b"x-frame-options", b"DENY")
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"referrer-policy", b"no-referrer")
+        request.setHeader(b"cross-origin-opener-policy", b"same-origin")
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"server", b"mqttamqp")
+        if request.isSecure():
+            request.setHeader(b"strict-transport-security", b"max-age=31536000")
+        return self.inner.render(request)
+
+
+def safe_next(value: str, default: str = "/") -> str:
+    """A same-site path to go back to (never another host: no open redirect)."""
+    if (not value.startswith("/") or value.startswith("//") or "\\" in value
+            or any(ord(c) < 32 for c in value)):
+        return default
+    return value
+
+
+def _here(request: Any) -> str:
+    """This page's path and query, without ``partial`` (where a form returns to)."""
+    path = request.path.decode("utf-8", "replace")
+    params = [(k.decode("utf-8", "replace"), v.decode("utf-8", "replace"))
+              for k, vs in request.args.items() for v in vs
+              if k not in (b"partial", b"csrf_token")] if request.method == b"GET" else []
+    return safe_next(path + ("?" + urlencode(params) if params else ""))
+
+
+def _url(path: str, **params: Any) -> str:
+    clean = {k: v for k, v in params.items() if v is not None and v != ""}
+    return path + ("?" + urlencode(clean) if clean else "")
+
+
+class Console:
+    app = Klein()
+    log = Logger(namespace="mqttamqp.console")
+
+    def __init__(self, service: Any, clock: Any = None,
+                 run_in_thread: RunInThread | None = None,
+                 users: UserStore | None = None, idle_timeout: float = 30 * 60) -> None:
+        self.service = service
+        self.broker: Broker = service.broker
+        self.clock = clock if clock is not None else service.reactor
+        self.users = users if users is not None else UserStore(service.data_dir)
+        self.sessions = SessionStore(self.clock.seconds, idle_timeout=idle_timeout)
+        self.throttle = LoginThrottle(self.clock.seconds)
+        self.actions = ConsoleActions(self.broker)
+        self.env = make_environment(self.clock.seconds)
+        self.static = static_dir()
+        if run_in_thread is None:
+            reactor = self.clock
+
+            def run_in_thread(f: Callable[..., Any], *args: Any) -> Deferred[Any]:
+                d: Deferred[Any] = deferToThreadPool(reactor, reactor.getThreadPool(), f,
+                                                     *args)
+                return d
+        self.run_in_thread = run_in_thread
+        self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
+
+    def resource(self) -> Resource:
+        return SecureHeaders(self.app.resource())
+
+    # -- request helpers --------------------------------------------------------
+
+    def _json_body(self, request: Any) -> dict[str, Any]:
+        cached = getattr(request, "_console_json", None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        body: dict[str, Any] = {}
+        ctype = (request.getHeader("content-type") or "").split(";")[0].strip().lower()
+        if ctype == "application/json" and request.content is not None:
+            request.content.seek(0)
+            raw = request.content.read()
+            if raw:
+                try:
+                    parsed = json.loads(raw)
+                except ValueError:
+                    raise HTTPError(400, "request body is not valid JSON") from None
+                if not isinstance(parsed, dict):
+                    raise HTTPError(400, "request body must be a JSON object")
+                body = parsed
+        request._console_json = body
+        return body
+
+    def _param(self, request: Any, name: str, default: str = "") -> str:
+        body = self._json_body(request)
+        if name in body:
+            value = body[name]
+            if isinstance(value, bool):
+                return "1" if value else ""
+            return str(value)
+        values = request.args.get(name.encode())
+        if not values:
+            return default
+        try:
+            return str(values[0].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise HTTPError(400, f"parameter {name} is not UTF-8") from None
+
+    def _flag(self, request: Any, name: str) -> bool:
+        return self._param(request, name).lower() in ("1", "true", "on", "yes")
+
+    def _int(self, request: Any, name: str, default: int) -> int:
+        raw = self._param(request, name)
+        try:
+            return int(raw) if raw else default
+        except ValueError:
+            raise HTTPError(400, f"parameter {name} must be a whole number") from None
+
+    def _cookie_session(self, request: Any, touch: bool) -> LoginSession | None:
+        raw = request.getCookie(COOKIE_NAME.encode())
+        if not raw:
+            return None
+        return self.sessions.get(raw.decode("ascii", "replace"), touch=touch)
+
+    def _set_cookie(self, request: Any, session_id: str, clear: bool = False) -> None:
+        request.addCookie(COOKIE_NAME.encode(), session_id.encode(), path=b"/",
+                          httpOnly=True, sameSite=b"strict", secure=request.isSecure(),
+                          max_age=b"0" if clear else None)
+
+    def _user_valid(self, session: LoginSession) -> User | None:
+        assert session.user is not None
+        user = self.users.get(session.user)
+        if user is None or user.changed > session.password_changed:
+            # Deleted, or the password changed since this login: log it out.
+            self.sessions.end(session.id)
+            return None
+        return user
+
+    def _authenticate(self, request: Any, api: bool) -> Auth | None:
+        header = request.getHeader("authorization")
+        if api and header:
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() != "bearer":
+                raise HTTPError(401, "only Bearer tokens are accepted")
+            found = self.users.find_token(value.strip())
+            if found is None:
+                raise HTTPError(401, "invalid API token")
+            return Auth(found[0].name, None, found[1])
+        touch = request.getHeader("x-background") is None
+        session = self._cookie_session(request, touch)
+        if session is None or session.user is None or self._user_valid(session) is None:
+            return None
+        return Auth(session.user, session, None)
+
+    def _require(self, request: Any, api: bool, write: bool = False) -> Auth:
+        auth = self._authenticate(request, api)
+        if auth is None:
+            if api:
+                raise HTTPError(401, "login required")
+            here = request.uri.decode("utf-8", "replace") if request.method == b"GET" else "/"
+            raise Redirect(_url("/login", next=safe_next(here)))
+        if write:
+            if auth.session is not None:
+                given = self._param(request, CSRF_FIELD) or (
+                    request.getHeader("x-csrf-token") or "")
+                if not given or not hmac.compare_digest(given.encode(),
+                                                        auth.session.csrf.encode()):
+                    self.log.warn("console: POST {path} by {user!r} without a valid CSRF "
+                                  "token; refused", path=request.path, user=auth.user)
+                    raise HTTPError(403, "missing or wrong CSRF token; reload the page")
+            if auth.read_only:
+                raise HTTPError(403, "this API token is read-only")
+        return auth
+
+    # -- responses --------------------------------------------------------------
+
+    def _json(self, request: Any, data: Any, status: int = 200) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"application/json; charset=utf-8")
+        return json.dumps(data, indent=1).encode("utf-8") + b"\n"
+
+    def _render(self, request: Any, template: str, auth: Auth | None, status: int = 200,
+                **context: Any) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        session = auth.session if auth is not None else None
+        flash: list[tuple[str, str]] = []
+        if session is not None and template[0] != "_":
+            flash, session.flash = session.flash, []
+        context.setdefault("nav", "")
+        page = self.env.get_template(template).render(
+            user=auth.user if auth is not None else None,
+            csrf_token=session.csrf if session is not None else "",
+            flash=flash, url=_url, version=__version__, here=_here(request), **context)
+        return page.encode("utf-8")
+
+    @app.handle_errors(HTTPError)
+    def _http_error(self, request: Any, failure: Failure) -> bytes:
+        err: HTTPError = failure.value  # type: ignore[assignment]
+        api = request.path.startswith(b"/api/")
+        if err.status == 401:
+            request.setHeader(b"www-authenticate", b'Bearer realm="mqttamqp console"')
+        if api:
+            return self._json(request, {"error": err.message}, err.status)
+        auth = self._authenticate(request, False)
+        return self._render(request, "error.html", auth, err.status, error_status=err.status,
+                            message=err.message)
+
+    @app.handle_errors(Redirect)
+    def _redirect(self, request: Any, failure: Failure) -> bytes:
+        request.setResponseCode(303)
+        request.setHeader(b"location", failure.value.location.encode())  # type: ignore
+        return b""
+
+    @app.handle_errors(NotFound, MethodNotAllowed)
+    def _not_found(self, request: Any, failure: Failure) -> bytes:
+        status = 405 if failure.check(MethodNotAllowed) else 404
+        message = "method not allowed" if status == 405 else "no such page"
+        if request.path.startswith(b"/api/"):
+            return self._json(request, {"error": message}, status)
+        return self._render(request, "error.html", self._authenticate(request, False),
+                            status, error_status=status, message=message)
+
+    # -- login ------------------------------------------------------------------
+
+    def _login_form(self, request: Any, status: int = 200, error: str = "",
+                    username: str = "") -> bytes:
+        session = self._cookie_session(request, touch=False)
+        if session is None or session.user is not None:
+            session = self.sessions.anonymous()
+            self._set_cookie(request, session.id)
+        return self._render(request, "login.html", None, status, login_csrf=session.csrf,
+                            error=error, username=username,
+                            next=safe_next(self._param(request, "next")))
+
+    @app.route("/login", methods=["GET"])
+    def login_page(self, request: Any) -> bytes:
+        if self._authenticate(request, False) is not None:
+            raise Redirect(safe_next(self._param(request, "next")))
+        return self._login_form(request)
+
+    @app.route("/login", methods=["POST"])
+    async def login_submit(self, request: Any) -> bytes:
+        session = self._cookie_session(request, touch=False)
+        given = self._param(request, CSRF_FIELD)
+        if session is None or session.user is not None or not given or \
+                not hmac.compare_digest(given.encode(), session.csrf.encode()):
+            return self._login_form(request, 403, "The login form expired. Please try again.")
+        name = self._param(request, "username").strip()
+        password = self._param(request, "password")
+        address = getattr(request.getClientAddress(), "host", "?")
+        keys = ["user:" + name, "address:" + address]
+        wait = self.throttle.retry_after(keys)
+        if wait > 0:
+            request.setHeader(b"retry-after", str(int(wait + 0.999)).encode())
+            self.log.warn("console: login for {name!r} from {a} refused: too many failures",
+                          name=name, a=address)
+            return self._login_form(
+                request, 429, f"Too many failed attempts. Try again in {int(wait + 0.999)} s.",
+                name)
+        self.throttle.begin(keys)
+        try:
+            user = await self.run_in_thread(self.users.check_password, name, password)
+        except Exception:
+            self.throttle.finish(keys, False)
+            raise
+        self.throttle.finish(keys, user is not None)
+        if user is None:
+            self.log.warn("console: failed login for {name!r} from {a}", name=name, a=address)
+            return self._login_form(request, 401, "Wrong user name or password.", name)
+        fresh = self.sessions.login(session.id, user.name, user.changed)
+        self._set_cookie(request, fresh.id)
+        self.log.info("console: {name!r} logged in from {a}", name=user.name, a=address)
+        raise Redirect(safe_next(self._param(request, "next")))
+
+    @app.route("/logout", methods=["POST"])
+    def logout(self, request: Any) -> bytes:
+        auth = self._require(request, api=False, write=True)
+        assert auth.session is not None
+        self.sessions.end(auth.session.id)
+        self._set_cookie(request, "", clear=True)
+        self.log.info("console: {name!r} logged out", name=auth.user)
+        raise Redirect("/login")
+
+    # -- static files -------------------------------------------------------------
+
+    @app.route("/static/<name>", methods=["GET"])
+    def static_file(self, request: Any, name: str) -> bytes:
+        path = self.static / name
+        ctype = _STATIC_TYPES.get(path.suffix)
+        if ctype is None or "/" in name or name.startswith(".") or not path.is_file():
+            raise HTTPError(404, "no such file")
+        request.setHeader(b"content-type", ctype.encode())
+        request.setHeader(b"cache-control", b"no-cache")
+        return path.read_bytes()
+
+    @app.route("/favicon.ico", methods=["GET"])
+    def favicon(self, request: Any) -> bytes:
+        request.setResponseCode(204)
+        return b""
+
+    # -- pages ------------------------------------------------------------------
+
+    def _overview(self, history: bool) -> dict[str, Any]:
+        data = views.overview(self.service, self.broker, self.clock.seconds(),
+                              self.feed.rates)
+        if history:
+            data["history"] = list(self.feed.history)
+        return data
+
+    def _live_snapshot(self) -> dict[str, Any]:
+        return views.overview(self.service, self.broker, self.clock.seconds(),
+                              self.feed.rates, include_storage=True)
+
+    def _counters(self) -> tuple[int, int]:
+        stats = self.broker.stats
+        return stats.messages_received, stats.messages_sent
+
+    @app.route("/", methods=["GET"])
+    def overview_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "overview.html", auth, nav="overview",
+                            o=self._overview(False))
+
+    @app.route("/api/overview", methods=["GET"])
+    def overview_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._overview(True))
+
+    def _list_args(self, request: Any, sorts: dict[str, Any]) -> dict[str, Any]:
+        sort = self._param(request, "sort", "client_id")
+        return {
+            "query": self._param(request, "q")[:200],
+            "sort": sort if sort in sorts else "client_id",
+            "desc": self._param(request, "dir") == "desc",
+            "page": self._int(request, "page", 1),
+            "per_page": self._int(request, "per_page", 50),
+        }
+
+    @app.route("/clients", methods=["GET"])
+    def clients_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        args = self._list_args(request, views.CLIENT_SORTS)
+        page = views.list_clients(self.broker, **args)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_client_rows.html" if partial else "clients.html", auth,
+                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS)
+
+    @app.route("/api/clients", methods=["GET"])
+    def clients_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        page = views.list_clients(self.broker, **self._list_args(request, views.CLIENT_SORTS))
+        return self._json(request, page.as_json())
+
+    def _client(self, request: Any) -> dict[str, Any] | None:
+        key = self._param(request, "key")
+        session_id = self._param(request, "session")
+        if key:
+            conn = self.broker.connections.get(key)
+            if conn is not None:
+                return views.client_detail(self.broker, conn.info())
+            if key.startswith("mqtt:"):
+                session_id = key[5:]
+        if session_id:
+            session = self.broker.sessions.get(session_id)
+            if session is not None:
+                if session.connection is not None:
+                    for conn in self.broker.connections.values():
+                        info = conn.info()
+                        if info.session_id == session_id:
+                            return views.client_detail(self.broker, info)
+                return views.session_detail(self.broker, session)
+        if not key and not session_id:
+            raise HTTPError(400, "give key=<connection key> or session=<client id>")
+        return None
+
+    @app.route("/client", methods=["GET"])
+    def client_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        detail = self._client(request)
+        partial = self._flag(request, "partial")
+        template = "_client_live.html" if partial else "client.html"
+        # A live refresh of a client that left gets a fragment saying so, not an error.
+        status = 200 if detail is not None or partial else 404
+        return self._render(request, template, auth, status,
+                            nav="clients", c=detail,
+                            key=self._param(request, "key"),
+                            session_id=self._param(request, "session"),
+                            found=detail is not None)
+
+    @app.route("/api/client", methods=["GET"])
+    def client_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        detail = self._client(request)
+        if detail is None:
+            raise HTTPError(404, "no such client or session")
+        return self._json(request, detail)
+
+    @app.route("/sessions", methods=["GET"])
+    def sessions_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        args = self._list_args(request, views.SESSION_SORTS)
+        state = self._param(request, "state", "all")
+        page = views.list_sessions(self.broker, state=state, **args)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_session_rows.html" if partial else "sessions.html",
+                            auth, nav="sessions", page=page, args=args, state=state,
+                            extra_state=state)
+
+    @app.route("/api/sessions", methods=["GET"])
+    def sessions_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        page = views.list_sessions(self.broker, state=self._param(request, "state", "all"),
+                                   **self._list_args(request, views.SESSION_SORTS))
+        return self._json(request, page.as_json())
+
+    def _retained(self, request: Any) -> tuple[str, str | None, views.Page]:
+        topic_filter = self._param(request, "filter", "#") or "#"
+        problem = validate_topic_filter(topic_filter)
+        messages = [] if problem else self.broker.retained.match(topic_filter)
+        page = views.list_retained(messages, self._int(request, "page", 1),
+                                   self._int(request, "per_page", 50))
+        return topic_filter, problem, page
+
+    @app.route("/retained", methods=["GET"])
+    def retained_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        topic_filter, problem, page = self._retained(request)
+        return self._render(request, "retained.html", auth, nav="retained", page=page,
+                            filter=topic_filter, problem=problem, extra_filter=topic_filter,
+                            args={"query": "", "sort": "", "desc": False,
+                                  "per_page": page.per_page})
+
+    @app.route("/api/retained", methods=["GET"])
+    def retained_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        topic_filter, problem, page = self._retained(request)
+        if problem:
+            raise HTTPError(400, f"invalid topic filter: {problem}")
+        return self._json(request, {"filter": topic_filter, **page.as_json()})
+
+    def _retained_message(self, request: Any) -> dict[str, Any]:
+        topic = self._param(request, "topic")
+        message = self.broker.retained.get(topic) if topic else None
+        if message is None:
+            raise HTTPError(404, "no retained message on that topic")
+        return views.retained_detail(message, self._param(request, "view", "auto"))
+
+    @app.route("/retained/message", methods=["GET"])
+    def retained_message_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "retained_message.html", auth, nav="retained",
+                            msg=self._retained_message(request))
+
+    @app.route("/api/retained/message", methods=["GET"])
+    def retained_message_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._retained_message(request))
+
+    @app.route("/retained/delete-matching", methods=["GET"])
+    def retained_confirm_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        topic_filter = self._param(request, "filter", "#") or "#"
+        try:
+            count = self.actions.count_retained(topic_filter)
+        except ActionError as e:
+            raise HTTPError(e.status, e.message) from None
+        return self._render(request, "retained_confirm.html", auth, nav="retained",
+                            filter=topic_filter, count=count,
+                            sample=[views.retained_row(m) for m in
+                                    self.broker.retained.match(topic_filter)[:10]])
+
+    @app.route("/api/retained/count", methods=["GET"])
+    def retained_count_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        topic_filter = self._param(request, "filter", "#") or "#"
+        try:
+            count = self.actions.count_retained(topic_filter)
+        except ActionError as e:
+            raise HTTPError(e.status, e.message) from None
+        return self._json(request, {"filter": topic_filter, "count": count})
+
+    def _wills(self) -> list[dict[str, Any]]:
+        return [views.will_json(self.broker, w)
+                for _, w in sorted(self.broker.wills.items())]
+
+    @app.route("/wills", methods=["GET"])
+    def wills_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "wills.html", auth, nav="wills", wills=self._wills())
+
+    @app.route("/api/wills", methods=["GET"])
+    def wills_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, {"items": self._wills()})
+
+    @app.route("/publish", methods=["GET"])
+    def publish_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "publish.html", auth, nav="publish",
+                            topic=self._param(request, "topic"))
+
+    @app.route("/api/whoami", methods=["GET"])
+    def whoami_api(self, request: Any) -> bytes:
+        auth = self._require(request, api=True)
+        return self._json(request, {
+            "user": auth.user, "via": "token" if auth.token else "session",
+            "read_only": auth.read_only,
+            "csrf_token": auth.session.csrf if auth.session is not None else None})
+
+    # -- live feed ----------------------------------------------------------------
+
+    @app.route("/api/events", methods=["GET"])
+    def events(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+
+        def still_allowed() -> bool:
+            if auth.token is not None:
+                return self.users.token_exists(auth.user, auth.token.id)
+            session = auth.session
+            assert session is not None
+            live = self.sessions.get(session.id, touch=False)
+            return live is not None and self._user_valid(live) is not None
+
+        stream = EventStream(request, still_allowed)
+        if not self.feed.subscribe(stream):
+            raise HTTPError(503, "too many live streams open")
+        return stream.done
+
+    # -- actions --------------------------------------------------------------------
+
+    async def _form_action(self, request: Any,
+                           act: Callable[[Auth], Awaitable[ActionResult]],
+                           default_back: str) -> bytes:
+        auth = self._require(request, api=False, write=True)
+        assert auth.session is not None
+        back = safe_next(self._param(request, "back"), default_back)
+        try:
+            result = await act(auth)
+        except ActionError as e:
+            auth.session.flash.append(("error", e.message))
+        else:
+            auth.session.flash.append(("ok", result.message))
+            if result.connection_gone and back.startswith("/client?key="):
+                back = "/clients"   # its detail page went with the connection
+        raise Redirect(back)
+
+    async def _api_action(self, request: Any,
+                          act: Callable[[Auth], Awaitable[ActionResult]]) -> bytes:
+        auth = self._require(request, api=True, write=True)
+        try:
+            result = await act(auth)
+        except ActionError as e:
+            raise HTTPError(e.status, e.message) from None
+        return self._json(request, {"ok": True, "message": result.message, **result.data})
+
+    # Each builder reads its parameters only when called, after _require passed:
+    # an anonymous request gets 401/redirect, never a parameter error.
+    def _force_will(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.force_will(
+            auth.user, self._param(request, "key"), self._flag(request, "keep_connected"))
+
+    def _disconnect(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.disconnect(
+            auth.user, self._param(request, "key"), self._flag(request, "with_will"))
+
+    def _clear_session(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.clear_session(
+            auth.user, self._param(request, "client_id"))
+
+    def _fire_will(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.fire_will(auth.user, self._param(request, "owner"))
+
+    def _discard_will(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.discard_will(auth.user,
+                                                      self._param(request, "owner"))
+
+    def _delete_retained(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.delete_retained(auth.user,
+                                                         self._param(request, "topic"))
+
+    def _delete_matching(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            raw = self._param(request, "expected")
+            expected = self._int(request, "expected", 0) if raw else None
+            return self.actions.delete_retained_matching(
+                auth.user, self._param(request, "filter"), expected)
+        return act
+
+    def _publish(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.publish(
+            auth.user, self._param(request, "topic"), self._param(request, "payload"),
+            self._param(request, "encoding", "utf-8"), self._int(request, "qos", 0),
+            self._flag(request, "retain"))
+
+    @app.route("/clients/force-will", methods=["POST"])
+    async def force_will_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._force_will(request), "/clients")
+
+    @app.route("/api/clients/force-will", methods=["POST"])
+    async def force_will_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._force_will(request))
+
+    @app.route("/clients/disconnect", methods=["POST"])
+    async def disconnect_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._disconnect(request), "/clients")
+
+    @app.route("/api/clients/disconnect", methods=["POST"])
+    async def disconnect_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._disconnect(request))
+
+    @app.route("/sessions/clear", methods=["POST"])
+    async def clear_session_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._clear_session(request), "/sessions")
+
+    @app.route("/api/sessions/clear", methods=["POST"])
+    async def clear_session_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._clear_session(request))
+
+    @app.route("/wills/fire", methods=["POST"])
+    async def fire_will_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._fire_will(request), "/wills")
+
+    @app.route("/api/wills/fire", methods=["POST"])
+    async def fire_will_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._fire_will(request))
+
+    @app.route("/wills/discard", methods=["POST"])
+    async def discard_will_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._discard_will(request), "/wills")
+
+    @app.route("/api/wills/discard", methods=["POST"])
+    async def discard_will_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._discard_will(request))
+
+    @app.route("/retained/delete", methods=["POST"])
+    async def delete_retained_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._delete_retained(request), "/retained")
+
+    @app.route("/api/retained/delete", methods=["POST"])
+    async def delete_retained_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._delete_retained(request))
+
+    @app.route("/retained/delete-matching", methods=["POST"])
+    async def delete_matching_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._delete_matching(request), "/retained")
+
+    @app.route("/api/retained/delete-matching", methods=["POST"])
+    async def delete_matching_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._delete_matching(request))
+
+    @app.route("/publish", methods=["POST"])
+    async def publish_form(self, request: Any) -> bytes:
+        return await self._form_action(request, self._publish(request), "/publish")
+
+    @app.route("/api/publish", methods=["POST"])
+    async def publish_api(self, request: Any) -> bytes:
+        return await self._api_action(request, self._publish(request))
+
