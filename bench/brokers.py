@@ -1,0 +1,315 @@
+"""Start/stop the brokers under test and read their /proc figures.
+
+Each broker is started in its own session (new process group) with a raised
+RLIMIT_NOFILE soft limit, and stopped by signalling exactly that process group
+(SIGTERM, then SIGKILL after a bounded wait).  Nothing else is ever signalled.
+"""
+
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAIN = os.path.dirname(HERE)  # /work/main
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+_LIVE = set()  # brokers started and not yet stopped (for emergency cleanup)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def proc_cpu_s(pid):
+    """utime+stime of the process (all threads), seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        data = f.read()
+    fields = data[data.rindex(")") + 2:].split()
+    # fields[0] is field 3 (state); utime = field 14, stime = field 15
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_status(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM", "VmSize", "Threads", "RssAnon"):
+                v = v.strip()
+                out[k] = int(v.split()[0]) if v.endswith("kB") else int(v)
+    return out
+
+
+def proc_nofile(pid):
+    try:
+        with open("/proc/%d/limits" % pid) as f:
+            for line in f:
+                if line.startswith("Max open files"):
+                    parts = line.split()
+                    return {"soft": parts[3], "hard": parts[4]}
+    except OSError:
+        pass
+    return None
+
+
+def mosquitto_bin():
+    for c in ("/usr/sbin/mosquitto", shutil.which("mosquitto")):
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+def mosquitto_version():
+    b = mosquitto_bin()
+    if not b:
+        return None
+    try:
+        r = subprocess.run([b, "-h"], capture_output=True, text=True, timeout=10)
+        m = re.search(r"mosquitto version (\S+)", r.stdout + r.stderr)
+        return m.group(1) if m else (r.stdout + r.stderr).splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def twistd_bin():
+    c = os.path.join(os.path.dirname(sys.executable), "twistd")
+    if os.path.exists(c):
+        return c
+    return shutil.which("twistd")
+
+
+def mqttamqp_help(timeout=60):
+    """Return (ok, help_text, env_extra) for `twistd mqttamqp --help`.
+
+    Tries the environment as is first; if the plugin is not found, retries with
+    PYTHONPATH=/work/main (twistd discovers twisted/plugins/ on sys.path)."""
+    tw = twistd_bin()
+    if not tw:
+        return False, "twistd not found", {}
+    last = ""
+    for extra in ({}, {"PYTHONPATH": MAIN}):
+        env = dict(os.environ)
+        env.update(extra)
+        try:
+            r = subprocess.run([tw, "mqttamqp", "--help"], capture_output=True, text=True,
+                               timeout=timeout, cwd=MAIN, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            last = repr(e)
+            continue
+        text = r.stdout + r.stderr
+        if r.returncode == 0 and "--mqtt" in text:
+            return True, text, extra
+        last = text[-2000:]
+    return False, last, {}
+
+
+def help_options(text):
+    return sorted(set(re.findall(r"(--[a-z][a-z0-9-]*)", text)))
+
+
+class Broker:
+    """kind: 'mosquitto' or 'mqttamqp'.  label: name used in results."""
+
+    def __init__(self, kind, label=None, max_inflight=100, max_queued=1_000_000,
+                 mqttamqp_help_text=None, mqttamqp_env=None, extra_args=(), want_inflight=False):
+        self.kind = kind
+        self.label = label or kind
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        self.help_text = mqttamqp_help_text or ""
+        self.env_extra = mqttamqp_env or {}
+        self.extra_args = list(extra_args)
+        self.want_inflight = want_inflight
+        self.proc = None
+        self.port = None
+        self.tmp = None
+        self.log = None
+        self.cmd = None
+        self.options_passed = []
+
+    # -- lifecycle
+    def start(self, ready_timeout=60.0):
+        self.tmp = tempfile.mkdtemp(prefix="mqttbench-%s-" % self.kind)
+        self.port = free_port()
+        self.log = os.path.join(self.tmp, "broker.log")
+        env = dict(os.environ)
+        cwd = self.tmp
+        if self.kind == "mosquitto":
+            conf = os.path.join(self.tmp, "mosquitto.conf")
+            lines = [
+                "listener %d 127.0.0.1" % self.port,
+                "allow_anonymous true",
+                "persistence false",
+                "max_inflight_messages %d" % self.max_inflight,
+                "max_queued_messages %d" % self.max_queued,
+                "max_connections -1",
+                "connection_messages false",
+                "log_dest stderr",
+                "log_type error",
+                "log_type warning",
+            ]
+            with open(conf, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            self.options_passed = lines
+            self.cmd = [mosquitto_bin(), "-c", conf]
+        elif self.kind == "mqttamqp":
+            opts = help_options(self.help_text)
+            data = os.path.join(self.tmp, "data")
+            os.mkdir(data)
+            args = ["--mqtt", "tcp:%d:interface=127.0.0.1" % self.port]
+            if "--data" in opts:
+                args += ["--data", data]
+            if self.want_inflight and "--max-inflight" in opts:
+                args += ["--max-inflight", str(self.max_inflight)]
+            # parity with the Mosquitto config: same queue limit, no byte cap to speak of
+            if "--max-queued-messages" in opts:
+                args += ["--max-queued-messages", str(self.max_queued)]
+            if "--max-queued-bytes" in opts:
+                args += ["--max-queued-bytes", str(1 << 30)]
+            # Mosquitto runs a single MQTT listener; switch off the other listeners
+            # (their default ports could also clash with other processes on the box)
+            for opt in ("--amqp", "--web"):
+                if opt in opts:
+                    args += [opt, "none"]
+            args += self.extra_args
+            self.options_passed = args
+            self.cmd = [twistd_bin(), "-n", "--pidfile=", "--logfile=" + self.log, "mqttamqp"] + args
+            env.update(self.env_extra)
+            cwd = MAIN
+        else:
+            raise ValueError(self.kind)
+        logf = open(self.log + ".stdio", "wb")
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                     cwd=cwd, env=env, start_new_session=True,
+                                     preexec_fn=_raise_nofile)
+        logf.close()
+        _LIVE.add(self)
+        self.wait_ready(ready_timeout)
+        return self
+
+    def wait_ready(self, timeout):
+        """Bounded loop: TCP connect, then MQTT CONNECT -> CONNACK."""
+        end = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError("%s exited with %s during start-up; log tail:\n%s"
+                                   % (self.label, self.proc.returncode, self.log_tail()))
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=2.0)
+                try:
+                    s.sendall(b"\x10\x10\x00\x04MQTT\x04\x02\x00\x00\x00\x04prob")
+                    d = s.recv(4)
+                    if len(d) >= 2 and d[0] == 0x20:
+                        s.sendall(b"\xe0\x00")
+                        return
+                    last = "unexpected reply %r" % d
+                finally:
+                    s.close()
+            except OSError as e:
+                last = repr(e)
+            time.sleep(0.05)
+        raise RuntimeError("%s not ready after %.0fs (%s); log tail:\n%s"
+                           % (self.label, timeout, last, self.log_tail()))
+
+    def stop(self, timeout=10.0):
+        p = self.proc
+        if p is None:
+            return
+        try:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)  # the group we created (start_new_session)
+                except ProcessLookupError:
+                    pass
+                try:
+                    p.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    p.wait(5)
+            else:
+                # leader gone; make sure nothing it left in its group survives
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        finally:
+            self.exit_code = p.returncode
+            _LIVE.discard(self)
+            self.proc = None
+
+    def cleanup(self):
+        if self.tmp and os.path.isdir(self.tmp):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- measurements
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu_s(self):
+        return proc_cpu_s(self.pid)
+
+    def status(self):
+        return proc_status(self.pid)
+
+    def settle(self, max_s=10.0, window=0.5, idle_frac=0.05):
+        """Wait (bounded) until the broker uses < idle_frac of a CPU over a window."""
+        end = time.monotonic() + max_s
+        c0 = self.cpu_s()
+        while time.monotonic() < end:
+            time.sleep(window)
+            c1 = self.cpu_s()
+            if c1 - c0 < idle_frac * window:
+                return True
+            c0 = c1
+        return False
+
+    def log_tail(self, n=3000):
+        out = ""
+        for path in (self.log, (self.log or "") + ".stdio"):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, 2)
+                    size = f.tell()
+                    f.seek(max(0, size - n))
+                    txt = f.read().decode("utf-8", "replace")
+                    if txt.strip():
+                        out += "[%s]\n%s\n" % (os.path.basename(path), txt)
+            except (OSError, TypeError):
+                pass
+        return out[-n:]
+
+
+def stop_all():
+    for b in list(_LIVE):
+        try:
+            b.stop(timeout=5)
+        except Exception:
+            pass
+        b.cleanup()
