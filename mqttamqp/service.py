@@ -9,7 +9,9 @@ next start.
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from typing import Any
 
 from twisted.application import service
@@ -115,9 +117,16 @@ class BrokerService(service.MultiService):
         from mqttamqp.store import ZODBStore
 
         os.makedirs(self.data_dir, exist_ok=True)
+        # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
+        # GIL switch interval (default 5 ms) bounds how long it can hold them off.
+        sys.setswitchinterval(0.001)
         self.store = ZODBStore(self.data_dir, self.reactor)
         self.broker.store = self.store
         self.broker.start()
+        # Everything loaded at start-up lives for the whole run: keep it out of the
+        # collector's generations so full collections stay short.
+        gc.collect()
+        gc.freeze()
         self.log.info("data directory {d}", d=self.data_dir)
         if self.pack_interval > 0:
             self._pack_loop = LoopingCall(self._pack)

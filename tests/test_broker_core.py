@@ -291,7 +291,22 @@ def test_clean_connect_discards_persistent_session() -> None:
 
 
 def test_persistent_delivery_waits_for_commit() -> None:
-    """A QoS 1 delivery to a persistent session is sent only after its PutQueued is durable."""
+    """A QoS 2 delivery to a persistent session is sent only after its PutQueued is durable."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    s, link, _ = connect(broker, "p", clean=False)
+    store.commit_all()
+    subscribe(broker, s, ("a", 2))
+    store.commit_all()
+    d = pub(broker, "a", b"m", qos=2)
+    assert d is not None
+    assert link.sent == []
+    store.commit_all()
+    assert link.sent == [("a", b"m", 2, 1, False, False)]
+
+
+def test_persistent_qos1_delivery_does_not_wait_but_puback_does() -> None:
+    """QoS 1 to a persistent session goes out at once; the publisher's Deferred waits."""
     store = ManualStore()
     broker, _, _ = make_broker(store)
     s, link, _ = connect(broker, "p", clean=False)
@@ -299,10 +314,10 @@ def test_persistent_delivery_waits_for_commit() -> None:
     subscribe(broker, s, ("a", 1))
     store.commit_all()
     d = pub(broker, "a", b"m", qos=1)
-    assert d is not None
-    assert link.sent == []
-    store.commit_all()
+    assert d is not None and not d.called
     assert link.sent == [("a", b"m", 1, 1, False, False)]
+    store.commit_all()
+    assert d.called
 
 
 def test_end_session_by_other_connection_is_ignored() -> None:

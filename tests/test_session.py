@@ -190,7 +190,7 @@ def test_persistent_enqueue_returns_put_queued_and_holds() -> None:
 def test_release_held_releases_only_up_to_seq() -> None:
     """release_held(n) lets entries up to seq n go and keeps later ones held."""
     session, link = online(persistent=True)
-    seqs = [session.enqueue(msg(t), 1, False)[0].seq for t in ("a", "b", "c")]  # type: ignore[union-attr]
+    seqs = [session.enqueue(msg(t, qos=2), 2, False)[0].seq for t in ("a", "b", "c")]  # type: ignore[union-attr]
     assert seqs == [1, 2, 3]
     session.release_held(2)
     assert link.topics() == ["a", "b"]
@@ -201,11 +201,19 @@ def test_release_held_releases_only_up_to_seq() -> None:
 def test_held_head_blocks_later_entries() -> None:
     """Order is kept: a held entry at the head blocks everything behind it."""
     session, link = online(persistent=True)
-    session.enqueue(msg("a"), 1, False)
-    session.enqueue(msg("b"), 1, False)
+    session.enqueue(msg("a", qos=2), 2, False)
+    session.enqueue(msg("b", qos=2), 2, False)
     session.queue[1].held = False
     session.pump()
     assert link.sent == []
+
+
+def test_persistent_qos1_is_stored_but_sent_at_once() -> None:
+    """QoS 1 to a persistent session is stored (PutQueued) and sent without waiting."""
+    session, link = online(persistent=True)
+    ops = session.enqueue(msg("a"), 1, False)
+    assert [type(op) for op in ops] == [PutQueued]
+    assert link.topics() == ["a"]
 
 
 # --------------------------------------------------------------------------

@@ -578,3 +578,19 @@ def test_queue_append_rewrites_little(tmp_path: Path, reactor: FakeReactor) -> N
     # Default 60-entry LOBTree buckets would write ~45 KB per append here.
     assert sum(growth[100:]) / 100 < 16 * 1024, growth[100:]
     assert len(reload(tmp_path).sessions["c"].queue) == 200
+
+
+def test_put_then_delete_in_one_commit_skips_the_put(tmp_path: Path, reactor: FakeReactor) -> None:
+    """A queue entry acknowledged within the commit window is never written, and an
+    entry committed earlier is still deleted when its later update is skipped."""
+    q = StoredQueued(Message("t", b"x", 2), 2)
+    store = open_store(tmp_path, reactor)
+    commit(reactor, store, [PutSession("c", 1.0), PutQueued("c", 1, q)])
+    released = StoredQueued(q.message, 2, QueuedState.RELEASED, 1)
+    commit(reactor, store, [PutQueued("c", 2, q), DeleteQueued("c", 2),
+                            PutQueued("c", 1, released), DeleteQueued("c", 1),
+                            PutQueued("c", 3, q)])
+    assert store.stats()["coalesced_puts"] == 2
+    store.close()
+    snap = reload(tmp_path)
+    assert [seq for seq, _ in snap.sessions["c"].queue] == [3]

@@ -7,10 +7,12 @@ bounds and drops) and describes each durable change as a store operation it
 returns; it never talks to storage or sockets itself.  Delivery goes through the
 attached ``ClientLink``.
 
-Durability rule: an entry queued for a persistent session is *held* until the
-commit that stores it has happened, then sent.  So a subscriber never sees a QoS
-1/2 message the broker could forget in a crash, and a QoS 2 message keeps its
-packet id (allocated at enqueue and stored with it) across a restart.
+Durability rule: a QoS 2 entry queued for a persistent session is *held* until
+the commit that stores it has happened, then sent.  So a subscriber never sees a
+QoS 2 message the broker could forget in a crash, and the message keeps its packet
+id (allocated at enqueue and stored with it) across a restart.  QoS 1 entries go
+at once: a crash before their commit also loses the publisher's PUBACK, so the
+publisher resends and the subscriber may see a (permitted) duplicate.
 """
 
 from __future__ import annotations
@@ -183,14 +185,18 @@ class Session:
             return _NO_OPS
         seq = self._next_seq
         self._next_seq += 1
+        # QoS 2 to a persistent session waits for its commit, so its packet id is
+        # stored before the client can see it (exactly once across a crash).  QoS 1
+        # may go at once: if the commit is lost, so is the publisher's PUBACK, and
+        # its resend is a permitted duplicate.
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
-                         held=self.persistent)
+                         held=self.persistent and qos == 2)
         self.queue.append(entry)
         self.queued_bytes += size
-        if self.persistent:
-            return [PutQueued(self.client_id, seq, entry.stored())]
+        ops: list[Op] = (
+            [PutQueued(self.client_id, seq, entry.stored())] if self.persistent else _NO_OPS)
         self.pump()
-        return _NO_OPS
+        return ops
 
     def release_held(self, upto_seq: int) -> None:
         """The commit holding entries up to ``upto_seq`` is durable: they may go."""
