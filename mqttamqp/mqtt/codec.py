@@ -1,0 +1,667 @@
+"""Sans-IO encoder and decoder for MQTT 3.1 ('MQIsdp', level 3) and 3.1.1 (level 4).
+
+This module owns the wire format: turning bytes into the packets of ``packets``
+and back, and rejecting every malformed packet with one exception,
+``MalformedPacket``, that carries a human-readable reason.  It must not do I/O,
+keep time, import Twisted, or make protocol decisions (which packet may come
+when, client-id length, topic-filter wildcard placement, CONNACK codes): those
+belong to the protocol layer and the core.
+
+Where MQTT 3.1 is vague the normative rules of MQTT 3.1.1 apply.  The decoder's
+``protocol_level`` (3 or 4) selects the few rules that differ; a CONNECT packet
+is always judged by the protocol name it carries itself.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+
+from .packets import (
+    PROTOCOL_31,
+    PROTOCOL_311,
+    SUBACK_FAILURE,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+
+__all__ = [
+    "MAX_REMAINING_LENGTH",
+    "Decoder",
+    "MalformedPacket",
+    "encode",
+    "encode_publish",
+    "encode_remaining_length",
+]
+
+MAX_REMAINING_LENGTH = 268_435_455  # four 7-bit groups
+
+_Buffer = bytes | bytearray
+
+_pack_u16 = struct.Struct(">H").pack
+_pack_header_u16 = struct.Struct(">BBH").pack  # first byte, 1-byte length, u16
+_KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
+_SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
+
+
+class MalformedPacket(Exception):
+    """The peer sent bytes that are not a valid MQTT packet; ``reason`` says why."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------
+# Fixed-header validation, precomputed for all 256 first bytes so the hot path
+# pays one tuple index per packet.
+
+
+def _header_error(first: int, level: int) -> str | None:
+    ptype = first >> 4
+    flags = first & 0x0F
+    if ptype == 0 or ptype == 15:
+        return f"reserved packet type {ptype}"
+    name = PacketType(ptype).name
+    if ptype == PacketType.PUBLISH:
+        qos = (flags >> 1) & 3
+        if qos == 3:
+            return "PUBLISH with QoS 3 (both QoS bits set)"
+        if qos == 0 and flags & 0x08 and level != 3:
+            return "PUBLISH with DUP set and QoS 0"
+        return None
+    if ptype in (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE):
+        # MQTT 3.1 clients sent these as QoS 1 messages and some set DUP on resend.
+        if flags == 0b0010 or (level == 3 and flags == 0b1010):
+            return None
+        return f"{name} reserved flag bits must be 0010, got {flags:04b}"
+    if flags:
+        return f"{name} reserved flag bits must be 0000, got {flags:04b}"
+    return None
+
+
+_HEADER_ERRORS_31 = tuple(_header_error(b, 3) for b in range(256))
+_HEADER_ERRORS_311 = tuple(_header_error(b, 4) for b in range(256))
+
+
+# --------------------------------------------------------------------------
+# Field readers.  Each takes the buffer, a read position and the packet end,
+# and returns the value with the next position; none reads past ``end``.
+
+
+def _read_string(buf: _Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:
+    if p + 2 > end:
+        raise MalformedPacket(f"{what}: length prefix runs past packet end")
+    q = p + 2 + (buf[p] << 8 | buf[p + 1])
+    if q > end:
+        raise MalformedPacket(f"{what} runs past packet end")
+    try:
+        s = buf[p + 2:q].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket(f"{what} is not valid UTF-8") from None
+    if strict and "\x00" in s:
+        raise MalformedPacket(f"{what} contains U+0000")
+    return s, q
+
+
+def _read_binary(buf: _Buffer, p: int, end: int, what: str) -> tuple[bytes, int]:
+    if p + 2 > end:
+        raise MalformedPacket(f"{what}: length prefix runs past packet end")
+    q = p + 2 + (buf[p] << 8 | buf[p + 1])
+    if q > end:
+        raise MalformedPacket(f"{what} runs past packet end")
+    return bytes(buf[p + 2:q]), q
+
+
+def _read_packet_id(buf: _Buffer, p: int, end: int, name: str) -> int:
+    if p + 2 > end:
+        raise MalformedPacket(f"{name} too short for a packet identifier")
+    packet_id = buf[p] << 8 | buf[p + 1]
+    if packet_id == 0:
+        raise MalformedPacket(f"{name} packet identifier is 0")
+    return packet_id
+
+
+def _check_topic_name(topic: str, what: str) -> None:
+    if not topic:
+        raise MalformedPacket(f"{what} is empty")
+    if "+" in topic:
+        raise MalformedPacket(f"{what} contains wildcard '+'")
+    if "#" in topic:
+        raise MalformedPacket(f"{what} contains wildcard '#'")
+
+
+def _check_length(name: str, start: int, end: int, expected: int) -> None:
+    if end - start != expected:
+        raise MalformedPacket(f"{name} remaining length must be {expected}, got {end - start}")
+
+
+def _long_remaining_length(buf: _Buffer, pos: int, n: int) -> tuple[int, int]:
+    """Return (remaining length, body start), or (-1, -1) if more bytes are needed."""
+    value = 0
+    shift = 0
+    i = pos + 1
+    while i < n:
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift == 28:
+            raise MalformedPacket("remaining length field longer than 4 bytes")
+    return -1, -1
+
+
+# --------------------------------------------------------------------------
+# Per-type body decoders (PUBLISH is decoded inline in Decoder.next_packet).
+# Signature: (buf, first byte, body start, body end, decoder protocol level).
+
+_BodyDecoder = Callable[[_Buffer, int, int, int, int], Packet]
+
+
+def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connect:
+    name, p = _read_string(buf, start, end, False, "CONNECT protocol name")
+    # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
+    strict = name != PROTOCOL_31[0]
+    if strict and "\x00" in name:
+        raise MalformedPacket("CONNECT protocol name contains U+0000")
+    if p + 4 > end:
+        raise MalformedPacket("CONNECT variable header runs past packet end")
+    protocol_level = buf[p]
+    flags = buf[p + 1]
+    keepalive = buf[p + 2] << 8 | buf[p + 3]
+    p += 4
+    if strict and flags & 0x01:
+        raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
+    clean_session = bool(flags & 0x02)
+    if (name, protocol_level) not in _KNOWN_PROTOCOLS:
+        # The payload layout of an unknown protocol (e.g. MQTT 5's properties) is
+        # not ours to parse; the protocol layer must still be able to answer
+        # CONNACK 1 (MQTT-3.1.2-2), so return the header without the payload.
+        return Connect(name, protocol_level, "", clean_session, keepalive)
+    will_flag = flags & 0x04
+    will_qos = (flags >> 3) & 0x03
+    will_retain = bool(flags & 0x20)
+    password_flag = flags & 0x40
+    username_flag = flags & 0x80
+    if will_flag:
+        if will_qos == 3:
+            raise MalformedPacket("CONNECT will QoS 3 is invalid")
+    elif strict and (will_qos or will_retain):
+        raise MalformedPacket("CONNECT will QoS/retain set without the will flag")
+    if strict and password_flag and not username_flag:
+        raise MalformedPacket("CONNECT password flag set without the username flag")
+
+    client_id, p = _read_string(buf, p, end, strict, "CONNECT client identifier")
+    will = None
+    if will_flag:
+        will_topic, p = _read_string(buf, p, end, strict, "CONNECT will topic")
+        _check_topic_name(will_topic, "CONNECT will topic")
+        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
+        will = Will(will_topic, will_payload, will_qos, will_retain)
+    # MQTT 3.1: the remaining length takes precedence over the username and
+    # password flags, so a flagged but absent field is simply missing.
+    username = None
+    if username_flag and (strict or p < end):
+        username, p = _read_string(buf, p, end, strict, "CONNECT username")
+    password = None
+    if password_flag and (strict or p < end):
+        password, p = _read_binary(buf, p, end, "CONNECT password")
+    if p != end:
+        raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
+    return Connect(
+        name, protocol_level, client_id, clean_session, keepalive, will, username, password
+    )
+
+
+def _decode_connack(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connack:
+    _check_length("CONNACK", start, end, 2)
+    ack_flags = buf[start]
+    if level != 3 and ack_flags & 0xFE:
+        raise MalformedPacket(f"CONNACK reserved acknowledge flag bits set: {ack_flags:#04x}")
+    return Connack(bool(ack_flags & 0x01), buf[start + 1])
+
+
+def _decode_puback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Puback:
+    _check_length("PUBACK", start, end, 2)
+    return Puback(_read_packet_id(buf, start, end, "PUBACK"))
+
+
+def _decode_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrec:
+    _check_length("PUBREC", start, end, 2)
+    return Pubrec(_read_packet_id(buf, start, end, "PUBREC"))
+
+
+def _decode_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrel:
+    _check_length("PUBREL", start, end, 2)
+    return Pubrel(_read_packet_id(buf, start, end, "PUBREL"), bool(first & 0x08))
+
+
+def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubcomp:
+    _check_length("PUBCOMP", start, end, 2)
+    return Pubcomp(_read_packet_id(buf, start, end, "PUBCOMP"))
+
+
+def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int) -> Subscribe:
+    packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
+    strict = level != 3
+    topics: list[tuple[str, int]] = []
+    p = start + 2
+    while p < end:
+        topic_filter, p = _read_string(buf, p, end, strict, "SUBSCRIBE topic filter")
+        if not topic_filter:
+            raise MalformedPacket("SUBSCRIBE topic filter is empty")
+        if p >= end:
+            raise MalformedPacket("SUBSCRIBE topic filter without a requested QoS byte")
+        qos = buf[p]
+        p += 1
+        if qos & 0xFC:
+            raise MalformedPacket(f"SUBSCRIBE requested QoS byte has reserved bits set: {qos:#04x}")
+        if qos == 3:
+            raise MalformedPacket("SUBSCRIBE requested QoS 3 is invalid")
+        topics.append((topic_filter, qos))
+    if not topics:
+        raise MalformedPacket("SUBSCRIBE with no topic filters")
+    return Subscribe(packet_id, tuple(topics))
+
+
+def _decode_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
+    packet_id = _read_packet_id(buf, start, end, "SUBACK")
+    codes = tuple(buf[start + 2:end])
+    if not codes:
+        raise MalformedPacket("SUBACK with no return codes")
+    if not _SUBACK_CODES.issuperset(codes):
+        bad = next(c for c in codes if c not in _SUBACK_CODES)
+        raise MalformedPacket(f"SUBACK return code {bad:#04x} is invalid")
+    return Suback(packet_id, codes)
+
+
+def _decode_unsubscribe(
+    buf: _Buffer, first: int, start: int, end: int, level: int
+) -> Unsubscribe:
+    packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
+    strict = level != 3
+    topics: list[str] = []
+    p = start + 2
+    while p < end:
+        topic_filter, p = _read_string(buf, p, end, strict, "UNSUBSCRIBE topic filter")
+        if not topic_filter:
+            raise MalformedPacket("UNSUBSCRIBE topic filter is empty")
+        topics.append(topic_filter)
+    if not topics:
+        raise MalformedPacket("UNSUBSCRIBE with no topic filters")
+    return Unsubscribe(packet_id, tuple(topics))
+
+
+def _decode_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Unsuback:
+    _check_length("UNSUBACK", start, end, 2)
+    return Unsuback(_read_packet_id(buf, start, end, "UNSUBACK"))
+
+
+def _decode_pingreq(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pingreq:
+    _check_length("PINGREQ", start, end, 0)
+    return Pingreq()
+
+
+def _decode_pingresp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pingresp:
+    _check_length("PINGRESP", start, end, 0)
+    return Pingresp()
+
+
+def _decode_disconnect(
+    buf: _Buffer, first: int, start: int, end: int, level: int
+) -> Disconnect:
+    _check_length("DISCONNECT", start, end, 0)
+    return Disconnect()
+
+
+def _unreachable(buf: _Buffer, first: int, start: int, end: int, level: int) -> Packet:
+    # Types 0, 3 (PUBLISH, inline) and 15 never get here: the header table
+    # rejects 0 and 15 before the body is looked at.
+    raise AssertionError(f"no body decoder for packet type {first >> 4}")
+
+
+_BODY_DECODERS: tuple[_BodyDecoder, ...] = (
+    _unreachable,
+    _decode_connect,
+    _decode_connack,
+    _unreachable,
+    _decode_puback,
+    _decode_pubrec,
+    _decode_pubrel,
+    _decode_pubcomp,
+    _decode_subscribe,
+    _decode_suback,
+    _decode_unsubscribe,
+    _decode_unsuback,
+    _decode_pingreq,
+    _decode_pingresp,
+    _decode_disconnect,
+    _unreachable,
+)
+
+
+class Decoder:
+    """Incremental decoder: ``feed`` bytes, then take packets until ``None``.
+
+    ``protocol_level`` may be changed between packets (the protocol layer sets it
+    once it has accepted a CONNECT); 3 selects MQTT 3.1 rules, anything else the
+    MQTT 3.1.1 rules.  After ``MalformedPacket`` the decoder keeps failing on the
+    same packet; the connection is expected to be closed.
+    """
+
+    __slots__ = ("_buf", "_header_errors", "_level", "_pos", "max_packet_size")
+
+    def __init__(
+        self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int = 4
+    ) -> None:
+        if max_packet_size < 2:
+            raise ValueError(f"max_packet_size must be at least 2, got {max_packet_size}")
+        self.max_packet_size = max_packet_size
+        self._level = protocol_level
+        self._header_errors = _HEADER_ERRORS_31 if protocol_level == 3 else _HEADER_ERRORS_311
+        # Unconsumed input is _buf[_pos:].  _buf is an immutable bytes object in the
+        # common case (slices of it are bytes, so a payload is copied once) and
+        # becomes a bytearray only while a packet much larger than one read
+        # accumulates, so that growth stays linear.
+        self._buf: _Buffer = b""
+        self._pos = 0
+
+    @property
+    def protocol_level(self) -> int:
+        return self._level
+
+    @protocol_level.setter
+    def protocol_level(self, level: int) -> None:
+        self._level = level
+        self._header_errors = _HEADER_ERRORS_31 if level == 3 else _HEADER_ERRORS_311
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes; never decodes or raises."""
+        if not data:
+            return
+        buf = self._buf
+        pos = self._pos
+        rest = len(buf) - pos
+        if rest == 0:
+            self._buf = bytes(data)  # no copy when data is already bytes
+            self._pos = 0
+        elif rest <= len(data):
+            # Small leftover (a packet split across reads): one flat copy, bounded
+            # by twice this read, keeps the buffer an immutable bytes object.
+            self._buf = b"".join((buf[pos:], data))
+            self._pos = 0
+        else:
+            if isinstance(buf, bytes):
+                buf = bytearray(memoryview(buf)[pos:])
+                self._pos = 0
+            elif pos > len(buf) >> 1:
+                del buf[:pos]
+                self._pos = 0
+            buf += data
+            self._buf = buf
+
+    def next_packet(self) -> Packet | None:
+        """Return the next complete packet, or None if more bytes are needed."""
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        if pos >= n:
+            return None
+        first = buf[pos]
+        error = self._header_errors[first]
+        if error is not None:
+            raise MalformedPacket(error)
+        if pos + 1 >= n:
+            return None
+        length = buf[pos + 1]
+        if length < 0x80:
+            start = pos + 2
+        else:
+            length, start = _long_remaining_length(buf, pos, n)
+            if start < 0:
+                return None
+        end = start + length
+        if end - pos > self.max_packet_size:
+            raise MalformedPacket(
+                f"packet of {end - pos} bytes exceeds maximum packet size {self.max_packet_size}"
+            )
+        if end > n:
+            return None
+
+        packet: Packet
+        if first >> 4 == 3:
+            if length < 2:
+                raise MalformedPacket("PUBLISH too short for a topic length")
+            p = start + 2 + (buf[start] << 8 | buf[start + 1])
+            if p > end:
+                raise MalformedPacket("PUBLISH topic runs past packet end")
+            try:
+                topic = buf[start + 2:p].decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
+            if not topic:
+                raise MalformedPacket("PUBLISH topic is empty")
+            if "+" in topic:
+                raise MalformedPacket("PUBLISH topic contains wildcard '+'")
+            if "#" in topic:
+                raise MalformedPacket("PUBLISH topic contains wildcard '#'")
+            if "\x00" in topic and self._level != 3:
+                raise MalformedPacket("PUBLISH topic contains U+0000")
+            qos = (first >> 1) & 3
+            packet_id: int | None
+            if qos:
+                if p + 2 > end:
+                    raise MalformedPacket("PUBLISH too short for a packet identifier")
+                packet_id = buf[p] << 8 | buf[p + 1]
+                if packet_id == 0:
+                    raise MalformedPacket("PUBLISH packet identifier is 0")
+                p += 2
+            else:
+                packet_id = None
+            packet = Publish(
+                topic, bytes(buf[p:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id
+            )
+        else:
+            packet = _BODY_DECODERS[first >> 4](buf, first, start, end, self._level)
+        self._pos = end
+        return packet
+
+    def __iter__(self) -> Iterator[Packet]:
+        """Yield packets until more bytes are needed (lazily, so a level change
+        made after one packet applies to the next)."""
+        while (packet := self.next_packet()) is not None:
+            yield packet
+
+
+# --------------------------------------------------------------------------
+# Encoding.  Packets built by our own code are trusted; violations of what the
+# wire can carry (lengths, ranges) raise ValueError, never MalformedPacket.
+
+_REMAINING_LENGTH_1 = tuple(bytes((i,)) for i in range(128))
+
+
+def encode_remaining_length(n: int) -> bytes:
+    """Encode ``n`` as the 1-4 byte variable-length remaining-length field."""
+    if 0 <= n < 0x80:
+        return _REMAINING_LENGTH_1[n]
+    if n < 0 or n > MAX_REMAINING_LENGTH:
+        raise ValueError(f"remaining length {n} outside 0..{MAX_REMAINING_LENGTH}")
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _u16(value: int, what: str) -> bytes:
+    if not 0 <= value <= 0xFFFF:
+        raise ValueError(f"{what} {value} outside 0..65535")
+    return _pack_u16(value)
+
+
+def _packet_id(value: int, what: str) -> bytes:
+    if not 0 < value <= 0xFFFF:
+        raise ValueError(f"{what} packet identifier {value} outside 1..65535")
+    return _pack_u16(value)
+
+
+def _string(value: str, what: str) -> bytes:
+    return _binary(value.encode("utf-8"), what)
+
+
+def _binary(value: bytes, what: str) -> bytes:
+    if len(value) > 0xFFFF:
+        raise ValueError(f"{what} is {len(value)} bytes, longer than 65535")
+    return _pack_u16(len(value)) + value
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    return b"".join((bytes((first,)), encode_remaining_length(len(body)), body))
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+) -> bytes:
+    """Encode a PUBLISH from an already UTF-8-encoded topic (the hot path)."""
+    topic_length = len(topic)
+    if topic_length > 0xFFFF:
+        raise ValueError(f"PUBLISH topic is {topic_length} bytes, longer than 65535")
+    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
+    if qos:
+        if qos > 2 or qos < 0:
+            raise ValueError(f"PUBLISH QoS {qos} outside 0..2")
+        if packet_id is None or not 0 < packet_id <= 0xFFFF:
+            raise ValueError(f"PUBLISH QoS {qos} needs a packet identifier in 1..65535")
+        tail = _pack_u16(packet_id)
+        length = topic_length + len(payload) + 4
+    else:
+        if packet_id is not None:
+            raise ValueError("PUBLISH QoS 0 must not carry a packet identifier")
+        tail = b""
+        length = topic_length + len(payload) + 2
+    if length < 0x80:
+        head = _pack_header_u16(first, length, topic_length)
+    else:
+        head = b"".join(
+            (bytes((first,)), encode_remaining_length(length), _pack_u16(topic_length))
+        )
+    return b"".join((head, topic, tail, payload))
+
+
+def _encode_connect(packet: Connect) -> bytes:
+    will = packet.will
+    flags = 0x02 if packet.clean_session else 0
+    parts = [
+        _string(packet.protocol_name, "CONNECT protocol name"),
+        b"",  # level and flags, filled in below
+        _u16(packet.keepalive, "CONNECT keepalive"),
+        _string(packet.client_id, "CONNECT client identifier"),
+    ]
+    if will is not None:
+        if not 0 <= will.qos <= 2:
+            raise ValueError(f"CONNECT will QoS {will.qos} outside 0..2")
+        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        parts.append(_string(will.topic, "CONNECT will topic"))
+        parts.append(_binary(will.payload, "CONNECT will message"))
+    if packet.username is not None:
+        flags |= 0x80
+        parts.append(_string(packet.username, "CONNECT username"))
+    if packet.password is not None:
+        flags |= 0x40
+        parts.append(_binary(packet.password, "CONNECT password"))
+    if not 0 <= packet.protocol_level <= 0xFF:
+        raise ValueError(f"CONNECT protocol level {packet.protocol_level} outside 0..255")
+    parts[1] = bytes((packet.protocol_level, flags))
+    return _frame(0x10, b"".join(parts))
+
+
+def _encode_subscribe(packet: Subscribe) -> bytes:
+    parts = [_packet_id(packet.packet_id, "SUBSCRIBE")]
+    for topic_filter, qos in packet.topics:
+        if not 0 <= qos <= 2:
+            raise ValueError(f"SUBSCRIBE requested QoS {qos} outside 0..2")
+        parts.append(_string(topic_filter, "SUBSCRIBE topic filter"))
+        parts.append(bytes((qos,)))
+    return _frame(0x82, b"".join(parts))
+
+
+def _encode_suback(packet: Suback) -> bytes:
+    for code in packet.return_codes:
+        if code not in _SUBACK_CODES:
+            raise ValueError(f"SUBACK return code {code} is invalid")
+    return _frame(0x90, _packet_id(packet.packet_id, "SUBACK") + bytes(packet.return_codes))
+
+
+def _encode_unsubscribe(packet: Unsubscribe) -> bytes:
+    parts = [_packet_id(packet.packet_id, "UNSUBSCRIBE")]
+    parts.extend(_string(t, "UNSUBSCRIBE topic filter") for t in packet.topics)
+    return _frame(0xA2, b"".join(parts))
+
+
+def encode(packet: Packet) -> bytes:
+    """Encode any packet to its wire form."""
+    if isinstance(packet, Publish):
+        return encode_publish(
+            packet.topic.encode("utf-8"),
+            packet.payload,
+            packet.qos,
+            packet.retain,
+            packet.dup,
+            packet.packet_id,
+        )
+    if isinstance(packet, Puback):
+        return b"\x40\x02" + _packet_id(packet.packet_id, "PUBACK")
+    if isinstance(packet, Pubrec):
+        return b"\x50\x02" + _packet_id(packet.packet_id, "PUBREC")
+    if isinstance(packet, Pubrel):
+        return (b"\x6a\x02" if packet.dup else b"\x62\x02") + _packet_id(
+            packet.packet_id, "PUBREL"
+        )
+    if isinstance(packet, Pubcomp):
+        return b"\x70\x02" + _packet_id(packet.packet_id, "PUBCOMP")
+    if isinstance(packet, Pingreq):
+        return b"\xc0\x00"
+    if isinstance(packet, Pingresp):
+        return b"\xd0\x00"
+    if isinstance(packet, Connect):
+        return _encode_connect(packet)
+    if isinstance(packet, Connack):
+        if not 0 <= packet.return_code <= 0xFF:
+            raise ValueError(f"CONNACK return code {packet.return_code} outside 0..255")
+        return bytes((0x20, 0x02, 0x01 if packet.session_present else 0, packet.return_code))
+    if isinstance(packet, Subscribe):
+        return _encode_subscribe(packet)
+    if isinstance(packet, Suback):
+        return _encode_suback(packet)
+    if isinstance(packet, Unsubscribe):
+        return _encode_unsubscribe(packet)
+    if isinstance(packet, Unsuback):
+        return b"\xb0\x02" + _packet_id(packet.packet_id, "UNSUBACK")
+    if isinstance(packet, Disconnect):
+        return b"\xe0\x00"
+    raise TypeError(f"not an MQTT packet: {packet!r}")
