@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqttamqp import logbridge
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.mqtt.protocol import MQTTFactory
@@ -116,6 +117,7 @@ class BrokerService(service.MultiService):
     def startService(self) -> None:
         from mqttamqp.store import ZODBStore
 
+        logbridge.install()
         os.makedirs(self.data_dir, exist_ok=True)
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.

@@ -49,7 +49,7 @@ class BrokerProcess:
         wanted = {opt.lstrip("-").upper() for opt in self.listeners}
         self.ports = {}
         while not wanted <= set(self.ports):
-            line = self.wait_for_line(r"listening for|Traceback|error", timeout)
+            line = self.wait_for_line(r"listening for|Traceback|#critical\]", timeout)
             m = _LISTEN.search(line)
             if m is None:
                 raise RuntimeError("broker failed to start:\n" + self.output())

@@ -311,18 +311,24 @@ def test_acknowledge_wrong_kind_or_unknown_is_ignored() -> None:
 
 
 def test_qos2_received_then_completed_flow() -> None:
-    """PUBREC answers PUBREL and stores RELEASED; PUBCOMP finishes with DeleteQueued."""
+    """PUBREC stores RELEASED and PUBREL goes only once that is durable; PUBCOMP
+    finishes with DeleteQueued."""
     session, link = online(persistent=True)
     session.enqueue(msg("a", b"p", qos=2), 2, False)
     session.release_held(1)
     ops = session.received(1)
-    assert link.sent[-1] == ("pubrel", 1)
+    assert ("pubrel", 1) not in link.sent  # not before the RELEASED state is stored
     assert ops == [PutQueued("c", 1, StoredQueued(
         Message("a", b"p", 2, False, "pub", 0.0), 2, QueuedState.RELEASED, 1))]
     assert session.inflight[1].state == QueuedState.RELEASED
-    # A repeated PUBREC is answered again but stores nothing new.
+    # A repeated PUBREC before the commit stores nothing and sends nothing yet.
     assert session.received(1) == []
+    assert ("pubrel", 1) not in link.sent
+    session.pubrel_durable(1)
     assert link.sent[-1] == ("pubrel", 1)
+    # A repeated PUBREC after the commit is answered again.
+    assert session.received(1) == []
+    assert link.sent.count(("pubrel", 1)) == 2
     assert session.completed(1) == [DeleteQueued("c", 1)]
     assert session.inflight == {}
     assert session.completed(1) == []
@@ -491,3 +497,17 @@ def test_clear_messages() -> None:
     assert not session.queue and not session.inflight and not session._pids
     assert session.queued_bytes == 0
     assert not session.inbound_qos2
+
+
+def test_held_pubrel_survives_reconnect_until_durable() -> None:
+    """A RELEASED entry whose commit is pending is not re-sent on reconnect until durable."""
+    session, link = online(persistent=True)
+    session.enqueue(msg("a", qos=2), 2, False)
+    session.release_held(1)
+    session.received(1)
+    session.detach()
+    link2 = FakeLink()
+    session.attach(link2)
+    assert link2.sent == []  # neither PUBLISH nor PUBREL yet
+    session.pubrel_durable(1)
+    assert link2.sent == [("pubrel", 1)]

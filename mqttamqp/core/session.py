@@ -237,16 +237,44 @@ class Session:
         return self._finish(entry)
 
     def received(self, packet_id: int) -> list[Op]:
-        """PUBREC: the client has the QoS 2 message; answer PUBREL and remember it."""
+        """PUBREC: the client has the QoS 2 message; answer PUBREL and remember it.
+
+        Once PUBREL is out the PUBLISH must never be sent again, so for a persistent
+        session PUBREL waits until the RELEASED state is durable: the entry is held
+        and ``pubrel_durable`` sends it after the commit.
+        """
         entry = self.inflight.get(packet_id)
-        if self.link is not None:
-            self.link.send_pubrel(packet_id)
-        if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
+        link = self.link
+        if entry is None or entry.qos != 2:
+            if link is not None:  # unknown id: let the client finish its flow
+                link.send_pubrel(packet_id)
+            return _NO_OPS
+        if entry.state == QueuedState.RELEASED:
+            if link is not None and not entry.held:  # a repeated PUBREC
+                link.send_pubrel(packet_id)
             return _NO_OPS
         entry.state = QueuedState.RELEASED
-        if self.persistent:
-            return [PutQueued(self.client_id, entry.seq, entry.stored())]
-        return _NO_OPS
+        if not self.persistent:
+            if link is not None:
+                link.send_pubrel(packet_id)
+            return _NO_OPS
+        entry.held = True
+        return [PutQueued(self.client_id, entry.seq, entry.stored())]
+
+    def pubrel_durable(self, packet_id: int) -> None:
+        """The RELEASED state of ``packet_id`` is committed: its PUBREL may go."""
+        entry = self.inflight.get(packet_id)
+        if entry is not None:
+            if entry.held:
+                entry.held = False
+                if self.link is not None:
+                    self.link.send_pubrel(packet_id)
+            return
+        for queued in self.queue:  # moved back to the queue by a reconnect
+            if queued.packet_id == packet_id:
+                queued.held = False
+                break
+        self.pump()
 
     def completed(self, packet_id: int) -> list[Op]:
         """PUBCOMP: the QoS 2 exchange is over."""
