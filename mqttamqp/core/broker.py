@@ -13,22 +13,31 @@ durability (PUBACK, PUBREC, CONNACK, AMQP Accepted) chain on the returned Deferr
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp import __version__
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import (
-    ClearRetained, DeleteRetained, DeleteSession, DeleteSubscription, DeleteWill, Op,
-    PutRetained, PutSession, PutSubscription, PutWill, StateStore,
+    ClearRetained,
+    DeleteRetained,
+    DeleteSession,
+    DeleteSubscription,
+    DeleteWill,
+    Op,
+    PutRetained,
+    PutSession,
+    PutSubscription,
+    PutWill,
+    StateStore,
 )
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import ClientLink, Session, SessionState
@@ -44,12 +53,12 @@ _SYS_PREFIX = "$SYS/"
 class Broker:
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, store: StateStore, limits: Limits = Limits(),
-                 authenticator: Optional[Authenticator] = None,
-                 authorizer: Optional[Authorizer] = None) -> None:
+    def __init__(self, clock: Clock, store: StateStore, limits: Limits | None = None,
+                 authenticator: Authenticator | None = None,
+                 authorizer: Authorizer | None = None) -> None:
         self.clock = clock
         self.store = store
-        self.limits = limits
+        self.limits = limits if limits is not None else Limits()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.sessions: dict[str, Session] = {}
@@ -58,13 +67,20 @@ class Broker:
         self.wills: dict[str, WillMessage] = {}
         self.stats = BrokerStats()
         self.connections: dict[str, InspectableConnection] = {}
-        self._grace: dict[str, IDelayedCall] = {}
-        self._paused: dict[int, Callable[[], None]] = {}  # id -> resume callback
+        self._grace: dict[str, DelayedCall] = {}
+        # paused publisher key -> (resume callback, the congested sessions it fed)
+        self._paused: dict[int, tuple[Callable[[], None], list[Session] | None]] = {}
         self._loops: list[LoopingCall] = []
         self._dropped_retired = 0  # drops of sessions that no longer exist
         # Set when the process shuts down: connections then end without firing wills
         # (the grace rule decides at the next start) and nothing more is stored.
         self.stopping = False
+        # Set by every publish(): an online subscriber it fed is past its high-water
+        # mark, so the publishing connection should stop reading for a while.
+        self.last_publish_congested: list[Session] = []
+        # AMQP receivers on topic filters: sessions of their own, in the trie but not
+        # keyed by a client id (no MQTT client can claim them).
+        self.link_subscribers: dict[str, Session] = {}
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -73,11 +89,13 @@ class Broker:
         now = self.clock.seconds()
         self.stats.started = now
         snap = self.store.load()
-        for topic, message in snap.retained.items():
+        for message in snap.retained.values():
             self.retained.put(message)
         for record in snap.sessions.values():
             session = Session(record.client_id, True, self.limits, record.last_seen)
-            session.last_seen = record.last_seen
+            # Its client may have been connected until the broker stopped: the expiry
+            # clock restarts with the broker rather than expiring it at once.
+            session.last_seen = max(record.last_seen, now)
             session.restore(record.queue, record.inbound_qos2)
             for topic_filter, qos in record.subscriptions.items():
                 session.subscriptions[topic_filter] = qos
@@ -102,7 +120,7 @@ class Broker:
         if interval <= 0:
             return
         loop = LoopingCall(fn)
-        loop.clock = self.clock
+        loop.clock = self.clock  # type: ignore[assignment]
         loop.start(interval, now=True).addErrback(
             lambda f: self.log.failure("periodic task {fn} failed", f, fn=fn.__name__))
         self._loops.append(loop)
@@ -119,7 +137,7 @@ class Broker:
 
     # -- storage --------------------------------------------------------------
 
-    def persist(self, ops: Sequence[Op]) -> "Optional[Deferred[None]]":
+    def persist(self, ops: Sequence[Op]) -> Deferred[None] | None:
         """Submit ``ops``; the Deferred fires once durable (None: nothing to wait for)."""
         if not ops or self.stopping:
             return None
@@ -127,8 +145,10 @@ class Broker:
 
     # -- authentication -------------------------------------------------------
 
-    def authenticate(self, credentials: Credentials) -> "Deferred[bool]":
-        return maybeDeferred(self.authenticator.authenticate, credentials)
+    def authenticate(self, credentials: Credentials) -> Deferred[bool]:
+        result: Deferred[bool] = maybeDeferred(  # type: ignore[call-overload]
+            self.authenticator.authenticate, credentials)
+        return result
 
     # -- connections and sessions ---------------------------------------------
 
@@ -141,8 +161,8 @@ class Broker:
             del self.connections[key]
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
-                     will: Optional[WillMessage]
-                     ) -> tuple[Session, bool, "Optional[Deferred[None]]"]:
+                     will: WillMessage | None
+                     ) -> tuple[Session, bool, Deferred[None] | None]:
         """Claim the session of ``client_id`` for ``connection``.
 
         Takes over from a connection that holds it (the old one is closed and its
@@ -233,6 +253,57 @@ class Broker:
         if d is not None:
             d.addErrback(self._log_store_failure, "ending session of " + client_id)
 
+    # -- AMQP receivers ------------------------------------------------------------
+    #
+    # An AMQP will (origin "amqp") is keyed by the name of the will link that set it
+    # and belongs to that link: claiming or ending the session of the same client id
+    # through a ``$mqtt.to.<id>.publish`` receiver neither publishes nor deletes it.
+
+    def _take_amqp_will(self, owner: str) -> WillMessage | None:
+        will = self.wills.get(owner)
+        if will is None or will.origin != "amqp":
+            return None
+        del self.wills[owner]
+        return will
+
+    def open_link_session(self, link: ClientLink, client_id: str, clean: bool
+                          ) -> tuple[Session, bool, Deferred[None] | None]:
+        """``open_session`` for an AMQP receiver on ``$mqtt.to.<id>.publish``; an AMQP
+        will of ``client_id`` is left as it is (takeover still fires an MQTT will)."""
+        kept = self._take_amqp_will(client_id)
+        try:
+            return self.open_session(link, client_id, clean, None)
+        finally:
+            if kept is not None:
+                self.wills[client_id] = kept
+
+    def end_link_session(self, link: ClientLink, session: Session, reason: str) -> None:
+        """The ``.publish`` receiver holding ``session`` detached or its connection
+        ended; like a lost MQTT connection, but an AMQP will is left to its will link."""
+        kept = self._take_amqp_will(session.client_id)
+        try:
+            self.end_session(link, session, clean=False, reason=reason)
+        finally:
+            if kept is not None:
+                self.wills[session.client_id] = kept
+
+    def add_link_subscriber(self, key: str, session: Session) -> None:
+        """Register the own session of an AMQP topic receiver (subscribe it after)."""
+        self.link_subscribers[key] = session
+
+    def remove_link_subscriber(self, key: str) -> None:
+        """The topic receiver is gone: its routes leave the trie, its drops are kept."""
+        session = self.link_subscribers.pop(key, None)
+        if session is None:
+            return
+        for topic_filter in session.subscriptions:
+            self.trie.remove(topic_filter, session)
+        session.subscriptions.clear()
+        self._dropped_retired += session.dropped
+        session.clear_messages()
+        session.detach()
+        self._resume_paused()
+
     def _discard(self, session: Session) -> list[Op]:
         """Remove a session: subscriptions out of the trie, state dropped."""
         for topic_filter in session.subscriptions:
@@ -252,12 +323,12 @@ class Broker:
         identity = Identity(will.owner)
         return self.authorizer.may_publish(identity, will.topic, will.retain)
 
-    def set_will(self, will: WillMessage) -> "Optional[Deferred[None]]":
+    def set_will(self, will: WillMessage) -> Deferred[None] | None:
         """Store (or replace) the will of ``will.owner`` (AMQP_WILL, also mid-connection)."""
         self.wills[will.owner] = will
         return self.persist([PutWill(will)])
 
-    def clear_will(self, owner: str) -> "Optional[Deferred[None]]":
+    def clear_will(self, owner: str) -> Deferred[None] | None:
         if self.wills.pop(owner, None) is None:
             return None
         return self.persist([DeleteWill(owner)])
@@ -274,14 +345,38 @@ class Broker:
             d.addErrback(self._log_store_failure, "publishing will of " + owner)
         return True
 
+    def publish_will_copy(self, owner: str, reason: str) -> bool:
+        """Publish the will of ``owner`` now but keep it stored (console: force the
+        will, keep the client connected).  The will still fires if the client drops."""
+        will = self.wills.get(owner)
+        if will is None:
+            return False
+        self.log.info("publishing a copy of the will of {o} to {t!r} ({r})", o=owner,
+                      t=will.topic, r=reason)
+        self.stats.wills_published += 1
+        d = self.publish(will.as_message(self.clock.seconds()))
+        if d is not None:
+            d.addErrback(self._log_store_failure, "publishing will of " + owner)
+        return True
+
+    def cancel_will_grace(self, owner: str) -> bool:
+        """``owner`` is back after a restart (an AMQP will link of that name attached):
+        its stored will is no longer an orphan.  True if a grace timer was pending."""
+        call = self._grace.pop(owner, None)
+        if call is None:
+            return False
+        if call.active():
+            call.cancel()
+        return True
+
     def _grace_expired(self, owner: str) -> None:
         self._grace.pop(owner, None)
         self.fire_will(owner, "client did not return within the will grace period after a restart")
 
     # -- publishing -----------------------------------------------------------
 
-    def publish(self, message: Message, identity: Optional[Identity] = None,
-                extra_ops: Sequence[Op] = ()) -> "Optional[Deferred[None]]":
+    def publish(self, message: Message, identity: Identity | None = None,
+                extra_ops: Sequence[Op] = (), counted: bool = True) -> Deferred[None] | None:
         """Route ``message``; the Deferred fires when everything it promised is durable.
 
         Deliveries to clean sessions go out at once; deliveries to persistent
@@ -293,7 +388,8 @@ class Broker:
             self.stats.publish_denied += 1
             self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=message.topic)
             return self.persist(extra_ops)
-        self.stats.messages_received += 1
+        if counted:  # the broker's own $SYS updates are not traffic
+            self.stats.messages_received += 1
         ops: list[Op] = list(extra_ops)
         if message.retain:
             durable = not message.topic.startswith(_SYS_PREFIX)
@@ -306,12 +402,16 @@ class Broker:
                     ops.append(PutRetained(message.with_retain(True)))
         held: list[tuple[Session, int]] = []
         msg_qos = message.qos
+        congested: list[Session] = []
         for session, granted in self.trie.match(message.topic).items():
             qos = granted if granted < msg_qos else msg_qos
             session_ops = session.enqueue(message, qos, False)
             if session_ops:
                 ops.extend(session_ops)
                 held.append((session, session_ops[-1].seq))  # type: ignore[union-attr]
+            if session.link is not None and session.over_high_water():
+                congested.append(session)
+        self.last_publish_congested = congested
         d = self.persist(ops)
         if d is not None and held:
             d.addBoth(self._release_held, held)
@@ -329,27 +429,31 @@ class Broker:
         for topic, payload in self.stats.sys_topics(
                 __version__, now, len(self.trie), len(self.retained),
                 len(self.sessions), len(self.wills), dropped):
-            self.publish(Message(topic, payload.encode(), 0, True, None, now))
+            self.publish(Message(topic, payload.encode(), 0, True, None, now), counted=False)
 
     def dropped_total(self) -> int:
-        return self._dropped_retired + sum(s.dropped for s in self.sessions.values())
+        return (self._dropped_retired + sum(s.dropped for s in self.sessions.values())
+                + sum(s.dropped for s in self.link_subscribers.values()))
 
     # -- back-pressure --------------------------------------------------------
 
     def congested_for(self, topic: str) -> bool:
         """True if an online subscriber of ``topic`` is past its high-water mark."""
-        for session in self.trie.match(topic):
-            if session.over_high_water():
-                return True
-        return False
+        return any(session.over_high_water() for session in self.trie.match(topic))
 
-    def pause_until_drained(self, key: int, resume: Callable[[], None]) -> None:
-        self._paused[key] = resume
+    def pause_until_drained(self, key: int, resume: Callable[[], None],
+                            sessions: list[Session] | None = None) -> None:
+        """Publisher ``key`` stopped reading; call ``resume`` once ``sessions`` (the
+        congested subscribers it fed; None = any) are below their high-water mark."""
+        known = self._paused.get(key)
+        if known is not None and known[1] is not None and sessions is not None:
+            sessions = list({*known[1], *sessions})
+        self._paused[key] = (resume, sessions)
 
     def forget_paused(self, key: int) -> None:
         self._paused.pop(key, None)
 
-    def link_drained(self, session: Optional[Session]) -> None:
+    def link_drained(self, session: Session | None) -> None:
         """A congested link can take more again: send its queue, wake publishers."""
         if session is not None:
             session.pump()
@@ -358,17 +462,29 @@ class Broker:
     def _resume_paused(self) -> None:
         if not self._paused:
             return
-        if any(s.over_high_water() for s in self.sessions.values() if s.link is not None):
-            return
-        paused, self._paused = self._paused, {}
-        for resume in paused.values():
+        any_congested: bool | None = None
+        ready: list[Callable[[], None]] = []
+        for key, (resume, sessions) in list(self._paused.items()):
+            if sessions is None:
+                if any_congested is None:
+                    any_congested = any(
+                        s.over_high_water() for s in self.sessions.values()
+                        if s.link is not None) or any(
+                        s.over_high_water() for s in self.link_subscribers.values())
+                if any_congested:
+                    continue
+            elif any(s.link is not None and s.over_high_water() for s in sessions):
+                continue
+            del self._paused[key]
+            ready.append(resume)
+        for resume in ready:
             resume()
 
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Session, identity: Identity,
                   requests: Sequence[tuple[str, int]]
-                  ) -> tuple[list[int], "Optional[Deferred[None]]"]:
+                  ) -> tuple[list[int], Deferred[None] | None]:
         """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
         codes: list[int] = []
         ops: list[Op] = []
@@ -408,7 +524,7 @@ class Broker:
             d.addBoth(self._release_held, [(session, last_seq)])
             d.addErrback(self._log_store_failure, "queueing retained messages")
 
-    def unsubscribe(self, session: Session, filters: Sequence[str]) -> "Optional[Deferred[None]]":
+    def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
         ops: list[Op] = []
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
@@ -424,7 +540,10 @@ class Broker:
         self._resume_paused()
 
     def received(self, session: Session, packet_id: int) -> None:
-        self._background(session.received(packet_id))
+        d = self.persist(session.received(packet_id))
+        if d is not None:
+            d.addCallback(lambda _: session.pubrel_durable(packet_id))
+            d.addErrback(self._log_store_failure, "recording a PUBREC")
 
     def completed(self, session: Session, packet_id: int) -> None:
         self._background(session.completed(packet_id))
@@ -468,7 +587,7 @@ class Broker:
         connection.close(reason)
         return True
 
-    def clear_session(self, client_id: str, reason: str) -> "Optional[Deferred[None]]":
+    def clear_session(self, client_id: str, reason: str) -> Deferred[None] | None:
         """Disconnect (without will) and delete subscriptions, queue and in-flight state."""
         self.disconnect_client(client_id, with_will=False, reason=reason)
         session = self.sessions.get(client_id)
@@ -480,12 +599,12 @@ class Broker:
             ops = [DeleteSession(client_id)]
         return self.persist(ops)
 
-    def delete_retained(self, topic: str) -> "Optional[Deferred[None]]":
+    def delete_retained(self, topic: str) -> Deferred[None] | None:
         if not self.retained.delete(topic):
             return None
         return self.persist([DeleteRetained(topic)])
 
-    def delete_retained_matching(self, topic_filter: str) -> tuple[int, "Optional[Deferred[None]]"]:
+    def delete_retained_matching(self, topic_filter: str) -> tuple[int, Deferred[None] | None]:
         matches = self.retained.match(topic_filter)
         ops: list[Op] = []
         for message in matches:
@@ -495,7 +614,7 @@ class Broker:
         count = len(matches)
         return count, self.persist(ops)
 
-    def clear_all_retained(self) -> "Optional[Deferred[None]]":
+    def clear_all_retained(self) -> Deferred[None] | None:
         self.retained.clear()
         return self.persist([ClearRetained()])
 
