@@ -763,3 +763,33 @@ def test_session_online_until_shutdown_not_expired_at_restart() -> None:
     assert "p" in broker.sessions
     clock.advance(50)
     assert "p" in broker.sessions
+
+
+def test_qos1_publish_completes_when_persistent_subscriber_acks_before_commit() -> None:
+    """A PUBACK may go once every persistent subscriber acknowledged, before the commit."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    s, _link, _ = connect(broker, "p", clean=False)
+    store.commit_all()
+    subscribe(broker, s, ("a", 1))
+    store.commit_all()
+    d = pub(broker, "a", b"m", qos=1)
+    assert d is not None and not d.called
+    broker.acknowledged(s, 1)
+    assert d.called
+
+
+def test_qos1_publish_to_offline_persistent_session_waits_for_commit() -> None:
+    """With a persistent subscriber offline the publisher's Deferred waits for the commit."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    s, link, _ = connect(broker, "p", clean=False)
+    store.commit_all()
+    subscribe(broker, s, ("a", 1))
+    store.commit_all()
+    broker.end_session(link, s, clean=True, reason="bye")
+    store.commit_all()
+    d = pub(broker, "a", b"m", qos=1)
+    assert d is not None and not d.called
+    store.commit_all()
+    assert d.called

@@ -40,7 +40,7 @@ from mqttamqp.core.persistence import (
     StateStore,
 )
 from mqttamqp.core.retained import RetainedStore
-from mqttamqp.core.session import ClientLink, Session, SessionState
+from mqttamqp.core.session import ClientLink, OutEntry, Session, SessionState
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter, validate_topic_name
 
@@ -78,6 +78,9 @@ class Broker:
         # Set by every publish(): an online subscriber it fed is past its high-water
         # mark, so the publishing connection should stop reading for a while.
         self.last_publish_congested: list[Session] = []
+        self._batch_depth = 0
+        self._batch_ops: list[Op] = []
+        self._batch_waiters: list[Deferred[None]] = []
         # AMQP receivers on topic filters: sessions of their own, in the trie but not
         # keyed by a client id (no MQTT client can claim them).
         self.link_subscribers: dict[str, Session] = {}
@@ -138,10 +141,38 @@ class Broker:
     # -- storage --------------------------------------------------------------
 
     def persist(self, ops: Sequence[Op]) -> Deferred[None] | None:
-        """Submit ``ops``; the Deferred fires once durable (None: nothing to wait for)."""
+        """Submit ``ops``; the Deferred fires once durable (None: nothing to wait for).
+
+        Inside ``batch()`` the ops are collected and submitted together when the
+        outermost batch ends, in the same order, so one socket read full of
+        PUBLISH or PUBACK packets costs one hand-off to the writer thread.
+        """
         if not ops or self.stopping:
             return None
+        if self._batch_depth:
+            self._batch_ops.extend(ops)
+            waiter: Deferred[None] = Deferred()
+            self._batch_waiters.append(waiter)
+            return waiter
         return self.store.submit(ops)
+
+    def begin_batch(self) -> None:
+        self._batch_depth += 1
+
+    def end_batch(self) -> None:
+        self._batch_depth -= 1
+        if self._batch_depth or not self._batch_ops:
+            return
+        ops, waiters = self._batch_ops, self._batch_waiters
+        self._batch_ops, self._batch_waiters = [], []
+        if self.stopping:
+            return
+        d = self.store.submit(ops)
+        if waiters:
+            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters,),
+                           errbackArgs=(waiters,))
+        else:
+            d.addErrback(self._log_store_failure, "recording a batch of changes")
 
     # -- authentication -------------------------------------------------------
 
@@ -400,7 +431,9 @@ class Broker:
                 self.retained.put(message)
                 if durable:
                     ops.append(PutRetained(message.with_retain(True)))
+        other_ops = len(ops)
         held: list[tuple[Session, int]] = []
+        qos1_entries: list[OutEntry] = []
         msg_qos = message.qos
         congested: list[Session] = []
         for session, granted in self.trie.match(message.topic).items():
@@ -408,13 +441,21 @@ class Broker:
             session_ops = session.enqueue(message, qos, False)
             if session_ops:
                 ops.extend(session_ops)
-                held.append((session, session_ops[-1].seq))  # type: ignore[union-attr]
+                entry = session.last_entry
+                if qos == 1 and entry is not None and entry.packet_id in session.inflight:
+                    qos1_entries.append(entry)
+                else:
+                    held.append((session, entry.seq if entry is not None else 0))
             if session.link is not None and session.over_high_water():
                 congested.append(session)
         self.last_publish_congested = congested
         d = self.persist(ops)
-        if d is not None and held:
+        if d is None:
+            return None
+        if held:
             d.addBoth(self._release_held, held)
+        if qos1_entries and not held and other_ops == 0:
+            return _committed_or_acknowledged(d, qos1_entries, self._log_store_failure)
         return d
 
     def _release_held(self, result: object, held: list[tuple[Session, int]]) -> object:
@@ -553,9 +594,13 @@ class Broker:
         self._background(session.drop(packet_id))
 
     def _background(self, ops: Sequence[Op]) -> None:
-        d = self.persist(ops)
-        if d is not None:
-            d.addErrback(self._log_store_failure, "recording an acknowledgement")
+        """Store ``ops`` with nobody waiting (a failure is logged by the batch)."""
+        if not ops or self.stopping:
+            return
+        if self._batch_depth:
+            self._batch_ops.extend(ops)
+            return
+        self.store.submit(ops).addErrback(self._log_store_failure, "recording a change")
 
     def _log_store_failure(self, failure: Failure, what: str) -> None:
         self.log.failure("storage failed while {what}", failure, what=what)
@@ -618,3 +663,46 @@ class Broker:
         self.retained.clear()
         return self.persist([ClearRetained()])
 
+
+def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:
+    for waiter in waiters:
+        waiter.callback(None)
+
+
+def _fail_all(failure: Failure, waiters: list[Deferred[None]]) -> None:
+    for waiter in waiters:
+        waiter.errback(failure)
+
+
+def _committed_or_acknowledged(
+        commit: Deferred[None], entries: list[OutEntry],
+        log_failure: Callable[[Failure, str], None]) -> Deferred[None]:
+    """Fires when ``commit`` does or when every entry has been acknowledged.
+
+    A PUBACK promises that the message is safe: stored for its persistent
+    subscribers, or already delivered to them.  When all of them acknowledge
+    before the writer thread commits, the promise holds without waiting (and
+    the writer skips the queue writes their deletes cancel).
+    """
+    result: Deferred[None] = Deferred()
+    remaining = [len(entries)]
+
+    def acknowledged() -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0 and not result.called:
+            result.callback(None)
+
+    def committed(_: object) -> None:
+        if not result.called:
+            result.callback(None)
+
+    def failed(failure: Failure) -> None:
+        if not result.called:
+            result.errback(failure)
+        else:
+            log_failure(failure, "storing messages that were already acknowledged")
+
+    for entry in entries:
+        entry.on_done = acknowledged
+    commit.addCallbacks(committed, failed)
+    return result

@@ -18,7 +18,7 @@ publisher resends and the subscriber may see a (permitted) duplicate.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import Protocol
 
@@ -70,8 +70,8 @@ class SessionState(Enum):
 class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
-    __slots__ = ("dup", "failures", "held", "message", "packet_id", "qos", "retain", "seq",
-                 "state")
+    __slots__ = ("dup", "failures", "held", "message", "on_done", "packet_id", "qos",
+                 "retain", "seq", "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -87,6 +87,8 @@ class OutEntry:
         # Failed delivery attempts (AMQP Modified with delivery-failed): an AMQP
         # receiver sees them in delivery-count; Released does not count (§3.4.4).
         self.failures = 0
+        # Called once when the client has acknowledged it (see Broker.publish).
+        self.on_done: Callable[[], None] | None = None
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -110,6 +112,7 @@ class Session:
         self.queue: deque[OutEntry] = deque()
         self.inbound_qos2: set[int] = set()
         self.queued_bytes = 0
+        self.last_entry: OutEntry | None = None  # the entry the last enqueue() made
         self.dropped = 0
         self.delivered = 0
         self._next_seq = 1
@@ -193,6 +196,7 @@ class Session:
                          held=self.persistent and qos == 2)
         self.queue.append(entry)
         self.queued_bytes += size
+        self.last_entry = entry
         ops: list[Op] = (
             [PutQueued(self.client_id, seq, entry.stored())] if self.persistent else _NO_OPS)
         self.pump()
@@ -311,6 +315,10 @@ class Session:
         del self.inflight[entry.packet_id]
         self._pids.discard(entry.packet_id)
         self.delivered += 1
+        done = entry.on_done
+        if done is not None:
+            entry.on_done = None
+            done()
         self.pump()
         if self.persistent:
             return [DeleteQueued(self.client_id, entry.seq)]

@@ -131,7 +131,12 @@ class MQTTProtocol(Protocol):
         self._last_activity = self.clock.seconds()
         self.broker.stats.bytes_received += len(data)
         self.decoder.feed(data)
-        self._process()
+        broker = self.broker
+        broker.begin_batch()
+        try:
+            self._process()
+        finally:
+            broker.end_batch()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)

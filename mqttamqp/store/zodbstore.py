@@ -428,8 +428,14 @@ class ZODBStore:
                     type(op) is PutQueued for ops, _ in self._pending for op in ops):
                 # Deliveries were just queued: their acknowledgements usually follow
                 # within a millisecond, and a PutQueued cancelled by its DeleteQueued
-                # in the same commit is never written (see _superseded_puts).
-                self._cond.wait(self._gather)
+                # in the same commit is never written (see _superseded_puts).  Every
+                # submit notifies the condition, so wait out the deadline.
+                deadline = time.monotonic() + self._gather
+                while not self._stopping and self._pending_ops < self._max_batch_ops:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
             first = self._pending.popleft()
             group = [first]
             count = len(first[0])
