@@ -501,7 +501,7 @@ def test_clear_messages() -> None:
 
 def test_held_pubrel_survives_reconnect_until_durable() -> None:
     """A RELEASED entry whose commit is pending is not re-sent on reconnect until durable."""
-    session, link = online(persistent=True)
+    session, _link = online(persistent=True)
     session.enqueue(msg("a", qos=2), 2, False)
     session.release_held(1)
     session.received(1)
