@@ -64,6 +64,10 @@ class Options(usage.Options):
          "publishing their wills.", _positive(float, "will-grace")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
+        ["amqp-idle-timeout", None, 60.0,
+         "Seconds of silence after which an AMQP peer is closed "
+         "(amqp:resource-limit-exceeded); half of it is advertised. 0 = none.",
+         _positive(float, "amqp-idle-timeout")],
         ["users", None, None,
          "File of users allowed to log in over AMQP SASL PLAIN (see README); "
          "without it AMQP accepts ANONYMOUS only."],

@@ -94,11 +94,13 @@ class BrokerService(service.MultiService):
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
 
-    def add_amqp_listener(self, description: str, users_file: str | None) -> ListenerService:
+    def add_amqp_listener(self, description: str, users_file: str | None,
+                          idle_timeout: float | None = None) -> ListenerService:
         from mqttamqp.amqp.listener import AMQPFactory
 
         if self.amqp_factory is None:
-            self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file)
+            self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file,
+                                            idle_timeout)
         return self.add_listener("AMQP", description, self.amqp_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
@@ -168,7 +170,7 @@ def makeService(options: Options) -> BrokerService:
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
-        svc.add_amqp_listener(description, options["users"])
+        svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
     for description in options["web"]:
         svc.add_web_listener(description)
     return svc

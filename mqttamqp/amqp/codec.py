@@ -1,0 +1,620 @@
+"""AMQP 1.0 message bodies as the MQTT-over-AMQP contract uses them: bytes in,
+plain Python values out, and the encoder for the messages the broker sends.
+
+What it owns: decoding a transfer's payload (the bare message: header,
+annotations, properties, body sections) into an ``InboundMessage`` with limits on
+depth and value count, so that any bytes either decode or raise ``DecodeError``
+with a reason; reading the contract's fields from it (QoS with its fallback,
+retain, the payload of a Data or AmqpValue body); encoding AMQP_PUBLISH by hand
+(the hot path: one message per delivery) and the control messages.
+
+What it must not do: touch a socket, a proton engine or the broker.  It imports
+proton only to encode the rare control messages.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = [
+    "DecodeError", "Symbol", "Described", "InboundMessage", "decode_message",
+    "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
+    "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
+    "ANNOTATION_CLIENT_ID",
+]
+
+ANNOTATION_RETAIN = "x-opt-retain-message"
+ANNOTATION_QOS = "x-opt-mqtt-qos"
+ANNOTATION_CLIENT_ID = "x-opt-mqtt-client-id"
+
+MAX_DEPTH = 32
+
+
+class DecodeError(Exception):
+    """The bytes are not a message this broker can use; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Symbol(str):
+    """An AMQP symbol (kept apart from strings so a caller can tell them apart)."""
+
+    __slots__ = ()
+
+
+class Described(NamedTuple):
+    descriptor: Any
+    value: Any
+
+
+# -- section descriptors -------------------------------------------------------------
+
+HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
+APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78
+
+_SECTION_NAMES = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
+
+
+@dataclass
+class InboundMessage:
+    """The fields of a received message that the broker looks at."""
+
+    durable: bool = False
+    delivery_count: int = 0
+    annotations: dict[Any, Any] = field(default_factory=dict)
+    message_id: Any = None
+    to: str | None = None
+    subject: str | None = None
+    reply_to: str | None = None
+    correlation_id: Any = None
+    body_kind: str = "none"        # "none", "data", "value" or "sequence"
+    data: list[bytes] = field(default_factory=list)
+    value: Any = None
+
+    def copy(self) -> InboundMessage:
+        """A copy that shares the (read-only) annotations and value."""
+        return InboundMessage(self.durable, self.delivery_count, self.annotations,
+                              self.message_id, self.to, self.subject, self.reply_to,
+                              self.correlation_id, self.body_kind, list(self.data), self.value)
+
+
+# -- the decoder ---------------------------------------------------------------------
+
+_unpack_b = struct.Struct(">b").unpack_from
+_unpack_h = struct.Struct(">h").unpack_from
+_unpack_H = struct.Struct(">H").unpack_from
+_unpack_i = struct.Struct(">i").unpack_from
+_unpack_I = struct.Struct(">I").unpack_from
+_unpack_q = struct.Struct(">q").unpack_from
+_unpack_Q = struct.Struct(">Q").unpack_from
+_unpack_f = struct.Struct(">f").unpack_from
+_unpack_d = struct.Struct(">d").unpack_from
+
+# Width in bytes of the fixed-width encodings, by format code.
+_FIXED = {
+    0x40: 0, 0x41: 0, 0x42: 0, 0x43: 0, 0x44: 0, 0x45: 0,
+    0x50: 1, 0x51: 1, 0x52: 1, 0x53: 1, 0x54: 1, 0x55: 1, 0x56: 1,
+    0x60: 2, 0x61: 2,
+    0x70: 4, 0x71: 4, 0x72: 4, 0x73: 4, 0x74: 4,
+    0x80: 8, 0x81: 8, 0x82: 8, 0x83: 8, 0x84: 8,
+    0x94: 16, 0x98: 16,
+}
+
+
+class _Decoder:
+    __slots__ = ("budget", "buf")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        # Bounds the work a hostile message can cause (e.g. an array of a billion
+        # zero-width nulls): every decoded value costs one.
+        self.budget = 64 + 2 * len(buf)
+
+    def need(self, pos: int, n: int, end: int) -> None:
+        if pos + n > end:
+            raise DecodeError("truncated AMQP value")
+
+    def value(self, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        if pos >= end:
+            raise DecodeError("truncated AMQP value")
+        buf = self.buf
+        code = buf[pos]
+        pos += 1
+        # The common scalars first, inline (this is the per-message path).
+        if code == 0x40:
+            self.budget -= 1
+            return None, pos
+        if code == 0xA1 or code == 0xA3 or code == 0xA0:
+            self.budget -= 1
+            if pos >= end:
+                raise DecodeError("truncated AMQP value")
+            stop = pos + 1 + buf[pos]
+            if stop > end:
+                raise DecodeError("truncated AMQP value")
+            raw = bytes(buf[pos + 1:stop])
+            if code == 0xA0:
+                return raw, stop
+            try:
+                if code == 0xA1:
+                    return raw.decode("utf-8"), stop
+                return Symbol(raw.decode("ascii")), stop
+            except UnicodeDecodeError:
+                return self.variable(code, pos + 1, stop - pos - 1), stop
+        if code == 0x41 or code == 0x42:
+            self.budget -= 1
+            return code == 0x41, pos
+        if code == 0x43 or code == 0x44:
+            self.budget -= 1
+            return 0, pos
+        if code == 0x50 or code == 0x52 or code == 0x53:
+            self.budget -= 1
+            if pos >= end:
+                raise DecodeError("truncated AMQP value")
+            return buf[pos], pos + 1
+        if code == 0x00:
+            if depth >= MAX_DEPTH:
+                raise DecodeError("AMQP value nested too deeply")
+            descriptor, pos = self.value(pos, end, depth + 1)
+            inner, pos = self.value(pos, end, depth + 1)
+            return Described(descriptor, inner), pos
+        return self.body(code, pos, end, depth)
+
+    def body(self, code: int, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        self.budget -= 1
+        if self.budget < 0:
+            raise DecodeError("AMQP value has too many elements")
+        buf = self.buf
+        width = _FIXED.get(code)
+        if width is not None:
+            self.need(pos, width, end)
+            return self.fixed(code, pos), pos + width
+        if code in (0xA0, 0xA1, 0xA3):
+            self.need(pos, 1, end)
+            size = buf[pos]
+            pos += 1
+            self.need(pos, size, end)
+            return self.variable(code, pos, size), pos + size
+        if code in (0xB0, 0xB1, 0xB3):
+            self.need(pos, 4, end)
+            size = _unpack_I(buf, pos)[0]
+            pos += 4
+            self.need(pos, size, end)
+            return self.variable(code, pos, size), pos + size
+        if code in (0xC0, 0xC1, 0xD0, 0xD1):
+            if depth >= MAX_DEPTH:
+                raise DecodeError("AMQP value nested too deeply")
+            if code < 0xD0:
+                self.need(pos, 2, end)
+                size, count = buf[pos], buf[pos + 1]
+                start = pos + 1
+            else:
+                self.need(pos, 8, end)
+                size, count = _unpack_I(buf, pos)[0], _unpack_I(buf, pos + 4)[0]
+                start = pos + 4
+            stop = start + size
+            if size < (1 if code < 0xD0 else 4) or stop > end:
+                raise DecodeError("AMQP compound value overruns its buffer")
+            pos = start + (1 if code < 0xD0 else 4)
+            items: list[Any] = []
+            for _ in range(count):
+                item, pos = self.value(pos, stop, depth + 1)
+                items.append(item)
+            if pos != stop:
+                raise DecodeError("AMQP compound value size does not match its content")
+            if code in (0xC0, 0xD0):
+                return items, pos
+            if count % 2:
+                raise DecodeError("AMQP map with an odd number of elements")
+            result: dict[Any, Any] = {}
+            try:
+                for i in range(0, count, 2):
+                    result[items[i]] = items[i + 1]
+            except TypeError:
+                raise DecodeError("AMQP map key is not a scalar") from None
+            return result, pos
+        if code in (0xE0, 0xF0):
+            if depth >= MAX_DEPTH:
+                raise DecodeError("AMQP value nested too deeply")
+            if code == 0xE0:
+                self.need(pos, 2, end)
+                size, count = buf[pos], buf[pos + 1]
+                start, pos = pos + 1, pos + 2
+            else:
+                self.need(pos, 8, end)
+                size, count = _unpack_I(buf, pos)[0], _unpack_I(buf, pos + 4)[0]
+                start, pos = pos + 4, pos + 8
+            stop = start + size
+            if stop > end or pos > stop:
+                raise DecodeError("AMQP array overruns its buffer")
+            self.need(pos, 1, stop)
+            element = buf[pos]
+            pos += 1
+            descriptor: Any = None
+            described = element == 0x00
+            if described:
+                descriptor, pos = self.value(pos, stop, depth + 1)
+                self.need(pos, 1, stop)
+                element = buf[pos]
+                pos += 1
+            elements: list[Any] = []
+            for _ in range(count):
+                item, pos = self.body(element, pos, stop, depth + 1)
+                elements.append(Described(descriptor, item) if described else item)
+            if pos != stop:
+                raise DecodeError("AMQP array size does not match its content")
+            return elements, pos
+        raise DecodeError(f"unknown AMQP format code 0x{code:02x}")
+
+    def fixed(self, code: int, pos: int) -> Any:
+        buf = self.buf
+        if code == 0x40:
+            return None
+        if code == 0x41:
+            return True
+        if code == 0x42:
+            return False
+        if code in (0x43, 0x44):
+            return 0
+        if code == 0x45:
+            return []
+        if code in (0x50, 0x52, 0x53):
+            return buf[pos]
+        if code in (0x51, 0x54, 0x55):
+            return _unpack_b(buf, pos)[0]
+        if code == 0x56:
+            if buf[pos] > 1:
+                raise DecodeError("AMQP boolean is neither 0 nor 1")
+            return buf[pos] == 1
+        if code == 0x60:
+            return _unpack_H(buf, pos)[0]
+        if code == 0x61:
+            return _unpack_h(buf, pos)[0]
+        if code == 0x70:
+            return _unpack_I(buf, pos)[0]
+        if code == 0x71:
+            return _unpack_i(buf, pos)[0]
+        if code == 0x72:
+            return _unpack_f(buf, pos)[0]
+        if code == 0x73:
+            point = _unpack_I(buf, pos)[0]
+            if point > 0x10FFFF:
+                raise DecodeError("AMQP char out of range")
+            return chr(point)
+        if code in (0x80,):
+            return _unpack_Q(buf, pos)[0]
+        if code in (0x81, 0x83):
+            return _unpack_q(buf, pos)[0]
+        if code == 0x82:
+            return _unpack_d(buf, pos)[0]
+        if code == 0x98:
+            return uuid.UUID(bytes=bytes(buf[pos:pos + 16]))
+        return bytes(buf[pos:pos + _FIXED[code]])  # decimals: kept raw
+
+    def variable(self, code: int, pos: int, size: int) -> Any:
+        raw = bytes(self.buf[pos:pos + size])
+        if code in (0xA0, 0xB0):
+            return raw
+        try:
+            if code in (0xA1, 0xB1):
+                return raw.decode("utf-8")
+            return Symbol(raw.decode("ascii"))
+        except UnicodeDecodeError:
+            kind = "string" if code in (0xA1, 0xB1) else "symbol"
+            raise DecodeError(f"AMQP {kind} is not valid "
+                              f"{'UTF-8' if kind == 'string' else 'ASCII'}") from None
+
+
+def decode_value(data: bytes) -> Any:
+    """Decode exactly one AMQP value (for tests and control bodies)."""
+    decoder = _Decoder(data)
+    value, pos = decoder.value(0, len(data), 0)
+    if pos != len(data):
+        raise DecodeError("trailing bytes after the AMQP value")
+    return value
+
+
+def _section_code(descriptor: Any) -> int:
+    if isinstance(descriptor, Symbol):
+        code = _SECTION_NAMES.get(descriptor)
+        if code is None:
+            raise DecodeError(f"unknown message section {descriptor!r}")
+        return code
+    if isinstance(descriptor, int) and not isinstance(descriptor, bool) \
+            and HEADER <= descriptor <= FOOTER:
+        return descriptor
+    raise DecodeError(f"unknown message section descriptor {descriptor!r}")
+
+
+def _field(items: list[Any], index: int) -> Any:
+    return items[index] if index < len(items) else None
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise DecodeError(f"properties.{name} must be a string")
+
+
+_DATA_SECTION = b"\x00\x53\x75"
+_PREFIX_MAX = 1024
+_PREFIX_CACHE_SIZE = 256
+# Sections before the (last) Data section, by their exact bytes → what they decoded
+# to.  A sender repeats them for every message (same topic, same annotations), and
+# decoding is deterministic, so identical bytes need not be decoded twice.
+_prefixes: dict[bytes, InboundMessage] = {}
+
+
+def decode_message(data: bytes) -> InboundMessage:
+    """Decode a complete transfer payload (the bare message with its annotations)."""
+    end = len(data)
+    if end == 0:
+        raise DecodeError("empty message")
+    cut = data.rfind(_DATA_SECTION)
+    if 0 < cut <= _PREFIX_MAX:
+        head = _prefixes.get(data[:cut])
+        if head is not None:
+            return _decode_sections(data, cut, head.copy(), -1)
+    return _decode_sections(data, 0, InboundMessage(), cut if 0 < cut <= _PREFIX_MAX else -1)
+
+
+def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: int
+                     ) -> InboundMessage:
+    decoder = _Decoder(data)
+    end = len(data)
+    while pos < end:
+        if pos == snapshot_at:
+            if len(_prefixes) >= _PREFIX_CACHE_SIZE:
+                _prefixes.clear()
+            _prefixes[bytes(data[:pos])] = msg.copy()
+        if data[pos] != 0x00:
+            raise DecodeError("message section is not a described type")
+        if pos + 3 < end and data[pos + 1] == 0x53:
+            # The usual small-ulong descriptor: read the section without a Described.
+            code = data[pos + 2]
+            if not HEADER <= code <= FOOTER:
+                raise DecodeError(f"unknown message section descriptor {code!r}")
+            pos += 3
+            if code == DATA and data[pos] == 0xA0:
+                stop = pos + 2 + data[pos + 1] if pos + 1 < end else end + 1
+                if stop > end:
+                    raise DecodeError("truncated data section")
+                if msg.body_kind not in ("none", "data"):
+                    raise DecodeError("message mixes Data with another body section")
+                msg.body_kind = "data"
+                msg.data.append(bytes(data[pos + 2:stop]))
+                pos = stop
+                continue
+            value, pos = decoder.value(pos, end, 1)
+        else:
+            section, pos = decoder.value(pos, end, 0)
+            code = _section_code(section.descriptor)
+            value = section.value
+        if code == HEADER:
+            if not isinstance(value, list):
+                raise DecodeError("header section is not a list")
+            durable = _field(value, 0)
+            if durable is not None and not isinstance(durable, bool):
+                raise DecodeError("header.durable is not a boolean")
+            msg.durable = bool(durable)
+            count = _field(value, 4)
+            if count is not None:
+                if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                    raise DecodeError("header.delivery-count is not an unsigned int")
+                msg.delivery_count = count
+        elif code == MESSAGE_ANNOTATIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise DecodeError("message-annotations section is not a map")
+            msg.annotations = value
+        elif code == PROPERTIES:
+            if not isinstance(value, list):
+                raise DecodeError("properties section is not a list")
+            msg.message_id = _field(value, 0)
+            msg.to = _optional_str(_field(value, 2), "to")
+            msg.subject = _optional_str(_field(value, 3), "subject")
+            msg.reply_to = _optional_str(_field(value, 4), "reply-to")
+            msg.correlation_id = _field(value, 5)
+        elif code == DATA:
+            if not isinstance(value, bytes):
+                raise DecodeError("data section does not hold binary")
+            if msg.body_kind not in ("none", "data"):
+                raise DecodeError("message mixes Data with another body section")
+            msg.body_kind = "data"
+            msg.data.append(value)
+        elif code == AMQP_VALUE:
+            if msg.body_kind != "none":
+                raise DecodeError("message has more than one body section with AmqpValue")
+            msg.body_kind = "value"
+            msg.value = value
+        elif code == AMQP_SEQUENCE:
+            if msg.body_kind not in ("none", "sequence"):
+                raise DecodeError("message mixes AmqpSequence with another body section")
+            msg.body_kind = "sequence"
+        # delivery-annotations, application-properties and footer are not used
+    return msg
+
+
+# -- reading the contract's fields ---------------------------------------------------
+
+def parse_qos(value: Any) -> int | None:
+    """A QoS given as an int or a decimal string; None if it is neither or out of range."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        qos = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        qos = int(value.strip())
+    else:
+        return None
+    return qos if 0 <= qos <= 2 else None
+
+
+def message_qos(msg: InboundMessage) -> int:
+    """The ``x-opt-mqtt-qos`` annotation, else 1 if ``durable`` (seed 000 fallback)."""
+    raw = msg.annotations.get(ANNOTATION_QOS)
+    if raw is None:
+        return 1 if msg.durable else 0
+    qos = parse_qos(raw)
+    if qos is None:
+        raise DecodeError(f"annotation {ANNOTATION_QOS} must be 0, 1 or 2, got {raw!r}")
+    return qos
+
+
+def message_retain(msg: InboundMessage) -> bool:
+    raw = msg.annotations.get(ANNOTATION_RETAIN)
+    if raw is None:
+        return False
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    raise DecodeError(f"annotation {ANNOTATION_RETAIN} must be a boolean, got {raw!r}")
+
+
+def message_payload(msg: InboundMessage) -> bytes:
+    """Data sections joined, or an AmqpValue string (UTF-8) / binary; else DecodeError."""
+    kind = msg.body_kind
+    if kind == "data":
+        return msg.data[0] if len(msg.data) == 1 else b"".join(msg.data)
+    if kind == "none":
+        return b""
+    if kind == "value":
+        value = msg.value
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, str) and not isinstance(value, Symbol):
+            return value.encode("utf-8")
+        raise DecodeError("body must be Data sections or an AmqpValue holding a string or "
+                          f"binary, got an AmqpValue holding {_kind(value)}")
+    raise DecodeError("body must be Data sections or an AmqpValue holding a string or "
+                      "binary, got an AmqpSequence")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Symbol):
+        return "a symbol"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "a map"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Described):
+        return "a described value"
+    return f"a {type(value).__name__}"
+
+
+# -- the encoder -------------------------------------------------------------------------
+
+_pack_I = struct.Struct(">I").pack
+
+
+def _sym(name: str) -> bytes:
+    raw = name.encode("ascii")
+    return b"\xa3" + bytes((len(raw),)) + raw
+
+
+def _str(value: str) -> bytes:
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) < 256:
+        return b"\xa1" + bytes((len(raw),)) + raw
+    return b"\xb1" + _pack_I(len(raw)) + raw
+
+
+def _uint(value: int) -> bytes:
+    if value == 0:
+        return b"\x43"
+    if value < 256:
+        return b"\x52" + bytes((value,))
+    return b"\x70" + _pack_I(value & 0xFFFFFFFF)
+
+
+def _compound(code8: int, code32: int, count: int, items: bytes) -> bytes:
+    if len(items) + 1 < 256 and count < 256:
+        return bytes((code8, len(items) + 1, count)) + items
+    return bytes((code32,)) + _pack_I(len(items) + 4) + _pack_I(count) + items
+
+
+_HEADER_PREFIX = b"\x00\x53\x70"
+_ANNOTATIONS_PREFIX = b"\x00\x53\x72"
+_PROPERTIES_PREFIX = b"\x00\x53\x73"
+_DATA_PREFIX = b"\x00\x53\x75"
+_RETAIN_TRUE = _sym(ANNOTATION_RETAIN) + b"\x41"
+_RETAIN_FALSE = _sym(ANNOTATION_RETAIN) + b"\x42"
+_QOS = [_sym(ANNOTATION_QOS) + b"\x54" + bytes((q,)) for q in range(3)]
+_CLIENT_ID = _sym(ANNOTATION_CLIENT_ID)
+
+
+def _ulong(value: int) -> bytes:
+    if value < 256:
+        return b"\x53" + bytes((value,))
+    return b"\x80" + struct.pack(">Q", value)
+
+
+def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
+                   publisher: str | None, message_id: int | None = None) -> bytes:
+    """AMQP_PUBLISH as the contract lays it out: header (durable, delivery-count),
+    message-annotations (retain, qos, publisher), properties (``message-id`` = the
+    packet id for QoS 1/2, which AMQP_PUBREL names; ``to``), one Data section."""
+    key = (qos, retain, delivery_count, publisher)
+    head = _heads.get(key)
+    if head is None:
+        head = _encode_head(qos, retain, delivery_count, publisher)
+        if len(_heads) >= _PREFIX_CACHE_SIZE:
+            _heads.clear()
+        _heads[key] = head
+    properties = (b"\x40" if message_id is None else _ulong(message_id)) + b"\x40" + _str(topic)
+    if len(payload) < 256:
+        data = b"\xa0" + bytes((len(payload),)) + payload
+    else:
+        data = b"\xb0" + _pack_I(len(payload)) + payload
+    return b"".join((head, _PROPERTIES_PREFIX, _compound(0xC0, 0xD0, 3, properties),
+                     _DATA_PREFIX, data))
+
+
+_heads: dict[tuple[int, bool, int, str | None], bytes] = {}
+
+
+def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None) -> bytes:
+    """Header and message-annotations: the same for every message of one publisher."""
+    header_items = (b"\x41" if qos else b"\x42") + b"\x40\x40\x40" + _uint(delivery_count)
+    annotations = (_RETAIN_TRUE if retain else _RETAIN_FALSE) + _QOS[qos]
+    pairs = 4
+    if publisher is not None:
+        annotations += _CLIENT_ID + _str(publisher)
+        pairs = 6
+    return b"".join((_HEADER_PREFIX, _compound(0xC0, 0xD0, 5, header_items),
+                     _ANNOTATIONS_PREFIX, _compound(0xC1, 0xD1, pairs, annotations)))
+
+
+def encode_control(subject: str, *, correlation_id: Any = None, message_id: Any = None,
+                   body: Any = None, durable: bool = True) -> bytes:
+    """A control message (AMQP_SUBSCRIPTIONS, AMQP_PUBREL) with an AmqpValue body."""
+    from proton import Message
+
+    msg = Message(subject=subject, durable=durable)
+    if correlation_id is not None:
+        msg.correlation_id = correlation_id
+    if message_id is not None:
+        msg.id = message_id
+    if body is not None:
+        msg.body = body
+    return bytes(msg.encode())

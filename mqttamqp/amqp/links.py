@@ -1,0 +1,697 @@
+"""AMQP links as the broker sees them: what each attached link is for and how its
+deliveries map onto the core.
+
+What it owns:
+
+* ``OutgoingLink`` (a proton sender: the peer receives).  ``TopicSubscription``
+  (source = a topic filter: a session of its own, in the trie, not keyed by a
+  client id) and ``SessionOutlet`` (``$mqtt.to.<id>.publish``: the client id's
+  session, claimed like an MQTT connection claims it) implement the core's
+  ``ClientLink``: QoS 0 goes pre-settled, QoS 1/2 unsettled with the packet id as
+  delivery tag, and the receiver's outcome drives the session (Accepted done,
+  Released redelivered unchanged, Modified redelivered with delivery-count + 1 if
+  delivery-failed, Rejected dropped and counted).  ``ControlOutlet``
+  (``$mqtt.to.<id>.control``) carries the subscription service's replies.
+* ``IncomingLink`` (a proton receiver: the peer sends): reading and decoding
+  transfers, credit (a window topped up as deliveries are answered, withheld
+  while the subscribers fed are past their high-water mark), answering with a
+  disposition after the durable commit, and the exactly-once path of
+  rcv-settle-mode second.  ``TopicPublisher`` publishes; the control services
+  are in ``services``.
+
+What it must not do: pump the engine or write to the socket (``LinkHost`` does),
+or hold routing rules (the core does).  Proton never sends without credit: a
+delivery made while the peer gave none waits inside the engine, and the bounds
+here keep that wait finite.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from proton import Condition, Delivery, Link
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp.amqp._engine import delivery_tag, lib, recv, send
+from mqttamqp.amqp.codec import (
+    DecodeError,
+    InboundMessage,
+    decode_message,
+    encode_control,
+    encode_publish,
+    message_payload,
+    message_qos,
+    message_retain,
+)
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
+from mqttamqp.core.connections import LinkInfo
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import QueuedState
+from mqttamqp.core.session import Session
+from mqttamqp.core.topics import validate_topic_name
+
+if TYPE_CHECKING:
+    from mqttamqp.amqp.services import SessionRequests, WillServiceLink
+
+__all__ = [
+    "LinkHost", "BrokerLink", "OutgoingLink", "TopicSubscription", "SessionOutlet",
+    "ControlOutlet", "IncomingLink", "TopicPublisher", "settle_mode_name",
+    "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED",
+]
+
+ACCEPTED = Delivery.ACCEPTED
+REJECTED = Delivery.REJECTED
+RELEASED = Delivery.RELEASED
+MODIFIED = Delivery.MODIFIED
+_TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+
+DECODE_ERROR = "amqp:decode-error"
+INVALID_FIELD = "amqp:invalid-field"
+UNAUTHORIZED = "amqp:unauthorized-access"
+PRECONDITION_FAILED = "amqp:precondition-failed"
+NOT_ALLOWED = "amqp:not-allowed"
+
+
+def settle_mode_name(mode: int) -> str:
+    return {Link.SND_UNSETTLED: "unsettled", Link.SND_SETTLED: "settled"}.get(mode, "mixed")
+
+
+def rcv_mode_name(mode: int) -> str:
+    return "second" if mode == Link.RCV_SECOND else "first"
+
+
+class LinkHost(Protocol):
+    """What a link needs from its AMQP connection (``listener.AMQPConnection``)."""
+
+    broker: Broker
+    limits: Limits
+    identity: Identity
+    container_id: str
+    serial: int
+    peer: str
+    requests: SessionRequests
+
+    @property
+    def write_blocked(self) -> bool: ...
+
+    def schedule_flush(self) -> None: ...
+
+    def after(self, fn: Callable[[], None]) -> None: ...
+
+    def forget_link(self, link: BrokerLink) -> None: ...
+
+    def send_control(self, client_id: str, data: bytes) -> bool: ...
+
+    def register_control(self, outlet: ControlOutlet) -> None: ...
+
+    def unregister_control(self, outlet: ControlOutlet) -> None: ...
+
+    def claim_will(self, link: WillServiceLink) -> None: ...
+
+    def release_will(self, link: WillServiceLink) -> bool: ...
+
+
+class BrokerLink:
+    """One attached link and what it is for."""
+
+    log = Logger()
+    role = ""                            # "sender" or "receiver", from the broker's side
+
+    def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
+        self.host = host
+        self.plink = plink
+        self.impl: Any = plink._impl     # raw pointer for the per-message path (_engine)
+        self.address = address
+        self.name: str = plink.name
+        self.broker = host.broker
+        self.closed = False
+        self.delivered = 0
+
+    def start(self) -> None:
+        """Called once the attach has been answered."""
+
+    def end(self, brute: bool, reason: str) -> None:
+        """The link is gone (detach, end, close or lost connection); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.ended(brute, reason)
+
+    def ended(self, brute: bool, reason: str) -> None:
+        pass
+
+    def detach(self, condition: str, description: str) -> None:
+        """Broker-initiated detach with an error condition."""
+        self.end(True, description)
+        self.host.forget_link(self)
+        try:
+            self.plink.condition = Condition(condition, description)
+            self.plink.close()
+        finally:
+            self.host.schedule_flush()
+
+    def info(self) -> LinkInfo:
+        plink = self.plink
+        credit = unsettled = 0
+        try:
+            credit, unsettled = plink.credit, plink.unsettled
+        except Exception:  # a freed link: report zeros rather than fail the console
+            pass
+        return LinkInfo(
+            name=self.name, role=self.role, address=self.address,
+            snd_settle_mode=settle_mode_name(plink.snd_settle_mode),
+            rcv_settle_mode=rcv_mode_name(plink.rcv_settle_mode),
+            credit=credit, unsettled=unsettled, delivered=self.delivered)
+
+
+# -- broker → peer ---------------------------------------------------------------------
+
+class OutgoingLink(BrokerLink):
+    role = "sender"
+
+    def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
+        super().__init__(host, plink, address)
+        mode = plink.snd_settle_mode
+        self.presettled = mode == Link.SND_SETTLED
+        self.mixed = mode == Link.SND_MIXED
+        self._tags = itertools.count(1)
+        self._over_credit_bytes = 0
+
+    def transfer(self, tag: bytes, data: bytes, settled: bool) -> None:
+        impl = self.impl
+        if lib.pn_link_credit(impl) <= 0:
+            # Waits inside the engine until the peer grants credit.
+            if lib.pn_link_queued(impl) == 0:
+                self._over_credit_bytes = 0
+            self._over_credit_bytes += len(data)
+        dlv = send(impl, tag, data)
+        if settled:
+            lib.pn_delivery_settle(dlv)
+        self.delivered += 1
+        stats = self.broker.stats
+        stats.messages_sent += 1
+        stats.bytes_sent += len(data)
+        self.host.schedule_flush()
+
+    def over_credit_full(self) -> bool:
+        """Too much is already waiting for credit: a QoS 0 message is dropped."""
+        impl = self.impl
+        return (lib.pn_link_credit(impl) <= 0 and lib.pn_link_queued(impl) > 0
+                and self._over_credit_bytes > self.host.limits.congested_qos0_bytes)
+
+    def on_flow(self) -> None:
+        plink = self.plink
+        if plink.drain_mode and plink.credit > 0 and plink.queued == 0 and self.idle():
+            plink.drained()
+            self.host.schedule_flush()
+
+    def idle(self) -> bool:
+        """Nothing more to send right now (used to answer a drain)."""
+        return True
+
+    def on_writable(self) -> None:
+        """The socket buffer drained."""
+
+    def on_outcome(self, dlv: Any) -> None:
+        """A raw delivery of ours was updated by the peer."""
+        state = lib.pn_delivery_remote_state(dlv)
+        if state not in _TERMINAL and not lib.pn_delivery_settled(dlv):
+            return  # non-terminal (e.g. Received): wait for the outcome
+        failed = state == MODIFIED and bool(
+            lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
+        tag = delivery_tag(dlv)
+        lib.pn_delivery_settle(dlv)
+        self.outcome(tag, state, failed)
+
+    def outcome(self, tag: str, state: int, failed: bool) -> None:
+        pass
+
+
+_encode_cache: list[Any] = [None, False, b""]
+
+
+class _SessionLink(OutgoingLink):
+    """Delivers a core ``Session`` to the peer (the ``ClientLink`` of the core)."""
+
+    session: Session | None = None
+
+    def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
+        super().__init__(host, plink, address)
+        self._sent: set[int] = set()     # packet ids transmitted on this link, unsettled
+        self._backlog = 0
+
+    # ClientLink -------------------------------------------------------------------
+
+    @property
+    def congested(self) -> bool:
+        # Credit is not congestion: a receiver without credit gets nothing (the
+        # engine holds at most the in-flight window) and its queue is bounded; only
+        # a full socket buffer makes publishers wait.
+        return self.closed or self.host.write_blocked
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._backlog if self.host.write_blocked else 0
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool) -> None:
+        if self.closed:
+            return
+        session = self.session
+        count = 1 if message.dup else 0
+        if packet_id is not None:
+            entry = session.inflight.get(packet_id) if session is not None else None
+            if entry is not None:
+                count += entry.failures
+            if dup and packet_id not in self._sent:
+                count += 1  # sent on an earlier connection: a failed attempt
+            self._sent.add(packet_id)
+        elif self.over_credit_full():
+            if session is not None:
+                session.dropped += 1
+            return
+        cache = _encode_cache
+        if packet_id is not None:
+            data = encode_publish(message.topic, message.payload, qos, retain, count,
+                                  message.publisher, packet_id)
+        elif cache[0] is message and cache[1] == retain:
+            data = cache[2]  # fan-out of one QoS 0 message: encoded once
+        else:
+            data = encode_publish(message.topic, message.payload, 0, retain, count,
+                                  message.publisher)
+            cache[0], cache[1], cache[2] = message, retain, data
+        if self.host.write_blocked:
+            self._backlog += len(data)
+        if packet_id is None:
+            settled = self.presettled or self.mixed
+            self.transfer(b"s" if settled else b"z%d" % next(self._tags), data, settled)
+            return
+        self.transfer(b"%d" % packet_id, data, self.presettled)
+        if self.presettled:
+            # The receiver asked for everything settled: at most once, done now.
+            self.host.after(lambda: self._finished(packet_id, ACCEPTED))
+
+    def send_pubrel(self, packet_id: int) -> None:
+        if self.closed:
+            return
+        from proton import ulong
+
+        data = encode_control("pubrel", message_id=ulong(packet_id))
+        self.transfer(b"r%d" % packet_id, data, self.presettled)
+        if self.presettled:
+            self.host.after(lambda: self._released_done(packet_id))
+
+    def close(self, reason: str) -> None:
+        """Broker-initiated (takeover, console): the session was already ended."""
+        if self.closed:
+            return
+        self.session = None
+        condition = "amqp:link:stolen" if "taken over" in reason else "amqp:link:detach-forced"
+        self.log.info("detaching {a} of {c} ({peer}): {r}", a=self.address,
+                      c=self.host.container_id, peer=self.host.peer, r=reason)
+        self.detach(condition, reason)
+
+    # outcomes ------------------------------------------------------------------------
+
+    def outcome(self, tag: str, state: int, failed: bool) -> None:
+        if not tag or not tag[0].isdigit():
+            if tag.startswith("r"):
+                self._pubrel_outcome(int(tag[1:]), state)
+            return
+        self._finished(int(tag), state, failed)
+
+    def _finished(self, packet_id: int, state: int, failed: bool = False) -> None:
+        session = self.session
+        if session is None or self.closed:
+            return
+        broker = self.broker
+        if state == RELEASED or state == MODIFIED:
+            session.redeliver(packet_id, failed)
+            return
+        self._sent.discard(packet_id)
+        if state == REJECTED:
+            broker.rejected(session, packet_id)
+            return
+        entry = session.inflight.get(packet_id)
+        if entry is None:
+            return
+        if entry.qos == 1:
+            broker.acknowledged(session, packet_id)
+        elif entry.state != QueuedState.RELEASED:
+            # A native receiver settling a QoS 2 delivery completes it; an FE that
+            # released it through $mqtt.<id>.pubrel completes it on AMQP_PUBREL.
+            broker.completed(session, packet_id)
+
+    def _pubrel_outcome(self, packet_id: int, state: int) -> None:
+        session = self.session
+        if session is None or self.closed:
+            return
+        if state == RELEASED or state == MODIFIED:
+            self.send_pubrel(packet_id)
+            return
+        self.broker.completed(session, packet_id)
+
+    def _released_done(self, packet_id: int) -> None:
+        if self.session is not None and not self.closed:
+            self.broker.completed(self.session, packet_id)
+
+    def on_flow(self) -> None:
+        super().on_flow()
+        if self.session is not None and not self.closed:
+            self.broker.link_drained(self.session)
+
+    def on_writable(self) -> None:
+        self._backlog = 0
+        if self.session is not None and not self.closed:
+            self.broker.link_drained(self.session)
+
+    def idle(self) -> bool:
+        session = self.session
+        return session is None or not session.queue
+
+
+class TopicSubscription(_SessionLink):
+    """A receiver whose source is a topic filter: every matching message."""
+
+    def __init__(self, host: LinkHost, plink: Any, topic_filter: str) -> None:
+        super().__init__(host, plink, topic_filter)
+        self.key = f"amqp:{host.container_id}:{self.name}#{host.serial}"
+
+    def subscribe(self) -> str | None:
+        """Route the filter to a session of this link; returns why it failed, or None."""
+        broker = self.broker
+        session = Session(self.key, False, broker.limits, broker.clock.seconds())
+        broker.add_link_subscriber(self.key, session)
+        granted = 0 if self.presettled else 2
+        codes, _ = broker.subscribe(session, self.host.identity, [(self.address, granted)])
+        if codes[0] == SUBSCRIBE_FAILURE:
+            broker.remove_link_subscriber(self.key)
+            return "subscription to this topic filter is not allowed"
+        self.session = session
+        session.protocol = "amqp"
+        session.connection = self
+        session.attach(self)
+        broker.send_retained(session, [(self.address, codes[0])])
+        return None
+
+    def ended(self, brute: bool, reason: str) -> None:
+        self.session = None
+        self.broker.remove_link_subscriber(self.key)
+
+
+class SessionOutlet(_SessionLink):
+    """A receiver on ``$mqtt.to.<id>.publish``: the session of that client id."""
+
+    def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
+        super().__init__(host, plink, address)
+        self.client_id = client_id
+        self.active = False
+        self.opening = False
+
+    def start(self) -> None:
+        self.host.requests.publish_attached(self)
+
+    def open_session(self, clean: bool) -> None:
+        """Claim the session (taking it over from whoever holds it), then deliver."""
+        if self.closed:
+            return
+        session, _present, d = self.broker.open_link_session(self, self.client_id, clean)
+        self.session = session
+        self.opening = True
+        self.active = False
+        if d is None:
+            self.host.after(lambda: self._activate(session))
+        else:
+            d.addCallback(lambda _: self._activate(session))
+            d.addErrback(self._open_failed)
+
+    def _activate(self, session: Session) -> None:
+        if self.closed or self.session is not session:
+            return
+        self.opening = False
+        self.active = True
+        self.broker.activate(session, self, "amqp")
+        self.log.info("{c} attached to the session of {id} ({peer}, clean={cl})",
+                      c=self.host.container_id, id=self.client_id, peer=self.host.peer,
+                      cl=not session.persistent)
+        self.host.schedule_flush()
+
+    def _open_failed(self, failure: Failure) -> None:
+        self.log.failure("could not open the session of {id}", failure, id=self.client_id)
+        if not self.closed:
+            self.detach("amqp:internal-error", "storage failure while opening the session")
+
+    def end_session_here(self, reason: str) -> None:
+        """AMQP_CLOSE while attached: give the session up but stay attached."""
+        session = self.session
+        if session is not None:
+            self.broker.end_link_session(self, session, reason)
+        self.session = None
+        self.active = False
+        self._sent.clear()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        self.host.requests.publish_detached(self)
+        session, self.session = self.session, None
+        if session is not None:
+            self.broker.end_link_session(self, session, reason)
+
+
+class ControlOutlet(OutgoingLink):
+    """A receiver on ``$mqtt.to.<id>.control``: replies of the subscription service."""
+
+    def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
+        super().__init__(host, plink, address)
+        self.client_id = client_id
+
+    def start(self) -> None:
+        self.host.register_control(self)
+
+    def send(self, data: bytes) -> None:
+        self.transfer(b"c%d" % next(self._tags), data, self.presettled)
+
+    def ended(self, brute: bool, reason: str) -> None:
+        self.host.unregister_control(self)
+
+
+# -- peer → broker -----------------------------------------------------------------------
+
+class IncomingLink(BrokerLink):
+    """A link the peer sends on.  Subclasses implement ``on_message``."""
+
+    role = "receiver"
+    window = 100
+
+    def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
+        super().__init__(host, plink, address)
+        self.second = plink.rcv_settle_mode == Link.RCV_SECOND
+        self.outstanding = 0         # received, not yet answered
+        self.blocked = False         # withholding credit (subscribers past high water)
+        self.rejected = 0
+        self.max_size = host.limits.max_packet_size
+
+    def start(self) -> None:
+        self.top_up()
+
+    def top_up(self) -> None:
+        if self.closed or self.blocked:
+            return
+        impl = self.impl
+        want = self.window - self.outstanding
+        have = lib.pn_link_credit(impl)
+        if want - have >= self.window // 2 or (have <= 0 < want):
+            lib.pn_link_flow(impl, want - have)
+            self.host.schedule_flush()
+
+    def on_incoming(self, dlv: Any) -> None:
+        """A raw delivery on this link: a new transfer, more of one, or a settle."""
+        if self.closed:
+            lib.pn_delivery_settle(dlv)
+            return
+        if not lib.pn_delivery_readable(dlv):
+            if lib.pn_delivery_settled(dlv):
+                self.on_remote_settled(dlv)
+            return
+        impl = self.impl
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_link_advance(impl)
+            lib.pn_delivery_settle(dlv)
+            return
+        pending = lib.pn_delivery_pending(dlv)
+        if pending > self.max_size:
+            self.detach("amqp:link:message-size-exceeded",
+                        f"message larger than {self.max_size} bytes")
+            return
+        if lib.pn_delivery_partial(dlv):
+            return
+        data = recv(impl, pending) if pending else b""
+        lib.pn_link_advance(impl)
+        presettled = bool(lib.pn_delivery_settled(dlv))
+        self.outstanding += 1
+        self.delivered += 1
+        self.broker.stats.bytes_received += len(data)
+        try:
+            message = decode_message(data)
+        except DecodeError as exc:
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return
+        self.on_message(dlv, message, presettled)
+
+    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
+        raise NotImplementedError
+
+    def on_remote_settled(self, dlv: Any) -> None:
+        """The sender settled a delivery we had answered (rcv-settle-mode second)."""
+        lib.pn_delivery_settle(dlv)
+
+    # answering ----------------------------------------------------------------------
+
+    def answer(self, dlv: Any, state: int, condition: tuple[str, str] | None = None) -> None:
+        if self.closed:
+            return
+        self.outstanding -= 1
+        if not lib.pn_delivery_settled(dlv):
+            if condition is not None:
+                wrapped = Delivery.wrap(dlv)  # type: ignore[no-untyped-call]
+                wrapped.local.condition = Condition(*condition)
+                wrapped.update(state)   # copies the condition into the engine
+            else:
+                lib.pn_delivery_update(dlv, state)
+            if not self.second:
+                lib.pn_delivery_settle(dlv)
+        else:
+            lib.pn_delivery_settle(dlv)
+        self.top_up()
+        self.host.schedule_flush()
+
+    def reject(self, dlv: Any, condition: str, description: str) -> None:
+        self.rejected += 1
+        self.log.info("rejected a message on {a} from {c} ({peer}): {cond}: {d}",
+                      a=self.address or "(anonymous)", c=self.host.container_id,
+                      peer=self.host.peer, cond=condition, d=description)
+        self.answer(dlv, REJECTED, (condition, description))
+
+    def answer_after(self, d: Deferred[None] | None, dlv: Any,
+                     then: Callable[[], None] | None = None) -> None:
+        """Accepted once ``d`` (the durable commit) fired; then ``then``."""
+        if d is None:
+            self.answer(dlv, ACCEPTED)
+            if then is not None:
+                then()
+            return
+        lib.pn_incref(dlv)  # held across the commit
+
+        def done(_: object) -> None:
+            try:
+                self.answer(dlv, ACCEPTED)
+            finally:
+                lib.pn_decref(dlv)
+            if then is not None and not self.closed:
+                then()
+
+        def failed(failure: Failure) -> None:
+            self.log.failure("storage commit failed on {a}; released the message",
+                             failure, a=self.address)
+            try:
+                self.answer(dlv, RELEASED)
+            finally:
+                lib.pn_decref(dlv)
+
+        d.addCallbacks(done, failed)
+
+    # credit and back-pressure --------------------------------------------------------
+
+    def block_until_drained(self) -> None:
+        """Subscribers fed by this link are past their high-water mark: no more credit."""
+        if self.blocked:
+            return
+        self.blocked = True
+        self.broker.pause_until_drained(id(self), self._unblock)
+
+    def _unblock(self) -> None:
+        self.blocked = False
+        if not self.closed:
+            self.top_up()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        self.broker.forget_paused(id(self))
+
+
+class TopicPublisher(IncomingLink):
+    """A sender to a topic address, or to the null address with ``to`` on each message."""
+
+    def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
+        super().__init__(host, plink, topic or "")
+        self.topic = topic
+        self._held: dict[Any, Message] = {}
+
+    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
+        topic = self.topic or message.to
+        if not topic:
+            self.reject(dlv, INVALID_FIELD,
+                        "no topic: the link has no target address and the message no 'to'")
+            return
+        if self.topic is None:  # the link's own target was checked at attach
+            problem = validate_topic_name(topic)
+            if problem is None and topic.startswith("$mqtt."):
+                problem = "control addresses need a link of their own"
+            if problem is not None:
+                self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
+                return
+        try:
+            payload = message_payload(message)
+            qos = 0 if presettled else message_qos(message)
+            retain = message_retain(message)
+        except DecodeError as exc:
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return
+        host = self.host
+        broker = self.broker
+        if not broker.authorizer.may_publish(host.identity, topic, retain):
+            broker.stats.publish_denied += 1
+            self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
+            return
+        routed = Message(topic, payload, qos, retain, host.container_id or None,
+                         broker.clock.seconds(), message.delivery_count > 0)
+        if self.second and not presettled:
+            # Exactly once: Accepted now (unsettled), routed when the sender settles.
+            self._held[dlv] = routed
+            self.answer(dlv, ACCEPTED)
+            return
+        d = broker.publish(routed)
+        if broker.last_publish_congested:
+            self.block_until_drained()
+        if presettled:
+            self.outstanding -= 1
+            lib.pn_delivery_settle(dlv)
+            if d is not None:
+                d.addErrback(broker._log_store_failure, "routing a pre-settled message")
+            self.top_up()
+            return
+        self.answer_after(d, dlv)
+
+    def on_remote_settled(self, dlv: Any) -> None:
+        routed = self._held.pop(dlv, None)
+        lib.pn_delivery_settle(dlv)
+        if routed is None or self.closed:
+            return
+        broker = self.broker
+        d = broker.publish(routed)
+        if d is not None:
+            d.addErrback(broker._log_store_failure, "routing an exactly-once message")
+        if broker.last_publish_congested:
+            self.block_until_drained()
+        self.host.schedule_flush()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        super().ended(brute, reason)
+        if self._held:
+            self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
+                          "sender; not routed", n=len(self._held), a=self.address)
+        self._held.clear()

@@ -1,0 +1,713 @@
+"""The AMQP 1.0 listener: a Twisted protocol pumping a python-qpid-proton engine.
+
+What it owns: one ``AMQPConnection`` per socket with its states (handshake →
+authenticating → opening → open → closed), the SASL layer in front of the engine
+(``sasl``), the pump (bytes into ``Transport.push``, events out of the
+``Collector``, bytes out of ``Transport.peek``/``pop``, ``tick`` scheduled on the
+injected clock and re-armed only when the deadline moves earlier), attaching
+links to what their address means (``links``, ``services``), back-pressure (a
+push producer for its socket), the console's view of the connection and its
+close, and the one place where the end of a connection ends its links — as a
+brute disconnect (wills fire) unless the peer closed cleanly.
+
+Proton's own reactor is not used.  Every buffer proton hands out is copied.  An
+exception raised while handling the peer's input is logged and closes this
+connection only (``amqp:internal-error``); it never reaches Twisted.
+
+What it must not do: decode message bodies (``codec``), hold routing rules (the
+core), or block the reactor (passwords are checked off the reactor thread by the
+authenticator).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from enum import Enum
+from functools import partial
+from typing import Any, ClassVar
+
+from proton import Collector, Condition, Connection, Endpoint, Event, SymbolList, Transport
+from proton import symbol as amqp_symbol
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer  # type: ignore[import-untyped]
+
+from mqttamqp.amqp._engine import (
+    EV_DELIVERY,
+    EV_LINK_FLOW,
+    EV_TRANSPORT,
+    delivery_link,
+    event_delivery,
+    event_link,
+    event_type,
+    lib,
+    next_event,
+    pop_event,
+)
+from mqttamqp.amqp.addresses import AddressKind, classify
+from mqttamqp.amqp.links import (
+    BrokerLink,
+    ControlOutlet,
+    IncomingLink,
+    OutgoingLink,
+    SessionOutlet,
+    TopicPublisher,
+    TopicSubscription,
+)
+from mqttamqp.amqp.sasl import (
+    Authenticate,
+    Refuse,
+    SaslServer,
+    SaslStep,
+    SendBytes,
+    StartAmqp,
+)
+from mqttamqp.amqp.services import (
+    PubrelLink,
+    SessionRequests,
+    SubscriptionServiceLink,
+    WillServiceLink,
+)
+from mqttamqp.core.auth import Credentials, Identity
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+
+__all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
+
+DEFAULT_IDLE_TIMEOUT = 60.0
+CONTAINER_ID = "mqttamqp"
+
+_E = Event
+
+
+class ConnectionState(Enum):
+    HANDSHAKE = "handshake"            # protocol header and SASL
+    AUTHENTICATING = "authenticating"  # credentials are being checked; reading paused
+    OPENING = "opening"                # engine running, waiting for the peer's open
+    OPEN = "open"
+    CLOSED = "closed"                  # closing or closed; input is ignored
+
+
+@implementer(IPushProducer)
+class AMQPConnection(Protocol):
+    log = Logger()
+    transport: Any
+
+    def __init__(self, factory: AMQPFactory) -> None:
+        self.factory = factory
+        self.broker: Broker = factory.broker
+        self.clock: Clock = factory.clock
+        self.limits: Limits = factory.broker.limits
+        self.serial = next(factory.serials)
+        self.key = f"amqp:{self.serial}"
+        self.state = ConnectionState.HANDSHAKE
+        self.peer = "?"
+        self.container_id = ""
+        self.username: str | None = None
+        self.identity = Identity("")
+        self.connected_since = 0.0
+        self.requests = SessionRequests(self)
+        self.links: dict[Any, BrokerLink] = {}
+        self.sasl = SaslServer(factory.mechanisms(), factory.anonymous_allowed())
+        self.pconn: Any = None
+        self.ptrans: Any = None
+        self.collector: Any = None
+        self._blocked = False
+        self._pumping = False
+        self._flush_call: DelayedCall | None = None
+        self._after: list[Callable[[], None]] = []
+        self._timer: DelayedCall | None = None
+        self._timer_deadline = 0.0
+        self._handshake_timer: DelayedCall | None = None
+        self._peer_closed = False           # the peer sent close (a clean end unless error)
+        self._lost_reason = ""
+        self._closing = False
+
+    # -- Twisted ------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        if len(self.factory.connections) >= self.limits.max_connections:
+            self.broker.stats.connections_refused += 1
+            self.log.warn("refusing AMQP connection from {peer}: max-connections ({n}) "
+                          "reached", peer=self.peer, n=self.limits.max_connections)
+            self.state = ConnectionState.CLOSED
+            self.transport.abortConnection()
+            return
+        self.factory.connections.add(self)
+        self.transport.registerProducer(self, True)
+        self._handshake_timer = self.clock.callLater(
+            self.limits.connect_timeout, self._handshake_timed_out)
+
+    def dataReceived(self, data: bytes) -> None:
+        state = self.state
+        if state is ConnectionState.CLOSED:
+            return
+        if state is ConnectionState.OPEN or state is ConnectionState.OPENING:
+            self._engine_input(data)
+            return
+        self.broker.stats.bytes_received += len(data)
+        self._sasl_steps(self.sasl.feed(data))
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.factory.connections.discard(self)
+        was = self.state
+        self.state = ConnectionState.CLOSED
+        self._cancel_timers()
+        self.broker.unregister_connection(self.key, self)
+        why = self._lost_reason or ("connection lost: " + (
+            reason.getErrorMessage() if reason is not None else "unknown"))
+        if was is not ConnectionState.CLOSED and self.links:
+            self.log.info("AMQP connection of {c} ({peer}) ended: {why}",
+                          c=self.container_id or "?", peer=self.peer, why=why)
+        self._end_links(brute=not self._peer_closed, reason=why)
+        ptrans = self.ptrans
+        if ptrans is not None:
+            try:
+                ptrans.close_tail()
+                ptrans.close_head()
+                while self.collector.peek() is not None:
+                    self.collector.pop()
+                ptrans.unbind()
+            except Exception:
+                pass  # the engine may already be closed
+        self.ptrans = self.pconn = self.collector = None
+
+    # IPushProducer: the transport's write buffer is full / drained.
+    def pauseProducing(self) -> None:
+        self._blocked = True
+
+    def resumeProducing(self) -> None:
+        self._blocked = False
+        if self.state is not ConnectionState.OPEN:
+            return
+        try:
+            for link in list(self.links.values()):
+                if isinstance(link, OutgoingLink) and not link.closed:
+                    link.on_writable()
+        except Exception:
+            self._internal_error(Failure())
+            return
+        self.schedule_flush()
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- LinkHost -----------------------------------------------------------------------
+
+    @property
+    def write_blocked(self) -> bool:
+        return self._blocked
+
+    def schedule_flush(self) -> None:
+        """Output is pending: write it after the current work (batched per turn)."""
+        if self._pumping or self._flush_call is not None or self.pconn is None:
+            return
+        self._flush_call = self.clock.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if self.state is not ConnectionState.CLOSED and self.pconn is not None:
+            self._pump()
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after the current batch of events (not re-entrantly)."""
+        self._after.append(fn)
+        self.schedule_flush()
+
+    def forget_link(self, link: BrokerLink) -> None:
+        self.links.pop(link.impl, None)
+
+    def send_control(self, client_id: str, data: bytes) -> bool:
+        outlets = self.factory.control_outlets.get(client_id)
+        if not outlets:
+            return False
+        outlets[-1].send(data)
+        return True
+
+    def register_control(self, outlet: ControlOutlet) -> None:
+        self.factory.control_outlets.setdefault(outlet.client_id, []).append(outlet)
+
+    def unregister_control(self, outlet: ControlOutlet) -> None:
+        outlets = self.factory.control_outlets.get(outlet.client_id)
+        if outlets and outlet in outlets:
+            outlets.remove(outlet)
+            if not outlets:
+                del self.factory.control_outlets[outlet.client_id]
+
+    def claim_will(self, link: WillServiceLink) -> None:
+        self.factory.will_links[link.name] = link
+
+    def release_will(self, link: WillServiceLink) -> bool:
+        if self.factory.will_links.get(link.name) is link:
+            del self.factory.will_links[link.name]
+            return True
+        return False
+
+    # -- console (InspectableConnection) ------------------------------------------------
+
+    def info(self) -> ConnectionInfo:
+        links = [link for link in self.links.values() if not link.closed]
+        sessions = [link.client_id for link in links if isinstance(link, SessionOutlet)]
+        wills = tuple(link.name for link in links if isinstance(link, WillServiceLink)
+                      and link.name in self.broker.wills)
+        return ConnectionInfo(
+            key=self.key, client_id=self.container_id, protocol="amqp", remote=self.peer,
+            user=self.username, connected_since=self.connected_since,
+            keepalive=int(self.factory.idle_timeout), clean_session=None,
+            session_id=sessions[0] if sessions else None, will_owners=wills,
+            links=tuple(link.info() for link in links))
+
+    def close(self, reason: str) -> None:
+        """Closed by the broker (console): a brute end for the links, wills fire."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        self.log.info("closing AMQP connection of {c} ({peer}): {r}",
+                      c=self.container_id or "?", peer=self.peer, r=reason)
+        self._lost_reason = reason
+        self._end_links(brute=True, reason=reason)
+        self._close_engine("amqp:connection:forced", reason)
+
+    # -- SASL ---------------------------------------------------------------------------
+
+    def _sasl_steps(self, steps: list[SaslStep]) -> None:
+        for step in steps:
+            if self.state is ConnectionState.CLOSED:
+                return
+            if isinstance(step, SendBytes):
+                self._write(step.data)
+            elif isinstance(step, Authenticate):
+                self.state = ConnectionState.AUTHENTICATING
+                self.transport.pauseProducing()
+                creds = Credentials("", step.username, step.password, "amqp", self.peer)
+                self.username = step.username
+                d = self.broker.authenticate(creds)
+                d.addCallback(self._authenticated)
+                d.addErrback(self._authentication_failed)
+            elif isinstance(step, Refuse):
+                self.broker.stats.connections_refused += 1
+                self.log.warn("refused AMQP connection from {peer}: {r}", peer=self.peer,
+                              r=step.reason)
+                self._write(step.data)
+                self._drop()
+            elif isinstance(step, StartAmqp):
+                self._start_engine(step.data)
+
+    def _authenticated(self, ok: bool) -> None:
+        if self.state is not ConnectionState.AUTHENTICATING:
+            return  # the socket went away meanwhile
+        self.state = ConnectionState.HANDSHAKE
+        steps = self.sasl.outcome(bool(ok))
+        self.transport.resumeProducing()
+        self._sasl_steps(steps)
+
+    def _authentication_failed(self, failure: Failure) -> None:
+        self.log.failure("checking AMQP credentials from {peer} failed", failure, peer=self.peer)
+        self._authenticated(False)
+
+    # -- the engine ---------------------------------------------------------------------
+
+    def _start_engine(self, data: bytes) -> None:
+        pconn = Connection()
+        ptrans = Transport(Transport.SERVER)
+        collector = Collector()
+        pconn.collect(collector)
+        ptrans.bind(pconn)
+        ptrans.idle_timeout = self.factory.idle_timeout
+        ptrans.max_frame_size = max(512, min(self.limits.max_packet_size + 1024, 1 << 20))
+        self.pconn, self.ptrans, self.collector = pconn, ptrans, collector
+        self.state = ConnectionState.OPENING
+        if data:
+            self._engine_input(data)
+
+    def _engine_input(self, data: bytes) -> None:
+        ptrans = self.ptrans
+        self.broker.stats.bytes_received += len(data)
+        try:
+            while data:
+                capacity = ptrans.capacity()
+                if capacity < 0:
+                    break  # input side closed: the rest is ignored
+                if capacity == 0:
+                    self._pump()
+                    if self.ptrans is None or ptrans.capacity() <= 0:
+                        break
+                    continue
+                chunk, data = data[:capacity], data[capacity:]
+                ptrans.push(chunk)
+                self._pump()
+        except Exception:
+            self._internal_error(Failure())
+
+    def _pump(self) -> None:
+        if self._pumping or self.ptrans is None:
+            return
+        self._pumping = True
+        try:
+            collector = self.collector
+            col = collector._impl
+            links = self.links
+            handlers = self._handlers
+            while True:
+                while True:
+                    event = next_event(col)
+                    if not event:
+                        break
+                    try:
+                        etype = event_type(event)
+                        if etype == EV_DELIVERY:
+                            # The per-message path: raw pointers, no wrappers.
+                            dlv = event_delivery(event)
+                            link = links.get(delivery_link(dlv))
+                            if link is None or link.closed:
+                                self._orphan_delivery(dlv)
+                            elif link.role == "receiver":
+                                link.on_incoming(dlv)  # type: ignore[attr-defined]
+                            else:
+                                link.on_outcome(dlv)  # type: ignore[attr-defined]
+                        elif etype == EV_LINK_FLOW:
+                            link = links.get(event_link(event))
+                            if isinstance(link, OutgoingLink) and not link.closed:
+                                link.on_flow()
+                        elif etype != EV_TRANSPORT:
+                            handler = handlers.get(etype)
+                            if handler is not None:
+                                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
+                    finally:
+                        pop_event(col)
+                    if self.ptrans is None:
+                        return
+                if self._after:
+                    work, self._after = self._after, []
+                    for fn in work:
+                        fn()
+                    continue
+                self._tick()
+                if collector.peek() is None and not self._after:
+                    break
+            self._write_output()
+        except Exception:
+            self._pumping = False
+            self._internal_error(Failure())
+        finally:
+            self._pumping = False
+
+    def _tick(self) -> None:
+        now = self.clock.seconds()
+        deadline = self.ptrans.tick(now)
+        if deadline <= 0:
+            return
+        timer = self._timer
+        if timer is not None and timer.active() and self._timer_deadline <= deadline:
+            return  # fires no later than needed; it re-arms then
+        if timer is not None and timer.active():
+            timer.cancel()
+        self._timer_deadline = deadline
+        self._timer = self.clock.callLater(max(0.0, deadline - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.state is not ConnectionState.CLOSED and self.ptrans is not None:
+            self._pump()
+
+    def _write_output(self) -> None:
+        ptrans = self.ptrans
+        while True:
+            pending = ptrans.pending()
+            if pending < 0:
+                # The engine closed its output (close sent, or a transport error).
+                self._drop()
+                return
+            if pending == 0:
+                return
+            data = bytes(ptrans.peek(pending))
+            ptrans.pop(pending)
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.broker.stats.bytes_sent += len(data)
+
+    def _drop(self) -> None:
+        """Close the socket once written (the engine is done or the peer refused)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._cancel_timers()
+        self.transport.loseConnection()
+
+    def _internal_error(self, failure: Failure) -> None:
+        self.log.failure("internal error on the AMQP connection of {c} ({peer}); closing it",
+                         failure, c=self.container_id or "?", peer=self.peer)
+        self._lost_reason = "internal error"
+        try:
+            self._end_links(brute=True, reason="internal error")
+            self._close_engine("amqp:internal-error", "internal error in the broker")
+        except Exception:
+            self.log.failure("while closing after an internal error", Failure())
+            self.state = ConnectionState.CLOSED
+            self.transport.abortConnection()
+
+    def _close_engine(self, condition: str, description: str) -> None:
+        pconn = self.pconn
+        if pconn is not None and self.ptrans is not None:
+            if not (pconn.state & Endpoint.LOCAL_CLOSED):
+                if not (pconn.state & Endpoint.LOCAL_ACTIVE):
+                    pconn.open()
+                pconn.condition = Condition(condition, description)
+                pconn.close()
+            self._pump()
+            if self.ptrans is not None:
+                self._write_output()
+        self.state = ConnectionState.CLOSED
+        self._drop()
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self.state is ConnectionState.OPEN or self.state is ConnectionState.CLOSED:
+            return
+        self.broker.stats.connections_refused += 1
+        self.log.warn("AMQP connection from {peer} did not open within {t:g}s; closing",
+                      peer=self.peer, t=self.limits.connect_timeout)
+        self.state = ConnectionState.CLOSED
+        self._drop()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._timer, self._handshake_timer, self._flush_call):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._handshake_timer = self._flush_call = None
+
+    def _end_links(self, brute: bool, reason: str) -> None:
+        """The one place where a connection's end reaches its links (and wills)."""
+        links = list(self.links.values())
+        self.links.clear()
+        # Receivers first (nothing more goes into a closing connection), will links last.
+        links.sort(key=lambda link: (isinstance(link, IncomingLink),
+                                     isinstance(link, WillServiceLink)))
+        for link in links:
+            try:
+                link.end(brute, reason)
+            except Exception:
+                self.log.failure("ending link {n}", Failure(), n=link.name)
+        self.requests.ended()
+
+    # -- events -------------------------------------------------------------------------
+
+    def _on_connection_remote_open(self, event: Any) -> None:
+        pconn = self.pconn
+        self.container_id = pconn.remote_container or ""
+        self.identity = Identity(self.container_id, self.username)
+        pconn.container = CONTAINER_ID
+        pconn.offered_capabilities = SymbolList([amqp_symbol("ANONYMOUS-RELAY")])
+        pconn.open()
+        if self._handshake_timer is not None and self._handshake_timer.active():
+            self._handshake_timer.cancel()
+        self._handshake_timer = None
+        self.state = ConnectionState.OPEN
+        self.connected_since = self.clock.seconds()
+        self.broker.register_connection(self.key, self)
+        self.log.info("AMQP connection from {peer} (container {c}, user {u})",
+                      peer=self.peer, c=self.container_id or "?", u=self.username or "anonymous")
+
+    def _on_connection_remote_close(self, event: Any) -> None:
+        pconn = self.pconn
+        condition = pconn.remote_condition
+        self._peer_closed = condition is None
+        reason = ("connection closed by the peer" if condition is None else
+                  f"connection closed by the peer with {condition.name}: "
+                  f"{condition.description}")
+        self._lost_reason = reason
+        self._end_links(brute=condition is not None, reason=reason)
+        if not (pconn.state & Endpoint.LOCAL_CLOSED):
+            pconn.close()
+
+    def _on_session_remote_open(self, event: Any) -> None:
+        event.session.open()
+
+    def _on_session_remote_close(self, event: Any) -> None:
+        session = event.session
+        condition = session.remote_condition
+        reason = ("session ended by the peer" if condition is None else
+                  f"session ended by the peer with {condition.name}")
+        for impl, link in list(self.links.items()):
+            plink = link.plink
+            if plink.session == session:
+                del self.links[impl]
+                link.end(condition is not None, reason)
+                if not (plink.state & Endpoint.LOCAL_CLOSED):
+                    plink.close()
+        if not (session.state & Endpoint.LOCAL_CLOSED):
+            session.close()
+
+    def _on_link_remote_open(self, event: Any) -> None:
+        self._attach(event.link)
+
+    def _on_link_remote_close(self, event: Any) -> None:
+        plink = event.link
+        link = self.links.pop(plink._impl, None)
+        condition = plink.remote_condition
+        if link is not None:
+            reason = ("detached by the peer" if condition is None else
+                      f"detached by the peer with {condition.name}: {condition.description}")
+            link.end(condition is not None, reason)
+        if not (plink.state & Endpoint.LOCAL_CLOSED):
+            if event.type == _E.LINK_REMOTE_DETACH:
+                plink.detach()
+            else:
+                plink.close()
+
+    def _orphan_delivery(self, dlv: Any) -> None:
+        """A delivery on a link we no longer serve: consume and settle it."""
+        link = delivery_link(dlv)
+        if (lib.pn_link_is_receiver(link) and lib.pn_delivery_readable(dlv)
+                and not lib.pn_delivery_partial(dlv)):
+            lib.pn_link_advance(link)
+        lib.pn_delivery_settle(dlv)
+
+    def _on_transport_error(self, event: Any) -> None:
+        condition = self.ptrans.condition
+        if condition is not None:
+            what = f"{condition.name}: {condition.description}"
+            if condition.name == "amqp:resource-limit-exceeded":
+                self._lost_reason = f"idle time-out ({condition.description})"
+            else:
+                self._lost_reason = f"transport error {what}"
+            self.log.info("AMQP connection of {c} ({peer}): {what}; closing",
+                          c=self.container_id or "?", peer=self.peer, what=what)
+
+    _handlers: ClassVar[dict[int, Callable[[AMQPConnection, Any], None]]] = {
+        _E.CONNECTION_REMOTE_OPEN.number: _on_connection_remote_open,
+        _E.CONNECTION_REMOTE_CLOSE.number: _on_connection_remote_close,
+        _E.SESSION_REMOTE_OPEN.number: _on_session_remote_open,
+        _E.SESSION_REMOTE_CLOSE.number: _on_session_remote_close,
+        _E.LINK_REMOTE_OPEN.number: _on_link_remote_open,
+        _E.LINK_REMOTE_CLOSE.number: _on_link_remote_close,
+        _E.LINK_REMOTE_DETACH.number: _on_link_remote_close,
+        _E.TRANSPORT_ERROR.number: _on_transport_error,
+    }
+
+    # -- attaching links ------------------------------------------------------------------
+
+    def _refuse_link(self, plink: Any, condition: str, description: str) -> None:
+        """Answer the attach with a null terminus, then detach with the reason."""
+        self.log.info("refused link {n} from {c} ({peer}): {cond}: {d}", n=plink.name,
+                      c=self.container_id or "?", peer=self.peer, cond=condition, d=description)
+        plink.open()
+        plink.condition = Condition(condition, description)
+        plink.close()
+
+    def _attach(self, plink: Any) -> None:
+        if plink.is_sender:
+            source = plink.remote_source
+            if source.dynamic:
+                self._refuse_link(plink, "amqp:not-implemented", "dynamic nodes are not supported")
+                return
+            address = source.address
+            where = classify(address)
+            make = self._outgoing(plink, where.kind, where.value, address or "")
+        else:
+            target = plink.remote_target
+            if target.dynamic:
+                self._refuse_link(plink, "amqp:not-implemented", "dynamic nodes are not supported")
+                return
+            address = target.address
+            where = classify(address)
+            make = self._incoming(plink, where.kind, where.value, address or "")
+        if make is None:
+            return
+        plink.source.copy(plink.remote_source)
+        plink.target.copy(plink.remote_target)
+        plink.snd_settle_mode = plink.remote_snd_settle_mode
+        plink.rcv_settle_mode = plink.remote_rcv_settle_mode
+        if not plink.is_sender:
+            plink.max_message_size = self.limits.max_packet_size
+        link = make()  # reads the settle modes fixed above
+        self.links[link.impl] = link
+        plink.open()
+        if isinstance(link, TopicSubscription):
+            problem = link.subscribe()
+            if problem is not None:
+                del self.links[link.impl]
+                link.closed = True
+                plink.condition = Condition("amqp:unauthorized-access", problem)
+                plink.close()
+                return
+        link.start()
+
+    def _outgoing(self, plink: Any, kind: AddressKind, value: str,
+                  address: str) -> Callable[[], BrokerLink] | None:
+        if kind is AddressKind.TOPIC:
+            problem = validate_topic_filter(value)
+            if problem is not None:
+                self._refuse_link(plink, "amqp:invalid-field",
+                                  f"source {address!r} is not a topic filter: {problem}")
+                return None
+            return partial(TopicSubscription, self, plink, value)
+        if kind is AddressKind.SESSION_PUBLISH:
+            return partial(SessionOutlet, self, plink, address, value)
+        if kind is AddressKind.SESSION_CONTROL:
+            return partial(ControlOutlet, self, plink, address, value)
+        if kind is AddressKind.ANONYMOUS:
+            self._refuse_link(plink, "amqp:invalid-field",
+                              "a receiver needs a source address (a topic filter)")
+            return None
+        self._refuse_link(plink, "amqp:not-found",
+                          f"cannot receive from {address!r}")
+        return None
+
+    def _incoming(self, plink: Any, kind: AddressKind, value: str,
+                  address: str) -> Callable[[], BrokerLink] | None:
+        if kind is AddressKind.TOPIC:
+            problem = validate_topic_name(value)
+            if problem is not None:
+                self._refuse_link(plink, "amqp:invalid-field",
+                                  f"target {address!r} is not a topic name: {problem}")
+                return None
+            return partial(TopicPublisher, self, plink, value)
+        if kind is AddressKind.ANONYMOUS:
+            return partial(TopicPublisher, self, plink, None)
+        if kind is AddressKind.WILL_SERVICE:
+            return partial(WillServiceLink, self, plink, address)
+        if kind is AddressKind.SUBSCRIPTION_SERVICE:
+            return partial(SubscriptionServiceLink, self, plink, address)
+        if kind is AddressKind.PUBREL:
+            return partial(PubrelLink, self, plink, address, value)
+        self._refuse_link(plink, "amqp:not-found", f"cannot send to {address!r}")
+        return None
+
+
+class AMQPFactory(Factory):
+    """Builds one ``AMQPConnection`` per socket; holds what connections share."""
+
+    def __init__(self, broker: Broker, clock: Clock, users_file: str | None = None,
+                 idle_timeout: float | None = None) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.users_file = users_file
+        self.idle_timeout = idle_timeout if idle_timeout is not None else DEFAULT_IDLE_TIMEOUT
+        self.connections: set[AMQPConnection] = set()
+        self.control_outlets: dict[str, list[ControlOutlet]] = {}
+        self.will_links: dict[str, WillServiceLink] = {}
+        self.serials = itertools.count(1)
+        self.noisy = False
+
+    def anonymous_allowed(self) -> bool:
+        """ANONYMOUS is offered only while the broker accepts anonymous clients."""
+        if self.users_file is not None:
+            return False
+        return bool(getattr(self.broker.authenticator, "allows_anonymous", True))
+
+    def mechanisms(self) -> list[str]:
+        return ["PLAIN", "ANONYMOUS"] if self.anonymous_allowed() else ["PLAIN"]
+
+    def buildProtocol(self, addr: Any) -> AMQPConnection:
+        return AMQPConnection(self)
+

@@ -1,0 +1,377 @@
+"""The Will service and the Subscription service of the MQTT-over-AMQP contract
+(``shared/AMQP-CONTRACT.md``), and the per-connection record of what an FE asked
+for each client id.
+
+What it owns:
+
+* ``WillServiceLink`` (``$mqtt.willservice``, ``$mqtt.lwtservice``, ``$lwt``):
+  AMQP_WILL / AMQP_WILL_CLEAR keyed by link name, and what its end means —
+  detach without error deletes the will; detach with an error, a lost connection
+  or an idle time-out publishes it.
+* ``SubscriptionServiceLink`` (``$mqtt.subscriptionservice``, ``$subctrl``):
+  AMQP_LIST (reply AMQP_SUBSCRIPTIONS to ``reply-to``), AMQP_CLOSE,
+  AMQP_SUBSCRIBE, AMQP_UNSUBSCRIBE.
+* ``PubrelLink`` (``$mqtt.<id>.pubrel``): the FE's half of the QoS 2 release loop.
+* ``SessionRequests``: AMQP_LIST / AMQP_CLOSE decide whether the ``.publish``
+  receiver of a client id claims a persistent or a clean session; a ``.publish``
+  receiver attached on a connection that also has a subscription-service link
+  waits for that decision, so AMQP_SUBSCRIPTIONS goes out before any queued
+  message.
+
+Every answer is a disposition sent after the durable commit; a malformed control
+message is Rejected with ``amqp:decode-error`` and the link stays attached.
+
+What it must not do: route or store anything itself (the core does), or touch
+the engine beyond the deliveries it answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from proton import int32
+from twisted.logger import Logger
+
+from mqttamqp.amqp.addresses import AddressKind, classify
+from mqttamqp.amqp.codec import (
+    DecodeError,
+    InboundMessage,
+    encode_control,
+    message_payload,
+    message_qos,
+    message_retain,
+    parse_qos,
+)
+from mqttamqp.amqp.links import (
+    ACCEPTED,
+    DECODE_ERROR,
+    NOT_ALLOWED,
+    PRECONDITION_FAILED,
+    UNAUTHORIZED,
+    IncomingLink,
+    LinkHost,
+    SessionOutlet,
+)
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import SUBSCRIBE_FAILURE
+from mqttamqp.core.clock import DelayedCall
+from mqttamqp.core.message import WillMessage
+from mqttamqp.core.session import Session
+from mqttamqp.core.topics import validate_topic_name
+
+__all__ = ["WillServiceLink", "SubscriptionServiceLink", "PubrelLink", "SessionRequests"]
+
+
+def _client_of(value: Any, kind: AddressKind) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str) or not value:
+        return None
+    address = classify(value)
+    return address.value if address.kind is kind else None
+
+
+class _ServiceLink(IncomingLink):
+    window = 20
+
+
+class WillServiceLink(_ServiceLink):
+    """AMQP_WILL and AMQP_WILL_CLEAR; the link name is the will's key."""
+
+    def start(self) -> None:
+        broker = self.broker
+        if broker.cancel_will_grace(self.name):
+            self.log.info("{o} is back within the will grace period; its will from before "
+                          "the restart is not published", o=self.name)
+            d = broker.clear_will(self.name)
+            if d is not None:
+                d.addErrback(broker._log_store_failure, "clearing a will")
+        self.host.claim_will(self)
+        super().start()
+
+    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
+        subject = message.subject
+        broker = self.broker
+        if subject == "will":
+            topic = message.to
+            problem = "AMQP_WILL needs 'to' = the will topic" if not topic else (
+                validate_topic_name(topic))
+            if problem is not None:
+                self.reject(dlv, DECODE_ERROR, f"bad will topic {topic!r}: {problem}")
+                return
+            assert topic is not None
+            try:
+                payload = message_payload(message)
+                qos = message_qos(message)
+                retain = message_retain(message)
+            except DecodeError as exc:
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
+            if not broker.authorizer.may_publish(self.host.identity, topic, retain):
+                self.reject(dlv, UNAUTHORIZED, f"a will on {topic!r} is not allowed")
+                return
+            will = WillMessage(self.name, topic, payload, qos, retain, "amqp",
+                               broker.clock.seconds())
+            self.host.claim_will(self)
+            self.answer_after(broker.set_will(will), dlv)
+        elif subject == "will-clear":
+            self.answer_after(broker.clear_will(self.name), dlv)
+        else:
+            self.reject(dlv, DECODE_ERROR, f"the will service does not know subject "
+                        f"{subject!r} (expected 'will' or 'will-clear')")
+
+    def ended(self, brute: bool, reason: str) -> None:
+        super().ended(brute, reason)
+        if not self.host.release_will(self):
+            return  # a newer will link of this name owns the will now
+        broker = self.broker
+        if broker.stopping:
+            return  # the grace rule decides at the next start
+        if brute:
+            broker.fire_will(self.name, reason)
+        else:
+            d = broker.clear_will(self.name)
+            if d is not None:
+                d.addErrback(broker._log_store_failure, "clearing a will")
+
+
+class SubscriptionServiceLink(_ServiceLink):
+    """AMQP_LIST, AMQP_CLOSE, AMQP_SUBSCRIBE and AMQP_UNSUBSCRIBE."""
+
+    def start(self) -> None:
+        self.host.requests.service_attached(self)
+        super().start()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        super().ended(brute, reason)
+        self.host.requests.service_detached(self)
+
+    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
+        handler = self._subjects.get(message.subject or "")
+        if handler is None:
+            self.reject(dlv, DECODE_ERROR, f"the subscription service does not know subject "
+                        f"{message.subject!r}")
+            return
+        client_id = _client_of(message.correlation_id, AddressKind.SESSION_PUBLISH)
+        if client_id is None:
+            condition = PRECONDITION_FAILED if message.subject == "list" else DECODE_ERROR
+            self.reject(dlv, condition, "correlation-id must be $mqtt.to.<client-id>.publish, "
+                        f"got {message.correlation_id!r}")
+            return
+        handler(self, dlv, message, client_id)
+
+    def _on_list(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
+        reply_to = _client_of(message.reply_to, AddressKind.SESSION_CONTROL)
+        if reply_to is None:
+            self.reject(dlv, PRECONDITION_FAILED, "reply-to must be "
+                        f"$mqtt.to.<client-id>.control, got {message.reply_to!r}")
+            return
+        session = self.broker.sessions.get(client_id)
+        subscriptions = (dict(session.subscriptions)
+                         if session is not None and session.persistent else {})
+        body = {topic_filter: int32(qos) for topic_filter, qos in subscriptions.items()}
+        reply = encode_control("subscriptions", correlation_id=message.correlation_id,
+                               body=body)
+        self.answer(dlv, ACCEPTED)  # nothing to commit
+        if not self.host.send_control(reply_to, reply):
+            self.log.warn("no receiver is attached to $mqtt.to.{c}.control; the "
+                          "AMQP_SUBSCRIPTIONS reply for {id} was dropped", c=reply_to,
+                          id=client_id)
+        self.host.requests.decided(client_id, clean=False)
+
+    def _on_close(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
+        d = self.host.requests.close_session(client_id)
+        self.answer_after(d, dlv)
+
+    def _on_subscribe(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
+        body = message.value if message.body_kind == "value" else None
+        if not isinstance(body, dict) or not body:
+            self.reject(dlv, DECODE_ERROR, "AMQP_SUBSCRIBE body must be an AmqpValue map "
+                        "of topic filter to QoS with at least one entry")
+            return
+        requests: list[tuple[str, int]] = []
+        for topic_filter, raw in body.items():
+            qos = parse_qos(raw)
+            if not isinstance(topic_filter, str) or qos is None:
+                self.reject(dlv, DECODE_ERROR, f"AMQP_SUBSCRIBE entry {topic_filter!r}: "
+                            f"{raw!r} is not a QoS (0, 1, 2 as int or decimal string)")
+                return
+            requests.append((str(topic_filter), qos))
+        session = self.host.requests.session_for(client_id)
+        if session is None:
+            self.reject(dlv, PRECONDITION_FAILED, f"client {client_id!r} has no session "
+                        "(send AMQP_LIST or attach its .publish receiver first)")
+            return
+        identity = Identity(client_id, self.host.identity.username)
+        codes, d = self.broker.subscribe(session, identity, requests)
+        if all(code == SUBSCRIBE_FAILURE for code in codes):
+            if d is not None:
+                d.addErrback(self.broker._log_store_failure, "subscribing")
+            self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
+                        + ", ".join(f for f, _ in requests))
+            return
+        grants = [(f, code) for (f, _), code in zip(requests, codes, strict=True)]
+        self.answer_after(d, dlv, lambda: self.broker.send_retained(session, grants))
+
+    def _on_unsubscribe(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
+        body = message.value if message.body_kind == "value" else None
+        if not isinstance(body, list) or not all(isinstance(f, str) for f in body):
+            self.reject(dlv, DECODE_ERROR, "AMQP_UNSUBSCRIBE body must be an AmqpValue list "
+                        "of topic filters")
+            return
+        session = self.broker.sessions.get(client_id)
+        if session is None:
+            self.answer(dlv, ACCEPTED)
+            return
+        self.answer_after(self.broker.unsubscribe(session, [str(f) for f in body]), dlv)
+
+    _subjects: ClassVar[
+        dict[str, Callable[[SubscriptionServiceLink, Any, InboundMessage, str], None]]] = {
+        "list": _on_list,
+        "close": _on_close,
+        "subscribe": _on_subscribe,
+        "unsubscribe": _on_unsubscribe,
+    }
+
+
+def _packet_id(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and 1 <= value <= 65535:
+        return value
+    return None
+
+
+class PubrelLink(_ServiceLink):
+    """``$mqtt.<id>.pubrel``: the FE got PUBREC; release the QoS 2 message."""
+
+    def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
+        super().__init__(host, plink, address)
+        self.client_id = client_id
+
+    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
+        if message.subject not in (None, "pubrel"):
+            self.reject(dlv, DECODE_ERROR, f"expected subject 'pubrel', got {message.subject!r}")
+            return
+        packet_id = _packet_id(message.message_id)
+        if packet_id is None:
+            self.reject(dlv, DECODE_ERROR, "AMQP_PUBREL needs message-id = the packet id "
+                        f"(1-65535), got {message.message_id!r}")
+            return
+        session = self.broker.sessions.get(self.client_id)
+        if session is None:
+            self.answer(dlv, ACCEPTED)
+            return
+        d = self.broker.persist(session.mark_released(packet_id))
+
+        def release() -> None:
+            link = session.link
+            if link is not None:
+                link.send_pubrel(packet_id)
+
+        self.answer_after(d, dlv, release)
+
+
+class SessionRequests:
+    """Per connection: AMQP_LIST / AMQP_CLOSE decisions and waiting ``.publish`` links."""
+
+    log = Logger()
+
+    def __init__(self, host: LinkHost) -> None:
+        self.host = host
+        self.clean: dict[str, bool] = {}
+        self.outlets: dict[str, SessionOutlet] = {}
+        self.waiting: dict[str, DelayedCall] = {}
+        self.services: set[SubscriptionServiceLink] = set()
+
+    def service_attached(self, link: SubscriptionServiceLink) -> None:
+        self.services.add(link)
+
+    def service_detached(self, link: SubscriptionServiceLink) -> None:
+        self.services.discard(link)
+        if not self.services:
+            for client_id in list(self.waiting):
+                self._release(client_id, self.clean.get(client_id, False))
+
+    def publish_attached(self, outlet: SessionOutlet) -> None:
+        client_id = outlet.client_id
+        old = self.outlets.get(client_id)
+        if old is not None and old is not outlet:
+            self._cancel_wait(client_id)
+        self.outlets[client_id] = outlet
+        if client_id in self.clean:
+            outlet.open_session(self.clean[client_id])
+        elif self.services:
+            # An FE: AMQP_LIST or AMQP_CLOSE is on its way and decides the session;
+            # its reply must precede the queued messages.
+            timeout = self.host.limits.connect_timeout
+            self.waiting[client_id] = self.host.broker.clock.callLater(
+                timeout, self._timed_out, client_id)
+        else:
+            outlet.open_session(False)
+
+    def publish_detached(self, outlet: SessionOutlet) -> None:
+        if self.outlets.get(outlet.client_id) is outlet:
+            del self.outlets[outlet.client_id]
+            self._cancel_wait(outlet.client_id)
+
+    def _cancel_wait(self, client_id: str) -> None:
+        call = self.waiting.pop(client_id, None)
+        if call is not None and call.active():
+            call.cancel()
+
+    def _timed_out(self, client_id: str) -> None:
+        self.waiting.pop(client_id, None)
+        self.log.info("no AMQP_LIST or AMQP_CLOSE for {c} within the connect timeout; its "
+                      ".publish receiver gets the persistent session", c=client_id)
+        self._release(client_id, False)
+        self.host.schedule_flush()
+
+    def _release(self, client_id: str, clean: bool) -> None:
+        self._cancel_wait(client_id)
+        outlet = self.outlets.get(client_id)
+        if outlet is not None and not outlet.closed and outlet.session is None:
+            outlet.open_session(clean)
+
+    def decided(self, client_id: str, clean: bool) -> None:
+        self.clean[client_id] = clean
+        if client_id in self.waiting:
+            self._release(client_id, clean)
+
+    def session_for(self, client_id: str) -> Session | None:
+        """The session AMQP_SUBSCRIBE applies to (a waiting receiver claims it now)."""
+        if client_id in self.waiting:
+            self._release(client_id, self.clean.get(client_id, False))
+        return self.host.broker.sessions.get(client_id)
+
+    def close_session(self, client_id: str) -> Any:
+        """AMQP_CLOSE: remove the session (taking it over first), then start clean."""
+        broker = self.host.broker
+        self.clean[client_id] = True
+        outlet = self.outlets.get(client_id)
+        session = broker.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            holder = session.connection
+            if outlet is not None and holder is outlet:
+                outlet.end_session_here("AMQP_CLOSE: session closed")
+            else:
+                broker.end_link_session(holder, session, "taken over")
+                holder.close("session taken over by a new connection")
+        d = broker.clear_session(client_id, "AMQP_CLOSE")
+        if outlet is not None and not outlet.closed:
+            self._cancel_wait(client_id)
+            if outlet.session is None:
+                outlet.open_session(True)
+        return d
+
+    def ended(self) -> None:
+        for client_id in list(self.waiting):
+            self._cancel_wait(client_id)
+        self.outlets.clear()
+        self.services.clear()

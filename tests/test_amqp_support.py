@@ -1,0 +1,329 @@
+"""Shared helpers of the AMQP tests (no tests here): real clients against a real broker.
+
+* ``amqp(broker)`` — python-qpid-proton's ``BlockingConnection`` on the broker's
+  AMQP port; its receivers are created without prefetch where a test counts credit.
+* ``Paho`` — paho-mqtt 2.x on its own loop thread; callbacks become queue items
+  and events, so waits are bounded event waits.
+* ``run_container`` — proton's event-driven ``Container`` in a thread with a
+  bounded join.
+* ``control``/``will_message`` — the contract's control messages.
+
+Where a test must show that something does *not* arrive, it sends a marker after
+it on the same path and checks that the marker comes next.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from brokerproc import BrokerProcess
+from paho.mqtt.enums import CallbackAPIVersion
+from proton import Delivery, Link, Message, int32, symbol
+from proton.reactor import Container, LinkOption
+from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
+
+TIMEOUT = 10.0
+_ids = itertools.count(1)
+
+
+def uid(prefix: str = "a") -> str:
+    """A unique id usable as MQTT client id (<= 23 characters) and topic level."""
+    return f"{prefix}{next(_ids)}-{uuid.uuid4().hex[:8]}"[:23]
+
+
+class Modes(LinkOption):
+    """Ask for settle modes on a link (``snd``/``rcv`` = proton Link constants)."""
+
+    def __init__(self, snd: int | None = None, rcv: int | None = None) -> None:
+        self.snd, self.rcv = snd, rcv
+
+    def apply(self, link: Link) -> None:
+        if self.snd is not None:
+            link.snd_settle_mode = self.snd
+        if self.rcv is not None:
+            link.rcv_settle_mode = self.rcv
+
+
+AT_LEAST_ONCE = Modes(Link.SND_UNSETTLED, Link.RCV_FIRST)   # the FE's links (seed 000)
+
+
+def amqp(broker: BrokerProcess, **kwargs: Any) -> BlockingConnection:
+    return BlockingConnection(f"127.0.0.1:{broker.ports['AMQP']}", timeout=TIMEOUT, **kwargs)
+
+
+def receiver(conn: BlockingConnection, address: str, credit: int | None = 10,
+             name: str | None = None, options: Any = None) -> BlockingReceiver:
+    """A receiver; ``credit=None`` grants none (the test flows it by hand)."""
+    rcv = conn.create_receiver(address, credit=credit, name=name, options=options)
+    return rcv
+
+
+def wait_messages(conn: BlockingConnection, rcv: BlockingReceiver, n: int,
+                  timeout: float = TIMEOUT) -> None:
+    """Wait until ``rcv`` holds ``n`` messages (without granting credit)."""
+    conn.wait(lambda: rcv.fetcher.has_message >= n, timeout=timeout,
+              msg=f"waiting for {n} message(s) on {rcv.link.name}")
+
+
+def take(conn: BlockingConnection, rcv: BlockingReceiver,
+         timeout: float = TIMEOUT) -> tuple[Message, Any]:
+    """The next message and its delivery (credit must have been granted)."""
+    wait_messages(conn, rcv, 1, timeout)
+    message, delivery = rcv.fetcher.incoming[0]
+    rcv.fetcher.pop()
+    return message, delivery
+
+
+def body_bytes(message: Message) -> bytes:
+    body = message.body
+    if isinstance(body, str):
+        return body.encode()
+    return bytes(body) if body is not None else b""
+
+
+def annotation(message: Message, key: str) -> Any:
+    return (message.annotations or {}).get(symbol(key))
+
+
+def publish_message(topic: str | None, payload: bytes, qos: int | None = None,
+                    retain: bool | None = None, durable: bool | None = None) -> Message:
+    annotations: dict[Any, Any] = {}
+    if qos is not None:
+        annotations[symbol("x-opt-mqtt-qos")] = int32(qos)
+    if retain is not None:
+        annotations[symbol("x-opt-retain-message")] = retain
+    msg = Message(address=topic, body=payload, annotations=annotations or None,
+                  durable=bool(qos) if durable is None else durable)
+    msg.inferred = True  # a Data section
+    return msg
+
+
+def will_message(topic: str, payload: bytes, qos: int | None = None,
+                 retain: bool = False, durable: bool | None = None) -> Message:
+    msg = publish_message(topic, payload, qos, retain, durable)
+    msg.subject = "will"
+    return msg
+
+
+def control(subject: str, client_id: str | None = None, body: Any = None,
+            reply_to: str | None = None, message_id: Any = None) -> Message:
+    msg = Message(subject=subject, body=body)
+    if client_id is not None:
+        msg.correlation_id = f"$mqtt.to.{client_id}.publish"
+    if reply_to is not None:
+        msg.reply_to = reply_to
+    if message_id is not None:
+        msg.id = message_id
+    return msg
+
+
+def send_expect(sender: BlockingSender, message: Message) -> Any:
+    """Send unsettled and return the delivery whatever its outcome."""
+    return sender.send(message, error_states=[])
+
+
+def outcome(delivery: Any) -> tuple[int, str | None]:
+    cond = delivery.remote.condition
+    return delivery.remote_state, (cond.name if cond is not None else None)
+
+
+ACCEPTED = Delivery.ACCEPTED
+REJECTED = Delivery.REJECTED
+
+
+# -- paho ------------------------------------------------------------------------------
+
+class Received:
+    __slots__ = ("dup", "payload", "qos", "retain", "topic")
+
+    def __init__(self, msg: mqtt.MQTTMessage) -> None:
+        self.topic = msg.topic
+        self.payload = msg.payload
+        self.qos = msg.qos
+        self.retain = bool(msg.retain)
+        self.dup = bool(msg.dup)
+
+    def __repr__(self) -> str:
+        return f"Received({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+
+
+class Paho:
+    """A paho 2.x client on its own loop thread."""
+
+    def __init__(self, port: int, client_id: str, clean: bool = True,
+                 will: tuple[str, bytes, int, bool] | None = None,
+                 username: str | None = None, password: str | None = None,
+                 expect_rc: int = 0) -> None:
+        self.client_id = client_id
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             protocol=mqtt.MQTTv311, clean_session=clean,
+                             reconnect_on_failure=False)
+        self.messages: queue.Queue[Received] = queue.Queue()
+        self.connected = threading.Event()
+        self.disconnected = threading.Event()
+        self.rc: int | None = None
+        self.session_present: bool | None = None
+        self._subacks: dict[int, list[int]] = {}
+        self._cv = threading.Condition()
+        self.c.on_connect = self._on_connect
+        self.c.on_disconnect = lambda *a: self.disconnected.set()
+        self.c.on_message = lambda c, u, m: self.messages.put(Received(m))
+        self.c.on_subscribe = self._on_subscribe
+        if username is not None:
+            self.c.username_pw_set(username, password)
+        if will is not None:
+            self.c.will_set(*will)
+        self.c.connect("127.0.0.1", port, 60)
+        self.c.loop_start()
+        assert self.connected.wait(TIMEOUT), f"{client_id}: no CONNACK"
+        assert self.rc == expect_rc, f"{client_id}: CONNACK {self.rc}, expected {expect_rc}"
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
+                    properties: Any) -> None:
+        self.rc = int(reason_code.value) if reason_code.value < 128 else {
+            0x84: 1, 0x85: 2, 0x88: 3, 0x86: 4, 0x87: 5}.get(reason_code.value, reason_code.value)
+        self.session_present = bool(flags.session_present)
+        self.connected.set()
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any,
+                      properties: Any) -> None:
+        with self._cv:
+            self._subacks[mid] = [c.value for c in codes]
+            self._cv.notify_all()
+
+    def subscribe(self, *filters: tuple[str, int]) -> list[int]:
+        rc, mid = self.c.subscribe(list(filters))
+        assert rc == mqtt.MQTT_ERR_SUCCESS
+        with self._cv:
+            assert self._cv.wait_for(lambda: mid in self._subacks, TIMEOUT), "no SUBACK"
+            return self._subacks.pop(mid)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        info = self.c.publish(topic, payload, qos, retain)
+        info.wait_for_publish(TIMEOUT)
+        assert info.is_published(), f"publish to {topic} not completed"
+
+    def get(self, timeout: float = TIMEOUT) -> Received:
+        try:
+            return self.messages.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.client_id}: no message within {timeout}s") from None
+
+    def until(self, topic: str, timeout: float = TIMEOUT) -> list[Received]:
+        """Messages up to and including the first one on ``topic`` (a marker)."""
+        got: list[Received] = []
+        while True:
+            msg = self.get(timeout)
+            got.append(msg)
+            if msg.topic == topic:
+                return got
+
+    def stop(self) -> None:
+        if self.connected.is_set() and not self.disconnected.is_set():
+            self.c.disconnect()
+        self.c.loop_stop()
+
+
+@pytest.fixture
+def paho(request: pytest.FixtureRequest) -> Iterator[Callable[..., Paho]]:
+    made: list[Paho] = []
+
+    def open_client(broker: BrokerProcess, client_id: str, **kw: Any) -> Paho:
+        client = Paho(broker.mqtt_port, client_id, **kw)
+        made.append(client)
+        return client
+
+    yield open_client
+    for client in made:
+        client.stop()
+
+
+@pytest.fixture
+def conns() -> Iterator[Callable[..., BlockingConnection]]:
+    """``conns(broker, **kw)``: blocking AMQP connections closed after the test."""
+    made: list[BlockingConnection] = []
+
+    def open_conn(broker: BrokerProcess, **kw: Any) -> BlockingConnection:
+        conn = amqp(broker, **kw)
+        made.append(conn)
+        return conn
+
+    yield open_conn
+    for conn in made:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+# -- event-driven container -------------------------------------------------------------
+
+def run_container(handler: Any, timeout: float = TIMEOUT) -> None:
+    """Run a proton ``Container`` with ``handler`` in a thread; bounded join."""
+    container = Container(handler)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            container.run()
+        except BaseException as exc:  # surfaced in the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        container.stop()
+        thread.join(5)
+        raise AssertionError("the proton container did not finish in time")
+    if errors:
+        raise errors[0]
+
+
+# -- a client process that can be killed ---------------------------------------------------
+
+_WILL_CLIENT = r"""
+import sys
+from proton import Message, int32, symbol
+from proton.utils import BlockingConnection
+url, link_name, topic, payload, qos, retain = sys.argv[1:7]
+conn = BlockingConnection(url, timeout=10)
+snd = conn.create_sender("$mqtt.willservice", name=link_name)
+msg = Message(subject="will", address=topic, body=payload.encode(), durable=int(qos) > 0,
+              annotations={symbol("x-opt-mqtt-qos"): int32(int(qos)),
+                           symbol("x-opt-retain-message"): retain == "1"})
+msg.inferred = True
+snd.send(msg)
+print("READY", flush=True)
+sys.stdin.read()   # until killed
+"""
+
+
+def will_client_process(broker: BrokerProcess, link_name: str, topic: str, payload: str,
+                        qos: int = 1, retain: bool = False) -> subprocess.Popen[str]:
+    """A process holding an AMQP will link (will accepted when it prints READY)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WILL_CLIENT, f"127.0.0.1:{broker.ports['AMQP']}", link_name,
+         topic, payload, str(qos), "1" if retain else "0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
+                     daemon=True).start()
+    try:
+        line = lines.get(timeout=TIMEOUT)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError("will client did not start") from None
+    assert line.strip() == "READY", line
+    return proc

@@ -1,0 +1,392 @@
+"""Unit tests of the AMQP side without sockets or real time: the message codec, the
+SASL layer, addresses, the users file, and the listener pumped through a
+``StringTransport`` on a ``task.Clock`` with a proton client engine as the peer.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from proton import (
+    Collector,
+    Connection,
+    Endpoint,
+    Event,
+    Message,
+    Transport,
+    int32,
+    symbol,
+    ulong,
+)
+from twisted.internet.defer import succeed
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from mqttamqp.amqp.addresses import AddressKind, classify
+from mqttamqp.amqp.codec import (
+    DecodeError,
+    decode_message,
+    decode_value,
+    encode_publish,
+    message_payload,
+    message_qos,
+    message_retain,
+    parse_qos,
+)
+from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
+from mqttamqp.amqp.sasl import (
+    AMQP_HEADER,
+    SASL_HEADER,
+    Authenticate,
+    Refuse,
+    SaslServer,
+    SendBytes,
+    StartAmqp,
+    _encode_frame,
+)
+from mqttamqp.core.auth import Credentials
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.persistence import NullStore
+from mqttamqp.core.users import UserFile, add_user, make_line, parse_line
+
+# -- codec ---------------------------------------------------------------------------
+
+
+def test_decode_what_proton_encodes() -> None:
+    """Every field the contract reads survives proton's encoder and our decoder."""
+    msg = Message(subject="will", address="a/b", durable=True, reply_to="r",
+                  correlation_id="$mqtt.to.x.publish", id=ulong(7), delivery_count=2,
+                  annotations={symbol("x-opt-retain-message"): True,
+                               symbol("x-opt-mqtt-qos"): int32(2)}, body=b"payload")
+    msg.inferred = True
+    got = decode_message(bytes(msg.encode()))
+    assert (got.subject, got.to, got.durable, got.reply_to, got.correlation_id,
+            got.message_id, got.delivery_count) == (
+        "will", "a/b", True, "r", "$mqtt.to.x.publish", 7, 2)
+    assert message_qos(got) == 2 and message_retain(got) is True
+    assert message_payload(got) == b"payload"
+
+
+@pytest.mark.parametrize("qos,retain,count,publisher,pid", [
+    (0, False, 0, None, None), (1, True, 1, "c", 5), (2, False, 300, "x" * 300, 65535)])
+def test_encode_publish_is_what_proton_decodes(qos: int, retain: bool, count: int,
+                                               publisher: str | None, pid: int | None) -> None:
+    """AMQP_PUBLISH as we encode it reads back in proton with every contract field."""
+    data = encode_publish("t/" + "x" * 300, b"p" * 300, qos, retain, count, publisher, pid)
+    m = Message()
+    m.decode(data)
+    assert m.address == "t/" + "x" * 300 and bytes(m.body) == b"p" * 300 and m.inferred
+    assert m.durable is (qos > 0) and m.delivery_count == count
+    ann = m.annotations
+    assert ann[symbol("x-opt-mqtt-qos")] == qos
+    assert ann[symbol("x-opt-retain-message")] is retain
+    assert ann.get(symbol("x-opt-mqtt-client-id")) == publisher
+    assert (m.id if pid is not None else None) == pid
+    assert decode_message(data).data == [b"p" * 300]
+
+
+def test_qos_fallback_and_strings() -> None:
+    """x-opt-mqtt-qos as int or decimal string; absent: durable means QoS 1."""
+    assert parse_qos(1) == 1 and parse_qos("2") == 2 and parse_qos(" 0 ") == 0
+    assert parse_qos("7") is None and parse_qos(True) is None and parse_qos(1.0) is None
+    m = decode_message(bytes(Message(durable=True, body="x").encode()))
+    assert message_qos(m) == 1
+    m = decode_message(bytes(Message(durable=False, body="x").encode()))
+    assert message_qos(m) == 0
+
+
+@pytest.mark.parametrize("body", [{"a": 1}, [1, 2], 3, None, symbol("s")])
+def test_payload_rules(body: Any) -> None:
+    """Only Data sections and AmqpValue string/binary are payloads; no body is empty."""
+    m = decode_message(bytes(Message(body=body).encode()))
+    if body is None:
+        assert message_payload(m) == b""
+    else:
+        with pytest.raises(DecodeError, match="body must be"):
+            message_payload(m)
+
+
+def test_multiple_data_sections_join() -> None:
+    """A body of several Data sections is their concatenation."""
+    data = b"\x00\x53\x75\xa0\x02ab" + b"\x00\x53\x75\xa0\x01c"
+    assert message_payload(decode_message(data)) == b"abc"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_decode_or_raise_decode_error(data: bytes) -> None:
+    """Any bytes either decode or raise DecodeError (never another exception)."""
+    try:
+        decode_message(data)
+    except DecodeError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=60))
+def test_random_bytes_after_a_section_header(tail: bytes) -> None:
+    """Hostile content inside a section still ends in DecodeError at worst."""
+    for code in (0x70, 0x72, 0x73, 0x75, 0x77):
+        try:
+            decode_message(bytes((0x00, 0x53, code)) + tail)
+        except DecodeError:
+            pass
+
+
+def test_zero_width_array_bomb_is_bounded() -> None:
+    """An array claiming billions of zero-width elements is refused, not expanded."""
+    bomb = b"\xf0" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40"
+    with pytest.raises(DecodeError):
+        decode_value(bomb)
+
+
+# -- addresses ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("address,kind,value", [
+    (None, AddressKind.ANONYMOUS, ""),
+    ("$mqtt.willservice", AddressKind.WILL_SERVICE, "$mqtt.willservice"),
+    ("$lwt", AddressKind.WILL_SERVICE, "$lwt"),
+    ("$subctrl", AddressKind.SUBSCRIPTION_SERVICE, "$subctrl"),
+    ("$mqtt.to.a.b.publish", AddressKind.SESSION_PUBLISH, "a.b"),
+    ("$mqtt.to.x/y.control", AddressKind.SESSION_CONTROL, "x/y"),
+    ("$mqtt.c1.pubrel", AddressKind.PUBREL, "c1"),
+    ("$mqtt.other", AddressKind.UNKNOWN_CONTROL, "$mqtt.other"),
+    ("sensors/+/temp", AddressKind.TOPIC, "sensors/+/temp"),
+])
+def test_classify(address: str | None, kind: AddressKind, value: str) -> None:
+    """Client ids are parsed by stripping the known prefix and suffix."""
+    got = classify(address)
+    assert (got.kind, got.value) == (kind, value)
+
+
+# -- SASL ------------------------------------------------------------------------------
+
+def _client(mechs: str, user: str | None = None, password: str | None = None) -> Any:
+    conn = Connection()
+    if user is not None:
+        conn.user, conn.password = user, password
+    transport = Transport()
+    sasl = transport.sasl()
+    sasl.allowed_mechs(mechs)
+    sasl.allow_insecure_mechs = True
+    transport.bind(conn)
+    conn.open()
+    return transport, sasl
+
+
+def _out(transport: Any) -> bytes:
+    n = transport.pending()
+    if n <= 0:
+        return b""
+    data = bytes(transport.peek(n))
+    transport.pop(n)
+    return data
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_sasl_plain_exchange(ok: bool) -> None:
+    """PLAIN credentials reach the authenticator; the outcome is what proton's client reads."""
+    transport, sasl = _client("PLAIN", "bob", "secret")
+    server = SaslServer(["PLAIN", "ANONYMOUS"], allow_no_sasl=True)
+    steps = server.feed(_out(transport))
+    assert isinstance(steps[0], SendBytes) and steps[0].data.startswith(SASL_HEADER)
+    transport.push(steps[0].data)
+    steps = server.feed(_out(transport))
+    assert steps == [Authenticate("PLAIN", "bob", b"secret")]
+    steps = server.outcome(ok)
+    transport.push(steps[0].data)
+    if ok:
+        assert isinstance(steps[1], StartAmqp) and sasl.outcome == 0
+    else:
+        assert isinstance(steps[0], Refuse) and sasl.outcome == 1
+        _out(transport)
+        assert transport.condition.name == "amqp:unauthorized-access"
+
+
+def test_sasl_refusals() -> None:
+    """Garbage headers, unoffered mechanisms and skipped SASL (when required) are refused."""
+    assert isinstance(SaslServer(["PLAIN"], False).feed(b"HTTP/1.1")[0], Refuse)
+    refused = SaslServer(["PLAIN"], False).feed(AMQP_HEADER)
+    assert isinstance(refused[0], Refuse) and refused[0].data == SASL_HEADER
+    started = SaslServer(["PLAIN", "ANONYMOUS"], True).feed(AMQP_HEADER + b"rest")
+    assert started == [StartAmqp(AMQP_HEADER + b"rest", anonymous_without_sasl=True)]
+    server = SaslServer(["PLAIN"], False)
+    server.feed(SASL_HEADER)
+    init = _encode_frame(0x41, lambda data: data.put_symbol("ANONYMOUS"))
+    steps = server.feed(init)
+    assert isinstance(steps[-1], Refuse) and "not offered" in steps[-1].reason
+
+
+def test_sasl_frame_bound() -> None:
+    """A SASL frame larger than the bound is refused before it is buffered."""
+    server = SaslServer(["PLAIN"], False, max_frame=512)
+    server.feed(SASL_HEADER)
+    steps = server.feed(struct.pack(">IBBH", 1 << 30, 2, 1, 0))
+    assert isinstance(steps[-1], Refuse)
+
+
+# -- users file -----------------------------------------------------------------------------
+
+def test_users_lines_round_trip(tmp_path: os.PathLike[str]) -> None:
+    """A line made for a user verifies its password and no other."""
+    record = parse_line(make_line("alice", "s3cret"))
+    assert record.username == "alice" and record.verify(b"s3cret")
+    assert not record.verify(b"wrong")
+    for bad in ("nocolon", "a:md5$1$2$3$aa$bb", "a:scrypt$3$8$1$aa$bb", "a:scrypt$x$8$1$aa$bb"):
+        with pytest.raises(ValueError):
+            parse_line(bad)
+    with pytest.raises(ValueError):
+        make_line("a:b", "x")
+
+
+def test_user_file_authenticates_and_reloads(tmp_path: os.PathLike[str]) -> None:
+    """UserFile checks passwords (off the reactor), refuses anonymous, sees file changes."""
+    path = os.path.join(str(tmp_path), "users")
+    add_user(path, "alice", "one")
+    users = UserFile(path)
+    users._defer = lambda fn, *args: succeed(fn(*args))  # no thread pool in a unit test
+
+    def check(user: str | None, password: bytes | None) -> bool:
+        result: list[bool] = []
+        d = users.authenticate(Credentials("c", user, password, "amqp", "peer"))
+        d.addCallback(result.append)  # type: ignore[union-attr]
+        return result[0]
+
+    assert check("alice", b"one") and not check("alice", b"two")
+    assert not check(None, None) and not check("eve", b"one")
+    add_user(path, "alice", "two")
+    os.utime(path, (1, 1))   # a different stamp even within the same second
+    assert check("alice", b"two") and not check("alice", b"one")
+    assert users.allows_anonymous is False
+
+
+# -- the listener on a fake transport and clock ----------------------------------------------
+
+class Peer:
+    """A proton client engine wired to an AMQPConnection through StringTransport."""
+
+    def __init__(self, idle: float = 4.0) -> None:
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.broker = Broker(self.clock, NullStore(), Limits(sys_interval=0,
+                                                            connect_timeout=5))
+        self.factory = AMQPFactory(self.broker, self.clock, None, idle_timeout=idle)
+        self.server = self.factory.buildProtocol(None)
+        self.wire = StringTransport()
+        self.server.makeConnection(self.wire)
+        self.conn = Connection()
+        self.conn.container = "unit"
+        self.transport = Transport()
+        self.transport.bind(self.conn)
+        self.col = Collector()
+        self.conn.collect(self.col)
+
+    def exchange(self, rounds: int = 4) -> None:
+        for _ in range(rounds):
+            out = _out(self.transport)
+            if out:
+                self.server.dataReceived(out)
+            self.clock.advance(0)      # scheduled flushes
+            back = self.wire.value()
+            self.wire.clear()
+            if back:
+                self.transport.push(back)
+
+    def events(self) -> list[Any]:
+        out = []
+        while (ev := self.col.peek()) is not None:
+            out.append(ev.type)
+            self.col.pop()
+        return out
+
+
+def test_listener_opens_and_arms_one_idle_timer() -> None:
+    """Open handshake over a fake transport; one tick timer armed; closed on idle time-out."""
+    peer = Peer(idle=4.0)
+    peer.conn.open()
+    peer.exchange()
+    assert peer.server.state is ConnectionState.OPEN
+    assert peer.conn.state & Endpoint.REMOTE_ACTIVE
+    assert peer.transport.remote_idle_timeout == 2.0   # proton advertises half
+    assert peer.factory.broker.connections[peer.server.key] is peer.server
+    timers = [c for c in peer.clock.getDelayedCalls() if c.active()]
+    assert len(timers) == 1
+    peer.clock.advance(3.9)       # silent but within the time-out: still open
+    assert peer.server.state is ConnectionState.OPEN
+    peer.clock.advance(5)         # past it
+    peer.exchange(1)
+    assert peer.wire.disconnecting
+    assert Event.CONNECTION_REMOTE_CLOSE in peer.events()
+    assert peer.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    peer.server.connectionLost(None)
+    assert [c for c in peer.clock.getDelayedCalls() if c.active()] == []
+    assert peer.server.key not in peer.factory.broker.connections
+
+
+def test_listener_handshake_timeout() -> None:
+    """A socket that never opens is closed after the connect timeout, nothing left behind."""
+    peer = Peer(idle=60.0)
+    peer.server.dataReceived(AMQP_HEADER)
+    peer.clock.advance(4.9)
+    assert not peer.wire.disconnecting
+    peer.clock.advance(0.2)
+    assert peer.wire.disconnecting
+    peer.server.connectionLost(None)
+    assert [c for c in peer.clock.getDelayedCalls() if c.active()] == []
+
+
+def test_listener_survives_a_failing_handler() -> None:
+    """An exception while handling input closes that connection with amqp:internal-error."""
+    peer = Peer()
+    peer.conn.open()
+    peer.exchange()
+
+    def boom(self: Any, event: Any) -> None:
+        raise RuntimeError("bug")
+
+    handlers = dict(type(peer.server)._handlers)
+    peer.server._handlers = {**handlers, Event.SESSION_REMOTE_OPEN.number: boom}
+    ssn = peer.conn.session()
+    ssn.open()
+    peer.exchange()
+    assert peer.wire.disconnecting
+    assert peer.conn.remote_condition is not None
+    assert peer.conn.remote_condition.name == "amqp:internal-error"
+
+
+def test_console_view_of_a_connection() -> None:
+    """info() lists the links with role, address, settle modes and credit; close() ends it."""
+    from proton import Link
+
+    peer = Peer(idle=60.0)
+    peer.conn.open()
+    ssn = peer.conn.session()
+    ssn.open()
+    rcv = ssn.receiver("r1")
+    rcv.source.address = "a/+"
+    rcv.snd_settle_mode = Link.SND_SETTLED
+    rcv.open()
+    rcv.flow(7)
+    snd = ssn.sender("client-9")
+    snd.target.address = "$mqtt.willservice"
+    snd.open()
+    peer.exchange()
+    info = peer.server.info()
+    assert (info.protocol, info.client_id, info.keepalive) == ("amqp", "unit", 60)
+    links = {link.name: link for link in info.links}
+    assert links["r1"].role == "sender" and links["r1"].address == "a/+"
+    assert links["r1"].snd_settle_mode == "settled" and links["r1"].credit == 7
+    assert links["client-9"].role == "receiver"
+    assert links["client-9"].address == "$mqtt.willservice"
+    assert rcv.remote_snd_settle_mode == Link.SND_SETTLED    # reported truly in the attach
+    peer.server.close("operator said so")
+    peer.exchange(1)
+    assert peer.wire.disconnecting
+    assert peer.conn.remote_condition.name == "amqp:connection:forced"
+    assert peer.broker.link_subscribers == {}
