@@ -1,0 +1,51 @@
+"""The assembled service: scheduled packing of the storage, option errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from brokerproc import TWISTD, BrokerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_storage_is_packed_on_schedule(tmp_path: Path) -> None:
+    """--pack-interval (hours) packs the FileStorage periodically, logged each time."""
+    proc = BrokerProcess(str(tmp_path / "data"), "--pack-interval", "0.0005")  # 1.8 s
+    proc.start()
+    try:
+        proc.wait_for_line(r"storage packed", timeout=30)
+        proc.wait_for_line(r"storage packed", timeout=30)  # and again: it is a schedule
+    finally:
+        proc.stop()
+    assert (tmp_path / "data" / "mqttamqp.fs").is_file()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-inflight", "0"], "--max-inflight must be at least 1"),
+    (["--max-queued-messages", "-1"], "--max-queued-messages must not be negative"),
+    (["--connect-timeout", "soon"], "--connect-timeout must be a number"),
+])
+def test_bad_options_say_what_to_do(tmp_path: Path, args: list[str], message: str) -> None:
+    """A bad option value stops twistd with a message naming the option."""
+    out = subprocess.run([TWISTD, "-n", "--pidfile=", "mqttamqp", "--data",
+                          str(tmp_path / "d"), *args], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path)
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr
+    assert not (tmp_path / "d").exists()  # nothing was started
+
+
+def test_help_lists_every_option() -> None:
+    """twistd mqttamqp --help documents each listener and limit option."""
+    out = subprocess.run([TWISTD, "mqttamqp", "--help"], capture_output=True, text=True,
+                         timeout=60).stdout
+    for option in ("--mqtt", "--amqp", "--web", "--data", "--users", "--max-connections",
+                   "--max-packet-size", "--max-inflight", "--max-queued-messages",
+                   "--max-queued-bytes", "--connect-timeout", "--session-expiry",
+                   "--will-grace", "--sys-interval", "--pack-interval",
+                   "--amqp-idle-timeout"):
+        assert option in out, option
