@@ -607,12 +607,11 @@ class IncomingLink(BrokerLink):
 
     # credit and back-pressure --------------------------------------------------------
 
-    def block_until_drained(self) -> None:
-        """Subscribers fed by this link are past their high-water mark: no more credit."""
-        if self.blocked:
-            return
+    def block_until_drained(self, sessions: list[Session]) -> None:
+        """``sessions`` fed by this link are past their high-water mark: no more credit
+        until they drain."""
+        self.broker.pause_until_drained(id(self), self._unblock, list(sessions))
         self.blocked = True
-        self.broker.pause_until_drained(id(self), self._unblock)
 
     def _unblock(self) -> None:
         self.blocked = False
@@ -666,7 +665,7 @@ class TopicPublisher(IncomingLink):
             return
         d = broker.publish(routed)
         if broker.last_publish_congested:
-            self.block_until_drained()
+            self.block_until_drained(broker.last_publish_congested)
         if presettled:
             self.outstanding -= 1
             lib.pn_delivery_settle(dlv)
@@ -686,7 +685,7 @@ class TopicPublisher(IncomingLink):
         if d is not None:
             d.addErrback(broker._log_store_failure, "routing an exactly-once message")
         if broker.last_publish_congested:
-            self.block_until_drained()
+            self.block_until_drained(broker.last_publish_congested)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:
