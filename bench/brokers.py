@@ -182,7 +182,9 @@ class Broker:
                 args += ["--max-inflight", str(self.max_inflight)]
             # parity with the Mosquitto config: same queue limit, no byte cap to speak of
             if "--max-queued-messages" in opts:
-                args += ["--max-queued-messages", str(self.max_queued)]
+                # MQTT packet ids bound a session's queue (65535 in all, less the
+                # in-flight window): the largest queue mqttamqp accepts.
+                args += ["--max-queued-messages", str(min(self.max_queued, 64000))]
             if "--max-queued-bytes" in opts:
                 args += ["--max-queued-bytes", str(1 << 30)]
             # Mosquitto runs a single MQTT listener; switch off the other listeners

@@ -40,7 +40,8 @@ class Options(usage.Options):
         ["data", "d", "mqttamqp-data",
          "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
         ["max-connections", None, _D.max_connections,
-         "Refuse sockets beyond this many live MQTT connections.",
+         "Refuse sockets beyond this many live connections, counted per protocol "
+         "(MQTT and AMQP each).",
          _positive(int, "max-connections")],
         ["max-packet-size", None, _D.max_packet_size,
          "Largest MQTT packet accepted, in bytes; larger ones close the connection.",
@@ -62,6 +63,11 @@ class Options(usage.Options):
         ["will-grace", None, _D.will_grace,
          "After a restart, seconds to wait for clients that were connected before "
          "publishing their wills.", _positive(float, "will-grace")],
+        ["stall-timeout", None, _D.stall_timeout,
+         "Longest a publisher is not read while subscribers it feeds catch up; a "
+         "subscriber that made no progress in that time stops slowing publishers "
+         "(its queue then drops at its limit, counted).",
+         _positive(float, "stall-timeout")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
         ["amqp-idle-timeout", None, 60.0,
@@ -69,8 +75,9 @@ class Options(usage.Options):
          "(amqp:resource-limit-exceeded); half of it is advertised. 0 = none.",
          _positive(float, "amqp-idle-timeout")],
         ["users", None, None,
-         "File of users allowed to log in over AMQP SASL PLAIN (see README); "
-         "without it AMQP accepts ANONYMOUS only."],
+         "File of users (scrypt hashes; see README). With it, MQTT CONNECT and AMQP "
+         "SASL PLAIN must name one of them and anonymous clients are refused; "
+         "without it every client is accepted."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
     ]
@@ -104,6 +111,10 @@ class Options(usage.Options):
             raise usage.UsageError("--max-inflight must be at least 1")
         if self["max-packet-size"] < 2:
             raise usage.UsageError("--max-packet-size must be at least 2")
+        if self["max-queued-messages"] + self["max-inflight"] > 65000:
+            raise usage.UsageError(
+                "--max-queued-messages plus --max-inflight must stay below 65000: each "
+                "queued QoS 1/2 message holds one of the 65535 MQTT packet ids")
 
 
 def limits_from(options: Any) -> Limits:
@@ -117,4 +128,5 @@ def limits_from(options: Any) -> Limits:
         session_expiry=options["session-expiry"],
         will_grace=options["will-grace"],
         sys_interval=options["sys-interval"],
+        stall_timeout=options["stall-timeout"],
     )

@@ -156,6 +156,9 @@ class BrokerService(service.MultiService):
         self.broker.stop()
         for conn in list(self.mqtt_factory.connections):
             conn.transport.abortConnection()
+        if self.amqp_factory is not None:
+            for amqp_conn in list(self.amqp_factory.connections):
+                amqp_conn.transport.abortConnection()
         if self.store is not None:
             self.store.close()
 

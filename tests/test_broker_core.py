@@ -793,3 +793,27 @@ def test_qos1_publish_to_offline_persistent_session_waits_for_commit() -> None:
     assert d is not None and not d.called
     store.commit_all()
     assert d.called
+
+
+def test_nothing_is_acknowledged_while_stopping() -> None:
+    """Once the broker is stopping, a publish that needs storing never completes."""
+    broker, _, _ = make_broker()
+    s, link, _ = connect(broker, "p", clean=False)
+    subscribe(broker, s, ("a", 1))
+    broker.end_session(link, s, clean=True, reason="offline")
+    broker.stopping = True
+    d = pub(broker, "a", b"m", qos=1)
+    assert d is not None and not d.called
+
+
+def test_mqtt_connection_leaves_an_amqp_will_of_the_same_name_alone() -> None:
+    """An MQTT client named like an AMQP will link neither deletes nor fires that will."""
+    broker, _, _ = make_broker()
+    amqp_will = WillMessage("dev1", "w/amqp", b"gone", 0, False, "amqp")
+    broker.set_will(amqp_will)
+    s, link, _ = connect(broker, "dev1")  # CONNECT without a will
+    assert broker.wills["dev1"] is amqp_will
+    broker.end_session(link, s, clean=False, reason="socket lost")
+    assert broker.wills["dev1"] is amqp_will
+    assert broker.fire_will("dev1", "link detached with an error", "amqp")
+    assert "dev1" not in broker.wills

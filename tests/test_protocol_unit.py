@@ -613,7 +613,7 @@ def test_qos0_backlog_counted_while_congested() -> None:
 
 def test_publisher_paused_by_backpressure_not_dropped_by_keepalive() -> None:
     """A publisher the broker stopped reading (back-pressure) is not dropped by keepalive."""
-    h = Harness()
+    h = Harness(stall_timeout=120)
     sub = h.client()
     sub.connect("sub")
     sub.send(Subscribe(1, (("t", 1),)))
@@ -728,3 +728,99 @@ def test_persistent_inbound_qos2_dedup_survives_reconnect() -> None:
     c2.send(Pubrel(5))
     assert c2.received() == [Pubcomp(5)]
     assert watcher.sent == [("t", b"once", 2, False)]
+
+
+def test_publisher_never_paused_for_its_own_session() -> None:
+    """A client publishing to its own QoS 1 subscription keeps being read (its PUBACKs
+    are what drains that queue): no self-deadlock."""
+    h = Harness(max_inflight=1, max_queued_messages=4)
+    c = h.client()
+    c.connect("self")
+    c.send(Subscribe(1, (("t", 1),)))
+    for pid in range(1, 9):
+        c.send(Publish("t", b"x", 1, False, False, pid))
+    assert c.transport.producerState == "producing"
+    delivered = [p for p in c.received() if isinstance(p, Publish)]
+    assert len(delivered) == 1  # window 1: the rest wait for this client's PUBACKs
+    c.send(Puback(delivered[0].packet_id or 0))
+    assert [p for p in c.received() if isinstance(p, Publish)]  # and they flow again
+
+
+def test_stalled_subscriber_stops_slowing_publishers() -> None:
+    """A subscriber that acknowledges nothing pauses a publisher for stall_timeout at
+    most; afterwards it no longer slows anyone until it makes progress."""
+    h = Harness(max_inflight=1, max_queued_messages=4, stall_timeout=2.0)
+    stuck = h.client()
+    stuck.connect("stuck")
+    stuck.send(Subscribe(1, (("t", 1),)))
+    pub = h.client()
+    pub.connect("pub")
+    for pid in range(1, 5):  # 1 in flight + 3 queued: past half of the bound of 4
+        pub.send(Publish("t", b"x", 1, False, False, pid))
+    assert pub.transport.producerState == "paused"
+    h.clock.advance(2.0 - EPSILON)
+    assert pub.transport.producerState == "paused"
+    h.clock.advance(2 * EPSILON)
+    assert pub.transport.producerState == "producing"
+    assert h.broker.sessions["stuck"].stalled
+    for pid in range(4, 20):  # no longer paused; the stuck queue drops at its bound
+        pub.send(Publish("t", b"x", 1, False, False, pid))
+    assert pub.transport.producerState == "producing"
+    assert h.broker.sessions["stuck"].dropped > 0
+    first = next(p for p in stuck.received() if isinstance(p, Publish))
+    stuck.send(Puback(first.packet_id or 0))  # progress: it counts again
+    assert not h.broker.sessions["stuck"].stalled
+    assert h.clock.getDelayedCalls() == []  # no pause timer left behind
+
+
+def test_duplicate_qos2_pubrec_waits_for_pending_commit() -> None:
+    """A DUP resend of a QoS 2 PUBLISH whose first copy is not yet stored gets its
+    PUBREC only after that commit (and is not routed twice)."""
+    store = ManualStore()
+    h = Harness(store)
+    watcher = h.watcher("t")
+    c = h.client()
+    c.connect("p", clean=False)
+    store.commit_all()
+    c.received()
+    c.send(Publish("t", b"x", 2, False, False, 7))
+    c.send(Publish("t", b"x", 2, False, True, 7))
+    assert c.received() == []
+    store.commit_all()
+    assert c.received() == [Pubrec(7), Pubrec(7)]
+    assert len(watcher.sent) == 1
+
+
+def test_failed_qos2_commit_lets_the_retry_be_routed() -> None:
+    """If the commit holding a QoS 2 packet id fails, the client's retry is routed again."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.connect("p", clean=False)
+    store.commit_all()
+    c.send(Publish("t", b"x", 2, False, False, 7))
+    session = h.broker.sessions["p"]
+    assert session.inbound_seen(7)
+    store.pending[0][1].errback(Failure(RuntimeError("disk full")))
+    assert not session.inbound_seen(7)
+
+
+def test_pipelining_past_pending_ack_bound_pauses_reading() -> None:
+    """More than MAX_PENDING_ACKS acknowledgements waiting on storage stop reading the
+    client; they resume once commits catch up."""
+    from mqttamqp.mqtt.protocol import MAX_PENDING_ACKS
+    store = ManualStore()
+    h = Harness(store, max_queued_messages=5000)
+    sub = h.client()
+    sub.connect("s", clean=False)
+    store.commit_all()
+    sub.send(Subscribe(1, (("t", 1),)))
+    store.commit_all()
+    pub = h.client()
+    pub.connect("p")
+    for pid in range(1, MAX_PENDING_ACKS + 2):
+        pub.send(Publish("t", b"x", 1, False, False, pid))
+    assert pub.transport.producerState == "paused"
+    store.commit_all()
+    assert pub.transport.producerState == "producing"
+    assert len([p for p in pub.received() if isinstance(p, Puback)]) == MAX_PENDING_ACKS + 1

@@ -47,5 +47,5 @@ def test_help_lists_every_option() -> None:
                    "--max-packet-size", "--max-inflight", "--max-queued-messages",
                    "--max-queued-bytes", "--connect-timeout", "--session-expiry",
                    "--will-grace", "--sys-interval", "--pack-interval",
-                   "--amqp-idle-timeout"):
+                   "--amqp-idle-timeout", "--stall-timeout"):
         assert option in out, option

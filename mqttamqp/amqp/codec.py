@@ -452,13 +452,19 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
 
 # -- reading the contract's fields ---------------------------------------------------
 
+def _is_ascii_number(text: str) -> bool:
+    """Decimal ASCII digits only: str.isdigit() also accepts '²' and '١', which int()
+    rejects or reads as another number."""
+    return text.isascii() and text.isdigit() and len(text) <= 10
+
+
 def parse_qos(value: Any) -> int | None:
     """A QoS given as an int or a decimal string; None if it is neither or out of range."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         qos = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and _is_ascii_number(value.strip()):
         qos = int(value.strip())
     else:
         return None

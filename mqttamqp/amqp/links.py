@@ -86,6 +86,8 @@ def rcv_mode_name(mode: int) -> str:
     return "second" if mode == Link.RCV_SECOND else "first"
 
 
+_link_serials = itertools.count(1)
+
 class LinkHost(Protocol):
     """What a link needs from its AMQP connection (``listener.AMQPConnection``)."""
 
@@ -381,7 +383,8 @@ class TopicSubscription(_SessionLink):
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str) -> None:
         super().__init__(host, plink, topic_filter)
-        self.key = f"amqp:{host.container_id}:{self.name}#{host.serial}"
+        # Unique per link: two sessions of one connection may reuse a link name.
+        self.key = f"amqp:{host.container_id}:{self.name}#{host.serial}.{next(_link_serials)}"
 
     def subscribe(self) -> str | None:
         """Route the filter to a session of this link; returns why it failed, or None."""
@@ -660,8 +663,11 @@ class TopicPublisher(IncomingLink):
                          broker.clock.seconds(), message.delivery_count > 0)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
+            # Until then it still counts against the credit window, so a sender that
+            # never settles cannot make the broker hold more than the window.
             self._held[dlv] = routed
             self.answer(dlv, ACCEPTED)
+            self.outstanding += 1
             return
         d = broker.publish(routed)
         if broker.last_publish_congested:
@@ -680,6 +686,8 @@ class TopicPublisher(IncomingLink):
         lib.pn_delivery_settle(dlv)
         if routed is None or self.closed:
             return
+        self.outstanding -= 1
+        self.top_up()
         broker = self.broker
         d = broker.publish(routed)
         if d is not None:

@@ -652,6 +652,10 @@ class AMQPConnection(Protocol):
                 return None
             return partial(TopicSubscription, self, plink, value)
         if kind is AddressKind.SESSION_PUBLISH:
+            if not self.broker.authorizer.may_use_session(self.identity, value):
+                self._refuse_link(plink, "amqp:unauthorized-access",
+                                  f"not allowed to attach to the session of {value!r}")
+                return None
             return partial(SessionOutlet, self, plink, address, value)
         if kind is AddressKind.SESSION_CONTROL:
             return partial(ControlOutlet, self, plink, address, value)

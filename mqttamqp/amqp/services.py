@@ -119,7 +119,7 @@ class WillServiceLink(_ServiceLink):
             self.host.claim_will(self)
             self.answer_after(broker.set_will(will), dlv)
         elif subject == "will-clear":
-            self.answer_after(broker.clear_will(self.name), dlv)
+            self.answer_after(broker.clear_will(self.name, "amqp"), dlv)
         else:
             self.reject(dlv, DECODE_ERROR, f"the will service does not know subject "
                         f"{subject!r} (expected 'will' or 'will-clear')")
@@ -132,9 +132,9 @@ class WillServiceLink(_ServiceLink):
         if broker.stopping:
             return  # the grace rule decides at the next start
         if brute:
-            broker.fire_will(self.name, reason)
+            broker.fire_will(self.name, reason, "amqp")
         else:
-            d = broker.clear_will(self.name)
+            d = broker.clear_will(self.name, "amqp")
             if d is not None:
                 d.addErrback(broker._log_store_failure, "clearing a will")
 
@@ -161,6 +161,9 @@ class SubscriptionServiceLink(_ServiceLink):
             condition = PRECONDITION_FAILED if message.subject == "list" else DECODE_ERROR
             self.reject(dlv, condition, "correlation-id must be $mqtt.to.<client-id>.publish, "
                         f"got {message.correlation_id!r}")
+            return
+        if not self.broker.authorizer.may_use_session(self.host.identity, client_id):
+            self.reject(dlv, UNAUTHORIZED, f"not allowed to act on the session of {client_id!r}")
             return
         handler(self, dlv, message, client_id)
 
@@ -241,7 +244,7 @@ class SubscriptionServiceLink(_ServiceLink):
 def _packet_id(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, int) and 1 <= value <= 65535:
         return value

@@ -45,6 +45,11 @@ class Authorizer(Protocol):
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         ...
 
+    def may_use_session(self, identity: Identity, client_id: str) -> bool:
+        """May ``identity`` act on the session of ``client_id`` from AMQP (the
+        subscription service, a ``$mqtt.to.<id>.publish`` receiver)?"""
+        ...
+
 
 class AllowAll:
     """Anonymous access: every client, every topic."""
@@ -56,4 +61,7 @@ class AllowAll:
         return True
 
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        return True
+
+    def may_use_session(self, identity: Identity, client_id: str) -> bool:
         return True

@@ -27,7 +27,6 @@ from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import (
-    ClearRetained,
     DeleteRetained,
     DeleteSession,
     DeleteSubscription,
@@ -69,7 +68,8 @@ class Broker:
         self.connections: dict[str, InspectableConnection] = {}
         self._grace: dict[str, DelayedCall] = {}
         # paused publisher key -> (resume callback, the congested sessions it fed)
-        self._paused: dict[int, tuple[Callable[[], None], list[Session] | None]] = {}
+        self._paused: dict[
+            int, tuple[Callable[[], None], list[Session] | None, DelayedCall]] = {}
         self._loops: list[LoopingCall] = []
         self._dropped_retired = 0  # drops of sessions that no longer exist
         # Set when the process shuts down: connections then end without firing wills
@@ -137,6 +137,8 @@ class Broker:
             if call.active():
                 call.cancel()
         self._grace.clear()
+        for key in list(self._paused):
+            self.forget_paused(key)
 
     # -- storage --------------------------------------------------------------
 
@@ -147,8 +149,11 @@ class Broker:
         outermost batch ends, in the same order, so one socket read full of
         PUBLISH or PUBACK packets costs one hand-off to the writer thread.
         """
-        if not ops or self.stopping:
+        if not ops:
             return None
+        if self.stopping:
+            # Shutting down: nothing more is stored, so nothing may be acknowledged.
+            return Deferred()
         if self._batch_depth:
             self._batch_ops.extend(ops)
             waiter: Deferred[None] = Deferred()
@@ -156,12 +161,22 @@ class Broker:
             return waiter
         return self.store.submit(ops)
 
+    def barrier(self) -> Deferred[None]:
+        """Fires once everything submitted so far is durable."""
+        if self.stopping:
+            return Deferred()
+        if self._batch_depth:
+            waiter: Deferred[None] = Deferred()
+            self._batch_waiters.append(waiter)
+            return waiter
+        return self.store.submit(())
+
     def begin_batch(self) -> None:
         self._batch_depth += 1
 
     def end_batch(self) -> None:
         self._batch_depth -= 1
-        if self._batch_depth or not self._batch_ops:
+        if self._batch_depth or not (self._batch_ops or self._batch_waiters):
             return
         ops, waiters = self._batch_ops, self._batch_waiters
         self._batch_ops, self._batch_waiters = [], []
@@ -192,7 +207,7 @@ class Broker:
             del self.connections[key]
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
-                     will: WillMessage | None
+                     will: WillMessage | None, identity: Identity | None = None
                      ) -> tuple[Session, bool, Deferred[None] | None]:
         """Claim the session of ``client_id`` for ``connection``.
 
@@ -213,7 +228,9 @@ class Broker:
             old = existing.connection
             self.log.info("client {c} connected again: closing its previous connection",
                           c=client_id)
-            self.end_session(old, existing, clean=False, reason="taken over")
+            # One that never got its CONNACK had its will not yet accepted.
+            never_accepted = existing.state is SessionState.CONNECTING
+            self.end_session(old, existing, clean=never_accepted, reason="taken over")
             old.close("session taken over by a new connection")
             existing = self.sessions.get(client_id)
         present = False
@@ -233,14 +250,14 @@ class Broker:
         session.last_seen = now
         session.connection = connection
         session.state = SessionState.CONNECTING
-        if will is not None and not self._will_allowed(will):
+        if will is not None and not self._will_allowed(will, identity):
             self.log.warn("will of {c} on {t!r} is not authorized; ignored", c=client_id,
                           t=will.topic)
             will = None
         if will is not None:
             self.wills[client_id] = will
             ops.append(PutWill(will))
-        elif self.wills.pop(client_id, None) is not None:
+        elif self._pop_will(client_id, "mqtt") is not None:
             ops.append(DeleteWill(client_id))
         return session, present, self.persist(ops)
 
@@ -269,10 +286,10 @@ class Broker:
             self.stats.disconnected(session.protocol)
         ops: list[Op] = []
         if clean:
-            if self.wills.pop(client_id, None) is not None:
+            if self._pop_will(client_id, "mqtt") is not None:
                 ops.append(DeleteWill(client_id))
         else:
-            self.fire_will(client_id, reason)
+            self.fire_will(client_id, reason, "mqtt")
         session.detach()
         if session.persistent:
             session.last_seen = self.clock.seconds()
@@ -348,10 +365,10 @@ class Broker:
 
     # -- wills ----------------------------------------------------------------
 
-    def _will_allowed(self, will: WillMessage) -> bool:
+    def _will_allowed(self, will: WillMessage, identity: Identity | None) -> bool:
         if validate_topic_name(will.topic) is not None:
             return False
-        identity = Identity(will.owner)
+        identity = identity or Identity(will.owner)
         return self.authorizer.may_publish(identity, will.topic, will.retain)
 
     def set_will(self, will: WillMessage) -> Deferred[None] | None:
@@ -359,14 +376,26 @@ class Broker:
         self.wills[will.owner] = will
         return self.persist([PutWill(will)])
 
-    def clear_will(self, owner: str) -> Deferred[None] | None:
-        if self.wills.pop(owner, None) is None:
+    def _pop_will(self, owner: str, origin: str | None) -> WillMessage | None:
+        """Remove the will of ``owner``; with ``origin``, only a will set that way.
+
+        An MQTT client and an AMQP will link may share a name (the contract names
+        the will link after the client id): each side only ends its own will.
+        """
+        will = self.wills.get(owner)
+        if will is None or (origin is not None and will.origin != origin):
+            return None
+        del self.wills[owner]
+        return will
+
+    def clear_will(self, owner: str, origin: str | None = None) -> Deferred[None] | None:
+        if self._pop_will(owner, origin) is None:
             return None
         return self.persist([DeleteWill(owner)])
 
-    def fire_will(self, owner: str, reason: str) -> bool:
-        """Publish the will of ``owner`` (if any) and delete it."""
-        will = self.wills.pop(owner, None)
+    def fire_will(self, owner: str, reason: str, origin: str | None = None) -> bool:
+        """Publish the will of ``owner`` (if any; of ``origin`` if given) and delete it."""
+        will = self._pop_will(owner, origin)
         if will is None:
             return False
         self.log.info("publishing will of {o} to {t!r} ({r})", o=owner, t=will.topic, r=reason)
@@ -410,8 +439,9 @@ class Broker:
                 extra_ops: Sequence[Op] = (), counted: bool = True) -> Deferred[None] | None:
         """Route ``message``; the Deferred fires when everything it promised is durable.
 
-        Deliveries to clean sessions go out at once; deliveries to persistent
-        sessions are held until the commit that stores them.  ``extra_ops`` (e.g.
+        Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
+        out at once; QoS 2 deliveries to persistent sessions are held until the
+        commit that stores them (with their packet id).  ``extra_ops`` (e.g.
         the inbound QoS 2 id) are committed in the same batch.
         """
         if identity is not None and not self.authorizer.may_publish(
@@ -453,7 +483,9 @@ class Broker:
         if d is None:
             return None
         if held:
-            d.addBoth(self._release_held, held)
+            # Only once stored: a QoS 2 entry whose commit failed must not go out
+            # (the publisher got no PUBREC and will send it again).
+            d.addCallback(self._release_held, held)
         if qos1_entries and not held and other_ops == 0:
             return _committed_or_acknowledged(d, qos1_entries, self._log_store_failure)
         return d
@@ -485,14 +517,38 @@ class Broker:
     def pause_until_drained(self, key: int, resume: Callable[[], None],
                             sessions: list[Session] | None = None) -> None:
         """Publisher ``key`` stopped reading; call ``resume`` once ``sessions`` (the
-        congested subscribers it fed; None = any) are below their high-water mark."""
+        congested subscribers it fed; None = any) are below their high-water mark,
+        or after ``limits.stall_timeout`` at the latest."""
         known = self._paused.get(key)
-        if known is not None and known[1] is not None and sessions is not None:
-            sessions = list({*known[1], *sessions})
-        self._paused[key] = (resume, sessions)
+        if known is not None:
+            if known[1] is not None and sessions is not None:
+                sessions = list({*known[1], *sessions})
+            timer = known[2]
+        else:
+            timer = self.clock.callLater(self.limits.stall_timeout, self._pause_expired, key)
+        self._paused[key] = (resume, sessions, timer)
 
     def forget_paused(self, key: int) -> None:
-        self._paused.pop(key, None)
+        entry = self._paused.pop(key, None)
+        if entry is not None and entry[2].active():
+            entry[2].cancel()
+
+    def _pause_expired(self, key: int) -> None:
+        """A publisher waited ``stall_timeout``: whoever kept it waiting is stalled."""
+        entry = self._paused.pop(key, None)
+        if entry is None:
+            return
+        resume, sessions, _ = entry
+        suspects = sessions if sessions is not None else [
+            s for s in self.sessions.values() if s.link is not None]
+        for session in suspects:
+            if session.link is not None and session.over_high_water():
+                session.stalled = True
+                self.log.warn(
+                    "subscriber {c} made no progress for {t:g}s; publishers are no longer "
+                    "slowed down for it (its queue drops at its limit, counted)",
+                    c=session.client_id, t=self.limits.stall_timeout)
+        resume()
 
     def link_drained(self, session: Session | None) -> None:
         """A congested link can take more again: send its queue, wake publishers."""
@@ -505,7 +561,7 @@ class Broker:
             return
         any_congested: bool | None = None
         ready: list[Callable[[], None]] = []
-        for key, (resume, sessions) in list(self._paused.items()):
+        for key, (resume, sessions, timer) in list(self._paused.items()):
             if sessions is None:
                 if any_congested is None:
                     any_congested = any(
@@ -517,6 +573,8 @@ class Broker:
             elif any(s.link is not None and s.over_high_water() for s in sessions):
                 continue
             del self._paused[key]
+            if timer.active():
+                timer.cancel()
             ready.append(resume)
         for resume in ready:
             resume()
@@ -562,7 +620,7 @@ class Broker:
                     last_seq = session_ops[-1].seq  # type: ignore[union-attr]
         d = self.persist(ops)
         if d is not None:
-            d.addBoth(self._release_held, [(session, last_seq)])
+            d.addCallback(self._release_held, [(session, last_seq)])
             d.addErrback(self._log_store_failure, "queueing retained messages")
 
     def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
@@ -638,11 +696,7 @@ class Broker:
         session = self.sessions.get(client_id)
         if session is None:
             return None
-        was_persistent = session.persistent
-        ops = self._discard(session)
-        if was_persistent and not ops:
-            ops = [DeleteSession(client_id)]
-        return self.persist(ops)
+        return self.persist(self._discard(session))
 
     def delete_retained(self, topic: str) -> Deferred[None] | None:
         if not self.retained.delete(topic):
@@ -658,10 +712,6 @@ class Broker:
                 ops.append(DeleteRetained(message.topic))
         count = len(matches)
         return count, self.persist(ops)
-
-    def clear_all_retained(self) -> Deferred[None] | None:
-        self.retained.clear()
-        return self.persist([ClearRetained()])
 
 
 def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:

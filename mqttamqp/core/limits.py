@@ -19,5 +19,8 @@ class Limits:
     will_grace: float = 10.0                  # seconds after a restart before orphan wills fire
     sys_interval: float = 10.0                # $SYS refresh period; 0 = off
     max_client_id_31: int = 23                # MQTT 3.1 rule
+    # Longest a publisher is not read for the sake of a slow subscriber; one that
+    # made no progress in that time stops slowing publishers (it drops at its bound).
+    stall_timeout: float = 2.0
     # QoS 0 bytes buffered to a stalled client before dropping
     congested_qos0_bytes: int = 4 << 20

@@ -113,6 +113,7 @@ class Session:
         self.inbound_qos2: set[int] = set()
         self.queued_bytes = 0
         self.last_entry: OutEntry | None = None  # the entry the last enqueue() made
+        self.stalled = False  # see over_high_water
         self.dropped = 0
         self.delivered = 0
         self._next_seq = 1
@@ -130,8 +131,13 @@ class Session:
         yield from self.queue
 
     def over_high_water(self) -> bool:
-        """Queue past half its bound while online: publishers should slow down."""
-        return self.link is not None and (
+        """Queue past half its bound while online: publishers should slow down.
+
+        Not while ``stalled``: a subscriber that made no progress during a whole
+        pause does not hold publishers back (its queue drops at its bound instead)
+        until it acknowledges something again.
+        """
+        return self.link is not None and not self.stalled and (
             len(self.queue) * 2 > self.limits.max_queued_messages
             or self.queued_bytes * 2 > self.limits.max_queued_bytes
             or self.link.congested)
@@ -192,6 +198,9 @@ class Session:
         # stored before the client can see it (exactly once across a crash).  QoS 1
         # may go at once: if the commit is lost, so is the publisher's PUBACK, and
         # its resend is a permitted duplicate.
+        if len(self._pids) >= 65535:  # every packet id is in use: a hard limit
+            self.dropped += 1
+            return _NO_OPS
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
                          held=self.persistent and qos == 2)
         self.queue.append(entry)
@@ -315,6 +324,7 @@ class Session:
         del self.inflight[entry.packet_id]
         self._pids.discard(entry.packet_id)
         self.delivered += 1
+        self.stalled = False
         done = entry.on_done
         if done is not None:
             entry.on_done = None

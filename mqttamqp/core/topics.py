@@ -28,7 +28,11 @@ def validate_topic_name(topic: str) -> str | None:
         return "topic name contains a wildcard"
     if "\x00" in topic:
         return "topic name contains U+0000"
-    if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "topic name is not valid UTF-8 (lone surrogate)"
+    if size > MAX_TOPIC_BYTES:
         return "topic name is longer than 65535 bytes"
     return None
 
@@ -39,7 +43,11 @@ def validate_topic_filter(topic_filter: str) -> str | None:
         return "topic filter is empty"
     if "\x00" in topic_filter:
         return "topic filter contains U+0000"
-    if len(topic_filter.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
+    try:
+        size = len(topic_filter.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "topic filter is not valid UTF-8 (lone surrogate)"
+    if size > MAX_TOPIC_BYTES:
         return "topic filter is longer than 65535 bytes"
     levels = topic_filter.split("/")
     for i, level in enumerate(levels):
@@ -137,8 +145,7 @@ class SubscriptionTrie(Generic[K]):
                 hash_node = children.get("#")
                 if hash_node is not None:
                     _merge(result, hash_node.subscribers)
-            if depth == last:
-                continue
+            # Only nodes above the last level are ever pushed, so depth < last here.
             exact = children.get(levels[depth])
             if exact is not None:
                 if depth + 1 == last:

@@ -58,6 +58,8 @@ from mqttamqp.mqtt.packets import (
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState"]
 
 _PINGRESP = encode(Pingresp())
+# Acknowledgements one connection may have waiting on commits before it is not read.
+MAX_PENDING_ACKS = 1000
 
 
 class ConnectionState(Enum):
@@ -326,7 +328,7 @@ class MQTTProtocol(Protocol):
                                self.clock.seconds())
         self.has_will = will is not None
         session, present, d = self.broker.open_session(
-            self, self.client_id, packet.clean_session, will)
+            self, self.client_id, packet.clean_session, will, self.identity)
         self.session = session
         if d is None:
             self._connected(None, session, present)
@@ -425,6 +427,10 @@ class MQTTProtocol(Protocol):
             return
         entry: list[Any] = [d is None, frame, after]
         self._acks.append(entry)
+        if len(self._acks) > MAX_PENDING_ACKS:
+            # The client sends faster than commits finish: stop reading until they
+            # catch up, rather than queue work for the writer without bound.
+            self._pause_reading("storage")
         if d is None:
             self._flush_acks()
         else:
@@ -444,6 +450,8 @@ class MQTTProtocol(Protocol):
             self._write(frame)
             if after is not None:
                 after()
+        if len(acks) <= MAX_PENDING_ACKS // 2:
+            self._resume_reading("storage")
 
     def _ack_failed(self, failure: Failure) -> None:
         self.log.failure("storage commit failed for {c}; closing so the client retries",
@@ -472,13 +480,20 @@ class MQTTProtocol(Protocol):
             pid = packet.packet_id
             assert pid is not None
             if session.inbound_seen(pid):
-                self._ack(None, _ack_frame(0x50, pid))  # a duplicate: not routed again
-            else:
-                extra = session.inbound_add(pid)
-                self._ack(broker.publish(message, self.identity, extra), _ack_frame(0x50, pid))
-        if broker.last_publish_congested:
+                # A duplicate: not routed again, and its PUBREC waits behind any commit
+                # still pending (the first copy's may be, e.g. after a reconnect).
+                self._ack(broker.barrier(), _ack_frame(0x50, pid))
+                return
+            extra = session.inbound_add(pid)
+            d = broker.publish(message, self.identity, extra)
+            if d is not None:
+                d.addErrback(_forget_inbound, session, pid)
+            self._ack(d, _ack_frame(0x50, pid))
+        # Never pause for our own session: its acknowledgements arrive on this socket.
+        congested = [s for s in broker.last_publish_congested if s is not session]
+        if congested:
             self._pause_reading("congestion")
-            broker.pause_until_drained(id(self), self._drained, broker.last_publish_congested)
+            broker.pause_until_drained(id(self), self._drained, congested)
 
     def _on_puback(self, packet: Puback) -> None:
         assert self.session is not None
@@ -538,6 +553,12 @@ class MQTTProtocol(Protocol):
         Pingreq: _on_pingreq,
         Disconnect: _on_disconnect,
     }
+
+
+def _forget_inbound(failure: Failure, session: Session, packet_id: int) -> Failure:
+    """The commit holding a QoS 2 packet id failed: its retry must be routed again."""
+    session.inbound_qos2.discard(packet_id)
+    return failure
 
 
 class MQTTFactory(Factory):
