@@ -2,8 +2,9 @@
 
 * ``amqp(broker)`` — python-qpid-proton's ``BlockingConnection`` on the broker's
   AMQP port; its receivers are created without prefetch where a test counts credit.
-* ``Paho`` — paho-mqtt 2.x on its own loop thread; callbacks become queue items
-  and events, so waits are bounded event waits.
+* ``Paho`` — the shared ``pahoclient.PahoClient`` (paho-mqtt 2.x on its own loop
+  thread) as MQTT 3.1.1; callbacks become queue items and events, so waits are
+  bounded event waits.
 * ``run_container`` — proton's event-driven ``Container`` in a thread with a
   bounded join.
 * ``control``/``will_message`` — the contract's control messages.
@@ -27,7 +28,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from brokerproc import BrokerProcess
-from paho.mqtt.enums import CallbackAPIVersion
+from pahoclient import PahoClient
 from proton import Delivery, Link, Message, int32, symbol
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
@@ -143,95 +144,16 @@ REJECTED = Delivery.REJECTED
 
 # -- paho ------------------------------------------------------------------------------
 
-class Received:
-    __slots__ = ("dup", "payload", "qos", "retain", "topic")
-
-    def __init__(self, msg: mqtt.MQTTMessage) -> None:
-        self.topic = msg.topic
-        self.payload = msg.payload
-        self.qos = msg.qos
-        self.retain = bool(msg.retain)
-        self.dup = bool(msg.dup)
-
-    def __repr__(self) -> str:
-        return f"Received({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
-
-
-class Paho:
-    """A paho 2.x client on its own loop thread."""
+class Paho(PahoClient):
+    """The shared paho wrapper (``pahoclient``) as MQTT 3.1.1, with credentials and a
+    check of the CONNACK return code (``expect_rc``, 0 unless told)."""
 
     def __init__(self, port: int, client_id: str, clean: bool = True,
                  will: tuple[str, bytes, int, bool] | None = None,
                  username: str | None = None, password: str | None = None,
                  expect_rc: int = 0) -> None:
-        self.client_id = client_id
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, clean_session=clean,
-                             reconnect_on_failure=False)
-        self.messages: queue.Queue[Received] = queue.Queue()
-        self.connected = threading.Event()
-        self.disconnected = threading.Event()
-        self.rc: int | None = None
-        self.session_present: bool | None = None
-        self._subacks: dict[int, list[int]] = {}
-        self._cv = threading.Condition()
-        self.c.on_connect = self._on_connect
-        self.c.on_disconnect = lambda *a: self.disconnected.set()
-        self.c.on_message = lambda c, u, m: self.messages.put(Received(m))
-        self.c.on_subscribe = self._on_subscribe
-        if username is not None:
-            self.c.username_pw_set(username, password)
-        if will is not None:
-            self.c.will_set(*will)
-        self.c.connect("127.0.0.1", port, 60)
-        self.c.loop_start()
-        assert self.connected.wait(TIMEOUT), f"{client_id}: no CONNACK"
-        assert self.rc == expect_rc, f"{client_id}: CONNACK {self.rc}, expected {expect_rc}"
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
-                    properties: Any) -> None:
-        self.rc = int(reason_code.value) if reason_code.value < 128 else {
-            0x84: 1, 0x85: 2, 0x88: 3, 0x86: 4, 0x87: 5}.get(reason_code.value, reason_code.value)
-        self.session_present = bool(flags.session_present)
-        self.connected.set()
-
-    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any,
-                      properties: Any) -> None:
-        with self._cv:
-            self._subacks[mid] = [c.value for c in codes]
-            self._cv.notify_all()
-
-    def subscribe(self, *filters: tuple[str, int]) -> list[int]:
-        rc, mid = self.c.subscribe(list(filters))
-        assert rc == mqtt.MQTT_ERR_SUCCESS
-        with self._cv:
-            assert self._cv.wait_for(lambda: mid in self._subacks, TIMEOUT), "no SUBACK"
-            return self._subacks.pop(mid)
-
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
-        info = self.c.publish(topic, payload, qos, retain)
-        info.wait_for_publish(TIMEOUT)
-        assert info.is_published(), f"publish to {topic} not completed"
-
-    def get(self, timeout: float = TIMEOUT) -> Received:
-        try:
-            return self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.client_id}: no message within {timeout}s") from None
-
-    def until(self, topic: str, timeout: float = TIMEOUT) -> list[Received]:
-        """Messages up to and including the first one on ``topic`` (a marker)."""
-        got: list[Received] = []
-        while True:
-            msg = self.get(timeout)
-            got.append(msg)
-            if msg.topic == topic:
-                return got
-
-    def stop(self) -> None:
-        if self.connected.is_set() and not self.disconnected.is_set():
-            self.c.disconnect()
-        self.c.loop_stop()
+        super().__init__(port, client_id, mqtt.MQTTv311, clean, will,
+                         username=username, password=password, expect_rc=expect_rc)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from storefakes import ManualStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -54,25 +55,6 @@ class FakeLink:
 
     def topics(self) -> list[str]:
         return [s[0] for s in self.sent]
-
-
-class ManualStore(NullStore):
-    """A store whose commits complete only when the test says so."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: list[tuple[list[Op], Deferred[None]]] = []
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        self.submitted.extend(ops)
-        d: Deferred[None] = Deferred()
-        self.pending.append((list(ops), d))
-        return d
-
-    def commit_all(self) -> None:
-        pending, self.pending = self.pending, []
-        for _, d in pending:
-            d.callback(None)
 
 
 class SnapshotStore(NullStore):

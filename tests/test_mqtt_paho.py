@@ -11,17 +11,13 @@ for an absence with a sleep.
 from __future__ import annotations
 
 import itertools
-import queue
-import socket
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import paho.mqtt.client as mqtt
+import pahoclient
 import pytest
 from brokerproc import BrokerProcess
-from paho.mqtt.enums import CallbackAPIVersion
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,122 +30,10 @@ def uid(prefix: str = "p") -> str:
     return f"{prefix}{next(_ids)}-{uuid.uuid4().hex[:10]}"[:23]
 
 
-class Received:
-    __slots__ = ("dup", "payload", "qos", "retain", "topic")
+class PahoClient(pahoclient.PahoClient):
+    """The shared paho wrapper (``pahoclient``) with this module's shorter waits."""
 
-    def __init__(self, msg: mqtt.MQTTMessage) -> None:
-        self.topic = msg.topic
-        self.payload = msg.payload
-        self.qos = msg.qos
-        self.retain = bool(msg.retain)
-        self.dup = bool(msg.dup)
-
-    def __repr__(self) -> str:
-        return (f"Received({self.topic!r}, {self.payload!r}, qos={self.qos}, "
-                f"retain={self.retain})")
-
-
-class PahoClient:
-    """A paho client on its own loop thread, with its callbacks turned into events."""
-
-    def __init__(self, port: int, client_id: str, protocol: int, clean: bool = True,
-                 will: tuple[str, bytes, int, bool] | None = None,
-                 keepalive: int = 60) -> None:
-        self.client_id = client_id
-        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=protocol, clean_session=clean,
-                             reconnect_on_failure=False)
-        self.messages: queue.Queue[Received] = queue.Queue()
-        self.connected = threading.Event()
-        self.disconnected = threading.Event()
-        self.connack: Any = None
-        self.session_present: bool | None = None
-        self._subacks: dict[int, list[int]] = {}
-        self._suback_cv = threading.Condition()
-        self.c.on_connect = self._on_connect
-        self.c.on_disconnect = self._on_disconnect
-        self.c.on_message = self._on_message
-        self.c.on_subscribe = self._on_subscribe
-        self.c.on_unsubscribe = lambda *a: None
-        if will is not None:
-            self.c.will_set(will[0], will[1], will[2], will[3])
-        self.c.connect("127.0.0.1", port, keepalive)
-        self.c.loop_start()
-        assert self.connected.wait(TIMEOUT), f"{client_id}: no CONNACK"
-
-    # callbacks (loop thread)
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
-                    properties: Any) -> None:
-        self.connack = reason_code
-        self.session_present = bool(flags.session_present)
-        self.connected.set()
-
-    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
-                       properties: Any) -> None:
-        self.disconnected.set()
-
-    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        self.messages.put(Received(msg))
-
-    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any,
-                      properties: Any) -> None:
-        with self._suback_cv:
-            self._subacks[mid] = [c.value for c in codes]
-            self._suback_cv.notify_all()
-
-    # test API
-    def subscribe(self, *filters: tuple[str, int]) -> list[int]:
-        """Subscribe and wait for SUBACK; returns the granted QoS values."""
-        rc, mid = self.c.subscribe(list(filters))
-        assert rc == mqtt.MQTT_ERR_SUCCESS
-        with self._suback_cv:
-            assert self._suback_cv.wait_for(lambda: mid in self._subacks, TIMEOUT), "no SUBACK"
-            return self._subacks.pop(mid)
-
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
-        """Publish and wait until paho has finished the flow (PUBACK / PUBCOMP)."""
-        info = self.c.publish(topic, payload, qos, retain)
-        info.wait_for_publish(TIMEOUT)
-        assert info.is_published(), f"publish to {topic} (QoS {qos}) not completed"
-
-    def get(self, timeout: float = TIMEOUT) -> Received:
-        try:
-            return self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.client_id}: no message within {timeout}s") from None
-
-    def until(self, topic: str, timeout: float = TIMEOUT) -> list[Received]:
-        """Messages up to and including the first one on ``topic`` (a marker)."""
-        got: list[Received] = []
-        while True:
-            msg = self.get(timeout)
-            got.append(msg)
-            if msg.topic == topic:
-                return got
-
-    def disconnect(self) -> None:
-        self.c.disconnect()
-        assert self.disconnected.wait(TIMEOUT)
-        self.c.loop_stop()
-
-    def lose_socket(self) -> None:
-        """Cut the TCP connection under paho without DISCONNECT (socket loss)."""
-        sock = self.c.socket()
-        assert sock is not None
-        sock.shutdown(socket.SHUT_RDWR)
-        assert self.disconnected.wait(TIMEOUT)
-        self.c.loop_stop()
-
-    def stop(self) -> None:
-        if self.connected.is_set() and not self.disconnected.is_set():
-            self.c.disconnect()  # also wakes the loop thread, so loop_stop is quick
-        self.c.loop_stop()
-        try:
-            sock = self.c.socket()
-            if sock is not None:
-                sock.close()
-        except OSError:
-            pass
+    timeout = TIMEOUT
 
 
 @pytest.fixture(params=[mqtt.MQTTv31, mqtt.MQTTv311], ids=["3.1", "3.1.1"])

@@ -6,10 +6,9 @@ The transport only records; where a real reactor would call ``connectionLost`` a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from storefakes import ManualStore
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -18,7 +17,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import NullStore, Op
+from mqttamqp.core.persistence import NullStore
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -61,29 +60,6 @@ class FakeLink:
 
     def close(self, reason: str) -> None:
         self.closed.append(reason)
-
-
-class ManualStore(NullStore):
-    """A store whose commits become durable only when the test fires them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: list[tuple[list[Op], Deferred[None]]] = []
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        self.submitted.extend(ops)
-        d: Deferred[None] = Deferred()
-        self.pending.append((list(ops), d))
-        return d
-
-    def commit_next(self) -> list[Op]:
-        ops, d = self.pending.pop(0)
-        d.callback(None)
-        return ops
-
-    def commit_all(self) -> None:
-        while self.pending:
-            self.commit_next()
 
 
 class Client:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from paho.mqtt.client import MQTTv311
+from pahoclient import TIMEOUT, PahoClient, Received
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
@@ -320,66 +322,19 @@ def initial_password(data_dir: str) -> str:
     return m.group(1)
 
 
-class Paho:
-    """A real paho-mqtt 2.x client on its own thread, with event waits (no sleeps)."""
+class Paho(PahoClient):
+    """The shared paho wrapper (``pahoclient``) as MQTT 3.1.1, with the console tests'
+    call shapes: one filter per ``subscribe`` and QoS 1 unless told."""
 
     def __init__(self, port: int, client_id: str, clean: bool = True,
-                 will: tuple[str, bytes, int, bool] | None = None,
-                 reconnect: bool = False) -> None:
-        import queue
-        import threading
+                 will: tuple[str, bytes, int, bool] | None = None) -> None:
+        super().__init__(port, client_id, MQTTv311, clean, will)
 
-        import paho.mqtt.client as mqtt
-
-        self.messages: queue.Queue[Any] = queue.Queue()
-        self.connected = threading.Event()
-        self.disconnected = threading.Event()
-        self.subscribed = threading.Event()
-        self.session_present: bool | None = None
-        self.reconnect = reconnect
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  clean_session=clean, protocol=mqtt.MQTTv311)
-        if will is not None:
-            self.client.will_set(will[0], will[1], will[2], will[3])
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = self._on_disconnect
-        self.client.on_message = lambda c, u, msg: self.messages.put(msg)
-        self.client.on_subscribe = lambda c, u, mid, codes, props: self.subscribed.set()
-        self.client.connect("127.0.0.1", port, keepalive=60)
-        self.client.loop_start()
-        assert self.connected.wait(10), "no CONNACK"
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any,
-                    props: Any) -> None:
-        self.session_present = bool(flags.session_present)
-        self.disconnected.clear()
-        self.connected.set()
-
-    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any,
-                       props: Any) -> None:
-        self.connected.clear()
-        self.disconnected.set()
-        if not self.reconnect:
-            client.loop_stop()   # no automatic reconnect: the test decides
-
-    def subscribe(self, topic_filter: str, qos: int = 1) -> None:
-        self.subscribed.clear()
-        self.client.subscribe(topic_filter, qos)
-        assert self.subscribed.wait(10), "no SUBACK"
+    def subscribe(self, topic_filter: str, qos: int = 1) -> list[int]:  # type: ignore[override]
+        return super().subscribe((topic_filter, qos))
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        info = self.client.publish(topic, payload, qos, retain)
-        info.wait_for_publish(10)
+        super().publish(topic, payload, qos, retain)
 
-    def expect(self, timeout: float = 10.0) -> Any:
-        import queue
-        try:
-            return self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no message within {timeout}s") from None
-
-    def stop(self) -> None:
-        if self.connected.is_set():
-            self.client.disconnect()
-            self.disconnected.wait(5)
-        self.client.loop_stop()
+    def expect(self, timeout: float = TIMEOUT) -> Received:
+        return self.get(timeout)
