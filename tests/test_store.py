@@ -302,14 +302,17 @@ def test_ordering_across_submits(tmp_path: Path, reactor: FakeReactor) -> None:
 
 
 def test_deferred_fires_after_data_is_on_disk(tmp_path: Path, reactor: FakeReactor) -> None:
+    """The Deferred fires on the reactor thread, after the commit is in the file."""
     store = open_store(tmp_path, reactor)
     marker = b"durable-marker-5f0c2a"
     fired: list[object] = []
     d = store.submit([PutRetained(msg("d", marker))])
     d.addBoth(fired.append)
-    # Not before the reactor thread runs it, even if the commit is long done.
-    time.sleep(0.2)
+    # The writer hands the result to the reactor thread; until that runs, nothing fired.
+    f, args = reactor.calls.get(timeout=30)
     assert fired == []
+    assert marker in (tmp_path / "mqttamqp.fs").read_bytes()  # already on disk
+    f(*args)
     reactor.run_until(lambda: bool(fired))
     assert fired == [None]
     # The commit is in the file (FileStorage locks a separate .lock file, not .fs).
