@@ -424,7 +424,7 @@ class SessionOutlet(_SessionLink):
         """Claim the session (taking it over from whoever holds it), then deliver."""
         if self.closed:
             return
-        session, _present, d = self.broker.open_link_session(self, self.client_id, clean)
+        session, _present, d = self.broker.open_session(self, self.client_id, clean, None)
         self.session = session
         self.opening = True
         self.active = False
@@ -454,7 +454,7 @@ class SessionOutlet(_SessionLink):
         """AMQP_CLOSE while attached: give the session up but stay attached."""
         session = self.session
         if session is not None:
-            self.broker.end_link_session(self, session, reason)
+            self.broker.end_session(self, session, clean=False, reason=reason)
         self.session = None
         self.active = False
         self._sent.clear()
@@ -463,7 +463,7 @@ class SessionOutlet(_SessionLink):
         self.host.requests.publish_detached(self)
         session, self.session = self.session, None
         if session is not None:
-            self.broker.end_link_session(self, session, reason)
+            self.broker.end_session(self, session, clean=False, reason=reason)
 
 
 class ControlOutlet(OutgoingLink):

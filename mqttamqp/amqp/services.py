@@ -364,7 +364,7 @@ class SessionRequests:
             if outlet is not None and holder is outlet:
                 outlet.end_session_here("AMQP_CLOSE: session closed")
             else:
-                broker.end_link_session(holder, session, "taken over")
+                broker.end_session(holder, session, clean=False, reason="taken over")
                 holder.close("session taken over by a new connection")
         d = broker.clear_session(client_id, "AMQP_CLOSE")
         if outlet is not None and not outlet.closed:

@@ -307,34 +307,6 @@ class Broker:
     # and belongs to that link: claiming or ending the session of the same client id
     # through a ``$mqtt.to.<id>.publish`` receiver neither publishes nor deletes it.
 
-    def _take_amqp_will(self, owner: str) -> WillMessage | None:
-        will = self.wills.get(owner)
-        if will is None or will.origin != "amqp":
-            return None
-        del self.wills[owner]
-        return will
-
-    def open_link_session(self, link: ClientLink, client_id: str, clean: bool
-                          ) -> tuple[Session, bool, Deferred[None] | None]:
-        """``open_session`` for an AMQP receiver on ``$mqtt.to.<id>.publish``; an AMQP
-        will of ``client_id`` is left as it is (takeover still fires an MQTT will)."""
-        kept = self._take_amqp_will(client_id)
-        try:
-            return self.open_session(link, client_id, clean, None)
-        finally:
-            if kept is not None:
-                self.wills[client_id] = kept
-
-    def end_link_session(self, link: ClientLink, session: Session, reason: str) -> None:
-        """The ``.publish`` receiver holding ``session`` detached or its connection
-        ended; like a lost MQTT connection, but an AMQP will is left to its will link."""
-        kept = self._take_amqp_will(session.client_id)
-        try:
-            self.end_session(link, session, clean=False, reason=reason)
-        finally:
-            if kept is not None:
-                self.wills[session.client_id] = kept
-
     def add_link_subscriber(self, key: str, session: Session) -> None:
         """Register the own session of an AMQP topic receiver (subscribe it after)."""
         self.link_subscribers[key] = session
