@@ -265,6 +265,7 @@ def role_mqtt_sub(a: dict[str, Any]) -> None:
     first, _ = s.read_packet(10.0)
     assert first >> 4 == 9, "no SUBACK"
     emit("READY")
+    cpu0 = time.process_time()
     count, n, deadline = 0, a["count"], a["deadline"]
     first_at = last_at = 0.0
     out = bytearray()
@@ -284,7 +285,8 @@ def role_mqtt_sub(a: dict[str, Any]) -> None:
         if out:
             s.sock.sendall(bytes(out))
             out.clear()
-    emit("RESULT", {"received": count, "first": first_at, "last": last_at})
+    emit("RESULT", {"received": count, "first": first_at, "last": last_at,
+                    "cpu": time.process_time() - cpu0})
 
 
 def role_mqtt_pub(a: dict[str, Any]) -> None:
@@ -296,6 +298,7 @@ def role_mqtt_pub(a: dict[str, Any]) -> None:
     payload = b"x" * a["payload"]
     sent = acked = 0
     start = time.monotonic()
+    cpu0 = time.process_time()
     while acked < n and time.monotonic() < deadline:
         batch = bytearray()
         while sent < n and sent - acked < window:
@@ -306,7 +309,8 @@ def role_mqtt_pub(a: dict[str, Any]) -> None:
             s.sock.sendall(bytes(batch))
         s.fill(0.5)
         acked += sum(1 for first, _ in s.packets() if first >> 4 == 4)
-    emit("RESULT", {"sent": sent, "acked": acked, "start": start, "end": time.monotonic()})
+    emit("RESULT", {"sent": sent, "acked": acked, "start": start, "end": time.monotonic(),
+                    "cpu": time.process_time() - cpu0})
 
 
 def role_amqp_recv(a: dict[str, Any]) -> None:
@@ -326,6 +330,7 @@ def role_amqp_recv(a: dict[str, Any]) -> None:
     while not (link.state & link.REMOTE_ACTIVE) and time.monotonic() < end:
         peer.io(0.1)
     emit("READY")
+    cpu0 = time.process_time()
     count, n, deadline = 0, a["count"], a["deadline"]
     first_at = last_at = 0.0
     impl = link._impl
@@ -349,7 +354,8 @@ def role_amqp_recv(a: dict[str, Any]) -> None:
         credit = lib.pn_link_credit(impl)
         if credit < window // 2:
             lib.pn_link_flow(impl, window - credit)
-    emit("RESULT", {"received": count, "first": first_at, "last": last_at})
+    emit("RESULT", {"received": count, "first": first_at, "last": last_at,
+                    "cpu": time.process_time() - cpu0})
 
 
 def amqp_publish_bytes(topic: str, payload: bytes, qos: int) -> bytes:
@@ -380,6 +386,7 @@ def role_amqp_send(a: dict[str, Any]) -> None:
     n, window, deadline = a["count"], a["window"], a["deadline"]
     sent = acked = 0
     start = time.monotonic()
+    cpu0 = time.process_time()
     impl = link._impl
     cdata = ffi.from_buffer(data)
     tags = [str(i).encode() for i in range(n)]
@@ -402,7 +409,8 @@ def role_amqp_send(a: dict[str, Any]) -> None:
                 acked += 1
     # let the last pre-settled transfers leave the socket buffer
     peer.io(0.05)
-    emit("RESULT", {"sent": sent, "acked": acked, "start": start, "end": time.monotonic()})
+    emit("RESULT", {"sent": sent, "acked": acked, "start": start, "end": time.monotonic(),
+                    "cpu": time.process_time() - cpu0})
 
 
 ROLES = {"mqtt_sub": role_mqtt_sub, "mqtt_pub": role_mqtt_pub, "amqp_recv": role_amqp_recv,
@@ -492,6 +500,8 @@ def run_scenario(broker: Broker, name: str, count: int, payload: int,
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(received / elapsed) if received and elapsed else 0,
         "broker_cpu_us_per_msg": round((cpu1 - cpu0) * 1e6 / received, 1) if received else None,
+        "publisher_cpu_us_per_msg": round(pres["cpu"] * 1e6 / received, 1) if received else None,
+        "subscriber_cpu_us_per_msg": round(sres["cpu"] * 1e6 / received, 1) if received else None,
         "complete": received == count,
     }
 
