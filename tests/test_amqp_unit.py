@@ -27,10 +27,13 @@ from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
+from mqttamqp.amqp import codec
 from mqttamqp.amqp.addresses import AddressKind, classify
 from mqttamqp.amqp.codec import (
     DecodeError,
+    PublishFields,
     decode_message,
+    decode_publish,
     decode_value,
     encode_publish,
     message_payload,
@@ -144,6 +147,71 @@ def test_zero_width_array_bomb_is_bounded() -> None:
     bomb = b"\xf0" + struct.pack(">II", 5, 0xFFFFFFFF) + b"\x40"
     with pytest.raises(DecodeError):
         decode_value(bomb)
+
+
+def _uncached_publish(data: bytes) -> PublishFields | str:
+    """decode_publish's answer worked out from scratch (no cache), or the error."""
+    codec._prefixes.clear()
+    codec._publish_heads.clear()
+    try:
+        m = decode_message(data)
+        return PublishFields(m.to, message_payload(m), message_qos(m), message_retain(m),
+                             m.delivery_count > 0)
+    except DecodeError as exc:
+        return exc.reason
+
+
+def _cached_publish(data: bytes) -> PublishFields | str:
+    try:
+        return decode_publish(data)
+    except DecodeError as exc:
+        return exc.reason
+
+
+_SECTIONS = b"\x00\x53\x75"   # a Data section descriptor, also planted inside payloads
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["a/b", "c", ""]), st.sampled_from([None, 0, 1, 2, "1", "x"]),
+    st.sampled_from([None, True, False, 3]), st.integers(0, 2),
+    st.binary(max_size=40).map(lambda b: b[:20] + _SECTIONS + b"\xa0\x01Z" + b[20:]),
+    st.sampled_from(["data", "value", "footer"])), min_size=1, max_size=6))
+def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
+    """decode_publish (cached section prefixes) gives exactly what a full decode gives,
+    for repeated and interleaved senders, payloads that contain a Data descriptor,
+    AmqpValue bodies, a footer after the Data section, and invalid annotations."""
+    datas = []
+    for to, qos, retain, count, payload, shape in specs:
+        ann: dict[Any, Any] = {}
+        if qos is not None:
+            ann[symbol("x-opt-mqtt-qos")] = int32(qos) if isinstance(qos, int) else qos
+        if retain is not None:
+            ann[symbol("x-opt-retain-message")] = retain
+        msg = Message(address=to or None, delivery_count=count, annotations=ann or None,
+                      body=payload if shape != "value" else payload.decode("latin-1"))
+        msg.inferred = shape != "value"
+        data = bytes(msg.encode())
+        if shape == "footer":
+            data += b"\x00\x53\x78\xc1\x01\x00"   # an empty footer map after the body
+        datas.append(data)
+    expected = [_uncached_publish(d) for d in datas]
+    for _ in range(2):   # the second round meets every prefix in the cache
+        assert [_cached_publish(d) for d in datas] == expected
+
+
+def test_publish_fast_path_not_fooled_by_payload_bytes() -> None:
+    """A cached prefix that ends inside a payload cannot happen: the cache only holds
+    prefixes that end on a section boundary."""
+    tail = _SECTIONS + b"\xa0\x03xyz"
+    first = bytes(Message(address="t", body=b"ab" + tail).encode())
+    assert decode_publish(first).payload == b"ab" + tail
+    assert all(not key.endswith(b"ab") for key in codec._publish_heads)
+    # Same bytes up to the planted descriptor, then a different, valid-looking tail.
+    cut = first.rfind(_SECTIONS)
+    second = first[:cut] + _SECTIONS + b"\xa0\x01q"
+    assert second != first
+    assert _cached_publish(second) == _uncached_publish(second)
 
 
 # -- addresses ---------------------------------------------------------------------------

@@ -14,17 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cproton import (  # type: ignore[import-untyped]
-    ffi,
-    lib,
-    pn_delivery_tag,
-)
+from cproton import ffi, lib  # type: ignore[import-untyped]
 from proton import Event
 
 __all__ = [
     "EV_DELIVERY", "EV_LINK_FLOW", "EV_TRANSPORT", "next_event", "pop_event", "event_type",
-    "event_delivery", "event_link", "delivery_link", "recv", "send", "delivery_tag",
-    "lib", "NULL",
+    "event_delivery", "event_link", "delivery_link", "recv", "send", "lib", "NULL",
 ]
 
 EV_DELIVERY: int = Event.DELIVERY.number
@@ -38,7 +33,6 @@ event_type = lib.pn_event_type
 event_delivery = lib.pn_event_delivery
 event_link = lib.pn_event_link
 delivery_link = lib.pn_delivery_link
-delivery_tag = pn_delivery_tag
 
 _from_buffer = ffi.from_buffer
 _link_recv = lib.pn_link_recv

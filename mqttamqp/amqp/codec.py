@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = [
-    "DecodeError", "Symbol", "Described", "InboundMessage", "decode_message",
+    "DecodeError", "Symbol", "Described", "InboundMessage", "decode_message", "decode_publish",
+    "PublishFields",
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID",
@@ -448,6 +449,64 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             msg.body_kind = "sequence"
         # delivery-annotations, application-properties and footer are not used
     return msg
+
+
+# -- the publish fast path -------------------------------------------------------------
+
+class PublishFields(NamedTuple):
+    """What a topic publisher's message means to the broker."""
+
+    to: str | None
+    payload: bytes
+    qos: int            # the annotation (or the durable fallback); pre-settled is the caller's
+    retain: bool
+    redelivered: bool   # header.delivery-count > 0
+
+
+# Sections before the one Data section, by their exact bytes → (to, qos, retain,
+# redelivered).  Only prefixes that ``decode_message`` confirmed to end on a section
+# boundary, and whose fields were valid, get here.
+_publish_heads: dict[bytes, tuple[str | None, int, bool, bool]] = {}
+
+
+def _sole_data(data: bytes, pos: int) -> bytes | None:
+    """The payload if ``data[pos:]`` is exactly one Data section, else None."""
+    pos += 3  # the Data section descriptor
+    end = len(data)
+    if pos + 1 < end and data[pos] == 0xA0:
+        start = pos + 2
+        stop = start + data[pos + 1]
+    elif pos + 5 <= end and data[pos] == 0xB0:
+        start = pos + 5
+        stop = start + _unpack_I(data, pos + 1)[0]
+    else:
+        return None
+    return data[start:stop] if stop == end else None
+
+
+def decode_publish(data: bytes) -> PublishFields:
+    """The contract's fields of a message sent to a topic (raises ``DecodeError``).
+
+    A sender repeats the same sections before the body for every message, so their
+    meaning is cached by their bytes and only the Data section is read again.
+    """
+    cut = data.rfind(_DATA_SECTION)
+    if 0 < cut <= _PREFIX_MAX:
+        prefix = data[:cut]
+        head = _publish_heads.get(prefix)
+        if head is not None:
+            payload = _sole_data(data, cut)
+            if payload is not None:
+                return PublishFields(head[0], payload, head[1], head[2], head[3])
+    msg = decode_message(data)
+    fields = PublishFields(msg.to, message_payload(msg), message_qos(msg),
+                           message_retain(msg), msg.delivery_count > 0)
+    if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
+            and prefix in _prefixes and _sole_data(data, cut) is not None):
+        if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
+            _publish_heads.clear()
+        _publish_heads[prefix] = (fields.to, fields.qos, fields.retain, fields.redelivered)
+    return fields
 
 
 # -- reading the contract's fields ---------------------------------------------------

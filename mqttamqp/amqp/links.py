@@ -36,16 +36,14 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import delivery_tag, lib, recv, send
+from mqttamqp.amqp._engine import lib, recv, send
 from mqttamqp.amqp.codec import (
     DecodeError,
     InboundMessage,
     decode_message,
+    decode_publish,
     encode_control,
     encode_publish,
-    message_payload,
-    message_qos,
-    message_retain,
 )
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
@@ -184,8 +182,11 @@ class OutgoingLink(BrokerLink):
         self.mixed = mode == Link.SND_MIXED
         self._tags = itertools.count(1)
         self._over_credit_bytes = 0
+        # Unsettled deliveries whose outcome matters, by their (live) pointer: a packet
+        # id, or its complement (< 0) for a PUBREL.  Cheaper than reading tags back.
+        self._awaiting: dict[Any, int] = {}
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool) -> None:
+    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
         impl = self.impl
         if lib.pn_link_credit(impl) <= 0:
             # Waits inside the engine until the peer grants credit.
@@ -195,6 +196,8 @@ class OutgoingLink(BrokerLink):
         dlv = send(impl, tag, data)
         if settled:
             lib.pn_delivery_settle(dlv)
+        elif key is not None:
+            self._awaiting[dlv] = key
         self.delivered += 1
         stats = self.broker.stats
         stats.messages_sent += 1
@@ -225,14 +228,15 @@ class OutgoingLink(BrokerLink):
         state = lib.pn_delivery_remote_state(dlv)
         if state not in _TERMINAL and not lib.pn_delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
-        failed = state == MODIFIED and bool(
-            lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
-        tag = delivery_tag(dlv)
-        lib.pn_delivery_settle(dlv)
-        self.outcome(tag, state, failed)
+        key = self._awaiting.pop(dlv, None)
+        lib.pn_delivery_settle(dlv)  # the pointer may be reused from here on
+        if key is not None:
+            failed = state == MODIFIED and bool(
+                lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
+            self.outcome(key, state, failed)
 
-    def outcome(self, tag: str, state: int, failed: bool) -> None:
-        pass
+    def outcome(self, key: int, state: int, failed: bool) -> None:
+        """The outcome of the delivery sent with ``key``."""
 
 
 _encode_cache: list[Any] = [None, False, b""]
@@ -294,7 +298,7 @@ class _SessionLink(OutgoingLink):
             settled = self.presettled or self.mixed
             self.transfer(b"s" if settled else b"z%d" % next(self._tags), data, settled)
             return
-        self.transfer(b"%d" % packet_id, data, self.presettled)
+        self.transfer(b"%d" % packet_id, data, self.presettled, packet_id)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -305,7 +309,7 @@ class _SessionLink(OutgoingLink):
         from proton import ulong
 
         data = encode_control("pubrel", message_id=ulong(packet_id))
-        self.transfer(b"r%d" % packet_id, data, self.presettled)
+        self.transfer(b"r%d" % packet_id, data, self.presettled, -packet_id)
         if self.presettled:
             self.host.after(lambda: self._released_done(packet_id))
 
@@ -321,12 +325,11 @@ class _SessionLink(OutgoingLink):
 
     # outcomes ------------------------------------------------------------------------
 
-    def outcome(self, tag: str, state: int, failed: bool) -> None:
-        if not tag or not tag[0].isdigit():
-            if tag.startswith("r"):
-                self._pubrel_outcome(int(tag[1:]), state)
-            return
-        self._finished(int(tag), state, failed)
+    def outcome(self, key: int, state: int, failed: bool) -> None:
+        if key < 0:
+            self._pubrel_outcome(-key, state)
+        else:
+            self._finished(key, state, failed)
 
     def _finished(self, packet_id: int, state: int, failed: bool = False) -> None:
         session = self.session
@@ -539,6 +542,10 @@ class IncomingLink(BrokerLink):
         self.outstanding += 1
         self.delivered += 1
         self.broker.stats.bytes_received += len(data)
+        self.on_transfer(dlv, data, presettled)
+
+    def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
+        """A whole message arrived (counted against the window)."""
         try:
             message = decode_message(data)
         except DecodeError as exc:
@@ -633,8 +640,13 @@ class TopicPublisher(IncomingLink):
         self.topic = topic
         self._held: dict[Any, Message] = {}
 
-    def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
-        topic = self.topic or message.to
+    def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
+        try:
+            fields = decode_publish(data)
+        except DecodeError as exc:
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return
+        topic = self.topic or fields.to
         if not topic:
             self.reject(dlv, INVALID_FIELD,
                         "no topic: the link has no target address and the message no 'to'")
@@ -646,13 +658,9 @@ class TopicPublisher(IncomingLink):
             if problem is not None:
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return
-        try:
-            payload = message_payload(message)
-            qos = 0 if presettled else message_qos(message)
-            retain = message_retain(message)
-        except DecodeError as exc:
-            self.reject(dlv, DECODE_ERROR, exc.reason)
-            return
+        payload = fields.payload
+        qos = 0 if presettled else fields.qos
+        retain = fields.retain
         host = self.host
         broker = self.broker
         if not broker.authorizer.may_publish(host.identity, topic, retain):
@@ -660,7 +668,7 @@ class TopicPublisher(IncomingLink):
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
             return
         routed = Message(topic, payload, qos, retain, host.container_id or None,
-                         broker.clock.seconds(), message.delivery_count > 0)
+                         broker.clock.seconds(), fields.redelivered)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that
