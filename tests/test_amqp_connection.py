@@ -200,3 +200,36 @@ def test_amqp_wills_survive_a_restart_with_the_grace_rule(tmp_path, paho) -> Non
         conn2.close()
     finally:
         second.stop()
+
+
+def _wait_sys(client: Paho, name: str, value: bytes) -> None:
+    """Read $SYS updates until ``name`` shows ``value`` (bounded by the client's waits)."""
+    topic = "$SYS/broker/" + name
+    seen = []
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        m = client.get(max(0.1, deadline - time.monotonic()))
+        if m.topic == topic:
+            seen.append(m.payload)
+            if m.payload == value:
+                return
+    raise AssertionError(f"{name} never showed {value!r}; saw {seen}")
+
+
+def test_sys_counts_amqp_connections_as_clients(tmp_path, paho) -> None:
+    """$SYS clients/connected, total and maximum count an AMQP connection from its open
+    (even with no links) to its close, like the console does."""
+    proc = BrokerProcess(os.path.join(str(tmp_path), "data"), "--sys-interval", "1",
+                         listeners=("--mqtt", "--amqp")).start()
+    try:
+        watcher = paho(proc, uid("sys"))
+        watcher.subscribe(("$SYS/broker/clients/+", 0))
+        _wait_sys(watcher, "clients/connected", b"1")
+        conn = BlockingConnection(url(proc), timeout=TIMEOUT)      # no links at all
+        _wait_sys(watcher, "clients/connected", b"2")
+        _wait_sys(watcher, "clients/total", b"2")
+        conn.close()
+        _wait_sys(watcher, "clients/connected", b"1")
+        _wait_sys(watcher, "clients/maximum", b"2")
+    finally:
+        proc.stop()

@@ -327,7 +327,7 @@ def test_overview_page_and_api(logged_in: Any) -> None:
     console.feed.tick()
     data = client.get("/api/overview").json()
     assert data["clients"] == {"connected": 3, "mqtt31": 1, "mqtt311": 1, "amqp": 1,
-                               "maximum": 2, "total": 2, "refused": 0}
+                               "maximum": 3, "total": 3, "refused": 0}
     assert data["sessions"]["persistent"] == 1
     assert data["retained"]["count"] == 1 and data["wills"] == 1
     assert data["rates"]["in"] == 3.0
@@ -361,7 +361,7 @@ def test_ten_thousand_clients_are_paged_on_the_server(logged_in: Any) -> None:
     _, broker, _, client = logged_in
     for i in range(10_000):
         link = webui_support.FakeLink(broker, f"dev-{i:05d}", since=1.0)
-        broker.register_connection(link.key, link)
+        broker.register_connection(link.key, link, link.protocol)
     data = client.get("/api/clients", page=3, per_page=50).json()
     assert data["total"] == 10_000 and data["pages"] == 200 and len(data["items"]) == 50
     assert data["items"][0]["client_id"] == "dev-00100"

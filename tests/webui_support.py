@@ -201,7 +201,7 @@ def connect(broker: Broker, client_id: str, clean: bool = True,
     link = FakeLink(broker, client_id, clean=clean, since=broker.clock.seconds(), **kw)
     session, _present, _d = broker.open_session(link, client_id, clean, will)
     broker.activate(session, link, link.protocol)
-    broker.register_connection(link.key, link)
+    broker.register_connection(link.key, link, link.protocol)
     link.session = session
     if subscriptions:
         from mqttamqp.core.auth import Identity
@@ -226,7 +226,7 @@ def connect_amqp(broker: Broker, container: str, n: int, links: tuple[LinkInfo, 
                 will_owners=(will_owner,) if will_owner in broker.wills else (),
                 links=links)
         conn.info = info  # type: ignore[method-assign]
-    broker.register_connection(conn.key, conn)
+    broker.register_connection(conn.key, conn, "amqp")
     return conn
 
 

@@ -513,7 +513,7 @@ class AMQPConnection(Protocol):
         self._handshake_timer = None
         self.state = ConnectionState.OPEN
         self.connected_since = self.clock.seconds()
-        self.broker.register_connection(self.key, self)
+        self.broker.register_connection(self.key, self, "amqp")
         self.log.info("AMQP connection from {peer} (container {c}, user {u})",
                       peer=self.peer, c=self.container_id or "?", u=self.username or "anonymous")
 

@@ -66,6 +66,7 @@ class Broker:
         self.wills: dict[str, WillMessage] = {}
         self.stats = BrokerStats()
         self.connections: dict[str, InspectableConnection] = {}
+        self._connection_protocols: dict[str, str] = {}
         self._grace: dict[str, DelayedCall] = {}
         # paused publisher key -> (resume callback, the congested sessions it fed)
         self._paused: dict[
@@ -198,13 +199,20 @@ class Broker:
 
     # -- connections and sessions ---------------------------------------------
 
-    def register_connection(self, key: str, connection: InspectableConnection) -> None:
-        """A connection is live (after CONNACK / AMQP open): the console lists it."""
+    def register_connection(self, key: str, connection: InspectableConnection,
+                            protocol: str) -> None:
+        """A connection is live (after CONNACK / AMQP open): the console lists it and
+        ``$SYS`` counts it as a client (``protocol``: mqtt3.1, mqtt3.1.1 or amqp)."""
+        if key in self.connections:
+            return
         self.connections[key] = connection
+        self._connection_protocols[key] = protocol
+        self.stats.connected(protocol)
 
     def unregister_connection(self, key: str, connection: InspectableConnection) -> None:
         if self.connections.get(key) is connection:
             del self.connections[key]
+            self.stats.disconnected(self._connection_protocols.pop(key))
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
                      will: WillMessage | None, identity: Identity | None = None
@@ -263,7 +271,6 @@ class Broker:
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""
-        self.stats.connected(protocol)
         session.protocol = protocol
         session.attach(link)
 
@@ -281,9 +288,6 @@ class Broker:
             session.detach()
             return
         client_id = session.client_id
-        was_online = session.state is SessionState.ONLINE
-        if was_online:
-            self.stats.disconnected(session.protocol)
         ops: list[Op] = []
         if clean:
             if self._pop_will(client_id, "mqtt") is not None:

@@ -344,7 +344,7 @@ class MQTTProtocol(Protocol):
         self._write(encode(Connack(present and self.version == "3.1.1",
                                    ConnackCode.ACCEPTED)))
         self.broker.activate(session, self, "mqtt" + self.version)
-        self.broker.register_connection(self.key, self)
+        self.broker.register_connection(self.key, self, "mqtt" + self.version)
         self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
                       c=self.client_id, peer=self.peer, v=self.version,
                       cs=self.clean_session, k=self.keepalive)
