@@ -1,4 +1,5 @@
-"""Render bench/run.py JSON as the Markdown table in README's Performance section.
+"""Render bench/run.py or bench/amqp_bench.py JSON as the Markdown tables in
+README's Performance section.
 
     python bench/table.py results.json
 """
@@ -33,9 +34,39 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+AMQP_ROWS = [
+    ("mqtt_qos1", "MQTT QoS 1 → MQTT (this broker's reference)"),
+    ("amqp_presettled", "AMQP → AMQP, pre-settled"),
+    ("amqp_unsettled", "AMQP → AMQP, unsettled (Accepted after routing)"),
+    ("mqtt_to_amqp", "MQTT QoS 1 → AMQP, unsettled"),
+    ("amqp_to_mqtt", "AMQP, unsettled → MQTT QoS 1"),
+]
+
+
+def amqp_table(data: dict) -> None:
+    runs = data.get("repeat", "?")
+    print(f"| scenario | msg/s (median of {runs}) | runs | broker CPU µs/msg | "
+          "publisher / subscriber CPU µs/msg |")
+    print("|---|---:|---|---:|---:|")
+    for name, label in AMQP_ROWS:
+        r = data.get("scenarios", {}).get(name)
+        if not r:
+            continue
+        each = ", ".join(f"{v:,}" for v in r.get("runs_msgs_per_s", []))
+        print(f"| {label} | {r['msgs_per_s']:,} | {each} | {r['broker_cpu_us_per_msg']} | "
+              f"{r.get('publisher_cpu_us_per_msg', '—')} / "
+              f"{r.get('subscriber_cpu_us_per_msg', '—')} |")
+    target = data.get("target", {})
+    print(f"\nAMQP → AMQP unsettled / MQTT QoS 1: "
+          f"{target.get('amqp_unsettled_over_mqtt_qos1')} (target ≥ {target.get('required')}).")
+
+
 def main(path: str) -> None:
     with open(path) as f:
         data = json.load(f)
+    if "amqp_unsettled_over_mqtt_qos1" in data.get("target", {}):
+        amqp_table(data)
+        return
     machine = data.get("machine", {})
     print(f"Measured {machine.get('date_utc', '?')} on {machine.get('nproc', '?')} cores "
           f"({machine.get('cpu_model', '?')}), Python {machine.get('python', '?')}, "

@@ -492,10 +492,14 @@ class IncomingLink(BrokerLink):
     """A link the peer sends on.  Subclasses implement ``on_message``."""
 
     role = "receiver"
-    window = 100
+    window = 100   # the most credit the peer holds at a time
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
+        # Credit stops at a subscriber's high-water mark (half its queue bound), but
+        # what was granted may still arrive: keep the window within the other half,
+        # so one sender cannot overflow a congested subscriber's queue.
+        self.window = max(1, min(self.window, host.limits.max_queued_messages // 2))
         self.second = plink.rcv_settle_mode == Link.RCV_SECOND
         self.outstanding = 0         # received, not yet answered
         self.blocked = False         # withholding credit (subscribers past high water)
