@@ -691,6 +691,12 @@ class TopicPublisher(IncomingLink):
                 d.addErrback(broker._log_store_failure, "routing a pre-settled message")
             self.top_up()
             return
+        if d is None:  # nothing to make durable: Accepted at once (the common path)
+            self.outstanding -= 1
+            lib.pn_delivery_update(dlv, ACCEPTED)
+            lib.pn_delivery_settle(dlv)
+            self.top_up()
+            return
         self.answer_after(d, dlv)
 
     def on_remote_settled(self, dlv: Any) -> None:
