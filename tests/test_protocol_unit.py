@@ -535,6 +535,24 @@ def test_takeover_closes_old_connection_once() -> None:
     assert h.broker.connections["mqtt:c"] is new.proto
 
 
+def test_reconnect_right_after_disconnect_is_listed_and_counted() -> None:
+    """DISCONNECT, then the same id connects again before the old socket is gone: the
+    new connection is the one listed, and counted once (the old one's loss is a no-op)."""
+    h = Harness()
+    old = h.client()
+    old.connect("c")
+    old.send(Disconnect())
+    new = h.client()
+    assert new.connect("c") == [ACCEPTED]
+    old.lost()
+    assert h.broker.connections == {"mqtt:c": new.proto}
+    assert (h.broker.stats.clients_connected, h.broker.stats.by_protocol["mqtt3.1.1"]) == (1, 1)
+    new.send(Disconnect())
+    new.lost()
+    assert h.broker.connections == {}
+    assert (h.broker.stats.clients_connected, h.broker.stats.by_protocol["mqtt3.1.1"]) == (0, 0)
+
+
 # --------------------------------------------------------------------------
 # back-pressure
 

@@ -203,8 +203,14 @@ class Broker:
                             protocol: str) -> None:
         """A connection is live (after CONNACK / AMQP open): the console lists it and
         ``$SYS`` counts it as a client (``protocol``: mqtt3.1, mqtt3.1.1 or amqp)."""
-        if key in self.connections:
-            return
+        known = self._connection_protocols.get(key)
+        if known is not None:
+            if self.connections[key] is connection:
+                return
+            # The key's previous holder is closing but not yet gone (e.g. after an
+            # MQTT DISCONNECT): the newcomer takes its place, and its later
+            # unregister_connection is a no-op.
+            self.stats.disconnected(known)
         self.connections[key] = connection
         self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
