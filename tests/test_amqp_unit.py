@@ -149,40 +149,48 @@ def test_zero_width_array_bomb_is_bounded() -> None:
         decode_value(bomb)
 
 
-def _uncached_publish(data: bytes) -> PublishFields | str:
+def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | str:
     """decode_publish's answer worked out from scratch (no cache), or the error."""
     codec._prefixes.clear()
     codec._publish_heads.clear()
     try:
         m = decode_message(data)
-        return PublishFields(m.to, message_payload(m), message_qos(m), message_retain(m),
-                             m.delivery_count > 0)
+        payload, retain = message_payload(m), message_retain(m)
+        qos = 0 if presettled else message_qos(m)
+        return PublishFields(m.to, payload, qos, retain, m.delivery_count > 0)
     except DecodeError as exc:
         return exc.reason
 
 
-def _cached_publish(data: bytes) -> PublishFields | str:
+def _cached_publish(data: bytes, presettled: bool = False) -> PublishFields | str:
     try:
-        return decode_publish(data)
+        return decode_publish(data, presettled)
     except DecodeError as exc:
         return exc.reason
 
 
-_SECTIONS = b"\x00\x53\x75"   # a Data section descriptor, also planted inside payloads
+_DATA = b"\x00\x53\x75"   # a Data section descriptor, also planted inside payloads
+
+
+def _payloads() -> st.SearchStrategy[bytes]:
+    plain = st.binary(max_size=300)
+    planted = st.binary(max_size=40).map(lambda b: b[:20] + _DATA + b"\xa0\x01Z" + b[20:])
+    return st.one_of(plain, planted)
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(
     st.sampled_from(["a/b", "c", ""]), st.sampled_from([None, 0, 1, 2, "1", "x"]),
-    st.sampled_from([None, True, False, 3]), st.integers(0, 2),
-    st.binary(max_size=40).map(lambda b: b[:20] + _SECTIONS + b"\xa0\x01Z" + b[20:]),
-    st.sampled_from(["data", "value", "footer"])), min_size=1, max_size=6))
+    st.sampled_from([None, True, False, 3]), st.integers(0, 2), _payloads(),
+    st.sampled_from(["data", "data", "value", "footer"]), st.booleans()),
+    min_size=1, max_size=6))
 def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
     """decode_publish (cached section prefixes) gives exactly what a full decode gives,
     for repeated and interleaved senders, payloads that contain a Data descriptor,
-    AmqpValue bodies, a footer after the Data section, and invalid annotations."""
-    datas = []
-    for to, qos, retain, count, payload, shape in specs:
+    AmqpValue bodies, a footer after the Data section, invalid annotations, and
+    pre-settled deliveries (QoS 0, annotation not checked)."""
+    cases = []
+    for to, qos, retain, count, payload, shape, presettled in specs:
         ann: dict[Any, Any] = {}
         if qos is not None:
             ann[symbol("x-opt-mqtt-qos")] = int32(qos) if isinstance(qos, int) else qos
@@ -194,24 +202,66 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
         data = bytes(msg.encode())
         if shape == "footer":
             data += b"\x00\x53\x78\xc1\x01\x00"   # an empty footer map after the body
-        datas.append(data)
-    expected = [_uncached_publish(d) for d in datas]
-    for _ in range(2):   # the second round meets every prefix in the cache
-        assert [_cached_publish(d) for d in datas] == expected
+        cases.append((data, presettled))
+    expected = [_uncached_publish(d, p) for d, p in cases]
+    for _ in range(2):   # the second round meets cached prefixes
+        assert [_cached_publish(d, p) for d, p in cases] == expected
+
+
+def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
+    """After one message of a sender, the next ones come from the cache (shown by
+    poisoning the cached entry); a cached prefix followed by anything but exactly
+    one Data section goes the full way."""
+    first = bytes(publish_msg("t/1", b"one").encode())
+    assert decode_publish(first, False) == PublishFields("t/1", b"one", 1, False, False)
+    prefix = first[:first.rfind(_DATA)]
+    assert prefix in codec._publish_heads
+    codec._publish_heads[prefix] = ("poisoned", 2, True, True)
+    second = bytes(publish_msg("t/1", b"two").encode())
+    assert decode_publish(second, False) == PublishFields("poisoned", b"two", 2, True, True)
+    # Not exactly one Data section after the cached prefix: decoded in full.
+    for tail in (b"\xa0\x01x" + _DATA + b"\xa0\x01y",        # two Data sections
+                 b"\xa0\x01x\x00\x53\x78\xc1\x01\x00",      # a footer after it
+                 b"\xa0\x05x",                                # vbin8 cut short
+                 b"\xb0\xff\xff\xff\xffx"):                      # vbin32 cut short
+        data = prefix + _DATA + tail
+        assert _cached_publish(data) != PublishFields("poisoned", b"x", 2, True, True)
+        codec._publish_heads[prefix] = ("poisoned", 2, True, True)
+        assert _cached_publish(data) == _uncached_publish(data)
+    codec._publish_heads.clear()
 
 
 def test_publish_fast_path_not_fooled_by_payload_bytes() -> None:
-    """A cached prefix that ends inside a payload cannot happen: the cache only holds
-    prefixes that end on a section boundary."""
-    tail = _SECTIONS + b"\xa0\x03xyz"
+    """A payload holding a Data descriptor never makes a cached prefix: the cache only
+    holds prefixes that end on a section boundary."""
+    codec._publish_heads.clear()
+    tail = _DATA + b"\xa0\x03xyz"
     first = bytes(Message(address="t", body=b"ab" + tail).encode())
-    assert decode_publish(first).payload == b"ab" + tail
-    assert all(not key.endswith(b"ab") for key in codec._publish_heads)
-    # Same bytes up to the planted descriptor, then a different, valid-looking tail.
-    cut = first.rfind(_SECTIONS)
-    second = first[:cut] + _SECTIONS + b"\xa0\x01q"
+    assert decode_publish(first, False).payload == b"ab" + tail
+    assert codec._publish_heads == {}
+    cut = first.rfind(_DATA)
+    second = first[:cut] + _DATA + b"\xa0\x01q"
     assert second != first
     assert _cached_publish(second) == _uncached_publish(second)
+
+
+def test_presettled_publish_ignores_a_bad_qos_annotation() -> None:
+    """Pre-settled means QoS 0: a bad x-opt-mqtt-qos is not an error then (it is for an
+    unsettled delivery), cached or not."""
+    msg = Message(address="t", body=b"x", annotations={symbol("x-opt-mqtt-qos"): "x"})
+    msg.inferred = True
+    data = bytes(msg.encode())
+    for _ in range(2):
+        assert decode_publish(data, True) == PublishFields("t", b"x", 0, False, False)
+        with pytest.raises(DecodeError, match="x-opt-mqtt-qos"):
+            decode_publish(data, False)
+
+
+def publish_msg(to: str, body: bytes) -> Message:
+    msg = Message(address=to, body=body, durable=True,
+                  annotations={symbol("x-opt-mqtt-qos"): int32(1)})
+    msg.inferred = True
+    return msg
 
 
 # -- addresses ---------------------------------------------------------------------------

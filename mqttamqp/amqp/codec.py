@@ -458,15 +458,15 @@ class PublishFields(NamedTuple):
 
     to: str | None
     payload: bytes
-    qos: int            # the annotation (or the durable fallback); pre-settled is the caller's
+    qos: int            # 0 for a pre-settled delivery, else the annotation (or fallback)
     retain: bool
     redelivered: bool   # header.delivery-count > 0
 
 
-# Sections before the one Data section, by their exact bytes → (to, qos, retain,
-# redelivered).  Only prefixes that ``decode_message`` confirmed to end on a section
-# boundary, and whose fields were valid, get here.
-_publish_heads: dict[bytes, tuple[str | None, int, bool, bool]] = {}
+# Sections before the one Data section, by their exact bytes → (to, QoS or why the
+# QoS annotation is unusable, retain, redelivered).  Only prefixes that
+# ``decode_message`` confirmed to end on a section boundary get here.
+_publish_heads: dict[bytes, tuple[str | None, int | str, bool, bool]] = {}
 
 
 def _sole_data(data: bytes, pos: int) -> bytes | None:
@@ -484,11 +484,13 @@ def _sole_data(data: bytes, pos: int) -> bytes | None:
     return data[start:stop] if stop == end else None
 
 
-def decode_publish(data: bytes) -> PublishFields:
+def decode_publish(data: bytes, presettled: bool) -> PublishFields:
     """The contract's fields of a message sent to a topic (raises ``DecodeError``).
 
-    A sender repeats the same sections before the body for every message, so their
-    meaning is cached by their bytes and only the Data section is read again.
+    A pre-settled delivery is QoS 0 whatever its annotation says (the annotation is
+    not checked).  A sender repeats the same sections before the body for every
+    message, so their meaning is cached by their bytes and only the Data section is
+    read again.
     """
     cut = data.rfind(_DATA_SECTION)
     if 0 < cut <= _PREFIX_MAX:
@@ -497,16 +499,31 @@ def decode_publish(data: bytes) -> PublishFields:
         if head is not None:
             payload = _sole_data(data, cut)
             if payload is not None:
-                return PublishFields(head[0], payload, head[1], head[2], head[3])
+                return PublishFields(head[0], payload, _qos_of(head[1], presettled),
+                                     head[2], head[3])
     msg = decode_message(data)
-    fields = PublishFields(msg.to, message_payload(msg), message_qos(msg),
-                           message_retain(msg), msg.delivery_count > 0)
+    payload = message_payload(msg)
+    retain = message_retain(msg)
+    qos: int | str
+    try:
+        qos = message_qos(msg)
+    except DecodeError as exc:
+        qos = exc.reason
+    redelivered = msg.delivery_count > 0
     if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
             and prefix in _prefixes and _sole_data(data, cut) is not None):
         if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
             _publish_heads.clear()
-        _publish_heads[prefix] = (fields.to, fields.qos, fields.retain, fields.redelivered)
-    return fields
+        _publish_heads[prefix] = (msg.to, qos, retain, redelivered)
+    return PublishFields(msg.to, payload, _qos_of(qos, presettled), retain, redelivered)
+
+
+def _qos_of(qos: int | str, presettled: bool) -> int:
+    if presettled:
+        return 0
+    if isinstance(qos, str):
+        raise DecodeError(qos)
+    return qos
 
 
 # -- reading the contract's fields ---------------------------------------------------

@@ -228,11 +228,11 @@ class OutgoingLink(BrokerLink):
         state = lib.pn_delivery_remote_state(dlv)
         if state not in _TERMINAL and not lib.pn_delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
+        failed = state == MODIFIED and bool(
+            lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
         key = self._awaiting.pop(dlv, None)
-        lib.pn_delivery_settle(dlv)  # the pointer may be reused from here on
+        lib.pn_delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
-            failed = state == MODIFIED and bool(
-                lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
             self.outcome(key, state, failed)
 
     def outcome(self, key: int, state: int, failed: bool) -> None:
@@ -500,6 +500,7 @@ class IncomingLink(BrokerLink):
         # what was granted may still arrive: keep the window within the other half,
         # so one sender cannot overflow a congested subscriber's queue.
         self.window = max(1, min(self.window, host.limits.max_queued_messages // 2))
+        self._refill = max(1, self.window // 2)   # credit is topped up in steps of this
         self.second = plink.rcv_settle_mode == Link.RCV_SECOND
         self.outstanding = 0         # received, not yet answered
         self.blocked = False         # withholding credit (subscribers past high water)
@@ -515,7 +516,7 @@ class IncomingLink(BrokerLink):
         impl = self.impl
         want = self.window - self.outstanding
         have = lib.pn_link_credit(impl)
-        if want - have >= self.window // 2 or (have <= 0 < want):
+        if want - have >= self._refill or (have <= 0 < want):
             lib.pn_link_flow(impl, want - have)
             self.host.schedule_flush()
 
@@ -646,7 +647,7 @@ class TopicPublisher(IncomingLink):
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         try:
-            fields = decode_publish(data)
+            fields = decode_publish(data, presettled)
         except DecodeError as exc:
             self.reject(dlv, DECODE_ERROR, exc.reason)
             return
@@ -663,7 +664,7 @@ class TopicPublisher(IncomingLink):
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return
         payload = fields.payload
-        qos = 0 if presettled else fields.qos
+        qos = fields.qos
         retain = fields.retain
         host = self.host
         broker = self.broker
