@@ -1,4 +1,5 @@
-"""AMQP credit withholding: a sender link feeding congested subscribers gets no credit.
+"""AMQP flow control: a sender link feeding congested subscribers gets no credit, and a
+receiver that stops reading its socket pauses (Twisted back-pressure) whoever feeds it.
 
 Real broker process (``twistd -n mqttamqp``) with MQTT, AMQP and the console on
 loopback, port 0; python-qpid-proton's ``BlockingConnection`` as the AMQP publisher,
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -481,3 +484,154 @@ def test_small_queue_bound_caps_the_credit_window(
     send_all(conn, snd, [b"end"])
     assert sub.bodies(len(sent) + 1) == [*sent, b"end"]
     assert flow.session(sub.client_id)["dropped"] == 0
+
+
+# -- socket back-pressure ------------------------------------------------------------------
+
+class StalledAmqpReader:
+    """An AMQP receiver on a plain socket (a proton engine pumped by hand) that grants
+    plenty of credit and then stops reading its socket, until ``resume``."""
+
+    def __init__(self, port: int, topic: str, credit: int) -> None:
+        from proton import Collector, Connection, Link, Transport
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills early
+        self.sock.connect(("127.0.0.1", port))
+        self.conn = Connection()
+        self.conn.container = uid("stall")
+        self.trans = Transport()
+        self.trans.bind(self.conn)
+        self.collector = Collector()
+        self.conn.collect(self.collector)
+        self.conn.open()
+        session = self.conn.session()
+        session.open()
+        self.link = session.receiver("stalled")
+        self.link.source.address = topic
+        self.link.snd_settle_mode = Link.SND_SETTLED     # QoS 0 is fine: count bytes
+        self.link.open()
+        self.link.flow(credit)
+        self.payloads: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT
+        while not self.link.state & Link.REMOTE_ACTIVE:
+            assert time.monotonic() < deadline, "receiver not attached"
+            self.io(0.1)
+
+    def io(self, timeout: float) -> None:
+        """Write what the engine has, read what the socket has (once), take deliveries."""
+        pending = self.trans.pending()
+        if pending > 0:
+            self.sock.sendall(bytes(self.trans.peek(pending)))
+            self.trans.pop(pending)
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if ready:
+            data = self.sock.recv(1 << 16)
+            assert data, "the broker closed the stalled connection"
+            while data:
+                n = min(len(data), self.trans.capacity())
+                self.trans.push(data[:n])
+                data = data[n:]
+        while (event := self.collector.peek()) is not None:
+            delivery = event.delivery
+            if event.type == event.DELIVERY and delivery is not None \
+                    and delivery.readable and not delivery.partial:
+                self.payloads.append(bytes(self.link.recv(delivery.pending)))
+                self.link.advance()
+                delivery.settle()
+            self.collector.pop()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_stalled_amqp_reader_pauses_its_publishers_not_others(
+        start_broker: Callable[..., FlowBroker], closing: Callable[[Any], Any]) -> None:
+    """An AMQP receiver that stops reading its socket fills the broker's write buffer:
+    the broker pauses that connection's links (Twisted producer back-pressure), which
+    pauses the MQTT publisher feeding it (its socket blocks) instead of buffering
+    without bound; another MQTT pair meanwhile works normally; once the reader reads
+    again the publisher resumes and every message arrives, none dropped."""
+    flow = start_broker(LONG_STALL)
+    topic, other = uid("bp") + "/t", uid("ok") + "/t"
+    reader = closing(StalledAmqpReader(flow.proc.ports["AMQP"], topic, credit=100_000))
+    payload = b"p" * 8192
+    packet = _mqtt_publish(topic, payload)
+    pub = closing(socket.create_connection(("127.0.0.1", flow.proc.mqtt_port)))
+    pub.sendall(_mqtt_connect(uid("bpp")))
+    assert pub.recv(4) == b"\x20\x02\x00\x00"
+    pub.setblocking(False)
+
+    # Publish QoS 0 without waiting; stop when the socket takes nothing for 2 s
+    # (the broker stopped reading it), within a byte budget that an unpaused broker
+    # would swallow in a fraction of a second.
+    sent = 0
+    budget = 64 << 20
+    stuck_since: float | None = None
+    pending = b""
+    while True:
+        if not pending:
+            assert sent * len(packet) < budget, (
+                f"{sent} messages of {len(payload)} B accepted: the publisher was never "
+                "paused for the stalled reader")
+            pending = packet
+        try:
+            n = pub.send(pending)
+        except BlockingIOError:
+            n = 0
+        if n:
+            pending = pending[n:]
+            if not pending:
+                sent += 1
+            stuck_since = None
+            continue
+        if stuck_since is None:
+            stuck_since = time.monotonic()
+        elif time.monotonic() - stuck_since >= 2.0:
+            break
+        select.select([], [pub], [], 0.2)
+    assert sent > 10
+
+    # Nobody else notices: another publisher and subscriber go on at once.
+    bystander = closing(Paho(flow.proc.mqtt_port, uid("by")))
+    assert bystander.subscribe((other, 1)) == [1]
+    closing(Paho(flow.proc.mqtt_port, uid("bp2"))).publish(other, b"hello", qos=1)
+    assert bystander.get().payload == b"hello"
+
+    # The reader reads again: the publisher's rest goes through, all arrive in order.
+    pub.setblocking(True)
+    pub.settimeout(TIMEOUT)
+    done = threading.Event()
+
+    def finish() -> None:
+        pub.sendall(pending + _mqtt_publish(topic, b"end"))
+        done.set()
+
+    threading.Thread(target=finish, daemon=True).start()
+    deadline = time.monotonic() + 4 * TIMEOUT
+    while not reader.payloads or not reader.payloads[-1].endswith(b"end"):
+        assert time.monotonic() < deadline, f"{len(reader.payloads)} of {sent + 2} arrived"
+        reader.io(0.1)
+    assert done.wait(TIMEOUT)
+    total = sent + (1 if pending else 0)
+    assert len(reader.payloads) == total + 1
+    assert all(p.endswith(payload) for p in reader.payloads[:-1])
+
+
+def _mqtt_connect(client_id: str) -> bytes:
+    raw = client_id.encode()
+    body = (b"\x00\x04MQTT\x04\x02\x00\x3c" + len(raw).to_bytes(2, "big") + raw)
+    return b"\x10" + bytes((len(body),)) + body
+
+
+def _mqtt_publish(topic: str, payload: bytes) -> bytes:
+    """A QoS 0 PUBLISH (remaining length as a varint)."""
+    raw = topic.encode()
+    body = len(raw).to_bytes(2, "big") + raw + payload
+    n, length = len(body), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        length.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    return b"\x30" + bytes(length) + body
