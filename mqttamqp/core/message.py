@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+from mqttamqp.records import record
 
 __all__ = ["Message", "WillMessage"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Message:
     """A routed message.
 
@@ -29,7 +31,7 @@ class Message:
         return self if self.retain == retain else replace(self, retain=retain)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WillMessage:
     """A stored will: published on behalf of ``owner`` when it drops without a clean close.
 

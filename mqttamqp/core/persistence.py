@@ -18,6 +18,7 @@ from typing import Protocol
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.records import record
 
 __all__ = [
     "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
@@ -36,7 +37,7 @@ class QueuedState:
     RELEASED = "released"  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoredQueued:
     message: Message
     qos: int                       # delivery QoS (min(publish, granted))
@@ -44,32 +45,32 @@ class StoredQueued:
     packet_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutRetained:
     message: Message
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteRetained:
     topic: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClearRetained:
     """Delete every retained message (used by the console's delete-all)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutWill:
     will: WillMessage
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteWill:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutSession:
     """Create the persistent session if missing and record when it was last seen."""
 
@@ -77,25 +78,25 @@ class PutSession:
     last_seen: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteSession:
     client_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutSubscription:
     client_id: str
     topic_filter: str
     qos: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteSubscription:
     client_id: str
     topic_filter: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutQueued:
     """Insert or replace the queue entry ``seq`` of a persistent session."""
 
@@ -104,19 +105,19 @@ class PutQueued:
     entry: StoredQueued
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteQueued:
     client_id: str
     seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PutInboundQos2:
     client_id: str
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeleteInboundQos2:
     client_id: str
     packet_id: int

@@ -6,8 +6,9 @@ tests.  It does no I/O and no validation: the codec validates on the way in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+
+from mqttamqp.records import record
 
 __all__ = [
     "PacketType", "ConnackCode", "Will", "Connect", "Connack", "Publish", "Puback",
@@ -47,7 +48,7 @@ class ConnackCode(IntEnum):
     NOT_AUTHORIZED = 5
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Will:
     topic: str
     payload: bytes
@@ -55,7 +56,7 @@ class Will:
     retain: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Connect:
     protocol_name: str
     protocol_level: int
@@ -67,13 +68,13 @@ class Connect:
     password: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Connack:
     session_present: bool
     return_code: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Publish:
     topic: str
     payload: bytes
@@ -83,61 +84,61 @@ class Publish:
     packet_id: int | None = None  # required (1..65535) when qos > 0, else None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Puback:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubrec:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubrel:
     packet_id: int
     dup: bool = False  # MQTT 3.1 allowed DUP on PUBREL; 3.1.1 requires flags 0b0010
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pubcomp:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribe:
     packet_id: int
     topics: tuple[tuple[str, int], ...]  # (filter, requested qos)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Suback:
     packet_id: int
     return_codes: tuple[int, ...]  # 0, 1, 2 or SUBACK_FAILURE
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsubscribe:
     packet_id: int
     topics: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Unsuback:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pingreq:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pingresp:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Disconnect:
     pass
 
