@@ -329,7 +329,11 @@ class AMQPConnection(Protocol):
 
     def _engine_input(self, data: bytes) -> None:
         ptrans = self.ptrans
-        self.broker.stats.bytes_received += len(data)
+        broker = self.broker
+        broker.stats.bytes_received += len(data)
+        # Everything one socket read causes goes to the store as one batch (one
+        # hand-off to the writer thread), as for MQTT.
+        broker.begin_batch()
         try:
             while data:
                 capacity = ptrans.capacity()
@@ -345,6 +349,8 @@ class AMQPConnection(Protocol):
                 self._pump()
         except Exception:
             self._internal_error(Failure())
+        finally:
+            broker.end_batch()
 
     def _pump(self) -> None:
         if self._pumping or self.ptrans is None:
