@@ -21,6 +21,7 @@ from mqttamqp.core.persistence import NullStore
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
+    ConnackCode,
     Connect,
     Disconnect,
     Packet,
@@ -551,6 +552,52 @@ def test_reconnect_right_after_disconnect_is_listed_and_counted() -> None:
     new.lost()
     assert h.broker.connections == {}
     assert (h.broker.stats.clients_connected, h.broker.stats.by_protocol["mqtt3.1.1"]) == (0, 0)
+
+
+def test_what_one_read_routes_to_a_subscriber_is_one_write_in_order() -> None:
+    """Ten QoS 0 PUBLISH in one read reach the subscriber as one transport write, in
+    order; its own PINGRESP written in the same read (it pings in a batch of its own)
+    stays in order with its deliveries; a publish outside any read is written at once."""
+    h = Harness()
+    sub, pub = h.client(), h.client()
+    sub.connect("sub")
+    pub.connect("pub")
+    sub.send(Subscribe(1, (("f/#", 0),)))
+    assert sub.received() == [Suback(1, (0,))]
+    writes: list[bytes] = []
+    real_write = sub.transport.write
+
+    def counting(data: bytes) -> None:
+        writes.append(data)
+        real_write(data)
+
+    sub.transport.write = counting  # type: ignore[method-assign]
+    pub.send(*(Publish(f"f/{i}", b"%d" % i, 0, False, False, None) for i in range(10)))
+    assert len(writes) == 1
+    assert [p.payload for p in sub.received()] == [b"%d" % i for i in range(10)]  # type: ignore[union-attr]
+    sub.send(Pingreq(), Publish("f/self", b"s", 0, False, False, None))
+    assert sub.received() == [Pingresp(), Publish("f/self", b"s", 0, False, False, None)]
+    writes.clear()
+    h.broker.publish(Message("f/x", b"x", 0, False))        # no read in progress
+    assert len(writes) == 1 and sub.received()[0].payload == b"x"  # type: ignore[union-attr]
+
+
+def test_refusal_connack_is_written_before_the_close() -> None:
+    """A CONNACK refusal goes out before the connection closes (the batch's output is
+    flushed before loseConnection)."""
+    h = Harness()
+    c = h.client()
+    closing_at_write: list[bool] = []
+    real_write = c.transport.write
+
+    def write(data: bytes) -> None:
+        closing_at_write.append(c.transport.disconnecting)
+        real_write(data)
+
+    c.transport.write = write  # type: ignore[method-assign]
+    assert c.connect("", clean=False) == [Connack(False, ConnackCode.IDENTIFIER_REJECTED)]
+    assert c.transport.disconnecting
+    assert closing_at_write == [False]   # written while the connection was still open
 
 
 # --------------------------------------------------------------------------

@@ -82,6 +82,7 @@ class Broker:
         self._batch_depth = 0
         self._batch_ops: list[Op] = []
         self._batch_waiters: list[Deferred[None]] = []
+        self._batch_flushes: list[Callable[[], None]] = []
         # AMQP receivers on topic filters: sessions of their own, in the trie but not
         # keyed by a client id (no MQTT client can claim them).
         self.link_subscribers: dict[str, Session] = {}
@@ -175,9 +176,23 @@ class Broker:
     def begin_batch(self) -> None:
         self._batch_depth += 1
 
+    def flush_after_batch(self, flush: Callable[[], None]) -> bool:
+        """Inside a batch: call ``flush`` when it ends (a connection writes what the
+        batch gave it in one go) and return True; outside one, return False."""
+        if not self._batch_depth:
+            return False
+        self._batch_flushes.append(flush)
+        return True
+
     def end_batch(self) -> None:
         self._batch_depth -= 1
-        if self._batch_depth or not (self._batch_ops or self._batch_waiters):
+        if self._batch_depth:
+            return
+        if self._batch_flushes:
+            flushes, self._batch_flushes = self._batch_flushes, []
+            for flush in flushes:
+                flush()
+        if not (self._batch_ops or self._batch_waiters):
             return
         ops, waiters = self._batch_ops, self._batch_waiters
         self._batch_ops, self._batch_waiters = [], []
@@ -504,7 +519,11 @@ class Broker:
         known = self._paused.get(key)
         if known is not None:
             if known[1] is not None and sessions is not None:
-                sessions = list({*known[1], *sessions})
+                # Usually the same one or two subscribers, message after message.
+                new = [s for s in sessions if s not in known[1]]
+                if not new and known[0] == resume:
+                    return
+                sessions = known[1] + new
             timer = known[2]
         else:
             timer = self.clock.callLater(self.limits.stall_timeout, self._pause_expired, key)
