@@ -761,6 +761,36 @@ def test_qos1_publish_completes_when_persistent_subscriber_acks_before_commit() 
     assert d.called
 
 
+def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_again() -> None:
+    """Inside a batch (one socket read) the same early completion holds; the commit
+    that follows neither fires it twice nor fails; a failing commit after it is
+    logged, not raised."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    s, _link, _ = connect(broker, "p", clean=False)
+    subscribe(broker, s, ("a", 1))
+    store.commit_all()
+    broker.begin_batch()
+    d1 = pub(broker, "a", b"m1", qos=1)
+    d2 = pub(broker, "a", b"m2", qos=1)
+    broker.end_batch()
+    assert d1 is not None and d2 is not None and not d1.called and not d2.called
+    broker.acknowledged(s, 1)
+    assert d1.called and not d2.called
+    store.commit_all()        # the commit fires d2, leaves d1 alone (no AlreadyCalled)
+    assert d2.called
+    logged: list[str] = []
+    broker._log_store_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
+    broker.begin_batch()
+    d3 = pub(broker, "a", b"m3", qos=1)
+    broker.end_batch()
+    broker.acknowledged(s, 3)
+    assert d3 is not None and d3.called
+    _ops, commit = store.pending.pop(0)
+    commit.errback(RuntimeError("disk full"))
+    assert logged == ["storing messages that were already acknowledged"]
+
+
 def test_qos1_publish_to_offline_persistent_session_waits_for_commit() -> None:
     """With a persistent subscriber offline the publisher's Deferred waits for the commit."""
     store = ManualStore()

@@ -201,7 +201,7 @@ class Broker:
         d = self.store.submit(ops)
         if waiters:
             d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters,),
-                           errbackArgs=(waiters,))
+                           errbackArgs=(waiters, self._log_store_failure))
         else:
             d.addErrback(self._log_store_failure, "recording a batch of changes")
 
@@ -476,6 +476,9 @@ class Broker:
             if session.link is not None and session.over_high_water():
                 congested.append(session)
         self.last_publish_congested = congested
+        # Inside a batch (or while stopping) the Deferred persist returns is ours
+        # alone, so it may also be fired early, by acknowledgements.
+        owned = bool(self._batch_depth) or self.stopping
         d = self.persist(ops)
         if d is None:
             return None
@@ -484,6 +487,9 @@ class Broker:
             # (the publisher got no PUBREC and will send it again).
             d.addCallback(self._release_held, held)
         if qos1_entries and not held and other_ops == 0:
+            if owned:
+                _fire_when_acknowledged(d, qos1_entries)
+                return d
             return _committed_or_acknowledged(d, qos1_entries, self._log_store_failure)
         return d
 
@@ -717,12 +723,35 @@ class Broker:
 
 def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:
     for waiter in waiters:
-        waiter.callback(None)
+        if not waiter.called:  # else fired early (_fire_when_acknowledged)
+            waiter.callback(None)
 
 
-def _fail_all(failure: Failure, waiters: list[Deferred[None]]) -> None:
+def _fail_all(failure: Failure, waiters: list[Deferred[None]],
+              log_failure: Callable[[Failure, str], None]) -> None:
+    early = False
     for waiter in waiters:
-        waiter.errback(failure)
+        if waiter.called:
+            early = True
+        else:
+            waiter.errback(failure)
+    if early:
+        log_failure(failure, "storing messages that were already acknowledged")
+
+
+def _fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> None:
+    """Fire ``waiter`` (a batch waiter, fired by the commit otherwise) as soon as every
+    entry has been acknowledged: ``_committed_or_acknowledged`` without a second
+    Deferred."""
+    remaining = [len(entries)]
+
+    def acknowledged() -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0 and not waiter.called:
+            waiter.callback(None)
+
+    for entry in entries:
+        entry.on_done = acknowledged
 
 
 def _committed_or_acknowledged(
