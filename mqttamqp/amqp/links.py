@@ -76,6 +76,24 @@ PRECONDITION_FAILED = "amqp:precondition-failed"
 NOT_ALLOWED = "amqp:not-allowed"
 
 
+# The proton-c functions of the per-message path, looked up once.
+_decref = lib.pn_decref
+_delivery_aborted = lib.pn_delivery_aborted
+_delivery_partial = lib.pn_delivery_partial
+_delivery_pending = lib.pn_delivery_pending
+_delivery_readable = lib.pn_delivery_readable
+_delivery_remote = lib.pn_delivery_remote
+_delivery_remote_state = lib.pn_delivery_remote_state
+_delivery_settle = lib.pn_delivery_settle
+_delivery_settled = lib.pn_delivery_settled
+_delivery_update = lib.pn_delivery_update
+_disposition_is_failed = lib.pn_disposition_is_failed
+_incref = lib.pn_incref
+_link_advance = lib.pn_link_advance
+_link_credit = lib.pn_link_credit
+_link_flow = lib.pn_link_flow
+_link_queued = lib.pn_link_queued
+
 def settle_mode_name(mode: int) -> str:
     return {Link.SND_UNSETTLED: "unsettled", Link.SND_SETTLED: "settled"}.get(mode, "mixed")
 
@@ -188,14 +206,14 @@ class OutgoingLink(BrokerLink):
 
     def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
         impl = self.impl
-        if lib.pn_link_credit(impl) <= 0:
+        if _link_credit(impl) <= 0:
             # Waits inside the engine until the peer grants credit.
-            if lib.pn_link_queued(impl) == 0:
+            if _link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
         dlv = send(impl, tag, data)
         if settled:
-            lib.pn_delivery_settle(dlv)
+            _delivery_settle(dlv)
         elif key is not None:
             self._awaiting[dlv] = key
         self.delivered += 1
@@ -207,7 +225,7 @@ class OutgoingLink(BrokerLink):
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
         impl = self.impl
-        return (lib.pn_link_credit(impl) <= 0 and lib.pn_link_queued(impl) > 0
+        return (_link_credit(impl) <= 0 and _link_queued(impl) > 0
                 and self._over_credit_bytes > self.host.limits.congested_qos0_bytes)
 
     def on_flow(self) -> None:
@@ -225,13 +243,13 @@ class OutgoingLink(BrokerLink):
 
     def on_outcome(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer."""
-        state = lib.pn_delivery_remote_state(dlv)
-        if state not in _TERMINAL and not lib.pn_delivery_settled(dlv):
+        state = _delivery_remote_state(dlv)
+        if state not in _TERMINAL and not _delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
         failed = state == MODIFIED and bool(
-            lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv)))
+            _disposition_is_failed(_delivery_remote(dlv)))
         key = self._awaiting.pop(dlv, None)
-        lib.pn_delivery_settle(dlv)  # its address may be reused from here on
+        _delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
             self.outcome(key, state, failed)
 
@@ -515,35 +533,35 @@ class IncomingLink(BrokerLink):
             return
         impl = self.impl
         want = self.window - self.outstanding
-        have = lib.pn_link_credit(impl)
+        have = _link_credit(impl)
         if want - have >= self._refill or (have <= 0 < want):
-            lib.pn_link_flow(impl, want - have)
+            _link_flow(impl, want - have)
             self.host.schedule_flush()
 
     def on_incoming(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
         if self.closed:
-            lib.pn_delivery_settle(dlv)
+            _delivery_settle(dlv)
             return
-        if not lib.pn_delivery_readable(dlv):
-            if lib.pn_delivery_settled(dlv):
+        if not _delivery_readable(dlv):
+            if _delivery_settled(dlv):
                 self.on_remote_settled(dlv)
             return
         impl = self.impl
-        if lib.pn_delivery_aborted(dlv):
-            lib.pn_link_advance(impl)
-            lib.pn_delivery_settle(dlv)
+        if _delivery_aborted(dlv):
+            _link_advance(impl)
+            _delivery_settle(dlv)
             return
-        pending = lib.pn_delivery_pending(dlv)
+        pending = _delivery_pending(dlv)
         if pending > self.max_size:
             self.detach("amqp:link:message-size-exceeded",
                         f"message larger than {self.max_size} bytes")
             return
-        if lib.pn_delivery_partial(dlv):
+        if _delivery_partial(dlv):
             return
         data = recv(impl, pending) if pending else b""
-        lib.pn_link_advance(impl)
-        presettled = bool(lib.pn_delivery_settled(dlv))
+        _link_advance(impl)
+        presettled = bool(_delivery_settled(dlv))
         self.outstanding += 1
         self.delivered += 1
         self.broker.stats.bytes_received += len(data)
@@ -563,7 +581,7 @@ class IncomingLink(BrokerLink):
 
     def on_remote_settled(self, dlv: Any) -> None:
         """The sender settled a delivery we had answered (rcv-settle-mode second)."""
-        lib.pn_delivery_settle(dlv)
+        _delivery_settle(dlv)
 
     # answering ----------------------------------------------------------------------
 
@@ -571,17 +589,17 @@ class IncomingLink(BrokerLink):
         if self.closed:
             return
         self.outstanding -= 1
-        if not lib.pn_delivery_settled(dlv):
+        if not _delivery_settled(dlv):
             if condition is not None:
                 wrapped = Delivery.wrap(dlv)  # type: ignore[no-untyped-call]
                 wrapped.local.condition = Condition(*condition)
                 wrapped.update(state)   # copies the condition into the engine
             else:
-                lib.pn_delivery_update(dlv, state)
+                _delivery_update(dlv, state)
             if not self.second:
-                lib.pn_delivery_settle(dlv)
+                _delivery_settle(dlv)
         else:
-            lib.pn_delivery_settle(dlv)
+            _delivery_settle(dlv)
         self.top_up()
         self.host.schedule_flush()
 
@@ -600,13 +618,13 @@ class IncomingLink(BrokerLink):
             if then is not None:
                 then()
             return
-        lib.pn_incref(dlv)  # held across the commit
+        _incref(dlv)  # held across the commit
 
         def done(_: object) -> None:
             try:
                 self.answer(dlv, ACCEPTED)
             finally:
-                lib.pn_decref(dlv)
+                _decref(dlv)
             if then is not None and not self.closed:
                 then()
 
@@ -616,7 +634,7 @@ class IncomingLink(BrokerLink):
             try:
                 self.answer(dlv, RELEASED)
             finally:
-                lib.pn_decref(dlv)
+                _decref(dlv)
 
         d.addCallbacks(done, failed)
 
@@ -687,22 +705,22 @@ class TopicPublisher(IncomingLink):
             self.block_until_drained(broker.last_publish_congested)
         if presettled:
             self.outstanding -= 1
-            lib.pn_delivery_settle(dlv)
+            _delivery_settle(dlv)
             if d is not None:
                 d.addErrback(broker._log_store_failure, "routing a pre-settled message")
             self.top_up()
             return
         if d is None:  # nothing to make durable: Accepted at once (the common path)
             self.outstanding -= 1
-            lib.pn_delivery_update(dlv, ACCEPTED)
-            lib.pn_delivery_settle(dlv)
+            _delivery_update(dlv, ACCEPTED)
+            _delivery_settle(dlv)
             self.top_up()
             return
         self.answer_after(d, dlv)
 
     def on_remote_settled(self, dlv: Any) -> None:
         routed = self._held.pop(dlv, None)
-        lib.pn_delivery_settle(dlv)
+        _delivery_settle(dlv)
         if routed is None or self.closed:
             return
         self.outstanding -= 1
