@@ -582,6 +582,71 @@ def test_what_one_read_routes_to_a_subscriber_is_one_write_in_order() -> None:
     assert len(writes) == 1 and sub.received()[0].payload == b"x"  # type: ignore[union-attr]
 
 
+class TcpLikeTransport(StringTransport):
+    """Pauses its streaming producer once more than ``buffer`` bytes are held, as
+    Twisted's FileDescriptor does past its 64 KiB write buffer."""
+
+    buffer = 64 * 1024
+    producer_paused = False
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if (self.producer is not None and self.streaming and not self.producer_paused
+                and len(self.value()) > self.buffer):
+            self.producer_paused = True
+            self.producer.pauseProducing()  # type: ignore[attr-defined]
+
+
+def test_batched_output_still_meets_transport_back_pressure() -> None:
+    """A SUBSCRIBE matching 3,000 retained QoS 0 messages (about 330 KB) in one read:
+    output is handed to the transport in bounded pieces, so its back-pressure marks the
+    subscriber congested in time and QoS 0 past ``congested_qos0_bytes`` is dropped,
+    counted, instead of all of it piling up in one write."""
+    h = Harness(congested_qos0_bytes=16 * 1024)
+    for i in range(3000):
+        h.broker.retained.put(Message(f"r/{i}", b"x" * 100, 0, True))
+    proto = h.factory.buildProtocol(None)
+    transport = TcpLikeTransport()
+    proto.makeConnection(transport)  # type: ignore[no-untyped-call]
+    proto.dataReceived(encode(Connect("MQTT", 4, "sub", True, 0)))
+    proto.dataReceived(encode(Subscribe(1, (("r/#", 0),))))
+    decoder = Decoder()
+    decoder.feed(transport.value())
+    got = list(decoder)
+    assert got[:2] == [ACCEPTED, Suback(1, (0,))]
+    dropped = h.broker.sessions["sub"].dropped
+    assert dropped > 0 and len(got) - 2 + dropped == 3000
+    written = sum(len(encode(p)) for p in got[2:])
+    assert written <= 64 * 1024 + 16 * 1024 + 2 * 110
+
+
+def test_a_failing_output_flush_does_not_strand_other_connections() -> None:
+    """If writing one connection's batched output raises, the others' output of the same
+    batch is still written, and later output keeps flowing."""
+    h = Harness()
+    a, b, pub = h.client(), h.client(), h.client()
+    for c, name in ((a, "a"), (b, "b"), (pub, "pub")):
+        c.connect(name)
+    for c in (a, b):
+        c.send(Subscribe(1, (("t", 0),)))
+        assert c.received() == [Suback(1, (0,))]
+    real = a.transport.write
+    calls: list[bytes] = []
+
+    def fails_once(data: bytes) -> None:
+        calls.append(data)
+        if len(calls) == 1:
+            raise RuntimeError("write failed")
+        real(data)
+
+    a.transport.write = fails_once  # type: ignore[method-assign]
+    pub.send(Publish("t", b"1", 0, False, False, None))
+    assert [p.payload for p in b.received()] == [b"1"]  # type: ignore[union-attr]
+    h.broker.publish(Message("t", b"2", 0, False))
+    assert [p.payload for p in b.received()] == [b"2"]  # type: ignore[union-attr]
+    assert [p.payload for p in a.received()] == [b"2"]  # type: ignore[union-attr]
+
+
 def test_refusal_connack_is_written_before_the_close() -> None:
     """A CONNACK refusal goes out before the connection closes (the batch's output is
     flushed before loseConnection)."""

@@ -191,7 +191,10 @@ class Broker:
         if self._batch_flushes:
             flushes, self._batch_flushes = self._batch_flushes, []
             for flush in flushes:
-                flush()
+                try:
+                    flush()
+                except Exception:  # one connection's failure must not hold up the rest
+                    self.log.failure("writing a connection's output failed", Failure())
         if not (self._batch_ops or self._batch_waiters):
             return
         ops, waiters = self._batch_ops, self._batch_waiters

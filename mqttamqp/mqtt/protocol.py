@@ -60,6 +60,9 @@ __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState"]
 _PINGRESP = encode(Pingresp())
 # Acknowledgements one connection may have waiting on commits before it is not read.
 MAX_PENDING_ACKS = 1000
+# Output held for one batch before it is written anyway (Twisted's own write buffer
+# pauses its producer past 64 KiB; see MQTTProtocol._emit).
+OUTPUT_BATCH_BYTES = 64 * 1024
 
 
 class ConnectionState(Enum):
@@ -107,6 +110,7 @@ class MQTTProtocol(Protocol):
         self._acks: deque[list[Any]] = deque()
         self._congested = False
         self._out: list[bytes] | None = None   # written when the current batch ends
+        self._out_bytes = 0
         self._backlog = 0
         self._reading_paused_for: set[str] = set()
 
@@ -275,13 +279,20 @@ class MQTTProtocol(Protocol):
     def _emit(self, data: bytes) -> None:
         """Every outbound byte goes through here, in order.  While the broker handles
         one socket read (a batch), what it gives this connection is collected and
-        written once when the batch ends: one transport write instead of one per
-        message (fan-in, QoS 0 streams)."""
+        written when the batch ends: one transport write instead of one per message
+        (fan-in, QoS 0 streams).  At most ``OUTPUT_BATCH_BYTES`` are held, so the
+        transport's own back-pressure (pauseProducing past its 64 KiB buffer) still
+        comes in time for the congestion logic; a congested connection is written
+        at once."""
         out = self._out
         if out is not None:
             out.append(data)
-        elif self.broker.flush_after_batch(self._flush_out):
+            self._out_bytes += len(data)
+            if self._out_bytes >= OUTPUT_BATCH_BYTES or self._congested:
+                self._flush_out()
+        elif not self._congested and self.broker.flush_after_batch(self._flush_out):
             self._out = [data]
+            self._out_bytes = len(data)
         else:
             self.transport.write(data)
 
