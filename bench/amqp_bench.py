@@ -16,9 +16,11 @@ subscriber process:
 
 each scenario ``--repeat`` times, interleaved (the median run is reported, all runs are
 listed: the machines are shared and noisy), and prints one JSON document:
-messages/s (first send to last receive) and broker
+messages/s (first send to last receive), broker
 CPU microseconds per message (utime + stime of the broker process from
-/proc/PID/stat over the same interval), plus the ratio the issue sets as target:
+/proc/PID/stat over the same interval), the publisher's and subscriber's own CPU
+microseconds per message (so a load generator that limits a figure shows), plus
+the ratio the issue sets as target:
 AMQP -> AMQP unsettled >= 50 % of the MQTT QoS 1 figure.
 
 Every loop is bounded by a message count and a deadline; the broker is the only
