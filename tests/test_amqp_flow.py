@@ -57,6 +57,9 @@ from test_amqp_support import (
 )
 from webui_support import ConsoleHTTP, initial_password
 
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.packets import Connect, Publish
+
 pytestmark = pytest.mark.timeout(120)
 
 QUEUE_LIMIT = 300              # --max-queued-messages
@@ -556,9 +559,9 @@ def test_a_stalled_amqp_reader_pauses_its_publishers_not_others(
     topic, other = uid("bp") + "/t", uid("ok") + "/t"
     reader = closing(StalledAmqpReader(flow.proc.ports["AMQP"], topic, credit=100_000))
     payload = b"p" * 8192
-    packet = _mqtt_publish(topic, payload)
+    packet = encode(Publish(topic, payload, 0, False, False, None))
     pub = closing(socket.create_connection(("127.0.0.1", flow.proc.mqtt_port)))
-    pub.sendall(_mqtt_connect(uid("bpp")))
+    pub.sendall(encode(Connect("MQTT", 4, uid("bpp"), True, 60)))
     assert pub.recv(4) == b"\x20\x02\x00\x00"
     pub.setblocking(False)
 
@@ -604,7 +607,7 @@ def test_a_stalled_amqp_reader_pauses_its_publishers_not_others(
     done = threading.Event()
 
     def finish() -> None:
-        pub.sendall(pending + _mqtt_publish(topic, b"end"))
+        pub.sendall(pending + encode(Publish(topic, b"end", 0, False, False, None)))
         done.set()
 
     threading.Thread(target=finish, daemon=True).start()
@@ -617,21 +620,3 @@ def test_a_stalled_amqp_reader_pauses_its_publishers_not_others(
     assert len(reader.payloads) == total + 1
     assert all(p.endswith(payload) for p in reader.payloads[:-1])
 
-
-def _mqtt_connect(client_id: str) -> bytes:
-    raw = client_id.encode()
-    body = (b"\x00\x04MQTT\x04\x02\x00\x3c" + len(raw).to_bytes(2, "big") + raw)
-    return b"\x10" + bytes((len(body),)) + body
-
-
-def _mqtt_publish(topic: str, payload: bytes) -> bytes:
-    """A QoS 0 PUBLISH (remaining length as a varint)."""
-    raw = topic.encode()
-    body = len(raw).to_bytes(2, "big") + raw + payload
-    n, length = len(body), bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        length.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return b"\x30" + bytes(length) + body
