@@ -711,10 +711,7 @@ class TopicPublisher(IncomingLink):
             self.top_up()
             return
         if d is None:  # nothing to make durable: Accepted at once (the common path)
-            self.outstanding -= 1
-            _delivery_update(dlv, ACCEPTED)
-            _delivery_settle(dlv)
-            self.top_up()
+            self.answer(dlv, ACCEPTED)
             return
         self.answer_after(d, dlv)
 

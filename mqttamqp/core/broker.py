@@ -743,9 +743,9 @@ def _fail_all(failure: Failure, waiters: list[Deferred[None]],
 
 
 def _fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> None:
-    """Fire ``waiter`` (a batch waiter, fired by the commit otherwise) as soon as every
-    entry has been acknowledged: ``_committed_or_acknowledged`` without a second
-    Deferred."""
+    """Fire ``waiter`` as soon as every entry has been acknowledged (unless it fired
+    already).  A batch waiter is used as is; otherwise ``_committed_or_acknowledged``
+    puts a Deferred of its own between the store's and the caller."""
     remaining = [len(entries)]
 
     def acknowledged() -> None:
@@ -768,12 +768,7 @@ def _committed_or_acknowledged(
     the writer skips the queue writes their deletes cancel).
     """
     result: Deferred[None] = Deferred()
-    remaining = [len(entries)]
-
-    def acknowledged() -> None:
-        remaining[0] -= 1
-        if remaining[0] == 0 and not result.called:
-            result.callback(None)
+    _fire_when_acknowledged(result, entries)
 
     def committed(_: object) -> None:
         if not result.called:
@@ -785,7 +780,5 @@ def _committed_or_acknowledged(
         else:
             log_failure(failure, "storing messages that were already acknowledged")
 
-    for entry in entries:
-        entry.on_done = acknowledged
     commit.addCallbacks(committed, failed)
     return result
