@@ -142,6 +142,13 @@ def closing() -> Iterator[Callable[[Any], Any]]:
             pass
 
 
+def publisher(flow: FlowBroker, topic: str, closing: Callable[[Any], Any]
+              ) -> tuple[BlockingConnection, BlockingSender, Probe]:
+    """An AMQP connection with a sender on ``topic`` and a probe beside it."""
+    conn = closing(amqp(flow.proc))
+    return conn, conn.create_sender(topic), Probe(conn)
+
+
 class Probe:
     """A message out and back on another topic over the publisher's own connection."""
 
@@ -326,9 +333,7 @@ def test_credit_withheld_while_mqtt_subscriber_congested_then_restored(
     topic = uid("fl") + "/t"
     sub = closing(SlowSubscriber(flow.proc.mqtt_port, uid("slow")))
     assert sub.subscribe((topic, 1)) == [1]
-    conn = closing(amqp(flow.proc))
-    snd = conn.create_sender(topic)
-    probe = Probe(conn)
+    conn, snd, probe = publisher(flow, topic, closing)
     sent: list[bytes] = []
 
     granted = send_until_withheld(conn, snd, probe, sent)
@@ -371,9 +376,7 @@ def test_credit_withheld_while_amqp_receiver_gives_no_credit_then_restored(
     flow = start_broker(LONG_STALL)
     topic = uid("fa") + "/t"
     sub = CreditlessReceiver(closing(amqp(flow.proc)), topic)
-    conn = closing(amqp(flow.proc))
-    snd = conn.create_sender(topic)
-    probe = Probe(conn)
+    conn, snd, probe = publisher(flow, topic, closing)
     sent: list[bytes] = []
 
     granted = send_until_withheld(conn, snd, probe, sent)
@@ -412,9 +415,7 @@ def test_stalled_subscriber_stops_holding_the_publisher_back(
     topic = uid("st") + "/t"
     sub = closing(SlowSubscriber(flow.proc.mqtt_port, uid("stuck")))
     assert sub.subscribe((topic, 1)) == [1]
-    conn = closing(amqp(flow.proc))
-    snd = conn.create_sender(topic)
-    probe = Probe(conn)
+    conn, snd, probe = publisher(flow, topic, closing)
     sent: list[bytes] = []
 
     started = time.monotonic()
@@ -468,11 +469,9 @@ def test_small_queue_bound_caps_the_credit_window(
     topic = uid("sq") + "/t"
     sub = closing(SlowSubscriber(flow.proc.mqtt_port, uid("small")))
     assert sub.subscribe((topic, 1)) == [1]
-    conn = closing(amqp(flow.proc))
-    snd = conn.create_sender(topic)
+    conn, snd, probe = publisher(flow, topic, closing)
     conn.wait(lambda: snd.link.credit > 0, timeout=TIMEOUT, msg="first credit")
     assert snd.link.credit <= limit // 2
-    probe = Probe(conn)
     sent: list[bytes] = []
 
     granted = send_until_withheld(conn, snd, probe, sent)

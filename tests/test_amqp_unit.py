@@ -23,6 +23,7 @@ from proton import (
     symbol,
     ulong,
 )
+from test_amqp_support import publish_message
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -212,12 +213,12 @@ def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
     """After one message of a sender, the next ones come from the cache (shown by
     poisoning the cached entry); a cached prefix followed by anything but exactly
     one Data section goes the full way."""
-    first = bytes(publish_msg("t/1", b"one").encode())
+    first = bytes(publish_message("t/1", b"one", qos=1).encode())
     assert decode_publish(first, False) == PublishFields("t/1", b"one", 1, False, False)
     prefix = first[:first.rfind(_DATA)]
     assert prefix in codec._publish_heads
     codec._publish_heads[prefix] = ("poisoned", 2, True, True)
-    second = bytes(publish_msg("t/1", b"two").encode())
+    second = bytes(publish_message("t/1", b"two", qos=1).encode())
     assert decode_publish(second, False) == PublishFields("poisoned", b"two", 2, True, True)
     # Not exactly one Data section after the cached prefix: decoded in full.
     for tail in (b"\xa0\x01x" + _DATA + b"\xa0\x01y",        # two Data sections
@@ -255,13 +256,6 @@ def test_presettled_publish_ignores_a_bad_qos_annotation() -> None:
         assert decode_publish(data, True) == PublishFields("t", b"x", 0, False, False)
         with pytest.raises(DecodeError, match="x-opt-mqtt-qos"):
             decode_publish(data, False)
-
-
-def publish_msg(to: str, body: bytes) -> Message:
-    msg = Message(address=to, body=body, durable=True,
-                  annotations={symbol("x-opt-mqtt-qos"): int32(1)})
-    msg.inferred = True
-    return msg
 
 
 # -- addresses ---------------------------------------------------------------------------

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import pytest
 from brokerproc import TWISTD, BrokerProcess
+from proton import ConnectionException, Delivery
+from proton.utils import BlockingConnection
+from test_amqp_support import TIMEOUT, publish_message
 from test_mqtt_raw import RawClient, uid
 
 from mqttamqp.mqtt.packets import (
@@ -205,10 +208,6 @@ def test_amqp_accepted_messages_survive_sigkill(run, clients) -> None:
     before the kill is delivered after the restart, and the retained one is kept.
     (A broker that answers Accepted before the commit fails this in about half the
     runs: 3 of 5 when tried; crash timing decides which messages were in flight.)"""
-    from proton import ConnectionException, Delivery
-    from proton.utils import BlockingConnection
-    from test_amqp_support import TIMEOUT, publish_message
-
     n = 300
     both = ("--mqtt", "--amqp")
     proc = run(listeners=both)
