@@ -1,7 +1,13 @@
-"""Tests of ``mqttamqp.store.ZODBStore`` on a real FileStorage in ``tmp_path``.
+"""Tests of ``mqttamqp.store.ZODBStore``.
+
+Most run on a ``MappingStorage`` (``disk``: one in-memory storage that outlives the
+stores opened on it, as a file does).  Those that depend on FileStorage itself — the
+file on disk, ``kill -9``, pack shrinking the file, the lock file, bucket sizes in
+bytes — run on a real FileStorage in ``tmp_path``.
 
 A tiny fake reactor stands in for Twisted's: ``callFromThread`` puts callables on a
-``queue.Queue`` that the test thread (playing the reactor thread) drains.
+``queue.Queue`` that the test thread (playing the reactor thread) drains, blocking on
+that queue until the Deferred it waits for has fired (bounded by a timeout).
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
+from ZODB.MappingStorage import MappingStorage
 
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import (
@@ -46,6 +53,7 @@ from mqttamqp.core.persistence import (
 from mqttamqp.store import StoreClosedError, ZODBStore, zodbstore
 
 ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 30.0
 
 
 class FakeReactor:
@@ -58,16 +66,21 @@ class FakeReactor:
     def callFromThread(self, f: Callable[..., object], *args: Any) -> None:
         self.calls.put((f, args))
 
-    def run_until(self, done: Callable[[], bool], timeout: float = 30.0) -> None:
+    def run_until_fired(self, d: Deferred[Any], timeout: float = TIMEOUT) -> None:
+        """Run the writer's hand-offs, blocking for each, until ``d`` has fired."""
+        fired: list[bool] = []
+
+        def mark(result: object) -> object:
+            fired.append(True)
+            return result
+
+        d.addBoth(mark)
         deadline = time.monotonic() + timeout
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("timed out waiting for the store")
+        while not fired:
             try:
-                f, args = self.calls.get(timeout=left)
+                f, args = self.calls.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                continue
+                raise AssertionError("timed out waiting for the store") from None
             assert threading.get_ident() == self.thread
             f(*args)
 
@@ -77,8 +90,9 @@ class Waiter:
 
     def __init__(self) -> None:
         self.results: list[tuple[int, object]] = []
+        self.watched: list[Deferred[None]] = []
 
-    def watch(self, d: Deferred[None], tag: int = 0) -> None:
+    def watch(self, d: Deferred[None], tag: int = 0) -> Deferred[None]:
         def ok(_: None) -> None:
             self.results.append((tag, None))
 
@@ -86,13 +100,19 @@ class Waiter:
             self.results.append((tag, f))
 
         d.addCallbacks(ok, bad)
+        self.watched.append(d)
+        return d
+
+    def wait(self, reactor: FakeReactor, timeout: float = TIMEOUT) -> None:
+        """Run the fake reactor until every watched Deferred has fired."""
+        reactor.run_until_fired(DeferredList(self.watched), timeout)
 
 
-def wait(reactor: FakeReactor, d: Deferred[None], timeout: float = 30.0) -> object:
+def wait(reactor: FakeReactor, d: Deferred[None], timeout: float = TIMEOUT) -> object:
     """Run the fake reactor until ``d`` fires; return None or the Failure."""
     w = Waiter()
     w.watch(d)
-    reactor.run_until(lambda: bool(w.results), timeout)
+    w.wait(reactor, timeout)
     return w.results[0][1]
 
 
@@ -106,12 +126,42 @@ def reactor() -> FakeReactor:
     return FakeReactor()
 
 
-def open_store(path: Path, reactor: FakeReactor, **kw: Any) -> ZODBStore:
-    return ZODBStore(str(path), reactor, **kw)  # type: ignore[arg-type]
+class MemoryDisk(MappingStorage):  # type: ignore[misc]
+    """A ``MappingStorage`` whose ``close()`` keeps the data for the next store opened
+    on it, as a file would (ZODB cannot reopen a closed ``MappingStorage``).  Like
+    FileStorage's lock, it refuses a second store while one has it open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_use = False
+
+    def __call__(self) -> MemoryDisk:
+        """The storage factory: hand this storage to one store at a time."""
+        assert not self.in_use, "the storage is open in another store"
+        self.in_use = True
+        return self
+
+    def close(self) -> None:
+        self.in_use = False
 
 
-def reload(path: Path) -> Snapshot:
-    store = open_store(path, FakeReactor())
+@pytest.fixture
+def disk() -> MemoryDisk:
+    return MemoryDisk()
+
+
+Where = Path | MemoryDisk
+
+
+def open_store(where: Where, reactor: FakeReactor, **kw: Any) -> ZODBStore:
+    """A store on a FileStorage in the directory ``where``, or on the ``MemoryDisk``."""
+    if isinstance(where, MemoryDisk):
+        return ZODBStore("", reactor, storage_factory=where, **kw)  # type: ignore[arg-type]
+    return ZODBStore(str(where), reactor, **kw)  # type: ignore[arg-type]
+
+
+def reload(where: Where) -> Snapshot:
+    store = open_store(where, FakeReactor())
     try:
         return store.load()
     finally:
@@ -139,7 +189,20 @@ def test_fresh_directory_loads_empty_snapshot(tmp_path: Path, reactor: FakeReact
     assert reload(path) == Snapshot()
 
 
-def test_round_trip_of_every_op(tmp_path: Path, reactor: FakeReactor) -> None:
+def test_storage_factory_replaces_the_file(tmp_path: Path, disk: MemoryDisk,
+                                          reactor: FakeReactor) -> None:
+    """With a storage factory the store opens that storage and creates no file."""
+    store = ZODBStore(str(tmp_path / "unused"), reactor,  # type: ignore[arg-type]
+                      storage_factory=disk)
+    commit(reactor, store, [PutRetained(msg("a"))])
+    stats = store.stats()
+    assert (stats["path"], stats["file_size_bytes"], stats["commits"]) == ("", 0, 1)
+    store.close()
+    assert not (tmp_path / "unused").exists()
+    assert set(reload(disk).retained) == {"a"}
+
+
+def test_round_trip_of_every_op(disk: MemoryDisk, reactor: FakeReactor) -> None:
     m1 = Message("a/b", b"\x00\xff payload", 1, True, "pub-1", 1700000000.25, False)
     m2 = Message("häuser/ü", b"", 2, True, None, 12.5, True)
     gone = Message("gone", b"bye", 0, True)
@@ -150,7 +213,7 @@ def test_round_trip_of_every_op(tmp_path: Path, reactor: FakeReactor) -> None:
     will = WillMessage("c1", "wills/c1", b"dead", 1, True, "mqtt", 99.0)
     will_amqp = WillMessage("link-7", "wills/l", b"\x01", 0, False, "amqp", 100.5)
 
-    store = open_store(tmp_path, reactor)
+    store = open_store(disk, reactor)
     commit(reactor, store, [
         PutRetained(m1), PutRetained(m2), PutRetained(gone), DeleteRetained("gone"),
         DeleteRetained("never-there"),
@@ -198,7 +261,7 @@ def test_round_trip_of_every_op(tmp_path: Path, reactor: FakeReactor) -> None:
             "c7": SessionRecord("c7", 5.0, {}, [(2, q2)], set()),
         },
     )
-    snap = reload(tmp_path)
+    snap = reload(disk)
     assert snap == expected
     # Types are the plain ones the core expects.
     assert type(snap.retained["a/b"]) is Message
@@ -208,35 +271,35 @@ def test_round_trip_of_every_op(tmp_path: Path, reactor: FakeReactor) -> None:
     assert isinstance(snap.sessions["c1"].inbound_qos2, set)
 
 
-def test_clear_retained(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_clear_retained(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(msg(f"r/{i}", retain=True)) for i in range(100)])
     commit(reactor, store, [ClearRetained(), PutRetained(msg("after", retain=True))])
     commit(reactor, store, [ClearRetained()])
     commit(reactor, store, [PutRetained(msg("last", retain=True))])
     store.close()
-    assert list(reload(tmp_path).retained) == ["last"]
+    assert list(reload(disk).retained) == ["last"]
 
 
-def test_payload_bytearray_is_stored_as_bytes(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_payload_bytearray_is_stored_as_bytes(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(Message("t", bytearray(b"ab")))])  # type: ignore[arg-type]
     store.close()
-    payload = reload(tmp_path).retained["t"].payload
+    payload = reload(disk).retained["t"].payload
     assert type(payload) is bytes and payload == b"ab"
 
 
 # -- group commit, ordering, durability ---------------------------------------
 
 
-def test_group_commit(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_group_commit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     store.load()
     n = 2000
     w = Waiter()
     for i in range(n):
         w.watch(store.submit([PutQueued("c", i, StoredQueued(msg("t", b"%d" % i, qos=1), 1))]), i)
-    reactor.run_until(lambda: len(w.results) == n)
+    w.wait(reactor)
     assert all(result is None for _, result in w.results)
     assert [tag for tag, _ in w.results] == list(range(n))  # fired in submit order
     stats = store.stats()
@@ -245,28 +308,28 @@ def test_group_commit(tmp_path: Path, reactor: FakeReactor) -> None:
     assert 1 <= stats["commits"] < n // 10, stats
     assert stats["pending_ops"] == 0
     store.close()
-    queue_ = reload(tmp_path).sessions["c"].queue
+    queue_ = reload(disk).sessions["c"].queue
     assert [seq for seq, _ in queue_] == list(range(n))
 
 
-def test_max_batch_ops_never_splits_a_submit(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor, max_batch_ops=10)
+def test_max_batch_ops_never_splits_a_submit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor, max_batch_ops=10)
     w = Waiter()
     big = [PutRetained(msg(f"big/{i}")) for i in range(25)]  # larger than the limit
     for i in range(50):
         w.watch(store.submit([PutRetained(msg(f"small/{i}"))]), i)
     w.watch(store.submit(big), 50)
-    reactor.run_until(lambda: len(w.results) == 51)
+    w.wait(reactor)
     assert all(result is None for _, result in w.results)
     stats = store.stats()
     assert stats["max_commit_ops"] == 25
     assert stats["commits"] >= 6
     store.close()
-    assert len(reload(tmp_path).retained) == 75
+    assert len(reload(disk).retained) == 75
 
 
-def test_ordering_across_submits(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_ordering_across_submits(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     entry = StoredQueued(msg("q", qos=1), 1)
     ds = [
         # Put then Delete: ends deleted.
@@ -289,10 +352,10 @@ def test_ordering_across_submits(tmp_path: Path, reactor: FakeReactor) -> None:
     w = Waiter()
     for i, d in enumerate(ds):
         w.watch(d, i)
-    reactor.run_until(lambda: len(w.results) == len(ds))
+    w.wait(reactor)
     assert all(result is None for _, result in w.results)
     store.close()
-    snap = reload(tmp_path)
+    snap = reload(disk)
     assert set(snap.retained) == {"dp"}
     assert set(snap.wills) == {"dp"}
     assert set(snap.sessions) == {"s", "back", "implicit"}
@@ -309,11 +372,11 @@ def test_deferred_fires_after_data_is_on_disk(tmp_path: Path, reactor: FakeReact
     d = store.submit([PutRetained(msg("d", marker))])
     d.addBoth(fired.append)
     # The writer hands the result to the reactor thread; until that runs, nothing fired.
-    f, args = reactor.calls.get(timeout=30)
+    f, args = reactor.calls.get(timeout=TIMEOUT)
     assert fired == []
     assert marker in (tmp_path / "mqttamqp.fs").read_bytes()  # already on disk
     f(*args)
-    reactor.run_until(lambda: bool(fired))
+    reactor.run_until_fired(d)
     assert fired == [None]
     # The commit is in the file (FileStorage locks a separate .lock file, not .fs).
     assert marker in (tmp_path / "mqttamqp.fs").read_bytes()
@@ -321,6 +384,7 @@ def test_deferred_fires_after_data_is_on_disk(tmp_path: Path, reactor: FakeReact
     assert reload(tmp_path).retained["d"].payload == marker
 
 
+@pytest.mark.integration  # a child process killed with SIGKILL
 def test_kill_after_deferred_fired_keeps_data(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
@@ -398,10 +462,10 @@ def test_pack_while_submitting_shrinks_file(tmp_path: Path, reactor: FakeReactor
     # Keep committing until the pack has finished (and a little after).
     while not pack_done or i < 20:
         # (Not the retained tree: every write there rewrites the bucket holding "hot".)
-        w.watch(store.submit([PutWill(WillMessage(f"during/{i}", "w", b"d", 0, False)),
-                              PutQueued("c", i, StoredQueued(msg("q"), 1))]), i)
+        d = w.watch(store.submit([PutWill(WillMessage(f"during/{i}", "w", b"d", 0, False)),
+                                  PutQueued("c", i, StoredQueued(msg("q"), 1))]), i)
         i += 1
-        reactor.run_until(lambda n=i: len(w.results) == n)  # type: ignore[misc]
+        reactor.run_until_fired(d)
         if not pack_done:
             overlapped += 1
         if i == 5:
@@ -421,8 +485,8 @@ def test_pack_while_submitting_shrinks_file(tmp_path: Path, reactor: FakeReactor
     assert [seq for seq, _ in snap.sessions["c"].queue] == list(range(i))
 
 
-def test_pack_fresh_store_and_close_waits_for_pack(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_pack_fresh_store_and_close_waits_for_pack(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     done: list[object] = []
     store.pack().addBoth(done.append)
     store.close()  # joins the pack thread and fires its Deferred
@@ -432,8 +496,8 @@ def test_pack_fresh_store_and_close_waits_for_pack(tmp_path: Path, reactor: Fake
 # -- close, errors, stats ----------------------------------------------------------
 
 
-def test_close_flushes_and_fires_without_reactor(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_close_flushes_and_fires_without_reactor(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     w = Waiter()
     for i in range(300):
         w.watch(store.submit([PutRetained(msg(f"c/{i}"))]), i)
@@ -450,37 +514,37 @@ def test_close_flushes_and_fires_without_reactor(tmp_path: Path, reactor: FakeRe
     while not reactor.calls.empty():
         f, args = reactor.calls.get()
         f(*args)
-    assert len(reload(tmp_path).retained) == 300
+    assert len(reload(disk).retained) == 300
 
 
-def test_empty_submit_is_a_barrier(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_empty_submit_is_a_barrier(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     w = Waiter()
     w.watch(store.submit([PutRetained(msg("a"))]), 1)
     w.watch(store.submit([]), 2)
-    reactor.run_until(lambda: len(w.results) == 2)
+    w.wait(reactor)
     assert [tag for tag, _ in w.results] == [1, 2]
     store.close()
 
 
-def test_bad_op_fails_only_its_submit(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_bad_op_fails_only_its_submit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     result = wait(reactor, store.submit(["not an op"]))  # type: ignore[list-item]
     assert isinstance(result, Failure) and result.check(TypeError)
     commit(reactor, store, [PutRetained(msg("ok"))])
     store.close()
-    assert set(reload(tmp_path).retained) == {"ok"}
+    assert set(reload(disk).retained) == {"ok"}
 
 
 def test_failed_commit_errbacks_and_store_recovers(
-    tmp_path: Path, reactor: FakeReactor, monkeypatch: pytest.MonkeyPatch
+    disk: MemoryDisk, reactor: FakeReactor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from twisted.logger import ILogObserver, globalLogPublisher
 
     logged: list[dict[str, Any]] = []
     observer = cast(ILogObserver, logged.append)
     globalLogPublisher.addObserver(observer)
-    store = open_store(tmp_path, reactor)
+    store = open_store(disk, reactor)
     try:
         def boom(trees: Any, op: Any) -> None:
             raise RuntimeError("boom")
@@ -496,11 +560,11 @@ def test_failed_commit_errbacks_and_store_recovers(
     finally:
         globalLogPublisher.removeObserver(observer)
         store.close()
-    assert set(reload(tmp_path).retained) == {"kept"}  # the failed commit left nothing
+    assert set(reload(disk).retained) == {"kept"}  # the failed commit left nothing
 
 
-def test_stats_keys(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_stats_keys(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(msg("a")), PutRetained(msg("b"))])
     stats = store.stats()
     for key in ("file_size_bytes", "commits", "ops", "batches", "last_commit_seconds",
@@ -548,8 +612,8 @@ def test_newer_schema_is_refused(tmp_path: Path, reactor: FakeReactor) -> None:
     db.close()
 
 
-def test_close_from_a_callback_keeps_order(tmp_path: Path, reactor: FakeReactor) -> None:
-    store = open_store(tmp_path, reactor)
+def test_close_from_a_callback_keeps_order(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    store = open_store(disk, reactor)
     fired: list[int] = []
 
     def first_fired(_: None) -> None:
@@ -559,10 +623,10 @@ def test_close_from_a_callback_keeps_order(tmp_path: Path, reactor: FakeReactor)
     def later_fired(_: None, i: int) -> None:
         fired.append(i)
 
-    store.submit([PutRetained(msg("a"))]).addCallback(first_fired)
+    ds = [store.submit([PutRetained(msg("a"))]).addCallback(first_fired)]
     for i in range(1, 50):
-        store.submit([PutRetained(msg(f"t/{i}"))]).addCallback(later_fired, i)
-    reactor.run_until(lambda: len(fired) == 50)
+        ds.append(store.submit([PutRetained(msg(f"t/{i}"))]).addCallback(later_fired, i))
+    reactor.run_until_fired(DeferredList(ds))
     assert fired == list(range(50))
 
 
@@ -583,11 +647,12 @@ def test_queue_append_rewrites_little(tmp_path: Path, reactor: FakeReactor) -> N
     assert len(reload(tmp_path).sessions["c"].queue) == 200
 
 
-def test_put_then_delete_in_one_commit_skips_the_put(tmp_path: Path, reactor: FakeReactor) -> None:
+def test_put_then_delete_in_one_commit_skips_the_put(disk: MemoryDisk,
+                                                     reactor: FakeReactor) -> None:
     """A queue entry acknowledged within the commit window is never written, and an
     entry committed earlier is still deleted when its later update is skipped."""
     q = StoredQueued(Message("t", b"x", 2), 2)
-    store = open_store(tmp_path, reactor)
+    store = open_store(disk, reactor)
     commit(reactor, store, [PutSession("c", 1.0), PutQueued("c", 1, q)])
     released = StoredQueued(q.message, 2, QueuedState.RELEASED, 1)
     commit(reactor, store, [PutQueued("c", 2, q), DeleteQueued("c", 2),
@@ -595,5 +660,5 @@ def test_put_then_delete_in_one_commit_skips_the_put(tmp_path: Path, reactor: Fa
                             PutQueued("c", 3, q)])
     assert store.stats()["coalesced_puts"] == 2
     store.close()
-    snap = reload(tmp_path)
+    snap = reload(disk)
     assert [seq for seq, _ in snap.sessions["c"].queue] == [3]

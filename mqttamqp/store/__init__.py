@@ -6,6 +6,6 @@ holds authoritative broker state or runs ZODB work on the reactor thread after
 ``load()``.
 """
 
-from mqttamqp.store.zodbstore import FILENAME, StoreClosedError, ZODBStore
+from mqttamqp.store.zodbstore import FILENAME, StorageFactory, StoreClosedError, ZODBStore
 
-__all__ = ["FILENAME", "StoreClosedError", "ZODBStore"]
+__all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]

@@ -1,7 +1,8 @@
 """``ZODBStore``: the durable ``StateStore`` on a ZODB FileStorage.
 
 This module owns all ZODB I/O of the broker: opening the FileStorage under the data
-directory, the single writer thread with natural group commit, packing, and the
+directory (or the storage a ``storage_factory`` gives, e.g. a ``MappingStorage`` in
+unit tests), the single writer thread with natural group commit, packing, and the
 start-up ``load()``.
 
 Threading rules:
@@ -66,11 +67,15 @@ from mqttamqp.store.models import (
     will_to_record,
 )
 
-__all__ = ["FILENAME", "StoreClosedError", "ZODBStore"]
+__all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
 
 FILENAME = "mqttamqp.fs"
 
 _log = Logger(namespace="mqttamqp.store")
+
+# Returns a fresh ZODB storage (anything providing ``ZODB.interfaces.IStorage``), which
+# the store owns from then on: closing the store closes it.
+StorageFactory = Callable[[], Any]
 
 _Waiter = tuple[tuple[Op, ...], "Deferred[None]"]
 _Completion = tuple["Deferred[None]", Failure | None]
@@ -229,6 +234,10 @@ _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
 class ZODBStore:
     """A ``StateStore`` on ``FileStorage(<path>/mqttamqp.fs)`` with one writer thread.
 
+    With ``storage_factory`` the store opens the storage that factory returns instead
+    and leaves ``path`` alone (no directory, no file; ``self.path`` is empty and
+    ``stats()`` reports a size of 0).
+
     Ops on a session that does not exist are ignored, except that ``PutQueued``,
     ``PutSubscription`` and ``PutInboundQos2`` create it implicitly unless a
     ``DeleteSession`` earlier in the same ``submit()`` removed it.
@@ -245,6 +254,8 @@ class ZODBStore:
         max_batch_ops: int = 5000,
         commit_attempts: int = 3,
         gather_seconds: float = 0.002,
+        *,
+        storage_factory: StorageFactory | None = None,
     ) -> None:
         if max_batch_ops < 1:
             raise ValueError("max_batch_ops must be >= 1")
@@ -253,9 +264,14 @@ class ZODBStore:
         self._reactor = reactor
         self._max_batch_ops = max_batch_ops
         self._commit_attempts = commit_attempts
-        os.makedirs(path, exist_ok=True)
-        self.path: str = os.path.join(path, FILENAME)
-        storage = FileStorage(self.path, pack_keep_old=False)
+        storage: Any
+        if storage_factory is None:
+            os.makedirs(path, exist_ok=True)
+            self.path: str = os.path.join(path, FILENAME)
+            storage = FileStorage(self.path, pack_keep_old=False)
+        else:
+            self.path = ""
+            storage = storage_factory()
         try:
             self._db: Any = DB(storage, cache_size=20000)
         except BaseException:
@@ -374,16 +390,18 @@ class ZODBStore:
         for thread in packs:
             thread.join()
         try:
-            self._db.close()  # also closes the FileStorage
+            self._db.close()  # also closes the storage
         finally:
             self._drain_completions()
 
     def stats(self) -> dict[str, Any]:
         """Counters for the admin console; cheap and safe on the reactor thread."""
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            size = 0
+        size = 0
+        if self.path:
+            try:
+                size = os.stat(self.path).st_size
+            except OSError:
+                pass
         return {
             "path": self.path,
             "file_size_bytes": size,
