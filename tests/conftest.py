@@ -1,11 +1,24 @@
-"""Shared fixtures: a real broker process per test module or per test."""
+"""Shared fixtures (a real broker process per test module or per test) and the
+``integration`` marker.
+
+A test is marked ``integration`` when it starts a real process: a broker
+(``brokerproc.BrokerProcess``), a client or tool (``subprocess``), or Chromium
+(Playwright).  That is found out at collection, not by hand: the test function and
+every fixture it uses are read, with the helpers of the test modules they call
+(functions and classes under ``tests/``, followed name by name), and any of them
+that names ``subprocess``, Playwright, ``brokerproc`` or ``BrokerProcess`` (or a
+subclass) makes the test one.  ``pytest -m "not integration"`` then runs the in-process tests only.
+"""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import sys
+import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -14,6 +27,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from brokerproc import BrokerProcess
 
 _ids = itertools.count(1)
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+_PROCESS_MODULES = ("subprocess", "playwright")
+# Names that start processes however they are reached (``import`` inside a function
+# leaves the module's name in the code, not in the globals).
+_PROCESS_NAMES = frozenset({*_PROCESS_MODULES, "brokerproc", "BrokerProcess"})
 
 
 @pytest.fixture
@@ -38,3 +56,66 @@ def fresh_broker(tmp_path: os.PathLike[str]) -> Iterator[BrokerProcess]:
     proc.start()
     yield proc
     proc.stop()
+
+
+# -- the integration marker ----------------------------------------------------------
+
+
+def _in_tests(obj: Any) -> bool:
+    """Defined in a module under tests/ (helpers are followed only there)."""
+    try:
+        path = inspect.getsourcefile(obj)
+    except TypeError:
+        return False
+    return path is not None and os.path.abspath(path).startswith(_TESTS_DIR + os.sep)
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)   # nested functions, lambdas, comprehensions
+
+
+def _starts_processes(obj: Any, seen: set[int]) -> bool:
+    """Whether ``obj`` (a function or class) starts a process, directly or through the
+    helpers of the test modules it names."""
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        if issubclass(obj, BrokerProcess):
+            return True
+        if not _in_tests(obj):
+            return False
+        return any(_starts_processes(member, seen) for member in vars(obj).values()
+                   if inspect.isfunction(member) or isinstance(member, type))
+    func = inspect.unwrap(obj)
+    if not inspect.isfunction(func) or not _in_tests(func):
+        return False
+    names = {name for code in _code_objects(func.__code__) for name in code.co_names}
+    if names & _PROCESS_NAMES:
+        return True
+    for name in names:
+        target = func.__globals__.get(name)
+        if isinstance(target, types.ModuleType):
+            if target.__name__.split(".")[0] in _PROCESS_MODULES:
+                return True
+        elif (inspect.isfunction(target) or isinstance(target, type)) \
+                and _starts_processes(target, seen):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``integration`` every test that (or whose fixtures) start a real process."""
+    for item in items:
+        if item.get_closest_marker("integration") is not None:
+            continue
+        if not isinstance(item, pytest.Function):
+            continue
+        seen: set[int] = set()
+        fixtures = [defs[-1].func for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                    if defs and name in item.fixturenames]
+        if any(_starts_processes(obj, seen) for obj in [item.function, *fixtures]):
+            item.add_marker(pytest.mark.integration)

@@ -384,7 +384,6 @@ def test_deferred_fires_after_data_is_on_disk(tmp_path: Path, reactor: FakeReact
     assert reload(tmp_path).retained["d"].payload == marker
 
 
-@pytest.mark.integration  # a child process killed with SIGKILL
 def test_kill_after_deferred_fired_keeps_data(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
