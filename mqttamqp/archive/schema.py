@@ -1,0 +1,104 @@
+"""What the archive stores: the two Parquet schemas, the event kinds, the causes and
+the column names, in one place for the broker (which records), the writer (which
+turns records into Arrow batches) and the report job (which reads them).
+
+This module owns names and types only. It must not import Twisted, open files or
+know about the broker's objects: callers pass plain values.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = [
+    "MESSAGES", "EVENTS", "MESSAGE_SCHEMA", "EVENT_SCHEMA", "EVENT_FIELDS",
+    "MESSAGE_COLUMNS", "EVENT_COLUMNS", "PROTOCOLS",
+    "CONNECT", "DISCONNECT", "WILL_PUBLISHED", "SESSION_CREATED", "SESSION_RESUMED",
+    "SESSION_CLEARED", "SESSION_EXPIRED", "SUBSCRIBE", "UNSUBSCRIBE", "AUTH_FAILURE",
+    "CONSOLE_ACTION", "EVENT_KINDS",
+    "CAUSE_CLEAN", "CAUSE_LOST", "CAUSE_KEEPALIVE", "CAUSE_PROTOCOL_ERROR",
+    "CAUSE_TAKEN_OVER", "CAUSE_CONSOLE", "CAUSE_SHUTDOWN", "CAUSE_RESTART",
+    "DISCONNECT_CAUSES", "WILL_CAUSES",
+]
+
+#: The two datasets, each a directory under the archive directory.
+MESSAGES = "messages"
+EVENTS = "events"
+
+#: Values of the messages' ``protocol`` column (and the events' one).
+PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "amqp")
+
+# -- event kinds (the ``kind`` column) ------------------------------------------------
+CONNECT = "connect"                  # protocol, address, user, clean_session, keepalive
+DISCONNECT = "disconnect"            # reason: one of DISCONNECT_CAUSES; detail
+WILL_PUBLISHED = "will_published"    # topic, qos, retain, reason: one of WILL_CAUSES
+SESSION_CREATED = "session_created"  # clean_session
+SESSION_RESUMED = "session_resumed"  # queued (messages waiting for it)
+SESSION_CLEARED = "session_cleared"  # reason (e.g. clean_session, console), user
+SESSION_EXPIRED = "session_expired"  # reason
+SUBSCRIBE = "subscribe"              # topic (the filter), qos (granted)
+UNSUBSCRIBE = "unsubscribe"          # topic (the filter)
+AUTH_FAILURE = "auth_failure"        # protocol, address, user, reason
+CONSOLE_ACTION = "console_action"    # user (the admin), action, target
+
+EVENT_KINDS = frozenset({
+    CONNECT, DISCONNECT, WILL_PUBLISHED, SESSION_CREATED, SESSION_RESUMED,
+    SESSION_CLEARED, SESSION_EXPIRED, SUBSCRIBE, UNSUBSCRIBE, AUTH_FAILURE,
+    CONSOLE_ACTION,
+})
+
+# -- causes (the ``reason`` column of disconnect and will_published) ------------------
+CAUSE_CLEAN = "clean"                    # DISCONNECT packet / AMQP close without error
+CAUSE_LOST = "lost"                      # socket closed without DISCONNECT
+CAUSE_KEEPALIVE = "keepalive"            # keepalive (or AMQP idle time-out) expired
+CAUSE_PROTOCOL_ERROR = "protocol_error"  # malformed or forbidden input
+CAUSE_TAKEN_OVER = "taken_over"          # another connection with the same client id
+CAUSE_CONSOLE = "console"                # an operator's action in the console
+CAUSE_SHUTDOWN = "shutdown"              # the broker stopped
+CAUSE_RESTART = "restart"                # will published after a restart's grace period
+
+DISCONNECT_CAUSES = (CAUSE_CLEAN, CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR,
+                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN)
+WILL_CAUSES = (CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR, CAUSE_TAKEN_OVER,
+               CAUSE_CONSOLE, CAUSE_RESTART)
+
+_TS = pa.timestamp("us", tz="UTC")  # Spark rejects nanoseconds (PARQUET_TYPE_ILLEGAL)
+
+MESSAGE_SCHEMA = pa.schema([
+    pa.field("timestamp", _TS, nullable=False),
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("qos", pa.int8(), nullable=False),
+    pa.field("retain", pa.bool_(), nullable=False),
+    pa.field("payload_size", pa.int64(), nullable=False),
+    pa.field("payload", pa.binary()),           # first --archive-payload-bytes; null if 0
+    pa.field("publisher", pa.string()),         # client id (None: console / internal)
+    pa.field("user", pa.string()),
+    pa.field("protocol", pa.string()),
+    pa.field("deliveries", pa.int32(), nullable=False),
+    pa.field("dropped", pa.int32(), nullable=False),
+])
+MESSAGE_COLUMNS = tuple(MESSAGE_SCHEMA.names)
+
+#: The optional columns an event may carry (keyword arguments of ``Archive.event``).
+EVENT_FIELDS: dict[str, object] = {
+    "protocol": pa.string(),
+    "address": pa.string(),        # peer address "host:port"
+    "user": pa.string(),           # client's user name, or the admin for console actions
+    "reason": pa.string(),         # a cause above, or a short text
+    "detail": pa.string(),         # free text (error message, will origin...)
+    "clean_session": pa.bool_(),
+    "keepalive": pa.int32(),
+    "topic": pa.string(),          # will topic, subscription filter
+    "qos": pa.int8(),
+    "retain": pa.bool_(),
+    "queued": pa.int64(),
+    "action": pa.string(),         # console action name
+    "target": pa.string(),         # console action target
+}
+
+EVENT_SCHEMA = pa.schema(
+    [pa.field("timestamp", _TS, nullable=False),
+     pa.field("kind", pa.string(), nullable=False),
+     pa.field("client_id", pa.string())]
+    + [pa.field(name, typ) for name, typ in EVENT_FIELDS.items()])
+EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)

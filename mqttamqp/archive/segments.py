@@ -1,0 +1,226 @@
+"""Parquet segments of one dataset: partition paths, row groups, temporary names
+and the rename that publishes a closed file.
+
+A segment is written as ``.part-<start>-<n>.parquet.tmp`` inside its Hive partition
+``<dataset>/date=YYYY-MM-DD/hour=HH/`` and renamed to ``part-<start>-<n>.parquet``
+when closed. Spark and ``pyarrow.dataset`` skip names starting with ``.``, so a
+reader sees only complete files; ``remove_leftovers`` deletes what a crash left.
+
+This module runs on the archive's writer thread only. It owns files; it must not
+touch the reactor, take locks or know which broker event produced a row. It takes
+``now`` as an argument rather than reading a clock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+__all__ = ["Partition", "partition_of", "SegmentSet", "remove_leftovers",
+           "remove_partitions_before", "TEMP_PREFIX", "TEMP_SUFFIX"]
+
+TEMP_PREFIX = ".part-"
+TEMP_SUFFIX = ".parquet.tmp"
+
+Partition = tuple[str, str]  # ("2026-11-24", "07")
+
+
+def partition_of(timestamp: float) -> Partition:
+    """The UTC date and hour directory names of a record's time."""
+    t = time.gmtime(timestamp)
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", f"{t.tm_hour:02d}")
+
+
+@dataclass
+class _Segment:
+    partition: Partition
+    temp_path: str
+    final_path: str
+    file: BinaryIO
+    writer: Any
+    opened_at: float
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    written_rows: int = 0
+
+
+class SegmentSet:
+    """The open segments of one dataset, one per partition that received rows.
+
+    ``append`` buffers rows; a row group is written when ``row_group_rows`` are
+    buffered for a partition. ``roll(now)`` closes every segment once the oldest
+    is ``roll_seconds`` old or one passed ``roll_bytes``; ``close`` closes all.
+    Segments of an hour older than the newest one seen are closed at once: time
+    moves forward, and the report should not wait a whole roll for the last hour.
+    """
+
+    def __init__(self, directory: str, schema: pa.Schema, *, roll_seconds: float,
+                 roll_bytes: int, row_group_rows: int = 8192) -> None:
+        self.directory = directory
+        self.schema = schema
+        self.roll_seconds = roll_seconds
+        self.roll_bytes = roll_bytes
+        self.row_group_rows = row_group_rows
+        self._open: dict[Partition, _Segment] = {}
+        self._serial = 0
+        self.rows_written = 0     # rows in renamed (published) files
+        self.segments_closed = 0
+        self.bytes_closed = 0
+
+    @property
+    def open_partitions(self) -> list[Partition]:
+        return list(self._open)
+
+    def append(self, rows: Iterable[tuple[float, tuple[Any, ...]]], now: float) -> None:
+        """Buffer ``(timestamp, row)`` pairs, writing row groups as they fill."""
+        newest: Partition | None = None
+        for timestamp, row in rows:
+            part = partition_of(timestamp)
+            segment = self._open.get(part)
+            if segment is None:
+                segment = self._open_segment(part, now)
+            segment.rows.append(row)
+            if len(segment.rows) >= self.row_group_rows:
+                self._write_rows(segment)
+            if newest is None or part > newest:
+                newest = part
+        if newest is not None:
+            for part in [p for p in self._open if p < newest]:
+                self._close(self._open.pop(part))
+
+    def roll(self, now: float) -> bool:
+        """Close every segment when it is time; true if something was closed."""
+        if not self._open:
+            return False
+        due = min(s.opened_at for s in self._open.values()) + self.roll_seconds <= now
+        if not due:
+            for segment in self._open.values():
+                if segment.file.tell() >= self.roll_bytes:
+                    due = True
+                    break
+        if due:
+            self.close()
+        return due
+
+    def close(self) -> None:
+        """Write what is buffered, close and rename every open segment."""
+        errors: list[BaseException] = []
+        segments = list(self._open.values())
+        self._open.clear()
+        for segment in segments:
+            try:
+                self._close(segment)  # on failure it stays open, for abandon()
+            except Exception as e:  # close the others; report the first
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def abandon(self) -> int:
+        """Drop every open segment without publishing it (after a write error);
+        returns how many rows were lost with them."""
+        lost = 0
+        while self._open:
+            _, segment = self._open.popitem()
+            lost += segment.written_rows + len(segment.rows)
+            for step in (segment.writer.close, segment.file.close):
+                try:
+                    step()
+                except Exception:
+                    pass
+            try:
+                os.unlink(segment.temp_path)
+            except OSError:
+                pass
+        return lost
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _open_segment(self, part: Partition, now: float) -> _Segment:
+        folder = os.path.join(self.directory, f"date={part[0]}", f"hour={part[1]}")
+        os.makedirs(folder, exist_ok=True)
+        self._serial += 1
+        name = f"{int(now * 1e6):016d}-{os.getpid()}-{self._serial:06d}"
+        temp = os.path.join(folder, f"{TEMP_PREFIX}{name}{TEMP_SUFFIX}")
+        final = os.path.join(folder, f"part-{name}.parquet")
+        sink = open(temp, "wb")  # closed in _close / abandon
+        try:
+            writer = pq.ParquetWriter(sink, self.schema, compression="zstd",
+                                      coerce_timestamps="us",
+                                      allow_truncated_timestamps=True)
+        except Exception:
+            sink.close()
+            os.unlink(temp)
+            raise
+        segment = _Segment(part, temp, final, sink, writer, now)
+        self._open[part] = segment
+        return segment
+
+    def _write_rows(self, segment: _Segment) -> None:
+        if not segment.rows:
+            return
+        columns = list(zip(*segment.rows, strict=True))
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(col, type=f.type) for col, f in zip(columns, self.schema, strict=True)],
+            schema=self.schema)
+        segment.writer.write_batch(batch)
+        segment.written_rows += len(segment.rows)
+        segment.rows = []
+
+    def _close(self, segment: _Segment) -> None:
+        try:
+            self._write_rows(segment)
+            segment.writer.close()
+            segment.file.flush()
+            os.fsync(segment.file.fileno())
+            size = segment.file.tell()
+        except BaseException:
+            self._open[segment.partition] = segment  # the caller's abandon() cleans it
+            raise
+        segment.file.close()
+        if segment.written_rows == 0:
+            os.unlink(segment.temp_path)
+            return
+        os.rename(segment.temp_path, segment.final_path)
+        self.rows_written += segment.written_rows
+        self.segments_closed += 1
+        self.bytes_closed += size
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Delete the temporary segments a crash left under ``directory``."""
+    removed: list[str] = []
+    if not os.path.isdir(directory):
+        return removed
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                path = os.path.join(root, name)
+                try:
+                    os.unlink(path)
+                    removed.append(path)
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+def remove_partitions_before(dataset_dir: str, cutoff_date: str,
+                             keep: Sequence[Partition] = ()) -> list[str]:
+    """Delete ``date=`` partitions older than ``cutoff_date`` (``YYYY-MM-DD``)."""
+    removed: list[str] = []
+    if not os.path.isdir(dataset_dir):
+        return removed
+    kept_dates = {p[0] for p in keep}
+    for name in sorted(os.listdir(dataset_dir)):
+        if not name.startswith("date="):
+            continue
+        date = name[len("date="):]
+        if date < cutoff_date and date not in kept_dates:
+            shutil.rmtree(os.path.join(dataset_dir, name), ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -1,0 +1,336 @@
+"""The archive writer: segments, partitions, schema, filters, drops and crashes.
+
+No Spark here: files are read back with pyarrow. Time is a ``task.Clock``; the
+writer thread is real and tests wait on its progress, never sleep.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from twisted.internet.task import Clock
+
+from mqttamqp.archive import (
+    CAUSE_LOST,
+    CONNECT,
+    DISCONNECT,
+    EVENT_SCHEMA,
+    MESSAGE_SCHEMA,
+    Archive,
+    TopicSelector,
+    filter_matches,
+)
+from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
+
+T0 = calendar.timegm((2026, 11, 24, 7, 59, 30))  # 2026-11-24 07:59:30 UTC
+
+
+def visible(root: Path, dataset: str = "messages") -> list[str]:
+    base = root / dataset
+    if not base.exists():
+        return []
+    return sorted(str(p.relative_to(base)) for p in base.rglob("*")
+                  if p.is_file() and not p.name.startswith("."))
+
+
+def hidden(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".*") if p.is_file()]
+
+
+def read(root: Path, dataset: str = "messages") -> pa.Table:
+    return ds.dataset(str(root / dataset), format="parquet", partitioning="hive").to_table()
+
+
+def publish(archive: Archive, ts: float, topic: str = "a/b", payload: bytes = b"x",
+            **kw: Any) -> None:
+    args: dict[str, Any] = dict(qos=1, retain=False, publisher="dev1", user="u",
+                                protocol="mqtt3.1.1", deliveries=2, dropped=0)
+    args.update(kw)
+    archive.message(ts, topic, args["qos"], args["retain"], payload, args["publisher"],
+                    args["user"], args["protocol"], args["deliveries"], args["dropped"])
+
+
+@pytest.fixture
+def clock() -> Clock:
+    c = Clock()
+    c.advance(T0)
+    return c
+
+
+@pytest.fixture
+def archive(tmp_path: Path, clock: Clock) -> Any:
+    a = Archive(str(tmp_path), clock, roll_seconds=60, row_group_rows=4)
+    a.start()
+    yield a
+    a.close()
+
+
+def test_filter_matching_follows_mqtt_rules() -> None:
+    assert filter_matches("a/+/c", "a/b/c") and not filter_matches("a/+/c", "a/b/d")
+    assert filter_matches("a/#", "a") and filter_matches("a/#", "a/b/c")
+    assert not filter_matches("#", "$SYS/broker") and filter_matches("$SYS/#", "$SYS/x")
+    assert not filter_matches("a/b", "a/b/c") and not filter_matches("a/b/c", "a/b")
+    sel = TopicSelector(["sensors/#", "$SYS/broker/load"], ["sensors/secret/#"])
+    assert sel.wanted("sensors/1") and not sel.wanted("sensors/secret/k")
+    assert sel.wanted("$SYS/broker/load") and not sel.wanted("other")
+
+
+def test_partition_is_utc_date_and_hour() -> None:
+    assert partition_of(T0) == ("2026-11-24", "07")
+    assert partition_of(T0 + 30) == ("2026-11-24", "08")
+
+
+def test_segment_visible_only_after_close(tmp_path: Path) -> None:
+    seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=60,
+                     roll_bytes=1 << 20, row_group_rows=2)
+    row = (int(T0 * 1e6), "t", 0, False, 1, b"x", "c", None, "amqp", 1, 0)
+    seg.append([(T0, row)] * 3, now=T0)
+    assert visible(tmp_path) == [] and len(hidden(tmp_path)) == 1
+    assert not seg.roll(T0 + 59.9)
+    assert seg.roll(T0 + 60)
+    files = visible(tmp_path)
+    assert len(files) == 1 and files[0].startswith("date=2026-11-24/hour=07/part-")
+    assert files[0].endswith(".parquet") and hidden(tmp_path) == []
+    assert (seg.rows_written, seg.segments_closed) == (3, 1)
+    assert seg.bytes_closed == os.path.getsize(tmp_path / "messages" / files[0])
+
+
+def test_segment_rolls_at_size(tmp_path: Path) -> None:
+    seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=3600,
+                     roll_bytes=1, row_group_rows=1)
+    row = (int(T0 * 1e6), "t", 0, False, 1, b"x", None, None, "amqp", 0, 0)
+    seg.append([(T0, row)], now=T0)
+    assert seg.roll(T0 + 1) and len(visible(tmp_path)) == 1
+
+
+def test_new_hour_closes_the_previous_hours_segment(tmp_path: Path) -> None:
+    seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=3600,
+                     roll_bytes=1 << 30)
+    row = (int(T0 * 1e6), "t", 0, False, 1, b"x", None, None, "amqp", 0, 0)
+    seg.append([(T0, row)], now=T0)
+    seg.append([(T0 + 31, row)], now=T0 + 31)
+    assert [f.split("/part-")[0] for f in visible(tmp_path)] == ["date=2026-11-24/hour=07"]
+    seg.close()
+    assert len(visible(tmp_path)) == 2 and hidden(tmp_path) == []
+
+
+def test_messages_schema_partitions_and_payload_cap(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, payload_bytes=4)
+    a.start()
+    publish(a, T0 + 0.000001, payload=b"0123456789", qos=2, retain=True)
+    publish(a, T0 + 31.5, topic="b", payload=b"ab", publisher=None, user=None,
+            protocol="amqp", deliveries=0, dropped=3)
+    publish(a, T0 + 32, topic="$SYS/broker/uptime")  # excluded by default
+    assert a.wait_until(lambda: a.stats()["filtered"] == 1) and a.wait_step()
+    assert visible(tmp_path) != []  # the 07:00 hour closed when 08:00 began
+    a.close()
+    assert hidden(tmp_path) == []
+    table = read(tmp_path).sort_by("timestamp")
+    assert table.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    rows = table.to_pylist()
+    assert [(r["date"], r["hour"]) for r in rows] == [("2026-11-24", 7), ("2026-11-24", 8)]
+    first, second = rows
+    assert first["timestamp"].timestamp() == pytest.approx(T0 + 0.000001, abs=1e-6)
+    assert (first["topic"], first["qos"], first["retain"], first["payload_size"],
+            first["payload"], first["publisher"], first["user"], first["protocol"],
+            first["deliveries"], first["dropped"]) == (
+        "a/b", 2, True, 10, b"0123", "dev1", "u", "mqtt3.1.1", 2, 0)
+    assert (second["payload"], second["publisher"], second["protocol"],
+            second["dropped"]) == (b"ab", None, "amqp", 3)
+    for f in visible(tmp_path):
+        assert pq.read_schema(tmp_path / "messages" / f).equals(MESSAGE_SCHEMA)
+    assert a.stats() | {"bytes": 0} == {
+        "records": 2, "messages": 2, "events": 0, "dropped": 0, "segments": 2, "bytes": 0,
+        "buffered": 0, "filtered": 1, "errors": 0, "lost": 0}
+
+
+def test_payload_bytes_zero_stores_no_payload(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, payload_bytes=0)
+    a.start()
+    publish(a, T0, payload=b"secret")
+    a.close()
+    (row,) = read(tmp_path).to_pylist()
+    assert row["payload"] is None and row["payload_size"] == 6
+
+
+def test_include_and_exclude(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, include=["plant/#", "$SYS/broker/load"],
+                exclude=["plant/debug/#"])
+    a.start()
+    for topic in ["plant/1/t", "plant/debug/x", "office/1", "$SYS/broker/load"]:
+        publish(a, T0, topic=topic)
+    a.close()
+    assert sorted(read(tmp_path).column("topic").to_pylist()) == [
+        "$SYS/broker/load", "plant/1/t"]
+    assert a.stats()["filtered"] == 2
+
+
+def test_events_one_schema_with_nullable_columns(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock)
+    a.start()
+    a.event(T0, CONNECT, "dev1", protocol="mqtt3.1.1", address="127.0.0.1:5000",
+            user="u", clean_session=False, keepalive=30)
+    a.event(T0 + 1, DISCONNECT, "dev1", reason=CAUSE_LOST)
+    with pytest.raises(ValueError):
+        a.event(T0, "connected", "dev1")
+    with pytest.raises(ValueError):
+        a.event(T0, CONNECT, "dev1", colour="red")
+    a.close()
+    rows = read(tmp_path, "events").sort_by("timestamp").to_pylist()
+    assert [(r["kind"], r["client_id"], r["reason"], r["keepalive"]) for r in rows] == [
+        ("connect", "dev1", None, 30), ("disconnect", "dev1", "lost", None)]
+    assert rows[0]["clean_session"] is False and rows[0]["address"] == "127.0.0.1:5000"
+    (name,) = visible(tmp_path, "events")
+    assert pq.read_schema(tmp_path / "events" / name).equals(EVENT_SCHEMA)
+
+
+def test_roll_on_time_with_the_injected_clock(archive: Archive, clock: Clock,
+                                              tmp_path: Path) -> None:
+    publish(archive, T0)
+    assert archive.wait_until(lambda: archive.stats()["buffered"] == 0)
+    assert archive.wait_step()
+    assert visible(tmp_path) == [] and len(hidden(tmp_path)) == 1
+    clock.advance(60)
+    assert archive.wait_until(lambda: archive.stats()["segments"] == 1)
+    assert len(visible(tmp_path)) == 1 and hidden(tmp_path) == []
+
+
+def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
+                                                         clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, buffer_limit=10)
+    entered, release = threading.Event(), threading.Event()
+    segments = a._sets["messages"]
+    real_append = segments.append
+
+    def stalled_append(rows: Any, now: float) -> None:
+        entered.set()
+        assert release.wait(30)
+        real_append(rows, now)
+
+    segments.append = stalled_append  # type: ignore[method-assign]
+    a.start()
+    publish(a, T0)
+    assert a.wait_until(entered.is_set)
+    for i in range(25):  # the writer is stuck inside append: nothing drains
+        publish(a, T0 + i / 100)
+    assert a.stats()["dropped"] == 15 and a.stats()["buffered"] == 10
+    a.event(T0, CONNECT, "x")  # events have their own bound
+    release.set()
+    a.close()
+    assert a.stats() | {"bytes": 0} == {
+        "records": 12, "messages": 11, "events": 1, "dropped": 15, "segments": 2,
+        "bytes": 0, "buffered": 0, "filtered": 0, "errors": 0, "lost": 0}
+    assert len(read(tmp_path)) == 11
+
+
+def test_records_after_close_are_counted_as_dropped(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock)
+    a.start()
+    a.close()
+    publish(a, T0)
+    assert a.stats()["dropped"] == 1
+
+
+def test_close_fires_through_the_reactor_when_there_is_one(tmp_path: Path,
+                                                          clock: Clock) -> None:
+    fired = threading.Event()
+    threads: list[str] = []
+
+    class Reactor:
+        def seconds(self) -> float:
+            return clock.seconds()
+
+        def callFromThread(self, f: Any, *args: Any) -> None:
+            threads.append(threading.current_thread().name)
+            f(*args)
+
+    a = Archive(str(tmp_path), Reactor())
+    a.start()
+    publish(a, T0)
+    d = a.close()
+    d.addCallback(lambda _: fired.set())
+    assert fired.wait(10)
+    assert threads == ["mqttamqp-archive"] and len(visible(tmp_path)) == 1
+
+
+def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path, clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, row_group_rows=1)
+    a.start()
+    publish(a, T0, topic="a")
+    assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
+    (temp,) = hidden(tmp_path)
+    segments = a._sets["messages"]
+    real_append = segments.append
+
+    def failing(rows: Any, now: float) -> None:
+        segments.append = real_append  # type: ignore[method-assign]
+        raise OSError("disk full")
+
+    segments.append = failing  # type: ignore[method-assign]
+    publish(a, T0, topic="b")
+    assert a.wait_until(lambda: a.stats()["errors"] == 1)
+    assert not temp.exists()
+    publish(a, T0, topic="c")
+    a.close()
+    assert read(tmp_path).column("topic").to_pylist() == ["c"]
+    assert a.stats()["lost"] == 1 and a.stats()["errors"] == 1
+
+
+def test_retention_removes_old_partitions(tmp_path: Path, clock: Clock) -> None:
+    for day in ("2026-10-24", "2026-10-25", "2026-11-23"):
+        (tmp_path / "messages" / f"date={day}" / "hour=00").mkdir(parents=True)
+        (tmp_path / "events" / f"date={day}" / "hour=00").mkdir(parents=True)
+    a = Archive(str(tmp_path), clock, retention_days=30)  # cut-off: 2026-10-25
+    a.start()
+    assert a.wait_step()
+    a.close()
+    for dataset in ("messages", "events"):
+        assert sorted(os.listdir(tmp_path / dataset)) == ["date=2026-10-25",
+                                                          "date=2026-11-23"]
+
+
+_CRASHER = """
+import sys, time
+from mqttamqp.archive import Archive
+class Now:
+    def seconds(self): return time.time()
+a = Archive(sys.argv[1], Now(), row_group_rows=1, roll_seconds=3600)
+a.start()
+a.message(1795939170.0, "closed", 0, False, b"x", "c", None, "amqp", 0, 0)
+a.close()
+a = Archive(sys.argv[1], Now(), row_group_rows=1, roll_seconds=3600)
+a.start()
+a.message(1795939171.0, "open", 0, False, b"x", "c", None, "amqp", 0, 0)
+assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path,
+                                                              clock: Clock) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _CRASHER, str(tmp_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert len(hidden(tmp_path)) == 1
+    assert read(tmp_path).column("topic").to_pylist() == ["closed"]
+    a = Archive(str(tmp_path), clock)
+    a.start()
+    assert hidden(tmp_path) == []
+    a.close()
+    assert remove_leftovers(str(tmp_path)) == []
