@@ -2,12 +2,13 @@
 ``integration`` marker.
 
 A test is marked ``integration`` when it starts a real process: a broker
-(``brokerproc.BrokerProcess``), a client or tool (``subprocess``), or Chromium
-(Playwright).  That is found out at collection, not by hand: the test function and
-every fixture it uses are read, with the helpers of the test modules they call
-(functions and classes under ``tests/``, followed name by name), and any of them
-that names ``subprocess``, Playwright, ``brokerproc`` or ``BrokerProcess`` (or a
-subclass) makes the test one.  ``pytest -m "not integration"`` then runs the in-process tests only.
+(``brokerproc.BrokerProcess``), a client or tool (``subprocess``), Chromium
+(Playwright) or Spark's JVM (``pyspark``).  That is found out at collection, not by
+hand: the test function and every fixture it uses are read, with the helpers of the
+test modules they call (functions and classes under ``tests/``, followed name by
+name), and any of them that names ``subprocess``, Playwright, PySpark,
+``brokerproc`` or ``BrokerProcess`` (or a subclass) makes the test one.
+``pytest -m "not integration"`` then runs the in-process tests only.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from brokerproc import BrokerProcess
 
 _ids = itertools.count(1)
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_PROCESS_MODULES = ("subprocess", "playwright")
+# Modules whose use starts a process: a child, Chromium, Spark's JVM.
+_PROCESS_MODULES = ("subprocess", "playwright", "pyspark")
 # Names that start processes however they are reached (``import`` inside a function
-# leaves the module's name in the code, not in the globals).
+# leaves the module's dotted name in the code, not in the globals).
 _PROCESS_NAMES = frozenset({*_PROCESS_MODULES, "brokerproc", "BrokerProcess"})
 
 
@@ -94,7 +96,7 @@ def _starts_processes(obj: Any, seen: set[int]) -> bool:
     if not inspect.isfunction(func) or not _in_tests(func):
         return False
     names = {name for code in _code_objects(func.__code__) for name in code.co_names}
-    if names & _PROCESS_NAMES:
+    if any(name.split(".")[0] in _PROCESS_NAMES for name in names):
         return True
     for name in names:
         target = func.__globals__.get(name)
