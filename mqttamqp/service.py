@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.application import service
@@ -22,8 +23,10 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqttamqp import logbridge
+from mqttamqp.core.auth import Authenticator
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import Options, limits_from
 
@@ -72,21 +75,49 @@ class ListenerService(service.Service):
         return None
 
 
+class OpenAtStart:
+    """The ZODB store, opened when the broker first loads its state (in
+    ``startService``), not when the service is assembled: option parsing and
+    ``--help`` touch no files, yet the broker gets its store at construction."""
+
+    def __init__(self, data_dir: str, reactor: Any) -> None:
+        self.data_dir = data_dir
+        self.reactor = reactor
+        self.opened: Any = None
+
+    def load(self) -> Snapshot:
+        from mqttamqp.store import ZODBStore
+
+        self.opened = ZODBStore(self.data_dir, self.reactor)
+        return self.opened.load()  # type: ignore[no-any-return]
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        return self.opened.submit(ops)  # type: ignore[no-any-return]
+
+    def pack(self) -> Deferred[None]:
+        return self.opened.pack()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.opened is not None:
+            self.opened.close()
+
+    def stats(self) -> dict[str, Any] | None:
+        return self.opened.stats() if self.opened is not None else None
+
+
 class BrokerService(service.MultiService):
     log = Logger()
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
-                 reactor: Any = None) -> None:
+                 reactor: Any = None, authenticator: Authenticator | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
         self.pack_interval = pack_interval_hours * 3600.0
-        from mqttamqp.core.persistence import NullStore
-        # The real store is opened in startService; until then nothing persists.
-        self.broker = Broker(self.reactor, NullStore(), limits)
+        self.store = OpenAtStart(self.data_dir, self.reactor)
+        self.broker = Broker(self.reactor, self.store, limits, authenticator)
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
-        self.store: Any = None
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
         self.web_site: Any = None
@@ -117,15 +148,11 @@ class BrokerService(service.MultiService):
         return svc
 
     def startService(self) -> None:
-        from mqttamqp.store import ZODBStore
-
         logbridge.install()
         os.makedirs(self.data_dir, exist_ok=True)
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.
         sys.setswitchinterval(0.001)
-        self.store = ZODBStore(self.data_dir, self.reactor)
-        self.broker.store = self.store
         self.broker.start()
         # Everything loaded at start-up lives for the whole run: keep it out of the
         # collector's generations so full collections stay short.
@@ -145,7 +172,7 @@ class BrokerService(service.MultiService):
         return d
 
     def stopService(self) -> Deferred[None]:
-        self.broker.stopping = True
+        self.broker.shutdown()
         if self._pack_loop is not None and self._pack_loop.running:
             self._pack_loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
@@ -153,23 +180,23 @@ class BrokerService(service.MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()  # type: ignore[no-untyped-call]
-        self.broker.stop()
         for conn in list(self.mqtt_factory.connections):
             conn.transport.abortConnection()
         if self.amqp_factory is not None:
             for amqp_conn in list(self.amqp_factory.connections):
                 amqp_conn.transport.abortConnection()
-        if self.store is not None:
-            self.store.close()
+        self.store.close()
 
 
 def makeService(options: Options) -> BrokerService:
-    svc = BrokerService(options["data"], limits_from(options), options["pack-interval"])
+    authenticator: Authenticator | None = None
     if options["users"]:
         # MQTT CONNECT and AMQP SASL PLAIN both check it; anonymous clients are refused.
         from mqttamqp.core.users import UserFile
 
-        svc.broker.authenticator = UserFile(options["users"], svc.reactor)
+        authenticator = UserFile(options["users"], global_reactor)
+    svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
+                        authenticator=authenticator)
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:

@@ -80,7 +80,8 @@ def connect(broker: Broker, client_id: str, clean: bool = True,
             will: WillMessage | None = None, link: FakeLink | None = None
             ) -> tuple[Session, FakeLink, bool]:
     link = link or FakeLink(client_id)
-    session, present, _d = broker.open_session(link, client_id, clean, will)
+    opened = broker.open_session(link, client_id, clean, will)
+    session, present = opened.session, opened.present
     broker.activate(session, link, "mqtt3.1.1")
     return session, link, present
 
@@ -97,7 +98,7 @@ def will(owner: str, topic: str = "will/t", payload: bytes = b"bye", qos: int = 
 
 def pub(broker: Broker, topic: str, payload: bytes = b"x", qos: int = 0,
         retain: bool = False) -> Deferred[None] | None:
-    return broker.publish(Message(topic, payload, qos, retain, "p", 0.0))
+    return broker.publish(Message(topic, payload, qos, retain, "p", 0.0)).durable
 
 
 # --------------------------------------------------------------------------
@@ -389,11 +390,8 @@ def test_will_not_fired_on_clean_end() -> None:
 
 def test_reconnect_without_will_deletes_old_will() -> None:
     """A new CONNECT without a will replaces a stored will by nothing."""
-    broker, _, store = make_broker()
-    s, link, _ = connect(broker, "p", clean=False, will=will("p"))
-    broker.stopping = True
-    broker.end_session(link, s, clean=False, reason="shutdown")
-    broker.stopping = False
+    broker, _, store = make_broker(SnapshotStore(Snapshot(wills={"p": will("p")})))
+    broker.start()
     assert "p" in broker.wills
     connect(broker, "p", clean=False)
     assert "p" not in broker.wills
@@ -414,7 +412,7 @@ def test_stopping_suppresses_wills() -> None:
     subscribe(broker, watcher, ("will/t", 0))
     s, link, _ = connect(broker, "c", clean=False, will=will("c"))
     n = len(store.submitted)
-    broker.stopping = True
+    broker.shutdown()
     broker.end_session(link, s, clean=False, reason="shutdown")
     assert wlink.sent == []
     assert "c" in broker.wills
@@ -693,7 +691,7 @@ class MemoryStore(NullStore):
 
 def restart(broker: Broker, clock: Clock, store: MemoryStore) -> Broker:
     """Stop ``broker`` as the service does (stopping, close connections) and start a new one."""
-    broker.stopping = True
+    broker.shutdown()
     for session in list(broker.sessions.values()):
         if session.connection is not None:
             broker.end_session(session.connection, session, clean=False, reason="shutdown")
@@ -780,7 +778,7 @@ def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_ag
     store.commit_all()        # the commit fires d2, leaves d1 alone (no AlreadyCalled)
     assert d2.called
     logged: list[str] = []
-    broker._log_store_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
+    broker._commits.log_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
     broker.begin_batch()
     d3 = pub(broker, "a", b"m3", qos=1)
     broker.end_batch()
@@ -813,7 +811,7 @@ def test_nothing_is_acknowledged_while_stopping() -> None:
     s, link, _ = connect(broker, "p", clean=False)
     subscribe(broker, s, ("a", 1))
     broker.end_session(link, s, clean=True, reason="offline")
-    broker.stopping = True
+    broker.shutdown()
     d = pub(broker, "a", b"m", qos=1)
     assert d is not None and not d.called
 

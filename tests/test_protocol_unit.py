@@ -110,7 +110,7 @@ class Harness:
     def watcher(self, topic_filter: str, client_id: str = "watcher") -> FakeLink:
         """A subscriber on the core, not on MQTT, to see what gets routed."""
         link = FakeLink()
-        session, _, _ = self.broker.open_session(link, client_id, True, None)
+        session = self.broker.open_session(link, client_id, True, None).session
         self.broker.activate(session, link, "test")
         self.broker.subscribe(session, _identity(client_id), [(topic_filter, 2)])
         return link

@@ -268,7 +268,7 @@ def test_attach_redelivers_released_qos2_as_pubrel() -> None:
 def test_detach_sets_offline() -> None:
     """detach() drops the link and the connection and marks the session offline."""
     session, link = online()
-    session.connection = link
+    assert session.connection is link
     session.detach()
     assert session.link is None and session.connection is None
     assert session.state is SessionState.OFFLINE

@@ -199,7 +199,7 @@ def connect(broker: Broker, client_id: str, clean: bool = True,
             **kw: Any) -> FakeLink:
     """Connect a fake MQTT client the way MQTTProtocol does (open, activate, register)."""
     link = FakeLink(broker, client_id, clean=clean, since=broker.clock.seconds(), **kw)
-    session, _present, _d = broker.open_session(link, client_id, clean, will)
+    session = broker.open_session(link, client_id, clean, will).session
     broker.activate(session, link, link.protocol)
     broker.register_connection(link.key, link, link.protocol)
     link.session = session

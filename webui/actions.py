@@ -1,10 +1,11 @@
 """Operator actions of the console, each audited in the log with the admin user.
 
-Every action here goes through the broker's public commands (``fire_will``,
-``disconnect_client``, ``clear_session``, ``delete_retained``...); nothing reaches
-into protocol internals.  An action returns an ``ActionResult`` once the change is
-durable (the broker's commit Deferred fired), so the HTTP answer never claims more
-than the store holds.  Bad input raises ``ActionError`` with an HTTP status.
+Every action here is one of the broker façade's commands (``force_will``,
+``disconnect``, ``clear_session``, ``fire_will``, ``delete_retained``...) and reads
+only its read model (``Broker.view``); nothing reaches into sessions or protocol
+internals.  An action returns an ``ActionResult`` once the change is durable (the
+command's Deferred fired), so the HTTP answer never claims more than the store
+holds.  Bad input raises ``ActionError`` with an HTTP status.
 """
 
 from __future__ import annotations
@@ -57,80 +58,54 @@ class ConsoleActions:
         self.log.info("audit: user={user!r} action={action} {detail} -> {outcome}",
                       user=user, action=action, detail=detail, outcome=outcome)
 
-    def _connection(self, key: str) -> Any:
-        conn = self.broker.connections.get(key)
-        if conn is None:
-            raise ActionError(404, f"no connected client {key!r}")
-        return conn
-
     # -- clients ----------------------------------------------------------------
 
-    def _will_owners(self, conn: Any) -> list[str]:
-        info = conn.info()
-        owners = [o for o in info.will_owners if o in self.broker.wills]
-        if info.session_id is not None and info.session_id in self.broker.wills \
-                and info.session_id not in owners:
-            owners.append(info.session_id)
-        return owners
-
-    def _close(self, conn: Any, with_will: bool, reason: str) -> int:
-        """End one connection: its wills fire (or are deleted first), then it closes."""
-        info = conn.info()
-        fired = 0
-        for owner in self._will_owners(conn):
-            if with_will:
-                fired += self.broker.fire_will(owner, reason)
-            else:
-                self.broker.clear_will(owner)
-        sid = info.session_id
-        session = self.broker.sessions.get(sid) if sid is not None else None
-        if sid is not None and session is not None and session.connection is not None:
-            # The broker ends the session properly (clean or not) and closes it.
-            self.broker.disconnect_client(sid, with_will, reason)
-        still = self.broker.connections.get(info.key)
-        if still is not None and still is conn:
-            still.close(reason)
-        return fired
-
     async def force_will(self, user: str, key: str, keep_connected: bool) -> ActionResult:
-        conn = self._connection(key)
-        owners = self._will_owners(conn)
-        client_id = conn.info().client_id
+        client = self.broker.view.client(key, 0)
+        if client is None:
+            raise ActionError(404, f"no connected client {key!r}")
+        client_id = client.info.client_id
+        reason = f"will forced by console user {user}"
+        done = self.broker.force_will(key, keep_connected, reason)
+        if done is None:
+            raise ActionError(404, f"no connected client {key!r}")
+        owners, durable = done
         if not owners:
             self._audit(user, "force-will", "refused: no will", key=key)
             raise ActionError(409, f"client {client_id!r} has no will")
-        reason = f"will forced by console user {user}"
+        await durable
         if keep_connected:
-            for owner in owners:
-                self.broker.publish_will_copy(owner, reason)
             self._audit(user, "force-will", "published, client kept connected", key=key,
                         owners=owners)
             return ActionResult(f"Published the will of {client_id}; it stays connected "
                                 f"and keeps its will.", {"published": len(owners),
                                                           "disconnected": False})
-        fired = self._close(conn, True, reason)
         self._audit(user, "force-will", "published and disconnected", key=key, owners=owners)
         return ActionResult(f"Published the will of {client_id} and disconnected it.",
-                            {"published": fired, "disconnected": True}, connection_gone=True)
+                            {"published": len(owners), "disconnected": True},
+                            connection_gone=True)
 
     async def disconnect(self, user: str, key: str, with_will: bool) -> ActionResult:
-        conn = self._connection(key)
-        client_id = conn.info().client_id
+        client = self.broker.view.client(key, 0)
         how = "with its will" if with_will else "without its will"
-        fired = self._close(conn, with_will,
-                            f"disconnected by console user {user} ({how})")
+        done = self.broker.disconnect(key, with_will,
+                                      f"disconnected by console user {user} ({how})")
+        if client is None or done is None:
+            raise ActionError(404, f"no connected client {key!r}")
+        fired, durable = done
+        await durable
         self._audit(user, "disconnect", f"disconnected {how}", key=key)
-        return ActionResult(f"Disconnected {client_id} {how}.",
+        return ActionResult(f"Disconnected {client.info.client_id} {how}.",
                             {"disconnected": True, "wills_published": fired},
                             connection_gone=True)
 
     # -- sessions ---------------------------------------------------------------
 
     async def clear_session(self, user: str, client_id: str) -> ActionResult:
-        session = self.broker.sessions.get(client_id)
+        session = self.broker.view.session(client_id, 0)
         if session is None:
             raise ActionError(404, f"no session {client_id!r}")
-        was_online = session.connection is not None
+        was_online = session.online
         d = self.broker.clear_session(client_id, f"session cleared by console user {user}")
         await _durable(d)
         self._audit(user, "clear-session", "cleared" + (" (was connected)" if was_online
@@ -141,14 +116,15 @@ class ConsoleActions:
     # -- wills ------------------------------------------------------------------
 
     async def fire_will(self, user: str, owner: str) -> ActionResult:
-        if owner not in self.broker.wills:
+        d = self.broker.fire_will(owner, f"published by console user {user}")
+        if d is None:
             raise ActionError(404, f"no will of {owner!r}")
-        self.broker.fire_will(owner, f"published by console user {user}")
+        await d
         self._audit(user, "fire-will", "published and deleted", owner=owner)
         return ActionResult(f"Published and removed the will of {owner}.", {"published": True})
 
     async def discard_will(self, user: str, owner: str) -> ActionResult:
-        if owner not in self.broker.wills:
+        if self.broker.view.will(owner) is None:
             raise ActionError(404, f"no will of {owner!r}")
         await _durable(self.broker.clear_will(owner))
         self._audit(user, "discard-will", "deleted", owner=owner)
@@ -158,7 +134,7 @@ class ConsoleActions:
     # -- retained ---------------------------------------------------------------
 
     async def delete_retained(self, user: str, topic: str) -> ActionResult:
-        if self.broker.retained.get(topic) is None:
+        if self.broker.view.retained(topic) is None:
             raise ActionError(404, f"no retained message on {topic!r}")
         await _durable(self.broker.delete_retained(topic))
         self._audit(user, "delete-retained", "deleted", topic=topic)
@@ -168,7 +144,7 @@ class ConsoleActions:
         problem = validate_topic_filter(topic_filter)
         if problem is not None:
             raise ActionError(400, f"invalid topic filter: {problem}")
-        return len(self.broker.retained.match(topic_filter))
+        return len(self.broker.view.retained_matching(topic_filter))
 
     async def delete_retained_matching(self, user: str, topic_filter: str,
                                        expected: int | None) -> ActionResult:
@@ -206,7 +182,7 @@ class ConsoleActions:
         if len(body) > self.broker.limits.max_packet_size:
             raise ActionError(413, "payload is larger than --max-packet-size")
         now = self.broker.clock.seconds()
-        await _durable(self.broker.publish(Message(topic, body, qos, retain, None, now)))
+        await _durable(self.broker.publish(Message(topic, body, qos, retain, None, now)).durable)
         self._audit(user, "publish", "published", topic=topic, qos=qos, retain=retain,
                     size=len(body))
         return ActionResult(f"Published {len(body)} byte(s) to {topic} (QoS {qos}"

@@ -388,14 +388,14 @@ class Console:
     # -- pages ------------------------------------------------------------------
 
     def _overview(self, history: bool) -> dict[str, Any]:
-        data = views.overview(self.service, self.broker, self.clock.seconds(),
+        data = views.overview(self.service, self.broker.view, self.clock.seconds(),
                               self.feed.rates)
         if history:
             data["history"] = list(self.feed.history)
         return data
 
     def _live_snapshot(self) -> dict[str, Any]:
-        return views.overview(self.service, self.broker, self.clock.seconds(),
+        return views.overview(self.service, self.broker.view, self.clock.seconds(),
                               self.feed.rates, include_storage=True)
 
     def _counters(self) -> tuple[int, int]:
@@ -427,7 +427,7 @@ class Console:
     def clients_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
         args = self._list_args(request, views.CLIENT_SORTS)
-        page = views.list_clients(self.broker, **args)
+        page = views.list_clients(self.broker.view, **args)
         partial = self._flag(request, "partial")
         return self._render(request, "_client_rows.html" if partial else "clients.html", auth,
                             nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS)
@@ -435,27 +435,26 @@ class Console:
     @app.route("/api/clients", methods=["GET"])
     def clients_api(self, request: Any) -> bytes:
         self._require(request, api=True)
-        page = views.list_clients(self.broker, **self._list_args(request, views.CLIENT_SORTS))
+        page = views.list_clients(self.broker.view, **self._list_args(request, views.CLIENT_SORTS))
         return self._json(request, page.as_json())
 
     def _client(self, request: Any) -> dict[str, Any] | None:
         key = self._param(request, "key")
         session_id = self._param(request, "session")
+        model = self.broker.view
         if key:
-            conn = self.broker.connections.get(key)
-            if conn is not None:
-                return views.client_detail(self.broker, conn.info())
+            client = model.client(key)
+            if client is not None:
+                return views.client_detail(client)
             if key.startswith("mqtt:"):
                 session_id = key[5:]
         if session_id:
-            session = self.broker.sessions.get(session_id)
+            session = model.session(session_id)
             if session is not None:
-                if session.connection is not None:
-                    for conn in self.broker.connections.values():
-                        info = conn.info()
-                        if info.session_id == session_id:
-                            return views.client_detail(self.broker, info)
-                return views.session_detail(self.broker, session)
+                holder = model.client_holding(session_id)
+                if holder is not None:
+                    return views.client_detail(holder)
+                return views.session_detail(session, model.will(session_id))
         if not key and not session_id:
             raise HTTPError(400, "give key=<connection key> or session=<client id>")
         return None
@@ -487,7 +486,7 @@ class Console:
         auth = self._require(request, api=False)
         args = self._list_args(request, views.SESSION_SORTS)
         state = self._param(request, "state", "all")
-        page = views.list_sessions(self.broker, state=state, **args)
+        page = views.list_sessions(self.broker.view, state=state, **args)
         partial = self._flag(request, "partial")
         return self._render(request, "_session_rows.html" if partial else "sessions.html",
                             auth, nav="sessions", page=page, args=args, state=state,
@@ -496,14 +495,14 @@ class Console:
     @app.route("/api/sessions", methods=["GET"])
     def sessions_api(self, request: Any) -> bytes:
         self._require(request, api=True)
-        page = views.list_sessions(self.broker, state=self._param(request, "state", "all"),
+        page = views.list_sessions(self.broker.view, state=self._param(request, "state", "all"),
                                    **self._list_args(request, views.SESSION_SORTS))
         return self._json(request, page.as_json())
 
     def _retained(self, request: Any) -> tuple[str, str | None, views.Page]:
         topic_filter = self._param(request, "filter", "#") or "#"
         problem = validate_topic_filter(topic_filter)
-        messages = [] if problem else self.broker.retained.match(topic_filter)
+        messages = [] if problem else self.broker.view.retained_matching(topic_filter)
         page = views.list_retained(messages, self._int(request, "page", 1),
                                    self._int(request, "per_page", 50))
         return topic_filter, problem, page
@@ -527,7 +526,7 @@ class Console:
 
     def _retained_message(self, request: Any) -> dict[str, Any]:
         topic = self._param(request, "topic")
-        message = self.broker.retained.get(topic) if topic else None
+        message = self.broker.view.retained(topic) if topic else None
         if message is None:
             raise HTTPError(404, "no retained message on that topic")
         return views.retained_detail(message, self._param(request, "view", "auto"))
@@ -554,7 +553,7 @@ class Console:
         return self._render(request, "retained_confirm.html", auth, nav="retained",
                             filter=topic_filter, count=count,
                             sample=[views.retained_row(m) for m in
-                                    self.broker.retained.match(topic_filter)[:10]])
+                                    self.broker.view.retained_matching(topic_filter)[:10]])
 
     @app.route("/api/retained/count", methods=["GET"])
     def retained_count_api(self, request: Any) -> bytes:
@@ -567,8 +566,7 @@ class Console:
         return self._json(request, {"filter": topic_filter, "count": count})
 
     def _wills(self) -> list[dict[str, Any]]:
-        return [views.will_json(self.broker, w)
-                for _, w in sorted(self.broker.wills.items())]
+        return [views.will_json(w) for w in self.broker.view.wills()]
 
     @app.route("/wills", methods=["GET"])
     def wills_page(self, request: Any) -> bytes:

@@ -1,7 +1,8 @@
-"""Read models of the console: the broker's state as plain dicts, for the HTML
-pages and the JSON API alike (one shape for both, so they cannot drift apart).
+"""The console's renderings: the core's read model (``mqttamqp.core.readmodel``)
+as plain dicts, for the HTML pages and the JSON API alike (one shape for both, so
+they cannot drift apart).
 
-Everything here reads; nothing changes broker state.  The values are raw (client
+Everything here reads frozen views; nothing changes broker state.  The values are raw (client
 ids, topics and payloads exactly as clients sent them); escaping is the job of
 the templates (Jinja2 autoescape) and of ``json.dumps``.
 """
@@ -17,16 +18,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
-from mqttamqp.core.broker import Broker
-from mqttamqp.core.connections import ConnectionInfo
-from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.session import Session
+from mqttamqp.core.message import Message
+from mqttamqp.core.readmodel import ClientView, EntryView, ReadModel, SessionView, WillView
 
 __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "session_json", "will_owner_connected",
+    "payload_preview", "session_json",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
@@ -133,31 +132,13 @@ def _payload_json(payload: bytes) -> dict[str, Any]:
 # -- clients ----------------------------------------------------------------------
 
 
-def _session_of(broker: Broker, info: ConnectionInfo) -> Session | None:
-    if info.session_id is None:
-        return None
-    return broker.sessions.get(info.session_id)
-
-
-def _has_will(broker: Broker, info: ConnectionInfo) -> bool:
-    return bool(info.will_owners) or (info.session_id is not None
-                                      and info.session_id in broker.wills)
-
-
-def _will_owners(broker: Broker, info: ConnectionInfo) -> list[str]:
-    owners = [o for o in info.will_owners if o in broker.wills]
-    if info.session_id is not None and info.session_id in broker.wills \
-            and info.session_id not in owners:
-        owners.append(info.session_id)
-    return owners
-
-
-def connection_row(broker: Broker, info: ConnectionInfo) -> dict[str, Any]:
-    session = _session_of(broker, info)
+def connection_row(client: ClientView) -> dict[str, Any]:
+    info = client.info
+    session = client.session
     if session is not None:
         subscriptions: int | None = len(session.subscriptions)
-        queued: int | None = len(session.queue)
-        inflight: int | None = len(session.inflight)
+        queued: int | None = session.queued_count
+        inflight: int | None = session.inflight_count
     else:
         subscriptions = sum(1 for link in info.links if link.role == "sender")
         queued = None
@@ -177,12 +158,12 @@ def connection_row(broker: Broker, info: ConnectionInfo) -> dict[str, Any]:
         "subscriptions": subscriptions,
         "queued": queued,
         "inflight": inflight,
-        "has_will": _has_will(broker, info),
+        "has_will": bool(info.will_owners) or bool(client.wills),
         "links": len(info.links),
     }
 
 
-def _entry_json(entry: Any) -> dict[str, Any]:
+def _entry_json(entry: EntryView) -> dict[str, Any]:
     message: Message = entry.message
     return {
         "packet_id": entry.packet_id,
@@ -198,7 +179,8 @@ def _entry_json(entry: Any) -> dict[str, Any]:
     }
 
 
-def will_json(broker: Broker, will: WillMessage) -> dict[str, Any]:
+def will_json(view: WillView) -> dict[str, Any]:
+    will = view.will
     return {
         "owner": will.owner,
         "origin": will.origin,
@@ -208,56 +190,42 @@ def will_json(broker: Broker, will: WillMessage) -> dict[str, Any]:
         "created": will.created,
         "preview": payload_preview(will.payload),
         "payload": payload_view(will.payload, "auto", 4096),
-        "owner_connected": will_owner_connected(broker, will),
+        "owner_connected": view.owner_connected,
         **_payload_json(will.payload),
     }
 
 
-def will_owner_connected(broker: Broker, will: WillMessage) -> bool:
-    session = broker.sessions.get(will.owner)
-    if session is not None and session.connection is not None:
-        return True
-    if will.origin == "mqtt":
-        return False
-    # AMQP wills are keyed by link name; ask the connections who owns it.
-    return any(will.owner in conn.info().will_owners for conn in broker.connections.values())
-
-
-def session_json(session: Session, limit: int = 100) -> dict[str, Any]:
-    entries = list(session.entries())
+def session_json(session: SessionView) -> dict[str, Any]:
     return {
         "client_id": session.client_id,
         "persistent": session.persistent,
-        "state": session.state.value,
-        "online": session.connection is not None,
+        "state": session.state,
+        "online": session.online,
         "last_seen": session.last_seen,
-        "subscriptions": [{"filter": f, "qos": q}
-                          for f, q in sorted(session.subscriptions.items())],
-        "inflight": [_entry_json(e) for e in session.inflight.values()][:limit],
-        "queued": [_entry_json(e) for e in session.queue][:limit],
-        "inflight_count": len(session.inflight),
-        "queued_count": len(session.queue),
+        "subscriptions": [{"filter": f, "qos": q} for f, q in session.subscriptions],
+        "inflight": [_entry_json(e) for e in session.inflight],
+        "queued": [_entry_json(e) for e in session.queued],
+        "inflight_count": session.inflight_count,
+        "queued_count": session.queued_count,
         "queued_bytes": session.queued_bytes,
-        "entries_count": len(entries),
+        "entries_count": session.inflight_count + session.queued_count,
         "dropped": session.dropped,
         "delivered": session.delivered,
-        "inbound_qos2": sorted(session.inbound_qos2),
+        "inbound_qos2": list(session.inbound_qos2),
     }
 
 
-def client_detail(broker: Broker, info: ConnectionInfo) -> dict[str, Any]:
-    row = connection_row(broker, info)
-    session = _session_of(broker, info)
-    row["session"] = session_json(session) if session is not None else None
-    row["wills"] = [will_json(broker, broker.wills[o]) for o in _will_owners(broker, info)]
-    row["link_list"] = [asdict(link) for link in info.links]
+def client_detail(client: ClientView) -> dict[str, Any]:
+    row = connection_row(client)
+    row["session"] = session_json(client.session) if client.session is not None else None
+    row["wills"] = [will_json(w) for w in client.wills]
+    row["link_list"] = [asdict(link) for link in client.info.links]
     row["online"] = True
     return row
 
 
-def session_detail(broker: Broker, session: Session) -> dict[str, Any]:
+def session_detail(session: SessionView, will: WillView | None) -> dict[str, Any]:
     """Detail of a session with no live connection (offline persistent session)."""
-    will = broker.wills.get(session.client_id)
     return {
         "key": None,
         "client_id": session.client_id,
@@ -265,7 +233,7 @@ def session_detail(broker: Broker, session: Session) -> dict[str, Any]:
         "protocol_label": PROTOCOL_LABELS.get(session.protocol, "—"),
         "online": False,
         "session": session_json(session),
-        "wills": [will_json(broker, will)] if will is not None else [],
+        "wills": [will_json(will)] if will is not None else [],
         "link_list": [],
         "links": 0,
         "has_will": will is not None,
@@ -289,10 +257,10 @@ def _matches(query: str, *values: str | None) -> bool:
     return any(v is not None and query in v.lower() for v in values)
 
 
-def list_clients(broker: Broker, query: str = "", sort: str = "client_id", desc: bool = False,
-                 page: int = 1, per_page: int = 50) -> Page:
+def list_clients(model: ReadModel, query: str = "", sort: str = "client_id",
+                 desc: bool = False, page: int = 1, per_page: int = 50) -> Page:
     """Filter, sort and page all live connections (MQTT and AMQP) server-side."""
-    rows = [connection_row(broker, conn.info()) for conn in list(broker.connections.values())]
+    rows = [connection_row(client) for client in model.clients()]
     q = query.strip().lower()
     if q:
         rows = [r for r in rows if _matches(q, r["client_id"], r["remote"], r["user"])]
@@ -304,45 +272,42 @@ def list_clients(broker: Broker, query: str = "", sort: str = "client_id", desc:
 # -- sessions ---------------------------------------------------------------------
 
 
-def session_row(broker: Broker, session: Session) -> dict[str, Any]:
+def session_row(session: SessionView) -> dict[str, Any]:
     return {
         "client_id": session.client_id,
         "persistent": session.persistent,
-        "online": session.connection is not None,
-        "state": session.state.value,
+        "online": session.online,
+        "state": session.state,
         "last_seen": session.last_seen,
         "subscriptions": len(session.subscriptions),
-        "queued": len(session.queue) + len(session.inflight),
+        "queued": session.queued_count + session.inflight_count,
         "queued_bytes": session.queued_bytes,
         "dropped": session.dropped,
-        "has_will": session.client_id in broker.wills,
+        "has_will": session.has_will,
     }
 
 
-SESSION_SORTS: dict[str, Callable[[Session], Any]] = {
+SESSION_SORTS: dict[str, Callable[[SessionView], Any]] = {
     "client_id": lambda s: s.client_id,
     "last_seen": lambda s: s.last_seen,
     "subscriptions": lambda s: len(s.subscriptions),
-    "queued": lambda s: len(s.queue) + len(s.inflight),
+    "queued": lambda s: s.queued_count + s.inflight_count,
     "queued_bytes": lambda s: s.queued_bytes,
     "dropped": lambda s: s.dropped,
-    "state": lambda s: s.state.value,
+    "state": lambda s: s.state,
 }
 
 
-def list_sessions(broker: Broker, query: str = "", sort: str = "client_id", desc: bool = False,
-                  page: int = 1, per_page: int = 50, state: str = "all") -> Page:
+def list_sessions(model: ReadModel, query: str = "", sort: str = "client_id",
+                  desc: bool = False, page: int = 1, per_page: int = 50,
+                  state: str = "all") -> Page:
     """Persistent sessions, online and offline (clean sessions live with their client)."""
-    sessions = [s for s in broker.sessions.values() if s.persistent]
-    if state == "offline":
-        sessions = [s for s in sessions if s.connection is None]
-    elif state == "online":
-        sessions = [s for s in sessions if s.connection is not None]
+    sessions = model.sessions(state)
     q = query.strip().lower()
     if q:
         sessions = [s for s in sessions if q in s.client_id.lower()]
     sessions.sort(key=SESSION_SORTS.get(sort, SESSION_SORTS["client_id"]), reverse=desc)
-    return paginate(sessions, page, per_page, lambda s: session_row(broker, s))
+    return paginate(sessions, page, per_page, session_row)
 
 
 # -- retained ---------------------------------------------------------------------
@@ -373,47 +338,39 @@ def list_retained(messages: Iterable[Message], page: int, per_page: int) -> Page
 # -- overview ---------------------------------------------------------------------
 
 
-def overview(service: Any, broker: Broker, now: float, rates: dict[str, float],
+def overview(service: Any, model: ReadModel, now: float, rates: dict[str, float],
              include_storage: bool = True) -> dict[str, Any]:
     """The overview page's numbers (also what the live feed sends every tick)."""
-    stats = broker.stats
-    amqp = sum(1 for key in broker.connections if key.startswith("amqp:"))
-    persistent = offline = 0
-    for s in broker.sessions.values():
-        if s.persistent:
-            persistent += 1
-            if s.connection is None:
-                offline += 1
+    c = model.counters()
     out: dict[str, Any] = {
         "version": __version__,
         "now": now,
-        "started": stats.started,
-        "uptime_seconds": max(0.0, now - stats.started) if stats.started else 0.0,
+        "started": c.started,
+        "uptime_seconds": max(0.0, now - c.started) if c.started else 0.0,
         "clients": {
-            "connected": len(broker.connections),
-            "mqtt31": stats.by_protocol.get("mqtt3.1", 0),
-            "mqtt311": stats.by_protocol.get("mqtt3.1.1", 0),
-            "amqp": amqp,
-            "maximum": stats.clients_maximum,
-            "total": stats.clients_total,
-            "refused": stats.connections_refused,
+            "connected": c.connected,
+            "mqtt31": c.by_protocol.get("mqtt3.1", 0),
+            "mqtt311": c.by_protocol.get("mqtt3.1.1", 0),
+            "amqp": c.amqp_connections,
+            "maximum": c.clients_maximum,
+            "total": c.clients_total,
+            "refused": c.connections_refused,
         },
-        "sessions": {"total": len(broker.sessions), "persistent": persistent,
-                     "offline": offline},
-        "retained": {"count": len(broker.retained), "bytes": broker.retained.payload_bytes,
-                     "sys": len(broker.retained.match("$SYS/#"))},
-        "wills": len(broker.wills),
-        "subscriptions": len(broker.trie),
+        "sessions": {"total": c.sessions, "persistent": c.persistent_sessions,
+                     "offline": c.offline_sessions},
+        "retained": {"count": c.retained, "bytes": c.retained_bytes, "sys": c.retained_sys},
+        "wills": c.wills,
+        "subscriptions": c.subscriptions,
         "rates": rates,
         "messages": {
-            "received": stats.messages_received,
-            "sent": stats.messages_sent,
-            "dropped": broker.dropped_total(),
-            "publish_denied": stats.publish_denied,
-            "wills_published": stats.wills_published,
-            "protocol_errors": stats.protocol_errors,
+            "received": c.messages_received,
+            "sent": c.messages_sent,
+            "dropped": c.messages_dropped,
+            "publish_denied": c.publish_denied,
+            "wills_published": c.wills_published,
+            "protocol_errors": c.protocol_errors,
         },
-        "bytes": {"received": stats.bytes_received, "sent": stats.bytes_sent},
+        "bytes": {"received": c.bytes_received, "sent": c.bytes_sent},
     }
     if include_storage:
         out["listeners"] = [{"kind": ls.kind, "description": ls.description,

@@ -28,8 +28,8 @@ here keep that wait finite.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from proton import Condition, Delivery, Link
 from twisted.internet.defer import Deferred
@@ -46,20 +46,16 @@ from mqttamqp.amqp.codec import (
     encode_publish,
 )
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
+from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import QueuedState
 from mqttamqp.core.session import Session
 from mqttamqp.core.topics import validate_topic_name
 
-if TYPE_CHECKING:
-    from mqttamqp.amqp.services import SessionRequests, WillServiceLink
-
 __all__ = [
-    "LinkHost", "BrokerLink", "OutgoingLink", "TopicSubscription", "SessionOutlet",
-    "ControlOutlet", "IncomingLink", "TopicPublisher", "settle_mode_name",
+    "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
+    "SessionOutlet", "ControlOutlet", "IncomingLink", "TopicPublisher", "settle_mode_name",
     "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED",
 ]
 
@@ -104,6 +100,15 @@ def rcv_mode_name(mode: int) -> str:
 
 _link_serials = itertools.count(1)
 
+class PublishRequests(Protocol):
+    """Who decides which session a ``$mqtt.to.<id>.publish`` receiver claims
+    (``services.SessionRequests``: AMQP_LIST / AMQP_CLOSE of the same connection)."""
+
+    def publish_attached(self, outlet: SessionOutlet) -> None: ...
+
+    def publish_detached(self, outlet: SessionOutlet) -> None: ...
+
+
 class LinkHost(Protocol):
     """What a link needs from its AMQP connection (``listener.AMQPConnection``)."""
 
@@ -113,7 +118,9 @@ class LinkHost(Protocol):
     container_id: str
     serial: int
     peer: str
-    requests: SessionRequests
+    @property
+    def requests(self) -> PublishRequests: ...
+
 
     @property
     def write_blocked(self) -> bool: ...
@@ -130,9 +137,9 @@ class LinkHost(Protocol):
 
     def unregister_control(self, outlet: ControlOutlet) -> None: ...
 
-    def claim_will(self, link: WillServiceLink) -> None: ...
+    def claim_will(self, link: BrokerLink) -> None: ...
 
-    def release_will(self, link: WillServiceLink) -> bool: ...
+    def release_will(self, link: BrokerLink) -> bool: ...
 
 
 class BrokerLink:
@@ -258,6 +265,9 @@ class OutgoingLink(BrokerLink):
 
 
 _encode_cache: list[Any] = [None, False, b""]
+_OUTCOMES: dict[int, Outcome] = {
+    int(ACCEPTED): Outcome.ACCEPTED, int(REJECTED): Outcome.REJECTED,
+    int(RELEASED): Outcome.RELEASED, int(MODIFIED): Outcome.MODIFIED}
 
 
 class _SessionLink(OutgoingLink):
@@ -290,15 +300,14 @@ class _SessionLink(OutgoingLink):
         session = self.session
         count = 1 if message.dup else 0
         if packet_id is not None:
-            entry = session.inflight.get(packet_id) if session is not None else None
-            if entry is not None:
-                count += entry.failures
+            if session is not None:
+                count += session.delivery_failures(packet_id)
             if dup and packet_id not in self._sent:
                 count += 1  # sent on an earlier connection: a failed attempt
             self._sent.add(packet_id)
         elif self.over_credit_full():
             if session is not None:
-                session.dropped += 1
+                self.broker.dropped(session)
             return
         cache = _encode_cache
         if packet_id is not None:
@@ -353,23 +362,9 @@ class _SessionLink(OutgoingLink):
         session = self.session
         if session is None or self.closed:
             return
-        broker = self.broker
-        if state == RELEASED or state == MODIFIED:
-            session.redeliver(packet_id, failed)
-            return
-        self._sent.discard(packet_id)
-        if state == REJECTED:
-            broker.rejected(session, packet_id)
-            return
-        entry = session.inflight.get(packet_id)
-        if entry is None:
-            return
-        if entry.qos == 1:
-            broker.acknowledged(session, packet_id)
-        elif entry.state != QueuedState.RELEASED:
-            # A native receiver settling a QoS 2 delivery completes it; an FE that
-            # released it through $mqtt.<id>.pubrel completes it on AMQP_PUBREL.
-            broker.completed(session, packet_id)
+        if state != RELEASED and state != MODIFIED:
+            self._sent.discard(packet_id)
+        self.broker.settle(session, packet_id, _OUTCOMES.get(state, Outcome.ACCEPTED), failed)
 
     def _pubrel_outcome(self, packet_id: int, state: int) -> None:
         session = self.session
@@ -409,24 +404,17 @@ class TopicSubscription(_SessionLink):
 
     def subscribe(self) -> str | None:
         """Route the filter to a session of this link; returns why it failed, or None."""
-        broker = self.broker
-        session = Session(self.key, False, broker.limits, broker.clock.seconds())
-        broker.add_link_subscriber(self.key, session)
         granted = 0 if self.presettled else 2
-        codes, _ = broker.subscribe(session, self.host.identity, [(self.address, granted)])
-        if codes[0] == SUBSCRIBE_FAILURE:
-            broker.remove_link_subscriber(self.key)
+        session = self.broker.attach_topic_receiver(
+            self.key, self, self.address, self.host.identity, granted)
+        if session is None:
             return "subscription to this topic filter is not allowed"
         self.session = session
-        session.protocol = "amqp"
-        session.connection = self
-        session.attach(self)
-        broker.send_retained(session, [(self.address, codes[0])])
         return None
 
     def ended(self, brute: bool, reason: str) -> None:
         self.session = None
-        self.broker.remove_link_subscriber(self.key)
+        self.broker.detach_topic_receiver(self.key)
 
 
 class SessionOutlet(_SessionLink):
@@ -445,7 +433,8 @@ class SessionOutlet(_SessionLink):
         """Claim the session (taking it over from whoever holds it), then deliver."""
         if self.closed:
             return
-        session, _present, d = self.broker.open_session(self, self.client_id, clean, None)
+        opened = self.broker.open_session(self, self.client_id, clean, None)
+        session, d = opened.session, opened.durable
         self.session = session
         self.opening = True
         self.active = False
@@ -471,13 +460,12 @@ class SessionOutlet(_SessionLink):
         if not self.closed:
             self.detach("amqp:internal-error", "storage failure while opening the session")
 
-    def end_session_here(self, reason: str) -> None:
-        """AMQP_CLOSE while attached: give the session up but stay attached."""
-        session = self.session
-        if session is not None:
-            self.broker.end_session(self, session, clean=False, reason=reason)
+    def session_closed(self) -> None:
+        """The broker removed the session this receiver held (AMQP_CLOSE from its own
+        FE): it stays attached, holding nothing until it opens another."""
         self.session = None
         self.active = False
+        self.opening = False
         self._sent.clear()
 
     def ended(self, brute: bool, reason: str) -> None:
@@ -640,10 +628,10 @@ class IncomingLink(BrokerLink):
 
     # credit and back-pressure --------------------------------------------------------
 
-    def block_until_drained(self, sessions: list[Session]) -> None:
+    def block_until_drained(self, sessions: Sequence[Session]) -> None:
         """``sessions`` fed by this link are past their high-water mark: no more credit
         until they drain."""
-        self.broker.pause_until_drained(id(self), self._unblock, list(sessions))
+        self.broker.pause_until_drained(id(self), self._unblock, sessions)
         self.blocked = True
 
     def _unblock(self) -> None:
@@ -681,39 +669,36 @@ class TopicPublisher(IncomingLink):
             if problem is not None:
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return
-        payload = fields.payload
-        qos = fields.qos
-        retain = fields.retain
         host = self.host
         broker = self.broker
-        if not broker.authorizer.may_publish(host.identity, topic, retain):
-            broker.stats.publish_denied += 1
-            self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
-            return
-        routed = Message(topic, payload, qos, retain, host.container_id or None,
-                         broker.clock.seconds(), fields.redelivered)
+        routed = Message(topic, fields.payload, fields.qos, fields.retain,
+                         host.container_id or None, broker.clock.seconds(), fields.redelivered)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that
             # never settles cannot make the broker hold more than the window.
+            if not broker.may_publish(host.identity, topic, routed.retain):
+                self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
+                return
             self._held[dlv] = routed
             self.answer(dlv, ACCEPTED)
             self.outstanding += 1
             return
-        d = broker.publish(routed)
-        if broker.last_publish_congested:
-            self.block_until_drained(broker.last_publish_congested)
+        result = broker.publish(routed, host.identity, wait=not presettled)
+        if result.denied:
+            self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
+            return
+        if result.congested:
+            self.block_until_drained(result.congested)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
-            if d is not None:
-                d.addErrback(broker._log_store_failure, "routing a pre-settled message")
             self.top_up()
             return
-        if d is None:  # nothing to make durable: Accepted at once (the common path)
+        if result.durable is None:  # nothing to make durable: Accepted at once
             self.answer(dlv, ACCEPTED)
             return
-        self.answer_after(d, dlv)
+        self.answer_after(result.durable, dlv)
 
     def on_remote_settled(self, dlv: Any) -> None:
         routed = self._held.pop(dlv, None)
@@ -722,12 +707,9 @@ class TopicPublisher(IncomingLink):
             return
         self.outstanding -= 1
         self.top_up()
-        broker = self.broker
-        d = broker.publish(routed)
-        if d is not None:
-            d.addErrback(broker._log_store_failure, "routing an exactly-once message")
-        if broker.last_publish_congested:
-            self.block_until_drained(broker.last_publish_congested)
+        result = self.broker.publish(routed, wait=False)
+        if result.congested:
+            self.block_until_drained(result.congested)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:

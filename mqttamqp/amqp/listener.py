@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from enum import Enum
-from functools import partial
 from typing import Any, ClassVar
 
 from proton import Collector, Condition, Connection, Endpoint, Event, SymbolList, Transport
@@ -47,15 +46,13 @@ from mqttamqp.amqp._engine import (
     next_event,
     pop_event,
 )
-from mqttamqp.amqp.addresses import AddressKind, classify
+from mqttamqp.amqp.attach import attach
 from mqttamqp.amqp.links import (
     BrokerLink,
     ControlOutlet,
     IncomingLink,
     OutgoingLink,
     SessionOutlet,
-    TopicPublisher,
-    TopicSubscription,
 )
 from mqttamqp.amqp.sasl import (
     Authenticate,
@@ -66,9 +63,7 @@ from mqttamqp.amqp.sasl import (
     StartAmqp,
 )
 from mqttamqp.amqp.services import (
-    PubrelLink,
     SessionRequests,
-    SubscriptionServiceLink,
     WillServiceLink,
 )
 from mqttamqp.core.auth import Credentials, Identity
@@ -76,7 +71,6 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
 
@@ -242,10 +236,10 @@ class AMQPConnection(Protocol):
             if not outlets:
                 del self.factory.control_outlets[outlet.client_id]
 
-    def claim_will(self, link: WillServiceLink) -> None:
+    def claim_will(self, link: BrokerLink) -> None:
         self.factory.will_links[link.name] = link
 
-    def release_will(self, link: WillServiceLink) -> bool:
+    def release_will(self, link: BrokerLink) -> bool:
         if self.factory.will_links.get(link.name) is link:
             del self.factory.will_links[link.name]
             return True
@@ -554,7 +548,7 @@ class AMQPConnection(Protocol):
             session.close()
 
     def _on_link_remote_open(self, event: Any) -> None:
-        self._attach(event.link)
+        attach(self, event.link)
 
     def _on_link_remote_close(self, event: Any) -> None:
         plink = event.link
@@ -600,100 +594,6 @@ class AMQPConnection(Protocol):
         _E.TRANSPORT_ERROR.number: _on_transport_error,
     }
 
-    # -- attaching links ------------------------------------------------------------------
-
-    def _refuse_link(self, plink: Any, condition: str, description: str) -> None:
-        """Answer the attach with a null terminus, then detach with the reason."""
-        self.log.info("refused link {n} from {c} ({peer}): {cond}: {d}", n=plink.name,
-                      c=self.container_id or "?", peer=self.peer, cond=condition, d=description)
-        plink.open()
-        plink.condition = Condition(condition, description)
-        plink.close()
-
-    def _attach(self, plink: Any) -> None:
-        if plink.is_sender:
-            source = plink.remote_source
-            if source.dynamic:
-                self._refuse_link(plink, "amqp:not-implemented", "dynamic nodes are not supported")
-                return
-            address = source.address
-            where = classify(address)
-            make = self._outgoing(plink, where.kind, where.value, address or "")
-        else:
-            target = plink.remote_target
-            if target.dynamic:
-                self._refuse_link(plink, "amqp:not-implemented", "dynamic nodes are not supported")
-                return
-            address = target.address
-            where = classify(address)
-            make = self._incoming(plink, where.kind, where.value, address or "")
-        if make is None:
-            return
-        plink.source.copy(plink.remote_source)
-        plink.target.copy(plink.remote_target)
-        plink.snd_settle_mode = plink.remote_snd_settle_mode
-        plink.rcv_settle_mode = plink.remote_rcv_settle_mode
-        if not plink.is_sender:
-            plink.max_message_size = self.limits.max_packet_size
-        link = make()  # reads the settle modes fixed above
-        self.links[link.impl] = link
-        plink.open()
-        if isinstance(link, TopicSubscription):
-            problem = link.subscribe()
-            if problem is not None:
-                del self.links[link.impl]
-                link.closed = True
-                plink.condition = Condition("amqp:unauthorized-access", problem)
-                plink.close()
-                return
-        link.start()
-
-    def _outgoing(self, plink: Any, kind: AddressKind, value: str,
-                  address: str) -> Callable[[], BrokerLink] | None:
-        if kind is AddressKind.TOPIC:
-            problem = validate_topic_filter(value)
-            if problem is not None:
-                self._refuse_link(plink, "amqp:invalid-field",
-                                  f"source {address!r} is not a topic filter: {problem}")
-                return None
-            return partial(TopicSubscription, self, plink, value)
-        if kind is AddressKind.SESSION_PUBLISH:
-            if not self.broker.authorizer.may_use_session(self.identity, value):
-                self._refuse_link(plink, "amqp:unauthorized-access",
-                                  f"not allowed to attach to the session of {value!r}")
-                return None
-            return partial(SessionOutlet, self, plink, address, value)
-        if kind is AddressKind.SESSION_CONTROL:
-            return partial(ControlOutlet, self, plink, address, value)
-        if kind is AddressKind.ANONYMOUS:
-            self._refuse_link(plink, "amqp:invalid-field",
-                              "a receiver needs a source address (a topic filter)")
-            return None
-        self._refuse_link(plink, "amqp:not-found",
-                          f"cannot receive from {address!r}")
-        return None
-
-    def _incoming(self, plink: Any, kind: AddressKind, value: str,
-                  address: str) -> Callable[[], BrokerLink] | None:
-        if kind is AddressKind.TOPIC:
-            problem = validate_topic_name(value)
-            if problem is not None:
-                self._refuse_link(plink, "amqp:invalid-field",
-                                  f"target {address!r} is not a topic name: {problem}")
-                return None
-            return partial(TopicPublisher, self, plink, value)
-        if kind is AddressKind.ANONYMOUS:
-            return partial(TopicPublisher, self, plink, None)
-        if kind is AddressKind.WILL_SERVICE:
-            return partial(WillServiceLink, self, plink, address)
-        if kind is AddressKind.SUBSCRIPTION_SERVICE:
-            return partial(SubscriptionServiceLink, self, plink, address)
-        if kind is AddressKind.PUBREL:
-            return partial(PubrelLink, self, plink, address, value)
-        self._refuse_link(plink, "amqp:not-found", f"cannot send to {address!r}")
-        return None
-
-
 class AMQPFactory(Factory):
     """Builds one ``AMQPConnection`` per socket; holds what connections share."""
 
@@ -705,7 +605,7 @@ class AMQPFactory(Factory):
         self.idle_timeout = idle_timeout if idle_timeout is not None else DEFAULT_IDLE_TIMEOUT
         self.connections: set[AMQPConnection] = set()
         self.control_outlets: dict[str, list[ControlOutlet]] = {}
-        self.will_links: dict[str, WillServiceLink] = {}
+        self.will_links: dict[str, BrokerLink] = {}
         self.serials = itertools.count(1)
         self.noisy = False
 

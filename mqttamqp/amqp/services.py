@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from proton import int32
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.amqp.addresses import AddressKind, classify
@@ -44,7 +45,6 @@ from mqttamqp.amqp.codec import (
     parse_qos,
 )
 from mqttamqp.amqp.links import (
-    ACCEPTED,
     DECODE_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
@@ -57,7 +57,6 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.message import WillMessage
-from mqttamqp.core.session import Session
 from mqttamqp.core.topics import validate_topic_name
 
 __all__ = ["WillServiceLink", "SubscriptionServiceLink", "PubrelLink", "SessionRequests"]
@@ -83,13 +82,7 @@ class WillServiceLink(_ServiceLink):
     """AMQP_WILL and AMQP_WILL_CLEAR; the link name is the will's key."""
 
     def start(self) -> None:
-        broker = self.broker
-        if broker.cancel_will_grace(self.name):
-            self.log.info("{o} is back within the will grace period; its will from before "
-                          "the restart is not published", o=self.name)
-            d = broker.clear_will(self.name)
-            if d is not None:
-                d.addErrback(broker._log_store_failure, "clearing a will")
+        self.broker.will_owner_returned(self.name)
         self.host.claim_will(self)
         super().start()
 
@@ -111,11 +104,11 @@ class WillServiceLink(_ServiceLink):
             except DecodeError as exc:
                 self.reject(dlv, DECODE_ERROR, exc.reason)
                 return
-            if not broker.authorizer.may_publish(self.host.identity, topic, retain):
-                self.reject(dlv, UNAUTHORIZED, f"a will on {topic!r} is not allowed")
-                return
             will = WillMessage(self.name, topic, payload, qos, retain, "amqp",
                                broker.clock.seconds())
+            if not broker.may_set_will(will, self.host.identity):
+                self.reject(dlv, UNAUTHORIZED, f"a will on {topic!r} is not allowed")
+                return
             self.host.claim_will(self)
             self.answer_after(broker.set_will(will), dlv)
         elif subject == "will-clear":
@@ -128,27 +121,24 @@ class WillServiceLink(_ServiceLink):
         super().ended(brute, reason)
         if not self.host.release_will(self):
             return  # a newer will link of this name owns the will now
-        broker = self.broker
-        if broker.stopping:
-            return  # the grace rule decides at the next start
-        if brute:
-            broker.fire_will(self.name, reason, "amqp")
-        else:
-            d = broker.clear_will(self.name, "amqp")
-            if d is not None:
-                d.addErrback(broker._log_store_failure, "clearing a will")
+        self.broker.will_link_ended(self.name, brute, reason)
 
 
 class SubscriptionServiceLink(_ServiceLink):
     """AMQP_LIST, AMQP_CLOSE, AMQP_SUBSCRIBE and AMQP_UNSUBSCRIBE."""
 
+    def __init__(self, host: LinkHost, plink: Any, address: str,
+                 requests: SessionRequests) -> None:
+        super().__init__(host, plink, address)
+        self.requests = requests
+
     def start(self) -> None:
-        self.host.requests.service_attached(self)
+        self.requests.service_attached(self)
         super().start()
 
     def ended(self, brute: bool, reason: str) -> None:
         super().ended(brute, reason)
-        self.host.requests.service_detached(self)
+        self.requests.service_detached(self)
 
     def on_message(self, dlv: Any, message: InboundMessage, presettled: bool) -> None:
         handler = self._subjects.get(message.subject or "")
@@ -173,21 +163,22 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, PRECONDITION_FAILED, "reply-to must be "
                         f"$mqtt.to.<client-id>.control, got {message.reply_to!r}")
             return
-        session = self.broker.sessions.get(client_id)
-        subscriptions = (dict(session.subscriptions)
-                         if session is not None and session.persistent else {})
+        subscriptions, d = self.broker.list_subscriptions(client_id)
         body = {topic_filter: int32(qos) for topic_filter, qos in subscriptions.items()}
         reply = encode_control("subscriptions", correlation_id=message.correlation_id,
                                body=body)
-        self.answer(dlv, ACCEPTED)  # nothing to commit
-        if not self.host.send_control(reply_to, reply):
-            self.log.warn("no receiver is attached to $mqtt.to.{c}.control; the "
-                          "AMQP_SUBSCRIPTIONS reply for {id} was dropped", c=reply_to,
-                          id=client_id)
-        self.host.requests.decided(client_id, clean=False)
+
+        def reply_and_decide() -> None:
+            if not self.host.send_control(reply_to, reply):
+                self.log.warn("no receiver is attached to $mqtt.to.{c}.control; the "
+                              "AMQP_SUBSCRIPTIONS reply for {id} was dropped", c=reply_to,
+                              id=client_id)
+            self.requests.decided(client_id, clean=False)
+
+        self.answer_after(d, dlv, reply_and_decide)
 
     def _on_close(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
-        d = self.host.requests.close_session(client_id)
+        d = self.requests.close_session(client_id)
         self.answer_after(d, dlv)
 
     def _on_subscribe(self, dlv: Any, message: InboundMessage, client_id: str) -> None:
@@ -204,16 +195,11 @@ class SubscriptionServiceLink(_ServiceLink):
                             f"{raw!r} is not a QoS (0, 1, 2 as int or decimal string)")
                 return
             requests.append((str(topic_filter), qos))
-        session = self.host.requests.session_for(client_id)
-        if session is None:
-            self.reject(dlv, PRECONDITION_FAILED, f"client {client_id!r} has no session "
-                        "(send AMQP_LIST or attach its .publish receiver first)")
-            return
+        # A .publish receiver waiting for AMQP_LIST claims the session now.
+        self.requests.claim_waiting(client_id)
         identity = Identity(client_id, self.host.identity.username)
-        codes, d = self.broker.subscribe(session, identity, requests)
+        session, codes, d = self.broker.subscribe_client(client_id, identity, requests)
         if all(code == SUBSCRIBE_FAILURE for code in codes):
-            if d is not None:
-                d.addErrback(self.broker._log_store_failure, "subscribing")
             self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
                         + ", ".join(f for f, _ in requests))
             return
@@ -226,11 +212,8 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, DECODE_ERROR, "AMQP_UNSUBSCRIBE body must be an AmqpValue list "
                         "of topic filters")
             return
-        session = self.broker.sessions.get(client_id)
-        if session is None:
-            self.answer(dlv, ACCEPTED)
-            return
-        self.answer_after(self.broker.unsubscribe(session, [str(f) for f in body]), dlv)
+        self.answer_after(self.broker.unsubscribe_client(client_id, [str(f) for f in body]),
+                          dlv)
 
     _subjects: ClassVar[
         dict[str, Callable[[SubscriptionServiceLink, Any, InboundMessage, str], None]]] = {
@@ -267,18 +250,7 @@ class PubrelLink(_ServiceLink):
             self.reject(dlv, DECODE_ERROR, "AMQP_PUBREL needs message-id = the packet id "
                         f"(1-65535), got {message.message_id!r}")
             return
-        session = self.broker.sessions.get(self.client_id)
-        if session is None:
-            self.answer(dlv, ACCEPTED)
-            return
-        d = self.broker.persist(session.mark_released(packet_id))
-
-        def release() -> None:
-            link = session.link
-            if link is not None:
-                link.send_pubrel(packet_id)
-
-        self.answer_after(d, dlv, release)
+        self.answer_after(self.broker.release_outbound(self.client_id, packet_id), dlv)
 
 
 class SessionRequests:
@@ -347,26 +319,19 @@ class SessionRequests:
         if client_id in self.waiting:
             self._release(client_id, clean)
 
-    def session_for(self, client_id: str) -> Session | None:
-        """The session AMQP_SUBSCRIBE applies to (a waiting receiver claims it now)."""
+    def claim_waiting(self, client_id: str) -> None:
+        """AMQP_SUBSCRIBE for ``client_id``: a receiver waiting for AMQP_LIST claims
+        the session now."""
         if client_id in self.waiting:
             self._release(client_id, self.clean.get(client_id, False))
-        return self.host.broker.sessions.get(client_id)
 
-    def close_session(self, client_id: str) -> Any:
+    def close_session(self, client_id: str) -> Deferred[None] | None:
         """AMQP_CLOSE: remove the session (taking it over first), then start clean."""
-        broker = self.host.broker
         self.clean[client_id] = True
         outlet = self.outlets.get(client_id)
-        session = broker.sessions.get(client_id)
-        if session is not None and session.connection is not None:
-            holder = session.connection
-            if outlet is not None and holder is outlet:
-                outlet.end_session_here("AMQP_CLOSE: session closed")
-            else:
-                broker.end_session(holder, session, clean=False, reason="taken over")
-                holder.close("session taken over by a new connection")
-        d = broker.clear_session(client_id, "AMQP_CLOSE")
+        d = self.host.broker.close_session(client_id, outlet, "AMQP_CLOSE: session closed")
+        if outlet is not None and outlet.session is not None:
+            outlet.session_closed()
         if outlet is not None and not outlet.closed:
             self._cancel_wait(client_id)
             if outlet.session is None:

@@ -34,7 +34,7 @@ from mqttamqp.core.persistence import (
     StoredQueued,
 )
 
-__all__ = ["ClientLink", "OutEntry", "Session", "SessionState"]
+__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError"]
 
 _NO_OPS: list[Op] = []
 
@@ -62,9 +62,31 @@ class ClientLink(Protocol):
 
 
 class SessionState(Enum):
-    OFFLINE = "offline"      # persistent session with nothing attached
+    """The session's lifecycle; every transition is in ``_TRANSITIONS``.
+
+    ``Session.connection`` (who holds it) and ``Session.link`` (where deliveries
+    go) follow from it: no holder while OFFLINE, a holder but no link while
+    CONNECTING, both ONLINE.
+    """
+
+    OFFLINE = "offline"        # nothing attached (a persistent session waits here)
     CONNECTING = "connecting"  # claimed by a connection that has not had CONNACK yet
-    ONLINE = "online"
+    ONLINE = "online"          # delivering to its holder
+
+
+# (event, from state) -> to state.  Anything else is a bug in the caller.
+_TRANSITIONS: dict[tuple[str, SessionState], SessionState] = {
+    ("claim", SessionState.OFFLINE): SessionState.CONNECTING,
+    ("attach", SessionState.OFFLINE): SessionState.ONLINE,   # claim and attach at once
+    ("attach", SessionState.CONNECTING): SessionState.ONLINE,
+    ("detach", SessionState.OFFLINE): SessionState.OFFLINE,
+    ("detach", SessionState.CONNECTING): SessionState.OFFLINE,
+    ("detach", SessionState.ONLINE): SessionState.OFFLINE,
+}
+
+
+class SessionStateError(RuntimeError):
+    """A lifecycle event that is not allowed in the session's state."""
 
 
 class OutEntry:
@@ -94,6 +116,10 @@ class OutEntry:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
                             self.packet_id)
 
+    def put_op(self, client_id: str) -> PutQueued:
+        """The store operation that records this entry for session ``client_id``."""
+        return PutQueued(client_id, self.seq, self.stored())
+
 
 class Session:
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
@@ -104,15 +130,16 @@ class Session:
         self.created = created
         self.last_seen = created
         self.subscriptions: dict[str, int] = {}
-        self.state = SessionState.OFFLINE
+        self._state = SessionState.OFFLINE
+        self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
-        self.connection: ClientLink | None = None       # the connection that claimed it
-        self.link: ClientLink | None = None  # set once CONNACK went out
+        # Where deliveries go: the holder while ONLINE, else None.  Set only by
+        # ``_enter`` (a plain attribute: it is read for every delivery).
+        self.link: ClientLink | None = None
         self.inflight: dict[int, OutEntry] = {}  # packet id -> entry, in send order
         self.queue: deque[OutEntry] = deque()
         self.inbound_qos2: set[int] = set()
         self.queued_bytes = 0
-        self.last_entry: OutEntry | None = None  # the entry the last enqueue() made
         self.stalled = False  # see over_high_water
         self.dropped = 0
         self.delivered = 0
@@ -120,15 +147,52 @@ class Session:
         self._next_pid = 1
         self._pids: set[int] = set()
 
-    # -- inspection -------------------------------------------------------------
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def connection(self) -> ClientLink | None:
+        """The connection (MQTT) or link (AMQP) that holds the session, if any."""
+        return self._holder
 
     @property
     def online(self) -> bool:
-        return self.state is SessionState.ONLINE
+        return self._state is SessionState.ONLINE
+
+    def _enter(self, event: str, holder: ClientLink | None) -> None:
+        new = _TRANSITIONS.get((event, self._state))
+        if new is None:
+            raise SessionStateError(
+                f"session {self.client_id!r}: {event} is not allowed while {self._state.value}")
+        self._state = new
+        self._holder = holder
+        self.link = holder if new is SessionState.ONLINE else None
+
+    def claim(self, connection: ClientLink) -> None:
+        """A connection claims the session; nothing is delivered until ``attach``."""
+        self._enter("claim", connection)
+
+    # -- inspection -------------------------------------------------------------
 
     def entries(self) -> Iterator[OutEntry]:
         yield from self.inflight.values()
         yield from self.queue
+
+    def delivery_failures(self, packet_id: int) -> int:
+        """Failed delivery attempts of the in-flight ``packet_id`` (AMQP delivery-count)."""
+        entry = self.inflight.get(packet_id)
+        return entry.failures if entry is not None else 0
+
+    def awaiting_release(self, packet_id: int) -> bool | None:
+        """True if the in-flight ``packet_id`` is a QoS 2 delivery already released
+        (PUBREC seen), False if in flight otherwise, None if not in flight."""
+        entry = self.inflight.get(packet_id)
+        if entry is None:
+            return None
+        return entry.state == QueuedState.RELEASED
 
     def over_high_water(self) -> bool:
         """Queue past half its bound while online: publishers should slow down.
@@ -177,39 +241,46 @@ class Session:
 
     def enqueue(self, message: Message, qos: int, retain: bool) -> list[Op]:
         """Take a message for delivery at ``qos``; returns the durable ops it needs."""
+        entry = self.deliver(message, qos, retain)
+        if entry is None or not self.persistent:
+            return _NO_OPS
+        return [entry.put_op(self.client_id)]
+
+    def deliver(self, message: Message, qos: int, retain: bool) -> OutEntry | None:
+        """Take a message for delivery at ``qos``: QoS 0 goes out at once (or is
+        dropped); QoS 1/2 is queued and sent as the window allows.  Returns the
+        queued entry (None for QoS 0 or a drop); a persistent session's entry must
+        be stored (``OutEntry.put_op``)."""
         link = self.link
         if qos == 0:
             if link is None:
-                return _NO_OPS  # QoS 0 is not queued for offline sessions
+                return None  # QoS 0 is not queued for offline sessions
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.dropped += 1
-                return _NO_OPS
+                return None
             link.send_publish(message, 0, None, False, retain)
             self.delivered += 1
-            return _NO_OPS
+            return None
         size = len(message.payload)
         if (len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes):
             self.dropped += 1
-            return _NO_OPS
-        seq = self._next_seq
-        self._next_seq += 1
+            return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
         # stored before the client can see it (exactly once across a crash).  QoS 1
         # may go at once: if the commit is lost, so is the publisher's PUBACK, and
         # its resend is a permitted duplicate.
         if len(self._pids) >= 65535:  # every packet id is in use: a hard limit
             self.dropped += 1
-            return _NO_OPS
+            return None
+        seq = self._next_seq
+        self._next_seq += 1
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
                          held=self.persistent and qos == 2)
         self.queue.append(entry)
         self.queued_bytes += size
-        self.last_entry = entry
-        ops: list[Op] = (
-            [PutQueued(self.client_id, seq, entry.stored())] if self.persistent else _NO_OPS)
         self.pump()
-        return ops
+        return entry
 
     def release_held(self, upto_seq: int) -> None:
         """The commit holding entries up to ``upto_seq`` is durable: they may go."""
@@ -272,7 +343,7 @@ class Session:
                 link.send_pubrel(packet_id)
             return _NO_OPS
         entry.held = True
-        return [PutQueued(self.client_id, entry.seq, entry.stored())]
+        return [entry.put_op(self.client_id)]
 
     def pubrel_durable(self, packet_id: int) -> None:
         """The RELEASED state of ``packet_id`` is committed: its PUBREL may go."""
@@ -304,7 +375,7 @@ class Session:
             return _NO_OPS
         entry.state = QueuedState.RELEASED
         if self.persistent:
-            return [PutQueued(self.client_id, entry.seq, entry.stored())]
+            return [entry.put_op(self.client_id)]
         return _NO_OPS
 
     def redeliver(self, packet_id: int, increment: bool) -> None:
@@ -346,9 +417,12 @@ class Session:
     # -- attach / detach ------------------------------------------------------
 
     def attach(self, link: ClientLink) -> None:
-        """Start delivering to ``link``: in-flight first (DUP / PUBREL), then the queue."""
-        self.link = link
-        self.state = SessionState.ONLINE
+        """Start delivering to ``link`` (the holder, or a newcomer claiming it at
+        once): in-flight first (DUP / PUBREL), then the queue."""
+        if self._state is SessionState.CONNECTING and link is not self._holder:
+            raise SessionStateError(
+                f"session {self.client_id!r} is held by another connection")
+        self._enter("attach", link)
         # Everything in flight on the old connection goes back to the queue head in
         # its original order and is sent again.
         if self.inflight:
@@ -360,9 +434,7 @@ class Session:
         self.pump()
 
     def detach(self) -> None:
-        self.link = None
-        self.connection = None
-        self.state = SessionState.OFFLINE
+        self._enter("detach", None)
 
     # -- inbound QoS 2 --------------------------------------------------------
 

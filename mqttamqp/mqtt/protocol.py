@@ -290,7 +290,7 @@ class MQTTProtocol(Protocol):
             self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self._congested:
                 self._flush_out()
-        elif not self._congested and self.broker.flush_after_batch(self._flush_out):
+        elif not self._congested and self.broker.after_batch(self._flush_out):
             self._out = [data]
             self._out_bytes = len(data)
         else:
@@ -362,8 +362,9 @@ class MQTTProtocol(Protocol):
             will = WillMessage(self.client_id, w.topic, w.payload, w.qos, w.retain, "mqtt",
                                self.clock.seconds())
         self.has_will = will is not None
-        session, present, d = self.broker.open_session(
+        opened = self.broker.open_session(
             self, self.client_id, packet.clean_session, will, self.identity)
+        session, present, d = opened.session, opened.present, opened.durable
         self.session = session
         if d is None:
             self._connected(None, session, present)
@@ -504,31 +505,22 @@ class MQTTProtocol(Protocol):
         broker = self.broker
         qos = packet.qos
         if qos == 0:
-            d = broker.publish(message, self.identity)
-            if d is not None:
-                d.addErrback(broker._log_store_failure, "routing a QoS 0 message")
+            result = broker.publish(message, self.identity, wait=False)
         elif qos == 1:
             assert packet.packet_id is not None
-            self._ack(broker.publish(message, self.identity),
-                      _ack_frame(0x40, packet.packet_id))
+            result = broker.publish(message, self.identity)
+            self._ack(result.durable, _ack_frame(0x40, packet.packet_id))
         else:
             pid = packet.packet_id
             assert pid is not None
-            if session.inbound_seen(pid):
-                # A duplicate: not routed again, and its PUBREC waits behind any commit
-                # still pending (the first copy's may be, e.g. after a reconnect).
-                self._ack(broker.barrier(), _ack_frame(0x50, pid))
-                return
-            extra = session.inbound_add(pid)
-            d = broker.publish(message, self.identity, extra)
-            if d is not None:
-                d.addErrback(_forget_inbound, session, pid)
-            self._ack(d, _ack_frame(0x50, pid))
-        # Never pause for our own session: its acknowledgements arrive on this socket.
-        congested = [s for s in broker.last_publish_congested if s is not session]
-        if congested:
-            self._pause_reading("congestion")
-            broker.pause_until_drained(id(self), self._drained, congested)
+            result = broker.publish_qos2(session, message, self.identity, pid)
+            self._ack(result.durable, _ack_frame(0x50, pid))
+        if result.congested:
+            # Never pause for our own session: its acknowledgements arrive on this socket.
+            congested = [s for s in result.congested if s is not session]
+            if congested:
+                self._pause_reading("congestion")
+                broker.pause_until_drained(id(self), self._drained, congested)
 
     def _on_puback(self, packet: Puback) -> None:
         assert self.session is not None
@@ -540,7 +532,7 @@ class MQTTProtocol(Protocol):
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
-        d = self.broker.persist(self.session.inbound_release(packet.packet_id))
+        d = self.broker.release_qos2(self.session, packet.packet_id)
         self._ack(d, _ack_frame(0x70, packet.packet_id))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
@@ -588,12 +580,6 @@ class MQTTProtocol(Protocol):
         Pingreq: _on_pingreq,
         Disconnect: _on_disconnect,
     }
-
-
-def _forget_inbound(failure: Failure, session: Session, packet_id: int) -> Failure:
-    """The commit holding a QoS 2 packet id failed: its retry must be routed again."""
-    session.inbound_qos2.discard(packet_id)
-    return failure
 
 
 class MQTTFactory(Factory):

@@ -1,0 +1,207 @@
+"""Commit batching, barriers and the end-of-batch flush: how the core hands durable
+changes to the ``StateStore`` and how callers learn that they are durable.
+
+What it owns: the batch that one socket read (MQTT or AMQP) opens, so everything
+that read causes costs one hand-off to the writer thread; the Deferreds callers
+chain acknowledgements on; the flush hooks connections register so their output
+for a batch is written once, after it (the one flush mechanism of both
+protocols); the ``stopping`` state in which nothing more is stored, so nothing
+more is acknowledged; and the one place a storage failure nobody waits for is
+logged.
+
+What it must not do: decide what to store (the other core parts describe their
+changes as operations) or write to sockets itself (connections flush their own
+output when asked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.session import OutEntry
+
+__all__ = ["CommitBatcher", "fire_when_acknowledged", "committed_or_acknowledged"]
+
+
+class CommitBatcher:
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        # Set when the process shuts down: nothing more is stored, so nothing more
+        # may be acknowledged (the Deferreds handed out never fire).
+        self.stopping = False
+        self._depth = 0
+        self._ops: list[Op] = []
+        self._waiters: list[Deferred[None]] = []
+        self._flushes: list[Callable[[], None]] = []
+
+    @property
+    def in_batch(self) -> bool:
+        return bool(self._depth)
+
+    @property
+    def owned(self) -> bool:
+        """True while a Deferred that ``persist`` returns is the caller's alone (inside
+        a batch, or while stopping), so it may also be fired early."""
+        return bool(self._depth) or self.stopping
+
+    def persist(self, ops: Sequence[Op]) -> Deferred[None] | None:
+        """Submit ``ops``; the Deferred fires once durable (None: nothing to wait for).
+
+        Inside a batch the ops are collected and submitted together when the
+        outermost batch ends, in the same order.
+        """
+        if not ops:
+            return None
+        if self.stopping:
+            return Deferred()
+        if self._depth:
+            self._ops.extend(ops)
+            waiter: Deferred[None] = Deferred()
+            self._waiters.append(waiter)
+            return waiter
+        return self.store.submit(ops)
+
+    def barrier(self) -> Deferred[None]:
+        """Fires once everything submitted so far is durable."""
+        if self.stopping:
+            return Deferred()
+        if self._depth:
+            waiter: Deferred[None] = Deferred()
+            self._waiters.append(waiter)
+            return waiter
+        return self.store.submit(())
+
+    def background(self, ops: Sequence[Op], what: str = "recording a change") -> None:
+        """Store ``ops`` with nobody waiting (a failure is logged)."""
+        if not ops or self.stopping:
+            return
+        if self._depth:
+            self._ops.extend(ops)
+            return
+        self.store.submit(ops).addErrback(self.log_failure, what)
+
+    def watch(self, d: Deferred[None] | None, what: str) -> None:
+        """Nobody waits for ``d``: log its failure, if any, as storage failing."""
+        if d is not None:
+            d.addErrback(self.log_failure, what)
+
+    def log_failure(self, failure: Failure, what: str) -> None:
+        self.log.failure("storage failed while {what}", failure, what=what)
+
+    # -- batches ------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self._depth += 1
+
+    def after_batch(self, flush: Callable[[], None]) -> bool:
+        """Inside a batch: call ``flush`` when it ends (a connection writes what the
+        batch gave it in one go) and return True; outside one, return False."""
+        if not self._depth:
+            return False
+        self._flushes.append(flush)
+        return True
+
+    def end(self) -> None:
+        """End a batch; the outermost end submits its ops, then runs the flushes.
+
+        The ops go first, so a change a flush causes (an AMQP outcome handled
+        while pumping, say) is stored after the changes it follows.  Flushes run
+        inside a batch of their own, which ends the same way, until none is left.
+        """
+        self._depth -= 1
+        if self._depth:
+            return
+        while True:
+            if self._ops or self._waiters:
+                self._submit()
+            if not self._flushes:
+                return
+            flushes, self._flushes = self._flushes, []
+            self._depth = 1
+            try:
+                for flush in flushes:
+                    try:
+                        flush()
+                    except Exception:  # one connection's failure must not hold up the rest
+                        self.log.failure("writing a connection's output failed", Failure())
+            finally:
+                self._depth = 0
+
+    def _submit(self) -> None:
+        ops, waiters = self._ops, self._waiters
+        self._ops, self._waiters = [], []
+        if self.stopping:
+            return
+        d = self.store.submit(ops)
+        if waiters:
+            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters,),
+                           errbackArgs=(waiters, self.log_failure))
+        else:
+            d.addErrback(self.log_failure, "recording a batch of changes")
+
+
+def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.called:  # else fired early (fire_when_acknowledged)
+            waiter.callback(None)
+
+
+def _fail_all(failure: Failure, waiters: list[Deferred[None]],
+              log_failure: Callable[[Failure, str], None]) -> None:
+    early = False
+    for waiter in waiters:
+        if waiter.called:
+            early = True
+        else:
+            waiter.errback(failure)
+    if early:
+        log_failure(failure, "storing messages that were already acknowledged")
+
+
+def fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> None:
+    """Fire ``waiter`` as soon as every entry has been acknowledged (unless it fired
+    already).  A batch waiter is used as is; otherwise ``committed_or_acknowledged``
+    puts a Deferred of its own between the store's and the caller."""
+    remaining = [len(entries)]
+
+    def acknowledged() -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0 and not waiter.called:
+            waiter.callback(None)
+
+    for entry in entries:
+        entry.on_done = acknowledged
+
+
+def committed_or_acknowledged(
+        commit: Deferred[None], entries: list[OutEntry],
+        log_failure: Callable[[Failure, str], None]) -> Deferred[None]:
+    """Fires when ``commit`` does or when every entry has been acknowledged.
+
+    A PUBACK promises that the message is safe: stored for its persistent
+    subscribers, or already delivered to them.  When all of them acknowledge
+    before the writer thread commits, the promise holds without waiting (and
+    the writer skips the queue writes their deletes cancel).
+    """
+    result: Deferred[None] = Deferred()
+    fire_when_acknowledged(result, entries)
+
+    def committed(_: object) -> None:
+        if not result.called:
+            result.callback(None)
+
+    def failed(failure: Failure) -> None:
+        if not result.called:
+            result.errback(failure)
+        else:
+            log_failure(failure, "storing messages that were already acknowledged")
+
+    commit.addCallbacks(committed, failed)
+    return result

@@ -1,0 +1,107 @@
+"""Flow control: publishers paused for the sake of slow subscribers, and the stall
+rule that keeps one stuck subscriber from pausing them for good.
+
+What it owns: the paused publishers (each with the resume callback its protocol
+gave and the congested sessions it fed), waking them when those sessions drain,
+and the stall timer: a publisher waits at most ``stall_timeout``; whoever still
+kept it waiting then is marked stalled (it stops slowing publishers and drops at
+its bound instead, counted) until it acknowledges something again.
+
+What it must not do: stop or start reading sockets itself (the protocols do,
+through the callbacks they register) or decide what congestion is (the session
+does, ``Session.over_high_water``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from twisted.logger import Logger
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.session import Session
+
+__all__ = ["FlowControl"]
+
+
+class FlowControl:
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, clock: Clock, stall_timeout: float,
+                 online: Callable[[], Iterable[Session]]) -> None:
+        self.clock = clock
+        self.stall_timeout = stall_timeout
+        self._online = online    # every session with a link (for "any subscriber")
+        # paused publisher key -> (resume callback, the congested sessions it fed)
+        self._paused: dict[
+            int, tuple[Callable[[], None], list[Session] | None, DelayedCall]] = {}
+
+    def pause_until_drained(self, key: int, resume: Callable[[], None],
+                            sessions: Sequence[Session] | None = None) -> None:
+        """Publisher ``key`` stopped reading; call ``resume`` once ``sessions`` (the
+        congested subscribers it fed; None = any) are below their high-water mark,
+        or after ``stall_timeout`` at the latest."""
+        known = self._paused.get(key)
+        fed = list(sessions) if sessions is not None else None
+        if known is not None:
+            if known[1] is not None and fed is not None:
+                # Usually the same one or two subscribers, message after message.
+                new = [s for s in fed if s not in known[1]]
+                if not new and known[0] == resume:
+                    return
+                fed = known[1] + new
+            timer = known[2]
+        else:
+            timer = self.clock.callLater(self.stall_timeout, self._expired, key)
+        self._paused[key] = (resume, fed, timer)
+
+    def forget(self, key: int) -> None:
+        entry = self._paused.pop(key, None)
+        if entry is not None and entry[2].active():
+            entry[2].cancel()
+
+    def stop(self) -> None:
+        for key in list(self._paused):
+            self.forget(key)
+
+    def _expired(self, key: int) -> None:
+        """A publisher waited ``stall_timeout``: whoever kept it waiting is stalled."""
+        entry = self._paused.pop(key, None)
+        if entry is None:
+            return
+        resume, sessions, _ = entry
+        suspects = sessions if sessions is not None else list(self._online())
+        for session in suspects:
+            if session.link is not None and session.over_high_water():
+                session.stalled = True
+                self.log.warn(
+                    "subscriber {c} made no progress for {t:g}s; publishers are no longer "
+                    "slowed down for it (its queue drops at its limit, counted)",
+                    c=session.client_id, t=self.stall_timeout)
+        resume()
+
+    def drained(self, session: Session | None) -> None:
+        """A congested link can take more again: send its queue, wake publishers."""
+        if session is not None:
+            session.pump()
+        self.resume_paused()
+
+    def resume_paused(self) -> None:
+        if not self._paused:
+            return
+        any_congested: bool | None = None
+        ready: list[Callable[[], None]] = []
+        for key, (resume, sessions, timer) in list(self._paused.items()):
+            if sessions is None:
+                if any_congested is None:
+                    any_congested = any(s.over_high_water() for s in self._online())
+                if any_congested:
+                    continue
+            elif any(s.link is not None and s.over_high_water() for s in sessions):
+                continue
+            del self._paused[key]
+            if timer.active():
+                timer.cancel()
+            ready.append(resume)
+        for resume in ready:
+            resume()

@@ -1,0 +1,253 @@
+"""The session registry: sessions by client id, who holds each, takeover, the end of
+a session, expiry, and the list of live connections.
+
+What it owns: the sessions of client ids (MQTT clients, and AMQP
+``$mqtt.to.<id>.publish`` receivers, which claim the same sessions) and the
+sessions of AMQP topic receivers (in the trie, but keyed by link, so no client
+can claim them); the clean/persistent rules; takeover (a newcomer closes the old
+holder first, whose will fires); what the end of a connection means for its
+session and its MQTT will; expiry of offline persistent sessions; the console's
+list of live connections and the ``$SYS`` client counts; drops of sessions that
+are gone.
+
+What it must not do: route (the router does), hold wills (``Wills`` does), or
+touch sockets beyond the ``close`` of a holder it takes a session from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.clock import Clock
+from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.connections import InspectableConnection
+from mqttamqp.core.flow import FlowControl
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import WillMessage
+from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
+from mqttamqp.core.router import Router
+from mqttamqp.core.session import ClientLink, Session, SessionState
+from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.wills import Wills
+from mqttamqp.records import record
+
+__all__ = ["SessionRegistry", "Opened"]
+
+
+@record
+class Opened:
+    """The result of claiming a session: the session, MQTT's session-present flag,
+    and the commit that must precede CONNACK (None: nothing to wait for)."""
+
+    session: Session
+    present: bool
+    durable: Deferred[None] | None
+
+
+class SessionRegistry:
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, clock: Clock, limits: Limits, commits: CommitBatcher,
+                 stats: BrokerStats, router: Router, wills: Wills,
+                 flow: FlowControl) -> None:
+        self.clock = clock
+        self.limits = limits
+        self.commits = commits
+        self.stats = stats
+        self.router = router
+        self.wills = wills
+        self.flow = flow
+        self.sessions: dict[str, Session] = {}
+        # AMQP receivers on topic filters: sessions of their own, in the trie but not
+        # keyed by a client id (no MQTT client can claim them).
+        self.link_subscribers: dict[str, Session] = {}
+        self.connections: dict[str, InspectableConnection] = {}
+        self._connection_protocols: dict[str, str] = {}
+        self.dropped_retired = 0  # drops of sessions that no longer exist
+
+    def restore(self, records: dict[str, SessionRecord]) -> None:
+        now = self.clock.seconds()
+        for rec in records.values():
+            session = Session(rec.client_id, True, self.limits, rec.last_seen)
+            # Its client may have been connected until the broker stopped: the expiry
+            # clock restarts with the broker rather than expiring it at once.
+            session.last_seen = max(rec.last_seen, now)
+            session.restore(rec.queue, rec.inbound_qos2)
+            self.router.restore_subscriptions(session, rec.subscriptions)
+            self.sessions[rec.client_id] = session
+
+    def online(self) -> Iterator[Session]:
+        """Every session something is delivering to (client ids and topic receivers)."""
+        for session in self.sessions.values():
+            if session.link is not None:
+                yield session
+        yield from self.link_subscribers.values()
+
+    def dropped_total(self) -> int:
+        return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
+                + sum(s.dropped for s in self.link_subscribers.values()))
+
+    # -- live connections -----------------------------------------------------
+
+    def register_connection(self, key: str, connection: InspectableConnection,
+                            protocol: str) -> None:
+        known = self._connection_protocols.get(key)
+        if known is not None:
+            if self.connections[key] is connection:
+                return
+            # The key's previous holder is closing but not yet gone (e.g. after an
+            # MQTT DISCONNECT): the newcomer takes its place, and its later
+            # unregister_connection is a no-op.
+            self.stats.disconnected(known)
+        self.connections[key] = connection
+        self._connection_protocols[key] = protocol
+        self.stats.connected(protocol)
+
+    def unregister_connection(self, key: str, connection: InspectableConnection) -> None:
+        if self.connections.get(key) is connection:
+            del self.connections[key]
+            self.stats.disconnected(self._connection_protocols.pop(key))
+
+    # -- claiming and ending --------------------------------------------------
+
+    def take_over(self, client_id: str, reason: str = "taken over") -> None:
+        """Close whoever holds the session of ``client_id`` (its will fires, unless it
+        never got its CONNACK: then its will was never accepted)."""
+        existing = self.sessions.get(client_id)
+        if existing is None or existing.connection is None:
+            return
+        old = existing.connection
+        never_accepted = existing.state is SessionState.CONNECTING
+        self.end(old, existing, clean=never_accepted, reason=reason)
+        old.close("session taken over by a new connection")
+
+    def open(self, connection: ClientLink, client_id: str, clean: bool,
+             will: WillMessage | None, identity: Identity | None = None) -> Opened:
+        """Claim the session of ``client_id`` for ``connection``.
+
+        Takes over from a connection that holds it, applies the clean/persistent
+        rules and stores the MQTT will.  Call ``activate`` once CONNACK is out.
+        """
+        now = self.clock.seconds()
+        ops: list[Op] = []
+        if self.wills.owner_returned(client_id):
+            self.log.info("client {c} is back within the will grace period; its old "
+                          "will is not published", c=client_id)
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.connection is not None:
+            self.log.info("client {c} connected again: closing its previous connection",
+                          c=client_id)
+            self.take_over(client_id)
+            existing = self.sessions.get(client_id)
+        present = False
+        if clean:
+            if existing is not None:
+                ops.extend(self.discard(existing))
+            session = Session(client_id, False, self.limits, now)
+            self.sessions[client_id] = session
+        elif existing is not None and existing.persistent:
+            session = existing
+            present = True
+            ops.append(PutSession(client_id, now))
+        else:
+            session = Session(client_id, True, self.limits, now)
+            self.sessions[client_id] = session
+            ops.append(PutSession(client_id, now))
+        session.last_seen = now
+        session.claim(connection)
+        if will is not None and not self.wills.allowed(will, identity):
+            self.log.warn("will of {c} on {t!r} is not authorized; ignored", c=client_id,
+                          t=will.topic)
+            will = None
+        if will is not None:
+            ops.extend(self.wills.put(will))
+        else:
+            ops.extend(self.wills.pop(client_id, "mqtt"))
+        return Opened(session, present, self.commits.persist(ops))
+
+    def offline_session(self, client_id: str) -> tuple[Session, Deferred[None] | None]:
+        """The persistent session of ``client_id``, created offline if it has none
+        (the subscription service provisions sessions before their devices connect).
+        A clean session held by a connection is returned as it is."""
+        session = self.sessions.get(client_id)
+        if session is not None:
+            return session, None
+        now = self.clock.seconds()
+        session = Session(client_id, True, self.limits, now)
+        self.sessions[client_id] = session
+        return session, self.commits.persist([PutSession(client_id, now)])
+
+    def end(self, connection: ClientLink, session: Session, clean: bool,
+            reason: str) -> None:
+        """The connection that holds ``session`` is gone.
+
+        ``clean`` is True for MQTT DISCONNECT (the will is deleted, not published);
+        any other end publishes the will.  A clean session is discarded; a
+        persistent one stays with its subscriptions and queue.
+        """
+        if session.connection is not connection:
+            return  # already ended (takeover, console) — nothing to do twice
+        if self.commits.stopping:
+            session.detach()
+            return
+        client_id = session.client_id
+        ops: list[Op] = []
+        if clean:
+            ops.extend(self.wills.pop(client_id, "mqtt"))
+        else:
+            self.commits.watch(self.wills.fire(client_id, reason, "mqtt"),
+                               "publishing will of " + client_id)
+        session.detach()
+        if session.persistent:
+            session.last_seen = self.clock.seconds()
+            ops.append(PutSession(client_id, session.last_seen))
+        else:
+            ops.extend(self.discard(session))
+        self.flow.resume_paused()
+        self.commits.watch(self.commits.persist(ops), "ending session of " + client_id)
+
+    def discard(self, session: Session) -> list[Op]:
+        """Remove a session: subscriptions out of the trie, state dropped."""
+        self.router.forget_session(session)
+        self.dropped_retired += session.dropped
+        session.clear_messages()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        return [DeleteSession(session.client_id)] if session.persistent else []
+
+    # -- AMQP topic receivers -------------------------------------------------
+
+    def add_link_subscriber(self, key: str) -> Session:
+        """A session of its own for an AMQP topic receiver (offline until attached)."""
+        session = Session(key, False, self.limits, self.clock.seconds())
+        session.protocol = "amqp"
+        self.link_subscribers[key] = session
+        return session
+
+    def remove_link_subscriber(self, key: str) -> None:
+        """The topic receiver is gone: its routes leave the trie, its drops are kept."""
+        session = self.link_subscribers.pop(key, None)
+        if session is None:
+            return
+        self.router.forget_session(session)
+        self.dropped_retired += session.dropped
+        session.clear_messages()
+        session.detach()
+        self.flow.resume_paused()
+
+    # -- expiry ---------------------------------------------------------------
+
+    def expire(self) -> None:
+        cutoff = self.clock.seconds() - self.limits.session_expiry
+        expired = [s for s in self.sessions.values()
+                   if s.persistent and s.connection is None and s.last_seen < cutoff]
+        ops: list[Op] = []
+        for session in expired:
+            self.log.info("persistent session {c} expired (offline since {t:.0f})",
+                          c=session.client_id, t=session.last_seen)
+            ops.extend(self.discard(session))
+        self.commits.background(ops)

@@ -1,0 +1,242 @@
+"""The router: publish, subscribe and retained messages, for every protocol alike.
+
+What it owns: the subscription trie and the retained set; the publish permission
+check (one place for MQTT, AMQP and the broker's own messages); routing (trie
+match, delivery QoS = min(publish, granted), one copy per session at the highest
+granted QoS); which deliveries wait for their commit (QoS 2 to a persistent
+session) and when a publisher may be acknowledged; which online subscribers a
+publish left past their high-water mark (``Published.congested``).
+
+What it must not do: know about connections or sockets, or keep sessions (the
+registry does); it receives the sessions it routes to through the trie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mqttamqp.core.auth import Authorizer, Identity
+from mqttamqp.core.commits import (
+    CommitBatcher,
+    committed_or_acknowledged,
+    fire_when_acknowledged,
+)
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import (
+    DeleteRetained,
+    DeleteSubscription,
+    Op,
+    PutRetained,
+    PutSubscription,
+)
+from mqttamqp.core.retained import RetainedStore
+from mqttamqp.core.session import OutEntry, Session
+from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
+from mqttamqp.records import record
+
+__all__ = ["Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX"]
+
+SUBSCRIBE_FAILURE = 0x80
+SYS_PREFIX = "$SYS/"
+
+_NO_SESSIONS: tuple[Session, ...] = ()
+
+
+@record
+class Published:
+    """What a publish did.
+
+    ``durable``: fires once everything the publisher may be told is safe (None:
+    nothing to wait for).  ``congested``: online subscribers it fed that are past
+    their high-water mark (the publisher should stop being read for a while).
+    ``denied``: the publisher may not publish there; nothing was routed.
+    """
+
+    durable: Deferred[None] | None = None
+    congested: Sequence[Session] = _NO_SESSIONS
+    denied: bool = False
+
+
+_ROUTED = Published()
+
+
+class Router:
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, commits: CommitBatcher, stats: BrokerStats,
+                 authorizer: Authorizer) -> None:
+        self.commits = commits
+        self.stats = stats
+        self.authorizer = authorizer
+        self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        self.retained = RetainedStore()
+
+    # -- publishing -----------------------------------------------------------
+
+    def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+        """The permission check of every publish; a refusal is counted and logged."""
+        if self.authorizer.may_publish(identity, topic, retain):
+            return True
+        self.stats.publish_denied += 1
+        self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=topic)
+        return False
+
+    def publish(self, message: Message, identity: Identity | None = None,
+                extra_ops: Sequence[Op] = (), counted: bool = True) -> Published:
+        """Route ``message``.
+
+        Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
+        out at once; QoS 2 deliveries to persistent sessions are held until the
+        commit that stores them (with their packet id).  ``extra_ops`` (e.g. the
+        inbound QoS 2 id) are committed in the same batch, even when denied.
+        """
+        commits = self.commits
+        if identity is not None and not self.may_publish(
+                identity, message.topic, message.retain):
+            return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
+        if counted:  # the broker's own $SYS updates are not traffic
+            self.stats.messages_received += 1
+        ops: list[Op] = list(extra_ops)
+        if message.retain:
+            durable = not message.topic.startswith(SYS_PREFIX)
+            if not message.payload:
+                if self.retained.delete(message.topic) and durable:
+                    ops.append(DeleteRetained(message.topic))
+            else:
+                self.retained.put(message)
+                if durable:
+                    ops.append(PutRetained(message.with_retain(True)))
+        other_ops = len(ops)
+        held: list[tuple[Session, int]] = []
+        qos1_entries: list[OutEntry] = []
+        msg_qos = message.qos
+        congested: list[Session] | None = None
+        for session, granted in self.trie.match(message.topic).items():
+            qos = granted if granted < msg_qos else msg_qos
+            entry = session.deliver(message, qos, False)
+            if entry is not None and session.persistent:
+                ops.append(entry.put_op(session.client_id))
+                if qos == 1 and entry.packet_id in session.inflight:
+                    qos1_entries.append(entry)
+                else:
+                    held.append((session, entry.seq))
+            if session.link is not None and session.over_high_water():
+                if congested is None:
+                    congested = [session]
+                else:
+                    congested.append(session)
+        # Inside a batch (or while stopping) the Deferred persist returns is ours
+        # alone, so it may also be fired early, by acknowledgements.
+        owned = commits.owned
+        d = commits.persist(ops)
+        if d is None:
+            return _ROUTED if congested is None else Published(None, congested)
+        if held:
+            # Only once stored: a QoS 2 entry whose commit failed must not go out
+            # (the publisher got no PUBREC and will send it again).
+            d.addCallback(_release_held, held)
+        if qos1_entries and not held and other_ops == 0:
+            if owned:
+                fire_when_acknowledged(d, qos1_entries)
+            else:
+                d = committed_or_acknowledged(d, qos1_entries, commits.log_failure)
+        return Published(d, congested if congested is not None else _NO_SESSIONS)
+
+    def congested_for(self, topic: str) -> bool:
+        """True if an online subscriber of ``topic`` is past its high-water mark."""
+        return any(session.over_high_water() for session in self.trie.match(topic))
+
+    # -- subscriptions --------------------------------------------------------
+
+    def subscribe(self, session: Session, identity: Identity,
+                  requests: Sequence[tuple[str, int]]
+                  ) -> tuple[list[int], Deferred[None] | None]:
+        """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
+        codes: list[int] = []
+        ops: list[Op] = []
+        for topic_filter, qos in requests:
+            problem = validate_topic_filter(topic_filter)
+            if problem is not None:
+                self.log.warn("{c} subscribed to an invalid filter {f!r}: {p}",
+                              c=session.client_id, f=topic_filter, p=problem)
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            if not self.authorizer.may_subscribe(identity, topic_filter):
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            granted = min(qos, 2)
+            session.subscriptions[topic_filter] = granted
+            self.trie.add(topic_filter, session, granted)
+            if session.persistent:
+                ops.append(PutSubscription(session.client_id, topic_filter, granted))
+            codes.append(granted)
+        return codes, self.commits.persist(ops)
+
+    def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
+        """After SUBACK: the retained messages of each granted filter, retain set."""
+        ops: list[Op] = []
+        last_seq = 0
+        for topic_filter, granted in grants:
+            if granted == SUBSCRIBE_FAILURE:
+                continue
+            for message in self.retained.match(topic_filter):
+                qos = min(granted, message.qos)
+                entry = session.deliver(message, qos, True)
+                if entry is not None and session.persistent:
+                    ops.append(entry.put_op(session.client_id))
+                    last_seq = entry.seq
+        d = self.commits.persist(ops)
+        if d is not None:
+            d.addCallback(_release_held, [(session, last_seq)])
+            self.commits.watch(d, "queueing retained messages")
+
+    def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
+        ops: list[Op] = []
+        for topic_filter in filters:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.trie.remove(topic_filter, session)
+                if session.persistent:
+                    ops.append(DeleteSubscription(session.client_id, topic_filter))
+        return self.commits.persist(ops)
+
+    def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
+        """At start-up: the stored subscriptions of ``session``, back in the trie."""
+        for topic_filter, qos in subscriptions.items():
+            session.subscriptions[topic_filter] = qos
+            self.trie.add(topic_filter, session, qos)
+
+    def forget_session(self, session: Session) -> None:
+        """``session`` is going away: its routes leave the trie."""
+        for topic_filter in session.subscriptions:
+            self.trie.remove(topic_filter, session)
+        session.subscriptions.clear()
+
+    # -- retained -------------------------------------------------------------
+
+    def restore_retained(self, messages: Iterable[Message]) -> None:
+        for message in messages:
+            self.retained.put(message)
+
+    def delete_retained(self, topic: str) -> Deferred[None] | None:
+        if not self.retained.delete(topic):
+            return None
+        return self.commits.persist([DeleteRetained(topic)])
+
+    def delete_retained_matching(self, topic_filter: str) -> tuple[int, Deferred[None] | None]:
+        matches = self.retained.match(topic_filter)
+        ops: list[Op] = []
+        for message in matches:
+            self.retained.delete(message.topic)
+            if not message.topic.startswith(SYS_PREFIX):
+                ops.append(DeleteRetained(message.topic))
+        return len(matches), self.commits.persist(ops)
+
+
+def _release_held(result: object, held: list[tuple[Session, int]]) -> object:
+    for session, seq in held:
+        session.release_held(seq)
+    return result

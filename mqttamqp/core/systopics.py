@@ -1,0 +1,39 @@
+"""``$SYS``: the broker's counters published as retained topics every
+``sys_interval`` seconds.
+
+What it owns: building the current values and publishing them through the router
+as the broker's own (uncounted, not stored) retained messages.  The counters
+themselves live in ``stats.BrokerStats``; this module only reads them.
+"""
+
+from __future__ import annotations
+
+from mqttamqp import __version__
+from mqttamqp.core.clock import Clock
+from mqttamqp.core.message import Message
+from mqttamqp.core.registry import SessionRegistry
+from mqttamqp.core.router import Router
+from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.wills import Wills
+
+__all__ = ["SysTopics"]
+
+
+class SysTopics:
+    def __init__(self, clock: Clock, stats: BrokerStats, router: Router,
+                 registry: SessionRegistry, wills: Wills) -> None:
+        self.clock = clock
+        self.stats = stats
+        self.router = router
+        self.registry = registry
+        self.wills = wills
+
+    def publish(self) -> None:
+        now = self.clock.seconds()
+        dropped = self.registry.dropped_total()
+        self.stats.messages_dropped = dropped
+        for topic, payload in self.stats.sys_topics(
+                __version__, now, len(self.router.trie), len(self.router.retained),
+                len(self.registry.sessions), len(self.wills.wills), dropped):
+            self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
+                                counted=False)

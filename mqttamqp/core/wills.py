@@ -1,0 +1,134 @@
+"""Wills and the grace rule after a restart.
+
+What it owns: the stored wills (keyed by owner: an MQTT client id, or the name of
+an AMQP will link), which side set each one (``origin``: an MQTT client and an
+AMQP will link may share a name, and each side only ends its own), publishing a
+will (and deleting it in the same commit), publishing a copy on an operator's
+request, and the grace timers: a will that was stored when the broker stopped
+belonged to a client that was connected then, so it fires ``will_grace`` seconds
+after the next start unless that owner comes back first.
+
+What it must not do: route messages itself (it hands the will to the router) or
+decide when a connection ended uncleanly (the registry and the AMQP will link do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mqttamqp.core.auth import Authorizer, Identity
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.persistence import DeleteWill, Op, PutWill
+from mqttamqp.core.router import Published
+from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.topics import validate_topic_name
+
+__all__ = ["Wills"]
+
+
+class Wills:
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
+                 authorizer: Authorizer, publish: Callable[[Message, Sequence[Op]], Published],
+                 grace: float) -> None:
+        self.clock = clock
+        self.commits = commits
+        self.stats = stats
+        self.authorizer = authorizer
+        self._publish = publish
+        self.grace = grace
+        self.wills: dict[str, WillMessage] = {}
+        self._grace: dict[str, DelayedCall] = {}
+
+    # -- start and stop -------------------------------------------------------
+
+    def restore(self, wills: Iterable[WillMessage]) -> int:
+        """At start-up: every stored will's owner was connected when the broker
+        stopped; it fires after the grace period unless the owner comes back."""
+        count = 0
+        for will in wills:
+            self.wills[will.owner] = will
+            self._grace[will.owner] = self.clock.callLater(
+                self.grace, self._grace_expired, will.owner)
+            count += 1
+        if count:
+            self.log.info("{n} stored will(s) will be published in {s}s unless their "
+                          "clients reconnect", n=count, s=self.grace)
+        return count
+
+    def stop(self) -> None:
+        for call in self._grace.values():
+            if call.active():
+                call.cancel()
+        self._grace.clear()
+
+    # -- the grace rule -------------------------------------------------------
+
+    def owner_returned(self, owner: str) -> bool:
+        """``owner`` is back: its stored will from before the restart is no longer an
+        orphan.  True if a grace timer was pending."""
+        call = self._grace.pop(owner, None)
+        if call is None:
+            return False
+        if call.active():
+            call.cancel()
+        return True
+
+    def _grace_expired(self, owner: str) -> None:
+        self._grace.pop(owner, None)
+        self.commits.watch(
+            self.fire(owner, "client did not return within the will grace period after "
+                      "a restart"), "publishing will of " + owner)
+
+    # -- wills ----------------------------------------------------------------
+
+    def allowed(self, will: WillMessage, identity: Identity | None) -> bool:
+        if validate_topic_name(will.topic) is not None:
+            return False
+        identity = identity or Identity(will.owner)
+        return self.authorizer.may_publish(identity, will.topic, will.retain)
+
+    def put(self, will: WillMessage) -> list[Op]:
+        """Store (or replace) the will of ``will.owner``; returns the op to commit."""
+        self.wills[will.owner] = will
+        return [PutWill(will)]
+
+    def pop(self, owner: str, origin: str | None = None) -> list[Op]:
+        """Remove the will of ``owner`` (of ``origin`` only, if given); the ops to
+        commit (none if there was no such will)."""
+        will = self.wills.get(owner)
+        if will is None or (origin is not None and will.origin != origin):
+            return []
+        del self.wills[owner]
+        return [DeleteWill(owner)]
+
+    def fire(self, owner: str, reason: str, origin: str | None = None
+             ) -> Deferred[None] | None:
+        """Publish the will of ``owner`` (if any; of ``origin`` if given) and delete
+        it in the same commit.  The Deferred fires once both are durable; None if
+        there was no will or nothing to wait for."""
+        will = self.wills.get(owner)
+        if will is None or (origin is not None and will.origin != origin):
+            return None
+        del self.wills[owner]
+        self.log.info("publishing will of {o} to {t!r} ({r})", o=owner, t=will.topic, r=reason)
+        self.stats.wills_published += 1
+        return self._publish(will.as_message(self.clock.seconds()),
+                             [DeleteWill(owner)]).durable
+
+    def publish_copy(self, owner: str, reason: str) -> Deferred[None] | None:
+        """Publish the will of ``owner`` now but keep it stored (the console's "force
+        the will, keep the client connected"); it still fires if the client drops."""
+        will = self.wills.get(owner)
+        if will is None:
+            return None
+        self.log.info("publishing a copy of the will of {o} to {t!r} ({r})", o=owner,
+                      t=will.topic, r=reason)
+        self.stats.wills_published += 1
+        return self._publish(will.as_message(self.clock.seconds()), ()).durable
