@@ -115,6 +115,7 @@ class AMQPConnection(Protocol):
         self._blocked = False
         self._pumping = False
         self._flush_call: DelayedCall | None = None
+        self._flush_pending = False      # registered to run when the batch ends
         self._after: list[Callable[[], None]] = []
         self._timer: DelayedCall | None = None
         self._timer_deadline = 0.0
@@ -201,13 +202,20 @@ class AMQPConnection(Protocol):
         return self._blocked
 
     def schedule_flush(self) -> None:
-        """Output is pending: write it after the current work (batched per turn)."""
-        if self._pumping or self._flush_call is not None or self.pconn is None:
+        """Output is pending: write it after the current work.  Inside a batch (any
+        connection's socket read) that is when the batch ends, as for MQTT;
+        otherwise on the next reactor turn."""
+        if (self._pumping or self._flush_pending or self._flush_call is not None
+                or self.pconn is None):
+            return
+        if self.broker.after_batch(self._flush):
+            self._flush_pending = True
             return
         self._flush_call = self.clock.callLater(0, self._flush)
 
     def _flush(self) -> None:
         self._flush_call = None
+        self._flush_pending = False
         if self.state is not ConnectionState.CLOSED and self.pconn is not None:
             self._pump()
 

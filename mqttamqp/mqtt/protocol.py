@@ -1,12 +1,13 @@
 """The MQTT 3.1 / 3.1.1 connection: bytes from Twisted into the codec, packets into
 the broker core, and the core's deliveries back out as bytes.
 
-This module owns the per-connection state machine (awaiting CONNECT → connecting
-→ connected → closed), the connect timeout and keepalive timers, acknowledgement
-ordering (a PUBACK/PUBREC/SUBACK/CONNACK that promises durability waits for its
-commit, and acknowledgements leave in the order their packets arrived), and
-back-pressure (it is a push producer for its socket and pauses reading when the
-subscribers it feeds fall behind).
+This module owns the transport side of one connection: feeding the codec, the
+connect-timeout and keepalive timers, writing (one write per connection per
+batch), and back-pressure (it is a push producer for its socket and pauses reading
+when the subscribers it feeds fall behind).  The rules themselves — the state
+machine, which packet may come when, the keepalive deadline and the order of
+acknowledgements — are sans-IO in ``connection``; this module carries out what
+they decide.
 
 There is exactly one place that turns a protocol error into a disconnect:
 ``_violation``.  The routing rules live in ``mqttamqp.core``, not here.
@@ -15,9 +16,7 @@ There is exactly one place that turns a protocol error into a disconnect:
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from collections.abc import Callable
-from enum import Enum
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
@@ -35,6 +34,13 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.session import Session
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.mqtt.connection import (
+    MAX_PENDING_ACKS,
+    AckQueue,
+    ConnectionRules,
+    ConnectionState,
+    Keepalive,
+)
 from mqttamqp.mqtt.packets import (
     PROTOCOL_31,
     PROTOCOL_311,
@@ -55,21 +61,13 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 
-__all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState"]
+__all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
 _PINGRESP = encode(Pingresp())
-# Acknowledgements one connection may have waiting on commits before it is not read.
-MAX_PENDING_ACKS = 1000
+_CLOSED = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
-
-
-class ConnectionState(Enum):
-    AWAITING_CONNECT = "awaiting-connect"  # socket open, no CONNECT yet (timer running)
-    CONNECTING = "connecting"              # CONNECT read; auth and session commit pending
-    CONNECTED = "connected"                # CONNACK sent; packets flow
-    CLOSED = "closed"                      # closing or closed; input is ignored
 
 
 def _ack_frame(kind: int, packet_id: int) -> bytes:
@@ -91,7 +89,7 @@ class MQTTProtocol(Protocol):
         self.broker = factory.broker
         self.clock = factory.clock
         self.limits: Limits = factory.broker.limits
-        self.state = ConnectionState.AWAITING_CONNECT
+        self.rules = ConnectionRules()
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
         self.session: Session | None = None
         self.identity: Identity | None = None
@@ -106,13 +104,18 @@ class MQTTProtocol(Protocol):
         self._clean_close = False
         self._last_activity = 0.0
         self._connect_timer: DelayedCall | None = None
+        self._keepalive: Keepalive | None = None
         self._keepalive_timer: DelayedCall | None = None
-        self._acks: deque[list[Any]] = deque()
+        self._acks = AckQueue()
         self._congested = False
         self._out: list[bytes] | None = None   # written when the current batch ends
         self._out_bytes = 0
         self._backlog = 0
         self._reading_paused_for: set[str] = set()
+
+    @property
+    def state(self) -> ConnectionState:
+        return self.rules.state
 
     # -- Twisted ----------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class MQTTProtocol(Protocol):
             self.broker.stats.connections_refused += 1
             self.log.warn("refusing connection from {peer}: max-connections ({n}) reached",
                           peer=self.peer, n=self.limits.max_connections)
-            self.state = ConnectionState.CLOSED
+            self.rules.advance("close")
             self.transport.abortConnection()
             return
         self.factory.connections.add(self)
@@ -133,7 +136,7 @@ class MQTTProtocol(Protocol):
             self.limits.connect_timeout, self._connect_timed_out)
 
     def dataReceived(self, data: bytes) -> None:
-        if self.state is ConnectionState.CLOSED:
+        if self.rules.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
         self.broker.stats.bytes_received += len(data)
@@ -150,7 +153,7 @@ class MQTTProtocol(Protocol):
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
-        self.state = ConnectionState.CLOSED
+        self.rules.advance("close")
         self._acks.clear()
         self.broker.unregister_connection(self.key, self)
         if self.session is not None:
@@ -189,7 +192,7 @@ class MQTTProtocol(Protocol):
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool) -> None:
-        if self.state is ConnectionState.CLOSED:
+        if self.rules.state is _CLOSED:
             return
         if qos == 0 and not dup:
             cache = _qos0_cache
@@ -218,7 +221,7 @@ class MQTTProtocol(Protocol):
         if self.state is ConnectionState.CLOSED:
             return
         self.log.info("closing {c} ({peer}): {r}", c=self.client_id, peer=self.peer, r=reason)
-        self.state = ConnectionState.CLOSED
+        self.rules.advance("close")
         self.session = None
         self._cancel_timers()
         self.broker.unregister_connection(self.key, self)
@@ -243,7 +246,7 @@ class MQTTProtocol(Protocol):
         self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
                       c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
         self._clean_close = False
-        self.state = ConnectionState.CLOSED
+        self.rules.advance("close")
         self._cancel_timers()
         # The will fires in connectionLost (the client did not send DISCONNECT).
         self._lose()
@@ -253,22 +256,17 @@ class MQTTProtocol(Protocol):
     def _process(self) -> None:
         decoder = self.decoder
         handlers = self._handlers
+        rules = self.rules
         try:
-            while (self.state is ConnectionState.CONNECTED
-                   or self.state is ConnectionState.AWAITING_CONNECT):
+            while rules.reading:
                 packet = decoder.next_packet()
                 if packet is None:
                     return
-                if (self.state is ConnectionState.AWAITING_CONNECT
-                        and type(packet) is not Connect):
-                    self._violation(f"first packet must be CONNECT, got "
-                                    f"{type(packet).__name__.upper()}")
+                problem = rules.check(packet)
+                if problem is not None:
+                    self._violation(problem)
                     return
-                handler = handlers.get(type(packet))
-                if handler is None:
-                    self._violation(f"a client may not send {type(packet).__name__.upper()}")
-                    return
-                handler(self, packet)
+                handlers[type(packet)](self, packet)
         except MalformedPacket as exc:
             self._violation(f"malformed packet: {exc.reason}")
 
@@ -309,9 +307,6 @@ class MQTTProtocol(Protocol):
     # -- CONNECT ------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect) -> None:
-        if self.state is not ConnectionState.AWAITING_CONNECT:
-            self._violation("second CONNECT on one connection")
-            return
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
         self._connect_timer = None
@@ -340,7 +335,7 @@ class MQTTProtocol(Protocol):
         self.username = packet.username
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
-        self.state = ConnectionState.CONNECTING
+        self.rules.advance("connect")
         self._pause_reading("connect")
         creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
         d = self.broker.authenticate(creds)
@@ -375,7 +370,7 @@ class MQTTProtocol(Protocol):
     def _connected(self, _: object, session: Session, present: bool) -> None:
         if self.state is not ConnectionState.CONNECTING or self.session is not session:
             return
-        self.state = ConnectionState.CONNECTED
+        self.rules.advance("accepted")
         self.connected_since = self.clock.seconds()
         self._write(encode(Connack(present and self.version == "3.1.1",
                                    ConnackCode.ACCEPTED)))
@@ -385,8 +380,9 @@ class MQTTProtocol(Protocol):
                       c=self.client_id, peer=self.peer, v=self.version,
                       cs=self.clean_session, k=self.keepalive)
         if self.keepalive > 0:
+            self._keepalive = Keepalive(self.keepalive)
             self._keepalive_timer = self.clock.callLater(
-                self.keepalive * 1.5, self._keepalive_check)
+                self._keepalive.limit, self._keepalive_check)
         self._resume_reading("connect")
         self._process()
 
@@ -404,7 +400,7 @@ class MQTTProtocol(Protocol):
             self.broker.end_session(self, self.session, True, "CONNECT refused")
             self.session = None
         self._write(encode(Connack(False, code)))
-        self.state = ConnectionState.CLOSED
+        self.rules.advance("close")
         self._cancel_timers()
         self._lose()
 
@@ -416,17 +412,14 @@ class MQTTProtocol(Protocol):
 
     def _keepalive_check(self) -> None:
         self._keepalive_timer = None
-        limit = self.keepalive * 1.5
-        if self._reading_paused_for:
-            # We stopped reading (back-pressure): the client's packets wait in the
-            # socket, so its silence is ours. Check again a full period later.
-            self._keepalive_timer = self.clock.callLater(limit, self._keepalive_check)
-            return
-        idle = self.clock.seconds() - self._last_activity
-        if idle >= limit:
-            self._violation(f"keepalive expired (no packet for {idle:.1f}s, limit {limit:g}s)")
+        keepalive = self._keepalive
+        assert keepalive is not None
+        now = self.clock.seconds()
+        delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
+        if delay is None:
+            self._violation(keepalive.expired_reason(now, self._last_activity))
         else:
-            self._keepalive_timer = self.clock.callLater(limit - idle, self._keepalive_check)
+            self._keepalive_timer = self.clock.callLater(delay, self._keepalive_check)
 
     def _cancel_timers(self) -> None:
         for timer in (self._connect_timer, self._keepalive_timer):
@@ -456,14 +449,14 @@ class MQTTProtocol(Protocol):
     def _ack(self, d: Deferred[None] | None, frame: bytes,
              after: Callable[[], None] | None = None) -> None:
         """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out."""
-        if d is None and not self._acks:
+        acks = self._acks
+        if d is None and acks.empty:
             self._write(frame)
             if after is not None:
                 after()
             return
-        entry: list[Any] = [d is None, frame, after]
-        self._acks.append(entry)
-        if len(self._acks) > MAX_PENDING_ACKS:
+        entry = acks.add(frame, after, d is None)
+        if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they
             # catch up, rather than queue work for the writer without bound.
             self._pause_reading("storage")
@@ -474,19 +467,18 @@ class MQTTProtocol(Protocol):
                            callbackArgs=(entry,))
 
     def _ack_ready(self, _: object, entry: list[Any]) -> None:
-        entry[0] = True
+        AckQueue.ready(entry)
         self._flush_acks()
 
     def _flush_acks(self) -> None:
         acks = self._acks
-        while acks and acks[0][0]:
-            _, frame, after = acks.popleft()
-            if self.state is ConnectionState.CLOSED:
+        for frame, after in acks.take():
+            if self.rules.closed:
                 continue
             self._write(frame)
             if after is not None:
                 after()
-        if len(acks) <= MAX_PENDING_ACKS // 2:
+        if acks.under_resume_mark:
             self._resume_reading("storage")
 
     def _ack_failed(self, failure: Failure) -> None:
@@ -561,7 +553,7 @@ class MQTTProtocol(Protocol):
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         self._clean_close = True
-        self.state = ConnectionState.CLOSED
+        self.rules.advance("close")
         self._cancel_timers()
         if self.session is not None:
             self.broker.end_session(self, self.session, True, "client sent DISCONNECT")

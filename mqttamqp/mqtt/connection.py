@@ -1,0 +1,174 @@
+"""The MQTT connection's rules, sans-IO: packets and time in, decisions out.
+
+What it owns:
+
+* ``ConnectionState`` and every transition of it (``_TRANSITIONS``): awaiting
+  CONNECT → connecting (authentication and the session's commit pending) →
+  connected → closed;
+* which packet a client may send in which state (``ConnectionRules.check``), as
+  the reason for the one disconnect when it may not;
+* the keepalive rule (``Keepalive``): silent for 1.5 × keepalive means gone, and
+  silence while the broker itself is not reading does not count;
+* the acknowledgement order (``AckQueue``): an acknowledgement that promises
+  durability waits for its commit, and acknowledgements leave in the order their
+  packets arrived, with a bound past which the client is not read.
+
+What it must not do: touch a transport, a timer or the broker.  ``protocol.py``
+owns the socket, arms the timers these rules ask for, and turns their decisions
+into writes and closes; everything here is tested without either.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from mqttamqp.mqtt.packets import Connack, Connect, Pingresp, Suback, Unsuback
+
+__all__ = [
+    "ConnectionState", "ConnectionRules", "IllegalTransition", "Keepalive", "AckQueue",
+    "MAX_PENDING_ACKS",
+]
+
+# Acknowledgements one connection may have waiting on commits before it is not read.
+MAX_PENDING_ACKS = 1000
+
+# Packets only a server sends: a client sending one breaks the protocol.
+_SERVER_ONLY = (Connack, Suback, Unsuback, Pingresp)
+
+
+class ConnectionState(Enum):
+    AWAITING_CONNECT = "awaiting-connect"  # socket open, no CONNECT yet (timer running)
+    CONNECTING = "connecting"              # CONNECT read; auth and session commit pending
+    CONNECTED = "connected"                # CONNACK sent; packets flow
+    CLOSED = "closed"                      # closing or closed; input is ignored
+
+
+# (event, from) -> to.  "close" is allowed from every state (and again once closed).
+_TRANSITIONS: dict[tuple[str, ConnectionState], ConnectionState] = {
+    ("connect", ConnectionState.AWAITING_CONNECT): ConnectionState.CONNECTING,
+    ("accepted", ConnectionState.CONNECTING): ConnectionState.CONNECTED,
+    **{("close", state): ConnectionState.CLOSED for state in ConnectionState},
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A transition the table does not allow: a bug in the caller, not the client."""
+
+
+class ConnectionRules:
+    """The state of one MQTT connection and what the client may send in it."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = ConnectionState.AWAITING_CONNECT
+
+    def advance(self, event: str) -> ConnectionState:
+        new = _TRANSITIONS.get((event, self.state))
+        if new is None:
+            raise IllegalTransition(f"{event} is not allowed while {self.state.value}")
+        self.state = new
+        return new
+
+    @property
+    def reading(self) -> bool:
+        """Packets are taken from the decoder (not while connecting or closed)."""
+        state = self.state
+        return state is ConnectionState.CONNECTED or state is ConnectionState.AWAITING_CONNECT
+
+    @property
+    def closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    def check(self, packet: Any) -> str | None:
+        """Why ``packet`` breaks the protocol in this state, or None if it may come."""
+        kind = type(packet)
+        if self.state is ConnectionState.AWAITING_CONNECT:
+            if kind is not Connect:
+                return f"first packet must be CONNECT, got {kind.__name__.upper()}"
+            return None
+        if kind is Connect:
+            return "second CONNECT on one connection"
+        if kind in _SERVER_ONLY:
+            return f"a client may not send {kind.__name__.upper()}"
+        return None
+
+
+class Keepalive:
+    """MQTT keepalive: a client silent for 1.5 × ``keepalive`` seconds is gone."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, keepalive: int) -> None:
+        self.limit = keepalive * 1.5
+
+    def next_check(self, now: float, last_activity: float, reading_paused: bool
+                   ) -> float | None:
+        """Seconds until the next check, or None if the client has been silent too
+        long.  While the broker does not read (back-pressure) the client's packets
+        wait in the socket, so its silence is the broker's: check a full period
+        later."""
+        if reading_paused:
+            return self.limit
+        idle = now - last_activity
+        if idle >= self.limit:
+            return None
+        return self.limit - idle
+
+    def expired_reason(self, now: float, last_activity: float) -> str:
+        return (f"keepalive expired (no packet for {now - last_activity:.1f}s, "
+                f"limit {self.limit:g}s)")
+
+
+class AckQueue:
+    """Acknowledgements in the order their packets arrived, each sent only once
+    whatever it promises is durable.
+
+    ``add`` returns a handle for an acknowledgement that must wait; ``ready``
+    marks it durable.  ``take`` hands out, in order, every acknowledgement whose
+    turn has come (all before it are ready too).
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: deque[list[Any]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def empty(self) -> bool:
+        return not self._entries
+
+    @property
+    def over_bound(self) -> bool:
+        """Too many waiting: stop reading the client until commits catch up."""
+        return len(self._entries) > MAX_PENDING_ACKS
+
+    @property
+    def under_resume_mark(self) -> bool:
+        return len(self._entries) <= MAX_PENDING_ACKS // 2
+
+    def add(self, frame: bytes, after: Callable[[], None] | None, ready: bool) -> list[Any]:
+        entry: list[Any] = [ready, frame, after]
+        self._entries.append(entry)
+        return entry
+
+    @staticmethod
+    def ready(entry: list[Any]) -> None:
+        entry[0] = True
+
+    def take(self) -> list[tuple[bytes, Callable[[], None] | None]]:
+        out = []
+        entries = self._entries
+        while entries and entries[0][0]:
+            _, frame, after = entries.popleft()
+            out.append((frame, after))
+        return out
+
+    def clear(self) -> None:
+        self._entries.clear()
