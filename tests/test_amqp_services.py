@@ -248,6 +248,32 @@ def test_list_replies_with_the_sessions_subscriptions(broker, conns, paho) -> No
     assert FE(broker, conns, uid("none")).list() == {}
 
 
+def test_list_opens_an_offline_persistent_session(broker, conns, paho) -> None:
+    """AMQP_LIST for a client id with no session opens a persistent one: empty at first,
+    and the MQTT client connecting later with clean session 0 finds it."""
+    cid = uid("lo")
+    fe = FE(broker, conns, cid)
+    assert fe.list() == {}
+    fe.conn.close()
+    device = paho(broker, cid, clean=False)
+    assert device.session_present is True
+
+
+def test_subscribe_provisions_a_device_before_it_connects(broker, conns, paho) -> None:
+    """AMQP_SUBSCRIBE for an unknown client id creates its offline persistent session with
+    the subscription; what is published meanwhile waits for the device's first CONNECT."""
+    cid = uid("pv")
+    ss = conns(broker).create_sender("$mqtt.subscriptionservice", options=AT_LEAST_ONCE)
+    d = send_expect(ss, control("subscribe", cid, body={f"{cid}/cmd": int32(1)},
+                                message_id=ulong(1)))
+    assert d.remote_state == ACCEPTED
+    paho(broker, uid("p")).publish(f"{cid}/cmd", b"reboot", qos=1)
+    device = paho(broker, cid, clean=False)
+    assert device.session_present is True
+    m = device.get()
+    assert (m.topic, m.payload, m.qos) == (f"{cid}/cmd", b"reboot", 1)
+
+
 def test_list_without_reply_to_is_precondition_failed(broker, conns) -> None:
     """AMQP_LIST without a usable reply-to is Rejected with amqp:precondition-failed."""
     fe = FE(broker, conns, uid("lp"))

@@ -827,3 +827,33 @@ def test_mqtt_connection_leaves_an_amqp_will_of_the_same_name_alone() -> None:
     assert broker.wills["dev1"] is amqp_will
     assert broker.fire_will("dev1", "link detached with an error", "amqp")
     assert "dev1" not in broker.wills
+
+
+# --------------------------------------------------------------------------
+# sessions the subscription service creates
+
+
+def test_subscribe_client_creates_an_offline_persistent_session() -> None:
+    """AMQP_SUBSCRIBE for an unknown client id: an offline persistent session holding the
+    subscription, stored, that a later persistent CONNECT resumes (session present)."""
+    broker, _, store = make_broker()
+    session, codes, d = broker.subscribe_client("dev", Identity("app"), [("dev/cmd", 1)])
+    assert codes == [1] and d is not None
+    assert session.persistent and session.connection is None
+    assert PutSession("dev", 1000.0) in store.submitted
+    assert PutSubscription("dev", "dev/cmd", 1) in store.submitted
+    pub(broker, "dev/cmd", b"go", qos=1)
+    resumed, link, present = connect(broker, "dev", clean=False)
+    assert present and resumed is session
+    assert link.sent == [("dev/cmd", b"go", 1, 1, False, False)]  # queued, never sent: no DUP
+
+
+def test_list_subscriptions_opens_the_session_once() -> None:
+    """AMQP_LIST for an unknown client id opens its persistent session (stored once)."""
+    broker, _, store = make_broker()
+    subscriptions, d = broker.list_subscriptions("dev")
+    assert subscriptions == {} and d is not None
+    assert broker.sessions["dev"].persistent
+    again, d2 = broker.list_subscriptions("dev")
+    assert again == {} and d2 is None
+    assert store.submitted.count(PutSession("dev", 1000.0)) == 1
