@@ -22,7 +22,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from klein import Klein
@@ -125,6 +125,18 @@ def _url(path: str, **params: Any) -> str:
     clean = {k: v for k, v in params.items() if v is not None and v != ""}
     return path + ("?" + urlencode(clean) if clean else "")
 
+
+
+def _form_route(builder: str, back: str) -> Callable[[Any, Any], Awaitable[bytes]]:
+    async def form(self: Any, request: Any) -> bytes:
+        return await self._form_action(request, getattr(self, builder)(request), back)  # type: ignore[no-any-return]
+    return form
+
+
+def _api_route(builder: str) -> Callable[[Any, Any], Awaitable[bytes]]:
+    async def api(self: Any, request: Any) -> bytes:
+        return await self._api_action(request, getattr(self, builder)(request))  # type: ignore[no-any-return]
+    return api
 
 class Console:
     app = Klein()
@@ -679,67 +691,23 @@ class Console:
             self._param(request, "encoding", "utf-8"), self._int(request, "qos", 0),
             self._flag(request, "retain"))
 
-    @app.route("/clients/force-will", methods=["POST"])
-    async def force_will_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._force_will(request), "/clients")
-
-    @app.route("/api/clients/force-will", methods=["POST"])
-    async def force_will_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._force_will(request))
-
-    @app.route("/clients/disconnect", methods=["POST"])
-    async def disconnect_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._disconnect(request), "/clients")
-
-    @app.route("/api/clients/disconnect", methods=["POST"])
-    async def disconnect_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._disconnect(request))
-
-    @app.route("/sessions/clear", methods=["POST"])
-    async def clear_session_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._clear_session(request), "/sessions")
-
-    @app.route("/api/sessions/clear", methods=["POST"])
-    async def clear_session_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._clear_session(request))
-
-    @app.route("/wills/fire", methods=["POST"])
-    async def fire_will_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._fire_will(request), "/wills")
-
-    @app.route("/api/wills/fire", methods=["POST"])
-    async def fire_will_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._fire_will(request))
-
-    @app.route("/wills/discard", methods=["POST"])
-    async def discard_will_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._discard_will(request), "/wills")
-
-    @app.route("/api/wills/discard", methods=["POST"])
-    async def discard_will_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._discard_will(request))
-
-    @app.route("/retained/delete", methods=["POST"])
-    async def delete_retained_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._delete_retained(request), "/retained")
-
-    @app.route("/api/retained/delete", methods=["POST"])
-    async def delete_retained_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._delete_retained(request))
-
-    @app.route("/retained/delete-matching", methods=["POST"])
-    async def delete_matching_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._delete_matching(request), "/retained")
-
-    @app.route("/api/retained/delete-matching", methods=["POST"])
-    async def delete_matching_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._delete_matching(request))
-
-    @app.route("/publish", methods=["POST"])
-    async def publish_form(self, request: Any) -> bytes:
-        return await self._form_action(request, self._publish(request), "/publish")
-
-    @app.route("/api/publish", methods=["POST"])
-    async def publish_api(self, request: Any) -> bytes:
-        return await self._api_action(request, self._publish(request))
+    # Every action is a form POST (answered with a redirect and a flash message) and
+    # its JSON twin under /api/, registered together from one row: the path, the
+    # builder of the call, and the page a form goes back to by default.
+    _ACTION_ROUTES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("/clients/force-will", "_force_will", "/clients"),
+        ("/clients/disconnect", "_disconnect", "/clients"),
+        ("/sessions/clear", "_clear_session", "/sessions"),
+        ("/wills/fire", "_fire_will", "/wills"),
+        ("/wills/discard", "_discard_will", "/wills"),
+        ("/retained/delete", "_delete_retained", "/retained"),
+        ("/retained/delete-matching", "_delete_matching", "/retained"),
+        ("/publish", "_publish", "/publish"),
+    )
+    for _path, _builder, _back in _ACTION_ROUTES:
+        app.route(_path, methods=["POST"], endpoint="form:" + _path)(
+            _form_route(_builder, _back))
+        app.route("/api" + _path, methods=["POST"], endpoint="api:" + _path)(
+            _api_route(_builder))
+    del _path, _builder, _back
 
