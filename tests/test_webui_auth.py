@@ -90,7 +90,7 @@ def test_console_service_creates_the_first_admin_and_logs_it_once(tmp_path: Any)
         for _ in range(2):
             svc = Service()
             site = make_site(svc)
-            assert site.console.service is svc
+            assert site.console.broker is svc.broker   # wired to this service's broker
             svc.startService()
             svc.stopService()
     finally:

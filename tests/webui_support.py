@@ -22,7 +22,7 @@ from mqttamqp.core.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import NullStore
-from webui.app import Console
+from webui.app import Console, ConsoleContext
 from webui.auth import UserStore
 
 PASSWORD = "correct horse battery"
@@ -141,7 +141,8 @@ def make_console(tmp_path: Any, clock: Clock | None = None
     service = FakeService(str(tmp_path), clock)
     users = UserStore(str(tmp_path))
     users.set_password("admin", PASSWORD, **CHEAP)
-    console = Console(service, clock=clock, run_in_thread=run_now, users=users)
+    console = Console(ConsoleContext.of(service), clock=clock, run_in_thread=run_now,
+                      users=users)
     return console, service, clock
 
 

@@ -138,17 +138,44 @@ def _api_route(builder: str) -> Callable[[Any, Any], Awaitable[bytes]]:
         return await self._api_action(request, getattr(self, builder)(request))  # type: ignore[no-any-return]
     return api
 
+@dataclass(frozen=True)
+class ConsoleContext:
+    """What the console needs from the process around it, and nothing more: the
+    broker's façade, where the admin users live, the clock, and the listeners and
+    storage figures the overview shows."""
+
+    broker: Broker
+    data_dir: str
+    clock: Any
+    listeners: Callable[[], list[dict[str, str]]]
+    storage_stats: Callable[[], dict[str, Any] | None]
+
+    @classmethod
+    def of(cls, service: Any) -> ConsoleContext:
+        """The context of a ``BrokerService`` (or anything shaped like one)."""
+        def listeners() -> list[dict[str, str]]:
+            return [{"kind": ls.kind, "description": ls.description, "address": ls.address}
+                    for ls in getattr(service, "listeners", [])]
+
+        def storage_stats() -> dict[str, Any] | None:
+            stats_fn = getattr(getattr(service, "store", None), "stats", None)
+            return stats_fn() if callable(stats_fn) else None
+
+        return cls(service.broker, service.data_dir, service.reactor, listeners,
+                   storage_stats)
+
+
 class Console:
     app = Klein()
     log = Logger(namespace="mqttamqp.console")
 
-    def __init__(self, service: Any, clock: Any = None,
+    def __init__(self, context: ConsoleContext, clock: Any = None,
                  run_in_thread: RunInThread | None = None,
                  users: UserStore | None = None, idle_timeout: float = 30 * 60) -> None:
-        self.service = service
-        self.broker: Broker = service.broker
-        self.clock = clock if clock is not None else service.reactor
-        self.users = users if users is not None else UserStore(service.data_dir)
+        self.context = context
+        self.broker: Broker = context.broker
+        self.clock = clock if clock is not None else context.clock
+        self.users = users if users is not None else UserStore(context.data_dir)
         self.sessions = SessionStore(self.clock.seconds, idle_timeout=idle_timeout)
         self.throttle = LoginThrottle(self.clock.seconds)
         self.actions = ConsoleActions(self.broker)
@@ -400,14 +427,14 @@ class Console:
     # -- pages ------------------------------------------------------------------
 
     def _overview(self, history: bool) -> dict[str, Any]:
-        data = views.overview(self.service, self.broker.view, self.clock.seconds(),
+        data = views.overview(self.context, self.broker.view, self.clock.seconds(),
                               self.feed.rates)
         if history:
             data["history"] = list(self.feed.history)
         return data
 
     def _live_snapshot(self) -> dict[str, Any]:
-        return views.overview(self.service, self.broker.view, self.clock.seconds(),
+        return views.overview(self.context, self.broker.view, self.clock.seconds(),
                               self.feed.rates, include_storage=True)
 
     def _counters(self) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from twisted.application import service as app_service
 from twisted.logger import Logger
 from twisted.web.server import Site
 
-from webui.app import Console
+from webui.app import Console, ConsoleContext
 from webui.auth import ensure_first_admin
 
 __all__ = ["make_site", "ConsoleService"]
@@ -56,7 +56,7 @@ class _ConsoleSite(Site):
 
 def make_site(service: Any) -> Site:
     """The console's ``Site`` for ``service`` (a ``BrokerService``)."""
-    console = Console(service)
+    console = Console(ConsoleContext.of(service))
     site = _ConsoleSite(console.resource())  # type: ignore[no-untyped-call]
     site.displayTracebacks = False
     site.console = console  # type: ignore[attr-defined]

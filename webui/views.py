@@ -338,7 +338,7 @@ def list_retained(messages: Iterable[Message], page: int, per_page: int) -> Page
 # -- overview ---------------------------------------------------------------------
 
 
-def overview(service: Any, model: ReadModel, now: float, rates: dict[str, float],
+def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float],
              include_storage: bool = True) -> dict[str, Any]:
     """The overview page's numbers (also what the live feed sends every tick)."""
     c = model.counters()
@@ -373,9 +373,6 @@ def overview(service: Any, model: ReadModel, now: float, rates: dict[str, float]
         "bytes": {"received": c.bytes_received, "sent": c.bytes_sent},
     }
     if include_storage:
-        out["listeners"] = [{"kind": ls.kind, "description": ls.description,
-                             "address": ls.address} for ls in getattr(service, "listeners", [])]
-        store = getattr(service, "store", None)
-        stats_fn = getattr(store, "stats", None)
-        out["storage"] = stats_fn() if callable(stats_fn) else None
+        out["listeners"] = context.listeners()
+        out["storage"] = context.storage_stats()
     return out
