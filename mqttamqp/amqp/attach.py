@@ -57,6 +57,7 @@ def refuse_link(host: AttachHost, plink: Any, condition: str, description: str) 
     plink.condition = Condition(condition, description)
     plink.close()
 
+
 def attach(host: AttachHost, plink: Any) -> None:
     """Answer the peer's attach of ``plink`` with the link its address means, or
     refuse it (the connection stays open either way)."""
@@ -97,30 +98,32 @@ def attach(host: AttachHost, plink: Any) -> None:
             return
     link.start()
 
+
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
         problem = validate_topic_filter(value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
-                              f"source {address!r} is not a topic filter: {problem}")
+                        f"source {address!r} is not a topic filter: {problem}")
             return None
         return partial(TopicSubscription, host, plink, value)
     if kind is AddressKind.SESSION_PUBLISH:
         if not host.broker.authorizer.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
-                              f"not allowed to attach to the session of {value!r}")
+                        f"not allowed to attach to the session of {value!r}")
             return None
         return partial(SessionOutlet, host, plink, address, value)
     if kind is AddressKind.SESSION_CONTROL:
         return partial(ControlOutlet, host, plink, address, value)
     if kind is AddressKind.ANONYMOUS:
         refuse_link(host, plink, "amqp:invalid-field",
-                          "a receiver needs a source address (a topic filter)")
+                    "a receiver needs a source address (a topic filter)")
         return None
     refuse_link(host, plink, "amqp:not-found",
-                      f"cannot receive from {address!r}")
+                f"cannot receive from {address!r}")
     return None
+
 
 def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
@@ -128,7 +131,7 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
         problem = validate_topic_name(value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
-                              f"target {address!r} is not a topic name: {problem}")
+                        f"target {address!r} is not a topic name: {problem}")
             return None
         return partial(TopicPublisher, host, plink, value)
     if kind is AddressKind.ANONYMOUS:
