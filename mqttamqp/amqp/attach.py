@@ -109,7 +109,7 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
             return None
         return partial(TopicSubscription, host, plink, value)
     if kind is AddressKind.SESSION_PUBLISH:
-        if not host.broker.authorizer.may_use_session(host.identity, value):
+        if not host.broker.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to attach to the session of {value!r}")
             return None

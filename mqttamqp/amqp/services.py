@@ -152,7 +152,7 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, condition, "correlation-id must be $mqtt.to.<client-id>.publish, "
                         f"got {message.correlation_id!r}")
             return
-        if not self.broker.authorizer.may_use_session(self.host.identity, client_id):
+        if not self.broker.may_use_session(self.host.identity, client_id):
             self.reject(dlv, UNAUTHORIZED, f"not allowed to act on the session of {client_id!r}")
             return
         handler(self, dlv, message, client_id)

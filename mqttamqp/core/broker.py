@@ -271,6 +271,11 @@ class Broker:
 
     # -- publishing -----------------------------------------------------------
 
+    def may_use_session(self, identity: Identity, client_id: str) -> bool:
+        """May ``identity`` act on the session of ``client_id`` from AMQP (a
+        ``.publish`` receiver, the subscription service)?"""
+        return self.authorizer.may_use_session(identity, client_id)
+
     def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
         """The publish permission (counted and logged when refused)."""
         return self._router.may_publish(identity, topic, retain)
