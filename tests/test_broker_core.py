@@ -3,10 +3,10 @@ $SYS, expiry and back-pressure — with a fake ClientLink, a Clock and NullStore
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from storefakes import ManualStore
+import fakes
+from fakes import ManualStore, MemoryStore, SnapshotStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -19,7 +19,6 @@ from mqttamqp.core.persistence import (
     DeleteSession,
     DeleteWill,
     NullStore,
-    Op,
     PutQueued,
     PutRetained,
     PutSession,
@@ -32,40 +31,12 @@ from mqttamqp.core.persistence import (
 from mqttamqp.core.session import Session, SessionState
 
 
-class FakeLink:
-    """A ClientLink that records every call the core makes on it."""
+class FakeLink(fakes.FakeLink):
+    """Records publishes as (topic, payload, qos, packet_id, dup, retain)."""
 
-    def __init__(self, name: str = "link") -> None:
-        self.name = name
-        self.sent: list[tuple[Any, ...]] = []
-        self.pubrels: list[int] = []
-        self.closed: list[str] = []
-        self.congested = False
-        self.backlog_bytes = 0
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        self.sent.append((message.topic, message.payload, qos, packet_id, dup, retain))
-
-    def send_pubrel(self, packet_id: int) -> None:
-        self.pubrels.append(packet_id)
-
-    def close(self, reason: str) -> None:
-        self.closed.append(reason)
-
-    def topics(self) -> list[str]:
-        return [s[0] for s in self.sent]
-
-
-class SnapshotStore(NullStore):
-    """A NullStore that starts from a given snapshot."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-
-    def load(self) -> Snapshot:
-        return self.snapshot
+    @property
+    def sent(self) -> list[tuple[Any, ...]]:
+        return [(m.topic, m.payload, q, pid, d, r) for m, q, pid, d, r in self.published()]
 
 
 def make_broker(store: NullStore | None = None, **limits: Any
@@ -637,56 +608,6 @@ def test_paused_publishers_resumed_when_drained() -> None:
 
 # --------------------------------------------------------------------------
 # restart through an in-memory store that applies the ops
-
-
-class MemoryStore(NullStore):
-    """Applies submitted ops to a Snapshot, so a second Broker can start from them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.state = Snapshot()
-
-    def load(self) -> Snapshot:
-        s = self.state
-        return Snapshot(dict(s.retained), dict(s.wills), {
-            k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
-                             sorted(r.queue), set(r.inbound_qos2))
-            for k, r in s.sessions.items()})
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        from mqttamqp.core import persistence as p
-        s = self.state
-        for op in ops:
-            if isinstance(op, p.PutRetained):
-                s.retained[op.message.topic] = op.message
-            elif isinstance(op, p.DeleteRetained):
-                s.retained.pop(op.topic, None)
-            elif isinstance(op, p.ClearRetained):
-                s.retained.clear()
-            elif isinstance(op, p.PutWill):
-                s.wills[op.will.owner] = op.will
-            elif isinstance(op, p.DeleteWill):
-                s.wills.pop(op.owner, None)
-            elif isinstance(op, p.PutSession):
-                rec = s.sessions.setdefault(op.client_id, SessionRecord(op.client_id))
-                rec.last_seen = op.last_seen
-            elif isinstance(op, p.DeleteSession):
-                s.sessions.pop(op.client_id, None)
-            elif isinstance(op, p.PutSubscription):
-                s.sessions[op.client_id].subscriptions[op.topic_filter] = op.qos
-            elif isinstance(op, p.DeleteSubscription):
-                s.sessions[op.client_id].subscriptions.pop(op.topic_filter, None)
-            elif isinstance(op, p.PutQueued):
-                q = s.sessions[op.client_id].queue
-                q[:] = [e for e in q if e[0] != op.seq] + [(op.seq, op.entry)]
-            elif isinstance(op, p.DeleteQueued):
-                q = s.sessions[op.client_id].queue
-                q[:] = [e for e in q if e[0] != op.seq]
-            elif isinstance(op, p.PutInboundQos2):
-                s.sessions[op.client_id].inbound_qos2.add(op.packet_id)
-            elif isinstance(op, p.DeleteInboundQos2):
-                s.sessions[op.client_id].inbound_qos2.discard(op.packet_id)
-        return super().submit(ops)
 
 
 def restart(broker: Broker, clock: Clock, store: MemoryStore) -> Broker:

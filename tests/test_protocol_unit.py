@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storefakes import ManualStore
+import fakes
+from fakes import ManualStore
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -43,24 +44,12 @@ from mqttamqp.mqtt.protocol import ConnectionState, MQTTFactory, MQTTProtocol
 EPSILON = 0.001
 
 
-class FakeLink:
-    """A ClientLink standing in for a subscriber, recording what the core sends it."""
+class FakeLink(fakes.FakeLink):
+    """A subscriber on the core: publishes as (topic, payload, qos, retain)."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, int, bool]] = []
-        self.congested = False
-        self.backlog_bytes = 0
-        self.closed: list[str] = []
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        self.sent.append((message.topic, message.payload, qos, retain))
-
-    def send_pubrel(self, packet_id: int) -> None:
-        pass
-
-    def close(self, reason: str) -> None:
-        self.closed.append(reason)
+    @property
+    def sent(self) -> list[tuple[str, bytes, int, bool]]:
+        return [(m.topic, m.payload, q, r) for m, q, _pid, _dup, r in self.published()]
 
 
 class Client:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import fakes
+
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
@@ -17,30 +19,16 @@ from mqttamqp.core.persistence import (
 from mqttamqp.core.session import Session, SessionState
 
 
-class FakeLink:
-    """A ClientLink that records what the session sends."""
+class FakeLink(fakes.FakeLink):
+    """Records ("publish", topic, qos, packet_id, dup, retain) and ("pubrel", packet_id)."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
-        self.congested = False
-        self.backlog_bytes = 0
-        self.closed: list[str] = []
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        self.sent.append(("publish", message.topic, qos, packet_id, dup, retain))
-
-    def send_pubrel(self, packet_id: int) -> None:
-        self.sent.append(("pubrel", packet_id))
-
-    def close(self, reason: str) -> None:
-        self.closed.append(reason)
+    @property
+    def sent(self) -> list[tuple[Any, ...]]:
+        return [("publish", c[1].topic, *c[2:]) if c[0] == "publish" else c
+                for c in self.calls]
 
     def publishes(self) -> list[tuple[Any, ...]]:
         return [s for s in self.sent if s[0] == "publish"]
-
-    def topics(self) -> list[str]:
-        return [s[1] for s in self.sent if s[0] == "publish"]
 
 
 def msg(topic: str, payload: bytes = b"x", qos: int = 1) -> Message:

@@ -1,0 +1,138 @@
+"""Fakes shared by the in-process tests: links the core delivers to, and stores.
+
+``FakeLink`` records every call the core makes on a ``ClientLink``, in order, as
+``("publish", message, qos, packet_id, dup, retain)`` or ``("pubrel", packet_id)``;
+test modules read that record in the shape their assertions use.  The stores keep
+nothing (``NullStore``), commit only when told (``ManualStore``), start from a
+given snapshot (``SnapshotStore``) or apply what they are given to a snapshot a
+second broker can start from (``MemoryStore``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from mqttamqp.core import persistence as p
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import NullStore, Op, SessionRecord, Snapshot
+
+__all__ = ["FakeLink", "NullStore", "ManualStore", "SnapshotStore", "MemoryStore"]
+
+
+class FakeLink:
+    """A ``ClientLink`` that records what it is asked to send."""
+
+    def __init__(self, name: str = "link") -> None:
+        self.name = name
+        self.calls: list[tuple[Any, ...]] = []
+        self.closed: list[str] = []
+        self.congested = False
+        self.backlog_bytes = 0
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool) -> None:
+        self.calls.append(("publish", message, qos, packet_id, dup, retain))
+
+    def send_pubrel(self, packet_id: int) -> None:
+        self.calls.append(("pubrel", packet_id))
+
+    def close(self, reason: str) -> None:
+        self.closed.append(reason)
+
+    def published(self) -> list[tuple[Any, ...]]:
+        """(message, qos, packet_id, dup, retain) of every publish, in order."""
+        return [c[1:] for c in self.calls if c[0] == "publish"]
+
+    @property
+    def pubrels(self) -> list[int]:
+        return [c[1] for c in self.calls if c[0] == "pubrel"]
+
+    def topics(self) -> list[str]:
+        return [m.topic for m, *_ in self.published()]
+
+
+class ManualStore(NullStore):
+    """A store whose commits become durable only when the test fires them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[list[Op], Deferred[None]]] = []
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        self.submitted.extend(ops)
+        d: Deferred[None] = Deferred()
+        self.pending.append((list(ops), d))
+        return d
+
+    def commit_next(self) -> list[Op]:
+        ops, d = self.pending.pop(0)
+        d.callback(None)
+        return ops
+
+    def commit_all(self) -> None:
+        """Commit everything, including what the callbacks submit meanwhile."""
+        while self.pending:
+            self.commit_next()
+
+
+class SnapshotStore(NullStore):
+    """A NullStore that starts from a given snapshot."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+    def load(self) -> Snapshot:
+        return self.snapshot
+
+
+class MemoryStore(NullStore):
+    """Applies submitted ops to a Snapshot, so a second Broker can start from them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = Snapshot()
+
+    def load(self) -> Snapshot:
+        s = self.state
+        return Snapshot(dict(s.retained), dict(s.wills), {
+            k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
+                             sorted(r.queue), set(r.inbound_qos2))
+            for k, r in s.sessions.items()})
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        s = self.state
+        for op in ops:
+            if isinstance(op, p.PutRetained):
+                s.retained[op.message.topic] = op.message
+            elif isinstance(op, p.DeleteRetained):
+                s.retained.pop(op.topic, None)
+            elif isinstance(op, p.ClearRetained):
+                s.retained.clear()
+            elif isinstance(op, p.PutWill):
+                s.wills[op.will.owner] = op.will
+            elif isinstance(op, p.DeleteWill):
+                s.wills.pop(op.owner, None)
+            elif isinstance(op, p.PutSession):
+                rec = s.sessions.setdefault(op.client_id, SessionRecord(op.client_id))
+                rec.last_seen = op.last_seen
+            elif isinstance(op, p.DeleteSession):
+                s.sessions.pop(op.client_id, None)
+            elif isinstance(op, p.PutSubscription):
+                s.sessions[op.client_id].subscriptions[op.topic_filter] = op.qos
+            elif isinstance(op, p.DeleteSubscription):
+                s.sessions[op.client_id].subscriptions.pop(op.topic_filter, None)
+            elif isinstance(op, p.PutQueued):
+                q = s.sessions[op.client_id].queue
+                q[:] = [e for e in q if e[0] != op.seq] + [(op.seq, op.entry)]
+            elif isinstance(op, p.DeleteQueued):
+                q = s.sessions[op.client_id].queue
+                q[:] = [e for e in q if e[0] != op.seq]
+            elif isinstance(op, p.PutInboundQos2):
+                s.sessions[op.client_id].inbound_qos2.add(op.packet_id)
+            elif isinstance(op, p.DeleteInboundQos2):
+                s.sessions[op.client_id].inbound_qos2.discard(op.packet_id)
+        return super().submit(ops)
