@@ -1,8 +1,9 @@
 /* mqttamqp console, Traffic page: draws the report's charts with uPlot.
  *
  * Loaded as a file (the Content-Security-Policy allows no inline script). The
- * data is the report summary the server put, JSON-escaped, in the
- * <script type="application/json" id="traffic-data"> block; nothing here fetches.
+ * data is the report summary the server put, JSON-escaped, in the data-report
+ * attribute of #traffic-data (no inline script, even a data block); nothing here
+ * fetches.
  * Topic names reach the page only as uPlot series labels (text, not HTML).
  */
 (function () {
@@ -10,7 +11,7 @@
 
   var holder = document.getElementById("traffic-data");
   if (!holder || typeof uPlot === "undefined") { return; }
-  var report = JSON.parse(holder.textContent || "null");
+  var report = JSON.parse(holder.getAttribute("data-report") || "null");
   if (!report) { return; }
 
   var palette = ["#2f6fde", "#e07b28", "#2aa876", "#c2418a", "#8a63d2", "#b59a16",

@@ -8,6 +8,7 @@ the rendered template and the static files with the console's headers.
 
 from __future__ import annotations
 
+import html
 import http.server
 import json
 import math
@@ -161,9 +162,9 @@ def test_page_escapes_client_data_and_embeds_json_safely(tmp_path: Path,
                                                    "dropped": 0, "errors": 0}).view(), clock)
     assert "<script>alert" not in page and "<i>flappy</i>" not in page
     assert "&lt;i&gt;flappy&lt;/i&gt;" in page
-    block = page.split('<script type="application/json" id="traffic-data">')[1]
-    block = block.split("</script>")[0]
-    assert "<" not in block and json.loads(block)["top_topics"][3]["topic"] == EVIL
+    block = page.split('<div id="traffic-data" hidden data-report=\'')[1].split("'")[0]
+    assert "<" not in block and '"' in block  # JSON inside a single-quoted attribute
+    assert json.loads(html.unescape(block))["top_topics"][3]["topic"] == EVIL
     assert "Messages per minute, by topic" in page and "Flapping clients" in page
 
 
