@@ -14,7 +14,6 @@ interop layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -32,11 +31,11 @@ from amqp_memory import (
     publish_message,
     will_message,
 )
+from fakes import ManualStore, SnapshotStore
 from proton import Condition, Link, Message, int32, ulong
-from twisted.internet.defer import Deferred, succeed
 
 from mqttamqp.core.message import WillMessage
-from mqttamqp.core.persistence import NullStore, Op, Snapshot
+from mqttamqp.core.persistence import Snapshot
 
 # == helpers ===================================================================
 
@@ -66,37 +65,6 @@ def persistent_session(net: Net, client_id: str, *filters: tuple[str, int]) -> N
     mq.disconnect()
 
 
-class SnapshotStore(NullStore):
-    """A store whose ``load()`` returns what a previous run left."""
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-
-    def load(self) -> Snapshot:
-        return self.snapshot
-
-
-class HeldStore(NullStore):
-    """A store whose commits become durable only when the test says so."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: list[Deferred[None]] = []
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        if not ops:
-            return succeed(None)
-        self.submitted.extend(ops)
-        d: Deferred[None] = Deferred()
-        self.pending.append(d)
-        return d
-
-    def commit_all(self) -> None:
-        while self.pending:
-            self.pending.pop(0).callback(None)
-
-
 # == the Will service ============================================================
 
 
@@ -118,7 +86,7 @@ def test_will_accepted_then_published_on_detach_with_error() -> None:
 
 def test_accepted_only_after_the_will_is_durable() -> None:
     """The will service answers AMQP_WILL once the store has committed it, not before."""
-    store = HeldStore()
+    store = ManualStore()
     net = Net(store)
     fe = net.fe("dur")
     dlv = fe.peer.send(fe.will, will_message("w/dur", b"x", qos=1))
