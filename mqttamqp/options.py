@@ -36,6 +36,10 @@ class Options(usage.Options):
         "descriptions (e.g. tcp:1883:interface=127.0.0.1) and may be given "
         "several times."
     )
+    optFlags: ClassVar[list[list[Any]]] = [
+        ["archive", None, "Archive every message and event as Parquet (the default)."],
+        ["no-archive", None, "Do not archive messages and events."],
+    ]
     optParameters: ClassVar[list[list[Any]]] = [
         ["data", "d", "mqttamqp-data",
          "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
@@ -80,6 +84,17 @@ class Options(usage.Options):
          "without it every client is accepted."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
+        ["archive-dir", None, None,
+         "Directory of the Parquet archive (default DATA/archive)."],
+        ["archive-payload-bytes", None, 256,
+         "Payload bytes archived per message; 0 = none.",
+         _positive(int, "archive-payload-bytes")],
+        ["archive-roll", None, 60.0,
+         "Seconds after which an archive segment is closed (also at 64 MB).",
+         _positive(float, "archive-roll")],
+        ["archive-days", None, 30,
+         "Days of archive kept (older hour partitions are deleted); 0 = forever.",
+         _positive(int, "archive-days")],
     ]
 
     def __init__(self) -> None:
@@ -87,6 +102,17 @@ class Options(usage.Options):
         self["mqtt"] = []
         self["amqp"] = []
         self["web"] = []
+        self["archive-include"] = []
+        self["archive-exclude"] = []
+
+    def opt_archive_include(self, topic_filter: str) -> None:
+        """Archive only messages on topics matching this filter (repeatable; default #)."""
+        self["archive-include"].append(topic_filter)
+
+    def opt_archive_exclude(self, topic_filter: str) -> None:
+        """Never archive messages on topics matching this filter (repeatable; default
+        $SYS/#)."""
+        self["archive-exclude"].append(topic_filter)
 
     def opt_mqtt(self, description: str) -> None:
         """MQTT listener, a Twisted endpoint description (repeatable; default tcp:1883;
@@ -107,6 +133,10 @@ class Options(usage.Options):
             if not given:
                 given = [default]
             self[kind] = [d for d in given if d.strip().lower() != "none"]
+        if self["archive"] and self["no-archive"]:
+            raise usage.UsageError("--archive and --no-archive contradict each other")
+        if self["archive-roll"] <= 0:
+            raise usage.UsageError("--archive-roll must be more than 0 seconds")
         if self["max-inflight"] < 1:
             raise usage.UsageError("--max-inflight must be at least 1")
         if self["max-packet-size"] < 2:

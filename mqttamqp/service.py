@@ -109,13 +109,27 @@ class BrokerService(service.MultiService):
     log = Logger()
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
-                 reactor: Any = None, authenticator: Authenticator | None = None) -> None:
+                 reactor: Any = None, authenticator: Authenticator | None = None,
+                 archive: dict[str, Any] | None = None) -> None:
+        """``archive``: the archive's settings (``Archive`` keyword arguments plus
+        ``directory``), or None to run without one."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
         self.pack_interval = pack_interval_hours * 3600.0
         self.store = OpenAtStart(self.data_dir, self.reactor)
-        self.broker = Broker(self.reactor, self.store, limits, authenticator)
+        self.report_dir = os.path.join(self.data_dir, "report")
+        self.archive: Any = None
+        self.archive_dir: str | None = None
+        if archive is not None:
+            from mqttamqp.archive import Archive
+
+            settings = dict(archive)
+            self.archive_dir = os.path.abspath(
+                settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
+            self.archive = Archive(self.archive_dir, self.reactor, **settings)
+        self.broker = Broker(self.reactor, self.store, limits, authenticator,
+                             recorder=self.archive)
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
@@ -150,6 +164,9 @@ class BrokerService(service.MultiService):
     def startService(self) -> None:
         logbridge.install()
         os.makedirs(self.data_dir, exist_ok=True)
+        if self.archive is not None:
+            self.archive.start()
+            self.log.info("archiving messages and events to {d}", d=self.archive_dir)
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.
         sys.setswitchinterval(0.001)
@@ -186,6 +203,10 @@ class BrokerService(service.MultiService):
             for amqp_conn in list(self.amqp_factory.connections):
                 amqp_conn.transport.abortConnection()
         self.store.close()
+        if self.archive is not None:
+            # After the connections: their ends are still recorded, then the open
+            # segments close and are renamed into place.
+            await self.archive.close()
 
 
 def makeService(options: Options) -> BrokerService:
@@ -195,8 +216,16 @@ def makeService(options: Options) -> BrokerService:
         from mqttamqp.core.users import UserFile
 
         authenticator = UserFile(options["users"], global_reactor)
+    archive: dict[str, Any] | None = None
+    if not options["no-archive"]:
+        archive = {"directory": options["archive-dir"],
+                   "payload_bytes": options["archive-payload-bytes"],
+                   "roll_seconds": options["archive-roll"],
+                   "retention_days": options["archive-days"],
+                   "include": tuple(options["archive-include"]) or ("#",),
+                   "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
-                        authenticator=authenticator)
+                        authenticator=authenticator, archive=archive)
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:

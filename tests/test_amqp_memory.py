@@ -34,6 +34,7 @@ from amqp_memory import (
 from fakes import ManualStore, SnapshotStore
 from proton import Condition, Link, Message, int32, ulong
 
+from mqttamqp.core.message import Message as Message_
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import Snapshot
 
@@ -754,3 +755,67 @@ def test_idle_timeout_closes_a_silent_peer_and_publishes_its_will() -> None:
     assert fe.peer.conn.remote_condition.name == "amqp:resource-limit-exceeded"
     assert seen(sub) == [("it/idle", b"timed-out", 1, False)]
     assert not talker.wire.disconnecting and not talker.lost
+
+
+# == found in review of the core redesign ======================================================
+
+def test_fe_pubrel_is_accepted_before_the_release_comes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FE's AMQP_PUBREL is answered (Accepted) before the release goes out on .publish:
+    the FE settles the original delivery on that answer, and only then expects it."""
+    from mqttamqp.amqp import links
+
+    order: list[str] = []
+    send_pubrel, answer = links._SessionLink.send_pubrel, links.IncomingLink.answer
+
+    def recording_pubrel(self: Any, packet_id: int) -> None:
+        order.append("release on .publish")
+        send_pubrel(self, packet_id)
+
+    def recording_answer(self: Any, dlv: Any, state: int, *a: Any) -> None:
+        order.append("answer on " + self.address)
+        answer(self, dlv, state, *a)
+
+    monkeypatch.setattr(links._SessionLink, "send_pubrel", recording_pubrel)
+    monkeypatch.setattr(links.IncomingLink, "answer", recording_answer)
+    net = Net()
+    persistent_session(net, "q2", ("q2/t", 2))
+    fe = net.fe("q2")
+    fe.list()
+    publish = fe.attach_publish()
+    net.mqtt("pub").publish("q2/t", b"x", qos=2)
+    [(m, _)] = publish.new()
+    rel = fe.peer.sender("$mqtt.q2.pubrel")
+    order.clear()
+    fe.peer.send(rel, Message(subject="pubrel", id=ulong(int(m.id))))
+    assert order == ["answer on $mqtt.q2.pubrel", "release on .publish"]
+
+
+def test_retained_qos0_dropped_at_receiver_attach_is_counted() -> None:
+    """Retained QoS 0 messages a topic receiver cannot take when it attaches (no credit,
+    past the QoS 0 bound) are dropped and counted, not lost silently."""
+    net = Net(congested_qos0_bytes=1000)
+    for i in range(50):
+        net.broker.publish(Message_(f"r/{i}", b"x" * 100, 0, True))
+    app = net.amqp("app")
+    receiver = app.receiver("r/#", credit=0)
+    dropped = net.broker.dropped_total()
+    assert dropped > 0
+    receiver.link.flow(100)
+    net.pump()
+    assert len(receiver.new()) + dropped == 50
+
+
+def test_console_disconnect_of_a_waiting_fe_leaves_the_mqtt_holder_alone() -> None:
+    """Disconnecting an AMQP connection whose .publish receiver still waits for AMQP_LIST
+    closes that connection only, not the MQTT client holding the session."""
+    net = Net()
+    device = net.mqtt("dev", clean=False)
+    fe = net.fe("dev")
+    fe.attach_publish()              # waits: the FE's AMQP_LIST decides the session
+    key = next(k for k in net.broker.connections if k.startswith("amqp:"))
+    done = net.broker.disconnect(key, False, "console")
+    net.pump()
+    assert done is not None
+    assert not device.transport.disconnecting
+    assert net.broker.sessions["dev"].connection is not None

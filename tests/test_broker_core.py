@@ -9,6 +9,7 @@ import fakes
 from fakes import ManualStore, MemoryStore, SnapshotStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
@@ -778,3 +779,32 @@ def test_list_subscriptions_opens_the_session_once() -> None:
     again, d2 = broker.list_subscriptions("dev")
     assert again == {} and d2 is None
     assert store.submitted.count(PutSession("dev", 1000.0)) == 1
+
+
+def test_subscribe_client_refused_entirely_creates_no_session() -> None:
+    """AMQP_SUBSCRIBE whose every filter is refused leaves no session behind (and stores
+    nothing): a device connecting later finds no session."""
+    broker, _, store = make_broker()
+    session, codes, d = broker.subscribe_client("dev", Identity("app"), [("a/#/b", 1)])
+    assert (session, codes, d) == (None, [0x80], None)
+    assert "dev" not in broker.sessions and store.submitted == []
+
+
+def test_clear_session_answer_fails_when_its_commit_fails() -> None:
+    """The console's clear-session answers only once the deletion is durable: when the
+    commit holding it fails, so does the answer."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    s, link, _ = connect(broker, "dev", clean=False)
+    broker.end_session(link, s, clean=True, reason="bye")
+    store.commit_all()
+    d = broker.clear_session("dev", "console")
+    assert d is not None
+    outcome: list[object] = []
+    d.addCallbacks(outcome.append, outcome.append)
+    for ops, commit in list(store.pending):
+        if any(isinstance(op, DeleteSession) for op in ops):
+            commit.errback(RuntimeError("disk full"))
+        else:
+            commit.callback(None)
+    assert len(outcome) == 1 and isinstance(outcome[0], Failure)

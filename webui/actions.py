@@ -57,6 +57,7 @@ class ConsoleActions:
         detail = " ".join(f"{k}={v!r}" for k, v in target.items())
         self.log.info("audit: user={user!r} action={action} {detail} -> {outcome}",
                       user=user, action=action, detail=detail, outcome=outcome)
+        self.broker.record_console_action(user, action, f"{detail} -> {outcome}")
 
     # -- clients ----------------------------------------------------------------
 

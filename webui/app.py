@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -41,6 +42,7 @@ from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
+from webui.traffic import TrafficSource
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
 
@@ -149,6 +151,8 @@ class ConsoleContext:
     clock: Any
     listeners: Callable[[], list[dict[str, str]]]
     storage_stats: Callable[[], dict[str, Any] | None]
+    archive_dir: str | None = None        # None: the archive is off
+    report_dir: str | None = None         # where the traffic report is written
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:
@@ -162,7 +166,8 @@ class ConsoleContext:
             return stats_fn() if callable(stats_fn) else None
 
         return cls(service.broker, service.data_dir, service.reactor, listeners,
-                   storage_stats)
+                   storage_stats, getattr(service, "archive_dir", None),
+                   getattr(service, "report_dir", None))
 
 
 class Console:
@@ -189,6 +194,10 @@ class Console:
                                                      *args)
                 return d
         self.run_in_thread = run_in_thread
+        report_dir = context.report_dir or os.path.join(context.data_dir, "report")
+        self.traffic = TrafficSource(
+            report_dir, context.archive_dir, self.clock.seconds,
+            self.broker.recorder.stats if context.archive_dir is not None else None)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -630,6 +639,17 @@ class Console:
             "user": auth.user, "via": "token" if auth.token else "session",
             "read_only": auth.read_only,
             "csrf_token": auth.session.csrf if auth.session is not None else None})
+
+    @app.route("/traffic", methods=["GET"])
+    async def traffic_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        view = await self.run_in_thread(self.traffic.view)  # reads files: off the reactor
+        return self._render(request, "traffic.html", auth, nav="traffic", t=view)
+
+    @app.route("/api/traffic", methods=["GET"])
+    async def traffic_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, await self.run_in_thread(self.traffic.view))
 
     # -- live feed ----------------------------------------------------------------
 

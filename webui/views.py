@@ -371,6 +371,7 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
             "protocol_errors": c.protocol_errors,
         },
         "bytes": {"received": c.bytes_received, "sent": c.bytes_sent},
+        "archive": dict(c.archive) or None,
     }
     if include_storage:
         out["listeners"] = context.listeners()

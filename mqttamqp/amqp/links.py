@@ -405,11 +405,12 @@ class TopicSubscription(_SessionLink):
     def subscribe(self) -> str | None:
         """Route the filter to a session of this link; returns why it failed, or None."""
         granted = 0 if self.presettled else 2
-        session = self.broker.attach_topic_receiver(
-            self.key, self, self.address, self.host.identity, granted)
+        session = self.broker.add_topic_receiver(
+            self.key, self.address, self.host.identity, granted)
         if session is None:
             return "subscription to this topic filter is not allowed"
-        self.session = session
+        self.session = session   # before anything is delivered: drops count against it
+        self.broker.start_topic_receiver(session, self)
         return None
 
     def ended(self, brute: bool, reason: str) -> None:

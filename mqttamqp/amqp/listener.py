@@ -71,6 +71,13 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.recorder import (
+    CAUSE_CLEAN,
+    CAUSE_CONSOLE,
+    CAUSE_KEEPALIVE,
+    CAUSE_LOST,
+    CAUSE_PROTOCOL_ERROR,
+)
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
 
@@ -156,9 +163,9 @@ class AMQPConnection(Protocol):
         was = self.state
         self.state = ConnectionState.CLOSED
         self._cancel_timers()
-        self.broker.unregister_connection(self.key, self)
         why = self._lost_reason or ("connection lost: " + (
             reason.getErrorMessage() if reason is not None else "unknown"))
+        self.broker.unregister_connection(self.key, self, self._end_cause(), why)
         if was is not ConnectionState.CLOSED and self.links:
             self.log.info("AMQP connection of {c} ({peer}) ended: {why}",
                           c=self.container_id or "?", peer=self.peer, why=why)
@@ -174,6 +181,19 @@ class AMQPConnection(Protocol):
             except Exception:
                 pass  # the engine may already be closed
         self.ptrans = self.pconn = self.collector = None
+
+    def _end_cause(self) -> str:
+        """Why the connection ended, as the archive records it."""
+        if self._peer_closed:
+            return CAUSE_CLEAN
+        why = self._lost_reason
+        if why.startswith("idle time-out"):
+            return CAUSE_KEEPALIVE
+        if why.startswith(("transport error", "internal error")):
+            return CAUSE_PROTOCOL_ERROR
+        if why and not why.startswith("connection closed by the peer"):
+            return CAUSE_CONSOLE   # closed by the broker: close() from the console
+        return CAUSE_LOST
 
     # IPushProducer: the transport's write buffer is full / drained.
     def pauseProducing(self) -> None:
@@ -512,7 +532,7 @@ class AMQPConnection(Protocol):
     def _on_connection_remote_open(self, event: Any) -> None:
         pconn = self.pconn
         self.container_id = pconn.remote_container or ""
-        self.identity = Identity(self.container_id, self.username)
+        self.identity = Identity(self.container_id, self.username, "amqp")
         pconn.container = CONTAINER_ID
         pconn.offered_capabilities = SymbolList([amqp_symbol("ANONYMOUS-RELAY")])
         pconn.open()

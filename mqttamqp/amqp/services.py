@@ -197,12 +197,13 @@ class SubscriptionServiceLink(_ServiceLink):
             requests.append((str(topic_filter), qos))
         # A .publish receiver waiting for AMQP_LIST claims the session now.
         self.requests.claim_waiting(client_id)
-        identity = Identity(client_id, self.host.identity.username)
+        identity = Identity(client_id, self.host.identity.username, "amqp")
         session, codes, d = self.broker.subscribe_client(client_id, identity, requests)
         if all(code == SUBSCRIBE_FAILURE for code in codes):
             self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
                         + ", ".join(f for f, _ in requests))
             return
+        assert session is not None
         grants = [(f, code) for (f, _), code in zip(requests, codes, strict=True)]
         self.answer_after(d, dlv, lambda: self.broker.send_retained(session, grants))
 
@@ -250,7 +251,8 @@ class PubrelLink(_ServiceLink):
             self.reject(dlv, DECODE_ERROR, "AMQP_PUBREL needs message-id = the packet id "
                         f"(1-65535), got {message.message_id!r}")
             return
-        self.answer_after(self.broker.release_outbound(self.client_id, packet_id), dlv)
+        durable, release = self.broker.release_outbound(self.client_id, packet_id)
+        self.answer_after(durable, dlv, release)
 
 
 class SessionRequests:

@@ -31,6 +31,7 @@ class Identity:
 
     client_id: str
     username: str | None = None
+    protocol: str = ""     # "mqtt3.1", "mqtt3.1.1" or "amqp" ("" for the broker's own)
 
 
 class Authenticator(Protocol):

@@ -32,13 +32,22 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
 from mqttamqp.core.clock import Clock
-from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.readmodel import ReadModel, will_owners
+from mqttamqp.core.recorder import (
+    AUTH_FAILURE,
+    CAUSE_CONSOLE,
+    CAUSE_KEEPALIVE,
+    CAUSE_LOST,
+    CONSOLE_ACTION,
+    NoRecorder,
+    Recorder,
+)
 from mqttamqp.core.registry import Opened, SessionRegistry
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.router import SUBSCRIBE_FAILURE, Published, Router
@@ -65,22 +74,27 @@ class Broker:
 
     def __init__(self, clock: Clock, store: StateStore, limits: Limits | None = None,
                  authenticator: Authenticator | None = None,
-                 authorizer: Authorizer | None = None) -> None:
+                 authorizer: Authorizer | None = None,
+                 recorder: Recorder | None = None) -> None:
         self.clock = clock
         self.store = store
         self.limits = limits if limits is not None else Limits()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer: Authorizer = authorizer or AllowAll()
+        self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
         self.stats = BrokerStats()
         self._commits = CommitBatcher(store)
-        self._router = Router(self._commits, self.stats, self.authorizer)
+        self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
-                            self._publish_with, self.limits.will_grace)
+                            self._publish_with, self.limits.will_grace, self.recorder)
         self._flow = FlowControl(clock, self.limits.stall_timeout, self._online)
         self._registry = SessionRegistry(clock, self.limits, self._commits, self.stats,
-                                         self._router, self._wills, self._flow)
-        self._sys = SysTopics(clock, self.stats, self._router, self._registry, self._wills)
-        self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats)
+                                         self._router, self._wills, self._flow,
+                                         self.recorder)
+        self._sys = SysTopics(clock, self.stats, self._router, self._registry, self._wills,
+                              self.recorder)
+        self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
+                              self.recorder)
         self._loops: list[LoopingCall] = []
 
     # -- state the read model and tests look at (read-only) ---------------------
@@ -175,8 +189,20 @@ class Broker:
     # -- authentication and connections ----------------------------------------
 
     def authenticate(self, credentials: Credentials) -> Deferred[bool]:
+        """Check ``credentials``; a refusal (or a failed check) is recorded."""
         result: Deferred[bool] = maybeDeferred(  # type: ignore[call-overload]
             self.authenticator.authenticate, credentials)
+
+        def record(ok: object, reason: str) -> object:
+            if not ok or reason != "refused":
+                self.recorder.event(
+                    self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
+                    protocol=credentials.protocol, address=credentials.peer,
+                    user=credentials.username, reason=reason)
+            return ok
+
+        result.addCallbacks(record, record, callbackArgs=("refused",),
+                            errbackArgs=("error",))
         return result
 
     def register_connection(self, key: str, connection: InspectableConnection,
@@ -185,8 +211,10 @@ class Broker:
         ``$SYS`` counts it as a client (``protocol``: mqtt3.1, mqtt3.1.1 or amqp)."""
         self._registry.register_connection(key, connection, protocol)
 
-    def unregister_connection(self, key: str, connection: InspectableConnection) -> None:
-        self._registry.unregister_connection(key, connection)
+    def unregister_connection(self, key: str, connection: InspectableConnection,
+                              cause: str = CAUSE_LOST, detail: str = "") -> None:
+        """The connection is gone (``cause``: one of the recorder's causes)."""
+        self._registry.unregister_connection(key, connection, cause, detail)
 
     # -- sessions -------------------------------------------------------------
 
@@ -202,27 +230,31 @@ class Broker:
         session.attach(link)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
-                    reason: str) -> None:
+                    reason: str, cause: str = CAUSE_LOST) -> None:
         """The connection holding ``session`` is gone (``clean``: MQTT DISCONNECT,
-        the will is deleted; otherwise it is published)."""
-        self._registry.end(connection, session, clean, reason)
+        the will is deleted; otherwise it is published, recorded with ``cause``)."""
+        self._commits.watch(self._registry.end(connection, session, clean, reason, cause),
+                            "ending the session of " + session.client_id)
 
     def take_over(self, client_id: str) -> None:
         """Close whoever holds the session of ``client_id`` (its will fires)."""
         self._registry.take_over(client_id)
 
-    def attach_topic_receiver(self, key: str, link: ClientLink, topic_filter: str,
-                              identity: Identity, qos: int) -> Session | None:
-        """An AMQP receiver on a topic filter: a session of its own, subscribed and
-        delivering to ``link`` (retained messages first).  None if refused."""
+    def add_topic_receiver(self, key: str, topic_filter: str, identity: Identity,
+                           qos: int) -> Session | None:
+        """An AMQP receiver on a topic filter: a session of its own, subscribed (None
+        if refused).  Nothing is delivered until ``start_topic_receiver``."""
         session = self._registry.add_link_subscriber(key)
         codes, _ = self._router.subscribe(session, identity, [(topic_filter, qos)])
         if codes[0] == SUBSCRIBE_FAILURE:
             self._registry.remove_link_subscriber(key)
             return None
-        session.attach(link)
-        self._router.send_retained(session, [(topic_filter, codes[0])])
         return session
+
+    def start_topic_receiver(self, session: Session, link: ClientLink) -> None:
+        """Deliver ``session`` to ``link``: its filter's retained messages first."""
+        self.activate(session, link, "amqp")
+        self._router.send_retained(session, list(session.subscriptions.items()))
 
     def detach_topic_receiver(self, key: str) -> None:
         self._registry.remove_link_subscriber(key)
@@ -235,10 +267,14 @@ class Broker:
 
     def subscribe_client(self, client_id: str, identity: Identity,
                          requests: Sequence[tuple[str, int]]
-                         ) -> tuple[Session, list[int], Deferred[None] | None]:
+                         ) -> tuple[Session | None, list[int], Deferred[None] | None]:
         """AMQP_SUBSCRIBE: subscribe the session of ``client_id``, created offline and
-        persistent if it has none.  The Deferred (None when every filter was
-        refused) fires once the session and its subscriptions are durable."""
+        persistent if it has none (and at least one filter can be granted).  The
+        Deferred (None when every filter was refused) fires once the session and its
+        subscriptions are durable."""
+        if client_id not in self._registry.sessions and not any(
+                self._router.may_subscribe(identity, f) for f, _ in requests):
+            return None, [SUBSCRIBE_FAILURE] * len(requests), None  # nothing is created
         session, created = self._registry.offline_session(client_id)
         codes, d = self._router.subscribe(session, identity, requests)
         if d is None:
@@ -264,10 +300,12 @@ class Broker:
         if session is not None and session.connection is not None:
             holder = session.connection
             if holder is keep:
-                self._registry.end(holder, session, clean=False, reason=reason)
+                self._commits.watch(
+                    self._registry.end(holder, session, clean=False, reason=reason),
+                    "ending the session of " + client_id)
             else:
                 self._registry.take_over(client_id)
-        return self.clear_session(client_id, reason)
+        return self.clear_session(client_id, reason, "amqp_close")
 
     # -- publishing -----------------------------------------------------------
 
@@ -341,26 +379,23 @@ class Broker:
             d.addCallback(lambda _: session.pubrel_durable(packet_id))
             self._commits.watch(d, "recording a PUBREC")
 
-    def release_outbound(self, client_id: str, packet_id: int) -> Deferred[None] | None:
-        """AMQP_PUBREL from an FE (it got PUBREC): mark the QoS 2 delivery released;
-        the release goes to the session's link once durable.  The Deferred is
-        what the FE's Accepted waits for."""
+    def release_outbound(self, client_id: str, packet_id: int
+                         ) -> tuple[Deferred[None] | None, Callable[[], None]]:
+        """AMQP_PUBREL from an FE (it got PUBREC): mark the QoS 2 delivery released.
+        Returns the commit the FE's Accepted waits for, and what to call once that
+        Accepted is out: it sends the release to the session's link (the FE settles
+        the original delivery when its AMQP_PUBREL is settled, so its answer goes
+        first)."""
         session = self._registry.sessions.get(client_id)
         if session is None:
-            return None
-        d = self._commits.persist(session.mark_released(packet_id))
+            return None, _nothing
 
-        def release(result: object = None) -> object:
+        def release() -> None:
             link = session.link
             if link is not None:
                 link.send_pubrel(packet_id)
-            return result
 
-        if d is None:
-            release()
-            return None
-        d.addCallback(release)
-        return d
+        return self._commits.persist(session.mark_released(packet_id)), release
 
     def completed(self, session: Session, packet_id: int) -> None:
         """PUBCOMP (or the final settle of a QoS 2 delivery over AMQP)."""
@@ -442,7 +477,8 @@ class Broker:
         if self._commits.stopping:
             return  # the grace rule decides at the next start
         if brute:
-            self._commits.watch(self._wills.fire(owner, reason, "amqp"),
+            cause = CAUSE_KEEPALIVE if "idle time-out" in reason else CAUSE_LOST
+            self._commits.watch(self._wills.fire(owner, reason, "amqp", cause),
                                 "publishing will of " + owner)
         else:
             self._commits.watch(self.clear_will(owner, "amqp"), "clearing a will")
@@ -452,39 +488,54 @@ class Broker:
     def disconnect_client(self, client_id: str, with_will: bool, reason: str) -> bool:
         """Close the connection holding the session of ``client_id``; its will fires
         only if asked.  False if nothing holds that session."""
+        held, done = self._disconnect_holder(client_id, with_will, reason)
+        self._commits.watch(done, "disconnecting " + client_id)
+        return held
+
+    def _disconnect_holder(self, client_id: str, with_will: bool, reason: str
+                           ) -> tuple[bool, Deferred[None] | None]:
+        """``disconnect_client``: whether something held the session, and the
+        commit of its end."""
         session = self._registry.sessions.get(client_id)
         if session is None or session.connection is None:
-            return False
+            return False, None
         connection = session.connection
-        if not with_will:
-            self._commits.background(self._wills.pop(client_id))
-        self._registry.end(connection, session, clean=not with_will, reason=reason)
+        dropped_will = None if with_will else self._commits.persist(self._wills.pop(client_id))
+        ended = self._registry.end(connection, session, clean=not with_will, reason=reason,
+                                   cause=CAUSE_CONSOLE)
         connection.close(reason)
-        return True
+        return True, all_durable([dropped_will, ended])
 
     def disconnect(self, key: str, with_will: bool, reason: str
                    ) -> tuple[int, Deferred[None]] | None:
         """Close the live connection ``key``: its wills fire (or are deleted first),
-        its session ends.  Returns how many wills were published and a Deferred
-        that fires once all of it is durable; None if ``key`` is not connected."""
+        the session it holds ends.  Returns how many wills were published and a
+        Deferred that fires once all of it is durable (or fails if a commit did);
+        None if ``key`` is not connected."""
         conn = self._registry.connections.get(key)
         if conn is None:
             return None
         info = conn.info()
         fired = 0
+        commits: list[Deferred[None] | None] = []
         for owner in will_owners(self._wills.wills, info):
             if with_will:
-                fired += self._wills.fire(owner, reason) is not None
+                d = self._wills.fire(owner, reason, cause=CAUSE_CONSOLE)
+                fired += d is not None
+                commits.append(d)
             else:
-                self._commits.background(self._wills.pop(owner))
+                commits.append(self._commits.persist(self._wills.pop(owner)))
         sid = info.session_id
         session = self._registry.sessions.get(sid) if sid is not None else None
-        if session is not None and session.connection is not None:
-            assert sid is not None
-            self.disconnect_client(sid, with_will, reason)
+        # Only the session this very connection holds (an MQTT client): an AMQP
+        # connection's session links end with the connection, and a .publish receiver
+        # still waiting for its session must not close whoever holds it.
+        holder: object = session.connection if session is not None else None
+        if sid is not None and holder is conn:
+            commits.append(self._disconnect_holder(sid, with_will, reason)[1])
         if self._registry.connections.get(key) is conn:
             conn.close(reason)
-        return fired, self._commits.barrier()
+        return fired, self._durable(commits)
 
     def force_will(self, key: str, keep_connected: bool, reason: str
                    ) -> tuple[list[str], Deferred[None]] | None:
@@ -499,23 +550,33 @@ class Broker:
         if not owners:
             return [], self._commits.barrier()
         if keep_connected:
-            for owner in owners:
-                self._commits.watch(self._wills.publish_copy(owner, reason),
-                                    "publishing will of " + owner)
-            return owners, self._commits.barrier()
+            return owners, self._durable(
+                [self._wills.publish_copy(owner, reason) for owner in owners])
         done = self.disconnect(key, True, reason)
         assert done is not None
         return owners, done[1]
 
-    def clear_session(self, client_id: str, reason: str) -> Deferred[None] | None:
+    def clear_session(self, client_id: str, reason: str, why: str = "console"
+                      ) -> Deferred[None] | None:
         """Disconnect (without will) and delete subscriptions, queue and in-flight
-        state; None if there is no such session."""
-        self.disconnect_client(client_id, with_will=False, reason=reason)
+        state (recorded as cleared for ``why``); None if there is no such session.
+        The Deferred fires once all of it is durable, or fails if a commit did."""
+        _, disconnected = self._disconnect_holder(client_id, False, reason)
         session = self._registry.sessions.get(client_id)
         if session is None:
+            self._commits.watch(disconnected, "disconnecting " + client_id)
             return None
-        self._commits.background(self._registry.discard(session))
-        return self._commits.barrier()
+        return self._durable([disconnected,
+                              self._commits.persist(self._registry.discard(session, why))])
+
+    def _durable(self, commits: Sequence[Deferred[None] | None]) -> Deferred[None]:
+        """Fires once ``commits`` (and everything asked before) are durable."""
+        return all_durable([*commits, self._commits.barrier()]) or self._commits.barrier()
+
+    def record_console_action(self, user: str, action: str, target: str) -> None:
+        """An operator acted through the console (the archive keeps the audit trail)."""
+        self.recorder.event(self.clock.seconds(), CONSOLE_ACTION, None, user=user,
+                            action=action, target=target)
 
     def delete_retained(self, topic: str) -> Deferred[None] | None:
         return self._router.delete_retained(topic)
@@ -533,6 +594,10 @@ class Broker:
 
     def dropped_total(self) -> int:
         return self._registry.dropped_total()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _forget_inbound(failure: object, session: Session, packet_id: int) -> object:

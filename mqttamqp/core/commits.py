@@ -25,7 +25,8 @@ from twisted.python.failure import Failure
 from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.session import OutEntry
 
-__all__ = ["CommitBatcher", "fire_when_acknowledged", "committed_or_acknowledged"]
+__all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",
+           "committed_or_acknowledged"]
 
 
 class CommitBatcher:
@@ -145,6 +146,31 @@ class CommitBatcher:
                            errbackArgs=(waiters, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
+
+
+def all_durable(ds: Sequence[Deferred[None] | None]) -> Deferred[None] | None:
+    """One Deferred for several commits: fires when all have, fails with the first
+    failure (None if there is nothing to wait for)."""
+    pending = [d for d in ds if d is not None]
+    if not pending:
+        return None
+    if len(pending) == 1:
+        return pending[0]
+    done: Deferred[None] = Deferred()
+    remaining = [len(pending)]
+
+    def one(_: object) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0 and not done.called:
+            done.callback(None)
+
+    def failed(failure: Failure) -> None:
+        if not done.called:
+            done.errback(failure)
+
+    for d in pending:
+        d.addCallbacks(one, failed)
+    return done
 
 
 def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.registry import SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import OutEntry, Session
@@ -125,6 +126,7 @@ class Counters:
     protocol_errors: int
     bytes_received: int
     bytes_sent: int
+    archive: Mapping[str, int]      # the archive's counters ({} when it is off)
 
 
 def _entry(entry: OutEntry) -> EntryView:
@@ -136,7 +138,8 @@ class ReadModel:
     """Views of the broker's state; every call builds fresh frozen values."""
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
-                 router: Router, stats: BrokerStats) -> None:
+                 router: Router, stats: BrokerStats, recorder: Recorder) -> None:
+        self._recorder = recorder
         self._registry = registry
         self._wills = wills
         self._router = router
@@ -247,4 +250,4 @@ class ReadModel:
             messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,
             protocol_errors=stats.protocol_errors, bytes_received=stats.bytes_received,
-            bytes_sent=stats.bytes_sent)
+            bytes_sent=stats.bytes_sent, archive=self._recorder.stats())

@@ -23,12 +23,25 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clock import Clock
-from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
+from mqttamqp.core.recorder import (
+    CAUSE_CLEAN,
+    CAUSE_LOST,
+    CAUSE_SHUTDOWN,
+    CAUSE_TAKEN_OVER,
+    CONNECT,
+    DISCONNECT,
+    SESSION_CLEARED,
+    SESSION_CREATED,
+    SESSION_EXPIRED,
+    SESSION_RESUMED,
+    Recorder,
+)
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import ClientLink, Session, SessionState
 from mqttamqp.core.stats import BrokerStats
@@ -53,8 +66,9 @@ class SessionRegistry:
 
     def __init__(self, clock: Clock, limits: Limits, commits: CommitBatcher,
                  stats: BrokerStats, router: Router, wills: Wills,
-                 flow: FlowControl) -> None:
+                 flow: FlowControl, recorder: Recorder) -> None:
         self.clock = clock
+        self.recorder = recorder
         self.limits = limits
         self.commits = commits
         self.stats = stats
@@ -96,6 +110,7 @@ class SessionRegistry:
     def register_connection(self, key: str, connection: InspectableConnection,
                             protocol: str) -> None:
         known = self._connection_protocols.get(key)
+        now = self.clock.seconds()
         if known is not None:
             if self.connections[key] is connection:
                 return
@@ -103,14 +118,26 @@ class SessionRegistry:
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
             self.stats.disconnected(known)
+            self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
+                                protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
         self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
+        info = connection.info()
+        self.recorder.event(now, CONNECT, info.client_id, protocol=protocol,
+                            address=info.remote, user=info.user,
+                            clean_session=info.clean_session, keepalive=info.keepalive)
 
-    def unregister_connection(self, key: str, connection: InspectableConnection) -> None:
+    def unregister_connection(self, key: str, connection: InspectableConnection,
+                              cause: str = CAUSE_LOST, detail: str = "") -> None:
         if self.connections.get(key) is connection:
             del self.connections[key]
-            self.stats.disconnected(self._connection_protocols.pop(key))
+            protocol = self._connection_protocols.pop(key)
+            self.stats.disconnected(protocol)
+            if self.commits.stopping:
+                cause = CAUSE_SHUTDOWN
+            self.recorder.event(self.clock.seconds(), DISCONNECT, connection.info().client_id,
+                                protocol=protocol, reason=cause, detail=detail or None)
 
     # -- claiming and ending --------------------------------------------------
 
@@ -122,7 +149,9 @@ class SessionRegistry:
             return
         old = existing.connection
         never_accepted = existing.state is SessionState.CONNECTING
-        self.end(old, existing, clean=never_accepted, reason=reason)
+        self.commits.watch(
+            self.end(old, existing, clean=never_accepted, reason=reason,
+                     cause=CAUSE_TAKEN_OVER), "ending session of " + client_id)
         old.close("session taken over by a new connection")
 
     def open(self, connection: ClientLink, client_id: str, clean: bool,
@@ -146,7 +175,7 @@ class SessionRegistry:
         present = False
         if clean:
             if existing is not None:
-                ops.extend(self.discard(existing))
+                ops.extend(self.discard(existing, "clean_session"))
             session = Session(client_id, False, self.limits, now)
             self.sessions[client_id] = session
         elif existing is not None and existing.persistent:
@@ -157,6 +186,11 @@ class SessionRegistry:
             session = Session(client_id, True, self.limits, now)
             self.sessions[client_id] = session
             ops.append(PutSession(client_id, now))
+        if present:
+            self.recorder.event(now, SESSION_RESUMED, client_id,
+                                queued=len(session.queue) + len(session.inflight))
+        else:
+            self.recorder.event(now, SESSION_CREATED, client_id, clean_session=clean)
         session.last_seen = now
         session.claim(connection)
         if will is not None and not self.wills.allowed(will, identity):
@@ -179,10 +213,12 @@ class SessionRegistry:
         now = self.clock.seconds()
         session = Session(client_id, True, self.limits, now)
         self.sessions[client_id] = session
+        self.recorder.event(now, SESSION_CREATED, client_id, clean_session=False,
+                            detail="subscription service")
         return session, self.commits.persist([PutSession(client_id, now)])
 
     def end(self, connection: ClientLink, session: Session, clean: bool,
-            reason: str) -> None:
+            reason: str, cause: str = CAUSE_LOST) -> Deferred[None] | None:
         """The connection that holds ``session`` is gone.
 
         ``clean`` is True for MQTT DISCONNECT (the will is deleted, not published);
@@ -190,17 +226,17 @@ class SessionRegistry:
         persistent one stays with its subscriptions and queue.
         """
         if session.connection is not connection:
-            return  # already ended (takeover, console) — nothing to do twice
+            return None  # already ended (takeover, console) — nothing to do twice
         if self.commits.stopping:
             session.detach()
-            return
+            return None
         client_id = session.client_id
         ops: list[Op] = []
+        fired = None
         if clean:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
-            self.commits.watch(self.wills.fire(client_id, reason, "mqtt"),
-                               "publishing will of " + client_id)
+            fired = self.wills.fire(client_id, reason, "mqtt", cause)
         session.detach()
         if session.persistent:
             session.last_seen = self.clock.seconds()
@@ -208,10 +244,14 @@ class SessionRegistry:
         else:
             ops.extend(self.discard(session))
         self.flow.resume_paused()
-        self.commits.watch(self.commits.persist(ops), "ending session of " + client_id)
+        return all_durable([fired, self.commits.persist(ops)])
 
-    def discard(self, session: Session) -> list[Op]:
-        """Remove a session: subscriptions out of the trie, state dropped."""
+    def discard(self, session: Session, reason: str | None = None) -> list[Op]:
+        """Remove a session: subscriptions out of the trie, state dropped.  A
+        persistent one removed for ``reason`` is recorded as cleared."""
+        if reason is not None and session.persistent:
+            self.recorder.event(self.clock.seconds(), SESSION_CLEARED, session.client_id,
+                                reason=reason)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
         session.clear_messages()
@@ -249,5 +289,7 @@ class SessionRegistry:
         for session in expired:
             self.log.info("persistent session {c} expired (offline since {t:.0f})",
                           c=session.client_id, t=session.last_seen)
+            self.recorder.event(self.clock.seconds(), SESSION_EXPIRED, session.client_id,
+                                reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)

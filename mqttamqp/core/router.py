@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Authorizer, Identity
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import (
     CommitBatcher,
     committed_or_acknowledged,
@@ -32,6 +33,7 @@ from mqttamqp.core.persistence import (
     PutRetained,
     PutSubscription,
 )
+from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
@@ -67,11 +69,13 @@ _ROUTED = Published()
 class Router:
     log = Logger(namespace="mqttamqp.core.broker")
 
-    def __init__(self, commits: CommitBatcher, stats: BrokerStats,
-                 authorizer: Authorizer) -> None:
+    def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
+                 authorizer: Authorizer, recorder: Recorder) -> None:
+        self.clock = clock
         self.commits = commits
         self.stats = stats
         self.authorizer = authorizer
+        self.recorder = recorder
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore()
 
@@ -115,9 +119,14 @@ class Router:
         qos1_entries: list[OutEntry] = []
         msg_qos = message.qos
         congested: list[Session] | None = None
-        for session, granted in self.trie.match(message.topic).items():
+        matches = self.trie.match(message.topic)
+        dropped = 0
+        for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
+            drops = session.dropped
             entry = session.deliver(message, qos, False)
+            if session.dropped != drops:
+                dropped += 1
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -129,6 +138,12 @@ class Router:
                     congested = [session]
                 else:
                     congested.append(session)
+        if counted:
+            self.recorder.message(
+                message.timestamp, message.topic, msg_qos, message.retain, message.payload,
+                message.publisher, identity.username if identity is not None else None,
+                identity.protocol if identity is not None else "", len(matches) - dropped,
+                dropped)
         # Inside a batch (or while stopping) the Deferred persist returns is ours
         # alone, so it may also be fired early, by acknowledgements.
         owned = commits.owned
@@ -145,6 +160,11 @@ class Router:
             else:
                 d = committed_or_acknowledged(d, qos1_entries, commits.log_failure)
         return Published(d, congested if congested is not None else _NO_SESSIONS)
+
+    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        """A valid filter ``identity`` may subscribe to."""
+        return (validate_topic_filter(topic_filter) is None
+                and self.authorizer.may_subscribe(identity, topic_filter))
 
     def congested_for(self, topic: str) -> bool:
         """True if an online subscriber of ``topic`` is past its high-water mark."""
@@ -165,7 +185,7 @@ class Router:
                               c=session.client_id, f=topic_filter, p=problem)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
-            if not self.authorizer.may_subscribe(identity, topic_filter):
+            if not self.may_subscribe(identity, topic_filter):
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             granted = min(qos, 2)
@@ -174,6 +194,8 @@ class Router:
             if session.persistent:
                 ops.append(PutSubscription(session.client_id, topic_filter, granted))
             codes.append(granted)
+            self.recorder.event(self.clock.seconds(), SUBSCRIBE, session.client_id,
+                                topic=topic_filter, qos=granted)
         return codes, self.commits.persist(ops)
 
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
@@ -199,6 +221,8 @@ class Router:
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.trie.remove(topic_filter, session)
+                self.recorder.event(self.clock.seconds(), UNSUBSCRIBE, session.client_id,
+                                    topic=topic_filter)
                 if session.persistent:
                     ops.append(DeleteSubscription(session.client_id, topic_filter))
         return self.commits.persist(ops)

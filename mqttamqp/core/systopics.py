@@ -1,5 +1,5 @@
-"""``$SYS``: the broker's counters published as retained topics every
-``sys_interval`` seconds.
+"""``$SYS``: the broker's counters (and the archive's, when it is on) published as
+retained topics every ``sys_interval`` seconds.
 
 What it owns: building the current values and publishing them through the router
 as the broker's own (uncounted, not stored) retained messages.  The counters
@@ -11,6 +11,7 @@ from __future__ import annotations
 from mqttamqp import __version__
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
+from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.registry import SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.stats import BrokerStats
@@ -21,8 +22,9 @@ __all__ = ["SysTopics"]
 
 class SysTopics:
     def __init__(self, clock: Clock, stats: BrokerStats, router: Router,
-                 registry: SessionRegistry, wills: Wills) -> None:
+                 registry: SessionRegistry, wills: Wills, recorder: Recorder) -> None:
         self.clock = clock
+        self.recorder = recorder
         self.stats = stats
         self.router = router
         self.registry = registry
@@ -32,8 +34,13 @@ class SysTopics:
         now = self.clock.seconds()
         dropped = self.registry.dropped_total()
         self.stats.messages_dropped = dropped
-        for topic, payload in self.stats.sys_topics(
-                __version__, now, len(self.router.trie), len(self.router.retained),
-                len(self.registry.sessions), len(self.wills.wills), dropped):
+        topics = self.stats.sys_topics(
+            __version__, now, len(self.router.trie), len(self.router.retained),
+            len(self.registry.sessions), len(self.wills.wills), dropped)
+        archive = self.recorder.stats()
+        for name in ("dropped", "records", "segments", "bytes"):
+            if name in archive:
+                topics.append((f"$SYS/broker/archive/{name}", str(archive[name])))
+        for topic, payload in topics:
             self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
                                 counted=False)

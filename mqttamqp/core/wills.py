@@ -24,6 +24,13 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import DeleteWill, Op, PutWill
+from mqttamqp.core.recorder import (
+    CAUSE_CONSOLE,
+    CAUSE_LOST,
+    CAUSE_RESTART,
+    WILL_PUBLISHED,
+    Recorder,
+)
 from mqttamqp.core.router import Published
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import validate_topic_name
@@ -36,8 +43,9 @@ class Wills:
 
     def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
                  authorizer: Authorizer, publish: Callable[[Message, Sequence[Op]], Published],
-                 grace: float) -> None:
+                 grace: float, recorder: Recorder) -> None:
         self.clock = clock
+        self.recorder = recorder
         self.commits = commits
         self.stats = stats
         self.authorizer = authorizer
@@ -84,7 +92,7 @@ class Wills:
         self._grace.pop(owner, None)
         self.commits.watch(
             self.fire(owner, "client did not return within the will grace period after "
-                      "a restart"), "publishing will of " + owner)
+                      "a restart", cause=CAUSE_RESTART), "publishing will of " + owner)
 
     # -- wills ----------------------------------------------------------------
 
@@ -108,8 +116,8 @@ class Wills:
         del self.wills[owner]
         return [DeleteWill(owner)]
 
-    def fire(self, owner: str, reason: str, origin: str | None = None
-             ) -> Deferred[None] | None:
+    def fire(self, owner: str, reason: str, origin: str | None = None,
+             cause: str = CAUSE_LOST) -> Deferred[None] | None:
         """Publish the will of ``owner`` (if any; of ``origin`` if given) and delete
         it in the same commit.  The Deferred fires once both are durable; None if
         there was no will or nothing to wait for."""
@@ -119,6 +127,8 @@ class Wills:
         del self.wills[owner]
         self.log.info("publishing will of {o} to {t!r} ({r})", o=owner, t=will.topic, r=reason)
         self.stats.wills_published += 1
+        self.recorder.event(self.clock.seconds(), WILL_PUBLISHED, owner, topic=will.topic,
+                            qos=will.qos, retain=will.retain, reason=cause, detail=reason)
         return self._publish(will.as_message(self.clock.seconds()),
                              [DeleteWill(owner)]).durable
 
@@ -131,4 +141,7 @@ class Wills:
         self.log.info("publishing a copy of the will of {o} to {t!r} ({r})", o=owner,
                       t=will.topic, r=reason)
         self.stats.wills_published += 1
+        self.recorder.event(self.clock.seconds(), WILL_PUBLISHED, owner, topic=will.topic,
+                            qos=will.qos, retain=will.retain, reason=CAUSE_CONSOLE,
+                            detail=reason)
         return self._publish(will.as_message(self.clock.seconds()), ()).durable

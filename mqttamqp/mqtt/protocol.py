@@ -32,6 +32,14 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.recorder import (
+    CAUSE_CLEAN,
+    CAUSE_CONSOLE,
+    CAUSE_KEEPALIVE,
+    CAUSE_LOST,
+    CAUSE_PROTOCOL_ERROR,
+    CAUSE_TAKEN_OVER,
+)
 from mqttamqp.core.session import Session
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -102,6 +110,8 @@ class MQTTProtocol(Protocol):
         self.connected_since = 0.0
         self.has_will = False
         self._clean_close = False
+        self._cause = CAUSE_LOST     # why the connection ends, for the archive
+        self._cause_detail = ""
         self._last_activity = 0.0
         self._connect_timer: DelayedCall | None = None
         self._keepalive: Keepalive | None = None
@@ -155,7 +165,7 @@ class MQTTProtocol(Protocol):
         was = self.state
         self.rules.advance("close")
         self._acks.clear()
-        self.broker.unregister_connection(self.key, self)
+        self.broker.unregister_connection(self.key, self, self._cause, self._cause_detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 "connection lost: " + (reason.getErrorMessage() if reason else "unknown"))
@@ -163,7 +173,7 @@ class MQTTProtocol(Protocol):
                 self.log.info("{c} ({peer}) {why}", c=self.client_id, peer=self.peer, why=why)
             # Lost before CONNACK: the CONNECT (and its will) was never accepted.
             clean = self._clean_close or was is ConnectionState.CONNECTING
-            self.broker.end_session(self, self.session, clean, why)
+            self.broker.end_session(self, self.session, clean, why, self._cause)
             self.session = None
 
     # IPushProducer: the transport tells us when its write buffer is full/drained.
@@ -224,7 +234,8 @@ class MQTTProtocol(Protocol):
         self.rules.advance("close")
         self.session = None
         self._cancel_timers()
-        self.broker.unregister_connection(self.key, self)
+        cause = CAUSE_TAKEN_OVER if "taken over" in reason else CAUSE_CONSOLE
+        self.broker.unregister_connection(self.key, self, cause, reason)
         self._lose()
 
     @property
@@ -246,6 +257,8 @@ class MQTTProtocol(Protocol):
         self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
                       c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
         self._clean_close = False
+        self._cause = CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR
+        self._cause_detail = reason
         self.rules.advance("close")
         self._cancel_timers()
         # The will fires in connectionLost (the client did not send DISCONNECT).
@@ -350,7 +363,7 @@ class MQTTProtocol(Protocol):
                     else ConnackCode.NOT_AUTHORIZED)
             self._refuse(code, "authentication failed")
             return None
-        self.identity = Identity(self.client_id, packet.username)
+        self.identity = Identity(self.client_id, packet.username, "mqtt" + self.version)
         will = None
         if packet.will is not None:
             w = packet.will
@@ -553,6 +566,7 @@ class MQTTProtocol(Protocol):
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         self._clean_close = True
+        self._cause = CAUSE_CLEAN
         self.rules.advance("close")
         self._cancel_timers()
         if self.session is not None:
