@@ -29,7 +29,7 @@ def one_run(archive: bool, quick: bool) -> float:
     if quick:
         cmd.append("--quick")
     if not archive:
-        cmd += ["--mqttamqp-arg", "--no-archive"]
+        cmd.append("--mqttamqp-arg=--no-archive")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout
     doc = json.loads(out)
     return float(doc["scenarios"]["1"]["metrics"]["msgs_per_s"]["mqttamqp"])

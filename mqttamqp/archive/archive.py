@@ -249,11 +249,8 @@ class Archive:
 
     @staticmethod
     def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        taken: list[tuple[Any, ...]] = []
         pop = buffer.popleft
-        for _ in range(min(len(buffer), _BATCH)):
-            taken.append(pop())
-        return taken
+        return [pop() for _ in range(min(len(buffer), _BATCH))]
 
     def _write(self, name: str, rows: list[tuple[float, tuple[Any, ...]]],
                now: float) -> None:
@@ -274,16 +271,24 @@ class Archive:
     def _message_rows(self, records: Iterable[tuple[Any, ...]]
                       ) -> list[tuple[float, tuple[Any, ...]]]:
         rows: list[tuple[float, tuple[Any, ...]]] = []
+        append = rows.append
         wanted = self.selector.wanted
         keep_payload = self.payload_bytes > 0
+        last_topic: str | None = None
+        keep = False
+        filtered = 0
         for (ts, topic, qos, retain, size, payload, publisher, user, protocol,
              deliveries, dropped) in records:
-            if not wanted(topic):
-                self.filtered += 1
+            if topic != last_topic:   # a stream on one topic asks once
+                last_topic = topic
+                keep = wanted(topic)
+            if not keep:
+                filtered += 1
                 continue
-            rows.append((ts, (round(ts * 1_000_000), topic, qos, retain, size,
-                              bytes(payload) if keep_payload else None, publisher, user,
-                              protocol, deliveries, dropped)))
+            append((ts, (round(ts * 1_000_000), topic, qos, retain, size,
+                         payload if keep_payload else None, publisher, user,
+                         protocol, deliveries, dropped)))
+        self.filtered += filtered
         return rows
 
     @staticmethod

@@ -38,6 +38,20 @@ def partition_of(timestamp: float) -> Partition:
     return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", f"{t.tm_hour:02d}")
 
 
+_hours: dict[int, Partition] = {}
+
+
+def _partition_of_hour(hour: int) -> Partition:
+    """``partition_of`` for the hour ``hour`` (seconds // 3600), remembered: the
+    writer needs it for every row, and rows come hour after hour."""
+    part = _hours.get(hour)
+    if part is None:
+        if len(_hours) > 1000:
+            _hours.clear()
+        part = _hours[hour] = partition_of(hour * 3600)
+    return part
+
+
 @dataclass
 class _Segment:
     partition: Partition
@@ -80,16 +94,23 @@ class SegmentSet:
     def append(self, rows: Iterable[tuple[float, tuple[Any, ...]]], now: float) -> None:
         """Buffer ``(timestamp, row)`` pairs, writing row groups as they fill."""
         newest: Partition | None = None
+        last_hour = -1
+        segment: _Segment | None = None
+        limit = self.row_group_rows
         for timestamp, row in rows:
-            part = partition_of(timestamp)
-            segment = self._open.get(part)
-            if segment is None:
-                segment = self._open_segment(part, now)
+            hour = int(timestamp // 3600)
+            if hour != last_hour or segment is None:
+                # Rows come in time order: the partition changes once an hour.
+                last_hour = hour
+                part = _partition_of_hour(hour)
+                segment = self._open.get(part)
+                if segment is None:
+                    segment = self._open_segment(part, now)
+                if newest is None or part > newest:
+                    newest = part
             segment.rows.append(row)
-            if len(segment.rows) >= self.row_group_rows:
+            if len(segment.rows) >= limit:
                 self._write_rows(segment)
-            if newest is None or part > newest:
-                newest = part
         if newest is not None:
             for part in [p for p in self._open if p < newest]:
                 self._close(self._open.pop(part))
