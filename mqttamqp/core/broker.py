@@ -93,6 +93,9 @@ class Broker:
                                          self.recorder)
         self._sys = SysTopics(clock, self.stats, self._router, self._registry, self._wills,
                               self.recorder)
+        self.begin_batch: Callable[[], None] = self._commits.begin
+        self.end_batch: Callable[[], None] = self._commits.end
+        self.after_batch: Callable[[Callable[[], None]], bool] = self._commits.after_batch
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
                               self.recorder)
         self._loops: list[LoopingCall] = []
@@ -170,17 +173,9 @@ class Broker:
         self._commits.stopping = True
         self.stop()
 
-    # -- batches (one per socket read) ----------------------------------------
-
-    def begin_batch(self) -> None:
-        self._commits.begin()
-
-    def end_batch(self) -> None:
-        self._commits.end()
-
-    def after_batch(self, flush: Callable[[], None]) -> bool:
-        """Inside a batch: call ``flush`` when it ends and return True; else False."""
-        return self._commits.after_batch(flush)
+    # -- batches (one per socket read): bound in __init__, they are per-read calls --
+    #    begin_batch(), end_batch(), and after_batch(flush): inside a batch, call
+    #    ``flush`` when it ends and return True; outside one, return False.
 
     def barrier(self) -> Deferred[None]:
         """Fires once everything asked of the broker so far is durable."""

@@ -33,7 +33,7 @@ from mqttamqp.core.persistence import (
     PutRetained,
     PutSubscription,
 )
-from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder
+from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, NoRecorder, Recorder
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
@@ -76,6 +76,7 @@ class Router:
         self.stats = stats
         self.authorizer = authorizer
         self.recorder = recorder
+        self._recording = not isinstance(recorder, NoRecorder)
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore()
 
@@ -120,13 +121,17 @@ class Router:
         msg_qos = message.qos
         congested: list[Session] | None = None
         matches = self.trie.match(message.topic)
+        recording = self._recording and counted
         dropped = 0
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
-            drops = session.dropped
-            entry = session.deliver(message, qos, False)
-            if session.dropped != drops:
-                dropped += 1
+            if recording:
+                drops = session.dropped
+                entry = session.deliver(message, qos, False)
+                if session.dropped != drops:
+                    dropped += 1
+            else:
+                entry = session.deliver(message, qos, False)
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -138,7 +143,7 @@ class Router:
                     congested = [session]
                 else:
                     congested.append(session)
-        if counted:
+        if recording:
             self.recorder.message(
                 message.timestamp, message.topic, msg_qos, message.retain, message.payload,
                 message.publisher, identity.username if identity is not None else None,

@@ -73,6 +73,8 @@ __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
 _PINGRESP = encode(Pingresp())
 _CLOSED = ConnectionState.CLOSED
+_CONNECTED = ConnectionState.CONNECTED
+_AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
@@ -91,6 +93,39 @@ _qos0_cache: list[Any] = [None, False, b""]
 class MQTTProtocol(Protocol):
     log = Logger()
     transport: Any
+    # Slots: more than 30 instance attributes would cost every connection a full
+    # (unshared) __dict__ of about 1.5 KB; Twisted's own attributes stay in __dict__.
+    __slots__ = (
+        "_acks",
+        "_backlog",
+        "_cause",
+        "_cause_detail",
+        "_clean_close",
+        "_congested",
+        "_connect_timer",
+        "_keepalive",
+        "_keepalive_timer",
+        "_last_activity",
+        "_out",
+        "_out_bytes",
+        "_reading_paused_for",
+        "broker",
+        "clean_session",
+        "client_id",
+        "clock",
+        "connected_since",
+        "decoder",
+        "factory",
+        "has_will",
+        "identity",
+        "keepalive",
+        "limits",
+        "peer",
+        "rules",
+        "session",
+        "username",
+        "version",
+    )
 
     def __init__(self, factory: MQTTFactory) -> None:
         self.factory = factory
@@ -268,18 +303,26 @@ class MQTTProtocol(Protocol):
 
     def _process(self) -> None:
         decoder = self.decoder
-        handlers = self._handlers
+        connected = self._connected_handlers
         rules = self.rules
         try:
-            while rules.reading:
+            while True:
+                state = rules.state
+                if state is not _CONNECTED and state is not _AWAITING_CONNECT:
+                    return
                 packet = decoder.next_packet()
                 if packet is None:
                     return
-                problem = rules.check(packet)
-                if problem is not None:
-                    self._violation(problem)
-                    return
-                handlers[type(packet)](self, packet)
+                # Connected, the table holds exactly what a client may send; anything
+                # else (and anything before CONNECT) the rules explain.
+                handler = connected.get(type(packet)) if state is _CONNECTED else None
+                if handler is None:
+                    problem = rules.check(packet)
+                    if problem is not None:
+                        self._violation(problem)
+                        return
+                    handler = self._handlers[type(packet)]
+                handler(self, packet)
         except MalformedPacket as exc:
             self._violation(f"malformed packet: {exc.reason}")
 
@@ -586,6 +629,8 @@ class MQTTProtocol(Protocol):
         Pingreq: _on_pingreq,
         Disconnect: _on_disconnect,
     }
+    _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
+        kind: handler for kind, handler in _handlers.items() if kind is not Connect}
 
 
 class MQTTFactory(Factory):
