@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from fakes import NullStore
 from proton import Connection, Delivery, Link, Message, Transport, int32, symbol, ulong
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
@@ -31,7 +32,7 @@ from twisted.python.failure import Failure
 from mqttamqp.amqp.listener import AMQPFactory
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.persistence import NullStore, StateStore
+from mqttamqp.core.persistence import StateStore
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,

@@ -13,13 +13,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 
 from mqttamqp.core import persistence as p
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import NullStore, Op, SessionRecord, Snapshot
+from mqttamqp.core.persistence import Op, SessionRecord, Snapshot
 
 __all__ = ["FakeLink", "NullStore", "ManualStore", "SnapshotStore", "MemoryStore"]
+
+
+class NullStore:
+    """A store that keeps nothing and commits at once."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Op] = []
+
+    def load(self) -> Snapshot:
+        return Snapshot()
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        self.submitted.extend(ops)
+        return succeed(None)
+
+    def pack(self) -> Deferred[None]:
+        return succeed(None)
+
+    def close(self) -> None:
+        pass
 
 
 class FakeLink:

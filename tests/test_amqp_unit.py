@@ -10,6 +10,7 @@ import struct
 from typing import Any
 
 import pytest
+from fakes import NullStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import (
@@ -56,7 +57,6 @@ from mqttamqp.amqp.sasl import (
 from mqttamqp.core.auth import Credentials
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.persistence import NullStore
 from mqttamqp.core.users import UserFile, add_user, make_line, parse_line
 
 # -- codec ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
-from fakes import ManualStore, MemoryStore, SnapshotStore
+from fakes import ManualStore, MemoryStore, NullStore, SnapshotStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -19,7 +19,6 @@ from mqttamqp.core.persistence import (
     DeleteRetained,
     DeleteSession,
     DeleteWill,
-    NullStore,
     PutQueued,
     PutRetained,
     PutSession,
@@ -808,3 +807,15 @@ def test_clear_session_answer_fails_when_its_commit_fails() -> None:
         else:
             commit.callback(None)
     assert len(outcome) == 1 and isinstance(outcome[0], Failure)
+
+
+def test_the_store_contract_runs_no_twisted() -> None:
+    """core/persistence.py (the store contract) imports nothing of Twisted at run time."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mqttamqp.core.persistence; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'twisted'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "[]"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
-from fakes import ManualStore
+from fakes import ManualStore, NullStore
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -18,7 +18,6 @@ from twisted.python.failure import Failure
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import NullStore
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from fakes import NullStore
 from paho.mqtt.client import MQTTv311
 from pahoclient import TIMEOUT, PahoClient, Received
 from treq.testing import StubTreq
@@ -21,7 +22,6 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.persistence import NullStore
 from webui.app import Console, ConsoleContext
 from webui.auth import UserStore
 

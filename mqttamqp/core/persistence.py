@@ -6,26 +6,28 @@ order and fires the returned Deferred (on the reactor thread) once the commit th
 holds them is durable.  Acknowledgements that promise durability are sent from that
 callback.  At start-up ``load()`` returns a ``Snapshot`` that rebuilds the core.
 
-This module must not import ZODB; ``mqttamqp.store`` implements it.
+This module must not import ZODB or run Twisted (``Deferred`` appears in the
+contract's types only); ``mqttamqp.store`` implements it, and the tests' stores
+are in ``tests/fakes.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from twisted.internet.defer import Deferred
+from typing import TYPE_CHECKING, Protocol
 
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.records import record
+
+if TYPE_CHECKING:  # the contract names Twisted's Deferred; nothing here runs Twisted
+    from twisted.internet.defer import Deferred
 
 __all__ = [
     "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
     "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
     "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
-    "NullStore",
 ]
 
 
@@ -158,27 +160,3 @@ class StateStore(Protocol):
 
     def close(self) -> None:
         """Flush what was submitted and close the storage."""
-
-
-class NullStore:
-    """A store that keeps nothing (for unit tests of the core)."""
-
-    def __init__(self) -> None:
-        self.submitted: list[Op] = []
-
-    def load(self) -> Snapshot:
-        return Snapshot()
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        from twisted.internet.defer import succeed
-
-        self.submitted.extend(ops)
-        return succeed(None)
-
-    def pack(self) -> Deferred[None]:
-        from twisted.internet.defer import succeed
-
-        return succeed(None)
-
-    def close(self) -> None:
-        pass
