@@ -22,8 +22,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from amqp_messages import annotation, control, drain, publish_message, will_message
 from fakes import NullStore
-from proton import Connection, Delivery, Link, Message, Transport, int32, symbol, ulong
+from proton import Connection, Delivery, Link, Message, Transport, int32, ulong
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -63,56 +64,9 @@ MODIFIED = Delivery.MODIFIED
 _names = itertools.count(1)
 
 
-def _drain(transport: Any) -> bytes:
-    n = transport.pending()
-    if n <= 0:
-        return b""
-    data = bytes(transport.peek(n))
-    transport.pop(n)
-    return data
 
 
 # -- messages -------------------------------------------------------------------------
-
-def publish_message(topic: str | None, payload: bytes, qos: int | None = None,
-                    retain: bool | None = None, durable: bool | None = None) -> Message:
-    """AMQP_PUBLISH as an FE or a native client sends it (one Data section)."""
-    annotations: dict[Any, Any] = {}
-    if qos is not None:
-        annotations[symbol("x-opt-mqtt-qos")] = int32(qos)
-    if retain is not None:
-        annotations[symbol("x-opt-retain-message")] = retain
-    msg = Message(address=topic, body=payload, annotations=annotations or None,
-                  durable=bool(qos) if durable is None else durable)
-    msg.inferred = True
-    return msg
-
-
-def will_message(topic: str, payload: bytes, qos: int | None = None, retain: bool = False,
-                 durable: bool | None = None) -> Message:
-    msg = publish_message(topic, payload, qos, retain, durable)
-    msg.subject = "will"
-    return msg
-
-
-def control(subject: str, client_id: str | None = None, body: Any = None,
-            reply_to: str | None = None, message_id: Any = None) -> Message:
-    """A control message of the contract; ``client_id`` sets the correlation-id."""
-    msg = Message(subject=subject, body=body)
-    if client_id is not None:
-        msg.correlation_id = f"$mqtt.to.{client_id}.publish"
-    if reply_to is not None:
-        msg.reply_to = reply_to
-    if message_id is not None:
-        msg.id = message_id
-    return msg
-
-
-def annotation(message: Message, key: str) -> Any:
-    return (message.annotations or {}).get(symbol(key))
-
-
-# -- AMQP -----------------------------------------------------------------------------
 
 class Receiver:
     """A proton receiver link; ``got`` holds (message, delivery) in arrival order."""
@@ -170,7 +124,7 @@ class AmqpPeer:
             return False
         self.transport.tick(self.net.clock.seconds())
         moved = False
-        out = _drain(self.transport)
+        out = drain(self.transport)
         if out:
             self.server.dataReceived(out)
             moved = True

@@ -27,9 +27,13 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from amqp_messages import annotation as annotation
+from amqp_messages import control as control
+from amqp_messages import publish_message as publish_message
+from amqp_messages import will_message as will_message
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
-from proton import Delivery, Link, Message, int32, symbol
+from proton import Delivery, Link, Message
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -90,42 +94,6 @@ def body_bytes(message: Message) -> bytes:
     if isinstance(body, str):
         return body.encode()
     return bytes(body) if body is not None else b""
-
-
-def annotation(message: Message, key: str) -> Any:
-    return (message.annotations or {}).get(symbol(key))
-
-
-def publish_message(topic: str | None, payload: bytes, qos: int | None = None,
-                    retain: bool | None = None, durable: bool | None = None) -> Message:
-    annotations: dict[Any, Any] = {}
-    if qos is not None:
-        annotations[symbol("x-opt-mqtt-qos")] = int32(qos)
-    if retain is not None:
-        annotations[symbol("x-opt-retain-message")] = retain
-    msg = Message(address=topic, body=payload, annotations=annotations or None,
-                  durable=bool(qos) if durable is None else durable)
-    msg.inferred = True  # a Data section
-    return msg
-
-
-def will_message(topic: str, payload: bytes, qos: int | None = None,
-                 retain: bool = False, durable: bool | None = None) -> Message:
-    msg = publish_message(topic, payload, qos, retain, durable)
-    msg.subject = "will"
-    return msg
-
-
-def control(subject: str, client_id: str | None = None, body: Any = None,
-            reply_to: str | None = None, message_id: Any = None) -> Message:
-    msg = Message(subject=subject, body=body)
-    if client_id is not None:
-        msg.correlation_id = f"$mqtt.to.{client_id}.publish"
-    if reply_to is not None:
-        msg.reply_to = reply_to
-    if message_id is not None:
-        msg.id = message_id
-    return msg
 
 
 def send_expect(sender: BlockingSender, message: Message) -> Any:

@@ -10,6 +10,7 @@ import struct
 from typing import Any
 
 import pytest
+from amqp_messages import drain
 from fakes import NullStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -292,13 +293,7 @@ def _client(mechs: str, user: str | None = None, password: str | None = None) ->
     return transport, sasl
 
 
-def _out(transport: Any) -> bytes:
-    n = transport.pending()
-    if n <= 0:
-        return b""
-    data = bytes(transport.peek(n))
-    transport.pop(n)
-    return data
+
 
 
 @pytest.mark.parametrize("ok", [True, False])
@@ -306,10 +301,10 @@ def test_sasl_plain_exchange(ok: bool) -> None:
     """PLAIN credentials reach the authenticator; the outcome is what proton's client reads."""
     transport, sasl = _client("PLAIN", "bob", "secret")
     server = SaslServer(["PLAIN", "ANONYMOUS"], allow_no_sasl=True)
-    steps = server.feed(_out(transport))
+    steps = server.feed(drain(transport))
     assert isinstance(steps[0], SendBytes) and steps[0].data.startswith(SASL_HEADER)
     transport.push(steps[0].data)
-    steps = server.feed(_out(transport))
+    steps = server.feed(drain(transport))
     assert steps == [Authenticate("PLAIN", "bob", b"secret")]
     steps = server.outcome(ok)
     transport.push(steps[0].data)
@@ -317,7 +312,7 @@ def test_sasl_plain_exchange(ok: bool) -> None:
         assert isinstance(steps[1], StartAmqp) and sasl.outcome == 0
     else:
         assert isinstance(steps[0], Refuse) and sasl.outcome == 1
-        _out(transport)
+        drain(transport)
         assert transport.condition.name == "amqp:unauthorized-access"
 
 
@@ -401,7 +396,7 @@ class Peer:
 
     def exchange(self, rounds: int = 4) -> None:
         for _ in range(rounds):
-            out = _out(self.transport)
+            out = drain(self.transport)
             if out:
                 self.server.dataReceived(out)
             self.clock.advance(0)      # scheduled flushes
