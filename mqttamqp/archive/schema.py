@@ -10,6 +10,33 @@ from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+# The event kinds (the ``kind`` column) and the causes (the ``reason`` column of
+# disconnect and will_published) are the broker's own vocabulary: mqttamqp.events.
+from mqttamqp.events import (
+    AUTH_FAILURE,
+    CAUSE_CLEAN,
+    CAUSE_CONSOLE,
+    CAUSE_KEEPALIVE,
+    CAUSE_LOST,
+    CAUSE_PROTOCOL_ERROR,
+    CAUSE_RESTART,
+    CAUSE_SHUTDOWN,
+    CAUSE_TAKEN_OVER,
+    CONNECT,
+    CONSOLE_ACTION,
+    DISCONNECT,
+    DISCONNECT_CAUSES,
+    EVENT_KINDS,
+    SESSION_CLEARED,
+    SESSION_CREATED,
+    SESSION_EXPIRED,
+    SESSION_RESUMED,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    WILL_CAUSES,
+    WILL_PUBLISHED,
+)
+
 __all__ = [
     "MESSAGES", "EVENTS", "MESSAGE_SCHEMA", "EVENT_SCHEMA", "EVENT_FIELDS",
     "MESSAGE_COLUMNS", "EVENT_COLUMNS", "PROTOCOLS",
@@ -28,39 +55,6 @@ EVENTS = "events"
 #: Values of the messages' ``protocol`` column (and the events' one).
 PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "amqp")
 
-# -- event kinds (the ``kind`` column) ------------------------------------------------
-CONNECT = "connect"                  # protocol, address, user, clean_session, keepalive
-DISCONNECT = "disconnect"            # reason: one of DISCONNECT_CAUSES; detail
-WILL_PUBLISHED = "will_published"    # topic, qos, retain, reason: one of WILL_CAUSES
-SESSION_CREATED = "session_created"  # clean_session
-SESSION_RESUMED = "session_resumed"  # queued (messages waiting for it)
-SESSION_CLEARED = "session_cleared"  # reason (e.g. clean_session, console), user
-SESSION_EXPIRED = "session_expired"  # reason
-SUBSCRIBE = "subscribe"              # topic (the filter), qos (granted)
-UNSUBSCRIBE = "unsubscribe"          # topic (the filter)
-AUTH_FAILURE = "auth_failure"        # protocol, address, user, reason
-CONSOLE_ACTION = "console_action"    # user (the admin), action, target
-
-EVENT_KINDS = frozenset({
-    CONNECT, DISCONNECT, WILL_PUBLISHED, SESSION_CREATED, SESSION_RESUMED,
-    SESSION_CLEARED, SESSION_EXPIRED, SUBSCRIBE, UNSUBSCRIBE, AUTH_FAILURE,
-    CONSOLE_ACTION,
-})
-
-# -- causes (the ``reason`` column of disconnect and will_published) ------------------
-CAUSE_CLEAN = "clean"                    # DISCONNECT packet / AMQP close without error
-CAUSE_LOST = "lost"                      # socket closed without DISCONNECT
-CAUSE_KEEPALIVE = "keepalive"            # keepalive (or AMQP idle time-out) expired
-CAUSE_PROTOCOL_ERROR = "protocol_error"  # malformed or forbidden input
-CAUSE_TAKEN_OVER = "taken_over"          # another connection with the same client id
-CAUSE_CONSOLE = "console"                # an operator's action in the console
-CAUSE_SHUTDOWN = "shutdown"              # the broker stopped
-CAUSE_RESTART = "restart"                # will published after a restart's grace period
-
-DISCONNECT_CAUSES = (CAUSE_CLEAN, CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR,
-                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN)
-WILL_CAUSES = (CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR, CAUSE_TAKEN_OVER,
-               CAUSE_CONSOLE, CAUSE_RESTART)
 
 _TS = pa.timestamp("us", tz="UTC")  # Spark rejects nanoseconds (PARQUET_TYPE_ILLEGAL)
 
