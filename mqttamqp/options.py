@@ -110,8 +110,7 @@ class Options(usage.Options):
         self["archive-include"].append(topic_filter)
 
     def opt_archive_exclude(self, topic_filter: str) -> None:
-        """Never archive messages on topics matching this filter (repeatable; default
-        $SYS/#)."""
+        """Never archive topics matching this filter (repeatable; default $SYS/#)."""
         self["archive-exclude"].append(topic_filter)
 
     def opt_mqtt(self, description: str) -> None:

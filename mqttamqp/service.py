@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import endpoints
+from twisted.internet import endpoints, task
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
@@ -164,13 +164,15 @@ class BrokerService(service.MultiService):
     def startService(self) -> None:
         logbridge.install()
         os.makedirs(self.data_dir, exist_ok=True)
-        if self.archive is not None:
-            self.archive.start()
-            self.log.info("archiving messages and events to {d}", d=self.archive_dir)
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.
         sys.setswitchinterval(0.001)
+        # The store first: opening it takes the data directory's lock, so a second
+        # broker on the same data stops here, before its archive removes anything.
         self.broker.start()
+        if self.archive is not None:
+            self.archive.start()
+            self.log.info("archiving messages and events to {d}", d=self.archive_dir)
         # Everything loaded at start-up lives for the whole run: keep it out of the
         # collector's generations so full collections stay short.
         gc.collect()
@@ -204,8 +206,10 @@ class BrokerService(service.MultiService):
                 amqp_conn.transport.abortConnection()
         self.store.close()
         if self.archive is not None:
-            # After the connections: their ends are still recorded, then the open
-            # segments close and are renamed into place.
+            # The aborted connections end on the next reactor turn; let them, so
+            # their ends are recorded, then close the open segments (renamed into
+            # place).
+            await task.deferLater(self.reactor, 0, lambda: None)
             await self.archive.close()
 
 

@@ -334,3 +334,39 @@ def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path,
     assert hidden(tmp_path) == []
     a.close()
     assert remove_leftovers(str(tmp_path)) == []
+
+
+def test_a_broker_that_cannot_open_its_store_leaves_the_archive_alone(tmp_path: Path) -> None:
+    """The archive starts (and removes unfinished segments) only once the store is open:
+    a second broker on the same data directory, refused its lock, deletes nothing of the
+    running broker's open segments."""
+    from mqttamqp.core.limits import Limits
+    from mqttamqp.service import BrokerService
+
+    archive_dir = tmp_path / "archive"
+    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0),
+                        archive={"directory": str(archive_dir)})
+    hour = archive_dir / "messages" / "date=2026-11-24" / "hour=01"
+    hour.mkdir(parents=True)
+    open_segment = hour / ".part-1-2-000001.parquet.tmp"
+    open_segment.write_bytes(b"being written by the running broker")
+
+    def locked() -> None:
+        raise RuntimeError("Couldn't lock mqttamqp.fs.lock")
+
+    svc.broker.start = locked  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="lock"):
+        svc.startService()
+    assert open_segment.exists()
+
+
+def test_an_unusable_archive_directory_fails_at_start_with_one_clear_reason(
+        tmp_path: Path) -> None:
+    """An archive directory the broker cannot create or write is refused at start, with
+    the reason and what to do, before any thread starts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    archive = Archive(str(blocker / "archive"), Clock())
+    with pytest.raises(RuntimeError, match=r"cannot write to .*--no-archive"):
+        archive.start()
+    assert archive._thread is None

@@ -47,8 +47,10 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert sub.get().payload == b"offline"
         pub.disconnect()       # DISCONNECT: a clean end
         sub.disconnect()
+        stay = PahoClient(port, "dev-stay")   # still connected when the broker stops
     finally:
         proc.stop()            # SIGTERM: a clean stop closes the open segments
+    stay.stop()
     return data / "archive"
 
 
@@ -73,8 +75,9 @@ def test_messages_are_archived_with_publisher_protocol_and_deliveries(traffic: P
 
 
 def test_events_are_archived_with_their_causes(traffic: Path) -> None:
-    """Connects, subscribes, session creation, a clean and a lost disconnect, and the
-    will published for the lost one are events with the right columns."""
+    """Connects, subscribes, session creation, a clean, a lost and a shutdown
+    disconnect, and the will published for the lost one are events with the right
+    columns."""
     rows = _rows(traffic / "events")
     by = {(r["kind"], r["client_id"]) for r in rows}
     for client in ("dev-sub", "dev-pub", "dev-gone"):
@@ -82,6 +85,7 @@ def test_events_are_archived_with_their_causes(traffic: Path) -> None:
     assert ("subscribe", "dev-sub") in by
     reasons = {r["client_id"]: r["reason"] for r in rows if r["kind"] == "disconnect"}
     assert reasons["dev-pub"] == "clean" and reasons["dev-gone"] == "lost"
+    assert reasons["dev-stay"] == "shutdown"   # recorded before the archive closed
     [will] = [r for r in rows if r["kind"] == "will_published"]
     assert (will["client_id"], will["topic"], will["reason"]) == (
         "dev-gone", "plant/status/dev-gone", "lost")

@@ -918,3 +918,39 @@ def test_pipelining_past_pending_ack_bound_pauses_reading() -> None:
     store.commit_all()
     assert pub.transport.producerState == "producing"
     assert len([p for p in pub.received() if isinstance(p, Puback)]) == MAX_PENDING_ACKS + 1
+
+
+class _Recorded:
+    """A recorder that keeps the events it is told about."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None, dict[str, Any]]] = []
+
+    def message(self, *args: Any) -> None:
+        pass
+
+    def event(self, timestamp: float, kind: str, client_id: str | None, **fields: Any) -> None:
+        self.events.append((kind, client_id, fields))
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+def test_keepalive_expiry_is_recorded_as_such_when_the_client_is_back_before_the_socket_closes(
+        ) -> None:
+    """A connection closed for keepalive is recorded with that cause at once, even when
+    the client reconnects before its old socket has finished closing (half-open peer)."""
+    recorded = _Recorded()
+    h = Harness()
+    h.broker = Broker(h.clock, h.store, Limits(sys_interval=0), recorder=recorded)
+    h.factory = MQTTFactory(h.broker, h.clock)
+    old = h.client()
+    old.connect("c", keepalive=10)
+    h.clock.advance(16)
+    assert not old.open                      # closing, but connectionLost has not come
+    new = h.client()
+    assert new.connect("c") == [ACCEPTED]
+    old.lost()
+    disconnects = [f["reason"] for kind, cid, f in recorded.events
+                   if kind == "disconnect" and cid == "c"]
+    assert disconnects == ["keepalive"]

@@ -391,7 +391,7 @@ class _SessionLink(OutgoingLink):
 
     def idle(self) -> bool:
         session = self.session
-        return session is None or not session.queue
+        return session is None or not session.has_queued
 
 
 class TopicSubscription(_SessionLink):

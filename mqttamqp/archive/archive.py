@@ -108,8 +108,8 @@ class Archive:
     # -- reactor side -------------------------------------------------------------------
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
-                publisher: str | None, user: str | None, protocol: str, deliveries: int,
-                dropped: int) -> None:
+                publisher: str | None, user: str | None, protocol: str | None,
+                deliveries: int, dropped: int) -> None:
         """Record one routed message. Cheap: a length check and an append."""
         buffer = self._messages
         if len(buffer) >= self.buffer_limit or self._stopping:
@@ -157,7 +157,16 @@ class Archive:
         """Remove what a crash left, then start the writer thread."""
         if self._thread is not None:
             raise RuntimeError("archive: already started")
-        os.makedirs(self.directory, exist_ok=True)
+        probe = os.path.join(self.directory, f".probe-{os.getpid()}")
+        try:  # an existing directory may still be read-only: say so now, once
+            os.makedirs(self.directory, exist_ok=True)
+            with open(probe, "wb"):
+                pass
+            os.unlink(probe)
+        except OSError as e:
+            raise RuntimeError(f"archive: cannot write to {self.directory}: {e.strerror}; "
+                               "fix its permissions, choose --archive-dir, or run with "
+                               "--no-archive") from None
         for path in remove_leftovers(self.directory):
             log.info("archive: removed unfinished segment {path}", path=path)
         self._thread = threading.Thread(target=self._run, name="mqttamqp-archive",
@@ -168,19 +177,23 @@ class Archive:
         """Stop taking records, write what is buffered, close the open segments
         and end the thread. Fires once the thread is gone; with a real reactor the
         join happens on the writer thread's way out, never on the reactor thread."""
-        self._stopping = True
         thread = self._thread
         if thread is None or not thread.is_alive():
+            self._stopping = True
             return succeed(None)
         call_from_thread: Callable[..., Any] | None = getattr(
             self.clock, "callFromThread", None)
         if call_from_thread is None:
             # A task.Clock in tests: no reactor to call back into; wait here.
+            self._stopping = True
             self._wake.set()
             thread.join(30)
             return succeed(None)
         done: Deferred[None] = Deferred()
+        # Set before _stopping: the writer leaves only once it sees _stopping, and
+        # then it must find who to tell.
         self._on_exit = lambda: call_from_thread(done.callback, None)
+        self._stopping = True
         self._wake.set()
         return done
 

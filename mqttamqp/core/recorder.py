@@ -48,8 +48,8 @@ __all__ = [
 
 class Recorder(Protocol):
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
-                publisher: str | None, user: str | None, protocol: str, deliveries: int,
-                dropped: int) -> None:
+                publisher: str | None, user: str | None, protocol: str | None,
+                deliveries: int, dropped: int) -> None:
         """A message was routed: ``deliveries`` sessions took it, ``dropped`` at a bound."""
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
@@ -64,8 +64,8 @@ class NoRecorder:
     """The archive is off: nothing is recorded."""
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
-                publisher: str | None, user: str | None, protocol: str, deliveries: int,
-                dropped: int) -> None:
+                publisher: str | None, user: str | None, protocol: str | None,
+                deliveries: int, dropped: int) -> None:
         pass
 
     def event(self, timestamp: float, kind: str, client_id: str | None,

@@ -147,7 +147,8 @@ class Router:
             self.recorder.message(
                 message.timestamp, message.topic, msg_qos, message.retain, message.payload,
                 message.publisher, identity.username if identity is not None else None,
-                identity.protocol if identity is not None else "", len(matches) - dropped,
+                (identity.protocol or None) if identity is not None else None,
+                len(matches) - dropped,
                 dropped)
         # Inside a batch (or while stopping) the Deferred persist returns is ours
         # alone, so it may also be fired early, by acknowledgements.

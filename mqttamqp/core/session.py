@@ -177,6 +177,11 @@ class Session:
 
     # -- inspection -------------------------------------------------------------
 
+    @property
+    def has_queued(self) -> bool:
+        """Messages wait to be sent (beyond the in-flight window or the link's room)."""
+        return bool(self.queue)
+
     def entries(self) -> Iterator[OutEntry]:
         yield from self.inflight.values()
         yield from self.queue

@@ -38,7 +38,7 @@ class SysTopics:
             __version__, now, len(self.router.trie), len(self.router.retained),
             len(self.registry.sessions), len(self.wills.wills), dropped)
         archive = self.recorder.stats()
-        for name in ("dropped", "records", "segments", "bytes"):
+        for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
             if name in archive:
                 topics.append((f"$SYS/broker/archive/{name}", str(archive[name])))
         for topic, payload in topics:

@@ -296,6 +296,10 @@ class MQTTProtocol(Protocol):
         self._cause_detail = reason
         self.rules.advance("close")
         self._cancel_timers()
+        # It is over now, though the socket may linger (a half-open peer): it leaves
+        # the console and $SYS with its cause, and a reconnecting client finds its
+        # key free.
+        self.broker.unregister_connection(self.key, self, self._cause, reason)
         # The will fires in connectionLost (the client did not send DISCONNECT).
         self._lose()
 
@@ -611,6 +615,7 @@ class MQTTProtocol(Protocol):
         self._clean_close = True
         self._cause = CAUSE_CLEAN
         self.rules.advance("close")
+        self.broker.unregister_connection(self.key, self, CAUSE_CLEAN)
         self._cancel_timers()
         if self.session is not None:
             self.broker.end_session(self, self.session, True, "client sent DISCONNECT")
