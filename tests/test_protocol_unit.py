@@ -954,3 +954,35 @@ def test_keepalive_expiry_is_recorded_as_such_when_the_client_is_back_before_the
     disconnects = [f["reason"] for kind, cid, f in recorded.events
                    if kind == "disconnect" and cid == "c"]
     assert disconnects == ["keepalive"]
+
+
+class FileDescriptorLikeTransport(StringTransport):
+    """Calls the producer's pauseProducing on *every* write while more than ``buffer``
+    bytes are held, as Twisted's FileDescriptor does (not once per congestion)."""
+
+    buffer = 64 * 1024
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self.producer is not None and self.streaming and len(self.value()) > self.buffer:
+            self.producer.pauseProducing()  # type: ignore[attr-defined]
+
+
+def test_qos0_to_a_subscriber_that_stops_reading_is_bounded() -> None:
+    """A QoS 0 subscriber that stops reading holds at most about congested_qos0_bytes past
+    the transport's buffer; the rest is dropped and counted, even though the transport
+    calls pauseProducing on every write (issue 10, item 1)."""
+    h = Harness(congested_qos0_bytes=100 * 1024)
+    proto = h.factory.buildProtocol(None)
+    transport = FileDescriptorLikeTransport()
+    proto.makeConnection(transport)  # type: ignore[no-untyped-call]
+    proto.dataReceived(encode(Connect("MQTT", 4, "sub", True, 0)))
+    proto.dataReceived(encode(Subscribe(1, (("t", 0),))))
+    transport.clear()
+    payload = b"x" * 1000
+    for _ in range(2000):                       # about 2 MB offered
+        h.broker.publish(Message("t", payload, 0, False, "p", 0.0))
+    held = len(transport.value())
+    assert held <= FileDescriptorLikeTransport.buffer + 100 * 1024 + 2 * 1024
+    assert h.broker.sessions["sub"].dropped == 2000 - held // len(
+        encode(Publish("t", payload)))

@@ -213,8 +213,12 @@ class MQTTProtocol(Protocol):
 
     # IPushProducer: the transport tells us when its write buffer is full/drained.
     def pauseProducing(self) -> None:
-        self._congested = True
-        self._backlog = 0
+        # Twisted calls this on every write while its buffer is full, not once: the
+        # backlog counts from the first pause until resumeProducing, so a QoS 0
+        # subscriber that stopped reading is held to congested_qos0_bytes.
+        if not self._congested:
+            self._congested = True
+            self._backlog = 0
 
     def resumeProducing(self) -> None:
         self._congested = False
