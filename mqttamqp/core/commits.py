@@ -43,10 +43,6 @@ class CommitBatcher:
         self._flushes: list[Callable[[], None]] = []
 
     @property
-    def in_batch(self) -> bool:
-        return bool(self._depth)
-
-    @property
     def owned(self) -> bool:
         """True while a Deferred that ``persist`` returns is the caller's alone (inside
         a batch, or while stopping), so it may also be fired early."""

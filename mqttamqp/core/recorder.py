@@ -36,7 +36,7 @@ from mqttamqp.events import (
 )
 
 __all__ = [
-    "Recorder", "NoRecorder",
+    "Recorder", "NoRecorder", "records",
     "CONNECT", "DISCONNECT", "WILL_PUBLISHED", "SESSION_CREATED", "SESSION_RESUMED",
     "SESSION_CLEARED", "SESSION_EXPIRED", "SUBSCRIBE", "UNSUBSCRIBE", "AUTH_FAILURE",
     "CONSOLE_ACTION", "EVENT_KINDS",
@@ -58,6 +58,11 @@ class Recorder(Protocol):
 
     def stats(self) -> dict[str, int]:
         """Counters for ``$SYS`` and the console (``dropped`` among them)."""
+
+
+def records(recorder: Recorder) -> bool:
+    """False for ``NoRecorder``: callers skip the work of building what it would drop."""
+    return not isinstance(recorder, NoRecorder)
 
 
 class NoRecorder:

@@ -41,6 +41,7 @@ from mqttamqp.core.recorder import (
     SESSION_EXPIRED,
     SESSION_RESUMED,
     Recorder,
+    records,
 )
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import ClientLink, Session, SessionState
@@ -69,6 +70,7 @@ class SessionRegistry:
                  flow: FlowControl, recorder: Recorder) -> None:
         self.clock = clock
         self.recorder = recorder
+        self._recording = records(recorder)
         self.limits = limits
         self.commits = commits
         self.stats = stats
@@ -118,15 +120,17 @@ class SessionRegistry:
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
             self.stats.disconnected(known)
-            self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
-                                protocol=known, reason=CAUSE_CLEAN)
+            if self._recording:
+                self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
+                                    protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
         self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
-        info = connection.info()
-        self.recorder.event(now, CONNECT, info.client_id, protocol=protocol,
-                            address=info.remote, user=info.user,
-                            clean_session=info.clean_session, keepalive=info.keepalive)
+        if self._recording:
+            info = connection.info()
+            self.recorder.event(now, CONNECT, info.client_id, protocol=protocol,
+                                address=info.remote, user=info.user,
+                                clean_session=info.clean_session, keepalive=info.keepalive)
 
     def unregister_connection(self, key: str, connection: InspectableConnection,
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
@@ -134,10 +138,12 @@ class SessionRegistry:
             del self.connections[key]
             protocol = self._connection_protocols.pop(key)
             self.stats.disconnected(protocol)
-            if self.commits.stopping:
-                cause = CAUSE_SHUTDOWN
-            self.recorder.event(self.clock.seconds(), DISCONNECT, connection.info().client_id,
-                                protocol=protocol, reason=cause, detail=detail or None)
+            if self._recording:
+                if self.commits.stopping:
+                    cause = CAUSE_SHUTDOWN
+                self.recorder.event(self.clock.seconds(), DISCONNECT,
+                                    connection.info().client_id, protocol=protocol,
+                                    reason=cause, detail=detail or None)
 
     # -- claiming and ending --------------------------------------------------
 

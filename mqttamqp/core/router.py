@@ -33,7 +33,7 @@ from mqttamqp.core.persistence import (
     PutRetained,
     PutSubscription,
 )
-from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, NoRecorder, Recorder
+from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
@@ -76,7 +76,7 @@ class Router:
         self.stats = stats
         self.authorizer = authorizer
         self.recorder = recorder
-        self._recording = not isinstance(recorder, NoRecorder)
+        self._recording = records(recorder)
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore()
 
@@ -191,7 +191,7 @@ class Router:
                               c=session.client_id, f=topic_filter, p=problem)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
-            if not self.may_subscribe(identity, topic_filter):
+            if not self.authorizer.may_subscribe(identity, topic_filter):
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             granted = min(qos, 2)

@@ -116,7 +116,6 @@ class MQTTProtocol(Protocol):
         "connected_since",
         "decoder",
         "factory",
-        "has_will",
         "identity",
         "keepalive",
         "limits",
@@ -143,7 +142,6 @@ class MQTTProtocol(Protocol):
         self.clean_session = True
         self.peer = "?"
         self.connected_since = 0.0
-        self.has_will = False
         self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
@@ -420,7 +418,6 @@ class MQTTProtocol(Protocol):
             w = packet.will
             will = WillMessage(self.client_id, w.topic, w.payload, w.qos, w.retain, "mqtt",
                                self.clock.seconds())
-        self.has_will = will is not None
         opened = self.broker.open_session(
             self, self.client_id, packet.clean_session, will, self.identity)
         session, present, d = opened.session, opened.present, opened.durable
