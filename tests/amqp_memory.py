@@ -20,6 +20,7 @@ comes over the wire, or from ``broker.sessions``, ``wills``, ``retained`` and ``
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from amqp_messages import annotation, control, drain, publish_message, will_message
@@ -74,6 +75,7 @@ class Receiver:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.got: list[tuple[Message, Delivery]] = []
+        self.raw: list[bytes] = []          # the same, as the bytes that arrived
         self._taken = 0
 
     def collect(self) -> None:
@@ -86,6 +88,7 @@ class Receiver:
             message = Message()
             message.decode(data)
             self.got.append((message, dlv))
+            self.raw.append(bytes(data))
 
     def new(self) -> list[tuple[Message, Delivery]]:
         """What arrived since the last call."""
@@ -113,6 +116,9 @@ class AmqpPeer:
         self.receivers: list[Receiver] = []
         self.lost = False      # the broker saw connectionLost
         self.silent = False    # sends and reads nothing (a hung peer)
+        # Applied to the client's bytes on their way to the broker (hostile input).
+        self.mangle: Callable[[bytes], bytes] | None = None
+        self.mangle_in: Callable[[bytes], bytes] | None = None    # and the broker's
         self.conn.open()
         self.session = self.conn.session()
         self.session.open()
@@ -125,12 +131,16 @@ class AmqpPeer:
         self.transport.tick(self.net.clock.seconds())
         moved = False
         out = drain(self.transport)
+        if out and self.mangle is not None:
+            out = self.mangle(out)
         if out:
             self.server.dataReceived(out)
             moved = True
         back = self.wire.value()
         if back:
             self.wire.clear()
+            if self.mangle_in is not None:
+                back = self.mangle_in(back)
             while back and self.transport.capacity() > 0:
                 n = min(len(back), self.transport.capacity())
                 self.transport.push(back[:n])
@@ -156,11 +166,12 @@ class AmqpPeer:
         self.net.pump()
 
     # links
-    def receiver(self, address: str, credit: int = 10, name: str | None = None,
-                 snd_settle_mode: int | None = None) -> Receiver:
+    def receiver(self, address: str | None, credit: int = 10, name: str | None = None,
+                 snd_settle_mode: int | None = None, dynamic: bool = False) -> Receiver:
         link = self.session.receiver(name or f"r{next(_names)}")
         link.source.address = address
         link.target.address = address
+        link.source.dynamic = dynamic
         if snd_settle_mode is not None:
             link.snd_settle_mode = snd_settle_mode
         link.open()

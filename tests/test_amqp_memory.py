@@ -546,18 +546,7 @@ def test_rcv_settle_mode_second_routes_once_when_the_sender_settles() -> None:
     assert seen(sub) == []
 
 
-@pytest.mark.parametrize("body,inferred", [
-    (["a", "list"], False), ({"a": 1}, False), (42, False), ([1, 2, 3], True)])
-def test_unsupported_bodies_are_rejected(body: Any, inferred: bool) -> None:
-    """Bodies other than Data or AmqpValue string/binary: Rejected decode-error, link kept."""
-    net = Net()
-    app = net.amqp()
-    snd = app.sender("b/t")
-    msg = Message(body=body, durable=True)
-    msg.inferred = inferred
-    dlv = app.send(snd, msg)
-    assert outcome(dlv) == (REJECTED, "amqp:decode-error")
-    assert outcome(app.send(snd, publish_message(None, b"fine", qos=1))) == (ACCEPTED, None)
+# Bodies other than Data and AmqpValue string/binary: ``test_amqp_native``.
 
 
 # == credit and the stall timeout ========================================================

@@ -42,6 +42,7 @@ from mqttamqp.amqp.codec import (
     message_payload,
     message_qos,
     message_retain,
+    mqtt_payload,
     parse_qos,
 )
 from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
@@ -157,9 +158,15 @@ def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | 
     codec._publish_heads.clear()
     try:
         m = decode_message(data)
-        payload, retain = message_payload(m), message_retain(m)
-        qos = 0 if presettled else message_qos(m)
-        return PublishFields(m.to, payload, qos, retain, m.delivery_count > 0)
+        payload, retain = mqtt_payload(m), message_retain(m)
+        annotated = m.annotations.get("x-opt-mqtt-qos") is not None
+        if presettled:
+            qos = 0
+        else:
+            qos = message_qos(m) if annotated else 1   # unsettled, no annotation: QoS 1
+        wait = qos > 0 and (annotated or m.durable)
+        return PublishFields(m.to, payload, qos, retain, m.delivery_count > 0, wait,
+                             m.durable, m.bare_start, m.props_end)
     except DecodeError as exc:
         return exc.reason
 
@@ -210,25 +217,29 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
         assert [_cached_publish(d, p) for d, p in cases] == expected
 
 
+POISON = ("poisoned", 2, True, True, False, -1, -1)
+
+
 def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
     """After one message of a sender, the next ones come from the cache (shown by
     poisoning the cached entry); a cached prefix followed by anything but exactly
     one Data section goes the full way."""
     first = bytes(publish_message("t/1", b"one", qos=1).encode())
-    assert decode_publish(first, False) == PublishFields("t/1", b"one", 1, False, False)
+    fields = decode_publish(first, False)
+    assert fields[:6] == ("t/1", b"one", 1, False, False, True)
     prefix = first[:first.rfind(_DATA)]
     assert prefix in codec._publish_heads
-    codec._publish_heads[prefix] = ("poisoned", 2, True, True)
+    codec._publish_heads[prefix] = POISON
     second = bytes(publish_message("t/1", b"two", qos=1).encode())
-    assert decode_publish(second, False) == PublishFields("poisoned", b"two", 2, True, True)
+    assert decode_publish(second, False)[:6] == ("poisoned", b"two", 2, True, True, True)
     # Not exactly one Data section after the cached prefix: decoded in full.
     for tail in (b"\xa0\x01x" + _DATA + b"\xa0\x01y",        # two Data sections
                  b"\xa0\x01x\x00\x53\x78\xc1\x01\x00",      # a footer after it
                  b"\xa0\x05x",                                # vbin8 cut short
                  b"\xb0\xff\xff\xff\xffx"):                      # vbin32 cut short
         data = prefix + _DATA + tail
-        assert _cached_publish(data) != PublishFields("poisoned", b"x", 2, True, True)
-        codec._publish_heads[prefix] = ("poisoned", 2, True, True)
+        assert _cached_publish(data)[:1] != ("poisoned",)
+        codec._publish_heads[prefix] = POISON
         assert _cached_publish(data) == _uncached_publish(data)
     codec._publish_heads.clear()
 
@@ -254,7 +265,7 @@ def test_presettled_publish_ignores_a_bad_qos_annotation() -> None:
     msg.inferred = True
     data = bytes(msg.encode())
     for _ in range(2):
-        assert decode_publish(data, True) == PublishFields("t", b"x", 0, False, False)
+        assert decode_publish(data, True)[:6] == ("t", b"x", 0, False, False, False)
         with pytest.raises(DecodeError, match="x-opt-mqtt-qos"):
             decode_publish(data, False)
 

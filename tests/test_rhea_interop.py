@@ -41,22 +41,6 @@ SCRIPT_TIMEOUT = 10      # each script's own deadline, seconds
 WAIT = SCRIPT_TIMEOUT + 5.0   # the test's bound on a script (its deadline, and room to exit)
 _ids = itertools.count(1)
 
-# What the broker does today that the AMQP work of issue 16 changes.  strict=False, so the
-# marks can go once that work lands; raises=AssertionError, so a missing tool under CI or
-# a broken helper is still an error, not an expected failure.
-
-
-def _not_yet(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=False, raises=AssertionError, reason=f"issue 16, {reason}")
-
-
-BODIES_KEPT = _not_yet("AMQP 1: bodies are not yet kept between AMQP peers (an AmqpValue "
-                       "string reaches AMQP receivers as a Data section, a map is Rejected)")
-PROPERTIES_KEPT = _not_yet("AMQP 1: properties and application-properties are not yet kept "
-                           "between AMQP peers")
-SETTLEMENT_RULE = _not_yet("AMQP 2: the sender's settlement does not yet decide the delivery "
-                           "guarantee (an unsettled send without durable is QoS 0)")
-DYNAMIC_NODES = _not_yet("AMQP 3: dynamic nodes are not implemented yet (amqp:not-implemented)")
 
 
 def uid(prefix: str = "r") -> str:
@@ -237,7 +221,6 @@ BODIES = [string("hello"), string(""), string("ünïcødé ✓"),
           string("after the map")]
 
 
-@BODIES_KEPT
 def test_rhea_to_rhea_body_types_kept(rhea: Start) -> None:
     """String bodies stay strings and a map stays a map between two rhea clients."""
     topic = f"rhea/{uid()}/bodies"
@@ -249,7 +232,6 @@ def test_rhea_to_rhea_body_types_kept(rhea: Start) -> None:
     assert [m["body"] for m in messages(r)] == BODIES
 
 
-@PROPERTIES_KEPT
 def test_rhea_to_rhea_properties_kept(rhea: Start) -> None:
     """subject, message_id, correlation_id, content_type and application properties
     reach the rhea receiver as sent."""
@@ -324,7 +306,7 @@ def test_unsettled_sends_accepted_and_received_once(rhea: Start) -> None:
     assert [e["settled"] for e in got[:n]] == [False] * n   # durable: at least once
 
 
-@pytest.mark.parametrize("settled", [pytest.param(False, id="unsettled", marks=SETTLEMENT_RULE),
+@pytest.mark.parametrize("settled", [pytest.param(False, id="unsettled"),
                                      pytest.param(True, id="presettled")])
 def test_sender_settlement_decides_the_guarantee(rhea: Start, settled: bool) -> None:
     """Without durable or x-opt-mqtt-qos, an unsettled send reaches the receiver unsettled
@@ -340,7 +322,6 @@ def test_sender_settlement_decides_the_guarantee(rhea: Start, settled: bool) -> 
 # -- request / response with a dynamic reply-to --------------------------------------
 
 
-@DYNAMIC_NODES
 @pytest.mark.parametrize("via", ["link", "anonymous"])
 def test_request_response_with_dynamic_reply_to(rhea: Start, via: str) -> None:
     """Two rhea clients each attach a receiver with a dynamic source, get a distinct

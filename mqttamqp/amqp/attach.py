@@ -12,11 +12,12 @@ attached (``links``, ``services``).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from proton import Condition
+from proton import Condition, Data, Terminus, symbol
 from twisted.logger import Logger
 
 from mqttamqp.amqp.addresses import AddressKind, classify
@@ -34,9 +35,14 @@ from mqttamqp.amqp.services import (
     SubscriptionServiceLink,
     WillServiceLink,
 )
+from mqttamqp.core.router import DYNAMIC_PREFIX
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 
-__all__ = ["AttachHost", "attach", "refuse_link"]
+__all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY"]
+
+TOPIC_CAPABILITY = "topic"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+DECODE_ERROR = "amqp:decode-error"
 
 _log = Logger(namespace="mqttamqp.amqp.listener.AMQPConnection")
 
@@ -51,41 +57,63 @@ class AttachHost(LinkHost, Protocol):
 
 def refuse_link(host: AttachHost, plink: Any, condition: str, description: str) -> None:
     """Answer the attach with a null terminus, then detach with the reason."""
-    _log.info("refused link {n} from {c} ({peer}): {cond}: {d}", n=plink.name,
-                  c=host.container_id or "?", peer=host.peer, cond=condition, d=description)
+    _log.info("refused link {n} from {c} ({peer}): {cond}: {d}", n=_safe_name(plink),
+              c=host.container_id or "?", peer=host.peer, cond=condition, d=description)
     plink.open()
     plink.condition = Condition(condition, description)
     plink.close()
 
 
+def _safe_name(plink: Any) -> str:
+    try:
+        return str(plink.name)
+    except UnicodeDecodeError:
+        return "(name not UTF-8)"
+
+
 def attach(host: AttachHost, plink: Any) -> None:
     """Answer the peer's attach of ``plink`` with the link its address means, or
     refuse it (the connection stays open either way)."""
-    if plink.is_sender:
-        source = plink.remote_source
-        if source.dynamic:
-            refuse_link(host, plink, "amqp:not-implemented", "dynamic nodes are not supported")
-            return
-        address = source.address
+    try:
+        # proton decodes these strings on access: invalid UTF-8 raises here.
+        plink.name  # noqa: B018
+        remote = plink.remote_source if plink.is_sender else plink.remote_target
+        address = remote.address
+    except UnicodeDecodeError:
+        refuse_link(host, plink, DECODE_ERROR,
+                    "the link name or address is not valid UTF-8")
+        return
+    unsupported = _unsupported(plink, remote)
+    if unsupported is not None:
+        refuse_link(host, plink, NOT_IMPLEMENTED, unsupported)
+        return
+    dynamic = plink.is_sender and remote.dynamic
+    if dynamic:
+        # A node of its own for this receiver (request/response: its reply-to).
+        address = DYNAMIC_PREFIX + uuid.uuid4().hex
+        make: Callable[[], BrokerLink] | None = partial(
+            TopicSubscription, host, plink, address, reserved=True)
+    elif plink.is_sender:
         where = classify(address)
         make = _outgoing(host, plink, where.kind, where.value, address or "")
     else:
-        target = plink.remote_target
-        if target.dynamic:
-            refuse_link(host, plink, "amqp:not-implemented", "dynamic nodes are not supported")
-            return
-        address = target.address
         where = classify(address)
         make = _incoming(host, plink, where.kind, where.value, address or "")
     if make is None:
         return
     plink.source.copy(plink.remote_source)
     plink.target.copy(plink.remote_target)
+    if dynamic:
+        plink.source.address = address
     plink.snd_settle_mode = plink.remote_snd_settle_mode
     plink.rcv_settle_mode = plink.remote_rcv_settle_mode
     if not plink.is_sender:
         plink.max_message_size = host.limits.max_packet_size
     link = make()  # reads the settle modes fixed above
+    if isinstance(link, (TopicSubscription, TopicPublisher)) and link.address:
+        # What the node is: a topic (what JMS-style clients ask for with it).
+        terminus = plink.source if plink.is_sender else plink.target
+        _set_capabilities(terminus, [TOPIC_CAPABILITY])
     host.links[link.impl] = link
     plink.open()
     if isinstance(link, TopicSubscription):
@@ -97,6 +125,35 @@ def attach(host: AttachHost, plink: Any) -> None:
             plink.close()
             return
     link.start()
+
+
+def _unsupported(plink: Any, remote: Any) -> str | None:
+    """Why the link asks for something this broker does not do, or None."""
+    if not plink.is_sender:
+        if remote.type == Terminus.COORDINATOR:
+            return "transactions are not supported"
+        if remote.dynamic:
+            return "dynamic targets are not supported (a receiver may ask for a dynamic source)"
+        return None
+    filters = remote.filter
+    filters.rewind()
+    if filters.next() is not None:
+        try:
+            names = ", ".join(sorted(str(key) for key in filters.get_object() or {}))
+        except Exception:
+            names = "?"
+        return f"source filters (selectors) are not supported: {names}"
+    return None
+
+
+def _set_capabilities(terminus: Any, names: list[str]) -> None:
+    capabilities: Data = terminus.capabilities
+    capabilities.clear()
+    capabilities.put_array(False, Data.SYMBOL)
+    capabilities.enter()
+    for name in names:
+        capabilities.put_symbol(symbol(name))
+    capabilities.exit()
 
 
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,

@@ -14,6 +14,8 @@ proton only to encode the rare control messages.
 
 from __future__ import annotations
 
+import json
+import math
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "DecodeError", "Symbol", "Described", "InboundMessage", "decode_message", "decode_publish",
-    "PublishFields",
+    "PublishFields", "mqtt_payload", "native_sections", "encode_native",
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID",
@@ -85,13 +87,20 @@ class InboundMessage:
     correlation_id: Any = None
     body_kind: str = "none"        # "none", "data", "value" or "sequence"
     data: list[bytes] = field(default_factory=list)
-    value: Any = None
+    value: Any = None              # the AmqpValue, or the list of AmqpSequence sections
+    # Where the bare message's sections after the annotations begin (properties, or
+    # the first section after the message-annotations), and where the properties
+    # section ends; -1 when there is none.  ``native_sections`` cuts there.
+    bare_start: int = -1
+    props_end: int = -1
 
     def copy(self) -> InboundMessage:
         """A copy that shares the (read-only) annotations and value."""
         return InboundMessage(self.durable, self.delivery_count, self.annotations,
                               self.message_id, self.to, self.subject, self.reply_to,
-                              self.correlation_id, self.body_kind, list(self.data), self.value)
+                              self.correlation_id, self.body_kind, list(self.data),
+                              list(self.value) if self.body_kind == "sequence" else self.value,
+                              self.bare_start, self.props_end)
 
 
 # -- the decoder ---------------------------------------------------------------------
@@ -384,12 +393,15 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             _prefixes[bytes(data[:pos])] = msg.copy()
         if data[pos] != 0x00:
             raise DecodeError("message section is not a described type")
+        start = pos
         if pos + 3 < end and data[pos + 1] == 0x53:
             # The usual small-ulong descriptor: read the section without a Described.
             code = data[pos + 2]
             if not HEADER <= code <= FOOTER:
                 raise DecodeError(f"unknown message section descriptor {code!r}")
             pos += 3
+            if code >= PROPERTIES and msg.bare_start < 0:
+                msg.bare_start = start
             if code == DATA and data[pos] == 0xA0:
                 stop = pos + 2 + data[pos + 1] if pos + 1 < end else end + 1
                 if stop > end:
@@ -405,6 +417,8 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             section, pos = decoder.value(pos, end, 0)
             code = _section_code(section.descriptor)
             value = section.value
+            if code >= PROPERTIES and msg.bare_start < 0:
+                msg.bare_start = start
         if code == HEADER:
             if not isinstance(value, list):
                 raise DecodeError("header section is not a list")
@@ -431,6 +445,7 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             msg.subject = _optional_str(_field(value, 3), "subject")
             msg.reply_to = _optional_str(_field(value, 4), "reply-to")
             msg.correlation_id = _field(value, 5)
+            msg.props_end = pos
         elif code == DATA:
             if not isinstance(value, bytes):
                 raise DecodeError("data section does not hold binary")
@@ -446,7 +461,12 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
         elif code == AMQP_SEQUENCE:
             if msg.body_kind not in ("none", "sequence"):
                 raise DecodeError("message mixes AmqpSequence with another body section")
-            msg.body_kind = "sequence"
+            if not isinstance(value, list):
+                raise DecodeError("amqp-sequence section does not hold a list")
+            if msg.body_kind == "none":
+                msg.body_kind = "sequence"
+                msg.value = []
+            msg.value.append(value)
         # delivery-annotations, application-properties and footer are not used
     return msg
 
@@ -457,16 +477,22 @@ class PublishFields(NamedTuple):
     """What a topic publisher's message means to the broker."""
 
     to: str | None
-    payload: bytes
-    qos: int            # 0 for a pre-settled delivery, else the annotation (or fallback)
+    payload: bytes | None  # the MQTT payload; None: the body has no MQTT form
+    qos: int            # see ``decode_publish``
     retain: bool
     redelivered: bool   # header.delivery-count > 0
+    wait: bool          # acknowledge only once durable (QoS > 0 and persisted)
+    durable: bool       # header.durable as sent
+    bare_start: int     # see ``InboundMessage``
+    props_end: int
 
 
-# Sections before the one Data section, by their exact bytes → (to, QoS or why the
-# QoS annotation is unusable, retain, redelivered).  Only prefixes that
-# ``decode_message`` confirmed to end on a section boundary get here.
-_publish_heads: dict[bytes, tuple[str | None, int | str, bool, bool]] = {}
+# Sections before the one Data section, by their exact bytes → (to, QoS annotation
+# (None if absent) or why it is unusable, retain, redelivered, durable, bare_start,
+# props_end).  Only prefixes that ``decode_message`` confirmed to end on a section
+# boundary get here.
+_Head = tuple[str | None, int | str | None, bool, bool, bool, int, int]
+_publish_heads: dict[bytes, _Head] = {}
 
 
 def _sole_data(data: bytes, pos: int) -> bytes | None:
@@ -488,12 +514,17 @@ _fields = tuple.__new__
 
 
 def decode_publish(data: bytes, presettled: bool) -> PublishFields:
-    """The contract's fields of a message sent to a topic (raises ``DecodeError``).
+    """The fields of a message sent to a topic (raises ``DecodeError``).
 
-    A pre-settled delivery is QoS 0 whatever its annotation says (the annotation is
-    not checked).  A sender repeats the same sections before the body for every
-    message, so their meaning is cached by their bytes and only the Data section is
-    read again.
+    QoS: a pre-settled delivery is QoS 0 whatever its annotation says (the
+    annotation is not checked).  Otherwise the ``x-opt-mqtt-qos`` annotation of
+    the contract, and without one the settlement decides: unsettled is QoS 1 (at
+    least once).  ``wait``: the Accepted waits for the commit when the message is
+    persisted, that is when it carries the QoS annotation (the contract's
+    messages) or its header says ``durable``.
+
+    A sender repeats the same sections before the body for every message, so their
+    meaning is cached by their bytes and only the Data section is read again.
     """
     cut = data.rfind(_DATA_SECTION)
     if 0 < cut <= _PREFIX_MAX:
@@ -502,32 +533,97 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
         if head is not None:
             payload = _sole_data(data, cut)
             if payload is not None:
+                qos = _qos_of(head[1], presettled)
                 # tuple.__new__: half the cost of the NamedTuple's own constructor
-                return _fields(PublishFields, (head[0], payload, _qos_of(head[1], presettled),
-                                               head[2], head[3]))
+                return _fields(PublishFields, (
+                    head[0], payload, qos, head[2], head[3],
+                    qos > 0 and (head[1] is not None or head[4]), head[4],
+                    head[5] if head[5] >= 0 else cut, head[6]))
     msg = decode_message(data)
-    payload = message_payload(msg)
+    payload = mqtt_payload(msg)
     retain = message_retain(msg)
-    qos: int | str
-    try:
-        qos = message_qos(msg)
-    except DecodeError as exc:
-        qos = exc.reason
+    annotated: int | str | None
+    raw = msg.annotations.get(ANNOTATION_QOS)
+    if raw is None:
+        annotated = None
+    else:
+        annotated = parse_qos(raw)
+        if annotated is None:
+            annotated = f"annotation {ANNOTATION_QOS} must be 0, 1 or 2, got {raw!r}"
     redelivered = msg.delivery_count > 0
     if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
             and prefix in _prefixes and _sole_data(data, cut) is not None):
         if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
             _publish_heads.clear()
-        _publish_heads[prefix] = (msg.to, qos, retain, redelivered)
-    return PublishFields(msg.to, payload, _qos_of(qos, presettled), retain, redelivered)
+        _publish_heads[prefix] = (msg.to, annotated, retain, redelivered, msg.durable,
+                                  msg.bare_start if msg.bare_start < cut else -1,
+                                  msg.props_end)
+    qos = _qos_of(annotated, presettled)
+    return PublishFields(msg.to, payload, qos, retain, redelivered,
+                         qos > 0 and (annotated is not None or msg.durable), msg.durable,
+                         msg.bare_start, msg.props_end)
 
 
-def _qos_of(qos: int | str, presettled: bool) -> int:
+def _qos_of(qos: int | str | None, presettled: bool) -> int:
     if presettled:
         return 0
+    if qos is None:
+        return 1     # unsettled, no annotation: at least once
     if isinstance(qos, str):
         raise DecodeError(qos)
     return qos
+
+
+# -- the message as AMQP receivers get it ------------------------------------------------
+
+_native_props: dict[tuple[bytes, str], bytes] = {}
+
+
+def native_sections(data: bytes, bare_start: int, props_end: int, to: str | None,
+                    topic: str, durable: bool) -> bytes:
+    """What an AMQP receiver gets of a received message as it was sent: its
+    ``durable`` flag (the first byte, 0 or 1), then its properties (with ``to`` set
+    to the topic it was routed to), application properties, body and footer.  The
+    rest of the header and the annotations are the broker's own (``encode_native``)."""
+    flag = b"\x01" if durable else b"\x00"
+    if props_end >= 0 and to == topic:
+        return flag + data[bare_start:]
+    rest = data[props_end:] if props_end >= 0 else (data[bare_start:] if bare_start >= 0 else b"")
+    raw = data[bare_start:props_end] if props_end >= 0 else b""
+    key = (raw, topic)
+    props = _native_props.get(key)
+    if props is None:
+        items = _raw_list_items(raw) if raw else []
+        while len(items) < 3:
+            items.append(b"\x40")
+        items[2] = _str(topic)
+        while items and items[-1] == b"\x40" and len(items) > 3:
+            items.pop()
+        props = _PROPERTIES_PREFIX + _compound(0xC0, 0xD0, len(items), b"".join(items))
+        if len(_native_props) >= _PREFIX_CACHE_SIZE:
+            _native_props.clear()
+        _native_props[key] = props
+    return b"".join((flag, props, rest))
+
+
+def _raw_list_items(section: bytes) -> list[bytes]:
+    """The encoded elements of a described list section (already validated)."""
+    decoder = _Decoder(section)
+    end = len(section)
+    _, pos = decoder.value(1, end, 1)         # the descriptor
+    code = section[pos]
+    if code == 0x45:
+        return []
+    if code == 0xC0:
+        count, pos = section[pos + 2], pos + 3
+    else:
+        count, pos = _unpack_I(section, pos + 5)[0], pos + 9
+    items = []
+    for _ in range(count):
+        _, stop = decoder.value(pos, end, 1)
+        items.append(section[pos:stop])
+        pos = stop
+    return items
 
 
 # -- reading the contract's fields ---------------------------------------------------
@@ -590,6 +686,48 @@ def message_payload(msg: InboundMessage) -> bytes:
                           f"binary, got an AmqpValue holding {_kind(value)}")
     raise DecodeError("body must be Data sections or an AmqpValue holding a string or "
                       "binary, got an AmqpSequence")
+
+
+def mqtt_payload(msg: InboundMessage) -> bytes | None:
+    """The payload MQTT subscribers get: Data sections joined; an AmqpValue string
+    as UTF-8, binary as is; other values and AmqpSequence bodies as JSON where JSON
+    can say them (one sequence section is a JSON array, several an array of
+    arrays); None where it cannot (the message is for AMQP receivers only)."""
+    kind = msg.body_kind
+    if kind == "data":
+        return msg.data[0] if len(msg.data) == 1 else b"".join(msg.data)
+    if kind == "none":
+        return b""
+    value = msg.value
+    if kind == "value":
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, str) and not isinstance(value, Symbol):
+            return value.encode("utf-8")
+    elif len(value) == 1:
+        value = value[0]
+    if not _jsonable(value, 0):
+        return None
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8")
+
+
+def _jsonable(value: Any, depth: int) -> bool:
+    """Can JSON say ``value`` without losing what it is?  (Symbols and chars are
+    strings; binary, described values, UUIDs, decimals and non-string map keys are
+    not representable; nor are infinities and NaN.)"""
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, list):
+        return all(_jsonable(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _jsonable(item, depth + 1)
+                   for key, item in value.items())
+    return False
 
 
 def _kind(value: Any) -> str:
@@ -679,9 +817,32 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
 _heads: dict[tuple[int, bool, int, str | None], bytes] = {}
 
 
-def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None) -> bytes:
-    """Header and message-annotations: the same for every message of one publisher."""
-    header_items = (b"\x41" if qos else b"\x42") + b"\x40\x40\x40" + _uint(delivery_count)
+def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
+                  publisher: str | None) -> bytes:
+    """A message from an AMQP sender as an AMQP receiver gets it: a header with the
+    sender's ``durable`` and the contract's annotations, then the sender's own
+    sections (``native`` is what ``native_sections`` made)."""
+    durable = native[0] == 1
+    key = (qos, retain, delivery_count, publisher, durable)
+    head = _native_heads.get(key)
+    if head is None:
+        head = _encode_head(qos, retain, delivery_count, publisher, durable)
+        if len(_native_heads) >= _PREFIX_CACHE_SIZE:
+            _native_heads.clear()
+        _native_heads[key] = head
+    return b"".join((head, memoryview(native)[1:]))
+
+
+_native_heads: dict[tuple[int, bool, int, str | None, bool], bytes] = {}
+
+
+def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
+                 durable: bool | None = None) -> bytes:
+    """Header and message-annotations: the same for every message of one publisher.
+    ``durable`` defaults to the contract's (QoS > 0)."""
+    if durable is None:
+        durable = qos > 0
+    header_items = (b"\x41" if durable else b"\x42") + b"\x40\x40\x40" + _uint(delivery_count)
     annotations = (_RETAIN_TRUE if retain else _RETAIN_FALSE) + _QOS[qos]
     pairs = 4
     if publisher is not None:

@@ -43,7 +43,9 @@ from mqttamqp.amqp.codec import (
     decode_message,
     decode_publish,
     encode_control,
+    encode_native,
     encode_publish,
+    native_sections,
 )
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
@@ -274,6 +276,9 @@ class _SessionLink(OutgoingLink):
     """Delivers a core ``Session`` to the peer (the ``ClientLink`` of the core)."""
 
     session: Session | None = None
+    # Messages from AMQP senders go out as they were sent (a native receiver), not
+    # as the contract's AMQP_PUBLISH with the MQTT payload (an FE).
+    native = False
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
@@ -310,7 +315,10 @@ class _SessionLink(OutgoingLink):
                 self.broker.dropped(session)
             return
         cache = _encode_cache
-        if packet_id is not None:
+        native = message.native if self.native else None
+        if native is not None:
+            data = encode_native(native, qos, retain, count, message.publisher)
+        elif packet_id is not None:
             data = encode_publish(message.topic, message.payload, qos, retain, count,
                                   message.publisher, packet_id)
         elif cache[0] is message and cache[1] == retain:
@@ -397,8 +405,12 @@ class _SessionLink(OutgoingLink):
 class TopicSubscription(_SessionLink):
     """A receiver whose source is a topic filter: every matching message."""
 
-    def __init__(self, host: LinkHost, plink: Any, topic_filter: str) -> None:
+    native = True
+
+    def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
+                 reserved: bool = False) -> None:
         super().__init__(host, plink, topic_filter)
+        self.reserved = reserved   # the address of its own dynamic node
         # Unique per link: two sessions of one connection may reuse a link name.
         self.key = f"amqp:{host.container_id}:{self.name}#{host.serial}.{next(_link_serials)}"
 
@@ -406,7 +418,7 @@ class TopicSubscription(_SessionLink):
         """Route the filter to a session of this link; returns why it failed, or None."""
         granted = 0 if self.presettled else 2
         session = self.broker.add_topic_receiver(
-            self.key, self.address, self.host.identity, granted)
+            self.key, self.address, self.host.identity, granted, self.reserved)
         if session is None:
             return "subscription to this topic filter is not allowed"
         self.session = session   # before anything is delivered: drops count against it
@@ -651,6 +663,7 @@ class TopicPublisher(IncomingLink):
         super().__init__(host, plink, topic or "")
         self.topic = topic
         self._held: dict[Any, Message] = {}
+        self._warned_amqp_only = False
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         try:
@@ -672,8 +685,21 @@ class TopicPublisher(IncomingLink):
                 return
         host = self.host
         broker = self.broker
-        routed = Message(topic, fields.payload, fields.qos, fields.retain,
-                         host.container_id or None, broker.clock.seconds(), fields.redelivered)
+        payload = fields.payload
+        if payload is None:
+            broker.stats.messages_amqp_only += 1
+            if not self._warned_amqp_only:
+                self._warned_amqp_only = True
+                self.log.info("a message on {a} from {c} ({peer}) has a body with no MQTT "
+                              "form: it goes to AMQP receivers only (logged once per link)",
+                              a=self.address or "(anonymous)", c=host.container_id,
+                              peer=host.peer)
+        routed = Message(topic, b"" if payload is None else payload, fields.qos,
+                         fields.retain, host.container_id or None, broker.clock.seconds(),
+                         fields.redelivered,
+                         native_sections(data, fields.bare_start, fields.props_end, fields.to,
+                                         topic, fields.durable),
+                         payload is None)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that
@@ -685,7 +711,7 @@ class TopicPublisher(IncomingLink):
             self.answer(dlv, ACCEPTED)
             self.outstanding += 1
             return
-        result = broker.publish(routed, host.identity, wait=not presettled)
+        result = broker.publish(routed, host.identity, wait=fields.wait)
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
             return

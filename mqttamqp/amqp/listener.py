@@ -531,7 +531,15 @@ class AMQPConnection(Protocol):
 
     def _on_connection_remote_open(self, event: Any) -> None:
         pconn = self.pconn
-        self.container_id = pconn.remote_container or ""
+        try:
+            self.container_id = pconn.remote_container or ""
+        except UnicodeDecodeError:
+            self.broker.stats.protocol_errors += 1
+            self.log.info("AMQP connection from {peer} refused: its container id is not "
+                          "valid UTF-8", peer=self.peer)
+            self._lost_reason = "protocol error (container id not UTF-8)"
+            self._close_engine("amqp:decode-error", "the container id is not valid UTF-8")
+            return
         self.identity = Identity(self.container_id, self.username, "amqp")
         pconn.container = CONTAINER_ID
         pconn.offered_capabilities = SymbolList([amqp_symbol("ANONYMOUS-RELAY")])
@@ -550,8 +558,7 @@ class AMQPConnection(Protocol):
         condition = pconn.remote_condition
         self._peer_closed = condition is None
         reason = ("connection closed by the peer" if condition is None else
-                  f"connection closed by the peer with {condition.name}: "
-                  f"{condition.description}")
+                  f"connection closed by the peer with {_describe(condition)}")
         self._lost_reason = reason
         self._end_links(brute=condition is not None, reason=reason)
         if not (pconn.state & Endpoint.LOCAL_CLOSED):
@@ -564,7 +571,7 @@ class AMQPConnection(Protocol):
         session = event.session
         condition = session.remote_condition
         reason = ("session ended by the peer" if condition is None else
-                  f"session ended by the peer with {condition.name}")
+                  f"session ended by the peer with {_describe(condition)}")
         for impl, link in list(self.links.items()):
             plink = link.plink
             if plink.session == session:
@@ -584,7 +591,7 @@ class AMQPConnection(Protocol):
         condition = plink.remote_condition
         if link is not None:
             reason = ("detached by the peer" if condition is None else
-                      f"detached by the peer with {condition.name}: {condition.description}")
+                      f"detached by the peer with {_describe(condition)}")
             link.end(condition is not None, reason)
         if not (plink.state & Endpoint.LOCAL_CLOSED):
             if event.type == _E.LINK_REMOTE_DETACH:
@@ -603,9 +610,9 @@ class AMQPConnection(Protocol):
     def _on_transport_error(self, event: Any) -> None:
         condition = self.ptrans.condition
         if condition is not None:
-            what = f"{condition.name}: {condition.description}"
-            if condition.name == "amqp:resource-limit-exceeded":
-                self._lost_reason = f"idle time-out ({condition.description})"
+            what = _describe(condition)
+            if what.startswith("amqp:resource-limit-exceeded"):
+                self._lost_reason = f"idle time-out ({what.partition(': ')[2]})"
             else:
                 self._lost_reason = f"transport error {what}"
             self.log.info("AMQP connection of {c} ({peer}): {what}; closing",
@@ -621,6 +628,15 @@ class AMQPConnection(Protocol):
         _E.LINK_REMOTE_DETACH.number: _on_link_remote_close,
         _E.TRANSPORT_ERROR.number: _on_transport_error,
     }
+
+def _describe(condition: Any) -> str:
+    """``name: description`` of a peer's error condition (proton decodes both on
+    access, and raises on invalid UTF-8)."""
+    try:
+        return f"{condition.name}: {condition.description}"
+    except UnicodeDecodeError:
+        return "an error condition that is not valid UTF-8"
+
 
 class AMQPFactory(Factory):
     """Builds one ``AMQPConnection`` per socket; holds what connections share."""

@@ -236,11 +236,13 @@ class Broker:
         self._registry.take_over(client_id)
 
     def add_topic_receiver(self, key: str, topic_filter: str, identity: Identity,
-                           qos: int) -> Session | None:
+                           qos: int, dynamic: bool = False) -> Session | None:
         """An AMQP receiver on a topic filter: a session of its own, subscribed (None
-        if refused).  Nothing is delivered until ``start_topic_receiver``."""
+        if refused).  Nothing is delivered until ``start_topic_receiver``.
+        ``dynamic``: the filter is the address of the receiver's dynamic node."""
         session = self._registry.add_link_subscriber(key)
-        codes, _ = self._router.subscribe(session, identity, [(topic_filter, qos)])
+        codes, _ = self._router.subscribe(session, identity, [(topic_filter, qos)],
+                                          native=True, dynamic=dynamic)
         if codes[0] == SUBSCRIBE_FAILURE:
             self._registry.remove_link_subscriber(key)
             return None

@@ -17,6 +17,11 @@ class Message:
     ``min(qos, granted)``.  ``publisher`` is the MQTT client id or AMQP container id
     (kept across the MQTT/AMQP bridge).  ``dup`` is true when the publisher sent it
     as a redelivery; ``timestamp`` is seconds since the epoch at the broker.
+
+    A message from an AMQP sender also keeps what AMQP receivers get as it was sent
+    (``native``: its properties, application properties, body and footer, encoded);
+    ``payload`` is then its MQTT form.  ``amqp_only``: the body has no MQTT form
+    (e.g. a map holding binary), so it reaches AMQP topic receivers only.
     """
 
     topic: str
@@ -26,6 +31,8 @@ class Message:
     publisher: str | None = None
     timestamp: float = 0.0
     dup: bool = False
+    native: bytes | None = None
+    amqp_only: bool = False
 
     def with_retain(self, retain: bool) -> Message:
         return self if self.retain == retain else replace(self, retain=retain)

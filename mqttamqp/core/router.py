@@ -40,10 +40,14 @@ from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
 from mqttamqp.records import record
 
-__all__ = ["Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX"]
+__all__ = ["Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX"]
 
 SUBSCRIBE_FAILURE = 0x80
 SYS_PREFIX = "$SYS/"
+# Dynamic nodes (AMQP receivers with a dynamic source): each topic under this prefix
+# belongs to the one receiver that created it.  Anyone may publish to it (that is
+# how replies reach it); nobody else may subscribe, and nothing there is retained.
+DYNAMIC_PREFIX = "$dynamic/"
 
 _NO_SESSIONS: tuple[Session, ...] = ()
 
@@ -79,6 +83,9 @@ class Router:
         self._recording = records(recorder)
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore()
+        # Sessions of AMQP topic receivers: the only ones that take messages whose
+        # body has no MQTT form (``Message.amqp_only``).
+        self.native: set[Session] = set()
 
     # -- publishing -----------------------------------------------------------
 
@@ -106,9 +113,9 @@ class Router:
         if counted:  # the broker's own $SYS updates are not traffic
             self.stats.messages_received += 1
         ops: list[Op] = list(extra_ops)
-        if message.retain:
+        if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
-            if not message.payload:
+            if not message.payload and not message.amqp_only:
                 if self.retained.delete(message.topic) and durable:
                     ops.append(DeleteRetained(message.topic))
             else:
@@ -123,6 +130,9 @@ class Router:
         matches = self.trie.match(message.topic)
         recording = self._recording and counted
         dropped = 0
+        if message.amqp_only:
+            native = self.native
+            matches = {s: q for s, q in matches.items() if s in native}
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             if recording:
@@ -170,6 +180,7 @@ class Router:
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         """A valid filter ``identity`` may subscribe to."""
         return (validate_topic_filter(topic_filter) is None
+                and not topic_filter.startswith(DYNAMIC_PREFIX)
                 and self.authorizer.may_subscribe(identity, topic_filter))
 
     def congested_for(self, topic: str) -> bool:
@@ -179,9 +190,15 @@ class Router:
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Session, identity: Identity,
-                  requests: Sequence[tuple[str, int]]
-                  ) -> tuple[list[int], Deferred[None] | None]:
-        """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
+                  requests: Sequence[tuple[str, int]], *, native: bool = False,
+                  dynamic: bool = False) -> tuple[list[int], Deferred[None] | None]:
+        """Add subscriptions; returns the SUBACK codes and the commit to wait for.
+
+        ``native``: the session is an AMQP topic receiver's.  ``dynamic``: it is the
+        receiver of a dynamic node, the one subscriber its address may have.
+        """
+        if native:
+            self.native.add(session)
         codes: list[int] = []
         ops: list[Op] = []
         for topic_filter, qos in requests:
@@ -189,6 +206,12 @@ class Router:
             if problem is not None:
                 self.log.warn("{c} subscribed to an invalid filter {f!r}: {p}",
                               c=session.client_id, f=topic_filter, p=problem)
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            if topic_filter.startswith(DYNAMIC_PREFIX) and not dynamic:
+                self.log.warn("{c} subscribed to {f!r}: dynamic addresses belong to the "
+                              "receiver that created them", c=session.client_id,
+                              f=topic_filter)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             if not self.authorizer.may_subscribe(identity, topic_filter):
@@ -212,6 +235,8 @@ class Router:
             if granted == SUBSCRIBE_FAILURE:
                 continue
             for message in self.retained.match(topic_filter):
+                if message.amqp_only and session not in self.native:
+                    continue
                 qos = min(granted, message.qos)
                 entry = session.deliver(message, qos, True)
                 if entry is not None and session.persistent:
@@ -241,6 +266,7 @@ class Router:
 
     def forget_session(self, session: Session) -> None:
         """``session`` is going away: its routes leave the trie."""
+        self.native.discard(session)
         for topic_filter in session.subscriptions:
             self.trie.remove(topic_filter, session)
         session.subscriptions.clear()

@@ -21,6 +21,7 @@ class BrokerStats:
     bytes_sent: int = 0
     messages_dropped: int = 0         # queue bounds, congestion, rejected deliveries
     publish_denied: int = 0
+    messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)
 
@@ -48,6 +49,7 @@ class BrokerStats:
             (p + "messages/received", str(self.messages_received)),
             (p + "messages/sent", str(self.messages_sent)),
             (p + "messages/dropped", str(dropped)),
+            (p + "messages/amqp-only", str(self.messages_amqp_only)),
             (p + "bytes/received", str(self.bytes_received)),
             (p + "bytes/sent", str(self.bytes_sent)),
             (p + "subscriptions/count", str(subscriptions)),

@@ -23,6 +23,7 @@ Root layout (``SCHEMA_VERSION`` 1)::
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
+                    + (native, amqp_only) for a retained message from an AMQP sender
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id)
 
@@ -63,7 +64,8 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-MessageRecord = tuple[str, bytes, int, bool, str | None, float, bool]
+MessageRecord = (tuple[str, bytes, int, bool, str | None, float, bool]
+                 | tuple[str, bytes, int, bool, str | None, float, bool, bytes, bool])
 WillRecord = tuple[str, str, bytes, int, bool, str, float]
 QueuedRecord = tuple[MessageRecord, int, str, int | None]
 
@@ -133,16 +135,24 @@ def _bytes(payload: Any) -> bytes:
     return payload if type(payload) is bytes else bytes(payload)
 
 
-def message_to_record(m: Message) -> MessageRecord:
-    return (
+def message_to_record(m: Message, native: bool = True) -> MessageRecord:
+    record: MessageRecord = (
         str(m.topic), _bytes(m.payload), int(m.qos), bool(m.retain),
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
+    if m.native is None or not native:
+        return record
+    # A message from an AMQP sender also keeps its AMQP form (a retained message is
+    # sent to AMQP receivers as it was sent, after a restart too).
+    return (*record, _bytes(m.native), bool(m.amqp_only))
 
 
 def record_to_message(r: Any) -> Message:
-    topic, payload, qos, retain, publisher, timestamp, dup = r
-    return Message(topic, payload, qos, retain, publisher, timestamp, dup)
+    if len(r) == 7:
+        topic, payload, qos, retain, publisher, timestamp, dup = r
+        return Message(topic, payload, qos, retain, publisher, timestamp, dup)
+    topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
+    return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only)
 
 
 def will_to_record(w: WillMessage) -> WillRecord:
@@ -159,7 +169,9 @@ def record_to_will(r: Any) -> WillMessage:
 
 def queued_to_record(q: StoredQueued) -> QueuedRecord:
     return (
-        message_to_record(q.message), int(q.qos), str(q.state),
+        # Queued for a client id's session: MQTT, or an FE over AMQP, which both
+        # take the MQTT payload.
+        message_to_record(q.message, native=False), int(q.qos), str(q.state),
         None if q.packet_id is None else int(q.packet_id),
     )
 

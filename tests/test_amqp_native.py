@@ -1,0 +1,404 @@
+"""Native AMQP 1.0 applications, in memory (issue 16, "AMQP 1.0 for native
+applications"; issue 10, item 2): bodies kept between AMQP peers, their MQTT form,
+the settlement rules, dynamic nodes, the anonymous relay, capabilities, refused
+features, and strings that are not UTF-8.
+
+Black box as ``test_amqp_memory``: a proton client engine and ``MQTTProtocol``
+peers on one ``task.Clock`` (``amqp_memory.Net``); the subprocess interop tests of
+the same rules are in ``test_amqp_native_interop``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from amqp_memory import ACCEPTED, MqttPeer, Net, annotation, outcome, publish_message
+from fakes import ManualStore, MemoryStore
+from proton import Data, Link, Message, Terminus, char, float32, symbol, timestamp, ulong
+from twisted.internet.defer import succeed
+
+from mqttamqp.amqp.codec import decode_message
+from mqttamqp.core.router import DYNAMIC_PREFIX
+
+
+def watch(net: Net, topic_filter: str, qos: int = 2, client_id: str | None = None) -> MqttPeer:
+    sub = net.mqtt(client_id or f"watch-{topic_filter}")
+    assert sub.subscribe((topic_filter, qos)) == (qos,)
+    return sub
+
+
+def full_message(body: Any, **kw: Any) -> Message:
+    """A message with every section an application may set."""
+    msg = Message(body=body, id="m-1", correlation_id=ulong(7), subject="greeting",
+                  reply_to="back/here", content_type="text/plain",
+                  properties={"colour": "red", "n": 3}, **kw)
+    msg.creation_time = 1_700_000_000.5
+    return msg
+
+
+# == bodies between AMQP peers =============================================================
+
+@pytest.mark.parametrize("body", [
+    "Hello World!",
+    {"a": 1, "b": [1, 2, {"c": None}]},
+    ["x", 2, 3.5, True],
+    42,
+    {symbol("sym"): "v", "bin": b"\x00\x01"},
+    b"\x00raw",
+], ids=["string", "map", "list", "int", "map-with-binary", "binary"])
+def test_body_and_properties_reach_an_amqp_receiver_as_sent(body: Any) -> None:
+    """AMQP → AMQP: body section type and value, properties and application
+    properties arrive as sent, with the contract's annotations added."""
+    net = Net()
+    app = net.amqp("sender-app")
+    rcv = app.receiver("nat/t")
+    snd = app.sender("nat/t")
+    assert outcome(app.send(snd, full_message(body, durable=True))) == (ACCEPTED, None)
+    [(m, dlv)] = rcv.new()
+    got = bytes(m.body) if isinstance(m.body, memoryview) else m.body   # proton's binary
+    assert got == body and type(got) is type(body)
+    assert m.inferred is False                      # an AmqpValue, not Data sections
+    assert (m.id, m.correlation_id, m.subject, m.reply_to) == ("m-1", 7, "greeting", "back/here")
+    assert m.content_type == "text/plain" and m.creation_time == 1_700_000_000.5
+    assert m.properties == {"colour": "red", "n": 3}
+    assert m.address == "nat/t"                      # `to` is the topic it was routed to
+    assert annotation(m, "x-opt-mqtt-qos") == 1 and annotation(m, "x-opt-retain-message") is False
+    assert annotation(m, "x-opt-mqtt-client-id") == "sender-app"
+    assert not dlv.settled
+
+
+def test_sequence_data_sections_and_footer_are_kept() -> None:
+    """An AmqpSequence body stays one; several Data sections and a footer are kept."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("seq/t")
+    snd = app.sender("seq/t")
+    seq = Message(body=[1, "two", 3.0])
+    seq.inferred = True
+    assert outcome(app.send(snd, seq)) == (ACCEPTED, None)
+    [(m, _)] = rcv.new()
+    assert m.inferred is True and m.body == [1, "two", 3.0]
+    # Two Data sections and a footer, encoded by hand after proton's properties.
+    head = bytes(Message(address="seq/t").encode())
+    raw = head + b"\x00\x53\x75\xa0\x02ab" + b"\x00\x53\x75\xa0\x01c" \
+        + b"\x00\x53\x78\xc1\x07\x02\xa3\x01k\xa1\x01v"
+    dlv = snd.delivery("raw")
+    snd.send(raw)
+    snd.advance()
+    net.pump()
+    assert outcome(dlv) == (ACCEPTED, None)
+    rcv.new()
+    # proton's Message keeps neither the footer nor a second Data section: the bytes
+    # tell (decoded by the broker's own codec, which reads every section).
+    tail = rcv.raw[-1][rcv.raw[-1].index(b"\x00\x53\x75"):]
+    assert tail == b"\x00\x53\x75\xa0\x02ab" + b"\x00\x53\x75\xa0\x01c" \
+        + b"\x00\x53\x78\xc1\x07\x02\xa3\x01k\xa1\x01v"
+    assert decode_message(rcv.raw[-1]).data == [b"ab", b"c"]
+    sub = watch(net, "seq/#")
+    app.send(snd, seq)
+    dlv = snd.delivery("raw2")
+    snd.send(raw)
+    snd.advance()
+    net.pump()
+    assert [p.payload for p in sub.publishes()] == [b'[1,"two",3.0]', b"abc"]
+
+
+def test_the_to_of_a_message_sent_on_a_topic_link_is_the_topic() -> None:
+    """A sender on a topic link whose messages have no (or another) `to`: receivers
+    see `to` = the topic, the rest of the properties kept."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("to/#")
+    snd = app.sender("to/t")
+    app.send(snd, Message(body="a", id="keep-me"))
+    app.send(snd, Message(body="b", address="elsewhere", id="keep-me-too", user_id=b"u"))
+    got = [(m.address, m.id, m.body) for m, _ in rcv.new()]
+    assert got == [("to/t", "keep-me", "a"), ("to/t", "keep-me-too", "b")]
+
+
+# == bodies toward MQTT =================================================================
+
+def test_mqtt_subscribers_get_each_body_in_its_mqtt_form() -> None:
+    """Data → bytes, string → UTF-8, binary → bytes, maps/lists/numbers → JSON."""
+    net = Net()
+    app = net.amqp()
+    sub = watch(net, "form/#")
+    snd = app.sender(None)
+    bodies = [("form/s", "grüße"), ("form/b", b"\x00\x01"), ("form/m", {"a": [1, 2.5, None]}),
+              ("form/l", ["x", True]), ("form/n", 42), ("form/f", float32(1.5)),
+              ("form/c", char("z")), ("form/sym", symbol("s")), ("form/t", timestamp(1500))]
+    for topic, body in bodies:
+        assert outcome(app.send(snd, Message(address=topic, body=body))) == (ACCEPTED, None)
+    data = publish_message("form/d", b"raw", qos=1)
+    app.send(snd, data)
+    got = {p.topic: p.payload for p in sub.publishes()}
+    assert got == {
+        "form/s": "grüße".encode(), "form/b": b"\x00\x01", "form/m": b'{"a":[1,2.5,null]}',
+        "form/l": b'["x",true]', "form/n": b"42", "form/f": b"1.5", "form/c": b"z",
+        "form/sym": b'"s"', "form/t": b"1500", "form/d": b"raw"}
+    assert json.loads(got["form/m"]) == {"a": [1, 2.5, None]}
+
+
+def test_a_body_with_no_mqtt_form_reaches_amqp_receivers_only_and_is_counted() -> None:
+    """A map holding binary has no JSON form: MQTT subscribers do not get it (counted,
+    logged once per link); AMQP receivers do, as sent; nothing else is disturbed."""
+    net = Net()
+    app = net.amqp()
+    sub = watch(net, "nm/#")
+    rcv = app.receiver("nm/#")
+    snd = app.sender("nm/t")
+    for _ in range(3):
+        assert outcome(app.send(snd, Message(body={"k": b"\xff"}, durable=True))) \
+            == (ACCEPTED, None)
+    assert outcome(app.send(snd, Message(body={"k": "text"}))) == (ACCEPTED, None)
+    assert [p.payload for p in sub.publishes()] == [b'{"k":"text"}']
+    assert [m.body for m, _ in rcv.new()] == [{"k": b"\xff"}] * 3 + [{"k": "text"}]
+    assert net.broker.stats.messages_amqp_only == 3
+
+
+def test_a_retained_native_message_keeps_its_body_for_late_receivers_and_restarts() -> None:
+    """Retained: a late AMQP receiver gets the map as sent, a late MQTT subscriber its
+    JSON; after a restart from the store, the same."""
+    store = MemoryStore()
+    net = Net(store)
+    app = net.amqp()
+    snd = app.sender("ret/t")
+    msg = Message(body={"state": "on"}, durable=True, properties={"p": 1},
+                  annotations={symbol("x-opt-retain-message"): True})
+    assert outcome(app.send(snd, msg)) == (ACCEPTED, None)
+    for broker_net in (net, _restarted(net, store)):
+        late = broker_net.amqp().receiver("ret/#")
+        [(m, _)] = late.new()
+        assert (m.body, m.properties, annotation(m, "x-opt-retain-message")) == (
+            {"state": "on"}, {"p": 1}, True)
+        sub = watch(broker_net, "ret/#", client_id="late")
+        assert [(p.payload, p.retain) for p in sub.publishes()] == [(b'{"state":"on"}', True)]
+
+
+def _restarted(net: Net, store: MemoryStore) -> Net:
+    net.broker.shutdown()
+    return Net(store)
+
+
+def test_an_empty_message_is_an_empty_payload() -> None:
+    """A message with no body section: accepted, an empty payload; with retain it
+    deletes the retained message (README: "Bodies")."""
+    net = Net()
+    app = net.amqp()
+    sub = watch(net, "em/#")
+    snd = app.sender("em/t")
+    assert outcome(app.send(snd, Message())) == (ACCEPTED, None)
+    assert [p.payload for p in sub.publishes()] == [b""]
+
+
+# == settlement decides the guarantee ======================================================
+
+def test_settlement_decides_qos_without_the_annotation() -> None:
+    """No x-opt-mqtt-qos: unsettled is QoS 1 (the receiver gets it unsettled, so
+    proton's accept() works), pre-settled is QoS 0."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("st/t")
+    sub = watch(net, "st/t", qos=2)
+    snd = app.sender("st/t")
+    snd.snd_settle_mode = Link.SND_MIXED
+    assert outcome(app.send(snd, Message(body="unsettled"))) == (ACCEPTED, None)
+    app.send(snd, Message(body="settled"), settled=True)
+    (m1, d1), (m2, d2) = rcv.new()
+    assert (m1.body, annotation(m1, "x-opt-mqtt-qos"), d1.settled) == ("unsettled", 1, False)
+    assert m1.durable is False          # the header's durable is the sender's
+    assert (m2.body, annotation(m2, "x-opt-mqtt-qos"), d2.settled) == ("settled", 0, True)
+    assert [(p.payload, p.qos) for p in sub.publishes()] == [(b"unsettled", 1), (b"settled", 0)]
+
+
+def test_durable_decides_whether_the_accepted_waits_for_the_disk() -> None:
+    """Unsettled and durable: Accepted after the commit.  Unsettled, not durable:
+    Accepted once routed (QoS 1 all the same)."""
+    store = _SwitchStore()
+    net = Net(store)
+    persistent = net.mqtt("keeper", clean=False)
+    persistent.subscribe(("du/t", 1))
+    store.manual = True
+    app = net.amqp()
+    snd = app.sender("du/t")
+    quick = app.send(snd, Message(body="not durable"))
+    assert outcome(quick) == (ACCEPTED, None)
+    slow = app.send(snd, Message(body="durable", durable=True))
+    assert slow.remote_state == 0              # waiting for the commit
+    store.commit_all()
+    net.pump()
+    assert outcome(slow) == (ACCEPTED, None)
+    assert [(p.payload, p.qos) for p in persistent.publishes()] == [
+        (b"not durable", 1), (b"durable", 1)]
+
+
+class _SwitchStore(ManualStore):
+    """Commits at once until ``manual`` is set, then when the test says."""
+
+    manual = False
+
+    def submit(self, ops: Any) -> Any:
+        if not self.manual:
+            self.submitted.extend(ops)
+            return succeed(None)
+        return super().submit(ops)
+
+
+# == dynamic nodes and the anonymous relay ================================================
+
+def test_dynamic_receiver_gets_a_private_address_for_request_response() -> None:
+    """A dynamic source gets a broker-made address in the attach; messages sent to it
+    (anonymous relay `to`, a sender link to it, an MQTT publish) reach that receiver
+    only; nobody else may subscribe; it is gone on detach."""
+    net = Net()
+    client = net.amqp("client")
+    server = net.amqp("server")
+    replies = client.receiver(None, dynamic=True)
+    address = replies.link.remote_source.address
+    assert address.startswith(DYNAMIC_PREFIX) and replies.link.remote_source.dynamic
+    other = client.receiver(None, dynamic=True).link.remote_source.address
+    assert other != address
+    # request → server → reply to reply-to
+    requests = server.receiver("svc/echo")
+    ask = client.sender("svc/echo")
+    assert outcome(client.send(ask, Message(body="ping", reply_to=address,
+                                            correlation_id="c1"))) == (ACCEPTED, None)
+    [(req, _)] = requests.new()
+    relay = server.sender(None)
+    assert outcome(server.send(relay, Message(address=req.reply_to, body="pong",
+                                              correlation_id=req.correlation_id))) \
+        == (ACCEPTED, None)
+    direct = server.sender(address)
+    server.send(direct, Message(body="pong-2"))
+    net.mqtt("mqtt-responder").publish(address, b"pong-3", qos=1)
+    got = [(m.body, m.correlation_id) for m, _ in replies.new()]
+    assert got == [("pong", "c1"), ("pong-2", None), (b"pong-3", None)]
+    # nobody else: an AMQP receiver on it is refused, an MQTT subscription fails
+    snoop = server.receiver(address)
+    assert snoop.link.remote_condition.name == "amqp:unauthorized-access"
+    assert net.mqtt("snoop").subscribe((address, 1), ("$dynamic/#", 1)) == (0x80, 0x80)
+    # retained is not kept there; gone on detach
+    server.send(relay, Message(address=address, body="r", annotations={
+        symbol("x-opt-retain-message"): True}))
+    assert net.broker.view.retained(address) is None
+    before = net.broker.view.counters().subscriptions
+    replies.link.close()
+    net.pump()
+    assert net.broker.view.counters().subscriptions == before - 1
+    assert not any(f == address for f, _, _ in net.broker.trie.filters())
+
+
+def test_anonymous_relay_checks_each_to() -> None:
+    """The null target routes by each message's `to`; a missing or invalid `to`,
+    or a control address, is Rejected for that message only."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("rel/#")
+    snd = app.sender(None)
+    assert outcome(app.send(snd, Message(address="rel/a", body="1"))) == (ACCEPTED, None)
+    assert outcome(app.send(snd, Message(body="nowhere")))[1] == "amqp:invalid-field"
+    assert outcome(app.send(snd, Message(address="rel/+", body="x")))[1] == "amqp:invalid-field"
+    assert outcome(app.send(snd, Message(address="$mqtt.willservice", body="x")))[1] \
+        == "amqp:invalid-field"
+    assert outcome(app.send(snd, Message(address="rel/b", body="2"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["1", "2"]
+
+
+# == capabilities and refused features =====================================================
+
+def _symbols(data: Data) -> list[str]:
+    data.rewind()
+    if data.next() is None:
+        return []
+    value = data.get_object()
+    values = getattr(value, "elements", value)   # a proton Array
+    return [str(v) for v in (values if isinstance(values, (list, tuple)) else [value])]
+
+
+def test_open_and_attach_offer_what_is_supported() -> None:
+    """ANONYMOUS-RELAY in the open frame; `topic` on the terminus of topic links."""
+    net = Net()
+    app = net.amqp()
+    assert "ANONYMOUS-RELAY" in [str(c) for c in app.conn.remote_offered_capabilities]
+    rcv = app.receiver("cap/t")
+    snd = app.sender("cap/t")
+    assert _symbols(rcv.link.remote_source.capabilities) == ["topic"]
+    assert _symbols(snd.remote_target.capabilities) == ["topic"]
+
+
+def test_transactions_and_selectors_are_refused_at_the_link() -> None:
+    """A transaction coordinator and a source filter: that link refused with
+    amqp:not-implemented and a description; the connection and its links carry on."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("tx/t")
+    coordinator = app.session.sender("txn")
+    coordinator.target.type = Terminus.COORDINATOR
+    coordinator.open()
+    net.pump()
+    assert coordinator.remote_condition.name == "amqp:not-implemented"
+    assert "transactions" in coordinator.remote_condition.description
+    selective = app.session.receiver("sel")
+    selective.source.address = "tx/t"
+    selective.source.filter.put_map()
+    selective.source.filter.enter()
+    selective.source.filter.put_symbol(symbol("selector"))
+    selective.source.filter.put_string("colour = 'red'")
+    selective.source.filter.exit()
+    selective.open()
+    net.pump()
+    assert selective.remote_condition.name == "amqp:not-implemented"
+    assert "selector" in selective.remote_condition.description
+    snd = app.sender("tx/t")
+    assert outcome(app.send(snd, Message(body="still fine"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["still fine"]
+
+
+# == strings that are not UTF-8 (issue 10, item 2) ======================================
+
+def _replace(old: bytes, new: bytes):  # type: ignore[no-untyped-def]
+    assert len(old) == len(new)
+    return lambda data: data.replace(old, new)
+
+
+@pytest.mark.parametrize("where", ["name", "address"])
+def test_a_link_name_or_address_not_utf8_refuses_that_link_only(where: str, caplog) -> None:
+    """Invalid UTF-8 in a link name or address: that link is refused with
+    amqp:decode-error and one log line; the connection and its other links carry on."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("u8/t")
+    app.mangle = _replace(b"BADBAD", b"BA\xff\xfeAD")
+    app.mangle_in = _replace(b"BA\xff\xfeAD", b"BADBAD")   # the echo, for the client
+    if where == "name":
+        bad = app.receiver("u8/t", name="BADBAD")
+    else:
+        bad = app.receiver("u8/BADBAD")
+    app.mangle = app.mangle_in = None
+    assert bad.link.remote_condition.name == "amqp:decode-error"
+    assert not app.lost
+    snd = app.sender("u8/t")
+    assert outcome(app.send(snd, Message(body="ok"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["ok"]
+
+
+def test_a_container_id_not_utf8_closes_with_decode_error() -> None:
+    """Invalid UTF-8 in the container id: the connection is closed with
+    amqp:decode-error (not an internal error); other connections carry on."""
+    from amqp_memory import AmqpPeer
+
+    net = Net()
+    good = net.amqp()
+    rcv = good.receiver("cid/t")
+    bad = AmqpPeer(net, "BADBAD")
+    bad.mangle = _replace(b"BADBAD", b"BA\xff\xfeAD")
+    net.peers.append(bad)
+    net.pump()
+    assert bad.conn.remote_condition is not None
+    assert bad.conn.remote_condition.name == "amqp:decode-error"
+    assert bad.lost
+    snd = good.sender("cid/t")
+    assert outcome(good.send(snd, Message(body="ok"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["ok"]
