@@ -270,6 +270,96 @@ def test_presettled_publish_ignores_a_bad_qos_annotation() -> None:
             decode_publish(data, False)
 
 
+# -- the native mapping: properties ---------------------------------------------------------
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**31), 2**31 - 1).map(int32),
+    st.integers(0, 2**63).map(ulong), st.text(max_size=20),
+    st.binary(max_size=20), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(alphabet="abcxyz-", min_size=1, max_size=8).map(symbol))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=12)
+
+
+def _plain(value: Any) -> Any:
+    """proton's decoded value in comparable form (memoryview → bytes)."""
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=_values, sequence=st.booleans(), to=st.sampled_from([None, "t/x", "other"]),
+       props=st.dictionaries(st.text(max_size=5), _scalars, max_size=3),
+       durable=st.booleans(), presettled=st.booleans(), subject=st.none() | st.text(max_size=8))
+def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str | None,
+                                             props: dict[str, Any], durable: bool,
+                                             presettled: bool, subject: str | None) -> None:
+    """What an AMQP receiver gets of an AMQP sender's message (decode_publish →
+    native_sections → encode_native) decodes, with proton, to the body, body
+    section type, properties, application properties and durable that were sent,
+    `to` = the topic; and the MQTT form is what the README says (bytes, UTF-8, or
+    JSON that decodes to the same value), or None only where JSON cannot say it."""
+    import json
+
+    from mqttamqp.amqp.codec import encode_native, native_sections
+
+    if sequence and not isinstance(body, list):
+        body = [body]
+    sent = Message(body=body, address=to, subject=subject, durable=durable,
+                   properties=props or None, correlation_id="c")
+    sent.inferred = sequence
+    data = bytes(sent.encode())
+    fields = decode_publish(data, presettled)
+    native = native_sections(data, fields.bare_start, fields.props_end, fields.to, "t/x",
+                             fields.durable)
+    got = Message()
+    got.decode(encode_native(native, fields.qos, False, 0, "pub"))
+    assert _plain(got.body) == _plain(body)
+    assert got.inferred == sequence
+    assert got.address == "t/x" and got.subject == subject and got.correlation_id == "c"
+    assert _plain(got.properties or {}) == _plain(props)
+    assert got.durable == durable
+    assert got.annotations[symbol("x-opt-mqtt-qos")] == (0 if presettled else 1)
+    assert fields.wait == (not presettled and durable)
+    payload = fields.payload
+    if body is None and not sequence:
+        assert payload == b""                  # proton sends no body section for None
+    elif isinstance(body, (bytes, str)) and not isinstance(body, symbol) and not sequence:
+        assert payload == (body if isinstance(body, bytes) else body.encode())
+    elif _holds_binary(body):
+        assert payload is None                 # JSON cannot say binary
+    else:
+        assert payload is not None and _json_same(json.loads(payload), body)
+
+
+def _holds_binary(value: Any) -> bool:
+    if isinstance(value, bytes):
+        return True
+    if isinstance(value, list):
+        return any(_holds_binary(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_binary(v) for v in value.values())
+    return False
+
+
+def _json_same(decoded: Any, value: Any) -> bool:
+    if isinstance(value, list):
+        return isinstance(decoded, list) and len(decoded) == len(value) and all(
+            _json_same(d, v) for d, v in zip(decoded, value, strict=True))
+    if isinstance(value, dict):
+        return isinstance(decoded, dict) and decoded.keys() == value.keys() and all(
+            _json_same(decoded[k], v) for k, v in value.items())
+    return bool(decoded == value)
+
+
 # -- addresses ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("address,kind,value", [
