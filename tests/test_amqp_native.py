@@ -402,3 +402,49 @@ def test_a_container_id_not_utf8_closes_with_decode_error() -> None:
     snd = good.sender("cid/t")
     assert outcome(good.send(snd, Message(body="ok"))) == (ACCEPTED, None)
     assert [m.body for m, _ in rcv.new()] == ["ok"]
+
+
+# == limits on what one connection holds (issue 10, item 4) =================================
+
+def test_links_beyond_the_limit_close_the_connection_once(caplog) -> None:
+    """More links than --amqp-max-links on one connection (refused ones count too):
+    closed with amqp:resource-limit-exceeded, counted, one log line; detached links
+    do not count; other connections carry on."""
+    net = Net(amqp_max_links=5)
+    other = net.amqp()
+    rcv = other.receiver("lim/t")
+    app = net.amqp()
+    first = [app.receiver(f"lim/{i}") for i in range(3)]
+    for r in first:
+        r.link.close()
+    net.pump()
+    kept = [app.receiver(f"lim/k{i}") for i in range(4)]
+    kept.append(app.receiver("a/#/b"))         # refused (invalid filter): still held
+    assert not app.lost
+    app.receiver("lim/one-too-many")
+    assert app.lost
+    assert app.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    assert net.broker.stats.limits == {"amqp_links": 1}
+    assert len([r for r in caplog.records if "more than 5 links" in r.getMessage()]) <= 1
+    snd = other.sender("lim/t")
+    assert outcome(other.send(snd, Message(body="ok"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["ok"]
+
+
+def test_sessions_beyond_the_limit_close_the_connection() -> None:
+    """More sessions than --amqp-max-sessions (begun before the broker's open told
+    the peer its channel-max, as a hostile peer would): the connection is closed,
+    counted; within the limit it is fine."""
+    from amqp_memory import AmqpPeer
+
+    net = Net(amqp_max_sessions=2)
+    fine = AmqpPeer(net, "fine")          # one session of its own
+    fine.conn.session().open()
+    net.peers.append(fine)
+    greedy = AmqpPeer(net, "greedy")
+    for _ in range(2):
+        greedy.conn.session().open()
+    net.peers.append(greedy)
+    net.pump()
+    assert greedy.lost and not fine.lost
+    assert net.broker.stats.limits == {"amqp_sessions": 1}

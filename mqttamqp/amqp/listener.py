@@ -130,6 +130,7 @@ class AMQPConnection(Protocol):
         self._peer_closed = False           # the peer sent close (a clean end unless error)
         self._lost_reason = ""
         self._closing = False
+        self._attached = 0      # links the peer has attached and not detached (any kind)
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -344,6 +345,8 @@ class AMQPConnection(Protocol):
         ptrans.bind(pconn)
         ptrans.idle_timeout = self.factory.idle_timeout
         ptrans.max_frame_size = max(512, min(self.limits.max_packet_size + 1024, 1 << 20))
+        # A session beyond this is a framing error: proton closes the connection.
+        ptrans.channel_max = max(0, self.limits.amqp_max_sessions - 1)
         self.pconn, self.ptrans, self.collector = pconn, ptrans, collector
         self.state = ConnectionState.OPENING
         if data:
@@ -583,10 +586,26 @@ class AMQPConnection(Protocol):
             session.close()
 
     def _on_link_remote_open(self, event: Any) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._attached += 1
+        if self._attached > self.limits.amqp_max_links:
+            # Refused links count too: proton keeps each until the peer detaches it.
+            self.broker.stats.limit_hit("amqp_links")
+            self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
+                          "(--amqp-max-links); closing it", c=self.container_id or "?",
+                          peer=self.peer, n=self.limits.amqp_max_links)
+            self._lost_reason = "too many links"
+            self._end_links(brute=True, reason="too many links")
+            self._close_engine("amqp:resource-limit-exceeded",
+                               f"more than {self.limits.amqp_max_links} links on one "
+                               "connection")
+            return
         attach(self, event.link)
 
     def _on_link_remote_close(self, event: Any) -> None:
         plink = event.link
+        self._attached -= 1
         link = self.links.pop(plink._impl, None)
         condition = plink.remote_condition
         if link is not None:
@@ -613,6 +632,10 @@ class AMQPConnection(Protocol):
             what = _describe(condition)
             if what.startswith("amqp:resource-limit-exceeded"):
                 self._lost_reason = f"idle time-out ({what.partition(': ')[2]})"
+            elif "channel_max" in what:
+                self.broker.stats.limit_hit("amqp_sessions")
+                self._lost_reason = (f"more than {self.limits.amqp_max_sessions} sessions "
+                                     "(--amqp-max-sessions)")
             else:
                 self._lost_reason = f"transport error {what}"
             self.log.info("AMQP connection of {c} ({peer}): {what}; closing",

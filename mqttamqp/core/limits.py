@@ -24,3 +24,7 @@ class Limits:
     stall_timeout: float = 2.0
     # QoS 0 bytes buffered to a stalled client before dropping
     congested_qos0_bytes: int = 4 << 20
+    # One AMQP connection: sessions (channel-max + 1) and links attached at a time
+    # (about 5 KB each in proton); beyond either the connection is closed.
+    amqp_max_sessions: int = 32
+    amqp_max_links: int = 1_000

@@ -24,6 +24,11 @@ class BrokerStats:
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)
+    # How often each limit refused something (``$SYS/broker/limits/<name>``).
+    limits: dict[str, int] = field(default_factory=dict)
+
+    def limit_hit(self, name: str) -> None:
+        self.limits[name] = self.limits.get(name, 0) + 1
 
     def connected(self, protocol: str) -> None:
         self.clients_connected += 1
@@ -56,4 +61,5 @@ class BrokerStats:
             (p + "retained messages/count", str(retained)),
             (p + "sessions/count", str(sessions)),
             (p + "wills/count", str(wills)),
+            *((p + "limits/" + name, str(n)) for name, n in sorted(self.limits.items())),
         ]
