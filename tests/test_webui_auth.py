@@ -10,9 +10,12 @@ import stat
 from typing import Any
 
 import pytest
+from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
-from webui_support import CHEAP, FakeService
+from twisted.web.resource import Resource
+from webui_support import CHEAP, Client, FakeService, make_console
 
 from webui import admin_cli
 from webui.auth import (
@@ -161,23 +164,28 @@ def test_session_store_expiry_and_bounds() -> None:
 
 
 def test_login_throttle_doubles_and_resets() -> None:
-    """Back-off starts after three failures, doubles, caps, and a success clears it."""
+    """Back-off starts after three failures of a (user, address) pair, doubles, caps, and a
+    success clears the pair; the same user from another address is not held back."""
     clock = Clock()
     throttle = LoginThrottle(clock.seconds, free=3, max_delay=8)
-    keys = ["user:a", "address:1.2.3.4"]
     for _ in range(3):
-        assert throttle.retry_after(keys) == 0
-        throttle.begin(keys)
-        throttle.finish(keys, False)
-    assert throttle.retry_after(keys) == 1
-    assert throttle.retry_after(["user:b"]) == 0
+        assert throttle.retry_after("a", "1.2.3.4") == 0
+        throttle.begin("a", "1.2.3.4")
+        throttle.finish("a", "1.2.3.4", False)
+    assert throttle.retry_after("a", "1.2.3.4") == 1
+    assert throttle.retry_after("a", "5.6.7.8") == 0          # not per user name
+    assert throttle.retry_after("b", "1.2.3.4") == 0          # the address has 3 of 10
     for _ in range(6):
-        throttle.finish(keys, False)
-    assert throttle.retry_after(keys) == 8
-    throttle.begin(["user:c"])
-    assert throttle.retry_after(["user:c"]) == 1        # one check at a time per key
-    throttle.finish(keys, True)
-    assert throttle.retry_after(keys) == 0 and throttle.failures("user:a") == 0
+        throttle.finish("a", "1.2.3.4", False)
+    assert throttle.retry_after("a", "1.2.3.4") == 8
+    assert throttle.retry_after("b", "1.2.3.4") == 0          # 9 of 10
+    throttle.finish("b", "1.2.3.4", False)
+    assert throttle.retry_after("b", "1.2.3.4") == 1          # the address itself now
+    throttle.begin("c", "9.9.9.9")
+    assert throttle.retry_after("d", "9.9.9.9") == 1          # one check at a time per address
+    throttle.finish("a", "1.2.3.4", True)
+    assert throttle.failures("1.2.3.4", "a") == 0
+    assert throttle.failures("1.2.3.4") == 10                 # a success clears the pair only
 
 
 def test_templates_and_static_are_found() -> None:
@@ -186,3 +194,150 @@ def test_templates_and_static_are_found() -> None:
     assert (templates_dir() / "base.html").is_file()
     assert (static_dir() / "console.css").is_file()
     assert (static_dir() / "console.js").is_file()
+
+
+# -- the login throttle over HTTP: per address and per (user, address), never per user ----
+
+
+class _FromAddress(Resource):
+    """Makes every request come from ``host`` (StubTreq always says 127.0.0.1)."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Any, host: str) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.inner = inner
+        self.host = host
+
+    def render(self, request: Any) -> Any:
+        request.client = IPv4Address("TCP", self.host, 40000)
+        return self.inner.render(request)
+
+
+def _client_at(console: Any, host: str) -> Client:
+    """A browser at ``host``: its own cookies, its own source address."""
+    client = Client(console)
+    client.treq = StubTreq(_FromAddress(console.resource(), host))
+    return client
+
+
+@pytest.fixture
+def console_clock(tmp_path: Any) -> Any:
+    console, _, clock = make_console(tmp_path)
+    return console, clock
+
+
+@pytest.fixture
+def console_log() -> Any:
+    events: list[dict[str, Any]] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if str(event.get("log_format", "")).startswith("console:"):
+            events.append(event)
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)
+
+
+def test_wrong_passwords_elsewhere_never_block_the_right_one(console_clock: Any) -> None:
+    """Issue 10, item 6: wrong passwords for admin from A do not keep admin out from B,
+    not even one guess a minute from A."""
+    console, clock = console_clock
+    a, b = _client_at(console, "10.0.0.1"), _client_at(console, "10.0.0.2")
+    for _ in range(3):
+        assert a.login(password="wrong").code == 401
+    refused = a.login(password="wrong")
+    assert refused.code == 429 and refused.header("retry-after") == "1"  # A is slowed down
+    assert b.login().code == 303                                          # B at once
+    for _ in range(5):                                  # one guess a minute from A
+        clock.advance(61)
+        assert a.login(password="wrong").code == 401
+        assert _client_at(console, "10.0.0.3").login().code == 303
+
+
+def test_an_address_that_keeps_failing_is_slowed_down_with_a_capped_delay(
+        console_clock: Any) -> None:
+    """A failing (user, address) pair and a failing address (any user names) get 429 with
+    Retry-After; the delay grows and stops at the cap; other addresses are not affected."""
+    console, clock = console_clock
+    a = _client_at(console, "10.0.0.1")
+    waits: list[int] = []
+    for _ in range(15):
+        reply = a.login(password="wrong")
+        if reply.code == 429:
+            waits.append(int(reply.header("retry-after") or 0))
+            clock.advance(waits[-1])
+            assert a.login(password="wrong").code == 401
+        else:
+            assert reply.code == 401
+    assert waits == sorted(waits) and waits[0] == 1 and max(waits) == 60
+    assert waits.count(60) >= 2                          # capped, not growing further
+    right_too_soon = a.login()
+    assert right_too_soon.code == 429 and right_too_soon.header("retry-after") == "60"
+    assert _client_at(console, "10.0.0.2").login().code == 303
+
+    sprayer = _client_at(console, "10.0.0.9")         # a new user name every time
+    codes = [sprayer.login(user=f"user{i}", password="wrong").code for i in range(12)]
+    assert codes[0] == 401 and codes[-1] == 429
+    reply = sprayer.login()                          # admin's right password, from there
+    assert reply.code == 429 and int(reply.header("retry-after") or 0) >= 1
+    assert _client_at(console, "10.0.0.10").login().code == 303
+
+
+def test_a_success_resets_the_pair(console_clock: Any) -> None:
+    """After the right password, the (user, address) pair starts counting from zero."""
+    console, clock = console_clock
+    a = _client_at(console, "10.0.0.1")
+    for _ in range(3):
+        assert a.login(password="wrong").code == 401
+    assert a.login().code == 429
+    clock.advance(1)
+    assert a.login().code == 303
+    assert console.throttle.failures("10.0.0.1", "admin") == 0
+    a = _client_at(console, "10.0.0.1")              # logged out: a fresh browser
+    for _ in range(3):                               # three free failures again
+        assert a.login(password="wrong").code == 401
+    reply = a.login(password="wrong")
+    assert reply.code == 429 and reply.header("retry-after") == "1"
+
+
+def test_each_failure_is_logged_once_with_address_and_user(
+        console_clock: Any, console_log: list[dict[str, Any]]) -> None:
+    """One line per failure with the address and user name (never the password); a run of
+    refused attempts in one back-off window is logged once; no tracebacks."""
+    console, _ = console_clock
+    a = _client_at(console, "10.0.0.1")
+    for _ in range(3):
+        a.login(password="hunter2-wrong")
+    for _ in range(20):
+        assert a.login(password="hunter2-wrong").code == 429
+    lines = [formatEvent(e) for e in console_log]
+    failed = [line for line in lines if "failed login" in line]
+    assert len(failed) == 3
+    assert all("10.0.0.1" in line and "'admin'" in line for line in failed)
+    refused = [line for line in lines if "refused" in line]
+    assert len(refused) == 1 and "10.0.0.1" in refused[0]
+    assert not any("hunter2" in line for line in lines)
+    assert not any(e.get("log_failure") for e in console_log)
+
+
+def test_throttle_tables_stay_bounded() -> None:
+    """A flood of distinct addresses (and user names) cannot grow the tables past the
+    bound; the oldest entries go first, and quiet entries expire."""
+    clock = Clock()
+    throttle = LoginThrottle(clock.seconds, max_entries=100, forget_after=600)
+    for i in range(5000):
+        address = f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"
+        for user in ("admin", f"u{i}"):
+            assert throttle.retry_after(user, address) == 0
+            throttle.begin(user, address)
+            throttle.finish(user, address, False)
+        clock.advance(0.01)
+    addresses, pairs = throttle.sizes()
+    assert addresses <= 100 and pairs <= 100
+    assert throttle.failures("10.0.0.0") == 0                 # the oldest went first
+    assert throttle.failures("10.0.19.135", "admin") == 1     # the newest is kept
+    assert throttle.retry_after("admin", "192.0.2.1") == 0    # a clean address is free
+    clock.advance(601)
+    throttle.finish("admin", "192.0.2.1", False)
+    assert throttle.sizes() == (1, 1)                          # quiet entries expired

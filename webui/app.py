@@ -383,24 +383,27 @@ class Console:
         name = self._param(request, "username").strip()
         password = self._param(request, "password")
         address = getattr(request.getClientAddress(), "host", "?")
-        keys = ["user:" + name, "address:" + address]
-        wait = self.throttle.retry_after(keys)
+        shown = name[:64]                     # user names in the log: bounded, repr-escaped
+        wait = self.throttle.retry_after(name, address)
         if wait > 0:
-            request.setHeader(b"retry-after", str(int(wait + 0.999)).encode())
-            self.log.warn("console: login for {name!r} from {a} refused: too many failures",
-                          name=name, a=address)
+            seconds = int(wait + 0.999)
+            request.setHeader(b"retry-after", str(seconds).encode())
+            if self.throttle.note_refusal(name, address):
+                self.log.warn("console: login for {name!r} from {a} refused for {s} s: too "
+                              "many failed attempts (more refusals in this back-off are not "
+                              "logged)", name=shown, a=address, s=seconds)
             return self._login_form(
-                request, 429, f"Too many failed attempts. Try again in {int(wait + 0.999)} s.",
-                name)
-        self.throttle.begin(keys)
+                request, 429, f"Too many failed attempts. Try again in {seconds} s.", name)
+        self.throttle.begin(name, address)
         try:
             user = await self.run_in_thread(self.users.check_password, name, password)
         except Exception:
-            self.throttle.finish(keys, False)
+            self.throttle.finish(name, address, False)
             raise
-        self.throttle.finish(keys, user is not None)
+        self.throttle.finish(name, address, user is not None)
         if user is None:
-            self.log.warn("console: failed login for {name!r} from {a}", name=name, a=address)
+            self.log.warn("console: failed login for {name!r} from {a} ({n} from this address)",
+                          name=shown, a=address, n=self.throttle.failures(address))
             return self._login_form(request, 401, "Wrong user name or password.", name)
         fresh = self.sessions.login(session.id, user.name, user.changed)
         self._set_cookie(request, fresh.id)

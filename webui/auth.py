@@ -375,57 +375,121 @@ class SessionStore:
                 del table[sid]
 
 
-class LoginThrottle:
-    """Slows password guessing per user name and per client address.
+@dataclass
+class _Failures:
+    """Consecutive failures of one address or one (user, address) pair."""
 
-    After ``free`` consecutive failures for a key, the next attempt must wait
-    ``2**(failures-free)`` seconds (capped) after the last failure; attempts in that
-    window are refused without checking the password.  A success clears the user's
-    and the address's counters.  The table is bounded (oldest entries go first).
+    count: int
+    last: float                   # when the last one happened
+    refusal_logged: bool = False  # a refusal in the current back-off was logged
+
+
+class LoginThrottle:
+    """Slows password guessing per client address and per (user name, address) pair.
+
+    Never per user name alone: wrong passwords from one address must not keep the
+    right password out from another, so an address that has not been failing is
+    never throttled, whatever other addresses do.
+
+    A pair gets ``free`` failures, an address ``address_free`` (over any user names;
+    an address can be shared, e.g. behind NAT); after that the next attempt must wait
+    ``2**(failures-free)`` seconds (capped at ``max_delay``) after the last failure,
+    and attempts in that window are refused without checking the password.  One
+    check at a time per address.  A success clears its pair, not the address (else
+    one known account would reset the count between guesses at other names).
+
+    Both tables are bounded: entries quiet for ``forget_after`` seconds expire, and
+    past ``max_entries`` the entry with the oldest failure goes first.
     """
 
-    def __init__(self, clock: Callable[[], float], free: int = 3, max_delay: float = 60.0,
-                 max_entries: int = 10000) -> None:
+    USER_KEY_MAX = 65   # longer names are never valid; they share one key per address
+
+    def __init__(self, clock: Callable[[], float], free: int = 3, address_free: int = 10,
+                 max_delay: float = 60.0, max_entries: int = 10000,
+                 forget_after: float = 15 * 60.0) -> None:
         self.clock = clock
         self.free = free
+        self.address_free = address_free
         self.max_delay = max_delay
         self.max_entries = max_entries
-        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._checking: set[str] = set()
+        self.forget_after = max(forget_after, max_delay)
+        self._addresses: OrderedDict[str, _Failures] = OrderedDict()
+        self._pairs: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
+        self._checking: set[str] = set()   # addresses with a password check under way
 
-    def _delay(self, count: int) -> float:
-        if count < self.free:
+    def _pair(self, user: str, address: str) -> tuple[str, str]:
+        return user[:self.USER_KEY_MAX], address
+
+    def _delay(self, count: int, free: int) -> float:
+        if count < free:
             return 0.0
-        return float(min(2.0 ** (count - self.free), self.max_delay))
+        return float(min(2.0 ** min(count - free, 64), self.max_delay))
 
-    def retry_after(self, keys: list[str]) -> float:
-        """Seconds until an attempt for ``keys`` may be checked (0: now)."""
-        now = self.clock()
-        wait = 0.0
-        for key in keys:
-            if key in self._checking:
-                wait = max(wait, 1.0)
-            entry = self._failures.get(key)
+    def _live(self, table: OrderedDict[Any, _Failures], key: Any, now: float
+              ) -> _Failures | None:
+        entry = table.get(key)
+        if entry is not None and now - entry.last > self.forget_after:
+            del table[key]
+            return None
+        return entry
+
+    def _limits(self, user: str, address: str, now: float) -> list[tuple[_Failures, float]]:
+        """The entries that hold this attempt back, with the wait each one imposes."""
+        found = []
+        for table, key, free in ((self._pairs, self._pair(user, address), self.free),
+                                 (self._addresses, address, self.address_free)):
+            entry = self._live(table, key, now)
             if entry is not None:
-                count, last = entry
-                wait = max(wait, last + self._delay(count) - now)
-        return wait
+                wait = entry.last + self._delay(entry.count, free) - now
+                if wait > 0:
+                    found.append((entry, wait))
+        return found
 
-    def begin(self, keys: list[str]) -> None:
-        self._checking.update(keys)
-
-    def finish(self, keys: list[str], ok: bool) -> None:
-        self._checking.difference_update(keys)
+    def retry_after(self, user: str, address: str) -> float:
+        """Seconds until a login as ``user`` from ``address`` may be checked (0: now)."""
         now = self.clock()
-        for key in keys:
-            if ok:
-                self._failures.pop(key, None)
-                continue
-            count = self._failures.pop(key, (0, 0.0))[0] + 1
-            self._failures[key] = (count, now)
-        while len(self._failures) > self.max_entries:
-            self._failures.popitem(last=False)
+        wait = 1.0 if address in self._checking else 0.0
+        return max([wait] + [w for _, w in self._limits(user, address, now)])
 
-    def failures(self, key: str) -> int:
-        entry = self._failures.get(key)
-        return entry[0] if entry else 0
+    def note_refusal(self, user: str, address: str) -> bool:
+        """Record a refused attempt; True for the first one in its back-off window
+        (log that one; the rest of the window adds nothing)."""
+        first = False
+        for entry, _ in self._limits(user, address, self.clock()):
+            if not entry.refusal_logged:
+                entry.refusal_logged = first = True
+        return first
+
+    def begin(self, user: str, address: str) -> None:
+        self._checking.add(address)
+
+    def finish(self, user: str, address: str, ok: bool) -> None:
+        self._checking.discard(address)
+        now = self.clock()
+        pair = self._pair(user, address)
+        if ok:
+            self._pairs.pop(pair, None)
+        else:
+            self._count(self._pairs, pair, now)
+            self._count(self._addresses, address, now)
+        for table in (self._pairs, self._addresses):
+            while table and now - next(iter(table.values())).last > self.forget_after:
+                table.popitem(last=False)
+
+    def _count(self, table: OrderedDict[Any, _Failures], key: Any, now: float) -> None:
+        entry = self._live(table, key, now)
+        table.pop(key, None)
+        table[key] = _Failures((entry.count if entry else 0) + 1, now)
+        while len(table) > self.max_entries:
+            table.popitem(last=False)
+
+    def failures(self, address: str, user: str | None = None) -> int:
+        """Current failures of ``address``, or of the pair when ``user`` is given."""
+        now = self.clock()
+        entry = (self._live(self._addresses, address, now) if user is None
+                 else self._live(self._pairs, self._pair(user, address), now))
+        return entry.count if entry else 0
+
+    def sizes(self) -> tuple[int, int]:
+        """(addresses, pairs) held."""
+        return len(self._addresses), len(self._pairs)
