@@ -47,7 +47,8 @@
     while (parts.length > 1 && parts[0][0] === 0) { parts.shift(); }
     return parts.slice(0, 2).map(function (p) { return p[0] + p[1]; }).join(" ");
   }
-  var formats = {num: num, rate: rate, bytes: bytes, duration: duration};
+  function text(v) { return String(v); }
+  var formats = {num: num, rate: rate, bytes: bytes, duration: duration, text: text};
 
   function lookup(obj, path) {
     return path.split(".").reduce(function (o, k) {

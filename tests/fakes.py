@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 
 from mqttamqp.core import persistence as p
 from mqttamqp.core.message import Message
@@ -155,4 +155,19 @@ class MemoryStore(NullStore):
                 s.sessions[op.client_id].inbound_qos2.add(op.packet_id)
             elif isinstance(op, p.DeleteInboundQos2):
                 s.sessions[op.client_id].inbound_qos2.discard(op.packet_id)
+        return super().submit(ops)
+
+
+class FailingStore(NullStore):
+    """A store whose commits fail while ``failing`` is set (a full disk, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+        self.refused = 0
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        if self.failing:
+            self.refused += 1
+            return fail(OSError(28, "No space left on device"))
         return super().submit(ops)

@@ -298,7 +298,9 @@ def _plain(value: Any) -> Any:
 @settings(max_examples=200, deadline=None)
 @given(body=_values, sequence=st.booleans(), to=st.sampled_from([None, "t/x", "other"]),
        props=st.dictionaries(st.text(max_size=5), _scalars, max_size=3),
-       durable=st.booleans(), presettled=st.booleans(), subject=st.none() | st.text(max_size=8))
+       durable=st.booleans(), presettled=st.booleans(),
+       # (proton's message object cuts a subject at NUL: it is a C string there)
+       subject=st.none() | st.text(st.characters(blacklist_characters="\x00"), max_size=8))
 def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str | None,
                                              props: dict[str, Any], durable: bool,
                                              presettled: bool, subject: str | None) -> None:

@@ -336,6 +336,25 @@ def test_overview_page_and_api(logged_in: Any) -> None:
         in data["listeners"]
 
 
+def test_overview_shows_failing_storage_and_its_recovery(tmp_path: Any) -> None:
+    """The Storage card and /api/overview say when commits fail, with the error,
+    and go back to ok once one succeeds (issue 10, item 3)."""
+    console, service, _clock = make_console(tmp_path)
+    client = Client(console)
+    assert client.login().code == 303
+    assert client.get("/api/overview").json()["health"]["storage"] == "ok"
+    service.store.failing = True
+    service.broker.publish(Message("r/1", b"abc", 1, True), wait=False)
+    health = client.get("/api/overview").json()["health"]
+    assert health["storage"] == "failing" and health["storage_failures"] == 1
+    assert "No space left on device" in health["storage_error"]
+    assert "No space left on device" in client.get("/").text
+    service.store.failing = False
+    service.broker.publish(Message("r/2", b"abc", 1, True), wait=False)
+    assert client.get("/api/overview").json()["health"] == {
+        "storage": "ok", "storage_failures": 1, "storage_error": ""}
+
+
 def test_clients_search_sort_and_page(logged_in: Any) -> None:
     """The clients table searches id/address/user, sorts, and pages server-side."""
     _, broker, _, client = logged_in

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from fakes import NullStore
+from fakes import FailingStore
 from paho.mqtt.client import MQTTv311
 from pahoclient import TIMEOUT, PahoClient, Received
 from treq.testing import StubTreq
@@ -43,7 +43,7 @@ class FakeService:
     def __init__(self, data_dir: str, clock: Clock) -> None:
         self.reactor = clock
         self.data_dir = data_dir
-        self.store = NullStore()
+        self.store = FailingStore()      # commits succeed until told to fail
         self.broker = Broker(clock, self.store, Limits(sys_interval=0))
         self.listeners = [Listener("MQTT", "tcp:1883", "127.0.0.1:1883"),
                           Listener("web", "tcp:8080", "127.0.0.1:8080")]

@@ -372,6 +372,9 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
         },
         "bytes": {"received": c.bytes_received, "sent": c.bytes_sent},
         "archive": dict(c.archive) or None,
+        "health": {"storage": "failing" if c.storage_failing else "ok",
+                   "storage_failures": c.storage_failures,
+                   "storage_error": c.storage_error if c.storage_failing else ""},
     }
     if include_storage:
         out["listeners"] = context.listeners()

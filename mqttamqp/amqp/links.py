@@ -469,7 +469,9 @@ class SessionOutlet(_SessionLink):
         self.host.schedule_flush()
 
     def _open_failed(self, failure: Failure) -> None:
-        self.log.failure("could not open the session of {id}", failure, id=self.client_id)
+        # A storage failure: logged once per failing spell by the core, not per link.
+        self.log.debug("could not open the session of {id}: {f}", f=failure.value,
+                       id=self.client_id)
         if not self.closed:
             self.detach("amqp:internal-error", "storage failure while opening the session")
 
@@ -630,8 +632,9 @@ class IncomingLink(BrokerLink):
                 then()
 
         def failed(failure: Failure) -> None:
-            self.log.failure("storage commit failed on {a}; released the message",
-                             failure, a=self.address)
+            # Storage failing: logged once per spell by the core, not per message.
+            self.log.debug("storage commit failed on {a}; released the message: {f}",
+                           a=self.address, f=failure.value)
             try:
                 self.answer(dlv, RELEASED)
             finally:

@@ -83,7 +83,7 @@ class Broker:
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
         self.stats = BrokerStats()
-        self._commits = CommitBatcher(store)
+        self._commits = CommitBatcher(store, self.stats, clock.seconds)
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
                             self._publish_with, self.limits.will_grace, self.recorder)

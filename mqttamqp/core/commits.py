@@ -6,8 +6,9 @@ that read causes costs one hand-off to the writer thread; the Deferreds callers
 chain acknowledgements on; the flush hooks connections register so their output
 for a batch is written once, after it (the one flush mechanism of both
 protocols); the ``stopping`` state in which nothing more is stored, so nothing
-more is acknowledged; and the one place a storage failure nobody waits for is
-logged.
+more is acknowledged; and whether storage is failing: one log line when commits
+start to fail, one when they succeed again, a counter in between (in
+``BrokerStats``), however many acknowledgements were withheld meanwhile.
 
 What it must not do: decide what to store (the other core parts describe their
 changes as operations) or write to sockets itself (connections flush their own
@@ -24,6 +25,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.session import OutEntry
+from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",
            "committed_or_acknowledged"]
@@ -32,8 +34,13 @@ __all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",
 class CommitBatcher:
     log = Logger(namespace="mqttamqp.core.broker")
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, stats: BrokerStats | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         self.store = store
+        self.stats = stats if stats is not None else BrokerStats()
+        self._clock = clock
+        self._failing_since = 0.0
+        self._failed_while = 0      # failed commits since storage started failing
         # Set when the process shuts down: nothing more is stored, so nothing more
         # may be acknowledged (the Deferreds handed out never fire).
         self.stopping = False
@@ -63,7 +70,7 @@ class CommitBatcher:
             waiter: Deferred[None] = Deferred()
             self._waiters.append(waiter)
             return waiter
-        return self.store.submit(ops)
+        return self._commit(ops)
 
     def barrier(self) -> Deferred[None]:
         """Fires once everything submitted so far is durable."""
@@ -73,7 +80,7 @@ class CommitBatcher:
             waiter: Deferred[None] = Deferred()
             self._waiters.append(waiter)
             return waiter
-        return self.store.submit(())
+        return self._commit(())
 
     def background(self, ops: Sequence[Op], what: str = "recording a change") -> None:
         """Store ``ops`` with nobody waiting (a failure is logged)."""
@@ -82,7 +89,7 @@ class CommitBatcher:
         if self._depth:
             self._ops.extend(ops)
             return
-        self.store.submit(ops).addErrback(self.log_failure, what)
+        self._commit(ops).addErrback(self.log_failure, what)
 
     def watch(self, d: Deferred[None] | None, what: str) -> None:
         """Nobody waits for ``d``: log its failure, if any, as storage failing."""
@@ -90,7 +97,48 @@ class CommitBatcher:
             d.addErrback(self.log_failure, what)
 
     def log_failure(self, failure: Failure, what: str) -> None:
-        self.log.failure("storage failed while {what}", failure, what=what)
+        """A failed commit nobody waits for: already counted and logged (once per
+        failing spell) by ``_commit``."""
+
+    # -- storage health ----------------------------------------------------------------
+
+    @property
+    def failing(self) -> bool:
+        return self.stats.storage_failing
+
+    def _commit(self, ops: Sequence[Op]) -> Deferred[None]:
+        d = self.store.submit(ops)
+        d.addCallbacks(self._committed, self._commit_failed)
+        return d
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else 0.0
+
+    def _committed(self, result: None) -> None:
+        stats = self.stats
+        stats.commits += 1
+        if stats.storage_failing:
+            stats.storage_failing = False
+            self.log.info("storage recovered: commits succeed again after {n} failed "
+                          "commit(s) in {s:.1f}s", n=self._failed_while,
+                          s=max(0.0, self._now() - self._failing_since))
+            self._failed_while = 0
+        return result
+
+    def _commit_failed(self, failure: Failure) -> Failure:
+        stats = self.stats
+        stats.storage_failures += 1
+        self._failed_while += 1
+        if not stats.storage_failing:
+            stats.storage_failing = True
+            self._failing_since = self._now()
+            stats.storage_error = _summary(failure)
+            # One line for the whole spell: no traceback per message or client.
+            self.log.error("storage failing ({e}): nothing durable is acknowledged until "
+                           "a commit succeeds again; clients waiting for an "
+                           "acknowledgement are disconnected so that they retry",
+                           e=stats.storage_error)
+        return failure
 
     # -- batches ------------------------------------------------------------------
 
@@ -136,12 +184,17 @@ class CommitBatcher:
         self._ops, self._waiters = [], []
         if self.stopping:
             return
-        d = self.store.submit(ops)
+        d = self._commit(ops)
         if waiters:
             d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters,),
                            errbackArgs=(waiters, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
+
+
+def _summary(failure: Failure) -> str:
+    value = failure.value
+    return f"{type(value).__name__}: {value}"[:300]
 
 
 def all_durable(ds: Sequence[Deferred[None] | None]) -> Deferred[None] | None:

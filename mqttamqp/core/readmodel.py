@@ -127,6 +127,9 @@ class Counters:
     bytes_received: int
     bytes_sent: int
     archive: Mapping[str, int]      # the archive's counters ({} when it is off)
+    storage_failing: bool = False   # the last commit failed (nothing durable is acked)
+    storage_failures: int = 0       # failed commits since start
+    storage_error: str = ""         # the first error of the current (or last) failing spell
 
 
 def _entry(entry: OutEntry) -> EntryView:
@@ -250,4 +253,6 @@ class ReadModel:
             messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,
             protocol_errors=stats.protocol_errors, bytes_received=stats.bytes_received,
-            bytes_sent=stats.bytes_sent, archive=self._recorder.stats())
+            bytes_sent=stats.bytes_sent, archive=self._recorder.stats(),
+            storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
+            storage_error=stats.storage_error)

@@ -24,6 +24,10 @@ class BrokerStats:
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)
+    commits: int = 0                  # successful store commits
+    storage_failures: int = 0         # failed store commits
+    storage_failing: bool = False     # the last commit failed
+    storage_error: str = ""           # the first error of the current (or last) spell
     # How often each limit refused something (``$SYS/broker/limits/<name>``).
     limits: dict[str, int] = field(default_factory=dict)
 
@@ -61,5 +65,7 @@ class BrokerStats:
             (p + "retained messages/count", str(retained)),
             (p + "sessions/count", str(sessions)),
             (p + "wills/count", str(wills)),
+            (p + "storage/failures", str(self.storage_failures)),
+            (p + "storage/state", "failing" if self.storage_failing else "ok"),
             *((p + "limits/" + name, str(n)) for name, n in sorted(self.limits.items())),
         ]
