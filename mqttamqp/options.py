@@ -12,7 +12,11 @@ from mqttamqp.core.limits import Limits
 __all__ = ["Options", "limits_from"]
 
 _D = Limits()
-DEFAULT_LISTENERS = {"mqtt": "tcp:1883", "amqp": "tcp:5672", "web": "tcp:8080"}
+# Loopback only, as Mosquitto 2 without a configuration: opening the broker to other
+# machines is a decision (give a listener, e.g. --mqtt tcp:1883, and --users).
+DEFAULT_LISTENERS = {"mqtt": "tcp:1883:interface=127.0.0.1",
+                     "amqp": "tcp:5672:interface=127.0.0.1",
+                     "web": "tcp:8080:interface=127.0.0.1"}
 
 
 def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
@@ -114,16 +118,19 @@ class Options(usage.Options):
         self["archive-exclude"].append(topic_filter)
 
     def opt_mqtt(self, description: str) -> None:
-        """MQTT listener, a Twisted endpoint description (repeatable; default tcp:1883;
+        """MQTT listener, a Twisted endpoint description (repeatable; default
+        tcp:1883:interface=127.0.0.1, loopback only; tcp:1883 for every interface;
         'none' disables MQTT)."""
         self["mqtt"].append(description)
 
     def opt_amqp(self, description: str) -> None:
-        """AMQP 1.0 listener (repeatable; default tcp:5672; 'none' disables AMQP)."""
+        """AMQP 1.0 listener (repeatable; default tcp:5672:interface=127.0.0.1;
+        'none' disables AMQP)."""
         self["amqp"].append(description)
 
     def opt_web(self, description: str) -> None:
-        """Admin console listener (repeatable; default tcp:8080; 'none' disables it)."""
+        """Admin console listener (repeatable; default tcp:8080:interface=127.0.0.1;
+        'none' disables it)."""
         self["web"].append(description)
 
     def postOptions(self) -> None:

@@ -10,6 +10,7 @@ next start.
 from __future__ import annotations
 
 import gc
+import ipaddress
 import os
 import sys
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.options import Options, limits_from
+from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 
 __all__ = ["BrokerService", "makeService"]
 
@@ -42,11 +43,13 @@ class ListenerService(service.Service):
 
     log = Logger()
 
-    def __init__(self, kind: str, description: str, factory: Any, reactor: Any) -> None:
+    def __init__(self, kind: str, description: str, factory: Any, reactor: Any,
+                 anonymous: bool = False) -> None:
         self.kind = kind
         self.description = description
         self.factory = factory
         self.reactor = reactor
+        self.anonymous = anonymous     # clients may connect without a user name
         self.port: Any = None
         self.address = ""
 
@@ -61,6 +64,16 @@ class ListenerService(service.Service):
         host = port.getHost()
         self.address = f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
         self.log.info("listening for {kind} on {address}", kind=self.kind, address=self.address)
+        if _loopback(getattr(host, "host", "")):
+            if self.description in DEFAULT_LISTENERS.values():
+                self.log.info("{kind} is on loopback only (the default): give a listener "
+                              "such as --{opt} {d} to accept other machines, with --users",
+                              kind=self.kind, opt=self.kind.lower(),
+                              d=self.description.split(":interface=")[0])
+        elif self.anonymous:
+            self.log.warn("{kind} listens on {address}, beyond loopback, and no users are "
+                          "configured: anyone who can reach it may connect (give --users "
+                          "FILE)", kind=self.kind, address=self.address)
 
     def _failed(self, failure: Any) -> None:
         self.log.failure("cannot listen for {kind} on {d!r}; stopping", failure,
@@ -73,6 +86,13 @@ class ListenerService(service.Service):
             port, self.port = self.port, None
             return port.stopListening()  # type: ignore[no-any-return]
         return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class OpenAtStart:
@@ -156,7 +176,9 @@ class BrokerService(service.MultiService):
         return self.add_listener("web", description, self.web_site)
 
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
-        svc = ListenerService(kind, description, factory, self.reactor)
+        anonymous = kind != "web" and bool(
+            getattr(self.broker.authenticator, "allows_anonymous", True))
+        svc = ListenerService(kind, description, factory, self.reactor, anonymous)
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc

@@ -448,7 +448,7 @@ def test_sigkill_keeps_persistent_subscriptions(run, clients) -> None:
 
 def test_tac_builds_the_broker_service_with_defaults() -> None:
     """tac/mqttamqp.tac, loaded as twistd -y would, defines an application holding the
-    broker service with the default MQTT listener (tcp:1883) and data directory."""
+    broker service with the default MQTT listener (loopback port 1883) and data directory."""
     from twisted.application import service
 
     from mqttamqp.service import BrokerService
@@ -459,7 +459,7 @@ def test_tac_builds_the_broker_service_with_defaults() -> None:
     svc = top[0]
     assert svc.data_dir == os.path.abspath("mqttamqp-data")
     assert [(ls.kind, ls.description) for ls in svc.listeners if ls.kind == "MQTT"] == [
-        ("MQTT", "tcp:1883")]
+        ("MQTT", "tcp:1883:interface=127.0.0.1")]
 
 
 def test_twistd_runs_the_tac(tmp_path: Path) -> None:

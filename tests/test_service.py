@@ -49,3 +49,56 @@ def test_help_lists_every_option() -> None:
                    "--will-grace", "--sys-interval", "--pack-interval",
                    "--amqp-idle-timeout", "--stall-timeout"):
         assert option in out, option
+
+
+def test_listeners_default_to_loopback_only() -> None:
+    """With no listener options, MQTT, AMQP and the console bind to 127.0.0.1 only
+    (as Mosquitto 2 does without a configuration) (issue 10, item 5)."""
+    from mqttamqp.options import Options
+
+    options = Options()
+    options.parseOptions([])
+    assert (options["mqtt"], options["amqp"], options["web"]) == (
+        ["tcp:1883:interface=127.0.0.1"], ["tcp:5672:interface=127.0.0.1"],
+        ["tcp:8080:interface=127.0.0.1"])
+
+
+@pytest.mark.parametrize(("host", "anonymous", "expected"), [
+    ("127.0.0.1", True, "loopback only (the default)"),
+    ("0.0.0.0", True, "beyond loopback, and no users are configured"),
+    ("0.0.0.0", False, None),
+    ("::", True, "beyond loopback, and no users are configured"),
+])
+def test_listener_says_how_open_it_is(host: str, anonymous: bool,
+                                      expected: str | None) -> None:
+    """On the default loopback listener the log says how to open the broker; a
+    listener beyond loopback without users logs a warning; with users, nothing."""
+    from twisted.internet.address import IPv4Address, IPv6Address
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    from mqttamqp.options import DEFAULT_LISTENERS
+    from mqttamqp.service import ListenerService
+
+    address = (IPv6Address("TCP", host, 1883) if ":" in host
+               else IPv4Address("TCP", host, 1883))
+
+    class Port:
+        def getHost(self) -> object:
+            return address
+
+    lines: list[str] = []
+
+    def observe(event: dict[str, object]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        description = DEFAULT_LISTENERS["mqtt"] if host == "127.0.0.1" else "tcp:1883"
+        ListenerService("MQTT", description, None, None, anonymous)._listening(Port())
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    said = [line for line in lines if "loopback" in line]
+    if expected is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and expected in said[0], said
