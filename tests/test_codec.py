@@ -100,7 +100,12 @@ def texts(level: int, min_size: int = 0, exclude: str = "") -> st.SearchStrategy
 
 
 def topic_names(level: int) -> st.SearchStrategy[str]:
-    return texts(level, min_size=1, exclude="+#")
+    return texts(level, min_size=1, exclude="+#\x00")
+
+
+def topic_filters(level: int) -> st.SearchStrategy[str]:
+    """Topics and filters carry no U+0000 under either version."""
+    return texts(level, min_size=1, exclude="\x00")
 
 
 packet_ids = st.integers(1, 0xFFFF)
@@ -165,7 +170,7 @@ def strategy_for(kind: str, level: int) -> st.SearchStrategy[Packet]:
         "subscribe": st.builds(
             Subscribe,
             packet_ids,
-            st.lists(st.tuples(texts(level, min_size=1), st.integers(0, 2)), min_size=1, max_size=5)
+            st.lists(st.tuples(topic_filters(level), st.integers(0, 2)), min_size=1, max_size=5)
             .map(tuple),
         ),
         "suback": st.builds(
@@ -176,7 +181,7 @@ def strategy_for(kind: str, level: int) -> st.SearchStrategy[Packet]:
         "unsubscribe": st.builds(
             Unsubscribe,
             packet_ids,
-            st.lists(texts(level, min_size=1), min_size=1, max_size=5).map(tuple),
+            st.lists(topic_filters(level), min_size=1, max_size=5).map(tuple),
         ),
         "unsuback": st.builds(Unsuback, packet_ids),
         "pingreq": st.just(Pingreq()),
@@ -508,9 +513,32 @@ def test_nul_in_topic_level4() -> None:
     assert "U+0000" in malformed(frame(0xA2, u16(1) + s("a\x00b")), level=4)
 
 
-def test_nul_in_topic_allowed_level3() -> None:
-    """MQTT 3.1 does not forbid U+0000 in strings."""
-    assert decode_one(frame(0x30, s("a\x00b") + b"x"), level=3) == Publish("a\x00b", b"x")
+def test_nul_in_topic_filter_and_will_topic_level3() -> None:
+    """Issue 16, item 3: 3.1 topics, filters and will topics are UTF-8 strings too;
+    U+0000 in them is malformed (3.1 client ids and user names are left to the
+    protocol layer's control-character rule)."""
+    assert "U+0000" in malformed(frame(0x30, s("a\x00b") + b"x"), level=3)
+    assert "U+0000" in malformed(frame(0x82, u16(1) + s("a\x00b") + b"\x00"), level=3)
+    assert "U+0000" in malformed(frame(0xA2, u16(1) + s("a\x00b")), level=3)
+    will = s("c") + s("w\x00t") + s(b"x")
+    assert "CONNECT will topic contains U+0000" == malformed(
+        connect_bytes("MQIsdp", 3, flags=0x06, payload=will))
+    packet = decode_one(connect_bytes("MQIsdp", 3, payload=s("a\x00b")))
+    assert isinstance(packet, Connect) and packet.client_id == "a\x00b"
+
+
+@pytest.mark.parametrize("flags", [0b0001, 0b0100, 0b1111])
+def test_connect_fixed_header_flags_ignored_for_mqisdp(flags: int) -> None:
+    """Issue 16, item 2: MQTT 3.1 did not reserve CONNECT's fixed-header flags."""
+    raw = bytes((0x10 | flags,)) + connect_bytes("MQIsdp", 3)[1:]
+    assert decode_one(raw) == Connect("MQIsdp", 3, "client", True, 60)
+
+
+@pytest.mark.parametrize(("name", "level"), [("MQTT", 4), ("MQTT", 5), ("MQIsdp", 4)])
+def test_connect_fixed_header_flags_reserved_otherwise(name: str, level: int) -> None:
+    """3.1.1 (and anything that is not 3.1) needs CONNECT flags 0000."""
+    raw = bytes((0x14,)) + connect_bytes(name, level)[1:]
+    assert malformed(raw) == "CONNECT reserved flag bits must be 0000, got 0100"
 
 
 @pytest.mark.parametrize("level", LEVELS)

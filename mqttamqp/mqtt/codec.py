@@ -9,7 +9,9 @@ belong to the protocol layer and the core.
 
 Where MQTT 3.1 is vague the normative rules of MQTT 3.1.1 apply.  The decoder's
 ``protocol_level`` (3 or 4) selects the few rules that differ; a CONNECT packet
-is always judged by the protocol name it carries itself.
+(its fixed-header flags included) is always judged by the protocol name it
+carries itself.  Topic names, filters and will topics are UTF-8 without U+0000
+under both versions.
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ def _header_error(first: int, level: int) -> str | None:
         if flags == 0b0010 or (level == 3 and flags == 0b1010):
             return None
         return f"{name} reserved flag bits must be 0010, got {flags:04b}"
+    if ptype == PacketType.CONNECT:
+        # Judged by the CONNECT's own protocol name (``_decode_connect``): MQTT 3.1
+        # did not reserve these bits.
+        return None
     if flags:
         return f"{name} reserved flag bits must be 0000, got {flags:04b}"
     return None
@@ -177,7 +183,14 @@ def _long_remaining_length(buf: _Buffer, pos: int, n: int) -> tuple[int, int]:
 _BodyDecoder = Callable[[_Buffer, int, int, int, int], Packet]
 
 
+_MQISDP_HEADER = b"\x00\x06MQIsdp\x03"  # protocol name and level of MQTT 3.1
+
+
 def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connect:
+    # MQTT 3.1 left the fixed-header flags of CONNECT unused; 3.1.1 (and anything
+    # that is not 3.1) reserves them as 0000.
+    if first & 0x0F and buf[start:start + 9] != _MQISDP_HEADER:
+        raise MalformedPacket(f"CONNECT reserved flag bits must be 0000, got {first & 0x0F:04b}")
     name, p = _read_string(buf, start, end, False, "CONNECT protocol name")
     # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
     strict = name != PROTOCOL_31[0]
@@ -213,7 +226,8 @@ def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) 
     client_id, p = _read_string(buf, p, end, strict, "CONNECT client identifier")
     will = None
     if will_flag:
-        will_topic, p = _read_string(buf, p, end, strict, "CONNECT will topic")
+        # Topics are strings of both versions: U+0000 is refused under 3.1 too.
+        will_topic, p = _read_string(buf, p, end, True, "CONNECT will topic")
         _check_topic_name(will_topic, "CONNECT will topic")
         will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
         will = Will(will_topic, will_payload, will_qos, will_retain)
@@ -262,11 +276,10 @@ def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) 
 
 def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int) -> Subscribe:
     packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
-    strict = level != 3
     topics: list[tuple[str, int]] = []
     p = start + 2
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, strict, "SUBSCRIBE topic filter")
+        topic_filter, p = _read_string(buf, p, end, True, "SUBSCRIBE topic filter")
         if not topic_filter:
             raise MalformedPacket("SUBSCRIBE topic filter is empty")
         if p >= end:
@@ -298,11 +311,10 @@ def _decode_unsubscribe(
     buf: _Buffer, first: int, start: int, end: int, level: int
 ) -> Unsubscribe:
     packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
-    strict = level != 3
     topics: list[str] = []
     p = start + 2
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, strict, "UNSUBSCRIBE topic filter")
+        topic_filter, p = _read_string(buf, p, end, True, "UNSUBSCRIBE topic filter")
         if not topic_filter:
             raise MalformedPacket("UNSUBSCRIBE topic filter is empty")
         topics.append(topic_filter)
@@ -464,7 +476,7 @@ class Decoder:
                 raise MalformedPacket("PUBLISH topic contains wildcard '+'")
             if "#" in topic:
                 raise MalformedPacket("PUBLISH topic contains wildcard '#'")
-            if "\x00" in topic and self._level != 3:
+            if "\x00" in topic:
                 raise MalformedPacket("PUBLISH topic contains U+0000")
             qos = (first >> 1) & 3
             packet_id: int | None
