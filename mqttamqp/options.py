@@ -43,6 +43,13 @@ class Options(usage.Options):
     optFlags: ClassVar[list[list[Any]]] = [
         ["archive", None, "Archive every message and event as Parquet (the default)."],
         ["no-archive", None, "Do not archive messages and events."],
+        ["strict-mqtt31", None,
+         "Refuse MQTT 3.1 client ids longer than 23 characters (CONNACK 2), as the 3.1 "
+         "specification says; by default they are accepted up to MQTT 3.1.1's limits."],
+        ["allow-control-chars", None,
+         "Accept control characters (U+0001-U+001F, U+007F-U+009F) in MQTT client ids, "
+         "user names, will topics, topic names and filters; by default they close the "
+         "connection."],
     ]
     optParameters: ClassVar[list[list[Any]]] = [
         ["data", "d", "mqttamqp-data",
@@ -76,6 +83,12 @@ class Options(usage.Options):
          "subscriber that made no progress in that time stops slowing publishers "
          "(its queue then drops at its limit, counted).",
          _positive(float, "stall-timeout")],
+        ["max-topic-levels", None, _D.max_topic_levels,
+         "Most levels ('/'-separated parts) in an MQTT topic name or filter; more close "
+         "the connection.", _positive(int, "max-topic-levels")],
+        ["max-topic-length", None, _D.max_topic_length,
+         "Longest MQTT topic name or filter, in UTF-8 bytes; longer ones close the "
+         "connection.", _positive(int, "max-topic-length")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
         ["amqp-idle-timeout", None, 60.0,
@@ -145,6 +158,10 @@ class Options(usage.Options):
             raise usage.UsageError("--archive-roll must be more than 0 seconds")
         if self["max-inflight"] < 1:
             raise usage.UsageError("--max-inflight must be at least 1")
+        if self["max-topic-levels"] < 1:
+            raise usage.UsageError("--max-topic-levels must be at least 1")
+        if self["max-topic-length"] < 1:
+            raise usage.UsageError("--max-topic-length must be at least 1")
         if self["max-packet-size"] < 2:
             raise usage.UsageError("--max-packet-size must be at least 2")
         if self["max-queued-messages"] + self["max-inflight"] > 65000:
@@ -165,4 +182,8 @@ def limits_from(options: Any) -> Limits:
         will_grace=options["will-grace"],
         sys_interval=options["sys-interval"],
         stall_timeout=options["stall-timeout"],
+        strict_mqtt31=bool(options["strict-mqtt31"]),
+        max_topic_levels=options["max-topic-levels"],
+        max_topic_length=options["max-topic-length"],
+        allow_control_chars=bool(options["allow-control-chars"]),
     )

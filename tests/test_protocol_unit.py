@@ -203,9 +203,10 @@ def test_mismatched_protocol_name_and_level_gets_connack_1() -> None:
     assert not c.open
 
 
-def test_31_client_id_longer_than_23_gets_connack_2() -> None:
-    """MQTT 3.1 client ids over 23 characters are refused with CONNACK 2."""
-    h = Harness()
+def test_31_client_id_longer_than_23_gets_connack_2_when_strict() -> None:
+    """With --strict-mqtt31, MQTT 3.1 client ids over 23 characters are refused with
+    CONNACK 2 (issue 16, item 8: by default they are accepted)."""
+    h = Harness(strict_mqtt31=True)
     c = h.client()
     assert c.connect("x" * 24, level=3) == [Connack(False, 2)]
     assert not c.open
@@ -476,9 +477,9 @@ def test_subscriber_flow_over_mqtt() -> None:
     pub.send(Publish("a/r", b"kept", 1, True, False, 1))
     sub = h.client()
     sub.connect("sub")
-    sub.send(Subscribe(1, (("a/#", 1), ("bad/#/x", 0))))
+    sub.send(Subscribe(1, (("a/#", 1),)))
     assert sub.received() == [
-        Suback(1, (1, 0x80)),
+        Suback(1, (1,)),
         Publish("a/r", b"kept", 1, True, False, 1),
     ]
     pub.send(Publish("a/b", b"live", 2, True, False, 2))
@@ -986,3 +987,4 @@ def test_qos0_to_a_subscriber_that_stops_reading_is_bounded() -> None:
     assert held <= FileDescriptorLikeTransport.buffer + 100 * 1024 + 2 * 1024
     assert h.broker.sessions["sub"].dropped == 2000 - held // len(
         encode(Publish("t", payload)))
+

@@ -18,7 +18,11 @@ class Limits:
     session_expiry: float = 0.0               # seconds offline; 0 = never expire
     will_grace: float = 10.0                  # seconds after a restart before orphan wills fire
     sys_interval: float = 10.0                # $SYS refresh period; 0 = off
-    max_client_id_31: int = 23                # MQTT 3.1 rule
+    max_client_id_31: int = 23                # MQTT 3.1 rule, enforced only if strict_mqtt31
+    strict_mqtt31: bool = False               # else 3.1 ids may be as long as 3.1.1's
+    max_topic_levels: int = 200               # levels of a topic name or filter (as Mosquitto)
+    max_topic_length: int = 65535             # UTF-8 bytes of a topic name or filter
+    allow_control_chars: bool = False         # U+0001-U+001F, U+007F-U+009F in MQTT strings
     # Longest a publisher is not read for the sake of a slow subscriber; one that
     # made no progress in that time stops slowing publishers (it drops at its bound).
     stall_timeout: float = 2.0

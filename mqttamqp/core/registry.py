@@ -5,7 +5,8 @@ What it owns: the sessions of client ids (MQTT clients, and AMQP
 ``$mqtt.to.<id>.publish`` receivers, which claim the same sessions) and the
 sessions of AMQP topic receivers (in the trie, but keyed by link, so no client
 can claim them); the clean/persistent rules; takeover (a newcomer closes the old
-holder first, whose will fires); what the end of a connection means for its
+holder first, whose will fires unless the newcomer resumes the persistent
+session); what the end of a connection means for its
 session and its MQTT will; expiry of offline persistent sessions; the console's
 list of live connections and the ``$SYS`` client counts; drops of sessions that
 are gone.
@@ -147,16 +148,19 @@ class SessionRegistry:
 
     # -- claiming and ending --------------------------------------------------
 
-    def take_over(self, client_id: str, reason: str = "taken over") -> None:
-        """Close whoever holds the session of ``client_id`` (its will fires, unless it
-        never got its CONNACK: then its will was never accepted)."""
+    def take_over(self, client_id: str, reason: str = "taken over",
+                  fire_will: bool = True) -> None:
+        """Close whoever holds the session of ``client_id``.  Its will fires unless
+        ``fire_will`` is False (the newcomer resumes the persistent session: the
+        client is back, not gone) or it never got its CONNACK (then its will was
+        never accepted); a will not fired is deleted."""
         existing = self.sessions.get(client_id)
         if existing is None or existing.connection is None:
             return
         old = existing.connection
         never_accepted = existing.state is SessionState.CONNECTING
         self.commits.watch(
-            self.end(old, existing, clean=never_accepted, reason=reason,
+            self.end(old, existing, clean=never_accepted or not fire_will, reason=reason,
                      cause=CAUSE_TAKEN_OVER), "ending session of " + client_id)
         old.close("session taken over by a new connection")
 
@@ -174,9 +178,18 @@ class SessionRegistry:
                           "will is not published", c=client_id)
         existing = self.sessions.get(client_id)
         if existing is not None and existing.connection is not None:
-            self.log.info("client {c} connected again: closing its previous connection",
-                          c=client_id)
-            self.take_over(client_id)
+            # Resuming a persistent session (clean session 0) means the client is
+            # back: its old connection's will is not published (as Mosquitto).  A
+            # newcomer that starts clean ends the old session, and the will fires.
+            resumes = not clean and existing.persistent
+            if resumes and client_id in self.wills.wills:
+                self.log.info("client {c} connected again and resumes its session: closing "
+                              "its previous connection without publishing its will",
+                              c=client_id)
+            else:
+                self.log.info("client {c} connected again: closing its previous connection",
+                              c=client_id)
+            self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
         present = False
         if clean:

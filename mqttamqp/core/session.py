@@ -318,6 +318,24 @@ class Session:
                                   entry.retain)
                 entry.dup = True  # any later send of it is a redelivery
 
+    def ack_problem(self, kind: str, packet_id: int) -> str | None:
+        """Why an MQTT acknowledgement (``kind``: PUBACK, PUBREC or PUBCOMP) does not
+        fit the QoS flow of the in-flight ``packet_id`` — a protocol violation — or
+        None.  An id that is not in flight is not one (a late duplicate: ignored)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None:
+            return None
+        if kind == "PUBACK":
+            if entry.qos == 1:
+                return None
+            stage = "after PUBREL" if entry.state == QueuedState.RELEASED else "before PUBREC"
+            return f"PUBACK for packet id {packet_id}, a QoS 2 message in flight ({stage})"
+        if entry.qos != 2:
+            return f"{kind} for packet id {packet_id}, a QoS 1 message in flight"
+        if kind == "PUBCOMP" and entry.state != QueuedState.RELEASED:
+            return f"PUBCOMP for packet id {packet_id} before PUBREC"
+        return None
+
     def acknowledge(self, packet_id: int) -> list[Op]:
         """PUBACK from the client (or Accepted on an AMQP delivery of QoS 1)."""
         entry = self.inflight.get(packet_id)

@@ -11,7 +11,10 @@ What it owns:
   silence while the broker itself is not reading does not count;
 * the acknowledgement order (``AckQueue``): an acknowledgement that promises
   durability waits for its commit, and acknowledgements leave in the order their
-  packets arrived, with a bound past which the client is not read.
+  packets arrived, with a bound past which the client is not read;
+* the string rules beyond the wire format (``StringRules``): control characters,
+  topic levels and length, and which topic filters are valid — each broken one
+  is a protocol violation.
 
 What it must not do: touch a transport, a timer or the broker.  ``protocol.py``
 owns the socket, arms the timers these rules ask for, and turns their decisions
@@ -20,17 +23,23 @@ into writes and closes; everything here is tested without either.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.topics import validate_topic_filter
 from mqttamqp.mqtt.packets import Connack, Connect, Pingresp, Suback, Unsuback
 
 __all__ = [
     "ConnectionState", "ConnectionRules", "IllegalTransition", "Keepalive", "AckQueue",
-    "MAX_PENDING_ACKS",
+    "MAX_PENDING_ACKS", "StringRules",
 ]
+
+# C0 and C1 control characters (U+0000 is the codec's: malformed under 3.1.1).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 # Acknowledgements one connection may have waiting on commits before it is not read.
 MAX_PENDING_ACKS = 1000
@@ -172,3 +181,60 @@ class AckQueue:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+class StringRules:
+    """What MQTT strings the broker accepts beyond the wire format; each method
+    returns why a string breaks the rules (a protocol violation), or None.
+
+    * control characters U+0001-U+001F and U+007F-U+009F in client ids, user names,
+      will topics, topic names and filters (unless ``allow_control_chars``);
+    * topic names and filters of more than ``max_topic_levels`` levels or
+      ``max_topic_length`` UTF-8 bytes;
+    * topic filters with misplaced wildcards (``a/+b``, ``a/#/b``).
+    """
+
+    __slots__ = ("_control", "_length", "_levels")
+
+    def __init__(self, limits: Limits) -> None:
+        self._control = not limits.allow_control_chars
+        self._levels = limits.max_topic_levels
+        self._length = limits.max_topic_length
+
+    def text(self, value: str, what: str) -> str | None:
+        """A client id or user name."""
+        if self._control and not value.isprintable():
+            m = _CONTROL.search(value)
+            if m is not None:
+                return f"{what} contains control character U+{ord(m.group()):04X}"
+        return None
+
+    def topic(self, topic: str, what: str) -> str | None:
+        """A topic name (PUBLISH, will): control characters, levels, length."""
+        # Cheap guards first: a topic of n characters has at most n + 1 levels and
+        # at most 4n UTF-8 bytes.
+        n = len(topic)
+        if self._control and not topic.isprintable():
+            m = _CONTROL.search(topic)
+            if m is not None:
+                return f"{what} contains control character U+{ord(m.group()):04X}"
+        if n >= self._levels:
+            levels = topic.count("/") + 1
+            if levels > self._levels:
+                return f"{what} has {levels} levels, more than --max-topic-levels {self._levels}"
+        if n * 4 > self._length:
+            size = len(topic.encode("utf-8", "surrogatepass"))
+            if size > self._length:
+                return (f"{what} is {size} bytes, longer than --max-topic-length "
+                        f"{self._length}")
+        return None
+
+    def filter(self, topic_filter: str, what: str) -> str | None:
+        """A topic filter (SUBSCRIBE, UNSUBSCRIBE): the topic rules and wildcards."""
+        problem = self.topic(topic_filter, what)
+        if problem is not None:
+            return problem
+        problem = validate_topic_filter(topic_filter)
+        if problem is not None:
+            return f"{what} {topic_filter!r} is invalid: {problem}"
+        return None

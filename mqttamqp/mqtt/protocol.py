@@ -16,7 +16,7 @@ There is exactly one place that turns a protocol error into a disconnect:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
@@ -48,6 +48,7 @@ from mqttamqp.mqtt.connection import (
     ConnectionRules,
     ConnectionState,
     Keepalive,
+    StringRules,
 )
 from mqttamqp.mqtt.packets import (
     PROTOCOL_31,
@@ -122,6 +123,7 @@ class MQTTProtocol(Protocol):
         "peer",
         "rules",
         "session",
+        "strings",
         "username",
         "version",
     )
@@ -132,6 +134,7 @@ class MQTTProtocol(Protocol):
         self.clock = factory.clock
         self.limits: Limits = factory.broker.limits
         self.rules = ConnectionRules()
+        self.strings: StringRules = factory.strings
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
         self.session: Session | None = None
         self.identity: Identity | None = None
@@ -382,10 +385,20 @@ class MQTTProtocol(Protocol):
         self.decoder.protocol_level = level
         self.version = "3.1" if level == 3 else "3.1.1"
         client_id = packet.client_id
+        problem = self._connect_problem(packet)
+        if problem is not None:
+            self._violation(problem)
+            return
         if level == 3:
-            if not 1 <= len(client_id) <= self.limits.max_client_id_31:
+            # 3.1 says 1-23 characters; real 3.1 clients send longer ids, which are
+            # accepted up to 3.1.1's limits unless --strict-mqtt31.
+            if not client_id:
+                self._refuse(ConnackCode.IDENTIFIER_REJECTED, "MQTT 3.1 client id is empty")
+                return
+            if self.limits.strict_mqtt31 and len(client_id) > self.limits.max_client_id_31:
                 self._refuse(ConnackCode.IDENTIFIER_REJECTED,
-                             f"MQTT 3.1 client id must be 1-23 characters, got {len(client_id)}")
+                             f"MQTT 3.1 client id must be 1-{self.limits.max_client_id_31} "
+                             f"characters (--strict-mqtt31), got {len(client_id)}")
                 return
         elif not client_id:
             if not packet.clean_session:
@@ -403,6 +416,16 @@ class MQTTProtocol(Protocol):
         d = self.broker.authenticate(creds)
         d.addCallback(self._authenticated, packet)
         d.addErrback(self._connect_failed)
+
+    def _connect_problem(self, packet: Connect) -> str | None:
+        """Why the strings of ``packet`` break the rules (``StringRules``), or None."""
+        strings = self.strings
+        problem = strings.text(packet.client_id, "CONNECT client identifier")
+        if problem is None and packet.username is not None:
+            problem = strings.text(packet.username, "CONNECT user name")
+        if problem is None and packet.will is not None:
+            problem = strings.topic(packet.will.topic, "CONNECT will topic")
+        return problem
 
     def _authenticated(self, ok: bool, packet: Connect) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
@@ -553,6 +576,10 @@ class MQTTProtocol(Protocol):
     def _on_publish(self, packet: Publish) -> None:
         session = self.session
         assert session is not None
+        problem = self.strings.topic(packet.topic, "PUBLISH topic")
+        if problem is not None:
+            self._violation(problem)
+            return
         message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
         broker = self.broker
@@ -576,12 +603,22 @@ class MQTTProtocol(Protocol):
                 broker.pause_until_drained(id(self), self._drained, congested)
 
     def _on_puback(self, packet: Puback) -> None:
-        assert self.session is not None
-        self.broker.acknowledged(self.session, packet.packet_id)
+        session = self.session
+        assert session is not None
+        problem = session.ack_problem("PUBACK", packet.packet_id)
+        if problem is not None:
+            self._violation(problem)
+            return
+        self.broker.acknowledged(session, packet.packet_id)
 
     def _on_pubrec(self, packet: Pubrec) -> None:
-        assert self.session is not None
-        self.broker.received(self.session, packet.packet_id)
+        session = self.session
+        assert session is not None
+        problem = session.ack_problem("PUBREC", packet.packet_id)
+        if problem is not None:
+            self._violation(problem)
+            return
+        self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
@@ -589,14 +626,33 @@ class MQTTProtocol(Protocol):
         self._ack(d, _ack_frame(0x70, packet.packet_id))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
-        assert self.session is not None
-        self.broker.completed(self.session, packet.packet_id)
+        session = self.session
+        assert session is not None
+        problem = session.ack_problem("PUBCOMP", packet.packet_id)
+        if problem is not None:
+            self._violation(problem)
+            return
+        self.broker.completed(session, packet.packet_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------------
+
+    def _filters_problem(self, filters: Iterable[str], what: str) -> str | None:
+        """An invalid filter is a protocol violation ([MQTT-4.7.1], [MQTT-4.8.0-1]),
+        in SUBSCRIBE (no SUBACK 0x80) and UNSUBSCRIBE alike."""
+        for topic_filter in filters:
+            problem = self.strings.filter(topic_filter, what)
+            if problem is not None:
+                return problem
+        return None
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
         assert session is not None and self.identity is not None
+        problem = self._filters_problem((f for f, _ in packet.topics),
+                                        "SUBSCRIBE topic filter")
+        if problem is not None:
+            self._violation(problem)
+            return
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
         grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
         self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
@@ -604,6 +660,10 @@ class MQTTProtocol(Protocol):
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.session is not None
+        problem = self._filters_problem(packet.topics, "UNSUBSCRIBE topic filter")
+        if problem is not None:
+            self._violation(problem)
+            return
         d = self.broker.unsubscribe(self.session, packet.topics)
         self._ack(d, encode(Unsuback(packet.packet_id)))
 
@@ -645,6 +705,7 @@ class MQTTFactory(Factory):
     def __init__(self, broker: Broker, clock: Clock) -> None:
         self.broker = broker
         self.clock = clock
+        self.strings = StringRules(broker.limits)
         self.connections: set[MQTTProtocol] = set()
         self.noisy = False
 
