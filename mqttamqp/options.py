@@ -50,6 +50,9 @@ class Options(usage.Options):
          "Accept control characters (U+0001-U+001F, U+007F-U+009F) in MQTT client ids, "
          "user names, will topics, topic names and filters; by default they close the "
          "connection."],
+        ["allow-anonymous", None,
+         "Without --users, accept clients from any address (by default only from "
+         "loopback, as Mosquitto 2 without a configuration)."],
     ]
     optParameters: ClassVar[list[list[Any]]] = [
         ["data", "d", "mqttamqp-data",

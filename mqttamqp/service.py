@@ -24,7 +24,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqttamqp import logbridge
-from mqttamqp.core.auth import Authenticator
+from mqttamqp.core.auth import Authenticator, LoopbackOnly
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
@@ -44,12 +44,14 @@ class ListenerService(service.Service):
     log = Logger()
 
     def __init__(self, kind: str, description: str, factory: Any, reactor: Any,
-                 anonymous: bool = False) -> None:
+                 access: str = "users") -> None:
         self.kind = kind
         self.description = description
         self.factory = factory
         self.reactor = reactor
-        self.anonymous = anonymous     # clients may connect without a user name
+        # Who may connect: "users" (a user store), "loopback" (no users: loopback
+        # clients only) or "anyone" (no users, --allow-anonymous).
+        self.access = access
         self.port: Any = None
         self.address = ""
 
@@ -70,10 +72,15 @@ class ListenerService(service.Service):
                               "such as --{opt} {d} to accept other machines, with --users",
                               kind=self.kind, opt=self.kind.lower(),
                               d=self.description.split(":interface=")[0])
-        elif self.anonymous:
+        elif self.access == "anyone":
             self.log.warn("{kind} listens on {address}, beyond loopback, and no users are "
                           "configured: anyone who can reach it may connect (give --users "
                           "FILE)", kind=self.kind, address=self.address)
+        elif self.access == "loopback":
+            self.log.warn("{kind} listens on {address}, beyond loopback, but no users are "
+                          "configured, so only clients on this machine are accepted: give "
+                          "--users FILE (or --allow-anonymous to accept anyone)",
+                          kind=self.kind, address=self.address)
 
     def _failed(self, failure: Any) -> None:
         self.log.failure("cannot listen for {kind} on {d!r}; stopping", failure,
@@ -176,12 +183,20 @@ class BrokerService(service.MultiService):
         return self.add_listener("web", description, self.web_site)
 
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
-        anonymous = kind != "web" and bool(
-            getattr(self.broker.authenticator, "allows_anonymous", True))
-        svc = ListenerService(kind, description, factory, self.reactor, anonymous)
+        svc = ListenerService(kind, description, factory, self.reactor,
+                              "users" if kind == "web" else self._access())
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
+
+    def _access(self) -> str:
+        authenticator = self.broker.authenticator
+        if not getattr(authenticator, "allows_anonymous", True):
+            return "users"
+        anonymous_from = getattr(authenticator, "anonymous_from", None)
+        if anonymous_from is not None and not anonymous_from("192.0.2.1:1"):
+            return "loopback"
+        return "anyone"
 
     def startService(self) -> None:
         logbridge.install()
@@ -236,7 +251,7 @@ class BrokerService(service.MultiService):
 
 
 def makeService(options: Options) -> BrokerService:
-    authenticator: Authenticator | None = None
+    authenticator: Authenticator = LoopbackOnly(bool(options["allow-anonymous"]))
     if options["users"]:
         # MQTT CONNECT and AMQP SASL PLAIN both check it; anonymous clients are refused.
         from mqttamqp.core.users import UserFile

@@ -63,14 +63,14 @@ def test_listeners_default_to_loopback_only() -> None:
         ["tcp:8080:interface=127.0.0.1"])
 
 
-@pytest.mark.parametrize(("host", "anonymous", "expected"), [
-    ("127.0.0.1", True, "loopback only (the default)"),
-    ("0.0.0.0", True, "beyond loopback, and no users are configured"),
-    ("0.0.0.0", False, None),
-    ("::", True, "beyond loopback, and no users are configured"),
+@pytest.mark.parametrize(("host", "access", "expected"), [
+    ("127.0.0.1", "loopback", "loopback only (the default)"),
+    ("0.0.0.0", "anyone", "anyone who can reach it may connect"),
+    ("0.0.0.0", "loopback", "only clients on this machine are accepted"),
+    ("0.0.0.0", "users", None),
+    ("::", "anyone", "anyone who can reach it may connect"),
 ])
-def test_listener_says_how_open_it_is(host: str, anonymous: bool,
-                                      expected: str | None) -> None:
+def test_listener_says_how_open_it_is(host: str, access: str, expected: str | None) -> None:
     """On the default loopback listener the log says how to open the broker; a
     listener beyond loopback without users logs a warning; with users, nothing."""
     from twisted.internet.address import IPv4Address, IPv6Address
@@ -94,10 +94,10 @@ def test_listener_says_how_open_it_is(host: str, anonymous: bool,
     globalLogPublisher.addObserver(observe)
     try:
         description = DEFAULT_LISTENERS["mqtt"] if host == "127.0.0.1" else "tcp:1883"
-        ListenerService("MQTT", description, None, None, anonymous)._listening(Port())
+        ListenerService("MQTT", description, None, None, access)._listening(Port())
     finally:
         globalLogPublisher.removeObserver(observe)
-    said = [line for line in lines if "loopback" in line]
+    said = [line for line in lines if "loopback" in line or "machine" in line]
     if expected is None:
         assert said == []
     else:

@@ -144,6 +144,8 @@ class AMQPConnection(Protocol):
             self.state = ConnectionState.CLOSED
             self.transport.abortConnection()
             return
+        # Without SASL a peer is anonymous: allowed only where anonymous clients are.
+        self.sasl = SaslServer(self.factory.mechanisms(), self.factory.anonymous_allowed(self.peer))
         self.factory.connections.add(self)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.clock.callLater(
@@ -676,11 +678,17 @@ class AMQPFactory(Factory):
         self.serials = itertools.count(1)
         self.noisy = False
 
-    def anonymous_allowed(self) -> bool:
-        """ANONYMOUS is offered only while the broker accepts anonymous clients."""
+    def anonymous_allowed(self, peer: str | None = None) -> bool:
+        """ANONYMOUS is offered only while the broker accepts anonymous clients (from
+        ``peer``, if given: without users, only loopback peers unless
+        ``--allow-anonymous``)."""
         if self.users_file is not None:
             return False
-        return bool(getattr(self.broker.authenticator, "allows_anonymous", True))
+        authenticator = self.broker.authenticator
+        if not getattr(authenticator, "allows_anonymous", True):
+            return False
+        anonymous_from = getattr(authenticator, "anonymous_from", None)
+        return peer is None or anonymous_from is None or bool(anonymous_from(peer))
 
     def mechanisms(self) -> list[str]:
         return ["PLAIN", "ANONYMOUS"] if self.anonymous_allowed() else ["PLAIN"]

@@ -8,12 +8,14 @@ them without touching the protocols.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
-__all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll"]
+__all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll",
+           "LoopbackOnly", "loopback_peer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +68,31 @@ class AllowAll:
 
     def may_use_session(self, identity: Identity, client_id: str) -> bool:
         return True
+
+
+def loopback_peer(peer: str) -> bool:
+    """Is ``peer`` (``host:port`` as the listeners write it) on this machine?  A
+    peer without a host (``?``: a UNIX socket) is."""
+    host = peer.rpartition(":")[0].strip("[]")
+    if host == "?":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackOnly(AllowAll):
+    """No users configured: clients are accepted from loopback only, as Mosquitto 2
+    does without a configuration, unless ``anywhere`` (``--allow-anonymous``)."""
+
+    allows_anonymous = True
+
+    def __init__(self, anywhere: bool = False) -> None:
+        self.anywhere = anywhere
+
+    def anonymous_from(self, peer: str) -> bool:
+        return self.anywhere or loopback_peer(peer)
+
+    def authenticate(self, credentials: Credentials) -> bool:
+        return self.anonymous_from(credentials.peer)
