@@ -9,6 +9,7 @@ One section per item of the issue:
 4. control characters in client ids, user names, will topics, topics and filters
    close the connection (``--allow-control-chars`` accepts them);
 5. an invalid topic filter in SUBSCRIBE or UNSUBSCRIBE closes the connection;
+6. inbound QoS 2: PUBREC goes out before the message is forwarded;
 7. a will is not published when a new connection resumes the persistent session;
 8. MQTT 3.1 client ids longer than 23 characters are accepted (``--strict-mqtt31``);
 9. ``--max-topic-levels`` and ``--max-topic-length``.
@@ -295,6 +296,51 @@ def test_unsubscribe_invalid_filter_closes(broker, raw, level: int) -> None:
     c = raw(uid("c"), level=level)
     c.send(Unsubscribe(3, ("ab/+e",)))
     closed_with_reason(broker, c, "UNSUBSCRIBE topic filter 'ab/\\+e' is invalid")
+
+
+# ==================================================================================
+# 6. QoS 2: PUBREC before the forwarded message
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])
+@pytest.mark.parametrize("granted", [0, 1, 2])
+def test_qos2_pubrec_before_forward_to_self(raw, clean: bool, granted: int) -> None:
+    """A client subscribed to its own topic sees its PUBREC before the forwarded
+    PUBLISH (it saw the PUBLISH first before), and the exchange completes once."""
+    topic = uid("o") + "/t"
+    c = raw(uid("c"), clean=clean)
+    assert c.subscribe((topic, granted)) == (granted,)
+    c.send(Publish(topic, b"q2", 2, False, False, 11))
+    first = c.recv()
+    assert first == Pubrec(11), f"expected PUBREC first, got {first!r}"
+    forwarded = c.recv()
+    assert isinstance(forwarded, Publish)
+    assert (forwarded.topic, forwarded.payload, forwarded.qos) == (topic, b"q2", granted)
+    c.send(Pubrel(11))
+    c.expect(Pubcomp, 11)
+    c.ack(forwarded)
+    c.publish(topic, b"marker", 0)
+    assert c.receive().payload == b"marker"  # exactly once: no second copy before it
+
+
+def test_qos2_pubrec_before_forward_with_persistent_subscriber(raw) -> None:
+    """With a persistent subscriber on the same socket (its copy is stored in the
+    commit PUBREC waits for), PUBREC still comes first; other subscribers get it."""
+    topic = uid("o") + "/t"
+    other = raw(uid("x"), clean=False)
+    other.subscribe((topic, 2))
+    c = raw(uid("c"), clean=False)
+    c.subscribe((topic, 2))
+    for pid in (21, 22, 23):
+        c.send(Publish(topic, b"m%d" % pid, 2, False, False, pid))
+    got = [c.recv() for _ in range(6)]
+    pubrecs = [i for i, p in enumerate(got) if isinstance(p, Pubrec)]
+    publishes = [i for i, p in enumerate(got) if isinstance(p, Publish)]
+    assert [got[i] for i in pubrecs] == [Pubrec(21), Pubrec(22), Pubrec(23)]
+    for n, i in enumerate(publishes):
+        assert pubrecs[n] < i, f"PUBLISH before its PUBREC: {got!r}"
+    assert [got[i].payload for i in publishes] == [b"m21", b"m22", b"m23"]  # type: ignore[union-attr]
+    assert [other.receive_acked().payload for _ in range(3)] == [b"m21", b"m22", b"m23"]
 
 
 # ==================================================================================

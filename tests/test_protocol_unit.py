@@ -6,6 +6,7 @@ The transport only records; where a real reactor would call ``connectionLost`` a
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import fakes
@@ -988,3 +989,91 @@ def test_qos0_to_a_subscriber_that_stops_reading_is_bounded() -> None:
     assert h.broker.sessions["sub"].dropped == 2000 - held // len(
         encode(Publish("t", payload)))
 
+
+# --------------------------------------------------------------------------
+# Issue 16, item 6: inbound QoS 2 is forwarded only after the publisher's PUBREC
+
+
+def _persistent_publisher(h: Harness, store: ManualStore, client_id: str = "p") -> Client:
+    c = h.client()
+    c.send(Connect("MQTT", 4, client_id, False, 0))
+    store.commit_all()
+    assert c.received() == [ACCEPTED]
+    return c
+
+
+def test_qos2_forwarded_after_pubrec_and_stored_with_the_packet_id() -> None:
+    """Nothing is forwarded before the commit; the commit holds the inbound packet id
+    and the persistent subscriber's copy together; PUBREC goes out, then the copies."""
+    from mqttamqp.core.persistence import PutInboundQos2, PutQueued
+    store = ManualStore()
+    h = Harness(store)
+    watcher = h.watcher("t")
+    sub = h.client()
+    sub.send(Connect("MQTT", 4, "s", False, 0), Subscribe(1, (("t", 2),)))
+    store.commit_all()
+    assert sub.received() == [ACCEPTED, Suback(1, (2,))]
+    pub = _persistent_publisher(h, store)
+    pub.send(Publish("t", b"v", 2, False, False, 3))
+    assert pub.received() == [] and sub.received() == [] and watcher.sent == []
+    ops, d = store.pending.pop(0)
+    assert any(isinstance(op, PutInboundQos2) and op.packet_id == 3 for op in ops)
+    assert any(isinstance(op, PutQueued) and op.client_id == "s" for op in ops)
+    order: list[str] = []
+    pub.transport.write = lambda data: order.append("pubrec")  # type: ignore[method-assign]
+    watcher.send_publish = lambda *a: order.append("forward")  # type: ignore[method-assign]
+    d.callback(None)
+    assert order == ["pubrec", "forward"]
+    assert sub.received() == [Publish("t", b"v", 2, False, False, 1)]
+
+
+def test_qos2_committed_message_is_forwarded_when_publisher_is_gone() -> None:
+    """The publisher's socket closes before the commit: PUBREC can never go out, but
+    the message is committed, so it is still forwarded (exactly once)."""
+    store = ManualStore()
+    h = Harness(store)
+    watcher = h.watcher("t")
+    pub = _persistent_publisher(h, store)
+    pub.send(Publish("t", b"v", 2, False, False, 3))
+    pub.proto.connectionLost(Failure(ConnectionDone()))
+    assert watcher.sent == []
+    store.commit_all()
+    assert watcher.sent == [("t", b"v", 2, False)]
+
+
+def test_qos2_failed_commit_forwards_nothing_and_frees_the_queue() -> None:
+    """The commit fails: no PUBREC, the publisher is closed, no copy is ever forwarded,
+    and the subscriber's queue is not blocked behind the withdrawn copy."""
+    store = ManualStore()
+    h = Harness(store)
+    watcher = h.watcher("t")
+    pub = _persistent_publisher(h, store)
+    pub.send(Publish("t", b"lost", 2, False, False, 3))
+    _, d = store.pending.pop(0)
+    d.errback(Failure(RuntimeError("disk full")))
+    assert pub.received() == [] and not pub.open
+    other = h.client()
+    other.connect("o")
+    other.send(Publish("t", b"next", 1, False, False, 1))
+    store.commit_all()
+    assert watcher.sent == [("t", b"next", 1, False)]
+    assert h.broker.sessions["watcher"].queue == deque()
+
+
+def test_qos2_pubrec_waits_behind_earlier_acks_and_forward_waits_for_it() -> None:
+    """A clean publisher's QoS 2 needs no commit of its own, but its PUBREC waits
+    behind a PUBACK still committing: the forward waits for the PUBREC."""
+    store = ManualStore()
+    h = Harness(store)
+    sub = h.client()
+    sub.send(Connect("MQTT", 4, "s", False, 0), Subscribe(1, (("q1", 1),)))
+    store.commit_all()
+    sub.received()
+    watcher = h.watcher("q2")
+    pub = h.client()
+    pub.connect("p")
+    pub.send(Publish("q1", b"a", 1, False, False, 1), Publish("q2", b"b", 2, False, False, 2))
+    assert pub.received() == [] and watcher.sent == []
+    store.commit_all()
+    assert pub.received() == [Puback(1), Pubrec(2)]
+    assert watcher.sent == [("q2", b"b", 2, False)]

@@ -335,10 +335,13 @@ class Broker:
                      packet_id: int) -> Published:
         """An inbound QoS 2 PUBLISH: routed once per packet id, which is stored with
         it; ``durable`` is what PUBREC waits for (a duplicate waits behind whatever
-        commit is still pending, e.g. the first copy's)."""
+        commit is still pending, e.g. the first copy's).  The deliveries wait too:
+        the adapter opens ``Published.gate`` once PUBREC is out, so the publisher
+        has its PUBREC before any subscriber (itself included) has the message."""
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
-        result = self._router.publish(message, identity, session.inbound_add(packet_id))
+        result = self._router.publish(message, identity, session.inbound_add(packet_id),
+                                      hold=True)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
         return result

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.core.auth import Authorizer, Identity
 from mqttamqp.core.clock import Clock
@@ -40,7 +41,7 @@ from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
 from mqttamqp.records import record
 
-__all__ = ["Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX"]
+__all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX"]
 
 SUBSCRIBE_FAILURE = 0x80
 SYS_PREFIX = "$SYS/"
@@ -52,6 +53,49 @@ DYNAMIC_PREFIX = "$dynamic/"
 _NO_SESSIONS: tuple[Session, ...] = ()
 
 
+class Gate:
+    """The deliveries of one message routed with ``hold``: queued (and stored in
+    the publish's commit) but not sent until ``open``, which the publisher's
+    adapter calls once its acknowledgement (MQTT PUBREC) is out.  ``cancel`` (the
+    commit failed) takes them back instead.  Whichever comes first wins."""
+
+    __slots__ = ("_done", "_entries", "_message", "_qos0")
+
+    def __init__(self, message: Message) -> None:
+        self._message = message
+        self._entries: list[tuple[Session, OutEntry]] = []
+        self._qos0: list[Session] = []
+        self._done = False
+
+    def add(self, session: Session, entry: OutEntry | None) -> None:
+        """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery."""
+        if entry is None:
+            self._qos0.append(session)
+        else:
+            self._entries.append((session, entry))
+
+    def open(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        for session, entry in self._entries:
+            session.ungate(entry)
+        message = self._message
+        for session in self._qos0:
+            session.deliver(message, 0, False)
+        self._entries = []
+        self._qos0 = []
+
+    def cancel(self, failure: Failure) -> Failure:
+        if not self._done:
+            self._done = True
+            for session, entry in self._entries:
+                session.withdraw(entry)
+            self._entries = []
+            self._qos0 = []
+        return failure
+
+
 @record
 class Published:
     """What a publish did.
@@ -60,11 +104,13 @@ class Published:
     nothing to wait for).  ``congested``: online subscribers it fed that are past
     their high-water mark (the publisher should stop being read for a while).
     ``denied``: the publisher may not publish there; nothing was routed.
+    ``gate``: with ``hold``, what sends the deliveries (see ``Gate``).
     """
 
     durable: Deferred[None] | None = None
     congested: Sequence[Session] = _NO_SESSIONS
     denied: bool = False
+    gate: Gate | None = None
 
 
 _ROUTED = Published()
@@ -98,13 +144,21 @@ class Router:
         return False
 
     def publish(self, message: Message, identity: Identity | None = None,
-                extra_ops: Sequence[Op] = (), counted: bool = True) -> Published:
+                extra_ops: Sequence[Op] = (), counted: bool = True,
+                hold: bool = False) -> Published:
         """Route ``message``.
 
         Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
         out at once; QoS 2 deliveries to persistent sessions are held until the
         commit that stores them (with their packet id).  ``extra_ops`` (e.g. the
         inbound QoS 2 id) are committed in the same batch, even when denied.
+
+        With ``hold`` (inbound MQTT QoS 2) nothing goes out yet: every delivery is
+        queued and stored as usual, in the same commit as ``extra_ops``, and sent
+        when ``Published.gate`` opens, after the publisher's PUBREC.  A crash after
+        the commit loses nothing: the stored copies are delivered after the
+        restart, and the stored packet id stops a re-sent PUBLISH from being routed
+        again.
         """
         commits = self.commits
         if identity is not None and not self.may_publish(
@@ -133,9 +187,20 @@ class Router:
         if message.amqp_only:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
+        gate = Gate(message) if hold else None
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
-            if recording:
+            if gate is not None:
+                if qos == 0:
+                    gate.add(session, None)  # sent (or dropped) when the gate opens
+                    continue
+                drops = session.dropped
+                entry = session.deliver(message, qos, False, True)
+                if entry is not None:
+                    gate.add(session, entry)
+                elif session.dropped != drops:
+                    dropped += 1
+            elif recording:
                 drops = session.dropped
                 entry = session.deliver(message, qos, False)
                 if session.dropped != drops:
@@ -164,6 +229,12 @@ class Router:
         # alone, so it may also be fired early, by acknowledgements.
         owned = commits.owned
         d = commits.persist(ops)
+        if gate is not None:
+            if d is not None:
+                if held:
+                    d.addCallback(_release_held, held)
+                d.addErrback(gate.cancel)
+            return Published(d, congested or _NO_SESSIONS, False, gate)
         if d is None:
             return _ROUTED if congested is None else Published(None, congested)
         if held:

@@ -92,8 +92,8 @@ class SessionStateError(RuntimeError):
 class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
-    __slots__ = ("dup", "failures", "held", "message", "on_done", "packet_id", "qos",
-                 "retain", "seq", "state")
+    __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
+                 "qos", "retain", "seq", "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -105,7 +105,8 @@ class OutEntry:
         self.state = state
         self.packet_id = packet_id
         self.dup = dup
-        self.held = held
+        self.held = held     # waits for the commit that stores it
+        self.gated = False   # waits for its publisher's PUBREC (``Router``'s gate)
         # Failed delivery attempts (AMQP Modified with delivery-failed): an AMQP
         # receiver sees them in delivery-count; Released does not count (§3.4.4).
         self.failures = 0
@@ -251,11 +252,13 @@ class Session:
             return _NO_OPS
         return [entry.put_op(self.client_id)]
 
-    def deliver(self, message: Message, qos: int, retain: bool) -> OutEntry | None:
+    def deliver(self, message: Message, qos: int, retain: bool,
+                gated: bool = False) -> OutEntry | None:
         """Take a message for delivery at ``qos``: QoS 0 goes out at once (or is
         dropped); QoS 1/2 is queued and sent as the window allows.  Returns the
         queued entry (None for QoS 0 or a drop); a persistent session's entry must
-        be stored (``OutEntry.put_op``)."""
+        be stored (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything
+        queued behind it) until ``ungate``."""
         link = self.link
         if qos == 0:
             if link is None:
@@ -282,6 +285,8 @@ class Session:
         self._next_seq += 1
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
                          held=self.persistent and qos == 2)
+        if gated:
+            entry.gated = True
         self.queue.append(entry)
         self.queued_bytes += size
         self.pump()
@@ -295,6 +300,22 @@ class Session:
             entry.held = False
         self.pump()
 
+    def ungate(self, entry: OutEntry) -> None:
+        """``entry``'s gate opened: it (and what waits behind it) may go."""
+        entry.gated = False
+        self.pump()
+
+    def withdraw(self, entry: OutEntry) -> None:
+        """Take back a queued ``entry`` that must never be sent (its publish failed to
+        commit: the publisher got no PUBREC and sends it again)."""
+        try:
+            self.queue.remove(entry)
+        except ValueError:
+            return  # already gone (the session was cleared)
+        self.queued_bytes -= len(entry.message.payload)
+        self._pids.discard(entry.packet_id)
+        self.pump()
+
     def pump(self) -> None:
         """Send queued entries while the window and the link allow, in order."""
         link = self.link
@@ -305,7 +326,7 @@ class Session:
         window = self.limits.max_inflight
         while queue and len(inflight) < window and not link.congested:
             entry = queue[0]
-            if entry.held:
+            if entry.held or entry.gated:
                 break
             queue.popleft()
             self.queued_bytes -= len(entry.message.payload)

@@ -138,7 +138,9 @@ class AckQueue:
 
     ``add`` returns a handle for an acknowledgement that must wait; ``ready``
     marks it durable.  ``take`` hands out, in order, every acknowledgement whose
-    turn has come (all before it are ready too).
+    turn has come (all before it are ready too), with what to do once it is
+    written (``after``) and whether that must be done even if the connection is
+    closed by then (``essential``: delivering a committed QoS 2 message).
     """
 
     __slots__ = ("_entries",)
@@ -162,8 +164,9 @@ class AckQueue:
     def under_resume_mark(self) -> bool:
         return len(self._entries) <= MAX_PENDING_ACKS // 2
 
-    def add(self, frame: bytes, after: Callable[[], None] | None, ready: bool) -> list[Any]:
-        entry: list[Any] = [ready, frame, after]
+    def add(self, frame: bytes, after: Callable[[], None] | None, ready: bool,
+            essential: bool = False) -> list[Any]:
+        entry: list[Any] = [ready, frame, after, essential]
         self._entries.append(entry)
         return entry
 
@@ -172,11 +175,15 @@ class AckQueue:
         entry[0] = True
 
     def take(self) -> list[tuple[bytes, Callable[[], None] | None]]:
+        return [(frame, after) for frame, after, _ in self.take_flagged()]
+
+    def take_flagged(self) -> list[tuple[bytes, Callable[[], None] | None, bool]]:
+        """``take``, with each entry's ``essential`` flag."""
         out = []
         entries = self._entries
         while entries and entries[0][0]:
-            _, frame, after = entries.popleft()
-            out.append((frame, after))
+            _, frame, after, essential = entries.popleft()
+            out.append((frame, after, essential))
         return out
 
     def clear(self) -> None:

@@ -200,7 +200,8 @@ class MQTTProtocol(Protocol):
         self._cancel_timers()
         was = self.state
         self.rules.advance("close")
-        self._acks.clear()
+        # Pending acknowledgements are not dropped: a committed QoS 2 message still
+        # goes to its subscribers once its commit fires (``_flush_acks``).
         self.broker.unregister_connection(self.key, self, self._cause, self._cause_detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
@@ -531,15 +532,17 @@ class MQTTProtocol(Protocol):
     # -- ordered acknowledgements ---------------------------------------------------
 
     def _ack(self, d: Deferred[None] | None, frame: bytes,
-             after: Callable[[], None] | None = None) -> None:
-        """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out."""
+             after: Callable[[], None] | None = None, essential: bool = False) -> None:
+        """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out,
+        then call ``after``; an ``essential`` one is called even if the connection
+        closed meanwhile (though not if ``d`` failed)."""
         acks = self._acks
         if d is None and acks.empty:
             self._write(frame)
             if after is not None:
                 after()
             return
-        entry = acks.add(frame, after, d is None)
+        entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they
             # catch up, rather than queue work for the writer without bound.
@@ -548,7 +551,7 @@ class MQTTProtocol(Protocol):
             self._flush_acks()
         else:
             d.addCallbacks(self._ack_ready, self._ack_failed,
-                           callbackArgs=(entry,))
+                           callbackArgs=(entry,), errbackArgs=(entry,))
 
     def _ack_ready(self, _: object, entry: list[Any]) -> None:
         AckQueue.ready(entry)
@@ -556,8 +559,10 @@ class MQTTProtocol(Protocol):
 
     def _flush_acks(self) -> None:
         acks = self._acks
-        for frame, after in acks.take():
+        for frame, after, essential in acks.take_flagged():
             if self.rules.closed:
+                if essential and after is not None:
+                    after()
                 continue
             self._write(frame)
             if after is not None:
@@ -565,11 +570,16 @@ class MQTTProtocol(Protocol):
         if acks.under_resume_mark:
             self._resume_reading("storage")
 
-    def _ack_failed(self, failure: Failure) -> None:
+    def _ack_failed(self, failure: Failure, entry: list[Any]) -> None:
         self.log.failure("storage commit failed for {c}; closing so the client retries",
                          failure, c=self.client_id)
         if self.state is not ConnectionState.CLOSED:
             self._violation("storage failure (nothing was acknowledged)")
+        # Closed now: the entry's frame is never written, and its ``after`` (a QoS 2
+        # gate, cancelled by the failure) does nothing; the entries behind it still
+        # run theirs.
+        AckQueue.ready(entry)
+        self._flush_acks()
 
     # -- PUBLISH and its flows --------------------------------------------------------
 
@@ -594,7 +604,12 @@ class MQTTProtocol(Protocol):
             pid = packet.packet_id
             assert pid is not None
             result = broker.publish_qos2(session, message, self.identity, pid)
-            self._ack(result.durable, _ack_frame(0x50, pid))
+            # PUBREC first (after its commit), then the message goes to subscribers.
+            gate = result.gate
+            if gate is None:
+                self._ack(result.durable, _ack_frame(0x50, pid))
+            else:
+                self._ack(result.durable, _ack_frame(0x50, pid), gate.open, True)
         if result.congested:
             # Never pause for our own session: its acknowledgements arrive on this socket.
             congested = [s for s in result.congested if s is not session]
