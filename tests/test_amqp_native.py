@@ -14,7 +14,15 @@ import json
 from typing import Any
 
 import pytest
-from amqp_memory import ACCEPTED, MqttPeer, Net, annotation, outcome, publish_message
+from amqp_memory import (
+    ACCEPTED,
+    REJECTED,
+    MqttPeer,
+    Net,
+    annotation,
+    outcome,
+    publish_message,
+)
 from fakes import ManualStore, MemoryStore
 from proton import Data, Link, Message, Terminus, char, float32, symbol, timestamp, ulong
 from twisted.internet.defer import succeed
@@ -448,3 +456,59 @@ def test_sessions_beyond_the_limit_close_the_connection() -> None:
     net.pump()
     assert greedy.lost and not fine.lost
     assert net.broker.stats.limits == {"amqp_sessions": 1}
+
+
+# == found in review ========================================================================
+
+def _send_raw(app: Any, snd: Any, raw: bytes) -> Any:
+    dlv = snd.delivery(f"raw-{len(raw)}-{id(raw)}")
+    snd.send(raw)
+    snd.advance()
+    app.net.pump()
+    return dlv
+
+
+@pytest.mark.parametrize("order", ["annotations-after-properties", "header-after-body",
+                                   "app-properties-before-properties", "two-headers"])
+def test_sections_out_of_order_are_rejected_not_forwarded(order: str) -> None:
+    """A header or annotations after the properties or body would let a sender forge
+    what the broker adds (the publisher annotation, retain, QoS) for AMQP receivers:
+    such a message is Rejected with amqp:decode-error, nothing is forwarded, and
+    the link and connection carry on."""
+    header = b"\x00\x53\x70\xc0\x02\x01\x41"
+    props = b"\x00\x53\x73\xc0\x05\x03\x40\x40\xa1\x01t"      # to = "t"
+    forged = (b"\x00\x53\x72\xc1\x18\x02\xa3\x14x-opt-mqtt-client-id\xa1\x00")
+    app_props = b"\x00\x53\x74\xc1\x01\x00"
+    body = b"\x00\x53\x77\xa1\x02hi"
+    raw = {"annotations-after-properties": header + props + forged + body,
+           "header-after-body": props + body + header,
+           "app-properties-before-properties": header + app_props + props + body,
+           "two-headers": header + header + props + body}[order]
+    net = Net()
+    app = net.amqp("attacker")
+    rcv = app.receiver("t")
+    snd = app.sender("t")
+    assert outcome(_send_raw(app, snd, raw)) == (REJECTED, "amqp:decode-error")
+    assert rcv.new() == [] and not app.lost
+    assert outcome(app.send(snd, Message(body="fine"))) == (ACCEPTED, None)
+    [(m, _)] = rcv.new()
+    assert annotation(m, "x-opt-mqtt-client-id") == "attacker"
+
+
+def test_links_ended_with_their_session_no_longer_count() -> None:
+    """Links that end because their session ends are not held against the link
+    limit (a client with one session per operation is not cut off)."""
+    net = Net(amqp_max_links=10)
+    app = net.amqp()
+    for round_ in range(4):
+        session = app.conn.session()
+        session.open()
+        for i in range(6):
+            link = session.receiver(f"r{round_}-{i}")
+            link.source.address = f"per-op/{i}"
+            link.open()
+        net.pump()
+        session.close()
+        net.pump()
+    assert not app.lost
+    assert net.broker.stats.limits == {}

@@ -819,3 +819,24 @@ def test_the_store_contract_runs_no_twisted() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
     assert out == "[]"
+
+
+def test_storage_health_is_not_flipped_by_empty_commits() -> None:
+    """A barrier (an empty commit) touches no storage: while real commits fail it
+    neither reports a recovery nor logs again (found in review)."""
+    from twisted.internet.defer import fail, succeed
+
+    from mqttamqp.core.commits import CommitBatcher
+    from mqttamqp.core.persistence import DeleteRetained
+
+    class DiskFull:
+        def submit(self, ops: Any) -> Any:
+            return fail(OSError(28, "No space left on device")) if ops else succeed(None)
+
+    commits = CommitBatcher(DiskFull())  # type: ignore[arg-type]
+    commits.persist([DeleteRetained("a")]).addErrback(lambda _: None)
+    assert commits.failing
+    commits.barrier()
+    assert commits.failing and commits.stats.storage_failures == 1
+    commits.persist([DeleteRetained("b")]).addErrback(lambda _: None)
+    assert commits.stats.storage_failures == 2

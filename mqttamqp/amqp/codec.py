@@ -93,6 +93,7 @@ class InboundMessage:
     # section ends; -1 when there is none.  ``native_sections`` cuts there.
     bare_start: int = -1
     props_end: int = -1
+    last_section: int = 0          # the rank of the last section read (their order)
 
     def copy(self) -> InboundMessage:
         """A copy that shares the (read-only) annotations and value."""
@@ -100,7 +101,7 @@ class InboundMessage:
                               self.message_id, self.to, self.subject, self.reply_to,
                               self.correlation_id, self.body_kind, list(self.data),
                               list(self.value) if self.body_kind == "sequence" else self.value,
-                              self.bare_start, self.props_end)
+                              self.bare_start, self.props_end, self.last_section)
 
 
 # -- the decoder ---------------------------------------------------------------------
@@ -350,6 +351,17 @@ def _section_code(descriptor: Any) -> int:
     raise DecodeError(f"unknown message section descriptor {descriptor!r}")
 
 
+def _in_order(msg: InboundMessage, code: int) -> None:
+    """Sections come in the order of AMQP 1.0 §3.2, each once, but for the body's
+    (several Data or AmqpSequence sections): a header or annotations after the
+    properties or the body would be a different message to each reader."""
+    rank = code if code < DATA else (DATA if code <= AMQP_VALUE else FOOTER)
+    last = msg.last_section
+    if rank < last or (rank == last and rank != DATA):
+        raise DecodeError("message sections out of order or repeated (AMQP 1.0 §3.2)")
+    msg.last_section = rank
+
+
 def _field(items: list[Any], index: int) -> Any:
     return items[index] if index < len(items) else None
 
@@ -400,6 +412,7 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             if not HEADER <= code <= FOOTER:
                 raise DecodeError(f"unknown message section descriptor {code!r}")
             pos += 3
+            _in_order(msg, code)
             if code >= PROPERTIES and msg.bare_start < 0:
                 msg.bare_start = start
             if code == DATA and data[pos] == 0xA0:
@@ -417,6 +430,7 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             section, pos = decoder.value(pos, end, 0)
             code = _section_code(section.descriptor)
             value = section.value
+            _in_order(msg, code)
             if code >= PROPERTIES and msg.bare_start < 0:
                 msg.bare_start = start
         if code == HEADER:
@@ -611,9 +625,11 @@ def _raw_list_items(section: bytes) -> list[bytes]:
     decoder = _Decoder(section)
     end = len(section)
     _, pos = decoder.value(1, end, 1)         # the descriptor
-    code = section[pos]
+    code = section[pos] if pos < end else 0
     if code == 0x45:
         return []
+    if code not in (0xC0, 0xD0) or pos + (3 if code == 0xC0 else 9) > end:
+        raise DecodeError("properties section is not a list")
     if code == 0xC0:
         count, pos = section[pos + 2], pos + 3
     else:

@@ -697,12 +697,15 @@ class TopicPublisher(IncomingLink):
                               "form: it goes to AMQP receivers only (logged once per link)",
                               a=self.address or "(anonymous)", c=host.container_id,
                               peer=host.peer)
+        try:
+            native = native_sections(data, fields.bare_start, fields.props_end, fields.to,
+                                     topic, fields.durable)
+        except DecodeError as exc:   # decode_publish checked the sections; never expected
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return
         routed = Message(topic, b"" if payload is None else payload, fields.qos,
                          fields.retain, host.container_id or None, broker.clock.seconds(),
-                         fields.redelivered,
-                         native_sections(data, fields.bare_start, fields.props_end, fields.to,
-                                         topic, fields.durable),
-                         payload is None)
+                         fields.redelivered, native, payload is None)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that

@@ -130,7 +130,9 @@ class AMQPConnection(Protocol):
         self._peer_closed = False           # the peer sent close (a clean end unless error)
         self._lost_reason = ""
         self._closing = False
-        self._attached = 0      # links the peer has attached and not detached (any kind)
+        # Links the peer attached and has not detached (any kind, refused ones too:
+        # proton keeps each until then), with their session (ending one ends them).
+        self._attached: dict[Any, Any] = {}
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -574,6 +576,8 @@ class AMQPConnection(Protocol):
 
     def _on_session_remote_close(self, event: Any) -> None:
         session = event.session
+        for impl in [i for i, s in self._attached.items() if s == session]:
+            del self._attached[impl]
         condition = session.remote_condition
         reason = ("session ended by the peer" if condition is None else
                   f"session ended by the peer with {_describe(condition)}")
@@ -590,8 +594,9 @@ class AMQPConnection(Protocol):
     def _on_link_remote_open(self, event: Any) -> None:
         if self.state is ConnectionState.CLOSED:
             return
-        self._attached += 1
-        if self._attached > self.limits.amqp_max_links:
+        plink = event.link
+        self._attached[plink._impl] = plink.session
+        if len(self._attached) > self.limits.amqp_max_links:
             # Refused links count too: proton keeps each until the peer detaches it.
             self.broker.stats.limit_hit("amqp_links")
             self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
@@ -603,11 +608,11 @@ class AMQPConnection(Protocol):
                                f"more than {self.limits.amqp_max_links} links on one "
                                "connection")
             return
-        attach(self, event.link)
+        attach(self, plink)
 
     def _on_link_remote_close(self, event: Any) -> None:
         plink = event.link
-        self._attached -= 1
+        self._attached.pop(plink._impl, None)
         link = self.links.pop(plink._impl, None)
         condition = plink.remote_condition
         if link is not None:

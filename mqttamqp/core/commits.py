@@ -108,7 +108,9 @@ class CommitBatcher:
 
     def _commit(self, ops: Sequence[Op]) -> Deferred[None]:
         d = self.store.submit(ops)
-        d.addCallbacks(self._committed, self._commit_failed)
+        if ops:
+            # (An empty commit, a barrier, touches no storage: it says nothing of it.)
+            d.addCallbacks(self._committed, self._commit_failed)
         return d
 
     def _now(self) -> float:

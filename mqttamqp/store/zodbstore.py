@@ -34,7 +34,7 @@ import transaction
 from transaction.interfaces import NoTransaction
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorFromThreads
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from ZODB import DB
 from ZODB.FileStorage import FileStorage
@@ -508,9 +508,11 @@ class ZODBStore:
         except Exception:  # any failure errbacks the whole commit
             failure = Failure()
             _abort_if_open(tm)
+            # Debug only: the core logs one line per failing spell (CommitBatcher),
+            # not a traceback per commit while the disk is full.
             _log.failure(
                 "ZODB commit of {submits} submits ({ops} ops) failed",
-                failure, submits=len(group), ops=nops,
+                failure, submits=len(group), ops=nops, level=LogLevel.debug,
             )
         elapsed = time.monotonic() - started
         self._last_commit_seconds = elapsed
