@@ -571,10 +571,11 @@ class MQTTProtocol(Protocol):
             self._resume_reading("storage")
 
     def _ack_failed(self, failure: Failure, entry: list[Any]) -> None:
-        self.log.failure("storage commit failed for {c}; closing so the client retries",
-                         failure, c=self.client_id)
+        # One line for this connection, no traceback: the store logs the failure
+        # itself (once when commits start failing, once when they recover).
         if self.state is not ConnectionState.CLOSED:
-            self._violation("storage failure (nothing was acknowledged)")
+            self._violation(f"storage failure ({failure.getErrorMessage()}); nothing was "
+                            "acknowledged, closing so the client retries")
         # Closed now: the entry's frame is never written, and its ``after`` (a QoS 2
         # gate, cancelled by the failure) does nothing; the entries behind it still
         # run theirs.
