@@ -14,7 +14,7 @@ __all__ = [
     "SESSION_CLEARED", "SESSION_EXPIRED", "SUBSCRIBE", "UNSUBSCRIBE", "AUTH_FAILURE",
     "CONSOLE_ACTION", "EVENT_KINDS",
     "CAUSE_CLEAN", "CAUSE_LOST", "CAUSE_KEEPALIVE", "CAUSE_PROTOCOL_ERROR",
-    "CAUSE_TAKEN_OVER", "CAUSE_CONSOLE", "CAUSE_SHUTDOWN", "CAUSE_RESTART",
+    "CAUSE_TAKEN_OVER", "CAUSE_CONSOLE", "CAUSE_SHUTDOWN", "CAUSE_RESTART", "CAUSE_STORAGE",
     "DISCONNECT_CAUSES", "WILL_CAUSES",
 ]
 
@@ -46,8 +46,9 @@ CAUSE_TAKEN_OVER = "taken_over"          # another connection with the same clie
 CAUSE_CONSOLE = "console"                # an operator's action in the console
 CAUSE_SHUTDOWN = "shutdown"              # the broker stopped
 CAUSE_RESTART = "restart"                # will published after a restart's grace period
+CAUSE_STORAGE = "storage"                # closed by the broker: a commit it waited on failed
 
 DISCONNECT_CAUSES = (CAUSE_CLEAN, CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR,
-                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN)
+                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN, CAUSE_STORAGE)
 WILL_CAUSES = (CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR, CAUSE_TAKEN_OVER,
-               CAUSE_CONSOLE, CAUSE_RESTART)
+               CAUSE_CONSOLE, CAUSE_RESTART, CAUSE_STORAGE)

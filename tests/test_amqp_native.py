@@ -11,12 +11,14 @@ the same rules are in ``test_amqp_native_interop``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from amqp_memory import (
     ACCEPTED,
     REJECTED,
+    RELEASED,
     MqttPeer,
     Net,
     annotation,
@@ -456,6 +458,60 @@ def test_sessions_beyond_the_limit_close_the_connection() -> None:
     net.pump()
     assert greedy.lost and not fine.lost
     assert net.broker.stats.limits == {"amqp_sessions": 1}
+
+
+# == storage that fails (issue 10, item 3) ====================================================
+
+@pytest.fixture
+def log_events() -> Iterator[list[dict[str, Any]]]:
+    from twisted.logger import globalLogPublisher
+
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+def test_failing_storage_withholds_acks_logs_once_and_recovers(log_events) -> None:
+    """While commits fail: QoS 0 keeps flowing, QoS 1 gets no PUBACK (the client is
+    disconnected to retry), AMQP gets Released; the log has one line when storage
+    starts failing and one when it recovers, no traceback, however many clients
+    and messages met it; $SYS shows it; recovery needs nothing done."""
+    from fakes import FailingStore
+    from twisted.logger import formatEvent
+
+    from mqttamqp.mqtt.packets import Puback, Publish
+
+    store = FailingStore()
+    net = Net(store)
+    keeper = net.mqtt("keeper", clean=False)            # a persistent QoS 1 subscriber
+    keeper.subscribe(("disk/#", 1))
+    live = watch(net, "disk/#", qos=0, client_id="live")
+    app = net.amqp()
+    snd = app.sender("disk/amqp")
+    store.failing = True
+    net.mqtt("q0").publish("disk/q0", b"zero", qos=0)
+    assert [p.payload for p in live.publishes()] == [b"zero"]
+    for i in range(5):
+        pub = net.mqtt(f"pub{i}")
+        pub.send(Publish("disk/q1", b"one", 1, False, False, 1))
+        assert pub.take(Puback) == [] and pub.transport.disconnecting
+        assert outcome(app.send(snd, Message(body="durable", durable=True)))[0] == RELEASED
+    failing = [e for e in log_events if "storage failing" in formatEvent(e)]
+    assert len(failing) == 1
+    assert not [e for e in log_events if e.get("log_failure") is not None]
+    assert net.broker.stats.storage_failing and net.broker.stats.storage_failures >= 10
+    assert net.broker.stats.protocol_errors == 0          # not the clients' fault
+    assert not [e for e in log_events if "protocol error" in formatEvent(e)]
+    store.failing = False
+    pub = net.mqtt("after")
+    pub.send(Publish("disk/q1", b"back", 1, False, False, 1))
+    assert [a.packet_id for a in pub.take(Puback)] == [1]
+    assert outcome(app.send(snd, Message(body="again", durable=True))) == (ACCEPTED, None)
+    recovered = [e for e in log_events if "storage recovered" in formatEvent(e)]
+    assert len(recovered) == 1 and not net.broker.stats.storage_failing
+    assert ("$SYS/broker/storage/state", "ok") in net.broker.stats.sys_topics(
+        "x", 0.0, 0, 0, 0, 0, 0)
 
 
 # == found in review ========================================================================

@@ -38,6 +38,7 @@ from mqttamqp.core.recorder import (
     CAUSE_KEEPALIVE,
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
+    CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
 )
 from mqttamqp.core.session import Session
@@ -293,12 +294,19 @@ class MQTTProtocol(Protocol):
 
     # -- the one place a protocol error becomes a disconnect ----------------------
 
-    def _violation(self, reason: str) -> None:
-        self.broker.stats.protocol_errors += 1
-        self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
-                      c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
+    def _violation(self, reason: str, cause: str | None = None) -> None:
+        if cause == CAUSE_STORAGE:
+            # Not the client's fault, and the core logged the failing storage once
+            # for every client it hits: no line per connection.
+            self.log.debug("closing the connection of {c} ({peer}): {r}",
+                           c=self.client_id, peer=self.peer, r=reason)
+        else:
+            self.broker.stats.protocol_errors += 1
+            self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
+                          c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
         self._clean_close = False
-        self._cause = CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR
+        self._cause = cause or (
+            CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
         self._cause_detail = reason
         self.rules.advance("close")
         self._cancel_timers()
@@ -575,7 +583,7 @@ class MQTTProtocol(Protocol):
         # itself (once when commits start failing, once when they recover).
         if self.state is not ConnectionState.CLOSED:
             self._violation(f"storage failure ({failure.getErrorMessage()}); nothing was "
-                            "acknowledged, closing so the client retries")
+                            "acknowledged, closing so the client retries", CAUSE_STORAGE)
         # Closed now: the entry's frame is never written, and its ``after`` (a QoS 2
         # gate, cancelled by the failure) does nothing; the entries behind it still
         # run theirs.
