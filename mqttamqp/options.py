@@ -98,10 +98,17 @@ class Options(usage.Options):
          "Seconds of silence after which an AMQP peer is closed "
          "(amqp:resource-limit-exceeded); half of it is advertised. 0 = none.",
          _positive(float, "amqp-idle-timeout")],
+        ["amqp-max-sessions", None, _D.amqp_max_sessions,
+         "Most sessions on one AMQP connection; a peer that begins more is closed.",
+         _positive(int, "amqp-max-sessions")],
+        ["amqp-max-links", None, _D.amqp_max_links,
+         "Most links attached at a time on one AMQP connection (refused ones count "
+         "until detached); a peer that attaches more is closed "
+         "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
         ["users", None, None,
          "File of users (scrypt hashes; see README). With it, MQTT CONNECT and AMQP "
          "SASL PLAIN must name one of them and anonymous clients are refused; "
-         "without it every client is accepted."],
+         "without it clients are accepted from loopback only (see --allow-anonymous)."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
         ["archive-dir", None, None,
@@ -161,6 +168,10 @@ class Options(usage.Options):
             raise usage.UsageError("--archive-roll must be more than 0 seconds")
         if self["max-inflight"] < 1:
             raise usage.UsageError("--max-inflight must be at least 1")
+        if self["amqp-max-sessions"] < 1:
+            raise usage.UsageError("--amqp-max-sessions must be at least 1")
+        if self["amqp-max-links"] < 1:
+            raise usage.UsageError("--amqp-max-links must be at least 1")
         if self["max-topic-levels"] < 1:
             raise usage.UsageError("--max-topic-levels must be at least 1")
         if self["max-topic-length"] < 1:
@@ -189,4 +200,6 @@ def limits_from(options: Any) -> Limits:
         max_topic_levels=options["max-topic-levels"],
         max_topic_length=options["max-topic-length"],
         allow_control_chars=bool(options["allow-control-chars"]),
+        amqp_max_sessions=options["amqp-max-sessions"],
+        amqp_max_links=options["amqp-max-links"],
     )

@@ -28,6 +28,7 @@ def test_storage_is_packed_on_schedule(tmp_path: Path) -> None:
     (["--max-inflight", "0"], "--max-inflight must be at least 1"),
     (["--max-queued-messages", "-1"], "--max-queued-messages must not be negative"),
     (["--connect-timeout", "soon"], "--connect-timeout must be a number"),
+    (["--amqp-max-links", "0"], "--amqp-max-links must be at least 1"),
 ])
 def test_bad_options_say_what_to_do(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad option value stops twistd with a message naming the option."""
@@ -47,7 +48,9 @@ def test_help_lists_every_option() -> None:
                    "--max-packet-size", "--max-inflight", "--max-queued-messages",
                    "--max-queued-bytes", "--connect-timeout", "--session-expiry",
                    "--will-grace", "--sys-interval", "--pack-interval",
-                   "--amqp-idle-timeout", "--stall-timeout"):
+                   "--amqp-idle-timeout", "--stall-timeout", "--amqp-max-sessions",
+                   "--amqp-max-links", "--allow-anonymous", "--strict-mqtt31",
+                   "--allow-control-chars", "--max-topic-levels", "--max-topic-length"):
         assert option in out, option
 
 
