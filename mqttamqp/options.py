@@ -73,6 +73,15 @@ class Options(usage.Options):
         ["max-queued-bytes", None, _D.max_queued_bytes,
          "Payload bytes queued per session; more are dropped and counted.",
          _positive(int, "max-queued-bytes")],
+        ["max-subscriptions", None, _D.max_subscriptions,
+         "Most topic filters one session may hold; more get SUBACK 0x80 (counted).",
+         _positive(int, "max-subscriptions")],
+        ["max-retained-messages", None, _D.max_retained_messages,
+         "Most retained messages in all; a retained publish beyond it is routed but not "
+         "kept (counted).", _positive(int, "max-retained-messages")],
+        ["max-retained-bytes", None, _D.max_retained_bytes,
+         "Most payload bytes of retained messages in all; beyond it as above.",
+         _positive(int, "max-retained-bytes")],
         ["connect-timeout", None, _D.connect_timeout,
          "Seconds a new socket has to send CONNECT.", _positive(float, "connect-timeout")],
         ["session-expiry", None, _D.session_expiry,
@@ -202,4 +211,7 @@ def limits_from(options: Any) -> Limits:
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
+        max_subscriptions=options["max-subscriptions"],
+        max_retained_messages=options["max-retained-messages"],
+        max_retained_bytes=options["max-retained-bytes"],
     )

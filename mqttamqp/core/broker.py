@@ -84,7 +84,8 @@ class Broker:
         self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
         self.stats = BrokerStats()
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
-        self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder)
+        self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
+                              self.limits)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
                             self._publish_with, self.limits.will_grace, self.recorder)
         self._flow = FlowControl(clock, self.limits.stall_timeout, self._online)

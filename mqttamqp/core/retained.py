@@ -43,6 +43,14 @@ class RetainedStore:
                 return None
         return node.message if node is not None else None
 
+    def room_for(self, message: Message, max_count: int, max_bytes: int) -> bool:
+        """Would storing ``message`` keep the store within the bounds?  (Replacing a
+        topic's message does not add to the count.)"""
+        old = self.get(message.topic)
+        count = self._count + (old is None)
+        size = self._bytes - (len(old.payload) if old is not None else 0) + len(message.payload)
+        return count <= max_count and size <= max_bytes
+
     def put(self, message: Message) -> None:
         node = self._root
         for level in message.topic.split("/"):

@@ -26,6 +26,7 @@ from mqttamqp.core.commits import (
     committed_or_acknowledged,
     fire_when_acknowledged,
 )
+from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
     DeleteRetained,
@@ -34,6 +35,7 @@ from mqttamqp.core.persistence import (
     PutRetained,
     PutSubscription,
 )
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
@@ -120,7 +122,10 @@ class Router:
     log = Logger(namespace="mqttamqp.core.broker")
 
     def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
-                 authorizer: Authorizer, recorder: Recorder) -> None:
+                 authorizer: Authorizer, recorder: Recorder,
+                 limits: Limits | None = None) -> None:
+        self.limits = limits if limits is not None else Limits()
+        self._log_limit = LogLimiter(clock.seconds)
         self.clock = clock
         self.commits = commits
         self.stats = stats
@@ -172,10 +177,23 @@ class Router:
             if not message.payload and not message.amqp_only:
                 if self.retained.delete(message.topic) and durable:
                     ops.append(DeleteRetained(message.topic))
-            else:
+            elif not durable or self.retained.room_for(
+                    message, self.limits.max_retained_messages,
+                    self.limits.max_retained_bytes):
                 self.retained.put(message)
                 if durable:
                     ops.append(PutRetained(message.with_retain(True)))
+            else:
+                # Routed all the same; only not kept for later subscribers.
+                self.stats.limit_hit("retained")
+                suppressed = self._log_limit.allow("retained")
+                if suppressed is not None:
+                    self.log.warn(
+                        "retained message on {t!r} from {c} not kept: the retained store is "
+                        "full (--max-retained-messages {n}, --max-retained-bytes {b}) "
+                        "({h} more since the last line)", t=message.topic,
+                        c=message.publisher, n=self.limits.max_retained_messages,
+                        b=self.limits.max_retained_bytes, h=suppressed)
         other_ops = len(ops)
         held: list[tuple[Session, int]] = []
         qos1_entries: list[OutEntry] = []
@@ -286,6 +304,17 @@ class Router:
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             if not self.authorizer.may_subscribe(identity, topic_filter):
+                codes.append(SUBSCRIBE_FAILURE)
+                continue
+            if (topic_filter not in session.subscriptions
+                    and len(session.subscriptions) >= self.limits.max_subscriptions):
+                self.stats.limit_hit("subscriptions")
+                suppressed = self._log_limit.allow("subscriptions")
+                if suppressed is not None:
+                    self.log.warn("{c} has {n} subscriptions (--max-subscriptions); {f!r} "
+                                  "refused ({h} more refusals since the last line)",
+                                  c=session.client_id, n=len(session.subscriptions),
+                                  f=topic_filter, h=suppressed)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             granted = min(qos, 2)

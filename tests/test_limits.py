@@ -1,0 +1,85 @@
+"""Limits on what one client can make the broker hold (issue 10, item 4): filters
+per session, retained messages in all; each refusal counted in
+``$SYS/broker/limits/<name>`` and logged at most once a minute per cause.
+
+In memory (``amqp_memory.Net``: the broker's own MQTT and AMQP protocol objects on
+one ``task.Clock``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from amqp_memory import Net
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
+
+from mqttamqp.core.ratelog import LogLimiter
+
+
+@pytest.fixture
+def lines() -> Iterator[list[str]]:
+    got: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        got.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield got
+    globalLogPublisher.removeObserver(observe)
+
+
+def test_subscriptions_per_session_are_bounded(lines: list[str]) -> None:
+    """Beyond --max-subscriptions a new filter gets SUBACK 0x80 (an existing one
+    can still be re-subscribed); counted; one log line for many refusals."""
+    net = Net(max_subscriptions=3)
+    client = net.mqtt("many")
+    assert client.subscribe(("a/1", 1), ("a/2", 1), ("a/3", 0)) == (1, 1, 0)
+    assert client.subscribe(("a/4", 1), ("a/3", 1)) == (0x80, 1)
+    for i in range(20):
+        assert client.subscribe((f"b/{i}", 0)) == (0x80,)
+    assert net.broker.stats.limits == {"subscriptions": 21}
+    assert len([line for line in lines if "--max-subscriptions" in line]) == 1
+    other = net.mqtt("other")                  # per session: others are not affected
+    assert other.subscribe(("a/4", 1)) == (1,)
+
+
+def test_retained_messages_are_bounded_in_count_and_bytes(lines: list[str]) -> None:
+    """Beyond --max-retained-messages or --max-retained-bytes a retained message is
+    routed but not kept; replacing a kept topic is fine; $SYS does not count."""
+    net = Net(max_retained_messages=2, max_retained_bytes=10, sys_interval=0)
+    sub = net.mqtt("sub")
+    sub.subscribe(("r/#", 0))
+    pub = net.mqtt("pub")
+    pub.publish("r/1", b"1234", retain=True)
+    pub.publish("r/2", b"1234", retain=True)
+    pub.publish("r/3", b"x", retain=True)                 # a third topic: not kept
+    pub.publish("r/1", b"123456", retain=True)            # 6 + 4 = 10 bytes: kept
+    pub.publish("r/2", b"12345", retain=True)             # 6 + 5 > 10: not kept
+    assert [p.payload for p in sub.publishes()] == [b"1234", b"1234", b"x", b"123456",
+                                                    b"12345"]
+    view = net.broker.view
+    assert [view.retained(t).payload if view.retained(t) else None
+            for t in ("r/1", "r/2", "r/3")] == [b"123456", b"1234", None]
+    assert net.broker.stats.limits == {"retained": 2}
+    assert len([line for line in lines if "--max-retained-messages" in line]) == 1
+    net.broker.publish_sys()                              # the broker's own: always kept
+    assert view.retained("$SYS/broker/version") is not None
+    late = net.mqtt("late")
+    late.subscribe(("r/#", 0))
+    assert sorted(p.topic for p in late.publishes()) == ["r/1", "r/2"]
+
+
+def test_log_limiter_one_line_per_cause_per_interval() -> None:
+    clock = Clock()
+    limit = LogLimiter(clock.seconds, interval=60, max_causes=4)
+    assert limit.allow("a") == 0
+    assert limit.allow("a") is None and limit.allow("a") is None
+    assert limit.allow("b") == 0                      # causes are separate
+    clock.advance(60)
+    assert limit.allow("a") == 2                      # says how many were held back
+    for cause in "cdefgh":                            # bounded: old causes forgotten
+        limit.allow(cause)
+    assert len(limit._last) <= 4
