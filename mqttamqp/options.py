@@ -82,6 +82,13 @@ class Options(usage.Options):
         ["max-retained-bytes", None, _D.max_retained_bytes,
          "Most payload bytes of retained messages in all; beyond it as above.",
          _positive(int, "max-retained-bytes")],
+        ["max-connect-rate", None, _D.max_connect_rate,
+         "New connections a second from one address (MQTT and AMQP each; loopback is "
+         "not limited); beyond it, after a burst of --connect-burst, sockets are closed "
+         "at once (counted). 0 = no limit.", _positive(float, "max-connect-rate")],
+        ["connect-burst", None, _D.connect_burst,
+         "How many connections one address may open at once before "
+         "--max-connect-rate applies.", _positive(int, "connect-burst")],
         ["connect-timeout", None, _D.connect_timeout,
          "Seconds a new socket has to send CONNECT.", _positive(float, "connect-timeout")],
         ["session-expiry", None, _D.session_expiry,
@@ -214,4 +221,6 @@ def limits_from(options: Any) -> Limits:
         max_subscriptions=options["max-subscriptions"],
         max_retained_messages=options["max-retained-messages"],
         max_retained_bytes=options["max-retained-bytes"],
+        max_connect_rate=options["max-connect-rate"],
+        connect_burst=options["connect-burst"],
     )

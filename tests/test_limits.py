@@ -83,3 +83,28 @@ def test_log_limiter_one_line_per_cause_per_interval() -> None:
     for cause in "cdefgh":                            # bounded: old causes forgotten
         limit.allow(cause)
     assert len(limit._last) <= 4
+
+
+def test_connection_rate_per_address(lines: list[str]) -> None:
+    """More than --max-connect-rate new sockets a second from one address (beyond a
+    burst) are closed at once, counted, logged once; loopback is not limited, other
+    addresses are not affected, and the bucket refills with time."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    net = Net(max_connect_rate=2.0, connect_burst=3)
+
+    def open_from(host: str) -> StringTransport:
+        proto = net.mqtt_factory.buildProtocol(None)
+        transport = StringTransport(peerAddress=IPv4Address("TCP", host, 40000))
+        proto.makeConnection(transport)
+        return transport
+
+    results = [open_from("10.0.0.9").disconnecting for _ in range(6)]
+    assert results == [False, False, False, True, True, True]
+    assert not open_from("10.0.0.10").disconnecting        # another address
+    assert not any(open_from("127.0.0.1").disconnecting for _ in range(10))
+    net.clock.advance(1.0)                                 # two more tokens
+    assert [open_from("10.0.0.9").disconnecting for _ in range(3)] == [False, False, True]
+    assert net.broker.stats.limits == {"connect_rate": 4}
+    assert len([line for line in lines if "--max-connect-rate" in line]) == 1

@@ -139,10 +139,7 @@ class AMQPConnection(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
-        if len(self.factory.connections) >= self.limits.max_connections:
-            self.broker.stats.connections_refused += 1
-            self.log.warn("refusing AMQP connection from {peer}: max-connections ({n}) "
-                          "reached", peer=self.peer, n=self.limits.max_connections)
+        if not self.broker.admit("AMQP", self.peer, len(self.factory.connections)):
             self.state = ConnectionState.CLOSED
             self.transport.abortConnection()
             return

@@ -30,6 +30,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqttamqp.core.admission import ConnectRate
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
@@ -38,6 +39,7 @@ from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel, will_owners
 from mqttamqp.core.recorder import (
     AUTH_FAILURE,
@@ -86,6 +88,9 @@ class Broker:
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
                               self.limits)
+        self._connect_rate = ConnectRate(clock.seconds, self.limits.max_connect_rate,
+                                         self.limits.connect_burst)
+        self._log_limit = LogLimiter(clock.seconds)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
                             self._publish_with, self.limits.will_grace, self.recorder)
         self._flow = FlowControl(clock, self.limits.stall_timeout, self._online)
@@ -183,6 +188,28 @@ class Broker:
         return self._commits.barrier()
 
     # -- authentication and connections ----------------------------------------
+
+    def admit(self, kind: str, peer: str, connections: int) -> bool:
+        """A new socket from ``peer`` (``host:port``), with ``connections`` of its
+        ``kind`` (MQTT, AMQP) open: may it go on?  A refusal is counted and logged
+        (one line per cause a minute)."""
+        if connections >= self.limits.max_connections:
+            cause, what = "max_connections", (
+                f"--max-connections ({self.limits.max_connections}) reached")
+        elif not self._connect_rate.admit(peer.rpartition(":")[0].strip("[]")):
+            cause, what = "connect_rate", (
+                f"more than {self.limits.max_connect_rate:g} new connections a second "
+                "from that address (--max-connect-rate)")
+        else:
+            return True
+        self.stats.connections_refused += 1
+        self.stats.limit_hit(cause)
+        suppressed = self._log_limit.allow(cause)
+        if suppressed is not None:
+            self.log.warn("refusing {kind} connection from {peer}: {what} ({n} more "
+                          "refused since the last line)", kind=kind, peer=peer, what=what,
+                          n=suppressed)
+        return False
 
     def authenticate(self, credentials: Credentials) -> Deferred[bool]:
         """Check ``credentials``; a refusal (or a failed check) is recorded."""

@@ -35,3 +35,7 @@ class Limits:
     max_subscriptions: int = 10_000           # filters per session (MQTT or AMQP)
     max_retained_messages: int = 100_000      # retained messages in all ($SYS not counted)
     max_retained_bytes: int = 128 << 20       # their payload bytes in all
+    # New connections per second from one address (loopback not limited), in bursts
+    # of up to connect_burst; 0 = no limit.
+    max_connect_rate: float = 50.0
+    connect_burst: int = 200

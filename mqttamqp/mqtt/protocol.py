@@ -170,10 +170,7 @@ class MQTTProtocol(Protocol):
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self._last_activity = self.clock.seconds()
-        if len(self.factory.connections) >= self.limits.max_connections:
-            self.broker.stats.connections_refused += 1
-            self.log.warn("refusing connection from {peer}: max-connections ({n}) reached",
-                          peer=self.peer, n=self.limits.max_connections)
+        if not self.broker.admit("MQTT", self.peer, len(self.factory.connections)):
             self.rules.advance("close")
             self.transport.abortConnection()
             return

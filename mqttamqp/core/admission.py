@@ -1,0 +1,57 @@
+"""Admission of new sockets: how fast one address may open connections.
+
+A token bucket per remote address (``Limits.max_connect_rate`` per second, bursts
+of ``connect_burst``); loopback addresses are not limited (the machine itself,
+trusted as for anonymous access).  The table of addresses is bounded: when full,
+the buckets that have been full longest are forgotten (a forgotten address starts
+with a full bucket, which is what a quiet address has anyway).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+
+__all__ = ["ConnectRate"]
+
+
+class ConnectRate:
+    def __init__(self, seconds: Callable[[], float], rate: float, burst: int,
+                 max_addresses: int = 10_000) -> None:
+        self._seconds = seconds
+        self.rate = rate
+        self.burst = max(1, burst)
+        self._max = max_addresses
+        self._buckets: dict[str, tuple[float, float]] = {}   # address -> (tokens, at)
+
+    def admit(self, host: str) -> bool:
+        """May ``host`` open one more connection now?  (Takes a token if so.)"""
+        if self.rate <= 0 or _loopback(host):
+            return True
+        now = self._seconds()
+        tokens, at = self._buckets.get(host, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self._buckets[host] = (tokens, now)
+            return False
+        if host not in self._buckets and len(self._buckets) >= self._max:
+            self._forget(now)
+        self._buckets[host] = (tokens - 1.0, now)
+        return True
+
+    def _forget(self, now: float) -> None:
+        """Drop the buckets that are full again (or the fullest half)."""
+        full = [h for h, (t, at) in self._buckets.items()
+                if t + (now - at) * self.rate >= self.burst]
+        if len(full) < len(self._buckets) // 2:
+            full = sorted(self._buckets, key=lambda h: -(self._buckets[h][0]
+                          + (now - self._buckets[h][1]) * self.rate))[:len(self._buckets) // 2]
+        for host in full:
+            del self._buckets[host]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in ("?", "")     # a UNIX socket: this machine
