@@ -89,6 +89,13 @@ class Options(usage.Options):
         ["connect-burst", None, _D.connect_burst,
          "How many connections one address may open at once before "
          "--max-connect-rate applies.", _positive(int, "connect-burst")],
+        ["max-publish-rate", None, _D.max_publish_rate,
+         "Messages a second one client (an MQTT or AMQP connection) may publish; beyond "
+         "it the client is not read for a while (counted). 0 = no limit.",
+         _positive(float, "max-publish-rate")],
+        ["max-publish-byte-rate", None, _D.max_publish_byte_rate,
+         "Payload bytes a second one client may publish; as above. 0 = no limit.",
+         _positive(float, "max-publish-byte-rate")],
         ["connect-timeout", None, _D.connect_timeout,
          "Seconds a new socket has to send CONNECT.", _positive(float, "connect-timeout")],
         ["session-expiry", None, _D.session_expiry,
@@ -223,4 +230,6 @@ def limits_from(options: Any) -> Limits:
         max_retained_bytes=options["max-retained-bytes"],
         max_connect_rate=options["max-connect-rate"],
         connect_burst=options["connect-burst"],
+        max_publish_rate=options["max-publish-rate"],
+        max_publish_byte_rate=options["max-publish-byte-rate"],
     )

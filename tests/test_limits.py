@@ -108,3 +108,49 @@ def test_connection_rate_per_address(lines: list[str]) -> None:
     assert [open_from("10.0.0.9").disconnecting for _ in range(3)] == [False, False, True]
     assert net.broker.stats.limits == {"connect_rate": 4}
     assert len([line for line in lines if "--max-connect-rate" in line]) == 1
+
+
+def test_mqtt_publish_rate_pauses_reading_then_resumes() -> None:
+    """Over --max-publish-rate a client is not read until its budget is back (the
+    messages already read are routed: nothing is lost); counted."""
+    from mqttamqp.mqtt.packets import Publish
+
+    net = Net(max_publish_rate=10.0)
+    sub = net.mqtt("rate-sub")
+    sub.subscribe(("rate/#", 0))
+    pub = net.mqtt("rate-pub")
+    pub.send(*[Publish("rate/t", b"%d" % i, 0, False, False, None) for i in range(30)])
+    assert len(sub.publishes()) == 30                    # read already: all routed
+    assert pub.transport.producerState == "paused"
+    assert net.broker.stats.limits == {"publish_rate": 1}
+    net.clock.advance(1.0)                               # 20 over budget: 2 s at 10/s
+    assert pub.transport.producerState == "paused"
+    net.clock.advance(1.1)
+    assert pub.transport.producerState == "producing"
+    pub.send(Publish("rate/t", b"again", 0, False, False, None))
+    assert [p.payload for p in sub.publishes()] == [b"again"]
+
+
+def test_amqp_publish_rate_withholds_credit_then_gives_it_back() -> None:
+    """An AMQP connection over --max-publish-byte-rate gets no more credit until its
+    budget is back; other connections are not affected."""
+    from proton import Message
+
+    net = Net(max_publish_byte_rate=1000.0)
+    app = net.amqp()
+    snd = app.sender("brate/t")
+    sent = 0
+    while snd.credit > 0 and sent < 500:
+        app.send(snd, Message(body=b"x" * 400))
+        sent += 1
+    # The credit the peer held (one window) is used up, and not topped up.
+    assert sent <= 100 and snd.credit == 0
+    net.pump()
+    assert snd.credit == 0
+    assert net.broker.stats.limits == {"publish_rate": 1}
+    other = net.amqp()
+    assert other.sender("brate/u").credit > 0
+    net.advance(sent * 400 / 1000.0 - 2.0, step=0.5)     # not yet paid for
+    assert snd.credit == 0
+    net.advance(3.0, step=0.5)
+    assert snd.credit > 0

@@ -47,6 +47,7 @@ from mqttamqp.amqp.codec import (
     encode_publish,
     native_sections,
 )
+from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
@@ -120,6 +121,7 @@ class LinkHost(Protocol):
     container_id: str
     serial: int
     peer: str
+    publish_rate: PublishRate | None
     @property
     def requests(self) -> PublishRequests: ...
 
@@ -525,6 +527,7 @@ class IncomingLink(BrokerLink):
         self.second = plink.rcv_settle_mode == Link.RCV_SECOND
         self.outstanding = 0         # received, not yet answered
         self.blocked = False         # withholding credit (subscribers past high water)
+        self.rate_blocked = False    # withholding credit (over the publish rate)
         self.rejected = 0
         self.max_size = host.limits.max_packet_size
 
@@ -532,7 +535,7 @@ class IncomingLink(BrokerLink):
         self.top_up()
 
     def top_up(self) -> None:
-        if self.closed or self.blocked:
+        if self.closed or self.blocked or self.rate_blocked:
             return
         impl = self.impl
         want = self.window - self.outstanding
@@ -667,6 +670,7 @@ class TopicPublisher(IncomingLink):
         self.topic = topic
         self._held: dict[Any, Message] = {}
         self._warned_amqp_only = False
+        self._rate_timer: Any = None
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         try:
@@ -723,6 +727,18 @@ class TopicPublisher(IncomingLink):
             return
         if result.congested:
             self.block_until_drained(result.congested)
+        rate = host.publish_rate
+        if rate is not None:
+            wait = rate.take(len(routed.payload))
+            if wait > 0:
+                # No more credit until the budget is back: what the peer still holds
+                # arrives meanwhile, and makes the pause longer.
+                if self._rate_timer is None:
+                    self.rate_blocked = True
+                    broker.publish_rate_exceeded("AMQP", host.container_id, wait)
+                    self._rate_timer = broker.clock.callLater(wait, self._rate_over)
+                else:
+                    self._rate_timer.reset(wait)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
@@ -732,6 +748,12 @@ class TopicPublisher(IncomingLink):
             self.answer(dlv, ACCEPTED)
             return
         self.answer_after(result.durable, dlv)
+
+    def _rate_over(self) -> None:
+        self._rate_timer = None
+        self.rate_blocked = False
+        if not self.closed:
+            self.top_up()
 
     def on_remote_settled(self, dlv: Any) -> None:
         routed = self._held.pop(dlv, None)
@@ -747,6 +769,9 @@ class TopicPublisher(IncomingLink):
 
     def ended(self, brute: bool, reason: str) -> None:
         super().ended(brute, reason)
+        if self._rate_timer is not None and self._rate_timer.active():
+            self._rate_timer.cancel()
+        self._rate_timer = None
         if self._held:
             self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
                           "sender; not routed", n=len(self._held), a=self.address)

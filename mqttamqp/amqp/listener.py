@@ -133,6 +133,8 @@ class AMQPConnection(Protocol):
         # Links the peer attached and has not detached (any kind, refused ones too:
         # proton keeps each until then), with their session (ending one ends them).
         self._attached: dict[Any, Any] = {}
+        # The connection's publish budget (None: not limited), shared by its senders.
+        self.publish_rate = self.broker.publish_rate()
 
     # -- Twisted ------------------------------------------------------------------------
 

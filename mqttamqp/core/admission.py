@@ -1,4 +1,5 @@
-"""Admission of new sockets: how fast one address may open connections.
+"""Admission: how fast one address may open connections (``ConnectRate``), and how
+fast one client may publish (``PublishRate``, optional).
 
 A token bucket per remote address (``Limits.max_connect_rate`` per second, bursts
 of ``connect_burst``); loopback addresses are not limited (the machine itself,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 
-__all__ = ["ConnectRate"]
+__all__ = ["ConnectRate", "PublishRate"]
 
 
 class ConnectRate:
@@ -55,3 +56,38 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host in ("?", "")     # a UNIX socket: this machine
+
+
+class PublishRate:
+    """One client's publish budget: ``messages`` a second and ``byte_rate`` payload
+    bytes a second (0 = no limit for that one), in bursts of one second's worth.
+
+    ``take`` charges one message and returns how long the client should not be
+    read (0.0: go on).  The budget may go negative, so that whatever one socket
+    read held is paid for by a longer pause: the average holds.
+    """
+
+    __slots__ = ("_at", "_bytes", "_messages", "_seconds", "byte_rate", "messages")
+
+    def __init__(self, seconds: Callable[[], float], messages: float, byte_rate: float) -> None:
+        self._seconds = seconds
+        self.messages = messages
+        self.byte_rate = byte_rate
+        self._messages = messages
+        self._bytes = byte_rate
+        self._at = seconds()
+
+    def take(self, size: int) -> float:
+        now = self._seconds()
+        elapsed = now - self._at
+        self._at = now
+        wait = 0.0
+        if self.messages > 0:
+            self._messages = min(self.messages, self._messages + elapsed * self.messages) - 1
+            if self._messages < 0:
+                wait = -self._messages / self.messages
+        if self.byte_rate > 0:
+            self._bytes = min(self.byte_rate, self._bytes + elapsed * self.byte_rate) - size
+            if self._bytes < 0:
+                wait = max(wait, -self._bytes / self.byte_rate)
+        return wait

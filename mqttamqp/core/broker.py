@@ -30,7 +30,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqttamqp.core.admission import ConnectRate
+from mqttamqp.core.admission import ConnectRate, PublishRate
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
@@ -210,6 +210,23 @@ class Broker:
                           "refused since the last line)", kind=kind, peer=peer, what=what,
                           n=suppressed)
         return False
+
+    def publish_rate(self) -> PublishRate | None:
+        """A new client's publish budget, or None when no rate is limited."""
+        limits = self.limits
+        if limits.max_publish_rate <= 0 and limits.max_publish_byte_rate <= 0:
+            return None
+        return PublishRate(self.clock.seconds, limits.max_publish_rate,
+                           limits.max_publish_byte_rate)
+
+    def publish_rate_exceeded(self, kind: str, client: str, wait: float) -> None:
+        """A client went over its publish rate: not read for ``wait`` seconds."""
+        self.stats.limit_hit("publish_rate")
+        suppressed = self._log_limit.allow("publish_rate")
+        if suppressed is not None:
+            self.log.info("{kind} client {c} publishes faster than --max-publish-rate / "
+                          "--max-publish-byte-rate: not read for {w:.2f}s ({n} more since "
+                          "the last line)", kind=kind, c=client, w=wait, n=suppressed)
 
     def authenticate(self, credentials: Credentials) -> Deferred[bool]:
         """Check ``credentials``; a refusal (or a failed check) is recorded."""

@@ -39,3 +39,7 @@ class Limits:
     # of up to connect_burst; 0 = no limit.
     max_connect_rate: float = 50.0
     connect_burst: int = 200
+    # Per client (an MQTT connection, an AMQP connection): messages and payload
+    # bytes a second it may publish; beyond, it is not read for a while. 0 = off.
+    max_publish_rate: float = 0.0
+    max_publish_byte_rate: float = 0.0

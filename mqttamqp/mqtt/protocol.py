@@ -110,6 +110,8 @@ class MQTTProtocol(Protocol):
         "_last_activity",
         "_out",
         "_out_bytes",
+        "_rate",
+        "_rate_timer",
         "_reading_paused_for",
         "broker",
         "clean_session",
@@ -159,6 +161,8 @@ class MQTTProtocol(Protocol):
         self._out_bytes = 0
         self._backlog = 0
         self._reading_paused_for: set[str] = set()
+        self._rate = self.broker.publish_rate()     # None: publish rate not limited
+        self._rate_timer: DelayedCall | None = None
 
     @property
     def state(self) -> ConnectionState:
@@ -512,10 +516,10 @@ class MQTTProtocol(Protocol):
             self._keepalive_timer = self.clock.callLater(delay, self._keepalive_check)
 
     def _cancel_timers(self) -> None:
-        for timer in (self._connect_timer, self._keepalive_timer):
+        for timer in (self._connect_timer, self._keepalive_timer, self._rate_timer):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._connect_timer = self._keepalive_timer = None
+        self._connect_timer = self._keepalive_timer = self._rate_timer = None
 
     # -- reading pause (connect in progress, back-pressure) -----------------------
 
@@ -622,6 +626,21 @@ class MQTTProtocol(Protocol):
             if congested:
                 self._pause_reading("congestion")
                 broker.pause_until_drained(id(self), self._drained, congested)
+        rate = self._rate
+        if rate is not None:
+            wait = rate.take(len(packet.payload))
+            if wait > 0:
+                timer = self._rate_timer
+                if timer is None:
+                    self._pause_reading("rate")
+                    broker.publish_rate_exceeded("MQTT", self.client_id, wait)
+                    self._rate_timer = self.clock.callLater(wait, self._rate_over)
+                else:   # more of the same read: the pause grows to pay for it
+                    timer.reset(wait)
+
+    def _rate_over(self) -> None:
+        self._rate_timer = None
+        self._resume_reading("rate")
 
     def _on_puback(self, packet: Puback) -> None:
         session = self.session
