@@ -337,8 +337,10 @@ def amqp_links(broker, quick):
     transport = Transport()
     transport.bind(conn)
     conn.open()
+    import select
+
     sock = socket.create_connection(("127.0.0.1", broker.amqp_port), timeout=10)
-    sock.settimeout(0.05)
+    inbound = b""
     sessions = [conn.session() for _ in range(4)]
     for session in sessions:
         session.open()
@@ -354,22 +356,24 @@ def amqp_links(broker, quick):
         out = transport.peek(transport.pending()) if transport.pending() > 0 else b""
         if out:
             try:
-                sock.sendall(out)
+                sock.sendall(out)          # blocking, with the 10 s socket timeout
             except OSError:
                 closed = True
+                break
             transport.pop(len(out))
-        try:
-            data = sock.recv(1 << 20)
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            try:
+                data = sock.recv(1 << 20)
+            except OSError:
+                data = b""
             if data == b"":
-                closed = True
-            while data and transport.capacity() > 0:
-                n = min(len(data), transport.capacity())
-                transport.push(data[:n])
-                data = data[n:]
-        except socket.timeout:
-            pass
-        except OSError:
-            closed = True
+                closed = True       # only an end of stream counts as closed
+            inbound += data
+        while inbound and transport.capacity() > 0:   # the rest waits for the next round
+            n = min(len(inbound), transport.capacity())
+            transport.push(inbound[:n])
+            inbound = inbound[n:]
     condition = conn.remote_condition
     sock.close()
     return {"asked": total, "attached_sent": made, "connection_closed": closed,

@@ -83,8 +83,8 @@ class Options(usage.Options):
          "Most payload bytes of retained messages in all; beyond it as above.",
          _positive(int, "max-retained-bytes")],
         ["max-connect-rate", None, _D.max_connect_rate,
-         "New connections a second from one address (MQTT and AMQP each; loopback is "
-         "not limited); beyond it, after a burst of --connect-burst, sockets are closed "
+         "New connections a second from one address (MQTT and AMQP together; loopback "
+         "is not limited); beyond it, after a burst of --connect-burst, sockets are closed "
          "at once (counted). 0 = no limit.", _positive(float, "max-connect-rate")],
         ["connect-burst", None, _D.connect_burst,
          "How many connections one address may open at once before "

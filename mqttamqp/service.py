@@ -96,10 +96,15 @@ class ListenerService(service.Service):
 
 
 def _loopback(host: str) -> bool:
+    if not host:
+        return True   # a UNIX socket: this machine only
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class OpenAtStart:

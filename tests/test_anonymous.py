@@ -20,6 +20,7 @@ from mqttamqp.mqtt.packets import Connack, Connect
 @pytest.mark.parametrize(("peer", "local"), [
     ("127.0.0.1:5000", True), ("127.8.9.10:1", True), ("::1:5000", True),
     ("[::1]:5000", True), ("192.168.1.1:5000", False), ("::ffff:10.0.0.1:1", False),
+    ("::ffff:127.0.0.1:5000", True),    # a dual-stack listener's IPv4 loopback peer
     ("?:?", True), ("", False)])   # ?: a UNIX socket
 def test_loopback_peer(peer: str, local: bool) -> None:
     assert loopback_peer(peer) is local

@@ -48,8 +48,10 @@ def test_subscriptions_per_session_are_bounded(lines: list[str]) -> None:
 
 def test_retained_messages_are_bounded_in_count_and_bytes(lines: list[str]) -> None:
     """Beyond --max-retained-messages or --max-retained-bytes a retained message is
-    routed but not kept; replacing a kept topic is fine; $SYS does not count."""
+    routed but not kept (a topic's older message goes: it would be out of date);
+    a replacement that does not grow is always kept; $SYS does not count."""
     net = Net(max_retained_messages=2, max_retained_bytes=10, sys_interval=0)
+    net.broker.publish_sys()                              # the broker's own: not counted
     sub = net.mqtt("sub")
     sub.subscribe(("r/#", 0))
     pub = net.mqtt("pub")
@@ -57,19 +59,37 @@ def test_retained_messages_are_bounded_in_count_and_bytes(lines: list[str]) -> N
     pub.publish("r/2", b"1234", retain=True)
     pub.publish("r/3", b"x", retain=True)                 # a third topic: not kept
     pub.publish("r/1", b"123456", retain=True)            # 6 + 4 = 10 bytes: kept
-    pub.publish("r/2", b"12345", retain=True)             # 6 + 5 > 10: not kept
+    pub.publish("r/1", b"abc", retain=True)               # smaller: always fits (3 + 4)
+    pub.publish("r/2", b"123456789", retain=True)         # 3 + 9 > 10: not kept, r/2 goes
     assert [p.payload for p in sub.publishes()] == [b"1234", b"1234", b"x", b"123456",
-                                                    b"12345"]
+                                                    b"abc", b"123456789"]
     view = net.broker.view
     assert [view.retained(t).payload if view.retained(t) else None
-            for t in ("r/1", "r/2", "r/3")] == [b"123456", b"1234", None]
+            for t in ("r/1", "r/2", "r/3")] == [b"abc", None, None]
     assert net.broker.stats.limits == {"retained": 2}
     assert len([line for line in lines if "--max-retained-messages" in line]) == 1
-    net.broker.publish_sys()                              # the broker's own: always kept
     assert view.retained("$SYS/broker/version") is not None
     late = net.mqtt("late")
     late.subscribe(("r/#", 0))
-    assert sorted(p.topic for p in late.publishes()) == ["r/1", "r/2"]
+    assert sorted(p.topic for p in late.publishes()) == ["r/1"]
+
+
+def test_clients_may_not_publish_under_sys() -> None:
+    """$SYS is the broker's own: a client's publish there is denied (counted), and
+    neither retained nor forwarded; a will there is refused (found in review: a
+    client could fill the retained store under $SYS, past the limits)."""
+    from mqttamqp.core.message import WillMessage
+
+    net = Net(max_retained_messages=2, sys_interval=0)
+    sub = net.mqtt("sys-sub")
+    sub.subscribe(("$SYS/#", 0))
+    pub = net.mqtt("sys-pub")
+    for i in range(5):
+        pub.publish(f"$SYS/x/{i}", b"k" * 100, retain=True)
+    assert sub.publishes() == []
+    assert net.broker.view.retained_matching("$SYS/x/#") == []
+    assert net.broker.stats.publish_denied == 5
+    assert not net.broker.may_set_will(WillMessage("w", "$SYS/x", b"", 0, False), None)
 
 
 def test_log_limiter_one_line_per_cause_per_interval() -> None:
@@ -154,3 +174,14 @@ def test_amqp_publish_rate_withholds_credit_then_gives_it_back() -> None:
     assert snd.credit == 0
     net.advance(3.0, step=0.5)
     assert snd.credit > 0
+
+
+def test_connect_rate_sees_through_ipv4_mapped_addresses() -> None:
+    """A dual-stack listener reports IPv4 peers as ::ffff:a.b.c.d: loopback is still
+    not limited, and a remote address shares its bucket under either spelling."""
+    from mqttamqp.core.admission import ConnectRate
+
+    rate = ConnectRate(Clock().seconds, 1.0, 2)
+    assert all(rate.admit("::ffff:127.0.0.1") for _ in range(10))
+    assert rate.admit("10.0.0.1") and rate.admit("::ffff:10.0.0.1")
+    assert not rate.admit("10.0.0.1")

@@ -146,7 +146,8 @@ class AMQPConnection(Protocol):
             self.transport.abortConnection()
             return
         # Without SASL a peer is anonymous: allowed only where anonymous clients are.
-        self.sasl = SaslServer(self.factory.mechanisms(), self.factory.anonymous_allowed(self.peer))
+        anonymous = self.factory.anonymous_allowed(self.peer)
+        self.sasl = SaslServer(["PLAIN", "ANONYMOUS"] if anonymous else ["PLAIN"], anonymous)
         self.factory.connections.add(self)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.clock.callLater(

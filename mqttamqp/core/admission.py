@@ -27,6 +27,7 @@ class ConnectRate:
 
     def admit(self, host: str) -> bool:
         """May ``host`` open one more connection now?  (Takes a token if so.)"""
+        host = _plain(host)
         if self.rate <= 0 or _loopback(host):
             return True
         now = self._seconds()
@@ -49,6 +50,18 @@ class ConnectRate:
                           + (now - self._buckets[h][1]) * self.rate))[:len(self._buckets) // 2]
         for host in full:
             del self._buckets[host]
+
+
+def _plain(host: str) -> str:
+    """``::ffff:10.0.0.1`` (a dual-stack listener's IPv4 peer) as ``10.0.0.1``."""
+    if host.startswith("::ffff:"):
+        try:
+            mapped = ipaddress.IPv6Address(host).ipv4_mapped
+        except ValueError:
+            return host
+        if mapped is not None:
+            return str(mapped)
+    return host
 
 
 def _loopback(host: str) -> bool:

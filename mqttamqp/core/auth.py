@@ -77,9 +77,12 @@ def loopback_peer(peer: str) -> bool:
     if host == "?":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback   # ::ffff:127.0.0.1 on a dual-stack listener
+    return address.is_loopback
 
 
 class LoopbackOnly(AllowAll):

@@ -26,6 +26,9 @@ class RetainedStore:
         self._root = _Node()
         self._count = 0
         self._bytes = 0
+        # The broker's own $SYS messages, counted apart: limits are on clients' ones.
+        self._sys_count = 0
+        self._sys_bytes = 0
 
     def __len__(self) -> int:
         return self._count
@@ -44,12 +47,17 @@ class RetainedStore:
         return node.message if node is not None else None
 
     def room_for(self, message: Message, max_count: int, max_bytes: int) -> bool:
-        """Would storing ``message`` keep the store within the bounds?  (Replacing a
-        topic's message does not add to the count.)"""
+        """Would storing ``message`` keep the clients' retained messages (``$SYS`` not
+        counted) within the bounds?  A replacement that adds neither messages nor
+        bytes always fits."""
         old = self.get(message.topic)
-        count = self._count + (old is None)
-        size = self._bytes - (len(old.payload) if old is not None else 0) + len(message.payload)
-        return count <= max_count and size <= max_bytes
+        size = len(message.payload)
+        if old is not None and size <= len(old.payload):
+            return True
+        count = self._count - self._sys_count + (old is None)
+        total = (self._bytes - self._sys_bytes + size
+                 - (len(old.payload) if old is not None else 0))
+        return count <= max_count and total <= max_bytes
 
     def put(self, message: Message) -> None:
         node = self._root
@@ -58,11 +66,17 @@ class RetainedStore:
             if child is None:
                 child = node.children[level] = _Node()
             node = child
+        system = message.topic.startswith("$SYS/")
         if node.message is None:
             self._count += 1
+            self._sys_count += system
         else:
             self._bytes -= len(node.message.payload)
+            if system:
+                self._sys_bytes -= len(node.message.payload)
         self._bytes += len(message.payload)
+        if system:
+            self._sys_bytes += len(message.payload)
         node.message = message.with_retain(True)
 
     def delete(self, topic: str) -> bool:
@@ -78,6 +92,9 @@ class RetainedStore:
             return False
         self._count -= 1
         self._bytes -= len(node.message.payload)
+        if topic.startswith("$SYS/"):
+            self._sys_count -= 1
+            self._sys_bytes -= len(node.message.payload)
         node.message = None
         for parent, level in reversed(path):
             child = parent.children[level]
@@ -90,6 +107,8 @@ class RetainedStore:
         self._root = _Node()
         self._count = 0
         self._bytes = 0
+        self._sys_count = 0
+        self._sys_bytes = 0
 
     def match(self, topic_filter: str) -> list[Message]:
         """Retained messages whose topic matches ``topic_filter``, sorted by topic."""

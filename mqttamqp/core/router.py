@@ -43,7 +43,8 @@ from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
 from mqttamqp.records import record
 
-__all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX"]
+__all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX",
+           "is_sys_topic"]
 
 SUBSCRIBE_FAILURE = 0x80
 SYS_PREFIX = "$SYS/"
@@ -51,6 +52,11 @@ SYS_PREFIX = "$SYS/"
 # belongs to the one receiver that created it.  Anyone may publish to it (that is
 # how replies reach it); nobody else may subscribe, and nothing there is retained.
 DYNAMIC_PREFIX = "$dynamic/"
+
+
+def is_sys_topic(topic: str) -> bool:
+    """``$SYS`` and below: the broker's own topics."""
+    return topic.startswith(SYS_PREFIX) or topic == "$SYS"
 
 _NO_SESSIONS: tuple[Session, ...] = ()
 
@@ -141,8 +147,9 @@ class Router:
     # -- publishing -----------------------------------------------------------
 
     def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
-        """The permission check of every publish; a refusal is counted and logged."""
-        if self.authorizer.may_publish(identity, topic, retain):
+        """The permission check of every publish; a refusal is counted and logged.
+        ``$SYS`` is the broker's own: no client publishes there (as Mosquitto)."""
+        if not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, retain):
             return True
         self.stats.publish_denied += 1
         self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=topic)
@@ -184,7 +191,10 @@ class Router:
                 if durable:
                     ops.append(PutRetained(message.with_retain(True)))
             else:
-                # Routed all the same; only not kept for later subscribers.
+                # Routed all the same; only not kept for later subscribers, and the
+                # topic's older message goes (it would be out of date).
+                if self.retained.delete(message.topic):
+                    ops.append(DeleteRetained(message.topic))
                 self.stats.limit_hit("retained")
                 suppressed = self._log_limit.allow("retained")
                 if suppressed is not None:

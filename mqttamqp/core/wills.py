@@ -97,8 +97,8 @@ class Wills:
     # -- wills ----------------------------------------------------------------
 
     def allowed(self, will: WillMessage, identity: Identity | None) -> bool:
-        if validate_topic_name(will.topic) is not None:
-            return False
+        if validate_topic_name(will.topic) is not None or will.topic.split("/")[0] == "$SYS":
+            return False  # (and $SYS is the broker's own)
         identity = identity or Identity(will.owner)
         return self.authorizer.may_publish(identity, will.topic, will.retain)
 
