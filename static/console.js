@@ -94,68 +94,50 @@
     Promise.all(jobs).catch(function () {}).then(function () { refreshing = false; });
   }
 
-  // -- chart -------------------------------------------------------------------------
+  // -- chart (uPlot, vendored as static/uplot.min.js) --------------------------------
 
   var points = [];
   var MAX_POINTS = 300;
+  var plot = null;
 
+  function chartData() {
+    return [points.map(function (p) { return p.t; }),
+            points.map(function (p) { return p["in"]; }),
+            points.map(function (p) { return p.out; })];
+  }
+  function chartWidth() { return Math.max(320, canvas.clientWidth || 600); }
+  function makeChart() {
+    // uPlot is loaded with defer after this file: build the chart once it is there.
+    if (!canvas || plot || typeof uPlot === "undefined") { return; }
+    var css = getComputedStyle(document.documentElement);
+    var axis = {stroke: "#697386", grid: {stroke: "#e3e7ee", width: 1},
+                ticks: {stroke: "#e3e7ee", width: 1}, font: "11px system-ui, sans-serif"};
+    plot = new uPlot({
+      width: chartWidth(), height: 180, legend: {show: false}, cursor: {show: true},
+      // Always the last five minutes, so the time axis reads in minutes.
+      scales: {x: {time: true, range: function (u, min, max) {
+        var end = max || Date.now() / 1000;
+        return [end - 300, end];
+      }}, y: {range: function (u, min, max) {
+        return [0, niceCeil(Math.max(1, max) * 1.05)];
+      }}},
+      axes: [axis, Object.assign({}, axis, {size: 56, values: function (u, ticks) {
+        return ticks.map(rateLabel);
+      }})],
+      series: [{}, {label: "in", stroke: css.getPropertyValue("--in").trim() || "#2f6fdb",
+                    width: 2, points: {show: false}},
+               {label: "out", stroke: css.getPropertyValue("--out").trim() || "#1e9e6a",
+                width: 2, points: {show: false}}]
+    }, chartData(), canvas);
+    canvas.setAttribute("data-drawn", "1");
+    window.addEventListener("resize", function () {
+      plot.setSize({width: chartWidth(), height: 180});
+    });
+  }
   function drawChart() {
     if (!canvas) { return; }
-    var ratio = window.devicePixelRatio || 1;
-    var width = canvas.clientWidth;
-    var height = canvas.clientHeight;
-    if (canvas.width !== Math.round(width * ratio)) {
-      canvas.width = Math.round(width * ratio);
-      canvas.height = Math.round(height * ratio);
-    }
-    var ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.clearRect(0, 0, width, height);
-    var left = 48;
-    var right = 8;
-    var top = 8;
-    var bottom = 20;
-    var w = width - left - right;
-    var h = height - top - bottom;
-    var max = 1;
-    points.forEach(function (p) { max = Math.max(max, p["in"], p.out); });
-    max = niceCeil(max * 1.05 / 4) * 4;   // four gridlines at round values
-    var css = getComputedStyle(document.documentElement);
-    ctx.font = "11px system-ui, sans-serif";
-    ctx.fillStyle = "#697386";
-    ctx.strokeStyle = "#e3e7ee";
-    ctx.lineWidth = 1;
-    for (var i = 0; i <= 4; i += 1) {
-      var y = top + h - (h * i) / 4;
-      ctx.beginPath();
-      ctx.moveTo(left, Math.round(y) + 0.5);
-      ctx.lineTo(left + w, Math.round(y) + 0.5);
-      ctx.stroke();
-      ctx.textAlign = "right";
-      ctx.textBaseline = "middle";
-      ctx.fillText(rateLabel((max * i) / 4), left - 6, y);
-    }
-    ctx.textAlign = "left";
-    ctx.textBaseline = "top";
-    ctx.fillText("−5 min", left, top + h + 5);
-    ctx.textAlign = "right";
-    ctx.fillText("now", left + w, top + h + 5);
-    function line(key, color) {
-      if (points.length < 2) { return; }
-      ctx.strokeStyle = color;
-      ctx.lineWidth = 2;
-      ctx.lineJoin = "round";
-      ctx.beginPath();
-      var n = points.length;
-      points.forEach(function (p, idx) {
-        var x = left + w - ((n - 1 - idx) * w) / (MAX_POINTS - 1);
-        var y = top + h - (p[key] / max) * h;
-        if (idx === 0) { ctx.moveTo(x, y); } else { ctx.lineTo(x, y); }
-      });
-      ctx.stroke();
-    }
-    line("in", css.getPropertyValue("--in").trim() || "#2f6fdb");
-    line("out", css.getPropertyValue("--out").trim() || "#1e9e6a");
+    makeChart();
+    if (plot) { plot.setData(chartData()); }
   }
   function niceCeil(v) {
     var p = Math.pow(10, Math.floor(Math.log10(v)));
@@ -170,8 +152,7 @@
     return (v >= 10 || v === 0 ? v.toFixed(0) : v.toFixed(1)) + "/s";
   }
   if (canvas) {
-    window.addEventListener("resize", drawChart);
-    drawChart();
+    document.addEventListener("DOMContentLoaded", drawChart);
   }
 
   // -- the feed ------------------------------------------------------------------------

@@ -93,6 +93,9 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
             publisher.publish(f"plant/line7/temp/{i % 4}", json.dumps(
                 {"celsius": 20 + i % 5, "seq": i}).encode(), 0, retain=i >= 36)
         expect(rate).not_to_have_text("0.0", timeout=WAIT_MS)
+        # The rate chart is drawn by the vendored uPlot (a canvas inside the box).
+        expect(page.locator('#rate-chart[data-drawn="1"] canvas')).to_have_count(1,
+                                                                            timeout=WAIT_MS)
         expect(page.locator('[data-stat="clients.mqtt311"]')).to_have_text("1",
                                                                            timeout=WAIT_MS)
         _shot(page, "02-overview")

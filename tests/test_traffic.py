@@ -180,7 +180,7 @@ def test_page_with_a_broken_report_shows_the_error(tmp_path: Path, clock: Clock)
 
 
 def test_vendored_chart_library_carries_version_and_licence() -> None:
-    head = (static_dir() / "traffic.uplot.min.js").read_text()[:2000]
+    head = (static_dir() / "uplot.min.js").read_text()[:2000]
     assert "uPlot 1.6.32" in head and "MIT License" in head
     assert "Permission is hereby granted" in head
 
