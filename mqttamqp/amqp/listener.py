@@ -165,15 +165,11 @@ class AMQPConnection(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
-        was = self.state
         self.state = ConnectionState.CLOSED
         self._cancel_timers()
         why = self._lost_reason or ("connection lost: " + (
             reason.getErrorMessage() if reason is not None else "unknown"))
         self.broker.unregister_connection(self.key, self, self._end_cause(), why)
-        if was is not ConnectionState.CLOSED and self.links:
-            self.log.info("AMQP connection of {c} ({peer}) ended: {why}",
-                          c=self.container_id or "?", peer=self.peer, why=why)
         self._end_links(brute=not self._peer_closed, reason=why)
         ptrans = self.ptrans
         if ptrans is not None:
@@ -296,8 +292,6 @@ class AMQPConnection(Protocol):
         """Closed by the broker (console): a brute end for the links, wills fire."""
         if self.state is ConnectionState.CLOSED:
             return
-        self.log.info("closing AMQP connection of {c} ({peer}): {r}",
-                      c=self.container_id or "?", peer=self.peer, r=reason)
         self._lost_reason = reason
         self._end_links(brute=True, reason=reason)
         self._close_engine("amqp:connection:forced", reason)

@@ -33,7 +33,9 @@ from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionReco
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_LOST,
+    CAUSE_PROTOCOL_ERROR,
     CAUSE_SHUTDOWN,
+    CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
     CONNECT,
     DISCONNECT,
@@ -139,12 +141,20 @@ class SessionRegistry:
             del self.connections[key]
             protocol = self._connection_protocols.pop(key)
             self.stats.disconnected(protocol)
+            if self.commits.stopping:
+                cause = CAUSE_SHUTDOWN
+            info = connection.info()
+            # The one line per disconnect, with its cause.  A protocol error was
+            # logged (as a warning, with its reason) where it was found; storage
+            # failures and shutdowns are logged once for all, not per client.
+            if cause not in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN):
+                self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}",
+                              p=protocol, c=info.client_id or "?", peer=info.remote,
+                              cause=cause.replace("_", " "),
+                              d=f" ({detail})" if detail else "")
             if self._recording:
-                if self.commits.stopping:
-                    cause = CAUSE_SHUTDOWN
-                self.recorder.event(self.clock.seconds(), DISCONNECT,
-                                    connection.info().client_id, protocol=protocol,
-                                    reason=cause, detail=detail or None)
+                self.recorder.event(self.clock.seconds(), DISCONNECT, info.client_id,
+                                    protocol=protocol, reason=cause, detail=detail or None)
 
     # -- claiming and ending --------------------------------------------------
 

@@ -204,12 +204,13 @@ class MQTTProtocol(Protocol):
         self.rules.advance("close")
         # Pending acknowledgements are not dropped: a committed QoS 2 message still
         # goes to its subscribers once its commit fires (``_flush_acks``).
-        self.broker.unregister_connection(self.key, self, self._cause, self._cause_detail)
+        detail = self._cause_detail
+        if not detail and self._cause == CAUSE_LOST and reason is not None:
+            detail = "connection lost: " + reason.getErrorMessage()
+        self.broker.unregister_connection(self.key, self, self._cause, detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 "connection lost: " + (reason.getErrorMessage() if reason else "unknown"))
-            if was is not ConnectionState.CLOSED and not self._clean_close:
-                self.log.info("{c} ({peer}) {why}", c=self.client_id, peer=self.peer, why=why)
             # Lost before CONNACK: the CONNECT (and its will) was never accepted.
             clean = self._clean_close or was is ConnectionState.CONNECTING
             self.broker.end_session(self, self.session, clean, why, self._cause)
@@ -273,7 +274,6 @@ class MQTTProtocol(Protocol):
         """Closed by the broker (takeover, console): the session was already ended."""
         if self.state is ConnectionState.CLOSED:
             return
-        self.log.info("closing {c} ({peer}): {r}", c=self.client_id, peer=self.peer, r=reason)
         self.rules.advance("close")
         self.session = None
         self._cancel_timers()

@@ -1,0 +1,48 @@
+"""Every client disconnect is logged once, with its cause (issue 13: connects were
+logged, disconnects were not).  In memory (``amqp_memory.Net``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from amqp_memory import Net
+from twisted.internet.error import ConnectionLost
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
+
+
+@pytest.fixture
+def lines() -> Iterator[list[str]]:
+    got: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        got.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield got
+    globalLogPublisher.removeObserver(observe)
+
+
+def _about(lines: list[str], who: str) -> list[str]:
+    return [line for line in lines if f"client {who} " in line and "disconnected" in line]
+
+
+def test_each_disconnect_is_logged_once_with_its_cause(lines: list[str]) -> None:
+    net = Net()
+    net.mqtt("polite").disconnect()
+    rude = net.mqtt("rude")
+    rude.proto.connectionLost(Failure(ConnectionLost("reset by peer")))
+    net.mqtt("twin", clean=False)
+    net.mqtt("twin", clean=False)                     # takes the first one over
+    app = net.amqp("app-1")
+    app.close()
+    [polite] = _about(lines, "polite")
+    assert polite.endswith("disconnected: clean")
+    [lost] = _about(lines, "rude")
+    assert "disconnected: lost (connection lost: " in lost and "reset by peer" in lost
+    [taken] = _about(lines, "twin")
+    assert "disconnected: taken over" in taken
+    [amqp] = _about(lines, "app-1")
+    assert amqp.startswith("amqp client app-1 (") and "disconnected: clean" in amqp
