@@ -46,3 +46,22 @@ def test_each_disconnect_is_logged_once_with_its_cause(lines: list[str]) -> None
     assert "disconnected: taken over" in taken
     [amqp] = _about(lines, "app-1")
     assert amqp.startswith("amqp client app-1 (") and "disconnected: clean" in amqp
+
+
+def test_keepalive_expiry_is_one_line(lines: list[str]) -> None:
+    """A client silent past 1.5 x its keepalive: one 'disconnected: keepalive'
+    line, not also a 'protocol error' warning."""
+    from twisted.internet.testing import StringTransport
+
+    from mqttamqp.mqtt.codec import encode
+    from mqttamqp.mqtt.packets import Connect
+
+    net = Net()
+    client = net.mqtt_factory.buildProtocol(None)
+    client.makeConnection(StringTransport())
+    client.dataReceived(encode(Connect("MQTT", 4, "sleepy", True, 2, None)))
+    net.pump()
+    net.clock.advance(3.5)
+    [line] = _about(lines, "sleepy")
+    assert "disconnected: keepalive" in line
+    assert not [x for x in lines if "protocol error" in x and "sleepy" in x]

@@ -296,6 +296,8 @@ class MQTTProtocol(Protocol):
     # -- the one place a protocol error becomes a disconnect ----------------------
 
     def _violation(self, reason: str, cause: str | None = None) -> None:
+        cause = cause or (
+            CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
         if cause == CAUSE_STORAGE:
             # Not the client's fault, and the core logged the failing storage once
             # for every client it hits: no line per connection.
@@ -303,11 +305,12 @@ class MQTTProtocol(Protocol):
                            c=self.client_id, peer=self.peer, r=reason)
         else:
             self.broker.stats.protocol_errors += 1
-            self.log.warn("protocol error from {c} ({peer}): {r}; closing the connection",
-                          c=self.client_id or "(no client id yet)", peer=self.peer, r=reason)
+            if cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
+                self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
+                              "connection", c=self.client_id or "(no client id yet)",
+                              peer=self.peer, r=reason)
         self._clean_close = False
-        self._cause = cause or (
-            CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
+        self._cause = cause
         self._cause_detail = reason
         self.rules.advance("close")
         self._cancel_timers()
