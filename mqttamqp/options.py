@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import platform
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from twisted.python import usage
 
+from mqttamqp import __version__
 from mqttamqp.core.limits import Limits
 
 __all__ = ["Options", "limits_from"]
@@ -32,13 +35,38 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+def _endpoint(option: str, description: str) -> str:
+    """``description`` if Twisted can parse it as a server endpoint (or it is
+    'none'); otherwise a ``UsageError`` naming the option.  Parsing opens nothing."""
+    if description.strip().lower() == "none":
+        return description
+    from twisted.internet import endpoints
+
+    try:
+        endpoints.serverFromString(_NoReactor(), description)
+    except Exception as e:
+        reason = str(e) or type(e).__name__
+        raise usage.UsageError(
+            f"--{option} {description!r} is not a Twisted endpoint description: {reason} "
+            f"(e.g. {DEFAULT_LISTENERS[option]})") from None
+    return description
+
+
+class _NoReactor:
+    """Stands in for the reactor while a description is parsed: parsers only keep it."""
+
+
 class Options(usage.Options):
     synopsis = "[options]"
     longdesc = (
-        "Run the mqttamqp broker: MQTT 3.1/3.1.1 with sessions, wills and retained "
-        "messages stored in ZODB. Listener options take Twisted endpoint "
-        "descriptions (e.g. tcp:1883:interface=127.0.0.1) and may be given "
-        "several times."
+        "Run the mqttamqp broker: MQTT 3.1/3.1.1 (--mqtt) and AMQP 1.0 (--amqp) clients "
+        "share one topic space; persistent sessions, wills and retained messages are "
+        "stored in ZODB in the data directory (--data); an admin console in the browser "
+        "(--web) shows every client and acts on them. By default every listener is on "
+        "loopback only (127.0.0.1: MQTT 1883, AMQP 5672, console 8080). Listener options "
+        "take Twisted endpoint descriptions (e.g. tcp:1883:interface=127.0.0.1, or "
+        "tcp:1883 for every interface), may be given several times, and 'none' turns "
+        "one off."
     )
     optFlags: ClassVar[list[list[Any]]] = [
         ["archive", None, "Archive every message and event as Parquet (the default)."],
@@ -163,21 +191,41 @@ class Options(usage.Options):
         """Never archive topics matching this filter (repeatable; default $SYS/#)."""
         self["archive-exclude"].append(topic_filter)
 
+    # Option docstrings are shown by --help as they are: one line each (adjacent
+    # literals), so no source indentation ends up inside the text.
     def opt_mqtt(self, description: str) -> None:
-        """MQTT listener, a Twisted endpoint description (repeatable; default
-        tcp:1883:interface=127.0.0.1, loopback only; tcp:1883 for every interface;
-        'none' disables MQTT)."""
-        self["mqtt"].append(description)
+        ("MQTT listener, a Twisted endpoint description (repeatable; default "
+         "tcp:1883:interface=127.0.0.1, loopback only; tcp:1883 for every interface; "
+         "'none' disables MQTT).")
+        self["mqtt"].append(_endpoint("mqtt", description))
 
     def opt_amqp(self, description: str) -> None:
-        """AMQP 1.0 listener (repeatable; default tcp:5672:interface=127.0.0.1;
-        'none' disables AMQP)."""
-        self["amqp"].append(description)
+        ("AMQP 1.0 listener (repeatable; default tcp:5672:interface=127.0.0.1; "
+         "'none' disables AMQP).")
+        self["amqp"].append(_endpoint("amqp", description))
 
     def opt_web(self, description: str) -> None:
-        """Admin console listener (repeatable; default tcp:8080:interface=127.0.0.1;
-        'none' disables it)."""
-        self["web"].append(description)
+        ("Admin console listener, HTTP (repeatable; default "
+         "tcp:8080:interface=127.0.0.1; 'none' disables it).")
+        self["web"].append(_endpoint("web", description))
+
+    def opt_version(self) -> None:
+        """Print mqttamqp's version (and Twisted's and Python's) and exit."""
+        import twisted
+
+        print(f"mqttamqp {__version__} (Twisted {twisted.__version__}, "
+              f"{platform.python_implementation()} {platform.python_version()})")
+        sys.exit(0)
+
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        """As ``usage.Options.parseOptions``, but a bad option stops with its error
+        and one hint line (SystemExit, exit status 1), not the whole --help text that
+        twistd prints for a ``UsageError``."""
+        try:
+            super().parseOptions(options)  # type: ignore[no-untyped-call]
+        except usage.UsageError as e:
+            raise SystemExit(f"twistd mqttamqp: {e}\n"
+                             "(twistd mqttamqp --help lists the options)") from None
 
     def postOptions(self) -> None:
         for kind, default in DEFAULT_LISTENERS.items():

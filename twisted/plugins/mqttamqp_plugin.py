@@ -12,7 +12,8 @@ from zope.interface import implementer
 @implementer(IServiceMaker, IPlugin)
 class _MQTTAMQPServiceMaker:
     tapname = "mqttamqp"
-    description = "MQTT 3.1/3.1.1 broker with sessions, wills and retained messages in ZODB."
+    description = ("MQTT 3.1/3.1.1 and AMQP 1.0 broker (sessions, wills and retained "
+                   "messages in ZODB) with an admin console in the browser.")
 
     @property
     def options(self) -> Any:
