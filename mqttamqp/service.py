@@ -9,19 +9,23 @@ next start.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import ipaddress
 import os
 import sys
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 from twisted.application import service
 from twisted.internet import endpoints, task
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp import logbridge
 from mqttamqp.core.auth import Authenticator, LoopbackOnly
@@ -31,7 +35,13 @@ from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 
-__all__ = ["BrokerService", "makeService"]
+__all__ = ["BrokerService", "StartupError", "makeService"]
+
+
+class StartupError(Exception):
+    """Why the broker cannot start, in one line.  ``BrokerService.startService``
+    logs it (critical), undoes what it had started and raises it; twistd then removes
+    its pid file and exits with status 1, and no traceback is printed for it."""
 
 
 class ListenerService(service.Service):
@@ -55,11 +65,43 @@ class ListenerService(service.Service):
         self.port: Any = None
         self.address = ""
 
+    def listen(self) -> Deferred[Any]:
+        """Bind the endpoint (``BrokerService`` does this for every listener before
+        it starts anything else).  For TCP, SSL and UNIX endpoints the Deferred has
+        fired when this returns; failures are the caller's to handle."""
+        endpoint = endpoints.serverFromString(self.reactor, self.description)
+        d: Deferred[Any] = endpoint.listen(self.factory)
+
+        def bound(port: Any) -> Any:
+            self.port = port
+            if self.running:  # bound after the service started (an asynchronous endpoint)
+                self._listening(port)
+            return port
+
+        return d.addCallback(bound)
+
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        endpoint = endpoints.serverFromString(self.reactor, self.description)
-        d = endpoint.listen(self.factory)
-        d.addCallbacks(self._listening, self._failed)
+        if self.port is not None:
+            self._listening(self.port)
+
+    def failure_reason(self, failure: Failure) -> str:
+        """One line: why this listener could not be bound."""
+        e = failure.value
+        if isinstance(e, CannotListenError):
+            error = e.socketError
+            why = getattr(error, "strerror", None) or str(error)
+            return (f"cannot listen for {self.kind} on {self.description} "
+                    f"({e.interface or '*'}:{e.port}): {why}")
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        return f"cannot listen for {self.kind} on {self.description}: {reason}"
+
+    def close_now(self) -> None:
+        """Stop listening without waiting for the reactor (start-up failed)."""
+        port, self.port = self.port, None
+        if port is None:
+            return
+        port.stopListening()  # the socket is closed on the reactor's next turn or at exit
 
     def _listening(self, port: Any) -> None:
         self.port = port
@@ -81,11 +123,6 @@ class ListenerService(service.Service):
                           "configured, so only clients on this machine are accepted: give "
                           "--users FILE (or --allow-anonymous to accept anyone)",
                           kind=self.kind, address=self.address)
-
-    def _failed(self, failure: Any) -> None:
-        self.log.failure("cannot listen for {kind} on {d!r}; stopping", failure,
-                         kind=self.kind, d=self.description)
-        self.reactor.stop()
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()  # type: ignore[no-untyped-call]
@@ -117,10 +154,15 @@ class OpenAtStart:
         self.reactor = reactor
         self.opened: Any = None
 
-    def load(self) -> Snapshot:
-        from mqttamqp.store import ZODBStore
+    def open(self) -> None:
+        """Open the FileStorage, which takes the data directory's lock."""
+        if self.opened is None:
+            from mqttamqp.store import ZODBStore
 
-        self.opened = ZODBStore(self.data_dir, self.reactor)
+            self.opened = ZODBStore(self.data_dir, self.reactor)
+
+    def load(self) -> Snapshot:
+        self.open()
         return self.opened.load()  # type: ignore[no-any-return]
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
@@ -204,13 +246,68 @@ class BrokerService(service.MultiService):
         return "anyone"
 
     def startService(self) -> None:
+        """Start, or stop at the first thing that cannot start, undoing the rest.
+
+        Order: the data directory, then the store (its lock: a second broker on the
+        same data stops here, before its archive removes anything), then every
+        listener is bound, and only then is anything else started (state loaded,
+        archive, the console's first admin user, "listening for" lines).  A failure
+        among these is one critical log line and a ``StartupError``."""
         logbridge.install()
-        os.makedirs(self.data_dir, exist_ok=True)
+        try:
+            _prepare_data_dir(self.data_dir)
+            self._open_store()
+            self._bind_listeners()
+        except StartupError as e:
+            self._undo_start()
+            self.log.critical("{reason}; not started", reason=str(e))
+            _no_traceback_for(StartupError)
+            raise
+        try:
+            self._start()
+        except BaseException:
+            self._undo_start()
+            raise
+
+    def _open_store(self) -> None:
+        import zc.lockfile  # type: ignore[import-untyped]
+
+        try:
+            self.store.open()
+        except zc.lockfile.LockError:
+            raise StartupError(
+                f"another mqttamqp is using {self.data_dir} "
+                f"(lock held by {_lock_holder(self.data_dir)})") from None
+        except OSError as e:
+            raise StartupError(f"cannot open the storage in {self.data_dir}: "
+                               f"{e.strerror or e}") from None
+
+    def _bind_listeners(self) -> None:
+        for listener in self.listeners:
+            failed: list[Failure] = []
+            d = listener.listen()
+            d.addErrback(failed.append)
+            if failed:
+                raise StartupError(listener.failure_reason(failed[0]))
+            if not d.called:  # an asynchronous endpoint: its failure comes later
+                d.addErrback(self._failed_late, listener)
+
+    def _failed_late(self, failure: Failure, listener: ListenerService) -> None:
+        self.log.critical("{reason}; stopping", reason=listener.failure_reason(failure))
+        _exit_status_after_stop(1)
+        reactor: Any = self.reactor
+        reactor.callWhenRunning(reactor.stop)
+
+    def _undo_start(self) -> None:
+        for listener in self.listeners:
+            listener.close_now()
+        self.broker.shutdown()
+        self.store.close()
+
+    def _start(self) -> None:
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.
         sys.setswitchinterval(0.001)
-        # The store first: opening it takes the data directory's lock, so a second
-        # broker on the same data stops here, before its archive removes anything.
         self.broker.start()
         if self.archive is not None:
             self.archive.start()
@@ -253,6 +350,72 @@ class BrokerService(service.MultiService):
             # place).
             await task.deferLater(self.reactor, 0, lambda: None)
             await self.archive.close()
+
+
+def _prepare_data_dir(path: str) -> None:
+    """The data directory exists (created if missing, but not its parents) and is
+    writable, or a ``StartupError`` says which of these is not so."""
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        pass
+    elif os.path.lexists(path):
+        raise StartupError(f"the data directory {path} is not a directory (give --data "
+                           "a directory, or a path to create one)")
+    elif not os.path.isdir(parent):
+        raise StartupError(f"cannot create the data directory {path}: {parent} "
+                           + ("is not a directory" if os.path.lexists(parent)
+                              else "does not exist") + " (create it first)")
+    else:
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            raise StartupError(f"cannot create the data directory {path}: "
+                               f"{e.strerror or e}") from None
+    probe = os.path.join(path, f".write-test-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise StartupError(f"cannot write to the data directory {path}: "
+                           f"{e.strerror or e}") from None
+
+
+def _lock_holder(data_dir: str) -> str:
+    """"pid N" from the storage's lock file (zc.lockfile writes the holder's pid)."""
+    try:
+        with open(os.path.join(data_dir, "mqttamqp.fs.lock"), encoding="ascii") as f:
+            return f"pid {int(f.read().split()[0])}"
+    except (OSError, ValueError, IndexError):
+        return "another process"
+
+
+def _no_traceback_for(kind: type[BaseException]) -> None:
+    """At the top of twistd, an uncaught ``kind`` (already logged in one line) ends the
+    process with status 1 and no traceback; any other exception is printed as usual."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException,
+             tb: TracebackType | None) -> None:
+        if not issubclass(exc_type, kind):
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+def _exit_status_after_stop(status: int) -> None:
+    """A failure after the reactor started (an asynchronous listener): twistd returns
+    0 once the reactor stops, so end with ``status`` at interpreter exit instead."""
+
+    def end() -> None:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+    atexit.register(end)
 
 
 def makeService(options: Options) -> BrokerService:
