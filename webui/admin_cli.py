@@ -55,6 +55,13 @@ def _passwd(store: UserStore, args: argparse.Namespace) -> int:
 
 
 def _users(store: UserStore, args: argparse.Namespace) -> int:
+    if not os.path.isdir(store.data_dir):
+        raise SystemExit(f"mqttamqp-admin: no data directory at {store.data_dir} (give "
+                         "the broker's with --data; it is created at the broker's first "
+                         "start)")
+    if not store.users():
+        print(f"no console users in {store.path} (the broker creates 'admin' at its "
+              "first start)", file=sys.stderr)
     for user in sorted(store.users().values(), key=lambda u: u.name):
         changed = time.strftime("%Y-%m-%d %H:%M", time.gmtime(user.changed))
         print(f"{user.name}\tpassword set {changed} UTC\t{len(user.tokens)} API token(s)")
