@@ -47,7 +47,10 @@ class BrokerStats:
 
     def sys_topics(self, version: str, now: float, subscriptions: int, retained: int,
                    sessions: int, wills: int, dropped: int) -> list[tuple[str, str]]:
-        """(topic, payload) pairs published retained under ``$SYS/broker/``."""
+        """(topic, payload) pairs published retained under ``$SYS/broker/``.
+
+        ``retained`` is the number of retained messages clients stored: the broker's
+        own ``$SYS`` topics are not counted in ``retained messages/count``."""
         p = "$SYS/broker/"
         return [
             (p + "version", f"mqttamqp {version}"),

@@ -34,8 +34,11 @@ class SysTopics:
         now = self.clock.seconds()
         dropped = self.registry.dropped_total()
         self.stats.messages_dropped = dropped
+        retained = self.router.retained
+        # Clients' retained messages only: the $SYS topics are the broker's own.
+        client_retained = len(retained) - len(retained.match("$SYS/#"))
         topics = self.stats.sys_topics(
-            __version__, now, len(self.router.trie), len(self.router.retained),
+            __version__, now, len(self.router.trie), client_retained,
             len(self.registry.sessions), len(self.wills.wills), dropped)
         archive = self.recorder.stats()
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
