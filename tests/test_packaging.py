@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -38,11 +40,21 @@ def test_wheel_contents(wheel: Path) -> None:
 
 
 def test_non_editable_install_is_what_twistd_runs(wheel: Path, tmp_path: Path) -> None:
-    """Installed from the wheel into a venv, twistd lists mqttamqp from the venv's copy."""
+    """Installed from the wheel into a venv, twistd lists mqttamqp from the venv's copy.
+
+    The venv sees the packages of the interpreter running the tests (Twisted, ZODB,
+    ...) through a .pth file, after its own: ``--system-site-packages`` would give it
+    the *base* interpreter's instead when the suite itself runs in a venv (README's
+    ``.venv``), where Twisted is not installed."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    site_packages = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, timeout=60, capture_output=True, text=True).stdout.strip()
+    ours = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    (Path(site_packages) / "zz_outer_environment.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in ours))
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
                    check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -58,3 +70,33 @@ def test_non_editable_install_is_what_twistd_runs(wheel: Path, tmp_path: Path) -
     assert all(path.startswith(site) for path in where), where
     templates = Path(where[0]).parent / "console_templates" / "base.html"
     assert templates.is_file()
+
+
+def readme_command(section: str) -> str:
+    """The sh block under README's ``## section`` heading."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"^```sh\n(.*?)^```$", body, re.M | re.S)
+    assert match is not None, section
+    return match.group(1).strip()
+
+
+def test_readme_commands_use_a_venv_and_ci_runs_the_test_command() -> None:
+    """README's two commands work where Debian's python3 refuses pip (PEP 668): both
+    go through .venv, nothing runs pip on the system Python, twistd writes no pid
+    file into the current directory; .ci/run reads and runs the test command as
+    README gives it (the same extraction as here, checked by running it)."""
+    run = readme_command("Run it")
+    assert "python3 -m venv .venv" in run and ".venv/bin/pip install ." in run
+    assert ".venv/bin/twistd -n --pidfile= mqttamqp" in run
+    assert "python3 -m pip" not in run and "break-system-packages" not in run
+    test = readme_command("Test it")
+    assert test == "bash .ci/setup && .venv/bin/python -m pytest"
+    setup = (ROOT / ".ci" / "setup").read_text()
+    assert "python3 -m venv .venv" in setup and "python3 -m pip" not in setup
+    ci = (ROOT / ".ci" / "run").read_text()
+    extract = ci[ci.index("test_command=$("):ci.index("' README.md)") + len("' README.md)")]
+    got = subprocess.run(["bash", "-c", f"{extract}; printf %s \"$test_command\""],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30, check=True)
+    assert got.stdout == test
+    assert 'bash -euo pipefail -c "$test_command"' in ci
