@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import calendar
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from mqttamqp.archive import (
     filter_matches,
 )
 from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
+from mqttamqp.archive.writer import WRITER_NICE
 
 T0 = calendar.timegm((2026, 11, 24, 7, 59, 30))  # 2026-11-24 07:59:30 UTC
 
@@ -209,21 +212,22 @@ def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
                                                          clock: Clock) -> None:
     a = Archive(str(tmp_path), clock, buffer_limit=10)
     entered, release = threading.Event(), threading.Event()
-    segments = a._sets["messages"]
-    real_append = segments.append
+    real_exchange = a._exchange
 
-    def stalled_append(rows: Any, now: float) -> None:
-        entered.set()
-        assert release.wait(30)
-        real_append(rows, now)
+    def stalled_exchange(frame: Any, *args: Any) -> Any:
+        if frame[0] == "step" and frame[2]:  # the first batch with a message stalls
+            entered.set()
+            assert release.wait(30)
+        return real_exchange(frame, *args)
 
-    segments.append = stalled_append  # type: ignore[method-assign]
+    a._exchange = stalled_exchange  # type: ignore[method-assign]
     a.start()
     publish(a, T0)
     assert a.wait_until(entered.is_set)
-    for i in range(25):  # the writer is stuck inside append: nothing drains
+    assert a.stats()["buffered"] == 1  # taken, not yet written: still counted
+    for i in range(25):  # the feeding thread is stuck: nothing drains
         publish(a, T0 + i / 100)
-    assert a.stats()["dropped"] == 15 and a.stats()["buffered"] == 10
+    assert a.stats()["dropped"] == 15 and a.stats()["buffered"] == 11
     a.event(T0, CONNECT, "x")  # events have their own bound
     release.set()
     a.close()
@@ -231,6 +235,31 @@ def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
         "records": 12, "messages": 11, "events": 1, "dropped": 15, "segments": 2,
         "bytes": 0, "buffered": 0, "filtered": 0, "errors": 0, "lost": 0}
     assert len(read(tmp_path)) == 11
+
+
+def test_a_slow_writer_process_never_blocks_the_reactor_side(tmp_path: Path,
+                                                            clock: Clock) -> None:
+    """The writer process itself stopped (SIGSTOP): the feeding thread waits for its
+    answer, the buffer fills, records are dropped and counted; once it runs again
+    everything buffered is written."""
+    a = Archive(str(tmp_path), clock, buffer_limit=100)
+    a.start()
+    assert a.wait_step(30)
+    pid = a.writer_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        for i in range(1000):
+            publish(a, T0 + i / 1000)
+        assert time.monotonic() - started < 1.0
+        assert a.stats()["dropped"] >= 800
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    a.close()
+    stats = a.stats()
+    assert stats["messages"] + stats["dropped"] == 1000 and stats["lost"] == 0
+    assert len(read(tmp_path)) == stats["messages"]
 
 
 def test_records_after_close_are_counted_as_dropped(tmp_path: Path, clock: Clock) -> None:
@@ -269,14 +298,7 @@ def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path, clock: Cl
     publish(a, T0, topic="a")
     assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
     (temp,) = hidden(tmp_path)
-    segments = a._sets["messages"]
-    real_append = segments.append
-
-    def failing(rows: Any, now: float) -> None:
-        segments.append = real_append  # type: ignore[method-assign]
-        raise OSError("disk full")
-
-    segments.append = failing  # type: ignore[method-assign]
+    a._fault = "messages"   # the writer process's next append raises OSError
     publish(a, T0, topic="b")
     assert a.wait_until(lambda: a.stats()["errors"] == 1)
     assert not temp.exists()
@@ -284,6 +306,55 @@ def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path, clock: Cl
     a.close()
     assert read(tmp_path).column("topic").to_pylist() == ["c"]
     assert a.stats()["lost"] == 1 and a.stats()["errors"] == 1
+
+
+def test_a_writer_process_that_dies_is_counted_and_replaced(tmp_path: Path,
+                                                            clock: Clock) -> None:
+    """kill -9 of the writer process alone: its open segment is lost (counted, left
+    under its temporary name), an error is counted, and a new process carries on."""
+    a = Archive(str(tmp_path), clock, row_group_rows=1)
+    a.start()
+    publish(a, T0, topic="a")
+    assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
+    first = a.writer_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    publish(a, T0, topic="b")
+    assert a.wait_until(lambda: a.stats()["errors"] == 1)
+    assert a.wait_until(lambda: a.stats()["buffered"] == 0 and a.writer_pid not in (None, first))
+    publish(a, T0, topic="c")
+    a.close()
+    topics = read(tmp_path).column("topic").to_pylist()
+    # "b" went to the dead process or, if the death was noticed first, to the new one
+    assert topics in (["c"], ["b", "c"])
+    assert a.stats()["lost"] == 3 - len(topics) and a.stats()["errors"] == 1
+    assert len(hidden(tmp_path)) == 1   # the dead one's segment: removed at the next start
+    assert not _alive(first)
+
+
+def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
+                                                               clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock)
+    a.start()
+    assert a.wait_step(30)
+    pid = a.writer_pid
+    assert pid is not None and pid != os.getpid()
+    with open(f"/proc/{pid}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # its parent
+    # it runs at a lower priority than the broker: the broker comes first
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(
+        19, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICE)
+    a.close()
+    assert a.writer_pid is None and not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_retention_removes_old_partitions(tmp_path: Path, clock: Clock) -> None:
@@ -312,7 +383,7 @@ a = Archive(sys.argv[1], Now(), row_group_rows=1, roll_seconds=3600)
 a.start()
 a.message(1795939171.0, "open", 0, False, b"x", "c", None, "amqp", 0, 0)
 assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
-print("ready", flush=True)
+print(a.writer_pid, flush=True)
 sys.stdin.read()
 """
 
@@ -323,10 +394,15 @@ def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n"
+        writer = int(proc.stdout.readline())
     finally:
         proc.kill()
         proc.wait(30)
+    # The writer process sees its stdin close and exits, touching nothing: no orphan.
+    deadline = time.monotonic() + 30
+    while _alive(writer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(writer)
     assert len(hidden(tmp_path)) == 1
     assert read(tmp_path).column("topic").to_pylist() == ["closed"]
     a = Archive(str(tmp_path), clock)

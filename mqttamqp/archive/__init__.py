@@ -1,4 +1,4 @@
-"""The message and event archive: Parquet segments written off the reactor thread,
+"""The message and event archive: Parquet segments written by a process of their own,
 Hive-partitioned by UTC date and hour, read by ``mqttamqp.pipeline``.
 
 This package owns the archive's files and schemas. It must not import the core,

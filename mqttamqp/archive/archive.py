@@ -1,20 +1,31 @@
 """The broker's archive: every routed message and connection/session/will event,
-written as Parquet by a thread of its own.
+written as Parquet by a process of its own, fed by a thread of this one.
 
-Two halves, one object:
+Three parts, one object:
 
 - the reactor side (``message``, ``event``, ``stats``) appends a tuple to a bounded
   ``deque`` and returns; when the deque is full the record is dropped and counted.
   It never blocks, never touches a file and never waits for the writer;
-- the writer thread drains the deques in batches, truncates nothing that the
-  reactor did not already cut, filters topics (``include``/``exclude``), turns rows
-  into Arrow record batches through ``SegmentSet`` and rolls segments on time or
-  size. It also deletes partitions older than ``retention_days``.
+- the feeding thread drains the deques in batches and sends each batch, as the
+  reactor made it, to the writer process (``mqttamqp.archive.writer``) in one
+  pickled frame on its stdin, then waits for its answer (counters and log lines).
+  Pickling a batch is all the GIL time the archive costs besides the appends;
+- the writer process filters topics (``include``/``exclude``), turns rows into
+  Arrow record batches through ``SegmentSet``, rolls segments on time or size and
+  deletes partitions older than ``retention_days``. Arrow and Parquet never hold
+  this process's GIL.
 
-``deque.append``/``popleft`` are atomic under the GIL, so the two sides share no
-lock; the counters each side increments are its own. The writer reads the clock
-it was given (a reactor or ``task.Clock``) for roll times only; a record's time is
+``deque.append``/``popleft`` are atomic under the GIL, so the reactor and the
+feeding thread share no lock; the counters each side increments are its own. The
+feeding thread reads the clock it was given (a reactor or ``task.Clock``) and sends
+that time with every batch, for roll times and retention only; a record's time is
 the timestamp its caller passed.
+
+The writer process dies with the broker: it exits when its stdin reaches end of file
+(the broker was killed), leaving its open segment under its temporary name, which
+the next start removes. It is started and stopped through its own ``Popen`` only
+(its PID), never by name. If it dies, its open segments are counted as lost, an
+error is counted and logged, and a new one is started a second later.
 
 This module must not be imported by the core: the broker service creates one
 ``Archive`` and hands the core its two bound methods.
@@ -23,30 +34,21 @@ This module must not be imported by the core: the broker service creates one
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from mqttamqp.archive.schema import (
-    EVENT_COLUMNS,
-    EVENT_FIELDS,
-    EVENT_KINDS,
-    EVENT_SCHEMA,
-    EVENTS,
-    MESSAGE_SCHEMA,
-    MESSAGES,
-)
-from mqttamqp.archive.segments import (
-    SegmentSet,
-    remove_leftovers,
-    remove_partitions_before,
-)
+from mqttamqp.archive.schema import EVENT_FIELDS, EVENT_KINDS
+from mqttamqp.archive.segments import remove_leftovers
 from mqttamqp.archive.topics import TopicSelector
+from mqttamqp.archive.writer import CLOSE, STEP, read_frame, write_frame
 
 __all__ = ["Archive", "DEFAULT_BUFFER_LIMIT", "DEFAULT_EXCLUDE"]
 
@@ -57,14 +59,25 @@ log = Logger(namespace="mqttamqp.archive")
 DEFAULT_BUFFER_LIMIT = 65536
 DEFAULT_EXCLUDE = ("$SYS/#",)
 
-_EVENT_OPTIONAL = tuple(EVENT_COLUMNS[3:])
-_BATCH = 4096             # records taken from a deque per writer step
-_IDLE_WAIT = 0.25         # longest the writer sleeps between looks at the deques
-_RETENTION_EVERY = 3600.0  # seconds between retention sweeps
+_BATCH = 16384            # records taken from a deque per frame
+_IDLE_WAIT = 0.25         # longest the feeding thread sleeps between looks at the deques
+_FLUSH_WAIT = 0.05        # how long a part batch waits for more records
+_RESPAWN_DELAY = 1.0      # seconds before a failed writer process is replaced
+_EXIT_WAIT = 30.0         # seconds a closing writer process has to exit
+_ANSWER_WAIT = 120.0      # seconds without an answer before a writer is taken for dead
+# The writer process finds this very mqttamqp (a source tree or an installation)
+# first, whatever the environment says.
+_CHILD = ("import sys\n"
+          "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
+          "from mqttamqp.archive.writer import main\n"
+          "main()\n")
+_COUNTERS = ("messages", "events", "segments", "bytes", "filtered", "errors", "lost")
+# The directory that holds the mqttamqp package, for the writer process's sys.path.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Archive:
-    """Parquet archive of messages and events, written off the reactor thread."""
+    """Parquet archive of messages and events, written off the reactor's process."""
 
     def __init__(self, directory: str, reactor_or_clock: Any, *, payload_bytes: int = 256,
                  roll_seconds: float = 60.0, roll_bytes: int = 64 << 20,
@@ -81,29 +94,50 @@ class Archive:
         self.roll_seconds = roll_seconds
         self.retention_days = retention_days
         self.buffer_limit = buffer_limit
-        self.selector = TopicSelector(include, exclude)
+        self.selector = TopicSelector(include, exclude)  # checked here, used by the writer
+        self._config: dict[str, Any] = {
+            "directory": directory, "payload_bytes": payload_bytes,
+            "roll_seconds": roll_seconds, "roll_bytes": roll_bytes,
+            "retention_days": retention_days, "include": tuple(include),
+            "exclude": tuple(exclude), "row_group_rows": row_group_rows}
         self._messages: deque[tuple[Any, ...]] = deque()
         self._events: deque[tuple[Any, ...]] = deque()
-        self._sets = {
-            MESSAGES: SegmentSet(os.path.join(directory, MESSAGES), MESSAGE_SCHEMA,
-                                 roll_seconds=roll_seconds, roll_bytes=roll_bytes,
-                                 row_group_rows=row_group_rows),
-            EVENTS: SegmentSet(os.path.join(directory, EVENTS), EVENT_SCHEMA,
-                               roll_seconds=roll_seconds, roll_bytes=roll_bytes,
-                               row_group_rows=row_group_rows),
-        }
+        self._limit = buffer_limit   # 0 once closing: every record is then dropped
         # Counted on the reactor thread:
         self.dropped = 0
-        # Counted on the writer thread:
-        self.filtered = 0
-        self.errors = 0
-        self.lost = 0          # records in segments abandoned after a write error
+        # Written by the feeding thread only (each a whole new dict, read as it is):
+        self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self._base = dict(self._counts)  # what writer processes that died had done
+        self._open_rows = 0              # rows in the writer's open segments
+        self._inflight = 0               # records sent and not yet answered
+        self._child: subprocess.Popen[bytes] | None = None
+        self._respawn_at = 0.0
+        self._fault: str | None = None   # tests: the next append of this dataset fails
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._wake = threading.Event()
         self._progress = threading.Condition()
         self._steps = 0
-        self._last_retention = float("-inf")
+
+    @property
+    def filtered(self) -> int:
+        return self._counts["filtered"]
+
+    @property
+    def errors(self) -> int:
+        return self._counts["errors"]
+
+    @property
+    def lost(self) -> int:
+        """Records lost after they left the buffer: in segments abandoned after a
+        write error, or held by a writer process that died."""
+        return self._counts["lost"]
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's PID while it runs (for tests and tools)."""
+        child = self._child
+        return child.pid if child is not None else None
 
     # -- reactor side -------------------------------------------------------------------
 
@@ -112,7 +146,7 @@ class Archive:
                 deliveries: int, dropped: int) -> None:
         """Record one routed message. Cheap: a length check and an append."""
         buffer = self._messages
-        if len(buffer) >= self.buffer_limit or self._stopping:
+        if len(buffer) >= self._limit:
             self.dropped += 1
             return
         size = len(payload)
@@ -132,29 +166,30 @@ class Archive:
             if name not in EVENT_FIELDS:
                 raise ValueError(f"archive: event {kind!r} has no column {name!r}")
         buffer = self._events
-        if len(buffer) >= self.buffer_limit or self._stopping:
+        if len(buffer) >= self._limit:
             self.dropped += 1
             return
         buffer.append((timestamp, kind, client_id, fields))
 
     def stats(self) -> dict[str, int]:
         """Counters for $SYS and the console (plain reads; no lock needed)."""
-        m, e = self._sets[MESSAGES], self._sets[EVENTS]
+        c = self._counts
         return {
-            "records": m.rows_written + e.rows_written,
-            "messages": m.rows_written,
-            "events": e.rows_written,
+            "records": c["messages"] + c["events"],
+            "messages": c["messages"],
+            "events": c["events"],
             "dropped": self.dropped,
-            "segments": m.segments_closed + e.segments_closed,
-            "bytes": m.bytes_closed + e.bytes_closed,
-            "buffered": len(self._messages) + len(self._events),
-            "filtered": self.filtered,
-            "errors": self.errors,
-            "lost": self.lost,
+            "segments": c["segments"],
+            "bytes": c["bytes"],
+            "buffered": len(self._messages) + len(self._events) + self._inflight,
+            "filtered": c["filtered"],
+            "errors": c["errors"],
+            "lost": c["lost"],
         }
 
     def start(self) -> None:
-        """Remove what a crash left, then start the writer thread."""
+        """Remove what a crash left, then start the writer process and the thread
+        that feeds it."""
         if self._thread is not None:
             raise RuntimeError("archive: already started")
         probe = os.path.join(self.directory, f".probe-{os.getpid()}")
@@ -169,14 +204,21 @@ class Archive:
                                "--no-archive") from None
         for path in remove_leftovers(self.directory):
             log.info("archive: removed unfinished segment {path}", path=path)
+        try:
+            self._spawn()
+        except OSError as e:
+            raise RuntimeError(f"archive: cannot start its writer process ({e}); "
+                               "run with --no-archive") from None
         self._thread = threading.Thread(target=self._run, name="mqttamqp-archive",
                                         daemon=True)
         self._thread.start()
 
     def close(self) -> Deferred[None]:
-        """Stop taking records, write what is buffered, close the open segments
-        and end the thread. Fires once the thread is gone; with a real reactor the
-        join happens on the writer thread's way out, never on the reactor thread."""
+        """Stop taking records, write what is buffered, close the open segments, let
+        the writer process exit and end the thread. Fires once the thread is gone;
+        with a real reactor the join happens on the thread's way out, never on the
+        reactor thread."""
+        self._limit = 0
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -187,10 +229,10 @@ class Archive:
             # A task.Clock in tests: no reactor to call back into; wait here.
             self._stopping = True
             self._wake.set()
-            thread.join(30)
+            thread.join(2 * _EXIT_WAIT)
             return succeed(None)
         done: Deferred[None] = Deferred()
-        # Set before _stopping: the writer leaves only once it sees _stopping, and
+        # Set before _stopping: the thread leaves only once it sees _stopping, and
         # then it must find who to tell.
         self._on_exit = lambda: call_from_thread(done.callback, None)
         self._stopping = True
@@ -200,8 +242,8 @@ class Archive:
     # -- for tests and tools (blocking: never call on the reactor thread) --------------
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        """Wake the writer and wait until ``predicate()`` holds after one of its
-        steps, or ``timeout`` passes. For tests and command-line tools."""
+        """Wake the feeding thread and wait until ``predicate()`` holds after one of
+        its steps, or ``timeout`` passes. For tests and command-line tools."""
         deadline = time.monotonic() + timeout
         with self._progress:
             while not predicate():
@@ -218,7 +260,7 @@ class Archive:
             target = self._steps + 2
         return self.wait_until(lambda: self._steps >= target, timeout)
 
-    # -- writer thread ------------------------------------------------------------------
+    # -- feeding thread -----------------------------------------------------------------
 
     _on_exit: Callable[[], Any] | None = None
 
@@ -226,99 +268,136 @@ class Archive:
         try:
             while True:
                 stopping = self._stopping
-                self._step()
-                if stopping and not self._messages and not self._events:
+                progressed = self._step()
+                waiting = len(self._messages) + len(self._events)
+                if stopping and (not waiting or not progressed):
                     break
-                if not self._messages and not self._events:
-                    self._wake.wait(_IDLE_WAIT)
+                if waiting < _BATCH or not progressed:
+                    # Let a batch build up: one frame (one pickle, two system calls
+                    # and a GIL hand-over each way) per many records.
+                    self._wake.wait(_FLUSH_WAIT if waiting and progressed else _IDLE_WAIT)
                     self._wake.clear()
         finally:
-            for name, segments in self._sets.items():
-                try:
-                    segments.close()
-                except Exception:
-                    self._failed(name, segments)
+            self._finish()
             with self._progress:
                 self._steps += 1
                 self._progress.notify_all()
             if self._on_exit is not None:
                 self._on_exit()
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """Send one batch (perhaps empty: the writer rolls on time) and take the
+        answer; false if there is no writer process to send it to."""
+        if self._child is None and not self._respawn():
+            return False
         now = self.clock.seconds()
-        self._write(MESSAGES, self._message_rows(self._take(self._messages)), now)
-        self._write(EVENTS, self._event_rows(self._take(self._events)), now)
-        for name, segments in self._sets.items():
-            try:
-                segments.roll(now)
-            except Exception:
-                self._failed(name, segments)
-        if self.retention_days > 0 and now - self._last_retention >= _RETENTION_EVERY:
-            self._last_retention = now
-            self._expire(now)
+        messages = self._take(self._messages)
+        events = self._take(self._events)
+        self._inflight = len(messages) + len(events)
+        fault, self._fault = self._fault, None
+        try:
+            report = self._exchange((STEP, now, messages, events, fault))
+        except Exception:
+            self._writer_failed()
+            return False
+        self._apply(report)
         with self._progress:
             self._steps += 1
             self._progress.notify_all()
+        return True
+
+    def _exchange(self, frame: tuple[Any, ...], timeout: float = _ANSWER_WAIT) -> Any:
+        """One frame to the writer process and its answer (blocking, GIL released
+        while waiting; a writer that does not answer within ``timeout`` is taken
+        for dead)."""
+        child = self._child
+        assert child is not None and child.stdin is not None and child.stdout is not None
+        write_frame(child.stdin.fileno(), frame)
+        return read_frame(child.stdout.fileno(), timeout)
 
     @staticmethod
     def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         pop = buffer.popleft
         return [pop() for _ in range(min(len(buffer), _BATCH))]
 
-    def _write(self, name: str, rows: list[tuple[float, tuple[Any, ...]]],
-               now: float) -> None:
-        if not rows:
-            return
-        segments = self._sets[name]
+    def _apply(self, report: dict[str, Any]) -> None:
+        for level, text in report["logs"]:
+            if level == "error":
+                log.error("{text}", text=text)
+            else:
+                log.info("{text}", text=text)
+        base = self._base
+        self._open_rows = report["open_rows"]
+        self._counts = {name: base[name] + report[name] for name in _COUNTERS}
+        self._inflight = 0   # after the counts: "buffered" never hides a record
+
+    def _spawn(self) -> None:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, _PACKAGE_ROOT],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 close_fds=True)
+        assert child.stdin is not None
         try:
-            segments.append(rows, now)
-        except Exception:
-            self._failed(name, segments)
+            write_frame(child.stdin.fileno(), self._config)
+        except OSError:
+            self._child = child
+            self._stop_child()
+            raise
+        self._child = child
 
-    def _failed(self, name: str, segments: SegmentSet) -> None:
-        log.failure("archive: writing {name} failed; the open segments are dropped",
-                    name=name)
-        self.lost += segments.abandon()
-        self.errors += 1  # last: a reader that sees it also sees the clean-up
+    def _respawn(self) -> bool:
+        if not self._stopping and time.monotonic() < self._respawn_at:
+            return False
+        try:
+            self._spawn()
+        except OSError:
+            log.failure("archive: cannot start a writer process")
+            self._respawn_at = time.monotonic() + _RESPAWN_DELAY
+            return False
+        return True
 
-    def _message_rows(self, records: Iterable[tuple[Any, ...]]
-                      ) -> list[tuple[float, tuple[Any, ...]]]:
-        rows: list[tuple[float, tuple[Any, ...]]] = []
-        append = rows.append
-        wanted = self.selector.wanted
-        keep_payload = self.payload_bytes > 0
-        last_topic: str | None = None
-        keep = False
-        filtered = 0
-        for (ts, topic, qos, retain, size, payload, publisher, user, protocol,
-             deliveries, dropped) in records:
-            if topic != last_topic:   # a stream on one topic asks once
-                last_topic = topic
-                keep = wanted(topic)
-            if not keep:
-                filtered += 1
-                continue
-            append((ts, (round(ts * 1_000_000), topic, qos, retain, size,
-                         payload if keep_payload else None, publisher, user,
-                         protocol, deliveries, dropped)))
-        self.filtered += filtered
-        return rows
+    def _writer_failed(self) -> None:
+        """The writer process died or answered nonsense: what it held is lost."""
+        log.failure("archive: the writer process failed; its open segments are lost")
+        self._stop_child(grace=1.0)
+        counts = dict(self._counts)
+        counts["lost"] += self._open_rows + self._inflight
+        counts["errors"] += 1
+        self._base = dict(counts)
+        self._open_rows = 0
+        self._counts = counts
+        self._inflight = 0
+        self._respawn_at = time.monotonic() + _RESPAWN_DELAY
 
-    @staticmethod
-    def _event_rows(records: Iterable[tuple[Any, ...]]
-                    ) -> list[tuple[float, tuple[Any, ...]]]:
-        rows: list[tuple[float, tuple[Any, ...]]] = []
-        for ts, kind, client_id, fields in records:
-            get = fields.get
-            rows.append((ts, (round(ts * 1_000_000), kind, client_id,
-                              *(get(c) for c in _EVENT_OPTIONAL))))
-        return rows
+    def _stop_child(self, grace: float = _EXIT_WAIT) -> None:
+        """Make sure our writer process is gone and reaped: end of file on its stdin
+        makes it exit; if it has not within ``grace`` seconds, SIGKILL to its own
+        PID (through its ``Popen``)."""
+        child, self._child = self._child, None
+        if child is None:
+            return
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
-    def _expire(self, now: float) -> None:
-        cutoff = time.strftime("%Y-%m-%d", time.gmtime(now - self.retention_days * 86400))
-        for name, segments in self._sets.items():
-            removed = remove_partitions_before(os.path.join(self.directory, name), cutoff,
-                                               keep=segments.open_partitions)
-            for partition in removed:
-                log.info("archive: removed {name}/{partition} (older than {days} days)",
-                         name=name, partition=partition, days=self.retention_days)
+    def _finish(self) -> None:
+        """The clean stop: the writer closes its segments and exits."""
+        if self._child is not None:
+            try:
+                report = self._exchange((CLOSE, self.clock.seconds()), _EXIT_WAIT)
+            except Exception:
+                self._writer_failed()
+            else:
+                self._apply(report)
+                self._stop_child()
+        left = len(self._messages) + len(self._events)
+        if left:  # no writer would take them
+            self._messages.clear()
+            self._events.clear()
+            counts = dict(self._counts)
+            counts["lost"] += left
+            self._counts = counts

@@ -6,9 +6,10 @@ A segment is written as ``.part-<start>-<n>.parquet.tmp`` inside its Hive partit
 when closed. Spark and ``pyarrow.dataset`` skip names starting with ``.``, so a
 reader sees only complete files; ``remove_leftovers`` deletes what a crash left.
 
-This module runs on the archive's writer thread only. It owns files; it must not
-touch the reactor, take locks or know which broker event produced a row. It takes
-``now`` as an argument rather than reading a clock.
+``SegmentSet`` runs in the archive's writer process only (``remove_leftovers`` in
+the broker, before it starts one). This module owns files; it must not touch the
+reactor, take locks or know which broker event produced a row. It takes ``now`` as
+an argument rather than reading a clock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 __all__ = ["Partition", "partition_of", "SegmentSet", "remove_leftovers",
@@ -60,16 +62,21 @@ class _Segment:
     file: BinaryIO
     writer: Any
     opened_at: float
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    pending: list[pa.RecordBatch] = field(default_factory=list)  # not yet a row group
+    pending_rows: int = 0
     written_rows: int = 0
+
+
+_US_PER_HOUR = 3_600_000_000
 
 
 class SegmentSet:
     """The open segments of one dataset, one per partition that received rows.
 
-    ``append`` buffers rows; a row group is written when ``row_group_rows`` are
-    buffered for a partition. ``roll(now)`` closes every segment once the oldest
-    is ``roll_seconds`` old or one passed ``roll_bytes``; ``close`` closes all.
+    ``append`` (rows) and ``append_batch`` (an Arrow record batch) buffer; a row
+    group of ``row_group_rows`` rows is written whenever that many are buffered for
+    a partition. ``roll(now)`` closes every segment once the oldest is
+    ``roll_seconds`` old or one passed ``roll_bytes``; ``close`` closes all.
     Segments of an hour older than the newest one seen are closed at once: time
     moves forward, and the report should not wait a whole roll for the last hour.
     """
@@ -81,6 +88,7 @@ class SegmentSet:
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
         self.row_group_rows = row_group_rows
+        self._types = [f.type for f in schema]
         self._open: dict[Partition, _Segment] = {}
         self._serial = 0
         self.rows_written = 0     # rows in renamed (published) files
@@ -91,29 +99,37 @@ class SegmentSet:
     def open_partitions(self) -> list[Partition]:
         return list(self._open)
 
+    @property
+    def open_rows(self) -> int:
+        """Rows in open segments: lost if this process dies before they close."""
+        return sum(s.written_rows + s.pending_rows for s in self._open.values())
+
     def append(self, rows: Iterable[tuple[float, tuple[Any, ...]]], now: float) -> None:
-        """Buffer ``(timestamp, row)`` pairs, writing row groups as they fill."""
-        newest: Partition | None = None
-        last_hour = -1
-        segment: _Segment | None = None
-        limit = self.row_group_rows
+        """Buffer ``(timestamp, row)`` pairs: ``row`` holds the schema's columns in
+        order (its timestamp in integer microseconds); ``timestamp`` (seconds)
+        chooses the partition."""
+        groups: dict[int, list[tuple[Any, ...]]] = {}
         for timestamp, row in rows:
             hour = int(timestamp // 3600)
-            if hour != last_hour or segment is None:
-                # Rows come in time order: the partition changes once an hour.
-                last_hour = hour
-                part = _partition_of_hour(hour)
-                segment = self._open.get(part)
-                if segment is None:
-                    segment = self._open_segment(part, now)
-                if newest is None or part > newest:
-                    newest = part
-            segment.rows.append(row)
-            if len(segment.rows) >= limit:
-                self._write_rows(segment)
-        if newest is not None:
-            for part in [p for p in self._open if p < newest]:
-                self._close(self._open.pop(part))
+            group = groups.get(hour)
+            if group is None:
+                group = groups[hour] = []
+            group.append(row)
+        self._add([(hour, self._batch_of(group)) for hour, group in groups.items()], now)
+
+    def append_batch(self, batch: pa.RecordBatch, now: float) -> None:
+        """Buffer a record batch of this dataset's schema; each row goes to the
+        partition of its ``timestamp`` column, in the batch's order."""
+        if not batch.num_rows:
+            return
+        hours = pc.divide(batch.column(0).cast(pa.int64()), _US_PER_HOUR)
+        extremes = pc.min_max(hours)
+        low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        if low == high:   # the usual case: one hour
+            self._add([(low, batch)], now)
+        else:
+            self._add([(h, batch.filter(pc.equal(hours, h)))
+                       for h in pc.unique(hours).to_pylist()], now)
 
     def roll(self, now: float) -> bool:
         """Close every segment when it is time; true if something was closed."""
@@ -148,7 +164,7 @@ class SegmentSet:
         lost = 0
         while self._open:
             _, segment = self._open.popitem()
-            lost += segment.written_rows + len(segment.rows)
+            lost += segment.written_rows + segment.pending_rows
             for step in (segment.writer.close, segment.file.close):
                 try:
                     step()
@@ -161,6 +177,31 @@ class SegmentSet:
         return lost
 
     # -- internals ----------------------------------------------------------------------
+
+    def _batch_of(self, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+        columns = zip(*rows, strict=True)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(col, type=t) for col, t in zip(columns, self._types, strict=True)],
+            schema=self.schema)
+
+    def _add(self, groups: list[tuple[int, pa.RecordBatch]], now: float) -> None:
+        """Buffer each ``(hour, batch)``, writing row groups as they fill; then close
+        the segments of hours older than the newest."""
+        newest: Partition | None = None
+        for hour, batch in groups:
+            part = _partition_of_hour(hour)
+            segment = self._open.get(part)
+            if segment is None:
+                segment = self._open_segment(part, now)
+            if newest is None or part > newest:
+                newest = part
+            segment.pending.append(batch)
+            segment.pending_rows += batch.num_rows
+            if segment.pending_rows >= self.row_group_rows:
+                self._write_row_groups(segment, final=False)
+        if newest is not None:
+            for part in [p for p in self._open if p < newest]:
+                self._close(self._open.pop(part))
 
     def _open_segment(self, part: Partition, now: float) -> _Segment:
         folder = os.path.join(self.directory, f"date={part[0]}", f"hour={part[1]}")
@@ -182,20 +223,23 @@ class SegmentSet:
         self._open[part] = segment
         return segment
 
-    def _write_rows(self, segment: _Segment) -> None:
-        if not segment.rows:
+    def _write_row_groups(self, segment: _Segment, final: bool) -> None:
+        """Write the buffered rows as row groups of ``row_group_rows``; the rest stays
+        buffered unless ``final``."""
+        if not segment.pending_rows:
             return
-        columns = list(zip(*segment.rows, strict=True))
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(col, type=f.type) for col, f in zip(columns, self.schema, strict=True)],
-            schema=self.schema)
-        segment.writer.write_batch(batch)
-        segment.written_rows += len(segment.rows)
-        segment.rows = []
+        limit = self.row_group_rows
+        count = segment.pending_rows if final else segment.pending_rows // limit * limit
+        table = pa.Table.from_batches(segment.pending, schema=self.schema)
+        segment.writer.write_table(table.slice(0, count), row_group_size=limit)
+        rest = table.slice(count)
+        segment.pending = rest.to_batches() if rest.num_rows else []
+        segment.pending_rows -= count
+        segment.written_rows += count
 
     def _close(self, segment: _Segment) -> None:
         try:
-            self._write_rows(segment)
+            self._write_row_groups(segment, final=True)
             segment.writer.close()
             segment.file.flush()
             os.fsync(segment.file.fileno())

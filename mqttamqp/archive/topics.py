@@ -2,7 +2,7 @@
 
 MQTT filter matching (``+`` one level, ``#`` the rest, wildcards at the first level
 never match a ``$`` topic), with a bounded cache of decisions so a busy topic costs
-one dict look-up. Runs on the archive's writer thread only; it must not be used on
+one dict look-up. Runs in the archive's writer process only; it must not be used on
 the reactor's hot path, and it keeps its own matcher so that it does not depend on
 the core's routing structures.
 """
