@@ -81,6 +81,14 @@ class Options(usage.Options):
         ["allow-anonymous", None,
          "Without --users, accept clients from any address (by default only from "
          "loopback, as Mosquitto 2 without a configuration)."],
+        ["tls-require-client-cert", None,
+         "With --tls-ca: refuse TLS clients without a valid client certificate (during "
+         "the handshake, on every ssl: listener)."],
+        ["tls-cert-as-user", None,
+         "With --tls-ca: the common name (CN) of an MQTT client's verified certificate is "
+         "its user name, and the certificate authenticates it without a password (the "
+         "--users file is not consulted for it); clients without a certificate "
+         "authenticate as usual."],
     ]
     optParameters: ClassVar[list[list[Any]]] = [
         ["data", "d", "mqttamqp-data",
@@ -160,6 +168,10 @@ class Options(usage.Options):
          "File of users (scrypt hashes; see README). With it, MQTT CONNECT and AMQP "
          "SASL PLAIN must name one of them and anonymous clients are refused; "
          "without it clients are accepted from loopback only (see --allow-anonymous)."],
+        ["tls-ca", None, None,
+         "PEM file of the CA certificates that sign client certificates: every ssl: "
+         "listener asks TLS clients for a certificate and refuses one that does not "
+         "verify against them (see --tls-require-client-cert, --tls-cert-as-user)."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
         ["archive-dir", None, None,
@@ -196,17 +208,18 @@ class Options(usage.Options):
     def opt_mqtt(self, description: str) -> None:
         ("MQTT listener, a Twisted endpoint description (repeatable; default "
          "tcp:1883:interface=127.0.0.1, loopback only; tcp:1883 for every interface; "
-         "'none' disables MQTT).")
+         "ssl:8883:privateKey=KEY:certKey=CRT for TLS 1.2+; 'none' disables MQTT).")
         self["mqtt"].append(_endpoint("mqtt", description))
 
     def opt_amqp(self, description: str) -> None:
         ("AMQP 1.0 listener (repeatable; default tcp:5672:interface=127.0.0.1; "
-         "'none' disables AMQP).")
+         "ssl:5671:privateKey=KEY:certKey=CRT for TLS; 'none' disables AMQP).")
         self["amqp"].append(_endpoint("amqp", description))
 
     def opt_web(self, description: str) -> None:
         ("Admin console listener, HTTP (repeatable; default "
-         "tcp:8080:interface=127.0.0.1; 'none' disables it).")
+         "tcp:8080:interface=127.0.0.1; ssl:8443:privateKey=KEY:certKey=CRT for HTTPS; "
+         "'none' disables it).")
         self["web"].append(_endpoint("web", description))
 
     def opt_version(self) -> None:
@@ -233,6 +246,7 @@ class Options(usage.Options):
             if not given:
                 given = [default]
             self[kind] = [d for d in given if d.strip().lower() != "none"]
+        self._check_tls()
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:
@@ -253,6 +267,23 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--max-queued-messages plus --max-inflight must stay below 65000: each "
                 "queued QoS 1/2 message holds one of the 65535 MQTT packet ids")
+
+    def _check_tls(self) -> None:
+        from mqttamqp import tls
+
+        if self["tls-ca"] is None:
+            for flag in ("tls-require-client-cert", "tls-cert-as-user"):
+                if self[flag]:
+                    raise usage.UsageError(f"--{flag} needs --tls-ca (the CAs that sign "
+                                           "client certificates)")
+            return
+        try:
+            tls.load_ca_bundle(self["tls-ca"])
+        except ValueError as e:
+            raise usage.UsageError(f"--tls-ca: {e}") from None
+        if not any(tls.is_tls(d) for kind in DEFAULT_LISTENERS for d in self[kind]):
+            raise usage.UsageError("--tls-ca applies to ssl: listeners, and none is given "
+                                   "(e.g. --mqtt ssl:8883:privateKey=KEY:certKey=CRT)")
 
 
 def limits_from(options: Any) -> Limits:

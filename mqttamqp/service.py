@@ -19,8 +19,8 @@ from types import TracebackType
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import endpoints, task
 from twisted.internet import reactor as global_reactor
+from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
@@ -34,6 +34,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
+from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 
@@ -64,12 +65,13 @@ class ListenerService(service.Service):
         self.access = access
         self.port: Any = None
         self.address = ""
+        self.tls: TLSSettings | None = None   # client certificates on an ssl: listener
 
     def listen(self) -> Deferred[Any]:
         """Bind the endpoint (``BrokerService`` does this for every listener before
         it starts anything else).  For TCP, SSL and UNIX endpoints the Deferred has
         fired when this returns; failures are the caller's to handle."""
-        endpoint = endpoints.serverFromString(self.reactor, self.description)
+        endpoint = server_endpoint(self.reactor, self.description, self.tls)
         d: Deferred[Any] = endpoint.listen(self.factory)
 
         def bound(port: Any) -> Any:
@@ -209,6 +211,7 @@ class BrokerService(service.MultiService):
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
         self.web_site: Any = None
+        self.tls: TLSSettings | None = None   # for every ssl: listener added after
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -232,6 +235,7 @@ class BrokerService(service.MultiService):
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
         svc = ListenerService(kind, description, factory, self.reactor,
                               "users" if kind == "web" else self._access())
+        svc.tls = self.tls
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
@@ -435,6 +439,10 @@ def makeService(options: Options) -> BrokerService:
                    "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
                         authenticator=authenticator, archive=archive)
+    if options["tls-ca"]:
+        svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
+                              bool(options["tls-cert-as-user"]))
+        svc.mqtt_factory.cert_as_user = svc.tls.cert_as_user
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:

@@ -21,10 +21,14 @@ _LISTEN = re.compile(r"listening for (\w+) on ([\d.]+):(\d+)")
 
 class BrokerProcess:
     def __init__(self, data_dir: str, *extra: str, listeners: tuple[str, ...] = ("--mqtt",),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 descriptions: dict[str, str] | None = None) -> None:
+        """``descriptions``: an endpoint description per listener option in place of
+        ``tcp:0:interface=127.0.0.1`` (e.g. an ``ssl:0:...`` one)."""
         self.data_dir = data_dir
         self.extra = extra
         self.listeners = listeners
+        self.descriptions = descriptions or {}
         self.env = env
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
@@ -38,7 +42,8 @@ class BrokerProcess:
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         args = [TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir]
         for option in ("--mqtt", "--amqp", "--web"):
-            where = "tcp:0:interface=127.0.0.1" if option in self.listeners else "none"
+            where = (self.descriptions.get(option, "tcp:0:interface=127.0.0.1")
+                     if option in self.listeners else "none")
             args += [option, where]
         args += list(self.extra)
         env = dict(os.environ)

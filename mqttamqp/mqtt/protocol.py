@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -70,6 +70,7 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
@@ -421,12 +422,24 @@ class MQTTProtocol(Protocol):
             client_id = "auto-" + uuid.uuid4().hex
         self.client_id = client_id
         self.username = packet.username
+        # --tls-cert-as-user: a verified client certificate names the user and is
+        # the credential (no password, the authenticator is not asked).
+        cert_user = verified_common_name(self.transport) if self.factory.cert_as_user else None
+        if cert_user is not None:
+            problem = self.strings.text(cert_user, "client certificate common name")
+            if problem is not None:
+                self._refuse(ConnackCode.NOT_AUTHORIZED, problem)
+                return
+            self.username = cert_user
+            self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
+                          c=client_id, peer=self.peer, u=cert_user)
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
         self.rules.advance("connect")
         self._pause_reading("connect")
         creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
-        d = self.broker.authenticate(creds)
+        d = (succeed(True) if cert_user is not None
+             else self.broker.authenticate(creds))
         d.addCallback(self._authenticated, packet)
         d.addErrback(self._connect_failed)
 
@@ -448,7 +461,7 @@ class MQTTProtocol(Protocol):
                     else ConnackCode.NOT_AUTHORIZED)
             self._refuse(code, "authentication failed")
             return None
-        self.identity = Identity(self.client_id, packet.username, "mqtt" + self.version)
+        self.identity = Identity(self.client_id, self.username, "mqtt" + self.version)
         will = None
         if packet.will is not None:
             w = packet.will
@@ -751,6 +764,7 @@ class MQTTFactory(Factory):
         self.strings = StringRules(broker.limits)
         self.connections: set[MQTTProtocol] = set()
         self.noisy = False
+        self.cert_as_user = False   # --tls-cert-as-user
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:
         return MQTTProtocol(self)

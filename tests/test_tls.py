@@ -1,0 +1,380 @@
+"""TLS on every listener (issue 10): ``ssl:`` endpoints for MQTT, AMQP and the console,
+TLS 1.2+ only, client certificates (``--tls-ca``, ``--tls-require-client-cert``,
+``--tls-cert-as-user``).
+
+The broker runs as a child process on 127.0.0.1 port 0; a test CA, server and
+client certificates are made here with ``cryptography``.  Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import queue
+import socket
+import ssl
+import threading
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from brokerproc import BrokerProcess
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from paho.mqtt.enums import CallbackAPIVersion
+from proton import Message, SSLDomain
+from proton.utils import BlockingConnection
+
+from mqttamqp.core.users import make_line
+
+TIMEOUT = 10.0
+
+# -- a small PKI --------------------------------------------------------------------
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(subject: str, key: ec.EllipticCurvePrivateKey,
+           issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None, *, ca: bool = False,
+           san: list[x509.GeneralName] | None = None,
+           usage: list[x509.ObjectIdentifier] | None = None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (_name(subject), key)
+    builder = (x509.CertificateBuilder()
+               .subject_name(_name(subject)).issuer_name(issuer_name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                              critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                   issuer_key.public_key()), critical=False))
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=True,
+            crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+    if san:
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@dataclass
+class Pki:
+    ca: str                    # the CA certificate (PEM): trusted by clients and --tls-ca
+    server_key: str
+    server_crt: str
+    alice: tuple[str, str]     # (certificate, key) of a client signed by the CA, CN alice
+    mallory: tuple[str, str]   # a client certificate from another CA, CN mallory
+
+    def ssl(self, port: int = 0) -> str:
+        return (f"ssl:{port}:privateKey={self.server_key}:certKey={self.server_crt}"
+                ":interface=127.0.0.1")
+
+
+def _write(path: str, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _crt_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = str(tmp_path_factory.mktemp("pki"))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _issue("mqttamqp test CA", ca_key, None, ca=True)
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    other = _issue("another CA", other_key, None, ca=True)
+
+    def leaf(name: str, cn: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey],
+             **kw: Any) -> tuple[str, str]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _issue(cn, key, issuer, **kw)
+        return (_write(os.path.join(d, f"{name}.crt"), _crt_pem(cert)),
+                _write(os.path.join(d, f"{name}.key"), _key_pem(key)))
+
+    server_crt, server_key = leaf(
+        "server", "localhost", (ca.subject, ca_key),
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH])
+    client = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    return Pki(ca=_write(os.path.join(d, "ca.crt"), _crt_pem(ca)),
+               server_key=server_key, server_crt=server_crt,
+               alice=leaf("alice", "alice", (ca.subject, ca_key), usage=client),
+               mallory=leaf("mallory", "mallory", (other.subject, other_key), usage=client))
+
+
+def _broker(tmp: Any, pki: Pki, *extra: str, kinds: tuple[str, ...] = ("--mqtt",)
+            ) -> BrokerProcess:
+    return BrokerProcess(str(tmp), "--sys-interval", "0", "--no-archive", *extra,
+                         listeners=kinds, descriptions={k: pki.ssl() for k in kinds})
+
+
+# -- clients ------------------------------------------------------------------------
+
+
+class TLSPaho:
+    """A paho client over TLS whose connection either gets a CONNACK or ends."""
+
+    def __init__(self, port: int, client_id: str, ca: str,
+                 cert: tuple[str, str] | None = None, username: str | None = None,
+                 password: str | None = None) -> None:
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             reconnect_on_failure=False)
+        self.c.tls_set(ca_certs=ca, certfile=cert[0] if cert else None,
+                       keyfile=cert[1] if cert else None)
+        if username is not None:
+            self.c.username_pw_set(username, password)
+        self.rc: int | None = None
+        self.done = threading.Event()
+        self.subscribed = threading.Event()
+        self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        self.c.on_connect = self._on_connect
+        self.c.on_disconnect = lambda *a: self.done.set()
+        self.c.on_message = lambda c, u, msg: self.messages.put(msg)
+        self.c.on_subscribe = lambda *a: self.subscribed.set()
+        self.error: Exception | None = None
+        try:
+            self.c.connect("127.0.0.1", port, 60)
+        except (ssl.SSLError, OSError) as e:   # refused during the handshake
+            self.error = e
+            self.done.set()
+            return
+        self.c.loop_start()
+        assert self.done.wait(TIMEOUT), f"{client_id}: neither CONNACK nor close"
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
+                    properties: Any) -> None:
+        self.rc = int(reason_code.value)
+        self.done.set()
+
+    @property
+    def accepted(self) -> bool:
+        return self.rc == 0
+
+    def stop(self) -> None:
+        if self.error is None:
+            self.c.disconnect()
+            self.c.loop_stop()
+
+
+def _mqtt_round_trip(port: int, ca: str, cert: tuple[str, str] | None = None,
+                     topic: str = "tls/t") -> None:
+    c = TLSPaho(port, "tls-rt", ca, cert)
+    try:
+        assert c.accepted, (c.rc, c.error)
+        c.c.subscribe(topic, 1)
+        assert c.subscribed.wait(TIMEOUT)
+        info = c.c.publish(topic, b"over TLS", 1)
+        info.wait_for_publish(TIMEOUT)
+        msg = c.messages.get(timeout=TIMEOUT)
+        assert (msg.topic, msg.payload) == (topic, b"over TLS")
+    finally:
+        c.stop()
+
+
+def _amqp_domain(ca: str, cert: tuple[str, str] | None = None) -> SSLDomain:
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(ca)
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if cert is not None:
+        domain.set_credentials(cert[0], cert[1], None)
+    return domain
+
+
+def _amqp_round_trip(port: int, domain: SSLDomain) -> None:
+    # proton checks the peer name as a DNS name (not an IP address): connect to
+    # 127.0.0.1 as "localhost", which the server certificate names.
+    conn = BlockingConnection(f"amqps://127.0.0.1:{port}", timeout=TIMEOUT,
+                              ssl_domain=domain, virtual_host="localhost")
+    try:
+        receiver = conn.create_receiver("tls/amqp")
+        sender = conn.create_sender("tls/amqp")
+        sender.send(Message(body="over TLS"))
+        msg = receiver.receive(timeout=TIMEOUT)
+        receiver.accept()
+        assert msg.body == "over TLS"
+    finally:
+        conn.close()
+
+
+def _https_get(port: int, path: str, ca: str, cert: tuple[str, str] | None = None) -> int:
+    context = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert[0], cert[1])
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context,
+                                timeout=TIMEOUT) as reply:
+        status: int = reply.status
+        return status
+
+
+def _handshake(port: int, version: ssl.TLSVersion) -> str:
+    """Try a TLS handshake limited to ``version`` alone (any cipher, no
+    verification: only the version is in question); the version it got."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with warnings.catch_warnings():   # TLS 1.1 is deprecated: that is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context.minimum_version = context.maximum_version = version
+    context.set_ciphers("ALL:@SECLEVEL=0")   # so the client side can even offer it
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
+        with context.wrap_socket(raw) as tls:
+            got = tls.version()
+            assert got is not None
+            return got
+
+
+# -- TLS listeners, no client certificates -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[BrokerProcess]:
+    proc = _broker(tmp_path_factory.mktemp("data"), pki,
+                   kinds=("--mqtt", "--amqp", "--web")).start()
+    yield proc
+    proc.stop()
+
+
+def test_ssl_listeners_log_their_ports(tls_broker: BrokerProcess) -> None:
+    assert set(tls_broker.ports) == {"MQTT", "AMQP", "WEB"}
+    assert all(port > 0 for port in tls_broker.ports.values())
+
+
+def test_mqtt_publish_subscribe_over_tls(tls_broker: BrokerProcess, pki: Pki) -> None:
+    _mqtt_round_trip(tls_broker.mqtt_port, pki.ca)
+
+
+def test_amqp_send_receive_over_tls(tls_broker: BrokerProcess, pki: Pki) -> None:
+    _amqp_round_trip(tls_broker.ports["AMQP"], _amqp_domain(pki.ca))
+
+
+def test_console_over_https(tls_broker: BrokerProcess, pki: Pki) -> None:
+    assert _https_get(tls_broker.ports["WEB"], "/login", pki.ca) == 200
+
+
+def test_plain_mqtt_on_a_tls_port_gets_no_connack(tls_broker: BrokerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", tls_broker.mqtt_port), timeout=TIMEOUT) as s:
+        s.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")
+        assert s.recv(4) != b"\x20\x02\x00\x00"
+
+
+@pytest.mark.parametrize("kind", ["MQTT", "AMQP", "WEB"])
+def test_tls_1_1_is_refused_and_1_2_accepted(tls_broker: BrokerProcess, kind: str) -> None:
+    port = tls_broker.ports[kind]
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        _handshake(port, ssl.TLSVersion.TLSv1_1)
+    assert _handshake(port, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+
+
+def test_tls_1_2_minimum_holds_even_with_sslmethod(tmp_path: Any, pki: Pki) -> None:
+    """An ``sslmethod=`` in the description does not lower the minimum."""
+    proc = BrokerProcess(str(tmp_path), "--no-archive", listeners=("--mqtt",),
+                         descriptions={"--mqtt": pki.ssl() + ":sslmethod=SSLv23_METHOD"})
+    with proc:
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            _handshake(proc.mqtt_port, ssl.TLSVersion.TLSv1_1)
+        assert _handshake(proc.mqtt_port, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+
+
+# -- client certificates -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cert_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki
+                ) -> Iterator[BrokerProcess]:
+    proc = _broker(tmp_path_factory.mktemp("data"), pki, "--tls-ca", pki.ca,
+                   "--tls-require-client-cert", kinds=("--mqtt", "--amqp", "--web")).start()
+    yield proc
+    proc.stop()
+
+
+def test_required_client_cert_refuses_mqtt_without_one(cert_broker: BrokerProcess,
+                                                       pki: Pki) -> None:
+    for cert in (None, pki.mallory):
+        c = TLSPaho(cert_broker.mqtt_port, "no-cert", pki.ca, cert)
+        try:
+            assert not c.accepted, cert
+        finally:
+            c.stop()
+
+
+def test_required_client_cert_accepts_a_ca_signed_one(cert_broker: BrokerProcess,
+                                                      pki: Pki) -> None:
+    _mqtt_round_trip(cert_broker.mqtt_port, pki.ca, pki.alice)
+    _amqp_round_trip(cert_broker.ports["AMQP"], _amqp_domain(pki.ca, pki.alice))
+    assert _https_get(cert_broker.ports["WEB"], "/login", pki.ca, pki.alice) == 200
+
+
+def test_required_client_cert_refuses_amqp_and_https_without_one(
+        cert_broker: BrokerProcess, pki: Pki) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - proton raises ConnectionException or SSLException
+        _amqp_round_trip(cert_broker.ports["AMQP"], _amqp_domain(pki.ca))
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionResetError)):
+        _https_get(cert_broker.ports["WEB"], "/login", pki.ca)
+
+
+def test_optional_client_cert_verifies_one_if_given(tmp_path: Any, pki: Pki) -> None:
+    """--tls-ca without --tls-require-client-cert: no certificate is fine, a
+    certificate from another CA is not."""
+    with _broker(tmp_path, pki, "--tls-ca", pki.ca) as proc:
+        _mqtt_round_trip(proc.mqtt_port, pki.ca)
+        _mqtt_round_trip(proc.mqtt_port, pki.ca, pki.alice)
+        c = TLSPaho(proc.mqtt_port, "mallory", pki.ca, pki.mallory)
+        try:
+            assert not c.accepted
+        finally:
+            c.stop()
+
+
+def test_cert_as_user(tmp_path: Any, pki: Pki) -> None:
+    """--tls-cert-as-user: alice's certificate makes her user 'alice' without a
+    password, though --users does not list her; without a certificate the users file
+    applies as usual."""
+    users = tmp_path / "users"
+    users.write_text(make_line("bob", "bob's password") + "\n")
+    with _broker(tmp_path / "data", pki, "--tls-ca", pki.ca, "--tls-cert-as-user",
+                 "--users", str(users)) as proc:
+        c = TLSPaho(proc.mqtt_port, "alice-device", pki.ca, pki.alice, username="someone")
+        try:
+            assert c.accepted, c.rc
+            line = proc.wait_for_line(r"alice-device .*by its TLS client certificate")
+            assert "is user 'alice'" in line
+        finally:
+            c.stop()
+        anonymous = TLSPaho(proc.mqtt_port, "no-cert", pki.ca)
+        anonymous.stop()
+        assert anonymous.rc == 135   # CONNACK 5 (paho's MQTT 5 code for it)
+        bob = TLSPaho(proc.mqtt_port, "bob-device", pki.ca, username="bob",
+                      password="bob's password")
+        bob.stop()
+        assert bob.accepted
+
+
+def test_cert_options_need_tls_ca(tmp_path: Any, pki: Pki) -> None:
+    proc = _broker(tmp_path, pki, "--tls-require-client-cert")
+    with pytest.raises(RuntimeError, match="needs --tls-ca"):
+        proc.start()
+
