@@ -1,6 +1,6 @@
 """TLS on every listener (issue 10): ``ssl:`` endpoints for MQTT, AMQP and the console,
 TLS 1.2+ only, client certificates (``--tls-ca``, ``--tls-require-client-cert``,
-``--tls-cert-as-user``).
+``--tls-cert-as-user``) and ``mqttamqp-admin gen-cert``.
 
 The broker runs as a child process on 127.0.0.1 port 0; a test CA, server and
 client certificates are made here with ``cryptography``.  Every wait is bounded.
@@ -14,6 +14,7 @@ import os
 import queue
 import socket
 import ssl
+import stat
 import threading
 import urllib.error
 import urllib.request
@@ -34,6 +35,7 @@ from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
 from mqttamqp.core.users import make_line
+from webui.admin_cli import main as admin_main
 
 TIMEOUT = 10.0
 
@@ -378,3 +380,22 @@ def test_cert_options_need_tls_ca(tmp_path: Any, pki: Pki) -> None:
     with pytest.raises(RuntimeError, match="needs --tls-ca"):
         proc.start()
 
+
+# -- gen-cert ------------------------------------------------------------------------
+
+
+def test_gen_cert_writes_a_usable_certificate(tmp_path: Any, capsys: Any) -> None:
+    data = tmp_path / "data"
+    assert admin_main(["gen-cert", "--data", str(data), "--host", "localhost"]) == 0
+    key, crt = data / "tls" / "server.key", data / "tls" / "server.crt"
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    cert = x509.load_pem_x509_certificate(crt.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    with pytest.raises(SystemExit, match="exists"):
+        admin_main(["gen-cert", "--data", str(data), "--host", "localhost"])
+    description = f"ssl:0:privateKey={key}:certKey={crt}:interface=127.0.0.1"
+    with BrokerProcess(str(data), "--no-archive", listeners=("--mqtt",),
+                       descriptions={"--mqtt": description}) as proc:
+        _mqtt_round_trip(proc.mqtt_port, str(crt))   # paho checks the host name too

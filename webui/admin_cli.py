@@ -1,6 +1,7 @@
-"""``mqttamqp-admin``: manage the console's admin users and API tokens.
+"""``mqttamqp-admin``: manage the console's admin users and API tokens; write a
+self-signed TLS certificate for a quick start (``gen-cert``).
 
-Works on ``<data>/admin-users.json`` directly, so it runs while the broker runs
+The user commands work on ``<data>/admin-users.json`` directly, so it runs while the broker runs
 (the broker re-reads the file when it changes; a changed password logs out that
 user's open console sessions).  Passwords are read with ``getpass`` (or one line
 from standard input with ``--password-stdin``), never from the command line.
@@ -9,7 +10,9 @@ from standard input with ``--password-stdin``), never from the command line.
 from __future__ import annotations
 
 import argparse
+import datetime
 import getpass
+import ipaddress
 import os
 import sys
 import time
@@ -104,9 +107,96 @@ def _revoke(store: UserStore, args: argparse.Namespace) -> int:
     return 0
 
 
+CERT_DAYS = 825
+
+
+def _self_signed(host: str) -> tuple[bytes, bytes]:
+    """A new EC P-256 key and a self-signed certificate for ``host`` (PEM each):
+    ``host`` in the subjectAltName, and 127.0.0.1 too when ``host`` is an IP address
+    or localhost."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        names.append(x509.DNSName(host))
+        loopback = host.lower() == "localhost"
+    else:
+        names.append(x509.IPAddress(address))
+        loopback = True
+    local = ipaddress.ip_address("127.0.0.1")
+    if loopback and x509.IPAddress(local) not in names:
+        names.append(x509.IPAddress(local))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host),
+                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mqttamqp")])
+    now = datetime.datetime.now(datetime.UTC)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=False,
+            crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
+                       critical=False)
+        .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def _gen_cert(store: UserStore, args: argparse.Namespace) -> int:
+    host = args.host.strip()
+    if not host or any(c.isspace() for c in host):
+        raise SystemExit(f"mqttamqp-admin: invalid host name {args.host!r}")
+    directory = os.path.join(store.data_dir, "tls")
+    key_path = os.path.join(directory, "server.key")
+    cert_path = os.path.join(directory, "server.crt")
+    existing = [p for p in (key_path, cert_path) if os.path.lexists(p)]
+    if existing and not args.force:
+        raise SystemExit(f"mqttamqp-admin: {existing[0]} exists; nothing written "
+                         "(--force replaces it)")
+    key_pem, cert_pem = _self_signed(host)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    # The key is written to a new file created with mode 0600 (never readable by
+    # others, not even for a moment), then renamed into place.
+    for path, data, mode in ((key_path, key_pem, 0o600), (cert_path, cert_pem, 0o644)):
+        temporary = f"{path}.tmp-{os.getpid()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            os.fchmod(fd, mode)  # whatever the umask
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    print(f"wrote {cert_path} and {key_path} (self-signed for {host}, valid "
+          f"{CERT_DAYS} days); listen with e.g.\n"
+          f"  --mqtt ssl:8883:privateKey={key_path}:certKey={cert_path}\n"
+          f"and give clients {cert_path} as their CA certificate")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mqttamqp-admin", description="Manage the mqttamqp console's admin users.")
+        prog="mqttamqp-admin",
+        description="Manage the mqttamqp console's admin users; write a TLS certificate.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -138,6 +228,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("token_id")
     p.set_defaults(run=_revoke)
+    p = command("gen-cert", "write a self-signed TLS certificate and its key for a quick "
+                "start: DATA/tls/server.crt and DATA/tls/server.key (mode 0600)")
+    p.add_argument("--host", required=True,
+                   help="the name (or IP address) clients connect to; it goes into the "
+                   "certificate's subjectAltName, with 127.0.0.1 when it is an IP "
+                   "address or localhost")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing server.crt/server.key")
+    p.set_defaults(run=_gen_cert)
     return parser
 
 
