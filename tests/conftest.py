@@ -44,6 +44,21 @@ _PROCESS_NAMES = frozenset({*_PROCESS_MODULES, "brokerproc", "BrokerProcess"})
 
 
 @pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every log line of this process (twisted.logger's global publisher), as text."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    got: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        got.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield got
+    globalLogPublisher.removeObserver(observe)
+
+
+@pytest.fixture
 def client_id(request: pytest.FixtureRequest) -> str:
     """A client id unique to this test (tests share module brokers)."""
     return f"t{next(_ids)}-{request.node.name[:30]}"

@@ -20,7 +20,6 @@ is a read on the socket or the broker's log with a deadline.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 
@@ -34,6 +33,8 @@ from test_mqtt_raw import (
     frame,
     mstr,
     raw_connect,
+    sockets,
+    start_broker,
     u16,
     uid,
 )
@@ -52,6 +53,8 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 
+__all__ = ["sockets", "start_broker"]   # fixtures shared with test_mqtt_raw
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -59,36 +62,6 @@ pytestmark = pytest.mark.timeout(90)
 def raw(broker: BrokerProcess) -> Iterator[OpenClient]:
     """Connected raw clients on the module broker (test_mqtt_raw's ``raw``)."""
     yield from client_factory(lambda: broker.mqtt_port)
-
-
-@pytest.fixture
-def sockets(broker: BrokerProcess) -> Iterator[Callable[..., RawClient]]:
-    """Raw sockets, not yet CONNECTed, to the module broker."""
-    made: list[RawClient] = []
-
-    def open_socket(level: int = 4) -> RawClient:
-        c = RawClient(broker.mqtt_port, level)
-        made.append(c)
-        return c
-
-    yield open_socket
-    for c in made:
-        c.close()
-
-
-@pytest.fixture
-def start_broker(tmp_path: os.PathLike[str]) -> Iterator[Callable[..., BrokerProcess]]:
-    """A broker of this test's own with extra options; stopped at the end."""
-    started: list[BrokerProcess] = []
-
-    def start(*options: str) -> BrokerProcess:
-        proc = BrokerProcess(os.path.join(str(tmp_path), f"data{len(started)}"), *options)
-        started.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 def closed_with_reason(broker: BrokerProcess, client: RawClient, reason: str,

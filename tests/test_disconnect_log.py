@@ -3,33 +3,16 @@ logged, disconnects were not).  In memory (``amqp_memory.Net``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 from amqp_memory import Net
 from twisted.internet.error import ConnectionLost
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 
-@pytest.fixture
-def lines() -> Iterator[list[str]]:
-    got: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        got.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield got
-    globalLogPublisher.removeObserver(observe)
+def _about(log_lines: list[str], who: str) -> list[str]:
+    return [line for line in log_lines if f"client {who} " in line and "disconnected" in line]
 
 
-def _about(lines: list[str], who: str) -> list[str]:
-    return [line for line in lines if f"client {who} " in line and "disconnected" in line]
-
-
-def test_each_disconnect_is_logged_once_with_its_cause(lines: list[str]) -> None:
+def test_each_disconnect_is_logged_once_with_its_cause(log_lines: list[str]) -> None:
     net = Net()
     net.mqtt("polite").disconnect()
     rude = net.mqtt("rude")
@@ -38,17 +21,17 @@ def test_each_disconnect_is_logged_once_with_its_cause(lines: list[str]) -> None
     net.mqtt("twin", clean=False)                     # takes the first one over
     app = net.amqp("app-1")
     app.close()
-    [polite] = _about(lines, "polite")
+    [polite] = _about(log_lines, "polite")
     assert polite.endswith("disconnected: clean")
-    [lost] = _about(lines, "rude")
+    [lost] = _about(log_lines, "rude")
     assert "disconnected: lost (connection lost: " in lost and "reset by peer" in lost
-    [taken] = _about(lines, "twin")
+    [taken] = _about(log_lines, "twin")
     assert "disconnected: taken over" in taken
-    [amqp] = _about(lines, "app-1")
+    [amqp] = _about(log_lines, "app-1")
     assert amqp.startswith("amqp client app-1 (") and "disconnected: clean" in amqp
 
 
-def test_keepalive_expiry_is_one_line(lines: list[str]) -> None:
+def test_keepalive_expiry_is_one_line(log_lines: list[str]) -> None:
     """A client silent past 1.5 x its keepalive: one 'disconnected: keepalive'
     line, not also a 'protocol error' warning."""
     from twisted.internet.testing import StringTransport
@@ -62,6 +45,6 @@ def test_keepalive_expiry_is_one_line(lines: list[str]) -> None:
     client.dataReceived(encode(Connect("MQTT", 4, "sleepy", True, 2, None)))
     net.pump()
     net.clock.advance(3.5)
-    [line] = _about(lines, "sleepy")
+    [line] = _about(log_lines, "sleepy")
     assert "disconnected: keepalive" in line
-    assert not [x for x in lines if "protocol error" in x and "sleepy" in x]
+    assert not [x for x in log_lines if "protocol error" in x and "sleepy" in x]

@@ -8,30 +8,13 @@ one ``task.Clock``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 from amqp_memory import Net
 from twisted.internet.task import Clock
-from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttamqp.core.ratelog import LogLimiter
 
 
-@pytest.fixture
-def lines() -> Iterator[list[str]]:
-    got: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        got.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield got
-    globalLogPublisher.removeObserver(observe)
-
-
-def test_subscriptions_per_session_are_bounded(lines: list[str]) -> None:
+def test_subscriptions_per_session_are_bounded(log_lines: list[str]) -> None:
     """Beyond --max-subscriptions a new filter gets SUBACK 0x80 (an existing one
     can still be re-subscribed); counted; one log line for many refusals."""
     net = Net(max_subscriptions=3)
@@ -41,12 +24,12 @@ def test_subscriptions_per_session_are_bounded(lines: list[str]) -> None:
     for i in range(20):
         assert client.subscribe((f"b/{i}", 0)) == (0x80,)
     assert net.broker.stats.limits == {"subscriptions": 21}
-    assert len([line for line in lines if "--max-subscriptions" in line]) == 1
+    assert len([line for line in log_lines if "--max-subscriptions" in line]) == 1
     other = net.mqtt("other")                  # per session: others are not affected
     assert other.subscribe(("a/4", 1)) == (1,)
 
 
-def test_retained_messages_are_bounded_in_count_and_bytes(lines: list[str]) -> None:
+def test_retained_messages_are_bounded_in_count_and_bytes(log_lines: list[str]) -> None:
     """Beyond --max-retained-messages or --max-retained-bytes a retained message is
     routed but not kept (a topic's older message goes: it would be out of date);
     a replacement that does not grow is always kept; $SYS does not count."""
@@ -67,7 +50,7 @@ def test_retained_messages_are_bounded_in_count_and_bytes(lines: list[str]) -> N
     assert [view.retained(t).payload if view.retained(t) else None
             for t in ("r/1", "r/2", "r/3")] == [b"abc", None, None]
     assert net.broker.stats.limits == {"retained": 2}
-    assert len([line for line in lines if "--max-retained-messages" in line]) == 1
+    assert len([line for line in log_lines if "--max-retained-messages" in line]) == 1
     assert view.retained("$SYS/broker/version") is not None
     late = net.mqtt("late")
     late.subscribe(("r/#", 0))
@@ -105,7 +88,7 @@ def test_log_limiter_one_line_per_cause_per_interval() -> None:
     assert len(limit._last) <= 4
 
 
-def test_connection_rate_per_address(lines: list[str]) -> None:
+def test_connection_rate_per_address(log_lines: list[str]) -> None:
     """More than --max-connect-rate new sockets a second from one address (beyond a
     burst) are closed at once, counted, logged once; loopback is not limited, other
     addresses are not affected, and the bucket refills with time."""
@@ -127,7 +110,7 @@ def test_connection_rate_per_address(lines: list[str]) -> None:
     net.clock.advance(1.0)                                 # two more tokens
     assert [open_from("10.0.0.9").disconnecting for _ in range(3)] == [False, False, True]
     assert net.broker.stats.limits == {"connect_rate": 4}
-    assert len([line for line in lines if "--max-connect-rate" in line]) == 1
+    assert len([line for line in log_lines if "--max-connect-rate" in line]) == 1
 
 
 def test_mqtt_publish_rate_pauses_reading_then_resumes() -> None:

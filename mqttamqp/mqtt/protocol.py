@@ -658,23 +658,26 @@ class MQTTProtocol(Protocol):
         self._rate_timer = None
         self._resume_reading("rate")
 
-    def _on_puback(self, packet: Puback) -> None:
+    def _acked(self, kind: str, packet_id: int) -> Session | None:
+        """The session an acknowledgement of ``kind`` applies to, or None when it is
+        the wrong kind for that message in flight (the connection is closed)."""
         session = self.session
         assert session is not None
-        problem = session.ack_problem("PUBACK", packet.packet_id)
+        problem = session.ack_problem(kind, packet_id)
         if problem is not None:
             self._violation(problem)
-            return
-        self.broker.acknowledged(session, packet.packet_id)
+            return None
+        return session
+
+    def _on_puback(self, packet: Puback) -> None:
+        session = self._acked("PUBACK", packet.packet_id)
+        if session is not None:
+            self.broker.acknowledged(session, packet.packet_id)
 
     def _on_pubrec(self, packet: Pubrec) -> None:
-        session = self.session
-        assert session is not None
-        problem = session.ack_problem("PUBREC", packet.packet_id)
-        if problem is not None:
-            self._violation(problem)
-            return
-        self.broker.received(session, packet.packet_id)
+        session = self._acked("PUBREC", packet.packet_id)
+        if session is not None:
+            self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
@@ -682,13 +685,9 @@ class MQTTProtocol(Protocol):
         self._ack(d, _ack_frame(0x70, packet.packet_id))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
-        session = self.session
-        assert session is not None
-        problem = session.ack_problem("PUBCOMP", packet.packet_id)
-        if problem is not None:
-            self._violation(problem)
-            return
-        self.broker.completed(session, packet.packet_id)
+        session = self._acked("PUBCOMP", packet.packet_id)
+        if session is not None:
+            self.broker.completed(session, packet.packet_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------------
 
