@@ -13,6 +13,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 
+from mqttamqp.core.auth import loopback_host
+
 __all__ = ["ConnectRate", "PublishRate"]
 
 
@@ -27,9 +29,9 @@ class ConnectRate:
 
     def admit(self, host: str) -> bool:
         """May ``host`` open one more connection now?  (Takes a token if so.)"""
-        host = _plain(host)
-        if self.rate <= 0 or _loopback(host):
+        if self.rate <= 0 or loopback_host(host):
             return True
+        host = _plain(host)
         now = self._seconds()
         tokens, at = self._buckets.get(host, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - at) * self.rate)
@@ -62,13 +64,6 @@ def _plain(host: str) -> str:
         if mapped is not None:
             return str(mapped)
     return host
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host in ("?", "")     # a UNIX socket: this machine
 
 
 class PublishRate:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
 __all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll",
-           "LoopbackOnly", "loopback_peer"]
+           "LoopbackOnly", "loopback_peer", "loopback_host"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,12 @@ class AllowAll:
 def loopback_peer(peer: str) -> bool:
     """Is ``peer`` (``host:port`` as the listeners write it) on this machine?  A
     peer without a host (``?``: a UNIX socket) is."""
-    host = peer.rpartition(":")[0].strip("[]")
+    return loopback_host(peer.rpartition(":")[0].strip("[]"))
+
+
+@lru_cache(maxsize=4096)
+def loopback_host(host: str) -> bool:
+    """(Cached: asked once or twice per connection, with few distinct hosts.)"""
     if host == "?":
         return True
     try:
