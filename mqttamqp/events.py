@@ -15,6 +15,7 @@ __all__ = [
     "CONSOLE_ACTION", "EVENT_KINDS",
     "CAUSE_CLEAN", "CAUSE_LOST", "CAUSE_KEEPALIVE", "CAUSE_PROTOCOL_ERROR",
     "CAUSE_TAKEN_OVER", "CAUSE_CONSOLE", "CAUSE_SHUTDOWN", "CAUSE_RESTART", "CAUSE_STORAGE",
+    "CAUSE_LIMIT",
     "DISCONNECT_CAUSES", "WILL_CAUSES",
 ]
 
@@ -47,8 +48,10 @@ CAUSE_CONSOLE = "console"                # an operator's action in the console
 CAUSE_SHUTDOWN = "shutdown"              # the broker stopped
 CAUSE_RESTART = "restart"                # will published after a restart's grace period
 CAUSE_STORAGE = "storage"                # closed by the broker: a commit it waited on failed
+CAUSE_LIMIT = "limit"                    # closed by the broker: over a limit (links, sessions)
 
 DISCONNECT_CAUSES = (CAUSE_CLEAN, CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR,
-                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN, CAUSE_STORAGE)
+                     CAUSE_TAKEN_OVER, CAUSE_CONSOLE, CAUSE_SHUTDOWN, CAUSE_STORAGE,
+                     CAUSE_LIMIT)
 WILL_CAUSES = (CAUSE_LOST, CAUSE_KEEPALIVE, CAUSE_PROTOCOL_ERROR, CAUSE_TAKEN_OVER,
-               CAUSE_CONSOLE, CAUSE_RESTART, CAUSE_STORAGE)
+               CAUSE_CONSOLE, CAUSE_RESTART, CAUSE_STORAGE, CAUSE_LIMIT)

@@ -289,7 +289,10 @@ class BrokerService(service.MultiService):
     def _bind_listeners(self) -> None:
         for listener in self.listeners:
             failed: list[Failure] = []
-            d = listener.listen()
+            try:
+                d = listener.listen()
+            except Exception:   # e.g. a key, certificate or CA file gone since parsing
+                raise StartupError(listener.failure_reason(Failure())) from None
             d.addErrback(failed.append)
             if failed:
                 raise StartupError(listener.failure_reason(failed[0]))

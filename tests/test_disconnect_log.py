@@ -48,3 +48,28 @@ def test_keepalive_expiry_is_one_line(log_lines: list[str]) -> None:
     [line] = _about(log_lines, "sleepy")
     assert "disconnected: keepalive" in line
     assert not [x for x in log_lines if "protocol error" in x and "sleepy" in x]
+
+
+def test_amqp_idle_time_out_and_link_limit_are_one_line_each(log_lines: list[str]) -> None:
+    """AMQP: an idle time-out is the disconnect's line only ('keepalive'); too many
+    links is the limit's warning only, recorded with cause 'limit', not 'console'
+    (found in review: two lines each, and the wrong cause)."""
+    net = Net(idle_timeout=4.0, amqp_max_links=2)
+    idle = net.amqp("idle-peer")
+    idle.silent = True
+    net.advance(4.5, step=0.5)
+    assert idle.wire.disconnecting
+    idle.silent = False
+    net.pump()                                   # the socket closes (connectionLost)
+    assert idle.lost
+    about_idle = [line for line in log_lines if "idle-peer" in line and "connection from"
+                  not in line]
+    assert len(about_idle) == 1 and "disconnected: keepalive" in about_idle[0]
+    greedy = net.amqp("greedy")
+    for i in range(3):
+        greedy.receiver(f"g/{i}")
+    assert greedy.lost
+    about_greedy = [line for line in log_lines if "greedy" in line and "connection from"
+                    not in line]
+    assert len(about_greedy) == 1 and "more than 2 links" in about_greedy[0]
+    assert greedy.server._end_cause() == "limit"

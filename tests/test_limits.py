@@ -8,6 +8,7 @@ one ``task.Clock``).
 
 from __future__ import annotations
 
+import pytest
 from amqp_memory import Net
 from twisted.internet.task import Clock
 
@@ -168,3 +169,32 @@ def test_connect_rate_sees_through_ipv4_mapped_addresses() -> None:
     assert all(rate.admit("::ffff:127.0.0.1") for _ in range(10))
     assert rate.admit("10.0.0.1") and rate.admit("::ffff:10.0.0.1")
     assert not rate.admit("10.0.0.1")
+
+
+def test_amqp_exactly_once_senders_are_charged_too() -> None:
+    """A sender with rcv-settle-mode second is routed when it settles: that is
+    charged to the publish budget as well (found in review: it was never limited)."""
+    from proton import Link, Message
+
+    net = Net(max_publish_rate=5.0)
+    app = net.amqp()
+    snd = app.sender("eo-rate/t", rcv_settle_mode=Link.RCV_SECOND)
+    sent = 0
+    while snd.credit > 0 and sent < 500:
+        dlv = app.send(snd, Message(body="x"))
+        dlv.settle()
+        net.pump()
+        sent += 1
+    assert sent <= 100 and snd.credit == 0
+    assert net.broker.stats.limits == {"publish_rate": 1}
+
+
+def test_a_clock_stepping_back_does_not_stretch_the_pause() -> None:
+    from mqttamqp.core.admission import PublishRate
+
+    now = [1000.0]
+    rate = PublishRate(lambda: now[0], 10.0, 0.0)
+    for _ in range(10):
+        assert rate.take(1) == 0.0
+    now[0] -= 3600.0                       # the wall clock stepped back an hour
+    assert rate.take(1) == pytest.approx(0.1)

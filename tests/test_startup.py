@@ -256,3 +256,23 @@ def test_admin_users_without_a_data_directory_says_where_it_looked(tmp_path: Pat
     assert out.returncode == 0
     assert out.stderr.startswith(
         f"no console users in {tmp_path / 'empty' / 'admin-users.json'} "), out.stderr
+
+
+def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -> None:
+    """A listener whose description fails only when bound (its key file gone since
+    the options were parsed) is a StartupError like a busy port: the listeners bound
+    before it are closed again and the store lock is released (found in review: the
+    exception escaped, the MQTT port stayed bound and the process hung)."""
+    from mqttamqp.core.limits import Limits
+    from mqttamqp.service import BrokerService, StartupError
+
+    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
+    mqtt = svc.add_mqtt_listener("tcp:0:interface=127.0.0.1")
+    svc.add_amqp_listener(
+        f"ssl:0:privateKey={tmp_path / 'gone.key'}:interface=127.0.0.1", None)
+    with pytest.raises(StartupError, match="cannot listen for AMQP"):
+        svc.startService()
+    assert mqtt.port is None                       # unbound again
+    again = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
+    again._open_store()                            # the lock was released
+    again.store.close()

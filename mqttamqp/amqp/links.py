@@ -727,18 +727,7 @@ class TopicPublisher(IncomingLink):
             return
         if result.congested:
             self.block_until_drained(result.congested)
-        rate = host.publish_rate
-        if rate is not None:
-            wait = rate.take(len(routed.payload))
-            if wait > 0:
-                # No more credit until the budget is back: what the peer still holds
-                # arrives meanwhile, and makes the pause longer.
-                if self._rate_timer is None:
-                    self.rate_blocked = True
-                    broker.publish_rate_exceeded("AMQP", host.container_id, wait)
-                    self._rate_timer = broker.clock.callLater(wait, self._rate_over)
-                else:
-                    self._rate_timer.reset(wait)
+        self._charge(routed)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
@@ -748,6 +737,22 @@ class TopicPublisher(IncomingLink):
             self.answer(dlv, ACCEPTED)
             return
         self.answer_after(result.durable, dlv)
+
+    def _charge(self, routed: Message) -> None:
+        """A message routed: charge the connection's publish budget, if it has one."""
+        rate = self.host.publish_rate
+        if rate is None:
+            return
+        wait = rate.take(len(routed.payload))
+        if wait > 0:
+            # No more credit until the budget is back: what the peer still holds
+            # arrives meanwhile, and makes the pause longer.
+            if self._rate_timer is None:
+                self.rate_blocked = True
+                self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
+                self._rate_timer = self.broker.clock.callLater(wait, self._rate_over)
+            else:
+                self._rate_timer.reset(wait)
 
     def _rate_over(self) -> None:
         self._rate_timer = None
@@ -765,6 +770,7 @@ class TopicPublisher(IncomingLink):
         result = self.broker.publish(routed, wait=False)
         if result.congested:
             self.block_until_drained(result.congested)
+        self._charge(routed)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:

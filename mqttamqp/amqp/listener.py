@@ -75,6 +75,7 @@ from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_CONSOLE,
     CAUSE_KEEPALIVE,
+    CAUSE_LIMIT,
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
@@ -129,6 +130,7 @@ class AMQPConnection(Protocol):
         self._handshake_timer: DelayedCall | None = None
         self._peer_closed = False           # the peer sent close (a clean end unless error)
         self._lost_reason = ""
+        self._closed_by_broker = False      # close(): the console (or a takeover) ended it
         self._closing = False
         # Links the peer attached and has not detached (any kind, refused ones too:
         # proton keeps each until then), with their session (ending one ends them).
@@ -192,8 +194,10 @@ class AMQPConnection(Protocol):
             return CAUSE_KEEPALIVE
         if why.startswith(("transport error", "internal error")):
             return CAUSE_PROTOCOL_ERROR
-        if why and not why.startswith("connection closed by the peer"):
-            return CAUSE_CONSOLE   # closed by the broker: close() from the console
+        if why.startswith("too many"):
+            return CAUSE_LIMIT
+        if self._closed_by_broker:
+            return CAUSE_CONSOLE   # close() from the console
         return CAUSE_LOST
 
     # IPushProducer: the transport's write buffer is full / drained.
@@ -293,6 +297,7 @@ class AMQPConnection(Protocol):
         if self.state is ConnectionState.CLOSED:
             return
         self._lost_reason = reason
+        self._closed_by_broker = True
         self._end_links(brute=True, reason=reason)
         self._close_engine("amqp:connection:forced", reason)
 
@@ -631,16 +636,22 @@ class AMQPConnection(Protocol):
         condition = self.ptrans.condition
         if condition is not None:
             what = _describe(condition)
+            # One line per connection: the disconnect's own (idle time-out), or
+            # this one (a limit, a protocol error), never both.
             if what.startswith("amqp:resource-limit-exceeded"):
                 self._lost_reason = f"idle time-out ({what.partition(': ')[2]})"
             elif "channel_max" in what:
                 self.broker.stats.limit_hit("amqp_sessions")
-                self._lost_reason = (f"more than {self.limits.amqp_max_sessions} sessions "
-                                     "(--amqp-max-sessions)")
+                self._lost_reason = (f"too many sessions (more than "
+                                     f"{self.limits.amqp_max_sessions}, --amqp-max-sessions)")
+                self.log.warn("AMQP connection of {c} ({peer}) began more than {n} sessions "
+                              "(--amqp-max-sessions); closing it",
+                              c=self.container_id or "?", peer=self.peer,
+                              n=self.limits.amqp_max_sessions)
             else:
                 self._lost_reason = f"transport error {what}"
-            self.log.info("AMQP connection of {c} ({peer}): {what}; closing",
-                          c=self.container_id or "?", peer=self.peer, what=what)
+                self.log.info("AMQP connection of {c} ({peer}): {what}; closing",
+                              c=self.container_id or "?", peer=self.peer, what=what)
 
     _handlers: ClassVar[dict[int, Callable[[AMQPConnection, Any], None]]] = {
         _E.CONNECTION_REMOTE_OPEN.number: _on_connection_remote_open,

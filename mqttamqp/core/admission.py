@@ -87,7 +87,7 @@ class PublishRate:
 
     def take(self, size: int) -> float:
         now = self._seconds()
-        elapsed = now - self._at
+        elapsed = max(0.0, now - self._at)     # (a clock stepped back refills nothing)
         self._at = now
         wait = 0.0
         if self.messages > 0:

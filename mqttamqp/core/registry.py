@@ -32,6 +32,7 @@ from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
+    CAUSE_LIMIT,
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
     CAUSE_SHUTDOWN,
@@ -144,10 +145,10 @@ class SessionRegistry:
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
             info = connection.info()
-            # The one line per disconnect, with its cause.  A protocol error was
-            # logged (as a warning, with its reason) where it was found; storage
-            # failures and shutdowns are logged once for all, not per client.
-            if cause not in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN):
+            # The one line per disconnect, with its cause.  A protocol error or a
+            # limit was logged (as a warning, with its reason) where it was found;
+            # storage failures and shutdowns are logged once for all, not per client.
+            if cause not in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN, CAUSE_LIMIT):
                 self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}",
                               p=protocol, c=info.client_id or "?", peer=info.remote,
                               cause=cause.replace("_", " "),
