@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import calendar
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -249,10 +249,11 @@ def test_a_slow_writer_process_never_blocks_the_reactor_side(tmp_path: Path,
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        for i in range(1000):
+        for i in range(1000):    # returns while the writer is stopped: nothing waits
             publish(a, T0 + i / 1000)
-        assert time.monotonic() - started < 1.0
+        # What is held stays within the bound (in flight to the writer included); the
+        # rest is dropped and counted.  (Speed is the benchmark's business, not a test's.)
+        assert a.stats()["buffered"] <= 100
         assert a.stats()["dropped"] >= 800
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -357,6 +358,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _exits(pid: int, timeout: float) -> bool:
+    """Wait (bounded) for ``pid`` to end: its pidfd becomes readable when it does."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
 def test_retention_removes_old_partitions(tmp_path: Path, clock: Clock) -> None:
     for day in ("2026-10-24", "2026-10-25", "2026-11-23"):
         (tmp_path / "messages" / f"date={day}" / "hour=00").mkdir(parents=True)
@@ -399,9 +413,7 @@ def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path,
         proc.kill()
         proc.wait(30)
     # The writer process sees its stdin close and exits, touching nothing: no orphan.
-    deadline = time.monotonic() + 30
-    while _alive(writer) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert _exits(writer, 30.0)
     assert not _alive(writer)
     assert len(hidden(tmp_path)) == 1
     assert read(tmp_path).column("topic").to_pylist() == ["closed"]
