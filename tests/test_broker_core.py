@@ -840,3 +840,15 @@ def test_storage_health_is_not_flipped_by_empty_commits() -> None:
     assert commits.failing and commits.stats.storage_failures == 1
     commits.persist([DeleteRetained("b")]).addErrback(lambda _: None)
     assert commits.stats.storage_failures == 2
+
+
+def test_a_watched_failure_that_is_not_storage_is_logged(log_lines: list[str]) -> None:
+    """Failed commits are logged once per failing spell; any other failure nobody
+    waits for (a fault of ours) is still logged, with its traceback."""
+    from twisted.internet.defer import fail
+
+    from mqttamqp.core.commits import CommitBatcher
+
+    commits = CommitBatcher(fakes.NullStore())
+    commits.watch(fail(RuntimeError("a bug")), "doing something")
+    assert any("failed while doing something" in line for line in log_lines)

@@ -814,13 +814,7 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
     """AMQP_PUBLISH as the contract lays it out: header (durable, delivery-count),
     message-annotations (retain, qos, publisher), properties (``message-id`` = the
     packet id for QoS 1/2, which AMQP_PUBREL names; ``to``), one Data section."""
-    key = (qos, retain, delivery_count, publisher)
-    head = _heads.get(key)
-    if head is None:
-        head = _encode_head(qos, retain, delivery_count, publisher)
-        if len(_heads) >= _PREFIX_CACHE_SIZE:
-            _heads.clear()
-        _heads[key] = head
+    head = _head(qos, retain, delivery_count, publisher, qos > 0)
     properties = (b"\x40" if message_id is None else _ulong(message_id)) + b"\x40" + _str(topic)
     if len(payload) < 256:
         data = b"\xa0" + bytes((len(payload),)) + payload
@@ -830,34 +824,34 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
                      _DATA_PREFIX, data))
 
 
-_heads: dict[tuple[int, bool, int, str | None], bytes] = {}
-
-
 def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
                   publisher: str | None) -> bytes:
     """A message from an AMQP sender as an AMQP receiver gets it: a header with the
     sender's ``durable`` and the contract's annotations, then the sender's own
     sections (``native`` is what ``native_sections`` made)."""
-    durable = native[0] == 1
-    key = (qos, retain, delivery_count, publisher, durable)
-    head = _native_heads.get(key)
-    if head is None:
-        head = _encode_head(qos, retain, delivery_count, publisher, durable)
-        if len(_native_heads) >= _PREFIX_CACHE_SIZE:
-            _native_heads.clear()
-        _native_heads[key] = head
+    head = _head(qos, retain, delivery_count, publisher, native[0] == 1)
     return b"".join((head, memoryview(native)[1:]))
 
 
-_native_heads: dict[tuple[int, bool, int, str | None, bool], bytes] = {}
+_heads: dict[tuple[int, bool, int, str | None, bool], bytes] = {}
+
+
+def _head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
+          durable: bool) -> bytes:
+    """Header and message-annotations, cached: the same for every message of one
+    publisher (``durable`` is the contract's QoS > 0, or a native sender's own)."""
+    key = (qos, retain, delivery_count, publisher, durable)
+    head = _heads.get(key)
+    if head is None:
+        head = _encode_head(qos, retain, delivery_count, publisher, durable)
+        if len(_heads) >= _PREFIX_CACHE_SIZE:
+            _heads.clear()
+        _heads[key] = head
+    return head
 
 
 def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
-                 durable: bool | None = None) -> bytes:
-    """Header and message-annotations: the same for every message of one publisher.
-    ``durable`` defaults to the contract's (QoS > 0)."""
-    if durable is None:
-        durable = qos > 0
+                 durable: bool) -> bytes:
     header_items = (b"\x41" if durable else b"\x42") + b"\x40\x40\x40" + _uint(delivery_count)
     annotations = (_RETAIN_TRUE if retain else _RETAIN_FALSE) + _QOS[qos]
     pairs = 4

@@ -16,7 +16,7 @@ from typing import Protocol
 from twisted.internet.defer import Deferred
 
 __all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll",
-           "LoopbackOnly", "loopback_peer", "loopback_host"]
+           "LoopbackOnly", "loopback_peer", "loopback_host", "peer_host"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,12 @@ class AllowAll:
 def loopback_peer(peer: str) -> bool:
     """Is ``peer`` (``host:port`` as the listeners write it) on this machine?  A
     peer without a host (``?``: a UNIX socket) is."""
-    return loopback_host(peer.rpartition(":")[0].strip("[]"))
+    return loopback_host(peer_host(peer))
+
+
+def peer_host(peer: str) -> str:
+    """The host of ``host:port`` as the listeners write a peer (IPv6 has colons)."""
+    return peer.rpartition(":")[0].strip("[]")
 
 
 @lru_cache(maxsize=4096)

@@ -31,7 +31,14 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqttamqp.core.admission import ConnectRate, PublishRate
-from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Credentials, Identity
+from mqttamqp.core.auth import (
+    AllowAll,
+    Authenticator,
+    Authorizer,
+    Credentials,
+    Identity,
+    peer_host,
+)
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
@@ -86,11 +93,11 @@ class Broker:
         self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
         self.stats = BrokerStats()
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
+        self._log_limit = LogLimiter(clock.seconds)   # one line per cause a minute
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
-                              self.limits)
+                              self.limits, self._log_limit)
         self._connect_rate = ConnectRate(clock.seconds, self.limits.max_connect_rate,
                                          self.limits.connect_burst)
-        self._log_limit = LogLimiter(clock.seconds)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
                             self._publish_with, self.limits.will_grace, self.recorder)
         self._flow = FlowControl(clock, self.limits.stall_timeout, self._online)
@@ -196,7 +203,7 @@ class Broker:
         if connections >= self.limits.max_connections:
             cause, what = "max_connections", (
                 f"--max-connections ({self.limits.max_connections}) reached")
-        elif not self._connect_rate.admit(peer.rpartition(":")[0].strip("[]")):
+        elif not self._connect_rate.admit(peer_host(peer)):
             cause, what = "connect_rate", (
                 f"more than {self.limits.max_connect_rate:g} new connections a second "
                 "from that address (--max-connect-rate)")

@@ -97,8 +97,10 @@ class CommitBatcher:
             d.addErrback(self.log_failure, what)
 
     def log_failure(self, failure: Failure, what: str) -> None:
-        """A failed commit nobody waits for: already counted and logged (once per
-        failing spell) by ``_commit``."""
+        """A failure nobody waits for.  A failed commit was counted and logged (once
+        per failing spell) by ``_commit``; anything else is a fault of ours, logged."""
+        if not getattr(failure, _COUNTED, False):
+            self.log.failure("failed while {what}", failure, what=what)
 
     # -- storage health ----------------------------------------------------------------
 
@@ -118,7 +120,6 @@ class CommitBatcher:
 
     def _committed(self, result: None) -> None:
         stats = self.stats
-        stats.commits += 1
         if stats.storage_failing:
             stats.storage_failing = False
             self.log.info("storage recovered: commits succeed again after {n} failed "
@@ -128,6 +129,7 @@ class CommitBatcher:
         return result
 
     def _commit_failed(self, failure: Failure) -> Failure:
+        setattr(failure, _COUNTED, True)   # (the same Failure goes down every chain)
         stats = self.stats
         stats.storage_failures += 1
         self._failed_while += 1
@@ -192,6 +194,10 @@ class CommitBatcher:
                            errbackArgs=(waiters, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
+
+
+# Marks a Failure that is a failed commit, already counted and logged.
+_COUNTED = "_mqttamqp_storage_counted"
 
 
 def _summary(failure: Failure) -> str:

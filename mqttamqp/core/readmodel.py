@@ -248,7 +248,7 @@ class ReadModel:
             sessions=len(registry.sessions), persistent_sessions=persistent,
             offline_sessions=offline, retained=len(router.retained),
             retained_bytes=router.retained.payload_bytes,
-            retained_sys=len(router.retained.match("$SYS/#")), wills=len(self._wills),
+            retained_sys=router.retained.sys_count, wills=len(self._wills),
             subscriptions=len(router.trie), messages_received=stats.messages_received,
             messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,

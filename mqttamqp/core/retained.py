@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mqttamqp.core.message import Message
+from mqttamqp.core.topics import SYS_PREFIX
 
 __all__ = ["RetainedStore"]
 
@@ -36,6 +37,11 @@ class RetainedStore:
     @property
     def payload_bytes(self) -> int:
         return self._bytes
+
+    @property
+    def sys_count(self) -> int:
+        """How many of them are the broker's own ``$SYS`` messages."""
+        return self._sys_count
 
     def get(self, topic: str) -> Message | None:
         node: _Node | None = self._root
@@ -66,7 +72,7 @@ class RetainedStore:
             if child is None:
                 child = node.children[level] = _Node()
             node = child
-        system = message.topic.startswith("$SYS/")
+        system = message.topic.startswith(SYS_PREFIX)
         if node.message is None:
             self._count += 1
             self._sys_count += system
@@ -92,7 +98,7 @@ class RetainedStore:
             return False
         self._count -= 1
         self._bytes -= len(node.message.payload)
-        if topic.startswith("$SYS/"):
+        if topic.startswith(SYS_PREFIX):
             self._sys_count -= 1
             self._sys_bytes -= len(node.message.payload)
         node.message = None

@@ -40,23 +40,21 @@ from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
+from mqttamqp.core.topics import (
+    SYS_PREFIX,
+    SubscriptionTrie,
+    is_sys_topic,
+    validate_topic_filter,
+)
 from mqttamqp.records import record
 
-__all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "SYS_PREFIX", "DYNAMIC_PREFIX",
-           "is_sys_topic"]
+__all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "DYNAMIC_PREFIX"]
 
 SUBSCRIBE_FAILURE = 0x80
-SYS_PREFIX = "$SYS/"
 # Dynamic nodes (AMQP receivers with a dynamic source): each topic under this prefix
 # belongs to the one receiver that created it.  Anyone may publish to it (that is
 # how replies reach it); nobody else may subscribe, and nothing there is retained.
 DYNAMIC_PREFIX = "$dynamic/"
-
-
-def is_sys_topic(topic: str) -> bool:
-    """``$SYS`` and below: the broker's own topics."""
-    return topic.startswith(SYS_PREFIX) or topic == "$SYS"
 
 _NO_SESSIONS: tuple[Session, ...] = ()
 
@@ -129,9 +127,9 @@ class Router:
 
     def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
                  authorizer: Authorizer, recorder: Recorder,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, log_limit: LogLimiter | None = None) -> None:
         self.limits = limits if limits is not None else Limits()
-        self._log_limit = LogLimiter(clock.seconds)
+        self._log_limit = log_limit if log_limit is not None else LogLimiter(clock.seconds)
         self.clock = clock
         self.commits = commits
         self.stats = stats

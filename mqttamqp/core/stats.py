@@ -24,7 +24,6 @@ class BrokerStats:
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)
-    commits: int = 0                  # successful store commits
     storage_failures: int = 0         # failed store commits
     storage_failing: bool = False     # the last commit failed
     storage_error: str = ""           # the first error of the current (or last) spell

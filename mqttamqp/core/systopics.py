@@ -36,7 +36,7 @@ class SysTopics:
         self.stats.messages_dropped = dropped
         retained = self.router.retained
         # Clients' retained messages only: the $SYS topics are the broker's own.
-        client_retained = len(retained) - len(retained.match("$SYS/#"))
+        client_retained = len(retained) - retained.sys_count
         topics = self.stats.sys_topics(
             __version__, now, len(self.router.trie), client_retained,
             len(self.registry.sessions), len(self.wills.wills), dropped)

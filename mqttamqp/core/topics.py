@@ -13,11 +13,18 @@ from typing import Generic, TypeVar
 
 __all__ = [
     "validate_topic_name", "validate_topic_filter", "topic_matches", "SubscriptionTrie",
+    "SYS_PREFIX", "is_sys_topic",
 ]
 
 K = TypeVar("K", bound=Hashable)
 
 MAX_TOPIC_BYTES = 65535
+SYS_PREFIX = "$SYS/"
+
+
+def is_sys_topic(topic: str) -> bool:
+    """``$SYS`` and below: the broker's own topics."""
+    return topic.startswith(SYS_PREFIX) or topic == "$SYS"
 
 
 def validate_topic_name(topic: str) -> str | None:

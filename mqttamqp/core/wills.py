@@ -33,7 +33,7 @@ from mqttamqp.core.recorder import (
 )
 from mqttamqp.core.router import Published
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.core.topics import validate_topic_name
+from mqttamqp.core.topics import is_sys_topic, validate_topic_name
 
 __all__ = ["Wills"]
 
@@ -97,7 +97,7 @@ class Wills:
     # -- wills ----------------------------------------------------------------
 
     def allowed(self, will: WillMessage, identity: Identity | None) -> bool:
-        if validate_topic_name(will.topic) is not None or will.topic.split("/")[0] == "$SYS":
+        if validate_topic_name(will.topic) is not None or is_sys_topic(will.topic):
             return False  # (and $SYS is the broker's own)
         identity = identity or Identity(will.owner)
         return self.authorizer.may_publish(identity, will.topic, will.retain)

@@ -211,7 +211,7 @@ class MQTTProtocol(Protocol):
         self.broker.unregister_connection(self.key, self, self._cause, detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
-                "connection lost: " + (reason.getErrorMessage() if reason else "unknown"))
+                detail or "connection lost: unknown")
             # Lost before CONNACK: the CONNECT (and its will) was never accepted.
             clean = self._clean_close or was is ConnectionState.CONNECTING
             self.broker.end_session(self, self.session, clean, why, self._cause)
