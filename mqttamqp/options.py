@@ -79,8 +79,9 @@ class Options(usage.Options):
          "user names, will topics, topic names and filters; by default they close the "
          "connection."],
         ["allow-anonymous", None,
-         "Without --users, accept clients from any address (by default only from "
-         "loopback, as Mosquitto 2 without a configuration)."],
+         "Accept anonymous clients (no user name) from any address, even when client "
+         "users exist (by default: only from loopback and only while there are no "
+         "client users, as Mosquitto 2 without a configuration)."],
         ["tls-require-client-cert", None,
          "With --tls-ca: refuse TLS clients without a valid client certificate (during "
          "the handshake, on every ssl: listener)."],
@@ -165,9 +166,14 @@ class Options(usage.Options):
          "until detached); a peer that attaches more is closed "
          "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
         ["users", None, None,
-         "File of users (scrypt hashes; see README). With it, MQTT CONNECT and AMQP "
-         "SASL PLAIN must name one of them and anonymous clients are refused; "
-         "without it clients are accepted from loopback only (see --allow-anonymous)."],
+         "A users file of earlier versions (one user:scrypt-hash per line), read as "
+         "client users beside the user store DATA/users.json (mqttamqp-admin user "
+         "add|import). With client users, MQTT CONNECT and AMQP SASL PLAIN must name "
+         "one of them and anonymous clients are refused (see --allow-anonymous)."],
+        ["acl", None, None,
+         "Access control list file (Mosquitto's format: 'user NAME', 'topic "
+         "[read|write|readwrite] FILTER', 'pattern ... %u %c'; see README, Security). "
+         "With it, only what it grants is allowed; it is re-read when it changes."],
         ["tls-ca", None, None,
          "PEM file of the CA certificates that sign client certificates: every ssl: "
          "listener asks TLS clients for a certificate and refuses one that does not "
@@ -247,6 +253,13 @@ class Options(usage.Options):
                 given = [default]
             self[kind] = [d for d in given if d.strip().lower() != "none"]
         self._check_tls()
+        if self["acl"]:
+            from mqttamqp.core.acl import AclAuthorizer, AclError
+
+            try:
+                AclAuthorizer(self["acl"])
+            except AclError as exc:
+                raise usage.UsageError(f"--acl: {exc}") from None
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:

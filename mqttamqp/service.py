@@ -28,10 +28,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp import logbridge
-from mqttamqp.core.auth import Authenticator, LoopbackOnly
+from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
+from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.tls import TLSSettings, server_endpoint
@@ -146,6 +147,9 @@ def _loopback(host: str) -> bool:
     return address.is_loopback
 
 
+ACL_POLL_SECONDS = 2.0
+
+
 class OpenAtStart:
     """The ZODB store, opened when the broker first loads its state (in
     ``startService``), not when the service is assembled: option parsing and
@@ -186,7 +190,8 @@ class BrokerService(service.MultiService):
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
                  reactor: Any = None, authenticator: Authenticator | None = None,
-                 archive: dict[str, Any] | None = None) -> None:
+                 archive: dict[str, Any] | None = None,
+                 authorizer: Authorizer | None = None) -> None:
         """``archive``: the archive's settings (``Archive`` keyword arguments plus
         ``directory``), or None to run without one."""
         super().__init__()  # type: ignore[no-untyped-call]
@@ -205,7 +210,8 @@ class BrokerService(service.MultiService):
                 settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
-                             recorder=self.archive)
+                             authorizer=authorizer, recorder=self.archive)
+        self._acl_loop: LoopingCall | None = None
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
@@ -328,6 +334,12 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
+        reload_acl = getattr(self.broker.authorizer, "reload", None)
+        if reload_acl is not None:
+            # The ACL file applies when it changes: a stat every 2 s, no restart.
+            self._acl_loop = LoopingCall(reload_acl)
+            self._acl_loop.clock = self.reactor
+            self._acl_loop.start(ACL_POLL_SECONDS, now=False)
         super().startService()  # type: ignore[no-untyped-call]
 
     def _pack(self) -> Deferred[None]:
@@ -338,8 +350,9 @@ class BrokerService(service.MultiService):
 
     def stopService(self) -> Deferred[None]:
         self.broker.shutdown()
-        if self._pack_loop is not None and self._pack_loop.running:
-            self._pack_loop.stop()
+        for loop in (self._pack_loop, self._acl_loop):
+            if loop is not None and loop.running:
+                loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
         return d
 
@@ -426,12 +439,16 @@ def _exit_status_after_stop(status: int) -> None:
 
 
 def makeService(options: Options) -> BrokerService:
-    authenticator: Authenticator = LoopbackOnly(bool(options["allow-anonymous"]))
+    # The one user store (DATA/users.json) checks MQTT CONNECT, AMQP SASL PLAIN and
+    # the console; a --users file is a second, read-only source of client users.
+    legacy = None
     if options["users"]:
-        # MQTT CONNECT and AMQP SASL PLAIN both check it; anonymous clients are refused.
         from mqttamqp.core.users import UserFile
 
-        authenticator = UserFile(options["users"], global_reactor)
+        legacy = UserFile(options["users"], global_reactor)
+    authenticator: Authenticator = StoreAuthenticator(
+        UserStore(os.path.abspath(options["data"])), bool(options["allow-anonymous"]),
+        legacy, global_reactor)
     archive: dict[str, Any] | None = None
     if not options["no-archive"]:
         archive = {"directory": options["archive-dir"],
@@ -440,8 +457,13 @@ def makeService(options: Options) -> BrokerService:
                    "retention_days": options["archive-days"],
                    "include": tuple(options["archive-include"]) or ("#",),
                    "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
+    authorizer: Authorizer | None = None
+    if options["acl"]:
+        from mqttamqp.core.acl import AclAuthorizer
+
+        authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
-                        authenticator=authenticator, archive=archive)
+                        authenticator=authenticator, archive=archive, authorizer=authorizer)
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))

@@ -255,7 +255,7 @@ def test_admin_users_without_a_data_directory_says_where_it_looked(tmp_path: Pat
                          text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0
     assert out.stderr.startswith(
-        f"no console users in {tmp_path / 'empty' / 'admin-users.json'} "), out.stderr
+        f"no users in {tmp_path / 'empty' / 'users.json'} "), out.stderr
 
 
 def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def make_console(tmp_path: Any, clock: Clock | None = None
     clock.advance(1_700_000_000)
     service = FakeService(str(tmp_path), clock)
     users = UserStore(str(tmp_path))
-    users.set_password("admin", PASSWORD, **CHEAP)
+    users.set_password("admin", PASSWORD, role="admin", **CHEAP)
     console = Console(ConsoleContext.of(service), clock=clock, run_in_thread=run_now,
                       users=users)
     return console, service, clock

@@ -37,6 +37,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from mqttamqp import __version__
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.topics import validate_topic_filter
+from mqttamqp.core.userstore import ROLE_ADMIN
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
@@ -78,10 +79,12 @@ class Auth:
     user: str
     session: LoginSession | None
     token: ApiToken | None
+    role: str = ROLE_ADMIN
 
     @property
     def read_only(self) -> bool:
-        return self.token is not None and self.token.read_only
+        """A read-only token, or a user with the ``read-only`` role: no actions."""
+        return (self.token is not None and self.token.read_only) or self.role != ROLE_ADMIN
 
 
 class SecureHeaders(Resource):
@@ -264,8 +267,9 @@ class Console:
     def _user_valid(self, session: LoginSession) -> User | None:
         assert session.user is not None
         user = self.users.get(session.user)
-        if user is None or user.changed > session.password_changed:
-            # Deleted, or the password changed since this login: log it out.
+        if user is None or user.changed > session.password_changed or not user.console:
+            # Deleted, its password changed since this login, or no longer a console
+            # user: log it out.
             self.sessions.end(session.id)
             return None
         return user
@@ -277,16 +281,22 @@ class Console:
             if scheme.lower() != "bearer":
                 raise HTTPError(401, "only Bearer tokens are accepted")
             found = self.users.find_token(value.strip())
-            if found is None:
+            if found is None or not found[0].console:
                 raise HTTPError(401, "invalid API token")
-            return Auth(found[0].name, None, found[1])
+            return Auth(found[0].name, None, found[1], found[0].role)
         touch = request.getHeader("x-background") is None
         session = self._cookie_session(request, touch)
-        if session is None or session.user is None or self._user_valid(session) is None:
+        if session is None or session.user is None:
             return None
-        return Auth(session.user, session, None)
+        user = self._user_valid(session)
+        if user is None:
+            return None
+        return Auth(session.user, session, None, user.role)
 
-    def _require(self, request: Any, api: bool, write: bool = False) -> Auth:
+    def _require(self, request: Any, api: bool, write: bool = False,
+                 any_role: bool = False) -> Auth:
+        """Who is asking; ``write``: a POST (CSRF-checked), refused to read-only users
+        and tokens unless ``any_role`` (logging out)."""
         auth = self._authenticate(request, api)
         if auth is None:
             if api:
@@ -302,8 +312,10 @@ class Console:
                     self.log.warn("console: POST {path} by {user!r} without a valid CSRF "
                                   "token; refused", path=request.path, user=auth.user)
                     raise HTTPError(403, "missing or wrong CSRF token; reload the page")
-            if auth.read_only:
-                raise HTTPError(403, "this API token is read-only")
+            if auth.read_only and not any_role:
+                raise HTTPError(403, "this API token is read-only" if auth.token is not None
+                                and auth.token.read_only else
+                                f"user {auth.user!r} has the read-only role")
         return auth
 
     # -- responses --------------------------------------------------------------
@@ -401,6 +413,11 @@ class Console:
             self.throttle.finish(name, address, False)
             raise
         self.throttle.finish(name, address, user is not None)
+        if user is not None and not user.console:
+            self.log.warn("console: {name!r} from {a} is a client user (role {r}); console "
+                          "login refused", name=shown, a=address, r=user.role)
+            return self._login_form(request, 403, "This user may not use the console "
+                                    "(its role is client).", name)
         if user is None:
             self.log.warn("console: failed login for {name!r} from {a} ({n} from this address)",
                           name=shown, a=address, n=self.throttle.failures(address))
@@ -412,7 +429,7 @@ class Console:
 
     @app.route("/logout", methods=["POST"])
     def logout(self, request: Any) -> bytes:
-        auth = self._require(request, api=False, write=True)
+        auth = self._require(request, api=False, write=True, any_role=True)
         assert auth.session is not None
         self.sessions.end(auth.session.id)
         self._set_cookie(request, "", clear=True)
@@ -640,7 +657,7 @@ class Console:
         auth = self._require(request, api=True)
         return self._json(request, {
             "user": auth.user, "via": "token" if auth.token else "session",
-            "read_only": auth.read_only,
+            "role": auth.role, "read_only": auth.read_only,
             "csrf_token": auth.session.csrf if auth.session is not None else None})
 
     @app.route("/traffic", methods=["GET"])

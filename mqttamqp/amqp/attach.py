@@ -172,6 +172,10 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
             return None
         return partial(SessionOutlet, host, plink, address, value)
     if kind is AddressKind.SESSION_CONTROL:
+        if not host.broker.may_use_session(host.identity, value):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to attach to the control link of {value!r}")
+            return None
         return partial(ControlOutlet, host, plink, address, value)
     if kind is AddressKind.ANONYMOUS:
         refuse_link(host, plink, "amqp:invalid-field",
@@ -189,6 +193,10 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"target {address!r} is not a topic name: {problem}")
+            return None
+        if not host.broker.may_write(host.identity, value):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to publish to {value!r}")
             return None
         return partial(TopicPublisher, host, plink, value)
     if kind is AddressKind.ANONYMOUS:

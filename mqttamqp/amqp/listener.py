@@ -690,10 +690,8 @@ class AMQPFactory(Factory):
 
     def anonymous_allowed(self, peer: str | None = None) -> bool:
         """ANONYMOUS is offered only while the broker accepts anonymous clients (from
-        ``peer``, if given: without users, only loopback peers unless
-        ``--allow-anonymous``)."""
-        if self.users_file is not None:
-            return False
+        ``peer``, if given: without client users, only loopback peers unless
+        ``--allow-anonymous``); the authenticator decides."""
         authenticator = self.broker.authenticator
         if not getattr(authenticator, "allows_anonymous", True):
             return False

@@ -63,7 +63,7 @@ from mqttamqp.core.router import SUBSCRIBE_FAILURE, Published, Router
 from mqttamqp.core.session import ClientLink, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
-from mqttamqp.core.topics import SubscriptionTrie
+from mqttamqp.core.topics import SubscriptionTrie, is_sys_topic
 from mqttamqp.core.wills import Wills
 
 __all__ = ["Broker", "Opened", "Outcome", "Published", "SUBSCRIBE_FAILURE"]
@@ -361,7 +361,29 @@ class Broker:
     def may_use_session(self, identity: Identity, client_id: str) -> bool:
         """May ``identity`` act on the session of ``client_id`` from AMQP (a
         ``.publish`` receiver, the subscription service)?"""
-        return self.authorizer.may_use_session(identity, client_id)
+        return (self.authorizer.may_use_session(identity, client_id)
+                and self.may_claim(identity, client_id))
+
+    def may_claim(self, identity: Identity, client_id: str) -> bool:
+        """May ``identity`` take over (or act on) the session of ``client_id``?  Not
+        when another user owns it and user names are verified (client users exist):
+        a session, its subscriptions and its queue belong to the user that made it."""
+        session = self._registry.sessions.get(client_id)
+        owner = session.owner if session is not None else None
+        if owner is None or owner == identity.username:
+            return True
+        verifies = getattr(self.authenticator, "has_clients", None)  # StoreAuthenticator
+        if verifies is None or not verifies():
+            return True
+        self.log.warn("{u} may not take over the session of {c!r}: it belongs to user {o!r}",
+                      u=repr(identity.username) if identity.username else "an anonymous "
+                      "client", c=client_id, o=owner)
+        return False
+
+    def may_write(self, identity: Identity, topic: str) -> bool:
+        """May ``identity`` publish to ``topic`` at all (an AMQP sender's attach)?
+        Not counted: no message was refused."""
+        return not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, False)
 
     def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
         """The publish permission (counted and logged when refused)."""

@@ -74,10 +74,12 @@ class DeleteWill:
 
 @record
 class PutSession:
-    """Create the persistent session if missing and record when it was last seen."""
+    """Create the persistent session if missing and record when it was last seen
+    (and, when given, the user that owns it)."""
 
     client_id: str
     last_seen: float
+    owner: str | None = None
 
 
 @record
@@ -139,6 +141,7 @@ class SessionRecord:
     subscriptions: dict[str, int] = field(default_factory=dict)
     queue: list[tuple[int, StoredQueued]] = field(default_factory=list)  # ascending seq
     inbound_qos2: set[int] = field(default_factory=set)
+    owner: str | None = None
 
 
 @dataclass

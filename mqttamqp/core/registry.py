@@ -96,6 +96,7 @@ class SessionRegistry:
             # Its client may have been connected until the broker stopped: the expiry
             # clock restarts with the broker rather than expiring it at once.
             session.last_seen = max(rec.last_seen, now)
+            session.owner = rec.owner
             session.restore(rec.queue, rec.inbound_qos2)
             self.router.restore_subscriptions(session, rec.subscriptions)
             self.sessions[rec.client_id] = session
@@ -203,19 +204,24 @@ class SessionRegistry:
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
         present = False
+        user = identity.username if identity is not None else None
         if clean:
             if existing is not None:
                 ops.extend(self.discard(existing, "clean_session"))
             session = Session(client_id, False, self.limits, now)
+            session.owner = user
             self.sessions[client_id] = session
         elif existing is not None and existing.persistent:
             session = existing
             present = True
-            ops.append(PutSession(client_id, now))
+            if session.owner is None:
+                session.owner = user     # an anonymous session is claimed by its user
+            ops.append(PutSession(client_id, now, session.owner))
         else:
             session = Session(client_id, True, self.limits, now)
+            session.owner = user
             self.sessions[client_id] = session
-            ops.append(PutSession(client_id, now))
+            ops.append(PutSession(client_id, now, user))
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
                                 queued=len(session.queue) + len(session.inflight))

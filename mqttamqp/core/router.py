@@ -150,7 +150,10 @@ class Router:
         if not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, retain):
             return True
         self.stats.publish_denied += 1
-        self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=topic)
+        suppressed = self._log_limit.allow("publish_denied")
+        if suppressed is not None:   # one line a minute, not one per message
+            self.log.warn("publish by {c} to {t!r} denied ({h} more denials since the last "
+                          "line)", c=identity.client_id, t=topic, h=suppressed)
         return False
 
     def publish(self, message: Message, identity: Identity | None = None,

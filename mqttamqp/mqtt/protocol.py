@@ -462,6 +462,10 @@ class MQTTProtocol(Protocol):
             self._refuse(code, "authentication failed")
             return None
         self.identity = Identity(self.client_id, self.username, "mqtt" + self.version)
+        if not self.broker.may_claim(self.identity, self.client_id):
+            self._refuse(ConnackCode.NOT_AUTHORIZED,
+                         "the session of this client id belongs to another user")
+            return None
         will = None
         if packet.will is not None:
             w = packet.will

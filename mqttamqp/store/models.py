@@ -93,11 +93,13 @@ class PersistentSession(Persistent):  # type: ignore[misc]
 
     Attributes (add new ones only with a class-level default, so old pickles load):
     ``client_id`` str, ``last_seen`` float, ``subscriptions`` OOBTree filter -> qos,
-    ``queue`` QueueTree seq -> queued record, ``inbound_qos2`` IITreeSet of packet ids.
+    ``queue`` QueueTree seq -> queued record, ``inbound_qos2`` IITreeSet of packet ids,
+    ``owner`` str or None (the user that created it).
     """
 
     client_id: str
     last_seen: float = 0.0
+    owner: str | None = None      # the user that created it (None: anonymous)
     subscriptions: Any
     queue: Any
     inbound_qos2: Any
@@ -192,4 +194,5 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
             key=lambda item: item[0],
         ),
         inbound_qos2={int(p) for p in s.inbound_qos2},
+        owner=s.owner,
     )
