@@ -229,6 +229,7 @@ class BrokerService(service.MultiService):
         if self.amqp_factory is None:
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file,
                                             idle_timeout)
+            self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
         return self.add_listener("AMQP", description, self.amqp_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:

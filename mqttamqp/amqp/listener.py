@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from proton import Collector, Condition, Connection, Endpoint, Event, SymbolList, Transport
 from proton import symbol as amqp_symbol
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -58,6 +59,7 @@ from mqttamqp.amqp.sasl import (
     Authenticate,
     Refuse,
     SaslServer,
+    SaslState,
     SaslStep,
     SendBytes,
     StartAmqp,
@@ -79,6 +81,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
+from mqttamqp.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
 
@@ -112,6 +115,7 @@ class AMQPConnection(Protocol):
         self.peer = "?"
         self.container_id = ""
         self.username: str | None = None
+        self.cert_user: str | None = None     # --tls-cert-as-user: its certificate's CN
         self.identity = Identity("")
         self.connected_since = 0.0
         self.requests = SessionRequests(self)
@@ -163,7 +167,18 @@ class AMQPConnection(Protocol):
             self._engine_input(data)
             return
         self.broker.stats.bytes_received += len(data)
+        if self.sasl.state is SaslState.HEADER and self.factory.cert_as_user:
+            self._offer_external()
         self._sasl_steps(self.sasl.feed(data))
+
+    def _offer_external(self) -> None:
+        """--tls-cert-as-user: a client whose verified TLS certificate names a user
+        is offered SASL EXTERNAL (first), as that user.  Asked when its first bytes
+        arrive: the TLS handshake is over by then."""
+        if self.cert_user is None:
+            self.cert_user = verified_common_name(self.transport)
+            if self.cert_user is not None and "EXTERNAL" not in self.sasl.mechanisms:
+                self.sasl.mechanisms = ("EXTERNAL", *self.sasl.mechanisms)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
@@ -312,9 +327,13 @@ class AMQPConnection(Protocol):
             elif isinstance(step, Authenticate):
                 self.state = ConnectionState.AUTHENTICATING
                 self.transport.pauseProducing()
-                creds = Credentials("", step.username, step.password, "amqp", self.peer)
-                self.username = step.username
-                d = self.broker.authenticate(creds)
+                if step.mechanism == "EXTERNAL":
+                    d = self._external(step.username)
+                else:
+                    creds = Credentials("", step.username, step.password, "amqp",
+                                        self.peer)
+                    self.username = step.username
+                    d = self.broker.authenticate(creds)
                 d.addCallback(self._authenticated)
                 d.addErrback(self._authentication_failed)
             elif isinstance(step, Refuse):
@@ -325,6 +344,19 @@ class AMQPConnection(Protocol):
                 self._drop()
             elif isinstance(step, StartAmqp):
                 self._start_engine(step.data)
+
+    def _external(self, authzid: str | None) -> Deferred[bool]:
+        """SASL EXTERNAL: the certificate is the credential (the CA decides who gets
+        in, as for MQTT); an authorization identity, if given, must be its user."""
+        user = self.cert_user
+        if user is None or (authzid is not None and authzid != user):
+            self.log.warn("AMQP client from {peer}: EXTERNAL as {a!r} refused, its "
+                          "certificate names {u!r}", peer=self.peer, a=authzid, u=user)
+            return succeed(False)
+        self.username = user
+        self.log.info("AMQP client from {peer} is user {u!r} by its TLS client certificate "
+                      "(SASL EXTERNAL)", peer=self.peer, u=user)
+        return succeed(True)
 
     def _authenticated(self, ok: bool) -> None:
         if self.state is not ConnectionState.AUTHENTICATING:
@@ -687,6 +719,7 @@ class AMQPFactory(Factory):
         self.will_links: dict[str, BrokerLink] = {}
         self.serials = itertools.count(1)
         self.noisy = False
+        self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
 
     def anonymous_allowed(self, peer: str | None = None) -> bool:
         """ANONYMOUS is offered only while the broker accepts anonymous clients (from
