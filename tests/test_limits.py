@@ -198,3 +198,25 @@ def test_a_clock_stepping_back_does_not_stretch_the_pause() -> None:
         assert rate.take(1) == 0.0
     now[0] -= 3600.0                       # the wall clock stepped back an hour
     assert rate.take(1) == pytest.approx(0.1)
+
+
+def test_amqp_addresses_obey_the_topic_limits() -> None:
+    """--max-topic-levels and --max-topic-length hold for AMQP addresses as for MQTT
+    topics: a receiver's filter and a sender's target are refused at attach, a
+    message's 'to' is rejected (amqp:invalid-field), a will topic too."""
+    from amqp_memory import Net, outcome
+    from proton import Delivery, Message
+
+    net = Net(max_topic_levels=3, max_topic_length=20)
+    peer = net.amqp("limits")
+    deep = peer.receiver("a/b/c/d")
+    assert deep.link.remote_condition is not None
+    assert "more than --max-topic-levels 3" in deep.link.remote_condition.description
+    long = peer.sender("x" * 21)
+    assert long.remote_condition is not None
+    assert "longer than --max-topic-length 20" in long.remote_condition.description
+    assert peer.receiver("a/b/c").link.remote_condition is None
+    anonymous = peer.sender(None)
+    dlv = peer.send(anonymous, Message(address="a/b/c/d", body=b"x"))
+    assert outcome(dlv) == (Delivery.REJECTED, "amqp:invalid-field")
+    assert "--max-topic-levels" in dlv.remote.condition.description

@@ -36,7 +36,7 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.core.router import DYNAMIC_PREFIX
-from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.core.topics import topic_size_problem, validate_topic_filter, validate_topic_name
 
 __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY"]
 
@@ -156,10 +156,15 @@ def _set_capabilities(terminus: Any, names: list[str]) -> None:
     capabilities.exit()
 
 
+def _size_problem(host: AttachHost, topic: str) -> str | None:
+    limits = host.limits
+    return topic_size_problem(topic, limits.max_topic_levels, limits.max_topic_length)
+
+
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
-        problem = validate_topic_filter(value)
+        problem = validate_topic_filter(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"source {address!r} is not a topic filter: {problem}")
@@ -189,7 +194,7 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
 def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
-        problem = validate_topic_name(value)
+        problem = validate_topic_name(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"target {address!r} is not a topic name: {problem}")

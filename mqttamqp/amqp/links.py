@@ -54,7 +54,7 @@ from mqttamqp.core.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.session import Session
-from mqttamqp.core.topics import validate_topic_name
+from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
@@ -684,7 +684,9 @@ class TopicPublisher(IncomingLink):
                         "no topic: the link has no target address and the message no 'to'")
             return
         if self.topic is None:  # the link's own target was checked at attach
-            problem = validate_topic_name(topic)
+            limits = self.host.limits
+            problem = validate_topic_name(topic) or topic_size_problem(
+                topic, limits.max_topic_levels, limits.max_topic_length)
             if problem is None and topic.startswith("$mqtt."):
                 problem = "control addresses need a link of their own"
             if problem is not None:
