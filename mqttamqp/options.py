@@ -165,6 +165,11 @@ class Options(usage.Options):
          "Most links attached at a time on one AMQP connection (refused ones count "
          "until detached); a peer that attaches more is closed "
          "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
+        ["amqp-max-held-bytes", None, _D.amqp_max_held_bytes,
+         "Most bytes of unfinished (multi-frame) incoming messages the broker holds for "
+         "one AMQP connection; a peer that sends more is closed "
+         "(amqp:resource-limit-exceeded). At least --max-packet-size.",
+         _positive(int, "amqp-max-held-bytes")],
         ["users", None, None,
          "A users file of earlier versions (one user:scrypt-hash per line), read as "
          "client users beside the user store DATA/users.json (mqttamqp-admin user "
@@ -270,6 +275,9 @@ class Options(usage.Options):
             raise usage.UsageError("--amqp-max-sessions must be at least 1")
         if self["amqp-max-links"] < 1:
             raise usage.UsageError("--amqp-max-links must be at least 1")
+        if self["amqp-max-held-bytes"] < self["max-packet-size"]:
+            raise usage.UsageError("--amqp-max-held-bytes must be at least --max-packet-size "
+                                   "(one whole message)")
         if self["max-topic-levels"] < 1:
             raise usage.UsageError("--max-topic-levels must be at least 1")
         if self["max-topic-length"] < 1:
@@ -317,6 +325,7 @@ def limits_from(options: Any) -> Limits:
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
+        amqp_max_held_bytes=options["amqp-max-held-bytes"],
         max_subscriptions=options["max-subscriptions"],
         max_retained_messages=options["max-retained-messages"],
         max_retained_bytes=options["max-retained-bytes"],

@@ -220,3 +220,35 @@ def test_amqp_addresses_obey_the_topic_limits() -> None:
     dlv = peer.send(anonymous, Message(address="a/b/c/d", body=b"x"))
     assert outcome(dlv) == (Delivery.REJECTED, "amqp:invalid-field")
     assert "--max-topic-levels" in dlv.remote.condition.description
+
+
+def test_amqp_unfinished_messages_are_bounded_per_connection() -> None:
+    """--amqp-max-held-bytes: a peer that keeps large messages half-sent on many
+    links is closed (amqp:resource-limit-exceeded) once the broker would hold more
+    than the bound; finishing a message releases what it held."""
+    from amqp_memory import Net
+
+    net = Net(max_packet_size=512 * 1024, amqp_max_held_bytes=1024 * 1024)
+    peer = net.amqp("half-sender")
+    chunk = b"x" * (300 * 1024)
+    links = [peer.sender(f"held/{i}") for i in range(5)]
+    first = links[0].delivery(b"t0")
+    links[0].send(chunk)                     # not advanced: the message is unfinished
+    net.pump()
+    assert peer.server.held_bytes >= len(chunk)
+    links[0].send(b"end")
+    links[0].advance()                       # finished: released
+    net.pump()
+    assert peer.server.held_bytes == 0 and first.remote_state
+    for i, link in enumerate(links[1:4]):
+        link.delivery(b"t%d" % i)
+        link.send(chunk)
+        net.pump()
+    assert not peer.lost                     # 900 KB held: under the bound
+    links[4].delivery(b"t4")
+    links[4].send(chunk)
+    net.pump()
+    assert peer.lost
+    assert peer.conn.remote_condition is not None
+    assert peer.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    assert net.broker.stats.limits.get("amqp_held_bytes") == 1

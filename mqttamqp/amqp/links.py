@@ -143,6 +143,9 @@ class LinkHost(Protocol):
 
     def claim_will(self, link: BrokerLink) -> None: ...
 
+    def hold(self, delta: int) -> None:
+        """Bytes of unfinished incoming messages changed by ``delta``."""
+
     def release_will(self, link: BrokerLink) -> bool: ...
 
 
@@ -165,11 +168,16 @@ class BrokerLink:
     def start(self) -> None:
         """Called once the attach has been answered."""
 
+    _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
+
     def end(self, brute: bool, reason: str) -> None:
         """The link is gone (detach, end, close or lost connection); idempotent."""
         if self.closed:
             return
         self.closed = True
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
         self.ended(brute, reason)
 
     def ended(self, brute: bool, reason: str) -> None:
@@ -559,12 +567,19 @@ class IncomingLink(BrokerLink):
             _delivery_settle(dlv)
             return
         pending = _delivery_pending(dlv)
-        if pending > self.max_size:
+        if pending > self.max_size:   # (detach releases what it held)
             self.detach("amqp:link:message-size-exceeded",
                         f"message larger than {self.max_size} bytes")
             return
         if _delivery_partial(dlv):
+            # Counted against the connection's --amqp-max-held-bytes, which closes
+            # a peer that keeps many large messages half-sent.
+            self.host.hold(pending - self._partial)
+            self._partial = pending
             return
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
         data = recv(impl, pending) if pending else b""
         _link_advance(impl)
         presettled = bool(_delivery_settled(dlv))

@@ -116,6 +116,7 @@ class AMQPConnection(Protocol):
         self.container_id = ""
         self.username: str | None = None
         self.cert_user: str | None = None     # --tls-cert-as-user: its certificate's CN
+        self.held_bytes = 0     # unfinished incoming messages (--amqp-max-held-bytes)
         self.identity = Identity("")
         self.connected_since = 0.0
         self.requests = SessionRequests(self)
@@ -663,6 +664,20 @@ class AMQPConnection(Protocol):
                 and not lib.pn_delivery_partial(dlv)):
             lib.pn_link_advance(link)
         lib.pn_delivery_settle(dlv)
+
+    def hold(self, delta: int) -> None:
+        self.held_bytes += delta
+        limit = self.limits.amqp_max_held_bytes
+        if delta > 0 and self.held_bytes > limit and self.state is not ConnectionState.CLOSED:
+            self.broker.stats.limit_hit("amqp_held_bytes")
+            self.log.warn("AMQP connection of {c} ({peer}) has more than {n} bytes of "
+                          "unfinished messages (--amqp-max-held-bytes); closing it",
+                          c=self.container_id or "?", peer=self.peer, n=limit)
+            self._lost_reason = "too many bytes held"
+            self._end_links(brute=True, reason="too many bytes held")
+            self._close_engine("amqp:resource-limit-exceeded",
+                               f"more than {limit} bytes of unfinished messages on one "
+                               "connection")
 
     def _on_transport_error(self, event: Any) -> None:
         condition = self.ptrans.condition
