@@ -13,6 +13,7 @@ from proton import Delivery, Message
 
 from mqttamqp.core.acl import AclAuthorizer, AclError, covers, parse_acl
 from mqttamqp.core.auth import Identity
+from mqttamqp.core.message import Message as CoreMessage
 from mqttamqp.mqtt.packets import Puback, Publish
 
 ACL = """\
@@ -201,3 +202,32 @@ def test_amqp_publish_to_a_writable_topic_goes_through(net: Net) -> None:
     dlv = peer.send(sender, Message(body=b"x"))
     assert outcome(dlv)[0] == Delivery.ACCEPTED
     assert [p.payload for p in sub.publishes()] == [b"x"]
+
+
+def test_mqtt31_denied_subscribe_is_granted_without_a_route(net: Net) -> None:
+    """MQTT 3.1's SUBACK has no failure code: the refused filter is answered with the
+    QoS asked for, and nothing is ever routed to it."""
+    from twisted.internet.testing import StringTransport
+
+    from mqttamqp.mqtt.codec import Decoder, encode
+    from mqttamqp.mqtt.packets import Connack, Connect, Suback, Subscribe
+
+    proto = net.mqtt_factory.buildProtocol(None)
+    wire = StringTransport()
+    proto.makeConnection(wire)
+    proto.dataReceived(encode(Connect("MQIsdp", 3, "dev31", True, 0, None)))
+    net.pump()
+    proto.dataReceived(encode(Subscribe(1, (("sensors/#", 1), ("public/#", 0)))))
+    net.pump()
+    decoder = Decoder()
+    decoder.feed(wire.value())
+    packets = list(decoder)
+    assert isinstance(packets[0], Connack) and packets[0].return_code == 0
+    assert isinstance(packets[1], Suback) and tuple(packets[1].return_codes) == (1, 0)
+    wire.clear()
+    # (the broker's own publishes pass the ACL: only the route is in question)
+    net.broker.publish(CoreMessage("sensors/x", b"not for dev31"))
+    net.broker.publish(CoreMessage("public/in", b"for dev31"))
+    net.pump()
+    decoder.feed(wire.value())
+    assert [p.payload for p in decoder] == [b"for dev31"]

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
-from mqttamqp.core.broker import Broker
+from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
@@ -714,6 +714,11 @@ class MQTTProtocol(Protocol):
             return
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
         grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
+        if self.version == "3.1" and SUBSCRIBE_FAILURE in codes:
+            # MQTT 3.1's SUBACK has no failure code: a refused filter is answered with
+            # the QoS asked for and simply has no route (nothing is ever sent for it).
+            codes = [qos if code == SUBSCRIBE_FAILURE else code
+                     for (_, qos), code in zip(packet.topics, codes, strict=True)]
         self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
                   lambda: self.broker.send_retained(session, grants))
 
