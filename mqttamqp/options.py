@@ -35,6 +35,18 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+def _choice_share(value: str) -> str:
+    from mqttamqp.core.shared import STRATEGIES
+
+    if value not in STRATEGIES:
+        raise usage.UsageError(f"--share-strategy must be one of {', '.join(STRATEGIES)}, "
+                               f"got {value!r}")
+    return value
+
+
+_choice_share.coerceDoc = ""  # type: ignore[attr-defined]
+
+
 def _endpoint(option: str, description: str) -> str:
     """``description`` if Twisted can parse it as a server endpoint (or it is
     'none'); otherwise a ``UsageError`` naming the option.  Parsing opens nothing."""
@@ -170,6 +182,10 @@ class Options(usage.Options):
          "one AMQP connection; a peer that sends more is closed "
          "(amqp:resource-limit-exceeded). At least --max-packet-size.",
          _positive(int, "amqp-max-held-bytes")],
+        ["share-strategy", None, "round-robin",
+         "How a shared subscription ($share/<group>/<filter>) picks the member for each "
+         "message: round-robin, random, sticky (one member while it is online) or "
+         "hash-client (by the publisher's client id).", _choice_share],
         ["users", None, None,
          "A users file of earlier versions (one user:scrypt-hash per line), read as "
          "client users beside the user store DATA/users.json (mqttamqp-admin user "
@@ -326,6 +342,7 @@ def limits_from(options: Any) -> Limits:
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
+        share_strategy=options["share-strategy"],
         max_subscriptions=options["max-subscriptions"],
         max_retained_messages=options["max-retained-messages"],
         max_retained_bytes=options["max-retained-bytes"],

@@ -231,3 +231,8 @@ def test_mqtt31_denied_subscribe_is_granted_without_a_route(net: Net) -> None:
     net.pump()
     decoder.feed(wire.value())
     assert [p.payload for p in decoder] == [b"for dev31"]
+
+
+def test_shared_subscriptions_are_checked_by_their_filter(net: Net) -> None:
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("$share/g/public/#", 0), ("$share/g/sensors/#", 0)) == (0, 0x80)

@@ -46,3 +46,6 @@ class Limits:
     # bytes a second it may publish; beyond, it is not read for a while. 0 = off.
     max_publish_rate: float = 0.0
     max_publish_byte_rate: float = 0.0
+    # How a shared subscription's group picks the member for a message
+    # (core.shared.STRATEGIES).
+    share_strategy: str = "round-robin"

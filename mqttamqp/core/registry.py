@@ -273,6 +273,7 @@ class SessionRegistry:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
             fired = self.wills.fire(client_id, reason, "mqtt", cause)
+        ops.extend(self.router.member_left(session))
         session.detach()
         if session.persistent:
             session.last_seen = self.clock.seconds()
@@ -309,6 +310,7 @@ class SessionRegistry:
         session = self.link_subscribers.pop(key, None)
         if session is None:
             return
+        self.router.member_left(session)   # (a link's session is never persistent)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
         session.clear_messages()
