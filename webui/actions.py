@@ -22,7 +22,9 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 
-__all__ = ["ActionError", "ActionResult", "ConsoleActions"]
+__all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]
+
+MAX_BULK = 1000      # clients one bulk action may name
 
 
 class ActionError(Exception):
@@ -99,6 +101,43 @@ class ConsoleActions:
         return ActionResult(f"Disconnected {client.info.client_id} {how}.",
                             {"disconnected": True, "wills_published": fired},
                             connection_gone=True)
+
+    async def bulk(self, user: str, action: str, keys: list[str], with_will: bool
+                   ) -> ActionResult:
+        """Disconnect, or clear the persistent session of, each of ``keys`` (live
+        connections).  Each one is audited as its single action is; clients that left
+        meanwhile, or hold no persistent session to clear, are skipped and counted."""
+        if action not in ("disconnect", "clear-session"):
+            raise ActionError(400, "action must be disconnect or clear-session")
+        unique = list(dict.fromkeys(k for k in keys if k))
+        if not unique:
+            raise ActionError(400, "no clients selected")
+        if len(unique) > MAX_BULK:
+            raise ActionError(400, f"at most {MAX_BULK} clients at a time")
+        done: list[str] = []
+        skipped: list[str] = []
+        for key in unique:
+            client = self.broker.view.client(key, 0)
+            try:
+                if client is None:
+                    raise ActionError(404, "gone")
+                if action == "disconnect":
+                    await self.disconnect(user, key, with_will)
+                else:
+                    session = client.session
+                    if session is None or not session.persistent:
+                        raise ActionError(409, "no persistent session")
+                    await self.clear_session(user, session.client_id)
+            except ActionError:
+                skipped.append(key)
+            else:
+                done.append(key)
+        self._audit(user, "bulk-" + action, f"{len(done)} done, {len(skipped)} skipped",
+                    keys=len(unique))
+        verb = "Disconnected" if action == "disconnect" else "Cleared the sessions of"
+        note = f"; skipped {len(skipped)} (gone, or no persistent session)" if skipped else ""
+        return ActionResult(f"{verb} {len(done)} client(s){note}.",
+                            {"done": done, "skipped": skipped}, connection_gone=bool(done))
 
     # -- sessions ---------------------------------------------------------------
 

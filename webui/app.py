@@ -53,6 +53,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".svg": "image/svg+xml", ".png": "image/png"}
 
+MAX_DRAFT = 256 * 1024     # what a form keeps of what was typed (bytes of text)
+
 RunInThread = Callable[..., "Deferred[Any]"]
 
 
@@ -198,6 +200,7 @@ class Console:
         self.traffic = TrafficSource(
             report_dir, context.archive_dir, self.clock.seconds,
             self.broker.recorder.stats if context.archive_dir is not None else None)
+        self.client_rates = views.ClientRates(self.clock.seconds)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -237,6 +240,19 @@ class Console:
             return default
         try:
             return str(values[0].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise HTTPError(400, f"parameter {name} is not UTF-8") from None
+
+    def _list(self, request: Any, name: str, limit: int = 1000) -> list[str]:
+        """A repeated form field, or a JSON array of strings (at most ``limit``)."""
+        body = self._json_body(request)
+        if name in body:
+            value = body[name]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise HTTPError(400, f"{name} must be a list of strings")
+            return value[:limit + 1]
+        try:
+            return [v.decode("utf-8") for v in request.args.get(name.encode(), [])][:limit + 1]
         except UnicodeDecodeError:
             raise HTTPError(400, f"parameter {name} is not UTF-8") from None
 
@@ -474,20 +490,38 @@ class Console:
             "per_page": self._int(request, "per_page", 50),
         }
 
+    def _client_filters(self, request: Any) -> views.ClientFilters:
+        def choice(name: str, allowed: tuple[str, ...]) -> str:
+            value = self._param(request, name)
+            if value and value not in allowed:
+                raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
+            return value
+        return views.ClientFilters(
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
+            kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
+
+    def _clients(self, request: Any) -> tuple[dict[str, Any], views.ClientFilters, views.Page]:
+        args = self._list_args(request, views.CLIENT_SORTS)
+        filters = self._client_filters(request)
+        page = views.list_clients(self.broker.view, filters=filters, rates=self.client_rates,
+                                  **args)
+        return args, filters, page
+
     @app.route("/clients", methods=["GET"])
     def clients_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        args = self._list_args(request, views.CLIENT_SORTS)
-        page = views.list_clients(self.broker.view, **args)
+        args, filters, page = self._clients(request)
         partial = self._flag(request, "partial")
         return self._render(request, "_client_rows.html" if partial else "clients.html", auth,
-                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS)
+                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS,
+                            filters=filters, extra=filters.as_params())
 
     @app.route("/api/clients", methods=["GET"])
     def clients_api(self, request: Any) -> bytes:
         self._require(request, api=True)
-        page = views.list_clients(self.broker.view, **self._list_args(request, views.CLIENT_SORTS))
-        return self._json(request, page.as_json())
+        _, filters, page = self._clients(request)
+        return self._json(request, {**page.as_json(), "filters": filters.as_params()})
 
     def _client(self, request: Any) -> dict[str, Any] | None:
         key = self._param(request, "key")
@@ -496,7 +530,9 @@ class Console:
         if key:
             client = model.client(key)
             if client is not None:
-                return views.client_detail(client)
+                detail = views.client_detail(client)
+                detail["rates"] = self.client_rates.rates(key, detail["counters"])
+                return detail
             if key.startswith("mqtt:"):
                 session_id = key[5:]
         if session_id:
@@ -632,8 +668,10 @@ class Console:
     @app.route("/publish", methods=["GET"])
     def publish_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        return self._render(request, "publish.html", auth, nav="publish",
-                            topic=self._param(request, "topic"))
+        draft = dict(auth.session.drafts.get("publish", {})) if auth.session else {}
+        if self._param(request, "topic"):
+            draft["topic"] = self._param(request, "topic")
+        return self._render(request, "publish.html", auth, nav="publish", draft=draft)
 
     @app.route("/api/whoami", methods=["GET"])
     def whoami_api(self, request: Any) -> bytes:
@@ -712,6 +750,11 @@ class Console:
         return lambda auth: self.actions.disconnect(
             auth.user, self._param(request, "key"), self._flag(request, "with_will"))
 
+    def _bulk(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.bulk(
+            auth.user, self._param(request, "action"), self._list(request, "keys"),
+            self._flag(request, "with_will"))
+
     def _clear_session(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.clear_session(
             auth.user, self._param(request, "client_id"))
@@ -736,10 +779,17 @@ class Console:
         return act
 
     def _publish(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
-        return lambda auth: self.actions.publish(
-            auth.user, self._param(request, "topic"), self._param(request, "payload"),
-            self._param(request, "encoding", "utf-8"), self._int(request, "qos", 0),
-            self._flag(request, "retain"))
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            draft = {name: self._param(request, name)[:MAX_DRAFT]
+                     for name in ("topic", "payload", "encoding", "qos", "retain")}
+            if auth.session is not None:
+                # The form shows what was typed again, after an error or a success.
+                auth.session.drafts["publish"] = draft
+            return self.actions.publish(
+                auth.user, draft["topic"], self._param(request, "payload"),
+                draft["encoding"] or "utf-8", self._int(request, "qos", 0),
+                self._flag(request, "retain"))
+        return act
 
     # Every action is a form POST (answered with a redirect and a flash message) and
     # its JSON twin under /api/, registered together from one row: the path, the
@@ -747,6 +797,7 @@ class Console:
     _ACTION_ROUTES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("/clients/force-will", "_force_will", "/clients"),
         ("/clients/disconnect", "_disconnect", "/clients"),
+        ("/clients/bulk", "_bulk", "/clients"),
         ("/sessions/clear", "_clear_session", "/sessions"),
         ("/wills/fire", "_fire_will", "/wills"),
         ("/wills/discard", "_discard_will", "/wills"),

@@ -25,7 +25,7 @@ __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "session_json",
+    "payload_preview", "session_json", "ClientFilters", "ClientRates",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
@@ -160,6 +160,10 @@ def connection_row(client: ClientView) -> dict[str, Any]:
         "inflight": inflight,
         "has_will": bool(info.will_owners) or bool(client.wills),
         "links": len(info.links),
+        "counters": {"messages_in": info.messages_in, "messages_out": info.messages_out,
+                     "bytes_in": info.bytes_in, "bytes_out": info.bytes_out,
+                     "last_activity": info.last_activity or None},
+        "rates": None,     # filled by the console (``ClientRates``) for shown rows
     }
 
 
@@ -220,6 +224,7 @@ def client_detail(client: ClientView) -> dict[str, Any]:
     row["session"] = session_json(client.session) if client.session is not None else None
     row["wills"] = [will_json(w) for w in client.wills]
     row["link_list"] = [asdict(link) for link in client.info.links]
+    row["amqp"] = asdict(client.info.amqp) if client.info.amqp is not None else None
     row["online"] = True
     return row
 
@@ -237,6 +242,9 @@ def session_detail(session: SessionView, will: WillView | None) -> dict[str, Any
         "link_list": [],
         "links": 0,
         "has_will": will is not None,
+        "amqp": None,
+        "counters": None,
+        "rates": None,
     }
 
 
@@ -250,7 +258,47 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "subscriptions": lambda r: r["subscriptions"] or 0,
     "queued": lambda r: r["queued"] or 0,
     "inflight": lambda r: r["inflight"] or 0,
+    "messages_in": lambda r: r["counters"]["messages_in"],
+    "messages_out": lambda r: r["counters"]["messages_out"],
+    "bytes": lambda r: r["counters"]["bytes_in"] + r["counters"]["bytes_out"],
+    "activity": lambda r: r["counters"]["last_activity"] or 0.0,
 }
+
+
+@dataclass(frozen=True)
+class ClientFilters:
+    """The clients page's filters (all optional; "" means any)."""
+
+    protocol: str = ""       # "mqtt" (3.1 and 3.1.1), "mqtt3.1", "mqtt3.1.1" or "amqp"
+    user: str = ""           # substring of the user name; "-" for clients without one
+    remote: str = ""         # substring of host:port
+    kind: str = ""           # "clean" or "persistent" (a session kept across connections)
+    will: str = ""           # "yes" or "no"
+
+    def active(self) -> bool:
+        return any((self.protocol, self.user, self.remote, self.kind, self.will))
+
+    def as_params(self) -> dict[str, str]:
+        return {"protocol": self.protocol, "user": self.user, "remote": self.remote,
+                "kind": self.kind, "will": self.will}
+
+    def keep(self, row: dict[str, Any]) -> bool:
+        proto = row["protocol"]
+        if self.protocol and not (proto == self.protocol or (
+                self.protocol == "mqtt" and proto.startswith("mqtt"))):
+            return False
+        if self.user == "-":
+            if row["user"]:
+                return False
+        elif self.user and self.user.lower() not in (row["user"] or "").lower():
+            return False
+        if self.remote and self.remote.lower() not in row["remote"].lower():
+            return False
+        if self.kind and (self.kind == "persistent") != bool(row["persistent"]):
+            return False
+        if self.will and (self.will == "yes") != row["has_will"]:
+            return False
+        return True
 
 
 def _matches(query: str, *values: str | None) -> bool:
@@ -258,15 +306,64 @@ def _matches(query: str, *values: str | None) -> bool:
 
 
 def list_clients(model: ReadModel, query: str = "", sort: str = "client_id",
-                 desc: bool = False, page: int = 1, per_page: int = 50) -> Page:
-    """Filter, sort and page all live connections (MQTT and AMQP) server-side."""
+                 desc: bool = False, page: int = 1, per_page: int = 50,
+                 filters: ClientFilters | None = None,
+                 rates: ClientRates | None = None) -> Page:
+    """Filter, sort and page all live connections (MQTT and AMQP) server-side;
+    ``rates`` (if given) adds message rates to the rows of the page shown."""
     rows = [connection_row(client) for client in model.clients()]
+    if rates is not None:
+        rates.forget_all_but({r["key"] for r in rows})
     q = query.strip().lower()
     if q:
         rows = [r for r in rows if _matches(q, r["client_id"], r["remote"], r["user"])]
+    if filters is not None and filters.active():
+        rows = [r for r in rows if filters.keep(r)]
     key = CLIENT_SORTS.get(sort, CLIENT_SORTS["client_id"])
     rows.sort(key=key, reverse=desc)
-    return paginate(rows, page, per_page, lambda r: r)
+    shown = paginate(rows, page, per_page, lambda r: r)
+    if rates is not None:
+        for row in shown.items:
+            row["rates"] = rates.rates(row["key"], row["counters"])
+    return shown
+
+
+class ClientRates:
+    """Per-client message rates, from the counters of successive looks at a client
+    (the live table refreshes every second).  Costs nothing on the broker's hot
+    path: only the rows a page shows are sampled; bounded by the live connections
+    (a client that left is forgotten)."""
+
+    def __init__(self, seconds: Callable[[], float], min_interval: float = 1.0) -> None:
+        self._seconds = seconds
+        self._min = min_interval
+        # key -> (at, messages in, messages out, bytes in, bytes out, last rates)
+        self._seen: dict[str, tuple[float, int, int, int, int, dict[str, float] | None]] = {}
+
+    def rates(self, key: str, counters: dict[str, Any]) -> dict[str, float] | None:
+        now = self._seconds()
+        now_counts = (counters["messages_in"], counters["messages_out"],
+                      counters["bytes_in"], counters["bytes_out"])
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = (now, *now_counts, None)
+            return None
+        at, *old, last = seen
+        dt = now - at
+        if dt < self._min:
+            return last                     # too soon: keep the last figures
+        names = ("messages_in", "messages_out", "bytes_in", "bytes_out")
+        fresh = {n: round(max(0, c - o) / dt, 1) for n, c, o in
+                 zip(names, now_counts, old, strict=True)}
+        self._seen[key] = (now, *now_counts, fresh)
+        return fresh
+
+    def forget_all_but(self, keys: set[str]) -> None:
+        for key in [k for k in self._seen if k not in keys]:
+            del self._seen[key]
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 # -- sessions ---------------------------------------------------------------------

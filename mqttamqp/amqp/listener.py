@@ -47,6 +47,7 @@ from mqttamqp.amqp._engine import (
     pop_event,
 )
 from mqttamqp.amqp.attach import attach
+from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
     BrokerLink,
     ControlOutlet,
@@ -114,6 +115,11 @@ class AMQPConnection(Protocol):
         self.username: str | None = None
         self.identity = Identity("")
         self.connected_since = 0.0
+        # Console counters: bytes per socket read/write; messages are the links'
+        # own counts, plus those of links already gone (``forget_link``).
+        self.bytes_in = self.bytes_out = 0
+        self.last_activity = 0.0
+        self._gone_in = self._gone_out = 0
         self.requests = SessionRequests(self)
         self.links: dict[Any, BrokerLink] = {}
         self.sasl = SaslServer(factory.mechanisms(), factory.anonymous_allowed())
@@ -250,7 +256,11 @@ class AMQPConnection(Protocol):
         self.schedule_flush()
 
     def forget_link(self, link: BrokerLink) -> None:
-        self.links.pop(link.impl, None)
+        if self.links.pop(link.impl, None) is not None:
+            if link.role == "sender":
+                self._gone_out += link.delivered
+            else:
+                self._gone_in += link.delivered
 
     def send_control(self, client_id: str, data: bytes) -> bool:
         outlets = self.factory.control_outlets.get(client_id)
@@ -285,12 +295,21 @@ class AMQPConnection(Protocol):
         sessions = [link.client_id for link in links if isinstance(link, SessionOutlet)]
         wills = tuple(link.name for link in links if isinstance(link, WillServiceLink)
                       and link.name in self.broker.wills)
+        details, link_infos = amqp_details(
+            self.pconn, self.ptrans, self.container_id, self.sasl.mechanism,
+            [(link.plink, link.info()) for link in links])
         return ConnectionInfo(
             key=self.key, client_id=self.container_id, protocol="amqp", remote=self.peer,
             user=self.username, connected_since=self.connected_since,
             keepalive=int(self.factory.idle_timeout), clean_session=None,
             session_id=sessions[0] if sessions else None, will_owners=wills,
-            links=tuple(link.info() for link in links))
+            links=link_infos, amqp=details,
+            messages_in=self._gone_in + sum(i.delivered for i in link_infos
+                                            if i.role == "receiver"),
+            messages_out=self._gone_out + sum(i.delivered for i in link_infos
+                                              if i.role == "sender"),
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self.last_activity)
 
     def close(self, reason: str) -> None:
         """Closed by the broker (console): a brute end for the links, wills fire."""
@@ -359,6 +378,8 @@ class AMQPConnection(Protocol):
         ptrans = self.ptrans
         broker = self.broker
         broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
+        self.last_activity = self.clock.seconds()
         # Everything one socket read causes goes to the store as one batch (one
         # hand-off to the writer thread), as for MQTT.
         broker.begin_batch()
@@ -467,6 +488,7 @@ class AMQPConnection(Protocol):
 
     def _write(self, data: bytes) -> None:
         self.transport.write(data)
+        self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
     def _drop(self) -> None:
