@@ -18,6 +18,8 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from mqttamqp.core.auth import peer_host
+from mqttamqp.core.bans import BanError
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
@@ -228,3 +230,48 @@ class ConsoleActions:
         return ActionResult(f"Published {len(body)} byte(s) to {topic} (QoS {qos}"
                             f"{', retained' if retain else ''}).",
                             {"published": True, "size": len(body)})
+
+    # -- bans -------------------------------------------------------------------
+
+    async def ban(self, user: str, kind: str, value: str, seconds: float | None, reason: str,
+                  disconnect: bool) -> ActionResult:
+        """Ban ``value`` for ``seconds`` (None: for good), durably; with ``disconnect``
+        the matching live connections are closed too (their wills fire, as on any
+        unexpected end)."""
+        if seconds is not None and seconds <= 0:
+            raise ActionError(400, "a ban lasts a positive number of seconds (or for good)")
+        until = None if seconds is None else self.broker.clock.seconds() + seconds
+        try:
+            ban, durable = self.broker.ban(kind, value, until, reason, user)
+        except BanError as e:
+            raise ActionError(400, str(e)) from None
+        await durable
+        closed = 0
+        if disconnect:
+            for client in self.broker.view.clients():
+                info = client.info
+                if self.broker.bans.check(info.client_id, info.user,
+                                          peer_host(info.remote)) is not None:
+                    done = self.broker.disconnect(info.key, True,
+                                                  f"banned by console user {user}")
+                    if done is not None:
+                        await done[1]
+                        closed += 1
+        term = "for good" if until is None else f"for {seconds:g} s"
+        self._audit(user, "ban", f"banned {term}, {closed} connection(s) closed",
+                    kind=kind, value=ban.value, reason=ban.reason)
+        return ActionResult(f"Banned {kind.replace('_', ' ')} {ban.value} {term}"
+                            f"{f'; closed {closed} connection(s)' if closed else ''}.",
+                            {"banned": True, "until": until, "disconnected": closed})
+
+    async def unban(self, user: str, kind: str, value: str) -> ActionResult:
+        try:
+            d = self.broker.unban(kind, value)
+        except BanError as e:
+            raise ActionError(400, str(e)) from None
+        if d is None:
+            raise ActionError(404, f"no ban on {kind} {value!r}")
+        await d
+        self._audit(user, "unban", "lifted", kind=kind, value=value)
+        return ActionResult(f"Lifted the ban on {kind.replace('_', ' ')} {value}.",
+                            {"lifted": True})

@@ -673,6 +673,22 @@ class Console:
             draft["topic"] = self._param(request, "topic")
         return self._render(request, "publish.html", auth, nav="publish", draft=draft)
 
+    def _bans(self) -> list[dict[str, Any]]:
+        return [views.ban_json(b, self.clock.seconds()) for b in self.broker.view.bans()]
+
+    @app.route("/bans", methods=["GET"])
+    def bans_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "bans.html", auth, nav="bans", bans=self._bans(),
+                            kind=self._param(request, "kind", "client_id"),
+                            value=self._param(request, "value"),
+                            durations=views.BAN_DURATIONS)
+
+    @app.route("/api/bans", methods=["GET"])
+    def bans_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, {"items": self._bans()})
+
     @app.route("/api/whoami", methods=["GET"])
     def whoami_api(self, request: Any) -> bytes:
         auth = self._require(request, api=True)
@@ -755,6 +771,23 @@ class Console:
             auth.user, self._param(request, "action"), self._list(request, "keys"),
             self._flag(request, "with_will"))
 
+    def _ban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            raw = self._param(request, "seconds")
+            try:
+                seconds = float(raw) if raw and raw not in ("0", "forever") else None
+            except ValueError:
+                raise HTTPError(400, "seconds must be a number (or 0 / forever)") from None
+            return self.actions.ban(auth.user, self._param(request, "kind"),
+                                    self._param(request, "value"), seconds,
+                                    self._param(request, "reason"),
+                                    self._flag(request, "disconnect"))
+        return act
+
+    def _unban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.unban(auth.user, self._param(request, "kind"),
+                                               self._param(request, "value"))
+
     def _clear_session(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.clear_session(
             auth.user, self._param(request, "client_id"))
@@ -804,6 +837,8 @@ class Console:
         ("/retained/delete", "_delete_retained", "/retained"),
         ("/retained/delete-matching", "_delete_matching", "/retained"),
         ("/publish", "_publish", "/publish"),
+        ("/bans/add", "_ban", "/bans"),
+        ("/bans/remove", "_unban", "/bans"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
+from mqttamqp.core.bans import Ban
 from mqttamqp.core.message import Message
 from mqttamqp.core.readmodel import ClientView, EntryView, ReadModel, SessionView, WillView
 
@@ -25,7 +26,8 @@ __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "session_json", "ClientFilters", "ClientRates",
+    "payload_preview", "session_json", "ClientFilters", "ClientRates", "ban_json",
+    "BAN_DURATIONS",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
@@ -477,3 +479,15 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
         out["listeners"] = context.listeners()
         out["storage"] = context.storage_stats()
     return out
+
+
+# -- bans -------------------------------------------------------------------------
+
+BAN_DURATIONS = (("600", "10 minutes"), ("3600", "1 hour"), ("86400", "1 day"),
+                 ("604800", "7 days"), ("", "for good"))
+
+
+def ban_json(ban: Ban, now: float) -> dict[str, Any]:
+    return {"kind": ban.kind, "value": ban.value, "until": ban.until,
+            "remaining": None if ban.until is None else max(0.0, ban.until - now),
+            "reason": ban.reason, "created": ban.created, "by": ban.by}

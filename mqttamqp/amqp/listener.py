@@ -568,6 +568,11 @@ class AMQPConnection(Protocol):
             self._lost_reason = "protocol error (container id not UTF-8)"
             self._close_engine("amqp:decode-error", "the container id is not valid UTF-8")
             return
+        banned = self.broker.banned("AMQP", self.container_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._lost_reason = "refused: " + banned
+            self._close_engine("amqp:unauthorized-access", banned)
+            return
         self.identity = Identity(self.container_id, self.username, "amqp")
         pconn.container = CONTAINER_ID
         pconn.offered_capabilities = SymbolList([amqp_symbol("ANONYMOUS-RELAY")])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mqttamqp.core.bans import Ban, BanList
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
@@ -141,7 +142,9 @@ class ReadModel:
     """Views of the broker's state; every call builds fresh frozen values."""
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
-                 router: Router, stats: BrokerStats, recorder: Recorder) -> None:
+                 router: Router, stats: BrokerStats, recorder: Recorder,
+                 bans: BanList | None = None) -> None:
+        self._bans = bans
         self._recorder = recorder
         self._registry = registry
         self._wills = wills
@@ -228,6 +231,12 @@ class ReadModel:
 
     def retained_matching(self, topic_filter: str) -> list[Message]:
         return self._router.retained.match(topic_filter)
+
+    # -- bans -----------------------------------------------------------------
+
+    def bans(self) -> list[Ban]:
+        """The bans in force (``Ban`` is frozen), by kind and value."""
+        return self._bans.active() if self._bans is not None else []
 
     # -- counters -------------------------------------------------------------
 

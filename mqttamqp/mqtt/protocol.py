@@ -445,6 +445,10 @@ class MQTTProtocol(Protocol):
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
+        banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._refuse(ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
         self.rules.advance("connect")
@@ -513,10 +517,12 @@ class MQTTProtocol(Protocol):
         if self.state is ConnectionState.CONNECTING:
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
 
-    def _refuse(self, code: int, reason: str) -> None:
-        self.broker.stats.connections_refused += 1
-        self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK {code})",
-                      peer=self.peer, c=self.client_id, r=reason, code=int(code))
+    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        if not logged:
+            self.broker.stats.connections_refused += 1
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code})", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code))
         if self.session is not None:
             # A refused CONNECT leaves no will behind and publishes none.
             self.broker.end_session(self, self.session, True, "CONNECT refused")
