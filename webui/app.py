@@ -42,6 +42,7 @@ from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
+from webui.tail import TAIL_MODES, TailHub
 from webui.traffic import TrafficSource
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
@@ -201,6 +202,7 @@ class Console:
             report_dir, context.archive_dir, self.clock.seconds,
             self.broker.recorder.stats if context.archive_dir is not None else None)
         self.client_rates = views.ClientRates(self.clock.seconds)
+        self.tails = TailHub(self.broker, self.clock)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -710,12 +712,8 @@ class Console:
 
     # -- live feed ----------------------------------------------------------------
 
-    @app.route("/api/events", methods=["GET"])
-    def events(self, request: Any) -> Deferred[None] | bytes:
-        auth = self._require(request, api=True)
-        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
-        request.setHeader(b"x-accel-buffering", b"no")
-
+    def _still_allowed(self, auth: Auth) -> Callable[[], bool]:
+        """For a long-lived stream: is its login (or token) still good?"""
         def still_allowed() -> bool:
             if auth.token is not None:
                 return self.users.token_exists(auth.user, auth.token.id)
@@ -723,8 +721,42 @@ class Console:
             assert session is not None
             live = self.sessions.get(session.id, touch=False)
             return live is not None and self._user_valid(live) is not None
+        return still_allowed
 
-        stream = EventStream(request, still_allowed)
+    @app.route("/tail", methods=["GET"])
+    def tail_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "tail.html", auth, nav="tail",
+                            filter=self._param(request, "filter", "#") or "#",
+                            view=self._param(request, "view", "auto"), modes=TAIL_MODES,
+                            per_second=self.tails.per_second,
+                            max_payload=self.tails.max_payload)
+
+    @app.route("/api/tail", methods=["GET"])
+    def tail_stream(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        topic_filter = self._param(request, "filter", "#") or "#"
+        problem = validate_topic_filter(topic_filter)
+        if problem is not None:
+            raise HTTPError(400, f"invalid topic filter: {problem}")
+        mode = self._param(request, "view", "auto")
+        if mode not in TAIL_MODES:
+            raise HTTPError(400, f"view must be one of {', '.join(TAIL_MODES)}")
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        tail = self.tails.open(request, auth.user, topic_filter, mode,
+                               self._still_allowed(auth))
+        if isinstance(tail, str):
+            request.setHeader(b"content-type", b"application/json; charset=utf-8")
+            raise HTTPError(503 if "at most" in tail else 403, tail)
+        return tail.done
+
+    @app.route("/api/events", methods=["GET"])
+    def events(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        stream = EventStream(request, self._still_allowed(auth))
         if not self.feed.subscribe(stream):
             raise HTTPError(503, "too many live streams open")
         return stream.done
