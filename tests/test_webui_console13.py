@@ -276,3 +276,55 @@ def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
     tail = next(iter(console.tails.tails.values()))
     tail.done.cancel()                     # the browser went away
     assert not console.tails.tails and not broker.link_subscribers
+
+
+# -- topics and subscriptions ------------------------------------------------------------------
+
+
+def test_topic_counts_are_capped_and_cheap() -> None:
+    from mqttamqp.core.topicstats import TopicStats
+    stats = TopicStats(max_topics=2)
+    for topic in ("a", "b", "a", "c", "d", "b"):
+        stats.note(topic)
+    assert stats.counts() == {"a": 2, "b": 2} and stats.untracked == 2
+
+
+def test_topic_tree_with_rates_subscribers_and_retained(env: Any) -> None:
+    from mqttamqp.core.auth import Identity
+    _, broker, clock, client = env
+    connect(broker, "watcher", subscriptions=("plant/+/temp",))
+    for topic, retain in (("plant/l1/temp", True), ("plant/l1/temp", False),
+                          ("plant/l2/temp", False), ("office/door", False)):
+        broker.publish(Message(topic, b"1", 0, retain, "p", clock.seconds()), Identity("p"))
+    root = client.get("/api/topics").json()
+    assert [(n["name"], n["messages"], n["topics"], n["children"]) for n in root["items"]] == [
+        ("office", 1, 1, True), ("plant", 3, 2, True)]
+    assert (root["tracked"], root["max_tracked"], root["untracked"]) == (3, 10_000, 0)
+    level = client.get("/api/topics", prefix="plant/l1").json()
+    assert level["items"] == [{"name": "temp", "path": "plant/l1/temp", "messages": 2,
+                               "rate": 0.0, "topics": 1, "retained": True, "leaf": True,
+                               "children": False, "subscribers": 1}]
+    clock.advance(2)
+    for _ in range(6):
+        broker.publish(Message("plant/l1/temp", b"2", 0, False, "p", clock.seconds()))
+    level = client.get("/api/topics", prefix="plant/l1").json()
+    assert level["items"][0]["rate"] == 3.0 and level["items"][0]["messages"] == 8
+    html = client.get("/topics", prefix="plant").text
+    assert "plant/l1" in html and "at most 10,000 topics" in html and 'id="topic-table"' in html
+    assert client.get("/api/topics", prefix="a/+").code == 400
+
+
+def test_subscriptions_across_sessions_are_searchable(env: Any) -> None:
+    from mqttamqp.core.auth import Identity
+    _, broker, _, client = env
+    connect(broker, "dev-<1>", clean=False, subscriptions=("cmd/dev1/#", "all/#"))
+    connect(broker, "dev-2", subscriptions=("cmd/dev2/#",))
+    broker.add_topic_receiver("amqp:9:rx", "all/#", Identity("app"), 1)
+    items = client.get("/api/subscriptions").json()["items"]
+    assert [(s["filter"], s["client_id"], s["kind"]) for s in items] == [
+        ("all/#", "amqp:9:rx", "amqp receiver"), ("all/#", "dev-<1>", "persistent"),
+        ("cmd/dev1/#", "dev-<1>", "persistent"), ("cmd/dev2/#", "dev-2", "clean")]
+    found = client.get("/api/subscriptions", q="DEV2").json()
+    assert found["total"] == 1 and found["items"][0]["client_id"] == "dev-2"
+    html = client.get("/subscriptions", q="dev1").text
+    assert "dev-&lt;1&gt;" in html and "dev-<1>" not in html

@@ -36,7 +36,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.topics import validate_topic_filter
+from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
@@ -203,6 +203,7 @@ class Console:
             self.broker.recorder.stats if context.archive_dir is not None else None)
         self.client_rates = views.ClientRates(self.clock.seconds)
         self.tails = TailHub(self.broker, self.clock)
+        self.topic_rates = views.TopicRates(self.clock.seconds)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -674,6 +675,43 @@ class Console:
         if self._param(request, "topic"):
             draft["topic"] = self._param(request, "topic")
         return self._render(request, "publish.html", auth, nav="publish", draft=draft)
+
+    def _topics(self, request: Any) -> dict[str, Any]:
+        prefix = self._param(request, "prefix").strip("/")
+        if prefix and validate_topic_name(prefix) is not None:
+            raise HTTPError(400, f"invalid topic prefix: {validate_topic_name(prefix)}")
+        return views.topic_tree(self.broker.view, prefix, self.topic_rates)
+
+    @app.route("/topics", methods=["GET"])
+    def topics_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        tree = self._topics(request)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_topic_rows.html" if partial else "topics.html", auth,
+                            nav="topics", tree=tree)
+
+    @app.route("/api/topics", methods=["GET"])
+    def topics_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._topics(request))
+
+    def _subscriptions(self, request: Any) -> tuple[dict[str, Any], views.Page]:
+        query = self._param(request, "q")[:200]
+        page = views.list_subscriptions(self.broker.view, query, self._int(request, "page", 1),
+                                        self._int(request, "per_page", 50))
+        return {"query": query, "sort": "", "desc": False, "per_page": page.per_page}, page
+
+    @app.route("/subscriptions", methods=["GET"])
+    def subscriptions_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        args, page = self._subscriptions(request)
+        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+                            args=args)
+
+    @app.route("/api/subscriptions", methods=["GET"])
+    def subscriptions_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._subscriptions(request)[1].as_json())
 
     def _bans(self) -> list[dict[str, Any]]:
         return [views.ban_json(b, self.clock.seconds()) for b in self.broker.view.bans()]

@@ -20,14 +20,21 @@ from typing import Any, TypeVar
 from mqttamqp import __version__
 from mqttamqp.core.bans import Ban
 from mqttamqp.core.message import Message
-from mqttamqp.core.readmodel import ClientView, EntryView, ReadModel, SessionView, WillView
+from mqttamqp.core.readmodel import (
+    ClientView,
+    EntryView,
+    ReadModel,
+    SessionView,
+    SubscriptionView,
+    WillView,
+)
 
 __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
     "payload_preview", "session_json", "ClientFilters", "ClientRates", "ban_json",
-    "BAN_DURATIONS",
+    "BAN_DURATIONS", "TopicRates", "topic_tree", "list_subscriptions",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
@@ -491,3 +498,98 @@ def ban_json(ban: Ban, now: float) -> dict[str, Any]:
     return {"kind": ban.kind, "value": ban.value, "until": ban.until,
             "remaining": None if ban.until is None else max(0.0, ban.until - now),
             "reason": ban.reason, "created": ban.created, "by": ban.by}
+
+
+# -- topics -------------------------------------------------------------------------
+
+
+class TopicRates:
+    """Per-topic message rates from successive reads of the broker's topic counts
+    (the Topics page refreshes every second).  Bounded by the core's cap on
+    tracked topics; one instance serves every viewer."""
+
+    def __init__(self, seconds: Callable[[], float], min_interval: float = 1.0) -> None:
+        self._seconds = seconds
+        self._min = min_interval
+        self._at = 0.0
+        self._prev: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
+
+    def update(self, counts: dict[str, int]) -> dict[str, float]:
+        now = self._seconds()
+        dt = now - self._at
+        if not self._prev:
+            self._at, self._prev = now, dict(counts)
+        elif dt >= self._min:
+            prev = self._prev
+            self.rates = {t: (n - prev.get(t, 0)) / dt for t, n in counts.items()
+                          if n != prev.get(t, 0)}
+            self._at, self._prev = now, dict(counts)
+        return self.rates
+
+
+MAX_TREE_ROWS = 500
+
+
+def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, Any]:
+    """The level below ``prefix`` ("" is the root): one row per child with the
+    messages and rate of everything under it, how many topics it holds, whether it
+    is itself a retained topic and how many subscribers a message on it reaches."""
+    counts_view = model.topic_counts()
+    counts = dict(counts_view.counts)
+    per_topic_rate = rates.update(counts)
+    base = prefix + "/" if prefix else ""
+    retained = {m.topic for m in model.retained_matching(base + "#" if base else "#")}
+    if prefix and model.retained(prefix) is not None:
+        retained.add(prefix)
+    nodes: dict[str, dict[str, Any]] = {}
+    for topic in set(counts) | retained:
+        if base and not topic.startswith(base):
+            continue
+        if not base and topic.startswith("$"):
+            continue                              # $SYS and $dynamic: not traffic
+        name, sep, _ = topic[len(base):].partition("/")
+        node = nodes.get(name)
+        if node is None:
+            if len(nodes) >= MAX_TREE_ROWS:
+                continue
+            node = nodes[name] = {"name": name, "path": base + name, "messages": 0,
+                                  "rate": 0.0, "topics": 0, "retained": False,
+                                  "leaf": False, "children": False}
+        node["messages"] += counts.get(topic, 0)
+        node["rate"] += per_topic_rate.get(topic, 0.0)
+        node["topics"] += 1
+        if sep:
+            node["children"] = True
+        else:
+            node["leaf"] = True
+            node["retained"] = topic in retained
+    rows = sorted(nodes.values(), key=lambda n: n["name"])
+    for row in rows:
+        row["rate"] = round(row["rate"], 1)
+        row["subscribers"] = model.subscriber_count(row["path"])
+    crumbs = []
+    if prefix:
+        parts = prefix.split("/")
+        crumbs = [{"name": p, "path": "/".join(parts[:i + 1])} for i, p in enumerate(parts)]
+    return {"prefix": prefix, "crumbs": crumbs, "items": rows,
+            "cut": len(nodes) >= MAX_TREE_ROWS,
+            "tracked": counts_view.tracked, "max_tracked": counts_view.max_tracked,
+            "untracked": counts_view.untracked,
+            "self": {"messages": counts.get(prefix, 0),
+                     "subscribers": model.subscriber_count(prefix),
+                     "retained": prefix in retained} if prefix else None}
+
+
+def subscription_row(s: SubscriptionView) -> dict[str, Any]:
+    return {"client_id": s.client_id, "filter": s.topic_filter, "qos": s.qos,
+            "kind": s.kind, "online": s.online}
+
+
+def list_subscriptions(model: ReadModel, query: str, page: int, per_page: int) -> Page:
+    """Every session's subscriptions, searched in client ids and filters."""
+    q = query.strip().lower()
+    subs = [s for s in model.subscriptions()
+            if not q or q in s.topic_filter.lower() or q in s.client_id.lower()]
+    subs.sort(key=lambda s: (s.topic_filter, s.client_id))
+    return paginate(subs, page, per_page, subscription_row)

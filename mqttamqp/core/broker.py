@@ -65,6 +65,7 @@ from mqttamqp.core.session import ClientLink, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
 from mqttamqp.core.topics import SubscriptionTrie
+from mqttamqp.core.topicstats import TopicStats
 from mqttamqp.core.wills import Wills
 
 __all__ = ["Broker", "Opened", "Outcome", "Published", "SUBSCRIBE_FAILURE"]
@@ -111,8 +112,9 @@ class Broker:
         self.end_batch: Callable[[], None] = self._commits.end
         self.after_batch: Callable[[Callable[[], None]], bool] = self._commits.after_batch
         self.bans = BanList(clock.seconds)
+        self.topic_stats = TopicStats()       # per-topic counts for the console
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
-                              self.recorder, self.bans)
+                              self.recorder, self.bans, self.topic_stats)
         self._loops: list[LoopingCall] = []
 
     # -- state the read model and tests look at (read-only) ---------------------
@@ -409,12 +411,15 @@ class Broker:
         failure is logged here and ``durable`` is None.
         """
         result = self._router.publish(message, identity, (), counted)
+        if counted and not result.denied:
+            self.topic_stats.note(message.topic)
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
         return Published(None, result.congested, result.denied)
 
     def _publish_with(self, message: Message, extra_ops: Sequence[Op]) -> Published:
+        self.topic_stats.note(message.topic)        # wills
         return self._router.publish(message, None, extra_ops)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
@@ -428,6 +433,8 @@ class Broker:
             return Published(self._commits.barrier())
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True)
+        if not result.denied:
+            self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
         return result
