@@ -26,13 +26,14 @@ from webui.feed import EventStream
 
 PAGES = ["/", "/clients", "/client?key=mqtt:x", "/sessions", "/retained",
          "/retained/message?topic=a", "/retained/delete-matching?filter=%23", "/wills",
-         "/traffic", "/publish"]
-APIS = ["/api/overview", "/api/clients", "/api/client?key=mqtt:x", "/api/sessions",
+         "/traffic", "/publish", "/topics", "/subscriptions", "/bans", "/tail"]
+APIS = ["/api/", "/api/topics", "/api/subscriptions", "/api/bans", "/api/tail",
+        "/api/overview", "/api/clients", "/api/client?key=mqtt:x", "/api/sessions",
         "/api/retained", "/api/retained/message?topic=a", "/api/retained/count?filter=%23",
         "/api/wills", "/api/traffic", "/api/whoami", "/api/events"]
 ACTIONS = ["/clients/force-will", "/clients/disconnect", "/sessions/clear",
            "/retained/delete", "/retained/delete-matching", "/wills/fire", "/wills/discard",
-           "/publish"]
+           "/publish", "/clients/bulk", "/bans/add", "/bans/remove"]
 
 
 @pytest.fixture

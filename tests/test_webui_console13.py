@@ -328,3 +328,25 @@ def test_subscriptions_across_sessions_are_searchable(env: Any) -> None:
     assert found["total"] == 1 and found["items"][0]["client_id"] == "dev-2"
     html = client.get("/subscriptions", q="dev1").text
     assert "dev-&lt;1&gt;" in html and "dev-<1>" not in html
+
+
+# -- the API index ------------------------------------------------------------------------------
+
+
+def test_api_index_lists_every_endpoint(env: Any) -> None:
+    from webui.apidoc import ENDPOINTS
+    console, _, _, client = env
+    index = client.get("/api/").json()
+    listed = {e["path"]: e for e in index["endpoints"]}
+    routes = {r.rule for r in console.app.url_map.iter_rules() if r.rule.startswith("/api/")}
+    assert set(listed) == routes
+    assert set(ENDPOINTS) <= routes, set(ENDPOINTS) - routes        # nothing stale
+    assert all(e["description"] for e in index["endpoints"]), [
+        p for p, e in listed.items() if not e["description"]]
+    assert listed["/api/bans/add"]["methods"] == ["POST"]
+    assert listed["/api/bans/add"]["kind"] == "action"
+    assert listed["/api/clients"]["methods"] == ["GET"] and "protocol=" in \
+        listed["/api/clients"]["parameters"]
+    assert "Bearer" in index["auth"]
+    anonymous = Client(console).get("/api/")
+    assert anonymous.code == 401

@@ -39,6 +39,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
+from webui.apidoc import api_index
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
@@ -728,6 +729,11 @@ class Console:
     def bans_api(self, request: Any) -> bytes:
         self._require(request, api=True)
         return self._json(request, {"items": self._bans()})
+
+    @app.route("/api/", methods=["GET"])
+    def api_index(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, api_index(self.app.url_map))
 
     @app.route("/api/whoami", methods=["GET"])
     def whoami_api(self, request: Any) -> bytes:
