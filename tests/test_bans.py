@@ -98,7 +98,7 @@ def test_ban_from_the_console_disconnects_and_is_listed(console: Any, log_lines:
     assert reply.code == 303 and reply.header("location") == "/bans"
     assert device.closed and not bystander.closed
     page = client.get("/bans").text
-    assert "Banned client id noisy-&lt;b&gt;dev&lt;/b&gt; for 3600 s; closed 1 connection(s)." \
+    assert "Banned client id noisy-&lt;b&gt;dev&lt;/b&gt; for 1h 0m; closed 1 connection(s)." \
         in page
     assert "noisy-<b>" not in page and "floods &lt;i&gt;us&lt;/i&gt;" in page
     assert "1h" in page                          # time left

@@ -23,6 +23,7 @@ from mqttamqp.core.bans import BanError
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from webui.rendering import duration
 
 __all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]
 
@@ -257,7 +258,7 @@ class ConsoleActions:
                     if done is not None:
                         await done[1]
                         closed += 1
-        term = "for good" if until is None else f"for {seconds:g} s"
+        term = "for good" if until is None else f"for {duration(seconds)}"
         self._audit(user, "ban", f"banned {term}, {closed} connection(s) closed",
                     kind=kind, value=ban.value, reason=ban.reason)
         return ActionResult(f"Banned {kind.replace('_', ' ')} {ban.value} {term}"
