@@ -121,7 +121,7 @@ class MemoryStore(NullStore):
         return Snapshot(dict(s.retained), dict(s.wills), {
             k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
                              sorted(r.queue), set(r.inbound_qos2), r.owner)
-            for k, r in s.sessions.items()})
+            for k, r in s.sessions.items()}, list(s.bans))
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         s = self.state
@@ -157,6 +157,11 @@ class MemoryStore(NullStore):
                 s.sessions[op.client_id].inbound_qos2.add(op.packet_id)
             elif isinstance(op, p.DeleteInboundQos2):
                 s.sessions[op.client_id].inbound_qos2.discard(op.packet_id)
+            elif isinstance(op, p.PutBan):
+                s.bans = [b for b in s.bans if (b.kind, b.value) != (op.kind, op.value)]
+                s.bans.append(op)
+            elif isinstance(op, p.DeleteBan):
+                s.bans = [b for b in s.bans if (b.kind, b.value) != (op.kind, op.value)]
         return super().submit(ops)
 
 

@@ -36,13 +36,15 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.topics import validate_topic_filter
+from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 from mqttamqp.core.userstore import ROLE_ADMIN
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
+from webui.apidoc import api_index
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
+from webui.tail import TAIL_MODES, TailHub
 from webui.traffic import TrafficSource
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
@@ -53,6 +55,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".svg": "image/svg+xml", ".png": "image/png"}
+
+MAX_DRAFT = 256 * 1024     # what a form keeps of what was typed (bytes of text)
 
 RunInThread = Callable[..., "Deferred[Any]"]
 
@@ -201,6 +205,9 @@ class Console:
         self.traffic = TrafficSource(
             report_dir, context.archive_dir, self.clock.seconds,
             self.broker.recorder.stats if context.archive_dir is not None else None)
+        self.client_rates = views.ClientRates(self.clock.seconds)
+        self.tails = TailHub(self.broker, self.clock)
+        self.topic_rates = views.TopicRates(self.clock.seconds)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -240,6 +247,19 @@ class Console:
             return default
         try:
             return str(values[0].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise HTTPError(400, f"parameter {name} is not UTF-8") from None
+
+    def _list(self, request: Any, name: str, limit: int = 1000) -> list[str]:
+        """A repeated form field, or a JSON array of strings (at most ``limit``)."""
+        body = self._json_body(request)
+        if name in body:
+            value = body[name]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise HTTPError(400, f"{name} must be a list of strings")
+            return value[:limit + 1]
+        try:
+            return [v.decode("utf-8") for v in request.args.get(name.encode(), [])][:limit + 1]
         except UnicodeDecodeError:
             raise HTTPError(400, f"parameter {name} is not UTF-8") from None
 
@@ -491,20 +511,38 @@ class Console:
             "per_page": self._int(request, "per_page", 50),
         }
 
+    def _client_filters(self, request: Any) -> views.ClientFilters:
+        def choice(name: str, allowed: tuple[str, ...]) -> str:
+            value = self._param(request, name)
+            if value and value not in allowed:
+                raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
+            return value
+        return views.ClientFilters(
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
+            kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
+
+    def _clients(self, request: Any) -> tuple[dict[str, Any], views.ClientFilters, views.Page]:
+        args = self._list_args(request, views.CLIENT_SORTS)
+        filters = self._client_filters(request)
+        page = views.list_clients(self.broker.view, filters=filters, rates=self.client_rates,
+                                  **args)
+        return args, filters, page
+
     @app.route("/clients", methods=["GET"])
     def clients_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        args = self._list_args(request, views.CLIENT_SORTS)
-        page = views.list_clients(self.broker.view, **args)
+        args, filters, page = self._clients(request)
         partial = self._flag(request, "partial")
         return self._render(request, "_client_rows.html" if partial else "clients.html", auth,
-                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS)
+                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS,
+                            filters=filters, extra=filters.as_params())
 
     @app.route("/api/clients", methods=["GET"])
     def clients_api(self, request: Any) -> bytes:
         self._require(request, api=True)
-        page = views.list_clients(self.broker.view, **self._list_args(request, views.CLIENT_SORTS))
-        return self._json(request, page.as_json())
+        _, filters, page = self._clients(request)
+        return self._json(request, {**page.as_json(), "filters": filters.as_params()})
 
     def _client(self, request: Any) -> dict[str, Any] | None:
         key = self._param(request, "key")
@@ -513,7 +551,9 @@ class Console:
         if key:
             client = model.client(key)
             if client is not None:
-                return views.client_detail(client)
+                detail = views.client_detail(client)
+                detail["rates"] = self.client_rates.rates(key, detail["counters"])
+                return detail
             if key.startswith("mqtt:"):
                 session_id = key[5:]
         if session_id:
@@ -649,8 +689,68 @@ class Console:
     @app.route("/publish", methods=["GET"])
     def publish_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        return self._render(request, "publish.html", auth, nav="publish",
-                            topic=self._param(request, "topic"))
+        draft = dict(auth.session.drafts.get("publish", {})) if auth.session else {}
+        if self._param(request, "topic"):
+            draft["topic"] = self._param(request, "topic")
+        return self._render(request, "publish.html", auth, nav="publish", draft=draft)
+
+    def _topics(self, request: Any) -> dict[str, Any]:
+        prefix = self._param(request, "prefix").strip("/")
+        if prefix and validate_topic_name(prefix) is not None:
+            raise HTTPError(400, f"invalid topic prefix: {validate_topic_name(prefix)}")
+        return views.topic_tree(self.broker.view, prefix, self.topic_rates)
+
+    @app.route("/topics", methods=["GET"])
+    def topics_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        tree = self._topics(request)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_topic_rows.html" if partial else "topics.html", auth,
+                            nav="topics", tree=tree)
+
+    @app.route("/api/topics", methods=["GET"])
+    def topics_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._topics(request))
+
+    def _subscriptions(self, request: Any) -> tuple[dict[str, Any], views.Page]:
+        query = self._param(request, "q")[:200]
+        page = views.list_subscriptions(self.broker.view, query, self._int(request, "page", 1),
+                                        self._int(request, "per_page", 50))
+        return {"query": query, "sort": "", "desc": False, "per_page": page.per_page}, page
+
+    @app.route("/subscriptions", methods=["GET"])
+    def subscriptions_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        args, page = self._subscriptions(request)
+        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+                            args=args)
+
+    @app.route("/api/subscriptions", methods=["GET"])
+    def subscriptions_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._subscriptions(request)[1].as_json())
+
+    def _bans(self) -> list[dict[str, Any]]:
+        return [views.ban_json(b, self.clock.seconds()) for b in self.broker.view.bans()]
+
+    @app.route("/bans", methods=["GET"])
+    def bans_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "bans.html", auth, nav="bans", bans=self._bans(),
+                            kind=self._param(request, "kind", "client_id"),
+                            value=self._param(request, "value"),
+                            durations=views.BAN_DURATIONS)
+
+    @app.route("/api/bans", methods=["GET"])
+    def bans_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, {"items": self._bans()})
+
+    @app.route("/api/", methods=["GET"])
+    def api_index(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, api_index(self.app.url_map))
 
     @app.route("/api/whoami", methods=["GET"])
     def whoami_api(self, request: Any) -> bytes:
@@ -673,12 +773,8 @@ class Console:
 
     # -- live feed ----------------------------------------------------------------
 
-    @app.route("/api/events", methods=["GET"])
-    def events(self, request: Any) -> Deferred[None] | bytes:
-        auth = self._require(request, api=True)
-        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
-        request.setHeader(b"x-accel-buffering", b"no")
-
+    def _still_allowed(self, auth: Auth) -> Callable[[], bool]:
+        """For a long-lived stream: is its login (or token) still good?"""
         def still_allowed() -> bool:
             if auth.token is not None:
                 return self.users.token_exists(auth.user, auth.token.id)
@@ -686,8 +782,42 @@ class Console:
             assert session is not None
             live = self.sessions.get(session.id, touch=False)
             return live is not None and self._user_valid(live) is not None
+        return still_allowed
 
-        stream = EventStream(request, still_allowed)
+    @app.route("/tail", methods=["GET"])
+    def tail_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "tail.html", auth, nav="tail",
+                            filter=self._param(request, "filter", "#") or "#",
+                            view=self._param(request, "view", "auto"), modes=TAIL_MODES,
+                            per_second=self.tails.per_second,
+                            max_payload=self.tails.max_payload)
+
+    @app.route("/api/tail", methods=["GET"])
+    def tail_stream(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        topic_filter = self._param(request, "filter", "#") or "#"
+        problem = validate_topic_filter(topic_filter)
+        if problem is not None:
+            raise HTTPError(400, f"invalid topic filter: {problem}")
+        mode = self._param(request, "view", "auto")
+        if mode not in TAIL_MODES:
+            raise HTTPError(400, f"view must be one of {', '.join(TAIL_MODES)}")
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        tail = self.tails.open(request, auth.user, topic_filter, mode,
+                               self._still_allowed(auth))
+        if isinstance(tail, str):
+            request.setHeader(b"content-type", b"application/json; charset=utf-8")
+            raise HTTPError(503 if "at most" in tail else 403, tail)
+        return tail.done
+
+    @app.route("/api/events", methods=["GET"])
+    def events(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        stream = EventStream(request, self._still_allowed(auth))
         if not self.feed.subscribe(stream):
             raise HTTPError(503, "too many live streams open")
         return stream.done
@@ -729,6 +859,28 @@ class Console:
         return lambda auth: self.actions.disconnect(
             auth.user, self._param(request, "key"), self._flag(request, "with_will"))
 
+    def _bulk(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.bulk(
+            auth.user, self._param(request, "action"), self._list(request, "keys"),
+            self._flag(request, "with_will"))
+
+    def _ban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            raw = self._param(request, "seconds")
+            try:
+                seconds = float(raw) if raw and raw not in ("0", "forever") else None
+            except ValueError:
+                raise HTTPError(400, "seconds must be a number (or 0 / forever)") from None
+            return self.actions.ban(auth.user, self._param(request, "kind"),
+                                    self._param(request, "value"), seconds,
+                                    self._param(request, "reason"),
+                                    self._flag(request, "disconnect"))
+        return act
+
+    def _unban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.unban(auth.user, self._param(request, "kind"),
+                                               self._param(request, "value"))
+
     def _clear_session(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.clear_session(
             auth.user, self._param(request, "client_id"))
@@ -753,10 +905,17 @@ class Console:
         return act
 
     def _publish(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
-        return lambda auth: self.actions.publish(
-            auth.user, self._param(request, "topic"), self._param(request, "payload"),
-            self._param(request, "encoding", "utf-8"), self._int(request, "qos", 0),
-            self._flag(request, "retain"))
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            draft = {name: self._param(request, name)[:MAX_DRAFT]
+                     for name in ("topic", "payload", "encoding", "qos", "retain")}
+            if auth.session is not None:
+                # The form shows what was typed again, after an error or a success.
+                auth.session.drafts["publish"] = draft
+            return self.actions.publish(
+                auth.user, draft["topic"], self._param(request, "payload"),
+                draft["encoding"] or "utf-8", self._int(request, "qos", 0),
+                self._flag(request, "retain"))
+        return act
 
     # Every action is a form POST (answered with a redirect and a flash message) and
     # its JSON twin under /api/, registered together from one row: the path, the
@@ -764,12 +923,15 @@ class Console:
     _ACTION_ROUTES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("/clients/force-will", "_force_will", "/clients"),
         ("/clients/disconnect", "_disconnect", "/clients"),
+        ("/clients/bulk", "_bulk", "/clients"),
         ("/sessions/clear", "_clear_session", "/sessions"),
         ("/wills/fire", "_fire_will", "/wills"),
         ("/wills/discard", "_discard_will", "/wills"),
         ("/retained/delete", "_delete_retained", "/retained"),
         ("/retained/delete-matching", "_delete_matching", "/retained"),
         ("/publish", "_publish", "/publish"),
+        ("/bans/add", "_ban", "/bans"),
+        ("/bans/remove", "_unban", "/bans"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(

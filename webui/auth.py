@@ -74,6 +74,7 @@ class LoginSession:
     user: str | None = None
     password_changed: float = 0.0   # the user's ``changed`` at login
     flash: list[tuple[str, str]] = field(default_factory=list)  # (kind, text) to show once
+    drafts: dict[str, dict[str, str]] = field(default_factory=dict)  # form -> what was typed
 
 
 class SessionStore:

@@ -48,6 +48,7 @@ from mqttamqp.amqp._engine import (
     pop_event,
 )
 from mqttamqp.amqp.attach import attach
+from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
     BrokerLink,
     ControlOutlet,
@@ -119,6 +120,11 @@ class AMQPConnection(Protocol):
         self.held_bytes = 0     # unfinished incoming messages (--amqp-max-held-bytes)
         self.identity = Identity("")
         self.connected_since = 0.0
+        # Console counters: bytes per socket read/write; messages are the links'
+        # own counts, plus those of links already gone (``forget_link``).
+        self.bytes_in = self.bytes_out = 0
+        self.last_activity = 0.0
+        self._gone_in = self._gone_out = 0
         self.requests = SessionRequests(self)
         self.links: dict[Any, BrokerLink] = {}
         self.sasl = SaslServer(factory.mechanisms(), factory.anonymous_allowed())
@@ -266,7 +272,11 @@ class AMQPConnection(Protocol):
         self.schedule_flush()
 
     def forget_link(self, link: BrokerLink) -> None:
-        self.links.pop(link.impl, None)
+        if self.links.pop(link.impl, None) is not None:
+            if link.role == "sender":
+                self._gone_out += link.delivered
+            else:
+                self._gone_in += link.delivered
 
     def send_control(self, client_id: str, data: bytes) -> bool:
         outlets = self.factory.control_outlets.get(client_id)
@@ -301,12 +311,21 @@ class AMQPConnection(Protocol):
         sessions = [link.client_id for link in links if isinstance(link, SessionOutlet)]
         wills = tuple(link.name for link in links if isinstance(link, WillServiceLink)
                       and link.name in self.broker.wills)
+        details, link_infos = amqp_details(
+            self.pconn, self.ptrans, self.container_id, self.sasl.mechanism,
+            [(link.plink, link.info()) for link in links])
         return ConnectionInfo(
             key=self.key, client_id=self.container_id, protocol="amqp", remote=self.peer,
             user=self.username, connected_since=self.connected_since,
             keepalive=int(self.factory.idle_timeout), clean_session=None,
             session_id=sessions[0] if sessions else None, will_owners=wills,
-            links=tuple(link.info() for link in links))
+            links=link_infos, amqp=details,
+            messages_in=self._gone_in + sum(i.delivered for i in link_infos
+                                            if i.role == "receiver"),
+            messages_out=self._gone_out + sum(i.delivered for i in link_infos
+                                              if i.role == "sender"),
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self.last_activity)
 
     def close(self, reason: str) -> None:
         """Closed by the broker (console): a brute end for the links, wills fire."""
@@ -392,6 +411,8 @@ class AMQPConnection(Protocol):
         ptrans = self.ptrans
         broker = self.broker
         broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
+        self.last_activity = self.clock.seconds()
         # Everything one socket read causes goes to the store as one batch (one
         # hand-off to the writer thread), as for MQTT.
         broker.begin_batch()
@@ -500,6 +521,7 @@ class AMQPConnection(Protocol):
 
     def _write(self, data: bytes) -> None:
         self.transport.write(data)
+        self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
     def _drop(self) -> None:
@@ -578,6 +600,11 @@ class AMQPConnection(Protocol):
                           "valid UTF-8", peer=self.peer)
             self._lost_reason = "protocol error (container id not UTF-8)"
             self._close_engine("amqp:decode-error", "the container id is not valid UTF-8")
+            return
+        banned = self.broker.banned("AMQP", self.container_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._lost_reason = "refused: " + banned
+            self._close_engine("amqp:unauthorized-access", banned)
             return
         self.identity = Identity(self.container_id, self.username, "amqp")
         pconn.container = CONTAINER_ID

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the contract names Twisted's Deferred; nothing here runs Tw
 __all__ = [
     "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
     "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
-    "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "Op",
+    "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "PutBan",
+    "DeleteBan", "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
 ]
 
@@ -127,10 +128,28 @@ class DeleteInboundQos2:
     packet_id: int
 
 
+@record
+class PutBan:
+    """A ban (``mqttamqp.core.bans``): who may not connect, until when, and why."""
+
+    kind: str                      # "client_id", "user" or "address"
+    value: str
+    until: float | None            # None: for good
+    reason: str
+    created: float
+    by: str                        # the console user who set it
+
+
+@record
+class DeleteBan:
+    kind: str
+    value: str
+
+
 Op = (
     PutRetained | DeleteRetained | ClearRetained | PutWill | DeleteWill | PutSession
     | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
-    | PutInboundQos2 | DeleteInboundQos2
+    | PutInboundQos2 | DeleteInboundQos2 | PutBan | DeleteBan
 )
 
 
@@ -149,6 +168,7 @@ class Snapshot:
     retained: dict[str, Message] = field(default_factory=dict)
     wills: dict[str, WillMessage] = field(default_factory=dict)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
+    bans: list[PutBan] = field(default_factory=list)
 
 
 class StateStore(Protocol):

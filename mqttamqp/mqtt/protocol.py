@@ -115,6 +115,8 @@ class MQTTProtocol(Protocol):
         "_rate_timer",
         "_reading_paused_for",
         "broker",
+        "bytes_in",
+        "bytes_out",
         "clean_session",
         "client_id",
         "clock",
@@ -124,6 +126,8 @@ class MQTTProtocol(Protocol):
         "identity",
         "keepalive",
         "limits",
+        "messages_in",
+        "messages_out",
         "peer",
         "rules",
         "session",
@@ -153,6 +157,7 @@ class MQTTProtocol(Protocol):
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
         self._last_activity = 0.0
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self._connect_timer: DelayedCall | None = None
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: DelayedCall | None = None
@@ -189,6 +194,7 @@ class MQTTProtocol(Protocol):
             return
         self._last_activity = self.clock.seconds()
         self.broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
         self.decoder.feed(data)
         broker = self.broker
         broker.begin_batch()
@@ -261,6 +267,8 @@ class MQTTProtocol(Protocol):
             frame = encode_publish(message.topic.encode("utf-8"), message.payload, qos,
                                    retain, dup, packet_id)
         self._emit(frame)
+        self.messages_out += 1
+        self.bytes_out += len(frame)
         stats = self.broker.stats
         stats.messages_sent += 1
         stats.bytes_sent += len(frame)
@@ -292,7 +300,10 @@ class MQTTProtocol(Protocol):
             remote=self.peer, user=self.username, connected_since=self.connected_since,
             keepalive=self.keepalive, clean_session=self.clean_session,
             session_id=self.client_id,
-            will_owners=(self.client_id,) if self.client_id in self.broker.wills else ())
+            will_owners=(self.client_id,) if self.client_id in self.broker.wills else (),
+            messages_in=self.messages_in, messages_out=self.messages_out,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self._last_activity)
 
     # -- the one place a protocol error becomes a disconnect ----------------------
 
@@ -351,6 +362,7 @@ class MQTTProtocol(Protocol):
 
     def _write(self, data: bytes) -> None:
         self._emit(data)
+        self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
     def _emit(self, data: bytes) -> None:
@@ -433,6 +445,10 @@ class MQTTProtocol(Protocol):
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
+        banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._refuse(ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
         self.rules.advance("connect")
@@ -505,10 +521,12 @@ class MQTTProtocol(Protocol):
         if self.state is ConnectionState.CONNECTING:
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
 
-    def _refuse(self, code: int, reason: str) -> None:
-        self.broker.stats.connections_refused += 1
-        self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK {code})",
-                      peer=self.peer, c=self.client_id, r=reason, code=int(code))
+    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        if not logged:
+            self.broker.stats.connections_refused += 1
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code})", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code))
         if self.session is not None:
             # A refused CONNECT leaves no will behind and publishes none.
             self.broker.end_session(self, self.session, True, "CONNECT refused")
@@ -620,6 +638,7 @@ class MQTTProtocol(Protocol):
         if problem is not None:
             self._violation(problem)
             return
+        self.messages_in += 1
         message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
         broker = self.broker
