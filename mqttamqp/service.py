@@ -210,6 +210,7 @@ class BrokerService(service.MultiService):
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
+        self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
 
@@ -224,6 +225,18 @@ class BrokerService(service.MultiService):
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file,
                                             idle_timeout)
         return self.add_listener("AMQP", description, self.amqp_factory)
+
+    def add_mqtt_ws_listener(self, description: str,
+                             allowed_origins: Sequence[str] = ()) -> ListenerService:
+        """MQTT over WebSockets (``mqtt.websocket``); one factory for all of them,
+        with the Origin rule of the first call."""
+        from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
+
+        if self.mqtt_ws_factory is None:
+            self.mqtt_ws_factory = MQTTWebSocketFactory(
+                self.mqtt_factory, self.reactor, OriginRule.from_options(allowed_origins),
+                self.reactor)
+        return self.add_listener("MQTT-WS", description, self.mqtt_ws_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
         from webui.site import make_site
@@ -450,6 +463,8 @@ def makeService(options: Options) -> BrokerService:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
+    for description in options["mqtt-ws"]:
+        svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
     for description in options["web"]:
         svc.add_web_listener(description)
     return svc
