@@ -317,7 +317,7 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             stats.connections_refused += 1
         held = self._log_limit.allow("ws_" + cause)
         if held is not None:
-            self._log.warn("{what} MQTT over WebSocket from {peer}: {reason} ({n} more "
-                           "for this cause since the last line)",
+            more = f" ({held} more for this cause since the last line)" if held else ""
+            self._log.warn("{what} MQTT over WebSocket from {peer}: {reason}{more}",
                            what="closing" if open_ else "refusing",
-                           peer=peer, reason=reason, n=held)
+                           peer=peer, reason=reason, more=more)
