@@ -62,9 +62,9 @@ def ws_open(port: int) -> tuple[socket.socket, bytes]:
     mqtt); returns the socket and any bytes that came after the response head."""
     s = socket.create_connection(("127.0.0.1", port), timeout=15.0)
     key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall(("GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
-               "Sec-WebSocket-Protocol: mqtt\r\n\r\n" % (port, key)).encode())
+    s.sendall((f"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+               "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n").encode())
     data = b""
     while b"\r\n\r\n" not in data and len(data) < 65536:
         chunk = s.recv(65536)
@@ -73,7 +73,7 @@ def ws_open(port: int) -> tuple[socket.socket, bytes]:
         data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 101"):
-        raise ConnectionError("handshake refused: %r" % head[:200])
+        raise ConnectionError(f"handshake refused: {head[:200]!r}")
     return s, rest
 
 
@@ -285,9 +285,9 @@ class Worker:
             try:
                 line = self.lines.get(timeout=max(0.01, end - mono()))
             except queue.Empty:
-                raise TimeoutError("no %s within %.0fs" % (tag, timeout)) from None
+                raise TimeoutError(f"no {tag} within {timeout:.0f}s") from None
             if line == "":
-                raise RuntimeError("worker exited before %s" % tag)
+                raise RuntimeError(f"worker exited before {tag}")
             if line.startswith(tag):
                 rest = line[len(tag):].strip()
                 return json.loads(rest) if rest else {}
@@ -306,7 +306,7 @@ class Worker:
 def one_run(transport: str, args: argparse.Namespace, help_text: str,
             env_extra: dict) -> dict:
     ws_port = brokers.free_port()
-    extra = ["--mqtt-ws", "tcp:%d:interface=127.0.0.1" % ws_port, *args.mqttamqp_arg]
+    extra = ["--mqtt-ws", f"tcp:{ws_port}:interface=127.0.0.1", *args.mqttamqp_arg]
     broker = brokers.Broker("mqttamqp", label="mqttamqp-" + transport,
                             mqttamqp_help_text=help_text, mqttamqp_env=env_extra,
                             extra_args=extra)
@@ -337,8 +337,8 @@ def one_run(transport: str, args: argparse.Namespace, help_text: str,
             "publisher_cpu_s": pres.get("loadgen_cpu_s"),
             "subscriber_cpu_s": sres.get("loadgen_cpu_s"),
             "stop_reason": sres.get("stop_reason"), "error": pres.get("error")})
-    except Exception as e:  # noqa: BLE001  (a run reports its failure, never hangs)
-        result["error"] = "%s: %s" % (type(e).__name__, e)
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
         result["broker_log_tail"] = broker.log_tail(2000) if broker.proc else None
     finally:
         for worker in workers:
@@ -361,8 +361,8 @@ def main() -> None:
     if args.role:
         try:
             res = ROLES[args.role](json.loads(args.role_args))
-        except Exception as e:  # noqa: BLE001
-            res = {"error": "%s: %s" % (type(e).__name__, e)}
+        except Exception as e:
+            res = {"error": f"{type(e).__name__}: {e}"}
         loadgen.emit("RESULT", res)
         return
     ok, help_text, env_extra = brokers.mqttamqp_help()
@@ -372,14 +372,14 @@ def main() -> None:
     for rep in range(args.repeat):
         order = ("tcp", "ws") if rep % 2 == 0 else ("ws", "tcp")
         for transport in order:
-            print("run %d/%d over %s" % (rep + 1, args.repeat, transport), file=sys.stderr)
+            print(f"run {rep + 1}/{args.repeat} over {transport}", file=sys.stderr)
             runs[transport].append(one_run(transport, args, help_text, env_extra))
     medians = {}
     for transport, rs in runs.items():
         rates = [r["msgs_per_s"] for r in rs if r.get("complete") and r.get("msgs_per_s")]
         medians[transport] = statistics.median(rates) if rates else None
     ratio = (medians["ws"] / medians["tcp"]) if medians["ws"] and medians["tcp"] else None
-    doc = {"scenario": "QoS 0, 1 -> 1, %d-byte payloads, %d messages" % (PAYLOAD, args.messages),
+    doc = {"scenario": f"QoS 0, 1 -> 1, {PAYLOAD}-byte payloads, {args.messages} messages",
            "measured": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                        "loadavg": os.getloadavg()},
