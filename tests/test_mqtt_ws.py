@@ -9,13 +9,16 @@ on the same path and checks that the marker comes next, as ``test_mqtt_paho`` do
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pahoclient
 import pytest
 from brokerproc import BrokerProcess
+from test_tls import Pki, pki  # noqa: F401  (a fixture)
 from wsclient import BINARY, CLOSE, TEXT, RawWebSocket, client_frame
 
 from mqttamqp.mqtt.codec import Decoder, encode
@@ -283,3 +286,33 @@ def test_text_frame_closes_with_1003_and_fires_the_will(raw: Callable[[], RawWeb
     assert ws.closed_by_peer()
     assert watcher.get().payload == b"text"
     ws_broker.wait_for_line("closing MQTT over WebSocket from .*binary frames only")
+
+
+# ==================================================================================
+# wss: an ssl: endpoint, with a client certificate as the user (--tls-cert-as-user)
+
+
+def test_wss_with_a_client_certificate_as_the_user(tmp_path: Path, pki: Pki) -> None:  # noqa: F811
+    """An ssl: --mqtt-ws listener speaks wss; the client certificate a browser or
+    library presents there is seen by the MQTT protocol as on TCP TLS."""
+    proc = BrokerProcess(str(tmp_path / "data"), "--no-archive", "--tls-ca", pki.ca,
+                         "--tls-cert-as-user", listeners=("--mqtt", "--mqtt-ws"),
+                         descriptions={"--mqtt-ws": pki.ssl()})
+    proc.start()
+    try:
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=uid("tls"),
+                             transport="websockets", reconnect_on_failure=False)
+        client.ws_set_options(path="/mqtt")
+        client.tls_set(ca_certs=pki.ca, certfile=pki.alice[0], keyfile=pki.alice[1])
+        connected = threading.Event()
+        client.on_connect = lambda *a: connected.set()
+        client.connect("127.0.0.1", proc.ports["MQTT-WS"], 30)
+        client.loop_start()
+        try:
+            assert connected.wait(TIMEOUT)
+            proc.wait_for_line(r"is user 'alice' by its TLS client certificate")
+        finally:
+            client.disconnect()
+            client.loop_stop()
+    finally:
+        proc.stop()

@@ -118,3 +118,37 @@ def test_origin_rule_with_allowed_origins_takes_only_those() -> None:
     assert rule.problem("http://127.0.0.1:9000", "127.0.0.1") is not None
     assert rule.problem(None, "broker.example") is None
     assert OriginRule.from_options(["*"]).problem("http://any.example", "x") is None
+
+
+def _unopened(h: Harness) -> tuple[Any, Socket]:
+    factory = MQTTWebSocketFactory(h.factory, h.clock, OriginRule(), reactor=h.clock)
+    ws = factory.buildProtocol(None)
+    socket = Socket()
+    ws.makeConnection(socket)
+    return ws, socket
+
+
+def test_no_handshake_within_the_connect_timeout_drops_the_socket(log_lines: list[str]
+                                                                  ) -> None:
+    """A socket that never completes the opening handshake is dropped at
+    --connect-timeout, as a silent MQTT socket is, with one line saying so."""
+    h = Harness(connect_timeout=5)
+    ws, socket = _unopened(h)
+    ws.dataReceived(b"GET /mqtt HTTP/1.1\r\n")
+    h.clock.advance(4.9)
+    assert not socket.disconnecting and not socket.disconnected
+    h.clock.advance(0.2)
+    assert socket.disconnected or socket.disconnecting
+    assert [line for line in log_lines if "no WebSocket handshake within 5s" in line]
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_an_overlong_request_head_is_cut_off() -> None:
+    """The opening request's head is bounded (16 KB): more without its end closes
+    the socket before autobahn buffers it."""
+    h = Harness()
+    ws, socket = _unopened(h)
+    ws.dataReceived(b"GET /mqtt HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 16_000 + b"\r\n")
+    assert not socket.disconnected
+    ws.dataReceived(b"X-More: " + b"b" * 1_000)
+    assert socket.disconnected

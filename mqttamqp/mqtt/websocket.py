@@ -3,14 +3,14 @@ very ``MQTTProtocol`` the TCP listener uses.
 
 What it owns: the WebSocket side of one connection.  The opening handshake is
 checked here (path ``/mqtt``, subprotocol ``mqtt`` or ``mqttv3.1``, the Origin
-rule, a bounded request head, a time limit); once open, the bytes of every binary
-message go to an ``MQTTProtocol`` through ``StreamOverWebSocket``, a transport
-that makes the WebSocket look like the TCP socket that protocol expects.  A
-WebSocket message may hold part of an MQTT packet or several: frame data is fed to
-the protocol as it arrives (autobahn streams it), so the MQTT decoder and its
-``--max-packet-size`` are the size limit, as on TCP, and no whole message is ever
-buffered here.  Each ``write`` of the protocol (already batched per read) becomes
-one binary message.
+rule, a bounded request head, ``--connect-timeout`` to finish it); once open, the
+bytes of every binary message go to an ``MQTTProtocol`` through
+``StreamOverWebSocket``, a transport that makes the WebSocket look like the TCP
+socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
+or several: frame data is fed to the protocol as it arrives (autobahn streams it),
+so the MQTT decoder and its ``--max-packet-size`` are the size limit, as on TCP,
+and no whole message is ever buffered here.  Each ``write`` of the protocol
+(already batched per read) becomes one binary message.
 
 Back-pressure is the socket's own: the protocol registers itself as the push
 producer of the underlying TCP (or TLS) transport, so it is paused when that
@@ -47,11 +47,12 @@ from autobahn.twisted.websocket import (
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITransport
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import alsoProvides, implementer  # type: ignore[import-untyped]
 
-from mqttamqp.core.clock import Clock
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
 
@@ -185,13 +186,29 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     log = _Quiet()
     factory: MQTTWebSocketFactory
     transport: Any
-    openHandshakeTimeout: float
 
     def __init__(self) -> None:
         super().__init__()
         self.mqtt: MQTTProtocol | None = None
         self._ignoring = False   # a text frame came: what follows is not fed to MQTT
         self._closing_reason: str | None = None   # ours, when we closed it
+        self._handshake_timer: DelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        # Our clock, not autobahn's timer (txaio's, on the global reactor).
+        factory = self.factory
+        self._handshake_timer = factory.clock.callLater(
+            factory.mqtt.broker.limits.connect_timeout, self._handshake_timed_out)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._cancel_handshake_timer()
+        super().connectionLost(reason)
+
+    def _cancel_handshake_timer(self) -> None:
+        timer, self._handshake_timer = self._handshake_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
 
     # -- the opening handshake -------------------------------------------------------
 
@@ -225,11 +242,13 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self.factory.refused(self._peer(), cause, reason)
         raise ConnectionDeny(code, reason)  # type: ignore[no-untyped-call]
 
-    def onOpenHandshakeTimeout(self) -> None:
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
         if self.state == self.STATE_CONNECTING:
+            timeout = self.factory.mqtt.broker.limits.connect_timeout
             self.factory.refused(self._peer(), "handshake_timeout",
-                                 f"no WebSocket handshake within {self.openHandshakeTimeout:g}s")
-        super().onOpenHandshakeTimeout()
+                                 f"no WebSocket handshake within {timeout:g}s")
+            self.transport.abortConnection()
 
     def _peer(self) -> str:
         peer = self.transport.getPeer()
@@ -238,6 +257,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     # -- open: the MQTT protocol on top ------------------------------------------------
 
     def onOpen(self) -> None:
+        self._cancel_handshake_timer()
         mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
         self.mqtt = mqtt
         mqtt.makeConnection(StreamOverWebSocket(self))  # type: ignore[no-untyped-call]
@@ -293,12 +313,13 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         super().__init__(protocols=list(SUBPROTOCOLS),  # type: ignore[no-untyped-call]
                          reactor=reactor)
         self.mqtt = mqtt
+        self.clock = clock
         self.origins = origins
         self.noisy = False
         self._log = Logger()
         self._log_limit = LogLimiter(clock.seconds)
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
-            openHandshakeTimeout=mqtt.broker.limits.connect_timeout,
+            openHandshakeTimeout=0,   # MQTTWebSocketProtocol times it on ``clock``
             # The MQTT decoder bounds packets; frames and messages may carry many.
             maxFramePayloadSize=0, maxMessagePayloadSize=0,
             # Not compressed: nothing to inflate, and MQTT payloads are often so.
