@@ -10,7 +10,7 @@ from typing import Any
 from fakes import ManualStore
 from test_protocol_unit import ACCEPTED, Harness, TcpLikeTransport
 from twisted.internet.address import IPv4Address
-from wsclient import BINARY, FrameReader, client_frame, request
+from wsclient import BINARY, CLOSE, FrameReader, client_frame, request
 
 from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import Decoder, encode
@@ -152,3 +152,18 @@ def test_an_overlong_request_head_is_cut_off() -> None:
     assert not socket.disconnected
     ws.dataReceived(b"X-More: " + b"b" * 1_000)
     assert socket.disconnected
+
+
+def test_deliveries_after_the_clients_close_frame_are_dropped_not_raised() -> None:
+    """Between the client's close frame and the socket's end, messages routed to the
+    connection are dropped (autobahn refuses to send them); the publisher's
+    processing never sees an exception."""
+    h = Harness()
+    c = WsClient(h)
+    c.send(Connect("MQTT", 4, "sub", True, 0))
+    c.send(Subscribe(1, (("t", 0),)))
+    assert c.received() == [ACCEPTED, Suback(1, (0,))]
+    c.ws.dataReceived(client_frame(b"\x03\xe8", CLOSE))
+    c.socket.clear()
+    h.broker.publish(Message("t", b"late", 0, False))
+    assert c.socket.value() == b""

@@ -117,8 +117,12 @@ class StreamOverWebSocket:
             alsoProvides(self, ISSLTransport)
 
     def write(self, data: bytes) -> None:
-        if not self.disconnecting:
-            self._ws.sendMessage(data, isBinary=True)  # type: ignore[no-untyped-call]
+        # Once a close frame went either way the WebSocket takes no more messages
+        # (autobahn raises); the connection is ending, as a TCP socket's write after
+        # the peer's FIN, so the bytes are dropped.  Never raise into the router.
+        ws = self._ws
+        if not self.disconnecting and ws.state == ws.STATE_OPEN:
+            ws.sendMessage(data, isBinary=True)  # type: ignore[no-untyped-call]
 
     def writeSequence(self, data: Iterable[bytes]) -> None:
         self.write(b"".join(data))
