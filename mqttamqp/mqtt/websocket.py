@@ -223,7 +223,14 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                                  f"longer than {MAX_REQUEST_HEAD} bytes")
             self.transport.abortConnection()
             return
-        super().dataReceived(data)
+        # One socket read is one batch, as on TCP (commits, and one write per
+        # connection), however many frames or part-frames it holds.
+        broker = self.factory.mqtt.broker
+        broker.begin_batch()
+        try:
+            super().dataReceived(data)
+        finally:
+            broker.end_batch()
 
     def onConnect(self, request: Any) -> str:
         """The subprotocol to answer with; ``ConnectionDeny`` refuses (autobahn sends
