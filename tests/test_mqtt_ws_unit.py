@@ -167,3 +167,27 @@ def test_deliveries_after_the_clients_close_frame_are_dropped_not_raised() -> No
     c.socket.clear()
     h.broker.publish(Message("t", b"late", 0, False))
     assert c.socket.value() == b""
+
+
+def test_options_default_listener_none_and_origins() -> None:
+    """--mqtt-ws defaults to loopback port 8083, 'none' turns it off, and
+    --ws-allowed-origin repeats; makeService builds one listener per description."""
+    from mqttamqp.options import Options
+    from mqttamqp.service import makeService
+
+    default = Options()
+    default.parseOptions(["--no-archive"])
+    assert default["mqtt-ws"] == ["tcp:8083:interface=127.0.0.1"]
+    off = Options()
+    off.parseOptions(["--mqtt-ws", "none"])
+    assert off["mqtt-ws"] == []
+    two = Options()
+    two.parseOptions(["--no-archive", "--mqtt", "none", "--amqp", "none", "--web", "none",
+                      "--mqtt-ws", "tcp:0:interface=127.0.0.1", "--mqtt-ws", "tcp:0",
+                      "--ws-allowed-origin", "https://a.example",
+                      "--ws-allowed-origin", "https://b.example"])
+    svc = makeService(two)
+    assert [(ls.kind, ls.description) for ls in svc.listeners] == [
+        ("MQTT-WS", "tcp:0:interface=127.0.0.1"), ("MQTT-WS", "tcp:0")]
+    assert svc.mqtt_ws_factory.origins.allowed == ("https://a.example", "https://b.example")
+    assert svc.mqtt_ws_factory.mqtt is svc.mqtt_factory
