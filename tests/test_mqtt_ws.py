@@ -236,6 +236,20 @@ def test_origin_of_this_host_and_no_origin_are_accepted(raw: Callable[[], RawWeb
         ws = raw()
         status, headers = ws.handshake(origin=origin)
         assert status == 101 and headers["sec-websocket-protocol"] == "mqtt", origin
+        assert "server" not in headers   # (autobahn's would name it and its version)
+
+
+def test_a_plain_http_get_gets_426_and_no_status_page(raw: Callable[[], RawWebSocket],
+                                                      ws_broker: BrokerProcess) -> None:
+    """A GET without Upgrade (someone opening the URL in a browser) gets 426 with no
+    body, not autobahn's page naming its version, and one log line."""
+    ws = raw()
+    ws.send(b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
+    while chunk := ws.sock.recv(4096):
+        answer += chunk
+    assert answer == b"HTTP/1.1 426 HTTP Upgrade header missing\r\n\r\n"
+    ws_broker.wait_for_line("refusing MQTT over WebSocket from .*HTTP Upgrade header missing")
 
 
 @pytest.mark.parametrize(("protocols", "chosen"), [

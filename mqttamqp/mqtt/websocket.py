@@ -197,6 +197,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._ignoring = False   # a text frame came: what follows is not fed to MQTT
         self._closing_reason: str | None = None   # ours, when we closed it
         self._handshake_timer: DelayedCall | None = None
+        self._denied = False   # refused (and logged) by onConnect
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -251,7 +252,16 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     def _deny(self, code: int, cause: str, reason: str) -> None:
         self.factory.refused(self._peer(), cause, reason)
+        self._denied = True
         raise ConnectionDeny(code, reason)  # type: ignore[no-untyped-call]
+
+    def failHandshake(self, reason: str, code: int = 400,
+                      responseHeaders: Any = None) -> None:
+        """Every refused handshake comes here; those autobahn refuses itself (not a
+        WebSocket request, a malformed one) are logged here, ours in ``_deny``."""
+        if not self._denied:
+            self.factory.refused(self._peer(), "bad_handshake", reason)
+        super().failHandshake(reason, code, responseHeaders)
 
     def _handshake_timed_out(self) -> None:
         self._handshake_timer = None
@@ -321,8 +331,9 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
 
     def __init__(self, mqtt: MQTTFactory, clock: Clock, origins: OriginRule,
                  reactor: Any = None) -> None:
+        # server=None: no Server header (autobahn's would name itself and its version).
         super().__init__(protocols=list(SUBPROTOCOLS),  # type: ignore[no-untyped-call]
-                         reactor=reactor)
+                         server=None, reactor=reactor)
         self.mqtt = mqtt
         self.clock = clock
         self.origins = origins
@@ -336,6 +347,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             # Not compressed: nothing to inflate, and MQTT payloads are often so.
             perMessageCompressionAccept=lambda offers: None,
             failByDrop=False,
+            # A plain HTTP GET gets 426, not autobahn's page naming its version.
+            webStatus=False,
             autoPingInterval=0)
 
     def refused(self, peer: str, cause: str, reason: str, open_: bool = False) -> None:
