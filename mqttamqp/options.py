@@ -19,7 +19,8 @@ _D = Limits()
 # machines is a decision (give a listener, e.g. --mqtt tcp:1883, and --users).
 DEFAULT_LISTENERS = {"mqtt": "tcp:1883:interface=127.0.0.1",
                      "amqp": "tcp:5672:interface=127.0.0.1",
-                     "web": "tcp:8080:interface=127.0.0.1"}
+                     "web": "tcp:8080:interface=127.0.0.1",
+                     "mqtt-ws": "tcp:8083:interface=127.0.0.1"}
 
 
 def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
@@ -75,7 +76,8 @@ class Options(usage.Options):
         "share one topic space; persistent sessions, wills and retained messages are "
         "stored in ZODB in the data directory (--data); an admin console in the browser "
         "(--web) shows every client and acts on them. By default every listener is on "
-        "loopback only (127.0.0.1: MQTT 1883, AMQP 5672, console 8080). Listener options "
+        "loopback only (127.0.0.1: MQTT 1883, MQTT over WebSockets 8083, AMQP 5672, "
+        "console 8080). Listener options "
         "take Twisted endpoint descriptions (e.g. tcp:1883:interface=127.0.0.1, or "
         "tcp:1883 for every interface), may be given several times, and 'none' turns "
         "one off."
@@ -219,6 +221,8 @@ class Options(usage.Options):
         self["mqtt"] = []
         self["amqp"] = []
         self["web"] = []
+        self["mqtt-ws"] = []
+        self["ws-allowed-origin"] = []
         self["archive-include"] = []
         self["archive-exclude"] = []
 
@@ -248,6 +252,18 @@ class Options(usage.Options):
          "tcp:8080:interface=127.0.0.1; ssl:8443:privateKey=KEY:certKey=CRT for HTTPS; "
          "'none' disables it).")
         self["web"].append(_endpoint("web", description))
+
+    def opt_mqtt_ws(self, description: str) -> None:
+        ("MQTT over WebSockets listener, path /mqtt, subprotocol mqtt or mqttv3.1 "
+         "(repeatable; default tcp:8083:interface=127.0.0.1; "
+         "ssl:8084:privateKey=KEY:certKey=CRT for wss; 'none' disables it).")
+        self["mqtt-ws"].append(_endpoint("mqtt-ws", description))
+
+    def opt_ws_allowed_origin(self, origin: str) -> None:
+        ("A browser Origin (scheme://host[:port], or *) allowed to open MQTT over "
+         "WebSockets (repeatable). Without it, an Origin must name the host the request "
+         "was sent to; requests without Origin (clients outside browsers) are accepted.")
+        self["ws-allowed-origin"].append(origin)
 
     def opt_version(self) -> None:
         """Print mqttamqp's version (and Twisted's and Python's) and exit."""

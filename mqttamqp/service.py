@@ -216,6 +216,7 @@ class BrokerService(service.MultiService):
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
+        self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
 
@@ -231,6 +232,18 @@ class BrokerService(service.MultiService):
                                             idle_timeout)
             self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
         return self.add_listener("AMQP", description, self.amqp_factory)
+
+    def add_mqtt_ws_listener(self, description: str,
+                             allowed_origins: Sequence[str] = ()) -> ListenerService:
+        """MQTT over WebSockets (``mqtt.websocket``); one factory for all of them,
+        with the Origin rule of the first call."""
+        from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
+
+        if self.mqtt_ws_factory is None:
+            self.mqtt_ws_factory = MQTTWebSocketFactory(
+                self.mqtt_factory, self.reactor, OriginRule.from_options(allowed_origins),
+                self.reactor)
+        return self.add_listener("MQTT-WS", description, self.mqtt_ws_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
         from webui.site import make_site
@@ -473,6 +486,8 @@ def makeService(options: Options) -> BrokerService:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
+    for description in options["mqtt-ws"]:
+        svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
     for description in options["web"]:
         svc.add_web_listener(description)
     return svc

@@ -33,8 +33,10 @@ ADMIN = os.path.join(os.path.dirname(sys.executable), "mqttamqp-admin")
 
 def twistd(cwd: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The WebSocket listener's default port (8083) is not ours to take in a test.
+    ws = () if "--mqtt-ws" in args else ("--mqtt-ws", "none")
     return subprocess.run([*prefix, TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp",
-                           *args], capture_output=True, text=True, timeout=60, cwd=cwd,
+                           *args, *ws], capture_output=True, text=True, timeout=60, cwd=cwd,
                           env=env)
 
 
