@@ -146,3 +146,67 @@ def test_console_roles(tmp_path: Any) -> None:
     assert v2.login("viewer2", "viewer password").code == 303
     console.users.set_role("viewer2", ROLE_CLIENT)
     assert v2.get("/clients").code == 303                            # back to the login
+
+
+def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> None:
+    console, _, _ = make_console(tmp_path)
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    page = admin.get("/users")
+    assert page.code == 200 and b"admin" in page.body and b"No <code>--acl</code>" in page.body
+    assert admin.post("/users/add", name="dev-1", role="client",
+                      password="device password").code == 303
+    user = console.users.get("dev-1")
+    assert user is not None and user.role == ROLE_CLIENT
+    assert console.users.check_password("dev-1", "device password") is not None
+    assert admin.post("/users/passwd", name="dev-1", password="another one").code == 303
+    assert console.users.check_password("dev-1", "another one") is not None
+    assert admin.post("/users/role", name="dev-1", role="read-only").code == 303
+    assert console.users.get("dev-1").role == ROLE_READ_ONLY     # type: ignore[union-attr]
+    # the rules: short passwords, oneself, the last admin, unknown roles
+    short = admin.post_json("/api/users/add", {"name": "x1", "password": "short"},
+                            {"X-CSRF-Token": admin.csrf})
+    assert short.code == 400 and b"at least 8" in short.body
+    selfish = admin.post_json("/api/users/role", {"name": "admin", "role": "client"},
+                              {"X-CSRF-Token": admin.csrf})
+    assert selfish.code == 400 and b"yourself" in selfish.body
+    console.users.set_password("boss", "boss password", role=ROLE_ADMIN, **CHEAP)
+    boss = webui_support.Client(console)
+    assert boss.login("boss", "boss password").code == 303
+    assert boss.post_json("/api/users/delete", {"name": "admin"},
+                          {"X-CSRF-Token": boss.csrf}).code == 200
+    last = boss.post_json("/api/users/role", {"name": "boss", "role": "client"},
+                          {"X-CSRF-Token": boss.csrf})
+    assert last.code == 400
+    bad_role = boss.post_json("/api/users/role", {"name": "dev-1", "role": "root"},
+                              {"X-CSRF-Token": boss.csrf})
+    assert bad_role.code == 400
+    listing = boss.get("/api/users")
+    names = [u["name"] for u in json.loads(listing.body)["items"]]
+    assert names == ["boss", "dev-1"] and b"scrypt" not in listing.body
+    assert boss.post("/users/delete", name="dev-1").code == 303
+    assert console.users.get("dev-1") is None
+    audits = [line for line in log_lines if "audit:" in line]
+    assert any("action=user_add" in a and "'dev-1'" in a for a in audits)
+    assert any("action=user_delete" in a for a in audits)
+    assert not any("device password" in line or "another one" in line for line in log_lines)
+    # a read-only user sees neither the page nor the API
+    console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
+    viewer = webui_support.Client(console)
+    assert viewer.login("viewer", "viewer password").code == 303
+    assert viewer.get("/users").code == 403 and viewer.get("/api/users").code == 403
+
+
+def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
+    from mqttamqp.core.acl import AclAuthorizer
+
+    acl = tmp_path / "acl"
+    acl.write_text("# <script>alert(1)</script>\nuser alice\ntopic read a/#\n")
+    console, _, _ = make_console(tmp_path)
+    console.broker.authorizer = AclAuthorizer(str(acl))
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    page = admin.get("/users")
+    assert b"1 rule from" in page.body
+    assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in page.body
+    assert b"<script>alert(1)" not in page.body

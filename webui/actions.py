@@ -57,6 +57,10 @@ class ConsoleActions:
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
 
+    def audit(self, user: str, action: str, outcome: str, **target: Any) -> None:
+        """Log and record a console action (also for ``webui.useractions``)."""
+        self._audit(user, action, outcome, **target)
+
     def _audit(self, user: str, action: str, outcome: str, **target: Any) -> None:
         # Client-supplied strings are logged with repr(): no forged log lines.
         detail = " ".join(f"{k}={v!r}" for k, v in target.items())

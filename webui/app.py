@@ -35,9 +35,10 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
+from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
-from mqttamqp.core.userstore import ROLE_ADMIN
+from mqttamqp.core.userstore import ROLE_ADMIN, ROLES
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.apidoc import api_index
@@ -46,6 +47,7 @@ from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
 from webui.tail import TAIL_MODES, TailHub
 from webui.traffic import TrafficSource
+from webui.useractions import UserActions, user_json
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
 
@@ -201,6 +203,7 @@ class Console:
                                                      *args)
                 return d
         self.run_in_thread = run_in_thread
+        self.user_actions = UserActions(self.users, self.actions.audit, run_in_thread)
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
         self.traffic = TrafficSource(
             report_dir, context.archive_dir, self.clock.seconds,
@@ -747,6 +750,53 @@ class Console:
         self._require(request, api=True)
         return self._json(request, {"items": self._bans()})
 
+    # -- users and access (admins) ---------------------------------------------------
+
+    def _admin(self, request: Any, api: bool) -> Auth:
+        auth = self._require(request, api=api)
+        if auth.read_only:
+            raise HTTPError(403, "users and access rules are for admins")
+        return auth
+
+    def _access(self) -> dict[str, Any]:
+        acl = self.broker.authorizer
+        if not isinstance(acl, AclAuthorizer):
+            return {"file": None, "text": "", "rules": 0}
+        return {"file": acl.path, "text": acl.loaded_text, "rules": acl.rules.count(),
+                "users": sorted(acl.rules.users)}
+
+    def _users_view(self) -> list[dict[str, Any]]:
+        return [user_json(u) for u in sorted(self.users.users().values(),
+                                            key=lambda u: u.name)]
+
+    @app.route("/users", methods=["GET"])
+    def users_page(self, request: Any) -> bytes:
+        auth = self._admin(request, api=False)
+        return self._render(request, "users.html", auth, nav="users",
+                            users=self._users_view(), roles=ROLES, access=self._access(),
+                            store=self.users.path)
+
+    @app.route("/api/users", methods=["GET"])
+    def users_api(self, request: Any) -> bytes:
+        self._admin(request, api=True)
+        return self._json(request, {"items": self._users_view(), "access": self._access()})
+
+    def _user_add(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.add(
+            auth.user, self._param(request, "name"), self._param(request, "role", "client"),
+            self._param(request, "password"))
+
+    def _user_passwd(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.passwd(
+            auth.user, self._param(request, "name"), self._param(request, "password"))
+
+    def _user_role(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.set_role(
+            auth.user, self._param(request, "name"), self._param(request, "role"))
+
+    def _user_delete(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.delete(auth.user, self._param(request, "name"))
+
     @app.route("/api/", methods=["GET"])
     def api_index(self, request: Any) -> bytes:
         self._require(request, api=True)
@@ -932,6 +982,10 @@ class Console:
         ("/publish", "_publish", "/publish"),
         ("/bans/add", "_ban", "/bans"),
         ("/bans/remove", "_unban", "/bans"),
+        ("/users/add", "_user_add", "/users"),
+        ("/users/passwd", "_user_passwd", "/users"),
+        ("/users/role", "_user_role", "/users"),
+        ("/users/delete", "_user_delete", "/users"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(
