@@ -236,9 +236,7 @@ class OutgoingLink(BrokerLink):
         elif key is not None:
             self._awaiting[dlv] = key
         self.delivered += 1
-        stats = self.broker.stats
-        stats.messages_sent += 1
-        stats.bytes_sent += len(data)
+        self.broker.stats.messages_sent += 1   # (bytes are counted per socket write)
         self.host.schedule_flush()
 
     def over_credit_full(self) -> bool:
@@ -584,8 +582,7 @@ class IncomingLink(BrokerLink):
         _link_advance(impl)
         presettled = bool(_delivery_settled(dlv))
         self.outstanding += 1
-        self.delivered += 1
-        self.broker.stats.bytes_received += len(data)
+        self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
