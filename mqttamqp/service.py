@@ -33,6 +33,9 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.ops.recorders import fan_out
+from mqttamqp.ops.reload import Reloaders
+from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.tls import TLSSettings, server_endpoint
 
@@ -186,9 +189,11 @@ class BrokerService(service.MultiService):
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
                  reactor: Any = None, authenticator: Authenticator | None = None,
-                 archive: dict[str, Any] | None = None) -> None:
+                 archive: dict[str, Any] | None = None,
+                 webhooks: Sequence[HookSettings] = ()) -> None:
         """``archive``: the archive's settings (``Archive`` keyword arguments plus
-        ``directory``), or None to run without one."""
+        ``directory``), or None to run without one.  ``webhooks``: the hooks at
+        start (a reload may change them; the recorder is there even without any)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
@@ -204,8 +209,10 @@ class BrokerService(service.MultiService):
             self.archive_dir = os.path.abspath(
                 settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
+        self.webhooks = WebhookRecorder(self.reactor, webhooks)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
-                             recorder=self.archive)
+                             recorder=fan_out(self.archive, self.webhooks))
+        self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
@@ -328,6 +335,8 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
+        if self.reloaders is not None:
+            self.reloaders.install()
         super().startService()  # type: ignore[no-untyped-call]
 
     def _pack(self) -> Deferred[None]:
@@ -337,6 +346,9 @@ class BrokerService(service.MultiService):
         return d
 
     def stopService(self) -> Deferred[None]:
+        if self.reloaders is not None:
+            self.reloaders.uninstall()
+        self.webhooks.close()
         self.broker.shutdown()
         if self._pack_loop is not None and self._pack_loop.running:
             self._pack_loop.stop()
@@ -441,7 +453,9 @@ def makeService(options: Options) -> BrokerService:
                    "include": tuple(options["archive-include"]) or ("#",),
                    "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
-                        authenticator=authenticator, archive=archive)
+                        authenticator=authenticator, archive=archive,
+                        webhooks=options["webhook"])
+    _reloaders(svc, options)
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))
@@ -453,3 +467,18 @@ def makeService(options: Options) -> BrokerService:
     for description in options["web"]:
         svc.add_web_listener(description)
     return svc
+
+
+def _reloaders(svc: BrokerService, options: Options) -> None:
+    """What SIGHUP applies live (``mqttamqp.ops.reload``: one ``register`` line each).
+    The log level belongs here too once --log-level exists:
+    ``svc.reloaders.register("log level", ("log-level",), set_level_from_options)``."""
+
+    def parse() -> Options:
+        fresh = Options()
+        fresh.parseOptions(options.argv)
+        return fresh
+
+    svc.reloaders = reloaders = Reloaders(svc.reactor, options, parse)
+    reloaders.register("webhooks", ("webhook",),
+                       lambda new: svc.webhooks.configure(new["webhook"]))

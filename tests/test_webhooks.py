@@ -18,8 +18,8 @@ import pytest
 from hookserver import HANG, HookServer
 from test_tls import Pki, pki  # noqa: F401  (the fixture)
 from twisted.internet import ssl, task
-from twisted.internet.selectreactor import SelectReactor
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.selectreactor import SelectReactor
 
 from mqttamqp.core.recorder import CONNECT, DISCONNECT, SUBSCRIBE, NoRecorder
 from mqttamqp.ops.config import TableKeyError
@@ -148,7 +148,7 @@ def test_messages_only_for_hooks_that_ask_and_only_on_their_filters() -> None:
 
 
 def test_no_hook_wanting_messages_does_nothing_per_message() -> None:
-    recorder, post, clock = make(hook(events=["connect"]))
+    recorder, _post, _clock = make(hook(events=["connect"]))
     assert not recorder.wants_messages
     recorder.message(1.0, "a", 0, False, b"", None, None, None, 1, 0)
     recorder.event(1.0, DISCONNECT, "c")      # a kind it did not ask for
@@ -157,7 +157,7 @@ def test_no_hook_wanting_messages_does_nothing_per_message() -> None:
 
 def test_configure_keeps_an_unchanged_hook_and_its_queue() -> None:
     same = hook(**{"max-delay": 5.0})
-    recorder, post, clock = make(same, hook(events=["subscribe"]))
+    recorder, _post, clock = make(same, hook(events=["subscribe"]))
     connect(recorder, 2, clock)
     kept = recorder.senders[0]
     recorder.configure([same, hook(url="http://127.0.0.1:9/other")])
@@ -167,8 +167,8 @@ def test_configure_keeps_an_unchanged_hook_and_its_queue() -> None:
 
 
 def test_fan_out_gives_every_call_to_each_recorder_and_merges_stats() -> None:
-    one, post_one, clock = make(hook(**{"max-delay": 0.0}))
-    two, post_two, _ = make(hook(events=["message"], **{"max-delay": 0.0}))
+    one, _post_one, clock = make(hook(**{"max-delay": 0.0}))
+    two, _post_two, _ = make(hook(events=["message"], **{"max-delay": 0.0}))
     two.clock = clock
     both = fan_out(one, None, two)
     assert isinstance(both, FanOutRecorder)
