@@ -348,7 +348,6 @@ class BrokerService(service.MultiService):
     def stopService(self) -> Deferred[None]:
         if self.reloaders is not None:
             self.reloaders.uninstall()
-        self.webhooks.close()
         self.broker.shutdown()
         if self._pack_loop is not None and self._pack_loop.running:
             self._pack_loop.stop()
@@ -369,6 +368,8 @@ class BrokerService(service.MultiService):
             # place).
             await task.deferLater(self.reactor, 0, lambda: None)
             await self.archive.close()
+        # What the hooks still hold is not sent (their queues are not durable).
+        self.webhooks.close()
 
 
 def _prepare_data_dir(path: str) -> None:

@@ -115,6 +115,8 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
 
     users = tmp_path / "users"
     users.write_text("")
+    token = tmp_path / "token"
+    token.write_text("a-metrics-token\n")
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
         ec.SECP256R1())
     ca = tmp_path / "ca.pem"
@@ -136,6 +138,12 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
         "archive": False,           # contradicts no-archive
         "max-inflight": 50,         # inflight + queued stay below 65000
         "max-queued-messages": 2000,
+        # Options of the metrics branch (issue 14), used once it is merged.
+        "log-level": "info",
+        "log-format": "json",
+        "metrics": "tcp:9109:interface=127.0.0.1",
+        "metrics-token-file": str(token),
+        "otel-interval": 30.0,
         "webhook": [{"url": "https://127.0.0.1:9/a", "events": ["message", "connect"],
                      "topics": ["sensors/#"], "payload": True, "secret": "s",
                      "max-batch": 10, "retries": 2, "tls-verify": False},
@@ -166,6 +174,8 @@ def test_print_config_reads_back_to_the_same_configuration(tmp_path: Path) -> No
         if name in config.NOT_IN_FILE:
             continue
         value = special[name] if name in special else changed(spec, probe[name])
+        if name == "otel-endpoint":
+            continue   # needs the OpenTelemetry SDK (an extra): left at its default
         assert value is not None, f"give {name} a value in special_values()"
         every[name] = value
     import tomli_w

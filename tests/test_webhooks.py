@@ -301,3 +301,19 @@ def test_https_verifies_the_server_against_the_hooks_ca(
         assert server.requests.qsize() == 2     # only the verified and unchecked ones
     finally:
         server.close()
+
+
+def test_the_per_topic_memory_is_bounded_and_forgotten_on_reconfigure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import mqttamqp.ops.webhooks as webhooks
+
+    monkeypatch.setattr(webhooks, "TOPIC_CACHE", 3)
+    recorder, _post, _clock = make(hook(events=["message"], topics=["a/#"]))
+    for i in range(10):
+        recorder.message(1.0, f"a/{i}", 0, False, b"", None, None, None, 1, 0)
+        assert len(recorder._by_topic) <= 3
+    assert len(recorder.senders[0].queue) == 10
+    recorder.configure([hook(events=["message"], topics=["b/#"])])
+    recorder.message(1.0, "a/9", 0, False, b"", None, None, None, 1, 0)  # was remembered
+    recorder.message(1.0, "b/1", 0, False, b"", None, None, None, 1, 0)
+    assert [item[2] for item in recorder.senders[0].queue] == ["b/1"]

@@ -55,6 +55,7 @@ class OptionSpec:
     types: tuple[type, ...]
     coerce: Any = None
     tables: bool = False
+    default: Any = None
 
     def type_name(self) -> str:
         if self.kind == "flag":
@@ -77,7 +78,7 @@ def option_specs(options: usage.Options) -> dict[str, OptionSpec]:
     for param in parameters:
         coerce = param[4] if len(param) > 4 else None
         specs[param[0]] = OptionSpec(param[0], "parameter", _types_of(param[2], coerce),
-                                     coerce)
+                                     coerce, default=param[2])
     for attr in sorted(dir(options)):
         if not attr.startswith("opt_"):
             continue
@@ -237,7 +238,8 @@ def _to_toml(item: Any) -> Any:
 def effective(options: Mapping[str, Any], specs: Mapping[str, OptionSpec],
               replace: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The configuration as the file would hold it: flags as booleans, lists' items
-    as TOML values, options without a value (None) left out, ``replace`` applied."""
+    as TOML values, options without a value (None) left out (or written 'none' when
+    their default is a value: turned off), ``replace`` applied."""
     out: dict[str, Any] = {}
     for name, spec in specs.items():
         if name in NOT_IN_FILE:
@@ -245,6 +247,8 @@ def effective(options: Mapping[str, Any], specs: Mapping[str, OptionSpec],
         value = (replace or {}).get(name, options[name])
         if spec.kind == "flag":
             value = bool(value)
+        elif value is None and isinstance(spec.default, str):
+            value = "none"   # a listener with a default, turned off (e.g. metrics)
         elif value is None:
             continue
         elif spec.kind == "list":
