@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from brokerproc import TWISTD
+from test_startup import assert_refused_before_start
 
 from mqttamqp.ops import config
 from mqttamqp.ops.webhooks import HookSettings
@@ -207,13 +208,12 @@ def test_print_config_through_twistd(tmp_path: Path) -> None:
     assert printed["max-inflight"] == 7 and printed["max-packet-size"] == 999
     assert printed["webhook"][0]["url"] == "http://127.0.0.1:9/"
     bad = write(tmp_path, "max-inflight = 7\nmax-infligt = 3\n", "bad.toml")
-    out = subprocess.run([TWISTD, "-n", "--pidfile=", "mqttamqp", "--config", bad],
+    out = subprocess.run([TWISTD, "-n", "--pidfile=", "mqttamqp", "--config", bad,
+                          "--data", str(tmp_path / "data")],
                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
-    assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.splitlines() == [
-        f"twistd mqttamqp: --config {bad}, line 2: max-infligt: unknown key (not an "
-        "option of twistd mqttamqp --help)",
-        "(twistd mqttamqp --help lists the options)"]
+    assert_refused_before_start(
+        out, f"--config {bad}, line 2: max-infligt: unknown key (not an option of "
+             "twistd mqttamqp --help)", tmp_path)
 
 
 # -- the example file -----------------------------------------------------------------
