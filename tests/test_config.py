@@ -87,7 +87,7 @@ def test_the_accepted_keys_are_the_option_table() -> None:
     ("  mqtt = [1]\n", "line 1: mqtt: must be a list of strings, item 1 is an integer"),
     ("mqtt = ['tcpp:1']\n", "line 1: mqtt: --mqtt 'tcpp:1' is not a Twisted endpoint"),
     ("connect-timeout = -1.5\n", "line 1: connect-timeout: --connect-timeout must not be"),
-    ("[metrics]\nport = 1\n", "line 1: metrics: unknown key"),
+    ("[prometheus]\nport = 1\n", "line 1: prometheus: unknown key"),
     ("config = 'other.toml'\n", "line 1: config: unknown key"),
     ("[[webhook]]\nurl = 'http://a/'\n\n[[webhook]]\nurl = 'http://b/'\nretries = 'x'\n",
      "line 6: webhook.retries: must be an integer"),
@@ -117,7 +117,7 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
     users = tmp_path / "users"
     users.write_text("")
     token = tmp_path / "token"
-    token.write_text("a-metrics-token\n")
+    token.write_text("a-metrics-token-of-32-characters\n")
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
         ec.SECP256R1())
     ca = tmp_path / "ca.pem"
