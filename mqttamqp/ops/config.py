@@ -44,6 +44,7 @@ class TableKeyError(ValueError):
         super().__init__(f"{key}: {message}")
         self.key = key
         self.message = message
+        self.index: int | None = None   # which item of the list (set by the reader)
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,7 @@ def merge_file(options: usage.Options, path: str, given: set[str]) -> None:
         try:
             _apply(options, spec, value)
         except TableKeyError as e:
-            index, sub = getattr(e, "index", None), e.key
-            raise _error(path, text, key, (index, sub), e.message) from None
+            raise _error(path, text, key, (e.index, e.key), e.message) from None
         except (usage.UsageError, ValueError, TypeError) as e:
             raise _error(path, text, key, None, str(e)) from None
 
@@ -170,7 +170,7 @@ def _apply(options: usage.Options, spec: OptionSpec, value: Any) -> None:
         try:
             method(item)
         except TableKeyError as e:
-            e.index = index  # type: ignore[attr-defined]
+            e.index = index
             raise
 
 
