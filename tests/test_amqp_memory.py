@@ -820,7 +820,7 @@ def test_sys_byte_counters_count_each_amqp_byte_once() -> None:
     peer = net.amqp("counted")
     rcv = peer.receiver("count/t")
     snd = peer.sender("count/t")
-    for i in range(5):
+    for _ in range(5):
         peer.send(snd, Message(body=b"x" * 1000))
     assert len(rcv.bodies()) == 5
     stats = net.broker.stats
