@@ -356,15 +356,20 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
-        reload_acl = getattr(self.broker.authorizer, "reload", None)
-        if reload_acl is not None:
+        if getattr(self.broker.authorizer, "reload", None) is not None:
             # The ACL file applies when it changes: a stat every 2 s, no restart.
-            self._acl_loop = LoopingCall(reload_acl)
+            self._acl_loop = LoopingCall(self.reload_acl)
             self._acl_loop.clock = self.reactor
             self._acl_loop.start(ACL_POLL_SECONDS, now=False)
         if self.reloaders is not None:
             self.reloaders.install()
         super().startService()  # type: ignore[no-untyped-call]
+
+    def reload_acl(self) -> None:
+        """Re-read the ACL file if it changed; then the subscriptions every session
+        holds are checked against the new rules."""
+        if self.broker.authorizer.reload():  # type: ignore[attr-defined]
+            self.broker.recheck_subscriptions()
 
     def _pack(self) -> Deferred[None]:
         d: Deferred[None] = self.store.pack()
@@ -520,8 +525,8 @@ def _reloaders(svc: BrokerService, options: Options) -> None:
         return fresh
 
     svc.reloaders = reloaders = Reloaders(svc.reactor, options, parse)
-    reload_acl = getattr(svc.broker.authorizer, "reload", None)
-    if reload_acl is not None:   # the file is also polled every 2 s; SIGHUP asks at once
-        reloaders.register_always("ACL file", reload_acl)
+    if getattr(svc.broker.authorizer, "reload", None) is not None:
+        # (the file is also polled every 2 s; SIGHUP asks at once)
+        reloaders.register_always("ACL file", svc.reload_acl)
     reloaders.register("webhooks", ("webhook",),
                        lambda new: svc.webhooks.configure(new["webhook"]))

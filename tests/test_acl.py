@@ -236,3 +236,32 @@ def test_mqtt31_denied_subscribe_is_granted_without_a_route(net: Net) -> None:
 def test_shared_subscriptions_are_checked_by_their_filter(net: Net) -> None:
     sub = net.mqtt("dev1")
     assert sub.subscribe(("$share/g/public/#", 0), ("$share/g/sensors/#", 0)) == (0, 0x80)
+
+
+def test_amqp_pubrel_and_will_links_only_for_the_own_client_id(net: Net) -> None:
+    """Review finding: with an ACL, a connection may not release another client's QoS 2
+    deliveries ($mqtt.<id>.pubrel) nor hold another client's will link."""
+    peer = net.amqp("dev9")
+    for address, name in (("$mqtt.dev8.pubrel", None), ("$mqtt.willservice", "dev8")):
+        link = peer.sender(address, name=name)
+        assert link.remote_condition is not None, address
+        assert link.remote_condition.name == "amqp:unauthorized-access"
+    for address, name in (("$mqtt.dev9.pubrel", None), ("$mqtt.willservice", "dev9")):
+        assert peer.sender(address, name=name).remote_condition is None, address
+
+
+def test_an_acl_change_drops_subscriptions_it_no_longer_allows(acl: AclAuthorizer) -> None:
+    """Review finding: subscriptions granted before are checked again when the rules
+    change (and when another identity resumes the session)."""
+    net = Net(authorizer=acl)
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("public/#", 0), ("devices/dev1/#", 0)) == (0, 0)
+    with open(acl.path, "w") as f:
+        f.write("pattern read devices/%c/#\n")
+    os.utime(acl.path, ns=(1, 7_000_000_000))
+    assert acl.reload()
+    net.broker.recheck_subscriptions()
+    assert set(net.broker.sessions["dev1"].subscriptions) == {"devices/dev1/#"}
+    net.broker.publish(CoreMessage("public/x", b"no longer"))
+    net.broker.publish(CoreMessage("devices/dev1/x", b"still"))
+    assert [p.payload for p in sub.publishes()] == [b"still"]

@@ -252,3 +252,20 @@ def test_amqp_unfinished_messages_are_bounded_per_connection() -> None:
     assert peer.conn.remote_condition is not None
     assert peer.conn.remote_condition.name == "amqp:resource-limit-exceeded"
     assert net.broker.stats.limits.get("amqp_held_bytes") == 1
+
+
+def test_an_aborted_amqp_transfer_releases_what_it_held() -> None:
+    """Review finding: an aborted multi-frame message no longer counts against
+    --amqp-max-held-bytes."""
+    from amqp_memory import Net
+
+    net = Net(max_packet_size=512 * 1024, amqp_max_held_bytes=1024 * 1024)
+    peer = net.amqp("aborter")
+    link = peer.sender("held/x")
+    dlv = link.delivery(b"t0")
+    link.send(b"x" * (300 * 1024))
+    net.pump()
+    assert peer.server.held_bytes > 0
+    dlv.abort()
+    net.pump()
+    assert peer.server.held_bytes == 0 and not peer.lost

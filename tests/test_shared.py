@@ -122,3 +122,26 @@ def test_qos1_to_a_member_is_acknowledged_once() -> None:
     assert isinstance(msg, Publish) and msg.qos == 1
     a.send(Puback(msg.packet_id))
     assert not net.broker.sessions["a"].inflight
+
+
+def test_dollar_filters_are_never_shared() -> None:
+    """Review finding: $share/<g>/$dynamic/... would have read every AMQP reply node."""
+    net = Net()
+    assert net.mqtt("w").subscribe(("$share/x/$dynamic/+", 0), ("$share/x/$SYS/#", 0)
+                                   ) == (0x80, 0x80)
+
+
+def test_a_moved_message_stays_when_the_other_member_has_no_room() -> None:
+    """Review finding: moving a leaving member's message must not lose it when the
+    other member's queue is full."""
+    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=1)
+    a = net.mqtt("a", clean=False)
+    b = net.mqtt("b")
+    for m in (a, b):
+        m.subscribe(("$share/g/t", 1))
+    pub = net.mqtt("p")
+    for i in range(4):
+        pub.publish("t", b"%d" % i, qos=1)   # a: 1 in flight + 1 queued; b likewise
+    assert len(a.publishes()) == 1            # (its window: 1 in flight, 1 queued)
+    a.disconnect()
+    assert len(list(net.broker.sessions["a"].entries())) == 2   # b was full: both stay

@@ -210,3 +210,36 @@ def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
     assert b"1 rule from" in page.body
     assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in page.body
     assert b"<script>alert(1)" not in page.body
+
+
+def test_a_hand_edited_store_fails_safe(tmp_path: Any) -> None:
+    """Review findings: an entry without a role is a client (not an admin), and a file
+    that does not parse keeps the users loaded before for password checks."""
+    store = UserStore(str(tmp_path))
+    store.set_password("ops", "ops password", role=ROLE_ADMIN, **CHEAP)
+    assert store.check_password("ops", "ops password") is not None
+    raw = json.loads(open(store.path).read())
+    raw["users"]["intruder"] = {"password": raw["users"]["ops"]["password"], "changed": 1}
+    with open(store.path, "w") as f:
+        json.dump(raw, f)
+    assert store.get("intruder").role == ROLE_CLIENT            # type: ignore[union-attr]
+    with open(store.path, "w") as f:
+        f.write('{"users": {"ops": {"changed": 1}}}')            # no password: broken
+    assert store.check_password("ops", "ops password") is not None   # the loaded users
+
+
+def test_sessions_made_over_amqp_belong_to_their_user(tmp_path: Any) -> None:
+    """Review finding: a session provisioned by the subscription service is owned by
+    the connection's user, so another verified user cannot take it over."""
+    from amqp_memory import Net
+
+    from mqttamqp.core.auth import Identity
+
+    store = UserStore(str(tmp_path))
+    store.set_password("alice", "alice password", **CHEAP)       # a client user
+    net = Net(authenticator=StoreAuthenticator(store, run_in_thread=now))
+    alice = Identity("fe", "alice", "amqp")
+    net.broker.subscribe_client("dev1", alice, [("a/#", 1)])
+    assert net.broker.sessions["dev1"].owner == "alice"
+    assert not net.broker.may_claim(Identity("dev1", "bob", "mqtt3.1.1"), "dev1")
+    assert net.broker.may_claim(Identity("dev1", "alice", "mqtt3.1.1"), "dev1")

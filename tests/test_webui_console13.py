@@ -269,6 +269,10 @@ def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
     console, broker, _, client = env
     assert _open_tail(client, filter="a/#/b")[0].code == 400
     assert _open_tail(client, filter="a", view="pdf")[0].code == 400
+    # (review finding) a tail never joins a shared group nor reads a dynamic node
+    assert _open_tail(client, filter="$share/workers/jobs/#")[0].code == 403
+    assert _open_tail(client, filter="$dynamic/+")[0].code == 403
+    assert not broker.link_subscribers
     console.tails.max_tails = 1
     response, _, _ = _open_tail(client, filter="x/#")
     assert response.code == 200

@@ -360,8 +360,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    store = UserStore(os.path.abspath(args.data))
-    result: int = args.run(store, args)
+    try:
+        store = UserStore(os.path.abspath(args.data))
+        result: int = args.run(store, args)
+    except ValueError as exc:   # a users.json edited by hand that does not parse
+        raise SystemExit(f"mqttamqp-admin: {exc}") from None
     return result
 
 

@@ -827,7 +827,9 @@ class Console:
         """For a long-lived stream: is its login (or token) still good?"""
         def still_allowed() -> bool:
             if auth.token is not None:
-                return self.users.token_exists(auth.user, auth.token.id)
+                user = self.users.get(auth.user)
+                return (user is not None and user.console
+                        and self.users.token_exists(auth.user, auth.token.id))
             session = auth.session
             assert session is not None
             live = self.sessions.get(session.id, touch=False)

@@ -114,9 +114,15 @@ class TailHub:
         """A new tail on ``topic_filter``, or why not (the caller answers with it)."""
         if len(self.tails) >= self.max_tails:
             return f"at most {self.max_tails} live tails may be open at once"
+        if topic_filter.startswith(("$share/", "$dynamic/")):
+            # A tail joining a shared group would take its share of the messages away
+            # from the group's workers; dynamic nodes are one receiver's own.
+            return f"the live tail does not subscribe to {topic_filter.split('/')[0]}/ filters"
         key = f"console-tail:{next(self._serials)}"
+        # The broker's own identity (protocol ""): the console is not bound by the
+        # clients' access rules (its users see every topic's retained messages too).
         session = self.broker.add_topic_receiver(key, topic_filter,
-                                                 Identity(key, user, "console"), 0)
+                                                 Identity(key, user, ""), 0)
         if session is None:
             return f"subscribing to {topic_filter!r} was refused"
         tail = Tail(self, key, request, topic_filter, mode, still_allowed)

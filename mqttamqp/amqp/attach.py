@@ -207,10 +207,20 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
     if kind is AddressKind.ANONYMOUS:
         return partial(TopicPublisher, host, plink, None)
     if kind is AddressKind.WILL_SERVICE:
+        # The link's name is the will's owner: only that client (or an FE acting
+        # for it, without an ACL) may hold it.
+        if not host.broker.may_use_session(host.identity, plink.name):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to hold the will of {plink.name!r}")
+            return None
         return partial(WillServiceLink, host, plink, address)
     if kind is AddressKind.SUBSCRIPTION_SERVICE:
         return partial(SubscriptionServiceLink, host, plink, address, host.requests)
     if kind is AddressKind.PUBREL:
+        if not host.broker.may_use_session(host.identity, value):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to release messages of the session of {value!r}")
+            return None
         return partial(PubrelLink, host, plink, address, value)
     refuse_link(host, plink, "amqp:not-found", f"cannot send to {address!r}")
     return None

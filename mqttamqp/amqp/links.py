@@ -454,7 +454,8 @@ class SessionOutlet(_SessionLink):
         """Claim the session (taking it over from whoever holds it), then deliver."""
         if self.closed:
             return
-        opened = self.broker.open_session(self, self.client_id, clean, None)
+        opened = self.broker.open_session(self, self.client_id, clean, None,
+                                          self.host.identity)
         session, d = opened.session, opened.durable
         self.session = session
         self.opening = True
@@ -561,6 +562,9 @@ class IncomingLink(BrokerLink):
             return
         impl = self.impl
         if _delivery_aborted(dlv):
+            if self._partial:
+                self.host.hold(-self._partial)
+                self._partial = 0
             _link_advance(impl)
             _delivery_settle(dlv)
             return

@@ -370,6 +370,10 @@ class AMQPConnection(Protocol):
         """SASL EXTERNAL: the certificate is the credential (the CA decides who gets
         in, as for MQTT); an authorization identity, if given, must be its user."""
         user = self.cert_user
+        if user is not None and not user.isprintable():
+            self.log.warn("AMQP client from {peer}: EXTERNAL refused, its certificate's "
+                          "common name holds control characters", peer=self.peer)
+            return succeed(False)
         if user is None or (authzid is not None and authzid != user):
             self.log.warn("AMQP client from {peer}: EXTERNAL as {a!r} refused, its "
                           "certificate names {u!r}", peer=self.peer, a=authzid, u=user)

@@ -165,7 +165,7 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, PRECONDITION_FAILED, "reply-to must be "
                         f"$mqtt.to.<client-id>.control, got {message.reply_to!r}")
             return
-        subscriptions, d = self.broker.list_subscriptions(client_id)
+        subscriptions, d = self.broker.list_subscriptions(client_id, self.host.identity)
         body = {topic_filter: int32(qos) for topic_filter, qos in subscriptions.items()}
         reply = encode_control("subscriptions", correlation_id=message.correlation_id,
                                body=body)
@@ -195,6 +195,12 @@ class SubscriptionServiceLink(_ServiceLink):
             if not isinstance(topic_filter, str) or qos is None:
                 self.reject(dlv, DECODE_ERROR, f"AMQP_SUBSCRIBE entry {topic_filter!r}: "
                             f"{raw!r} is not a QoS (0, 1, 2 as int or decimal string)")
+                return
+            limits = self.host.limits
+            problem = topic_size_problem(str(topic_filter), limits.max_topic_levels,
+                                         limits.max_topic_length, "topic filter")
+            if problem is not None:
+                self.reject(dlv, DECODE_ERROR, f"AMQP_SUBSCRIBE: {problem}")
                 return
             requests.append((str(topic_filter), qos))
         # A .publish receiver waiting for AMQP_LIST claims the session now.

@@ -344,10 +344,13 @@ class Broker:
     def detach_topic_receiver(self, key: str) -> None:
         self._registry.remove_link_subscriber(key)
 
-    def list_subscriptions(self, client_id: str) -> tuple[dict[str, int], Deferred[None] | None]:
+    def list_subscriptions(self, client_id: str, identity: Identity | None = None
+                           ) -> tuple[dict[str, int], Deferred[None] | None]:
         """AMQP_LIST: the subscriptions of ``client_id``'s persistent session, which is
-        opened (offline) if it has none; the Deferred is that session's commit."""
-        session, d = self._registry.offline_session(client_id)
+        opened (offline, owned by ``identity``'s user) if it has none; the Deferred is
+        that session's commit."""
+        session, d = self._registry.offline_session(
+            client_id, identity.username if identity is not None else None)
         return (dict(session.subscriptions) if session.persistent else {}), d
 
     def subscribe_client(self, client_id: str, identity: Identity,
@@ -360,7 +363,7 @@ class Broker:
         if client_id not in self._registry.sessions and not any(
                 self._router.may_subscribe(identity, f) for f, _ in requests):
             return None, [SUBSCRIBE_FAILURE] * len(requests), None  # nothing is created
-        session, created = self._registry.offline_session(client_id)
+        session, created = self._registry.offline_session(client_id, identity.username)
         codes, d = self._router.subscribe(session, identity, requests)
         if d is None:
             d = created
@@ -399,6 +402,18 @@ class Broker:
         ``.publish`` receiver, the subscription service)?"""
         return (self.authorizer.may_use_session(identity, client_id)
                 and self.may_claim(identity, client_id))
+
+    def recheck_subscriptions(self) -> None:
+        """The access rules changed: every session's subscriptions are checked again
+        (as its owner), and those no longer allowed are dropped, durably.  (An AMQP
+        topic receiver keeps what its attach was granted until it detaches.)"""
+        ops: list[Op] = []
+        router = self._router
+        for session in list(self._registry.sessions.values()):
+            identity = Identity(session.client_id, session.owner, session.protocol or "mqtt")
+            ops.extend(router.recheck(session, identity))
+        self._commits.watch(self._commits.persist(ops),
+                            "dropping subscriptions the access rules no longer allow")
 
     def may_claim(self, identity: Identity, client_id: str) -> bool:
         """May ``identity`` take over (or act on) the session of ``client_id``?  Not

@@ -217,6 +217,8 @@ class SessionRegistry:
             if session.owner is None:
                 session.owner = user     # an anonymous session is claimed by its user
             ops.append(PutSession(client_id, now, session.owner))
+            if identity is not None:     # what it subscribed to must still be allowed
+                ops.extend(self.router.recheck(session, identity))
         else:
             session = Session(client_id, True, self.limits, now)
             session.owner = user
@@ -239,19 +241,21 @@ class SessionRegistry:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         return Opened(session, present, self.commits.persist(ops))
 
-    def offline_session(self, client_id: str) -> tuple[Session, Deferred[None] | None]:
+    def offline_session(self, client_id: str, owner: str | None = None
+                        ) -> tuple[Session, Deferred[None] | None]:
         """The persistent session of ``client_id``, created offline if it has none
-        (the subscription service provisions sessions before their devices connect).
-        A clean session held by a connection is returned as it is."""
+        (the subscription service provisions sessions before their devices connect),
+        owned by ``owner``.  A clean session held by a connection is returned as it is."""
         session = self.sessions.get(client_id)
         if session is not None:
             return session, None
         now = self.clock.seconds()
         session = Session(client_id, True, self.limits, now)
+        session.owner = owner
         self.sessions[client_id] = session
         self.recorder.event(now, SESSION_CREATED, client_id, clean_session=False,
                             detail="subscription service")
-        return session, self.commits.persist([PutSession(client_id, now)])
+        return session, self.commits.persist([PutSession(client_id, now, owner)])
 
     def end(self, connection: ClientLink, session: Session, clean: bool,
             reason: str, cause: str = CAUSE_LOST) -> Deferred[None] | None:
@@ -310,7 +314,8 @@ class SessionRegistry:
         session = self.link_subscribers.pop(key, None)
         if session is None:
             return
-        self.router.member_left(session)   # (a link's session is never persistent)
+        self.commits.watch(self.commits.persist(self.router.member_left(session)),
+                           "moving shared messages of " + key)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
         session.clear_messages()

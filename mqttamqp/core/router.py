@@ -19,7 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.core.auth import Authorizer, Identity
+from mqttamqp.core.auth import AllowAll, Authorizer, Identity
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import (
     CommitBatcher,
@@ -427,6 +427,25 @@ class Router:
             self._unroute(topic_filter, session)
         session.subscriptions.clear()
 
+    def recheck(self, session: Session, identity: Identity) -> list[Op]:
+        """Drop the subscriptions of ``session`` that ``identity`` may not have (a
+        session resumed by another identity, or the ACL changed); returns the ops."""
+        if isinstance(self.authorizer, AllowAll):
+            return []
+        refused = [f for f in session.subscriptions if not self.may_subscribe(identity, f)]
+        if not refused:
+            return []
+        self.log.info("{c}: subscriptions no longer allowed for {u} dropped: {f}",
+                      c=session.client_id, u=repr(identity.username) if identity.username
+                      else "an anonymous client", f=", ".join(repr(f) for f in refused[:10]))
+        ops: list[Op] = []
+        for topic_filter in refused:
+            del session.subscriptions[topic_filter]
+            self._unroute(topic_filter, session)
+            if session.persistent:
+                ops.append(DeleteSubscription(session.client_id, topic_filter))
+        return ops
+
     # -- routes: the trie, or a shared group ------------------------------------
 
     def _route(self, topic_filter: str, session: Session, qos: int) -> None:
@@ -464,16 +483,20 @@ class Router:
         for entry in moving:
             group = entry.share
             assert group is not None
-            pick = group.pick(entry.message.publisher, exclude=session)
+            message = entry.message
+            pick = group.pick(message.publisher, exclude=session)
             if pick is None or pick[0].link is None:
                 continue   # nobody else online: it stays with its member
             target, granted = pick
+            if message.amqp_only and target not in self.native:
+                continue   # (no MQTT form: only an AMQP member could take it)
+            new = target.deliver(message, min(entry.qos, granted), False)
+            if new is None:
+                continue   # the target has no room: it stays where it is
+            new.share = group
+            if target.persistent:
+                ops.append(new.put_op(target.client_id))
             ops.extend(session.take_back(entry))
-            new = target.deliver(entry.message, min(entry.qos, granted), False)
-            if new is not None:
-                new.share = group
-                if target.persistent:
-                    ops.append(new.put_op(target.client_id))
         return ops
 
     # -- retained -------------------------------------------------------------

@@ -54,6 +54,9 @@ def parse_share(topic_filter: str) -> tuple[str, str] | str | None:
         return "a shared subscription is $share/<group>/<filter>"
     if "+" in group or "#" in group:
         return "a share group name may not hold + or #"
+    if inner.startswith("$"):
+        # ($SYS, $dynamic/ reply nodes, control addresses: never shared)
+        return "a shared subscription's filter may not start with $"
     return group, inner
 
 
@@ -80,6 +83,7 @@ class SharedGroup(Generic[M]):
 
     def leave(self, session: M) -> None:
         self.members.pop(session, None)
+        self.counts.pop(session.client_id, None)
         if self._sticky is session:
             self._sticky = None
 

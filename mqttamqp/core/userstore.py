@@ -193,16 +193,20 @@ class UserStore:
         if not os.path.exists(legacy):
             return 0
         with self._locked() as users:
-            if not os.path.exists(legacy):
+            try:
+                with open(legacy, encoding="utf-8") as f:
+                    raw = json.load(f)
+            except FileNotFoundError:
                 return 0   # another process migrated it meanwhile
-            with open(legacy, encoding="utf-8") as f:
-                raw = json.load(f)
             moved = 0
             for name, entry in raw.get("users", {}).items():
                 if name not in users:
                     users[name] = _user_from_json(name, entry, ROLE_ADMIN)
                     moved += 1
-        os.replace(legacy, legacy + ".migrated")
+            # Written before the old file is renamed (a crash in between migrates
+            # again), both under the lock: a process that waited finds no legacy file.
+            self._write(users)
+            os.replace(legacy, legacy + ".migrated")
         self.log.info("moved {n} console user(s) from {old} into {new} (as admins); the old "
                       "file is kept as {old}.migrated", n=moved, old=legacy, new=self.path)
         return moved
@@ -232,7 +236,7 @@ class UserStore:
     def _read(self) -> dict[str, User]:
         with open(self.path, encoding="utf-8") as f:
             raw = json.load(f)
-        return {name: _user_from_json(name, entry, ROLE_ADMIN)
+        return {name: _user_from_json(name, entry, ROLE_CLIENT)
                 for name, entry in raw.get("users", {}).items()}
 
     def get(self, name: str) -> User | None:
@@ -261,18 +265,27 @@ class UserStore:
         return user is not None and any(t.id == token_id for t in user.tokens)
 
     def check_password(self, name: str, password: str | bytes) -> User | None:
-        """Blocking (scrypt): call it from a thread.  Re-reads the file first."""
-        user = self._fresh().get(name)
+        """Blocking (scrypt): call it from a thread.  Re-reads the file first; if it
+        does not parse, the users loaded before answer."""
+        try:
+            users = self._fresh()
+        except ValueError:
+            users = self._users
+        user = users.get(name)
         if user is None:
             verify_password(password, dummy_hash())
             return None
         return user if verify_password(password, user.password) else None
 
     def _fresh(self) -> dict[str, User]:
+        """The file as it is now ({} if missing).  A file that does not parse (edited
+        by hand) raises ``ValueError`` with the reason."""
         try:
             return self._read()
         except FileNotFoundError:
             return {}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{self.path} does not parse: {exc!r}") from None
 
     # -- writing ------------------------------------------------------------------
 
