@@ -91,7 +91,7 @@ class Broker:
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
-        self.stats = BrokerStats()
+        self.stats = BrokerStats(seconds=clock.seconds)
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
         self._log_limit = LogLimiter(clock.seconds)   # one line per cause a minute
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
@@ -138,6 +138,11 @@ class Broker:
     @property
     def trie(self) -> SubscriptionTrie[Session]:
         return self._router.trie
+
+    @property
+    def wills_in_grace(self) -> int:
+        """Wills restored at start whose grace period is still running."""
+        return self._wills.in_grace()
 
     @property
     def stopping(self) -> bool:
@@ -242,6 +247,7 @@ class Broker:
 
         def record(ok: object, reason: str) -> object:
             if not ok or reason != "refused":
+                self.stats.auth_failures += 1
                 self.recorder.event(
                     self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
                     protocol=credentials.protocol, address=credentials.peer,

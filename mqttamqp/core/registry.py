@@ -124,6 +124,7 @@ class SessionRegistry:
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
             self.stats.disconnected(known)
+            self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
                 self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
                                     protocol=known, reason=CAUSE_CLEAN)
@@ -144,6 +145,7 @@ class SessionRegistry:
             self.stats.disconnected(protocol)
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
+            self.stats.disconnect_cause(cause)
             info = connection.info()
             # The one line per disconnect, with its cause.  A protocol error or a
             # limit was logged (as a warning, with its reason) where it was found;

@@ -42,6 +42,7 @@ from mqttamqp.core.recorder import (
     CAUSE_TAKEN_OVER,
 )
 from mqttamqp.core.session import Session
+from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
@@ -264,6 +265,8 @@ class MQTTProtocol(Protocol):
         stats = self.broker.stats
         stats.messages_sent += 1
         stats.bytes_sent += len(frame)
+        if not stats.messages_sent & DELIVER_SAMPLE_MASK:
+            stats.deliver_sampled(message.timestamp)
         if self._congested:
             self._backlog += len(frame)
 
