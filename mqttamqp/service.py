@@ -33,6 +33,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.tls import TLSSettings, server_endpoint
 
@@ -212,6 +213,7 @@ class BrokerService(service.MultiService):
         self.amqp_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
+        self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -230,11 +232,15 @@ class BrokerService(service.MultiService):
 
         if self.web_site is None:
             self.web_site = make_site(self)
+            self.ops.mount_on_console(self.web_site)
         return self.add_listener("web", description, self.web_site)
+
+    def add_metrics_listener(self, description: str) -> ListenerService:
+        return self.add_listener("metrics", description, self.ops.site())
 
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
         svc = ListenerService(kind, description, factory, self.reactor,
-                              "users" if kind == "web" else self._access())
+                              "users" if kind in ("web", "metrics") else self._access())
         svc.tls = self.tls
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
@@ -324,6 +330,7 @@ class BrokerService(service.MultiService):
         gc.collect()
         gc.freeze()
         self.log.info("data directory {d}", d=self.data_dir)
+        self.ops.start()
         if self.pack_interval > 0:
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
@@ -336,8 +343,15 @@ class BrokerService(service.MultiService):
         d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
         return d
 
+    def setServiceParent(self, parent: Any) -> None:
+        """As usual; and on twistd's application, the log observer of --log-format
+        and --log-level, which twistd installs once the service is assembled."""
+        super().setServiceParent(parent)  # type: ignore[no-untyped-call]
+        self.ops.set_log_observer(parent)
+
     def stopService(self) -> Deferred[None]:
         self.broker.shutdown()
+        self.ops.stop()
         if self._pack_loop is not None and self._pack_loop.running:
             self._pack_loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
@@ -450,6 +464,9 @@ def makeService(options: Options) -> BrokerService:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
+    svc.ops.configure(options)
     for description in options["web"]:
         svc.add_web_listener(description)
+    if options["metrics"]:
+        svc.add_metrics_listener(options["metrics"])
     return svc

@@ -1,0 +1,106 @@
+"""What ``ops`` adds to a ``BrokerService``: one object the service holds, so the
+service's own code grows by a few calls.
+
+It builds, on demand, the broker's private metrics registry, the readiness
+checks and the metrics listener's site; puts ``/metrics`` on the console with
+its token; starts and stops the OpenTelemetry export; and gives twistd's
+application the log observer of ``--log-format`` / ``--log-level``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.logger import ILogObserver
+from twisted.web.server import Site
+
+from mqttamqp.ops.health import Readiness, WriteProbe, liveness
+from mqttamqp.ops.logs import make_observer, open_destination
+from mqttamqp.ops.metrics import broker_registry
+from mqttamqp.ops.web import MetricsResource, ops_site, with_metrics
+
+__all__ = ["OpsWiring"]
+
+
+class OpsWiring:
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.token: str | None = None
+        self.otel_endpoint: str | None = None
+        self.otel_interval = 60.0
+        self.otel: Any = None
+        self.log_format = "text"
+        self.log_level: str | None = None
+        self.log_destination: tuple[str | None, bool] = (None, True)
+        self._registry: CollectorRegistry | None = None
+        self._readiness: Readiness | None = None
+
+    def configure(self, options: Any) -> None:
+        """Take the ops options (``Options``) and twistd's own, when there are any."""
+        self.token = options.get("metrics-token")
+        self.otel_endpoint = options.get("otel-endpoint")
+        self.otel_interval = options.get("otel-interval", 60.0)
+        self.log_format = options.get("log-format", "text")
+        self.log_level = options.get("log-level")
+        parent = getattr(options, "parent", None)   # twistd's ServerOptions
+        if parent is not None:
+            self.log_destination = (parent.get("logfile"), bool(parent.get("nodaemon")))
+            if parent.get("syslog"):
+                self.log_format, self.log_level = "text", None   # syslog: twistd's own
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        if self._registry is None:
+            self._registry = broker_registry(self.service.broker)
+        return self._registry
+
+    @property
+    def readiness(self) -> Readiness:
+        if self._readiness is None:
+            svc = self.service
+            self._readiness = Readiness(
+                svc.broker, lambda: svc.store.opened is not None, lambda: svc.listeners,
+                WriteProbe(svc.reactor, svc.data_dir))
+        return self._readiness
+
+    def site(self) -> Site:
+        """The metrics listener's site: /metrics, /healthz, /readyz."""
+        broker = self.service.broker
+        return ops_site(self.registry, self.readiness, lambda: liveness(broker))
+
+    def mount_on_console(self, site: Site) -> None:
+        if self.token is not None:
+            with_metrics(site, MetricsResource(self.registry, self.token))
+
+    def start(self) -> None:
+        probe = self.readiness.probe
+        if probe is not None:
+            probe.start()   # so the first /readyz after the start has its answer
+        if self.otel_endpoint:
+            from mqttamqp.ops.otel import OTelExport, otlp_reader
+
+            svc = self.service
+            self.otel = OTelExport(svc.broker, svc.reactor,
+                                   otlp_reader(self.otel_endpoint, self.otel_interval),
+                                   self.otel_interval)
+            self.otel.start()
+            svc.log.info("exporting metrics through OpenTelemetry to {u} every {s:g}s",
+                         u=self.otel_endpoint, s=self.otel_interval)
+
+    def stop(self) -> None:
+        if self.otel is not None:
+            self.otel.stop()
+            self.otel = None
+
+    def set_log_observer(self, parent: Any) -> None:
+        """On twistd's application (a Componentized), the observer twistd logs to,
+        when a format or level was asked for; otherwise twistd's own is left."""
+        if self.log_format == "text" and self.log_level is None:
+            return
+        set_component = getattr(parent, "setComponent", None)
+        if set_component is None:
+            return
+        stream = open_destination(*self.log_destination)
+        set_component(ILogObserver, make_observer(stream, self.log_format,
+                                                  self.log_level or "debug"))
