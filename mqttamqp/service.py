@@ -62,7 +62,8 @@ class ListenerService(service.Service):
         self.factory = factory
         self.reactor = reactor
         # Who may connect: "users" (a user store), "loopback" (no users: loopback
-        # clients only) or "anyone" (no users, --allow-anonymous).
+        # clients only), "anyone" (no users, --allow-anonymous) or "open" (no login
+        # at all: the metrics listener).
         self.access = access
         self.port: Any = None
         self.address = ""
@@ -117,6 +118,11 @@ class ListenerService(service.Service):
                               "such as --{opt} {d} to accept other machines, with --users",
                               kind=self.kind, opt=self.kind.lower(),
                               d=self.description.split(":interface=")[0])
+        elif self.access == "open":
+            self.log.warn("{kind} listens on {address}, beyond loopback: its pages need no "
+                          "login (keep it on a private network, or use "
+                          "--metrics-token-file and the console)", kind=self.kind,
+                          address=self.address)
         elif self.access == "anyone":
             self.log.warn("{kind} listens on {address}, beyond loopback, and no users are "
                           "configured: anyone who can reach it may connect (give --users "
@@ -239,8 +245,8 @@ class BrokerService(service.MultiService):
         return self.add_listener("metrics", description, self.ops.site())
 
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
-        svc = ListenerService(kind, description, factory, self.reactor,
-                              "users" if kind in ("web", "metrics") else self._access())
+        access = {"web": "users", "metrics": "open"}.get(kind) or self._access()
+        svc = ListenerService(kind, description, factory, self.reactor, access)
         svc.tls = self.tls
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
