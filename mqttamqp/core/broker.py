@@ -39,6 +39,7 @@ from mqttamqp.core.auth import (
     Identity,
     peer_host,
 )
+from mqttamqp.core.clientdebug import ClientDebug
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
@@ -112,6 +113,7 @@ class Broker:
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
                               self.recorder)
         self._loops: list[LoopingCall] = []
+        self.client_debug = ClientDebug(clock.seconds)
 
     # -- state the read model and tests look at (read-only) ---------------------
 
@@ -630,6 +632,25 @@ class Broker:
     def _durable(self, commits: Sequence[Deferred[None] | None]) -> Deferred[None]:
         """Fires once ``commits`` (and everything asked before) are durable."""
         return all_durable([*commits, self._commits.barrier()]) or self._commits.barrier()
+
+    def debug_client(self, client_id: str, duration: float) -> tuple[float, int]:
+        """Log the packets of ``client_id`` for ``duration`` seconds (0 stops): its
+        live connection now, and any it opens before the deadline.  Returns the
+        deadline and how many live connections started (a ValueError when too many
+        clients are being debugged)."""
+        until = self.client_debug.enable(client_id, duration)
+        on = until > self.clock.seconds()
+        started = 0
+        for conn in list(self._registry.connections.values()):
+            if conn.info().client_id != client_id:
+                continue
+            # MQTT connections log their packets; AMQP ones do not (yet).
+            if on and hasattr(conn, "start_debug"):
+                conn.start_debug(until)
+                started += 1
+            elif not on and hasattr(conn, "stop_debug"):
+                conn.stop_debug()
+        return until, started
 
     def record_console_action(self, user: str, action: str, target: str) -> None:
         """An operator acted through the console (the archive keeps the audit trail)."""

@@ -84,6 +84,16 @@ _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 OUTPUT_BATCH_BYTES = 64 * 1024
 
 
+_FRAME_KINDS = ("reserved", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
+                "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ",
+                "PINGRESP", "DISCONNECT", "reserved")
+
+
+def _frame_kind(data: bytes) -> str:
+    """The MQTT packet type of an encoded frame (for debug lines)."""
+    return _FRAME_KINDS[data[0] >> 4] if data else "empty"
+
+
 def _ack_frame(kind: int, packet_id: int) -> bytes:
     return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
 
@@ -492,6 +502,9 @@ class MQTTProtocol(Protocol):
         self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
                       c=self.client_id, peer=self.peer, v=self.version,
                       cs=self.clean_session, k=self.keepalive)
+        debug_until = self.broker.client_debug.until(self.client_id)
+        if debug_until is not None:
+            self.start_debug(debug_until)
         if self.keepalive > 0:
             self._keepalive = Keepalive(self.keepalive)
             self._keepalive_timer = self.clock.callLater(
@@ -539,6 +552,56 @@ class MQTTProtocol(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
         self._connect_timer = self._keepalive_timer = self._rate_timer = None
+        if "_debug_timer" in vars(self):
+            self.stop_debug()
+
+    # -- per-client debug logging (the console's "Debug log") ----------------------
+
+    def start_debug(self, until: float) -> None:
+        """Log every packet in and out of this connection until ``until``.
+
+        The logging wrappers are put in this instance's ``__dict__`` (shadowing the
+        class's ``_emit`` and handler table) only while it is debugged, so no other
+        connection pays a check per packet."""
+        own = vars(self)
+        timer = own.get("_debug_timer")
+        if timer is not None and timer.active():
+            timer.cancel()
+        own["_debug_timer"] = self.clock.callLater(
+            max(0.0, until - self.clock.seconds()), self.stop_debug)
+        if "_emit" in own:
+            return   # already logging: a new deadline only
+        plain_emit = self._emit
+        log = self.log
+
+        def emit(data: bytes) -> None:
+            log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
+                     peer=self.peer, kind=_frame_kind(data), n=len(data))
+            plain_emit(data)
+
+        def logged(handler: Callable[[MQTTProtocol, Any], None]
+                   ) -> Callable[[MQTTProtocol, Any], None]:
+            def handle(conn: MQTTProtocol, packet: Any) -> None:
+                log.info("debug {c} ({peer}): in {packet}", c=conn.client_id,
+                         peer=conn.peer, packet=repr(packet)[:300])
+                handler(conn, packet)
+            return handle
+
+        own["_emit"] = emit
+        own["_connected_handlers"] = {kind: logged(handler) for kind, handler
+                                      in type(self)._connected_handlers.items()}
+        log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=self.client_id,
+                 peer=self.peer, s=until - self.clock.seconds())
+
+    def stop_debug(self) -> None:
+        own = vars(self)
+        timer = own.pop("_debug_timer", None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if own.pop("_emit", None) is not None:
+            own.pop("_connected_handlers", None)
+            self.log.info("debug logging of {c} ({peer}) ended", c=self.client_id,
+                          peer=self.peer)
 
     # -- reading pause (connect in progress, back-pressure) -----------------------
 
