@@ -74,9 +74,11 @@ class OpsWiring:
             with_metrics(site, MetricsResource(self.registry, self.token))
 
     def start(self) -> None:
-        probe = self.readiness.probe
+        # Only with a metrics listener (it built the readiness checks): the first
+        # /readyz after the start then has the write probe's answer.
+        probe = self._readiness.probe if self._readiness is not None else None
         if probe is not None:
-            probe.start()   # so the first /readyz after the start has its answer
+            probe.start()
         if self.otel_endpoint:
             from mqttamqp.ops.otel import OTelExport, otlp_reader
 
