@@ -307,3 +307,20 @@ def test_a_bad_metrics_token_file_is_refused(tmp_path: Any) -> None:
     o = Options()
     o.parseOptions(["--metrics-token-file", str(good)])
     assert o["metrics-token"] == "0123456789abcdef0123"
+
+
+@pytest.mark.parametrize(("host", "warned"), [("127.0.0.1", False), ("0.0.0.0", True)])
+def test_a_metrics_listener_beyond_loopback_warns(host: str, warned: bool,
+                                                  log_lines: list[str]) -> None:
+    """Its pages need no login: beyond loopback, the log says so once at start."""
+    from twisted.internet.address import IPv4Address
+
+    from mqttamqp.service import ListenerService
+
+    class Port:
+        def getHost(self) -> object:
+            return IPv4Address("TCP", host, 9108)
+
+    ListenerService("metrics", "tcp:9108", None, None, "open")._listening(Port())
+    said = [line for line in log_lines if "need no login" in line]
+    assert len(said) == (1 if warned else 0)
