@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from mqttamqp.core.broker import Broker
+from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Snapshot
@@ -135,6 +135,19 @@ def test_disconnect_causes_drops_and_queues_are_counted() -> None:
     assert s["mqttamqp_queued_messages"][()] == 2
     assert s["mqttamqp_queued_bytes"][()] == 6
     assert s["mqttamqp_messages_dropped_total"][(("reason", "queue"),)] == 3 == int(
+        sys_value(broker, "messages/dropped"))
+    stuck, stuck_link, _ = connect(broker, "stuck")
+    subscribe(broker, stuck, ("q/#", 1))
+    pub(broker, "q/2", b"x", qos=1)                  # "slow" is full: one more drop
+    stuck_link.congested, stuck_link.backlog_bytes = True, 1 << 30
+    pub(broker, "q/0", b"x", qos=0)                  # "slow" gets it, "stuck" does not
+    inflight = next(iter(stuck.inflight))
+    broker.settle(stuck, inflight, Outcome.REJECTED)  # as an AMQP receiver may
+    s = scrape(broker)
+    assert s["mqttamqp_messages_dropped_total"] == {
+        (("reason", "congestion"),): 1, (("reason", "denied"),): 0,
+        (("reason", "queue"),): 4, (("reason", "rejected"),): 1}
+    assert total(s, "mqttamqp_messages_dropped_total") == 6 == int(
         sys_value(broker, "messages/dropped"))
     broker.unregister_connection(live.key, live, "keepalive")
     broker.end_session(link, sub, False, "keepalive expired")

@@ -464,6 +464,7 @@ class Broker:
 
     def rejected(self, session: Session, packet_id: int) -> None:
         """AMQP Rejected: the delivery is dropped, counted."""
+        self.stats.messages_rejected += 1
         self._commits.background(session.drop(packet_id))
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
@@ -485,6 +486,7 @@ class Broker:
     def dropped(self, session: Session) -> None:
         """A delivery to ``session`` was dropped by its link (QoS 0 over its bound)."""
         session.dropped += 1
+        session.dropped_congested += 1
 
     # -- flow control ---------------------------------------------------------
 
@@ -670,6 +672,10 @@ class Broker:
 
     def publish_sys(self) -> None:
         self._sys.publish()
+
+    def dropped_congested(self) -> int:
+        """Of ``dropped_total``: QoS 0 messages dropped for clients that did not read."""
+        return self._registry.congested_total()
 
     def dropped_total(self) -> int:
         return self._registry.dropped_total()

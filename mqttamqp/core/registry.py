@@ -88,6 +88,7 @@ class SessionRegistry:
         self.connections: dict[str, InspectableConnection] = {}
         self._connection_protocols: dict[str, str] = {}
         self.dropped_retired = 0  # drops of sessions that no longer exist
+        self.congested_retired = 0  # of which QoS 0 dropped for a congested client
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
         now = self.clock.seconds()
@@ -106,6 +107,12 @@ class SessionRegistry:
             if session.link is not None:
                 yield session
         yield from self.link_subscribers.values()
+
+    def congested_total(self) -> int:
+        """Of ``dropped_total``: QoS 0 messages dropped for a client that did not read."""
+        return (self.congested_retired
+                + sum(s.dropped_congested for s in self.sessions.values())
+                + sum(s.dropped_congested for s in self.link_subscribers.values()))
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
@@ -286,6 +293,7 @@ class SessionRegistry:
                                 reason=reason)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
+        self.congested_retired += session.dropped_congested
         session.clear_messages()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -307,6 +315,7 @@ class SessionRegistry:
             return
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
+        self.congested_retired += session.dropped_congested
         session.clear_messages()
         session.detach()
         self.flow.resume_paused()

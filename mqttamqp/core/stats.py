@@ -88,6 +88,7 @@ class BrokerStats:
     connects: dict[str, int] = field(default_factory=dict)      # by protocol
     disconnects: dict[str, int] = field(default_factory=dict)   # by cause
     auth_failures: int = 0
+    messages_rejected: int = 0        # AMQP Rejected (in messages_dropped)
     commits: int = 0                  # successful store commits
     commit_latency: Histogram = field(default_factory=_latency)     # seconds
     commit_batch: Histogram = field(default_factory=lambda: Histogram(_BATCH_BOUNDS))

@@ -86,6 +86,7 @@ def snapshot(broker: Broker) -> list[Family]:
         queued += len(session.queue)
         queued_bytes += session.queued_bytes
     online = sum(1 for s in broker.sessions.values() if s.link is not None)
+    congested = broker.dropped_congested()
     received_mqtt = (stats.messages_received - stats.messages_received_amqp
                      - stats.wills_published)
     families = [
@@ -118,10 +119,12 @@ def snapshot(broker: Broker) -> list[Family]:
         Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients.", "",
                "protocol", (("amqp", stats.messages_sent_amqp),
                             ("mqtt", stats.messages_sent - stats.messages_sent_amqp))),
-        Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a queue "
-               "bound, congestion or AMQP Rejected (queue), or a publish refused "
-               "(denied).", "", "reason",
-               (("denied", c.publish_denied), ("queue", c.messages_dropped))),
+        Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a session's "
+               "queue bound (queue), QoS 0 for a client that does not read (congestion), "
+               "AMQP Rejected (rejected), a publish refused (denied).", "", "reason",
+               (("congestion", congested), ("denied", c.publish_denied),
+                ("queue", c.messages_dropped - congested - stats.messages_rejected),
+                ("rejected", stats.messages_rejected))),
         _one("mqttamqp_messages_amqp_only", COUNTER, "AMQP messages with no MQTT form "
              "(delivered to AMQP receivers only).", stats.messages_amqp_only),
         _one("mqttamqp_received_bytes", COUNTER, "Bytes read from clients.",
