@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fakes import NullStore
+from test_amqp_unit import Peer
 from test_protocol_unit import Client
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
@@ -95,3 +96,24 @@ def test_the_console_switches_it_on_and_off(tmp_path: Any, lines: list[str]) -> 
     assert service.broker.client_debug.active() == {}
     assert client.post_json("/api/clients/debug", {"client_id": "dev-7", "minutes": 600},
                             csrf).code == 400
+
+
+def test_an_amqp_connection_logs_its_frames_until_the_deadline(lines: list[str]) -> None:
+    """For AMQP the client id is the container id; proton's frame trace is the log."""
+    peer = Peer(idle=60.0)
+    peer.conn.open()
+    peer.exchange()
+    assert peer.broker.debug_client("unit", 30)[1] == 1
+    session = peer.conn.session()
+    session.open()
+    peer.exchange()
+    frames = [x for x in lines if x.startswith("debug unit (")]
+    assert any("<- @begin" in x for x in frames) and any("-> @begin" in x for x in frames)
+    peer.clock.advance(30)
+    assert any("debug logging of unit" in x and "ended" in x for x in lines)
+    lines.clear()
+    session.close()
+    peer.exchange()
+    assert not [x for x in lines if x.startswith("debug unit (")]
+    peer.server.connectionLost(None)
+    assert [c for c in peer.clock.getDelayedCalls() if c.active()] == []

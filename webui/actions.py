@@ -101,7 +101,8 @@ class ConsoleActions:
                             connection_gone=True)
 
     async def debug_client(self, user: str, client_id: str, minutes: int) -> ActionResult:
-        """Log every MQTT packet of ``client_id`` for ``minutes`` (0 stops)."""
+        """Log every MQTT packet or AMQP frame of ``client_id`` (an AMQP container
+        id) for ``minutes`` (0 stops)."""
         if not client_id:
             raise ActionError(400, "no client id given")
         if not 0 <= minutes <= 60:
@@ -115,7 +116,7 @@ class ConsoleActions:
             return ActionResult(f"Debug logging of {client_id} stopped.", {"until": None})
         self._audit(user, "debug-log", f"on for {minutes} min", client_id=client_id)
         return ActionResult(
-            f"Every MQTT packet of {client_id} is logged for {minutes} minutes "
+            f"Every packet (or AMQP frame) of {client_id} is logged for {minutes} minutes "
             f"(lines 'debug {client_id} ...' in the broker's log).",
             {"until": until, "connections": started})
 

@@ -646,7 +646,7 @@ class Broker:
         for conn in list(self._registry.connections.values()):
             if conn.info().client_id != client_id:
                 continue
-            # MQTT connections log their packets; AMQP ones do not (yet).
+            # MQTT connections log their packets, AMQP ones their frames.
             if on and hasattr(conn, "start_debug"):
                 conn.start_debug(until)
                 started += 1
