@@ -174,3 +174,43 @@ def test_metrics_none_opens_no_metrics_listener(tmp_path: Any) -> None:
         assert not any("listening for metrics" in line for line in proc.log)
     finally:
         proc.stop()
+
+
+def test_otel_export_reaches_an_otlp_endpoint(tmp_path: Any) -> None:
+    """--otel-endpoint: the broker's OTLP/HTTP exporter posts the metrics to a
+    collector (here an HTTP server in the test, on loopback)."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    import http.server
+    import queue
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    posts: queue.Queue[bytes] = queue.Queue()
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.put(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/metrics"
+    proc = BrokerProcess(str(tmp_path / "data"), "--otel-endpoint", url,
+                         "--otel-interval", "1").start()
+    try:
+        request = ExportMetricsServiceRequest()
+        request.ParseFromString(posts.get(timeout=TIMEOUT))
+        names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics}
+        assert {"mqttamqp_messages_received", "mqttamqp_connections",
+                "mqttamqp_commits"} <= names
+    finally:
+        proc.stop()
+        server.shutdown()
