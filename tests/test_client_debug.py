@@ -16,7 +16,7 @@ from webui_support import Client as ConsoleClient
 from webui_support import make_console
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clientdebug import MAX_DEBUGGED, ClientDebug
+from mqttamqp.core.clientdebug import MAX_DEBUGGED, ClientDebug, LineBudget
 from mqttamqp.mqtt.packets import Pingreq, Publish, Subscribe
 from mqttamqp.mqtt.protocol import MQTTFactory
 
@@ -117,3 +117,21 @@ def test_an_amqp_connection_logs_its_frames_until_the_deadline(lines: list[str])
     assert not [x for x in lines if x.startswith("debug unit (")]
     peer.server.connectionLost(None)
     assert [c for c in peer.clock.getDelayedCalls() if c.active()] == []
+
+
+def test_a_flooding_client_spends_its_line_budget(lines: list[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debug lines per connection and window are bounded; one line says when it ends."""
+    import mqttamqp.mqtt.protocol as protocol
+
+    monkeypatch.setattr(protocol, "LineBudget", lambda: LineBudget(5))
+    clock = Clock()
+    broker = Broker(clock, NullStore())
+    flood = Client(MQTTFactory(broker, clock))
+    flood.connect("flood")
+    broker.debug_client("flood", 60)
+    for _ in range(50):
+        flood.send(Pingreq())
+    debug = [x for x in lines if x.startswith("debug flood (")]
+    assert len(debug) == 6 and "the most for one window" in debug[-1]
+    flood.proto.connectionLost(None)

@@ -68,6 +68,7 @@ from mqttamqp.amqp.services import (
 )
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
@@ -534,9 +535,15 @@ class AMQPConnection(Protocol):
             self._debug_timer.cancel()
         else:
             log, c, peer = self.log, self.container_id, self.peer
+            budget = LineBudget()
 
             def trace(_transport: Any, frame: str) -> None:
-                log.info("debug {c} ({peer}): {frame}", c=c, peer=peer, frame=frame[:300])
+                if budget.take():
+                    log.info("debug {c} ({peer}): {frame}", c=c, peer=peer,
+                             frame=frame[:300])
+                elif budget.left == -1:
+                    log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                             "window; no more", c=c, peer=peer, n=MAX_DEBUG_LINES)
             ptrans.tracer = trace
             ptrans.trace(Transport.TRACE_FRM)
             self.log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=c, peer=peer,

@@ -14,10 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["ClientDebug", "MAX_DEBUGGED", "MAX_DEBUG_SECONDS"]
+__all__ = ["ClientDebug", "MAX_DEBUGGED", "MAX_DEBUG_LINES", "MAX_DEBUG_SECONDS",
+           "LineBudget"]
 
 MAX_DEBUGGED = 16            # client ids debugged at once
 MAX_DEBUG_SECONDS = 3600.0   # longest a client is debugged by one request
+MAX_DEBUG_LINES = 10_000     # lines one connection may log in one debug window
+
+
+class LineBudget:
+    """How many more debug lines one connection may log: a client that floods
+    while debugged must not flood the log; when the budget is spent, debugging
+    that connection stops (one line says so)."""
+
+    def __init__(self, lines: int = MAX_DEBUG_LINES) -> None:
+        self.left = lines
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
 
 
 class ClientDebug:

@@ -28,6 +28,7 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
@@ -573,17 +574,29 @@ class MQTTProtocol(Protocol):
             return   # already logging: a new deadline only
         plain_emit = self._emit
         log = self.log
+        budget = LineBudget()
+
+        def allowed() -> bool:
+            if budget.take():
+                return True
+            if budget.left == -1:   # once: the rest of the window is not logged
+                log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                         "window; no more", c=self.client_id, peer=self.peer,
+                         n=MAX_DEBUG_LINES)
+            return False
 
         def emit(data: bytes) -> None:
-            log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
-                     peer=self.peer, kind=_frame_kind(data), n=len(data))
+            if allowed():
+                log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
+                         peer=self.peer, kind=_frame_kind(data), n=len(data))
             plain_emit(data)
 
         def logged(handler: Callable[[MQTTProtocol, Any], None]
                    ) -> Callable[[MQTTProtocol, Any], None]:
             def handle(conn: MQTTProtocol, packet: Any) -> None:
-                log.info("debug {c} ({peer}): in {packet}", c=conn.client_id,
-                         peer=conn.peer, packet=repr(packet)[:300])
+                if allowed():
+                    log.info("debug {c} ({peer}): in {packet}", c=conn.client_id,
+                             peer=conn.peer, packet=repr(packet)[:300])
                 handler(conn, packet)
             return handle
 
