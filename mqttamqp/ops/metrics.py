@@ -113,7 +113,8 @@ def snapshot(broker: Broker) -> list[Family]:
         _one("mqttamqp_start_time_seconds", GAUGE, "When the broker started, seconds since "
              "the epoch.", c.started),
         Family("mqttamqp_messages_received", COUNTER, "Messages routed, by who published "
-               "them (broker: wills).", "", "protocol",
+               "them (broker: wills; the console's test publishes count as mqtt).", "",
+               "protocol",
                (("amqp", stats.messages_received_amqp), ("broker", stats.wills_published),
                 ("mqtt", received_mqtt))),
         Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients.", "",
