@@ -66,7 +66,7 @@ class Broker:
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         args = [twistd, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir,
                 "--mqtt", "tcp:0:interface=127.0.0.1", "--amqp", "tcp:0:interface=127.0.0.1",
-                "--web", "none", "--metrics", "none", "--sys-interval", "0",
+                "--web", "none", "--mqtt-ws", "none", "--metrics", "none", "--sys-interval", "0",
                 "--max-queued-messages", "64000",
                 *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -19,7 +19,8 @@ _D = Limits()
 # machines is a decision (give a listener, e.g. --mqtt tcp:1883, and --users).
 DEFAULT_LISTENERS = {"mqtt": "tcp:1883:interface=127.0.0.1",
                      "amqp": "tcp:5672:interface=127.0.0.1",
-                     "web": "tcp:8080:interface=127.0.0.1"}
+                     "web": "tcp:8080:interface=127.0.0.1",
+                     "mqtt-ws": "tcp:8083:interface=127.0.0.1"}
 
 
 def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
@@ -33,6 +34,18 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
         return number
     check.coerceDoc = ""  # type: ignore[attr-defined]
     return check
+
+
+def _choice_share(value: str) -> str:
+    from mqttamqp.core.shared import STRATEGIES
+
+    if value not in STRATEGIES:
+        raise usage.UsageError(f"--share-strategy must be one of {', '.join(STRATEGIES)}, "
+                               f"got {value!r}")
+    return value
+
+
+_choice_share.coerceDoc = ""  # type: ignore[attr-defined]
 
 
 def _endpoint(option: str, description: str) -> str:
@@ -131,7 +144,8 @@ class Options(usage.Options):
         "share one topic space; persistent sessions, wills and retained messages are "
         "stored in ZODB in the data directory (--data); an admin console in the browser "
         "(--web) shows every client and acts on them. By default every listener is on "
-        "loopback only (127.0.0.1: MQTT 1883, AMQP 5672, console 8080). Listener options "
+        "loopback only (127.0.0.1: MQTT 1883, MQTT over WebSockets 8083, AMQP 5672, "
+        "console 8080). Listener options "
         "take Twisted endpoint descriptions (e.g. tcp:1883:interface=127.0.0.1, or "
         "tcp:1883 for every interface), may be given several times, and 'none' turns "
         "one off."
@@ -147,8 +161,9 @@ class Options(usage.Options):
          "user names, will topics, topic names and filters; by default they close the "
          "connection."],
         ["allow-anonymous", None,
-         "Without --users, accept clients from any address (by default only from "
-         "loopback, as Mosquitto 2 without a configuration)."],
+         "Accept anonymous clients (no user name) from any address, even when client "
+         "users exist (by default: only from loopback and only while there are no "
+         "client users, as Mosquitto 2 without a configuration)."],
         ["tls-require-client-cert", None,
          "With --tls-ca: refuse TLS clients without a valid client certificate (during "
          "the handshake, on every ssl: listener)."],
@@ -232,10 +247,24 @@ class Options(usage.Options):
          "Most links attached at a time on one AMQP connection (refused ones count "
          "until detached); a peer that attaches more is closed "
          "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
+        ["amqp-max-held-bytes", None, _D.amqp_max_held_bytes,
+         "Most bytes of unfinished (multi-frame) incoming messages the broker holds for "
+         "one AMQP connection; a peer that sends more is closed "
+         "(amqp:resource-limit-exceeded). At least --max-packet-size.",
+         _positive(int, "amqp-max-held-bytes")],
+        ["share-strategy", None, "round-robin",
+         "How a shared subscription ($share/<group>/<filter>) picks the member for each "
+         "message: round-robin, random, sticky (one member while it is online) or "
+         "hash-client (by the publisher's client id).", _choice_share],
         ["users", None, None,
-         "File of users (scrypt hashes; see README). With it, MQTT CONNECT and AMQP "
-         "SASL PLAIN must name one of them and anonymous clients are refused; "
-         "without it clients are accepted from loopback only (see --allow-anonymous)."],
+         "A users file of earlier versions (one user:scrypt-hash per line), read as "
+         "client users beside the user store DATA/users.json (mqttamqp-admin user "
+         "add|import). With client users, MQTT CONNECT and AMQP SASL PLAIN must name "
+         "one of them and anonymous clients are refused (see --allow-anonymous)."],
+        ["acl", None, None,
+         "Access control list file (Mosquitto's format: 'user NAME', 'topic "
+         "[read|write|readwrite] FILTER', 'pattern ... %u %c'; see README, Security). "
+         "With it, only what it grants is allowed; it is re-read when it changes."],
         ["tls-ca", None, None,
          "PEM file of the CA certificates that sign client certificates: every ssl: "
          "listener asks TLS clients for a certificate and refuses one that does not "
@@ -261,6 +290,8 @@ class Options(usage.Options):
         self["mqtt"] = []
         self["amqp"] = []
         self["web"] = []
+        self["mqtt-ws"] = []
+        self["ws-allowed-origin"] = []
         self["archive-include"] = []
         self["archive-exclude"] = []
 
@@ -291,6 +322,18 @@ class Options(usage.Options):
          "'none' disables it).")
         self["web"].append(_endpoint("web", description))
 
+    def opt_mqtt_ws(self, description: str) -> None:
+        ("MQTT over WebSockets listener, path /mqtt, subprotocol mqtt or mqttv3.1 "
+         "(repeatable; default tcp:8083:interface=127.0.0.1; "
+         "ssl:8084:privateKey=KEY:certKey=CRT for wss; 'none' disables it).")
+        self["mqtt-ws"].append(_endpoint("mqtt-ws", description))
+
+    def opt_ws_allowed_origin(self, origin: str) -> None:
+        ("A browser Origin (scheme://host[:port], or *) allowed to open MQTT over "
+         "WebSockets (repeatable). Without it, an Origin must name the host the request "
+         "was sent to; requests without Origin (clients outside browsers) are accepted.")
+        self["ws-allowed-origin"].append(origin)
+
     def opt_version(self) -> None:
         """Print mqttamqp's version (and Twisted's and Python's) and exit."""
         import twisted
@@ -317,6 +360,13 @@ class Options(usage.Options):
             self[kind] = [d for d in given if d.strip().lower() != "none"]
         self._check_tls()
         _check_ops(self)
+        if self["acl"]:
+            from mqttamqp.core.acl import AclAuthorizer, AclError
+
+            try:
+                AclAuthorizer(self["acl"])
+            except AclError as exc:
+                raise usage.UsageError(f"--acl: {exc}") from None
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:
@@ -327,6 +377,9 @@ class Options(usage.Options):
             raise usage.UsageError("--amqp-max-sessions must be at least 1")
         if self["amqp-max-links"] < 1:
             raise usage.UsageError("--amqp-max-links must be at least 1")
+        if self["amqp-max-held-bytes"] < self["max-packet-size"]:
+            raise usage.UsageError("--amqp-max-held-bytes must be at least --max-packet-size "
+                                   "(one whole message)")
         if self["max-topic-levels"] < 1:
             raise usage.UsageError("--max-topic-levels must be at least 1")
         if self["max-topic-length"] < 1:
@@ -374,6 +427,8 @@ def limits_from(options: Any) -> Limits:
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
+        amqp_max_held_bytes=options["amqp-max-held-bytes"],
+        share_strategy=options["share-strategy"],
         max_subscriptions=options["max-subscriptions"],
         max_retained_messages=options["max-retained-messages"],
         max_retained_bytes=options["max-retained-bytes"],

@@ -28,10 +28,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp import logbridge
-from mqttamqp.core.auth import Authenticator, LoopbackOnly
+from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
+from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
@@ -153,6 +154,9 @@ def _loopback(host: str) -> bool:
     return address.is_loopback
 
 
+ACL_POLL_SECONDS = 2.0
+
+
 class OpenAtStart:
     """The ZODB store, opened when the broker first loads its state (in
     ``startService``), not when the service is assembled: option parsing and
@@ -193,7 +197,8 @@ class BrokerService(service.MultiService):
 
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
                  reactor: Any = None, authenticator: Authenticator | None = None,
-                 archive: dict[str, Any] | None = None) -> None:
+                 archive: dict[str, Any] | None = None,
+                 authorizer: Authorizer | None = None) -> None:
         """``archive``: the archive's settings (``Archive`` keyword arguments plus
         ``directory``), or None to run without one."""
         super().__init__()  # type: ignore[no-untyped-call]
@@ -212,11 +217,13 @@ class BrokerService(service.MultiService):
                 settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
-                             recorder=self.archive)
+                             authorizer=authorizer, recorder=self.archive)
+        self._acl_loop: LoopingCall | None = None
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
+        self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
         self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
@@ -231,7 +238,20 @@ class BrokerService(service.MultiService):
         if self.amqp_factory is None:
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file,
                                             idle_timeout)
+            self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
         return self.add_listener("AMQP", description, self.amqp_factory)
+
+    def add_mqtt_ws_listener(self, description: str,
+                             allowed_origins: Sequence[str] = ()) -> ListenerService:
+        """MQTT over WebSockets (``mqtt.websocket``); one factory for all of them,
+        with the Origin rule of the first call."""
+        from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
+
+        if self.mqtt_ws_factory is None:
+            self.mqtt_ws_factory = MQTTWebSocketFactory(
+                self.mqtt_factory, self.reactor, OriginRule.from_options(allowed_origins),
+                self.reactor)
+        return self.add_listener("MQTT-WS", description, self.mqtt_ws_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
         from webui.site import make_site
@@ -341,6 +361,12 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
+        reload_acl = getattr(self.broker.authorizer, "reload", None)
+        if reload_acl is not None:
+            # The ACL file applies when it changes: a stat every 2 s, no restart.
+            self._acl_loop = LoopingCall(reload_acl)
+            self._acl_loop.clock = self.reactor
+            self._acl_loop.start(ACL_POLL_SECONDS, now=False)
         super().startService()  # type: ignore[no-untyped-call]
 
     def _pack(self) -> Deferred[None]:
@@ -358,8 +384,9 @@ class BrokerService(service.MultiService):
     def stopService(self) -> Deferred[None]:
         self.broker.shutdown()
         self.ops.stop()
-        if self._pack_loop is not None and self._pack_loop.running:
-            self._pack_loop.stop()
+        for loop in (self._pack_loop, self._acl_loop):
+            if loop is not None and loop.running:
+                loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
         return d
 
@@ -446,12 +473,16 @@ def _exit_status_after_stop(status: int) -> None:
 
 
 def makeService(options: Options) -> BrokerService:
-    authenticator: Authenticator = LoopbackOnly(bool(options["allow-anonymous"]))
+    # The one user store (DATA/users.json) checks MQTT CONNECT, AMQP SASL PLAIN and
+    # the console; a --users file is a second, read-only source of client users.
+    legacy = None
     if options["users"]:
-        # MQTT CONNECT and AMQP SASL PLAIN both check it; anonymous clients are refused.
         from mqttamqp.core.users import UserFile
 
-        authenticator = UserFile(options["users"], global_reactor)
+        legacy = UserFile(options["users"], global_reactor)
+    authenticator: Authenticator = StoreAuthenticator(
+        UserStore(os.path.abspath(options["data"])), bool(options["allow-anonymous"]),
+        legacy, global_reactor)
     archive: dict[str, Any] | None = None
     if not options["no-archive"]:
         archive = {"directory": options["archive-dir"],
@@ -460,8 +491,13 @@ def makeService(options: Options) -> BrokerService:
                    "retention_days": options["archive-days"],
                    "include": tuple(options["archive-include"]) or ("#",),
                    "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
+    authorizer: Authorizer | None = None
+    if options["acl"]:
+        from mqttamqp.core.acl import AclAuthorizer
+
+        authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
-                        authenticator=authenticator, archive=archive)
+                        authenticator=authenticator, archive=archive, authorizer=authorizer)
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))
@@ -471,6 +507,8 @@ def makeService(options: Options) -> BrokerService:
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
     svc.ops.configure(options)
+    for description in options["mqtt-ws"]:
+        svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
     for description in options["web"]:
         svc.add_web_listener(description)
     if options["metrics"]:

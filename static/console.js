@@ -9,9 +9,40 @@
 (function () {
   "use strict";
 
+  // -- bulk selection (clients page): checkboxes in the live table belong to #bulk-form
+
+  function picked() {
+    return document.querySelectorAll('input[name="keys"][form="bulk-form"]:checked');
+  }
+  function countPicked() {
+    var el = document.getElementById("bulk-count");
+    if (el) { el.textContent = String(picked().length); }
+  }
+  document.addEventListener("change", function (ev) {
+    var t = ev.target;
+    if (t && t.id === "bulk-all") {
+      document.querySelectorAll('input[name="keys"][form="bulk-form"]').forEach(function (b) {
+        b.checked = t.checked;
+      });
+    }
+    if (t && (t.id === "bulk-all" || t.name === "keys")) { countPicked(); }
+  });
+
   document.addEventListener("submit", function (ev) {
     var form = ev.target;
-    var question = form.getAttribute && form.getAttribute("data-confirm");
+    var button = ev.submitter;
+    var question = (button && button.getAttribute && button.getAttribute("data-confirm")) ||
+      (form.getAttribute && form.getAttribute("data-confirm"));
+    if (form.id === "bulk-form") {
+      var n = picked().length;
+      if (!n) {
+        ev.preventDefault();
+        var el = document.getElementById("bulk-count");
+        if (el) { el.textContent = "0 (tick some clients first)"; }
+        return;
+      }
+      question = question && question.replace("the selected", "the " + n + " selected");
+    }
     if (question && !window.confirm(question)) {
       ev.preventDefault();
     }
@@ -85,8 +116,17 @@
         return resp.text().then(function (html) {
           // Server-rendered, autoescaped HTML of this same page.
           if (el.getAttribute("data-last") !== html) {
+            // Keep what the operator ticked across the refresh.
+            var ticked = {};
+            el.querySelectorAll('input[type="checkbox"]:checked').forEach(function (b) {
+              ticked[b.id || b.value] = true;
+            });
             el.innerHTML = html;
             el.setAttribute("data-last", html);
+            el.querySelectorAll('input[type="checkbox"]').forEach(function (b) {
+              if (ticked[b.id || b.value]) { b.checked = true; }
+            });
+            countPicked();
           }
         });
       });
@@ -158,9 +198,30 @@
   // -- the feed ------------------------------------------------------------------------
 
   var dots = document.querySelectorAll(".live-dot");
+  var banner = document.getElementById("feed-banner");
+  var lastUpdate = 0;        // ms since the epoch of the last "stats" event
+  var STALE_MS = 5000;       // stats come every second: five missed means the feed is down
+  function clock(ms) {
+    var d = new Date(ms);
+    function two(n) { return (n < 10 ? "0" : "") + n; }
+    return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
+  }
   function setLive(on) {
     dots.forEach(function (d) { d.classList.toggle("on", on); });
+    if (!banner) { return; }
+    if (on) {
+      banner.hidden = true;
+      return;
+    }
+    banner.textContent = "Live updates lost" + (lastUpdate ? " — last update at " +
+      clock(lastUpdate) + "; what is shown may be out of date" : "") + ". Reconnecting…";
+    banner.setAttribute("data-last-update", String(lastUpdate));
+    banner.hidden = false;
   }
+  // A feed can also stall without an error (a proxy holding the stream): watch the clock.
+  setInterval(function () {
+    if (lastUpdate && Date.now() - lastUpdate > STALE_MS) { setLive(false); }
+  }, 1000);
 
   var source = null;
   function connect() {
@@ -172,6 +233,7 @@
     });
     source.addEventListener("stats", function (ev) {
       var data = JSON.parse(ev.data);
+      lastUpdate = Date.now();
       setLive(true);
       updateStats(data);
       if (canvas && data.rates) {

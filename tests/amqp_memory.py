@@ -332,12 +332,13 @@ class Net:
     """A started broker with its AMQP and MQTT factories on one Clock."""
 
     def __init__(self, store: StateStore | None = None, idle_timeout: float = 60.0,
-                 authenticator: Any = None, **limits: Any) -> None:
+                 authenticator: Any = None, authorizer: Any = None, **limits: Any) -> None:
         limits.setdefault("sys_interval", 0)
         self.clock = Clock()
         self.clock.advance(1_000_000)
         self.store = store if store is not None else NullStore()
-        self.broker = Broker(self.clock, self.store, Limits(**limits), authenticator)
+        self.broker = Broker(self.clock, self.store, Limits(**limits), authenticator,
+                             authorizer)
         self.broker.start()
         self.factory = AMQPFactory(self.broker, self.clock, None, idle_timeout=idle_timeout)
         self.mqtt_factory = MQTTFactory(self.broker, self.clock)

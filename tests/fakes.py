@@ -120,8 +120,8 @@ class MemoryStore(NullStore):
         s = self.state
         return Snapshot(dict(s.retained), dict(s.wills), {
             k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
-                             sorted(r.queue), set(r.inbound_qos2))
-            for k, r in s.sessions.items()})
+                             sorted(r.queue), set(r.inbound_qos2), r.owner)
+            for k, r in s.sessions.items()}, list(s.bans))
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         s = self.state
@@ -139,6 +139,8 @@ class MemoryStore(NullStore):
             elif isinstance(op, p.PutSession):
                 rec = s.sessions.setdefault(op.client_id, SessionRecord(op.client_id))
                 rec.last_seen = op.last_seen
+                if op.owner is not None:
+                    rec.owner = op.owner
             elif isinstance(op, p.DeleteSession):
                 s.sessions.pop(op.client_id, None)
             elif isinstance(op, p.PutSubscription):
@@ -155,6 +157,11 @@ class MemoryStore(NullStore):
                 s.sessions[op.client_id].inbound_qos2.add(op.packet_id)
             elif isinstance(op, p.DeleteInboundQos2):
                 s.sessions[op.client_id].inbound_qos2.discard(op.packet_id)
+            elif isinstance(op, p.PutBan):
+                s.bans = [b for b in s.bans if (b.kind, b.value) != (op.kind, op.value)]
+                s.bans.append(op)
+            elif isinstance(op, p.DeleteBan):
+                s.bans = [b for b in s.bans if (b.kind, b.value) != (op.kind, op.value)]
         return super().submit(ops)
 
 

@@ -50,11 +50,15 @@ class PahoClient:
     def __init__(self, port: int, client_id: str, protocol: int = mqtt.MQTTv311,
                  clean: bool = True, will: tuple[str, bytes, int, bool] | None = None,
                  keepalive: int = 60, *, username: str | None = None,
-                 password: str | None = None, expect_rc: int | None = None) -> None:
+                 password: str | None = None, expect_rc: int | None = None,
+                 transport: str = "tcp") -> None:
+        """``transport="websockets"``: MQTT over WebSockets, at the broker's path."""
         self.client_id = client_id
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                              protocol=protocol, clean_session=clean,
-                             reconnect_on_failure=False)
+                             reconnect_on_failure=False, transport=transport)
+        if transport == "websockets":
+            self.c.ws_set_options(path="/mqtt")
         self.messages: queue.Queue[Received] = queue.Queue()
         self.connected = threading.Event()
         self.disconnected = threading.Event()
@@ -143,6 +147,8 @@ class PahoClient:
         """Cut the TCP connection under paho without DISCONNECT (socket loss)."""
         sock = self.c.socket()
         assert sock is not None
+        # Over WebSockets, paho's socket is a wrapper around the TCP one.
+        sock = getattr(sock, "_socket", sock)
         sock.shutdown(socket.SHUT_RDWR)
         assert self.disconnected.wait(self.timeout)
         self.c.loop_stop()

@@ -433,6 +433,34 @@ def test_sasl_refusals() -> None:
     assert isinstance(steps[-1], Refuse) and "not offered" in steps[-1].reason
 
 
+@pytest.mark.parametrize(("response", "expected"), [
+    (None, Authenticate("EXTERNAL", None, None)),
+    (b"", Authenticate("EXTERNAL", None, None)),
+    (b"alice", Authenticate("EXTERNAL", "alice", None)),
+])
+def test_sasl_external_hands_over_the_authorization_identity(
+        response: bytes | None, expected: Authenticate) -> None:
+    server = SaslServer(["EXTERNAL", "PLAIN"], False)
+    server.feed(SASL_HEADER)
+
+    def build(data: Any) -> None:
+        data.put_symbol("EXTERNAL")
+        if response is not None:
+            data.put_binary(response)
+    assert server.feed(_encode_frame(0x41, build))[-1] == expected
+
+
+def test_sasl_external_authzid_must_be_utf8() -> None:
+    server = SaslServer(["EXTERNAL"], False)
+    server.feed(SASL_HEADER)
+
+    def build(data: Any) -> None:
+        data.put_symbol("EXTERNAL")
+        data.put_binary(b"\xff")
+    steps = server.feed(_encode_frame(0x41, build))
+    assert isinstance(steps[-1], Refuse) and "not UTF-8" in steps[-1].reason
+
+
 def test_sasl_frame_bound() -> None:
     """A SASL frame larger than the bound is refused before it is buffered."""
     server = SaslServer(["PLAIN"], False, max_frame=512)

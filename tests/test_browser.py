@@ -198,9 +198,11 @@ def test_hostile_client_data_does_not_run_in_the_browser(browser: Any, broker: A
         device.publish(evil_topic, evil_payload, 1, True)
         _login(page, base, initial_password(data))
         from urllib.parse import quote
+        device.subscribe(evil_topic.replace("evil", "cmd"), 1)
         for path in ["/clients", "/client?key=" + quote("mqtt:" + evil_id), "/sessions",
                      "/retained?filter=evil/%23", "/wills",
-                     "/retained/message?topic=" + quote(evil_topic)]:
+                     "/retained/message?topic=" + quote(evil_topic), "/topics?prefix=evil",
+                     "/subscriptions", "/bans?value=" + quote(evil_id)]:
             page.goto(base + path)
             expect(page.locator("main")).to_be_visible()
             assert page.evaluate("window.__xss === undefined"), path

@@ -198,3 +198,57 @@ def test_a_clock_stepping_back_does_not_stretch_the_pause() -> None:
         assert rate.take(1) == 0.0
     now[0] -= 3600.0                       # the wall clock stepped back an hour
     assert rate.take(1) == pytest.approx(0.1)
+
+
+def test_amqp_addresses_obey_the_topic_limits() -> None:
+    """--max-topic-levels and --max-topic-length hold for AMQP addresses as for MQTT
+    topics: a receiver's filter and a sender's target are refused at attach, a
+    message's 'to' is rejected (amqp:invalid-field), a will topic too."""
+    from amqp_memory import Net, outcome
+    from proton import Delivery, Message
+
+    net = Net(max_topic_levels=3, max_topic_length=20)
+    peer = net.amqp("limits")
+    deep = peer.receiver("a/b/c/d")
+    assert deep.link.remote_condition is not None
+    assert "more than --max-topic-levels 3" in deep.link.remote_condition.description
+    long = peer.sender("x" * 21)
+    assert long.remote_condition is not None
+    assert "longer than --max-topic-length 20" in long.remote_condition.description
+    assert peer.receiver("a/b/c").link.remote_condition is None
+    anonymous = peer.sender(None)
+    dlv = peer.send(anonymous, Message(address="a/b/c/d", body=b"x"))
+    assert outcome(dlv) == (Delivery.REJECTED, "amqp:invalid-field")
+    assert "--max-topic-levels" in dlv.remote.condition.description
+
+
+def test_amqp_unfinished_messages_are_bounded_per_connection() -> None:
+    """--amqp-max-held-bytes: a peer that keeps large messages half-sent on many
+    links is closed (amqp:resource-limit-exceeded) once the broker would hold more
+    than the bound; finishing a message releases what it held."""
+    from amqp_memory import Net
+
+    net = Net(max_packet_size=512 * 1024, amqp_max_held_bytes=1024 * 1024)
+    peer = net.amqp("half-sender")
+    chunk = b"x" * (300 * 1024)
+    links = [peer.sender(f"held/{i}") for i in range(5)]
+    first = links[0].delivery(b"t0")
+    links[0].send(chunk)                     # not advanced: the message is unfinished
+    net.pump()
+    assert peer.server.held_bytes >= len(chunk)
+    links[0].send(b"end")
+    links[0].advance()                       # finished: released
+    net.pump()
+    assert peer.server.held_bytes == 0 and first.remote_state
+    for i, link in enumerate(links[1:4]):
+        link.delivery(b"t%d" % i)
+        link.send(chunk)
+        net.pump()
+    assert not peer.lost                     # 900 KB held: under the bound
+    links[4].delivery(b"t4")
+    links[4].send(chunk)
+    net.pump()
+    assert peer.lost
+    assert peer.conn.remote_condition is not None
+    assert peer.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    assert net.broker.stats.limits.get("amqp_held_bytes") == 1

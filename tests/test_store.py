@@ -32,6 +32,7 @@ from ZODB.MappingStorage import MappingStorage
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import (
     ClearRetained,
+    DeleteBan,
     DeleteInboundQos2,
     DeleteQueued,
     DeleteRetained,
@@ -39,6 +40,7 @@ from mqttamqp.core.persistence import (
     DeleteSubscription,
     DeleteWill,
     Op,
+    PutBan,
     PutInboundQos2,
     PutQueued,
     PutRetained,
@@ -187,6 +189,20 @@ def test_fresh_directory_loads_empty_snapshot(tmp_path: Path, reactor: FakeReact
     finally:
         store.close()
     assert reload(path) == Snapshot()
+
+
+def test_bans_survive_a_reopen_of_the_file(tmp_path: Path, reactor: FakeReactor) -> None:
+    """Bans are kept in the file (root["bans"]); a re-ban replaces, a delete removes."""
+    store = open_store(tmp_path, reactor)
+    commit(reactor, store, [PutBan("client_id", "dev-1", None, "flaps", 1.0, "admin"),
+                            PutBan("address", "10.0.0.9", 99.5, "", 2.0, "admin"),
+                            PutBan("user", "mallory", None, "", 3.0, "ops")])
+    commit(reactor, store, [PutBan("client_id", "dev-1", 50.0, "again", 4.0, "admin"),
+                            DeleteBan("user", "mallory")])
+    store.close()
+    assert sorted(reload(tmp_path).bans, key=lambda b: b.kind) == [
+        PutBan("address", "10.0.0.9", 99.5, "", 2.0, "admin"),
+        PutBan("client_id", "dev-1", 50.0, "again", 4.0, "admin")]
 
 
 def test_storage_factory_replaces_the_file(tmp_path: Path, disk: MemoryDisk,

@@ -358,7 +358,7 @@ def test_cert_as_user(tmp_path: Any, pki: Pki) -> None:
     users = tmp_path / "users"
     users.write_text(make_line("bob", "bob's password") + "\n")
     with _broker(tmp_path / "data", pki, "--tls-ca", pki.ca, "--tls-cert-as-user",
-                 "--users", str(users)) as proc:
+                 "--users", str(users), kinds=("--mqtt", "--amqp")) as proc:
         c = TLSPaho(proc.mqtt_port, "alice-device", pki.ca, pki.alice, username="someone")
         try:
             assert c.accepted, c.rc
@@ -373,6 +373,18 @@ def test_cert_as_user(tmp_path: Any, pki: Pki) -> None:
                       password="bob's password")
         bob.stop()
         assert bob.accepted
+        # AMQP: the certificate is offered as SASL EXTERNAL, as user alice
+        conn = BlockingConnection(f"amqps://127.0.0.1:{proc.ports['AMQP']}", timeout=TIMEOUT,
+                                  ssl_domain=_amqp_domain(pki.ca, pki.alice),
+                                  virtual_host="localhost", allowed_mechs="EXTERNAL")
+        conn.close()
+        line = proc.wait_for_line(r"is user .* by its TLS client certificate \(SASL EXTERNAL\)")
+        assert "user 'alice'" in line
+        # without a certificate EXTERNAL is not offered
+        with pytest.raises(Exception):  # noqa: B017 - proton: ConnectionException or SSLException
+            BlockingConnection(f"amqps://127.0.0.1:{proc.ports['AMQP']}", timeout=TIMEOUT,
+                               ssl_domain=_amqp_domain(pki.ca), virtual_host="localhost",
+                               allowed_mechs="EXTERNAL")
 
 
 def test_cert_options_need_tls_ca(tmp_path: Any, pki: Pki) -> None:

@@ -26,13 +26,14 @@ from webui.feed import EventStream
 
 PAGES = ["/", "/clients", "/client?key=mqtt:x", "/sessions", "/retained",
          "/retained/message?topic=a", "/retained/delete-matching?filter=%23", "/wills",
-         "/traffic", "/publish"]
-APIS = ["/api/overview", "/api/clients", "/api/client?key=mqtt:x", "/api/sessions",
+         "/traffic", "/publish", "/topics", "/subscriptions", "/bans", "/tail"]
+APIS = ["/api/", "/api/topics", "/api/subscriptions", "/api/bans", "/api/tail",
+        "/api/overview", "/api/clients", "/api/client?key=mqtt:x", "/api/sessions",
         "/api/retained", "/api/retained/message?topic=a", "/api/retained/count?filter=%23",
         "/api/wills", "/api/traffic", "/api/whoami", "/api/events"]
 ACTIONS = ["/clients/force-will", "/clients/disconnect", "/sessions/clear",
            "/retained/delete", "/retained/delete-matching", "/wills/fire", "/wills/discard",
-           "/publish"]
+           "/publish", "/clients/bulk", "/bans/add", "/bans/remove"]
 
 
 @pytest.fixture
@@ -416,13 +417,16 @@ def test_client_detail_shows_amqp_links(logged_in: Any) -> None:
     connect_amqp(broker, "analytics", 4, links)
     html = client.get("/client", key="amqp:4").text
     for text in ("AMQP links", "recv-1", "sensors/+/temp", "unsettled", "first", "1,234",
-                 "send-1", "receiver", "cmd/pump", "settled", "second"):
+                 "send-1", "cmd/pump", "settled", "second"):
         assert text in html, text
+    # The role as the client sees it: the broker's sender is the client's receiver.
+    roles = re.findall(r"<td>client&#39;s (\w+)</td>", html)
+    assert roles == ["receiver", "sender"]
     data = client.get("/api/client", key="amqp:4").json()
     assert data["link_list"][0] == {
         "name": "recv-1", "role": "sender", "address": "sensors/+/temp",
         "snd_settle_mode": "unsettled", "rcv_settle_mode": "first", "credit": 20,
-        "unsettled": 3, "delivered": 1234}
+        "unsettled": 3, "delivered": 1234, "session": 0}
     row = client.get("/api/clients").json()["items"][0]
     assert row["protocol"] == "amqp" and row["links"] == 2
     assert "2 links" in client.get("/clients").text

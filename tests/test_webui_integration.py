@@ -51,7 +51,7 @@ def test_first_admin_password_is_logged_once_and_in_a_private_file(running: Any)
     password = initial_password(data)
     lines = [line for line in proc.log if "created the first admin user" in line]
     assert len(lines) == 1 and password in lines[0]
-    assert os.stat(os.path.join(data, "admin-users.json")).st_mode & 0o077 == 0
+    assert os.stat(os.path.join(data, "users.json")).st_mode & 0o077 == 0
 
 
 def test_anonymous_requests_and_security_headers(running: Any) -> None:

@@ -140,7 +140,7 @@ def make_console(tmp_path: Any, clock: Clock | None = None
     clock.advance(1_700_000_000)
     service = FakeService(str(tmp_path), clock)
     users = UserStore(str(tmp_path))
-    users.set_password("admin", PASSWORD, **CHEAP)
+    users.set_password("admin", PASSWORD, role="admin", **CHEAP)
     console = Console(ConsoleContext.of(service), clock=clock, run_in_thread=run_now,
                       users=users)
     return console, service, clock
@@ -234,7 +234,8 @@ def connect_amqp(broker: Broker, container: str, n: int, links: tuple[LinkInfo, 
 # -- the real broker process with its console ----------------------------------------------
 
 
-def web_broker_process(data_dir: str, *extra: str) -> Any:
+def web_broker_process(data_dir: str, *extra: str,
+                       listeners: tuple[str, ...] = ("--mqtt", "--web")) -> Any:
     """A ``BrokerProcess`` with MQTT and the console.
 
     The service logs ``listening for web on ...`` while the harness waits for the
@@ -248,7 +249,7 @@ def web_broker_process(data_dir: str, *extra: str) -> Any:
             return re.sub(r"listening for (\w+)",
                           lambda m: "listening for " + m.group(1).upper(), line)
 
-    return WebBrokerProcess(data_dir, *extra, listeners=("--mqtt", "--web"))
+    return WebBrokerProcess(data_dir, *extra, listeners=listeners)
 
 
 class ConsoleHTTP:

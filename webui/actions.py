@@ -18,11 +18,16 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from mqttamqp.core.auth import peer_host
+from mqttamqp.core.bans import BanError
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from webui.rendering import duration
 
-__all__ = ["ActionError", "ActionResult", "ConsoleActions"]
+__all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]
+
+MAX_BULK = 1000      # clients one bulk action may name
 
 
 class ActionError(Exception):
@@ -51,6 +56,10 @@ class ConsoleActions:
         self.broker = broker
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
+
+    def audit(self, user: str, action: str, outcome: str, **target: Any) -> None:
+        """Log and record a console action (also for ``webui.useractions``)."""
+        self._audit(user, action, outcome, **target)
 
     def _audit(self, user: str, action: str, outcome: str, **target: Any) -> None:
         # Client-supplied strings are logged with repr(): no forged log lines.
@@ -119,6 +128,43 @@ class ConsoleActions:
             f"Every packet (or AMQP frame) of {client_id} is logged for {minutes} minutes "
             f"(lines 'debug {client_id} ...' in the broker's log).",
             {"until": until, "connections": started})
+
+    async def bulk(self, user: str, action: str, keys: list[str], with_will: bool
+                   ) -> ActionResult:
+        """Disconnect, or clear the persistent session of, each of ``keys`` (live
+        connections).  Each one is audited as its single action is; clients that left
+        meanwhile, or hold no persistent session to clear, are skipped and counted."""
+        if action not in ("disconnect", "clear-session"):
+            raise ActionError(400, "action must be disconnect or clear-session")
+        unique = list(dict.fromkeys(k for k in keys if k))
+        if not unique:
+            raise ActionError(400, "no clients selected")
+        if len(unique) > MAX_BULK:
+            raise ActionError(400, f"at most {MAX_BULK} clients at a time")
+        done: list[str] = []
+        skipped: list[str] = []
+        for key in unique:
+            client = self.broker.view.client(key, 0)
+            try:
+                if client is None:
+                    raise ActionError(404, "gone")
+                if action == "disconnect":
+                    await self.disconnect(user, key, with_will)
+                else:
+                    session = client.session
+                    if session is None or not session.persistent:
+                        raise ActionError(409, "no persistent session")
+                    await self.clear_session(user, session.client_id)
+            except ActionError:
+                skipped.append(key)
+            else:
+                done.append(key)
+        self._audit(user, "bulk-" + action, f"{len(done)} done, {len(skipped)} skipped",
+                    keys=len(unique))
+        verb = "Disconnected" if action == "disconnect" else "Cleared the sessions of"
+        note = f"; skipped {len(skipped)} (gone, or no persistent session)" if skipped else ""
+        return ActionResult(f"{verb} {len(done)} client(s){note}.",
+                            {"done": done, "skipped": skipped}, connection_gone=bool(done))
 
     # -- sessions ---------------------------------------------------------------
 
@@ -209,3 +255,48 @@ class ConsoleActions:
         return ActionResult(f"Published {len(body)} byte(s) to {topic} (QoS {qos}"
                             f"{', retained' if retain else ''}).",
                             {"published": True, "size": len(body)})
+
+    # -- bans -------------------------------------------------------------------
+
+    async def ban(self, user: str, kind: str, value: str, seconds: float | None, reason: str,
+                  disconnect: bool) -> ActionResult:
+        """Ban ``value`` for ``seconds`` (None: for good), durably; with ``disconnect``
+        the matching live connections are closed too (their wills fire, as on any
+        unexpected end)."""
+        if seconds is not None and seconds <= 0:
+            raise ActionError(400, "a ban lasts a positive number of seconds (or for good)")
+        until = None if seconds is None else self.broker.clock.seconds() + seconds
+        try:
+            ban, durable = self.broker.ban(kind, value, until, reason, user)
+        except BanError as e:
+            raise ActionError(400, str(e)) from None
+        await durable
+        closed = 0
+        if disconnect:
+            for client in self.broker.view.clients():
+                info = client.info
+                if self.broker.bans.check(info.client_id, info.user,
+                                          peer_host(info.remote)) is not None:
+                    done = self.broker.disconnect(info.key, True,
+                                                  f"banned by console user {user}")
+                    if done is not None:
+                        await done[1]
+                        closed += 1
+        term = "for good" if until is None else f"for {duration(seconds)}"
+        self._audit(user, "ban", f"banned {term}, {closed} connection(s) closed",
+                    kind=kind, value=ban.value, reason=ban.reason)
+        return ActionResult(f"Banned {kind.replace('_', ' ')} {ban.value} {term}"
+                            f"{f'; closed {closed} connection(s)' if closed else ''}.",
+                            {"banned": True, "until": until, "disconnected": closed})
+
+    async def unban(self, user: str, kind: str, value: str) -> ActionResult:
+        try:
+            d = self.broker.unban(kind, value)
+        except BanError as e:
+            raise ActionError(400, str(e)) from None
+        if d is None:
+            raise ActionError(404, f"no ban on {kind} {value!r}")
+        await d
+        self._audit(user, "unban", "lifted", kind=kind, value=value)
+        return ActionResult(f"Lifted the ban on {kind.replace('_', ' ')} {value}.",
+                            {"lifted": True})

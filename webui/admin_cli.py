@@ -1,10 +1,15 @@
-"""``mqttamqp-admin``: manage the console's admin users and API tokens; write a
-self-signed TLS certificate for a quick start (``gen-cert``).
+"""``mqttamqp-admin``: manage the user store (MQTT, AMQP and console users, their
+roles and API tokens); write a self-signed TLS certificate for a quick start
+(``gen-cert``).
 
-The user commands work on ``<data>/admin-users.json`` directly, so it runs while the broker runs
-(the broker re-reads the file when it changes; a changed password logs out that
-user's open console sessions).  Passwords are read with ``getpass`` (or one line
-from standard input with ``--password-stdin``), never from the command line.
+The user commands work on ``<data>/users.json`` directly, so they run while the
+broker runs (the broker re-reads the file when it changes: a new user can connect
+at once, a changed password logs out that user's open console sessions).
+Passwords are read with ``getpass`` (or one line from standard input with
+``--password-stdin``), never from the command line.
+
+``passwd``, ``users`` and ``deluser`` are the earlier spellings of ``user passwd``,
+``user list`` and ``user del``, kept working.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import sys
 import time
 
+from mqttamqp.core.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
 from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
 
 __all__ = ["main"]
@@ -34,16 +40,29 @@ def _read_password(from_stdin: bool) -> str:
     return first
 
 
-def _passwd(store: UserStore, args: argparse.Namespace) -> int:
+def _no_data_dir(store: UserStore) -> None:
+    if not os.path.isdir(store.data_dir):
+        raise SystemExit(f"mqttamqp-admin: no data directory at {store.data_dir} (give "
+                         "the broker's with --data; it is created at the broker's first "
+                         "start)")
+
+
+def _set_password(store: UserStore, args: argparse.Namespace, create: bool | None,
+                  role: str | None) -> int:
     if not valid_username(args.user):
         raise SystemExit(f"mqttamqp-admin: invalid user name {args.user!r} "
                          "(letters, digits and ._-@, at most 64)")
+    existed = store.get(args.user) is not None
+    if create is True and existed:
+        raise SystemExit(f"mqttamqp-admin: user {args.user!r} exists; change its password "
+                         "with 'user passwd', its role with 'user role'")
+    if create is False and not existed:
+        raise SystemExit(f"mqttamqp-admin: no user {args.user!r} (add it with 'user add')")
     password = _read_password(args.password_stdin)
     if len(password) < MIN_PASSWORD:
         raise SystemExit(f"mqttamqp-admin: the password must have at least {MIN_PASSWORD} "
                          "characters; nothing changed")
-    existed = store.get(args.user) is not None
-    store.set_password(args.user, password)
+    user = store.set_password(args.user, password, role=None if existed else role)
     # The generated first password is no longer valid: do not leave it lying around.
     initial = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
     try:
@@ -53,21 +72,41 @@ def _passwd(store: UserStore, args: argparse.Namespace) -> int:
     except FileNotFoundError:
         pass
     print(f"{'changed the password of' if existed else 'created'} user {args.user!r} "
-          f"in {store.path}")
+          f"(role {user.role}) in {store.path}")
+    return 0
+
+
+def _passwd(store: UserStore, args: argparse.Namespace) -> int:
+    """The earlier ``passwd``: creates a console admin, or changes a password."""
+    return _set_password(store, args, None, ROLE_ADMIN)
+
+
+def _user_add(store: UserStore, args: argparse.Namespace) -> int:
+    return _set_password(store, args, True, args.role)
+
+
+def _user_passwd(store: UserStore, args: argparse.Namespace) -> int:
+    return _set_password(store, args, False, None)
+
+
+def _user_role(store: UserStore, args: argparse.Namespace) -> int:
+    try:
+        store.set_role(args.user, args.role)
+    except KeyError:
+        raise SystemExit(f"mqttamqp-admin: no user {args.user!r}") from None
+    print(f"user {args.user!r} now has the role {args.role}")
     return 0
 
 
 def _users(store: UserStore, args: argparse.Namespace) -> int:
-    if not os.path.isdir(store.data_dir):
-        raise SystemExit(f"mqttamqp-admin: no data directory at {store.data_dir} (give "
-                         "the broker's with --data; it is created at the broker's first "
-                         "start)")
+    _no_data_dir(store)
     if not store.users():
-        print(f"no console users in {store.path} (the broker creates 'admin' at its "
-              "first start)", file=sys.stderr)
+        print(f"no users in {store.path} (the broker creates 'admin' at its first start)",
+              file=sys.stderr)
     for user in sorted(store.users().values(), key=lambda u: u.name):
         changed = time.strftime("%Y-%m-%d %H:%M", time.gmtime(user.changed))
-        print(f"{user.name}\tpassword set {changed} UTC\t{len(user.tokens)} API token(s)")
+        print(f"{user.name}\t{user.role}\tpassword set {changed} UTC\t"
+              f"{len(user.tokens)} API token(s)")
     return 0
 
 
@@ -76,6 +115,41 @@ def _deluser(store: UserStore, args: argparse.Namespace) -> int:
         raise SystemExit(f"mqttamqp-admin: no user {args.user!r}")
     print(f"deleted user {args.user!r}")
     return 0
+
+
+def _user_import(store: UserStore, args: argparse.Namespace) -> int:
+    """Copy a ``--users`` file (one ``user:scrypt$...`` per line) into the store."""
+    from mqttamqp.core.users import parse_line
+
+    added = skipped = 0
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            lines = list(enumerate(f, 1))
+    except OSError as exc:
+        raise SystemExit(f"mqttamqp-admin: cannot read {args.file}: {exc.strerror}") from None
+    for number, line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            record = parse_line(line)
+        except ValueError as exc:
+            print(f"{args.file}:{number}: skipped: {exc}", file=sys.stderr)
+            skipped += 1
+            continue
+        if not valid_username(record.username):
+            print(f"{args.file}:{number}: skipped: invalid user name {record.username!r}",
+                  file=sys.stderr)
+            skipped += 1
+        elif store.put_hashed(record.username, scrypt_line_hash(record), args.role):
+            added += 1
+        else:
+            print(f"{args.file}:{number}: skipped: user {record.username!r} exists",
+                  file=sys.stderr)
+            skipped += 1
+    print(f"imported {added} user(s) (role {args.role}) into {store.path}; {skipped} "
+          "skipped. The --users option is no longer needed for them.")
+    return 0 if added or not skipped else 1
 
 
 def _token(store: UserStore, args: argparse.Namespace) -> int:
@@ -196,7 +270,8 @@ def _gen_cert(store: UserStore, args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mqttamqp-admin",
-        description="Manage the mqttamqp console's admin users; write a TLS certificate.")
+        description="Manage mqttamqp's users (MQTT, AMQP and the console) and API "
+        "tokens; write a TLS certificate.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -205,14 +280,57 @@ def _parser() -> argparse.ArgumentParser:
                        help="the broker's data directory (default: mqttamqp-data)")
         return p
 
-    p = command("passwd", "set (or create) a user's console password")
+    users = sub.add_parser("user", help="manage users: add, del, passwd, role, list, import",
+                           description="Manage the user store DATA/users.json: MQTT and "
+                           "AMQP clients and console users, by role (admin: the console "
+                           "with actions; read-only: the console without; client: MQTT "
+                           "and AMQP only). Changes apply at once, also while the broker "
+                           "runs.")
+    user_sub = users.add_subparsers(dest="user_command", required=True)
+
+    def user_command(name: str, help: str) -> argparse.ArgumentParser:
+        p = user_sub.add_parser(name, help=help, description=help)
+        p.add_argument("--data", "-d", default="mqttamqp-data",
+                       help="the broker's data directory (default: mqttamqp-data)")
+        return p
+
+    p = user_command("add", "add a user (the password is asked for)")
+    p.add_argument("user")
+    p.add_argument("--role", choices=ROLES, default=ROLE_CLIENT,
+                   help="admin, read-only or client (default: client)")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the password as one line from standard input")
+    p.set_defaults(run=_user_add)
+    p = user_command("passwd", "change a user's password")
+    p.add_argument("user")
+    p.add_argument("--password-stdin", action="store_true",
+                   help="read the new password as one line from standard input")
+    p.set_defaults(run=_user_passwd)
+    p = user_command("role", "change a user's role")
+    p.add_argument("user")
+    p.add_argument("role", choices=ROLES)
+    p.set_defaults(run=_user_role)
+    p = user_command("del", "delete a user")
+    p.add_argument("user")
+    p.set_defaults(run=_deluser)
+    p = user_command("list", "list the users with their roles")
+    p.set_defaults(run=_users)
+    p = user_command("import", "copy the users of a --users file (user:scrypt$... lines) "
+                     "into the store")
+    p.add_argument("file")
+    p.add_argument("--role", choices=ROLES, default=ROLE_CLIENT,
+                   help="the role they get (default: client)")
+    p.set_defaults(run=_user_import)
+
+    p = command("passwd", "set a user's password, creating a console admin if new "
+                "(same as 'user add --role admin' / 'user passwd')")
     p.add_argument("user")
     p.add_argument("--password-stdin", action="store_true",
                    help="read the new password as one line from standard input")
     p.set_defaults(run=_passwd)
-    p = command("users", "list the console users")
+    p = command("users", "list the users (same as 'user list')")
     p.set_defaults(run=_users)
-    p = command("deluser", "delete a console user")
+    p = command("deluser", "delete a user (same as 'user del')")
     p.add_argument("user")
     p.set_defaults(run=_deluser)
     p = command("token", "create an API token (printed once) for the JSON API")

@@ -35,14 +35,19 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
+from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.topics import validate_topic_filter
+from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.core.userstore import ROLE_ADMIN, ROLES
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
+from webui.apidoc import api_index
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
 from webui.rendering import make_environment, static_dir
+from webui.tail import TAIL_MODES, TailHub
 from webui.traffic import TrafficSource
+from webui.useractions import UserActions, user_json
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
 
@@ -52,6 +57,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".svg": "image/svg+xml", ".png": "image/png"}
+
+MAX_DRAFT = 256 * 1024     # what a form keeps of what was typed (bytes of text)
 
 RunInThread = Callable[..., "Deferred[Any]"]
 
@@ -78,10 +85,12 @@ class Auth:
     user: str
     session: LoginSession | None
     token: ApiToken | None
+    role: str = ROLE_ADMIN
 
     @property
     def read_only(self) -> bool:
-        return self.token is not None and self.token.read_only
+        """A read-only token, or a user with the ``read-only`` role: no actions."""
+        return (self.token is not None and self.token.read_only) or self.role != ROLE_ADMIN
 
 
 class SecureHeaders(Resource):
@@ -194,10 +203,14 @@ class Console:
                                                      *args)
                 return d
         self.run_in_thread = run_in_thread
+        self.user_actions = UserActions(self.users, self.actions.audit, run_in_thread)
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
         self.traffic = TrafficSource(
             report_dir, context.archive_dir, self.clock.seconds,
             self.broker.recorder.stats if context.archive_dir is not None else None)
+        self.client_rates = views.ClientRates(self.clock.seconds)
+        self.tails = TailHub(self.broker, self.clock)
+        self.topic_rates = views.TopicRates(self.clock.seconds)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -240,6 +253,19 @@ class Console:
         except UnicodeDecodeError:
             raise HTTPError(400, f"parameter {name} is not UTF-8") from None
 
+    def _list(self, request: Any, name: str, limit: int = 1000) -> list[str]:
+        """A repeated form field, or a JSON array of strings (at most ``limit``)."""
+        body = self._json_body(request)
+        if name in body:
+            value = body[name]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise HTTPError(400, f"{name} must be a list of strings")
+            return value[:limit + 1]
+        try:
+            return [v.decode("utf-8") for v in request.args.get(name.encode(), [])][:limit + 1]
+        except UnicodeDecodeError:
+            raise HTTPError(400, f"parameter {name} is not UTF-8") from None
+
     def _flag(self, request: Any, name: str) -> bool:
         return self._param(request, name).lower() in ("1", "true", "on", "yes")
 
@@ -264,8 +290,9 @@ class Console:
     def _user_valid(self, session: LoginSession) -> User | None:
         assert session.user is not None
         user = self.users.get(session.user)
-        if user is None or user.changed > session.password_changed:
-            # Deleted, or the password changed since this login: log it out.
+        if user is None or user.changed > session.password_changed or not user.console:
+            # Deleted, its password changed since this login, or no longer a console
+            # user: log it out.
             self.sessions.end(session.id)
             return None
         return user
@@ -277,16 +304,22 @@ class Console:
             if scheme.lower() != "bearer":
                 raise HTTPError(401, "only Bearer tokens are accepted")
             found = self.users.find_token(value.strip())
-            if found is None:
+            if found is None or not found[0].console:
                 raise HTTPError(401, "invalid API token")
-            return Auth(found[0].name, None, found[1])
+            return Auth(found[0].name, None, found[1], found[0].role)
         touch = request.getHeader("x-background") is None
         session = self._cookie_session(request, touch)
-        if session is None or session.user is None or self._user_valid(session) is None:
+        if session is None or session.user is None:
             return None
-        return Auth(session.user, session, None)
+        user = self._user_valid(session)
+        if user is None:
+            return None
+        return Auth(session.user, session, None, user.role)
 
-    def _require(self, request: Any, api: bool, write: bool = False) -> Auth:
+    def _require(self, request: Any, api: bool, write: bool = False,
+                 any_role: bool = False) -> Auth:
+        """Who is asking; ``write``: a POST (CSRF-checked), refused to read-only users
+        and tokens unless ``any_role`` (logging out)."""
         auth = self._authenticate(request, api)
         if auth is None:
             if api:
@@ -302,8 +335,10 @@ class Console:
                     self.log.warn("console: POST {path} by {user!r} without a valid CSRF "
                                   "token; refused", path=request.path, user=auth.user)
                     raise HTTPError(403, "missing or wrong CSRF token; reload the page")
-            if auth.read_only:
-                raise HTTPError(403, "this API token is read-only")
+            if auth.read_only and not any_role:
+                raise HTTPError(403, "this API token is read-only" if auth.token is not None
+                                and auth.token.read_only else
+                                f"user {auth.user!r} has the read-only role")
         return auth
 
     # -- responses --------------------------------------------------------------
@@ -401,6 +436,11 @@ class Console:
             self.throttle.finish(name, address, False)
             raise
         self.throttle.finish(name, address, user is not None)
+        if user is not None and not user.console:
+            self.log.warn("console: {name!r} from {a} is a client user (role {r}); console "
+                          "login refused", name=shown, a=address, r=user.role)
+            return self._login_form(request, 403, "This user may not use the console "
+                                    "(its role is client).", name)
         if user is None:
             self.log.warn("console: failed login for {name!r} from {a} ({n} from this address)",
                           name=shown, a=address, n=self.throttle.failures(address))
@@ -412,7 +452,7 @@ class Console:
 
     @app.route("/logout", methods=["POST"])
     def logout(self, request: Any) -> bytes:
-        auth = self._require(request, api=False, write=True)
+        auth = self._require(request, api=False, write=True, any_role=True)
         assert auth.session is not None
         self.sessions.end(auth.session.id)
         self._set_cookie(request, "", clear=True)
@@ -474,20 +514,38 @@ class Console:
             "per_page": self._int(request, "per_page", 50),
         }
 
+    def _client_filters(self, request: Any) -> views.ClientFilters:
+        def choice(name: str, allowed: tuple[str, ...]) -> str:
+            value = self._param(request, name)
+            if value and value not in allowed:
+                raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
+            return value
+        return views.ClientFilters(
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
+            kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
+
+    def _clients(self, request: Any) -> tuple[dict[str, Any], views.ClientFilters, views.Page]:
+        args = self._list_args(request, views.CLIENT_SORTS)
+        filters = self._client_filters(request)
+        page = views.list_clients(self.broker.view, filters=filters, rates=self.client_rates,
+                                  **args)
+        return args, filters, page
+
     @app.route("/clients", methods=["GET"])
     def clients_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        args = self._list_args(request, views.CLIENT_SORTS)
-        page = views.list_clients(self.broker.view, **args)
+        args, filters, page = self._clients(request)
         partial = self._flag(request, "partial")
         return self._render(request, "_client_rows.html" if partial else "clients.html", auth,
-                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS)
+                            nav="clients", page=page, args=args, sorts=views.CLIENT_SORTS,
+                            filters=filters, extra=filters.as_params())
 
     @app.route("/api/clients", methods=["GET"])
     def clients_api(self, request: Any) -> bytes:
         self._require(request, api=True)
-        page = views.list_clients(self.broker.view, **self._list_args(request, views.CLIENT_SORTS))
-        return self._json(request, page.as_json())
+        _, filters, page = self._clients(request)
+        return self._json(request, {**page.as_json(), "filters": filters.as_params()})
 
     def _client(self, request: Any) -> dict[str, Any] | None:
         key = self._param(request, "key")
@@ -496,7 +554,9 @@ class Console:
         if key:
             client = model.client(key)
             if client is not None:
-                return views.client_detail(client)
+                detail = views.client_detail(client)
+                detail["rates"] = self.client_rates.rates(key, detail["counters"])
+                return detail
             if key.startswith("mqtt:"):
                 session_id = key[5:]
         if session_id:
@@ -632,15 +692,122 @@ class Console:
     @app.route("/publish", methods=["GET"])
     def publish_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        return self._render(request, "publish.html", auth, nav="publish",
-                            topic=self._param(request, "topic"))
+        draft = dict(auth.session.drafts.get("publish", {})) if auth.session else {}
+        if self._param(request, "topic"):
+            draft["topic"] = self._param(request, "topic")
+        return self._render(request, "publish.html", auth, nav="publish", draft=draft)
+
+    def _topics(self, request: Any) -> dict[str, Any]:
+        prefix = self._param(request, "prefix").strip("/")
+        if prefix and validate_topic_name(prefix) is not None:
+            raise HTTPError(400, f"invalid topic prefix: {validate_topic_name(prefix)}")
+        return views.topic_tree(self.broker.view, prefix, self.topic_rates)
+
+    @app.route("/topics", methods=["GET"])
+    def topics_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        tree = self._topics(request)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_topic_rows.html" if partial else "topics.html", auth,
+                            nav="topics", tree=tree)
+
+    @app.route("/api/topics", methods=["GET"])
+    def topics_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._topics(request))
+
+    def _subscriptions(self, request: Any) -> tuple[dict[str, Any], views.Page]:
+        query = self._param(request, "q")[:200]
+        page = views.list_subscriptions(self.broker.view, query, self._int(request, "page", 1),
+                                        self._int(request, "per_page", 50))
+        return {"query": query, "sort": "", "desc": False, "per_page": page.per_page}, page
+
+    @app.route("/subscriptions", methods=["GET"])
+    def subscriptions_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        args, page = self._subscriptions(request)
+        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+                            args=args)
+
+    @app.route("/api/subscriptions", methods=["GET"])
+    def subscriptions_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._subscriptions(request)[1].as_json())
+
+    def _bans(self) -> list[dict[str, Any]]:
+        return [views.ban_json(b, self.clock.seconds()) for b in self.broker.view.bans()]
+
+    @app.route("/bans", methods=["GET"])
+    def bans_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "bans.html", auth, nav="bans", bans=self._bans(),
+                            kind=self._param(request, "kind", "client_id"),
+                            value=self._param(request, "value"),
+                            durations=views.BAN_DURATIONS)
+
+    @app.route("/api/bans", methods=["GET"])
+    def bans_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, {"items": self._bans()})
+
+    # -- users and access (admins) ---------------------------------------------------
+
+    def _admin(self, request: Any, api: bool) -> Auth:
+        auth = self._require(request, api=api)
+        if auth.read_only:
+            raise HTTPError(403, "users and access rules are for admins")
+        return auth
+
+    def _access(self) -> dict[str, Any]:
+        acl = self.broker.authorizer
+        if not isinstance(acl, AclAuthorizer):
+            return {"file": None, "text": "", "rules": 0}
+        return {"file": acl.path, "text": acl.loaded_text, "rules": acl.rules.count(),
+                "users": sorted(acl.rules.users)}
+
+    def _users_view(self) -> list[dict[str, Any]]:
+        return [user_json(u) for u in sorted(self.users.users().values(),
+                                            key=lambda u: u.name)]
+
+    @app.route("/users", methods=["GET"])
+    def users_page(self, request: Any) -> bytes:
+        auth = self._admin(request, api=False)
+        return self._render(request, "users.html", auth, nav="users",
+                            users=self._users_view(), roles=ROLES, access=self._access(),
+                            store=self.users.path)
+
+    @app.route("/api/users", methods=["GET"])
+    def users_api(self, request: Any) -> bytes:
+        self._admin(request, api=True)
+        return self._json(request, {"items": self._users_view(), "access": self._access()})
+
+    def _user_add(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.add(
+            auth.user, self._param(request, "name"), self._param(request, "role", "client"),
+            self._param(request, "password"))
+
+    def _user_passwd(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.passwd(
+            auth.user, self._param(request, "name"), self._param(request, "password"))
+
+    def _user_role(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.set_role(
+            auth.user, self._param(request, "name"), self._param(request, "role"))
+
+    def _user_delete(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.user_actions.delete(auth.user, self._param(request, "name"))
+
+    @app.route("/api/", methods=["GET"])
+    def api_index(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, api_index(self.app.url_map))
 
     @app.route("/api/whoami", methods=["GET"])
     def whoami_api(self, request: Any) -> bytes:
         auth = self._require(request, api=True)
         return self._json(request, {
             "user": auth.user, "via": "token" if auth.token else "session",
-            "read_only": auth.read_only,
+            "role": auth.role, "read_only": auth.read_only,
             "csrf_token": auth.session.csrf if auth.session is not None else None})
 
     @app.route("/traffic", methods=["GET"])
@@ -656,12 +823,8 @@ class Console:
 
     # -- live feed ----------------------------------------------------------------
 
-    @app.route("/api/events", methods=["GET"])
-    def events(self, request: Any) -> Deferred[None] | bytes:
-        auth = self._require(request, api=True)
-        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
-        request.setHeader(b"x-accel-buffering", b"no")
-
+    def _still_allowed(self, auth: Auth) -> Callable[[], bool]:
+        """For a long-lived stream: is its login (or token) still good?"""
         def still_allowed() -> bool:
             if auth.token is not None:
                 return self.users.token_exists(auth.user, auth.token.id)
@@ -669,8 +832,42 @@ class Console:
             assert session is not None
             live = self.sessions.get(session.id, touch=False)
             return live is not None and self._user_valid(live) is not None
+        return still_allowed
 
-        stream = EventStream(request, still_allowed)
+    @app.route("/tail", methods=["GET"])
+    def tail_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "tail.html", auth, nav="tail",
+                            filter=self._param(request, "filter", "#") or "#",
+                            view=self._param(request, "view", "auto"), modes=TAIL_MODES,
+                            per_second=self.tails.per_second,
+                            max_payload=self.tails.max_payload)
+
+    @app.route("/api/tail", methods=["GET"])
+    def tail_stream(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        topic_filter = self._param(request, "filter", "#") or "#"
+        problem = validate_topic_filter(topic_filter)
+        if problem is not None:
+            raise HTTPError(400, f"invalid topic filter: {problem}")
+        mode = self._param(request, "view", "auto")
+        if mode not in TAIL_MODES:
+            raise HTTPError(400, f"view must be one of {', '.join(TAIL_MODES)}")
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        tail = self.tails.open(request, auth.user, topic_filter, mode,
+                               self._still_allowed(auth))
+        if isinstance(tail, str):
+            request.setHeader(b"content-type", b"application/json; charset=utf-8")
+            raise HTTPError(503 if "at most" in tail else 403, tail)
+        return tail.done
+
+    @app.route("/api/events", methods=["GET"])
+    def events(self, request: Any) -> Deferred[None] | bytes:
+        auth = self._require(request, api=True)
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"x-accel-buffering", b"no")
+        stream = EventStream(request, self._still_allowed(auth))
         if not self.feed.subscribe(stream):
             raise HTTPError(503, "too many live streams open")
         return stream.done
@@ -716,6 +913,28 @@ class Console:
         return lambda auth: self.actions.debug_client(
             auth.user, self._param(request, "client_id"), self._int(request, "minutes", 10))
 
+    def _bulk(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.bulk(
+            auth.user, self._param(request, "action"), self._list(request, "keys"),
+            self._flag(request, "with_will"))
+
+    def _ban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            raw = self._param(request, "seconds")
+            try:
+                seconds = float(raw) if raw and raw not in ("0", "forever") else None
+            except ValueError:
+                raise HTTPError(400, "seconds must be a number (or 0 / forever)") from None
+            return self.actions.ban(auth.user, self._param(request, "kind"),
+                                    self._param(request, "value"), seconds,
+                                    self._param(request, "reason"),
+                                    self._flag(request, "disconnect"))
+        return act
+
+    def _unban(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.unban(auth.user, self._param(request, "kind"),
+                                               self._param(request, "value"))
+
     def _clear_session(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.clear_session(
             auth.user, self._param(request, "client_id"))
@@ -740,10 +959,17 @@ class Console:
         return act
 
     def _publish(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
-        return lambda auth: self.actions.publish(
-            auth.user, self._param(request, "topic"), self._param(request, "payload"),
-            self._param(request, "encoding", "utf-8"), self._int(request, "qos", 0),
-            self._flag(request, "retain"))
+        def act(auth: Auth) -> Awaitable[ActionResult]:
+            draft = {name: self._param(request, name)[:MAX_DRAFT]
+                     for name in ("topic", "payload", "encoding", "qos", "retain")}
+            if auth.session is not None:
+                # The form shows what was typed again, after an error or a success.
+                auth.session.drafts["publish"] = draft
+            return self.actions.publish(
+                auth.user, draft["topic"], self._param(request, "payload"),
+                draft["encoding"] or "utf-8", self._int(request, "qos", 0),
+                self._flag(request, "retain"))
+        return act
 
     # Every action is a form POST (answered with a redirect and a flash message) and
     # its JSON twin under /api/, registered together from one row: the path, the
@@ -752,12 +978,19 @@ class Console:
         ("/clients/force-will", "_force_will", "/clients"),
         ("/clients/disconnect", "_disconnect", "/clients"),
         ("/clients/debug", "_debug_client", "/clients"),
+        ("/clients/bulk", "_bulk", "/clients"),
         ("/sessions/clear", "_clear_session", "/sessions"),
         ("/wills/fire", "_fire_will", "/wills"),
         ("/wills/discard", "_discard_will", "/wills"),
         ("/retained/delete", "_delete_retained", "/retained"),
         ("/retained/delete-matching", "_delete_matching", "/retained"),
         ("/publish", "_publish", "/publish"),
+        ("/bans/add", "_ban", "/bans"),
+        ("/bans/remove", "_unban", "/bans"),
+        ("/users/add", "_user_add", "/users"),
+        ("/users/passwd", "_user_passwd", "/users"),
+        ("/users/role", "_user_role", "/users"),
+        ("/users/delete", "_user_delete", "/users"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(

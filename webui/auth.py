@@ -1,16 +1,10 @@
-"""Console authentication: the admin users file, password hashing, login sessions,
-API tokens and the throttle that slows down password guessing.
+"""Console authentication: the first admin, login sessions and the throttle that
+slows down password guessing.
 
-Users live in ``<data>/admin-users.json`` (mode 0600), not in ZODB: the
-``mqttamqp-admin`` command must be able to change a password while the broker runs
-and holds the storage lock.  Writes are atomic (temporary file + rename) under an
-advisory lock; readers reload the file when its mtime or size changes, so a new
-password takes effect (and logs out the user's open sessions) without a restart.
-
-Passwords are hashed with scrypt (memory-hard); the check is CPU-bound and runs
-off the reactor thread (the caller passes a ``run_in_thread`` function).  API
-tokens are long random strings, stored as SHA-256 digests; a digest is enough for
-a secret with 256 bits of entropy.
+Users, roles, password hashing and API tokens are the broker's one user store
+(``mqttamqp.core.userstore``, re-exported here): only users with the ``admin`` or
+``read-only`` role may log in.  A new password takes effect (and logs out the
+user's open sessions) without a restart.
 
 Login sessions are in memory (a broker restart logs everyone out) and bounded.
 This module does no HTTP; ``webui.app`` maps it onto cookies and headers.
@@ -18,262 +12,51 @@ This module does no HTTP; ``webui.app`` maps it onto cookies and headers.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import fcntl
-import hashlib
-import hmac
-import json
 import os
 import secrets
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from mqttamqp.core.userstore import (
+    ROLE_ADMIN,
+    TOKEN_PREFIX,
+    USERS_FILE,
+    ApiToken,
+    User,
+    UserStore,
+    hash_password,
+    token_digest,
+    valid_username,
+    verify_password,
+    write_private,
+)
 
 __all__ = [
     "USERS_FILE", "INITIAL_PASSWORD_FILE", "hash_password", "verify_password",
     "UserStore", "User", "ApiToken", "LoginSession", "SessionStore", "LoginThrottle",
-    "ensure_first_admin", "valid_username",
+    "ensure_first_admin", "valid_username", "token_digest", "TOKEN_PREFIX",
 ]
 
-USERS_FILE = "admin-users.json"
 INITIAL_PASSWORD_FILE = "admin-password.txt"
-TOKEN_PREFIX = "mqa_"
-
-# scrypt cost: n=2**15, r=8 needs 32 MiB and ~0.1 s per check here.
-SCRYPT_N = 2 ** 15
-SCRYPT_R = 8
-SCRYPT_P = 1
-_SCRYPT_MAXMEM = 256 * 1024 * 1024
-
-
-def valid_username(name: str) -> bool:
-    return 0 < len(name) <= 64 and all(c.isalnum() or c in "._-@" for c in name)
-
-
-def hash_password(password: str, n: int = SCRYPT_N, r: int = SCRYPT_R,
-                  p: int = SCRYPT_P) -> str:
-    """``scrypt$n$r$p$salt$hash`` (base64); the cost travels with the hash."""
-    salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p,
-                            maxmem=_SCRYPT_MAXMEM, dklen=32)
-    return "$".join(["scrypt", str(n), str(r), str(p),
-                     base64.b64encode(salt).decode(), base64.b64encode(digest).decode()])
-
-
-def verify_password(password: str, encoded: str) -> bool:
-    """Constant-time check of ``password`` against ``hash_password``'s output."""
-    try:
-        scheme, n, r, p, salt, digest = encoded.split("$")
-        if scheme != "scrypt":
-            return False
-        expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(password.encode("utf-8"), salt=base64.b64decode(salt),
-                                n=int(n), r=int(r), p=int(p), maxmem=_SCRYPT_MAXMEM,
-                                dklen=len(expected))
-    except (ValueError, TypeError):
-        return False
-    return hmac.compare_digest(actual, expected)
-
-
-# A hash to check against when the user does not exist, so that an unknown user
-# costs as much time as a wrong password.
-_DUMMY_HASH: str | None = None
-
-
-def _dummy_hash() -> str:
-    global _DUMMY_HASH
-    if _DUMMY_HASH is None:
-        _DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
-    return _DUMMY_HASH
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True)
-class ApiToken:
-    id: str
-    digest: str
-    label: str
-    created: float
-    read_only: bool
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    password: str           # scrypt hash
-    changed: float          # when the password was set; sessions older than it end
-    tokens: tuple[ApiToken, ...] = ()
-
-
-def _user_from_json(name: str, raw: dict[str, Any]) -> User:
-    tokens = tuple(ApiToken(str(t["id"]), str(t["digest"]), str(t.get("label", "")),
-                            float(t.get("created", 0.0)), bool(t.get("read_only", False)))
-                   for t in raw.get("tokens", []))
-    return User(name, str(raw["password"]), float(raw.get("changed", 0.0)), tokens)
-
-
-def _user_to_json(user: User) -> dict[str, Any]:
-    return {
-        "password": user.password,
-        "changed": user.changed,
-        "tokens": [{"id": t.id, "digest": t.digest, "label": t.label, "created": t.created,
-                    "read_only": t.read_only} for t in user.tokens],
-    }
-
-
-class UserStore:
-    """The users file.  Reads are cached by (mtime, size); writes are atomic."""
-
-    def __init__(self, data_dir: str) -> None:
-        self.data_dir = data_dir
-        self.path = os.path.join(data_dir, USERS_FILE)
-        self._stamp: tuple[int, int] | None = None
-        self._users: dict[str, User] = {}
-
-    # -- reading ----------------------------------------------------------------
-
-    def users(self) -> dict[str, User]:
-        """Current users (cheap: one ``stat`` when nothing changed)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self._stamp, self._users = None, {}
-            return self._users
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            self._users = self._read()
-            self._stamp = stamp
-        return self._users
-
-    def _read(self) -> dict[str, User]:
-        with open(self.path, encoding="utf-8") as f:
-            raw = json.load(f)
-        return {name: _user_from_json(name, entry)
-                for name, entry in raw.get("users", {}).items()}
-
-    def get(self, name: str) -> User | None:
-        return self.users().get(name)
-
-    def find_token(self, token: str) -> tuple[User, ApiToken] | None:
-        if not token.startswith(TOKEN_PREFIX):
-            return None
-        digest = token_digest(token)
-        for user in self.users().values():
-            for t in user.tokens:
-                if hmac.compare_digest(t.digest, digest):
-                    return user, t
-        return None
-
-    def token_exists(self, name: str, token_id: str) -> bool:
-        user = self.users().get(name)
-        return user is not None and any(t.id == token_id for t in user.tokens)
-
-    def check_password(self, name: str, password: str) -> User | None:
-        """Blocking (scrypt): call it from a thread.  Re-reads the file first."""
-        user = self._fresh().get(name)
-        if user is None:
-            verify_password(password, _dummy_hash())
-            return None
-        return user if verify_password(password, user.password) else None
-
-    def _fresh(self) -> dict[str, User]:
-        try:
-            return self._read()
-        except FileNotFoundError:
-            return {}
-
-    # -- writing ----------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, User]]:
-        """Read-modify-write under an advisory lock; the yielded dict is written back."""
-        os.makedirs(self.data_dir, exist_ok=True)
-        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            users = dict(self._fresh())
-            yield users
-            self._write(users)
-        finally:
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
-
-    def _write(self, users: dict[str, User]) -> None:
-        data = {"version": 1, "users": {n: _user_to_json(u) for n, u in sorted(users.items())}}
-        _write_private(self.path, json.dumps(data, indent=2) + "\n")
-        self._stamp = None
-
-    def set_password(self, name: str, password: str, **cost: int) -> User:
-        """Create ``name`` or change its password (ends its console sessions)."""
-        if not valid_username(name):
-            raise ValueError(f"invalid user name {name!r}: use letters, digits and ._-@")
-        hashed = hash_password(password, **cost)
-        with self._locked() as users:
-            old = users.get(name)
-            user = User(name, hashed, time.time(), old.tokens if old else ())
-            users[name] = user
-        return user
-
-    def delete_user(self, name: str) -> bool:
-        with self._locked() as users:
-            return users.pop(name, None) is not None
-
-    def create_token(self, name: str, label: str = "", read_only: bool = False) -> str:
-        """A new API token for ``name``; the token itself is returned once, never stored."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with self._locked() as users:
-            user = users.get(name)
-            if user is None:
-                raise KeyError(name)
-            entry = ApiToken(secrets.token_hex(4), token_digest(token), label, time.time(),
-                             read_only)
-            users[name] = User(user.name, user.password, user.changed, (*user.tokens, entry))
-        return token
-
-    def revoke_token(self, name: str, token_id: str) -> bool:
-        with self._locked() as users:
-            user = users.get(name)
-            if user is None:
-                return False
-            kept = tuple(t for t in user.tokens if t.id != token_id)
-            users[name] = User(user.name, user.password, user.changed, kept)
-            return len(kept) != len(user.tokens)
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by the owner only."""
-    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def ensure_first_admin(store: UserStore, name: str = "admin",
                        **cost: int) -> tuple[str, str] | None:
-    """With no user at all, create ``name`` with a random password.
+    """With no admin at all, create ``name`` (an admin) with a random password; a
+    ``name`` taken by a user of another role gets a suffix.
 
-    Returns (password, path of the 0600 file holding it), or None if users exist.
+    Returns (password, path of the 0600 file holding it), or None if admins exist.
     """
-    if store.users():
+    if store.admins():
         return None
+    if store.get(name) is not None:
+        name = f"{name}-{secrets.token_hex(2)}"
     password = secrets.token_urlsafe(15)
-    store.set_password(name, password, **cost)
+    store.set_password(name, password, role=ROLE_ADMIN, **cost)
     path = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
-    _write_private(path, f"user: {name}\npassword: {password}\n")
+    write_private(path, f"user: {name}\npassword: {password}\n")
     return password, path
 
 
@@ -291,6 +74,7 @@ class LoginSession:
     user: str | None = None
     password_changed: float = 0.0   # the user's ``changed`` at login
     flash: list[tuple[str, str]] = field(default_factory=list)  # (kind, text) to show once
+    drafts: dict[str, dict[str, str]] = field(default_factory=dict)  # form -> what was typed
 
 
 class SessionStore:

@@ -24,8 +24,14 @@ __all__ = ["StatsFeed", "EventStream", "sse_frame"]
 
 
 def sse_frame(event: str, data: Any) -> bytes:
-    """One SSE message.  JSON has no raw newlines, so one ``data:`` line suffices."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    """One SSE message.  JSON has no raw newlines, so one ``data:`` line suffices;
+    ``<``, ``>`` and ``&`` go as ``\\u`` escapes, so client data is never markup on
+    the wire either (whatever a proxy or a careless viewer does with the stream)."""
+    text = json.dumps(data, separators=(",", ":")).translate(_JSON_MARKUP)
+    return f"event: {event}\ndata: {text}\n\n".encode()
+
+
+_JSON_MARKUP = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
 
 class EventStream:

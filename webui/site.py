@@ -43,6 +43,7 @@ class ConsoleService(app_service.Service):
 
     def stopService(self) -> None:
         self.console.feed.stop()
+        self.console.tails.stop()
         super().stopService()  # type: ignore[no-untyped-call]
 
 

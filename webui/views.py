@@ -18,14 +18,23 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
+from mqttamqp.core.bans import Ban
 from mqttamqp.core.message import Message
-from mqttamqp.core.readmodel import ClientView, EntryView, ReadModel, SessionView, WillView
+from mqttamqp.core.readmodel import (
+    ClientView,
+    EntryView,
+    ReadModel,
+    SessionView,
+    SubscriptionView,
+    WillView,
+)
 
 __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "session_json",
+    "payload_preview", "session_json", "ClientFilters", "ClientRates", "ban_json",
+    "BAN_DURATIONS", "TopicRates", "topic_tree", "list_subscriptions",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
@@ -160,6 +169,10 @@ def connection_row(client: ClientView) -> dict[str, Any]:
         "inflight": inflight,
         "has_will": bool(info.will_owners) or bool(client.wills),
         "links": len(info.links),
+        "counters": {"messages_in": info.messages_in, "messages_out": info.messages_out,
+                     "bytes_in": info.bytes_in, "bytes_out": info.bytes_out,
+                     "last_activity": info.last_activity or None},
+        "rates": None,     # filled by the console (``ClientRates``) for shown rows
     }
 
 
@@ -220,6 +233,7 @@ def client_detail(client: ClientView) -> dict[str, Any]:
     row["session"] = session_json(client.session) if client.session is not None else None
     row["wills"] = [will_json(w) for w in client.wills]
     row["link_list"] = [asdict(link) for link in client.info.links]
+    row["amqp"] = asdict(client.info.amqp) if client.info.amqp is not None else None
     row["online"] = True
     return row
 
@@ -237,6 +251,9 @@ def session_detail(session: SessionView, will: WillView | None) -> dict[str, Any
         "link_list": [],
         "links": 0,
         "has_will": will is not None,
+        "amqp": None,
+        "counters": None,
+        "rates": None,
     }
 
 
@@ -250,7 +267,47 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "subscriptions": lambda r: r["subscriptions"] or 0,
     "queued": lambda r: r["queued"] or 0,
     "inflight": lambda r: r["inflight"] or 0,
+    "messages_in": lambda r: r["counters"]["messages_in"],
+    "messages_out": lambda r: r["counters"]["messages_out"],
+    "bytes": lambda r: r["counters"]["bytes_in"] + r["counters"]["bytes_out"],
+    "activity": lambda r: r["counters"]["last_activity"] or 0.0,
 }
+
+
+@dataclass(frozen=True)
+class ClientFilters:
+    """The clients page's filters (all optional; "" means any)."""
+
+    protocol: str = ""       # "mqtt" (3.1 and 3.1.1), "mqtt3.1", "mqtt3.1.1" or "amqp"
+    user: str = ""           # substring of the user name; "-" for clients without one
+    remote: str = ""         # substring of host:port
+    kind: str = ""           # "clean" or "persistent" (a session kept across connections)
+    will: str = ""           # "yes" or "no"
+
+    def active(self) -> bool:
+        return any((self.protocol, self.user, self.remote, self.kind, self.will))
+
+    def as_params(self) -> dict[str, str]:
+        return {"protocol": self.protocol, "user": self.user, "remote": self.remote,
+                "kind": self.kind, "will": self.will}
+
+    def keep(self, row: dict[str, Any]) -> bool:
+        proto = row["protocol"]
+        if self.protocol and not (proto == self.protocol or (
+                self.protocol == "mqtt" and proto.startswith("mqtt"))):
+            return False
+        if self.user == "-":
+            if row["user"]:
+                return False
+        elif self.user and self.user.lower() not in (row["user"] or "").lower():
+            return False
+        if self.remote and self.remote.lower() not in row["remote"].lower():
+            return False
+        if self.kind and (self.kind == "persistent") != bool(row["persistent"]):
+            return False
+        if self.will and (self.will == "yes") != row["has_will"]:
+            return False
+        return True
 
 
 def _matches(query: str, *values: str | None) -> bool:
@@ -258,15 +315,64 @@ def _matches(query: str, *values: str | None) -> bool:
 
 
 def list_clients(model: ReadModel, query: str = "", sort: str = "client_id",
-                 desc: bool = False, page: int = 1, per_page: int = 50) -> Page:
-    """Filter, sort and page all live connections (MQTT and AMQP) server-side."""
+                 desc: bool = False, page: int = 1, per_page: int = 50,
+                 filters: ClientFilters | None = None,
+                 rates: ClientRates | None = None) -> Page:
+    """Filter, sort and page all live connections (MQTT and AMQP) server-side;
+    ``rates`` (if given) adds message rates to the rows of the page shown."""
     rows = [connection_row(client) for client in model.clients()]
+    if rates is not None:
+        rates.forget_all_but({r["key"] for r in rows})
     q = query.strip().lower()
     if q:
         rows = [r for r in rows if _matches(q, r["client_id"], r["remote"], r["user"])]
+    if filters is not None and filters.active():
+        rows = [r for r in rows if filters.keep(r)]
     key = CLIENT_SORTS.get(sort, CLIENT_SORTS["client_id"])
     rows.sort(key=key, reverse=desc)
-    return paginate(rows, page, per_page, lambda r: r)
+    shown = paginate(rows, page, per_page, lambda r: r)
+    if rates is not None:
+        for row in shown.items:
+            row["rates"] = rates.rates(row["key"], row["counters"])
+    return shown
+
+
+class ClientRates:
+    """Per-client message rates, from the counters of successive looks at a client
+    (the live table refreshes every second).  Costs nothing on the broker's hot
+    path: only the rows a page shows are sampled; bounded by the live connections
+    (a client that left is forgotten)."""
+
+    def __init__(self, seconds: Callable[[], float], min_interval: float = 1.0) -> None:
+        self._seconds = seconds
+        self._min = min_interval
+        # key -> (at, messages in, messages out, bytes in, bytes out, last rates)
+        self._seen: dict[str, tuple[float, int, int, int, int, dict[str, float] | None]] = {}
+
+    def rates(self, key: str, counters: dict[str, Any]) -> dict[str, float] | None:
+        now = self._seconds()
+        now_counts = (counters["messages_in"], counters["messages_out"],
+                      counters["bytes_in"], counters["bytes_out"])
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = (now, *now_counts, None)
+            return None
+        at, *old, last = seen
+        dt = now - at
+        if dt < self._min:
+            return last                     # too soon: keep the last figures
+        names = ("messages_in", "messages_out", "bytes_in", "bytes_out")
+        fresh = {n: round(max(0, c - o) / dt, 1) for n, c, o in
+                 zip(names, now_counts, old, strict=True)}
+        self._seen[key] = (now, *now_counts, fresh)
+        return fresh
+
+    def forget_all_but(self, keys: set[str]) -> None:
+        for key in [k for k in self._seen if k not in keys]:
+            del self._seen[key]
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 # -- sessions ---------------------------------------------------------------------
@@ -380,3 +486,110 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
         out["listeners"] = context.listeners()
         out["storage"] = context.storage_stats()
     return out
+
+
+# -- bans -------------------------------------------------------------------------
+
+BAN_DURATIONS = (("600", "10 minutes"), ("3600", "1 hour"), ("86400", "1 day"),
+                 ("604800", "7 days"), ("", "for good"))
+
+
+def ban_json(ban: Ban, now: float) -> dict[str, Any]:
+    return {"kind": ban.kind, "value": ban.value, "until": ban.until,
+            "remaining": None if ban.until is None else max(0.0, ban.until - now),
+            "reason": ban.reason, "created": ban.created, "by": ban.by}
+
+
+# -- topics -------------------------------------------------------------------------
+
+
+class TopicRates:
+    """Per-topic message rates from successive reads of the broker's topic counts
+    (the Topics page refreshes every second).  Bounded by the core's cap on
+    tracked topics; one instance serves every viewer."""
+
+    def __init__(self, seconds: Callable[[], float], min_interval: float = 1.0) -> None:
+        self._seconds = seconds
+        self._min = min_interval
+        self._at = 0.0
+        self._prev: dict[str, int] = {}
+        self.rates: dict[str, float] = {}
+
+    def update(self, counts: dict[str, int]) -> dict[str, float]:
+        now = self._seconds()
+        dt = now - self._at
+        if not self._prev:
+            self._at, self._prev = now, dict(counts)
+        elif dt >= self._min:
+            prev = self._prev
+            self.rates = {t: (n - prev.get(t, 0)) / dt for t, n in counts.items()
+                          if n != prev.get(t, 0)}
+            self._at, self._prev = now, dict(counts)
+        return self.rates
+
+
+MAX_TREE_ROWS = 500
+
+
+def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, Any]:
+    """The level below ``prefix`` ("" is the root): one row per child with the
+    messages and rate of everything under it, how many topics it holds, whether it
+    is itself a retained topic and how many subscribers a message on it reaches."""
+    counts_view = model.topic_counts()
+    counts = dict(counts_view.counts)
+    per_topic_rate = rates.update(counts)
+    base = prefix + "/" if prefix else ""
+    retained = {m.topic for m in model.retained_matching(base + "#" if base else "#")}
+    if prefix and model.retained(prefix) is not None:
+        retained.add(prefix)
+    nodes: dict[str, dict[str, Any]] = {}
+    for topic in set(counts) | retained:
+        if base and not topic.startswith(base):
+            continue
+        if not base and topic.startswith("$"):
+            continue                              # $SYS and $dynamic: not traffic
+        name, sep, _ = topic[len(base):].partition("/")
+        node = nodes.get(name)
+        if node is None:
+            if len(nodes) >= MAX_TREE_ROWS:
+                continue
+            node = nodes[name] = {"name": name, "path": base + name, "messages": 0,
+                                  "rate": 0.0, "topics": 0, "retained": False,
+                                  "leaf": False, "children": False}
+        node["messages"] += counts.get(topic, 0)
+        node["rate"] += per_topic_rate.get(topic, 0.0)
+        node["topics"] += 1
+        if sep:
+            node["children"] = True
+        else:
+            node["leaf"] = True
+            node["retained"] = topic in retained
+    rows = sorted(nodes.values(), key=lambda n: n["name"])
+    for row in rows:
+        row["rate"] = round(row["rate"], 1)
+        row["subscribers"] = model.subscriber_count(row["path"])
+    crumbs = []
+    if prefix:
+        parts = prefix.split("/")
+        crumbs = [{"name": p, "path": "/".join(parts[:i + 1])} for i, p in enumerate(parts)]
+    return {"prefix": prefix, "crumbs": crumbs, "items": rows,
+            "cut": len(nodes) >= MAX_TREE_ROWS,
+            "tracked": counts_view.tracked, "max_tracked": counts_view.max_tracked,
+            "untracked": counts_view.untracked,
+            "self": {"messages": counts.get(prefix, 0),
+                     "subscribers": model.subscriber_count(prefix),
+                     "retained": prefix in retained} if prefix else None}
+
+
+def subscription_row(s: SubscriptionView) -> dict[str, Any]:
+    return {"client_id": s.client_id, "filter": s.topic_filter, "qos": s.qos,
+            "kind": s.kind, "online": s.online}
+
+
+def list_subscriptions(model: ReadModel, query: str, page: int, per_page: int) -> Page:
+    """Every session's subscriptions, searched in client ids and filters."""
+    q = query.strip().lower()
+    subs = [s for s in model.subscriptions()
+            if not q or q in s.topic_filter.lower() or q in s.client_id.lower()]
+    subs.sort(key=lambda s: (s.topic_filter, s.client_id))
+    return paginate(subs, page, per_page, subscription_row)

@@ -36,7 +36,7 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.core.router import DYNAMIC_PREFIX
-from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.core.topics import topic_size_problem, validate_topic_filter, validate_topic_name
 
 __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY"]
 
@@ -156,10 +156,15 @@ def _set_capabilities(terminus: Any, names: list[str]) -> None:
     capabilities.exit()
 
 
+def _size_problem(host: AttachHost, topic: str) -> str | None:
+    limits = host.limits
+    return topic_size_problem(topic, limits.max_topic_levels, limits.max_topic_length)
+
+
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
-        problem = validate_topic_filter(value)
+        problem = validate_topic_filter(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"source {address!r} is not a topic filter: {problem}")
@@ -172,6 +177,10 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
             return None
         return partial(SessionOutlet, host, plink, address, value)
     if kind is AddressKind.SESSION_CONTROL:
+        if not host.broker.may_use_session(host.identity, value):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to attach to the control link of {value!r}")
+            return None
         return partial(ControlOutlet, host, plink, address, value)
     if kind is AddressKind.ANONYMOUS:
         refuse_link(host, plink, "amqp:invalid-field",
@@ -185,10 +194,14 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
 def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
-        problem = validate_topic_name(value)
+        problem = validate_topic_name(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"target {address!r} is not a topic name: {problem}")
+            return None
+        if not host.broker.may_write(host.identity, value):
+            refuse_link(host, plink, "amqp:unauthorized-access",
+                        f"not allowed to publish to {value!r}")
             return None
         return partial(TopicPublisher, host, plink, value)
     if kind is AddressKind.ANONYMOUS:

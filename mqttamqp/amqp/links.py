@@ -55,7 +55,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
-from mqttamqp.core.topics import validate_topic_name
+from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
@@ -144,6 +144,9 @@ class LinkHost(Protocol):
 
     def claim_will(self, link: BrokerLink) -> None: ...
 
+    def hold(self, delta: int) -> None:
+        """Bytes of unfinished incoming messages changed by ``delta``."""
+
     def release_will(self, link: BrokerLink) -> bool: ...
 
 
@@ -166,11 +169,16 @@ class BrokerLink:
     def start(self) -> None:
         """Called once the attach has been answered."""
 
+    _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
+
     def end(self, brute: bool, reason: str) -> None:
         """The link is gone (detach, end, close or lost connection); idempotent."""
         if self.closed:
             return
         self.closed = True
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
         self.ended(brute, reason)
 
     def ended(self, brute: bool, reason: str) -> None:
@@ -564,12 +572,19 @@ class IncomingLink(BrokerLink):
             _delivery_settle(dlv)
             return
         pending = _delivery_pending(dlv)
-        if pending > self.max_size:
+        if pending > self.max_size:   # (detach releases what it held)
             self.detach("amqp:link:message-size-exceeded",
                         f"message larger than {self.max_size} bytes")
             return
         if _delivery_partial(dlv):
+            # Counted against the connection's --amqp-max-held-bytes, which closes
+            # a peer that keeps many large messages half-sent.
+            self.host.hold(pending - self._partial)
+            self._partial = pending
             return
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
         data = recv(impl, pending) if pending else b""
         _link_advance(impl)
         presettled = bool(_delivery_settled(dlv))
@@ -689,7 +704,9 @@ class TopicPublisher(IncomingLink):
                         "no topic: the link has no target address and the message no 'to'")
             return
         if self.topic is None:  # the link's own target was checked at attach
-            problem = validate_topic_name(topic)
+            limits = self.host.limits
+            problem = validate_topic_name(topic) or topic_size_problem(
+                topic, limits.max_topic_levels, limits.max_topic_length)
             if problem is None and topic.startswith("$mqtt."):
                 problem = "control addresses need a link of their own"
             if problem is not None:

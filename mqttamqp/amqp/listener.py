@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from proton import Collector, Condition, Connection, Endpoint, Event, SymbolList, Transport
 from proton import symbol as amqp_symbol
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -47,6 +48,7 @@ from mqttamqp.amqp._engine import (
     pop_event,
 )
 from mqttamqp.amqp.attach import attach
+from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
     BrokerLink,
     ControlOutlet,
@@ -58,6 +60,7 @@ from mqttamqp.amqp.sasl import (
     Authenticate,
     Refuse,
     SaslServer,
+    SaslState,
     SaslStep,
     SendBytes,
     StartAmqp,
@@ -80,6 +83,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
+from mqttamqp.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
 
@@ -113,8 +117,15 @@ class AMQPConnection(Protocol):
         self.peer = "?"
         self.container_id = ""
         self.username: str | None = None
+        self.cert_user: str | None = None     # --tls-cert-as-user: its certificate's CN
+        self.held_bytes = 0     # unfinished incoming messages (--amqp-max-held-bytes)
         self.identity = Identity("")
         self.connected_since = 0.0
+        # Console counters: bytes per socket read/write; messages are the links'
+        # own counts, plus those of links already gone (``forget_link``).
+        self.bytes_in = self.bytes_out = 0
+        self.last_activity = 0.0
+        self._gone_in = self._gone_out = 0
         self.requests = SessionRequests(self)
         self.links: dict[Any, BrokerLink] = {}
         self.sasl = SaslServer(factory.mechanisms(), factory.anonymous_allowed())
@@ -165,7 +176,18 @@ class AMQPConnection(Protocol):
             self._engine_input(data)
             return
         self.broker.stats.bytes_received += len(data)
+        if self.sasl.state is SaslState.HEADER and self.factory.cert_as_user:
+            self._offer_external()
         self._sasl_steps(self.sasl.feed(data))
+
+    def _offer_external(self) -> None:
+        """--tls-cert-as-user: a client whose verified TLS certificate names a user
+        is offered SASL EXTERNAL (first), as that user.  Asked when its first bytes
+        arrive: the TLS handshake is over by then."""
+        if self.cert_user is None:
+            self.cert_user = verified_common_name(self.transport)
+            if self.cert_user is not None and "EXTERNAL" not in self.sasl.mechanisms:
+                self.sasl.mechanisms = ("EXTERNAL", *self.sasl.mechanisms)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
@@ -252,7 +274,11 @@ class AMQPConnection(Protocol):
         self.schedule_flush()
 
     def forget_link(self, link: BrokerLink) -> None:
-        self.links.pop(link.impl, None)
+        if self.links.pop(link.impl, None) is not None:
+            if link.role == "sender":
+                self._gone_out += link.delivered
+            else:
+                self._gone_in += link.delivered
 
     def send_control(self, client_id: str, data: bytes) -> bool:
         outlets = self.factory.control_outlets.get(client_id)
@@ -287,12 +313,21 @@ class AMQPConnection(Protocol):
         sessions = [link.client_id for link in links if isinstance(link, SessionOutlet)]
         wills = tuple(link.name for link in links if isinstance(link, WillServiceLink)
                       and link.name in self.broker.wills)
+        details, link_infos = amqp_details(
+            self.pconn, self.ptrans, self.container_id, self.sasl.mechanism,
+            [(link.plink, link.info()) for link in links])
         return ConnectionInfo(
             key=self.key, client_id=self.container_id, protocol="amqp", remote=self.peer,
             user=self.username, connected_since=self.connected_since,
             keepalive=int(self.factory.idle_timeout), clean_session=None,
             session_id=sessions[0] if sessions else None, will_owners=wills,
-            links=tuple(link.info() for link in links))
+            links=link_infos, amqp=details,
+            messages_in=self._gone_in + sum(i.delivered for i in link_infos
+                                            if i.role == "receiver"),
+            messages_out=self._gone_out + sum(i.delivered for i in link_infos
+                                              if i.role == "sender"),
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self.last_activity)
 
     def close(self, reason: str) -> None:
         """Closed by the broker (console): a brute end for the links, wills fire."""
@@ -314,9 +349,13 @@ class AMQPConnection(Protocol):
             elif isinstance(step, Authenticate):
                 self.state = ConnectionState.AUTHENTICATING
                 self.transport.pauseProducing()
-                creds = Credentials("", step.username, step.password, "amqp", self.peer)
-                self.username = step.username
-                d = self.broker.authenticate(creds)
+                if step.mechanism == "EXTERNAL":
+                    d = self._external(step.username)
+                else:
+                    creds = Credentials("", step.username, step.password, "amqp",
+                                        self.peer)
+                    self.username = step.username
+                    d = self.broker.authenticate(creds)
                 d.addCallback(self._authenticated)
                 d.addErrback(self._authentication_failed)
             elif isinstance(step, Refuse):
@@ -327,6 +366,19 @@ class AMQPConnection(Protocol):
                 self._drop()
             elif isinstance(step, StartAmqp):
                 self._start_engine(step.data)
+
+    def _external(self, authzid: str | None) -> Deferred[bool]:
+        """SASL EXTERNAL: the certificate is the credential (the CA decides who gets
+        in, as for MQTT); an authorization identity, if given, must be its user."""
+        user = self.cert_user
+        if user is None or (authzid is not None and authzid != user):
+            self.log.warn("AMQP client from {peer}: EXTERNAL as {a!r} refused, its "
+                          "certificate names {u!r}", peer=self.peer, a=authzid, u=user)
+            return succeed(False)
+        self.username = user
+        self.log.info("AMQP client from {peer} is user {u!r} by its TLS client certificate "
+                      "(SASL EXTERNAL)", peer=self.peer, u=user)
+        return succeed(True)
 
     def _authenticated(self, ok: bool) -> None:
         if self.state is not ConnectionState.AUTHENTICATING:
@@ -361,6 +413,8 @@ class AMQPConnection(Protocol):
         ptrans = self.ptrans
         broker = self.broker
         broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
+        self.last_activity = self.clock.seconds()
         # Everything one socket read causes goes to the store as one batch (one
         # hand-off to the writer thread), as for MQTT.
         broker.begin_batch()
@@ -469,6 +523,7 @@ class AMQPConnection(Protocol):
 
     def _write(self, data: bytes) -> None:
         self.transport.write(data)
+        self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
     def _drop(self) -> None:
@@ -589,6 +644,11 @@ class AMQPConnection(Protocol):
             self._lost_reason = "protocol error (container id not UTF-8)"
             self._close_engine("amqp:decode-error", "the container id is not valid UTF-8")
             return
+        banned = self.broker.banned("AMQP", self.container_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._lost_reason = "refused: " + banned
+            self._close_engine("amqp:unauthorized-access", banned)
+            return
         self.identity = Identity(self.container_id, self.username, "amqp")
         pconn.container = CONTAINER_ID
         pconn.offered_capabilities = SymbolList([amqp_symbol("ANONYMOUS-RELAY")])
@@ -678,6 +738,20 @@ class AMQPConnection(Protocol):
             lib.pn_link_advance(link)
         lib.pn_delivery_settle(dlv)
 
+    def hold(self, delta: int) -> None:
+        self.held_bytes += delta
+        limit = self.limits.amqp_max_held_bytes
+        if delta > 0 and self.held_bytes > limit and self.state is not ConnectionState.CLOSED:
+            self.broker.stats.limit_hit("amqp_held_bytes")
+            self.log.warn("AMQP connection of {c} ({peer}) has more than {n} bytes of "
+                          "unfinished messages (--amqp-max-held-bytes); closing it",
+                          c=self.container_id or "?", peer=self.peer, n=limit)
+            self._lost_reason = "too many bytes held"
+            self._end_links(brute=True, reason="too many bytes held")
+            self._close_engine("amqp:resource-limit-exceeded",
+                               f"more than {limit} bytes of unfinished messages on one "
+                               "connection")
+
     def _on_transport_error(self, event: Any) -> None:
         condition = self.ptrans.condition
         if condition is not None:
@@ -733,13 +807,12 @@ class AMQPFactory(Factory):
         self.will_links: dict[str, BrokerLink] = {}
         self.serials = itertools.count(1)
         self.noisy = False
+        self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
 
     def anonymous_allowed(self, peer: str | None = None) -> bool:
         """ANONYMOUS is offered only while the broker accepts anonymous clients (from
-        ``peer``, if given: without users, only loopback peers unless
-        ``--allow-anonymous``)."""
-        if self.users_file is not None:
-            return False
+        ``peer``, if given: without client users, only loopback peers unless
+        ``--allow-anonymous``); the authenticator decides."""
         authenticator = self.broker.authenticator
         if not getattr(authenticator, "allows_anonymous", True):
             return False

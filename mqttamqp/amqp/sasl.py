@@ -1,8 +1,9 @@
 """The SASL layer in front of the AMQP engine, sans-IO: bytes in, steps out.
 
 What it owns: the protocol header exchange (SASL ``AMQP 3.1.0.0`` or plain
-``AMQP 0.1.0.0``), the sasl-mechanisms frame, parsing sasl-init (ANONYMOUS and
-PLAIN) and encoding sasl-outcome, with a bound on frame size.  SASL frames are
+``AMQP 0.1.0.0``), the sasl-mechanisms frame, parsing sasl-init (ANONYMOUS,
+PLAIN and EXTERNAL: the TLS client certificate, whose user the listener knows) and
+encoding sasl-outcome, with a bound on frame size.  SASL frames are
 parsed and built with proton's ``Data`` codec; proton's own SASL (which needs
 Cyrus for PLAIN) is not used, so the engine behind this layer sees a plain AMQP
 connection.
@@ -60,7 +61,7 @@ class Authenticate:
     """Check these credentials, then call ``SaslServer.outcome``."""
 
     mechanism: str
-    username: str | None            # None for ANONYMOUS
+    username: str | None            # None for ANONYMOUS; EXTERNAL: the authzid, if any
     password: bytes | None
 
 
@@ -229,6 +230,13 @@ class SaslServer:
         self.state = SaslState.AUTHENTICATING
         if mechanism == "ANONYMOUS":
             return Authenticate(mechanism, None, None)
+        if mechanism == "EXTERNAL":
+            # The initial response is an optional authorization identity.
+            try:
+                authzid = (response or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                raise SaslError("EXTERNAL authorization identity is not UTF-8") from None
+            return Authenticate(mechanism, authzid or None, None)
         username, password = parse_plain(response or b"")
         self.username = username
         return Authenticate(mechanism, username, password)

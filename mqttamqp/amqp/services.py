@@ -57,7 +57,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.message import WillMessage
-from mqttamqp.core.topics import validate_topic_name
+from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 
 __all__ = ["WillServiceLink", "SubscriptionServiceLink", "PubrelLink", "SessionRequests"]
 
@@ -91,8 +91,10 @@ class WillServiceLink(_ServiceLink):
         broker = self.broker
         if subject == "will":
             topic = message.to
+            limits = self.host.limits
             problem = "AMQP_WILL needs 'to' = the will topic" if not topic else (
-                validate_topic_name(topic))
+                validate_topic_name(topic) or topic_size_problem(
+                    topic, limits.max_topic_levels, limits.max_topic_length))
             if problem is not None:
                 self.reject(dlv, DECODE_ERROR, f"bad will topic {topic!r}: {problem}")
                 return

@@ -39,6 +39,7 @@ from mqttamqp.core.auth import (
     Identity,
     peer_host,
 )
+from mqttamqp.core.bans import Ban, BanList
 from mqttamqp.core.clientdebug import ClientDebug
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
@@ -64,7 +65,8 @@ from mqttamqp.core.router import SUBSCRIBE_FAILURE, Published, Router
 from mqttamqp.core.session import ClientLink, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
-from mqttamqp.core.topics import SubscriptionTrie
+from mqttamqp.core.topics import SubscriptionTrie, is_sys_topic
+from mqttamqp.core.topicstats import TopicStats
 from mqttamqp.core.wills import Wills
 
 __all__ = ["Broker", "Opened", "Outcome", "Published", "SUBSCRIBE_FAILURE"]
@@ -110,8 +112,10 @@ class Broker:
         self.begin_batch: Callable[[], None] = self._commits.begin
         self.end_batch: Callable[[], None] = self._commits.end
         self.after_batch: Callable[[Callable[[], None]], bool] = self._commits.after_batch
+        self.bans = BanList(clock.seconds)
+        self.topic_stats = TopicStats()       # per-topic counts for the console
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
-                              self.recorder)
+                              self.recorder, self.bans, self.topic_stats)
         self._loops: list[LoopingCall] = []
         self.client_debug = ClientDebug(clock.seconds)
 
@@ -162,6 +166,7 @@ class Broker:
         self._router.restore_retained(snap.retained.values())
         self._registry.restore(snap.sessions)
         self._wills.restore(snap.wills.values())
+        self.bans.restore(snap.bans)
         self.log.info("loaded {r} retained message(s), {s} persistent session(s)",
                       r=len(snap.retained), s=len(snap.sessions))
         self._start_loop(self._sys.publish, self.limits.sys_interval)
@@ -224,6 +229,37 @@ class Broker:
                           "refused since the last line)", kind=kind, peer=peer, what=what,
                           n=suppressed)
         return False
+
+    def banned(self, kind: str, client_id: str | None, user: str | None, peer: str
+               ) -> str | None:
+        """Why a connection (MQTT CONNECT, AMQP open) is banned, or None.  A refusal
+        is counted and logged (one line per cause a minute); the caller closes it
+        without logging it again."""
+        ban = self.bans.check(client_id, user, peer_host(peer))
+        if ban is None:
+            return None
+        self.stats.connections_refused += 1
+        self.stats.limit_hit("banned")
+        suppressed = self._log_limit.allow("banned")
+        if suppressed is not None:
+            self.log.warn("refusing {kind} connection from {peer} (client id {c!r}): {why} "
+                          "({n} more refused since the last line)", kind=kind, peer=peer,
+                          c=client_id, why=ban.describe(), n=suppressed)
+        return ban.describe()
+
+    def ban(self, kind: str, value: str, until: float | None, reason: str, by: str
+            ) -> tuple[Ban, Deferred[None]]:
+        """Ban ``value`` (a ``kind`` of ``core.bans``); fires once durable.  Raises
+        ``BanError`` for a ban that cannot be set.  Connections already open stay."""
+        ban, op = self.bans.add(kind, value, until, reason, by)
+        return ban, self._durable([self._commits.persist([op, *self.bans.purge()])])
+
+    def unban(self, kind: str, value: str) -> Deferred[None] | None:
+        """Lift a ban; None if there was none.  Fires once durable."""
+        op = self.bans.remove(kind, value)
+        if op is None:
+            return None
+        return self._durable([self._commits.persist([op])])
 
     def publish_rate(self) -> PublishRate | None:
         """A new client's publish budget, or None when no rate is limited."""
@@ -369,7 +405,29 @@ class Broker:
     def may_use_session(self, identity: Identity, client_id: str) -> bool:
         """May ``identity`` act on the session of ``client_id`` from AMQP (a
         ``.publish`` receiver, the subscription service)?"""
-        return self.authorizer.may_use_session(identity, client_id)
+        return (self.authorizer.may_use_session(identity, client_id)
+                and self.may_claim(identity, client_id))
+
+    def may_claim(self, identity: Identity, client_id: str) -> bool:
+        """May ``identity`` take over (or act on) the session of ``client_id``?  Not
+        when another user owns it and user names are verified (client users exist):
+        a session, its subscriptions and its queue belong to the user that made it."""
+        session = self._registry.sessions.get(client_id)
+        owner = session.owner if session is not None else None
+        if owner is None or owner == identity.username:
+            return True
+        verifies = getattr(self.authenticator, "has_clients", None)  # StoreAuthenticator
+        if verifies is None or not verifies():
+            return True
+        self.log.warn("{u} may not take over the session of {c!r}: it belongs to user {o!r}",
+                      u=repr(identity.username) if identity.username else "an anonymous "
+                      "client", c=client_id, o=owner)
+        return False
+
+    def may_write(self, identity: Identity, topic: str) -> bool:
+        """May ``identity`` publish to ``topic`` at all (an AMQP sender's attach)?
+        Not counted: no message was refused."""
+        return not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, False)
 
     def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
         """The publish permission (counted and logged when refused)."""
@@ -383,12 +441,15 @@ class Broker:
         failure is logged here and ``durable`` is None.
         """
         result = self._router.publish(message, identity, (), counted)
+        if counted and not result.denied:
+            self.topic_stats.note(message.topic)
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
         return Published(None, result.congested, result.denied)
 
     def _publish_with(self, message: Message, extra_ops: Sequence[Op]) -> Published:
+        self.topic_stats.note(message.topic)        # wills
         return self._router.publish(message, None, extra_ops)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
@@ -402,6 +463,8 @@ class Broker:
             return Published(self._commits.barrier())
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True)
+        if not result.denied:
+            self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
         return result

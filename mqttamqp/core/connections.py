@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["LinkInfo", "ConnectionInfo", "InspectableConnection"]
+__all__ = ["LinkInfo", "AmqpSessionInfo", "AmqpDetails", "ConnectionInfo",
+           "InspectableConnection"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,29 @@ class LinkInfo:
     credit: int
     unsettled: int
     delivered: int
+    session: int = 0           # which AMQP session (``AmqpSessionInfo.number``) it is on
+
+
+@dataclass(frozen=True)
+class AmqpSessionInfo:
+    number: int                # 1, 2, ... in the order the peer began them
+    links: int
+    outgoing_window: int
+    incoming_bytes: int        # buffered, not yet processed
+    outgoing_bytes: int        # buffered, not yet written
+
+
+@dataclass(frozen=True)
+class AmqpDetails:
+    """What an AMQP connection negotiated (None for MQTT)."""
+
+    container_id: str
+    sasl_mechanism: str        # "" when the client skipped SASL
+    max_frame_size: int        # ours
+    remote_max_frame_size: int
+    idle_timeout: float        # ours, seconds
+    remote_idle_timeout: float
+    sessions: tuple[AmqpSessionInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,15 @@ class ConnectionInfo:
     session_id: str | None  # the session it is attached to, if any
     will_owners: tuple[str, ...] = ()   # keys into Broker.wills this connection owns
     links: tuple[LinkInfo, ...] = field(default=())
+    amqp: AmqpDetails | None = None
+    # Traffic of this connection (a couple of integer increments per message on the
+    # hot path; rates are the console's job): messages and bytes from the client (in)
+    # and to it (out), and when it last sent anything (0: never).
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    last_activity: float = 0.0
 
 
 class InspectableConnection(Protocol):

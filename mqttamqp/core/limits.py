@@ -32,6 +32,9 @@ class Limits:
     # (about 5 KB each in proton); beyond either the connection is closed.
     amqp_max_sessions: int = 32
     amqp_max_links: int = 1_000
+    # Bytes of unfinished (multi-frame) incoming messages one AMQP connection may
+    # have the broker hold; beyond, the connection is closed.
+    amqp_max_held_bytes: int = 32 << 20
     max_subscriptions: int = 10_000           # filters per session (MQTT or AMQP)
     max_retained_messages: int = 100_000      # retained messages in all ($SYS not counted)
     max_retained_bytes: int = 128 << 20       # their payload bytes in all
@@ -43,3 +46,6 @@ class Limits:
     # bytes a second it may publish; beyond, it is not read for a while. 0 = off.
     max_publish_rate: float = 0.0
     max_publish_byte_rate: float = 0.0
+    # How a shared subscription's group picks the member for a message
+    # (core.shared.STRATEGIES).
+    share_strategy: str = "round-robin"

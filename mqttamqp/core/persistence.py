@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the contract names Twisted's Deferred; nothing here runs Tw
 __all__ = [
     "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
     "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
-    "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "Op",
+    "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "PutBan",
+    "DeleteBan", "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
 ]
 
@@ -74,10 +75,12 @@ class DeleteWill:
 
 @record
 class PutSession:
-    """Create the persistent session if missing and record when it was last seen."""
+    """Create the persistent session if missing and record when it was last seen
+    (and, when given, the user that owns it)."""
 
     client_id: str
     last_seen: float
+    owner: str | None = None
 
 
 @record
@@ -125,10 +128,28 @@ class DeleteInboundQos2:
     packet_id: int
 
 
+@record
+class PutBan:
+    """A ban (``mqttamqp.core.bans``): who may not connect, until when, and why."""
+
+    kind: str                      # "client_id", "user" or "address"
+    value: str
+    until: float | None            # None: for good
+    reason: str
+    created: float
+    by: str                        # the console user who set it
+
+
+@record
+class DeleteBan:
+    kind: str
+    value: str
+
+
 Op = (
     PutRetained | DeleteRetained | ClearRetained | PutWill | DeleteWill | PutSession
     | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
-    | PutInboundQos2 | DeleteInboundQos2
+    | PutInboundQos2 | DeleteInboundQos2 | PutBan | DeleteBan
 )
 
 
@@ -139,6 +160,7 @@ class SessionRecord:
     subscriptions: dict[str, int] = field(default_factory=dict)
     queue: list[tuple[int, StoredQueued]] = field(default_factory=list)  # ascending seq
     inbound_qos2: set[int] = field(default_factory=set)
+    owner: str | None = None
 
 
 @dataclass
@@ -146,6 +168,7 @@ class Snapshot:
     retained: dict[str, Message] = field(default_factory=dict)
     wills: dict[str, WillMessage] = field(default_factory=dict)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
+    bans: list[PutBan] = field(default_factory=list)
 
 
 class StateStore(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mqttamqp.core.bans import Ban, BanList
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
@@ -23,9 +24,11 @@ from mqttamqp.core.registry import SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.topicstats import TopicStats
 
 __all__ = [
     "ReadModel", "ClientView", "SessionView", "EntryView", "WillView", "Counters",
+    "SubscriptionView", "TopicCounts",
     "will_owners", "will_owner_connected",
 ]
 
@@ -85,6 +88,25 @@ class SessionView:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscriptionView:
+    """One subscription: an MQTT session's filter, or an AMQP receiver's address."""
+
+    client_id: str                  # the session's client id, or the AMQP link's key
+    topic_filter: str
+    qos: int
+    kind: str                       # "persistent", "clean" or "amqp receiver"
+    online: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCounts:
+    counts: Mapping[str, int]       # topic -> messages routed (tracked topics only)
+    tracked: int
+    max_tracked: int
+    untracked: int                  # messages on topics beyond the cap
+
+
+@dataclass(frozen=True, slots=True)
 class WillView:
     will: WillMessage
     owner_connected: bool
@@ -141,7 +163,10 @@ class ReadModel:
     """Views of the broker's state; every call builds fresh frozen values."""
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
-                 router: Router, stats: BrokerStats, recorder: Recorder) -> None:
+                 router: Router, stats: BrokerStats, recorder: Recorder,
+                 bans: BanList | None = None, topic_stats: TopicStats | None = None) -> None:
+        self._bans = bans
+        self._topic_stats = topic_stats
         self._recorder = recorder
         self._registry = registry
         self._wills = wills
@@ -228,6 +253,39 @@ class ReadModel:
 
     def retained_matching(self, topic_filter: str) -> list[Message]:
         return self._router.retained.match(topic_filter)
+
+    # -- topics and subscriptions ------------------------------------------------
+
+    def topic_counts(self) -> TopicCounts:
+        stats = self._topic_stats
+        if stats is None:
+            return TopicCounts({}, 0, 0, 0)
+        return TopicCounts(stats.counts(), len(stats), stats.max_topics, stats.untracked)
+
+    def subscriber_count(self, topic: str) -> int:
+        """How many sessions (MQTT sessions, AMQP receivers) a message on ``topic``
+        would reach now."""
+        return len(self._router.trie.match(topic))
+
+    def subscriptions(self) -> list[SubscriptionView]:
+        """Every subscription of every session, MQTT and AMQP."""
+        out: list[SubscriptionView] = []
+        for session in list(self._registry.sessions.values()):
+            kind = "persistent" if session.persistent else "clean"
+            online = session.connection is not None
+            out.extend(SubscriptionView(session.client_id, f, q, kind, online)
+                       for f, q in session.subscriptions.items())
+        for key, session in list(self._registry.link_subscribers.items()):
+            kind = "console tail" if session.protocol == "console" else "amqp receiver"
+            out.extend(SubscriptionView(key, f, q, kind, session.link is not None)
+                       for f, q in session.subscriptions.items())
+        return out
+
+    # -- bans -----------------------------------------------------------------
+
+    def bans(self) -> list[Ban]:
+        """The bans in force (``Ban`` is frozen), by kind and value."""
+        return self._bans.active() if self._bans is not None else []
 
     # -- counters -------------------------------------------------------------
 

@@ -97,6 +97,7 @@ class SessionRegistry:
             # Its client may have been connected until the broker stopped: the expiry
             # clock restarts with the broker rather than expiring it at once.
             session.last_seen = max(rec.last_seen, now)
+            session.owner = rec.owner
             session.restore(rec.queue, rec.inbound_qos2)
             self.router.restore_subscriptions(session, rec.subscriptions)
             self.sessions[rec.client_id] = session
@@ -212,19 +213,24 @@ class SessionRegistry:
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
         present = False
+        user = identity.username if identity is not None else None
         if clean:
             if existing is not None:
                 ops.extend(self.discard(existing, "clean_session"))
             session = Session(client_id, False, self.limits, now)
+            session.owner = user
             self.sessions[client_id] = session
         elif existing is not None and existing.persistent:
             session = existing
             present = True
-            ops.append(PutSession(client_id, now))
+            if session.owner is None:
+                session.owner = user     # an anonymous session is claimed by its user
+            ops.append(PutSession(client_id, now, session.owner))
         else:
             session = Session(client_id, True, self.limits, now)
+            session.owner = user
             self.sessions[client_id] = session
-            ops.append(PutSession(client_id, now))
+            ops.append(PutSession(client_id, now, user))
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
                                 queued=len(session.queue) + len(session.inflight))
@@ -276,6 +282,7 @@ class SessionRegistry:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
             fired = self.wills.fire(client_id, reason, "mqtt", cause)
+        ops.extend(self.router.member_left(session))
         session.detach()
         if session.persistent:
             session.last_seen = self.clock.seconds()
@@ -313,6 +320,7 @@ class SessionRegistry:
         session = self.link_subscribers.pop(key, None)
         if session is None:
             return
+        self.router.member_left(session)   # (a link's session is never persistent)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
         self.congested_retired += session.dropped_congested

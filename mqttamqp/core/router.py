@@ -34,11 +34,13 @@ from mqttamqp.core.persistence import (
     Op,
     PutRetained,
     PutSubscription,
+    QueuedState,
 )
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import OutEntry, Session
+from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import (
     SYS_PREFIX,
@@ -137,6 +139,10 @@ class Router:
         self.recorder = recorder
         self._recording = records(recorder)
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        # Shared subscriptions: the groups by "$share/<name>/<filter>", and a trie of
+        # the groups by their filter (asked only while there is a group).
+        self.shared: dict[str, SharedGroup[Session]] = {}
+        self.shared_trie: SubscriptionTrie[SharedGroup[Session]] = SubscriptionTrie()
         self.retained = RetainedStore()
         # Sessions of AMQP topic receivers: the only ones that take messages whose
         # body has no MQTT form (``Message.amqp_only``).
@@ -150,7 +156,10 @@ class Router:
         if not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, retain):
             return True
         self.stats.publish_denied += 1
-        self.log.warn("publish by {c} to {t!r} denied", c=identity.client_id, t=topic)
+        suppressed = self._log_limit.allow("publish_denied")
+        if suppressed is not None:   # one line a minute, not one per message
+            self.log.warn("publish by {c} to {t!r} denied ({h} more denials since the last "
+                          "line)", c=identity.client_id, t=topic, h=suppressed)
         return False
 
     def publish(self, message: Message, identity: Identity | None = None,
@@ -213,6 +222,9 @@ class Router:
         if message.amqp_only:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
+        share_of: dict[Session, SharedGroup[Session]] | None = None
+        if self.shared:
+            matches, share_of = self._add_shared(message, matches)
         gate = Gate(message) if hold else None
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
@@ -233,6 +245,8 @@ class Router:
                     dropped += 1
             else:
                 entry = session.deliver(message, qos, False)
+            if entry is not None and share_of is not None:
+                entry.share = share_of.get(session)
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -274,11 +288,40 @@ class Router:
                 d = committed_or_acknowledged(d, qos1_entries, commits.log_failure)
         return Published(d, congested if congested is not None else _NO_SESSIONS)
 
+    def _add_shared(self, message: Message, matches: dict[Session, int]
+                    ) -> tuple[dict[Session, int], dict[Session, SharedGroup[Session]] | None]:
+        """``matches`` plus one member of each shared group whose filter matches
+        (a member that is also a plain subscriber gets one copy, at the higher QoS)."""
+        groups = self.shared_trie.match(message.topic)
+        if not groups:
+            return matches, None
+        matches = dict(matches)
+        share_of: dict[Session, SharedGroup[Session]] = {}
+        native = self.native
+        for group in groups:
+            pick = group.pick(message.publisher)
+            if pick is None:
+                continue
+            session, qos = pick
+            if message.amqp_only and session not in native:
+                continue
+            had = matches.get(session)
+            if had is None:
+                matches[session] = qos
+                share_of[session] = group
+            elif qos > had:
+                matches[session] = qos
+        return matches, share_of
+
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         """A valid filter ``identity`` may subscribe to."""
-        return (validate_topic_filter(topic_filter) is None
-                and not topic_filter.startswith(DYNAMIC_PREFIX)
-                and self.authorizer.may_subscribe(identity, topic_filter))
+        shared = parse_share(topic_filter)
+        if isinstance(shared, str):
+            return False
+        inner = topic_filter if shared is None else shared[1]
+        return (validate_topic_filter(inner) is None
+                and not inner.startswith(DYNAMIC_PREFIX)
+                and self.authorizer.may_subscribe(identity, inner))
 
     def congested_for(self, topic: str) -> bool:
         """True if an online subscriber of ``topic`` is past its high-water mark."""
@@ -299,7 +342,11 @@ class Router:
         codes: list[int] = []
         ops: list[Op] = []
         for topic_filter, qos in requests:
-            problem = validate_topic_filter(topic_filter)
+            shared = parse_share(topic_filter)
+            if isinstance(shared, str):
+                problem: str | None = shared
+            else:
+                problem = validate_topic_filter(topic_filter if shared is None else shared[1])
             if problem is not None:
                 self.log.warn("{c} subscribed to an invalid filter {f!r}: {p}",
                               c=session.client_id, f=topic_filter, p=problem)
@@ -311,7 +358,8 @@ class Router:
                               f=topic_filter)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
-            if not self.authorizer.may_subscribe(identity, topic_filter):
+            if not self.authorizer.may_subscribe(
+                    identity, topic_filter if shared is None else shared[1]):
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             if (topic_filter not in session.subscriptions
@@ -327,7 +375,7 @@ class Router:
                 continue
             granted = min(qos, 2)
             session.subscriptions[topic_filter] = granted
-            self.trie.add(topic_filter, session, granted)
+            self._route(topic_filter, session, granted)
             if session.persistent:
                 ops.append(PutSubscription(session.client_id, topic_filter, granted))
             codes.append(granted)
@@ -340,8 +388,8 @@ class Router:
         ops: list[Op] = []
         last_seq = 0
         for topic_filter, granted in grants:
-            if granted == SUBSCRIBE_FAILURE:
-                continue
+            if granted == SUBSCRIBE_FAILURE or topic_filter.startswith(SHARE_PREFIX):
+                continue   # (never retained messages on a shared subscription)
             for message in self.retained.match(topic_filter):
                 if message.amqp_only and session not in self.native:
                     continue
@@ -359,7 +407,7 @@ class Router:
         ops: list[Op] = []
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is not None:
-                self.trie.remove(topic_filter, session)
+                self._unroute(topic_filter, session)
                 self.recorder.event(self.clock.seconds(), UNSUBSCRIBE, session.client_id,
                                     topic=topic_filter)
                 if session.persistent:
@@ -370,14 +418,63 @@ class Router:
         """At start-up: the stored subscriptions of ``session``, back in the trie."""
         for topic_filter, qos in subscriptions.items():
             session.subscriptions[topic_filter] = qos
-            self.trie.add(topic_filter, session, qos)
+            self._route(topic_filter, session, qos)
 
     def forget_session(self, session: Session) -> None:
         """``session`` is going away: its routes leave the trie."""
         self.native.discard(session)
         for topic_filter in session.subscriptions:
-            self.trie.remove(topic_filter, session)
+            self._unroute(topic_filter, session)
         session.subscriptions.clear()
+
+    # -- routes: the trie, or a shared group ------------------------------------
+
+    def _route(self, topic_filter: str, session: Session, qos: int) -> None:
+        shared = parse_share(topic_filter)
+        if not isinstance(shared, tuple):
+            self.trie.add(topic_filter, session, qos)
+            return
+        group = self.shared.get(topic_filter)
+        if group is None:
+            group = SharedGroup[Session](shared[0], shared[1], self.limits.share_strategy)
+            self.shared[topic_filter] = group
+            self.shared_trie.add(shared[1], group, 2)
+        group.join(session, qos)
+
+    def _unroute(self, topic_filter: str, session: Session) -> None:
+        group = self.shared.get(topic_filter)
+        if group is None:
+            self.trie.remove(topic_filter, session)
+            return
+        group.leave(session)
+        if not group.members:
+            del self.shared[topic_filter]
+            self.shared_trie.remove(group.filter, group)
+
+    def member_left(self, session: Session) -> list[Op]:
+        """``session`` goes offline (or away): its shared QoS 1 messages, and its
+        shared QoS 2 messages not yet sent, move to another online member of their
+        group.  Returns the durable ops (removed here, stored there)."""
+        if not self.shared:
+            return []
+        moving = [e for e in session.entries()
+                  if e.share is not None and not e.held and not e.gated
+                  and (e.qos == 1 or e.state == QueuedState.QUEUED)]
+        ops: list[Op] = []
+        for entry in moving:
+            group = entry.share
+            assert group is not None
+            pick = group.pick(entry.message.publisher, exclude=session)
+            if pick is None or pick[0].link is None:
+                continue   # nobody else online: it stays with its member
+            target, granted = pick
+            ops.extend(session.take_back(entry))
+            new = target.deliver(entry.message, min(entry.qos, granted), False)
+            if new is not None:
+                new.share = group
+                if target.persistent:
+                    ops.append(new.put_op(target.client_id))
+        return ops
 
     # -- retained -------------------------------------------------------------
 

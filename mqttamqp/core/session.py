@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -33,6 +33,9 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
+
+if TYPE_CHECKING:
+    from mqttamqp.core.shared import SharedGroup
 
 __all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError"]
 
@@ -93,7 +96,7 @@ class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
     __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
-                 "qos", "retain", "seq", "state")
+                 "qos", "retain", "seq", "share", "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -112,6 +115,9 @@ class OutEntry:
         self.failures = 0
         # Called once when the client has acknowledged it (see Broker.publish).
         self.on_done: Callable[[], None] | None = None
+        # The shared subscription group it came through (it may move to another
+        # member when this one goes away: ``Router.member_left``).
+        self.share: SharedGroup[Session] | None = None
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -134,6 +140,9 @@ class Session:
         self._state = SessionState.OFFLINE
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
+        # The user that created it (None: anonymous); with verified users, only that
+        # user may take it over or act on it (``Broker.may_claim``).
+        self.owner: str | None = None
         # Where deliveries go: the holder while ONLINE, else None.  Set only by
         # ``_enter`` (a plain attribute: it is read for every delivery).
         self.link: ClientLink | None = None
@@ -306,6 +315,22 @@ class Session:
         """``entry``'s gate opened: it (and what waits behind it) may go."""
         entry.gated = False
         self.pump()
+
+    def take_back(self, entry: OutEntry) -> list[Op]:
+        """Remove ``entry`` (queued or in flight) to give it to another member of its
+        shared group; returns the op that forgets it here."""
+        if self.inflight.get(entry.packet_id) is entry:
+            del self.inflight[entry.packet_id]
+        else:
+            try:
+                self.queue.remove(entry)
+            except ValueError:
+                return _NO_OPS
+            self.queued_bytes -= len(entry.message.payload)
+        self._pids.discard(entry.packet_id)
+        if self.persistent:
+            return [DeleteQueued(self.client_id, entry.seq)]
+        return _NO_OPS
 
     def withdraw(self, entry: OutEntry) -> None:
         """Take back a queued ``entry`` that must never be sent (its publish failed to

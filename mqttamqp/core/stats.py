@@ -136,6 +136,7 @@ class BrokerStats:
             (p + "messages/sent", str(self.messages_sent)),
             (p + "messages/dropped", str(dropped)),
             (p + "messages/amqp-only", str(self.messages_amqp_only)),
+            (p + "publish/denied", str(self.publish_denied)),
             (p + "bytes/received", str(self.bytes_received)),
             (p + "bytes/sent", str(self.bytes_sent)),
             (p + "subscriptions/count", str(subscriptions)),

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 __all__ = [
     "validate_topic_name", "validate_topic_filter", "topic_matches", "SubscriptionTrie",
-    "SYS_PREFIX", "is_sys_topic",
+    "SYS_PREFIX", "is_sys_topic", "topic_size_problem",
 ]
 
 K = TypeVar("K", bound=Hashable)
@@ -41,6 +41,23 @@ def validate_topic_name(topic: str) -> str | None:
         return "topic name is not valid UTF-8 (lone surrogate)"
     if size > MAX_TOPIC_BYTES:
         return "topic name is longer than 65535 bytes"
+    return None
+
+
+def topic_size_problem(topic: str, max_levels: int, max_length: int,
+                       what: str = "topic") -> str | None:
+    """Why ``topic`` (a name or filter) breaks ``--max-topic-levels`` /
+    ``--max-topic-length``, or None.  Cheap guards first: a topic of n characters
+    has at most n + 1 levels and at most 4n UTF-8 bytes."""
+    n = len(topic)
+    if n >= max_levels:
+        levels = topic.count("/") + 1
+        if levels > max_levels:
+            return f"{what} has {levels} levels, more than --max-topic-levels {max_levels}"
+    if n * 4 > max_length:
+        size = len(topic.encode("utf-8", "surrogatepass"))
+        if size > max_length:
+            return f"{what} is {size} bytes, longer than --max-topic-length {max_length}"
     return None
 
 

@@ -30,7 +30,7 @@ from enum import Enum
 from typing import Any
 
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.topics import validate_topic_filter
+from mqttamqp.core.topics import topic_size_problem, validate_topic_filter
 from mqttamqp.mqtt.packets import Connack, Connect, Pingresp, Suback, Unsuback
 
 __all__ = [
@@ -218,22 +218,13 @@ class StringRules:
 
     def topic(self, topic: str, what: str) -> str | None:
         """A topic name (PUBLISH, will): control characters, levels, length."""
-        # Cheap guards first: a topic of n characters has at most n + 1 levels and
-        # at most 4n UTF-8 bytes.
-        n = len(topic)
         if self._control and not topic.isprintable():
             m = _CONTROL.search(topic)
             if m is not None:
                 return f"{what} contains control character U+{ord(m.group()):04X}"
-        if n >= self._levels:
-            levels = topic.count("/") + 1
-            if levels > self._levels:
-                return f"{what} has {levels} levels, more than --max-topic-levels {self._levels}"
-        if n * 4 > self._length:
-            size = len(topic.encode("utf-8", "surrogatepass"))
-            if size > self._length:
-                return (f"{what} is {size} bytes, longer than --max-topic-length "
-                        f"{self._length}")
+        n = len(topic)   # (the guards, inline: this runs for every PUBLISH)
+        if n >= self._levels or n * 4 > self._length:
+            return topic_size_problem(topic, self._levels, self._length, what)
         return None
 
     def filter(self, topic_filter: str, what: str) -> str | None:

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
-from mqttamqp.core.broker import Broker
+from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
 from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
@@ -127,6 +127,8 @@ class MQTTProtocol(Protocol):
         "_rate_timer",
         "_reading_paused_for",
         "broker",
+        "bytes_in",
+        "bytes_out",
         "clean_session",
         "client_id",
         "clock",
@@ -136,6 +138,8 @@ class MQTTProtocol(Protocol):
         "identity",
         "keepalive",
         "limits",
+        "messages_in",
+        "messages_out",
         "peer",
         "rules",
         "session",
@@ -165,6 +169,7 @@ class MQTTProtocol(Protocol):
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
         self._last_activity = 0.0
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self._connect_timer: DelayedCall | None = None
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: DelayedCall | None = None
@@ -201,6 +206,7 @@ class MQTTProtocol(Protocol):
             return
         self._last_activity = self.clock.seconds()
         self.broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
         self.decoder.feed(data)
         broker = self.broker
         broker.begin_batch()
@@ -273,6 +279,8 @@ class MQTTProtocol(Protocol):
             frame = encode_publish(message.topic.encode("utf-8"), message.payload, qos,
                                    retain, dup, packet_id)
         self._emit(frame)
+        self.messages_out += 1
+        self.bytes_out += len(frame)
         stats = self.broker.stats
         stats.messages_sent += 1
         stats.bytes_sent += len(frame)
@@ -306,7 +314,10 @@ class MQTTProtocol(Protocol):
             remote=self.peer, user=self.username, connected_since=self.connected_since,
             keepalive=self.keepalive, clean_session=self.clean_session,
             session_id=self.client_id,
-            will_owners=(self.client_id,) if self.client_id in self.broker.wills else ())
+            will_owners=(self.client_id,) if self.client_id in self.broker.wills else (),
+            messages_in=self.messages_in, messages_out=self.messages_out,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self._last_activity)
 
     # -- the one place a protocol error becomes a disconnect ----------------------
 
@@ -365,6 +376,7 @@ class MQTTProtocol(Protocol):
 
     def _write(self, data: bytes) -> None:
         self._emit(data)
+        self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
     def _emit(self, data: bytes) -> None:
@@ -447,6 +459,10 @@ class MQTTProtocol(Protocol):
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
+        banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            self._refuse(ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
         self.rules.advance("connect")
@@ -476,6 +492,10 @@ class MQTTProtocol(Protocol):
             self._refuse(code, "authentication failed")
             return None
         self.identity = Identity(self.client_id, self.username, "mqtt" + self.version)
+        if not self.broker.may_claim(self.identity, self.client_id):
+            self._refuse(ConnackCode.NOT_AUTHORIZED,
+                         "the session of this client id belongs to another user")
+            return None
         will = None
         if packet.will is not None:
             w = packet.will
@@ -518,10 +538,12 @@ class MQTTProtocol(Protocol):
         if self.state is ConnectionState.CONNECTING:
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
 
-    def _refuse(self, code: int, reason: str) -> None:
-        self.broker.stats.connections_refused += 1
-        self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK {code})",
-                      peer=self.peer, c=self.client_id, r=reason, code=int(code))
+    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        if not logged:
+            self.broker.stats.connections_refused += 1
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code})", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code))
         if self.session is not None:
             # A refused CONNECT leaves no will behind and publishes none.
             self.broker.end_session(self, self.session, True, "CONNECT refused")
@@ -695,6 +717,7 @@ class MQTTProtocol(Protocol):
         if problem is not None:
             self._violation(problem)
             return
+        self.messages_in += 1
         message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
         broker = self.broker
@@ -789,6 +812,11 @@ class MQTTProtocol(Protocol):
             return
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
         grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
+        if self.version == "3.1" and SUBSCRIBE_FAILURE in codes:
+            # MQTT 3.1's SUBACK has no failure code: a refused filter is answered with
+            # the QoS asked for and simply has no route (nothing is ever sent for it).
+            codes = [qos if code == SUBSCRIBE_FAILURE else code
+                     for (_, qos), code in zip(packet.topics, codes, strict=True)]
         self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
                   lambda: self.broker.send_retained(session, grants))
 

@@ -20,12 +20,15 @@ Root layout (``SCHEMA_VERSION`` 1)::
     root["retained"]       -> RetainedTree (OOBTree) topic -> message record
     root["wills"]          -> OOBTree   owner     -> will record
     root["sessions"]       -> OOBTree   client_id -> PersistentSession
+    root["bans"]           -> OOBTree   (kind, value) -> ban record (added later in
+                              schema 1: created on open when missing, old files load)
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id)
+    ban record:     (kind, value, until or None, reason, created, by)
 
 This module must not open databases, start threads or talk to the reactor; it only
 defines data and pure conversions.  ``zodbstore`` does the I/O.
@@ -41,10 +44,11 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.persistence import SessionRecord, StoredQueued
+from mqttamqp.core.persistence import PutBan, SessionRecord, StoredQueued
 
 __all__ = [
     "SCHEMA_VERSION",
+    "BanRecord",
     "MessageRecord",
     "PersistentSession",
     "QueueTree",
@@ -52,9 +56,11 @@ __all__ = [
     "RetainedTree",
     "SchemaError",
     "WillRecord",
+    "ban_to_record",
     "init_root",
     "message_to_record",
     "queued_to_record",
+    "record_to_ban",
     "record_to_message",
     "record_to_queued",
     "record_to_will",
@@ -93,11 +99,13 @@ class PersistentSession(Persistent):  # type: ignore[misc]
 
     Attributes (add new ones only with a class-level default, so old pickles load):
     ``client_id`` str, ``last_seen`` float, ``subscriptions`` OOBTree filter -> qos,
-    ``queue`` QueueTree seq -> queued record, ``inbound_qos2`` IITreeSet of packet ids.
+    ``queue`` QueueTree seq -> queued record, ``inbound_qos2`` IITreeSet of packet ids,
+    ``owner`` str or None (the user that created it).
     """
 
     client_id: str
     last_seen: float = 0.0
+    owner: str | None = None      # the user that created it (None: anonymous)
     subscriptions: Any
     queue: Any
     inbound_qos2: Any
@@ -121,7 +129,8 @@ def init_root(root: Any) -> bool:
             f"store schema version {version!r} is newer than supported {SCHEMA_VERSION}"
         )
     changed = False
-    for key, factory in (("retained", RetainedTree), ("wills", OOBTree), ("sessions", OOBTree)):
+    for key, factory in (("retained", RetainedTree), ("wills", OOBTree), ("sessions", OOBTree),
+                         ("bans", OOBTree)):
         if key not in root:
             root[key] = factory()
             changed = True
@@ -181,6 +190,19 @@ def record_to_queued(r: Any) -> StoredQueued:
     return StoredQueued(record_to_message(message), qos, state, packet_id)
 
 
+BanRecord = tuple[str, str, float | None, str, float, str]
+
+
+def ban_to_record(b: PutBan) -> BanRecord:
+    return (str(b.kind), str(b.value), None if b.until is None else float(b.until),
+            str(b.reason), float(b.created), str(b.by))
+
+
+def record_to_ban(r: Any) -> PutBan:
+    kind, value, until, reason, created, by = r
+    return PutBan(kind, value, until, reason, created, by)
+
+
 def session_to_record(s: PersistentSession) -> SessionRecord:
     """Copy a persistent session into plain objects (queue in ascending seq)."""
     return SessionRecord(
@@ -192,4 +214,5 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
             key=lambda item: item[0],
         ),
         inbound_qos2={int(p) for p in s.inbound_qos2},
+        owner=s.owner,
     )

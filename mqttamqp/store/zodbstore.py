@@ -41,6 +41,7 @@ from ZODB.FileStorage import FileStorage
 
 from mqttamqp.core.persistence import (
     ClearRetained,
+    DeleteBan,
     DeleteInboundQos2,
     DeleteQueued,
     DeleteRetained,
@@ -48,6 +49,7 @@ from mqttamqp.core.persistence import (
     DeleteSubscription,
     DeleteWill,
     Op,
+    PutBan,
     PutInboundQos2,
     PutQueued,
     PutRetained,
@@ -58,9 +60,11 @@ from mqttamqp.core.persistence import (
 )
 from mqttamqp.store.models import (
     PersistentSession,
+    ban_to_record,
     init_root,
     message_to_record,
     queued_to_record,
+    record_to_ban,
     record_to_message,
     record_to_will,
     session_to_record,
@@ -100,9 +104,10 @@ class StoreClosedError(RuntimeError):
 class _Trees:
     """The root's BTrees, fetched once per commit attempt."""
 
-    __slots__ = ("deleted", "retained", "sessions", "wills")
+    __slots__ = ("bans", "deleted", "retained", "sessions", "wills")
 
     def __init__(self, root: Any) -> None:
+        self.bans: Any = root["bans"]
         self.retained: Any = root["retained"]
         self.wills: Any = root["wills"]
         self.sessions: Any = root["sessions"]
@@ -146,6 +151,8 @@ def _put_session(t: _Trees, op: PutSession) -> None:
     assert session is not None
     if session.last_seen != op.last_seen:
         session.last_seen = float(op.last_seen)
+    if op.owner is not None and session.owner != op.owner:
+        session.owner = op.owner
 
 
 def _delete_session(t: _Trees, op: DeleteSession) -> None:
@@ -214,7 +221,17 @@ def _delete_inbound_qos2(t: _Trees, op: DeleteInboundQos2) -> None:
         session.inbound_qos2.discard(int(op.packet_id))
 
 
+def _put_ban(t: _Trees, op: PutBan) -> None:
+    t.bans[(op.kind, op.value)] = ban_to_record(op)
+
+
+def _delete_ban(t: _Trees, op: DeleteBan) -> None:
+    t.bans.pop((op.kind, op.value), None)
+
+
 _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
+    PutBan: _put_ban,
+    DeleteBan: _delete_ban,
     PutRetained: _put_retained,
     DeleteRetained: _delete_retained,
     ClearRetained: _clear_retained,
@@ -332,6 +349,7 @@ class ZODBStore:
                     snapshot.wills[owner] = record_to_will(record)
                 for client_id, session in root["sessions"].items():
                     snapshot.sessions[client_id] = session_to_record(session)
+                snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
             finally:
                 tm.abort()
             conn.cacheMinimize()

@@ -1,0 +1,256 @@
+"""Access control lists (``--acl FILE``): who may publish and subscribe where.
+
+The file is Mosquitto's ACL format, the subset that can be enforced exactly::
+
+    # comment
+    topic read $SYS/#                 # before any 'user' line: anonymous clients
+    user alice                        # the lines after it, up to the next 'user': alice
+    topic readwrite sensors/alice/#
+    topic write cmd/#                 # access: read, write or readwrite (the default)
+    pattern readwrite devices/%c/#    # every client; %u = user name, %c = client id
+
+A publish (and a retained message, and a will) needs a ``write`` or
+``readwrite`` rule whose filter matches its topic.  A subscription needs a
+``read`` or ``readwrite`` rule whose filter covers the whole subscription filter
+(``a/#`` covers ``a/+/b``; ``a/+`` does not cover ``a/#``), so that every message
+it can match is readable and nothing is checked per delivery.  Without a rule,
+access is denied.  ``deny`` rules are refused when the file is read: a grant-only
+list cannot be half-enforced.  A pattern whose ``%u``/``%c`` value holds ``+``,
+``#`` or ``/`` does not apply (it would widen the rule), and ``%u`` patterns never
+apply to anonymous clients.
+
+The AMQP control addresses (``$mqtt.to.<client-id>.publish`` / ``.control``, the
+subscription service) may be used only for the connection's own client id (its
+container id) when an ACL file is in force.
+
+The file is re-read when it changes (``AclAuthorizer.reload``; the service polls
+it and SIGHUP asks too).  A file that does not parse is reported with its line
+and the rules loaded before stay in force; at start it is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from twisted.logger import Logger
+
+from mqttamqp.core.auth import Identity
+
+__all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "covers"]
+
+READ = 1
+WRITE = 2
+_ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE}
+_CACHE_MAX = 4096        # identities with compiled grants kept
+_TOPIC_CACHE_MAX = 256   # verdicts per identity and kind kept
+
+
+class AclError(ValueError):
+    """A line of the ACL file that cannot be used (the message names the line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    access: int
+    filter: str
+    pattern: bool = False      # %u / %c are substituted
+
+
+@dataclass
+class AclRules:
+    anonymous: list[Rule] = field(default_factory=list)
+    users: dict[str, list[Rule]] = field(default_factory=dict)
+    patterns: list[Rule] = field(default_factory=list)
+
+    def count(self) -> int:
+        return (len(self.anonymous) + len(self.patterns)
+                + sum(len(r) for r in self.users.values()))
+
+
+def parse_acl(text: str, path: str = "ACL file") -> AclRules:
+    """The rules of ``text``; ``AclError`` naming ``path`` and the line otherwise."""
+    from mqttamqp.core.topics import validate_topic_filter
+
+    rules = AclRules()
+    current: list[Rule] = rules.anonymous
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, rest = line.partition(" ")
+        rest = rest.strip()
+
+        def fail(why: str, number: int = number, line: str = line) -> AclError:
+            return AclError(f"{path} line {number}: {why}: {line!r}")
+
+        if keyword == "user":
+            if not rest:
+                raise fail("'user' needs a user name")
+            current = rules.users.setdefault(rest, [])
+            continue
+        if keyword not in ("topic", "pattern"):
+            raise fail("expected 'topic', 'pattern' or 'user'")
+        access_word, _, filt = rest.partition(" ")
+        if access_word == "deny":
+            raise fail("'deny' is not supported: grant only what is allowed")
+        if access_word in _ACCESS:
+            access, filt = _ACCESS[access_word], filt.strip()
+        else:
+            access, filt = READ | WRITE, rest
+        if not filt:
+            raise fail("a topic filter is missing")
+        problem = validate_topic_filter(filt)
+        if problem is not None:
+            raise fail(f"not a topic filter ({problem})")
+        if keyword == "pattern":
+            rules.patterns.append(Rule(access, filt, True))
+        else:
+            current.append(Rule(access, filt, "%" in filt))
+    return rules
+
+
+def covers(rule: list[str], levels: list[str]) -> bool:
+    """Does filter ``rule`` (split on ``/``) match every topic that ``levels`` (a
+    topic or a filter, split) can?  Wildcards at the first level do not match
+    topics starting with ``$`` (MQTT 4.7.2)."""
+    n = len(levels)
+    for i, r in enumerate(rule):
+        if r == "#":
+            return not (i == 0 and n > 0 and levels[0].startswith("$"))
+        if i >= n:
+            return False
+        f = levels[i]
+        if r == "+":
+            if f == "#" or (i == 0 and f.startswith("$")):
+                return False
+            continue
+        if r != f:
+            return False
+    return len(rule) == n
+
+
+def _substitute(flt: str, identity: Identity) -> str | None:
+    """``flt`` with ``%u``/``%c`` filled in, or None when the rule cannot apply."""
+    if "%u" in flt:
+        user = identity.username
+        if not user or any(c in user for c in "+#/"):
+            return None
+        flt = flt.replace("%u", user)
+    if "%c" in flt:
+        cid = identity.client_id
+        if not cid or any(c in cid for c in "+#/"):
+            return None
+        flt = flt.replace("%c", cid)
+    return flt
+
+
+class _Grants:
+    """One identity's rules, compiled, with a bounded verdict cache per kind."""
+
+    __slots__ = ("read", "verdicts", "write")
+
+    def __init__(self, rules: list[Rule], identity: Identity) -> None:
+        self.read: list[list[str]] = []
+        self.write: list[list[str]] = []
+        for rule in rules:
+            flt = _substitute(rule.filter, identity) if rule.pattern else rule.filter
+            if flt is None:
+                continue
+            levels = flt.split("/")
+            if rule.access & READ:
+                self.read.append(levels)
+            if rule.access & WRITE:
+                self.write.append(levels)
+        self.verdicts: tuple[dict[str, bool], dict[str, bool]] = ({}, {})
+
+    def allows(self, kind: int, topic: str) -> bool:
+        cache = self.verdicts[kind - 1]
+        verdict = cache.get(topic)
+        if verdict is None:
+            levels = topic.split("/")
+            verdict = any(covers(r, levels) for r in (self.read if kind == READ else self.write))
+            if len(cache) >= _TOPIC_CACHE_MAX:
+                cache.clear()
+            cache[topic] = verdict
+        return verdict
+
+
+class AclAuthorizer:
+    """The ``Authorizer`` for ``--acl FILE``."""
+
+    log = Logger(namespace="mqttamqp.acl")
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.rules = AclRules()
+        self._stamp: tuple[int, int] | None = None
+        self._grants: dict[tuple[str | None, str], _Grants] = {}
+        self.loaded_text = ""
+        try:
+            self.reload(strict=True)
+        except OSError as exc:
+            raise AclError(f"cannot read ACL file {self.path}: {exc.strerror}") from None
+
+    # -- loading ------------------------------------------------------------------
+
+    def reload(self, strict: bool = False) -> bool:
+        """Re-read the file if it changed; True if new rules are in force.  A file
+        that does not parse keeps the old rules (``strict``: raises)."""
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return False
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            if strict:
+                raise
+            if self._stamp is not None:
+                self.log.warn("cannot read ACL file {p}: {e}; the rules loaded before stay "
+                              "in force", p=self.path, e=exc.strerror)
+                self._stamp = None
+            return False
+        self._stamp = stamp
+        try:
+            rules = parse_acl(text, self.path)
+        except (AclError, UnicodeDecodeError) as exc:
+            if strict:
+                raise AclError(str(exc)) from None
+            self.log.warn("{e}; the rules loaded before stay in force", e=str(exc))
+            return False
+        self.rules, self.loaded_text = rules, text
+        self._grants = {}
+        self.log.info("ACL {p}: {n} rule(s) for {u} user(s), {a} anonymous, {pt} pattern(s)",
+                      p=self.path, n=rules.count(), u=len(rules.users),
+                      a=len(rules.anonymous), pt=len(rules.patterns))
+        return True
+
+    # -- the Authorizer -------------------------------------------------------------
+
+    def _for(self, identity: Identity) -> _Grants:
+        key = (identity.username, identity.client_id)
+        grants = self._grants.get(key)
+        if grants is None:
+            rules = self.rules
+            own = (rules.users.get(identity.username, []) if identity.username is not None
+                   else rules.anonymous)
+            grants = _Grants([*own, *rules.patterns], identity)
+            if len(self._grants) >= _CACHE_MAX:
+                self._grants.clear()
+            self._grants[key] = grants
+        return grants
+
+    def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+        if not identity.protocol:
+            return True      # the broker's own (console publish is checked by its role)
+        return self._for(identity).allows(WRITE, topic)
+
+    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        if not identity.protocol:
+            return True
+        return self._for(identity).allows(READ, topic_filter)
+
+    def may_use_session(self, identity: Identity, client_id: str) -> bool:
+        return bool(identity.client_id) and identity.client_id == client_id

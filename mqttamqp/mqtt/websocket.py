@@ -1,0 +1,368 @@
+"""MQTT over WebSockets: autobahn's server handshake and framing in front of the
+very ``MQTTProtocol`` the TCP listener uses.
+
+What it owns: the WebSocket side of one connection.  The opening handshake is
+checked here (path ``/mqtt``, subprotocol ``mqtt`` or ``mqttv3.1``, the Origin
+rule, a bounded request head, ``--connect-timeout`` to finish it); once open, the
+bytes of every binary message go to an ``MQTTProtocol`` through
+``StreamOverWebSocket``, a transport that makes the WebSocket look like the TCP
+socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
+or several: frame data is fed to the protocol as it arrives (autobahn streams it),
+so the MQTT decoder and its ``--max-packet-size`` are the size limit, as on TCP,
+and no whole message is ever buffered here.  Each ``write`` of the protocol
+(already batched per read) becomes one binary message.
+
+Back-pressure is the socket's own: the protocol registers itself as the push
+producer of the underlying TCP (or TLS) transport, so it is paused when that
+transport's write buffer fills, exactly as on TCP; and when the protocol stops
+reading (CONNECT in progress, slow subscribers, publish rate), the underlying
+transport stops reading.
+
+What it must not do: know MQTT.  Packets, the state machine, timers, wills and
+the log line for each protocol error stay in ``protocol``; this module logs only
+what a WebSocket peer does wrong before or outside MQTT (a refused handshake, a
+text frame), at most one line per cause a minute (``LogLimiter``).
+
+Origin rule (browsers send ``Origin``; they are the only clients it protects):
+without ``--ws-allowed-origin``, a request without an Origin header is accepted
+(MQTT libraries outside browsers send none), and one with an Origin is accepted
+when its host name is the host name the request was sent to (``Host``), whatever
+the port: a page served by this machine may connect, a page elsewhere may not.
+With ``--ws-allowed-origin`` (repeatable), an Origin must be one of those given
+(``scheme://host[:port]``, compared case-insensitively; ``*`` accepts any);
+requests without Origin are still accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from autobahn.twisted.websocket import (
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITransport
+from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import alsoProvides, implementer  # type: ignore[import-untyped]
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
+
+__all__ = ["SUBPROTOCOLS", "WS_PATH", "MQTTWebSocketFactory", "MQTTWebSocketProtocol",
+           "OriginRule", "StreamOverWebSocket"]
+
+WS_PATH = "/mqtt"
+# In the order of preference when a client offers both (MQTT.js offers "mqtt"; old
+# Paho JavaScript clients, speaking 3.1, "mqttv3.1").
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+# The opening request's head (request line and headers) may be at most this long;
+# browsers send well under 2 KB.
+MAX_REQUEST_HEAD = 16 * 1024
+# RFC 6455 close codes.
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_DATA = 1003
+
+
+@dataclass(frozen=True)
+class OriginRule:
+    """Which ``Origin`` headers a handshake may carry (see the module's paragraph)."""
+
+    allowed: tuple[str, ...] = ()
+
+    @classmethod
+    def from_options(cls, origins: Iterable[str]) -> OriginRule:
+        return cls(tuple(_normal_origin(o) for o in origins))
+
+    def problem(self, origin: str | None, host: str) -> str | None:
+        """Why a handshake with ``origin`` (None: no header) sent to ``host`` (the
+        Host header's name, without port) is refused, or None."""
+        if origin is None:
+            return None
+        if self.allowed:
+            if "*" in self.allowed or _normal_origin(origin) in self.allowed:
+                return None
+            return f"origin {origin!r} is not one of --ws-allowed-origin"
+        origin_host = urlsplit(origin).hostname
+        if origin_host is not None and origin_host == host.strip("[]").lower():
+            return None
+        return (f"origin {origin!r} is not this host ({host}); allow it with "
+                "--ws-allowed-origin")
+
+
+def _normal_origin(origin: str) -> str:
+    return origin.strip().rstrip("/").lower()
+
+
+@implementer(ITransport, IPushProducer)
+class StreamOverWebSocket:
+    """The transport an ``MQTTProtocol`` sees on a WebSocket: writes become binary
+    messages; addresses, producers, pausing and aborting are the underlying
+    socket's (so its write buffer gives the protocol the same back-pressure, and
+    the same QoS 0 backlog accounting, as on TCP)."""
+
+    def __init__(self, ws: MQTTWebSocketProtocol) -> None:
+        self._ws = ws
+        self._socket: Any = ws.transport
+        self.disconnecting = False
+        if ISSLTransport.providedBy(self._socket):
+            # wss: the protocol reads the client certificate (--tls-cert-as-user).
+            alsoProvides(self, ISSLTransport)
+
+    def write(self, data: bytes) -> None:
+        # Once a close frame went either way the WebSocket takes no more messages
+        # (autobahn raises); the connection is ending, as a TCP socket's write after
+        # the peer's FIN, so the bytes are dropped.  Never raise into the router.
+        ws = self._ws
+        if not self.disconnecting and ws.state == ws.STATE_OPEN:
+            ws.sendMessage(data, isBinary=True)  # type: ignore[no-untyped-call]
+
+    def writeSequence(self, data: Iterable[bytes]) -> None:
+        self.write(b"".join(data))
+
+    def loseConnection(self) -> None:
+        """What was written is already on the socket; the closing handshake follows
+        it (autobahn drops the socket if the peer does not answer in time)."""
+        if not self.disconnecting:
+            self.disconnecting = True
+            self._ws.sendClose(CLOSE_NORMAL)
+
+    def abortConnection(self) -> None:
+        self.disconnecting = True
+        self._socket.abortConnection()
+
+    def getPeer(self) -> Any:
+        return self._socket.getPeer()
+
+    def getHost(self) -> Any:
+        return self._socket.getHost()
+
+    def getPeerCertificate(self) -> Any:
+        return self._socket.getPeerCertificate()
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        self._socket.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        self._socket.unregisterProducer()
+
+    # Reading: the protocol pauses and resumes the socket itself.
+    def pauseProducing(self) -> None:
+        self._socket.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._socket.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._socket.stopProducing()
+
+
+class _Quiet:
+    """autobahn's logger for these connections: its lines would repeat, unlimited,
+    what this module logs once per cause (a refused handshake is two of its lines);
+    errors still reach the log."""
+
+    def __init__(self) -> None:
+        self._log = Logger(namespace="autobahn")
+
+    def error(self, fmt: str, **kw: Any) -> None:
+        self._log.error(fmt, **kw)
+
+    critical = error
+
+    def failure(self, fmt: str, failure: Any = None, **kw: Any) -> None:
+        self._log.failure(fmt, failure, **kw)
+
+    def _drop(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    trace = debug = info = warn = _drop
+
+
+class MQTTWebSocketProtocol(WebSocketServerProtocol):
+    log = _Quiet()
+    factory: MQTTWebSocketFactory
+    transport: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mqtt: MQTTProtocol | None = None
+        self._ignoring = False   # a text frame came: what follows is not fed to MQTT
+        self._closing_reason: str | None = None   # ours, when we closed it
+        self._handshake_timer: DelayedCall | None = None
+        self._denied = False   # refused (and logged) by onConnect
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        # Our clock, not autobahn's timer (txaio's, on the global reactor).
+        factory = self.factory
+        self._handshake_timer = factory.clock.callLater(
+            factory.mqtt.broker.limits.connect_timeout, self._handshake_timed_out)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._cancel_handshake_timer()
+        super().connectionLost(reason)
+
+    def _cancel_handshake_timer(self) -> None:
+        timer, self._handshake_timer = self._handshake_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    # -- the opening handshake -------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if (self.state == self.STATE_CONNECTING
+                and len(self.data) + len(data) > MAX_REQUEST_HEAD):
+            self.factory.refused(self._peer(), "request_head", "opening request head "
+                                 f"longer than {MAX_REQUEST_HEAD} bytes")
+            self.transport.abortConnection()
+            return
+        # One socket read is one batch, as on TCP (commits, and one write per
+        # connection), however many frames or part-frames it holds.
+        broker = self.factory.mqtt.broker
+        broker.begin_batch()
+        try:
+            super().dataReceived(data)
+        finally:
+            broker.end_batch()
+
+    def onConnect(self, request: Any) -> str:
+        """The subprotocol to answer with; ``ConnectionDeny`` refuses (autobahn sends
+        the HTTP error and closes)."""
+        if request.path != WS_PATH:
+            self._deny(ConnectionDeny.NOT_FOUND, "path",
+                       f"path {request.path!r} (MQTT is at {WS_PATH})")
+        offered = [p.lower() for p in request.protocols]
+        chosen = next((p for p in SUBPROTOCOLS if p in offered), None)
+        if chosen is None:
+            self._deny(ConnectionDeny.BAD_REQUEST, "subprotocol",
+                       f"no MQTT subprotocol offered (got {request.protocols or 'none'}; "
+                       f"expected one of {', '.join(SUBPROTOCOLS)})")
+        problem = self.factory.origins.problem(request.headers.get("origin"), request.host)
+        if problem is not None:
+            self._deny(ConnectionDeny.FORBIDDEN, "origin", problem)
+        return chosen  # type: ignore[return-value]
+
+    def _deny(self, code: int, cause: str, reason: str) -> None:
+        self.factory.refused(self._peer(), cause, reason)
+        self._denied = True
+        raise ConnectionDeny(code, reason)  # type: ignore[no-untyped-call]
+
+    def failHandshake(self, reason: str, code: int = 400,
+                      responseHeaders: Any = None) -> None:
+        """Every refused handshake comes here; those autobahn refuses itself (not a
+        WebSocket request, a malformed one) are logged here, ours in ``_deny``."""
+        if not self._denied:
+            self.factory.refused(self._peer(), "bad_handshake", reason)
+        super().failHandshake(reason, code, responseHeaders)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self.state == self.STATE_CONNECTING:
+            timeout = self.factory.mqtt.broker.limits.connect_timeout
+            self.factory.refused(self._peer(), "handshake_timeout",
+                                 f"no WebSocket handshake within {timeout:g}s")
+            self.transport.abortConnection()
+
+    def _peer(self) -> str:
+        peer = self.transport.getPeer()
+        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    # -- open: the MQTT protocol on top ------------------------------------------------
+
+    def onOpen(self) -> None:
+        self._cancel_handshake_timer()
+        mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
+        self.mqtt = mqtt
+        mqtt.makeConnection(StreamOverWebSocket(self))  # type: ignore[no-untyped-call]
+
+    def onMessageBegin(self, isBinary: bool) -> None:
+        if not isBinary and not self._ignoring:
+            self._ignoring = True
+            reason = "MQTT over WebSocket takes binary frames only; got a text frame"
+            self._closing_reason = reason
+            self.factory.refused(self._peer(), "text_frame", reason, open_=True)
+            # sendClose() accepts only codes 1000 and 3000-4999; 1003 says it exactly.
+            self.sendCloseFrame(code=CLOSE_UNSUPPORTED_DATA,
+                                reasonUtf8=reason.encode("utf-8"), isReply=False)
+
+    def onMessageFrameBegin(self, length: int) -> None:
+        pass   # no limits here: the MQTT decoder bounds each packet
+
+    def onMessageFrameData(self, payload: bytes) -> None:
+        mqtt = self.mqtt
+        if mqtt is not None and not self._ignoring and payload:
+            mqtt.dataReceived(payload)
+
+    def onMessageFrameEnd(self) -> None:
+        pass
+
+    def onMessageEnd(self) -> None:
+        pass
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        mqtt, self.mqtt = self.mqtt, None
+        if mqtt is None:
+            return   # never opened: no MQTT connection to end
+        if self._closing_reason is not None:
+            why: Failure = Failure(ConnectionLost(self._closing_reason))
+        elif wasClean:
+            why = Failure(ConnectionDone(f"WebSocket closed (code {code})"))
+        else:
+            why = Failure(ConnectionLost(self.wasNotCleanReason or "WebSocket lost"))
+        mqtt.connectionLost(why)
+
+
+class MQTTWebSocketFactory(WebSocketServerFactory):
+    """One per broker: builds an ``MQTTWebSocketProtocol`` per socket, and an
+    ``MQTTProtocol`` from ``mqtt`` (the TCP listener's factory, so connection
+    counts, limits and the list of live connections are shared) per open
+    WebSocket."""
+
+    protocol = MQTTWebSocketProtocol  # type: ignore[assignment]
+    log = _Quiet()
+
+    def __init__(self, mqtt: MQTTFactory, clock: Clock, origins: OriginRule,
+                 reactor: Any = None) -> None:
+        # server=None: no Server header (autobahn's would name itself and its version).
+        super().__init__(protocols=list(SUBPROTOCOLS),  # type: ignore[no-untyped-call]
+                         server=None, reactor=reactor)
+        self.mqtt = mqtt
+        self.clock = clock
+        self.origins = origins
+        self.noisy = False
+        self._log = Logger()
+        self._log_limit = LogLimiter(clock.seconds)
+        self.setProtocolOptions(  # type: ignore[no-untyped-call]
+            openHandshakeTimeout=0,   # MQTTWebSocketProtocol times it on ``clock``
+            # The MQTT decoder bounds packets; frames and messages may carry many.
+            maxFramePayloadSize=0, maxMessagePayloadSize=0,
+            # Not compressed: nothing to inflate, and MQTT payloads are often so.
+            perMessageCompressionAccept=lambda offers: None,
+            failByDrop=False,
+            # A plain HTTP GET gets 426, not autobahn's page naming its version.
+            webStatus=False,
+            autoPingInterval=0)
+
+    def refused(self, peer: str, cause: str, reason: str, open_: bool = False) -> None:
+        """One line per cause a minute for a WebSocket peer refused in its handshake
+        (counted as a refused connection) or, ``open_``, closed for what it sent
+        outside MQTT (counted as a protocol error)."""
+        stats = self.mqtt.broker.stats
+        if open_:
+            stats.protocol_errors += 1
+        else:
+            stats.connections_refused += 1
+        held = self._log_limit.allow("ws_" + cause)
+        if held is not None:
+            more = f" ({held} more for this cause since the last line)" if held else ""
+            self._log.warn("{what} MQTT over WebSocket from {peer}: {reason}{more}",
+                           what="closing" if open_ else "refusing",
+                           peer=peer, reason=reason, more=more)

@@ -1,0 +1,238 @@
+"""ACLs (``--acl FILE``, issue 10): the file format, filter coverage, the
+authorizer's verdicts, reloading, and enforcement in the broker over MQTT and AMQP
+(in memory: the broker's own protocol objects on one Clock)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from amqp_memory import Net, outcome
+from proton import Delivery, Message
+
+from mqttamqp.core.acl import AclAuthorizer, AclError, covers, parse_acl
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.message import Message as CoreMessage
+from mqttamqp.mqtt.packets import Puback, Publish
+
+ACL = """\
+# anonymous clients (before any 'user' line)
+topic read public/#
+topic write public/in
+
+user alice
+topic readwrite sensors/alice/#
+topic read $SYS/#
+topic write cmd/+/set
+
+user bob
+topic sensors/bob/#
+
+pattern read devices/%c/#
+pattern write users/%u/out
+"""
+
+
+def alice(client_id: str = "a1") -> Identity:
+    return Identity(client_id, "alice", "mqtt3.1.1")
+
+
+def anon(client_id: str = "dev1") -> Identity:
+    return Identity(client_id, None, "mqtt3.1.1")
+
+
+@pytest.fixture
+def acl(tmp_path: Any) -> AclAuthorizer:
+    path = tmp_path / "acl"
+    path.write_text(ACL)
+    return AclAuthorizer(str(path))
+
+
+@pytest.mark.parametrize(("rule", "subject", "expected"), [
+    ("a/#", "a", True), ("a/#", "a/b/c", True), ("a/#", "a/+/c", True), ("a/#", "a/#", True),
+    ("a/+", "a/b", True), ("a/+", "a/+", True), ("a/+", "a/#", False), ("a/+", "a/b/c", False),
+    ("a/b", "a/+", False), ("a/b", "a/b", True), ("a/b", "a", False), ("#", "$SYS/x", False),
+    ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/broker/uptime", True), ("#", "a/b", True),
+    ("+", "", True), ("a/+/c", "a/b/c", True), ("a/+/c", "a/b/d", False),
+])
+def test_covers(rule: str, subject: str, expected: bool) -> None:
+    assert covers(rule.split("/"), subject.split("/")) is expected
+
+
+def test_parse_sections_and_access() -> None:
+    rules = parse_acl(ACL)
+    assert [(r.access, r.filter) for r in rules.anonymous] == [(1, "public/#"), (2, "public/in")]
+    assert [(r.access, r.filter) for r in rules.users["alice"]] == [
+        (3, "sensors/alice/#"), (1, "$SYS/#"), (2, "cmd/+/set")]
+    assert [(r.access, r.filter) for r in rules.users["bob"]] == [(3, "sensors/bob/#")]
+    assert [r.filter for r in rules.patterns] == ["devices/%c/#", "users/%u/out"]
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("user alice\ntopic deny secret/#\n", "line 2: 'deny' is not supported"),
+    ("topic read a/#/b\n", "line 1: not a topic filter"),
+    ("\n# c\nallow everything\n", "line 3: expected 'topic', 'pattern' or 'user'"),
+    ("user\n", "line 1: 'user' needs a user name"),
+    ("topic read\n", "line 1: a topic filter is missing"),
+])
+def test_parse_errors_name_the_line(text: str, problem: str) -> None:
+    with pytest.raises(AclError) as err:
+        parse_acl(text, "/etc/acl")
+    assert str(err.value).startswith("/etc/acl " + problem), err.value
+
+
+def test_verdicts(acl: AclAuthorizer) -> None:
+    assert acl.may_publish(alice(), "sensors/alice/t", False)
+    assert acl.may_subscribe(alice(), "sensors/alice/#")
+    assert not acl.may_subscribe(alice(), "sensors/#")          # wider than granted
+    assert not acl.may_publish(alice(), "sensors/bob/t", True)
+    assert acl.may_publish(alice(), "cmd/x/set", False)
+    assert not acl.may_subscribe(alice(), "cmd/x/set")          # write-only
+    assert acl.may_subscribe(alice(), "$SYS/broker/#")
+    # anonymous: the section before the first 'user' line, and %c patterns
+    assert acl.may_subscribe(anon(), "public/#")
+    assert not acl.may_publish(anon(), "public/x", False)
+    assert acl.may_publish(anon(), "public/in", False)
+    assert acl.may_subscribe(anon("dev1"), "devices/dev1/#")
+    assert not acl.may_subscribe(anon("dev1"), "devices/dev2/#")
+    assert not acl.may_publish(anon(), "sensors/alice/t", False)
+    # %u patterns: the user's own name, never for anonymous clients
+    assert acl.may_publish(alice(), "users/alice/out", False)
+    assert not acl.may_publish(alice(), "users/bob/out", False)
+    assert not acl.may_publish(anon(), "users//out", False)
+    # a user not in the file has only the patterns
+    carol = Identity("c1", "carol", "amqp")
+    assert not acl.may_publish(carol, "sensors/alice/t", False)
+    assert acl.may_publish(carol, "users/carol/out", False)
+    # a wildcard in the substituted value would widen the rule: it does not apply
+    assert not acl.may_subscribe(anon("+"), "devices/+/#")
+    assert not acl.may_publish(Identity("x", "a/b", "mqtt3.1.1"), "users/a/b/out", False)
+    # the broker's own (protocol ""): console publishes are checked by the console role
+    assert acl.may_publish(Identity("", None, ""), "anything", True)
+
+
+def test_control_addresses_only_for_the_own_client_id(acl: AclAuthorizer) -> None:
+    me = Identity("fe-1", "alice", "amqp")
+    assert acl.may_use_session(me, "fe-1")
+    assert not acl.may_use_session(me, "fe-2")
+    assert not acl.may_use_session(Identity("", "alice", "amqp"), "")
+
+
+def test_reload_on_change_keeps_old_rules_on_a_bad_file(acl: AclAuthorizer,
+                                                       log_lines: list[str]) -> None:
+    assert not acl.reload()                        # unchanged: nothing re-read
+    assert not acl.may_publish(anon(), "open/x", False)
+    with open(acl.path, "a") as f:
+        f.write("\nuser nobody\n")
+    # the anonymous section comes first: rewrite the file with a new first line
+    with open(acl.path, "w") as f:
+        f.write("topic write open/#\n" + ACL)
+    os.utime(acl.path, ns=(1, 2_000_000_000))      # a different mtime, whatever the clock
+    assert acl.reload()
+    assert acl.may_publish(anon(), "open/x", False)
+    with open(acl.path, "w") as f:
+        f.write("topic deny open/#\n")
+    os.utime(acl.path, ns=(1, 3_000_000_000))
+    assert not acl.reload()
+    assert acl.may_publish(anon(), "open/x", False)  # the rules before stay in force
+    assert any("line 1: 'deny' is not supported" in line
+               and "rules loaded before stay in force" in line for line in log_lines)
+
+
+# -- enforced by the broker (in memory) ---------------------------------------------------
+
+
+@pytest.fixture
+def net(acl: AclAuthorizer) -> Net:
+    return Net(authorizer=acl)
+
+
+def test_mqtt_denied_subscribe_gets_0x80_and_denied_publish_is_dropped(net: Net) -> None:
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("public/#", 1), ("sensors/#", 1), ("devices/dev1/#", 0)) == (
+        1, 0x80, 0)
+    pub = net.mqtt("dev2")
+    before = net.broker.stats.publish_denied
+    pub.send(Publish("public/x", b"denied", 1, False, False, 7))   # not writable
+    assert [a.packet_id for a in pub.take(Puback)] == [7]   # acknowledged (3.1.1), dropped
+    pub.publish("public/in", b"allowed", qos=1)
+    assert [p.payload for p in sub.publishes()] == [b"allowed"]
+    assert net.broker.stats.publish_denied == before + 1
+
+
+def test_retained_and_wills_obey_the_rules(net: Net) -> None:
+    from mqttamqp.mqtt.packets import Will
+
+    pub = net.mqtt("dev3", will=Will("public/x", b"will", 0, True))   # not writable
+    pub.publish("public/x", b"kept?", qos=0, retain=True)
+    assert net.broker.retained.get("public/x") is None
+    assert "dev3" not in net.broker.wills
+    ok = net.mqtt("dev4", will=Will("public/in", b"will", 0, False))   # writable
+    ok.publish("public/in", b"kept", qos=0, retain=True)
+    assert net.broker.retained.get("public/in") is not None
+    assert "dev4" in net.broker.wills
+
+
+def test_amqp_attaches_are_refused_with_unauthorized_access(net: Net) -> None:
+    peer = net.amqp("dev9")
+    denied = peer.receiver("sensors/#")
+    assert denied.link.remote_condition is not None
+    assert denied.link.remote_condition.name == "amqp:unauthorized-access"
+    allowed = peer.receiver("devices/dev9/#")
+    assert allowed.link.remote_condition is None
+    sender = peer.sender("sensors/x")
+    assert sender.remote_condition is not None
+    assert sender.remote_condition.name == "amqp:unauthorized-access"
+    other = peer.receiver("$mqtt.to.dev8.publish")
+    assert other.link.remote_condition is not None
+    assert other.link.remote_condition.name == "amqp:unauthorized-access"
+    control = peer.receiver("$mqtt.to.dev8.control")
+    assert control.link.remote_condition is not None
+    own = peer.receiver("$mqtt.to.dev9.publish")
+    assert own.link.remote_condition is None
+
+
+def test_amqp_publish_to_a_writable_topic_goes_through(net: Net) -> None:
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("public/#", 0)) == (0,)
+    peer = net.amqp("dev5")
+    sender = peer.sender("public/in")
+    assert sender.remote_condition is None
+    dlv = peer.send(sender, Message(body=b"x"))
+    assert outcome(dlv)[0] == Delivery.ACCEPTED
+    assert [p.payload for p in sub.publishes()] == [b"x"]
+
+
+def test_mqtt31_denied_subscribe_is_granted_without_a_route(net: Net) -> None:
+    """MQTT 3.1's SUBACK has no failure code: the refused filter is answered with the
+    QoS asked for, and nothing is ever routed to it."""
+    from twisted.internet.testing import StringTransport
+
+    from mqttamqp.mqtt.codec import Decoder, encode
+    from mqttamqp.mqtt.packets import Connack, Connect, Suback, Subscribe
+
+    proto = net.mqtt_factory.buildProtocol(None)
+    wire = StringTransport()
+    proto.makeConnection(wire)
+    proto.dataReceived(encode(Connect("MQIsdp", 3, "dev31", True, 0, None)))
+    net.pump()
+    proto.dataReceived(encode(Subscribe(1, (("sensors/#", 1), ("public/#", 0)))))
+    net.pump()
+    decoder = Decoder()
+    decoder.feed(wire.value())
+    packets = list(decoder)
+    assert isinstance(packets[0], Connack) and packets[0].return_code == 0
+    assert isinstance(packets[1], Suback) and tuple(packets[1].return_codes) == (1, 0)
+    wire.clear()
+    # (the broker's own publishes pass the ACL: only the route is in question)
+    net.broker.publish(CoreMessage("sensors/x", b"not for dev31"))
+    net.broker.publish(CoreMessage("public/in", b"for dev31"))
+    net.pump()
+    decoder.feed(wire.value())
+    assert [p.payload for p in decoder] == [b"for dev31"]
+
+
+def test_shared_subscriptions_are_checked_by_their_filter(net: Net) -> None:
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("$share/g/public/#", 0), ("$share/g/sensors/#", 0)) == (0, 0x80)

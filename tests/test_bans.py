@@ -1,0 +1,129 @@
+"""The ban list in-process: the rule (``core.bans``), the façade's commands and
+their durability (``MemoryStore``), and the console's page, API and audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakes import MemoryStore
+from twisted.internet.task import Clock
+from webui_support import Client, connect, make_console
+
+from mqttamqp.core.bans import BanError, BanList
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
+
+
+def test_ban_rule_matches_each_kind_and_expires() -> None:
+    clock = Clock()
+    bans = BanList(clock.seconds)
+    assert bans.check("dev", "alice", "10.0.0.1") is None
+    bans.add("client_id", "dev", None, "", "admin")
+    bans.add("user", "alice", 60.0, "", "admin")
+    bans.add("address", "::ffff:10.0.0.9", None, "", "admin")
+    assert bans.check("dev", None, "127.0.0.1") is not None
+    assert bans.check("other", "alice", None) is not None
+    hit = bans.check("other", None, "10.0.0.9")       # the canonical form matches
+    assert hit is not None and hit.value == "10.0.0.9"
+    assert bans.check("devx", "alice2", "10.0.0.10") is None
+    clock.advance(61)                                  # the user's ban ran out
+    assert bans.check("other", "alice", None) is None
+    assert [(b.kind, b.value) for b in bans.active()] == [("address", "10.0.0.9"),
+                                                          ("client_id", "dev")]
+    assert [(op.kind, op.value) for op in bans.purge()] == [("user", "alice")]
+
+
+@pytest.mark.parametrize("kind, value, until, problem", [
+    ("host", "x", None, "kind must be"), ("address", "not-an-ip", None, "not an IP"),
+    ("client_id", "", None, "must not be empty"), ("user", "u", -1.0, "in the future")])
+def test_bans_that_cannot_be_set(kind: str, value: str, until: float | None,
+                                 problem: str) -> None:
+    with pytest.raises(BanError, match=problem):
+        BanList(Clock().seconds).add(kind, value, until, "", "admin")
+
+
+def test_the_list_is_bounded() -> None:
+    clock = Clock()
+    bans = BanList(clock.seconds, max_bans=2)
+    bans.add("client_id", "a", None, "", "x")
+    bans.add("client_id", "b", 5.0, "", "x")
+    with pytest.raises(BanError, match="full"):
+        bans.add("client_id", "c", None, "", "x")
+    clock.advance(10)                   # an expired ban makes room
+    bans.add("client_id", "c", None, "", "x")
+    assert len(bans) == 2
+
+
+def test_bans_are_durable_and_come_back_after_a_restart() -> None:
+    clock = Clock()
+    store = MemoryStore()
+    broker = Broker(clock, store, Limits(sys_interval=0))
+    broker.start()
+    _, d = broker.ban("client_id", "dev-9", None, "flapping", "admin")
+    assert d.called
+    broker.ban("address", "10.1.2.3", 3600.0, "", "admin")
+    assert broker.banned("MQTT", "dev-9", None, "10.0.0.1:5000") == \
+        "client id 'dev-9' is banned (flapping)"
+    assert broker.banned("AMQP", "app", None, "10.1.2.3:6000") is not None
+    assert broker.banned("MQTT", "dev-8", None, "10.1.2.4:6000") is None
+    assert broker.stats.limits["banned"] == 2
+    again = Broker(clock, store, Limits(sys_interval=0))
+    again.start()
+    assert [(b.kind, b.value) for b in again.view.bans()] == [("address", "10.1.2.3"),
+                                                              ("client_id", "dev-9")]
+    lifted = again.unban("client_id", "dev-9")
+    assert lifted is not None and lifted.called
+    assert again.unban("client_id", "dev-9") is None
+    assert [b.value for b in store.load().bans] == ["10.1.2.3"]
+
+
+# -- the console ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def console(tmp_path: Any) -> Any:
+    console, service, clock = make_console(tmp_path)
+    client = Client(console)
+    assert client.login().code == 303
+    return service.broker, clock, client
+
+
+def test_ban_from_the_console_disconnects_and_is_listed(console: Any, log_lines: Any) -> None:
+    broker, clock, client = console
+    device = connect(broker, "noisy-<b>dev</b>", remote="10.9.8.7:4000")
+    bystander = connect(broker, "calm", remote="10.9.8.6:4000")
+    reply = client.post("/bans/add", kind="client_id", value="noisy-<b>dev</b>",
+                        seconds="3600", reason="floods <i>us</i>", disconnect="1")
+    assert reply.code == 303 and reply.header("location") == "/bans"
+    assert device.closed and not bystander.closed
+    page = client.get("/bans").text
+    assert "Banned client id noisy-&lt;b&gt;dev&lt;/b&gt; for 1h 0m; closed 1 connection(s)." \
+        in page
+    assert "noisy-<b>" not in page and "floods &lt;i&gt;us&lt;/i&gt;" in page
+    assert "1h" in page                          # time left
+    items = client.get("/api/bans").json()["items"]
+    assert [(b["kind"], b["value"], b["until"], b["by"]) for b in items] == [
+        ("client_id", "noisy-<b>dev</b>", clock.seconds() + 3600, "admin")]
+    assert any("action=ban" in line and "noisy-<b>dev</b>" in line for line in log_lines)
+    assert broker.banned("MQTT", "noisy-<b>dev</b>", None, "10.0.0.1:1") is not None
+
+    reply = client.post("/bans/remove", kind="client_id", value="noisy-<b>dev</b>")
+    assert reply.code == 303
+    assert client.get("/api/bans").json()["items"] == []
+    assert any("action=unban" in line for line in log_lines)
+
+
+def test_ban_api_errors(console: Any) -> None:
+    _, _, client = console
+    client.get("/bans")
+    headers = {"X-CSRF-Token": client.csrf}
+    bad = client.post_json("/api/bans/add", {"kind": "address", "value": "nope"}, headers)
+    assert bad.code == 400 and "not an IP address" in bad.json()["error"]
+    bad = client.post_json("/api/bans/add", {"kind": "user", "value": "u", "seconds": "-5"},
+                           headers)
+    assert bad.code == 400
+    ok = client.post_json("/api/bans/add", {"kind": "user", "value": "mallory"}, headers)
+    assert ok.code == 200 and ok.json()["until"] is None      # for good
+    gone = client.post_json("/api/bans/remove", {"kind": "user", "value": "nobody"}, headers)
+    assert gone.code == 404

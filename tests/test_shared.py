@@ -1,0 +1,124 @@
+"""Shared subscriptions ``$share/<group>/<filter>`` (issue 11), from MQTT 3.1.1
+clients, in memory: the broker's own protocol objects on one Clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from amqp_memory import Net
+from fakes import MemoryStore
+
+from mqttamqp.core.shared import parse_share
+from mqttamqp.mqtt.packets import Puback, Publish
+
+
+def test_parse_share() -> None:
+    assert parse_share("a/b") is None
+    assert parse_share("$share/g/a/#") == ("g", "a/#")
+    assert isinstance(parse_share("$share/g"), str)
+    assert isinstance(parse_share("$share//a"), str)
+    assert isinstance(parse_share("$share/g+/a"), str)
+
+
+def _payloads(peer: object) -> list[bytes]:
+    return [p.payload for p in peer.publishes()]  # type: ignore[attr-defined]
+
+
+def test_each_message_goes_to_one_member_round_robin() -> None:
+    net = Net()
+    members = [net.mqtt(f"w{i}") for i in range(3)]
+    for m in members:
+        assert m.subscribe(("$share/workers/jobs/#", 1)) == (1,)
+    plain = net.mqtt("watcher")
+    assert plain.subscribe(("jobs/#", 0)) == (0,)
+    pub = net.mqtt("producer")
+    for i in range(9):
+        pub.publish(f"jobs/{i}", b"%d" % i, qos=1)
+    got = [_payloads(m) for m in members]
+    assert [len(g) for g in got] == [3, 3, 3]
+    assert sorted(p for g in got for p in g) == sorted(b"%d" % i for i in range(9))
+    assert len(_payloads(plain)) == 9          # a plain subscription still gets all
+    group = net.broker._router.shared["$share/workers/jobs/#"]
+    assert group.counts == {"w0": 3, "w1": 3, "w2": 3}
+
+
+def test_retained_messages_are_not_sent_on_a_shared_subscription() -> None:
+    net = Net()
+    net.mqtt("p").publish("jobs/kept", b"retained", qos=0, retain=True)
+    member = net.mqtt("w")
+    member.subscribe(("$share/g/jobs/#", 0))
+    assert _payloads(member) == []
+
+
+def test_malformed_shared_filters_are_refused() -> None:
+    net = Net()
+    # ($share/g+/a is a malformed filter for MQTT itself: the connection is closed)
+    assert net.mqtt("w").subscribe(("$share/g", 0), ("$share/g/a/#", 0)) == (0x80, 0)
+
+
+def test_unacknowledged_messages_move_when_a_member_leaves() -> None:
+    net = Net()
+    a, b = net.mqtt("a"), net.mqtt("b")
+    for m in (a, b):
+        m.subscribe(("$share/g/t", 1))
+    pub = net.mqtt("p")
+    for i in range(4):
+        pub.publish("t", b"%d" % i, qos=1)
+    got_a = a.publishes()
+    got_b = _payloads(b)
+    assert len(got_a) == 2 and len(got_b) == 2
+    a.disconnect()                             # without PUBACK: a's two move to b
+    moved = _payloads(b)
+    assert sorted(moved) == sorted(p.payload for p in got_a)
+
+
+def test_an_offline_persistent_member_keeps_messages_only_when_nobody_is_online() -> None:
+    net = Net(store=MemoryStore())
+    away = net.mqtt("away", clean=False)
+    away.subscribe(("$share/g/t", 1))
+    away.disconnect()
+    pub = net.mqtt("p")
+    pub.publish("t", b"queued for away", qos=1)   # nobody online: away keeps it
+    here = net.mqtt("here")
+    here.subscribe(("$share/g/t", 1))
+    pub.publish("t", b"for here", qos=1)          # someone online: not queued offline
+    assert _payloads(here) == [b"for here"]
+    back = net.mqtt("away", clean=False)
+    assert _payloads(back) == [b"queued for away"]
+
+
+def test_shared_subscriptions_survive_a_restart() -> None:
+    store = MemoryStore()
+    net = Net(store=store)
+    m = net.mqtt("durable", clean=False)
+    m.subscribe(("$share/g/t", 1))
+    m.disconnect()
+    net2 = Net(store=store)
+    assert "$share/g/t" in net2.broker._router.shared
+    net2.mqtt("p").publish("t", b"after restart", qos=1)
+    assert _payloads(net2.mqtt("durable", clean=False)) == [b"after restart"]
+
+
+@pytest.mark.parametrize("strategy", ["hash-client", "sticky"])
+def test_strategies_keep_a_publisher_on_one_member(strategy: str) -> None:
+    net = Net(share_strategy=strategy)
+    members = [net.mqtt(f"m{i}") for i in range(3)]
+    for m in members:
+        m.subscribe(("$share/g/t", 0))
+    pub = net.mqtt("one-publisher")
+    for i in range(6):
+        pub.publish("t", b"%d" % i)
+    counts = Counter(len(_payloads(m)) for m in members)
+    assert counts == Counter({6: 1, 0: 2})
+
+
+def test_qos1_to_a_member_is_acknowledged_once() -> None:
+    net = Net()
+    a = net.mqtt("a")
+    a.subscribe(("$share/g/t", 1))
+    net.mqtt("p").publish("t", b"x", qos=1)
+    [msg] = a.publishes()
+    assert isinstance(msg, Publish) and msg.qos == 1
+    a.send(Puback(msg.packet_id))
+    assert not net.broker.sessions["a"].inflight

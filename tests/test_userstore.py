@@ -1,0 +1,212 @@
+"""The one user store (issue 10): roles, migration of the console's
+admin-users.json, the authenticator's anonymous rule, the admin command, and the
+console's roles (in process: the Klein app through treq's stub)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import webui_support
+from twisted.internet.defer import Deferred, succeed
+from webui_support import CHEAP, make_console
+
+from mqttamqp.core.auth import Credentials
+from mqttamqp.core.users import UserFile, make_line
+from mqttamqp.core.userstore import (
+    LEGACY_ADMIN_FILE,
+    ROLE_ADMIN,
+    ROLE_CLIENT,
+    ROLE_READ_ONLY,
+    StoreAuthenticator,
+    UserStore,
+)
+from webui import admin_cli
+
+
+def now(fn: Any, *args: Any) -> Deferred[Any]:
+    """Runs the password check at once (the broker runs it in its thread pool)."""
+    return succeed(fn(*args))
+
+
+def _result(value: Any) -> Any:
+    """The result of an authenticator's answer: a bool, or a fired Deferred."""
+    if not isinstance(value, Deferred):
+        return value
+    box: list[Any] = []
+    value.addBoth(box.append)
+    assert box, "the check did not complete"
+    return box[0]
+
+
+def creds(user: str | None, password: str | None = None,
+          peer: str = "127.0.0.1:4000") -> Credentials:
+    return Credentials("c1", user, password.encode() if password else None, "mqtt", peer)
+
+
+def test_the_console_users_of_earlier_versions_move_into_the_store(tmp_path: Any) -> None:
+    legacy = tmp_path / LEGACY_ADMIN_FILE
+    legacy.write_text(json.dumps({"version": 1, "users": {"ops": {
+        "password": "scrypt$2$1$1$AAAA$AAAA", "changed": 5.0, "tokens": []}}}))
+    store = UserStore(str(tmp_path))
+    assert store.migrated == 1
+    assert not legacy.exists() and (tmp_path / (LEGACY_ADMIN_FILE + ".migrated")).exists()
+    ops = store.get("ops")
+    assert ops is not None and ops.role == ROLE_ADMIN and ops.changed == 5.0
+    assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
+    assert UserStore(str(tmp_path)).migrated == 0     # once
+
+
+def test_roles_and_the_anonymous_rule(tmp_path: Any) -> None:
+    store = UserStore(str(tmp_path))
+    auth = StoreAuthenticator(store, run_in_thread=now)
+    store.set_password("root", "admin password", role=ROLE_ADMIN, **CHEAP)
+    # Console users alone do not close the broker to anonymous local clients...
+    assert auth.authenticate(creds(None)) is True
+    assert auth.authenticate(creds(None, peer="10.0.0.1:1")) is False
+    # ...and a name the store does not know is a label while there are no client users,
+    assert auth.authenticate(creds("someone")) is True
+    # but a name it knows is a credential.
+    assert _result(auth.authenticate(creds("root", "admin password"))) is True
+    assert _result(auth.authenticate(creds("root", "wrong"))) is False
+    store.set_password("dev", "device password", **CHEAP)       # role client by default
+    assert store.get("dev").role == ROLE_CLIENT                 # type: ignore[union-attr]
+    assert auth.authenticate(creds(None)) is False              # client users exist now
+    assert _result(auth.authenticate(creds("someone", "x"))) is False
+    assert _result(auth.authenticate(creds("dev", "device password"))) is True
+    assert StoreAuthenticator(store, anywhere=True).authenticate(
+        creds(None, peer="10.0.0.1:1")) is True                 # --allow-anonymous
+
+
+def test_a_users_file_stays_readable_beside_the_store(tmp_path: Any) -> None:
+    path = tmp_path / "users"
+    path.write_text(make_line("old", "old password") + "\n")
+    legacy = UserFile(str(path))
+    legacy._defer = now           # (its own thread pool: run the check at once here)
+    auth = StoreAuthenticator(UserStore(str(tmp_path / "data")), legacy=legacy,
+                              run_in_thread=now)
+    assert auth.allows_anonymous is False
+    assert _result(auth.authenticate(creds("old", "old password"))) is True
+    assert _result(auth.authenticate(creds("old", "nope"))) is False
+
+
+def _admin(*args: str) -> int:
+    return admin_cli.main(list(args))
+
+
+def test_admin_user_commands(tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
+    data = str(tmp_path)
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("a long password\n"))
+    assert _admin("user", "add", "-d", data, "--password-stdin", "dev1") == 0
+    assert "created user 'dev1' (role client)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="exists"):
+        _admin("user", "add", "-d", data, "--password-stdin", "dev1")
+    assert _admin("user", "role", "-d", data, "dev1", "read-only") == 0
+    assert UserStore(data).get("dev1").role == ROLE_READ_ONLY   # type: ignore[union-attr]
+    with pytest.raises(SystemExit, match="no user 'ghost'"):
+        _admin("user", "passwd", "-d", data, "--password-stdin", "ghost")
+    capsys.readouterr()
+    assert _admin("user", "list", "-d", data) == 0
+    assert capsys.readouterr().out.startswith("dev1\tread-only\tpassword set ")
+    legacy = tmp_path / "users.txt"
+    legacy.write_text(make_line("old", "pw") + "\nbad line\n" + make_line("dev1", "x") + "\n")
+    assert _admin("user", "import", "-d", data, str(legacy)) == 0
+    out = capsys.readouterr()
+    assert "imported 1 user(s) (role client)" in out.out
+    assert "users.txt:2: skipped" in out.err
+    assert "users.txt:3: skipped: user 'dev1' exists" in out.err
+    store = UserStore(data)
+    old = store.get("old")
+    assert old is not None and old.role == ROLE_CLIENT
+    assert store.check_password("old", "pw") is not None      # the hash moved as it was
+    assert _admin("user", "del", "-d", data, "old") == 0
+    assert UserStore(data).get("old") is None
+
+
+def test_console_roles(tmp_path: Any) -> None:
+    console, _, _ = make_console(tmp_path)
+    console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
+    console.users.set_password("device", "device password", **CHEAP)
+    device = webui_support.Client(console)
+    assert device.login("device", "device password").code == 403    # a client user
+    viewer = webui_support.Client(console)
+    assert viewer.login("viewer", "viewer password").code == 303
+    assert viewer.get("/clients").code == 200
+    refused = viewer.post("/publish", topic="t", payload="x", qos="0")
+    assert refused.code == 403 and b"read-only role" in refused.body
+    assert viewer.post("/logout").code == 303                        # may still log out
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    assert admin.post("/publish", topic="t", payload="x", qos="0").code == 303
+    # a role taken away ends the console session at once
+    console.users.set_password("viewer2", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
+    v2 = webui_support.Client(console)
+    assert v2.login("viewer2", "viewer password").code == 303
+    console.users.set_role("viewer2", ROLE_CLIENT)
+    assert v2.get("/clients").code == 303                            # back to the login
+
+
+def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> None:
+    console, _, _ = make_console(tmp_path)
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    page = admin.get("/users")
+    assert page.code == 200 and b"admin" in page.body and b"No <code>--acl</code>" in page.body
+    assert admin.post("/users/add", name="dev-1", role="client",
+                      password="device password").code == 303
+    user = console.users.get("dev-1")
+    assert user is not None and user.role == ROLE_CLIENT
+    assert console.users.check_password("dev-1", "device password") is not None
+    assert admin.post("/users/passwd", name="dev-1", password="another one").code == 303
+    assert console.users.check_password("dev-1", "another one") is not None
+    assert admin.post("/users/role", name="dev-1", role="read-only").code == 303
+    assert console.users.get("dev-1").role == ROLE_READ_ONLY     # type: ignore[union-attr]
+    # the rules: short passwords, oneself, the last admin, unknown roles
+    short = admin.post_json("/api/users/add", {"name": "x1", "password": "short"},
+                            {"X-CSRF-Token": admin.csrf})
+    assert short.code == 400 and b"at least 8" in short.body
+    selfish = admin.post_json("/api/users/role", {"name": "admin", "role": "client"},
+                              {"X-CSRF-Token": admin.csrf})
+    assert selfish.code == 400 and b"yourself" in selfish.body
+    console.users.set_password("boss", "boss password", role=ROLE_ADMIN, **CHEAP)
+    boss = webui_support.Client(console)
+    assert boss.login("boss", "boss password").code == 303
+    assert boss.post_json("/api/users/delete", {"name": "admin"},
+                          {"X-CSRF-Token": boss.csrf}).code == 200
+    last = boss.post_json("/api/users/role", {"name": "boss", "role": "client"},
+                          {"X-CSRF-Token": boss.csrf})
+    assert last.code == 400
+    bad_role = boss.post_json("/api/users/role", {"name": "dev-1", "role": "root"},
+                              {"X-CSRF-Token": boss.csrf})
+    assert bad_role.code == 400
+    listing = boss.get("/api/users")
+    names = [u["name"] for u in json.loads(listing.body)["items"]]
+    assert names == ["boss", "dev-1"] and b"scrypt" not in listing.body
+    assert boss.post("/users/delete", name="dev-1").code == 303
+    assert console.users.get("dev-1") is None
+    audits = [line for line in log_lines if "audit:" in line]
+    assert any("action=user_add" in a and "'dev-1'" in a for a in audits)
+    assert any("action=user_delete" in a for a in audits)
+    assert not any("device password" in line or "another one" in line for line in log_lines)
+    # a read-only user sees neither the page nor the API
+    console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
+    viewer = webui_support.Client(console)
+    assert viewer.login("viewer", "viewer password").code == 303
+    assert viewer.get("/users").code == 403 and viewer.get("/api/users").code == 403
+
+
+def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
+    from mqttamqp.core.acl import AclAuthorizer
+
+    acl = tmp_path / "acl"
+    acl.write_text("# <script>alert(1)</script>\nuser alice\ntopic read a/#\n")
+    console, _, _ = make_console(tmp_path)
+    console.broker.authorizer = AclAuthorizer(str(acl))
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    page = admin.get("/users")
+    assert b"1 rule from" in page.body
+    assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in page.body
+    assert b"<script>alert(1)" not in page.body
