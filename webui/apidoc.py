@@ -39,6 +39,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "/api/subscriptions": ("Every session's subscriptions and AMQP receivers, searchable.",
                            "q, page, per_page"),
     "/api/bans": ("Bans in force.", ""),
+    "/api/users": ("The users with their roles (never their hashes) and the --acl file "
+                   "in force (admins only).", ""),
     "/api/whoami": ("Who is calling, how (session or token), and the CSRF token of a "
                     "browser session.", ""),
     "/api/traffic": ("The traffic report (mqttamqp-report's summary) and archive figures.",
@@ -72,6 +74,13 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                       "kind=client_id|user|address, value, seconds (empty: for good), "
                       "reason, disconnect"),
     "/api/bans/remove": ("Lift a ban.", "kind, value"),
+    "/api/users/add": ("Add a user to the user store (admins only).",
+                       "name, role=admin|read-only|client, password"),
+    "/api/users/passwd": ("Change a user's password (admins only).", "name, password"),
+    "/api/users/role": ("Change a user's role (admins only; not your own, and the last "
+                        "admin stays).", "name, role"),
+    "/api/users/delete": ("Delete a user (admins only; not yourself, and the last admin "
+                          "stays).", "name"),
 }
 
 
