@@ -119,6 +119,7 @@ def test_metrics_read_the_numbers_sys_publishes() -> None:
             sys_value(broker, "subscriptions/count"))
         assert s["mqttamqp_commits_total"][()] == broker.stats.commits > 0
         assert s["mqttamqp_commit_batch_size_count"][()] == broker.stats.commits
+        assert s["process_open_fds"][()] > 0 and s["process_max_fds"][()] > 0
     finally:
         broker.stop()
 

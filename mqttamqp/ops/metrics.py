@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -204,9 +204,12 @@ class BrokerCollector(Collector):
 
 def broker_registry(broker: Broker) -> CollectorRegistry:
     """A registry of this broker's own (never the process-wide default one, which
-    would mix brokers in tests and carry the client library's process metrics)."""
+    would mix brokers in tests), with the process' own figures beside the broker's:
+    ``process_open_fds`` against ``process_max_fds`` (the unit's LimitNOFILE),
+    resident memory, CPU seconds (read from /proc at scrape time; none elsewhere)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
+    ProcessCollector(registry=registry)
     return registry
 
 
