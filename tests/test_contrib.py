@@ -14,6 +14,7 @@ from twisted.internet.task import Clock
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.recorder import NoRecorder
+from mqttamqp.ops.lag import ReactorLag
 from mqttamqp.ops.metrics import broker_registry, exposition
 
 CONTRIB = Path(__file__).resolve().parent.parent / "contrib"
@@ -29,8 +30,10 @@ class _ArchiveCounters(NoRecorder):
 def exposed_names() -> set[str]:
     """Every sample name a broker can expose (counters with no sample yet included)."""
     broker = Broker(Clock(), NullStore(), recorder=_ArchiveCounters())
+    registry = broker_registry(broker)
+    registry.register(ReactorLag(Clock()))   # as the service's OpsWiring adds it
     names: set[str] = set()
-    for family in text_string_to_metric_families(exposition(broker_registry(broker)).decode()):
+    for family in text_string_to_metric_families(exposition(registry).decode()):
         names |= {s.name for s in family.samples}
         if family.type == "counter":
             names.add(family.name + "_total")

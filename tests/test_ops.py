@@ -338,3 +338,22 @@ def test_a_metrics_listener_beyond_loopback_warns(host: str, warned: bool,
     ListenerService("metrics", "tcp:9108", None, None, "open")._listening(Port())
     said = [line for line in log_lines if "need no login" in line]
     assert len(said) == (1 if warned else 0)
+
+
+def test_reactor_lag_is_how_late_the_timer_fired() -> None:
+    from twisted.internet.task import Clock
+
+    from mqttamqp.ops.lag import ReactorLag
+
+    clock = Clock()
+    lag = ReactorLag(clock, 1.0)
+    lag.start()
+    clock.advance(1.5)           # the timer ran half a second late
+    clock.advance(1.0)           # on time
+    values = {m.name: m.samples[0].value for m in lag.collect()}
+    assert values == {"mqttamqp_reactor_lag_seconds": 0.0,
+                      "mqttamqp_reactor_lag_max_seconds": 0.5}
+    values = {m.name: m.samples[0].value for m in lag.collect()}
+    assert values["mqttamqp_reactor_lag_max_seconds"] == 0.0   # since the last scrape
+    lag.stop()
+    assert clock.getDelayedCalls() == []

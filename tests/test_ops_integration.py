@@ -108,6 +108,8 @@ def test_metrics_move_with_real_traffic_and_match_sys(ops_broker: BrokerProcess)
     assert after["mqttamqp_commits_total"][()] > 0   # the retained messages were stored
     assert after["mqttamqp_commit_latency_seconds_count"][()] == after[
         "mqttamqp_commits_total"][()]
+    assert 0 <= after["mqttamqp_reactor_lag_seconds"][()] < 60
+    assert after["process_open_fds"][()] > 0
     # $SYS and /metrics read the same numbers (no traffic now: $SYS is not counted).
     received = total(after, "mqttamqp_messages_received_total")
     assert sys_value_reaching(ops_broker.mqtt_port, "messages/received", received) == received
@@ -119,7 +121,7 @@ def test_healthz_and_readyz(ops_broker: BrokerProcess) -> None:
     http = ConsoleHTTP(ops_broker.ports["METRICS"])
     live = http.get("/healthz")
     assert live.code == 200 and live.header("content-type") == "application/json"
-    assert live.json()["status"] == "ok"
+    assert live.json()["status"] == "ok" and live.json()["reactor_lag_seconds"] >= 0
     ready = http.get("/readyz")
     assert ready.code == 200, ready.text
     body = ready.json()

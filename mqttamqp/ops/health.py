@@ -44,10 +44,13 @@ class Listener(Protocol):
     port: Any
 
 
-def liveness(broker: Broker) -> dict[str, Any]:
-    """The reactor answered (this runs on it)."""
-    return {"status": "ok", "uptime_seconds": round(
+def liveness(broker: Broker, reactor_lag: float | None = None) -> dict[str, Any]:
+    """The reactor answered (this runs on it); with how late it last ran a timer."""
+    body: dict[str, Any] = {"status": "ok", "uptime_seconds": round(
         max(0.0, broker.clock.seconds() - broker.stats.started), 3)}
+    if reactor_lag is not None:
+        body["reactor_lag_seconds"] = round(reactor_lag, 6)
+    return body
 
 
 class WriteProbe:

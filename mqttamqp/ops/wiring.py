@@ -16,6 +16,7 @@ from twisted.logger import ILogObserver
 from twisted.web.server import Site
 
 from mqttamqp.ops.health import Readiness, WriteProbe, liveness
+from mqttamqp.ops.lag import ReactorLag
 from mqttamqp.ops.logs import make_observer, open_destination
 from mqttamqp.ops.metrics import broker_registry
 from mqttamqp.ops.web import MetricsResource, ops_site, with_metrics
@@ -35,6 +36,7 @@ class OpsWiring:
         self.log_destination: tuple[str | None, bool] = (None, True)
         self._registry: CollectorRegistry | None = None
         self._readiness: Readiness | None = None
+        self.lag: ReactorLag | None = None
 
     def configure(self, options: Any) -> None:
         """Take the ops options (``Options``) and twistd's own, when there are any."""
@@ -53,6 +55,8 @@ class OpsWiring:
     def registry(self) -> CollectorRegistry:
         if self._registry is None:
             self._registry = broker_registry(self.service.broker)
+            self.lag = ReactorLag(self.service.reactor)
+            self._registry.register(self.lag)
         return self._registry
 
     @property
@@ -67,7 +71,10 @@ class OpsWiring:
     def site(self) -> Site:
         """The metrics listener's site: /metrics, /healthz, /readyz."""
         broker = self.service.broker
-        return ops_site(self.registry, self.readiness, lambda: liveness(broker))
+        registry = self.registry
+        lag = self.lag
+        return ops_site(registry, self.readiness,
+                        lambda: liveness(broker, lag.last if lag is not None else None))
 
     def mount_on_console(self, site: Site) -> None:
         if self.token is not None:
@@ -79,6 +86,8 @@ class OpsWiring:
         probe = self._readiness.probe if self._readiness is not None else None
         if probe is not None:
             probe.start()
+        if self.lag is not None:
+            self.lag.start()
         if self.otel_endpoint:
             from mqttamqp.ops.otel import OTelExport, otlp_reader
 
@@ -91,6 +100,8 @@ class OpsWiring:
                          u=self.otel_endpoint, s=self.otel_interval)
 
     def stop(self) -> None:
+        if self.lag is not None:
+            self.lag.stop()
         if self.otel is not None:
             self.otel.stop()
             self.otel = None
