@@ -172,8 +172,15 @@ class Options(usage.Options):
          "its user name, and the certificate authenticates it without a password (the "
          "--users file is not consulted for it); clients without a certificate "
          "authenticate as usual."],
+        ["print-config", None,
+         "Print the effective configuration (the --config file with the command line "
+         "applied, defaults filled in) as TOML, and exit."],
     ]
     optParameters: ClassVar[list[list[Any]]] = [
+        ["config", None, None,
+         "TOML file holding any of these options by their long names (lists as arrays, "
+         "webhooks as [[webhook]] tables; see mqttamqp.toml). Options on the command "
+         "line win. SIGHUP re-reads it and applies what can change live."],
         ["data", "d", "mqttamqp-data",
          "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
         ["max-connections", None, _D.max_connections,
@@ -294,6 +301,8 @@ class Options(usage.Options):
         self["ws-allowed-origin"] = []
         self["archive-include"] = []
         self["archive-exclude"] = []
+        self["webhook"] = []
+        self.argv: list[str] = []   # as given, for a reload (SIGHUP) to parse again
 
     def opt_archive_include(self, topic_filter: str) -> None:
         """Archive only messages on topics matching this filter (repeatable; default #)."""
@@ -334,6 +343,24 @@ class Options(usage.Options):
          "was sent to; requests without Origin (clients outside browsers) are accepted.")
         self["ws-allowed-origin"].append(origin)
 
+    def opt_webhook(self, hook: str | dict[str, Any]) -> None:
+        ("POST the broker's events as JSON to this URL (repeatable), with every "
+         "default; a [[webhook]] table in the --config file sets the rest (events, "
+         "topics, batching, retries, secret, TLS).")
+        from mqttamqp.ops.config import TableKeyError
+        from mqttamqp.ops.webhooks import HookSettings
+
+        try:
+            settings = (HookSettings.from_url(hook) if isinstance(hook, str)
+                        else HookSettings.from_table(hook))
+        except TableKeyError as e:
+            if isinstance(hook, str):
+                raise usage.UsageError(f"--webhook {e}") from None
+            raise
+        self["webhook"].append(settings)
+
+    opt_webhook.toml_tables = True  # type: ignore[attr-defined]
+
     def opt_version(self) -> None:
         """Print mqttamqp's version (and Twisted's and Python's) and exit."""
         import twisted
@@ -346,6 +373,7 @@ class Options(usage.Options):
         """As ``usage.Options.parseOptions``, but a bad option stops with its error
         and one hint line (SystemExit, exit status 1), not the whole --help text that
         twistd prints for a ``UsageError``."""
+        self.argv = list(sys.argv[1:] if options is None else options)
         try:
             super().parseOptions(options)  # type: ignore[no-untyped-call]
         except usage.UsageError as e:
@@ -353,6 +381,11 @@ class Options(usage.Options):
                              "(twistd mqttamqp --help lists the options)") from None
 
     def postOptions(self) -> None:
+        if self["config"] is not None:
+            from mqttamqp.ops import config
+
+            config.merge_file(self, self["config"],
+                              config.given_on_command_line(self, self.argv))
         for kind, default in DEFAULT_LISTENERS.items():
             given = self[kind]
             if not given:
@@ -390,6 +423,16 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--max-queued-messages plus --max-inflight must stay below 65000: each "
                 "queued QoS 1/2 message holds one of the 65535 MQTT packet ids")
+        if self["print-config"]:
+            print(self.config_text(), end="")
+            sys.exit(0)
+
+    def config_text(self) -> str:
+        """The effective configuration as a --config file (a listener kind that is
+        off is written as ['none'], so that the file turns it off too)."""
+        from mqttamqp.ops import config
+
+        return config.dump(self, {kind: self[kind] or ["none"] for kind in DEFAULT_LISTENERS})
 
     def _check_tls(self) -> None:
         from mqttamqp import tls

@@ -34,6 +34,9 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.ops.recorders import fan_out
+from mqttamqp.ops.reload import Reloaders
+from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.tls import TLSSettings, server_endpoint
@@ -198,9 +201,11 @@ class BrokerService(service.MultiService):
     def __init__(self, data_dir: str, limits: Limits, pack_interval_hours: float = 24.0,
                  reactor: Any = None, authenticator: Authenticator | None = None,
                  archive: dict[str, Any] | None = None,
-                 authorizer: Authorizer | None = None) -> None:
+                 authorizer: Authorizer | None = None,
+                 webhooks: Sequence[HookSettings] = ()) -> None:
         """``archive``: the archive's settings (``Archive`` keyword arguments plus
-        ``directory``), or None to run without one."""
+        ``directory``), or None to run without one.  ``webhooks``: the hooks at
+        start (a reload may change them; the recorder is there even without any)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
@@ -216,9 +221,12 @@ class BrokerService(service.MultiService):
             self.archive_dir = os.path.abspath(
                 settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
+        self.webhooks = WebhookRecorder(self.reactor, webhooks)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
-                             authorizer=authorizer, recorder=self.archive)
+                             authorizer=authorizer,
+                             recorder=fan_out(self.archive, self.webhooks))
         self._acl_loop: LoopingCall | None = None
+        self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
         self.listeners: list[ListenerService] = []
@@ -367,6 +375,8 @@ class BrokerService(service.MultiService):
             self._acl_loop = LoopingCall(reload_acl)
             self._acl_loop.clock = self.reactor
             self._acl_loop.start(ACL_POLL_SECONDS, now=False)
+        if self.reloaders is not None:
+            self.reloaders.install()
         super().startService()  # type: ignore[no-untyped-call]
 
     def _pack(self) -> Deferred[None]:
@@ -382,6 +392,8 @@ class BrokerService(service.MultiService):
         self.ops.set_log_observer(parent)
 
     def stopService(self) -> Deferred[None]:
+        if self.reloaders is not None:
+            self.reloaders.uninstall()
         self.broker.shutdown()
         self.ops.stop()
         for loop in (self._pack_loop, self._acl_loop):
@@ -404,6 +416,8 @@ class BrokerService(service.MultiService):
             # place).
             await task.deferLater(self.reactor, 0, lambda: None)
             await self.archive.close()
+        # What the hooks still hold is not sent (their queues are not durable).
+        self.webhooks.close()
 
 
 def _prepare_data_dir(path: str) -> None:
@@ -497,7 +511,9 @@ def makeService(options: Options) -> BrokerService:
 
         authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
-                        authenticator=authenticator, archive=archive, authorizer=authorizer)
+                        authenticator=authenticator, archive=archive, authorizer=authorizer,
+                        webhooks=options["webhook"])
+    _reloaders(svc, options)
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))
@@ -514,3 +530,20 @@ def makeService(options: Options) -> BrokerService:
     if options["metrics"]:
         svc.add_metrics_listener(options["metrics"])
     return svc
+
+
+def _reloaders(svc: BrokerService, options: Options) -> None:
+    """What SIGHUP applies live (``mqttamqp.ops.reload``: one ``register`` line each)."""
+
+    def parse() -> Options:
+        fresh = Options()
+        fresh.parseOptions(options.argv)
+        return fresh
+
+    svc.reloaders = reloaders = Reloaders(svc.reactor, options, parse)
+    reload_acl = getattr(svc.broker.authorizer, "reload", None)
+    if reload_acl is not None:   # the file is also polled every 2 s; SIGHUP asks at once
+        reloaders.register_always("ACL file", reload_acl)
+    reloaders.register("webhooks", ("webhook",),
+                       lambda new: svc.webhooks.configure(new["webhook"]))
+    reloaders.register("log level", ("log-level",), svc.ops.reload_log_level)

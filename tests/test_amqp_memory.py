@@ -808,3 +808,21 @@ def test_console_disconnect_of_a_waiting_fe_leaves_the_mqtt_holder_alone() -> No
     assert done is not None
     assert not device.transport.disconnecting
     assert net.broker.sessions["dev"].connection is not None
+
+
+def test_sys_byte_counters_count_each_amqp_byte_once() -> None:
+    """$SYS bytes/received and bytes/sent count AMQP socket bytes once (they were
+    counted again per message)."""
+    from amqp_memory import Net
+    from proton import Message
+
+    net = Net()
+    peer = net.amqp("counted")
+    rcv = peer.receiver("count/t")
+    snd = peer.sender("count/t")
+    for _ in range(5):
+        peer.send(snd, Message(body=b"x" * 1000))
+    assert len(rcv.bodies()) == 5
+    stats = net.broker.stats
+    assert stats.bytes_received == peer.server.bytes_in
+    assert stats.bytes_sent == peer.server.bytes_out

@@ -357,3 +357,30 @@ def test_reactor_lag_is_how_late_the_timer_fired() -> None:
     assert values["mqttamqp_reactor_lag_max_seconds"] == 0.0   # since the last scrape
     lag.stop()
     assert clock.getDelayedCalls() == []
+
+
+def test_sighup_changes_the_log_level_of_the_installed_observer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer installed on twistd's application keeps its level filter, and the
+    'log level' reloader sets a new level on it at once."""
+    from twisted.application.service import Application
+    from twisted.logger import ILogObserver
+
+    from mqttamqp.ops.wiring import OpsWiring
+
+    class Service:
+        log = Logger()
+
+    out = io.StringIO()
+    wiring = OpsWiring(Service())
+    wiring.log_level = "warn"
+    wiring.log_format = "json"
+    app = Application("t")
+    monkeypatch.setattr("mqttamqp.ops.wiring.open_destination", lambda *a: out)
+    wiring.set_log_observer(app)
+    observer = ILogObserver(app)
+    log = Logger(namespace="t", observer=observer)
+    log.info("hidden at warn")
+    wiring.reload_log_level({"log-level": "info"})
+    log.info("shown at info")
+    assert [json.loads(x)["event"] for x in out.getvalue().splitlines()] == ["shown at info"]

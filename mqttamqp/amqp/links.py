@@ -238,9 +238,8 @@ class OutgoingLink(BrokerLink):
             self._awaiting[dlv] = key
         self.delivered += 1
         stats = self.broker.stats
-        stats.messages_sent += 1
+        stats.messages_sent += 1   # (bytes are counted per socket write)
         stats.messages_sent_amqp += 1
-        stats.bytes_sent += len(data)
         self.host.schedule_flush()
 
     def over_credit_full(self) -> bool:
@@ -589,8 +588,7 @@ class IncomingLink(BrokerLink):
         _link_advance(impl)
         presettled = bool(_delivery_settled(dlv))
         self.outstanding += 1
-        self.delivered += 1
-        self.broker.stats.bytes_received += len(data)
+        self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:

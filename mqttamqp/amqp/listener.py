@@ -176,6 +176,7 @@ class AMQPConnection(Protocol):
             self._engine_input(data)
             return
         self.broker.stats.bytes_received += len(data)
+        self.bytes_in += len(data)
         if self.sasl.state is SaslState.HEADER and self.factory.cert_as_user:
             self._offer_external()
         self._sasl_steps(self.sasl.feed(data))

@@ -311,6 +311,8 @@ class ReadModel:
             messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,
             protocol_errors=stats.protocol_errors, bytes_received=stats.bytes_received,
-            bytes_sent=stats.bytes_sent, archive=self._recorder.stats(),
+            bytes_sent=stats.bytes_sent,
+            # The archive's own counters; other recorders' are named "kind/counter".
+            archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
             storage_error=stats.storage_error)

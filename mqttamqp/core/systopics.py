@@ -44,6 +44,9 @@ class SysTopics:
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
             if name in archive:
                 topics.append((f"$SYS/broker/archive/{name}", str(archive[name])))
+        for name, value in archive.items():   # other recorders' counters (webhooks/...)
+            if "/" in name:
+                topics.append((f"$SYS/broker/{name}", str(value)))
         for topic, payload in topics:
             self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
                                 counted=False)

@@ -1,10 +1,14 @@
-"""Running the broker in production: Prometheus metrics (``metrics``), the optional
-OpenTelemetry export (``otel``), liveness and readiness (``health``), the reactor's
-lag (``lag``), the HTTP listener that serves them (``web``) and the log format and
-level (``logs``).
+"""Running the broker in production.
 
-What it owns: turning the broker's own numbers and state into what operators'
-tools read.  What it must not do: keep numbers of its own (it reads
-``BrokerStats`` and the core at scrape time, so ``$SYS``, the console and
-``/metrics`` never disagree), or block the reactor thread.
+Operating it: the configuration file, reloading on SIGHUP, webhooks (``config``,
+``reload``, ``webhooks``, ``recorders``).  Nothing of these is on the broker's hot
+path except the webhook recorder's ``message``, which returns at once when no hook
+asks for messages.
+
+Watching it: Prometheus metrics (``metrics``), the optional OpenTelemetry export
+(``otel``), liveness and readiness (``health``), the reactor's lag (``lag``), the
+HTTP listener that serves them (``web``) and the log format and level (``logs``),
+wired into the service by ``wiring``.  These keep no numbers of their own (they
+read ``BrokerStats`` and the core at scrape time, so ``$SYS``, the console and
+``/metrics`` never disagree), and never block the reactor thread.
 """

@@ -27,6 +27,7 @@ from twisted.logger import (
     jsonFileLogObserver,
     textFileLogObserver,
 )
+from twisted.python.logfile import LogFile
 
 __all__ = ["FORMATS", "LEVELS", "StableFields", "make_observer", "open_destination"]
 
@@ -73,16 +74,30 @@ class StableFields:
 
 def open_destination(logfile: str | None, nodaemon: bool) -> IO[str]:
     """Where twistd itself would log: standard output under ``-n`` (or with
-    ``--logfile -``), else the log file (``twistd.log`` by default), appended to."""
+    ``--logfile -``), else the log file (``twistd.log`` by default) as twistd opens
+    it (a ``LogFile``, rotated at 1 MB)."""
     if logfile == "-" or (nodaemon and not logfile):
         return sys.stdout
-    return open(logfile or "twistd.log", "a", encoding="utf-8")  # lives as long as the process
+    stream: Any = LogFile.fromFullPath(logfile or "twistd.log")
+    return stream  # type: ignore[no-any-return]
 
 
-def make_observer(stream: IO[str], fmt: str = "text", level: str = "info") -> Any:
-    """The observer (an ``ILogObserver``) for ``--log-format`` and ``--log-level``."""
+def level_filter(level: str = "debug") -> Any:
+    """The level filter of ``make_observer``; ``set_level`` changes it live."""
+    return LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
+
+
+def set_level(predicate: Any, level: str) -> None:
+    predicate.setLogLevelForNamespace("", LogLevel.levelWithName(level))
+
+
+def make_observer(stream: IO[str], fmt: str = "text", level: str = "info",
+                  predicate: Any = None) -> Any:
+    """The observer (an ``ILogObserver``) for ``--log-format`` and ``--log-level``
+    (``predicate``: a ``level_filter`` to keep for changing the level later)."""
     sink: Any = textFileLogObserver(stream)
     if fmt == "json":
         sink = StableFields(jsonFileLogObserver(stream, recordSeparator=""))
-    predicate: Any = LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
+    if predicate is None:
+        predicate = level_filter(level)
     return FilteringLogObserver(sink, [predicate])

@@ -17,7 +17,7 @@ from twisted.web.server import Site
 
 from mqttamqp.ops.health import Readiness, WriteProbe, liveness
 from mqttamqp.ops.lag import ReactorLag
-from mqttamqp.ops.logs import make_observer, open_destination
+from mqttamqp.ops.logs import level_filter, make_observer, open_destination, set_level
 from mqttamqp.ops.metrics import broker_registry
 from mqttamqp.ops.web import MetricsResource, ops_site, with_metrics
 
@@ -34,6 +34,8 @@ class OpsWiring:
         self.log_format = "text"
         self.log_level: str | None = None
         self.log_destination: tuple[str | None, bool] = (None, True)
+        self.under_twistd = False       # twistd's own options were there (the plugin)
+        self.level_filter: Any = None   # the installed observer's, for SIGHUP
         self._registry: CollectorRegistry | None = None
         self._readiness: Readiness | None = None
         self.lag: ReactorLag | None = None
@@ -48,8 +50,9 @@ class OpsWiring:
         parent = getattr(options, "parent", None)   # twistd's ServerOptions
         if parent is not None:
             self.log_destination = (parent.get("logfile"), bool(parent.get("nodaemon")))
+            self.under_twistd = not parent.get("syslog")   # syslog: twistd's own observer
             if parent.get("syslog"):
-                self.log_format, self.log_level = "text", None   # syslog: twistd's own
+                self.log_format, self.log_level = "text", None
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -107,13 +110,26 @@ class OpsWiring:
             self.otel = None
 
     def set_log_observer(self, parent: Any) -> None:
-        """On twistd's application (a Componentized), the observer twistd logs to,
-        when a format or level was asked for; otherwise twistd's own is left."""
-        if self.log_format == "text" and self.log_level is None:
+        """On twistd's application (a Componentized), the observer twistd logs to:
+        under the twistd plugin always (to the same place twistd would log, so SIGHUP
+        can change the level), elsewhere (a .tac file) when a format or level was
+        asked for; otherwise twistd's own is left."""
+        if not self.under_twistd and self.log_format == "text" and self.log_level is None:
             return
         set_component = getattr(parent, "setComponent", None)
         if set_component is None:
             return
         stream = open_destination(*self.log_destination)
+        self.level_filter = level_filter(self.log_level or "debug")
         set_component(ILogObserver, make_observer(stream, self.log_format,
-                                                  self.log_level or "debug"))
+                                                  predicate=self.level_filter))
+
+    def reload_log_level(self, options: Any) -> None:
+        """SIGHUP: the new --log-level (none: everything) applies at once."""
+        level = options.get("log-level") or "debug"
+        if self.level_filter is None:
+            self.service.log.warn("--log-level {l} applies at the next start (the log "
+                                  "goes through twistd's own observer)", l=level)
+            return
+        set_level(self.level_filter, level)
+        self.log_level = options.get("log-level")
