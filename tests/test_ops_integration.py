@@ -216,3 +216,25 @@ def test_otel_export_reaches_an_otlp_endpoint(tmp_path: Any) -> None:
     finally:
         proc.stop()
         server.shutdown()
+
+
+def test_sighup_changes_the_log_level(tmp_path: Any) -> None:
+    """log-level in the --config file: SIGHUP applies a new level at once."""
+    import signal
+
+    conf = tmp_path / "mqttamqp.toml"
+    conf.write_text('log-level = "info"\n')
+    with BrokerProcess(str(tmp_path / "data"), "--config", str(conf), "--no-archive"
+                       ) as broker:
+        assert broker.proc is not None
+        conf.write_text('log-level = "warn"\nmax-inflight = 7\n')
+        os.kill(broker.proc.pid, signal.SIGHUP)
+        # A warning, logged after the level changed: the reload is done.
+        broker.wait_for_line(r"applied only at a restart: max-inflight", TIMEOUT)
+        PahoClient(broker.mqtt_port, "quiet-one").disconnect()   # info lines: not logged
+        conf.write_text('log-level = "info"\nmax-inflight = 7\n')
+        os.kill(broker.proc.pid, signal.SIGHUP)
+        broker.wait_for_line(r"reloaded log level: log-level changed", TIMEOUT)
+        PahoClient(broker.mqtt_port, "loud-one").disconnect()
+        broker.wait_for_line(r"loud-one .*disconnected", TIMEOUT)
+    assert not any("quiet-one" in line for line in broker.log)
