@@ -66,7 +66,8 @@ class Broker:
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         args = [twistd, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir,
                 "--mqtt", "tcp:0:interface=127.0.0.1", "--amqp", "tcp:0:interface=127.0.0.1",
-                "--web", "none", "--mqtt-ws", "none", "--sys-interval", "0", "--max-queued-messages", "64000",
+                "--web", "none", "--mqtt-ws", "none", "--metrics", "none", "--sys-interval", "0",
+                "--max-queued-messages", "64000",
                 *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)

@@ -189,7 +189,7 @@ class Broker:
                 args += ["--max-queued-bytes", str(1 << 30)]
             # Mosquitto runs a single MQTT listener; switch off the other listeners
             # (their default ports could also clash with other processes on the box)
-            for opt in ("--amqp", "--web", "--mqtt-ws"):
+            for opt in ("--amqp", "--web", "--mqtt-ws", "--metrics"):
                 if opt in opts:
                     args += [opt, "none"]
             args += self.extra_args

@@ -65,6 +65,74 @@ def _endpoint(option: str, description: str) -> str:
     return description
 
 
+# -- operations (issue 14): metrics, health, OpenTelemetry, log format -------------
+
+METRICS_DEFAULT = "tcp:9108:interface=127.0.0.1"
+
+
+def _metrics_endpoint(description: str) -> str:
+    return _endpoint("metrics", description)
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value.lower() not in choices:
+            raise usage.UsageError(f"--{name} must be one of {', '.join(choices)}, "
+                                   f"got {value!r}")
+        return value.lower()
+    check.coerceDoc = ""  # type: ignore[attr-defined]
+    return check
+
+
+_OPS_PARAMETERS: list[list[Any]] = [
+    ["metrics", None, METRICS_DEFAULT,
+     "Listener for /metrics (Prometheus), /healthz and /readyz, served without a login: "
+     "keep it on loopback or a private network ('none' turns it off).",
+     _metrics_endpoint],
+    ["metrics-token-file", None, None,
+     "Also serve /metrics on the console listener (--web), to requests with "
+     "'Authorization: Bearer TOKEN', TOKEN being this file's content."],
+    ["otel-endpoint", None, None,
+     "Also export the metrics through OpenTelemetry's OTLP/HTTP exporter to this URL "
+     "(e.g. http://127.0.0.1:4318/v1/metrics); needs pip install '.[otel]'."],
+    ["otel-interval", None, 60.0, "Seconds between OpenTelemetry exports.",
+     _positive(float, "otel-interval")],
+    ["log-format", None, "text", "Log lines as 'text' (twistd's) or 'json' (one object a "
+     "line, fields time, level, namespace, event, client, remote, reason).",
+     _choice("log-format", ("text", "json"))],
+    ["log-level", None, None, "Least level logged: debug, info, warn, error or critical "
+     "(default: everything, as twistd logs).",
+     _choice("log-level", ("debug", "info", "warn", "error", "critical"))],
+]
+
+
+def _check_ops(options: Options) -> None:
+    """Cross-option checks of the block above; the token file is read now, so a
+    bad one stops the start with its reason."""
+    if options["metrics"].strip().lower() == "none":
+        options["metrics"] = None
+    path = options["metrics-token-file"]
+    options["metrics-token"] = None
+    if path is not None:
+        from mqttamqp.ops.web import read_token
+
+        if not options["web"]:
+            raise usage.UsageError("--metrics-token-file serves /metrics on the console "
+                                   "listener, and --web is none")
+        try:
+            options["metrics-token"] = read_token(path)
+        except ValueError as e:
+            raise usage.UsageError(f"--metrics-token-file: {e}") from None
+    if options["otel-endpoint"]:
+        from mqttamqp.ops.otel import otel_available
+
+        if not otel_available():
+            raise usage.UsageError("--otel-endpoint needs the OpenTelemetry SDK: "
+                                   "pip install 'mqttamqp[otel]'")
+        if options["otel-interval"] <= 0:
+            raise usage.UsageError("--otel-interval must be more than 0 seconds")
+
+
 class _NoReactor:
     """Stands in for the reactor while a description is parsed: parsers only keep it."""
 
@@ -221,6 +289,7 @@ class Options(usage.Options):
         ["archive-days", None, 30,
          "Days of archive kept (older hour partitions are deleted); 0 = forever.",
          _positive(int, "archive-days")],
+        *_OPS_PARAMETERS,
     ]
 
     def __init__(self) -> None:
@@ -323,6 +392,7 @@ class Options(usage.Options):
                 given = [default]
             self[kind] = [d for d in given if d.strip().lower() != "none"]
         self._check_tls()
+        _check_ops(self)
         if self["acl"]:
             from mqttamqp.core.acl import AclAuthorizer, AclError
 

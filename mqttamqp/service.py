@@ -37,6 +37,7 @@ from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
+from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.tls import TLSSettings, server_endpoint
 
@@ -65,7 +66,8 @@ class ListenerService(service.Service):
         self.factory = factory
         self.reactor = reactor
         # Who may connect: "users" (a user store), "loopback" (no users: loopback
-        # clients only) or "anyone" (no users, --allow-anonymous).
+        # clients only), "anyone" (no users, --allow-anonymous) or "open" (no login
+        # at all: the metrics listener).
         self.access = access
         self.port: Any = None
         self.address = ""
@@ -120,6 +122,11 @@ class ListenerService(service.Service):
                               "such as --{opt} {d} to accept other machines, with --users",
                               kind=self.kind, opt=self.kind.lower(),
                               d=self.description.split(":interface=")[0])
+        elif self.access == "open":
+            self.log.warn("{kind} listens on {address}, beyond loopback: its pages need no "
+                          "login (keep it on a private network, or use "
+                          "--metrics-token-file and the console)", kind=self.kind,
+                          address=self.address)
         elif self.access == "anyone":
             self.log.warn("{kind} listens on {address}, beyond loopback, and no users are "
                           "configured: anyone who can reach it may connect (give --users "
@@ -227,6 +234,7 @@ class BrokerService(service.MultiService):
         self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
+        self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -258,11 +266,15 @@ class BrokerService(service.MultiService):
 
         if self.web_site is None:
             self.web_site = make_site(self)
+            self.ops.mount_on_console(self.web_site)
         return self.add_listener("web", description, self.web_site)
 
+    def add_metrics_listener(self, description: str) -> ListenerService:
+        return self.add_listener("metrics", description, self.ops.site())
+
     def add_listener(self, kind: str, description: str, factory: Any) -> ListenerService:
-        svc = ListenerService(kind, description, factory, self.reactor,
-                              "users" if kind == "web" else self._access())
+        access = {"web": "users", "metrics": "open"}.get(kind) or self._access()
+        svc = ListenerService(kind, description, factory, self.reactor, access)
         svc.tls = self.tls
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
@@ -352,6 +364,7 @@ class BrokerService(service.MultiService):
         gc.collect()
         gc.freeze()
         self.log.info("data directory {d}", d=self.data_dir)
+        self.ops.start()
         if self.pack_interval > 0:
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
@@ -377,10 +390,17 @@ class BrokerService(service.MultiService):
         d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
         return d
 
+    def setServiceParent(self, parent: Any) -> None:
+        """As usual; and on twistd's application, the log observer of --log-format
+        and --log-level, which twistd installs once the service is assembled."""
+        super().setServiceParent(parent)  # type: ignore[no-untyped-call]
+        self.ops.set_log_observer(parent)
+
     def stopService(self) -> Deferred[None]:
         if self.reloaders is not None:
             self.reloaders.uninstall()
         self.broker.shutdown()
+        self.ops.stop()
         for loop in (self._pack_loop, self._acl_loop):
             if loop is not None and loop.running:
                 loop.stop()
@@ -507,17 +527,18 @@ def makeService(options: Options) -> BrokerService:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
+    svc.ops.configure(options)
     for description in options["mqtt-ws"]:
         svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
     for description in options["web"]:
         svc.add_web_listener(description)
+    if options["metrics"]:
+        svc.add_metrics_listener(options["metrics"])
     return svc
 
 
 def _reloaders(svc: BrokerService, options: Options) -> None:
-    """What SIGHUP applies live (``mqttamqp.ops.reload``: one ``register`` line each).
-    The log level belongs here too once --log-level exists:
-    ``svc.reloaders.register("log level", ("log-level",), set_level_from_options)``."""
+    """What SIGHUP applies live (``mqttamqp.ops.reload``: one ``register`` line each)."""
 
     def parse() -> Options:
         fresh = Options()
@@ -530,3 +551,4 @@ def _reloaders(svc: BrokerService, options: Options) -> None:
         reloaders.register_always("ACL file", svc.reload_acl)
     reloaders.register("webhooks", ("webhook",),
                        lambda new: svc.webhooks.configure(new["webhook"]))
+    reloaders.register("log level", ("log-level",), svc.ops.reload_log_level)

@@ -41,7 +41,7 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         args = [TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir]
-        for option in ("--mqtt", "--amqp", "--web", "--mqtt-ws"):
+        for option in ("--mqtt", "--amqp", "--web", "--mqtt-ws", "--metrics"):
             where = (self.descriptions.get(option, "tcp:0:interface=127.0.0.1")
                      if option in self.listeners else "none")
             args += [option, where]

@@ -469,7 +469,7 @@ def test_twistd_runs_the_tac(tmp_path: Path) -> None:
     original = "options.parseOptions([])"
     assert original in text
     args = ["--mqtt", "tcp:0:interface=127.0.0.1", "--amqp", "none", "--web", "none",
-            "--mqtt-ws", "none", "--data", str(tmp_path / "data")]
+            "--mqtt-ws", "none", "--metrics", "none", "--data", str(tmp_path / "data")]
     tac = tmp_path / "mqttamqp.tac"
     tac.write_text(text.replace(original, f"options.parseOptions({args!r})", 1))
     proc = BrokerProcess(str(tmp_path / "data"))

@@ -183,6 +183,7 @@ def test_options_default_listener_none_and_origins() -> None:
     assert off["mqtt-ws"] == []
     two = Options()
     two.parseOptions(["--no-archive", "--mqtt", "none", "--amqp", "none", "--web", "none",
+                      "--metrics", "none",
                       "--mqtt-ws", "tcp:0:interface=127.0.0.1", "--mqtt-ws", "tcp:0",
                       "--ws-allowed-origin", "https://a.example",
                       "--ws-allowed-origin", "https://b.example"])

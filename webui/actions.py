@@ -109,6 +109,26 @@ class ConsoleActions:
                             {"disconnected": True, "wills_published": fired},
                             connection_gone=True)
 
+    async def debug_client(self, user: str, client_id: str, minutes: int) -> ActionResult:
+        """Log every MQTT packet or AMQP frame of ``client_id`` (an AMQP container
+        id) for ``minutes`` (0 stops)."""
+        if not client_id:
+            raise ActionError(400, "no client id given")
+        if not 0 <= minutes <= 60:
+            raise ActionError(400, "minutes must be between 0 and 60")
+        try:
+            until, started = self.broker.debug_client(client_id, minutes * 60.0)
+        except ValueError as e:
+            raise ActionError(409, str(e)) from None
+        if minutes == 0:
+            self._audit(user, "debug-log", "stopped", client_id=client_id)
+            return ActionResult(f"Debug logging of {client_id} stopped.", {"until": None})
+        self._audit(user, "debug-log", f"on for {minutes} min", client_id=client_id)
+        return ActionResult(
+            f"Every packet (or AMQP frame) of {client_id} is logged for {minutes} minutes "
+            f"(lines 'debug {client_id} ...' in the broker's log).",
+            {"until": until, "connections": started})
+
     async def bulk(self, user: str, action: str, keys: list[str], with_will: bool
                    ) -> ActionResult:
         """Disconnect, or clear the persistent session of, each of ``keys`` (live

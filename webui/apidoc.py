@@ -54,6 +54,9 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                                 "keep_connected.", "key, keep_connected"),
     "/api/clients/disconnect": ("Disconnect a client, with or without its will.",
                                 "key, with_will"),
+    "/api/clients/debug": ("Log every MQTT packet (AMQP frame) of a client id, now and "
+                           "when it connects, for some minutes.",
+                           "client_id, minutes (10; 0 stops; at most 60)"),
     "/api/clients/bulk": ("Disconnect, or clear the persistent sessions of, several "
                           "clients; each one is audited.",
                           "action=disconnect|clear-session, keys (list), with_will"),

@@ -911,6 +911,10 @@ class Console:
         return lambda auth: self.actions.disconnect(
             auth.user, self._param(request, "key"), self._flag(request, "with_will"))
 
+    def _debug_client(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.debug_client(
+            auth.user, self._param(request, "client_id"), self._int(request, "minutes", 10))
+
     def _bulk(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.bulk(
             auth.user, self._param(request, "action"), self._list(request, "keys"),
@@ -975,6 +979,7 @@ class Console:
     _ACTION_ROUTES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("/clients/force-will", "_force_will", "/clients"),
         ("/clients/disconnect", "_disconnect", "/clients"),
+        ("/clients/debug", "_debug_client", "/clients"),
         ("/clients/bulk", "_bulk", "/clients"),
         ("/sessions/clear", "_clear_session", "/sessions"),
         ("/wills/fire", "_fire_will", "/wills"),

@@ -54,6 +54,7 @@ from mqttamqp.core.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.session import Session
+from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 
 __all__ = [
@@ -236,7 +237,9 @@ class OutgoingLink(BrokerLink):
         elif key is not None:
             self._awaiting[dlv] = key
         self.delivered += 1
-        self.broker.stats.messages_sent += 1   # (bytes are counted per socket write)
+        stats = self.broker.stats
+        stats.messages_sent += 1   # (bytes are counted per socket write)
+        stats.messages_sent_amqp += 1
         self.host.schedule_flush()
 
     def over_credit_full(self) -> bool:
@@ -335,6 +338,9 @@ class _SessionLink(OutgoingLink):
             data = encode_publish(message.topic, message.payload, 0, retain, count,
                                   message.publisher)
             cache[0], cache[1], cache[2] = message, retain, data
+        stats = self.broker.stats
+        if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
+            stats.deliver_sampled(message.timestamp)
         if self.host.write_blocked:
             self._backlog += len(data)
         if packet_id is None:
@@ -743,6 +749,7 @@ class TopicPublisher(IncomingLink):
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
             return
+        broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
         self._charge(routed)
@@ -786,6 +793,7 @@ class TopicPublisher(IncomingLink):
         self.outstanding -= 1
         self.top_up()
         result = self.broker.publish(routed, wait=False)
+        self.broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
         self._charge(routed)

@@ -71,6 +71,7 @@ from mqttamqp.amqp.services import (
 )
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
@@ -148,6 +149,7 @@ class AMQPConnection(Protocol):
         self._attached: dict[Any, Any] = {}
         # The connection's publish budget (None: not limited), shared by its senders.
         self.publish_rate = self.broker.publish_rate()
+        self._debug_timer: DelayedCall | None = None   # frames logged until it fires
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -578,6 +580,47 @@ class AMQPConnection(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
         self._timer = self._handshake_timer = self._flush_call = None
+        if self._debug_timer is not None:
+            self.stop_debug()
+
+    # -- per-client debug logging (the console's "Debug log") ----------------------
+
+    def start_debug(self, until: float) -> None:
+        """Log every AMQP frame in and out of this connection until ``until``, through
+        proton's own frame trace (off, it costs nothing)."""
+        ptrans = self.ptrans
+        if ptrans is None:
+            return
+        if self._debug_timer is not None and self._debug_timer.active():
+            self._debug_timer.cancel()
+        else:
+            log, c, peer = self.log, self.container_id, self.peer
+            budget = LineBudget()
+
+            def trace(_transport: Any, frame: str) -> None:
+                if budget.take():
+                    log.info("debug {c} ({peer}): {frame}", c=c, peer=peer,
+                             frame=frame[:300])
+                elif budget.left == -1:
+                    log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                             "window; no more", c=c, peer=peer, n=MAX_DEBUG_LINES)
+            ptrans.tracer = trace
+            ptrans.trace(Transport.TRACE_FRM)
+            self.log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=c, peer=peer,
+                          s=until - self.clock.seconds())
+        self._debug_timer = self.clock.callLater(max(0.0, until - self.clock.seconds()),
+                                                 self.stop_debug)
+
+    def stop_debug(self) -> None:
+        timer, self._debug_timer = self._debug_timer, None
+        if timer is None:
+            return
+        if timer.active():
+            timer.cancel()
+        if self.ptrans is not None:
+            self.ptrans.trace(Transport.TRACE_OFF)
+        self.log.info("debug logging of {c} ({peer}) ended", c=self.container_id,
+                      peer=self.peer)
 
     def _end_links(self, brute: bool, reason: str) -> None:
         """The one place where a connection's end reaches its links (and wills)."""
@@ -623,6 +666,9 @@ class AMQPConnection(Protocol):
         self.broker.register_connection(self.key, self, "amqp")
         self.log.info("AMQP connection from {peer} (container {c}, user {u})",
                       peer=self.peer, c=self.container_id or "?", u=self.username or "anonymous")
+        debug_until = self.broker.client_debug.until(self.container_id)
+        if debug_until is not None:
+            self.start_debug(debug_until)
 
     def _on_connection_remote_close(self, event: Any) -> None:
         pconn = self.pconn

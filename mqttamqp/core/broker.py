@@ -40,6 +40,7 @@ from mqttamqp.core.auth import (
     peer_host,
 )
 from mqttamqp.core.bans import Ban, BanList
+from mqttamqp.core.clientdebug import ClientDebug
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
@@ -93,7 +94,7 @@ class Broker:
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.recorder: Recorder = recorder if recorder is not None else NoRecorder()
-        self.stats = BrokerStats()
+        self.stats = BrokerStats(seconds=clock.seconds)
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
         self._log_limit = LogLimiter(clock.seconds)   # one line per cause a minute
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
@@ -116,6 +117,7 @@ class Broker:
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
                               self.recorder, self.bans, self.topic_stats)
         self._loops: list[LoopingCall] = []
+        self.client_debug = ClientDebug(clock.seconds)
 
     # -- state the read model and tests look at (read-only) ---------------------
 
@@ -142,6 +144,11 @@ class Broker:
     @property
     def trie(self) -> SubscriptionTrie[Session]:
         return self._router.trie
+
+    @property
+    def wills_in_grace(self) -> int:
+        """Wills restored at start whose grace period is still running."""
+        return self._wills.in_grace()
 
     @property
     def stopping(self) -> bool:
@@ -278,6 +285,7 @@ class Broker:
 
         def record(ok: object, reason: str) -> object:
             if not ok or reason != "refused":
+                self.stats.auth_failures += 1
                 self.recorder.event(
                     self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
                     protocol=credentials.protocol, address=credentials.peer,
@@ -534,6 +542,7 @@ class Broker:
 
     def rejected(self, session: Session, packet_id: int) -> None:
         """AMQP Rejected: the delivery is dropped, counted."""
+        self.stats.messages_rejected += 1
         self._commits.background(session.drop(packet_id))
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
@@ -555,6 +564,7 @@ class Broker:
     def dropped(self, session: Session) -> None:
         """A delivery to ``session`` was dropped by its link (QoS 0 over its bound)."""
         session.dropped += 1
+        session.dropped_congested += 1
 
     # -- flow control ---------------------------------------------------------
 
@@ -703,6 +713,25 @@ class Broker:
         """Fires once ``commits`` (and everything asked before) are durable."""
         return all_durable([*commits, self._commits.barrier()]) or self._commits.barrier()
 
+    def debug_client(self, client_id: str, duration: float) -> tuple[float, int]:
+        """Log the packets of ``client_id`` for ``duration`` seconds (0 stops): its
+        live connection now, and any it opens before the deadline.  Returns the
+        deadline and how many live connections started (a ValueError when too many
+        clients are being debugged)."""
+        until = self.client_debug.enable(client_id, duration)
+        on = until > self.clock.seconds()
+        started = 0
+        for conn in list(self._registry.connections.values()):
+            if conn.info().client_id != client_id:
+                continue
+            # MQTT connections log their packets, AMQP ones their frames.
+            if on and hasattr(conn, "start_debug"):
+                conn.start_debug(until)
+                started += 1
+            elif not on and hasattr(conn, "stop_debug"):
+                conn.stop_debug()
+        return until, started
+
     def record_console_action(self, user: str, action: str, target: str) -> None:
         """An operator acted through the console (the archive keeps the audit trail)."""
         self.recorder.event(self.clock.seconds(), CONSOLE_ACTION, None, user=user,
@@ -721,6 +750,10 @@ class Broker:
 
     def publish_sys(self) -> None:
         self._sys.publish()
+
+    def dropped_congested(self) -> int:
+        """Of ``dropped_total``: QoS 0 messages dropped for clients that did not read."""
+        return self._registry.congested_total()
 
     def dropped_total(self) -> int:
         return self._registry.dropped_total()

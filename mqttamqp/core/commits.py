@@ -112,14 +112,18 @@ class CommitBatcher:
         d = self.store.submit(ops)
         if ops:
             # (An empty commit, a barrier, touches no storage: it says nothing of it.)
-            d.addCallbacks(self._committed, self._commit_failed)
+            self.stats.commit_batch.observe(len(ops))
+            d.addCallbacks(self._committed, self._commit_failed,
+                           callbackArgs=(self._now(),))
         return d
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else 0.0
 
-    def _committed(self, result: None) -> None:
+    def _committed(self, result: None, submitted: float) -> None:
         stats = self.stats
+        stats.commits += 1
+        stats.commit_latency.observe(max(0.0, self._now() - submitted))
         if stats.storage_failing:
             stats.storage_failing = False
             self.log.info("storage recovered: commits succeed again after {n} failed "

@@ -88,6 +88,7 @@ class SessionRegistry:
         self.connections: dict[str, InspectableConnection] = {}
         self._connection_protocols: dict[str, str] = {}
         self.dropped_retired = 0  # drops of sessions that no longer exist
+        self.congested_retired = 0  # of which QoS 0 dropped for a congested client
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
         now = self.clock.seconds()
@@ -108,6 +109,12 @@ class SessionRegistry:
                 yield session
         yield from self.link_subscribers.values()
 
+    def congested_total(self) -> int:
+        """Of ``dropped_total``: QoS 0 messages dropped for a client that did not read."""
+        return (self.congested_retired
+                + sum(s.dropped_congested for s in self.sessions.values())
+                + sum(s.dropped_congested for s in self.link_subscribers.values()))
+
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
                 + sum(s.dropped for s in self.link_subscribers.values()))
@@ -125,6 +132,7 @@ class SessionRegistry:
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
             self.stats.disconnected(known)
+            self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
                 self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
                                     protocol=known, reason=CAUSE_CLEAN)
@@ -145,6 +153,7 @@ class SessionRegistry:
             self.stats.disconnected(protocol)
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
+            self.stats.disconnect_cause(cause)
             info = connection.info()
             # The one line per disconnect, with its cause.  A protocol error or a
             # limit was logged (as a warning, with its reason) where it was found;
@@ -295,6 +304,7 @@ class SessionRegistry:
                                 reason=reason)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
+        self.congested_retired += session.dropped_congested
         session.clear_messages()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -318,6 +328,7 @@ class SessionRegistry:
                            "moving shared messages of " + key)
         self.router.forget_session(session)
         self.dropped_retired += session.dropped
+        self.congested_retired += session.dropped_congested
         session.clear_messages()
         session.detach()
         self.flow.resume_paused()

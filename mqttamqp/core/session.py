@@ -152,6 +152,7 @@ class Session:
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
         self.dropped = 0
+        self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1
@@ -274,6 +275,7 @@ class Session:
                 return None  # QoS 0 is not queued for offline sessions
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.dropped += 1
+                self.dropped_congested += 1
                 return None
             link.send_publish(message, 0, None, False, retain)
             self.delivered += 1

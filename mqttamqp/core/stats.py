@@ -1,10 +1,60 @@
-"""Broker counters and the ``$SYS/broker/...`` topics built from them."""
+"""Broker counters and the ``$SYS/broker/...`` topics built from them.
+
+These are the one source of the broker's numbers: ``$SYS``, the console and the
+Prometheus endpoint (``mqttamqp.ops.metrics``) all read them, so they never
+disagree.  The histograms are plain bucket counts kept here, so the core needs
+no metrics library; the exporter turns them into its own types at scrape time.
+"""
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["BrokerStats"]
+__all__ = ["BrokerStats", "Histogram", "DELIVER_SAMPLE_MASK"]
+
+# One delivered message in 1024 has its publish-to-deliver latency observed: the
+# per-message cost is one bit test on a counter the send path updates anyway.
+DELIVER_SAMPLE_MASK = 1023
+
+
+@dataclass
+class Histogram:
+    """Cumulative-ready bucket counts (Prometheus ``le`` semantics: a value goes
+    into the first bucket whose upper bound is >= it; the last is +Inf)."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) pairs, the last bound +Inf."""
+        running = 0
+        out: list[tuple[float, int]] = []
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+_LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+_BATCH_BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def _latency() -> Histogram:
+    return Histogram(_LATENCY_BOUNDS)
 
 
 @dataclass
@@ -29,6 +79,30 @@ class BrokerStats:
     storage_error: str = ""           # the first error of the current (or last) spell
     # How often each limit refused something (``$SYS/broker/limits/<name>``).
     limits: dict[str, int] = field(default_factory=dict)
+    # By protocol (the totals above stay the $SYS figures): AMQP's share is counted
+    # on the AMQP path only, the broker's own publishes (wills, console) where they
+    # are routed; MQTT's is the rest, so the MQTT hot path counts nothing extra.
+    messages_received_amqp: int = 0
+    messages_received_broker: int = 0
+    messages_sent_amqp: int = 0
+    connects: dict[str, int] = field(default_factory=dict)      # by protocol
+    disconnects: dict[str, int] = field(default_factory=dict)   # by cause
+    auth_failures: int = 0
+    messages_rejected: int = 0        # AMQP Rejected (in messages_dropped)
+    commits: int = 0                  # successful store commits
+    commit_latency: Histogram = field(default_factory=_latency)     # seconds
+    commit_batch: Histogram = field(default_factory=lambda: Histogram(_BATCH_BOUNDS))
+    deliver_latency: Histogram = field(default_factory=_latency)    # sampled, seconds
+    # Seconds since the epoch, for the sampled delivery latency (the broker sets it).
+    seconds: Callable[[], float] | None = None
+
+    def deliver_sampled(self, timestamp: float) -> None:
+        """One sampled delivery of a message the broker received at ``timestamp``."""
+        if self.seconds is not None and timestamp > 0:
+            self.deliver_latency.observe(max(0.0, self.seconds() - timestamp))
+
+    def disconnect_cause(self, cause: str) -> None:
+        self.disconnects[cause] = self.disconnects.get(cause, 0) + 1
 
     def limit_hit(self, name: str) -> None:
         self.limits[name] = self.limits.get(name, 0) + 1
@@ -36,6 +110,7 @@ class BrokerStats:
     def connected(self, protocol: str) -> None:
         self.clients_connected += 1
         self.clients_total += 1
+        self.connects[protocol] = self.connects.get(protocol, 0) + 1
         self.by_protocol[protocol] = self.by_protocol.get(protocol, 0) + 1
         if self.clients_connected > self.clients_maximum:
             self.clients_maximum = self.clients_connected

@@ -78,6 +78,10 @@ class Wills:
 
     # -- the grace rule -------------------------------------------------------
 
+    def in_grace(self) -> int:
+        """Restored wills whose grace period is still running (readiness waits)."""
+        return len(self._grace)
+
     def owner_returned(self, owner: str) -> bool:
         """``owner`` is back: its stored will from before the restart is no longer an
         orphan.  True if a grace timer was pending."""

@@ -28,6 +28,7 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
+from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.limits import Limits
@@ -42,6 +43,7 @@ from mqttamqp.core.recorder import (
     CAUSE_TAKEN_OVER,
 )
 from mqttamqp.core.session import Session
+from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
@@ -81,6 +83,16 @@ _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
+
+
+_FRAME_KINDS = ("reserved", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
+                "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ",
+                "PINGRESP", "DISCONNECT", "reserved")
+
+
+def _frame_kind(data: bytes) -> str:
+    """The MQTT packet type of an encoded frame (for debug lines)."""
+    return _FRAME_KINDS[data[0] >> 4] if data else "empty"
 
 
 def _ack_frame(kind: int, packet_id: int) -> bytes:
@@ -272,6 +284,8 @@ class MQTTProtocol(Protocol):
         stats = self.broker.stats
         stats.messages_sent += 1
         stats.bytes_sent += len(frame)
+        if not stats.messages_sent & DELIVER_SAMPLE_MASK:
+            stats.deliver_sampled(message.timestamp)
         if self._congested:
             self._backlog += len(frame)
 
@@ -509,6 +523,9 @@ class MQTTProtocol(Protocol):
         self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
                       c=self.client_id, peer=self.peer, v=self.version,
                       cs=self.clean_session, k=self.keepalive)
+        debug_until = self.broker.client_debug.until(self.client_id)
+        if debug_until is not None:
+            self.start_debug(debug_until)
         if self.keepalive > 0:
             self._keepalive = Keepalive(self.keepalive)
             self._keepalive_timer = self.clock.callLater(
@@ -558,6 +575,68 @@ class MQTTProtocol(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
         self._connect_timer = self._keepalive_timer = self._rate_timer = None
+        if "_debug_timer" in vars(self):
+            self.stop_debug()
+
+    # -- per-client debug logging (the console's "Debug log") ----------------------
+
+    def start_debug(self, until: float) -> None:
+        """Log every packet in and out of this connection until ``until``.
+
+        The logging wrappers are put in this instance's ``__dict__`` (shadowing the
+        class's ``_emit`` and handler table) only while it is debugged, so no other
+        connection pays a check per packet."""
+        own = vars(self)
+        timer = own.get("_debug_timer")
+        if timer is not None and timer.active():
+            timer.cancel()
+        own["_debug_timer"] = self.clock.callLater(
+            max(0.0, until - self.clock.seconds()), self.stop_debug)
+        if "_emit" in own:
+            return   # already logging: a new deadline only
+        plain_emit = self._emit
+        log = self.log
+        budget = LineBudget()
+
+        def allowed() -> bool:
+            if budget.take():
+                return True
+            if budget.left == -1:   # once: the rest of the window is not logged
+                log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                         "window; no more", c=self.client_id, peer=self.peer,
+                         n=MAX_DEBUG_LINES)
+            return False
+
+        def emit(data: bytes) -> None:
+            if allowed():
+                log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
+                         peer=self.peer, kind=_frame_kind(data), n=len(data))
+            plain_emit(data)
+
+        def logged(handler: Callable[[MQTTProtocol, Any], None]
+                   ) -> Callable[[MQTTProtocol, Any], None]:
+            def handle(conn: MQTTProtocol, packet: Any) -> None:
+                if allowed():
+                    log.info("debug {c} ({peer}): in {packet}", c=conn.client_id,
+                             peer=conn.peer, packet=repr(packet)[:300])
+                handler(conn, packet)
+            return handle
+
+        own["_emit"] = emit
+        own["_connected_handlers"] = {kind: logged(handler) for kind, handler
+                                      in type(self)._connected_handlers.items()}
+        log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=self.client_id,
+                 peer=self.peer, s=until - self.clock.seconds())
+
+    def stop_debug(self) -> None:
+        own = vars(self)
+        timer = own.pop("_debug_timer", None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if own.pop("_emit", None) is not None:
+            own.pop("_connected_handlers", None)
+            self.log.info("debug logging of {c} ({peer}) ended", c=self.client_id,
+                          peer=self.peer)
 
     # -- reading pause (connect in progress, back-pressure) -----------------------
 

@@ -1,0 +1,218 @@
+"""The broker's numbers as metric families, read at scrape time, and their
+Prometheus exposition through ``prometheus_client``.
+
+What it owns: the metric names (``mqttamqp_...``, Prometheus conventions: base
+units, ``_total`` on counters), what each reads, and the private
+``CollectorRegistry`` of one broker.  ``snapshot`` builds every family from the
+same sources ``$SYS`` uses (``BrokerStats``, the read model's counters, the
+registry's drop total), so the two never disagree; the OpenTelemetry export
+(``otel``) reads the same snapshot.
+
+What it must not do: count anything itself, or be read off the reactor thread
+(the core's dicts change under a reader on another thread).  Scrapes are
+served on the reactor; the OpenTelemetry reader gets a snapshot taken there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.stats import Histogram
+
+__all__ = ["Family", "BrokerCollector", "broker_registry", "exposition", "snapshot",
+           "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric at one moment: ``name`` without the ``_total`` suffix of counters;
+    ``values`` as (label value, number) pairs, the label value "" when ``label`` is
+    None; ``buckets``/``total``/``count`` for histograms."""
+
+    name: str
+    kind: str
+    doc: str
+    unit: str = ""
+    label: str | None = None
+    values: tuple[tuple[str, float], ...] = ()
+    buckets: tuple[tuple[float, int], ...] = ()
+    total: float = 0.0
+    count: int = 0
+
+
+def _protocol(name: str) -> str:
+    """mqtt3.1 and mqtt3.1.1 are both ``mqtt`` in metric labels."""
+    return "mqtt" if name.startswith("mqtt") else name
+
+
+def _by(values: Iterable[tuple[str, int]]) -> tuple[tuple[str, float], ...]:
+    merged: dict[str, float] = {}
+    for key, n in values:
+        merged[key] = merged.get(key, 0) + n
+    return tuple(sorted(merged.items()))
+
+
+def _one(name: str, kind: str, doc: str, value: float, unit: str = "") -> Family:
+    return Family(name, kind, doc, unit, None, (("", value),))
+
+
+def _histogram(name: str, doc: str, h: Histogram, unit: str = "") -> Family:
+    return Family(name, HISTOGRAM, doc, unit, None, (), tuple(h.cumulative()), h.total,
+                  h.count)
+
+
+def snapshot(broker: Broker) -> list[Family]:
+    """Every family, read now from the broker (on the reactor thread)."""
+    stats = broker.stats
+    c = broker.view.counters()
+    queued = queued_bytes = 0
+    for session in (*broker.sessions.values(), *broker.link_subscribers.values()):
+        queued += len(session.queue)
+        queued_bytes += session.queued_bytes
+    online = sum(1 for s in broker.sessions.values() if s.link is not None)
+    congested = broker.dropped_congested()
+    received_mqtt = (stats.messages_received - stats.messages_received_amqp
+                     - stats.wills_published)
+    families = [
+        Family("mqttamqp_connections", GAUGE, "Live client connections.", "", "protocol",
+               _by([("mqtt", 0), ("amqp", 0)]
+                   + [(_protocol(p), n) for p, n in c.by_protocol.items()])),
+        Family("mqttamqp_sessions", GAUGE, "Sessions by client id, online (a connection "
+               "holds it) or offline (persistent, waiting for its client).", "", "state",
+               (("offline", c.sessions - online), ("online", online))),
+        _one("mqttamqp_queued_messages", GAUGE, "Messages queued for sessions (beyond "
+             "their in-flight windows).", queued),
+        _one("mqttamqp_queued_bytes", GAUGE, "Payload bytes queued for sessions.",
+             queued_bytes, "bytes"),
+        _one("mqttamqp_retained_messages", GAUGE, "Retained messages clients stored "
+             "($SYS not counted).", c.retained - c.retained_sys),
+        _one("mqttamqp_subscriptions", GAUGE, "Topic filters subscribed.", c.subscriptions),
+        _one("mqttamqp_wills_pending", GAUGE, "Stored wills (not yet published).", c.wills),
+        _one("mqttamqp_wills_in_grace", GAUGE, "Wills restored at start whose grace "
+             "period is still running.", broker.wills_in_grace),
+        _one("mqttamqp_clients_maximum", GAUGE, "Most connections at once since start.",
+             c.clients_maximum),
+        _one("mqttamqp_storage_failing", GAUGE, "1 while store commits fail (nothing "
+             "durable is acknowledged), else 0.", 1 if c.storage_failing else 0),
+        _one("mqttamqp_start_time_seconds", GAUGE, "When the broker started, seconds since "
+             "the epoch.", c.started),
+        Family("mqttamqp_messages_received", COUNTER, "Messages routed, by who published "
+               "them (broker: wills; the console's test publishes count as mqtt).", "",
+               "protocol",
+               (("amqp", stats.messages_received_amqp), ("broker", stats.wills_published),
+                ("mqtt", received_mqtt))),
+        Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients.", "",
+               "protocol", (("amqp", stats.messages_sent_amqp),
+                            ("mqtt", stats.messages_sent - stats.messages_sent_amqp))),
+        Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a session's "
+               "queue bound (queue), QoS 0 for a client that does not read (congestion), "
+               "AMQP Rejected (rejected), a publish refused (denied).", "", "reason",
+               (("congestion", congested), ("denied", c.publish_denied),
+                ("queue", c.messages_dropped - congested - stats.messages_rejected),
+                ("rejected", stats.messages_rejected))),
+        _one("mqttamqp_messages_amqp_only", COUNTER, "AMQP messages with no MQTT form "
+             "(delivered to AMQP receivers only).", stats.messages_amqp_only),
+        _one("mqttamqp_received_bytes", COUNTER, "Bytes read from clients.",
+             c.bytes_received, "bytes"),
+        _one("mqttamqp_sent_bytes", COUNTER, "Bytes written to clients.", c.bytes_sent,
+             "bytes"),
+        Family("mqttamqp_connects", COUNTER, "Connections accepted (after CONNACK or "
+               "AMQP open).", "", "protocol",
+               _by([("mqtt", 0), ("amqp", 0)]
+                   + [(_protocol(p), n) for p, n in stats.connects.items()])),
+        Family("mqttamqp_disconnects", COUNTER, "Connections ended, by cause.", "", "cause",
+               _by(stats.disconnects.items())),
+        _one("mqttamqp_connections_refused", COUNTER, "Connections refused (limits, bad "
+             "CONNECT, authentication).", c.connections_refused),
+        _one("mqttamqp_auth_failures", COUNTER, "Failed authentications.",
+             stats.auth_failures),
+        _one("mqttamqp_protocol_errors", COUNTER, "Connections closed for a protocol "
+             "error.", c.protocol_errors),
+        Family("mqttamqp_limit_hits", COUNTER, "How often each limit refused something "
+               "($SYS/broker/limits/<name>).", "", "limit", _by(stats.limits.items())),
+        _one("mqttamqp_wills_published", COUNTER, "Wills published.", c.wills_published),
+        _one("mqttamqp_commits", COUNTER, "Successful store commits.", stats.commits),
+        _one("mqttamqp_commit_failures", COUNTER, "Failed store commits.",
+             c.storage_failures),
+        _histogram("mqttamqp_commit_latency_seconds", "From handing a batch to the writer "
+                   "thread to its durable commit.", stats.commit_latency, "seconds"),
+        _histogram("mqttamqp_commit_batch_size", "Store operations per commit.",
+                   stats.commit_batch),
+        _histogram("mqttamqp_publish_deliver_latency_seconds", "From a message's arrival to "
+                   "its delivery to a client (one delivery in 1024 sampled).",
+                   stats.deliver_latency, "seconds"),
+    ]
+    archive = c.archive
+    for key, doc in (("records", "Records archived."), ("dropped", "Archive records "
+                     "dropped (the writer fell behind)."), ("errors", "Archive write errors.")):
+        if key in archive:
+            families.append(_one(f"mqttamqp_archive_{key}", COUNTER, doc, archive[key]))
+    return families
+
+
+def _prometheus(family: Family) -> Metric:
+    labels = [family.label] if family.label else []
+    metric: Metric
+    if family.kind == HISTOGRAM:
+        h = HistogramMetricFamily(family.name, family.doc, unit=family.unit)
+        h.add_metric([], [(_le(b), float(n)) for b, n in family.buckets], family.total)
+        return h
+    if family.kind == COUNTER:
+        metric = CounterMetricFamily(family.name, family.doc, labels=labels,
+                                     unit=family.unit)
+    else:
+        metric = GaugeMetricFamily(family.name, family.doc, labels=labels, unit=family.unit)
+    for label_value, value in family.values:
+        metric.add_metric([label_value] if labels else [], value)
+    return metric
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class BrokerCollector(Collector):
+    """A custom collector: every scrape reads the broker's live numbers."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        for family in snapshot(self.broker):
+            yield _prometheus(family)
+
+    def describe(self) -> Iterable[Any]:
+        # Nothing up front: registering must not read the broker before it starts.
+        return ()
+
+
+def broker_registry(broker: Broker) -> CollectorRegistry:
+    """A registry of this broker's own (never the process-wide default one, which
+    would mix brokers in tests), with the process' own figures beside the broker's:
+    ``process_open_fds`` against ``process_max_fds`` (the unit's LimitNOFILE),
+    resident memory, CPU seconds (read from /proc at scrape time; none elsewhere)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format of everything in ``registry``."""
+    return generate_latest(registry)
