@@ -28,7 +28,8 @@ __all__ = [
     "payload_preview", "session_json",
 ]
 
-PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
+PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "mqtt5": "MQTT 5",
+                   "amqp": "AMQP 1.0"}
 PREVIEW_BYTES = 256
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_PAYLOAD_VIEW = 256 * 1024

@@ -176,6 +176,7 @@ class Broker:
             if loop.running:
                 loop.stop()
         self._loops.clear()
+        self._registry.stop_timers()
         self._wills.stop()
         self._flow.stop()
 
@@ -266,10 +267,12 @@ class Broker:
     # -- sessions -------------------------------------------------------------
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
-                     will: WillMessage | None, identity: Identity | None = None) -> Opened:
+                     will: WillMessage | None, identity: Identity | None = None,
+                     expiry: float | None = None) -> Opened:
         """Claim (open or resume) the session of ``client_id`` for ``connection``,
-        taking it over from whoever holds it.  Call ``activate`` once CONNACK is out."""
-        return self._registry.open(connection, client_id, clean, will, identity)
+        taking it over from whoever holds it.  Call ``activate`` once CONNACK is out.
+        ``expiry``: MQTT 5's session expiry interval (see ``SessionRegistry.open``)."""
+        return self._registry.open(connection, client_id, clean, will, identity, expiry)
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""

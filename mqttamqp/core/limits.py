@@ -43,3 +43,9 @@ class Limits:
     # bytes a second it may publish; beyond, it is not read for a while. 0 = off.
     max_publish_rate: float = 0.0
     max_publish_byte_rate: float = 0.0
+    # MQTT 5: the longest keepalive a client may ask for (longer or 0 gets this as
+    # the server keep alive in CONNACK); 0 = take the client's.
+    max_keepalive: int = 0
+    # MQTT 5: what a client that asks for response information gets, followed by
+    # its client id ("" = none given).
+    response_information: str = ""

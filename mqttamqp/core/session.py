@@ -142,6 +142,10 @@ class Session:
         self.inbound_qos2: set[int] = set()
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
+        # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
+        # rules and --session-expiry), and the client's receive maximum.
+        self.expiry: float | None = None
+        self.window = limits.max_inflight
         self.dropped = 0
         self.delivered = 0
         self._next_seq = 1
@@ -323,7 +327,7 @@ class Session:
             return
         queue = self.queue
         inflight = self.inflight
-        window = self.limits.max_inflight
+        window = self.window
         while queue and len(inflight) < window and not link.congested:
             entry = queue[0]
             if entry.held or entry.gated:

@@ -214,7 +214,11 @@ def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) 
     if p + 4 > end:
         raise MalformedPacket("CONNECT variable header runs past packet end")
     if (name, buf[p]) == PROTOCOL_5:
-        return _decode5_connect(buf, p, end)
+        try:
+            return _decode5_connect(buf, p, end)
+        except MalformedPacket as exc:
+            exc.in_connect5 = True
+            raise
     protocol_level = buf[p]
     flags = buf[p + 1]
     keepalive = buf[p + 2] << 8 | buf[p + 3]
@@ -709,7 +713,7 @@ class Decoder:
                 topic = buf[start + 2:p].decode("utf-8")
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
-            if not topic:
+            if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
                 raise MalformedPacket("PUBLISH topic is empty")
             if "+" in topic:
                 raise MalformedPacket("PUBLISH topic contains wildcard '+'")

@@ -48,11 +48,13 @@ class MalformedPacket(Exception):
 
     reason: str
     code: int
+    in_connect5: bool   # raised by an MQTT 5 CONNECT: the answer is a CONNACK
 
     def __init__(self, reason: str, code: int = 0x81) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code
+        self.in_connect5 = False
 
 
 class PropertyContext(IntEnum):

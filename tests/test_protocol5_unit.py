@@ -1,0 +1,509 @@
+"""Unit tests for MQTT 5 on the connection: StringTransport, Clock, no reactor.
+
+Each test sends MQTT 5 packets to one ``MQTTProtocol`` and asserts the exact
+packets (reason codes, properties) that come back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_protocol_unit import Client, Harness
+
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from mqttamqp.mqtt.v5 import RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM
+from mqttamqp.store.models import message_to_record, record_to_message
+
+
+class Client5(Client):
+    """A level 5 client: packets encoded and decoded with MQTT 5 layouts."""
+
+    def __init__(self, factory: Any) -> None:
+        super().__init__(factory)
+        self.decoder = Decoder(protocol_level=5)
+        self.pending: list[Packet] = []   # what came with CONNACK
+
+    def received(self) -> list[Packet]:
+        got, self.pending = self.pending + super().received(), []
+        return got
+
+    def send(self, *packets: Packet) -> None:
+        self.proto.dataReceived(b"".join(encode(p, 5) for p in packets))
+
+    def send_raw(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def connect5(self, client_id: str = "c", clean: bool = True, keepalive: int = 0,
+                 will: Will | None = None, **props: Any) -> Connack:
+        self.send(Connect("MQTT", 5, client_id, clean, keepalive, will,
+                          properties=Properties(**props) if props else None))
+        got = self.received()
+        assert got and isinstance(got[0], Connack), got
+        self.pending = got[1:]
+        return got[0]
+
+
+def client5(h: Harness) -> Client5:
+    return Client5(h.factory)
+
+
+def connected(h: Harness, client_id: str = "c", **props: Any) -> Client5:
+    c = client5(h)
+    ack = c.connect5(client_id, **props)
+    assert ack.return_code == 0, ack
+    return c
+
+
+def closed_with(c: Client5, code: int) -> Disconnect:
+    got = c.received()
+    assert got and isinstance(got[-1], Disconnect), got
+    assert got[-1].reason_code == code, got[-1]
+    assert not c.open
+    return got[-1]
+
+
+# --------------------------------------------------------------------------
+# CONNECT / CONNACK
+
+
+def test_connack_announces_the_broker_limits() -> None:
+    """CONNACK carries receive maximum, topic alias maximum, maximum packet size and
+    says subscription identifiers and shared subscriptions are not available."""
+    h = Harness(max_packet_size=5000)
+    ack = client5(h).connect5()
+    assert ack == Connack(False, 0, Properties(
+        receive_maximum=RECEIVE_MAXIMUM, topic_alias_maximum=TOPIC_ALIAS_MAXIMUM,
+        maximum_packet_size=5000, subscription_identifier_available=0,
+        shared_subscription_available=0))
+
+
+def test_empty_client_id_is_assigned_and_told() -> None:
+    """An empty client id gets one, named in CONNACK, even with clean start 0."""
+    h = Harness()
+    c = client5(h)
+    ack = c.connect5("", clean=False, session_expiry_interval=60)
+    assert ack.return_code == 0 and ack.properties is not None
+    assigned = ack.properties.assigned_client_identifier
+    assert assigned and assigned in h.broker.sessions
+
+
+def test_server_keep_alive_caps_the_client() -> None:
+    """--max-keepalive replaces a longer or zero keepalive (server keep alive), and
+    the connection is held to it."""
+    h = Harness(max_keepalive=10)
+    c = client5(h)
+    ack = c.connect5(keepalive=0)
+    assert ack.properties is not None and ack.properties.server_keep_alive == 10
+    h.clock.advance(15 - 0.001)
+    assert c.open
+    h.clock.advance(0.002)
+    closed_with(c, 0x8D)
+
+
+def test_unknown_authentication_method_is_refused_0x8c() -> None:
+    """No enhanced authentication method is offered: CONNACK 0x8C."""
+    h = Harness()
+    c = client5(h)
+    ack = c.connect5(authentication_method="SCRAM-SHA-1")
+    assert ack.return_code == 0x8C
+    assert not c.open
+
+
+def test_bad_credentials_get_reason_code_0x86() -> None:
+    """A 3.1.1 refusal reaches an MQTT 5 client as its reason code."""
+    h = Harness()
+    h.broker.authenticate = lambda creds: __import__(  # type: ignore[method-assign]
+        "twisted.internet.defer", fromlist=["succeed"]).succeed(False)
+    c = client5(h)
+    c.send(Connect("MQTT", 5, "c", True, 0, None, "user", b"wrong"))
+    got = c.received()
+    assert isinstance(got[0], Connack) and got[0].return_code == 0x86
+
+
+def test_request_response_information() -> None:
+    """--response-information PREFIX answers a client that asks, with its id."""
+    h = Harness(response_information="reply/")
+    ack = client5(h).connect5("dev", request_response_information=1)
+    assert ack.properties is not None and ack.properties.response_information == "reply/dev"
+
+
+# --------------------------------------------------------------------------
+# malformed and illegal properties
+
+
+def test_duplicate_property_disconnects_0x82() -> None:
+    """A property given twice is a Protocol Error: DISCONNECT 0x82 with a reason."""
+    h = Harness()
+    c = connected(h)
+    props = b"\x0a\x02\x00\x00\x00\x05\x02\x00\x00\x00\x06"   # expiry twice
+    c.send_raw(b"\x30" + bytes((3 + len(props) + 1,)) + b"\x00\x01t" + props + b"x")
+    d = closed_with(c, 0x82)
+    assert d.properties is not None and "more than once" in (d.properties.reason_string or "")
+
+
+def test_property_not_allowed_disconnects_0x81() -> None:
+    """Session expiry interval in a PUBLISH is malformed: DISCONNECT 0x81."""
+    h = Harness()
+    c = connected(h)
+    c.send_raw(b"\x30\x0a\x00\x01t\x05\x11\x00\x00\x00\x01x")
+    closed_with(c, 0x81)
+
+
+def test_packet_too_large_disconnects_0x95() -> None:
+    """A packet over --max-packet-size: DISCONNECT 0x95."""
+    h = Harness(max_packet_size=100)
+    c = connected(h)
+    c.send(Publish("t", b"x" * 200))
+    closed_with(c, 0x95)
+
+
+def test_malformed_connect_properties_get_connack() -> None:
+    """Before CONNACK the reason goes in a CONNACK: receive maximum 0 is 0x82."""
+    h = Harness()
+    c = client5(h)
+    c.send_raw(b"\x10\x10\x00\x04MQTT\x05\x02\x00\x00\x03\x21\x00\x00\x00\x01c")
+    [ack] = c.received()
+    assert not c.open
+    assert isinstance(ack, Connack) and ack.return_code == 0x82
+
+
+# --------------------------------------------------------------------------
+# PUBLISH properties
+
+
+def test_properties_travel_to_mqtt5_subscribers_in_order() -> None:
+    """Content type, response topic, correlation data, user properties (order and
+    repeats kept) and payload format reach an MQTT 5 subscriber unchanged."""
+    h = Harness()
+    sub = connected(h, "sub")
+    sub.send(Subscribe(1, (("a/#", 1),)))
+    assert sub.received() == [Suback(1, (1,))]
+    pub = connected(h, "pub")
+    users = (("z", "1"), ("a", "2"), ("z", "3"))
+    props = Properties(payload_format_indicator=1, content_type="text/plain",
+                       response_topic="reply/x", correlation_data=b"\x00id",
+                       user_properties=users)
+    pub.send(Publish("a/b", b"hello", 1, False, False, 7, props))
+    assert pub.received() == [Puback(7)]
+    [got] = sub.received()
+    assert isinstance(got, Publish) and got.topic == "a/b" and got.payload == b"hello"
+    assert got.properties == props
+
+
+def test_mqtt311_subscriber_gets_the_message_without_properties() -> None:
+    """A 3.1.1 subscriber gets MQTT 5 messages in 3.1.1 form."""
+    h = Harness()
+    old = h.client()
+    old.connect("old")
+    old.send(Subscribe(1, (("t", 0),)))
+    old.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"x", properties=Properties(user_properties=(("k", "v"),))))
+    assert old.received() == [Publish("t", b"x")]
+
+
+def test_message_expiry_forwards_the_remaining_interval() -> None:
+    """A queued message goes out with what is left of its expiry interval."""
+    h = Harness()
+    sub = connected(h, "sub", session_expiry_interval=100)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"x", 1, False, False, 1,
+                     Properties(message_expiry_interval=30)))
+    h.clock.advance(10)
+    sub2 = client5(h)
+    ack = sub2.connect5("sub", clean=False, session_expiry_interval=100)
+    assert ack.session_present
+    [got] = sub2.received()
+    assert isinstance(got, Publish)
+    assert got.properties == Properties(message_expiry_interval=20)
+
+
+def test_expired_message_is_not_sent() -> None:
+    """A queued message past its expiry interval is dropped, not delivered."""
+    h = Harness()
+    sub = connected(h, "sub", session_expiry_interval=100)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"old", 1, False, False, 1, Properties(message_expiry_interval=5)))
+    pub.send(Publish("t", b"new", 1, False, False, 2))
+    h.clock.advance(6)
+    sub2 = client5(h)
+    sub2.connect5("sub", clean=False, session_expiry_interval=100)
+    h.clock.advance(0)
+    got = [p for p in sub2.received() if isinstance(p, Publish)]
+    assert [p.payload for p in got] == [b"new"]
+    assert h.broker.dropped_total() >= 1
+
+
+def test_expired_retained_message_is_not_sent() -> None:
+    """A retained message past its expiry is not given to a new subscriber."""
+    h = Harness()
+    pub = connected(h, "pub")
+    pub.send(Publish("r", b"x", 0, True, properties=Properties(message_expiry_interval=5)))
+    h.clock.advance(6)
+    sub = connected(h, "sub")
+    sub.send(Subscribe(1, (("r", 0),)))
+    assert sub.received() == [Suback(1, (0,))]
+
+
+def test_payload_format_invalid() -> None:
+    """Payload declared UTF-8 that is not: PUBACK 0x99 at QoS 1, DISCONNECT 0x99 at QoS 0."""
+    h = Harness()
+    watcher = h.watcher("t")
+    c = connected(h)
+    utf8 = Properties(payload_format_indicator=1)
+    c.send(Publish("t", b"\xff\xfe", 1, False, False, 3, utf8))
+    [ack] = c.received()
+    assert isinstance(ack, Puback) and ack.packet_id == 3 and ack.reason_code == 0x99
+    c.send(Publish("t", b"\xff", 0, properties=utf8))
+    closed_with(c, 0x99)
+    assert watcher.sent == []
+
+
+def test_inbound_topic_alias() -> None:
+    """A topic alias set with a topic stands in for it later; an unknown one and one
+    above the maximum are DISCONNECT 0x94."""
+    h = Harness()
+    watcher = h.watcher("#")
+    c = connected(h)
+    c.send(Publish("long/topic", b"1", properties=Properties(topic_alias=3)))
+    c.send(Publish("", b"2", properties=Properties(topic_alias=3)))
+    assert watcher.sent == [("long/topic", b"1", 0, False), ("long/topic", b"2", 0, False)]
+    c.send(Publish("", b"3", properties=Properties(topic_alias=4)))
+    closed_with(c, 0x94)
+    c2 = connected(h, "c2")
+    c2.send(Publish("x", b"", properties=Properties(topic_alias=TOPIC_ALIAS_MAXIMUM + 1)))
+    closed_with(c2, 0x94)
+
+
+def test_outbound_topic_alias_up_to_the_client_maximum() -> None:
+    """The broker sends a topic once with an alias, then the alias alone; beyond the
+    client's maximum, topics go in full."""
+    h = Harness()
+    sub = connected(h, "sub", topic_alias_maximum=1)
+    sub.send(Subscribe(1, (("#", 0),)))
+    sub.received()
+    pub = connected(h, "pub")
+    for topic in ("a", "a", "b"):
+        pub.send(Publish(topic, b"x"))
+    got = sub.received()
+    assert [(p.topic, p.properties) for p in got if isinstance(p, Publish)] == [
+        ("a", Properties(topic_alias=1)), ("", Properties(topic_alias=1)), ("b", None)]
+
+
+def test_client_maximum_packet_size_drops_larger_messages() -> None:
+    """A message above the client's maximum packet size is not sent to it (counted);
+    later smaller ones are."""
+    h = Harness()
+    sub = connected(h, "sub", maximum_packet_size=50)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"x" * 100, 1, False, False, 1))
+    pub.send(Publish("t", b"small", 1, False, False, 2))
+    h.clock.advance(0)
+    got = [p for p in sub.received() if isinstance(p, Publish)]
+    assert [p.payload for p in got] == [b"small"]
+    assert sub.proto._v5 is not None and sub.proto._v5.too_large == 1
+
+
+def test_publish_with_subscription_identifier_from_client_is_protocol_error() -> None:
+    """Only the broker sends subscription identifiers in PUBLISH."""
+    h = Harness()
+    c = connected(h)
+    c.send(Publish("t", b"", properties=Properties(subscription_identifiers=(1,))))
+    closed_with(c, 0x82)
+
+
+def test_properties_survive_the_store_records() -> None:
+    """A message's MQTT 5 properties survive the ZODB record form."""
+    m = Message("t", b"p", 1, True, "c", 5.0,
+                props=MessageProperties(1, 60, "ct", "rt", b"cd", (("a", "1"), ("a", "2"))))
+    assert record_to_message(message_to_record(m)) == m
+    assert record_to_message(message_to_record(m, native=False)) == m
+
+
+# --------------------------------------------------------------------------
+# flow control
+
+
+def test_receive_maximum_exceeded_disconnects_0x93() -> None:
+    """More QoS 2 publishes awaiting PUBREL than the broker's receive maximum: 0x93."""
+    h = Harness()
+    c = connected(h)
+    for pid in range(1, RECEIVE_MAXIMUM + 1):
+        c.send(Publish("t", b"", 2, False, False, pid))
+    assert c.open
+    c.send(Pubrel(1))
+    assert c.open
+    c.send(Publish("t", b"", 2, False, False, RECEIVE_MAXIMUM + 1))
+    assert c.open
+    c.send(Publish("t", b"", 2, False, False, RECEIVE_MAXIMUM + 2))
+    closed_with(c, 0x93)
+
+
+def test_client_receive_maximum_bounds_messages_in_flight() -> None:
+    """The broker has at most the client's receive maximum QoS 1 messages unacknowledged."""
+    h = Harness()
+    sub = connected(h, "sub", receive_maximum=2)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    pub = connected(h, "pub")
+    for pid in range(1, 5):
+        pub.send(Publish("t", str(pid).encode(), 1, False, False, pid))
+    got = [p for p in sub.received() if isinstance(p, Publish)]
+    assert [p.payload for p in got] == [b"1", b"2"]
+    assert got[0].packet_id is not None
+    sub.send(Puback(got[0].packet_id))
+    assert [p.payload for p in sub.received() if isinstance(p, Publish)] == [b"3"]
+
+
+# --------------------------------------------------------------------------
+# SUBSCRIBE / UNSUBSCRIBE
+
+
+def test_suback_reason_codes() -> None:
+    """Granted QoS, 0x8F for an invalid filter, 0x9E for a shared subscription, in order."""
+    h = Harness()
+    c = connected(h)
+    c.send(Subscribe(5, (("a/+", 2), ("a/b#", 1), ("$share/g/x", 1), ("b", 1))))
+    assert c.received() == [Suback(5, (2, 0x8F, 0x9E, 1))]
+    assert c.open
+
+
+def test_subscription_identifier_not_supported_0xa1() -> None:
+    """CONNACK said no subscription identifiers: one in SUBSCRIBE is DISCONNECT 0xA1."""
+    h = Harness()
+    c = connected(h)
+    c.send(Subscribe(1, (("a", 0),), properties=Properties(subscription_identifiers=(4,))))
+    closed_with(c, 0xA1)
+
+
+def test_unsuback_reason_codes() -> None:
+    """UNSUBACK says which filters had a subscription (0x00) and which not (0x11)."""
+    h = Harness()
+    c = connected(h)
+    c.send(Subscribe(1, (("a", 0),)))
+    c.received()
+    c.send(Unsubscribe(2, ("a", "b")))
+    assert c.received() == [Unsuback(2, (0, 0x11))]
+
+
+# --------------------------------------------------------------------------
+# sessions, DISCONNECT, takeover
+
+
+def test_session_expiry_zero_ends_with_the_connection() -> None:
+    """Clean start 0 with session expiry 0: nothing is kept after the connection."""
+    h = Harness()
+    c = client5(h)
+    c.connect5("s", clean=False)
+    c.send(Disconnect())
+    c.lost()
+    assert "s" not in h.broker.sessions
+
+
+def test_session_expiry_interval_keeps_then_expires() -> None:
+    """A session with an expiry interval is resumed within it and gone after it."""
+    h = Harness()
+    c = connected(h, "s", session_expiry_interval=10)
+    c.send(Disconnect())
+    c.lost()
+    h.clock.advance(9)
+    c2 = client5(h)
+    assert c2.connect5("s", clean=False, session_expiry_interval=10).session_present
+    c2.send(Disconnect())
+    c2.lost()
+    h.clock.advance(10.001)
+    assert "s" not in h.broker.sessions
+
+
+def test_disconnect_may_change_session_expiry() -> None:
+    """DISCONNECT with a session expiry interval replaces CONNECT's (but not from 0)."""
+    h = Harness()
+    c = connected(h, "s", session_expiry_interval=10)
+    c.send(Disconnect(0, Properties(session_expiry_interval=0)))
+    c.lost()
+    assert "s" not in h.broker.sessions
+    c2 = connected(h, "t")
+    c2.send(Disconnect(0, Properties(session_expiry_interval=10)))
+    closed_with(c2, 0x82)
+
+
+def test_disconnect_with_will_publishes_it() -> None:
+    """DISCONNECT 0x04 publishes the will; a plain DISCONNECT does not."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = client5(h)
+    c.connect5("w", will=Will("will/w", b"gone", 0, False))
+    c.send(Disconnect(0x04))
+    c.lost()
+    assert watcher.sent == [("will/w", b"gone", 0, False)]
+
+
+def test_will_properties_travel_with_the_will() -> None:
+    """Will properties (content type, user properties) are on the published will."""
+    h = Harness()
+    sub = connected(h, "sub")
+    sub.send(Subscribe(1, (("will/#", 0),)))
+    sub.received()
+    c = client5(h)
+    wprops = Properties(content_type="text/plain", user_properties=(("k", "v"),))
+    c.connect5("w", will=Will("will/w", b"gone", 0, False, wprops))
+    c.transport.loseConnection()
+    c.lost()
+    [got] = sub.received()
+    assert isinstance(got, Publish) and got.properties == wprops
+
+
+def test_takeover_sends_0x8e_to_the_old_connection() -> None:
+    """A second connection with the same client id: the first gets DISCONNECT 0x8E."""
+    h = Harness()
+    old = connected(h, "dup")
+    connected(h, "dup")
+    closed_with(old, 0x8E)
+
+
+def test_console_disconnect_sends_0x98() -> None:
+    """An administrator's disconnect reaches an MQTT 5 client as 0x98."""
+    h = Harness()
+    c = connected(h, "victim")
+    assert h.broker.disconnect_client("victim", False, "console")
+    closed_with(c, 0x98)
+
+
+@pytest.mark.parametrize("code", [0x00, 0x04])
+def test_qos2_inbound_flow_at_level_5(code: int) -> None:
+    """The QoS 2 flow of a level 5 publisher: PUBREC, PUBREL, PUBCOMP with codes 0."""
+    h = Harness()
+    c = connected(h)
+    c.send(Publish("t", b"x", 2, False, False, 9))
+    assert c.received() == [Pubrec(9)]
+    c.send(Pubrel(9))
+    assert c.received() == [Pubcomp(9)]
