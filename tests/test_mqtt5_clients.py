@@ -201,3 +201,14 @@ def test_raw_suback_codes(sockets) -> None:
     assert isinstance(c.recv(), Connack)
     c.send(Subscribe(3, (("ok/#", 1), ("bad/#/x", 1), ("$share/g/t", 0))))
     assert c.expect(Suback, 3) == Suback(3, (1, 0x8F, 0x9E))
+
+
+def test_paho_told_of_shutdown(fresh_broker: BrokerProcess) -> None:
+    """Stopping the broker tells a connected MQTT 5 client 0x8B (Server shutting down)."""
+    c = Paho5(fresh_broker.mqtt_port, uid("z"))
+    try:
+        fresh_broker.stop()
+        assert c.disconnected.wait(TIMEOUT)
+        assert c.disconnect_reason.value == 0x8B
+    finally:
+        c.stop()

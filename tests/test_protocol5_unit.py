@@ -87,13 +87,12 @@ def closed_with(c: Client5, code: int) -> Disconnect:
 
 def test_connack_announces_the_broker_limits() -> None:
     """CONNACK carries receive maximum, topic alias maximum, maximum packet size and
-    says subscription identifiers and shared subscriptions are not available."""
+    says shared subscriptions are not available."""
     h = Harness(max_packet_size=5000)
     ack = client5(h).connect5()
     assert ack == Connack(False, 0, Properties(
         receive_maximum=RECEIVE_MAXIMUM, topic_alias_maximum=TOPIC_ALIAS_MAXIMUM,
-        maximum_packet_size=5000, subscription_identifier_available=0,
-        shared_subscription_available=0))
+        maximum_packet_size=5000, shared_subscription_available=0))
 
 
 def test_empty_client_id_is_assigned_and_told() -> None:
@@ -270,6 +269,7 @@ def test_expired_retained_message_is_not_sent() -> None:
     sub = connected(h, "sub")
     sub.send(Subscribe(1, (("r", 0),)))
     assert sub.received() == [Suback(1, (0,))]
+    assert list(h.broker.retained.match("r")) == []   # and it left the store
 
 
 def test_payload_format_invalid() -> None:
@@ -397,12 +397,81 @@ def test_suback_reason_codes() -> None:
     assert c.open
 
 
-def test_subscription_identifier_not_supported_0xa1() -> None:
-    """CONNACK said no subscription identifiers: one in SUBSCRIBE is DISCONNECT 0xA1."""
+def test_subscription_identifiers_on_delivery() -> None:
+    """Each matching subscription's identifier comes with the message."""
     h = Harness()
-    c = connected(h)
-    c.send(Subscribe(1, (("a", 0),), properties=Properties(subscription_identifiers=(4,))))
-    closed_with(c, 0xA1)
+    sub = connected(h, "sub")
+    sub.send(Subscribe(1, (("a/#", 1),), properties=Properties(subscription_identifiers=(7,))))
+    sub.send(Subscribe(2, (("a/b", 0),), properties=Properties(subscription_identifiers=(9,))))
+    sub.send(Subscribe(3, (("a/+", 0),)))
+    sub.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("a/b", b"x"))
+    [got] = sub.received()
+    assert isinstance(got, Publish) and got.properties is not None
+    assert sorted(got.properties.subscription_identifiers) == [7, 9]
+
+
+def test_no_local() -> None:
+    """A no-local subscription does not get the client's own messages; others do."""
+    h = Harness()
+    c = connected(h, "me")
+    c.send(Subscribe(1, (("t", 0),), (0x04,)))
+    c.received()
+    c.send(Publish("t", b"mine"))
+    assert c.received() == []
+    other = connected(h, "other")
+    other.send(Publish("t", b"theirs"))
+    assert [p.payload for p in c.received() if isinstance(p, Publish)] == [b"theirs"]
+
+
+def test_retain_as_published() -> None:
+    """Retain as published keeps the retain flag on live deliveries; without it the
+    flag is cleared (as in 3.1.1)."""
+    h = Harness()
+    rap = connected(h, "rap")
+    rap.send(Subscribe(1, (("t", 0),), (0x08,)))
+    plain = connected(h, "plain")
+    plain.send(Subscribe(1, (("t", 0),)))
+    rap.received()
+    plain.received()
+    connected(h, "pub").send(Publish("t", b"x", 0, True))
+    [r] = rap.received()
+    [p] = plain.received()
+    assert isinstance(r, Publish) and r.retain
+    assert isinstance(p, Publish) and not p.retain
+
+
+@pytest.mark.parametrize(("handling", "first", "again"), [(0, True, True), (1, True, False),
+                                                           (2, False, False)])
+def test_retain_handling(handling: int, first: bool, again: bool) -> None:
+    """Retain handling 0 sends retained messages at every SUBSCRIBE, 1 only when the
+    subscription is new, 2 never."""
+    h = Harness()
+    connected(h, "pub").send(Publish("r", b"kept", 0, True))
+    c = connected(h, "sub")
+    for pid, expect in ((1, first), (2, again)):
+        c.send(Subscribe(pid, (("r", 0),), (handling << 4,)))
+        got = [p for p in c.received() if isinstance(p, Publish)]
+        assert bool(got) is expect, (pid, got)
+
+
+def test_subscription_options_survive_restore() -> None:
+    """Options are stored with the subscription and come back at start-up."""
+    from fakes import MemoryStore
+
+    from mqttamqp.core.session import Session
+    store = MemoryStore()
+    h = Harness(store=store)
+    c = connected(h, "keep", session_expiry_interval=100)
+    c.send(Subscribe(1, (("t", 1),), (0x04,), Properties(subscription_identifiers=(5,))))
+    c.received()
+    h.broker.stop()
+    h2 = Harness(store=store)
+    h2.broker.start()
+    session: Session = h2.broker.sessions["keep"]
+    assert session.subscriptions == {"t": 1}
+    assert session.sub_options == {"t": 0x04 | 5 << 8}
 
 
 def test_unsuback_reason_codes() -> None:
@@ -507,3 +576,65 @@ def test_qos2_inbound_flow_at_level_5(code: int) -> None:
     assert c.received() == [Pubrec(9)]
     c.send(Pubrel(9))
     assert c.received() == [Pubcomp(9)]
+
+
+# --------------------------------------------------------------------------
+# will delay interval
+
+
+def _will_client(h: Harness, delay: int, expiry: int) -> Client5:
+    c = client5(h)
+    c.connect5("w", will=Will("will/w", b"gone", 0, False,
+                              Properties(will_delay_interval=delay)),
+               session_expiry_interval=expiry)
+    return c
+
+
+def test_will_delay_holds_the_will() -> None:
+    """The will goes out after its delay, not at the disconnect."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = _will_client(h, 5, 100)
+    c.transport.loseConnection()
+    c.lost()
+    h.clock.advance(4.9)
+    assert watcher.sent == []
+    h.clock.advance(0.2)
+    assert watcher.sent == [("will/w", b"gone", 0, False)]
+
+
+def test_will_delay_cancelled_by_reconnect() -> None:
+    """A client back within its will delay: no will."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = _will_client(h, 5, 100)
+    c.transport.loseConnection()
+    c.lost()
+    h.clock.advance(3)
+    client5(h).connect5("w", clean=False, session_expiry_interval=100)
+    h.clock.advance(10)
+    assert watcher.sent == []
+
+
+def test_will_delay_longer_than_session_fires_at_expiry() -> None:
+    """A will delay longer than the session expiry fires when the session ends
+    (at once for session expiry 0)."""
+    h = Harness()
+    watcher = h.watcher("will/#")
+    c = _will_client(h, 50, 10)
+    c.transport.loseConnection()
+    c.lost()
+    h.clock.advance(10.001)
+    assert watcher.sent == [("will/w", b"gone", 0, False)]
+    c2 = _will_client(h, 50, 0)
+    c2.transport.loseConnection()
+    c2.lost()
+    assert len(watcher.sent) == 2
+
+
+def test_server_stopping_sends_0x8b() -> None:
+    """The broker stopping tells an MQTT 5 client 0x8B."""
+    h = Harness()
+    c = connected(h)
+    c.proto.server_stopping()
+    closed_with(c, 0x8B)

@@ -408,10 +408,11 @@ class Broker:
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Session, identity: Identity,
-                  requests: Sequence[tuple[str, int]]
+                  requests: Sequence[tuple[str, int]], options: Sequence[int] = ()
                   ) -> tuple[list[int], Deferred[None] | None]:
-        """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
-        return self._router.subscribe(session, identity, requests)
+        """Add subscriptions; returns the SUBACK codes and the commit to wait for.
+        ``options``: MQTT 5 subscription options per request (``Session.sub_options``)."""
+        return self._router.subscribe(session, identity, requests, options=options)
 
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
         """After SUBACK: the retained messages of each granted filter, retain set."""

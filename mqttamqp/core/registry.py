@@ -282,7 +282,11 @@ class SessionRegistry:
         if clean:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
-            fired = self.wills.fire(client_id, reason, "mqtt", cause)
+            delay = self._will_delay(session)
+            if delay > 0:
+                self.wills.fire_later(client_id, delay, reason, cause)
+            else:
+                fired = self.wills.fire(client_id, reason, "mqtt", cause)
         session.detach()
         if session.persistent and session.expiry != 0:
             session.last_seen = self.clock.seconds()
@@ -292,6 +296,14 @@ class SessionRegistry:
             ops.extend(self.discard(session))
         self.flow.resume_paused()
         return all_durable([fired, self.commits.persist(ops)])
+
+    def _will_delay(self, session: Session) -> float:
+        """MQTT 5: seconds to hold the will of ``session``'s client: its will delay
+        interval, but no longer than the session lives (0: at once)."""
+        will = self.wills.wills.get(session.client_id)
+        if will is None or not will.delay or session.expiry is None or will.origin != "mqtt":
+            return 0.0
+        return min(will.delay, session.expiry if session.persistent else 0.0)
 
     # MQTT 5 session expiry intervals: one timer per offline session that has one
     # (--session-expiry's loop keeps the sessions of 3.1.1 clients).  An interval

@@ -34,7 +34,14 @@ from mqttamqp.core.persistence import (
     StoredQueued,
 )
 
-__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError"]
+__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError",
+           "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
+
+# MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
+# byte's bits above QoS, and the subscription identifier from bit 8 on.
+NO_LOCAL = 0x04
+RETAIN_AS_PUBLISHED = 0x08
+RETAIN_HANDLING = 0x30
 
 _NO_OPS: list[Op] = []
 
@@ -131,6 +138,10 @@ class Session:
         self.created = created
         self.last_seen = created
         self.subscriptions: dict[str, int] = {}
+        # MQTT 5: filter -> its options and subscription identifier (packed, see
+        # NO_LOCAL); only filters that have any.  Empty for every other client,
+        # so routing looks no further.
+        self.sub_options: dict[str, int] = {}
         self._state = SessionState.OFFLINE
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online

@@ -45,7 +45,8 @@ from mqttamqp.core.recorder import (
     CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
 )
-from mqttamqp.core.session import Session
+from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
+from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
@@ -310,8 +311,13 @@ class MQTTProtocol(Protocol):
         client's maximum packet size (never sent to it, counted)."""
         now = self.clock.seconds()
         topic = message.topic.encode("utf-8")
+        session = self.session
+        # Subscription identifiers of the filters that match (MQTT 5 options).
+        ids = () if session is None or not session.sub_options else tuple(
+            packed >> 8 for f, packed in session.sub_options.items()
+            if packed >> 8 and topic_matches(f, message.topic))
         frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
-                               encode_properties(publish_properties(message, now, None)))
+                               encode_properties(publish_properties(message, now, None, ids)))
         limit = v5.client_max_packet
         if limit is not None and len(frame) > limit:
             v5.too_large += 1
@@ -326,9 +332,14 @@ class MQTTProtocol(Protocol):
         if v5.client_alias_max:
             alias, with_topic = v5.outbound_alias(message.topic)
             if alias is not None:
-                frame = encode_publish(
+                aliased = encode_publish(
                     topic if with_topic else b"", message.payload, qos, retain, dup,
-                    packet_id, encode_properties(publish_properties(message, now, alias)))
+                    packet_id,
+                    encode_properties(publish_properties(message, now, alias, ids)))
+                if limit is None or len(aliased) <= limit:
+                    return aliased
+                # A new alias costs 3 bytes more: without it the message fits.
+                v5.forget_alias(message.topic)
         return frame
 
     def _not_sent(self, packet_id: int | None) -> None:
@@ -361,6 +372,15 @@ class MQTTProtocol(Protocol):
         self._cancel_timers()
         self.broker.unregister_connection(self.key, self, cause, reason)
         self._lose()
+
+    def server_stopping(self) -> None:
+        """The broker is stopping: an MQTT 5 client is told why (DISCONNECT 0x8B)
+        before the socket closes; any other is cut at once."""
+        if self._v5 is not None and self.state is _CONNECTED:
+            self._send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+            self._lose()
+        else:
+            self.transport.abortConnection()
 
     @property
     def key(self) -> str:
@@ -943,18 +963,20 @@ class MQTTProtocol(Protocol):
     def _on_subscribe5(self, session: Session, identity: Identity, packet: Subscribe
                        ) -> None:
         """MQTT 5 SUBSCRIBE: a filter that cannot be subscribed gets its reason code
-        in SUBACK (0x8F invalid, 0x9E shared subscriptions, 0xA1 subscription
-        identifiers: not offered yet), the others go to the core, whose verdicts
-        (0x80, and 0x87 once access rules say so) come back as codes."""
+        in SUBACK (0x8F invalid, 0x9E shared subscriptions: not offered yet), the
+        others go to the core with their options (no local, retain as published,
+        the subscription identifier), whose verdicts (0x80, and 0x87 once access
+        rules say so) come back as codes.  Retain handling picks which filters get
+        retained messages: 0 all, 1 only new subscriptions, 2 none."""
         props = packet.properties
-        if props is not None and props.subscription_identifiers:
-            self._violation("SUBSCRIBE with a subscription identifier, which the broker "
-                            "does not offer (CONNACK said so)",
-                            code=ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
-            return
+        sub_id = props.subscription_identifiers[0] if (
+            props is not None and props.subscription_identifiers) else 0
         codes: list[int] = []
         wanted: list[tuple[str, int]] = []
-        for topic_filter, qos in packet.topics:
+        packed: list[int] = []
+        retained_for: list[bool] = []
+        options = packet.options or (0,) * len(packet.topics)
+        for (topic_filter, qos), option in zip(packet.topics, options, strict=True):
             code = ReasonCode.SUCCESS
             if topic_filter.startswith("$share/"):
                 code = ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
@@ -962,12 +984,17 @@ class MQTTProtocol(Protocol):
                 code = ReasonCode.TOPIC_FILTER_INVALID
             else:
                 wanted.append((topic_filter, qos))
+                packed.append((option & (NO_LOCAL | RETAIN_AS_PUBLISHED)) | sub_id << 8)
+                handling = (option & RETAIN_HANDLING) >> 4
+                retained_for.append(handling == 0 or (
+                    handling == 1 and topic_filter not in session.subscriptions))
             codes.append(code)
-        granted, d = (self.broker.subscribe(session, identity, wanted) if wanted
+        granted, d = (self.broker.subscribe(session, identity, wanted, packed) if wanted
                       else ([], None))
         it = iter(granted)
         codes = [next(it) if code == ReasonCode.SUCCESS else code for code in codes]
-        grants = [(f, code) for (f, _), code in zip(wanted, granted, strict=True)]
+        grants = [(f, code) for (f, _), code, send in zip(wanted, granted, retained_for,
+                                                          strict=True) if send]
         self._ack(d, encode(Suback(packet.packet_id, tuple(codes)), 5),
                   lambda: self.broker.send_retained(session, grants))
 

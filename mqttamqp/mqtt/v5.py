@@ -82,6 +82,11 @@ class Negotiated:
         self._aliases_out[topic] = alias
         return alias, True
 
+    def forget_alias(self, topic: str) -> None:
+        """Take back the alias just handed out for ``topic`` (it was not sent)."""
+        if self._aliases_out.get(topic) == len(self._aliases_out):
+            del self._aliases_out[topic]
+
     # -- receive maximum (inbound) ----------------------------------------------------
 
     def quota_take(self, packet_id: int) -> bool:
@@ -129,7 +134,7 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
         retain_available=None,          # absent: retain is available
         maximum_qos=None,               # absent: QoS 2 is available
         wildcard_subscription_available=None,
-        subscription_identifier_available=0,
+        subscription_identifier_available=None,   # absent: available
         shared_subscription_available=0,
     )
     return state, props
