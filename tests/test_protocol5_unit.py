@@ -638,3 +638,36 @@ def test_server_stopping_sends_0x8b() -> None:
     c = connected(h)
     c.proto.server_stopping()
     closed_with(c, 0x8B)
+
+
+def test_invalid_client_id_gets_connack_0x85() -> None:
+    """A client id with a control character: CONNACK 0x85, then close."""
+    h = Harness()
+    c = client5(h)
+    assert c.connect5("bad\x01id").return_code == 0x85
+    assert not c.open
+
+
+def test_pubrel_for_unknown_packet_id_gets_pubcomp_0x92() -> None:
+    """PUBREL for an id the broker does not hold: PUBCOMP 0x92."""
+    h = Harness()
+    c = connected(h)
+    c.send(Pubrel(77))
+    assert c.received() == [Pubcomp(77, 0x92)]
+
+
+def test_pubrec_with_error_ends_the_qos2_exchange() -> None:
+    """A subscriber refusing a QoS 2 message (PUBREC 0x80) frees its window slot:
+    no PUBREL, and the next message goes out."""
+    h = Harness()
+    sub = connected(h, "sub", receive_maximum=1)
+    sub.send(Subscribe(1, (("t", 2),)))
+    sub.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"1", 2, False, False, 1), Publish("t", b"2", 2, False, False, 2))
+    [first] = [p for p in sub.received() if isinstance(p, Publish)]
+    assert first.packet_id is not None
+    sub.send(Pubrec(first.packet_id, 0x80))
+    got = sub.received()
+    assert [p.payload for p in got if isinstance(p, Publish)] == [b"2"]
+    assert not any(isinstance(p, Pubrel) for p in got)

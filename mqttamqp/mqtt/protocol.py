@@ -409,7 +409,7 @@ class MQTTProtocol(Protocol):
             # with the reason code while the CONNECT is being handled.
             if self.state is _CONNECTED:
                 self._send_disconnect(code, reason)
-            elif self.state is ConnectionState.CONNECTING:
+            else:
                 self._write(encode(Connack(False, code, self._problem(reason)), 5))
         if cause == CAUSE_STORAGE:
             # Not the client's fault, and the core logged the failing storage once
@@ -547,7 +547,10 @@ class MQTTProtocol(Protocol):
                 assigned = True
         problem = self._connect_problem(packet)
         if problem is not None:
-            self._violation(problem)
+            code = (ReasonCode.CLIENT_IDENTIFIER_NOT_VALID if "client identifier" in problem
+                    else ReasonCode.BAD_USER_NAME_OR_PASSWORD if "user name" in problem
+                    else ReasonCode.TOPIC_NAME_INVALID)
+            self._violation(problem, code=code)
             return
         if level == 3:
             # 3.1 says 1-23 characters; real 3.1 clients send longer ids, which are
@@ -915,18 +918,26 @@ class MQTTProtocol(Protocol):
 
     def _on_pubrec(self, packet: Pubrec) -> None:
         session = self._acked("PUBREC", packet.packet_id)
-        if session is not None:
-            self.broker.received(session, packet.packet_id)
+        if session is None:
+            return
+        if packet.reason_code >= 0x80:
+            # MQTT 5: the subscriber refused the message; the exchange ends here.
+            self.broker.completed(session, packet.packet_id)
+            return
+        self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
+        known = self.session.inbound_seen(packet.packet_id)
         d = self.broker.release_qos2(self.session, packet.packet_id)
         v5 = self._v5
         if v5 is None:
             self._ack(d, _ack_frame(0x70, packet.packet_id))
         else:
             pid = packet.packet_id
-            self._ack(d, _ack_frame(0x70, pid), lambda: v5.quota_release(pid))
+            frame = _ack_frame(0x70, pid) if known else encode(
+                Pubcomp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), 5)
+            self._ack(d, frame, lambda: v5.quota_release(pid))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
         session = self._acked("PUBCOMP", packet.packet_id)
