@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -33,6 +34,13 @@ from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.enhanced_auth import (
+    CONTINUE,
+    SUCCESS,
+    AuthExchange,
+    AuthStep,
+    EnhancedAuthenticator,
+)
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.ratelog import LogLimiter
@@ -117,6 +125,21 @@ def _ack_frame(kind: int, packet_id: int) -> bytes:
 _qos0_cache: list[Any] = [None, False, b""]
 
 
+class _AuthInProgress:
+    """An MQTT 5 AUTH exchange: its method, and for the first one the CONNECT it
+    decides (``packet`` None: a re-authentication while connected)."""
+
+    __slots__ = ("assigned", "exchange", "final", "method", "packet")
+
+    def __init__(self, exchange: AuthExchange, method: str, packet: Connect | None,
+                 assigned: bool) -> None:
+        self.exchange = exchange
+        self.method = method
+        self.packet = packet
+        self.assigned = assigned
+        self.final: bytes | None = None
+
+
 @implementer(IPushProducer)
 class MQTTProtocol(Protocol):
     log = Logger()
@@ -125,6 +148,7 @@ class MQTTProtocol(Protocol):
     # (unshared) __dict__ of about 1.5 KB; Twisted's own attributes stay in __dict__.
     __slots__ = (
         "_acks",
+        "_auth",
         "_backlog",
         "_cause",
         "_cause_detail",
@@ -191,6 +215,7 @@ class MQTTProtocol(Protocol):
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
+        self._auth: _AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
     def state(self) -> ConnectionState:
@@ -443,7 +468,8 @@ class MQTTProtocol(Protocol):
         try:
             while True:
                 state = rules.state
-                if state is not _CONNECTED and state is not _AWAITING_CONNECT:
+                if (state is not _CONNECTED and state is not _AWAITING_CONNECT
+                        and state is not ConnectionState.AUTHENTICATING):
                     return
                 packet = decoder.next_packet()
                 if packet is None:
@@ -532,15 +558,17 @@ class MQTTProtocol(Protocol):
         self.version = {3: "3.1", 4: "3.1.1"}.get(level, "5")
         client_id = packet.client_id
         assigned = False
+        exchange: AuthExchange | None = None
         if level == 5:
             self._v5 = Negotiated(packet)
-            props = packet.properties
-            if props is not None and props.authentication_method is not None:
-                # No enhanced authentication method is offered yet.
-                self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD,
-                             f"authentication method {props.authentication_method!r} "
-                             "is not supported")
-                return
+            method = self._v5.auth_method
+            if method is not None:
+                enhanced = self.factory.enhanced_auth
+                exchange = enhanced.start(method) if enhanced is not None else None
+                if exchange is None:
+                    self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD,
+                                 f"authentication method {method!r} is not offered")
+                    return
             if not client_id:
                 # MQTT 5 assigns an id whatever clean start says (and tells it).
                 client_id = "auto-" + uuid.uuid4().hex
@@ -584,6 +612,17 @@ class MQTTProtocol(Protocol):
                           c=client_id, peer=self.peer, u=cert_user)
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
+        if exchange is not None and cert_user is None:
+            # MQTT 5 enhanced authentication: AUTH packets until the method says
+            # yes or no, bounded by the connect timeout.
+            assert self._v5 is not None and self._v5.auth_method is not None
+            self._auth = _AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
+            self.rules.advance("authenticate")
+            self._connect_timer = self.clock.callLater(
+                self.limits.connect_timeout, self._connect_timed_out)
+            props = packet.properties
+            self._auth_answer(exchange.step(props.authentication_data if props else None))
+            return
         self.rules.advance("connect")
         self._pause_reading("connect")
         creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
@@ -625,6 +664,11 @@ class MQTTProtocol(Protocol):
             self._v5, connack_props = negotiate(packet, self.limits, self.client_id, assigned)
             self.keepalive = self._v5.keepalive
             expiry = float(self._v5.session_expiry)
+            auth = self._auth
+            if auth is not None:    # the method's final data goes in CONNACK
+                self._auth = None
+                connack_props = replace(connack_props, authentication_method=auth.method,
+                                        authentication_data=auth.final)
         opened = self.broker.open_session(
             self, self.client_id, packet.clean_session, will, self.identity, expiry)
         session, present, d = opened.session, opened.present, opened.durable
@@ -1058,9 +1102,58 @@ class MQTTProtocol(Protocol):
         self._lose()
 
     def _on_auth(self, packet: Auth) -> None:
-        # No enhanced authentication method is offered, so a CONNECT with one was
-        # refused (0x8C): any AUTH is out of place.
-        self._violation("AUTH without an authentication method in CONNECT")
+        """AUTH: the next step of the exchange CONNECT began, or (connected) a
+        re-authentication with the same method (reason code 0x19)."""
+        props = packet.properties
+        method = props.authentication_method if props is not None else None
+        data = props.authentication_data if props is not None else None
+        v5 = self._v5
+        enhanced = self.factory.enhanced_auth
+        auth = self._auth
+        if (auth is None and self.state is _CONNECTED and v5 is not None
+                and packet.reason_code == ReasonCode.REAUTHENTICATE
+                and method is not None and method == v5.auth_method
+                and enhanced is not None):
+            exchange = enhanced.start(method)
+            assert exchange is not None
+            auth = self._auth = _AuthInProgress(exchange, method, None, False)
+        elif (auth is None or packet.reason_code != ReasonCode.CONTINUE_AUTHENTICATION
+              or method != auth.method):
+            self._violation("AUTH out of place (no exchange under way with that method)")
+            return
+        self._auth_answer(auth.exchange.step(data))
+
+    def _auth_answer(self, step: AuthStep) -> None:
+        """Carry out the method's answer: a challenge (AUTH 0x18), or the end of
+        the exchange (CONNACK, or for a re-authentication AUTH 0x00 / DISCONNECT)."""
+        auth = self._auth
+        assert auth is not None
+        if step.outcome == CONTINUE:
+            self._write(encode(Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
+                authentication_method=auth.method, authentication_data=step.data)), 5))
+            return
+        if auth.packet is None:     # re-authentication while connected
+            self._auth = None
+            if step.outcome == SUCCESS and step.username == self.username:
+                self._write(encode(Auth(ReasonCode.SUCCESS, Properties(
+                    authentication_method=auth.method, authentication_data=step.data)), 5))
+            else:
+                self._violation(f"re-authentication failed: {step.reason or 'another user'}",
+                                code=ReasonCode.NOT_AUTHORIZED)
+            return
+        if self._connect_timer is not None and self._connect_timer.active():
+            self._connect_timer.cancel()
+        self._connect_timer = None
+        if step.outcome != SUCCESS:
+            self._auth = None
+            self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                         f"authentication failed ({step.reason})")
+            return
+        auth.final = step.data
+        self.username = step.username
+        self.rules.advance("connect")
+        self._pause_reading("connect")
+        self._authenticated(True, auth.packet, auth.assigned)
 
     _handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         Connect: _on_connect,
@@ -1091,6 +1184,8 @@ class MQTTFactory(Factory):
         self.log_limit = LogLimiter(clock.seconds)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
+        # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
+        self.enhanced_auth: EnhancedAuthenticator | None = None
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:
         return MQTTProtocol(self)

@@ -49,7 +49,7 @@ CONNACK_REASONS: dict[int, int] = {
 class Negotiated:
     """The MQTT 5 state of one connection (not kept across connections)."""
 
-    __slots__ = ("_aliases_in", "_aliases_out", "_quota", "client_alias_max",
+    __slots__ = ("_aliases_in", "_aliases_out", "_quota", "auth_method", "client_alias_max",
                  "client_max_packet", "client_receive_max", "keepalive", "problem_info",
                  "response_info", "session_expiry", "too_large")
 
@@ -62,6 +62,7 @@ class Negotiated:
         self.problem_info = props.request_problem_information != 0
         self.response_info = props.request_response_information == 1
         self.keepalive = packet.keepalive
+        self.auth_method = props.authentication_method   # MQTT 5 enhanced authentication
         self._aliases_in: dict[int, str] = {}
         self._aliases_out: dict[str, int] = {}
         self._quota: set[int] = set()
