@@ -671,3 +671,25 @@ def test_pubrec_with_error_ends_the_qos2_exchange() -> None:
     got = sub.received()
     assert [p.payload for p in got if isinstance(p, Publish)] == [b"2"]
     assert not any(isinstance(p, Pubrel) for p in got)
+
+
+def test_queue_bound_gives_puback_0x97() -> None:
+    """A QoS 1 message a subscriber's queue bound refuses: PUBACK 0x97 to an MQTT 5
+    publisher (a 3.1.1 publisher still gets a plain PUBACK)."""
+    h = Harness(max_queued_messages=1, max_inflight=1)
+    sub = connected(h, "sub", session_expiry_interval=60)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    pub = connected(h, "pub")
+    acks = []
+    for pid in (1, 2):
+        pub.send(Publish("t", b"x", 1, False, False, pid))
+        acks.extend(pub.received())
+    assert acks == [Puback(1), Puback(2, 0x97, Properties(
+        reason_string="1 subscriber(s) had no room for it"))]
+    old = h.client()
+    old.connect("old")
+    old.send(Publish("t", b"x", 1, False, False, 3))
+    assert old.received() == [Puback(3)]

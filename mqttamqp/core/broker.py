@@ -371,13 +371,16 @@ class Broker:
         return self._router.may_publish(identity, topic, retain)
 
     def publish(self, message: Message, identity: Identity | None = None, *,
-                wait: bool = True, counted: bool = True) -> Published:
+                wait: bool = True, counted: bool = True,
+                count_drops: bool = False) -> Published:
         """Route ``message`` (checked against ``identity``'s permissions, if given).
 
         With ``wait`` False nobody waits for ``Published.durable``: a storage
-        failure is logged here and ``durable`` is None.
+        failure is logged here and ``durable`` is None.  ``count_drops``: say in
+        ``Published.dropped`` how many subscribers' queue bounds refused it.
         """
-        result = self._router.publish(message, identity, (), counted)
+        result = self._router.publish(message, identity, (), counted,
+                                      count_drops=count_drops)
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
@@ -387,7 +390,7 @@ class Broker:
         return self._router.publish(message, None, extra_ops)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
-                     packet_id: int) -> Published:
+                     packet_id: int, count_drops: bool = False) -> Published:
         """An inbound QoS 2 PUBLISH: routed once per packet id, which is stored with
         it; ``durable`` is what PUBREC waits for (a duplicate waits behind whatever
         commit is still pending, e.g. the first copy's).  The deliveries wait too:
@@ -396,7 +399,7 @@ class Broker:
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
-                                      hold=True)
+                                      hold=True, count_drops=count_drops)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
         return result

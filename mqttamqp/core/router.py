@@ -112,12 +112,15 @@ class Published:
     their high-water mark (the publisher should stop being read for a while).
     ``denied``: the publisher may not publish there; nothing was routed.
     ``gate``: with ``hold``, what sends the deliveries (see ``Gate``).
+    ``dropped``: deliveries refused by a subscriber's queue bound (counted only
+    when asked, ``count_drops``, or while recording).
     """
 
     durable: Deferred[None] | None = None
     congested: Sequence[Session] = _NO_SESSIONS
     denied: bool = False
     gate: Gate | None = None
+    dropped: int = 0
 
 
 _ROUTED = Published()
@@ -156,7 +159,7 @@ class Router:
 
     def publish(self, message: Message, identity: Identity | None = None,
                 extra_ops: Sequence[Op] = (), counted: bool = True,
-                hold: bool = False) -> Published:
+                hold: bool = False, count_drops: bool = False) -> Published:
         """Route ``message``.
 
         Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
@@ -234,7 +237,7 @@ class Router:
                     gate.add(session, entry)
                 elif session.dropped != drops:
                     dropped += 1
-            elif recording:
+            elif recording or count_drops:
                 drops = session.dropped
                 entry = session.deliver(message, qos, retain)
                 if session.dropped != drops:
@@ -268,8 +271,10 @@ class Router:
                 if held:
                     d.addCallback(_release_held, held)
                 d.addErrback(gate.cancel)
-            return Published(d, congested or _NO_SESSIONS, False, gate)
+            return Published(d, congested or _NO_SESSIONS, False, gate, dropped)
         if d is None:
+            if dropped:
+                return Published(None, congested or _NO_SESSIONS, dropped=dropped)
             return _ROUTED if congested is None else Published(None, congested)
         if held:
             # Only once stored: a QoS 2 entry whose commit failed must not go out
@@ -280,7 +285,8 @@ class Router:
                 fire_when_acknowledged(d, qos1_entries)
             else:
                 d = committed_or_acknowledged(d, qos1_entries, commits.log_failure)
-        return Published(d, congested if congested is not None else _NO_SESSIONS)
+        return Published(d, congested if congested is not None else _NO_SESSIONS,
+                         dropped=dropped)
 
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         """A valid filter ``identity`` may subscribe to."""

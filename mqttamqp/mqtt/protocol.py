@@ -895,13 +895,14 @@ class MQTTProtocol(Protocol):
             result = broker.publish(message, self.identity, wait=False)
         elif qos == 1:
             assert pid is not None
-            result = broker.publish(message, self.identity)
-            self._ack(result.durable, self._publish_ack(Puback, pid, result.denied),
+            result = broker.publish(message, self.identity, count_drops=True)
+            self._ack(result.durable, self._publish_ack(Puback, pid, result),
                       lambda: v5.quota_release(pid))
         else:
             assert pid is not None
-            result = broker.publish_qos2(session, message, self.identity, pid)
-            frame = self._publish_ack(Pubrec, pid, result.denied)
+            result = broker.publish_qos2(session, message, self.identity, pid,
+                                         count_drops=True)
+            frame = self._publish_ack(Pubrec, pid, result)
             gate = result.gate
             if result.denied:     # the exchange ends at a failing PUBREC
                 self._ack(result.durable, frame, lambda: v5.quota_release(pid))
@@ -912,13 +913,19 @@ class MQTTProtocol(Protocol):
         self._after_publish(session, result, len(packet.payload))
 
     def _publish_ack(self, kind: type[Puback] | type[Pubrec], packet_id: int,
-                     denied: bool) -> bytes:
-        """PUBACK/PUBREC for an MQTT 5 publisher; a core verdict against the publish
-        (today: not authorized) is its reason code."""
-        if not denied:
-            return _ack_frame(0x40 if kind is Puback else 0x50, packet_id)
-        return encode(kind(packet_id, ReasonCode.NOT_AUTHORIZED,
-                           self._problem("not authorized to publish there")), 5)
+                     result: Published) -> bytes:
+        """PUBACK/PUBREC for an MQTT 5 publisher; the core's verdict is its reason
+        code: not authorized (0x87), or a subscriber's queue bound refused the
+        message (0x97 quota exceeded on PUBACK: it was not a silent drop; a PUBREC
+        that failed would end the QoS 2 exchange the other subscribers still get
+        the message through, so it stays 0)."""
+        if result.denied:
+            return encode(kind(packet_id, ReasonCode.NOT_AUTHORIZED,
+                               self._problem("not authorized to publish there")), 5)
+        if result.dropped and kind is Puback:
+            return encode(kind(packet_id, ReasonCode.QUOTA_EXCEEDED, self._problem(
+                f"{result.dropped} subscriber(s) had no room for it")), 5)
+        return _ack_frame(0x40 if kind is Puback else 0x50, packet_id)
 
     def _after_publish(self, session: Session, result: Published, size: int) -> None:
         broker = self.broker
