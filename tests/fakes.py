@@ -120,7 +120,7 @@ class MemoryStore(NullStore):
         s = self.state
         return Snapshot(dict(s.retained), dict(s.wills), {
             k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
-                             sorted(r.queue), set(r.inbound_qos2))
+                             sorted(r.queue), set(r.inbound_qos2), r.expiry)
             for k, r in s.sessions.items()})
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
@@ -139,6 +139,7 @@ class MemoryStore(NullStore):
             elif isinstance(op, p.PutSession):
                 rec = s.sessions.setdefault(op.client_id, SessionRecord(op.client_id))
                 rec.last_seen = op.last_seen
+                rec.expiry = op.expiry
             elif isinstance(op, p.DeleteSession):
                 s.sessions.pop(op.client_id, None)
             elif isinstance(op, p.PutSubscription):

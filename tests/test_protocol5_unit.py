@@ -693,3 +693,19 @@ def test_queue_bound_gives_puback_0x97() -> None:
     old.connect("old")
     old.send(Publish("t", b"x", 1, False, False, 3))
     assert old.received() == [Puback(3)]
+
+
+def test_session_expiry_survives_a_restart() -> None:
+    """A session's expiry interval is stored: after a restart it still expires then."""
+    from fakes import MemoryStore
+    store = MemoryStore()
+    h = Harness(store=store)
+    c = connected(h, "s", session_expiry_interval=20)
+    c.send(Disconnect())
+    c.lost()
+    h.broker.stop()
+    h2 = Harness(store=store)
+    h2.broker.start()
+    assert h2.broker.sessions["s"].expiry == 20
+    h2.clock.advance(20.001)
+    assert "s" not in h2.broker.sessions

@@ -78,6 +78,7 @@ class PutSession:
 
     client_id: str
     last_seen: float
+    expiry: float | None = None   # MQTT 5 session expiry interval (None: --session-expiry)
 
 
 @record
@@ -139,6 +140,7 @@ class SessionRecord:
     subscriptions: dict[str, int] = field(default_factory=dict)
     queue: list[tuple[int, StoredQueued]] = field(default_factory=list)  # ascending seq
     inbound_qos2: set[int] = field(default_factory=set)
+    expiry: float | None = None
 
 
 @dataclass

@@ -102,6 +102,10 @@ class SessionRegistry:
             session.restore(rec.queue, rec.inbound_qos2)
             self.router.restore_subscriptions(session, rec.subscriptions)
             self.sessions[rec.client_id] = session
+            # An MQTT 5 session expiry interval, like --session-expiry, counts from
+            # the start (the client may have been connected until the stop).
+            session.expiry = rec.expiry
+            self._arm_expiry(session)
 
     def online(self) -> Iterator[Session]:
         """Every session something is delivering to (client ids and topic receivers)."""
@@ -221,16 +225,16 @@ class SessionRegistry:
             session = Session(client_id, persistent, self.limits, now)
             self.sessions[client_id] = session
             if persistent:
-                ops.append(PutSession(client_id, now))
+                ops.append(PutSession(client_id, now, expiry))
         elif existing is not None and existing.persistent:
             session = existing
             present = True
-            ops.append(PutSession(client_id, now))
+            ops.append(PutSession(client_id, now, expiry))
         else:
             session = Session(client_id, persistent, self.limits, now)
             self.sessions[client_id] = session
             if persistent:
-                ops.append(PutSession(client_id, now))
+                ops.append(PutSession(client_id, now, expiry))
         session.expiry = expiry
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
@@ -290,7 +294,7 @@ class SessionRegistry:
         session.detach()
         if session.persistent and session.expiry != 0:
             session.last_seen = self.clock.seconds()
-            ops.append(PutSession(client_id, session.last_seen))
+            ops.append(PutSession(client_id, session.last_seen, session.expiry))
             self._arm_expiry(session)
         else:
             ops.extend(self.discard(session))
@@ -306,8 +310,7 @@ class SessionRegistry:
         return min(will.delay, session.expiry if session.persistent else 0.0)
 
     # MQTT 5 session expiry intervals: one timer per offline session that has one
-    # (--session-expiry's loop keeps the sessions of 3.1.1 clients).  An interval
-    # is not stored: after a restart a session falls under --session-expiry.
+    # (--session-expiry's loop keeps the sessions of 3.1.1 clients).
 
     def _arm_expiry(self, session: Session) -> None:
         expiry = session.expiry

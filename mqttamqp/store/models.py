@@ -99,6 +99,7 @@ class PersistentSession(Persistent):  # type: ignore[misc]
 
     client_id: str
     last_seen: float = 0.0
+    expiry: float | None = None     # MQTT 5 session expiry interval (added later)
     subscriptions: Any
     queue: Any
     inbound_qos2: Any
@@ -222,4 +223,5 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
             key=lambda item: item[0],
         ),
         inbound_qos2={int(p) for p in s.inbound_qos2},
+        expiry=s.expiry,
     )

@@ -146,6 +146,8 @@ def _put_session(t: _Trees, op: PutSession) -> None:
     assert session is not None
     if session.last_seen != op.last_seen:
         session.last_seen = float(op.last_seen)
+    if session.expiry != op.expiry:
+        session.expiry = None if op.expiry is None else float(op.expiry)
 
 
 def _delete_session(t: _Trees, op: DeleteSession) -> None:
