@@ -123,6 +123,8 @@ def _ack_frame(kind: int, packet_id: int) -> bytes:
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
 # row; encode it once.
 _qos0_cache: list[Any] = [None, False, b""]
+_qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
+_NO_PROPERTIES = b"\x00"
 
 
 class _AuthInProgress:
@@ -306,12 +308,30 @@ class MQTTProtocol(Protocol):
             # before sending, retained store): never sent, counted as dropped.
             self._not_sent(packet_id)
             return
-        if self._v5 is not None:
-            frame5 = self._publish_frame5(self._v5, message, qos, packet_id, dup, retain)
-            if frame5 is None:
-                self._not_sent(packet_id)
-                return
-            frame = frame5
+        v5 = self._v5
+        if v5 is not None:
+            if (message.props is None and v5.plain
+                    and (self.session is None or not self.session.sub_options)):
+                # Nothing MQTT 5 to add: an empty property block (QoS 0 frames are
+                # shared across subscribers, as for 3.1.1).
+                if qos == 0 and not dup:
+                    cache = _qos0_cache5
+                    if cache[0] is message and cache[1] == retain:
+                        frame = cache[2]
+                    else:
+                        frame = encode_publish(message.topic.encode("utf-8"),
+                                               message.payload, 0, retain, False, None,
+                                               _NO_PROPERTIES)
+                        cache[0], cache[1], cache[2] = message, retain, frame
+                else:
+                    frame = encode_publish(message.topic.encode("utf-8"), message.payload,
+                                           qos, retain, dup, packet_id, _NO_PROPERTIES)
+            else:
+                frame5 = self._publish_frame5(v5, message, qos, packet_id, dup, retain)
+                if frame5 is None:
+                    self._not_sent(packet_id)
+                    return
+                frame = frame5
         elif qos == 0 and not dup:
             cache = _qos0_cache
             if cache[0] is message and cache[1] == retain:

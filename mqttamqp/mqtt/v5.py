@@ -50,8 +50,8 @@ class Negotiated:
     """The MQTT 5 state of one connection (not kept across connections)."""
 
     __slots__ = ("_aliases_in", "_aliases_out", "_quota", "auth_method", "client_alias_max",
-                 "client_max_packet", "client_receive_max", "keepalive", "problem_info",
-                 "response_info", "session_expiry", "too_large")
+                 "client_max_packet", "client_receive_max", "keepalive", "plain",
+                 "problem_info", "response_info", "session_expiry", "too_large")
 
     def __init__(self, packet: Connect) -> None:
         props = packet.properties or Properties()
@@ -67,6 +67,9 @@ class Negotiated:
         self._aliases_out: dict[str, int] = {}
         self._quota: set[int] = set()
         self.too_large = 0     # PUBLISHes not sent: above the client's maximum
+        # No outbound topic aliases and no maximum packet size: a message without
+        # properties goes out with an empty property block (the fast path).
+        self.plain = not self.client_alias_max and self.client_max_packet is None
 
     # -- topic aliases ------------------------------------------------------------
 
