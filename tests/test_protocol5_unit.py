@@ -709,3 +709,28 @@ def test_session_expiry_survives_a_restart() -> None:
     assert h2.broker.sessions["s"].expiry == 20
     h2.clock.advance(20.001)
     assert "s" not in h2.broker.sessions
+
+
+def test_expired_messages_make_room_in_a_full_queue() -> None:
+    """At the queue bound, queued messages past their expiry are dropped (and their
+    stored copies deleted) to make room for a new one."""
+    from fakes import MemoryStore
+    store = MemoryStore()
+    h = Harness(store=store, max_queued_messages=2)
+    sub = connected(h, "sub", session_expiry_interval=100)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    pub = connected(h, "pub")
+    short = Properties(message_expiry_interval=5)
+    pub.send(Publish("t", b"a", 1, False, False, 1, short),
+             Publish("t", b"b", 1, False, False, 2, short))
+    h.clock.advance(6)
+    pub.send(Publish("t", b"c", 1, False, False, 3))
+    assert pub.received()[-1] == Puback(3)         # room was made: no 0x97
+    assert [e.message.payload for _, e in store.state.sessions["sub"].queue] == [b"c"]
+    sub2 = client5(h)
+    sub2.connect5("sub", clean=False, session_expiry_interval=100)
+    got = [p.payload for p in sub2.received() if isinstance(p, Publish)]
+    assert got == [b"c"]

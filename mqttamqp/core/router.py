@@ -231,19 +231,22 @@ class Router:
                 if qos == 0:
                     gate.add(session, None)  # sent (or dropped) when the gate opens
                     continue
-                drops = session.dropped
                 entry = session.deliver(message, qos, retain, True)
                 if entry is not None:
                     gate.add(session, entry)
-                elif session.dropped != drops:
+                else:       # (QoS 1/2 is refused only at a bound)
                     dropped += 1
             elif recording or count_drops:
+                # A QoS 1/2 delivery was refused when no entry came back (expired
+                # messages it pushed out are counted by the session, not here).
                 drops = session.dropped
                 entry = session.deliver(message, qos, retain)
-                if session.dropped != drops:
+                if entry is None if qos else session.dropped != drops:
                     dropped += 1
             else:
                 entry = session.deliver(message, qos, retain)
+            if session.expired_ops:   # expired messages made room (MQTT 5)
+                ops.extend(session.take_expired_ops())
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -377,6 +380,8 @@ class Router:
                     continue
                 qos = min(granted, message.qos)
                 entry = session.deliver(message, qos, True)
+                if session.expired_ops:
+                    ops.extend(session.take_expired_ops())
                 if entry is not None and session.persistent:
                     ops.append(entry.put_op(session.client_id))
                     last_seq = entry.seq
