@@ -734,3 +734,40 @@ def test_expired_messages_make_room_in_a_full_queue() -> None:
     sub2.connect5("sub", clean=False, session_expiry_interval=100)
     got = [p.payload for p in sub2.received() if isinstance(p, Publish)]
     assert got == [b"c"]
+
+
+class _DenySecret:
+    """Access rules for the test: nobody publishes or subscribes under secret/."""
+
+    def may_publish(self, identity: Any, topic: str, retain: bool) -> bool:
+        return not topic.startswith("secret/")
+
+    def may_subscribe(self, identity: Any, topic_filter: str) -> bool:
+        return not topic_filter.startswith("secret/")
+
+    def may_use_session(self, identity: Any, client_id: str) -> bool:
+        return True
+
+
+def test_core_verdicts_become_reason_codes() -> None:
+    """A publish the core denies: PUBACK/PUBREC 0x87 for MQTT 5 (a plain PUBACK for
+    3.1.1, as before); a refused subscription: SUBACK 0x80 (0x87 once the core
+    says "not authorized" with its own code; 3.1.1 then still gets 0x80)."""
+    from mqttamqp.core.broker import Broker
+    from mqttamqp.mqtt.protocol import MQTTFactory
+    h = Harness()
+    h.broker = Broker(h.clock, h.store, h.broker.limits, authorizer=_DenySecret())
+    h.factory = MQTTFactory(h.broker, h.clock)
+    c = connected(h)
+    c.send(Publish("secret/a", b"x", 1, False, False, 1),
+           Publish("secret/b", b"x", 2, False, False, 2),
+           Publish("open/a", b"x", 1, False, False, 3))
+    got = c.received()
+    assert [(type(p).__name__, p.reason_code) for p in got] == [  # type: ignore[union-attr]
+        ("Puback", 0x87), ("Pubrec", 0x87), ("Puback", 0)]
+    c.send(Subscribe(4, (("secret/#", 1), ("open/#", 1))))
+    assert c.received() == [Suback(4, (0x80, 1))]
+    old = h.client()
+    old.connect("old")
+    old.send(Publish("secret/a", b"x", 1, False, False, 1))
+    assert old.received() == [Puback(1)]

@@ -74,6 +74,7 @@ from mqttamqp.mqtt.packets import (
     PROTOCOL_5,
     PROTOCOL_31,
     PROTOCOL_311,
+    SUBACK_FAILURE,
     Auth,
     Connack,
     ConnackCode,
@@ -1039,7 +1040,10 @@ class MQTTProtocol(Protocol):
             return
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
         grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
-        self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
+        # 3.1.1 has one failure code: any verdict of the core (an MQTT 5 reason code
+        # such as 0x87 not authorized) is 0x80 here.
+        acked = tuple(code if code < SUBACK_FAILURE else SUBACK_FAILURE for code in codes)
+        self._ack(d, encode(Suback(packet.packet_id, acked)),
                   lambda: self.broker.send_retained(session, grants))
 
     def _on_subscribe5(self, session: Session, identity: Identity, packet: Subscribe
