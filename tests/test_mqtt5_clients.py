@@ -185,11 +185,11 @@ def test_mosquitto_v5_properties(broker: BrokerProcess, subs) -> None:
 
 
 def test_raw_alias_error(sockets) -> None:
-    """An unknown inbound topic alias closes with DISCONNECT 0x94, after the reason."""
+    """A topic alias above the maximum closes with DISCONNECT 0x94, after the reason."""
     c: RawClient = sockets(level=5)
     c.send(Connect("MQTT", 5, uid("a"), True, 60))
     assert isinstance(c.recv(), Connack)
-    c.send(Publish("", b"x", properties=Properties(topic_alias=9)))
+    c.send(Publish("t", b"x", properties=Properties(topic_alias=65000)))
     got = c.wait_closed()
     assert isinstance(got[-1], Disconnect) and got[-1].reason_code == 0x94
 

@@ -287,8 +287,8 @@ def test_payload_format_invalid() -> None:
 
 
 def test_inbound_topic_alias() -> None:
-    """A topic alias set with a topic stands in for it later; an unknown one and one
-    above the maximum are DISCONNECT 0x94."""
+    """A topic alias set with a topic stands in for it later; one never set is a
+    Protocol Error (0x82), one above the maximum is DISCONNECT 0x94."""
     h = Harness()
     watcher = h.watcher("#")
     c = connected(h)
@@ -296,7 +296,7 @@ def test_inbound_topic_alias() -> None:
     c.send(Publish("", b"2", properties=Properties(topic_alias=3)))
     assert watcher.sent == [("long/topic", b"1", 0, False), ("long/topic", b"2", 0, False)]
     c.send(Publish("", b"3", properties=Properties(topic_alias=4)))
-    closed_with(c, 0x94)
+    closed_with(c, 0x82)
     c2 = connected(h, "c2")
     c2.send(Publish("x", b"", properties=Properties(topic_alias=TOPIC_ALIAS_MAXIMUM + 1)))
     closed_with(c2, 0x94)
@@ -771,3 +771,21 @@ def test_core_verdicts_become_reason_codes() -> None:
     old.connect("old")
     old.send(Publish("secret/a", b"x", 1, False, False, 1))
     assert old.received() == [Puback(1)]
+
+
+def test_protocol_error_lines_are_rate_limited(log_lines: list[str]) -> None:
+    """Many clients closed for the same MQTT 5 reason code: one log line a minute,
+    the next one saying how many were held back."""
+    h = Harness()
+    for i in range(3):
+        c = connected(h, f"bad{i}")
+        c.send(Publish("", b"x"))      # no topic and no alias: 0x82
+        closed_with(c, 0x82)
+    lines = [line for line in log_lines if "reason code 0x82" in line]
+    assert len(lines) == 1 and "0 more" in lines[0]
+    h.clock.advance(61)
+    c = connected(h, "bad-later")
+    c.send(Publish("", b"x"))
+    closed_with(c, 0x82)
+    lines = [line for line in log_lines if "reason code 0x82" in line]
+    assert len(lines) == 2 and "2 more" in lines[1]

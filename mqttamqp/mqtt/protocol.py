@@ -464,7 +464,16 @@ class MQTTProtocol(Protocol):
                            c=self.client_id, peer=self.peer, r=reason)
         else:
             self.broker.stats.protocol_errors += 1
-            if cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
+            if self._v5 is not None and cause != CAUSE_KEEPALIVE:
+                # MQTT 5: one line per reason code a minute, saying how many more.
+                held = self.factory.log_limit.allow(f"mqtt5 disconnect {code:#04x}")
+                if held is not None:
+                    self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
+                                  "connection with reason code {code:#04x} ({h} more "
+                                  "with that code since the last such line)",
+                                  c=self.client_id or "(no client id yet)", peer=self.peer,
+                                  r=reason, code=int(code), h=held)
+            elif cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
                 self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
                               "connection", c=self.client_id or "(no client id yet)",
                               peer=self.peer, r=reason)
@@ -879,10 +888,9 @@ class MQTTProtocol(Protocol):
     def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:
         """An MQTT 5 PUBLISH: topic alias, receive maximum, payload format, then the
         3.1.1 flows with reason codes (0x87 when the core denies the publish)."""
-        topic, why = resolve_topic(v5, packet)
+        topic, why, code = resolve_topic(v5, packet)
         if topic is None:
-            self._violation(why, code=ReasonCode.TOPIC_ALIAS_INVALID if "alias" in why
-                            else ReasonCode.PROTOCOL_ERROR)
+            self._violation(why, code=code)
             return
         props = packet.properties
         if props is not None and props.subscription_identifiers:

@@ -144,24 +144,26 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
     return state, props
 
 
-def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str]:
+def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str, int]:
     """The topic of an inbound PUBLISH after its alias (section 3.3.2.3.4), or
-    (None, why) for a Topic Alias invalid (0x94) or a Protocol Error (0x82)."""
+    (None, why, reason code): Topic Alias invalid (0x94) or Protocol Error (0x82)."""
     props = packet.properties
     alias = props.topic_alias if props is not None else None
     if alias is None:
         if not packet.topic:
-            return None, "PUBLISH with an empty topic and no topic alias"
-        return packet.topic, ""
+            return None, "PUBLISH with an empty topic and no topic alias", \
+                ReasonCode.PROTOCOL_ERROR
+        return packet.topic, "", 0
     if alias > TOPIC_ALIAS_MAXIMUM:
-        return None, f"topic alias {alias} above the maximum {TOPIC_ALIAS_MAXIMUM}"
+        return None, f"topic alias {alias} above the maximum {TOPIC_ALIAS_MAXIMUM}", \
+            ReasonCode.TOPIC_ALIAS_INVALID
     if packet.topic:
         state._aliases_in[alias] = packet.topic
-        return packet.topic, ""
+        return packet.topic, "", 0
     topic = state._aliases_in.get(alias)
     if topic is None:
-        return None, f"topic alias {alias} was never set"
-    return topic, ""
+        return None, f"topic alias {alias} was never set", ReasonCode.PROTOCOL_ERROR
+    return topic, "", 0
 
 
 def message_properties(props: Properties | None) -> MessageProperties | None:
