@@ -34,6 +34,8 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mqttwire as w  # noqa: E402
 
+PROPS_LEN = len(w.PROPS)  # MQTT 5: the (empty) property block after the packet id
+
 mono = time.monotonic
 mono_ns = time.monotonic_ns
 
@@ -231,10 +233,10 @@ class SubConn:
                 tl = (body[0] << 8) | body[1]
                 if qos == 0:
                     counted += 1
-                    poff = 2 + tl
+                    poff = 2 + tl + PROPS_LEN
                 else:
                     pid = body[2 + tl:4 + tl]
-                    poff = 4 + tl
+                    poff = 4 + tl + PROPS_LEN
                     if qos == 1:
                         out += b"\x40\x02" + pid
                         counted += 1
@@ -493,9 +495,10 @@ def role_pubq(a):
     s, parser, _ = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"])
     prefix = w.publish_parts(a["topic"], plen, qos)
     payload = b"x" * plen
+    props_payload = w.PROPS + payload
     pad = b"x" * max(0, plen - 16)
     PIDS = w.PIDS
-    emit("READY", {"conns": 1, "packet_len": len(prefix) + 2 + plen})
+    emit("READY", {"conns": 1, "packet_len": len(prefix) + 2 + len(w.PROPS) + plen})
     if not wait_line("GO", deadline):
         return {"error": "no GO before deadline", "sent": 0, "timed_out": True}
     cpu0 = self_cpu()
@@ -538,6 +541,7 @@ def role_pubq(a):
                     inflight[pid] = 1
                     out += prefix
                     out += pid
+                    out += w.PROPS
                     out += sched.to_bytes(8, "big")
                     out += now_ns.to_bytes(8, "big")
                     out += pad
@@ -553,7 +557,7 @@ def role_pubq(a):
                     inflight[pid] = 1
                     out += prefix
                     out += pid
-                    out += payload
+                    out += props_payload
                 sent += k
         elif sent < N:
             window_full_loops += 1

@@ -6,7 +6,14 @@ CONNECT, SUBSCRIBE, PUBLISH, the QoS 1/2 acknowledgements, DISCONNECT and a
 parser that splits a byte stream into (first_byte, body) packets.
 """
 
+import os
 import struct
+
+# MQTT 3.1.1 (4) by default; BENCH_MQTT_LEVEL=5 (run.py --mqtt5) speaks MQTT 5: an
+# empty property block in CONNECT, SUBSCRIBE and PUBLISH (PROPS), and a session
+# expiry of "never" for clean session 0.
+LEVEL = int(os.environ.get("BENCH_MQTT_LEVEL", "4"))
+PROPS = b"\x00" if LEVEL == 5 else b""
 
 # packet types (high nibble of the first byte)
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
@@ -43,28 +50,34 @@ def _packet(first, body):
 
 def connect(client_id, clean=True, keepalive=0):
     flags = 0x02 if clean else 0x00
-    body = _str("MQTT") + bytes([4, flags]) + struct.pack("!H", keepalive) + _str(client_id)
+    props = PROPS
+    if LEVEL == 5 and not clean:
+        # A persistent session in MQTT 5 terms: session expiry "never" (0xFFFFFFFF).
+        props = b"\x05\x11\xff\xff\xff\xff"
+    body = (_str("MQTT") + bytes([LEVEL, flags]) + struct.pack("!H", keepalive) + props
+            + _str(client_id))
     return _packet(0x10, body)
 
 
 def subscribe(packet_id, filters):
     """filters: list of (topic_filter, qos)."""
-    body = struct.pack("!H", packet_id) + b"".join(_str(t) + bytes([q]) for t, q in filters)
+    body = struct.pack("!H", packet_id) + PROPS + b"".join(
+        _str(t) + bytes([q]) for t, q in filters)
     return _packet(0x82, body)
 
 
 def publish(topic, payload, qos=0, packet_id=0, retain=False, dup=False):
     first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
-    body = _str(topic) + (struct.pack("!H", packet_id) if qos else b"") + payload
+    body = _str(topic) + (struct.pack("!H", packet_id) if qos else b"") + PROPS + payload
     return _packet(first, body)
 
 
 def publish_parts(topic, payload_len, qos):
     """Split a QoS>0 PUBLISH of fixed size into (prefix, suffix_len) so that a
-    packet is prefix + PIDS[pid] + payload (payload exactly payload_len bytes)."""
+    packet is prefix + PIDS[pid] + PROPS + payload (payload exactly payload_len bytes)."""
     assert qos in (1, 2)
     t = _str(topic)
-    rl = len(t) + 2 + payload_len
+    rl = len(t) + 2 + len(PROPS) + payload_len
     prefix = bytes([0x30 | (qos << 1)]) + remaining_length(rl) + t
     return prefix
 

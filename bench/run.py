@@ -528,10 +528,17 @@ def main():
                     help="subscriber naps this long after a short read (throughput scenarios)")
     ap.add_argument("--mqttamqp-arg", action="append", default=[],
                     help="extra argument for `twistd mqttamqp` (repeatable)")
+    ap.add_argument("--mqtt5", action="store_true",
+                    help="the load generators speak MQTT 5 (empty property blocks) "
+                         "instead of 3.1.1, to both brokers")
     # hidden: run a second Mosquitto in the "mqttamqp" slot to exercise the comparison path
     ap.add_argument("--fake-mqttamqp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.mqtt5:
+        # Read by mqttwire in every load generator process (and here, below).
+        os.environ["BENCH_MQTT_LEVEL"] = "5"
+        w.LEVEL, w.PROPS = 5, b"\x00"
     signal.signal(signal.SIGTERM, _on_signal)
     scen = [int(x) for x in args.scenarios.split(",") if x.strip()]
     for s in scen:
@@ -550,6 +557,7 @@ def main():
             "timeout_s_per_run": args.timeout, "subscriber_idle_stop_s": args.idle,
             "payload_bytes": PAYLOAD, "window": 100, "fan": 100,
             "subscriber_rx_nap_s": args.rx_nap,
+            "mqtt_protocol_level": 5 if args.mqtt5 else 4,
             "counts": {
                 "1_qos0_messages": cfg["counts"][1], "2_qos1_messages": cfg["counts"][2],
                 "3_qos2_messages": cfg["counts"][3],

@@ -227,6 +227,13 @@ class Options(usage.Options):
         ["session-expiry", None, _D.session_expiry,
          "Seconds after which an offline persistent session is deleted; 0 = never.",
          _positive(float, "session-expiry")],
+        ["max-keepalive", None, _D.max_keepalive,
+         "MQTT 5: the longest keepalive (seconds) a client may use; a longer one, or "
+         "0, is replaced by this in CONNACK (server keep alive). 0 = no limit.",
+         _positive(int, "max-keepalive")],
+        ["response-information", None, _D.response_information,
+         "MQTT 5: the response information (a topic prefix, followed by the client id) "
+         "given to clients that request it; empty = none."],
         ["will-grace", None, _D.will_grace,
          "After a restart, seconds to wait for clients that were connected before "
          "publishing their wills.", _positive(float, "will-grace")],
@@ -479,4 +486,6 @@ def limits_from(options: Any) -> Limits:
         connect_burst=options["connect-burst"],
         max_publish_rate=options["max-publish-rate"],
         max_publish_byte_rate=options["max-publish-byte-rate"],
+        max_keepalive=min(options["max-keepalive"], 65535),
+        response_information=options["response-information"],
     )

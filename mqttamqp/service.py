@@ -410,7 +410,7 @@ class BrokerService(service.MultiService):
     async def _stop(self) -> None:
         await super().stopService()  # type: ignore[no-untyped-call]
         for conn in list(self.mqtt_factory.connections):
-            conn.transport.abortConnection()
+            conn.server_stopping()   # MQTT 5 clients get DISCONNECT 0x8B first
         if self.amqp_factory is not None:
             for amqp_conn in list(self.amqp_factory.connections):
                 amqp_conn.transport.abortConnection()

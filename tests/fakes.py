@@ -120,7 +120,8 @@ class MemoryStore(NullStore):
         s = self.state
         return Snapshot(dict(s.retained), dict(s.wills), {
             k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
-                             sorted(r.queue), set(r.inbound_qos2), r.owner)
+                             sorted(r.queue), set(r.inbound_qos2), owner=r.owner,
+                             expiry=r.expiry)
             for k, r in s.sessions.items()}, list(s.bans))
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
@@ -141,6 +142,7 @@ class MemoryStore(NullStore):
                 rec.last_seen = op.last_seen
                 if op.owner is not None:
                     rec.owner = op.owner
+                rec.expiry = op.expiry
             elif isinstance(op, p.DeleteSession):
                 s.sessions.pop(op.client_id, None)
             elif isinstance(op, p.PutSubscription):

@@ -24,7 +24,7 @@ _V3_RETURN_CODES = {0x84: 1, 0x85: 2, 0x88: 3, 0x86: 4, 0x87: 5}
 class Received:
     """One delivered message, copied out of paho's ``MQTTMessage``."""
 
-    __slots__ = ("dup", "payload", "qos", "retain", "topic")
+    __slots__ = ("dup", "payload", "properties", "qos", "retain", "topic")
 
     def __init__(self, msg: mqtt.MQTTMessage) -> None:
         self.topic = msg.topic
@@ -32,6 +32,7 @@ class Received:
         self.qos = msg.qos
         self.retain = bool(msg.retain)
         self.dup = bool(msg.dup)
+        self.properties: Any = getattr(msg, "properties", None)   # MQTT 5
 
     def __repr__(self) -> str:
         return (f"Received({self.topic!r}, {self.payload!r}, qos={self.qos}, "
@@ -43,6 +44,9 @@ class PahoClient:
 
     ``expect_rc``, when given, is the MQTT 3.x CONNACK return code the connection must get.
     ``timeout`` (a class attribute, so a subclass may change it) bounds every wait.
+    With ``protocol=MQTTv5``, ``clean`` is clean start and ``properties`` (paho
+    ``Properties`` of CONNECT) and ``will_properties`` are sent; ``connack_properties``
+    and ``disconnect_reason`` keep what the broker said.
     """
 
     timeout = TIMEOUT
@@ -51,14 +55,19 @@ class PahoClient:
                  clean: bool = True, will: tuple[str, bytes, int, bool] | None = None,
                  keepalive: int = 60, *, username: str | None = None,
                  password: str | None = None, expect_rc: int | None = None,
+                 properties: Any = None, will_properties: Any = None,
                  transport: str = "tcp") -> None:
         """``transport="websockets"``: MQTT over WebSockets, at the broker's path."""
         self.client_id = client_id
+        v5 = protocol == mqtt.MQTTv5
+        # paho refuses clean_session for MQTT 5 (clean start goes with connect()).
         self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=protocol, clean_session=clean,
+                             protocol=protocol, clean_session=None if v5 else clean,
                              reconnect_on_failure=False, transport=transport)
         if transport == "websockets":
             self.c.ws_set_options(path="/mqtt")
+        self.connack_properties: Any = None
+        self.disconnect_reason: Any = None
         self.messages: queue.Queue[Received] = queue.Queue()
         self.connected = threading.Event()
         self.disconnected = threading.Event()
@@ -75,8 +84,12 @@ class PahoClient:
         if username is not None:
             self.c.username_pw_set(username, password)
         if will is not None:
-            self.c.will_set(will[0], will[1], will[2], will[3])
-        self.c.connect("127.0.0.1", port, keepalive)
+            self.c.will_set(will[0], will[1], will[2], will[3], will_properties)
+        if v5:
+            self.c.connect("127.0.0.1", port, keepalive, clean_start=clean,
+                           properties=properties)
+        else:
+            self.c.connect("127.0.0.1", port, keepalive)
         self.c.loop_start()
         assert self.connected.wait(self.timeout), f"{client_id}: no CONNACK"
         if expect_rc is not None:
@@ -86,6 +99,7 @@ class PahoClient:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
                     properties: Any) -> None:
         self.connack = reason_code
+        self.connack_properties = properties
         value = int(reason_code.value)
         self.rc = value if value < 128 else _V3_RETURN_CODES.get(value, value)
         self.session_present = bool(flags.session_present)
@@ -93,6 +107,7 @@ class PahoClient:
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
+        self.disconnect_reason = reason_code
         self.disconnected.set()
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -114,9 +129,10 @@ class PahoClient:
                                             self.timeout), "no SUBACK"
             return self._subacks.pop(mid)
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                properties: Any = None) -> None:
         """Publish and wait until paho has finished the flow (PUBACK / PUBCOMP)."""
-        info = self.c.publish(topic, payload, qos, retain)
+        info = self.c.publish(topic, payload, qos, retain, properties)
         info.wait_for_publish(self.timeout)
         assert info.is_published(), f"publish to {topic} (QoS {qos}) not completed"
 

@@ -559,7 +559,7 @@ def test_publish_too_short_for_topic_length() -> None:
 # CONNECT
 
 
-@pytest.mark.parametrize(("name", "level"), [("MQTT", 5), ("MQTT", 3), ("MQIsdp", 4), ("HTTP", 1)])
+@pytest.mark.parametrize(("name", "level"), [("MQTT", 6), ("MQTT", 3), ("MQIsdp", 4), ("HTTP", 1)])
 def test_connect_unknown_protocol_decodes(name: str, level: int) -> None:
     """An unknown protocol name/level still decodes so the protocol layer can send CONNACK 1."""
     raw = connect_bytes(name, level, payload=b"\x00\x00\x05whatever-format")

@@ -84,7 +84,7 @@ class RawClient:
         return self._pid
 
     def send(self, data: bytes | Packet) -> None:
-        self.sock.sendall(data if isinstance(data, bytes) else encode(data))
+        self.sock.sendall(data if isinstance(data, bytes) else encode(data, self.level))
 
     def _read(self, deadline: float) -> Packet:
         while True:
@@ -303,7 +303,7 @@ def raw_connect(name: str, level: int, client_id: str | bytes, flags: int = 0x02
 # CONNECT and CONNACK
 
 
-@pytest.mark.parametrize("name,level", [("MQTT", 5), ("MQTT", 3), ("MQIsdp", 4), ("MQTX", 4),
+@pytest.mark.parametrize("name,level", [("MQTT", 6), ("MQTT", 3), ("MQIsdp", 4), ("MQTX", 4),
                                         ("MQIsdp", 5)])
 def test_unknown_protocol_gets_connack_1_then_close(sockets, name: str, level: int) -> None:
     """An unknown protocol name/level combination is answered with CONNACK 1 and closed."""
@@ -314,13 +314,15 @@ def test_unknown_protocol_gets_connack_1_then_close(sockets, name: str, level: i
     assert got[0].return_code == 1
 
 
-def test_mqtt5_connect_gets_connack_1(sockets) -> None:
-    """An MQTT 5 CONNECT (with a properties block) is refused with CONNACK 1, not a crash."""
-    c = sockets()
+def test_mqtt5_connect_is_accepted(sockets) -> None:
+    """An MQTT 5 CONNECT (with a properties block) gets an MQTT 5 CONNACK 0 with the
+    broker's properties (before issue 11 it was refused with CONNACK 1)."""
+    c = sockets(level=5)
     # MQTT 5: after keepalive a properties length (0), then the client id.
     c.send(frame(0x10, mstr("MQTT") + bytes((5, 0x02)) + u16(60) + b"\x00" + mstr("v5client")))
-    got = c.wait_closed()
-    assert [type(p) for p in got] == [Connack] and got[0].return_code == 1  # type: ignore[union-attr]
+    ack = c.recv()
+    assert isinstance(ack, Connack) and ack.return_code == 0, ack
+    assert ack.properties is not None and ack.properties.receive_maximum
 
 
 @pytest.mark.parametrize("length,code", [(0, 2), (24, 0), (1, 0), (23, 0)])

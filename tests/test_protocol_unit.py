@@ -185,10 +185,10 @@ def test_packets_pipelined_behind_connect_wait_for_connack() -> None:
 
 
 def test_unsupported_protocol_level_gets_connack_1() -> None:
-    """An unknown protocol level (MQTT 5) is refused with CONNACK 1 and the socket closed."""
+    """An unknown protocol level (6) is refused with CONNACK 1 and the socket closed."""
     h = Harness()
     c = h.client()
-    c.send(Connect("MQTT", 5, "c", True, 0))
+    c.send(Connect("MQTT", 6, "c", True, 0))
     assert c.received() == [Connack(False, 1)]
     assert not c.open
     c.lost()

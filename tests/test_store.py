@@ -29,7 +29,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
 from ZODB.MappingStorage import MappingStorage
 
-from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.message import Message, MessageProperties, WillMessage
 from mqttamqp.core.persistence import (
     ClearRetained,
     DeleteBan,
@@ -285,6 +285,29 @@ def test_round_trip_of_every_op(disk: MemoryDisk, reactor: FakeReactor) -> None:
     assert type(snap.wills["c1"]) is WillMessage
     assert isinstance(snap.sessions["c1"].subscriptions, dict)
     assert isinstance(snap.sessions["c1"].inbound_qos2, set)
+
+
+def test_round_trip_of_mqtt5_fields(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """MQTT 5 properties (retained, queued, wills with their delay), a session's
+    expiry interval and packed subscription options survive the FileStorage."""
+    props = MessageProperties(1, 60, "text/plain", "reply/x", b"\x00id",
+                              (("k", "1"), ("k", "2")))
+    retained = Message("r/5", b"v5", 1, True, "p5", 7.0, props=props)
+    queued = StoredQueued(Message("q/5", b"q", 1, False, "p5", 8.0, props=props), 1)
+    will = WillMessage("c5", "wills/c5", b"bye", 1, False, "mqtt", 9.0, props, 30.0)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [
+        PutRetained(retained), PutWill(will), PutSession("s5", 3.0, expiry=120.0),
+        PutSubscription("s5", "a/#", 1 | 0x04 | 9 << 8), PutQueued("s5", 1, queued),
+        PutSession("s6", 4.0),
+    ])
+    store.close()
+    snap = reload(disk)
+    assert snap.retained["r/5"] == retained
+    assert snap.wills["c5"] == will
+    assert snap.sessions["s5"] == SessionRecord("s5", 3.0, {"a/#": 1 | 0x04 | 9 << 8},
+                                                [(1, queued)], set(), expiry=120.0)
+    assert snap.sessions["s6"].expiry is None
 
 
 def test_clear_retained(disk: MemoryDisk, reactor: FakeReactor) -> None:

@@ -37,7 +37,8 @@ __all__ = [
     "BAN_DURATIONS", "TopicRates", "topic_tree", "list_subscriptions",
 ]
 
-PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "amqp": "AMQP 1.0"}
+PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "mqtt5": "MQTT 5",
+                   "amqp": "AMQP 1.0"}
 PREVIEW_BYTES = 256
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_PAYLOAD_VIEW = 256 * 1024

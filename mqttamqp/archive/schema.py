@@ -53,7 +53,7 @@ MESSAGES = "messages"
 EVENTS = "events"
 
 #: Values of the messages' ``protocol`` column (and the events' one).
-PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "amqp")
+PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")
 
 
 _TS = pa.timestamp("us", tz="UTC")  # Spark rejects nanoseconds (PARQUET_TYPE_ILLEGAL)

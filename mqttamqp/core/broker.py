@@ -188,6 +188,7 @@ class Broker:
             if loop.running:
                 loop.stop()
         self._loops.clear()
+        self._registry.stop_timers()
         self._wills.stop()
         self._flow.stop()
 
@@ -310,10 +311,12 @@ class Broker:
     # -- sessions -------------------------------------------------------------
 
     def open_session(self, connection: ClientLink, client_id: str, clean: bool,
-                     will: WillMessage | None, identity: Identity | None = None) -> Opened:
+                     will: WillMessage | None, identity: Identity | None = None,
+                     expiry: float | None = None) -> Opened:
         """Claim (open or resume) the session of ``client_id`` for ``connection``,
-        taking it over from whoever holds it.  Call ``activate`` once CONNACK is out."""
-        return self._registry.open(connection, client_id, clean, will, identity)
+        taking it over from whoever holds it.  Call ``activate`` once CONNACK is out.
+        ``expiry``: MQTT 5's session expiry interval (see ``SessionRegistry.open``)."""
+        return self._registry.open(connection, client_id, clean, will, identity, expiry)
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""
@@ -449,13 +452,16 @@ class Broker:
         return self._router.may_publish(identity, topic, retain)
 
     def publish(self, message: Message, identity: Identity | None = None, *,
-                wait: bool = True, counted: bool = True) -> Published:
+                wait: bool = True, counted: bool = True,
+                count_drops: bool = False) -> Published:
         """Route ``message`` (checked against ``identity``'s permissions, if given).
 
         With ``wait`` False nobody waits for ``Published.durable``: a storage
-        failure is logged here and ``durable`` is None.
+        failure is logged here and ``durable`` is None.  ``count_drops``: say in
+        ``Published.dropped`` how many subscribers' queue bounds refused it.
         """
-        result = self._router.publish(message, identity, (), counted)
+        result = self._router.publish(message, identity, (), counted,
+                                      count_drops=count_drops)
         if counted and not result.denied:
             self.topic_stats.note(message.topic)
         if wait or result.durable is None:
@@ -468,7 +474,7 @@ class Broker:
         return self._router.publish(message, None, extra_ops)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
-                     packet_id: int) -> Published:
+                     packet_id: int, count_drops: bool = False) -> Published:
         """An inbound QoS 2 PUBLISH: routed once per packet id, which is stored with
         it; ``durable`` is what PUBREC waits for (a duplicate waits behind whatever
         commit is still pending, e.g. the first copy's).  The deliveries wait too:
@@ -477,7 +483,7 @@ class Broker:
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
-                                      hold=True)
+                                      hold=True, count_drops=count_drops)
         if not result.denied:
             self.topic_stats.note(message.topic)
         if result.durable is not None:
@@ -491,10 +497,11 @@ class Broker:
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Session, identity: Identity,
-                  requests: Sequence[tuple[str, int]]
+                  requests: Sequence[tuple[str, int]], options: Sequence[int] = ()
                   ) -> tuple[list[int], Deferred[None] | None]:
-        """Add subscriptions; returns the SUBACK codes and the commit to wait for."""
-        return self._router.subscribe(session, identity, requests)
+        """Add subscriptions; returns the SUBACK codes and the commit to wait for.
+        ``options``: MQTT 5 subscription options per request (``Session.sub_options``)."""
+        return self._router.subscribe(session, identity, requests, options=options)
 
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
         """After SUBACK: the retained messages of each granted filter, retain set."""

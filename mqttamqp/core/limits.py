@@ -49,3 +49,9 @@ class Limits:
     # How a shared subscription's group picks the member for a message
     # (core.shared.STRATEGIES).
     share_strategy: str = "round-robin"
+    # MQTT 5: the longest keepalive a client may ask for (longer or 0 gets this as
+    # the server keep alive in CONNACK); 0 = take the client's.
+    max_keepalive: int = 0
+    # MQTT 5: what a client that asks for response information gets, followed by
+    # its client id ("" = none given).
+    response_information: str = ""

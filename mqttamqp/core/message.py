@@ -6,7 +6,32 @@ from dataclasses import replace
 
 from mqttamqp.records import record
 
-__all__ = ["Message", "WillMessage"]
+__all__ = ["Message", "MessageProperties", "WillMessage"]
+
+
+@record
+class MessageProperties:
+    """What an MQTT 5 publisher said about its message beyond topic and payload,
+    kept in the protocol-neutral form the core stores and forwards.
+
+    Delivered to MQTT 5 subscribers as PUBLISH properties; an MQTT 3.1.1
+    subscriber gets the message without them.  The AMQP adapter maps them to and
+    from its sections (``content_type`` <-> properties.content-type,
+    ``correlation_data`` <-> correlation-id, ``response_topic`` <-> reply-to,
+    ``user_properties`` <-> application-properties, ``expiry_interval`` <->
+    header.ttl, ``payload_format`` <-> annotation x-opt-mqtt-payload-format).
+
+    ``expiry_interval`` counts seconds from the message's ``timestamp``: the
+    message expires at ``timestamp + expiry_interval`` wherever it waits (queue,
+    retained store), and what is left of it is forwarded.
+    """
+
+    payload_format: int | None = None      # 1: the payload is UTF-8 text
+    expiry_interval: int | None = None
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
 
 
 @record
@@ -33,6 +58,20 @@ class Message:
     dup: bool = False
     native: bytes | None = None
     amqp_only: bool = False
+    props: MessageProperties | None = None   # MQTT 5 properties (None: none given)
+
+    def expired(self, now: float) -> bool:
+        """Past its message expiry interval (never, without one)."""
+        props = self.props
+        return (props is not None and props.expiry_interval is not None
+                and now >= self.timestamp + props.expiry_interval)
+
+    def remaining_expiry(self, now: float) -> int | None:
+        """Whole seconds of its expiry interval left at ``now`` (None: no expiry)."""
+        props = self.props
+        if props is None or props.expiry_interval is None:
+            return None
+        return max(0, int(self.timestamp + props.expiry_interval - now + 0.999))
 
     def with_retain(self, retain: bool) -> Message:
         return self if self.retain == retain else replace(self, retain=retain)
@@ -53,6 +92,9 @@ class WillMessage:
     retain: bool
     origin: str = "mqtt"
     created: float = 0.0
+    props: MessageProperties | None = None   # MQTT 5 will properties
+    delay: float = 0.0                       # MQTT 5 will delay interval, seconds
 
     def as_message(self, timestamp: float) -> Message:
-        return Message(self.topic, self.payload, self.qos, self.retain, self.owner, timestamp)
+        return Message(self.topic, self.payload, self.qos, self.retain, self.owner, timestamp,
+                       props=self.props)

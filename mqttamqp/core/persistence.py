@@ -81,6 +81,7 @@ class PutSession:
     client_id: str
     last_seen: float
     owner: str | None = None
+    expiry: float | None = None   # MQTT 5 session expiry interval (None: --session-expiry)
 
 
 @record
@@ -161,6 +162,7 @@ class SessionRecord:
     queue: list[tuple[int, StoredQueued]] = field(default_factory=list)  # ascending seq
     inbound_qos2: set[int] = field(default_factory=set)
     owner: str | None = None
+    expiry: float | None = None
 
 
 @dataclass

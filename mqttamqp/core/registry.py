@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.clock import Clock
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
 from mqttamqp.core.flow import FlowControl
@@ -52,6 +52,8 @@ from mqttamqp.core.session import ClientLink, Session, SessionState
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.wills import Wills
 from mqttamqp.records import record
+
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never
 
 __all__ = ["SessionRegistry", "Opened"]
 
@@ -89,6 +91,7 @@ class SessionRegistry:
         self._connection_protocols: dict[str, str] = {}
         self.dropped_retired = 0  # drops of sessions that no longer exist
         self.congested_retired = 0  # of which QoS 0 dropped for a congested client
+        self._expiry_timers: dict[str, DelayedCall] = {}
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
         now = self.clock.seconds()
@@ -101,6 +104,10 @@ class SessionRegistry:
             session.restore(rec.queue, rec.inbound_qos2)
             self.router.restore_subscriptions(session, rec.subscriptions)
             self.sessions[rec.client_id] = session
+            # An MQTT 5 session expiry interval, like --session-expiry, counts from
+            # the start (the client may have been connected until the stop).
+            session.expiry = rec.expiry
+            self._arm_expiry(session)
 
     def online(self) -> Iterator[Session]:
         """Every session something is delivering to (client ids and topic receivers)."""
@@ -186,12 +193,20 @@ class SessionRegistry:
         old.close("session taken over by a new connection")
 
     def open(self, connection: ClientLink, client_id: str, clean: bool,
-             will: WillMessage | None, identity: Identity | None = None) -> Opened:
+             will: WillMessage | None, identity: Identity | None = None,
+             expiry: float | None = None) -> Opened:
         """Claim the session of ``client_id`` for ``connection``.
 
         Takes over from a connection that holds it, applies the clean/persistent
         rules and stores the MQTT will.  Call ``activate`` once CONNACK is out.
+
+        ``expiry`` (MQTT 5's session expiry interval; None for 3.1.1) separates
+        the two things clean session meant: ``clean`` (clean start) only says
+        whether an existing session is resumed, and the session outlives the
+        connection by ``expiry`` seconds (0: not at all; kept as persistent while
+        connected, so a resumed session's state is not thrown away early).
         """
+        self._cancel_expiry(client_id)
         now = self.clock.seconds()
         ops: list[Op] = []
         if self.wills.owner_returned(client_id):
@@ -214,25 +229,30 @@ class SessionRegistry:
             existing = self.sessions.get(client_id)
         present = False
         user = identity.username if identity is not None else None
+        persistent = not clean if expiry is None else expiry > 0
         if clean:
             if existing is not None:
                 ops.extend(self.discard(existing, "clean_session"))
-            session = Session(client_id, False, self.limits, now)
+            session = Session(client_id, persistent, self.limits, now)
             session.owner = user
             self.sessions[client_id] = session
+            if persistent:
+                ops.append(PutSession(client_id, now, user, expiry))
         elif existing is not None and existing.persistent:
             session = existing
             present = True
             if session.owner is None:
                 session.owner = user     # an anonymous session is claimed by its user
-            ops.append(PutSession(client_id, now, session.owner))
+            ops.append(PutSession(client_id, now, session.owner, expiry))
             if identity is not None:     # what it subscribed to must still be allowed
                 ops.extend(self.router.recheck(session, identity))
         else:
-            session = Session(client_id, True, self.limits, now)
+            session = Session(client_id, persistent, self.limits, now)
             session.owner = user
             self.sessions[client_id] = session
-            ops.append(PutSession(client_id, now, user))
+            if persistent:
+                ops.append(PutSession(client_id, now, user, expiry))
+        session.expiry = expiry
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
                                 queued=len(session.queue) + len(session.inflight))
@@ -285,16 +305,60 @@ class SessionRegistry:
         if clean:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
-            fired = self.wills.fire(client_id, reason, "mqtt", cause)
+            delay = self._will_delay(session)
+            if delay > 0:
+                self.wills.fire_later(client_id, delay, reason, cause)
+            else:
+                fired = self.wills.fire(client_id, reason, "mqtt", cause)
         ops.extend(self.router.member_left(session))
         session.detach()
-        if session.persistent:
+        if session.persistent and session.expiry != 0:
             session.last_seen = self.clock.seconds()
-            ops.append(PutSession(client_id, session.last_seen))
+            ops.append(PutSession(client_id, session.last_seen, expiry=session.expiry))
+            self._arm_expiry(session)
         else:
             ops.extend(self.discard(session))
         self.flow.resume_paused()
         return all_durable([fired, self.commits.persist(ops)])
+
+    def _will_delay(self, session: Session) -> float:
+        """MQTT 5: seconds to hold the will of ``session``'s client: its will delay
+        interval, but no longer than the session lives (0: at once)."""
+        will = self.wills.wills.get(session.client_id)
+        if will is None or not will.delay or session.expiry is None or will.origin != "mqtt":
+            return 0.0
+        return min(will.delay, session.expiry if session.persistent else 0.0)
+
+    # MQTT 5 session expiry intervals: one timer per offline session that has one
+    # (--session-expiry's loop keeps the sessions of 3.1.1 clients).
+
+    def _arm_expiry(self, session: Session) -> None:
+        expiry = session.expiry
+        if expiry is None or expiry >= NEVER_EXPIRES:
+            return
+        self._expiry_timers[session.client_id] = self.clock.callLater(
+            expiry, self._expire_one, session)
+
+    def _cancel_expiry(self, client_id: str) -> None:
+        timer = self._expiry_timers.pop(client_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _expire_one(self, session: Session) -> None:
+        self._expiry_timers.pop(session.client_id, None)
+        if self.sessions.get(session.client_id) is not session or session.connection:
+            return
+        self.log.info("session {c} expired (session expiry interval {e:g}s)",
+                      c=session.client_id, e=session.expiry)
+        self.recorder.event(self.clock.seconds(), SESSION_EXPIRED, session.client_id,
+                            reason="session expiry interval")
+        self.commits.background(self.discard(session))
+
+    def stop_timers(self) -> None:
+        for timer in self._expiry_timers.values():
+            if timer.active():
+                timer.cancel()
+        self._expiry_timers.clear()
 
     def discard(self, session: Session, reason: str | None = None) -> list[Op]:
         """Remove a session: subscriptions out of the trie, state dropped.  A
@@ -338,7 +402,8 @@ class SessionRegistry:
     def expire(self) -> None:
         cutoff = self.clock.seconds() - self.limits.session_expiry
         expired = [s for s in self.sessions.values()
-                   if s.persistent and s.connection is None and s.last_seen < cutoff]
+                   if s.persistent and s.connection is None and s.last_seen < cutoff
+                   and s.expiry is None]
         ops: list[Op] = []
         for session in expired:
             self.log.info("persistent session {c} expired (offline since {t:.0f})",

@@ -39,13 +39,14 @@ from mqttamqp.core.persistence import (
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
-from mqttamqp.core.session import OutEntry, Session
-from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share
+from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, OutEntry, Session
+from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share, route_filter
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import (
     SYS_PREFIX,
     SubscriptionTrie,
     is_sys_topic,
+    topic_matches,
     validate_topic_filter,
 )
 from mqttamqp.records import record
@@ -113,12 +114,15 @@ class Published:
     their high-water mark (the publisher should stop being read for a while).
     ``denied``: the publisher may not publish there; nothing was routed.
     ``gate``: with ``hold``, what sends the deliveries (see ``Gate``).
+    ``dropped``: deliveries refused by a subscriber's queue bound (counted only
+    when asked, ``count_drops``, or while recording).
     """
 
     durable: Deferred[None] | None = None
     congested: Sequence[Session] = _NO_SESSIONS
     denied: bool = False
     gate: Gate | None = None
+    dropped: int = 0
 
 
 _ROUTED = Published()
@@ -164,7 +168,7 @@ class Router:
 
     def publish(self, message: Message, identity: Identity | None = None,
                 extra_ops: Sequence[Op] = (), counted: bool = True,
-                hold: bool = False) -> Published:
+                hold: bool = False, count_drops: bool = False) -> Published:
         """Route ``message``.
 
         Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
@@ -228,23 +232,33 @@ class Router:
         gate = Gate(message) if hold else None
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
+            retain = False
+            if session.sub_options:
+                # MQTT 5 subscription options: no local, retain as published.
+                verdict = _options_verdict(session, message)
+                if verdict is None:
+                    continue
+                retain = verdict
             if gate is not None:
                 if qos == 0:
                     gate.add(session, None)  # sent (or dropped) when the gate opens
                     continue
-                drops = session.dropped
-                entry = session.deliver(message, qos, False, True)
+                entry = session.deliver(message, qos, retain, True)
                 if entry is not None:
                     gate.add(session, entry)
-                elif session.dropped != drops:
+                else:       # (QoS 1/2 is refused only at a bound)
                     dropped += 1
-            elif recording:
+            elif recording or count_drops:
+                # A QoS 1/2 delivery was refused when no entry came back (expired
+                # messages it pushed out are counted by the session, not here).
                 drops = session.dropped
-                entry = session.deliver(message, qos, False)
-                if session.dropped != drops:
+                entry = session.deliver(message, qos, retain)
+                if entry is None if qos else session.dropped != drops:
                     dropped += 1
             else:
-                entry = session.deliver(message, qos, False)
+                entry = session.deliver(message, qos, retain)
+            if session.expired_ops:   # expired messages made room (MQTT 5)
+                ops.extend(session.take_expired_ops())
             if entry is not None and share_of is not None:
                 entry.share = share_of.get(session)
             if entry is not None and session.persistent:
@@ -274,8 +288,10 @@ class Router:
                 if held:
                     d.addCallback(_release_held, held)
                 d.addErrback(gate.cancel)
-            return Published(d, congested or _NO_SESSIONS, False, gate)
+            return Published(d, congested or _NO_SESSIONS, False, gate, dropped)
         if d is None:
+            if dropped:
+                return Published(None, congested or _NO_SESSIONS, dropped=dropped)
             return _ROUTED if congested is None else Published(None, congested)
         if held:
             # Only once stored: a QoS 2 entry whose commit failed must not go out
@@ -286,7 +302,8 @@ class Router:
                 fire_when_acknowledged(d, qos1_entries)
             else:
                 d = committed_or_acknowledged(d, qos1_entries, commits.log_failure)
-        return Published(d, congested if congested is not None else _NO_SESSIONS)
+        return Published(d, congested if congested is not None else _NO_SESSIONS,
+                         dropped=dropped)
 
     def _add_shared(self, message: Message, matches: dict[Session, int]
                     ) -> tuple[dict[Session, int], dict[Session, SharedGroup[Session]] | None]:
@@ -331,17 +348,21 @@ class Router:
 
     def subscribe(self, session: Session, identity: Identity,
                   requests: Sequence[tuple[str, int]], *, native: bool = False,
-                  dynamic: bool = False) -> tuple[list[int], Deferred[None] | None]:
+                  dynamic: bool = False, options: Sequence[int] = ()
+                  ) -> tuple[list[int], Deferred[None] | None]:
         """Add subscriptions; returns the SUBACK codes and the commit to wait for.
 
         ``native``: the session is an AMQP topic receiver's.  ``dynamic``: it is the
         receiver of a dynamic node, the one subscriber its address may have.
+        ``options``: per request, MQTT 5 subscription options packed as in
+        ``Session.sub_options`` (0: none).
         """
         if native:
             self.native.add(session)
         codes: list[int] = []
         ops: list[Op] = []
-        for topic_filter, qos in requests:
+        for index, (topic_filter, qos) in enumerate(requests):
+            packed = options[index] if options else 0
             shared = parse_share(topic_filter)
             if isinstance(shared, str):
                 problem: str | None = shared
@@ -375,9 +396,16 @@ class Router:
                 continue
             granted = min(qos, 2)
             session.subscriptions[topic_filter] = granted
+            if packed:
+                session.sub_options[topic_filter] = packed
+            else:
+                session.sub_options.pop(topic_filter, None)
             self._route(topic_filter, session, granted)
             if session.persistent:
-                ops.append(PutSubscription(session.client_id, topic_filter, granted))
+                # The options ride above the QoS bits of the stored value (old
+                # values, 0-2, have none).
+                ops.append(PutSubscription(session.client_id, topic_filter,
+                                           granted | packed))
             codes.append(granted)
             self.recorder.event(self.clock.seconds(), SUBSCRIBE, session.client_id,
                                 topic=topic_filter, qos=granted)
@@ -387,17 +415,27 @@ class Router:
         """After SUBACK: the retained messages of each granted filter, retain set."""
         ops: list[Op] = []
         last_seq = 0
+        now = self.clock.seconds()
+        expired: list[str] = []
         for topic_filter, granted in grants:
-            if granted == SUBSCRIBE_FAILURE or topic_filter.startswith(SHARE_PREFIX):
+            if granted >= SUBSCRIBE_FAILURE or topic_filter.startswith(SHARE_PREFIX):
                 continue   # (never retained messages on a shared subscription)
             for message in self.retained.match(topic_filter):
+                if message.props is not None and message.expired(now):
+                    expired.append(message.topic)   # MQTT 5 message expiry
+                    continue
                 if message.amqp_only and session not in self.native:
                     continue
                 qos = min(granted, message.qos)
                 entry = session.deliver(message, qos, True)
+                if session.expired_ops:
+                    ops.extend(session.take_expired_ops())
                 if entry is not None and session.persistent:
                     ops.append(entry.put_op(session.client_id))
                     last_seq = entry.seq
+        for topic in expired:
+            if self.retained.delete(topic):
+                ops.append(DeleteRetained(topic))
         d = self.commits.persist(ops)
         if d is not None:
             d.addCallback(_release_held, [(session, last_seq)])
@@ -406,6 +444,7 @@ class Router:
     def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
         ops: list[Op] = []
         for topic_filter in filters:
+            session.sub_options.pop(topic_filter, None)
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self._unroute(topic_filter, session)
                 self.recorder.event(self.clock.seconds(), UNSUBSCRIBE, session.client_id,
@@ -416,7 +455,10 @@ class Router:
 
     def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
         """At start-up: the stored subscriptions of ``session``, back in the trie."""
-        for topic_filter, qos in subscriptions.items():
+        for topic_filter, stored in subscriptions.items():
+            qos = stored & 0x03
+            if stored & ~0x03:
+                session.sub_options[topic_filter] = stored & ~0x03
             session.subscriptions[topic_filter] = qos
             self._route(topic_filter, session, qos)
 
@@ -426,6 +468,7 @@ class Router:
         for topic_filter in session.subscriptions:
             self._unroute(topic_filter, session)
         session.subscriptions.clear()
+        session.sub_options.clear()
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
         """Drop the subscriptions of ``session`` that ``identity`` may not have (a
@@ -524,3 +567,21 @@ def _release_held(result: object, held: list[tuple[Session, int]]) -> object:
     for session, seq in held:
         session.release_held(seq)
     return result
+
+
+def _options_verdict(session: Session, message: Message) -> bool | None:
+    """MQTT 5 subscription options of ``session`` for ``message``: None when every
+    filter that matches is "no local" and the session published it itself; else
+    the retain flag to deliver with (set if a matching filter is "retain as
+    published" and the message was published retained)."""
+    options = session.sub_options
+    if message.publisher == session.client_id:
+        wanted = [f for f in session.subscriptions
+                  if not options.get(f, 0) & NO_LOCAL
+                  and topic_matches(route_filter(f), message.topic)]
+        if not wanted:
+            return None
+    if not message.retain:
+        return False
+    return any(packed & RETAIN_AS_PUBLISHED and topic_matches(route_filter(f), message.topic)
+               for f, packed in options.items())

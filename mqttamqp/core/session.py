@@ -37,7 +37,14 @@ from mqttamqp.core.persistence import (
 if TYPE_CHECKING:
     from mqttamqp.core.shared import SharedGroup
 
-__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError"]
+__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError",
+           "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
+
+# MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
+# byte's bits above QoS, and the subscription identifier from bit 8 on.
+NO_LOCAL = 0x04
+RETAIN_AS_PUBLISHED = 0x08
+RETAIN_HANDLING = 0x30
 
 _NO_OPS: list[Op] = []
 
@@ -137,6 +144,10 @@ class Session:
         self.created = created
         self.last_seen = created
         self.subscriptions: dict[str, int] = {}
+        # MQTT 5: filter -> its options and subscription identifier (packed, see
+        # NO_LOCAL); only filters that have any.  Empty for every other client,
+        # so routing looks no further.
+        self.sub_options: dict[str, int] = {}
         self._state = SessionState.OFFLINE
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
@@ -151,6 +162,14 @@ class Session:
         self.inbound_qos2: set[int] = set()
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
+        # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
+        # rules and --session-expiry), and the client's receive maximum.
+        self.expiry: float | None = None
+        self.window = limits.max_inflight
+        self.expired_ops: list[Op] = []   # see _purge_expired
+        # Queued entries that may carry an expiry (an upper bound: entries that
+        # left the queue are only forgotten at the next purge); 0: no scan.
+        self._may_expire = 0
         self.dropped = 0
         self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
         self.delivered = 0
@@ -258,6 +277,11 @@ class Session:
     def enqueue(self, message: Message, qos: int, retain: bool) -> list[Op]:
         """Take a message for delivery at ``qos``; returns the durable ops it needs."""
         entry = self.deliver(message, qos, retain)
+        if self.expired_ops:
+            ops = self.take_expired_ops()
+            if entry is not None and self.persistent:
+                ops.append(entry.put_op(self.client_id))
+            return ops
         if entry is None or not self.persistent:
             return _NO_OPS
         return [entry.put_op(self.client_id)]
@@ -281,8 +305,9 @@ class Session:
             self.delivered += 1
             return None
         size = len(message.payload)
-        if (len(self.queue) >= self.limits.max_queued_messages
-                or self.queued_bytes + size > self.limits.max_queued_bytes):
+        if ((len(self.queue) >= self.limits.max_queued_messages
+                or self.queued_bytes + size > self.limits.max_queued_bytes)
+                and not (self._may_expire and self._purge_expired(message.timestamp, size))):
             self.dropped += 1
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
@@ -296,12 +321,45 @@ class Session:
         self._next_seq += 1
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
                          held=self.persistent and qos == 2)
+        if message.props is not None and message.props.expiry_interval is not None:
+            self._may_expire += 1
         if gated:
             entry.gated = True
         self.queue.append(entry)
         self.queued_bytes += size
         self.pump()
         return entry
+
+    def _purge_expired(self, now: float, size: int) -> bool:
+        """At the queue bound: drop the queued (not in-flight) messages whose MQTT 5
+        expiry interval has run out (counted; their deletions wait in
+        ``expired_ops`` for the caller's commit).  True if that made room."""
+        limits = self.limits
+        keep: list[OutEntry] = []
+        may_expire = 0
+        for entry in self.queue:
+            props = entry.message.props
+            if props is None or props.expiry_interval is None:
+                keep.append(entry)
+            elif not entry.message.expired(now):
+                keep.append(entry)
+                may_expire += 1
+            else:
+                self.queued_bytes -= len(entry.message.payload)
+                self._pids.discard(entry.packet_id)
+                self.dropped += 1
+                if self.persistent:
+                    self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
+        self._may_expire = may_expire
+        if len(keep) != len(self.queue):
+            self.queue.clear()
+            self.queue.extend(keep)
+        return (len(keep) < limits.max_queued_messages
+                and self.queued_bytes + size <= limits.max_queued_bytes)
+
+    def take_expired_ops(self) -> list[Op]:
+        ops, self.expired_ops = self.expired_ops, []
+        return ops
 
     def release_held(self, upto_seq: int) -> None:
         """The commit holding entries up to ``upto_seq`` is durable: they may go."""
@@ -350,7 +408,7 @@ class Session:
             return
         queue = self.queue
         inflight = self.inflight
-        window = self.limits.max_inflight
+        window = self.window
         while queue and len(inflight) < window and not link.congested:
             entry = queue[0]
             if entry.held or entry.gated:

@@ -25,7 +25,8 @@ import random
 import zlib
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["SHARE_PREFIX", "STRATEGIES", "SharedGroup", "parse_share", "Member"]
+__all__ = ["SHARE_PREFIX", "STRATEGIES", "SharedGroup", "parse_share", "route_filter",
+           "Member"]
 
 
 class Member(Protocol):
@@ -58,6 +59,15 @@ def parse_share(topic_filter: str) -> tuple[str, str] | str | None:
         # ($SYS, $dynamic/ reply nodes, control addresses: never shared)
         return "a shared subscription's filter may not start with $"
     return group, inner
+
+
+def route_filter(topic_filter: str) -> str:
+    """The filter that topics are matched against: ``f`` of ``$share/g/f``."""
+    if topic_filter.startswith(SHARE_PREFIX):
+        shared = parse_share(topic_filter)
+        if isinstance(shared, tuple):
+            return shared[1]
+    return topic_filter
 
 
 class SharedGroup(Generic[M]):

@@ -136,6 +136,21 @@ class Wills:
         return self._publish(will.as_message(self.clock.seconds()),
                              [DeleteWill(owner)]).durable
 
+    def fire_later(self, owner: str, delay: float, reason: str, cause: str) -> None:
+        """MQTT 5 will delay interval: publish the will of ``owner`` in ``delay``
+        seconds unless it comes back first (``owner_returned`` cancels it, as it
+        cancels the grace timer after a restart)."""
+        self.owner_returned(owner)
+        self.log.info("will of {o} will be published in {d:g}s unless it reconnects",
+                      o=owner, d=delay)
+        self._grace[owner] = self.clock.callLater(delay, self._delay_over, owner, reason,
+                                                  cause)
+
+    def _delay_over(self, owner: str, reason: str, cause: str) -> None:
+        self._grace.pop(owner, None)
+        self.commits.watch(self.fire(owner, reason + " (after its will delay)", "mqtt", cause),
+                           "publishing will of " + owner)
+
     def publish_copy(self, owner: str, reason: str) -> Deferred[None] | None:
         """Publish the will of ``owner`` now but keep it stored (the console's "force
         the will, keep the client connected"); it still fires if the client drops."""

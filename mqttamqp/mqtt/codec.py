@@ -1,4 +1,5 @@
-"""Sans-IO encoder and decoder for MQTT 3.1 ('MQIsdp', level 3) and 3.1.1 (level 4).
+"""Sans-IO encoder and decoder for MQTT 3.1 ('MQIsdp', level 3), 3.1.1 (level 4)
+and 5 (level 5).
 
 This module owns the wire format: turning bytes into the packets of ``packets``
 and back, and rejecting every malformed packet with one exception,
@@ -11,7 +12,12 @@ Where MQTT 3.1 is vague the normative rules of MQTT 3.1.1 apply.  The decoder's
 ``protocol_level`` (3 or 4) selects the few rules that differ; a CONNECT packet
 (its fixed-header flags included) is always judged by the protocol name it
 carries itself.  Topic names, filters and will topics are UTF-8 without U+0000
-under both versions.
+under every version.
+
+MQTT 5 (level 5) adds properties (``properties``: the table and its rules),
+reason codes on acknowledgements and the AUTH packet; its decoders are the
+``_decode5_*`` functions, its encoders ``_encode5``.  ``MalformedPacket.code``
+says which reason code a level 5 connection is closed with.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import struct
 from collections.abc import Callable, Iterator
 
 from .packets import (
+    PROTOCOL_5,
     PROTOCOL_31,
     PROTOCOL_311,
     SUBACK_FAILURE,
+    Auth,
     Connack,
     Connect,
     Disconnect,
@@ -30,6 +38,7 @@ from .packets import (
     PacketType,
     Pingreq,
     Pingresp,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -41,6 +50,12 @@ from .packets import (
     Unsubscribe,
     Will,
 )
+from .properties import (
+    MalformedPacket,
+    PropertyContext,
+    encode_properties,
+    read_properties,
+)
 
 __all__ = [
     "MAX_REMAINING_LENGTH",
@@ -48,6 +63,7 @@ __all__ = [
     "MalformedPacket",
     "encode",
     "encode_publish",
+    "encode_properties",
     "encode_remaining_length",
 ]
 
@@ -61,16 +77,6 @@ _KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
 
 
-class MalformedPacket(Exception):
-    """The peer sent bytes that are not a valid MQTT packet; ``reason`` says why."""
-
-    reason: str
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 # --------------------------------------------------------------------------
 # Fixed-header validation, precomputed for all 256 first bytes so the hot path
 # pays one tuple index per packet.
@@ -79,6 +85,8 @@ class MalformedPacket(Exception):
 def _header_error(first: int, level: int) -> str | None:
     ptype = first >> 4
     flags = first & 0x0F
+    if ptype == 15 and level == 5:
+        return f"AUTH reserved flag bits must be 0000, got {flags:04b}" if flags else None
     if ptype == 0 or ptype == 15:
         return f"reserved packet type {ptype}"
     name = PacketType(ptype).name
@@ -105,6 +113,13 @@ def _header_error(first: int, level: int) -> str | None:
 
 _HEADER_ERRORS_31 = tuple(_header_error(b, 3) for b in range(256))
 _HEADER_ERRORS_311 = tuple(_header_error(b, 4) for b in range(256))
+_HEADER_ERRORS_5 = tuple(_header_error(b, 5) for b in range(256))
+
+
+def _header_errors(level: int) -> tuple[str | None, ...]:
+    if level == 3:
+        return _HEADER_ERRORS_31
+    return _HEADER_ERRORS_5 if level == 5 else _HEADER_ERRORS_311
 
 
 # --------------------------------------------------------------------------
@@ -198,6 +213,12 @@ def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) 
         raise MalformedPacket("CONNECT protocol name contains U+0000")
     if p + 4 > end:
         raise MalformedPacket("CONNECT variable header runs past packet end")
+    if (name, buf[p]) == PROTOCOL_5:
+        try:
+            return _decode5_connect(buf, p, end)
+        except MalformedPacket as exc:
+            exc.in_connect5 = True
+            raise
     protocol_level = buf[p]
     flags = buf[p + 1]
     keepalive = buf[p + 2] << 8 | buf[p + 3]
@@ -371,6 +392,227 @@ _BODY_DECODERS: tuple[_BodyDecoder, ...] = (
 )
 
 
+# --------------------------------------------------------------------------
+# MQTT 5 body decoders.  Reason codes a receiver may get in each packet; any
+# other is malformed.
+
+_PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
+_PUBREL_CODES = frozenset({0x00, 0x92})
+_SUBACK_CODES_5 = frozenset({0, 1, 2, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
+_UNSUBACK_CODES = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
+_CONNACK_CODES = frozenset({0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88,
+                            0x89, 0x8A, 0x8C, 0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C,
+                            0x9D, 0x9F})
+_DISCONNECT_CODES = frozenset({0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D,
+                               0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99,
+                               0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2})
+_AUTH_CODES = frozenset({0x00, 0x18, 0x19})
+_PC = PropertyContext
+
+
+def _reason(code: int, allowed: frozenset[int], name: str) -> int:
+    if code not in allowed:
+        raise MalformedPacket(f"{name} reason code {code:#04x} is invalid")
+    return code
+
+
+def _trailing(name: str, p: int, end: int) -> None:
+    if p != end:
+        raise MalformedPacket(f"{name} has {end - p} trailing bytes after its properties")
+
+
+def _decode5_connect(buf: _Buffer, p: int, end: int) -> Connect:
+    """MQTT 5 CONNECT from its protocol level byte on (section 3.1)."""
+    flags = buf[p + 1]
+    keepalive = buf[p + 2] << 8 | buf[p + 3]
+    p += 4
+    if flags & 0x01:
+        raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
+    will_flag = flags & 0x04
+    will_qos = (flags >> 3) & 0x03
+    will_retain = bool(flags & 0x20)
+    if will_flag:
+        if will_qos == 3:
+            raise MalformedPacket("CONNECT will QoS 3 is invalid")
+    elif will_qos or will_retain:
+        raise MalformedPacket("CONNECT will QoS/retain set without the will flag")
+    props, p = read_properties(buf, p, end, _PC.CONNECT, "CONNECT")
+    client_id, p = _read_string(buf, p, end, True, "CONNECT client identifier")
+    will = None
+    if will_flag:
+        will_props, p = read_properties(buf, p, end, _PC.WILL, "CONNECT will")
+        will_topic, p = _read_string(buf, p, end, True, "CONNECT will topic")
+        _check_topic_name(will_topic, "CONNECT will topic")
+        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = None
+    if flags & 0x80:
+        username, p = _read_string(buf, p, end, True, "CONNECT username")
+    password = None
+    if flags & 0x40:   # MQTT 5 allows a password without a user name
+        password, p = _read_binary(buf, p, end, "CONNECT password")
+    if p != end:
+        raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
+    return Connect(PROTOCOL_5[0], 5, client_id, bool(flags & 0x02), keepalive, will,
+                   username, password, props)
+
+
+def _decode5_connack(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connack:
+    if end - start < 2:
+        raise MalformedPacket("CONNACK too short")
+    ack_flags = buf[start]
+    if ack_flags & 0xFE:
+        raise MalformedPacket(f"CONNACK reserved acknowledge flag bits set: {ack_flags:#04x}")
+    code = _reason(buf[start + 1], _CONNACK_CODES, "CONNACK")
+    props: Properties | None = None
+    p = start + 2
+    if p < end:
+        props, p = read_properties(buf, p, end, _PC.CONNACK, "CONNACK")
+    _trailing("CONNACK", p, end)
+    return Connack(bool(ack_flags & 0x01), code, props)
+
+
+def _decode5_ack(name: str, context: PropertyContext, allowed: frozenset[int],
+                 buf: _Buffer, start: int, end: int) -> tuple[int, int, Properties | None]:
+    """Packet id, reason code and properties of PUBACK/PUBREC/PUBREL/PUBCOMP: the
+    reason code may be left out when 0, the properties when there are none."""
+    packet_id = _read_packet_id(buf, start, end, name)
+    code = 0
+    props = None
+    p = start + 2
+    if p < end:
+        code = _reason(buf[p], allowed, name)
+        p += 1
+        if p < end:
+            props, p = read_properties(buf, p, end, context, name)
+    _trailing(name, p, end)
+    return packet_id, code, props
+
+
+def _decode5_puback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Puback:
+    return Puback(*_decode5_ack("PUBACK", _PC.PUBACK, _PUBACK_CODES, buf, start, end))
+
+
+def _decode5_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrec:
+    return Pubrec(*_decode5_ack("PUBREC", _PC.PUBREC, _PUBACK_CODES, buf, start, end))
+
+
+def _decode5_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrel:
+    pid, code, props = _decode5_ack("PUBREL", _PC.PUBREL, _PUBREL_CODES, buf, start, end)
+    return Pubrel(pid, False, code, props)
+
+
+def _decode5_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubcomp:
+    return Pubcomp(*_decode5_ack("PUBCOMP", _PC.PUBCOMP, _PUBREL_CODES, buf, start, end))
+
+
+def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int
+                       ) -> Subscribe:
+    packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
+    props, p = read_properties(buf, start + 2, end, _PC.SUBSCRIBE, "SUBSCRIBE")
+    topics: list[tuple[str, int]] = []
+    options: list[int] = []
+    while p < end:
+        topic_filter, p = _read_string(buf, p, end, True, "SUBSCRIBE topic filter")
+        if not topic_filter:
+            raise MalformedPacket("SUBSCRIBE topic filter is empty")
+        if p >= end:
+            raise MalformedPacket("SUBSCRIBE topic filter without subscription options")
+        byte = buf[p]
+        p += 1
+        if byte & 0xC0:
+            raise MalformedPacket(
+                f"SUBSCRIBE subscription options have reserved bits set: {byte:#04x}")
+        if byte & 0x03 == 3:
+            raise MalformedPacket("SUBSCRIBE requested QoS 3 is invalid")
+        if byte & 0x30 == 0x30:
+            raise MalformedPacket("SUBSCRIBE retain handling 3 is invalid", 0x82)
+        topics.append((topic_filter, byte & 0x03))
+        options.append(byte & 0xFC)
+    if not topics:
+        raise MalformedPacket("SUBSCRIBE with no topic filters", 0x82)
+    return Subscribe(packet_id, tuple(topics), tuple(options), props)
+
+
+def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
+    packet_id = _read_packet_id(buf, start, end, "SUBACK")
+    props, p = read_properties(buf, start + 2, end, _PC.SUBACK, "SUBACK")
+    codes = tuple(_reason(c, _SUBACK_CODES_5, "SUBACK") for c in buf[p:end])
+    if not codes:
+        raise MalformedPacket("SUBACK with no reason codes")
+    return Suback(packet_id, codes, props)
+
+
+def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: int
+                         ) -> Unsubscribe:
+    packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
+    props, p = read_properties(buf, start + 2, end, _PC.UNSUBSCRIBE, "UNSUBSCRIBE")
+    topics: list[str] = []
+    while p < end:
+        topic_filter, p = _read_string(buf, p, end, True, "UNSUBSCRIBE topic filter")
+        if not topic_filter:
+            raise MalformedPacket("UNSUBSCRIBE topic filter is empty")
+        topics.append(topic_filter)
+    if not topics:
+        raise MalformedPacket("UNSUBSCRIBE with no topic filters", 0x82)
+    return Unsubscribe(packet_id, tuple(topics), props)
+
+
+def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int
+                      ) -> Unsuback:
+    packet_id = _read_packet_id(buf, start, end, "UNSUBACK")
+    props, p = read_properties(buf, start + 2, end, _PC.UNSUBACK, "UNSUBACK")
+    codes = tuple(_reason(c, _UNSUBACK_CODES, "UNSUBACK") for c in buf[p:end])
+    if not codes:
+        raise MalformedPacket("UNSUBACK with no reason codes")
+    return Unsuback(packet_id, codes, props)
+
+
+def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int
+                        ) -> Disconnect:
+    if start == end:
+        return Disconnect()
+    code = _reason(buf[start], _DISCONNECT_CODES, "DISCONNECT")
+    props = None
+    p = start + 1
+    if p < end:
+        props, p = read_properties(buf, p, end, _PC.DISCONNECT, "DISCONNECT")
+    _trailing("DISCONNECT", p, end)
+    return Disconnect(code, props)
+
+
+def _decode5_auth(buf: _Buffer, first: int, start: int, end: int, level: int) -> Auth:
+    if start == end:
+        return Auth()
+    code = _reason(buf[start], _AUTH_CODES, "AUTH")
+    props = None
+    p = start + 1
+    if p < end:
+        props, p = read_properties(buf, p, end, _PC.AUTH, "AUTH")
+    _trailing("AUTH", p, end)
+    return Auth(code, props)
+
+
+_BODY_DECODERS_5: tuple[_BodyDecoder, ...] = (
+    _unreachable,
+    _decode_connect,
+    _decode5_connack,
+    _unreachable,
+    _decode5_puback,
+    _decode5_pubrec,
+    _decode5_pubrel,
+    _decode5_pubcomp,
+    _decode5_subscribe,
+    _decode5_suback,
+    _decode5_unsubscribe,
+    _decode5_unsuback,
+    _decode_pingreq,
+    _decode_pingresp,
+    _decode5_disconnect,
+    _decode5_auth,
+)
+
+
 class Decoder:
     """Incremental decoder: ``feed`` bytes, then take packets until ``None``.
 
@@ -389,7 +631,7 @@ class Decoder:
             raise ValueError(f"max_packet_size must be at least 2, got {max_packet_size}")
         self.max_packet_size = max_packet_size
         self._level = protocol_level
-        self._header_errors = _HEADER_ERRORS_31 if protocol_level == 3 else _HEADER_ERRORS_311
+        self._header_errors = _header_errors(protocol_level)
         # Unconsumed input is _buf[_pos:].  _buf is an immutable bytes object in the
         # common case (slices of it are bytes, so a payload is copied once) and
         # becomes a bytearray only while a packet much larger than one read
@@ -404,7 +646,7 @@ class Decoder:
     @protocol_level.setter
     def protocol_level(self, level: int) -> None:
         self._level = level
-        self._header_errors = _HEADER_ERRORS_31 if level == 3 else _HEADER_ERRORS_311
+        self._header_errors = _header_errors(level)
 
     def feed(self, data: bytes) -> None:
         """Append received bytes; never decodes or raises."""
@@ -454,7 +696,8 @@ class Decoder:
         end = start + length
         if end - pos > self.max_packet_size:
             raise MalformedPacket(
-                f"packet of {end - pos} bytes exceeds maximum packet size {self.max_packet_size}"
+                f"packet of {end - pos} bytes exceeds maximum packet size {self.max_packet_size}",
+                0x95,
             )
         if end > n:
             return None
@@ -470,7 +713,7 @@ class Decoder:
                 topic = buf[start + 2:p].decode("utf-8")
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
-            if not topic:
+            if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
                 raise MalformedPacket("PUBLISH topic is empty")
             if "+" in topic:
                 raise MalformedPacket("PUBLISH topic contains wildcard '+'")
@@ -489,9 +732,15 @@ class Decoder:
                 p += 2
             else:
                 packet_id = None
-            packet = Publish(
-                topic, bytes(buf[p:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id
-            )
+            if self._level == 5:
+                props, p = read_properties(buf, p, end, PropertyContext.PUBLISH, "PUBLISH")
+                packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
+                                 bool(first & 0x08), packet_id, props)
+            else:
+                packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
+                                 bool(first & 0x08), packet_id)
+        elif self._level == 5:
+            packet = _BODY_DECODERS_5[first >> 4](buf, first, start, end, 5)
         else:
             packet = _BODY_DECODERS[first >> 4](buf, first, start, end, self._level)
         self._pos = end
@@ -558,8 +807,13 @@ def encode_publish(
     retain: bool,
     dup: bool,
     packet_id: int | None,
+    properties: bytes | None = None,
 ) -> bytes:
-    """Encode a PUBLISH from an already UTF-8-encoded topic (the hot path)."""
+    """Encode a PUBLISH from an already UTF-8-encoded topic (the hot path).
+    ``properties``: an MQTT 5 property block, already encoded (``encode_properties``);
+    None for 3.1/3.1.1."""
+    if properties is not None:
+        payload = properties + payload
     topic_length = len(topic)
     if topic_length > 0xFFFF:
         raise ValueError(f"PUBLISH topic is {topic_length} bytes, longer than 65535")
@@ -635,8 +889,109 @@ def _encode_unsubscribe(packet: Unsubscribe) -> bytes:
     return _frame(0xA2, b"".join(parts))
 
 
-def encode(packet: Packet) -> bytes:
-    """Encode any packet to its wire form."""
+def _encode5_connect(packet: Connect) -> bytes:
+    will = packet.will
+    flags = 0x02 if packet.clean_session else 0
+    parts = [
+        _string(PROTOCOL_5[0], "CONNECT protocol name"),
+        b"",  # level and flags, filled in below
+        _u16(packet.keepalive, "CONNECT keepalive"),
+        encode_properties(packet.properties),
+        _string(packet.client_id, "CONNECT client identifier"),
+    ]
+    if will is not None:
+        if not 0 <= will.qos <= 2:
+            raise ValueError(f"CONNECT will QoS {will.qos} outside 0..2")
+        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        parts.append(encode_properties(will.properties))
+        parts.append(_string(will.topic, "CONNECT will topic"))
+        parts.append(_binary(will.payload, "CONNECT will message"))
+    if packet.username is not None:
+        flags |= 0x80
+        parts.append(_string(packet.username, "CONNECT username"))
+    if packet.password is not None:
+        flags |= 0x40
+        parts.append(_binary(packet.password, "CONNECT password"))
+    parts[1] = bytes((5, flags))
+    return _frame(0x10, b"".join(parts))
+
+
+def _encode5_ack(first: int, packet_id: int, code: int, props: Properties | None,
+                 name: str) -> bytes:
+    head = _packet_id(packet_id, name)
+    if props is None:
+        if code == 0:
+            return _frame(first, head)
+        return _frame(first, head + bytes((code,)))
+    return _frame(first, b"".join((head, bytes((code,)), encode_properties(props))))
+
+
+def _encode5_reason(first: int, code: int, props: Properties | None) -> bytes:
+    if props is None:
+        return bytes((first, 0)) if code == 0 else bytes((first, 1, code))
+    return _frame(first, bytes((code,)) + encode_properties(props))
+
+
+def _encode5(packet: Packet) -> bytes:
+    """MQTT 5 forms of the packets whose layout differs from 3.1.1's."""
+    if isinstance(packet, Publish):
+        return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos,
+                              packet.retain, packet.dup, packet.packet_id,
+                              encode_properties(packet.properties))
+    if isinstance(packet, Puback):
+        return _encode5_ack(0x40, packet.packet_id, packet.reason_code, packet.properties,
+                            "PUBACK")
+    if isinstance(packet, Pubrec):
+        return _encode5_ack(0x50, packet.packet_id, packet.reason_code, packet.properties,
+                            "PUBREC")
+    if isinstance(packet, Pubrel):
+        return _encode5_ack(0x62, packet.packet_id, packet.reason_code, packet.properties,
+                            "PUBREL")
+    if isinstance(packet, Pubcomp):
+        return _encode5_ack(0x70, packet.packet_id, packet.reason_code, packet.properties,
+                            "PUBCOMP")
+    if isinstance(packet, Connect):
+        return _encode5_connect(packet)
+    if isinstance(packet, Connack):
+        if not 0 <= packet.return_code <= 0xFF:
+            raise ValueError(f"CONNACK reason code {packet.return_code} outside 0..255")
+        return _frame(0x20, bytes((0x01 if packet.session_present else 0, packet.return_code))
+                      + encode_properties(packet.properties))
+    if isinstance(packet, Subscribe):
+        parts = [_packet_id(packet.packet_id, "SUBSCRIBE"), encode_properties(packet.properties)]
+        options = packet.options or (0,) * len(packet.topics)
+        for (topic_filter, qos), option in zip(packet.topics, options, strict=True):
+            if not 0 <= qos <= 2:
+                raise ValueError(f"SUBSCRIBE requested QoS {qos} outside 0..2")
+            parts.append(_string(topic_filter, "SUBSCRIBE topic filter"))
+            parts.append(bytes((qos | option,)))
+        return _frame(0x82, b"".join(parts))
+    if isinstance(packet, Suback):
+        return _frame(0x90, b"".join((_packet_id(packet.packet_id, "SUBACK"),
+                                      encode_properties(packet.properties),
+                                      bytes(packet.return_codes))))
+    if isinstance(packet, Unsubscribe):
+        parts = [_packet_id(packet.packet_id, "UNSUBSCRIBE"),
+                 encode_properties(packet.properties)]
+        parts.extend(_string(t, "UNSUBSCRIBE topic filter") for t in packet.topics)
+        return _frame(0xA2, b"".join(parts))
+    if isinstance(packet, Unsuback):
+        return _frame(0xB0, b"".join((_packet_id(packet.packet_id, "UNSUBACK"),
+                                      encode_properties(packet.properties),
+                                      bytes(packet.reason_codes))))
+    if isinstance(packet, Disconnect):
+        return _encode5_reason(0xE0, packet.reason_code, packet.properties)
+    if isinstance(packet, Auth):
+        return _encode5_reason(0xF0, packet.reason_code, packet.properties)
+    return encode(packet)   # PINGREQ, PINGRESP: as in 3.1.1
+
+
+def encode(packet: Packet, level: int = 4) -> bytes:
+    """Encode any packet to its wire form; ``level`` 5 selects MQTT 5 layouts (a
+    CONNECT is encoded by its own ``protocol_level``)."""
+    if level == 5 or (isinstance(packet, Connect) and packet.protocol_level == 5
+                      and packet.protocol_name == PROTOCOL_5[0]):
+        return _encode5(packet)
     if isinstance(packet, Publish):
         return encode_publish(
             packet.topic.encode("utf-8"),

@@ -3,8 +3,8 @@
 What it owns:
 
 * ``ConnectionState`` and every transition of it (``_TRANSITIONS``): awaiting
-  CONNECT → connecting (authentication and the session's commit pending) →
-  connected → closed;
+  CONNECT → (authenticating: an MQTT 5 AUTH exchange) → connecting
+  (authentication and the session's commit pending) → connected → closed;
 * which packet a client may send in which state (``ConnectionRules.check``), as
   the reason for the one disconnect when it may not;
 * the keepalive rule (``Keepalive``): silent for 1.5 × keepalive means gone, and
@@ -31,7 +31,15 @@ from typing import Any
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.topics import topic_size_problem, validate_topic_filter
-from mqttamqp.mqtt.packets import Connack, Connect, Pingresp, Suback, Unsuback
+from mqttamqp.mqtt.packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Pingresp,
+    Suback,
+    Unsuback,
+)
 
 __all__ = [
     "ConnectionState", "ConnectionRules", "IllegalTransition", "Keepalive", "AckQueue",
@@ -50,6 +58,7 @@ _SERVER_ONLY = (Connack, Suback, Unsuback, Pingresp)
 
 class ConnectionState(Enum):
     AWAITING_CONNECT = "awaiting-connect"  # socket open, no CONNECT yet (timer running)
+    AUTHENTICATING = "authenticating"      # MQTT 5 CONNECT with a method: AUTH exchange
     CONNECTING = "connecting"              # CONNECT read; auth and session commit pending
     CONNECTED = "connected"                # CONNACK sent; packets flow
     CLOSED = "closed"                      # closing or closed; input is ignored
@@ -58,6 +67,8 @@ class ConnectionState(Enum):
 # (event, from) -> to.  "close" is allowed from every state (and again once closed).
 _TRANSITIONS: dict[tuple[str, ConnectionState], ConnectionState] = {
     ("connect", ConnectionState.AWAITING_CONNECT): ConnectionState.CONNECTING,
+    ("authenticate", ConnectionState.AWAITING_CONNECT): ConnectionState.AUTHENTICATING,
+    ("connect", ConnectionState.AUTHENTICATING): ConnectionState.CONNECTING,
     ("accepted", ConnectionState.CONNECTING): ConnectionState.CONNECTED,
     **{("close", state): ConnectionState.CLOSED for state in ConnectionState},
 }
@@ -86,7 +97,8 @@ class ConnectionRules:
     def reading(self) -> bool:
         """Packets are taken from the decoder (not while connecting or closed)."""
         state = self.state
-        return state is ConnectionState.CONNECTED or state is ConnectionState.AWAITING_CONNECT
+        return state in (ConnectionState.CONNECTED, ConnectionState.AWAITING_CONNECT,
+                         ConnectionState.AUTHENTICATING)
 
     @property
     def closed(self) -> bool:
@@ -99,6 +111,9 @@ class ConnectionRules:
             if kind is not Connect:
                 return f"first packet must be CONNECT, got {kind.__name__.upper()}"
             return None
+        if self.state is ConnectionState.AUTHENTICATING and kind not in (Auth, Disconnect):
+            return (f"{kind.__name__.upper()} during the authentication exchange (only AUTH "
+                    "may follow a CONNECT with an authentication method)")
         if kind is Connect:
             return "second CONNECT on one connection"
         if kind in _SERVER_ONLY:

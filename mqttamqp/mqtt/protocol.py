@@ -1,5 +1,5 @@
-"""The MQTT 3.1 / 3.1.1 connection: bytes from Twisted into the codec, packets into
-the broker core, and the core's deliveries back out as bytes.
+"""The MQTT 3.1 / 3.1.1 / 5 connection: bytes from Twisted into the codec, packets
+into the broker core, and the core's deliveries back out as bytes.
 
 This module owns the transport side of one connection: feeding the codec, the
 connect-timeout and keepalive timers, writing (one write per connection per
@@ -10,13 +10,17 @@ acknowledgements — are sans-IO in ``connection``; this module carries out what
 they decide.
 
 There is exactly one place that turns a protocol error into a disconnect:
-``_violation``.  The routing rules live in ``mqttamqp.core``, not here.
+``_violation`` (for MQTT 5 it sends DISCONNECT with the reason code first, or
+CONNACK with it before the connection is accepted).  The routing rules live in
+``mqttamqp.core``, not here; what an MQTT 5 connection negotiated, and the rules
+that need it, live in ``v5``.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -27,12 +31,20 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
-from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker
+from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.enhanced_auth import (
+    CONTINUE,
+    SUCCESS,
+    AuthExchange,
+    AuthStep,
+    EnhancedAuthenticator,
+)
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_CONSOLE,
@@ -42,9 +54,17 @@ from mqttamqp.core.recorder import (
     CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
 )
-from mqttamqp.core.session import Session
+from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
+from mqttamqp.core.shared import route_filter
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
-from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.core.topics import topic_matches
+from mqttamqp.mqtt.codec import (
+    Decoder,
+    MalformedPacket,
+    encode,
+    encode_properties,
+    encode_publish,
+)
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     AckQueue,
@@ -54,23 +74,38 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.packets import (
+    PROTOCOL_5,
     PROTOCOL_31,
     PROTOCOL_311,
+    SUBACK_FAILURE,
+    Auth,
     Connack,
     ConnackCode,
     Connect,
     Disconnect,
     Pingreq,
     Pingresp,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
     Pubrec,
     Pubrel,
+    ReasonCode,
     Suback,
     Subscribe,
     Unsuback,
     Unsubscribe,
+)
+from mqttamqp.mqtt.v5 import (
+    CONNACK_REASONS,
+    RECEIVE_MAXIMUM,
+    Negotiated,
+    message_properties,
+    negotiate,
+    publish_properties,
+    resolve_topic,
+    utf8_payload_problem,
 )
 from mqttamqp.tls import verified_common_name
 
@@ -102,6 +137,23 @@ def _ack_frame(kind: int, packet_id: int) -> bytes:
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
 # row; encode it once.
 _qos0_cache: list[Any] = [None, False, b""]
+_qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
+_NO_PROPERTIES = b"\x00"
+
+
+class _AuthInProgress:
+    """An MQTT 5 AUTH exchange: its method, and for the first one the CONNECT it
+    decides (``packet`` None: a re-authentication while connected)."""
+
+    __slots__ = ("assigned", "exchange", "final", "method", "packet")
+
+    def __init__(self, exchange: AuthExchange, method: str, packet: Connect | None,
+                 assigned: bool) -> None:
+        self.exchange = exchange
+        self.method = method
+        self.packet = packet
+        self.assigned = assigned
+        self.final: bytes | None = None
 
 
 @implementer(IPushProducer)
@@ -112,6 +164,7 @@ class MQTTProtocol(Protocol):
     # (unshared) __dict__ of about 1.5 KB; Twisted's own attributes stay in __dict__.
     __slots__ = (
         "_acks",
+        "_auth",
         "_backlog",
         "_cause",
         "_cause_detail",
@@ -126,6 +179,7 @@ class MQTTProtocol(Protocol):
         "_rate",
         "_rate_timer",
         "_reading_paused_for",
+        "_v5",
         "broker",
         "bytes_in",
         "bytes_out",
@@ -181,6 +235,8 @@ class MQTTProtocol(Protocol):
         self._reading_paused_for: set[str] = set()
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
+        self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
+        self._auth: _AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
     def state(self) -> ConnectionState:
@@ -267,7 +323,36 @@ class MQTTProtocol(Protocol):
                      dup: bool, retain: bool) -> None:
         if self.rules.state is _CLOSED:
             return
-        if qos == 0 and not dup:
+        if message.props is not None and message.expired(self.clock.seconds()):
+            # Its message expiry interval ran out while it waited (queue, in flight
+            # before sending, retained store): never sent, counted as dropped.
+            self._not_sent(packet_id)
+            return
+        v5 = self._v5
+        if v5 is not None:
+            if (message.props is None and v5.plain
+                    and (self.session is None or not self.session.sub_options)):
+                # Nothing MQTT 5 to add: an empty property block (QoS 0 frames are
+                # shared across subscribers, as for 3.1.1).
+                if qos == 0 and not dup:
+                    cache = _qos0_cache5
+                    if cache[0] is message and cache[1] == retain:
+                        frame = cache[2]
+                    else:
+                        frame = encode_publish(message.topic.encode("utf-8"),
+                                               message.payload, 0, retain, False, None,
+                                               _NO_PROPERTIES)
+                        cache[0], cache[1], cache[2] = message, retain, frame
+                else:
+                    frame = encode_publish(message.topic.encode("utf-8"), message.payload,
+                                           qos, retain, dup, packet_id, _NO_PROPERTIES)
+            else:
+                frame5 = self._publish_frame5(v5, message, qos, packet_id, dup, retain)
+                if frame5 is None:
+                    self._not_sent(packet_id)
+                    return
+                frame = frame5
+        elif qos == 0 and not dup:
             cache = _qos0_cache
             if cache[0] is message and cache[1] == retain:
                 frame = cache[2]
@@ -289,6 +374,55 @@ class MQTTProtocol(Protocol):
         if self._congested:
             self._backlog += len(frame)
 
+    def _publish_frame5(self, v5: Negotiated, message: Message, qos: int,
+                        packet_id: int | None, dup: bool, retain: bool) -> bytes | None:
+        """The MQTT 5 PUBLISH for this client, or None when it is above the
+        client's maximum packet size (never sent to it, counted)."""
+        now = self.clock.seconds()
+        topic = message.topic.encode("utf-8")
+        session = self.session
+        # Subscription identifiers of the filters that match (MQTT 5 options).
+        ids = () if session is None or not session.sub_options else tuple(
+            packed >> 8 for f, packed in session.sub_options.items()
+            if packed >> 8 and topic_matches(route_filter(f), message.topic))
+        frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
+                               encode_properties(publish_properties(message, now, None, ids)))
+        limit = v5.client_max_packet
+        if limit is not None and len(frame) > limit:
+            v5.too_large += 1
+            cause = "packet too large for client"
+            held = self.factory.log_limit.allow(cause)
+            if held is not None:
+                self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
+                              "size {m} of {c}; not sent to it ({h} more since the last "
+                              "such line)", t=message.topic, n=len(frame), m=limit,
+                              c=self.client_id, h=held)
+            return None
+        if v5.client_alias_max:
+            alias, with_topic = v5.outbound_alias(message.topic)
+            if alias is not None:
+                aliased = encode_publish(
+                    topic if with_topic else b"", message.payload, qos, retain, dup,
+                    packet_id,
+                    encode_properties(publish_properties(message, now, alias, ids)))
+                if limit is None or len(aliased) <= limit:
+                    return aliased
+                # A new alias costs 3 bytes more: without it the message fits.
+                v5.forget_alias(message.topic)
+        return frame
+
+    def _not_sent(self, packet_id: int | None) -> None:
+        """A delivery this connection will not send: counted as dropped, and a QoS
+        1/2 one leaves the session's window as if it had been acknowledged (on the
+        next turn: the session is in the middle of sending)."""
+        session = self.session
+        if session is None:
+            return
+        if packet_id is None:
+            self.broker.dropped(session)
+        else:
+            self.clock.callLater(0, self.broker.rejected, session, packet_id)
+
     def send_pubrel(self, packet_id: int) -> None:
         if self.state is not ConnectionState.CLOSED:
             self._write(_ack_frame(0x62, packet_id))
@@ -297,12 +431,25 @@ class MQTTProtocol(Protocol):
         """Closed by the broker (takeover, console): the session was already ended."""
         if self.state is ConnectionState.CLOSED:
             return
+        cause = CAUSE_TAKEN_OVER if "taken over" in reason else CAUSE_CONSOLE
+        if self._v5 is not None and self.state is _CONNECTED:
+            code = (ReasonCode.SESSION_TAKEN_OVER if cause == CAUSE_TAKEN_OVER
+                    else ReasonCode.ADMINISTRATIVE_ACTION)
+            self._send_disconnect(code, reason)
         self.rules.advance("close")
         self.session = None
         self._cancel_timers()
-        cause = CAUSE_TAKEN_OVER if "taken over" in reason else CAUSE_CONSOLE
         self.broker.unregister_connection(self.key, self, cause, reason)
         self._lose()
+
+    def server_stopping(self) -> None:
+        """The broker is stopping: an MQTT 5 client is told why (DISCONNECT 0x8B)
+        before the socket closes; any other is cut at once."""
+        if self._v5 is not None and self.state is _CONNECTED:
+            self._send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+            self._lose()
+        else:
+            self.transport.abortConnection()
 
     @property
     def key(self) -> str:
@@ -321,9 +468,21 @@ class MQTTProtocol(Protocol):
 
     # -- the one place a protocol error becomes a disconnect ----------------------
 
-    def _violation(self, reason: str, cause: str | None = None) -> None:
+    def _violation(self, reason: str, cause: str | None = None,
+                   code: int = ReasonCode.PROTOCOL_ERROR) -> None:
         cause = cause or (
             CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
+        if self._v5 is not None:
+            if cause == CAUSE_KEEPALIVE:
+                code = ReasonCode.KEEP_ALIVE_TIMEOUT
+            elif cause == CAUSE_STORAGE:
+                code = ReasonCode.UNSPECIFIED_ERROR
+            # MQTT 5 says why before closing: DISCONNECT once connected, CONNACK
+            # with the reason code while the CONNECT is being handled.
+            if self.state is _CONNECTED:
+                self._send_disconnect(code, reason)
+            else:
+                self._write(encode(Connack(False, code, self._problem(reason)), 5))
         if cause == CAUSE_STORAGE:
             # Not the client's fault, and the core logged the failing storage once
             # for every client it hits: no line per connection.
@@ -331,7 +490,16 @@ class MQTTProtocol(Protocol):
                            c=self.client_id, peer=self.peer, r=reason)
         else:
             self.broker.stats.protocol_errors += 1
-            if cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
+            if self._v5 is not None and cause != CAUSE_KEEPALIVE:
+                # MQTT 5: one line per reason code a minute, saying how many more.
+                held = self.factory.log_limit.allow(f"mqtt5 disconnect {code:#04x}")
+                if held is not None:
+                    self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
+                                  "connection with reason code {code:#04x} ({h} more "
+                                  "with that code since the last such line)",
+                                  c=self.client_id or "(no client id yet)", peer=self.peer,
+                                  r=reason, code=int(code), h=held)
+            elif cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
                 self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
                               "connection", c=self.client_id or "(no client id yet)",
                               peer=self.peer, r=reason)
@@ -356,7 +524,8 @@ class MQTTProtocol(Protocol):
         try:
             while True:
                 state = rules.state
-                if state is not _CONNECTED and state is not _AWAITING_CONNECT:
+                if (state is not _CONNECTED and state is not _AWAITING_CONNECT
+                        and state is not ConnectionState.AUTHENTICATING):
                     return
                 packet = decoder.next_packet()
                 if packet is None:
@@ -372,7 +541,27 @@ class MQTTProtocol(Protocol):
                     handler = self._handlers[type(packet)]
                 handler(self, packet)
         except MalformedPacket as exc:
-            self._violation(f"malformed packet: {exc.reason}")
+            what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
+                "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
+                else "malformed packet")
+            if exc.in_connect5 and self.state is _AWAITING_CONNECT:
+                # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
+                self._write(encode(Connack(False, exc.code, Properties(
+                    reason_string=exc.reason[:200])), 5))
+            self._violation(f"{what}: {exc.reason}", code=exc.code)
+
+    def _problem(self, reason: str) -> Properties | None:
+        """A reason string for a packet the client may be sent one in (unless it
+        asked for no problem information)."""
+        v5 = self._v5
+        if v5 is None or not v5.problem_info:
+            return None
+        return Properties(reason_string=reason[:200])
+
+    def _send_disconnect(self, code: int, reason: str) -> None:
+        # DISCONNECT may always carry a reason string (request problem
+        # information covers the other packets).
+        self._write(encode(Disconnect(code, Properties(reason_string=reason[:200])), 5))
 
     def _write(self, data: bytes) -> None:
         self._emit(data)
@@ -416,18 +605,37 @@ class MQTTProtocol(Protocol):
             self._connect_timer.cancel()
         self._connect_timer = None
         proto = (packet.protocol_name, packet.protocol_level)
-        if proto not in (PROTOCOL_31, PROTOCOL_311):
+        if proto not in (PROTOCOL_31, PROTOCOL_311, PROTOCOL_5):
             self._refuse(ConnackCode.UNACCEPTABLE_PROTOCOL,
                          f"unsupported protocol {packet.protocol_name!r} level "
                          f"{packet.protocol_level}")
             return
         level = packet.protocol_level
         self.decoder.protocol_level = level
-        self.version = "3.1" if level == 3 else "3.1.1"
+        self.version = {3: "3.1", 4: "3.1.1"}.get(level, "5")
         client_id = packet.client_id
+        assigned = False
+        exchange: AuthExchange | None = None
+        if level == 5:
+            self._v5 = Negotiated(packet)
+            method = self._v5.auth_method
+            if method is not None:
+                enhanced = self.factory.enhanced_auth
+                exchange = enhanced.start(method) if enhanced is not None else None
+                if exchange is None:
+                    self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD,
+                                 f"authentication method {method!r} is not offered")
+                    return
+            if not client_id:
+                # MQTT 5 assigns an id whatever clean start says (and tells it).
+                client_id = "auto-" + uuid.uuid4().hex
+                assigned = True
         problem = self._connect_problem(packet)
         if problem is not None:
-            self._violation(problem)
+            code = (ReasonCode.CLIENT_IDENTIFIER_NOT_VALID if "client identifier" in problem
+                    else ReasonCode.BAD_USER_NAME_OR_PASSWORD if "user name" in problem
+                    else ReasonCode.TOPIC_NAME_INVALID)
+            self._violation(problem, code=code)
             return
         if level == 3:
             # 3.1 says 1-23 characters; real 3.1 clients send longer ids, which are
@@ -465,12 +673,23 @@ class MQTTProtocol(Protocol):
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
+        if exchange is not None and cert_user is None:
+            # MQTT 5 enhanced authentication: AUTH packets until the method says
+            # yes or no, bounded by the connect timeout.
+            assert self._v5 is not None and self._v5.auth_method is not None
+            self._auth = _AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
+            self.rules.advance("authenticate")
+            self._connect_timer = self.clock.callLater(
+                self.limits.connect_timeout, self._connect_timed_out)
+            props = packet.properties
+            self._auth_answer(exchange.step(props.authentication_data if props else None))
+            return
         self.rules.advance("connect")
         self._pause_reading("connect")
         creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
         d = (succeed(True) if cert_user is not None
              else self.broker.authenticate(creds))
-        d.addCallback(self._authenticated, packet)
+        d.addCallback(self._authenticated, packet, assigned)
         d.addErrback(self._connect_failed)
 
     def _connect_problem(self, packet: Connect) -> str | None:
@@ -483,7 +702,8 @@ class MQTTProtocol(Protocol):
             problem = strings.topic(packet.will.topic, "CONNECT will topic")
         return problem
 
-    def _authenticated(self, ok: bool, packet: Connect) -> Deferred[None] | None:
+    def _authenticated(self, ok: bool, packet: Connect, assigned: bool = False
+                       ) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
             return None  # the socket went away while we checked
         if not ok:
@@ -499,25 +719,44 @@ class MQTTProtocol(Protocol):
         will = None
         if packet.will is not None:
             w = packet.will
+            wp = w.properties
             will = WillMessage(self.client_id, w.topic, w.payload, w.qos, w.retain, "mqtt",
-                               self.clock.seconds())
+                               self.clock.seconds(), message_properties(wp),
+                               float(wp.will_delay_interval or 0) if wp is not None else 0.0)
+        connack_props = None
+        expiry: float | None = None
+        if self._v5 is not None:
+            self._v5, connack_props = negotiate(packet, self.limits, self.client_id, assigned)
+            self.keepalive = self._v5.keepalive
+            expiry = float(self._v5.session_expiry)
+            auth = self._auth
+            if auth is not None:    # the method's final data goes in CONNACK
+                self._auth = None
+                connack_props = replace(connack_props, authentication_method=auth.method,
+                                        authentication_data=auth.final)
         opened = self.broker.open_session(
-            self, self.client_id, packet.clean_session, will, self.identity)
+            self, self.client_id, packet.clean_session, will, self.identity, expiry)
         session, present, d = opened.session, opened.present, opened.durable
         self.session = session
+        if self._v5 is not None:
+            session.window = min(self.limits.max_inflight, self._v5.client_receive_max)
         if d is None:
-            self._connected(None, session, present)
+            self._connected(None, session, present, connack_props)
             return None
-        d.addCallback(self._connected, session, present)
+        d.addCallback(self._connected, session, present, connack_props)
         return d
 
-    def _connected(self, _: object, session: Session, present: bool) -> None:
+    def _connected(self, _: object, session: Session, present: bool,
+                   connack_props: Properties | None = None) -> None:
         if self.state is not ConnectionState.CONNECTING or self.session is not session:
             return
         self.rules.advance("accepted")
         self.connected_since = self.clock.seconds()
-        self._write(encode(Connack(present and self.version == "3.1.1",
-                                   ConnackCode.ACCEPTED)))
+        if self._v5 is not None:
+            self._write(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
+        else:
+            self._write(encode(Connack(present and self.version == "3.1.1",
+                                       ConnackCode.ACCEPTED)))
         self.broker.activate(session, self, "mqtt" + self.version)
         self.broker.register_connection(self.key, self, "mqtt" + self.version)
         self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
@@ -539,6 +778,9 @@ class MQTTProtocol(Protocol):
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
 
     def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        """Answer CONNECT with a refusal (``code``: a 3.1.1 return code, or an MQTT
+        5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
+        the caller logged (and counted) it already, rate-limited."""
         if not logged:
             self.broker.stats.connections_refused += 1
             self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
@@ -548,7 +790,11 @@ class MQTTProtocol(Protocol):
             # A refused CONNECT leaves no will behind and publishes none.
             self.broker.end_session(self, self.session, True, "CONNECT refused")
             self.session = None
-        self._write(encode(Connack(False, code)))
+        if self._v5 is not None:
+            self._write(encode(Connack(False, CONNACK_REASONS.get(code, code),
+                                       self._problem(reason)), 5))
+        else:
+            self._write(encode(Connack(False, code)))
         self.rules.advance("close")
         self._cancel_timers()
         self._lose()
@@ -713,6 +959,9 @@ class MQTTProtocol(Protocol):
     def _on_publish(self, packet: Publish) -> None:
         session = self.session
         assert session is not None
+        if self._v5 is not None:
+            self._on_publish5(self._v5, session, packet)
+            return
         problem = self.strings.topic(packet.topic, "PUBLISH topic")
         if problem is not None:
             self._violation(problem)
@@ -738,6 +987,81 @@ class MQTTProtocol(Protocol):
                 self._ack(result.durable, _ack_frame(0x50, pid))
             else:
                 self._ack(result.durable, _ack_frame(0x50, pid), gate.open, True)
+        self._after_publish(session, result, len(packet.payload))
+
+    def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:
+        """An MQTT 5 PUBLISH: topic alias, receive maximum, payload format, then the
+        3.1.1 flows with reason codes (0x87 when the core denies the publish)."""
+        topic, why, code = resolve_topic(v5, packet)
+        if topic is None:
+            self._violation(why, code=code)
+            return
+        props = packet.properties
+        if props is not None and props.subscription_identifiers:
+            self._violation("PUBLISH from a client carries a subscription identifier")
+            return
+        problem = self.strings.topic(topic, "PUBLISH topic")
+        if problem is not None:
+            self._violation(problem, code=ReasonCode.TOPIC_NAME_INVALID)
+            return
+        qos = packet.qos
+        pid = packet.packet_id
+        if pid is not None and not v5.quota_take(pid):
+            self._violation(f"more than {RECEIVE_MAXIMUM} QoS 1/2 publishes awaiting "
+                            "acknowledgement (receive maximum)",
+                            code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+            return
+        bad_payload = utf8_payload_problem(props, packet.payload)
+        if bad_payload is not None:
+            if pid is None:
+                self._violation(bad_payload, code=ReasonCode.PAYLOAD_FORMAT_INVALID)
+            else:
+                ack = Puback if qos == 1 else Pubrec
+                self._ack(None, encode(ack(pid, ReasonCode.PAYLOAD_FORMAT_INVALID,
+                                           self._problem(bad_payload)), 5),
+                          lambda: v5.quota_release(pid))
+            return
+        message = Message(topic, packet.payload, qos, packet.retain, self.client_id,
+                          self.clock.seconds(), packet.dup, props=message_properties(props))
+        broker = self.broker
+        if qos == 0:
+            result = broker.publish(message, self.identity, wait=False)
+        elif qos == 1:
+            assert pid is not None
+            result = broker.publish(message, self.identity, count_drops=True)
+            self._ack(result.durable, self._publish_ack(Puback, pid, result),
+                      lambda: v5.quota_release(pid))
+        else:
+            assert pid is not None
+            result = broker.publish_qos2(session, message, self.identity, pid,
+                                         count_drops=True)
+            frame = self._publish_ack(Pubrec, pid, result)
+            gate = result.gate
+            if result.denied:     # the exchange ends at a failing PUBREC
+                self._ack(result.durable, frame, lambda: v5.quota_release(pid))
+            elif gate is None:
+                self._ack(result.durable, frame)
+            else:
+                self._ack(result.durable, frame, gate.open, True)
+        self._after_publish(session, result, len(packet.payload))
+
+    def _publish_ack(self, kind: type[Puback] | type[Pubrec], packet_id: int,
+                     result: Published) -> bytes:
+        """PUBACK/PUBREC for an MQTT 5 publisher; the core's verdict is its reason
+        code: not authorized (0x87), or a subscriber's queue bound refused the
+        message (0x97 quota exceeded on PUBACK: it was not a silent drop; a PUBREC
+        that failed would end the QoS 2 exchange the other subscribers still get
+        the message through, so it stays 0)."""
+        if result.denied:
+            return encode(kind(packet_id, ReasonCode.NOT_AUTHORIZED,
+                               self._problem("not authorized to publish there")), 5)
+        if result.dropped and kind is Puback:
+            return encode(kind(packet_id, ReasonCode.QUOTA_EXCEEDED, self._problem(
+                f"{result.dropped} subscriber(s) had no room for it")), 5)
+        return _ack_frame(0x40 if kind is Puback else 0x50, packet_id)
+
+    def _after_publish(self, session: Session, result: Published, size: int) -> None:
+        broker = self.broker
         if result.congested:
             # Never pause for our own session: its acknowledgements arrive on this socket.
             congested = [s for s in result.congested if s is not session]
@@ -746,7 +1070,7 @@ class MQTTProtocol(Protocol):
                 broker.pause_until_drained(id(self), self._drained, congested)
         rate = self._rate
         if rate is not None:
-            wait = rate.take(len(packet.payload))
+            wait = rate.take(size)
             if wait > 0:
                 timer = self._rate_timer
                 if timer is None:
@@ -778,13 +1102,26 @@ class MQTTProtocol(Protocol):
 
     def _on_pubrec(self, packet: Pubrec) -> None:
         session = self._acked("PUBREC", packet.packet_id)
-        if session is not None:
-            self.broker.received(session, packet.packet_id)
+        if session is None:
+            return
+        if packet.reason_code >= 0x80:
+            # MQTT 5: the subscriber refused the message; the exchange ends here.
+            self.broker.completed(session, packet.packet_id)
+            return
+        self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
+        known = self.session.inbound_seen(packet.packet_id)
         d = self.broker.release_qos2(self.session, packet.packet_id)
-        self._ack(d, _ack_frame(0x70, packet.packet_id))
+        v5 = self._v5
+        if v5 is None:
+            self._ack(d, _ack_frame(0x70, packet.packet_id))
+        else:
+            pid = packet.packet_id
+            frame = _ack_frame(0x70, pid) if known else encode(
+                Pubcomp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), 5)
+            self._ack(d, frame, lambda: v5.quota_release(pid))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
         session = self._acked("PUBCOMP", packet.packet_id)
@@ -805,6 +1142,9 @@ class MQTTProtocol(Protocol):
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
         assert session is not None and self.identity is not None
+        if self._v5 is not None:
+            self._on_subscribe5(session, self.identity, packet)
+            return
         problem = self._filters_problem((f for f, _ in packet.topics),
                                         "SUBSCRIBE topic filter")
         if problem is not None:
@@ -812,12 +1152,55 @@ class MQTTProtocol(Protocol):
             return
         codes, d = self.broker.subscribe(session, self.identity, packet.topics)
         grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
-        if self.version == "3.1" and SUBSCRIBE_FAILURE in codes:
+        # 3.1.1 has one failure code: any verdict of the core (an MQTT 5 reason code
+        # such as 0x87 not authorized) is 0x80 here.
+        acked = tuple(code if code < SUBACK_FAILURE else SUBACK_FAILURE for code in codes)
+        if self.version == "3.1" and SUBACK_FAILURE in acked:
             # MQTT 3.1's SUBACK has no failure code: a refused filter is answered with
             # the QoS asked for and simply has no route (nothing is ever sent for it).
-            codes = [qos if code == SUBSCRIBE_FAILURE else code
-                     for (_, qos), code in zip(packet.topics, codes, strict=True)]
-        self._ack(d, encode(Suback(packet.packet_id, tuple(codes))),
+            acked = tuple(qos if code == SUBACK_FAILURE else code
+                          for (_, qos), code in zip(packet.topics, acked, strict=True))
+        self._ack(d, encode(Suback(packet.packet_id, acked)),
+                  lambda: self.broker.send_retained(session, grants))
+
+    def _on_subscribe5(self, session: Session, identity: Identity, packet: Subscribe
+                       ) -> None:
+        """MQTT 5 SUBSCRIBE: a filter that cannot be subscribed gets its reason code
+        in SUBACK (0x8F invalid, or No Local on a shared subscription), the
+        others go to the core with their options (no local, retain as published,
+        the subscription identifier), whose verdicts (0x80, and 0x87 once access
+        rules say so) come back as codes.  Retain handling picks which filters get
+        retained messages: 0 all, 1 only new subscriptions, 2 none."""
+        props = packet.properties
+        sub_id = props.subscription_identifiers[0] if (
+            props is not None and props.subscription_identifiers) else 0
+        codes: list[int] = []
+        wanted: list[tuple[str, int]] = []
+        packed: list[int] = []
+        retained_for: list[bool] = []
+        options = packet.options or (0,) * len(packet.topics)
+        for (topic_filter, qos), option in zip(packet.topics, options, strict=True):
+            code = ReasonCode.SUCCESS
+            if topic_filter.startswith("$share/") and option & NO_LOCAL:
+                # MQTT 5 §3.8.3.1: No Local on a shared subscription is a protocol
+                # error; refused here, per filter, rather than closing.
+                code = ReasonCode.TOPIC_FILTER_INVALID
+            elif self.strings.filter(topic_filter, "SUBSCRIBE topic filter") is not None:
+                code = ReasonCode.TOPIC_FILTER_INVALID
+            else:
+                wanted.append((topic_filter, qos))
+                packed.append((option & (NO_LOCAL | RETAIN_AS_PUBLISHED)) | sub_id << 8)
+                handling = (option & RETAIN_HANDLING) >> 4
+                retained_for.append(handling == 0 or (
+                    handling == 1 and topic_filter not in session.subscriptions))
+            codes.append(code)
+        granted, d = (self.broker.subscribe(session, identity, wanted, packed) if wanted
+                      else ([], None))
+        it = iter(granted)
+        codes = [next(it) if code == ReasonCode.SUCCESS else code for code in codes]
+        grants = [(f, code) for (f, _), code, send in zip(wanted, granted, retained_for,
+                                                          strict=True) if send]
+        self._ack(d, encode(Suback(packet.packet_id, tuple(codes)), 5),
                   lambda: self.broker.send_retained(session, grants))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
@@ -826,8 +1209,15 @@ class MQTTProtocol(Protocol):
         if problem is not None:
             self._violation(problem)
             return
+        if self._v5 is not None:
+            existed = self.session.subscriptions
+            codes = tuple(ReasonCode.SUCCESS if f in existed
+                          else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in packet.topics)
+            frame = encode(Unsuback(packet.packet_id, codes), 5)
+        else:
+            frame = encode(Unsuback(packet.packet_id))
         d = self.broker.unsubscribe(self.session, packet.topics)
-        self._ack(d, encode(Unsuback(packet.packet_id)))
+        self._ack(d, frame)
 
     # -- PING / DISCONNECT --------------------------------------------------------------
 
@@ -835,15 +1225,85 @@ class MQTTProtocol(Protocol):
         self._write(_PINGRESP)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
+        with_will = False
+        if self._v5 is not None:
+            props = packet.properties
+            expiry = props.session_expiry_interval if props is not None else None
+            if expiry is not None:
+                if self._v5.session_expiry == 0 and expiry != 0:
+                    self._violation("DISCONNECT sets a session expiry interval after "
+                                    "CONNECT gave 0")
+                    return
+                if self.session is not None:
+                    limit = self.limits.session_expiry
+                    self.session.expiry = float(min(expiry, limit) if limit else expiry)
+            # 0x04: the client wants its will published though it says goodbye.
+            with_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
         self._clean_close = True
         self._cause = CAUSE_CLEAN
         self.rules.advance("close")
         self.broker.unregister_connection(self.key, self, CAUSE_CLEAN)
         self._cancel_timers()
         if self.session is not None:
-            self.broker.end_session(self, self.session, True, "client sent DISCONNECT")
+            why = ("client sent DISCONNECT with will" if with_will
+                   else "client sent DISCONNECT")
+            self.broker.end_session(self, self.session, not with_will, why)
             self.session = None
         self._lose()
+
+    def _on_auth(self, packet: Auth) -> None:
+        """AUTH: the next step of the exchange CONNECT began, or (connected) a
+        re-authentication with the same method (reason code 0x19)."""
+        props = packet.properties
+        method = props.authentication_method if props is not None else None
+        data = props.authentication_data if props is not None else None
+        v5 = self._v5
+        enhanced = self.factory.enhanced_auth
+        auth = self._auth
+        if (auth is None and self.state is _CONNECTED and v5 is not None
+                and packet.reason_code == ReasonCode.REAUTHENTICATE
+                and method is not None and method == v5.auth_method
+                and enhanced is not None):
+            exchange = enhanced.start(method)
+            assert exchange is not None
+            auth = self._auth = _AuthInProgress(exchange, method, None, False)
+        elif (auth is None or packet.reason_code != ReasonCode.CONTINUE_AUTHENTICATION
+              or method != auth.method):
+            self._violation("AUTH out of place (no exchange under way with that method)")
+            return
+        self._auth_answer(auth.exchange.step(data))
+
+    def _auth_answer(self, step: AuthStep) -> None:
+        """Carry out the method's answer: a challenge (AUTH 0x18), or the end of
+        the exchange (CONNACK, or for a re-authentication AUTH 0x00 / DISCONNECT)."""
+        auth = self._auth
+        assert auth is not None
+        if step.outcome == CONTINUE:
+            self._write(encode(Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
+                authentication_method=auth.method, authentication_data=step.data)), 5))
+            return
+        if auth.packet is None:     # re-authentication while connected
+            self._auth = None
+            if step.outcome == SUCCESS and step.username == self.username:
+                self._write(encode(Auth(ReasonCode.SUCCESS, Properties(
+                    authentication_method=auth.method, authentication_data=step.data)), 5))
+            else:
+                self._violation(f"re-authentication failed: {step.reason or 'another user'}",
+                                code=ReasonCode.NOT_AUTHORIZED)
+            return
+        if self._connect_timer is not None and self._connect_timer.active():
+            self._connect_timer.cancel()
+        self._connect_timer = None
+        if step.outcome != SUCCESS:
+            self._auth = None
+            self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                         f"authentication failed ({step.reason})")
+            return
+        auth.final = step.data
+        self.username = step.username
+        self.rules.advance("connect")
+        self._pause_reading("connect")
+        self._authenticated(True, auth.packet, auth.assigned)
 
     _handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         Connect: _on_connect,
@@ -856,6 +1316,7 @@ class MQTTProtocol(Protocol):
         Unsubscribe: _on_unsubscribe,
         Pingreq: _on_pingreq,
         Disconnect: _on_disconnect,
+        Auth: _on_auth,
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
@@ -869,8 +1330,12 @@ class MQTTFactory(Factory):
         self.clock = clock
         self.strings = StringRules(broker.limits)
         self.connections: set[MQTTProtocol] = set()
+        # Lines about what a client can repeat at will: one per cause a minute.
+        self.log_limit = LogLimiter(clock.seconds)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
+        # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
+        self.enhanced_auth: EnhancedAuthenticator | None = None
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:
         return MQTTProtocol(self)

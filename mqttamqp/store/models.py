@@ -43,7 +43,7 @@ from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
-from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.message import Message, MessageProperties, WillMessage
 from mqttamqp.core.persistence import PutBan, SessionRecord, StoredQueued
 
 __all__ = [
@@ -70,9 +70,10 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-MessageRecord = (tuple[str, bytes, int, bool, str | None, float, bool]
-                 | tuple[str, bytes, int, bool, str | None, float, bool, bytes, bool])
-WillRecord = tuple[str, str, bytes, int, bool, str, float]
+# Plain tuples (no classes of ours in the file): 7 fields, 9 with the AMQP form,
+# 10 with MQTT 5 properties; a will has 7, or 9 with properties and delay.
+MessageRecord = tuple[Any, ...]
+WillRecord = tuple[Any, ...]
 QueuedRecord = tuple[MessageRecord, int, str, int | None]
 
 
@@ -106,6 +107,7 @@ class PersistentSession(Persistent):  # type: ignore[misc]
     client_id: str
     last_seen: float = 0.0
     owner: str | None = None      # the user that created it (None: anonymous)
+    expiry: float | None = None     # MQTT 5 session expiry interval (added later)
     subscriptions: Any
     queue: Any
     inbound_qos2: Any
@@ -144,36 +146,65 @@ def _bytes(payload: Any) -> bytes:
     return payload if type(payload) is bytes else bytes(payload)
 
 
+def _props_to_record(p: MessageProperties) -> tuple[Any, ...]:
+    return (p.payload_format, p.expiry_interval, p.content_type, p.response_topic,
+            p.correlation_data, tuple((str(k), str(v)) for k, v in p.user_properties))
+
+
+def _record_to_props(r: Any) -> MessageProperties:
+    payload_format, expiry, content_type, response_topic, correlation, users = r
+    return MessageProperties(payload_format, expiry, content_type, response_topic,
+                             correlation, tuple((k, v) for k, v in users))
+
+
 def message_to_record(m: Message, native: bool = True) -> MessageRecord:
     record: MessageRecord = (
         str(m.topic), _bytes(m.payload), int(m.qos), bool(m.retain),
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
-    if m.native is None or not native:
+    keep_native = native and m.native is not None
+    if not keep_native and m.props is None:
         return record
     # A message from an AMQP sender also keeps its AMQP form (a retained message is
     # sent to AMQP receivers as it was sent, after a restart too).
-    return (*record, _bytes(m.native), bool(m.amqp_only))
+    record = (*record, _bytes(m.native) if keep_native and m.native is not None else None,
+              bool(m.amqp_only) if keep_native else False)
+    if m.props is None:
+        return record
+    # MQTT 5 properties ride as a tenth field (older records have 7 or 9).
+    return (*record, _props_to_record(m.props))
 
 
 def record_to_message(r: Any) -> Message:
     if len(r) == 7:
         topic, payload, qos, retain, publisher, timestamp, dup = r
         return Message(topic, payload, qos, retain, publisher, timestamp, dup)
-    topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
-    return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only)
+    if len(r) == 9:
+        topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
+        return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
+                       amqp_only)
+    topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
+    return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only,
+                   _record_to_props(props))
 
 
 def will_to_record(w: WillMessage) -> WillRecord:
-    return (
+    record: WillRecord = (
         str(w.owner), str(w.topic), _bytes(w.payload), int(w.qos), bool(w.retain),
         str(w.origin), float(w.created),
     )
+    if w.props is None and not w.delay:
+        return record
+    return (*record, None if w.props is None else _props_to_record(w.props), float(w.delay))
 
 
 def record_to_will(r: Any) -> WillMessage:
-    owner, topic, payload, qos, retain, origin, created = r
-    return WillMessage(owner, topic, payload, qos, retain, origin, created)
+    if len(r) == 7:
+        owner, topic, payload, qos, retain, origin, created = r
+        return WillMessage(owner, topic, payload, qos, retain, origin, created)
+    owner, topic, payload, qos, retain, origin, created, props, delay = r
+    return WillMessage(owner, topic, payload, qos, retain, origin, created,
+                       None if props is None else _record_to_props(props), delay)
 
 
 def queued_to_record(q: StoredQueued) -> QueuedRecord:
@@ -215,4 +246,5 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
         ),
         inbound_qos2={int(p) for p in s.inbound_qos2},
         owner=s.owner,
+        expiry=s.expiry,
     )

@@ -153,6 +153,8 @@ def _put_session(t: _Trees, op: PutSession) -> None:
         session.last_seen = float(op.last_seen)
     if op.owner is not None and session.owner != op.owner:
         session.owner = op.owner
+    if session.expiry != op.expiry:
+        session.expiry = None if op.expiry is None else float(op.expiry)
 
 
 def _delete_session(t: _Trees, op: DeleteSession) -> None:
