@@ -45,10 +45,11 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from mqttamqp.archive.schema import EVENT_FIELDS, EVENT_KINDS
-from mqttamqp.archive.segments import remove_leftovers
+from mqttamqp.archive.files import remove_leftovers
+from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.archive.names import EVENT_FIELD_NAMES
 from mqttamqp.archive.topics import TopicSelector
-from mqttamqp.archive.writer import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.events import EVENT_KINDS
 
 __all__ = ["Archive", "DEFAULT_BUFFER_LIMIT", "DEFAULT_EXCLUDE"]
 
@@ -71,6 +72,7 @@ _CHILD = ("import sys\n"
           "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
           "from mqttamqp.archive.writer import main\n"
           "main()\n")
+_EVENT_FIELDS = frozenset(EVENT_FIELD_NAMES)
 _COUNTERS = ("messages", "events", "segments", "bytes", "filtered", "errors", "lost")
 # The directory that holds the mqttamqp package, for the writer process's sys.path.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -163,7 +165,7 @@ class Archive:
         if kind not in EVENT_KINDS:
             raise ValueError(f"archive: unknown event kind {kind!r}")
         for name in fields:
-            if name not in EVENT_FIELDS:
+            if name not in _EVENT_FIELDS:
                 raise ValueError(f"archive: event {kind!r} has no column {name!r}")
         buffer = self._events
         if len(buffer) >= self._limit:
