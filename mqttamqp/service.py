@@ -35,6 +35,7 @@ from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
+from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
@@ -211,6 +212,9 @@ class BrokerService(service.MultiService):
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer, recorder=self.archive)
+        self.report_job = ReportJob(
+            self.reactor, SpawnRunner(self.reactor),
+            self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
         self._acl_loop: LoopingCall | None = None
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
@@ -326,6 +330,7 @@ class BrokerService(service.MultiService):
         if self.archive is not None:
             self.archive.start()
             self.log.info("archiving messages and events to {d}", d=self.archive_dir)
+        self.report_job.start()
         # Everything loaded at start-up lives for the whole run: keep it out of the
         # collector's generations so full collections stay short.
         gc.collect()
@@ -359,6 +364,7 @@ class BrokerService(service.MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()  # type: ignore[no-untyped-call]
+        await self.report_job.stop()
         for conn in list(self.mqtt_factory.connections):
             conn.transport.abortConnection()
         if self.amqp_factory is not None:
@@ -469,6 +475,11 @@ def makeService(options: Options) -> BrokerService:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))
         svc.mqtt_factory.cert_as_user = svc.tls.cert_as_user
+    svc.report_job.every = options["report-every"]
+    if options["report-command"]:
+        import shlex
+
+        svc.report_job.set_command(shlex.split(options["report-command"]))
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
