@@ -8,7 +8,7 @@ writer process does). This module must not import pyarrow, Twisted or the broker
 
 from __future__ import annotations
 
-__all__ = ["MESSAGES", "EVENTS", "PROTOCOLS", "EVENT_FIELD_NAMES"]
+__all__ = ["MESSAGES", "EVENTS", "PROTOCOLS", "EVENT_FIELD_NAMES", "MESSAGE_FIELDS"]
 
 #: The two datasets, each a directory under the archive directory.
 MESSAGES = "messages"
@@ -21,3 +21,7 @@ PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "amqp")
 #: in the order of ``schema.EVENT_FIELDS``.
 EVENT_FIELD_NAMES = ("protocol", "address", "user", "reason", "detail", "clean_session",
                      "keepalive", "topic", "qos", "retain", "queued", "action", "target")
+
+#: Values per message record (``Archive.message``: the columns of ``MESSAGE_SCHEMA``
+#: in order, with ``payload_size`` computed); records travel as one flat list.
+MESSAGE_FIELDS = 11

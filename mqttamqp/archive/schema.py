@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from mqttamqp.archive.names import EVENT_FIELD_NAMES, EVENTS, MESSAGES, PROTOCOLS
+from mqttamqp.archive.names import (
+    EVENT_FIELD_NAMES,
+    EVENTS,
+    MESSAGE_FIELDS,
+    MESSAGES,
+    PROTOCOLS,
+)
 
 # The event kinds (the ``kind`` column) and the causes (the ``reason`` column of
 # disconnect and will_published) are the broker's own vocabulary: mqttamqp.events.
@@ -68,6 +74,7 @@ MESSAGE_SCHEMA = pa.schema([
     pa.field("dropped", pa.int32(), nullable=False),
 ])
 MESSAGE_COLUMNS = tuple(MESSAGE_SCHEMA.names)
+assert len(MESSAGE_COLUMNS) == MESSAGE_FIELDS, "archive: names and schema disagree"
 
 #: The optional columns an event may carry (keyword arguments of ``Archive.event``).
 EVENT_FIELDS: dict[str, object] = {
