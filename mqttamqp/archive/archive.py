@@ -9,8 +9,8 @@ Three parts, one object:
   a file and never waits for the writer;
 - the feeding thread drains the buffers in batches and sends each batch, as the
   reactor made it, to the writer process (``mqttamqp.archive.writer``) in one
-  marshalled frame on its stdin, then waits for its answer (counters and log lines).
-  Marshalling a batch is all the GIL time the archive costs besides the appends;
+  pickled frame on its stdin, then waits for its answer (counters and log lines).
+  Pickling a batch is all the GIL time the archive costs besides the appends;
 - the writer process filters topics (``include``/``exclude``), turns rows into
   Arrow record batches through ``SegmentSet``, rolls segments on time or size and
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
@@ -282,7 +282,7 @@ class Archive:
                 if stopping and (not waiting or not progressed):
                     break
                 if waiting < _BATCH or not progressed:
-                    # Let a batch build up: one frame (one marshal dump, a write
+                    # Let a batch build up: one frame (one pickle, a write
                     # and a GIL hand-over each way) per many records.
                     self._wake.wait(_FLUSH_WAIT if waiting and progressed else _IDLE_WAIT)
                     self._wake.clear()

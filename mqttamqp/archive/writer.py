@@ -5,8 +5,8 @@ the broker's GIL.
 The broker (``Archive``) starts it as ``python -c "... from mqttamqp.archive.writer
 import main; main()"`` and, from its feeding thread, talks to it
 through its stdin and stdout, one frame at a time, each answered before the next is
-sent: a frame is a 4-byte big-endian length, a kind byte and a ``marshal`` dump of plain
-values (a pickle if marshal refuses one; ``frames``).
+sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain values
+(``frames``).
 
 - the first frame is the configuration (``Writer`` keyword arguments);
 - ``(STEP, now, messages, events, fault)``: records exactly as the reactor buffered
