@@ -314,3 +314,16 @@ def test_run_now_shows_a_failure_and_the_broker_stop_ends_a_running_job(
     assert any(f"stopping pid {pid}" in line for line in proc.log)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)   # ended and reaped by the broker before it exited
+
+
+def test_report_every_is_off_by_default_and_checked() -> None:
+    from mqttamqp.options import Options
+
+    options = Options()
+    options.parseOptions([])
+    assert options["report-every"] is None
+    options = Options()
+    options.parseOptions(["--report-every", "30m"])
+    assert options["report-every"] == 1800.0
+    with pytest.raises(SystemExit, match="--report-every: '90' is not a duration"):
+        Options().parseOptions(["--report-every", "90"])
