@@ -38,7 +38,8 @@ log = Logger(namespace="mqttamqp.reportjob")
 
 JOB_NICE = 19          # like the archive's writer: the broker comes first
 INSTALL_HINT = ("PySpark is not installed, so the report cannot run: "
-                "pip install '.[report]' (and apt-get install default-jre-headless)")
+                "pip install '.[report]' (and apt-get install default-jre-headless), "
+                "then restart the broker")
 _TAIL_LINES = 20       # lines of output kept for the console after a failure
 _LINE_BYTES = 500      # longest line kept (a JVM stack line can be very long)
 _PENDING_BYTES = 64 << 10   # partial line held while waiting for its end
@@ -143,7 +144,9 @@ class ReportJob:
         self.report_dir = report_dir
         # A given command (tests, custom jobs) needs no PySpark in this interpreter.
         self.command: tuple[str, ...] = (sys.executable, "-m", "mqttamqp.pipeline")
-        self._available = available
+        # Looked up once, here, not on the reactor thread (it reads directories).
+        installed = available()
+        self._available: Callable[[], bool] = lambda: installed
         if command is not None:
             self.set_command(command)
         self.stop_grace = stop_grace
@@ -267,18 +270,21 @@ class ReportJob:
     # -- for the console -------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        """Idle or running since when, the next scheduled run, the last run."""
+        """Idle or running since when, the next scheduled run, the last run. The
+        console calls it from a worker thread: each attribute is read once."""
         available = self._available()
+        process, since, last, next_call = (self._process, self._started_at, self._last,
+                                           self._next_call)
         next_at = None
-        if self._next_call is not None and self._next_call.active():
-            next_at = self._next_call.getTime()
+        if next_call is not None and next_call.active():
+            next_at = next_call.getTime()
         return {
-            "state": "running" if self._process is not None else "idle",
-            "running_since": self._started_at if self._process is not None else None,
-            "pid": self._process.pid if self._process is not None else None,
+            "state": "running" if process is not None else "idle",
+            "running_since": since if process is not None else None,
+            "pid": process.pid if process is not None else None,
             "every": self.every, "next_run": next_at,
             "available": available, "hint": None if available else INSTALL_HINT,
-            "last": None if self._last is None else dict(self._last),
+            "last": None if last is None else dict(last),
         }
 
     # -- stopping with the broker ------------------------------------------------------------
