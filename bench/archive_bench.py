@@ -37,7 +37,10 @@ def archived_messages(directory: str) -> int:
     return ds.dataset(path, format="parquet", partitioning="hive").count_rows()
 
 
-def one_run(archive: bool, quick: bool, archive_dir: str | None = None) -> float:
+def one_run(archive: bool, quick: bool, archive_dir: str | None = None
+            ) -> tuple[float, float | None]:
+    """msg/s and the broker process's own CPU µs per message (its archive writer
+    process not included) of one run."""
     cmd = [sys.executable, os.path.join(HERE, "run.py"), "--broker", "mqttamqp",
            "--scenarios", "1", "--repeat", "1"]
     if quick:
@@ -48,12 +51,13 @@ def one_run(archive: bool, quick: bool, archive_dir: str | None = None) -> float
         cmd.append(f"--mqttamqp-arg=--archive-dir={archive_dir}")
     for attempt in range(3):  # a run that fails (a port taken, a timeout) is run again
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        value = None
+        value = cpu = None
         if proc.returncode == 0:
-            doc = json.loads(proc.stdout)
-            value = doc["scenarios"]["1"]["metrics"]["msgs_per_s"]["mqttamqp"]
+            metrics = json.loads(proc.stdout)["scenarios"]["1"]["metrics"]
+            value = metrics["msgs_per_s"]["mqttamqp"]
+            cpu = metrics.get("broker_cpu_us_per_msg", {}).get("mqttamqp")
         if value is not None:
-            return float(value)
+            return float(value), (None if cpu is None else float(cpu))
         print(f"run failed (attempt {attempt + 1}): {proc.stderr[-2000:]}", file=sys.stderr)
     raise RuntimeError("bench/run.py failed three times")
 
@@ -66,15 +70,20 @@ def main() -> int:
     args = ap.parse_args()
     on: list[float] = []
     off: list[float] = []
+    cpu_on: list[float] = []
+    cpu_off: list[float] = []
     archived: list[int] = []   # per run with the archive on: rows it holds afterwards
     for i in range(max(1, args.rounds)):
         for archive in ((True, False) if i % 2 == 0 else (False, True)):
             with tempfile.TemporaryDirectory(prefix="archive-bench-") as directory:
-                value = one_run(archive, args.quick, directory)
+                value, cpu = one_run(archive, args.quick, directory)
                 if archive:
                     archived.append(archived_messages(directory))
             (on if archive else off).append(value)
-            print(f"round {i + 1}: archive {'on ' if archive else 'off'} {value:,.0f} msg/s"
+            if cpu is not None:
+                (cpu_on if archive else cpu_off).append(cpu)
+            print(f"round {i + 1}: archive {'on ' if archive else 'off'} {value:,.0f} msg/s, "
+                  f"broker {cpu} µs/msg"
                   + (f", {archived[-1]:,} messages archived" if archive else ""),
                   file=sys.stderr)
     result = {
@@ -88,6 +97,10 @@ def main() -> int:
         "archived_per_run": archived,
         "median_on": statistics.median(on), "median_off": statistics.median(off),
         "ratio": statistics.median(on) / statistics.median(off),
+        # the broker process's own CPU per message (not its writer process's)
+        "broker_cpu_us_per_msg_on": cpu_on, "broker_cpu_us_per_msg_off": cpu_off,
+        "median_cpu_on": statistics.median(cpu_on) if cpu_on else None,
+        "median_cpu_off": statistics.median(cpu_off) if cpu_off else None,
         "target": ">= 0.85",
     }
     text = json.dumps(result, indent=2)

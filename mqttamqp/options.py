@@ -297,6 +297,12 @@ class Options(usage.Options):
          "Days of archive kept (older hour partitions are deleted); 0 = forever.",
          _positive(int, "archive-days")],
         *_OPS_PARAMETERS,
+        ["report-every", None, None,
+         "Run mqttamqp-report --incremental as a child process this often (30m, 1h, "
+         "1d; off by default). The console's Traffic page can also run it now."],
+        ["report-command", None, None,
+         "The command run instead of 'python -m mqttamqp.pipeline' (split like a "
+         "shell would; --archive, --out and --incremental are appended)."],
     ]
 
     def __init__(self) -> None:
@@ -411,6 +417,13 @@ class Options(usage.Options):
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:
             raise usage.UsageError("--archive-roll must be more than 0 seconds")
+        if self["report-every"] is not None:
+            from mqttamqp.reportjob import parse_duration
+
+            try:   # (checked here; kept as written, so --print-config shows it so)
+                parse_duration(self["report-every"])
+            except ValueError as exc:
+                raise usage.UsageError(f"--report-every: {exc}") from None
         if self["max-inflight"] < 1:
             raise usage.UsageError("--max-inflight must be at least 1")
         if self["amqp-max-sessions"] < 1:

@@ -39,6 +39,7 @@ from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
+from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
@@ -225,6 +226,9 @@ class BrokerService(service.MultiService):
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
                              recorder=fan_out(self.archive, self.webhooks))
+        self.report_job = ReportJob(
+            self.reactor, SpawnRunner(self.reactor),
+            self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
         self._acl_loop: LoopingCall | None = None
         self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
@@ -359,6 +363,7 @@ class BrokerService(service.MultiService):
         if self.archive is not None:
             self.archive.start()
             self.log.info("archiving messages and events to {d}", d=self.archive_dir)
+        self.report_job.start()
         # Everything loaded at start-up lives for the whole run: keep it out of the
         # collector's generations so full collections stay short.
         gc.collect()
@@ -409,6 +414,7 @@ class BrokerService(service.MultiService):
 
     async def _stop(self) -> None:
         await super().stopService()  # type: ignore[no-untyped-call]
+        await self.report_job.stop()
         for conn in list(self.mqtt_factory.connections):
             conn.server_stopping()   # MQTT 5 clients get DISCONNECT 0x8B first
         if self.amqp_factory is not None:
@@ -523,6 +529,14 @@ def makeService(options: Options) -> BrokerService:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))
         svc.mqtt_factory.cert_as_user = svc.tls.cert_as_user
+    if options["report-every"] is not None:
+        from mqttamqp.reportjob import parse_duration
+
+        svc.report_job.every = parse_duration(options["report-every"])
+    if options["report-command"]:
+        import shlex
+
+        svc.report_job.set_command(shlex.split(options["report-command"]))
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:

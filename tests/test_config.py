@@ -132,6 +132,8 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
         "users": str(users),
         "acl": str(acl),
         "share-strategy": "sticky",
+        "report-every": "1h",
+        "report-command": "python3 -m mqttamqp.pipeline",
         "mqtt-ws": ["tcp:8085:interface=127.0.0.1"],
         "ws-allowed-origin": ["https://console.example"],
         "amqp-max-held-bytes": 2097152,

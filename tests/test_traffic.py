@@ -218,12 +218,32 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _FailedJob:
+    """A report job (``mqttamqp.reportjob``) whose last scheduled run failed."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def state(self) -> dict[str, Any]:
+        return {"state": "idle", "running_since": None, "pid": None, "every": 3600.0,
+                "next_run": self.now + 1800, "available": True, "hint": None,
+                "last": {"trigger": "schedule", "started_at": self.now - 1900,
+                         "finished_at": self.now - 1800, "duration": 100.0,
+                         "exit_code": 2, "signal": None, "ok": False, "error": None,
+                         "output_tail": ["stage 2/5", "<b>java</b> not found: apt-get "
+                                                      "install default-jre-headless"]}}
+
+    def run_now(self, trigger: str) -> tuple[bool, str]:
+        return False, "not here"
+
+
 @pytest.fixture
 def served_page(tmp_path: Path, clock: Clock) -> Iterator[str]:
     write_summary(tmp_path / "report", make_summary(60))
     make_archive(tmp_path / "archive")
     view = source(tmp_path, clock, lambda: {"records": 123456, "segments": 42,
-                                            "dropped": 7, "errors": 0}).view()
+                                            "dropped": 7, "errors": 0},
+                  job=_FailedJob(clock.seconds())).view()
     handler = type("Handler", (_Handler,), {"page": render(view, clock).encode()})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -254,6 +274,11 @@ def test_traffic_page_draws_its_charts_in_chromium(served_page: str) -> None:
             legend = page.locator("#traffic-per-minute .u-legend").inner_text()
             assert EVIL in legend and "plant/1/temp" in legend
             assert page.evaluate("typeof window.alertCalled") == "undefined"
+            job = page.locator("#report-job")
+            sync_api.expect(job.get_by_role("button", name="Run report now")).to_be_enabled()
+            assert "failed, exit status 2" in job.inner_text()
+            assert page.locator("#report-job-output").inner_text().splitlines() == [
+                "stage 2/5", "<b>java</b> not found: apt-get install default-jre-headless"]
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "11-traffic.png"), full_page=True)
         finally:

@@ -52,8 +52,9 @@ async def _durable(d: Deferred[None] | None) -> None:
 class ConsoleActions:
     """The commands behind the console's buttons and the JSON API's POSTs."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, report_job: Any = None) -> None:
         self.broker = broker
+        self.report_job = report_job     # a webui.traffic.ReportRunner, or None
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
 
@@ -300,3 +301,16 @@ class ConsoleActions:
         self._audit(user, "unban", "lifted", kind=kind, value=value)
         return ActionResult(f"Lifted the ban on {kind.replace('_', ' ')} {value}.",
                             {"lifted": True})
+
+    # -- traffic report -----------------------------------------------------------
+
+    async def run_report(self, user: str) -> ActionResult:
+        """Start the report job now (a child process; this answers once it started)."""
+        if self.report_job is None:
+            raise ActionError(404, "this broker has no report job")
+        started, message = self.report_job.run_now(f"console user {user}")
+        self._audit(user, "run-report", "started" if started else f"refused: {message}")
+        if not started:
+            raise ActionError(409, message)
+        return ActionResult("Started the report job; this page shows when it ends.",
+                            {"started": True})

@@ -74,6 +74,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                       "kind=client_id|user|address, value, seconds (empty: for good), "
                       "reason, disconnect"),
     "/api/bans/remove": ("Lift a ban.", "kind, value"),
+    "/api/traffic/run-report": ("Start the traffic report job now (a child process; "
+                                "refused while one runs).", ""),
     "/api/users/add": ("Add a user to the user store (admins only).",
                        "name, role=admin|read-only|client, password"),
     "/api/users/passwd": ("Change a user's password (admins only).", "name, password"),

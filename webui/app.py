@@ -162,6 +162,7 @@ class ConsoleContext:
     storage_stats: Callable[[], dict[str, Any] | None]
     archive_dir: str | None = None        # None: the archive is off
     report_dir: str | None = None         # where the traffic report is written
+    report_job: Any = None                # a webui.traffic.ReportRunner, or None
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:
@@ -176,7 +177,8 @@ class ConsoleContext:
 
         return cls(service.broker, service.data_dir, service.reactor, listeners,
                    storage_stats, getattr(service, "archive_dir", None),
-                   getattr(service, "report_dir", None))
+                   getattr(service, "report_dir", None),
+                   getattr(service, "report_job", None))
 
 
 class Console:
@@ -192,7 +194,7 @@ class Console:
         self.users = users if users is not None else UserStore(context.data_dir)
         self.sessions = SessionStore(self.clock.seconds, idle_timeout=idle_timeout)
         self.throttle = LoginThrottle(self.clock.seconds)
-        self.actions = ConsoleActions(self.broker)
+        self.actions = ConsoleActions(self.broker, context.report_job)
         self.env = make_environment(self.clock.seconds)
         self.static = static_dir()
         if run_in_thread is None:
@@ -207,7 +209,8 @@ class Console:
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
         self.traffic = TrafficSource(
             report_dir, context.archive_dir, self.clock.seconds,
-            self.broker.recorder.stats if context.archive_dir is not None else None)
+            self.broker.recorder.stats if context.archive_dir is not None else None,
+            job=context.report_job)
         self.client_rates = views.ClientRates(self.clock.seconds)
         self.tails = TailHub(self.broker, self.clock)
         self.topic_rates = views.TopicRates(self.clock.seconds)
@@ -973,6 +976,9 @@ class Console:
                 self._flag(request, "retain"))
         return act
 
+    def _run_report(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.actions.run_report(auth.user)
+
     # Every action is a form POST (answered with a redirect and a flash message) and
     # its JSON twin under /api/, registered together from one row: the path, the
     # builder of the call, and the page a form goes back to by default.
@@ -993,6 +999,7 @@ class Console:
         ("/users/passwd", "_user_passwd", "/users"),
         ("/users/role", "_user_role", "/users"),
         ("/users/delete", "_user_delete", "/users"),
+        ("/traffic/run-report", "_run_report", "/traffic"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(

@@ -16,14 +16,22 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["TrafficSource", "SUMMARY_FILE", "NO_REPORT_HINT"]
+__all__ = ["TrafficSource", "ReportRunner", "SUMMARY_FILE", "NO_REPORT_HINT"]
 
 SUMMARY_FILE = "summary.json"
 SUMMARY_VERSION = 1
 NO_REPORT_HINT = ("No report yet. Run mqttamqp-report --archive {archive} --out {report} "
                   "(pip install 'mqttamqp[report]' first).")
+
+
+class ReportRunner(Protocol):
+    """What the page needs of the broker's report job (``mqttamqp.reportjob``)."""
+
+    def state(self) -> dict[str, Any]: ...
+
+    def run_now(self, trigger: str) -> tuple[bool, str]: ...
 
 
 @dataclass
@@ -47,12 +55,14 @@ class TrafficSource:
 
     def __init__(self, report_dir: str, archive_dir: str | None, now: Callable[[], float],
                  archive_stats: Callable[[], dict[str, int]] | None = None, *,
+                 job: ReportRunner | None = None,
                  max_summary_bytes: int = 8 << 20, disk_interval: float = 30.0,
                  max_files: int = 200_000) -> None:
         self.report_dir = report_dir
         self.archive_dir = archive_dir
         self.now = now
         self.archive_stats = archive_stats
+        self.job = job
         self.max_summary_bytes = max_summary_bytes
         self.disk_interval = disk_interval
         self.max_files = max_files
@@ -145,4 +155,5 @@ class TrafficSource:
             "hint": None if summary is not None else NO_REPORT_HINT.format(
                 archive=self.archive_dir or "DATA/archive", report=self.report_dir),
             "archive": archive,
+            "job": None if self.job is None else self.job.state(),
         }

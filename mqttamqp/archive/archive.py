@@ -3,10 +3,11 @@ written as Parquet by a process of its own, fed by a thread of this one.
 
 Three parts, one object:
 
-- the reactor side (``message``, ``event``, ``stats``) appends a tuple to a bounded
-  ``deque`` and returns; when the deque is full the record is dropped and counted.
-  It never blocks, never touches a file and never waits for the writer;
-- the feeding thread drains the deques in batches and sends each batch, as the
+- the reactor side (``message``, ``event``, ``stats``) adds a message's values to
+  the end of one flat list (an event's tuple to a ``deque``) and returns; when the
+  buffer is full the record is dropped and counted. It never blocks, never touches
+  a file and never waits for the writer;
+- the feeding thread drains the buffers in batches and sends each batch, as the
   reactor made it, to the writer process (``mqttamqp.archive.writer``) in one
   pickled frame on its stdin, then waits for its answer (counters and log lines).
   Pickling a batch is all the GIL time the archive costs besides the appends;
@@ -15,11 +16,12 @@ Three parts, one object:
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
   this process's GIL.
 
-``deque.append``/``popleft`` are atomic under the GIL, so the reactor and the
-feeding thread share no lock; the counters each side increments are its own. The
-feeding thread reads the clock it was given (a reactor or ``task.Clock``) and sends
-that time with every batch, for roll times and retention only; a record's time is
-the timestamp its caller passed.
+``list.extend``, slicing and deleting a list's front, ``deque.append`` and ``popleft``
+are each atomic under the GIL, so the reactor and the feeding thread share no lock;
+the counters each side increments are its own. The feeding thread reads the clock
+it was given (a reactor or ``task.Clock``) and sends that time with every batch,
+for roll times and retention only; a record's time is the timestamp its caller
+passed.
 
 The writer process dies with the broker: it exits when its stdin reaches end of file
 (the broker was killed), leaving its open segment under its temporary name, which
@@ -45,10 +47,11 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from mqttamqp.archive.schema import EVENT_FIELDS, EVENT_KINDS
-from mqttamqp.archive.segments import remove_leftovers
+from mqttamqp.archive.files import remove_leftovers
+from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_FIELDS
 from mqttamqp.archive.topics import TopicSelector
-from mqttamqp.archive.writer import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.events import EVENT_KINDS
 
 __all__ = ["Archive", "DEFAULT_BUFFER_LIMIT", "DEFAULT_EXCLUDE"]
 
@@ -71,6 +74,7 @@ _CHILD = ("import sys\n"
           "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
           "from mqttamqp.archive.writer import main\n"
           "main()\n")
+_EVENT_FIELDS = frozenset(EVENT_FIELD_NAMES)
 _COUNTERS = ("messages", "events", "segments", "bytes", "filtered", "errors", "lost")
 # The directory that holds the mqttamqp package, for the writer process's sys.path.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,9 +104,13 @@ class Archive:
             "roll_seconds": roll_seconds, "roll_bytes": roll_bytes,
             "retention_days": retention_days, "include": tuple(include),
             "exclude": tuple(exclude), "row_group_rows": row_group_rows}
-        self._messages: deque[tuple[Any, ...]] = deque()
+        # Messages are kept flat, MESSAGE_FIELDS values each, in one list: no tuple
+        # (a GC-tracked object) per message, hence fewer young collections on the
+        # reactor thread, and the writer slices columns out of it directly.
+        self._messages: list[Any] = []
         self._events: deque[tuple[Any, ...]] = deque()
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
+        self._message_room = buffer_limit * MESSAGE_FIELDS   # the same, in values
         # Counted on the reactor thread:
         self.dropped = 0
         # Written by the feeding thread only (each a whole new dict, read as it is):
@@ -144,16 +152,17 @@ class Archive:
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
-        """Record one routed message. Cheap: a length check and an append."""
+        """Record one routed message. Cheap: a length check and one ``extend`` (a
+        single call under the GIL: the feeding thread never sees half a record)."""
         buffer = self._messages
-        if len(buffer) >= self._limit:
+        if len(buffer) >= self._message_room:
             self.dropped += 1
             return
         size = len(payload)
         if size > self.payload_bytes:
             payload = payload[:self.payload_bytes]
-        buffer.append((timestamp, topic, qos, retain, size, payload, publisher, user,
-                       protocol, deliveries, dropped))
+        buffer += (timestamp, topic, qos, retain, size, payload, publisher, user,
+                   protocol, deliveries, dropped)
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: object) -> None:
@@ -163,7 +172,7 @@ class Archive:
         if kind not in EVENT_KINDS:
             raise ValueError(f"archive: unknown event kind {kind!r}")
         for name in fields:
-            if name not in EVENT_FIELDS:
+            if name not in _EVENT_FIELDS:
                 raise ValueError(f"archive: event {kind!r} has no column {name!r}")
         buffer = self._events
         if len(buffer) >= self._limit:
@@ -181,7 +190,7 @@ class Archive:
             "dropped": self.dropped,
             "segments": c["segments"],
             "bytes": c["bytes"],
-            "buffered": len(self._messages) + len(self._events) + self._inflight,
+            "buffered": self._waiting() + self._inflight,
             "filtered": c["filtered"],
             "errors": c["errors"],
             "lost": c["lost"],
@@ -218,7 +227,7 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = 0
+        self._limit = self._message_room = 0
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -269,11 +278,11 @@ class Archive:
             while True:
                 stopping = self._stopping
                 progressed = self._step()
-                waiting = len(self._messages) + len(self._events)
+                waiting = self._waiting()
                 if stopping and (not waiting or not progressed):
                     break
                 if waiting < _BATCH or not progressed:
-                    # Let a batch build up: one frame (one pickle, two system calls
+                    # Let a batch build up: one frame (one pickle, a write
                     # and a GIL hand-over each way) per many records.
                     self._wake.wait(_FLUSH_WAIT if waiting and progressed else _IDLE_WAIT)
                     self._wake.clear()
@@ -291,9 +300,9 @@ class Archive:
         if self._child is None and not self._respawn():
             return False
         now = self.clock.seconds()
-        messages = self._take(self._messages)
+        messages = self._take_messages()
         events = self._take(self._events)
-        self._inflight = len(messages) + len(events)
+        self._inflight = len(messages) // MESSAGE_FIELDS + len(events)
         fault, self._fault = self._fault, None
         try:
             report = self._exchange((STEP, now, messages, events, fault))
@@ -314,6 +323,20 @@ class Archive:
         assert child is not None and child.stdin is not None and child.stdout is not None
         write_frame(child.stdin.fileno(), frame)
         return read_frame(child.stdout.fileno(), timeout)
+
+    def _waiting(self) -> int:
+        """Records in the buffers."""
+        return len(self._messages) // MESSAGE_FIELDS + len(self._events)
+
+    def _take_messages(self) -> list[Any]:
+        """Up to ``_BATCH`` messages off the front of the flat buffer. The reactor
+        thread only ever adds whole records at the end, so the first ``n`` values
+        stay as they are between the copy and the delete."""
+        buffer = self._messages
+        n = min(len(buffer), _BATCH * MESSAGE_FIELDS)
+        taken = buffer[:n]
+        del buffer[:n]
+        return taken
 
     @staticmethod
     def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -394,7 +417,7 @@ class Archive:
             else:
                 self._apply(report)
                 self._stop_child()
-        left = len(self._messages) + len(self._events)
+        left = self._waiting()
         if left:  # no writer would take them
             self._messages.clear()
             self._events.clear()

@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from mqttamqp.archive.names import (
+    EVENT_FIELD_NAMES,
+    EVENTS,
+    MESSAGE_FIELDS,
+    MESSAGES,
+    PROTOCOLS,
+)
+
 # The event kinds (the ``kind`` column) and the causes (the ``reason`` column of
 # disconnect and will_published) are the broker's own vocabulary: mqttamqp.events.
 from mqttamqp.events import (
@@ -48,12 +56,6 @@ __all__ = [
     "DISCONNECT_CAUSES", "WILL_CAUSES",
 ]
 
-#: The two datasets, each a directory under the archive directory.
-MESSAGES = "messages"
-EVENTS = "events"
-
-#: Values of the messages' ``protocol`` column (and the events' one).
-PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")
 
 
 _TS = pa.timestamp("us", tz="UTC")  # Spark rejects nanoseconds (PARQUET_TYPE_ILLEGAL)
@@ -72,6 +74,7 @@ MESSAGE_SCHEMA = pa.schema([
     pa.field("dropped", pa.int32(), nullable=False),
 ])
 MESSAGE_COLUMNS = tuple(MESSAGE_SCHEMA.names)
+assert len(MESSAGE_COLUMNS) == MESSAGE_FIELDS, "archive: names and schema disagree"
 
 #: The optional columns an event may carry (keyword arguments of ``Archive.event``).
 EVENT_FIELDS: dict[str, object] = {
@@ -89,6 +92,8 @@ EVENT_FIELDS: dict[str, object] = {
     "action": pa.string(),         # console action name
     "target": pa.string(),         # console action target
 }
+# The broker checks names against EVENT_FIELD_NAMES without loading this module.
+assert tuple(EVENT_FIELDS) == EVENT_FIELD_NAMES, "archive: names and schema disagree"
 
 EVENT_SCHEMA = pa.schema(
     [pa.field("timestamp", _TS, nullable=False),

@@ -25,11 +25,11 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from mqttamqp.archive.files import TEMP_PREFIX, TEMP_SUFFIX, remove_leftovers
+
 __all__ = ["Partition", "partition_of", "SegmentSet", "remove_leftovers",
            "remove_partitions_before", "TEMP_PREFIX", "TEMP_SUFFIX"]
 
-TEMP_PREFIX = ".part-"
-TEMP_SUFFIX = ".parquet.tmp"
 
 Partition = tuple[str, str]  # ("2026-11-24", "07")
 
@@ -255,23 +255,6 @@ class SegmentSet:
         self.rows_written += segment.written_rows
         self.segments_closed += 1
         self.bytes_closed += size
-
-
-def remove_leftovers(directory: str) -> list[str]:
-    """Delete the temporary segments a crash left under ``directory``."""
-    removed: list[str] = []
-    if not os.path.isdir(directory):
-        return removed
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
-                path = os.path.join(root, name)
-                try:
-                    os.unlink(path)
-                    removed.append(path)
-                except FileNotFoundError:
-                    pass
-    return removed
 
 
 def remove_partitions_before(dataset_dir: str, cutoff_date: str,

@@ -5,11 +5,13 @@ the broker's GIL.
 The broker (``Archive``) starts it as ``python -c "... from mqttamqp.archive.writer
 import main; main()"`` and, from its feeding thread, talks to it
 through its stdin and stdout, one frame at a time, each answered before the next is
-sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain values.
+sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain values
+(``frames``).
 
 - the first frame is the configuration (``Writer`` keyword arguments);
 - ``(STEP, now, messages, events, fault)``: records exactly as the reactor buffered
-  them (``Archive.message`` / ``Archive.event`` tuples), the broker's clock for roll
+  them (``Archive.message`` values in one flat list, ``MESSAGE_FIELDS`` per message;
+  ``Archive.event`` tuples), the broker's clock for roll
   times and retention; ``fault`` is ``None`` except in tests (the next append of that
   dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
@@ -28,12 +30,8 @@ This module must not import Twisted or the broker: it owns the files only.
 from __future__ import annotations
 
 import gc
-import io
 import os
-import pickle
-import select
 import signal
-import struct
 import sys
 import time
 import traceback
@@ -43,6 +41,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.archive.names import MESSAGE_FIELDS
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
@@ -55,55 +55,10 @@ from mqttamqp.archive.topics import TopicSelector
 
 __all__ = ["Writer", "STEP", "CLOSE", "WRITER_NICE", "read_frame", "write_frame", "main"]
 
-STEP = "step"
-CLOSE = "close"
-_HEADER = struct.Struct(">I")
 _EVENT_OPTIONAL = tuple(EVENT_COLUMNS[3:])
 _RETENTION_EVERY = 3600.0  # seconds between retention sweeps
 _COLLECT_EVERY = 100       # frames between garbage collections in the writer process
 WRITER_NICE = 19           # the writer process's niceness: the broker comes first
-
-
-def write_frame(fd: int, value: object) -> None:
-    """Send one frame on the file descriptor ``fd`` (blocking; all of it).
-
-    The pickler runs in fast mode (no memo): a batch holds no shared or cyclic
-    objects worth remembering (every message brings its own topic string), and
-    the memo costs more than the pickling itself (0.65 against 0.15 µs a record)."""
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
-    pickler = pickle.Pickler(out, protocol=5)
-    pickler.fast = True
-    pickler.dump(value)
-    data = out.getbuffer()
-    data[:_HEADER.size] = _HEADER.pack(len(data) - _HEADER.size)
-    view = data
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_frame(fd: int, timeout: float | None = None) -> Any:
-    """Receive one frame from ``fd``; ``EOFError`` at end of file, ``TimeoutError``
-    if a whole frame has not come within ``timeout`` seconds."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    size, = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-    return pickle.loads(_read_exact(fd, size, deadline))
-
-
-def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks: list[bytes] = []
-    left = size
-    while left:
-        if deadline is not None:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise TimeoutError("archive writer: no answer in time")
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("archive writer: the other end closed the pipe")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class Writer:
@@ -132,7 +87,7 @@ class Writer:
         self._fault: str | None = None
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
-    def step(self, now: float, messages: list[tuple[Any, ...]],
+    def step(self, now: float, messages: list[Any],
              events: list[tuple[Any, ...]], fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
@@ -186,13 +141,18 @@ class Writer:
         self.lost += segments.abandon()
         self.errors += 1
 
-    def _message_batch(self, records: list[tuple[Any, ...]]) -> pa.RecordBatch | None:
-        """The records (``Archive.message`` tuples) as one record batch, column by
-        column: no Python object per row is made here."""
+    def _message_batch(self, records: list[Any]) -> pa.RecordBatch | None:
+        """The records (``Archive.message`` values, ``MESSAGE_FIELDS`` per message,
+        in one flat list) as one record batch, column by column: each column is a
+        strided slice, and no Python object per row is made here."""
         if not records:
             return None
+        if len(records) % MESSAGE_FIELDS:
+            raise ValueError(f"archive writer: {len(records)} message values are not "
+                             f"whole records of {MESSAGE_FIELDS}")
         (seconds, topics, qos, retain, size, payload, publisher, user, protocol,
-         deliveries, dropped) = zip(*records, strict=True)
+         deliveries, dropped) = (records[i::MESSAGE_FIELDS] for i in range(MESSAGE_FIELDS))
+        count = len(topics)
         wanted = self.selector.wanted
         unwanted = {topic for topic in set(topics) if not wanted(topic)}
         types = self._message_types
@@ -202,14 +162,14 @@ class Writer:
             pa.array(topics, types[1]), pa.array(qos, types[2]),
             pa.array(retain, types[3]), pa.array(size, types[4]),
             (pa.array(payload, types[5]) if self.payload_bytes > 0
-             else pa.nulls(len(records), types[5])),
+             else pa.nulls(count, types[5])),
             pa.array(publisher, types[6]), pa.array(user, types[7]),
             pa.array(protocol, types[8]), pa.array(deliveries, types[9]),
             pa.array(dropped, types[10])]
         batch = pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
         if unwanted:
             batch = batch.filter(pa.array([t not in unwanted for t in topics], pa.bool_()))
-            self.filtered += len(records) - batch.num_rows
+            self.filtered += count - batch.num_rows
         return batch
 
     @staticmethod
@@ -238,7 +198,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     inp, out = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr  # a stray print must not corrupt the frames
-    # Each frame unpickles thousands of tuples at once; the cyclic collector would
+    # Each frame loads thousands of tuples at once; the cyclic collector would
     # walk them again and again (it more than doubled the cost of a record). Nothing
     # here makes cycles worth chasing often: collect now and then instead.
     gc.disable()

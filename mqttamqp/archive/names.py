@@ -1,0 +1,27 @@
+"""The archive's names that the broker's process needs: datasets, protocols and the
+optional event columns, without their Arrow types.
+
+``schema`` pairs each name with its type and imports pyarrow; the broker's process
+checks ``Archive.event`` calls against these names and never loads Arrow (only the
+writer process does). This module must not import pyarrow, Twisted or the broker.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MESSAGES", "EVENTS", "PROTOCOLS", "EVENT_FIELD_NAMES", "MESSAGE_FIELDS"]
+
+#: The two datasets, each a directory under the archive directory.
+MESSAGES = "messages"
+EVENTS = "events"
+
+#: Values of the messages' ``protocol`` column (and the events' one).
+PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")
+
+#: The optional columns an event may carry (keyword arguments of ``Archive.event``),
+#: in the order of ``schema.EVENT_FIELDS``.
+EVENT_FIELD_NAMES = ("protocol", "address", "user", "reason", "detail", "clean_session",
+                     "keepalive", "topic", "qos", "retain", "queued", "action", "target")
+
+#: Values per message record (``Archive.message``: the columns of ``MESSAGE_SCHEMA``
+#: in order, with ``payload_size`` computed); records travel as one flat list.
+MESSAGE_FIELDS = 11
