@@ -8,12 +8,14 @@ PUBLISH to what an AMQP receiver reads; expiry enforced on a queued message; a
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+import pytest
 from amqp_memory import ACCEPTED, REJECTED, MqttPeer, Net, annotation, outcome, will_message
-from proton import Message, symbol, ubyte
+from proton import Message, symbol, timestamp, ubyte, ulong
 
-from mqttamqp.amqp.codec import decode_message
+from mqttamqp.amqp.codec import decode_message, mqtt5_props
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Properties, Publish
 
@@ -85,6 +87,29 @@ def test_non_binary_correlation_ids_and_non_string_values() -> None:
     assert p.message_expiry_interval == 2
     assert p.user_properties == (("c", "kept"), ("d", "2.5"))
     assert p.content_type is None and p.response_topic is None
+
+
+@pytest.mark.parametrize("correlation_id, expected", [
+    (uuid.UUID(int=5), uuid.UUID(int=5).bytes), (ulong(42), b"42"), ("é", "é".encode()),
+    (b"x" * 70_000, None)])
+def test_correlation_id_kinds(correlation_id: Any, expected: bytes | None) -> None:
+    """A UUID correlation-id becomes its 16 bytes, a ulong its decimal digits, a string
+    its UTF-8; binary longer than an MQTT property can hold is left out."""
+    msg = amqp_message(correlation_id=correlation_id)
+    props = mqtt5_props(decode_message(bytes(msg.encode())))
+    assert (props.correlation_data if props is not None else None) == expected
+
+
+def test_strings_mqtt_cannot_carry_are_left_out() -> None:
+    """Strings holding U+0000 or longer than 65535 bytes are left out of the MQTT form;
+    a timestamp value becomes its milliseconds."""
+    msg = amqp_message(reply_to="r" * 70_000, content_type="t" * 70_000,
+                       properties={"nul": "x\x00", "big": "y" * 70_000, "at": timestamp(1500),
+                                   "ok": "fine"})
+    props = mqtt5_props(decode_message(bytes(msg.encode())))
+    assert props is not None
+    assert (props.response_topic, props.content_type) == (None, None)
+    assert props.user_properties == (("at", "1500"), ("ok", "fine"))
 
 
 def test_plain_amqp_message_carries_no_properties_and_311_gets_none() -> None:

@@ -541,7 +541,9 @@ def mqtt5_props(msg: InboundMessage) -> Mqtt5Props | None:
     UTF-8, a UUID its 16 bytes, a ulong its decimal digits.  Application
     properties become user properties in the map's order: strings as they are,
     booleans as ``true``/``false``, numbers in decimal; null, binary, UUID and
-    other values are left out (MQTT user properties are string pairs)."""
+    other values are left out (MQTT user properties are string pairs).  So is any
+    string or binary MQTT cannot carry (over 65535 bytes, or a string holding
+    U+0000): AMQP receivers still get it in the message's own sections."""
     raw = msg.annotations.get(ANNOTATION_PAYLOAD_FORMAT) if msg.annotations else None
     payload_format: int | None = None
     if raw is not None:
@@ -552,14 +554,25 @@ def mqtt5_props(msg: InboundMessage) -> Mqtt5Props | None:
                               f"got {raw!r}")
     ttl = msg.ttl
     expiry = None if ttl is None else (ttl + 999) // 1000
-    content_type = None if msg.content_type is None else str(msg.content_type)
-    reply_to = None if msg.reply_to is None else str(msg.reply_to)
+    content_type = _mqtt_text(msg.content_type)
+    reply_to = _mqtt_text(msg.reply_to)
     correlation = _correlation_bytes(msg.correlation_id)
+    if correlation is not None and len(correlation) > 0xFFFF:
+        correlation = None
     user = _user_properties(msg.app_properties) if msg.app_properties else ()
     if (payload_format is None and expiry is None and content_type is None
             and reply_to is None and correlation is None and not user):
         return None
     return Mqtt5Props(payload_format, expiry, content_type, reply_to, correlation, user)
+
+
+def _mqtt_text(value: str | None) -> str | None:
+    """``value`` as a plain str if an MQTT 5 string can hold it (§1.5.4), else None."""
+    if value is None or "\x00" in value:
+        return None
+    if len(value) > 0x3FFF and len(value.encode("utf-8")) > 0xFFFF:
+        return None
+    return str(value)
 
 
 def _correlation_bytes(value: Any) -> bytes | None:
@@ -579,15 +592,18 @@ def _user_properties(app: dict[Any, Any]) -> tuple[tuple[str, str], ...]:
     for key, value in app.items():
         if not isinstance(key, str):
             continue
+        text: str | None
         if isinstance(value, str):
-            text = str(value)
+            text = value
         elif isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, (int, float)):
             text = str(value)
         else:
             continue
-        pairs.append((str(key), text))
+        name, text = _mqtt_text(key), _mqtt_text(text)
+        if name is not None and text is not None:
+            pairs.append((name, text))
     return tuple(pairs)
 
 
