@@ -41,6 +41,7 @@ from mqttamqp.mqtt.packets import (
     Connect,
     Disconnect,
     Packet,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -263,25 +264,28 @@ class FE:
 # -- MQTT -----------------------------------------------------------------------------
 
 class MqttPeer:
-    """One MQTTProtocol on a StringTransport, driven packet by packet."""
+    """One MQTTProtocol on a StringTransport, driven packet by packet (MQTT 3.1.1, or
+    ``level`` 5 with ``properties`` on its CONNECT)."""
 
     def __init__(self, net: Net, client_id: str, clean: bool = True,
-                 will: Will | None = None) -> None:
+                 will: Will | None = None, level: int = 4,
+                 properties: Properties | None = None) -> None:
         self.net = net
+        self.level = level
         self.proto = net.mqtt_factory.buildProtocol(None)
         self.transport = StringTransport()
-        self.decoder = Decoder()
+        self.decoder = Decoder(protocol_level=level)
         self.proto.makeConnection(self.transport)  # type: ignore[no-untyped-call]
         self.packet_ids = 0
         self.inbox: list[Packet] = []
-        self.send(Connect("MQTT", 4, client_id, clean, 0, will))
+        self.send(Connect("MQTT", level, client_id, clean, 0, will, properties=properties))
         acks = self.take(Connack)
         assert len(acks) == 1, acks
         self.connack: Connack = acks[0]
         assert self.connack.return_code == 0
 
     def send(self, *packets: Packet) -> None:
-        self.proto.dataReceived(b"".join(encode(p) for p in packets))
+        self.proto.dataReceived(b"".join(encode(p, self.level) for p in packets))
         self.net.pump()
 
     def take(self, *kinds: type) -> list[Any]:
@@ -353,8 +357,9 @@ class Net:
     def fe(self, client_id: str, publish_now: bool = False) -> FE:
         return FE(self, client_id, publish_now)
 
-    def mqtt(self, client_id: str, clean: bool = True, will: Will | None = None) -> MqttPeer:
-        return MqttPeer(self, client_id, clean, will)
+    def mqtt(self, client_id: str, clean: bool = True, will: Will | None = None,
+             level: int = 4, properties: Properties | None = None) -> MqttPeer:
+        return MqttPeer(self, client_id, clean, will, level, properties)
 
     def pump(self, max_rounds: int = 10_000) -> None:
         """Run zero-delay calls and move bytes until nothing moves."""

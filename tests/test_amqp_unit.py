@@ -42,6 +42,7 @@ from mqttamqp.amqp.codec import (
     message_payload,
     message_qos,
     message_retain,
+    mqtt5_props,
     mqtt_payload,
     parse_qos,
 )
@@ -165,8 +166,9 @@ def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | 
         else:
             qos = message_qos(m) if annotated else 1   # unsettled, no annotation: QoS 1
         wait = qos > 0 and (annotated or m.durable)
+        props = mqtt5_props(m)
         return PublishFields(m.to, payload, qos, retain, m.delivery_count > 0, wait,
-                             m.durable, m.bare_start, m.props_end)
+                             m.durable, m.bare_start, m.props_end, props)
     except DecodeError as exc:
         return exc.reason
 
@@ -191,23 +193,32 @@ def _payloads() -> st.SearchStrategy[bytes]:
 @given(st.lists(st.tuples(
     st.sampled_from(["a/b", "c", ""]), st.sampled_from([None, 0, 1, 2, "1", "x"]),
     st.sampled_from([None, True, False, 3]), st.integers(0, 2), _payloads(),
-    st.sampled_from(["data", "data", "value", "footer"]), st.booleans()),
+    st.sampled_from(["data", "data", "value", "footer"]), st.booleans(),
+    st.sampled_from([None, None, "props", "bad-format"])),
     min_size=1, max_size=6))
 def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
     """decode_publish (cached section prefixes) gives exactly what a full decode gives,
     for repeated and interleaved senders, payloads that contain a Data descriptor,
     AmqpValue bodies, a footer after the Data section, invalid annotations, and
-    pre-settled deliveries (QoS 0, annotation not checked)."""
+    pre-settled deliveries (QoS 0, annotation not checked), and the MQTT 5 mapping
+    (ttl, content type, reply-to, correlation id, application properties, payload
+    format, valid or not)."""
     cases = []
-    for to, qos, retain, count, payload, shape, presettled in specs:
+    for to, qos, retain, count, payload, shape, presettled, extra in specs:
         ann: dict[Any, Any] = {}
         if qos is not None:
             ann[symbol("x-opt-mqtt-qos")] = int32(qos) if isinstance(qos, int) else qos
         if retain is not None:
             ann[symbol("x-opt-retain-message")] = retain
+        if extra == "bad-format":
+            ann[symbol("x-opt-mqtt-payload-format")] = 7
         msg = Message(address=to or None, delivery_count=count, annotations=ann or None,
                       body=payload if shape != "value" else payload.decode("latin-1"))
         msg.inferred = shape != "value"
+        if extra == "props":
+            msg.ttl, msg.content_type, msg.reply_to = 1.5, "text/plain", "re/ply"
+            msg.correlation_id = b"c1"
+            msg.properties = {"k": "v", "n": 3}
         data = bytes(msg.encode())
         if shape == "footer":
             data += b"\x00\x53\x78\xc1\x01\x00"   # an empty footer map after the body
@@ -217,7 +228,7 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
         assert [_cached_publish(d, p) for d, p in cases] == expected
 
 
-POISON = ("poisoned", 2, True, True, False, -1, -1)
+POISON = ("poisoned", 2, True, True, False, -1, -1, None)
 
 
 def test_publish_fast_path_is_used_and_checks_the_tail() -> None:

@@ -26,12 +26,14 @@ __all__ = [
     "PublishFields", "mqtt_payload", "native_sections", "encode_native",
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
-    "ANNOTATION_CLIENT_ID",
+    "ANNOTATION_CLIENT_ID", "ANNOTATION_PAYLOAD_FORMAT", "Mqtt5Props", "mqtt5_props",
+    "encode_publish5",
 ]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
 ANNOTATION_QOS = "x-opt-mqtt-qos"
 ANNOTATION_CLIENT_ID = "x-opt-mqtt-client-id"
+ANNOTATION_PAYLOAD_FORMAT = "x-opt-mqtt-payload-format"
 
 MAX_DEPTH = 32
 
@@ -94,6 +96,9 @@ class InboundMessage:
     bare_start: int = -1
     props_end: int = -1
     last_section: int = 0          # the rank of the last section read (their order)
+    ttl: int | None = None         # header.ttl, milliseconds
+    content_type: str | None = None
+    app_properties: dict[Any, Any] | None = None
 
     def copy(self) -> InboundMessage:
         """A copy that shares the (read-only) annotations and value."""
@@ -101,7 +106,8 @@ class InboundMessage:
                               self.message_id, self.to, self.subject, self.reply_to,
                               self.correlation_id, self.body_kind, list(self.data),
                               list(self.value) if self.body_kind == "sequence" else self.value,
-                              self.bare_start, self.props_end, self.last_section)
+                              self.bare_start, self.props_end, self.last_section,
+                              self.ttl, self.content_type, self.app_properties)
 
 
 # -- the decoder ---------------------------------------------------------------------
@@ -440,6 +446,11 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             if durable is not None and not isinstance(durable, bool):
                 raise DecodeError("header.durable is not a boolean")
             msg.durable = bool(durable)
+            ttl = _field(value, 2)
+            if ttl is not None:
+                if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
+                    raise DecodeError("header.ttl is not an unsigned int")
+                msg.ttl = ttl
             count = _field(value, 4)
             if count is not None:
                 if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -459,6 +470,7 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             msg.subject = _optional_str(_field(value, 3), "subject")
             msg.reply_to = _optional_str(_field(value, 4), "reply-to")
             msg.correlation_id = _field(value, 5)
+            msg.content_type = _optional_str(_field(value, 6), "content-type")
             msg.props_end = pos
         elif code == DATA:
             if not isinstance(value, bytes):
@@ -481,7 +493,11 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
                 msg.body_kind = "sequence"
                 msg.value = []
             msg.value.append(value)
-        # delivery-annotations, application-properties and footer are not used
+        elif code == APPLICATION_PROPERTIES:
+            if value is not None and not isinstance(value, dict):
+                raise DecodeError("application-properties section is not a map")
+            msg.app_properties = value
+        # delivery-annotations and the footer are not used
     return msg
 
 
@@ -499,13 +515,103 @@ class PublishFields(NamedTuple):
     durable: bool       # header.durable as sent
     bare_start: int     # see ``InboundMessage``
     props_end: int
+    props: Mqtt5Props | None   # what MQTT 5 subscribers get as PUBLISH properties
+
+
+class Mqtt5Props(NamedTuple):
+    """The MQTT 5 message properties in their AMQP places (README › AMQP 1.0, the
+    mapping table): the core's ``MessageProperties`` field for field, in its order,
+    so that the adapter converts with ``MessageProperties(*props)``.  Between
+    adapter and codec ``expiry_interval`` is the *remaining* interval, in seconds."""
+
+    payload_format: int | None         # annotation x-opt-mqtt-payload-format
+    expiry_interval: int | None        # header.ttl (milliseconds on the wire)
+    content_type: str | None           # properties.content-type (a symbol)
+    response_topic: str | None         # properties.reply-to
+    correlation_data: bytes | None     # properties.correlation-id (binary)
+    user_properties: tuple[tuple[str, str], ...]   # application-properties
+
+
+def mqtt5_props(msg: InboundMessage) -> Mqtt5Props | None:
+    """The MQTT 5 properties a received message carries (None: none), raising
+    ``DecodeError`` for a payload format annotation that is not 0 or 1.
+
+    An AMQP ttl becomes whole seconds, rounded up (so it never becomes 0 before it
+    is over).  A correlation-id that is not binary becomes bytes: a string its
+    UTF-8, a UUID its 16 bytes, a ulong its decimal digits.  Application
+    properties become user properties in the map's order: strings as they are,
+    booleans as ``true``/``false``, numbers in decimal; null, binary, UUID and
+    other values are left out (MQTT user properties are string pairs).  So is any
+    string or binary MQTT cannot carry (over 65535 bytes, or a string holding
+    U+0000): AMQP receivers still get it in the message's own sections."""
+    raw = msg.annotations.get(ANNOTATION_PAYLOAD_FORMAT) if msg.annotations else None
+    payload_format: int | None = None
+    if raw is not None:
+        if isinstance(raw, int) and 0 <= raw <= 1:
+            payload_format = int(raw)
+        else:
+            raise DecodeError(f"annotation {ANNOTATION_PAYLOAD_FORMAT} must be 0 or 1, "
+                              f"got {raw!r}")
+    ttl = msg.ttl
+    expiry = None if ttl is None else (ttl + 999) // 1000
+    content_type = _mqtt_text(msg.content_type)
+    reply_to = _mqtt_text(msg.reply_to)
+    correlation = _correlation_bytes(msg.correlation_id)
+    if correlation is not None and len(correlation) > 0xFFFF:
+        correlation = None
+    user = _user_properties(msg.app_properties) if msg.app_properties else ()
+    if (payload_format is None and expiry is None and content_type is None
+            and reply_to is None and correlation is None and not user):
+        return None
+    return Mqtt5Props(payload_format, expiry, content_type, reply_to, correlation, user)
+
+
+def _mqtt_text(value: str | None) -> str | None:
+    """``value`` as a plain str if an MQTT 5 string can hold it (§1.5.4), else None."""
+    if value is None or "\x00" in value:
+        return None
+    if len(value) > 0x3FFF and len(value.encode("utf-8")) > 0xFFFF:
+        return None
+    return str(value)
+
+
+def _correlation_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, uuid.UUID):
+        return value.bytes
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode("ascii")
+    return None
+
+
+def _user_properties(app: dict[Any, Any]) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    for key, value in app.items():
+        if not isinstance(key, str):
+            continue
+        text: str | None
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = str(value)
+        else:
+            continue
+        name, text = _mqtt_text(key), _mqtt_text(text)
+        if name is not None and text is not None:
+            pairs.append((name, text))
+    return tuple(pairs)
 
 
 # Sections before the one Data section, by their exact bytes → (to, QoS annotation
 # (None if absent) or why it is unusable, retain, redelivered, durable, bare_start,
-# props_end).  Only prefixes that ``decode_message`` confirmed to end on a section
-# boundary get here.
-_Head = tuple[str | None, int | str | None, bool, bool, bool, int, int]
+# props_end, MQTT 5 properties).  Only prefixes that ``decode_message`` confirmed to
+# end on a section boundary get here.
+_Head = tuple[str | None, int | str | None, bool, bool, bool, int, int, Mqtt5Props | None]
 _publish_heads: dict[bytes, _Head] = {}
 
 
@@ -552,7 +658,7 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
                 return _fields(PublishFields, (
                     head[0], payload, qos, head[2], head[3],
                     qos > 0 and (head[1] is not None or head[4]), head[4],
-                    head[5] if head[5] >= 0 else cut, head[6]))
+                    head[5] if head[5] >= 0 else cut, head[6], head[7]))
     msg = decode_message(data)
     payload = mqtt_payload(msg)
     retain = message_retain(msg)
@@ -565,17 +671,18 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
         if annotated is None:
             annotated = f"annotation {ANNOTATION_QOS} must be 0, 1 or 2, got {raw!r}"
     redelivered = msg.delivery_count > 0
+    qos = _qos_of(annotated, presettled)
+    props = mqtt5_props(msg)
     if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
             and prefix in _prefixes and _sole_data(data, cut) is not None):
         if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
             _publish_heads.clear()
         _publish_heads[prefix] = (msg.to, annotated, retain, redelivered, msg.durable,
                                   msg.bare_start if msg.bare_start < cut else -1,
-                                  msg.props_end)
-    qos = _qos_of(annotated, presettled)
+                                  msg.props_end, props)
     return PublishFields(msg.to, payload, qos, retain, redelivered,
                          qos > 0 and (annotated is not None or msg.durable), msg.durable,
-                         msg.bare_start, msg.props_end)
+                         msg.bare_start, msg.props_end, props)
 
 
 def _qos_of(qos: int | str | None, presettled: bool) -> int:
@@ -801,6 +908,8 @@ _RETAIN_TRUE = _sym(ANNOTATION_RETAIN) + b"\x41"
 _RETAIN_FALSE = _sym(ANNOTATION_RETAIN) + b"\x42"
 _QOS = [_sym(ANNOTATION_QOS) + b"\x54" + bytes((q,)) for q in range(3)]
 _CLIENT_ID = _sym(ANNOTATION_CLIENT_ID)
+_PAYLOAD_FORMAT = _sym(ANNOTATION_PAYLOAD_FORMAT)
+_APP_PROPERTIES_PREFIX = b"\x00\x53\x74"
 
 
 def _ulong(value: int) -> bytes:
@@ -824,12 +933,66 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
                      _DATA_PREFIX, data))
 
 
+def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
+                    publisher: str | None, message_id: int | None, props: Mqtt5Props) -> bytes:
+    """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
+    mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
+    payload format annotation, properties reply-to, correlation-id (binary) and
+    content-type (a symbol; left out unless ASCII, as symbols are), and
+    application-properties (the first value of a repeated key).  Not cached: the
+    slower path, taken only by messages that carry properties."""
+    head = _encode_head(qos, retain, delivery_count, publisher, qos > 0,
+                        _ttl_ms(props.expiry_interval), props.payload_format)
+    items = [b"\x40" if message_id is None else _ulong(message_id), b"\x40", _str(topic),
+             b"\x40",
+             b"\x40" if props.response_topic is None else _str(props.response_topic),
+             b"\x40" if props.correlation_data is None else _bin(props.correlation_data),
+             b"\x40" if props.content_type is None or not props.content_type.isascii()
+             else _sym(props.content_type)]
+    while items[-1] == b"\x40" and len(items) > 3:
+        items.pop()
+    parts = [head, _PROPERTIES_PREFIX, _compound(0xC0, 0xD0, len(items), b"".join(items))]
+    if props.user_properties:
+        parts.append(_application_properties(props.user_properties))
+    parts.append(_DATA_PREFIX)
+    parts.append(_bin(payload))
+    return b"".join(parts)
+
+
+def _ttl_ms(seconds: int | None) -> int | None:
+    """header.ttl for an expiry interval: milliseconds, at most a uint's worth."""
+    return None if seconds is None else min(seconds * 1000, 0xFFFFFFFF)
+
+
+def _bin(value: bytes) -> bytes:
+    if len(value) < 256:
+        return b"\xa0" + bytes((len(value),)) + value
+    return b"\xb0" + _pack_I(len(value)) + value
+
+
+def _application_properties(pairs: tuple[tuple[str, str], ...]) -> bytes:
+    """A map of string to string; of a key given more than once, the first value."""
+    seen: set[str] = set()
+    items = []
+    for key, value in pairs:
+        if key not in seen:
+            seen.add(key)
+            items.append(_str(key) + _str(value))
+    return _APP_PROPERTIES_PREFIX + _compound(0xC1, 0xD1, 2 * len(items), b"".join(items))
+
+
 def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
-                  publisher: str | None) -> bytes:
+                  publisher: str | None, props: Mqtt5Props | None = None) -> bytes:
     """A message from an AMQP sender as an AMQP receiver gets it: a header with the
     sender's ``durable`` and the contract's annotations, then the sender's own
-    sections (``native`` is what ``native_sections`` made)."""
-    head = _head(qos, retain, delivery_count, publisher, native[0] == 1)
+    sections (``native`` is what ``native_sections`` made).  With ``props``, the
+    header carries what is left of its ttl and the annotations its payload format
+    (the sender's own properties and application properties are in ``native``)."""
+    if props is None or (props.expiry_interval is None and props.payload_format is None):
+        head = _head(qos, retain, delivery_count, publisher, native[0] == 1)
+    else:
+        head = _encode_head(qos, retain, delivery_count, publisher, native[0] == 1,
+                            _ttl_ms(props.expiry_interval), props.payload_format)
     return b"".join((head, memoryview(native)[1:]))
 
 
@@ -851,13 +1014,19 @@ def _head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
 
 
 def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
-                 durable: bool) -> bytes:
-    header_items = (b"\x41" if durable else b"\x42") + b"\x40\x40\x40" + _uint(delivery_count)
+                 durable: bool, ttl: int | None = None,
+                 payload_format: int | None = None) -> bytes:
+    header_items = b"".join((b"\x41" if durable else b"\x42", b"\x40",
+                             b"\x40" if ttl is None else _uint(ttl), b"\x40",
+                             _uint(delivery_count)))
     annotations = (_RETAIN_TRUE if retain else _RETAIN_FALSE) + _QOS[qos]
     pairs = 4
     if publisher is not None:
         annotations += _CLIENT_ID + _str(publisher)
         pairs = 6
+    if payload_format is not None:
+        annotations += _PAYLOAD_FORMAT + b"\x50" + bytes((payload_format & 0xFF,))
+        pairs += 2
     return b"".join((_HEADER_PREFIX, _compound(0xC0, 0xD0, 5, header_items),
                      _ANNOTATIONS_PREFIX, _compound(0xC1, 0xD1, pairs, annotations)))
 

@@ -40,11 +40,13 @@ from mqttamqp.amqp._engine import lib, recv, send
 from mqttamqp.amqp.codec import (
     DecodeError,
     InboundMessage,
+    Mqtt5Props,
     decode_message,
     decode_publish,
     encode_control,
     encode_native,
     encode_publish,
+    encode_publish5,
     native_sections,
 )
 from mqttamqp.core.admission import PublishRate
@@ -52,7 +54,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.message import Message
+from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
@@ -60,7 +62,7 @@ from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
     "SessionOutlet", "ControlOutlet", "IncomingLink", "TopicPublisher", "settle_mode_name",
-    "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED",
+    "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED", "message_properties",
 ]
 
 ACCEPTED = Delivery.ACCEPTED
@@ -93,6 +95,35 @@ _link_advance = lib.pn_link_advance
 _link_credit = lib.pn_link_credit
 _link_flow = lib.pn_link_flow
 _link_queued = lib.pn_link_queued
+
+def message_properties(props: Mqtt5Props | None, payload: bytes | None
+                       ) -> MessageProperties | None:
+    """The core's form of the MQTT 5 properties an AMQP message carries (README ›
+    AMQP 1.0, the mapping); ``DecodeError`` when it declares its payload UTF-8 (payload
+    format 1) and it is not, as an MQTT 5 publisher gets 0x99 for that."""
+    if props is None:
+        return None
+    if props.payload_format == 1 and payload:
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"payload declared UTF-8 (x-opt-mqtt-payload-format 1) is "
+                              f"not ({exc.reason} at byte {exc.start})") from None
+    return MessageProperties(*props)
+
+
+def _encode_with_props(message: Message, props: MessageProperties, qos: int, retain: bool,
+                       count: int, packet_id: int | None, native: bytes | None,
+                       now: float) -> bytes:
+    """A message with MQTT 5 properties, for a receiver (the slower path): what is
+    left of its expiry interval goes out as header.ttl."""
+    wire = Mqtt5Props(props.payload_format, message.remaining_expiry(now), props.content_type,
+                      props.response_topic, props.correlation_data, props.user_properties)
+    if native is not None:
+        return encode_native(native, qos, retain, count, message.publisher, wire)
+    return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
+                           retain, count, message.publisher, packet_id, wire)
+
 
 def settle_mode_name(mode: int) -> str:
     return {Link.SND_UNSETTLED: "unsettled", Link.SND_SETTLED: "settled"}.get(mode, "mixed")
@@ -327,7 +358,11 @@ class _SessionLink(OutgoingLink):
             return
         cache = _encode_cache
         native = message.native if self.native else None
-        if native is not None:
+        props = message.props
+        if props is not None:
+            data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
+                                      self.broker.clock.seconds())
+        elif native is not None:
             data = encode_native(native, qos, retain, count, message.publisher)
         elif packet_id is not None:
             data = encode_publish(message.topic, message.payload, qos, retain, count,
@@ -728,12 +763,14 @@ class TopicPublisher(IncomingLink):
         try:
             native = native_sections(data, fields.bare_start, fields.props_end, fields.to,
                                      topic, fields.durable)
+            props = None if fields.props is None else message_properties(fields.props,
+                                                                           payload)
         except DecodeError as exc:   # decode_publish checked the sections; never expected
             self.reject(dlv, DECODE_ERROR, exc.reason)
             return
         routed = Message(topic, b"" if payload is None else payload, fields.qos,
                          fields.retain, host.container_id or None, broker.clock.seconds(),
-                         fields.redelivered, native, payload is None)
+                         fields.redelivered, native, payload is None, props)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that

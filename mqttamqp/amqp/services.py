@@ -42,6 +42,7 @@ from mqttamqp.amqp.codec import (
     message_payload,
     message_qos,
     message_retain,
+    mqtt5_props,
     parse_qos,
 )
 from mqttamqp.amqp.links import (
@@ -52,6 +53,7 @@ from mqttamqp.amqp.links import (
     IncomingLink,
     LinkHost,
     SessionOutlet,
+    message_properties,
 )
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE
@@ -103,11 +105,12 @@ class WillServiceLink(_ServiceLink):
                 payload = message_payload(message)
                 qos = message_qos(message)
                 retain = message_retain(message)
+                props = message_properties(mqtt5_props(message), payload)
             except DecodeError as exc:
                 self.reject(dlv, DECODE_ERROR, exc.reason)
                 return
             will = WillMessage(self.name, topic, payload, qos, retain, "amqp",
-                               broker.clock.seconds())
+                               broker.clock.seconds(), props)
             if not broker.may_set_will(will, self.host.identity):
                 self.reject(dlv, UNAUTHORIZED, f"a will on {topic!r} is not allowed")
                 return
