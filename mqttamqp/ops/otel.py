@@ -79,8 +79,7 @@ class OTelExport:
             family = self._latest.get(name)
             if family is None:
                 return []
-            return [Observation(value, {family.label: label} if family.label else {})
-                    for label, value in family.values]
+            return [Observation(value, labels) for labels, value in family.labelled()]
         return observe
 
     def start(self) -> None:
