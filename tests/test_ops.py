@@ -299,6 +299,18 @@ def test_otel_export_has_the_same_numbers() -> None:
                 for p in metrics["mqttamqp_messages_received"].data.data_points}
     assert received["mqtt"] == 3 and metrics["mqttamqp_messages_received"].data.is_monotonic
     assert [p.value for p in metrics["mqttamqp_subscriptions"].data.data_points] == [1]
+    # The histograms are mirrored as they are observed, with /metrics' buckets.
+    latency = broker.stats.commit_latency
+    for value in (0.0007, 0.003, 0.003):
+        latency.observe(value)
+    metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+               for sm in rm.scope_metrics for m in sm.metrics}
+    [point] = metrics["mqttamqp_commit_latency_seconds"].data.data_points
+    assert point.count == 3
+    assert tuple(point.explicit_bounds) == latency.bounds
+    assert point.bucket_counts[1] == 1 and point.bucket_counts[3] == 2   # le 0.001, 0.005
+    export.unmirror()                       # (what stop() does first)
+    assert not latency.listeners
     export.provider.shutdown()
 
 
