@@ -505,9 +505,9 @@ def makeService(options: Options) -> BrokerService:
         from mqttamqp.core.users import UserFile
 
         legacy = UserFile(options["users"], global_reactor)
+    users = UserStore(os.path.abspath(options["data"]))
     authenticator: Authenticator = StoreAuthenticator(
-        UserStore(os.path.abspath(options["data"])), bool(options["allow-anonymous"]),
-        legacy, global_reactor)
+        users, bool(options["allow-anonymous"]), legacy, global_reactor)
     archive: dict[str, Any] | None = None
     if not options["no-archive"]:
         archive = {"directory": options["archive-dir"],
@@ -525,6 +525,10 @@ def makeService(options: Options) -> BrokerService:
                         authenticator=authenticator, archive=archive, authorizer=authorizer,
                         webhooks=options["webhook"])
     _reloaders(svc, options)
+    # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
+    from mqttamqp.core.enhanced_auth import EnhancedAuthenticator, ScramSha256
+
+    svc.mqtt_factory.enhanced_auth = EnhancedAuthenticator([ScramSha256(users.scram)])
     if options["tls-ca"]:
         svc.tls = TLSSettings(options["tls-ca"], bool(options["tls-require-client-cert"]),
                               bool(options["tls-cert-as-user"]))

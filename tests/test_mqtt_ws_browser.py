@@ -185,3 +185,63 @@ def test_a_page_of_another_origin_is_refused(
                                 rf"'http://localhost:{page_port}' is not this host")
     finally:
         page.close()
+
+
+def test_browser_speaks_mqtt5_with_properties(
+        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
+    """MQTT.js in Chromium over WebSockets with protocolVersion 5: publish properties
+    (user properties, content type, response topic, correlation data) reach an
+    MQTT 5 paho client over TCP and the browser's own subscription, and a paho
+    message's properties reach the browser."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties as PahoProperties
+
+    url = f"ws://127.0.0.1:{ws_broker.ports['MQTT-WS']}/mqtt"
+    tcp = pahoclient.PahoClient(ws_broker.mqtt_port, "tcp-peer-5", mqtt.MQTTv5)
+    page = open_page(browser, page_port)
+    try:
+        tcp.subscribe(("b5/out", 1))
+        assert page.evaluate("""async (url) => {
+            const client = mqtt.connect(url, {protocolVersion: 5, clientId: 'chromium-5',
+                reconnectPeriod: 0, connectTimeout: 5000, clean: true,
+                properties: {sessionExpiryInterval: 0}});
+            const ok = await new Promise((resolve) => {
+                client.once('connect', () => resolve(true));
+                client.once('close', () => resolve(false));
+            });
+            client.on('message', (topic, payload, packet) => window.got.push(
+                {topic, payload: new TextDecoder().decode(payload),
+                 props: packet.properties || {}}));
+            window.client = client;
+            return ok;
+        }""", url)
+        granted = page.evaluate("""async () => (await window.client.subscribeAsync(
+            'b5/in', {qos: 1})).map((g) => g.qos)""")
+        assert granted == [1]
+        page.evaluate("""async () => {
+            const properties = {userProperties: {site: 'lab', shift: 'night'},
+                                contentType: 'text/plain', responseTopic: 'b5/reply',
+                                correlationData: new TextEncoder().encode('c-42')};
+            await window.client.publishAsync('b5/out', 'from chromium 5', {qos: 1, properties});
+        }""")
+        got = tcp.get()
+        assert (got.topic, got.payload) == ("b5/out", b"from chromium 5")
+        props = got.properties
+        assert props.ContentType == "text/plain" and props.ResponseTopic == "b5/reply"
+        assert props.CorrelationData == b"c-42"
+        assert sorted(props.UserProperty) == [("shift", "night"), ("site", "lab")]
+        out = PahoProperties(PacketTypes.PUBLISH)
+        out.UserProperty = [("from", "paho")]
+        out.ContentType = "application/json"
+        info = tcp.c.publish("b5/in", b'{"n": 1}', 1, properties=out)
+        info.wait_for_publish(5)
+        page.wait_for_function("() => window.got.length >= 1", timeout=WAIT_MS)
+        [msg] = page.evaluate("() => window.got")
+        assert msg["topic"] == "b5/in" and msg["payload"] == '{"n": 1}'
+        assert msg["props"]["contentType"] == "application/json"
+        assert msg["props"]["userProperties"] == {"from": "paho"}
+        page.evaluate("async () => { await window.client.endAsync(); }")
+    finally:
+        page.close()
+        tcp.stop()

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from fakes import FailingStore, MemoryStore, SnapshotStore
+from fakes import FailingStore, FakeLink, MemoryStore, SnapshotStore
 from prometheus_client.parser import text_string_to_metric_families
 from test_broker_core import connect, make_broker, pub, subscribe, will
 from treq.testing import StubTreq
@@ -135,7 +135,8 @@ def test_disconnect_causes_drops_and_queues_are_counted() -> None:
     s = scrape(broker)
     assert s["mqttamqp_queued_messages"][()] == 2
     assert s["mqttamqp_queued_bytes"][()] == 6
-    assert s["mqttamqp_messages_dropped_total"][(("reason", "queue"),)] == 3 == int(
+    queue_mqtt = (("protocol", "mqtt"), ("reason", "queue"))
+    assert s["mqttamqp_messages_dropped_total"][queue_mqtt] == 3 == int(
         sys_value(broker, "messages/dropped"))
     stuck, stuck_link, _ = connect(broker, "stuck")
     subscribe(broker, stuck, ("q/#", 1))
@@ -146,8 +147,13 @@ def test_disconnect_causes_drops_and_queues_are_counted() -> None:
     broker.settle(stuck, inflight, Outcome.REJECTED)  # as an AMQP receiver may
     s = scrape(broker)
     assert s["mqttamqp_messages_dropped_total"] == {
-        (("reason", "congestion"),): 1, (("reason", "denied"),): 0,
-        (("reason", "queue"),): 4, (("reason", "rejected"),): 1}
+        (("protocol", "mqtt"), ("reason", "congestion")): 1,
+        (("protocol", "amqp"), ("reason", "denied")): 0,
+        (("protocol", "mqtt"), ("reason", "denied")): 0,
+        (("protocol", "mqtt"), ("reason", "queue")): 4,
+        (("protocol", "amqp"), ("reason", "rejected")): 0,
+        # (settled Rejected as an AMQP receiver would, on an MQTT session here)
+        (("protocol", "mqtt"), ("reason", "rejected")): 1}
     assert total(s, "mqttamqp_messages_dropped_total") == 6 == int(
         sys_value(broker, "messages/dropped"))
     broker.unregister_connection(live.key, live, "keepalive")
@@ -293,6 +299,18 @@ def test_otel_export_has_the_same_numbers() -> None:
                 for p in metrics["mqttamqp_messages_received"].data.data_points}
     assert received["mqtt"] == 3 and metrics["mqttamqp_messages_received"].data.is_monotonic
     assert [p.value for p in metrics["mqttamqp_subscriptions"].data.data_points] == [1]
+    # The histograms are mirrored as they are observed, with /metrics' buckets.
+    latency = broker.stats.commit_latency
+    for value in (0.0007, 0.003, 0.003):
+        latency.observe(value)
+    metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+               for sm in rm.scope_metrics for m in sm.metrics}
+    [point] = metrics["mqttamqp_commit_latency_seconds"].data.data_points
+    assert point.count == 3
+    assert tuple(point.explicit_bounds) == latency.bounds
+    assert point.bucket_counts[1] == 1 and point.bucket_counts[3] == 2   # le 0.001, 0.005
+    export.unmirror()                       # (what stop() does first)
+    assert not latency.listeners
     export.provider.shutdown()
 
 
@@ -384,3 +402,26 @@ def test_sighup_changes_the_log_level_of_the_installed_observer(
     wiring.reload_log_level({"log-level": "info"})
     log.info("shown at info")
     assert [json.loads(x)["event"] for x in out.getvalue().splitlines()] == ["shown at info"]
+
+
+def test_drops_are_labelled_with_the_protocol() -> None:
+    """Issue 14: messages dropped by reason AND protocol: an AMQP receiver's queue
+    drops and an AMQP sender's denied publish are labelled amqp, an MQTT one's mqtt;
+    every series sums to $SYS's dropped total (plus the denied ones)."""
+    from mqttamqp.core.auth import Identity
+
+    broker, _clock, _ = make_broker(MemoryStore(), max_queued_messages=1, max_inflight=1)
+    amqp_link = FakeLink("fe")
+    session = broker.open_session(amqp_link, "fe", True, None).session
+    broker.activate(session, amqp_link, "amqp")
+    subscribe(broker, session, ("a/#", 1))
+    for _ in range(4):
+        pub(broker, "a/1", b"x", qos=1)              # 1 in flight, 1 queued, 2 dropped
+    broker.publish(Message("$SYS/x", b"no", 0), Identity("app", None, "amqp"))
+    broker.publish(Message("$SYS/y", b"no", 0), Identity("dev", None, "mqtt3.1.1"))
+    s = scrape(broker)["mqttamqp_messages_dropped_total"]
+    assert s[(("protocol", "amqp"), ("reason", "queue"))] == 2
+    assert s[(("protocol", "amqp"), ("reason", "denied"))] == 1
+    assert s[(("protocol", "mqtt"), ("reason", "denied"))] == 1
+    assert sum(v for k, v in s.items() if ("reason", "denied") not in k) == int(
+        sys_value(broker, "messages/dropped"))

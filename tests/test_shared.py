@@ -145,3 +145,27 @@ def test_a_moved_message_stays_when_the_other_member_has_no_room() -> None:
     assert len(a.publishes()) == 1            # (its window: 1 in flight, 1 queued)
     a.disconnect()
     assert len(list(net.broker.sessions["a"].entries())) == 2   # b was full: both stay
+
+
+def test_the_console_shows_groups_members_and_counts(tmp_path: object) -> None:
+    """Issue 11: shared groups in the console (Subscriptions page, /api/shared)."""
+    import json
+
+    import webui_support
+
+    from mqttamqp.core.message import Message
+
+    console, service, _ = webui_support.make_console(tmp_path)
+    broker = service.broker
+    for cid in ("w-1", "w-<2>"):
+        webui_support.connect(broker, cid, subscriptions=("$share/workers/jobs/#",))
+    for i in range(4):
+        broker.publish(Message(f"jobs/{i}", b"x", 0))
+    client = webui_support.Client(console)
+    assert client.login().code == 303
+    [group] = json.loads(client.get("/api/shared").body)["items"]
+    assert (group["name"], group["filter"], group["strategy"]) == (
+        "workers", "jobs/#", "round-robin")
+    assert {m["client_id"]: m["given"] for m in group["members"]} == {"w-1": 2, "w-<2>": 2}
+    page = client.get("/subscriptions")
+    assert b"w-&lt;2&gt;" in page.body and b"w-<2>" not in page.body

@@ -243,3 +243,17 @@ def test_sessions_made_over_amqp_belong_to_their_user(tmp_path: Any) -> None:
     assert net.broker.sessions["dev1"].owner == "alice"
     assert not net.broker.may_claim(Identity("dev1", "bob", "mqtt3.1.1"), "dev1")
     assert net.broker.may_claim(Identity("dev1", "alice", "mqtt3.1.1"), "dev1")
+
+
+def test_a_password_also_sets_scram_credentials(tmp_path: Any) -> None:
+    """MQTT 5 SCRAM-SHA-256 needs its own derived keys: set with every password,
+    stored (never the password), read back from the file."""
+    from mqttamqp.core.enhanced_auth import scram_credentials
+
+    store = UserStore(str(tmp_path))
+    store.set_password("dev", "device password", **CHEAP)
+    creds = UserStore(str(tmp_path)).scram("dev")
+    assert creds is not None
+    assert creds == scram_credentials("device password", creds.salt, creds.iterations)
+    assert "device password" not in open(store.path).read()
+    assert store.scram("nobody") is None

@@ -39,6 +39,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "/api/subscriptions": ("Every session's subscriptions and AMQP receivers, searchable.",
                            "q, page, per_page"),
     "/api/bans": ("Bans in force.", ""),
+    "/api/shared": ("Shared subscription groups ($share/<group>/<filter>): members, "
+                    "whether online, and how many messages each was given.", ""),
     "/api/users": ("The users with their roles (never their hashes) and the --acl file "
                    "in force (admins only).", ""),
     "/api/whoami": ("Who is calling, how (session or token), and the CSRF token of a "

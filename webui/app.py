@@ -730,7 +730,18 @@ class Console:
         auth = self._require(request, api=False)
         args, page = self._subscriptions(request)
         return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
-                            args=args)
+                            args=args, groups=self._shared_groups())
+
+    def _shared_groups(self) -> list[dict[str, Any]]:
+        return [{"name": g.name, "filter": g.topic_filter, "strategy": g.strategy,
+                 "members": [{"client_id": c, "given": n, "online": on}
+                             for c, n, on in g.members]}
+                for g in self.broker.view.shared_groups()]
+
+    @app.route("/api/shared", methods=["GET"])
+    def shared_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, {"items": self._shared_groups()})
 
     @app.route("/api/subscriptions", methods=["GET"])
     def subscriptions_api(self, request: Any) -> bytes:

@@ -550,6 +550,7 @@ class Broker:
     def rejected(self, session: Session, packet_id: int) -> None:
         """AMQP Rejected: the delivery is dropped, counted."""
         self.stats.messages_rejected += 1
+        session.dropped_rejected += 1
         self._commits.background(session.drop(packet_id))
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
@@ -764,6 +765,11 @@ class Broker:
 
     def dropped_total(self) -> int:
         return self._registry.dropped_total()
+
+    def dropped_by_protocol(self) -> dict[str, tuple[int, int, int]]:
+        """(dropped, of which congested, of which rejected) by the session's protocol
+        family."""
+        return self._registry.dropped_by_protocol()
 
 
 def _nothing() -> None:

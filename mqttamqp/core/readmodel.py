@@ -28,7 +28,7 @@ from mqttamqp.core.topicstats import TopicStats
 
 __all__ = [
     "ReadModel", "ClientView", "SessionView", "EntryView", "WillView", "Counters",
-    "SubscriptionView", "TopicCounts",
+    "SubscriptionView", "TopicCounts", "SharedGroupView",
     "will_owners", "will_owner_connected",
 ]
 
@@ -96,6 +96,16 @@ class SubscriptionView:
     qos: int
     kind: str                       # "persistent", "clean" or "amqp receiver"
     online: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGroupView:
+    """One shared subscription group: ``$share/<name>/<filter>``."""
+
+    name: str
+    topic_filter: str
+    strategy: str
+    members: tuple[tuple[str, int, bool], ...]   # (client id, messages given, online)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +290,17 @@ class ReadModel:
             out.extend(SubscriptionView(key, f, q, kind, session.link is not None)
                        for f, q in session.subscriptions.items())
         return out
+
+    def shared_groups(self) -> list[SharedGroupView]:
+        """The shared subscription groups with their members and how many messages
+        each was given (since it joined), by group name and filter."""
+        out = []
+        for group in list(self._router.shared.values()):
+            members = tuple(sorted(
+                (s.client_id, group.counts.get(s.client_id, 0), s.link is not None)
+                for s in list(group.members)))
+            out.append(SharedGroupView(group.name, group.filter, group.strategy, members))
+        return sorted(out, key=lambda g: (g.name, g.topic_filter))
 
     # -- bans -----------------------------------------------------------------
 

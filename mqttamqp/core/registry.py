@@ -91,6 +91,8 @@ class SessionRegistry:
         self._connection_protocols: dict[str, str] = {}
         self.dropped_retired = 0  # drops of sessions that no longer exist
         self.congested_retired = 0  # of which QoS 0 dropped for a congested client
+        # The same two, by protocol family ("mqtt", "amqp", "console"), for metrics.
+        self._retired_by: dict[str, list[int]] = {}
         self._expiry_timers: dict[str, DelayedCall] = {}
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
@@ -121,6 +123,25 @@ class SessionRegistry:
         return (self.congested_retired
                 + sum(s.dropped_congested for s in self.sessions.values())
                 + sum(s.dropped_congested for s in self.link_subscribers.values()))
+
+    def dropped_by_protocol(self) -> dict[str, tuple[int, int, int]]:
+        """(dropped, of which congested, of which rejected) by the session's protocol
+        family."""
+        out = {k: (v[0], v[1], v[2]) for k, v in self._retired_by.items()}
+        for session in (*self.sessions.values(), *self.link_subscribers.values()):
+            family = _family(session.protocol)
+            dropped, congested, rejected = out.get(family, (0, 0, 0))
+            out[family] = (dropped + session.dropped, congested + session.dropped_congested,
+                           rejected + session.dropped_rejected)
+        return out
+
+    def _retire_drops(self, session: Session) -> None:
+        self.dropped_retired += session.dropped
+        self.congested_retired += session.dropped_congested
+        counts = self._retired_by.setdefault(_family(session.protocol), [0, 0, 0])
+        counts[0] += session.dropped
+        counts[1] += session.dropped_congested
+        counts[2] += session.dropped_rejected
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
@@ -367,8 +388,7 @@ class SessionRegistry:
             self.recorder.event(self.clock.seconds(), SESSION_CLEARED, session.client_id,
                                 reason=reason)
         self.router.forget_session(session)
-        self.dropped_retired += session.dropped
-        self.congested_retired += session.dropped_congested
+        self._retire_drops(session)
         session.clear_messages()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -391,8 +411,7 @@ class SessionRegistry:
         self.commits.watch(self.commits.persist(self.router.member_left(session)),
                            "moving shared messages of " + key)
         self.router.forget_session(session)
-        self.dropped_retired += session.dropped
-        self.congested_retired += session.dropped_congested
+        self._retire_drops(session)
         session.clear_messages()
         session.detach()
         self.flow.resume_paused()
@@ -412,3 +431,11 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
+
+
+def _family(protocol: str) -> str:
+    """A session's protocol as metrics label it: mqtt (3.1, 3.1.1, 5, and offline
+    persistent sessions), amqp, console (live tails)."""
+    if protocol in ("amqp", "console"):
+        return protocol
+    return "mqtt"

@@ -160,6 +160,8 @@ class Router:
         if not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, retain):
             return True
         self.stats.publish_denied += 1
+        if identity.protocol == "amqp":
+            self.stats.publish_denied_amqp += 1
         suppressed = self._log_limit.allow("publish_denied")
         if suppressed is not None:   # one line a minute, not one per message
             self.log.warn("publish by {c} to {t!r} denied ({h} more denials since the last "

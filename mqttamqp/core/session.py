@@ -172,6 +172,7 @@ class Session:
         self._may_expire = 0
         self.dropped = 0
         self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
+        self.dropped_rejected = 0    # of which AMQP Rejected (``Broker.rejected``)
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1

@@ -28,6 +28,9 @@ class Histogram:
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
+    # Called with every observed value (the OpenTelemetry export mirrors the
+    # histograms this way); empty unless an export asks.
+    listeners: list[Callable[[float], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.counts:
@@ -37,6 +40,9 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
         self.count += 1
+        if self.listeners:
+            for listener in self.listeners:
+                listener(value)
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, observations <= it) pairs, the last bound +Inf."""
@@ -71,6 +77,7 @@ class BrokerStats:
     bytes_sent: int = 0
     messages_dropped: int = 0         # queue bounds, congestion, rejected deliveries
     publish_denied: int = 0
+    publish_denied_amqp: int = 0      # of which by AMQP senders (metrics' protocol label)
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)

@@ -41,6 +41,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials, loopback_peer
+from mqttamqp.core.enhanced_auth import ScramCredentials, scram_credentials
 
 __all__ = [
     "USERS_FILE", "LEGACY_ADMIN_FILE", "ROLE_ADMIN", "ROLE_READ_ONLY", "ROLE_CLIENT",
@@ -129,6 +130,9 @@ class User:
     changed: float          # when the password was set; console sessions older than it end
     tokens: tuple[ApiToken, ...] = ()
     role: str = ROLE_CLIENT
+    # MQTT 5 SCRAM-SHA-256 (enhanced authentication): derived from the password when
+    # it is set (never the password itself); None for users set before this existed.
+    scram: ScramCredentials | None = None
 
     @property
     def console(self) -> bool:
@@ -143,17 +147,34 @@ def _user_from_json(name: str, raw: dict[str, Any], default_role: str) -> User:
     role = str(raw.get("role", default_role))
     if role not in ROLES:
         role = ROLE_CLIENT   # an unknown role gets the least
-    return User(name, str(raw["password"]), float(raw.get("changed", 0.0)), tokens, role)
+    scram = None
+    raw_scram = raw.get("scram")
+    if isinstance(raw_scram, dict):
+        try:
+            scram = ScramCredentials(base64.b64decode(raw_scram["salt"]),
+                                     int(raw_scram["iterations"]),
+                                     base64.b64decode(raw_scram["stored_key"]),
+                                     base64.b64decode(raw_scram["server_key"]))
+        except (KeyError, ValueError, TypeError):
+            scram = None     # (then this user cannot use SCRAM until a new password)
+    return User(name, str(raw["password"]), float(raw.get("changed", 0.0)), tokens, role,
+                scram)
 
 
 def _user_to_json(user: User) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "role": user.role,
         "password": user.password,
         "changed": user.changed,
         "tokens": [{"id": t.id, "digest": t.digest, "label": t.label, "created": t.created,
                     "read_only": t.read_only} for t in user.tokens],
     }
+    if user.scram is not None:
+        s = user.scram
+        out["scram"] = {"salt": base64.b64encode(s.salt).decode(), "iterations": s.iterations,
+                        "stored_key": base64.b64encode(s.stored_key).decode(),
+                        "server_key": base64.b64encode(s.server_key).decode()}
+    return out
 
 
 def write_private(path: str, text: str) -> None:
@@ -247,6 +268,12 @@ class UserStore:
         clients are refused unless ``--allow-anonymous``."""
         return any(u.role == ROLE_CLIENT for u in self.users().values())
 
+    def scram(self, name: str) -> ScramCredentials | None:
+        """``name``'s SCRAM-SHA-256 credentials (the MQTT 5 AUTH exchange's lookup;
+        cheap: the cached users)."""
+        user = self.users().get(name)
+        return user.scram if user is not None else None
+
     def admins(self) -> list[User]:
         return [u for u in self.users().values() if u.role == ROLE_ADMIN]
 
@@ -319,10 +346,11 @@ class UserStore:
         if role is not None and role not in ROLES:
             raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
         hashed = hash_password(password, **cost)
+        scram = scram_credentials(password)
         with self._locked() as users:
             old = users.get(name)
             user = User(name, hashed, time.time(), old.tokens if old else (),
-                        role or (old.role if old else ROLE_CLIENT))
+                        role or (old.role if old else ROLE_CLIENT), scram)
             users[name] = user
         return user
 

@@ -43,14 +43,28 @@ GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 class Family:
     """One metric at one moment: ``name`` without the ``_total`` suffix of counters;
     ``values`` as (label value, number) pairs, the label value "" when ``label`` is
-    None; ``buckets``/``total``/``count`` for histograms."""
+    None (with two labels, ``label`` and each label value are pairs);
+    ``buckets``/``total``/``count`` for histograms."""
 
     name: str
     kind: str
     doc: str
     unit: str = ""
-    label: str | None = None
-    values: tuple[tuple[str, float], ...] = ()
+    label: str | tuple[str, ...] | None = None
+    values: tuple[tuple[str | tuple[str, ...], float], ...] = ()
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        if self.label is None:
+            return ()
+        return (self.label,) if isinstance(self.label, str) else self.label
+
+    def labelled(self) -> Iterator[tuple[dict[str, str], float]]:
+        """Each value with its labels as a dict."""
+        names = self.label_names
+        for key, value in self.values:
+            keys = (key,) if isinstance(key, str) else key
+            yield (dict(zip(names, keys, strict=True)) if names else {}), value
     buckets: tuple[tuple[float, int], ...] = ()
     total: float = 0.0
     count: int = 0
@@ -77,6 +91,22 @@ def _histogram(name: str, doc: str, h: Histogram, unit: str = "") -> Family:
                   h.count)
 
 
+def _dropped(broker: Broker, stats: Any, denied: int
+             ) -> tuple[tuple[tuple[str, ...], float], ...]:
+    """Drops by (reason, protocol): the receiving session's protocol, or for denied
+    the publisher's."""
+    out: dict[tuple[str, str], float] = {
+        ("congestion", "mqtt"): 0, ("queue", "mqtt"): 0, ("rejected", "amqp"): 0,
+        ("denied", "amqp"): stats.publish_denied_amqp,
+        ("denied", "mqtt"): denied - stats.publish_denied_amqp}
+    for family, (dropped, congested, rejected) in broker.dropped_by_protocol().items():
+        out[("congestion", family)] = congested
+        out[("queue", family)] = dropped - congested - rejected
+        if rejected or family == "amqp":
+            out[("rejected", family)] = rejected
+    return tuple(sorted(out.items()))
+
+
 def snapshot(broker: Broker) -> list[Family]:
     """Every family, read now from the broker (on the reactor thread)."""
     stats = broker.stats
@@ -86,7 +116,6 @@ def snapshot(broker: Broker) -> list[Family]:
         queued += len(session.queue)
         queued_bytes += session.queued_bytes
     online = sum(1 for s in broker.sessions.values() if s.link is not None)
-    congested = broker.dropped_congested()
     received_mqtt = (stats.messages_received - stats.messages_received_amqp
                      - stats.wills_published)
     families = [
@@ -122,10 +151,9 @@ def snapshot(broker: Broker) -> list[Family]:
                             ("mqtt", stats.messages_sent - stats.messages_sent_amqp))),
         Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a session's "
                "queue bound (queue), QoS 0 for a client that does not read (congestion), "
-               "AMQP Rejected (rejected), a publish refused (denied).", "", "reason",
-               (("congestion", congested), ("denied", c.publish_denied),
-                ("queue", c.messages_dropped - congested - stats.messages_rejected),
-                ("rejected", stats.messages_rejected))),
+               "AMQP Rejected (rejected), a publish refused (denied); protocol: the "
+               "receiving session's (the publisher's for denied).", "",
+               ("reason", "protocol"), _dropped(broker, stats, c.publish_denied)),
         _one("mqttamqp_messages_amqp_only", COUNTER, "AMQP messages with no MQTT form "
              "(delivered to AMQP receivers only).", stats.messages_amqp_only),
         _one("mqttamqp_received_bytes", COUNTER, "Bytes read from clients.",
@@ -167,7 +195,7 @@ def snapshot(broker: Broker) -> list[Family]:
 
 
 def _prometheus(family: Family) -> Metric:
-    labels = [family.label] if family.label else []
+    labels = list(family.label_names)
     metric: Metric
     if family.kind == HISTOGRAM:
         h = HistogramMetricFamily(family.name, family.doc, unit=family.unit)
@@ -178,8 +206,8 @@ def _prometheus(family: Family) -> Metric:
                                      unit=family.unit)
     else:
         metric = GaugeMetricFamily(family.name, family.doc, labels=labels, unit=family.unit)
-    for label_value, value in family.values:
-        metric.add_metric([label_value] if labels else [], value)
+    for label_values, value in family.labelled():
+        metric.add_metric([label_values[n] for n in labels], value)
     return metric
 
 

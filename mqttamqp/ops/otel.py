@@ -5,9 +5,10 @@ instruments and, in production, its OTLP/HTTP exporter.
 Threads: the SDK's reader calls the instruments' callbacks on its own thread,
 which must not read the core's live dicts.  So the reactor takes a
 ``metrics.snapshot`` every ``interval`` seconds (``refresh``) and the callbacks
-only read the last one; an export is at most one interval behind.  The
-histograms are not exported here (the OTel API has no observable histogram);
-Prometheus has them.
+only read the last one; an export is at most one interval behind.  The OTel API
+has no observable histogram, so the histograms are mirrored as they are observed
+(``core.stats.Histogram.listeners``: a synchronous OTel histogram with the same
+bucket bounds records each value; the SDK's instruments are thread-safe).
 
 What it must not do: import the SDK unless the export is asked for, or wait on
 the exporter's network on the reactor thread (its shutdown runs in a thread).
@@ -26,6 +27,21 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.ops.metrics import COUNTER, GAUGE, Family, snapshot
 
 __all__ = ["OTelExport", "otel_available", "otlp_reader"]
+
+
+def _histograms(broker: Broker) -> dict[str, tuple[Any, str, str]]:
+    """The histograms /metrics shows, by name: (histogram, description, unit)."""
+    stats = broker.stats
+    return {
+        "mqttamqp_commit_latency_seconds": (stats.commit_latency, "From handing a batch "
+                                            "to the writer thread to its durable commit.",
+                                            "s"),
+        "mqttamqp_commit_batch_size": (stats.commit_batch, "Store operations per commit.",
+                                       "1"),
+        "mqttamqp_publish_deliver_latency_seconds": (
+            stats.deliver_latency, "From a message's arrival to its delivery to a client "
+            "(one delivery in 1024 sampled).", "s"),
+    }
 
 
 def otel_available() -> bool:
@@ -55,11 +71,21 @@ class OTelExport:
         self.broker = broker
         self.reactor = reactor
         self.interval = interval
-        self.provider = MeterProvider(metric_readers=[reader])
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+        histograms = _histograms(broker)
+        views = [View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(
+            list(h.bounds))) for name, (h, _doc, _unit) in histograms.items()]
+        self.provider = MeterProvider(metric_readers=[reader], views=views)
         self._latest: dict[str, Family] = {}
         self._loop: LoopingCall | None = None
         self.refresh()
         meter = self.provider.get_meter("mqttamqp")
+        self._mirrors: list[tuple[Any, Callable[[float], None]]] = []
+        for name, (h, doc, unit) in histograms.items():
+            record = meter.create_histogram(name, unit=unit, description=doc).record
+            h.listeners.append(record)
+            self._mirrors.append((h, record))
         for family in self._latest.values():
             if family.kind == COUNTER:
                 meter.create_observable_counter(family.name, [self._observer(family.name)],
@@ -79,9 +105,15 @@ class OTelExport:
             family = self._latest.get(name)
             if family is None:
                 return []
-            return [Observation(value, {family.label: label} if family.label else {})
-                    for label, value in family.values]
+            return [Observation(value, labels) for labels, value in family.labelled()]
         return observe
+
+    def unmirror(self) -> None:
+        """Stop mirroring the histograms (part of ``stop``)."""
+        for h, record in self._mirrors:
+            if record in h.listeners:
+                h.listeners.remove(record)
+        self._mirrors = []
 
     def start(self) -> None:
         self._loop = LoopingCall(self.refresh)
@@ -92,6 +124,7 @@ class OTelExport:
     def stop(self) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        self.unmirror()
         # The last export goes over the network: not on the reactor thread.
         d = deferToThreadPool(self.reactor, self.reactor.getThreadPool(),
                               self.provider.shutdown, timeout_millis=5000)
