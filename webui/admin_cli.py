@@ -119,22 +119,16 @@ def _deluser(store: UserStore, args: argparse.Namespace) -> int:
 
 def _user_import(store: UserStore, args: argparse.Namespace) -> int:
     """Copy a ``--users`` file (one ``user:scrypt$...`` per line) into the store."""
-    from mqttamqp.core.users import parse_line
+    from mqttamqp.core.users import read_lines
 
     added = skipped = 0
     try:
-        with open(args.file, encoding="utf-8") as f:
-            lines = list(enumerate(f, 1))
+        lines = list(read_lines(args.file))
     except OSError as exc:
         raise SystemExit(f"mqttamqp-admin: cannot read {args.file}: {exc.strerror}") from None
-    for number, line in lines:
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            record = parse_line(line)
-        except ValueError as exc:
-            print(f"{args.file}:{number}: skipped: {exc}", file=sys.stderr)
+    for number, record in lines:
+        if isinstance(record, ValueError):
+            print(f"{args.file}:{number}: skipped: {record}", file=sys.stderr)
             skipped += 1
             continue
         if not valid_username(record.username):

@@ -23,7 +23,7 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +99,23 @@ def parse_line(line: str) -> UserRecord:
     return UserRecord(username, n, r, p, salt, digest)
 
 
-def _defer_to_thread(reactor: Any) -> Callable[..., Deferred[Any]]:
+def read_lines(path: str) -> Iterator[tuple[int, UserRecord | ValueError]]:
+    """The users of the file at ``path`` by line number: a record, or why the line is
+    not one (blank and ``#`` lines skipped).  ``OSError`` if it cannot be read."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                yield number, parse_line(line)
+            except ValueError as exc:
+                yield number, exc
+
+
+def defer_to_thread(reactor: Any) -> Callable[..., Deferred[Any]]:
+    """Run a blocking call (a password hash) in ``reactor``'s thread pool (the
+    global one when None); returns the call's Deferred."""
     if reactor is None:
         from twisted.internet.threads import deferToThread
 
@@ -120,7 +136,7 @@ class UserFile:
 
     def __init__(self, path: str, reactor: Any = None) -> None:
         self.path = os.path.abspath(path)
-        self._defer = _defer_to_thread(reactor)
+        self._defer = defer_to_thread(reactor)
         self.users: dict[str, UserRecord] = {}
         self._stamp: tuple[float, int] | None = None
         # A well-formed record for unknown users, so that their check costs the
@@ -142,18 +158,12 @@ class UserFile:
         if stamp == self._stamp:
             return
         users: dict[str, UserRecord] = {}
-        with open(self.path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                try:
-                    record = parse_line(line)
-                except ValueError as exc:
-                    self.log.warn("users file {p} line {n} ignored: {e}", p=self.path,
-                                  n=number, e=str(exc))
-                    continue
-                users[record.username] = record
+        for number, record in read_lines(self.path):
+            if isinstance(record, ValueError):
+                self.log.warn("users file {p} line {n} ignored: {e}", p=self.path,
+                              n=number, e=str(record))
+                continue
+            users[record.username] = record
         self.users = users
         self._stamp = stamp
         self.log.info("loaded {n} user(s) from {p}", n=len(users), p=self.path)

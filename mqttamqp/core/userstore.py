@@ -42,6 +42,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials, loopback_peer
 from mqttamqp.core.enhanced_auth import ScramCredentials, scram_credentials
+from mqttamqp.core.users import defer_to_thread
 
 __all__ = [
     "USERS_FILE", "LEGACY_ADMIN_FILE", "ROLE_ADMIN", "ROLE_READ_ONLY", "ROLE_CLIENT",
@@ -406,19 +407,6 @@ def scrypt_line_hash(record: Any) -> str:
                      base64.b64encode(record.digest).decode()])
 
 
-def _run_in_pool(reactor: Any) -> Callable[..., Deferred[Any]]:
-    if reactor is None:
-        from twisted.internet.threads import deferToThread
-
-        return deferToThread
-    from twisted.internet.threads import deferToThreadPool
-
-    def run(fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        result: Deferred[Any] = deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args)
-        return result
-    return run
-
-
 class StoreAuthenticator:
     """The broker's ``Authenticator``: the user store (and, read-only, a legacy
     ``--users`` file) for MQTT CONNECT and AMQP SASL PLAIN.
@@ -442,7 +430,7 @@ class StoreAuthenticator:
         self.store = store
         self.anywhere = anywhere
         self.legacy = legacy            # core.users.UserFile or None
-        self._defer = run_in_thread or _run_in_pool(reactor)
+        self._defer = run_in_thread or defer_to_thread(reactor)
 
     # -- the anonymous rule -------------------------------------------------------
 

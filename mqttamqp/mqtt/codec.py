@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from .packets import (
     PROTOCOL_5,
@@ -54,6 +55,7 @@ from .properties import (
     MalformedPacket,
     PropertyContext,
     encode_properties,
+    encode_varint,
     read_properties,
 )
 
@@ -534,13 +536,19 @@ def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: in
     return Subscribe(packet_id, tuple(topics), tuple(options), props)
 
 
-def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
-    packet_id = _read_packet_id(buf, start, end, "SUBACK")
-    props, p = read_properties(buf, start + 2, end, _PC.SUBACK, "SUBACK")
-    codes = tuple(_reason(c, _SUBACK_CODES_5, "SUBACK") for c in buf[p:end])
+def _decode5_ack_codes(buf: _Buffer, start: int, end: int, context: PropertyContext,
+                       allowed: Any, name: str) -> tuple[int, tuple[int, ...], Any]:
+    """Packet id, reason codes (at least one) and properties of SUBACK / UNSUBACK."""
+    packet_id = _read_packet_id(buf, start, end, name)
+    props, p = read_properties(buf, start + 2, end, context, name)
+    codes = tuple(_reason(c, allowed, name) for c in buf[p:end])
     if not codes:
-        raise MalformedPacket("SUBACK with no reason codes")
-    return Suback(packet_id, codes, props)
+        raise MalformedPacket(f"{name} with no reason codes")
+    return packet_id, codes, props
+
+
+def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
+    return Suback(*_decode5_ack_codes(buf, start, end, _PC.SUBACK, _SUBACK_CODES_5, "SUBACK"))
 
 
 def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: int
@@ -560,12 +568,8 @@ def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: 
 
 def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int
                       ) -> Unsuback:
-    packet_id = _read_packet_id(buf, start, end, "UNSUBACK")
-    props, p = read_properties(buf, start + 2, end, _PC.UNSUBACK, "UNSUBACK")
-    codes = tuple(_reason(c, _UNSUBACK_CODES, "UNSUBACK") for c in buf[p:end])
-    if not codes:
-        raise MalformedPacket("UNSUBACK with no reason codes")
-    return Unsuback(packet_id, codes, props)
+    return Unsuback(*_decode5_ack_codes(buf, start, end, _PC.UNSUBACK, _UNSUBACK_CODES,
+                                        "UNSUBACK"))
 
 
 def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int
@@ -766,12 +770,7 @@ def encode_remaining_length(n: int) -> bytes:
         return _REMAINING_LENGTH_1[n]
     if n < 0 or n > MAX_REMAINING_LENGTH:
         raise ValueError(f"remaining length {n} outside 0..{MAX_REMAINING_LENGTH}")
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return encode_varint(n)   # (the same encoding as MQTT 5's variable byte integers)
 
 
 def _u16(value: int, what: str) -> bytes:
