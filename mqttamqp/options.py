@@ -160,6 +160,15 @@ class Options(usage.Options):
          "Accept control characters (U+0001-U+001F, U+007F-U+009F) in MQTT client ids, "
          "user names, will topics, topic names and filters; by default they close the "
          "connection."],
+        ["no-shared-subscriptions", None,
+         "Refuse $share/<group>/<filter> subscriptions (MQTT 5: 0x9E, and CONNACK says "
+         "they are not available; 3.1.1: 0x80)."],
+        ["no-wildcard-subscriptions", None,
+         "Refuse subscriptions with + or # (MQTT 5: 0xA2, announced in CONNACK; "
+         "3.1.1: 0x80)."],
+        ["no-subscription-identifiers", None,
+         "Refuse MQTT 5 SUBSCRIBEs that carry a subscription identifier (0xA1; "
+         "announced in CONNACK)."],
         ["allow-anonymous", None,
          "Accept anonymous clients (no user name) from any address, even when client "
          "users exist (by default: only from loopback and only while there are no "
@@ -492,6 +501,9 @@ def limits_from(options: Any) -> Limits:
         amqp_max_links=options["amqp-max-links"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
         share_strategy=options["share-strategy"],
+        shared_subscriptions=not options["no-shared-subscriptions"],
+        wildcard_subscriptions=not options["no-wildcard-subscriptions"],
+        subscription_identifiers=not options["no-subscription-identifiers"],
         max_subscriptions=options["max-subscriptions"],
         max_retained_messages=options["max-retained-messages"],
         max_retained_bytes=options["max-retained-bytes"],

@@ -265,3 +265,10 @@ def test_an_acl_change_drops_subscriptions_it_no_longer_allows(acl: AclAuthorize
     net.broker.publish(CoreMessage("public/x", b"no longer"))
     net.broker.publish(CoreMessage("devices/dev1/x", b"still"))
     assert [p.payload for p in sub.publishes()] == [b"still"]
+
+
+def test_mqtt5_denied_subscribe_gets_0x87(net: Net) -> None:
+    """With MQTT 5 a filter the ACL refuses gets 0x87 (not authorized) in SUBACK;
+    3.1.1 clients get 0x80 as before."""
+    v5 = net.mqtt("dev5", level=5)
+    assert v5.subscribe(("public/#", 1), ("sensors/#", 1)) == (1, 0x87)

@@ -751,8 +751,8 @@ class _DenySecret:
 
 def test_core_verdicts_become_reason_codes() -> None:
     """A publish the core denies: PUBACK/PUBREC 0x87 for MQTT 5 (a plain PUBACK for
-    3.1.1, as before); a refused subscription: SUBACK 0x80 (0x87 once the core
-    says "not authorized" with its own code; 3.1.1 then still gets 0x80)."""
+    3.1.1, as before); a subscription the authorizer refuses: SUBACK 0x87 (3.1.1
+    still gets 0x80)."""
     from mqttamqp.core.broker import Broker
     from mqttamqp.mqtt.protocol import MQTTFactory
     h = Harness()
@@ -766,7 +766,7 @@ def test_core_verdicts_become_reason_codes() -> None:
     assert [(type(p).__name__, p.reason_code) for p in got] == [  # type: ignore[union-attr]
         ("Puback", 0x87), ("Pubrec", 0x87), ("Puback", 0)]
     c.send(Subscribe(4, (("secret/#", 1), ("open/#", 1))))
-    assert c.received() == [Suback(4, (0x80, 1))]
+    assert c.received() == [Suback(4, (0x87, 1))]
     old = h.client()
     old.connect("old")
     old.send(Publish("secret/a", b"x", 1, False, False, 1))

@@ -169,3 +169,27 @@ def test_the_console_shows_groups_members_and_counts(tmp_path: object) -> None:
     assert {m["client_id"]: m["given"] for m in group["members"]} == {"w-1": 2, "w-<2>": 2}
     page = client.get("/subscriptions")
     assert b"w-&lt;2&gt;" in page.body and b"w-<2>" not in page.body
+
+
+def test_features_an_operator_turned_off_are_announced_and_refused() -> None:
+    """Issue 11: --no-shared-subscriptions, --no-wildcard-subscriptions and
+    --no-subscription-identifiers: CONNACK says so, MQTT 5 gets 0x9E / 0xA2 / 0xA1
+    per filter, MQTT 3.1.1 gets 0x80."""
+    from mqttamqp.mqtt.packets import Properties, Suback, Subscribe
+
+    net = Net(shared_subscriptions=False, wildcard_subscriptions=False,
+              subscription_identifiers=False)
+    v5 = net.mqtt("five", level=5)
+    props = v5.connack.properties
+    assert props is not None
+    assert (props.shared_subscription_available, props.wildcard_subscription_available,
+            props.subscription_identifier_available) == (0, 0, 0)
+    assert v5.subscribe(("$share/g/a", 1), ("a/+", 1), ("a/b", 1)) == (0x9E, 0xA2, 1)
+    v5.send(Subscribe(9, (("c/d", 1),), properties=Properties(subscription_identifiers=(7,))))
+    [ack] = v5.take(Suback)
+    assert ack.return_codes == (0xA1,)
+    v311 = net.mqtt("three")
+    assert v311.subscribe(("$share/g/a", 1), ("a/#", 0), ("a/c", 0)) == (0x80, 0x80, 0)
+    on = Net().mqtt("default", level=5).connack.properties
+    assert on is None or (on.shared_subscription_available is None
+                          and on.wildcard_subscription_available is None)

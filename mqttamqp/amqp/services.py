@@ -210,7 +210,7 @@ class SubscriptionServiceLink(_ServiceLink):
         self.requests.claim_waiting(client_id)
         identity = Identity(client_id, self.host.identity.username, "amqp")
         session, codes, d = self.broker.subscribe_client(client_id, identity, requests)
-        if all(code == SUBSCRIBE_FAILURE for code in codes):
+        if all(code >= SUBSCRIBE_FAILURE for code in codes):
             self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
                         + ", ".join(f for f, _ in requests))
             return

@@ -342,7 +342,7 @@ class Broker:
         session = self._registry.add_link_subscriber(key)
         codes, _ = self._router.subscribe(session, identity, [(topic_filter, qos)],
                                           native=True, dynamic=dynamic)
-        if codes[0] == SUBSCRIBE_FAILURE:
+        if codes[0] >= SUBSCRIBE_FAILURE:
             self._registry.remove_link_subscriber(key)
             return None
         return session
@@ -378,7 +378,7 @@ class Broker:
         codes, d = self._router.subscribe(session, identity, requests)
         if d is None:
             d = created
-        if all(code == SUBSCRIBE_FAILURE for code in codes):
+        if all(code >= SUBSCRIBE_FAILURE for code in codes):
             self._commits.watch(d, "creating a session")
             return session, codes, None
         return session, codes, d

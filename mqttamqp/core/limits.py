@@ -49,6 +49,11 @@ class Limits:
     # How a shared subscription's group picks the member for a message
     # (core.shared.STRATEGIES).
     share_strategy: str = "round-robin"
+    # MQTT features an operator may turn off (MQTT 5 clients are told in CONNACK
+    # and get 0x9E / 0xA1 / 0xA2; 3.1.1 clients get 0x80).
+    shared_subscriptions: bool = True
+    wildcard_subscriptions: bool = True
+    subscription_identifiers: bool = True
     # MQTT 5: the longest keepalive a client may ask for (longer or 0 gets this as
     # the server keep alive in CONNACK); 0 = take the client's.
     max_keepalive: int = 0

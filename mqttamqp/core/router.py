@@ -54,6 +54,10 @@ from mqttamqp.records import record
 __all__ = ["Gate", "Router", "Published", "SUBSCRIBE_FAILURE", "DYNAMIC_PREFIX"]
 
 SUBSCRIBE_FAILURE = 0x80
+# MQTT 5 reason codes the core gives for a refused filter (3.1.1 answers all with 0x80).
+NOT_AUTHORIZED = 0x87
+SHARED_NOT_SUPPORTED = 0x9E
+WILDCARDS_NOT_SUPPORTED = 0xA2
 # Dynamic nodes (AMQP receivers with a dynamic source): each topic under this prefix
 # belongs to the one receiver that created it.  Anyone may publish to it (that is
 # how replies reach it); nobody else may subscribe, and nothing there is retained.
@@ -381,9 +385,15 @@ class Router:
                               f=topic_filter)
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
-            if not self.authorizer.may_subscribe(
-                    identity, topic_filter if shared is None else shared[1]):
-                codes.append(SUBSCRIBE_FAILURE)
+            inner = topic_filter if shared is None else shared[1]
+            if shared is not None and not self.limits.shared_subscriptions:
+                codes.append(SHARED_NOT_SUPPORTED)     # --no-shared-subscriptions
+                continue
+            if not self.limits.wildcard_subscriptions and ("+" in inner or "#" in inner):
+                codes.append(WILDCARDS_NOT_SUPPORTED)  # --no-wildcard-subscriptions
+                continue
+            if not self.authorizer.may_subscribe(identity, inner):
+                codes.append(NOT_AUTHORIZED)
                 continue
             if (topic_filter not in session.subscriptions
                     and len(session.subscriptions) >= self.limits.max_subscriptions):

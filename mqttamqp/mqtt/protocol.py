@@ -1179,9 +1179,12 @@ class MQTTProtocol(Protocol):
         packed: list[int] = []
         retained_for: list[bool] = []
         options = packet.options or (0,) * len(packet.topics)
+        no_ids = sub_id != 0 and not self.limits.subscription_identifiers
         for (topic_filter, qos), option in zip(packet.topics, options, strict=True):
             code = ReasonCode.SUCCESS
-            if topic_filter.startswith("$share/") and option & NO_LOCAL:
+            if no_ids:      # --no-subscription-identifiers (CONNACK said so)
+                code = ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
+            elif topic_filter.startswith("$share/") and option & NO_LOCAL:
                 # MQTT 5 §3.8.3.1: No Local on a shared subscription is a protocol
                 # error; refused here, per filter, rather than closing.
                 code = ReasonCode.TOPIC_FILTER_INVALID

@@ -137,9 +137,10 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
         maximum_packet_size=limits.max_packet_size,
         retain_available=None,          # absent: retain is available
         maximum_qos=None,               # absent: QoS 2 is available
-        wildcard_subscription_available=None,
-        subscription_identifier_available=None,   # absent: available
-        shared_subscription_available=None,   # absent: available
+        # absent: available; 0 when the operator turned the feature off
+        wildcard_subscription_available=None if limits.wildcard_subscriptions else 0,
+        subscription_identifier_available=None if limits.subscription_identifiers else 0,
+        shared_subscription_available=None if limits.shared_subscriptions else 0,
     )
     return state, props
 
