@@ -127,3 +127,25 @@ def test_ban_api_errors(console: Any) -> None:
     assert ok.code == 200 and ok.json()["until"] is None      # for good
     gone = client.post_json("/api/bans/remove", {"kind": "user", "value": "nobody"}, headers)
     assert gone.code == 404
+
+
+def test_a_banned_mqtt5_client_gets_0x8a() -> None:
+    """MQTT 5 has its own CONNACK code for a ban (0x8A); 3.1.1 clients get 5."""
+    from amqp_memory import Net
+    from twisted.internet.testing import StringTransport
+
+    from mqttamqp.mqtt.codec import Decoder, encode
+    from mqttamqp.mqtt.packets import Connack, Connect
+
+    net = Net()
+    net.broker.ban("client_id", "evil", None, "test", "admin")
+    for level, code in ((5, 0x8A), (4, 5)):
+        proto = net.mqtt_factory.buildProtocol(None)
+        wire = StringTransport()
+        proto.makeConnection(wire)
+        proto.dataReceived(encode(Connect("MQTT", level, "evil", True, 0), level))
+        net.pump()
+        decoder = Decoder(protocol_level=level)
+        decoder.feed(wire.value())
+        [ack] = list(decoder)
+        assert isinstance(ack, Connack) and ack.return_code == code

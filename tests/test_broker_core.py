@@ -852,3 +852,32 @@ def test_a_watched_failure_that_is_not_storage_is_logged(log_lines: list[str]) -
     commits = CommitBatcher(fakes.NullStore())
     commits.watch(fail(RuntimeError("a bug")), "doing something")
     assert any("failed while doing something" in line for line in log_lines)
+
+
+def test_a_recorder_that_wants_no_messages_is_not_called_per_message() -> None:
+    """Webhooks on events only (records_messages False, changeable at SIGHUP): the
+    router skips the per-message call and its arguments."""
+    calls: list[str] = []
+
+    class Events:
+        records_messages = False
+
+        def message(self, *args: Any) -> None:
+            calls.append("message")
+
+        def event(self, timestamp: float, kind: str, client_id: str | None,
+                  **fields: object) -> None:
+            calls.append(kind)
+
+        def stats(self) -> dict[str, int]:
+            return {}
+
+    recorder = Events()
+    clock = Clock()
+    broker = Broker(clock, NullStore(), Limits(), recorder=recorder)
+    broker.start()
+    pub(broker, "t/1")
+    assert "message" not in calls
+    recorder.records_messages = True       # (a hook on messages was added)
+    pub(broker, "t/2")
+    assert calls.count("message") == 1

@@ -189,8 +189,9 @@ def test_a_page_of_another_origin_is_refused(
 
 def test_browser_speaks_mqtt5_with_properties(
         browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
-    """MQTT.js in Chromium over WebSockets with protocolVersion 5: publish properties
-    (user properties, content type, response topic, correlation data) reach an
+    """MQTT.js in Chromium over WebSockets with protocolVersion 5: publishes at QoS 0,
+    1 and 2 with properties (user properties, content type, response topic,
+    correlation data) reach an
     MQTT 5 paho client over TCP and the browser's own subscription, and a paho
     message's properties reach the browser."""
     import paho.mqtt.client as mqtt
@@ -223,14 +224,19 @@ def test_browser_speaks_mqtt5_with_properties(
             const properties = {userProperties: {site: 'lab', shift: 'night'},
                                 contentType: 'text/plain', responseTopic: 'b5/reply',
                                 correlationData: new TextEncoder().encode('c-42')};
-            await window.client.publishAsync('b5/out', 'from chromium 5', {qos: 1, properties});
+            for (const qos of [0, 1, 2]) {
+                await window.client.publishAsync('b5/out', 'from chromium 5 q' + qos,
+                                                 {qos, properties});
+            }
         }""")
-        got = tcp.get()
-        assert (got.topic, got.payload) == ("b5/out", b"from chromium 5")
-        props = got.properties
-        assert props.ContentType == "text/plain" and props.ResponseTopic == "b5/reply"
-        assert props.CorrelationData == b"c-42"
-        assert sorted(props.UserProperty) == [("shift", "night"), ("site", "lab")]
+        got = sorted((tcp.get() for _ in range(3)), key=lambda m: m.payload)
+        assert [(m.topic, m.payload) for m in got] == [
+            ("b5/out", b"from chromium 5 q%d" % q) for q in (0, 1, 2)]
+        for m in got:
+            props = m.properties
+            assert props.ContentType == "text/plain" and props.ResponseTopic == "b5/reply"
+            assert props.CorrelationData == b"c-42"
+            assert sorted(props.UserProperty) == [("shift", "night"), ("site", "lab")]
         out = PahoProperties(PacketTypes.PUBLISH)
         out.UserProperty = [("from", "paho")]
         out.ContentType = "application/json"

@@ -925,6 +925,8 @@ def test_pipelining_past_pending_ack_bound_pauses_reading() -> None:
 class _Recorded:
     """A recorder that keeps the events it is told about."""
 
+    records_messages = True
+
     def __init__(self) -> None:
         self.events: list[tuple[str, str | None, dict[str, Any]]] = []
 

@@ -83,6 +83,8 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 class Archive:
     """Parquet archive of messages and events, written off the reactor's process."""
 
+    records_messages = True
+
     def __init__(self, directory: str, reactor_or_clock: Any, *, payload_bytes: int = 256,
                  roll_seconds: float = 60.0, roll_bytes: int = 64 << 20,
                  buffer_limit: int = DEFAULT_BUFFER_LIMIT, retention_days: int = 30,

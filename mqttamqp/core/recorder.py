@@ -50,6 +50,12 @@ __all__ = [
 
 
 class Recorder(Protocol):
+    @property
+    def records_messages(self) -> bool:
+        """False while the recorder would drop every ``message`` call (webhooks that
+        want no messages): the router then skips building the call.  Read per
+        publish."""
+
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
@@ -70,6 +76,8 @@ def records(recorder: Recorder) -> bool:
 
 class NoRecorder:
     """The archive is off: nothing is recorded."""
+
+    records_messages = False
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,

@@ -227,7 +227,7 @@ class Router:
         msg_qos = message.qos
         congested: list[Session] | None = None
         matches = self.trie.match(message.topic)
-        recording = self._recording and counted
+        recording = self._recording and counted and self.recorder.records_messages
         dropped = 0
         if message.amqp_only:
             native = self.native

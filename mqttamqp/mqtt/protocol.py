@@ -669,7 +669,9 @@ class MQTTProtocol(Protocol):
                           c=client_id, peer=self.peer, u=cert_user)
         banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
-            self._refuse(ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
+            self._refuse(ReasonCode.BANNED if self._v5 is not None
+                         else ConnackCode.NOT_AUTHORIZED, banned, logged=True)
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session

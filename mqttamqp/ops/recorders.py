@@ -22,6 +22,10 @@ class FanOutRecorder:
         self.first = first
         self.second = second
 
+    @property
+    def records_messages(self) -> bool:
+        return self.first.records_messages or self.second.records_messages
+
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:

@@ -375,6 +375,11 @@ class WebhookRecorder:
     def wants_messages(self) -> bool:
         return self._messages is not None
 
+    @property
+    def records_messages(self) -> bool:
+        """(The core's name for it: no hook on messages, no call per message.)"""
+        return self._messages is not None
+
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
