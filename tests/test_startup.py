@@ -156,7 +156,10 @@ def test_help_describes_mqtt_amqp_and_the_console() -> None:
                    "(--web)", "loopback only", "'none' disables MQTT",
                    "Print mqttamqp's version"):
         assert phrase in text, phrase
-    described = [line[32:] for line in out.stdout.splitlines() if line.startswith("      ")]
+    # Each described line without its option name (the column twistd aligns the
+    # descriptions on follows the longest name).
+    described = [re.sub(r"^\s*(?:-\w, )?(?:--[\w-]+=?)?\s*", "", line)
+                 for line in out.stdout.splitlines() if line.startswith("      ")]
     stray = [d for d in described if re.search(r"\S {2,}\S", d)]
     assert described and stray == [], stray
     listing = subprocess.run([TWISTD, "--help"], capture_output=True, text=True,
