@@ -279,6 +279,14 @@ class Broker:
                           "--max-publish-byte-rate: not read for {w:.2f}s ({n} more since "
                           "the last line)", kind=kind, c=client, w=wait, n=suppressed)
 
+    def auth_failed(self, credentials: Credentials, reason: str) -> None:
+        """A failed check outside ``authenticate`` (an MQTT 5 AUTH exchange): counted
+        and recorded like the others."""
+        self.stats.auth_failures += 1
+        self.recorder.event(self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
+                            protocol=credentials.protocol, address=credentials.peer,
+                            user=credentials.username, reason=reason)
+
     def authenticate(self, credentials: Credentials) -> Deferred[bool]:
         """Check ``credentials``; a refusal (or a failed check) is recorded."""
         result: Deferred[bool] = maybeDeferred(  # type: ignore[call-overload]
@@ -320,6 +328,7 @@ class Broker:
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""
+        self._registry.relabel(session, protocol)
         session.protocol = protocol
         session.attach(link)
 

@@ -80,6 +80,9 @@ class ScramCredentials:
     server_key: bytes
 
 
+_DECOY_KEY = os.urandom(32)
+
+
 def _hmac(key: bytes, msg: bytes) -> bytes:
     return hmac.new(key, msg, hashlib.sha256).digest()
 
@@ -141,10 +144,11 @@ class _ScramExchange:
             raise ValueError("client-first-message lacks n= or r=")
         self._username = attrs["n"].replace("=2C", ",").replace("=3D", "=")
         creds = self._lookup(self._username)
-        # An unknown user gets a challenge like any other (no user enumeration);
-        # the proof cannot match.
+        # An unknown user gets a challenge like any other (no user enumeration): a
+        # salt keyed by a secret of this process, stable per name, so nobody can
+        # compute it; the proof cannot match.
         self._creds = creds if creds is not None else ScramCredentials(
-            hashlib.sha256(self._username.encode()).digest()[:16], 4096, os.urandom(32),
+            _hmac(_DECOY_KEY, self._username.encode())[:16], 4096, os.urandom(32),
             os.urandom(32))
         self._known = creds is not None
         self._nonce_full = attrs["r"] + self._nonce()

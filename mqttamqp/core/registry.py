@@ -131,17 +131,34 @@ class SessionRegistry:
         for session in (*self.sessions.values(), *self.link_subscribers.values()):
             family = _family(session.protocol)
             dropped, congested, rejected = out.get(family, (0, 0, 0))
-            out[family] = (dropped + session.dropped, congested + session.dropped_congested,
-                           rejected + session.dropped_rejected)
+            d, c, r = _since_offset(session)
+            out[family] = (dropped + d, congested + c, rejected + r)
         return out
+
+    def relabel(self, session: Session, protocol: str) -> None:
+        """``session`` is taken up by a client of another protocol family (an MQTT
+        session through AMQP's ``.publish`` outlet): its drops so far stay labelled
+        with the former one, so no counter of the metrics ever goes down."""
+        old = _family(session.protocol)
+        if not session.protocol or old == _family(protocol):
+            return
+        d, c, r = _since_offset(session)
+        if d or c or r:
+            counts = self._retired_by.setdefault(old, [0, 0, 0])
+            counts[0] += d
+            counts[1] += c
+            counts[2] += r
+        session.drop_offset = (session.dropped, session.dropped_congested,
+                               session.dropped_rejected)
 
     def _retire_drops(self, session: Session) -> None:
         self.dropped_retired += session.dropped
         self.congested_retired += session.dropped_congested
         counts = self._retired_by.setdefault(_family(session.protocol), [0, 0, 0])
-        counts[0] += session.dropped
-        counts[1] += session.dropped_congested
-        counts[2] += session.dropped_rejected
+        d, c, r = _since_offset(session)
+        counts[0] += d
+        counts[1] += c
+        counts[2] += r
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
@@ -439,3 +456,9 @@ def _family(protocol: str) -> str:
     if protocol in ("amqp", "console"):
         return protocol
     return "mqtt"
+
+
+def _since_offset(session: Session) -> tuple[int, int, int]:
+    """A session's (dropped, congested, rejected) since it last changed protocol."""
+    d, c, r = session.drop_offset
+    return (session.dropped - d, session.dropped_congested - c, session.dropped_rejected - r)

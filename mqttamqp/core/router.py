@@ -40,7 +40,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
 from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, OutEntry, Session
-from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share, route_filter
+from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import (
     SYS_PREFIX,
@@ -77,13 +77,14 @@ class Gate:
     def __init__(self, message: Message) -> None:
         self._message = message
         self._entries: list[tuple[Session, OutEntry]] = []
-        self._qos0: list[Session] = []
+        self._qos0: list[tuple[Session, bool]] = []
         self._done = False
 
-    def add(self, session: Session, entry: OutEntry | None) -> None:
-        """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery."""
+    def add(self, session: Session, entry: OutEntry | None, retain: bool = False) -> None:
+        """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery with
+        its retain flag (MQTT 5 retain as published)."""
         if entry is None:
-            self._qos0.append(session)
+            self._qos0.append((session, retain))
         else:
             self._entries.append((session, entry))
 
@@ -94,8 +95,8 @@ class Gate:
         for session, entry in self._entries:
             session.ungate(entry)
         message = self._message
-        for session in self._qos0:
-            session.deliver(message, 0, False)
+        for session, retain in self._qos0:
+            session.deliver(message, 0, retain)
         self._entries = []
         self._qos0 = []
 
@@ -241,13 +242,14 @@ class Router:
             retain = False
             if session.sub_options:
                 # MQTT 5 subscription options: no local, retain as published.
-                verdict = _options_verdict(session, message)
+                verdict = _options_verdict(
+                    session, message, share_of.get(session) if share_of else None)
                 if verdict is None:
                     continue
                 retain = verdict
             if gate is not None:
                 if qos == 0:
-                    gate.add(session, None)  # sent (or dropped) when the gate opens
+                    gate.add(session, None, retain)  # sent (or dropped) at the opening
                     continue
                 entry = session.deliver(message, qos, retain, True)
                 if entry is not None:
@@ -329,10 +331,8 @@ class Router:
             if message.amqp_only and session not in native:
                 continue
             had = matches.get(session)
-            if had is None:
-                matches[session] = qos
-                share_of[session] = group
-            elif qos > had:
+            share_of[session] = group   # (also for a plain subscriber: its options
+            if had is None or qos > had:  # must know the group picked it)
                 matches[session] = qos
         return matches, share_of
 
@@ -386,10 +386,13 @@ class Router:
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             inner = topic_filter if shared is None else shared[1]
-            if shared is not None and not self.limits.shared_subscriptions:
+            # (--no-shared/wildcard-subscriptions are about MQTT clients: AMQP receivers
+            # and the console's tail are ``native``.)
+            if not native and shared is not None and not self.limits.shared_subscriptions:
                 codes.append(SHARED_NOT_SUPPORTED)     # --no-shared-subscriptions
                 continue
-            if not self.limits.wildcard_subscriptions and ("+" in inner or "#" in inner):
+            if (not native and not self.limits.wildcard_subscriptions
+                    and ("+" in inner or "#" in inner)):
                 codes.append(WILDCARDS_NOT_SUPPORTED)  # --no-wildcard-subscriptions
                 continue
             if not self.authorizer.may_subscribe(identity, inner):
@@ -496,6 +499,7 @@ class Router:
         ops: list[Op] = []
         for topic_filter in refused:
             del session.subscriptions[topic_filter]
+            session.sub_options.pop(topic_filter, None)
             self._unroute(topic_filter, session)
             if session.persistent:
                 ops.append(DeleteSubscription(session.client_id, topic_filter))
@@ -581,19 +585,25 @@ def _release_held(result: object, held: list[tuple[Session, int]]) -> object:
     return result
 
 
-def _options_verdict(session: Session, message: Message) -> bool | None:
+def _options_verdict(session: Session, message: Message,
+                     picked_by: SharedGroup[Session] | None = None) -> bool | None:
     """MQTT 5 subscription options of ``session`` for ``message``: None when every
-    filter that matches is "no local" and the session published it itself; else
-    the retain flag to deliver with (set if a matching filter is "retain as
-    published" and the message was published retained)."""
+    filter that delivers it is "no local" and the session published it itself; else
+    the retain flag to deliver with (set if such a filter is "retain as published"
+    and the message was published retained).  A shared filter delivers it only when
+    its group picked this session (``picked_by``)."""
     options = session.sub_options
+    picked = picked_by.key if picked_by is not None else None
+
+    def delivers(f: str) -> bool:
+        if f.startswith(SHARE_PREFIX):
+            return f == picked
+        return topic_matches(f, message.topic)
+
     if message.publisher == session.client_id:
-        wanted = [f for f in session.subscriptions
-                  if not options.get(f, 0) & NO_LOCAL
-                  and topic_matches(route_filter(f), message.topic)]
-        if not wanted:
+        if not any(delivers(f) for f in session.subscriptions
+                   if not options.get(f, 0) & NO_LOCAL):
             return None
     if not message.retain:
         return False
-    return any(packed & RETAIN_AS_PUBLISHED and topic_matches(route_filter(f), message.topic)
-               for f, packed in options.items())
+    return any(packed & RETAIN_AS_PUBLISHED and delivers(f) for f, packed in options.items())

@@ -173,6 +173,9 @@ class Session:
         self.dropped = 0
         self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
         self.dropped_rejected = 0    # of which AMQP Rejected (``Broker.rejected``)
+        # The three counts above as they were when the session last changed protocol
+        # (what is already labelled with its former protocol in the metrics).
+        self.drop_offset: tuple[int, int, int] = (0, 0, 0)
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1

@@ -53,6 +53,9 @@ class Wills:
         self.grace = grace
         self.wills: dict[str, WillMessage] = {}
         self._grace: dict[str, DelayedCall] = {}
+        # Of those timers, the MQTT 5 will delays (not the grace after a restart,
+        # which readiness waits for).
+        self._delayed: set[str] = set()
 
     # -- start and stop -------------------------------------------------------
 
@@ -75,17 +78,20 @@ class Wills:
             if call.active():
                 call.cancel()
         self._grace.clear()
+        self._delayed.clear()
 
     # -- the grace rule -------------------------------------------------------
 
     def in_grace(self) -> int:
-        """Restored wills whose grace period is still running (readiness waits)."""
-        return len(self._grace)
+        """Restored wills whose grace period is still running (readiness waits; MQTT
+        5 will delays are not counted)."""
+        return len(self._grace) - len(self._delayed)
 
     def owner_returned(self, owner: str) -> bool:
         """``owner`` is back: its stored will from before the restart is no longer an
         orphan.  True if a grace timer was pending."""
         call = self._grace.pop(owner, None)
+        self._delayed.discard(owner)
         if call is None:
             return False
         if call.active():
@@ -94,6 +100,7 @@ class Wills:
 
     def _grace_expired(self, owner: str) -> None:
         self._grace.pop(owner, None)
+        self._delayed.discard(owner)
         self.commits.watch(
             self.fire(owner, "client did not return within the will grace period after "
                       "a restart", cause=CAUSE_RESTART), "publishing will of " + owner)
@@ -145,9 +152,11 @@ class Wills:
                       o=owner, d=delay)
         self._grace[owner] = self.clock.callLater(delay, self._delay_over, owner, reason,
                                                   cause)
+        self._delayed.add(owner)
 
     def _delay_over(self, owner: str, reason: str, cause: str) -> None:
         self._grace.pop(owner, None)
+        self._delayed.discard(owner)
         self.commits.watch(self.fire(owner, reason + " (after its will delay)", "mqtt", cause),
                            "publishing will of " + owner)
 

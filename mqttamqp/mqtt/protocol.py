@@ -381,10 +381,20 @@ class MQTTProtocol(Protocol):
         now = self.clock.seconds()
         topic = message.topic.encode("utf-8")
         session = self.session
-        # Subscription identifiers of the filters that match (MQTT 5 options).
-        ids = () if session is None or not session.sub_options else tuple(
-            packed >> 8 for f, packed in session.sub_options.items()
-            if packed >> 8 and topic_matches(route_filter(f), message.topic))
+        # Subscription identifiers of the filters that match (MQTT 5 options).  A
+        # shared filter's only when no plain filter of the session matches: then the
+        # message came through its group (a plain match gives the one copy sent).
+        ids: tuple[int, ...] = ()
+        if session is not None and session.sub_options:
+            ids = tuple(packed >> 8 for f, packed in session.sub_options.items()
+                        if packed >> 8 and not f.startswith("$share/")
+                        and topic_matches(f, message.topic))
+            if not ids and not any(topic_matches(f, message.topic)
+                                   for f in session.subscriptions
+                                   if not f.startswith("$share/")):
+                ids = tuple(packed >> 8 for f, packed in session.sub_options.items()
+                            if packed >> 8 and f.startswith("$share/")
+                            and topic_matches(route_filter(f), message.topic))
         frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
                                encode_properties(publish_properties(message, now, None, ids)))
         limit = v5.client_max_packet
@@ -1301,8 +1311,17 @@ class MQTTProtocol(Protocol):
         self._connect_timer = None
         if step.outcome != SUCCESS:
             self._auth = None
+            self.broker.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
+                                                self.peer), step.reason or "refused")
             self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
                          f"authentication failed ({step.reason})")
+            return
+        # The name the exchange proved may be banned (the CONNECT's own user name
+        # field, checked before, is whatever the client put there).
+        banned = self.broker.banned("MQTT", self.client_id, step.username, self.peer)
+        if banned is not None:
+            self._auth = None
+            self._refuse(ReasonCode.BANNED, banned, logged=True)
             return
         auth.final = step.data
         self.username = step.username
