@@ -297,14 +297,20 @@ def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) 
     return Pubcomp(_read_packet_id(buf, start, end, "PUBCOMP"))
 
 
+def _read_filter(buf: _Buffer, p: int, end: int, packet: str) -> tuple[str, int]:
+    """A (non-empty) topic filter of SUBSCRIBE or UNSUBSCRIBE, and where it ends."""
+    topic_filter, p = _read_string(buf, p, end, True, packet + " topic filter")
+    if not topic_filter:
+        raise MalformedPacket(packet + " topic filter is empty")
+    return topic_filter, p
+
+
 def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int) -> Subscribe:
     packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
     topics: list[tuple[str, int]] = []
     p = start + 2
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, True, "SUBSCRIBE topic filter")
-        if not topic_filter:
-            raise MalformedPacket("SUBSCRIBE topic filter is empty")
+        topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without a requested QoS byte")
         qos = buf[p]
@@ -337,9 +343,7 @@ def _decode_unsubscribe(
     topics: list[str] = []
     p = start + 2
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, True, "UNSUBSCRIBE topic filter")
-        if not topic_filter:
-            raise MalformedPacket("UNSUBSCRIBE topic filter is empty")
+        topic_filter, p = _read_filter(buf, p, end, "UNSUBSCRIBE")
         topics.append(topic_filter)
     if not topics:
         raise MalformedPacket("UNSUBSCRIBE with no topic filters")
@@ -515,9 +519,7 @@ def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: in
     topics: list[tuple[str, int]] = []
     options: list[int] = []
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, True, "SUBSCRIBE topic filter")
-        if not topic_filter:
-            raise MalformedPacket("SUBSCRIBE topic filter is empty")
+        topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without subscription options")
         byte = buf[p]
@@ -557,9 +559,7 @@ def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: 
     props, p = read_properties(buf, start + 2, end, _PC.UNSUBSCRIBE, "UNSUBSCRIBE")
     topics: list[str] = []
     while p < end:
-        topic_filter, p = _read_string(buf, p, end, True, "UNSUBSCRIBE topic filter")
-        if not topic_filter:
-            raise MalformedPacket("UNSUBSCRIBE topic filter is empty")
+        topic_filter, p = _read_filter(buf, p, end, "UNSUBSCRIBE")
         topics.append(topic_filter)
     if not topics:
         raise MalformedPacket("UNSUBSCRIBE with no topic filters", 0x82)
