@@ -235,7 +235,7 @@ def test_without_pyspark_the_page_says_how_to_install(tmp_path: Path) -> None:
 # -- the real child process through the real broker ------------------------------------------
 
 _FAKE_REPORT = """\
-import json, os, sys, time
+import json, os, signal, sys
 out = sys.argv[sys.argv.index("--out") + 1]
 os.makedirs(out, exist_ok=True)
 record = {"argv": sys.argv[1:], "nice": os.nice(0), "pid": os.getpid(),
@@ -248,7 +248,12 @@ with open(os.path.join(out, "ran.json.tmp"), "w") as f:
     json.dump(record, f)
 os.rename(os.path.join(out, "ran.json.tmp"), os.path.join(out, "ran.json"))
 if mode == "hang":
-    time.sleep(600)   # the long job the broker's stop has to end
+    # The long job the broker's stop has to end: it waits for that SIGTERM (bounded
+    # at 600 s), then dies of it as an unhandled one would.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    if signal.sigtimedwait({signal.SIGTERM}, 600) is not None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGTERM)
 """
 
 
