@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp import logbridge
+from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
@@ -230,6 +231,8 @@ class BrokerService(service.MultiService):
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
         self._acl_loop: LoopingCall | None = None
+        # The --acl file, if the broker's authorizer is one (re-read while it runs).
+        self.acl = authorizer if isinstance(authorizer, AclAuthorizer) else None
         self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
         self._pack_loop: LoopingCall | None = None
@@ -243,13 +246,13 @@ class BrokerService(service.MultiService):
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
 
-    def add_amqp_listener(self, description: str, users_file: str | None,
+    def add_amqp_listener(self, description: str,
                           idle_timeout: float | None = None) -> ListenerService:
+        """(Who may connect is the broker's authenticator's, for SASL as for MQTT.)"""
         from mqttamqp.amqp.listener import AMQPFactory
 
         if self.amqp_factory is None:
-            self.amqp_factory = AMQPFactory(self.broker, self.reactor, users_file,
-                                            idle_timeout)
+            self.amqp_factory = AMQPFactory(self.broker, self.reactor, idle_timeout)
             self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
         return self.add_listener("AMQP", description, self.amqp_factory)
 
@@ -374,7 +377,7 @@ class BrokerService(service.MultiService):
             self._pack_loop = LoopingCall(self._pack)
             self._pack_loop.clock = self.reactor
             self._pack_loop.start(self.pack_interval, now=False)
-        if getattr(self.broker.authorizer, "reload", None) is not None:
+        if self.acl is not None:
             # The ACL file applies when it changes: a stat every 2 s, no restart.
             self._acl_loop = LoopingCall(self.reload_acl)
             self._acl_loop.clock = self.reactor
@@ -386,7 +389,7 @@ class BrokerService(service.MultiService):
     def reload_acl(self) -> None:
         """Re-read the ACL file if it changed; then the subscriptions every session
         holds are checked against the new rules."""
-        if self.broker.authorizer.reload():  # type: ignore[attr-defined]
+        if self.acl is not None and self.acl.reload():
             self.broker.recheck_subscriptions()
 
     def _pack(self) -> Deferred[None]:
@@ -518,8 +521,6 @@ def makeService(options: Options) -> BrokerService:
                    "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
     authorizer: Authorizer | None = None
     if options["acl"]:
-        from mqttamqp.core.acl import AclAuthorizer
-
         authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
                         authenticator=authenticator, archive=archive, authorizer=authorizer,
@@ -544,7 +545,7 @@ def makeService(options: Options) -> BrokerService:
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["amqp"]:
-        svc.add_amqp_listener(description, options["users"], options["amqp-idle-timeout"])
+        svc.add_amqp_listener(description, options["amqp-idle-timeout"])
     svc.ops.configure(options)
     for description in options["mqtt-ws"]:
         svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
@@ -564,7 +565,7 @@ def _reloaders(svc: BrokerService, options: Options) -> None:
         return fresh
 
     svc.reloaders = reloaders = Reloaders(svc.reactor, options, parse)
-    if getattr(svc.broker.authorizer, "reload", None) is not None:
+    if svc.acl is not None:
         # (the file is also polled every 2 s; SIGHUP asks at once)
         reloaders.register_always("ACL file", svc.reload_acl)
     reloaders.register("webhooks", ("webhook",),

@@ -344,7 +344,7 @@ class Net:
         self.broker = Broker(self.clock, self.store, Limits(**limits), authenticator,
                              authorizer)
         self.broker.start()
-        self.factory = AMQPFactory(self.broker, self.clock, None, idle_timeout=idle_timeout)
+        self.factory = AMQPFactory(self.broker, self.clock, idle_timeout=idle_timeout)
         self.mqtt_factory = MQTTFactory(self.broker, self.clock)
         self.peers: list[AmqpPeer] = []
 

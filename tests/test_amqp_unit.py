@@ -525,7 +525,7 @@ class Peer:
         self.clock.advance(1000)
         self.broker = Broker(self.clock, NullStore(), Limits(sys_interval=0,
                                                             connect_timeout=5))
-        self.factory = AMQPFactory(self.broker, self.clock, None, idle_timeout=idle)
+        self.factory = AMQPFactory(self.broker, self.clock, idle_timeout=idle)
         self.server = self.factory.buildProtocol(None)
         self.wire = StringTransport()
         self.server.makeConnection(self.wire)

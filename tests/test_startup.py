@@ -274,7 +274,7 @@ def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -
     svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
     mqtt = svc.add_mqtt_listener("tcp:0:interface=127.0.0.1")
     svc.add_amqp_listener(
-        f"ssl:0:privateKey={tmp_path / 'gone.key'}:interface=127.0.0.1", None)
+        f"ssl:0:privateKey={tmp_path / 'gone.key'}:interface=127.0.0.1")
     with pytest.raises(StartupError, match="cannot listen for AMQP"):
         svc.startService()
     assert mqtt.port is None                       # unbound again

@@ -801,11 +801,10 @@ def _describe(condition: Any) -> str:
 class AMQPFactory(Factory):
     """Builds one ``AMQPConnection`` per socket; holds what connections share."""
 
-    def __init__(self, broker: Broker, clock: Clock, users_file: str | None = None,
-                 idle_timeout: float | None = None) -> None:
+    def __init__(self, broker: Broker, clock: Clock, idle_timeout: float | None = None
+                 ) -> None:
         self.broker = broker
         self.clock = clock
-        self.users_file = users_file
         self.idle_timeout = idle_timeout if idle_timeout is not None else DEFAULT_IDLE_TIMEOUT
         self.connections: set[AMQPConnection] = set()
         self.control_outlets: dict[str, list[ControlOutlet]] = {}

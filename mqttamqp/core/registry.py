@@ -49,7 +49,7 @@ from mqttamqp.core.recorder import (
 )
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import ClientLink, Session, SessionState
-from mqttamqp.core.stats import BrokerStats
+from mqttamqp.core.stats import BrokerStats, protocol_family
 from mqttamqp.core.wills import Wills
 from mqttamqp.records import record
 
@@ -129,7 +129,7 @@ class SessionRegistry:
         family."""
         out = {k: (v[0], v[1], v[2]) for k, v in self._retired_by.items()}
         for session in (*self.sessions.values(), *self.link_subscribers.values()):
-            family = _family(session.protocol)
+            family = protocol_family(session.protocol)
             dropped, congested, rejected = out.get(family, (0, 0, 0))
             d, c, r = _since_offset(session)
             out[family] = (dropped + d, congested + c, rejected + r)
@@ -139,8 +139,8 @@ class SessionRegistry:
         """``session`` is taken up by a client of another protocol family (an MQTT
         session through AMQP's ``.publish`` outlet): its drops so far stay labelled
         with the former one, so no counter of the metrics ever goes down."""
-        old = _family(session.protocol)
-        if not session.protocol or old == _family(protocol):
+        old = protocol_family(session.protocol)
+        if not session.protocol or old == protocol_family(protocol):
             return
         d, c, r = _since_offset(session)
         if d or c or r:
@@ -154,7 +154,7 @@ class SessionRegistry:
     def _retire_drops(self, session: Session) -> None:
         self.dropped_retired += session.dropped
         self.congested_retired += session.dropped_congested
-        counts = self._retired_by.setdefault(_family(session.protocol), [0, 0, 0])
+        counts = self._retired_by.setdefault(protocol_family(session.protocol), [0, 0, 0])
         d, c, r = _since_offset(session)
         counts[0] += d
         counts[1] += c
@@ -448,14 +448,6 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
-
-
-def _family(protocol: str) -> str:
-    """A session's protocol as metrics label it: mqtt (3.1, 3.1.1, 5, and offline
-    persistent sessions), amqp, console (live tails)."""
-    if protocol in ("amqp", "console"):
-        return protocol
-    return "mqtt"
 
 
 def _since_offset(session: Session) -> tuple[int, int, int]:

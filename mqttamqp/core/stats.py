@@ -19,6 +19,12 @@ __all__ = ["BrokerStats", "Histogram", "DELIVER_SAMPLE_MASK"]
 DELIVER_SAMPLE_MASK = 1023
 
 
+def protocol_family(protocol: str) -> str:
+    """A protocol as metrics label it: ``mqtt`` (3.1, 3.1.1, 5, and an offline
+    session's ""), ``amqp``, ``console`` (the live tail)."""
+    return protocol if protocol in ("amqp", "console") else "mqtt"
+
+
 @dataclass
 class Histogram:
     """Cumulative-ready bucket counts (Prometheus ``le`` semantics: a value goes

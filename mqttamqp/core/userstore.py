@@ -204,6 +204,7 @@ class UserStore:
         self.path = os.path.join(data_dir, USERS_FILE)
         self._stamp: tuple[int, int] | None = None
         self._users: dict[str, User] = {}
+        self._clients = False          # any user with the client role (of _users)
         self.migrated = self._migrate()
 
     # -- migration ----------------------------------------------------------------
@@ -240,7 +241,7 @@ class UserStore:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._stamp, self._users = None, {}
+            self._stamp, self._users, self._clients = None, {}, False
             return self._users
         except OSError:
             return self._users   # (the data directory's own problems are reported at start)
@@ -248,6 +249,7 @@ class UserStore:
         if stamp != self._stamp:
             try:
                 self._users = self._read()
+                self._clients = any(u.role == ROLE_CLIENT for u in self._users.values())
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 # A hand-edited file that does not parse: keep what was loaded.
                 self.log.warn("cannot read {p}: {e}; keeping the users loaded before",
@@ -266,8 +268,10 @@ class UserStore:
 
     def has_clients(self) -> bool:
         """Are there users meant for MQTT/AMQP (role ``client``)?  Then anonymous
-        clients are refused unless ``--allow-anonymous``."""
-        return any(u.role == ROLE_CLIENT for u in self.users().values())
+        clients are refused unless ``--allow-anonymous``.  (Asked per connection:
+        worked out once per read of the file.)"""
+        self.users()
+        return self._clients
 
     def scram(self, name: str) -> ScramCredentials | None:
         """``name``'s SCRAM-SHA-256 credentials (the MQTT 5 AUTH exchange's lookup;

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.stats import Histogram
+from mqttamqp.core.stats import Histogram, protocol_family
 
 __all__ = ["Family", "BrokerCollector", "broker_registry", "exposition", "snapshot",
            "CONTENT_TYPE"]
@@ -68,11 +68,6 @@ class Family:
     buckets: tuple[tuple[float, int], ...] = ()
     total: float = 0.0
     count: int = 0
-
-
-def _protocol(name: str) -> str:
-    """mqtt3.1 and mqtt3.1.1 are both ``mqtt`` in metric labels."""
-    return "mqtt" if name.startswith("mqtt") else name
 
 
 def _by(values: Iterable[tuple[str, int]]) -> tuple[tuple[str, float], ...]:
@@ -121,7 +116,7 @@ def snapshot(broker: Broker) -> list[Family]:
     families = [
         Family("mqttamqp_connections", GAUGE, "Live client connections.", "", "protocol",
                _by([("mqtt", 0), ("amqp", 0)]
-                   + [(_protocol(p), n) for p, n in c.by_protocol.items()])),
+                   + [(protocol_family(p), n) for p, n in c.by_protocol.items()])),
         Family("mqttamqp_sessions", GAUGE, "Sessions by client id, online (a connection "
                "holds it) or offline (persistent, waiting for its client).", "", "state",
                (("offline", c.sessions - online), ("online", online))),
@@ -163,7 +158,7 @@ def snapshot(broker: Broker) -> list[Family]:
         Family("mqttamqp_connects", COUNTER, "Connections accepted (after CONNACK or "
                "AMQP open).", "", "protocol",
                _by([("mqtt", 0), ("amqp", 0)]
-                   + [(_protocol(p), n) for p, n in stats.connects.items()])),
+                   + [(protocol_family(p), n) for p, n in stats.connects.items()])),
         Family("mqttamqp_disconnects", COUNTER, "Connections ended, by cause.", "", "cause",
                _by(stats.disconnects.items())),
         _one("mqttamqp_connections_refused", COUNTER, "Connections refused (limits, bad "
