@@ -572,29 +572,31 @@ def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int
                                         "UNSUBACK"))
 
 
+def _decode5_code_and_props(buf: _Buffer, start: int, end: int, allowed: Any,
+                            context: PropertyContext, name: str) -> tuple[int, Any]:
+    """DISCONNECT / AUTH: a reason code, then optional properties (the caller handles
+    the empty body, which means success with none)."""
+    code = _reason(buf[start], allowed, name)
+    props = None
+    p = start + 1
+    if p < end:
+        props, p = read_properties(buf, p, end, context, name)
+    _trailing(name, p, end)
+    return code, props
+
+
 def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int
                         ) -> Disconnect:
     if start == end:
         return Disconnect()
-    code = _reason(buf[start], _DISCONNECT_CODES, "DISCONNECT")
-    props = None
-    p = start + 1
-    if p < end:
-        props, p = read_properties(buf, p, end, _PC.DISCONNECT, "DISCONNECT")
-    _trailing("DISCONNECT", p, end)
-    return Disconnect(code, props)
+    return Disconnect(*_decode5_code_and_props(buf, start, end, _DISCONNECT_CODES,
+                                               _PC.DISCONNECT, "DISCONNECT"))
 
 
 def _decode5_auth(buf: _Buffer, first: int, start: int, end: int, level: int) -> Auth:
     if start == end:
         return Auth()
-    code = _reason(buf[start], _AUTH_CODES, "AUTH")
-    props = None
-    p = start + 1
-    if p < end:
-        props, p = read_properties(buf, p, end, _PC.AUTH, "AUTH")
-    _trailing("AUTH", p, end)
-    return Auth(code, props)
+    return Auth(*_decode5_code_and_props(buf, start, end, _AUTH_CODES, _PC.AUTH, "AUTH"))
 
 
 _BODY_DECODERS_5: tuple[_BodyDecoder, ...] = (
