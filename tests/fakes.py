@@ -115,6 +115,7 @@ class MemoryStore(NullStore):
     def __init__(self) -> None:
         super().__init__()
         self.state = Snapshot()
+        self.queues: dict[str, p.QueueRecord] = {}
 
     def load(self) -> Snapshot:
         s = self.state
@@ -122,7 +123,15 @@ class MemoryStore(NullStore):
             k: SessionRecord(r.client_id, r.last_seen, dict(r.subscriptions),
                              sorted(r.queue), set(r.inbound_qos2), owner=r.owner,
                              expiry=r.expiry)
-            for k, r in s.sessions.items()}, list(s.bans))
+            for k, r in s.sessions.items()}, list(s.bans), [
+            p.QueueRecord(q.name, q.retention, q.head, sorted(q.messages), dict(q.groups))
+            for q in self.queues.values()])
+
+    def _queue(self, name: str) -> p.QueueRecord:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = p.QueueRecord(name)
+        return q
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         s = self.state
@@ -164,6 +173,25 @@ class MemoryStore(NullStore):
                 s.bans.append(op)
             elif isinstance(op, p.DeleteBan):
                 s.bans = [b for b in s.bans if (b.kind, b.value) != (op.kind, op.value)]
+            elif isinstance(op, p.PutQueue):
+                self._queue(op.name).retention = op.retention
+            elif isinstance(op, p.DeleteQueue):
+                self.queues.pop(op.name, None)
+            elif isinstance(op, p.PutQueueMessage):
+                q = self._queue(op.queue)
+                q.messages = [m for m in q.messages if m[0] != op.offset]
+                q.messages.append((op.offset, op.message))
+            elif isinstance(op, p.DeleteQueueMessage):
+                q = self._queue(op.queue)
+                q.messages = [m for m in q.messages if m[0] != op.offset]
+            elif isinstance(op, p.TrimQueue):
+                q = self._queue(op.queue)
+                q.messages = [m for m in q.messages if m[0] >= op.upto]
+                q.head = max(q.head, op.upto)
+            elif isinstance(op, p.PutQueueGroup):
+                self._queue(op.queue).groups[op.group] = op.state
+            elif isinstance(op, p.DeleteQueueGroup):
+                self._queue(op.queue).groups.pop(op.group, None)
         return super().submit(ops)
 
 

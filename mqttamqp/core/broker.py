@@ -48,6 +48,7 @@ from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.queues import QueueManager, Refusal, is_queue_command
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel, will_owners
 from mqttamqp.core.recorder import (
@@ -122,6 +123,11 @@ class Broker:
     # -- state the read model and tests look at (read-only) ---------------------
 
     @property
+    def queues(self) -> QueueManager:
+        """The durable queues (``$queue/``): the console reads views through it."""
+        return self._router.queues
+
+    @property
     def sessions(self) -> dict[str, Session]:
         return self._registry.sessions
 
@@ -167,8 +173,10 @@ class Broker:
         self._registry.restore(snap.sessions)
         self._wills.restore(snap.wills.values())
         self.bans.restore(snap.bans)
-        self.log.info("loaded {r} retained message(s), {s} persistent session(s)",
-                      r=len(snap.retained), s=len(snap.sessions))
+        self.queues.restore(snap.queues)
+        self.log.info("loaded {r} retained message(s), {s} persistent session(s), "
+                      "{q} durable queue(s)", r=len(snap.retained), s=len(snap.sessions),
+                      q=len(snap.queues))
         self._start_loop(self._sys.publish, self.limits.sys_interval)
         if self.limits.session_expiry > 0:
             self._start_loop(self._registry.expire, min(60.0, self.limits.session_expiry))
@@ -189,6 +197,7 @@ class Broker:
                 loop.stop()
         self._loops.clear()
         self._registry.stop_timers()
+        self.queues.stop()
         self._wills.stop()
         self._flow.stop()
 
@@ -331,6 +340,7 @@ class Broker:
         self._registry.relabel(session, protocol)
         session.protocol = protocol
         session.attach(link)
+        self.queues.session_online(session)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
                     reason: str, cause: str = CAUSE_LOST) -> None:
@@ -469,6 +479,8 @@ class Broker:
         failure is logged here and ``durable`` is None.  ``count_drops``: say in
         ``Published.dropped`` how many subscribers' queue bounds refused it.
         """
+        if message.topic[:1] == "$" and is_queue_command(message.topic):
+            return self._queue_command(message, identity)
         result = self._router.publish(message, identity, (), counted,
                                       count_drops=count_drops)
         if counted and not result.denied:
@@ -477,6 +489,20 @@ class Broker:
             return result
         self._commits.watch(result.durable, "routing a message")
         return Published(None, result.congested, result.denied)
+
+    def _queue_command(self, message: Message, identity: Identity | None) -> Published:
+        """``$queue/<name>/$ack|$nack|$reject`` from an MQTT 5 member (user
+        properties ``message-id``, ``group-id``, ``reason``): ``durable`` fires once
+        the change is stored; ``refusal`` says why it was not taken."""
+        client_id = identity.client_id if identity is not None else message.publisher
+        session = self._registry.sessions.get(client_id or "")
+        if session is None:
+            return Published(refusal=Refusal(0x80, "only a consumer's session may "
+                                             "acknowledge queue messages"))
+        props = message.props
+        durable, refusal = self.queues.command(
+            session, message.topic, props.user_properties if props is not None else ())
+        return Published(durable, refusal=refusal)
 
     def _publish_with(self, message: Message, extra_ops: Sequence[Op]) -> Published:
         self.topic_stats.note(message.topic)        # wills
@@ -491,6 +517,10 @@ class Broker:
         has its PUBREC before any subscriber (itself included) has the message."""
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
+        if message.topic[:1] == "$" and is_queue_command(message.topic):
+            # (no packet id to keep: an acknowledgement applied twice is refused
+            # the second time, harmlessly)
+            return self._queue_command(message, identity)
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True, count_drops=count_drops)
         if not result.denied:
@@ -556,22 +586,34 @@ class Broker:
         self._commits.background(session.completed(packet_id))
         self._flow.resume_paused()
 
-    def rejected(self, session: Session, packet_id: int) -> None:
-        """AMQP Rejected: the delivery is dropped, counted."""
+    def rejected(self, session: Session, packet_id: int, reason: str | None = None) -> None:
+        """AMQP Rejected: the delivery is dropped, counted (a durable queue's goes to
+        its dead-letter queue with ``reason``)."""
+        entry = session.inflight.get(packet_id)
+        if entry is not None and entry.qref is not None:
+            self.queues.settle(session, entry, "rejected", False, reason)
+            return
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
         self._commits.background(session.drop(packet_id))
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
-               failed: bool = False) -> None:
+               failed: bool = False, reason: str | None = None) -> None:
         """An AMQP receiver settled the delivery of ``packet_id`` with ``outcome``
-        (``failed``: Modified with delivery-failed).  Accepted finishes QoS 1, and
-        QoS 2 unless an FE released it through ``$mqtt.<id>.pubrel`` (then
-        AMQP_PUBREL's settle completes it)."""
+        (``failed``: Modified with delivery-failed; ``reason``: Rejected's error
+        description).  Accepted finishes QoS 1, and QoS 2 unless an FE released it
+        through ``$mqtt.<id>.pubrel`` (then AMQP_PUBREL's settle completes it).
+        On a durable queue's delivery: Accepted acknowledges, Released and Modified
+        make it visible again, Rejected dead-letters it."""
+        if outcome is not Outcome.ACCEPTED:
+            entry = session.inflight.get(packet_id)
+            if entry is not None and entry.qref is not None:
+                self.queues.settle(session, entry, outcome.value, failed, reason)
+                return
         if outcome is Outcome.RELEASED or outcome is Outcome.MODIFIED:
             session.redeliver(packet_id, failed)
         elif outcome is Outcome.REJECTED:
-            self.rejected(session, packet_id)
+            self.rejected(session, packet_id, reason)
         elif session.awaiting_release(packet_id) is False:
             if session.inflight[packet_id].qos == 1:
                 self.acknowledged(session, packet_id)
@@ -600,6 +642,8 @@ class Broker:
     def link_drained(self, session: Session | None) -> None:
         """A congested link can take more again: send its queue, wake publishers."""
         self._flow.drained(session)
+        if session is not None:
+            self.queues.link_drained(session)
 
     # -- wills ----------------------------------------------------------------
 

@@ -60,3 +60,14 @@ class Limits:
     # MQTT 5: what a client that asks for response information gets, followed by
     # its client id ("" = none given).
     response_information: str = ""
+    # Durable queues (core.queues): seconds a delivered message stays claimed by its
+    # member before it is visible again; deliveries before it is dead-lettered;
+    # deliveries a member may have unacknowledged; and each queue's default
+    # retention (0 = no bound of that kind), and how many queues may exist.
+    queue_visibility_timeout: float = 30.0
+    queue_max_deliveries: int = 5
+    queue_prefetch: int = 16
+    queue_max_messages: int = 1_000_000
+    queue_max_bytes: int = 256 << 20
+    queue_max_age: float = 7 * 86400.0
+    queue_max_queues: int = 1_000

@@ -27,7 +27,9 @@ __all__ = [
     "PutRetained", "DeleteRetained", "ClearRetained", "PutWill", "DeleteWill",
     "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
     "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "PutBan",
-    "DeleteBan", "Op",
+    "DeleteBan", "PutQueue", "DeleteQueue", "PutQueueMessage", "DeleteQueueMessage",
+    "TrimQueue", "PutQueueGroup", "DeleteQueueGroup", "QueueGroupRecord", "QueueRecord",
+    "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
 ]
 
@@ -147,10 +149,84 @@ class DeleteBan:
     value: str
 
 
+# -- durable queues (``mqttamqp.core.queues``) -------------------------------------
+
+
+@record
+class PutQueue:
+    """Create queue ``name`` if missing; set its retention (max age seconds, max
+    bytes, max messages; None: no bound of that kind)."""
+
+    name: str
+    retention: tuple[float | None, int | None, int | None]
+
+
+@record
+class DeleteQueue:
+    name: str
+
+
+@record
+class PutQueueMessage:
+    queue: str
+    offset: int
+    message: Message
+
+
+@record
+class DeleteQueueMessage:
+    queue: str
+    offset: int
+
+
+@record
+class TrimQueue:
+    """Delete every message of ``queue`` below ``upto`` (which becomes its head)."""
+
+    queue: str
+    upto: int
+
+
+@record
+class QueueGroupRecord:
+    """A consumer group's durable state, stored whole.
+
+    Classic: offsets below ``floor`` are done, ``done`` those done above it,
+    ``counts`` deliveries made (only counts above 1), ``watermark`` an offset at or
+    above every dispatched one.  Stream: ``cursor``, the next offset to read.
+    ``members``: client id -> granted QoS | 4 if it acknowledges explicitly, for
+    persistent sessions (they are members again when they come back)."""
+
+    name: str
+    filter: str
+    mode: str
+    floor: int
+    watermark: int
+    done: tuple[int, ...] = ()
+    counts: tuple[tuple[int, int], ...] = ()
+    members: tuple[tuple[str, int], ...] = ()
+    cursor: int = 0
+
+
+@record
+class PutQueueGroup:
+    queue: str
+    group: str
+    state: QueueGroupRecord
+
+
+@record
+class DeleteQueueGroup:
+    queue: str
+    group: str
+
+
 Op = (
     PutRetained | DeleteRetained | ClearRetained | PutWill | DeleteWill | PutSession
     | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
     | PutInboundQos2 | DeleteInboundQos2 | PutBan | DeleteBan
+    | PutQueue | DeleteQueue | PutQueueMessage | DeleteQueueMessage | TrimQueue
+    | PutQueueGroup | DeleteQueueGroup
 )
 
 
@@ -166,11 +242,21 @@ class SessionRecord:
 
 
 @dataclass
+class QueueRecord:
+    name: str
+    retention: tuple[float | None, int | None, int | None] | None = None
+    head: int = 0
+    messages: list[tuple[int, Message]] = field(default_factory=list)  # ascending offset
+    groups: dict[str, QueueGroupRecord] = field(default_factory=dict)
+
+
+@dataclass
 class Snapshot:
     retained: dict[str, Message] = field(default_factory=dict)
     wills: dict[str, WillMessage] = field(default_factory=dict)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
     bans: list[PutBan] = field(default_factory=list)
+    queues: list[QueueRecord] = field(default_factory=list)
 
 
 class StateStore(Protocol):

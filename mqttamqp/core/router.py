@@ -36,6 +36,7 @@ from mqttamqp.core.persistence import (
     PutSubscription,
     QueuedState,
 )
+from mqttamqp.core.queues import Consumer, QueueManager, Refusal, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.retained import RetainedStore
@@ -121,6 +122,8 @@ class Published:
     ``gate``: with ``hold``, what sends the deliveries (see ``Gate``).
     ``dropped``: deliveries refused by a subscriber's queue bound (counted only
     when asked, ``count_drops``, or while recording).
+    ``refusal``: a durable queue refused the message or acknowledgement (why, and
+    the MQTT 5 reason code); nothing was stored for it.
     """
 
     durable: Deferred[None] | None = None
@@ -128,6 +131,7 @@ class Published:
     denied: bool = False
     gate: Gate | None = None
     dropped: int = 0
+    refusal: Refusal | None = None
 
 
 _ROUTED = Published()
@@ -156,6 +160,8 @@ class Router:
         # Sessions of AMQP topic receivers: the only ones that take messages whose
         # body has no MQTT form (``Message.amqp_only``).
         self.native: set[Session] = set()
+        # Durable queues ($queue/, $dlq/): beside the trie, never in it.
+        self.queues = QueueManager(clock, commits, self.limits, self._log_limit)
 
     # -- publishing -----------------------------------------------------------
 
@@ -196,6 +202,10 @@ class Router:
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
             self.stats.messages_received += 1
+        if message.topic[:1] == "$" and is_queue_topic(message.topic):
+            appended, refusal = self.queues.publish(
+                message, message.publisher or "(broker)", extra_ops)
+            return Published(appended, refusal=refusal)
         ops: list[Op] = list(extra_ops)
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
@@ -354,14 +364,16 @@ class Router:
 
     def subscribe(self, session: Session, identity: Identity,
                   requests: Sequence[tuple[str, int]], *, native: bool = False,
-                  dynamic: bool = False, options: Sequence[int] = ()
+                  dynamic: bool = False, options: Sequence[int] = (),
+                  consumer: Consumer | None = None
                   ) -> tuple[list[int], Deferred[None] | None]:
         """Add subscriptions; returns the SUBACK codes and the commit to wait for.
 
         ``native``: the session is an AMQP topic receiver's.  ``dynamic``: it is the
         receiver of a dynamic node, the one subscriber its address may have.
         ``options``: per request, MQTT 5 subscription options packed as in
-        ``Session.sub_options`` (0: none).
+        ``Session.sub_options`` (0: none).  ``consumer``: how a ``$queue/`` or
+        ``$dlq/`` filter joins its queue (group, mode, ...; None: the defaults).
         """
         if native:
             self.native.add(session)
@@ -369,6 +381,10 @@ class Router:
         ops: list[Op] = []
         for index, (topic_filter, qos) in enumerate(requests):
             packed = options[index] if options else 0
+            if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
+                codes.append(self._subscribe_queue(session, identity, topic_filter, qos,
+                                                   consumer, ops))
+                continue
             shared = parse_share(topic_filter)
             if isinstance(shared, str):
                 problem: str | None = shared
@@ -426,6 +442,24 @@ class Router:
                                 topic=topic_filter, qos=granted)
         return codes, self.commits.persist(ops)
 
+    def _subscribe_queue(self, session: Session, identity: Identity, topic_filter: str,
+                         qos: int, consumer: Consumer | None, ops: list[Op]) -> int:
+        """Join the consumer group of a queue filter; returns the SUBACK code."""
+        if not self.authorizer.may_subscribe(identity, topic_filter):
+            return NOT_AUTHORIZED
+        refusal, queue_ops = self.queues.subscribe(session, topic_filter, qos,
+                                                   consumer or Consumer())
+        ops.extend(queue_ops)
+        if refusal is not None:
+            return SUBSCRIBE_FAILURE
+        granted = min(qos, 2)
+        session.subscriptions[topic_filter] = granted
+        if session.persistent:
+            ops.append(PutSubscription(session.client_id, topic_filter, granted))
+        self.recorder.event(self.clock.seconds(), SUBSCRIBE, session.client_id,
+                            topic=topic_filter, qos=granted)
+        return granted
+
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
         """After SUBACK: the retained messages of each granted filter, retain set."""
         ops: list[Op] = []
@@ -478,8 +512,11 @@ class Router:
             self._route(topic_filter, session, qos)
 
     def forget_session(self, session: Session) -> None:
-        """``session`` is going away: its routes leave the trie."""
+        """``session`` is going away: its routes leave the trie (and its queue
+        groups)."""
         self.native.discard(session)
+        self.commits.background(self.queues.forget_session(session),
+                                "leaving queue groups")
         for topic_filter in session.subscriptions:
             self._unroute(topic_filter, session)
         session.subscriptions.clear()
@@ -508,6 +545,8 @@ class Router:
     # -- routes: the trie, or a shared group ------------------------------------
 
     def _route(self, topic_filter: str, session: Session, qos: int) -> None:
+        if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
+            return   # (a queue membership is the queue manager's: ``member_returned``)
         shared = parse_share(topic_filter)
         if not isinstance(shared, tuple):
             self.trie.add(topic_filter, session, qos)
@@ -520,6 +559,10 @@ class Router:
         group.join(session, qos)
 
     def _unroute(self, topic_filter: str, session: Session) -> None:
+        if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
+            self.commits.background(self.queues.unsubscribe(session, topic_filter),
+                                    "leaving a queue group")
+            return
         group = self.shared.get(topic_filter)
         if group is None:
             self.trie.remove(topic_filter, session)
@@ -532,7 +575,9 @@ class Router:
     def member_left(self, session: Session) -> list[Op]:
         """``session`` goes offline (or away): its shared QoS 1 messages, and its
         shared QoS 2 messages not yet sent, move to another online member of their
-        group.  Returns the durable ops (removed here, stored there)."""
+        group.  Returns the durable ops (removed here, stored there).  Its durable
+        queue deliveries go back to their groups."""
+        self.queues.member_left(session)
         if not self.shared:
             return []
         moving = [e for e in session.entries()

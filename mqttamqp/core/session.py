@@ -103,7 +103,7 @@ class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
     __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
-                 "qos", "retain", "seq", "share", "state")
+                 "qos", "qref", "retain", "seq", "share", "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -125,6 +125,9 @@ class OutEntry:
         # The shared subscription group it came through (it may move to another
         # member when this one goes away: ``Router.member_left``).
         self.share: SharedGroup[Session] | None = None
+        # A durable queue's delivery: (queue, group id, offset).  The queue holds
+        # it durably, so the session never stores it (``core.queues``).
+        self.qref: tuple[str, str, int] | None = None
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -390,7 +393,7 @@ class Session:
                 return _NO_OPS
             self.queued_bytes -= len(entry.message.payload)
         self._pids.discard(entry.packet_id)
-        if self.persistent:
+        if self.persistent and entry.qref is None:
             return [DeleteQueued(self.client_id, entry.seq)]
         return _NO_OPS
 
@@ -534,7 +537,7 @@ class Session:
             entry.on_done = None
             done()
         self.pump()
-        if self.persistent:
+        if self.persistent and entry.qref is None:
             return [DeleteQueued(self.client_id, entry.seq)]
         return _NO_OPS
 

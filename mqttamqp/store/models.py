@@ -22,13 +22,19 @@ Root layout (``SCHEMA_VERSION`` 1)::
     root["sessions"]       -> OOBTree   client_id -> PersistentSession
     root["bans"]           -> OOBTree   (kind, value) -> ban record (added later in
                               schema 1: created on open when missing, old files load)
+    root["queues"]         -> OOBTree   name -> PersistentQueue (added later in schema
+                              1, like "bans")
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
+    PersistentQueue.log    -> QueueTree offset -> message record
+    PersistentQueue.groups -> OOBTree group id -> group record
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id)
     ban record:     (kind, value, until or None, reason, created, by)
+    group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
+                    (tuples of ints / (int, int) / (str, int) pairs)
 
 This module must not open databases, start threads or talk to the reactor; it only
 defines data and pure conversions.  ``zodbstore`` does the I/O.
@@ -44,12 +50,19 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
 from mqttamqp.core.message import Message, MessageProperties, WillMessage
-from mqttamqp.core.persistence import PutBan, SessionRecord, StoredQueued
+from mqttamqp.core.persistence import (
+    PutBan,
+    QueueGroupRecord,
+    QueueRecord,
+    SessionRecord,
+    StoredQueued,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
     "BanRecord",
     "MessageRecord",
+    "PersistentQueue",
     "PersistentSession",
     "QueueTree",
     "QueuedRecord",
@@ -60,7 +73,10 @@ __all__ = [
     "init_root",
     "message_to_record",
     "queued_to_record",
+    "group_to_record",
+    "queue_to_record",
     "record_to_ban",
+    "record_to_group",
     "record_to_message",
     "record_to_queued",
     "record_to_will",
@@ -120,6 +136,24 @@ class PersistentSession(Persistent):  # type: ignore[misc]
         self.inbound_qos2 = IITreeSet()
 
 
+class PersistentQueue(Persistent):  # type: ignore[misc]
+    """A durable queue (``mqttamqp.core.queues``): pickled, so its module path and
+    name are part of the file format.  ``retention`` (max age, max bytes, max
+    messages), ``head`` (every offset below it was deleted), ``log`` QueueTree
+    offset -> message record, ``groups`` OOBTree group id -> group record."""
+
+    name: str
+    retention: Any = None
+    head: int = 0
+    log: Any
+    groups: Any
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.log = QueueTree()
+        self.groups = OOBTree()
+
+
 def init_root(root: Any) -> bool:
     """Create missing root entries; return True if anything was written.
 
@@ -132,7 +166,7 @@ def init_root(root: Any) -> bool:
         )
     changed = False
     for key, factory in (("retained", RetainedTree), ("wills", OOBTree), ("sessions", OOBTree),
-                         ("bans", OOBTree)):
+                         ("bans", OOBTree), ("queues", OOBTree)):
         if key not in root:
             root[key] = factory()
             changed = True
@@ -247,4 +281,28 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
         inbound_qos2={int(p) for p in s.inbound_qos2},
         owner=s.owner,
         expiry=s.expiry,
+    )
+
+
+def group_to_record(g: QueueGroupRecord) -> tuple[Any, ...]:
+    return (str(g.name), str(g.filter), str(g.mode), int(g.floor), int(g.watermark),
+            tuple(int(o) for o in g.done), tuple((int(o), int(c)) for o, c in g.counts),
+            tuple((str(c), int(q)) for c, q in g.members), int(g.cursor))
+
+
+def record_to_group(r: Any) -> QueueGroupRecord:
+    name, topic_filter, mode, floor, watermark, done, counts, members, cursor = r
+    return QueueGroupRecord(name, topic_filter, mode, floor, watermark, tuple(done),
+                            tuple((o, c) for o, c in counts),
+                            tuple((m, q) for m, q in members), cursor)
+
+
+def queue_to_record(q: PersistentQueue) -> QueueRecord:
+    """Copy a persistent queue into plain objects (messages in ascending offset)."""
+    return QueueRecord(
+        name=q.name,
+        retention=None if q.retention is None else tuple(q.retention),
+        head=int(q.head),
+        messages=[(int(o), record_to_message(r)) for o, r in q.log.items()],
+        groups={str(k): record_to_group(r) for k, r in q.groups.items()},
     )

@@ -43,7 +43,10 @@ from mqttamqp.core.persistence import (
     ClearRetained,
     DeleteBan,
     DeleteInboundQos2,
+    DeleteQueue,
     DeleteQueued,
+    DeleteQueueGroup,
+    DeleteQueueMessage,
     DeleteRetained,
     DeleteSession,
     DeleteSubscription,
@@ -51,18 +54,25 @@ from mqttamqp.core.persistence import (
     Op,
     PutBan,
     PutInboundQos2,
+    PutQueue,
     PutQueued,
+    PutQueueGroup,
+    PutQueueMessage,
     PutRetained,
     PutSession,
     PutSubscription,
     PutWill,
     Snapshot,
+    TrimQueue,
 )
 from mqttamqp.store.models import (
+    PersistentQueue,
     PersistentSession,
     ban_to_record,
+    group_to_record,
     init_root,
     message_to_record,
+    queue_to_record,
     queued_to_record,
     record_to_ban,
     record_to_message,
@@ -104,10 +114,11 @@ class StoreClosedError(RuntimeError):
 class _Trees:
     """The root's BTrees, fetched once per commit attempt."""
 
-    __slots__ = ("bans", "deleted", "retained", "sessions", "wills")
+    __slots__ = ("bans", "deleted", "queues", "retained", "sessions", "wills")
 
     def __init__(self, root: Any) -> None:
         self.bans: Any = root["bans"]
+        self.queues: Any = root["queues"]
         self.retained: Any = root["retained"]
         self.wills: Any = root["wills"]
         self.sessions: Any = root["sessions"]
@@ -231,7 +242,64 @@ def _delete_ban(t: _Trees, op: DeleteBan) -> None:
     t.bans.pop((op.kind, op.value), None)
 
 
+def _queue_for_put(t: _Trees, name: str) -> PersistentQueue:
+    queue: PersistentQueue | None = t.queues.get(name)
+    if queue is None:
+        queue = PersistentQueue(name)
+        t.queues[name] = queue
+    return queue
+
+
+def _put_queue(t: _Trees, op: PutQueue) -> None:
+    queue = _queue_for_put(t, op.name)
+    retention = tuple(op.retention)
+    if queue.retention != retention:
+        queue.retention = retention
+
+
+def _delete_queue(t: _Trees, op: DeleteQueue) -> None:
+    t.queues.pop(op.name, None)
+
+
+def _put_queue_message(t: _Trees, op: PutQueueMessage) -> None:
+    # (queue messages keep their AMQP form: native receivers get them as sent)
+    _queue_for_put(t, op.queue).log[int(op.offset)] = message_to_record(op.message)
+
+
+def _delete_queue_message(t: _Trees, op: DeleteQueueMessage) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is not None:
+        queue.log.pop(int(op.offset), None)
+
+
+def _trim_queue(t: _Trees, op: TrimQueue) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is None or op.upto <= queue.head:
+        return
+    log = queue.log
+    for offset in list(log.keys(max=int(op.upto), excludemax=True)):
+        del log[offset]
+    queue.head = int(op.upto)
+
+
+def _put_queue_group(t: _Trees, op: PutQueueGroup) -> None:
+    _queue_for_put(t, op.queue).groups[op.group] = group_to_record(op.state)
+
+
+def _delete_queue_group(t: _Trees, op: DeleteQueueGroup) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is not None:
+        queue.groups.pop(op.group, None)
+
+
 _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
+    PutQueue: _put_queue,
+    DeleteQueue: _delete_queue,
+    PutQueueMessage: _put_queue_message,
+    DeleteQueueMessage: _delete_queue_message,
+    TrimQueue: _trim_queue,
+    PutQueueGroup: _put_queue_group,
+    DeleteQueueGroup: _delete_queue_group,
     PutBan: _put_ban,
     DeleteBan: _delete_ban,
     PutRetained: _put_retained,
@@ -352,6 +420,7 @@ class ZODBStore:
                 for client_id, session in root["sessions"].items():
                     snapshot.sessions[client_id] = session_to_record(session)
                 snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
+                snapshot.queues = [queue_to_record(q) for q in root["queues"].values()]
             finally:
                 tm.abort()
             conn.cacheMinimize()

@@ -1,0 +1,1291 @@
+"""Durable queues (seed 004): ``$queue/<name>/...`` beside the pub/sub router.
+
+A publish to ``$queue/<name>/<routing key>`` appends the message to queue
+``<name>``'s durable log at the next offset; the publisher's acknowledgement waits
+for the commit that holds it.  Queue messages never enter the trie, and pub/sub
+messages never enter a queue.
+
+Consumer groups read a queue.  Each group receives every message whose routing key
+matches the group's filter (groups fan out); within a group each message goes to
+one member, round-robin over the members with credit.  A group is the pair (name,
+filter): ``$queue/jobs/#`` and ``$queue/jobs/eu/#`` joined under the same name are
+two groups.  Its id, which deliveries carry and acknowledgements name, is the name
+for the filter ``#`` and ``<name>@<filter>`` otherwise.
+
+Classic groups (the default) claim messages: a delivered message is *pending* on
+its member until acknowledged; after the visibility timeout it is visible again,
+after ``max_deliveries`` deliveries it is dead-lettered to ``$dlq/<name>`` (itself
+a queue), a member that leaves gives its pending messages back at once, and an idle
+member may take over messages pending on a member that has not acknowledged for
+half the visibility timeout.  Stream groups read by cursor without claiming; the
+cursor is stored every few seconds and on an explicit ``$ack`` (commit).
+
+How acknowledgements reach a group depends on the member:
+
+* ``explicit`` (MQTT 5): ``$queue/<name>/$ack|$nack|$reject`` with user properties
+  ``message-id`` and ``group-id`` (``QueueManager.command``);
+* transport (MQTT 3.x at QoS >= 1, AMQP unsettled): the PUBACK / PUBCOMP / Accepted
+  of the delivery itself (the session entry's ``on_done``); AMQP's other outcomes
+  come through ``QueueManager.settle``;
+* on send (MQTT 3.x at QoS 0, AMQP pre-settled).
+
+Durability: every change of a queue's durable state is an ``Op`` committed before
+it is confirmed.  A group's state is stored whole (``QueueGroupRecord``: floor,
+acknowledged offsets above it, delivery counts, members); the dispatch watermark
+is stored ahead of the deliveries in steps, and after a restart every message
+below it that was not acknowledged counts one more delivery (at-least-once: a
+message whose acknowledgement was lost in a crash comes back with its count
+raised).  Messages are dispatched only once their append is durable.
+
+What this module must not do: touch sockets or storage (deliveries go through
+``Session.deliver``; durable changes are returned or handed to ``CommitBatcher``),
+or know protocols beyond the three acknowledgement modes above.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.persistence import (
+    DeleteQueue,
+    DeleteQueueGroup,
+    DeleteQueueMessage,
+    Op,
+    PutQueue,
+    PutQueueGroup,
+    PutQueueMessage,
+    QueueGroupRecord,
+    QueueRecord,
+    TrimQueue,
+)
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.session import OutEntry, Session
+from mqttamqp.core.topics import topic_matches, validate_topic_filter
+from mqttamqp.records import record
+
+__all__ = [
+    "QUEUE_PREFIX", "DLQ_PREFIX", "ACK", "NACK", "REJECT", "CLASSIC", "STREAM",
+    "Consumer", "is_queue_command", "QueueAddress", "QueueManager", "Retention", "Refusal",
+    "is_queue_topic",
+    "parse_queue_topic", "parse_queue_filter", "parse_stream_offset",
+    "QueueView", "GroupView", "QueueMessageView", "default_group",
+]
+
+QUEUE_PREFIX = "$queue/"
+DLQ_PREFIX = "$dlq/"
+ACK, NACK, REJECT = "$ack", "$nack", "$reject"
+ACTIONS = (ACK, NACK, REJECT)
+CLASSIC, STREAM = "classic", "stream"
+
+# MQTT 5 PUBACK reason codes a queue publish or acknowledgement may get.
+UNSPECIFIED_ERROR = 0x80
+TOPIC_NAME_INVALID = 0x90
+QUOTA_EXCEEDED = 0x97
+
+# The dispatch watermark is stored this many offsets ahead of the deliveries.
+_WATERMARK_STEP = 64
+# A stream group's cursor is stored at most this often (seconds) when it moves.
+_CURSOR_EVERY = 5.0
+
+
+def is_queue_topic(topic: str) -> bool:
+    """A topic (or filter) of the queue namespaces, ``$queue/`` or ``$dlq/``."""
+    return topic.startswith(QUEUE_PREFIX) or topic.startswith(DLQ_PREFIX)
+
+
+def is_queue_command(topic: str) -> bool:
+    """``$queue/.../$ack``, ``$nack`` or ``$reject`` (or the same under ``$dlq/``)."""
+    return is_queue_topic(topic) and topic.rsplit("/", 1)[-1] in ACTIONS
+
+
+@record
+class QueueAddress:
+    """A parsed queue topic: the queue's key (``name`` or ``$dlq/name``), what
+    follows it (routing key of a publish, filter of a subscription) and, for
+    ``$ack``/``$nack``/``$reject``, the action."""
+
+    queue: str
+    rest: str
+    action: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The queue's name without the ``$dlq/`` namespace."""
+        return self.queue[len(DLQ_PREFIX):] if self.queue.startswith(DLQ_PREFIX) else self.queue
+
+    @property
+    def dead_letter(self) -> bool:
+        return self.queue.startswith(DLQ_PREFIX)
+
+
+@record
+class Refusal:
+    """Why a queue publish or acknowledgement was refused (MQTT 5 reason code and
+    string; AMQP Rejected's description)."""
+
+    code: int
+    reason: str
+
+
+def _split(topic: str) -> tuple[str, str, str] | str:
+    if topic.startswith(QUEUE_PREFIX):
+        prefix, body = "", topic[len(QUEUE_PREFIX):]
+    elif topic.startswith(DLQ_PREFIX):
+        prefix, body = DLQ_PREFIX, topic[len(DLQ_PREFIX):]
+    else:
+        return "not a queue topic"
+    name, _, rest = body.partition("/")
+    if not name:
+        return f"{topic!r} names no queue: use $queue/<name>/..."
+    if "+" in name or "#" in name or name.startswith("$"):
+        return f"a queue name may not hold + or # or start with $ ({name!r})"
+    return prefix, name, rest
+
+
+def parse_queue_topic(topic: str) -> QueueAddress | str:
+    """A queue publish topic → its address, or why it is refused (a str)."""
+    split = _split(topic)
+    if isinstance(split, str):
+        return split
+    prefix, name, rest = split
+    if "+" in rest or "#" in rest:
+        return f"a queue publish topic may not hold wildcards ({topic!r})"
+    last = rest.rsplit("/", 1)[-1] if rest else ""
+    if last in ACTIONS:
+        return QueueAddress(prefix + name, rest[: -len(last)].rstrip("/"), last)
+    if prefix:
+        return f"{topic!r}: messages reach a dead-letter queue only by dead-lettering"
+    return QueueAddress(name, rest)
+
+
+def parse_queue_filter(topic_filter: str) -> QueueAddress | str:
+    """A queue subscription → its address (``rest`` the group's filter, ``#`` when
+    none is given), or why it is refused."""
+    split = _split(topic_filter)
+    if isinstance(split, str):
+        return split
+    prefix, name, rest = split
+    rest = rest or "#"
+    problem = validate_topic_filter(rest)
+    if problem is not None:
+        return f"{topic_filter!r}: {problem}"
+    return QueueAddress(prefix + name, rest)
+
+
+def default_group(client_id: str) -> str:
+    """The group of an MQTT 3.x consumer, as FluxMQ: its client id up to the first
+    ``-`` (``worker-1`` and ``worker-2`` are group ``worker``)."""
+    return client_id.split("-", 1)[0] or client_id
+
+
+def parse_stream_offset(value: str | None) -> tuple[str, float] | str:
+    """``stream-offset``: ``first``, ``last``, an offset (digits), or a timestamp
+    (ISO 8601, or ``@`` and seconds since the epoch).  Returns ``(kind, value)``
+    with kind ``first``/``last``/``offset``/``time``, or why it is refused."""
+    if value is None or value == "" or value == "first":
+        return ("first", 0.0)
+    if value == "last":
+        return ("last", 0.0)
+    if value.isdigit():
+        return ("offset", float(int(value)))
+    try:
+        if value.startswith("@"):
+            return ("time", float(value[1:]))
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return (f"stream-offset {value!r}: use first, last, an offset, an ISO 8601 time "
+                "or @<seconds since the epoch>")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return ("time", moment.timestamp())
+
+
+@record
+class Consumer:
+    """How a subscription joins a queue: its group (None: the client id up to its
+    first ``-``), ``classic`` or ``stream`` mode, a stream's start
+    (``parse_stream_offset``), and whether it acknowledges with
+    ``$ack``/``$nack``/``$reject`` (None: if it speaks MQTT 5)."""
+
+    group: str | None = None
+    mode: str | None = None
+    stream_offset: str | None = None
+    explicit: bool | None = None
+
+
+@record
+class Retention:
+    """How long a queue keeps messages (None: no bound of that kind)."""
+
+    max_age: float | None = None
+    max_bytes: int | None = None
+    max_messages: int | None = None
+
+    def as_tuple(self) -> tuple[float | None, int | None, int | None]:
+        return (self.max_age, self.max_bytes, self.max_messages)
+
+
+class _Member:
+    __slots__ = ("explicit", "outstanding", "qos", "session")
+
+    def __init__(self, session: Session, qos: int, explicit: bool) -> None:
+        self.session = session
+        self.qos = qos
+        self.explicit = explicit     # acknowledges with $ack/$nack/$reject (MQTT 5)
+        self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
+
+
+class _Pending:
+    __slots__ = ("entry", "member", "since")
+
+    def __init__(self, member: _Member, since: float, entry: OutEntry | None) -> None:
+        self.member = member
+        self.since = since
+        self.entry = entry
+
+
+class _Group:
+    def __init__(self, queue: _Queue, name: str, topic_filter: str, mode: str) -> None:
+        self.queue = queue
+        self.name = name
+        self.filter = topic_filter
+        self.key = name if topic_filter == "#" else f"{name}@{topic_filter}"
+        self.mode = mode
+        self.members: list[_Member] = []
+        # Persistent sessions that were members (they come back as members).
+        self.stored_members: dict[str, int] = {}
+        self._rr = 0
+        # Classic: everything below ``floor`` is done; ``done`` holds the offsets
+        # done above it; ``next`` is the next offset never dispatched.
+        self.floor = queue.first
+        self.next = queue.first
+        self.done: set[int] = set()
+        self.pending: dict[int, _Pending] = {}
+        self.ready: list[int] = []            # a heap: offsets visible again
+        self.counts: dict[int, int] = {}      # deliveries made so far, per offset
+        self.watermark = queue.first          # stored dispatch watermark
+        self.cursor_saved = queue.first       # stream: the stored cursor
+        self.cursor_saved_at = 0.0
+        self.redelivered = 0
+        self.acked = 0
+
+    def matches(self, message: Message) -> bool:
+        if self.filter == "#":
+            return True
+        return topic_matches(self.filter, _routing_key(self.queue.name, message.topic))
+
+    def record(self) -> QueueGroupRecord:
+        return QueueGroupRecord(
+            self.name, self.filter, self.mode, self.floor, self.watermark,
+            tuple(sorted(self.done)),
+            tuple(sorted((o, c) for o, c in self.counts.items() if c > 1)),
+            tuple(sorted(self.stored_members.items())),
+            self.next if self.mode == STREAM else 0)
+
+    def advance_floor(self) -> None:
+        done = self.done
+        floor = self.floor
+        while floor in done:
+            done.discard(floor)
+            floor += 1
+        self.floor = floor
+
+    def lag(self) -> int:
+        return max(0, self.queue.next_offset - self.next) + len(self.ready)
+
+
+class _Queue:
+    def __init__(self, name: str, retention: Retention, head: int = 0) -> None:
+        self.name = name
+        self.retention = retention
+        self.log: dict[int, Message] = {}
+        self.first = head          # lowest offset that may still be in the log
+        self.next_offset = head
+        self.committed = head      # offsets below this are durable: dispatchable
+        self.bytes = 0
+        self.groups: dict[str, _Group] = {}
+        self.published = 0
+        self.acked = 0
+        self.dead = 0
+        self.expired = 0
+
+    def oldest(self) -> Message | None:
+        log = self.log
+        while self.first < self.next_offset and self.first not in log:
+            self.first += 1
+        return log.get(self.first)
+
+
+def _routing_key(queue: str, topic: str) -> str:
+    # (``$queue/<name>/<key>`` or ``$dlq/<name>/<key>``: the key after the name)
+    _, _, rest = topic.partition(queue[len(DLQ_PREFIX):] + "/" if queue.startswith(DLQ_PREFIX)
+                                 else queue + "/")
+    return rest
+
+
+@record
+class GroupView:
+    id: str
+    name: str
+    filter: str
+    mode: str
+    members: tuple[str, ...]
+    cursor: int
+    lag: int
+    pending: int
+    redeliveries: int
+    acknowledged: int
+
+
+@record
+class QueueView:
+    name: str
+    depth: int
+    bytes: int
+    oldest_age: float | None
+    published: int
+    acknowledged: int
+    dead_lettered: int
+    expired: int
+    dlq_depth: int
+    retention: Retention
+    groups: tuple[GroupView, ...]
+    first: int
+    next: int
+
+
+@record
+class QueueMessageView:
+    offset: int
+    topic: str
+    payload: bytes
+    timestamp: float
+    qos: int
+    publisher: str | None
+    user_properties: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class QueueStats:
+    published: int = 0
+    acked: int = 0
+    nacked: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    redelivered: int = 0
+    expired: int = 0
+    refused: int = 0
+    by_queue: dict[str, int] = field(default_factory=dict)
+
+
+class QueueManager:
+    log = Logger(namespace="mqttamqp.core.queues")
+
+    def __init__(self, clock: Clock, commits: CommitBatcher, limits: Limits,
+                 log_limit: LogLimiter, retention_rules: Sequence[tuple[str, Retention]] = ()
+                 ) -> None:
+        self.clock = clock
+        self.commits = commits
+        self.limits = limits
+        self._log_limit = log_limit
+        self.queues: dict[str, _Queue] = {}
+        self.stats = QueueStats()
+        # (pattern, retention) from --queues, first match wins; then the defaults.
+        self.retention_rules = list(retention_rules)
+        self._memberships: dict[Session, list[tuple[_Group, _Member]]] = {}
+        # Queues appended to since the last ``_commit``, with their next offset.
+        self._appended_to: dict[_Queue, int] = {}
+        self._leaving: Session | None = None   # (no credit while it leaves)
+        self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
+        self.stopped = False
+
+    # -- retention settings -------------------------------------------------------
+
+    def default_retention(self, name: str) -> Retention:
+        base = name[len(DLQ_PREFIX):] if name.startswith(DLQ_PREFIX) else name
+        for pattern, retention in self.retention_rules:
+            if fnmatch.fnmatchcase(base, pattern) or fnmatch.fnmatchcase(name, pattern):
+                return retention
+        limits = self.limits
+        return Retention(limits.queue_max_age or None, limits.queue_max_bytes or None,
+                         limits.queue_max_messages or None)
+
+    # -- queues -------------------------------------------------------------------
+
+    def _queue(self, name: str, ops: list[Op]) -> _Queue | None:
+        queue = self.queues.get(name)
+        if queue is not None:
+            return queue
+        if len(self.queues) >= self.limits.queue_max_queues:
+            return None
+        queue = _Queue(name, self.default_retention(name))
+        self.queues[name] = queue
+        ops.append(PutQueue(name, queue.retention.as_tuple()))
+        return queue
+
+    def _refuse(self, cause: str, who: str, topic: str, reason: str,
+                code: int = UNSPECIFIED_ERROR) -> Refusal:
+        self.stats.refused += 1
+        suppressed = self._log_limit.allow("queue:" + cause)
+        if suppressed is not None:
+            self.log.warn("{c}: {t!r} refused: {r} ({h} more refusals like it since the "
+                          "last line)", c=who, t=topic, r=reason, h=suppressed)
+        return Refusal(code, reason)
+
+    def _commit(self, ops: Sequence[Op], background: str | None = None
+                ) -> Deferred[None] | None:
+        """Persist ``ops``; the queues appended to meanwhile dispatch their new
+        messages once that commit is durable.  With ``background`` nobody waits."""
+        appended, self._appended_to = self._appended_to, {}
+        d = self.commits.persist(ops)
+        if d is None:
+            return None
+        for queue, upto in appended.items():
+            d.addCallback(self._appended, queue, upto)
+        if background is not None:
+            self.commits.watch(d, background)
+            return None
+        return d
+
+    # -- publishing ---------------------------------------------------------------
+
+    def publish(self, message: Message, publisher: str,
+                extra_ops: Sequence[Op] = ()) -> tuple[Deferred[None] | None, Refusal | None]:
+        """Append ``message`` (topic ``$queue/<name>/...``) to its queue; the
+        Deferred fires once the append is durable.  Acknowledgement topics are
+        ``command``'s, not this."""
+        address = parse_queue_topic(message.topic)
+        if isinstance(address, str):
+            return (self._commit(extra_ops),
+                    self._refuse("topic", publisher, message.topic, address,
+                                 TOPIC_NAME_INVALID))
+        ops: list[Op] = list(extra_ops)
+        queue = self._queue(address.queue, ops)
+        if queue is None:
+            return (self._commit(ops),
+                    self._refuse("count", publisher, message.topic,
+                                 f"too many queues (--queue-max-queues "
+                                 f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
+        if message.retain or message.dup:
+            message = replace(message, retain=False, dup=False)
+        self._append(queue, message, ops)
+        return self._commit(ops), None
+
+    def _append(self, queue: _Queue, message: Message, ops: list[Op]) -> int:
+        offset = queue.next_offset
+        queue.next_offset = offset + 1
+        queue.log[offset] = message
+        queue.bytes += len(message.payload)
+        queue.published += 1
+        self.stats.published += 1
+        ops.append(PutQueueMessage(queue.name, offset, message))
+        self._appended_to[queue] = offset + 1
+        if queue.retention.max_age is not None:
+            self._arm()
+        self._enforce_retention(queue, ops, message.timestamp)
+        return offset
+
+    def _appended(self, result: object, queue: _Queue, upto: int) -> object:
+        if upto > queue.committed:
+            queue.committed = upto
+        if self.queues.get(queue.name) is queue:
+            self._pump_queue(queue)
+        return result
+
+    # -- retention ----------------------------------------------------------------
+
+    def _enforce_retention(self, queue: _Queue, ops: list[Op], now: float) -> None:
+        r = queue.retention
+        log = queue.log
+        start = queue.first
+        while log:
+            message = queue.oldest()
+            if message is None:
+                break
+            over = ((r.max_messages is not None and len(log) > r.max_messages)
+                    or (r.max_bytes is not None and queue.bytes > r.max_bytes)
+                    or (r.max_age is not None and message.timestamp + r.max_age <= now))
+            if not over:
+                break
+            self._forget(queue, queue.first)
+            queue.expired += 1
+            self.stats.expired += 1
+        if queue.first != start:
+            ops.append(TrimQueue(queue.name, queue.first))
+
+    def _forget(self, queue: _Queue, offset: int) -> None:
+        message = queue.log.pop(offset, None)
+        if message is None:
+            return
+        queue.bytes -= len(message.payload)
+        for group in queue.groups.values():
+            if group.mode != CLASSIC or offset < group.floor or offset in group.done:
+                continue
+            pending = group.pending.pop(offset, None)
+            if pending is not None:
+                pending.member.outstanding -= 1
+                if pending.entry is not None:
+                    pending.entry.on_done = None
+                    pending.member.session.take_back(pending.entry)
+            group.counts.pop(offset, None)
+            if offset < group.next:
+                group.done.add(offset)
+                group.advance_floor()
+        if offset == queue.first:
+            queue.oldest()
+
+    # -- subscriptions ------------------------------------------------------------
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int, consumer: Consumer
+                  ) -> tuple[Refusal | None, list[Op]]:
+        """``session`` joins the group of ``topic_filter`` (``$queue/<name>[/<filter>]``
+        or ``$dlq/...``) as ``consumer`` says.  Returns a refusal, or the durable ops."""
+        group, mode, stream_offset = consumer.group, consumer.mode, consumer.stream_offset
+        explicit = (consumer.explicit if consumer.explicit is not None
+                    else session.protocol == "mqtt5")
+        address = parse_queue_filter(topic_filter)
+        who = session.client_id
+        if isinstance(address, str):
+            return self._refuse("filter", who, topic_filter, address), []
+        mode = mode or CLASSIC
+        if mode not in (CLASSIC, STREAM):
+            return self._refuse("mode", who, topic_filter,
+                                f"consumer-mode {mode!r}: use classic or stream"), []
+        start = parse_stream_offset(stream_offset)
+        if isinstance(start, str):
+            return self._refuse("offset", who, topic_filter, start), []
+        ops: list[Op] = []
+        queue = self._queue(address.queue, ops)
+        if queue is None:
+            return self._refuse("count", who, topic_filter,
+                                f"too many queues (--queue-max-queues "
+                                f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED), []
+        name = group or default_group(session.client_id)
+        key = name if address.rest == "#" else f"{name}@{address.rest}"
+        g = queue.groups.get(key)
+        if g is None:
+            g = _Group(queue, name, address.rest, mode)
+            queue.groups[key] = g
+            if mode == STREAM:
+                self._position(g, start)
+        elif g.mode != mode:
+            return self._refuse("mode", who, topic_filter,
+                                f"group {key!r} of queue {queue.name!r} is a {g.mode} group"
+                                ), ops
+        elif mode == STREAM and stream_offset:
+            self._position(g, start)
+        self._leave(session, g)   # (a repeated SUBSCRIBE replaces the membership)
+        member = _Member(session, min(qos, 2), explicit)
+        g.members.append(member)
+        self._memberships.setdefault(session, []).append((g, member))
+        if session.persistent:
+            g.stored_members[session.client_id] = member.qos | (4 if explicit else 0)
+        ops.append(PutQueueGroup(queue.name, g.key, g.record()))
+        self._pump(g)
+        return None, ops
+
+    def _position(self, group: _Group, start: tuple[str, float]) -> None:
+        queue = group.queue
+        kind, value = start
+        if kind == "first":
+            queue.oldest()
+            offset = queue.first
+        elif kind == "last":
+            offset = queue.next_offset
+        elif kind == "offset":
+            offset = min(max(int(value), queue.first), queue.next_offset)
+        else:
+            offset = queue.next_offset
+            for o, message in queue.log.items():
+                if message.timestamp >= value:
+                    offset = o
+                    break
+        group.next = offset
+
+    def unsubscribe(self, session: Session, topic_filter: str, group: str | None = None
+                    ) -> list[Op]:
+        address = parse_queue_filter(topic_filter)
+        if isinstance(address, str):
+            return []
+        queue = self.queues.get(address.queue)
+        if queue is None:
+            return []
+        ops: list[Op] = []
+        for g in list(queue.groups.values()):
+            if g.filter != address.rest or (group is not None and g.name != group):
+                continue
+            if self._leave(session, g) or session.client_id in g.stored_members:
+                g.stored_members.pop(session.client_id, None)
+                ops.append(PutQueueGroup(queue.name, g.key, g.record()))
+        return ops
+
+    def _leave(self, session: Session, group: _Group) -> bool:
+        memberships = self._memberships.get(session)
+        if not memberships:
+            return False
+        for index, (g, member) in enumerate(memberships):
+            if g is group:
+                del memberships[index]
+                if not memberships:
+                    del self._memberships[session]
+                group.members.remove(member)
+                self._give_back(group, member)
+                return True
+        return False
+
+    def _give_back(self, group: _Group, member: _Member) -> None:
+        """``member``'s pending messages go back to its group at once."""
+        back = [o for o, p in group.pending.items() if p.member is member]
+        for offset in back:
+            pending = group.pending.pop(offset)
+            if pending.entry is not None:
+                pending.entry.on_done = None
+                member.session.take_back(pending.entry)
+            heapq.heappush(group.ready, offset)
+        member.outstanding = 0
+        if back:
+            self._pump(group)
+
+    def member_left(self, session: Session) -> None:
+        """``session`` goes offline: its pending messages go back to their groups
+        (a persistent session stays a member, with no credit while offline)."""
+        memberships = self._memberships.get(session)
+        if not memberships:
+            return
+        self._leaving = session
+        try:
+            for group, member in list(memberships):
+                if session.persistent:
+                    self._give_back(group, member)
+                else:
+                    self._leave(session, group)
+        finally:
+            self._leaving = None
+
+    def forget_session(self, session: Session) -> list[Op]:
+        """``session`` is gone for good: it leaves every group."""
+        ops: list[Op] = []
+        for group, _member in list(self._memberships.get(session, ())):
+            self._leave(session, group)
+            if group.stored_members.pop(session.client_id, None) is not None:
+                ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        return ops
+
+    def link_drained(self, session: Session) -> None:
+        """``session`` can take more (online again, a link drained): feed it."""
+        for group, _member in list(self._memberships.get(session, ())):
+            self._pump(group)
+
+    def session_online(self, session: Session) -> None:
+        """``session`` is online: a persistent one that was a member before a restart
+        takes up its memberships (stored with the group), then it is fed."""
+        if session.persistent and session not in self._memberships:
+            self._member_returned(session)
+        self.link_drained(session)
+
+    def _member_returned(self, session: Session) -> None:
+        for queue in self.queues.values():
+            for g in queue.groups.values():
+                stored = g.stored_members.get(session.client_id)
+                if stored is None:
+                    continue
+                if any(m.session is session for m in g.members):
+                    continue
+                member = _Member(session, stored & 3, bool(stored & 4))
+                g.members.append(member)
+                self._memberships.setdefault(session, []).append((g, member))
+
+    # -- dispatch -----------------------------------------------------------------
+
+    def _pump_queue(self, queue: _Queue) -> None:
+        for group in list(queue.groups.values()):
+            self._pump(group)
+
+    def _credit(self, member: _Member) -> bool:
+        session = member.session
+        link = session.link
+        if link is None or link.congested or session is self._leaving:
+            return False
+        prefetch = min(self.limits.queue_prefetch, session.window) if member.qos else \
+            self.limits.queue_prefetch
+        return member.outstanding < prefetch and not session.has_queued
+
+    def _next_member(self, group: _Group) -> _Member | None:
+        members = group.members
+        n = len(members)
+        for i in range(n):
+            member = members[(group._rr + i) % n]
+            if self._credit(member):
+                group._rr = (group._rr + i + 1) % n
+                return member
+        return None
+
+    def _pump(self, group: _Group) -> None:
+        """Hand out what the group may have, round-robin over members with credit."""
+        if not group.members:
+            return
+        queue = group.queue
+        ops: list[Op] = []
+        while True:
+            offset = self._next_offset(group)
+            if offset is None:
+                break
+            member = self._next_member(group)
+            if member is None:
+                break
+            self._take(group, offset)
+            self._deliver(group, member, offset, queue.log[offset], ops)
+        if group.mode == CLASSIC and group.next > group.watermark:
+            group.watermark = group.next + _WATERMARK_STEP
+            ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+        if ops:
+            self._commit(ops, "recording a queue delivery")
+
+    def _next_offset(self, group: _Group) -> int | None:
+        """The next offset this group would hand out (not taken yet)."""
+        queue = group.queue
+        log = queue.log
+        if group.mode == CLASSIC:
+            ready = group.ready
+            while ready:
+                offset = ready[0]
+                if offset in log and offset not in group.done:
+                    return offset
+                heapq.heappop(ready)
+        limit = queue.committed
+        while group.next < limit:
+            offset = group.next
+            message = log.get(offset)
+            if group.mode == STREAM:
+                if message is not None and group.matches(message):
+                    return offset
+                group.next = offset + 1
+                continue
+            if offset in group.done:     # (after a restart: acknowledged before it)
+                group.next = offset + 1
+                continue
+            if message is not None and group.matches(message):
+                return offset
+            group.next = offset + 1
+            group.done.add(offset)       # (not for this group: done with it)
+            group.advance_floor()
+        return None
+
+    def _take(self, group: _Group, offset: int) -> None:
+        if group.ready and group.ready[0] == offset:
+            heapq.heappop(group.ready)
+        elif group.next == offset:
+            group.next = offset + 1
+
+    def _deliver(self, group: _Group, member: _Member, offset: int, message: Message,
+                 ops: list[Op]) -> None:
+        queue = group.queue
+        count = group.counts.get(offset, 0) + 1
+        if group.mode == CLASSIC:
+            group.counts[offset] = count
+            if count > 1:
+                group.redelivered += 1
+                self.stats.redelivered += 1
+        delivered = _with_metadata(message, queue.name, group.key, offset, count)
+        session = member.session
+        entry = session.deliver(delivered, member.qos, False)
+        member.outstanding += 1
+        self._arm()
+        if group.mode == STREAM:
+            if entry is None:
+                member.outstanding -= 1
+            else:
+                entry.on_done = _stream_done(self, group, member)
+                entry.qref = (queue.name, group.key, offset)
+            return
+        if entry is None and member.qos:
+            # (refused by the session's bound: visible again at once)
+            member.outstanding -= 1
+            group.counts[offset] = count - 1
+            heapq.heappush(group.ready, offset)
+            return
+        if entry is None and not member.explicit:
+            # QoS 0 without explicit acknowledgements: acknowledged on send.
+            member.outstanding -= 1
+            self._done(group, offset, ops)
+            group.acked += 1
+            queue.acked += 1
+            self.stats.acked += 1
+            return
+        group.pending[offset] = _Pending(member, self.clock.seconds(), entry)
+        if entry is not None:
+            entry.qref = (queue.name, group.key, offset)
+            if not member.explicit:
+                entry.on_done = _transport_ack(self, group, offset, member)
+
+    # -- acknowledgements ---------------------------------------------------------
+
+    def _done(self, group: _Group, offset: int, ops: list[Op]) -> None:
+        """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
+        group.counts.pop(offset, None)
+        if offset >= group.floor:
+            group.done.add(offset)
+            group.advance_floor()
+        ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        self._trim(group.queue, ops)
+
+    def _trim(self, queue: _Queue, ops: list[Op]) -> None:
+        """Classic mode: a message leaves the log once every classic group is done
+        with it (stream groups do not hold messages: retention ends them)."""
+        floors = [g.floor for g in queue.groups.values() if g.mode == CLASSIC]
+        if not floors:
+            return
+        upto = min(floors)
+        if upto <= queue.first:
+            return
+        for offset in range(queue.first, upto):
+            message = queue.log.pop(offset, None)
+            if message is not None:
+                queue.bytes -= len(message.payload)
+        queue.first = upto
+        ops.append(TrimQueue(queue.name, upto))
+
+    def transport_ack(self, group: _Group, offset: int, member: _Member) -> None:
+        pending = group.pending.get(offset)
+        if pending is None or pending.member is not member:
+            return
+        del group.pending[offset]
+        member.outstanding -= 1
+        ops: list[Op] = []
+        self._done(group, offset, ops)
+        group.acked += 1
+        group.queue.acked += 1
+        self.stats.acked += 1
+        self._commit(ops, "recording a queue acknowledgement")
+        self._pump(group)
+
+    def after_stream_ack(self, group: _Group) -> None:
+        self._pump(group)
+
+    def _find(self, session: Session, message_id: str | None, group_id: str | None,
+              address: QueueAddress) -> tuple[_Group, int] | str:
+        if not message_id:
+            return "no message-id user property (it is <queue>:<offset>)"
+        name, sep, digits = message_id.rpartition(":")
+        if not sep or not digits.isdigit():
+            return f"malformed message-id {message_id!r} (it is <queue>:<offset>)"
+        if name != address.queue:
+            return f"message-id {message_id!r} is not of queue {address.queue!r}"
+        queue = self.queues.get(name)
+        if queue is None:
+            return f"no queue {name!r}"
+        offset = int(digits)
+        groups = ([queue.groups[group_id]] if group_id in queue.groups
+                  else [] if group_id else list(queue.groups.values()))
+        if not groups:
+            return f"no group {group_id!r} on queue {name!r}"
+        for g in groups:
+            if not any(m.session is session for m in g.members):
+                continue
+            if g.mode == STREAM:
+                return (g, offset)
+            pending = g.pending.get(offset)
+            if pending is not None and pending.member.session is session:
+                return (g, offset)
+        if not any(any(m.session is session for m in g.members) for g in groups):
+            return (f"{session.client_id} is not a member of group "
+                    f"{group_id or '(any)'!r} of queue {name!r}")
+        return f"message {message_id!r} is not pending for {session.client_id}"
+
+    def command(self, session: Session, topic: str,
+                user_properties: Iterable[tuple[str, str]]
+                ) -> tuple[Deferred[None] | None, Refusal | None]:
+        """An acknowledgement published by an MQTT 5 member: ``$ack``, ``$nack`` or
+        ``$reject`` with user properties ``message-id``, ``group-id`` (and
+        ``reason``).  The Deferred fires once the change is durable."""
+        address = parse_queue_topic(topic)
+        if isinstance(address, str) or address.action is None:
+            reason = address if isinstance(address, str) else "not an acknowledgement"
+            return None, self._refuse("ack", session.client_id, topic, reason,
+                                      TOPIC_NAME_INVALID)
+        props: dict[str, str] = {}
+        for key, value in user_properties:
+            props.setdefault(key, value)
+        found = self._find(session, props.get("message-id"), props.get("group-id"), address)
+        if isinstance(found, str):
+            return None, self._refuse("ack", session.client_id, topic, found)
+        group, offset = found
+        ops: list[Op] = []
+        if group.mode == STREAM:
+            if address.action == ACK:           # an explicit cursor commit
+                group.cursor_saved = offset + 1
+                group.cursor_saved_at = self.clock.seconds()
+                ops.append(PutQueueGroup(group.queue.name, group.key,
+                                         replace(group.record(), cursor=offset + 1)))
+            return self._commit(ops), None
+        pending = group.pending.pop(offset)
+        pending.member.outstanding -= 1
+        if pending.entry is not None:
+            pending.entry.on_done = None
+        if address.action == ACK:
+            self._done(group, offset, ops)
+            group.acked += 1
+            group.queue.acked += 1
+            self.stats.acked += 1
+        elif address.action == NACK:
+            self.stats.nacked += 1
+            self._again(group, offset, ops, "nacked")
+        else:
+            self.stats.rejected += 1
+            self._dead_letter(group, offset, props.get("reason") or "rejected", ops)
+        d = self._commit(ops)
+        self._pump(group)
+        return d, None
+
+    def settle(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+               reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on a queue delivery: ``released``
+        (nack, not counted), ``modified`` (nack; ``failed`` counts it), ``rejected``
+        (dead-letter with ``reason``)."""
+        ref = entry.qref
+        if ref is None:
+            return
+        queue = self.queues.get(ref[0])
+        group = queue.groups.get(ref[1]) if queue is not None else None
+        session.take_back(entry)
+        if group is None or group.mode == STREAM:
+            return
+        offset = ref[2]
+        pending = group.pending.get(offset)
+        if pending is None or pending.member.session is not session:
+            return
+        del group.pending[offset]
+        pending.member.outstanding -= 1
+        ops: list[Op] = []
+        if outcome == "rejected":
+            self.stats.rejected += 1
+            self._dead_letter(group, offset, reason or "rejected", ops)
+        else:
+            self.stats.nacked += 1
+            if outcome == "released" or not failed:
+                group.counts[offset] = max(0, group.counts.get(offset, 1) - 1)
+            self._again(group, offset, ops, "released")
+        self._commit(ops, "recording a queue settlement")
+        self._pump(group)
+
+    def _again(self, group: _Group, offset: int, ops: list[Op], why: str) -> None:
+        """Visible again, or dead-lettered past ``--queue-max-deliveries``."""
+        if group.counts.get(offset, 0) >= self.limits.queue_max_deliveries:
+            self._dead_letter(
+                group, offset,
+                f"{why} after {group.counts.get(offset, 0)} deliveries "
+                f"(--queue-max-deliveries {self.limits.queue_max_deliveries})", ops)
+            return
+        heapq.heappush(group.ready, offset)
+        ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+
+    def _dead_letter(self, group: _Group, offset: int, reason: str, ops: list[Op]) -> None:
+        queue = group.queue
+        message = queue.log.get(offset)
+        count = group.counts.get(offset, 0)
+        self._done(group, offset, ops)
+        if message is None:
+            return
+        queue.dead += 1
+        self.stats.dead_lettered += 1
+        if queue.name.startswith(DLQ_PREFIX):
+            return   # (a dead-letter queue's dead messages go nowhere: counted)
+        dlq = self._queue(DLQ_PREFIX + queue.name, ops)
+        if dlq is None:
+            return
+        extra = (("origin-queue", queue.name), ("origin-offset", str(offset)),
+                 ("origin-group", group.key), ("delivery-count", str(count)),
+                 ("reason", reason))
+        props = message.props or MessageProperties()
+        dead = replace(message, topic=DLQ_PREFIX + message.topic[len(QUEUE_PREFIX):],
+                       props=replace(props, user_properties=_without_metadata(
+                           props.user_properties) + extra))
+        self._append(dlq, dead, ops)
+
+    # -- time ---------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """Tick in a second (only while something waits on time: an idle broker has
+        no queue timer)."""
+        if self._timer is None and not self.stopped:
+            self._timer = self.clock.callLater(1.0, self._ticked)
+
+    def _ticked(self) -> None:
+        self._timer = None
+        self.tick()
+        if any((g.pending or (g.mode == STREAM and g.next != g.cursor_saved))
+               for q in self.queues.values() for g in q.groups.values()) or any(
+                   q.retention.max_age is not None and q.log for q in self.queues.values()):
+            self._arm()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def tick(self) -> None:
+        """Visibility timeouts, takeovers, retention by age, stream cursors."""
+        now = self.clock.seconds()
+        timeout = self.limits.queue_visibility_timeout
+        ops: list[Op] = []
+        for queue in list(self.queues.values()):
+            if queue.retention.max_age is not None:
+                self._enforce_retention(queue, ops, now)
+            for group in list(queue.groups.values()):
+                if group.mode == STREAM:
+                    if (group.next != group.cursor_saved
+                            and now - group.cursor_saved_at >= _CURSOR_EVERY):
+                        group.cursor_saved = group.next
+                        group.cursor_saved_at = now
+                        ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                    continue
+                if not group.pending:
+                    continue
+                expired = [o for o, p in group.pending.items() if p.since + timeout <= now]
+                for offset in expired:
+                    self._withdraw(group, offset)
+                    self._again(group, offset, ops, "not acknowledged within the "
+                                f"visibility timeout ({timeout:g} s)")
+                self._takeover(group, now, timeout / 2, ops)
+                self._pump(group)
+        if ops:
+            self._commit(ops, "recording queue timeouts")
+
+    def _withdraw(self, group: _Group, offset: int) -> None:
+        pending = group.pending.pop(offset)
+        pending.member.outstanding -= 1
+        if pending.entry is not None:
+            pending.entry.on_done = None
+            pending.member.session.take_back(pending.entry)
+
+    def _takeover(self, group: _Group, now: float, after: float, ops: list[Op]) -> None:
+        """An idle member (credit, nothing pending) takes over the messages pending
+        on a member that has not acknowledged for half the visibility timeout."""
+        if self._next_offset(group) is not None:
+            return
+        idle = [m for m in group.members if m.outstanding == 0 and self._credit(m)]
+        if not idle:
+            return
+        stale = [o for o, p in group.pending.items()
+                 if p.since + after <= now and p.member not in idle]
+        log = group.queue.log
+        for index, offset in enumerate(stale[: self.limits.queue_prefetch * len(idle)]):
+            self._withdraw(group, offset)
+            # (straight to the idle member: the stale one must not get it back)
+            self._deliver(group, idle[index % len(idle)], offset, log[offset], ops)
+        if stale:
+            ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+
+    # -- restore --------------------------------------------------------------------
+
+    def restore(self, records: Iterable[QueueRecord]) -> None:
+        """Rebuild from storage.  Every message below a classic group's stored
+        watermark that is not done counts one more delivery (it may have been
+        delivered before the crash)."""
+        for rec in records:
+            retention = (Retention(*rec.retention) if rec.retention is not None
+                         else self.default_retention(rec.name))
+            queue = _Queue(rec.name, retention, rec.head)
+            for offset, message in rec.messages:
+                queue.log[offset] = message
+                queue.bytes += len(message.payload)
+                queue.next_offset = max(queue.next_offset, offset + 1)
+            if queue.log:
+                queue.first = min(queue.first, next(iter(queue.log)))
+            queue.committed = queue.next_offset
+            for key, g in rec.groups.items():
+                group = _Group(queue, g.name, g.filter, g.mode)
+                group.key = key
+                group.floor = max(g.floor, queue.first) if g.mode == CLASSIC else g.floor
+                group.done = {o for o in g.done if o >= group.floor}
+                group.advance_floor()
+                group.stored_members = dict(g.members)
+                if g.mode == STREAM:
+                    group.next = group.cursor_saved = max(g.cursor, queue.first)
+                else:
+                    group.watermark = g.watermark
+                    group.next = group.floor
+                    counts = dict(g.counts)
+                    for offset in range(group.floor, min(g.watermark, queue.next_offset)):
+                        if offset in queue.log and offset not in group.done:
+                            group.counts[offset] = counts.get(offset, 1)
+                queue.groups[key] = group
+                queue.next_offset = max(queue.next_offset, group.floor)
+            queue.committed = queue.next_offset
+            self.queues[rec.name] = queue
+
+    # -- console ---------------------------------------------------------------------
+
+    def views(self) -> list[QueueView]:
+        now = self.clock.seconds()
+        out = []
+        for name in sorted(self.queues):
+            queue = self.queues[name]
+            oldest = queue.oldest()
+            dlq = self.queues.get(DLQ_PREFIX + name)
+            groups = tuple(
+                GroupView(g.key, g.name, g.filter, g.mode,
+                          tuple(m.session.client_id for m in g.members),
+                          g.next if g.mode == STREAM else g.floor,
+                          g.lag(), len(g.pending), g.redelivered, g.acked)
+                for g in queue.groups.values())
+            out.append(QueueView(
+                name, len(queue.log), queue.bytes,
+                None if oldest is None else max(0.0, now - oldest.timestamp),
+                queue.published, queue.acked, queue.dead, queue.expired,
+                0 if dlq is None else len(dlq.log), queue.retention, groups,
+                queue.first, queue.next_offset))
+        return out
+
+    def browse(self, name: str, start: int = 0, limit: int = 50) -> list[QueueMessageView]:
+        queue = self.queues.get(name)
+        if queue is None:
+            return []
+        out = []
+        for offset, message in queue.log.items():
+            if offset < start:
+                continue
+            props = message.props
+            out.append(QueueMessageView(offset, message.topic, message.payload,
+                                        message.timestamp, message.qos, message.publisher,
+                                        props.user_properties if props else ()))
+            if len(out) >= limit:
+                break
+        return out
+
+    def purge(self, name: str) -> Deferred[None] | None:
+        """Remove every message of queue ``name`` (its groups stay)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return None
+        ops: list[Op] = []
+        for offset in list(queue.log):
+            self._forget(queue, offset)
+        queue.first = queue.next_offset
+        for group in queue.groups.values():
+            group.ready.clear()
+            group.done.clear()
+            group.counts.clear()
+            if group.mode == CLASSIC:
+                group.floor = group.next = queue.next_offset
+            else:
+                group.next = max(group.next, queue.next_offset)
+            ops.append(PutQueueGroup(name, group.key, group.record()))
+        ops.append(TrimQueue(name, queue.next_offset))
+        return self.commits.persist(ops)
+
+    def delete(self, name: str) -> Deferred[None] | None:
+        """Delete queue ``name`` with its messages and groups (members are dropped
+        from it; a later message or consumer creates it anew)."""
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return None
+        for group in queue.groups.values():
+            for member in list(group.members):
+                self._leave(member.session, group)
+        return self.commits.persist([DeleteQueue(name)])
+
+    def requeue(self, dlq_name: str, offset: int | None = None
+                ) -> tuple[int, Deferred[None] | None]:
+        """Move dead messages of ``$dlq/<name>`` (one, or all) back to their origin
+        queue, as new messages; returns how many moved."""
+        dlq = self.queues.get(dlq_name)
+        if dlq is None or not dlq_name.startswith(DLQ_PREFIX):
+            return 0, None
+        ops: list[Op] = []
+        moved = 0
+        for o in ([offset] if offset is not None else list(dlq.log)):
+            message = dlq.log.get(o)
+            if message is None:
+                continue
+            props = message.props
+            origin = dlq_name[len(DLQ_PREFIX):]
+            for key, value in (props.user_properties if props else ()):
+                if key == "origin-queue":
+                    origin = value
+            target = self._queue(origin, ops)
+            if target is None:
+                break
+            users = tuple(kv for kv in (props.user_properties if props else ())
+                          if kv[0] not in _DLQ_KEYS)
+            again = replace(message, topic=QUEUE_PREFIX + origin + message.topic[
+                len(dlq_name):], props=None if props is None else replace(
+                    props, user_properties=users), timestamp=self.clock.seconds())
+            self._forget(dlq, o)
+            ops.append(DeleteQueueMessage(dlq_name, o))
+            self._append(target, again, ops)
+            moved += 1
+        return moved, self._commit(ops)
+
+    def set_retention(self, name: str, retention: Retention) -> Deferred[None] | None:
+        queue = self.queues.get(name)
+        if queue is None:
+            return None
+        queue.retention = retention
+        ops: list[Op] = [PutQueue(name, retention.as_tuple())]
+        self._enforce_retention(queue, ops, self.clock.seconds())
+        return self.commits.persist(ops)
+
+    def depth(self) -> int:
+        return sum(len(q.log) for q in self.queues.values())
+
+    def delete_group(self, name: str, key: str) -> Deferred[None] | None:
+        queue = self.queues.get(name)
+        group = queue.groups.get(key) if queue is not None else None
+        if queue is None or group is None:
+            return None
+        for member in list(group.members):
+            self._leave(member.session, group)
+        del queue.groups[key]
+        ops: list[Op] = [DeleteQueueGroup(name, key)]
+        self._trim(queue, ops)
+        return self.commits.persist(ops)
+
+
+_DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
+                       "reason"))
+_METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
+
+
+def _without_metadata(users: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    if not users:
+        return users
+    return tuple(kv for kv in users if kv[0] not in _METADATA_KEYS)
+
+
+def _with_metadata(message: Message, queue: str, group: str, offset: int, count: int
+                   ) -> Message:
+    """The delivery's copy: the seed's metadata as user properties (MQTT 5 sees them;
+    AMQP gets them as application properties and ``message-id``; MQTT 3.x nothing)."""
+    props = message.props or MessageProperties()
+    users = (*_without_metadata(props.user_properties),
+             ("message-id", f"{queue}:{offset}"), ("group-id", group), ("queue", queue),
+             ("offset", str(offset)), ("delivery-count", str(count)))
+    return replace(message, props=replace(props, user_properties=users))
+
+
+def _transport_ack(manager: QueueManager, group: _Group, offset: int, member: _Member
+                   ) -> Callable[[], None]:
+    def done() -> None:
+        manager.transport_ack(group, offset, member)
+    return done
+
+
+def _stream_done(manager: QueueManager, group: _Group, member: _Member
+                 ) -> Callable[[], None]:
+    def done() -> None:
+        member.outstanding -= 1
+        manager.after_stream_ack(group)
+    return done

@@ -1,0 +1,421 @@
+"""Durable queues (``mqttamqp.core.queues``) through the broker's façade, with fake
+links, ``task.Clock`` and in-memory stores: groups, acknowledgements in each mode,
+visibility timeout, takeover, dead letters, streams, retention and restarts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fakes import FakeLink, ManualStore, MemoryStore, NullStore
+from twisted.internet.task import Clock
+
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues import (
+    Consumer,
+    Retention,
+    default_group,
+    parse_queue_filter,
+    parse_queue_topic,
+    parse_stream_offset,
+)
+from mqttamqp.core.session import Session
+
+
+def make(store: NullStore | None = None, **limits: Any) -> tuple[Broker, Clock, NullStore]:
+    clock = Clock()
+    clock.advance(1000.0)
+    store = store if store is not None else NullStore()
+    limits.setdefault("sys_interval", 0)
+    broker = Broker(clock, store, Limits(**limits))
+    broker.start()
+    return broker, clock, store
+
+
+def client(broker: Broker, client_id: str, protocol: str = "mqtt3.1.1",
+           clean: bool = True) -> tuple[Session, FakeLink]:
+    link = FakeLink(client_id)
+    session = broker.open_session(link, client_id, clean, None).session
+    broker.activate(session, link, protocol)
+    return session, link
+
+
+def join(broker: Broker, session: Session, topic_filter: str, qos: int = 1,
+         consumer: Consumer | None = None) -> int:
+    codes, _ = broker._router.subscribe(session, Identity(session.client_id),
+                                        [(topic_filter, qos)], consumer=consumer)
+    return codes[0]
+
+
+def send(broker: Broker, topic: str, payload: bytes = b"x", qos: int = 1,
+         props: MessageProperties | None = None, publisher: str = "p") -> Any:
+    return broker.publish(Message(topic, payload, qos, False, publisher,
+                                  broker.clock.seconds(), props=props))
+
+
+def got(link: FakeLink) -> list[tuple[str, bytes]]:
+    return [(m.topic, m.payload) for m, *_ in link.published()]
+
+
+def meta(message: Message) -> dict[str, str]:
+    assert message.props is not None
+    return dict(message.props.user_properties)
+
+
+def ack(broker: Broker, session: Session, message: Message, action: str = "$ack",
+        **extra: str) -> Any:
+    m = meta(message)
+    users = (("message-id", m["message-id"]), ("group-id", m["group-id"]),
+             *extra.items())
+    return broker.publish(
+        Message(f"$queue/{m['queue']}/{action}", b"", 1, False, session.client_id,
+                broker.clock.seconds(), props=MessageProperties(user_properties=users)),
+        Identity(session.client_id, None, session.protocol))
+
+
+def last(link: FakeLink) -> Message:
+    message: Message = link.published()[-1][0]
+    return message
+
+
+# -- parsing ------------------------------------------------------------------------
+
+
+def test_parse_topics_filters_and_offsets() -> None:
+    a = parse_queue_topic("$queue/orders/eu/new")
+    assert not isinstance(a, str)
+    assert (a.queue, a.rest, a.action) == ("orders", "eu/new", None)
+    a = parse_queue_topic("$queue/orders/eu/$ack")
+    assert not isinstance(a, str) and (a.queue, a.action) == ("orders", "$ack")
+    assert isinstance(parse_queue_topic("$queue/"), str)           # no name
+    assert isinstance(parse_queue_topic("$queue//x"), str)
+    assert isinstance(parse_queue_topic("$queue/a/+/b"), str)      # wildcards
+    assert isinstance(parse_queue_topic("$dlq/a/b"), str)          # only by dead-lettering
+    f = parse_queue_filter("$queue/orders")
+    assert not isinstance(f, str) and f.rest == "#"
+    f = parse_queue_filter("$dlq/orders/#")
+    assert not isinstance(f, str) and f.queue == "$dlq/orders"
+    assert isinstance(parse_queue_filter("$queue/+/x"), str)
+    assert default_group("worker-1") == "worker" == default_group("worker-22")
+    assert parse_stream_offset("first") == ("first", 0.0)
+    assert parse_stream_offset("17") == ("offset", 17.0)
+    assert parse_stream_offset("@100.5") == ("time", 100.5)
+    assert parse_stream_offset("1970-01-01T00:01:40Z") == ("time", 100.0)
+    assert isinstance(parse_stream_offset("yesterday"), str)
+
+
+# -- groups ---------------------------------------------------------------------------
+
+
+def test_a_message_waits_for_its_first_consumer() -> None:
+    broker, _, _ = make()
+    result = send(broker, "$queue/jobs/a", b"early")
+    assert result.refusal is None and result.durable is not None
+    worker, link = client(broker, "worker-1")
+    assert join(broker, worker, "$queue/jobs/#") == 1
+    assert got(link) == [("$queue/jobs/a", b"early")]
+
+
+def test_groups_fan_out_and_members_share_round_robin() -> None:
+    broker, _, _ = make()
+    links = {}
+    for cid in ("worker-1", "worker-2", "audit-1"):
+        session, links[cid] = client(broker, cid)
+        join(broker, session, "$queue/jobs/#")
+    for i in range(4):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    assert [p for _, p in got(links["audit-1"])] == [b"0", b"1", b"2", b"3"]
+    one, two = [p for _, p in got(links["worker-1"])], [p for _, p in got(links["worker-2"])]
+    assert sorted(one + two) == [b"0", b"1", b"2", b"3"] and len(one) == len(two) == 2
+
+
+def test_a_filter_is_a_group_of_its_own_and_sees_only_its_keys() -> None:
+    broker, _, _ = make()
+    eu, eu_link = client(broker, "w-1")
+    join(broker, eu, "$queue/orders/eu/#")
+    all_, all_link = client(broker, "w-2")
+    join(broker, all_, "$queue/orders/#")
+    send(broker, "$queue/orders/eu/1", b"eu")
+    send(broker, "$queue/orders/us/1", b"us")
+    assert got(eu_link) == [("$queue/orders/eu/1", b"eu")]
+    assert [p for _, p in got(all_link)] == [b"eu", b"us"]
+    assert meta(last(eu_link))["group-id"] == "w@eu/#"
+
+
+def test_queue_messages_never_enter_the_trie_and_back() -> None:
+    broker, _, _ = make()
+    plain, plain_link = client(broker, "plain")
+    join(broker, plain, "#")
+    queue_member, q_link = client(broker, "q")
+    join(broker, queue_member, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    send(broker, "jobs/a")
+    assert got(plain_link) == [("jobs/a", b"x")]
+    assert got(q_link) == [("$queue/jobs/a", b"x")]
+
+
+def test_bad_queue_input_is_refused_with_a_reason() -> None:
+    broker, _, _ = make()
+    for topic in ("$queue/", "$dlq/jobs/x"):
+        result = send(broker, topic)
+        assert result.refusal is not None and result.refusal.reason
+    session, _ = client(broker, "c", "mqtt5")
+    assert join(broker, session, "$queue/+/x") == SUBSCRIBE_FAILURE
+    assert join(broker, session, "$queue/a", consumer=Consumer(mode="fast")) == \
+        SUBSCRIBE_FAILURE
+
+
+# -- acknowledgements ---------------------------------------------------------------------
+
+
+def test_mqtt311_puback_acknowledges_and_the_log_is_trimmed() -> None:
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    (_, _, pid, _, _), = link.published()
+    assert pid is not None
+    view = broker.queues.views()[0]
+    assert view.depth == 1 and view.groups[0].pending == 1
+    broker.acknowledged(worker, pid)
+    view = broker.queues.views()[0]
+    assert view.depth == 0 and view.groups[0].pending == 0 and view.acknowledged == 1
+
+
+def test_qos0_membership_acknowledges_on_send() -> None:
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#", qos=0)
+    send(broker, "$queue/jobs/a")
+    assert len(got(link)) == 1
+    assert broker.queues.views()[0].depth == 0
+
+
+def test_mqtt5_ack_nack_reject_and_refusals() -> None:
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#", consumer=Consumer(group="g"))
+    send(broker, "$queue/jobs/a", b"a")
+    first = last(link)
+    m = meta(first)
+    assert (m["message-id"], m["group-id"], m["queue"], m["offset"], m["delivery-count"]) \
+        == ("jobs:0", "g", "jobs", "0", "1")
+    broker.acknowledged(worker, link.published()[-1][2])    # PUBACK: not the ack
+    assert broker.queues.views()[0].groups[0].pending == 1
+    # nack: redelivered at once, count + 1
+    assert ack(broker, worker, first, "$nack").refusal is None
+    again = last(link)
+    assert meta(again)["delivery-count"] == "2" and again.payload == b"a"
+    # reject: to the dead-letter queue with the reason
+    assert ack(broker, worker, again, "$reject", reason="bad data").refusal is None
+    dlq = {v.name: v for v in broker.queues.views()}["$dlq/jobs"]
+    assert dlq.depth == 1
+    dead = broker.queues.browse("$dlq/jobs")[0]
+    users = dict(dead.user_properties)
+    assert dead.topic == "$dlq/jobs/a"
+    assert (users["origin-queue"], users["origin-offset"], users["reason"],
+            users["delivery-count"]) == ("jobs", "0", "bad data", "2")
+    # the same message again: not pending any more
+    refused = ack(broker, worker, again)
+    assert refused.refusal is not None and refused.refusal.code == 0x80
+    assert "not pending" in refused.refusal.reason
+    # malformed and foreign acknowledgements
+    send(broker, "$queue/jobs/b", b"b")
+    pending = last(link)
+    outsider, _ = client(broker, "o-1", "mqtt5")
+    refused = ack(broker, outsider, pending)
+    assert refused.refusal is not None and "not a member" in refused.refusal.reason
+    bad = broker.publish(Message("$queue/jobs/$ack", b"", 1, False, "w-1", 0.0,
+                                 props=MessageProperties(user_properties=(
+                                     ("message-id", "jobs-7"),))), Identity("w-1"))
+    assert bad.refusal is not None and "malformed" in bad.refusal.reason
+    assert ack(broker, worker, pending).refusal is None
+
+
+def test_amqp_outcomes_on_queue_deliveries() -> None:
+    broker, _, _ = make()
+    worker, link = client(broker, "r-1", "amqp")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a", b"a")
+    pid = link.published()[-1][2]
+    broker.settle(worker, pid, Outcome.RELEASED)               # not counted
+    assert meta(last(link))["delivery-count"] == "1"
+    pid = link.published()[-1][2]
+    broker.settle(worker, pid, Outcome.MODIFIED, failed=True)  # counted
+    assert meta(last(link))["delivery-count"] == "2"
+    pid = link.published()[-1][2]
+    broker.settle(worker, pid, Outcome.REJECTED, reason="cannot parse")
+    dead = broker.queues.browse("$dlq/jobs")[0]
+    assert dict(dead.user_properties)["reason"] == "cannot parse"
+    send(broker, "$queue/jobs/b", b"b")
+    broker.settle(worker, link.published()[-1][2], Outcome.ACCEPTED)
+    view = {v.name: v for v in broker.queues.views()}["jobs"]
+    assert view.depth == 0 and view.acknowledged == 1
+
+
+def test_visibility_timeout_then_dead_letter_after_max_deliveries() -> None:
+    broker, clock, _ = make(queue_visibility_timeout=10.0, queue_max_deliveries=3)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    for count in ("1", "2", "3"):
+        assert meta(last(link))["delivery-count"] == count
+        before = len(link.published())
+        clock.advance(10.0)
+        if count != "3":
+            assert len(link.published()) == before + 1
+    assert len(link.published()) == 3
+    views = {v.name: v for v in broker.queues.views()}
+    assert views["jobs"].depth == 0 and views["$dlq/jobs"].depth == 1
+    reason = dict(broker.queues.browse("$dlq/jobs")[0].user_properties)["reason"]
+    assert "visibility timeout" in reason
+
+
+def test_idle_member_takes_over_after_half_the_visibility_timeout() -> None:
+    broker, clock, _ = make(queue_visibility_timeout=10.0)
+    slow, slow_link = client(broker, "w-1", "mqtt5")
+    join(broker, slow, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a", b"a")
+    assert got(slow_link) == [("$queue/jobs/a", b"a")]
+    idle, idle_link = client(broker, "w-2", "mqtt5")
+    join(broker, idle, "$queue/jobs/#")
+    clock.advance(4.0)
+    assert got(idle_link) == []
+    clock.advance(1.0)
+    assert got(idle_link) == [("$queue/jobs/a", b"a")]
+    assert meta(last(idle_link))["delivery-count"] == "2"
+    # the slow member's late ack is refused: it is not pending on it any more
+    assert ack(broker, slow, last(slow_link)).refusal is not None
+
+
+def test_a_member_that_leaves_gives_its_messages_back_at_once() -> None:
+    broker, _, _ = make()
+    one, one_link = client(broker, "w-1")
+    join(broker, one, "$queue/jobs/#")
+    two, two_link = client(broker, "w-2")
+    join(broker, two, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a", b"a")
+    holder, other_link = (one, two_link) if got(one_link) else (two, one_link)
+    broker.end_session(holder.connection, holder, False, "lost")  # type: ignore[arg-type]
+    assert got(other_link) == [("$queue/jobs/a", b"a")]
+
+
+def test_credit_limits_what_a_member_holds() -> None:
+    broker, _, _ = make(queue_prefetch=2)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    for i in range(5):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    assert len(got(link)) == 2
+    ack(broker, worker, link.published()[0][0])
+    assert len(got(link)) == 3
+
+
+# -- streams ----------------------------------------------------------------------------
+
+
+def test_stream_reads_from_first_offset_and_time_without_claiming() -> None:
+    broker, clock, _ = make()
+    for i in range(4):
+        send(broker, "$queue/log/t", b"%d" % i)
+        clock.advance(10.0)
+    starts = {"first": [b"0", b"1", b"2", b"3"], "2": [b"2", b"3"],
+              "@1015": [b"2", b"3"], "last": []}
+    for n, (start, want) in enumerate(starts.items()):
+        reader, link = client(broker, f"s{n}-1", "mqtt5")
+        join(broker, reader, "$queue/log/#",
+             consumer=Consumer(group=f"s{n}", mode="stream", stream_offset=start))
+        assert [p for _, p in got(link)] == want, start
+    # a classic group still has all four: the stream did not claim any
+    worker, wlink = client(broker, "w-1")
+    join(broker, worker, "$queue/log/#")
+    assert len(got(wlink)) == 4
+
+
+def test_stream_cursor_is_stored_and_resumed_after_a_restart() -> None:
+    store = MemoryStore()
+    broker, clock, _ = make(store)
+    for i in range(3):
+        send(broker, "$queue/log/t", b"%d" % i)
+    reader, link = client(broker, "s-1", "mqtt5", clean=False)
+    join(broker, reader, "$queue/log/#", consumer=Consumer(mode="stream"))
+    assert len(got(link)) == 3
+    clock.advance(6.0)                                     # the cursor is stored
+    broker.stop()
+    send(broker, "$queue/log/t", b"3")
+    again, _, _ = make(store)
+    reader, link = client(again, "s-1", "mqtt5", clean=False)
+    assert [p for _, p in got(link)] == [b"3"]
+
+
+# -- retention and durability ------------------------------------------------------------
+
+
+def test_retention_bounds_drop_the_oldest() -> None:
+    broker, clock, _ = make(queue_max_messages=3, queue_max_age=60.0)
+    for i in range(5):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    view = broker.queues.views()[0]
+    assert view.depth == 3 and view.expired == 2
+    assert [m.payload for m in broker.queues.browse("jobs")] == [b"2", b"3", b"4"]
+    clock.advance(61.0)
+    assert broker.queues.views()[0].depth == 0
+
+
+def test_publisher_ack_waits_for_the_commit_and_delivery_follows_it() -> None:
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    store.commit_all()
+    result = send(broker, "$queue/jobs/a")
+    assert result.durable is not None and not result.durable.called
+    assert got(link) == []                   # not before the append is durable
+    store.commit_all()
+    assert result.durable.called
+    assert got(link) == [("$queue/jobs/a", b"x")]
+
+
+def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    for i in range(3):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    pids = [pid for _, _, pid, _, _ in link.published()]
+    broker.acknowledged(worker, pids[1])             # out of order: 1 done, 0 and 2 not
+    broker.stop()
+    again, _, _ = make(store)
+    worker, link = client(again, "w-1")
+    join(again, worker, "$queue/jobs/#")
+    delivered = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
+    assert delivered == [(b"0", "2"), (b"2", "2")]   # raised: they may have been seen
+
+
+def test_dead_letters_are_requeued_to_their_origin() -> None:
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a", b"a")
+    ack(broker, worker, last(link), "$reject", reason="no")
+    moved, _ = broker.queues.requeue("$dlq/jobs")
+    assert moved == 1
+    again = last(link)
+    assert again.topic == "$queue/jobs/a" and meta(again)["offset"] == "1"
+    assert "reason" not in meta(again)
+    assert {v.name: v.depth for v in broker.queues.views()}["$dlq/jobs"] == 0
+
+
+def test_purge_delete_and_retention_change() -> None:
+    broker, _, _ = make()
+    for i in range(3):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    broker.queues.set_retention("jobs", Retention(None, None, 1))
+    assert broker.queues.views()[0].depth == 1
+    broker.queues.purge("jobs")
+    assert broker.queues.views()[0].depth == 0
+    broker.queues.delete("jobs")
+    assert broker.queues.views() == []
