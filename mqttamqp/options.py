@@ -36,6 +36,18 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+def _duration(name: str) -> Callable[[str], float]:
+    def check(value: str) -> float:
+        from mqttamqp.queuesfile import seconds
+
+        try:
+            return seconds(value, "--" + name)
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
+    check.coerceDoc = ""  # type: ignore[attr-defined]
+    return check
+
+
 def _choice_share(value: str) -> str:
     from mqttamqp.core.shared import STRATEGIES
 
@@ -217,6 +229,31 @@ class Options(usage.Options):
         ["max-retained-bytes", None, _D.max_retained_bytes,
          "Most payload bytes of retained messages in all; beyond it as above.",
          _positive(int, "max-retained-bytes")],
+        ["queue-visibility-timeout", None, _D.queue_visibility_timeout,
+         "Seconds a durable queue's delivered message stays claimed by its consumer; "
+         "unacknowledged by then, it is delivered again.",
+         _positive(float, "queue-visibility-timeout")],
+        ["queue-max-deliveries", None, _D.queue_max_deliveries,
+         "Deliveries of a queue message before it moves to the dead-letter queue "
+         "$dlq/<name>.", _positive(int, "queue-max-deliveries")],
+        ["queue-prefetch", None, _D.queue_prefetch,
+         "Unacknowledged queue messages one consumer may hold (MQTT; an AMQP "
+         "consumer's credit counts too).", _positive(int, "queue-prefetch")],
+        ["queue-max-messages", None, _D.queue_max_messages,
+         "Messages a durable queue keeps; beyond it the oldest go (counted); 0 = no "
+         "bound. --queues sets it per queue.", _positive(int, "queue-max-messages")],
+        ["queue-max-bytes", None, _D.queue_max_bytes,
+         "Payload bytes a durable queue keeps, as above.",
+         _positive(int, "queue-max-bytes")],
+        ["queue-max-age", None, _D.queue_max_age,
+         "Oldest a durable queue's message may be, in seconds (or 30m, 12h, 7d); 0 = "
+         "no bound.", _duration("queue-max-age")],
+        ["queue-max-queues", None, _D.queue_max_queues,
+         "Most durable queues (dead-letter queues included); a publish or consumer "
+         "that would create one more is refused.", _positive(int, "queue-max-queues")],
+        ["queues", None, None,
+         "TOML file of per-queue retention: [[queue]] tables with pattern, max-age, "
+         "max-bytes, max-messages (see README, Durable queues)."],
         ["max-connect-rate", None, _D.max_connect_rate,
          "New connections a second from one address (MQTT and AMQP together; loopback "
          "is not limited); beyond it, after a burst of --connect-burst, sockets are closed "
@@ -323,8 +360,15 @@ class Options(usage.Options):
         self["ws-allowed-origin"] = []
         self["archive-include"] = []
         self["archive-exclude"] = []
+        self["amqp-queues"] = []
         self["webhook"] = []
         self.argv: list[str] = []   # as given, for a reload (SIGHUP) to parse again
+
+    def opt_amqp_queues(self, pattern: str) -> None:
+        ("AMQP addresses served as durable queues, for senders and receivers "
+         "(repeatable; fnmatch patterns, e.g. '*' for every address without a '/' or "
+         "'orders*'; default none): a message sent before any receiver waits.")
+        self["amqp-queues"].append(pattern)
 
     def opt_archive_include(self, topic_filter: str) -> None:
         """Archive only messages on topics matching this filter (repeatable; default #)."""
@@ -415,6 +459,13 @@ class Options(usage.Options):
             self[kind] = [d for d in given if d.strip().lower() != "none"]
         self._check_tls()
         _check_ops(self)
+        if self["queues"]:
+            from mqttamqp.queuesfile import load_queue_rules
+
+            try:
+                self["queue-rules"] = load_queue_rules(self["queues"])
+            except ValueError as e:
+                raise usage.UsageError(f"--queues: {e}") from None
         if self["acl"]:
             from mqttamqp.core.acl import AclAuthorizer, AclError
 
@@ -513,4 +564,14 @@ def limits_from(options: Any) -> Limits:
         max_publish_byte_rate=options["max-publish-byte-rate"],
         max_keepalive=min(options["max-keepalive"], 65535),
         response_information=options["response-information"],
+        queue_visibility_timeout=options["queue-visibility-timeout"],
+        queue_max_deliveries=options["queue-max-deliveries"],
+        queue_prefetch=max(1, options["queue-prefetch"]),
+        queue_max_messages=options["queue-max-messages"],
+        queue_max_bytes=options["queue-max-bytes"],
+        queue_max_age=options["queue-max-age"],
+        queue_max_queues=options["queue-max-queues"],
+        queue_rules=options.get("queue-rules", ()),
+        amqp_queues=tuple(options["amqp-queues"]),
     )
+

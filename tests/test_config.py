@@ -118,6 +118,8 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
     users.write_text("")
     acl = tmp_path / "acl"
     acl.write_text("user alice\ntopic read sensors/#\n")
+    queues = tmp_path / "queues.toml"
+    queues.write_text('[[queue]]\npattern = "orders*"\nmax-age = "1d"\n')
     token = tmp_path / "token"
     token.write_text("a-metrics-token-of-32-characters\n")
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
@@ -131,6 +133,8 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
         "data": str(tmp_path / "data"),
         "users": str(users),
         "acl": str(acl),
+        "queues": str(queues),
+        "amqp-queues": ["orders*"],
         "share-strategy": "sticky",
         "report-every": "1h",
         "report-command": "python3 -m mqttamqp.pipeline",

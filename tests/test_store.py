@@ -700,3 +700,42 @@ def test_put_then_delete_in_one_commit_skips_the_put(disk: MemoryDisk,
     store.close()
     snap = reload(disk)
     assert [seq for seq, _ in snap.sessions["c"].queue] == [3]
+
+
+def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
+                                                      reactor: FakeReactor) -> None:
+    """Queues (root["queues"]): messages by offset, trims, single deletes, group
+    records stored whole, retention, and deletion of a whole queue."""
+    from mqttamqp.core.persistence import (
+        DeleteQueue,
+        DeleteQueueGroup,
+        DeleteQueueMessage,
+        PutQueue,
+        PutQueueGroup,
+        PutQueueMessage,
+        QueueGroupRecord,
+        TrimQueue,
+    )
+
+    props = MessageProperties(user_properties=(("k", "v"),))
+    group = QueueGroupRecord("g", "#", "classic", 1, 64, (3,), ((2, 3),),
+                             (("w-1", 5),), 0)
+    store = open_store(tmp_path, reactor)
+    commit(reactor, store, [PutQueue("jobs", (60.0, None, 10)),
+                            *[PutQueueMessage("jobs", o, msg(f"$queue/jobs/{o}", props=props))
+                              for o in range(5)],
+                            PutQueueGroup("jobs", "g", group),
+                            PutQueueGroup("jobs", "old", group),
+                            PutQueue("gone", (None, None, None)),
+                            PutQueueMessage("gone", 0, msg("$queue/gone/x"))])
+    commit(reactor, store, [TrimQueue("jobs", 2), DeleteQueueMessage("jobs", 3),
+                            DeleteQueueGroup("jobs", "old"), DeleteQueue("gone")])
+    store.close()
+    queues = reload(tmp_path).queues
+    assert [q.name for q in queues] == ["jobs"]
+    jobs = queues[0]
+    assert jobs.retention == (60.0, None, 10) and jobs.head == 2
+    assert [(o, m.topic) for o, m in jobs.messages] == [(2, "$queue/jobs/2"),
+                                                        (4, "$queue/jobs/4")]
+    assert jobs.messages[0][1].props == props
+    assert jobs.groups == {"g": group}

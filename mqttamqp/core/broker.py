@@ -48,7 +48,15 @@ from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
-from mqttamqp.core.queues import QueueManager, Refusal, is_queue_command
+from mqttamqp.core.queues import (
+    Consumer,
+    QueueManager,
+    QueueMessageView,
+    QueueView,
+    Refusal,
+    Retention,
+    is_queue_command,
+)
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel, will_owners
 from mqttamqp.core.recorder import (
@@ -354,13 +362,17 @@ class Broker:
         self._registry.take_over(client_id)
 
     def add_topic_receiver(self, key: str, topic_filter: str, identity: Identity,
-                           qos: int, dynamic: bool = False) -> Session | None:
+                           qos: int, dynamic: bool = False,
+                           consumer: Consumer | None = None) -> Session | None:
         """An AMQP receiver on a topic filter: a session of its own, subscribed (None
         if refused).  Nothing is delivered until ``start_topic_receiver``.
-        ``dynamic``: the filter is the address of the receiver's dynamic node."""
+        ``dynamic``: the filter is the address of the receiver's dynamic node.
+        ``consumer``: for a ``$queue/`` filter, its group and mode (attach
+        properties); its deliveries are acknowledged by their outcomes (``settle``),
+        or on send when ``qos`` is 0 (pre-settled)."""
         session = self._registry.add_link_subscriber(key)
         codes, _ = self._router.subscribe(session, identity, [(topic_filter, qos)],
-                                          native=True, dynamic=dynamic)
+                                          native=True, dynamic=dynamic, consumer=consumer)
         if codes[0] >= SUBSCRIBE_FAILURE:
             self._registry.remove_link_subscriber(key)
             return None
@@ -536,11 +548,15 @@ class Broker:
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Session, identity: Identity,
-                  requests: Sequence[tuple[str, int]], options: Sequence[int] = ()
+                  requests: Sequence[tuple[str, int]], options: Sequence[int] = (),
+                  consumer: Consumer | None = None
                   ) -> tuple[list[int], Deferred[None] | None]:
         """Add subscriptions; returns the SUBACK codes and the commit to wait for.
-        ``options``: MQTT 5 subscription options per request (``Session.sub_options``)."""
-        return self._router.subscribe(session, identity, requests, options=options)
+        ``options``: MQTT 5 subscription options per request (``Session.sub_options``).
+        ``consumer``: how ``$queue/`` filters join their queue's consumer group (MQTT
+        5 user properties ``consumer-group``, ``consumer-mode``, ``stream-offset``)."""
+        return self._router.subscribe(session, identity, requests, options=options,
+                                      consumer=consumer)
 
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
         """After SUBACK: the retained messages of each granted filter, retain set."""
@@ -797,6 +813,32 @@ class Broker:
         """An operator acted through the console (the archive keeps the audit trail)."""
         self.recorder.event(self.clock.seconds(), CONSOLE_ACTION, None, user=user,
                             action=action, target=target)
+
+    # -- durable queues (the console) ------------------------------------------------
+
+    def queue_views(self) -> list[QueueView]:
+        """Every durable queue with its groups, frozen."""
+        return self.queues.views()
+
+    def browse_queue(self, name: str, start: int = 0, limit: int = 50
+                     ) -> list[QueueMessageView]:
+        return self.queues.browse(name, start, limit)
+
+    def purge_queue(self, name: str) -> Deferred[None] | None:
+        """Remove every message of queue ``name``; fires once durable."""
+        return self.queues.purge(name)
+
+    def delete_queue(self, name: str) -> Deferred[None] | None:
+        return self.queues.delete(name)
+
+    def requeue_dead(self, dlq_name: str, offset: int | None = None
+                     ) -> tuple[int, Deferred[None] | None]:
+        """Move one (``offset``) or every message of ``$dlq/<name>`` back to its
+        origin queue; returns how many moved and the commit."""
+        return self.queues.requeue(dlq_name, offset)
+
+    def set_queue_retention(self, name: str, retention: Retention) -> Deferred[None] | None:
+        return self.queues.set_retention(name, retention)
 
     def delete_retained(self, topic: str) -> Deferred[None] | None:
         return self._router.delete_retained(topic)

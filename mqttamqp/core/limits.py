@@ -71,3 +71,7 @@ class Limits:
     queue_max_bytes: int = 256 << 20
     queue_max_age: float = 7 * 86400.0
     queue_max_queues: int = 1_000
+    # --queues FILE: (pattern, max age, max bytes, max messages), None = the default
+    queue_rules: tuple[tuple[str, float | None, int | None, int | None], ...] = ()
+    # --amqp-queues: AMQP addresses (fnmatch patterns) served as durable queues
+    amqp_queues: tuple[str, ...] = ()

@@ -402,7 +402,12 @@ class QueueManager:
         self.queues: dict[str, _Queue] = {}
         self.stats = QueueStats()
         # (pattern, retention) from --queues, first match wins; then the defaults.
-        self.retention_rules = list(retention_rules)
+        self.retention_rules = list(retention_rules) or [
+            (pattern, Retention(age if age is not None else limits.queue_max_age or None,
+                                size if size is not None else limits.queue_max_bytes or None,
+                                count if count is not None
+                                else limits.queue_max_messages or None))
+            for pattern, age, size, count in limits.queue_rules]
         self._memberships: dict[Session, list[tuple[_Group, _Member]]] = {}
         # Queues appended to since the last ``_commit``, with their next offset.
         self._appended_to: dict[_Queue, int] = {}
