@@ -11,6 +11,7 @@ second broker can start from (``MemoryStore``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -189,10 +190,28 @@ class MemoryStore(NullStore):
                 q.messages = [m for m in q.messages if m[0] >= op.upto]
                 q.head = max(q.head, op.upto)
             elif isinstance(op, p.PutQueueGroup):
-                self._queue(op.queue).groups[op.group] = op.state
+                q = self._queue(op.queue)
+                old = q.groups.get(op.group)
+                done = set(old.done) if old is not None else set()
+                done.update(op.state.done)
+                floor = max(op.state.floor, old.floor if old is not None else 0)
+                q.groups[op.group] = _advanced(op.state, done, floor)
+            elif isinstance(op, p.QueueDone):
+                q = self._queue(op.queue)
+                old = q.groups.get(op.group)
+                if old is not None:
+                    q.groups[op.group] = _advanced(old, set(old.done) | set(op.offsets),
+                                                   old.floor)
             elif isinstance(op, p.DeleteQueueGroup):
                 self._queue(op.queue).groups.pop(op.group, None)
         return super().submit(ops)
+
+
+def _advanced(state: p.QueueGroupRecord, done: set[int], floor: int) -> p.QueueGroupRecord:
+    """A group record with its floor moved over ``done`` (what a store does)."""
+    while floor in done:
+        floor += 1
+    return replace(state, floor=floor, done=tuple(sorted(o for o in done if o > floor)))
 
 
 class FailingStore(NullStore):

@@ -419,3 +419,20 @@ def test_purge_delete_and_retention_change() -> None:
     assert broker.queues.views()[0].depth == 0
     broker.queues.delete("jobs")
     assert broker.queues.views() == []
+
+
+def test_a_persistent_members_queue_deliveries_are_never_stored_in_its_session() -> None:
+    """The queue keeps its messages: a persistent session that takes one (QoS 2 up to
+    PUBCOMP) stores no copy of its own, which a restart would deliver again."""
+    from mqttamqp.core.persistence import PutQueued
+
+    broker, _, store = make()
+    worker, link = client(broker, "w-1", clean=False)
+    join(broker, worker, "$queue/jobs/#", qos=2)
+    send(broker, "$queue/jobs/a", qos=2)
+    pid = link.published()[-1][2]
+    broker.received(worker, pid)
+    assert link.pubrels == [pid]                     # PUBREL at once, nothing to store
+    broker.completed(worker, pid)
+    assert not [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert broker.queues.views()[0].depth == 0

@@ -21,6 +21,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -713,6 +714,7 @@ def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
         PutQueue,
         PutQueueGroup,
         PutQueueMessage,
+        QueueDone,
         QueueGroupRecord,
         TrimQueue,
     )
@@ -729,7 +731,8 @@ def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
                             PutQueue("gone", (None, None, None)),
                             PutQueueMessage("gone", 0, msg("$queue/gone/x"))])
     commit(reactor, store, [TrimQueue("jobs", 2), DeleteQueueMessage("jobs", 3),
-                            DeleteQueueGroup("jobs", "old"), DeleteQueue("gone")])
+                            DeleteQueueGroup("jobs", "old"), DeleteQueue("gone"),
+                            QueueDone("jobs", "g", (5, 7))])
     store.close()
     queues = reload(tmp_path).queues
     assert [q.name for q in queues] == ["jobs"]
@@ -738,4 +741,10 @@ def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
     assert [(o, m.topic) for o, m in jobs.messages] == [(2, "$queue/jobs/2"),
                                                         (4, "$queue/jobs/4")]
     assert jobs.messages[0][1].props == props
-    assert jobs.groups == {"g": group}
+    # the trim moved the floor to 2; 3 (done before) and 5, 7 stay above it
+    assert jobs.groups == {"g": replace(group, floor=2, done=(3, 5, 7))}
+    store = open_store(tmp_path, reactor)
+    commit(reactor, store, [QueueDone("jobs", "g", (2, 4))])   # 2..5 done: floor 6
+    store.close()
+    assert reload(tmp_path).queues[0].groups["g"].done == (7,)
+    assert reload(tmp_path).queues[0].groups["g"].floor == 6

@@ -28,8 +28,8 @@ __all__ = [
     "PutSession", "DeleteSession", "PutSubscription", "DeleteSubscription",
     "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "PutBan",
     "DeleteBan", "PutQueue", "DeleteQueue", "PutQueueMessage", "DeleteQueueMessage",
-    "TrimQueue", "PutQueueGroup", "DeleteQueueGroup", "QueueGroupRecord", "QueueRecord",
-    "Op",
+    "TrimQueue", "QueueDone", "PutQueueGroup", "DeleteQueueGroup", "QueueGroupRecord",
+    "QueueRecord", "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
 ]
 
@@ -188,10 +188,21 @@ class TrimQueue:
 
 
 @record
-class QueueGroupRecord:
-    """A consumer group's durable state, stored whole.
+class QueueDone:
+    """``offsets`` of ``queue`` are done for classic group ``group`` (acknowledged,
+    dead-lettered, or not for it); the store advances the group's floor over them."""
 
-    Classic: offsets below ``floor`` are done, ``done`` those done above it,
+    queue: str
+    group: str
+    offsets: tuple[int, ...]
+
+
+@record
+class QueueGroupRecord:
+    """A consumer group's durable state but its done offsets (``QueueDone``).
+
+    Classic: offsets below ``floor`` are done, ``done`` those done above it (filled
+    by ``load()``; a store takes the highest floor it was given or derived),
     ``counts`` deliveries made (only counts above 1), ``watermark`` an offset at or
     above every dispatched one.  Stream: ``cursor``, the next offset to read.
     ``members``: client id -> granted QoS | 4 if it acknowledges explicitly, for
@@ -226,7 +237,7 @@ Op = (
     | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
     | PutInboundQos2 | DeleteInboundQos2 | PutBan | DeleteBan
     | PutQueue | DeleteQueue | PutQueueMessage | DeleteQueueMessage | TrimQueue
-    | PutQueueGroup | DeleteQueueGroup
+    | QueueDone | PutQueueGroup | DeleteQueueGroup
 )
 
 

@@ -65,6 +65,7 @@ from mqttamqp.core.persistence import (
     PutQueue,
     PutQueueGroup,
     PutQueueMessage,
+    QueueDone,
     QueueGroupRecord,
     QueueRecord,
     TrimQueue,
@@ -286,9 +287,9 @@ class _Group:
         return topic_matches(self.filter, _routing_key(self.queue.name, message.topic))
 
     def record(self) -> QueueGroupRecord:
+        # (``done`` goes to storage offset by offset: ``QueueDone``)
         return QueueGroupRecord(
-            self.name, self.filter, self.mode, self.floor, self.watermark,
-            tuple(sorted(self.done)),
+            self.name, self.filter, self.mode, self.floor, self.watermark, (),
             tuple(sorted((o, c) for o, c in self.counts.items() if c > 1)),
             tuple(sorted(self.stored_members.items())),
             self.next if self.mode == STREAM else 0)
@@ -743,7 +744,7 @@ class QueueManager:
         queue = group.queue
         ops: list[Op] = []
         while True:
-            offset = self._next_offset(group)
+            offset = self._next_offset(group, ops)
             if offset is None:
                 break
             member = self._next_member(group)
@@ -757,7 +758,7 @@ class QueueManager:
         if ops:
             self._commit(ops, "recording a queue delivery")
 
-    def _next_offset(self, group: _Group) -> int | None:
+    def _next_offset(self, group: _Group, ops: list[Op]) -> int | None:
         """The next offset this group would hand out (not taken yet)."""
         queue = group.queue
         log = queue.log
@@ -785,6 +786,7 @@ class QueueManager:
             group.next = offset + 1
             group.done.add(offset)       # (not for this group: done with it)
             group.advance_floor()
+            ops.append(QueueDone(queue.name, group.key, (offset,)))
         return None
 
     def _take(self, group: _Group, offset: int) -> None:
@@ -805,6 +807,11 @@ class QueueManager:
         delivered = _with_metadata(message, queue.name, group.key, offset, count)
         session = member.session
         entry = session.deliver(delivered, member.qos, False)
+        if entry is not None and entry.held:
+            # (a persistent session holds its QoS 2 entries until their own commit;
+            # this one is the queue's, durable already)
+            entry.held = False
+            session.pump()
         member.outstanding += 1
         self._arm()
         if group.mode == STREAM:
@@ -842,7 +849,7 @@ class QueueManager:
         if offset >= group.floor:
             group.done.add(offset)
             group.advance_floor()
-        ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        ops.append(QueueDone(group.queue.name, group.key, (offset,)))
         self._trim(group.queue, ops)
 
     def _trim(self, queue: _Queue, ops: list[Op]) -> None:
@@ -1078,7 +1085,7 @@ class QueueManager:
     def _takeover(self, group: _Group, now: float, after: float, ops: list[Op]) -> None:
         """An idle member (credit, nothing pending) takes over the messages pending
         on a member that has not acknowledged for half the visibility timeout."""
-        if self._next_offset(group) is not None:
+        if self._next_offset(group, ops) is not None:
             return
         idle = [m for m in group.members if m.outstanding == 0 and self._credit(m)]
         if not idle:

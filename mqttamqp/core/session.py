@@ -474,7 +474,8 @@ class Session:
                 link.send_pubrel(packet_id)
             return _NO_OPS
         entry.state = QueuedState.RELEASED
-        if not self.persistent:
+        if not self.persistent or entry.qref is not None:
+            # (a durable queue's delivery is the queue's to keep, not the session's)
             if link is not None:
                 link.send_pubrel(packet_id)
             return _NO_OPS
@@ -510,7 +511,7 @@ class Session:
         if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
             return _NO_OPS
         entry.state = QueuedState.RELEASED
-        if self.persistent:
+        if self.persistent and entry.qref is None:
             return [entry.put_op(self.client_id)]
         return _NO_OPS
 

@@ -27,6 +27,8 @@ Root layout (``SCHEMA_VERSION`` 1)::
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
     PersistentQueue.log    -> QueueTree offset -> message record
     PersistentQueue.groups -> OOBTree group id -> group record
+    PersistentQueue.done   -> OOBTree group id -> LLTreeSet of offsets done above
+                              the group's floor
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
@@ -45,6 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from BTrees.IIBTree import IITreeSet
+from BTrees.LLBTree import LLTreeSet
 from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
@@ -73,7 +76,9 @@ __all__ = [
     "init_root",
     "message_to_record",
     "queued_to_record",
+    "advance_floor",
     "group_to_record",
+    "new_done_set",
     "queue_to_record",
     "record_to_ban",
     "record_to_group",
@@ -140,18 +145,21 @@ class PersistentQueue(Persistent):  # type: ignore[misc]
     """A durable queue (``mqttamqp.core.queues``): pickled, so its module path and
     name are part of the file format.  ``retention`` (max age, max bytes, max
     messages), ``head`` (every offset below it was deleted), ``log`` QueueTree
-    offset -> message record, ``groups`` OOBTree group id -> group record."""
+    offset -> message record, ``groups`` OOBTree group id -> group record, ``done``
+    OOBTree group id -> LLTreeSet of the offsets done above that group's floor."""
 
     name: str
     retention: Any = None
     head: int = 0
     log: Any
     groups: Any
+    done: Any
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.log = QueueTree()
         self.groups = OOBTree()
+        self.done = OOBTree()
 
 
 def init_root(root: Any) -> bool:
@@ -290,9 +298,10 @@ def group_to_record(g: QueueGroupRecord) -> tuple[Any, ...]:
             tuple((str(c), int(q)) for c, q in g.members), int(g.cursor))
 
 
-def record_to_group(r: Any) -> QueueGroupRecord:
-    name, topic_filter, mode, floor, watermark, done, counts, members, cursor = r
-    return QueueGroupRecord(name, topic_filter, mode, floor, watermark, tuple(done),
+def record_to_group(r: Any, done: Any = ()) -> QueueGroupRecord:
+    name, topic_filter, mode, floor, watermark, _, counts, members, cursor = r
+    return QueueGroupRecord(name, topic_filter, mode, floor, watermark,
+                            tuple(int(o) for o in done),
                             tuple((o, c) for o, c in counts),
                             tuple((m, q) for m, q in members), cursor)
 
@@ -304,5 +313,24 @@ def queue_to_record(q: PersistentQueue) -> QueueRecord:
         retention=None if q.retention is None else tuple(q.retention),
         head=int(q.head),
         messages=[(int(o), record_to_message(r)) for o, r in q.log.items()],
-        groups={str(k): record_to_group(r) for k, r in q.groups.items()},
+        groups={str(k): record_to_group(r, q.done.get(k, ())) for k, r in q.groups.items()},
     )
+
+
+def advance_floor(record: tuple[Any, ...], done: Any, floor: int) -> tuple[Any, ...]:
+    """``record`` with its floor at least ``floor`` and moved over ``done`` (an
+    LLTreeSet, from which everything below the new floor is removed)."""
+    floor = max(int(record[3]), int(floor))
+    if len(done):
+        for offset in list(done.keys(max=floor, excludemax=True)):
+            done.remove(offset)
+        while floor in done:
+            done.remove(floor)
+            floor += 1
+    if floor == record[3]:
+        return record
+    return (*record[:3], floor, *record[4:])
+
+
+def new_done_set() -> Any:
+    return LLTreeSet()

@@ -62,16 +62,19 @@ from mqttamqp.core.persistence import (
     PutSession,
     PutSubscription,
     PutWill,
+    QueueDone,
     Snapshot,
     TrimQueue,
 )
 from mqttamqp.store.models import (
     PersistentQueue,
     PersistentSession,
+    advance_floor,
     ban_to_record,
     group_to_record,
     init_root,
     message_to_record,
+    new_done_set,
     queue_to_record,
     queued_to_record,
     record_to_ban,
@@ -276,20 +279,53 @@ def _trim_queue(t: _Trees, op: TrimQueue) -> None:
     queue = t.queues.get(op.queue)
     if queue is None or op.upto <= queue.head:
         return
+    upto = int(op.upto)
     log = queue.log
-    for offset in list(log.keys(max=int(op.upto), excludemax=True)):
+    for offset in list(log.keys(max=upto, excludemax=True)):
         del log[offset]
-    queue.head = int(op.upto)
+    queue.head = upto
+    # (done offsets below the head are of no use any more: the floors move up)
+    for key, record in list(queue.groups.items()):
+        if record[2] == "classic" and record[3] < upto:
+            queue.groups[key] = advance_floor(record, _done_set(queue, key), upto)
+
+
+def _done_set(queue: PersistentQueue, key: str) -> Any:
+    done = queue.done.get(key)
+    if done is None:
+        done = queue.done[key] = new_done_set()
+    return done
+
+
+def _queue_done(t: _Trees, op: QueueDone) -> None:
+    queue = t.queues.get(op.queue)
+    record = queue.groups.get(op.group) if queue is not None else None
+    if queue is None or record is None:
+        return
+    floor = record[3]
+    done = _done_set(queue, op.group)
+    for offset in op.offsets:
+        if offset >= floor:
+            done.add(int(offset))
+    if floor in done:
+        queue.groups[op.group] = advance_floor(record, done, floor)
 
 
 def _put_queue_group(t: _Trees, op: PutQueueGroup) -> None:
-    _queue_for_put(t, op.queue).groups[op.group] = group_to_record(op.state)
+    queue = _queue_for_put(t, op.queue)
+    record = group_to_record(op.state)
+    old = queue.groups.get(op.group)
+    done = _done_set(queue, op.group)
+    done.update(int(o) for o in op.state.done)
+    queue.groups[op.group] = advance_floor(
+        record, done, record[3] if old is None else max(record[3], old[3]))
 
 
 def _delete_queue_group(t: _Trees, op: DeleteQueueGroup) -> None:
     queue = t.queues.get(op.queue)
     if queue is not None:
         queue.groups.pop(op.group, None)
+        queue.done.pop(op.group, None)
 
 
 _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
@@ -298,6 +334,7 @@ _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
     PutQueueMessage: _put_queue_message,
     DeleteQueueMessage: _delete_queue_message,
     TrimQueue: _trim_queue,
+    QueueDone: _queue_done,
     PutQueueGroup: _put_queue_group,
     DeleteQueueGroup: _delete_queue_group,
     PutBan: _put_ban,
