@@ -32,7 +32,11 @@ ADMIN = os.path.join(os.path.dirname(sys.executable), "mqttamqp-admin")
 
 
 def twistd(cwd: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        # (absolute, as the child runs elsewhere: it must load the code under test)
+        env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     # The WebSocket listener's default port (8083) is not ours to take in a test.
     ws = () if "--mqtt-ws" in args else ("--mqtt-ws", "none")
     return subprocess.run([*prefix, TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp",
