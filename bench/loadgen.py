@@ -677,9 +677,18 @@ def role_pubq(a):
 # ---------------------------------------------------------------- idle connections
 
 
+# Linux: choose the source port at connect(), per 4-tuple (not at bind, per address)
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
+
 def role_idle(a):
     """Open args['count'] MQTT connections (CONNECT/CONNACK, keepalive), at most
-    args['window'] handshakes in progress at once; keep them until CLOSE."""
+    args['window'] handshakes in progress at once; keep them until CLOSE.
+
+    args['source_ips'] (loopback addresses, optional) spreads the clients over
+    several source addresses: with 20,000 connections from one address the
+    kernel's search for a free ephemeral port (28k in all) grows with every
+    connection and the load generator, not the broker, sets the pace."""
     deadline = a["deadline"]
     N = a["count"]
     W = a.get("window", 64)
@@ -690,6 +699,7 @@ def role_idle(a):
     host, port = a["host"], a["port"]
     ka = a.get("keepalive", 600)
     prefix = a["client_prefix"]
+    sources = a.get("source_ips") or []
     sel = selectors.DefaultSelector()
     done = []
     opened = 0
@@ -718,6 +728,9 @@ def role_idle(a):
         while opened < N and pending < W:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setblocking(False)
+            if sources:
+                s.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+                s.bind((sources[opened % len(sources)], 0))
             rc = s.connect_ex((host, port))
             opened += 1
             pending += 1

@@ -112,6 +112,29 @@ class Worker:
         _WORKERS.discard(self)
 
 
+class PySpy:
+    """`py-spy record` of one broker process (all threads, running samples only),
+    from now until stop(): SIGINT makes py-spy write its file."""
+
+    def __init__(self, pid, out, rate, extra=()):
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        self.out = out
+        self.p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate),
+                                   "--format", "speedscope", "--threads", "-o", out]
+                                  + list(extra),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)  # by PID: only the py-spy we started
+        try:
+            text, _ = self.p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            text, _ = self.p.communicate(timeout=5)
+        return {"file": self.out, "exit": self.p.returncode, "output": (text or "")[-500:]}
+
+
 def _cleanup():
     for wk in list(_WORKERS):
         try:
@@ -356,6 +379,8 @@ def run_throughput(sc, broker, cfg, tag):
 
 IDLE_PER_WORKER = 10_000  # idle connections per load-generator process
 IDLE_WINDOW = 32  # handshakes in progress at once, over all workers
+# source addresses of the idle clients (loopback): <= 2,500 connections each at 20,000
+IDLE_SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
 
 
 def idle_target(broker, want):
@@ -382,6 +407,7 @@ def run_idle(sc, broker, cfg, tag):
     shares = [n // nworkers + (1 if i < n % nworkers else 0) for i in range(nworkers)]
     wks = [Worker("idle", {"host": HOST, "port": broker.port, "count": k,
                            "window": max(1, IDLE_WINDOW // nworkers), "keepalive": 600,
+                           "source_ips": IDLE_SOURCES,
                            "client_prefix": "idle-%s-%d" % (tag, i), "deadline": deadline},
                   "idle%d" % i) for i, k in enumerate(shares)]
     res = {"scenario": sc}
@@ -728,6 +754,13 @@ def main():
     ap.add_argument("--mqtt5", action="store_true",
                     help="the load generators speak MQTT 5 (empty property blocks) "
                          "instead of 3.1.1, to both brokers")
+    ap.add_argument("--py-spy", metavar="DIR",
+                    help="record every mqttamqp run with `py-spy record --format speedscope` "
+                         "into DIR (profiling perturbs the figures: not for published runs)")
+    ap.add_argument("--py-spy-rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--py-spy-arg", action="append", default=[],
+                    help="extra argument for py-spy record (repeatable), e.g. --gil: only "
+                         "the thread holding the GIL (Python CPU, no waits)")
     # hidden: run a second Mosquitto in the "mqttamqp" slot to exercise the comparison path
     ap.add_argument("--fake-mqttamqp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -824,10 +857,15 @@ def main():
                     log("scenario %d (%s) run %d/%d on %s" % (sc, SCENARIOS[sc], rep + 1, reps, lab))
                     b = make_broker(lab, sc)
                     r = {"scenario": sc, "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+                    spy = None
                     try:
                         b.start()
                         r["broker_cmd"] = b.cmd
                         r["broker_options"] = b.options_passed
+                        if args.py_spy and b.kind == "mqttamqp":
+                            spy = PySpy(b.pid, os.path.join(args.py_spy, "s%d-r%d.speedscope.json"
+                                                            % (sc, rep)), args.py_spy_rate,
+                                        args.py_spy_arg)
                         if sc in THROUGHPUT:
                             r.update(run_throughput(sc, b, cfg, tag))
                         elif sc in IDLE:
@@ -841,6 +879,8 @@ def main():
                         if b.proc is not None:
                             r["broker_log_tail"] = b.log_tail(2000)
                     finally:
+                        if spy is not None:
+                            r["py_spy"] = spy.stop()
                         alive = b.alive()
                         if not alive and b.proc is not None:
                             r["broker_died"] = True
