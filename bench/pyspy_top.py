@@ -64,7 +64,7 @@ def label(frame: dict) -> str:
         path = "mqttamqp/" + path.rsplit("/mqttamqp/", 1)[1]
     elif "/lib/python" in path:
         path = path.split("/lib/python", 1)[1].split("/", 1)[-1]
-    return "%s (%s)" % (frame.get("name"), path)
+    return f"{frame.get('name')} ({path})"
 
 
 def load(paths: list[str]) -> dict[str, list[tuple[list[int], float]]]:
@@ -139,9 +139,9 @@ def children(threads: dict, name: str, top: int) -> int:
             split[label(FRAMES[stack[at + 1]]) if at + 1 < len(stack) else "(self)"] += w
         if not inside:
             continue
-        print("== %s: %s = %.1f %% of busy samples" % (thread, name, 100.0 * inside / busy))
+        print(f"== {thread}: {name} = {100.0 * inside / busy:.1f} % of busy samples")
         for k, v in split.most_common(top):
-            print("  %5.1f  %s" % (100.0 * v / busy, k))
+            print(f"  {100.0 * v / busy:5.1f}  {k}")
     return 0
 
 
@@ -167,12 +167,12 @@ def main() -> int:
         print()
         return 0
     for name, s in [("all threads", out["all_threads"]), *out["threads"].items()]:
-        print("== %s: %d samples, busy %.2f s, waiting %.2f s; %% of busy samples"
-              % (name, s["samples"], s["busy_s"], s["waiting_s"]))
+        print(f"== {name}: {s['samples']} samples, busy {s['busy_s']:.2f} s, "
+              f"waiting {s['waiting_s']:.2f} s; % of busy samples")
         for title in ("self_pct_by_area", "self_pct", "inclusive_pct"):
-            print("  -- %s" % title)
+            print(f"  -- {title}")
             for k, v in s[title]:
-                print("  %5.1f  %s" % (v, k))
+                print(f"  {v:5.1f}  {k}")
     return 0
 
 

@@ -120,8 +120,7 @@ class PySpy:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         self.out = out
         self.p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate),
-                                   "--format", "speedscope", "--threads", "-o", out]
-                                  + list(extra),
+                                   "--format", "speedscope", "--threads", "-o", out, *extra],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def stop(self):
