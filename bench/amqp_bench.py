@@ -539,7 +539,8 @@ def main() -> int:
                 # The median run (by rate); incomplete runs rank lowest.
                 ranked = sorted(tries, key=lambda r: (r["complete"], r["msgs_per_s"]))
                 median = ranked[len(ranked) // 2]
-                results[name] = dict(median, runs_msgs_per_s=[r["msgs_per_s"] for r in tries])
+                results[name] = dict(median, runs_msgs_per_s=[r["msgs_per_s"] for r in tries],
+                                     runs=tries)
         finally:
             broker.stop()
     mqtt = results.get("mqtt_qos1", {}).get("msgs_per_s", 0)

@@ -32,7 +32,9 @@ def free_port():
     return port
 
 
-def _raise_nofile():
+def raise_nofile():
+    """Soft RLIMIT_NOFILE = hard, for this process (and what it starts after).
+    The hard limit itself can be raised only with CAP_SYS_RESOURCE."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:
         hard = 1 << 20
@@ -69,6 +71,14 @@ def proc_nofile(pid):
     except OSError:
         pass
     return None
+
+
+def proc_open_fds(pid):
+    """Descriptors the process has open now."""
+    try:
+        return len(os.listdir("/proc/%d/fd" % pid))
+    except OSError:
+        return 0
 
 
 def mosquitto_bin():
@@ -130,7 +140,8 @@ class Broker:
     """kind: 'mosquitto' or 'mqttamqp'.  label: name used in results."""
 
     def __init__(self, kind, label=None, max_inflight=100, max_queued=1_000_000,
-                 mqttamqp_help_text=None, mqttamqp_env=None, extra_args=(), want_inflight=False):
+                 mqttamqp_help_text=None, mqttamqp_env=None, extra_args=(), want_inflight=False,
+                 sys_interval=None):
         self.kind = kind
         self.label = label or kind
         self.max_inflight = max_inflight
@@ -139,6 +150,7 @@ class Broker:
         self.env_extra = mqttamqp_env or {}
         self.extra_args = list(extra_args)
         self.want_inflight = want_inflight
+        self.sys_interval = sys_interval  # seconds between $SYS updates; None: the default
         self.proc = None
         self.port = None
         self.tmp = None
@@ -167,6 +179,8 @@ class Broker:
                 "log_type error",
                 "log_type warning",
             ]
+            if self.sys_interval is not None:
+                lines.append("sys_interval %d" % self.sys_interval)
             with open(conf, "w") as f:
                 f.write("\n".join(lines) + "\n")
             self.options_passed = lines
@@ -187,11 +201,17 @@ class Broker:
                 args += ["--max-queued-messages", str(min(self.max_queued, 64000))]
             if "--max-queued-bytes" in opts:
                 args += ["--max-queued-bytes", str(1 << 30)]
+            if "--max-connections" in opts:
+                # Mosquitto runs with max_connections -1; mqttamqp's default (10,000)
+                # would refuse half of the 20,000 idle connections
+                args += ["--max-connections", str(1 << 20)]
             # Mosquitto runs a single MQTT listener; switch off the other listeners
             # (their default ports could also clash with other processes on the box)
             for opt in ("--amqp", "--web", "--mqtt-ws", "--metrics"):
                 if opt in opts:
                     args += [opt, "none"]
+            if self.sys_interval is not None and "--sys-interval" in opts:
+                args += ["--sys-interval", str(self.sys_interval)]
             args += self.extra_args
             self.options_passed = args
             self.cmd = [twistd_bin(), "-n", "--pidfile=", "--logfile=" + self.log, "mqttamqp"] + args
@@ -202,7 +222,7 @@ class Broker:
         logf = open(self.log + ".stdio", "wb")
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                      cwd=cwd, env=env, start_new_session=True,
-                                     preexec_fn=_raise_nofile)
+                                     preexec_fn=raise_nofile)
         logf.close()
         _LIVE.add(self)
         self.wait_ready(ready_timeout)

@@ -6,11 +6,15 @@ Usage (normally only run.py calls this):
 
 Roles: sub (1..N subscriber sockets), pub0 (QoS 0 publisher, 1..N sockets),
 pubq (QoS 1/2 publisher with an in-flight window, optionally paced), idle
-(many idle connections).
+(many idle connections), sysmon (samples the broker's $SYS counters).
 
 Protocol with the parent on stdout/stdin, one line each:
     READY [json]          worker connected (and subscribed) and waits
     GO                    (stdin, pub/idle roles) start now
+    SENT json             (pub roles) the last PUBLISH was written: last_send_ns
+    DRAIN ns              (stdin, sub role) count what has arrived at CLOCK_MONOTONIC ns
+                          (the fixed drain after the last publish), keep receiving
+    STOP                  (stdin, sysmon role) take one more $SYS sample, then report
     CONNECTED json        (idle role) all connections made
     CLOSE                 (stdin, idle role) close them
     RESULT json           final figures; always printed, with "error" on failure
@@ -263,6 +267,45 @@ class SubConn:
         return counted
 
 
+class DrainClock:
+    """The fixed drain after the last publish.  The parent learns when the
+    publisher wrote its last PUBLISH and sends ``DRAIN <ns>`` (the drain's end on
+    CLOCK_MONOTONIC); the count at that moment is the subscriber's figure for
+    ``undelivered %``.  The subscriber keeps receiving afterwards, so the
+    throughput figures still see every message."""
+
+    def __init__(self):
+        self.end_ns = 0
+        self.at = None
+        self.buf = b""
+
+    def read_stdin(self):
+        """Read the parent's lines; False at EOF (stop watching stdin)."""
+        try:
+            chunk = os.read(0, 4096)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        self.buf += chunk
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            word, _, arg = line.decode().strip().partition(" ")
+            if word == "DRAIN" and arg:
+                self.end_ns = int(arg)
+        return True
+
+    def check(self, now_ns, total):
+        if self.end_ns and self.at is None and now_ns >= self.end_ns:
+            self.at = total
+
+    def timeout(self, longest):
+        """Wake up at the drain's end, so the count is taken on time."""
+        if self.end_ns and self.at is None:
+            return max(0.0, min(longest, (self.end_ns - mono_ns()) / 1e9))
+        return longest
+
+
 def role_sub(a):
     """args: host, port, conns, filters (list per conn or one for all), qos, clean,
     client_prefix, expected (total PUBLISH count to stop at), fast_len, fast_rl,
@@ -287,6 +330,8 @@ def role_sub(a):
     sel = selectors.DefaultSelector()
     for c in conns:
         sel.register(c.sock, selectors.EVENT_READ, c)
+    drain = DrainClock()
+    sel.register(0, selectors.EVENT_READ, drain)
     total = sum(c.count for c in conns)
     first_ns = 0
     last_ns = 0
@@ -317,10 +362,15 @@ def role_sub(a):
         if open_conns == 0:
             stop_reason = "all connections closed by broker"
             break
+        drain.check(mono_ns(), total)
         got = 0
         reads = 0
-        for key, mask in sel.select(timeout=0.2):
+        for key, mask in sel.select(timeout=drain.timeout(0.2)):
             c = key.data
+            if c is drain:
+                if not drain.read_stdin():
+                    sel.unregister(0)
+                continue
             if mask & selectors.EVENT_READ:
                 try:
                     nb = c.sock.recv_into(rbuf)
@@ -338,6 +388,7 @@ def role_sub(a):
                     got += len(data)
                     reads += 1
                     t_ns = mono_ns()
+                    drain.check(t_ns, total)  # data read after the drain's end is late
                     k = c.feed(data, t_ns)
                     if k:
                         total += k
@@ -365,6 +416,7 @@ def role_sub(a):
             n_naps += 1
             time.sleep(nap)
     cpu1 = self_cpu()
+    drain.check(mono_ns(), total)
     # flush outstanding acks (bounded), then disconnect
     end = mono() + 1.0
     for c in conns:
@@ -399,6 +451,11 @@ def role_sub(a):
         "reads": n_reads,
         "bytes": n_bytes,
         "naps": n_naps,
+        # the fixed drain: what had arrived when it ended (or when the subscriber
+        # stopped, if that came first: everything, or nothing more was coming)
+        "received_at_drain": drain.at if drain.at is not None else total,
+        "drain_end_ns": drain.end_ns,
+        "drain_end_reached": drain.at is not None,
     }
     if a.get("latency"):
         lat_sched = []
@@ -469,15 +526,17 @@ def role_pub0(a):
                 remaining -= 1
                 sel.unregister(c["sock"])
     t1 = mono()
+    last_send_ns = mono_ns()
     cpu1 = self_cpu()
     sel.close()
     sent = 0
     for c in conns:
         unsent_pk = (len(c["chunk"]) - c["off"]) // len(c["pkt"])
         sent += per - c["left"] - unsent_pk
+    emit("SENT", {"last_send_ns": last_send_ns, "sent": sent})
     close_gracefully([c["sock"] for c in conns], timeout=2.0)
     return {"sent": sent, "target": per * len(conns), "timed_out": timed_out, "error": error,
-            "start_ns": t0_ns, "send_s": t1 - t0, "send_rate_per_s": sent / (t1 - t0) if t1 > t0 else None,
+            "start_ns": t0_ns, "last_send_ns": last_send_ns, "send_s": t1 - t0, "send_rate_per_s": sent / (t1 - t0) if t1 > t0 else None,
             "loadgen_cpu_s": cpu1 - cpu0}
 
 
@@ -518,6 +577,7 @@ def role_pubq(a):
     fd = [s]
     rbuf = bytearray(262144)
     rmv = memoryview(rbuf)
+    last_send_ns = 0
     while completed < N:
         now = mono()
         if now >= deadline:
@@ -570,6 +630,10 @@ def role_pubq(a):
             except OSError as e:
                 error = "send failed: %r" % (e,)
                 break
+            if sent == N and not out and not last_send_ns:
+                # (a PUBREL may still follow for QoS 2: it is not a publish)
+                last_send_ns = mono_ns()
+                emit("SENT", {"last_send_ns": last_send_ns, "sent": sent})
         # how long may we wait?
         wait = 0.2
         if rate and sent < N and len(inflight) < W:
@@ -599,9 +663,12 @@ def role_pubq(a):
                     out += b"\x62\x02" + pid
     t1 = mono()
     cpu1 = self_cpu()
+    if not last_send_ns:  # stopped early (deadline, error): the drain starts now
+        last_send_ns = mono_ns()
+        emit("SENT", {"last_send_ns": last_send_ns, "sent": sent})
     close_gracefully([s], timeout=2.0)
     return {"sent": sent, "completed": completed, "target": N, "timed_out": timed_out,
-            "error": error, "start_ns": start_ns, "run_s": t1 - t0,
+            "error": error, "start_ns": start_ns, "last_send_ns": last_send_ns, "run_s": t1 - t0,
             "completed_rate_per_s": completed / (t1 - t0) if t1 > t0 else None,
             "late_releases": late, "window_full_loops": window_full_loops,
             "loadgen_cpu_s": cpu1 - cpu0}
@@ -610,9 +677,18 @@ def role_pubq(a):
 # ---------------------------------------------------------------- idle connections
 
 
+# Linux: choose the source port at connect(), per 4-tuple (not at bind, per address)
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
+
 def role_idle(a):
     """Open args['count'] MQTT connections (CONNECT/CONNACK, keepalive), at most
-    args['window'] handshakes in progress at once; keep them until CLOSE."""
+    args['window'] handshakes in progress at once; keep them until CLOSE.
+
+    args['source_ips'] (loopback addresses, optional) spreads the clients over
+    several source addresses: with 20,000 connections from one address the
+    kernel's search for a free ephemeral port (28k in all) grows with every
+    connection and the load generator, not the broker, sets the pace."""
     deadline = a["deadline"]
     N = a["count"]
     W = a.get("window", 64)
@@ -623,6 +699,7 @@ def role_idle(a):
     host, port = a["host"], a["port"]
     ka = a.get("keepalive", 600)
     prefix = a["client_prefix"]
+    sources = a.get("source_ips") or []
     sel = selectors.DefaultSelector()
     done = []
     opened = 0
@@ -651,6 +728,9 @@ def role_idle(a):
         while opened < N and pending < W:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setblocking(False)
+            if sources:
+                s.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+                s.bind((sources[opened % len(sources)], 0))
             rc = s.connect_ex((host, port))
             opened += 1
             pending += 1
@@ -726,7 +806,161 @@ def role_idle(a):
     return info
 
 
-ROLES = {"sub": role_sub, "pub0": role_pub0, "pubq": role_pubq, "idle": role_idle}
+# ---------------------------------------------------------------- $SYS accounting
+
+
+class SysSampler:
+    """The latest value of each watched ``$SYS`` counter, and one sample per burst.
+
+    Both brokers publish their counters in a burst every ``sys_interval``; Mosquitto
+    sends only the values that changed, so a sample combines the burst with the last
+    value seen of every other counter.  The brokers count the $SYS messages they send
+    to this monitor in ``sent``; the monitor subtracts the ones it had received
+    when the value was taken: ``sent_from="message"`` (Mosquitto counts as it
+    sends, so all those before the message that carries ``sent``) or
+    ``"burst"`` (mqttamqp takes every value of a burst before publishing it).
+    Retained values delivered on subscribe were taken before the monitor existed."""
+
+    def __init__(self, topics, t0_ns, sent_from="message", max_samples=600):
+        self.role_of = {t.encode(): r for r, t in topics.items()}
+        self.values = {}
+        self.sys_rx = 0
+        self.burst_start_rx = 0
+        self.sent_from = sent_from
+        self.sent_correction = 0
+        self.in_burst = False
+        self.samples = []
+        self.t0_ns = t0_ns
+        self.max_samples = max_samples
+
+    def message(self, topic, payload, retained):
+        if not self.in_burst:
+            self.burst_start_rx = self.sys_rx
+        role = self.role_of.get(topic)
+        if role is not None:
+            try:
+                self.values[role] = int(payload.split()[0])
+            except (ValueError, IndexError):
+                pass
+            if role == "sent":
+                self.sent_correction = (0 if retained else self.burst_start_rx
+                                        if self.sent_from == "burst" else self.sys_rx)
+        self.sys_rx += 1
+        self.in_burst = True
+
+    def close_burst(self, now_ns):
+        """Evaluate received - (sent + dropped + queued) with the latest values."""
+        if not self.in_burst:
+            return False
+        self.in_burst = False
+        v = self.values
+        if not all(k in v for k in ("received", "sent", "dropped")):
+            return False
+        sent = v["sent"] - self.sent_correction
+        queued = v.get("queued")
+        sample = {"t_s": round((now_ns - self.t0_ns) / 1e9, 3), "received": v["received"],
+                  "sent": sent, "dropped": v["dropped"], "queued": queued,
+                  "mismatch": v["received"] - sent - v["dropped"] - (queued or 0)}
+        if "store_count" in v:
+            sample["store_count"] = v["store_count"]
+        if len(self.samples) < self.max_samples:
+            self.samples.append(sample)
+        return True
+
+    def report(self):
+        worst = max(self.samples, key=lambda x: abs(x["mismatch"]), default=None)
+        return {
+            "samples": self.samples,
+            "n_samples": len(self.samples),
+            "queued_published": "queued" in self.values,
+            "topics_seen": sorted(self.values),
+            "worst_mismatch": worst["mismatch"] if worst else None,
+            "worst_mismatch_sample": worst,
+            "worst_mismatch_pct_of_received": (100.0 * abs(worst["mismatch"]) / worst["received"]
+                                               if worst and worst["received"] else None),
+            "sys_messages_received": self.sys_rx,
+        }
+
+
+def role_sysmon(a):
+    """Subscribe to the broker's $SYS counters and sample the accounting identity
+    received = sent + dropped + queued at every $SYS burst, until STOP (then one
+    more burst, bounded) or the deadline.  args: host, port, topics {role: topic}
+    with roles received, sent, dropped and optionally queued and store_count,
+    sent_from (see SysSampler), burst_gap_s, client_prefix, deadline, after_stop_s."""
+    deadline = a["deadline"]
+    topics = a["topics"]
+    gap_ns = int(a.get("burst_gap_s", 0.1) * 1e9)
+    s, parser, extra = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"],
+                                 subs=[(t, 0) for t in topics.values()])
+    sampler = SysSampler(topics, mono_ns(), a.get("sent_from", "message"))
+    last_ns = mono_ns()
+
+    def feed(packets):
+        nonlocal last_ns
+        for h, body in packets:
+            if h >> 4 != w.PUBLISH:
+                continue
+            tl = (body[0] << 8) | body[1]
+            off = 2 + tl + (2 if (h >> 1) & 3 else 0)
+            if w.LEVEL == 5:  # skip the property block (its length is a varint)
+                plen, mul = 0, 1
+                while True:
+                    b = body[off]
+                    off += 1
+                    plen += (b & 0x7F) * mul
+                    mul <<= 7
+                    if not b & 0x80:
+                        break
+                off += plen
+            sampler.message(bytes(body[2:2 + tl]), bytes(body[off:]), bool(h & 1))
+            last_ns = mono_ns()
+
+    feed(extra)
+    emit("READY", {"topics": topics})
+    stop_by = None  # after STOP: report after the next burst, or at this time
+    stdin_open = True
+    stdin_buf = b""
+    reason = "deadline"
+    while mono() < deadline:
+        if stop_by is not None and mono() >= stop_by:
+            reason = "stop (no burst after STOP)"
+            break
+        fds = [s, 0] if stdin_open else [s]
+        r, _, _ = select.select(fds, [], [], 0.05)
+        if s in r:
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":
+                reason = "closed by broker"
+                break
+            if data:
+                feed(parser.feed(data))
+        if 0 in r:
+            chunk = os.read(0, 4096)
+            if not chunk:
+                stdin_open = False
+            stdin_buf += chunk
+            if b"STOP" in stdin_buf and stop_by is None:
+                stop_by = mono() + a.get("after_stop_s", 2.5)
+        now_ns = mono_ns()
+        if sampler.in_burst and now_ns - last_ns > gap_ns:
+            if sampler.close_burst(now_ns) and stop_by is not None:
+                reason = "stop"
+                break
+    sampler.close_burst(mono_ns())
+    close_gracefully([s], timeout=1.0)
+    res = sampler.report()
+    res["stop_reason"] = reason
+    return res
+
+
+ROLES = {"sub": role_sub, "pub0": role_pub0, "pubq": role_pubq, "idle": role_idle,
+         "sysmon": role_sysmon}
 
 
 def main():

@@ -19,6 +19,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -53,6 +54,7 @@ class Worker:
         _WORKERS.add(self)
         self.q = queue.Queue()
         self.err = []
+        self.result = None  # a RESULT that arrived while waiting for another line
         threading.Thread(target=self._read, args=(self.p.stdout, self.q), daemon=True).start()
         threading.Thread(target=self._read_err, daemon=True).start()
 
@@ -69,6 +71,8 @@ class Worker:
 
     def expect(self, tag, timeout):
         """Wait (bounded) for a line starting with tag; returns its JSON (or {})."""
+        if tag == "RESULT" and self.result is not None:
+            return self.result
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()
@@ -86,6 +90,7 @@ class Worker:
                 return json.loads(rest) if rest else {}
             if t == "RESULT":  # early failure report
                 r = json.loads(rest) if rest else {}
+                self.result = r
                 raise RuntimeError("%s failed before %s: %s" % (self.name, tag, r.get("error", r)))
 
     def send(self, line):
@@ -105,6 +110,28 @@ class Worker:
                 p.kill()
                 p.wait(3)
         _WORKERS.discard(self)
+
+
+class PySpy:
+    """`py-spy record` of one broker process (all threads, running samples only),
+    from now until stop(): SIGINT makes py-spy write its file."""
+
+    def __init__(self, pid, out, rate, extra=()):
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        self.out = out
+        self.p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(rate),
+                                   "--format", "speedscope", "--threads", "-o", out, *extra],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)  # by PID: only the py-spy we started
+        try:
+            text, _ = self.p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            text, _ = self.p.communicate(timeout=5)
+        return {"file": self.out, "exit": self.p.returncode, "output": (text or "")[-500:]}
 
 
 def _cleanup():
@@ -133,8 +160,31 @@ SCENARIOS = {
     5: "Fan-in QoS 0, 100 publishers -> 1 subscriber on bench/#",
     6: "5,000 idle connections: connect time and broker memory per connection",
     7: "Latency QoS 1 at 1,000 msg/s (paced), p50/p99",
+    8: "QoS 1, 1 -> 1, clean subscriber (clean session 1), window 100",
+    9: "20,000 idle connections: connect time and broker memory per connection",
+    10: "AMQP -> AMQP unsettled vs this broker's MQTT QoS 1 (bench/amqp_bench.py; mqttamqp only)",
 }
-THROUGHPUT = (1, 2, 3, 4, 5)
+THROUGHPUT = (1, 2, 3, 4, 5, 8)
+IDLE = (6, 9)
+DRAIN_S = 2.0  # the fixed drain after the last publish for `undelivered %`
+NOFILE_RESERVE = 64  # descriptors the broker keeps for itself (listeners, log, store)
+
+# The $SYS counters of the accounting identity received = sent + dropped + queued, per
+# broker kind.  mqttamqp: PUBLISH routed / deliveries written / dropped by queue bounds
+# (and queued, once published).  Mosquitto 2.0: the publish/ counters (messages/ also
+# counts PINGs and acks); it publishes no queue length, its store count is reported
+# beside the identity, not in it (it holds retained messages too).
+SYS_TOPICS = {
+    "mqttamqp": {"received": "$SYS/broker/messages/received",
+                 "sent": "$SYS/broker/messages/sent",
+                 "dropped": "$SYS/broker/messages/dropped",
+                 "queued": "$SYS/broker/messages/queued"},
+    "mosquitto": {"received": "$SYS/broker/publish/messages/received",
+                  "sent": "$SYS/broker/publish/messages/sent",
+                  "dropped": "$SYS/broker/publish/messages/dropped",
+                  "store_count": "$SYS/broker/store/messages/count"},
+}
+SYS_INTERVAL_S = 1  # $SYS period during scenario 5 (Mosquitto takes whole seconds)
 
 
 def counts(quick):
@@ -147,12 +197,48 @@ def counts(quick):
         5: 2_000 // f,    # per publisher; 100 publishers
         6: 5_000,         # not shrunk: per-connection memory needs the full count
         7: 10 if not quick else 2,  # seconds at 1,000 msg/s
+        8: 50_000 // f,
+        9: 20_000,        # capped by RLIMIT_NOFILE's hard limit if it is lower
+        10: 30_000 // f,  # messages per amqp_bench run
     }
 
 
 def fixed_len_qos0(topic):
     pkt = w.publish(topic, b"x" * PAYLOAD, qos=0)
     return len(pkt), pkt[1]
+
+
+def start_drain(pw, subs, timeout):
+    """Wait (bounded) for the publisher's last PUBLISH, then tell the subscribers
+    when the fixed drain ends: their count at that moment gives `undelivered %`."""
+    try:
+        info = pw.expect("SENT", timeout)
+    except (TimeoutError, RuntimeError) as e:
+        return {"error": str(e)}
+    end_ns = info["last_send_ns"] + int(DRAIN_S * 1e9)
+    for sub in subs:
+        sub.send("DRAIN %d" % end_ns)
+    return info
+
+
+def undelivered(pres, sres, per_message, sent_info):
+    """Messages sent minus received after the fixed drain, over sent (deliveries
+    owed for fan-out: every sent message is owed to each subscriber)."""
+    sent = pres.get("sent", sent_info.get("sent"))
+    at_drain = sres.get("received_at_drain")
+    owed = sent * per_message if isinstance(sent, int) else None
+    pct = (100.0 * (owed - at_drain) / owed) if (owed and at_drain is not None) else None
+    return {"sent": sent, "received_at_drain": at_drain, "drain_s": DRAIN_S,
+            "drain_end_reached": sres.get("drain_end_reached"), "undelivered_pct": pct}
+
+
+def stop_sysmon(mon):
+    """Ask the $SYS monitor for one more sample (the broker at rest), bounded."""
+    mon.send("STOP")
+    try:
+        return mon.expect("RESULT", 10)
+    except (TimeoutError, RuntimeError) as e:
+        return {"error": str(e)}
 
 
 def run_throughput(sc, broker, cfg, tag):
@@ -165,8 +251,8 @@ def run_throughput(sc, broker, cfg, tag):
     workers = []
     res = {"scenario": sc}
     try:
-        if sc in (1, 2, 3):
-            qos = {1: 0, 2: 1, 3: 2}[sc]
+        if sc in (1, 2, 3, 8):
+            qos = {1: 0, 2: 1, 3: 2, 8: 1}[sc]
             topic = "bench/s%d" % sc
             sub_args = {"host": HOST, "port": port, "conns": 1, "filters": [topic], "qos": qos,
                         "clean": sc != 2, "client_prefix": "sub-%s" % tag, "expected": n,
@@ -212,10 +298,18 @@ def run_throughput(sc, broker, cfg, tag):
 
         # fan-out: 100 sockets share one process, so let more data accumulate per read
         # only QoS 0 scenarios nap: with acknowledgements a nap could throttle the window
-        sub_args["rx_nap_s"] = 0.0 if sc in (2, 3) else nap * (4 if sc == 4 else 1)
+        sub_args["rx_nap_s"] = 0.0 if sc in (2, 3, 8) else nap * (4 if sc == 4 else 1)
         sub = Worker("sub", sub_args, "sub")
         workers.append(sub)
         sub.expect("READY", 60)
+        mon = None
+        if sc == 5:
+            mon = Worker("sysmon", {"host": HOST, "port": port, "topics": SYS_TOPICS[broker.kind],
+                                    "sent_from": "burst" if broker.kind == "mqttamqp" else "message",
+                                    "client_prefix": "sys-%s" % tag, "deadline": deadline + idle_s + 30},
+                         "sysmon")
+            workers.append(mon)
+            mon.expect("READY", 30)
         pw = Worker(pub[0], pub[1], "pub")
         workers.append(pw)
         pw.expect("READY", 60)
@@ -225,6 +319,7 @@ def run_throughput(sc, broker, cfg, tag):
         t0 = time.monotonic()
         pw.send("GO")
         grace = max(0.0, deadline - time.monotonic()) + idle_s + 20
+        sent_info = start_drain(pw, [sub], grace)
         try:
             pres = pw.expect("RESULT", grace)
         except (TimeoutError, RuntimeError) as e:
@@ -238,6 +333,8 @@ def run_throughput(sc, broker, cfg, tag):
         cpu1 = broker.cpu_s() if alive else None
         sys1 = system_busy_s()
         st1 = broker.status() if alive else {}
+        if mon is not None:
+            res["sys_accounting"] = stop_sysmon(mon)
         received = sres.get("received", 0) or 0
         cpu = (cpu1 - cpu0) if cpu1 is not None else None
         e2e = None
@@ -256,6 +353,7 @@ def run_throughput(sc, broker, cfg, tag):
             "delivered": received,
             "expected_deliveries": expected,
             "loss": expected - received,
+            **undelivered(pres, sres, expected // published, sent_info),
             "timed_out": bool(sres.get("timed_out") or pres.get("timed_out")),
             "wall_s": t1 - t0,
             "broker_cpu_s": cpu,
@@ -278,41 +376,80 @@ def run_throughput(sc, broker, cfg, tag):
     return res
 
 
-def run_idle(broker, cfg, tag):
-    n = cfg["counts"][6]
-    deadline = time.monotonic() + cfg["timeout"]
-    wk = Worker("idle", {"host": HOST, "port": broker.port, "count": n, "window": 32,
-                         "keepalive": 600, "client_prefix": "idle-%s" % tag,
-                         "deadline": deadline}, "idle")
-    res = {"scenario": 6}
+IDLE_PER_WORKER = 10_000  # idle connections per load-generator process
+IDLE_WINDOW = 32  # handshakes in progress at once, over all workers
+# source addresses of the idle clients (loopback): <= 2,500 connections each at 20,000
+IDLE_SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
+
+
+def idle_target(broker, want):
+    """The connections the broker can hold: its hard RLIMIT_NOFILE (which a
+    container may not let us raise) less the descriptors it already has open and
+    a reserve.  Returns (count, reason it is lower than want or None)."""
+    lim = brokers.proc_nofile(broker.pid) or {}
     try:
-        ready = wk.expect("READY", 30)
+        soft = int(lim.get("soft"))
+    except (TypeError, ValueError):
+        return want, None
+    room = soft - brokers.proc_open_fds(broker.pid) - NOFILE_RESERVE
+    if room >= want:
+        return want, None
+    return room, ("broker RLIMIT_NOFILE %d (hard limit, not raisable here) leaves room "
+                  "for %d connections" % (soft, room))
+
+
+def run_idle(sc, broker, cfg, tag):
+    want = cfg["counts"][sc]
+    n, capped = idle_target(broker, want)
+    nworkers = max(1, -(-n // IDLE_PER_WORKER))
+    deadline = time.monotonic() + cfg["timeout"]
+    shares = [n // nworkers + (1 if i < n % nworkers else 0) for i in range(nworkers)]
+    wks = [Worker("idle", {"host": HOST, "port": broker.port, "count": k,
+                           "window": max(1, IDLE_WINDOW // nworkers), "keepalive": 600,
+                           "source_ips": IDLE_SOURCES,
+                           "client_prefix": "idle-%s-%d" % (tag, i), "deadline": deadline},
+                  "idle%d" % i) for i, k in enumerate(shares)]
+    res = {"scenario": sc}
+    try:
+        ready = [wk.expect("READY", 30) for wk in wks]
         broker.settle(max_s=5)
         st0 = broker.status()
         cpu0 = broker.cpu_s()
         sys0 = system_busy_s()
-        wk.send("GO")
-        info = wk.expect("CONNECTED", cfg["timeout"] + 30)
+        for wk in wks:
+            wk.send("GO")
+        infos = [wk.expect("CONNECTED", cfg["timeout"] + 30) for wk in wks]
         sys1 = system_busy_s()
         cpu_conn = broker.cpu_s() - cpu0 if broker.alive() else None
         settled = broker.settle(max_s=10)
-        time.sleep(0.5)
+        time.sleep(0.5)  # let the allocator settle before the reading (not an event wait)
         alive = broker.alive()
         st1 = broker.status() if alive else {}
         cpu1 = broker.cpu_s() if alive else None
-        wk.send("CLOSE")
-        try:
-            fin = wk.expect("RESULT", 30)
-        except (TimeoutError, RuntimeError) as e:
-            fin = {"error": str(e)}
-        connected = info.get("connected", 0)
+        for wk in wks:
+            wk.send("CLOSE")
+        fins = []
+        for wk in wks:
+            try:
+                fins.append(wk.expect("RESULT", 30))
+            except (TimeoutError, RuntimeError) as e:
+                fins.append({"error": str(e)})
+        connected = sum(i.get("connected", 0) for i in infos)
+        errors = {}
+        for i in infos:
+            for k, v in (i.get("errors") or {}).items():
+                errors[k] = errors.get(k, 0) + v
         drss = (st1.get("VmRSS", 0) - st0.get("VmRSS", 0)) if st1 else None
         res.update({
             "connections": connected,
+            "target_requested": want,
             "target": n,
-            "timed_out": bool(info.get("timed_out")),
-            "connect_all_s": info.get("connect_all_s"),
-            "connects_per_s": info.get("connects_per_s"),
+            "target_capped": capped,
+            "loadgen_processes": nworkers,
+            "timed_out": any(i.get("timed_out") for i in infos),
+            # the workers start on the same GO: the slowest one is the time for all
+            "connect_all_s": max((i.get("connect_all_s") or 0) for i in infos),
+            "connects_per_s": sum(i.get("connects_per_s") or 0 for i in infos),
             "broker_rss_kib_before": st0.get("VmRSS"),
             "broker_rss_kib_after": st1.get("VmRSS"),
             "broker_rss_delta_kib": drss,
@@ -322,18 +459,20 @@ def run_idle(broker, cfg, tag):
             "broker_cpu_us_per_conn": ((cpu1 - cpu0) * 1e6 / connected) if (cpu1 is not None and connected) else None,
             "broker_settled": settled,
             "broker_nofile": brokers.proc_nofile(broker.pid) if alive else None,
-            "loadgen_nofile": ready.get("nofile"),
-            "still_open_at_close": fin.get("still_open_at_close"),
-            "failed": info.get("failed"),
-            "errors": info.get("errors"),
-            "loadgen_cpu_s": info.get("loadgen_cpu_s"),
+            "loadgen_nofile": [r.get("nofile") for r in ready],
+            "still_open_at_close": sum(f.get("still_open_at_close") or 0 for f in fins),
+            "failed": sum(i.get("failed") or 0 for i in infos),
+            "errors": errors,
+            "loadgen_cpu_s": sum(i.get("loadgen_cpu_s") or 0 for i in infos),
             "machine_busy_cpu_s": sys1 - sys0,
-            "other_cpu_s_est": other_cpu(sys1 - sys0, cpu_conn, info, {}),
+            "other_cpu_s_est": other_cpu(sys1 - sys0, cpu_conn,
+                                         {"loadgen_cpu_s": sum(i.get("loadgen_cpu_s") or 0 for i in infos)}, {}),
         })
         if connected < n:
             res["error"] = "only %d of %d connections succeeded" % (connected, n)
     finally:
-        wk.stop()
+        for wk in wks:
+            wk.stop()
     return res
 
 
@@ -362,6 +501,7 @@ def run_latency(broker, cfg, tag):
         sys0 = system_busy_s()
         pw.send("GO")
         grace = max(0.0, deadline - time.monotonic()) + 20
+        sent_info = start_drain(pw, [sub], grace)
         try:
             pres = pw.expect("RESULT", grace)
         except (TimeoutError, RuntimeError) as e:
@@ -381,6 +521,7 @@ def run_latency(broker, cfg, tag):
             "sent": pres.get("sent"),
             "delivered": received,
             "loss": n - received,
+            **undelivered(pres, sres, 1, sent_info),
             "timed_out": bool(sres.get("timed_out") or pres.get("timed_out")),
             "p50_ms": lat.get("p50_ms"),
             "p99_ms": lat.get("p99_ms"),
@@ -402,6 +543,45 @@ def run_latency(broker, cfg, tag):
     return res
 
 
+AMQP_BENCH = os.path.join(HERE, "amqp_bench.py")
+
+
+def run_amqp(cfg, repeat):
+    """Scenario 10: bench/amqp_bench.py's MQTT QoS 1 and AMQP unsettled runs
+    (interleaved, one mqttamqp broker), one result per pair of runs.  Mosquitto
+    speaks no AMQP: the comparison is with this broker's own MQTT QoS 1."""
+    n = cfg["counts"][10]
+    with tempfile.TemporaryDirectory(prefix="bench-amqp-") as tmp:
+        out = os.path.join(tmp, "amqp.json")
+        cmd = [sys.executable, AMQP_BENCH, "--scenarios", "mqtt_qos1,amqp_unsettled",
+               "--repeat", str(repeat), "--count", str(n), "--timeout", str(cfg["timeout"]),
+               "--out", out]
+        limit = repeat * 2 * (cfg["timeout"] + 30) + 90
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        if p.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError("amqp_bench failed (%s): %s" % (p.returncode, p.stderr[-1500:]))
+        with open(out) as f:
+            doc = json.load(f)
+    sc = doc["scenarios"]
+    mq, am = sc["mqtt_qos1"], sc["amqp_unsettled"]
+    runs = []
+    for i, (a, b) in enumerate(zip(am.get("runs", []), mq.get("runs", []), strict=False)):
+        runs.append({
+            "scenario": 10, "pair": i,
+            "amqp_unsettled_msgs_per_s": a["msgs_per_s"], "mqtt_qos1_msgs_per_s": b["msgs_per_s"],
+            "ratio_amqp_over_mqtt": (a["msgs_per_s"] / b["msgs_per_s"]) if b["msgs_per_s"] else None,
+            "sent": a["messages"], "received_at_drain": a["received"],
+            # amqp_bench has no fixed drain: a run stops when all arrived or at its deadline
+            "undelivered_pct": 100.0 * (a["messages"] - a["received"]) / a["messages"],
+            "mqtt_undelivered_pct": 100.0 * (b["messages"] - b["received"]) / b["messages"],
+            "amqp": a, "mqtt": b,
+        })
+    return runs, {k: v for k, v in doc.items() if k != "scenarios"}
+
+
+UNDELIVERED = ("%% of the messages sent (deliveries owed, for fan-out) not received %.0f s "
+               "after the publisher's last PUBLISH" % DRAIN_S)
+
 # metric definitions per scenario: (name, key in run result, unit, better)
 METRICS = {
     "throughput": [("msgs_per_s", "value", "messages/s delivered, publisher's first send to subscriber's last receipt", "higher"),
@@ -409,14 +589,25 @@ METRICS = {
                     "messages/s delivered, subscriber's first to last receipt", "higher"),
                    ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg", "broker CPU µs per delivered message", "lower"),
                    ("broker_cpu_s", "broker_cpu_s", "broker CPU seconds (utime+stime) during the run", "lower"),
-                   ("broker_peak_rss_kib", "broker_peak_rss_kib", "broker VmHWM after the run, KiB", "lower")],
+                   ("broker_peak_rss_kib", "broker_peak_rss_kib", "broker VmHWM after the run, KiB", "lower"),
+                   ("undelivered_pct", "undelivered_pct", UNDELIVERED, "lower")],
     6: [("connect_all_s", "connect_all_s", "seconds to connect all idle clients", "lower"),
         ("rss_per_conn_bytes", "rss_per_conn_bytes", "broker RSS bytes per idle connection", "lower"),
         ("broker_cpu_us_per_conn", "broker_cpu_us_per_conn", "broker CPU µs per connection set-up", "lower")],
     7: [("p50_ms", "p50_ms", "ms, publisher send time to subscriber receive time, median", "lower"),
         ("p99_ms", "p99_ms", "ms, publisher send time to subscriber receive time, 99th percentile", "lower"),
-        ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg", "broker CPU µs per delivered message", "lower")],
+        ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg", "broker CPU µs per delivered message", "lower"),
+        ("undelivered_pct", "undelivered_pct", UNDELIVERED, "lower")],
+    10: [("amqp_unsettled_msgs_per_s", "amqp_unsettled_msgs_per_s",
+          "AMQP -> AMQP unsettled, messages/s (first send to last receipt)", "higher"),
+         ("mqtt_qos1_msgs_per_s", "mqtt_qos1_msgs_per_s",
+          "MQTT QoS 1 -> MQTT QoS 1 on the same broker, messages/s", "higher"),
+         ("ratio_amqp_over_mqtt", "ratio_amqp_over_mqtt",
+          "AMQP unsettled / MQTT QoS 1, per interleaved pair of runs (goal >= 0.7)", "higher"),
+         ("undelivered_pct", "undelivered_pct",
+          "% of AMQP messages sent not received when the run ended (no fixed drain here)", "lower")],
 }
+METRICS[9] = METRICS[6]
 for _s in THROUGHPUT:
     METRICS[_s] = METRICS["throughput"]
 METRICS[4] = [("deliveries_per_s", "value", "deliveries/s (100 subscribers), publisher's first send to last receipt", "higher"),
@@ -435,19 +626,49 @@ def summarize(sc, runs_by_broker, labels):
         m = {"unit": unit, "better": better}
         for lab in labels:
             runs = runs_by_broker.get(lab, [])
-            m[lab] = median_or_none([r.get(key) for r in runs])
+            vals = [r.get(key) for r in runs]
+            m[lab] = median_or_none(vals)
+            nums = [v for v in vals if isinstance(v, (int, float))]
+            m.setdefault("min", {})[lab] = min(nums) if nums else None
+            m.setdefault("max", {})[lab] = max(nums) if nums else None
+            m.setdefault("n", {})[lab] = len(nums)
         a, b = m.get("mqttamqp"), m.get("mosquitto")
         m["ratio_mqttamqp_over_mosquitto"] = (a / b) if (isinstance(a, (int, float)) and
                                                         isinstance(b, (int, float)) and b) else None
         out["metrics"][name] = m
     nruns = {lab: len(runs_by_broker.get(lab, [])) for lab in labels}
-    out["aggregation"] = ("median of %s runs per broker (brokers alternated, fresh broker per run)"
+    out["aggregation"] = ("median of %s runs per broker (min/max: the spread); brokers "
+                          "alternated, fresh broker per run"
                           % "/".join(str(nruns[l]) for l in labels))
+    if sc == 10:
+        out["aggregation"] = ("median of %s interleaved pairs of runs on one mqttamqp broker "
+                              "(bench/amqp_bench.py); Mosquitto speaks no AMQP"
+                              % nruns.get("mqttamqp", 0))
+    if sc == 5:
+        out["sys_accounting"] = sys_accounting_summary(runs_by_broker, labels)
     for lab in labels:
         runs = runs_by_broker.get(lab, [])
         out[lab] = {"timed_out": any(r.get("timed_out") for r in runs),
                     "errors": [r["error"] for r in runs if r.get("error")],
                     "runs": runs}
+    return out
+
+
+def sys_accounting_summary(runs_by_broker, labels):
+    """The worst $SYS mismatch (received - sent - dropped - queued) seen per broker."""
+    out = {}
+    for lab in labels:
+        acc = [r.get("sys_accounting") or {} for r in runs_by_broker.get(lab, [])]
+        worst = [a for a in acc if a.get("worst_mismatch") is not None]
+        w_ = max(worst, key=lambda a: abs(a["worst_mismatch"]), default=None)
+        out[lab] = {
+            "worst_mismatch": w_["worst_mismatch"] if w_ else None,
+            "worst_mismatch_pct_of_received": w_["worst_mismatch_pct_of_received"] if w_ else None,
+            "worst_sample": w_["worst_mismatch_sample"] if w_ else None,
+            "final_mismatch": [(a["samples"][-1]["mismatch"] if a.get("samples") else None) for a in acc],
+            "samples_per_run": [a.get("n_samples") for a in acc],
+            "queued_published": any(a.get("queued_published") for a in acc),
+        }
     return out
 
 
@@ -518,10 +739,11 @@ def machine_facts():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--broker", choices=["mqttamqp", "mosquitto", "both"], default="both")
-    ap.add_argument("--scenarios", default="1,2,3,4,5,6,7")
+    ap.add_argument("--scenarios", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--quick", action="store_true", help="~10x fewer messages")
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per broker for scenarios 1-5 (median reported)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per broker of every scenario (median and min/max reported)")
     ap.add_argument("--timeout", type=float, default=60.0, help="hard wall-time limit per run, seconds")
     ap.add_argument("--idle", type=float, default=5.0, help="subscriber stops after this many seconds without data")
     ap.add_argument("--rx-nap", type=float, default=0.0005,
@@ -531,6 +753,13 @@ def main():
     ap.add_argument("--mqtt5", action="store_true",
                     help="the load generators speak MQTT 5 (empty property blocks) "
                          "instead of 3.1.1, to both brokers")
+    ap.add_argument("--py-spy", metavar="DIR",
+                    help="record every mqttamqp run with `py-spy record --format speedscope` "
+                         "into DIR (profiling perturbs the figures: not for published runs)")
+    ap.add_argument("--py-spy-rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--py-spy-arg", action="append", default=[],
+                    help="extra argument for py-spy record (repeatable), e.g. --gil: only "
+                         "the thread holding the GIL (Python CPU, no waits)")
     # hidden: run a second Mosquitto in the "mqttamqp" slot to exercise the comparison path
     ap.add_argument("--fake-mqttamqp", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -540,6 +769,7 @@ def main():
         os.environ["BENCH_MQTT_LEVEL"] = "5"
         w.LEVEL, w.PROPS = 5, b"\x00"
     signal.signal(signal.SIGTERM, _on_signal)
+    brokers.raise_nofile()  # the load generators inherit it (20,000 idle connections)
     scen = [int(x) for x in args.scenarios.split(",") if x.strip()]
     for s in scen:
         if s not in SCENARIOS:
@@ -553,7 +783,8 @@ def main():
         "tool": "mqttamqp bench/run.py",
         "machine": machine_facts(),
         "config": {
-            "quick": args.quick, "repeat_throughput": args.repeat, "repeat_6_7": 1,
+            "quick": args.quick, "repeat": args.repeat, "drain_s": DRAIN_S,
+            "sys_interval_s_scenario_5": SYS_INTERVAL_S,
             "timeout_s_per_run": args.timeout, "subscriber_idle_stop_s": args.idle,
             "payload_bytes": PAYLOAD, "window": 100, "fan": 100,
             "subscriber_rx_nap_s": args.rx_nap,
@@ -564,6 +795,8 @@ def main():
                 "4_fanout_publications": cfg["counts"][4],
                 "5_fanin_messages_per_publisher": cfg["counts"][5],
                 "6_idle_connections": cfg["counts"][6], "7_latency_seconds_at_1000_per_s": cfg["counts"][7],
+                "8_qos1_clean_messages": cfg["counts"][8], "9_idle_connections": cfg["counts"][9],
+                "10_amqp_messages_per_run": cfg["counts"][10],
             },
             "ratio": "mqttamqp / mosquitto for every metric; see each metric's 'better'",
             "fake_mqttamqp": args.fake_mqttamqp,
@@ -598,27 +831,44 @@ def main():
         kind = "mosquitto" if (label == "mosquitto" or args.fake_mqttamqp) else "mqttamqp"
         return brokers.Broker(kind, label=label, mqttamqp_help_text=help_text,
                               mqttamqp_env=env_extra, extra_args=args.mqttamqp_arg,
-                              want_inflight=sc in (2, 3, 7))
+                              want_inflight=sc in (2, 3, 7, 8),
+                              sys_interval=SYS_INTERVAL_S if sc == 5 else None)
 
     runs, sc = {}, None
     try:
         for sc in scen:
             runs = {lab: [] for lab in labels}
-            reps = args.repeat if sc in THROUGHPUT else 1
+            if sc == 10:
+                if "mqttamqp" in labels and not args.fake_mqttamqp:
+                    log("scenario 10 (%s), %d pairs of runs" % (SCENARIOS[10], args.repeat))
+                    try:
+                        runs["mqttamqp"], result["amqp_bench"] = run_amqp(cfg, args.repeat)
+                    except (RuntimeError, subprocess.TimeoutExpired, KeyError, OSError) as e:
+                        runs["mqttamqp"] = [{"scenario": 10, "error": "%s: %s" % (e.__class__.__name__, e)}]
+                    for r in runs["mqttamqp"]:
+                        log("  -> %s" % short(r))
+                    result["scenarios"]["10"] = summarize(10, runs, labels)
+                continue
+            reps = args.repeat
             for rep in range(reps):
                 for lab in labels:
                     tag = "%s-s%d-r%d" % (lab, sc, rep)
                     log("scenario %d (%s) run %d/%d on %s" % (sc, SCENARIOS[sc], rep + 1, reps, lab))
                     b = make_broker(lab, sc)
                     r = {"scenario": sc, "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+                    spy = None
                     try:
                         b.start()
                         r["broker_cmd"] = b.cmd
                         r["broker_options"] = b.options_passed
+                        if args.py_spy and b.kind == "mqttamqp":
+                            spy = PySpy(b.pid, os.path.join(args.py_spy, "s%d-r%d.speedscope.json"
+                                                            % (sc, rep)), args.py_spy_rate,
+                                        args.py_spy_arg)
                         if sc in THROUGHPUT:
                             r.update(run_throughput(sc, b, cfg, tag))
-                        elif sc == 6:
-                            r.update(run_idle(b, cfg, tag))
+                        elif sc in IDLE:
+                            r.update(run_idle(sc, b, cfg, tag))
                         elif sc == 7:
                             r.update(run_latency(b, cfg, tag))
                     except KeyboardInterrupt:
@@ -628,6 +878,8 @@ def main():
                         if b.proc is not None:
                             r["broker_log_tail"] = b.log_tail(2000)
                     finally:
+                        if spy is not None:
+                            r["py_spy"] = spy.stop()
                         alive = b.alive()
                         if not alive and b.proc is not None:
                             r["broker_died"] = True
@@ -660,14 +912,23 @@ def short(r):
     if sc in THROUGHPUT:
         v = r.get("value")
         cu = r.get("broker_cpu_us_per_msg")
-        return "%s msg/s, delivered %s/%s, broker cpu %s us/msg%s" % (
-            "%.0f" % v if v else v, r.get("delivered"), r.get("expected_deliveries"),
-            "%.1f" % cu if cu else cu, " TIMED OUT" if r.get("timed_out") else "")
-    if sc == 6:
+        un = r.get("undelivered_pct")
+        acc = (r.get("sys_accounting") or {}).get("worst_mismatch")
+        return "%s msg/s, delivered %s/%s, undelivered after %.0fs %s%%, broker cpu %s us/msg%s%s" % (
+            "%.0f" % v if v else v, r.get("delivered"), r.get("expected_deliveries"), DRAIN_S,
+            "%.2f" % un if un is not None else un,
+            "%.1f" % cu if cu else cu, " TIMED OUT" if r.get("timed_out") else "",
+            ", $SYS worst mismatch %s" % acc if "sys_accounting" in r else "")
+    if sc in IDLE:
         return "%s conns in %.2fs, %s B/conn" % (r.get("connections"), r.get("connect_all_s") or -1,
                                                   "%.0f" % r["rss_per_conn_bytes"] if r.get("rss_per_conn_bytes") else None)
     if sc == 7:
-        return "p50 %s ms, p99 %s ms, delivered %s" % (r.get("p50_ms"), r.get("p99_ms"), r.get("delivered"))
+        return "p50 %s ms, p99 %s ms, delivered %s, undelivered %s%%" % (
+            r.get("p50_ms"), r.get("p99_ms"), r.get("delivered"), r.get("undelivered_pct"))
+    if sc == 10:
+        return "AMQP unsettled %s msg/s, MQTT QoS 1 %s msg/s, ratio %.2f" % (
+            r.get("amqp_unsettled_msgs_per_s"), r.get("mqtt_qos1_msgs_per_s"),
+            r.get("ratio_amqp_over_mqtt") or 0)
     return str(r)[:200]
 
 
