@@ -289,3 +289,23 @@ def test_whole_topic_filter_level_forms_agree(topic_filter: str, topic: str) -> 
     trie: SubscriptionTrie[str] = SubscriptionTrie()
     trie.add(topic_filter, "k", 1)
     assert (trie.match(topic) == {"k": 1}) is topic_matches(topic_filter, topic)
+
+
+def test_trie_matches_are_remembered_until_the_next_change() -> None:
+    """A topic's matches are computed once; a subscribe or unsubscribe anywhere
+    forgets them, so no publish sees an out-of-date subscriber list."""
+    from mqttamqp.core import topics
+
+    trie: topics.SubscriptionTrie[str] = topics.SubscriptionTrie()
+    trie.add("a/+", "x", 1)
+    first = trie.match("a/b")
+    assert first == {"x": 1} and trie.match("a/b") is first
+    trie.add("a/b", "y", 0)
+    assert trie.match("a/b") == {"x": 1, "y": 0}
+    trie.add("a/b", "y", 2)                     # a QoS change counts too
+    assert trie.match("a/b") == {"x": 1, "y": 2}
+    trie.remove("a/+", "x")
+    assert trie.match("a/b") == {"y": 2}
+    for i in range(topics.MATCH_CACHE_SIZE + 10):    # bounded: it starts again
+        trie.match(f"a/{i}")
+    assert len(trie._cache) <= topics.MATCH_CACHE_SIZE

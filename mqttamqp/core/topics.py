@@ -106,12 +106,22 @@ class _Node(Generic[K]):
         self.subscribers: dict[K, int] = {}
 
 
+# Topics whose matches a trie remembers (then it forgets them all and starts again).
+MATCH_CACHE_SIZE = 4096
+
+
 class SubscriptionTrie(Generic[K]):
-    """Filters split by level into a trie; ``match`` walks only matching branches."""
+    """Filters split by level into a trie; ``match`` walks only matching branches.
+
+    Matches are remembered per topic until the next ``add`` or ``remove`` (a busy
+    topic is matched once, not once per message), so ``match``'s result is shared:
+    callers must not change it.
+    """
 
     def __init__(self) -> None:
         self._root: _Node[K] = _Node()
         self._count = 0
+        self._cache: dict[str, dict[K, int]] = {}
 
     def __len__(self) -> int:
         """Number of (filter, subscriber) pairs."""
@@ -119,6 +129,8 @@ class SubscriptionTrie(Generic[K]):
 
     def add(self, topic_filter: str, key: K, qos: int) -> bool:
         """Subscribe ``key``; returns True if it is new (False: QoS replaced)."""
+        if self._cache:
+            self._cache.clear()
         node = self._root
         for level in topic_filter.split("/"):
             child = node.children.get(level)
@@ -133,6 +145,8 @@ class SubscriptionTrie(Generic[K]):
 
     def remove(self, topic_filter: str, key: K) -> bool:
         """Unsubscribe ``key``; prunes empty branches. Returns True if it was there."""
+        if self._cache:
+            self._cache.clear()
         path: list[tuple[_Node[K], str]] = []
         node = self._root
         for level in topic_filter.split("/"):
@@ -152,7 +166,18 @@ class SubscriptionTrie(Generic[K]):
         return True
 
     def match(self, topic: str) -> dict[K, int]:
-        """Every subscriber whose filter matches ``topic``, with its highest QoS."""
+        """Every subscriber whose filter matches ``topic``, with its highest QoS
+        (shared: do not change it)."""
+        cache = self._cache
+        result = cache.get(topic)
+        if result is not None:
+            return result
+        if len(cache) >= MATCH_CACHE_SIZE:
+            cache.clear()
+        result = cache[topic] = self._walk(topic)
+        return result
+
+    def _walk(self, topic: str) -> dict[K, int]:
         result: dict[K, int] = {}
         levels = topic.split("/")
         last = len(levels)
