@@ -30,6 +30,7 @@ from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_LIMIT,
@@ -94,6 +95,7 @@ class SessionRegistry:
         # The same two, by protocol family ("mqtt", "amqp", "console"), for metrics.
         self._retired_by: dict[str, list[int]] = {}
         self._expiry_timers: dict[str, DelayedCall] = {}
+        self._disconnect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
         now = self.clock.seconds()
@@ -203,11 +205,17 @@ class SessionRegistry:
             # The one line per disconnect, with its cause.  A protocol error or a
             # limit was logged (as a warning, with its reason) where it was found;
             # storage failures and shutdowns are logged once for all, not per client.
-            if cause not in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN, CAUSE_LIMIT):
-                self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}",
+            # (20 lines a second at most, then a count in the next one)
+            held = (None if cause in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN,
+                                      CAUSE_LIMIT)
+                    else self._disconnect_lines.allow("disconnect"))
+            if held is not None:
+                self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}{h}",
                               p=protocol, c=info.client_id or "?", peer=info.remote,
                               cause=cause.replace("_", " "),
-                              d=f" ({detail})" if detail else "")
+                              d=f" ({detail})" if detail else "",
+                              h=f" ({held} more disconnects not logged before it)"
+                              if held else "")
             if self._recording:
                 self.recorder.event(self.clock.seconds(), DISCONNECT, info.client_id,
                                     protocol=protocol, reason=cause, detail=detail or None)

@@ -771,9 +771,12 @@ class MQTTProtocol(Protocol):
                                        ConnackCode.ACCEPTED)))
         self.broker.activate(session, self, "mqtt" + self.version)
         self.broker.register_connection(self.key, self, "mqtt" + self.version)
-        self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)",
-                      c=self.client_id, peer=self.peer, v=self.version,
-                      cs=self.clean_session, k=self.keepalive)
+        held = self.factory.connect_lines.allow("connect")
+        if held is not None:
+            self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"
+                          "{h}", c=self.client_id, peer=self.peer, v=self.version,
+                          cs=self.clean_session, k=self.keepalive,
+                          h=f" ({held} more connects not logged before it)" if held else "")
         debug_until = self.broker.client_debug.until(self.client_id)
         if debug_until is not None:
             self.start_debug(debug_until)
@@ -1356,6 +1359,8 @@ class MQTTFactory(Factory):
         self.connections: set[MQTTProtocol] = set()
         # Lines about what a client can repeat at will: one per cause a minute.
         self.log_limit = LogLimiter(clock.seconds)
+        # "connected from": 20 lines a second at most (then a count in the next one).
+        self.connect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
