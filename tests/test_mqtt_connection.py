@@ -104,3 +104,31 @@ def test_ack_queue_bound_and_resume_mark() -> None:
         AckQueue.ready(entry)
     acks.take()
     assert not acks.over_bound and acks.under_resume_mark
+
+
+def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
+    """Keepalive checks of many connections share one reactor timer; each fires at
+    its own deadline, a cancelled one never does, and no timer is left after."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.connection import Deadlines
+
+    clock = Clock()
+    fired: list[str] = []
+    deadlines = Deadlines(clock, fired.append)
+    a = deadlines.add("a", 10.0)
+    deadlines.add("b", 5.0)
+    c = deadlines.add("c", 7.0)
+    assert len(clock.getDelayedCalls()) == 1
+    deadlines.cancel(c)
+    clock.advance(5.0 - 1e-6)
+    assert fired == []
+    clock.advance(2e-6)
+    assert fired == ["b"]
+    clock.advance(3.0)
+    assert fired == ["b"]                  # (c was cancelled)
+    deadlines.add("d", 1.0)                # earlier than a: the timer moves
+    clock.advance(1.0)
+    assert fired == ["b", "d"] and len(deadlines) == 1
+    deadlines.cancel(a)
+    assert clock.getDelayedCalls() == [] and len(deadlines) == 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -47,6 +47,36 @@ RETAIN_AS_PUBLISHED = 0x08
 RETAIN_HANDLING = 0x30
 
 _NO_OPS: list[Op] = []
+
+
+class _NoEntries(tuple):  # type: ignore[type-arg]
+    """Every session's queue until its first entry (an empty deque is 760 bytes, a
+    session each; most sessions of idle clients never queue anything).  Reads
+    work; what would add swaps in a deque first."""
+
+    __slots__ = ()
+
+    def remove(self, entry: object) -> None:
+        raise ValueError("not queued")
+
+    def clear(self) -> None:
+        pass
+
+
+class _NoIds(frozenset):  # type: ignore[type-arg]
+    """An empty id set shared until the first id (an empty set is 216 bytes)."""
+
+    __slots__ = ()
+
+    def discard(self, item: object) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+_NO_QUEUE = cast("deque[OutEntry]", _NoEntries())
+_NO_IDS = cast("set[int]", _NoIds())
 
 
 class ClientLink(Protocol):
@@ -161,8 +191,8 @@ class Session:
         # ``_enter`` (a plain attribute: it is read for every delivery).
         self.link: ClientLink | None = None
         self.inflight: dict[int, OutEntry] = {}  # packet id -> entry, in send order
-        self.queue: deque[OutEntry] = deque()
-        self.inbound_qos2: set[int] = set()
+        self.queue: deque[OutEntry] = _NO_QUEUE
+        self.inbound_qos2: set[int] = _NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
         # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
@@ -182,7 +212,7 @@ class Session:
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1
-        self._pids: set[int] = set()
+        self._pids: set[int] = _NO_IDS
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -254,8 +284,11 @@ class Session:
                 inbound_qos2: Iterable[int]) -> None:
         """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
         entries = list(queue)
-        # Stored ids first, so an entry without one cannot be given an id in use.
-        self._pids.update(stored.packet_id for _, stored in entries if stored.packet_id)
+        if entries:
+            self.queue = deque(self.queue)
+            # Stored ids first, so an entry without one cannot be given an id in use.
+            self._pids = set(self._pids)
+            self._pids.update(stored.packet_id for _, stored in entries if stored.packet_id)
         for seq, stored in entries:
             pid = stored.packet_id or self._allocate_pid()
             msg = stored.message
@@ -265,7 +298,9 @@ class Session:
             self.queue.append(entry)
             self.queued_bytes += len(msg.payload)
             self._next_seq = max(self._next_seq, seq + 1)
-        self.inbound_qos2.update(inbound_qos2)
+        ids = set(inbound_qos2)
+        if ids:
+            self.inbound_qos2 = set(self.inbound_qos2) | ids
 
     # -- packet ids -----------------------------------------------------------
 
@@ -276,6 +311,8 @@ class Session:
         while pid in self._pids:
             pid = pid % 65535 + 1
         self._next_pid = pid % 65535 + 1
+        if self._pids is _NO_IDS:
+            self._pids = set()
         self._pids.add(pid)
         return pid
 
@@ -332,6 +369,8 @@ class Session:
             self._may_expire += 1
         if gated:
             entry.gated = True
+        if self.queue is _NO_QUEUE:
+            self.queue = deque()
         self.queue.append(entry)
         self.queued_bytes += size
         self.pump()
@@ -524,6 +563,8 @@ class Session:
         entry.dup = entry.dup or increment
         if increment:
             entry.failures += 1
+        if self.queue is _NO_QUEUE:
+            self.queue = deque()
         self.queue.appendleft(entry)
         self.queued_bytes += len(entry.message.payload)
         self.pump()
@@ -563,6 +604,8 @@ class Session:
         # Everything in flight on the old connection goes back to the queue head in
         # its original order and is sent again.
         if self.inflight:
+            if self.queue is _NO_QUEUE:
+                self.queue = deque()
             for entry in reversed(list(self.inflight.values())):
                 entry.dup = True
                 self.queue.appendleft(entry)
@@ -579,6 +622,8 @@ class Session:
         return packet_id in self.inbound_qos2
 
     def inbound_add(self, packet_id: int) -> list[Op]:
+        if self.inbound_qos2 is _NO_IDS:
+            self.inbound_qos2 = set()
         self.inbound_qos2.add(packet_id)
         if self.persistent:
             return [PutInboundQos2(self.client_id, packet_id)]

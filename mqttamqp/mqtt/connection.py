@@ -23,12 +23,13 @@ into writes and closes; everything here is tested without either.
 
 from __future__ import annotations
 
+import heapq
 import re
-from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.topics import topic_size_problem, validate_topic_filter
 from mqttamqp.mqtt.packets import (
@@ -43,7 +44,7 @@ from mqttamqp.mqtt.packets import (
 
 __all__ = [
     "ConnectionState", "ConnectionRules", "IllegalTransition", "Keepalive", "AckQueue",
-    "MAX_PENDING_ACKS", "StringRules",
+    "MAX_PENDING_ACKS", "StringRules", "Deadlines",
 ]
 
 # C0 and C1 control characters (U+0000 is the codec's: malformed under 3.1.1).
@@ -147,6 +148,73 @@ class Keepalive:
                 f"limit {self.limit:g}s)")
 
 
+class Deadlines:
+    """Many connections' deadlines (keepalive checks) on one reactor timer.
+
+    A ``DelayedCall`` per connection was about 450 bytes of the broker's memory per
+    idle client; an entry here is a small list in one heap.  Deadlines are kept
+    exactly (the timer is set for the earliest); a cancelled entry stays in the
+    heap, inert, until its time, except that the timer goes when none is left.
+    """
+
+    __slots__ = ("_clock", "_fire", "_heap", "_live", "_seq", "_timer")
+
+    def __init__(self, clock: Clock, fire: Callable[[Any], None]) -> None:
+        self._clock = clock
+        self._fire = fire            # called with the item whose deadline came
+        self._heap: list[list[Any]] = []
+        self._live = 0
+        self._seq = 0
+        self._timer: DelayedCall | None = None
+
+    def add(self, item: Any, delay: float) -> list[Any]:
+        """``item`` is due in ``delay`` seconds; returns the handle ``cancel`` takes."""
+        self._seq += 1
+        entry = [self._clock.seconds() + delay, self._seq, item]
+        heapq.heappush(self._heap, entry)
+        self._live += 1
+        if self._heap[0] is entry:
+            self._arm()
+        return entry
+
+    def cancel(self, entry: list[Any]) -> None:
+        if entry[2] is None:
+            return
+        entry[2] = None
+        self._live -= 1
+        if not self._live:
+            self._heap.clear()
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def __len__(self) -> int:
+        return self._live
+
+    def _arm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        delay = max(0.0, self._heap[0][0] - self._clock.seconds())
+        self._timer = self._clock.callLater(delay, self._run)
+
+    def _run(self) -> None:
+        self._timer = None
+        heap = self._heap
+        now = self._clock.seconds()
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            item = entry[2]
+            if item is None:
+                continue
+            entry[2] = None
+            self._live -= 1
+            self._fire(item)
+        while heap and heap[0][2] is None:   # (cancelled ones at the head)
+            heapq.heappop(heap)
+        if heap and self._timer is None:
+            self._arm()
+
+
 class AckQueue:
     """Acknowledgements in the order their packets arrived, each sent only once
     whatever it promises is durable.
@@ -161,7 +229,9 @@ class AckQueue:
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._entries: deque[list[Any]] = deque()
+        # A list, not a deque: an empty deque is 760 bytes, one per connection, and
+        # ``take_flagged`` removes its run of ready entries in one slice anyway.
+        self._entries: list[list[Any]] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -194,11 +264,16 @@ class AckQueue:
 
     def take_flagged(self) -> list[tuple[bytes, Callable[[], None] | None, bool]]:
         """``take``, with each entry's ``essential`` flag."""
-        out = []
         entries = self._entries
-        while entries and entries[0][0]:
-            _, frame, after, essential = entries.popleft()
-            out.append((frame, after, essential))
+        n = 0
+        for entry in entries:
+            if not entry[0]:
+                break
+            n += 1
+        if not n:
+            return []
+        out = [(frame, after, essential) for _, frame, after, essential in entries[:n]]
+        del entries[:n]
         return out
 
     def clear(self) -> None:
