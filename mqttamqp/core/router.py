@@ -427,10 +427,7 @@ class Router:
                 continue
             granted = min(qos, 2)
             session.subscriptions[topic_filter] = granted
-            if packed:
-                session.sub_options[topic_filter] = packed
-            else:
-                session.sub_options.pop(topic_filter, None)
+            session.set_options(topic_filter, packed)
             self._route(topic_filter, session, granted)
             if session.persistent:
                 # The options ride above the QoS bits of the stored value (old
@@ -507,7 +504,7 @@ class Router:
         for topic_filter, stored in subscriptions.items():
             qos = stored & 0x03
             if stored & ~0x03:
-                session.sub_options[topic_filter] = stored & ~0x03
+                session.set_options(topic_filter, stored & ~0x03)
             session.subscriptions[topic_filter] = qos
             self._route(topic_filter, session, qos)
 

@@ -75,6 +75,9 @@ class _NoIds(frozenset):  # type: ignore[type-arg]
         pass
 
 
+# Shared empty stand-ins, replaced on first use (read-only until then):
+_NO_OPTIONS: dict[str, int] = {}
+_NO_EXPIRED: list[Op] = []
 _NO_QUEUE = cast("deque[OutEntry]", _NoEntries())
 _NO_IDS = cast("set[int]", _NoIds())
 
@@ -180,7 +183,7 @@ class Session:
         # MQTT 5: filter -> its options and subscription identifier (packed, see
         # NO_LOCAL); only filters that have any.  Empty for every other client,
         # so routing looks no further.
-        self.sub_options: dict[str, int] = {}
+        self.sub_options: dict[str, int] = _NO_OPTIONS   # (set with ``set_options``)
         self._state = SessionState.OFFLINE
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
@@ -199,7 +202,7 @@ class Session:
         # rules and --session-expiry), and the client's receive maximum.
         self.expiry: float | None = None
         self.window = limits.max_inflight
-        self.expired_ops: list[Op] = []   # see _purge_expired
+        self.expired_ops: list[Op] = _NO_EXPIRED   # see _purge_expired
         # Queued entries that may carry an expiry (an upper bound: entries that
         # left the queue are only forgotten at the next purge); 0: no scan.
         self._may_expire = 0
@@ -237,6 +240,15 @@ class Session:
         self._state = new
         self._holder = holder
         self.link = holder if new is SessionState.ONLINE else None
+
+    def set_options(self, topic_filter: str, packed: int) -> None:
+        """MQTT 5 options of ``topic_filter`` (see ``sub_options``; 0: none)."""
+        if packed:
+            if self.sub_options is _NO_OPTIONS:
+                self.sub_options = {}
+            self.sub_options[topic_filter] = packed
+        else:
+            self.sub_options.pop(topic_filter, None)
 
     def claim(self, connection: ClientLink) -> None:
         """A connection claims the session; nothing is delivered until ``attach``."""
@@ -395,6 +407,8 @@ class Session:
                 self._pids.discard(entry.packet_id)
                 self.dropped += 1
                 if self.persistent:
+                    if self.expired_ops is _NO_EXPIRED:
+                        self.expired_ops = []
                     self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
         self._may_expire = may_expire
         if len(keep) != len(self.queue):
@@ -404,8 +418,8 @@ class Session:
                 and self.queued_bytes + size <= limits.max_queued_bytes)
 
     def take_expired_ops(self) -> list[Op]:
-        ops, self.expired_ops = self.expired_ops, []
-        return ops
+        ops, self.expired_ops = self.expired_ops, _NO_EXPIRED
+        return ops if ops is not _NO_EXPIRED else []
 
     def release_held(self, upto_seq: int) -> None:
         """The commit holding entries up to ``upto_seq`` is durable: they may go."""
