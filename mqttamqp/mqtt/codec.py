@@ -654,6 +654,11 @@ class Decoder:
         self._level = level
         self._header_errors = _header_errors(level)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet taken as packets."""
+        return len(self._buf) - self._pos
+
     def feed(self, data: bytes) -> None:
         """Append received bytes; never decodes or raises."""
         if not data:

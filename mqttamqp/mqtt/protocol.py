@@ -177,6 +177,7 @@ class MQTTProtocol(Protocol):
         "_clean_close",
         "_congested",
         "_connect_timer",
+        "_in_process",
         "_keepalive",
         "_keepalive_timer",
         "_last_activity",
@@ -241,6 +242,7 @@ class MQTTProtocol(Protocol):
         # (a frozenset, replaced on change: the empty one is shared, an empty set
         # is 216 bytes per connection)
         self._reading_paused_for: frozenset[str] = _NOT_PAUSED
+        self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
@@ -544,11 +546,19 @@ class MQTTProtocol(Protocol):
         decoder = self.decoder
         connected = self._connected_handlers
         rules = self.rules
+        was_processing, self._in_process = self._in_process, True
         try:
             while True:
                 state = rules.state
                 if (state is not _CONNECTED and state is not _AWAITING_CONNECT
                         and state is not ConnectionState.AUTHENTICATING):
+                    return
+                if "congestion" in self._reading_paused_for:
+                    # Back-pressure holds what was read but not handled too (a
+                    # 64 KB read is a thousand small PUBLISHes, and a hundred
+                    # publishers' reads overran a subscriber's QoS 0 bound): handled
+                    # once reading resumes (``_resume_reading``).  (A rate pause
+                    # handles the read and grows instead: ``_after_publish``.)
                     return
                 packet = decoder.next_packet()
                 if packet is None:
@@ -572,6 +582,8 @@ class MQTTProtocol(Protocol):
                 self._write(encode(Connack(False, exc.code, Properties(
                     reason_string=exc.reason[:200])), 5))
             self._violation(f"{what}: {exc.reason}", code=exc.code)
+        finally:
+            self._in_process = was_processing
 
     def _problem(self, reason: str) -> Properties | None:
         """A reason string for a packet the client may be sent one in (unless it
@@ -931,6 +943,14 @@ class MQTTProtocol(Protocol):
             if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
                 self._last_activity = self.clock.seconds()
                 self.transport.resumeProducing()
+                if self.decoder.buffered and not self._in_process:
+                    # (the packets held back when reading stopped: see ``_process``)
+                    broker = self.broker
+                    broker.begin_batch()
+                    try:
+                        self._process()
+                    finally:
+                        broker.end_batch()
 
     def _drained(self) -> None:
         self._resume_reading("congestion")
