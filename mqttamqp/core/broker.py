@@ -539,6 +539,11 @@ class Broker:
             self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
+        if result.refusal is not None:
+            # A refused queue publish is not routed: its packet id must not make the
+            # client's next PUBLISH with that id look like a duplicate.
+            self._commits.background(session.inbound_release(packet_id),
+                                     "forgetting a refused QoS 2 packet id")
         return result
 
     def release_qos2(self, session: Session, packet_id: int) -> Deferred[None] | None:

@@ -1,0 +1,98 @@
+"""The MQTT side of durable queues on one connection (StringTransport, Clock, no
+reactor): SUBSCRIBE user properties choose the consumer group and mode, and the
+core's refusals reach an MQTT 5 client as PUBACK/PUBREC reason codes with a reason
+string (an MQTT 3.1.1 client, which cannot be told why, is acknowledged as usual
+and stays connected)."""
+
+from __future__ import annotations
+
+from test_protocol5_unit import connected
+from test_protocol_unit import Harness
+
+from mqttamqp.mqtt.packets import (
+    Properties,
+    Puback,
+    Publish,
+    Pubrec,
+    Suback,
+    Subscribe,
+)
+
+
+def users(message: Publish) -> dict[str, str]:
+    assert message.properties is not None
+    return dict(message.properties.user_properties)
+
+
+def test_subscribe_user_properties_choose_the_group_and_mode() -> None:
+    h = Harness()
+    worker = connected(h, "w-1")
+    worker.send(Subscribe(1, (("$queue/jobs/#", 1),), properties=Properties(
+        user_properties=(("consumer-group", "billing"),))))
+    assert worker.received() == [Suback(1, (1,))]
+    reader = connected(h, "r-1")
+    reader.send(Subscribe(1, (("$queue/jobs", 0),), properties=Properties(
+        user_properties=(("consumer-mode", "stream"), ("stream-offset", "first")))))
+    assert reader.received() == [Suback(1, (0,))]
+    pub = connected(h, "pub")
+    pub.send(Publish("$queue/jobs/a", b"x", 1, False, False, 3))
+    assert pub.received() == [Puback(3)]
+    [delivered] = worker.received()
+    assert isinstance(delivered, Publish) and delivered.topic == "$queue/jobs/a"
+    assert users(delivered)["group-id"] == "billing"
+    [streamed] = reader.received()
+    assert isinstance(streamed, Publish) and users(streamed)["group-id"] == "r"
+    # a mode the core does not know: SUBACK 0x80 for that filter only
+    worker.send(Subscribe(2, (("$queue/jobs/#", 1),), properties=Properties(
+        user_properties=(("consumer-mode", "fast"),))))
+    assert worker.received() == [Suback(2, (0x80,))]
+
+
+def test_refused_queue_publishes_get_a_reason_code_and_string() -> None:
+    h = Harness()
+    pub = connected(h, "pub")
+    for pid, topic in enumerate(("$queue/jobs/+", "$queue/", "$dlq/jobs/a"), 1):
+        pub.send(Publish(topic, b"x", 1, False, False, pid))
+        [ack] = pub.received()
+        assert isinstance(ack, Puback) and ack.packet_id == pid
+        assert ack.reason_code == 0x90, (topic, ack)
+        assert ack.properties is not None and ack.properties.reason_string, ack
+    assert pub.open
+
+
+def test_a_malformed_ack_gets_0x80_with_why() -> None:
+    h = Harness()
+    worker = connected(h, "w-1")
+    worker.send(Subscribe(1, (("$queue/jobs/#", 1),)))
+    worker.received()
+    worker.send(Publish("$queue/jobs/$ack", b"", 1, False, False, 5, Properties(
+        user_properties=(("message-id", "jobs-7"), ("group-id", "w")))))
+    [ack] = worker.received()
+    assert isinstance(ack, Puback) and ack.reason_code == 0x80
+    assert ack.properties is not None and "malformed" in (ack.properties.reason_string or "")
+
+
+def test_a_refused_qos2_queue_publish_frees_its_packet_id() -> None:
+    """PUBREC 0x90 ends the exchange: the same packet id then carries a new message,
+    which is appended (not mistaken for a duplicate)."""
+    h = Harness()
+    worker = connected(h, "w-1")
+    worker.send(Subscribe(1, (("$queue/jobs/#", 1),)))
+    worker.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("$queue/jobs/#", b"bad", 2, False, False, 9))
+    [rec] = pub.received()
+    assert isinstance(rec, Pubrec) and rec.reason_code == 0x90
+    pub.send(Publish("$queue/jobs/a", b"good", 2, False, False, 9))
+    assert pub.received() == [Pubrec(9)]
+    [delivered] = worker.received()
+    assert isinstance(delivered, Publish) and delivered.payload == b"good"
+
+
+def test_mqtt311_refused_queue_publish_is_acknowledged_and_stays_connected() -> None:
+    h = Harness()
+    pub = h.client()
+    pub.connect("pub")
+    pub.send(Publish("$queue/jobs/+", b"x", 1, False, False, 4))
+    assert pub.received() == [Puback(4)]
+    assert pub.open
