@@ -16,6 +16,8 @@ from mqttamqp.mqtt.packets import (
     Pubrec,
     Suback,
     Subscribe,
+    Unsuback,
+    Unsubscribe,
 )
 
 
@@ -96,3 +98,19 @@ def test_mqtt311_refused_queue_publish_is_acknowledged_and_stays_connected() -> 
     pub.send(Publish("$queue/jobs/+", b"x", 1, False, False, 4))
     assert pub.received() == [Puback(4)]
     assert pub.open
+
+
+def test_unsubscribe_leaves_the_group() -> None:
+    """After UNSUBSCRIBE the member gets no more of the queue: the other member does."""
+    h = Harness()
+    leaver, stayer = connected(h, "w-1"), connected(h, "w-2")
+    for c in (leaver, stayer):
+        c.send(Subscribe(1, (("$queue/jobs", 1),)))
+        assert c.received() == [Suback(1, (1,))]
+    leaver.send(Unsubscribe(2, ("$queue/jobs",)))
+    assert leaver.received() == [Unsuback(2, (0,))]
+    pub = connected(h, "pub")
+    for pid in (1, 2):
+        pub.send(Publish("$queue/jobs/a", b"%d" % pid, 1, False, False, pid))
+    assert leaver.received() == []
+    assert [p.payload for p in stayer.received() if isinstance(p, Publish)] == [b"1", b"2"]
