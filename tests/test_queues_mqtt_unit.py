@@ -12,8 +12,10 @@ from test_protocol_unit import Harness
 from mqttamqp.mqtt.packets import (
     Properties,
     Puback,
+    Pubcomp,
     Publish,
     Pubrec,
+    Pubrel,
     Suback,
     Subscribe,
     Unsuback,
@@ -114,3 +116,23 @@ def test_unsubscribe_leaves_the_group() -> None:
         pub.send(Publish("$queue/jobs/a", b"%d" % pid, 1, False, False, pid))
     assert leaver.received() == []
     assert [p.payload for p in stayer.received() if isinstance(p, Publish)] == [b"1", b"2"]
+
+
+def test_an_ack_at_qos2_completes_its_exchange() -> None:
+    """``$ack`` published at QoS 2: PUBREC 0, then PUBCOMP 0 (the packet id is known
+    to PUBREL), and the message is done."""
+    h = Harness()
+    worker = connected(h, "w-1")
+    worker.send(Subscribe(1, (("$queue/jobs", 1),)))
+    worker.received()
+    pub = connected(h, "pub")
+    pub.send(Publish("$queue/jobs/a", b"x", 1, False, False, 1))
+    [delivered] = worker.received()
+    assert isinstance(delivered, Publish)
+    worker.send(Publish("$queue/jobs/$ack", b"", 2, False, False, 7, Properties(
+        user_properties=(("message-id", users(delivered)["message-id"]),
+                         ("group-id", users(delivered)["group-id"])))))
+    assert worker.received() == [Pubrec(7)]
+    worker.send(Pubrel(7))
+    assert worker.received() == [Pubcomp(7)]
+    assert h.broker.queue_views()[0].acknowledged == 1
