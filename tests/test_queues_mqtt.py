@@ -6,9 +6,10 @@ What is proved: groups fan out and share round-robin; a filter is a group of its
 own; MQTT 5 members acknowledge with ``$ack``/``$nack``/``$reject`` (metadata user
 properties checked) and rejected messages reach ``$dlq/``; an MQTT 3.1.1 member's
 PUBACK is its acknowledgement and what it did not acknowledge moves to the other
-member when it leaves or its socket dies; streams read from first, an offset and a
-time; retention drops the oldest; bad input gets a PUBACK reason code with a reason
-string (MQTT 5), or a plain PUBACK (3.1.1), and loses nothing; and across a
+member when it leaves, its socket dies or its process is killed; streams read from
+first, an offset and a time; retention drops the oldest; bad input gets a PUBACK
+reason code with a reason string (MQTT 5), or a plain PUBACK (3.1.1), and loses
+nothing; and across a
 ``kill -9`` of the broker no message the producer had a PUBACK for is lost and no
 message whose ``$ack`` was confirmed comes back.
 
@@ -314,6 +315,29 @@ def test_a_member_whose_socket_dies_gives_its_messages_to_another(paho) -> None:
     assert moved == [(b"1", "2"), (b"2", "2"), (b"3", "2")]
     producer.send(f"$queue/{q}/t", b"end")
     assert survivor.get().payload == b"end"
+
+
+def test_a_member_process_killed_gives_its_messages_to_another(qbroker: BrokerProcess,
+                                                               paho) -> None:
+    """A ``mosquitto_sub -V 5`` member (it cannot ``$ack``: everything it got stays
+    pending on it) is killed with SIGKILL: its messages go to the paho member."""
+    q, g = name(), name("g")
+    doomed = Sub(qbroker.mqtt_port, "mqttv5", "-i", name("m"), "-t", f"$queue/{q}/#",
+                 "-q", "1", "-D", "subscribe", "user-property", "consumer-group", g,
+                 "-F", "MSG|%t|%q|%r|%p", "-W", "60")
+    try:
+        doomed.wait_subscribed()
+        producer = paho(name("p"))
+        for i in range(3):
+            producer.send(f"$queue/{q}/t", b"%d" % i)
+        assert sorted(doomed.message()[3] for _ in range(3)) == ["0", "1", "2"]
+        survivor = paho(name("w"))
+        assert survivor.join(f"$queue/{q}/#", consumer_group=g) == 1
+    finally:
+        doomed.kill()
+    moved = sorted((m.payload, meta(m)["delivery-count"]) for m in
+                   (survivor.get() for _ in range(3)))
+    assert moved == [(b"0", "2"), (b"1", "2"), (b"2", "2")]
 
 
 # -- streams and retention ----------------------------------------------------------------
