@@ -6,12 +6,12 @@ What is proved: groups fan out and share round-robin; a filter is a group of its
 own; MQTT 5 members acknowledge with ``$ack``/``$nack``/``$reject`` (metadata user
 properties checked) and rejected messages reach ``$dlq/``; an MQTT 3.1.1 member's
 PUBACK is its acknowledgement and what it did not acknowledge moves to the other
-member when it leaves, its socket dies or its process is killed; streams read from
-first, an offset and a time; retention drops the oldest; bad input gets a PUBACK
-reason code with a reason string (MQTT 5), or a plain PUBACK (3.1.1), and loses
-nothing; and across a
-``kill -9`` of the broker no message the producer had a PUBACK for is lost and no
-message whose ``$ack`` was confirmed comes back.
+member when it leaves; a member whose socket dies or whose process is killed hands
+its messages on too; streams read from first, an offset and a time; retention
+drops the oldest; bad input gets a PUBACK reason code with a reason string (MQTT
+5), or a plain PUBACK (3.1.1), and loses nothing; and across a ``kill -9`` of the
+broker no message the producer had a PUBACK for is lost and no message whose
+``$ack`` was confirmed comes back.
 
 Every wait is an event wait with a timeout (``pahoclient``, ``RawClient``, the
 mosquitto processes' output lines); "nothing more" is shown with a marker message
