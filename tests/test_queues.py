@@ -421,6 +421,22 @@ def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
     assert {p: after.get(p) for p in before} == {p: "2" for p in before}
 
 
+def test_a_failed_watermark_commit_is_retried_by_the_next_pump() -> None:
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#", qos=0)
+    store.commit_all()
+    send(broker, "$queue/jobs/a", b"a")
+    store.commit_next()                      # the append
+    _, d = store.pending.pop(0)              # the watermark: the disk is full
+    d.errback(OSError(28, "No space left on device"))
+    assert got(link) == []
+    send(broker, "$queue/jobs/b", b"b")      # storage is back: the next pump retries
+    store.commit_all()
+    assert [p for _, p in got(link)] == [b"a", b"b"]
+
+
 def test_dead_letters_are_requeued_to_their_origin() -> None:
     broker, _, _ = make()
     worker, link = client(broker, "w-1", "mqtt5")

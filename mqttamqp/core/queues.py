@@ -53,6 +53,7 @@ from datetime import UTC, datetime
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher
@@ -763,10 +764,18 @@ class QueueManager:
         if mark is not None:
             d = self._commit(ops)
             if d is not None:
-                d.addCallback(self._stored, group, mark)
+                d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
+                               errbackArgs=(group, mark))
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops:
             self._commit(ops, "recording a queue delivery")
+
+    def _not_stored(self, failure: Failure, group: _Group, mark: int) -> Failure:
+        """The commit failed: the next pump stores the watermark again (or the
+        group would wait for ``mark`` for ever)."""
+        if group.watermark == mark:
+            group.watermark = group.safe
+        return failure
 
     def _stored(self, result: object, group: _Group, mark: int) -> object:
         """The watermark ``mark`` is durable: deliveries below it may go out (a
