@@ -214,6 +214,29 @@ def _advanced(state: p.QueueGroupRecord, done: set[int], floor: int) -> p.QueueG
     return replace(state, floor=floor, done=tuple(sorted(o for o in done if o > floor)))
 
 
+class ManualMemoryStore(MemoryStore):
+    """A ``MemoryStore`` whose commits apply (and fire) only when the test says: a
+    second Broker started from it sees what was durable at a crash."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[list[Op], Deferred[None]]] = []
+
+    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self.pending.append((list(ops), d))
+        return d
+
+    def commit_next(self) -> None:
+        ops, d = self.pending.pop(0)
+        MemoryStore.submit(self, ops)
+        d.callback(None)
+
+    def commit_all(self) -> None:
+        while self.pending:
+            self.commit_next()
+
+
 class FailingStore(NullStore):
     """A store whose commits fail while ``failing`` is set (a full disk, say)."""
 

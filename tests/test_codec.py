@@ -487,6 +487,15 @@ def test_publish_topic_wildcard(wildcard: str, level: int) -> None:
     assert reason == f"PUBLISH topic contains wildcard '{wildcard}'"
 
 
+@pytest.mark.parametrize("level", [3, 4])
+@pytest.mark.parametrize("topic", ["$queue/jobs/+", "$queue/+/a", "$dlq/jobs/#"])
+def test_queue_topic_wildcard_reaches_the_core(topic: str, level: int) -> None:
+    """Under ``$queue/`` and ``$dlq/`` a wildcard is the core's to refuse (with a
+    reason the client is told), so the packet decodes."""
+    packet = decode_one(frame(0x30, s(topic) + b"x"), level)
+    assert isinstance(packet, Publish) and packet.topic == topic
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_publish_empty_topic(level: int) -> None:
     """A PUBLISH with a zero-length topic is malformed."""

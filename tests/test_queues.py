@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakes import FakeLink, ManualStore, MemoryStore, NullStore
+from fakes import FakeLink, ManualMemoryStore, ManualStore, MemoryStore, NullStore
 from twisted.internet.task import Clock
 
 from mqttamqp.core.auth import Identity
@@ -393,6 +393,48 @@ def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
     join(again, worker, "$queue/jobs/#")
     delivered = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
     assert delivered == [(b"0", "2"), (b"2", "2")]   # raised: they may have been seen
+
+
+def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
+    """A classic delivery leaves only once the dispatch watermark above it is
+    durable, so a crash right after it still raises its count on redelivery."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store, queue_prefetch=500)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#", qos=0)
+    store.commit_all()
+    send(broker, "$queue/jobs/a", b"a")
+    store.commit_next()                      # the append: durable, not yet delivered
+    assert got(link) == []
+    store.commit_all()                       # the watermark: now it goes out
+    assert meta(last(link))["delivery-count"] == "1"
+    for i in range(100):                     # a crash may come after any commit
+        send(broker, "$queue/jobs/t", b"%d" % i)
+        store.commit_next()
+    before = {m.payload for m, *_ in link.published()}
+    assert len(before) > 64                  # (past the first stored watermark)
+    store.pending.clear()                    # crash: what was not committed is lost
+    again, _, _ = make(store, queue_prefetch=500)
+    worker, link = client(again, "w-1", "mqtt5")
+    join(again, worker, "$queue/jobs/#", qos=0)
+    after = {m.payload: meta(m)["delivery-count"] for m, *_ in link.published()}
+    assert {p: after.get(p) for p in before} == {p: "2" for p in before}
+
+
+def test_a_failed_watermark_commit_is_retried_by_the_next_pump() -> None:
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#", qos=0)
+    store.commit_all()
+    send(broker, "$queue/jobs/a", b"a")
+    store.commit_next()                      # the append
+    _, d = store.pending.pop(0)              # the watermark: the disk is full
+    d.errback(OSError(28, "No space left on device"))
+    assert got(link) == []
+    send(broker, "$queue/jobs/b", b"b")      # storage is back: the next pump retries
+    store.commit_all()
+    assert [p for _, p in got(link)] == [b"a", b"b"]
 
 
 def test_dead_letters_are_requeued_to_their_origin() -> None:

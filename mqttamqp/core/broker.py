@@ -530,15 +530,24 @@ class Broker:
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
         if message.topic[:1] == "$" and is_queue_command(message.topic):
-            # (no packet id to keep: an acknowledgement applied twice is refused
-            # the second time, harmlessly)
-            return self._queue_command(message, identity)
+            command = self._queue_command(message, identity)
+            if command.refusal is None:
+                # Kept as any QoS 2 id, so that PUBREL finds it (PUBCOMP 0) and a
+                # re-sent PUBLISH is not applied twice; a refusal ends at PUBREC.
+                self._commits.background(session.inbound_add(packet_id),
+                                         "recording a QoS 2 packet id")
+            return command
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True, count_drops=count_drops)
         if not result.denied:
             self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
+        if result.refusal is not None:
+            # A refused queue publish is not routed: its packet id must not make the
+            # client's next PUBLISH with that id look like a duplicate.
+            self._commits.background(session.inbound_release(packet_id),
+                                     "forgetting a refused QoS 2 packet id")
         return result
 
     def release_qos2(self, session: Session, packet_id: int) -> Deferred[None] | None:

@@ -32,8 +32,9 @@ How acknowledgements reach a group depends on the member:
 Durability: every change of a queue's durable state is an ``Op`` committed before
 it is confirmed.  A group's state is stored whole (``QueueGroupRecord``: floor,
 acknowledged offsets above it, delivery counts, members); the dispatch watermark
-is stored ahead of the deliveries in steps, and after a restart every message
-below it that was not acknowledged counts one more delivery (at-least-once: a
+is stored ahead of the deliveries in steps, a delivery goes out only below a
+watermark already durable, and after a restart every message below it that was
+not acknowledged counts one more delivery (at-least-once: a
 message whose acknowledgement was lost in a crash comes back with its count
 raised).  Messages are dispatched only once their append is durable.
 
@@ -52,6 +53,7 @@ from datetime import UTC, datetime
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher
@@ -275,7 +277,8 @@ class _Group:
         self.pending: dict[int, _Pending] = {}
         self.ready: list[int] = []            # a heap: offsets visible again
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
-        self.watermark = queue.first          # stored dispatch watermark
+        self.watermark = queue.first          # dispatch watermark (being) stored
+        self.safe = queue.first               # the watermark known durable
         self.cursor_saved = queue.first       # stream: the stored cursor
         self.cursor_saved_at = 0.0
         self.redelivered = 0
@@ -743,20 +746,45 @@ class QueueManager:
             return
         queue = group.queue
         ops: list[Op] = []
+        mark = None
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
                 break
+            if group.mode == CLASSIC and offset >= group.watermark - _WATERMARK_STEP // 2:
+                # Store the watermark further ahead before deliveries reach it.
+                group.watermark = mark = offset + _WATERMARK_STEP
+                ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+            if group.mode == CLASSIC and offset >= group.safe:
+                break   # (sent once the watermark above it is durable: ``_stored``)
             member = self._next_member(group)
             if member is None:
                 break
             self._take(group, offset)
             self._deliver(group, member, offset, queue.log[offset], ops)
-        if group.mode == CLASSIC and group.next > group.watermark:
-            group.watermark = group.next + _WATERMARK_STEP
-            ops.append(PutQueueGroup(queue.name, group.key, group.record()))
-        if ops:
+        if mark is not None:
+            d = self._commit(ops)
+            if d is not None:
+                d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
+                               errbackArgs=(group, mark))
+                self.commits.watch(d, "recording a queue's dispatch watermark")
+        elif ops:
             self._commit(ops, "recording a queue delivery")
+
+    def _not_stored(self, failure: Failure, group: _Group, mark: int) -> Failure:
+        """The commit failed: the next pump stores the watermark again (or the
+        group would wait for ``mark`` for ever)."""
+        if group.watermark == mark:
+            group.watermark = group.safe
+        return failure
+
+    def _stored(self, result: object, group: _Group, mark: int) -> object:
+        """The watermark ``mark`` is durable: deliveries below it may go out (a
+        crash after one of them counts it one more delivery on restart)."""
+        if mark > group.safe:
+            group.safe = mark
+            self._pump(group)
+        return result
 
     def _next_offset(self, group: _Group, ops: list[Op]) -> int | None:
         """The next offset this group would hand out (not taken yet)."""
@@ -1127,7 +1155,7 @@ class QueueManager:
                 if g.mode == STREAM:
                     group.next = group.cursor_saved = max(g.cursor, queue.first)
                 else:
-                    group.watermark = g.watermark
+                    group.watermark = group.safe = g.watermark
                     group.next = group.floor
                     counts = dict(g.counts)
                     for offset in range(group.floor, min(g.watermark, queue.next_offset)):

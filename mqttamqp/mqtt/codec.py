@@ -162,6 +162,12 @@ def _read_packet_id(buf: _Buffer, p: int, end: int, name: str) -> int:
     return packet_id
 
 
+# Durable queue topics (``$queue/``, ``$dlq/``): a wildcard in one is refused by the
+# core with a reason (PUBACK 0x90 in MQTT 5), not a malformed packet that closes
+# the connection, so that a client learns why its queue publish was not taken.
+_QUEUE_NAMESPACES = ("$queue/", "$dlq/")
+
+
 def _check_topic_name(topic: str, what: str) -> None:
     if not topic:
         raise MalformedPacket(f"{what} is empty")
@@ -726,10 +732,9 @@ class Decoder:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
             if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
                 raise MalformedPacket("PUBLISH topic is empty")
-            if "+" in topic:
-                raise MalformedPacket("PUBLISH topic contains wildcard '+'")
-            if "#" in topic:
-                raise MalformedPacket("PUBLISH topic contains wildcard '#'")
+            if ("+" in topic or "#" in topic) and not topic.startswith(_QUEUE_NAMESPACES):
+                raise MalformedPacket(
+                    f"PUBLISH topic contains wildcard '{'+' if '+' in topic else '#'}'")
             if "\x00" in topic:
                 raise MalformedPacket("PUBLISH topic contains U+0000")
             qos = (first >> 1) & 3

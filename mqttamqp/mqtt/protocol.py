@@ -44,6 +44,7 @@ from mqttamqp.core.enhanced_auth import (
 )
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.queues import Consumer
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -124,6 +125,21 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 _FRAME_KINDS = ("reserved", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
                 "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ",
                 "PINGRESP", "DISCONNECT", "reserved")
+
+
+def _consumer(props: Properties | None) -> Consumer | None:
+    """How the ``$queue/`` filters of an MQTT 5 SUBSCRIBE join their queues: the
+    user properties ``consumer-group``, ``consumer-mode`` and ``stream-offset``
+    (the first of each; None when there are none: the core's defaults).  The core
+    judges the values (SUBACK 0x80 for a mode or offset it does not know)."""
+    if props is None or not props.user_properties:
+        return None
+    users: dict[str, str] = {}
+    for key, value in props.user_properties:
+        users.setdefault(key, value)
+    return Consumer(group=users.get("consumer-group") or None,
+                    mode=users.get("consumer-mode") or None,
+                    stream_offset=users.get("stream-offset") or None)
 
 
 def _frame_kind(data: bytes) -> str:
@@ -1091,7 +1107,8 @@ class MQTTProtocol(Protocol):
                                          count_drops=True)
             frame = self._publish_ack(Pubrec, pid, result)
             gate = result.gate
-            if result.denied:     # the exchange ends at a failing PUBREC
+            if result.denied or result.refusal is not None:
+                # (the exchange ends at a failing PUBREC)
                 self._ack(result.durable, frame, lambda: v5.quota_release(pid))
             elif gate is None:
                 self._ack(result.durable, frame)
@@ -1105,10 +1122,15 @@ class MQTTProtocol(Protocol):
         code: not authorized (0x87), or a subscriber's queue bound refused the
         message (0x97 quota exceeded on PUBACK: it was not a silent drop; a PUBREC
         that failed would end the QoS 2 exchange the other subscribers still get
-        the message through, so it stays 0)."""
+        the message through, so it stays 0); a durable queue's refusal
+        (``Published.refusal``: a bad ``$queue/`` topic, an acknowledgement of a
+        message that is not pending) is its code with the reason string."""
         if result.denied:
             return encode(kind(packet_id, ReasonCode.NOT_AUTHORIZED,
                                self._problem("not authorized to publish there")), 5)
+        refusal = result.refusal
+        if refusal is not None:   # a durable queue refused the message or acknowledgement
+            return encode(kind(packet_id, refusal.code, self._problem(refusal.reason)), 5)
         if result.dropped and kind is Puback:
             return encode(kind(packet_id, ReasonCode.QUOTA_EXCEEDED, self._problem(
                 f"{result.dropped} subscriber(s) had no room for it")), 5)
@@ -1251,8 +1273,8 @@ class MQTTProtocol(Protocol):
                 retained_for.append(handling == 0 or (
                     handling == 1 and topic_filter not in session.subscriptions))
             codes.append(code)
-        granted, d = (self.broker.subscribe(session, identity, wanted, packed) if wanted
-                      else ([], None))
+        granted, d = (self.broker.subscribe(session, identity, wanted, packed,
+                                            _consumer(props)) if wanted else ([], None))
         it = iter(granted)
         codes = [next(it) if code == ReasonCode.SUCCESS else code for code in codes]
         grants = [(f, code) for (f, _), code, send in zip(wanted, granted, retained_for,
