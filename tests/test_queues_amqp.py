@@ -21,7 +21,7 @@ from amqp_memory import REJECTED as MEM_REJECTED
 from amqp_memory import Net, Receiver, outcome
 from brokerproc import BrokerProcess
 from fakes import MemoryStore
-from proton import Condition, Data, Delivery, Message, symbol
+from proton import Condition, Data, Delivery, Link, Message, symbol
 from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver
 from test_amqp_support import TIMEOUT, conns, paho, receiver, send_expect, take, uid
@@ -322,3 +322,66 @@ def test_sender_properties_keep_their_types_and_queue_keys_are_the_queues() -> N
     assert outcome(app.send(app.sender("$queue/typed/$nack"), Message(body="x")))[0] \
         == MEM_REJECTED
 
+
+def test_presettled_receiver_is_acknowledged_on_send() -> None:
+    """snd-settle-mode settled: QoS 0, acknowledged as it is sent (at most once)."""
+    net = _net()
+    app = net.amqp()
+    snd = app.sender("$queue/fast")
+    for body in ("a", "b"):
+        app.send(snd, Message(body=body))
+    rcv = app.receiver("$queue/fast", credit=1, snd_settle_mode=Link.SND_SETTLED)
+    [(msg, dlv)] = rcv.new()
+    assert msg.body == "a" and dlv.settled
+    view = {v.name: v for v in net.broker.queue_views()}["fast"]
+    assert view.acknowledged == 1
+
+
+def test_stream_reader_from_attach_properties() -> None:
+    """consumer-mode stream with stream-offset: reads from that offset, claiming
+    nothing (a classic group still gets every message)."""
+    net = _net()
+    app = net.amqp()
+    snd = app.sender("$queue/log")
+    for i in range(3):
+        app.send(snd, Message(body=f"e{i}"))
+    link = app.session.receiver("reader")
+    link.source.address = "$queue/log"
+    link.properties = {symbol("consumer-group"): "audit", symbol("consumer-mode"): "stream",
+                       symbol("stream-offset"): "1"}
+    link.open()
+    link.flow(10)
+    reader = Receiver(link)
+    app.receivers.append(reader)
+    net.pump()
+    assert [m.body for m, _ in reader.new()] == ["e1", "e2"]
+    classic = app.receiver("$queue/log", credit=10)
+    assert [m.body for m, _ in classic.new()] == ["e0", "e1", "e2"]
+
+
+def test_a_detached_member_gives_its_unsettled_messages_back() -> None:
+    net = _net()
+    app = net.amqp()
+    snd = app.sender("$queue/back")
+    app.send(snd, Message(body="m"))
+    first = app.receiver("$queue/back", credit=5)
+    assert [m.body for m, _ in first.new()] == ["m"]
+    second = app.receiver("$queue/back", credit=5)
+    assert second.new() == []
+    first.link.close()
+    net.pump()
+    [(msg, _)] = second.new()
+    assert msg.body == "m" and msg.properties["delivery-count"] == "2"
+
+
+def test_joining_a_group_in_another_mode_refuses_the_link() -> None:
+    net = _net()
+    app = net.amqp()
+    app.receiver("$queue/mixed", credit=1)
+    link = app.session.receiver("streamer")
+    link.source.address = "$queue/mixed"
+    link.properties = {symbol("consumer-mode"): "stream"}
+    link.open()
+    net.pump()
+    assert link.remote_condition is not None
+    assert "could not join group 'mixed'" in link.remote_condition.description
