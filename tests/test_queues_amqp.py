@@ -180,18 +180,23 @@ def test_dispositions_map_to_ack_nack_and_dead_letter(broker, conns) -> None:
 
 def test_plain_address_queue_keeps_a_message_sent_before_any_receiver(broker, conns) -> None:
     """With ``--amqp-queues '*'`` an application's plain address is a queue: a message
-    sent before any receiver exists waits and arrives.  ``*`` does not cross ``/``: a
+    sent before any receiver exists (on a sender link or the anonymous relay) waits
+    and arrives.  ``*`` does not cross ``/``: a
     topic with levels stays pub/sub (nothing kept for a later receiver)."""
     address, topic = uid("orders"), uid("t") + "/x"
     conn = conns(broker)
     snd = conn.create_sender(address)
     assert send_expect(snd, Message(body="early")).remote_state == Delivery.ACCEPTED
+    relay = conn.create_sender(None)     # the anonymous relay: `to` names the queue
+    assert send_expect(relay, Message(address=address, body="relayed")).remote_state \
+        == Delivery.ACCEPTED
     tsnd = conn.create_sender(topic)
     tsnd.send(Message(body="lost"))
     rcv = queue_receiver(conn, address, 5)
     msg, dlv = take(conn, rcv)
     settle(conn, dlv, Delivery.ACCEPTED)
     assert msg.body == "early" and msg.id == f"{address}:0"
+    assert take(conn, rcv)[0].body == "relayed"
     assert props(msg)["group-id"] == address          # one default group per address
     caps = rcv.link.remote_source.capabilities
     caps.rewind()
