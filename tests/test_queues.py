@@ -334,6 +334,22 @@ def test_stream_reads_from_first_offset_and_time_without_claiming() -> None:
     assert len(got(wlink)) == 4
 
 
+def test_amqp_outcomes_other_than_accepted_free_a_stream_members_prefetch() -> None:
+    """A stream group does not redeliver; an AMQP member's Released or Rejected still
+    ends the delivery, so its prefetch is not used up by them."""
+    broker, _, _ = make(queue_prefetch=2)
+    for i in range(4):
+        send(broker, "$queue/log/t", b"%d" % i)
+    reader, link = client(broker, "r-1", "amqp")
+    join(broker, reader, "$queue/log/#",
+         consumer=Consumer(group="s", mode="stream", explicit=False))
+    assert [p for _, p in got(link)] == [b"0", b"1"]
+    first, second = (pid for _, _, pid, *_ in link.published())
+    broker.settle(reader, first, Outcome.RELEASED)
+    broker.settle(reader, second, Outcome.REJECTED, reason="no")
+    assert [p for _, p in got(link)] == [b"0", b"1", b"2", b"3"]
+
+
 def test_stream_cursor_is_stored_and_resumed_after_a_restart() -> None:
     store = MemoryStore()
     broker, clock, _ = make(store)

@@ -8,12 +8,17 @@ Pure functions, no state.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from fnmatch import fnmatchcase
+
+from mqttamqp.core.queues import QUEUE_PREFIX, is_queue_topic
 
 __all__ = [
     "AddressKind", "Address", "classify", "WILL_SERVICE_ADDRESSES",
     "SUBSCRIPTION_SERVICE_ADDRESSES", "publish_address", "control_address",
+    "QUEUE_CAPABILITY", "matches_queue_pattern", "queue_topic",
 ]
 
 WILL_SERVICE_ADDRESSES = frozenset({"$mqtt.willservice", "$mqtt.lwtservice", "$lwt"})
@@ -66,3 +71,32 @@ def publish_address(client_id: str) -> str:
 
 def control_address(client_id: str) -> str:
     return _TO + client_id + ".control"
+
+
+# -- queue links (issue 12) -------------------------------------------------------------
+
+QUEUE_CAPABILITY = "queue"
+
+
+def matches_queue_pattern(address: str, pattern: str) -> bool:
+    """``address`` matches an ``--amqp-queues`` pattern, level by level: fnmatch's
+    ``*`` would match a ``/`` too, so ``*`` (every plain name) would take
+    ``sensors/t1`` from its topic subscribers."""
+    levels = address.split("/")
+    parts = pattern.split("/")
+    return len(levels) == len(parts) and all(
+        fnmatchcase(level, part) for level, part in zip(levels, parts, strict=True))
+
+
+def queue_topic(address: str, queue_link: bool, patterns: Iterable[str]) -> str | None:
+    """The queue topic an attached address (or a relayed ``to``) means, or None when
+    it is a plain topic: ``$queue/...`` and ``$dlq/...`` as they are; a link that
+    offers the ``queue`` capability (``queue_link``), or an address matching
+    ``--amqp-queues``, names queue ``address`` (``orders`` is ``$queue/orders``)."""
+    if is_queue_topic(address):
+        return address
+    if not address or address.startswith("$"):
+        return None
+    if queue_link or any(matches_queue_pattern(address, p) for p in patterns):
+        return QUEUE_PREFIX + address
+    return None

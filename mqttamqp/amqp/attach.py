@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from proton import Condition, Data, Terminus, symbol
 from twisted.logger import Logger
 
-from mqttamqp.amqp.addresses import AddressKind, classify
+from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
 from mqttamqp.amqp.links import (
     BrokerLink,
     ControlOutlet,
@@ -29,12 +29,14 @@ from mqttamqp.amqp.links import (
     TopicPublisher,
     TopicSubscription,
 )
+from mqttamqp.amqp.queuelinks import QueueSubscription, consumer_from_properties, queue_filter
 from mqttamqp.amqp.services import (
     PubrelLink,
     SessionRequests,
     SubscriptionServiceLink,
     WillServiceLink,
 )
+from mqttamqp.core.queues import Consumer, is_queue_topic
 from mqttamqp.core.router import DYNAMIC_PREFIX
 from mqttamqp.core.topics import topic_size_problem, validate_topic_filter, validate_topic_name
 
@@ -111,9 +113,10 @@ def attach(host: AttachHost, plink: Any) -> None:
         plink.max_message_size = host.limits.max_packet_size
     link = make()  # reads the settle modes fixed above
     if isinstance(link, (TopicSubscription, TopicPublisher)) and link.address:
-        # What the node is: a topic (what JMS-style clients ask for with it).
+        # What the node is: a topic or a queue (what JMS-style clients ask for with it).
         terminus = plink.source if plink.is_sender else plink.target
-        _set_capabilities(terminus, [TOPIC_CAPABILITY])
+        queue = isinstance(link, QueueSubscription) or is_queue_topic(link.address)
+        _set_capabilities(terminus, [QUEUE_CAPABILITY if queue else TOPIC_CAPABILITY])
     host.links[link.impl] = link
     plink.open()
     if isinstance(link, TopicSubscription):
@@ -156,6 +159,46 @@ def _set_capabilities(terminus: Any, names: list[str]) -> None:
     capabilities.exit()
 
 
+def _offers_queue(terminus: Any) -> bool:
+    """The peer's terminus offers the ``queue`` capability (its address names a
+    durable queue)."""
+    data: Data = terminus.capabilities
+    try:
+        data.rewind()
+        if data.next() is None:
+            return False
+        value = data.get_object()
+    except (UnicodeDecodeError, KeyError, TypeError):
+        return False
+    names: Any = getattr(value, "elements", value)
+    if isinstance(names, str):
+        return names == QUEUE_CAPABILITY
+    return isinstance(names, (list, tuple)) and any(
+        str(name) == QUEUE_CAPABILITY for name in names)
+
+
+def _queue_topic(host: AttachHost, terminus: Any, address: str) -> str | None:
+    """The queue topic a link's address means (``addresses.queue_topic``), or None."""
+    return queue_topic(address, _offers_queue(terminus), host.limits.amqp_queues)
+
+
+def _queue_receiver(host: AttachHost, plink: Any, topic: str, address: str
+                    ) -> Callable[[], BrokerLink] | None:
+    """A receiver of a durable queue, with the consumer its attach properties ask for."""
+    topic_filter = queue_filter(topic, plain=topic != address)
+    consumer: Consumer | str | None = _size_problem(host, topic_filter)
+    if consumer is None:
+        try:
+            consumer = consumer_from_properties(plink.remote_properties, topic_filter)
+        except UnicodeDecodeError:
+            consumer = "the attach properties are not valid UTF-8"
+    if isinstance(consumer, str):
+        refuse_link(host, plink, "amqp:invalid-field",
+                    f"source {address!r} is not a queue this broker can serve: {consumer}")
+        return None
+    return partial(QueueSubscription, host, plink, topic_filter, consumer)
+
+
 def _size_problem(host: AttachHost, topic: str) -> str | None:
     limits = host.limits
     return topic_size_problem(topic, limits.max_topic_levels, limits.max_topic_length)
@@ -164,6 +207,9 @@ def _size_problem(host: AttachHost, topic: str) -> str | None:
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
+        queued = _queue_topic(host, plink.remote_source, value)
+        if queued is not None:
+            return _queue_receiver(host, plink, queued, value)
         problem = validate_topic_filter(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
@@ -194,6 +240,7 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
 def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
               address: str) -> Callable[[], BrokerLink] | None:
     if kind is AddressKind.TOPIC:
+        value = _queue_topic(host, plink.remote_target, value) or value
         problem = validate_topic_name(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",

@@ -27,7 +27,7 @@ __all__ = [
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID", "ANNOTATION_PAYLOAD_FORMAT", "Mqtt5Props", "mqtt5_props",
-    "encode_publish5",
+    "encode_publish5", "queue_native",
 ]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
@@ -729,15 +729,21 @@ def native_sections(data: bytes, bare_start: int, props_end: int, to: str | None
 
 def _raw_list_items(section: bytes) -> list[bytes]:
     """The encoded elements of a described list section (already validated)."""
+    return _raw_items(section, 0xC0, 0xD0)
+
+
+def _raw_items(section: bytes, small: int, large: int) -> list[bytes]:
+    """The encoded elements of a described list (``small``/``large`` 0xC0/0xD0) or
+    map (0xC1/0xD1, keys and values in turn) section (already validated)."""
     decoder = _Decoder(section)
     end = len(section)
     _, pos = decoder.value(1, end, 1)         # the descriptor
     code = section[pos] if pos < end else 0
-    if code == 0x45:
+    if code == 0x45 or code == 0x40:
         return []
-    if code not in (0xC0, 0xD0) or pos + (3 if code == 0xC0 else 9) > end:
-        raise DecodeError("properties section is not a list")
-    if code == 0xC0:
+    if code not in (small, large) or pos + (3 if code == small else 9) > end:
+        raise DecodeError("section is not a " + ("list" if small == 0xC0 else "map"))
+    if code == small:
         count, pos = section[pos + 2], pos + 3
     else:
         count, pos = _unpack_I(section, pos + 5)[0], pos + 9
@@ -934,7 +940,8 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
 
 
 def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
-                    publisher: str | None, message_id: int | None, props: Mqtt5Props) -> bytes:
+                    publisher: str | None, message_id: int | str | None, props: Mqtt5Props
+                    ) -> bytes:
     """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
     mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
     payload format annotation, properties reply-to, correlation-id (binary) and
@@ -943,8 +950,7 @@ def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery
     slower path, taken only by messages that carry properties."""
     head = _encode_head(qos, retain, delivery_count, publisher, qos > 0,
                         _ttl_ms(props.expiry_interval), props.payload_format)
-    items = [b"\x40" if message_id is None else _ulong(message_id), b"\x40", _str(topic),
-             b"\x40",
+    items = [_message_id(message_id), b"\x40", _str(topic), b"\x40",
              b"\x40" if props.response_topic is None else _str(props.response_topic),
              b"\x40" if props.correlation_data is None else _bin(props.correlation_data),
              b"\x40" if props.content_type is None or not props.content_type.isascii()
@@ -957,6 +963,60 @@ def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery
     parts.append(_DATA_PREFIX)
     parts.append(_bin(payload))
     return b"".join(parts)
+
+
+def _message_id(message_id: int | str | None) -> bytes:
+    if message_id is None:
+        return b"\x40"
+    return _str(message_id) if isinstance(message_id, str) else _ulong(message_id)
+
+
+def queue_native(native: bytes, message_id: str, topic: str,
+                 pairs: tuple[tuple[str, str], ...]) -> bytes:
+    """A native message (``native_sections``) as a durable queue delivers it:
+    properties.message-id is ``message_id`` (``<queue>:<offset>``, what a consumer
+    names), ``to`` the topic it is delivered on (``$dlq/...`` from a dead-letter
+    queue), and the application properties get ``pairs`` (the queue's metadata, in
+    place of any the sender set under the same keys); the sender's other
+    application properties keep their types."""
+    end = len(native)
+    decoder = _Decoder(native)
+    sections: list[tuple[int, bytes]] = []
+    pos = 1
+    while pos < end:
+        start = pos
+        section, pos = decoder.value(pos, end, 0)
+        sections.append((_section_code(section.descriptor), native[start:pos]))
+    keys = {key for key, _ in pairs}
+    out = [native[:1]]
+    app_done = False
+    for code, raw in sections:
+        if code == PROPERTIES:
+            items = _raw_items(raw, 0xC0, 0xD0)
+            items.extend([b"\x40"] * (3 - len(items)))
+            items[0] = _str(message_id)
+            items[2] = _str(topic)
+            out.append(_PROPERTIES_PREFIX + _compound(0xC0, 0xD0, len(items), b"".join(items)))
+            continue
+        if code == APPLICATION_PROPERTIES:
+            items = _raw_items(raw, 0xC1, 0xD1)
+            kept = [b"".join(items[i:i + 2]) for i in range(0, len(items) - 1, 2)
+                    if decode_value(items[i]) not in keys]
+            out.append(_app_properties(kept, pairs))
+            app_done = True
+            continue
+        if code >= DATA and not app_done:
+            out.append(_app_properties([], pairs))
+            app_done = True
+        out.append(raw)
+    if not app_done:
+        out.append(_app_properties([], pairs))
+    return b"".join(out)
+
+
+def _app_properties(kept: list[bytes], pairs: tuple[tuple[str, str], ...]) -> bytes:
+    items = kept + [_str(key) + _str(value) for key, value in pairs]
+    return _APP_PROPERTIES_PREFIX + _compound(0xC1, 0xD1, 2 * len(items), b"".join(items))
 
 
 def _ttl_ms(seconds: int | None) -> int | None:

@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.amqp._engine import lib, recv, send
+from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
     InboundMessage,
@@ -48,6 +49,7 @@ from mqttamqp.amqp.codec import (
     encode_publish,
     encode_publish5,
     native_sections,
+    queue_native,
 )
 from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
@@ -55,6 +57,13 @@ from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues import (
+    QUOTA_EXCEEDED,
+    TOPIC_NAME_INVALID,
+    Refusal,
+    is_queue_command,
+    is_queue_topic,
+)
 from mqttamqp.core.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
@@ -76,6 +85,9 @@ INVALID_FIELD = "amqp:invalid-field"
 UNAUTHORIZED = "amqp:unauthorized-access"
 PRECONDITION_FAILED = "amqp:precondition-failed"
 NOT_ALLOWED = "amqp:not-allowed"
+# A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.
+_REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
+                       QUOTA_EXCEEDED: "amqp:resource-limit-exceeded"}
 
 
 # The proton-c functions of the per-message path, looked up once.
@@ -123,6 +135,38 @@ def _encode_with_props(message: Message, props: MessageProperties, qos: int, ret
         return encode_native(native, qos, retain, count, message.publisher, wire)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
                            retain, count, message.publisher, packet_id, wire)
+
+
+_QUEUE_KEYS = ("message-id", "group-id", "queue", "offset", "delivery-count")
+_DEAD_LETTER_KEYS = ("origin-queue", "origin-offset", "origin-group", "reason")
+
+
+def _encode_queue_delivery(message: Message, props: MessageProperties, qos: int,
+                           retain: bool, packet_id: int | None, native: bytes | None,
+                           now: float) -> bytes:
+    """A durable queue's delivery: properties.message-id is its ``message-id`` user
+    property (``<queue>:<offset>``, not the packet id), the queue's metadata goes in
+    the application properties, and header.delivery-count is the deliveries the
+    queue counted before this one (a Released one is not counted, a
+    Modified(delivery-failed) one is)."""
+    meta: dict[str, str] = {}
+    for key, value in props.user_properties:
+        meta[key] = value     # (the queue appends its own last: they win)
+    message_id = meta.get("message-id")
+    count_text = meta.get("delivery-count", "1")
+    count = max(0, int(count_text) - 1) if count_text.isdigit() else 0
+    wire = Mqtt5Props(props.payload_format, message.remaining_expiry(now), props.content_type,
+                      props.response_topic, props.correlation_data, props.user_properties)
+    if native is not None:
+        keys = _QUEUE_KEYS + _DEAD_LETTER_KEYS if message.topic.startswith("$dlq/") \
+            else _QUEUE_KEYS
+        pairs = tuple((key, meta[key]) for key in keys if key in meta)
+        sections = native if message_id is None else queue_native(
+            native, message_id, message.topic, pairs)
+        return encode_native(sections, qos, retain, count, message.publisher, wire)
+    return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
+                           retain, count, message.publisher,
+                           message_id if message_id is not None else packet_id, wire)
 
 
 def settle_mode_name(mode: int) -> str:
@@ -299,13 +343,27 @@ class OutgoingLink(BrokerLink):
             return  # non-terminal (e.g. Received): wait for the outcome
         failed = state == MODIFIED and bool(
             _disposition_is_failed(_delivery_remote(dlv)))
+        reason = _rejected_reason(dlv) if state == REJECTED else None
         key = self._awaiting.pop(dlv, None)
         _delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
-            self.outcome(key, state, failed)
+            self.outcome(key, state, failed, reason)
 
-    def outcome(self, key: int, state: int, failed: bool) -> None:
-        """The outcome of the delivery sent with ``key``."""
+    def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
+        """The outcome of the delivery sent with ``key`` (``reason``: Rejected's
+        error description, if it gave one)."""
+
+
+def _rejected_reason(dlv: Any) -> str | None:
+    """The error description of the peer's Rejected outcome on ``dlv`` (a durable
+    queue dead-letters with it); None if it gave none or it is not UTF-8."""
+    try:
+        condition = Delivery.wrap(dlv).remote.condition  # type: ignore[no-untyped-call]
+        if condition is None:
+            return None
+        return str(condition.description or condition.name or "") or None
+    except UnicodeDecodeError:
+        return None
 
 
 _encode_cache: list[Any] = [None, False, b""]
@@ -321,6 +379,8 @@ class _SessionLink(OutgoingLink):
     # Messages from AMQP senders go out as they were sent (a native receiver), not
     # as the contract's AMQP_PUBLISH with the MQTT payload (an FE).
     native = False
+    # Deliveries of a durable queue (``queuelinks``): message-id ``<queue>:<offset>``.
+    queue = False
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
@@ -359,7 +419,10 @@ class _SessionLink(OutgoingLink):
         cache = _encode_cache
         native = message.native if self.native else None
         props = message.props
-        if props is not None:
+        if self.queue and props is not None:
+            data = _encode_queue_delivery(message, props, qos, retain, packet_id, native,
+                                          self.broker.clock.seconds())
+        elif props is not None:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds())
         elif native is not None:
@@ -409,19 +472,22 @@ class _SessionLink(OutgoingLink):
 
     # outcomes ------------------------------------------------------------------------
 
-    def outcome(self, key: int, state: int, failed: bool) -> None:
+    def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
             self._pubrel_outcome(-key, state)
         else:
-            self._finished(key, state, failed)
+            self._finished(key, state, failed, reason)
 
-    def _finished(self, packet_id: int, state: int, failed: bool = False) -> None:
+    def _finished(self, packet_id: int, state: int, failed: bool = False,
+                  reason: str | None = None) -> None:
         session = self.session
         if session is None or self.closed:
             return
-        if state != RELEASED and state != MODIFIED:
+        if self.queue or (state != RELEASED and state != MODIFIED):
+            # (a queue's redelivery is a new delivery: its packet id is free again)
             self._sent.discard(packet_id)
-        self.broker.settle(session, packet_id, _OUTCOMES.get(state, Outcome.ACCEPTED), failed)
+        self.broker.settle(session, packet_id, _OUTCOMES.get(state, Outcome.ACCEPTED), failed,
+                           reason)
 
     def _pubrel_outcome(self, packet_id: int, state: int) -> None:
         session = self.session
@@ -749,6 +815,13 @@ class TopicPublisher(IncomingLink):
             if problem is not None:
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return
+            topic = queue_topic(topic, False, limits.amqp_queues) or topic
+        queued = topic[:1] == "$" and is_queue_topic(topic)
+        if queued and is_queue_command(topic):
+            self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
+                        "messages with its dispositions (Accepted, Released, Modified, "
+                        "Rejected)")
+            return
         host = self.host
         broker = self.broker
         payload = fields.payload
@@ -782,9 +855,13 @@ class TopicPublisher(IncomingLink):
             self.answer(dlv, ACCEPTED)
             self.outstanding += 1
             return
-        result = broker.publish(routed, host.identity, wait=fields.wait)
+        # (a queue's append is always stored: Accepted waits for it)
+        result = broker.publish(routed, host.identity, wait=fields.wait or queued)
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
+            return
+        if result.refusal is not None:
+            self._refused(dlv, presettled, result.refusal)
             return
         broker.stats.messages_received_amqp += 1
         if result.congested:
@@ -799,6 +876,18 @@ class TopicPublisher(IncomingLink):
             self.answer(dlv, ACCEPTED)
             return
         self.answer_after(result.durable, dlv)
+
+    def _refused(self, dlv: Any, presettled: bool, refusal: Refusal) -> None:
+        """A durable queue refused the message: Rejected with its reason (the core
+        logged it, rate-limited; a pre-settled message can only be dropped)."""
+        self.rejected += 1
+        if presettled:
+            self.outstanding -= 1
+            _delivery_settle(dlv)
+            self.top_up()
+            return
+        condition = _REFUSAL_CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
+        self.answer(dlv, REJECTED, (condition, refusal.reason))
 
     def _charge(self, routed: Message) -> None:
         """A message routed: charge the connection's publish budget, if it has one."""

@@ -999,7 +999,14 @@ class QueueManager:
         queue = self.queues.get(ref[0])
         group = queue.groups.get(ref[1]) if queue is not None else None
         session.take_back(entry)
-        if group is None or group.mode == STREAM:
+        if group is None:
+            return
+        if group.mode == STREAM:
+            # (no redelivery in a stream; the delivery is over all the same: its
+            # member's prefetch is free again)
+            done, entry.on_done = entry.on_done, None
+            if done is not None:
+                done()
             return
         offset = ref[2]
         pending = group.pending.get(offset)

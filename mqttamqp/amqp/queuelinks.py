@@ -1,0 +1,113 @@
+"""Queue links (issue 12): AMQP receivers served by the durable queue manager.
+
+What it owns: how an attached receiver joins a consumer group (the filter its
+address means, ``consumer-group``/``consumer-mode``/``stream-offset`` from the
+attach properties, the default group) and ``QueueSubscription``, the outgoing
+link whose credit is its prefetch.  Its deliveries' outcomes go to the core as
+for any topic link (``links._SessionLink``); the core's queue manager turns them
+into acknowledgements: Accepted acks, Released nacks uncounted,
+Modified(delivery-failed) nacks counted, Rejected dead-letters with its error
+description.
+
+What it must not do: decide which addresses are queues (``addresses``), attach
+links (``attach``), or hold queue rules (``core.queues``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqttamqp.amqp._engine import lib
+from mqttamqp.amqp.links import LinkHost, OutgoingLink, TopicSubscription
+from mqttamqp.core.queues import (
+    CLASSIC,
+    STREAM,
+    Consumer,
+    parse_queue_filter,
+    parse_stream_offset,
+)
+
+__all__ = ["QueueSubscription", "queue_filter", "consumer_from_properties"]
+
+_link_credit = lib.pn_link_credit
+
+_CONSUMER_KEYS = ("consumer-group", "consumer-mode", "stream-offset")
+
+
+def queue_filter(topic: str, plain: bool) -> str:
+    """The group filter a receiver's queue address means: ``$queue/<name>[/<filter>]``
+    as given; a plain address ``X`` (``plain``: named by ``--amqp-queues`` or the
+    ``queue`` capability) every message of queue ``X`` (``$queue/X/#``)."""
+    return topic + "/#" if plain else topic
+
+
+def consumer_from_properties(properties: Any, topic_filter: str) -> Consumer | str:
+    """The consumer a receiver's attach properties ask for, or why they are refused.
+
+    Without ``consumer-group`` every receiver of the queue is one group, named
+    after the queue (competing consumers, as a queue is usually read): AMQP has
+    no client id to take a group from, and a container id is often random."""
+    values: dict[str, str | None] = dict.fromkeys(_CONSUMER_KEYS)
+    if isinstance(properties, dict):
+        for key, value in properties.items():
+            name = str(key)
+            if name not in values or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (str, int)):
+                return f"attach property {name!r} must be a string"
+            values[name] = str(value)
+    address = parse_queue_filter(topic_filter)
+    if isinstance(address, str):
+        return address
+    mode = values["consumer-mode"]
+    if mode is not None and mode not in (CLASSIC, STREAM):
+        return f"consumer-mode {mode!r}: use classic or stream"
+    start = parse_stream_offset(values["stream-offset"])
+    if isinstance(start, str):
+        return start
+    group = values["consumer-group"]
+    if group is None:
+        group = address.name
+    elif not group or "/" in group or "@" in group:
+        return f"consumer-group {group!r}: a group name is not empty and holds no / or @"
+    return Consumer(group, mode, values["stream-offset"], explicit=False)
+
+
+class QueueSubscription(TopicSubscription):
+    """A receiver of a durable queue: a member of its consumer group.
+
+    Pre-settled, its deliveries are acknowledged on send (QoS 0); unsettled, by
+    their outcomes (QoS 1).  The queue hands a member messages only while it has
+    credit: a member without credit is skipped in the round-robin, and a flow that
+    grants more makes the queue pump again (``Broker.link_drained``)."""
+
+    queue = True
+
+    def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
+                 consumer: Consumer) -> None:
+        super().__init__(host, plink, topic_filter)
+        self.consumer = consumer
+
+    def subscribe(self) -> str | None:
+        granted = 0 if self.presettled else 1
+        session = self.broker.add_topic_receiver(
+            self.key, self.address, self.host.identity, granted, consumer=self.consumer)
+        if session is None:
+            return (f"could not join group {self.consumer.group!r} of {self.address!r} "
+                    "(not allowed, or refused: the broker's log says why)")
+        self.session = session
+        self.broker.start_topic_receiver(session, self)
+        return None
+
+    @property
+    def congested(self) -> bool:
+        # Credit is the prefetch here: what the queue hands a member without credit
+        # would wait in the engine while other members of the group sit idle.
+        return super().congested or _link_credit(self.impl) <= 0
+
+    def on_flow(self) -> None:
+        # More credit: take from the queue first, so a drain is answered with what
+        # the queue had rather than with nothing.
+        if self.session is not None and not self.closed:
+            self.broker.link_drained(self.session)
+        OutgoingLink.on_flow(self)
