@@ -120,6 +120,8 @@ def queue_list(broker: Broker, rates: QueueRates) -> dict[str, Any]:
     views = broker.queue_views()
     per_queue = rates.update(views)
     rows = [queue_row(v, per_queue.get(v.name)) for v in views]
+    # A dead-letter queue right below its origin queue.
+    rows.sort(key=lambda r: (r["origin"] or r["name"], r["dead_letter"]))
     plain = [r for r in rows if not r["dead_letter"]]
     return {"items": rows, "totals": {
         "queues": len(plain), "dead_letter_queues": len(rows) - len(plain),
