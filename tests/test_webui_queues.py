@@ -241,3 +241,20 @@ def test_what_clients_sent_is_escaped(env: Any) -> None:
         assert evil not in html and "<script>alert" not in html, path
         assert "&lt;img src=x onerror=alert(1)&gt;" in html, path
     assert client.get("/api/queues").json()["items"][0]["name"] == evil
+
+
+def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
+    console, service, clock, client = env
+    fill(service.broker, 1, queue="a")
+    fill(service.broker, 1, queue="b")
+    client.get("/api/queues")
+    assert len(console.queue_rates) == 2
+    clock.advance(0.5)
+    fill(service.broker, 1, queue="a")
+    rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
+    assert rows["a"]["rates"] is None           # under a second: no figure yet
+    service.broker.delete_queue("b")
+    clock.advance(1)
+    rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
+    assert list(rows) == ["a"] and len(console.queue_rates) == 1
+    assert rows["a"]["rates"] == {"publish": round(1 / 1.5, 1), "ack": 0.0}
