@@ -112,6 +112,12 @@ def test_one_queue_groups_messages_and_payload_views(env: Any) -> None:
     assert client.get("/api/queues/queue", name="nope").code == 404
     assert client.get("/api/queues/queue").code == 400
     assert client.get("/api/queues/message", name="jobs", offset="9").code == 404
+    # The live region (every second) shows figures and groups, and browses nothing.
+    browsed: list[Any] = []
+    real_browse = broker.browse_queue
+    broker.browse_queue = lambda *a: browsed.append(a) or real_browse(*a)
+    live = client.get("/queues/queue", name="jobs", partial="1").text
+    assert 'id="group-table"' in live and "<html" not in live and browsed == []
     gone = client.get("/queues/queue", name="nope", partial="1")
     assert gone.code == 200 and "no longer exists" in gone.text
 

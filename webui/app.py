@@ -789,7 +789,7 @@ class Console:
         self._require(request, api=True)
         return self._json(request, queue_list(self.broker, self.queue_rates))
 
-    def _queue(self, request: Any) -> dict[str, Any] | None:
+    def _queue(self, request: Any, browse: bool = True) -> dict[str, Any] | None:
         name = self._param(request, "name")
         if not name:
             raise HTTPError(400, "give name=<queue> ($dlq/<queue> for a dead-letter queue)")
@@ -798,13 +798,13 @@ class Console:
             return None
         return queue_detail(self.broker, view, self.queue_rates,
                             self._int(request, "start", 0),
-                            self._int(request, "limit", BROWSE_DEFAULT))
+                            self._int(request, "limit", BROWSE_DEFAULT), browse)
 
     @app.route("/queues/queue", methods=["GET"])
     def queue_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
-        detail = self._queue(request)
         partial = self._flag(request, "partial")
+        detail = self._queue(request, browse=not partial)
         if detail is None and not partial:
             raise HTTPError(404, "no such queue")
         return self._render(request, "_queue_live.html" if partial else "queue.html", auth,
