@@ -494,3 +494,17 @@ def test_a_persistent_members_queue_deliveries_are_never_stored_in_its_session()
     broker.completed(worker, pid)
     assert not [op for op in store.submitted if isinstance(op, PutQueued)]
     assert broker.queues.views()[0].depth == 0
+
+
+def test_a_retention_change_that_frees_credit_delivers_at_once() -> None:
+    """Pending messages the new bound drops give their member's credit back, and the
+    next messages go out then, not at the next tick or publish."""
+    broker, _, _ = make(queue_prefetch=2)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#", consumer=Consumer(group="g"))
+    for i in range(5):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    assert [p for _, p in got(link)] == [b"0", b"1"]
+    broker.set_queue_retention("jobs", Retention(None, None, 3))
+    assert [p for _, p in got(link)] == [b"0", b"1", b"2", b"3"]
+    assert broker.queue_views()[0].groups[0].pending == 2

@@ -41,6 +41,25 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "/api/bans": ("Bans in force.", ""),
     "/api/shared": ("Shared subscription groups ($share/<group>/<filter>): members, "
                     "whether online, and how many messages each was given.", ""),
+    "/api/queues": ("Durable queues ($queue/) and dead-letter queues ($dlq/): depth, bytes, "
+                    "oldest message's age, publish and ack rates, dead-letter queue size, "
+                    "groups, lag, retention; with totals.", ""),
+    "/api/queues/queue": ("One queue: its figures, its consumer groups (members, mode, "
+                          "cursor, lag, pending, redeliveries) and a page of its messages "
+                          "from an offset (browse.next: where the next page starts).",
+                          "name (queue, or $dlq/<queue>), start (offset), limit (50; at "
+                          "most 200)"),
+    "/api/queues/message": ("One queue message with its payload (text, JSON or hex) and "
+                            "user properties.", "name, offset, view=auto|text|json|hex"),
+    "/api/queues/purge": ("Remove every message of a queue (its groups stay).", "name"),
+    "/api/queues/delete": ("Delete a queue with its messages and groups (a later message "
+                           "or consumer creates it anew).", "name"),
+    "/api/queues/requeue": ("Move dead letters back to their origin queue as new "
+                            "messages: one (offset) or all.",
+                            "name ($dlq/<queue> or <queue>), offset (empty: all)"),
+    "/api/queues/retention": ("Change a queue's retention; messages beyond it go at once.",
+                              "name, max_age (seconds), max_bytes, max_messages (each "
+                              "empty or 0: no bound)"),
     "/api/users": ("The users with their roles (never their hashes) and the --acl file "
                    "in force (admins only).", ""),
     "/api/whoami": ("Who is calling, how (session or token), and the CSRF token of a "

@@ -44,6 +44,15 @@ from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.apidoc import api_index
 from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
 from webui.feed import EventStream, StatsFeed
+from webui.queues import (
+    BROWSE_DEFAULT,
+    QueueActions,
+    QueueRates,
+    find_queue,
+    message_detail,
+    queue_detail,
+    queue_list,
+)
 from webui.rendering import make_environment, static_dir
 from webui.tail import TAIL_MODES, TailHub
 from webui.traffic import TrafficSource
@@ -214,6 +223,8 @@ class Console:
         self.client_rates = views.ClientRates(self.clock.seconds)
         self.tails = TailHub(self.broker, self.clock)
         self.topic_rates = views.TopicRates(self.clock.seconds)
+        self.queue_rates = QueueRates(self.clock.seconds)
+        self.queue_actions = QueueActions(self.broker, self.actions.audit)
         self.feed = StatsFeed(self.clock, self._live_snapshot, self._counters)
 
     def resource(self) -> Resource:
@@ -764,6 +775,68 @@ class Console:
         self._require(request, api=True)
         return self._json(request, {"items": self._bans()})
 
+    # -- durable queues ---------------------------------------------------------------
+
+    @app.route("/queues", methods=["GET"])
+    def queues_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        partial = self._flag(request, "partial")
+        return self._render(request, "_queue_rows.html" if partial else "queues.html", auth,
+                            nav="queues", q=queue_list(self.broker, self.queue_rates))
+
+    @app.route("/api/queues", methods=["GET"])
+    def queues_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, queue_list(self.broker, self.queue_rates))
+
+    def _queue(self, request: Any, browse: bool = True) -> dict[str, Any] | None:
+        name = self._param(request, "name")
+        if not name:
+            raise HTTPError(400, "give name=<queue> ($dlq/<queue> for a dead-letter queue)")
+        view = find_queue(self.broker, name)
+        if view is None:
+            return None
+        return queue_detail(self.broker, view, self.queue_rates,
+                            self._int(request, "start", 0),
+                            self._int(request, "limit", BROWSE_DEFAULT), browse)
+
+    @app.route("/queues/queue", methods=["GET"])
+    def queue_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        partial = self._flag(request, "partial")
+        detail = self._queue(request, browse=not partial)
+        if detail is None and not partial:
+            raise HTTPError(404, "no such queue")
+        return self._render(request, "_queue_live.html" if partial else "queue.html", auth,
+                            nav="queues", qd=detail, name=self._param(request, "name"))
+
+    @app.route("/api/queues/queue", methods=["GET"])
+    def queue_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        detail = self._queue(request)
+        if detail is None:
+            raise HTTPError(404, "no such queue")
+        return self._json(request, detail)
+
+    def _queue_message(self, request: Any) -> dict[str, Any]:
+        found = message_detail(self.broker, self._param(request, "name"),
+                               self._int(request, "offset", -1),
+                               self._param(request, "view", "auto"))
+        if found is None:
+            raise HTTPError(404, "no such message in that queue")
+        return found
+
+    @app.route("/queues/message", methods=["GET"])
+    def queue_message_page(self, request: Any) -> bytes:
+        auth = self._require(request, api=False)
+        return self._render(request, "queue_message.html", auth, nav="queues",
+                            msg=self._queue_message(request))
+
+    @app.route("/api/queues/message", methods=["GET"])
+    def queue_message_api(self, request: Any) -> bytes:
+        self._require(request, api=True)
+        return self._json(request, self._queue_message(request))
+
     # -- users and access (admins) ---------------------------------------------------
 
     def _admin(self, request: Any, api: bool) -> Auth:
@@ -987,6 +1060,21 @@ class Console:
                 self._flag(request, "retain"))
         return act
 
+    def _queue_purge(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.queue_actions.purge(auth.user, self._param(request, "name"))
+
+    def _queue_delete(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.queue_actions.delete(auth.user, self._param(request, "name"))
+
+    def _queue_requeue(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.queue_actions.requeue(
+            auth.user, self._param(request, "name"), self._param(request, "offset"))
+
+    def _queue_retention(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
+        return lambda auth: self.queue_actions.retention(
+            auth.user, self._param(request, "name"), self._param(request, "max_age"),
+            self._param(request, "max_bytes"), self._param(request, "max_messages"))
+
     def _run_report(self, request: Any) -> Callable[[Auth], Awaitable[ActionResult]]:
         return lambda auth: self.actions.run_report(auth.user)
 
@@ -1011,6 +1099,10 @@ class Console:
         ("/users/role", "_user_role", "/users"),
         ("/users/delete", "_user_delete", "/users"),
         ("/traffic/run-report", "_run_report", "/traffic"),
+        ("/queues/purge", "_queue_purge", "/queues"),
+        ("/queues/delete", "_queue_delete", "/queues"),
+        ("/queues/requeue", "_queue_requeue", "/queues"),
+        ("/queues/retention", "_queue_retention", "/queues"),
     )
     for _path, _builder, _back in _ACTION_ROUTES:
         app.route(_path, methods=["POST"], endpoint="form:" + _path)(

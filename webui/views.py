@@ -33,7 +33,7 @@ __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "session_json", "ClientFilters", "ClientRates", "ban_json",
+    "payload_preview", "payload_json", "session_json", "ClientFilters", "ClientRates", "ban_json",
     "BAN_DURATIONS", "TopicRates", "topic_tree", "list_subscriptions",
 ]
 
@@ -134,7 +134,7 @@ def payload_preview(payload: bytes, limit: int = 80) -> dict[str, Any]:
     return {"kind": "hex", "value": hexed, "cut": len(payload) > limit // 2}
 
 
-def _payload_json(payload: bytes) -> dict[str, Any]:
+def payload_json(payload: bytes) -> dict[str, Any]:
     return {"payload_base64": base64.b64encode(payload).decode(),
             "payload_text": _is_text(payload), "size": len(payload)}
 
@@ -205,7 +205,7 @@ def will_json(view: WillView) -> dict[str, Any]:
         "preview": payload_preview(will.payload),
         "payload": payload_view(will.payload, "auto", 4096),
         "owner_connected": view.owner_connected,
-        **_payload_json(will.payload),
+        **payload_json(will.payload),
     }
 
 
@@ -434,7 +434,7 @@ def retained_row(message: Message) -> dict[str, Any]:
 def retained_detail(message: Message, mode: str = "auto") -> dict[str, Any]:
     row = retained_row(message)
     row["view"] = payload_view(message.payload, mode)
-    row.update(_payload_json(message.payload))
+    row.update(payload_json(message.payload))
     return row
 
 

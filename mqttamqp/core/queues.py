@@ -1283,7 +1283,10 @@ class QueueManager:
         queue.retention = retention
         ops: list[Op] = [PutQueue(name, retention.as_tuple())]
         self._enforce_retention(queue, ops, self.clock.seconds())
-        return self.commits.persist(ops)
+        d = self.commits.persist(ops)
+        # Pending messages it dropped gave their members' credit back: use it now.
+        self._pump_queue(queue)
+        return d
 
     def depth(self) -> int:
         return sum(len(q.log) for q in self.queues.values())

@@ -3,7 +3,8 @@ retained topics every ``sys_interval`` seconds.
 
 What it owns: building the current values and publishing them through the router
 as the broker's own (uncounted, not stored) retained messages.  The counters
-themselves live in ``stats.BrokerStats``; this module only reads them.
+themselves live in ``stats.BrokerStats`` (and the durable queues' in
+``queues.QueueStats``); this module only reads them.
 """
 
 from __future__ import annotations
@@ -11,13 +12,38 @@ from __future__ import annotations
 from mqttamqp import __version__
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues import DLQ_PREFIX, QueueManager
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.registry import SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.wills import Wills
 
-__all__ = ["SysTopics"]
+__all__ = ["SysTopics", "queue_topics"]
+
+
+def queue_topics(queues: QueueManager) -> list[tuple[str, str]]:
+    """``$SYS/broker/queues/...``: how many queues and the messages they hold
+    (dead-letter queues apart), and the queue counters since the start."""
+    stats = queues.stats
+    p = "$SYS/broker/queues/"
+    total = queues.depth()
+    dead = [name for name in queues.queues if name.startswith(DLQ_PREFIX)]
+    dead_depth = sum(len(queues.queues[name].log) for name in dead)
+    return [
+        (p + "count", str(len(queues.queues) - len(dead))),
+        (p + "messages", str(total - dead_depth)),
+        (p + "dead-letter/count", str(len(dead))),
+        (p + "dead-letter/messages", str(dead_depth)),
+        (p + "published", str(stats.published)),
+        (p + "acknowledged", str(stats.acked)),
+        (p + "nacked", str(stats.nacked)),
+        (p + "rejected", str(stats.rejected)),
+        (p + "dead-lettered", str(stats.dead_lettered)),
+        (p + "redelivered", str(stats.redelivered)),
+        (p + "expired", str(stats.expired)),
+        (p + "refused", str(stats.refused)),
+    ]
 
 
 class SysTopics:
@@ -40,6 +66,7 @@ class SysTopics:
         topics = self.stats.sys_topics(
             __version__, now, len(self.router.trie), client_retained,
             len(self.registry.sessions), len(self.wills.wills), dropped)
+        topics.extend(queue_topics(self.router.queues))
         archive = self.recorder.stats()
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
             if name in archive:

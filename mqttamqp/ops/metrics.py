@@ -102,6 +102,32 @@ def _dropped(broker: Broker, stats: Any, denied: int
     return tuple(sorted(out.items()))
 
 
+def _queue_families(broker: Broker) -> list[Family]:
+    """The durable queues (``$SYS/broker/queues/...``): queues and their messages by
+    kind (dead-letter queues apart), and what happened to queue messages."""
+    queues = broker.queue_views()
+    dead = [q for q in queues if q.name.startswith("$dlq/")]
+    dead_depth = sum(q.depth for q in dead)
+    qs = broker.queues.stats
+    return [
+        Family("mqttamqp_queues", GAUGE, "Durable queues ($queue/), and dead-letter "
+               "queues ($dlq/).", "", "kind",
+               (("dead_letter", len(dead)), ("queue", len(queues) - len(dead)))),
+        Family("mqttamqp_queue_messages", GAUGE, "Messages held in durable queues and in "
+               "dead-letter queues.", "", "kind",
+               (("dead_letter", dead_depth),
+                ("queue", sum(q.depth for q in queues) - dead_depth))),
+        Family("mqttamqp_queue_events", COUNTER, "Queue messages appended (published; dead "
+               "letters count again in their dead-letter queue), acknowledged, nacked, "
+               "rejected, dead-lettered, redelivered, expired by retention, and queue "
+               "publishes or acknowledgements refused.", "", "event",
+               (("acknowledged", qs.acked), ("dead_lettered", qs.dead_lettered),
+                ("expired", qs.expired), ("nacked", qs.nacked),
+                ("published", qs.published), ("redelivered", qs.redelivered),
+                ("refused", qs.refused), ("rejected", qs.rejected))),
+    ]
+
+
 def snapshot(broker: Broker) -> list[Family]:
     """Every family, read now from the broker (on the reactor thread)."""
     stats = broker.stats
@@ -181,6 +207,7 @@ def snapshot(broker: Broker) -> list[Family]:
                    "its delivery to a client (one delivery in 1024 sampled).",
                    stats.deliver_latency, "seconds"),
     ]
+    families.extend(_queue_families(broker))
     archive = c.archive
     for key, doc in (("records", "Records archived."), ("dropped", "Archive records "
                      "dropped (the writer fell behind)."), ("errors", "Archive write errors.")):
