@@ -10,6 +10,8 @@ the same run, alternating, each run on a fresh broker:
 * ``queue``: mqttamqp, ``$queue/jobs/task`` -> consumers on ``$queue/jobs``
   (one consumer group, "worker", from the client ids); clean sessions: the queue
   is what is durable.
+* ``queue_persistent`` (only when named in ``--scenarios``): the same with
+  clean_session=0 consumers.
 * ``share``: mqttamqp's persistent-session QoS 1 path, the closest equivalent:
   ``jobs`` -> ``$share/worker/jobs`` with 4 clean_session=0 members, so every
   message is delivered once and committed before the PUBACK.
@@ -51,11 +53,15 @@ SCENARIOS = {
     # name: (broker kind, producer topics (round-robin), consumer filters, clean session)
     "queue": ("mqttamqp", ["$queue/jobs/task"], ["$queue/jobs"] * CONSUMERS, True),
     "share": ("mqttamqp", ["jobs"], ["$share/worker/jobs"] * CONSUMERS, False),
+    # (not in the default run) the queue's consumers with persistent sessions
+    "queue_persistent": ("mqttamqp", ["$queue/jobs/task"], ["$queue/jobs"] * CONSUMERS,
+                         False),
     "rr4": ("mqttamqp", [f"jobs/{i + 1}" for i in range(CONSUMERS)],
             [f"jobs/{i + 1}" for i in range(CONSUMERS)], False),
     "rr4_rabbitmq": ("rabbitmq", [f"jobs/{i + 1}" for i in range(CONSUMERS)],
                      [f"jobs/{i + 1}" for i in range(CONSUMERS)], False),
 }
+DEFAULT_SCENARIOS = ("queue", "share", "rr4", "rr4_rabbitmq")
 
 
 def log(msg):
@@ -78,6 +84,15 @@ def start_broker(kind, window, extra_args):
 def _packets(topics):
     """Pre-encoded PUBLISH prefixes per topic; the packet id and payload follow."""
     return [w.publish_parts(t, PAYLOAD, 1) for t in topics]
+
+
+def _send(sock, data, deadline):
+    """sendall, bounded by the run's deadline (socket.timeout past it)."""
+    sock.settimeout(max(0.1, deadline - time.monotonic()))
+    try:
+        sock.sendall(data)
+    finally:
+        sock.setblocking(False)
 
 
 def drive(port, topics, filters, clean, count, window, timeout):
@@ -110,9 +125,7 @@ def drive(port, topics, filters, clean, count, window, timeout):
                     burst.append(prefixes[sent % ntop] + w.PIDS[sent % 65535 + 1]
                                  + struct.pack("!I", sent) + pad)
                     sent += 1
-                pub.setblocking(True)
-                pub.sendall(b"".join(burst))
-                pub.setblocking(False)
+                _send(pub, b"".join(burst), deadline)
             for key, _ in sel.select(timeout=0.5):
                 i = key.data
                 s = key.fileobj
@@ -143,9 +156,7 @@ def drive(port, topics, filters, clean, count, window, timeout):
                         dups += 1
                     acks.append(w.puback(pid2))
                 if acks:
-                    s.setblocking(True)
-                    s.sendall(b"".join(acks))
-                    s.setblocking(False)
+                    _send(s, b"".join(acks), deadline)
                     t_last = time.monotonic()
     finally:
         close_gracefully([s for s, _ in subs] + [pub])
@@ -164,13 +175,17 @@ def run_once(name, count, window, timeout, extra_args):
     load = [round(x, 2) for x in os.getloadavg()]
     broker = start_broker(kind, window, extra_args)
     try:
-        cpu0 = broker.cpu_s()
+        cpu0, own0 = broker.cpu_s(), time.process_time()
         r = drive(broker.port, topics, filters, clean, count, window, timeout)
-        cpu = broker.cpu_s() - cpu0
+        cpu, own = broker.cpu_s() - cpu0, time.process_time() - own0
         r.update({
             "scenario": name, "broker": kind, "clean_session": clean,
             "loadavg_before": load, "broker_cpu_s": round(cpu, 2),
             "broker_cpu_us_per_msg": round(cpu / max(1, r["delivered_once"]) * 1e6, 1),
+            # the one load-generator process (producer and consumers): not the limit
+            # while this stays well under one core
+            "loadgen_cpu_s": round(own, 2),
+            "loadgen_cpu_share": round(own / max(1e-9, r["seconds"]), 2),
             "broker_cmd": broker.cmd, "broker_options": broker.options_passed,
         })
         return r
@@ -186,8 +201,8 @@ def probe_rabbitmq_share(window, n=20, timeout=10.0):
         subs = [mqtt_open("127.0.0.1", broker.port, f"probe-{i}", clean=False,
                           subs=[("$share/worker/jobs", 1)]) for i in range(2)]
         pub, _, _ = mqtt_open("127.0.0.1", broker.port, "probe-pub")
-        pub.setblocking(True)
-        pub.sendall(b"".join(w.publish("jobs", b"x", 0) for _ in range(n)))
+        _send(pub, b"".join(w.publish("jobs", b"x", 0) for _ in range(n)),
+              time.monotonic() + timeout)
         got = [0, 0]
         end = time.monotonic() + timeout
         sel = selectors.DefaultSelector()
@@ -251,7 +266,7 @@ def main():
     ap.add_argument("--window", type=int, default=100,
                     help="producer window; also the consumers' prefetch on every broker")
     ap.add_argument("--timeout", type=float, default=120.0, help="hard limit of one run, s")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS))
     ap.add_argument("--mqttamqp-arg", action="append", default=[],
                     help="extra argument for twistd mqttamqp (repeatable)")
     ap.add_argument("--out", help="also write the JSON here")
@@ -289,9 +304,9 @@ def main():
                 except Exception as e:
                     r = {"scenario": name, "error": repr(e)}
                 runs.append(r)
-                log(json.dumps({k: r.get(k) for k in ("scenario", "msgs_per_s", "lost",
-                                                      "duplicates", "broker_cpu_us_per_msg",
-                                                      "loadavg_before", "error")}))
+                log(json.dumps({k: r.get(k) for k in (
+                    "scenario", "msgs_per_s", "lost", "duplicates", "broker_cpu_us_per_msg",
+                    "loadgen_cpu_share", "loadavg_before", "error")}))
     except KeyboardInterrupt:
         doc["interrupted"] = True
     finally:
