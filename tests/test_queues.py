@@ -132,8 +132,9 @@ def test_groups_fan_out_and_members_share_round_robin() -> None:
 
 
 def test_a_filter_is_a_group_of_its_own_and_sees_only_its_keys() -> None:
+    """Also: MQTT 3.x deliveries carry no metadata (they could not show it)."""
     broker, _, _ = make()
-    eu, eu_link = client(broker, "w-1")
+    eu, eu_link = client(broker, "w-1", "amqp")     # (3.x deliveries carry no metadata)
     join(broker, eu, "$queue/orders/eu/#")
     all_, all_link = client(broker, "w-2")
     join(broker, all_, "$queue/orders/#")
@@ -142,6 +143,7 @@ def test_a_filter_is_a_group_of_its_own_and_sees_only_its_keys() -> None:
     assert got(eu_link) == [("$queue/orders/eu/1", b"eu")]
     assert [p for _, p in got(all_link)] == [b"eu", b"us"]
     assert meta(last(eu_link))["group-id"] == "w@eu/#"
+    assert last(all_link).props is None
 
 
 def test_queue_messages_never_enter_the_trie_and_back() -> None:
@@ -380,13 +382,13 @@ def test_retention_bounds_drop_the_oldest() -> None:
     assert broker.queues.views()[0].depth == 0
 
 
-def test_publisher_ack_waits_for_the_commit_and_delivery_follows_it() -> None:
+def test_publisher_ack_waits_for_the_commit_and_qos2_delivery_follows_it() -> None:
     store = ManualStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1")
     join(broker, worker, "$queue/jobs/#")
     store.commit_all()
-    result = send(broker, "$queue/jobs/a")
+    result = send(broker, "$queue/jobs/a", qos=2)
     assert result.durable is not None and not result.durable.called
     assert got(link) == []                   # not before the append is durable
     store.commit_all()
@@ -394,10 +396,25 @@ def test_publisher_ack_waits_for_the_commit_and_delivery_follows_it() -> None:
     assert got(link) == [("$queue/jobs/a", b"x")]
 
 
+def test_qos1_goes_to_consumers_before_its_append_is_durable() -> None:
+    """As to subscribers: the publisher's PUBACK still waits for the commit."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    store.commit_all()                       # (the first dispatch watermark)
+    result = send(broker, "$queue/jobs/b", b"b")
+    assert result.durable is not None and not result.durable.called
+    assert got(link)[-1] == ("$queue/jobs/b", b"b")
+    store.commit_all()
+    assert result.durable.called
+
+
 def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
     store = MemoryStore()
     broker, _, _ = make(store)
-    worker, link = client(broker, "w-1")
+    worker, link = client(broker, "w-1", "amqp")
     join(broker, worker, "$queue/jobs/#")
     for i in range(3):
         send(broker, "$queue/jobs/t", b"%d" % i)
@@ -405,7 +422,7 @@ def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
     broker.acknowledged(worker, pids[1])             # out of order: 1 done, 0 and 2 not
     broker.stop()
     again, _, _ = make(store)
-    worker, link = client(again, "w-1")
+    worker, link = client(again, "w-1", "amqp")
     join(again, worker, "$queue/jobs/#")
     delivered = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
     assert delivered == [(b"0", "2"), (b"2", "2")]   # raised: they may have been seen
@@ -424,10 +441,14 @@ def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
     assert got(link) == []
     store.commit_all()                       # the watermark: now it goes out
     assert meta(last(link))["delivery-count"] == "1"
+    acked = {}
     for i in range(100):                     # a crash may come after any commit
-        send(broker, "$queue/jobs/t", b"%d" % i)
+        acked[b"%d" % i] = send(broker, "$queue/jobs/t", b"%d" % i).durable
         store.commit_next()
-    before = {m.payload for m, *_ in link.published()}
+    # (QoS 1 goes to consumers before its append is durable, as pub/sub does: one
+    # whose append was lost in the crash had no PUBACK, and its publisher resends)
+    before = {m.payload for m, *_ in link.published()
+              if m.payload == b"a" or acked[m.payload].called}
     assert len(before) > 64                  # (past the first stored watermark)
     store.pending.clear()                    # crash: what was not committed is lost
     again, _, _ = make(store, queue_prefetch=500)
@@ -508,3 +529,22 @@ def test_a_retention_change_that_frees_credit_delivers_at_once() -> None:
     broker.set_queue_retention("jobs", Retention(None, None, 3))
     assert [p for _, p in got(link)] == [b"0", b"1", b"2", b"3"]
     assert broker.queue_views()[0].groups[0].pending == 2
+
+
+def test_a_message_consumed_before_its_commit_is_acknowledged_at_once() -> None:
+    """As for persistent sessions: once every classic group has acknowledged it, the
+    publisher's PUBACK need not wait for the writer (the message is consumed)."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    store.commit_all()                       # (the first dispatch watermark)
+    result = send(broker, "$queue/jobs/b", b"b")
+    assert result.durable is not None and not result.durable.called
+    broker.acknowledged(worker, link.published()[-1][2])
+    assert result.durable.called             # before the commit
+    waiting = send(broker, "$queue/other/c")  # (no group: waits for its commit)
+    assert waiting.durable is not None and not waiting.durable.called
+    store.commit_all()
+    assert waiting.durable.called

@@ -748,3 +748,20 @@ def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
     store.close()
     assert reload(tmp_path).queues[0].groups["g"].done == (7,)
     assert reload(tmp_path).queues[0].groups["g"].floor == 6
+
+
+def test_a_queue_message_trimmed_in_its_own_commit_is_never_written(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Consumed before the writer got to it: the append and its trim cancel out (the
+    head still moves), as a session's put and delete do."""
+    from mqttamqp.core.persistence import PutQueue, PutQueueMessage, TrimQueue
+
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutQueue("jobs", (None, None, None)),
+                            PutQueueMessage("jobs", 0, msg("$queue/jobs/a")),
+                            PutQueueMessage("jobs", 1, msg("$queue/jobs/b")),
+                            TrimQueue("jobs", 1)])
+    assert store.stats()["coalesced_puts"] == 1
+    store.close()
+    jobs = reload(disk).queues[0]
+    assert jobs.head == 1 and [o for o, _ in jobs.messages] == [1]

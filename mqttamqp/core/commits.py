@@ -28,7 +28,7 @@ from mqttamqp.core.session import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",
-           "committed_or_acknowledged"]
+           "committed_or_acknowledged", "committed_or_early"]
 
 
 class CommitBatcher:
@@ -267,18 +267,11 @@ def fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> N
         entry.on_done = acknowledged
 
 
-def committed_or_acknowledged(
-        commit: Deferred[None], entries: list[OutEntry],
-        log_failure: Callable[[Failure, str], None]) -> Deferred[None]:
-    """Fires when ``commit`` does or when every entry has been acknowledged.
-
-    A PUBACK promises that the message is safe: stored for its persistent
-    subscribers, or already delivered to them.  When all of them acknowledge
-    before the writer thread commits, the promise holds without waiting (and
-    the writer skips the queue writes their deletes cancel).
-    """
+def committed_or_early(commit: Deferred[None],
+                       log_failure: Callable[[Failure, str], None]) -> Deferred[None]:
+    """A Deferred of the caller's own that ``commit`` fires (or fails) unless the
+    caller fired it first; a failure after that is logged."""
     result: Deferred[None] = Deferred()
-    fire_when_acknowledged(result, entries)
 
     def committed(_: object) -> None:
         if not result.called:
@@ -291,4 +284,19 @@ def committed_or_acknowledged(
             log_failure(failure, "storing messages that were already acknowledged")
 
     commit.addCallbacks(committed, failed)
+    return result
+
+
+def committed_or_acknowledged(
+        commit: Deferred[None], entries: list[OutEntry],
+        log_failure: Callable[[Failure, str], None]) -> Deferred[None]:
+    """Fires when ``commit`` does or when every entry has been acknowledged.
+
+    A PUBACK promises that the message is safe: stored for its persistent
+    subscribers, or already delivered to them.  When all of them acknowledge
+    before the writer thread commits, the promise holds without waiting (and
+    the writer skips the queue writes their deletes cancel).
+    """
+    result = committed_or_early(commit, log_failure)
+    fire_when_acknowledged(result, entries)
     return result

@@ -56,7 +56,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.commits import CommitBatcher, committed_or_early
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.persistence import (
@@ -96,8 +96,12 @@ UNSPECIFIED_ERROR = 0x80
 TOPIC_NAME_INVALID = 0x90
 QUOTA_EXCEEDED = 0x97
 
-# The dispatch watermark is stored this many offsets ahead of the deliveries.
-_WATERMARK_STEP = 64
+# The dispatch watermark is stored this many offsets ahead of the deliveries, and
+# again when they come within half of it.  Deliveries past the stored one wait for
+# its commit (an fsync), so a small step throttled the queue to a step per fsync;
+# a large one only means that after a crash up to that many messages never
+# delivered count a delivery (they may have been: at-least-once).
+_WATERMARK_STEP = 4096
 # A stream group's cursor is stored at most this often (seconds) when it moves.
 _CURSOR_EVERY = 5.0
 
@@ -323,6 +327,9 @@ class _Queue:
         self.acked = 0
         self.dead = 0
         self.expired = 0
+        # offset -> what its publisher waits for, while it may still fire early:
+        # every classic group done with it before its commit (``_trim``).
+        self.waiters: dict[int, Deferred[None]] = {}
 
     def oldest(self) -> Message | None:
         log = self.log
@@ -415,6 +422,10 @@ class QueueManager:
         self._memberships: dict[Session, list[tuple[_Group, _Member]]] = {}
         # Queues appended to since the last ``_commit``, with their next offset.
         self._appended_to: dict[_Queue, int] = {}
+        # Offsets finished (acknowledged, dead) not yet in a commit, per group.
+        self._unsaved: dict[_Group, list[int]] = {}
+        self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
+        self._flush_armed = False
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
         self.stopped = False
@@ -456,8 +467,15 @@ class QueueManager:
                 ) -> Deferred[None] | None:
         """Persist ``ops``; the queues appended to meanwhile dispatch their new
         messages once that commit is durable.  With ``background`` nobody waits."""
+        if self._unsaved:
+            ops = [*ops, *self._drain_done()]
         appended, self._appended_to = self._appended_to, {}
         d = self.commits.persist(ops)
+        if self._early:
+            early, self._early = self._early, []
+            for waiter in early:      # (consumed before stored: see ``publish``)
+                if not waiter.called:
+                    waiter.callback(None)
         if d is None:
             return None
         for queue, upto in appended.items():
@@ -466,6 +484,45 @@ class QueueManager:
             self.commits.watch(d, background)
             return None
         return d
+
+    def _drain_done(self) -> list[Op]:
+        """The offsets finished since the last commit, one ``QueueDone`` per group,
+        and the trims they allow (not an op per acknowledgement: with four
+        consumers acknowledging, those were most of the queue path's cost)."""
+        unsaved, self._unsaved = self._unsaved, {}
+        ops: list[Op] = []
+        queues: dict[str, _Queue] = {}
+        for group, offsets in unsaved.items():
+            queue = group.queue
+            if self.queues.get(queue.name) is not queue:
+                continue   # (deleted meanwhile)
+            ops.append(QueueDone(queue.name, group.key, tuple(offsets)))
+            queues[queue.name] = queue
+            waiters = queue.waiters
+            if waiters:
+                classic = [g for g in queue.groups.values() if g.mode == CLASSIC]
+                for offset in offsets:
+                    if offset in waiters and all(
+                            offset < g.floor or offset in g.done for g in classic):
+                        self._early.append(waiters.pop(offset))
+        for queue in queues.values():
+            self._trim(queue, ops)
+        return ops
+
+    def _flush_done(self) -> None:
+        self._flush_armed = False
+        if self._unsaved:
+            self._commit((), "recording queue acknowledgements")
+
+    def _flush_soon(self) -> None:
+        """Store what was finished at the end of the current batch (one socket
+        read), or now outside one."""
+        if self._flush_armed:
+            return
+        if self.commits.after_batch(self._flush_done):
+            self._flush_armed = True
+        else:
+            self._flush_done()
 
     # -- publishing ---------------------------------------------------------------
 
@@ -488,8 +545,27 @@ class QueueManager:
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
         if message.retain or message.dup:
             message = replace(message, retain=False, dup=False)
-        self._append(queue, message, ops)
-        return self._commit(ops), None
+        offset = self._append(queue, message, ops)
+        if message.qos < 2:
+            # (dispatched now, below: nothing to do when the commit comes)
+            self._appended_to.pop(queue, None)
+        d = self._commit(ops)
+        if d is not None and message.qos and any(
+                g.mode == CLASSIC for g in queue.groups.values()):
+            # As for persistent sessions: the acknowledgement promises the message is
+            # stored, or already consumed.  When every classic group is done with it
+            # before the writer commits, it need not wait (``_trim``).
+            if not self.commits.owned:
+                d = committed_or_early(d, self.commits.log_failure)
+            queue.waiters[offset] = d
+            d.addBoth(_forget_waiter, queue.waiters, offset)
+        if message.qos < 2 and queue.committed < queue.next_offset:
+            # QoS 0/1 goes to consumers at once, as to subscribers: were the commit
+            # lost, so would be the publisher's PUBACK, and its resend is a
+            # permitted duplicate.  QoS 2 waits for its commit (``_appended``).
+            queue.committed = queue.next_offset
+            self._pump_queue(queue)
+        return d, None
 
     def _append(self, queue: _Queue, message: Message, ops: list[Op]) -> int:
         offset = queue.next_offset
@@ -768,7 +844,7 @@ class QueueManager:
                 d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
                                errbackArgs=(group, mark))
                 self.commits.watch(d, "recording a queue's dispatch watermark")
-        elif ops:
+        elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
 
     def _not_stored(self, failure: Failure, group: _Group, mark: int) -> Failure:
@@ -832,8 +908,10 @@ class QueueManager:
             if count > 1:
                 group.redelivered += 1
                 self.stats.redelivered += 1
-        delivered = _with_metadata(message, queue.name, group.key, offset, count)
         session = member.session
+        # (MQTT 3.x clients get no properties: no metadata to build for them)
+        delivered = (_with_metadata(message, queue.name, group.key, offset, count)
+                     if session.protocol in _METADATA_PROTOCOLS else message)
         entry = session.deliver(delivered, member.qos, False)
         if entry is not None and entry.held:
             # (a persistent session holds its QoS 2 entries until their own commit;
@@ -877,8 +955,12 @@ class QueueManager:
         if offset >= group.floor:
             group.done.add(offset)
             group.advance_floor()
-        ops.append(QueueDone(group.queue.name, group.key, (offset,)))
-        self._trim(group.queue, ops)
+        # (stored by the next ``_commit``, whoever makes it: ``_drain_done``)
+        unsaved = self._unsaved.get(group)
+        if unsaved is None:
+            self._unsaved[group] = [offset]
+        else:
+            unsaved.append(offset)
 
     def _trim(self, queue: _Queue, ops: list[Op]) -> None:
         """Classic mode: a message leaves the log once every classic group is done
@@ -889,10 +971,15 @@ class QueueManager:
         upto = min(floors)
         if upto <= queue.first:
             return
+        waiters = queue.waiters
         for offset in range(queue.first, upto):
             message = queue.log.pop(offset, None)
             if message is not None:
                 queue.bytes -= len(message.payload)
+            if waiters:
+                waiter = waiters.pop(offset, None)
+                if waiter is not None:
+                    self._early.append(waiter)
         queue.first = upto
         ops.append(TrimQueue(queue.name, upto))
 
@@ -907,7 +994,7 @@ class QueueManager:
         group.acked += 1
         group.queue.acked += 1
         self.stats.acked += 1
-        self._commit(ops, "recording a queue acknowledgement")
+        self._flush_soon()
         self._pump(group)
 
     def after_stream_ack(self, group: _Group) -> None:
@@ -1306,6 +1393,9 @@ class QueueManager:
 
 _DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
                        "reason"))
+# The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
+# application properties; the console's tail shows it too).
+_METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "console", ""))
 _METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 
 
@@ -1319,11 +1409,26 @@ def _with_metadata(message: Message, queue: str, group: str, offset: int, count:
                    ) -> Message:
     """The delivery's copy: the seed's metadata as user properties (MQTT 5 sees them;
     AMQP gets them as application properties and ``message-id``; MQTT 3.x nothing)."""
-    props = message.props or MessageProperties()
-    users = (*_without_metadata(props.user_properties),
-             ("message-id", f"{queue}:{offset}"), ("group-id", group), ("queue", queue),
-             ("offset", str(offset)), ("delivery-count", str(count)))
-    return replace(message, props=replace(props, user_properties=users))
+    p = message.props
+    users: tuple[tuple[str, str], ...] = (
+        ("message-id", f"{queue}:{offset}"), ("group-id", group), ("queue", queue),
+        ("offset", str(offset)), ("delivery-count", str(count)))
+    m = message
+    # (built field by field: ``dataclasses.replace`` twice was 9 us a delivery)
+    if p is None:
+        props = MessageProperties(None, None, None, None, None, users)
+    else:
+        props = MessageProperties(p.payload_format, p.expiry_interval, p.content_type,
+                                  p.response_topic, p.correlation_data,
+                                  (*_without_metadata(p.user_properties), *users))
+    return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, m.dup,
+                   m.native, m.amqp_only, props)
+
+
+def _forget_waiter(result: object, waiters: dict[int, Deferred[None]], offset: int
+                   ) -> object:
+    waiters.pop(offset, None)
+    return result
 
 
 def _transport_ack(manager: QueueManager, group: _Group, offset: int, member: _Member

@@ -195,18 +195,34 @@ def _put_queued(t: _Trees, op: PutQueued) -> None:
 
 
 def _superseded_puts(group: list[_Waiter]) -> set[int]:
-    """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes.
+    """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes
+    (and of PutQueueMessage ops a later TrimQueue or DeleteQueue removes).
 
     A subscriber that acknowledges within one commit window makes the queue write
     pointless: skipping it (and keeping the delete, which may remove a record from
     an earlier commit) leaves the same state with far fewer bucket writes.
     """
     pending: dict[tuple[str, int], list[int]] = {}
+    # Durable queues likewise: a message consumed by every group before the commit
+    # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
+    appended: dict[str, list[tuple[int, int]]] = {}
     skip: set[int] = set()
     for ops, _ in group:
         for op in ops:
             kind = type(op)
-            if kind is PutQueued:
+            if kind is PutQueueMessage:
+                appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]
+                    (op.offset, id(op)))  # type: ignore[union-attr]
+            elif kind is TrimQueue:
+                appends = appended.get(op.queue)  # type: ignore[union-attr]
+                if appends:
+                    upto = op.upto  # type: ignore[union-attr]
+                    skip.update(i for o, i in appends if o < upto)
+                    appended[op.queue] = [  # type: ignore[union-attr]
+                        a for a in appends if a[0] >= upto]
+            elif kind is DeleteQueue:
+                skip.update(i for _, i in appended.pop(op.name, ()))  # type: ignore[union-attr]
+            elif kind is PutQueued:
                 pending.setdefault((op.client_id, op.seq), []).append(id(op))  # type: ignore[union-attr]
             elif kind is DeleteQueued:
                 puts = pending.pop((op.client_id, op.seq), None)  # type: ignore[union-attr]
