@@ -425,6 +425,7 @@ class QueueManager:
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
         self._unsaved: dict[_Group, list[int]] = {}
         self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
+        self._parsed: dict[str, QueueAddress | str] = {}   # publish topics, parsed
         self._flush_armed = False
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
@@ -531,7 +532,11 @@ class QueueManager:
         """Append ``message`` (topic ``$queue/<name>/...``) to its queue; the
         Deferred fires once the append is durable.  Acknowledgement topics are
         ``command``'s, not this."""
-        address = parse_queue_topic(message.topic)
+        address = self._parsed.get(message.topic)
+        if address is None:
+            if len(self._parsed) >= 4096:
+                self._parsed.clear()
+            address = self._parsed[message.topic] = parse_queue_topic(message.topic)
         if isinstance(address, str):
             return (self._commit(extra_ops),
                     self._refuse("topic", publisher, message.topic, address,
