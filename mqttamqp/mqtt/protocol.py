@@ -110,6 +110,7 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
+from mqttamqp.netio import send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -285,6 +286,11 @@ class MQTTProtocol(Protocol):
             self.transport.abortConnection()
             return
         self.factory.connections.add(self)
+        if type(self.transport) is TCPServer:
+            # Output is batched per socket read and sent at once (``_send``): without
+            # this, Nagle's algorithm holds a second small write until the peer's
+            # (possibly delayed) ACK.
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._connect_timer = self.clock.callLater(
             self.limits.connect_timeout, self._connect_timed_out)
@@ -646,21 +652,7 @@ class MQTTProtocol(Protocol):
             self._send(out[0] if len(out) == 1 else b"".join(out))
 
     def _send(self, data: bytes) -> None:
-        """``transport.write``, but to a plain TCP socket with nothing buffered the
-        bytes are sent at once: Twisted would register the socket for writing and
-        send on the next reactor turn (two epoll calls per write, a tenth of the
-        reactor in the queue bench, and a turn of latency).  What the socket does
-        not take is buffered by the transport as usual."""
-        t = self.transport
-        if (type(t) is TCPServer and t.connected and not t._tempDataLen
-                and t.offset >= len(t.dataBuffer) and not t.disconnecting
-                and not t._writeDisconnected):
-            sent = t.writeSomeData(data)
-            if isinstance(sent, int):
-                if sent >= len(data):
-                    return
-                data = data[sent:]
-        t.write(data)
+        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds)."""
