@@ -10,8 +10,8 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 
 - the first frame is the configuration (``Writer`` keyword arguments);
 - ``(STEP, now, messages, events, fault)``: records exactly as the reactor buffered
-  them (``Archive.message`` values in one flat list, ``MESSAGE_FIELDS`` per message;
-  ``Archive.event`` tuples), the broker's clock for roll
+  them (``Archive.message`` values in flat lists, ``MESSAGE_FIELDS`` per message,
+  oldest list first; ``Archive.event`` tuples), the broker's clock for roll
   times and retention; ``fault`` is ``None`` except in tests (the next append of that
   dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
@@ -87,11 +87,12 @@ class Writer:
         self._fault: str | None = None
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
-    def step(self, now: float, messages: list[Any],
+    def step(self, now: float, messages: list[list[Any]],
              events: list[tuple[Any, ...]], fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
-        batch = self._message_batch(messages)
+        records = messages[0] if len(messages) == 1 else [v for m in messages for v in m]
+        batch = self._message_batch(records)
         if batch is not None and batch.num_rows:
             self._write(MESSAGES, lambda segments: segments.append_batch(batch, now))
         rows = self._event_rows(events)
