@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from twisted.internet.task import Clock
 
+import mqttamqp.archive.archive as archive_module
 from mqttamqp.archive import (
     CAUSE_LOST,
     CONNECT,
@@ -32,7 +33,6 @@ from mqttamqp.archive import (
     TopicSelector,
     filter_matches,
 )
-import mqttamqp.archive.archive as archive_module
 from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
 from mqttamqp.archive.writer import WRITER_NICE
 
@@ -272,19 +272,26 @@ def test_records_added_while_the_thread_feeds_are_each_written_once_in_order(
         tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reactor side queues batches while the feeding thread takes from the batch
     being filled (and from batches it queued meanwhile): every record arrives once,
-    in order. Small batches make the two meet often."""
+    in order, with its own payload (some cut at the cap, some empty). Small batches
+    make the two meet often."""
     monkeypatch.setattr(archive_module, "_BATCH", 7)
-    a = Archive(str(tmp_path), clock, buffer_limit=1_000_000)
+    a = Archive(str(tmp_path), clock, buffer_limit=1_000_000, payload_bytes=8)
     a.start()
     count = 20_000
+
+    def payload(i: int) -> bytes:
+        return str(i).encode() * (i % 4)
+
     for i in range(count):
-        publish(a, T0, topic=str(i))
+        publish(a, T0, topic=str(i), payload=payload(i))
         if i % 1000 == 0:
             a._wake.set()  # meet the feeding thread in the middle of a batch
     a.close()
     assert a.stats()["dropped"] == 0 and a.stats()["lost"] == 0
-    topics = read(tmp_path).column("topic").to_pylist()
-    assert topics == [str(i) for i in range(count)]
+    table = read(tmp_path)
+    assert table.column("topic").to_pylist() == [str(i) for i in range(count)]
+    assert table.column("payload").to_pylist() == [payload(i)[:8] for i in range(count)]
+    assert table.column("payload_size").to_pylist() == [len(payload(i)) for i in range(count)]
 
 
 def test_a_slow_writer_process_never_blocks_the_reactor_side(tmp_path: Path,

@@ -3,10 +3,11 @@ written as Parquet by a process of its own, fed by a thread of this one.
 
 Three parts, one object:
 
-- the reactor side (``message``, ``event``, ``stats``) adds a message's values to
-  the end of one flat list, the batch being filled (an event's tuple to a
-  ``deque``), and returns. When the batch holds ``_BATCH`` messages it queues the
-  list whole and starts a new one (a swap: no value is copied); when the queue is
+- the reactor side (``message``, ``event``, ``stats``) adds a message's payload
+  (its first ``payload_bytes``) to the end of one ``bytearray`` and its other
+  values to the end of one flat list, the batch being filled (an event's tuple to
+  a ``deque``), and returns. When the batch holds ``_BATCH`` messages it queues the
+  pair whole and starts a new one (a swap: no value is copied); when the queue is
   at its bound the record is dropped and counted. It never blocks, never takes a
   lock, never touches a file and never waits for the writer;
 - the feeding thread sends the queued batches, as the reactor made them, to the
@@ -20,12 +21,13 @@ Three parts, one object:
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
   this process's GIL.
 
-``list.extend``, slicing and deleting a list's front, ``deque.append`` and ``popleft``
-are each atomic under the GIL, so the reactor and the feeding thread share no lock;
-the counters each side increments are its own. Only the reactor side appends and
-swaps batches; only the feeding thread removes values, from the front of a list,
-whether the reactor has queued that list meanwhile or not: every value is sent
-once, in order. The feeding thread reads the clock
+``list.extend``, ``bytearray`` ``+=``, slicing and deleting a list's or a bytearray's
+front, ``deque.append`` and ``popleft`` are each atomic under the GIL, so the reactor
+and the feeding thread share no lock; the counters each side increments are its
+own. Only the reactor side appends and swaps batches (a message's payload before
+its values, so whoever sees the values finds the payload); only the feeding thread
+removes, from the front of a batch, whether the reactor has queued that batch
+meanwhile or not: every record is sent once, in order. The feeding thread reads the clock
 it was given (a reactor or ``task.Clock``) and sends that time with every batch,
 for roll times and retention only; a record's time is the timestamp its caller
 passed.
@@ -56,7 +58,7 @@ from twisted.logger import Logger
 
 from mqttamqp.archive.files import remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
-from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_FIELDS
+from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
 from mqttamqp.archive.topics import TopicSelector
 from mqttamqp.events import EVENT_KINDS
 
@@ -114,18 +116,23 @@ class Archive:
             "roll_seconds": roll_seconds, "roll_bytes": roll_bytes,
             "retention_days": retention_days, "include": tuple(include),
             "exclude": tuple(exclude), "row_group_rows": row_group_rows}
-        # Messages are kept flat, MESSAGE_FIELDS values each, in one list: no tuple
+        # Messages are kept flat, MESSAGE_VALUES values each, in one list: no tuple
         # (a GC-tracked object) per message, hence fewer young collections on the
-        # reactor thread, and the writer slices columns out of it directly. Full
-        # lists are queued whole: the feeding thread then neither copies nor
-        # deletes their values (which touched every record's objects once more,
-        # on the GIL, long after the reactor had them in its cache).
-        self._messages: list[Any] = []              # the batch being filled
-        self._full: deque[list[Any]] = deque()      # full batches, oldest first
+        # reactor thread, and the writer slices columns out of it directly. Their
+        # payloads are copied into one bytearray while the reactor has them in its
+        # cache: the feeding thread never touches a payload object, and the
+        # reactor frees each one as it would without the archive. Full batches
+        # are queued whole: the feeding thread neither copies nor deletes their
+        # values (which touched every record's objects once more, on the GIL).
+        self._messages: list[Any] = []              # the batch being filled...
+        self._payloads = bytearray()                # ...and its payloads
+        # The same pair, for the feeding thread (one read, never half of a swap):
+        self._filling: tuple[list[Any], bytearray] = (self._messages, self._payloads)
+        self._full: deque[tuple[list[Any], bytearray]] = deque()  # oldest first
         self._events: deque[tuple[Any, ...]] = deque()
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
         self._batch = min(_BATCH, buffer_limit)     # messages per batch
-        self._rotate_at = self._batch * MESSAGE_FIELDS   # values; 0 once closing
+        self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
         # Counted on the reactor thread:
         self.dropped = 0
         # Written by the feeding thread only (each a whole new dict, read as it is):
@@ -167,8 +174,9 @@ class Archive:
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
-        """Record one routed message. Cheap: a length check and one ``extend`` (a
-        single call under the GIL: the feeding thread never sees half a record)."""
+        """Record one routed message. Cheap: a length check, a copy of the payload
+        and one ``extend`` (single calls under the GIL: the feeding thread never sees
+        half a record, and the payload comes first)."""
         buffer = self._messages
         if len(buffer) >= self._rotate_at:
             batch = self._rotate()
@@ -179,8 +187,10 @@ class Archive:
         size = len(payload)
         if size > self.payload_bytes:
             payload = payload[:self.payload_bytes]
-        buffer += (timestamp, topic, qos, retain, size, payload, publisher, user,
-                   protocol, deliveries, dropped)
+        payloads = self._payloads
+        payloads += payload
+        buffer += (timestamp, topic, qos, retain, size, publisher, user, protocol,
+                   deliveries, dropped)
 
     def _rotate(self) -> list[Any] | None:
         """The batch being filled is full: queue it and return a new, empty one; or
@@ -189,9 +199,10 @@ class Archive:
         full = self._full
         if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
             return None
+        filled = self._filling
         batch: list[Any] = []
-        full.append(self._messages)
-        self._messages = batch
+        self._messages, self._payloads = self._filling = (batch, bytearray())
+        full.append(filled)   # last: whoever finds it queued finds it no longer filled
         return batch
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
@@ -332,7 +343,7 @@ class Archive:
         now = self.clock.seconds()
         messages = self._take_messages()
         events = self._take(self._events)
-        self._inflight = sum(map(len, messages)) // MESSAGE_FIELDS + len(events)
+        self._inflight = sum(len(v) for v, _ in messages) // MESSAGE_VALUES + len(events)
         fault, self._fault = self._fault, None
         try:
             report = self._exchange((STEP, now, messages, events, fault))
@@ -358,29 +369,43 @@ class Archive:
         """Records in the buffers. (From the feeding thread it may count a batch
         queued meanwhile twice, never none.)"""
         filling = len(self._messages)
-        queued = sum(map(len, list(self._full)))   # list(): one call, atomic
-        return (filling + queued) // MESSAGE_FIELDS + len(self._events)
+        queued = sum(len(v) for v, _ in list(self._full))  # list(): one call, atomic
+        return (filling + queued) // MESSAGE_VALUES + len(self._events)
 
-    def _take_messages(self) -> list[list[Any]]:
+    def _take_messages(self) -> list[tuple[list[Any], bytearray]]:
         """The queued batches (up to about ``_FRAME`` messages), as they are; when
-        none is queued, the values the batch being filled holds so far. The reactor
-        side only adds whole records at the end of that list or queues it, so its
-        first ``n`` values stay as they are between the copy and the delete."""
+        none is queued, what the batch being filled holds so far. The reactor side
+        only adds whole records at the end of that pair (the payload first) or
+        queues it, so its first ``n`` values and their payloads' bytes stay as they
+        are between the copy and the delete."""
         full = self._full
-        taken: list[list[Any]] = []
+        taken: list[tuple[list[Any], bytearray]] = []
         values = 0
-        while full and values < _FRAME * MESSAGE_FIELDS:
+        while full and values < _FRAME * MESSAGE_VALUES:
             batch = full.popleft()   # only this thread removes: never empty here
-            if batch:
+            if batch[0]:
                 taken.append(batch)
-                values += len(batch)
+                values += len(batch[0])
         if not taken:
-            buffer = self._messages
+            buffer, payloads = self._filling
             n = len(buffer)
             if n:
-                taken.append(buffer[:n])
+                head = buffer[:n]
                 del buffer[:n]
+                stored = self._stored_bytes(head[SIZE_VALUE::MESSAGE_VALUES])
+                data = payloads[:stored]
+                del payloads[:stored]
+                taken.append((head, data))
         return taken
+
+    def _stored_bytes(self, sizes: list[int]) -> int:
+        """Bytes of payload kept for messages of these sizes (each capped)."""
+        cap = self.payload_bytes
+        if not cap:
+            return 0
+        if max(sizes) <= cap:
+            return sum(sizes)
+        return sum(size if size < cap else cap for size in sizes)
 
     @staticmethod
     def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -464,6 +489,7 @@ class Archive:
         left = self._waiting()
         if left:  # no writer would take them
             self._messages.clear()
+            self._payloads.clear()
             self._full.clear()
             self._events.clear()
             counts = dict(self._counts)
