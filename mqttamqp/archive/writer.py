@@ -75,7 +75,8 @@ class Writer:
         self.sets = {
             MESSAGES: SegmentSet(os.path.join(directory, MESSAGES), MESSAGE_SCHEMA,
                                  roll_seconds=roll_seconds, roll_bytes=roll_bytes,
-                                 row_group_rows=row_group_rows),
+                                 row_group_rows=row_group_rows,
+                                 plain=("timestamp", "payload")),
             EVENTS: SegmentSet(os.path.join(directory, EVENTS), EVENT_SCHEMA,
                                roll_seconds=roll_seconds, roll_bytes=roll_bytes,
                                row_group_rows=row_group_rows),
