@@ -3,7 +3,10 @@ the archive on (the default) and off (--no-archive), measured in the same run,
 alternating, with a fresh broker per run.  Prints JSON; the target is on/off ≥ 0.85.
 It also counts the messages each archive-on run left in its Parquet files: a run
 that kept up archived all of them (the broker drops and counts what its archive
-cannot take, so a fast run that had dropped would show here).
+cannot take, so a fast run that had dropped would show here), and gives the ratio
+over those complete runs alone too (``ratio_complete``): dropping is cheaper than
+archiving, so runs that dropped flatter ``ratio``. The load average before and
+after is in the JSON: the figures are only comparable on a quiet machine.
 
     python bench/archive_bench.py [--rounds 3] [--out FILE]
 
@@ -73,6 +76,7 @@ def main() -> int:
     cpu_on: list[float] = []
     cpu_off: list[float] = []
     archived: list[int] = []   # per run with the archive on: rows it holds afterwards
+    load_before = os.getloadavg()
     for i in range(max(1, args.rounds)):
         for archive in ((True, False) if i % 2 == 0 else (False, True)):
             with tempfile.TemporaryDirectory(prefix="archive-bench-") as directory:
@@ -86,6 +90,8 @@ def main() -> int:
                   f"broker {cpu} µs/msg"
                   + (f", {archived[-1]:,} messages archived" if archive else ""),
                   file=sys.stderr)
+    published = 200_000 // (10 if args.quick else 1)
+    complete = [v for v, n in zip(on, archived, strict=True) if n == published]
     result = {
         "scenario": "QoS 0, 1->1, 64 B (bench/run.py scenario 1), msg/s",
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -93,10 +99,15 @@ def main() -> int:
         "archive_on": on, "archive_off": off,
         # every message of every run with the archive on is in its Parquet files
         # (a run that dropped records would not count: drops are counted, not hidden)
-        "published_per_run": 200_000 // (10 if args.quick else 1),
+        "published_per_run": published,
         "archived_per_run": archived,
         "median_on": statistics.median(on), "median_off": statistics.median(off),
         "ratio": statistics.median(on) / statistics.median(off),
+        # the same over the archive-on runs that archived every message
+        "complete_runs": len(complete),
+        "ratio_complete": (statistics.median(complete) / statistics.median(off)
+                           if complete else None),
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         # the broker process's own CPU per message (not its writer process's)
         "broker_cpu_us_per_msg_on": cpu_on, "broker_cpu_us_per_msg_off": cpu_off,
         "median_cpu_on": statistics.median(cpu_on) if cpu_on else None,
