@@ -8,7 +8,11 @@ over those complete runs alone too (``ratio_complete``): dropping is cheaper tha
 archiving, so runs that dropped flatter ``ratio``. The load average before and
 after is in the JSON: the figures are only comparable on a quiet machine.
 
-    python bench/archive_bench.py [--rounds 3] [--out FILE]
+    python bench/archive_bench.py [--rounds 3] [--out FILE] [--baseline PATH]
+
+``--baseline PATH`` runs the code at PATH (another checkout, with its own
+``bench/run.py``) the same way in every round, interleaved with this one's runs:
+the only fair way to compare two versions on a machine whose speed drifts.
 
 Each round runs ``bench/run.py --broker mqttamqp --scenarios 1 --repeat 1`` once
 with and once without the archive (the order alternates between rounds), so both
@@ -28,6 +32,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 
 def archived_messages(directory: str) -> int:
@@ -40,11 +45,11 @@ def archived_messages(directory: str) -> int:
     return ds.dataset(path, format="parquet", partitioning="hive").count_rows()
 
 
-def one_run(archive: bool, quick: bool, archive_dir: str | None = None
-            ) -> tuple[float, float | None]:
+def one_run(archive: bool, quick: bool, archive_dir: str | None = None,
+            root: str = ROOT) -> tuple[float, float | None]:
     """msg/s and the broker process's own CPU µs per message (its archive writer
-    process not included) of one run."""
-    cmd = [sys.executable, os.path.join(HERE, "run.py"), "--broker", "mqttamqp",
+    process not included) of one run of the code at ``root``."""
+    cmd = [sys.executable, os.path.join(root, "bench", "run.py"), "--broker", "mqttamqp",
            "--scenarios", "1", "--repeat", "1"]
     if quick:
         cmd.append("--quick")
@@ -53,7 +58,8 @@ def one_run(archive: bool, quick: bool, archive_dir: str | None = None
     elif archive_dir is not None:  # kept, to count what was archived
         cmd.append(f"--mqttamqp-arg=--archive-dir={archive_dir}")
     for attempt in range(3):  # a run that fails (a port taken, a timeout) is run again
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root,
+                              env=dict(os.environ, PYTHONPATH=root))
         value = cpu = None
         if proc.returncode == 0:
             metrics = json.loads(proc.stdout)["scenarios"]["1"]["metrics"]
@@ -70,7 +76,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer messages per run")
     ap.add_argument("--out")
+    ap.add_argument("--baseline", help="also run the code at this path, interleaved")
     args = ap.parse_args()
+    base: dict[bool, list[float]] = {True: [], False: []}
+    base_cpu: dict[bool, list[float]] = {True: [], False: []}
+    base_archived: list[int] = []
     on: list[float] = []
     off: list[float] = []
     cpu_on: list[float] = []
@@ -90,6 +100,17 @@ def main() -> int:
                   f"broker {cpu} µs/msg"
                   + (f", {archived[-1]:,} messages archived" if archive else ""),
                   file=sys.stderr)
+            if args.baseline:
+                root = os.path.abspath(args.baseline)
+                with tempfile.TemporaryDirectory(prefix="archive-bench-") as directory:
+                    value, cpu = one_run(archive, args.quick, directory, root)
+                    if archive:
+                        base_archived.append(archived_messages(directory))
+                base[archive].append(value)
+                if cpu is not None:
+                    base_cpu[archive].append(cpu)
+                print(f"round {i + 1}: baseline archive {'on ' if archive else 'off'} "
+                      f"{value:,.0f} msg/s, broker {cpu} µs/msg", file=sys.stderr)
     published = 200_000 // (10 if args.quick else 1)
     complete = [v for v, n in zip(on, archived, strict=True) if n == published]
     result = {
@@ -114,6 +135,15 @@ def main() -> int:
         "median_cpu_off": statistics.median(cpu_off) if cpu_off else None,
         "target": ">= 0.85",
     }
+    if args.baseline:
+        result["baseline"] = {
+            "path": os.path.abspath(args.baseline),
+            "archive_on": base[True], "archive_off": base[False],
+            "archived_per_run": base_archived,
+            "ratio": statistics.median(base[True]) / statistics.median(base[False]),
+            "median_cpu_on": statistics.median(base_cpu[True]) if base_cpu[True] else None,
+            "median_cpu_off": statistics.median(base_cpu[False]) if base_cpu[False] else None,
+        }
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
