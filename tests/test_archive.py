@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from twisted.internet.task import Clock
 
+import mqttamqp.archive.archive as archive_module
 from mqttamqp.archive import (
     CAUSE_LOST,
     CONNECT,
@@ -235,6 +236,62 @@ def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
         "records": 12, "messages": 11, "events": 1, "dropped": 15, "segments": 2,
         "bytes": 0, "buffered": 0, "filtered": 0, "errors": 0, "lost": 0}
     assert len(read(tmp_path)) == 11
+
+
+def test_whole_batches_are_queued_within_the_bound_and_written_in_order(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full batches are queued whole (no copy); the queue and the batch being filled
+    together hold at most ``buffer_limit`` messages, the rest is dropped and counted,
+    and what was kept is written once each, in order."""
+    monkeypatch.setattr(archive_module, "_BATCH", 4)
+    a = Archive(str(tmp_path), clock, buffer_limit=20)
+    entered, release = threading.Event(), threading.Event()
+    real_exchange = a._exchange
+
+    def stalled_exchange(frame: Any, *args: Any) -> Any:
+        if frame[0] == "step" and frame[2]:  # the first frame with a message stalls
+            entered.set()
+            assert release.wait(30)
+        return real_exchange(frame, *args)
+
+    a._exchange = stalled_exchange  # type: ignore[method-assign]
+    a.start()
+    publish(a, T0, topic="t/0")
+    assert a.wait_until(entered.is_set)
+    for i in range(1, 31):
+        publish(a, T0, topic=f"t/{i}")
+    # 1 in flight, 4 queued batches of 4 and 4 in the batch being filled; 10 dropped
+    assert a.stats()["dropped"] == 10 and a.stats()["buffered"] == 21
+    release.set()
+    a.close()
+    assert read(tmp_path).column("topic").to_pylist() == [f"t/{i}" for i in range(21)]
+    assert a.stats()["messages"] == 21 and a.stats()["lost"] == 0
+
+
+def test_records_added_while_the_thread_feeds_are_each_written_once_in_order(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reactor side queues batches while the feeding thread takes from the batch
+    being filled (and from batches it queued meanwhile): every record arrives once,
+    in order, with its own payload (some cut at the cap, some empty). Small batches
+    make the two meet often."""
+    monkeypatch.setattr(archive_module, "_BATCH", 7)
+    a = Archive(str(tmp_path), clock, buffer_limit=1_000_000, payload_bytes=8)
+    a.start()
+    count = 20_000
+
+    def payload(i: int) -> bytes:
+        return str(i).encode() * (i % 4)
+
+    for i in range(count):
+        publish(a, T0, topic=str(i), payload=payload(i))
+        if i % 1000 == 0:
+            a._wake.set()  # meet the feeding thread in the middle of a batch
+    a.close()
+    assert a.stats()["dropped"] == 0 and a.stats()["lost"] == 0
+    table = read(tmp_path)
+    assert table.column("topic").to_pylist() == [str(i) for i in range(count)]
+    assert table.column("payload").to_pylist() == [payload(i)[:8] for i in range(count)]
+    assert table.column("payload_size").to_pylist() == [len(payload(i)) for i in range(count)]
 
 
 def test_a_slow_writer_process_never_blocks_the_reactor_side(tmp_path: Path,

@@ -3,22 +3,31 @@ written as Parquet by a process of its own, fed by a thread of this one.
 
 Three parts, one object:
 
-- the reactor side (``message``, ``event``, ``stats``) adds a message's values to
-  the end of one flat list (an event's tuple to a ``deque``) and returns; when the
-  buffer is full the record is dropped and counted. It never blocks, never touches
-  a file and never waits for the writer;
-- the feeding thread drains the buffers in batches and sends each batch, as the
-  reactor made it, to the writer process (``mqttamqp.archive.writer``) in one
-  pickled frame on its stdin, then waits for its answer (counters and log lines).
-  Pickling a batch is all the GIL time the archive costs besides the appends;
+- the reactor side (``message``, ``event``, ``stats``) adds a message's payload
+  (its first ``payload_bytes``) to the end of one ``bytearray`` and its other
+  values to the end of one flat list, the batch being filled (an event's tuple to
+  a ``deque``), and returns. When the batch holds ``_BATCH`` messages it queues the
+  pair whole and starts a new one (a swap: no value is copied); when the queue is
+  at its bound the record is dropped and counted. It never blocks, never takes a
+  lock, never touches a file and never waits for the writer;
+- the feeding thread sends the queued batches, as the reactor made them, to the
+  writer process (``mqttamqp.archive.writer``) in one pickled frame on its stdin,
+  then waits for its answer (counters and log lines). When no whole batch waits it
+  takes what the batch being filled holds (a copy and a delete of its front), so a
+  slow trickle is written too. Pickling is all the GIL time the archive costs
+  besides the appends;
 - the writer process filters topics (``include``/``exclude``), turns rows into
   Arrow record batches through ``SegmentSet``, rolls segments on time or size and
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
   this process's GIL.
 
-``list.extend``, slicing and deleting a list's front, ``deque.append`` and ``popleft``
-are each atomic under the GIL, so the reactor and the feeding thread share no lock;
-the counters each side increments are its own. The feeding thread reads the clock
+``list.extend``, ``bytearray`` ``+=``, slicing and deleting a list's or a bytearray's
+front, ``deque.append`` and ``popleft`` are each atomic under the GIL, so the reactor
+and the feeding thread share no lock; the counters each side increments are its
+own. Only the reactor side appends and swaps batches (a message's payload before
+its values, so whoever sees the values finds the payload); only the feeding thread
+removes, from the front of a batch, whether the reactor has queued that batch
+meanwhile or not: every record is sent once, in order. The feeding thread reads the clock
 it was given (a reactor or ``task.Clock``) and sends that time with every batch,
 for roll times and retention only; a record's time is the timestamp its caller
 passed.
@@ -49,7 +58,7 @@ from twisted.logger import Logger
 
 from mqttamqp.archive.files import remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
-from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_FIELDS
+from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
 from mqttamqp.archive.topics import TopicSelector
 from mqttamqp.events import EVENT_KINDS
 
@@ -62,7 +71,8 @@ log = Logger(namespace="mqttamqp.archive")
 DEFAULT_BUFFER_LIMIT = 65536
 DEFAULT_EXCLUDE = ("$SYS/#",)
 
-_BATCH = 16384            # records taken from a deque per frame
+_BATCH = 4096             # messages per batch the reactor side queues whole
+_FRAME = 16384            # at most about this many records of a dataset per frame
 _IDLE_WAIT = 0.25         # longest the feeding thread sleeps between looks at the deques
 _FLUSH_WAIT = 0.05        # how long a part batch waits for more records
 _RESPAWN_DELAY = 1.0      # seconds before a failed writer process is replaced
@@ -106,13 +116,23 @@ class Archive:
             "roll_seconds": roll_seconds, "roll_bytes": roll_bytes,
             "retention_days": retention_days, "include": tuple(include),
             "exclude": tuple(exclude), "row_group_rows": row_group_rows}
-        # Messages are kept flat, MESSAGE_FIELDS values each, in one list: no tuple
+        # Messages are kept flat, MESSAGE_VALUES values each, in one list: no tuple
         # (a GC-tracked object) per message, hence fewer young collections on the
-        # reactor thread, and the writer slices columns out of it directly.
-        self._messages: list[Any] = []
+        # reactor thread, and the writer slices columns out of it directly. Their
+        # payloads are copied into one bytearray while the reactor has them in its
+        # cache: the feeding thread never touches a payload object, and the
+        # reactor frees each one as it would without the archive. Full batches
+        # are queued whole: the feeding thread neither copies nor deletes their
+        # values (which touched every record's objects once more, on the GIL).
+        self._messages: list[Any] = []              # the batch being filled...
+        self._payloads = bytearray()                # ...and its payloads
+        # The same pair, for the feeding thread (one read, never half of a swap):
+        self._filling: tuple[list[Any], bytearray] = (self._messages, self._payloads)
+        self._full: deque[tuple[list[Any], bytearray]] = deque()  # oldest first
         self._events: deque[tuple[Any, ...]] = deque()
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
-        self._message_room = buffer_limit * MESSAGE_FIELDS   # the same, in values
+        self._batch = min(_BATCH, buffer_limit)     # messages per batch
+        self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
         # Counted on the reactor thread:
         self.dropped = 0
         # Written by the feeding thread only (each a whole new dict, read as it is):
@@ -154,17 +174,36 @@ class Archive:
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
-        """Record one routed message. Cheap: a length check and one ``extend`` (a
-        single call under the GIL: the feeding thread never sees half a record)."""
+        """Record one routed message. Cheap: a length check, a copy of the payload
+        and one ``extend`` (single calls under the GIL: the feeding thread never sees
+        half a record, and the payload comes first)."""
         buffer = self._messages
-        if len(buffer) >= self._message_room:
-            self.dropped += 1
-            return
+        if len(buffer) >= self._rotate_at:
+            batch = self._rotate()
+            if batch is None:
+                self.dropped += 1
+                return
+            buffer = batch
         size = len(payload)
         if size > self.payload_bytes:
             payload = payload[:self.payload_bytes]
-        buffer += (timestamp, topic, qos, retain, size, payload, publisher, user,
-                   protocol, deliveries, dropped)
+        payloads = self._payloads
+        payloads += payload
+        buffer += (timestamp, topic, qos, retain, size, publisher, user, protocol,
+                   deliveries, dropped)
+
+    def _rotate(self) -> list[Any] | None:
+        """The batch being filled is full: queue it and return a new, empty one; or
+        None (the record is dropped) while closing or when the queued batches and a
+        new one would hold more than ``buffer_limit`` messages. O(1), no lock."""
+        full = self._full
+        if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
+            return None
+        filled = self._filling
+        batch: list[Any] = []
+        self._messages, self._payloads = self._filling = (batch, bytearray())
+        full.append(filled)   # last: whoever finds it queued finds it no longer filled
+        return batch
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: object) -> None:
@@ -229,7 +268,7 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = self._message_room = 0
+        self._limit = self._rotate_at = 0
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -283,9 +322,9 @@ class Archive:
                 waiting = self._waiting()
                 if stopping and (not waiting or not progressed):
                     break
-                if waiting < _BATCH or not progressed:
-                    # Let a batch build up: one frame (one pickle, a write
-                    # and a GIL hand-over each way) per many records.
+                if not self._full or not progressed:
+                    # Let batches build up: one frame (one pickle, a write and a
+                    # GIL hand-over each way) per many records.
                     self._wake.wait(_FLUSH_WAIT if waiting and progressed else _IDLE_WAIT)
                     self._wake.clear()
         finally:
@@ -304,7 +343,7 @@ class Archive:
         now = self.clock.seconds()
         messages = self._take_messages()
         events = self._take(self._events)
-        self._inflight = len(messages) // MESSAGE_FIELDS + len(events)
+        self._inflight = sum(len(v) for v, _ in messages) // MESSAGE_VALUES + len(events)
         fault, self._fault = self._fault, None
         try:
             report = self._exchange((STEP, now, messages, events, fault))
@@ -327,23 +366,51 @@ class Archive:
         return read_frame(child.stdout.fileno(), timeout)
 
     def _waiting(self) -> int:
-        """Records in the buffers."""
-        return len(self._messages) // MESSAGE_FIELDS + len(self._events)
+        """Records in the buffers. (From the feeding thread it may count a batch
+        queued meanwhile twice, never none.)"""
+        filling = len(self._messages)
+        queued = sum(len(v) for v, _ in list(self._full))  # list(): one call, atomic
+        return (filling + queued) // MESSAGE_VALUES + len(self._events)
 
-    def _take_messages(self) -> list[Any]:
-        """Up to ``_BATCH`` messages off the front of the flat buffer. The reactor
-        thread only ever adds whole records at the end, so the first ``n`` values
-        stay as they are between the copy and the delete."""
-        buffer = self._messages
-        n = min(len(buffer), _BATCH * MESSAGE_FIELDS)
-        taken = buffer[:n]
-        del buffer[:n]
+    def _take_messages(self) -> list[tuple[list[Any], bytearray]]:
+        """The queued batches (up to about ``_FRAME`` messages), as they are; when
+        none is queued, what the batch being filled holds so far. The reactor side
+        only adds whole records at the end of that pair (the payload first) or
+        queues it, so its first ``n`` values and their payloads' bytes stay as they
+        are between the copy and the delete."""
+        full = self._full
+        taken: list[tuple[list[Any], bytearray]] = []
+        values = 0
+        while full and values < _FRAME * MESSAGE_VALUES:
+            batch = full.popleft()   # only this thread removes: never empty here
+            if batch[0]:
+                taken.append(batch)
+                values += len(batch[0])
+        if not taken:
+            buffer, payloads = self._filling
+            n = len(buffer)
+            if n:
+                head = buffer[:n]
+                del buffer[:n]
+                stored = self._stored_bytes(head[SIZE_VALUE::MESSAGE_VALUES])
+                data = payloads[:stored]
+                del payloads[:stored]
+                taken.append((head, data))
         return taken
+
+    def _stored_bytes(self, sizes: list[int]) -> int:
+        """Bytes of payload kept for messages of these sizes (each capped)."""
+        cap = self.payload_bytes
+        if not cap:
+            return 0
+        if max(sizes) <= cap:
+            return sum(sizes)
+        return sum(size if size < cap else cap for size in sizes)
 
     @staticmethod
     def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         pop = buffer.popleft
-        return [pop() for _ in range(min(len(buffer), _BATCH))]
+        return [pop() for _ in range(min(len(buffer), _FRAME))]
 
     def _apply(self, report: dict[str, Any]) -> None:
         for level, text in report["logs"]:
@@ -422,6 +489,8 @@ class Archive:
         left = self._waiting()
         if left:  # no writer would take them
             self._messages.clear()
+            self._payloads.clear()
+            self._full.clear()
             self._events.clear()
             counts = dict(self._counts)
             counts["lost"] += left

@@ -10,7 +10,8 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 
 - the first frame is the configuration (``Writer`` keyword arguments);
 - ``(STEP, now, messages, events, fault)``: records exactly as the reactor buffered
-  them (``Archive.message`` values in one flat list, ``MESSAGE_FIELDS`` per message;
+  them (``Archive.message`` values but the payload in flat lists, ``MESSAGE_VALUES``
+  per message, each list with the bytes of its payloads joined, oldest first;
   ``Archive.event`` tuples), the broker's clock for roll
   times and retention; ``fault`` is ``None`` except in tests (the next append of that
   dataset raises ``OSError``);
@@ -42,7 +43,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
-from mqttamqp.archive.names import MESSAGE_FIELDS
+from mqttamqp.archive.names import MESSAGE_VALUES
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
@@ -74,7 +75,8 @@ class Writer:
         self.sets = {
             MESSAGES: SegmentSet(os.path.join(directory, MESSAGES), MESSAGE_SCHEMA,
                                  roll_seconds=roll_seconds, roll_bytes=roll_bytes,
-                                 row_group_rows=row_group_rows),
+                                 row_group_rows=row_group_rows,
+                                 plain=("timestamp", "payload")),
             EVENTS: SegmentSet(os.path.join(directory, EVENTS), EVENT_SCHEMA,
                                roll_seconds=roll_seconds, roll_bytes=roll_bytes,
                                row_group_rows=row_group_rows),
@@ -87,11 +89,16 @@ class Writer:
         self._fault: str | None = None
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
-    def step(self, now: float, messages: list[Any],
+    def step(self, now: float, messages: list[tuple[list[Any], bytes]],
              events: list[tuple[Any, ...]], fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
-        batch = self._message_batch(messages)
+        if len(messages) == 1:
+            records, payloads = messages[0]
+        else:
+            records = [value for part, _ in messages for value in part]
+            payloads = b"".join(data for _, data in messages)
+        batch = self._message_batch(records, payloads)
         if batch is not None and batch.num_rows:
             self._write(MESSAGES, lambda segments: segments.append_batch(batch, now))
         rows = self._event_rows(events)
@@ -141,28 +148,30 @@ class Writer:
         self.lost += segments.abandon()
         self.errors += 1
 
-    def _message_batch(self, records: list[Any]) -> pa.RecordBatch | None:
-        """The records (``Archive.message`` values, ``MESSAGE_FIELDS`` per message,
-        in one flat list) as one record batch, column by column: each column is a
-        strided slice, and no Python object per row is made here."""
+    def _message_batch(self, records: list[Any], payloads: bytes) -> pa.RecordBatch | None:
+        """The records (``Archive.message`` values but the payload, ``MESSAGE_VALUES``
+        per message, in one flat list, and their capped payloads joined) as one
+        record batch, column by column: each column is a strided slice, the payloads
+        one buffer cut at offsets computed by Arrow; no Python object per row is
+        made here."""
         if not records:
             return None
-        if len(records) % MESSAGE_FIELDS:
+        if len(records) % MESSAGE_VALUES:
             raise ValueError(f"archive writer: {len(records)} message values are not "
-                             f"whole records of {MESSAGE_FIELDS}")
-        (seconds, topics, qos, retain, size, payload, publisher, user, protocol,
-         deliveries, dropped) = (records[i::MESSAGE_FIELDS] for i in range(MESSAGE_FIELDS))
+                             f"whole records of {MESSAGE_VALUES}")
+        (seconds, topics, qos, retain, size, publisher, user, protocol, deliveries,
+         dropped) = (records[i::MESSAGE_VALUES] for i in range(MESSAGE_VALUES))
         count = len(topics)
         wanted = self.selector.wanted
         unwanted = {topic for topic in set(topics) if not wanted(topic)}
         types = self._message_types
         micros = pc.round(pc.multiply(pa.array(seconds, pa.float64()), 1_000_000.0))
+        sizes = pa.array(size, types[4])
         columns = [
             micros.cast(pa.int64()).cast(types[0]),
             pa.array(topics, types[1]), pa.array(qos, types[2]),
-            pa.array(retain, types[3]), pa.array(size, types[4]),
-            (pa.array(payload, types[5]) if self.payload_bytes > 0
-             else pa.nulls(count, types[5])),
+            pa.array(retain, types[3]), sizes,
+            self._payload_column(sizes, payloads),
             pa.array(publisher, types[6]), pa.array(user, types[7]),
             pa.array(protocol, types[8]), pa.array(deliveries, types[9]),
             pa.array(dropped, types[10])]
@@ -171,6 +180,22 @@ class Writer:
             batch = batch.filter(pa.array([t not in unwanted for t in topics], pa.bool_()))
             self.filtered += count - batch.num_rows
         return batch
+
+    def _payload_column(self, sizes: pa.Array, payloads: bytes) -> pa.Array:
+        """The payload column: ``payloads`` cut after each message's
+        ``min(payload_size, payload_bytes)`` bytes (all null when payloads are off)."""
+        kind = MESSAGE_SCHEMA.field("payload").type
+        if self.payload_bytes <= 0:
+            return pa.nulls(len(sizes), kind)
+        kept = pc.min_element_wise(sizes, pa.scalar(self.payload_bytes, sizes.type))
+        ends = pc.cumulative_sum(kept)
+        total = ends[-1].as_py() if len(ends) else 0
+        if total != len(payloads):
+            raise ValueError(f"archive writer: {len(payloads)} bytes of payload for "
+                             f"messages that kept {total}")
+        offsets = pa.concat_arrays([pa.array([0], pa.int64()), ends]).cast(pa.int32())
+        return pa.Array.from_buffers(kind, len(sizes),
+                                     [None, offsets.buffers()[1], pa.py_buffer(payloads)])
 
     @staticmethod
     def _event_rows(records: Iterable[tuple[Any, ...]]
