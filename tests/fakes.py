@@ -125,7 +125,8 @@ class MemoryStore(NullStore):
                              sorted(r.queue), set(r.inbound_qos2), owner=r.owner,
                              expiry=r.expiry)
             for k, r in s.sessions.items()}, list(s.bans), [
-            p.QueueRecord(q.name, q.retention, q.head, sorted(q.messages), dict(q.groups))
+            p.QueueRecord(q.name, q.retention, q.head, sorted(q.messages),
+                          next_offset=q.next_offset, groups=dict(q.groups))
             for q in self.queues.values()])
 
     def _queue(self, name: str) -> p.QueueRecord:
@@ -185,6 +186,7 @@ class MemoryStore(NullStore):
             elif isinstance(op, p.DeleteQueueMessage):
                 q = self._queue(op.queue)
                 q.messages = [m for m in q.messages if m[0] != op.offset]
+                q.next_offset = max(q.next_offset, op.offset + 1)
             elif isinstance(op, p.TrimQueue):
                 q = self._queue(op.queue)
                 q.messages = [m for m in q.messages if m[0] >= op.upto]
@@ -195,7 +197,14 @@ class MemoryStore(NullStore):
                 done = set(old.done) if old is not None else set()
                 done.update(op.state.done)
                 floor = max(op.state.floor, old.floor if old is not None else 0)
-                q.groups[op.group] = _advanced(op.state, done, floor)
+                state = op.state
+                if old is not None:   # (watermark and counts only grow: as the store)
+                    counts = dict(old.counts)
+                    for o, c in state.counts:
+                        counts[o] = max(c, counts.get(o, 0))
+                    state = replace(state, watermark=max(state.watermark, old.watermark),
+                                    counts=tuple(sorted(counts.items())))
+                q.groups[op.group] = _advanced(state, done, floor)
             elif isinstance(op, p.QueueDone):
                 q = self._queue(op.queue)
                 old = q.groups.get(op.group)

@@ -132,3 +132,32 @@ def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     assert fired == ["b", "d"] and len(deadlines) == 1
     deadlines.cancel(a)
     assert clock.getDelayedCalls() == [] and len(deadlines) == 0
+
+
+def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> None:
+    """Review findings: one check that raised stopped every later keepalive, and
+    cancelled entries piled up until their (possibly distant) deadlines."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.connection import Deadlines
+
+    clock = Clock()
+    fired: list[str] = []
+
+    def fire(item: str) -> None:
+        if item == "bad":
+            raise RuntimeError("boom")
+        fired.append(item)
+
+    deadlines = Deadlines(clock, fire)
+    deadlines.add("bad", 1.0)
+    deadlines.add("good", 2.0)
+    clock.advance(1.0)
+    clock.advance(1.0)
+    assert fired == ["good"]
+    keep = deadlines.add("live", 1000.0)
+    for _ in range(1000):
+        deadlines.cancel(deadlines.add("churn", 900.0))
+    assert len(deadlines._heap) < 100 and len(deadlines) == 1
+    deadlines.cancel(keep)
+    assert clock.getDelayedCalls() == []

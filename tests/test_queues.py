@@ -548,3 +548,82 @@ def test_a_message_consumed_before_its_commit_is_acknowledged_at_once() -> None:
     assert waiting.durable is not None and not waiting.durable.called
     store.commit_all()
     assert waiting.durable.called
+
+
+# -- review findings (session 6) --------------------------------------------------------
+
+
+def test_a_rejected_message_never_acknowledges_its_publisher_early() -> None:
+    """Dead-lettered is not consumed: the publisher's PUBACK waits for the commits
+    (the dead letter's included), or a crash would lose a PUBACKed message."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    store.commit_all()
+    ack(broker, worker, last(link))
+    store.commit_all()
+    result = send(broker, "$queue/jobs/b", b"b")
+    ack(broker, worker, last(link), "$reject", reason="no")
+    assert result.durable is not None and not result.durable.called
+    store.commit_all()
+    assert result.durable.called
+
+
+def test_stream_readers_hold_what_they_have_not_read() -> None:
+    """A classic group's acknowledgements do not trim messages a stream group has
+    still to read (every group, as the issue says)."""
+    broker, _, _ = make(queue_prefetch=1)
+    reader, rlink = client(broker, "s-1", "mqtt5")
+    join(broker, reader, "$queue/jobs/#", consumer=Consumer(group="s", mode="stream"))
+    worker, _ = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#", qos=0)      # consumes on send
+    for i in range(4):
+        send(broker, "$queue/jobs/t", b"%d" % i)
+    assert [m.payload for m in broker.queues.browse("jobs")] == [b"1", b"2", b"3"]
+    broker.acknowledged(reader, rlink.published()[-1][2])
+    assert [p for _, p in got(rlink)] == [b"0", b"1"]
+
+
+def test_a_stream_commit_beyond_what_was_read_is_refused() -> None:
+    broker, _, _ = make()
+    send(broker, "$queue/log/t")
+    reader, link = client(broker, "s-1", "mqtt5")
+    join(broker, reader, "$queue/log/#", consumer=Consumer(group="s", mode="stream"))
+    bad = broker.publish(Message("$queue/log/$ack", b"", 1, False, "s-1", 0.0,
+                                 props=MessageProperties(user_properties=(
+                                     ("message-id", "log:99999"), ("group-id", "s")))),
+                         Identity("s-1", None, "mqtt5"))
+    assert bad.refusal is not None and "not one group" in bad.refusal.reason
+    assert ack(broker, reader, last(link)).refusal is None
+
+
+def test_dead_letter_offsets_are_not_given_out_again_after_a_restart() -> None:
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    ack(broker, worker, last(link), "$reject", reason="no")
+    assert broker.queues.requeue("$dlq/jobs")[0] == 1    # the DLQ is empty again
+    broker.stop()
+    again, _, _ = make(store)
+    worker, link = client(again, "w-1", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    ack(again, worker, last(link), "$reject", reason="still no")
+    assert [m.offset for m in again.queues.browse("$dlq/jobs")] == [1]
+
+
+def test_deleting_a_queue_hands_nothing_round_its_departing_members() -> None:
+    broker, _, _ = make()
+    links = []
+    for cid in ("w-1", "w-2"):
+        session, link = client(broker, cid)
+        join(broker, session, "$queue/jobs/#")
+        links.append(link)
+    send(broker, "$queue/jobs/a")
+    before = [len(link.published()) for link in links]
+    broker.queues.delete("jobs")
+    assert [len(link.published()) for link in links] == before
+    assert broker.queues.views() == []

@@ -765,3 +765,20 @@ def test_a_queue_message_trimmed_in_its_own_commit_is_never_written(
     store.close()
     jobs = reload(disk).queues[0]
     assert jobs.head == 1 and [o for o, _ in jobs.messages] == [1]
+
+
+def test_an_older_group_snapshot_never_lowers_the_stored_watermark(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Review finding: a subscribe's snapshot committed after the pump's newer one
+    put the dispatch watermark back (and a crash then under-counted deliveries)."""
+    from mqttamqp.core.persistence import PutQueue, PutQueueGroup, QueueGroupRecord
+
+    old = QueueGroupRecord("g", "#", "classic", 0, 0, (), ((1, 2),), (), 0)
+    new = QueueGroupRecord("g", "#", "classic", 0, 4096, (), ((1, 3),), (), 0)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutQueue("jobs", (None, None, None)),
+                            PutQueueGroup("jobs", "g", new)])
+    commit(reactor, store, [PutQueueGroup("jobs", "g", old)])
+    store.close()
+    group = reload(disk).queues[0].groups["g"]
+    assert group.watermark == 4096 and group.counts == ((1, 3),)

@@ -309,3 +309,15 @@ def test_trie_matches_are_remembered_until_the_next_change() -> None:
     for i in range(topics.MATCH_CACHE_SIZE + 10):    # bounded: it starts again
         trie.match(f"a/{i}")
     assert len(trie._cache) <= topics.MATCH_CACHE_SIZE
+
+
+def test_trie_does_not_remember_a_large_fan_out() -> None:
+    """Review finding: 4096 remembered topics each matching thousands of subscribers
+    could hold hundreds of MB; such results are walked each time instead."""
+    from mqttamqp.core import topics
+
+    trie: topics.SubscriptionTrie[int] = topics.SubscriptionTrie()
+    for i in range(topics.MATCH_CACHE_LARGEST + 1):
+        trie.add("#", i, 0)
+    assert len(trie.match("a/b")) == topics.MATCH_CACHE_LARGEST + 1
+    assert trie._cache == {}

@@ -258,6 +258,7 @@ class QueueRecord:
     retention: tuple[float | None, int | None, int | None] | None = None
     head: int = 0
     messages: list[tuple[int, Message]] = field(default_factory=list)  # ascending offset
+    next_offset: int = 0   # at least this (messages deleted at the end leave no trace)
     groups: dict[str, QueueGroupRecord] = field(default_factory=dict)
 
 

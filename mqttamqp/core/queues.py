@@ -102,6 +102,8 @@ QUOTA_EXCEEDED = 0x97
 # a large one only means that after a crash up to that many messages never
 # delivered count a delivery (they may have been: at-least-once).
 _WATERMARK_STEP = 4096
+# Consumer groups one queue may have (each is stored, and holds the log).
+MAX_GROUPS_PER_QUEUE = 256
 # A stream group's cursor is stored at most this often (seconds) when it moves.
 _CURSOR_EVERY = 5.0
 
@@ -616,6 +618,7 @@ class QueueManager:
 
     def _forget(self, queue: _Queue, offset: int) -> None:
         message = queue.log.pop(offset, None)
+        queue.waiters.pop(offset, None)   # (dropped, not consumed: never early)
         if message is None:
             return
         queue.bytes -= len(message.payload)
@@ -664,6 +667,11 @@ class QueueManager:
         name = group or default_group(session.client_id)
         key = name if address.rest == "#" else f"{name}@{address.rest}"
         g = queue.groups.get(key)
+        if g is None and len(queue.groups) >= MAX_GROUPS_PER_QUEUE:
+            return self._refuse("groups", who, topic_filter,
+                                f"queue {queue.name!r} has {MAX_GROUPS_PER_QUEUE} consumer "
+                                "groups already (the console deletes old ones)",
+                                QUOTA_EXCEEDED), ops
         if g is None:
             g = _Group(queue, name, address.rest, mode)
             queue.groups[key] = g
@@ -970,10 +978,13 @@ class QueueManager:
     def _trim(self, queue: _Queue, ops: list[Op]) -> None:
         """Classic mode: a message leaves the log once every classic group is done
         with it (stream groups do not hold messages: retention ends them)."""
-        floors = [g.floor for g in queue.groups.values() if g.mode == CLASSIC]
+        groups = queue.groups.values()
+        floors = [g.floor for g in groups if g.mode == CLASSIC]
         if not floors:
             return
-        upto = min(floors)
+        # (a stream group's cursor holds what it has not read yet too)
+        upto = min(min(floors), min((g.next for g in groups if g.mode == STREAM),
+                                    default=floors[0]))
         if upto <= queue.first:
             return
         waiters = queue.waiters
@@ -1055,6 +1066,11 @@ class QueueManager:
         group, offset = found
         ops: list[Op] = []
         if group.mode == STREAM:
+            if not group.queue.first <= offset < group.next:
+                return None, self._refuse(
+                    "ack", session.client_id, topic,
+                    f"offset {offset} is not one group {group.key!r} has read "
+                    f"({group.queue.first} to {group.next - 1})")
             if address.action == ACK:           # an explicit cursor commit
                 group.cursor_saved = offset + 1
                 group.cursor_saved_at = self.clock.seconds()
@@ -1133,6 +1149,9 @@ class QueueManager:
         queue = group.queue
         message = queue.log.get(offset)
         count = group.counts.get(offset, 0)
+        # Not consumed: its publisher waits for the commits (the dead letter's too,
+        # which is in the same or a later one), never early.
+        queue.waiters.pop(offset, None)
         self._done(group, offset, ops)
         if message is None:
             return
@@ -1237,6 +1256,7 @@ class QueueManager:
             retention = (Retention(*rec.retention) if rec.retention is not None
                          else self.default_retention(rec.name))
             queue = _Queue(rec.name, retention, rec.head)
+            queue.next_offset = max(queue.next_offset, rec.next_offset)
             for offset, message in rec.messages:
                 queue.log[offset] = message
                 queue.bytes += len(message.payload)
@@ -1252,7 +1272,8 @@ class QueueManager:
                 group.advance_floor()
                 group.stored_members = dict(g.members)
                 if g.mode == STREAM:
-                    group.next = group.cursor_saved = max(g.cursor, queue.first)
+                    group.next = group.cursor_saved = min(max(g.cursor, queue.first),
+                                                          queue.next_offset)
                 else:
                     group.watermark = group.safe = g.watermark
                     group.next = group.floor
@@ -1332,9 +1353,24 @@ class QueueManager:
         if queue is None:
             return None
         for group in queue.groups.values():
-            for member in list(group.members):
-                self._leave(member.session, group)
+            self._disband(group)
         return self.commits.persist([DeleteQueue(name)])
+
+    def _disband(self, group: _Group) -> None:
+        """Every member leaves ``group``, which is going away: what it has pending is
+        taken back and given to nobody (not handed round the departing members)."""
+        for member in group.members:
+            memberships = self._memberships.get(member.session)
+            if memberships:
+                memberships[:] = [(g, m) for g, m in memberships if g is not group]
+                if not memberships:
+                    del self._memberships[member.session]
+        for pending in group.pending.values():
+            if pending.entry is not None:
+                pending.entry.on_done = None
+                pending.member.session.take_back(pending.entry)
+        group.pending.clear()
+        group.members.clear()
 
     def requeue(self, dlq_name: str, offset: int | None = None
                 ) -> tuple[int, Deferred[None] | None]:
@@ -1388,8 +1424,7 @@ class QueueManager:
         group = queue.groups.get(key) if queue is not None else None
         if queue is None or group is None:
             return None
-        for member in list(group.members):
-            self._leave(member.session, group)
+        self._disband(group)
         del queue.groups[key]
         ops: list[Op] = [DeleteQueueGroup(name, key)]
         self._trim(queue, ops)
@@ -1446,6 +1481,7 @@ def _transport_ack(manager: QueueManager, group: _Group, offset: int, member: _M
 def _stream_done(manager: QueueManager, group: _Group, member: _Member
                  ) -> Callable[[], None]:
     def done() -> None:
-        member.outstanding -= 1
+        # (a reconnect gave the credit back already: ``_give_back``)
+        member.outstanding = max(0, member.outstanding - 1)
         manager.after_stream_ack(group)
     return done

@@ -108,6 +108,9 @@ class _Node(Generic[K]):
 
 # Topics whose matches a trie remembers (then it forgets them all and starts again).
 MATCH_CACHE_SIZE = 4096
+# Results with more subscribers than this are not remembered (bounds the memory to
+# MATCH_CACHE_SIZE x this; walking is cheap next to delivering to that many).
+MATCH_CACHE_LARGEST = 64
 
 
 class SubscriptionTrie(Generic[K]):
@@ -172,9 +175,11 @@ class SubscriptionTrie(Generic[K]):
         result = cache.get(topic)
         if result is not None:
             return result
-        if len(cache) >= MATCH_CACHE_SIZE:
-            cache.clear()
-        result = cache[topic] = self._walk(topic)
+        result = self._walk(topic)
+        if len(result) <= MATCH_CACHE_LARGEST:   # (a big fan-out gains little from it)
+            if len(cache) >= MATCH_CACHE_SIZE:
+                cache.clear()
+            cache[topic] = result
         return result
 
     def _walk(self, topic: str) -> dict[K, int]:

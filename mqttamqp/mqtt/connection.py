@@ -29,6 +29,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from twisted.logger import Logger
+
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.topics import topic_size_problem, validate_topic_filter
@@ -148,6 +150,9 @@ class Keepalive:
                 f"limit {self.limit:g}s)")
 
 
+_log = Logger(namespace="mqttamqp.mqtt")
+
+
 class Deadlines:
     """Many connections' deadlines (keepalive checks) on one reactor timer.
 
@@ -187,6 +192,11 @@ class Deadlines:
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
             self._timer = None
+        elif len(self._heap) > 2 * self._live + 64:
+            # (cancelled entries would stay until their time: connection churn with
+            # long keepalives grew the heap without bound)
+            self._heap = [e for e in self._heap if e[2] is not None]
+            heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return self._live
@@ -199,20 +209,25 @@ class Deadlines:
 
     def _run(self) -> None:
         self._timer = None
-        heap = self._heap
         now = self._clock.seconds()
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            item = entry[2]
-            if item is None:
-                continue
-            entry[2] = None
-            self._live -= 1
-            self._fire(item)
-        while heap and heap[0][2] is None:   # (cancelled ones at the head)
-            heapq.heappop(heap)
-        if heap and self._timer is None:
-            self._arm()
+        try:
+            while self._heap and self._heap[0][0] <= now:
+                entry = heapq.heappop(self._heap)
+                item = entry[2]
+                if item is None:
+                    continue
+                entry[2] = None
+                self._live -= 1
+                try:
+                    self._fire(item)
+                except Exception:   # one connection's failure must not stop the others
+                    _log.failure("keepalive check of {item!r} failed", item=item)
+        finally:
+            heap = self._heap
+            while heap and heap[0][2] is None:   # (cancelled ones at the head)
+                heapq.heappop(heap)
+            if heap and self._timer is None:
+                self._arm()
 
 
 class AckQueue:

@@ -970,13 +970,22 @@ class MQTTProtocol(Protocol):
                 self._last_activity = self.clock.seconds()
                 self.transport.resumeProducing()
                 if self.decoder.buffered and not self._in_process:
-                    # (the packets held back when reading stopped: see ``_process``)
-                    broker = self.broker
-                    broker.begin_batch()
-                    try:
-                        self._process()
-                    finally:
-                        broker.end_batch()
+                    # The packets held back when reading stopped (see ``_process``):
+                    # after the batch that resumed us (another connection's PUBACK,
+                    # say), not nested inside it.
+                    if not self.broker.after_batch(self._process_held):
+                        self._process_held()
+
+    def _process_held(self) -> None:
+        if (self._reading_paused_for or self._in_process
+                or self.state is ConnectionState.CLOSED):
+            return   # (paused again meanwhile: the next resume comes back here)
+        broker = self.broker
+        broker.begin_batch()
+        try:
+            self._process()
+        finally:
+            broker.end_batch()
 
     def _drained(self) -> None:
         self._resume_reading("congestion")

@@ -151,6 +151,7 @@ class PersistentQueue(Persistent):  # type: ignore[misc]
     name: str
     retention: Any = None
     head: int = 0
+    tail: int = 0      # above every offset deleted one by one (DeleteQueueMessage)
     log: Any
     groups: Any
     done: Any
@@ -312,6 +313,7 @@ def queue_to_record(q: PersistentQueue) -> QueueRecord:
         name=q.name,
         retention=None if q.retention is None else tuple(q.retention),
         head=int(q.head),
+        next_offset=int(q.tail),
         messages=[(int(o), record_to_message(r)) for o, r in q.log.items()],
         groups={str(k): record_to_group(r, q.done.get(k, ())) for k, r in q.groups.items()},
     )

@@ -289,6 +289,8 @@ def _delete_queue_message(t: _Trees, op: DeleteQueueMessage) -> None:
     queue = t.queues.get(op.queue)
     if queue is not None:
         queue.log.pop(int(op.offset), None)
+        if op.offset >= queue.tail:   # (its offset is never given out again)
+            queue.tail = int(op.offset) + 1
 
 
 def _trim_queue(t: _Trees, op: TrimQueue) -> None:
@@ -331,6 +333,14 @@ def _put_queue_group(t: _Trees, op: PutQueueGroup) -> None:
     queue = _queue_for_put(t, op.queue)
     record = group_to_record(op.state)
     old = queue.groups.get(op.group)
+    if old is not None:
+        # A snapshot taken before a later one may be committed after it: the
+        # dispatch watermark and the delivery counts only ever grow.
+        counts = dict(old[6])
+        for offset, count in record[6]:
+            counts[offset] = max(count, counts.get(offset, 0))
+        record = (*record[:4], max(record[4], old[4]), record[5],
+                  tuple(sorted(counts.items())), *record[7:])
     done = _done_set(queue, op.group)
     done.update(int(o) for o in op.state.done)
     queue.groups[op.group] = advance_floor(
