@@ -396,14 +396,21 @@ def test_publisher_ack_waits_for_the_commit_and_qos2_delivery_follows_it() -> No
     assert got(link) == [("$queue/jobs/a", b"x")]
 
 
-def test_qos1_goes_to_consumers_before_its_append_is_durable() -> None:
-    """As to subscribers: the publisher's PUBACK still waits for the commit."""
-    store = ManualStore()
+def flowing(store: ManualStore) -> tuple[Broker, Session, FakeLink]:
+    """A broker on ``store`` with one 3.1.1 member of jobs, past its first stored
+    dispatch watermark (deliveries no longer wait for a commit)."""
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1")
     join(broker, worker, "$queue/jobs/#")
     send(broker, "$queue/jobs/a")
-    store.commit_all()                       # (the first dispatch watermark)
+    store.commit_all()
+    return broker, worker, link
+
+
+def test_qos1_goes_to_consumers_before_its_append_is_durable() -> None:
+    """As to subscribers: the publisher's PUBACK still waits for the commit."""
+    store = ManualStore()
+    broker, _, link = flowing(store)
     result = send(broker, "$queue/jobs/b", b"b")
     assert result.durable is not None and not result.durable.called
     assert got(link)[-1] == ("$queue/jobs/b", b"b")
@@ -535,11 +542,7 @@ def test_a_message_consumed_before_its_commit_is_acknowledged_at_once() -> None:
     """As for persistent sessions: once every classic group has acknowledged it, the
     publisher's PUBACK need not wait for the writer (the message is consumed)."""
     store = ManualStore()
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1")
-    join(broker, worker, "$queue/jobs/#")
-    send(broker, "$queue/jobs/a")
-    store.commit_all()                       # (the first dispatch watermark)
+    broker, worker, link = flowing(store)
     result = send(broker, "$queue/jobs/b", b"b")
     assert result.durable is not None and not result.durable.called
     broker.acknowledged(worker, link.published()[-1][2])

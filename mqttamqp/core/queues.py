@@ -48,7 +48,7 @@ from __future__ import annotations
 import fnmatch
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from twisted.internet.defer import Deferred
@@ -399,7 +399,6 @@ class QueueStats:
     redelivered: int = 0
     expired: int = 0
     refused: int = 0
-    by_queue: dict[str, int] = field(default_factory=dict)
 
 
 class QueueManager:

@@ -302,6 +302,10 @@ class MQTTProtocol(Protocol):
         self.broker.stats.bytes_received += len(data)
         self.bytes_in += len(data)
         self.decoder.feed(data)
+        self._process_batch()
+
+    def _process_batch(self) -> None:
+        """``_process`` as one batch: what it causes is committed and written once."""
         broker = self.broker
         broker.begin_batch()
         try:
@@ -980,12 +984,7 @@ class MQTTProtocol(Protocol):
         if (self._reading_paused_for or self._in_process
                 or self.state is ConnectionState.CLOSED):
             return   # (paused again meanwhile: the next resume comes back here)
-        broker = self.broker
-        broker.begin_batch()
-        try:
-            self._process()
-        finally:
-            broker.end_batch()
+        self._process_batch()
 
     def _drained(self) -> None:
         self._resume_reading("congestion")
