@@ -669,7 +669,7 @@ class QueueManager:
         if g is None and len(queue.groups) >= MAX_GROUPS_PER_QUEUE:
             return self._refuse("groups", who, topic_filter,
                                 f"queue {queue.name!r} has {MAX_GROUPS_PER_QUEUE} consumer "
-                                "groups already (the console deletes old ones)",
+                                "groups already",
                                 QUOTA_EXCEEDED), ops
         if g is None:
             g = _Group(queue, name, address.rest, mode)
