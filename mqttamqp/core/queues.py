@@ -563,8 +563,7 @@ class QueueManager:
             # before the writer commits, it need not wait (``_trim``).
             if not self.commits.owned:
                 d = committed_or_early(d, self.commits.log_failure)
-            queue.waiters[offset] = d
-            d.addBoth(_forget_waiter, queue.waiters, offset)
+            queue.waiters[offset] = d   # (until trimmed or forgotten: ``_trim``)
         if message.qos < 2 and queue.committed < queue.next_offset:
             # QoS 0/1 goes to consumers at once, as to subscribers: were the commit
             # lost, so would be the publisher's PUBACK, and its resend is a
@@ -830,9 +829,9 @@ class QueueManager:
 
     def _pump(self, group: _Group) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
-        if not group.members:
-            return
         queue = group.queue
+        if not group.members or (not group.ready and group.next >= queue.committed):
+            return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
         while True:
@@ -1462,12 +1461,6 @@ def _with_metadata(message: Message, queue: str, group: str, offset: int, count:
                                   (*_without_metadata(p.user_properties), *users))
     return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, m.dup,
                    m.native, m.amqp_only, props)
-
-
-def _forget_waiter(result: object, waiters: dict[int, Deferred[None]], offset: int
-                   ) -> object:
-    waiters.pop(offset, None)
-    return result
 
 
 def _transport_ack(manager: QueueManager, group: _Group, offset: int, member: _Member
