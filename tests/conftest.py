@@ -143,3 +143,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     if defs and name in item.fixturenames]
         if any(_starts_processes(obj, seen) for obj in [item.function, *fixtures]):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def audit() -> Iterator[list[dict[str, Any]]]:
+    """The console's audit log lines (namespace mqttamqp.console.audit) while the
+    test runs."""
+    from twisted.logger import globalLogPublisher
+
+    events: list[dict[str, Any]] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if event.get("log_namespace") == "mqttamqp.console.audit":
+            events.append(event)
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)

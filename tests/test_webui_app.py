@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import webui_support
-from twisted.logger import globalLogPublisher
 from webui_support import (
     PASSWORD,
     Client,
@@ -49,17 +48,6 @@ def logged_in(env: Any) -> Any:
     assert client.login().code == 303
     return env
 
-
-@pytest.fixture
-def audit() -> Any:
-    events: list[dict[str, Any]] = []
-
-    def observer(event: dict[str, Any]) -> None:
-        if event.get("log_namespace") == "mqttamqp.console.audit":
-            events.append(event)
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
 
 
 def _audit_text(events: list[dict[str, Any]]) -> str:

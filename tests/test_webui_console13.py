@@ -26,18 +26,6 @@ def env(tmp_path: Any) -> Any:
     return console, service.broker, clock, client
 
 
-@pytest.fixture
-def audit() -> Any:
-    from twisted.logger import globalLogPublisher
-    events: list[dict[str, Any]] = []
-
-    def observer(event: dict[str, Any]) -> None:
-        if event.get("log_namespace") == "mqttamqp.console.audit":
-            events.append(event)
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
-
 
 def _field(html: str, name: str) -> str:
     m = re.search(rf'<input name="{name}"[^>]* value="([^"]*)"', html)

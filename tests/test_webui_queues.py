@@ -27,18 +27,6 @@ def env(tmp_path: Any) -> Any:
     return console, service, clock, client
 
 
-@pytest.fixture
-def audit() -> Any:
-    from twisted.logger import globalLogPublisher
-    events: list[dict[str, Any]] = []
-
-    def observer(event: dict[str, Any]) -> None:
-        if event.get("log_namespace") == "mqttamqp.console.audit":
-            events.append(event)
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
-
 
 def fill(broker: Any, n: int, queue: str = "jobs", payload: bytes = b"job %d") -> None:
     for i in range(n):
