@@ -220,7 +220,9 @@ def _advanced(state: p.QueueGroupRecord, done: set[int], floor: int) -> p.QueueG
     """A group record with its floor moved over ``done`` (what a store does)."""
     while floor in done:
         floor += 1
-    return replace(state, floor=floor, done=tuple(sorted(o for o in done if o > floor)))
+    return replace(state, floor=floor, done=tuple(sorted(o for o in done if o > floor)),
+                   counts=tuple((o, c) for o, c in state.counts
+                                if o >= floor and o not in done))
 
 
 class ManualMemoryStore(MemoryStore):

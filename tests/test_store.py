@@ -782,3 +782,19 @@ def test_an_older_group_snapshot_never_lowers_the_stored_watermark(
     store.close()
     group = reload(disk).queues[0].groups["g"]
     assert group.watermark == 4096 and group.counts == ((1, 3),)
+
+
+def test_counts_of_finished_messages_are_dropped_from_a_group_record(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Counts only grow across snapshots, so those of messages the group is done
+    with must go, or the record would grow with every redelivered message."""
+    from mqttamqp.core.persistence import PutQueue, PutQueueGroup, QueueDone, QueueGroupRecord
+
+    first = QueueGroupRecord("g", "#", "classic", 0, 64, (), ((0, 2), (5, 3)), (), 0)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutQueue("jobs", (None, None, None)),
+                            PutQueueGroup("jobs", "g", first),
+                            QueueDone("jobs", "g", (0, 1))])
+    commit(reactor, store, [PutQueueGroup("jobs", "g", replace(first, floor=2, counts=()))])
+    store.close()
+    assert reload(disk).queues[0].groups["g"].counts == ((5, 3),)

@@ -343,8 +343,13 @@ def _put_queue_group(t: _Trees, op: PutQueueGroup) -> None:
                   tuple(sorted(counts.items())), *record[7:])
     done = _done_set(queue, op.group)
     done.update(int(o) for o in op.state.done)
-    queue.groups[op.group] = advance_floor(
-        record, done, record[3] if old is None else max(record[3], old[3]))
+    record = advance_floor(record, done, record[3] if old is None else max(record[3], old[3]))
+    floor = record[3]
+    if any(o < floor or o in done for o, _ in record[6]):
+        # (counts of finished messages are of no use: kept, they would only grow)
+        record = (*record[:6], tuple((o, c) for o, c in record[6]
+                                     if o >= floor and o not in done), *record[7:])
+    queue.groups[op.group] = record
 
 
 def _delete_queue_group(t: _Trees, op: DeleteQueueGroup) -> None:
