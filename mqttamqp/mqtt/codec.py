@@ -52,6 +52,7 @@ from .packets import (
     Will,
 )
 from .properties import (
+    MAX_VARINT,
     MalformedPacket,
     PropertyContext,
     encode_properties,
@@ -69,7 +70,7 @@ __all__ = [
     "encode_remaining_length",
 ]
 
-MAX_REMAINING_LENGTH = 268_435_455  # four 7-bit groups
+MAX_REMAINING_LENGTH = MAX_VARINT  # four 7-bit groups
 
 _Buffer = bytes | bytearray
 
@@ -773,16 +774,8 @@ class Decoder:
 # Encoding.  Packets built by our own code are trusted; violations of what the
 # wire can carry (lengths, ranges) raise ValueError, never MalformedPacket.
 
-_REMAINING_LENGTH_1 = tuple(bytes((i,)) for i in range(128))
-
-
-def encode_remaining_length(n: int) -> bytes:
-    """Encode ``n`` as the 1-4 byte variable-length remaining-length field."""
-    if 0 <= n < 0x80:
-        return _REMAINING_LENGTH_1[n]
-    if n < 0 or n > MAX_REMAINING_LENGTH:
-        raise ValueError(f"remaining length {n} outside 0..{MAX_REMAINING_LENGTH}")
-    return encode_varint(n)   # (the same encoding as MQTT 5's variable byte integers)
+# The remaining length is encoded as MQTT 5's variable byte integers are (1-4 bytes).
+encode_remaining_length = encode_varint
 
 
 def _u16(value: int, what: str) -> bytes:
@@ -851,7 +844,6 @@ def encode_publish(
 
 
 def _encode_connect(packet: Connect) -> bytes:
-    will = packet.will
     flags = 0x02 if packet.clean_session else 0
     parts = [
         _string(packet.protocol_name, "CONNECT protocol name"),
@@ -859,10 +851,23 @@ def _encode_connect(packet: Connect) -> bytes:
         _u16(packet.keepalive, "CONNECT keepalive"),
         _string(packet.client_id, "CONNECT client identifier"),
     ]
+    flags = _connect_payload(packet, parts, flags, False)
+    if not 0 <= packet.protocol_level <= 0xFF:
+        raise ValueError(f"CONNECT protocol level {packet.protocol_level} outside 0..255")
+    parts[1] = bytes((packet.protocol_level, flags))
+    return _frame(0x10, b"".join(parts))
+
+
+def _connect_payload(packet: Connect, parts: list[bytes], flags: int, v5: bool) -> int:
+    """Append CONNECT's will, user name and password (MQTT 5: the will's properties
+    first) to ``parts``; returns the connect flags with theirs set."""
+    will = packet.will
     if will is not None:
         if not 0 <= will.qos <= 2:
             raise ValueError(f"CONNECT will QoS {will.qos} outside 0..2")
         flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        if v5:
+            parts.append(encode_properties(will.properties))
         parts.append(_string(will.topic, "CONNECT will topic"))
         parts.append(_binary(will.payload, "CONNECT will message"))
     if packet.username is not None:
@@ -871,10 +876,7 @@ def _encode_connect(packet: Connect) -> bytes:
     if packet.password is not None:
         flags |= 0x40
         parts.append(_binary(packet.password, "CONNECT password"))
-    if not 0 <= packet.protocol_level <= 0xFF:
-        raise ValueError(f"CONNECT protocol level {packet.protocol_level} outside 0..255")
-    parts[1] = bytes((packet.protocol_level, flags))
-    return _frame(0x10, b"".join(parts))
+    return flags
 
 
 def _encode_subscribe(packet: Subscribe) -> bytes:
@@ -901,7 +903,6 @@ def _encode_unsubscribe(packet: Unsubscribe) -> bytes:
 
 
 def _encode5_connect(packet: Connect) -> bytes:
-    will = packet.will
     flags = 0x02 if packet.clean_session else 0
     parts = [
         _string(PROTOCOL_5[0], "CONNECT protocol name"),
@@ -910,19 +911,7 @@ def _encode5_connect(packet: Connect) -> bytes:
         encode_properties(packet.properties),
         _string(packet.client_id, "CONNECT client identifier"),
     ]
-    if will is not None:
-        if not 0 <= will.qos <= 2:
-            raise ValueError(f"CONNECT will QoS {will.qos} outside 0..2")
-        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
-        parts.append(encode_properties(will.properties))
-        parts.append(_string(will.topic, "CONNECT will topic"))
-        parts.append(_binary(will.payload, "CONNECT will message"))
-    if packet.username is not None:
-        flags |= 0x80
-        parts.append(_string(packet.username, "CONNECT username"))
-    if packet.password is not None:
-        flags |= 0x40
-        parts.append(_binary(packet.password, "CONNECT password"))
+    flags = _connect_payload(packet, parts, flags, True)
     parts[1] = bytes((5, flags))
     return _frame(0x10, b"".join(parts))
 
