@@ -427,6 +427,9 @@ class QueueManager:
         self._unsaved: dict[_Group, list[int]] = {}
         self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
         self._parsed: dict[str, QueueAddress | str] = {}   # publish topics, parsed
+        # Client ids that have (or had) a stored membership: only their sessions'
+        # connects look through the groups (``session_online``, on every CONNECT).
+        self._stored_clients: set[str] = set()
         self._flush_armed = False
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
@@ -687,6 +690,7 @@ class QueueManager:
         self._memberships.setdefault(session, []).append((g, member))
         if session.persistent:
             g.stored_members[session.client_id] = member.qos | (4 if explicit else 0)
+            self._stored_clients.add(session.client_id)
         ops.append(PutQueueGroup(queue.name, g.key, g.record()))
         self._pump(g)
         return None, ops
@@ -786,7 +790,8 @@ class QueueManager:
     def session_online(self, session: Session) -> None:
         """``session`` is online: a persistent one that was a member before a restart
         takes up its memberships (stored with the group), then it is fed."""
-        if session.persistent and session not in self._memberships:
+        if (session.persistent and session not in self._memberships
+                and session.client_id in self._stored_clients):
             self._member_returned(session)
         self.link_drained(session)
 
@@ -1269,6 +1274,7 @@ class QueueManager:
                 group.done = {o for o in g.done if o >= group.floor}
                 group.advance_floor()
                 group.stored_members = dict(g.members)
+                self._stored_clients.update(group.stored_members)
                 if g.mode == STREAM:
                     group.next = group.cursor_saved = min(max(g.cursor, queue.first),
                                                           queue.next_offset)
