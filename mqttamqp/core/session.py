@@ -434,6 +434,11 @@ class Session:
         entry.gated = False
         self.pump()
 
+    def _keeps(self, entry: OutEntry) -> bool:
+        """Is ``entry`` stored with this session?  Only a persistent session's, and
+        never a durable queue's delivery (the queue keeps that one)."""
+        return self.persistent and entry.qref is None
+
     def take_back(self, entry: OutEntry) -> list[Op]:
         """Remove ``entry`` (queued or in flight) to give it to another member of its
         shared group; returns the op that forgets it here."""
@@ -446,7 +451,7 @@ class Session:
                 return _NO_OPS
             self.queued_bytes -= len(entry.message.payload)
         self._pids.discard(entry.packet_id)
-        if self.persistent and entry.qref is None:
+        if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]
         return _NO_OPS
 
@@ -527,7 +532,7 @@ class Session:
                 link.send_pubrel(packet_id)
             return _NO_OPS
         entry.state = QueuedState.RELEASED
-        if not self.persistent or entry.qref is not None:
+        if not self._keeps(entry):
             # (a durable queue's delivery is the queue's to keep, not the session's)
             if link is not None:
                 link.send_pubrel(packet_id)
@@ -564,7 +569,7 @@ class Session:
         if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
             return _NO_OPS
         entry.state = QueuedState.RELEASED
-        if self.persistent and entry.qref is None:
+        if self._keeps(entry):
             return [entry.put_op(self.client_id)]
         return _NO_OPS
 
@@ -593,7 +598,7 @@ class Session:
             entry.on_done = None
             done()
         self.pump()
-        if self.persistent and entry.qref is None:
+        if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]
         return _NO_OPS
 
