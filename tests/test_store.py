@@ -767,6 +767,29 @@ def test_a_queue_message_trimmed_in_its_own_commit_is_never_written(
     assert jobs.head == 1 and [o for o, _ in jobs.messages] == [1]
 
 
+def test_the_writer_holds_a_queue_append_for_the_trim_that_follows(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """A queue append waits out the gather window, as a session's put does, so the
+    trim of consumers acknowledging within it cancels the append's write."""
+    from mqttamqp.core.persistence import PutQueue, PutQueueMessage, TrimQueue
+
+    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=4)
+    commit(reactor, store, [PutQueue("jobs", (None, None, None))])
+    appended = store.submit([PutQueueMessage("jobs", 0, msg("$queue/jobs/a")),
+                             PutQueueMessage("jobs", 1, msg("$queue/jobs/b"))])
+    # Held: nothing comes back from the writer while the window is open (before,
+    # the append was committed alone at once and the trim rewrote its bucket).
+    with pytest.raises(queue.Empty):
+        reactor.calls.get(timeout=0.5)
+    trimmed = store.submit([TrimQueue("jobs", 1), PutQueue("jobs", (None, None, None))])
+    wait(reactor, appended)    # (four ops fill the batch: committed together at once)
+    wait(reactor, trimmed)
+    assert store.stats()["coalesced_puts"] == 1
+    store.close()
+    jobs = reload(disk).queues[0]
+    assert jobs.head == 1 and [o for o, _ in jobs.messages] == [1]
+
+
 def test_an_older_group_snapshot_never_lowers_the_stored_watermark(
         disk: MemoryDisk, reactor: FakeReactor) -> None:
     """Review finding: a subscribe's snapshot committed after the pump's newer one

@@ -194,6 +194,10 @@ def _put_queued(t: _Trees, op: PutQueued) -> None:
         session.queue[int(op.seq)] = queued_to_record(op.entry)
 
 
+# Ops an acknowledgement usually cancels within a millisecond (see _take).
+_GATHER_FOR = (PutQueued, PutQueueMessage)
+
+
 def _superseded_puts(group: list[_Waiter]) -> set[int]:
     """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes
     (and of PutQueueMessage ops a later TrimQueue or DeleteQueue removes).
@@ -600,10 +604,11 @@ class ZODBStore:
             if not self._pending:
                 return None
             if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
-                    type(op) is PutQueued for ops, _ in self._pending for op in ops):
-                # Deliveries were just queued: their acknowledgements usually follow
-                # within a millisecond, and a PutQueued cancelled by its DeleteQueued
-                # in the same commit is never written (see _superseded_puts).  Every
+                    type(op) in _GATHER_FOR for ops, _ in self._pending for op in ops):
+                # Deliveries were just queued (to a session or a durable queue): their
+                # acknowledgements usually follow within a millisecond, and a put
+                # cancelled by its DeleteQueued or TrimQueue in the same commit is
+                # never written (see _superseded_puts).  Every
                 # submit notifies the condition, so wait out the deadline.
                 deadline = time.monotonic() + self._gather
                 while not self._stopping and self._pending_ops < self._max_batch_ops:
