@@ -435,6 +435,59 @@ def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
     assert delivered == [(b"0", "2"), (b"2", "2")]   # raised: they may have been seen
 
 
+def test_a_redelivery_stores_its_raised_count_before_a_crash() -> None:
+    """Delivered twice (a nack in between), then the broker dies: the next delivery
+    after the restart counts 3.  Before, the second delivery's count lived only in
+    memory until the group's next stored record, and the restart said 2."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/t", b"a")
+    assert meta(last(link))["delivery-count"] == "1"
+    ack(broker, worker, last(link), "$nack")
+    assert meta(last(link))["delivery-count"] == "2"
+    broker.stop()
+    again, _, _ = make(store)
+    worker, link = client(again, "w-1", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    assert [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()] == [
+        (b"a", "3")]
+
+
+def test_an_offset_seen_before_a_crash_never_names_another_message() -> None:
+    """A QoS 1 message goes to its consumer before its append is durable; the crash
+    loses the append.  After the restart the publisher's resend (and anything new)
+    gets an offset above every stored watermark, so ``jobs:<offset>`` seen before
+    the crash never names a different message (before, the offset was reused)."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    store.commit_all()
+    send(broker, "$queue/jobs/t", b"kept")
+    store.commit_all()
+    send(broker, "$queue/jobs/t", b"lost")        # delivered, its append not durable
+    seen = {meta(m)["message-id"]: m.payload for m, *_ in link.published()}
+    assert set(seen.values()) == {b"kept", b"lost"}
+    store.pending.clear()                         # crash
+    again, _, _ = make(store)
+    worker, link = client(again, "w-1", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    send(again, "$queue/jobs/t", b"new")
+    send(again, "$queue/jobs/t", b"lost")         # the publisher's resend
+    store.commit_all()
+    after = [(meta(m)["message-id"], m.payload) for m, *_ in link.published()]
+    assert [p for _, p in after] == [b"kept", b"new", b"lost"]
+    for mid, payload in after:
+        assert seen.get(mid, payload) == payload, (mid, seen[mid], payload)
+    # nothing is stuck behind the skipped offsets: all acknowledged, the log empties
+    for m, *_ in link.published():
+        ack(again, worker, m)
+    store.commit_all()
+    assert again.queue_views()[0].depth == 0
+
+
 def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
     """A classic delivery leaves only once the dispatch watermark above it is
     durable, so a crash right after it still raises its count on redelivery."""

@@ -839,6 +839,7 @@ class QueueManager:
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
+        again = False
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
@@ -853,7 +854,9 @@ class QueueManager:
             if member is None:
                 break
             self._take(group, offset)
-            self._deliver(group, member, offset, queue.log[offset], ops)
+            again = self._deliver(group, member, offset, queue.log[offset], ops) or again
+        if again:
+            ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None:
             d = self._commit(ops)
             if d is not None:
@@ -916,12 +919,18 @@ class QueueManager:
             group.next = offset + 1
 
     def _deliver(self, group: _Group, member: _Member, offset: int, message: Message,
-                 ops: list[Op]) -> None:
+                 ops: list[Op]) -> bool:
+        """Hand ``offset`` to ``member``; True when it was a classic redelivery,
+        whose raised count the caller stores with the group's record (rare, so
+        at once: a crash after it must not bring the message back with a lower
+        count than the client has seen)."""
         queue = group.queue
         count = group.counts.get(offset, 0) + 1
+        again = False
         if group.mode == CLASSIC:
             group.counts[offset] = count
             if count > 1:
+                again = True
                 group.redelivered += 1
                 self.stats.redelivered += 1
         session = member.session
@@ -942,13 +951,13 @@ class QueueManager:
             else:
                 entry.on_done = _stream_done(self, group, member)
                 entry.qref = (queue.name, group.key, offset)
-            return
+            return again
         if entry is None and member.qos:
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1
             group.counts[offset] = count - 1
             heapq.heappush(group.ready, offset)
-            return
+            return False
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1
@@ -956,12 +965,13 @@ class QueueManager:
             group.acked += 1
             queue.acked += 1
             self.stats.acked += 1
-            return
+            return False   # (finished: no count to keep)
         group.pending[offset] = _Pending(member, self.clock.seconds(), entry)
         if entry is not None:
             entry.qref = (queue.name, group.key, offset)
             if not member.explicit:
                 entry.on_done = _transport_ack(self, group, offset, member)
+        return again
 
     # -- acknowledgements ---------------------------------------------------------
 
@@ -1287,8 +1297,34 @@ class QueueManager:
                             group.counts[offset] = counts.get(offset, 1)
                 queue.groups[key] = group
                 queue.next_offset = max(queue.next_offset, group.floor)
+            self._skip_unstored_offsets(queue, rec.groups.values())
             queue.committed = queue.next_offset
             self.queues[rec.name] = queue
+
+    @staticmethod
+    def _skip_unstored_offsets(queue: _Queue, stored: Iterable[QueueGroupRecord]) -> None:
+        """Never give out again an offset that may have gone out before the crash.
+
+        QoS 0/1 messages go to consumers before their append is durable, so one
+        whose append the crash lost was seen with an offset the log no longer has
+        (its publisher got no acknowledgement and sends it again: a new message).
+        Every classic delivery is below its group's stored watermark: new messages
+        start above the highest, so a message id (``queue:offset``) always names one
+        message, and a consumer deduplicating by it never drops a new one.
+        """
+        top = max((g.watermark for g in stored if g.mode == CLASSIC), default=0)
+        start = queue.next_offset
+        if top <= start:
+            return
+        queue.next_offset = top
+        gap = range(start, top)
+        for group in queue.groups.values():
+            if group.mode != CLASSIC:
+                continue
+            if group.floor >= start:   # (everything before the gap is done)
+                group.floor = group.next = top
+            else:                      # (passed when the floor gets there)
+                group.done.update(gap)
 
     # -- console ---------------------------------------------------------------------
 
