@@ -1320,6 +1320,8 @@ class QueueManager:
         gap = range(start, top)
         for group in queue.groups.values():
             if group.mode != CLASSIC:
+                if group.next >= start:   # (a stream cursor: nothing to read there)
+                    group.next = top
                 continue
             if group.floor >= start:   # (everything before the gap is done)
                 group.floor = group.next = top
