@@ -14,7 +14,7 @@ from proton import Delivery, Message
 from mqttamqp.core.acl import AclAuthorizer, AclError, covers, parse_acl
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message as CoreMessage
-from mqttamqp.mqtt.packets import Puback, Publish
+from mqttamqp.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 
 ACL = """\
 # anonymous clients (before any 'user' line)
@@ -265,6 +265,29 @@ def test_an_acl_change_drops_subscriptions_it_no_longer_allows(acl: AclAuthorize
     net.broker.publish(CoreMessage("public/x", b"no longer"))
     net.broker.publish(CoreMessage("devices/dev1/x", b"still"))
     assert [p.payload for p in sub.publishes()] == [b"still"]
+
+
+def test_mqtt5_denied_qos2_publish_ends_at_pubrec_and_frees_its_packet_id(
+        net: Net) -> None:
+    """A failing PUBREC (0x87) ends the exchange: the client sends no PUBREL and may
+    use the packet id again at once.  Before, the broker kept the id, and the next
+    PUBLISH with it was taken for a duplicate and never routed."""
+    sub = net.mqtt("dev1")
+    assert sub.subscribe(("public/#", 2)) == (2,)
+    v5 = net.mqtt("dev6", level=5)
+    v5.send(Publish("public/x", b"denied", 2, False, False, 7))     # not writable
+    assert [(a.packet_id, a.reason_code) for a in v5.take(Pubrec)] == [(7, 0x87)]
+    v5.send(Publish("public/in", b"allowed", 2, False, False, 7))   # the same id
+    assert [(a.packet_id, a.reason_code) for a in v5.take(Pubrec)] == [(7, 0)]
+    v5.send(Pubrel(7))
+    assert [p.payload for p in sub.publishes()] == [b"allowed"]
+    # 3.1.1 has no failing PUBREC: the exchange completes as for any message
+    v3 = net.mqtt("dev7")
+    v3.send(Publish("public/x", b"denied", 2, False, False, 5))
+    assert [a.packet_id for a in v3.take(Pubrec)] == [5]
+    v3.send(Pubrel(5))
+    assert [a.packet_id for a in v3.take(Pubcomp)] == [5]
+    assert sub.publishes() == []
 
 
 def test_mqtt5_denied_subscribe_gets_0x87(net: Net) -> None:

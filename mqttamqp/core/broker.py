@@ -543,9 +543,12 @@ class Broker:
             self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
-        if result.refusal is not None:
-            # A refused queue publish is not routed: its packet id must not make the
-            # client's next PUBLISH with that id look like a duplicate.
+        if result.refusal is not None or result.denied:
+            # A refused queue publish or a denied one is not routed: its packet id
+            # must not make the client's next PUBLISH with that id look like a
+            # duplicate (an MQTT 5 client's exchange ends at the failing PUBREC; a
+            # 3.1.1 client's PUBREL of it still gets PUBCOMP, and a re-sent copy is
+            # denied again).
             self._commits.background(session.inbound_release(packet_id),
                                      "forgetting a refused QoS 2 packet id")
         return result
