@@ -196,11 +196,10 @@ def _publisher_data(index: int, qos: int) -> bytes:
          for i in range(PER_PUBLISHER)] + [encode(Disconnect())])
 
 
-def _publish_all(socks: list[socket.socket], qos: int, deadline: float,
-                 blocked: list[int]) -> None:
+def _publish_all(socks: list[socket.socket], qos: int, deadline: float) -> None:
     """Write every publisher's load on non-blocking sockets, as fast as the broker
-    reads them; ``blocked[0]`` counts writes that found a socket full.  Then wait
-    for the broker to close each (it has read everything before that)."""
+    reads them, then wait for the broker to close each (after DISCONNECT: it has
+    read everything before it)."""
     pending = {s: memoryview(_publisher_data(i, qos)) for i, s in enumerate(socks)}
     for s in socks:
         s.setblocking(False)
@@ -213,8 +212,6 @@ def _publish_all(socks: list[socket.socket], qos: int, deadline: float,
                 n = s.send(data[:65536])
             except BlockingIOError:
                 n = 0
-            if n < min(len(data), 65536):
-                blocked[0] += 1
             if n == len(data):
                 del pending[s]
             else:
@@ -240,14 +237,15 @@ def _subscribe_slow(proc: BrokerProcess, qos: int) -> tuple[RawClient, socket.so
     return sub, sub.sock
 
 
-def _drain(sub: RawClient, qos: int, until: Any, deadline: float) -> int:
-    """Read (and acknowledge) PUBLISHes until ``until(count)``; returns the count."""
+def _drain(sub: RawClient, qos: int, until: Any, deadline: float, last: Any) -> int:
+    """Read (and acknowledge) PUBLISHes until ``until(count)``; returns the count.
+    ``last()``: what to show if the deadline comes first."""
     count = 0
     acks: list[bytes] = []
     while not until(count):
         left = deadline - time.monotonic()
         assert left > 0, (f"subscriber got {count} messages before the deadline; the "
-                          f"last $SYS bursts never settled: {until.__doc__}")
+                          f"$SYS bursts never settled: {last()}")
         try:
             packet = sub.recv(timeout=min(left, 0.5))
         except TimeoutError:
@@ -294,12 +292,11 @@ def test_identity_holds_at_every_burst_under_fan_in(tmp_path: Any, qos: int) -> 
             # Small send buffers: a paused publisher soon finds its socket full.
             client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
             socks.append(client.sock)
-        blocked = [0]
         errors: list[BaseException] = []
 
         def publish() -> None:
             try:
-                _publish_all(socks, qos, deadline, blocked)
+                _publish_all(socks, qos, deadline)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -311,11 +308,8 @@ def test_identity_holds_at_every_burst_under_fan_in(tmp_path: Any, qos: int) -> 
             monitor.wait_for(lambda s: s["queued"] > 0, deadline - time.monotonic())
         total = PUBLISHERS * PER_PUBLISHER
         # Drain: read until every copy the broker sent is here and nothing is queued.
-        def settled(n: int) -> dict[str, int] | None:
-            settled.__doc__ = str(monitor.samples[-2:])
-            return _settled(monitor, total, n)
-
-        got = _drain(sub, qos, settled, deadline)
+        got = _drain(sub, qos, lambda n: _settled(monitor, total, n), deadline,
+                     lambda: monitor.samples[-2:])
         threads[1].join(max(0.1, deadline - time.monotonic()))
         assert not errors, errors
         final = _settled(monitor, total, got)
