@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from brokerproc import BrokerProcess
 from fakes import FakeLink
+from test_amqp_support import Paho, amqp, receiver, take
 from test_broker_core import connect, make_broker, pub, subscribe
 from test_mqtt_raw import RawClient, uid
 
@@ -318,8 +319,7 @@ def test_identity_holds_at_every_burst_under_fan_in(tmp_path: Any, qos: int) -> 
         assert final["sent"] + final["dropped"] == total
         samples = list(monitor.samples)
         assert len(samples) >= 5
-        wrong = [s for s in samples
-                 if s["received"] != s["sent"] + s["dropped"] + s["queued"]]
+        wrong = [s for s in samples if not _balances(s)]
         assert not wrong, (len(wrong), len(samples), wrong[:5])
         assert any(0 < s["received"] < total for s in samples)   # sampled mid-load
     finally:
@@ -345,3 +345,48 @@ def _settled(monitor: Monitor, total: int, got: int) -> dict[str, int] | None:
             and last["sent"] + last["dropped"] == total):
         return last
     return None
+
+
+def _balances(s: dict[str, int]) -> bool:
+    return s["received"] == s["sent"] + s["dropped"] + s["queued"]
+
+
+def test_amqp_receiver_without_credit(tmp_path: Any) -> None:
+    """An AMQP topic receiver that grants no credit: the in-flight window is handed
+    to the proton engine (sent: it waits there for credit), the rest waits in the
+    session (queued); once credit comes, everything is sent.  Every burst balances."""
+    proc = BrokerProcess(str(tmp_path / "data"), "--sys-interval", "0.2",
+                         "--max-inflight", "4", listeners=("--mqtt", "--amqp")).start()
+    watcher = RawClient(proc.mqtt_port)
+    monitor = Monitor(watcher)
+    thread = threading.Thread(target=monitor.run, daemon=True)
+    conn = publisher = None
+    try:
+        assert watcher.connect(uid("sys")).return_code == 0
+        watcher.subscribe(("$SYS/broker/messages/#", 0))
+        thread.start()
+        conn = amqp(proc)
+        rcv = receiver(conn, "acct/amqp", credit=None)
+        publisher = Paho(proc.mqtt_port, uid("pub"))
+        for i in range(20):
+            publisher.publish("acct/amqp", b"m%d" % i, qos=1)
+        waiting = monitor.wait_for(lambda s: s["received"] == 20, 10.0)
+        assert waiting == {"received": 20, "sent": 4, "dropped": 0, "queued": 16}
+        rcv.flow(20)
+        for _ in range(20):
+            take(conn, rcv)
+            rcv.accept()
+        monitor.wait_for(lambda s: s["sent"] == 20, 10.0)
+        with monitor.cond:
+            samples = list(monitor.samples)
+        assert samples[-1] == {"received": 20, "sent": 20, "dropped": 0, "queued": 0}
+        assert all(_balances(s) for s in samples), samples
+    finally:
+        monitor.stop = True
+        if publisher is not None:
+            publisher.stop()
+        if conn is not None:
+            conn.close()
+        thread.join(5.0)
+        watcher.close()
+        proc.stop()
