@@ -817,11 +817,16 @@ class SysSampler:
     value seen of every other counter.  The brokers count the $SYS messages they send
     to this monitor in ``sent``; the monitor subtracts the ones it had received
     when the value was taken: ``sent_from="message"`` (Mosquitto counts as it
-    sends, so all those before the message that carries ``sent``) or
-    ``"burst"`` (mqttamqp takes every value of a burst before publishing it).
-    Retained values delivered on subscribe were taken before the monitor existed."""
+    sends, so all those before the message that carries ``sent``), ``"burst"``
+    (a broker that takes every value of a burst before publishing it) or
+    ``"none"`` (mqttamqp since issue 15: its own $SYS messages are not in ``sent``).
+    Retained values delivered on subscribe were taken before the monitor existed.
+    ``complete_bursts``: the broker sends every watched counter in every burst
+    (mqttamqp), so a burst ends as soon as each has come; otherwise it ends after
+    a gap (``burst_gap_s``)."""
 
-    def __init__(self, topics, t0_ns, sent_from="message", max_samples=600):
+    def __init__(self, topics, t0_ns, sent_from="message", max_samples=2000,
+                 complete_bursts=False):
         self.role_of = {t.encode(): r for r, t in topics.items()}
         self.values = {}
         self.sys_rx = 0
@@ -832,21 +837,28 @@ class SysSampler:
         self.samples = []
         self.t0_ns = t0_ns
         self.max_samples = max_samples
+        self.complete_bursts = complete_bursts
+        self.seen = set()    # roles seen in the current burst
 
     def message(self, topic, payload, retained):
+        """One $SYS message; True when it completed a burst (``complete_bursts``)."""
         if not self.in_burst:
             self.burst_start_rx = self.sys_rx
+            self.seen = set()
         role = self.role_of.get(topic)
         if role is not None:
+            self.seen.add(role)
             try:
                 self.values[role] = int(payload.split()[0])
             except (ValueError, IndexError):
                 pass
             if role == "sent":
-                self.sent_correction = (0 if retained else self.burst_start_rx
+                self.sent_correction = (0 if retained or self.sent_from == "none"
+                                        else self.burst_start_rx
                                         if self.sent_from == "burst" else self.sys_rx)
         self.sys_rx += 1
         self.in_burst = True
+        return self.complete_bursts and len(self.seen) == len(self.role_of)
 
     def close_burst(self, now_ns):
         """Evaluate received - (sent + dropped + queued) with the latest values."""
@@ -869,9 +881,12 @@ class SysSampler:
 
     def report(self):
         worst = max(self.samples, key=lambda x: abs(x["mismatch"]), default=None)
+        final = self.samples[-1]["received"] if self.samples else 0
         return {
             "samples": self.samples,
             "n_samples": len(self.samples),
+            # taken while traffic was under way (not before the first publish or at rest)
+            "n_mid_load": sum(1 for x in self.samples if 0 < x["received"] < final),
             "queued_published": "queued" in self.values,
             "topics_seen": sorted(self.values),
             "worst_mismatch": worst["mismatch"] if worst else None,
@@ -887,13 +902,15 @@ def role_sysmon(a):
     received = sent + dropped + queued at every $SYS burst, until STOP (then one
     more burst, bounded) or the deadline.  args: host, port, topics {role: topic}
     with roles received, sent, dropped and optionally queued and store_count,
-    sent_from (see SysSampler), burst_gap_s, client_prefix, deadline, after_stop_s."""
+    sent_from and complete_bursts (see SysSampler), burst_gap_s, client_prefix,
+    deadline, after_stop_s."""
     deadline = a["deadline"]
     topics = a["topics"]
     gap_ns = int(a.get("burst_gap_s", 0.1) * 1e9)
     s, parser, extra = mqtt_open(a["host"], a["port"], "%s-0" % a["client_prefix"],
                                  subs=[(t, 0) for t in topics.values()])
-    sampler = SysSampler(topics, mono_ns(), a.get("sent_from", "message"))
+    sampler = SysSampler(topics, mono_ns(), a.get("sent_from", "message"),
+                         complete_bursts=a.get("complete_bursts", False))
     last_ns = mono_ns()
 
     def feed(packets):
@@ -913,9 +930,11 @@ def role_sysmon(a):
                     if not b & 0x80:
                         break
                 off += plen
-            sampler.message(bytes(body[2:2 + tl]), bytes(body[off:]), bool(h & 1))
             last_ns = mono_ns()
+            if sampler.message(bytes(body[2:2 + tl]), bytes(body[off:]), bool(h & 1)):
+                closed.append(sampler.close_burst(last_ns))
 
+    closed = []   # bursts closed by their last counter (complete_bursts)
     feed(extra)
     emit("READY", {"topics": topics})
     stop_by = None  # after STOP: report after the next burst, or at this time
@@ -947,11 +966,14 @@ def role_sysmon(a):
             stdin_buf += chunk
             if b"STOP" in stdin_buf and stop_by is None:
                 stop_by = mono() + a.get("after_stop_s", 2.5)
+                closed.clear()   # (the sample at rest is the next burst)
         now_ns = mono_ns()
         if sampler.in_burst and now_ns - last_ns > gap_ns:
-            if sampler.close_burst(now_ns) and stop_by is not None:
-                reason = "stop"
-                break
+            closed.append(sampler.close_burst(now_ns))
+        if any(closed) and stop_by is not None:
+            reason = "stop"
+            break
+        closed.clear()
     sampler.close_burst(mono_ns())
     close_gracefully([s], timeout=1.0)
     res = sampler.report()

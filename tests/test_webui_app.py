@@ -319,6 +319,7 @@ def test_overview_page_and_api(logged_in: Any) -> None:
                                "maximum": 3, "total": 3, "refused": 0}
     assert data["sessions"]["persistent"] == 1
     assert data["retained"]["count"] == 1 and data["wills"] == 1
+    assert data["messages"]["queued"] == 0   # ($SYS messages/queued; QoS 0 never waits)
     assert data["rates"]["in"] == 3.0
     assert data["history"][-1]["in"] == 3.0
     assert {"kind": "MQTT", "description": "tcp:1883", "address": "127.0.0.1:1883"} \

@@ -473,6 +473,7 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
             "received": c.messages_received,
             "sent": c.messages_sent,
             "dropped": c.messages_dropped,
+            "queued": c.messages_queued,
             "publish_denied": c.publish_denied,
             "wills_published": c.wills_published,
             "protocol_errors": c.protocol_errors,

@@ -162,6 +162,7 @@ class Counters:
     storage_failing: bool = False   # the last commit failed (nothing durable is acked)
     storage_failures: int = 0       # failed commits since start
     storage_error: str = ""         # the first error of the current (or last) failing spell
+    messages_queued: int = 0        # routed copies not yet written ($SYS messages/queued)
 
 
 def _entry(entry: OutEntry) -> EntryView:
@@ -336,4 +337,4 @@ class ReadModel:
             # The archive's own counters; other recorders' are named "kind/counter".
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
-            storage_error=stats.storage_error)
+            storage_error=stats.storage_error, messages_queued=registry.queued_total())

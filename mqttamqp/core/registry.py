@@ -154,6 +154,11 @@ class SessionRegistry:
                                session.dropped_rejected)
 
     def _retire_drops(self, session: Session) -> None:
+        """``session`` ends (its messages are cleared next): what it still has queued
+        is never sent, so it is counted as dropped here, once; ``queued_total`` loses
+        it in the same turn and received = sent + dropped + queued keeps holding.  A
+        durable queue's deliveries (``qref``) go back to their queue instead."""
+        session.dropped += sum(1 for entry in session.queue if entry.qref is None)
         self.dropped_retired += session.dropped
         self.congested_retired += session.dropped_congested
         counts = self._retired_by.setdefault(protocol_family(session.protocol), [0, 0, 0])
@@ -161,6 +166,16 @@ class SessionRegistry:
         counts[0] += d
         counts[1] += c
         counts[2] += r
+
+    def queued_total(self) -> int:
+        """Message copies routed to sessions and not yet written to a connection:
+        the queues of every session, online or offline (QoS 1/2 beyond the in-flight
+        window or the link's room, held for a commit or a publisher's PUBREC, and
+        in-flight ones put back for redelivery).  QoS 0 is never queued (it goes out
+        or is dropped at once).  One ``len`` per session: cheap at ``$SYS`` intervals,
+        nothing on the publish path."""
+        return (sum(len(s.queue) for s in self.sessions.values())
+                + sum(len(s.queue) for s in self.link_subscribers.values()))
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())

@@ -466,6 +466,10 @@ class Router:
         for topic_filter, granted in grants:
             if granted >= SUBSCRIBE_FAILURE or topic_filter.startswith(SHARE_PREFIX):
                 continue   # (never retained messages on a shared subscription)
+            if is_sys_topic(topic_filter):
+                with self.stats.own_messages():   # $SYS is not traffic (``stats``)
+                    self._send_sys_retained(session, topic_filter)
+                continue
             for message in self.retained.match(topic_filter):
                 if message.props is not None and message.expired(now):
                     expired.append(message.topic)   # MQTT 5 message expiry
@@ -486,6 +490,12 @@ class Router:
         if d is not None:
             d.addCallback(_release_held, [(session, last_seq)])
             self.commits.watch(d, "queueing retained messages")
+
+    def _send_sys_retained(self, session: Session, topic_filter: str) -> None:
+        """The broker's own retained ``$SYS`` messages: QoS 0 whatever was granted
+        (never queued, never stored, never expiring)."""
+        for message in self.retained.match(topic_filter):
+            session.deliver(message, 0, True)
 
     def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
         ops: list[Op] = []

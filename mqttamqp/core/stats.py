@@ -9,7 +9,8 @@ no metrics library; the exporter turns them into its own types at scrape time.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 __all__ = ["BrokerStats", "Histogram", "DELIVER_SAMPLE_MASK"]
@@ -132,12 +133,31 @@ class BrokerStats:
         self.clients_connected -= 1
         self.by_protocol[protocol] = self.by_protocol.get(protocol, 1) - 1
 
+    @contextmanager
+    def own_messages(self) -> Iterator[None]:
+        """Copies of the broker's own ``$SYS`` messages sent inside this block are not
+        counted in ``messages_sent``: they are not traffic, as they are not in
+        ``messages_received`` (the router's ``counted=False``), so received = sent +
+        dropped + queued holds for a client that watches ``$SYS`` too.  Every send
+        is synchronous (the adapters count as they write), so the counters are put
+        back as they were; bytes stay counted (they went over the wire)."""
+        sent, sent_amqp = self.messages_sent, self.messages_sent_amqp
+        try:
+            yield
+        finally:
+            self.messages_sent, self.messages_sent_amqp = sent, sent_amqp
+
     def sys_topics(self, version: str, now: float, subscriptions: int, retained: int,
-                   sessions: int, wills: int, dropped: int) -> list[tuple[str, str]]:
+                   sessions: int, wills: int, dropped: int,
+                   queued: int = 0) -> list[tuple[str, str]]:
         """(topic, payload) pairs published retained under ``$SYS/broker/``.
 
         ``retained`` is the number of retained messages clients stored: the broker's
-        own ``$SYS`` topics are not counted in ``retained messages/count``."""
+        own ``$SYS`` topics are not counted in ``retained messages/count``.
+        ``queued``: message copies routed to sessions and not yet written to a
+        connection (``SessionRegistry.queued_total``).  All values are taken in one
+        reactor turn, before any is published, so one burst is one consistent
+        sample of received = sent + dropped + queued (see README, ``$SYS``)."""
         p = "$SYS/broker/"
         return [
             (p + "version", f"mqttamqp {version}"),
@@ -148,6 +168,7 @@ class BrokerStats:
             (p + "messages/received", str(self.messages_received)),
             (p + "messages/sent", str(self.messages_sent)),
             (p + "messages/dropped", str(dropped)),
+            (p + "messages/queued", str(queued)),
             (p + "messages/amqp-only", str(self.messages_amqp_only)),
             (p + "publish/denied", str(self.publish_denied)),
             (p + "bytes/received", str(self.bytes_received)),

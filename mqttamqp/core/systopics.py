@@ -59,13 +59,14 @@ class SysTopics:
     def publish(self) -> None:
         now = self.clock.seconds()
         dropped = self.registry.dropped_total()
+        queued = self.registry.queued_total()
         self.stats.messages_dropped = dropped
         retained = self.router.retained
         # Clients' retained messages only: the $SYS topics are the broker's own.
         client_retained = len(retained) - retained.sys_count
         topics = self.stats.sys_topics(
             __version__, now, len(self.router.trie), client_retained,
-            len(self.registry.sessions), len(self.wills.wills), dropped)
+            len(self.registry.sessions), len(self.wills.wills), dropped, queued)
         topics.extend(queue_topics(self.router.queues))
         archive = self.recorder.stats()
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
@@ -74,6 +75,7 @@ class SysTopics:
         for name, value in archive.items():   # other recorders' counters (webhooks/...)
             if "/" in name:
                 topics.append((f"$SYS/broker/{name}", str(value)))
-        for topic, payload in topics:
-            self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
-                                counted=False)
+        with self.stats.own_messages():   # (not traffic: neither received nor sent)
+            for topic, payload in topics:
+                self.router.publish(Message(topic, payload.encode(), 0, True, None, now),
+                                    counted=False)

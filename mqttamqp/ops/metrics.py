@@ -132,9 +132,8 @@ def snapshot(broker: Broker) -> list[Family]:
     """Every family, read now from the broker (on the reactor thread)."""
     stats = broker.stats
     c = broker.view.counters()
-    queued = queued_bytes = 0
+    queued_bytes = 0
     for session in (*broker.sessions.values(), *broker.link_subscribers.values()):
-        queued += len(session.queue)
         queued_bytes += session.queued_bytes
     online = sum(1 for s in broker.sessions.values() if s.link is not None)
     received_mqtt = (stats.messages_received - stats.messages_received_amqp
@@ -146,8 +145,9 @@ def snapshot(broker: Broker) -> list[Family]:
         Family("mqttamqp_sessions", GAUGE, "Sessions by client id, online (a connection "
                "holds it) or offline (persistent, waiting for its client).", "", "state",
                (("offline", c.sessions - online), ("online", online))),
-        _one("mqttamqp_queued_messages", GAUGE, "Messages queued for sessions (beyond "
-             "their in-flight windows).", queued),
+        _one("mqttamqp_queued_messages", GAUGE, "Message copies routed to sessions and not "
+             "yet written to a connection ($SYS messages/queued: received = sent + "
+             "dropped + queued).", c.messages_queued),
         _one("mqttamqp_queued_bytes", GAUGE, "Payload bytes queued for sessions.",
              queued_bytes, "bytes"),
         _one("mqttamqp_retained_messages", GAUGE, "Retained messages clients stored "
@@ -167,13 +167,15 @@ def snapshot(broker: Broker) -> list[Family]:
                "protocol",
                (("amqp", stats.messages_received_amqp), ("broker", stats.wills_published),
                 ("mqtt", received_mqtt))),
-        Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients.", "",
+        Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients ($SYS "
+               "updates not counted).", "",
                "protocol", (("amqp", stats.messages_sent_amqp),
                             ("mqtt", stats.messages_sent - stats.messages_sent_amqp))),
         Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a session's "
-               "queue bound (queue), QoS 0 for a client that does not read (congestion), "
-               "AMQP Rejected (rejected), a publish refused (denied); protocol: the "
-               "receiving session's (the publisher's for denied).", "",
+               "queue bound or still queued when it ended (queue), QoS 0 for a client "
+               "that does not read (congestion), AMQP Rejected (rejected), a publish "
+               "refused (denied); protocol: the receiving session's (the publisher's for "
+               "denied).", "",
                ("reason", "protocol"), _dropped(broker, stats, c.publish_denied)),
         _one("mqttamqp_messages_amqp_only", COUNTER, "AMQP messages with no MQTT form "
              "(delivered to AMQP receivers only).", stats.messages_amqp_only),
