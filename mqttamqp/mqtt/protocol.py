@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.tcp import Server as TCPServer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -110,7 +109,7 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.netio import send
+from mqttamqp.netio import plain_tcp, send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -185,7 +184,8 @@ class MQTTProtocol(Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
-    # (unshared) __dict__ of about 1.5 KB; Twisted's own attributes stay in __dict__.
+    # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
+    # are slots too: with them here CPython never allocates the instance's dict.
     __slots__ = (
         "_acks",
         "_auth",
@@ -211,6 +211,7 @@ class MQTTProtocol(Protocol):
         "clean_session",
         "client_id",
         "clock",
+        "connected",
         "connected_since",
         "decoder",
         "factory",
@@ -219,15 +220,17 @@ class MQTTProtocol(Protocol):
         "limits",
         "messages_in",
         "messages_out",
-        "peer",
         "rules",
         "session",
         "strings",
+        "transport",
         "username",
         "version",
     )
 
     def __init__(self, factory: MQTTFactory) -> None:
+        self.transport = None
+        self.connected = 0
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
@@ -242,7 +245,6 @@ class MQTTProtocol(Protocol):
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
-        self.peer = "?"
         self.connected_since = 0.0
         self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
@@ -271,6 +273,16 @@ class MQTTProtocol(Protocol):
         return self.rules.state
 
     @property
+    def peer(self) -> str:
+        """The client's ``host:port``, made when read (log lines, bans, the console):
+        a string kept per connection was 64 bytes of every idle client."""
+        transport = self.transport
+        if transport is None:
+            return "?"
+        peer = transport.getPeer()
+        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    @property
     def protocol_label(self) -> str:
         """``mqtt3.1``, ``mqtt3.1.1`` or ``mqtt5`` (one shared string each)."""
         return _PROTOCOL_LABELS.get(self.version) or "mqtt" + self.version
@@ -278,15 +290,13 @@ class MQTTProtocol(Protocol):
     # -- Twisted ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()
-        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self._last_activity = self.clock.seconds()
         if not self.broker.admit("MQTT", self.peer, len(self.factory.connections)):
             self.rules.advance("close")
             self.transport.abortConnection()
             return
         self.factory.connections.add(self)
-        if type(self.transport) is TCPServer:
+        if plain_tcp(self.transport):
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.
@@ -840,7 +850,7 @@ class MQTTProtocol(Protocol):
         if debug_until is not None:
             self.start_debug(debug_until)
         if self.keepalive > 0:
-            self._keepalive = Keepalive(self.keepalive)
+            self._keepalive = Keepalive.of(self.keepalive)
             self._keepalive_timer = self.factory.keepalives.add(self, self._keepalive.limit)
         self._resume_reading("connect")
         self._process()
@@ -969,7 +979,8 @@ class MQTTProtocol(Protocol):
 
     def _resume_reading(self, why: str) -> None:
         if why in self._reading_paused_for:
-            self._reading_paused_for = self._reading_paused_for - {why}
+            # (``or``: back to the shared empty one, not a new 216-byte frozenset)
+            self._reading_paused_for = self._reading_paused_for - {why} or _NOT_PAUSED
             if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
                 self._last_activity = self.clock.seconds()
                 self.transport.resumeProducing()
