@@ -13,7 +13,9 @@ nothing here blocks it) that opens ``--count`` MQTT 3.1.1 connections
 It prints, per connection: the traced bytes, the allocation sites that grew most
 (``--frames 1``: by line; more: by call chain) and the objects that appeared,
 counted by type with their shallow sizes (``sys.getsizeof``; what the garbage
-collector tracks, so not strings, bytes or ints alone).  Figures are exact for
+collector tracks, so not strings, bytes or ints alone).  ``--cpu`` measures
+instead the broker process's CPU time from the first connect to the last CONNACK
+(per connection; ``--cprofile FILE`` also profiles that phase).  Figures are exact for
 the allocations of this process, and independent of the machine's load; RSS per
 connection (scenario 6 of ``run.py``) adds the allocator's overhead.
 """
@@ -58,6 +60,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--broker-arg", action="append", default=[])
     ap.add_argument("--json", action="store_true", help="print one JSON document")
+    ap.add_argument("--cpu", action="store_true",
+                    help="no tracemalloc: the broker process's CPU per connect instead")
+    ap.add_argument("--cprofile", metavar="FILE",
+                    help="with --cpu: cProfile the connect phase into FILE")
     args = ap.parse_args()
 
     from twisted.internet import protocol, reactor
@@ -103,11 +109,30 @@ def main() -> int:
         return tracemalloc.take_snapshot()
 
     def ready(worker: Worker) -> None:
-        state["census0"] = census()
-        state["snap0"] = settle()
+        if args.cpu:
+            gc.collect()
+            if args.cprofile:
+                import cProfile
+                state["prof"] = prof = cProfile.Profile()
+                prof.enable()
+            state["cpu0"] = time.process_time()
+        else:
+            state["census0"] = census()
+            state["snap0"] = settle()
         worker.transport.write(b"GO\n")
 
     def connected(worker: Worker) -> None:
+        if args.cpu:
+            cpu = time.process_time() - state["cpu0"]  # type: ignore[operator]
+            if "prof" in state:
+                state["prof"].disable()  # type: ignore[attr-defined]
+                state["prof"].dump_stats(args.cprofile)  # type: ignore[attr-defined]
+            n = max(1, int(report["loadgen"].get("connected") or 0))  # type: ignore[union-attr]
+            report["connected"] = n
+            report["cpu_us_per_conn"] = round(cpu * 1e6 / n, 1)
+            report["connect_all_s"] = report["loadgen"].get("connect_all_s")  # type: ignore[union-attr]
+            worker.transport.write(b"CLOSE\n")
+            return
         snap1 = settle()
         census1 = census()
         n = max(1, int(report["loadgen"].get("connected") or 0))  # type: ignore[union-attr]
@@ -143,7 +168,8 @@ def main() -> int:
                              env=os.environ.copy())
         reactor.callLater(args.timeout, reactor.stop)
 
-    tracemalloc.start(max(1, args.frames))
+    if not args.cpu:
+        tracemalloc.start(max(1, args.frames))
     reactor.callWhenRunning(start)
     try:
         reactor.run()
@@ -153,8 +179,8 @@ def main() -> int:
         except Exception:
             pass
         shutil.rmtree(data, ignore_errors=True)
-    if args.json:
-        print(json.dumps(report, indent=1))
+    if args.json or args.cpu:
+        print(json.dumps({k: v for k, v in report.items() if k != "loadgen_result"}, indent=1))
         return 0
     print(f"{report.get('connected')} connections ({'persistent' if args.persistent else 'clean'}):"
           f" {report.get('traced_bytes_per_conn')} traced bytes each")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -115,6 +115,9 @@ from mqttamqp.tls import verified_common_name
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
 _PINGRESP = encode(Pingresp())
+# CONNACK accepting a 3.1/3.1.1 client, by session present (encoded once).
+_CONNACK_ACCEPTED = {present: encode(Connack(present, ConnackCode.ACCEPTED))
+                     for present in (False, True)}
 _CLOSED = ConnectionState.CLOSED
 _CONNECTED = ConnectionState.CONNECTED
 _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
@@ -251,7 +254,7 @@ class MQTTProtocol(Protocol):
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
-        self._connect_timer: DelayedCall | None = None
+        self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
         self._acks = AckQueue()
@@ -279,6 +282,10 @@ class MQTTProtocol(Protocol):
         transport = self.transport
         if transport is None:
             return "?"
+        client = getattr(transport, "client", None)
+        if type(client) is tuple and len(client) >= 2:
+            # (a TCP transport's accepted address: what getPeer would wrap)
+            return f"{client[0]}:{client[1]}"
         peer = transport.getPeer()
         return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
 
@@ -296,14 +303,15 @@ class MQTTProtocol(Protocol):
             self.transport.abortConnection()
             return
         self.factory.connections.add(self)
-        if plain_tcp(self.transport):
+        if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
-            # (possibly delayed) ACK.
+            # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
+            # listener, see ``netio.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self._connect_timer = self.clock.callLater(
-            self.limits.connect_timeout, self._connect_timed_out)
+        self._connect_timer = self.factory.connect_deadlines.add(
+            self, self.limits.connect_timeout)
 
     def dataReceived(self, data: bytes) -> None:
         if self.rules.state is _CLOSED:
@@ -676,9 +684,7 @@ class MQTTProtocol(Protocol):
     # -- CONNECT ------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect) -> None:
-        if self._connect_timer is not None and self._connect_timer.active():
-            self._connect_timer.cancel()
-        self._connect_timer = None
+        self._stop_connect_timer()
         proto = (packet.protocol_name, packet.protocol_level)
         if proto not in (PROTOCOL_31, PROTOCOL_311, PROTOCOL_5):
             self._refuse(ConnackCode.UNACCEPTABLE_PROTOCOL,
@@ -742,7 +748,8 @@ class MQTTProtocol(Protocol):
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
-        banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
+        peer = self.peer     # (made when read: once here)
+        banned = self.broker.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
             # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
             self._refuse(ReasonCode.BANNED if self._v5 is not None
@@ -756,17 +763,29 @@ class MQTTProtocol(Protocol):
             assert self._v5 is not None and self._v5.auth_method is not None
             self._auth = _AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
             self.rules.advance("authenticate")
-            self._connect_timer = self.clock.callLater(
-                self.limits.connect_timeout, self._connect_timed_out)
+            self._connect_timer = self.factory.connect_deadlines.add(
+                self, self.limits.connect_timeout)
             props = packet.properties
             self._auth_answer(exchange.step(props.authentication_data if props else None))
             return
         self.rules.advance("connect")
-        creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
-        d = (succeed(True) if cert_user is not None
-             else self.broker.authenticate(creds))
-        d.addCallback(self._authenticated, packet, assigned)
-        d.addErrback(self._connect_failed)
+        ok: bool | Deferred[bool] = True
+        if cert_user is None:
+            creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
+            ok = self.broker.authenticate_now(creds)
+        if isinstance(ok, Deferred):
+            ok.addCallback(self._authenticated, packet, assigned)
+            ok.addErrback(self._connect_failed)
+        else:
+            # Answered at once (anonymous, no users, a certificate): no Deferreds
+            # unless the session's commit is awaited.
+            try:
+                d = self._authenticated(ok, packet, assigned)
+            except Exception:
+                self._connect_failed(Failure())
+            else:
+                if d is not None:
+                    d.addErrback(self._connect_failed)
         if self.state is ConnectionState.CONNECTING:
             # Not read on until CONNACK is out (a password check in the thread pool,
             # a persistent session's commit).  Not paused when it was all done at
@@ -836,8 +855,7 @@ class MQTTProtocol(Protocol):
         if self._v5 is not None:
             self._write(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
         else:
-            self._write(encode(Connack(present and self.version == "3.1.1",
-                                       ConnackCode.ACCEPTED)))
+            self._write(_CONNACK_ACCEPTED[present and self.version == "3.1.1"])
         self.broker.activate(session, self, self.protocol_label)
         self.broker.register_connection(self.key, self, self.protocol_label)
         held = self.factory.connect_lines.allow("connect")
@@ -899,13 +917,19 @@ class MQTTProtocol(Protocol):
         else:
             self._keepalive_timer = self.factory.keepalives.add(self, delay)
 
+    def _stop_connect_timer(self) -> None:
+        if self._connect_timer is not None:
+            self.factory.connect_deadlines.cancel(self._connect_timer)
+            self._connect_timer = None
+
     def _cancel_timers(self) -> None:
-        for timer in (self._connect_timer, self._rate_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
+        self._stop_connect_timer()
+        timer = self._rate_timer
+        if timer is not None and timer.active():
+            timer.cancel()
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self._keepalive_timer)
-        self._connect_timer = self._keepalive_timer = self._rate_timer = None
+        self._keepalive_timer = self._rate_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -1399,9 +1423,7 @@ class MQTTProtocol(Protocol):
                 self._violation(f"re-authentication failed: {step.reason or 'another user'}",
                                 code=ReasonCode.NOT_AUTHORIZED)
             return
-        if self._connect_timer is not None and self._connect_timer.active():
-            self._connect_timer.cancel()
-        self._connect_timer = None
+        self._stop_connect_timer()
         if step.outcome != SUCCESS:
             self._auth = None
             self.broker.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
@@ -1453,6 +1475,8 @@ class MQTTFactory(Factory):
         self.connect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         # Every connection's keepalive check, on one timer.
         self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
+        # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
+        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
