@@ -127,9 +127,10 @@ class ConnectionRules:
 class Keepalive:
     """MQTT keepalive: a client silent for 1.5 × ``keepalive`` seconds is gone."""
 
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "seconds")
 
     def __init__(self, keepalive: int) -> None:
+        self.seconds = keepalive
         self.limit = keepalive * 1.5
 
     @staticmethod
