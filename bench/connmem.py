@@ -108,9 +108,20 @@ def main() -> int:
         gc.collect()
         return tracemalloc.take_snapshot()
 
+    gc_time = [0.0, 0.0, 0, 0]   # CPU seconds in collections, start, count, gen-2 count
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_time[1] = time.process_time()
+        else:
+            gc_time[0] += time.process_time() - gc_time[1]
+            gc_time[2] += 1
+            gc_time[3] += info.get("generation") == 2
+
     def ready(worker: Worker) -> None:
         if args.cpu:
             gc.collect()
+            gc.callbacks.append(on_gc)
             if args.cprofile:
                 import cProfile
                 state["prof"] = prof = cProfile.Profile()
@@ -130,6 +141,10 @@ def main() -> int:
             n = max(1, int(report["loadgen"].get("connected") or 0))  # type: ignore[union-attr]
             report["connected"] = n
             report["cpu_us_per_conn"] = round(cpu * 1e6 / n, 1)
+            gc.callbacks.remove(on_gc)
+            report["gc_us_per_conn"] = round(gc_time[0] * 1e6 / n, 1)
+            report["gc_collections"] = gc_time[2]
+            report["gc_full_collections"] = gc_time[3]
             report["connect_all_s"] = report["loadgen"].get("connect_all_s")  # type: ignore[union-attr]
             worker.transport.write(b"CLOSE\n")
             return
