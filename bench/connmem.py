@@ -27,6 +27,7 @@ import collections
 import gc
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -127,6 +128,8 @@ def main() -> int:
                 state["prof"] = prof = cProfile.Profile()
                 prof.enable()
             state["cpu0"] = time.process_time()
+            state["main0"] = time.thread_time()
+            state["ru0"] = resource.getrusage(resource.RUSAGE_THREAD)
         else:
             state["census0"] = census()
             state["snap0"] = settle()
@@ -135,12 +138,19 @@ def main() -> int:
     def connected(worker: Worker) -> None:
         if args.cpu:
             cpu = time.process_time() - state["cpu0"]  # type: ignore[operator]
+            main = time.thread_time() - state["main0"]  # type: ignore[operator]
+            ru0, ru1 = state["ru0"], resource.getrusage(resource.RUSAGE_THREAD)
             if "prof" in state:
                 state["prof"].disable()  # type: ignore[attr-defined]
                 state["prof"].dump_stats(args.cprofile)  # type: ignore[attr-defined]
             n = max(1, int(report["loadgen"].get("connected") or 0))  # type: ignore[union-attr]
             report["connected"] = n
             report["cpu_us_per_conn"] = round(cpu * 1e6 / n, 1)
+            report["reactor_thread_cpu_us_per_conn"] = round(main * 1e6 / n, 1)
+            report["reactor_thread_user_us_per_conn"] = round(
+                (ru1.ru_utime - ru0.ru_utime) * 1e6 / n, 1)  # type: ignore[union-attr]
+            report["reactor_thread_system_us_per_conn"] = round(
+                (ru1.ru_stime - ru0.ru_stime) * 1e6 / n, 1)  # type: ignore[union-attr]
             gc.callbacks.remove(on_gc)
             report["gc_us_per_conn"] = round(gc_time[0] * 1e6 / n, 1)
             report["gc_collections"] = gc_time[2]
