@@ -513,3 +513,13 @@ def test_sessions_share_one_empty_inflight_window_until_their_first_delivery() -
     b.enqueue(msg("t"), 1, False)
     assert list(b.inflight) == [1] and a.inflight is not b.inflight and not a.inflight
     assert link.publishes() == [("publish", "t", 1, 1, False, False)]
+
+
+def test_sessions_share_one_empty_subscription_map_until_their_first_filter() -> None:
+    a, _ = online()
+    b, _ = online()
+    assert a.subscriptions is b.subscriptions and not a.subscriptions
+    with pytest.raises(TypeError):
+        a.subscriptions["x"] = 1
+    b.set_subscription("t/#", 1)
+    assert b.subscriptions == {"t/#": 1} and not a.subscriptions

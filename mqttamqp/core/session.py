@@ -75,14 +75,16 @@ class _NoIds(frozenset):  # type: ignore[type-arg]
         pass
 
 
-class _NoInflight(dict):  # type: ignore[type-arg]
-    """Every session's in-flight window until its first QoS 1/2 delivery (an empty
-    dict is 64 bytes a session); ``pump`` swaps in a dict before it adds."""
+class _EmptyMap(dict):  # type: ignore[type-arg]
+    """A session's in-flight window until its first QoS 1/2 delivery, and its
+    subscriptions until its first (an empty dict is 64 bytes a session; idle
+    clients have neither).  ``pump`` and ``set_subscription`` swap in a dict
+    before they add; anything else that adds fails at once."""
 
     __slots__ = ()
 
     def __setitem__(self, key: object, value: object) -> None:
-        raise TypeError("the shared empty in-flight window is read-only")
+        raise TypeError("a shared empty stand-in is read-only")
 
 
 # Shared empty stand-ins, replaced on first use (read-only until then):
@@ -90,7 +92,8 @@ _NO_OPTIONS: dict[str, int] = {}
 _NO_EXPIRED: list[Op] = []
 _NO_QUEUE = cast("deque[OutEntry]", _NoEntries())
 _NO_IDS = cast("set[int]", _NoIds())
-_NO_INFLIGHT = cast("dict[int, OutEntry]", _NoInflight())
+_NO_INFLIGHT = cast("dict[int, OutEntry]", _EmptyMap())
+_NO_SUBSCRIPTIONS = cast("dict[str, int]", _EmptyMap())
 
 
 class ClientLink(Protocol):
@@ -201,7 +204,8 @@ class Session:
         self.limits = limits
         self.created = created
         self.last_seen = created
-        self.subscriptions: dict[str, int] = {}
+        # filter -> QoS (``set_subscription`` adds)
+        self.subscriptions: dict[str, int] = _NO_SUBSCRIPTIONS
         # MQTT 5: filter -> its options and subscription identifier (packed, see
         # NO_LOCAL); only filters that have any.  Empty for every other client,
         # so routing looks no further.
@@ -263,6 +267,12 @@ class Session:
         self._state = new
         self._holder = holder
         self.link = holder if new is SessionState.ONLINE else None
+
+    def set_subscription(self, topic_filter: str, qos: int) -> None:
+        """Subscribe ``topic_filter`` at ``qos`` (the session's first makes its dict)."""
+        if self.subscriptions is _NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
+        self.subscriptions[topic_filter] = qos
 
     def set_options(self, topic_filter: str, packed: int) -> None:
         """MQTT 5 options of ``topic_filter`` (see ``sub_options``; 0: none)."""
