@@ -684,6 +684,7 @@ IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 def role_idle(a):
     """Open args['count'] MQTT connections (CONNECT/CONNACK, keepalive), at most
     args['window'] handshakes in progress at once; keep them until CLOSE.
+    args['clean'] (default true): false asks for persistent sessions.
 
     args['source_ips'] (loopback addresses, optional) spreads the clients over
     several source addresses: with 20,000 connections from one address the
@@ -698,6 +699,7 @@ def role_idle(a):
         return {"error": "no GO before deadline", "connected": 0, "timed_out": True}
     host, port = a["host"], a["port"]
     ka = a.get("keepalive", 600)
+    clean = a.get("clean", True)   # False: persistent sessions (clean session 0)
     prefix = a["client_prefix"]
     sources = a.get("source_ips") or []
     sel = selectors.DefaultSelector()
@@ -748,7 +750,7 @@ def role_idle(a):
                     fail(s, "connect errno %d" % err)
                     continue
                 try:
-                    s.send(w.connect("%s-%d" % (prefix, st["id"]), clean=True, keepalive=ka))
+                    s.send(w.connect("%s-%d" % (prefix, st["id"]), clean=clean, keepalive=ka))
                 except OSError as e:
                     fail(s, "send %s" % e.__class__.__name__)
                     continue

@@ -15,16 +15,129 @@ into Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
 
 from __future__ import annotations
 
+import socket
+import sys
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.tcp import Server
+from twisted.internet.address import IPv6Address
+from twisted.internet.tcp import Connection, Port, Server
 
-__all__ = ["send"]
+__all__ = ["LeanServer", "LeanServerNoDelay", "lean_port", "plain_tcp", "send"]
+
+
+# protocol class -> its log prefix (a handful of classes)
+_PREFIXES: dict[type, str] = {}
+
+
+def _no_fileno() -> int:
+    return -1
+
+
+class LeanServer(Server):
+    """``tcp.Server`` for a broker that holds many idle clients.
+
+    * It keeps no ``logstr`` and ``repstr`` strings (~150 bytes a connection, read
+      only when Twisted logs or a repr is taken) and no ``fileno`` (a bound method
+      of the socket, 72 bytes): each is made when read; and ``__init__`` does not
+      format the two strings (a connect storm's CPU).
+    * ``nodelay``: the listening socket has TCP_NODELAY, which Linux gives every
+      socket it accepts (``lean_port``), so the protocol need not set it again.
+
+    ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
+    otherwise Twisted's own (tests/test_netio.py compares the two).
+    """
+
+    nodelay = False
+
+    def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
+                 sessionno: int, reactor: Any) -> None:
+        Connection.__init__(self, sock, protocol, reactor)
+        if len(client) != 2:
+            self._addressType = IPv6Address
+        self.server = server
+        self.client = client
+        self.sessionno = sessionno
+        self.hostname = client[0]
+        self.startReading()  # type: ignore[no-untyped-call]
+        self.connected = 1
+
+    def logPrefix(self) -> str:
+        """The protocol's log prefix, without the session number and host that
+        ``logstr`` adds: Twisted asks for it on every read event (the legacy log
+        context of anything logged meanwhile); ``logstr`` would be formatted each
+        time.  (One string per protocol class, made once.)"""
+        kind = type(getattr(self, "protocol", None))
+        prefix = _PREFIXES.get(kind)
+        if prefix is None:
+            prefix = _PREFIXES[kind] = self._getLogPrefix(getattr(self, "protocol", None))
+        return prefix
+
+    @property
+    def logstr(self) -> str:
+        return f"{self._getLogPrefix(self.protocol)},{self.sessionno},{self.hostname}"
+
+    @logstr.setter
+    def logstr(self, value: str) -> None:
+        pass
+
+    @property
+    def repstr(self) -> str:
+        server = self.server
+        port = server._realPortNumber if server is not None else None
+        protocol = getattr(self, "protocol", None)
+        return f"<{type(protocol).__name__} #{self.sessionno} on {port}>"
+
+    @repstr.setter
+    def repstr(self, value: str) -> None:
+        pass
+
+    @property
+    def fileno(self) -> Callable[[], int]:
+        # (after the connection is lost Twisted deletes its socket: -1, as
+        # ``FileDescriptor.fileno``.  Not ``self.__dict__``: reading it makes
+        # CPython build the instance's dict, 64 bytes more.)
+        try:
+            return self.socket.fileno
+        except AttributeError:
+            return _no_fileno
+
+    @fileno.setter
+    def fileno(self, value: Callable[[], int]) -> None:
+        pass
+
+    @fileno.deleter
+    def fileno(self) -> None:
+        pass
+
+
+class LeanServerNoDelay(LeanServer):
+    """A ``LeanServer`` whose socket came with TCP_NODELAY from its listener."""
+
+    nodelay = True
+
+
+def lean_port(port: Any) -> None:
+    """Make a plain TCP listening port build ``LeanServer`` transports, with
+    TCP_NODELAY set once on the listening socket where accepted sockets inherit it
+    (Linux): one ``setsockopt`` a connection less."""
+    if type(port) is not Port or port.transport is not Server:
+        return
+    port.transport = LeanServer
+    if sys.platform.startswith("linux"):
+        try:
+            port.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            return
+        port.transport = LeanServerNoDelay
+
+
+_PLAIN = (Server, LeanServer, LeanServerNoDelay)
 
 
 def send(transport: Any, data: bytes) -> None:
     """``transport.write(data)``, sent at once when that changes nothing else."""
-    if (type(transport) is Server and transport.connected and not transport._tempDataLen
+    if (type(transport) in _PLAIN and transport.connected and not transport._tempDataLen
             and transport.offset >= len(transport.dataBuffer)
             and not transport.disconnecting and not transport._writeDisconnected):
         sent = transport.writeSomeData(data)
@@ -33,3 +146,8 @@ def send(transport: Any, data: bytes) -> None:
                 return
             data = data[sent:]
     transport.write(data)
+
+
+def plain_tcp(transport: Any) -> bool:
+    """A plain (not TLS, not WebSocket) TCP server transport."""
+    return type(transport) in _PLAIN

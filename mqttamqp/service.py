@@ -35,6 +35,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.netio import lean_port
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -84,6 +85,8 @@ class ListenerService(service.Service):
 
         def bound(port: Any) -> Any:
             self.port = port
+            if self.kind == "MQTT":
+                lean_port(port)   # (lighter transports for many idle clients)
             if self.running:  # bound after the service started (an asynchronous endpoint)
                 self._listening(port)
             return port

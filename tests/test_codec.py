@@ -258,6 +258,16 @@ def test_large_packet_in_small_chunks() -> None:
     assert out == [big, Puback(9), Pingreq()]
 
 
+def test_decoder_lets_go_of_a_read_once_all_of_it_is_taken() -> None:
+    """An idle connection's decoder holds no copy of its last read (its CONNECT)."""
+    decoder = Decoder()
+    decoder.feed(encode(Connect("MQTT", 4, "idle-1", True, 600)) + encode(Pingreq()))
+    assert list(decoder) == [Connect("MQTT", 4, "idle-1", True, 600), Pingreq()]
+    assert decoder._buf == b"" and decoder.buffered == 0
+    decoder.feed(encode(Pingreq()))
+    assert list(decoder) == [Pingreq()]
+
+
 def test_feed_empty_read() -> None:
     """An empty read changes nothing, before, between and after packets."""
     decoder = Decoder()

@@ -161,3 +161,20 @@ def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> Non
     assert len(deadlines._heap) < 100 and len(deadlines) == 1
     deadlines.cancel(keep)
     assert clock.getDelayedCalls() == []
+
+
+def test_idle_ack_queues_share_one_empty_list() -> None:
+    """No list of its own until an acknowledgement waits, and none once all left."""
+    a, b = AckQueue(), AckQueue()
+    assert a._entries is b._entries and a.empty and len(a) == 0
+    entry = a.add(b"1", None, ready=False)
+    assert not a.empty and b.empty
+    AckQueue.ready(entry)
+    assert a.take() == [(b"1", None)]
+    assert a._entries is b._entries
+
+
+def test_keepalive_rules_are_shared_per_value() -> None:
+    assert Keepalive.of(600) is Keepalive.of(600)
+    assert Keepalive.of(600).limit == 900.0 and Keepalive.of(600).seconds == 600
+    assert Keepalive.of(60) is not Keepalive.of(600)

@@ -130,8 +130,7 @@ def test_unknown_authentication_method_is_refused_0x8c() -> None:
 def test_bad_credentials_get_reason_code_0x86() -> None:
     """A 3.1.1 refusal reaches an MQTT 5 client as its reason code."""
     h = Harness()
-    h.broker.authenticate = lambda creds: __import__(  # type: ignore[method-assign]
-        "twisted.internet.defer", fromlist=["succeed"]).succeed(False)
+    h.broker.authenticate_now = lambda creds: False  # type: ignore[method-assign]
     c = client5(h)
     c.send(Connect("MQTT", 5, "c", True, 0, None, "user", b"wrong"))
     got = c.received()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
+import pytest
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -499,3 +500,31 @@ def test_held_pubrel_survives_reconnect_until_durable() -> None:
     assert link2.sent == []  # neither PUBLISH nor PUBREL yet
     session.pubrel_durable(1)
     assert link2.sent == [("pubrel", 1)]
+
+
+def test_sessions_share_one_empty_inflight_window_until_their_first_delivery() -> None:
+    """An idle session keeps no in-flight dict of its own (64 bytes each); the
+    shared stand-in refuses writes, and the first QoS 1 delivery gets a real one."""
+    a, _ = online()
+    b, link = online()
+    assert a.inflight is b.inflight and not a.inflight
+    with pytest.raises(TypeError):
+        a.inflight[1] = None  # type: ignore[assignment]
+    b.enqueue(msg("t"), 1, False)
+    assert list(b.inflight) == [1] and a.inflight is not b.inflight and not a.inflight
+    assert link.publishes() == [("publish", "t", 1, 1, False, False)]
+
+
+def test_sessions_share_one_empty_subscription_map_until_their_first_filter() -> None:
+    a, _ = online()
+    b, _ = online()
+    assert a.subscriptions is b.subscriptions and not a.subscriptions
+    with pytest.raises(TypeError):
+        a.subscriptions["x"] = 1
+    with pytest.raises(TypeError):      # (dict's own methods that skip __setitem__)
+        a.subscriptions.setdefault("x", 1)
+    with pytest.raises(TypeError):
+        a.subscriptions.update(x=1)
+    assert not b.subscriptions
+    b.set_subscription("t/#", 1)
+    assert b.subscriptions == {"t/#": 1} and not a.subscriptions

@@ -257,3 +257,25 @@ def test_a_password_also_sets_scram_credentials(tmp_path: Any) -> None:
     assert creds == scram_credentials("device password", creds.salt, creds.iterations)
     assert "device password" not in open(store.path).read()
     assert store.scram("nobody") is None
+
+
+def test_the_authenticator_looks_at_the_file_once_per_reactor_turn(tmp_path: Any) -> None:
+    """A connect storm read users.json for every CONNECT; the authenticator now looks
+    once per reactor turn (the CONNECTs of a turn had all arrived before its first
+    look).  Changes made through the store in this process apply at once."""
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    store = UserStore(str(tmp_path))
+    auth = StoreAuthenticator(store, reactor=clock, run_in_thread=now)
+    assert auth.authenticate(creds(None)) is True
+    # Another process (mqttamqp-admin) adds a client user during this turn...
+    UserStore(str(tmp_path)).set_password("dev", "device password", **CHEAP)
+    assert auth.authenticate(creds(None)) is True       # ...seen from the next turn on
+    clock.advance(0)
+    assert auth.authenticate(creds(None)) is False
+    # A change through this store (the console) applies within the turn.
+    assert store.delete_user("dev")
+    assert auth.authenticate(creds(None)) is True
+    clock.advance(0)
+    assert not clock.getDelayedCalls()                  # (one reset per turn, no more)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
+from typing import Any
 
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -306,21 +307,33 @@ class Broker:
 
     def authenticate(self, credentials: Credentials) -> Deferred[bool]:
         """Check ``credentials``; a refusal (or a failed check) is recorded."""
-        result: Deferred[bool] = maybeDeferred(  # type: ignore[call-overload]
-            self.authenticator.authenticate, credentials)
+        result = self.authenticate_now(credentials)
+        if isinstance(result, Deferred):
+            return result
+        return succeed(result)
 
-        def record(ok: object, reason: str) -> object:
-            if not ok or reason != "refused":
-                self.stats.auth_failures += 1
-                self.recorder.event(
-                    self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
-                    protocol=credentials.protocol, address=credentials.peer,
-                    user=credentials.username, reason=reason)
-            return ok
+    def authenticate_now(self, credentials: Credentials) -> bool | Deferred[bool]:
+        """``authenticate``, answered at once when the authenticator answers at once
+        (anonymous clients, a store without users): no Deferred per MQTT CONNECT."""
+        try:
+            result = self.authenticator.authenticate(credentials)
+        except Exception:
+            failed: Deferred[bool] = fail()
+            return failed.addErrback(self._auth_recorded, credentials, "error")
+        if isinstance(result, Deferred):
+            return result.addCallbacks(
+                self._auth_recorded, self._auth_recorded, callbackArgs=(credentials, "refused"),
+                errbackArgs=(credentials, "error"))
+        return self._auth_recorded(result, credentials, "refused")  # type: ignore[no-any-return]
 
-        result.addCallbacks(record, record, callbackArgs=("refused",),
-                            errbackArgs=("error",))
-        return result
+    def _auth_recorded(self, ok: Any, credentials: Credentials, reason: str) -> Any:
+        if not ok or reason != "refused":
+            self.stats.auth_failures += 1
+            self.recorder.event(
+                self.clock.seconds(), AUTH_FAILURE, credentials.client_id or None,
+                protocol=credentials.protocol, address=credentials.peer,
+                user=credentials.username, reason=reason)
+        return ok
 
     def register_connection(self, key: str, connection: InspectableConnection,
                             protocol: str) -> None:

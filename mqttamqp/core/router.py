@@ -426,7 +426,7 @@ class Router:
                 codes.append(SUBSCRIBE_FAILURE)
                 continue
             granted = min(qos, 2)
-            session.subscriptions[topic_filter] = granted
+            session.set_subscription(topic_filter, granted)
             session.set_options(topic_filter, packed)
             self._route(topic_filter, session, granted)
             if session.persistent:
@@ -450,7 +450,7 @@ class Router:
         if refusal is not None:
             return SUBSCRIBE_FAILURE
         granted = min(qos, 2)
-        session.subscriptions[topic_filter] = granted
+        session.set_subscription(topic_filter, granted)
         if session.persistent:
             ops.append(PutSubscription(session.client_id, topic_filter, granted))
         self.recorder.event(self.clock.seconds(), SUBSCRIBE, session.client_id,
@@ -515,7 +515,7 @@ class Router:
             qos = stored & 0x03
             if stored & ~0x03:
                 session.set_options(topic_filter, stored & ~0x03)
-            session.subscriptions[topic_filter] = qos
+            session.set_subscription(topic_filter, qos)
             self._route(topic_filter, session, qos)
 
     def forget_session(self, session: Session) -> None:

@@ -75,11 +75,32 @@ class _NoIds(frozenset):  # type: ignore[type-arg]
         pass
 
 
+class _EmptyMap(dict):  # type: ignore[type-arg]
+    """A session's in-flight window until its first QoS 1/2 delivery, and its
+    subscriptions until its first (an empty dict is 64 bytes a session; idle
+    clients have neither).  ``pump`` and ``set_subscription`` swap in a dict
+    before they add; anything else that adds fails at once."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("a shared empty stand-in is read-only")
+
+    # (dict's own setdefault and update would bypass __setitem__)
+    def setdefault(self, key: object, default: object = None) -> object:
+        raise TypeError("a shared empty stand-in is read-only")
+
+    def update(self, *args: object, **kw: object) -> None:
+        raise TypeError("a shared empty stand-in is read-only")
+
+
 # Shared empty stand-ins, replaced on first use (read-only until then):
 _NO_OPTIONS: dict[str, int] = {}
 _NO_EXPIRED: list[Op] = []
 _NO_QUEUE = cast("deque[OutEntry]", _NoEntries())
 _NO_IDS = cast("set[int]", _NoIds())
+_NO_INFLIGHT = cast("dict[int, OutEntry]", _EmptyMap())
+_NO_SUBSCRIPTIONS = cast("dict[str, int]", _EmptyMap())
 
 
 class ClientLink(Protocol):
@@ -172,6 +193,17 @@ class OutEntry:
 
 
 class Session:
+    # Slots: one session per client, online or not (an instance dict of these
+    # ~30 attributes cost ~50 bytes more per session).
+    __slots__ = (
+        "_holder", "_may_expire", "_next_pid", "_next_seq", "_pids", "_state",
+        "client_id", "created", "delivered", "drop_offset", "dropped",
+        "dropped_congested", "dropped_rejected", "expired_ops", "expiry",
+        "inbound_qos2", "inflight", "last_seen", "limits", "link", "owner",
+        "persistent", "protocol", "queue", "queued_bytes", "stalled", "sub_options",
+        "subscriptions", "window",
+    )
+
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
                  created: float = 0.0) -> None:
         self.client_id = client_id
@@ -179,7 +211,8 @@ class Session:
         self.limits = limits
         self.created = created
         self.last_seen = created
-        self.subscriptions: dict[str, int] = {}
+        # filter -> QoS (``set_subscription`` adds)
+        self.subscriptions: dict[str, int] = _NO_SUBSCRIPTIONS
         # MQTT 5: filter -> its options and subscription identifier (packed, see
         # NO_LOCAL); only filters that have any.  Empty for every other client,
         # so routing looks no further.
@@ -193,7 +226,8 @@ class Session:
         # Where deliveries go: the holder while ONLINE, else None.  Set only by
         # ``_enter`` (a plain attribute: it is read for every delivery).
         self.link: ClientLink | None = None
-        self.inflight: dict[int, OutEntry] = {}  # packet id -> entry, in send order
+        # packet id -> entry, in send order
+        self.inflight: dict[int, OutEntry] = _NO_INFLIGHT
         self.queue: deque[OutEntry] = _NO_QUEUE
         self.inbound_qos2: set[int] = _NO_IDS
         self.queued_bytes = 0
@@ -240,6 +274,12 @@ class Session:
         self._state = new
         self._holder = holder
         self.link = holder if new is SessionState.ONLINE else None
+
+    def set_subscription(self, topic_filter: str, qos: int) -> None:
+        """Subscribe ``topic_filter`` at ``qos`` (the session's first makes its dict)."""
+        if self.subscriptions is _NO_SUBSCRIPTIONS:
+            self.subscriptions = {}
+        self.subscriptions[topic_filter] = qos
 
     def set_options(self, topic_filter: str, packed: int) -> None:
         """MQTT 5 options of ``topic_filter`` (see ``sub_options``; 0: none)."""
@@ -480,6 +520,8 @@ class Session:
                 break
             queue.popleft()
             self.queued_bytes -= len(entry.message.payload)
+            if inflight is _NO_INFLIGHT:
+                inflight = self.inflight = {}
             inflight[entry.packet_id] = entry
             if entry.state == QueuedState.RELEASED:
                 link.send_pubrel(entry.packet_id)

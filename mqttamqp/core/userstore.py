@@ -205,6 +205,7 @@ class UserStore:
         self._stamp: tuple[int, int] | None = None
         self._users: dict[str, User] = {}
         self._clients = False          # any user with the client role (of _users)
+        self.writes = 0                # changes made through this object (``_write``)
         self.migrated = self._migrate()
 
     # -- migration ----------------------------------------------------------------
@@ -272,6 +273,11 @@ class UserStore:
         worked out once per read of the file.)"""
         self.users()
         return self._clients
+
+    def users_and_clients(self) -> tuple[dict[str, User], bool]:
+        """``users()`` and ``has_clients()`` with one ``stat``."""
+        users = self.users()
+        return users, self._clients
 
     def scram(self, name: str) -> ScramCredentials | None:
         """``name``'s SCRAM-SHA-256 credentials (the MQTT 5 AUTH exchange's lookup;
@@ -341,6 +347,7 @@ class UserStore:
         data = {"version": 2, "users": {n: _user_to_json(u) for n, u in sorted(users.items())}}
         write_private(self.path, json.dumps(data, indent=2) + "\n")
         self._stamp = None
+        self.writes += 1
 
     def set_password(self, name: str, password: str, role: str | None = None,
                      **cost: int) -> User:
@@ -435,11 +442,35 @@ class StoreAuthenticator:
         self.anywhere = anywhere
         self.legacy = legacy            # core.users.UserFile or None
         self._defer = run_in_thread or defer_to_thread(reactor)
+        # The store's users as seen this reactor turn (None: look again).  A connect
+        # storm stat'ed users.json for every CONNECT; now once a turn.  Every CONNECT
+        # handled in a turn had arrived before the turn's first look, so a change
+        # made before a client connected still applies to it.  (Reactor thread
+        # only; without a reactor, every call looks.)
+        self._call_later: Callable[..., Any] | None = getattr(reactor, "callLater", None)
+        # Changes made in this process (the console) apply at once all the same.
+        self._this_turn: tuple[dict[str, User], bool] | None = None
+        self._writes = -1
+
+    def _users(self) -> tuple[dict[str, User], bool]:
+        """The store's users, and whether any is a client (see ``_this_turn``)."""
+        seen = self._this_turn
+        if seen is None or self._writes != self.store.writes:
+            seen = self.store.users_and_clients()
+            if self._call_later is not None:
+                if self._this_turn is None:
+                    self._call_later(0, self._next_turn)
+                self._this_turn = seen
+                self._writes = self.store.writes
+        return seen
+
+    def _next_turn(self) -> None:
+        self._this_turn = None
 
     # -- the anonymous rule -------------------------------------------------------
 
     def has_clients(self) -> bool:
-        return self.legacy is not None or self.store.has_clients()
+        return self.legacy is not None or self._users()[1]
 
     @property
     def allows_anonymous(self) -> bool:
@@ -454,7 +485,7 @@ class StoreAuthenticator:
         name = credentials.username
         if name is None:
             return self.anonymous_from(credentials.peer)  # (the protocol logs a refusal)
-        user = self.store.get(name)
+        user = self._users()[0].get(name)
         if user is not None:
             d = self._defer(self.store.check_password, name, credentials.password or b"")
             d.addCallback(lambda found: found is not None)

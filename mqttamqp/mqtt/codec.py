@@ -697,6 +697,11 @@ class Decoder:
         pos = self._pos
         n = len(buf)
         if pos >= n:
+            if n:
+                # All taken: let go of the last read (an idle connection kept its
+                # CONNECT, ~55 bytes, until its next packet).
+                self._buf = b""
+                self._pos = 0
             return None
         first = buf[pos]
         error = self._header_errors[first]

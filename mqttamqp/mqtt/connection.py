@@ -27,7 +27,7 @@ import heapq
 import re
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from twisted.logger import Logger
 
@@ -127,10 +127,20 @@ class ConnectionRules:
 class Keepalive:
     """MQTT keepalive: a client silent for 1.5 × ``keepalive`` seconds is gone."""
 
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "seconds")
 
     def __init__(self, keepalive: int) -> None:
+        self.seconds = keepalive
         self.limit = keepalive * 1.5
+
+    @staticmethod
+    def of(keepalive: int) -> Keepalive:
+        """The one shared ``Keepalive`` for ``keepalive`` seconds (it is immutable:
+        one per value, not one of 40 bytes per connection)."""
+        rule = _KEEPALIVES.get(keepalive)
+        if rule is None:
+            rule = _KEEPALIVES[keepalive] = Keepalive(keepalive)
+        return rule
 
     def next_check(self, now: float, last_activity: float, reading_paused: bool
                    ) -> float | None:
@@ -149,6 +159,9 @@ class Keepalive:
         return (f"keepalive expired (no packet for {now - last_activity:.1f}s, "
                 f"limit {self.limit:g}s)")
 
+
+# (bounded: MQTT's keepalive is a 16-bit number of seconds)
+_KEEPALIVES: dict[int, Keepalive] = {}
 
 _log = Logger(namespace="mqttamqp.mqtt")
 
@@ -230,6 +243,9 @@ class Deadlines:
                 self._arm()
 
 
+_NO_ENTRIES = cast("list[list[Any]]", ())
+
+
 class AckQueue:
     """Acknowledgements in the order their packets arrived, each sent only once
     whatever it promises is durable.
@@ -246,7 +262,9 @@ class AckQueue:
     def __init__(self) -> None:
         # A list, not a deque: an empty deque is 760 bytes, one per connection, and
         # ``take_flagged`` removes its run of ready entries in one slice anyway.
-        self._entries: list[list[Any]] = []
+        # The shared empty tuple until the first entry (an empty list is 56 bytes,
+        # and most connections never wait for a commit).
+        self._entries: list[list[Any]] = _NO_ENTRIES
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -267,7 +285,10 @@ class AckQueue:
     def add(self, frame: bytes, after: Callable[[], None] | None, ready: bool,
             essential: bool = False) -> list[Any]:
         entry: list[Any] = [ready, frame, after, essential]
-        self._entries.append(entry)
+        if self._entries is _NO_ENTRIES:
+            self._entries = [entry]
+        else:
+            self._entries.append(entry)
         return entry
 
     @staticmethod
@@ -288,11 +309,14 @@ class AckQueue:
         if not n:
             return []
         out = [(frame, after, essential) for _, frame, after, essential in entries[:n]]
-        del entries[:n]
+        if n == len(entries):
+            self._entries = _NO_ENTRIES
+        else:
+            del entries[:n]
         return out
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._entries = _NO_ENTRIES
 
 
 class StringRules:

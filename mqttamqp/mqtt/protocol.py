@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.tcp import Server as TCPServer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -110,12 +109,15 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.netio import send
+from mqttamqp.netio import plain_tcp, send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
 _PINGRESP = encode(Pingresp())
+# CONNACK accepting a 3.1/3.1.1 client, by session present (encoded once).
+_CONNACK_ACCEPTED = {present: encode(Connack(present, ConnackCode.ACCEPTED))
+                     for present in (False, True)}
 _CLOSED = ConnectionState.CLOSED
 _CONNECTED = ConnectionState.CONNECTED
 _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
@@ -185,7 +187,8 @@ class MQTTProtocol(Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
-    # (unshared) __dict__ of about 1.5 KB; Twisted's own attributes stay in __dict__.
+    # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
+    # are slots too: with them here CPython never allocates the instance's dict.
     __slots__ = (
         "_acks",
         "_auth",
@@ -211,6 +214,7 @@ class MQTTProtocol(Protocol):
         "clean_session",
         "client_id",
         "clock",
+        "connected",
         "connected_since",
         "decoder",
         "factory",
@@ -219,15 +223,17 @@ class MQTTProtocol(Protocol):
         "limits",
         "messages_in",
         "messages_out",
-        "peer",
         "rules",
         "session",
         "strings",
+        "transport",
         "username",
         "version",
     )
 
     def __init__(self, factory: MQTTFactory) -> None:
+        self.transport = None
+        self.connected = 0
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
@@ -242,14 +248,13 @@ class MQTTProtocol(Protocol):
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
-        self.peer = "?"
         self.connected_since = 0.0
         self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
-        self._connect_timer: DelayedCall | None = None
+        self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
         self._acks = AckQueue()
@@ -271,6 +276,20 @@ class MQTTProtocol(Protocol):
         return self.rules.state
 
     @property
+    def peer(self) -> str:
+        """The client's ``host:port``, made when read (log lines, bans, the console):
+        a string kept per connection was 64 bytes of every idle client."""
+        transport = self.transport
+        if transport is None:
+            return "?"
+        client = getattr(transport, "client", None)
+        if type(client) is tuple and len(client) >= 2:
+            # (a TCP transport's accepted address: what getPeer would wrap)
+            return f"{client[0]}:{client[1]}"
+        peer = transport.getPeer()
+        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    @property
     def protocol_label(self) -> str:
         """``mqtt3.1``, ``mqtt3.1.1`` or ``mqtt5`` (one shared string each)."""
         return _PROTOCOL_LABELS.get(self.version) or "mqtt" + self.version
@@ -278,22 +297,21 @@ class MQTTProtocol(Protocol):
     # -- Twisted ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()
-        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self._last_activity = self.clock.seconds()
         if not self.broker.admit("MQTT", self.peer, len(self.factory.connections)):
             self.rules.advance("close")
             self.transport.abortConnection()
             return
-        self.factory.connections.add(self)
-        if type(self.transport) is TCPServer:
+        self.factory.connections[self] = None
+        if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
-            # (possibly delayed) ACK.
+            # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
+            # listener, see ``netio.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self._connect_timer = self.clock.callLater(
-            self.limits.connect_timeout, self._connect_timed_out)
+        self._connect_timer = self.factory.connect_deadlines.add(
+            self, self.limits.connect_timeout)
 
     def dataReceived(self, data: bytes) -> None:
         if self.rules.state is _CLOSED:
@@ -314,7 +332,7 @@ class MQTTProtocol(Protocol):
             broker.end_batch()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self.factory.connections.discard(self)
+        self.factory.connections.pop(self, None)
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
@@ -666,9 +684,7 @@ class MQTTProtocol(Protocol):
     # -- CONNECT ------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect) -> None:
-        if self._connect_timer is not None and self._connect_timer.active():
-            self._connect_timer.cancel()
-        self._connect_timer = None
+        self._stop_connect_timer()
         proto = (packet.protocol_name, packet.protocol_level)
         if proto not in (PROTOCOL_31, PROTOCOL_311, PROTOCOL_5):
             self._refuse(ConnackCode.UNACCEPTABLE_PROTOCOL,
@@ -732,7 +748,8 @@ class MQTTProtocol(Protocol):
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
-        banned = self.broker.banned("MQTT", client_id, self.username, self.peer)
+        peer = self.peer     # (made when read: once here)
+        banned = self.broker.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
             # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
             self._refuse(ReasonCode.BANNED if self._v5 is not None
@@ -746,17 +763,29 @@ class MQTTProtocol(Protocol):
             assert self._v5 is not None and self._v5.auth_method is not None
             self._auth = _AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
             self.rules.advance("authenticate")
-            self._connect_timer = self.clock.callLater(
-                self.limits.connect_timeout, self._connect_timed_out)
+            self._connect_timer = self.factory.connect_deadlines.add(
+                self, self.limits.connect_timeout)
             props = packet.properties
             self._auth_answer(exchange.step(props.authentication_data if props else None))
             return
         self.rules.advance("connect")
-        creds = Credentials(client_id, packet.username, packet.password, "mqtt", self.peer)
-        d = (succeed(True) if cert_user is not None
-             else self.broker.authenticate(creds))
-        d.addCallback(self._authenticated, packet, assigned)
-        d.addErrback(self._connect_failed)
+        ok: bool | Deferred[bool] = True
+        if cert_user is None:
+            creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
+            ok = self.broker.authenticate_now(creds)
+        if isinstance(ok, Deferred):
+            ok.addCallback(self._authenticated, packet, assigned)
+            ok.addErrback(self._connect_failed)
+        else:
+            # Answered at once (anonymous, no users, a certificate): no Deferreds
+            # unless the session's commit is awaited.
+            try:
+                d = self._authenticated(ok, packet, assigned)
+            except Exception:
+                self._connect_failed(Failure())
+            else:
+                if d is not None:
+                    d.addErrback(self._connect_failed)
         if self.state is ConnectionState.CONNECTING:
             # Not read on until CONNACK is out (a password check in the thread pool,
             # a persistent session's commit).  Not paused when it was all done at
@@ -826,8 +855,7 @@ class MQTTProtocol(Protocol):
         if self._v5 is not None:
             self._write(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
         else:
-            self._write(encode(Connack(present and self.version == "3.1.1",
-                                       ConnackCode.ACCEPTED)))
+            self._write(_CONNACK_ACCEPTED[present and self.version == "3.1.1"])
         self.broker.activate(session, self, self.protocol_label)
         self.broker.register_connection(self.key, self, self.protocol_label)
         held = self.factory.connect_lines.allow("connect")
@@ -840,7 +868,8 @@ class MQTTProtocol(Protocol):
         if debug_until is not None:
             self.start_debug(debug_until)
         if self.keepalive > 0:
-            self._keepalive = Keepalive(self.keepalive)
+            rule = self._keepalive = Keepalive.of(self.keepalive)
+            self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
             self._keepalive_timer = self.factory.keepalives.add(self, self._keepalive.limit)
         self._resume_reading("connect")
         self._process()
@@ -889,13 +918,19 @@ class MQTTProtocol(Protocol):
         else:
             self._keepalive_timer = self.factory.keepalives.add(self, delay)
 
+    def _stop_connect_timer(self) -> None:
+        if self._connect_timer is not None:
+            self.factory.connect_deadlines.cancel(self._connect_timer)
+            self._connect_timer = None
+
     def _cancel_timers(self) -> None:
-        for timer in (self._connect_timer, self._rate_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
+        self._stop_connect_timer()
+        timer = self._rate_timer
+        if timer is not None and timer.active():
+            timer.cancel()
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self._keepalive_timer)
-        self._connect_timer = self._keepalive_timer = self._rate_timer = None
+        self._keepalive_timer = self._rate_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -969,7 +1004,8 @@ class MQTTProtocol(Protocol):
 
     def _resume_reading(self, why: str) -> None:
         if why in self._reading_paused_for:
-            self._reading_paused_for = self._reading_paused_for - {why}
+            # (``or``: back to the shared empty one, not a new 216-byte frozenset)
+            self._reading_paused_for = self._reading_paused_for - {why} or _NOT_PAUSED
             if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
                 self._last_activity = self.clock.seconds()
                 self.transport.resumeProducing()
@@ -1388,9 +1424,7 @@ class MQTTProtocol(Protocol):
                 self._violation(f"re-authentication failed: {step.reason or 'another user'}",
                                 code=ReasonCode.NOT_AUTHORIZED)
             return
-        if self._connect_timer is not None and self._connect_timer.active():
-            self._connect_timer.cancel()
-        self._connect_timer = None
+        self._stop_connect_timer()
         if step.outcome != SUCCESS:
             self._auth = None
             self.broker.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
@@ -1435,13 +1469,17 @@ class MQTTFactory(Factory):
         self.broker = broker
         self.clock = clock
         self.strings = StringRules(broker.limits)
-        self.connections: set[MQTTProtocol] = set()
+        # Open connections (CONNECT or not), in a dict used as a set: at thousands
+        # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
+        self.connections: dict[MQTTProtocol, None] = {}
         # Lines about what a client can repeat at will: one per cause a minute.
         self.log_limit = LogLimiter(clock.seconds)
         # "connected from": 20 lines a second at most (then a count in the next one).
         self.connect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         # Every connection's keepalive check, on one timer.
         self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
+        # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
+        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).

@@ -1,0 +1,126 @@
+"""``netio.LeanServer``: Twisted's TCP server transport, minus per-connection strings.
+
+A real listening ``tcp.Port`` on 127.0.0.1 port 0 and real client sockets; the
+reactor is a stub that only records the descriptors it is asked to watch
+(``doRead`` is called by hand), so nothing here runs an event loop.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+import pytest
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.tcp import Port, Server
+
+from mqttamqp.netio import LeanServer, LeanServerNoDelay, lean_port, plain_tcp
+
+
+class _Reactor:
+    """What ``Port`` and ``Server`` call on their reactor, recorded."""
+
+    def __init__(self) -> None:
+        self.readers: set[Any] = set()
+
+    def addReader(self, reader: Any) -> None:
+        self.readers.add(reader)
+
+    def removeReader(self, reader: Any) -> None:
+        self.readers.discard(reader)
+
+    def addWriter(self, writer: Any) -> None:
+        pass
+
+    def removeWriter(self, writer: Any) -> None:
+        pass
+
+
+class _Kept(Protocol):
+    def __init__(self, made: list[Any]) -> None:
+        self.made = made
+
+    def connectionMade(self) -> None:
+        self.made.append(self)
+
+
+def _accept(lean: bool) -> tuple[Any, socket.socket, Port, list[Any]]:
+    """A port (lean or Twisted's own), one client connected and accepted."""
+    reactor = _Reactor()
+    made: list[Any] = []
+    factory = Factory.forProtocol(lambda: _Kept(made))
+    port = Port(0, factory, interface="127.0.0.1", reactor=reactor)
+    port.startListening()
+    if lean:
+        lean_port(port)
+    client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
+    for _ in range(100):                   # bounded: the accept is ready at once
+        port.doRead()
+        if made:
+            break
+    assert made, "no connection accepted"
+    return made[0].transport, client, port, made
+
+
+def _close(client: socket.socket, port: Port, *transports: Any) -> None:
+    client.close()
+    for t in transports:
+        t.socket.close()
+    port.socket.close()
+
+
+def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
+    lean, c1, p1, _ = _accept(True)
+    plain, c2, p2, _ = _accept(False)
+    try:
+        assert isinstance(lean, LeanServer) and type(plain) is Server
+        assert plain_tcp(lean) and plain_tcp(plain)
+        # Same state, less three attributes.
+        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno"}
+        assert set(vars(lean)) <= set(vars(plain))
+        # Made when read, as Twisted would have written them (the port numbers and
+        # session numbers of the two ports are their own).
+        assert lean.logstr == f"_Kept,{lean.sessionno},127.0.0.1"
+        # Asked on every read event: the protocol's prefix alone, made once.
+        assert lean.logPrefix() == "_Kept" and lean.logPrefix() is lean.logPrefix()
+        assert repr(lean) == f"<_Kept #{lean.sessionno} on {p1.getHost().port}>"
+        assert repr(plain) == f"<_Kept #{plain.sessionno} on {p2.getHost().port}>"
+        assert lean.fileno() == lean.socket.fileno() > 0
+        assert lean.getPeer().host == "127.0.0.1"
+    finally:
+        _close(c1, p1, lean)
+        _close(c2, p2, plain)
+
+
+def test_a_lost_lean_transport_answers_minus_one_for_its_descriptor() -> None:
+    lean, client, port, _ = _accept(True)
+    sock = lean.socket
+    try:
+        del lean.socket, lean.fileno        # as tcp.Connection.connectionLost does
+        assert lean.fileno() == -1
+    finally:
+        client.close()
+        sock.close()
+        port.socket.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's inheritance")
+def test_accepted_sockets_inherit_nodelay_from_the_lean_listener() -> None:
+    lean, client, port, _ = _accept(True)
+    try:
+        assert type(lean) is LeanServerNoDelay and lean.nodelay
+        assert lean.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        _close(client, port, lean)
+
+
+def test_lean_port_leaves_other_transports_alone() -> None:
+    class Custom(Server):
+        pass
+
+    reactor = _Reactor()
+    port = Port(0, Factory.forProtocol(Protocol), interface="127.0.0.1", reactor=reactor)
+    port.transport = Custom
+    lean_port(port)
+    assert port.transport is Custom
