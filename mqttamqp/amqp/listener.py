@@ -31,6 +31,7 @@ from proton import symbol as amqp_symbol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.tcp import Server as TCPServer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -83,6 +84,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
+from mqttamqp.netio import send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
@@ -164,6 +166,11 @@ class AMQPConnection(Protocol):
         anonymous = self.factory.anonymous_allowed(self.peer)
         self.sasl = SaslServer(["PLAIN", "ANONYMOUS"] if anonymous else ["PLAIN"], anonymous)
         self.factory.connections.add(self)
+        if type(self.transport) is TCPServer:
+            # Output goes out once per pump, at once (``_write``): without this,
+            # Nagle's algorithm holds a second small write until the peer's
+            # (possibly delayed) ACK.
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.clock.callLater(
             self.limits.connect_timeout, self._handshake_timed_out)
@@ -527,7 +534,7 @@ class AMQPConnection(Protocol):
             self._write(data)
 
     def _write(self, data: bytes) -> None:
-        self.transport.write(data)
+        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
         self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 
