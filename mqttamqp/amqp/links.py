@@ -42,6 +42,8 @@ from mqttamqp.amqp.codec import (
     DecodeError,
     InboundMessage,
     Mqtt5Props,
+    PublishFields,
+    PublishMemo,
     decode_message,
     decode_publish,
     encode_control,
@@ -50,6 +52,7 @@ from mqttamqp.amqp.codec import (
     encode_publish5,
     native_sections,
     queue_native,
+    recall_publish,
 )
 from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
@@ -198,12 +201,10 @@ class LinkHost(Protocol):
     serial: int
     peer: str
     publish_rate: PublishRate | None
+    write_blocked: bool      # the socket's buffer is full (until it drains)
+
     @property
     def requests(self) -> PublishRequests: ...
-
-
-    @property
-    def write_blocked(self) -> bool: ...
 
     def schedule_flush(self) -> None: ...
 
@@ -243,6 +244,9 @@ class BrokerLink:
 
     def start(self) -> None:
         """Called once the attach has been answered."""
+
+    def on_delivery(self, dlv: Any) -> None:
+        """A delivery event on this link: the per-message path (a raw pointer)."""
 
     _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
 
@@ -336,8 +340,8 @@ class OutgoingLink(BrokerLink):
     def on_writable(self) -> None:
         """The socket buffer drained."""
 
-    def on_outcome(self, dlv: Any) -> None:
-        """A raw delivery of ours was updated by the peer."""
+    def on_delivery(self, dlv: Any) -> None:
+        """A raw delivery of ours was updated by the peer (its outcome)."""
         state = _delivery_remote_state(dlv)
         if state not in _TERMINAL and not _delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
@@ -416,26 +420,28 @@ class _SessionLink(OutgoingLink):
             if session is not None:
                 self.broker.dropped(session)
             return
-        cache = _encode_cache
         native = message.native if self.native else None
         props = message.props
-        if self.queue and props is not None:
+        if props is None:
+            if native is not None:
+                data = encode_native(native, qos, retain, count, message.publisher)
+            elif packet_id is not None:
+                data = encode_publish(message.topic, message.payload, qos, retain, count,
+                                      message.publisher, packet_id)
+            else:
+                cache = _encode_cache
+                if cache[0] is message and cache[1] == retain:
+                    data = cache[2]  # fan-out of one QoS 0 message: encoded once
+                else:
+                    data = encode_publish(message.topic, message.payload, 0, retain, count,
+                                          message.publisher)
+                    cache[0], cache[1], cache[2] = message, retain, data
+        elif self.queue:
             data = _encode_queue_delivery(message, props, qos, retain, packet_id, native,
                                           self.broker.clock.seconds())
-        elif props is not None:
+        else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds())
-        elif native is not None:
-            data = encode_native(native, qos, retain, count, message.publisher)
-        elif packet_id is not None:
-            data = encode_publish(message.topic, message.payload, qos, retain, count,
-                                  message.publisher, packet_id)
-        elif cache[0] is message and cache[1] == retain:
-            data = cache[2]  # fan-out of one QoS 0 message: encoded once
-        else:
-            data = encode_publish(message.topic, message.payload, 0, retain, count,
-                                  message.publisher)
-            cache[0], cache[1], cache[2] = message, retain, data
         stats = self.broker.stats
         if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
             stats.deliver_sampled(message.timestamp)
@@ -471,6 +477,25 @@ class _SessionLink(OutgoingLink):
         self.detach(condition, reason)
 
     # outcomes ------------------------------------------------------------------------
+
+    def on_delivery(self, dlv: Any) -> None:
+        if _delivery_remote_state(dlv) != ACCEPTED:
+            super().on_delivery(dlv)
+            return
+        # Accepted, the usual outcome: ``on_delivery``, ``outcome`` and ``_finished``
+        # of that case in one.
+        key = self._awaiting.pop(dlv, None)
+        _delivery_settle(dlv)  # its address may be reused from here on
+        if key is None:
+            return
+        if key < 0:
+            self._pubrel_outcome(-key, ACCEPTED)
+            return
+        session = self.session
+        if session is None or self.closed:
+            return
+        self._sent.discard(key)
+        self.broker.settle(session, key, Outcome.ACCEPTED)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
@@ -658,7 +683,7 @@ class IncomingLink(BrokerLink):
             _link_flow(impl, want - have)
             self.host.schedule_flush()
 
-    def on_incoming(self, dlv: Any) -> None:
+    def on_delivery(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
         if self.closed:
             _delivery_settle(dlv)
@@ -691,7 +716,7 @@ class IncomingLink(BrokerLink):
             self._partial = 0
         data = recv(impl, pending) if pending else b""
         _link_advance(impl)
-        presettled = bool(_delivery_settled(dlv))
+        presettled: bool = _delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
@@ -794,13 +819,20 @@ class TopicPublisher(IncomingLink):
         self._held: dict[Any, Message] = {}
         self._warned_amqp_only = False
         self._rate_timer: Any = None
+        self._memo = PublishMemo()    # this sender's sections before the body
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
-        try:
-            fields = decode_publish(data, presettled)
-        except DecodeError as exc:
-            self.reject(dlv, DECODE_ERROR, exc.reason)
-            return
+        memo = self._memo
+        payload = recall_publish(data, presettled, memo)
+        if payload is not None:
+            fields: PublishFields = memo.fields  # type: ignore[assignment]
+        else:
+            try:
+                fields = decode_publish(data, presettled, memo)
+            except DecodeError as exc:
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
+            payload = fields.payload
         topic = self.topic or fields.to
         if not topic:
             self.reject(dlv, INVALID_FIELD,
@@ -824,7 +856,6 @@ class TopicPublisher(IncomingLink):
             return
         host = self.host
         broker = self.broker
-        payload = fields.payload
         if payload is None:
             broker.stats.messages_amqp_only += 1
             if not self._warned_amqp_only:
@@ -866,14 +897,23 @@ class TopicPublisher(IncomingLink):
         broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
-        self._charge(routed)
+        if host.publish_rate is not None:
+            self._charge(routed)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
             self.top_up()
             return
-        if result.durable is None:  # nothing to make durable: Accepted at once
-            self.answer(dlv, ACCEPTED)
+        if result.durable is None:
+            # Nothing to make durable: Accepted at once (``answer``'s common case, on
+            # an unsettled delivery of a link that settles first; inside the pump,
+            # which writes the disposition when it ends).
+            if self.closed:
+                return
+            self.outstanding -= 1
+            _delivery_update(dlv, ACCEPTED)
+            _delivery_settle(dlv)
+            self.top_up()
             return
         self.answer_after(result.durable, dlv)
 

@@ -46,7 +46,9 @@ from mqttamqp.amqp._engine import (
     event_type,
     lib,
     next_event,
+    output,
     pop_event,
+    tick,
 )
 from mqttamqp.amqp.attach import attach
 from mqttamqp.amqp.inspect import amqp_details
@@ -134,7 +136,8 @@ class AMQPConnection(Protocol):
         self.pconn: Any = None
         self.ptrans: Any = None
         self.collector: Any = None
-        self._blocked = False
+        # The socket's buffer is full (IPushProducer): links count what they add.
+        self.write_blocked = False
         self._pumping = False
         self._flush_call: DelayedCall | None = None
         self._flush_pending = False      # registered to run when the batch ends
@@ -234,10 +237,10 @@ class AMQPConnection(Protocol):
 
     # IPushProducer: the transport's write buffer is full / drained.
     def pauseProducing(self) -> None:
-        self._blocked = True
+        self.write_blocked = True
 
     def resumeProducing(self) -> None:
-        self._blocked = False
+        self.write_blocked = False
         if self.state is not ConnectionState.OPEN:
             return
         try:
@@ -253,10 +256,6 @@ class AMQPConnection(Protocol):
         pass
 
     # -- LinkHost -----------------------------------------------------------------------
-
-    @property
-    def write_blocked(self) -> bool:
-        return self._blocked
 
     def schedule_flush(self) -> None:
         """Output is pending: write it after the current work.  Inside a batch (any
@@ -453,8 +452,7 @@ class AMQPConnection(Protocol):
             return
         self._pumping = True
         try:
-            collector = self.collector
-            col = collector._impl
+            col = self.collector._impl
             links = self.links
             handlers = self._handlers
             while True:
@@ -470,10 +468,8 @@ class AMQPConnection(Protocol):
                             link = links.get(delivery_link(dlv))
                             if link is None or link.closed:
                                 self._orphan_delivery(dlv)
-                            elif link.role == "receiver":
-                                link.on_incoming(dlv)  # type: ignore[attr-defined]
                             else:
-                                link.on_outcome(dlv)  # type: ignore[attr-defined]
+                                link.on_delivery(dlv)
                         elif etype == EV_LINK_FLOW:
                             link = links.get(event_link(event))
                             if isinstance(link, OutgoingLink) and not link.closed:
@@ -492,7 +488,7 @@ class AMQPConnection(Protocol):
                         fn()
                     continue
                 self._tick()
-                if collector.peek() is None and not self._after:
+                if not next_event(col) and not self._after:
                     break
             self._write_output()
         except Exception:
@@ -503,7 +499,7 @@ class AMQPConnection(Protocol):
 
     def _tick(self) -> None:
         now = self.clock.seconds()
-        deadline = self.ptrans.tick(now)
+        deadline = tick(self.ptrans._impl, now)
         if deadline <= 0:
             return
         timer = self._timer
@@ -520,17 +516,15 @@ class AMQPConnection(Protocol):
             self._pump()
 
     def _write_output(self) -> None:
-        ptrans = self.ptrans
+        impl = self.ptrans._impl
         while True:
-            pending = ptrans.pending()
-            if pending < 0:
+            data = output(impl)
+            if data is None:
                 # The engine closed its output (close sent, or a transport error).
                 self._drop()
                 return
-            if pending == 0:
+            if not data:
                 return
-            data = bytes(ptrans.peek(pending))
-            ptrans.pop(pending)
             self._write(data)
 
     def _write(self, data: bytes) -> None:
