@@ -371,6 +371,7 @@ def _rejected_reason(dlv: Any) -> str | None:
 
 
 _encode_cache: list[Any] = [None, False, b""]
+_ACCEPTED_OUTCOME = Outcome.ACCEPTED   # (an Enum's attribute costs a lookup each time)
 _OUTCOMES: dict[int, Outcome] = {
     int(ACCEPTED): Outcome.ACCEPTED, int(REJECTED): Outcome.REJECTED,
     int(RELEASED): Outcome.RELEASED, int(MODIFIED): Outcome.MODIFIED}
@@ -495,7 +496,7 @@ class _SessionLink(OutgoingLink):
         if session is None or self.closed:
             return
         self._sent.discard(key)
-        self.broker.settle(session, key, Outcome.ACCEPTED)
+        self.broker.settle(session, key, _ACCEPTED_OUTCOME)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
@@ -833,7 +834,9 @@ class TopicPublisher(IncomingLink):
                 self.reject(dlv, DECODE_ERROR, exc.reason)
                 return
             payload = fields.payload
-        topic = self.topic or fields.to
+        # (one unpacking: a NamedTuple's fields are properties, a call each)
+        to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5 = fields
+        topic = self.topic or to
         if not topic:
             self.reject(dlv, INVALID_FIELD,
                         "no topic: the link has no target address and the message no 'to'")
@@ -865,16 +868,14 @@ class TopicPublisher(IncomingLink):
                               a=self.address or "(anonymous)", c=host.container_id,
                               peer=host.peer)
         try:
-            native = native_sections(data, fields.bare_start, fields.props_end, fields.to,
-                                     topic, fields.durable)
-            props = None if fields.props is None else message_properties(fields.props,
-                                                                           payload)
+            native = native_sections(data, bare_start, props_end, to, topic, durable)
+            props = None if mqtt5 is None else message_properties(mqtt5, payload)
         except DecodeError as exc:   # decode_publish checked the sections; never expected
             self.reject(dlv, DECODE_ERROR, exc.reason)
             return
-        routed = Message(topic, b"" if payload is None else payload, fields.qos,
-                         fields.retain, host.container_id or None, broker.clock.seconds(),
-                         fields.redelivered, native, payload is None, props)
+        routed = Message(topic, b"" if payload is None else payload, qos, retain,
+                         host.container_id or None, broker.clock.seconds(), redelivered,
+                         native, payload is None, props)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that
@@ -887,7 +888,7 @@ class TopicPublisher(IncomingLink):
             self.outstanding += 1
             return
         # (a queue's append is always stored: Accepted waits for it)
-        result = broker.publish(routed, host.identity, wait=fields.wait or queued)
+        result = broker.publish(routed, host.identity, wait=wait or queued)
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
             return
