@@ -248,6 +248,9 @@ class BrokerLink:
     def on_delivery(self, dlv: Any) -> None:
         """A delivery event on this link: the per-message path (a raw pointer)."""
 
+    def on_flow(self) -> None:
+        """The peer's flow frame on this link."""
+
     _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
 
     def end(self, brute: bool, reason: str) -> None:
@@ -670,6 +673,14 @@ class IncomingLink(BrokerLink):
         self.rate_blocked = False    # withholding credit (over the publish rate)
         self.rejected = 0
         self.max_size = host.limits.max_packet_size
+        # The credit the window still owes the peer (window - outstanding - credit),
+        # as of the last ``top_up``, plus the answers and aborted transfers since
+        # (a transfer takes one credit and adds one outstanding: no change), so
+        # ``_answered`` reads the engine's credit only when a top-up may be due.
+        # It lags the truth only by transfers the pump has not reached yet, whose
+        # answers catch up; where it runs ahead (an exactly-once delivery held
+        # until settled) it costs an early, exact ``top_up``.
+        self._owed = 0
 
     def start(self) -> None:
         self.top_up()
@@ -682,7 +693,23 @@ class IncomingLink(BrokerLink):
         have = _link_credit(impl)
         if want - have >= self._refill or (have <= 0 < want):
             _link_flow(impl, want - have)
+            have = want
             self.host.schedule_flush()
+        self._owed = want - have
+
+    def _answered(self) -> None:
+        """One more delivery answered (``outstanding`` is down by one): top up the
+        credit if ``top_up`` would now (owed a refill's worth, or the peer is out
+        of credit: owed at least the window's room)."""
+        owed = self._owed + 1
+        self._owed = owed
+        if owed >= self._refill or owed >= self.window - self.outstanding:
+            self.top_up()
+
+    def on_flow(self) -> None:
+        """The peer's flow frame on this link (it may have used up credit in a
+        drain): read the credit again."""
+        self.top_up()
 
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
@@ -700,6 +727,7 @@ class IncomingLink(BrokerLink):
                 self._partial = 0
             _link_advance(impl)
             _delivery_settle(dlv)
+            self._owed += 1   # (it took a credit, and will not be answered)
             return
         pending = _delivery_pending(dlv)
         if pending > self.max_size:   # (detach releases what it held)
@@ -755,7 +783,7 @@ class IncomingLink(BrokerLink):
                 _delivery_settle(dlv)
         else:
             _delivery_settle(dlv)
-        self.top_up()
+        self._answered()
         self.host.schedule_flush()
 
     def reject(self, dlv: Any, condition: str, description: str) -> None:
@@ -903,7 +931,7 @@ class TopicPublisher(IncomingLink):
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
-            self.top_up()
+            self._answered()
             return
         if result.durable is None:
             # Nothing to make durable: Accepted at once (``answer``'s common case, on
@@ -914,7 +942,7 @@ class TopicPublisher(IncomingLink):
             self.outstanding -= 1
             _delivery_update(dlv, ACCEPTED)
             _delivery_settle(dlv)
-            self.top_up()
+            self._answered()
             return
         self.answer_after(result.durable, dlv)
 

@@ -472,7 +472,7 @@ class AMQPConnection(Protocol):
                                 link.on_delivery(dlv)
                         elif etype == EV_LINK_FLOW:
                             link = links.get(event_link(event))
-                            if isinstance(link, OutgoingLink) and not link.closed:
+                            if link is not None and not link.closed:
                                 link.on_flow()
                         elif etype != EV_TRANSPORT:
                             handler = handlers.get(etype)
