@@ -19,12 +19,11 @@ from cproton import ffi, lib  # type: ignore[import-untyped]
 from proton import Event
 
 __all__ = [
-    "EV_DELIVERY", "EV_LINK_FLOW", "EV_TRANSPORT", "next_event", "pop_event", "event_type",
+    "EV_LINK_FLOW", "EV_TRANSPORT", "next_event", "pop_event", "event_type",
     "event_delivery", "event_link", "delivery_link", "recv", "send", "output", "tick", "lib",
     "NULL",
 ]
 
-EV_DELIVERY: int = Event.DELIVERY.number
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
 EV_TRANSPORT: int = Event.TRANSPORT.number
 NULL: Any = ffi.NULL

@@ -37,7 +37,6 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.amqp._engine import (
-    EV_DELIVERY,
     EV_LINK_FLOW,
     EV_TRANSPORT,
     delivery_link,
@@ -454,30 +453,23 @@ class AMQPConnection(Protocol):
         try:
             col = self.collector._impl
             links = self.links
-            handlers = self._handlers
             while True:
                 while True:
                     event = next_event(col)
                     if not event:
                         break
                     try:
-                        etype = event_type(event)
-                        if etype == EV_DELIVERY:
-                            # The per-message path: raw pointers, no wrappers.
-                            dlv = event_delivery(event)
+                        # The per-message path: raw pointers, no wrappers.  Only a
+                        # delivery event has a delivery (one proton call, not two).
+                        dlv = event_delivery(event)
+                        if dlv:
                             link = links.get(delivery_link(dlv))
                             if link is None or link.closed:
                                 self._orphan_delivery(dlv)
                             else:
                                 link.on_delivery(dlv)
-                        elif etype == EV_LINK_FLOW:
-                            link = links.get(event_link(event))
-                            if link is not None and not link.closed:
-                                link.on_flow()
-                        elif etype != EV_TRANSPORT:
-                            handler = handlers.get(etype)
-                            if handler is not None:
-                                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
+                        else:
+                            self._on_event(event)
                     finally:
                         pop_event(col)
                     if self.ptrans is None:
@@ -496,6 +488,18 @@ class AMQPConnection(Protocol):
             self._internal_error(Failure())
         finally:
             self._pumping = False
+
+    def _on_event(self, event: Any) -> None:
+        """Any event but a delivery's (``_pump``)."""
+        etype = event_type(event)
+        if etype == EV_LINK_FLOW:
+            link = self.links.get(event_link(event))
+            if link is not None and not link.closed:
+                link.on_flow()
+        elif etype != EV_TRANSPORT:
+            handler = self._handlers.get(etype)
+            if handler is not None:
+                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
 
     def _tick(self) -> None:
         now = self.clock.seconds()
