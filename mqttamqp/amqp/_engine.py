@@ -19,8 +19,8 @@ from cproton import ffi, lib  # type: ignore[import-untyped]
 from proton import Event
 
 __all__ = [
-    "EV_LINK_FLOW", "EV_TRANSPORT", "next_event", "pop_event", "event_type",
-    "event_delivery", "event_link", "delivery_link", "recv", "send", "output", "tick", "lib",
+    "EV_LINK_FLOW", "EV_TRANSPORT", "ffi", "next_event", "pop_event", "event_type",
+    "event_delivery", "event_link", "delivery_link", "recv", "output", "tick", "lib",
     "NULL",
 ]
 
@@ -35,12 +35,8 @@ event_delivery = lib.pn_event_delivery
 event_link = lib.pn_event_link
 delivery_link = lib.pn_delivery_link
 
-_from_buffer = ffi.from_buffer
 _unpack: Callable[[Any, int], bytes] = ffi.unpack
-_link_advance = lib.pn_link_advance
 _link_recv = lib.pn_link_recv
-_link_send = lib.pn_link_send
-_new_delivery = lib.pn_delivery
 _transport_peek = lib.pn_transport_peek
 _transport_pending = lib.pn_transport_pending
 _transport_pop = lib.pn_transport_pop
@@ -57,14 +53,6 @@ def recv(link: Any, size: int) -> bytes:
     buf = _buf if size <= _BUF_SIZE else ffi.new("char[]", size)
     n = _link_recv(link, buf, size)
     return _unpack(buf, n) if n > 0 else b""
-
-
-def send(link: Any, tag: bytes, data: bytes) -> Any:
-    """A new delivery with ``tag`` holding ``data``; returns the delivery pointer."""
-    dlv = _new_delivery(link, (len(tag), _from_buffer(tag)))
-    _link_send(link, data, len(data))   # (cffi passes the bytes' own buffer)
-    _link_advance(link)
-    return dlv
 
 
 def output(transport: Any) -> bytes | None:

@@ -1096,10 +1096,13 @@ def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
     header carries what is left of its ttl and the annotations its payload format
     (the sender's own properties and application properties are in ``native``)."""
     if props is None or (props.expiry_interval is None and props.payload_format is None):
-        head = _head(qos, retain, delivery_count, publisher, native[0] == 1)
+        key = (qos, retain, delivery_count, publisher, native[0] == 1)
+        head = _heads.get(key) or _head(*key)   # (``_head``'s cache, looked up here)
     else:
         head = _encode_head(qos, retain, delivery_count, publisher, native[0] == 1,
                             _ttl_ms(props.expiry_interval), props.payload_format)
+    if len(native) < 4096:
+        return head + native[1:]   # (for a small message, cheaper than a view and a join)
     return b"".join((head, memoryview(native)[1:]))
 
 

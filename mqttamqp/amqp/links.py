@@ -36,7 +36,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import lib, recv, send
+from mqttamqp.amqp._engine import ffi, lib, recv
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
@@ -106,7 +106,10 @@ _delivery_settled = lib.pn_delivery_settled
 _delivery_update = lib.pn_delivery_update
 _disposition_is_failed = lib.pn_disposition_is_failed
 _incref = lib.pn_incref
+_from_buffer = ffi.from_buffer
+_new_delivery = lib.pn_delivery
 _link_advance = lib.pn_link_advance
+_link_send = lib.pn_link_send
 _link_credit = lib.pn_link_credit
 _link_flow = lib.pn_link_flow
 _link_queued = lib.pn_link_queued
@@ -313,7 +316,10 @@ class OutgoingLink(BrokerLink):
             if _link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        dlv = send(impl, tag, data)
+        # (``_engine.send``, inline: this is every message's path)
+        dlv = _new_delivery(impl, (len(tag), _from_buffer(tag)))
+        _link_send(impl, data, len(data))
+        _link_advance(impl)
         if settled:
             _delivery_settle(dlv)
         elif key is not None:
