@@ -104,6 +104,11 @@ class ConnectionState(Enum):
     CLOSED = "closed"                  # closing or closed; input is ignored
 
 
+# (an Enum member read from its class runs the metaclass's __getattr__ hook on
+# Python 3.11: these are read per socket read)
+_OPEN, _OPENING, _CLOSED = ConnectionState.OPEN, ConnectionState.OPENING, ConnectionState.CLOSED
+
+
 @implementer(IPushProducer)
 class AMQPConnection(Protocol):
     log = Logger()
@@ -179,10 +184,10 @@ class AMQPConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
-        if state is ConnectionState.CLOSED:
-            return
-        if state is ConnectionState.OPEN or state is ConnectionState.OPENING:
+        if state is _OPEN or state is _OPENING:
             self._engine_input(data)
+            return
+        if state is _CLOSED:
             return
         self.broker.stats.bytes_received += len(data)
         self.bytes_in += len(data)
@@ -271,7 +276,7 @@ class AMQPConnection(Protocol):
     def _flush(self) -> None:
         self._flush_call = None
         self._flush_pending = False
-        if self.state is not ConnectionState.CLOSED and self.pconn is not None:
+        if self.state is not _CLOSED and self.pconn is not None:
             self._pump()
 
     def after(self, fn: Callable[[], None]) -> None:
@@ -516,7 +521,7 @@ class AMQPConnection(Protocol):
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self.state is not ConnectionState.CLOSED and self.ptrans is not None:
+        if self.state is not _CLOSED and self.ptrans is not None:
             self._pump()
 
     def _write_output(self) -> None:
