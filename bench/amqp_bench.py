@@ -536,7 +536,7 @@ def main() -> int:
         broker = Broker(data_dir, args.broker_arg).start()
         spy = spy_info = None
         if args.py_spy:
-            from run import PySpy   # (run.py's; imported only when profiling)
+            from run import PySpy  # (run.py's; imported only when profiling)
 
             assert broker.proc is not None
             spy = PySpy(broker.proc.pid, args.py_spy, args.py_spy_rate)
