@@ -8,9 +8,10 @@ buffered on a plain TCP transport; what the socket does not take is written
 through the transport as usual, so its buffer and its producer (pauseProducing
 past 64 KiB) work unchanged.  TLS and WebSocket transports take the usual path.
 
-Only for a protocol that batches its own output and sets TCP_NODELAY (MQTT):
-many small sends in a row (AMQP's frames, written as proton produces them) run
-into Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
+Only for a protocol that batches its own output and sets TCP_NODELAY (MQTT
+per batch, AMQP once per pump of its engine): many small sends in a row without
+TCP_NODELAY (AMQP's frames, once written as proton produced them) run into
+Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
 """
 
 from __future__ import annotations

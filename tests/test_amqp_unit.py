@@ -35,6 +35,7 @@ from mqttamqp.amqp.addresses import AddressKind, classify
 from mqttamqp.amqp.codec import (
     DecodeError,
     PublishFields,
+    PublishMemo,
     decode_message,
     decode_publish,
     decode_value,
@@ -45,6 +46,7 @@ from mqttamqp.amqp.codec import (
     mqtt5_props,
     mqtt_payload,
     parse_qos,
+    recall_publish,
 )
 from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
 from mqttamqp.amqp.sasl import (
@@ -173,11 +175,22 @@ def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | 
         return exc.reason
 
 
-def _cached_publish(data: bytes, presettled: bool = False) -> PublishFields | str:
+def _cached_publish(data: bytes, presettled: bool = False, memo: PublishMemo | None = None
+                    ) -> PublishFields | str:
     try:
-        return decode_publish(data, presettled)
+        return decode_publish(data, presettled, memo)
     except DecodeError as exc:
         return exc.reason
+
+
+def _memo_publish(data: bytes, presettled: bool, memo: PublishMemo) -> PublishFields | str:
+    """What a sender's link makes of ``data``: its memo's fields if the memo
+    recognises the sections before the body, else decode_publish (which fills it)."""
+    payload = recall_publish(data, presettled, memo)
+    if payload is not None:
+        assert memo.fields is not None
+        return memo.fields._replace(payload=payload)
+    return _cached_publish(data, presettled, memo)
 
 
 _DATA = b"\x00\x53\x75"   # a Data section descriptor, also planted inside payloads
@@ -226,6 +239,9 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
     expected = [_uncached_publish(d, p) for d, p in cases]
     for _ in range(2):   # the second round meets cached prefixes
         assert [_cached_publish(d, p) for d, p in cases] == expected
+    memo = PublishMemo()   # one sender's link sending them all, in turn
+    for _ in range(2):
+        assert [_memo_publish(d, p, memo) for d, p in cases] == expected
 
 
 POISON = ("poisoned", 2, True, True, False, -1, -1, None)
@@ -252,6 +268,33 @@ def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
         assert _cached_publish(data)[:1] != ("poisoned",)
         codec._publish_heads[prefix] = POISON
         assert _cached_publish(data) == _uncached_publish(data)
+    codec._publish_heads.clear()
+
+
+def test_publish_memo_is_used_and_checks_the_tail() -> None:
+    """A sender's memo recognises its next message by the sections before the body
+    and reads only the body (shown by poisoning the memo's fields); anything but
+    exactly one Data section after them, or another settlement, is not recognised."""
+    codec._publish_heads.clear()
+    memo = PublishMemo()
+    first = bytes(publish_message("t/1", b"one", qos=1).encode())
+    assert _memo_publish(first, False, memo)[:6] == ("t/1", b"one", 1, False, False, True)
+    prefix = first[:first.rfind(_DATA)]
+    assert memo.prefix == prefix
+    memo.fields = memo.fields._replace(to="poisoned")   # type: ignore[union-attr]
+    second = bytes(publish_message("t/1", b"two" * 100, qos=1).encode())   # (a vbin32 body)
+    assert recall_publish(second, False, memo) == b"two" * 100
+    assert recall_publish(prefix + _DATA + b"\xa0\x02xy", False, memo) == b"xy"
+    assert recall_publish(prefix + _DATA + b"\xa0\x00", False, memo) == b""
+    assert recall_publish(second, True, memo) is None   # pre-settled: QoS 0, not 1
+    for tail in (b"\xa0\x01x" + _DATA + b"\xa0\x01y",        # two Data sections
+                 b"\xa0\x01x\x00\x53\x78\xc1\x01\x00",      # a footer after it
+                 b"\xa0\x05x", b"\xa0", b"",                      # vbin8 cut short
+                 b"\xb0\xff\xff\xff\xffx",                       # vbin32 cut short
+                 b"\xa1\x01x"):                                 # a string, not binary
+        assert recall_publish(prefix + _DATA + tail, False, memo) is None
+    other = prefix[:-1] + bytes((prefix[-1] ^ 1,))   # another sender's sections
+    assert recall_publish(other + _DATA + b"\xa0\x01x", False, memo) is None
     codec._publish_heads.clear()
 
 

@@ -12,17 +12,18 @@ What it must not do: anything but thin calls; no state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cproton import ffi, lib  # type: ignore[import-untyped]
 from proton import Event
 
 __all__ = [
-    "EV_DELIVERY", "EV_LINK_FLOW", "EV_TRANSPORT", "next_event", "pop_event", "event_type",
-    "event_delivery", "event_link", "delivery_link", "recv", "send", "lib", "NULL",
+    "EV_LINK_FLOW", "EV_TRANSPORT", "ffi", "next_event", "pop_event", "event_type",
+    "event_delivery", "event_link", "delivery_link", "recv", "output", "tick", "lib",
+    "NULL",
 ]
 
-EV_DELIVERY: int = Event.DELIVERY.number
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
 EV_TRANSPORT: int = Event.TRANSPORT.number
 NULL: Any = ffi.NULL
@@ -34,24 +35,40 @@ event_delivery = lib.pn_event_delivery
 event_link = lib.pn_event_link
 delivery_link = lib.pn_delivery_link
 
-_from_buffer = ffi.from_buffer
+_unpack: Callable[[Any, int], bytes] = ffi.unpack
 _link_recv = lib.pn_link_recv
-_link_send = lib.pn_link_send
-_new_delivery = lib.pn_delivery
+_transport_peek = lib.pn_transport_peek
+_transport_pending = lib.pn_transport_pending
+_transport_pop = lib.pn_transport_pop
+_transport_tick = lib.pn_transport_tick
+
+# One buffer for what is copied out of the engine (the reactor thread is the only
+# caller): a transfer or the pending output is copied once, into the bytes returned.
+_BUF_SIZE = 1 << 16
+_buf = ffi.new("char[]", _BUF_SIZE)
 
 
 def recv(link: Any, size: int) -> bytes:
     """The ``size`` bytes of the current delivery, copied out of the engine."""
-    buf = bytearray(size)
-    n = _link_recv(link, _from_buffer(buf), size)
+    buf = _buf if size <= _BUF_SIZE else ffi.new("char[]", size)
+    n = _link_recv(link, buf, size)
+    return _unpack(buf, n) if n > 0 else b""
+
+
+def output(transport: Any) -> bytes | None:
+    """All the transport's pending output, taken out of it (b"" if there is none);
+    None once its output side is closed (close sent, or a transport error)."""
+    pending = _transport_pending(transport)
+    if pending <= 0:
+        return b"" if pending == 0 else None
+    buf = _buf if pending <= _BUF_SIZE else ffi.new("char[]", pending)
+    n = _transport_peek(transport, buf, pending)
     if n < 0:
-        return b""
-    return bytes(buf) if n == size else bytes(buf[:n])
+        return None
+    _transport_pop(transport, pending)
+    return _unpack(buf, pending)
 
 
-def send(link: Any, tag: bytes, data: bytes) -> Any:
-    """A new delivery with ``tag`` holding ``data``; returns the delivery pointer."""
-    dlv = _new_delivery(link, (len(tag), _from_buffer(tag)))
-    _link_send(link, _from_buffer(data), len(data))
-    lib.pn_link_advance(link)
-    return dlv
+def tick(transport: Any, now: float) -> float:
+    """``Transport.tick``: the deadline of the transport's next timer (0: none)."""
+    return float(_transport_tick(transport, int(now * 1000))) / 1000.0

@@ -27,7 +27,7 @@ __all__ = [
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID", "ANNOTATION_PAYLOAD_FORMAT", "Mqtt5Props", "mqtt5_props",
-    "encode_publish5", "queue_native",
+    "encode_publish5", "queue_native", "PublishMemo", "recall_publish",
 ]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
@@ -379,6 +379,7 @@ def _optional_str(value: Any, name: str) -> str | None:
 
 
 _DATA_SECTION = b"\x00\x53\x75"
+_DATA_VBIN8 = _DATA_SECTION + b"\xa0"
 _PREFIX_MAX = 1024
 _PREFIX_CACHE_SIZE = 256
 # Sections before the (last) Data section, by their exact bytes → what they decoded
@@ -633,7 +634,46 @@ def _sole_data(data: bytes, pos: int) -> bytes | None:
 _fields = tuple.__new__
 
 
-def decode_publish(data: bytes, presettled: bool) -> PublishFields:
+class PublishMemo:
+    """One sender's last sections before the body, and what ``decode_publish`` made
+    of them (``fields``, with payload None).  A sender repeats them for every
+    message, so its next one costs a prefix compare and the body's slice
+    (``recall_publish``), not a copy, a hash and a lookup of the prefix."""
+
+    __slots__ = ("fields", "prefix", "presettled")
+
+    def __init__(self) -> None:
+        self.prefix = b""
+        self.presettled = False
+        self.fields: PublishFields | None = None
+
+    def remember(self, prefix: bytes, presettled: bool, fields: PublishFields) -> None:
+        self.prefix = prefix
+        self.presettled = presettled
+        self.fields = fields._replace(payload=None)
+
+
+def recall_publish(data: bytes, presettled: bool, memo: PublishMemo) -> bytes | None:
+    """The payload of ``data`` if it is ``memo``'s sections followed by exactly one
+    Data section (its fields are then ``memo.fields``); else None: decode it with
+    ``decode_publish``.  The prefix was decoded in full and ends on a section
+    boundary, so bytes in the payload cannot pass for it."""
+    prefix = memo.prefix
+    if not prefix or memo.presettled is not presettled or not data.startswith(prefix):
+        return None
+    cut = len(prefix)
+    if data.startswith(_DATA_VBIN8, cut):   # (the usual body: under 256 bytes)
+        end = len(data)
+        if end > cut + 4 and end == cut + 5 + data[cut + 4]:
+            return data[cut + 5:]
+        return None
+    if not data.startswith(_DATA_SECTION, cut):
+        return None
+    return _sole_data(data, cut)
+
+
+def decode_publish(data: bytes, presettled: bool, memo: PublishMemo | None = None
+                   ) -> PublishFields:
     """The fields of a message sent to a topic (raises ``DecodeError``).
 
     QoS: a pre-settled delivery is QoS 0 whatever its annotation says (the
@@ -644,7 +684,8 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
     messages) or its header says ``durable``.
 
     A sender repeats the same sections before the body for every message, so their
-    meaning is cached by their bytes and only the Data section is read again.
+    meaning is cached by their bytes and only the Data section is read again;
+    ``memo`` (the sender's own) is given the prefix when it was one of those.
     """
     cut = data.rfind(_DATA_SECTION)
     if 0 < cut <= _PREFIX_MAX:
@@ -655,10 +696,13 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
             if payload is not None:
                 qos = _qos_of(head[1], presettled)
                 # tuple.__new__: half the cost of the NamedTuple's own constructor
-                return _fields(PublishFields, (
+                fields = _fields(PublishFields, (
                     head[0], payload, qos, head[2], head[3],
                     qos > 0 and (head[1] is not None or head[4]), head[4],
                     head[5] if head[5] >= 0 else cut, head[6], head[7]))
+                if memo is not None:
+                    memo.remember(prefix, presettled, fields)
+                return fields
     msg = decode_message(data)
     payload = mqtt_payload(msg)
     retain = message_retain(msg)
@@ -673,6 +717,9 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
     redelivered = msg.delivery_count > 0
     qos = _qos_of(annotated, presettled)
     props = mqtt5_props(msg)
+    fields = PublishFields(msg.to, payload, qos, retain, redelivered,
+                           qos > 0 and (annotated is not None or msg.durable), msg.durable,
+                           msg.bare_start, msg.props_end, props)
     if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
             and prefix in _prefixes and _sole_data(data, cut) is not None):
         if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
@@ -680,9 +727,9 @@ def decode_publish(data: bytes, presettled: bool) -> PublishFields:
         _publish_heads[prefix] = (msg.to, annotated, retain, redelivered, msg.durable,
                                   msg.bare_start if msg.bare_start < cut else -1,
                                   msg.props_end, props)
-    return PublishFields(msg.to, payload, qos, retain, redelivered,
-                         qos > 0 and (annotated is not None or msg.durable), msg.durable,
-                         msg.bare_start, msg.props_end, props)
+        if memo is not None:
+            memo.remember(prefix, presettled, fields)
+    return fields
 
 
 def _qos_of(qos: int | str | None, presettled: bool) -> int:
@@ -1049,10 +1096,13 @@ def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
     header carries what is left of its ttl and the annotations its payload format
     (the sender's own properties and application properties are in ``native``)."""
     if props is None or (props.expiry_interval is None and props.payload_format is None):
-        head = _head(qos, retain, delivery_count, publisher, native[0] == 1)
+        key = (qos, retain, delivery_count, publisher, native[0] == 1)
+        head = _heads.get(key) or _head(*key)   # (``_head``'s cache, looked up here)
     else:
         head = _encode_head(qos, retain, delivery_count, publisher, native[0] == 1,
                             _ttl_ms(props.expiry_interval), props.payload_format)
+    if len(native) < 4096:
+        return head + native[1:]   # (for a small message, cheaper than a view and a join)
     return b"".join((head, memoryview(native)[1:]))
 
 

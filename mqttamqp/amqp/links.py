@@ -36,12 +36,14 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import lib, recv, send
+from mqttamqp.amqp._engine import ffi, lib, recv
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
     InboundMessage,
     Mqtt5Props,
+    PublishFields,
+    PublishMemo,
     decode_message,
     decode_publish,
     encode_control,
@@ -50,6 +52,7 @@ from mqttamqp.amqp.codec import (
     encode_publish5,
     native_sections,
     queue_native,
+    recall_publish,
 )
 from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
@@ -103,7 +106,10 @@ _delivery_settled = lib.pn_delivery_settled
 _delivery_update = lib.pn_delivery_update
 _disposition_is_failed = lib.pn_disposition_is_failed
 _incref = lib.pn_incref
+_from_buffer = ffi.from_buffer
+_new_delivery = lib.pn_delivery
 _link_advance = lib.pn_link_advance
+_link_send = lib.pn_link_send
 _link_credit = lib.pn_link_credit
 _link_flow = lib.pn_link_flow
 _link_queued = lib.pn_link_queued
@@ -198,12 +204,10 @@ class LinkHost(Protocol):
     serial: int
     peer: str
     publish_rate: PublishRate | None
+    write_blocked: bool      # the socket's buffer is full (until it drains)
+
     @property
     def requests(self) -> PublishRequests: ...
-
-
-    @property
-    def write_blocked(self) -> bool: ...
 
     def schedule_flush(self) -> None: ...
 
@@ -243,6 +247,12 @@ class BrokerLink:
 
     def start(self) -> None:
         """Called once the attach has been answered."""
+
+    def on_delivery(self, dlv: Any) -> None:
+        """A delivery event on this link: the per-message path (a raw pointer)."""
+
+    def on_flow(self) -> None:
+        """The peer's flow frame on this link."""
 
     _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
 
@@ -306,7 +316,10 @@ class OutgoingLink(BrokerLink):
             if _link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        dlv = send(impl, tag, data)
+        # (``_engine.send``, inline: this is every message's path)
+        dlv = _new_delivery(impl, (len(tag), _from_buffer(tag)))
+        _link_send(impl, data, len(data))
+        _link_advance(impl)
         if settled:
             _delivery_settle(dlv)
         elif key is not None:
@@ -336,8 +349,8 @@ class OutgoingLink(BrokerLink):
     def on_writable(self) -> None:
         """The socket buffer drained."""
 
-    def on_outcome(self, dlv: Any) -> None:
-        """A raw delivery of ours was updated by the peer."""
+    def on_delivery(self, dlv: Any) -> None:
+        """A raw delivery of ours was updated by the peer (its outcome)."""
         state = _delivery_remote_state(dlv)
         if state not in _TERMINAL and not _delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
@@ -367,6 +380,7 @@ def _rejected_reason(dlv: Any) -> str | None:
 
 
 _encode_cache: list[Any] = [None, False, b""]
+_ACCEPTED_OUTCOME = Outcome.ACCEPTED   # (an Enum's attribute costs a lookup each time)
 _OUTCOMES: dict[int, Outcome] = {
     int(ACCEPTED): Outcome.ACCEPTED, int(REJECTED): Outcome.REJECTED,
     int(RELEASED): Outcome.RELEASED, int(MODIFIED): Outcome.MODIFIED}
@@ -416,26 +430,28 @@ class _SessionLink(OutgoingLink):
             if session is not None:
                 self.broker.dropped(session)
             return
-        cache = _encode_cache
         native = message.native if self.native else None
         props = message.props
-        if self.queue and props is not None:
+        if props is None:
+            if native is not None:
+                data = encode_native(native, qos, retain, count, message.publisher)
+            elif packet_id is not None:
+                data = encode_publish(message.topic, message.payload, qos, retain, count,
+                                      message.publisher, packet_id)
+            else:
+                cache = _encode_cache
+                if cache[0] is message and cache[1] == retain:
+                    data = cache[2]  # fan-out of one QoS 0 message: encoded once
+                else:
+                    data = encode_publish(message.topic, message.payload, 0, retain, count,
+                                          message.publisher)
+                    cache[0], cache[1], cache[2] = message, retain, data
+        elif self.queue:
             data = _encode_queue_delivery(message, props, qos, retain, packet_id, native,
                                           self.broker.clock.seconds())
-        elif props is not None:
+        else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds())
-        elif native is not None:
-            data = encode_native(native, qos, retain, count, message.publisher)
-        elif packet_id is not None:
-            data = encode_publish(message.topic, message.payload, qos, retain, count,
-                                  message.publisher, packet_id)
-        elif cache[0] is message and cache[1] == retain:
-            data = cache[2]  # fan-out of one QoS 0 message: encoded once
-        else:
-            data = encode_publish(message.topic, message.payload, 0, retain, count,
-                                  message.publisher)
-            cache[0], cache[1], cache[2] = message, retain, data
         stats = self.broker.stats
         if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
             stats.deliver_sampled(message.timestamp)
@@ -471,6 +487,25 @@ class _SessionLink(OutgoingLink):
         self.detach(condition, reason)
 
     # outcomes ------------------------------------------------------------------------
+
+    def on_delivery(self, dlv: Any) -> None:
+        if _delivery_remote_state(dlv) != ACCEPTED:
+            super().on_delivery(dlv)
+            return
+        # Accepted, the usual outcome: ``on_delivery``, ``outcome`` and ``_finished``
+        # of that case in one.
+        key = self._awaiting.pop(dlv, None)
+        _delivery_settle(dlv)  # its address may be reused from here on
+        if key is None:
+            return
+        if key < 0:
+            self._pubrel_outcome(-key, ACCEPTED)
+            return
+        session = self.session
+        if session is None or self.closed:
+            return
+        self._sent.discard(key)
+        self.broker.settle(session, key, _ACCEPTED_OUTCOME)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
@@ -644,6 +679,14 @@ class IncomingLink(BrokerLink):
         self.rate_blocked = False    # withholding credit (over the publish rate)
         self.rejected = 0
         self.max_size = host.limits.max_packet_size
+        # The credit the window still owes the peer (window - outstanding - credit),
+        # as of the last ``top_up``, plus the answers and aborted transfers since
+        # (a transfer takes one credit and adds one outstanding: no change), so
+        # ``_answered`` reads the engine's credit only when a top-up may be due.
+        # It lags the truth only by transfers the pump has not reached yet, whose
+        # answers catch up; where it runs ahead (an exactly-once delivery held
+        # until settled) it costs an early, exact ``top_up``.
+        self._owed = 0
 
     def start(self) -> None:
         self.top_up()
@@ -656,9 +699,25 @@ class IncomingLink(BrokerLink):
         have = _link_credit(impl)
         if want - have >= self._refill or (have <= 0 < want):
             _link_flow(impl, want - have)
+            have = want
             self.host.schedule_flush()
+        self._owed = want - have
 
-    def on_incoming(self, dlv: Any) -> None:
+    def _answered(self) -> None:
+        """One more delivery answered (``outstanding`` is down by one): top up the
+        credit if ``top_up`` would now (owed a refill's worth, or the peer is out
+        of credit: owed at least the window's room)."""
+        owed = self._owed + 1
+        self._owed = owed
+        if owed >= self._refill or owed >= self.window - self.outstanding:
+            self.top_up()
+
+    def on_flow(self) -> None:
+        """The peer's flow frame on this link (it may have used up credit in a
+        drain): read the credit again."""
+        self.top_up()
+
+    def on_delivery(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
         if self.closed:
             _delivery_settle(dlv)
@@ -674,6 +733,7 @@ class IncomingLink(BrokerLink):
                 self._partial = 0
             _link_advance(impl)
             _delivery_settle(dlv)
+            self._owed += 1   # (it took a credit, and will not be answered)
             return
         pending = _delivery_pending(dlv)
         if pending > self.max_size:   # (detach releases what it held)
@@ -691,7 +751,7 @@ class IncomingLink(BrokerLink):
             self._partial = 0
         data = recv(impl, pending) if pending else b""
         _link_advance(impl)
-        presettled = bool(_delivery_settled(dlv))
+        presettled: bool = _delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
@@ -729,7 +789,7 @@ class IncomingLink(BrokerLink):
                 _delivery_settle(dlv)
         else:
             _delivery_settle(dlv)
-        self.top_up()
+        self._answered()
         self.host.schedule_flush()
 
     def reject(self, dlv: Any, condition: str, description: str) -> None:
@@ -794,14 +854,23 @@ class TopicPublisher(IncomingLink):
         self._held: dict[Any, Message] = {}
         self._warned_amqp_only = False
         self._rate_timer: Any = None
+        self._memo = PublishMemo()    # this sender's sections before the body
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
-        try:
-            fields = decode_publish(data, presettled)
-        except DecodeError as exc:
-            self.reject(dlv, DECODE_ERROR, exc.reason)
-            return
-        topic = self.topic or fields.to
+        memo = self._memo
+        payload = recall_publish(data, presettled, memo)
+        if payload is not None:
+            fields: PublishFields = memo.fields  # type: ignore[assignment]
+        else:
+            try:
+                fields = decode_publish(data, presettled, memo)
+            except DecodeError as exc:
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
+            payload = fields.payload
+        # (one unpacking: a NamedTuple's fields are properties, a call each)
+        to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5 = fields
+        topic = self.topic or to
         if not topic:
             self.reject(dlv, INVALID_FIELD,
                         "no topic: the link has no target address and the message no 'to'")
@@ -824,7 +893,6 @@ class TopicPublisher(IncomingLink):
             return
         host = self.host
         broker = self.broker
-        payload = fields.payload
         if payload is None:
             broker.stats.messages_amqp_only += 1
             if not self._warned_amqp_only:
@@ -834,16 +902,14 @@ class TopicPublisher(IncomingLink):
                               a=self.address or "(anonymous)", c=host.container_id,
                               peer=host.peer)
         try:
-            native = native_sections(data, fields.bare_start, fields.props_end, fields.to,
-                                     topic, fields.durable)
-            props = None if fields.props is None else message_properties(fields.props,
-                                                                           payload)
+            native = native_sections(data, bare_start, props_end, to, topic, durable)
+            props = None if mqtt5 is None else message_properties(mqtt5, payload)
         except DecodeError as exc:   # decode_publish checked the sections; never expected
             self.reject(dlv, DECODE_ERROR, exc.reason)
             return
-        routed = Message(topic, b"" if payload is None else payload, fields.qos,
-                         fields.retain, host.container_id or None, broker.clock.seconds(),
-                         fields.redelivered, native, payload is None, props)
+        routed = Message(topic, b"" if payload is None else payload, qos, retain,
+                         host.container_id or None, broker.clock.seconds(), redelivered,
+                         native, payload is None, props)
         if self.second and not presettled:
             # Exactly once: Accepted now (unsettled), routed when the sender settles.
             # Until then it still counts against the credit window, so a sender that
@@ -856,7 +922,7 @@ class TopicPublisher(IncomingLink):
             self.outstanding += 1
             return
         # (a queue's append is always stored: Accepted waits for it)
-        result = broker.publish(routed, host.identity, wait=fields.wait or queued)
+        result = broker.publish(routed, host.identity, wait=wait or queued)
         if result.denied:
             self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
             return
@@ -866,14 +932,23 @@ class TopicPublisher(IncomingLink):
         broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
-        self._charge(routed)
+        if host.publish_rate is not None:
+            self._charge(routed)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
-            self.top_up()
+            self._answered()
             return
-        if result.durable is None:  # nothing to make durable: Accepted at once
-            self.answer(dlv, ACCEPTED)
+        if result.durable is None:
+            # Nothing to make durable: Accepted at once (``answer``'s common case, on
+            # an unsettled delivery of a link that settles first; inside the pump,
+            # which writes the disposition when it ends).
+            if self.closed:
+                return
+            self.outstanding -= 1
+            _delivery_update(dlv, ACCEPTED)
+            _delivery_settle(dlv)
+            self._answered()
             return
         self.answer_after(result.durable, dlv)
 

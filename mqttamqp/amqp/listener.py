@@ -31,12 +31,12 @@ from proton import symbol as amqp_symbol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.tcp import Server as TCPServer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.amqp._engine import (
-    EV_DELIVERY,
     EV_LINK_FLOW,
     EV_TRANSPORT,
     delivery_link,
@@ -45,7 +45,9 @@ from mqttamqp.amqp._engine import (
     event_type,
     lib,
     next_event,
+    output,
     pop_event,
+    tick,
 )
 from mqttamqp.amqp.attach import attach
 from mqttamqp.amqp.inspect import amqp_details
@@ -83,6 +85,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
+from mqttamqp.netio import send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
@@ -99,6 +102,11 @@ class ConnectionState(Enum):
     OPENING = "opening"                # engine running, waiting for the peer's open
     OPEN = "open"
     CLOSED = "closed"                  # closing or closed; input is ignored
+
+
+# (an Enum member read from its class runs the metaclass's __getattr__ hook on
+# Python 3.11: these are read per socket read)
+_OPEN, _OPENING, _CLOSED = ConnectionState.OPEN, ConnectionState.OPENING, ConnectionState.CLOSED
 
 
 @implementer(IPushProducer)
@@ -132,7 +140,8 @@ class AMQPConnection(Protocol):
         self.pconn: Any = None
         self.ptrans: Any = None
         self.collector: Any = None
-        self._blocked = False
+        # The socket's buffer is full (IPushProducer): links count what they add.
+        self.write_blocked = False
         self._pumping = False
         self._flush_call: DelayedCall | None = None
         self._flush_pending = False      # registered to run when the batch ends
@@ -164,16 +173,21 @@ class AMQPConnection(Protocol):
         anonymous = self.factory.anonymous_allowed(self.peer)
         self.sasl = SaslServer(["PLAIN", "ANONYMOUS"] if anonymous else ["PLAIN"], anonymous)
         self.factory.connections.add(self)
+        if type(self.transport) is TCPServer:
+            # Output goes out once per pump, at once (``_write``): without this,
+            # Nagle's algorithm holds a second small write until the peer's
+            # (possibly delayed) ACK.
+            self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._handshake_timer = self.clock.callLater(
             self.limits.connect_timeout, self._handshake_timed_out)
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
-        if state is ConnectionState.CLOSED:
-            return
-        if state is ConnectionState.OPEN or state is ConnectionState.OPENING:
+        if state is _OPEN or state is _OPENING:
             self._engine_input(data)
+            return
+        if state is _CLOSED:
             return
         self.broker.stats.bytes_received += len(data)
         self.bytes_in += len(data)
@@ -227,10 +241,10 @@ class AMQPConnection(Protocol):
 
     # IPushProducer: the transport's write buffer is full / drained.
     def pauseProducing(self) -> None:
-        self._blocked = True
+        self.write_blocked = True
 
     def resumeProducing(self) -> None:
-        self._blocked = False
+        self.write_blocked = False
         if self.state is not ConnectionState.OPEN:
             return
         try:
@@ -247,10 +261,6 @@ class AMQPConnection(Protocol):
 
     # -- LinkHost -----------------------------------------------------------------------
 
-    @property
-    def write_blocked(self) -> bool:
-        return self._blocked
-
     def schedule_flush(self) -> None:
         """Output is pending: write it after the current work.  Inside a batch (any
         connection's socket read) that is when the batch ends, as for MQTT;
@@ -266,7 +276,7 @@ class AMQPConnection(Protocol):
     def _flush(self) -> None:
         self._flush_call = None
         self._flush_pending = False
-        if self.state is not ConnectionState.CLOSED and self.pconn is not None:
+        if self.state is not _CLOSED and self.pconn is not None:
             self._pump()
 
     def after(self, fn: Callable[[], None]) -> None:
@@ -446,35 +456,25 @@ class AMQPConnection(Protocol):
             return
         self._pumping = True
         try:
-            collector = self.collector
-            col = collector._impl
+            col = self.collector._impl
             links = self.links
-            handlers = self._handlers
             while True:
                 while True:
                     event = next_event(col)
                     if not event:
                         break
                     try:
-                        etype = event_type(event)
-                        if etype == EV_DELIVERY:
-                            # The per-message path: raw pointers, no wrappers.
-                            dlv = event_delivery(event)
+                        # The per-message path: raw pointers, no wrappers.  Only a
+                        # delivery event has a delivery (one proton call, not two).
+                        dlv = event_delivery(event)
+                        if dlv:
                             link = links.get(delivery_link(dlv))
                             if link is None or link.closed:
                                 self._orphan_delivery(dlv)
-                            elif link.role == "receiver":
-                                link.on_incoming(dlv)  # type: ignore[attr-defined]
                             else:
-                                link.on_outcome(dlv)  # type: ignore[attr-defined]
-                        elif etype == EV_LINK_FLOW:
-                            link = links.get(event_link(event))
-                            if isinstance(link, OutgoingLink) and not link.closed:
-                                link.on_flow()
-                        elif etype != EV_TRANSPORT:
-                            handler = handlers.get(etype)
-                            if handler is not None:
-                                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
+                                link.on_delivery(dlv)
+                        else:
+                            self._on_event(event)
                     finally:
                         pop_event(col)
                     if self.ptrans is None:
@@ -485,7 +485,7 @@ class AMQPConnection(Protocol):
                         fn()
                     continue
                 self._tick()
-                if collector.peek() is None and not self._after:
+                if not next_event(col) and not self._after:
                     break
             self._write_output()
         except Exception:
@@ -494,9 +494,21 @@ class AMQPConnection(Protocol):
         finally:
             self._pumping = False
 
+    def _on_event(self, event: Any) -> None:
+        """Any event but a delivery's (``_pump``)."""
+        etype = event_type(event)
+        if etype == EV_LINK_FLOW:
+            link = self.links.get(event_link(event))
+            if link is not None and not link.closed:
+                link.on_flow()
+        elif etype != EV_TRANSPORT:
+            handler = self._handlers.get(etype)
+            if handler is not None:
+                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
+
     def _tick(self) -> None:
         now = self.clock.seconds()
-        deadline = self.ptrans.tick(now)
+        deadline = tick(self.ptrans._impl, now)
         if deadline <= 0:
             return
         timer = self._timer
@@ -509,25 +521,23 @@ class AMQPConnection(Protocol):
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self.state is not ConnectionState.CLOSED and self.ptrans is not None:
+        if self.state is not _CLOSED and self.ptrans is not None:
             self._pump()
 
     def _write_output(self) -> None:
-        ptrans = self.ptrans
+        impl = self.ptrans._impl
         while True:
-            pending = ptrans.pending()
-            if pending < 0:
+            data = output(impl)
+            if data is None:
                 # The engine closed its output (close sent, or a transport error).
                 self._drop()
                 return
-            if pending == 0:
+            if not data:
                 return
-            data = bytes(ptrans.peek(pending))
-            ptrans.pop(pending)
             self._write(data)
 
     def _write(self, data: bytes) -> None:
-        self.transport.write(data)
+        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
         self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 

@@ -91,6 +91,12 @@ class Outcome(Enum):
     MODIFIED = "modified"   # redeliver; a failed attempt counts in delivery-count
 
 
+# (an Enum member read from its class is a lookup each time: Broker.settle runs per
+# AMQP delivery)
+_ACCEPTED, _REJECTED = Outcome.ACCEPTED, Outcome.REJECTED
+_RELEASED, _MODIFIED = Outcome.RELEASED, Outcome.MODIFIED
+
+
 class Broker:
     log = Logger()
 
@@ -646,14 +652,15 @@ class Broker:
         through ``$mqtt.<id>.pubrel`` (then AMQP_PUBREL's settle completes it).
         On a durable queue's delivery: Accepted acknowledges, Released and Modified
         make it visible again, Rejected dead-letters it."""
-        if outcome is not Outcome.ACCEPTED:
+        if outcome is not _ACCEPTED:
             entry = session.inflight.get(packet_id)
             if entry is not None and entry.qref is not None:
                 self.queues.settle(session, entry, outcome.value, failed, reason)
                 return
-        if outcome is Outcome.RELEASED or outcome is Outcome.MODIFIED:
-            session.redeliver(packet_id, failed)
-        elif outcome is Outcome.REJECTED:
+            if outcome is _RELEASED or outcome is _MODIFIED:
+                session.redeliver(packet_id, failed)
+                return
+        if outcome is _REJECTED:
             self.rejected(session, packet_id, reason)
         elif session.awaiting_release(packet_id) is False:
             if session.inflight[packet_id].qos == 1:
