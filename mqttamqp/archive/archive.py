@@ -10,12 +10,13 @@ Three parts, one object:
   pair whole and starts a new one (a swap: no value is copied); when the queue is
   at its bound the record is dropped and counted. It never blocks, never takes a
   lock, never touches a file and never waits for the writer;
-- the feeding thread sends the queued batches, as the reactor made them, to the
-  writer process (``mqttamqp.archive.writer``) in one pickled frame on its stdin,
-  then waits for its answer (counters and log lines). When no whole batch waits it
+- the feeding thread turns the queued batches into typed columns (``columns``:
+  arrays of numbers, strings dictionary-encoded) and sends them to the writer
+  process (``mqttamqp.archive.writer``) in one pickled frame on its stdin, then
+  waits for its answer (counters and log lines). When no whole batch waits it
   takes what the batch being filled holds (a copy and a delete of its front), so a
-  slow trickle is written too. Pickling is all the GIL time the archive costs
-  besides the appends;
+  slow trickle is written too. Packing and pickling are all the GIL time the
+  archive costs besides the appends;
 - the writer process filters topics (``include``/``exclude``), turns rows into
   Arrow record batches through ``SegmentSet``, rolls segments on time or size and
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
@@ -56,6 +57,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
+from mqttamqp.archive.columns import pack
 from mqttamqp.archive.files import remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
 from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
@@ -341,9 +343,9 @@ class Archive:
         if self._child is None and not self._respawn():
             return False
         now = self.clock.seconds()
-        messages = self._take_messages()
+        messages = [pack(values, payloads) for values, payloads in self._take_messages()]
         events = self._take(self._events)
-        self._inflight = sum(len(v) for v, _ in messages) // MESSAGE_VALUES + len(events)
+        self._inflight = sum(packed[0] for packed in messages) + len(events)
         fault, self._fault = self._fault, None
         try:
             report = self._exchange((STEP, now, messages, events, fault))
