@@ -370,15 +370,14 @@ class WebhookRecorder:
         self._by_kind = by_kind
         self._by_topic = {}
         self._messages = trie if len(trie) else None
+        # The core's name for it (no hook on messages, no call per message); a plain
+        # attribute, not a property: it is read on every publish.
+        self.records_messages = self._messages is not None
 
     @property
     def wants_messages(self) -> bool:
         return self._messages is not None
 
-    @property
-    def records_messages(self) -> bool:
-        """(The core's name for it: no hook on messages, no call per message.)"""
-        return self._messages is not None
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
