@@ -3,6 +3,7 @@ the real MQTT protocol on fake transports, the real broker and the real archive 
 feeding thread and writer process), QoS 0 1→1 with 64-byte payloads.
 
     python bench/archive_inproc.py [--reps 15] [--messages 20000] [--profile FILE]
+                                   [--wiring service|direct|noop]
 
 Each repetition publishes ``--messages`` messages through one publisher connection
 to one subscriber, in 64 KB reads as a socket would give them, on a broker with the
@@ -12,7 +13,10 @@ the reactor side and the feeding thread, ``time.process_time``) from the first r
 until the archive's buffer is empty again; the writer process's CPU (from
 ``/proc``) is reported beside it. Prints JSON with the minimum and median per
 message of each. ``--profile FILE`` runs cProfile over the archive-on repetitions
-instead (the feeding thread is not profiled; its share is the CPU difference).
+too (the feeding thread is not profiled). ``--wiring`` attributes the cost:
+``service`` (the default, as the service wires it), ``direct`` (the archive is the
+broker's recorder, no fan-out) or ``noop`` (as ``service``, but the archive's
+``message`` does nothing: what is left is the router's and the call's share).
 
 The figures are CPU, not throughput; ``archive_bench.py`` measures throughput over
 loopback. Never use them in a test.
@@ -77,17 +81,16 @@ def _child_cpu(pid: int | None) -> float:
 class Setup:
     """One broker (archive on or off), a subscriber and a publisher on it."""
 
-    def __init__(self, archive_dir: str | None) -> None:
+    def __init__(self, archive_dir: str | None, wiring: str = "service") -> None:
         self.clock = Clock()
         self.archive = Archive(archive_dir, self.clock) if archive_dir else None
         if self.archive is not None:
             self.archive.start()
-        variant = os.environ.get("ARCH_VARIANT", "")
-        if variant == "direct" and self.archive is not None:
+        if wiring == "direct" and self.archive is not None:
             recorder: Any = self.archive
         else:
             recorder = fan_out(self.archive, WebhookRecorder(self.clock, ()))
-        if variant == "noop" and self.archive is not None:
+        if wiring == "noop" and self.archive is not None:
             self.archive.message = lambda *a: None  # type: ignore[method-assign]
         self.broker = Broker(self.clock, _NullStore(), Limits(), recorder=recorder)
         self.broker.start()
@@ -133,16 +136,33 @@ def _chunks(messages: int) -> list[bytes]:
     return chunks
 
 
+def _only(archive: bool, chunks: list[bytes], reps: int, wiring: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="archive-inproc-") as directory:
+        setup = Setup(directory if archive else None, wiring)
+        try:
+            for _ in range(max(1, reps)):
+                setup.run(chunks)
+        finally:
+            setup.close()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--profile")
+    ap.add_argument("--wiring", choices=("service", "direct", "noop"), default="service")
+    ap.add_argument("--only", choices=("on", "off"),
+                    help="one broker, --reps runs, no warm-up: for instruction counts "
+                         "(valgrind --tool=callgrind), which a busy machine does not move")
     args = ap.parse_args()
     chunks = _chunks(args.messages)
+    if args.only:
+        return _only(args.only == "on", chunks, args.reps, args.wiring)
     _ = Message  # (imported for the type's module load before timing)
     with tempfile.TemporaryDirectory(prefix="archive-inproc-") as directory:
-        on, off = Setup(directory), Setup(None)
+        on, off = Setup(directory, args.wiring), Setup(None)
         cpu: dict[str, list[float]] = {"on": [], "off": []}
         writer: list[float] = []
         profiler = cProfile.Profile() if args.profile else None

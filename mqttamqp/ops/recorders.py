@@ -11,6 +11,7 @@ recorder taking messages, the router calls that recorder's ``message`` directly)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from mqttamqp.core.recorder import NoRecorder, Recorder
@@ -29,38 +30,39 @@ class MessageCall(Protocol):
 class FanOutRecorder:
     """Two recorders as one. ``message`` is the bound method of whichever of them
     takes messages, or a call to both only when both do: the archive with webhooks
-    that want no messages (the default) costs one call a message, not three. The
-    choice is made again whenever ``records_messages`` is read and what the two say
-    has changed (a SIGHUP adds or removes message hooks); the router reads it before
-    every ``message`` call (``core.recorder``: read per publish)."""
+    that want no messages (the default) costs one call a message, not three, and
+    ``records_messages`` is a plain attribute (the router reads it per publish).
+
+    Both are chosen again when a recorder says its ``records_messages`` changed by
+    calling what it holds in its ``on_change`` list (``WebhookRecorder.configure``
+    at a SIGHUP); a recorder without ``on_change`` must keep its answer (the
+    archive's is always true). A fan-out has ``on_change`` too, for one above it."""
 
     message: MessageCall
+    records_messages: bool
 
     def __init__(self, first: Recorder, second: Recorder) -> None:
         self.first = first
         self.second = second
-        self._first = first.records_messages
-        self._second = second.records_messages
+        self.on_change: list[Callable[[], None]] = []
+        for recorder in (first, second):
+            listeners = getattr(recorder, "on_change", None)
+            if listeners is not None:
+                listeners.append(self._choose)
         self._choose()
 
-    @property
-    def records_messages(self) -> bool:
+    def _choose(self) -> None:
         first = self.first.records_messages
         second = self.second.records_messages
-        if first != self._first or second != self._second:
-            self._first = first
-            self._second = second
-            self._choose()
-        return first or second
-
-    def _choose(self) -> None:
-        first, second = self._first, self._second
         if first and not second:
             self.message = self.first.message
         elif second and not first:
             self.message = self.second.message
         else:   # both, or neither (then the router does not call it)
             self.message = self._both
+        self.records_messages = first or second
+        for listener in self.on_change:
+            listener()
 
     def _both(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
               publisher: str | None, user: str | None, protocol: str | None,
