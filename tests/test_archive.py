@@ -34,7 +34,7 @@ from mqttamqp.archive import (
     TopicSelector,
     filter_matches,
 )
-from mqttamqp.archive.columns import LARGE_CODES, pack, strings
+from mqttamqp.archive.columns import pack, strings
 from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
 from mqttamqp.archive.writer import WRITER_NICE, Writer
 
@@ -209,15 +209,19 @@ def test_packed_columns_come_back_as_the_rows_recorded(tmp_path: Path) -> None:
              r["dropped"]) for r in got] == [
         (pytest.approx(r[0], abs=1e-6), *r[1:]) for r in kept]
     assert [r["payload"] for r in got] == [bytes(range(256))[:min(r[4], 16)] for r in kept]
+    # A batch of one topic: all of it kept, or all of it filtered.
+    one = [T0, "office/x", 0, False, 1, "dev", "u", "amqp", 1, 0]
+    assert w._message_batch(pack(one * 3, b"xxx")) is None
+    assert w.filtered == len(rows) - len(kept) + 3
+    one[1] = "plant/1"
+    kept_batch = w._message_batch(pack(one * 3, b"xxx"))
+    assert kept_batch is not None and kept_batch.column("topic").to_pylist() == ["plant/1"] * 3
 
 
-def test_a_column_of_many_distinct_strings_uses_wide_indexes() -> None:
-    column = [f"t/{i}" for i in range(70_000)] + ["t/0"]
-    distinct, codes = strings(column)
-    assert len(distinct) == 70_000 and codes is not None
-    assert codes.typecode == LARGE_CODES and codes[-1] == 0
-    assert [distinct[c] for c in codes[:3]] == ["t/0", "t/1", "t/2"]
-    assert strings(["a", "a"]) == (("a",), None)
+def test_a_string_column_that_every_row_shares_travels_once() -> None:
+    assert strings(["a", "a", "a"]) == ("a",)
+    assert strings([None, None]) == (None,)
+    assert strings(["a", None, "a"]) == ["a", None, "a"]
 
 
 def test_events_one_schema_with_nullable_columns(tmp_path: Path, clock: Clock) -> None:

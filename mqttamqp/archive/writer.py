@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from mqttamqp.archive.columns import SMALL_CODES, Packed, Strings
+from mqttamqp.archive.columns import Packed, Strings
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
@@ -150,13 +150,17 @@ class Writer:
 
     def _message_batch(self, packed: Packed) -> pa.RecordBatch | None:
         """One batch of messages as the feeding thread packed it (``columns.pack``)
-        as a record batch of ``MESSAGE_SCHEMA``: each number column is the array's
-        buffer as it came, each string column its distinct values taken by index,
-        the payloads one buffer cut at offsets computed by Arrow, and the topic
-        filter decided once per distinct topic; no Python object per row."""
+        as a record batch of ``MESSAGE_SCHEMA``: each number column is the buffer
+        as it came, a string every row shares repeated by Arrow, the payloads one
+        buffer cut at offsets computed by Arrow, and the topic filter decided once
+        per distinct topic."""
         (count, seconds, topics, qos, retain, size, publisher, user, protocol,
          deliveries, dropped, payloads) = packed
+        wanted = self.selector.wanted
         if not count:
+            return None
+        if isinstance(topics, tuple) and not wanted(topics[0]):   # one topic, unwanted
+            self.filtered += count
             return None
         types = self._message_types
         micros = pc.round(pc.multiply(_numbers(pa.float64(), count, seconds), 1_000_000.0))
@@ -173,13 +177,11 @@ class Writer:
             _numbers(pa.int64(), count, deliveries).cast(types[9]),
             _numbers(pa.int64(), count, dropped).cast(types[10])]
         batch = pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
-        distinct, codes = topics
-        wanted = [self.selector.wanted(topic) for topic in distinct]
-        if not all(wanted):
-            keep = pa.array(wanted, pa.bool_())
-            mask = (keep.take(_codes(codes, count)) if codes is not None
-                    else pa.repeat(keep[0], count))
-            batch = batch.filter(mask)
+        if isinstance(topics, tuple):   # one topic, wanted
+            return batch
+        unwanted = {topic for topic in set(topics) if not wanted(topic)}
+        if unwanted:
+            batch = batch.filter(pa.array([t not in unwanted for t in topics], pa.bool_()))
             self.filtered += count - batch.num_rows
         return batch
 
@@ -220,32 +222,23 @@ class Writer:
 
 
 def _numbers(kind: pa.DataType, count: int, data: Any) -> pa.Array:
-    """``count`` fixed-width values of ``kind`` in ``data`` (an ``array`` or
-    ``bytes``) as an Arrow array over the same memory."""
+    """``count`` fixed-width values of ``kind`` in ``data`` (``bytes`` in native
+    byte order) as an Arrow array over the same memory."""
     if memoryview(data).nbytes != count * kind.bit_width // 8:
         raise ValueError(f"archive writer: {memoryview(data).nbytes} bytes are not "
                          f"{count} values of {kind}")
     return pa.Array.from_buffers(kind, count, [None, pa.py_buffer(data)])
 
 
-def _codes(codes: Any, count: int) -> pa.Array:
-    """A string column's indexes (``columns.SMALL_CODES`` or ``LARGE_CODES``)."""
-    kind = pa.uint16() if codes.typecode == SMALL_CODES else pa.int64()
-    return _numbers(kind, count, codes)
-
-
 def _strings(kind: pa.DataType, count: int, column: Strings) -> pa.Array:
-    """A packed string column (distinct values, indexes or None) as a plain
-    ``kind`` array of ``count`` rows (the schema's type, not a dictionary type:
-    the files keep their columns; Parquet dictionary-encodes them itself)."""
-    distinct, codes = column
-    values = pa.array(distinct, kind)
-    if codes is None:
-        if len(distinct) != 1:
-            raise ValueError("archive writer: a string column without indexes has "
-                             f"{len(distinct)} values")
-        return pa.repeat(values[0], count)
-    return values.take(_codes(codes, count))
+    """A packed string column (``(value,)`` for every row, or the values) as a
+    plain ``kind`` array of ``count`` rows (the schema's type: the files keep their
+    columns; Parquet dictionary-encodes them itself)."""
+    if isinstance(column, tuple):
+        return pa.repeat(pa.scalar(column[0], kind), count)
+    if len(column) != count:
+        raise ValueError(f"archive writer: {len(column)} strings for {count} rows")
+    return pa.array(column, kind)
 
 
 def main() -> None:
