@@ -10,8 +10,8 @@ Three parts, one object:
   pair whole and starts a new one (a swap: no value is copied); when the queue is
   at its bound the record is dropped and counted. It never blocks, never takes a
   lock, never touches a file and never waits for the writer;
-- the feeding thread turns the queued batches into typed columns (``columns``:
-  arrays of numbers, strings dictionary-encoded) and sends them to the writer
+- the feeding thread turns the queued batches into columns (``columns``: numbers
+  as packed bytes, a string every row shares once) and sends them to the writer
   process (``mqttamqp.archive.writer``) in one pickled frame on its stdin, then
   waits for its answer (counters and log lines). When no whole batch waits it
   takes what the batch being filled holds (a copy and a delete of its front), so a

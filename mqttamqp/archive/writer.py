@@ -9,8 +9,8 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 (``frames``).
 
 - the first frame is the configuration (``Writer`` keyword arguments);
-- ``(STEP, now, messages, events, fault)``: the messages as batches of typed
-  columns (``columns.pack``: arrays of numbers, dictionary-encoded strings, the
+- ``(STEP, now, messages, events, fault)``: the messages as batches of columns
+  (``columns.pack``: numbers as packed bytes, a string every row shares once, the
   capped payloads joined), oldest first, the events as the reactor buffered them
   (``Archive.event`` tuples), the broker's clock for roll
   times and retention; ``fault`` is ``None`` except in tests (the next append of that
