@@ -110,7 +110,9 @@ def main() -> int:
                 if cpu is not None:
                     base_cpu[archive].append(cpu)
                 print(f"round {i + 1}: baseline archive {'on ' if archive else 'off'} "
-                      f"{value:,.0f} msg/s, broker {cpu} µs/msg", file=sys.stderr)
+                      f"{value:,.0f} msg/s, broker {cpu} µs/msg"
+                      + (f", {base_archived[-1]:,} messages archived" if archive else ""),
+                      file=sys.stderr)
     published = 200_000 // (10 if args.quick else 1)
     complete = [v for v, n in zip(on, archived, strict=True) if n == published]
     result = {
@@ -136,11 +138,16 @@ def main() -> int:
         "target": ">= 0.85",
     }
     if args.baseline:
+        base_complete = [v for v, n in zip(base[True], base_archived, strict=True)
+                         if n == published]
         result["baseline"] = {
             "path": os.path.abspath(args.baseline),
             "archive_on": base[True], "archive_off": base[False],
             "archived_per_run": base_archived,
             "ratio": statistics.median(base[True]) / statistics.median(base[False]),
+            "complete_runs": len(base_complete),
+            "ratio_complete": (statistics.median(base_complete) / statistics.median(base[False])
+                               if base_complete else None),
             "median_cpu_on": statistics.median(base_cpu[True]) if base_cpu[True] else None,
             "median_cpu_off": statistics.median(base_cpu[False]) if base_cpu[False] else None,
         }

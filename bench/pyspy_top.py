@@ -39,7 +39,8 @@ AREAS = (
 
 
 # innermost frames that mean "waiting for work", not work
-WAITS = {"Condition.wait", "Event.wait", "EPollReactor.doPoll", "select", "Thread.join"}
+WAITS = {"Condition.wait", "Event.wait", "EPollReactor.doPoll", "select", "Thread.join",
+         "_read_exact"}  # (the archive's pipe: select, or the writer's blocking read)
 
 
 def area(frame: dict) -> str:
@@ -83,11 +84,19 @@ def load(paths: list[str]) -> dict[str, list[tuple[list[int], float]]]:
                 index[key] = len(FRAMES)
                 FRAMES.append(fr)
             remap.append(index[key])
+        first_pid = None
         for prof in doc["profiles"]:
-            # 'Thread 15343 "MainThread"': merge the runs by the thread's name
+            # 'Thread 15343 "MainThread"': merge the runs by the thread's name;
+            # with --subprocesses ('Process 1 Thread 2 "..."'), a child's threads are
+            # named "child:..." (the archive's writer process)
             name = prof.get("name", "?")
+            pid = name.split()[1] if name.startswith("Process ") else None
+            if first_pid is None:
+                first_pid = pid
             if '"' in name:
                 name = name.split('"')[1]
+            if pid != first_pid:
+                name = "child:" + name
             for stack, weight in zip(prof["samples"], prof["weights"], strict=True):
                 threads[name].append(([remap[i] for i in stack], weight))
     return threads
@@ -152,7 +161,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     ap.add_argument("--children", metavar="NAME",
                     help="instead: what the function NAME (e.g. Router.publish) spends its "
-                         "time in, by direct callee, % of all busy samples")
+                         "time in, by direct callee, %% of all busy samples")
     args = ap.parse_args()
     threads = load(args.files)
     if args.children:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import calendar
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -33,8 +34,9 @@ from mqttamqp.archive import (
     TopicSelector,
     filter_matches,
 )
+from mqttamqp.archive.columns import pack, strings
 from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
-from mqttamqp.archive.writer import WRITER_NICE
+from mqttamqp.archive.writer import WRITER_NICE, Writer
 
 T0 = calendar.timegm((2026, 11, 24, 7, 59, 30))  # 2026-11-24 07:59:30 UTC
 
@@ -177,6 +179,49 @@ def test_include_and_exclude(tmp_path: Path, clock: Clock) -> None:
     assert sorted(read(tmp_path).column("topic").to_pylist()) == [
         "$SYS/broker/load", "plant/1/t"]
     assert a.stats()["filtered"] == 2
+
+
+def test_packed_columns_come_back_as_the_rows_recorded(tmp_path: Path) -> None:
+    """The feeding thread's columns (``columns.pack``) through the writer's Arrow
+    conversion: every value of every row as recorded, strings that vary per row
+    and ones that do not, nulls among them, the payload cap, and topics filtered
+    once per distinct topic."""
+    rows = [(T0 + i / 1000, f"plant/{i % 7}" if i % 5 else "office/x", i % 3, i % 2 == 0,
+             i, f"dev{i % 4}" if i % 3 else None, None if i % 2 else "u", "mqtt3.1.1",
+             i % 9, i % 4) for i in range(300)]
+    values: list[Any] = []
+    payloads = bytearray()
+    for (ts, topic, qos, retain, size, publisher, user, protocol, deliveries,
+         dropped) in rows:
+        payloads += bytes(range(256))[:min(size, 16)]
+        values += (ts, topic, qos, retain, size, publisher, user, protocol, deliveries,
+                   dropped)
+    packed = pickle.loads(pickle.dumps(pack(values, payloads), protocol=5))
+    w = Writer(str(tmp_path), payload_bytes=16, roll_seconds=60, roll_bytes=1 << 30,
+               retention_days=0, include=["#"], exclude=["office/#"], row_group_rows=64)
+    batch = w._message_batch(packed)
+    assert batch is not None and batch.schema.equals(MESSAGE_SCHEMA)
+    kept = [r for r in rows if not r[1].startswith("office/")]
+    assert w.filtered == len(rows) - len(kept)
+    got = batch.to_pylist()
+    assert [(r["timestamp"].timestamp(), r["topic"], r["qos"], r["retain"],
+             r["payload_size"], r["publisher"], r["user"], r["protocol"], r["deliveries"],
+             r["dropped"]) for r in got] == [
+        (pytest.approx(r[0], abs=1e-6), *r[1:]) for r in kept]
+    assert [r["payload"] for r in got] == [bytes(range(256))[:min(r[4], 16)] for r in kept]
+    # A batch of one topic: all of it kept, or all of it filtered.
+    one = [T0, "office/x", 0, False, 1, "dev", "u", "amqp", 1, 0]
+    assert w._message_batch(pack(one * 3, b"xxx")) is None
+    assert w.filtered == len(rows) - len(kept) + 3
+    one[1] = "plant/1"
+    kept_batch = w._message_batch(pack(one * 3, b"xxx"))
+    assert kept_batch is not None and kept_batch.column("topic").to_pylist() == ["plant/1"] * 3
+
+
+def test_a_string_column_that_every_row_shares_travels_once() -> None:
+    assert strings(["a", "a", "a"]) == ("a",)
+    assert strings([None, None]) == (None,)
+    assert strings(["a", None, "a"]) == ["a", None, "a"]
 
 
 def test_events_one_schema_with_nullable_columns(tmp_path: Path, clock: Clock) -> None:

@@ -179,6 +179,42 @@ def test_fan_out_gives_every_call_to_each_recorder_and_merges_stats() -> None:
     assert set(both.stats()) == {"webhooks/dropped", "webhooks/failed", "webhooks/delivered"}
 
 
+def test_fan_out_calls_only_the_recorder_that_takes_messages_until_a_reload() -> None:
+    """With the default hooks (no messages) the archive's ``message`` is the fan-out's
+    own: one call a message. A reload that adds a hook on messages changes that at
+    once, through every fan-out above the hooks."""
+    archived: list[str] = []
+
+    class Archive:
+        records_messages = True
+
+        def message(self, timestamp: float, topic: str, *rest: Any) -> None:
+            archived.append(topic)
+
+        def event(self, *args: Any, **fields: object) -> None:
+            pass
+
+        def stats(self) -> dict[str, int]:
+            return {}
+
+    archive = Archive()
+    hooks, _post, _clock = make(hook())
+    quiet, _, _ = make()
+    both = fan_out(archive, hooks, quiet)   # (archive, hooks) inside a second fan-out
+    assert isinstance(both, FanOutRecorder)
+    assert both.records_messages and both.message == archive.message
+    hooks.configure([hook(events=["message"], **{"max-delay": 0.0})])
+    assert both.records_messages
+    both.message(1.0, "t", 0, False, b"", None, None, None, 0, 0)
+    assert archived == ["t"] and len(hooks.senders[0].queue) == 1
+    hooks.configure([hook()])
+    assert both.records_messages and both.message == archive.message
+    only_hooks = fan_out(make()[0], hooks)
+    assert not only_hooks.records_messages
+    hooks.configure([hook(events=["message"])])
+    assert only_hooks.records_messages and only_hooks.message == hooks.message
+
+
 @pytest.mark.parametrize(("table", "key"), [
     ({"url": "ftp://x/"}, "url"),
     ({"url": "http://x/", "events": ["conect"]}, "events"),

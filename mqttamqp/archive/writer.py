@@ -9,10 +9,10 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 (``frames``).
 
 - the first frame is the configuration (``Writer`` keyword arguments);
-- ``(STEP, now, messages, events, fault)``: records exactly as the reactor buffered
-  them (``Archive.message`` values but the payload in flat lists, ``MESSAGE_VALUES``
-  per message, each list with the bytes of its payloads joined, oldest first;
-  ``Archive.event`` tuples), the broker's clock for roll
+- ``(STEP, now, messages, events, fault)``: the messages as batches of columns
+  (``columns.pack``: numbers as packed bytes, a string every row shares once, the
+  capped payloads joined), oldest first, the events as the reactor buffered them
+  (``Archive.event`` tuples), the broker's clock for roll
   times and retention; ``fault`` is ``None`` except in tests (the next append of that
   dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
@@ -37,13 +37,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from mqttamqp.archive.columns import Packed, Strings
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
-from mqttamqp.archive.names import MESSAGE_VALUES
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
@@ -89,18 +90,12 @@ class Writer:
         self._fault: str | None = None
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
-    def step(self, now: float, messages: list[tuple[list[Any], bytes]],
+    def step(self, now: float, messages: list[Packed],
              events: list[tuple[Any, ...]], fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
-        if len(messages) == 1:
-            records, payloads = messages[0]
-        else:
-            records = [value for part, _ in messages for value in part]
-            payloads = b"".join(data for _, data in messages)
-        batch = self._message_batch(records, payloads)
-        if batch is not None and batch.num_rows:
-            self._write(MESSAGES, lambda segments: segments.append_batch(batch, now))
+        for packed in messages:
+            self._write(MESSAGES, partial(self._append, packed=packed, now=now))
         rows = self._event_rows(events)
         if rows:
             self._write(EVENTS, lambda segments: segments.append(rows, now))
@@ -148,34 +143,43 @@ class Writer:
         self.lost += segments.abandon()
         self.errors += 1
 
-    def _message_batch(self, records: list[Any], payloads: bytes) -> pa.RecordBatch | None:
-        """The records (``Archive.message`` values but the payload, ``MESSAGE_VALUES``
-        per message, in one flat list, and their capped payloads joined) as one
-        record batch, column by column: each column is a strided slice, the payloads
-        one buffer cut at offsets computed by Arrow; no Python object per row is
-        made here."""
-        if not records:
-            return None
-        if len(records) % MESSAGE_VALUES:
-            raise ValueError(f"archive writer: {len(records)} message values are not "
-                             f"whole records of {MESSAGE_VALUES}")
-        (seconds, topics, qos, retain, size, publisher, user, protocol, deliveries,
-         dropped) = (records[i::MESSAGE_VALUES] for i in range(MESSAGE_VALUES))
-        count = len(topics)
+    def _append(self, segments: SegmentSet, packed: Packed, now: float) -> None:
+        batch = self._message_batch(packed)
+        if batch is not None and batch.num_rows:
+            segments.append_batch(batch, now)
+
+    def _message_batch(self, packed: Packed) -> pa.RecordBatch | None:
+        """One batch of messages as the feeding thread packed it (``columns.pack``)
+        as a record batch of ``MESSAGE_SCHEMA``: each number column is the buffer
+        as it came, a string every row shares repeated by Arrow, the payloads one
+        buffer cut at offsets computed by Arrow, and the topic filter decided once
+        per distinct topic."""
+        (count, seconds, topics, qos, retain, size, publisher, user, protocol,
+         deliveries, dropped, payloads) = packed
         wanted = self.selector.wanted
-        unwanted = {topic for topic in set(topics) if not wanted(topic)}
+        if not count:
+            return None
+        if isinstance(topics, tuple) and not wanted(topics[0]):   # one topic, unwanted
+            self.filtered += count
+            return None
         types = self._message_types
-        micros = pc.round(pc.multiply(pa.array(seconds, pa.float64()), 1_000_000.0))
-        sizes = pa.array(size, types[4])
+        micros = pc.round(pc.multiply(_numbers(pa.float64(), count, seconds), 1_000_000.0))
+        sizes = _numbers(pa.int64(), count, size)
         columns = [
             micros.cast(pa.int64()).cast(types[0]),
-            pa.array(topics, types[1]), pa.array(qos, types[2]),
-            pa.array(retain, types[3]), sizes,
+            _strings(types[1], count, topics),
+            _numbers(pa.int8(), count, qos),
+            _numbers(pa.uint8(), count, retain).cast(types[3]),
+            sizes,
             self._payload_column(sizes, payloads),
-            pa.array(publisher, types[6]), pa.array(user, types[7]),
-            pa.array(protocol, types[8]), pa.array(deliveries, types[9]),
-            pa.array(dropped, types[10])]
+            _strings(types[6], count, publisher), _strings(types[7], count, user),
+            _strings(types[8], count, protocol),
+            _numbers(pa.int64(), count, deliveries).cast(types[9]),
+            _numbers(pa.int64(), count, dropped).cast(types[10])]
         batch = pa.RecordBatch.from_arrays(columns, schema=MESSAGE_SCHEMA)
+        if isinstance(topics, tuple):   # one topic, wanted
+            return batch
+        unwanted = {topic for topic in set(topics) if not wanted(topic)}
         if unwanted:
             batch = batch.filter(pa.array([t not in unwanted for t in topics], pa.bool_()))
             self.filtered += count - batch.num_rows
@@ -215,6 +219,26 @@ class Writer:
             for partition in removed:
                 self.logs.append(("info", f"archive: removed {name}/{partition} "
                                           f"(older than {self.retention_days} days)"))
+
+
+def _numbers(kind: pa.DataType, count: int, data: Any) -> pa.Array:
+    """``count`` fixed-width values of ``kind`` in ``data`` (``bytes`` in native
+    byte order) as an Arrow array over the same memory."""
+    if memoryview(data).nbytes != count * kind.bit_width // 8:
+        raise ValueError(f"archive writer: {memoryview(data).nbytes} bytes are not "
+                         f"{count} values of {kind}")
+    return pa.Array.from_buffers(kind, count, [None, pa.py_buffer(data)])
+
+
+def _strings(kind: pa.DataType, count: int, column: Strings) -> pa.Array:
+    """A packed string column (``(value,)`` for every row, or the values) as a
+    plain ``kind`` array of ``count`` rows (the schema's type: the files keep their
+    columns; Parquet dictionary-encodes them itself)."""
+    if isinstance(column, tuple):
+        return pa.repeat(pa.scalar(column[0], kind), count)
+    if len(column) != count:
+        raise ValueError(f"archive writer: {len(column)} strings for {count} rows")
+    return pa.array(column, kind)
 
 
 def main() -> None:

@@ -5,30 +5,68 @@ that passes every call to each of the given recorders, in order, and merges thei
 ``stats()``.  With one recorder it returns that recorder itself, so a broker with
 only the archive pays nothing for this module.
 
-What it must not do: add work per message beyond the calls themselves.
+What it must not do: add work per message beyond the calls themselves (with one
+recorder taking messages, the router calls that recorder's ``message`` directly).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from mqttamqp.core.recorder import NoRecorder, Recorder
 
 __all__ = ["FanOutRecorder", "fan_out"]
 
 
+class MessageCall(Protocol):
+    """``Recorder.message``'s signature, for the call ``FanOutRecorder`` routes."""
+
+    def __call__(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
+                 publisher: str | None, user: str | None, protocol: str | None,
+                 deliveries: int, dropped: int) -> None: ...
+
+
 class FanOutRecorder:
+    """Two recorders as one. ``message`` is the bound method of whichever of them
+    takes messages, or a call to both only when both do: the archive with webhooks
+    that want no messages (the default) costs one call a message, not three, and
+    ``records_messages`` is a plain attribute (the router reads it per publish).
+
+    Both are chosen again when a recorder says its ``records_messages`` changed by
+    calling what it holds in its ``on_change`` list (``WebhookRecorder.configure``
+    at a SIGHUP); a recorder without ``on_change`` must keep its answer (the
+    archive's is always true). A fan-out has ``on_change`` too, for one above it."""
+
+    message: MessageCall
+    records_messages: bool
+
     def __init__(self, first: Recorder, second: Recorder) -> None:
         self.first = first
         self.second = second
+        self.on_change: list[Callable[[], None]] = []
+        for recorder in (first, second):
+            listeners = getattr(recorder, "on_change", None)
+            if listeners is not None:
+                listeners.append(self._choose)
+        self._choose()
 
-    @property
-    def records_messages(self) -> bool:
-        return self.first.records_messages or self.second.records_messages
+    def _choose(self) -> None:
+        first = self.first.records_messages
+        second = self.second.records_messages
+        if first and not second:
+            self.message = self.first.message
+        elif second and not first:
+            self.message = self.second.message
+        else:   # both, or neither (then the router does not call it)
+            self.message = self._both
+        self.records_messages = first or second
+        for listener in self.on_change:
+            listener()
 
-    def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
-                publisher: str | None, user: str | None, protocol: str | None,
-                deliveries: int, dropped: int) -> None:
+    def _both(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
+              publisher: str | None, user: str | None, protocol: str | None,
+              deliveries: int, dropped: int) -> None:
         self.first.message(timestamp, topic, qos, retain, payload, publisher, user,
                            protocol, deliveries, dropped)
         self.second.message(timestamp, topic, qos, retain, payload, publisher, user,

@@ -342,6 +342,8 @@ class WebhookRecorder:
         self._messages: SubscriptionTrie[int] | None = None
         self._by_topic: dict[str, tuple[HookSender, ...]] = {}
         self._retired = {"dropped": 0, "failed": 0, "delivered": 0}
+        # Called after every configure (the fan-out's choice of message recorders).
+        self.on_change: list[Callable[[], None]] = []
         self.configure(hooks)
 
     def configure(self, hooks: Sequence[HookSettings]) -> None:
@@ -370,14 +372,14 @@ class WebhookRecorder:
         self._by_kind = by_kind
         self._by_topic = {}
         self._messages = trie if len(trie) else None
+        # The core's name for it (no hook on messages, no call per message); a plain
+        # attribute, not a property: it is read on every publish.
+        self.records_messages = self._messages is not None
+        for listener in self.on_change:
+            listener()
 
     @property
     def wants_messages(self) -> bool:
-        return self._messages is not None
-
-    @property
-    def records_messages(self) -> bool:
-        """(The core's name for it: no hook on messages, no call per message.)"""
         return self._messages is not None
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
