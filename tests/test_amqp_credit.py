@@ -50,23 +50,27 @@ def test_credit_comes_back_in_steps_of_half_the_window() -> None:
     assert WINDOW // 2 < link.credit <= WINDOW
 
 
-def test_aborted_transfers_use_credit_and_a_later_answer_tops_it_up() -> None:
+def test_aborted_transfers_use_credit_and_are_topped_up_like_answers() -> None:
     net = Net()
     peer, link = sender(net)
-    abort(peer, link, 60)
-    assert link.credit == WINDOW - 60
-    send(peer, link, 1)                        # 61 credits used, one answer: a refill's worth
-    assert link.credit == WINDOW
+    abort(peer, link, WINDOW // 2 - 1)
+    assert link.credit == WINDOW // 2 + 1      # fewer than half: no flow yet
+    abort(peer, link, 11)                      # the 50th: a refill's worth owed
+    assert link.credit == WINDOW - 10
+    send(peer, link, 1)
+    assert link.credit == WINDOW - 11
 
 
-def test_a_peer_out_of_credit_gets_it_back_with_the_next_answer() -> None:
+def test_a_sender_whose_last_transfers_are_aborted_keeps_credit() -> None:
+    """Before, an abort was owed back but never topped up: a sender that aborted its
+    whole window was left with no credit and nothing to answer."""
     net = Net()
     peer, link = sender(net)
-    abort(peer, link, WINDOW - 1)
-    send(peer, link, 1)                        # all credit used
+    abort(peer, link, WINDOW)                  # topped up at the 50th and the 100th
     assert link.credit == WINDOW
     abort(peer, link, WINDOW - 10)
-    send(peer, link, 1)                        # 91 used: topped up by the first answer
+    assert link.credit == WINDOW - 40          # topped up at the 50th, 40 since
+    send(peer, link, 9)                        # answers count on from there: 49 owed
+    assert link.credit == WINDOW - 49
+    send(peer, link, 1)
     assert link.credit == WINDOW
-    send(peer, link, 9)                        # then 9 more: fewer than half, no flow
-    assert link.credit == WINDOW - 9

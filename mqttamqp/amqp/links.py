@@ -428,7 +428,7 @@ class _SessionLink(OutgoingLink):
             self._sent.add(packet_id)
         elif self.over_credit_full():
             if session is not None:
-                self.broker.dropped(session)
+                self.broker.dropped(session, message.topic)
             return
         native = message.native if self.native else None
         props = message.props
@@ -733,7 +733,10 @@ class IncomingLink(BrokerLink):
                 self._partial = 0
             _link_advance(impl)
             _delivery_settle(dlv)
-            self._owed += 1   # (it took a credit, and will not be answered)
+            # (it took a credit and will not be answered: owed back, with the
+            # top-up an answer would bring, or a sender whose last transfers
+            # were aborted could be left without credit)
+            self._answered()
             return
         pending = _delivery_pending(dlv)
         if pending > self.max_size:   # (detach releases what it held)
