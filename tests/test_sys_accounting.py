@@ -125,6 +125,29 @@ def test_sys_messages_are_neither_received_nor_sent() -> None:
         broker.stop()
 
 
+def test_sys_copies_a_congested_watcher_misses_are_not_counted_as_dropped() -> None:
+    """Not traffic either way: a $SYS copy a congested client cannot take is not a
+    drop (before, dropped grew by every $SYS topic at every burst while received
+    and sent did not, and the identity failed for exactly the client watching it)."""
+    broker, clock, _ = make_broker(sys_interval=5)
+    broker.start()
+    try:
+        watcher, link, _ = connect(broker, "watcher")
+        subscribe(broker, watcher, ("$SYS/#", 0))
+        link.congested = True
+        link.backlog_bytes = 10**9
+        clock.advance(5)
+        clock.advance(5)
+        assert _figures(broker) == {"received": 0, "sent": 0, "dropped": 0, "queued": 0}
+        pub(broker, "t", b"x", 0)            # real traffic still counts (no route)
+        subscribe(broker, watcher, ("t", 0))
+        pub(broker, "t", b"x", 0)
+        clock.advance(5)
+        assert _figures(broker) == {"received": 2, "sent": 0, "dropped": 1, "queued": 0}
+    finally:
+        broker.stop()
+
+
 # -- integration: the real broker under fan-in -----------------------------------------
 
 PUBLISHERS = 20

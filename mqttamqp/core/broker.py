@@ -668,10 +668,13 @@ class Broker:
             else:
                 self.completed(session, packet_id)
 
-    def dropped(self, session: Session) -> None:
-        """A delivery to ``session`` was dropped by its link (QoS 0 over its bound)."""
-        session.dropped += 1
-        session.dropped_congested += 1
+    def dropped(self, session: Session, topic: str) -> None:
+        """A delivery to ``session`` was dropped by its link (QoS 0 over its bound).
+        The broker's own ``$SYS`` messages are not counted: they are not traffic
+        (neither received nor sent: ``BrokerStats.own_messages``)."""
+        if not is_sys_topic(topic):
+            session.dropped += 1
+            session.dropped_congested += 1
 
     # -- flow control ---------------------------------------------------------
 

@@ -394,8 +394,9 @@ class Session:
             if link is None:
                 return None  # QoS 0 is not queued for offline sessions
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
-                self.dropped += 1
-                self.dropped_congested += 1
+                if message.topic[:5] != "$SYS/":   # (the broker's own: not traffic)
+                    self.dropped += 1
+                    self.dropped_congested += 1
                 return None
             link.send_publish(message, 0, None, False, retain)
             self.delivered += 1

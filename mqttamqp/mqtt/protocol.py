@@ -386,7 +386,7 @@ class MQTTProtocol(Protocol):
         if message.props is not None and message.expired(self.clock.seconds()):
             # Its message expiry interval ran out while it waited (queue, in flight
             # before sending, retained store): never sent, counted as dropped.
-            self._not_sent(packet_id)
+            self._not_sent(packet_id, message.topic)
             return
         v5 = self._v5
         if v5 is not None:
@@ -409,7 +409,7 @@ class MQTTProtocol(Protocol):
             else:
                 frame5 = self._publish_frame5(v5, message, qos, packet_id, dup, retain)
                 if frame5 is None:
-                    self._not_sent(packet_id)
+                    self._not_sent(packet_id, message.topic)
                     return
                 frame = frame5
         elif qos == 0 and not dup:
@@ -481,7 +481,7 @@ class MQTTProtocol(Protocol):
                 v5.forget_alias(message.topic)
         return frame
 
-    def _not_sent(self, packet_id: int | None) -> None:
+    def _not_sent(self, packet_id: int | None, topic: str) -> None:
         """A delivery this connection will not send: counted as dropped, and a QoS
         1/2 one leaves the session's window as if it had been acknowledged (on the
         next turn: the session is in the middle of sending)."""
@@ -489,7 +489,7 @@ class MQTTProtocol(Protocol):
         if session is None:
             return
         if packet_id is None:
-            self.broker.dropped(session)
+            self.broker.dropped(session, topic)
         else:
             self.clock.callLater(0, self.broker.rejected, session, packet_id)
 
