@@ -488,6 +488,32 @@ def test_an_offset_seen_before_a_crash_never_names_another_message() -> None:
     assert again.queue_views()[0].depth == 0
 
 
+def test_skipped_offsets_cost_nothing_and_count_in_no_lag() -> None:
+    """The offsets skipped at a restart are one range, not thousands of done
+    offsets per group, and no group's lag counts them (review: lag 4096 with two
+    messages waiting); the floor jumps them once the messages below are done."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/t", b"a")           # delivered, not acknowledged
+    send(broker, "$queue/jobs/t", b"b")
+    broker.stop()
+    again, _, _ = make(store)
+    view = again.queue_views()[0]
+    assert view.depth == 2 and [g.lag for g in view.groups] == [2]
+    group = next(iter(again.queues.queues["jobs"].groups.values()))
+    assert len(group.done) < 10
+    worker, link = client(again, "w-1", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    send(again, "$queue/jobs/t", b"c")
+    for m, *_ in link.published():
+        ack(again, worker, m)
+    view = again.queue_views()[0]
+    assert view.depth == 0 and [g.lag for g in view.groups] == [0]
+    assert group.floor == again.queues.queues["jobs"].next_offset and not group.done
+
+
 def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
     """A classic delivery leaves only once the dispatch watermark above it is
     durable, so a crash right after it still raises its count on redelivery."""

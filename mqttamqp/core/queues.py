@@ -306,13 +306,23 @@ class _Group:
     def advance_floor(self) -> None:
         done = self.done
         floor = self.floor
-        while floor in done:
-            done.discard(floor)
-            floor += 1
+        skipped = self.queue.skipped
+        while True:
+            while floor in done:
+                done.discard(floor)
+                floor += 1
+            if skipped is not None and skipped[0] <= floor < skipped[1]:
+                floor = skipped[1]   # (offsets that never held a message)
+                continue
+            break
         self.floor = floor
 
     def lag(self) -> int:
-        return max(0, self.queue.next_offset - self.next) + len(self.ready)
+        lag = max(0, self.queue.next_offset - self.next) + len(self.ready)
+        skipped = self.queue.skipped
+        if skipped is not None and self.next < skipped[1]:
+            lag -= skipped[1] - max(skipped[0], self.next)
+        return lag
 
 
 class _Queue:
@@ -332,6 +342,9 @@ class _Queue:
         # offset -> what its publisher waits for, while it may still fire early:
         # every classic group done with it before its commit (``_trim``).
         self.waiters: dict[int, Deferred[None]] = {}
+        # Offsets [start, end) given out to nobody: skipped at a restart
+        # (``QueueManager._skip_unstored_offsets``).
+        self.skipped: tuple[int, int] | None = None
 
     def oldest(self) -> Message | None:
         log = self.log
@@ -893,8 +906,12 @@ class QueueManager:
                     return offset
                 heapq.heappop(ready)
         limit = queue.committed
+        skipped = queue.skipped
         while group.next < limit:
             offset = group.next
+            if skipped is not None and skipped[0] <= offset < skipped[1]:
+                group.next = skipped[1]
+                continue
             message = log.get(offset)
             if group.mode == STREAM:
                 if message is not None and group.matches(message):
@@ -1317,16 +1334,13 @@ class QueueManager:
         if top <= start:
             return
         queue.next_offset = top
-        gap = range(start, top)
+        queue.skipped = (start, top)   # (jumped over by cursors and floors)
         for group in queue.groups.values():
             if group.mode != CLASSIC:
                 if group.next >= start:   # (a stream cursor: nothing to read there)
                     group.next = top
-                continue
-            if group.floor >= start:   # (everything before the gap is done)
+            elif group.floor >= start:    # (everything before the gap is done)
                 group.floor = group.next = top
-            else:                      # (passed when the floor gets there)
-                group.done.update(gap)
 
     # -- console ---------------------------------------------------------------------
 
