@@ -356,7 +356,7 @@ class Archive:
         if self._child is None and not self._respawn():
             return False
         now = self.clock.seconds()
-        messages = [pack(values, payloads) for values, payloads in self._take_messages()]
+        messages = self._pack_all(self._take_messages())
         events = self._take(self._events)
         taken = sum(packed[0] for packed in messages)
         self._inflight = taken + len(events)
@@ -372,6 +372,28 @@ class Archive:
             self._steps += 1
             self._progress.notify_all()
         return True
+
+    def _pack_all(self, batches: list[tuple[list[Any], bytearray]]) -> list[Any]:
+        """``pack`` each batch; one that cannot be packed (a value of the wrong type:
+        a bug upstream) is lost and counted, with one log line, instead of ending
+        the feeding thread, which would drop every record after it."""
+        packed = []
+        for values, payloads in batches:
+            try:
+                packed.append(pack(values, payloads))
+            except Exception:
+                lost = len(values) // MESSAGE_VALUES
+                log.failure("archive: a batch of {n} messages could not be packed; "
+                            "it is lost", n=lost)
+                base = dict(self._base)
+                base["lost"] += lost
+                base["errors"] += 1
+                self._base = base
+                counts = dict(self._counts)
+                counts["lost"] += lost
+                counts["errors"] += 1
+                self._counts = counts
+        return packed
 
     def _exchange(self, frame: tuple[Any, ...], timeout: float = _ANSWER_WAIT) -> Any:
         """One frame to the writer process and its answer (blocking, GIL released
