@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import fnmatch
 import heapq
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -306,23 +307,23 @@ class _Group:
     def advance_floor(self) -> None:
         done = self.done
         floor = self.floor
-        skipped = self.queue.skipped
+        skip = self.queue.skip if self.queue.skip_starts else None
         while True:
             while floor in done:
                 done.discard(floor)
                 floor += 1
-            if skipped is not None and skipped[0] <= floor < skipped[1]:
-                floor = skipped[1]   # (offsets that never held a message)
-                continue
+            if skip is not None:
+                past = skip(floor)   # (offsets that never held a message)
+                if past != floor:
+                    floor = past
+                    continue
             break
         self.floor = floor
 
     def lag(self) -> int:
-        lag = max(0, self.queue.next_offset - self.next) + len(self.ready)
-        skipped = self.queue.skipped
-        if skipped is not None and self.next < skipped[1]:
-            lag -= skipped[1] - max(skipped[0], self.next)
-        return lag
+        queue = self.queue
+        return (max(0, queue.next_offset - self.next) + len(self.ready)
+                - queue.skipped_between(self.next, queue.next_offset))
 
 
 class _Queue:
@@ -342,9 +343,30 @@ class _Queue:
         # offset -> what its publisher waits for, while it may still fire early:
         # every classic group done with it before its commit (``_trim``).
         self.waiters: dict[int, Deferred[None]] = {}
-        # Offsets [start, end) given out to nobody: skipped at a restart
-        # (``QueueManager._skip_unstored_offsets``).
-        self.skipped: tuple[int, int] | None = None
+        # Offsets below ``next_offset`` that hold no message and never will, as
+        # sorted ranges [start, end): found at a restart (``QueueManager._skip``),
+        # jumped over by floors and cursors, left out of lags.
+        self.skip_starts: list[int] = []
+        self.skip_ends: list[int] = []
+
+    def skip(self, offset: int) -> int:
+        """``offset``, or the end of the skipped range it is in."""
+        starts = self.skip_starts
+        if starts:
+            i = bisect_right(starts, offset) - 1
+            if i >= 0 and offset < self.skip_ends[i]:
+                return self.skip_ends[i]
+        return offset
+
+    def skipped_between(self, low: int, high: int) -> int:
+        """How many offsets in [low, high) are skipped."""
+        n = 0
+        for start, end in zip(self.skip_starts, self.skip_ends, strict=True):
+            if start >= high:
+                break
+            if end > low:
+                n += min(end, high) - max(start, low)
+        return n
 
     def oldest(self) -> Message | None:
         log = self.log
@@ -906,12 +928,14 @@ class QueueManager:
                     return offset
                 heapq.heappop(ready)
         limit = queue.committed
-        skipped = queue.skipped
+        skip = queue.skip if queue.skip_starts else None
         while group.next < limit:
             offset = group.next
-            if skipped is not None and skipped[0] <= offset < skipped[1]:
-                group.next = skipped[1]
-                continue
+            if skip is not None:
+                past = skip(offset)
+                if past != offset:
+                    group.next = past
+                    continue
             message = log.get(offset)
             if group.mode == STREAM:
                 if message is not None and group.matches(message):
@@ -1320,27 +1344,38 @@ class QueueManager:
 
     @staticmethod
     def _skip_unstored_offsets(queue: _Queue, stored: Iterable[QueueGroupRecord]) -> None:
-        """Never give out again an offset that may have gone out before the crash.
+        """Never give out again an offset that may have gone out before the crash,
+        and let floors and cursors jump the offsets that hold no message.
 
         QoS 0/1 messages go to consumers before their append is durable, so one
         whose append the crash lost was seen with an offset the log no longer has
         (its publisher got no acknowledgement and sends it again: a new message).
         Every classic delivery is below its group's stored watermark: new messages
         start above the highest, so a message id (``queue:offset``) always names one
-        message, and a consumer deduplicating by it never drops a new one.
+        message, and a consumer deduplicating by it never drops a new one.  Every
+        offset below that with no message in the log (skipped at an earlier
+        restart, lost in the crash, deleted one by one) never holds one: the
+        queue's skipped ranges, found again at every restart from the log itself.
         """
         top = max((g.watermark for g in stored if g.mode == CLASSIC), default=0)
-        start = queue.next_offset
-        if top <= start:
-            return
-        queue.next_offset = top
-        queue.skipped = (start, top)   # (jumped over by cursors and floors)
+        end = max(queue.next_offset, top)
+        ranges: list[list[int]] = []
+        low = queue.first
+        for offset in sorted(queue.log):
+            if offset > low:
+                ranges.append([low, offset])
+            low = offset + 1
+        if end > low:
+            ranges.append([low, end])
+        queue.next_offset = end
+        queue.skip_starts = [r[0] for r in ranges]
+        queue.skip_ends = [r[1] for r in ranges]
         for group in queue.groups.values():
-            if group.mode != CLASSIC:
-                if group.next >= start:   # (a stream cursor: nothing to read there)
-                    group.next = top
-            elif group.floor >= start:    # (everything before the gap is done)
-                group.floor = group.next = top
+            if group.mode == CLASSIC:
+                group.advance_floor()
+                group.next = max(group.next, group.floor)
+            else:
+                group.next = queue.skip(group.next)
 
     # -- console ---------------------------------------------------------------------
 
