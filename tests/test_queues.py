@@ -455,22 +455,30 @@ def test_a_redelivery_stores_its_raised_count_before_a_crash() -> None:
         (b"a", "3")]
 
 
-def test_an_offset_seen_before_a_crash_never_names_another_message() -> None:
-    """A QoS 1 message goes to its consumer before its append is durable; the crash
-    loses the append.  After the restart the publisher's resend (and anything new)
-    gets an offset above every stored watermark, so ``jobs:<offset>`` seen before
-    the crash never names a different message (before, the offset was reused)."""
+def crash_losing_an_append(kept: bytes) -> tuple[ManualMemoryStore, dict[str, bytes]]:
+    """Queue "jobs" with one MQTT 5 member: ``kept`` is committed, then "lost" is
+    delivered before its append is durable, and the broker dies.  Returns the store
+    and what the member saw (message id -> payload)."""
     store = ManualMemoryStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#")
     store.commit_all()
-    send(broker, "$queue/jobs/t", b"kept")
+    send(broker, "$queue/jobs/t", kept)
     store.commit_all()
     send(broker, "$queue/jobs/t", b"lost")        # delivered, its append not durable
     seen = {meta(m)["message-id"]: m.payload for m, *_ in link.published()}
-    assert set(seen.values()) == {b"kept", b"lost"}
     store.pending.clear()                         # crash
+    return store, seen
+
+
+def test_an_offset_seen_before_a_crash_never_names_another_message() -> None:
+    """A QoS 1 message goes to its consumer before its append is durable; the crash
+    loses the append.  After the restart the publisher's resend (and anything new)
+    gets an offset above every stored watermark, so ``jobs:<offset>`` seen before
+    the crash never names a different message (before, the offset was reused)."""
+    store, seen = crash_losing_an_append(b"kept")
+    assert set(seen.values()) == {b"kept", b"lost"}
     again, _, _ = make(store)
     worker, link = client(again, "w-1", "mqtt5")
     join(again, worker, "$queue/jobs/#")
@@ -520,15 +528,7 @@ def test_a_second_restart_still_skips_the_first_restarts_offsets() -> None:
     the lag counts messages, not offsets, and the floor jumps the old range without
     a done offset (or a stored op) per offset (review: lag 4,099 with one message
     waiting, then ~4,096 QueueDone ops in one commit)."""
-    store = ManualMemoryStore()
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1", "mqtt5")
-    join(broker, worker, "$queue/jobs/#")
-    store.commit_all()
-    send(broker, "$queue/jobs/t", b"a")
-    store.commit_all()
-    send(broker, "$queue/jobs/t", b"lost")        # delivered, its append not durable
-    store.pending.clear()                         # crash
+    store, _ = crash_losing_an_append(b"a")
     second, _, _ = make(store)
     worker, link = client(second, "w-1", "mqtt5")
     join(second, worker, "$queue/jobs/#")
