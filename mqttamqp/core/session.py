@@ -33,6 +33,7 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
+from mqttamqp.core.topics import is_sys_topic
 
 if TYPE_CHECKING:
     from mqttamqp.core.shared import SharedGroup
@@ -394,7 +395,7 @@ class Session:
             if link is None:
                 return None  # QoS 0 is not queued for offline sessions
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
-                if message.topic[:5] != "$SYS/":   # (the broker's own: not traffic)
+                if not is_sys_topic(message.topic):   # (the broker's own: not traffic)
                     self.dropped += 1
                     self.dropped_congested += 1
                 return None
