@@ -31,7 +31,6 @@ from proton import symbol as amqp_symbol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.tcp import Server as TCPServer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -85,7 +84,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.netio import send
+from mqttamqp.netio import plain_tcp, send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
@@ -173,7 +172,7 @@ class AMQPConnection(Protocol):
         anonymous = self.factory.anonymous_allowed(self.peer)
         self.sasl = SaslServer(["PLAIN", "ANONYMOUS"] if anonymous else ["PLAIN"], anonymous)
         self.factory.connections.add(self)
-        if type(self.transport) is TCPServer:
+        if plain_tcp(self.transport):
             # Output goes out once per pump, at once (``_write``): without this,
             # Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.
