@@ -149,7 +149,7 @@ def test_messages_only_for_hooks_that_ask_and_only_on_their_filters() -> None:
 
 def test_no_hook_wanting_messages_does_nothing_per_message() -> None:
     recorder, _post, _clock = make(hook(events=["connect"]))
-    assert not recorder.wants_messages
+    assert not recorder.records_messages
     recorder.message(1.0, "a", 0, False, b"", None, None, None, 1, 0)
     recorder.event(1.0, DISCONNECT, "c")      # a kind it did not ask for
     assert [len(s.queue) for s in recorder.senders] == [0]

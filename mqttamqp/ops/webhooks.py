@@ -378,10 +378,6 @@ class WebhookRecorder:
         for listener in self.on_change:
             listener()
 
-    @property
-    def wants_messages(self) -> bool:
-        return self._messages is not None
-
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,
                 deliveries: int, dropped: int) -> None:
