@@ -385,15 +385,17 @@ class Archive:
                 lost = len(values) // MESSAGE_VALUES
                 log.failure("archive: a batch of {n} messages could not be packed; "
                             "it is lost", n=lost)
-                base = dict(self._base)
-                base["lost"] += lost
-                base["errors"] += 1
-                self._base = base
-                counts = dict(self._counts)
-                counts["lost"] += lost
-                counts["errors"] += 1
-                self._counts = counts
+                self._count_lost(lost)
         return packed
+
+    def _count_lost(self, records: int) -> None:
+        """``records`` lost and one error, on top of what the writer process reports
+        (``_base``: ``_apply`` adds its figures to it)."""
+        base, counts = dict(self._base), dict(self._counts)
+        for totals in (base, counts):
+            totals["lost"] += records
+            totals["errors"] += 1
+        self._base, self._counts = base, counts
 
     def _exchange(self, frame: tuple[Any, ...], timeout: float = _ANSWER_WAIT) -> Any:
         """One frame to the writer process and its answer (blocking, GIL released
@@ -490,12 +492,9 @@ class Archive:
         """The writer process died or answered nonsense: what it held is lost."""
         log.failure("archive: the writer process failed; its open segments are lost")
         self._stop_child(grace=1.0)
-        counts = dict(self._counts)
-        counts["lost"] += self._open_rows + self._inflight
-        counts["errors"] += 1
-        self._base = dict(counts)
+        self._count_lost(self._open_rows + self._inflight)
+        self._base = dict(self._counts)   # (the next writer process counts from 0)
         self._open_rows = 0
-        self._counts = counts
         self._inflight = 0
         self._respawn_at = time.monotonic() + _RESPAWN_DELAY
 
