@@ -20,8 +20,10 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 WAIT_MS = 15_000
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason="Debian's chromium is not installed")
+# Every browser test: skipped (with why) where Debian's chromium is missing.
+NEEDS_CHROMIUM = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                    reason="Debian's chromium is not installed")
+pytestmark = NEEDS_CHROMIUM
 
 
 @pytest.fixture(scope="module")

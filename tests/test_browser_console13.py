@@ -6,7 +6,6 @@ real paho and proton clients.  Screenshots go to ``test-artifacts/`` as in
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -15,14 +14,12 @@ import pytest
 from pahoclient import PahoClient
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from test_browser import CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
+from test_browser import NEEDS_CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
 from webui_support import Paho, initial_password, web_broker_process
 
 __all__ = ["browser"]
 
-pytestmark = [pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason="Debian's chromium is not installed"),
-              pytest.mark.timeout(300)]
+pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ what its screenshot is meant to show."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -18,22 +17,21 @@ from paho.mqtt.client import MQTTv5, MQTTv311
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pahoclient import PahoClient
-from test_browser import CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
-from webui_support import initial_password, web_broker_process
+from test_browser import (
+    NEEDS_CHROMIUM,
+    WAIT_MS,
+    Watch,
+    _login,
+    _shot,
+    broker,
+    browser,
+    expect,
+)
+from webui_support import initial_password
 
-__all__ = ["browser"]
+__all__ = ["broker", "browser"]
 
-pytestmark = [pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason="Debian's chromium is not installed"),
-              pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def broker(tmp_path: Any) -> Iterator[tuple[Any, str]]:
-    data = str(tmp_path / "data")
-    proc = web_broker_process(data).start()
-    yield proc, data
-    proc.stop()
+pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

@@ -3,20 +3,17 @@ and the new user connects at once with paho.  Screenshot in ``test-artifacts/``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pahoclient import PahoClient
-from test_browser import CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
+from test_browser import NEEDS_CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
 from webui_support import initial_password, web_broker_process
 
 __all__ = ["browser"]
 
-pytestmark = [pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason="Debian's chromium is not installed"),
-              pytest.mark.timeout(300)]
+pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

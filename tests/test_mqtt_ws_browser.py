@@ -13,7 +13,6 @@ broker is reached as 127.0.0.1), which is how the Origin refusal is shown.  MQTT
 from __future__ import annotations
 
 import http.server
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,16 +21,14 @@ from typing import Any
 import pahoclient
 import pytest
 from brokerproc import BrokerProcess
-from test_browser import CHROMIUM, WAIT_MS, browser  # noqa: F401  (a fixture)
+from test_browser import CHROMIUM, NEEDS_CHROMIUM, WAIT_MS, browser  # noqa: F401  (a fixture)
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
 MQTTJS = Path(__file__).resolve().parent / "mqttjs" / "mqtt.min.js"
 HTML = b'<!doctype html><title>mqtt over ws</title><script src="/mqtt.min.js"></script>'
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                 reason="Debian's chromium is not installed")]
+pytestmark = [pytest.mark.timeout(120), NEEDS_CHROMIUM]
 
 
 @pytest.fixture
