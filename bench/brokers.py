@@ -136,6 +136,32 @@ def help_options(text):
     return sorted(set(re.findall(r"(--[a-z][a-z0-9-]*)", text)))
 
 
+def stop_group(proc, timeout):
+    """Stop the process group ``proc`` leads (we started it with start_new_session):
+    SIGTERM, then SIGKILL after ``timeout``; with the leader already gone, SIGKILL
+    whatever it left in its group."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+    else:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class Broker:
     """kind: 'mosquitto' or 'mqttamqp'.  label: name used in results."""
 
@@ -258,25 +284,7 @@ class Broker:
         if p is None:
             return
         try:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)  # the group we created (start_new_session)
-                except ProcessLookupError:
-                    pass
-                try:
-                    p.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    p.wait(5)
-            else:
-                # leader gone; make sure nothing it left in its group survives
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            stop_group(p, timeout)
         finally:
             self.exit_code = p.returncode
             _LIVE.discard(self)

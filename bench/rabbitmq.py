@@ -15,7 +15,6 @@ The node is started with ``/usr/lib/rabbitmq/bin/rabbitmq-server`` (not the
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -53,29 +52,6 @@ def group_cpu_s(pgid):
         if int(fields[2]) == pgid:            # field 5: pgrp
             total += (int(fields[11]) + int(fields[12])) / brokers.CLK_TCK
     return total
-
-
-def _stop_group(proc, timeout):
-    if proc is None:
-        return
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(5)
-    else:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)   # stragglers of the group we created
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class RabbitMQ(brokers.Broker):
@@ -152,12 +128,12 @@ class RabbitMQ(brokers.Broker):
 
     def stop(self, timeout=20.0):
         try:
-            _stop_group(self.proc, timeout)
+            brokers.stop_group(self.proc, timeout)
             if self.proc is not None:
                 self.exit_code = self.proc.returncode
         finally:
             self.proc = None
-            _stop_group(self.epmd, 5.0)
+            brokers.stop_group(self.epmd, 5.0)
             self.epmd = None
             brokers._LIVE.discard(self)
 
