@@ -254,19 +254,27 @@ def test_roll_on_time_with_the_injected_clock(archive: Archive, clock: Clock,
     assert len(visible(tmp_path)) == 1 and hidden(tmp_path) == []
 
 
-def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
-                                                         clock: Clock) -> None:
-    a = Archive(str(tmp_path), clock, buffer_limit=10)
+def stall_first_message_step(a: Archive) -> tuple[threading.Event, threading.Event]:
+    """Make the feeding thread's first frame with a message wait, inside the
+    exchange with the writer process, until the test sets ``release``; ``entered``
+    is set once it waits."""
     entered, release = threading.Event(), threading.Event()
     real_exchange = a._exchange
 
     def stalled_exchange(frame: Any, *args: Any) -> Any:
-        if frame[0] == "step" and frame[2]:  # the first batch with a message stalls
+        if frame[0] == "step" and frame[2]:
             entered.set()
             assert release.wait(30)
         return real_exchange(frame, *args)
 
     a._exchange = stalled_exchange  # type: ignore[method-assign]
+    return entered, release
+
+
+def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
+                                                         clock: Clock) -> None:
+    a = Archive(str(tmp_path), clock, buffer_limit=10)
+    entered, release = stall_first_message_step(a)
     a.start()
     publish(a, T0)
     assert a.wait_until(entered.is_set)
@@ -290,16 +298,7 @@ def test_whole_batches_are_queued_within_the_bound_and_written_in_order(
     and what was kept is written once each, in order."""
     monkeypatch.setattr(archive_module, "_BATCH", 4)
     a = Archive(str(tmp_path), clock, buffer_limit=20)
-    entered, release = threading.Event(), threading.Event()
-    real_exchange = a._exchange
-
-    def stalled_exchange(frame: Any, *args: Any) -> Any:
-        if frame[0] == "step" and frame[2]:  # the first frame with a message stalls
-            entered.set()
-            assert release.wait(30)
-        return real_exchange(frame, *args)
-
-    a._exchange = stalled_exchange  # type: ignore[method-assign]
+    entered, release = stall_first_message_step(a)
     a.start()
     publish(a, T0, topic="t/0")
     assert a.wait_until(entered.is_set)
