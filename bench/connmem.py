@@ -15,7 +15,15 @@ It prints, per connection: the traced bytes, the allocation sites that grew most
 counted by type with their shallow sizes (``sys.getsizeof``; what the garbage
 collector tracks, so not strings, bytes or ints alone).  ``--cpu`` measures
 instead the broker process's CPU time from the first connect to the last CONNACK
-(per connection; ``--cprofile FILE`` also profiles that phase).  Figures are exact for
+(per connection; ``--cprofile FILE`` also profiles that phase; ``--callgrind`` turns
+callgrind's collection on for exactly that phase, so that under
+
+    PYTHONPATH=. valgrind --tool=callgrind --collect-atstart=no \\
+        --callgrind-out-file=/tmp/cg.out python3 bench/connmem.py --cpu --callgrind
+
+(``python3`` the interpreter itself, not a wrapper script such as pyenv's shim) the
+instructions collected / connections is a figure that does not move with the
+machine's load: compare changes with it).  Figures are exact for
 the allocations of this process, and independent of the machine's load; RSS per
 connection (scenario 6 of ``run.py``) adds the allocator's overhead.
 """
@@ -65,6 +73,8 @@ def main() -> int:
                     help="no tracemalloc: the broker process's CPU per connect instead")
     ap.add_argument("--cprofile", metavar="FILE",
                     help="with --cpu: cProfile the connect phase into FILE")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="with --cpu: toggle callgrind's collection around the connect phase")
     args = ap.parse_args()
 
     from twisted.internet import protocol, reactor
@@ -78,6 +88,10 @@ def main() -> int:
                        "--web", "none", "--mqtt-ws", "none", "--metrics", "none",
                        "--max-connections", "1048576", *args.broker_arg])
     svc = makeService(opts)
+    toggle = None
+    if args.callgrind:
+        from amqp_cost import callgrind_toggle
+        toggle = callgrind_toggle()
     report: dict[str, object] = {"count": args.count, "persistent": args.persistent}
     deadline = time.monotonic() + args.timeout
     state: dict[str, object] = {}
@@ -93,6 +107,8 @@ def main() -> int:
                 if tag == "READY":
                     reactor.callLater(0.5, ready, self)
                 elif tag == "CONNECTED":
+                    if toggle is not None:
+                        toggle()   # (collection off: the connect phase is over)
                     report["loadgen"] = json.loads(rest)
                     reactor.callLater(1.0, connected, self)
                 elif tag == "RESULT":
@@ -127,6 +143,8 @@ def main() -> int:
                 import cProfile
                 state["prof"] = prof = cProfile.Profile()
                 prof.enable()
+            if toggle is not None:
+                toggle()
             state["cpu0"] = time.process_time()
             state["main0"] = time.thread_time()
             state["ru0"] = resource.getrusage(resource.RUSAGE_THREAD)
