@@ -261,3 +261,16 @@ class FailingStore(NullStore):
             self.refused += 1
             return fail(OSError(28, "No space left on device"))
         return super().submit(ops)
+
+
+def timers_left(clock: Any) -> list[Any]:
+    """``clock``'s pending calls, less the shared timer of a ``Deadlines`` (keepalive
+    and CONNECT deadlines) that has no deadline left: that one runs once more at its
+    time, doing nothing, and is gone (``mqtt.connection.Deadlines``)."""
+    from mqttamqp.mqtt.connection import Deadlines
+
+    def inert(call: Any) -> bool:
+        owner = getattr(call.func, "__self__", None)
+        return type(owner) is Deadlines and len(owner) == 0
+
+    return [call for call in clock.getDelayedCalls() if not inert(call)]

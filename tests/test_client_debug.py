@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakes import NullStore
+from fakes import NullStore, timers_left
 from test_amqp_unit import Peer
 from test_protocol_unit import Client
 from twisted.internet.task import Clock
@@ -66,7 +66,7 @@ def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[s
     lines.clear()
     loud.send(Pingreq())
     assert not [x for x in lines if x.startswith("debug ")]
-    assert clock.getDelayedCalls() == []
+    assert timers_left(clock) == []
 
 
 def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
@@ -78,7 +78,7 @@ def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
     late.send(Pingreq())
     assert any(x.startswith("debug later (") and "in Pingreq" in x for x in lines)
     late.proto.connectionLost(None)
-    assert clock.getDelayedCalls() == []          # the debug timer went with it
+    assert timers_left(clock) == []          # the debug timer went with it
 
 
 def test_the_console_switches_it_on_and_off(tmp_path: Any, lines: list[str]) -> None:

@@ -3,6 +3,8 @@ no transport, no clock, no broker."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mqttamqp.mqtt.connection import (
@@ -108,7 +110,8 @@ def test_ack_queue_bound_and_resume_mark() -> None:
 
 def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     """Keepalive checks of many connections share one reactor timer; each fires at
-    its own deadline, a cancelled one never does, and no timer is left after."""
+    its own deadline, a cancelled one never does, and once none is left the timer
+    runs at most once more, doing nothing, and is gone."""
     from twisted.internet.task import Clock
 
     from mqttamqp.mqtt.connection import Deadlines
@@ -131,7 +134,9 @@ def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     clock.advance(1.0)
     assert fired == ["b", "d"] and len(deadlines) == 1
     deadlines.cancel(a)
-    assert clock.getDelayedCalls() == [] and len(deadlines) == 0
+    assert len(deadlines) == 0
+    clock.advance(10.0)
+    assert fired == ["b", "d"] and clock.getDelayedCalls() == []
 
 
 def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> None:
@@ -160,7 +165,36 @@ def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> Non
         deadlines.cancel(deadlines.add("churn", 900.0))
     assert len(deadlines._heap) < 100 and len(deadlines) == 1
     deadlines.cancel(keep)
-    assert clock.getDelayedCalls() == []
+    clock.advance(1000.0)
+    assert fired == ["good"] and clock.getDelayedCalls() == []
+
+
+def test_deadlines_added_and_cancelled_in_turn_keep_one_timer() -> None:
+    """A connect storm adds a CONNECT deadline and cancels it at once, connection
+    after connection: the reactor timer is set once, not moved each time, and a
+    deadline still fires on time afterwards."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.connection import Deadlines
+
+    clock = Clock()
+    fired: list[str] = []
+    deadlines = Deadlines(clock, fired.append)
+    calls: list[float] = []
+    call_later = clock.callLater
+
+    def counting(delay: float, *a: Any, **kw: Any) -> Any:
+        calls.append(delay)
+        return call_later(delay, *a, **kw)
+
+    clock.callLater = counting  # type: ignore[method-assign]
+    for n in range(100):
+        clock.advance(0.001)
+        deadlines.cancel(deadlines.add(f"c{n}", 10.0))
+    assert len(calls) == 1 and len(deadlines) == 0
+    deadlines.add("late", 10.0)
+    clock.advance(10.0)
+    assert fired == ["late"] and clock.getDelayedCalls() == []
 
 
 def test_idle_ack_queues_share_one_empty_list() -> None:

@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any
 
 import fakes
-from fakes import ManualStore, NullStore
+from fakes import ManualStore, NullStore, timers_left
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -192,7 +192,7 @@ def test_unsupported_protocol_level_gets_connack_1() -> None:
     assert c.received() == [Connack(False, 1)]
     assert not c.open
     c.lost()
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 def test_mismatched_protocol_name_and_level_gets_connack_1() -> None:
@@ -250,7 +250,7 @@ def test_first_packet_not_connect_closes() -> None:
     assert c.transport.value() == b""
     assert not c.open
     c.lost()
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 def test_second_connect_closes_and_fires_will() -> None:
@@ -298,9 +298,9 @@ def test_connect_timeout_closes_silent_socket() -> None:
     assert c.open
     h.clock.advance(2 * EPSILON)
     assert not c.open
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
     c.lost()
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
     assert c.proto not in h.factory.connections
 
 
@@ -309,7 +309,7 @@ def test_connect_cancels_connect_timeout() -> None:
     h = Harness()
     c = h.client()
     c.connect("c", keepalive=0)
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
     h.clock.advance(1000)
     assert c.open
 
@@ -328,7 +328,7 @@ def test_keepalive_expiry_closes_and_fires_will() -> None:
     c.lost()
     assert watcher.sent == [("will/c", b"dead", 1, False)]
     assert "c" not in h.broker.sessions
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 def test_keepalive_reset_by_activity() -> None:
@@ -344,7 +344,7 @@ def test_keepalive_reset_by_activity() -> None:
     h.clock.advance(2 * EPSILON)
     assert not c.open
     c.lost()
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 def test_clean_disconnect_no_will_no_timers() -> None:
@@ -355,13 +355,13 @@ def test_clean_disconnect_no_will_no_timers() -> None:
     c.connect("c", keepalive=10, will=Will("will/c", b"dead", 0, False))
     c.send(Disconnect())
     assert not c.open
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
     c.lost()
     h.clock.advance(100)
     assert watcher.sent == []
     assert "c" not in h.broker.wills
     assert "mqtt:c" not in h.broker.connections
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 def test_connection_lost_fires_will_and_cancels_keepalive() -> None:
@@ -372,7 +372,7 @@ def test_connection_lost_fires_will_and_cancels_keepalive() -> None:
     c.connect("c", keepalive=30, will=Will("will/c", b"dropped", 0, True))
     c.proto.connectionLost(Failure(ConnectionDone()))
     assert watcher.sent == [("will/c", b"dropped", 0, False)]
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
 
 
 # --------------------------------------------------------------------------
@@ -762,7 +762,7 @@ def test_authentication_failure_refused() -> None:
         assert not c.open
         assert broker.sessions == {}
         c.lost()
-        assert clock.getDelayedCalls() == []
+        assert timers_left(clock) == []
 
 
 def test_authenticator_error_gives_connack_3() -> None:
@@ -803,7 +803,7 @@ def test_takeover_leaves_only_new_connection_timers() -> None:
     new = h.client()
     new.connect("c", keepalive=0)
     old.lost()
-    assert h.clock.getDelayedCalls() == []
+    assert timers_left(h.clock) == []
     h.clock.advance(100)
     assert new.open
 
@@ -866,7 +866,7 @@ def test_stalled_subscriber_stops_slowing_publishers() -> None:
     first = next(p for p in stuck.received() if isinstance(p, Publish))
     stuck.send(Puback(first.packet_id or 0))  # progress: it counts again
     assert not h.broker.sessions["stuck"].stalled
-    assert h.clock.getDelayedCalls() == []  # no pause timer left behind
+    assert timers_left(h.clock) == []  # no pause timer left behind
 
 
 def test_duplicate_qos2_pubrec_waits_for_pending_commit() -> None:

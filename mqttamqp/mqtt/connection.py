@@ -171,11 +171,15 @@ class Deadlines:
 
     A ``DelayedCall`` per connection was about 450 bytes of the broker's memory per
     idle client; an entry here is a small list in one heap.  Deadlines are kept
-    exactly (the timer is set for the earliest); a cancelled entry stays in the
-    heap, inert, until its time, except that the timer goes when none is left.
+    exactly: the timer is never later than the earliest live deadline.  A
+    cancelled entry stays in the heap, inert, until its time (or until none is
+    left), and the timer stays set when its deadline is cancelled: it runs then,
+    finds what is due (perhaps nothing) and sets itself for the next.  A connect
+    storm adds and cancels a CONNECT deadline per connection; moving the timer each
+    time was a ``callLater`` and a ``cancel`` per connection.
     """
 
-    __slots__ = ("_clock", "_fire", "_heap", "_live", "_seq", "_timer")
+    __slots__ = ("_clock", "_due", "_fire", "_heap", "_live", "_seq", "_timer")
 
     def __init__(self, clock: Clock, fire: Callable[[Any], None]) -> None:
         self._clock = clock
@@ -184,6 +188,7 @@ class Deadlines:
         self._live = 0
         self._seq = 0
         self._timer: DelayedCall | None = None
+        self._due = 0.0               # when ``_timer`` runs
 
     def add(self, item: Any, delay: float) -> list[Any]:
         """``item`` is due in ``delay`` seconds; returns the handle ``cancel`` takes."""
@@ -201,10 +206,7 @@ class Deadlines:
         entry[2] = None
         self._live -= 1
         if not self._live:
-            self._heap.clear()
-            if self._timer is not None and self._timer.active():
-                self._timer.cancel()
-            self._timer = None
+            self._heap.clear()   # (the timer, if set, runs once and finds nothing)
         elif len(self._heap) > 2 * self._live + 64:
             # (cancelled entries would stay until their time: connection churn with
             # long keepalives grew the heap without bound)
@@ -215,10 +217,14 @@ class Deadlines:
         return self._live
 
     def _arm(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        delay = max(0.0, self._heap[0][0] - self._clock.seconds())
-        self._timer = self._clock.callLater(delay, self._run)
+        due = self._heap[0][0]
+        timer = self._timer
+        if timer is not None and timer.active():
+            if self._due <= due:
+                return    # it runs first, and then sets itself for this one
+            timer.cancel()
+        self._due = due
+        self._timer = self._clock.callLater(max(0.0, due - self._clock.seconds()), self._run)
 
     def _run(self) -> None:
         self._timer = None
