@@ -91,6 +91,8 @@ def test_events_are_archived_with_their_causes(traffic: Path) -> None:
         "dev-gone", "plant/status/dev-gone", "lost")
     [connect] = [r for r in rows if r["kind"] == "connect" and r["client_id"] == "dev-sub"]
     assert (connect["protocol"], connect["clean_session"]) == ("mqtt3.1.1", False)
+    assert connect["address"].startswith("127.0.0.1:") and connect["keepalive"] > 0
+    assert connect["user"] is None     # (anonymous, from loopback)
 
 
 def test_report_from_real_broker_traffic(spark: Any, traffic: Path, tmp_path: Path) -> None:

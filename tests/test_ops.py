@@ -64,6 +64,9 @@ class _Live:
         return ConnectionInfo(self.key, self.client_id, self.protocol, "127.0.0.1:1", None,
                               0.0, 60, True, self.client_id)
 
+    def event_fields(self) -> tuple[str, str, str | None, bool | None, int]:
+        return (self.client_id, "127.0.0.1:1", None, True, 60)
+
     def close(self, reason: str) -> None:
         pass
 

@@ -185,6 +185,9 @@ class FakeLink:
         self.closed.append(reason)
         self.broker.unregister_connection(self.key, self)
 
+    def event_fields(self) -> tuple[str, str, str | None, bool | None, int]:
+        return (self.client_id, self.remote, self.user, self.clean, self.keepalive)
+
     def info(self) -> ConnectionInfo:
         owners = (self.client_id,) if self.client_id in self.broker.wills else ()
         return ConnectionInfo(

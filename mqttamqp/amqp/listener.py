@@ -74,7 +74,7 @@ from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.connections import ConnectionInfo, EventFields
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -317,6 +317,10 @@ class AMQPConnection(Protocol):
         return False
 
     # -- console (InspectableConnection) ------------------------------------------------
+
+    def event_fields(self) -> EventFields:
+        return (self.container_id, self.peer, self.username, None,
+                int(self.factory.idle_timeout))
 
     def info(self) -> ConnectionInfo:
         links = [link for link in self.links.values() if not link.closed]

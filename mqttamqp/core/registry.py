@@ -196,16 +196,15 @@ class SessionRegistry:
             self.stats.disconnected(known)
             self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
-                self.recorder.event(now, DISCONNECT, self.connections[key].info().client_id,
+                self.recorder.event(now, DISCONNECT, self.connections[key].event_fields()[0],
                                     protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
         self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
         if self._recording:
-            info = connection.info()
-            self.recorder.event(now, CONNECT, info.client_id, protocol=protocol,
-                                address=info.remote, user=info.user,
-                                clean_session=info.clean_session, keepalive=info.keepalive)
+            client_id, remote, user, clean, keepalive = connection.event_fields()
+            self.recorder.event(now, CONNECT, client_id, protocol=protocol, address=remote,
+                                user=user, clean_session=clean, keepalive=keepalive)
 
     def unregister_connection(self, key: str, connection: InspectableConnection,
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
@@ -216,7 +215,7 @@ class SessionRegistry:
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
             self.stats.disconnect_cause(cause)
-            info = connection.info()
+            client_id, remote = connection.event_fields()[:2]
             # The one line per disconnect, with its cause.  A protocol error or a
             # limit was logged (as a warning, with its reason) where it was found;
             # storage failures and shutdowns are logged once for all, not per client.
@@ -226,13 +225,13 @@ class SessionRegistry:
                     else self._disconnect_lines.allow("disconnect"))
             if held is not None:
                 self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}{h}",
-                              p=protocol, c=info.client_id or "?", peer=info.remote,
+                              p=protocol, c=client_id or "?", peer=remote,
                               cause=cause.replace("_", " "),
                               d=f" ({detail})" if detail else "",
                               h=f" ({held} more disconnects not logged before it)"
                               if held else "")
             if self._recording:
-                self.recorder.event(self.clock.seconds(), DISCONNECT, info.client_id,
+                self.recorder.event(self.clock.seconds(), DISCONNECT, client_id,
                                     protocol=protocol, reason=cause, detail=detail or None)
 
     # -- claiming and ending --------------------------------------------------

@@ -34,7 +34,7 @@ from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.connections import ConnectionInfo, EventFields
 from mqttamqp.core.enhanced_auth import (
     CONTINUE,
     SUCCESS,
@@ -524,6 +524,9 @@ class MQTTProtocol(Protocol):
     @property
     def key(self) -> str:
         return "mqtt:" + self.client_id
+
+    def event_fields(self) -> EventFields:
+        return (self.client_id, self.peer, self.username, self.clean_session, self.keepalive)
 
     def info(self) -> ConnectionInfo:
         return ConnectionInfo(
