@@ -215,6 +215,40 @@ def test_fan_out_calls_only_the_recorder_that_takes_messages_until_a_reload() ->
     assert only_hooks.records_messages and only_hooks.message == hooks.message
 
 
+def test_fan_out_gives_events_only_to_recorders_that_take_them_until_a_reload() -> None:
+    """Webhooks with no hook on events (none configured, the default) are not called
+    per event: the archive's ``event`` is the fan-out's own, as for messages, and a
+    reload that adds an event hook gives it every event from then on."""
+    recorded: list[str] = []
+
+    class Archive:
+        records_messages = True
+
+        def message(self, *rest: Any) -> None:
+            pass
+
+        def event(self, timestamp: float, kind: str, client_id: str | None,
+                  **fields: object) -> None:
+            recorded.append(kind)
+
+        def stats(self) -> dict[str, int]:
+            return {}
+
+    archive = Archive()
+    hooks, _post, _clock = make()
+    both = fan_out(archive, hooks)
+    assert isinstance(both, FanOutRecorder)
+    assert both.records_events and both.event == archive.event
+    hooks.configure([hook(events=["connect"], **{"max-delay": 0.0})])
+    both.event(1.0, CONNECT, "c", address="127.0.0.1:1")
+    assert recorded == [CONNECT] and len(hooks.senders[0].queue) == 1
+    hooks.configure([])
+    assert both.event == archive.event
+    none = fan_out(make()[0], make()[0])
+    assert isinstance(none, FanOutRecorder) and not none.records_events
+    none.event(1.0, CONNECT, "c")     # (taken by neither, and no error)
+
+
 @pytest.mark.parametrize(("table", "key"), [
     ({"url": "ftp://x/"}, "url"),
     ({"url": "http://x/", "events": ["conect"]}, "events"),

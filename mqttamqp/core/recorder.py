@@ -78,6 +78,7 @@ class NoRecorder:
     """The archive is off: nothing is recorded."""
 
     records_messages = False
+    records_events = False
 
     def message(self, timestamp: float, topic: str, qos: int, retain: bool, payload: bytes,
                 publisher: str | None, user: str | None, protocol: str | None,

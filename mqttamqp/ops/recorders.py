@@ -27,6 +27,13 @@ class MessageCall(Protocol):
                  deliveries: int, dropped: int) -> None: ...
 
 
+class EventCall(Protocol):
+    """``Recorder.event``'s signature, for the call ``FanOutRecorder`` routes."""
+
+    def __call__(self, timestamp: float, kind: str, client_id: str | None,
+                 **fields: object) -> None: ...
+
+
 class FanOutRecorder:
     """Two recorders as one. ``message`` is the bound method of whichever of them
     takes messages, or a call to both only when both do: the archive with webhooks
@@ -36,10 +43,15 @@ class FanOutRecorder:
     Both are chosen again when a recorder says its ``records_messages`` changed by
     calling what it holds in its ``on_change`` list (``WebhookRecorder.configure``
     at a SIGHUP); a recorder without ``on_change`` must keep its answer (the
-    archive's is always true). A fan-out has ``on_change`` too, for one above it."""
+    archive's is always true). A fan-out has ``on_change`` too, for one above it.
+
+    ``event`` is chosen the same way, by ``records_events`` (a recorder without it
+    takes every event): webhooks with no hook on events cost nothing per connect."""
 
     message: MessageCall
     records_messages: bool
+    event: EventCall
+    records_events: bool
 
     def __init__(self, first: Recorder, second: Recorder) -> None:
         self.first = first
@@ -61,6 +73,17 @@ class FanOutRecorder:
         else:   # both, or neither (then the router does not call it)
             self.message = self._both
         self.records_messages = first or second
+        first = getattr(self.first, "records_events", True)
+        second = getattr(self.second, "records_events", True)
+        if first and not second:
+            self.event = self.first.event
+        elif second and not first:
+            self.event = self.second.event
+        elif first:
+            self.event = self._both_events
+        else:
+            self.event = _no_event
+        self.records_events = first or second
         for listener in self.on_change:
             listener()
 
@@ -72,8 +95,8 @@ class FanOutRecorder:
         self.second.message(timestamp, topic, qos, retain, payload, publisher, user,
                             protocol, deliveries, dropped)
 
-    def event(self, timestamp: float, kind: str, client_id: str | None,
-              **fields: object) -> None:
+    def _both_events(self, timestamp: float, kind: str, client_id: str | None,
+                     **fields: object) -> None:
         self.first.event(timestamp, kind, client_id, **fields)
         self.second.event(timestamp, kind, client_id, **fields)
 
@@ -81,6 +104,10 @@ class FanOutRecorder:
         merged = dict(self.first.stats())
         merged.update(self.second.stats())
         return merged
+
+
+def _no_event(timestamp: float, kind: str, client_id: str | None, **fields: object) -> None:
+    pass
 
 
 def fan_out(*recorders: Any) -> Recorder:

@@ -375,6 +375,7 @@ class WebhookRecorder:
         # The core's name for it (no hook on messages, no call per message); a plain
         # attribute, not a property: it is read on every publish.
         self.records_messages = self._messages is not None
+        self.records_events = bool(by_kind)   # (the same for ``event``)
         for listener in self.on_change:
             listener()
 
