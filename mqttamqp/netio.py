@@ -16,6 +16,7 @@ Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
 
 from __future__ import annotations
 
+import select
 import socket
 import sys
 from collections.abc import Callable
@@ -23,8 +24,9 @@ from typing import Any
 
 from twisted.internet.address import IPv6Address
 from twisted.internet.tcp import Connection, Port, Server
+from twisted.python import log
 
-__all__ = ["LeanServer", "LeanServerNoDelay", "lean_port", "plain_tcp", "send"]
+__all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "plain_tcp", "send"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -118,12 +120,84 @@ class LeanServerNoDelay(LeanServer):
     nodelay = True
 
 
+# what the epoll reactor's ``_doReadOrWrite`` takes for "readable"
+_READABLE = getattr(select, "EPOLLIN", 1)
+
+
+class LeanPort(Port):
+    """``tcp.Port`` for a protocol whose client speaks first (MQTT's CONNECT).
+
+    Each connection it accepts is read at once, in the same reactor turn, the way
+    the reactor reads a socket epoll reports readable (``_doReadOrWrite``, with its
+    error handling): a client sends its first packet as soon as its handshake is
+    done, so it is usually there already, and the answer goes out without another
+    epoll round and event dispatch per connection (a connect storm's CPU, and a
+    turn of latency for every client).  What is not there yet is read when epoll
+    says so, as usual.  Other reactors (no ``_doReadOrWrite``) get Twisted's loop.
+
+    The accept loop is Twisted's (``Port.doRead``) for the common case only, without
+    its per-turn generator and log buffer; any error but "no more connections" goes
+    to Twisted's own loop, which handles it (EMFILE with its reserved descriptor,
+    EPERM, ECONNABORTED, ...).
+    """
+
+    def doRead(self) -> None:
+        try:
+            self._accept_and_read()
+        except BaseException:
+            log.deferr()   # (as ``Port.doRead``)
+
+    def _accept_and_read(self) -> None:
+        reactor: Any = self.reactor
+        read = getattr(reactor, "_doReadOrWrite", None)
+        reads = getattr(reactor, "_reads", None)
+        if read is None or reads is None:
+            Port.doRead(self)
+            return
+        listener: Any = self.socket
+        accept = listener._accept
+        family, kind, proto = listener.family, listener.type, listener.proto
+        factory: Any = self.factory
+        build = self.transport
+        limit = self.numberAccepts
+        accepted = 0
+        while accepted < limit:
+            if self.disconnecting:
+                return
+            try:
+                fd, addr = accept()
+            except BlockingIOError:
+                break
+            except OSError:
+                Port.doRead(self)
+                return
+            accepted += 1
+            skt = socket.socket(family, kind, proto, fd)
+            if len(addr) == 4:
+                # IPv6: the host with its scope id, as ``Port.doRead``
+                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                addr = (host[0], *addr[1:])
+            protocol = factory.buildProtocol(self._buildAddr(addr))  # type: ignore[no-untyped-call]
+            if protocol is None:
+                skt.close()
+                continue
+            session = self.sessionno
+            self.sessionno = session + 1
+            transport: Any = build(skt, protocol, addr, self, session, reactor)
+            protocol.makeConnection(transport)
+            if fd in reads and transport.connected and not transport.disconnecting:
+                read(transport, fd, _READABLE)
+        # (Twisted's scaling of the accepts per turn)
+        self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
+
+
 def lean_port(port: Any) -> None:
-    """Make a plain TCP listening port build ``LeanServer`` transports, with
-    TCP_NODELAY set once on the listening socket where accepted sockets inherit it
-    (Linux): one ``setsockopt`` a connection less."""
+    """Make a plain TCP listening port a ``LeanPort`` that builds ``LeanServer``
+    transports, with TCP_NODELAY set once on the listening socket where accepted
+    sockets inherit it (Linux): one ``setsockopt`` a connection less."""
     if type(port) is not Port or port.transport is not Server:
         return
+    port.__class__ = LeanPort
     port.transport = LeanServer
     if sys.platform.startswith("linux"):
         try:

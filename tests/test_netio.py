@@ -124,3 +124,134 @@ def test_lean_port_leaves_other_transports_alone() -> None:
     port.transport = Custom
     lean_port(port)
     assert port.transport is Custom
+
+
+# -- LeanPort: the first packet is read in the turn that accepts the connection ----
+
+
+class _Recording(Protocol):
+    def __init__(self, got: list[bytes], fail: bool = False) -> None:
+        self.got, self.fail = got, fail
+
+    def dataReceived(self, data: bytes) -> None:
+        self.got.append(data)
+        if self.fail:
+            raise RuntimeError("a protocol's bug")
+
+
+def _epoll_port(make: Any) -> tuple[Any, Port]:
+    """A lean port on a real epoll reactor that is never run: ``doRead`` by hand."""
+    epollreactor = pytest.importorskip("twisted.internet.epollreactor")
+    reactor = epollreactor.EPollReactor()
+    port = Port(0, Factory.forProtocol(make), interface="127.0.0.1", reactor=reactor)
+    port.startListening()
+    lean_port(port)
+    return reactor, port
+
+
+def _stop(reactor: Any, port: Port, *clients: socket.socket) -> None:
+    for client in clients:
+        client.close()
+    for selectable in list(reactor._selectables.values()):
+        if isinstance(selectable, Server):
+            selectable.socket.close()
+    port.socket.close()
+    reactor._poller.close()
+
+
+def _connect(port: Port, first: bytes = b"") -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
+    if first:
+        client.sendall(first)
+    return client
+
+
+def _wait_acceptable(port: Port) -> None:
+    """Bounded: until the listening socket has a connection to accept."""
+    import select as select_module
+    readable, _, _ = select_module.select([port.socket], [], [], 5.0)
+    assert readable, "no connection to accept within 5 s"
+
+
+def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
+    """A client speaks first: what it sent with its handshake reaches the protocol
+    in the same ``doRead`` that accepted it, without another epoll round; a client
+    that sent nothing yet is accepted and watched for reading as usual."""
+    got: list[bytes] = []
+    reactor, port = _epoll_port(lambda: _Recording(got))
+    talker = _connect(port, b"\x10\x0cCONNECT...")
+    silent = _connect(port)
+    try:
+        assert type(port) is not Port and port.transport is LeanServerNoDelay
+        # (the bytes are on the server's socket once the client's sendall returns
+        # on loopback; the accept queue is read below)
+        _wait_acceptable(port)
+        for _ in range(100):            # bounded: both are in the accept queue
+            port.doRead()
+            if len(reactor._selectables) >= 3:   # (the waker and two connections)
+                break
+        assert got == [b"\x10\x0cCONNECT..."]
+        servers = [s for s in reactor._selectables.values() if isinstance(s, Server)]
+        assert len(servers) == 2 and all(s.fileno() in reactor._reads for s in servers)
+    finally:
+        _stop(reactor, port, talker, silent)
+
+
+def test_lean_port_a_failing_first_read_closes_that_connection_only() -> None:
+    """The eager read is the reactor's own (``_doReadOrWrite``): a protocol that
+    raises on its first packet loses its connection, logged, and the next client is
+    still accepted and read."""
+    got: list[bytes] = []
+    made = iter([True, False])
+    reactor, port = _epoll_port(lambda: _Recording(got, fail=next(made)))
+    first = _connect(port, b"boom")
+    try:
+        _wait_acceptable(port)
+        for _ in range(100):
+            port.doRead()
+            if got:
+                break
+        first.settimeout(5)
+        assert first.recv(10) == b""          # closed by the broker's side
+        second = _connect(port, b"fine")
+        _wait_acceptable(port)
+        for _ in range(100):
+            port.doRead()
+            if len(got) == 2:
+                break
+        assert got == [b"boom", b"fine"]
+        second.close()
+    finally:
+        _stop(reactor, port, first)
+
+
+def test_lean_port_leaves_accept_errors_to_twisteds_loop() -> None:
+    """Any accept error but "no more connections" goes to ``Port.doRead``, which
+    knows them all (here ECONNABORTED: logged, and the port goes on)."""
+    import errno
+
+    reactor, port = _epoll_port(Protocol)
+    real = port.socket
+    calls: list[str] = []
+
+    class Listener:
+        family, type, proto = real.family, real.type, real.proto
+
+        def _accept(self) -> Any:
+            calls.append("_accept")
+            raise OSError(errno.ECONNABORTED, "aborted")
+
+        def accept(self) -> Any:
+            calls.append("accept")
+            raise OSError(errno.ECONNABORTED, "aborted")
+
+        def fileno(self) -> int:
+            return real.fileno()
+
+    port.socket = Listener()  # type: ignore[assignment]
+    try:
+        port.doRead()
+        assert calls == ["_accept", "accept"] and port.connected
+    finally:
+        port.socket = real
+        _stop(reactor, port)
