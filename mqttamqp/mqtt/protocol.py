@@ -204,6 +204,7 @@ class MQTTProtocol(Protocol):
         "_last_activity",
         "_out",
         "_out_bytes",
+        "_peer",
         "_rate",
         "_rate_timer",
         "_reading_paused_for",
@@ -234,6 +235,7 @@ class MQTTProtocol(Protocol):
     def __init__(self, factory: MQTTFactory) -> None:
         self.transport = None
         self.connected = 0
+        self._peer: str | None = None
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
@@ -277,17 +279,24 @@ class MQTTProtocol(Protocol):
 
     @property
     def peer(self) -> str:
-        """The client's ``host:port``, made when read (log lines, bans, the console):
-        a string kept per connection was 64 bytes of every idle client."""
+        """The client's ``host:port``, made once, when first read: every CONNECT
+        reads it (admission, bans, authentication, the archive's connect event),
+        three builds a connection for the 64 bytes kept."""
+        peer = self._peer
+        if peer is not None:
+            return peer
         transport = self.transport
         if transport is None:
             return "?"
         client = getattr(transport, "client", None)
         if type(client) is tuple and len(client) >= 2:
             # (a TCP transport's accepted address: what getPeer would wrap)
-            return f"{client[0]}:{client[1]}"
-        peer = transport.getPeer()
-        return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+            peer = f"{client[0]}:{client[1]}"
+        else:
+            address = transport.getPeer()
+            peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
+        self._peer = peer
+        return peer
 
     @property
     def protocol_label(self) -> str:
