@@ -727,37 +727,51 @@ class IncomingLink(BrokerLink):
                 self.on_remote_settled(dlv)
             return
         impl = self.impl
-        if _delivery_aborted(dlv):
-            if self._partial:
-                self.host.hold(-self._partial)
-                self._partial = 0
-            _link_advance(impl)
-            _delivery_settle(dlv)
-            # (it took a credit and will not be answered: owed back, with the
-            # top-up an answer would bring, or a sender whose last transfers
-            # were aborted could be left without credit)
-            self._answered()
-            return
-        pending = _delivery_pending(dlv)
-        if pending > self.max_size:   # (detach releases what it held)
-            self.detach("amqp:link:message-size-exceeded",
-                        f"message larger than {self.max_size} bytes")
-            return
         if _delivery_partial(dlv):
+            if _delivery_aborted(dlv):
+                self._aborted(dlv)
+                return
+            pending = _delivery_pending(dlv)
+            if pending > self.max_size:   # (detach releases what it held)
+                self._too_large()
+                return
             # Counted against the connection's --amqp-max-held-bytes, which closes
             # a peer that keeps many large messages half-sent.
             self.host.hold(pending - self._partial)
             self._partial = pending
             return
+        # Whole: read at once (``recv`` says if it was aborted instead).
         if self._partial:
             self.host.hold(-self._partial)
             self._partial = 0
-        data = recv(impl, pending) if pending else b""
+        data = recv(impl, dlv)
+        if data is None:
+            self._aborted(dlv)
+            return
+        if len(data) > self.max_size:
+            self._too_large()
+            return
         _link_advance(impl)
         presettled: bool = _delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
+
+    def _aborted(self, dlv: Any) -> None:
+        """The peer aborted the transfer of ``dlv``: dropped, its credit owed back."""
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
+        _link_advance(self.impl)
+        _delivery_settle(dlv)
+        # (it took a credit and will not be answered: owed back, with the top-up an
+        # answer would bring, or a sender whose last transfers were aborted could be
+        # left without credit)
+        self._answered()
+
+    def _too_large(self) -> None:
+        self.detach("amqp:link:message-size-exceeded",   # (releases what it held)
+                    f"message larger than {self.max_size} bytes")
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         """A whole message arrived (counted against the window)."""

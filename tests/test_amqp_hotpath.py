@@ -1,0 +1,92 @@
+"""The per-message path of AMQP links at its edges (``links``, ``_engine``): what the
+short cuts of the common case must still do in the uncommon one.
+
+* a transfer is read out of the engine in one call into a 64 KiB buffer: a larger
+  message still arrives whole, one over ``--max-packet-size`` is still refused;
+* an Accepted QoS 1 delivery goes straight to the session's acknowledgement: QoS 2
+  deliveries (Accepted completes them) and the other outcomes still take the
+  settlement rules of ``Broker.settle``.
+
+In memory (``amqp_memory.Net``), black box: over the wire and ``broker.sessions``.
+"""
+
+from __future__ import annotations
+
+from amqp_memory import ACCEPTED, MODIFIED, RELEASED, Net, outcome, publish_message
+
+
+def test_a_message_larger_than_the_copy_buffer_arrives_whole() -> None:
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("big/t", credit=10)
+    mqtt = net.mqtt("big-watch")
+    mqtt.subscribe(("big/t", 1))
+    snd = app.sender("big/t")
+    payload = bytes(range(256)) * 700          # 179,200 bytes: three buffers' worth
+    assert outcome(app.send(snd, publish_message(None, payload, qos=1))) == (ACCEPTED, None)
+    assert rcv.bodies() == [payload]
+    assert [p.payload for p in mqtt.publishes()] == [payload]
+
+
+def test_a_message_over_the_packet_size_is_refused_in_one_piece_or_many() -> None:
+    net = Net(max_packet_size=100_000)
+    app = net.amqp()
+    snd = app.sender("big/u")
+    app.send(snd, publish_message(None, b"x" * 150_000, qos=1))
+    assert snd.remote_condition is not None
+    assert snd.remote_condition.name == "amqp:link:message-size-exceeded"
+    small = app.sender("big/v")
+    assert outcome(app.send(small, publish_message(None, b"y" * 90_000, qos=1))) == (
+        ACCEPTED, None)
+
+
+def test_zero_length_body_is_read_as_empty() -> None:
+    """An empty transfer (no bytes at all) is a message that does not decode."""
+    net = Net()
+    app = net.amqp()
+    snd = app.sender("zero/t")
+    dlv = snd.delivery("z1")
+    snd.advance()
+    net.pump()
+    assert dlv.remote_state != 0 and dlv.remote_state != ACCEPTED
+
+
+def test_accepted_finishes_qos1_and_qos2_deliveries_and_frees_the_window() -> None:
+    """Accepted on a QoS 1 delivery acknowledges it; on a QoS 2 one it completes it.
+    Either way nothing stays in flight and the queue behind moves on."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("acc/t", credit=100)
+    snd = app.sender("acc/t")
+    for i in range(40):
+        app.send(snd, publish_message(None, b"%d" % i, qos=1 + i % 2))
+    bodies: list[bytes] = []
+    for _ in range(5):                         # the in-flight window is 32: two rounds
+        got = rcv.new()
+        bodies += [bytes(m.body) for m, _ in got]
+        for _, dlv in got:
+            dlv.update(ACCEPTED)
+            dlv.settle()
+        net.pump()
+    assert bodies == [b"%d" % i for i in range(40)]
+    for session in net.broker.sessions.values():
+        assert not session.inflight
+        assert not session.queue
+
+
+def test_released_and_modified_still_redeliver_qos1() -> None:
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("rel/t", credit=10)
+    snd = app.sender("rel/t")
+    app.send(snd, publish_message(None, b"m", qos=1))
+    (_, first), = rcv.new()
+    app.settle(first, RELEASED)
+    (msg, second), = rcv.new()
+    assert msg.delivery_count == 0
+    app.settle(second, MODIFIED, failed=True)
+    (msg, third), = rcv.new()
+    assert msg.delivery_count == 1
+    app.settle(third, ACCEPTED)
+    assert rcv.new() == []
+
