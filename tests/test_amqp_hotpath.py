@@ -12,6 +12,7 @@ In memory (``amqp_memory.Net``), black box: over the wire and ``broker.sessions`
 
 from __future__ import annotations
 
+import pytest
 from amqp_memory import ACCEPTED, MODIFIED, RELEASED, Net, outcome, publish_message
 
 
@@ -74,12 +75,13 @@ def test_accepted_finishes_qos1_and_qos2_deliveries_and_frees_the_window() -> No
         assert not session.queue
 
 
-def test_released_and_modified_still_redeliver_qos1() -> None:
+@pytest.mark.parametrize("qos", [1, 2])
+def test_released_and_modified_still_redeliver(qos: int) -> None:
     net = Net()
     app = net.amqp()
     rcv = app.receiver("rel/t", credit=10)
     snd = app.sender("rel/t")
-    app.send(snd, publish_message(None, b"m", qos=1))
+    app.send(snd, publish_message(None, b"m", qos=qos))
     (_, first), = rcv.new()
     app.settle(first, RELEASED)
     (msg, second), = rcv.new()
@@ -89,4 +91,6 @@ def test_released_and_modified_still_redeliver_qos1() -> None:
     assert msg.delivery_count == 1
     app.settle(third, ACCEPTED)
     assert rcv.new() == []
+    for session in net.broker.sessions.values():
+        assert not session.inflight
 

@@ -379,6 +379,12 @@ def _rejected_reason(dlv: Any) -> str | None:
         return None
 
 
+# The key of an unsettled QoS 1/2 delivery (``OutgoingLink._awaiting``): its packet
+# id, with this bit set for QoS 2 (whose Accepted has the settlement rules of
+# ``Broker.settle``); a PUBREL's is the complement.
+_QOS2 = 1 << 16
+_PACKET_ID = _QOS2 - 1
+
 _encode_cache: list[Any] = [None, False, b""]
 _ACCEPTED_OUTCOME = Outcome.ACCEPTED   # (an Enum's attribute costs a lookup each time)
 _OUTCOMES: dict[int, Outcome] = {
@@ -421,7 +427,8 @@ class _SessionLink(OutgoingLink):
         session = self.session
         count = 1 if message.dup else 0
         if packet_id is not None:
-            if session is not None:
+            if dup and session is not None:
+                # (a failed attempt marks the entry dup: a first send has none)
                 count += session.delivery_failures(packet_id)
             if dup and packet_id not in self._sent:
                 count += 1  # sent on an earlier connection: a failed attempt
@@ -461,7 +468,8 @@ class _SessionLink(OutgoingLink):
             settled = self.presettled or self.mixed
             self.transfer(b"s" if settled else b"z%d" % next(self._tags), data, settled)
             return
-        self.transfer(b"%d" % packet_id, data, self.presettled, packet_id)
+        self.transfer(b"%d" % packet_id, data, self.presettled,
+                      packet_id if qos == 1 else packet_id | _QOS2)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -504,14 +512,21 @@ class _SessionLink(OutgoingLink):
         session = self.session
         if session is None or self.closed:
             return
+        if key & _QOS2:
+            key ^= _QOS2
+            self._sent.discard(key)
+            self.broker.settle(session, key, _ACCEPTED_OUTCOME)
+            return
+        # QoS 1: what ``Broker.settle`` does with Accepted on one, without asking
+        # the session again (``Session.acknowledge`` checks the id is QoS 1 in flight).
         self._sent.discard(key)
-        self.broker.settle(session, key, _ACCEPTED_OUTCOME)
+        self.broker.acknowledged(session, key)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
             self._pubrel_outcome(-key, state)
         else:
-            self._finished(key, state, failed, reason)
+            self._finished(key & _PACKET_ID, state, failed, reason)
 
     def _finished(self, packet_id: int, state: int, failed: bool = False,
                   reason: str | None = None) -> None:
