@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 from amqp_memory import ACCEPTED, MODIFIED, RELEASED, Net, outcome, publish_message
+from amqp_messages import drain
 
 
 def test_a_message_larger_than_the_copy_buffer_arrives_whole() -> None:
@@ -94,3 +95,37 @@ def test_released_and_modified_still_redeliver(qos: int) -> None:
     for session in net.broker.sessions.values():
         assert not session.inflight
 
+
+
+def test_one_socket_read_is_answered_in_one_write() -> None:
+    """The engine takes 8 KiB at a time; a read of many transfers still gets all its
+    dispositions in one write (one wake-up of the peer), not one per 8 KiB."""
+    net = Net()
+    app = net.amqp()
+    snd = app.sender("w/t")
+    assert snd.credit >= 100
+    dlvs = []
+    for i in range(100):
+        dlv = snd.delivery(b"w%d" % i)
+        snd.send(publish_message(None, b"p" * 100, qos=1).encode())
+        snd.advance()
+        dlvs.append(dlv)
+    data = b""
+    for _ in range(100):                       # (the engine hands out 8 KiB at a time)
+        more = drain(app.transport)
+        if not more:
+            break
+        data += more
+    assert len(data) > 2 * 8192
+    writes: list[bytes] = []
+    real_write = app.wire.write
+
+    def counting(chunk: bytes) -> None:
+        writes.append(chunk)
+        real_write(chunk)
+
+    app.wire.write = counting  # type: ignore[method-assign]
+    app.server.dataReceived(data)
+    assert len(writes) == 1
+    net.pump()
+    assert all(d.remote_state == ACCEPTED for d in dlvs)

@@ -433,18 +433,25 @@ class AMQPConnection(Protocol):
         # hand-off to the writer thread), as for MQTT.
         broker.begin_batch()
         try:
+            # The engine takes at most 8 KiB at a time (its input buffer): all of a
+            # read goes in before one pump, so that its answers leave in one write
+            # (a write per 8 KiB woke the peer several times per read, and a woken
+            # peer on a busy machine takes the CPU from the broker mid-read).
             while data:
                 capacity = ptrans.capacity()
                 if capacity < 0:
                     break  # input side closed: the rest is ignored
                 if capacity == 0:
-                    self._pump()
+                    self._pump()   # (a frame larger than the buffer: make room)
                     if self.ptrans is None or ptrans.capacity() <= 0:
                         break
                     continue
+                if capacity >= len(data):
+                    ptrans.push(data)
+                    break
                 chunk, data = data[:capacity], data[capacity:]
                 ptrans.push(chunk)
-                self._pump()
+            self._pump()
         except Exception:
             self._internal_error(Failure())
         finally:
