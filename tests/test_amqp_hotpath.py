@@ -129,3 +129,27 @@ def test_one_socket_read_is_answered_in_one_write() -> None:
     assert len(writes) == 1
     net.pump()
     assert all(d.remote_state == ACCEPTED for d in dlvs)
+
+
+def test_a_full_socket_buffer_congests_a_receivers_session_until_it_drains() -> None:
+    """``congested`` (kept as an attribute) follows the socket's producer calls and
+    the link's end: the core sends nothing while it is set."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("cg/t", credit=10)
+    session, = net.broker.link_subscribers.values()
+    link = session.link
+    assert link is not None and not link.congested
+    app.server.pauseProducing()
+    assert link.congested
+    snd = app.sender("cg/t")
+    app.send(snd, publish_message(None, b"held", qos=1))
+    assert rcv.bodies() == []
+    assert len(session.queue) == 1
+    app.server.resumeProducing()
+    assert not link.congested
+    net.pump()
+    assert rcv.bodies() == [b"held"]
+    rcv.link.close()
+    net.pump()
+    assert link.congested

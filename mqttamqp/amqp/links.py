@@ -349,6 +349,9 @@ class OutgoingLink(BrokerLink):
     def on_writable(self) -> None:
         """The socket buffer drained."""
 
+    def on_blocked(self) -> None:
+        """The socket's buffer filled or drained (``host.write_blocked`` changed)."""
+
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer (its outcome)."""
         state = _delivery_remote_state(dlv)
@@ -406,15 +409,22 @@ class _SessionLink(OutgoingLink):
         super().__init__(host, plink, address)
         self._sent: set[int] = set()     # packet ids transmitted on this link, unsettled
         self._backlog = 0
+        # ClientLink.congested: closed, or the socket's buffer is full.  Credit is
+        # not congestion: a receiver without credit gets nothing (the engine holds at
+        # most the in-flight window) and its queue is bounded; only a full socket
+        # buffer makes publishers wait.  An attribute, not a property: the core
+        # reads it for every message sent and routed (a property is a call each);
+        # ``end`` and ``on_blocked`` keep it.
+        self.congested = host.write_blocked
+
+    def on_blocked(self) -> None:
+        self.congested = self.closed or self.host.write_blocked
+
+    def end(self, brute: bool, reason: str) -> None:
+        self.congested = True
+        super().end(brute, reason)
 
     # ClientLink -------------------------------------------------------------------
-
-    @property
-    def congested(self) -> bool:
-        # Credit is not congestion: a receiver without credit gets nothing (the
-        # engine holds at most the in-flight window) and its queue is bounded; only
-        # a full socket buffer makes publishers wait.
-        return self.closed or self.host.write_blocked
 
     @property
     def backlog_bytes(self) -> int:

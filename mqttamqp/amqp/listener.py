@@ -241,9 +241,11 @@ class AMQPConnection(Protocol):
     # IPushProducer: the transport's write buffer is full / drained.
     def pauseProducing(self) -> None:
         self.write_blocked = True
+        self._blocked_changed()
 
     def resumeProducing(self) -> None:
         self.write_blocked = False
+        self._blocked_changed()
         if self.state is not ConnectionState.OPEN:
             return
         try:
@@ -257,6 +259,11 @@ class AMQPConnection(Protocol):
 
     def stopProducing(self) -> None:
         pass
+
+    def _blocked_changed(self) -> None:
+        for link in self.links.values():
+            if isinstance(link, OutgoingLink):
+                link.on_blocked()
 
     # -- LinkHost -----------------------------------------------------------------------
 
