@@ -13,7 +13,7 @@ In memory (``amqp_memory.Net``), black box: over the wire and ``broker.sessions`
 from __future__ import annotations
 
 import pytest
-from amqp_memory import ACCEPTED, MODIFIED, RELEASED, Net, outcome, publish_message
+from amqp_memory import ACCEPTED, MODIFIED, REJECTED, RELEASED, Net, outcome, publish_message
 from amqp_messages import drain
 
 
@@ -153,3 +153,18 @@ def test_a_full_socket_buffer_congests_a_receivers_session_until_it_drains() -> 
     rcv.link.close()
     net.pump()
     assert link.congested
+
+
+def test_a_null_address_sender_switching_topics_routes_each_message_to_its_own() -> None:
+    """A sender's repeated sections are remembered with their topic: a message to
+    another ``to`` (or back) is routed there, and a bad topic is refused each time."""
+    net = Net()
+    app = net.amqp()
+    got = {t: app.receiver(t, credit=20) for t in ("sw/a", "sw/b")}
+    snd = app.sender(None)
+    plan = ["sw/a", "sw/a", "sw/b", "sw/b", "sw/a", "sw/+", "sw/+", "sw/b"]
+    answers = [outcome(app.send(snd, publish_message(t, b"%d" % i, qos=1)))
+               for i, t in enumerate(plan)]
+    assert [state for state, _ in answers] == [ACCEPTED] * 5 + [REJECTED] * 2 + [ACCEPTED]
+    assert got["sw/a"].bodies() == [b"0", b"1", b"4"]
+    assert got["sw/b"].bodies() == [b"2", b"3", b"7"]

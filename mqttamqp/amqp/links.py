@@ -50,7 +50,7 @@ from mqttamqp.amqp.codec import (
     encode_native,
     encode_publish,
     encode_publish5,
-    native_sections,
+    native_parts,
     queue_native,
     recall_publish,
 )
@@ -897,6 +897,10 @@ class TopicPublisher(IncomingLink):
         self._warned_amqp_only = False
         self._rate_timer: Any = None
         self._memo = PublishMemo()    # this sender's sections before the body
+        # What those sections meant for the last message (a memo hit): its fields
+        # (the memo's, by identity), topic, whether a durable queue's, and the head
+        # and cut of its native form (``native_parts``).
+        self._route: tuple[PublishFields, str, bool, bytes, int] | None = None
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         memo = self._memo
@@ -912,27 +916,23 @@ class TopicPublisher(IncomingLink):
             payload = fields.payload
         # (one unpacking: a NamedTuple's fields are properties, a call each)
         to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5 = fields
-        topic = self.topic or to
-        if not topic:
-            self.reject(dlv, INVALID_FIELD,
-                        "no topic: the link has no target address and the message no 'to'")
-            return
-        if self.topic is None:  # the link's own target was checked at attach
-            limits = self.host.limits
-            problem = validate_topic_name(topic) or topic_size_problem(
-                topic, limits.max_topic_levels, limits.max_topic_length)
-            if problem is None and topic.startswith("$mqtt."):
-                problem = "control addresses need a link of their own"
-            if problem is not None:
-                self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
+        route = self._route
+        if route is not None and route[0] is fields:
+            # The same sections before the body as the message before (a memo hit):
+            # the same topic, checked already, and the same native head.
+            _, topic, queued, head, cut = route
+        else:
+            checked = self._check_topic(dlv, to)
+            if checked is None:
                 return
-            topic = queue_topic(topic, False, limits.amqp_queues) or topic
-        queued = topic[:1] == "$" and is_queue_topic(topic)
-        if queued and is_queue_command(topic):
-            self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
-                        "messages with its dispositions (Accepted, Released, Modified, "
-                        "Rejected)")
-            return
+            topic, queued = checked
+            try:
+                head, cut = native_parts(data, bare_start, props_end, to, topic, durable)
+            except DecodeError as exc:   # decode_publish checked the sections
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
+            if fields is memo.fields:
+                self._route = (fields, topic, queued, head, cut)
         host = self.host
         broker = self.broker
         if payload is None:
@@ -943,12 +943,15 @@ class TopicPublisher(IncomingLink):
                               "form: it goes to AMQP receivers only (logged once per link)",
                               a=self.address or "(anonymous)", c=host.container_id,
                               peer=host.peer)
-        try:
-            native = native_sections(data, bare_start, props_end, to, topic, durable)
-            props = None if mqtt5 is None else message_properties(mqtt5, payload)
-        except DecodeError as exc:   # decode_publish checked the sections; never expected
-            self.reject(dlv, DECODE_ERROR, exc.reason)
-            return
+        native = head + data[cut:]
+        if mqtt5 is None:
+            props = None
+        else:
+            try:
+                props = message_properties(mqtt5, payload)
+            except DecodeError as exc:
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
                          host.container_id or None, broker.clock.seconds(), redelivered,
                          native, payload is None, props)
@@ -993,6 +996,32 @@ class TopicPublisher(IncomingLink):
             self._answered()
             return
         self.answer_after(result.durable, dlv)
+
+    def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
+        """The topic a message with ``to`` goes to, and whether it is a durable
+        queue's; None if it was rejected (no topic, a bad one, a queue command)."""
+        topic = self.topic or to
+        if not topic:
+            self.reject(dlv, INVALID_FIELD,
+                        "no topic: the link has no target address and the message no 'to'")
+            return None
+        if self.topic is None:  # the link's own target was checked at attach
+            limits = self.host.limits
+            problem = validate_topic_name(topic) or topic_size_problem(
+                topic, limits.max_topic_levels, limits.max_topic_length)
+            if problem is None and topic.startswith("$mqtt."):
+                problem = "control addresses need a link of their own"
+            if problem is not None:
+                self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
+                return None
+            topic = queue_topic(topic, False, limits.amqp_queues) or topic
+        queued = topic[:1] == "$" and is_queue_topic(topic)
+        if queued and is_queue_command(topic):
+            self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
+                        "messages with its dispositions (Accepted, Released, Modified, "
+                        "Rejected)")
+            return None
+        return topic, queued
 
     def _refused(self, dlv: Any, presettled: bool, refusal: Refusal) -> None:
         """A durable queue refused the message: Rejected with its reason (the core
