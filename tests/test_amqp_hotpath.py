@@ -168,3 +168,29 @@ def test_a_null_address_sender_switching_topics_routes_each_message_to_its_own()
     assert [state for state, _ in answers] == [ACCEPTED] * 5 + [REJECTED] * 2 + [ACCEPTED]
     assert got["sw/a"].bodies() == [b"0", b"1", b"4"]
     assert got["sw/b"].bodies() == [b"2", b"3", b"7"]
+
+
+def test_one_pump_of_the_engine_goes_out_in_one_write() -> None:
+    """The engine hands out 8 KiB of output at a time; what one pump made (here the
+    in-flight window of 1 KiB messages, once the receiver grants credit) is still
+    one write."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("ow/t", credit=0)
+    snd = app.sender("ow/t")
+    for i in range(40):
+        app.send(snd, publish_message(None, b"%04d" % i + b"x" * 1000, qos=1))
+    writes: list[bytes] = []
+    real_write = app.wire.write
+
+    def counting(chunk: bytes) -> None:
+        writes.append(chunk)
+        real_write(chunk)
+
+    rcv.link.flow(100)
+    data = drain(app.transport)
+    app.wire.write = counting  # type: ignore[method-assign]
+    app.server.dataReceived(data)
+    assert len(writes) == 1 and len(writes[0]) > 3 * 8192
+    net.pump()
+    assert len(rcv.bodies()) == 32   # the in-flight window; the rest when answered

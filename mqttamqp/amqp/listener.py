@@ -538,16 +538,20 @@ class AMQPConnection(Protocol):
             self._pump()
 
     def _write_output(self) -> None:
+        """All the engine's output in one write: it hands out at most its buffer
+        (8 KiB) at a time, and each write can wake the peer."""
         impl = self.ptrans._impl
-        while True:
+        chunks: list[bytes] = []
+        for _ in range(100_000):   # (bounded: each round takes what the engine made)
             data = output(impl)
-            if data is None:
-                # The engine closed its output (close sent, or a transport error).
-                self._drop()
-                return
             if not data:
-                return
-            self._write(data)
+                break
+            chunks.append(data)
+        if chunks:
+            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if data is None:
+            # The engine closed its output (close sent, or a transport error).
+            self._drop()
 
     def _write(self, data: bytes) -> None:
         send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
