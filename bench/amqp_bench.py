@@ -3,6 +3,7 @@
 
     python bench/amqp_bench.py [--count N] [--repeat R] [--payload BYTES] [--timeout S]
                                [--scenarios a,b] [--broker-arg ARG] [--out FILE]
+                               [--py-spy FILE] [--perf-stat]
 
 Starts one broker (``twistd -n mqttamqp`` on 127.0.0.1 port 0, data in a temporary
 directory) and runs, one after the other, each with one publisher process and one
@@ -19,7 +20,10 @@ listed: the machines are shared and noisy), and prints one JSON document:
 messages/s (first send to last receive), broker
 CPU microseconds per message (utime + stime of the broker process from
 /proc/PID/stat over the same interval), the publisher's and subscriber's own CPU
-microseconds per message (so a load generator that limits a figure shows), plus
+microseconds per message (so a load generator that limits a figure shows), with
+``--perf-stat`` the broker's socket reads and writes, epoll waits, futex calls and
+context switches per message (``perf stat -p``: on a busy machine a woken peer
+takes the CPU from the broker inside a write, so these count as much as CPU), and
 the ratio the issue sets as target:
 AMQP -> AMQP unsettled >= 70 % of the MQTT QoS 1 figure (``TARGET``).
 
@@ -473,8 +477,50 @@ SCENARIOS = {
 }
 
 
+# What --perf-stat counts in the broker process during a run (per message received).
+PERF_EVENTS = ("syscalls:sys_enter_recvfrom", "syscalls:sys_enter_sendto",
+               "syscalls:sys_enter_epoll_wait", "syscalls:sys_enter_epoll_ctl",
+               "syscalls:sys_enter_futex", "context-switches")
+
+
+class PerfStat:
+    """``perf stat`` of the broker process (every thread) from now until ``stop``:
+    how many reads, writes, epoll waits and context switches a message costs.
+    Only the perf process started here is signalled, by its PID."""
+
+    def __init__(self, pid: int) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="amqp-bench-perf-", suffix=".csv")
+        os.close(fd)
+        self.p = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(PERF_EVENTS),
+                                   "-o", self.path, "-p", str(pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)   # (perf attaches to every thread; a run is seconds long)
+        if self.p.poll() is not None:
+            err = self.p.stderr.read() if self.p.stderr else ""
+            raise RuntimeError(f"perf stat did not start: {err[-500:]}")
+
+    def stop(self, messages: int) -> dict[str, float]:
+        self.p.send_signal(signal.SIGINT)
+        try:
+            self.p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(timeout=5)
+        counts: dict[str, float] = {}
+        try:
+            with open(self.path) as f:
+                for line in f:
+                    fields = line.strip().split(",")
+                    if len(fields) > 2 and fields[0].isdigit():
+                        event = fields[2].rsplit(":", 1)[-1].replace("sys_enter_", "")
+                        counts[event] = round(int(fields[0]) / max(1, messages), 4)
+        finally:
+            os.unlink(self.path)
+        return counts
+
+
 def run_scenario(broker: Broker, name: str, count: int, payload: int,
-                 timeout: float) -> dict[str, Any]:
+                 timeout: float, perf_stat: bool = False) -> dict[str, Any]:
     pub_role, pub_pre, sub_role, sub_pre = SCENARIOS[name]
     topic = f"bench/{name}"
     deadline = time.monotonic() + timeout
@@ -488,11 +534,14 @@ def run_scenario(broker: Broker, name: str, count: int, payload: int,
     try:
         sub.expect("READY", 30)
         pub.expect("READY", 30)
+        assert broker.proc is not None
+        perf = PerfStat(broker.proc.pid) if perf_stat else None
         cpu0 = broker.cpu_seconds()
         pub.go()
         pres = pub.expect("RESULT", timeout + 10)
         sres = sub.expect("RESULT", timeout + 10)
         cpu1 = broker.cpu_seconds()
+        per_message = perf.stop(sres["received"]) if perf is not None else None
     finally:
         pub.close()
         sub.close()
@@ -507,6 +556,7 @@ def run_scenario(broker: Broker, name: str, count: int, payload: int,
         "publisher_cpu_us_per_msg": round(pres["cpu"] * 1e6 / received, 1) if received else None,
         "subscriber_cpu_us_per_msg": round(sres["cpu"] * 1e6 / received, 1) if received else None,
         "complete": received == count,
+        **({"broker_per_msg": per_message} if per_message is not None else {}),
     }
 
 
@@ -530,6 +580,9 @@ def main() -> int:
                          "from its start to the end of the last run: profile one scenario "
                          "at a time; summarise with pyspy_top.py; never publish its rates)")
     ap.add_argument("--py-spy-rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--perf-stat", action="store_true",
+                    help="count the broker's recvfrom/sendto/epoll/futex calls and context "
+                         "switches per message with `perf stat -p` (per run: broker_per_msg)")
     args = ap.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="amqp-bench-") as data_dir:
@@ -544,7 +597,8 @@ def main() -> int:
             runs: dict[str, list[dict[str, Any]]] = {}
             for attempt in range(max(1, args.repeat)):
                 for name in args.scenarios.split(","):
-                    one = run_scenario(broker, name, args.count, args.payload, args.timeout)
+                    one = run_scenario(broker, name, args.count, args.payload, args.timeout,
+                                       args.perf_stat)
                     runs.setdefault(name, []).append(one)
                     sys.stderr.write(f"[amqp_bench] {name} run {attempt + 1}: {one}\n")
             for name, tries in runs.items():

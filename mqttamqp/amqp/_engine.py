@@ -37,6 +37,8 @@ delivery_link = lib.pn_delivery_link
 
 _unpack: Callable[[Any, int], bytes] = ffi.unpack
 _link_recv = lib.pn_link_recv
+_delivery_pending = lib.pn_delivery_pending
+_EOS: int = lib.PN_EOS
 _transport_peek = lib.pn_transport_peek
 _transport_pending = lib.pn_transport_pending
 _transport_pop = lib.pn_transport_pop
@@ -48,11 +50,23 @@ _BUF_SIZE = 1 << 16
 _buf = ffi.new("char[]", _BUF_SIZE)
 
 
-def recv(link: Any, size: int) -> bytes:
-    """The ``size`` bytes of the current delivery, copied out of the engine."""
-    buf = _buf if size <= _BUF_SIZE else ffi.new("char[]", size)
-    n = _link_recv(link, buf, size)
-    return _unpack(buf, n) if n > 0 else b""
+def recv(link: Any, dlv: Any) -> bytes | None:
+    """The current delivery ``dlv`` of ``link``, whole (not partial), copied out of
+    the engine; None if it was aborted.  One proton call for the usual message:
+    its size and an abort are asked only when the read says so (a full buffer, an
+    error code)."""
+    n = _link_recv(link, _buf, _BUF_SIZE)
+    if n <= 0:
+        return b"" if n == _EOS or n == 0 else None   # (PN_ABORTED: aborted)
+    data = _unpack(_buf, n)
+    if n < _BUF_SIZE:
+        return data
+    rest = _delivery_pending(dlv)
+    if rest <= 0:
+        return data
+    big = ffi.new("char[]", rest)
+    m = _link_recv(link, big, rest)
+    return data + _unpack(big, m) if m > 0 else data
 
 
 def output(transport: Any) -> bytes | None:

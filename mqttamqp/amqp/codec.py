@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "DecodeError", "Symbol", "Described", "InboundMessage", "decode_message", "decode_publish",
-    "PublishFields", "mqtt_payload", "native_sections", "encode_native",
+    "PublishFields", "mqtt_payload", "native_sections", "native_parts", "encode_native",
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID", "ANNOTATION_PAYLOAD_FORMAT", "Mqtt5Props", "mqtt5_props",
@@ -753,10 +753,18 @@ def native_sections(data: bytes, bare_start: int, props_end: int, to: str | None
     ``durable`` flag (the first byte, 0 or 1), then its properties (with ``to`` set
     to the topic it was routed to), application properties, body and footer.  The
     rest of the header and the annotations are the broker's own (``encode_native``)."""
+    head, cut = native_parts(data, bare_start, props_end, to, topic, durable)
+    return head + data[cut:]
+
+
+def native_parts(data: bytes, bare_start: int, props_end: int, to: str | None,
+                 topic: str, durable: bool) -> tuple[bytes, int]:
+    """``native_sections`` as ``head + data[cut:]``: the same for every message with
+    the same sections before the body (a sender's memo), so a sender keeps them."""
     flag = b"\x01" if durable else b"\x00"
     if props_end >= 0 and to == topic:
-        return flag + data[bare_start:]
-    rest = data[props_end:] if props_end >= 0 else (data[bare_start:] if bare_start >= 0 else b"")
+        return flag, bare_start
+    cut = props_end if props_end >= 0 else (bare_start if bare_start >= 0 else len(data))
     raw = data[bare_start:props_end] if props_end >= 0 else b""
     key = (raw, topic)
     props = _native_props.get(key)
@@ -771,7 +779,7 @@ def native_sections(data: bytes, bare_start: int, props_end: int, to: str | None
         if len(_native_props) >= _PREFIX_CACHE_SIZE:
             _native_props.clear()
         _native_props[key] = props
-    return b"".join((flag, props, rest))
+    return flag + props, cut
 
 
 def _raw_list_items(section: bytes) -> list[bytes]:

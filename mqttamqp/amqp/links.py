@@ -50,7 +50,7 @@ from mqttamqp.amqp.codec import (
     encode_native,
     encode_publish,
     encode_publish5,
-    native_sections,
+    native_parts,
     queue_native,
     recall_publish,
 )
@@ -349,6 +349,9 @@ class OutgoingLink(BrokerLink):
     def on_writable(self) -> None:
         """The socket buffer drained."""
 
+    def on_blocked(self) -> None:
+        """The socket's buffer filled or drained (``host.write_blocked`` changed)."""
+
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer (its outcome)."""
         state = _delivery_remote_state(dlv)
@@ -379,6 +382,12 @@ def _rejected_reason(dlv: Any) -> str | None:
         return None
 
 
+# The key of an unsettled QoS 1/2 delivery (``OutgoingLink._awaiting``): its packet
+# id, with this bit set for QoS 2 (whose Accepted has the settlement rules of
+# ``Broker.settle``); a PUBREL's is the complement.
+_QOS2 = 1 << 16
+_PACKET_ID = _QOS2 - 1
+
 _encode_cache: list[Any] = [None, False, b""]
 _ACCEPTED_OUTCOME = Outcome.ACCEPTED   # (an Enum's attribute costs a lookup each time)
 _OUTCOMES: dict[int, Outcome] = {
@@ -400,15 +409,22 @@ class _SessionLink(OutgoingLink):
         super().__init__(host, plink, address)
         self._sent: set[int] = set()     # packet ids transmitted on this link, unsettled
         self._backlog = 0
+        # ClientLink.congested: closed, or the socket's buffer is full.  Credit is
+        # not congestion: a receiver without credit gets nothing (the engine holds at
+        # most the in-flight window) and its queue is bounded; only a full socket
+        # buffer makes publishers wait.  An attribute, not a property: the core
+        # reads it for every message sent and routed (a property is a call each);
+        # ``end`` and ``on_blocked`` keep it.
+        self.congested = host.write_blocked
+
+    def on_blocked(self) -> None:
+        self.congested = self.closed or self.host.write_blocked
+
+    def end(self, brute: bool, reason: str) -> None:
+        self.congested = True
+        super().end(brute, reason)
 
     # ClientLink -------------------------------------------------------------------
-
-    @property
-    def congested(self) -> bool:
-        # Credit is not congestion: a receiver without credit gets nothing (the
-        # engine holds at most the in-flight window) and its queue is bounded; only
-        # a full socket buffer makes publishers wait.
-        return self.closed or self.host.write_blocked
 
     @property
     def backlog_bytes(self) -> int:
@@ -421,7 +437,8 @@ class _SessionLink(OutgoingLink):
         session = self.session
         count = 1 if message.dup else 0
         if packet_id is not None:
-            if session is not None:
+            if dup and session is not None:
+                # (a failed attempt marks the entry dup: a first send has none)
                 count += session.delivery_failures(packet_id)
             if dup and packet_id not in self._sent:
                 count += 1  # sent on an earlier connection: a failed attempt
@@ -461,7 +478,8 @@ class _SessionLink(OutgoingLink):
             settled = self.presettled or self.mixed
             self.transfer(b"s" if settled else b"z%d" % next(self._tags), data, settled)
             return
-        self.transfer(b"%d" % packet_id, data, self.presettled, packet_id)
+        self.transfer(b"%d" % packet_id, data, self.presettled,
+                      packet_id if qos == 1 else packet_id | _QOS2)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -504,14 +522,21 @@ class _SessionLink(OutgoingLink):
         session = self.session
         if session is None or self.closed:
             return
+        if key & _QOS2:
+            key ^= _QOS2
+            self._sent.discard(key)
+            self.broker.settle(session, key, _ACCEPTED_OUTCOME)
+            return
+        # QoS 1: what ``Broker.settle`` does with Accepted on one, without asking
+        # the session again (``Session.acknowledge`` checks the id is QoS 1 in flight).
         self._sent.discard(key)
-        self.broker.settle(session, key, _ACCEPTED_OUTCOME)
+        self.broker.acknowledged(session, key)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         if key < 0:
             self._pubrel_outcome(-key, state)
         else:
-            self._finished(key, state, failed, reason)
+            self._finished(key & _PACKET_ID, state, failed, reason)
 
     def _finished(self, packet_id: int, state: int, failed: bool = False,
                   reason: str | None = None) -> None:
@@ -727,37 +752,51 @@ class IncomingLink(BrokerLink):
                 self.on_remote_settled(dlv)
             return
         impl = self.impl
-        if _delivery_aborted(dlv):
-            if self._partial:
-                self.host.hold(-self._partial)
-                self._partial = 0
-            _link_advance(impl)
-            _delivery_settle(dlv)
-            # (it took a credit and will not be answered: owed back, with the
-            # top-up an answer would bring, or a sender whose last transfers
-            # were aborted could be left without credit)
-            self._answered()
-            return
-        pending = _delivery_pending(dlv)
-        if pending > self.max_size:   # (detach releases what it held)
-            self.detach("amqp:link:message-size-exceeded",
-                        f"message larger than {self.max_size} bytes")
-            return
         if _delivery_partial(dlv):
+            if _delivery_aborted(dlv):
+                self._aborted(dlv)
+                return
+            pending = _delivery_pending(dlv)
+            if pending > self.max_size:   # (detach releases what it held)
+                self._too_large()
+                return
             # Counted against the connection's --amqp-max-held-bytes, which closes
             # a peer that keeps many large messages half-sent.
             self.host.hold(pending - self._partial)
             self._partial = pending
             return
+        # Whole: read at once (``recv`` says if it was aborted instead).
         if self._partial:
             self.host.hold(-self._partial)
             self._partial = 0
-        data = recv(impl, pending) if pending else b""
+        data = recv(impl, dlv)
+        if data is None:
+            self._aborted(dlv)
+            return
+        if len(data) > self.max_size:
+            self._too_large()
+            return
         _link_advance(impl)
         presettled: bool = _delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
+
+    def _aborted(self, dlv: Any) -> None:
+        """The peer aborted the transfer of ``dlv``: dropped, its credit owed back."""
+        if self._partial:
+            self.host.hold(-self._partial)
+            self._partial = 0
+        _link_advance(self.impl)
+        _delivery_settle(dlv)
+        # (it took a credit and will not be answered: owed back, with the top-up an
+        # answer would bring, or a sender whose last transfers were aborted could be
+        # left without credit)
+        self._answered()
+
+    def _too_large(self) -> None:
+        self.detach("amqp:link:message-size-exceeded",   # (releases what it held)
+                    f"message larger than {self.max_size} bytes")
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         """A whole message arrived (counted against the window)."""
@@ -858,6 +897,10 @@ class TopicPublisher(IncomingLink):
         self._warned_amqp_only = False
         self._rate_timer: Any = None
         self._memo = PublishMemo()    # this sender's sections before the body
+        # What those sections meant for the last message (a memo hit): its fields
+        # (the memo's, by identity), topic, whether a durable queue's, and the head
+        # and cut of its native form (``native_parts``).
+        self._route: tuple[PublishFields, str, bool, bytes, int] | None = None
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         memo = self._memo
@@ -873,27 +916,23 @@ class TopicPublisher(IncomingLink):
             payload = fields.payload
         # (one unpacking: a NamedTuple's fields are properties, a call each)
         to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5 = fields
-        topic = self.topic or to
-        if not topic:
-            self.reject(dlv, INVALID_FIELD,
-                        "no topic: the link has no target address and the message no 'to'")
-            return
-        if self.topic is None:  # the link's own target was checked at attach
-            limits = self.host.limits
-            problem = validate_topic_name(topic) or topic_size_problem(
-                topic, limits.max_topic_levels, limits.max_topic_length)
-            if problem is None and topic.startswith("$mqtt."):
-                problem = "control addresses need a link of their own"
-            if problem is not None:
-                self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
+        route = self._route
+        if route is not None and route[0] is fields:
+            # The same sections before the body as the message before (a memo hit):
+            # the same topic, checked already, and the same native head.
+            _, topic, queued, head, cut = route
+        else:
+            checked = self._check_topic(dlv, to)
+            if checked is None:
                 return
-            topic = queue_topic(topic, False, limits.amqp_queues) or topic
-        queued = topic[:1] == "$" and is_queue_topic(topic)
-        if queued and is_queue_command(topic):
-            self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
-                        "messages with its dispositions (Accepted, Released, Modified, "
-                        "Rejected)")
-            return
+            topic, queued = checked
+            try:
+                head, cut = native_parts(data, bare_start, props_end, to, topic, durable)
+            except DecodeError as exc:   # decode_publish checked the sections
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
+            if fields is memo.fields:
+                self._route = (fields, topic, queued, head, cut)
         host = self.host
         broker = self.broker
         if payload is None:
@@ -904,12 +943,15 @@ class TopicPublisher(IncomingLink):
                               "form: it goes to AMQP receivers only (logged once per link)",
                               a=self.address or "(anonymous)", c=host.container_id,
                               peer=host.peer)
-        try:
-            native = native_sections(data, bare_start, props_end, to, topic, durable)
-            props = None if mqtt5 is None else message_properties(mqtt5, payload)
-        except DecodeError as exc:   # decode_publish checked the sections; never expected
-            self.reject(dlv, DECODE_ERROR, exc.reason)
-            return
+        native = head + data[cut:]
+        if mqtt5 is None:
+            props = None
+        else:
+            try:
+                props = message_properties(mqtt5, payload)
+            except DecodeError as exc:
+                self.reject(dlv, DECODE_ERROR, exc.reason)
+                return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
                          host.container_id or None, broker.clock.seconds(), redelivered,
                          native, payload is None, props)
@@ -954,6 +996,32 @@ class TopicPublisher(IncomingLink):
             self._answered()
             return
         self.answer_after(result.durable, dlv)
+
+    def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
+        """The topic a message with ``to`` goes to, and whether it is a durable
+        queue's; None if it was rejected (no topic, a bad one, a queue command)."""
+        topic = self.topic or to
+        if not topic:
+            self.reject(dlv, INVALID_FIELD,
+                        "no topic: the link has no target address and the message no 'to'")
+            return None
+        if self.topic is None:  # the link's own target was checked at attach
+            limits = self.host.limits
+            problem = validate_topic_name(topic) or topic_size_problem(
+                topic, limits.max_topic_levels, limits.max_topic_length)
+            if problem is None and topic.startswith("$mqtt."):
+                problem = "control addresses need a link of their own"
+            if problem is not None:
+                self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
+                return None
+            topic = queue_topic(topic, False, limits.amqp_queues) or topic
+        queued = topic[:1] == "$" and is_queue_topic(topic)
+        if queued and is_queue_command(topic):
+            self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
+                        "messages with its dispositions (Accepted, Released, Modified, "
+                        "Rejected)")
+            return None
+        return topic, queued
 
     def _refused(self, dlv: Any, presettled: bool, refusal: Refusal) -> None:
         """A durable queue refused the message: Rejected with its reason (the core

@@ -241,9 +241,11 @@ class AMQPConnection(Protocol):
     # IPushProducer: the transport's write buffer is full / drained.
     def pauseProducing(self) -> None:
         self.write_blocked = True
+        self._blocked_changed()
 
     def resumeProducing(self) -> None:
         self.write_blocked = False
+        self._blocked_changed()
         if self.state is not ConnectionState.OPEN:
             return
         try:
@@ -257,6 +259,11 @@ class AMQPConnection(Protocol):
 
     def stopProducing(self) -> None:
         pass
+
+    def _blocked_changed(self) -> None:
+        for link in self.links.values():
+            if isinstance(link, OutgoingLink):
+                link.on_blocked()
 
     # -- LinkHost -----------------------------------------------------------------------
 
@@ -437,18 +444,25 @@ class AMQPConnection(Protocol):
         # hand-off to the writer thread), as for MQTT.
         broker.begin_batch()
         try:
+            # The engine takes at most 8 KiB at a time (its input buffer): all of a
+            # read goes in before one pump, so that its answers leave in one write
+            # (a write per 8 KiB woke the peer several times per read, and a woken
+            # peer on a busy machine takes the CPU from the broker mid-read).
             while data:
                 capacity = ptrans.capacity()
                 if capacity < 0:
                     break  # input side closed: the rest is ignored
                 if capacity == 0:
-                    self._pump()
+                    self._pump()   # (a frame larger than the buffer: make room)
                     if self.ptrans is None or ptrans.capacity() <= 0:
                         break
                     continue
+                if capacity >= len(data):
+                    ptrans.push(data)
+                    break
                 chunk, data = data[:capacity], data[capacity:]
                 ptrans.push(chunk)
-                self._pump()
+            self._pump()
         except Exception:
             self._internal_error(Failure())
         finally:
@@ -528,16 +542,20 @@ class AMQPConnection(Protocol):
             self._pump()
 
     def _write_output(self) -> None:
+        """All the engine's output in one write: it hands out at most its buffer
+        (8 KiB) at a time, and each write can wake the peer."""
         impl = self.ptrans._impl
-        while True:
+        chunks: list[bytes] = []
+        for _ in range(100_000):   # (bounded: each round takes what the engine made)
             data = output(impl)
-            if data is None:
-                # The engine closed its output (close sent, or a transport error).
-                self._drop()
-                return
             if not data:
-                return
-            self._write(data)
+                break
+            chunks.append(data)
+        if chunks:
+            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if data is None:
+            # The engine closed its output (close sent, or a transport error).
+            self._drop()
 
     def _write(self, data: bytes) -> None:
         send(self.transport, data)   # (at once when nothing is buffered: ``netio``)

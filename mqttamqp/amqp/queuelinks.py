@@ -103,7 +103,11 @@ class QueueSubscription(TopicSubscription):
     def congested(self) -> bool:
         # Credit is the prefetch here: what the queue hands a member without credit
         # would wait in the engine while other members of the group sit idle.
-        return super().congested or _link_credit(self.impl) <= 0
+        return self._blocked or _link_credit(self.impl) <= 0
+
+    @congested.setter
+    def congested(self, value: bool) -> None:
+        self._blocked = value   # (closed or a full socket buffer: ``_SessionLink``)
 
     def on_flow(self) -> None:
         # More credit: take from the queue first, so a drain is answered with what
