@@ -16,7 +16,6 @@ Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
 
 from __future__ import annotations
 
-import select
 import socket
 import sys
 from collections.abc import Callable
@@ -120,8 +119,8 @@ class LeanServerNoDelay(LeanServer):
     nodelay = True
 
 
-# what the epoll reactor's ``_doReadOrWrite`` takes for "readable"
-_READABLE = getattr(select, "EPOLLIN", 1)
+def _no_address(addr: Any) -> None:
+    return None
 
 
 class LeanPort(Port):
@@ -133,12 +132,15 @@ class LeanPort(Port):
     done, so it is usually there already, and the answer goes out without another
     epoll round and event dispatch per connection (a connect storm's CPU, and a
     turn of latency for every client).  What is not there yet is read when epoll
-    says so, as usual.  Other reactors (no ``_doReadOrWrite``) get Twisted's loop.
+    says so, as usual.  Reactors that are not poll-like (no ``_POLL_IN``: select,
+    asyncio) get Twisted's loop.
 
     The accept loop is Twisted's (``Port.doRead``) for the common case only, without
     its per-turn generator and log buffer; any error but "no more connections" goes
     to Twisted's own loop, which handles it (EMFILE with its reserved descriptor,
-    EPERM, ECONNABORTED, ...).
+    EPERM, ECONNABORTED, ...).  A factory whose ``wants_address`` is false gets
+    None for ``buildProtocol``'s address instead of an ``IPv4Address`` it would not
+    read (the transport still has the peer's address).
     """
 
     def doRead(self) -> None:
@@ -149,15 +151,18 @@ class LeanPort(Port):
 
     def _accept_and_read(self) -> None:
         reactor: Any = self.reactor
+        # (the poll-like reactors' own: epoll, poll; ``_reads`` holds descriptors)
         read = getattr(reactor, "_doReadOrWrite", None)
+        readable = getattr(reactor, "_POLL_IN", None)
         reads = getattr(reactor, "_reads", None)
-        if read is None or reads is None:
+        if read is None or readable is None or reads is None:
             Port.doRead(self)
             return
         listener: Any = self.socket
         accept = listener._accept
         family, kind, proto = listener.family, listener.type, listener.proto
         factory: Any = self.factory
+        address = self._buildAddr if getattr(factory, "wants_address", True) else _no_address
         build = self.transport
         limit = self.numberAccepts
         accepted = 0
@@ -177,7 +182,7 @@ class LeanPort(Port):
                 # IPv6: the host with its scope id, as ``Port.doRead``
                 host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
                 addr = (host[0], *addr[1:])
-            protocol = factory.buildProtocol(self._buildAddr(addr))  # type: ignore[no-untyped-call]
+            protocol = factory.buildProtocol(address(addr))
             if protocol is None:
                 skt.close()
                 continue
@@ -186,7 +191,7 @@ class LeanPort(Port):
             transport: Any = build(skt, protocol, addr, self, session, reactor)
             protocol.makeConnection(transport)
             if fd in reads and transport.connected and not transport.disconnecting:
-                read(transport, fd, _READABLE)
+                read(transport, fd, readable)
         # (Twisted's scaling of the accepts per turn)
         self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
 

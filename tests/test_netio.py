@@ -255,3 +255,72 @@ def test_lean_port_leaves_accept_errors_to_twisteds_loop() -> None:
     finally:
         port.socket = real
         _stop(reactor, port)
+
+
+def test_lean_port_builds_no_address_for_a_factory_that_wants_none() -> None:
+    """``buildProtocol``'s address is built unless the factory says it does not
+    read it (``wants_address = False``, the MQTT factory): then it gets None."""
+    from twisted.internet.address import IPv4Address
+
+    class Seeing(Factory):
+        def __init__(self, wants: bool) -> None:
+            self.wants_address = wants
+            self.seen: list[Any] = []
+
+        def buildProtocol(self, addr: Any) -> Protocol:
+            self.seen.append(addr)
+            return Protocol()
+
+    for wants in (True, False):
+        factory = Seeing(wants)
+        seen = factory.seen
+
+        epollreactor = pytest.importorskip("twisted.internet.epollreactor")
+        reactor = epollreactor.EPollReactor()
+        port = Port(0, factory, interface="127.0.0.1", reactor=reactor)
+        port.startListening()
+        lean_port(port)
+        client = _connect(port, b"x")
+        try:
+            _wait_acceptable(port)
+            for _ in range(100):
+                port.doRead()
+                if seen:
+                    break
+            assert len(seen) == 1
+            assert isinstance(seen[0], IPv4Address) if wants else seen[0] is None
+        finally:
+            _stop(reactor, port, client)
+
+
+def test_lean_port_on_the_select_reactor_is_twisteds_port() -> None:
+    """The select reactor has a ``_doReadOrWrite`` of another shape and keeps
+    selectables, not descriptors: its connections are accepted by Twisted's loop
+    and read when select says so (a review finding: the eager read would have
+    called it wrongly had its test ever been true)."""
+    from twisted.internet.selectreactor import SelectReactor
+
+    got: list[bytes] = []
+    reactor = SelectReactor()
+    port = Port(0, Factory.forProtocol(lambda: _Recording(got)), interface="127.0.0.1",
+                reactor=reactor)
+    port.startListening()
+    lean_port(port)
+    client = _connect(port, b"hello")
+    try:
+        _wait_acceptable(port)
+        for _ in range(100):
+            port.doRead()
+            if any(isinstance(s, Server) for s in reactor._reads):
+                break
+        [server] = [s for s in reactor._reads if isinstance(s, Server)]
+        assert got == []                        # not read in the accepting turn
+        server.doRead()
+        assert got == [b"hello"]
+    finally:
+        client.close()
+        for selectable in list(reactor._reads):
+            if isinstance(selectable, Server):
+                selectable.socket.close()
+        port.socket.close()
+        reactor.waker.connectionLost(None)

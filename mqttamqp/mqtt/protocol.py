@@ -1497,5 +1497,8 @@ class MQTTFactory(Factory):
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
         self.enhanced_auth: EnhancedAuthenticator | None = None
 
+    # (``addr`` is not read: ``netio.LeanPort`` passes None instead of building it)
+    wants_address = False
+
     def buildProtocol(self, addr: Any) -> MQTTProtocol:
         return MQTTProtocol(self)
