@@ -65,6 +65,14 @@ def _endpoint(option: str, description: str) -> str:
     'none'); otherwise a ``UsageError`` naming the option.  Parsing opens nothing."""
     if description.strip().lower() == "none":
         return description
+    if description.strip().lower().startswith("haproxy:"):
+        # Twisted parses it, but every client would be the proxy: admission, bans,
+        # --max-connect-rate and loopback-only access key on the client's address,
+        # which the PROXY header gives only after the connection was admitted.
+        raise usage.UsageError(
+            f"--{option} {description!r}: the PROXY protocol (haproxy:) is not supported: "
+            "the broker would see every client as the proxy's address; listen with "
+            f"tcp: or ssl: (e.g. {DEFAULT_LISTENERS[option]})")
     from twisted.internet import endpoints
 
     try:
