@@ -194,3 +194,28 @@ def test_one_pump_of_the_engine_goes_out_in_one_write() -> None:
     assert len(writes) == 1 and len(writes[0]) > 3 * 8192
     net.pump()
     assert len(rcv.bodies()) == 32   # the in-flight window; the rest when answered
+
+
+def test_an_outcome_after_amqp_close_does_not_acknowledge_the_next_sessions_message() -> None:
+    """Review finding: an FE that closed its session (AMQP_CLOSE) and subscribed again
+    gets packet ids from 1 again; accepting a delivery of the old session acknowledged
+    the new session's message with the same id, which then left the in-flight window
+    unaccepted (lost if the FE released it)."""
+    from amqp_messages import control
+
+    net = Net()
+    fe = net.fe("c1", publish_now=True)
+    fe.list()
+    assert outcome(fe.subscribe({"st/#": 1})) == (ACCEPTED, None)
+    publisher = net.mqtt("pub")
+    publisher.publish("st/a", b"old", qos=1)
+    ((_old, old_delivery),) = fe.publish.new()
+    assert outcome(fe.send(control("close", "c1"))) == (ACCEPTED, None)
+    assert outcome(fe.subscribe({"st/#": 1})) == (ACCEPTED, None)
+    publisher.publish("st/a", b"new", qos=1)
+    ((new, _new_delivery),) = fe.publish.new()
+    assert bytes(new.body) == b"new"
+    session = net.broker.sessions["c1"]
+    assert len(session.inflight) == 1
+    fe.peer.settle(old_delivery, ACCEPTED)      # the old session's delivery
+    assert len(session.inflight) == 1            # the new message still awaits its outcome

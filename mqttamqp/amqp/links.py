@@ -658,6 +658,9 @@ class SessionOutlet(_SessionLink):
         self.active = False
         self.opening = False
         self._sent.clear()
+        # Its unsettled deliveries belong to the old session: an outcome for one of
+        # them must not name a packet id of the next session (ids start again).
+        self._awaiting.clear()
 
     def ended(self, brute: bool, reason: str) -> None:
         self.host.requests.publish_detached(self)
