@@ -595,3 +595,27 @@ def test_the_packages_lazy_names_are_the_schemas() -> None:
     from mqttamqp.archive import schema
     assert set(schema.__all__) <= set(package.__all__)
     assert package.MESSAGE_SCHEMA is schema.MESSAGE_SCHEMA
+
+
+def test_a_dozing_feeding_thread_is_woken_by_a_full_batch_or_a_frame_of_events(
+        tmp_path: Path, clock: Clock) -> None:
+    """While no message waits the feeding thread sleeps up to a second (events come
+    in bursts: one frame a second, not ten); a full message batch, or a frame's
+    worth of events, wakes it at once, and nothing less does."""
+    from mqttamqp.archive import archive as module
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock, buffer_limit=1_000_000)   # (no thread started)
+    assert module._IDLE_WAIT >= 10 * module._STEP_WAIT
+    a._dozing = True
+    for _ in range(module._BATCH):              # fills the first batch exactly
+        a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)
+    for i in range(module._FRAME - 1):
+        a.event(1.0, CONNECT, f"c{i}")
+    assert not a._wake.is_set() and a._dozing
+    a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)    # the batch rotates
+    assert a._wake.is_set() and not a._dozing
+    a._wake.clear()
+    a._dozing = True
+    a.event(1.0, CONNECT, "last")               # a frame's worth of events
+    assert a._wake.is_set() and not a._dozing

@@ -75,7 +75,12 @@ DEFAULT_EXCLUDE = ("$SYS/#",)
 
 _BATCH = 4096             # messages per batch the reactor side queues whole
 _FRAME = 16384            # events per frame at most (messages: every queued batch)
-_IDLE_WAIT = 0.25         # longest the feeding thread sleeps between looks at the deques
+# Longest the feeding thread sleeps while no message waits (nothing, or only events).
+# Events come in bursts (a connect storm is two a client): a step every 100 ms took
+# the GIL from the reactor four times a third of a second and made 5,000 connects
+# ~15 % slower; a second of events is one frame.  A full message batch, or a
+# frame's worth of events, wakes it at once (``_dozing``).
+_IDLE_WAIT = 1.0
 # While records flow, the feeding thread sends a frame this often (at once again
 # when a step took half the buffer or more: it is behind). Every step takes the GIL
 # back half a dozen times (after the pipe write, the select, the reads, the sleep),
@@ -154,6 +159,7 @@ class Archive:
         self._thread: threading.Thread | None = None
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
         self._behind = False   # the last step took half the buffer or more
+        self._dozing = False   # the feeding thread sleeps ``_IDLE_WAIT``: wake it for work
         self._stopping = False
         self._wake = threading.Event()
         self._progress = threading.Condition()
@@ -213,6 +219,9 @@ class Archive:
         batch: list[Any] = []
         self._messages, self._payloads = self._filling = (batch, bytearray())
         full.append(filled)   # last: whoever finds it queued finds it no longer filled
+        if self._dozing:      # (messages after a quiet spell: at once, not within 1 s)
+            self._dozing = False
+            self._wake.set()
         return batch
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
@@ -230,6 +239,9 @@ class Archive:
             self.dropped += 1
             return
         buffer.append((timestamp, kind, client_id, fields))
+        if self._dozing and len(buffer) >= _FRAME:
+            self._dozing = False
+            self._wake.set()
 
     def stats(self) -> dict[str, int]:
         """Counters for $SYS and the console (plain reads; no lock needed)."""
@@ -330,17 +342,22 @@ class Archive:
                 stopping = self._stopping
                 began = time.monotonic()
                 progressed = self._step()
-                waiting = self._waiting()
+                messages = self._messages_waiting()
+                waiting = messages + len(self._events)
                 if stopping and (not waiting or not progressed):
                     break
                 if not stopping and (not progressed or not self._behind):
                     # Let batches build up: one frame (one pickle, a write and a
                     # few GIL hand-overs) per many records. The period counts from
                     # the step's start: the writer's time is not added to it.
-                    pause = (_STEP_WAIT - (time.monotonic() - began)
-                             if waiting and progressed else _IDLE_WAIT)
+                    if messages and progressed:
+                        pause = _STEP_WAIT - (time.monotonic() - began)
+                    else:
+                        pause = _IDLE_WAIT
+                        self._dozing = True
                     if pause > 0:
                         self._wake.wait(pause)
+                    self._dozing = False
                     self._wake.clear()
         finally:
             self._finish()
@@ -409,9 +426,12 @@ class Archive:
     def _waiting(self) -> int:
         """Records in the buffers. (From the feeding thread it may count a batch
         queued meanwhile twice, never none.)"""
+        return self._messages_waiting() + len(self._events)
+
+    def _messages_waiting(self) -> int:
         filling = len(self._messages)
         queued = sum(len(v) for v, _ in list(self._full))  # list(): one call, atomic
-        return (filling + queued) // MESSAGE_VALUES + len(self._events)
+        return (filling + queued) // MESSAGE_VALUES
 
     def _take_messages(self) -> list[tuple[list[Any], bytearray]]:
         """The queued batches (all of them, bounded by the buffer), as they are; when
