@@ -600,8 +600,8 @@ def test_the_packages_lazy_names_are_the_schemas() -> None:
 def test_a_dozing_feeding_thread_is_woken_by_a_full_batch_or_a_frame_of_events(
         tmp_path: Path, clock: Clock) -> None:
     """While no message waits the feeding thread sleeps up to a second (events come
-    in bursts: one frame a second, not ten); a full message batch, or a frame's
-    worth of events, wakes it at once, and nothing less does."""
+    in bursts: one frame a second, not ten); a full message batch, or
+    ``_EVENT_WAKE`` events, wakes it at once, and nothing less does."""
     from mqttamqp.archive import archive as module
     from mqttamqp.events import CONNECT
 
@@ -610,12 +610,29 @@ def test_a_dozing_feeding_thread_is_woken_by_a_full_batch_or_a_frame_of_events(
     a._dozing = True
     for _ in range(module._BATCH):              # fills the first batch exactly
         a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)
-    for i in range(module._FRAME - 1):
+    for i in range(module._EVENT_WAKE - 1):
         a.event(1.0, CONNECT, f"c{i}")
     assert not a._wake.is_set() and a._dozing
     a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)    # the batch rotates
     assert a._wake.is_set() and not a._dozing
     a._wake.clear()
     a._dozing = True
-    a.event(1.0, CONNECT, "last")               # a frame's worth of events
+    a.event(1.0, CONNECT, "last")               # _EVENT_WAKE events
     assert a._wake.is_set() and not a._dozing
+
+
+def test_buffered_events_share_their_field_names(tmp_path: Path, clock: Clock) -> None:
+    """A buffered event keeps its values and one tuple of field names shared by
+    every event with the same names (the keyword dict was ~330 bytes an event, and
+    a connect storm buffers two a client); a wrong name still raises at once."""
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock)          # (no thread started)
+    a.event(1.0, CONNECT, "a", protocol="mqtt3.1.1", address="127.0.0.1:1")
+    a.event(2.0, CONNECT, "b", protocol="mqtt5", address="127.0.0.1:2")
+    first, second = a._events
+    assert first[3] is second[3] == ("protocol", "address")
+    assert second[4] == ("mqtt5", "127.0.0.1:2")
+    with pytest.raises(ValueError, match="no column 'adress'"):
+        a.event(3.0, CONNECT, "c", adress="x")
+    assert len(a._events) == 2

@@ -205,8 +205,8 @@ class Writer:
     def _event_rows(records: Iterable[tuple[Any, ...]]
                     ) -> list[tuple[float, tuple[Any, ...]]]:
         rows: list[tuple[float, tuple[Any, ...]]] = []
-        for ts, kind, client_id, fields in records:
-            get = fields.get
+        for ts, kind, client_id, names, values in records:
+            get = dict(zip(names, values, strict=True)).get
             rows.append((ts, (round(ts * 1_000_000), kind, client_id,
                               *(get(c) for c in _EVENT_OPTIONAL))))
         return rows
