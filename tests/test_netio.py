@@ -173,6 +173,16 @@ def _wait_acceptable(port: Port) -> None:
     assert readable, "no connection to accept within 5 s"
 
 
+def _accept_until(port: Port, done: Any) -> None:
+    """The port's ``doRead`` by hand until ``done()`` (bounded: what it waits for is
+    in the accept queue already)."""
+    _wait_acceptable(port)
+    for _ in range(100):
+        port.doRead()
+        if done():
+            return
+
+
 def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
     """A client speaks first: what it sent with its handshake reaches the protocol
     in the same ``doRead`` that accepted it, without another epoll round; a client
@@ -185,11 +195,7 @@ def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
         assert type(port) is not Port and port.transport is LeanServerNoDelay
         # (the bytes are on the server's socket once the client's sendall returns
         # on loopback; the accept queue is read below)
-        _wait_acceptable(port)
-        for _ in range(100):            # bounded: both are in the accept queue
-            port.doRead()
-            if len(reactor._selectables) >= 3:   # (the waker and two connections)
-                break
+        _accept_until(port, lambda: len(reactor._selectables) >= 3)  # (waker + two)
         assert got == [b"\x10\x0cCONNECT..."]
         servers = [s for s in reactor._selectables.values() if isinstance(s, Server)]
         assert len(servers) == 2 and all(s.fileno() in reactor._reads for s in servers)
@@ -206,19 +212,11 @@ def test_lean_port_a_failing_first_read_closes_that_connection_only() -> None:
     reactor, port = _epoll_port(lambda: _Recording(got, fail=next(made)))
     first = _connect(port, b"boom")
     try:
-        _wait_acceptable(port)
-        for _ in range(100):
-            port.doRead()
-            if got:
-                break
+        _accept_until(port, lambda: got)
         first.settimeout(5)
         assert first.recv(10) == b""          # closed by the broker's side
         second = _connect(port, b"fine")
-        _wait_acceptable(port)
-        for _ in range(100):
-            port.doRead()
-            if len(got) == 2:
-                break
+        _accept_until(port, lambda: len(got) == 2)
         assert got == [b"boom", b"fine"]
         second.close()
     finally:
@@ -282,11 +280,7 @@ def test_lean_port_builds_no_address_for_a_factory_that_wants_none() -> None:
         lean_port(port)
         client = _connect(port, b"x")
         try:
-            _wait_acceptable(port)
-            for _ in range(100):
-                port.doRead()
-                if seen:
-                    break
+            _accept_until(port, lambda: factory.seen)  # noqa: B023 (called at once)
             assert len(seen) == 1
             assert isinstance(seen[0], IPv4Address) if wants else seen[0] is None
         finally:
@@ -308,11 +302,7 @@ def test_lean_port_on_the_select_reactor_is_twisteds_port() -> None:
     lean_port(port)
     client = _connect(port, b"hello")
     try:
-        _wait_acceptable(port)
-        for _ in range(100):
-            port.doRead()
-            if any(isinstance(s, Server) for s in reactor._reads):
-                break
+        _accept_until(port, lambda: any(isinstance(s, Server) for s in reactor._reads))
         [server] = [s for s in reactor._reads if isinstance(s, Server)]
         assert got == []                        # not read in the accepting turn
         server.doRead()
