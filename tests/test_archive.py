@@ -636,3 +636,24 @@ def test_buffered_events_share_their_field_names(tmp_path: Path, clock: Clock) -
     with pytest.raises(ValueError, match="no column 'adress'"):
         a.event(3.0, CONNECT, "c", adress="x")
     assert len(a._events) == 2
+
+
+def test_a_small_buffer_wakes_the_dozing_thread_before_it_drops(
+        tmp_path: Path, clock: Clock) -> None:
+    """Review finding: with a buffer smaller than a batch pair or a frame of events,
+    records were dropped for a whole second while the thread slept: half the buffer
+    of events, or a refused batch, wakes it."""
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock, buffer_limit=10)   # (no thread started)
+    a._dozing = True
+    for i in range(4):
+        a.event(1.0, CONNECT, f"c{i}")
+    assert not a._wake.is_set()
+    a.event(1.0, CONNECT, "c4")                 # half of the buffer
+    assert a._wake.is_set() and not a._dozing
+    a._wake.clear()
+    a._dozing = True
+    for _ in range(11):                         # a batch of 10, refused
+        a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)
+    assert a._wake.is_set() and not a._dozing

@@ -166,6 +166,8 @@ class Archive:
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
         self._behind = False   # the last step took half the buffer or more
         self._dozing = False   # the feeding thread sleeps ``_IDLE_WAIT``: wake it for work
+        # (events that wake it: half the buffer when that is smaller than a frame)
+        self._event_wake = max(1, min(_EVENT_WAKE, buffer_limit // 2))
         self._stopping = False
         self._wake = threading.Event()
         self._progress = threading.Condition()
@@ -220,6 +222,9 @@ class Archive:
         new one would hold more than ``buffer_limit`` messages. O(1), no lock."""
         full = self._full
         if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
+            if self._dozing:      # (full: the thread must take what is queued)
+                self._dozing = False
+                self._wake.set()
             return None
         filled = self._filling
         batch: list[Any] = []
@@ -253,7 +258,7 @@ class Archive:
         # another: ~190 bytes an event where the keyword dict kept ~330 (a connect
         # storm buffers two events a client for up to ``_IDLE_WAIT``).
         buffer.append((timestamp, kind, client_id, known, tuple(fields.values())))
-        if self._dozing and len(buffer) >= _EVENT_WAKE:
+        if self._dozing and len(buffer) >= self._event_wake:
             self._dozing = False
             self._wake.set()
 
@@ -356,19 +361,24 @@ class Archive:
                 stopping = self._stopping
                 began = time.monotonic()
                 progressed = self._step()
-                messages = self._messages_waiting()
-                waiting = messages + len(self._events)
+                waiting = self._waiting()
                 if stopping and (not waiting or not progressed):
                     break
                 if not stopping and (not progressed or not self._behind):
                     # Let batches build up: one frame (one pickle, a write and a
                     # few GIL hand-overs) per many records. The period counts from
                     # the step's start: the writer's time is not added to it.
-                    if messages and progressed:
+                    # (``_dozing`` before the count: a batch queued after it wakes
+                    # the thread, one queued before it is counted.)
+                    self._dozing = True
+                    if progressed and self._messages_waiting():
+                        self._dozing = False
                         pause = _STEP_WAIT - (time.monotonic() - began)
-                    else:
+                    elif progressed:
                         pause = _IDLE_WAIT
-                        self._dozing = True
+                    else:   # no writer process: until one may be started again
+                        pause = min(_IDLE_WAIT, max(_STEP_WAIT,
+                                                    self._respawn_at - time.monotonic()))
                     if pause > 0:
                         self._wake.wait(pause)
                     self._dozing = False
