@@ -60,6 +60,11 @@ def _choice_share(value: str) -> str:
 _choice_share.coerceDoc = ""  # type: ignore[attr-defined]
 
 
+def _example_listener(option: str) -> str:
+    """An example description for ``--option`` (its default; metrics has its own)."""
+    return DEFAULT_LISTENERS.get(option) or METRICS_DEFAULT
+
+
 def _endpoint(option: str, description: str) -> str:
     """``description`` if Twisted can parse it as a server endpoint (or it is
     'none'); otherwise a ``UsageError`` naming the option.  Parsing opens nothing."""
@@ -72,7 +77,7 @@ def _endpoint(option: str, description: str) -> str:
         raise usage.UsageError(
             f"--{option} {description!r}: the PROXY protocol (haproxy:) is not supported: "
             "the broker would see every client as the proxy's address; listen with "
-            f"tcp: or ssl: (e.g. {DEFAULT_LISTENERS[option]})")
+            f"tcp: or ssl: (e.g. {_example_listener(option)})")
     from twisted.internet import endpoints
 
     try:
@@ -81,7 +86,7 @@ def _endpoint(option: str, description: str) -> str:
         reason = str(e) or type(e).__name__
         raise usage.UsageError(
             f"--{option} {description!r} is not a Twisted endpoint description: {reason} "
-            f"(e.g. {DEFAULT_LISTENERS[option]})") from None
+            f"(e.g. {_example_listener(option)})") from None
     return description
 
 

@@ -86,6 +86,8 @@ def test_the_accepted_keys_are_the_option_table() -> None:
     ("mqtt = 'tcp:1883'\n", "line 1: mqtt: must be a list of strings, got a string"),
     ("  mqtt = [1]\n", "line 1: mqtt: must be a list of strings, item 1 is an integer"),
     ("mqtt = ['tcpp:1']\n", "line 1: mqtt: --mqtt 'tcpp:1' is not a Twisted endpoint"),
+    ("metrics = 'tcpp:1'\n", "line 1: metrics: --metrics 'tcpp:1' is not a Twisted endpoint"),
+    ("metrics = 'haproxy:tcp:9108'\n", "line 1: metrics: --metrics 'haproxy:tcp:9108': the PROXY"),
     ("mqtt = ['haproxy:tcp:1883']\n",
      "line 1: mqtt: --mqtt 'haproxy:tcp:1883': the PROXY protocol (haproxy:) is not supported"),
     ("connect-timeout = -1.5\n", "line 1: connect-timeout: --connect-timeout must not be"),
