@@ -669,12 +669,8 @@ class Broker:
                 self.completed(session, packet_id)
 
     def dropped(self, session: Session, topic: str) -> None:
-        """A delivery to ``session`` was dropped by its link (QoS 0 over its bound).
-        The broker's own ``$SYS`` messages are not counted: they are not traffic
-        (neither received nor sent: ``BrokerStats.own_messages``)."""
-        if not is_sys_topic(topic):
-            session.dropped += 1
-            session.dropped_congested += 1
+        """A delivery to ``session`` was dropped by its link (QoS 0 over its bound)."""
+        session.drop_congested(topic)
 
     # -- flow control ---------------------------------------------------------
 

@@ -276,6 +276,14 @@ class Session:
         self._holder = holder
         self.link = holder if new is SessionState.ONLINE else None
 
+    def drop_congested(self, topic: str) -> None:
+        """A QoS 0 copy on ``topic`` dropped at its connection's bound.  The broker's
+        own ``$SYS`` messages are not counted: they are not traffic (neither
+        received nor sent: ``BrokerStats.own_messages``)."""
+        if not is_sys_topic(topic):
+            self.dropped += 1
+            self.dropped_congested += 1
+
     def set_subscription(self, topic_filter: str, qos: int) -> None:
         """Subscribe ``topic_filter`` at ``qos`` (the session's first makes its dict)."""
         if self.subscriptions is _NO_SUBSCRIPTIONS:
@@ -395,9 +403,7 @@ class Session:
             if link is None:
                 return None  # QoS 0 is not queued for offline sessions
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
-                if not is_sys_topic(message.topic):   # (the broker's own: not traffic)
-                    self.dropped += 1
-                    self.dropped_congested += 1
+                self.drop_congested(message.topic)
                 return None
             link.send_publish(message, 0, None, False, retain)
             self.delivered += 1
