@@ -64,26 +64,14 @@ class FanOutRecorder:
         self._choose()
 
     def _choose(self) -> None:
-        first = self.first.records_messages
-        second = self.second.records_messages
-        if first and not second:
-            self.message = self.first.message
-        elif second and not first:
-            self.message = self.second.message
-        else:   # both, or neither (then the router does not call it)
-            self.message = self._both
-        self.records_messages = first or second
-        first = getattr(self.first, "records_events", True)
-        second = getattr(self.second, "records_events", True)
-        if first and not second:
-            self.event = self.first.event
-        elif second and not first:
-            self.event = self.second.event
-        elif first:
-            self.event = self._both_events
-        else:
-            self.event = _no_event
-        self.records_events = first or second
+        first, second = self.first, self.second
+        takes = first.records_messages, second.records_messages
+        # (neither: the router does not call it)
+        self.message = _pick(*takes, first.message, second.message, self._both, self._both)
+        self.records_messages = takes[0] or takes[1]
+        takes = getattr(first, "records_events", True), getattr(second, "records_events", True)
+        self.event = _pick(*takes, first.event, second.event, self._both_events, _no_event)
+        self.records_events = takes[0] or takes[1]
         for listener in self.on_change:
             listener()
 
@@ -104,6 +92,16 @@ class FanOutRecorder:
         merged = dict(self.first.stats())
         merged.update(self.second.stats())
         return merged
+
+
+def _pick(first: bool, second: bool, first_call: Any, second_call: Any, both: Any,
+          neither: Any) -> Any:
+    """The call for a fan-out of two: the one recorder that takes it, or ``both``."""
+    if first and second:
+        return both
+    if first:
+        return first_call
+    return second_call if second else neither
 
 
 def _no_event(timestamp: float, kind: str, client_id: str | None, **fields: object) -> None:
