@@ -222,18 +222,20 @@ class Archive:
         new one would hold more than ``buffer_limit`` messages. O(1), no lock."""
         full = self._full
         if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
-            if self._dozing:      # (full: the thread must take what is queued)
-                self._dozing = False
-                self._wake.set()
+            self._rouse()         # (full: the thread must take what is queued)
             return None
         filled = self._filling
         batch: list[Any] = []
         self._messages, self._payloads = self._filling = (batch, bytearray())
         full.append(filled)   # last: whoever finds it queued finds it no longer filled
-        if self._dozing:      # (messages after a quiet spell: at once, not within 1 s)
+        self._rouse()         # (messages after a quiet spell: at once, not within 1 s)
+        return batch
+
+    def _rouse(self) -> None:
+        """Wake the feeding thread if it sleeps ``_IDLE_WAIT`` (reactor side)."""
+        if self._dozing:
             self._dozing = False
             self._wake.set()
-        return batch
 
     def event(self, timestamp: float, kind: str, client_id: str | None,
               **fields: object) -> None:
@@ -259,8 +261,7 @@ class Archive:
         # storm buffers two events a client for up to ``_IDLE_WAIT``).
         buffer.append((timestamp, kind, client_id, known, tuple(fields.values())))
         if self._dozing and len(buffer) >= self._event_wake:
-            self._dozing = False
-            self._wake.set()
+            self._rouse()
 
     def stats(self) -> dict[str, int]:
         """Counters for $SYS and the console (plain reads; no lock needed)."""
