@@ -140,6 +140,39 @@ def test_reload_on_change_keeps_old_rules_on_a_bad_file(acl: AclAuthorizer,
                and "rules loaded before stay in force" in line for line in log_lines)
 
 
+def test_the_acl_option_is_checked_without_a_line_in_the_log(tmp_path: Any,
+                                                              log_lines: list[str]) -> None:
+    """Parsing --acl checks the file but logs nothing: the one "ACL ... rule(s)" line of a
+    start comes from the authorizer the service builds (it was logged twice)."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "acl"
+    path.write_text(ACL)
+    Options().parseOptions(["--data", str(tmp_path / "data"), "--acl", str(path)])
+    assert not [line for line in log_lines if "rule(s)" in line]
+    AclAuthorizer(str(path))
+    assert len([line for line in log_lines if "rule(s)" in line]) == 1
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "cannot read ACL file"),
+    (b"topic deny a/#\n", "line 1: 'deny' is not supported"),
+    (b"topic read caf\xe9/#\n", "is not UTF-8 text"),
+])
+def test_a_bad_acl_file_stops_the_option_parse_with_its_reason(
+        tmp_path: Any, content: bytes | None, problem: str) -> None:
+    """A missing, wrong or non-UTF-8 --acl file is a usage error naming the problem."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "acl"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as stop:
+        Options().parseOptions(["--data", str(tmp_path / "data"), "--acl", str(path)])
+    assert "--acl: " in str(stop.value) and problem in str(stop.value)
+    assert str(path) in str(stop.value)
+
+
 # -- enforced by the broker (in memory) ---------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
 
-__all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "covers"]
+__all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "read_acl", "covers"]
 
 READ = 1
 WRITE = 2
@@ -108,6 +108,21 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
         else:
             current.append(Rule(access, filt, "%" in filt))
     return rules
+
+
+def read_acl(path: str) -> AclRules:
+    """The rules of the file at ``path``, read and checked without logging (the option
+    check, run at every parse of the command line, SIGHUP included: the one line
+    saying what is in force comes from the ``AclAuthorizer`` that applies them)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise AclError(f"cannot read ACL file {os.path.abspath(path)}: {exc.strerror}"
+                       ) from None
+    except UnicodeDecodeError:
+        raise AclError(f"ACL file {os.path.abspath(path)} is not UTF-8 text") from None
+    return parse_acl(text, os.path.abspath(path))
 
 
 def covers(rule: list[str], levels: list[str]) -> bool:
