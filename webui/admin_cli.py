@@ -275,8 +275,10 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help: str, hidden: bool = False) -> argparse.ArgumentParser:
         # A hidden command (an earlier spelling) gets no help line: argparse lists
         # only the commands added with help=, and the metavar names the rest.
-        shown = {} if hidden else {"help": help}
-        p = sub.add_parser(name, description=help, **shown)
+        if hidden:
+            p = sub.add_parser(name, description=help)
+        else:
+            p = sub.add_parser(name, help=help, description=help)
         p.add_argument("--data", "-d", default="mqttamqp-data",
                        help="the broker's data directory (default: mqttamqp-data)")
         return p
