@@ -235,8 +235,8 @@ def test_print_config_writes_a_flag_pair_once_with_its_value(tmp_path: Path) -> 
     assert not parse("--config", no, "--archive")["no-archive"]
     both = write(tmp_path, "archive = true\nno-archive = true\n", "both.toml")
     assert refused("--config", both) == (
-        f"twistd mqttamqp: --config {both}, line 2: no-archive: contradicts archive = true (one setting: "
-        "give one of the two keys)")
+        f"twistd mqttamqp: --config {both}, line 2: no-archive: contradicts archive = "
+        "true (one setting: give one of the two keys)")
     for value in (on, printed("--no-archive")):
         again = write(tmp_path, tomli_w.dumps(value), "again.toml")
         assert printed("--config", again) == value
