@@ -82,6 +82,47 @@ def test_parse_errors_name_the_line(text: str, problem: str) -> None:
     assert str(err.value).startswith("/etc/acl " + problem), err.value
 
 
+def test_trailing_comments_are_comments(tmp_path: Any) -> None:
+    """'#' after whitespace ends a line, so commented rules and user lines mean what
+    they say, and a filter that ends in '#' keeps it (issue 24, item 8)."""
+    text = ("topic read #   # anonymous: everything\n"
+            "user sensor-7\t  # the lines up to the next 'user'\n"
+            "topic write plant/line1/#   # read, write or readwrite\n"
+            "topic plant/#\t# readwrite, the default\n"
+            "pattern write reports/%u/+ # every client\n")
+    rules = parse_acl(text)
+    assert [(r.access, r.filter) for r in rules.anonymous] == [(1, "#")]
+    assert list(rules.users) == ["sensor-7"]
+    assert [(r.access, r.filter) for r in rules.users["sensor-7"]] == [
+        (2, "plant/line1/#"), (3, "plant/#")]
+    assert [r.filter for r in rules.patterns] == ["reports/%u/+"]
+    path = tmp_path / "acl"
+    path.write_text(text)
+    sensor = Identity("s7", "sensor-7", "mqtt3.1.1")
+    authorizer = AclAuthorizer(str(path))
+    assert authorizer.may_publish(sensor, "plant/line1/temp", False)
+    assert authorizer.may_subscribe(sensor, "plant/#")
+    assert authorizer.may_publish(sensor, "reports/sensor-7/daily", False)
+    assert not authorizer.may_publish(anon(), "plant/line1/temp", False)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("user sensor 7\n", "line 1: a user name holds no whitespace ('sensor 7'"),
+    ("\nuser sensor-7   the lines up to # here\n",
+     "line 2: a user name holds no whitespace ('sensor-7   the lines up to'"),
+    ("topic raed plant/#\n", "line 1: 'raed' is not an access (read, write or readwrite)"),
+    ("topic read a/b#  # c\n", "line 1: not a topic filter"),
+    ("topic\n", "line 1: a topic filter is missing"),
+    ("user   # nobody\n", "line 1: a user name holds no whitespace"),
+])
+def test_names_and_words_with_whitespace_are_errors(text: str, problem: str) -> None:
+    """A user name with inner whitespace, or a misspelt access word before a filter,
+    stops with the line named instead of being taken silently (issue 24, item 8)."""
+    with pytest.raises(AclError) as err:
+        parse_acl(text, "/etc/acl")
+    assert str(err.value).startswith("/etc/acl " + problem), err.value
+
+
 def test_verdicts(acl: AclAuthorizer) -> None:
     assert acl.may_publish(alice(), "sensors/alice/t", False)
     assert acl.may_subscribe(alice(), "sensors/alice/#")
