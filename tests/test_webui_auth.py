@@ -124,7 +124,7 @@ def test_console_service_logs_where_the_first_password_is_never_the_password(
     hits = [line for line in lines if "created the first admin user" in line]
     assert len(hits) == 1
     assert str(path) in hits[0] and "'admin'" in hits[0]
-    assert "mqttamqp-admin passwd" in hits[0]
+    assert "mqttamqp-admin user passwd" in hits[0]
 
 
 def test_first_admin_log_names_the_user_it_created(tmp_path: Any) -> None:

@@ -40,7 +40,7 @@ class ConsoleService(app_service.Service):
             self.log.warn(
                 "console: created the first admin user {u!r}; its password is in {path} "
                 "(readable by this user only); change it with: "
-                "mqttamqp-admin passwd --data {d} {u}", u=name, path=path, d=data_dir)
+                "mqttamqp-admin user passwd --data {d} {u}", u=name, path=path, d=data_dir)
         self.console.feed.start()
 
     def stopService(self) -> None:
