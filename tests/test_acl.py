@@ -181,6 +181,21 @@ def test_reload_on_change_keeps_old_rules_on_a_bad_file(acl: AclAuthorizer,
                and "rules loaded before stay in force" in line for line in log_lines)
 
 
+def test_a_file_edited_to_non_utf8_keeps_the_old_rules(acl: AclAuthorizer,
+                                                      log_lines: list[str]) -> None:
+    """An ACL file rewritten with bytes that are not UTF-8 while the broker runs: the
+    rules before stay in force and one line says why (the decode error escaped the
+    reload, and so the 2-second poll, before)."""
+    assert not acl.may_publish(anon(), "open/x", False)
+    with open(acl.path, "wb") as f:
+        f.write(b"topic write open/#\ntopic read caf\xe9/#\n")
+    os.utime(acl.path, ns=(1, 4_000_000_000))
+    assert not acl.reload()
+    assert not acl.may_publish(anon(), "open/x", False)
+    warned = [line for line in log_lines if "is not UTF-8 text" in line]
+    assert len(warned) == 1 and "rules loaded before stay in force" in warned[0]
+
+
 def test_the_acl_option_is_checked_without_a_line_in_the_log(tmp_path: Any,
                                                               log_lines: list[str]) -> None:
     """Parsing --acl checks the file but logs nothing: the one "ACL ... rule(s)" line of a

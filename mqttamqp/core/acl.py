@@ -243,8 +243,8 @@ class AclAuthorizer:
             stamp = (st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return False
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
+            with open(self.path, "rb") as f:
+                raw = f.read()
         except OSError as exc:
             if strict:
                 raise
@@ -255,8 +255,13 @@ class AclAuthorizer:
             return False
         self._stamp = stamp
         try:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise AclError(f"ACL file {self.path} is not UTF-8 text (byte {exc.start})"
+                               ) from None
             rules = parse_acl(text, self.path)
-        except (AclError, UnicodeDecodeError) as exc:
+        except AclError as exc:
             if strict:
                 raise AclError(str(exc)) from None
             self.log.warn("{e}; the rules loaded before stay in force", e=str(exc))
