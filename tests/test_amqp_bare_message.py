@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from amqp_memory import RELEASED, Net
+from amqp_memory import RELEASED, Net, Receiver
 from brokerproc import BrokerProcess
 from fakes import MemoryStore
 from proton import Delivery, Message, byte, float32, int32, short, ulong
@@ -439,6 +439,29 @@ def test_queue_member_leaving_makes_the_next_delivery_not_first() -> None:
     net.pump()
     [(msg, _)] = second.new()
     assert (msg.first_acquirer, msg.delivery_count) == (False, 1)
+
+
+def test_a_stream_read_is_never_first_acquirer() -> None:
+    """A stream group reads without claiming (every reader of the stream gets the
+    message): first-acquirer false, while a classic group's first delivery of the
+    same message is true."""
+    from proton import symbol
+
+    net = _queue_net()
+    app = net.amqp()
+    app.send(app.sender("$queue/log"), Message(body="e0"))
+    link = app.session.receiver("reader")
+    link.source.address = "$queue/log"
+    link.properties = {symbol("consumer-group"): "audit", symbol("consumer-mode"): "stream"}
+    link.open()
+    link.flow(1)
+    reader = Receiver(link)
+    app.receivers.append(reader)
+    net.pump()
+    [(read, _)] = reader.new()
+    [(claimed, _)] = app.receiver("$queue/log", credit=1).new()
+    assert (read.body, read.first_acquirer) == ("e0", False)
+    assert (claimed.body, claimed.first_acquirer) == ("e0", True)
 
 
 def test_topic_redelivery_is_not_first_acquirer() -> None:
