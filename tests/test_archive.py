@@ -732,7 +732,7 @@ def test_the_broker_logs_a_read_only_archive_once(tmp_path: Path, clock: Clock,
     for i in range(1, 11):
         clock.advance(61)   # every step rolls, and fails to publish or to open
         publish(a, T0 + i, topic="b")
-        assert a.wait_until(lambda: a.stats()["buffered"] == 0 and a.errors >= i)
+        assert a.wait_until(lambda i=i: a.stats()["buffered"] == 0 and a.errors >= i)
     failed = [line for line in log_lines if "archive: writing" in line]
     assert len(failed) == 1 and "failed" in failed[0] and "\n" not in failed[0]
     _unblock_dataset(tmp_path, aside)
