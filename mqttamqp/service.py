@@ -34,6 +34,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
+from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
 from mqttamqp.ops.recorders import fan_out
@@ -342,12 +343,23 @@ class BrokerService(service.MultiService):
     def _open_store(self) -> None:
         import zc.lockfile  # type: ignore[import-untyped]
 
+        from mqttamqp.store import FILENAME, DamagedStorage
+
         try:
             self.store.open()
         except zc.lockfile.LockError:
+            lock = os.path.join(self.data_dir, FILENAME + LOCK_SUFFIX)
             raise StartupError(
                 f"another mqttamqp is using {self.data_dir} "
-                f"(lock held by {_lock_holder(self.data_dir)})") from None
+                f"(lock held by {lock_holder(lock)})") from None
+        except DamagedStorage as e:
+            if not e.recoverable:
+                raise StartupError(f"cannot open the storage {e.path}: {e.reason}") from None
+            raise StartupError(
+                f"the storage {e.path} is damaged ({e.reason}), probably by a crash "
+                f"during a commit; nothing was changed. Run 'mqttamqp-admin recover "
+                f"--data {self.data_dir}' (it keeps a copy of the file and cuts it "
+                "after the last good transaction), then start again") from None
         except OSError as e:
             raise StartupError(f"cannot open the storage in {self.data_dir}: "
                                f"{e.strerror or e}") from None
@@ -480,15 +492,6 @@ def _prepare_data_dir(path: str) -> None:
     except OSError as e:
         raise StartupError(f"cannot write to the data directory {path}: "
                            f"{e.strerror or e}") from None
-
-
-def _lock_holder(data_dir: str) -> str:
-    """"pid N" from the storage's lock file (zc.lockfile writes the holder's pid)."""
-    try:
-        with open(os.path.join(data_dir, "mqttamqp.fs.lock"), encoding="ascii") as f:
-            return f"pid {int(f.read().split()[0])}"
-    except (OSError, ValueError, IndexError):
-        return "another process"
 
 
 def _no_traceback_for(kind: type[BaseException]) -> None:
