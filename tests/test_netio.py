@@ -466,7 +466,8 @@ def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
     import resource
 
     from brokerproc import BrokerProcess
-    from test_ops_integration import by, scrape
+    from prometheus_client.parser import text_string_to_metric_families
+    from webui_support import ConsoleHTTP
 
     connect = bytes([0x10, 13]) + b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c"
     broker = BrokerProcess(str(tmp_path / "data"), "--no-archive",
@@ -497,8 +498,12 @@ def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
         for client in clients:
             client.close()
         resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
-        samples = scrape(broker.ports["METRICS"])
-        assert by(samples, "mqttamqp_limit_hits_total", limit="file_descriptors") == refused
+        reply = ConsoleHTTP(broker.ports["METRICS"]).request("GET", "/metrics")
+        assert reply.code == 200
+        hits = [s.value for family in text_string_to_metric_families(reply.text)
+                for s in family.samples if s.name == "mqttamqp_limit_hits_total"
+                and s.labels == {"limit": "file_descriptors"}]
+        assert hits == [refused]
         log = broker.output()
         assert log.count("refusing new connections") == 1
         assert "EMFILE encountered" not in log and "EMFILE recovery" not in log
