@@ -492,11 +492,12 @@ class Console:
                           "refusals in this spell are not logged)", name=shown,
                           w=self.throttle.user_max_wait)
             return
-        self.log.warn("console: {n} failed logins for {name!r} from {k} or more addresses "
+        more = " or more" if addresses >= self.throttle.addresses_kept else ""
+        self.log.warn("console: {n} failed logins for {name!r} from {k}{more} addresses "
                       "in {s:.0f} s: its password checks from addresses it has not logged "
                       "in from now wait their turn, one every {p:g} s or more (until 15 "
                       "minutes pass without a failure)", n=failures, name=shown,
-                      k=addresses, s=seconds, p=self.throttle.user_pace_now(name))
+                      k=addresses, more=more, s=seconds, p=self.throttle.user_pace_now(name))
 
     @app.route("/logout", methods=["POST"])
     def logout(self, request: Any) -> bytes:

@@ -400,6 +400,11 @@ class LoginThrottle:
             entry.paced_logged = True
         return entry.count, len(entry.addresses), self.clock() - entry.first
 
+    @property
+    def addresses_kept(self) -> int:
+        """How many distinct addresses of a user's spell are counted (at most)."""
+        return max(self.user_addresses, _ADDRESSES_KEPT)
+
     def user_pace_now(self, user: str) -> float:
         """Seconds between checks for ``user`` from unknown addresses (0: not paced)."""
         entry = self._paced_user(user, self.clock())
@@ -413,7 +418,7 @@ class LoginThrottle:
         self._users[user] = entry
         entry.count += 1
         entry.last = now
-        if len(entry.addresses) < max(self.user_addresses, _ADDRESSES_KEPT):
+        if len(entry.addresses) < self.addresses_kept:
             entry.addresses.add(address)
         while len(self._users) > self.max_entries:
             self._users.popitem(last=False)
