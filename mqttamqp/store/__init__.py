@@ -6,6 +6,12 @@ holds authoritative broker state or runs ZODB work on the reactor thread after
 ``load()``.
 """
 
-from mqttamqp.store.zodbstore import FILENAME, StorageFactory, StoreClosedError, ZODBStore
+from mqttamqp.store.zodbstore import (
+    FILENAME,
+    DamagedStorage,
+    StorageFactory,
+    StoreClosedError,
+    ZODBStore,
+)
 
-__all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
+__all__ = ["FILENAME", "DamagedStorage", "StorageFactory", "StoreClosedError", "ZODBStore"]
