@@ -60,3 +60,18 @@ def test_clients_filter_offers_mqtt5(env: Any) -> None:
     anymqtt = client.get("/api/clients", protocol="mqtt").json()["items"]
     assert sorted(c["client_id"] for c in anymqtt) == ["new", "old"]
     assert '<option value="mqtt5">MQTT 5</option>' in client.get("/clients").text
+
+
+# -- item 11: the Subscriptions menu entry --------------------------------------------------
+
+
+def test_subscriptions_has_its_own_menu_entry(env: Any) -> None:
+    """/subscriptions highlights its own menu entry, not Topics."""
+    _, _, _, client = env
+    html = client.get("/subscriptions").text
+    assert re.search(r'<a href="/subscriptions" class="active" aria-current="page">'
+                     r"Subscriptions</a>", html), html[:3000]
+    assert re.search(r'<a href="/topics">Topics</a>', html)
+    topics = client.get("/topics").text
+    assert re.search(r'<a href="/topics" class="active" aria-current="page">Topics</a>', topics)
+    assert re.search(r'<a href="/subscriptions">Subscriptions</a>', topics)

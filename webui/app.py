@@ -740,7 +740,7 @@ class Console:
     def subscriptions_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
         args, page = self._subscriptions(request)
-        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+        return self._render(request, "subscriptions.html", auth, nav="subscriptions", page=page,
                             args=args, groups=self._shared_groups())
 
     def _shared_groups(self) -> list[dict[str, Any]]:
