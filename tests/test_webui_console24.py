@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from webui_support import Client, connect, connect_amqp, make_console
 
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.message import Message
+
 
 @pytest.fixture
 def env(tmp_path: Any) -> Any:
@@ -75,3 +78,29 @@ def test_subscriptions_has_its_own_menu_entry(env: Any) -> None:
     topics = client.get("/topics").text
     assert re.search(r'<a href="/topics" class="active" aria-current="page">Topics</a>', topics)
     assert re.search(r'<a href="/subscriptions">Subscriptions</a>', topics)
+
+
+# -- item 11: Topics' Retained column on levels -----------------------------------------------
+
+
+def test_topic_levels_say_how_many_retained_messages_they_hold(env: Any) -> None:
+    """A level with retained messages below it says how many, linked to the Retained page."""
+    _, broker, clock, client = env
+    for topic, retain in (("plant/l1/temp", True), ("plant/l2/temp", True),
+                          ("plant/l2/hum", False), ("plant", True), ("office/door", False)):
+        broker.publish(Message(topic, b"1", 0, retain, "p", clock.seconds()), Identity("p"))
+    root = {n["name"]: n for n in client.get("/api/topics").json()["items"]}
+    assert (root["plant"]["retained"], root["plant"]["retained_below"]) == (True, 2)
+    assert (root["office"]["retained"], root["office"]["retained_below"]) == (False, 0)
+    level = {n["name"]: n for n in client.get("/api/topics", prefix="plant").json()["items"]}
+    assert level["l1"]["retained_below"] == 1 and level["l2"]["retained_below"] == 1
+    leaf = client.get("/api/topics", prefix="plant/l2").json()["items"]
+    assert [(n["name"], n["retained"], n["retained_below"]) for n in leaf] == [
+        ("hum", False, 0), ("temp", True, 0)]
+    html = client.get("/topics").text
+    cells = dict(re.findall(r'title="(\w+)">\w+/</a></td>.*?<td class="retained">(.*?)</td>',
+                            html, re.S))
+    assert set(cells) == {"plant", "office"}
+    assert "yes" in cells["plant"] and "2 below" in cells["plant"]
+    assert 'href="/retained?filter=plant%2F%23"' in cells["plant"]
+    assert "no" in cells["office"] and "—" not in cells["office"]

@@ -537,7 +537,8 @@ MAX_TREE_ROWS = 500
 def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, Any]:
     """The level below ``prefix`` ("" is the root): one row per child with the
     messages and rate of everything under it, how many topics it holds, whether it
-    is itself a retained topic and how many subscribers a message on it reaches."""
+    is itself a retained topic, how many retained topics lie below it and how many
+    subscribers a message on it reaches."""
     counts_view = model.topic_counts()
     counts = dict(counts_view.counts)
     per_topic_rate = rates.update(counts)
@@ -558,12 +559,14 @@ def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, An
                 continue
             node = nodes[name] = {"name": name, "path": base + name, "messages": 0,
                                   "rate": 0.0, "topics": 0, "retained": False,
-                                  "leaf": False, "children": False}
+                                  "retained_below": 0, "leaf": False, "children": False}
         node["messages"] += counts.get(topic, 0)
         node["rate"] += per_topic_rate.get(topic, 0.0)
         node["topics"] += 1
         if sep:
             node["children"] = True
+            if topic in retained:
+                node["retained_below"] += 1
         else:
             node["leaf"] = True
             node["retained"] = topic in retained
