@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from webui_support import Client, connect, connect_amqp, make_console
+from webui_support import Client, FakeLink, connect, connect_amqp, make_console
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message
@@ -104,3 +104,42 @@ def test_topic_levels_say_how_many_retained_messages_they_hold(env: Any) -> None
     assert "yes" in cells["plant"] and "2 below" in cells["plant"]
     assert 'href="/retained?filter=plant%2F%23"' in cells["plant"]
     assert "no" in cells["office"] and "—" not in cells["office"]
+
+
+# -- item 11: an MQTT 5 session's expiry ---------------------------------------------------------
+
+
+def _connect5(broker: Any, client_id: str, expiry: float) -> FakeLink:
+    """An MQTT 5 client with a session expiry interval, as MQTTProtocol opens it."""
+    link = FakeLink(broker, client_id, protocol="mqtt5", clean=False,
+                    since=broker.clock.seconds())
+    link.session = broker.open_session(link, client_id, False, None, None, expiry).session
+    broker.activate(link.session, link, "mqtt5")
+    broker.register_connection(link.key, link, "mqtt5")
+    return link
+
+
+def test_mqtt5_client_page_shows_the_session_expiry(env: Any) -> None:
+    """The session's expiry interval shows on the page of an MQTT 5 client, online and
+    offline (with when it expires); MQTT 3.1.1 has none to show."""
+    _, broker, clock, client = env
+    dash = _connect5(broker, "dash", 3600.0)
+    _connect5(broker, "forever", float(0xFFFFFFFF))
+    _connect5(broker, "brief", 0.0)
+    connect(broker, "old", clean=False)
+    detail = client.get("/api/client", key="mqtt:dash").json()["session"]
+    assert (detail["expiry"], detail["expires_at"]) == (3600.0, None)
+    html = client.get("/client", key="mqtt:dash").text
+    assert re.search(r"<dt>Session expiry</dt><dd>1h 0m after the client disconnects</dd>",
+                     html), html
+    assert "<dd>never</dd>" in client.get("/client", key="mqtt:forever").text
+    assert "ends with the connection" in client.get("/client", key="mqtt:brief").text
+    assert client.get("/api/client", key="mqtt:old").json()["session"]["expiry"] is None
+    assert "Session expiry" not in client.get("/client", key="mqtt:old").text
+    broker.end_session(dash, dash.session, clean=True, reason="bye")
+    broker.unregister_connection(dash.key, dash)
+    clock.advance(600)
+    offline = client.get("/api/client", session="dash").json()["session"]
+    assert offline["expires_at"] == offline["last_seen"] + 3600.0
+    html = client.get("/client", session="dash").text
+    assert "expires at 2023-11-14 23:13:20 UTC (in 50m 0s)" in html, html

@@ -226,6 +226,9 @@ def session_json(session: SessionView) -> dict[str, Any]:
         "dropped": session.dropped,
         "delivered": session.delivered,
         "inbound_qos2": list(session.inbound_qos2),
+        "expiry": session.expiry,
+        "expires_at": session.expires_at,
+        "never_expires": session.never_expires,
     }
 
 
