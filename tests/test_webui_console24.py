@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+from test_webui_queues import fill
 from webui_support import Client, FakeLink, connect, connect_amqp, make_console
 
 from mqttamqp.core.auth import Identity
@@ -143,3 +144,33 @@ def test_mqtt5_client_page_shows_the_session_expiry(env: Any) -> None:
     assert offline["expires_at"] == offline["last_seen"] + 3600.0
     html = client.get("/client", session="dash").text
     assert "expires at 2023-11-14 23:13:20 UTC (in 50m 0s)" in html, html
+
+
+# -- item 11: an empty queue's page ---------------------------------------------------------------
+
+
+def test_queue_messages_are_live_and_an_empty_queue_names_its_next_offset(env: Any) -> None:
+    """The Messages card is a live region: once a consumer took every message it says
+    the queue is empty and which offset comes next, not the offset it was loaded at."""
+    _, broker, _, client = env
+    fill(broker, 12)
+    page = client.get("/queues/queue", name="jobs").text
+    assert 'data-live-src="/queues/queue?name=jobs&amp;partial=messages"' in page
+    assert "offsets 0 to 11" in page
+    worker = connect(broker, "worker")
+    broker.subscribe(worker.session, Identity("worker"), [("$queue/jobs/#", 0)])
+    assert len(worker.sent) == 12                        # QoS 0: acknowledged as sent
+    live = client.get("/queues/queue", name="jobs", partial="messages").text
+    assert "<html" not in live and 'id="message-table"' in live
+    assert "The queue is empty; the next message gets offset 12." in live
+    assert "offset 0" not in live and "offset 11" not in live
+    page = client.get("/queues/queue", name="jobs").text
+    assert "The queue is empty; the next message gets offset 12." in page
+    # A page further on is a look at the past: not refreshed, and says where it starts.
+    broker.end_session(worker, worker.session, clean=True, reason="bye")
+    broker.unregister_connection(worker.key, worker)
+    fill(broker, 3)
+    later = client.get("/queues/queue", name="jobs", start="13").text
+    assert "partial=messages" not in later and "offsets 13 to 14" in later
+    beyond = client.get("/queues/queue", name="jobs", start="99").text
+    assert "No messages from offset 15 (the next one)." in beyond

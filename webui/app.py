@@ -802,13 +802,18 @@ class Console:
 
     @app.route("/queues/queue", methods=["GET"])
     def queue_page(self, request: Any) -> bytes:
+        """The page; ``partial=1`` its figures and groups (live, browsing nothing),
+        ``partial=messages`` its first page of messages (live)."""
         auth = self._require(request, api=False)
-        partial = self._flag(request, "partial")
-        detail = self._queue(request, browse=not partial)
+        messages = self._param(request, "partial") == "messages"
+        partial = messages or self._flag(request, "partial")
+        detail = self._queue(request, browse=messages or not partial)
         if detail is None and not partial:
             raise HTTPError(404, "no such queue")
-        return self._render(request, "_queue_live.html" if partial else "queue.html", auth,
-                            nav="queues", qd=detail, name=self._param(request, "name"))
+        template = ("_queue_messages.html" if messages else
+                    "_queue_live.html" if partial else "queue.html")
+        return self._render(request, template, auth, nav="queues", qd=detail,
+                            name=self._param(request, "name"))
 
     @app.route("/api/queues/queue", methods=["GET"])
     def queue_api(self, request: Any) -> bytes:
