@@ -570,7 +570,7 @@ class Console:
                 raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
             return value
         return views.ClientFilters(
-            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")),
             user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
             kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
 
@@ -775,7 +775,7 @@ class Console:
     def subscriptions_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
         args, page = self._subscriptions(request)
-        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+        return self._render(request, "subscriptions.html", auth, nav="subscriptions", page=page,
                             args=args, groups=self._shared_groups())
 
     def _shared_groups(self) -> list[dict[str, Any]]:
@@ -837,13 +837,18 @@ class Console:
 
     @app.route("/queues/queue", methods=["GET"])
     def queue_page(self, request: Any) -> bytes:
+        """The page; ``partial=1`` its figures and groups (live, browsing nothing),
+        ``partial=messages`` its first page of messages (live)."""
         auth = self._require(request, api=False)
-        partial = self._flag(request, "partial")
-        detail = self._queue(request, browse=not partial)
+        messages = self._param(request, "partial") == "messages"
+        partial = messages or self._flag(request, "partial")
+        detail = self._queue(request, browse=messages or not partial)
         if detail is None and not partial:
             raise HTTPError(404, "no such queue")
-        return self._render(request, "_queue_live.html" if partial else "queue.html", auth,
-                            nav="queues", qd=detail, name=self._param(request, "name"))
+        template = ("_queue_messages.html" if messages else
+                    "_queue_live.html" if partial else "queue.html")
+        return self._render(request, template, auth, nav="queues", qd=detail,
+                            name=self._param(request, "name"))
 
     @app.route("/api/queues/queue", methods=["GET"])
     def queue_api(self, request: Any) -> bytes:
