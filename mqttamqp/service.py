@@ -163,24 +163,62 @@ def _loopback(host: str) -> bool:
 
 
 ACL_POLL_SECONDS = 2.0
+LOCKFILE = "mqttamqp.lock"   # the data directory's lock when the storage has none
 
 
 class OpenAtStart:
-    """The ZODB store, opened when the broker first loads its state (in
-    ``startService``), not when the service is assembled: option parsing and
-    ``--help`` touch no files, yet the broker gets its store at construction."""
+    """The store, opened when the broker first loads its state (in ``startService``),
+    not when the service is assembled: option parsing and ``--help`` touch no files
+    and no database, yet the broker gets its store at construction.
 
-    def __init__(self, data_dir: str, reactor: Any) -> None:
+    Opening takes the lock that keeps a second broker off the same state: the
+    FileStorage's own lock file; for other engines ``DATA/mqttamqp.lock``, and for
+    PostgreSQL also an advisory lock on the database, held on a connection of its own
+    while the broker runs (two boxes must not serve one database)."""
+
+    def __init__(self, data_dir: str, reactor: Any, storage: str | None = None) -> None:
         self.data_dir = data_dir
         self.reactor = reactor
+        self.storage = storage
         self.opened: Any = None
+        self._locks: list[Any] = []
 
     def open(self) -> None:
-        """Open the FileStorage, which takes the data directory's lock."""
-        if self.opened is None:
-            from mqttamqp.store import ZODBStore
+        """Take the locks, then open the storage."""
+        if self.opened is not None:
+            return
+        from mqttamqp.store import (
+            StorageUnavailable,
+            ZODBStore,
+            resolve_engine,
+            serving_lock,
+        )
 
-            self.opened = ZODBStore(self.data_dir, self.reactor)
+        engine = resolve_engine(self.storage, self.data_dir)
+        try:
+            if not engine.locks_itself:
+                import zc.lockfile  # type: ignore[import-untyped]
+
+                self._locks.append(zc.lockfile.LockFile(
+                    os.path.join(self.data_dir, LOCKFILE), content_template="{pid}"))
+            if engine.dsn:
+                self._locks.append(serving_lock(engine))
+            try:
+                self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine)
+            except Exception as e:
+                if engine.kind in ("file", "memory") or isinstance(e, OSError):
+                    raise
+                # RelStorage: the database refused, or is not there (one line).
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise StorageUnavailable(
+                    f"cannot open the storage {engine.display}: {first}") from None
+        except BaseException:
+            self._release()
+            raise
+
+    def describe(self) -> str:
+        """The engine, for the log and the console (no password)."""
+        return self.opened.engine.display if self.opened is not None else ""
 
     def load(self) -> Snapshot:
         self.open()
@@ -193,8 +231,15 @@ class OpenAtStart:
         return self.opened.pack()  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        if self.opened is not None:
-            self.opened.close()
+        try:
+            if self.opened is not None:
+                self.opened.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._locks:
+            self._locks.pop().close()
 
     def stats(self) -> dict[str, Any] | None:
         return self.opened.stats() if self.opened is not None else None
@@ -207,15 +252,17 @@ class BrokerService(service.MultiService):
                  reactor: Any = None, authenticator: Authenticator | None = None,
                  archive: dict[str, Any] | None = None,
                  authorizer: Authorizer | None = None,
-                 webhooks: Sequence[HookSettings] = ()) -> None:
-        """``archive``: the archive's settings (``Archive`` keyword arguments plus
+                 webhooks: Sequence[HookSettings] = (),
+                 storage: str | None = None) -> None:
+        """``storage``: the ``--storage`` URI (None: FileStorage in ``data_dir``).
+        ``archive``: the archive's settings (``Archive`` keyword arguments plus
         ``directory``), or None to run without one.  ``webhooks``: the hooks at
         start (a reload may change them; the recorder is there even without any)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
         self.pack_interval = pack_interval_hours * 3600.0
-        self.store = OpenAtStart(self.data_dir, self.reactor)
+        self.store = OpenAtStart(self.data_dir, self.reactor, storage)
         self.report_dir = os.path.join(self.data_dir, "report")
         self.archive: Any = None
         self.archive_dir: str | None = None
@@ -324,7 +371,9 @@ class BrokerService(service.MultiService):
             raise
 
     def _open_store(self) -> None:
-        import zc.lockfile  # type: ignore[import-untyped]
+        import zc.lockfile
+
+        from mqttamqp.store import EngineError, ServingLockError, StorageUnavailable
 
         try:
             self.store.open()
@@ -332,6 +381,8 @@ class BrokerService(service.MultiService):
             raise StartupError(
                 f"another mqttamqp is using {self.data_dir} "
                 f"(lock held by {_lock_holder(self.data_dir)})") from None
+        except (EngineError, ServingLockError, StorageUnavailable) as e:
+            raise StartupError(str(e)) from None
         except OSError as e:
             raise StartupError(f"cannot open the storage in {self.data_dir}: "
                                f"{e.strerror or e}") from None
@@ -374,7 +425,11 @@ class BrokerService(service.MultiService):
         # collector's generations so full collections stay short.
         gc.collect()
         gc.freeze()
-        self.log.info("data directory {d}", d=self.data_dir)
+        self.log.info("data directory {d}, storage {s}", d=self.data_dir,
+                      s=self.store.describe())
+        if self.store.opened is not None and not self.store.opened.engine.durable:
+            self.log.warn("storage {s} keeps nothing across a restart (tests only)",
+                          s=self.store.describe())
         self.ops.start()
         if self.pack_interval > 0:
             self._pack_loop = LoopingCall(self._pack)
@@ -467,11 +522,13 @@ def _prepare_data_dir(path: str) -> None:
 
 def _lock_holder(data_dir: str) -> str:
     """"pid N" from the storage's lock file (zc.lockfile writes the holder's pid)."""
-    try:
-        with open(os.path.join(data_dir, "mqttamqp.fs.lock"), encoding="ascii") as f:
-            return f"pid {int(f.read().split()[0])}"
-    except (OSError, ValueError, IndexError):
-        return "another process"
+    for name in ("mqttamqp.fs.lock", LOCKFILE):
+        try:
+            with open(os.path.join(data_dir, name), encoding="ascii") as f:
+                return f"pid {int(f.read().split()[0])}"
+        except (OSError, ValueError, IndexError):
+            continue
+    return "another process"
 
 
 def _no_traceback_for(kind: type[BaseException]) -> None:
@@ -527,7 +584,7 @@ def makeService(options: Options) -> BrokerService:
         authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
                         authenticator=authenticator, archive=archive, authorizer=authorizer,
-                        webhooks=options["webhook"])
+                        webhooks=options["webhook"], storage=options["storage"])
     _reloaders(svc, options)
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.core.enhanced_auth import EnhancedAuthenticator, ScramSha256
