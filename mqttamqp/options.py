@@ -351,6 +351,10 @@ class Options(usage.Options):
          "restart). See README, Durability."],
         ["pack-interval", None, 24.0,
          "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
+        ["pack-growth", None, 24.0,
+         "Pack the storage whenever it has grown by this many MB since the last pack "
+         "(checked every 2 s), so that it stays near twice its live state in steady "
+         "flow; 0 = only every --pack-interval.", _positive(float, "pack-growth")],
         ["archive-dir", None, None,
          "Directory of the Parquet archive (default DATA/archive)."],
         ["archive-payload-bytes", None, 256,

@@ -244,6 +244,12 @@ class OpenAtStart:
     def stats(self) -> dict[str, Any] | None:
         return self.opened.stats() if self.opened is not None else None
 
+    def size_bytes(self) -> int:
+        """The storage's bytes on this box (0 before it is open)."""
+        if self.opened is None:
+            return 0
+        return self.opened.engine.size_bytes()  # type: ignore[no-any-return]
+
 
 class BrokerService(service.MultiService):
     log = Logger()
@@ -253,15 +259,15 @@ class BrokerService(service.MultiService):
                  archive: dict[str, Any] | None = None,
                  authorizer: Authorizer | None = None,
                  webhooks: Sequence[HookSettings] = (),
-                 storage: str | None = None) -> None:
-        """``storage``: the ``--storage`` URI (None: FileStorage in ``data_dir``).
+                 storage: str | None = None, pack_growth_mb: float = 0.0) -> None:
+        """``storage``: the ``--storage`` URI (None: FileStorage in ``data_dir``);
+        ``pack_growth_mb``: pack whenever it grew by this much (0: on the clock only).
         ``archive``: the archive's settings (``Archive`` keyword arguments plus
         ``directory``), or None to run without one.  ``webhooks``: the hooks at
         start (a reload may change them; the recorder is there even without any)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
-        self.pack_interval = pack_interval_hours * 3600.0
         self.store = OpenAtStart(self.data_dir, self.reactor, storage)
         self.report_dir = os.path.join(self.data_dir, "report")
         self.archive: Any = None
@@ -285,7 +291,11 @@ class BrokerService(service.MultiService):
         self.acl = authorizer if isinstance(authorizer, AclAuthorizer) else None
         self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
-        self._pack_loop: LoopingCall | None = None
+        from mqttamqp.store.packing import PackSchedule
+
+        self.packing = PackSchedule(self.reactor, self.store.size_bytes, self.store.pack,
+                                    interval_seconds=pack_interval_hours * 3600.0,
+                                    growth_bytes=int(pack_growth_mb * 1e6))
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
         self.mqtt_ws_factory: Any = None
@@ -431,10 +441,7 @@ class BrokerService(service.MultiService):
             self.log.warn("storage {s} keeps nothing across a restart (tests only)",
                           s=self.store.describe())
         self.ops.start()
-        if self.pack_interval > 0:
-            self._pack_loop = LoopingCall(self._pack)
-            self._pack_loop.clock = self.reactor
-            self._pack_loop.start(self.pack_interval, now=False)
+        self.packing.start()
         if self.acl is not None:
             # The ACL file applies when it changes: a stat every 2 s, no restart.
             self._acl_loop = LoopingCall(self.reload_acl)
@@ -450,12 +457,6 @@ class BrokerService(service.MultiService):
         if self.acl is not None and self.acl.reload():
             self.broker.recheck_subscriptions()
 
-    def _pack(self) -> Deferred[None]:
-        d: Deferred[None] = self.store.pack()
-        d.addCallback(lambda _: self.log.info("storage packed"))
-        d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
-        return d
-
     def setServiceParent(self, parent: Any) -> None:
         """As usual; and on twistd's application, the log observer of --log-format
         and --log-level, which twistd installs once the service is assembled."""
@@ -467,9 +468,9 @@ class BrokerService(service.MultiService):
             self.reloaders.uninstall()
         self.broker.shutdown()
         self.ops.stop()
-        for loop in (self._pack_loop, self._acl_loop):
-            if loop is not None and loop.running:
-                loop.stop()
+        self.packing.stop()
+        if self._acl_loop is not None and self._acl_loop.running:
+            self._acl_loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
         return d
 
@@ -584,7 +585,8 @@ def makeService(options: Options) -> BrokerService:
         authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
                         authenticator=authenticator, archive=archive, authorizer=authorizer,
-                        webhooks=options["webhook"], storage=options["storage"])
+                        webhooks=options["webhook"], storage=options["storage"],
+                        pack_growth_mb=options["pack-growth"])
     _reloaders(svc, options)
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.core.enhanced_auth import EnhancedAuthenticator, ScramSha256

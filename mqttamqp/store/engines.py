@@ -8,7 +8,7 @@ data directory, as it always has.  The schemes:
 * ``sqlite://`` or ``sqlite:///DIR`` (or zodburi's ``sqlite://?data_dir=DIR``) —
   RelStorage on SQLite, history-free, in ``DIR`` (default ``DATA/sqlite``).  SQLite runs
   in WAL mode with ``synchronous=FULL``, so a commit is on disk when it returns, as
-  with FileStorage.
+  with FileStorage, and with ``auto_vacuum=FULL``, so a pack shrinks the file.
 * ``postgresql://USER:PASSWORD@HOST:PORT/DB`` (``postgres://`` too) — RelStorage on
   PostgreSQL through psycopg2, history-free.  RelStorage's own URI options
   (``?connect_timeout=5``, ``cache_local_mb=…``) pass through.
@@ -169,7 +169,10 @@ def _sqlite(uri: str, parts: SplitResult, data_dir: str) -> Engine:
 
         # synchronous=FULL (2): a commit is fsync'd before it returns, so what the
         # broker acknowledged survives a power cut, as with FileStorage.
-        adapter = Sqlite3Adapter(data_dir=directory, pragmas={"synchronous": 2},
+        # auto_vacuum=FULL (1, taken when the database is created): pages a pack
+        # frees go back to the file system, so the file's size is the live state's.
+        adapter = Sqlite3Adapter(data_dir=directory,
+                                 pragmas={"synchronous": 2, "auto_vacuum": 1},
                                  options=options)
         return RelStorage(adapter=adapter, options=options)
 
