@@ -491,10 +491,10 @@ class Options(usage.Options):
             except ValueError as e:
                 raise usage.UsageError(f"--queues: {e}") from None
         if self["acl"]:
-            from mqttamqp.core.acl import AclAuthorizer, AclError
+            from mqttamqp.core.acl import AclError, read_acl
 
-            try:
-                AclAuthorizer(self["acl"])
+            try:   # (checked only: the service's AclAuthorizer loads it, and says so)
+                read_acl(self["acl"])
             except AclError as exc:
                 raise usage.UsageError(f"--acl: {exc}") from None
         if self["storage"]:

@@ -82,6 +82,47 @@ def test_parse_errors_name_the_line(text: str, problem: str) -> None:
     assert str(err.value).startswith("/etc/acl " + problem), err.value
 
 
+def test_trailing_comments_are_comments(tmp_path: Any) -> None:
+    """'#' after whitespace ends a line, so commented rules and user lines mean what
+    they say, and a filter that ends in '#' keeps it (issue 24, item 8)."""
+    text = ("topic read #   # anonymous: everything\n"
+            "user sensor-7\t  # the lines up to the next 'user'\n"
+            "topic write plant/line1/#   # read, write or readwrite\n"
+            "topic plant/#\t# readwrite, the default\n"
+            "pattern write reports/%u/+ # every client\n")
+    rules = parse_acl(text)
+    assert [(r.access, r.filter) for r in rules.anonymous] == [(1, "#")]
+    assert list(rules.users) == ["sensor-7"]
+    assert [(r.access, r.filter) for r in rules.users["sensor-7"]] == [
+        (2, "plant/line1/#"), (3, "plant/#")]
+    assert [r.filter for r in rules.patterns] == ["reports/%u/+"]
+    path = tmp_path / "acl"
+    path.write_text(text)
+    sensor = Identity("s7", "sensor-7", "mqtt3.1.1")
+    authorizer = AclAuthorizer(str(path))
+    assert authorizer.may_publish(sensor, "plant/line1/temp", False)
+    assert authorizer.may_subscribe(sensor, "plant/#")
+    assert authorizer.may_publish(sensor, "reports/sensor-7/daily", False)
+    assert not authorizer.may_publish(anon(), "plant/line1/temp", False)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("user sensor 7\n", "line 1: a user name holds no whitespace ('sensor 7'"),
+    ("\nuser sensor-7   the lines up to # here\n",
+     "line 2: a user name holds no whitespace ('sensor-7   the lines up to'"),
+    ("topic raed plant/#\n", "line 1: 'raed' is not an access (read, write or readwrite)"),
+    ("topic read a/b#  # c\n", "line 1: not a topic filter"),
+    ("topic\n", "line 1: a topic filter is missing"),
+    ("user   # nobody\n", "line 1: a user name holds no whitespace"),
+])
+def test_names_and_words_with_whitespace_are_errors(text: str, problem: str) -> None:
+    """A user name with inner whitespace, or a misspelt access word before a filter,
+    stops with the line named instead of being taken silently (issue 24, item 8)."""
+    with pytest.raises(AclError) as err:
+        parse_acl(text, "/etc/acl")
+    assert str(err.value).startswith("/etc/acl " + problem), err.value
+
+
 def test_verdicts(acl: AclAuthorizer) -> None:
     assert acl.may_publish(alice(), "sensors/alice/t", False)
     assert acl.may_subscribe(alice(), "sensors/alice/#")
@@ -138,6 +179,54 @@ def test_reload_on_change_keeps_old_rules_on_a_bad_file(acl: AclAuthorizer,
     assert acl.may_publish(anon(), "open/x", False)  # the rules before stay in force
     assert any("line 1: 'deny' is not supported" in line
                and "rules loaded before stay in force" in line for line in log_lines)
+
+
+def test_a_file_edited_to_non_utf8_keeps_the_old_rules(acl: AclAuthorizer,
+                                                      log_lines: list[str]) -> None:
+    """An ACL file rewritten with bytes that are not UTF-8 while the broker runs: the
+    rules before stay in force and one line says why (the decode error escaped the
+    reload, and so the 2-second poll, before)."""
+    assert not acl.may_publish(anon(), "open/x", False)
+    with open(acl.path, "wb") as f:
+        f.write(b"topic write open/#\ntopic read caf\xe9/#\n")
+    os.utime(acl.path, ns=(1, 4_000_000_000))
+    assert not acl.reload()
+    assert not acl.may_publish(anon(), "open/x", False)
+    warned = [line for line in log_lines if "is not UTF-8 text" in line]
+    assert len(warned) == 1 and "rules loaded before stay in force" in warned[0]
+
+
+def test_the_acl_option_is_checked_without_a_line_in_the_log(tmp_path: Any,
+                                                              log_lines: list[str]) -> None:
+    """Parsing --acl checks the file but logs nothing: the one "ACL ... rule(s)" line of a
+    start comes from the authorizer the service builds (it was logged twice)."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "acl"
+    path.write_text(ACL)
+    Options().parseOptions(["--data", str(tmp_path / "data"), "--acl", str(path)])
+    assert not [line for line in log_lines if "rule(s)" in line]
+    AclAuthorizer(str(path))
+    assert len([line for line in log_lines if "rule(s)" in line]) == 1
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "cannot read ACL file"),
+    (b"topic deny a/#\n", "line 1: 'deny' is not supported"),
+    (b"topic read caf\xe9/#\n", "is not UTF-8 text"),
+])
+def test_a_bad_acl_file_stops_the_option_parse_with_its_reason(
+        tmp_path: Any, content: bytes | None, problem: str) -> None:
+    """A missing, wrong or non-UTF-8 --acl file is a usage error naming the problem."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "acl"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as stop:
+        Options().parseOptions(["--data", str(tmp_path / "data"), "--acl", str(path)])
+    assert "--acl: " in str(stop.value) and problem in str(stop.value)
+    assert str(path) in str(stop.value)
 
 
 # -- enforced by the broker (in memory) ---------------------------------------------------

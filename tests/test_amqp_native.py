@@ -414,6 +414,50 @@ def test_a_container_id_not_utf8_closes_with_decode_error() -> None:
     assert [m.body for m, _ in rcv.new()] == ["ok"]
 
 
+def _counted(net: Net) -> tuple[float, float]:
+    """``/metrics``: (protocol_errors_total, disconnects_total{cause="protocol_error"})."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mqttamqp.ops.metrics import broker_registry, exposition
+
+    errors = causes = 0.0
+    for family in text_string_to_metric_families(
+            exposition(broker_registry(net.broker)).decode()):
+        for sample in family.samples:
+            if sample.name == "mqttamqp_protocol_errors_total":
+                errors = sample.value
+            elif (sample.name == "mqttamqp_disconnects_total"
+                  and sample.labels.get("cause") == "protocol_error"):
+                causes = sample.value
+    return errors, causes
+
+
+def test_a_protocol_error_close_is_one_cause_and_one_count(log_events) -> None:
+    """A connection closed for a protocol error (a second link attached under a name
+    in use) counts once in protocol_errors_total and once as a disconnect with
+    cause protocol_error, each time; its log line is limited per cause.  A
+    connection refused before it opened (container id not UTF-8) is a protocol
+    error, not a disconnect."""
+    from amqp_memory import AmqpPeer
+    from twisted.logger import formatEvent
+
+    net = Net()
+    for n in (1, 2):
+        app = net.amqp()
+        app.receiver("dup/1", name="same")
+        app.receiver("dup/2", name="same")
+        assert app.lost
+        assert _counted(net) == (n, n)
+    lines = [formatEvent(e) for e in log_events if "already attached" in formatEvent(e)]
+    assert len(lines) == 1, lines
+    bad = AmqpPeer(net, "BADBAD")
+    bad.mangle = _replace(b"BADBAD", b"BA\xff\xfeAD")
+    net.peers.append(bad)
+    net.pump()
+    assert bad.lost
+    assert _counted(net) == (3, 2)
+
+
 # == limits on what one connection holds (issue 10, item 4) =================================
 
 def test_links_beyond_the_limit_close_the_connection_once(caplog) -> None:

@@ -170,7 +170,7 @@ def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | 
         wait = qos > 0 and (annotated or m.durable)
         props = mqtt5_props(m)
         return PublishFields(m.to, payload, qos, retain, m.delivery_count > 0, wait,
-                             m.durable, m.bare_start, m.props_end, props)
+                             m.durable, m.bare_start, m.props_end, props, m.priority)
     except DecodeError as exc:
         return exc.reason
 
@@ -229,6 +229,7 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
                       body=payload if shape != "value" else payload.decode("latin-1"))
         msg.inferred = shape != "value"
         if extra == "props":
+            msg.priority = 9
             msg.ttl, msg.content_type, msg.reply_to = 1.5, "text/plain", "re/ply"
             msg.correlation_id = b"c1"
             msg.properties = {"k": "v", "n": 3}
@@ -244,7 +245,7 @@ def test_publish_fast_path_agrees_with_full_decode(specs: list[Any]) -> None:
         assert [_memo_publish(d, p, memo) for d, p in cases] == expected
 
 
-POISON = ("poisoned", 2, True, True, False, -1, -1, None)
+POISON = ("poisoned", 2, True, True, False, -1, -1, None, None)
 
 
 def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
@@ -354,15 +355,20 @@ def _plain(value: Any) -> Any:
        props=st.dictionaries(st.text(max_size=5), _scalars, max_size=3),
        durable=st.booleans(), presettled=st.booleans(),
        # (proton's message object cuts a subject at NUL: it is a C string there)
-       subject=st.none() | st.text(st.characters(blacklist_characters="\x00"), max_size=8))
+       subject=st.none() | st.text(st.characters(blacklist_characters="\x00"), max_size=8),
+       priority=st.integers(0, 255), queued=st.booleans(), first=st.booleans())
 def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str | None,
                                              props: dict[str, Any], durable: bool,
-                                             presettled: bool, subject: str | None) -> None:
+                                             presettled: bool, subject: str | None,
+                                             priority: int, queued: bool, first: bool
+                                             ) -> None:
     """What an AMQP receiver gets of an AMQP sender's message (decode_publish →
     native_sections → encode_native) decodes, with proton, to the body, body
-    section type, properties, application properties and durable that were sent,
-    `to` = the topic; and the MQTT form is what the README says (bytes, UTF-8, or
-    JSON that decodes to the same value), or None only where JSON cannot say it."""
+    section type, properties, application properties, durable and priority that
+    were sent, `to` = the topic (through a durable queue: `to` as sent), and the
+    broker's first-acquirer; and the MQTT form is what the README says (bytes,
+    UTF-8, or JSON that decodes to the same value), or None only where JSON cannot
+    say it."""
     import json
 
     from mqttamqp.amqp.codec import encode_native, native_sections
@@ -370,19 +376,21 @@ def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str |
     if sequence and not isinstance(body, list):
         body = [body]
     sent = Message(body=body, address=to, subject=subject, durable=durable,
-                   properties=props or None, correlation_id="c")
+                   properties=props or None, correlation_id="c", priority=priority)
     sent.inferred = sequence
     data = bytes(sent.encode())
     fields = decode_publish(data, presettled)
+    assert fields.priority in (priority, None if priority == 4 else priority)   # (4: the default)
     native = native_sections(data, fields.bare_start, fields.props_end, fields.to, "t/x",
-                             fields.durable)
+                             fields.durable, fields.priority, queued)
     got = Message()
-    got.decode(encode_native(native, fields.qos, False, 0, "pub"))
+    got.decode(encode_native(native, fields.qos, False, 0, "pub", None, first))
     assert _plain(got.body) == _plain(body)
     assert got.inferred == sequence
-    assert got.address == "t/x" and got.subject == subject and got.correlation_id == "c"
+    assert got.address == (to if queued else "t/x")
+    assert got.subject == subject and got.correlation_id == "c"
     assert _plain(got.properties or {}) == _plain(props)
-    assert got.durable == durable
+    assert (got.durable, got.priority, got.first_acquirer) == (durable, priority, first)
     assert got.annotations[symbol("x-opt-mqtt-qos")] == (0 if presettled else 1)
     assert fields.wait == (not presettled and durable)
     payload = fields.payload

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomli_w
 from brokerproc import TWISTD
 from test_startup import assert_refused_before_start
 
@@ -196,7 +197,6 @@ def test_print_config_reads_back_to_the_same_configuration(tmp_path: Path) -> No
             continue   # needs the OpenTelemetry SDK (an extra): left at its default
         assert value is not None, f"give {name} a value in special_values()"
         every[name] = value
-    import tomli_w
 
     first = write(tmp_path, tomli_w.dumps(every), "every.toml")
     one = parse("--config", first)
@@ -205,11 +205,55 @@ def test_print_config_reads_back_to_the_same_configuration(tmp_path: Path) -> No
     two = parse("--config", second)
     assert config.effective(two, specs) == config.effective(one, specs)
     assert two.config_text() == printed
-    for name in ("webhook", "max-inflight", "no-archive", "amqp"):
+    for name in ("webhook", "max-inflight", "archive", "amqp"):
         assert name in tomllib.loads(printed)
+    assert tomllib.loads(printed)["archive"] is False and "no-archive" not in printed
     assert one["webhook"][0] == HookSettings.from_table(every["webhook"][0])
     assert one["amqp"] == []                     # 'none' turns it off ...
     assert tomllib.loads(printed)["amqp"] == ["none"]  # ... and is printed so
+
+
+def test_print_config_writes_a_flag_pair_once_with_its_value(tmp_path: Path) -> None:
+    """archive / no-archive are one setting: --print-config writes 'archive' with the
+    value in force, a file's 'archive = false' turns archiving off, the command line
+    wins over either key, and a file giving both keys against each other is refused
+    (issue 24, item 9: it printed archive = false and no-archive = false while
+    archiving was on)."""
+    def printed(*argv: str) -> dict[str, Any]:
+        return tomllib.loads(parse(*argv).config_text())
+
+    assert config.flag_pairs(config.option_specs(Options())) == {"no-archive": "archive"}
+    on = printed()
+    assert on["archive"] is True and "no-archive" not in on
+    assert printed("--no-archive")["archive"] is False
+    off = write(tmp_path, "archive = false\n", "off.toml")
+    assert parse("--config", off)["no-archive"]
+    assert printed("--config", off)["archive"] is False
+    assert not parse("--config", off, "--archive")["no-archive"]     # the command line wins
+    no = write(tmp_path, "no-archive = true\n", "no.toml")
+    assert parse("--config", no)["no-archive"] and printed("--config", no)["archive"] is False
+    assert not parse("--config", no, "--archive")["no-archive"]
+    both = write(tmp_path, "archive = true\nno-archive = true\n", "both.toml")
+    assert refused("--config", both) == (
+        f"twistd mqttamqp: --config {both}, line 2: no-archive: contradicts archive = "
+        "true (one setting: give one of the two keys)")
+    for value in (on, printed("--no-archive")):
+        again = write(tmp_path, tomli_w.dumps(value), "again.toml")
+        assert printed("--config", again) == value
+
+
+def test_readme_names_the_keys_that_take_lists() -> None:
+    """README's Configuration section names exactly the keys that take TOML arrays
+    (the repeatable options), so 'web' and 'mqtt-ws' are lists and 'metrics' is not
+    (issue 24, item 9)."""
+    readme = (EXAMPLE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"The keys that take arrays are\s(.+?);", section, re.S)
+    assert found, "README, Configuration: say which keys take arrays"
+    named = set(re.findall(r"`([a-z-]+)`", found.group(1)))
+    specs = config.option_specs(Options())
+    assert named == {name for name, spec in specs.items() if spec.kind == "list"}
+    assert specs["metrics"].kind == "parameter" and "metrics" not in named
 
 
 def test_print_config_through_twistd(tmp_path: Path) -> None:

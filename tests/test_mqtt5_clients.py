@@ -8,6 +8,8 @@ by -C/-W and a subprocess timeout.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,6 +210,32 @@ def test_raw_suback_codes(sockets) -> None:
     assert isinstance(c.recv(), Connack)
     c.send(Subscribe(3, (("ok/#", 1), ("bad/#/x", 1), ("$share/g/t", 0))))
     assert c.expect(Suback, 3) == Suback(3, (1, 0x8F, 0))
+
+
+def test_raw_takeover_then_disconnect_expires_on_the_new_interval(
+        broker: BrokerProcess, sockets) -> None:
+    """Issue #24 item 7 on the real broker: CONNECT (expiry 1), an immediate reconnect
+    takes over, DISCONNECT (expiry 3): the session expires 3 s after that DISCONNECT,
+    not 1 s after the takeover."""
+    cid = uid("e")
+    expiry_1 = Properties(session_expiry_interval=1)
+    old: RawClient = sockets(level=5)
+    old.send(Connect("MQTT", 5, cid, False, 60, properties=expiry_1))
+    first = old.recv()
+    assert isinstance(first, Connack) and not first.session_present
+    new: RawClient = sockets(level=5)
+    new.send(Connect("MQTT", 5, cid, False, 60, properties=expiry_1))
+    second = new.recv()
+    assert isinstance(second, Connack) and second.session_present
+    got = old.wait_closed()
+    assert isinstance(got[-1], Disconnect) and got[-1].reason_code == 0x8E
+    start = time.monotonic()
+    new.send(Disconnect(0, Properties(session_expiry_interval=3)))
+    new.wait_closed()
+    line = broker.wait_for_line(rf"session {re.escape(cid)} expired", timeout=15)
+    # A lower bound, not a speed: the timer is armed after ``start``.
+    assert time.monotonic() - start >= 3.0, line
+    assert "session expiry interval 3s" in line
 
 
 def test_paho_told_of_shutdown(fresh_broker: BrokerProcess) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fakes import timers_left
 from test_protocol_unit import Client, Harness
 
 from mqttamqp.core.message import Message, MessageProperties
@@ -522,6 +523,96 @@ def test_disconnect_may_change_session_expiry() -> None:
     c2 = connected(h, "t")
     c2.send(Disconnect(0, Properties(session_expiry_interval=10)))
     closed_with(c2, 0x82)
+
+
+def _expiry_deadlines(h: Harness) -> list[float]:
+    """When the pending session expiry timers of ``h``'s broker fire."""
+    return sorted(call.getTime() for call in h.clock.getDelayedCalls()
+                  if getattr(call.func, "__name__", "") == "_expire_one")
+
+
+def test_disconnect_after_takeover_expires_on_its_own_interval() -> None:
+    """Issue #24 item 7: CONNECT (expiry 1), DISCONNECT (expiry 3) overtaken by an
+    immediate reconnect, DISCONNECT (expiry 3) again: the session lives 3 s, not 1 s."""
+    h = Harness()
+    old = connected(h, "s", clean=False, session_expiry_interval=1)
+    new = client5(h)
+    assert new.connect5("s", clean=False, session_expiry_interval=1).session_present
+    closed_with(old, 0x8E)
+    old.send(Disconnect(0, Properties(session_expiry_interval=3)))  # too late: ignored
+    old.lost()
+    assert _expiry_deadlines(h) == []
+    h.clock.advance(0.5)
+    new.send(Disconnect(0, Properties(session_expiry_interval=3)))
+    new.lost()
+    assert _expiry_deadlines(h) == [3.5]
+    h.clock.advance(3 - 0.001)
+    assert "s" in h.broker.sessions
+    h.clock.advance(0.002)
+    assert "s" not in h.broker.sessions
+    assert timers_left(h.clock) == []
+
+
+def test_takeover_leaves_no_expiry_timer_while_the_session_is_held() -> None:
+    """A takeover ends the old connection (which would arm the expiry timer) and
+    claims the session at once: no timer is pending while the newcomer holds it."""
+    h = Harness()
+    connected(h, "s", clean=False, session_expiry_interval=1)
+    client5(h).connect5("s", clean=False, session_expiry_interval=1)
+    assert _expiry_deadlines(h) == []
+    h.clock.advance(5)
+    assert h.broker.sessions["s"].connection is not None
+
+
+def test_reconnect_cancels_a_pending_expiry_timer() -> None:
+    """A client back within its session expiry interval: the pending timer is cancelled,
+    and the next one counts from the next end, with the new connection's interval."""
+    h = Harness()
+    c = connected(h, "s", clean=False, session_expiry_interval=2)
+    c.send(Disconnect())
+    c.lost()
+    assert _expiry_deadlines(h) == [2.0]
+    h.clock.advance(1.5)
+    c2 = client5(h)
+    assert c2.connect5("s", clean=False, session_expiry_interval=4).session_present
+    assert _expiry_deadlines(h) == []
+    c2.transport.loseConnection()
+    c2.lost()
+    assert _expiry_deadlines(h) == [5.5]
+    h.clock.advance(4 - 0.001)
+    assert "s" in h.broker.sessions
+    h.clock.advance(0.002)
+    assert "s" not in h.broker.sessions
+    assert timers_left(h.clock) == []
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_disconnect_restarts_the_expiry_timer_on_its_interval(interval: int) -> None:
+    """DISCONNECT with a session expiry interval (shorter or longer than CONNECT's):
+    the one expiry timer runs on the DISCONNECT's interval."""
+    h = Harness()
+    c = connected(h, "s", clean=False, session_expiry_interval=2)
+    h.clock.advance(10)
+    c.send(Disconnect(0, Properties(session_expiry_interval=interval)))
+    c.lost()
+    assert _expiry_deadlines(h) == [10.0 + interval]
+    h.clock.advance(interval - 0.001)
+    assert "s" in h.broker.sessions
+    h.clock.advance(0.002)
+    assert "s" not in h.broker.sessions
+    assert timers_left(h.clock) == []
+
+
+def test_clearing_an_offline_session_cancels_its_expiry_timer() -> None:
+    """The console clears an offline session: its expiry timer goes with it."""
+    h = Harness()
+    c = connected(h, "s", clean=False, session_expiry_interval=100)
+    c.send(Disconnect())
+    c.lost()
+    assert _expiry_deadlines(h) == [100.0]
+    h.broker.clear_session("s", "cleared by test")
+    assert "s" not in h.broker.sessions
+    assert _expiry_deadlines(h) == []
 
 
 def test_disconnect_with_will_publishes_it() -> None:

@@ -89,12 +89,18 @@ def props(message: Message) -> dict[str, Any]:
     return dict(message.properties or {})
 
 
+def meta(message: Message) -> dict[str, Any]:
+    """The message annotations (a queue's metadata: ``x-opt-message-id`` ...)."""
+    return {str(key): value for key, value in (message.annotations or {}).items()}
+
+
 # == consumer groups ===========================================================================
 
 def test_consumer_group_members_take_turns(broker, conns) -> None:
     """Two receivers of one consumer group (attach property ``consumer-group``) on
     ``$queue/<name>``: the messages go round-robin, each to one member, with the
-    queue's metadata as application properties and message-id ``<queue>:<offset>``."""
+    queue's metadata as message annotations (``x-opt-message-id`` is
+    ``<queue>:<offset>``) and the bare message as it was sent."""
     name = uid("rr")
     a_conn, b_conn, p_conn = conns(broker), conns(broker), conns(broker)
     a = queue_receiver(a_conn, f"$queue/{name}", 10, consumer_group="workers")
@@ -107,10 +113,12 @@ def test_consumer_group_members_take_turns(broker, conns) -> None:
     assert [m.body for m in got_a] == ["m0", "m2"]
     assert [m.body for m in got_b] == ["m1", "m3"]
     first = got_a[0]
-    assert first.id == f"{name}:0" and first.address == f"$queue/{name}/k"
-    assert {k: v for k, v in props(first).items()} == {
-        "message-id": f"{name}:0", "group-id": "workers", "queue": name, "offset": "0",
-        "delivery-count": "1"}
+    assert first.id is None and first.address is None and first.properties is None
+    assert {k: v for k, v in meta(first).items() if k.startswith("x-opt-")
+            and not k.startswith("x-opt-mqtt") and k != "x-opt-retain-message"} == {
+        "x-opt-message-id": f"{name}:0", "x-opt-group": "workers", "x-opt-queue": name,
+        "x-opt-offset": 0, "x-opt-topic": f"$queue/{name}/k"}
+    assert (first.delivery_count, first.first_acquirer) == (0, True)
 
 
 def test_credit_is_the_prefetch_and_a_flow_pumps_the_queue(broker, conns) -> None:
@@ -135,8 +143,9 @@ def test_credit_is_the_prefetch_and_a_flow_pumps_the_queue(broker, conns) -> Non
 
 def test_dispositions_map_to_ack_nack_and_dead_letter(broker, conns) -> None:
     """Released: visible again, delivery count not raised; Modified(delivery-failed):
-    raised (header delivery-count too); Rejected: to ``$dlq/<name>`` with the error
-    description as ``reason``; Accepted: acknowledged (the next message is next)."""
+    raised (header delivery-count); Rejected: to ``$dlq/<name>`` with the error
+    description as ``x-opt-reason``; Accepted: acknowledged (the next message is next).
+    First-acquirer is true on the first delivery only."""
     name = uid("dp")
     conn, p_conn = conns(broker), conns(broker)
     rcv = queue_receiver(conn, f"$queue/{name}")
@@ -146,26 +155,29 @@ def test_dispositions_map_to_ack_nack_and_dead_letter(broker, conns) -> None:
 
     rcv.link.flow(1)
     msg, dlv = take(conn, rcv)
-    assert (msg.body, props(msg)["delivery-count"], msg.delivery_count) == ("a", "1", 0)
+    assert (msg.body, msg.delivery_count, msg.first_acquirer) == ("a", 0, True)
     settle(conn, dlv, Delivery.RELEASED)
 
     rcv.link.flow(1)
     msg, dlv = take(conn, rcv)
-    assert (msg.body, props(msg)["delivery-count"], msg.delivery_count) == ("a", "1", 0)
+    assert (msg.body, msg.delivery_count, msg.first_acquirer) == ("a", 0, False)
     settle(conn, dlv, Delivery.MODIFIED, failed=True)
 
     rcv.link.flow(1)
     msg, dlv = take(conn, rcv)
-    assert (msg.body, props(msg)["delivery-count"], msg.delivery_count) == ("a", "2", 1)
+    assert (msg.body, msg.delivery_count, msg.first_acquirer) == ("a", 1, False)
     settle(conn, dlv, Delivery.REJECTED, description="customer 42 does not exist")
 
     dead = queue_receiver(conn, f"$dlq/{name}/#", 1)
     msg, dlv = take(conn, dead)
     settle(conn, dlv, Delivery.ACCEPTED)
-    assert msg.body == "a" and msg.address == f"$dlq/{name}/o"
-    assert msg.id == f"$dlq/{name}:0"
-    assert {k: props(msg)[k] for k in ("reason", "origin-queue", "origin-offset")} == {
-        "reason": "customer 42 does not exist", "origin-queue": name, "origin-offset": "0"}
+    assert msg.body == "a" and msg.address is None and msg.id is None
+    ann = meta(msg)
+    assert ann["x-opt-message-id"] == f"$dlq/{name}:0"
+    assert ann["x-opt-topic"] == f"$dlq/{name}/o"
+    assert {k: ann[k] for k in ("x-opt-reason", "x-opt-origin-queue", "x-opt-origin-offset")} == {
+        "x-opt-reason": "customer 42 does not exist", "x-opt-origin-queue": name,
+        "x-opt-origin-offset": 0}
 
     rcv.link.flow(1)
     msg, dlv = take(conn, rcv)
@@ -195,9 +207,10 @@ def test_plain_address_queue_keeps_a_message_sent_before_any_receiver(broker, co
     rcv = queue_receiver(conn, address, 5)
     msg, dlv = take(conn, rcv)
     settle(conn, dlv, Delivery.ACCEPTED)
-    assert msg.body == "early" and msg.id == f"{address}:0"
-    assert take(conn, rcv)[0].body == "relayed"
-    assert props(msg)["group-id"] == address          # one default group per address
+    assert msg.body == "early" and meta(msg)["x-opt-message-id"] == f"{address}:0"
+    relayed = take(conn, rcv)[0]
+    assert (relayed.body, relayed.address) == ("relayed", address)   # its `to`, as sent
+    assert meta(msg)["x-opt-group"] == address        # one default group per address
     caps = rcv.link.remote_source.capabilities
     caps.rewind()
     assert caps.next() == Data.ARRAY and "queue" in [str(c) for c in caps.get_object()]
@@ -211,7 +224,8 @@ def test_plain_address_queue_keeps_a_message_sent_before_any_receiver(broker, co
 
 def test_mqtt_publisher_to_amqp_queue_consumer(broker, conns, paho) -> None:
     """An MQTT 3.1.1 publish to ``$queue/<name>/<key>`` reaches an AMQP queue receiver
-    (payload as one Data section), with the queue's message-id."""
+    (payload as one Data section, ``to`` the topic), with the queue's message-id in
+    the annotations."""
     name = uid("mq")
     conn = conns(broker)
     rcv = queue_receiver(conn, f"$queue/{name}", 5)
@@ -219,8 +233,9 @@ def test_mqtt_publisher_to_amqp_queue_consumer(broker, conns, paho) -> None:
     pub.publish(f"$queue/{name}/eu", b"from mqtt", qos=1)
     msg, dlv = take(conn, rcv)
     settle(conn, dlv, Delivery.ACCEPTED)
-    assert bytes(msg.body) == b"from mqtt" and msg.id == f"{name}:0"
-    assert msg.address == f"$queue/{name}/eu" and props(msg)["queue"] == name
+    assert bytes(msg.body) == b"from mqtt" and meta(msg)["x-opt-message-id"] == f"{name}:0"
+    assert msg.address == f"$queue/{name}/eu" and meta(msg)["x-opt-queue"] == name
+    assert msg.properties is None                      # the metadata is not there
 
 
 def test_amqp_sender_to_mqtt311_queue_consumer(broker, conns, paho) -> None:
@@ -287,7 +302,7 @@ def test_queue_capability_makes_a_plain_address_a_queue() -> None:
     app.receivers.append(rcv)
     net.pump()
     [(msg, _)] = rcv.new()
-    assert msg.id == "jobs:0" and msg.body == "j"
+    assert meta(msg)["x-opt-message-id"] == "jobs:0" and msg.body == "j"
 
 
 def test_amqp_queue_patterns_match_level_by_level() -> None:
@@ -314,16 +329,17 @@ def test_bad_attach_properties_refuse_the_link_only() -> None:
     assert outcome(app.send(snd, Message(body="o"))) == (MEM_ACCEPTED, None)
 
 
-def test_sender_properties_keep_their_types_and_queue_keys_are_the_queues() -> None:
-    """An AMQP sender's own application properties keep their types; its values for
-    the queue's keys are replaced by the queue's."""
+def test_sender_properties_keep_their_types_and_values() -> None:
+    """An AMQP sender's own application properties keep their types and values, also
+    under the names of the queue's metadata (which is in the annotations)."""
     net = _net()
     app = net.amqp()
     snd = app.sender("$queue/typed")
     app.send(snd, Message(body=b"\x00", properties={"n": 7, "queue": "fake"}))
     rcv = app.receiver("$queue/typed", credit=1)
     [(msg, _)] = rcv.new()
-    assert msg.properties["n"] == 7 and msg.properties["queue"] == "typed"
+    assert msg.properties == {"n": 7, "queue": "fake"}
+    assert meta(msg)["x-opt-queue"] == "typed"
     assert outcome(app.send(app.sender("$queue/typed/$nack"), Message(body="x")))[0] \
         == MEM_REJECTED
 
@@ -376,7 +392,7 @@ def test_a_detached_member_gives_its_unsettled_messages_back() -> None:
     first.link.close()
     net.pump()
     [(msg, _)] = second.new()
-    assert msg.body == "m" and msg.properties["delivery-count"] == "2"
+    assert msg.body == "m" and msg.delivery_count == 1 and msg.first_acquirer is False
 
 
 def test_joining_a_group_in_another_mode_refuses_the_link() -> None:

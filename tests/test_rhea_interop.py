@@ -357,9 +357,10 @@ def test_request_response_with_dynamic_reply_to(rhea: Start, via: str) -> None:
 
 def test_rhea_queue_consumer_accepts(rhea, paho) -> None:
     """Durable queues (issue 12): a rhea receiver on ``$queue/<name>`` gets MQTT
-    publishes with message-id ``<name>:<offset>`` and the queue's application
-    properties; its Accepted acknowledges them (a later receiver of the group gets the
-    next message only)."""
+    publishes with the queue's metadata in the message annotations
+    (``x-opt-message-id`` = ``<name>:<offset>``, ``x-opt-queue``), none in the
+    message's own sections; its Accepted acknowledges them (a later receiver of the
+    group gets the next message only)."""
     name = uid("q")
     first = receiver(rhea, f"$queue/{name}", 2)
     pub = paho(uid("p"))
@@ -367,9 +368,12 @@ def test_rhea_queue_consumer_accepts(rhea, paho) -> None:
         pub.publish(f"$queue/{name}/k", f"job {i}".encode(), qos=1)
     got = [e["message"] for e in first.finish() if e["event"] == "message"]
     assert [text_of(m["body"]) for m in got] == ["job 0", "job 1"]
-    assert [m["message_id"] for m in got] == [f"{name}:0", f"{name}:1"]
-    assert got[0]["application_properties"]["queue"] == name
+    assert [m["message_annotations"]["x-opt-message-id"] for m in got] == [
+        f"{name}:0", f"{name}:1"]
+    assert got[0]["message_annotations"]["x-opt-queue"] == name
+    assert "message_id" not in got[0] and "application_properties" not in got[0]
     pub.publish(f"$queue/{name}/k", b"job 2", qos=1)
     later = receiver(rhea, f"$queue/{name}", 1)
     [msg] = [e["message"] for e in later.finish() if e["event"] == "message"]
-    assert (text_of(msg["body"]), msg["message_id"]) == ("job 2", f"{name}:2")
+    assert (text_of(msg["body"]), msg["message_annotations"]["x-opt-message-id"]) == (
+        "job 2", f"{name}:2")

@@ -46,6 +46,14 @@ def secured(tmp_path: Any) -> Iterator[tuple[BrokerProcess, str, str]]:
     proc.stop()
 
 
+def test_a_start_logs_the_acl_rules_once(secured: tuple[BrokerProcess, str, str]) -> None:
+    """The "ACL FILE: N rule(s) ..." line appears exactly once at start (it was twice:
+    the option check built an authorizer of its own)."""
+    proc, _, acl = secured
+    lines = [line for line in proc.log if f"ACL {acl}: " in line]
+    assert len(lines) == 1 and "3 rule(s) for 2 user(s)" in lines[0], proc.output()
+
+
 def _admin(data: str, *args: str, password: str | None = None) -> str:
     out = subprocess.run([ADMIN, "user", args[0], "-d", data, *args[1:]],
                          input=password, text=True, capture_output=True, timeout=60)

@@ -4,8 +4,10 @@ console's roles (in process: the Klein app through treq's stub)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 from typing import Any
 
 import pytest
@@ -123,6 +125,27 @@ def test_admin_user_commands(tmp_path: Any, monkeypatch: Any, capsys: Any) -> No
     assert store.check_password("old", "pw") is not None      # the hash moved as it was
     assert _admin("user", "del", "-d", data, "old") == 0
     assert UserStore(data).get("old") is None
+
+
+def test_admin_help_shows_one_command_set(tmp_path: Any, monkeypatch: Any,
+                                          capsys: Any) -> None:
+    """--help lists the 'user' commands only; the earlier passwd/users/deluser are
+    hidden aliases that still work (issue 24, item 9)."""
+    with pytest.raises(SystemExit) as done:
+        _admin("--help")
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert "{user,token,tokens,revoke,gen-cert}" in shown
+    for hidden in ("passwd", "users", "deluser"):
+        assert not re.search(rf"^\s+{hidden}\b", shown, re.M), shown
+    data = str(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("a long password\n"))
+    assert _admin("passwd", "-d", data, "--password-stdin", "boss") == 0
+    assert UserStore(data).get("boss").role == ROLE_ADMIN      # type: ignore[union-attr]
+    assert _admin("users", "-d", data) == 0
+    assert "boss\tadmin\t" in capsys.readouterr().out
+    assert _admin("deluser", "-d", data, "boss") == 0
+    assert UserStore(data).get("boss") is None
 
 
 def test_console_roles(tmp_path: Any) -> None:

@@ -66,7 +66,8 @@ def test_first_admin_gets_a_random_password_in_a_0600_file(tmp_path: Any) -> Non
     store = UserStore(str(tmp_path))
     created = ensure_first_admin(store, **CHEAP)
     assert created is not None
-    password, path = created
+    name, password, path = created
+    assert name == "admin"
     assert path == os.path.join(str(tmp_path), INITIAL_PASSWORD_FILE)
     assert _mode(path) == 0o600 and _mode(store.path) == 0o600
     assert open(path).read() == f"user: admin\npassword: {password}\n"
@@ -75,8 +76,19 @@ def test_first_admin_gets_a_random_password_in_a_0600_file(tmp_path: Any) -> Non
     assert ensure_first_admin(store, **CHEAP) is None
 
 
-def test_console_service_creates_the_first_admin_and_logs_it_once(tmp_path: Any) -> None:
-    """Starting the console logs the generated password once; a restart does not."""
+def test_first_admin_file_is_0600_whatever_the_umask(tmp_path: Any) -> None:
+    """The password file is exactly 0600 even under a umask that would narrow it."""
+    old = os.umask(0o277)
+    try:
+        created = ensure_first_admin(UserStore(str(tmp_path)), **CHEAP)
+    finally:
+        os.umask(old)
+    assert created is not None
+    assert _mode(created[2]) == 0o600
+
+
+def _console_start_lines(tmp_path: Any, starts: int) -> list[str]:
+    """The log lines of ``starts`` console service starts and stops on ``tmp_path``."""
     from twisted.application.service import MultiService
 
     from webui.site import make_site
@@ -90,7 +102,7 @@ def test_console_service_creates_the_first_admin_and_logs_it_once(tmp_path: Any)
     observer = lambda e: lines.append(formatEvent(e))  # noqa: E731
     globalLogPublisher.addObserver(observer)
     try:
-        for _ in range(2):
+        for _ in range(starts):
             svc = Service()
             site = make_site(svc)
             assert site.console.broker is svc.broker   # wired to this service's broker
@@ -98,17 +110,39 @@ def test_console_service_creates_the_first_admin_and_logs_it_once(tmp_path: Any)
             svc.stopService()
     finally:
         globalLogPublisher.removeObserver(observer)
-    password = open(tmp_path / INITIAL_PASSWORD_FILE).read().split("password: ")[1].strip()
+    return lines
+
+
+def test_console_service_logs_where_the_first_password_is_never_the_password(
+        tmp_path: Any) -> None:
+    """Starting the console logs once where the generated password is (and how to
+    change it), never the password itself; a restart logs nothing of it."""
+    lines = _console_start_lines(tmp_path, 2)
+    path = tmp_path / INITIAL_PASSWORD_FILE
+    password = open(path).read().split("password: ")[1].strip()
+    assert not [line for line in lines if password in line]
     hits = [line for line in lines if "created the first admin user" in line]
-    assert len(hits) == 1 and password in hits[0]
-    assert "mqttamqp-admin passwd" in hits[0]
+    assert len(hits) == 1
+    assert str(path) in hits[0] and "'admin'" in hits[0]
+    assert "mqttamqp-admin user passwd" in hits[0]
+
+
+def test_first_admin_log_names_the_user_it_created(tmp_path: Any) -> None:
+    """'admin' taken by a client user: the log names the admin actually created."""
+    UserStore(str(tmp_path)).set_password("admin", "a device password", role="client",
+                                          **CHEAP)
+    [hit] = [line for line in _console_start_lines(tmp_path, 1)
+             if "created the first admin user" in line]
+    name = open(tmp_path / INITIAL_PASSWORD_FILE).readline().split("user: ")[1].strip()
+    assert name.startswith("admin-")
+    assert f"'{name}'" in hit and hit.endswith(f" {name}")
 
 
 def test_admin_cli_passwd_users_tokens(tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
     """mqttamqp-admin: passwd (stdin), users, token, tokens, revoke, deluser."""
     data = str(tmp_path)
     store = UserStore(data)
-    password, initial = ensure_first_admin(store, **CHEAP)  # type: ignore[misc]
+    _, password, initial = ensure_first_admin(store, **CHEAP)  # type: ignore[misc]
     monkeypatch.setattr("sys.stdin", io.StringIO("a much better password\n"))
     assert admin_cli.main(["passwd", "--data", data, "--password-stdin", "admin"]) == 0
     assert not os.path.exists(initial)          # the stale first password is removed

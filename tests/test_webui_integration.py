@@ -45,13 +45,16 @@ def _expect_marker_first(sub: Paho, http: ConsoleHTTP, topic: str) -> None:
     assert (msg.topic, msg.payload) == (topic, MARKER)
 
 
-def test_first_admin_password_is_logged_once_and_in_a_private_file(running: Any) -> None:
-    """First start: the generated password is in the log and in a 0600 file, and it works."""
+def test_first_admin_password_only_in_a_private_file(running: Any) -> None:
+    """First start: the generated password is in a 0600 file, never in the log (which
+    says once where it is), and it logs in to the console."""
     proc, data = running
-    password = initial_password(data)
+    password = initial_password(data)         # (asserts the file's mode is 0600)
+    assert not [line for line in proc.log if password in line]
     lines = [line for line in proc.log if "created the first admin user" in line]
-    assert len(lines) == 1 and password in lines[0]
+    assert len(lines) == 1 and os.path.join(data, "admin-password.txt") in lines[0]
     assert os.stat(os.path.join(data, "users.json")).st_mode & 0o077 == 0
+    assert ConsoleHTTP(proc.ports["WEB"]).login(password) == 303
 
 
 def test_anonymous_requests_and_security_headers(running: Any) -> None:
@@ -178,7 +181,7 @@ def test_client_data_is_escaped_over_real_http(running: Any, console: ConsoleHTT
 
 
 def test_admin_cli_changes_the_password_of_a_running_broker(tmp_path: Any) -> None:
-    """mqttamqp-admin passwd works while the broker runs and logs out the old session."""
+    """mqttamqp-admin user passwd works while the broker runs and logs out the old session."""
     data = str(tmp_path / "data")
     proc = web_broker_process(data).start()
     try:
@@ -186,7 +189,7 @@ def test_admin_cli_changes_the_password_of_a_running_broker(tmp_path: Any) -> No
         old = initial_password(data)
         assert http.login(old) == 303
         done = subprocess.run(
-            [sys.executable, "-m", "webui.admin_cli", "passwd", "--data", data,
+            [sys.executable, "-m", "webui.admin_cli", "user", "passwd", "--data", data,
              "--password-stdin", "admin"], input="the new password\n", text=True,
             capture_output=True, timeout=60, check=True)
         assert "changed the password" in done.stdout

@@ -9,7 +9,8 @@ Passwords are read with ``getpass`` (or one line from standard input with
 ``--password-stdin``), never from the command line.
 
 ``passwd``, ``users`` and ``deluser`` are the earlier spellings of ``user passwd``,
-``user list`` and ``user del``, kept working.
+``user list`` and ``user del``: they still work, and ``--help`` does not list them
+(one command set in the help and the README).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
 __all__ = ["main"]
 
 MIN_PASSWORD = 8
+# What --help shows; 'passwd', 'users' and 'deluser' still work, unlisted.
+VISIBLE_COMMANDS = ("user", "token", "tokens", "revoke", "gen-cert")
 
 
 def _read_password(from_stdin: bool) -> str:
@@ -266,10 +269,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="mqttamqp-admin",
         description="Manage mqttamqp's users (MQTT, AMQP and the console) and API "
         "tokens; write a TLS certificate.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{" + ",".join(VISIBLE_COMMANDS) + "}")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, hidden: bool = False) -> argparse.ArgumentParser:
+        # A hidden command (an earlier spelling) gets no help line: argparse lists
+        # only the commands added with help=, and the metavar names the rest.
+        if hidden:
+            p = sub.add_parser(name, description=help)
+        else:
+            p = sub.add_parser(name, help=help, description=help)
         p.add_argument("--data", "-d", default="mqttamqp-data",
                        help="the broker's data directory (default: mqttamqp-data)")
         return p
@@ -316,15 +325,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="the role they get (default: client)")
     p.set_defaults(run=_user_import)
 
+    # The earlier spellings, hidden from --help: 'user passwd' / 'user add --role
+    # admin', 'user list' and 'user del' replace them.
     p = command("passwd", "set a user's password, creating a console admin if new "
-                "(same as 'user add --role admin' / 'user passwd')")
+                "(an earlier spelling of 'user add --role admin' / 'user passwd')",
+                hidden=True)
     p.add_argument("user")
     p.add_argument("--password-stdin", action="store_true",
                    help="read the new password as one line from standard input")
     p.set_defaults(run=_passwd)
-    p = command("users", "list the users (same as 'user list')")
+    p = command("users", "list the users (an earlier spelling of 'user list')", hidden=True)
     p.set_defaults(run=_users)
-    p = command("deluser", "delete a user (same as 'user del')")
+    p = command("deluser", "delete a user (an earlier spelling of 'user del')", hidden=True)
     p.add_argument("user")
     p.set_defaults(run=_deluser)
     p = command("token", "create an API token (printed once) for the JSON API")

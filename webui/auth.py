@@ -43,21 +43,24 @@ INITIAL_PASSWORD_FILE = "admin-password.txt"
 
 
 def ensure_first_admin(store: UserStore, name: str = "admin",
-                       **cost: int) -> tuple[str, str] | None:
+                       **cost: int) -> tuple[str, str, str] | None:
     """With no admin at all, create ``name`` (an admin) with a random password; a
     ``name`` taken by a user of another role gets a suffix.
 
-    Returns (password, path of the 0600 file holding it), or None if admins exist.
+    The password goes only to a 0600 file in the data directory (never to the log),
+    written before the user exists, so no start can leave an admin whose password
+    nobody was given.  Returns (user name, password, path of that file), or None if
+    admins exist.
     """
     if store.admins():
         return None
     if store.get(name) is not None:
         name = f"{name}-{secrets.token_hex(2)}"
     password = secrets.token_urlsafe(15)
-    store.set_password(name, password, role=ROLE_ADMIN, **cost)
     path = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
     write_private(path, f"user: {name}\npassword: {password}\n")
-    return password, path
+    store.set_password(name, password, role=ROLE_ADMIN, **cost)
+    return name, password, path
 
 
 # -- login sessions -------------------------------------------------------------

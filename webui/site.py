@@ -3,8 +3,8 @@
 It creates the ``Console`` (routes, auth, live feed) for the broker service and
 returns the ``twisted.web.server.Site`` the service listens with.  A small child
 service ties the console to the broker's life: at start it creates the first
-admin user if there is none (the password goes to the log once and to a 0600
-file in the data directory) and starts the live feed; at stop it ends the live
+admin user if there is none (the password goes only to a 0600 file in the data
+directory; the log says where) and starts the live feed; at stop it ends the live
 streams so shutdown does not wait on open browser tabs.
 """
 
@@ -33,12 +33,14 @@ class ConsoleService(app_service.Service):
         super().startService()  # type: ignore[no-untyped-call]
         created = ensure_first_admin(self.console.users)
         if created is not None:
-            password, path = created
+            # Where the password is, never the password: logs are copied, shipped
+            # and kept far more widely than a 0600 file.
+            name, _, path = created
             data_dir = os.path.dirname(path)
             self.log.warn(
-                "console: created the first admin user 'admin' with password {pw} "
-                "(also written to {path}, readable by this user only); change it with: "
-                "mqttamqp-admin passwd --data {d} admin", pw=password, path=path, d=data_dir)
+                "console: created the first admin user {u!r}; its password is in {path} "
+                "(readable by this user only); change it with: "
+                "mqttamqp-admin user passwd --data {d} {u}", u=name, path=path, d=data_dir)
         self.console.feed.start()
 
     def stopService(self) -> None:

@@ -18,6 +18,7 @@ import json
 import math
 import struct
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -27,7 +28,8 @@ __all__ = [
     "decode_value", "message_qos", "message_retain", "message_payload", "parse_qos",
     "encode_publish", "encode_control", "ANNOTATION_RETAIN", "ANNOTATION_QOS",
     "ANNOTATION_CLIENT_ID", "ANNOTATION_PAYLOAD_FORMAT", "Mqtt5Props", "mqtt5_props",
-    "encode_publish5", "queue_native", "PublishMemo", "recall_publish",
+    "encode_publish5", "PublishMemo", "recall_publish", "native_flag", "native_header",
+    "Annotations", "NO_ANNOTATIONS", "encode_annotations",
 ]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
@@ -99,6 +101,7 @@ class InboundMessage:
     ttl: int | None = None         # header.ttl, milliseconds
     content_type: str | None = None
     app_properties: dict[Any, Any] | None = None
+    priority: int | None = None    # header.priority (None: not given, which means 4)
 
     def copy(self) -> InboundMessage:
         """A copy that shares the (read-only) annotations and value."""
@@ -107,7 +110,8 @@ class InboundMessage:
                               self.correlation_id, self.body_kind, list(self.data),
                               list(self.value) if self.body_kind == "sequence" else self.value,
                               self.bare_start, self.props_end, self.last_section,
-                              self.ttl, self.content_type, self.app_properties)
+                              self.ttl, self.content_type, self.app_properties,
+                              self.priority)
 
 
 # -- the decoder ---------------------------------------------------------------------
@@ -447,6 +451,12 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
             if durable is not None and not isinstance(durable, bool):
                 raise DecodeError("header.durable is not a boolean")
             msg.durable = bool(durable)
+            priority = _field(value, 1)
+            if priority is not None:
+                if (not isinstance(priority, int) or isinstance(priority, bool)
+                        or not 0 <= priority <= 255):
+                    raise DecodeError("header.priority is not a ubyte")
+                msg.priority = priority
             ttl = _field(value, 2)
             if ttl is not None:
                 if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
@@ -517,6 +527,7 @@ class PublishFields(NamedTuple):
     bare_start: int     # see ``InboundMessage``
     props_end: int
     props: Mqtt5Props | None   # what MQTT 5 subscribers get as PUBLISH properties
+    priority: int | None = None   # header.priority as sent (None: not given)
 
 
 class Mqtt5Props(NamedTuple):
@@ -610,9 +621,10 @@ def _user_properties(app: dict[Any, Any]) -> tuple[tuple[str, str], ...]:
 
 # Sections before the one Data section, by their exact bytes → (to, QoS annotation
 # (None if absent) or why it is unusable, retain, redelivered, durable, bare_start,
-# props_end, MQTT 5 properties).  Only prefixes that ``decode_message`` confirmed to
-# end on a section boundary get here.
-_Head = tuple[str | None, int | str | None, bool, bool, bool, int, int, Mqtt5Props | None]
+# props_end, MQTT 5 properties, priority).  Only prefixes that ``decode_message``
+# confirmed to end on a section boundary get here.
+_Head = tuple[str | None, int | str | None, bool, bool, bool, int, int, Mqtt5Props | None,
+              int | None]
 _publish_heads: dict[bytes, _Head] = {}
 
 
@@ -699,7 +711,7 @@ def decode_publish(data: bytes, presettled: bool, memo: PublishMemo | None = Non
                 fields = _fields(PublishFields, (
                     head[0], payload, qos, head[2], head[3],
                     qos > 0 and (head[1] is not None or head[4]), head[4],
-                    head[5] if head[5] >= 0 else cut, head[6], head[7]))
+                    head[5] if head[5] >= 0 else cut, head[6], head[7], head[8]))
                 if memo is not None:
                     memo.remember(prefix, presettled, fields)
                 return fields
@@ -719,14 +731,14 @@ def decode_publish(data: bytes, presettled: bool, memo: PublishMemo | None = Non
     props = mqtt5_props(msg)
     fields = PublishFields(msg.to, payload, qos, retain, redelivered,
                            qos > 0 and (annotated is not None or msg.durable), msg.durable,
-                           msg.bare_start, msg.props_end, props)
+                           msg.bare_start, msg.props_end, props, msg.priority)
     if (0 < cut <= _PREFIX_MAX and msg.body_kind == "data" and len(msg.data) == 1
             and prefix in _prefixes and _sole_data(data, cut) is not None):
         if len(_publish_heads) >= _PREFIX_CACHE_SIZE:
             _publish_heads.clear()
         _publish_heads[prefix] = (msg.to, annotated, retain, redelivered, msg.durable,
                                   msg.bare_start if msg.bare_start < cut else -1,
-                                  msg.props_end, props)
+                                  msg.props_end, props, msg.priority)
         if memo is not None:
             memo.remember(prefix, presettled, fields)
     return fields
@@ -748,20 +760,46 @@ _native_props: dict[tuple[bytes, str], bytes] = {}
 
 
 def native_sections(data: bytes, bare_start: int, props_end: int, to: str | None,
-                    topic: str, durable: bool) -> bytes:
-    """What an AMQP receiver gets of a received message as it was sent: its
-    ``durable`` flag (the first byte, 0 or 1), then its properties (with ``to`` set
-    to the topic it was routed to), application properties, body and footer.  The
-    rest of the header and the annotations are the broker's own (``encode_native``)."""
-    head, cut = native_parts(data, bare_start, props_end, to, topic, durable)
+                    topic: str, durable: bool, priority: int | None = None,
+                    keep_to: bool = False) -> bytes:
+    """What an AMQP receiver gets of a received message as it was sent: the
+    header fields the sender set that the broker keeps (``native_flag``), then its
+    properties, application properties, body and footer.  ``to`` is set to the topic
+    the message was routed to, unless ``keep_to`` (a durable queue keeps the bare
+    message exactly as sent, AMQP 1.0 §3.2).  The rest of the header and the
+    annotations are the broker's own (``encode_native``)."""
+    head, cut = native_parts(data, bare_start, props_end, to, topic, durable, priority,
+                             keep_to)
     return head + data[cut:]
 
 
+def native_flag(durable: bool, priority: int | None) -> bytes:
+    """The first bytes of a native message: 0 or 1 (``durable``), or, when the
+    sender gave a priority other than the default 4, 2 or 3 followed by it.  (Stored
+    with retained and queued messages: records made before priority was kept start
+    with 0 or 1, and still read.)"""
+    if priority is None or priority == 4:
+        return b"\x01" if durable else b"\x00"
+    return bytes((3 if durable else 2, priority))
+
+
+def native_header(native: bytes) -> tuple[bool, int | None, int]:
+    """``native``'s durable flag, its priority (None: the default) and where its
+    sections begin."""
+    flag = native[0]
+    if flag & 2:
+        return bool(flag & 1), native[1], 2
+    return flag == 1, None, 1
+
+
 def native_parts(data: bytes, bare_start: int, props_end: int, to: str | None,
-                 topic: str, durable: bool) -> tuple[bytes, int]:
+                 topic: str, durable: bool, priority: int | None = None,
+                 keep_to: bool = False) -> tuple[bytes, int]:
     """``native_sections`` as ``head + data[cut:]``: the same for every message with
     the same sections before the body (a sender's memo), so a sender keeps them."""
-    flag = b"\x01" if durable else b"\x00"
+    flag = native_flag(durable, priority)
+    if keep_to:
+        return flag, bare_start if bare_start >= 0 else len(data)
     if props_end >= 0 and to == topic:
         return flag, bare_start
     cut = props_end if props_end >= 0 else (bare_start if bare_start >= 0 else len(data))
@@ -980,11 +1018,13 @@ def _ulong(value: int) -> bytes:
 
 
 def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
-                   publisher: str | None, message_id: int | None = None) -> bytes:
-    """AMQP_PUBLISH as the contract lays it out: header (durable, delivery-count),
-    message-annotations (retain, qos, publisher), properties (``message-id`` = the
-    packet id for QoS 1/2, which AMQP_PUBREL names; ``to``), one Data section."""
-    head = _head(qos, retain, delivery_count, publisher, qos > 0)
+                   publisher: str | None, message_id: int | None = None,
+                   first_acquirer: bool = False) -> bytes:
+    """AMQP_PUBLISH as the contract lays it out: header (durable, first-acquirer,
+    delivery-count), message-annotations (retain, qos, publisher), properties
+    (``message-id`` = the packet id for QoS 1/2, which AMQP_PUBREL names; ``to``),
+    one Data section."""
+    head = _head(qos, retain, delivery_count, publisher, qos > 0, None, first_acquirer)
     properties = (b"\x40" if message_id is None else _ulong(message_id)) + b"\x40" + _str(topic)
     if len(payload) < 256:
         data = b"\xa0" + bytes((len(payload),)) + payload
@@ -994,17 +1034,34 @@ def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_
                      _DATA_PREFIX, data))
 
 
+Annotations = tuple[bytes, int]
+"""Message annotations the broker adds after the contract's: the encoded key/value
+pairs and how many elements (keys and values) they are (``encode_annotations``)."""
+
+NO_ANNOTATIONS: Annotations = (b"", 0)
+
+
+def encode_annotations(pairs: Sequence[tuple[str, str | int]]) -> Annotations:
+    """Annotations keyed by symbols: a str value as a string, an int as a ulong."""
+    raw = b"".join(_sym(key) + (_ulong(value) if isinstance(value, int) else _str(value))
+                   for key, value in pairs)
+    return raw, 2 * len(pairs)
+
+
 def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
-                    publisher: str | None, message_id: int | str | None, props: Mqtt5Props
-                    ) -> bytes:
+                    publisher: str | None, message_id: int | str | None, props: Mqtt5Props,
+                    first_acquirer: bool = False,
+                    annotations: Annotations = NO_ANNOTATIONS) -> bytes:
     """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
     mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
     payload format annotation, properties reply-to, correlation-id (binary) and
     content-type (a symbol; left out unless ASCII, as symbols are), and
-    application-properties (the first value of a repeated key).  Not cached: the
-    slower path, taken only by messages that carry properties."""
+    application-properties (the first value of a repeated key); ``annotations``
+    after the contract's.  Not cached: the slower path, taken only by messages that
+    carry properties."""
     head = _encode_head(qos, retain, delivery_count, publisher, qos > 0,
-                        _ttl_ms(props.expiry_interval), props.payload_format)
+                        _ttl_ms(props.expiry_interval), props.payload_format, None,
+                        first_acquirer, annotations)
     items = [_message_id(message_id), b"\x40", _str(topic), b"\x40",
              b"\x40" if props.response_topic is None else _str(props.response_topic),
              b"\x40" if props.correlation_data is None else _bin(props.correlation_data),
@@ -1024,54 +1081,6 @@ def _message_id(message_id: int | str | None) -> bytes:
     if message_id is None:
         return b"\x40"
     return _str(message_id) if isinstance(message_id, str) else _ulong(message_id)
-
-
-def queue_native(native: bytes, message_id: str, topic: str,
-                 pairs: tuple[tuple[str, str], ...]) -> bytes:
-    """A native message (``native_sections``) as a durable queue delivers it:
-    properties.message-id is ``message_id`` (``<queue>:<offset>``, what a consumer
-    names), ``to`` the topic it is delivered on (``$dlq/...`` from a dead-letter
-    queue), and the application properties get ``pairs`` (the queue's metadata, in
-    place of any the sender set under the same keys); the sender's other
-    application properties keep their types."""
-    end = len(native)
-    decoder = _Decoder(native)
-    sections: list[tuple[int, bytes]] = []
-    pos = 1
-    while pos < end:
-        start = pos
-        section, pos = decoder.value(pos, end, 0)
-        sections.append((_section_code(section.descriptor), native[start:pos]))
-    keys = {key for key, _ in pairs}
-    out = [native[:1]]
-    app_done = False
-    for code, raw in sections:
-        if code == PROPERTIES:
-            items = _raw_items(raw, 0xC0, 0xD0)
-            items.extend([b"\x40"] * (3 - len(items)))
-            items[0] = _str(message_id)
-            items[2] = _str(topic)
-            out.append(_PROPERTIES_PREFIX + _compound(0xC0, 0xD0, len(items), b"".join(items)))
-            continue
-        if code == APPLICATION_PROPERTIES:
-            items = _raw_items(raw, 0xC1, 0xD1)
-            kept = [b"".join(items[i:i + 2]) for i in range(0, len(items) - 1, 2)
-                    if decode_value(items[i]) not in keys]
-            out.append(_app_properties(kept, pairs))
-            app_done = True
-            continue
-        if code >= DATA and not app_done:
-            out.append(_app_properties([], pairs))
-            app_done = True
-        out.append(raw)
-    if not app_done:
-        out.append(_app_properties([], pairs))
-    return b"".join(out)
-
-
-def _app_properties(kept: list[bytes], pairs: tuple[tuple[str, str], ...]) -> bytes:
-    items = kept + [_str(key) + _str(value) for key, value in pairs]
-    return _APP_PROPERTIES_PREFIX + _compound(0xC1, 0xD1, 2 * len(items), b"".join(items))
 
 
 def _ttl_ms(seconds: int | None) -> int | None:
@@ -1097,34 +1106,46 @@ def _application_properties(pairs: tuple[tuple[str, str], ...]) -> bytes:
 
 
 def encode_native(native: bytes, qos: int, retain: bool, delivery_count: int,
-                  publisher: str | None, props: Mqtt5Props | None = None) -> bytes:
+                  publisher: str | None, props: Mqtt5Props | None = None,
+                  first_acquirer: bool = False,
+                  annotations: Annotations = NO_ANNOTATIONS) -> bytes:
     """A message from an AMQP sender as an AMQP receiver gets it: a header with the
-    sender's ``durable`` and the contract's annotations, then the sender's own
-    sections (``native`` is what ``native_sections`` made).  With ``props``, the
-    header carries what is left of its ttl and the annotations its payload format
-    (the sender's own properties and application properties are in ``native``)."""
-    if props is None or (props.expiry_interval is None and props.payload_format is None):
-        key = (qos, retain, delivery_count, publisher, native[0] == 1)
+    sender's ``durable`` and ``priority`` (``native_flag``), and the contract's
+    annotations (then ``annotations``), then the sender's own sections (``native``
+    is what ``native_sections`` made).  With ``props``, the header carries what is
+    left of its ttl and the annotations its payload format (the sender's own
+    properties and application properties are in ``native``)."""
+    flag = native[0]
+    if flag & 2:
+        durable, priority, start = bool(flag & 1), native[1], 2
+    else:
+        durable, priority, start = flag == 1, None, 1
+    if annotations[1] == 0 and (props is None or (
+            props.expiry_interval is None and props.payload_format is None)):
+        key = (qos, retain, delivery_count, publisher, durable, priority, first_acquirer)
         head = _heads.get(key) or _head(*key)   # (``_head``'s cache, looked up here)
     else:
-        head = _encode_head(qos, retain, delivery_count, publisher, native[0] == 1,
-                            _ttl_ms(props.expiry_interval), props.payload_format)
+        head = _encode_head(qos, retain, delivery_count, publisher, durable,
+                            None if props is None else _ttl_ms(props.expiry_interval),
+                            None if props is None else props.payload_format, priority,
+                            first_acquirer, annotations)
     if len(native) < 4096:
-        return head + native[1:]   # (for a small message, cheaper than a view and a join)
-    return b"".join((head, memoryview(native)[1:]))
+        return head + native[start:]   # (for a small message, cheaper than a view and a join)
+    return b"".join((head, memoryview(native)[start:]))
 
 
-_heads: dict[tuple[int, bool, int, str | None, bool], bytes] = {}
+_heads: dict[tuple[int, bool, int, str | None, bool, int | None, bool], bytes] = {}
 
 
 def _head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
-          durable: bool) -> bytes:
+          durable: bool, priority: int | None, first_acquirer: bool) -> bytes:
     """Header and message-annotations, cached: the same for every message of one
     publisher (``durable`` is the contract's QoS > 0, or a native sender's own)."""
-    key = (qos, retain, delivery_count, publisher, durable)
+    key = (qos, retain, delivery_count, publisher, durable, priority, first_acquirer)
     head = _heads.get(key)
     if head is None:
-        head = _encode_head(qos, retain, delivery_count, publisher, durable)
+        head = _encode_head(qos, retain, delivery_count, publisher, durable, None, None,
+                            priority, first_acquirer)
         if len(_heads) >= _PREFIX_CACHE_SIZE:
             _heads.clear()
         _heads[key] = head
@@ -1132,10 +1153,13 @@ def _head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
 
 
 def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | None,
-                 durable: bool, ttl: int | None = None,
-                 payload_format: int | None = None) -> bytes:
-    header_items = b"".join((b"\x41" if durable else b"\x42", b"\x40",
-                             b"\x40" if ttl is None else _uint(ttl), b"\x40",
+                 durable: bool, ttl: int | None = None, payload_format: int | None = None,
+                 priority: int | None = None, first_acquirer: bool = False,
+                 extra: Annotations = NO_ANNOTATIONS) -> bytes:
+    header_items = b"".join((b"\x41" if durable else b"\x42",
+                             b"\x40" if priority is None else b"\x50" + bytes((priority,)),
+                             b"\x40" if ttl is None else _uint(ttl),
+                             b"\x41" if first_acquirer else b"\x42",
                              _uint(delivery_count)))
     annotations = (_RETAIN_TRUE if retain else _RETAIN_FALSE) + _QOS[qos]
     pairs = 4
@@ -1145,6 +1169,9 @@ def _encode_head(qos: int, retain: bool, delivery_count: int, publisher: str | N
     if payload_format is not None:
         annotations += _PAYLOAD_FORMAT + b"\x50" + bytes((payload_format & 0xFF,))
         pairs += 2
+    if extra[1]:
+        annotations += extra[0]
+        pairs += extra[1]
     return b"".join((_HEADER_PREFIX, _compound(0xC0, 0xD0, 5, header_items),
                      _ANNOTATIONS_PREFIX, _compound(0xC1, 0xD1, pairs, annotations)))
 

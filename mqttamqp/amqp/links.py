@@ -46,12 +46,12 @@ from mqttamqp.amqp.codec import (
     PublishMemo,
     decode_message,
     decode_publish,
+    encode_annotations,
     encode_control,
     encode_native,
     encode_publish,
     encode_publish5,
     native_parts,
-    queue_native,
     recall_publish,
 )
 from mqttamqp.core.admission import PublishRate
@@ -132,47 +132,70 @@ def message_properties(props: Mqtt5Props | None, payload: bytes | None
 
 def _encode_with_props(message: Message, props: MessageProperties, qos: int, retain: bool,
                        count: int, packet_id: int | None, native: bytes | None,
-                       now: float) -> bytes:
+                       now: float, first_acquirer: bool) -> bytes:
     """A message with MQTT 5 properties, for a receiver (the slower path): what is
     left of its expiry interval goes out as header.ttl."""
     wire = Mqtt5Props(props.payload_format, message.remaining_expiry(now), props.content_type,
                       props.response_topic, props.correlation_data, props.user_properties)
     if native is not None:
-        return encode_native(native, qos, retain, count, message.publisher, wire)
+        return encode_native(native, qos, retain, count, message.publisher, wire,
+                             first_acquirer)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
-                           retain, count, message.publisher, packet_id, wire)
+                           retain, count, message.publisher, packet_id, wire, first_acquirer)
 
 
-_QUEUE_KEYS = ("message-id", "group-id", "queue", "offset", "delivery-count")
-_DEAD_LETTER_KEYS = ("origin-queue", "origin-offset", "origin-group", "reason")
+# A durable queue's metadata (the user properties an MQTT 5 member gets: the seed's
+# contract) and the message annotations an AMQP receiver gets them as instead, so
+# that the bare message stays as it was sent (AMQP 1.0 §3.2).  An int value is a
+# ulong there.  ``delivery-count`` goes in the header.
+_QUEUE_ANNOTATIONS = (("message-id", "x-opt-message-id", False), ("queue", "x-opt-queue", False),
+                      ("offset", "x-opt-offset", True), ("group-id", "x-opt-group", False))
+_DEAD_LETTER_ANNOTATIONS = (("origin-queue", "x-opt-origin-queue", False),
+                            ("origin-offset", "x-opt-origin-offset", True),
+                            ("origin-group", "x-opt-origin-group", False),
+                            ("reason", "x-opt-reason", False))
+_QUEUE_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
+_DEAD_LETTER_KEYS = frozenset(key for key, _, _ in _DEAD_LETTER_ANNOTATIONS)
 
 
 def _encode_queue_delivery(message: Message, props: MessageProperties, qos: int,
                            retain: bool, packet_id: int | None, native: bytes | None,
                            now: float) -> bytes:
-    """A durable queue's delivery: properties.message-id is its ``message-id`` user
-    property (``<queue>:<offset>``, not the packet id), the queue's metadata goes in
-    the application properties, and header.delivery-count is the deliveries the
-    queue counted before this one (a Released one is not counted, a
-    Modified(delivery-failed) one is)."""
+    """A durable queue's delivery: the message as it was sent (an AMQP sender's bare
+    message untouched; an MQTT publisher's as AMQP_PUBLISH, without a message-id),
+    with the queue's metadata as message annotations (``x-opt-message-id`` is
+    ``<queue>:<offset>``, what names the message; ``x-opt-topic`` the topic it was
+    published to), header.delivery-count the deliveries the queue counted before
+    this one (a Released one is not counted, a Modified(delivery-failed) one is) and
+    first-acquirer true on its first delivery only (the core's copy is ``dup``
+    after that)."""
+    dead = message.topic.startswith("$dlq/")
     meta: dict[str, str] = {}
+    users: list[tuple[str, str]] = []
     for key, value in props.user_properties:
-        meta[key] = value     # (the queue appends its own last: they win)
-    message_id = meta.get("message-id")
+        if key in _QUEUE_KEYS or (dead and key in _DEAD_LETTER_KEYS):
+            meta[key] = value     # (the queue appends its own last: they win)
+        else:
+            users.append((key, value))
     count_text = meta.get("delivery-count", "1")
     count = max(0, int(count_text) - 1) if count_text.isdigit() else 0
+    pairs: list[tuple[str, str | int]] = []
+    for key, name, number in (_QUEUE_ANNOTATIONS + _DEAD_LETTER_ANNOTATIONS if dead
+                              else _QUEUE_ANNOTATIONS):
+        text = meta.get(key)
+        if text is not None:
+            whole = number and text.isascii() and text.isdigit()
+            pairs.append((name, int(text) if whole else text))
+    pairs.append(("x-opt-topic", message.topic))
+    annotations = encode_annotations(pairs)
+    first = not message.dup
     wire = Mqtt5Props(props.payload_format, message.remaining_expiry(now), props.content_type,
-                      props.response_topic, props.correlation_data, props.user_properties)
+                      props.response_topic, props.correlation_data, tuple(users))
     if native is not None:
-        keys = _QUEUE_KEYS + _DEAD_LETTER_KEYS if message.topic.startswith("$dlq/") \
-            else _QUEUE_KEYS
-        pairs = tuple((key, meta[key]) for key in keys if key in meta)
-        sections = native if message_id is None else queue_native(
-            native, message_id, message.topic, pairs)
-        return encode_native(sections, qos, retain, count, message.publisher, wire)
+        return encode_native(native, qos, retain, count, message.publisher, wire, first,
+                             annotations)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
-                           retain, count, message.publisher,
-                           message_id if message_id is not None else packet_id, wire)
+                           retain, count, message.publisher, None, wire, first, annotations)
 
 
 def settle_mode_name(mode: int) -> str:
@@ -402,7 +425,8 @@ class _SessionLink(OutgoingLink):
     # Messages from AMQP senders go out as they were sent (a native receiver), not
     # as the contract's AMQP_PUBLISH with the MQTT payload (an FE).
     native = False
-    # Deliveries of a durable queue (``queuelinks``): message-id ``<queue>:<offset>``.
+    # Deliveries of a durable queue (``queuelinks``): the queue's metadata in the
+    # message annotations (``_encode_queue_delivery``).
     queue = False
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
@@ -449,26 +473,30 @@ class _SessionLink(OutgoingLink):
             return
         native = message.native if self.native else None
         props = message.props
+        # First-acquirer: no delivery of this message came before this one, here or
+        # (a publisher's redelivery) upstream.
+        first = not (dup or message.dup)
         if props is None:
             if native is not None:
-                data = encode_native(native, qos, retain, count, message.publisher)
+                data = encode_native(native, qos, retain, count, message.publisher, None,
+                                     first)
             elif packet_id is not None:
                 data = encode_publish(message.topic, message.payload, qos, retain, count,
-                                      message.publisher, packet_id)
+                                      message.publisher, packet_id, first)
             else:
                 cache = _encode_cache
                 if cache[0] is message and cache[1] == retain:
                     data = cache[2]  # fan-out of one QoS 0 message: encoded once
                 else:
                     data = encode_publish(message.topic, message.payload, 0, retain, count,
-                                          message.publisher)
+                                          message.publisher, None, first)
                     cache[0], cache[1], cache[2] = message, retain, data
         elif self.queue:
             data = _encode_queue_delivery(message, props, qos, retain, packet_id, native,
                                           self.broker.clock.seconds())
         else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
-                                      self.broker.clock.seconds())
+                                      self.broker.clock.seconds(), first)
         stats = self.broker.stats
         if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
             stats.deliver_sampled(message.timestamp)
@@ -918,7 +946,8 @@ class TopicPublisher(IncomingLink):
                 return
             payload = fields.payload
         # (one unpacking: a NamedTuple's fields are properties, a call each)
-        to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5 = fields
+        (to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5,
+         priority) = fields
         route = self._route
         if route is not None and route[0] is fields:
             # The same sections before the body as the message before (a memo hit):
@@ -930,7 +959,9 @@ class TopicPublisher(IncomingLink):
                 return
             topic, queued = checked
             try:
-                head, cut = native_parts(data, bare_start, props_end, to, topic, durable)
+                # (a durable queue keeps the bare message as sent: ``to`` too)
+                head, cut = native_parts(data, bare_start, props_end, to, topic, durable,
+                                         priority, queued)
             except DecodeError as exc:   # decode_publish checked the sections
                 self.reject(dlv, DECODE_ERROR, exc.reason)
                 return

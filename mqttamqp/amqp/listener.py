@@ -76,6 +76,7 @@ from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.connections import ConnectionInfo, EventFields
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_CONSOLE,
@@ -209,7 +210,12 @@ class AMQPConnection(Protocol):
         self._cancel_timers()
         why = self._lost_reason or ("connection lost: " + (
             reason.getErrorMessage() if reason is not None else "unknown"))
-        self.broker.unregister_connection(self.key, self, self._end_cause(), why)
+        cause = self._end_cause()
+        if cause == CAUSE_PROTOCOL_ERROR:
+            # One cause, one count: every connection closed for a protocol error
+            # (also one that never opened, which is no disconnect) is counted here.
+            self.broker.stats.protocol_errors += 1
+        self.broker.unregister_connection(self.key, self, cause, why)
         self._end_links(brute=not self._peer_closed, reason=why)
         ptrans = self.ptrans
         if ptrans is not None:
@@ -230,7 +236,7 @@ class AMQPConnection(Protocol):
         why = self._lost_reason
         if why.startswith("idle time-out"):
             return CAUSE_KEEPALIVE
-        if why.startswith(("transport error", "internal error")):
+        if why.startswith(("transport error", "protocol error", "internal error")):
             return CAUSE_PROTOCOL_ERROR
         if why.startswith("too many"):
             return CAUSE_LIMIT
@@ -674,7 +680,6 @@ class AMQPConnection(Protocol):
         try:
             self.container_id = pconn.remote_container or ""
         except UnicodeDecodeError:
-            self.broker.stats.protocol_errors += 1
             self.log.info("AMQP connection from {peer} refused: its container id is not "
                           "valid UTF-8", peer=self.peer)
             self._lost_reason = "protocol error (container id not UTF-8)"
@@ -806,8 +811,15 @@ class AMQPConnection(Protocol):
                               n=self.limits.amqp_max_sessions)
             else:
                 self._lost_reason = f"transport error {what}"
-                self.log.info("AMQP connection of {c} ({peer}): {what}; closing",
-                              c=self.container_id or "?", peer=self.peer, what=what)
+                # (one line per error condition a minute: a peer that keeps sending
+                # the same bad frames cannot flood the log)
+                held = self.factory.log_limit.allow(
+                    "transport error " + what.partition(":")[0])
+                if held is not None:
+                    self.log.info("AMQP connection of {c} ({peer}): {what}; closing{more}",
+                                  c=self.container_id or "?", peer=self.peer, what=what,
+                                  more=f" ({held} more closed for this cause since the "
+                                  "last such line)" if held else "")
 
     _handlers: ClassVar[dict[int, Callable[[AMQPConnection, Any], None]]] = {
         _E.CONNECTION_REMOTE_OPEN.number: _on_connection_remote_open,
@@ -843,6 +855,7 @@ class AMQPFactory(Factory):
         self.serials = itertools.count(1)
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
+        self.log_limit = LogLimiter(clock.seconds)   # log lines per cause a minute
 
     def anonymous_allowed(self, peer: str | None = None) -> bool:
         """ANONYMOUS is offered only while the broker accepts anonymous clients (from

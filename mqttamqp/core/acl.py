@@ -2,7 +2,7 @@
 
 The file is Mosquitto's ACL format, the subset that can be enforced exactly::
 
-    # comment
+    # a comment; '#' after whitespace ends a line too
     topic read $SYS/#                 # before any 'user' line: anonymous clients
     user alice                        # the lines after it, up to the next 'user': alice
     topic readwrite sensors/alice/#
@@ -31,13 +31,14 @@ and the rules loaded before stay in force; at start it is an error.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
 
-__all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "covers"]
+__all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "read_acl", "covers"]
 
 READ = 1
 WRITE = 2
@@ -68,8 +69,26 @@ class AclRules:
                 + sum(len(r) for r in self.users.values()))
 
 
+_COMMENT = re.compile(r"\s+#")
+
+
+def _without_comment(value: str) -> str:
+    """``value`` up to a trailing comment: ``#`` after whitespace, once the value has
+    begun.  A valid topic filter never holds whitespace followed by ``#`` (``#`` is a
+    whole level), and a user name may hold no whitespace at all, so this cuts nothing
+    a rule could mean; the value's own first character is never a comment (``#``)."""
+    match = _COMMENT.search(value, 1)
+    return value[:match.start()] if match else value
+
+
 def parse_acl(text: str, path: str = "ACL file") -> AclRules:
-    """The rules of ``text``; ``AclError`` naming ``path`` and the line otherwise."""
+    """The rules of ``text``; ``AclError`` naming ``path`` and the line otherwise.
+
+    A line is a comment when it starts with ``#``; ``#`` after whitespace ends a line
+    (``topic read a/#   # why``), as in the README's example.  A user name holding
+    whitespace, and an access word that is not one, are errors naming the line (Mosquitto
+    takes the rest of a ``user`` line, spaces and comment included, as the name: rules
+    that silently never apply)."""
     from mqttamqp.core.topics import validate_topic_filter
 
     rules = AclRules()
@@ -78,26 +97,33 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        keyword, _, rest = line.partition(" ")
-        rest = rest.strip()
+        keyword, *more = line.split(None, 1)
+        rest = more[0] if more else ""
 
         def fail(why: str, number: int = number, line: str = line) -> AclError:
             return AclError(f"{path} line {number}: {why}: {line!r}")
 
         if keyword == "user":
-            if not rest:
+            name = _without_comment(rest)
+            if not name:
                 raise fail("'user' needs a user name")
-            current = rules.users.setdefault(rest, [])
+            if any(c.isspace() for c in name):
+                raise fail(f"a user name holds no whitespace ({name!r}; a comment "
+                           "starts with whitespace and '#')")
+            current = rules.users.setdefault(name, [])
             continue
         if keyword not in ("topic", "pattern"):
             raise fail("expected 'topic', 'pattern' or 'user'")
-        access_word, _, filt = rest.partition(" ")
+        access_word, *after = rest.split(None, 1) or [""]
         if access_word == "deny":
             raise fail("'deny' is not supported: grant only what is allowed")
         if access_word in _ACCESS:
-            access, filt = _ACCESS[access_word], filt.strip()
+            access, filt = _ACCESS[access_word], _without_comment(after[0] if after else "")
         else:
-            access, filt = READ | WRITE, rest
+            access, filt = READ | WRITE, _without_comment(rest)
+            if any(c.isspace() for c in filt):
+                raise fail(f"{access_word!r} is not an access (read, write or readwrite); "
+                           "a filter holding whitespace needs one before it")
         if not filt:
             raise fail("a topic filter is missing")
         problem = validate_topic_filter(filt)
@@ -108,6 +134,21 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
         else:
             current.append(Rule(access, filt, "%" in filt))
     return rules
+
+
+def read_acl(path: str) -> AclRules:
+    """The rules of the file at ``path``, read and checked without logging (the option
+    check, run at every parse of the command line, SIGHUP included: the one line
+    saying what is in force comes from the ``AclAuthorizer`` that applies them)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise AclError(f"cannot read ACL file {os.path.abspath(path)}: {exc.strerror}"
+                       ) from None
+    except UnicodeDecodeError:
+        raise AclError(f"ACL file {os.path.abspath(path)} is not UTF-8 text") from None
+    return parse_acl(text, os.path.abspath(path))
 
 
 def covers(rule: list[str], levels: list[str]) -> bool:
@@ -202,8 +243,8 @@ class AclAuthorizer:
             stamp = (st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return False
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
+            with open(self.path, "rb") as f:
+                raw = f.read()
         except OSError as exc:
             if strict:
                 raise
@@ -214,8 +255,13 @@ class AclAuthorizer:
             return False
         self._stamp = stamp
         try:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise AclError(f"ACL file {self.path} is not UTF-8 text (byte {exc.start})"
+                               ) from None
             rules = parse_acl(text, self.path)
-        except (AclError, UnicodeDecodeError) as exc:
+        except AclError as exc:
             if strict:
                 raise AclError(str(exc)) from None
             self.log.warn("{e}; the rules loaded before stay in force", e=str(exc))

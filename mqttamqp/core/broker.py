@@ -370,11 +370,14 @@ class Broker:
         self.queues.session_online(session)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
-                    reason: str, cause: str = CAUSE_LOST) -> None:
+                    reason: str, cause: str = CAUSE_LOST,
+                    expiry: float | None = None) -> None:
         """The connection holding ``session`` is gone (``clean``: MQTT DISCONNECT,
-        the will is deleted; otherwise it is published, recorded with ``cause``)."""
-        self._commits.watch(self._registry.end(connection, session, clean, reason, cause),
-                            "ending the session of " + session.client_id)
+        the will is deleted; otherwise it is published, recorded with ``cause``).
+        ``expiry``: an MQTT 5 DISCONNECT's new session expiry interval."""
+        self._commits.watch(
+            self._registry.end(connection, session, clean, reason, cause, expiry),
+            "ending the session of " + session.client_id)
 
     def take_over(self, client_id: str) -> None:
         """Close whoever holds the session of ``client_id`` (its will fires)."""

@@ -41,10 +41,12 @@ class Message:
     ``qos`` is the publish QoS; the delivery QoS to a subscriber is
     ``min(qos, granted)``.  ``publisher`` is the MQTT client id or AMQP container id
     (kept across the MQTT/AMQP bridge).  ``dup`` is true when the publisher sent it
-    as a redelivery; ``timestamp`` is seconds since the epoch at the broker.
+    as a redelivery (and, in a durable queue's delivery copy, when the queue delivered
+    it before); ``timestamp`` is seconds since the epoch at the broker.
 
     A message from an AMQP sender also keeps what AMQP receivers get as it was sent
-    (``native``: its properties, application properties, body and footer, encoded);
+    (``native``: its header's durable and priority, and its properties, application
+    properties, body and footer, encoded: ``amqp.codec.native_sections``);
     ``payload`` is then its MQTT form.  ``amqp_only``: the body has no MQTT form
     (e.g. a map holding binary), so it reaches AMQP topic receivers only.
     """

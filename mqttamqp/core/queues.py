@@ -284,6 +284,10 @@ class _Group:
         self.pending: dict[int, _Pending] = {}
         self.ready: list[int] = []            # a heap: offsets visible again
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
+        # Offsets delivered and given back without counting it (Released): their
+        # next delivery is not the first, though their count says 1.  (Not stored:
+        # after a restart their count is raised anyway.)
+        self.uncounted: set[int] = set()
         self.watermark = queue.first          # dispatch watermark (being) stored
         self.safe = queue.first               # the watermark known durable
         self.cursor_saved = queue.first       # stream: the stored cursor
@@ -668,6 +672,7 @@ class QueueManager:
                     pending.entry.on_done = None
                     pending.member.session.take_back(pending.entry)
             group.counts.pop(offset, None)
+            group.uncounted.discard(offset)
             if offset < group.next:
                 group.done.add(offset)
                 group.advance_floor()
@@ -976,7 +981,9 @@ class QueueManager:
                 self.stats.redelivered += 1
         session = member.session
         # (MQTT 3.x clients get no properties: no metadata to build for them)
-        delivered = (_with_metadata(message, queue.name, group.key, offset, count)
+        delivered = (_with_metadata(message, queue.name, group.key, offset, count,
+                                    group.mode == STREAM or again
+                                    or offset in group.uncounted)
                      if session.protocol in _METADATA_PROTOCOLS else message)
         entry = session.deliver(delivered, member.qos, False)
         if entry is not None and entry.held:
@@ -1019,6 +1026,7 @@ class QueueManager:
     def _done(self, group: _Group, offset: int, ops: list[Op]) -> None:
         """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
         group.counts.pop(offset, None)
+        group.uncounted.discard(offset)
         if offset >= group.floor:
             group.done.add(offset)
             group.advance_floor()
@@ -1184,6 +1192,7 @@ class QueueManager:
             self.stats.nacked += 1
             if outcome == "released" or not failed:
                 group.counts[offset] = max(0, group.counts.get(offset, 1) - 1)
+                group.uncounted.add(offset)
             self._again(group, offset, ops, "released")
         self._commit(ops, "recording a queue settlement")
         self._pump(group)
@@ -1429,6 +1438,7 @@ class QueueManager:
             group.ready.clear()
             group.done.clear()
             group.counts.clear()
+            group.uncounted.clear()
             if group.mode == CLASSIC:
                 group.floor = group.next = queue.next_offset
             else:
@@ -1525,7 +1535,7 @@ class QueueManager:
 _DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
                        "reason"))
 # The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
-# application properties; the console's tail shows it too).
+# message annotations; the console's tail shows it too).
 _METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "console", ""))
 _METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 
@@ -1536,10 +1546,12 @@ def _without_metadata(users: tuple[tuple[str, str], ...]) -> tuple[tuple[str, st
     return tuple(kv for kv in users if kv[0] not in _METADATA_KEYS)
 
 
-def _with_metadata(message: Message, queue: str, group: str, offset: int, count: int
-                   ) -> Message:
+def _with_metadata(message: Message, queue: str, group: str, offset: int, count: int,
+                   again: bool) -> Message:
     """The delivery's copy: the seed's metadata as user properties (MQTT 5 sees them;
-    AMQP gets them as application properties and ``message-id``; MQTT 3.x nothing)."""
+    AMQP gets them as message annotations and header fields; MQTT 3.x nothing), and
+    ``dup`` when the message was delivered before (``again``: AMQP's first-acquirer
+    is then false; a stream read is never a first acquisition, it claims nothing)."""
     p = message.props
     users: tuple[tuple[str, str], ...] = (
         ("message-id", f"{queue}:{offset}"), ("group-id", group), ("queue", queue),
@@ -1552,7 +1564,7 @@ def _with_metadata(message: Message, queue: str, group: str, offset: int, count:
         props = MessageProperties(p.payload_format, p.expiry_interval, p.content_type,
                                   p.response_topic, p.correlation_data,
                                   (*_without_metadata(p.user_properties), *users))
-    return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, m.dup,
+    return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, again,
                    m.native, m.amqp_only, props)
 
 

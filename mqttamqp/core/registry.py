@@ -94,7 +94,9 @@ class SessionRegistry:
         self.congested_retired = 0  # of which QoS 0 dropped for a congested client
         # The same two, by protocol family ("mqtt", "amqp", "console"), for metrics.
         self._retired_by: dict[str, list[int]] = {}
-        self._expiry_timers: dict[str, DelayedCall] = {}
+        # client id -> (the offline session, its MQTT 5 expiry timer): at most one
+        # timer per client id, whoever armed it (see ``_arm_expiry``).
+        self._expiry_timers: dict[str, tuple[Session, DelayedCall]] = {}
         self._disconnect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
@@ -266,7 +268,6 @@ class SessionRegistry:
         connection by ``expiry`` seconds (0: not at all; kept as persistent while
         connected, so a resumed session's state is not thrown away early).
         """
-        self._cancel_expiry(client_id)
         now = self.clock.seconds()
         ops: list[Op] = []
         if self.wills.owner_returned(client_id):
@@ -287,6 +288,11 @@ class SessionRegistry:
                               c=client_id)
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
+        # The session is claimed: no expiry timer may outlive this point, neither one
+        # armed when it went offline nor the one the takeover just armed by ending
+        # the old holder's connection (it would expire the session later on its old
+        # interval, whatever the newcomer's DISCONNECT says).
+        self._cancel_expiry(client_id)
         present = False
         user = identity.username if identity is not None else None
         persistent = not clean if expiry is None else expiry > 0
@@ -347,15 +353,20 @@ class SessionRegistry:
         return session, self.commits.persist([PutSession(client_id, now, owner)])
 
     def end(self, connection: ClientLink, session: Session, clean: bool,
-            reason: str, cause: str = CAUSE_LOST) -> Deferred[None] | None:
+            reason: str, cause: str = CAUSE_LOST,
+            expiry: float | None = None) -> Deferred[None] | None:
         """The connection that holds ``session`` is gone.
 
         ``clean`` is True for MQTT DISCONNECT (the will is deleted, not published);
         any other end publishes the will.  A clean session is discarded; a
-        persistent one stays with its subscriptions and queue.
+        persistent one stays with its subscriptions and queue.  ``expiry``: the
+        session expiry interval an MQTT 5 DISCONNECT gave in place of CONNECT's
+        (None: unchanged); the expiry timer starts on it.
         """
         if session.connection is not connection:
             return None  # already ended (takeover, console) — nothing to do twice
+        if expiry is not None:
+            session.expiry = expiry
         if self.commits.stopping:
             session.detach()
             return None
@@ -390,22 +401,27 @@ class SessionRegistry:
         return min(will.delay, session.expiry if session.persistent else 0.0)
 
     # MQTT 5 session expiry intervals: one timer per offline session that has one
-    # (--session-expiry's loop keeps the sessions of 3.1.1 clients).
+    # (--session-expiry's loop keeps the sessions of 3.1.1 clients).  Arming always
+    # replaces the client id's timer, so a timer never outlives the interval it was
+    # armed for; claiming and discarding the session cancel it.
 
     def _arm_expiry(self, session: Session) -> None:
+        self._cancel_expiry(session.client_id)
         expiry = session.expiry
         if expiry is None or expiry >= NEVER_EXPIRES:
             return
-        self._expiry_timers[session.client_id] = self.clock.callLater(
-            expiry, self._expire_one, session)
+        self._expiry_timers[session.client_id] = (
+            session, self.clock.callLater(expiry, self._expire_one, session))
 
     def _cancel_expiry(self, client_id: str) -> None:
-        timer = self._expiry_timers.pop(client_id, None)
-        if timer is not None and timer.active():
-            timer.cancel()
+        armed = self._expiry_timers.pop(client_id, None)
+        if armed is not None and armed[1].active():
+            armed[1].cancel()
 
     def _expire_one(self, session: Session) -> None:
-        self._expiry_timers.pop(session.client_id, None)
+        armed = self._expiry_timers.get(session.client_id)
+        if armed is not None and armed[0] is session:
+            del self._expiry_timers[session.client_id]
         if self.sessions.get(session.client_id) is not session or session.connection:
             return
         self.log.info("session {c} expired (session expiry interval {e:g}s)",
@@ -415,7 +431,7 @@ class SessionRegistry:
         self.commits.background(self.discard(session))
 
     def stop_timers(self) -> None:
-        for timer in self._expiry_timers.values():
+        for _, timer in self._expiry_timers.values():
             if timer.active():
                 timer.cancel()
         self._expiry_timers.clear()
@@ -429,6 +445,9 @@ class SessionRegistry:
         self.router.forget_session(session)
         self._retire_drops(session)
         session.clear_messages()
+        armed = self._expiry_timers.get(session.client_id)
+        if armed is not None and armed[0] is session:
+            self._cancel_expiry(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         return [DeleteSession(session.client_id)] if session.persistent else []

@@ -184,6 +184,8 @@ def write_private(path: str, text: str) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # Exactly 0600 whatever the umask; never wider meanwhile (created so).
+            os.fchmod(f.fileno(), 0o600)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

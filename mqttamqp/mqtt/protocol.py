@@ -1371,6 +1371,7 @@ class MQTTProtocol(Protocol):
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         with_will = False
+        new_expiry: float | None = None
         if self._v5 is not None:
             props = packet.properties
             expiry = props.session_expiry_interval if props is not None else None
@@ -1379,9 +1380,10 @@ class MQTTProtocol(Protocol):
                     self._violation("DISCONNECT sets a session expiry interval after "
                                     "CONNECT gave 0")
                     return
-                if self.session is not None:
-                    limit = self.limits.session_expiry
-                    self.session.expiry = float(min(expiry, limit) if limit else expiry)
+                # Applied by the registry as the session ends (which restarts its
+                # expiry timer on it), not here: only the holder may change it.
+                limit = self.limits.session_expiry
+                new_expiry = float(min(expiry, limit) if limit else expiry)
             # 0x04: the client wants its will published though it says goodbye.
             with_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
         self._clean_close = True
@@ -1392,7 +1394,8 @@ class MQTTProtocol(Protocol):
         if self.session is not None:
             why = ("client sent DISCONNECT with will" if with_will
                    else "client sent DISCONNECT")
-            self.broker.end_session(self, self.session, not with_will, why)
+            self.broker.end_session(self, self.session, not with_will, why,
+                                    expiry=new_expiry)
             self.session = None
         self._lose()
 

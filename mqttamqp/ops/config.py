@@ -30,8 +30,8 @@ from typing import Any
 import tomli_w
 from twisted.python import reflect, usage
 
-__all__ = ["OptionSpec", "TableKeyError", "option_specs", "given_on_command_line",
-           "merge_file", "dump", "effective"]
+__all__ = ["OptionSpec", "TableKeyError", "option_specs", "flag_pairs",
+           "given_on_command_line", "merge_file", "dump", "effective"]
 
 # Options that steer the parsing itself or only print; a file cannot hold them.
 NOT_IN_FILE = frozenset({"config", "print-config", "help", "version"})
@@ -91,6 +91,15 @@ def option_specs(options: usage.Options) -> dict[str, OptionSpec]:
     return specs
 
 
+def flag_pairs(specs: Mapping[str, OptionSpec]) -> dict[str, str]:
+    """``{"no-X": "X"}`` for every flag ``X`` whose opposite ``no-X`` is a flag too
+    (``archive`` / ``no-archive``): one setting under two keys.  The file may use
+    either (``archive = false`` turns archiving off), ``--print-config`` writes ``X``."""
+    return {name: name[3:] for name, spec in specs.items()
+            if spec.kind == "flag" and name.startswith("no-")
+            and getattr(specs.get(name[3:]), "kind", None) == "flag"}
+
+
 def _types_of(default: Any, coerce: Any) -> tuple[type, ...]:
     if isinstance(default, bool):
         return (bool,)
@@ -133,15 +142,25 @@ def merge_file(options: usage.Options, path: str, given: set[str]) -> None:
     except tomllib.TOMLDecodeError as e:
         raise usage.UsageError(f"--config {path}: not valid TOML: {e}") from None
     specs = option_specs(options)
+    pairs = flag_pairs(specs)
+    partners = {**pairs, **{x: no_x for no_x, x in pairs.items()}}
     for key, value in data.items():
         spec = specs.get(key)
         if spec is None or key in NOT_IN_FILE:
             raise _error(path, text, key, None,
                          "unknown key (not an option of twistd mqttamqp --help)")
-        if key in given:
+        partner = partners.get(key)
+        if key in given or partner in given:
             continue
+        if (key in pairs and partner in data and isinstance(value, bool)
+                and data[partner] is value):
+            raise _error(path, text, key, None,
+                         f"contradicts {partner} = {str(data[partner]).lower()} (one "
+                         "setting: give one of the two keys)")
         try:
             _apply(options, spec, value)
+            if partner is not None:
+                options[partner] = 0 if value else 1
         except TableKeyError as e:
             raise _error(path, text, key, (e.index, e.key), e.message) from None
         except (usage.UsageError, ValueError, TypeError) as e:
@@ -239,13 +258,22 @@ def effective(options: Mapping[str, Any], specs: Mapping[str, OptionSpec],
               replace: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The configuration as the file would hold it: flags as booleans, lists' items
     as TOML values, options without a value (None) left out (or written 'none' when
-    their default is a value: turned off), ``replace`` applied."""
+    their default is a value: turned off), ``replace`` applied.  A flag pair
+    (``archive`` / ``no-archive``) is one key, ``X``, with the value in force."""
     out: dict[str, Any] = {}
+    pairs = flag_pairs(specs)
+    opposite = {x: no_x for no_x, x in pairs.items()}
+
+    def current(name: str) -> Any:
+        return (replace or {}).get(name, options[name])
+
     for name, spec in specs.items():
-        if name in NOT_IN_FILE:
+        if name in NOT_IN_FILE or name in pairs:
             continue
-        value = (replace or {}).get(name, options[name])
-        if spec.kind == "flag":
+        value = current(name)
+        if name in opposite:
+            value = not current(opposite[name])
+        elif spec.kind == "flag":
             value = bool(value)
         elif value is None and isinstance(spec.default, str):
             value = "none"   # a listener with a default, turned off (e.g. metrics)
