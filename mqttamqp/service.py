@@ -34,8 +34,9 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
+from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import lean_port
+from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -75,6 +76,8 @@ class ListenerService(service.Service):
         self.port: Any = None
         self.address = ""
         self.tls: TLSSettings | None = None   # client certificates on an ssl: listener
+        # Connections it cannot accept (out of descriptors): counted, one line a spell.
+        self.refusals: AcceptRefusals | None = None
 
     def listen(self) -> Deferred[Any]:
         """Bind the endpoint (``BrokerService`` does this for every listener before
@@ -87,6 +90,10 @@ class ListenerService(service.Service):
             self.port = port
             if self.kind == "MQTT":
                 lean_port(port)   # (lighter transports for many idle clients)
+            refusals = self.refusals
+            if refusals is not None:
+                kind = self.kind
+                watch_accept_errors(port, lambda error: refusals.refused(kind, error))
             if self.running:  # bound after the service started (an asynchronous endpoint)
                 self._listening(port)
             return port
@@ -216,6 +223,16 @@ class OpenAtStart:
             self._release()
             raise
 
+    def lock_path(self) -> str:
+        """The lock file that keeps a second broker off this state: FileStorage's own
+        beside its file, else the data directory's."""
+        from mqttamqp.store import resolve_engine
+
+        engine = resolve_engine(self.storage, self.data_dir)
+        if engine.locks_itself:
+            return engine.size_path + LOCK_SUFFIX
+        return os.path.join(self.data_dir, LOCKFILE)
+
     def describe(self) -> str:
         """The engine, for the log and the console (no password)."""
         return self.opened.engine.display if self.opened is not None else ""
@@ -302,6 +319,7 @@ class BrokerService(service.MultiService):
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
         self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
+        self.refusals = AcceptRefusals(self.reactor, self._refused_for_resources)
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -343,9 +361,18 @@ class BrokerService(service.MultiService):
         access = {"web": "users", "metrics": "open"}.get(kind) or self._access()
         svc = ListenerService(kind, description, factory, self.reactor, access)
         svc.tls = self.tls
+        svc.refusals = self.refusals
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
+
+    def _refused_for_resources(self) -> None:
+        """A listener closed a connection it could not keep (no descriptor): counted
+        as refused, and as the ``file_descriptors`` limit
+        (``$SYS/broker/limits/file_descriptors``, ``mqttamqp_limit_hits_total``)."""
+        stats = self.broker.stats
+        stats.connections_refused += 1
+        stats.limit_hit("file_descriptors")
 
     def _access(self) -> str:
         authenticator = self.broker.authenticator
@@ -383,16 +410,29 @@ class BrokerService(service.MultiService):
     def _open_store(self) -> None:
         import zc.lockfile
 
-        from mqttamqp.store import EngineError, ServingLockError, StorageUnavailable
+        from mqttamqp.store import (
+            DamagedStorage,
+            EngineError,
+            ServingLockError,
+            StorageUnavailable,
+        )
 
         try:
             self.store.open()
         except zc.lockfile.LockError:
             raise StartupError(
                 f"another mqttamqp is using {self.data_dir} "
-                f"(lock held by {_lock_holder(self.data_dir)})") from None
+                f"(lock held by {lock_holder(self.store.lock_path())})") from None
         except (EngineError, ServingLockError, StorageUnavailable) as e:
             raise StartupError(str(e)) from None
+        except DamagedStorage as e:
+            if not e.recoverable:
+                raise StartupError(f"cannot open the storage {e.path}: {e.reason}") from None
+            raise StartupError(
+                f"the storage {e.path} is damaged ({e.reason}), probably by a crash "
+                f"during a commit; nothing was changed. Run 'mqttamqp-admin recover "
+                f"--data {self.data_dir}' (it keeps a copy of the file and cuts it "
+                "after the last good transaction), then start again") from None
         except OSError as e:
             raise StartupError(f"cannot open the storage in {self.data_dir}: "
                                f"{e.strerror or e}") from None
@@ -469,6 +509,7 @@ class BrokerService(service.MultiService):
         self.broker.shutdown()
         self.ops.stop()
         self.packing.stop()
+        self.refusals.stop()
         if self._acl_loop is not None and self._acl_loop.running:
             self._acl_loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
@@ -519,17 +560,6 @@ def _prepare_data_dir(path: str) -> None:
     except OSError as e:
         raise StartupError(f"cannot write to the data directory {path}: "
                            f"{e.strerror or e}") from None
-
-
-def _lock_holder(data_dir: str) -> str:
-    """"pid N" from the storage's lock file (zc.lockfile writes the holder's pid)."""
-    for name in ("mqttamqp.fs.lock", LOCKFILE):
-        try:
-            with open(os.path.join(data_dir, name), encoding="ascii") as f:
-                return f"pid {int(f.read().split()[0])}"
-        except (OSError, ValueError, IndexError):
-            continue
-    return "another process"
 
 
 def _no_traceback_for(kind: type[BaseException]) -> None:

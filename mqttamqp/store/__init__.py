@@ -14,8 +14,14 @@ from mqttamqp.store.engines import (
     serving_lock,
 )
 from mqttamqp.store.engines import resolve as resolve_engine
-from mqttamqp.store.zodbstore import FILENAME, StorageFactory, StoreClosedError, ZODBStore
+from mqttamqp.store.zodbstore import (
+    FILENAME,
+    DamagedStorage,
+    StorageFactory,
+    StoreClosedError,
+    ZODBStore,
+)
 
-__all__ = ["FILENAME", "Engine", "EngineError", "ServingLockError", "StorageFactory",
-           "StorageUnavailable", "StoreClosedError", "ZODBStore", "resolve_engine",
-           "serving_lock"]
+__all__ = ["FILENAME", "DamagedStorage", "Engine", "EngineError", "ServingLockError",
+           "StorageFactory", "StorageUnavailable", "StoreClosedError", "ZODBStore",
+           "resolve_engine", "serving_lock"]

@@ -115,10 +115,10 @@ def _file(path: str) -> Engine:
     path = os.path.abspath(path)
 
     def factory() -> Any:
-        from ZODB.FileStorage import FileStorage
+        # (imported here: zodbstore imports this module)
+        from mqttamqp.store.zodbstore import open_file_storage
 
-        # pack_keep_old=False: a pack does not leave a .old copy of the whole file.
-        return FileStorage(path, pack_keep_old=False)
+        return open_file_storage(path)
 
     return Engine("file", f"file://{path}", factory, size_path=path, locks_itself=True)
 

@@ -77,7 +77,7 @@ class PackSchedule:
         return loop
 
     def on_clock(self) -> None:
-        self._start("every {:g} h".format(self.interval / 3600))
+        self._start(f"every {self.interval / 3600:g} h")
 
     def check_growth(self) -> None:
         if self.packing:
