@@ -6,6 +6,14 @@ holds authoritative broker state or runs ZODB work on the reactor thread after
 ``load()``.
 """
 
+from mqttamqp.store.engines import (
+    Engine,
+    EngineError,
+    ServingLockError,
+    StorageUnavailable,
+    serving_lock,
+)
+from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.zodbstore import (
     FILENAME,
     DamagedStorage,
@@ -14,4 +22,6 @@ from mqttamqp.store.zodbstore import (
     ZODBStore,
 )
 
-__all__ = ["FILENAME", "DamagedStorage", "StorageFactory", "StoreClosedError", "ZODBStore"]
+__all__ = ["FILENAME", "DamagedStorage", "Engine", "EngineError", "ServingLockError",
+           "StorageFactory", "StorageUnavailable", "StoreClosedError", "ZODBStore",
+           "resolve_engine", "serving_lock"]
