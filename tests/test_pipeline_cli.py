@@ -8,6 +8,7 @@ import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_reachable_master_passes() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         cli.check_master(f"spark://127.0.0.1:{s.getsockname()[1]}", timeout=2)
+
+
+def test_summary_line_gives_files_and_rows_read_in_both_modes() -> None:
+    """The line after a run says how many files and rows it read, full or incremental."""
+    def result(incremental: bool, files: int, rows: int) -> SimpleNamespace:
+        return SimpleNamespace(summary={"totals": {"messages": 27, "topics": 4}},
+                               incremental=incremental, files_read=files, rows_read=rows)
+
+    assert cli.summary_line("R", False, result(False, 6, 61)) == (
+        "report written to R: 27 messages, 4 topics; full run: 6 files read, 61 rows read")
+    assert cli.summary_line("R", True, result(True, 2, 38)) == (
+        "report written to R: 27 messages, 4 topics; incremental run: 2 files read, "
+        "38 rows read")
+    assert cli.summary_line("R", True, result(False, 6, 61)).endswith(
+        "; full run (no complete incremental state of this archive there yet): "
+        "6 files read, 61 rows read")

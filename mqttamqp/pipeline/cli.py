@@ -201,9 +201,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_EMPTY
     finally:
         spark.stop()
-    totals = result.summary["totals"]
     if not args.quiet:
-        err.write(f"report written to {args.out}: {totals['messages']} messages, "
-                  f"{totals['topics']} topics, {result.new_files} new files, "
-                  f"{result.new_rows} new rows\n")
+        err.write(summary_line(args.out, args.incremental, result) + "\n")
     return 0
+
+
+def summary_line(out: str, asked_incremental: bool, result: Any) -> str:
+    """The line printed after a run: what the report holds and what this run read."""
+    totals = result.summary["totals"]
+    if result.incremental:
+        run = "incremental run"
+    elif asked_incremental:
+        run = "full run (no complete incremental state of this archive there yet)"
+    else:
+        run = "full run"
+    return (f"report written to {out}: {totals['messages']} messages, "
+            f"{totals['topics']} topics; {run}: {result.files_read} files read, "
+            f"{result.rows_read} rows read")
