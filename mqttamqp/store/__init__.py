@@ -7,6 +7,7 @@ holds authoritative broker state or runs ZODB work on the reactor thread after
 """
 
 from mqttamqp.store.engines import (
+    DamagedStorage,
     Engine,
     EngineError,
     ServingLockError,
@@ -16,7 +17,6 @@ from mqttamqp.store.engines import (
 from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.zodbstore import (
     FILENAME,
-    DamagedStorage,
     StorageFactory,
     StoreClosedError,
     ZODBStore,

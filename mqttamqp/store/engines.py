@@ -26,13 +26,16 @@ is the URI with the password replaced.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit, urlunsplit
 
-__all__ = ["Engine", "EngineError", "FILENAME", "SCHEMES", "resolve"]
+__all__ = ["DamagedStorage", "Engine", "EngineError", "FILENAME", "SCHEMES", "ServingLock",
+           "ServingLockError", "StorageUnavailable", "open_file_storage", "resolve",
+           "serving_lock"]
 
 FILENAME = "mqttamqp.fs"
 SCHEMES = ("file", "sqlite", "postgresql", "memory")
@@ -115,12 +118,58 @@ def _file(path: str) -> Engine:
     path = os.path.abspath(path)
 
     def factory() -> Any:
-        # (imported here: zodbstore imports this module)
-        from mqttamqp.store.zodbstore import open_file_storage
-
         return open_file_storage(path)
 
     return Engine("file", f"file://{path}", factory, size_path=path, locks_itself=True)
+
+
+class DamagedStorage(Exception):
+    """The storage file does not open: ``path``, and ``reason`` (ZODB's words).
+    ``recoverable``: a damaged transaction (``datadir.recover`` cuts the file
+    before it), rather than a file that is not a FileStorage at all."""
+
+    def __init__(self, path: str, reason: str, recoverable: bool) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.recoverable = recoverable
+
+
+class _Hold(logging.Filter):
+    """Holds back what FileStorage logs while it opens ("Ignoring index", then the
+    critical line of a damaged transaction): when the open fails, the exception says
+    it (one line, with what to do); when it does not, they are logged after all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
+
+
+def open_file_storage(path: str) -> Any:
+    """``FileStorage(path)`` (``pack_keep_old=False``: a pack leaves no ``.old`` copy of
+    the whole file), or ``DamagedStorage`` when its file is damaged."""
+    from ZODB.FileStorage import FileStorage
+    from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
+    from ZODB.FileStorage.format import CorruptedError
+
+    logger = logging.getLogger("ZODB.FileStorage")
+    hold = _Hold()
+    logger.addFilter(hold)
+    try:
+        storage = FileStorage(path, pack_keep_old=False)
+    except (CorruptedFileStorageError, CorruptedError) as e:
+        raise DamagedStorage(path, str(e).removeprefix(f"{path} "), True) from None
+    except FileStorageFormatError:
+        raise DamagedStorage(path, "not a ZODB FileStorage", False) from None
+    finally:
+        logger.removeFilter(hold)
+    for record in hold.held:
+        logger.handle(record)
+    return storage
 
 
 def _memory() -> Engine:

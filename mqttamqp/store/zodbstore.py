@@ -24,7 +24,6 @@ reactor thread, and must not pickle ``mqttamqp.core`` classes (see ``models``).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -39,9 +38,6 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from ZODB import DB
-from ZODB.FileStorage import FileStorage
-from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
-from ZODB.FileStorage.format import CorruptedError
 
 from mqttamqp.core.persistence import (
     ClearRetained,
@@ -116,51 +112,6 @@ def _abort_if_open(tm: Any) -> None:
 
 class StoreClosedError(RuntimeError):
     """``submit()`` or ``pack()`` after ``close()`` (or after the writer died)."""
-
-
-class DamagedStorage(Exception):
-    """The storage file does not open: ``path``, and ``reason`` (ZODB's words).
-    ``recoverable``: a damaged transaction (``datadir.recover`` cuts the file
-    before it), rather than a file that is not a FileStorage at all."""
-
-    def __init__(self, path: str, reason: str, recoverable: bool) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-        self.recoverable = recoverable
-
-
-class _Hold(logging.Filter):
-    """Holds back what FileStorage logs while it opens ("Ignoring index", then the
-    critical line of a damaged transaction): when the open fails, the exception says
-    it (one line, with what to do); when it does not, they are logged after all."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: list[logging.LogRecord] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.held.append(record)
-        return False
-
-
-def open_file_storage(path: str) -> FileStorage:
-    """``FileStorage(path)`` (``pack_keep_old=False``: a pack leaves no ``.old`` copy of
-    the whole file), or ``DamagedStorage`` when its file is damaged."""
-    logger = logging.getLogger("ZODB.FileStorage")
-    hold = _Hold()
-    logger.addFilter(hold)
-    try:
-        storage = FileStorage(path, pack_keep_old=False)
-    except (CorruptedFileStorageError, CorruptedError) as e:
-        raise DamagedStorage(path, str(e).removeprefix(f"{path} "), True) from None
-    except FileStorageFormatError:
-        raise DamagedStorage(path, "not a ZODB FileStorage", False) from None
-    finally:
-        logger.removeFilter(hold)
-    for record in hold.held:
-        logger.handle(record)
-    return storage
 
 
 class _Trees:
