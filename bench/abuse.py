@@ -13,6 +13,10 @@ Scenarios (each on a fresh broker, each bounded in count and time):
   messages (the flooder pipelines them, its PUBACKs read and dropped);
 * ``subscriptions``: one client asks for 100,000 subscriptions;
 * ``amqp_links``: one AMQP connection tries to attach 150,000 links;
+* ``amqp_links_many``: 100 AMQP connections each attach as many links as the
+  broker allows (up to ``--amqp-max-links`` each, until an attach is refused for
+  the total, ``--amqp-max-links-total``), hold them, then close; it reports the
+  links held, the bytes of RSS per link at the peak, and the RSS after;
 * ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/test_fuzz.py`` for 60 s;
 * ``ws_abuse``: WebSocket handshakes with version 8 and frame headers announcing
   100 MB and 2^63 bytes (200 of each);
@@ -416,6 +420,136 @@ def amqp_links(broker, quick):
             "condition": condition.name if condition is not None else None}
 
 
+class _LinkClient:
+    """One AMQP connection (a proton client engine on a socket) attaching links."""
+
+    def __init__(self, port, name):
+        from proton import Connection, Transport
+
+        self.conn = Connection()
+        self.conn.container = name
+        self.transport = Transport()
+        self.transport.bind(self.conn)
+        self.conn.open()
+        self.session = self.conn.session()
+        self.session.open()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.setblocking(False)
+        self.inbound = b""
+        self.links = []
+        self.closed = False
+        self.refused = False        # an attach was refused: it stops asking
+
+    def attach(self, n, tag):
+        for i in range(n):
+            link = self.session.receiver("l%d" % len(self.links))
+            link.source.address = "many/%s/%d" % (tag, len(self.links))
+            link.open()
+            self.links.append(link)
+
+    def pump(self):
+        """Move what is ready both ways (never blocks); heartbeats on time."""
+        if self.closed:
+            return
+        self.transport.tick(time.monotonic())
+        pending = self.transport.pending()
+        if pending > 0:
+            out = bytes(self.transport.peek(pending))
+            try:
+                sent = self.sock.send(out)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self.closed = True
+                return
+            self.transport.pop(sent)
+        try:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                self.closed = True
+            self.inbound += data
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.closed = True
+        while self.inbound and self.transport.capacity() > 0:
+            n = min(len(self.inbound), self.transport.capacity())
+            self.transport.push(self.inbound[:n])
+            self.inbound = self.inbound[n:]
+
+    def answered(self):
+        """Attaches answered so far, and of those refused."""
+        from proton import Endpoint
+
+        done = refused = 0
+        for link in self.links:
+            if link.state & Endpoint.REMOTE_CLOSED:
+                done += 1
+                refused += 1
+            elif link.state & Endpoint.REMOTE_ACTIVE:
+                done += 1
+        return done, refused
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def amqp_links_many(broker, quick):
+    """100 connections attach links up to what the broker allows, in rounds of 100
+    per connection; a connection stops at its own bound or at its first refusal
+    (which it detaches, as a well-behaved client does); all hold what they got
+    until the end, when the RSS is read and they close."""
+    connections = 20 if quick else 100
+    per_connection = 1000                      # the broker's --amqp-max-links default
+    batch = 100
+    rss0 = broker.status()["VmRSS"]
+    clients = [_LinkClient(broker.amqp_port, "many-%d" % i) for i in range(connections)]
+    end = time.monotonic() + (60 if quick else 240)
+    while time.monotonic() < end:
+        active = [c for c in clients if not (c.closed or c.refused)
+                  and len(c.links) < per_connection]
+        if not active:
+            break
+        for c in active:
+            c.attach(min(batch, per_connection - len(c.links)), c.conn.container)
+        # until every attach of the round is answered (bounded by the deadline)
+        while time.monotonic() < end:
+            for c in clients:
+                c.pump()
+            waiting = False
+            for c in active:
+                done, refused = c.answered()
+                if refused and not c.refused:
+                    c.refused = True
+                    for link in c.links:     # detach what was refused
+                        if link.remote_condition is not None:
+                            link.close()
+                if done < len(c.links) and not c.closed:
+                    waiting = True
+            if not waiting:
+                break
+            time.sleep(0.005)
+    for _ in range(50):                       # the detaches of refused links out
+        for c in clients:
+            c.pump()
+        time.sleep(0.01)
+    attached = sum(c.answered()[0] - c.answered()[1] for c in clients if not c.closed)
+    refused = sum(c.answered()[1] for c in clients)
+    closed_by_broker = sum(1 for c in clients if c.closed)
+    rss = broker.status()["VmRSS"]
+    for c in clients:
+        c.close()
+    return {"connections": connections, "links_attached": attached,
+            "attaches_refused": refused, "connections_closed_by_broker": closed_by_broker,
+            "rss_mb_holding": round(rss / MB, 1),
+            # (what the links held added to the RSS: proton's, the broker's, the
+            # allocator's overhead)
+            "rss_bytes_per_link": round((rss - rss0) * 1024 / attached) if attached else None}
+
+
 def fuzz(broker, quick):
     sys.path.insert(0, os.path.join(brokers.MAIN, "tests"))
     import test_fuzz as tf  # the fuzzers of the test suite
@@ -590,8 +724,9 @@ HELP = [""]   # twistd mqttamqp --help, read once (which options this broker has
 
 SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
              "stuck_qos1": stuck_qos1, "subscriptions": subscriptions,
-             "amqp_links": amqp_links, "fuzz": fuzz, "ws_abuse": ws_abuse,
-             "fd_exhaustion": fd_exhaustion, "login_guessing": login_guessing}
+             "amqp_links": amqp_links, "amqp_links_many": amqp_links_many, "fuzz": fuzz,
+             "ws_abuse": ws_abuse, "fd_exhaustion": fd_exhaustion,
+             "login_guessing": login_guessing}
 
 
 def main():

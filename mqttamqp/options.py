@@ -321,6 +321,11 @@ class Options(usage.Options):
          "Most links attached at a time on one AMQP connection (refused ones count "
          "until detached); a peer that attaches more is closed "
          "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
+        ["amqp-max-links-total", None, _D.amqp_max_links_total,
+         "Most links attached at a time on all AMQP connections together (refused ones "
+         "count until detached; 3-5 KB each); beyond, an attach is refused with "
+         "amqp:resource-limit-exceeded and the connection stays.",
+         _positive(int, "amqp-max-links-total")],
         ["amqp-max-held-bytes", None, _D.amqp_max_held_bytes,
          "Most bytes of unfinished (multi-frame) incoming messages the broker holds for "
          "one AMQP connection; a peer that sends more is closed "
@@ -521,6 +526,8 @@ class Options(usage.Options):
             raise usage.UsageError("--amqp-max-sessions must be at least 1")
         if self["amqp-max-links"] < 1:
             raise usage.UsageError("--amqp-max-links must be at least 1")
+        if self["amqp-max-links-total"] < 1:
+            raise usage.UsageError("--amqp-max-links-total must be at least 1")
         if self["amqp-max-held-bytes"] < self["max-packet-size"]:
             raise usage.UsageError("--amqp-max-held-bytes must be at least --max-packet-size "
                                    "(one whole message)")
@@ -581,6 +588,7 @@ def limits_from(options: Any) -> Limits:
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
+        amqp_max_links_total=options["amqp-max-links-total"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
         share_strategy=options["share-strategy"],
         shared_subscriptions=not options["no-shared-subscriptions"],

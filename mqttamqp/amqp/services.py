@@ -77,11 +77,14 @@ def _client_of(value: Any, kind: AddressKind) -> str | None:
 
 
 class _ServiceLink(IncomingLink):
-    window = 20
+    __slots__ = ()
+    max_window = 20
 
 
 class WillServiceLink(_ServiceLink):
     """AMQP_WILL and AMQP_WILL_CLEAR; the link name is the will's key."""
+
+    __slots__ = ()
 
     def start(self) -> None:
         self.broker.will_owner_returned(self.name)
@@ -131,6 +134,8 @@ class WillServiceLink(_ServiceLink):
 
 class SubscriptionServiceLink(_ServiceLink):
     """AMQP_LIST, AMQP_CLOSE, AMQP_SUBSCRIBE and AMQP_UNSUBSCRIBE."""
+
+    __slots__ = ("requests",)
 
     def __init__(self, host: LinkHost, plink: Any, address: str,
                  requests: SessionRequests) -> None:
@@ -248,6 +253,8 @@ def _packet_id(value: Any) -> int | None:
 
 class PubrelLink(_ServiceLink):
     """``$mqtt.<id>.pubrel``: the FE got PUBREC; release the QoS 2 message."""
+
+    __slots__ = ("client_id",)
 
     def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)

@@ -28,10 +28,15 @@ class Limits:
     stall_timeout: float = 2.0
     # QoS 0 bytes buffered to a stalled client before dropping
     congested_qos0_bytes: int = 4 << 20
-    # One AMQP connection: sessions (channel-max + 1) and links attached at a time
-    # (about 5 KB each in proton); beyond either the connection is closed.
+    # One AMQP connection: sessions (channel-max + 1) and links attached at a time;
+    # beyond either the connection is closed.
     amqp_max_sessions: int = 32
     amqp_max_links: int = 1_000
+    # Links attached to the broker in all (refused ones too, until detached); beyond,
+    # an attach is refused.  A link costs 3-5 KB (proton's ~1.4 KB, the broker's
+    # objects, a topic receiver's session; ``bench/linkmem.py``): 20,000 stay
+    # within ~100 MB, where 10,000 connections of 1,000 links each would not.
+    amqp_max_links_total: int = 20_000
     # Bytes of unfinished (multi-frame) incoming messages one AMQP connection may
     # have the broker hold; beyond, the connection is closed.
     amqp_max_held_bytes: int = 32 << 20

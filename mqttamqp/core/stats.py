@@ -93,6 +93,7 @@ class BrokerStats:
     storage_error: str = ""           # the first error of the current (or last) spell
     # How often each limit refused something (``$SYS/broker/limits/<name>``).
     limits: dict[str, int] = field(default_factory=dict)
+    amqp_links: int = 0               # AMQP links attached now, all connections (gauge)
     # By protocol (the totals above stay the $SYS figures): AMQP's share is counted
     # on the AMQP path only, the broker's own publishes (wills, console) where they
     # are routed; MQTT's is the rest, so the MQTT hot path counts nothing extra.

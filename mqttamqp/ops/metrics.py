@@ -153,6 +153,8 @@ def snapshot(broker: Broker) -> list[Family]:
         _one("mqttamqp_retained_messages", GAUGE, "Retained messages clients stored "
              "($SYS not counted).", c.retained - c.retained_sys),
         _one("mqttamqp_subscriptions", GAUGE, "Topic filters subscribed.", c.subscriptions),
+        _one("mqttamqp_amqp_links", GAUGE, "AMQP links attached now, refused ones not yet "
+             "detached included (--amqp-max-links-total).", stats.amqp_links),
         _one("mqttamqp_wills_pending", GAUGE, "Stored wills (not yet published).", c.wills),
         _one("mqttamqp_wills_in_grace", GAUGE, "Wills restored at start whose grace "
              "period is still running.", broker.wills_in_grace),
