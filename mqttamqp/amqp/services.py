@@ -335,9 +335,22 @@ class SessionRequests:
             outlet.open_session(clean)
 
     def decided(self, client_id: str, clean: bool) -> None:
+        self.clean.pop(client_id, None)       # (re-inserted: the newest last)
         self.clean[client_id] = clean
+        self._bound_decisions()
         if client_id in self.waiting:
             self._release(client_id, clean)
+
+    def _bound_decisions(self) -> None:
+        """Keep at most ``amqp_max_links`` remembered decisions (a connection cannot
+        hold more ``.publish`` links than that): the oldest of clients without a
+        ``.publish`` link go first.  An FE serving many clients over one connection
+        decides for each, and without a bound the dict grew for the connection's life."""
+        excess = len(self.clean) - self.host.limits.amqp_max_links
+        if excess <= 0:
+            return
+        for client_id in [c for c in self.clean if c not in self.outlets][:excess]:
+            del self.clean[client_id]
 
     def claim_waiting(self, client_id: str) -> None:
         """AMQP_SUBSCRIBE for ``client_id``: a receiver waiting for AMQP_LIST claims
@@ -347,7 +360,9 @@ class SessionRequests:
 
     def close_session(self, client_id: str) -> Deferred[None] | None:
         """AMQP_CLOSE: remove the session (taking it over first), then start clean."""
+        self.clean.pop(client_id, None)
         self.clean[client_id] = True
+        self._bound_decisions()
         outlet = self.outlets.get(client_id)
         d = self.host.broker.close_session(client_id, outlet, "AMQP_CLOSE: session closed")
         if outlet is not None and outlet.session is not None:
