@@ -134,18 +134,26 @@ def test_dollar_filters_are_never_shared() -> None:
 
 def test_a_moved_message_stays_when_the_other_member_has_no_room() -> None:
     """Review finding: moving a leaving member's message must not lose it when the
-    other member's queue is full."""
-    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=1)
+    other member's queue is full: it stays (stored) with the offline member until
+    the other has room, then moves."""
+    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=4)
     a = net.mqtt("a", clean=False)
     b = net.mqtt("b")
     for m in (a, b):
         m.subscribe(("$share/g/t", 1))
     for i in range(4):   # (through the façade: a client publisher would be held back
-        # by back-pressure once a and b are past their high-water mark)
-        net.broker.publish(Message("t", b"%d" % i, 1))   # a: 1 in flight + 1 queued; b too
-    assert len(a.publishes()) == 1            # (its window: 1 in flight, 1 queued)
+        # by back-pressure once the group's backlog is past its high-water mark)
+        net.broker.publish(Message("t", b"%d" % i, 1))   # a: 1 in flight; b too; 2 held
+    assert len(a.publishes()) == 1            # (its window: 1 in flight)
     a.disconnect()
-    assert len(list(net.broker.sessions["a"].entries())) == 2   # b was full: both stay
+    assert len(list(net.broker.sessions["a"].entries())) == 1   # b is full: it stays
+    got: list[bytes] = []
+    for _ in range(4):
+        [msg] = b.publishes()
+        got.append(msg.payload)
+        b.ack([msg])
+    assert sorted(got) == [b"0", b"1", b"2", b"3"]
+    assert not list(net.broker.sessions["a"].entries())   # (moved, not copied)
 
 
 def test_the_console_shows_groups_members_and_counts(tmp_path: object) -> None:

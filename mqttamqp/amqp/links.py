@@ -58,6 +58,7 @@ from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
+from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues import (
@@ -903,9 +904,9 @@ class IncomingLink(BrokerLink):
 
     # credit and back-pressure --------------------------------------------------------
 
-    def block_until_drained(self, sessions: Sequence[Session]) -> None:
-        """``sessions`` fed by this link are past their high-water mark: no more credit
-        until they drain."""
+    def block_until_drained(self, sessions: Sequence[Congestible]) -> None:
+        """``sessions`` (or shared groups) fed by this link are past their high-water
+        mark: no more credit until they drain."""
         self.broker.pause_until_drained(id(self), self._unblock, sessions)
         self.blocked = True
 
