@@ -824,6 +824,8 @@ class Router:
             self.shared[topic_filter] = group
             self.shared_trie.add(shared[1], group, 2)
         group.join(session, qos)
+        if group in self._waiting:
+            self._drain(group)     # (a new member may take what the group holds)
 
     def _unroute(self, topic_filter: str, session: Session) -> None:
         if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
