@@ -354,6 +354,14 @@ class OutgoingLink(BrokerLink):
         stats.messages_sent_amqp += 1
         self.host.schedule_flush()
 
+    @property
+    def credit_room(self) -> bool:
+        """The peer's credit covers one more message (beyond those waiting for it):
+        the core feeds retained messages, and shared groups their QoS 0 ones, only
+        then (``Session.has_room``)."""
+        impl = self.impl
+        return bool(_link_credit(impl) > _link_queued(impl))
+
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
         impl = self.impl

@@ -343,13 +343,14 @@ class Session:
         """Could a message of ``qos`` be sent now, without a backlog growing here?
         Online, and for QoS 1/2 what is in flight and queued below the in-flight
         window (and the queue below its high-water mark); for QoS 0 a link that is
-        not congested.  Shared groups give messages only to members with room, and
+        not congested (and for AMQP, credit left).  Shared groups give messages only to members with room, and
         retained messages are fed to a new subscriber as it has room."""
         link = self.link
         if link is None:
             return False
         if not qos:
-            return not link.congested
+            # (an AMQP link also needs the peer's credit: ``credit_room``)
+            return not link.congested and getattr(link, "credit_room", True)
         limits = self.limits
         return (len(self.inflight) + len(self.queue) < self.window
                 and len(self.queue) * 2 <= limits.max_queued_messages
