@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from amqp_memory import Net
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -190,9 +191,7 @@ def test_match_equals_brute_force(puts: list[str], deletes: list[str], topic_fil
 # -- issue #26, section 3: retained replay paced by the subscriber ---------------------
 
 
-def _retained_net(n: int, size: int, **limits: object) -> "Net":
-    from amqp_memory import Net
-
+def _retained_net(n: int, size: int, **limits: object) -> Net:
     net = Net(**limits)
     for i in range(n):
         net.broker.publish(Message(f"r/{i}", b"%05d" % i + b"x" * (size - 5), 1, True))
@@ -268,8 +267,6 @@ def test_a_retained_message_deleted_during_the_replay_is_skipped() -> None:
 def test_queue_bound_drops_are_logged_once_a_minute_per_session(log_lines: list[str]) -> None:
     """QoS 1 messages dropped at a subscriber's queue bound: one line per session a
     minute, saying how many."""
-    from amqp_memory import Net
-
     net = Net(max_queued_messages=2, max_inflight=1)
     net.mqtt("slow").subscribe(("t", 1))
     for i in range(10):        # (the broker's own publish: no back-pressure)
@@ -287,7 +284,6 @@ def test_queue_bound_drops_are_logged_once_a_minute_per_session(log_lines: list[
 def test_an_amqp_receiver_gets_every_retained_message_as_its_credit_allows() -> None:
     """An AMQP receiver on a topic filter (pre-settled, QoS 0): retained messages are
     paced by its credit, not held in the engine until the QoS 0 bound drops them."""
-    from amqp_memory import Net
     from proton import Link
 
     net = Net(congested_qos0_bytes=8 * 1024)

@@ -391,6 +391,8 @@ class Router:
         dropped = 0
         congested: list[Congestible] | None = None
         for group in groups:
+            if eligible is not None and not any(s in eligible for s in group.members):
+                continue   # (no MQTT form, and no AMQP member: no taker)
             pick = None if qos and group.backlog else group.pick(
                 message.publisher, qos, eligible=eligible)
             if pick is None:
@@ -478,9 +480,13 @@ class Router:
             backlog = group.backlog
             while backlog:
                 message, qos = backlog[0]
-                pick = group.pick(message.publisher, qos,
-                                  eligible=self.native if message.amqp_only else None)
+                eligible = self.native if message.amqp_only else None
+                pick = group.pick(message.publisher, qos, eligible=eligible)
                 if pick is None:
+                    if eligible is not None and not any(s in eligible
+                                                        for s in group.members):
+                        group.take()    # (no AMQP member left to take it: no taker)
+                        continue
                     break
                 group.take()
                 target, granted = pick

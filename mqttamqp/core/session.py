@@ -343,8 +343,9 @@ class Session:
         """Could a message of ``qos`` be sent now, without a backlog growing here?
         Online, and for QoS 1/2 what is in flight and queued below the in-flight
         window (and the queue below its high-water mark); for QoS 0 a link that is
-        not congested (and for AMQP, credit left).  Shared groups give messages only to members with room, and
-        retained messages are fed to a new subscriber as it has room."""
+        not congested (and for AMQP, credit left).  Shared groups give messages
+        only to members with room, and retained messages are fed to a new
+        subscriber as it has room."""
         link = self.link
         if link is None:
             return False

@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from mqttamqp.core.message import Message
-    from mqttamqp.core.session import OutEntry
 
 __all__ = ["SHARE_PREFIX", "STRATEGIES", "SharedGroup", "parse_share", "route_filter",
            "Member"]
@@ -122,8 +121,9 @@ class SharedGroup(Generic[M]):
         self.backlog_bytes = 0
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        # Entries still held (stored) by offline persistent members, oldest first.
-        self.loans: deque[tuple[M, OutEntry]] = deque()
+        # Entries (``core.session.OutEntry``; the session module imports this one)
+        # still held, stored, by offline persistent members, oldest first.
+        self.loans: deque[tuple[M, Any]] = deque()
         self.dropped = 0          # new messages refused by a full backlog
         self.stalled = False      # see ``over_high_water``
 
