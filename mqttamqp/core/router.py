@@ -205,8 +205,10 @@ class Router:
         # Retained messages owed to new subscriptions, by session (``send_retained``).
         self._replays: dict[Session, deque[_Replay]] = {}
         self._feeding: set[Session] = set()   # a slice is scheduled for these
-        # QoS 1/2 drops at a session's queue bound: a line per session a minute.
+        # QoS 1/2 drops at a session's queue bound: a line per session a minute, and
+        # 20 a minute in all (thousands of stuck sessions must not flood the log).
         self._drop_lines = LogLimiter(clock.seconds)
+        self._drop_lines_all = LogLimiter(clock.seconds, burst=20)
 
     # -- publishing -----------------------------------------------------------
 
@@ -526,13 +528,17 @@ class Router:
         held = self._drop_lines.allow(session.client_id)
         if held is None:
             return
+        others = self._drop_lines_all.allow("queue_full")
+        if others is None:
+            return
         self.log.warn(
             "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
-            "{m}, --max-queued-bytes {b}){why}; {t} dropped in all",
+            "{m}, --max-queued-bytes {b}){why}; {t} dropped in all{o}",
             c=session.client_id, n=held + 1, m=self.limits.max_queued_messages,
             b=self.limits.max_queued_bytes, t=session.dropped,
             why=(" while it made no progress" if session.stalled else
-                 "" if session.link is not None else " while offline"))
+                 "" if session.link is not None else " while offline"),
+            o=f" ({others} such lines of other sessions not logged)" if others else "")
 
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         """A valid filter ``identity`` may subscribe to."""
