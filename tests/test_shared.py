@@ -355,3 +355,22 @@ def test_an_unsubscribing_member_gives_back_what_it_has_queued() -> None:
         b.ack(messages)
     assert got == [b"0", b"2"]     # (a's queued one goes first)
     assert not a.proto.session.queue
+
+
+def test_a_group_that_takes_nothing_stops_holding_its_publisher_after_the_stall_timeout(
+        ) -> None:
+    """The stall rule holds for a group's backlog: when no member took anything for
+    --stall-timeout, the publisher is read again and the backlog drops at its bound
+    (counted); the first message a member takes makes it hold publishers again."""
+    net = Net(max_inflight=1, max_queued_messages=10, stall_timeout=2.0)
+    member = net.mqtt("stuck")
+    member.subscribe(("$share/g/jobs", 1))
+    pub = net.mqtt("pub")
+    pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(40)])
+    group = net.broker._router.shared["$share/g/jobs"]
+    assert group.dropped == 0 and len(pub.take(Puback)) < 40
+    net.advance(2.5)
+    assert len(pub.take(Puback)) > 0 and group.dropped > 0 and group.stalled
+    assert net.broker.dropped_total() == group.dropped
+    member.ack(member.publishes())
+    assert not group.stalled
