@@ -1,9 +1,10 @@
-"""``ZODBStore``: the durable ``StateStore`` on a ZODB FileStorage.
+"""``ZODBStore``: the durable ``StateStore`` on a ZODB storage.
 
-This module owns all ZODB I/O of the broker: opening the FileStorage under the data
-directory (or the storage a ``storage_factory`` gives, e.g. a ``MappingStorage`` in
-unit tests), the single writer thread with natural group commit, packing, and the
-start-up ``load()``.
+This module owns all ZODB I/O of the broker: opening the storage its ``Engine``
+names (``engines``: FileStorage under the data directory by default, RelStorage on
+SQLite or PostgreSQL; or the storage a ``storage_factory`` gives, e.g. a
+``MappingStorage`` in unit tests), the single writer thread with natural group
+commit, packing, and the start-up ``load()``.
 
 Threading rules:
 
@@ -12,9 +13,9 @@ Threading rules:
   and returns a Deferred; ``stats()`` reads counters and ``os.stat``s the file.
 * The writer thread takes everything queued (up to ``max_batch_ops`` ops, never
   splitting one submit), applies it in order to its own connection, commits once
-  (FileStorage fsyncs every commit) and fires the Deferreds of that commit on the
-  reactor thread through ``reactor.callFromThread``.  Whatever arrives during a
-  commit goes into the next one.
+  (FileStorage fsyncs every commit, and so does SQLite as ``engines`` sets it up)
+  and fires the Deferreds of that commit on the reactor thread through
+  ``reactor.callFromThread``.  Whatever arrives during a commit goes into the next.
 * ``pack()`` runs in its own thread; FileStorage packs concurrently with commits.
 
 It must not hold authoritative state (the core does), must not run ZODB work on the
@@ -23,6 +24,7 @@ reactor thread, and must not pickle ``mqttamqp.core`` classes (see ``models``).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -38,6 +40,8 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from ZODB import DB
 from ZODB.FileStorage import FileStorage
+from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
+from ZODB.FileStorage.format import CorruptedError
 
 from mqttamqp.core.persistence import (
     ClearRetained,
@@ -66,6 +70,8 @@ from mqttamqp.core.persistence import (
     Snapshot,
     TrimQueue,
 )
+from mqttamqp.store.engines import FILENAME, Engine
+from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.models import (
     PersistentQueue,
     PersistentSession,
@@ -85,8 +91,6 @@ from mqttamqp.store.models import (
 )
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
-
-FILENAME = "mqttamqp.fs"
 
 _log = Logger(namespace="mqttamqp.store")
 
@@ -112,6 +116,51 @@ def _abort_if_open(tm: Any) -> None:
 
 class StoreClosedError(RuntimeError):
     """``submit()`` or ``pack()`` after ``close()`` (or after the writer died)."""
+
+
+class DamagedStorage(Exception):
+    """The storage file does not open: ``path``, and ``reason`` (ZODB's words).
+    ``recoverable``: a damaged transaction (``datadir.recover`` cuts the file
+    before it), rather than a file that is not a FileStorage at all."""
+
+    def __init__(self, path: str, reason: str, recoverable: bool) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.recoverable = recoverable
+
+
+class _Hold(logging.Filter):
+    """Holds back what FileStorage logs while it opens ("Ignoring index", then the
+    critical line of a damaged transaction): when the open fails, the exception says
+    it (one line, with what to do); when it does not, they are logged after all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
+
+
+def open_file_storage(path: str) -> FileStorage:
+    """``FileStorage(path)`` (``pack_keep_old=False``: a pack leaves no ``.old`` copy of
+    the whole file), or ``DamagedStorage`` when its file is damaged."""
+    logger = logging.getLogger("ZODB.FileStorage")
+    hold = _Hold()
+    logger.addFilter(hold)
+    try:
+        storage = FileStorage(path, pack_keep_old=False)
+    except (CorruptedFileStorageError, CorruptedError) as e:
+        raise DamagedStorage(path, str(e).removeprefix(f"{path} "), True) from None
+    except FileStorageFormatError:
+        raise DamagedStorage(path, "not a ZODB FileStorage", False) from None
+    finally:
+        logger.removeFilter(hold)
+    for record in hold.held:
+        logger.handle(record)
+    return storage
 
 
 class _Trees:
@@ -391,11 +440,12 @@ _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
 
 
 class ZODBStore:
-    """A ``StateStore`` on ``FileStorage(<path>/mqttamqp.fs)`` with one writer thread.
+    """A ``StateStore`` on a ZODB storage with one writer thread.
 
-    With ``storage_factory`` the store opens the storage that factory returns instead
-    and leaves ``path`` alone (no directory, no file; ``self.path`` is empty and
-    ``stats()`` reports a size of 0).
+    By default the storage is ``FileStorage(<path>/mqttamqp.fs)``.  With ``engine``
+    the store opens the storage that engine names (``path`` is then not used); with
+    ``storage_factory``, the storage that factory returns (``self.path`` is empty
+    and ``stats()`` reports a size of 0).
 
     Ops on a session that does not exist are ignored, except that ``PutQueued``,
     ``PutSubscription`` and ``PutInboundQos2`` create it implicitly unless a
@@ -415,6 +465,7 @@ class ZODBStore:
         gather_seconds: float = 0.002,
         *,
         storage_factory: StorageFactory | None = None,
+        engine: Engine | None = None,
     ) -> None:
         if max_batch_ops < 1:
             raise ValueError("max_batch_ops must be >= 1")
@@ -423,14 +474,14 @@ class ZODBStore:
         self._reactor = reactor
         self._max_batch_ops = max_batch_ops
         self._commit_attempts = commit_attempts
-        storage: Any
-        if storage_factory is None:
+        if storage_factory is not None:
+            engine = Engine("custom", "custom", storage_factory)
+        elif engine is None:
             os.makedirs(path, exist_ok=True)
-            self.path: str = os.path.join(path, FILENAME)
-            storage = FileStorage(self.path, pack_keep_old=False)
-        else:
-            self.path = ""
-            storage = storage_factory()
+            engine = resolve_engine(None, path)
+        self.engine = engine
+        self.path: str = engine.size_path
+        storage: Any = engine.factory()
         try:
             self._db: Any = DB(storage, cache_size=20000)
         except BaseException:
@@ -557,15 +608,11 @@ class ZODBStore:
 
     def stats(self) -> dict[str, Any]:
         """Counters for the admin console; cheap and safe on the reactor thread."""
-        size = 0
-        if self.path:
-            try:
-                size = os.stat(self.path).st_size
-            except OSError:
-                pass
         return {
+            "engine": self.engine.kind,
+            "storage": self.engine.display,
             "path": self.path,
-            "file_size_bytes": size,
+            "file_size_bytes": self.engine.size_bytes(),
             "submits": self._submits,          # submit() calls accepted
             "batches": self._batches,          # submits committed (or failed)
             "ops": self._ops,                  # ops committed
