@@ -23,7 +23,11 @@ Scenarios (each on a fresh broker, each bounded in count and time):
 * ``fd_exhaustion``: the broker's descriptor limit lowered while it runs, then 150
   connections;
 * ``login_guessing``: console password guesses for one user from 100 loopback
-  addresses for 30 s.
+  addresses for 30 s;
+* ``shared_stuck``: a shared group of three members that never PUBACK and one that
+  does, 20,000 QoS 1 messages, then the stuck members leave (issue #26);
+* ``retained_replay``: a new QoS 1 and QoS 0 subscriber to 2,000 retained messages of
+  8 KB, then to 100,000 of 1 KB (issue #26).
 
 ``--quick`` divides the durations by 6 and the counts by 10.
 
@@ -571,6 +575,170 @@ def fuzz(broker, quick):
     return {"cases": counts}
 
 
+# -- issue #26 section 3: no acknowledged message dropped ----------------------------
+
+class _NbClient:
+    """A non-blocking MQTT client for the select loops below: ``out`` goes as the
+    socket takes it; PUBLISHes are counted (distinct payload prefixes) and, when
+    ``acks``, answered with PUBACK; PUBACKs received are counted."""
+
+    def __init__(self, port, client_id, acks=True, rcvbuf=None, key=6):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.setblocking(False)
+        self.parser = w.Parser()
+        self.out = bytearray(w.connect(client_id, True))
+        self.acks, self.key = acks, key
+        self.connacked = self.subacked = False
+        self.got = set()
+        self.publishes = self.pubacks = 0
+        self.closed = False
+
+    def on_readable(self):
+        try:
+            data = self.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return
+        for first, body in self.parser.feed(data):
+            kind = first >> 4
+            if kind == w.PUBLISH:
+                self.publishes += 1
+                qos = (first >> 1) & 3
+                tlen = int.from_bytes(body[:2], "big")
+                start = 2 + tlen + (2 if qos else 0)
+                self.got.add(bytes(body[start:start + self.key]))
+                if qos and self.acks:
+                    self.out += w.puback(bytes(body[2 + tlen:4 + tlen]))
+            elif kind == w.PUBACK:
+                self.pubacks += 1
+            elif kind == w.CONNACK:
+                self.connacked = True
+            elif kind == w.SUBACK:
+                self.subacked = True
+
+    def on_writable(self):
+        try:
+            del self.out[:self.sock.send(self.out)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.closed = True
+
+    def close(self):
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _nb_loop(clients, until, seconds, idle=None):
+    """Move bytes until ``until()``, ``seconds`` pass, or (``idle``) nothing arrived for
+    that long; True if ``until()`` held."""
+    end = time.monotonic() + seconds
+    last = time.monotonic()
+    import select
+
+    while not until():
+        now = time.monotonic()
+        if now >= end or (idle is not None and now - last > idle):
+            return False
+        live = [c for c in clients if not c.closed]
+        r, wr, _ = select.select([c.sock for c in live],
+                                 [c.sock for c in live if c.out], [], 0.2)
+        for c in live:
+            if c.sock in wr:
+                c.on_writable()
+            if c.sock in r:
+                c.on_readable()
+                last = time.monotonic()
+    return True
+
+
+def _publish_all(port, client_id, messages, seconds):
+    """Pipeline ``messages`` (topic, payload, retain) at QoS 1; PUBACKs counted."""
+    pub = _NbClient(port, client_id)
+    _nb_loop([pub], lambda: pub.connacked, 10)
+    for i, (topic, payload, retain) in enumerate(messages):
+        pub.out += w.publish(topic, payload, 1, i % 65535 + 1, retain)
+    _nb_loop([pub], lambda: pub.pubacks >= len(messages), seconds)
+    pub.close()
+    return pub.pubacks
+
+
+def shared_stuck(broker, quick):
+    """Three members of a shared group that read but never PUBACK, one that does; a
+    publisher pipelines QoS 1 messages (20,000; --quick 2,000) and waits for every
+    PUBACK; then the stuck members leave (clean sessions).  Counts what the acking
+    member got: every message acknowledged to the publisher must arrive."""
+    n = 2000 if quick else 20000
+    port = broker.port
+    stuck = [_NbClient(port, "stuck-%d" % i, acks=False) for i in range(3)]
+    acker = _NbClient(port, "acker")
+    members = stuck + [acker]
+    _nb_loop(members, lambda: all(m.connacked for m in members), 10)
+    for m in members:
+        m.out += w.subscribe(1, [("$share/abuse/jobs", 1)])
+    _nb_loop(members, lambda: all(m.subacked for m in members), 10)
+    pub = _NbClient(port, "shared-producer")
+    _nb_loop([pub], lambda: pub.connacked, 10)
+    pub.out += b"".join(w.publish("jobs", b"%06d" % i, 1, i % 65535 + 1)
+                        for i in range(n))
+    everyone = members + [pub]
+    t0 = time.monotonic()
+    acked_all = _nb_loop(everyone, lambda: pub.pubacks >= n, 60 if quick else 300)
+    publish_seconds = time.monotonic() - t0
+    held = sum(len(m.got) for m in stuck)
+    before_leaving = len(acker.got)
+    for m in stuck:
+        m.close()
+    _nb_loop([acker], lambda: len(acker.got) >= n, 30, idle=10)
+    acker.close()
+    pub.close()
+    return {"messages": n, "acknowledged_to_publisher": pub.pubacks,
+            "all_acknowledged": acked_all, "publish_seconds": round(publish_seconds, 1),
+            "stuck_members_held": held, "acker_got_before_they_left": before_leaving,
+            "acker_got": len(acker.got),
+            "acknowledged_but_lost": max(0, pub.pubacks - len(acker.got))}
+
+
+def retained_replay(broker, quick):
+    """Retained messages, then a new subscriber at QoS 1 (acking) and one at QoS 0 (a
+    64 KB socket buffer), counting what arrives: 2,000 of 8 KB, then (deleted first)
+    100,000 of 1 KB (--quick: 200 and 10,000).  Every one must arrive."""
+    port = broker.port
+    out = {}
+    for label, count, size in (("8KB", 200 if quick else 2000, 8192),
+                               ("1KB", 10000 if quick else 100000, 1024)):
+        topics = ["replay%s/%d" % (label, i) for i in range(count)]
+        t0 = time.monotonic()
+        stored = _publish_all(port, "retainer-" + label, [
+            (t, b"%06d" % i + b"r" * (size - 6), True) for i, t in enumerate(topics)], 300)
+        phase = {"retained": count, "stored_acknowledged": stored,
+                 "store_seconds": round(time.monotonic() - t0, 1)}
+        for qos in (1, 0):
+            sub = _NbClient(port, "late-%s-q%d" % (label, qos), key=6,
+                            rcvbuf=None if qos else 64 * 1024)
+            _nb_loop([sub], lambda: sub.connacked, 10)
+            sub.out += w.subscribe(1, [("replay%s/#" % label, qos)])
+            t0 = time.monotonic()
+            _nb_loop([sub], lambda: len(sub.got) >= count, 120 if quick else 600, idle=15)
+            phase["qos%d" % qos] = {"got": len(sub.got), "all": len(sub.got) == count,
+                                    "seconds": round(time.monotonic() - t0, 1)}
+            sub.close()
+        # (deleted, so the next phase stays within --max-retained-messages)
+        _publish_all(port, "eraser-" + label, [(t, b"", True) for t in topics], 300)
+        out[label] = phase
+    return out
+
+
 def _ws_handshake(port, version=13):
     import base64
 
@@ -726,7 +894,8 @@ SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
              "stuck_qos1": stuck_qos1, "subscriptions": subscriptions,
              "amqp_links": amqp_links, "amqp_links_many": amqp_links_many, "fuzz": fuzz,
              "ws_abuse": ws_abuse, "fd_exhaustion": fd_exhaustion,
-             "login_guessing": login_guessing}
+             "login_guessing": login_guessing, "shared_stuck": shared_stuck,
+             "retained_replay": retained_replay}
 
 
 def main():

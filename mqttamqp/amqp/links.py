@@ -63,6 +63,7 @@ from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
+from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues import (
@@ -377,6 +378,14 @@ class OutgoingLink(BrokerLink):
         stats.messages_sent += 1   # (bytes are counted per socket write)
         stats.messages_sent_amqp += 1
         self.host.schedule_flush()
+
+    @property
+    def credit_room(self) -> bool:
+        """The peer's credit covers one more message (beyond those waiting for it):
+        the core feeds retained messages, and shared groups their QoS 0 ones, only
+        then (``Session.has_room``)."""
+        impl = self.impl
+        return bool(_link_credit(impl) > _link_queued(impl))
 
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
@@ -955,9 +964,9 @@ class IncomingLink(BrokerLink):
 
     # credit and back-pressure --------------------------------------------------------
 
-    def block_until_drained(self, sessions: Sequence[Session]) -> None:
-        """``sessions`` fed by this link are past their high-water mark: no more credit
-        until they drain."""
+    def block_until_drained(self, sessions: Sequence[Congestible]) -> None:
+        """``sessions`` (or shared groups) fed by this link are past their high-water
+        mark: no more credit until they drain."""
         self.broker.pause_until_drained(id(self), self._unblock, sessions)
         self.blocked = True
 

@@ -45,7 +45,7 @@ from mqttamqp.core.clientdebug import ClientDebug
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
-from mqttamqp.core.flow import FlowControl
+from mqttamqp.core.flow import Congestible, FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
@@ -368,6 +368,7 @@ class Broker:
         session.protocol = protocol
         session.attach(link)
         self.queues.session_online(session)
+        self._router.room(session)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
                     reason: str, cause: str = CAUSE_LOST,
@@ -604,6 +605,7 @@ class Broker:
     def acknowledged(self, session: Session, packet_id: int) -> None:
         """PUBACK (or Accepted on an AMQP delivery of QoS 1)."""
         self._commits.background(session.acknowledge(packet_id))
+        self._router.room(session)
         self._flow.resume_paused()
 
     def received(self, session: Session, packet_id: int) -> None:
@@ -634,6 +636,7 @@ class Broker:
     def completed(self, session: Session, packet_id: int) -> None:
         """PUBCOMP (or the final settle of a QoS 2 delivery over AMQP)."""
         self._commits.background(session.completed(packet_id))
+        self._router.room(session)
         self._flow.resume_paused()
 
     def rejected(self, session: Session, packet_id: int, reason: str | None = None) -> None:
@@ -646,6 +649,8 @@ class Broker:
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
         self._commits.background(session.drop(packet_id))
+        self._router.room(session)
+        self._flow.resume_paused()
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
                failed: bool = False, reason: str | None = None) -> None:
@@ -682,7 +687,7 @@ class Broker:
         return self._router.congested_for(topic)
 
     def pause_until_drained(self, key: int, resume: Callable[[], None],
-                            sessions: Sequence[Session] | None = None) -> None:
+                            sessions: Sequence[Congestible] | None = None) -> None:
         """Publisher ``key`` stopped reading; ``resume`` once ``sessions`` drained."""
         self._flow.pause_until_drained(key, resume, sessions)
 
@@ -691,6 +696,9 @@ class Broker:
 
     def link_drained(self, session: Session | None) -> None:
         """A congested link can take more again: send its queue, wake publishers."""
+        if session is not None:
+            session.pump()
+            self._router.room(session)   # (retained messages owed, shared backlogs)
         self._flow.drained(session)
         if session is not None:
             self.queues.link_drained(session)
