@@ -15,6 +15,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -32,6 +33,7 @@ from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.mqtt.protocol import MQTTFactory
@@ -165,14 +167,25 @@ def _loopback(host: str) -> bool:
 ACL_POLL_SECONDS = 2.0
 
 
+def free_bytes(path: str) -> int | None:
+    """Bytes free to an unprivileged writer on the file system of ``path`` (the
+    data directory: ``--disk-free-limit``); None while it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 class OpenAtStart:
     """The ZODB store, opened when the broker first loads its state (in
     ``startService``), not when the service is assembled: option parsing and
     ``--help`` touch no files, yet the broker gets its store at construction."""
 
-    def __init__(self, data_dir: str, reactor: Any) -> None:
+    def __init__(self, data_dir: str, reactor: Any, queue_body_budget: int = 0) -> None:
         self.data_dir = data_dir
         self.reactor = reactor
+        self.queue_body_budget = queue_body_budget
         self.opened: Any = None
 
     def open(self) -> None:
@@ -180,7 +193,8 @@ class OpenAtStart:
         if self.opened is None:
             from mqttamqp.store import ZODBStore
 
-            self.opened = ZODBStore(self.data_dir, self.reactor)
+            self.opened = ZODBStore(self.data_dir, self.reactor,
+                                    queue_body_budget=self.queue_body_budget)
 
     def load(self) -> Snapshot:
         self.open()
@@ -188,6 +202,10 @@ class OpenAtStart:
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         return self.opened.submit(ops)  # type: ignore[no-any-return]
+
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        return self.opened.read_queue_messages(name, offsets)  # type: ignore[no-any-return]
 
     def pack(self) -> Deferred[None]:
         return self.opened.pack()  # type: ignore[no-any-return]
@@ -215,7 +233,7 @@ class BrokerService(service.MultiService):
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
         self.pack_interval = pack_interval_hours * 3600.0
-        self.store = OpenAtStart(self.data_dir, self.reactor)
+        self.store = OpenAtStart(self.data_dir, self.reactor, limits.queue_memory_budget)
         self.report_dir = os.path.join(self.data_dir, "report")
         self.archive: Any = None
         self.archive_dir: str | None = None
@@ -229,7 +247,8 @@ class BrokerService(service.MultiService):
         self.webhooks = WebhookRecorder(self.reactor, webhooks)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
-                             recorder=fan_out(self.archive, self.webhooks))
+                             recorder=fan_out(self.archive, self.webhooks),
+                             free_space=partial(free_bytes, self.data_dir))
         self.report_job = ReportJob(
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
