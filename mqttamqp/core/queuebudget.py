@@ -45,7 +45,7 @@ def _mb(n: float) -> str:
 class StorageAlarm:
     """Whether publishers to durable queues are blocked, and who waits for it."""
 
-    log = Logger(namespace="mqttamqp.core.queues")
+    log = Logger()
 
     def __init__(self, clock: Clock, max_total: int, disk_free_limit: int,
                  free_space: FreeSpace | None = None, interval: float = 2.0) -> None:
