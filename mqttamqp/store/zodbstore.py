@@ -444,7 +444,7 @@ class ZODBStore:
         try:
             # (the object cache also bounded in bytes: a queue's buckets hold message
             # bodies, and 20,000 of them were gigabytes under a queue flood)
-            self._db: Any = DB(storage, cache_size=20000, cache_size_bytes=64 << 20)
+            self._db: Any = DB(storage, cache_size=20000, cache_size_bytes=16 << 20)
         except BaseException:
             storage.close()
             raise
