@@ -523,6 +523,10 @@ class QueueManager:
         self.budget = limits.queue_memory_budget
         self._reader: QueueReader | None = None
         self._appends: dict[_Queue, tuple[int, int]] = {}  # (first, upto) this commit
+        # After a pass that could not get under the budget (what consumers are about
+        # to take is protected), the next waits until this much more is resident:
+        # not a scan of every log per commit.
+        self._evict_above = 0
         self.evictions = 0      # bodies evicted (counted once each time)
         self.read_backs = 0     # bodies read back from storage
 
@@ -611,7 +615,10 @@ class QueueManager:
             if upto > queue.durable:
                 queue.durable = upto
         if self.resident > self.budget > 0:
-            self._evict()
+            if self.resident > self._evict_above:
+                self._evict()
+        else:
+            self._evict_above = 0
         return result
 
     def _not_durable(self, failure: Failure, stored: dict[_Queue, tuple[int, int]]
@@ -1193,7 +1200,8 @@ class QueueManager:
         per so many bytes appended, not once per message)."""
         if self._reader is None:
             return
-        target = self.budget - min(self.budget // 8, 8 << 20)
+        slack = min(self.budget // 8, 8 << 20)
+        target = self.budget - slack
         queues = sorted(self.queues.values(),
                         key=lambda q: any(g.members for g in q.groups.values()))
         for queue in queues:
@@ -1218,6 +1226,7 @@ class QueueManager:
                 self.evictions += 1
                 if self.resident <= target:
                     break
+        self._evict_above = self.resident + slack if self.resident > target else 0
 
     def _read_back(self, queue: _Queue, offset: int) -> None:
         """Read the evicted bodies from ``offset`` on (a batch) back from storage;
