@@ -192,7 +192,7 @@ def test_dead_letters_read_back_are_requeued_whole() -> None:
     sent = payloads(30)
     for body in sent:
         publish(broker, "jobs", body)
-    worker, link = client(broker, "worker-1")
+    worker, _ = client(broker, "worker-1")
     join(broker, worker, "$queue/jobs/#")
     for _ in range(1000):   # every delivery rejected: dead-lettered
         pending = list(worker.inflight)
@@ -240,7 +240,7 @@ def test_publishers_are_blocked_at_the_total_bound_and_resumed_below_it() -> Non
         worker, link = client(broker, "worker-1")
         join(broker, worker, "$queue/jobs/#")
         for _ in range(2):   # 16 by 16 (the prefetch): under 90 % after the first
-            for message, _, pid, *_ in link.published()[-16:]:
+            for _message, _, pid, *_ in link.published()[-16:]:
                 broker.acknowledged(worker, pid)
         assert resumed == ["mqtt"]
         assert not publish(broker, "jobs", b"x").blocked

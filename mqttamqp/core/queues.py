@@ -1204,6 +1204,7 @@ class QueueManager:
         target = self.budget - slack
         queues = sorted(self.queues.values(),
                         key=lambda q: any(g.members for g in q.groups.values()))
+        waiting = False    # bodies whose commit is still to come (evicted after it)
         for queue in queues:
             if self.resident <= target:
                 break
@@ -1215,8 +1216,10 @@ class QueueManager:
             durable = queue.durable
             log = queue.log
             for offset in reversed(list(log)):
-                if offset >= durable or offset in evicted or offset in keep or (
-                        unstored and offset in unstored):
+                if offset >= durable:
+                    waiting = True
+                    continue
+                if offset in evicted or offset in keep or (unstored and offset in unstored):
                     continue
                 message = log[offset]
                 body = body_size(message)
@@ -1226,7 +1229,8 @@ class QueueManager:
                 self.evictions += 1
                 if self.resident <= target:
                     break
-        self._evict_above = self.resident + slack if self.resident > target else 0
+        self._evict_above = (self.resident + slack if self.resident > target and not waiting
+                             else 0)
 
     def _read_back(self, queue: _Queue, offset: int) -> None:
         """Read the evicted bodies from ``offset`` on (a batch) back from storage;
