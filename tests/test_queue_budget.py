@@ -306,3 +306,56 @@ def test_sys_and_read_model_show_the_bounds() -> None:
     assert topics["$SYS/broker/queues/memory-bytes"] == str(2 * KB)
     counters = broker.view.counters()
     assert counters.queues_blocked is not None and "queue" in counters.queues_blocked
+
+
+def test_publishers_wait_while_too_much_waits_for_the_writer() -> None:
+    """Appends not yet committed past their bound (8 MB at least) pause queue
+    publishers, without a refusal or an alarm, until the commits catch up."""
+    store = ManualMemoryStore()
+    broker, _ = make(store, queue_memory_budget=16 * KB)
+    big = b"x" * (256 * KB)
+    results = [publish(broker, "jobs", big, protocol="mqtt5") for _ in range(33)]
+    assert not any(r.blocked for r in results[:32]) and results[32].blocked
+    assert all(r.refusal is None for r in results)
+    assert not broker.queues.blocked              # (no alarm: nothing logged)
+    resumed: list[int] = []
+    broker.when_queues_writable(3, lambda: resumed.append(3))
+    store.commit_all()
+    assert resumed == [3] and broker.queues.unstored_bytes == 0
+    assert not publish(broker, "jobs", big).blocked
+
+
+# -- the ZODB store's part ------------------------------------------------------------
+
+
+def test_zodb_load_keeps_to_the_body_budget_and_reads_bodies_back(tmp_path: Any) -> None:
+    """A FileStorage store loads each queue's head within the budget, the rest as
+    metadata only; the reader thread reads the rest back whole, in offset order."""
+    from test_store import FakeReactor, commit
+
+    from mqttamqp.core.persistence import PutQueue, PutQueueMessage
+    from mqttamqp.store import ZODBStore
+
+    reactor = FakeReactor()
+    sent = payloads(100)
+    store = ZODBStore(str(tmp_path), reactor)    # type: ignore[arg-type]
+    commit(reactor, store, [PutQueue("jobs", (None, None, None))] + [
+        PutQueueMessage("jobs", i, Message("$queue/jobs/k", b, 1, False, "p", 1.0))
+        for i, b in enumerate(sent)])
+    store.close()
+    store = ZODBStore(str(tmp_path), reactor, queue_body_budget=10 * KB)  # type: ignore[arg-type]
+    try:
+        (record,) = store.load().queues
+        kept = [o for o, m in record.messages if m.payload]
+        assert kept == list(range(10))                       # the head, within budget
+        assert sorted(record.evicted) == list(range(10, 100))
+        assert record.evicted[10] == (KB, KB)
+        assert all(m.topic == "$queue/jobs/k" for _, m in record.messages)
+        d = store.read_queue_messages("jobs", [42, 11, 99, 500])
+        found: list[Any] = []
+        d.addCallback(found.extend)
+        reactor.run_until_fired(d)
+        assert [(o, m.payload) for o, m in found] == [(11, sent[11]), (42, sent[42]),
+                                                       (99, sent[99])]
+    finally:
+        store.close()

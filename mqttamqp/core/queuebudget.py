@@ -58,6 +58,10 @@ class StorageAlarm:
         self.free: int | None = None   # the last free space read
         self._over_total = False
         self._disk_low = False
+        # Appends not yet committed are over their bound (``QueueManager``): the
+        # writer is behind.  It pauses publishers too, but is no alarm: no log line,
+        # no refusal (it passes in a commit or two).
+        self._behind = False
         self.since: float | None = None   # when the current episode began
         self.episodes = 0
         self.blocked_seconds = 0.0        # of the episodes that ended
@@ -70,7 +74,20 @@ class StorageAlarm:
 
     @property
     def blocked(self) -> bool:
+        """The alarm is raised: a disk bound is reached."""
         return self._over_total or self._disk_low
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: the alarm, or the writer behind."""
+        return self._over_total or self._disk_low or self._behind
+
+    def set_behind(self, behind: bool) -> None:
+        if behind == self._behind:
+            return
+        self._behind = behind
+        if not self.paused:
+            self._resume_all()
 
     @property
     def reason(self) -> str | None:
@@ -163,14 +180,15 @@ class StorageAlarm:
             self.log.info("durable queues have room again after {s:.1f} s: publishers to "
                           "$queue/ resume ({why})", s=lasted,
                           why=before if before is not None else "")
-            self._resume_all()
+            if not self.paused:
+                self._resume_all()
 
     # -- blocked publishers ----------------------------------------------------------
 
     def wait(self, key: int, resume: Callable[[], None]) -> None:
         """Publisher ``key`` stopped (is not read, or has no credit); ``resume`` it
         when the alarm clears (at once if it has cleared already)."""
-        if not self.blocked:
+        if not self.paused:
             resume()
             return
         self._waiting[key] = resume

@@ -523,6 +523,13 @@ class QueueManager:
         self.budget = limits.queue_memory_budget
         self._reader: QueueReader | None = None
         self._appends: dict[_Queue, tuple[int, int]] = {}  # (first, upto) this commit
+        # Body bytes appended and not committed yet (they cannot be evicted): past
+        # ``_unstored_limit`` publishers to queues wait for the writer (``paused``),
+        # so that what waits for a commit does not grow past the budget.
+        self._append_bytes = 0            # since the last ``_commit``
+        self.unstored_bytes = 0
+        self._unstored_limit = (max(8 << 20, min(64 << 20, self.budget // 4))
+                                if self.budget > 0 else 0)
         # After a pass that could not get under the budget (what consumers are about
         # to take is protected), the next waits until this much more is resident:
         # not a scan of every log per commit.
@@ -544,6 +551,11 @@ class QueueManager:
     def blocked(self) -> bool:
         """Publishers to queues are blocked (the storage alarm is raised)."""
         return self.alarm.blocked
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: blocked, or the writer is behind."""
+        return self.alarm.paused
 
     @property
     def evicted_messages(self) -> int:
@@ -590,10 +602,13 @@ class QueueManager:
             ops = [*ops, *self._drain_done()]
         appended, self._appended_to = self._appended_to, {}
         stored, self._appends = self._appends, {}
+        nbytes, self._append_bytes = self._append_bytes, 0
         d = self.commits.persist(ops)
         if d is not None and stored:
-            d.addCallbacks(self._made_durable, self._not_durable, callbackArgs=(stored,),
-                           errbackArgs=(stored,))
+            d.addCallbacks(self._made_durable, self._not_durable,
+                           callbackArgs=(stored, nbytes), errbackArgs=(stored, nbytes))
+        elif nbytes:
+            self._committed_bytes(nbytes)
         if self._early:
             early, self._early = self._early, []
             for waiter in early:      # (consumed before stored: see ``publish``)
@@ -608,12 +623,18 @@ class QueueManager:
             return None
         return d
 
-    def _made_durable(self, result: object, stored: dict[_Queue, tuple[int, int]]
-                      ) -> object:
+    def _committed_bytes(self, nbytes: int) -> None:
+        self.unstored_bytes -= nbytes
+        if self.unstored_bytes <= self._unstored_limit // 2:
+            self.alarm.set_behind(False)
+
+    def _made_durable(self, result: object, stored: dict[_Queue, tuple[int, int]],
+                      nbytes: int) -> object:
         """Appends up to ``upto`` are durable: their bodies may be evicted."""
         for queue, (_, upto) in stored.items():
             if upto > queue.durable:
                 queue.durable = upto
+        self._committed_bytes(nbytes)
         if self.resident > self.budget > 0:
             if self.resident > self._evict_above:
                 self._evict()
@@ -621,9 +642,10 @@ class QueueManager:
             self._evict_above = 0
         return result
 
-    def _not_durable(self, failure: Failure, stored: dict[_Queue, tuple[int, int]]
-                     ) -> Failure:
+    def _not_durable(self, failure: Failure, stored: dict[_Queue, tuple[int, int]],
+                     nbytes: int) -> Failure:
         """Appends whose commit failed are in memory only: never evicted."""
+        self._committed_bytes(nbytes)
         for queue, (first, upto) in stored.items():
             queue.unstored.update(o for o in range(first, upto) if o in queue.log)
         return failure
@@ -731,7 +753,13 @@ class QueueManager:
         size = len(message.payload)
         queue.bytes += size
         self.total_bytes += size
-        self.resident += body_size(message)
+        body = body_size(message)
+        self.resident += body
+        if self._unstored_limit:
+            self._append_bytes += body
+            self.unstored_bytes += body
+            if self.unstored_bytes > self._unstored_limit:
+                self.alarm.set_behind(True)
         stored = self._appends.get(queue)
         self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
         queue.published += 1

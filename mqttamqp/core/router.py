@@ -125,8 +125,9 @@ class Published:
     ``refusal``: a durable queue refused the message or acknowledgement (why, and
     the MQTT 5 reason code); nothing was stored for it.
     ``blocked``: the durable queues are full on disk (``--queue-max-total-bytes``,
-    ``--disk-free-limit``): stop reading the publisher (AMQP: no more credit) and
-    resume it through ``Broker.when_queues_writable``.
+    ``--disk-free-limit``) or their appends wait for the writer past a bound: stop
+    reading the publisher (AMQP: no more credit) and resume it through
+    ``Broker.when_queues_writable``.
     """
 
     durable: Deferred[None] | None = None
@@ -213,7 +214,7 @@ class Router:
                 refuse_when_blocked=message.qos > 0 and identity is not None
                 and identity.protocol == "mqtt5")
             return Published(appended, refusal=refusal,
-                             blocked=refusal is None and self.queues.blocked)
+                             blocked=refusal is None and self.queues.paused)
         ops: list[Op] = list(extra_ops)
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
