@@ -325,6 +325,33 @@ def test_publishers_wait_while_too_much_waits_for_the_writer() -> None:
     assert not publish(broker, "jobs", big).blocked
 
 
+def test_an_amqp_sender_to_a_full_queue_store_gets_no_more_credit() -> None:
+    """AMQP withholds credit from a queue sender while the queues are full on disk
+    (what it held arrives and is stored), and grants it again once there is room."""
+    from amqp_memory import ACCEPTED, Net, outcome
+    from proton import Message as AmqpMessage
+
+    net = Net(store=MemoryStore(), queue_max_total_bytes=4 * KB)
+    app = net.amqp()
+    snd = app.session.sender("to-jobs")
+    snd.target.address = "$queue/jobs/x"
+    snd.open()
+    net.pump()
+    granted = snd.credit
+    assert granted > 4
+    for _ in range(4):
+        assert outcome(app.send(snd, AmqpMessage(body=b"x" * KB))) == (ACCEPTED, None)
+    assert net.broker.queues.blocked
+    while snd.credit > 0:     # what it still held: taken and stored, not refused
+        assert outcome(app.send(snd, AmqpMessage(body=b"y"))) == (ACCEPTED, None)
+    net.pump()
+    assert snd.credit == 0
+    assert net.broker.queues.alarm.waiting == 1
+    net.broker.purge_queue("jobs")
+    net.pump()
+    assert not net.broker.queues.blocked and snd.credit > 0
+
+
 # -- the ZODB store's part ------------------------------------------------------------
 
 
