@@ -14,6 +14,12 @@ Scenarios (each on a fresh broker, each bounded in count and time):
 * ``subscriptions``: one client asks for 100,000 subscriptions;
 * ``amqp_links``: one AMQP connection tries to attach 150,000 links;
 * ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/test_fuzz.py`` for 60 s;
+* ``ws_abuse``: WebSocket handshakes with version 8 and frame headers announcing
+  100 MB and 2^63 bytes (200 of each);
+* ``fd_exhaustion``: the broker's descriptor limit lowered while it runs, then 150
+  connections;
+* ``login_guessing``: console password guesses for one user from 100 loopback
+  addresses for 30 s;
 * ``queue_flood``: 8 publishers each pipelining QoS 1 messages of 64 KB into a
   durable queue of its own (``$queue/flood<i>/x``, no consumer) for 60 s, then a
   consumer reads 200 messages back from one of them; measures what was
@@ -25,7 +31,8 @@ Scenarios (each on a fresh broker, each bounded in count and time):
 For each: whether the broker stayed alive; a well-behaved pair of clients (a
 publisher sending QoS 1 every 20 ms, a subscriber) running through the scenario
 and how many of its messages arrived (all must); the broker's RSS before, at its
-peak (sampled every 100 ms) and after, in MB; the log lines with a traceback or
+peak (sampled every 100 ms) and after, in MB; the data directory's size; the
+number of log lines at the start and the end; the log lines with a traceback or
 at critical level (must be 0); and what the scenario itself measured.
 """
 
@@ -154,6 +161,27 @@ class Canary:
                 self.got >= self.sent and self.sent > 0, "errors": self.errors[:3]}
 
 
+def log_lines(broker):
+    """How many lines the broker's log has (a flood of log lines is a finding too)."""
+    try:
+        with open(broker.log, errors="replace") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def data_dir_mb(broker):
+    """The broker's data directory, in MB (storage, archive, everything)."""
+    total = 0
+    for root, _dirs, files in os.walk(os.path.join(broker.tmp, "data")):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return round(total / (1 << 20), 1)
+
+
 def bad_lines(broker):
     """Log lines with a traceback or at critical level: (count, the first three)."""
     bad = []
@@ -168,6 +196,10 @@ def bad_lines(broker):
 
 
 def run(name, fn, quick, extra_args=()):
+    listener = getattr(fn, "listener", None)   # a scenario's own listener, on a free port
+    extra_port = brokers.free_port() if listener else None
+    if listener:
+        extra_args = (*extra_args, listener, "tcp:%d:interface=127.0.0.1" % extra_port)
     amqp_port = brokers.free_port()
     broker = brokers.Broker("mqttamqp", mqttamqp_help_text=HELP[0], extra_args=[
         "--amqp", "tcp:%d:interface=127.0.0.1" % amqp_port, "--web", "none",
@@ -176,10 +208,12 @@ def run(name, fn, quick, extra_args=()):
         # parity with Mosquitto in the throughput benchmark)
         "--max-queued-messages", "1000", "--max-queued-bytes", str(16 << 20), *extra_args])
     broker.amqp_port = amqp_port
+    broker.extra_port = extra_port
     broker.start()
     try:
         time.sleep(0.5)
         before = broker.status()["VmRSS"]
+        lines_before = log_lines(broker)
         sampler = Sampler(broker)
         sampler.start()
         canary = Canary(broker.port, name)
@@ -198,6 +232,8 @@ def run(name, fn, quick, extra_args=()):
             "rss_mb": {"before": round(before / MB, 1), "peak": round(sampler.peak / MB, 1),
                        "after": round(after / MB, 1) if after else None,
                        "peak_above_before": round((sampler.peak - before) / MB, 1)},
+            "data_dir_mb": data_dir_mb(broker),
+            "log_lines": {"at_start": lines_before, "at_end": log_lines(broker)},
             "tracebacks_or_critical": count, "bad_lines": sample, "measured": measured}
     finally:
         broker.stop()
@@ -406,6 +442,155 @@ def fuzz(broker, quick):
     return {"cases": counts}
 
 
+def _ws_handshake(port, version=13):
+    import base64
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(("GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+               "Sec-WebSocket-Protocol: mqtt\r\nSec-WebSocket-Version: %d\r\n\r\n"
+               % (key, version)).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return s, int(head.split(b" ", 2)[1]) if head else 0
+
+
+def _closed_within(s, seconds):
+    """True if the peer closes ``s`` within ``seconds`` (whatever it sends first)."""
+    s.settimeout(seconds)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (socket.timeout, ConnectionError):
+        return False
+    finally:
+        s.close()
+
+
+def ws_abuse(broker, quick):
+    """Handshakes with WebSocket version 8, and frame headers announcing 100 MB and
+    2^63 bytes with nothing after them: each must be refused (426) or closed at the
+    header, at once."""
+    import struct
+
+    port = broker.extra_port
+    n = 20 if quick else 200
+    refused = closed_100mb = closed_huge = 0
+    for _ in range(n):
+        s, status = _ws_handshake(port, version=8)
+        s.close()
+        refused += status == 426
+        for length, kind in ((100 << 20, "100mb"), ((1 << 63) - 1 + 1, "huge")):
+            s, status = _ws_handshake(port)
+            if status != 101:
+                s.close()
+                continue
+            s.sendall(bytes([0x82, 0x80 | 127]) + struct.pack("!Q", length)
+                      + b"\x01\x02\x03\x04")
+            if _closed_within(s, 5):
+                if kind == "100mb":
+                    closed_100mb += 1
+                else:
+                    closed_huge += 1
+    return {"attempts_each": n, "version8_got_426": refused,
+            "100mb_header_closed": closed_100mb, "2^63_header_closed": closed_huge}
+
+
+ws_abuse.listener = "--mqtt-ws"
+
+
+def fd_exhaustion(broker, quick):
+    """The broker's descriptor limit lowered to 64 while it runs (prlimit), then 150
+    connections: the ones past the limit are refused, the broker stays up, and the
+    log says so once per spell."""
+    import resource
+
+    soft, hard = resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE)
+    open_now = len(os.listdir("/proc/%d/fd" % broker.proc.pid))
+    limit = open_now + 40
+    resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE, (limit, hard))
+    socks, connacked = [], 0
+    try:
+        for i in range(60 if quick else 150):
+            try:
+                s, _p = mqtt_session(broker.port, "fd-%d" % i, timeout=2)
+                socks.append(s)
+                connacked += 1
+            except (OSError, RuntimeError):
+                pass
+    finally:
+        for s in socks:
+            s.close()
+        resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+    with open(broker.log, errors="replace") as f:
+        lines = [line.strip()[:200] for line in f if "file descriptor" in line]
+    return {"limit": limit, "connacked": connacked, "fd_log_lines": len(lines),
+            "fd_lines": lines[:3]}
+
+
+def login_guessing(broker, quick):
+    """Password guesses against one console user from 100 loopback addresses
+    (127.0.0.2-101) for 30 s: how many the broker checked (the per-user pace bounds
+    it), and whether the real user still gets in."""
+    import urllib.parse
+
+    port = broker.extra_port
+    seconds = 5 if quick else 30
+    checked = [0]
+    refused = [0]
+    stop = time.monotonic() + seconds
+
+    def guesser(addr):
+        import http.client
+        import re
+
+        while time.monotonic() < stop:
+            try:
+                # the login form first: its session cookie and CSRF token
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=35,
+                                               source_address=(addr, 0))
+                c.request("GET", "/login")
+                r = c.getresponse()
+                page = r.read().decode("utf-8", "replace")
+                cookie = (r.getheader("Set-Cookie") or "").split(";")[0]
+                token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+                body = urllib.parse.urlencode({
+                    "csrf_token": token.group(1) if token else "", "username": "admin",
+                    "password": "guess"})
+                c.request("POST", "/login", body, {
+                    "Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+                r = c.getresponse()
+                r.read()
+                c.close()
+            except OSError:
+                return
+            if r.status == 429:
+                refused[0] += 1
+                time.sleep(1)   # (a client honouring Retry-After, roughly)
+            else:
+                checked[0] += 1
+
+    threads = [threading.Thread(target=guesser, args=("127.0.0.%d" % (i + 2),), daemon=True)
+               for i in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 40)
+    with open(broker.log, errors="replace") as f:
+        said = sum(1 for line in f if "wait their turn" in line or "are paced" in line)
+    return {"seconds": seconds, "addresses": 100, "guesses_answered": checked[0],
+            "refused_429": refused[0], "pacing_log_lines": said}
+
+
+login_guessing.listener = "--web"
+
+
 def _dir_bytes(path):
     total = 0
     for root, _, files in os.walk(path):
@@ -518,7 +703,8 @@ HELP = [""]   # twistd mqttamqp --help, read once (which options this broker has
 
 SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
              "stuck_qos1": stuck_qos1, "subscriptions": subscriptions,
-             "amqp_links": amqp_links, "fuzz": fuzz,
+             "amqp_links": amqp_links, "fuzz": fuzz, "ws_abuse": ws_abuse,
+             "fd_exhaustion": fd_exhaustion, "login_guessing": login_guessing,
              "queue_flood": queue_flood}
 
 

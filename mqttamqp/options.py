@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -357,8 +358,18 @@ class Options(usage.Options):
          "PEM file of the CA certificates that sign client certificates: every ssl: "
          "listener asks TLS clients for a certificate and refuses one that does not "
          "verify against them (see --tls-require-client-cert, --tls-cert-as-user)."],
+        ["storage", None, None,
+         "Where the durable state lives, as a URI: file://PATH (ZODB FileStorage; the "
+         "default is DATA/mqttamqp.fs), sqlite://[/DIR] (RelStorage on SQLite, "
+         "history-free; default DIR is DATA/sqlite), postgresql://USER@HOST:PORT/DB "
+         "(RelStorage on PostgreSQL, history-free) or memory:// (nothing survives a "
+         "restart). See README, Durability."],
         ["pack-interval", None, 24.0,
-         "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
+         "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
+        ["pack-growth", None, 24.0,
+         "Pack the storage whenever it has grown by this many MB since the last pack "
+         "(checked every 2 s), so that it stays near twice its live state in steady "
+         "flow; 0 = only every --pack-interval.", _positive(float, "pack-growth")],
         ["archive-dir", None, None,
          "Directory of the Parquet archive (default DATA/archive)."],
         ["archive-payload-bytes", None, 256,
@@ -501,6 +512,13 @@ class Options(usage.Options):
                 read_acl(self["acl"])
             except AclError as exc:
                 raise usage.UsageError(f"--acl: {exc}") from None
+        if self["storage"]:
+            from mqttamqp.store.engines import EngineError, resolve
+
+            try:   # (checked here; opened at start, as the file storage is)
+                resolve(self["storage"], os.path.abspath(self["data"]))
+            except EngineError as exc:
+                raise usage.UsageError(str(exc)) from None
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:

@@ -43,7 +43,7 @@ def make_summary(minutes: int = 60) -> dict[str, Any]:
         "version": 1, "generated_at": "2026-11-24T08:30:00Z",
         "window": {"since": None, "until": None, "first_minute": stamps[0],
                    "last_minute": stamps[-1]},
-        "input": {"incremental": True, "new_files": 3, "new_rows": 120},
+        "input": {"incremental": True, "files_read": 3, "rows_read": 120},
         "totals": {"messages": total, "bytes": total * 40, "retained": 12, "topics": 9},
         "qos": {"0": total - 700, "1": 600, "2": 100},
         "per_minute": {"minutes": stamps,

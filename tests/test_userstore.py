@@ -302,3 +302,45 @@ def test_the_authenticator_looks_at_the_file_once_per_reactor_turn(tmp_path: Any
     assert auth.authenticate(creds(None)) is True
     clock.advance(0)
     assert not clock.getDelayedCalls()                  # (one reset per turn, no more)
+
+
+def test_password_hashing_runs_at_most_two_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight password checks at once (a burst of logins from many addresses): only
+    HASH_SLOTS (2) compute scrypt at a time, so the memory they hold (32 MiB each) is
+    bounded; the others wait for a slot and all eight are answered."""
+    import hashlib
+    import threading
+
+    from mqttamqp.core import users as users_module
+    from mqttamqp.core.userstore import hash_password, verify_password
+
+    encoded = hash_password("pw", n=2 ** 4, r=1, p=1)
+    real = hashlib.scrypt
+    cond = threading.Condition()
+    state = {"inside": 0, "most": 0}
+    release = threading.Event()
+
+    def slow_scrypt(*args: Any, **kw: Any) -> bytes:
+        with cond:
+            state["inside"] += 1
+            state["most"] = max(state["most"], state["inside"])
+            cond.notify_all()
+        release.wait(10)
+        with cond:
+            state["inside"] -= 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(users_module.hashlib, "scrypt", slow_scrypt)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(verify_password("pw", encoded)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    with cond:
+        assert cond.wait_for(lambda: state["inside"] >= 2, timeout=10)
+        # (a bounded look for a third: on the unbounded code all eight are in at once)
+        assert not cond.wait_for(lambda: state["inside"] > 2, timeout=0.5)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 8 and state["most"] == users_module.HASH_SLOTS == 2

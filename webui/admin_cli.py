@@ -264,6 +264,30 @@ def _gen_cert(store: UserStore, args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(store: UserStore, args: argparse.Namespace) -> int:
+    """Cut a damaged storage file after its last good transaction, keeping a copy
+    (refused while a broker runs on the data directory)."""
+    from mqttamqp.datadir import StorageBusy, recover
+
+    data_dir = os.path.abspath(args.data_dir or args.data)
+    filename = "mqttamqp.fs"   # (mqttamqp.store.FILENAME, without importing ZODB here)
+    try:
+        done = recover(data_dir, filename)
+    except StorageBusy as busy:
+        raise SystemExit(f"mqttamqp-admin: {data_dir} is in use (lock held by {busy}); "
+                         "stop the broker first; nothing changed") from None
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"mqttamqp-admin: cannot recover {data_dir}: {exc}") from None
+    last = f" (the last from {done.last_transaction})" if done.last_transaction else ""
+    if done.backup is None:
+        print(f"{done.path}: no damaged transaction found{last}; nothing changed")
+        return 0
+    print(f"{done.path}: kept {done.kept:,} of {done.size:,} bytes, every transaction "
+          f"before the first damaged one{last}; removed {done.removed:,} bytes. The whole "
+          f"file as it was is in {done.backup}. The broker can start again.")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mqttamqp-admin",
@@ -361,6 +385,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace an existing server.crt/server.key")
     p.set_defaults(run=_gen_cert)
+    p = command("recover", "repair a storage file the broker refuses to open as damaged "
+                "(a commit torn by a crash): copy DATA/mqttamqp.fs to "
+                "mqttamqp.fs.damaged-<time>, then cut it after its last good transaction. "
+                "Refused while the broker runs")
+    p.add_argument("data_dir", nargs="?", metavar="DATA",
+                   help="the data directory (instead of --data)")
+    p.set_defaults(run=_recover)
     return parser
 
 

@@ -20,7 +20,7 @@ from mqttamqp.core.bans import Ban, BanList
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
-from mqttamqp.core.registry import SessionRegistry
+from mqttamqp.core.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
@@ -82,6 +82,12 @@ class SessionView:
     delivered: int
     inbound_qos2: tuple[int, ...]
     has_will: bool
+    # MQTT 5's session expiry interval in seconds as agreed (0: the session ends with
+    # the connection), None where the client gave none (MQTT 3.x, AMQP); whether it
+    # means never (0xFFFFFFFF); and when an offline session will expire by it.
+    expiry: float | None = None
+    never_expires: bool = False
+    expires_at: float | None = None
     # Filled only by ``ReadModel.session`` (detail), empty in lists.
     inflight: tuple[EntryView, ...] = ()
     queued: tuple[EntryView, ...] = ()
@@ -175,6 +181,17 @@ def _entry(entry: OutEntry) -> EntryView:
                      entry.message)
 
 
+def _expires_at(session: Session) -> float | None:
+    """When the offline ``session`` ends by its MQTT 5 expiry interval: the registry
+    arms that timer when the session goes offline (and again at a restart), and
+    ``last_seen`` is set at that moment."""
+    expiry = session.expiry
+    if (expiry is None or not session.persistent or session.connection is not None
+            or not 0 < expiry < NEVER_EXPIRES):
+        return None
+    return session.last_seen + expiry
+
+
 class ReadModel:
     """Views of the broker's state; every call builds fresh frozen values."""
 
@@ -205,7 +222,9 @@ class ReadModel:
             inflight_count=len(session.inflight), queued_count=len(session.queue),
             queued_bytes=session.queued_bytes, dropped=session.dropped,
             delivered=session.delivered, inbound_qos2=tuple(sorted(session.inbound_qos2)),
-            has_will=session.client_id in self._wills, inflight=inflight, queued=queued)
+            has_will=session.client_id in self._wills, expiry=session.expiry,
+            never_expires=session.expiry is not None and session.expiry >= NEVER_EXPIRES,
+            expires_at=_expires_at(session), inflight=inflight, queued=queued)
 
     def session(self, client_id: str, detail_limit: int = 100) -> SessionView | None:
         session = self._registry.sessions.get(client_id)

@@ -1,9 +1,10 @@
-"""``ZODBStore``: the durable ``StateStore`` on a ZODB FileStorage.
+"""``ZODBStore``: the durable ``StateStore`` on a ZODB storage.
 
-This module owns all ZODB I/O of the broker: opening the FileStorage under the data
-directory (or the storage a ``storage_factory`` gives, e.g. a ``MappingStorage`` in
-unit tests), the single writer thread with natural group commit, packing, and the
-start-up ``load()``.
+This module owns all ZODB I/O of the broker: opening the storage its ``Engine``
+names (``engines``: FileStorage under the data directory by default, RelStorage on
+SQLite or PostgreSQL; or the storage a ``storage_factory`` gives, e.g. a
+``MappingStorage`` in unit tests), the single writer thread with natural group
+commit, packing, and the start-up ``load()``.
 
 Threading rules:
 
@@ -12,9 +13,9 @@ Threading rules:
   and returns a Deferred; ``stats()`` reads counters and ``os.stat``s the file.
 * The writer thread takes everything queued (up to ``max_batch_ops`` ops, never
   splitting one submit), applies it in order to its own connection, commits once
-  (FileStorage fsyncs every commit) and fires the Deferreds of that commit on the
-  reactor thread through ``reactor.callFromThread``.  Whatever arrives during a
-  commit goes into the next one.
+  (FileStorage fsyncs every commit, and so does SQLite as ``engines`` sets it up)
+  and fires the Deferreds of that commit on the reactor thread through
+  ``reactor.callFromThread``.  Whatever arrives during a commit goes into the next.
 * ``pack()`` runs in its own thread; FileStorage packs concurrently with commits.
 * ``read_queue_messages()`` queues a request for the reader thread, which reads
   with a connection of its own (a new transaction per request: it sees every
@@ -42,7 +43,6 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from ZODB import DB
-from ZODB.FileStorage import FileStorage
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
@@ -72,6 +72,8 @@ from mqttamqp.core.persistence import (
     Snapshot,
     TrimQueue,
 )
+from mqttamqp.store.engines import FILENAME, Engine
+from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.models import (
     PersistentQueue,
     PersistentSession,
@@ -91,8 +93,6 @@ from mqttamqp.store.models import (
 )
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
-
-FILENAME = "mqttamqp.fs"
 
 _log = Logger(namespace="mqttamqp.store")
 
@@ -397,11 +397,12 @@ _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
 
 
 class ZODBStore:
-    """A ``StateStore`` on ``FileStorage(<path>/mqttamqp.fs)`` with one writer thread.
+    """A ``StateStore`` on a ZODB storage with one writer thread.
 
-    With ``storage_factory`` the store opens the storage that factory returns instead
-    and leaves ``path`` alone (no directory, no file; ``self.path`` is empty and
-    ``stats()`` reports a size of 0).
+    By default the storage is ``FileStorage(<path>/mqttamqp.fs)``.  With ``engine``
+    the store opens the storage that engine names (``path`` is then not used); with
+    ``storage_factory``, the storage that factory returns (``self.path`` is empty
+    and ``stats()`` reports a size of 0).
 
     Ops on a session that does not exist are ignored, except that ``PutQueued``,
     ``PutSubscription`` and ``PutInboundQos2`` create it implicitly unless a
@@ -421,6 +422,7 @@ class ZODBStore:
         gather_seconds: float = 0.002,
         *,
         storage_factory: StorageFactory | None = None,
+        engine: Engine | None = None,
         queue_body_budget: int = 0,
     ) -> None:
         """``queue_body_budget``: bytes of queue message bodies ``load()`` reads into
@@ -433,14 +435,14 @@ class ZODBStore:
         self._reactor = reactor
         self._max_batch_ops = max_batch_ops
         self._commit_attempts = commit_attempts
-        storage: Any
-        if storage_factory is None:
+        if storage_factory is not None:
+            engine = Engine("custom", "custom", storage_factory)
+        elif engine is None:
             os.makedirs(path, exist_ok=True)
-            self.path: str = os.path.join(path, FILENAME)
-            storage = FileStorage(self.path, pack_keep_old=False)
-        else:
-            self.path = ""
-            storage = storage_factory()
+            engine = resolve_engine(None, path)
+        self.engine = engine
+        self.path: str = engine.size_path
+        storage: Any = engine.factory()
         try:
             # (the object cache also bounded in bytes: a queue's buckets hold message
             # bodies, and 20,000 of them were gigabytes under a queue flood)
@@ -644,15 +646,11 @@ class ZODBStore:
 
     def stats(self) -> dict[str, Any]:
         """Counters for the admin console; cheap and safe on the reactor thread."""
-        size = 0
-        if self.path:
-            try:
-                size = os.stat(self.path).st_size
-            except OSError:
-                pass
         return {
+            "engine": self.engine.kind,
+            "storage": self.engine.display,
             "path": self.path,
-            "file_size_bytes": size,
+            "file_size_bytes": self.engine.size_bytes(),
             "submits": self._submits,          # submit() calls accepted
             "batches": self._batches,          # submits committed (or failed)
             "ops": self._ops,                  # ops committed
