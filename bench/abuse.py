@@ -27,7 +27,12 @@ Scenarios (each on a fresh broker, each bounded in count and time):
 * ``shared_stuck``: a shared group of three members that never PUBACK and one that
   does, 20,000 QoS 1 messages, then the stuck members leave (issue #26);
 * ``retained_replay``: a new QoS 1 and QoS 0 subscriber to 2,000 retained messages of
-  8 KB, then to 100,000 of 1 KB (issue #26).
+  8 KB, then to 100,000 of 1 KB (issue #26);
+* ``queue_flood``: 8 publishers each pipelining QoS 1 messages of 64 KB into a
+  durable queue of its own (``$queue/flood<i>/x``, no consumer) for 60 s, then a
+  consumer reads 200 messages back from one of them; measures what was
+  acknowledged, how long the publishers were not read (the queue bounds' back-
+  pressure) and the data directory's size.
 
 ``--quick`` divides the durations by 6 and the counts by 10.
 
@@ -888,6 +893,114 @@ def login_guessing(broker, quick):
 login_guessing.listener = "--web"
 
 
+def _dir_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def queue_flood(broker, quick):
+    seconds = 10 if quick else 60
+    queues, size = 8, 64 * 1024
+    payload = b"q" * size
+    end = time.monotonic() + seconds
+    counts = [{"sent": 0, "acked": 0, "not_read_s": 0.0} for _ in range(queues)]
+    data_peak = [0]
+    import select
+
+    def flood(i):
+        pub, parser = mqtt_session(broker.port, "flood-%d" % i)
+        c = counts[i]
+        stop = threading.Event()
+
+        def acks():   # PUBACKs counted
+            pub.settimeout(0.5)
+            while not stop.is_set():
+                try:
+                    data = pub.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                c["acked"] += sum(1 for first, _ in parser.feed(data)
+                                  if first >> 4 == w.PUBACK)
+
+        reader = threading.Thread(target=acks, daemon=True)
+        reader.start()
+        pending = b""
+        while time.monotonic() < end:
+            if not pending:
+                pending = w.publish("$queue/flood%d/x" % i, payload, 1,
+                                    c["sent"] % 65535 + 1)
+                c["sent"] += 1
+            t0 = time.monotonic()
+            _, writable, _ = select.select([], [pub], [], max(0.0, end - t0))
+            waited = time.monotonic() - t0
+            if waited > 0.05:
+                c["not_read_s"] += waited
+            if not writable:
+                break
+            try:
+                pending = pending[pub.send(pending):]
+            except OSError:
+                break
+        time.sleep(1.0)    # the last PUBACKs
+        stop.set()
+        reader.join(2)
+        pub.close()
+
+    def watch_disk():
+        while time.monotonic() < end:
+            data_peak[0] = max(data_peak[0], _dir_bytes(os.path.join(broker.tmp, "data")))
+            time.sleep(1.0)
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True)
+               for i in range(queues)]
+    threads.append(threading.Thread(target=watch_disk, daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    # A consumer reads some back (from storage, when the bodies were evicted).
+    got = 0
+    consume_s = None
+    try:
+        s, parser = mqtt_session(broker.port, "flood-consumer", timeout=10)
+        t0 = time.monotonic()
+        s.sendall(w.subscribe(1, [("$queue/flood0/#", 1)]))
+        s.settimeout(10)
+        want = min(200, counts[0]["acked"])
+        while got < want and time.monotonic() - t0 < 60:
+            data = s.recv(1 << 16)
+            if not data:
+                break
+            for first, body in parser.feed(data):
+                if first >> 4 == w.PUBLISH:
+                    got += 1
+                    tlen = int.from_bytes(body[:2], "big")
+                    s.sendall(w.puback(body[2 + tlen:4 + tlen]))
+        consume_s = round(time.monotonic() - t0, 1)
+        s.close()
+    except (OSError, RuntimeError) as exc:
+        consume_s = repr(exc)
+    data_bytes = _dir_bytes(os.path.join(broker.tmp, "data"))
+    return {"flood_seconds": seconds, "queues": queues, "payload_bytes": size,
+            "sent": sum(c["sent"] for c in counts),
+            "acknowledged": sum(c["acked"] for c in counts),
+            "acknowledged_mb": round(sum(c["acked"] for c in counts) * size / 2 ** 20, 1),
+            "publishers_not_read_seconds": round(max(c["not_read_s"] for c in counts), 1),
+            "consumer_got": got, "consumer_seconds": consume_s,
+            "data_dir_mb_peak": round(max(data_peak[0], data_bytes) / 2 ** 20, 1),
+            "data_dir_mb_after": round(data_bytes / 2 ** 20, 1)}
+
+
 HELP = [""]   # twistd mqttamqp --help, read once (which options this broker has)
 
 SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
@@ -895,7 +1008,7 @@ SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
              "amqp_links": amqp_links, "amqp_links_many": amqp_links_many, "fuzz": fuzz,
              "ws_abuse": ws_abuse, "fd_exhaustion": fd_exhaustion,
              "login_guessing": login_guessing, "shared_stuck": shared_stuck,
-             "retained_replay": retained_replay}
+             "retained_replay": retained_replay, "queue_flood": queue_flood}
 
 
 def main():

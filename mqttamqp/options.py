@@ -16,6 +16,7 @@ from mqttamqp.core.limits import Limits
 __all__ = ["Options", "limits_from"]
 
 _D = Limits()
+_MB = 1 << 20
 # Loopback only, as Mosquitto 2 without a configuration: opening the broker to other
 # machines is a decision (give a listener, e.g. --mqtt tcp:1883, and --users).
 DEFAULT_LISTENERS = {"mqtt": "tcp:1883:interface=127.0.0.1",
@@ -265,6 +266,20 @@ class Options(usage.Options):
         ["queue-max-queues", None, _D.queue_max_queues,
          "Most durable queues (dead-letter queues included); a publish or consumer "
          "that would create one more is refused.", _positive(int, "queue-max-queues")],
+        ["queue-memory-budget", None, _D.queue_memory_budget // _MB,
+         "MB of durable queue message bodies held in memory in all; beyond it the "
+         "bodies farthest from any consumer stay in storage only and are read back as "
+         "consumers reach them; 0 = no budget (every body in memory).",
+         _positive(int, "queue-memory-budget")],
+        ["queue-max-total-bytes", None, _D.queue_max_total_bytes,
+         "Payload bytes all durable queues may store together; at it, publishers to "
+         "$queue/ are blocked (not read; AMQP: no credit; MQTT 5 QoS 1/2: 0x97) until "
+         "consumers bring it under 90 %; 0 = no bound.",
+         _positive(int, "queue-max-total-bytes")],
+        ["disk-free-limit", None, _D.disk_free_limit // _MB,
+         "MB the data directory's file system must keep free; below it publishers to "
+         "$queue/ are blocked as above until it has this and a tenth more free "
+         "(checked every 2 s); 0 = no watermark.", _positive(int, "disk-free-limit")],
         ["queues", None, None,
          "TOML file of per-queue retention: [[queue]] tables with pattern, max-age, "
          "max-bytes, max-messages (see README, Durable queues)."],
@@ -610,6 +625,9 @@ def limits_from(options: Any) -> Limits:
         queue_max_bytes=options["queue-max-bytes"],
         queue_max_age=options["queue-max-age"],
         queue_max_queues=options["queue-max-queues"],
+        queue_memory_budget=options["queue-memory-budget"] * _MB,
+        queue_max_total_bytes=options["queue-max-total-bytes"],
+        disk_free_limit=options["disk-free-limit"] * _MB,
         queue_rules=options.get("queue-rules", ()),
         amqp_queues=tuple(options["amqp-queues"]),
     )

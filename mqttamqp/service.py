@@ -15,6 +15,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -32,6 +33,7 @@ from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
@@ -173,6 +175,16 @@ ACL_POLL_SECONDS = 2.0
 LOCKFILE = "mqttamqp.lock"   # the data directory's lock when the storage has none
 
 
+def free_bytes(path: str) -> int | None:
+    """Bytes free to an unprivileged writer on the file system of ``path`` (the
+    data directory: ``--disk-free-limit``); None while it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 class OpenAtStart:
     """The store, opened when the broker first loads its state (in ``startService``),
     not when the service is assembled: option parsing and ``--help`` touch no files
@@ -183,10 +195,14 @@ class OpenAtStart:
     PostgreSQL also an advisory lock on the database, held on a connection of its own
     while the broker runs (two boxes must not serve one database)."""
 
-    def __init__(self, data_dir: str, reactor: Any, storage: str | None = None) -> None:
+    def __init__(self, data_dir: str, reactor: Any, storage: str | None = None,
+                 queue_body_budget: int = 0) -> None:
+        """``queue_body_budget``: queue bodies ``load`` reads at most (the rest stay
+        in storage: ``--queue-memory-budget``)."""
         self.data_dir = data_dir
         self.reactor = reactor
         self.storage = storage
+        self.queue_body_budget = queue_body_budget
         self.opened: Any = None
         self._locks: list[Any] = []
 
@@ -211,7 +227,8 @@ class OpenAtStart:
             if engine.dsn:
                 self._locks.append(serving_lock(engine))
             try:
-                self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine)
+                self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine,
+                                        queue_body_budget=self.queue_body_budget)
             except Exception as e:
                 if engine.kind in ("file", "memory") or isinstance(e, OSError):
                     raise
@@ -243,6 +260,10 @@ class OpenAtStart:
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         return self.opened.submit(ops)  # type: ignore[no-any-return]
+
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        return self.opened.read_queue_messages(name, offsets)  # type: ignore[no-any-return]
 
     def pack(self) -> Deferred[None]:
         return self.opened.pack()  # type: ignore[no-any-return]
@@ -285,7 +306,8 @@ class BrokerService(service.MultiService):
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
-        self.store = OpenAtStart(self.data_dir, self.reactor, storage)
+        self.store = OpenAtStart(self.data_dir, self.reactor, storage,
+                                 limits.queue_memory_budget)
         self.report_dir = os.path.join(self.data_dir, "report")
         self.archive: Any = None
         self.archive_dir: str | None = None
@@ -299,7 +321,8 @@ class BrokerService(service.MultiService):
         self.webhooks = WebhookRecorder(self.reactor, webhooks)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
-                             recorder=fan_out(self.archive, self.webhooks))
+                             recorder=fan_out(self.archive, self.webhooks),
+                             free_space=partial(free_bytes, self.data_dir))
         self.report_job = ReportJob(
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)

@@ -112,6 +112,7 @@ def queue_row(view: QueueView, rates: dict[str, float] | None) -> dict[str, Any]
         "retention": _retention(view.retention),
         "first_offset": view.first,
         "next_offset": view.next,
+        "in_storage_only": view.in_storage_only,   # bodies past --queue-memory-budget
     }
 
 
@@ -138,10 +139,14 @@ def find_queue(broker: Broker, name: str) -> QueueView | None:
 
 
 def _message_row(m: QueueMessageView) -> dict[str, Any]:
-    return {"offset": m.offset, "topic": m.topic, "size": len(m.payload),
+    # (a body in storage only, past --queue-memory-budget, is not read back to show it)
+    return {"offset": m.offset, "topic": m.topic,
+            "size": m.size if m.in_storage_only else len(m.payload),
             "timestamp": m.timestamp, "qos": m.qos, "publisher": m.publisher,
             "user_properties": [list(kv) for kv in m.user_properties],
-            "preview": payload_preview(m.payload)}
+            "in_storage_only": m.in_storage_only,
+            "preview": "(in storage only: not read back to show it)" if m.in_storage_only
+            else payload_preview(m.payload)}
 
 
 def queue_detail(broker: Broker, view: QueueView, rates: QueueRates, start: int,

@@ -794,6 +794,7 @@ class IncomingLink(BrokerLink):
         self.outstanding = 0         # received, not yet answered
         self.blocked = False         # withholding credit (subscribers past high water)
         self.rate_blocked = False    # withholding credit (over the publish rate)
+        self.queues_blocked = False  # withholding credit (durable queues full on disk)
         self.rejected = 0
         self.max_size = host.limits.max_packet_size
         # The credit the window still owes the peer (window - outstanding - credit),
@@ -809,7 +810,7 @@ class IncomingLink(BrokerLink):
         self.top_up()
 
     def top_up(self) -> None:
-        if self.closed or self.blocked or self.rate_blocked:
+        if self.closed or self.blocked or self.rate_blocked or self.queues_blocked:
             return
         impl = self.impl
         want = self.window - self.outstanding
@@ -975,6 +976,17 @@ class IncomingLink(BrokerLink):
         if not self.closed:
             self.top_up()
 
+    def block_until_queues_writable(self) -> None:
+        """The durable queues are full on disk: no more credit until they have room
+        (what the peer still holds may arrive meanwhile)."""
+        self.queues_blocked = True
+        self.broker.when_queues_writable(id(self), self._queues_writable)
+
+    def _queues_writable(self) -> None:
+        self.queues_blocked = False
+        if not self.closed:
+            self.top_up()
+
     def ended(self, brute: bool, reason: str) -> None:
         self.broker.forget_paused(id(self))
 
@@ -1082,6 +1094,8 @@ class TopicPublisher(IncomingLink):
         broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
+        if result.blocked:
+            self.block_until_queues_writable()
         if host.publish_rate is not None:
             self._charge(routed)
         if presettled:
@@ -1174,6 +1188,8 @@ class TopicPublisher(IncomingLink):
         self.broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
+        if result.blocked:
+            self.block_until_queues_writable()
         self._charge(routed)
         self.host.schedule_flush()
 

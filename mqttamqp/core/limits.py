@@ -76,6 +76,14 @@ class Limits:
     queue_max_bytes: int = 256 << 20
     queue_max_age: float = 7 * 86400.0
     queue_max_queues: int = 1_000
+    # Aggregate bounds of the durable queues (core.queuebudget, README, Durable
+    # queues): bytes of message bodies held in memory in all (beyond, durable bodies
+    # far from consumers stay in storage only); stored payload bytes in all, and the
+    # free space the data directory's file system keeps, below which publishers to
+    # queues are blocked.  0 = no bound.
+    queue_memory_budget: int = 256 << 20
+    queue_max_total_bytes: int = 4 << 30
+    disk_free_limit: int = 1 << 30
     # --queues FILE: (pattern, max age, max bytes, max messages), None = the default
     queue_rules: tuple[tuple[str, float | None, int | None, int | None], ...] = ()
     # --amqp-queues: AMQP addresses (fnmatch patterns) served as durable queues

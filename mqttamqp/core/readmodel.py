@@ -169,6 +169,11 @@ class Counters:
     storage_failures: int = 0       # failed commits since start
     storage_error: str = ""         # the first error of the current (or last) failing spell
     messages_queued: int = 0        # routed copies not yet written ($SYS messages/queued)
+    # The durable queues' aggregate bounds: why their publishers are blocked ("":
+    # they are not), payload bytes stored, body bytes in memory (the budget).
+    queues_blocked: str = ""
+    queue_bytes: int = 0
+    queue_memory_bytes: int = 0
 
 
 def _entry(entry: OutEntry) -> EntryView:
@@ -356,4 +361,7 @@ class ReadModel:
             # The archive's own counters; other recorders' are named "kind/counter".
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
-            storage_error=stats.storage_error, messages_queued=registry.queued_total())
+            storage_error=stats.storage_error, messages_queued=registry.queued_total(),
+            queues_blocked=router.queues.alarm.reason or "",
+            queue_bytes=router.queues.total_bytes,
+            queue_memory_bytes=router.queues.resident)

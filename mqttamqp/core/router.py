@@ -159,6 +159,10 @@ class Published:
     when asked, ``count_drops``, or while recording).
     ``refusal``: a durable queue refused the message or acknowledgement (why, and
     the MQTT 5 reason code); nothing was stored for it.
+    ``blocked``: the durable queues are full on disk (``--queue-max-total-bytes``,
+    ``--disk-free-limit``) or their appends wait for the writer past a bound: stop
+    reading the publisher (AMQP: no more credit) and resume it through
+    ``Broker.when_queues_writable``.
     """
 
     durable: Deferred[None] | None = None
@@ -167,6 +171,7 @@ class Published:
     gate: Gate | None = None
     dropped: int = 0
     refusal: Refusal | None = None
+    blocked: bool = False
 
 
 _ROUTED = Published()
@@ -251,8 +256,12 @@ class Router:
             self.stats.messages_received += 1
         if message.topic[:1] == "$" and is_queue_topic(message.topic):
             appended, refusal = self.queues.publish(
-                message, message.publisher or "(broker)", extra_ops)
-            return Published(appended, refusal=refusal)
+                message, message.publisher or "(broker)", extra_ops,
+                # (MQTT 5 has a negative acknowledgement: 0x97 beats waiting)
+                refuse_when_blocked=message.qos > 0 and identity is not None
+                and identity.protocol == "mqtt5")
+            return Published(appended, refusal=refusal,
+                             blocked=refusal is None and self.queues.paused)
         ops: list[Op] = list(extra_ops)
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
