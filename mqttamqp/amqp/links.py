@@ -775,6 +775,7 @@ class IncomingLink(BrokerLink):
         "blocked",
         "max_size",
         "outstanding",
+        "queues_blocked",
         "rate_blocked",
         "rejected",
         "second",
