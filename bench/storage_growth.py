@@ -131,10 +131,6 @@ def run_once(scenario, engine, seconds):
         stop.set()
         sampler.join()
         broker.stop()
-    if os.environ.get("GROWTH_LIST"):
-        for root, _dirs, files in os.walk(data):
-            for name in files:
-                log(f"  {os.path.join(root, name)} {os.lstat(os.path.join(root, name)).st_size}")
     try:
         live = live_bytes(data, engine)
         final_store = tree_bytes(store)
