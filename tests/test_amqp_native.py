@@ -650,3 +650,15 @@ def test_links_ended_with_their_session_no_longer_count() -> None:
         net.pump()
     assert not app.lost
     assert net.broker.stats.limits == {}
+
+
+def test_each_transport_error_condition_has_its_own_log_limit() -> None:
+    """The per-minute log limit for transport errors is kept per condition name
+    (the key used to be "amqp" for every error, so one kind hid all others)."""
+    from mqttamqp.amqp.listener import transport_error_cause
+
+    dup = transport_error_cause("amqp:invalid-field: link name already attached: x")
+    framing = transport_error_cause("amqp:connection:framing-error: bad frame: 3")
+    assert dup == "transport error amqp:invalid-field"
+    assert framing == "transport error amqp:connection:framing-error"
+    assert transport_error_cause("amqp:decode-error") == "transport error amqp:decode-error"

@@ -115,3 +115,21 @@ def test_summary_line_gives_files_and_rows_read_in_both_modes() -> None:
     assert cli.summary_line("R", True, result(False, 6, 61)).endswith(
         "; full run (no complete incremental state of this archive there yet): "
         "6 files read, 61 rows read")
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """While one run holds OUT (a manual run beside the broker's --report-every), a
+    second one on the same OUT stops at once with exit 4 and changes nothing there;
+    once the first has ended, the folder is free again."""
+    out = tmp_path / "report"
+    held = cli.lock_out(str(out))
+    (out / "marker").write_text("first run's")
+    before = sorted(p.name for p in out.iterdir())
+    assert cli.main(["--archive", str(tmp_path / "archive"), "--out", str(out)]) == 4
+    assert "another report run is writing" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before
+    held.close()
+    again = cli.lock_out(str(out))
+    assert again is not None
+    again.close()

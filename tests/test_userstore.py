@@ -135,7 +135,10 @@ def test_admin_help_shows_one_command_set(tmp_path: Any, monkeypatch: Any,
         _admin("--help")
     assert done.value.code == 0
     shown = capsys.readouterr().out
-    assert "{user,token,tokens,revoke,gen-cert}" in shown
+    assert "{user,token,tokens,revoke,gen-cert,recover}" in shown
+    listed = re.findall(r"^    (\S+)\s", shown, re.M)     # the commands with a help line
+    assert sorted(listed) == sorted(["user", "token", "tokens", "revoke", "gen-cert",
+                                     "recover"]), shown
     for hidden in ("passwd", "users", "deluser"):
         assert not re.search(rf"^\s+{hidden}\b", shown, re.M), shown
     data = str(tmp_path)

@@ -29,8 +29,9 @@ from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
 __all__ = ["main"]
 
 MIN_PASSWORD = 8
-# What --help shows; 'passwd', 'users' and 'deluser' still work, unlisted.
-VISIBLE_COMMANDS = ("user", "token", "tokens", "revoke", "gen-cert")
+# What --help shows (every command but the hidden ones: test_userstore checks it);
+# 'passwd', 'users' and 'deluser' still work, unlisted.
+VISIBLE_COMMANDS = ("user", "token", "tokens", "revoke", "gen-cert", "recover")
 
 
 def _read_password(from_stdin: bool) -> str:

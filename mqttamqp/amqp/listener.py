@@ -930,8 +930,7 @@ class AMQPConnection(Protocol):
                 self._lost_reason = f"transport error {what}"
                 # (one line per error condition a minute: a peer that keeps sending
                 # the same bad frames cannot flood the log)
-                held = self.factory.log_limit.allow(
-                    "transport error " + what.partition(":")[0])
+                held = self.factory.log_limit.allow(transport_error_cause(what))
                 if held is not None:
                     self.log.info("AMQP connection of {c} ({peer}): {what}; closing{more}",
                                   c=self.container_id or "?", peer=self.peer, what=what,
@@ -958,6 +957,12 @@ def refusal_margin(limits: Limits) -> int:
     connection's worth); an attach beyond closes its connection."""
     total = limits.amqp_max_links_total
     return total + max(limits.amqp_max_links, total // 2)
+
+
+def transport_error_cause(what: str) -> str:
+    """The log limiter's key for a transport error ``name: description``: its
+    condition name (``amqp:invalid-field``), so that each kind keeps its own line."""
+    return "transport error " + what.partition(": ")[0]
 
 
 class AMQPFactory(Factory):

@@ -32,6 +32,8 @@ __all__ = ["main", "parse_args", "make_session", "session_settings", "driver_add
 JAVA_PACKAGE = "default-jre-headless"
 EXIT_SETUP = 2
 EXIT_EMPTY = 3
+EXIT_BUSY = 4     # another run is writing the same --out
+LOCK_NAME = ".report.lock"
 LOOPBACK = "127.0.0.1"
 _DRIVER_ADDRESS_KEYS = ("spark.driver.host", "spark.driver.bindAddress")
 
@@ -222,9 +224,52 @@ class Progress:
                 self.out.flush()
 
 
+def lock_out(out: str) -> Any:
+    """An exclusive lock on a local report folder (``OUT/.report.lock``), held while the
+    run lasts, or None for a folder on a cluster file system (not locked).  Raises
+    ``BlockingIOError`` when another run holds it: two runs on one folder (a manual run
+    beside the broker's --report-every) would both write the incremental state and
+    count files twice."""
+    import fcntl
+
+    parts = urlsplit(out)
+    if parts.scheme not in ("", "file"):
+        return None
+    path = parts.path if parts.scheme == "file" else out
+    os.makedirs(path, exist_ok=True)
+    f = open(os.path.join(path, LOCK_NAME), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     err = sys.stderr
+    try:
+        lock = lock_out(args.out)
+    except BlockingIOError:
+        err.write(f"mqttamqp-report: another report run is writing {args.out}; nothing "
+                  "was changed (run again when it has ended)\n")
+        return EXIT_BUSY
+    except OSError as e:
+        err.write(f"mqttamqp-report: cannot use {args.out}: {e.strerror or e}\n")
+        return EXIT_SETUP
+    try:
+        return _run(args, err)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run(args: argparse.Namespace, err: TextIO) -> int:
     try:
         import pyspark  # noqa: F401
     except ImportError:

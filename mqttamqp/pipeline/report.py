@@ -51,7 +51,9 @@ from mqttamqp.archive.schema import (
 __all__ = ["ReportOptions", "ReportResult", "EmptyArchive", "build_report",
            "MESSAGES_READ_SCHEMA", "EVENTS_READ_SCHEMA", "SUMMARY_VERSION", "TABLES"]
 
-SUMMARY_VERSION = 1
+#: 2: ``input`` says ``files_read``/``rows_read`` in both modes (1 had ``new_files``
+#: for a full run and ``new_rows`` for an incremental one).
+SUMMARY_VERSION = 2
 #: Bumped when the state's layout or meaning changes: an older state is rebuilt.
 STATE_VERSION = 2
 _STATE_INFO = "state.json"
