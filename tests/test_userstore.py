@@ -347,3 +347,26 @@ def test_password_hashing_runs_at_most_two_at_once(monkeypatch: pytest.MonkeyPat
     for t in threads:
         t.join(10)
     assert results == [True] * 8 and state["most"] == users_module.HASH_SLOTS == 2
+
+
+def test_changing_the_first_password_in_the_console_removes_its_file(tmp_path: Any) -> None:
+    """The generated first password in DATA/admin-password.txt goes once that user's
+    password is changed on the console's Users page, as with mqttamqp-admin (it stayed
+    behind, no longer valid, when changed in the console)."""
+    import os
+
+    from webui.auth import INITIAL_PASSWORD_FILE
+
+    console, _, _ = make_console(tmp_path)
+    data_dir = console.users.data_dir
+    initial = os.path.join(data_dir, INITIAL_PASSWORD_FILE)
+    with open(initial, "w", encoding="utf-8") as f:
+        f.write("user: admin\npassword: generated\n")
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    assert admin.post("/users/add", name="dev-2", role="client",
+                      password="device password").code == 303
+    assert admin.post("/users/passwd", name="dev-2", password="another one").code == 303
+    assert os.path.exists(initial)                      # another user's change: kept
+    assert admin.post("/users/passwd", name="admin", password="a new admin one").code == 303
+    assert not os.path.exists(initial)

@@ -24,7 +24,7 @@ import sys
 import time
 
 from mqttamqp.core.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
-from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
+from webui.auth import UserStore, forget_initial_password, valid_username
 
 __all__ = ["main"]
 
@@ -67,14 +67,7 @@ def _set_password(store: UserStore, args: argparse.Namespace, create: bool | Non
         raise SystemExit(f"mqttamqp-admin: the password must have at least {MIN_PASSWORD} "
                          "characters; nothing changed")
     user = store.set_password(args.user, password, role=None if existed else role)
-    # The generated first password is no longer valid: do not leave it lying around.
-    initial = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
-    try:
-        with open(initial, encoding="utf-8") as f:
-            if f.readline().strip() == f"user: {args.user}":
-                os.unlink(initial)
-    except FileNotFoundError:
-        pass
+    forget_initial_password(store.data_dir, args.user)
     print(f"{'changed the password of' if existed else 'created'} user {args.user!r} "
           f"(role {user.role}) in {store.path}")
     return 0

@@ -34,12 +34,26 @@ from mqttamqp.core.userstore import (
 )
 
 __all__ = [
-    "USERS_FILE", "INITIAL_PASSWORD_FILE", "hash_password", "verify_password",
+    "USERS_FILE", "INITIAL_PASSWORD_FILE", "forget_initial_password", "hash_password",
+    "verify_password",
     "UserStore", "User", "ApiToken", "LoginSession", "SessionStore", "LoginThrottle",
     "ensure_first_admin", "valid_username", "token_digest", "TOKEN_PREFIX",
 ]
 
 INITIAL_PASSWORD_FILE = "admin-password.txt"
+
+
+def forget_initial_password(data_dir: str, user: str) -> None:
+    """``user``'s password changed: the generated first password in
+    ``DATA/admin-password.txt`` (if it is that user's) is no longer valid, so the
+    file goes rather than lie around (whoever changed it: the console or the CLI)."""
+    initial = os.path.join(data_dir, INITIAL_PASSWORD_FILE)
+    try:
+        with open(initial, encoding="utf-8") as f:
+            if f.readline().strip() == f"user: {user}":
+                os.unlink(initial)
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
 
 
 def ensure_first_admin(store: UserStore, name: str = "admin",
