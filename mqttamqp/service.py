@@ -205,6 +205,7 @@ class OpenAtStart:
         self.queue_body_budget = queue_body_budget
         self.opened: Any = None
         self._locks: list[Any] = []
+        self.failed_lock = ""   # the lock file a failed open() could not take
 
     def open(self) -> None:
         """Take the locks, then open the storage."""
@@ -222,8 +223,16 @@ class OpenAtStart:
             if not engine.locks_itself:
                 import zc.lockfile  # type: ignore[import-untyped]
 
-                self._locks.append(zc.lockfile.LockFile(
-                    os.path.join(self.data_dir, LOCKFILE), content_template="{pid}"))
+                # The data directory's lock, and an SQLite directory's own: two
+                # brokers with other --data on one sqlite:///DIR must not both serve.
+                paths = [os.path.join(self.data_dir, LOCKFILE)]
+                if engine.kind == "sqlite" and engine.size_path != self.data_dir:
+                    os.makedirs(engine.size_path, exist_ok=True)
+                    paths.append(os.path.join(engine.size_path, LOCKFILE))
+                for path in paths:
+                    self.failed_lock = path
+                    self._locks.append(zc.lockfile.LockFile(path, content_template="{pid}"))
+                self.failed_lock = ""
             if engine.dsn:
                 self._locks.append(serving_lock(engine))
             try:
@@ -245,6 +254,8 @@ class OpenAtStart:
         beside its file, else the data directory's."""
         from mqttamqp.store import resolve_engine
 
+        if self.failed_lock:
+            return self.failed_lock
         engine = resolve_engine(self.storage, self.data_dir)
         if engine.locks_itself:
             return engine.size_path + LOCK_SUFFIX
@@ -443,9 +454,11 @@ class BrokerService(service.MultiService):
         try:
             self.store.open()
         except zc.lockfile.LockError:
+            lock = self.store.lock_path()
+            where = os.path.dirname(lock)
             raise StartupError(
-                f"another mqttamqp is using {self.data_dir} "
-                f"(lock held by {lock_holder(self.store.lock_path())})") from None
+                f"another mqttamqp is using {where if where != self.data_dir else self.data_dir} "
+                f"(lock held by {lock_holder(lock)})") from None
         except (EngineError, ServingLockError, StorageUnavailable) as e:
             raise StartupError(str(e)) from None
         except DamagedStorage as e:

@@ -36,19 +36,51 @@ def schedule(clock: Clock, store: FakeStorage, *, interval: float = 0.0,
 
 
 def test_growth_below_the_threshold_starts_no_pack() -> None:
-    """23.9 MB of growth over many checks: no pack."""
+    """A storage under 24 MB over many checks: no pack."""
     clock, store = Clock(), FakeStorage(5 * MB)
     schedule(clock, store)
-    store.size = 5 * MB + 24 * MB - 1
+    store.size = 24 * MB - 1
     clock.pump([2.0] * 50)
     assert store.packs == []
 
 
-def test_growth_past_the_threshold_packs_at_the_next_check() -> None:
-    """Growth of 24 MB since start is seen at the next 2-second check."""
-    clock, store = Clock(), FakeStorage(5 * MB)
+def test_a_storage_over_the_threshold_at_start_is_packed_at_the_first_check() -> None:
+    """Growth counts from nothing at start: a broker restarted more often than
+    --pack-interval, each run adding less than --pack-growth, still packs (it never
+    did: the baseline was the size at start)."""
+    clock, store = Clock(), FakeStorage(200 * MB)
     s = schedule(clock, store)
-    store.size = 29 * MB
+    clock.advance(2.0)
+    assert len(store.packs) == 1 and s.growth_packs == 1
+    store.size = 3 * MB
+    store.packs[0].callback(None)
+    clock.pump([2.0] * 10)
+    assert len(store.packs) == 1 and s.baseline == 3 * MB
+
+
+def test_a_pack_that_raises_at_once_is_a_failed_pack(log_lines: list[str]) -> None:
+    """pack() raising (the store closed under it) is logged as a failed pack, and the
+    schedule goes on: not stuck "packing" for ever, its loop not dead."""
+    clock, store = Clock(), FakeStorage(0)
+
+    def broken() -> Deferred[None]:
+        raise RuntimeError("store is closed")
+
+    s = PackSchedule(clock, lambda: store.size, broken, interval_seconds=0,
+                     growth_bytes=24 * MB, check_seconds=2.0)
+    s.start()
+    store.size = 30 * MB
+    clock.advance(2.0)
+    assert not s.packing and s.failures == 1
+    assert len([line for line in log_lines if "packing the storage failed" in line]) == 1
+    assert clock.getDelayedCalls()      # the check goes on
+
+
+def test_growth_past_the_threshold_packs_at_the_next_check() -> None:
+    """Growth of 24 MB since the last pack is seen at the next 2-second check."""
+    clock, store = Clock(), FakeStorage(0)
+    s = schedule(clock, store)
+    store.size = 24 * MB
     clock.advance(1.9)
     assert store.packs == []
     clock.advance(0.1)

@@ -239,3 +239,49 @@ def test_a_second_broker_on_one_database_is_refused(tmp_path: Path,
         assert first.proc is not None and first.proc.poll() is None
     finally:
         first.stop()
+
+
+def test_two_brokers_on_one_sqlite_directory_are_refused(tmp_path: Path) -> None:
+    """Two data directories (as two brokers started with other --data) on one
+    sqlite:///DIR: the second stops with one line naming DIR, the first serves on
+    (the lock was only the data directory's, so both opened the database)."""
+    shared = tmp_path / "shared-sqlite"
+    first = BrokerProcess(str(tmp_path / "a"), "--storage", f"sqlite://{shared}").start()
+    try:
+        out = _twistd(tmp_path, "--storage", f"sqlite://{shared}")
+        text = out.stdout + out.stderr
+        assert out.returncode == 1, text
+        critical = [line for line in text.splitlines() if "#critical]" in line]
+        assert len(critical) == 1 and f"another mqttamqp is using {shared}" in critical[0], text
+        assert first.proc is not None and first.proc.poll() is None
+    finally:
+        first.stop()
+
+
+def test_sqlite_runs_with_full_sync_and_auto_vacuum(tmp_path: Path) -> None:
+    """The SQLite engine's own connections run synchronous=FULL (a commit is on disk
+    when it returns, as with FileStorage), WAL, and auto_vacuum=FULL, so a pack gives
+    the freed pages back to the file system."""
+    import sqlite3
+
+    storage = resolve("sqlite://", str(tmp_path)).factory()
+    try:
+        from ZODB import DB
+
+        db = DB(storage)
+        db.close()
+    finally:
+        storage.close()
+    main = tmp_path / "sqlite" / "main.sqlite3"
+    conn = sqlite3.connect(main)
+    try:
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 1
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+    adapter = resolve("sqlite://", str(tmp_path)).factory()
+    try:
+        pragmas = adapter._adapter.connmanager.pragmas
+        assert pragmas["synchronous"] == 2 and pragmas["auto_vacuum"] == 1
+    finally:
+        adapter.close()

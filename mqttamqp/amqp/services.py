@@ -342,11 +342,13 @@ class SessionRequests:
             self._release(client_id, clean)
 
     def _bound_decisions(self) -> None:
-        """Keep at most ``amqp_max_links`` remembered decisions (a connection cannot
-        hold more ``.publish`` links than that): the oldest of clients without a
-        ``.publish`` link go first.  An FE serving many clients over one connection
-        decides for each, and without a bound the dict grew for the connection's life."""
-        excess = len(self.clean) - self.host.limits.amqp_max_links
+        """Keep at most 4 x ``amqp_max_links`` remembered decisions (a connection holds
+        at most ``amqp_max_links`` ``.publish`` links; the margin leaves room for a
+        reconnect storm's AMQP_LISTs sent before their ``.publish`` attaches): the
+        oldest of clients without a ``.publish`` link go first.  An FE serving many
+        clients over one connection decides for each, and without a bound the dict
+        grew for the connection's life."""
+        excess = len(self.clean) - 4 * self.host.limits.amqp_max_links
         if excess <= 0:
             return
         for client_id in [c for c in self.clean if c not in self.outlets][:excess]:

@@ -497,7 +497,10 @@ class StoreAuthenticator:
         elif not self.has_clients():
             return self.anonymous_from(credentials.peer)
         else:
-            d = self._defer(verify_password, credentials.password or b"", dummy_hash())
+            # (dummy_hash() in the thread too: its first call hashes, and may wait
+            # for one of the HASH_SLOTS; the reactor must not)
+            d = self._defer(lambda pw: verify_password(pw, dummy_hash()),
+                            credentials.password or b"")
             d.addCallback(lambda _: False)
         d.addCallback(self._logged, credentials)
         result: Deferred[bool] = d

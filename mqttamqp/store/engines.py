@@ -312,17 +312,26 @@ class ServingLock:
         except ImportError:  # resolve() said so already; here for the type checker
             raise StorageUnavailable("PostgreSQL needs the psycopg2 driver") from None
         try:
-            self._conn: Any = psycopg2.connect(dsn, application_name="mqttamqp-lock")
+            # (keepalives: a lock connection cut by the network is noticed by the
+            # server within a minute, and the lock freed, rather than after hours)
+            self._conn: Any = psycopg2.connect(
+                dsn, application_name="mqttamqp-lock", keepalives=1, keepalives_idle=20,
+                keepalives_interval=10, keepalives_count=3)
         except psycopg2.Error as e:
             raise StorageUnavailable(f"cannot reach the database {display}: "
                                      f"{_first_line(e)}") from None
-        self._conn.autocommit = True
-        with self._conn.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(%s)", (SERVING_LOCK_KEY,))
-            (got,) = cur.fetchone()
+        try:
+            self._conn.autocommit = True
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s)", (SERVING_LOCK_KEY,))
+                (got,) = cur.fetchone()
+            holder = "" if got else self._holder()
+        except psycopg2.Error as e:
+            self.close()
+            raise StorageUnavailable(f"cannot take the serving lock of {display}: "
+                                     f"{_first_line(e)}") from None
         if not got:
-            holder = self._holder()
-            self._conn.close()
+            self.close()
             raise ServingLockError(f"another mqttamqp serves the database {display}"
                                    + (f" ({holder})" if holder else ""))
 
@@ -333,6 +342,8 @@ class ServingLock:
                 cur.execute(
                     "SELECT a.client_addr, a.pid FROM pg_locks l JOIN pg_stat_activity a "
                     "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                    "AND l.database = (SELECT oid FROM pg_database WHERE datname = "
+                    "current_database()) "
                     "AND (l.classid::bigint << 32 | l.objid::bigint) = %s",
                     (SERVING_LOCK_KEY & 0xFFFFFFFFFFFFFFFF,))
                 row = cur.fetchone()

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -58,7 +58,10 @@ class PackSchedule:
         self._loops: list[LoopingCall] = []
 
     def start(self) -> None:
-        self.baseline = self._size()
+        # Growth counts from 0, not from the size at start: a storage already more
+        # than ``growth_bytes`` is packed at the first check, so a broker restarted
+        # more often than --pack-interval still packs.
+        self.baseline = 0
         if self.interval > 0:
             self._loops.append(self._every(self.interval, self.on_clock))
         if self.growth > 0:
@@ -95,7 +98,10 @@ class PackSchedule:
         self.packs += 1
         self._why = why
         self._started = self._clock.seconds()
-        d = self._pack()
+        try:
+            d = self._pack()
+        except Exception:   # (e.g. the store closed): as a failed pack, not a dead loop
+            d = fail()
         d.addCallbacks(self._packed, self._failed)
 
     def _packed(self, _: object) -> None:
