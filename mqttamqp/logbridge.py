@@ -36,9 +36,18 @@ class _ToTwisted(logging.Handler):
         Logger(namespace=record.name).emit(level, "{text}", text=text)
 
 
+# Libraries whose info lines narrate routine work: RelStorage logs a dozen lines per
+# pack (and the broker packs whenever the storage grew by --pack-growth MB, with a
+# line of its own), and one per connection it opens.  Their warnings still come.
+QUIET = ("relstorage",)
+
+
 def install(level: int = logging.INFO) -> None:
-    """Send stdlib records at ``level`` and above to Twisted's log (idempotent)."""
+    """Send stdlib records at ``level`` and above to Twisted's log (idempotent);
+    the ``QUIET`` libraries from warnings up."""
     root = logging.getLogger()
     if not any(isinstance(h, _ToTwisted) for h in root.handlers):
         root.addHandler(_ToTwisted())
     root.setLevel(level)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))

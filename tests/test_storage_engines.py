@@ -285,3 +285,16 @@ def test_sqlite_runs_with_full_sync_and_auto_vacuum(tmp_path: Path) -> None:
         assert pragmas["synchronous"] == 2 and pragmas["auto_vacuum"] == 1
     finally:
         adapter.close()
+
+
+def test_relstorage_info_lines_stay_out_of_the_log() -> None:
+    """RelStorage narrates a pack in a dozen info lines; the broker's log gets its own
+    one line per pack, not RelStorage's (they are kept from warnings up)."""
+    import logging
+
+    from mqttamqp import logbridge
+
+    logbridge.install()
+    assert logging.getLogger("relstorage").getEffectiveLevel() == logging.WARNING
+    assert not logging.getLogger("relstorage.storage.pack").isEnabledFor(logging.INFO)
+    assert logging.getLogger("ZODB.FileStorage").isEnabledFor(logging.INFO)
