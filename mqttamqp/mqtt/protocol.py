@@ -62,6 +62,7 @@ from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
+    PropertyLimits,
     encode,
     encode_properties,
     encode_publish,
@@ -242,7 +243,8 @@ class MQTTProtocol(Protocol):
         self.limits: Limits = factory.broker.limits
         self.rules = ConnectionRules()
         self.strings: StringRules = factory.strings
-        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
+        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
+                               property_limits=factory.property_limits)
         self.session: Session | None = None
         self.identity: Identity | None = None
         self.client_id = ""
@@ -551,7 +553,9 @@ class MQTTProtocol(Protocol):
     # -- the one place a protocol error becomes a disconnect ----------------------
 
     def _violation(self, reason: str, cause: str | None = None,
-                   code: int = ReasonCode.PROTOCOL_ERROR) -> None:
+                   code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:
+        """Close for ``reason``; ``limit``: the bound the client went beyond (counted
+        as ``$SYS/broker/limits/<limit>``, one line per bound a minute)."""
         cause = cause or (
             CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
         if self._v5 is not None:
@@ -572,7 +576,16 @@ class MQTTProtocol(Protocol):
                            c=self.client_id, peer=self.peer, r=reason)
         else:
             self.broker.stats.protocol_errors += 1
-            if self._v5 is not None and cause != CAUSE_KEEPALIVE:
+            if limit is not None:
+                self.broker.stats.limit_hit(limit)
+                held = self.factory.log_limit.allow("limit " + limit)
+                if held is not None:
+                    self.log.warn("{c} ({peer}) went beyond a limit: {r}; closing the "
+                                  "connection (reason code {code:#04x}; {h} more beyond "
+                                  "that limit since the last such line)",
+                                  c=self.client_id or "(no client id yet)", peer=self.peer,
+                                  r=reason, code=int(code), h=held)
+            elif self._v5 is not None and cause != CAUSE_KEEPALIVE:
                 # MQTT 5: one line per reason code a minute, saying how many more.
                 held = self.factory.log_limit.allow(f"mqtt5 disconnect {code:#04x}")
                 if held is not None:
@@ -633,12 +646,13 @@ class MQTTProtocol(Protocol):
         except MalformedPacket as exc:
             what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
                 "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
+                else "limit exceeded" if exc.limit is not None
                 else "malformed packet")
             if exc.in_connect5 and self.state is _AWAITING_CONNECT:
                 # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
                 self._write(encode(Connack(False, exc.code, Properties(
                     reason_string=exc.reason[:200])), 5))
-            self._violation(f"{what}: {exc.reason}", code=exc.code)
+            self._violation(f"{what}: {exc.reason}", code=exc.code, limit=exc.limit)
         finally:
             self._in_process = was_processing
 
@@ -1484,6 +1498,11 @@ class MQTTFactory(Factory):
         self.broker = broker
         self.clock = clock
         self.strings = StringRules(broker.limits)
+        limits = broker.limits
+        # What a property block may hold (every connection's decoder shares it): a
+        # client sends at most one subscription identifier (in SUBSCRIBE).
+        self.property_limits = PropertyLimits(limits.max_user_properties,
+                                              limits.max_user_property_bytes, 1)
         # Open connections (CONNECT or not), in a dict used as a set: at thousands
         # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
         self.connections: dict[MQTTProtocol, None] = {}
