@@ -12,6 +12,9 @@ Only for a protocol that batches its own output and sets TCP_NODELAY (MQTT
 per batch, AMQP once per pump of its engine): many small sends in a row without
 TCP_NODELAY (AMQP's frames, once written as proton produced them) run into
 Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
+
+``others_waiting`` asks the reactor's poller whether any other descriptor has
+input ready, for a connection deciding whether to end its share of a turn.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from twisted.internet.address import IPv6Address
 from twisted.internet.tcp import Connection, Port, Server
 from twisted.python import log
 
-__all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "plain_tcp", "send"]
+__all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
+           "plain_tcp", "send"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -231,3 +235,26 @@ def send(transport: Any, data: bytes) -> None:
 def plain_tcp(transport: Any) -> bool:
     """A plain (not TLS, not WebSocket) TCP server transport."""
     return type(transport) in _PLAIN
+
+
+def others_waiting(reactor: Any, own_fd: int) -> bool:
+    """Whether a descriptor other than ``own_fd`` has input ready: a client's bytes,
+    a connection to accept, a thread waking the reactor up.
+
+    Asked by a connection whose share of a turn is over (``MQTTProtocol``): it goes
+    on when nobody else waits, since ending a turn costs its subscribers a send
+    each (smaller output batches: fan-out to 100 subscribers paid 15-40% more CPU
+    per delivery when every 2-10 ms of a publisher's input ended a turn).  The
+    poll-like reactors' poller (epoll, poll) is asked without waiting; it is
+    level-triggered, so nothing is taken from the reactor's next poll.  Any other
+    reactor, or a poller that fails: True (others are assumed to wait)."""
+    poller = getattr(reactor, "_poller", None)
+    readable = getattr(reactor, "_POLL_IN", None)
+    if poller is None or readable is None:
+        return True
+    wanted = readable | getattr(reactor, "_POLL_DISCONNECTED", 0)
+    try:
+        ready = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(fd != own_fd and events & wanted for fd, events in ready)

@@ -314,7 +314,11 @@ class Options(usage.Options):
         ["max-user-property-bytes", None, _D.max_user_property_bytes,
          "MQTT 5: most bytes of user property names and values together (UTF-8) in one "
          "packet; as above.", _positive(int, "max-user-property-bytes")],
-
+        ["mqtt-turn-ms", None, _D.mqtt_turn * 1000,
+         "Longest (milliseconds) one MQTT connection's input is handled in one turn of "
+         "the event loop; the rest waits for a later turn, after the other connections' "
+         "input, and the connection is not read meanwhile. 0 = no bound.",
+         _positive(float, "mqtt-turn-ms")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
         ["amqp-idle-timeout", None, 60.0,
@@ -570,6 +574,7 @@ def limits_from(options: Any) -> Limits:
         max_topic_length=options["max-topic-length"],
         max_user_properties=options["max-user-properties"],
         max_user_property_bytes=options["max-user-property-bytes"],
+        mqtt_turn=options["mqtt-turn-ms"] / 1000.0,
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],

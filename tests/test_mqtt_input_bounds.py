@@ -1,29 +1,39 @@
 """What one MQTT client's input may cost the broker (issue 26, section 4).
 
-MQTT 5 user properties are bounded per property block, in count
-(``--max-user-properties``) and in bytes of names and values
-(``--max-user-property-bytes``): the codec refuses a block beyond either with
-0x97 at the first property too many, so a 100,000-property packet is not
-decoded; the connection is closed with DISCONNECT 0x97 (CONNACK 0x97 for a
-CONNECT), counted in ``$SYS/broker/limits/<name>`` and logged once a minute.
+* MQTT 5 user properties are bounded per property block, in count
+  (``--max-user-properties``) and in bytes of names and values
+  (``--max-user-property-bytes``): the codec refuses a block beyond either with
+  0x97 at the first property too many, so a 100,000-property packet is not
+  decoded; the connection is closed with DISCONNECT 0x97 (CONNACK 0x97 for a
+  CONNECT), counted in ``$SYS/broker/limits/<name>`` and logged once a minute.
+* One connection's input is handled for at most ``--mqtt-turn-ms`` in one reactor
+  turn; the rest waits, unread, for a later turn, in order.
 
-Codec and protocol tests run in memory (``StringTransport``, ``task.Clock``); the
-last ones talk raw MQTT 5 to a real broker.
+Codec and protocol tests run in memory (``StringTransport``, ``task.Clock``: the
+protocol tests make time pass inside a handler, as an expensive packet would);
+the last ones talk raw MQTT 5 to a real broker.
 """
 
 from __future__ import annotations
 
+import select
+import socket
+import threading
 import urllib.request
 from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
+from fakes import NullStore, timers_left
 from hypothesis import given
 from hypothesis import strategies as st
-from test_mqtt_raw import RawClient
+from test_mqtt_raw import ConnectionClosed, RawClient
 from test_protocol5_unit import closed_with, connected
-from test_protocol_unit import Harness
+from test_protocol_unit import FakeLink, Harness
+from twisted.internet.task import Clock
 
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.limits import Limits
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, PropertyLimits, encode
 from mqttamqp.mqtt.packets import (
     Auth,
@@ -42,6 +52,8 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 from mqttamqp.mqtt.properties import encode_varint
+from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.netio import others_waiting
 from tests.test_codec5 import STRATEGIES
 
 # --------------------------------------------------------------------------
@@ -260,12 +272,199 @@ def test_connect_beyond_the_limit_gets_connack_0x97() -> None:
 
 
 # --------------------------------------------------------------------------
+# the connection: work per reactor turn
+
+
+class CostlyLink(FakeLink):
+    """A subscriber whose every delivery takes ``cost`` seconds of ``clock``."""
+
+    def __init__(self, clock: Any, cost: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.cost = cost
+
+    def send_publish(self, *args: Any) -> None:
+        super().send_publish(*args)
+        self.clock.advance(self.cost)
+
+
+def reactor_turn(clock: Any) -> None:
+    """The timed calls of one reactor iteration: those due now run, and what they
+    schedule for now waits for the next iteration, after the reactor has polled
+    (Twisted's ``runUntilCurrent``; ``Clock.advance(0)`` would run those too)."""
+    now = clock.seconds()
+    for call in [c for c in clock.getDelayedCalls() if c.getTime() <= now]:
+        clock.calls.remove(call)
+        call.called = 1
+        call.func(*call.args, **call.kw)
+
+
+def costly_watcher(h: Harness, cost: float) -> CostlyLink:
+    link = CostlyLink(h.clock, cost)
+    session = h.broker.open_session(link, "costly", True, None).session
+    h.broker.activate(session, link, "test")
+    from mqttamqp.core.auth import Identity
+    h.broker.subscribe(session, Identity("costly"), [("t/#", 0)])
+    return link
+
+
+def test_input_beyond_the_turn_waits_for_the_next_turn() -> None:
+    """Packets that take 2 ms each with --mqtt-turn-ms 5: three are handled in the
+    read's turn, then the connection is not read and the rest waits for a later
+    turn, after one poll of the reactor (the turn after the read's handles none:
+    its poll reads the others first); each such turn handles three more, in
+    order, the PINGREQ after them; then reading resumes and no timer is left."""
+    h = Harness(mqtt_turn=0.005)
+    link = costly_watcher(h, 0.002)
+    c = connected(h)
+    c.send(*[Publish("t/a", str(i).encode()) for i in range(10)], Pingreq())
+    seen = [len(link.published())]
+    assert c.transport.producerState == "paused"
+    assert c.received() == []
+    while c.transport.producerState == "paused":
+        reactor_turn(h.clock)
+        seen.append(len(link.published()))
+    assert seen == [3, 3, 6, 6, 9, 9, 10]
+    assert [m.payload for m, *_ in link.published()] == [str(i).encode() for i in range(10)]
+    assert c.received() == [Pingresp()]
+    assert h.broker.stats.mqtt_turns_yielded == 3
+    assert timers_left(h.clock) == []
+
+
+def test_cheap_input_is_handled_in_one_turn() -> None:
+    """Packets that take no time: a thousand in one read are handled at once, with
+    no pause and nothing scheduled (throughput pays nothing for the bound)."""
+    h = Harness(mqtt_turn=0.005)
+    watcher = h.watcher("t/#")
+    c = connected(h)
+    c.send(*[Publish("t/a", b"x") for _ in range(1000)])
+    assert len(watcher.published()) == 1000
+    assert c.transport.producerState == "producing"
+    assert h.broker.stats.mqtt_turns_yielded == 0
+    assert timers_left(h.clock) == []
+
+
+def test_input_that_arrives_while_held_keeps_its_place() -> None:
+    """Bytes delivered while the connection waits for its next turn (a TLS record
+    already decrypted, say) are only buffered: handled after what was held."""
+    h = Harness(mqtt_turn=0.005)
+    link = costly_watcher(h, 0.004)
+    c = connected(h)
+    c.send(*[Publish("t/a", str(i).encode()) for i in range(3)])
+    assert len(link.published()) == 2
+    c.send(Publish("t/a", b"late"))
+    assert len(link.published()) == 2
+    while c.transport.producerState == "paused":
+        reactor_turn(h.clock)
+    assert [m.payload for m, *_ in link.published()] == [b"0", b"1", b"2", b"late"]
+
+
+def test_a_connection_closed_while_held_leaves_no_timer() -> None:
+    """Closed while its input waits for the next turn: the turn's timer is cancelled
+    and nothing more of its input is handled."""
+    h = Harness(mqtt_turn=0.005)
+    link = costly_watcher(h, 0.004)
+    c = connected(h, keepalive=0)
+    c.send(*[Publish("t/a", b"x") for _ in range(5)])
+    assert len(link.published()) == 2
+    c.proto.close("closed from the console")
+    c.lost()
+    reactor_turn(h.clock)
+    assert len(link.published()) == 2
+    assert timers_left(h.clock) == []
+
+
+class PollingClock(Clock):
+    """A ``Clock`` with a poll-like reactor's poller, reporting ``ready``."""
+
+    _POLL_IN = select.EPOLLIN
+    _POLL_DISCONNECTED = select.EPOLLHUP | select.EPOLLERR
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready: list[tuple[int, int]] = []
+        self._poller = self
+
+    def poll(self, timeout: float) -> list[tuple[int, int]]:
+        assert timeout == 0
+        return self.ready
+
+
+class PollingHarness(Harness):
+    """A ``Harness`` on a ``PollingClock``."""
+
+    def __init__(self, **limits: Any) -> None:
+        limits.setdefault("sys_interval", 0)
+        self.clock = self.polling = PollingClock()
+        self.store = NullStore()
+        self.broker = Broker(self.clock, self.store, Limits(**limits))
+        self.factory = MQTTFactory(self.broker, self.clock)
+
+
+def test_the_turn_goes_on_while_nobody_else_waits() -> None:
+    """With nobody else to read (the reactor's poller says so) a connection goes on
+    past its share; once another socket has input it stops at the next check."""
+    h = PollingHarness(mqtt_turn=0.005)
+    clock = h.polling
+    link = costly_watcher(h, 0.002)
+    c = connected(h)
+    c.send(*[Publish("t/a", b"x") for _ in range(10)])
+    assert len(link.published()) == 10                  # nobody waited: one turn
+    assert c.transport.producerState == "producing"
+    clock.ready = [(99, select.EPOLLOUT)]               # (writable is not waiting)
+    c.send(*[Publish("t/a", b"x") for _ in range(10)])
+    assert len(link.published()) == 20
+    clock.ready = [(99, select.EPOLLIN)]
+    c.send(*[Publish("t/a", b"x") for _ in range(10)])
+    assert len(link.published()) == 23
+    assert c.transport.producerState == "paused"
+
+
+def test_others_waiting_asks_the_real_poller_without_taking_its_events() -> None:
+    """``netio.others_waiting`` on a real epoll: input on the connection's own
+    socket does not count, on another one does, and asking again (the reactor's
+    own poll) still finds it; a reactor without a poller: True."""
+    poller = select.epoll()
+    reactor = type("Reactor", (), {"_poller": poller, "_POLL_IN": select.EPOLLIN,
+                                   "_POLL_DISCONNECTED": select.EPOLLHUP})()
+    own, own_peer = socket.socketpair()
+    other, other_peer = socket.socketpair()
+    try:
+        for sock in (own, other):
+            poller.register(sock.fileno(), select.EPOLLIN)
+        assert not others_waiting(reactor, own.fileno())
+        own_peer.sendall(b"more of the same client")
+        assert not others_waiting(reactor, own.fileno())
+        other_peer.sendall(b"\xc0\x00")                  # another client's PINGREQ
+        assert others_waiting(reactor, own.fileno())
+        assert others_waiting(reactor, own.fileno())
+        assert {fd for fd, _ in poller.poll(0)} == {own.fileno(), other.fileno()}
+        assert others_waiting(Clock(), own.fileno())
+    finally:
+        poller.close()
+        for sock in (own, own_peer, other, other_peer):
+            sock.close()
+
+
+def test_no_turn_bound_when_zero() -> None:
+    """--mqtt-turn-ms 0: a read is handled whole however long it takes."""
+    h = Harness(mqtt_turn=0)
+    link = costly_watcher(h, 0.004)
+    c = connected(h)
+    c.send(*[Publish("t/a", b"x") for _ in range(10)])
+    assert len(link.published()) == 10
+    assert c.transport.producerState == "producing"
+
+
+# --------------------------------------------------------------------------
 # the real broker, raw MQTT 5
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    proc = BrokerProcess(str(tmp_path_factory.mktemp("bounds")),
+    # A turn of 10 µs: every packet of a flood ends its connection's turn, so the
+    # held-input path of the real reactor runs for each one.
+    proc = BrokerProcess(str(tmp_path_factory.mktemp("bounds")), "--mqtt-turn-ms", "0.01",
                          "--max-user-properties", "16", listeners=("--mqtt", "--metrics"))
     proc.start()
     yield proc
@@ -313,3 +512,51 @@ def test_real_broker_refuses_too_many_user_properties(broker: BrokerProcess) -> 
     sub.send(Pingreq())
     sub.expect(Pingresp)
     assert [p for p in sub.backlog if isinstance(p, Publish)] == []
+
+
+def test_others_are_answered_while_one_client_floods(broker: BrokerProcess) -> None:
+    """While one client pipelines 3,000 PUBLISHes of 16 user properties, another's
+    PINGREQs are answered before the flood is over, and every flooded message
+    reaches the subscriber in order with its properties: the input held at the end
+    of each turn is neither lost nor reordered (and turns did end: the counter)."""
+    sub = client5(broker, "flood-sub")
+    sub.send(Subscribe(1, (("flood/#", 0),), (0,)))
+    sub.expect(Suback)
+    pinger = client5(broker, "flood-pinger")
+    flooder = client5(broker, "flood-pub")
+    yielded = metric(broker, "mqttamqp_mqtt_turns_yielded_total")
+    count = 3000
+    stream = b"".join(encode(Publish("flood/t", str(i).encode(), properties=users(16)), 5)
+                      for i in range(count)) + encode(Pingreq())
+    received: list[Publish] = []
+    started, done = threading.Event(), threading.Event()
+
+    def receive() -> None:
+        try:
+            while len(received) < count:
+                packet = sub.recv(timeout=30)
+                if isinstance(packet, Publish):
+                    received.append(packet)
+                    started.set()
+        except (TimeoutError, ConnectionClosed):
+            pass
+        done.set()
+
+    threading.Thread(target=receive, daemon=True).start()
+    sender = threading.Thread(target=flooder.sock.sendall, args=(stream,), daemon=True)
+    sender.start()
+    assert started.wait(30), "the flood did not begin"
+    during = []
+    for _ in range(5):
+        pinger.send(Pingreq())
+        pinger.expect(Pingresp, timeout=10)
+        during.append(len(received))
+    assert during[0] < count, "the first PINGRESP came only after the whole flood"
+    assert done.wait(60), f"{len(received)} of {count} flooded messages arrived"
+    sender.join(10)
+    flooder.expect(Pingresp, timeout=30)
+    assert [p.payload for p in received] == [str(i).encode() for i in range(count)]
+    assert all(p.properties is not None and p.properties.user_properties == pairs(16)
+               for p in received)
+    assert metric(broker, "mqttamqp_mqtt_turns_yielded_total") > yielded
+    assert "Traceback" not in broker.output()

@@ -65,6 +65,9 @@ class Limits:
     # the connection is closed with 0x97 (quota exceeded).
     max_user_properties: int = 128
     max_user_property_bytes: int = 64 << 10
+    # MQTT: the longest one connection's input is handled in one reactor turn
+    # before the other connections get theirs (seconds; 0 = no bound).
+    mqtt_turn: float = 0.005
     # Durable queues (core.queues): seconds a delivered message stays claimed by its
     # member before it is visible again; deliveries before it is dead-lettered;
     # deliveries a member may have unacknowledged; and each queue's default
