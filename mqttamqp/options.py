@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from mqttamqp.core.limits import Limits
 __all__ = ["Options", "limits_from"]
 
 _D = Limits()
+_MB = 1 << 20
 # Loopback only, as Mosquitto 2 without a configuration: opening the broker to other
 # machines is a decision (give a listener, e.g. --mqtt tcp:1883, and --users).
 DEFAULT_LISTENERS = {"mqtt": "tcp:1883:interface=127.0.0.1",
@@ -264,6 +266,20 @@ class Options(usage.Options):
         ["queue-max-queues", None, _D.queue_max_queues,
          "Most durable queues (dead-letter queues included); a publish or consumer "
          "that would create one more is refused.", _positive(int, "queue-max-queues")],
+        ["queue-memory-budget", None, _D.queue_memory_budget // _MB,
+         "MB of durable queue message bodies held in memory in all; beyond it the "
+         "bodies farthest from any consumer stay in storage only and are read back as "
+         "consumers reach them; 0 = no budget (every body in memory).",
+         _positive(int, "queue-memory-budget")],
+        ["queue-max-total-bytes", None, _D.queue_max_total_bytes,
+         "Payload bytes all durable queues may store together; at it, publishers to "
+         "$queue/ are blocked (not read; AMQP: no credit; MQTT 5 QoS 1/2: 0x97) until "
+         "consumers bring it under 90 %; 0 = no bound.",
+         _positive(int, "queue-max-total-bytes")],
+        ["disk-free-limit", None, _D.disk_free_limit // _MB,
+         "MB the data directory's file system must keep free; below it publishers to "
+         "$queue/ are blocked as above until it has this and a tenth more free "
+         "(checked every 2 s); 0 = no watermark.", _positive(int, "disk-free-limit")],
         ["queues", None, None,
          "TOML file of per-queue retention: [[queue]] tables with pattern, max-age, "
          "max-bytes, max-messages (see README, Durable queues)."],
@@ -332,6 +348,11 @@ class Options(usage.Options):
          "Most links attached at a time on one AMQP connection (refused ones count "
          "until detached); a peer that attaches more is closed "
          "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
+        ["amqp-max-links-total", None, _D.amqp_max_links_total,
+         "Most links attached at a time on all AMQP connections together (refused ones "
+         "count until detached; 3-5 KB each); beyond, an attach is refused with "
+         "amqp:resource-limit-exceeded and the connection stays.",
+         _positive(int, "amqp-max-links-total")],
         ["amqp-max-held-bytes", None, _D.amqp_max_held_bytes,
          "Most bytes of unfinished (multi-frame) incoming messages the broker holds for "
          "one AMQP connection; a peer that sends more is closed "
@@ -354,8 +375,18 @@ class Options(usage.Options):
          "PEM file of the CA certificates that sign client certificates: every ssl: "
          "listener asks TLS clients for a certificate and refuses one that does not "
          "verify against them (see --tls-require-client-cert, --tls-cert-as-user)."],
+        ["storage", None, None,
+         "Where the durable state lives, as a URI: file://PATH (ZODB FileStorage; the "
+         "default is DATA/mqttamqp.fs), sqlite://[/DIR] (RelStorage on SQLite, "
+         "history-free; default DIR is DATA/sqlite), postgresql://USER@HOST:PORT/DB "
+         "(RelStorage on PostgreSQL, history-free) or memory:// (nothing survives a "
+         "restart). See README, Durability."],
         ["pack-interval", None, 24.0,
-         "Hours between packs of the storage file; 0 = never.", _positive(float, "pack-interval")],
+         "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
+        ["pack-growth", None, 24.0,
+         "Pack the storage whenever it has grown by this many MB since the last pack "
+         "(checked every 2 s), so that it stays near twice its live state in steady "
+         "flow; 0 = only every --pack-interval.", _positive(float, "pack-growth")],
         ["archive-dir", None, None,
          "Directory of the Parquet archive (default DATA/archive)."],
         ["archive-payload-bytes", None, 256,
@@ -498,6 +529,13 @@ class Options(usage.Options):
                 read_acl(self["acl"])
             except AclError as exc:
                 raise usage.UsageError(f"--acl: {exc}") from None
+        if self["storage"]:
+            from mqttamqp.store.engines import EngineError, resolve
+
+            try:   # (checked here; opened at start, as the file storage is)
+                resolve(self["storage"], os.path.abspath(self["data"]))
+            except EngineError as exc:
+                raise usage.UsageError(str(exc)) from None
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:
@@ -515,6 +553,8 @@ class Options(usage.Options):
             raise usage.UsageError("--amqp-max-sessions must be at least 1")
         if self["amqp-max-links"] < 1:
             raise usage.UsageError("--amqp-max-links must be at least 1")
+        if self["amqp-max-links-total"] < 1:
+            raise usage.UsageError("--amqp-max-links-total must be at least 1")
         if self["amqp-max-held-bytes"] < self["max-packet-size"]:
             raise usage.UsageError("--amqp-max-held-bytes must be at least --max-packet-size "
                                    "(one whole message)")
@@ -578,6 +618,7 @@ def limits_from(options: Any) -> Limits:
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
+        amqp_max_links_total=options["amqp-max-links-total"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
         share_strategy=options["share-strategy"],
         shared_subscriptions=not options["no-shared-subscriptions"],
@@ -599,6 +640,9 @@ def limits_from(options: Any) -> Limits:
         queue_max_bytes=options["queue-max-bytes"],
         queue_max_age=options["queue-max-age"],
         queue_max_queues=options["queue-max-queues"],
+        queue_memory_budget=options["queue-memory-budget"] * _MB,
+        queue_max_total_bytes=options["queue-max-total-bytes"],
+        disk_free_limit=options["disk-free-limit"] * _MB,
         queue_rules=options.get("queue-rules", ()),
         amqp_queues=tuple(options["amqp-queues"]),
     )

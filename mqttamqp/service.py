@@ -15,6 +15,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -32,10 +33,12 @@ from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.core.userstore import StoreAuthenticator, UserStore
+from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import lean_port
+from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -75,6 +78,8 @@ class ListenerService(service.Service):
         self.port: Any = None
         self.address = ""
         self.tls: TLSSettings | None = None   # client certificates on an ssl: listener
+        # Connections it cannot accept (out of descriptors): counted, one line a spell.
+        self.refusals: AcceptRefusals | None = None
 
     def listen(self) -> Deferred[Any]:
         """Bind the endpoint (``BrokerService`` does this for every listener before
@@ -87,6 +92,10 @@ class ListenerService(service.Service):
             self.port = port
             if self.kind == "MQTT":
                 lean_port(port)   # (lighter transports for many idle clients)
+            refusals = self.refusals
+            if refusals is not None:
+                kind = self.kind
+                watch_accept_errors(port, lambda error: refusals.refused(kind, error))
             if self.running:  # bound after the service started (an asynchronous endpoint)
                 self._listening(port)
             return port
@@ -163,24 +172,87 @@ def _loopback(host: str) -> bool:
 
 
 ACL_POLL_SECONDS = 2.0
+LOCKFILE = "mqttamqp.lock"   # the data directory's lock when the storage has none
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes free to an unprivileged writer on the file system of ``path`` (the
+    data directory: ``--disk-free-limit``); None while it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 class OpenAtStart:
-    """The ZODB store, opened when the broker first loads its state (in
-    ``startService``), not when the service is assembled: option parsing and
-    ``--help`` touch no files, yet the broker gets its store at construction."""
+    """The store, opened when the broker first loads its state (in ``startService``),
+    not when the service is assembled: option parsing and ``--help`` touch no files
+    and no database, yet the broker gets its store at construction.
 
-    def __init__(self, data_dir: str, reactor: Any) -> None:
+    Opening takes the lock that keeps a second broker off the same state: the
+    FileStorage's own lock file; for other engines ``DATA/mqttamqp.lock``, and for
+    PostgreSQL also an advisory lock on the database, held on a connection of its own
+    while the broker runs (two boxes must not serve one database)."""
+
+    def __init__(self, data_dir: str, reactor: Any, storage: str | None = None,
+                 queue_body_budget: int = 0) -> None:
+        """``queue_body_budget``: queue bodies ``load`` reads at most (the rest stay
+        in storage: ``--queue-memory-budget``)."""
         self.data_dir = data_dir
         self.reactor = reactor
+        self.storage = storage
+        self.queue_body_budget = queue_body_budget
         self.opened: Any = None
+        self._locks: list[Any] = []
 
     def open(self) -> None:
-        """Open the FileStorage, which takes the data directory's lock."""
-        if self.opened is None:
-            from mqttamqp.store import ZODBStore
+        """Take the locks, then open the storage."""
+        if self.opened is not None:
+            return
+        from mqttamqp.store import (
+            StorageUnavailable,
+            ZODBStore,
+            resolve_engine,
+            serving_lock,
+        )
 
-            self.opened = ZODBStore(self.data_dir, self.reactor)
+        engine = resolve_engine(self.storage, self.data_dir)
+        try:
+            if not engine.locks_itself:
+                import zc.lockfile  # type: ignore[import-untyped]
+
+                self._locks.append(zc.lockfile.LockFile(
+                    os.path.join(self.data_dir, LOCKFILE), content_template="{pid}"))
+            if engine.dsn:
+                self._locks.append(serving_lock(engine))
+            try:
+                self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine,
+                                        queue_body_budget=self.queue_body_budget)
+            except Exception as e:
+                if engine.kind in ("file", "memory") or isinstance(e, OSError):
+                    raise
+                # RelStorage: the database refused, or is not there (one line).
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise StorageUnavailable(
+                    f"cannot open the storage {engine.display}: {first}") from None
+        except BaseException:
+            self._release()
+            raise
+
+    def lock_path(self) -> str:
+        """The lock file that keeps a second broker off this state: FileStorage's own
+        beside its file, else the data directory's."""
+        from mqttamqp.store import resolve_engine
+
+        engine = resolve_engine(self.storage, self.data_dir)
+        if engine.locks_itself:
+            return engine.size_path + LOCK_SUFFIX
+        return os.path.join(self.data_dir, LOCKFILE)
+
+    def describe(self) -> str:
+        """The engine, for the log and the console (no password)."""
+        return self.opened.engine.display if self.opened is not None else ""
 
     def load(self) -> Snapshot:
         self.open()
@@ -189,15 +261,32 @@ class OpenAtStart:
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         return self.opened.submit(ops)  # type: ignore[no-any-return]
 
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        return self.opened.read_queue_messages(name, offsets)  # type: ignore[no-any-return]
+
     def pack(self) -> Deferred[None]:
         return self.opened.pack()  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        if self.opened is not None:
-            self.opened.close()
+        try:
+            if self.opened is not None:
+                self.opened.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._locks:
+            self._locks.pop().close()
 
     def stats(self) -> dict[str, Any] | None:
         return self.opened.stats() if self.opened is not None else None
+
+    def size_bytes(self) -> int:
+        """The storage's bytes on this box (0 before it is open)."""
+        if self.opened is None:
+            return 0
+        return self.opened.engine.size_bytes()  # type: ignore[no-any-return]
 
 
 class BrokerService(service.MultiService):
@@ -207,15 +296,18 @@ class BrokerService(service.MultiService):
                  reactor: Any = None, authenticator: Authenticator | None = None,
                  archive: dict[str, Any] | None = None,
                  authorizer: Authorizer | None = None,
-                 webhooks: Sequence[HookSettings] = ()) -> None:
-        """``archive``: the archive's settings (``Archive`` keyword arguments plus
+                 webhooks: Sequence[HookSettings] = (),
+                 storage: str | None = None, pack_growth_mb: float = 0.0) -> None:
+        """``storage``: the ``--storage`` URI (None: FileStorage in ``data_dir``);
+        ``pack_growth_mb``: pack whenever it grew by this much (0: on the clock only).
+        ``archive``: the archive's settings (``Archive`` keyword arguments plus
         ``directory``), or None to run without one.  ``webhooks``: the hooks at
         start (a reload may change them; the recorder is there even without any)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.data_dir = os.path.abspath(data_dir)
-        self.pack_interval = pack_interval_hours * 3600.0
-        self.store = OpenAtStart(self.data_dir, self.reactor)
+        self.store = OpenAtStart(self.data_dir, self.reactor, storage,
+                                 limits.queue_memory_budget)
         self.report_dir = os.path.join(self.data_dir, "report")
         self.archive: Any = None
         self.archive_dir: str | None = None
@@ -229,7 +321,8 @@ class BrokerService(service.MultiService):
         self.webhooks = WebhookRecorder(self.reactor, webhooks)
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
-                             recorder=fan_out(self.archive, self.webhooks))
+                             recorder=fan_out(self.archive, self.webhooks),
+                             free_space=partial(free_bytes, self.data_dir))
         self.report_job = ReportJob(
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
@@ -238,13 +331,18 @@ class BrokerService(service.MultiService):
         self.acl = authorizer if isinstance(authorizer, AclAuthorizer) else None
         self.reloaders: Reloaders | None = None   # SIGHUP, when makeService sets it
         self.mqtt_factory = MQTTFactory(self.broker, self.reactor)
-        self._pack_loop: LoopingCall | None = None
+        from mqttamqp.store.packing import PackSchedule
+
+        self.packing = PackSchedule(self.reactor, self.store.size_bytes, self.store.pack,
+                                    interval_seconds=pack_interval_hours * 3600.0,
+                                    growth_bytes=int(pack_growth_mb * 1e6))
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
         self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
         self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
+        self.refusals = AcceptRefusals(self.reactor, self._refused_for_resources)
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -286,9 +384,18 @@ class BrokerService(service.MultiService):
         access = {"web": "users", "metrics": "open"}.get(kind) or self._access()
         svc = ListenerService(kind, description, factory, self.reactor, access)
         svc.tls = self.tls
+        svc.refusals = self.refusals
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
+
+    def _refused_for_resources(self) -> None:
+        """A listener closed a connection it could not keep (no descriptor): counted
+        as refused, and as the ``file_descriptors`` limit
+        (``$SYS/broker/limits/file_descriptors``, ``mqttamqp_limit_hits_total``)."""
+        stats = self.broker.stats
+        stats.connections_refused += 1
+        stats.limit_hit("file_descriptors")
 
     def _access(self) -> str:
         authenticator = self.broker.authenticator
@@ -324,14 +431,31 @@ class BrokerService(service.MultiService):
             raise
 
     def _open_store(self) -> None:
-        import zc.lockfile  # type: ignore[import-untyped]
+        import zc.lockfile
+
+        from mqttamqp.store import (
+            DamagedStorage,
+            EngineError,
+            ServingLockError,
+            StorageUnavailable,
+        )
 
         try:
             self.store.open()
         except zc.lockfile.LockError:
             raise StartupError(
                 f"another mqttamqp is using {self.data_dir} "
-                f"(lock held by {_lock_holder(self.data_dir)})") from None
+                f"(lock held by {lock_holder(self.store.lock_path())})") from None
+        except (EngineError, ServingLockError, StorageUnavailable) as e:
+            raise StartupError(str(e)) from None
+        except DamagedStorage as e:
+            if not e.recoverable:
+                raise StartupError(f"cannot open the storage {e.path}: {e.reason}") from None
+            raise StartupError(
+                f"the storage {e.path} is damaged ({e.reason}), probably by a crash "
+                f"during a commit; nothing was changed. Run 'mqttamqp-admin recover "
+                f"--data {self.data_dir}' (it keeps a copy of the file and cuts it "
+                "after the last good transaction), then start again") from None
         except OSError as e:
             raise StartupError(f"cannot open the storage in {self.data_dir}: "
                                f"{e.strerror or e}") from None
@@ -374,12 +498,13 @@ class BrokerService(service.MultiService):
         # collector's generations so full collections stay short.
         gc.collect()
         gc.freeze()
-        self.log.info("data directory {d}", d=self.data_dir)
+        self.log.info("data directory {d}, storage {s}", d=self.data_dir,
+                      s=self.store.describe())
+        if self.store.opened is not None and not self.store.opened.engine.durable:
+            self.log.warn("storage {s} keeps nothing across a restart (tests only)",
+                          s=self.store.describe())
         self.ops.start()
-        if self.pack_interval > 0:
-            self._pack_loop = LoopingCall(self._pack)
-            self._pack_loop.clock = self.reactor
-            self._pack_loop.start(self.pack_interval, now=False)
+        self.packing.start()
         if self.acl is not None:
             # The ACL file applies when it changes: a stat every 2 s, no restart.
             self._acl_loop = LoopingCall(self.reload_acl)
@@ -395,12 +520,6 @@ class BrokerService(service.MultiService):
         if self.acl is not None and self.acl.reload():
             self.broker.recheck_subscriptions()
 
-    def _pack(self) -> Deferred[None]:
-        d: Deferred[None] = self.store.pack()
-        d.addCallback(lambda _: self.log.info("storage packed"))
-        d.addErrback(lambda f: self.log.failure("packing the storage failed", f))
-        return d
-
     def setServiceParent(self, parent: Any) -> None:
         """As usual; and on twistd's application, the log observer of --log-format
         and --log-level, which twistd installs once the service is assembled."""
@@ -412,9 +531,10 @@ class BrokerService(service.MultiService):
             self.reloaders.uninstall()
         self.broker.shutdown()
         self.ops.stop()
-        for loop in (self._pack_loop, self._acl_loop):
-            if loop is not None and loop.running:
-                loop.stop()
+        self.packing.stop()
+        self.refusals.stop()
+        if self._acl_loop is not None and self._acl_loop.running:
+            self._acl_loop.stop()
         d: Deferred[None] = Deferred.fromCoroutine(self._stop())
         return d
 
@@ -463,15 +583,6 @@ def _prepare_data_dir(path: str) -> None:
     except OSError as e:
         raise StartupError(f"cannot write to the data directory {path}: "
                            f"{e.strerror or e}") from None
-
-
-def _lock_holder(data_dir: str) -> str:
-    """"pid N" from the storage's lock file (zc.lockfile writes the holder's pid)."""
-    try:
-        with open(os.path.join(data_dir, "mqttamqp.fs.lock"), encoding="ascii") as f:
-            return f"pid {int(f.read().split()[0])}"
-    except (OSError, ValueError, IndexError):
-        return "another process"
 
 
 def _no_traceback_for(kind: type[BaseException]) -> None:
@@ -527,7 +638,8 @@ def makeService(options: Options) -> BrokerService:
         authorizer = AclAuthorizer(options["acl"])
     svc = BrokerService(options["data"], limits_from(options), options["pack-interval"],
                         authenticator=authenticator, archive=archive, authorizer=authorizer,
-                        webhooks=options["webhook"])
+                        webhooks=options["webhook"], storage=options["storage"],
+                        pack_growth_mb=options["pack-growth"])
     _reloaders(svc, options)
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.core.enhanced_auth import EnhancedAuthenticator, ScramSha256

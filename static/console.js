@@ -154,6 +154,7 @@
                 ticks: {stroke: "#e3e7ee", width: 1}, font: "11px system-ui, sans-serif"};
     plot = new uPlot({
       width: chartWidth(), height: 180, legend: {show: false}, cursor: {show: true},
+      tzDate: window.mqttamqpTime && window.mqttamqpTime.tzDate,
       // Always the last five minutes, so the time axis reads in minutes.
       scales: {x: {time: true, range: function (u, min, max) {
         var end = max || Date.now() / 1000;
@@ -161,7 +162,9 @@
       }}, y: {range: function (u, min, max) {
         return [0, niceCeil(Math.max(1, max) * 1.05)];
       }}},
-      axes: [axis, Object.assign({}, axis, {size: 56, values: function (u, ticks) {
+      // Time labels in UTC on a 24-hour clock (static/timeaxis.js).
+      axes: [window.mqttamqpTime ? window.mqttamqpTime.axis(axis) : axis,
+             Object.assign({}, axis, {size: 56, values: function (u, ticks) {
         return ticks.map(rateLabel);
       }})],
       series: [{}, {label: "in", stroke: css.getPropertyValue("--in").trim() || "#2f6fdb",
@@ -201,10 +204,11 @@
   var banner = document.getElementById("feed-banner");
   var lastUpdate = 0;        // ms since the epoch of the last "stats" event
   var STALE_MS = 5000;       // stats come every second: five missed means the feed is down
-  function clock(ms) {
+  function clock(ms) {          // UTC, as every time the console shows
     var d = new Date(ms);
     function two(n) { return (n < 10 ? "0" : "") + n; }
-    return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
+    return two(d.getUTCHours()) + ":" + two(d.getUTCMinutes()) + ":" +
+      two(d.getUTCSeconds()) + " UTC";
   }
   function setLive(on) {
     dots.forEach(function (d) { d.classList.toggle("on", on); });

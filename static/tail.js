@@ -21,10 +21,10 @@
   var skipped = 0;
 
   function two(n) { return (n < 10 ? "0" : "") + n; }
-  function time(t) {
+  function time(t) {            // UTC, as every time the console shows
     var d = new Date(t * 1000);
-    return two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds()) +
-      "." + String(d.getMilliseconds() + 1000).slice(1);
+    return two(d.getUTCHours()) + ":" + two(d.getUTCMinutes()) + ":" +
+      two(d.getUTCSeconds()) + "." + String(d.getUTCMilliseconds() + 1000).slice(1);
   }
   function cell(text, cls) {
     var td = document.createElement("td");

@@ -5,6 +5,7 @@
  * attribute of #traffic-data (no inline script, even a data block); nothing here
  * fetches.
  * Topic names reach the page only as uPlot series labels (text, not HTML).
+ * Times are UTC on a 24-hour clock (static/timeaxis.js), as the report's are.
  */
 (function () {
   "use strict";
@@ -14,6 +15,7 @@
   var report = JSON.parse(holder.getAttribute("data-report") || "null");
   if (!report) { return; }
 
+  var time = window.mqttamqpTime;
   var palette = ["#2f6fde", "#e07b28", "#2aa876", "#c2418a", "#8a63d2", "#b59a16",
                  "#1b9aaa", "#d1495b", "#8d99ae"];
 
@@ -39,7 +41,9 @@
     var names = pm.series.map(function (s) { return s.name; });
     var running = xs.map(function () { return 0; });
     var data = [xs];
-    var series = [{}];
+    var series = [{label: "Minute (UTC)", value: function (u, v) {
+      return v == null ? "—" : (time ? time.stamp(v) : String(v));
+    }}];
     pm.series.forEach(function (entry, i) {
       var name = entry.name;
       var values = entry.values;
@@ -57,23 +61,25 @@
     var bands = [];
     for (var s = names.length; s > 1; s -= 1) { bands.push({series: [s, s - 1]}); }
     chart(document.getElementById("traffic-per-minute"), {
-      height: 260, series: series, bands: bands,
-      scales: {x: {time: true}}, axes: [{}, {label: "messages / min"}],
+      height: 260, series: series, bands: bands, tzDate: time && time.tzDate,
+      scales: {x: {time: true}}, axes: [time ? time.axis() : {}, {label: "messages / min"}],
     }, data);
   })();
 
+  // A bar per label.  The legend names the series only (not live): a live one
+  // shows an unnamed "Value" for the bars' index and dashes until hovered.
   function bars(el, labels, counts, colour, yLabel) {
     var xs = labels.map(function (_, i) { return i; });
     chart(el, {
       height: 200,
       scales: {x: {time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)]}},
-      series: [{value: function (u, v) { return v == null ? "—" : labels[v]; }},
+      series: [{},
                {label: yLabel, stroke: colour, fill: colour + "aa",
                 paths: uPlot.paths.bars({size: [0.7, 60]}), points: {show: false}}],
       axes: [{splits: function () { return xs; },
               values: function (u, vals) { return vals.map(function (v) { return labels[v] || ""; }); }},
              {}],
-      legend: {show: true},
+      legend: {show: true, live: false},
     }, [xs, counts]);
   }
 

@@ -159,3 +159,39 @@ def audit() -> Iterator[list[dict[str, Any]]]:
     globalLogPublisher.addObserver(observer)
     yield events
     globalLogPublisher.removeObserver(observer)
+
+
+# -- storage engines -----------------------------------------------------------------
+
+# The engines every durability promise is tested on: the default FileStorage,
+# RelStorage on SQLite and RelStorage on PostgreSQL (a throw-away cluster).
+ENGINES = ("file", "sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Any]:
+    """A PostgreSQL server on 127.0.0.1 for this run (started on first use).  Without
+    PostgreSQL installed the tests that need it are skipped, except under CI, where
+    .ci/setup installs it and a missing server is a failure."""
+    from pgcluster import PostgresCluster, pg_bin
+
+    if pg_bin() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not installed (.ci/setup installs it)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def storage_option(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """``--storage`` arguments for a broker on each engine in turn (none for the
+    default file storage); PostgreSQL gets a fresh database per test."""
+    engine = request.param
+    if engine == "file":
+        return ()
+    if engine == "sqlite":
+        return ("--storage", "sqlite://")
+    cluster = request.getfixturevalue("postgres_cluster")
+    return ("--storage", cluster.create_database())

@@ -117,6 +117,31 @@ class MemoryStore(NullStore):
         super().__init__()
         self.state = Snapshot()
         self.queues: dict[str, p.QueueRecord] = {}
+        # Reads of queue messages (``read_queue_messages``): answered at once, or,
+        # with ``hold_reads``, when the test calls ``finish_reads``.
+        self.hold_reads = False
+        self.reads: list[tuple[str, tuple[int, ...]]] = []
+        self._held_reads: list[tuple[list[tuple[int, Message]], Deferred[Any]]] = []
+
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        self.reads.append((name, tuple(offsets)))
+        q = self.queues.get(name)
+        wanted = set(offsets)
+        found = sorted((o, m) for o, m in (q.messages if q is not None else ())
+                       if o in wanted)
+        if not self.hold_reads:
+            return succeed(found)
+        d: Deferred[list[tuple[int, Message]]] = Deferred()
+        self._held_reads.append((found, d))
+        return d
+
+    def finish_reads(self) -> int:
+        """Answer the reads held so far (``hold_reads``); how many there were."""
+        held, self._held_reads = self._held_reads, []
+        for found, d in held:
+            d.callback(found)
+        return len(held)
 
     def load(self) -> Snapshot:
         s = self.state

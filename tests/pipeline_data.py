@@ -1,7 +1,8 @@
 """A known archive for the report tests, written by the real ``Archive`` writer.
 
-Two parts, so that ``--incremental`` can be run over growing input. The exact
-numbers the tests assert follow from the comments below.
+Three parts, so that full and ``--incremental`` runs can be mixed over growing
+input (``write_archive`` adds new files to a directory each time it is called).
+The exact numbers the tests assert follow from the comments below.
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ def write_part_two(a: Archive) -> None:
         publish(a, base + i * 30 + 5, "plant/1/temp", "flappy", qos=1, size=3)
     a.event(base + 400, CONNECT, "dev1", protocol="mqtt3.1.1", address="127.0.0.1:40003")
     publish(a, base + 401, "office/light", "dev1", qos=0, size=2)
+
+
+def write_part_three(a: Archive) -> None:
+    """09:10-09:12: dev1's session from part two ends (a will fires), a new client
+    on a new topic, one more authentication failure."""
+    base = T0 + 72 * 60
+    a.event(base, DISCONNECT, "dev1", reason=CAUSE_LOST)
+    a.event(base, WILL_PUBLISHED, "dev1", topic="plant/1/status", qos=0, reason=CAUSE_LOST)
+    a.event(base + 5, CONNECT, "dev3", protocol="mqtt5", address="127.0.0.1:40010",
+            user="u3")
+    for i in range(5):
+        publish(a, base + 10 + i, "plant/3/flow", "dev3", qos=1, size=4, user="u3")
+    publish(a, base + 20, "plant/1/temp", "dev3", qos=2, size=6, user="u3")
+    a.event(base + 120, AUTH_FAILURE, None, address="10.0.0.5:1300", user="bob")
 
 
 def write_archive(directory: Path, *parts: Any) -> None:

@@ -414,6 +414,44 @@ def test_a_container_id_not_utf8_closes_with_decode_error() -> None:
     assert [m.body for m, _ in rcv.new()] == ["ok"]
 
 
+def test_any_string_not_utf8_met_while_handling_a_frame_closes_with_decode_error(
+        log_events, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wherever proton raises UnicodeDecodeError on a peer's string while the broker
+    handles its frames (here: attaching a link), that connection is closed with
+    amqp:decode-error and counted as a protocol error, one log line a minute for
+    the cause however many connections do it, never an internal error; other
+    connections carry on."""
+    from twisted.logger import formatEvent
+
+    from mqttamqp.amqp import listener
+
+    net = Net()
+    other = net.amqp()
+    rcv = other.receiver("u8net/t")
+    real_attach = listener.attach
+
+    def attach(host: Any, plink: Any) -> None:
+        if plink.name.startswith("undecodable"):
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        real_attach(host, plink)
+
+    monkeypatch.setattr(listener, "attach", attach)
+    for n in (1, 2, 3):
+        app = net.amqp()
+        app.receiver("u8net/x", name=f"undecodable{n}")
+        assert app.lost
+        assert app.conn.remote_condition.name == "amqp:decode-error"
+        assert "not valid UTF-8" in app.conn.remote_condition.description
+        assert _counted(net) == (n, n)
+    lines = [formatEvent(e) for e in log_events if "not valid UTF-8" in formatEvent(e)]
+    assert len(lines) == 1, lines
+    assert not [e for e in log_events if e.get("log_failure") is not None]
+    assert not [e for e in log_events if "internal error" in formatEvent(e)]
+    snd = other.sender("u8net/t")
+    assert outcome(other.send(snd, Message(body="ok"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in rcv.new()] == ["ok"]
+
+
 def _counted(net: Net) -> tuple[float, float]:
     """``/metrics``: (protocol_errors_total, disconnects_total{cause="protocol_error"})."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -612,3 +650,15 @@ def test_links_ended_with_their_session_no_longer_count() -> None:
         net.pump()
     assert not app.lost
     assert net.broker.stats.limits == {}
+
+
+def test_each_transport_error_condition_has_its_own_log_limit() -> None:
+    """The per-minute log limit for transport errors is kept per condition name
+    (the key used to be "amqp" for every error, so one kind hid all others)."""
+    from mqttamqp.amqp.listener import transport_error_cause
+
+    dup = transport_error_cause("amqp:invalid-field: link name already attached: x")
+    framing = transport_error_cause("amqp:connection:framing-error: bad frame: 3")
+    assert dup == "transport error amqp:invalid-field"
+    assert framing == "transport error amqp:connection:framing-error"
+    assert transport_error_cause("amqp:decode-error") == "transport error amqp:decode-error"

@@ -690,3 +690,23 @@ def test_console_view_of_a_connection() -> None:
     assert peer.wire.disconnecting
     assert peer.conn.remote_condition.name == "amqp:connection:forced"
     assert peer.broker.link_subscribers == {}
+
+
+def test_session_decisions_of_an_fe_connection_are_bounded() -> None:
+    """An FE deciding AMQP_LIST for many client ids over one connection: the
+    remembered decisions stay within amqp_max_links, the oldest of clients without a
+    .publish link going first, and a client with a link keeps its decision."""
+    from types import SimpleNamespace
+
+    from mqttamqp.amqp.services import SessionRequests
+    from mqttamqp.core.limits import Limits
+
+    host = SimpleNamespace(limits=Limits(amqp_max_links=10))
+    requests = SessionRequests(host)  # type: ignore[arg-type]
+    requests.outlets["keeper"] = SimpleNamespace(client_id="keeper")  # type: ignore[assignment]
+    requests.decided("keeper", True)
+    for i in range(1000):
+        requests.decided(f"c{i}", i % 2 == 0)
+    assert len(requests.clean) == 10
+    assert requests.clean["keeper"] is True
+    assert list(requests.clean)[-1] == "c999"

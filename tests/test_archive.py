@@ -657,3 +657,83 @@ def test_a_small_buffer_wakes_the_dozing_thread_before_it_drops(
     for _ in range(11):                         # a batch of 10, refused
         a.message(1.0, "t", 0, False, b"", None, None, None, 1, 0)
     assert a._wake.is_set() and not a._dozing
+
+
+def _block_dataset(root: Path, dataset: str = "messages") -> Path:
+    """Make ``root/dataset`` unwritable even for root: the directory moves aside and
+    a regular file takes its name (so opening or renaming below it fails)."""
+    aside = root / f"{dataset}.aside"
+    (root / dataset).rename(aside)
+    (root / dataset).write_bytes(b"")
+    return aside
+
+
+def _unblock_dataset(root: Path, aside: Path, dataset: str = "messages") -> None:
+    (root / dataset).unlink()
+    aside.rename(root / dataset)
+
+
+def test_a_spell_of_failed_writes_is_one_line_then_one_when_writes_work_again(
+        tmp_path: Path) -> None:
+    """A file system that refuses every write (read-only, full) costs one log line
+    when the failures begin and one when a segment is written again, never a
+    traceback per step; every failure is still counted."""
+    w = Writer(str(tmp_path), payload_bytes=16, roll_seconds=1, roll_bytes=1 << 30,
+               retention_days=0, include=["#"], exclude=[], row_group_rows=1)
+    one = [T0, "plant/1", 1, False, 1, "dev", "u", "mqtt3.1.1", 1, 0]
+    w.step(T0, [pack(one, b"x")], [])
+    assert w.report()["logs"] == [] and w.errors == 0
+    aside = _block_dataset(tmp_path)
+    logs: list[tuple[str, str]] = []
+    steps = 50   # ten seconds of a step every 200 ms
+    for i in range(1, steps + 1):
+        now = T0 + i * 0.2
+        w.step(now, [pack([now, *one[1:]], b"x")], [])
+        logs += w.report()["logs"]
+    failures = w.errors   # (the segment open before could take a few rows first)
+    assert failures > steps - 10
+    assert len(logs) == 1, logs
+    level, text = logs[0]
+    assert level == "error" and "\n" not in text
+    assert "archive: writing messages failed (" in text and "until a segment" in text
+    _unblock_dataset(tmp_path, aside)
+    now = T0 + steps * 0.2 + 2
+    w.step(now, [pack([now, *one[1:]], b"x")], [])
+    w.step(now + 2, [], [])   # rolls: the segment is published
+    logs = w.report()["logs"]
+    assert [level for level, _ in logs] == ["info"], logs
+    assert f"after {failures} failed write(s)" in logs[0][1]
+    assert w.report()["logs"] == [] and w.errors == failures
+    w.close()
+    assert read(tmp_path).num_rows == 1   # the last (the first was in the lost segment)
+
+
+def test_a_bug_in_the_writer_still_logs_its_traceback_once(tmp_path: Path) -> None:
+    """An error that is not the file system's (a bug) keeps its traceback, once per
+    spell."""
+    w = Writer(str(tmp_path), payload_bytes=16, roll_seconds=60, roll_bytes=1 << 30,
+               retention_days=0, include=["#"], exclude=[], row_group_rows=1)
+    bad = (2, ("a",))   # not a packed batch
+    for _ in range(3):
+        w.step(T0, [bad], [])  # type: ignore[list-item]
+    logs = w.report()["logs"]
+    assert len(logs) == 1 and "Traceback" in logs[0][1] and w.errors == 3
+
+
+def test_the_broker_logs_a_read_only_archive_once(tmp_path: Path, clock: Clock,
+                                                   log_lines: list[str]) -> None:
+    """Through the writer process and the feeding thread: a dataset that cannot be
+    written is one error line in the broker's log for many failed steps."""
+    a = Archive(str(tmp_path), clock, row_group_rows=1)
+    a.start()
+    publish(a, T0, topic="a")
+    assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
+    aside = _block_dataset(tmp_path)
+    for i in range(1, 11):
+        clock.advance(61)   # every step rolls, and fails to publish or to open
+        publish(a, T0 + i, topic="b")
+        assert a.wait_until(lambda i=i: a.stats()["buffered"] == 0 and a.errors >= i)
+    failed = [line for line in log_lines if "archive: writing" in line]
+    assert len(failed) == 1 and "failed" in failed[0] and "\n" not in failed[0]
+    _unblock_dataset(tmp_path, aside)
+    a.close()

@@ -136,6 +136,7 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
     pem.write_bytes(_key_pem(key))
     return {
         "data": str(tmp_path / "data"),
+        "storage": "sqlite://",
         "users": str(users),
         "acl": str(acl),
         "queues": str(queues),

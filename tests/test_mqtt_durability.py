@@ -88,14 +88,16 @@ def data_dir(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def run(data_dir: str) -> Iterator[Callable[..., BrokerProcess]]:
-    """``run(*options, grace=2)`` starts a broker on this test's data directory."""
+def run(data_dir: str, storage_option: tuple[str, ...]
+        ) -> Iterator[Callable[..., BrokerProcess]]:
+    """``run(*options, grace=2)`` starts a broker on this test's data directory, on
+    each storage engine in turn (the file storage, SQLite, PostgreSQL)."""
     procs: list[BrokerProcess] = []
 
     def start(*extra: str, grace: float = GRACE,
               listeners: tuple[str, ...] = ("--mqtt",)) -> BrokerProcess:
-        proc = RestartableBroker(data_dir, "--will-grace", str(grace), *extra,
-                                 listeners=listeners)
+        proc = RestartableBroker(data_dir, "--will-grace", str(grace), *storage_option,
+                                 *extra, listeners=listeners)
         procs.append(proc)
         return proc.start()
 

@@ -252,6 +252,36 @@ def test_a_plain_http_get_gets_426_and_no_status_page(raw: Callable[[], RawWebSo
     ws_broker.wait_for_line("refusing MQTT over WebSocket from .*HTTP Upgrade header missing")
 
 
+def test_a_websocket_version_other_than_13_gets_426_naming_13(
+        raw: Callable[[], RawWebSocket], ws_broker: BrokerProcess) -> None:
+    """RFC 6455 4.2.2: a version the server does not speak (the draft's 8, which
+    autobahn would accept) gets 426 Upgrade Required with the version it does."""
+    ws = raw()
+    status, headers = ws.handshake(version=8)
+    assert status == 426 and headers["sec-websocket-version"] == "13"
+    ws_broker.wait_for_line("refusing MQTT over WebSocket from .*WebSocket version 8 "
+                            "not supported")
+
+
+def test_a_frame_header_announcing_100_mb_closes_before_its_payload(
+        raw: Callable[[], RawWebSocket], ws_broker: BrokerProcess) -> None:
+    """A frame header announcing 100 MB, and nothing after it: the broker closes
+    the connection at the header (close code 1009) instead of waiting for it."""
+    import struct
+
+    ws = raw()
+    opened(ws)
+    client = uid("hugeframe")
+    ws.send_message(encode(Connect("MQTT", 4, client, True, 60)))
+    assert packets(ws, Decoder(), 1) == [Connack(False, 0)]
+    ws.send(bytes([0x82, 0x80 | 127]) + struct.pack("!Q", 100 << 20) + b"\x01\x02\x03\x04")
+    frame = ws.next_frame()
+    assert frame.opcode == CLOSE and frame.payload[:2] == (1009).to_bytes(2, "big")
+    assert ws.closed_by_peer()
+    ws_broker.wait_for_line(r"closing MQTT over WebSocket from 127\.0\.0\.1:\d+: a "
+                            r"WebSocket frame of 104857600 bytes")
+
+
 @pytest.mark.parametrize(("protocols", "chosen"), [
     (("mqtt",), "mqtt"), (("mqttv3.1",), "mqttv3.1"), (("foo", "mqttv3.1", "mqtt"), "mqtt")])
 def test_mqtt_subprotocols_are_negotiated(raw: Callable[[], RawWebSocket],

@@ -83,21 +83,23 @@ def test_connect_in_progress_pauses_the_socket() -> None:
     assert c.socket.producerState == "producing"
 
 
-def test_a_full_socket_buffer_congests_the_subscriber_and_drops_qos0_past_the_bound() -> None:
+def test_a_full_socket_buffer_congests_the_subscriber_and_pauses_the_replay() -> None:
     """3,000 retained QoS 0 messages (about 330 KB) for one SUBSCRIBE: the socket's
-    buffer pauses the MQTT protocol in time, so QoS 0 past the congestion bound is
-    dropped and counted, not piled up; what was written is whole WebSocket messages."""
+    buffer pauses the MQTT protocol in time, so the retained replay waits for it
+    (issue #26: nothing dropped, nothing piled up); what was written is whole
+    WebSocket messages."""
     h = Harness(congested_qos0_bytes=16 * 1024)
     for i in range(3000):
         h.broker.retained.put(Message(f"r/{i}", b"x" * 100, 0, True))
     c = WsClient(h)
     c.send(Connect("MQTT", 4, "sub", True, 0))
     c.send(Subscribe(1, (("r/#", 0),)))
+    for _ in range(20):     # (the replay goes on a slice per reactor turn)
+        h.clock.advance(0)
     got = c.received()
     assert got[:2] == [ACCEPTED, Suback(1, (0,))]
     assert c.mqtt.congested
-    dropped = h.broker.sessions["sub"].dropped
-    assert dropped > 0 and len(got) - 2 + dropped == 3000
+    assert h.broker.sessions["sub"].dropped == 0 and len(got) - 2 < 3000
 
 
 def test_origin_rule_default_is_same_host_or_no_origin() -> None:
@@ -192,3 +194,62 @@ def test_options_default_listener_none_and_origins() -> None:
         ("MQTT-WS", "tcp:0:interface=127.0.0.1"), ("MQTT-WS", "tcp:0")]
     assert svc.mqtt_ws_factory.origins.allowed == ("https://a.example", "https://b.example")
     assert svc.mqtt_ws_factory.mqtt is svc.mqtt_factory
+
+
+def _frame_header(length: int) -> bytes:
+    """A masked binary frame's header announcing ``length`` bytes (64-bit length),
+    with none of its payload."""
+    import struct
+
+    return bytes([0x82, 0x80 | 127]) + struct.pack("!Q", length) + b"\x01\x02\x03\x04"
+
+
+def test_a_frame_announcing_more_than_the_bound_closes_at_its_header(
+        log_lines: list[str]) -> None:
+    """A frame header announcing 100 MB (over 4 x --max-packet-size) closes the
+    connection at once, before any payload: close code 1009 with the reason, the
+    socket closed, counted, one log line; bytes that follow reach nothing."""
+    h = Harness()
+    c = WsClient(h)
+    c.send(Connect("MQTT", 4, "big", True, 0))
+    assert c.received() == [ACCEPTED]
+    errors = h.broker.stats.protocol_errors
+    c.ws.dataReceived(_frame_header(100 << 20))
+    (frame,) = c.frames.feed(c.socket.value())
+    assert frame.opcode == CLOSE and frame.payload[:2] == (1009).to_bytes(2, "big")
+    assert b"a WebSocket frame of 104857600 bytes" in frame.payload
+    assert c.socket.disconnecting
+    assert h.broker.stats.protocol_errors == errors + 1
+    assert h.broker.stats.limits["ws_frame_size"] == 1
+    c.socket.clear()
+    c.ws.dataReceived(b"\x30" * 1000)   # what the peer still sends is not read
+    assert c.socket.value() == b""
+    assert len([line for line in log_lines if "a WebSocket frame of" in line]) == 1
+
+
+def test_a_frame_just_within_the_bound_is_read() -> None:
+    """4 x --max-packet-size is allowed: the header alone closes nothing."""
+    h = Harness()
+    c = WsClient(h)
+    c.send(Connect("MQTT", 4, "ok", True, 0))
+    assert c.received() == [ACCEPTED]
+    c.ws.dataReceived(_frame_header(4 * h.broker.limits.max_packet_size))
+    assert not c.socket.disconnecting and c.socket.value() == b""
+
+
+def test_a_frame_length_of_2_63_closes_at_once(log_lines: list[str]) -> None:
+    """A 64-bit length with its top bit set is a protocol error (RFC 6455 5.2): the
+    close frame says so and the socket closes then, not after a close handshake
+    while the peer streams its "payload"."""
+    h = Harness()
+    c = WsClient(h)
+    c.send(Connect("MQTT", 4, "huge", True, 0))
+    assert c.received() == [ACCEPTED]
+    c.ws.dataReceived(_frame_header(1 << 63))
+    (frame,) = c.frames.feed(c.socket.value())
+    assert frame.opcode == CLOSE and frame.payload[:2] == (1002).to_bytes(2, "big")
+    assert c.socket.disconnecting
+    c.socket.clear()
+    c.ws.dataReceived(b"\x00" * 1000)
+    assert c.socket.value() == b""
+    assert len([line for line in log_lines if "WebSocket protocol error" in line]) == 1

@@ -7,6 +7,7 @@ reactor is a stub that only records the descriptors it is asked to watch
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from typing import Any
@@ -15,7 +16,15 @@ import pytest
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.tcp import Port, Server
 
-from mqttamqp.netio import LeanServer, LeanServerNoDelay, lean_port, plain_tcp
+from mqttamqp.netio import (
+    ACCEPT_PAUSE,
+    AcceptRefusals,
+    LeanServer,
+    LeanServerNoDelay,
+    lean_port,
+    plain_tcp,
+    watch_accept_errors,
+)
 
 
 class _Reactor:
@@ -314,3 +323,191 @@ def test_lean_port_on_the_select_reactor_is_twisteds_port() -> None:
                 selectable.socket.close()
         port.socket.close()
         reactor.waker.connectionLost(None)
+
+
+# -- accepts that fail for want of descriptors or memory -----------------------------
+
+
+class _ClockReactor(_Reactor):
+    """The stub reactor, with time (``task.Clock``) for the listener's pause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from twisted.internet.task import Clock
+
+        self.clock = Clock()
+        self.callLater = self.clock.callLater
+        self.seconds = self.clock.seconds
+
+
+class _FailingListener:
+    """A listening socket whose ``accept`` fails with ``errors`` in turn (an ``int``
+    errno), or hands over a connection (a ``_Closable``), then has nothing left."""
+
+    def __init__(self, *outcomes: Any) -> None:
+        self.outcomes = list(outcomes)
+        self.family, self.type, self.proto = socket.AF_INET, socket.SOCK_STREAM, 0
+
+    def accept(self) -> tuple[Any, tuple[str, int]]:
+        import errno
+
+        outcome = self.outcomes.pop(0) if self.outcomes else errno.EAGAIN
+        if isinstance(outcome, int):
+            raise OSError(outcome, os.strerror(outcome))
+        return outcome, ("127.0.0.1", 40000)
+
+    _accept = accept   # (what LeanPort's loop calls; the fallback calls ``accept``)
+
+    def fileno(self) -> int:
+        return 99
+
+    def setsockopt(self, *args: Any) -> None:
+        raise OSError("not a socket")
+
+
+class _Closable:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _failing_port(lean: bool, listener: _FailingListener) -> tuple[Port, _ClockReactor]:
+    reactor = _ClockReactor()
+    port = Port(0, Factory.forProtocol(Protocol), interface="127.0.0.1", reactor=reactor)
+    port.socket = listener
+    if lean:
+        lean_port(port)   # (its setsockopt fails on the fake: transports stay plain)
+    port.connected = True
+    port.numberAccepts = 100   # (set by startListening)
+    port.startReading()
+    return port, reactor
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_an_accept_without_resources_is_counted_and_pauses_the_listener(
+        lean: bool, log_lines: list[str]) -> None:
+    """ENFILE (and ENOBUFS, ENOMEM) leave the connection waiting: it is counted, the
+    listener stops reading for a second instead of spinning, and Twisted's line
+    per attempt is not logged."""
+    import errno
+
+    port, reactor = _failing_port(lean, _FailingListener(errno.ENFILE))
+    refused: list[str] = []
+    watch_accept_errors(port, refused.append)
+    port.doRead()
+    assert refused == ["ENFILE"]
+    assert port not in reactor.readers
+    assert not [line for line in log_lines if "accept" in line.lower()], log_lines
+    reactor.clock.advance(ACCEPT_PAUSE)
+    assert port in reactor.readers
+
+
+def test_an_emfile_refusal_closes_the_connection_and_logs_nothing(
+        log_lines: list[str]) -> None:
+    """EMFILE: Twisted's reserved descriptor lets the waiting connection be accepted
+    and closed (the client learns at once); it is counted, without Twisted's three
+    lines a connection."""
+    import errno
+
+    from twisted.internet import tcp
+
+    tcp._reservedFD.reserve()
+    waiting = _Closable()
+    port, reactor = _failing_port(False, _FailingListener(errno.EMFILE, waiting))
+    refused: list[str] = []
+    watch_accept_errors(port, refused.append)
+    port.doRead()
+    assert refused == ["EMFILE"] and waiting.closed
+    assert port in reactor.readers
+    assert not [line for line in log_lines if "EMFILE" in line], log_lines
+
+
+def test_refusals_are_one_line_a_spell_and_counted_each() -> None:
+    """Many refusals are one error line (why, and what to do) and one line when
+    none came for ``quiet`` seconds; each is counted; a new spell logs again."""
+    from twisted.internet.task import Clock
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    clock = Clock()
+    counted: list[int] = []
+    refusals = AcceptRefusals(clock, lambda: counted.append(1), quiet=10.0)
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        for _ in range(50):
+            refusals.refused("MQTT", "EMFILE")
+            clock.advance(0.1)
+        assert len(lines) == 1 and "out of file descriptors (limit " in lines[0]
+        assert "ulimit -n" in lines[0] and "MQTT" in lines[0]
+        assert len(counted) == 50 and refusals.failing
+        clock.advance(9.8)
+        assert len(lines) == 1          # not quiet for 10 s yet
+        clock.advance(0.2)
+        assert len(lines) == 2 and "50 connection(s) refused" in lines[1]
+        assert not refusals.failing and not clock.getDelayedCalls()
+        refusals.refused("AMQP", "ENFILE")
+        assert len(lines) == 3 and "system is out of file descriptors" in lines[2]
+        refusals.stop()
+        assert not clock.getDelayedCalls()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+
+
+def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
+        tmp_path: Any) -> None:
+    """A real broker whose descriptor limit is lowered under it: new connections are
+    closed at once, the log says so in one line (not Twisted's three a connection),
+    and each refusal is counted in /metrics."""
+    import resource
+
+    from brokerproc import BrokerProcess
+    from prometheus_client.parser import text_string_to_metric_families
+    from webui_support import ConsoleHTTP
+
+    connect = bytes([0x10, 13]) + b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c"
+    broker = BrokerProcess(str(tmp_path / "data"), "--no-archive",
+                           listeners=("--mqtt", "--metrics"))
+    broker.start()
+    clients: list[socket.socket] = []
+    try:
+        assert broker.proc is not None
+        pid = broker.proc.pid
+        limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE,
+                         (len(os.listdir(f"/proc/{pid}/fd")) + 4, limits[1]))
+        refused = 0
+        for i in range(60):                  # bounded: refusals start after ~4
+            client = socket.create_connection(("127.0.0.1", broker.mqtt_port), timeout=10)
+            clients.append(client)
+            try:
+                client.sendall(connect[:-1] + bytes([ord("a") + i % 26]))
+                answer = client.recv(4)
+            except ConnectionResetError:
+                answer = b""
+            refused += not answer
+            if refused >= 20:
+                break
+        assert refused >= 20
+        broker.wait_for_line("refusing new connections: the broker is out of file "
+                             "descriptors")
+        for client in clients:
+            client.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+        reply = ConsoleHTTP(broker.ports["METRICS"]).request("GET", "/metrics")
+        assert reply.code == 200
+        hits = [s.value for family in text_string_to_metric_families(reply.text)
+                for s in family.samples if s.name == "mqttamqp_limit_hits_total"
+                and s.labels == {"limit": "file_descriptors"}]
+        assert hits == [refused]
+        log = broker.output()
+        assert log.count("refusing new connections") == 1
+        assert "EMFILE encountered" not in log and "EMFILE recovery" not in log
+    finally:
+        for client in clients:
+            client.close()
+        broker.stop()

@@ -1,5 +1,6 @@
 """The report job on a local Spark session: exact numbers from a known archive,
-the time window, ``--incremental`` against a full run, and an empty archive.
+the time window, full and ``--incremental`` runs mixed in several orders over a
+growing archive against one full run, and an empty archive.
 
 The archive is written by the real ``Archive`` writer (see ``spark_support``).
 """
@@ -7,12 +8,21 @@ The archive is written by the real ``Archive`` writer (see ``spark_support``).
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
-from pipeline_data import FIXED_NOW, write_archive, write_part_one, write_part_two
+from pipeline_data import (
+    FIXED_NOW,
+    write_archive,
+    write_part_one,
+    write_part_three,
+    write_part_two,
+)
 
 pytest.importorskip("pyspark")
 
@@ -129,22 +139,105 @@ def test_window_selects_only_its_time(spark: Any, tmp_path: Path,
     assert s["window"]["since"] == "2026-11-24T08:00:00Z"
 
 
-def test_incremental_twice_equals_one_full_run(spark: Any, tmp_path: Path,
-                                               full: tuple[Path, Path, dict[str, Any]]
-                                               ) -> None:
-    _, full_out, full_summary = full
+PARTS = {"1": write_part_one, "2": write_part_two, "3": write_part_three}
+OLD = 40 * 86400   # seconds: "3old" adds part three with files this much older
+
+
+@dataclass(frozen=True)
+class Report:
+    summary: dict[str, Any]          # without "input" (what one run read)
+    tables: dict[str, list[dict[str, Any]]]
+
+
+def report_of(spark: Any, out: Path, summary: dict[str, Any]) -> Report:
+    tables = {name: sorted(table(spark, out, name),
+                           key=lambda r: json.dumps(r, default=str, sort_keys=True))
+              for name in TABLES}
+    return Report({k: v for k, v in summary.items() if k != "input"}, tables)
+
+
+def archive_files(archive: Path) -> dict[str, int]:
+    """Every complete archive file and its rows."""
+    return {str(f): pq.read_metadata(f).num_rows for f in archive.rglob("part-*.parquet")}
+
+
+def add_part(archive: Path, step: str) -> None:
+    before = set(archive_files(archive)) if archive.exists() else set()
+    write_archive(archive, PARTS[step[0]])
+    if step.endswith("old"):   # e.g. restored from a backup with its times kept
+        for name in set(archive_files(archive)) - before:
+            stamp = os.stat(name).st_mtime - OLD
+            os.utime(name, (stamp, stamp))
+
+
+@pytest.fixture(scope="module")
+def references(spark: Any, tmp_path_factory: pytest.TempPathFactory,
+               full_report: tuple[Path, Path, dict[str, Any]]) -> dict[str, Report]:
+    """One full run over each stage of the growing archive: parts "1", "12", "123"."""
+    _, full_out, full_summary = full_report
+    found = {"12": report_of(spark, full_out, full_summary)}
+    for parts in ("1", "123"):
+        archive = tmp_path_factory.mktemp(f"archive{parts}")
+        write_archive(archive, *(PARTS[p] for p in parts))
+        out = tmp_path_factory.mktemp(f"report{parts}")
+        found[parts] = report_of(spark, out, run(spark, archive, out))
+    return found
+
+
+@pytest.mark.parametrize("steps", ["1 F 2 I I", "1 I 2 F 3 I", "1 F 2 F 3 I",
+                                   "1 I 2 I 3old I"])
+def test_any_mix_of_runs_equals_one_full_run(spark: Any, tmp_path: Path,
+                                             references: dict[str, Report],
+                                             steps: str) -> None:
+    """Full (F) and incremental (I) runs in any order as the archive grows (1, 2, 3)
+    report, after every run, what one full run over the same archive reports."""
     archive, out = tmp_path / "archive", tmp_path / "report"
-    write_archive(archive, write_part_one)
-    first = run(spark, archive, out, incremental=True)
-    assert first["totals"]["messages"] == 14 and first["input"]["new_rows"] > 0
-    write_archive(archive, write_part_two)
-    second = run(spark, archive, out, incremental=True)
-    assert second["input"]["new_rows"] == 12 * 3 + 2  # only the new files were read
-    for summary in (second, full_summary):
-        summary.pop("input")
-    assert second == full_summary
-    for name in ("topic_minute", "sessions", "clients", "auth_failures"):
-        assert table(spark, out, name) == table(spark, full_out, name), name
+    parts, read_before, have_state = "", set[str](), False
+    for step in steps.split():
+        if step != "F" and step != "I":
+            add_part(archive, step)
+            parts += step[0]
+            continue
+        files = archive_files(archive)
+        summary = run(spark, archive, out, incremental=step == "I")
+        added_to_state = step == "I" and have_state
+        expected = set(files) - read_before if added_to_state else set(files)
+        assert report_of(spark, out, summary).summary == references[parts].summary, \
+            f"{steps}: {step} on {parts}"
+        assert summary["input"] == {
+            "incremental": added_to_state, "files_read": len(expected),
+            "rows_read": sum(files[f] for f in expected)}, f"{steps}: {step} on {parts}"
+        read_before, have_state = set(files), True
+    assert report_of(spark, out, summary) == references[parts]
+
+
+def test_the_same_archive_by_another_path_is_not_read_twice(
+        spark: Any, tmp_path: Path, references: dict[str, Report]) -> None:
+    """A full run through a symbolic link, then an incremental run by the real path:
+    the second reads only the new files."""
+    archive, out = tmp_path / "archive", tmp_path / "report"
+    add_part(archive, "1")
+    (tmp_path / "link").symlink_to(archive)
+    run(spark, tmp_path / "link", out)
+    add_part(archive, "2")
+    summary = run(spark, archive, out, incremental=True)
+    assert report_of(spark, out, summary) == references["12"]
+    assert summary["input"] == {"incremental": True, "files_read": 2, "rows_read": 38}
+
+
+def test_incremental_without_complete_state_starts_over(
+        spark: Any, tmp_path: Path, references: dict[str, Report]) -> None:
+    """A report folder whose state was not finished (or was left by an older
+    version, without ``state.json``) is rebuilt by the next incremental run."""
+    archive, out = tmp_path / "archive", tmp_path / "report"
+    add_part(archive, "1")
+    run(spark, archive, out)
+    (out / "_state" / "state.json").unlink()
+    add_part(archive, "2")
+    summary = run(spark, archive, out, incremental=True)
+    assert report_of(spark, out, summary) == references["12"]
+    assert summary["input"] == {"incremental": False, "files_read": 6, "rows_read": 61}
+    assert (out / "_state" / "state.json").exists()
 
 
 def test_empty_archive_says_so(spark: Any, tmp_path: Path) -> None:

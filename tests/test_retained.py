@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from amqp_memory import Net
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -185,3 +186,118 @@ def test_match_equals_brute_force(puts: list[str], deletes: list[str], topic_fil
     assert store.payload_bytes == sum(len(t.encode()) for t in live)
     expected = [t for t in live if topic_matches(topic_filter, t)]
     assert topics_of(store.match(topic_filter)) == expected
+
+
+# -- issue #26, section 3: retained replay paced by the subscriber ---------------------
+
+
+def _retained_net(n: int, size: int, **limits: object) -> Net:
+    net = Net(**limits)
+    for i in range(n):
+        net.broker.publish(Message(f"r/{i}", b"%05d" % i + b"x" * (size - 5), 1, True))
+    return net
+
+
+def test_every_retained_message_reaches_a_qos1_subscriber() -> None:
+    """A new QoS 1 subscriber to more retained messages than its queue holds gets all
+    of them: they are fed as its window frees, not pushed into its bounded queue."""
+    net = _retained_net(300, 64, max_queued_messages=20, max_inflight=4)
+    sub = net.mqtt("sub")
+    sub.subscribe(("r/#", 1))
+    got: list[bytes] = []
+    for _ in range(400):       # (bounded: one window of 4 a round)
+        messages = sub.publishes()
+        if not messages:
+            break
+        got += [m.payload[:5] for m in messages]
+        assert all(m.retain for m in messages)
+        sub.ack(messages)
+    assert sorted(got) == [b"%05d" % i for i in range(300)]
+    assert net.broker.dropped_total() == 0
+
+
+def test_every_retained_message_reaches_a_qos0_subscriber_whose_socket_fills() -> None:
+    """QoS 0: retained messages are sent while the subscriber's connection can take
+    them (its write buffer not full) and resume when it drains, instead of piling
+    up behind a full socket until the QoS 0 bound drops them."""
+    net = _retained_net(200, 1024, congested_qos0_bytes=8 * 1024)
+    sub = net.mqtt("sub")
+    sub.proto.pauseProducing()          # (its socket's buffer is full)
+    sub.subscribe(("r/#", 0))
+    got = [m.payload[:5] for m in sub.publishes()]
+    for _ in range(200):                # (bounded) the buffer drains, and fills again
+        sub.proto.resumeProducing()
+        net.pump()
+        sub.proto.pauseProducing()
+        fresh = [m.payload[:5] for m in sub.publishes()]
+        if not fresh:
+            break
+        got += fresh
+    assert sorted(got) == [b"%05d" % i for i in range(200)]
+    assert net.broker.dropped_total() == 0
+
+
+def test_a_retained_message_deleted_during_the_replay_is_skipped() -> None:
+    """The replay reads each message when its turn comes: one deleted meanwhile is not
+    sent, one replaced goes out as it is now."""
+    net = _retained_net(10, 16, max_inflight=2)
+    sub = net.mqtt("sub")
+    sub.subscribe(("r/#", 1))
+    first = sub.publishes()
+    assert len(first) == 2
+    topics = sorted(f"r/{i}" for i in range(10))     # (the replay's order: the tree's)
+    sent = {m.topic for m in first}
+    later = [t for t in topics if t not in sent]
+    net.broker.publish(Message(later[-1], b"", 1, True))          # deleted
+    net.broker.publish(Message(later[-2], b"replaced", 1, True))  # replaced
+    got = {m.topic: m.payload for m in first}
+    sub.ack(first)
+    for _ in range(20):
+        messages = sub.publishes()
+        if not messages:
+            break
+        for m in messages:
+            if m.retain:
+                got[m.topic] = m.payload
+        sub.ack(messages)
+    assert later[-1] not in got and got[later[-2]] == b"replaced"
+    assert len(got) == 9
+
+
+def test_queue_bound_drops_are_logged_once_a_minute_per_session(log_lines: list[str]) -> None:
+    """QoS 1 messages dropped at a subscriber's queue bound: one line per session a
+    minute, saying how many."""
+    net = Net(max_queued_messages=2, max_inflight=1)
+    net.mqtt("slow").subscribe(("t", 1))
+    for i in range(10):        # (the broker's own publish: no back-pressure)
+        net.broker.publish(Message("t", b"%d" % i, 1))
+    lines = [line for line in log_lines if "dropped at its queue bound" in line]
+    assert len(lines) == 1 and "slow" in lines[0]
+    net.advance(61, step=61)
+    for i in range(5):
+        net.broker.publish(Message("t", b"%d" % i, 1))
+    lines = [line for line in log_lines if "dropped at its queue bound" in line]
+    assert len(lines) == 2
+    assert "7 QoS 1/2 message(s)" in lines[1] and "8 dropped in all" in lines[1]
+
+
+def test_an_amqp_receiver_gets_every_retained_message_as_its_credit_allows() -> None:
+    """An AMQP receiver on a topic filter (pre-settled, QoS 0): retained messages are
+    paced by its credit, not held in the engine until the QoS 0 bound drops them."""
+    from proton import Link
+
+    net = Net(congested_qos0_bytes=8 * 1024)
+    for i in range(300):
+        net.broker.publish(Message(f"r/{i}", b"%05d" % i + b"x" * 1019, 1, True))
+    receiver = net.amqp().receiver("r/#", credit=10, snd_settle_mode=Link.SND_SETTLED)
+    got: list[bytes] = []
+    for _ in range(100):       # (bounded: 10 a round)
+        receiver.collect()
+        fresh = receiver.bodies()
+        if not fresh:
+            break
+        got += [body[:5] for body in fresh]
+        receiver.link.flow(len(fresh))
+        net.pump()
+    assert sorted(got) == [b"%05d" % i for i in range(300)]
+    assert net.broker.dropped_total() == 0

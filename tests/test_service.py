@@ -29,6 +29,7 @@ def test_storage_is_packed_on_schedule(tmp_path: Path) -> None:
     (["--max-queued-messages", "-1"], "--max-queued-messages must not be negative"),
     (["--connect-timeout", "soon"], "--connect-timeout must be a number"),
     (["--amqp-max-links", "0"], "--amqp-max-links must be at least 1"),
+    (["--amqp-max-links-total", "0"], "--amqp-max-links-total must be at least 1"),
 ])
 def test_bad_options_say_what_to_do(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad option value stops twistd with a message naming the option."""
@@ -49,7 +50,8 @@ def test_help_lists_every_option() -> None:
                    "--max-queued-bytes", "--connect-timeout", "--session-expiry",
                    "--will-grace", "--sys-interval", "--pack-interval",
                    "--amqp-idle-timeout", "--stall-timeout", "--amqp-max-sessions",
-                   "--amqp-max-links", "--allow-anonymous", "--strict-mqtt31",
+                   "--amqp-max-links", "--amqp-max-links-total", "--allow-anonymous",
+                   "--strict-mqtt31",
                    "--allow-control-chars", "--max-topic-levels", "--max-topic-length"):
         assert option in out, option
 

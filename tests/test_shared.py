@@ -75,18 +75,21 @@ def test_unacknowledged_messages_move_when_a_member_leaves() -> None:
 
 
 def test_an_offline_persistent_member_keeps_messages_only_when_nobody_is_online() -> None:
+    """A persistent member that is offline takes QoS 1 messages only while no member
+    is online; a member that comes online later gets them (moved, not copied)."""
     net = Net(store=MemoryStore())
     away = net.mqtt("away", clean=False)
     away.subscribe(("$share/g/t", 1))
     away.disconnect()
     pub = net.mqtt("p")
     pub.publish("t", b"queued for away", qos=1)   # nobody online: away keeps it
+    assert len(list(net.broker.sessions["away"].entries())) == 1
     here = net.mqtt("here")
-    here.subscribe(("$share/g/t", 1))
+    here.subscribe(("$share/g/t", 1))             # ...until a member with room is online
     pub.publish("t", b"for here", qos=1)          # someone online: not queued offline
-    assert _payloads(here) == [b"for here"]
+    assert _payloads(here) == [b"queued for away", b"for here"]
     back = net.mqtt("away", clean=False)
-    assert _payloads(back) == [b"queued for away"]
+    assert _payloads(back) == []
 
 
 def test_shared_subscriptions_survive_a_restart() -> None:
@@ -134,18 +137,26 @@ def test_dollar_filters_are_never_shared() -> None:
 
 def test_a_moved_message_stays_when_the_other_member_has_no_room() -> None:
     """Review finding: moving a leaving member's message must not lose it when the
-    other member's queue is full."""
-    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=1)
+    other member's queue is full: it stays (stored) with the offline member until
+    the other has room, then moves."""
+    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=4)
     a = net.mqtt("a", clean=False)
     b = net.mqtt("b")
     for m in (a, b):
         m.subscribe(("$share/g/t", 1))
     for i in range(4):   # (through the façade: a client publisher would be held back
-        # by back-pressure once a and b are past their high-water mark)
-        net.broker.publish(Message("t", b"%d" % i, 1))   # a: 1 in flight + 1 queued; b too
-    assert len(a.publishes()) == 1            # (its window: 1 in flight, 1 queued)
+        # by back-pressure once the group's backlog is past its high-water mark)
+        net.broker.publish(Message("t", b"%d" % i, 1))   # a: 1 in flight; b too; 2 held
+    assert len(a.publishes()) == 1            # (its window: 1 in flight)
     a.disconnect()
-    assert len(list(net.broker.sessions["a"].entries())) == 2   # b was full: both stay
+    assert len(list(net.broker.sessions["a"].entries())) == 1   # b is full: it stays
+    got: list[bytes] = []
+    for _ in range(4):
+        [msg] = b.publishes()
+        got.append(msg.payload)
+        b.ack([msg])
+    assert sorted(got) == [b"0", b"1", b"2", b"3"]
+    assert not list(net.broker.sessions["a"].entries())   # (moved, not copied)
 
 
 def test_the_console_shows_groups_members_and_counts(tmp_path: object) -> None:
@@ -194,3 +205,172 @@ def test_features_an_operator_turned_off_are_announced_and_refused() -> None:
     on = Net().mqtt("default", level=5).connack.properties
     assert on is None or (on.shared_subscription_available is None
                           and on.wildcard_subscription_available is None)
+
+
+# -- issue #26, section 3: no acknowledged message dropped ---------------------------
+
+
+def _stuck_group_run(net: Net, n: int, leave_after: bool = True) -> tuple[set[bytes], int]:
+    """Three members that read but never PUBACK and one that acks everything, on
+    ``$share/g/jobs``; a publisher pipelines ``n`` QoS 1 messages.  The acker acks as
+    they come (the Clock moving half a second a round, so the stall rule may act),
+    the stuck ones leave once every message was acknowledged to the publisher.
+    Returns what the acker got (distinct payloads) and the PUBACKs the publisher got."""
+    stuck = [net.mqtt(f"stuck{i}") for i in range(3)]
+    acker = net.mqtt("acker")
+    for member in (*stuck, acker):
+        assert member.subscribe(("$share/g/jobs", 1)) == (1,)
+    pub = net.mqtt("pub")
+    pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(n)])
+    got: set[bytes] = set()
+    pubacks = 0
+    left = False
+    for _ in range(200):   # (bounded: the scenario needs a few dozen rounds)
+        for member in stuck:
+            member.publishes()            # read, never acknowledged
+        messages = acker.publishes()
+        got.update(m.payload for m in messages)
+        acker.ack(messages)
+        pubacks += len(pub.take(Puback))
+        if pubacks == n and not left and leave_after:
+            for member in stuck:
+                member.disconnect()       # clean sessions: their messages go back
+            left = True
+        if pubacks == n and (left or not leave_after) and not messages:
+            break
+        net.advance(0.5, step=0.5)
+    return got, pubacks
+
+
+def test_a_group_with_stuck_members_loses_no_acknowledged_message() -> None:
+    """Issue #26 §3: three members that never PUBACK and one that does; every QoS 1
+    message acknowledged to the publisher reaches the acker (the stuck ones get only
+    their window, the rest waits in the group's backlog with the publisher held
+    back), and what the stuck ones held moves to it when they leave."""
+    net = Net(max_inflight=4, max_queued_messages=20)
+    got, pubacks = _stuck_group_run(net, 600)
+    assert pubacks == 600
+    assert got == {b"%d" % i for i in range(600)}
+    assert net.broker.dropped_total() == 0
+
+
+def test_stuck_members_get_only_their_window() -> None:
+    """A member whose in-flight window is full gets nothing more: what it holds is
+    its window, not its queue's bound."""
+    net = Net(max_inflight=4, max_queued_messages=20)
+    _stuck_group_run(net, 200, leave_after=False)
+    for i in range(3):
+        session = net.broker.sessions[f"stuck{i}"]
+        assert len(session.inflight) == 4 and not session.queue
+
+
+def test_a_full_backlog_holds_the_publisher_back() -> None:
+    """With no member that has room, the group's backlog fills to its high-water mark
+    and the publisher is not read any further (nothing dropped)."""
+    net = Net(max_inflight=2, max_queued_messages=10)
+    member = net.mqtt("slow")
+    member.subscribe(("$share/g/jobs", 1))
+    pub = net.mqtt("pub")
+    pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(50)])
+    group = net.broker._router.shared["$share/g/jobs"]
+    assert len(member.publishes()) == 2
+    assert 5 <= len(group.backlog) <= 10 and group.dropped == 0
+    assert len(pub.take(Puback)) < 50     # (the rest is not read yet)
+
+
+def test_a_full_backlog_drops_and_logs_once(log_lines: list[str]) -> None:
+    """Past the backlog's bound (a publisher that ignores back-pressure: the broker's
+    own publish), a new message is dropped, counted in $SYS's dropped total, and
+    logged once a minute."""
+    net = Net(max_inflight=1, max_queued_messages=4)
+    net.mqtt("slow").subscribe(("$share/g/jobs", 1))
+    for i in range(10):
+        net.broker.publish(Message("jobs", b"%d" % i, 1))
+    group = net.broker._router.shared["$share/g/jobs"]
+    assert (len(group.backlog), group.dropped) == (4, 5)
+    assert net.broker.dropped_total() == 5
+    lines = [line for line in log_lines if "backlog is full" in line]
+    assert len(lines) == 1 and "$share/g/jobs" in lines[0]
+
+
+def test_members_without_room_are_skipped_by_every_strategy() -> None:
+    """round-robin, random, sticky and hash-client alike give a QoS 1 message only to a
+    member with room (the stuck one's window is full)."""
+    for strategy in ("round-robin", "random", "sticky", "hash-client"):
+        net = Net(max_inflight=2, share_strategy=strategy)
+        stuck, good = net.mqtt("stuck"), net.mqtt("good")
+        for member in (stuck, good):
+            member.subscribe(("$share/g/t", 1))
+        pub = net.mqtt("pub")
+        got = 0
+        for i in range(30):
+            pub.publish("t", b"%d" % i, qos=1)
+            messages = good.publishes()
+            got += len(messages)
+            good.ack(messages)
+        assert len(stuck.publishes()) <= 2, strategy
+        assert got + len(net.broker.sessions["stuck"].inflight) == 30, strategy
+
+
+def test_an_offline_persistent_member_keeps_its_sent_qos2_and_lends_its_qos1() -> None:
+    """A persistent member going offline: its unacknowledged QoS 1 message moves to a
+    member with room; its QoS 2 message already sent stays, and is completed when
+    it reconnects (so no QoS 2 message reaches two members)."""
+    net = Net(store=MemoryStore())
+    a = net.mqtt("a", clean=False)
+    a.subscribe(("$share/g/t", 2))
+    net.broker.publish(Message("t", b"two", 2))
+    net.broker.publish(Message("t", b"one", 1))
+    assert sorted(p.payload for p in a.publishes()) == [b"one", b"two"]
+    b = net.mqtt("b")
+    b.subscribe(("$share/g/t", 2))
+    a.disconnect()
+    assert _payloads(b) == [b"one"]
+    back = net.mqtt("a", clean=False)
+    [again] = back.publishes()
+    assert (again.payload, again.qos, again.dup) == (b"two", 2, True)
+
+
+def test_an_unsubscribing_member_gives_back_what_it_has_queued() -> None:
+    """UNSUBSCRIBE from a shared filter: the member's queued messages of that group go
+    to the others (what it has in flight it may still acknowledge)."""
+    from mqttamqp.mqtt.packets import Unsubscribe
+
+    net = Net(store=MemoryStore(), max_inflight=1)
+    a = net.mqtt("a", clean=False)
+    a.subscribe(("$share/g/t", 1))
+    a.proto.pauseProducing()       # (its socket is full: its queue grows)
+    for i in range(3):
+        net.broker.publish(Message("t", b"%d" % i, 1))
+    b = net.mqtt("b")
+    b.subscribe(("$share/g/t", 1))
+    first = b.publishes()
+    assert [m.payload for m in first] == [b"1"]   # (the group held 1 and 2; b's window is 1)
+    a.send(Unsubscribe(a.packet_ids + 1, ("$share/g/t",)))
+    b.ack(first)
+    got = []
+    for _ in range(3):
+        messages = b.publishes()
+        got += [m.payload for m in messages]
+        b.ack(messages)
+    assert got == [b"0", b"2"]     # (a's queued one goes first)
+    assert not a.proto.session.queue
+
+
+def test_a_group_that_takes_nothing_stops_holding_its_publisher_after_the_stall_timeout(
+        ) -> None:
+    """The stall rule holds for a group's backlog: when no member took anything for
+    --stall-timeout, the publisher is read again and the backlog drops at its bound
+    (counted); the first message a member takes makes it hold publishers again."""
+    net = Net(max_inflight=1, max_queued_messages=10, stall_timeout=2.0)
+    member = net.mqtt("stuck")
+    member.subscribe(("$share/g/jobs", 1))
+    pub = net.mqtt("pub")
+    pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(40)])
+    group = net.broker._router.shared["$share/g/jobs"]
+    assert group.dropped == 0 and len(pub.take(Puback)) < 40
+    net.advance(2.5)
+    assert len(pub.take(Puback)) > 0 and group.dropped > 0 and group.stalled
+    assert net.broker.dropped_total() == group.dropped
+    member.ack(member.publishes())
+    assert not group.stalled

@@ -212,12 +212,108 @@ def test_a_data_directory_in_use_by_a_running_broker(tmp_path: Path) -> None:
                      "--web", "none")
         assert first.proc is not None
         assert_stopped_with(out, f"another mqttamqp is using {data} "
-                                 f"(lock held by pid {first.proc.pid})")
+                                 f"(lock held by pid {first.proc.pid} (")
         with socket.create_connection(("127.0.0.1", first.mqtt_port), timeout=10):
             pass
         assert first.proc.poll() is None
     finally:
         first.stop()
+
+
+def test_a_stale_pid_in_the_lock_file_is_not_named_as_the_holder(tmp_path: Path) -> None:
+    """The lock file's pid may be a process long gone (zc.lockfile wrote it once):
+    the refusal names the process the kernel says holds the lock, with its command."""
+    data = tmp_path / "data"
+    first = BrokerProcess(str(data)).start()
+    try:
+        assert first.proc is not None
+        (data / "mqttamqp.fs.lock").write_text(" 4194302\n")   # a pid nobody has
+        out = twistd(tmp_path, "--data", str(data), "--mqtt", LOOPBACK_0, "--amqp", "none",
+                     "--web", "none")
+        text = assert_stopped_with(out, f"(lock held by pid {first.proc.pid} (")
+        assert "4194302" not in text and "twistd" in text
+        assert first.proc.poll() is None
+    finally:
+        first.stop()
+
+
+def _damage_the_last_transaction(storage: Path) -> None:
+    """Flip a byte of the last transaction's trailing (redundant) length, as a torn
+    write would leave it: FileStorage refuses the file at open."""
+    with open(storage, "r+b") as f:
+        f.seek(-2, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-2, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_a_damaged_storage_stops_with_one_line_and_recover_repairs_it(
+        tmp_path: Path) -> None:
+    """A commit torn by a crash: the start stops with one line naming the command;
+    ``mqttamqp-admin recover`` keeps a copy and cuts the file after its last good
+    transaction; the broker starts again with what was committed before."""
+    from pahoclient import PahoClient
+
+    data = tmp_path / "data"
+    broker = BrokerProcess(str(data), "--no-archive").start()
+    try:
+        client = PahoClient(broker.mqtt_port, "recover-writer")
+        client.publish("kept/a", b"before", qos=1, retain=True)   # durable at PUBACK
+        client.publish("kept/b", b"later", qos=1, retain=True)    # a later commit
+        client.stop()
+    finally:
+        broker.kill()                       # a crash: the index is not saved
+    storage = data / "mqttamqp.fs"
+    original = storage.read_bytes()
+    _damage_the_last_transaction(storage)
+    damaged = storage.read_bytes()
+    out = twistd(tmp_path, "--data", str(data), "--mqtt", LOOPBACK_0, "--amqp", "none",
+                 "--web", "none", "--no-archive")
+    assert_stopped_with(out, f"the storage {storage} is damaged (")
+    assert f"Run 'mqttamqp-admin recover --data {data}'" in out.stdout + out.stderr
+    assert storage.read_bytes() == damaged        # nothing changed by the failed start
+
+    fixed = subprocess.run([ADMIN, "recover", str(data)], capture_output=True, text=True,
+                           timeout=60)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    (copy,) = data.glob("mqttamqp.fs.damaged-*")
+    assert copy.read_bytes() == damaged
+    kept = storage.read_bytes()
+    assert 4 < len(kept) < len(damaged) and original.startswith(kept)
+    assert f"kept {len(kept):,} of {len(damaged):,} bytes" in fixed.stdout
+    assert str(copy) in fixed.stdout
+
+    again = BrokerProcess(str(data), "--no-archive").start()
+    try:
+        reader = PahoClient(again.mqtt_port, "recover-reader")
+        reader.subscribe(("kept/a", 1))
+        got = reader.get()
+        assert (got.topic, got.payload, got.retain) == ("kept/a", b"before", True)
+        reader.stop()
+    finally:
+        again.stop()
+    again_fixed = subprocess.run([ADMIN, "recover", "--data", str(data)],
+                                 capture_output=True, text=True, timeout=60)
+    assert again_fixed.returncode == 0 and "nothing changed" in again_fixed.stdout
+
+
+def test_recover_is_refused_while_the_broker_runs(tmp_path: Path) -> None:
+    """``mqttamqp-admin recover`` takes the storage's lock first: with a broker
+    running it names that broker and changes nothing."""
+    data = tmp_path / "data"
+    broker = BrokerProcess(str(data), "--no-archive").start()
+    try:
+        assert broker.proc is not None
+        before = (data / "mqttamqp.fs").read_bytes()
+        out = subprocess.run([ADMIN, "recover", "--data", str(data)], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 1
+        assert f"lock held by pid {broker.proc.pid} (" in out.stderr
+        assert "stop the broker first; nothing changed" in out.stderr
+        assert (data / "mqttamqp.fs").read_bytes() == before
+        assert not list(data.glob("mqttamqp.fs.damaged-*"))
+    finally:
+        broker.stop()
 
 
 def _read_only_bind() -> tuple[str, ...] | None:

@@ -291,6 +291,50 @@ def test_tls_1_1_is_refused_and_1_2_accepted(tls_broker: BrokerProcess, kind: st
     assert _handshake(port, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
 
 
+def _suite(port: int, suite: str) -> str | None:
+    """A TLS 1.2 handshake offering ``suite`` alone: the suite agreed, or None if the
+    broker refused it."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = context.maximum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(f"{suite}:@SECLEVEL=0")
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
+        try:
+            with context.wrap_socket(raw) as tls:
+                cipher = tls.cipher()
+                return cipher[0] if cipher else None
+        except (ssl.SSLError, ConnectionResetError):
+            return None
+
+
+_AEAD_ECDHE = {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+               "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-AES128-GCM-SHA256",
+               "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-RSA-CHACHA20-POLY1305"}
+
+
+def test_tls_1_2_takes_only_ecdhe_aead_suites(tls_broker: BrokerProcess) -> None:
+    """Every TLS 1.2 suite this client knows, offered alone: the broker agrees to
+    ECDHE with AES-GCM or ChaCha20-Poly1305 only (no CBC, no SHA-1 MAC, no static
+    RSA or DHE); TLS 1.3 is unchanged."""
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.set_ciphers("ALL:@SECLEVEL=0")
+    offered = sorted({c["name"] for c in client.get_ciphers()
+                      if c["protocol"] != "TLSv1.3"})
+    assert "ECDHE-ECDSA-AES128-SHA" in offered and len(offered) < 200   # (bounded)
+    port = tls_broker.mqtt_port
+    accepted = {suite for suite in offered if _suite(port, suite) == suite}
+    assert accepted <= _AEAD_ECDHE, accepted - _AEAD_ECDHE
+    assert {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+            "ECDHE-ECDSA-CHACHA20-POLY1305"} <= accepted   # (the test key is EC)
+    for kind in ("AMQP", "WEB"):
+        assert _suite(tls_broker.ports[kind], "ECDHE-ECDSA-AES128-SHA") is None
+        assert _suite(tls_broker.ports[kind], "ECDHE-ECDSA-AES256-SHA384") is None
+        assert _suite(tls_broker.ports[kind], "ECDHE-ECDSA-AES128-GCM-SHA256") is not None
+    for kind in ("MQTT", "AMQP", "WEB"):
+        assert _handshake(tls_broker.ports[kind], ssl.TLSVersion.TLSv1_3) == "TLSv1.3"
+
+
 def test_tls_1_2_minimum_holds_even_with_sslmethod(tmp_path: Any, pki: Pki) -> None:
     """An ``sslmethod=`` in the description does not lower the minimum."""
     proc = BrokerProcess(str(tmp_path), "--no-archive", listeners=("--mqtt",),

@@ -43,7 +43,7 @@ def make_summary(minutes: int = 60) -> dict[str, Any]:
         "version": 1, "generated_at": "2026-11-24T08:30:00Z",
         "window": {"since": None, "until": None, "first_minute": stamps[0],
                    "last_minute": stamps[-1]},
-        "input": {"incremental": True, "new_files": 3, "new_rows": 120},
+        "input": {"incremental": True, "files_read": 3, "rows_read": 120},
         "totals": {"messages": total, "bytes": total * 40, "retained": 12, "topics": 9},
         "qos": {"0": total - 700, "1": 600, "2": 100},
         "per_minute": {"minutes": stamps,
@@ -129,7 +129,9 @@ def test_broken_foreign_or_huge_summaries_are_reported(tmp_path: Path, clock: Cl
     (report / SUMMARY_FILE).write_text("{not json")
     assert "cannot read" in (source(tmp_path, clock).view()["report_error"] or "")
     write_summary(report, {"version": 99})
-    assert "not a version 1" in (source(tmp_path, clock).view()["report_error"] or "")
+    assert "not a version 2" in (source(tmp_path, clock).view()["report_error"] or "")
+    write_summary(report, dict(make_summary(3), version=2))    # this version's job
+    assert source(tmp_path, clock).view()["report_error"] is None
     write_summary(report, make_summary(3))
     view = source(tmp_path, clock, max_summary_bytes=100).view()
     assert view["report"] is None and "more than the 100" in view["report_error"]
@@ -176,7 +178,7 @@ def test_page_without_report_shows_the_hint(tmp_path: Path, clock: Clock) -> Non
 def test_page_with_a_broken_report_shows_the_error(tmp_path: Path, clock: Clock) -> None:
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / SUMMARY_FILE).write_text("[]")
-    assert "not a version 1 report summary" in render(source(tmp_path, clock).view(), clock)
+    assert "not a version 2 report summary" in render(source(tmp_path, clock).view(), clock)
 
 
 def test_vendored_chart_library_carries_version_and_licence() -> None:

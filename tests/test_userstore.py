@@ -135,7 +135,10 @@ def test_admin_help_shows_one_command_set(tmp_path: Any, monkeypatch: Any,
         _admin("--help")
     assert done.value.code == 0
     shown = capsys.readouterr().out
-    assert "{user,token,tokens,revoke,gen-cert}" in shown
+    assert "{user,token,tokens,revoke,gen-cert,recover}" in shown
+    listed = re.findall(r"^    (\S+)\s", shown, re.M)     # the commands with a help line
+    assert sorted(listed) == sorted(["user", "token", "tokens", "revoke", "gen-cert",
+                                     "recover"]), shown
     for hidden in ("passwd", "users", "deluser"):
         assert not re.search(rf"^\s+{hidden}\b", shown, re.M), shown
     data = str(tmp_path)
@@ -302,3 +305,68 @@ def test_the_authenticator_looks_at_the_file_once_per_reactor_turn(tmp_path: Any
     assert auth.authenticate(creds(None)) is True
     clock.advance(0)
     assert not clock.getDelayedCalls()                  # (one reset per turn, no more)
+
+
+def test_password_hashing_runs_at_most_two_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight password checks at once (a burst of logins from many addresses): only
+    HASH_SLOTS (2) compute scrypt at a time, so the memory they hold (32 MiB each) is
+    bounded; the others wait for a slot and all eight are answered."""
+    import hashlib
+    import threading
+
+    from mqttamqp.core import users as users_module
+    from mqttamqp.core.userstore import hash_password, verify_password
+
+    encoded = hash_password("pw", n=2 ** 4, r=1, p=1)
+    real = hashlib.scrypt
+    cond = threading.Condition()
+    state = {"inside": 0, "most": 0}
+    release = threading.Event()
+
+    def slow_scrypt(*args: Any, **kw: Any) -> bytes:
+        with cond:
+            state["inside"] += 1
+            state["most"] = max(state["most"], state["inside"])
+            cond.notify_all()
+        release.wait(10)
+        with cond:
+            state["inside"] -= 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(users_module.hashlib, "scrypt", slow_scrypt)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(verify_password("pw", encoded)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    with cond:
+        assert cond.wait_for(lambda: state["inside"] >= 2, timeout=10)
+        # (a bounded look for a third: on the unbounded code all eight are in at once)
+        assert not cond.wait_for(lambda: state["inside"] > 2, timeout=0.5)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert results == [True] * 8 and state["most"] == users_module.HASH_SLOTS == 2
+
+
+def test_changing_the_first_password_in_the_console_removes_its_file(tmp_path: Any) -> None:
+    """The generated first password in DATA/admin-password.txt goes once that user's
+    password is changed on the console's Users page, as with mqttamqp-admin (it stayed
+    behind, no longer valid, when changed in the console)."""
+    import os
+
+    from webui.auth import INITIAL_PASSWORD_FILE
+
+    console, _, _ = make_console(tmp_path)
+    data_dir = console.users.data_dir
+    initial = os.path.join(data_dir, INITIAL_PASSWORD_FILE)
+    with open(initial, "w", encoding="utf-8") as f:
+        f.write("user: admin\npassword: generated\n")
+    admin = webui_support.Client(console)
+    assert admin.login().code == 303
+    assert admin.post("/users/add", name="dev-2", role="client",
+                      password="device password").code == 303
+    assert admin.post("/users/passwd", name="dev-2", password="another one").code == 303
+    assert os.path.exists(initial)                      # another user's change: kept
+    assert admin.post("/users/passwd", name="admin", password="a new admin one").code == 303
+    assert not os.path.exists(initial)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 from typing import Any
 
@@ -14,8 +15,9 @@ from treq.testing import StubTreq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from webui_support import CHEAP, Client, FakeService, make_console
+from webui_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 
 from webui import admin_cli
 from webui.auth import (
@@ -375,3 +377,103 @@ def test_throttle_tables_stay_bounded() -> None:
     clock.advance(601)
     throttle.finish("admin", "192.0.2.1", False)
     assert throttle.sizes() == (1, 1)                          # quiet entries expired
+
+
+# -- guessing one user's password from many addresses: paced per user name --------------
+
+
+class _Browser:
+    """A browser at one address whose login POSTs may stay pending (a paced check
+    waits on the console's clock): ``start`` sends one, ``code`` reads its answer
+    once there is one."""
+
+    def __init__(self, console: Any, host: str) -> None:
+        self.client = _client_at(console, host)
+        page = self.client.get("/login")
+        token = re.search(r'name="csrf_token" value="([^"]*)"', page.text)
+        assert token is not None
+        self.token = token.group(1)
+        self.pending: list[Any] | None = None   # the answer, once it came
+
+    def start(self, password: str, user: str = "admin") -> None:
+        box: list[Any] = []
+        self.pending = box
+        self.client.treq.request(
+            "POST", BASE + "/login", allow_redirects=False,
+            data={"csrf_token": self.token, "username": user, "password": password,
+                  "next": "/"}).addBoth(box.append)
+
+    def code(self) -> int | None:
+        """The answer's status once it came (the browser is then free), else None."""
+        self.client.treq.flush()
+        if not self.pending:
+            return None
+        got, self.pending = self.pending[0], None
+        assert not isinstance(got, Failure), got
+        return int(got.code)
+
+
+def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
+        console_clock: Any, console_log: list[dict[str, Any]]) -> None:
+    """100 addresses guessing admin's password as fast as each is let (one check at a
+    time each, their own back-offs) get a few dozen checks in 30 s, not hundreds: past
+    10 failures from 3 addresses, checks for admin from addresses it has not logged
+    in from take turns. One log line says so. Meanwhile admin still gets in at once
+    from where it logged in before, and from a new address after a bounded wait."""
+    console, clock = console_clock
+    home = _client_at(console, "192.0.2.1")
+    assert home.login().code == 303                  # admin's usual address
+    attackers = [_Browser(console, f"10.1.{i // 256}.{i % 256}") for i in range(100)]
+    checked = refused = 0
+    for _ in range(60):                              # 30 s in steps of 0.5 s (bounded)
+        for browser in attackers:
+            if browser.pending is None:
+                browser.start("wrong")
+        for browser in attackers:
+            code = browser.code()
+            checked += code == 401
+            refused += code == 429
+        clock.advance(0.5)
+    assert checked <= 60, checked                    # (without the pace: over 500)
+    assert refused > 0
+    assert console.throttle.paced > 0
+    # From home: at once, whatever the pace.
+    assert _client_at(console, "192.0.2.1").login().code == 303
+    # From a new address, with the attack going on: its turn comes within 30 s.
+    laptop = _Browser(console, "198.51.100.7")
+    laptop.start(PASSWORD)
+    waited = 0.0
+    code = laptop.code()
+    while code is None and waited <= console.throttle.user_max_wait:
+        for browser in attackers:                    # the attack goes on meanwhile
+            if browser.pending is None:
+                browser.start("wrong")
+            browser.code()
+        clock.advance(0.5)
+        waited += 0.5
+        code = laptop.code()
+    assert code == 303 and 0 < waited <= console.throttle.user_max_wait
+    lines = [formatEvent(e) for e in console_log]
+    paced = [line for line in lines if "failed logins for 'admin' from" in line]
+    assert len(paced) == 1 and "wait their turn" in paced[0], paced
+    assert len([line for line in lines if "refused: its password checks" in line]) <= 1
+
+
+def test_the_user_pace_is_bounded_and_forgotten() -> None:
+    """The per-user tables have the throttle's bounds, and a quiet user name is
+    forgotten: the pace ends on its own."""
+    clock = Clock()
+    throttle = LoginThrottle(clock.seconds, max_entries=50, forget_after=600)
+    for i in range(12):                               # admin, from 12 addresses
+        throttle.finish("admin", f"10.0.0.{i}", False)
+    assert throttle.user_pace_now("admin") == 1.0
+    assert throttle.user_hold("admin", "10.9.9.9") == 0.0    # the first turn is now
+    assert throttle.user_hold("admin", "10.9.9.8") == 1.0    # the next, a pace later
+    for i in range(500):                              # a spray of user names
+        throttle.finish(f"u{i}", "10.0.1.1", False)
+        throttle.finish(f"u{i}", f"10.0.2.{i % 250}", True)
+    assert throttle.user_sizes() == (50, 50)
+    clock.advance(601)
+    throttle.finish("someone", "10.0.3.1", False)     # (prunes what is quiet)
+    assert throttle.user_pace_now("admin") == 0.0
+    assert throttle.user_hold("admin", "10.9.9.7") == 0.0

@@ -294,7 +294,8 @@ def test_topic_tree_with_rates_subscribers_and_retained(env: Any) -> None:
     assert (root["tracked"], root["max_tracked"], root["untracked"]) == (3, 10_000, 0)
     level = client.get("/api/topics", prefix="plant/l1").json()
     assert level["items"] == [{"name": "temp", "path": "plant/l1/temp", "messages": 2,
-                               "rate": 0.0, "topics": 1, "retained": True, "leaf": True,
+                               "rate": 0.0, "topics": 1, "retained": True,
+                               "retained_below": 0, "leaf": True,
                                "children": False, "subscribers": 1}]
     clock.advance(2)
     for _ in range(6):

@@ -24,12 +24,13 @@ TIMEOUT = 10.0
 
 
 def request(host: str = "127.0.0.1", path: str = "/mqtt",
-            protocols: tuple[str, ...] = ("mqtt",), origin: str | None = None) -> bytes:
+            protocols: tuple[str, ...] = ("mqtt",), origin: str | None = None,
+            version: int = 13) -> bytes:
     """The opening handshake's request."""
     key = base64.b64encode(os.urandom(16)).decode("ascii")
     lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Upgrade: websocket",
              "Connection: Upgrade", f"Sec-WebSocket-Key: {key}",
-             "Sec-WebSocket-Version: 13"]
+             f"Sec-WebSocket-Version: {version}"]
     if protocols:
         lines.append("Sec-WebSocket-Protocol: " + ", ".join(protocols))
     if origin is not None:

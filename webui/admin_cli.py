@@ -24,13 +24,14 @@ import sys
 import time
 
 from mqttamqp.core.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
-from webui.auth import INITIAL_PASSWORD_FILE, UserStore, valid_username
+from webui.auth import UserStore, forget_initial_password, valid_username
 
 __all__ = ["main"]
 
 MIN_PASSWORD = 8
-# What --help shows; 'passwd', 'users' and 'deluser' still work, unlisted.
-VISIBLE_COMMANDS = ("user", "token", "tokens", "revoke", "gen-cert")
+# What --help shows (every command but the hidden ones: test_userstore checks it);
+# 'passwd', 'users' and 'deluser' still work, unlisted.
+VISIBLE_COMMANDS = ("user", "token", "tokens", "revoke", "gen-cert", "recover")
 
 
 def _read_password(from_stdin: bool) -> str:
@@ -66,14 +67,7 @@ def _set_password(store: UserStore, args: argparse.Namespace, create: bool | Non
         raise SystemExit(f"mqttamqp-admin: the password must have at least {MIN_PASSWORD} "
                          "characters; nothing changed")
     user = store.set_password(args.user, password, role=None if existed else role)
-    # The generated first password is no longer valid: do not leave it lying around.
-    initial = os.path.join(store.data_dir, INITIAL_PASSWORD_FILE)
-    try:
-        with open(initial, encoding="utf-8") as f:
-            if f.readline().strip() == f"user: {args.user}":
-                os.unlink(initial)
-    except FileNotFoundError:
-        pass
+    forget_initial_password(store.data_dir, args.user)
     print(f"{'changed the password of' if existed else 'created'} user {args.user!r} "
           f"(role {user.role}) in {store.path}")
     return 0
@@ -264,6 +258,30 @@ def _gen_cert(store: UserStore, args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(store: UserStore, args: argparse.Namespace) -> int:
+    """Cut a damaged storage file after its last good transaction, keeping a copy
+    (refused while a broker runs on the data directory)."""
+    from mqttamqp.datadir import StorageBusy, recover
+
+    data_dir = os.path.abspath(args.data_dir or args.data)
+    filename = "mqttamqp.fs"   # (mqttamqp.store.FILENAME, without importing ZODB here)
+    try:
+        done = recover(data_dir, filename)
+    except StorageBusy as busy:
+        raise SystemExit(f"mqttamqp-admin: {data_dir} is in use (lock held by {busy}); "
+                         "stop the broker first; nothing changed") from None
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"mqttamqp-admin: cannot recover {data_dir}: {exc}") from None
+    last = f" (the last from {done.last_transaction})" if done.last_transaction else ""
+    if done.backup is None:
+        print(f"{done.path}: no damaged transaction found{last}; nothing changed")
+        return 0
+    print(f"{done.path}: kept {done.kept:,} of {done.size:,} bytes, every transaction "
+          f"before the first damaged one{last}; removed {done.removed:,} bytes. The whole "
+          f"file as it was is in {done.backup}. The broker can start again.")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mqttamqp-admin",
@@ -361,6 +379,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace an existing server.crt/server.key")
     p.set_defaults(run=_gen_cert)
+    p = command("recover", "repair a storage file the broker refuses to open as damaged "
+                "(a commit torn by a crash): copy DATA/mqttamqp.fs to "
+                "mqttamqp.fs.damaged-<time>, then cut it after its last good transaction. "
+                "Refused while the broker runs")
+    p.add_argument("data_dir", nargs="?", metavar="DATA",
+                   help="the data directory (instead of --data)")
+    p.set_defaults(run=_recover)
     return parser
 
 

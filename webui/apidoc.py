@@ -21,7 +21,7 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                       "message rates (history).", ""),
     "/api/clients": ("Connected MQTT and AMQP clients, filtered, sorted and paged; each "
                      "with message and byte counters, rates and last activity.",
-                     _LIST + ", protocol=mqtt|mqtt3.1|mqtt3.1.1|amqp, user (substring; "
+                     _LIST + ", protocol=mqtt|mqtt3.1|mqtt3.1.1|mqtt5|amqp, user (substring; "
                      "- for none), remote (substring), kind=clean|persistent, will=yes|no"),
     "/api/client": ("One client: connection, session, subscriptions, will, in-flight and "
                     "queued messages, AMQP links, sessions and negotiated settings.",

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from klein import Klein
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -443,9 +444,22 @@ class Console:
                               "logged)", name=shown, a=address, s=seconds)
             return self._login_form(
                 request, 429, f"Too many failed attempts. Try again in {seconds} s.", name)
+        hold = self.throttle.user_hold(name, address)
+        if hold is None:
+            seconds = int(self.throttle.user_retry_after(name, address) + 1.999)
+            request.setHeader(b"retry-after", str(seconds).encode())
+            self._log_user_pace(name, refused=True)
+            return self._login_form(
+                request, 429, f"Too many failed attempts. Try again in {seconds} s.", name)
         self.throttle.begin(name, address)
         try:
+            if hold > 0:
+                self._log_user_pace(name)
+                await deferLater(self.clock, hold, lambda: None)
             user = await self.run_in_thread(self.users.check_password, name, password)
+        except CancelledError:   # the browser went away while it waited
+            self.throttle.abandon(address)
+            raise
         except Exception:
             self.throttle.finish(name, address, False)
             raise
@@ -463,6 +477,27 @@ class Console:
         self._set_cookie(request, fresh.id)
         self.log.info("console: {name!r} logged in from {a}", name=user.name, a=address)
         raise Redirect(safe_next(self._param(request, "next")))
+
+    def _log_user_pace(self, name: str, refused: bool = False) -> None:
+        """One line per spell of failed logins for one user name from many
+        addresses, when its pacing starts (and one if an attempt is refused)."""
+        spell = self.throttle.user_spell(name, refused)
+        if spell is None:
+            return
+        failures, addresses, seconds = spell
+        shown = name[:64]
+        if refused:
+            self.log.warn("console: login for {name!r} refused: its password checks from "
+                          "new addresses are paced and the queue is {w:g} s long (more "
+                          "refusals in this spell are not logged)", name=shown,
+                          w=self.throttle.user_max_wait)
+            return
+        more = " or more" if addresses >= self.throttle.addresses_kept else ""
+        self.log.warn("console: {n} failed logins for {name!r} from {k}{more} addresses "
+                      "in {s:.0f} s: its password checks from addresses it has not logged "
+                      "in from now wait their turn, one every {p:g} s or more (until 15 "
+                      "minutes pass without a failure)", n=failures, name=shown,
+                      k=addresses, more=more, s=seconds, p=self.throttle.user_pace_now(name))
 
     @app.route("/logout", methods=["POST"])
     def logout(self, request: Any) -> bytes:
@@ -535,7 +570,7 @@ class Console:
                 raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
             return value
         return views.ClientFilters(
-            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "amqp")),
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")),
             user=self._param(request, "user")[:200], remote=self._param(request, "remote")[:200],
             kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
 
@@ -740,7 +775,7 @@ class Console:
     def subscriptions_page(self, request: Any) -> bytes:
         auth = self._require(request, api=False)
         args, page = self._subscriptions(request)
-        return self._render(request, "subscriptions.html", auth, nav="topics", page=page,
+        return self._render(request, "subscriptions.html", auth, nav="subscriptions", page=page,
                             args=args, groups=self._shared_groups())
 
     def _shared_groups(self) -> list[dict[str, Any]]:
@@ -802,13 +837,18 @@ class Console:
 
     @app.route("/queues/queue", methods=["GET"])
     def queue_page(self, request: Any) -> bytes:
+        """The page; ``partial=1`` its figures and groups (live, browsing nothing),
+        ``partial=messages`` its first page of messages (live)."""
         auth = self._require(request, api=False)
-        partial = self._flag(request, "partial")
-        detail = self._queue(request, browse=not partial)
+        messages = self._param(request, "partial") == "messages"
+        partial = messages or self._flag(request, "partial")
+        detail = self._queue(request, browse=messages or not partial)
         if detail is None and not partial:
             raise HTTPError(404, "no such queue")
-        return self._render(request, "_queue_live.html" if partial else "queue.html", auth,
-                            nav="queues", qd=detail, name=self._param(request, "name"))
+        template = ("_queue_messages.html" if messages else
+                    "_queue_live.html" if partial else "queue.html")
+        return self._render(request, template, auth, nav="queues", qd=detail,
+                            name=self._param(request, "name"))
 
     @app.route("/api/queues/queue", methods=["GET"])
     def queue_api(self, request: Any) -> bytes:

@@ -112,6 +112,7 @@ def queue_row(view: QueueView, rates: dict[str, float] | None) -> dict[str, Any]
         "retention": _retention(view.retention),
         "first_offset": view.first,
         "next_offset": view.next,
+        "in_storage_only": view.in_storage_only,   # bodies past --queue-memory-budget
     }
 
 
@@ -138,25 +139,34 @@ def find_queue(broker: Broker, name: str) -> QueueView | None:
 
 
 def _message_row(m: QueueMessageView) -> dict[str, Any]:
-    return {"offset": m.offset, "topic": m.topic, "size": len(m.payload),
+    # (a body in storage only, past --queue-memory-budget, is not read back to show it)
+    return {"offset": m.offset, "topic": m.topic,
+            "size": m.size if m.in_storage_only else len(m.payload),
             "timestamp": m.timestamp, "qos": m.qos, "publisher": m.publisher,
             "user_properties": [list(kv) for kv in m.user_properties],
-            "preview": payload_preview(m.payload)}
+            "in_storage_only": m.in_storage_only,
+            "preview": "(in storage only: not read back to show it)" if m.in_storage_only
+            else payload_preview(m.payload)}
 
 
 def queue_detail(broker: Broker, view: QueueView, rates: QueueRates, start: int,
                  limit: int, browse: bool = True) -> dict[str, Any]:
     """One queue: its figures, groups and a page of its messages from ``start``
-    (without ``browse`` no messages: the live region refreshes every second and
-    shows none, and a browse deep into a long log is not free)."""
+    (without ``browse`` no messages: the figures' live region refreshes every second
+    and shows none, and a browse deep into a long log is not free).
+
+    ``browse.head``: the page starts at the oldest message, so the page refreshes it
+    live (a browse from the head reads ``limit`` messages, whatever the log's
+    length); a page further on stays as loaded."""
     row = queue_row(view, rates.update([view], every=False).get(view.name))
     limit = min(max(1, limit), MAX_BROWSE)
-    start = max(start, view.first)
+    head = start <= view.first
+    start = min(max(start, view.first), view.next)
     messages = broker.browse_queue(view.name, start, limit) if browse else []
     row["group_list"] = [_group(g) for g in view.groups]
     row["messages"] = [_message_row(m) for m in messages]
     more = bool(messages) and len(messages) == limit and messages[-1].offset + 1 < view.next
-    row["browse"] = {"start": start, "limit": limit,
+    row["browse"] = {"start": start, "limit": limit, "head": head,
                      "next": messages[-1].offset + 1 if more else None}
     return row
 

@@ -93,6 +93,7 @@ def make_environment(now: Callable[[], float], directory: Path | None = None
     )
     env.filters["timestamp"] = _timestamp
     env.filters["ago"] = lambda t: duration(now() - t) if t else "—"
+    env.filters["until"] = lambda t: duration(t - now()) if t else "—"
     env.filters["duration"] = duration
     env.filters["num"] = _number
     env.filters["bytes"] = _bytes

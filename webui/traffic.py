@@ -21,7 +21,9 @@ from typing import Any, Protocol
 __all__ = ["TrafficSource", "ReportRunner", "SUMMARY_FILE", "NO_REPORT_HINT"]
 
 SUMMARY_FILE = "summary.json"
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
+# Versions the console reads: 1 differs only in its ``input`` keys, which it ignores.
+READABLE_VERSIONS = (1, 2)
 NO_REPORT_HINT = ("No report yet. Run mqttamqp-report --archive {archive} --out {report} "
                   "(pip install 'mqttamqp[report]' first).")
 
@@ -96,7 +98,7 @@ class TrafficSource:
             except (OSError, ValueError) as e:
                 error = f"cannot read {path}: {e}"
             else:
-                if not isinstance(data, dict) or data.get("version") != SUMMARY_VERSION:
+                if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
                     error = (f"{path} is not a version {SUMMARY_VERSION} report summary; "
                              "run the report again with this version")
                 else:

@@ -17,6 +17,7 @@ from twisted.internet.defer import Deferred
 
 from mqttamqp.core.userstore import ROLE_ADMIN, ROLES, User, UserStore, valid_username
 from webui.actions import ActionError, ActionResult
+from webui.auth import forget_initial_password
 
 __all__ = ["UserActions", "MIN_PASSWORD", "user_json"]
 
@@ -76,6 +77,7 @@ class UserActions:
         if self.store.get(name) is None:
             raise ActionError(404, f"no user {name!r}")
         await self.run_in_thread(self.store.set_password, name, password)
+        await self.run_in_thread(forget_initial_password, self.store.data_dir, name)
         self.audit(admin, "user_passwd", "password changed", name=name)
         return ActionResult(f"Changed the password of {name}.", {"changed": True})
 

@@ -226,6 +226,9 @@ def session_json(session: SessionView) -> dict[str, Any]:
         "dropped": session.dropped,
         "delivered": session.delivered,
         "inbound_qos2": list(session.inbound_qos2),
+        "expiry": session.expiry,
+        "expires_at": session.expires_at,
+        "never_expires": session.never_expires,
     }
 
 
@@ -279,7 +282,7 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 class ClientFilters:
     """The clients page's filters (all optional; "" means any)."""
 
-    protocol: str = ""       # "mqtt" (3.1 and 3.1.1), "mqtt3.1", "mqtt3.1.1" or "amqp"
+    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp"
     user: str = ""           # substring of the user name; "-" for clients without one
     remote: str = ""         # substring of host:port
     kind: str = ""           # "clean" or "persistent" (a session kept across connections)
@@ -458,6 +461,7 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
             "connected": c.connected,
             "mqtt31": c.by_protocol.get("mqtt3.1", 0),
             "mqtt311": c.by_protocol.get("mqtt3.1.1", 0),
+            "mqtt5": c.by_protocol.get("mqtt5", 0),
             "amqp": c.amqp_connections,
             "maximum": c.clients_maximum,
             "total": c.clients_total,
@@ -483,6 +487,10 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
         "health": {"storage": "failing" if c.storage_failing else "ok",
                    "storage_failures": c.storage_failures,
                    "storage_error": c.storage_error if c.storage_failing else ""},
+        # The durable queues' aggregate bounds (README, Durable queues).
+        "queues": {"state": "blocked" if c.queues_blocked else "ok",
+                   "blocked": c.queues_blocked, "stored_bytes": c.queue_bytes,
+                   "memory_bytes": c.queue_memory_bytes},
     }
     if include_storage:
         out["listeners"] = context.listeners()
@@ -536,7 +544,8 @@ MAX_TREE_ROWS = 500
 def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, Any]:
     """The level below ``prefix`` ("" is the root): one row per child with the
     messages and rate of everything under it, how many topics it holds, whether it
-    is itself a retained topic and how many subscribers a message on it reaches."""
+    is itself a retained topic, how many retained topics lie below it and how many
+    subscribers a message on it reaches."""
     counts_view = model.topic_counts()
     counts = dict(counts_view.counts)
     per_topic_rate = rates.update(counts)
@@ -557,12 +566,14 @@ def topic_tree(model: ReadModel, prefix: str, rates: TopicRates) -> dict[str, An
                 continue
             node = nodes[name] = {"name": name, "path": base + name, "messages": 0,
                                   "rate": 0.0, "topics": 0, "retained": False,
-                                  "leaf": False, "children": False}
+                                  "retained_below": 0, "leaf": False, "children": False}
         node["messages"] += counts.get(topic, 0)
         node["rate"] += per_topic_rate.get(topic, 0.0)
         node["topics"] += 1
         if sep:
             node["children"] = True
+            if topic in retained:
+                node["retained_below"] += 1
         else:
             node["leaf"] = True
             node["retained"] = topic in retained

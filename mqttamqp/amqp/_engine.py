@@ -5,7 +5,20 @@ proton's Python classes wrap every event, link and delivery in fresh objects
 sending one, reading an outcome — uses the C functions on raw pointers instead.
 Raw pointers are only touched while their connection's engine is alive: links
 check ``closed`` first, and a delivery answered after a commit is held with
-``pn_incref`` until then.  Everything that is not per message uses the classes.
+``pn_incref`` until then.  Everything that is not per message uses the classes,
+except where the classes would raise on a peer's bytes or keep objects alive:
+
+* error conditions (``condition``, ``describe``): proton's classes decode a
+  condition's name and description whole on access and raise
+  ``UnicodeDecodeError`` on bytes that are not UTF-8 — a peer's own, or proton's
+  text quoting them ("link name already attached: <the peer's bytes>").  Read
+  here, they are escaped, never raised;
+* closing an endpoint with a condition (``close_with``): through the classes the
+  ``Condition`` object stays in the endpoint's Python attributes until proton
+  frees it;
+* freeing a link (``free_link``) once both ends have closed it: proton keeps every
+  link until then, so a connection that attaches and detaches links for ever
+  would grow for ever.
 
 What it must not do: anything but thin calls; no state.
 """
@@ -21,7 +34,7 @@ from proton import Event
 __all__ = [
     "EV_LINK_FLOW", "EV_TRANSPORT", "ffi", "next_event", "pop_event", "event_type",
     "event_delivery", "event_link", "delivery_link", "recv", "output", "tick", "lib",
-    "NULL",
+    "NULL", "condition", "describe", "close_with", "free_link",
 ]
 
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
@@ -86,3 +99,44 @@ def output(transport: Any) -> bytes | None:
 def tick(transport: Any, now: float) -> float:
     """``Transport.tick``: the deadline of the transport's next timer (0: none)."""
     return float(_transport_tick(transport, int(now * 1000))) / 1000.0
+
+
+def _text(ptr: Any) -> str:
+    """A C string of proton's, with any bytes that are not UTF-8 escaped."""
+    if ptr == NULL:
+        return ""
+    raw: bytes = ffi.string(ptr)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def condition(cond: Any) -> tuple[str, str] | None:
+    """``(name, description)`` of a proton ``pn_condition_t``, or None if it is not
+    set; never raises on bytes that are not UTF-8 (they are escaped)."""
+    if cond == NULL or not lib.pn_condition_is_set(cond):
+        return None
+    return _text(lib.pn_condition_get_name(cond)), _text(lib.pn_condition_get_description(cond))
+
+
+def describe(cond: Any) -> str | None:
+    """``name: description`` of a condition (``condition``), or None if not set."""
+    both = condition(cond)
+    if both is None:
+        return None
+    name, description = both
+    return f"{name}: {description}" if description else name
+
+
+def close_with(endpoint: Any, cond: Any, close: Callable[[Any], None], name: str,
+               description: str) -> None:
+    """Close a proton endpoint (``close`` of ``endpoint``, e.g. ``pn_link_close``)
+    with an error condition set straight in the engine (``cond``, its
+    ``pn_..._condition``)."""
+    lib.pn_condition_set_name(cond, name.encode())
+    lib.pn_condition_set_description(cond, description.encode())
+    close(endpoint)
+
+
+def free_link(link: Any) -> None:
+    """Let proton free ``link`` (a raw ``pn_link_t``) once it is closed at both ends;
+    the engine keeps it until its last frame is written."""
+    lib.pn_link_free(link)

@@ -3,8 +3,9 @@ which ``links``/``services`` class serves it.
 
 What it owns: the dispatch from (role, address kind) to a link class, checking
 the address (topic names and filters, session permissions) and refusing a link
-it cannot serve with a condition that says why (the connection stays open); the
-settle modes the broker answers with (the ones asked for, reported truly).
+it cannot serve with a condition that says why (the connection stays open; the
+log has a line per refusal, at most ``REFUSALS_LOGGED`` a minute per condition);
+the settle modes the broker answers with (the ones asked for, reported truly).
 
 What it must not do: pump the engine (``listener``) or serve the link once it is
 attached (``links``, ``services``).
@@ -17,9 +18,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from proton import Condition, Data, Terminus, symbol
+from proton import Data, Terminus, symbol
 from twisted.logger import Logger
 
+from mqttamqp.amqp._engine import close_with, lib
 from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
 from mqttamqp.amqp.links import (
     BrokerLink,
@@ -37,14 +39,21 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.core.queues import Consumer, is_queue_topic
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.router import DYNAMIC_PREFIX
 from mqttamqp.core.topics import topic_size_problem, validate_topic_filter, validate_topic_name
 
-__all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY"]
+__all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY", "RESOURCE_LIMIT",
+           "REFUSALS_LOGGED"]
 
 TOPIC_CAPABILITY = "topic"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+# Log lines a minute for the refusals of one condition, of all connections: enough
+# to see why an application's links are refused, not a line per attach of a peer
+# that attaches refused links in a loop.
+REFUSALS_LOGGED = 20
 
 _log = Logger(namespace="mqttamqp.amqp.listener.AMQPConnection")
 
@@ -56,14 +65,28 @@ class AttachHost(LinkHost, Protocol):
     @property
     def requests(self) -> SessionRequests: ...
 
+    @property
+    def refusal_log(self) -> LogLimiter: ...
 
-def refuse_link(host: AttachHost, plink: Any, condition: str, description: str) -> None:
-    """Answer the attach with a null terminus, then detach with the reason."""
-    _log.info("refused link {n} from {c} ({peer}): {cond}: {d}", n=_safe_name(plink),
-              c=host.container_id or "?", peer=host.peer, cond=condition, d=description)
-    plink.open()
-    plink.condition = Condition(condition, description)
-    plink.close()
+
+def refuse_link(host: AttachHost, plink: Any, condition: str, description: str,
+                logged: bool = True) -> None:
+    """Answer the attach with a null terminus, then detach with the reason (logged
+    unless ``logged`` is false: the caller logs its cause its own way)."""
+    if logged:
+        held = host.refusal_log.allow(condition)
+        if held is not None:
+            _log.info("refused link {n} from {c} ({peer}): {cond}: {d}{more}",
+                      n=_safe_name(plink), c=host.container_id or "?", peer=host.peer,
+                      cond=condition, d=description,
+                      more=f" ({held} more refused with {condition} since the last such "
+                      "line)" if held else "")
+    impl = plink._impl
+    lib.pn_link_open(impl)
+    # (set in the engine, not as ``plink.condition``: proton would keep that object
+    # in the link's Python attributes for as long as the link is held)
+    close_with(impl, lib.pn_link_condition(impl), lib.pn_link_close, condition,
+               description)
 
 
 def _safe_name(plink: Any) -> str:
@@ -124,8 +147,9 @@ def attach(host: AttachHost, plink: Any) -> None:
         if problem is not None:
             del host.links[link.impl]
             link.closed = True
-            plink.condition = Condition("amqp:unauthorized-access", problem)
-            plink.close()
+            impl = plink._impl
+            close_with(impl, lib.pn_link_condition(impl), lib.pn_link_close,
+                       "amqp:unauthorized-access", problem)
             return
     link.start()
 

@@ -23,6 +23,11 @@ What it must not do: pump the engine or write to the socket (``LinkHost`` does),
 or hold routing rules (the core does).  Proton never sends without credit: a
 delivery made while the peer gave none waits inside the engine, and the bounds
 here keep that wait finite.
+
+A link is held for as long as the peer keeps it attached, thousands per broker
+(``--amqp-max-links-total``), so it is small: slotted classes, no per-link
+closures, and what only some links use (unsettled deliveries, packet ids sent)
+made on first use (``bench/linkmem.py`` measures it).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import ffi, lib, recv
+from mqttamqp.amqp._engine import close_with, condition, ffi, lib, recv
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
@@ -58,6 +63,7 @@ from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.connections import LinkInfo
+from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues import (
@@ -255,6 +261,17 @@ class LinkHost(Protocol):
 class BrokerLink:
     """One attached link and what it is for."""
 
+    __slots__ = (
+        "_partial",
+        "address",
+        "broker",
+        "closed",
+        "delivered",
+        "host",
+        "impl",
+        "name",
+        "plink",
+    )
     log = Logger()
     role = ""                            # "sender" or "receiver", from the broker's side
 
@@ -267,6 +284,7 @@ class BrokerLink:
         self.broker = host.broker
         self.closed = False
         self.delivered = 0
+        self._partial = 0   # bytes of an unfinished incoming message (IncomingLink)
 
     def start(self) -> None:
         """Called once the attach has been answered."""
@@ -276,8 +294,6 @@ class BrokerLink:
 
     def on_flow(self) -> None:
         """The peer's flow frame on this link."""
-
-    _partial = 0   # bytes of an unfinished incoming message (IncomingLink)
 
     def end(self, brute: bool, reason: str) -> None:
         """The link is gone (detach, end, close or lost connection); idempotent."""
@@ -297,8 +313,9 @@ class BrokerLink:
         self.end(True, description)
         self.host.forget_link(self)
         try:
-            self.plink.condition = Condition(condition, description)
-            self.plink.close()
+            impl = self.impl
+            close_with(impl, lib.pn_link_condition(impl), lib.pn_link_close, condition,
+                       description)
         finally:
             self.host.schedule_flush()
 
@@ -319,6 +336,7 @@ class BrokerLink:
 # -- broker → peer ---------------------------------------------------------------------
 
 class OutgoingLink(BrokerLink):
+    __slots__ = ("_awaiting", "_over_credit_bytes", "_tag", "mixed", "presettled")
     role = "sender"
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
@@ -326,11 +344,16 @@ class OutgoingLink(BrokerLink):
         mode = plink.snd_settle_mode
         self.presettled = mode == Link.SND_SETTLED
         self.mixed = mode == Link.SND_MIXED
-        self._tags = itertools.count(1)
+        self._tag = 0             # the last delivery tag number made (``next_tag``)
         self._over_credit_bytes = 0
         # Unsettled deliveries whose outcome matters, by their (live) pointer: a packet
         # id, or its complement (< 0) for a PUBREL.  Cheaper than reading tags back.
-        self._awaiting: dict[Any, int] = {}
+        # Made on the first (a receiver of QoS 0 or pre-settled only never needs it).
+        self._awaiting: dict[Any, int] | None = None
+
+    def next_tag(self) -> int:
+        self._tag += 1
+        return self._tag
 
     def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
         impl = self.impl
@@ -346,12 +369,23 @@ class OutgoingLink(BrokerLink):
         if settled:
             _delivery_settle(dlv)
         elif key is not None:
-            self._awaiting[dlv] = key
+            awaiting = self._awaiting
+            if awaiting is None:
+                awaiting = self._awaiting = {}
+            awaiting[dlv] = key
         self.delivered += 1
         stats = self.broker.stats
         stats.messages_sent += 1   # (bytes are counted per socket write)
         stats.messages_sent_amqp += 1
         self.host.schedule_flush()
+
+    @property
+    def credit_room(self) -> bool:
+        """The peer's credit covers one more message (beyond those waiting for it):
+        the core feeds retained messages, and shared groups their QoS 0 ones, only
+        then (``Session.has_room``)."""
+        impl = self.impl
+        return bool(_link_credit(impl) > _link_queued(impl))
 
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
@@ -383,7 +417,8 @@ class OutgoingLink(BrokerLink):
         failed = state == MODIFIED and bool(
             _disposition_is_failed(_delivery_remote(dlv)))
         reason = _rejected_reason(dlv) if state == REJECTED else None
-        key = self._awaiting.pop(dlv, None)
+        awaiting = self._awaiting
+        key = awaiting.pop(dlv, None) if awaiting else None
         _delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
             self.outcome(key, state, failed, reason)
@@ -395,14 +430,13 @@ class OutgoingLink(BrokerLink):
 
 def _rejected_reason(dlv: Any) -> str | None:
     """The error description of the peer's Rejected outcome on ``dlv`` (a durable
-    queue dead-letters with it); None if it gave none or it is not UTF-8."""
-    try:
-        condition = Delivery.wrap(dlv).remote.condition  # type: ignore[no-untyped-call]
-        if condition is None:
-            return None
-        return str(condition.description or condition.name or "") or None
-    except UnicodeDecodeError:
+    queue dead-letters with it), bytes that are not UTF-8 escaped; None if it gave
+    none."""
+    both = condition(lib.pn_disposition_condition(_delivery_remote(dlv)))
+    if both is None:
         return None
+    name, description = both
+    return description or name or None
 
 
 # The key of an unsettled QoS 1/2 delivery (``OutgoingLink._awaiting``): its packet
@@ -421,7 +455,7 @@ _OUTCOMES: dict[int, Outcome] = {
 class _SessionLink(OutgoingLink):
     """Delivers a core ``Session`` to the peer (the ``ClientLink`` of the core)."""
 
-    session: Session | None = None
+    __slots__ = ("_backlog", "_sent", "congested", "session")
     # Messages from AMQP senders go out as they were sent (a native receiver), not
     # as the contract's AMQP_PUBLISH with the MQTT payload (an FE).
     native = False
@@ -431,7 +465,10 @@ class _SessionLink(OutgoingLink):
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
-        self._sent: set[int] = set()     # packet ids transmitted on this link, unsettled
+        self.session: Session | None = None
+        # Packet ids transmitted on this link, unsettled; made on the first (QoS 0
+        # and pre-settled receivers never need it).
+        self._sent: set[int] | None = None
         self._backlog = 0
         # ClientLink.congested: closed, or the socket's buffer is full.  Credit is
         # not congestion: a receiver without credit gets nothing (the engine holds at
@@ -464,9 +501,12 @@ class _SessionLink(OutgoingLink):
             if dup and session is not None:
                 # (a failed attempt marks the entry dup: a first send has none)
                 count += session.delivery_failures(packet_id)
-            if dup and packet_id not in self._sent:
+            sent = self._sent
+            if sent is None:
+                sent = self._sent = set()
+            if dup and packet_id not in sent:
                 count += 1  # sent on an earlier connection: a failed attempt
-            self._sent.add(packet_id)
+            sent.add(packet_id)
         elif self.over_credit_full():
             if session is not None:
                 self.broker.dropped(session, message.topic)
@@ -504,7 +544,7 @@ class _SessionLink(OutgoingLink):
             self._backlog += len(data)
         if packet_id is None:
             settled = self.presettled or self.mixed
-            self.transfer(b"s" if settled else b"z%d" % next(self._tags), data, settled)
+            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled)
             return
         self.transfer(b"%d" % packet_id, data, self.presettled,
                       packet_id if qos == 1 else packet_id | _QOS2)
@@ -540,7 +580,8 @@ class _SessionLink(OutgoingLink):
             return
         # Accepted, the usual outcome: ``on_delivery``, ``outcome`` and ``_finished``
         # of that case in one.
-        key = self._awaiting.pop(dlv, None)
+        awaiting = self._awaiting
+        key = awaiting.pop(dlv, None) if awaiting else None
         _delivery_settle(dlv)  # its address may be reused from here on
         if key is None:
             return
@@ -550,14 +591,17 @@ class _SessionLink(OutgoingLink):
         session = self.session
         if session is None or self.closed:
             return
+        sent = self._sent
         if key & _QOS2:
             key ^= _QOS2
-            self._sent.discard(key)
+            if sent is not None:
+                sent.discard(key)
             self.broker.settle(session, key, _ACCEPTED_OUTCOME)
             return
         # QoS 1: what ``Broker.settle`` does with Accepted on one, without asking
         # the session again (``Session.acknowledge`` checks the id is QoS 1 in flight).
-        self._sent.discard(key)
+        if sent is not None:
+            sent.discard(key)
         self.broker.acknowledged(session, key)
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
@@ -571,9 +615,10 @@ class _SessionLink(OutgoingLink):
         session = self.session
         if session is None or self.closed:
             return
-        if self.queue or (state != RELEASED and state != MODIFIED):
+        sent = self._sent
+        if sent is not None and (self.queue or (state != RELEASED and state != MODIFIED)):
             # (a queue's redelivery is a new delivery: its packet id is free again)
-            self._sent.discard(packet_id)
+            sent.discard(packet_id)
         self.broker.settle(session, packet_id, _OUTCOMES.get(state, Outcome.ACCEPTED), failed,
                            reason)
 
@@ -608,6 +653,7 @@ class _SessionLink(OutgoingLink):
 class TopicSubscription(_SessionLink):
     """A receiver whose source is a topic filter: every matching message."""
 
+    __slots__ = ("key", "reserved")
     native = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
@@ -635,6 +681,8 @@ class TopicSubscription(_SessionLink):
 
 class SessionOutlet(_SessionLink):
     """A receiver on ``$mqtt.to.<id>.publish``: the session of that client id."""
+
+    __slots__ = ("active", "client_id", "opening")
 
     def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)
@@ -685,10 +733,10 @@ class SessionOutlet(_SessionLink):
         self.session = None
         self.active = False
         self.opening = False
-        self._sent.clear()
+        self._sent = None
         # Its unsettled deliveries belong to the old session: an outcome for one of
         # them must not name a packet id of the next session (ids start again).
-        self._awaiting.clear()
+        self._awaiting = None
 
     def ended(self, brute: bool, reason: str) -> None:
         self.host.requests.publish_detached(self)
@@ -700,6 +748,8 @@ class SessionOutlet(_SessionLink):
 class ControlOutlet(OutgoingLink):
     """A receiver on ``$mqtt.to.<id>.control``: replies of the subscription service."""
 
+    __slots__ = ("client_id",)
+
     def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)
         self.client_id = client_id
@@ -708,7 +758,7 @@ class ControlOutlet(OutgoingLink):
         self.host.register_control(self)
 
     def send(self, data: bytes) -> None:
-        self.transfer(b"c%d" % next(self._tags), data, self.presettled)
+        self.transfer(b"c%d" % self.next_tag(), data, self.presettled)
 
     def ended(self, brute: bool, reason: str) -> None:
         self.host.unregister_control(self)
@@ -719,20 +769,33 @@ class ControlOutlet(OutgoingLink):
 class IncomingLink(BrokerLink):
     """A link the peer sends on.  Subclasses implement ``on_message``."""
 
+    __slots__ = (
+        "_owed",
+        "_refill",
+        "blocked",
+        "max_size",
+        "outstanding",
+        "queues_blocked",
+        "rate_blocked",
+        "rejected",
+        "second",
+        "window",
+    )
     role = "receiver"
-    window = 100   # the most credit the peer holds at a time
+    max_window = 100   # the most credit the peer holds at a time
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
         # Credit stops at a subscriber's high-water mark (half its queue bound), but
         # what was granted may still arrive: keep the window within the other half,
         # so one sender cannot overflow a congested subscriber's queue.
-        self.window = max(1, min(self.window, host.limits.max_queued_messages // 2))
+        self.window = max(1, min(self.max_window, host.limits.max_queued_messages // 2))
         self._refill = max(1, self.window // 2)   # credit is topped up in steps of this
         self.second = plink.rcv_settle_mode == Link.RCV_SECOND
         self.outstanding = 0         # received, not yet answered
         self.blocked = False         # withholding credit (subscribers past high water)
         self.rate_blocked = False    # withholding credit (over the publish rate)
+        self.queues_blocked = False  # withholding credit (durable queues full on disk)
         self.rejected = 0
         self.max_size = host.limits.max_packet_size
         # The credit the window still owes the peer (window - outstanding - credit),
@@ -748,7 +811,7 @@ class IncomingLink(BrokerLink):
         self.top_up()
 
     def top_up(self) -> None:
-        if self.closed or self.blocked or self.rate_blocked:
+        if self.closed or self.blocked or self.rate_blocked or self.queues_blocked:
             return
         impl = self.impl
         want = self.window - self.outstanding
@@ -903,14 +966,25 @@ class IncomingLink(BrokerLink):
 
     # credit and back-pressure --------------------------------------------------------
 
-    def block_until_drained(self, sessions: Sequence[Session]) -> None:
-        """``sessions`` fed by this link are past their high-water mark: no more credit
-        until they drain."""
+    def block_until_drained(self, sessions: Sequence[Congestible]) -> None:
+        """``sessions`` (or shared groups) fed by this link are past their high-water
+        mark: no more credit until they drain."""
         self.broker.pause_until_drained(id(self), self._unblock, sessions)
         self.blocked = True
 
     def _unblock(self) -> None:
         self.blocked = False
+        if not self.closed:
+            self.top_up()
+
+    def block_until_queues_writable(self) -> None:
+        """The durable queues are full on disk: no more credit until they have room
+        (what the peer still holds may arrive meanwhile)."""
+        self.queues_blocked = True
+        self.broker.when_queues_writable(id(self), self._queues_writable)
+
+    def _queues_writable(self) -> None:
+        self.queues_blocked = False
         if not self.closed:
             self.top_up()
 
@@ -921,13 +995,18 @@ class IncomingLink(BrokerLink):
 class TopicPublisher(IncomingLink):
     """A sender to a topic address, or to the null address with ``to`` on each message."""
 
+    __slots__ = ("_held", "_memo", "_rate_timer", "_route", "_warned_amqp_only", "topic")
+
     def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
         super().__init__(host, plink, topic or "")
         self.topic = topic
-        self._held: dict[Any, Message] = {}
+        # Exactly-once messages Accepted and not yet settled by the sender (made on
+        # the first: only rcv-settle-mode second has any).
+        self._held: dict[Any, Message] | None = None
         self._warned_amqp_only = False
         self._rate_timer: Any = None
-        self._memo = PublishMemo()    # this sender's sections before the body
+        # This sender's sections before the body (made with its first message).
+        self._memo: PublishMemo | None = None
         # What those sections meant for the last message (a memo hit): its fields
         # (the memo's, by identity), topic, whether a durable queue's, and the head
         # and cut of its native form (``native_parts``).
@@ -935,6 +1014,8 @@ class TopicPublisher(IncomingLink):
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
         memo = self._memo
+        if memo is None:
+            memo = self._memo = PublishMemo()
         payload = recall_publish(data, presettled, memo)
         if payload is not None:
             fields: PublishFields = memo.fields  # type: ignore[assignment]
@@ -996,7 +1077,10 @@ class TopicPublisher(IncomingLink):
             if not broker.may_publish(host.identity, topic, routed.retain):
                 self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
                 return
-            self._held[dlv] = routed
+            held = self._held
+            if held is None:
+                held = self._held = {}
+            held[dlv] = routed
             self.answer(dlv, ACCEPTED)
             self.outstanding += 1
             return
@@ -1011,6 +1095,8 @@ class TopicPublisher(IncomingLink):
         broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
+        if result.blocked:
+            self.block_until_queues_writable()
         if host.publish_rate is not None:
             self._charge(routed)
         if presettled:
@@ -1092,7 +1178,8 @@ class TopicPublisher(IncomingLink):
             self.top_up()
 
     def on_remote_settled(self, dlv: Any) -> None:
-        routed = self._held.pop(dlv, None)
+        held = self._held
+        routed = held.pop(dlv, None) if held else None
         _delivery_settle(dlv)
         if routed is None or self.closed:
             return
@@ -1102,6 +1189,8 @@ class TopicPublisher(IncomingLink):
         self.broker.stats.messages_received_amqp += 1
         if result.congested:
             self.block_until_drained(result.congested)
+        if result.blocked:
+            self.block_until_queues_writable()
         self._charge(routed)
         self.host.schedule_flush()
 
@@ -1113,4 +1202,4 @@ class TopicPublisher(IncomingLink):
         if self._held:
             self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
                           "sender; not routed", n=len(self._held), a=self.address)
-        self._held.clear()
+        self._held = None

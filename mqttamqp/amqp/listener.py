@@ -12,7 +12,18 @@ brute disconnect (wills fire) unless the peer closed cleanly.
 
 Proton's own reactor is not used.  Every buffer proton hands out is copied.  An
 exception raised while handling the peer's input is logged and closes this
-connection only (``amqp:internal-error``); it never reaches Twisted.
+connection only (``amqp:internal-error``); it never reaches Twisted.  A string the
+peer sent that is not valid UTF-8 is the peer's error, not ours: proton's classes
+raise ``UnicodeDecodeError`` when one is read, and wherever that happens while
+handling the peer's frames the connection is closed with ``amqp:decode-error`` and
+one line a minute is logged for that cause (``_undecodable``); error conditions
+are read through ``_engine.describe``, which escapes such bytes instead.
+
+Links are bounded per connection (``--amqp-max-links``: beyond, the connection is
+closed) and in all (``--amqp-max-links-total``: beyond, the attach is refused with
+``amqp:resource-limit-exceeded``, one log line per episode).  Both count every link
+proton holds, refused ones too, until the peer detaches it; a link closed at both
+ends is freed (proton would keep it until the connection ends).
 
 What it must not do: decode message bodies (``codec``), hold routing rules (the
 core), or block the reactor (passwords are checked off the reactor thread by the
@@ -26,7 +37,16 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar
 
-from proton import Collector, Condition, Connection, Endpoint, Event, SymbolList, Transport
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Endpoint,
+    Event,
+    Link,
+    SymbolList,
+    Transport,
+)
 from proton import symbol as amqp_symbol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
@@ -39,16 +59,18 @@ from mqttamqp.amqp._engine import (
     EV_LINK_FLOW,
     EV_TRANSPORT,
     delivery_link,
+    describe,
     event_delivery,
     event_link,
     event_type,
+    free_link,
     lib,
     next_event,
     output,
     pop_event,
     tick,
 )
-from mqttamqp.amqp.attach import attach
+from mqttamqp.amqp.attach import REFUSALS_LOGGED, RESOURCE_LIMIT, attach, refuse_link
 from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
     BrokerLink,
@@ -88,7 +110,8 @@ from mqttamqp.core.recorder import (
 from mqttamqp.netio import plain_tcp, send
 from mqttamqp.tls import verified_common_name
 
-__all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT"]
+__all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT",
+           "refusal_margin"]
 
 DEFAULT_IDLE_TIMEOUT = 60.0
 CONTAINER_ID = "mqttamqp"
@@ -107,6 +130,7 @@ class ConnectionState(Enum):
 # (an Enum member read from its class runs the metaclass's __getattr__ hook on
 # Python 3.11: these are read per socket read)
 _OPEN, _OPENING, _CLOSED = ConnectionState.OPEN, ConnectionState.OPENING, ConnectionState.CLOSED
+_LINK_REMOTE_DETACH: int = _E.LINK_REMOTE_DETACH.number
 
 
 @implementer(IPushProducer)
@@ -154,8 +178,12 @@ class AMQPConnection(Protocol):
         self._closed_by_broker = False      # close(): the console (or a takeover) ended it
         self._closing = False
         # Links the peer attached and has not detached (any kind, refused ones too:
-        # proton keeps each until then), with their session (ending one ends them).
-        self._attached: dict[Any, Any] = {}
+        # proton keeps each until then); counted, not listed (a count costs nothing
+        # per link).  The factory keeps the total of all connections.
+        self.links_held = 0
+        # Links and sessions closed at both ends, freed once this pump's output is out.
+        self._free_links: list[Any] = []
+        self._free_sessions: list[Any] = []
         # The connection's publish budget (None: not limited), shared by its senders.
         self.publish_rate = self.broker.publish_rate()
         self._debug_timer: DelayedCall | None = None   # frames logged until it fires
@@ -207,6 +235,9 @@ class AMQPConnection(Protocol):
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
         self.state = ConnectionState.CLOSED
+        self._hold_links(-self.links_held)
+        self._free_links.clear()
+        self._free_sessions.clear()    # (the engine frees them with the connection)
         self._cancel_timers()
         why = self._lost_reason or ("connection lost: " + (
             reason.getErrorMessage() if reason is not None else "unknown"))
@@ -328,6 +359,12 @@ class AMQPConnection(Protocol):
             del self.factory.will_links[link.name]
             return True
         return False
+
+    @property
+    def refusal_log(self) -> LogLimiter:
+        """Log lines of refused links, limited per condition (``attach``)."""
+        log: LogLimiter = self.factory.refusal_log
+        return log
 
     # -- console (InspectableConnection) ------------------------------------------------
 
@@ -511,11 +548,30 @@ class AMQPConnection(Protocol):
                 if not next_event(col) and not self._after:
                     break
             self._write_output()
+            if self._free_links or self._free_sessions:
+                self._free_closed()
+        except UnicodeDecodeError as exc:
+            self._pumping = False
+            self._undecodable(f"a string that is not valid UTF-8 ({exc.reason} at byte "
+                              f"{exc.start})")
         except Exception:
             self._pumping = False
             self._internal_error(Failure())
         finally:
             self._pumping = False
+
+    def _free_closed(self) -> None:
+        """Free the links and sessions closed at both ends (their last frames are
+        written): proton keeps them until the connection ends otherwise.  Links
+        first: freeing a session frees the links it still has."""
+        links, self._free_links = self._free_links, []
+        sessions, self._free_sessions = self._free_sessions, []
+        if self.pconn is None:
+            return
+        for impl in links:
+            free_link(impl)
+        for impl in sessions:
+            lib.pn_session_free(impl)
 
     def _on_event(self, event: Any) -> None:
         """Any event but a delivery's (``_pump``)."""
@@ -527,7 +583,10 @@ class AMQPConnection(Protocol):
         elif etype != EV_TRANSPORT:
             handler = self._handlers.get(etype)
             if handler is not None:
-                handler(self, Event.wrap(event))  # type: ignore[no-untyped-call]
+                # (the raw event: ``Event.wrap`` makes a wrapper of the link, session,
+                # connection and transport for every event, which a link's attach
+                # need not pay for)
+                handler(self, event)
 
     def _tick(self) -> None:
         now = self.clock.seconds()
@@ -587,6 +646,26 @@ class AMQPConnection(Protocol):
             self.log.failure("while closing after an internal error", Failure())
             self.state = ConnectionState.CLOSED
             self.transport.abortConnection()
+
+    def _undecodable(self, what: str) -> None:
+        """The peer sent a string that is not valid UTF-8 where it must be (``what``
+        says which, or where it was met): closed with ``amqp:decode-error``, counted
+        as a protocol error, one log line a minute for this cause however many
+        connections do it."""
+        self._lost_reason = f"protocol error ({what})"
+        self.state = ConnectionState.CLOSED    # (what the peer sent after it is ignored)
+        held = self.factory.log_limit.allow("not UTF-8")
+        if held is not None:
+            self.log.info("AMQP connection of {c} ({peer}) sent {what}; closing it with "
+                          "amqp:decode-error{more}", c=self.container_id or "?",
+                          peer=self.peer, what=what,
+                          more=f" ({held} more closed for this cause since the last such "
+                          "line)" if held else "")
+        try:
+            self._end_links(brute=True, reason=self._lost_reason)
+            self._close_engine("amqp:decode-error", f"{what}")
+        except Exception:
+            self._internal_error(Failure())
 
     def _close_engine(self, condition: str, description: str) -> None:
         pconn = self.pconn
@@ -680,10 +759,7 @@ class AMQPConnection(Protocol):
         try:
             self.container_id = pconn.remote_container or ""
         except UnicodeDecodeError:
-            self.log.info("AMQP connection from {peer} refused: its container id is not "
-                          "valid UTF-8", peer=self.peer)
-            self._lost_reason = "protocol error (container id not UTF-8)"
-            self._close_engine("amqp:decode-error", "the container id is not valid UTF-8")
+            self._undecodable("a container id that is not valid UTF-8")
             return
         banned = self.broker.banned("AMQP", self.container_id, self.username, self.peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
@@ -708,68 +784,108 @@ class AMQPConnection(Protocol):
 
     def _on_connection_remote_close(self, event: Any) -> None:
         pconn = self.pconn
-        condition = pconn.remote_condition
+        condition = describe(lib.pn_connection_remote_condition(pconn._impl))
         self._peer_closed = condition is None
         reason = ("connection closed by the peer" if condition is None else
-                  f"connection closed by the peer with {_describe(condition)}")
+                  f"connection closed by the peer with {condition}")
         self._lost_reason = reason
         self._end_links(brute=condition is not None, reason=reason)
         if not (pconn.state & Endpoint.LOCAL_CLOSED):
             pconn.close()
 
     def _on_session_remote_open(self, event: Any) -> None:
-        event.session.open()
+        lib.pn_session_open(lib.pn_event_session(event))
 
     def _on_session_remote_close(self, event: Any) -> None:
-        session = event.session
-        for impl in [i for i, s in self._attached.items() if s == session]:
-            del self._attached[impl]
-        condition = session.remote_condition
+        if self.state is _CLOSED:
+            return   # (the connection's end ends everything)
+        simpl = lib.pn_event_session(event)
+        # Its links still attached are gone with it (those detached were counted
+        # out; one detached without closing stays remotely active until freed).
+        gone = 0
+        active = Endpoint.REMOTE_ACTIVE
+        freeing = self._free_links
+        plink = lib.pn_link_head(self.pconn._impl, active)
+        while plink:
+            if lib.pn_link_session(plink) == simpl and plink not in freeing:
+                gone += 1
+            plink = lib.pn_link_next(plink, active)
+        self._hold_links(-gone)
+        condition = describe(lib.pn_session_remote_condition(simpl))
         reason = ("session ended by the peer" if condition is None else
-                  f"session ended by the peer with {_describe(condition)}")
+                  f"session ended by the peer with {condition}")
         for impl, link in list(self.links.items()):
-            plink = link.plink
-            if plink.session == session:
+            if lib.pn_link_session(impl) == simpl:
                 del self.links[impl]
                 link.end(condition is not None, reason)
-                if not (plink.state & Endpoint.LOCAL_CLOSED):
-                    plink.close()
-        if not (session.state & Endpoint.LOCAL_CLOSED):
-            session.close()
+                if not (lib.pn_link_state(impl) & Endpoint.LOCAL_CLOSED):
+                    lib.pn_link_close(impl)
+        if not (lib.pn_session_state(simpl) & Endpoint.LOCAL_CLOSED):
+            lib.pn_session_close(simpl)
+        # (frees the links it still has, ours and refused ones)
+        self._free_sessions.append(simpl)
 
     def _on_link_remote_open(self, event: Any) -> None:
         if self.state is ConnectionState.CLOSED:
             return
-        plink = event.link
-        self._attached[plink._impl] = plink.session
-        if len(self._attached) > self.limits.amqp_max_links:
-            # Refused links count too: proton keeps each until the peer detaches it.
+        plink = Link.wrap(event_link(event))  # type: ignore[no-untyped-call]
+        # Refused links count too: proton keeps each until the peer detaches it.
+        self._hold_links(1)
+        limits = self.limits
+        if self.links_held > limits.amqp_max_links:
             self.broker.stats.limit_hit("amqp_links")
             self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
                           "(--amqp-max-links); closing it", c=self.container_id or "?",
-                          peer=self.peer, n=self.limits.amqp_max_links)
-            self._lost_reason = "too many links"
-            self._end_links(brute=True, reason="too many links")
-            self._close_engine("amqp:resource-limit-exceeded",
-                               f"more than {self.limits.amqp_max_links} links on one "
-                               "connection")
+                          peer=self.peer, n=limits.amqp_max_links)
+            self._too_many_links(f"more than {limits.amqp_max_links} links on one "
+                                 "connection")
+            return
+        total = self.factory.links_held
+        if total > limits.amqp_max_links_total:
+            self.broker.stats.limit_hit("amqp_links_total")
+            self.factory.links_full()
+            if total > refusal_margin(limits):
+                # Refused links are held until their peers detach them (a
+                # well-behaved peer does at once, even one that sent a burst of
+                # attaches): past this margin this peer is closed, not refused.
+                self._too_many_links(f"more than {limits.amqp_max_links_total} links "
+                                     "attached in all, and refused ones not detached")
+                return
+            refuse_link(self, plink, RESOURCE_LIMIT,
+                        f"more than {limits.amqp_max_links_total} links attached to this "
+                        "broker in all (--amqp-max-links-total)", logged=False)
             return
         attach(self, plink)
 
+    def _too_many_links(self, description: str) -> None:
+        self._lost_reason = "too many links"
+        self._end_links(brute=True, reason="too many links")
+        self._close_engine(RESOURCE_LIMIT, description)
+
+    def _hold_links(self, delta: int) -> None:
+        """Links held by this connection changed by ``delta`` (and so the total)."""
+        if delta:
+            self.links_held += delta
+            self.factory.hold_links(delta)
+
     def _on_link_remote_close(self, event: Any) -> None:
-        plink = event.link
-        self._attached.pop(plink._impl, None)
-        link = self.links.pop(plink._impl, None)
-        condition = plink.remote_condition
+        if self.state is _CLOSED:
+            return   # (the connection's end ends everything)
+        impl = event_link(event)
+        self._hold_links(-1)
+        link = self.links.pop(impl, None)
+        condition = describe(lib.pn_link_remote_condition(impl))
         if link is not None:
             reason = ("detached by the peer" if condition is None else
-                      f"detached by the peer with {_describe(condition)}")
+                      f"detached by the peer with {condition}")
             link.end(condition is not None, reason)
-        if not (plink.state & Endpoint.LOCAL_CLOSED):
-            if event.type == _E.LINK_REMOTE_DETACH:
-                plink.detach()
+        if not (lib.pn_link_state(impl) & Endpoint.LOCAL_CLOSED):
+            if event_type(event) == _LINK_REMOTE_DETACH:
+                lib.pn_link_detach(impl)
             else:
-                plink.close()
+                lib.pn_link_close(impl)
+        # Closed (or detached) at both ends: a new attach of its name is a new link.
+        self._free_links.append(impl)
 
     def _orphan_delivery(self, dlv: Any) -> None:
         """A delivery on a link we no longer serve: consume and settle it."""
@@ -794,9 +910,10 @@ class AMQPConnection(Protocol):
                                "connection")
 
     def _on_transport_error(self, event: Any) -> None:
-        condition = self.ptrans.condition
-        if condition is not None:
-            what = _describe(condition)
+        # (proton's own text may quote the peer's bytes: "link name already
+        # attached: <them>"; ``describe`` escapes what is not UTF-8)
+        what = describe(lib.pn_transport_condition(self.ptrans._impl))
+        if what is not None:
             # One line per connection: the disconnect's own (idle time-out), or
             # this one (a limit, a protocol error), never both.
             if what.startswith("amqp:resource-limit-exceeded"):
@@ -813,8 +930,7 @@ class AMQPConnection(Protocol):
                 self._lost_reason = f"transport error {what}"
                 # (one line per error condition a minute: a peer that keeps sending
                 # the same bad frames cannot flood the log)
-                held = self.factory.log_limit.allow(
-                    "transport error " + what.partition(":")[0])
+                held = self.factory.log_limit.allow(transport_error_cause(what))
                 if held is not None:
                     self.log.info("AMQP connection of {c} ({peer}): {what}; closing{more}",
                                   c=self.container_id or "?", peer=self.peer, what=what,
@@ -832,13 +948,21 @@ class AMQPConnection(Protocol):
         _E.TRANSPORT_ERROR.number: _on_transport_error,
     }
 
-def _describe(condition: Any) -> str:
-    """``name: description`` of a peer's error condition (proton decodes both on
-    access, and raises on invalid UTF-8)."""
-    try:
-        return f"{condition.name}: {condition.description}"
-    except UnicodeDecodeError:
-        return "an error condition that is not valid UTF-8"
+_log = Logger()
+
+
+def refusal_margin(limits: Limits) -> int:
+    """The most links held in all, refused ones not yet detached by their peers
+    included (``--amqp-max-links-total`` and half as much again, at least one
+    connection's worth); an attach beyond closes its connection."""
+    total = limits.amqp_max_links_total
+    return total + max(limits.amqp_max_links, total // 2)
+
+
+def transport_error_cause(what: str) -> str:
+    """The log limiter's key for a transport error ``name: description``: its
+    condition name (``amqp:invalid-field``), so that each kind keeps its own line."""
+    return "transport error " + what.partition(": ")[0]
 
 
 class AMQPFactory(Factory):
@@ -856,6 +980,30 @@ class AMQPFactory(Factory):
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
         self.log_limit = LogLimiter(clock.seconds)   # log lines per cause a minute
+        self.refusal_log = LogLimiter(clock.seconds, burst=REFUSALS_LOGGED)  # (attach)
+        # Links held by every connection (--amqp-max-links-total), and whether the
+        # bound was reached in this episode (one log line each; it ends when the
+        # total is back under nine tenths of the bound).
+        self.links_held = 0
+        self._links_full = False
+
+    def hold_links(self, delta: int) -> None:
+        self.links_held += delta
+        self.broker.stats.amqp_links = self.links_held
+        if (self._links_full and self.links_held
+                < self.broker.limits.amqp_max_links_total * 0.9):
+            self._links_full = False
+
+    def links_full(self) -> None:
+        """An attach found every link of ``--amqp-max-links-total`` in use."""
+        if self._links_full:
+            return
+        self._links_full = True
+        limit = self.broker.limits.amqp_max_links_total
+        _log.warn("AMQP links attached in all reached {n} (--amqp-max-links-total): "
+                  "further attaches are refused with amqp:resource-limit-exceeded until "
+                  "links are detached (refusals counted in $SYS/broker/limits/"
+                  "amqp_links_total)", n=limit)
 
     def anonymous_allowed(self, peer: str | None = None) -> bool:
         """ANONYMOUS is offered only while the broker accepts anonymous clients (from

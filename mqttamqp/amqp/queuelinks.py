@@ -81,10 +81,12 @@ class QueueSubscription(TopicSubscription):
     credit: a member without credit is skipped in the round-robin, and a flow that
     grants more makes the queue pump again (``Broker.link_drained``)."""
 
+    __slots__ = ("_blocked", "consumer")
     queue = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
                  consumer: Consumer) -> None:
+        self._blocked = False
         super().__init__(host, plink, topic_filter)
         self.consumer = consumer
 

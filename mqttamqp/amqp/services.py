@@ -77,11 +77,14 @@ def _client_of(value: Any, kind: AddressKind) -> str | None:
 
 
 class _ServiceLink(IncomingLink):
-    window = 20
+    __slots__ = ()
+    max_window = 20
 
 
 class WillServiceLink(_ServiceLink):
     """AMQP_WILL and AMQP_WILL_CLEAR; the link name is the will's key."""
+
+    __slots__ = ()
 
     def start(self) -> None:
         self.broker.will_owner_returned(self.name)
@@ -131,6 +134,8 @@ class WillServiceLink(_ServiceLink):
 
 class SubscriptionServiceLink(_ServiceLink):
     """AMQP_LIST, AMQP_CLOSE, AMQP_SUBSCRIBE and AMQP_UNSUBSCRIBE."""
+
+    __slots__ = ("requests",)
 
     def __init__(self, host: LinkHost, plink: Any, address: str,
                  requests: SessionRequests) -> None:
@@ -249,6 +254,8 @@ def _packet_id(value: Any) -> int | None:
 class PubrelLink(_ServiceLink):
     """``$mqtt.<id>.pubrel``: the FE got PUBREC; release the QoS 2 message."""
 
+    __slots__ = ("client_id",)
+
     def __init__(self, host: LinkHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)
         self.client_id = client_id
@@ -328,9 +335,22 @@ class SessionRequests:
             outlet.open_session(clean)
 
     def decided(self, client_id: str, clean: bool) -> None:
+        self.clean.pop(client_id, None)       # (re-inserted: the newest last)
         self.clean[client_id] = clean
+        self._bound_decisions()
         if client_id in self.waiting:
             self._release(client_id, clean)
+
+    def _bound_decisions(self) -> None:
+        """Keep at most ``amqp_max_links`` remembered decisions (a connection cannot
+        hold more ``.publish`` links than that): the oldest of clients without a
+        ``.publish`` link go first.  An FE serving many clients over one connection
+        decides for each, and without a bound the dict grew for the connection's life."""
+        excess = len(self.clean) - self.host.limits.amqp_max_links
+        if excess <= 0:
+            return
+        for client_id in [c for c in self.clean if c not in self.outlets][:excess]:
+            del self.clean[client_id]
 
     def claim_waiting(self, client_id: str) -> None:
         """AMQP_SUBSCRIBE for ``client_id``: a receiver waiting for AMQP_LIST claims
@@ -340,7 +360,9 @@ class SessionRequests:
 
     def close_session(self, client_id: str) -> Deferred[None] | None:
         """AMQP_CLOSE: remove the session (taking it over first), then start clean."""
+        self.clean.pop(client_id, None)
         self.clean[client_id] = True
+        self._bound_decisions()
         outlet = self.outlets.get(client_id)
         d = self.host.broker.close_session(client_id, outlet, "AMQP_CLOSE: session closed")
         if outlet is not None and outlet.session is not None:

@@ -161,6 +161,7 @@ class Archive:
         self._inflight = 0               # records sent and not yet answered
         self._child: subprocess.Popen[bytes] | None = None
         self._respawn_at = 0.0
+        self._writer_failures = 0   # in the current spell (logged once, at its start)
         self._fault: str | None = None   # tests: the next append of this dataset fails
         self._thread: threading.Thread | None = None
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
@@ -410,6 +411,10 @@ class Archive:
             self._writer_failed()
             return False
         self._apply(report)
+        if self._writer_failures:
+            log.info("archive: the writer process works again after {n} failure(s)",
+                     n=self._writer_failures)
+            self._writer_failures = 0
         with self._progress:
             self._steps += 1
             self._progress.notify_all()
@@ -528,14 +533,20 @@ class Archive:
         try:
             self._spawn()
         except OSError:
-            log.failure("archive: cannot start a writer process")
+            if not self._writer_failures:   # one traceback per spell, not per second
+                log.failure("archive: cannot start a writer process; retrying every "
+                            "{s}s, records are dropped and counted meanwhile",
+                            s=_RESPAWN_DELAY)
+            self._writer_failures += 1
             self._respawn_at = time.monotonic() + _RESPAWN_DELAY
             return False
         return True
 
     def _writer_failed(self) -> None:
         """The writer process died or answered nonsense: what it held is lost."""
-        log.failure("archive: the writer process failed; its open segments are lost")
+        if not self._writer_failures:   # one traceback per spell, not per second
+            log.failure("archive: the writer process failed; its open segments are lost")
+        self._writer_failures += 1
         self._stop_child(grace=1.0)
         self._count_lost(self._open_rows + self._inflight)
         self._base = dict(self._counts)   # (the next writer process counts from 0)

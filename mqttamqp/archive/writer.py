@@ -88,12 +88,21 @@ class Writer:
         self.logs: list[tuple[str, str]] = []   # (level, text), sent with the next report
         self._last_retention = float("-inf")
         self._fault: str | None = None
+        # A spell of failed writes (a read-only or full file system, say) is one log
+        # line when it begins and one when a segment is published again, like
+        # storage's: never a traceback per step.
+        self._failing_since: float | None = None
+        self._failed_writes = 0      # in the current spell
+        self._lost_at_start = 0      # ``lost`` when the spell began
+        self._closed_mark = 0        # segments published before the last failure
+        self._now = 0.0
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
     def step(self, now: float, messages: list[Packed],
              events: list[tuple[Any, ...]], fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
+        self._now = now
         for packed in messages:
             self._write(MESSAGES, partial(self._append, packed=packed, now=now))
         rows = self._event_rows(events)
@@ -107,6 +116,7 @@ class Writer:
         if self.retention_days > 0 and now - self._last_retention >= _RETENTION_EVERY:
             self._last_retention = now
             self._expire(now)
+        self._end_of_spell()
 
     def close(self) -> None:
         for name, segments in self.sets.items():
@@ -114,6 +124,7 @@ class Writer:
                 segments.close()
             except Exception:
                 self._failed(name, segments)
+        self._end_of_spell()
 
     def report(self) -> dict[str, Any]:
         """Cumulative counters (and the log lines since the last report)."""
@@ -138,10 +149,38 @@ class Writer:
             self._failed(name, segments)
 
     def _failed(self, name: str, segments: SegmentSet) -> None:
-        self.logs.append(("error", f"archive: writing {name} failed; the open segments "
-                                   f"are dropped\n{traceback.format_exc()}"))
+        """A write of ``name`` failed (called from an ``except`` block): its open
+        segments are dropped and counted. Logged once per spell of failures."""
+        if self._failing_since is None:
+            self._failing_since = self._now
+            self._failed_writes = 0
+            self._lost_at_start = self.lost
+            error = sys.exc_info()[1]
+            summary = f"{type(error).__name__}: {error}"[:300]
+            # (an I/O error is the file system's; anything else is a bug of ours,
+            # whose traceback is worth its lines once)
+            detail = "" if isinstance(error, OSError) else f"\n{traceback.format_exc()}"
+            self.logs.append(("error", f"archive: writing {name} failed ({summary}); "
+                                       "records are dropped and counted as lost until "
+                                       f"a segment is written again{detail}"))
+        self._failed_writes += 1
         self.lost += segments.abandon()
         self.errors += 1
+        self._closed_mark = self._closed()
+
+    def _closed(self) -> int:
+        return sum(s.segments_closed for s in self.sets.values())
+
+    def _end_of_spell(self) -> None:
+        """After a step: a spell of failures ends once a segment was published
+        with no failure since."""
+        if self._failing_since is None or self._closed() <= self._closed_mark:
+            return
+        self.logs.append(("info", f"archive: writing works again after "
+                                  f"{self._failed_writes} failed write(s) in "
+                                  f"{max(0.0, self._now - self._failing_since):.1f}s; "
+                                  f"{self.lost - self._lost_at_start} record(s) lost"))
+        self._failing_since = None
 
     def _append(self, segments: SegmentSet, packed: Packed, now: float) -> None:
         batch = self._message_batch(packed)

@@ -45,10 +45,11 @@ from mqttamqp.core.clientdebug import ClientDebug
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.connections import InspectableConnection
-from mqttamqp.core.flow import FlowControl
+from mqttamqp.core.flow import Congestible, FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.queuebudget import FreeSpace
 from mqttamqp.core.queues import (
     Consumer,
     QueueManager,
@@ -103,7 +104,10 @@ class Broker:
     def __init__(self, clock: Clock, store: StateStore, limits: Limits | None = None,
                  authenticator: Authenticator | None = None,
                  authorizer: Authorizer | None = None,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None,
+                 free_space: FreeSpace | None = None) -> None:
+        """``free_space``: bytes free on the data directory's file system, read every
+        two seconds for ``--disk-free-limit`` (None: no free-disk watermark)."""
         self.clock = clock
         self.store = store
         self.limits = limits if limits is not None else Limits()
@@ -115,6 +119,9 @@ class Broker:
         self._log_limit = LogLimiter(clock.seconds)   # one line per cause a minute
         self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
                               self.limits, self._log_limit)
+        # (a store that cannot read queue messages back gets no memory budget)
+        self._router.queues.attach_storage(getattr(store, "read_queue_messages", None),
+                                           free_space)
         self._connect_rate = ConnectRate(clock.seconds, self.limits.max_connect_rate,
                                          self.limits.connect_burst)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
@@ -189,6 +196,7 @@ class Broker:
         self._wills.restore(snap.wills.values())
         self.bans.restore(snap.bans)
         self.queues.restore(snap.queues)
+        self.queues.alarm.start()
         self.log.info("loaded {r} retained message(s), {s} persistent session(s), "
                       "{q} durable queue(s)", r=len(snap.retained), s=len(snap.sessions),
                       q=len(snap.queues))
@@ -213,6 +221,7 @@ class Broker:
         self._loops.clear()
         self._registry.stop_timers()
         self.queues.stop()
+        self.queues.alarm.stop()
         self._wills.stop()
         self._flow.stop()
 
@@ -368,6 +377,7 @@ class Broker:
         session.protocol = protocol
         session.attach(link)
         self.queues.session_online(session)
+        self._router.room(session)
 
     def end_session(self, connection: ClientLink, session: Session, clean: bool,
                     reason: str, cause: str = CAUSE_LOST,
@@ -522,7 +532,7 @@ class Broker:
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
-        return Published(None, result.congested, result.denied)
+        return Published(None, result.congested, result.denied, blocked=result.blocked)
 
     def _queue_command(self, message: Message, identity: Identity | None) -> Published:
         """``$queue/<name>/$ack|$nack|$reject`` from an MQTT 5 member (user
@@ -604,6 +614,7 @@ class Broker:
     def acknowledged(self, session: Session, packet_id: int) -> None:
         """PUBACK (or Accepted on an AMQP delivery of QoS 1)."""
         self._commits.background(session.acknowledge(packet_id))
+        self._router.room(session)
         self._flow.resume_paused()
 
     def received(self, session: Session, packet_id: int) -> None:
@@ -634,6 +645,7 @@ class Broker:
     def completed(self, session: Session, packet_id: int) -> None:
         """PUBCOMP (or the final settle of a QoS 2 delivery over AMQP)."""
         self._commits.background(session.completed(packet_id))
+        self._router.room(session)
         self._flow.resume_paused()
 
     def rejected(self, session: Session, packet_id: int, reason: str | None = None) -> None:
@@ -646,6 +658,8 @@ class Broker:
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
         self._commits.background(session.drop(packet_id))
+        self._router.room(session)
+        self._flow.resume_paused()
 
     def settle(self, session: Session, packet_id: int, outcome: Outcome,
                failed: bool = False, reason: str | None = None) -> None:
@@ -682,15 +696,25 @@ class Broker:
         return self._router.congested_for(topic)
 
     def pause_until_drained(self, key: int, resume: Callable[[], None],
-                            sessions: Sequence[Session] | None = None) -> None:
+                            sessions: Sequence[Congestible] | None = None) -> None:
         """Publisher ``key`` stopped reading; ``resume`` once ``sessions`` drained."""
         self._flow.pause_until_drained(key, resume, sessions)
 
     def forget_paused(self, key: int) -> None:
         self._flow.forget(key)
+        self.queues.alarm.forget(key)
+
+    def when_queues_writable(self, key: int, resume: Callable[[], None]) -> None:
+        """Publisher ``key`` stopped (``Published.blocked``: the durable queues are
+        full, on disk); ``resume`` it once they have room (``forget_paused`` drops
+        it)."""
+        self.queues.alarm.wait(key, resume)
 
     def link_drained(self, session: Session | None) -> None:
         """A congested link can take more again: send its queue, wake publishers."""
+        if session is not None:
+            session.pump()
+            self._router.room(session)   # (retained messages owed, shared backlogs)
         self._flow.drained(session)
         if session is not None:
             self.queues.link_drained(session)

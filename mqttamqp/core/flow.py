@@ -9,19 +9,33 @@ its bound instead, counted) until it acknowledges something again.
 
 What it must not do: stop or start reading sockets itself (the protocols do,
 through the callbacks they register) or decide what congestion is (the session
-does, ``Session.over_high_water``).
+does, ``Session.over_high_water``, and a shared group for its backlog,
+``SharedGroup.over_high_water``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.session import Session
 
-__all__ = ["FlowControl"]
+__all__ = ["Congestible", "FlowControl"]
+
+
+class Congestible(Protocol):
+    """What a publisher may wait for: a subscriber's session, or a shared group
+    whose backlog is past its high-water mark."""
+
+    stalled: bool
+
+    @property
+    def client_id(self) -> str: ...
+
+    def over_high_water(self) -> bool: ...
 
 
 class FlowControl:
@@ -34,10 +48,10 @@ class FlowControl:
         self._online = online    # every session with a link (for "any subscriber")
         # paused publisher key -> (resume callback, the congested sessions it fed)
         self._paused: dict[
-            int, tuple[Callable[[], None], list[Session] | None, DelayedCall]] = {}
+            int, tuple[Callable[[], None], list[Congestible] | None, DelayedCall]] = {}
 
     def pause_until_drained(self, key: int, resume: Callable[[], None],
-                            sessions: Sequence[Session] | None = None) -> None:
+                            sessions: Sequence[Congestible] | None = None) -> None:
         """Publisher ``key`` stopped reading; call ``resume`` once ``sessions`` (the
         congested subscribers it fed; None = any) are below their high-water mark,
         or after ``stall_timeout`` at the latest."""
@@ -70,9 +84,10 @@ class FlowControl:
         if entry is None:
             return
         resume, sessions, _ = entry
-        suspects = sessions if sessions is not None else list(self._online())
+        suspects: Sequence[Congestible] = (
+            sessions if sessions is not None else list(self._online()))
         for session in suspects:
-            if session.link is not None and session.over_high_water():
+            if session.over_high_water():   # (a session's is False while offline)
                 session.stalled = True
                 self.log.warn(
                     "subscriber {c} made no progress for {t:g}s; publishers are no longer "
@@ -97,7 +112,7 @@ class FlowControl:
                     any_congested = any(s.over_high_water() for s in self._online())
                 if any_congested:
                     continue
-            elif any(s.link is not None and s.over_high_water() for s in sessions):
+            elif any(s.over_high_water() for s in sessions):
                 continue
             del self._paused[key]
             if timer.active():

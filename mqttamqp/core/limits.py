@@ -28,10 +28,15 @@ class Limits:
     stall_timeout: float = 2.0
     # QoS 0 bytes buffered to a stalled client before dropping
     congested_qos0_bytes: int = 4 << 20
-    # One AMQP connection: sessions (channel-max + 1) and links attached at a time
-    # (about 5 KB each in proton); beyond either the connection is closed.
+    # One AMQP connection: sessions (channel-max + 1) and links attached at a time;
+    # beyond either the connection is closed.
     amqp_max_sessions: int = 32
     amqp_max_links: int = 1_000
+    # Links attached to the broker in all (refused ones too, until detached); beyond,
+    # an attach is refused.  A link costs 3-5 KB (proton's ~1.4 KB, the broker's
+    # objects, a topic receiver's session; ``bench/linkmem.py``): 20,000 stay
+    # within ~100 MB, where 10,000 connections of 1,000 links each would not.
+    amqp_max_links_total: int = 20_000
     # Bytes of unfinished (multi-frame) incoming messages one AMQP connection may
     # have the broker hold; beyond, the connection is closed.
     amqp_max_held_bytes: int = 32 << 20
@@ -79,6 +84,14 @@ class Limits:
     queue_max_bytes: int = 256 << 20
     queue_max_age: float = 7 * 86400.0
     queue_max_queues: int = 1_000
+    # Aggregate bounds of the durable queues (core.queuebudget, README, Durable
+    # queues): bytes of message bodies held in memory in all (beyond, durable bodies
+    # far from consumers stay in storage only); stored payload bytes in all, and the
+    # free space the data directory's file system keeps, below which publishers to
+    # queues are blocked.  0 = no bound.
+    queue_memory_budget: int = 256 << 20
+    queue_max_total_bytes: int = 4 << 30
+    disk_free_limit: int = 1 << 30
     # --queues FILE: (pattern, max age, max bytes, max messages), None = the default
     queue_rules: tuple[tuple[str, float | None, int | None, int | None], ...] = ()
     # --amqp-queues: AMQP addresses (fnmatch patterns) served as durable queues

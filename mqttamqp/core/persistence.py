@@ -260,6 +260,10 @@ class QueueRecord:
     messages: list[tuple[int, Message]] = field(default_factory=list)  # ascending offset
     next_offset: int = 0   # at least this (messages deleted at the end leave no trace)
     groups: dict[str, QueueGroupRecord] = field(default_factory=dict)
+    # Messages loaded without their body (over the queue memory budget): offset ->
+    # (payload bytes, body bytes); ``messages`` holds them with an empty payload
+    # and no AMQP form, and ``StateStore.read_queue_messages`` reads them whole.
+    evicted: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -273,10 +277,17 @@ class Snapshot:
 
 class StateStore(Protocol):
     def load(self) -> Snapshot:
-        """Read the whole durable state (called once, before serving)."""
+        """Read the whole durable state (called once, before serving).  A store may
+        leave queue bodies past a memory budget in storage (``QueueRecord.evicted``)."""
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
         """Apply ``ops`` in order after everything submitted before; fire when durable."""
+
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        """The stored messages of queue ``name`` at ``offsets`` (those it has), in
+        ascending offset, as of everything committed so far; read off the reactor
+        thread, fired on it.  (The queue memory budget reads evicted bodies back.)"""
 
     def pack(self) -> Deferred[None]:
         """Reclaim space from old revisions, off the reactor thread."""

@@ -73,6 +73,7 @@ from mqttamqp.core.persistence import (
     QueueRecord,
     TrimQueue,
 )
+from mqttamqp.core.queuebudget import FreeSpace, StorageAlarm
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.topics import topic_matches, validate_topic_filter
@@ -107,6 +108,31 @@ _WATERMARK_STEP = 4096
 MAX_GROUPS_PER_QUEUE = 256
 # A stream group's cursor is stored at most this often (seconds) when it moves.
 _CURSOR_EVERY = 5.0
+# The memory budget of queue bodies (``--queue-memory-budget``): a read back from
+# storage takes at most this many messages and bytes (at least one message), and
+# the same ahead of each consuming group's cursor is never evicted, so that what
+# was read back is not evicted again before it goes out.
+_READ_MESSAGES = 64
+_READ_BYTES = 4 << 20
+
+# Reads a queue's messages back from storage (``StateStore.read_queue_messages``).
+QueueReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
+
+
+def body_size(message: Message) -> int:
+    """The bytes of ``message`` that the memory budget counts: its payload and,
+    from an AMQP sender, its AMQP form."""
+    native = message.native
+    return len(message.payload) + (len(native) if native is not None else 0)
+
+
+def stub(message: Message) -> Message:
+    """``message`` without its body: what a queue keeps in memory of a message
+    whose body is in storage only (topic, properties, time: what matching,
+    retention and the console need)."""
+    m = message
+    return Message(m.topic, b"", m.qos, m.retain, m.publisher, m.timestamp, m.dup, None,
+                   m.amqp_only, m.props)
 
 
 def is_queue_topic(topic: str) -> bool:
@@ -352,6 +378,13 @@ class _Queue:
         # jumped over by floors and cursors, left out of lags.
         self.skip_starts: list[int] = []
         self.skip_ends: list[int] = []
+        # Messages whose body is in storage only (``log`` holds a ``stub``): offset
+        # -> (payload bytes, body bytes).  Only durable messages are evicted: below
+        # ``durable`` and not in ``unstored`` (appends whose commit failed).
+        self.evicted: dict[int, tuple[int, int]] = {}
+        self.durable = head
+        self.unstored: set[int] = set()
+        self.reading = False       # a read back from storage is under way
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""
@@ -415,6 +448,7 @@ class QueueView:
     groups: tuple[GroupView, ...]
     first: int
     next: int
+    in_storage_only: int = 0    # messages whose body is not in memory (the budget)
 
 
 @record
@@ -426,6 +460,10 @@ class QueueMessageView:
     qos: int
     publisher: str | None
     user_properties: tuple[tuple[str, str], ...]
+    # The body is in storage only (``--queue-memory-budget``): ``payload`` is
+    # empty, ``size`` is its length.
+    in_storage_only: bool = False
+    size: int = 0
 
 
 @dataclass
@@ -473,6 +511,55 @@ class QueueManager:
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
         self.stopped = False
+        # Aggregate bounds.  Disk: every queue's stored payload bytes in all
+        # (``total_bytes``) and the data directory's free space (``alarm``).  Memory:
+        # the bodies held in memory (``resident``) against ``--queue-memory-budget``;
+        # past it, durable bodies far from any consumer are evicted (only their
+        # stub stays) and read back from storage (``_reader``) as consumers near.
+        self.alarm = StorageAlarm(clock, limits.queue_max_total_bytes,
+                                  limits.disk_free_limit)
+        self.total_bytes = 0
+        self.resident = 0
+        self.budget = limits.queue_memory_budget
+        self._reader: QueueReader | None = None
+        self._appends: dict[_Queue, tuple[int, int]] = {}  # (first, upto) this commit
+        # Body bytes appended and not committed yet (they cannot be evicted): past
+        # ``_unstored_limit`` publishers to queues wait for the writer (``paused``),
+        # so that what waits for a commit does not grow past the budget.
+        self._append_bytes = 0            # since the last ``_commit``
+        self.unstored_bytes = 0
+        self._unstored_limit = (max(8 << 20, min(64 << 20, self.budget // 4))
+                                if self.budget > 0 else 0)
+        # After a pass that could not get under the budget (what consumers are about
+        # to take is protected), the next waits until this much more is resident:
+        # not a scan of every log per commit.
+        self._evict_above = 0
+        self.evictions = 0      # bodies evicted (counted once each time)
+        self.read_backs = 0     # bodies read back from storage
+
+    def attach_storage(self, reader: QueueReader | None,
+                       free_space: FreeSpace | None = None) -> None:
+        """How bodies are read back (None: they are never evicted) and how the data
+        directory's free space is read (None: no free-disk watermark)."""
+        self._reader = reader
+        if free_space is not None:
+            self.alarm = StorageAlarm(self.clock, self.limits.queue_max_total_bytes,
+                                      self.limits.disk_free_limit, free_space)
+            self.alarm.check_total(self.total_bytes)
+
+    @property
+    def blocked(self) -> bool:
+        """Publishers to queues are blocked (the storage alarm is raised)."""
+        return self.alarm.blocked
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: blocked, or the writer is behind."""
+        return self.alarm.paused
+
+    @property
+    def evicted_messages(self) -> int:
+        return sum(len(q.evicted) for q in self.queues.values())
 
     # -- retention settings -------------------------------------------------------
 
@@ -514,7 +601,14 @@ class QueueManager:
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
         appended, self._appended_to = self._appended_to, {}
+        stored, self._appends = self._appends, {}
+        nbytes, self._append_bytes = self._append_bytes, 0
         d = self.commits.persist(ops)
+        if d is not None and stored:
+            d.addCallbacks(self._made_durable, self._not_durable,
+                           callbackArgs=(stored, nbytes), errbackArgs=(stored, nbytes))
+        elif nbytes:
+            self._committed_bytes(nbytes)
         if self._early:
             early, self._early = self._early, []
             for waiter in early:      # (consumed before stored: see ``publish``)
@@ -528,6 +622,33 @@ class QueueManager:
             self.commits.watch(d, background)
             return None
         return d
+
+    def _committed_bytes(self, nbytes: int) -> None:
+        self.unstored_bytes -= nbytes
+        if self.unstored_bytes <= self._unstored_limit // 2:
+            self.alarm.set_behind(False)
+
+    def _made_durable(self, result: object, stored: dict[_Queue, tuple[int, int]],
+                      nbytes: int) -> object:
+        """Appends up to ``upto`` are durable: their bodies may be evicted."""
+        for queue, (_, upto) in stored.items():
+            if upto > queue.durable:
+                queue.durable = upto
+        self._committed_bytes(nbytes)
+        if self.resident > self.budget > 0:
+            if self.resident > self._evict_above:
+                self._evict()
+        else:
+            self._evict_above = 0
+        return result
+
+    def _not_durable(self, failure: Failure, stored: dict[_Queue, tuple[int, int]],
+                     nbytes: int) -> Failure:
+        """Appends whose commit failed are in memory only: never evicted."""
+        self._committed_bytes(nbytes)
+        for queue, (first, upto) in stored.items():
+            queue.unstored.update(o for o in range(first, upto) if o in queue.log)
+        return failure
 
     def _drain_done(self) -> list[Op]:
         """The offsets finished since the last commit, one ``QueueDone`` per group,
@@ -571,10 +692,16 @@ class QueueManager:
     # -- publishing ---------------------------------------------------------------
 
     def publish(self, message: Message, publisher: str,
-                extra_ops: Sequence[Op] = ()) -> tuple[Deferred[None] | None, Refusal | None]:
+                extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False
+                ) -> tuple[Deferred[None] | None, Refusal | None]:
         """Append ``message`` (topic ``$queue/<name>/...``) to its queue; the
         Deferred fires once the append is durable.  Acknowledgement topics are
-        ``command``'s, not this."""
+        ``command``'s, not this.
+
+        While the storage alarm is raised (``blocked``) the message is still
+        appended (what a publisher sent before its protocol stopped reading it),
+        unless ``refuse_when_blocked`` (an MQTT 5 QoS 1/2 publish: PUBACK/PUBREC
+        0x97 tells it at once, where waiting would hold its connection)."""
         address = self._parsed.get(message.topic)
         if address is None:
             if len(self._parsed) >= 4096:
@@ -584,6 +711,11 @@ class QueueManager:
             return (self._commit(extra_ops),
                     self._refuse("topic", publisher, message.topic, address,
                                  TOPIC_NAME_INVALID))
+        if refuse_when_blocked and self.alarm.blocked:
+            return (self._commit(extra_ops),
+                    self._refuse("full", publisher, message.topic,
+                                 f"durable queues full: {self.alarm.reason}",
+                                 QUOTA_EXCEEDED))
         ops: list[Op] = list(extra_ops)
         queue = self._queue(address.queue, ops)
         if queue is None:
@@ -618,7 +750,18 @@ class QueueManager:
         offset = queue.next_offset
         queue.next_offset = offset + 1
         queue.log[offset] = message
-        queue.bytes += len(message.payload)
+        size = len(message.payload)
+        queue.bytes += size
+        self.total_bytes += size
+        body = body_size(message)
+        self.resident += body
+        if self._unstored_limit:
+            self._append_bytes += body
+            self.unstored_bytes += body
+            if self.unstored_bytes > self._unstored_limit:
+                self.alarm.set_behind(True)
+        stored = self._appends.get(queue)
+        self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
         queue.published += 1
         self.stats.published += 1
         ops.append(PutQueueMessage(queue.name, offset, message))
@@ -626,7 +769,31 @@ class QueueManager:
         if queue.retention.max_age is not None:
             self._arm()
         self._enforce_retention(queue, ops, message.timestamp)
+        if self.alarm.max_total > 0:
+            self.alarm.check_total(self.total_bytes)
         return offset
+
+    def _remove(self, queue: _Queue, offset: int) -> Message | None:
+        """Take ``offset`` out of ``queue``'s log and its bytes out of the counts."""
+        message = queue.log.pop(offset, None)
+        if message is None:
+            return None
+        sizes = queue.evicted.pop(offset, None) if queue.evicted else None
+        if sizes is None:
+            size = len(message.payload)
+            self.resident -= body_size(message)
+        else:
+            size = sizes[0]
+        queue.bytes -= size
+        self.total_bytes -= size
+        if queue.unstored:
+            queue.unstored.discard(offset)
+        return message
+
+    def _removed(self) -> None:
+        """Messages left the queues: the storage alarm may clear."""
+        if self.alarm.blocked:
+            self.alarm.check_total(self.total_bytes)
 
     def _appended(self, result: object, queue: _Queue, upto: int) -> object:
         if upto > queue.committed:
@@ -657,11 +824,11 @@ class QueueManager:
             ops.append(TrimQueue(queue.name, queue.first))
 
     def _forget(self, queue: _Queue, offset: int) -> None:
-        message = queue.log.pop(offset, None)
+        message = self._remove(queue, offset)
         queue.waiters.pop(offset, None)   # (dropped, not consumed: never early)
         if message is None:
             return
-        queue.bytes -= len(message.payload)
+        self._removed()
         for group in queue.groups.values():
             if group.mode != CLASSIC or offset < group.floor or offset in group.done:
                 continue
@@ -880,9 +1047,14 @@ class QueueManager:
         ops: list[Op] = []
         mark = None
         again = False
+        evicted = queue.evicted
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
+                break
+            if evicted and offset in evicted:
+                # (its body is in storage: read back, then this pump again)
+                self._read_back(queue, offset)
                 break
             if group.mode == CLASSIC and offset >= group.watermark - _WATERMARK_STEP // 2:
                 # Store the watermark further ahead before deliveries reach it.
@@ -1021,6 +1193,123 @@ class QueueManager:
                 entry.on_done = _transport_ack(self, group, offset, member)
         return again
 
+    # -- the memory budget ----------------------------------------------------------
+
+    def _protected(self, queue: _Queue) -> set[int]:
+        """Offsets of ``queue`` whose bodies stay in memory: pending deliveries
+        (their sessions hold the body anyway) and, for each group with members,
+        what it hands out next (up to a read-back's worth)."""
+        keep: set[int] = set()
+        log = queue.log
+        evicted = queue.evicted
+        for group in queue.groups.values():
+            keep.update(group.pending)
+            if not group.members:
+                continue
+            if group.ready:
+                keep.update(group.ready[:_READ_MESSAGES])
+            count = size = 0
+            offset = group.next
+            end = queue.next_offset
+            while offset < end and count < _READ_MESSAGES and size < _READ_BYTES:
+                message = log.get(offset)
+                if message is not None:
+                    keep.add(offset)
+                    count += 1
+                    sizes = evicted.get(offset)
+                    size += sizes[1] if sizes is not None else body_size(message)
+                offset += 1
+        return keep
+
+    def _evict(self) -> None:
+        """Over the memory budget: drop durable bodies from memory, those farthest
+        from any consumer first (queues nobody consumes, then each queue's newest
+        messages), down to the budget less an eighth (so that eviction runs once
+        per so many bytes appended, not once per message)."""
+        if self._reader is None:
+            return
+        slack = min(self.budget // 8, 8 << 20)
+        target = self.budget - slack
+        queues = sorted(self.queues.values(),
+                        key=lambda q: any(g.members for g in q.groups.values()))
+        waiting = False    # bodies whose commit is still to come (evicted after it)
+        for queue in queues:
+            if self.resident <= target:
+                break
+            if len(queue.evicted) >= len(queue.log):
+                continue
+            keep = self._protected(queue)
+            evicted = queue.evicted
+            unstored = queue.unstored
+            durable = queue.durable
+            log = queue.log
+            for offset in reversed(list(log)):
+                if offset >= durable:
+                    waiting = True
+                    continue
+                if offset in evicted or offset in keep or (unstored and offset in unstored):
+                    continue
+                message = log[offset]
+                body = body_size(message)
+                evicted[offset] = (len(message.payload), body)
+                log[offset] = stub(message)
+                self.resident -= body
+                self.evictions += 1
+                if self.resident <= target:
+                    break
+        self._evict_above = (self.resident + slack if self.resident > target and not waiting
+                             else 0)
+
+    def _read_back(self, queue: _Queue, offset: int) -> None:
+        """Read the evicted bodies from ``offset`` on (a batch) back from storage;
+        the queue's groups pump again once they are in memory."""
+        if queue.reading or self._reader is None:
+            return
+        evicted = queue.evicted
+        offsets: list[int] = []
+        size = 0
+        o = offset
+        end = queue.next_offset
+        while o < end and len(offsets) < _READ_MESSAGES and (not offsets or size < _READ_BYTES):
+            sizes = evicted.get(o)
+            if sizes is not None:
+                offsets.append(o)
+                size += sizes[1]
+            o += 1
+        queue.reading = True
+        d = self._reader(queue.name, offsets)
+        d.addCallbacks(self._read_done, self._read_failed, callbackArgs=(queue, offsets),
+                       errbackArgs=(queue,))
+
+    def _read_done(self, found: list[tuple[int, Message]], queue: _Queue,
+                   asked: list[int]) -> None:
+        queue.reading = False
+        if self.queues.get(queue.name) is not queue:
+            return   # (deleted meanwhile)
+        self._restored(found, queue)
+        evicted = queue.evicted
+        missing = [o for o in asked if o in evicted]
+        if missing:
+            # Storage no longer has them (it never drops a message before memory
+            # does): never wait for them; their consumers go on past them.
+            self.log.error("queue {q!r}: {n} message(s) not found in storage on reading "
+                           "them back (offsets {a} to {b}); they are dropped",
+                           q=queue.name, n=len(missing), a=missing[0], b=missing[-1])
+            for offset in missing:
+                self._forget(queue, offset)
+        self._pump_queue(queue)
+
+    def _read_failed(self, failure: Failure, queue: _Queue) -> None:
+        queue.reading = False
+        suppressed = self._log_limit.allow("queue:read-back")
+        if suppressed is not None:
+            self.log.error("queue {q!r}: reading messages back from storage failed: {e} "
+                           "(tried again as consumers ask; {h} more since the last line)",
+                           q=queue.name, e=failure.getErrorMessage(), h=suppressed)
+        if not self.stopped:
+            # (again in a second: not at once, in a loop, against a failing store)
+            self.clock.callLater(1.0, self._pump_queue, queue)
+
     # -- acknowledgements ---------------------------------------------------------
 
     def _done(self, group: _Group, offset: int, ops: list[Op]) -> None:
@@ -1051,15 +1340,14 @@ class QueueManager:
             return
         waiters = queue.waiters
         for offset in range(queue.first, upto):
-            message = queue.log.pop(offset, None)
-            if message is not None:
-                queue.bytes -= len(message.payload)
+            self._remove(queue, offset)
             if waiters:
                 waiter = waiters.pop(offset, None)
                 if waiter is not None:
                     self._early.append(waiter)
         queue.first = upto
         ops.append(TrimQueue(queue.name, upto))
+        self._removed()
 
     def transport_ack(self, group: _Group, offset: int, member: _Member) -> None:
         pending = group.pending.get(offset)
@@ -1302,6 +1590,8 @@ class QueueManager:
         stale = [o for o, p in group.pending.items()
                  if p.since + after <= now and p.member not in idle]
         log = group.queue.log
+        evicted = group.queue.evicted
+        stale = [o for o in stale if o not in evicted]   # (pending ones never are)
         for index, offset in enumerate(stale[: self.limits.queue_prefetch * len(idle)]):
             self._withdraw(group, offset)
             # (straight to the idle member: the stale one must not get it back)
@@ -1320,10 +1610,18 @@ class QueueManager:
                          else self.default_retention(rec.name))
             queue = _Queue(rec.name, retention, rec.head)
             queue.next_offset = max(queue.next_offset, rec.next_offset)
+            evicted = rec.evicted
             for offset, message in rec.messages:
                 queue.log[offset] = message
-                queue.bytes += len(message.payload)
+                sizes = evicted.get(offset) if evicted else None
+                if sizes is None:
+                    queue.bytes += len(message.payload)
+                    self.resident += body_size(message)
+                else:   # (loaded without its body: ``load`` kept to the budget)
+                    queue.evicted[offset] = sizes
+                    queue.bytes += sizes[0]
                 queue.next_offset = max(queue.next_offset, offset + 1)
+            self.total_bytes += queue.bytes
             if queue.log:
                 queue.first = min(queue.first, next(iter(queue.log)))
             queue.committed = queue.next_offset
@@ -1348,8 +1646,11 @@ class QueueManager:
                 queue.groups[key] = group
                 queue.next_offset = max(queue.next_offset, group.floor)
             self._skip_unstored_offsets(queue, rec.groups.values())
-            queue.committed = queue.next_offset
+            queue.committed = queue.durable = queue.next_offset
             self.queues[rec.name] = queue
+        self.alarm.check_total(self.total_bytes)
+        if self.resident > self.budget > 0:
+            self._evict()
 
     @staticmethod
     def _skip_unstored_offsets(queue: _Queue, stored: Iterable[QueueGroupRecord]) -> None:
@@ -1406,7 +1707,7 @@ class QueueManager:
                 None if oldest is None else max(0.0, now - oldest.timestamp),
                 queue.published, queue.acked, queue.dead, queue.expired,
                 0 if dlq is None else len(dlq.log), queue.retention, groups,
-                queue.first, queue.next_offset))
+                queue.first, queue.next_offset, len(queue.evicted)))
         return out
 
     def browse(self, name: str, start: int = 0, limit: int = 50) -> list[QueueMessageView]:
@@ -1418,9 +1719,12 @@ class QueueManager:
             if offset < start:
                 continue
             props = message.props
+            sizes = queue.evicted.get(offset)
             out.append(QueueMessageView(offset, message.topic, message.payload,
                                         message.timestamp, message.qos, message.publisher,
-                                        props.user_properties if props else ()))
+                                        props.user_properties if props else (),
+                                        sizes is not None,
+                                        len(message.payload) if sizes is None else sizes[0]))
             if len(out) >= limit:
                 break
         return out
@@ -1455,6 +1759,10 @@ class QueueManager:
             return None
         for group in queue.groups.values():
             self._disband(group)
+        self.total_bytes -= queue.bytes
+        self.resident -= sum(body_size(m) for o, m in queue.log.items()
+                             if o not in queue.evicted)
+        self._removed()
         return self.commits.persist([DeleteQueue(name)])
 
     def _disband(self, group: _Group) -> None:
@@ -1480,9 +1788,56 @@ class QueueManager:
         dlq = self.queues.get(dlq_name)
         if dlq is None or not dlq_name.startswith(DLQ_PREFIX):
             return 0, None
+        offsets = [o for o in ([offset] if offset is not None else list(dlq.log))
+                   if o in dlq.log]
+        if not any(o in dlq.evicted for o in offsets):
+            return self._requeue(dlq_name, dlq, offsets)
+        # Some bodies are in storage only: read back and moved a batch at a time.
+        batches = [offsets[i:i + _READ_MESSAGES]
+                   for i in range(0, len(offsets), _READ_MESSAGES)]
+        done: Deferred[None] = Deferred()
+
+        def next_batch(_: object = None) -> None:
+            if not batches or self.queues.get(dlq_name) is not dlq:
+                done.callback(None)
+                return
+            batch = [o for o in batches.pop(0) if o in dlq.log]
+            wanted = [o for o in batch if o in dlq.evicted]
+            if not wanted or self._reader is None:
+                moved(batch)
+                return
+            d = self._reader(dlq_name, wanted)
+            d.addCallback(self._restored, dlq)
+            d.addCallback(lambda _: moved(batch))
+            d.addErrback(done.errback)
+
+        def moved(batch: list[int]) -> None:
+            batch = [o for o in batch if o in dlq.log and o not in dlq.evicted]
+            d = self._requeue(dlq_name, dlq, batch)[1]
+            if d is None:
+                next_batch()
+            else:
+                d.addCallbacks(next_batch, done.errback)
+
+        next_batch()
+        return len(offsets), done
+
+    def _restored(self, found: list[tuple[int, Message]], queue: _Queue) -> None:
+        """Bodies read back from storage are in memory again."""
+        evicted = queue.evicted
+        log = queue.log
+        for offset, message in found:
+            if offset in evicted and offset in log:
+                del evicted[offset]
+                log[offset] = message
+                self.resident += body_size(message)
+                self.read_backs += 1
+
+    def _requeue(self, dlq_name: str, dlq: _Queue, offsets: list[int]
+                 ) -> tuple[int, Deferred[None] | None]:
         ops: list[Op] = []
         moved = 0
-        for o in ([offset] if offset is not None else list(dlq.log)):
+        for o in offsets:
             message = dlq.log.get(o)
             if message is None:
                 continue

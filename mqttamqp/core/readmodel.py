@@ -20,7 +20,7 @@ from mqttamqp.core.bans import Ban, BanList
 from mqttamqp.core.connections import ConnectionInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
-from mqttamqp.core.registry import SessionRegistry
+from mqttamqp.core.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.router import Router
 from mqttamqp.core.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
@@ -82,6 +82,12 @@ class SessionView:
     delivered: int
     inbound_qos2: tuple[int, ...]
     has_will: bool
+    # MQTT 5's session expiry interval in seconds as agreed (0: the session ends with
+    # the connection), None where the client gave none (MQTT 3.x, AMQP); whether it
+    # means never (0xFFFFFFFF); and when an offline session will expire by it.
+    expiry: float | None = None
+    never_expires: bool = False
+    expires_at: float | None = None
     # Filled only by ``ReadModel.session`` (detail), empty in lists.
     inflight: tuple[EntryView, ...] = ()
     queued: tuple[EntryView, ...] = ()
@@ -163,11 +169,27 @@ class Counters:
     storage_failures: int = 0       # failed commits since start
     storage_error: str = ""         # the first error of the current (or last) failing spell
     messages_queued: int = 0        # routed copies not yet written ($SYS messages/queued)
+    # The durable queues' aggregate bounds: why their publishers are blocked ("":
+    # they are not), payload bytes stored, body bytes in memory (the budget).
+    queues_blocked: str = ""
+    queue_bytes: int = 0
+    queue_memory_bytes: int = 0
 
 
 def _entry(entry: OutEntry) -> EntryView:
     return EntryView(entry.packet_id, entry.qos, entry.state, entry.dup, entry.retain,
                      entry.message)
+
+
+def _expires_at(session: Session) -> float | None:
+    """When the offline ``session`` ends by its MQTT 5 expiry interval: the registry
+    arms that timer when the session goes offline (and again at a restart), and
+    ``last_seen`` is set at that moment."""
+    expiry = session.expiry
+    if (expiry is None or not session.persistent or session.connection is not None
+            or not 0 < expiry < NEVER_EXPIRES):
+        return None
+    return session.last_seen + expiry
 
 
 class ReadModel:
@@ -200,7 +222,9 @@ class ReadModel:
             inflight_count=len(session.inflight), queued_count=len(session.queue),
             queued_bytes=session.queued_bytes, dropped=session.dropped,
             delivered=session.delivered, inbound_qos2=tuple(sorted(session.inbound_qos2)),
-            has_will=session.client_id in self._wills, inflight=inflight, queued=queued)
+            has_will=session.client_id in self._wills, expiry=session.expiry,
+            never_expires=session.expiry is not None and session.expiry >= NEVER_EXPIRES,
+            expires_at=_expires_at(session), inflight=inflight, queued=queued)
 
     def session(self, client_id: str, detail_limit: int = 100) -> SessionView | None:
         session = self._registry.sessions.get(client_id)
@@ -337,4 +361,7 @@ class ReadModel:
             # The archive's own counters; other recorders' are named "kind/counter".
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
-            storage_error=stats.storage_error, messages_queued=registry.queued_total())
+            storage_error=stats.storage_error, messages_queued=registry.queued_total(),
+            queues_blocked=router.queues.alarm.reason or "",
+            queue_bytes=router.queues.total_bytes,
+            queue_memory_bytes=router.queues.resident)

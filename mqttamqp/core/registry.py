@@ -177,11 +177,13 @@ class SessionRegistry:
         or is dropped at once).  One ``len`` per session: cheap at ``$SYS`` intervals,
         nothing on the publish path."""
         return (sum(len(s.queue) for s in self.sessions.values())
-                + sum(len(s.queue) for s in self.link_subscribers.values()))
+                + sum(len(s.queue) for s in self.link_subscribers.values())
+                + self.router.shared_held())
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
-                + sum(s.dropped for s in self.link_subscribers.values()))
+                + sum(s.dropped for s in self.link_subscribers.values())
+                + self.router.shared_dropped())
 
     # -- live connections -----------------------------------------------------
 

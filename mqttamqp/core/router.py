@@ -4,8 +4,15 @@ What it owns: the subscription trie and the retained set; the publish permission
 check (one place for MQTT, AMQP and the broker's own messages); routing (trie
 match, delivery QoS = min(publish, granted), one copy per session at the highest
 granted QoS); which deliveries wait for their commit (QoS 2 to a persistent
-session) and when a publisher may be acknowledged; which online subscribers a
-publish left past their high-water mark (``Published.congested``).
+session) and when a publisher may be acknowledged; which online subscribers (and
+shared groups' backlogs) a publish left past their high-water mark
+(``Published.congested``); shared groups' deliveries (``core.shared``: a member
+with room, else the group's backlog, fed to members as they have room again); the
+retained messages a new subscription is owed, fed to its session as it has room
+(``Session.has_room``: its in-flight window for QoS 1/2, its link's write buffer
+or credit for QoS 0) rather than pushed into its bounded queue at once.  The
+façade calls ``room`` whenever a session may have room again (an acknowledgement,
+a drained link, a session coming online).
 
 What it must not do: know about connections or sockets, or keep sessions (the
 registry does); it receives the sessions it routes to through the trie.
@@ -13,7 +20,9 @@ registry does); it receives the sessions it routes to through the trie.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -26,6 +35,7 @@ from mqttamqp.core.commits import (
     committed_or_acknowledged,
     fire_when_acknowledged,
 )
+from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
@@ -65,6 +75,22 @@ WILDCARDS_NOT_SUPPORTED = 0xA2
 DYNAMIC_PREFIX = "$dynamic/"
 
 _NO_SESSIONS: tuple[Session, ...] = ()
+# Retained messages fed to a session in one go before the reactor gets a turn (the
+# rest follows at once, or when the session has room again).
+REPLAY_SLICE = 256
+
+
+class _Replay:
+    """The retained messages one subscription is still owed: the topics that had one
+    when it subscribed (each read again when its turn comes: a message deleted
+    meanwhile is skipped, a replaced one goes out as it is now)."""
+
+    __slots__ = ("granted", "index", "topics")
+
+    def __init__(self, topics: list[str], granted: int) -> None:
+        self.topics = topics
+        self.granted = granted
+        self.index = 0
 
 
 class Gate:
@@ -73,13 +99,18 @@ class Gate:
     adapter calls once its acknowledgement (MQTT PUBREC) is out.  ``cancel`` (the
     commit failed) takes them back instead.  Whichever comes first wins."""
 
-    __slots__ = ("_done", "_entries", "_message", "_qos0")
+    __slots__ = ("_done", "_entries", "_later", "_message", "_qos0")
 
     def __init__(self, message: Message) -> None:
         self._message = message
         self._entries: list[tuple[Session, OutEntry]] = []
         self._qos0: list[tuple[Session, bool]] = []
+        self._later: list[Callable[[], None]] = []   # shared groups' backlogs
         self._done = False
+
+    def later(self, call: Callable[[], None]) -> None:
+        """Call ``call`` at the opening (a shared group holds the message then)."""
+        self._later.append(call)
 
     def add(self, session: Session, entry: OutEntry | None, retain: bool = False) -> None:
         """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery with
@@ -98,8 +129,11 @@ class Gate:
         message = self._message
         for session, retain in self._qos0:
             session.deliver(message, 0, retain)
+        for call in self._later:
+            call()
         self._entries = []
         self._qos0 = []
+        self._later = []
 
     def cancel(self, failure: Failure) -> Failure:
         if not self._done:
@@ -108,6 +142,7 @@ class Gate:
                 session.withdraw(entry)
             self._entries = []
             self._qos0 = []
+            self._later = []
         return failure
 
 
@@ -124,14 +159,19 @@ class Published:
     when asked, ``count_drops``, or while recording).
     ``refusal``: a durable queue refused the message or acknowledgement (why, and
     the MQTT 5 reason code); nothing was stored for it.
+    ``blocked``: the durable queues are full on disk (``--queue-max-total-bytes``,
+    ``--disk-free-limit``) or their appends wait for the writer past a bound: stop
+    reading the publisher (AMQP: no more credit) and resume it through
+    ``Broker.when_queues_writable``.
     """
 
     durable: Deferred[None] | None = None
-    congested: Sequence[Session] = _NO_SESSIONS
+    congested: Sequence[Congestible] = _NO_SESSIONS
     denied: bool = False
     gate: Gate | None = None
     dropped: int = 0
     refusal: Refusal | None = None
+    blocked: bool = False
 
 
 _ROUTED = Published()
@@ -162,6 +202,18 @@ class Router:
         self.native: set[Session] = set()
         # Durable queues ($queue/, $dlq/): beside the trie, never in it.
         self.queues = QueueManager(clock, commits, self.limits, self._log_limit)
+        # Shared groups holding messages (a backlog, or loans of offline members).
+        self._waiting: dict[SharedGroup[Session], None] = {}
+        self._leaving: Session | None = None   # (see ``member_left``)
+        # Messages of groups that went away with messages still in their backlog.
+        self.shared_dropped_retired = 0
+        # Retained messages owed to new subscriptions, by session (``send_retained``).
+        self._replays: dict[Session, deque[_Replay]] = {}
+        self._feeding: set[Session] = set()   # a slice is scheduled for these
+        # QoS 1/2 drops at a session's queue bound: a line per session a minute, and
+        # 20 a minute in all (thousands of stuck sessions must not flood the log).
+        self._drop_lines = LogLimiter(clock.seconds)
+        self._drop_lines_all = LogLimiter(clock.seconds, burst=20)
 
     # -- publishing -----------------------------------------------------------
 
@@ -204,8 +256,12 @@ class Router:
             self.stats.messages_received += 1
         if message.topic[:1] == "$" and is_queue_topic(message.topic):
             appended, refusal = self.queues.publish(
-                message, message.publisher or "(broker)", extra_ops)
-            return Published(appended, refusal=refusal)
+                message, message.publisher or "(broker)", extra_ops,
+                # (MQTT 5 has a negative acknowledgement: 0x97 beats waiting)
+                refuse_when_blocked=message.qos > 0 and identity is not None
+                and identity.protocol == "mqtt5")
+            return Published(appended, refusal=refusal,
+                             blocked=refusal is None and self.queues.paused)
         ops: list[Op] = list(extra_ops)
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
@@ -236,7 +292,7 @@ class Router:
         held: list[tuple[Session, int]] = []
         qos1_entries: list[OutEntry] = []
         msg_qos = message.qos
-        congested: list[Session] | None = None
+        congested: list[Congestible] | None = None
         matches = self.trie.match(message.topic)
         recording = self._recording and counted and self.recorder.records_messages
         dropped = 0
@@ -244,9 +300,9 @@ class Router:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
         share_of: dict[Session, SharedGroup[Session]] | None = None
-        if self.shared:
-            matches, share_of = self._add_shared(message, matches)
         gate = Gate(message) if hold else None
+        if self.shared:
+            matches, share_of, dropped, congested = self._add_shared(message, matches, gate)
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             retain = False
@@ -275,10 +331,14 @@ class Router:
                     dropped += 1
             else:
                 entry = session.deliver(message, qos, retain)
+            if entry is None and qos:
+                self._queue_full(session)
             if session.expired_ops:   # expired messages made room (MQTT 5)
                 ops.extend(session.take_expired_ops())
             if entry is not None and share_of is not None:
-                entry.share = share_of.get(session)
+                group = entry.share = share_of.get(session)
+                if group is not None and session.link is None:
+                    self._lend(group, session, entry)   # (nobody online: see ``pick``)
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -323,28 +383,171 @@ class Router:
         return Published(d, congested if congested is not None else _NO_SESSIONS,
                          dropped=dropped)
 
-    def _add_shared(self, message: Message, matches: dict[Session, int]
-                    ) -> tuple[dict[Session, int], dict[Session, SharedGroup[Session]] | None]:
+    def _add_shared(self, message: Message, matches: dict[Session, int], gate: Gate | None
+                    ) -> tuple[dict[Session, int], dict[Session, SharedGroup[Session]] | None,
+                               int, list[Congestible] | None]:
         """``matches`` plus one member of each shared group whose filter matches
-        (a member that is also a plain subscriber gets one copy, at the higher QoS)."""
+        (a member that is also a plain subscriber gets one copy, at the higher QoS),
+        with the group of each; how many groups had to drop it (a full backlog); and
+        the groups whose backlog it left past the high-water mark.  A QoS 1/2 message
+        no member has room for (or that would overtake the group's backlog) waits in
+        the backlog; under a ``gate`` it goes there at the opening."""
         groups = self.shared_trie.match(message.topic)
         if not groups:
-            return matches, None
+            return matches, None, 0, None
         matches = dict(matches)
         share_of: dict[Session, SharedGroup[Session]] = {}
-        native = self.native
+        eligible = self.native if message.amqp_only else None
+        qos = message.qos
+        dropped = 0
+        congested: list[Congestible] | None = None
         for group in groups:
-            pick = group.pick(message.publisher)
+            if eligible is not None and not any(s in eligible for s in group.members):
+                continue   # (no MQTT form, and no AMQP member: no taker)
+            pick = None if qos and group.backlog else group.pick(
+                message.publisher, qos, eligible=eligible)
             if pick is None:
+                if not qos:
+                    continue   # (QoS 0 with no member online: no taker)
+                if gate is not None:
+                    gate.later(partial(self._hold_later, group, message))
+                    continue
+                if not self._hold(group, message):
+                    dropped += 1
+                if group.over_high_water():
+                    if congested is None:
+                        congested = [group]
+                    else:
+                        congested.append(group)
                 continue
-            session, qos = pick
-            if message.amqp_only and session not in native:
-                continue
+            session, granted = pick
             had = matches.get(session)
             share_of[session] = group   # (also for a plain subscriber: its options
-            if had is None or qos > had:  # must know the group picked it)
-                matches[session] = qos
-        return matches, share_of
+            if had is None or granted > had:  # must know the group picked it)
+                matches[session] = granted
+        return matches, share_of, dropped, congested
+
+    def _hold(self, group: SharedGroup[Session], message: Message) -> bool:
+        """Keep ``message`` in ``group``'s backlog (False: full, dropped and counted),
+        then give what it can to members with room."""
+        if self.shared.get(group.key) is not group:
+            return True   # (the group went away meanwhile: nobody to hold it for)
+        if not group.hold(message, message.qos):
+            suppressed = self._log_limit.allow("shared_backlog")
+            if suppressed is not None:
+                self.log.warn(
+                    "shared subscription {g}: a message on {t!r} dropped, the group's "
+                    "backlog is full (--max-queued-messages {n}, --max-queued-bytes {b}) "
+                    "and no member has room ({h} more since the last line; {d} in all)",
+                    g=group.key, t=message.topic, n=group.max_messages, b=group.max_bytes,
+                    h=suppressed, d=group.dropped)
+            return False
+        self._waiting[group] = None
+        self._drain(group)
+        return True
+
+    def _hold_later(self, group: SharedGroup[Session], message: Message) -> None:
+        self._hold(group, message)
+
+    def _lend(self, group: SharedGroup[Session], session: Session, entry: OutEntry) -> None:
+        group.loans.append((session, entry))
+        self._waiting[group] = None
+
+    def room(self, session: Session) -> None:
+        """``session`` may have room again (an acknowledgement, a drained link, back
+        online): feed it the retained messages it is owed, and the groups it is a
+        member of what they hold."""
+        if session in self._replays:
+            self._feed_retained(session)
+        if self._waiting:
+            for group in list(self._waiting):
+                if session in group.members:
+                    self._drain(group)
+
+    def _drain(self, group: SharedGroup[Session]) -> None:
+        """Give ``group``'s loans (oldest first), then its backlog, to members with
+        room, until none has any; the moves are stored in one commit."""
+        ops: list[Op] = []
+        held: list[tuple[Session, int]] = []
+        loans = group.loans
+        while loans:
+            lender, entry = loans[0]
+            if ((lender.link is not None and lender is not self._leaving)
+                    or entry.held or entry.gated or not lender.holds(entry)):
+                loans.popleft()   # back online (it sends it itself), or already gone
+                continue
+            message = entry.message
+            pick = group.pick(message.publisher, entry.qos, exclude=lender,
+                              eligible=self.native if message.amqp_only else None)
+            if pick is None or pick[0].link is None:
+                break
+            loans.popleft()
+            target, granted = pick
+            ops.extend(lender.take_back(entry))
+            if self._give(group, target, message, min(entry.qos, granted), ops, held) is None:
+                group.give_back(message, entry.qos)   # (no packet id left there)
+                break
+        if not loans:
+            backlog = group.backlog
+            while backlog:
+                message, qos = backlog[0]
+                eligible = self.native if message.amqp_only else None
+                pick = group.pick(message.publisher, qos, eligible=eligible)
+                if pick is None:
+                    if eligible is not None and not any(s in eligible
+                                                        for s in group.members):
+                        group.take()    # (no AMQP member left to take it: no taker)
+                        continue
+                    break
+                group.take()
+                target, granted = pick
+                if self._give(group, target, message, min(qos, granted), ops, held) is None:
+                    group.put_back(message, qos)    # (an offline member's queue is full)
+                    break
+        if not group.backlog and not group.loans:
+            self._waiting.pop(group, None)
+        d = self.commits.persist(ops)
+        if d is not None:
+            if held:
+                d.addCallback(_release_held, held)
+            self.commits.watch(d, "moving messages of shared subscription " + group.key)
+
+    def _give(self, group: SharedGroup[Session], target: Session, message: Message,
+              qos: int, ops: list[Op], held: list[tuple[Session, int]]) -> OutEntry | None:
+        """Deliver a message ``group`` held to its member ``target``."""
+        retain = bool(message.retain
+                      and target.sub_options.get(group.key, 0) & RETAIN_AS_PUBLISHED)
+        entry = target.deliver(message, qos, retain)
+        if target.expired_ops:
+            ops.extend(target.take_expired_ops())
+        if entry is None:
+            return None
+        entry.share = group
+        if target.persistent:
+            ops.append(entry.put_op(target.client_id))
+            if entry.held:
+                held.append((target, entry.seq))
+        if target.link is None:
+            self._lend(group, target, entry)
+        return entry
+
+    def _queue_full(self, session: Session) -> None:
+        """A QoS 1/2 delivery to ``session`` was dropped at its queue bound (counted by
+        the session): one line per session a minute, with the count."""
+        held = self._drop_lines.allow(session.client_id)
+        if held is None:
+            return
+        others = self._drop_lines_all.allow("queue_full")
+        if others is None:
+            return
+        self.log.warn(
+            "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
+            "{m}, --max-queued-bytes {b}){why}; {t} dropped in all{o}",
+            c=session.client_id, n=held + 1, m=self.limits.max_queued_messages,
+            b=self.limits.max_queued_bytes, t=session.dropped,
+            why=(" while it made no progress" if session.stalled else
+                 "" if session.link is not None else " while offline"),
+            o=f" ({others} such lines of other sessions not logged)" if others else "")
 
     def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
         """A valid filter ``identity`` may subscribe to."""
@@ -357,8 +560,12 @@ class Router:
                 and self.authorizer.may_subscribe(identity, inner))
 
     def congested_for(self, topic: str) -> bool:
-        """True if an online subscriber of ``topic`` is past its high-water mark."""
-        return any(session.over_high_water() for session in self.trie.match(topic))
+        """True if an online subscriber of ``topic`` (or a shared group's backlog) is
+        past its high-water mark."""
+        if any(session.over_high_water() for session in self.trie.match(topic)):
+            return True
+        return bool(self._waiting) and any(
+            group.over_high_water() for group in self.shared_trie.match(topic))
 
     # -- subscriptions --------------------------------------------------------
 
@@ -458,11 +665,13 @@ class Router:
         return granted
 
     def send_retained(self, session: Session, grants: Iterable[tuple[str, int]]) -> None:
-        """After SUBACK: the retained messages of each granted filter, retain set."""
-        ops: list[Op] = []
-        last_seq = 0
-        now = self.clock.seconds()
-        expired: list[str] = []
+        """After SUBACK: the retained messages of each granted filter, retain set.
+
+        They are not pushed at once into the session's bounded queue (where all but
+        a queue's worth would drop): the topics that have one now are noted, and
+        the messages are fed as the session has room (``room``), each read when its
+        turn comes."""
+        replays = None
         for topic_filter, granted in grants:
             if granted >= SUBSCRIBE_FAILURE or topic_filter.startswith(SHARE_PREFIX):
                 continue   # (never retained messages on a shared subscription)
@@ -470,26 +679,89 @@ class Router:
                 with self.stats.own_messages():   # $SYS is not traffic (``stats``)
                     self._send_sys_retained(session, topic_filter)
                 continue
-            for message in self.retained.match(topic_filter):
+            topics = [message.topic for message in self.retained.match(topic_filter)]
+            if topics:
+                if replays is None:
+                    replays = self._replays.get(session)
+                    if replays is None:
+                        replays = self._replays[session] = deque()
+                replays.append(_Replay(topics, granted))
+        if replays is not None:
+            self._feed_retained(session)
+
+    def _feed_retained(self, session: Session) -> None:
+        """Send ``session`` the retained messages it is owed while it has room (at
+        most ``REPLAY_SLICE`` before the reactor's next turn).  An offline
+        persistent session queues QoS 1/2 ones up to its high-water mark (QoS 0 is
+        not kept for it); the rest waits until it is back."""
+        replays = self._replays.get(session)
+        if replays is None:
+            return
+        ops: list[Op] = []
+        last_seq = 0
+        now = self.clock.seconds()
+        expired: list[str] = []
+        native = session in self.native
+        budget = REPLAY_SLICE
+        retained = self.retained
+        limits = self.limits
+        while replays:
+            replay = replays[0]
+            topics = replay.topics
+            index = replay.index
+            while index < len(topics):
+                message = retained.get(topics[index])
+                if message is None or (message.amqp_only and not native):
+                    index += 1     # deleted meanwhile, or no MQTT form
+                    continue
                 if message.props is not None and message.expired(now):
                     expired.append(message.topic)   # MQTT 5 message expiry
+                    index += 1
                     continue
-                if message.amqp_only and session not in self.native:
-                    continue
-                qos = min(granted, message.qos)
+                qos = min(replay.granted, message.qos)
+                if session.link is None:
+                    if not qos:
+                        index += 1     # (QoS 0 is not kept for an offline session)
+                        continue
+                    if (len(session.queue) * 2 >= limits.max_queued_messages
+                            or session.queued_bytes * 2 >= limits.max_queued_bytes):
+                        break
+                elif not session.has_room(qos):
+                    break
+                if not budget:
+                    if session not in self._feeding:
+                        self._feeding.add(session)
+                        self.clock.callLater(0, self._next_slice, session)
+                    break
+                budget -= 1
+                index += 1
                 entry = session.deliver(message, qos, True)
                 if session.expired_ops:
                     ops.extend(session.take_expired_ops())
-                if entry is not None and session.persistent:
+                if entry is None:
+                    if qos:
+                        self._queue_full(session)
+                elif session.persistent:
                     ops.append(entry.put_op(session.client_id))
                     last_seq = entry.seq
+            replay.index = index
+            if index < len(topics):
+                break
+            replays.popleft()
+        if not replays:
+            del self._replays[session]
         for topic in expired:
-            if self.retained.delete(topic):
+            if retained.delete(topic):
                 ops.append(DeleteRetained(topic))
         d = self.commits.persist(ops)
         if d is not None:
-            d.addCallback(_release_held, [(session, last_seq)])
+            if last_seq:
+                d.addCallback(_release_held, [(session, last_seq)])
             self.commits.watch(d, "queueing retained messages")
+
+    def _next_slice(self, session: Session) -> None:
+        self._feeding.discard(session)
+        self._feed_retained(session)
 
     def _send_sys_retained(self, session: Session, topic_filter: str) -> None:
         """The broker's own retained ``$SYS`` messages: QoS 0 whatever was granted
@@ -499,14 +771,18 @@ class Router:
 
     def unsubscribe(self, session: Session, filters: Sequence[str]) -> Deferred[None] | None:
         ops: list[Op] = []
+        left = False
         for topic_filter in filters:
             session.sub_options.pop(topic_filter, None)
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self._unroute(topic_filter, session)
+                left = left or topic_filter.startswith(SHARE_PREFIX)
                 self.recorder.event(self.clock.seconds(), UNSUBSCRIBE, session.client_id,
                                     topic=topic_filter)
                 if session.persistent:
                     ops.append(DeleteSubscription(session.client_id, topic_filter))
+        if left:
+            ops.extend(self._return_entries(session, ending=False))
         return self.commits.persist(ops)
 
     def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
@@ -528,6 +804,9 @@ class Router:
             self._unroute(topic_filter, session)
         session.subscriptions.clear()
         session.sub_options.clear()
+        self._replays.pop(session, None)
+        if self.shared:
+            self._return_entries(session, ending=True)
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
         """Drop the subscriptions of ``session`` that ``identity`` may not have (a
@@ -560,10 +839,14 @@ class Router:
             return
         group = self.shared.get(topic_filter)
         if group is None:
-            group = SharedGroup[Session](shared[0], shared[1], self.limits.share_strategy)
+            group = SharedGroup[Session](shared[0], shared[1], self.limits.share_strategy,
+                                         self.limits.max_queued_messages,
+                                         self.limits.max_queued_bytes)
             self.shared[topic_filter] = group
             self.shared_trie.add(shared[1], group, 2)
         group.join(session, qos)
+        if group in self._waiting:
+            self._drain(group)     # (a new member may take what the group holds)
 
     def _unroute(self, topic_filter: str, session: Session) -> None:
         if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
@@ -578,37 +861,77 @@ class Router:
         if not group.members:
             del self.shared[topic_filter]
             self.shared_trie.remove(group.filter, group)
+            self.shared_dropped_retired += group.dropped
+            if group.backlog:   # (nobody is left to take them)
+                self.shared_dropped_retired += len(group.backlog)
+                group.backlog.clear()
+                group.backlog_bytes = 0
+            group.loans.clear()
+            self._waiting.pop(group, None)
 
     def member_left(self, session: Session) -> list[Op]:
-        """``session`` goes offline (or away): its shared QoS 1 messages, and its
-        shared QoS 2 messages not yet sent, move to another online member of their
-        group.  Returns the durable ops (removed here, stored there).  Its durable
-        queue deliveries go back to their groups."""
+        """``session`` goes offline (or away, ``forget_session`` follows): its shared
+        QoS 1 messages, and its shared QoS 2 messages not yet sent, become loans to
+        their groups, moved at once to members with room (the rest as members get
+        room, or back to it if it returns first; see ``core.shared``).  Its durable
+        queue deliveries go back to their groups.  The moves are stored by the
+        router itself; nothing is returned for the caller's commit."""
         self.queues.member_left(session)
         if not self.shared:
             return []
-        moving = [e for e in session.entries()
-                  if e.share is not None and not e.held and not e.gated
-                  and (e.qos == 1 or e.state == QueuedState.QUEUED)]
-        ops: list[Op] = []
-        for entry in moving:
+        groups: dict[SharedGroup[Session], None] = {}
+        for entry in session.entries():
             group = entry.share
-            assert group is not None
-            message = entry.message
-            pick = group.pick(message.publisher, exclude=session)
-            if pick is None or pick[0].link is None:
-                continue   # nobody else online: it stays with its member
-            target, granted = pick
-            if message.amqp_only and target not in self.native:
-                continue   # (no MQTT form: only an AMQP member could take it)
-            new = target.deliver(message, min(entry.qos, granted), False)
-            if new is None:
-                continue   # the target has no room: it stays where it is
-            new.share = group
-            if target.persistent:
-                ops.append(new.put_op(target.client_id))
+            if (group is not None and self.shared.get(group.key) is group
+                    and (entry.qos == 1 or entry.state == QueuedState.QUEUED)):
+                self._lend(group, session, entry)
+                groups[group] = None
+        self._leaving = session   # (still attached: its loans may move all the same)
+        try:
+            for group in groups:
+                self._drain(group)
+        finally:
+            self._leaving = None
+        return []
+
+    def _return_entries(self, session: Session, ending: bool) -> list[Op]:
+        """Give ``session``'s shared messages back to the groups it is no longer a
+        member of, at the front of their backlogs: when the session ends, its QoS 1
+        messages and its QoS 2 ones the client has not acknowledged (PUBREC); when
+        it only unsubscribed, what it has not sent yet.  Returns the ops that forget
+        them here."""
+        back: dict[SharedGroup[Session], list[tuple[Message, int]]] = {}
+        ops: list[Op] = []
+        for entry in list(session.entries()):
+            group = entry.share
+            if group is None:
+                continue
+            if self.shared.get(group.key) is not group or session in group.members:
+                continue
+            if ending:
+                if entry.qos == 2 and entry.state == QueuedState.RELEASED:
+                    continue    # (the client has it: nothing to give back)
+            elif entry.state != QueuedState.QUEUED or entry.held or entry.gated:
+                continue
+            if entry.held or entry.gated:
+                continue        # (its commit or its publisher's PUBREC is still due)
             ops.extend(session.take_back(entry))
+            back.setdefault(group, []).append((entry.message, entry.qos))
+        for group, messages in back.items():
+            for message, qos in reversed(messages):
+                group.give_back(message, qos)
+            self._waiting[group] = None
+            self._drain(group)
         return ops
+
+    def shared_held(self) -> int:
+        """Messages shared groups hold in their backlogs (not yet any member's)."""
+        return sum(len(group.backlog) for group in self._waiting)
+
+    def shared_dropped(self) -> int:
+        """Messages shared groups dropped: refused by a full backlog, or left in the
+        backlog of a group whose last member went away."""
+        return self.shared_dropped_retired + sum(g.dropped for g in self.shared.values())
 
     # -- retained -------------------------------------------------------------
 

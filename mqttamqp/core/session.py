@@ -339,6 +339,30 @@ class Session:
             or self.queued_bytes * 2 > self.limits.max_queued_bytes
             or self.link.congested)
 
+    def has_room(self, qos: int) -> bool:
+        """Could a message of ``qos`` be sent now, without a backlog growing here?
+        Online, and for QoS 1/2 what is in flight and queued below the in-flight
+        window (and the queue below its high-water mark); for QoS 0 a link that is
+        not congested (and for AMQP, credit left).  Shared groups give messages
+        only to members with room, and retained messages are fed to a new
+        subscriber as it has room."""
+        link = self.link
+        if link is None:
+            return False
+        if not qos:
+            # (an AMQP link also needs the peer's credit: ``credit_room``)
+            return not link.congested and getattr(link, "credit_room", True)
+        limits = self.limits
+        return (len(self.inflight) + len(self.queue) < self.window
+                and len(self.queue) * 2 <= limits.max_queued_messages
+                and self.queued_bytes * 2 <= limits.max_queued_bytes)
+
+    def holds(self, entry: OutEntry) -> bool:
+        """Is ``entry`` still this session's (in flight or queued)?"""
+        if self.inflight.get(entry.packet_id) is entry:
+            return True
+        return any(queued is entry for queued in self.queue)
+
     # -- restoring ------------------------------------------------------------
 
     def restore(self, queue: Iterable[tuple[int, StoredQueued]],

@@ -93,6 +93,7 @@ class BrokerStats:
     storage_error: str = ""           # the first error of the current (or last) spell
     # How often each limit refused something (``$SYS/broker/limits/<name>``).
     limits: dict[str, int] = field(default_factory=dict)
+    amqp_links: int = 0               # AMQP links attached now, all connections (gauge)
     # Times an MQTT connection's input was held for a later reactor turn, after its
     # share of one (``Limits.mqtt_turn``): not a refusal, a measure of contention.
     mqtt_turns_yielded: int = 0

@@ -23,6 +23,7 @@ import os
 import secrets
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -57,9 +58,26 @@ class UserRecord:
         return hmac.compare_digest(candidate, self.digest)
 
 
+# At most this many scrypt computations run at once, whichever thread asks: each
+# holds 128 * n * r bytes (32 MiB for the user store's n=2**15, r=8) and the
+# reactor's pool has 10 threads, so a burst of logins from many addresses took
+# 300 MB more RSS (bench/abuse.py login_guessing).  A check beyond the slots waits
+# for one in its pool thread; the answer comes a few tens of milliseconds later.
+HASH_SLOTS = 2
+_hash_slots = threading.BoundedSemaphore(HASH_SLOTS)
+
+
+def scrypt(password: bytes, *, salt: bytes, n: int, r: int, p: int, dklen: int,
+           maxmem: int) -> bytes:
+    """``hashlib.scrypt`` within the process-wide bound of ``HASH_SLOTS`` at once."""
+    with _hash_slots:
+        return hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=dklen,
+                              maxmem=maxmem)
+
+
 def _scrypt(password: bytes, salt: bytes, n: int, r: int, p: int, size: int) -> bytes:
-    return hashlib.scrypt(password, salt=salt, n=n, r=r, p=p, dklen=size,
-                          maxmem=256 * n * r + (1 << 20))
+    return scrypt(password, salt=salt, n=n, r=r, p=p, dklen=size,
+                  maxmem=256 * n * r + (1 << 20))
 
 
 def hash_password(password: bytes, n: int = DEFAULT_N, r: int = DEFAULT_R, p: int = DEFAULT_P,

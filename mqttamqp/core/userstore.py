@@ -42,7 +42,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials, loopback_peer
 from mqttamqp.core.enhanced_auth import ScramCredentials, scram_credentials
-from mqttamqp.core.users import defer_to_thread
+from mqttamqp.core.users import defer_to_thread, scrypt
 
 __all__ = [
     "USERS_FILE", "LEGACY_ADMIN_FILE", "ROLE_ADMIN", "ROLE_READ_ONLY", "ROLE_CLIENT",
@@ -76,8 +76,8 @@ def hash_password(password: str, n: int = SCRYPT_N, r: int = SCRYPT_R,
                   p: int = SCRYPT_P) -> str:
     """``scrypt$n$r$p$salt$hash`` (base64); the cost travels with the hash."""
     salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p,
-                            maxmem=_SCRYPT_MAXMEM, dklen=32)
+    digest = scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p,
+                    maxmem=_SCRYPT_MAXMEM, dklen=32)
     return "$".join(["scrypt", str(n), str(r), str(p),
                      base64.b64encode(salt).decode(), base64.b64encode(digest).decode()])
 
@@ -91,8 +91,8 @@ def verify_password(password: str | bytes, encoded: str) -> bool:
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(raw, salt=base64.b64decode(salt), n=int(n), r=int(r),
-                                p=int(p), maxmem=_SCRYPT_MAXMEM, dklen=len(expected))
+        actual = scrypt(raw, salt=base64.b64decode(salt), n=int(n), r=int(r),
+                        p=int(p), maxmem=_SCRYPT_MAXMEM, dklen=len(expected))
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(actual, expected)

@@ -1100,6 +1100,9 @@ class MQTTProtocol(Protocol):
     def _drained(self) -> None:
         self._resume_reading("congestion")
 
+    def _queues_writable(self) -> None:
+        self._resume_reading("queues")
+
     # -- ordered acknowledgements ---------------------------------------------------
 
     def _ack(self, d: Deferred[None] | None, frame: bytes,
@@ -1267,6 +1270,10 @@ class MQTTProtocol(Protocol):
 
     def _after_publish(self, session: Session, result: Published, size: int) -> None:
         broker = self.broker
+        if result.blocked:
+            # The durable queues are full on disk: not read until they have room.
+            self._pause_reading("queues")
+            broker.when_queues_writable(id(self), self._queues_writable)
         if result.congested:
             # Never pause for our own session: its acknowledgements arrive on this socket.
             congested = [s for s in result.congested if s is not session]

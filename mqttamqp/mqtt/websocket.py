@@ -9,7 +9,12 @@ bytes of every binary message go to an ``MQTTProtocol`` through
 socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
 or several: frame data is fed to the protocol as it arrives (autobahn streams it),
 so the MQTT decoder and its ``--max-packet-size`` are the size limit, as on TCP,
-and no whole message is ever buffered here.  Each ``write`` of the protocol
+and no whole message is ever buffered here. A frame whose header announces more
+than ``MAX_FRAME_PACKETS`` times ``--max-packet-size`` closes the connection at that
+header (close code 1009), and so does any protocol error autobahn finds (a length
+over 2^63, say): the close frame says why and the socket closes at once, without
+reading what the peer still sends. Only RFC 6455's version 13 is spoken; a request
+for another gets HTTP 426 naming it.  Each ``write`` of the protocol
 (already batched per read) becomes one binary message.
 
 Back-pressure is the socket's own: the protocol registers itself as the push
@@ -56,8 +61,9 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
 
-__all__ = ["SUBPROTOCOLS", "WS_PATH", "MQTTWebSocketFactory", "MQTTWebSocketProtocol",
-           "OriginRule", "StreamOverWebSocket"]
+__all__ = ["MAX_FRAME_PACKETS", "SUBPROTOCOLS", "WS_PATH", "WS_VERSION",
+           "MQTTWebSocketFactory", "MQTTWebSocketProtocol", "OriginRule",
+           "StreamOverWebSocket"]
 
 WS_PATH = "/mqtt"
 # In the order of preference when a client offers both (MQTT.js offers "mqtt"; old
@@ -69,6 +75,12 @@ MAX_REQUEST_HEAD = 16 * 1024
 # RFC 6455 close codes.
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_TOO_BIG = 1009
+#: The one WebSocket version spoken (RFC 6455); autobahn also speaks the draft's 8.
+WS_VERSION = 13
+#: A frame may carry at most this many times --max-packet-size (several packets may
+#: share a frame: MQTT.js batches its writes into one).
+MAX_FRAME_PACKETS = 4
 
 
 @dataclass(frozen=True)
@@ -258,9 +270,16 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def failHandshake(self, reason: str, code: int = 400,
                       responseHeaders: Any = None) -> None:
         """Every refused handshake comes here; those autobahn refuses itself (not a
-        WebSocket request, a malformed one) are logged here, ours in ``_deny``."""
+        WebSocket request, a malformed one) are logged here, ours in ``_deny``.
+        A version we do not speak gets 426 Upgrade Required (RFC 6455 4.2.2) with
+        the version we do (autobahn answers 400)."""
+        names = {str(name).lower() for name, _ in responseHeaders or ()}
+        cause = "bad_handshake"
+        if "sec-websocket-version" in names:
+            code, cause = 426, "version"
+            responseHeaders = [("Sec-WebSocket-Version", str(WS_VERSION))]
         if not self._denied:
-            self.factory.refused(self._peer(), "bad_handshake", reason)
+            self.factory.refused(self._peer(), cause, reason)
         super().failHandshake(reason, code, responseHeaders)
 
     def _handshake_timed_out(self) -> None:
@@ -294,7 +313,38 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                                 reasonUtf8=reason.encode("utf-8"), isReply=False)
 
     def onMessageFrameBegin(self, length: int) -> None:
-        pass   # no limits here: the MQTT decoder bounds each packet
+        """The MQTT decoder bounds each packet; a frame is bounded here, at its
+        header, before any of its payload is read."""
+        limit = MAX_FRAME_PACKETS * self.factory.mqtt.broker.limits.max_packet_size
+        if length > limit and not self._ignoring:
+            reason = (f"a WebSocket frame of {length} bytes (at most {limit}: "
+                      f"{MAX_FRAME_PACKETS} x --max-packet-size)")
+            self.factory.mqtt.broker.stats.limit_hit("ws_frame_size")
+            self._end(CLOSE_TOO_BIG, "frame_size", reason)
+
+    def _fail_connection(self, code: int = 1001, reason: str = "going away") -> None:
+        """What autobahn finds wrong in what the peer sent (a protocol violation, an
+        invalid payload) ends the connection now: one log line, the close frame
+        saying why, then the socket closes. (autobahn would wait for the peer's
+        close reply meanwhile, reading and dropping whatever it sends: up to the
+        2^63 bytes a frame header may announce.)"""
+        if self._ignoring or self.state == self.STATE_CLOSED:
+            super()._fail_connection(code, reason)
+            return
+        self._end(code, "protocol_error", f"WebSocket protocol error: {reason}")
+
+    def _end(self, code: int, cause: str, reason: str) -> None:
+        """Close for what the peer sent: counted, logged (one line per cause a
+        minute), the close frame with ``code`` and ``reason``, and the socket
+        closed once it is written; nothing more is read or fed to MQTT."""
+        self._ignoring = True
+        self._closing_reason = reason
+        self.factory.refused(self._peer(), cause, reason, open_=True)
+        if self.state == self.STATE_OPEN:
+            self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8")[:123],
+                                isReply=False)
+        self.failedByMe = True
+        self.dropConnection(abort=False)
 
     def onMessageFrameData(self, payload: bytes) -> None:
         mqtt = self.mqtt
@@ -346,6 +396,7 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             maxFramePayloadSize=0, maxMessagePayloadSize=0,
             # Not compressed: nothing to inflate, and MQTT payloads are often so.
             perMessageCompressionAccept=lambda offers: None,
+            versions=[WS_VERSION],
             failByDrop=False,
             # A plain HTTP GET gets 426, not autobahn's page naming its version.
             webStatus=False,

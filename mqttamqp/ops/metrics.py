@@ -125,6 +125,15 @@ def _queue_families(broker: Broker) -> list[Family]:
                 ("expired", qs.expired), ("nacked", qs.nacked),
                 ("published", qs.published), ("redelivered", qs.redelivered),
                 ("refused", qs.refused), ("rejected", qs.rejected))),
+        _one("mqttamqp_queue_stored_bytes", GAUGE, "Payload bytes all durable queues "
+             "hold (--queue-max-total-bytes bounds it).", broker.queues.total_bytes,
+             "bytes"),
+        _one("mqttamqp_queue_memory_bytes", GAUGE, "Bytes of durable queue message "
+             "bodies held in memory (--queue-memory-budget bounds it; the others are "
+             "in storage only).", broker.queues.resident, "bytes"),
+        _one("mqttamqp_queue_publishers_blocked", GAUGE, "1 while publishers to durable "
+             "queues are blocked (--queue-max-total-bytes or --disk-free-limit reached), "
+             "else 0.", 1 if broker.queues.blocked else 0),
     ]
 
 
@@ -153,6 +162,8 @@ def snapshot(broker: Broker) -> list[Family]:
         _one("mqttamqp_retained_messages", GAUGE, "Retained messages clients stored "
              "($SYS not counted).", c.retained - c.retained_sys),
         _one("mqttamqp_subscriptions", GAUGE, "Topic filters subscribed.", c.subscriptions),
+        _one("mqttamqp_amqp_links", GAUGE, "AMQP links attached now, refused ones not yet "
+             "detached included (--amqp-max-links-total).", stats.amqp_links),
         _one("mqttamqp_wills_pending", GAUGE, "Stored wills (not yet published).", c.wills),
         _one("mqttamqp_wills_in_grace", GAUGE, "Wills restored at start whose grace "
              "period is still running.", broker.wills_in_grace),

@@ -1,14 +1,19 @@
 """The traffic report as Spark transformations: archive in, tables and a summary out.
 
-The job works in two stages so that a full run and ``--incremental`` runs give the
-same report:
+The job works in two stages so that full and ``--incremental`` runs, mixed in any
+order over a growing archive, give the same report as one full run:
 
-1. *state*: new archive rows are reduced to additive partial aggregates and
-   appended under ``OUT/_state`` — messages per (minute, topic, publisher, user)
-   with counts, bytes, QoS mix and retained count, and the few event columns the
-   report needs. A full run rebuilds the state from every file; an incremental run
-   reads only files it has not seen (Structured Streaming file source,
-   ``Trigger.AvailableNow``, checkpoint in ``OUT/_checkpoint``) and appends.
+1. *state*: archive files not read before are reduced to additive partial
+   aggregates and appended under ``OUT/_state`` — messages per (minute, topic,
+   publisher, user) with counts, bytes, QoS mix and retained count, and the few event
+   columns the report needs. Which files were read is known to one place only, the
+   Structured Streaming file source (``Trigger.AvailableNow``, checkpoint in
+   ``OUT/_checkpoint``), and both kinds of run go through it: a full run deletes the
+   state and the checkpoint and then reads every file as the first batch of a fresh
+   stream, so a later incremental run reads only what came after. ``_state/state.json``
+   names the archive the state was built from and is written when both streams have
+   finished; an incremental run without it (a run that was stopped half-way, a report
+   folder from an older version, another archive) starts over like a full run.
 2. *report*: every table is derived from the state (re-summing partial rows), then
    written as Parquet under ``OUT/tables/<name>`` and summarised in
    ``OUT/summary.json``.
@@ -22,13 +27,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -44,7 +51,17 @@ from mqttamqp.archive.schema import (
 __all__ = ["ReportOptions", "ReportResult", "EmptyArchive", "build_report",
            "MESSAGES_READ_SCHEMA", "EVENTS_READ_SCHEMA", "SUMMARY_VERSION", "TABLES"]
 
-SUMMARY_VERSION = 1
+#: 2: ``input`` says ``files_read``/``rows_read`` in both modes (1 had ``new_files``
+#: for a full run and ``new_rows`` for an incremental one).
+SUMMARY_VERSION = 2
+#: Bumped when the state's layout or meaning changes: an older state is rebuilt.
+STATE_VERSION = 2
+_STATE_INFO = "state.json"
+# The file source skips a file whose modification time is older than this before the
+# newest file it has seen (after its first batch), and the default is 7 days: an old
+# file copied into the archive late would be missed by incremental runs only.
+_MAX_FILE_AGE = "36500d"
+_FILE = "_report_input_file"   # the column naming each row's archive file
 TABLES = ("topic_minute", "top_topics", "top_publishers", "topic_tree", "sessions",
           "clients", "disconnect_causes", "wills", "auth_failures")
 
@@ -96,8 +113,9 @@ class ReportOptions:
 @dataclass
 class ReportResult:
     summary: dict[str, Any]
-    new_files: int = 0
-    new_rows: int = 0
+    incremental: bool = False        # added to an earlier state (False: built anew)
+    files_read: int = 0              # archive files read by this run
+    rows_read: int = 0               # rows in them (messages and events)
     stages: list[str] = field(default_factory=list)
 
 
@@ -128,65 +146,94 @@ def _event_rows(events: DataFrame) -> DataFrame:
                     "reason", "topic"))
 
 
-def _read_batch(spark: SparkSession, base: str, schema: T.StructType) -> DataFrame | None:
+_SOURCES = ((MESSAGES, MESSAGES_READ_SCHEMA, _message_parts),
+            (EVENTS, EVENTS_READ_SCHEMA, _event_rows))
+
+
+def _local_archive(archive: str) -> str:
+    """A local archive path made absolute and free of symbolic links: the file
+    source remembers files by full path, so ``data/archive`` and the same directory
+    by another name must not look like new files."""
+    if urlsplit(archive).scheme:
+        return archive
+    return os.path.realpath(archive)
+
+
+def _state_identity(archive: str) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "archive": archive}
+
+
+def _can_add_to_state(spark: SparkSession, opts: ReportOptions, archive: str) -> bool:
+    """Whether the state under ``OUT`` is a complete one of this archive."""
+    text = _read_text(spark, _path(opts.out, "_state", _STATE_INFO))
     try:
-        return (spark.read.schema(schema).option("recursiveFileLookup", "true")
-                .option("pathGlobFilter", "part-*.parquet").parquet(base))
-    except Exception as e:  # a missing directory: nothing archived there yet
-        if "PATH_NOT_FOUND" in str(e) or "does not exist" in str(e):
-            return None
-        raise
+        return text is not None and json.loads(text) == _state_identity(archive)
+    except ValueError:
+        return False
 
 
-def _full_state(spark: SparkSession, opts: ReportOptions, result: ReportResult) -> None:
-    state = _path(opts.out, "_state")
-    for name, schema, reduce in ((MESSAGES, MESSAGES_READ_SCHEMA, _message_parts),
-                                 (EVENTS, EVENTS_READ_SCHEMA, _event_rows)):
-        df = _read_batch(spark, _path(opts.archive, name), schema)
-        if df is None:
-            df = spark.createDataFrame([], schema)
-        else:
-            result.new_files += len(df.inputFiles())
-        df = reduce(df)
-        df.write.mode("overwrite").parquet(_path(state, name, "batch=full"))
-        result.stages.append(f"state {name}")
-
-
-def _incremental_state(spark: SparkSession, opts: ReportOptions,
-                       result: ReportResult) -> None:
-    state = _path(opts.out, "_state")
-    for name, schema, reduce in ((MESSAGES, MESSAGES_READ_SCHEMA, _message_parts),
-                                 (EVENTS, EVENTS_READ_SCHEMA, _event_rows)):
-        source = _path(opts.archive, name)
-        _ensure_dir(spark, source)
+def _read_new_files(spark: SparkSession, opts: ReportOptions, archive: str,
+                    result: ReportResult) -> None:
+    """Reduce the archive files the checkpoint has not seen into new state batches."""
+    for name, schema, reduce in _SOURCES:
+        source = _path(archive, name)
+        if not _exists(spark, source):   # nothing archived there yet; read nothing
+            continue
         stream = (spark.readStream.schema(schema)
                   .option("recursiveFileLookup", "true")
                   .option("pathGlobFilter", "part-*.parquet")
-                  .parquet(source))
-        target = _path(state, name)
+                  .option("maxFileAge", _MAX_FILE_AGE)
+                  .parquet(source)
+                  .withColumn(_FILE, F.col("_metadata.file_path")))
+        target = _path(opts.out, "_state", name)
+        counted: dict[int, tuple[int, int]] = {}
 
         def write_batch(batch: DataFrame, batch_id: int, target: str = target,
-                        reduce: Callable[[DataFrame], DataFrame] = reduce) -> None:
+                        reduce: Callable[[DataFrame], DataFrame] = reduce,
+                        counted: dict[int, tuple[int, int]] = counted) -> None:
+            # The batch is an RDD already planned: a second action would read every
+            # column of every file again, so the counts are observed in the one
+            # pass that writes (the set holds one path per file of the batch).
+            seen = Observation(f"read-{batch_id}")
+            observed = batch.observe(seen, F.count(F.lit(1)).alias("rows"),
+                                     F.size(F.collect_set(_FILE)).alias("files"))
             # Overwriting the batch's own directory makes a replayed batch idempotent.
-            reduce(batch).write.mode("overwrite").parquet(
+            reduce(observed).write.mode("overwrite").parquet(
                 _path(target, f"batch={batch_id:012d}"))
+            counts = seen.get
+            counted[batch_id] = (int(counts["files"]), int(counts["rows"]))
 
         query = (stream.writeStream.foreachBatch(write_batch)
                  .option("checkpointLocation", _path(opts.out, "_checkpoint", name))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
-        for progress in query.recentProgress:
-            result.new_rows += int(progress.get("numInputRows", 0))
-        result.stages.append(f"state {name} (incremental)")
+        result.files_read += sum(files for files, _ in counted.values())
+        result.rows_read += sum(rows for _, rows in counted.values())
+        result.stages.append(f"state {name}")
 
 
-def _ensure_dir(spark: SparkSession, path: str) -> None:
-    """A streaming file source needs its directory to exist."""
-    jvm: Any = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hadoop_path):
-        fs.mkdirs(hadoop_path)
+def _update_state(spark: SparkSession, opts: ReportOptions, result: ReportResult) -> None:
+    archive = _local_archive(opts.archive)
+    result.incremental = opts.incremental and _can_add_to_state(spark, opts, archive)
+    if not result.incremental:
+        _delete(spark, _path(opts.out, "_checkpoint"))
+        _delete(spark, _path(opts.out, "_state"))
+    _read_new_files(spark, opts, archive, result)
+    if not result.incremental:
+        _write_text(spark, _path(opts.out, "_state", _STATE_INFO),
+                    json.dumps(_state_identity(archive), sort_keys=True) + "\n")
+
+
+def _read_state(spark: SparkSession, opts: ReportOptions) -> tuple[DataFrame, DataFrame]:
+    """The state's message parts and event rows (empty ones where nothing was read)."""
+    found = []
+    for name, schema, reduce in _SOURCES:
+        path = _path(opts.out, "_state", name)
+        if _exists(spark, path):
+            found.append(spark.read.parquet(path).drop("batch"))
+        else:
+            found.append(reduce(spark.createDataFrame([], schema)))
+    return found[0], found[1]
 
 
 def _delete(spark: SparkSession, path: str) -> None:
@@ -389,8 +436,8 @@ def _summary(tables: dict[str, DataFrame], opts: ReportOptions, result: ReportRe
         "window": {"since": _iso(opts.since), "until": _iso(opts.until),
                    "first_minute": _iso(totals_row["first"]),
                    "last_minute": _iso(totals_row["last"])},
-        "input": {"incremental": opts.incremental, "new_files": result.new_files,
-                  "new_rows": result.new_rows},
+        "input": {"incremental": result.incremental, "files_read": result.files_read,
+                  "rows_read": result.rows_read},
         "totals": totals,
         "qos": {str(q): int(totals_row[f"qos{q}"] or 0) for q in (0, 1, 2)},
         # A list, busiest topic first and "(other)" last: the order of the stack.
@@ -432,16 +479,10 @@ def build_report(spark: SparkSession, opts: ReportOptions,
     result = ReportResult(summary={})
     # Minutes and hours are UTC ones, like the archive's partitions.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    if opts.incremental:
-        _incremental_state(spark, opts, result)
-    else:
-        _delete(spark, _path(opts.out, "_checkpoint"))
-        _delete(spark, _path(opts.out, "_state"))
-        _full_state(spark, opts, result)
-    on_stage("archive read")
-    state = _path(opts.out, "_state")
-    parts = spark.read.parquet(_path(state, MESSAGES)).drop("batch")
-    events = spark.read.parquet(_path(state, EVENTS)).drop("batch")
+    _update_state(spark, opts, result)
+    on_stage(f"archive read ({'incremental' if result.incremental else 'full'}: "
+             f"{result.files_read} files, {result.rows_read} rows)")
+    parts, events = _read_state(spark, opts)
     parts = _window(parts, "minute", opts).cache()
     events = _window(events, "timestamp", opts).cache()
     if parts.isEmpty() and events.isEmpty():
@@ -460,6 +501,21 @@ def build_report(spark: SparkSession, opts: ReportOptions,
     for df in (parts, events, *tables.values()):
         df.unpersist()
     return result
+
+
+def _read_text(spark: SparkSession, path: str) -> str | None:
+    """A small file's text on any filesystem Spark can read; ``None`` if missing."""
+    jvm: Any = spark.sparkContext._jvm
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(target):
+        return None
+    stream = fs.open(target)
+    try:
+        data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return bytes(data).decode("utf-8", "replace")
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:

@@ -44,6 +44,7 @@ defines data and pure conversions.  ``zodbstore`` does the I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from BTrees.IIBTree import IITreeSet
@@ -307,15 +308,42 @@ def record_to_group(r: Any, done: Any = ()) -> QueueGroupRecord:
                             tuple((m, q) for m, q in members), cursor)
 
 
-def queue_to_record(q: PersistentQueue) -> QueueRecord:
-    """Copy a persistent queue into plain objects (messages in ascending offset)."""
+def queue_to_record(q: PersistentQueue, body_budget: int | None = None,
+                    every: Callable[[], None] | None = None) -> QueueRecord:
+    """Copy a persistent queue into plain objects (messages in ascending offset).
+
+    With ``body_budget`` only the first messages whose bodies (payload and AMQP
+    form) fit in it keep them; the others come without (``QueueRecord.evicted``).
+    ``every`` is called every 1,000 messages (the store frees its cache there)."""
+    messages: list[tuple[int, Message]] = []
+    evicted: dict[int, tuple[int, int]] = {}
+    used = 0
+    full = False   # (the head keeps its bodies: consumers read from there)
+    for n, (o, r) in enumerate(q.log.items(), 1):
+        message = record_to_message(r)
+        offset = int(o)
+        if body_budget is not None:
+            payload = len(message.payload)
+            body = payload + (len(message.native) if message.native is not None else 0)
+            if full or used + body > body_budget:
+                full = True
+                evicted[offset] = (payload, body)
+                message = Message(message.topic, b"", message.qos, message.retain,
+                                  message.publisher, message.timestamp, message.dup, None,
+                                  message.amqp_only, message.props)
+            else:
+                used += body
+        messages.append((offset, message))
+        if every is not None and n % 1000 == 0:
+            every()
     return QueueRecord(
         name=q.name,
         retention=None if q.retention is None else tuple(q.retention),
         head=int(q.head),
         next_offset=int(q.tail),
-        messages=[(int(o), record_to_message(r)) for o, r in q.log.items()],
+        messages=messages,
         groups={str(k): record_to_group(r, q.done.get(k, ())) for k, r in q.groups.items()},
+        evicted=evicted,
     )
 
 

@@ -1,9 +1,10 @@
-"""``ZODBStore``: the durable ``StateStore`` on a ZODB FileStorage.
+"""``ZODBStore``: the durable ``StateStore`` on a ZODB storage.
 
-This module owns all ZODB I/O of the broker: opening the FileStorage under the data
-directory (or the storage a ``storage_factory`` gives, e.g. a ``MappingStorage`` in
-unit tests), the single writer thread with natural group commit, packing, and the
-start-up ``load()``.
+This module owns all ZODB I/O of the broker: opening the storage its ``Engine``
+names (``engines``: FileStorage under the data directory by default, RelStorage on
+SQLite or PostgreSQL; or the storage a ``storage_factory`` gives, e.g. a
+``MappingStorage`` in unit tests), the single writer thread with natural group
+commit, packing, and the start-up ``load()``.
 
 Threading rules:
 
@@ -12,10 +13,15 @@ Threading rules:
   and returns a Deferred; ``stats()`` reads counters and ``os.stat``s the file.
 * The writer thread takes everything queued (up to ``max_batch_ops`` ops, never
   splitting one submit), applies it in order to its own connection, commits once
-  (FileStorage fsyncs every commit) and fires the Deferreds of that commit on the
-  reactor thread through ``reactor.callFromThread``.  Whatever arrives during a
-  commit goes into the next one.
+  (FileStorage fsyncs every commit, and so does SQLite as ``engines`` sets it up)
+  and fires the Deferreds of that commit on the reactor thread through
+  ``reactor.callFromThread``.  Whatever arrives during a commit goes into the next.
 * ``pack()`` runs in its own thread; FileStorage packs concurrently with commits.
+* ``read_queue_messages()`` queues a request for the reader thread, which reads
+  with a connection of its own (a new transaction per request: it sees every
+  commit made before) and hands the messages to the reactor thread through
+  ``reactor.callFromThread``.  It frees its connection's cache after each read,
+  so the bodies it read are held only by the core.
 
 It must not hold authoritative state (the core does), must not run ZODB work on the
 reactor thread, and must not pickle ``mqttamqp.core`` classes (see ``models``).
@@ -37,8 +43,8 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from ZODB import DB
-from ZODB.FileStorage import FileStorage
 
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
     ClearRetained,
     DeleteBan,
@@ -66,6 +72,8 @@ from mqttamqp.core.persistence import (
     Snapshot,
     TrimQueue,
 )
+from mqttamqp.store.engines import FILENAME, Engine
+from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.models import (
     PersistentQueue,
     PersistentSession,
@@ -85,8 +93,6 @@ from mqttamqp.store.models import (
 )
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
-
-FILENAME = "mqttamqp.fs"
 
 _log = Logger(namespace="mqttamqp.store")
 
@@ -391,11 +397,12 @@ _HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
 
 
 class ZODBStore:
-    """A ``StateStore`` on ``FileStorage(<path>/mqttamqp.fs)`` with one writer thread.
+    """A ``StateStore`` on a ZODB storage with one writer thread.
 
-    With ``storage_factory`` the store opens the storage that factory returns instead
-    and leaves ``path`` alone (no directory, no file; ``self.path`` is empty and
-    ``stats()`` reports a size of 0).
+    By default the storage is ``FileStorage(<path>/mqttamqp.fs)``.  With ``engine``
+    the store opens the storage that engine names (``path`` is then not used); with
+    ``storage_factory``, the storage that factory returns (``self.path`` is empty
+    and ``stats()`` reports a size of 0).
 
     Ops on a session that does not exist are ignored, except that ``PutQueued``,
     ``PutSubscription`` and ``PutInboundQos2`` create it implicitly unless a
@@ -415,7 +422,12 @@ class ZODBStore:
         gather_seconds: float = 0.002,
         *,
         storage_factory: StorageFactory | None = None,
+        engine: Engine | None = None,
+        queue_body_budget: int = 0,
     ) -> None:
+        """``queue_body_budget``: bytes of queue message bodies ``load()`` reads into
+        memory at most (0: all); the others stay in storage, read back on demand
+        (``read_queue_messages``)."""
         if max_batch_ops < 1:
             raise ValueError("max_batch_ops must be >= 1")
         if commit_attempts < 1:
@@ -423,16 +435,18 @@ class ZODBStore:
         self._reactor = reactor
         self._max_batch_ops = max_batch_ops
         self._commit_attempts = commit_attempts
-        storage: Any
-        if storage_factory is None:
+        if storage_factory is not None:
+            engine = Engine("custom", "custom", storage_factory)
+        elif engine is None:
             os.makedirs(path, exist_ok=True)
-            self.path: str = os.path.join(path, FILENAME)
-            storage = FileStorage(self.path, pack_keep_old=False)
-        else:
-            self.path = ""
-            storage = storage_factory()
+            engine = resolve_engine(None, path)
+        self.engine = engine
+        self.path: str = engine.size_path
+        storage: Any = engine.factory()
         try:
-            self._db: Any = DB(storage, cache_size=20000)
+            # (the object cache also bounded in bytes: a queue's buckets hold message
+            # bodies, and 20,000 of them were gigabytes under a queue flood)
+            self._db: Any = DB(storage, cache_size=20000, cache_size_bytes=16 << 20)
         except BaseException:
             storage.close()
             raise
@@ -452,6 +466,13 @@ class ZODBStore:
         self._draining = False  # touched only on the reactor thread (or in close())
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
+        self._queue_body_budget = queue_body_budget
+        # (a condition of its own: the writer's ``notify`` must wake the writer)
+        self._read_cond = threading.Condition()
+        self._reads: deque[tuple[str, tuple[int, ...], Deferred[Any]]] = deque()
+        self._reader: threading.Thread | None = None
+        self._reading_stopped = False
+        self._reads_done = 0
 
         # Counters: written by the writer/pack threads, read by stats().
         self._pending_ops = 0
@@ -492,7 +513,13 @@ class ZODBStore:
                 for client_id, session in root["sessions"].items():
                     snapshot.sessions[client_id] = session_to_record(session)
                 snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
-                snapshot.queues = [queue_to_record(q) for q in root["queues"].values()]
+                queues = root["queues"]
+                budget = self._queue_body_budget
+                # (each queue's head, its share of the budget, in memory; the cache
+                # emptied as it goes, so RSS stays near the budget at start too)
+                share = budget // max(1, len(queues)) if budget > 0 else None
+                snapshot.queues = [queue_to_record(q, share, conn.cacheMinimize)
+                                   for q in queues.values()]
             finally:
                 tm.abort()
             conn.cacheMinimize()
@@ -519,6 +546,61 @@ class ZODBStore:
             self._submits += 1
             self._cond.notify()
         return d
+
+    def read_queue_messages(self, name: str, offsets: Sequence[int]
+                            ) -> Deferred[list[tuple[int, Message]]]:
+        """The stored messages of queue ``name`` at ``offsets``, read on the reader
+        thread; fires on the reactor thread."""
+        d: Deferred[list[tuple[int, Message]]] = Deferred()
+        with self._read_cond:
+            if self._reading_stopped:
+                return fail(StoreClosedError("store is closed"))
+            self._reads.append((name, tuple(offsets), d))
+            if self._reader is None:
+                self._reader = threading.Thread(
+                    target=self._read_loop, name="mqttamqp-zodb-reader", daemon=False)
+                self._reader.start()
+            self._read_cond.notify()
+        return d
+
+    def _read_loop(self) -> None:
+        tm = transaction.TransactionManager(explicit=True)
+        conn = self._db.open(transaction_manager=tm)
+        try:
+            while True:
+                with self._read_cond:
+                    while not self._reads and not self._reading_stopped:
+                        self._read_cond.wait()
+                    if not self._reads:
+                        return
+                    name, offsets, d = self._reads.popleft()
+                try:
+                    tm.begin()
+                    try:
+                        found: list[tuple[int, Message]] = []
+                        queue = conn.root()["queues"].get(name)
+                        if queue is not None:
+                            log = queue.log
+                            for offset in sorted(offsets):
+                                record = log.get(offset)
+                                if record is not None:
+                                    found.append((offset, record_to_message(record)))
+                    finally:
+                        tm.abort()
+                    conn.cacheMinimize()
+                except Exception:  # reported through the Deferred
+                    self._hand_over(d.errback, Failure())
+                    continue
+                self._reads_done += 1
+                self._hand_over(d.callback, found)
+        finally:
+            conn.close()
+
+    def _hand_over(self, fire: Callable[[Any], object], value: Any) -> None:
+        try:
+            self._reactor.callFromThread(fire, value)
+        except Exception:  # the reactor is gone: nobody waits for a read any more
+            _log.failure("callFromThread failed for a queue read")
 
     def pack(self, days: float = 0) -> Deferred[None]:
         """Drop revisions older than ``days`` days, in a thread; fires when done."""
@@ -547,7 +629,14 @@ class ZODBStore:
             self._stopping = True
             self._cond.notify_all()
             packs = list(self._pack_threads)
+        with self._read_cond:   # (reads still queued are not answered: stopping)
+            self._reading_stopped = True
+            self._reads.clear()
+            self._read_cond.notify()
+            reader = self._reader
         self._writer.join()
+        if reader is not None:
+            reader.join()
         for thread in packs:
             thread.join()
         try:
@@ -557,15 +646,11 @@ class ZODBStore:
 
     def stats(self) -> dict[str, Any]:
         """Counters for the admin console; cheap and safe on the reactor thread."""
-        size = 0
-        if self.path:
-            try:
-                size = os.stat(self.path).st_size
-            except OSError:
-                pass
         return {
+            "engine": self.engine.kind,
+            "storage": self.engine.display,
             "path": self.path,
-            "file_size_bytes": size,
+            "file_size_bytes": self.engine.size_bytes(),
             "submits": self._submits,          # submit() calls accepted
             "batches": self._batches,          # submits committed (or failed)
             "ops": self._ops,                  # ops committed
@@ -581,6 +666,7 @@ class ZODBStore:
             "packs": self._packs,
             "last_pack_seconds": self._last_pack_seconds,
             "packing": bool(self._pack_threads),
+            "queue_reads": self._reads_done,
             "closed": self._closed,
         }
 
