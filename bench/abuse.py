@@ -2,6 +2,7 @@
 scenario on stdout.
 
     python bench/abuse.py [--quick] [--scenarios slowloris,churn,...] [--out FILE]
+                          [--broker-arg ARG ...]
 
 Scenarios (each on a fresh broker, each bounded in count and time):
 
@@ -32,7 +33,11 @@ Scenarios (each on a fresh broker, each bounded in count and time):
   durable queue of its own (``$queue/flood<i>/x``, no consumer) for 60 s, then a
   consumer reads 200 messages back from one of them; measures what was
   acknowledged, how long the publishers were not read (the queue bounds' back-
-  pressure) and the data directory's size.
+  pressure) and the data directory's size;
+* ``user_properties``: other clients' PING round trips (p50, p99) while one MQTT 5
+  client floods, 20 s a phase: packets of 100,000 user properties, packets at the
+  user property limit, small QoS 0 PUBLISHes, and SUBSCRIBEs of 1,000 filters
+  (the abuser runs in its own process: ``abuse.py --abuser KIND PORT SECONDS``).
 
 ``--quick`` divides the durations by 6 and the counts by 10.
 
@@ -1001,6 +1006,215 @@ def queue_flood(broker, quick):
             "data_dir_mb_after": round(data_bytes / 2 ** 20, 1)}
 
 
+# -- user_properties: one MQTT 5 client's input against the others' PING ------------------
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _v5_packet(first, body):
+    return bytes([first]) + _varint(len(body)) + body
+
+
+def _v5_connect(client_id):
+    body = w._str("MQTT") + bytes([5, 0x02]) + b"\x00\x00" + b"\x00" + w._str(client_id)
+    return _v5_packet(0x10, body)
+
+
+def _user_properties(n, size=1):
+    """A property block of ``n`` user properties, name and value ``size`` bytes each."""
+    one = b"\x26" + w._str(b"k" * size) + w._str(b"v" * size)
+    body = one * n
+    return _varint(len(body)) + body
+
+
+def _v5_publish(topic, payload, props=b"\x00"):
+    return _v5_packet(0x30, w._str(topic) + props + payload)
+
+
+def _v5_subscribe(pid, filters):
+    body = w.PIDS[pid] + b"\x00" + b"".join(w._str(f) + b"\x00" for f in filters)
+    return _v5_packet(0x82, body)
+
+
+# What each abuser writes, in one ``sendall`` per chunk (as fast as the broker reads).
+ABUSERS = {
+    # the issue's packet: 100,000 user properties (700 KB, under --max-packet-size)
+    "props_100k": lambda: _v5_publish("abuse/p", b"x", _user_properties(100_000)),
+    # as many user properties as the broker's default limit lets through, 64 packets
+    "props_at_limit": lambda: _v5_publish("abuse/p", b"x", _user_properties(128)) * 64,
+    # small QoS 0 PUBLISHes, 1,000 to a chunk
+    "small_publish": lambda: _v5_publish("abuse/s", b"x" * 16) * 1000,
+    # SUBSCRIBE of 1,000 filters each
+    "subscribe": lambda: b"".join(
+        _v5_subscribe(i, ["abuse/f/%d/%d" % (i, j) for j in range(1000)])
+        for i in range(1, 9)),
+}
+
+
+def _drain_subscriber(port, stop):
+    """A subscriber that reads everything the abuser publishes (MQTT 5: properties
+    too) and drops it; in the abuser's process, so that its reads do not take the
+    pingers' interpreter lock."""
+    sub = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sub.sendall(_v5_connect("abuse-sub") + _v5_subscribe(1, ["abuse/#"]))
+    sub.settimeout(0.5)
+
+    def drain():
+        while not stop.is_set():
+            try:
+                if not sub.recv(1 << 20):
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+        sub.close()
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    return thread
+
+
+def abuser_main(kind, port, seconds):
+    """One MQTT 5 client writing ABUSERS[kind] for ``seconds`` (reconnecting when the
+    broker closes it, at most 20 times a second), with a subscriber reading what it
+    publishes; prints a JSON summary."""
+    chunk = ABUSERS[kind]()
+    draining = threading.Event()
+    drainer = _drain_subscriber(port, draining)
+    end = time.monotonic() + seconds
+    sent = connects = closed = 0
+    codes = {}
+    while time.monotonic() < end:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            time.sleep(0.05)
+            continue
+        connects += 1
+        stop = threading.Event()
+
+        def drain(sock=s):    # everything the broker says; DISCONNECT's reason code
+            parser = w.Parser()
+            while not stop.is_set():
+                try:
+                    data = sock.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                for first, body in parser.feed(data):
+                    if first >> 4 in (w.DISCONNECT, w.CONNACK):
+                        code = body[1] if first >> 4 == w.CONNACK else (body[0] if body else 0)
+                        codes[hex(code)] = codes.get(hex(code), 0) + 1
+
+        reader = threading.Thread(target=drain, daemon=True)
+        s.settimeout(5.0)
+        try:
+            s.sendall(_v5_connect("abuser"))
+            reader.start()
+            while time.monotonic() < end:
+                s.sendall(chunk)
+                sent += 1
+        except OSError:
+            closed += 1
+            time.sleep(0.05)
+        finally:
+            stop.set()
+            s.close()
+            reader.join(2)
+    draining.set()
+    drainer.join(2)
+    print(json.dumps({"kind": kind, "chunks_sent": sent, "chunk_bytes": len(chunk),
+                      "connects": connects, "closed_by_broker": closed,
+                      "reason_codes": codes}), flush=True)
+
+
+class Pinger(threading.Thread):
+    """An MQTT 3.1.1 client that sends PINGREQ every 10 ms and times each PINGRESP;
+    ``rtts`` holds (when sent, round trip in ms)."""
+
+    def __init__(self, port, name):
+        super().__init__(daemon=True)
+        self.sock, self.parser = mqtt_session(port, name)
+        self.sock.settimeout(10)
+        self.rtts = []
+        self.lost = 0
+        self.stop_flag = threading.Event()
+
+    def run(self):
+        while not self.stop_flag.is_set():
+            t0 = time.monotonic()
+            try:
+                self.sock.sendall(w.PINGREQ_PKT)
+                got = False
+                while not got:
+                    data = self.sock.recv(4096)
+                    if not data:
+                        self.lost += 1
+                        return
+                    got = any(first >> 4 == w.PINGRESP for first, _ in self.parser.feed(data))
+            except OSError:
+                self.lost += 1
+                return
+            self.rtts.append((t0, (time.monotonic() - t0) * 1000.0))
+            self.stop_flag.wait(0.01)
+
+    def between(self, start, end):
+        return sorted(ms for t, ms in self.rtts if start <= t < end)
+
+
+def _percentile(values, q):
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 2)
+
+
+def user_properties(broker, quick):
+    seconds = 5 if quick else 20
+    pingers = [Pinger(broker.port, "pinger-%d" % i) for i in range(2)]
+    for p in pingers:
+        p.start()
+    phases = {}
+    import subprocess
+
+    for kind in ("idle", *ABUSERS):
+        start = time.monotonic()
+        result = None
+        if kind == "idle":
+            time.sleep(seconds)
+        else:
+            proc = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--abuser", kind,
+                 str(broker.port), str(seconds)],
+                capture_output=True, text=True, timeout=seconds + 60)
+            try:
+                result = json.loads(proc.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                result = {"error": (proc.stderr or proc.stdout)[-500:]}
+        end = time.monotonic()
+        rtts = sorted(ms for p in pingers for ms in p.between(start, end))
+        phases[kind] = {"pings": len(rtts), "ping_p50_ms": _percentile(rtts, 0.5),
+                        "ping_p99_ms": _percentile(rtts, 0.99),
+                        "ping_max_ms": round(rtts[-1], 1) if rtts else None,
+                        "abuser": result}
+        print("  %s: %s" % (kind, json.dumps(phases[kind])), file=sys.stderr, flush=True)
+    for p in pingers:
+        p.stop_flag.set()
+        p.join(12)
+    return {"phase_seconds": seconds, "phases": phases,
+            "pingers_lost": sum(p.lost for p in pingers)}
+
+
 HELP = [""]   # twistd mqttamqp --help, read once (which options this broker has)
 
 SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
@@ -1008,15 +1222,21 @@ SCENARIOS = {"slowloris": slowloris, "churn": churn, "stuck_qos0": stuck_qos0,
              "amqp_links": amqp_links, "amqp_links_many": amqp_links_many, "fuzz": fuzz,
              "ws_abuse": ws_abuse, "fd_exhaustion": fd_exhaustion,
              "login_guessing": login_guessing, "shared_stuck": shared_stuck,
-             "retained_replay": retained_replay, "queue_flood": queue_flood}
+             "retained_replay": retained_replay, "queue_flood": queue_flood,
+             "user_properties": user_properties}
 
 
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--abuser":   # (user_properties' child)
+        abuser_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter and smaller")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help="comma-separated subset of: " + ", ".join(SCENARIOS))
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--broker-arg", action="append", default=[],
+                    help="extra argument for `twistd mqttamqp` (repeatable)")
     args = ap.parse_args()
     results = []
     ok, HELP[0], _env = brokers.mqttamqp_help()
@@ -1025,7 +1245,7 @@ def main():
     try:
         for name in args.scenarios.split(","):
             print("scenario %s ..." % name, file=sys.stderr, flush=True)
-            result = run(name, SCENARIOS[name], args.quick)
+            result = run(name, SCENARIOS[name], args.quick, args.broker_arg)
             print(json.dumps(result), flush=True)
             results.append(result)
     finally:

@@ -16,6 +16,9 @@ Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
 ``watch_accept_errors`` and ``AcceptRefusals`` turn what a listener does when it
 cannot accept (out of file descriptors, of memory) into a counter and one log
 line per spell, in place of Twisted's three lines per refused connection.
+
+``others_waiting`` asks the reactor's poller whether any other descriptor has
+input ready, for a connection deciding whether to end its share of a turn.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from twisted.logger import Logger
 from twisted.python import log
 
 __all__ = ["ACCEPT_PAUSE", "AcceptRefusals", "LeanPort", "LeanServer", "LeanServerNoDelay",
-           "lean_port", "plain_tcp", "send", "watch_accept_errors"]
+           "lean_port", "others_waiting", "plain_tcp", "send", "watch_accept_errors"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -238,6 +241,29 @@ def send(transport: Any, data: bytes) -> None:
 def plain_tcp(transport: Any) -> bool:
     """A plain (not TLS, not WebSocket) TCP server transport."""
     return type(transport) in _PLAIN
+
+
+def others_waiting(reactor: Any, own_fd: int) -> bool:
+    """Whether a descriptor other than ``own_fd`` has input ready: a client's bytes,
+    a connection to accept, a thread waking the reactor up.
+
+    Asked by a connection whose share of a turn is over (``MQTTProtocol``): it goes
+    on when nobody else waits, since ending a turn costs its subscribers a send
+    each (smaller output batches: fan-out to 100 subscribers paid 15-40% more CPU
+    per delivery when every 2-10 ms of a publisher's input ended a turn).  The
+    poll-like reactors' poller (epoll, poll) is asked without waiting; it is
+    level-triggered, so nothing is taken from the reactor's next poll.  Any other
+    reactor, or a poller that fails: True (others are assumed to wait)."""
+    poller = getattr(reactor, "_poller", None)
+    readable = getattr(reactor, "_POLL_IN", None)
+    if poller is None or readable is None:
+        return True
+    wanted = readable | getattr(reactor, "_POLL_DISCONNECTED", 0)
+    try:
+        ready = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(fd != own_fd and events & wanted for fd, events in ready)
 
 
 # -- connections a listener could not accept ------------------------------------------

@@ -323,6 +323,18 @@ class Options(usage.Options):
         ["max-topic-length", None, _D.max_topic_length,
          "Longest MQTT topic name or filter, in UTF-8 bytes; longer ones close the "
          "connection.", _positive(int, "max-topic-length")],
+        ["max-user-properties", None, _D.max_user_properties,
+         "MQTT 5: most user properties in one packet (a will's properties count apart); "
+         "more close the connection with reason code 0x97 (CONNACK 0x97 for a CONNECT).",
+         _positive(int, "max-user-properties")],
+        ["max-user-property-bytes", None, _D.max_user_property_bytes,
+         "MQTT 5: most bytes of user property names and values together (UTF-8) in one "
+         "packet; as above.", _positive(int, "max-user-property-bytes")],
+        ["mqtt-turn-ms", None, _D.mqtt_turn * 1000,
+         "Longest (milliseconds) one MQTT connection's input is handled in one turn of "
+         "the event loop; the rest waits for a later turn, after the other connections' "
+         "input, and the connection is not read meanwhile. 0 = no bound.",
+         _positive(float, "mqtt-turn-ms")],
         ["sys-interval", None, _D.sys_interval,
          "Seconds between $SYS/broker/... updates; 0 = off.", _positive(float, "sys-interval")],
         ["amqp-idle-timeout", None, 60.0,
@@ -600,6 +612,9 @@ def limits_from(options: Any) -> Limits:
         strict_mqtt31=bool(options["strict-mqtt31"]),
         max_topic_levels=options["max-topic-levels"],
         max_topic_length=options["max-topic-length"],
+        max_user_properties=options["max-user-properties"],
+        max_user_property_bytes=options["max-user-property-bytes"],
+        mqtt_turn=options["mqtt-turn-ms"] / 1000.0,
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],

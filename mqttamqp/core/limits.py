@@ -65,6 +65,14 @@ class Limits:
     # MQTT 5: what a client that asks for response information gets, followed by
     # its client id ("" = none given).
     response_information: str = ""
+    # MQTT 5: user properties in one property block (a packet's, or a will's): how
+    # many, and the UTF-8 bytes of their names and values together; beyond either
+    # the connection is closed with 0x97 (quota exceeded).
+    max_user_properties: int = 128
+    max_user_property_bytes: int = 64 << 10
+    # MQTT: the longest one connection's input is handled in one reactor turn
+    # before the other connections get theirs (seconds; 0 = no bound).
+    mqtt_turn: float = 0.005
     # Durable queues (core.queues): seconds a delivered message stays claimed by its
     # member before it is visible again; deliveries before it is dead-lettered;
     # deliveries a member may have unacknowledged; and each queue's default

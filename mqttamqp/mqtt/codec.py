@@ -53,8 +53,10 @@ from .packets import (
 )
 from .properties import (
     MAX_VARINT,
+    NO_PROPERTY_LIMITS,
     MalformedPacket,
     PropertyContext,
+    PropertyLimits,
     encode_properties,
     encode_varint,
     read_properties,
@@ -64,6 +66,7 @@ __all__ = [
     "MAX_REMAINING_LENGTH",
     "Decoder",
     "MalformedPacket",
+    "PropertyLimits",
     "encode",
     "encode_publish",
     "encode_properties",
@@ -202,15 +205,17 @@ def _long_remaining_length(buf: _Buffer, pos: int, n: int) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------
 # Per-type body decoders (PUBLISH is decoded inline in Decoder.next_packet).
-# Signature: (buf, first byte, body start, body end, decoder protocol level).
+# Signature: (buf, first byte, body start, body end, decoder protocol level, the
+# decoder's property limits).
 
-_BodyDecoder = Callable[[_Buffer, int, int, int, int], Packet]
+_BodyDecoder = Callable[[_Buffer, int, int, int, int, PropertyLimits], Packet]
 
 
 _MQISDP_HEADER = b"\x00\x06MQIsdp\x03"  # protocol name and level of MQTT 3.1
 
 
-def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connect:
+def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Connect:
     # MQTT 3.1 left the fixed-header flags of CONNECT unused; 3.1.1 (and anything
     # that is not 3.1) reserves them as 0000.
     if first & 0x0F and buf[start:start + 9] != _MQISDP_HEADER:
@@ -224,7 +229,7 @@ def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) 
         raise MalformedPacket("CONNECT variable header runs past packet end")
     if (name, buf[p]) == PROTOCOL_5:
         try:
-            return _decode5_connect(buf, p, end)
+            return _decode5_connect(buf, p, end, limits)
         except MalformedPacket as exc:
             exc.in_connect5 = True
             raise
@@ -276,7 +281,8 @@ def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int) 
     )
 
 
-def _decode_connack(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connack:
+def _decode_connack(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Connack:
     _check_length("CONNACK", start, end, 2)
     ack_flags = buf[start]
     if level != 3 and ack_flags & 0xFE:
@@ -284,22 +290,26 @@ def _decode_connack(buf: _Buffer, first: int, start: int, end: int, level: int) 
     return Connack(bool(ack_flags & 0x01), buf[start + 1])
 
 
-def _decode_puback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Puback:
+def _decode_puback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                   limits: PropertyLimits) -> Puback:
     _check_length("PUBACK", start, end, 2)
     return Puback(_read_packet_id(buf, start, end, "PUBACK"))
 
 
-def _decode_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrec:
+def _decode_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int,
+                   limits: PropertyLimits) -> Pubrec:
     _check_length("PUBREC", start, end, 2)
     return Pubrec(_read_packet_id(buf, start, end, "PUBREC"))
 
 
-def _decode_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrel:
+def _decode_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int,
+                   limits: PropertyLimits) -> Pubrel:
     _check_length("PUBREL", start, end, 2)
     return Pubrel(_read_packet_id(buf, start, end, "PUBREL"), bool(first & 0x08))
 
 
-def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubcomp:
+def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Pubcomp:
     _check_length("PUBCOMP", start, end, 2)
     return Pubcomp(_read_packet_id(buf, start, end, "PUBCOMP"))
 
@@ -312,7 +322,8 @@ def _read_filter(buf: _Buffer, p: int, end: int, packet: str) -> tuple[str, int]
     return topic_filter, p
 
 
-def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int) -> Subscribe:
+def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
+                      limits: PropertyLimits) -> Subscribe:
     packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
     topics: list[tuple[str, int]] = []
     p = start + 2
@@ -332,7 +343,8 @@ def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int
     return Subscribe(packet_id, tuple(topics))
 
 
-def _decode_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
+def _decode_suback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                   limits: PropertyLimits) -> Suback:
     packet_id = _read_packet_id(buf, start, end, "SUBACK")
     codes = tuple(buf[start + 2:end])
     if not codes:
@@ -344,7 +356,8 @@ def _decode_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -
 
 
 def _decode_unsubscribe(
-    buf: _Buffer, first: int, start: int, end: int, level: int
+    buf: _Buffer, first: int, start: int, end: int, level: int,
+    limits: PropertyLimits,
 ) -> Unsubscribe:
     packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
     topics: list[str] = []
@@ -357,29 +370,34 @@ def _decode_unsubscribe(
     return Unsubscribe(packet_id, tuple(topics))
 
 
-def _decode_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Unsuback:
+def _decode_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                     limits: PropertyLimits) -> Unsuback:
     _check_length("UNSUBACK", start, end, 2)
     return Unsuback(_read_packet_id(buf, start, end, "UNSUBACK"))
 
 
-def _decode_pingreq(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pingreq:
+def _decode_pingreq(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Pingreq:
     _check_length("PINGREQ", start, end, 0)
     return Pingreq()
 
 
-def _decode_pingresp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pingresp:
+def _decode_pingresp(buf: _Buffer, first: int, start: int, end: int, level: int,
+                     limits: PropertyLimits) -> Pingresp:
     _check_length("PINGRESP", start, end, 0)
     return Pingresp()
 
 
 def _decode_disconnect(
-    buf: _Buffer, first: int, start: int, end: int, level: int
+    buf: _Buffer, first: int, start: int, end: int, level: int,
+    limits: PropertyLimits,
 ) -> Disconnect:
     _check_length("DISCONNECT", start, end, 0)
     return Disconnect()
 
 
-def _unreachable(buf: _Buffer, first: int, start: int, end: int, level: int) -> Packet:
+def _unreachable(buf: _Buffer, first: int, start: int, end: int, level: int,
+                 limits: PropertyLimits) -> Packet:
     # Types 0, 3 (PUBLISH, inline) and 15 never get here: the header table
     # rejects 0 and 15 before the body is looked at.
     raise AssertionError(f"no body decoder for packet type {first >> 4}")
@@ -434,7 +452,7 @@ def _trailing(name: str, p: int, end: int) -> None:
         raise MalformedPacket(f"{name} has {end - p} trailing bytes after its properties")
 
 
-def _decode5_connect(buf: _Buffer, p: int, end: int) -> Connect:
+def _decode5_connect(buf: _Buffer, p: int, end: int, limits: PropertyLimits) -> Connect:
     """MQTT 5 CONNECT from its protocol level byte on (section 3.1)."""
     flags = buf[p + 1]
     keepalive = buf[p + 2] << 8 | buf[p + 3]
@@ -449,11 +467,11 @@ def _decode5_connect(buf: _Buffer, p: int, end: int) -> Connect:
             raise MalformedPacket("CONNECT will QoS 3 is invalid")
     elif will_qos or will_retain:
         raise MalformedPacket("CONNECT will QoS/retain set without the will flag")
-    props, p = read_properties(buf, p, end, _PC.CONNECT, "CONNECT")
+    props, p = read_properties(buf, p, end, _PC.CONNECT, "CONNECT", limits)
     client_id, p = _read_string(buf, p, end, True, "CONNECT client identifier")
     will = None
     if will_flag:
-        will_props, p = read_properties(buf, p, end, _PC.WILL, "CONNECT will")
+        will_props, p = read_properties(buf, p, end, _PC.WILL, "CONNECT will", limits)
         will_topic, p = _read_string(buf, p, end, True, "CONNECT will topic")
         _check_topic_name(will_topic, "CONNECT will topic")
         will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
@@ -470,7 +488,8 @@ def _decode5_connect(buf: _Buffer, p: int, end: int) -> Connect:
                    username, password, props)
 
 
-def _decode5_connack(buf: _Buffer, first: int, start: int, end: int, level: int) -> Connack:
+def _decode5_connack(buf: _Buffer, first: int, start: int, end: int, level: int,
+                     limits: PropertyLimits) -> Connack:
     if end - start < 2:
         raise MalformedPacket("CONNACK too short")
     ack_flags = buf[start]
@@ -480,13 +499,14 @@ def _decode5_connack(buf: _Buffer, first: int, start: int, end: int, level: int)
     props: Properties | None = None
     p = start + 2
     if p < end:
-        props, p = read_properties(buf, p, end, _PC.CONNACK, "CONNACK")
+        props, p = read_properties(buf, p, end, _PC.CONNACK, "CONNACK", limits)
     _trailing("CONNACK", p, end)
     return Connack(bool(ack_flags & 0x01), code, props)
 
 
 def _decode5_ack(name: str, context: PropertyContext, allowed: frozenset[int],
-                 buf: _Buffer, start: int, end: int) -> tuple[int, int, Properties | None]:
+                 buf: _Buffer, start: int, end: int, limits: PropertyLimits
+                 ) -> tuple[int, int, Properties | None]:
     """Packet id, reason code and properties of PUBACK/PUBREC/PUBREL/PUBCOMP: the
     reason code may be left out when 0, the properties when there are none."""
     packet_id = _read_packet_id(buf, start, end, name)
@@ -497,32 +517,40 @@ def _decode5_ack(name: str, context: PropertyContext, allowed: frozenset[int],
         code = _reason(buf[p], allowed, name)
         p += 1
         if p < end:
-            props, p = read_properties(buf, p, end, context, name)
+            props, p = read_properties(buf, p, end, context, name, limits)
     _trailing(name, p, end)
     return packet_id, code, props
 
 
-def _decode5_puback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Puback:
-    return Puback(*_decode5_ack("PUBACK", _PC.PUBACK, _PUBACK_CODES, buf, start, end))
+def _decode5_puback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Puback:
+    return Puback(*_decode5_ack("PUBACK", _PC.PUBACK, _PUBACK_CODES, buf, start, end,
+                                limits))
 
 
-def _decode5_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrec:
-    return Pubrec(*_decode5_ack("PUBREC", _PC.PUBREC, _PUBACK_CODES, buf, start, end))
+def _decode5_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Pubrec:
+    return Pubrec(*_decode5_ack("PUBREC", _PC.PUBREC, _PUBACK_CODES, buf, start, end,
+                                limits))
 
 
-def _decode5_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubrel:
-    pid, code, props = _decode5_ack("PUBREL", _PC.PUBREL, _PUBREL_CODES, buf, start, end)
+def _decode5_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Pubrel:
+    pid, code, props = _decode5_ack("PUBREL", _PC.PUBREL, _PUBREL_CODES, buf, start, end,
+                                    limits)
     return Pubrel(pid, False, code, props)
 
 
-def _decode5_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int) -> Pubcomp:
-    return Pubcomp(*_decode5_ack("PUBCOMP", _PC.PUBCOMP, _PUBREL_CODES, buf, start, end))
+def _decode5_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int,
+                     limits: PropertyLimits) -> Pubcomp:
+    return Pubcomp(*_decode5_ack("PUBCOMP", _PC.PUBCOMP, _PUBREL_CODES, buf, start, end,
+                                 limits))
 
 
-def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int
-                       ) -> Subscribe:
+def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
+                       limits: PropertyLimits) -> Subscribe:
     packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
-    props, p = read_properties(buf, start + 2, end, _PC.SUBSCRIBE, "SUBSCRIBE")
+    props, p = read_properties(buf, start + 2, end, _PC.SUBSCRIBE, "SUBSCRIBE", limits)
     topics: list[tuple[str, int]] = []
     options: list[int] = []
     while p < end:
@@ -546,24 +574,27 @@ def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: in
 
 
 def _decode5_ack_codes(buf: _Buffer, start: int, end: int, context: PropertyContext,
-                       allowed: Any, name: str) -> tuple[int, tuple[int, ...], Any]:
+                       allowed: Any, name: str, limits: PropertyLimits
+                       ) -> tuple[int, tuple[int, ...], Any]:
     """Packet id, reason codes (at least one) and properties of SUBACK / UNSUBACK."""
     packet_id = _read_packet_id(buf, start, end, name)
-    props, p = read_properties(buf, start + 2, end, context, name)
+    props, p = read_properties(buf, start + 2, end, context, name, limits)
     codes = tuple(_reason(c, allowed, name) for c in buf[p:end])
     if not codes:
         raise MalformedPacket(f"{name} with no reason codes")
     return packet_id, codes, props
 
 
-def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int) -> Suback:
-    return Suback(*_decode5_ack_codes(buf, start, end, _PC.SUBACK, _SUBACK_CODES_5, "SUBACK"))
+def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                    limits: PropertyLimits) -> Suback:
+    return Suback(*_decode5_ack_codes(buf, start, end, _PC.SUBACK, _SUBACK_CODES_5, "SUBACK",
+                                      limits))
 
 
-def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: int
-                         ) -> Unsubscribe:
+def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
+                         limits: PropertyLimits) -> Unsubscribe:
     packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
-    props, p = read_properties(buf, start + 2, end, _PC.UNSUBSCRIBE, "UNSUBSCRIBE")
+    props, p = read_properties(buf, start + 2, end, _PC.UNSUBSCRIBE, "UNSUBSCRIBE", limits)
     topics: list[str] = []
     while p < end:
         topic_filter, p = _read_filter(buf, p, end, "UNSUBSCRIBE")
@@ -573,37 +604,40 @@ def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: 
     return Unsubscribe(packet_id, tuple(topics), props)
 
 
-def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int
-                      ) -> Unsuback:
+def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int,
+                      limits: PropertyLimits) -> Unsuback:
     return Unsuback(*_decode5_ack_codes(buf, start, end, _PC.UNSUBACK, _UNSUBACK_CODES,
-                                        "UNSUBACK"))
+                                        "UNSUBACK", limits))
 
 
 def _decode5_code_and_props(buf: _Buffer, start: int, end: int, allowed: Any,
-                            context: PropertyContext, name: str) -> tuple[int, Any]:
+                            context: PropertyContext, name: str, limits: PropertyLimits
+                            ) -> tuple[int, Any]:
     """DISCONNECT / AUTH: a reason code, then optional properties (the caller handles
     the empty body, which means success with none)."""
     code = _reason(buf[start], allowed, name)
     props = None
     p = start + 1
     if p < end:
-        props, p = read_properties(buf, p, end, context, name)
+        props, p = read_properties(buf, p, end, context, name, limits)
     _trailing(name, p, end)
     return code, props
 
 
-def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int
-                        ) -> Disconnect:
+def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int,
+                        limits: PropertyLimits) -> Disconnect:
     if start == end:
         return Disconnect()
     return Disconnect(*_decode5_code_and_props(buf, start, end, _DISCONNECT_CODES,
-                                               _PC.DISCONNECT, "DISCONNECT"))
+                                               _PC.DISCONNECT, "DISCONNECT", limits))
 
 
-def _decode5_auth(buf: _Buffer, first: int, start: int, end: int, level: int) -> Auth:
+def _decode5_auth(buf: _Buffer, first: int, start: int, end: int, level: int,
+                  limits: PropertyLimits) -> Auth:
     if start == end:
         return Auth()
-    return Auth(*_decode5_code_and_props(buf, start, end, _AUTH_CODES, _PC.AUTH, "AUTH"))
+    return Auth(*_decode5_code_and_props(buf, start, end, _AUTH_CODES, _PC.AUTH, "AUTH",
+                                         limits))
 
 
 _BODY_DECODERS_5: tuple[_BodyDecoder, ...] = (
@@ -631,18 +665,22 @@ class Decoder:
 
     ``protocol_level`` may be changed between packets (the protocol layer sets it
     once it has accepted a CONNECT); 3 selects MQTT 3.1 rules, anything else the
-    MQTT 3.1.1 rules.  After ``MalformedPacket`` the decoder keeps failing on the
-    same packet; the connection is expected to be closed.
+    MQTT 3.1.1 rules.  ``property_limits`` bounds each MQTT 5 property block (a
+    block beyond it raises with 0x97).  After ``MalformedPacket`` the decoder
+    keeps failing on the same packet; the connection is expected to be closed.
     """
 
-    __slots__ = ("_buf", "_header_errors", "_level", "_pos", "max_packet_size")
+    __slots__ = ("_buf", "_header_errors", "_level", "_pos", "max_packet_size",
+                 "property_limits")
 
     def __init__(
-        self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int = 4
+        self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int = 4,
+        property_limits: PropertyLimits = NO_PROPERTY_LIMITS,
     ) -> None:
         if max_packet_size < 2:
             raise ValueError(f"max_packet_size must be at least 2, got {max_packet_size}")
         self.max_packet_size = max_packet_size
+        self.property_limits = property_limits
         self._level = protocol_level
         self._header_errors = _header_errors(protocol_level)
         # Unconsumed input is _buf[_pos:].  _buf is an immutable bytes object in the
@@ -755,16 +793,19 @@ class Decoder:
             else:
                 packet_id = None
             if self._level == 5:
-                props, p = read_properties(buf, p, end, PropertyContext.PUBLISH, "PUBLISH")
+                props, p = read_properties(buf, p, end, PropertyContext.PUBLISH, "PUBLISH",
+                                           self.property_limits)
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id, props)
             else:
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id)
         elif self._level == 5:
-            packet = _BODY_DECODERS_5[first >> 4](buf, first, start, end, 5)
+            packet = _BODY_DECODERS_5[first >> 4](buf, first, start, end, 5,
+                                                  self.property_limits)
         else:
-            packet = _BODY_DECODERS[first >> 4](buf, first, start, end, self._level)
+            packet = _BODY_DECODERS[first >> 4](buf, first, start, end, self._level,
+                                                self.property_limits)
         self._pos = end
         return packet
 

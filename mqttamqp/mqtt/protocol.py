@@ -9,6 +9,12 @@ machine, which packet may come when, the keepalive deadline and the order of
 acknowledgements — are sans-IO in ``connection``; this module carries out what
 they decide.
 
+One connection's input is handled for at most ``Limits.mqtt_turn`` seconds in one
+reactor turn while other clients wait to be read: then it is not read, and what it
+sent is held, until a later turn (``_yield_turn``), so that a client whose packets
+are costly (user properties, a fan-out, a flood of small ones) cannot stall the
+others.
+
 There is exactly one place that turns a protocol error into a disconnect:
 ``_violation`` (for MQTT 5 it sends DISCONNECT with the reason code first, or
 CONNACK with it before the connection is accepted).  The routing rules live in
@@ -62,6 +68,7 @@ from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
+    PropertyLimits,
     encode,
     encode_properties,
     encode_publish,
@@ -109,7 +116,7 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.netio import plain_tcp, send
+from mqttamqp.netio import others_waiting, plain_tcp, send
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -178,6 +185,9 @@ class _AuthInProgress:
 
 
 _NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
+# Reading paused for these, what was read is not handled either (``_process``).
+_HOLD_INPUT = frozenset({"congestion", "turn"})
+_RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is used up
 # "mqtt" + version, one string for all connections (not three copies each).
 _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
@@ -208,6 +218,7 @@ class MQTTProtocol(Protocol):
         "_rate",
         "_rate_timer",
         "_reading_paused_for",
+        "_turn_timer",
         "_v5",
         "broker",
         "bytes_in",
@@ -242,7 +253,8 @@ class MQTTProtocol(Protocol):
         self.limits: Limits = factory.broker.limits
         self.rules = ConnectionRules()
         self.strings: StringRules = factory.strings
-        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size)
+        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
+                               property_limits=factory.property_limits)
         self.session: Session | None = None
         self.identity: Identity | None = None
         self.client_id = ""
@@ -270,6 +282,7 @@ class MQTTProtocol(Protocol):
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
+        self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: _AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
@@ -551,7 +564,9 @@ class MQTTProtocol(Protocol):
     # -- the one place a protocol error becomes a disconnect ----------------------
 
     def _violation(self, reason: str, cause: str | None = None,
-                   code: int = ReasonCode.PROTOCOL_ERROR) -> None:
+                   code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:
+        """Close for ``reason``; ``limit``: the bound the client went beyond (counted
+        as ``$SYS/broker/limits/<limit>``, one line per bound a minute)."""
         cause = cause or (
             CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
         if self._v5 is not None:
@@ -572,7 +587,16 @@ class MQTTProtocol(Protocol):
                            c=self.client_id, peer=self.peer, r=reason)
         else:
             self.broker.stats.protocol_errors += 1
-            if self._v5 is not None and cause != CAUSE_KEEPALIVE:
+            if limit is not None:
+                self.broker.stats.limit_hit(limit)
+                held = self.factory.log_limit.allow("limit " + limit)
+                if held is not None:
+                    self.log.warn("{c} ({peer}) went beyond a limit: {r}; closing the "
+                                  "connection (reason code {code:#04x}; {h} more beyond "
+                                  "that limit since the last such line)",
+                                  c=self.client_id or "(no client id yet)", peer=self.peer,
+                                  r=reason, code=int(code), h=held)
+            elif self._v5 is not None and cause != CAUSE_KEEPALIVE:
                 # MQTT 5: one line per reason code a minute, saying how many more.
                 held = self.factory.log_limit.allow(f"mqtt5 disconnect {code:#04x}")
                 if held is not None:
@@ -603,6 +627,9 @@ class MQTTProtocol(Protocol):
         decoder = self.decoder
         connected = self._connected_handlers
         rules = self.rules
+        turn = self.limits.mqtt_turn
+        seconds = self.clock.seconds
+        until = seconds() + turn if turn else 0.0
         was_processing, self._in_process = self._in_process, True
         try:
             while True:
@@ -610,10 +637,12 @@ class MQTTProtocol(Protocol):
                 if (state is not _CONNECTED and state is not _AWAITING_CONNECT
                         and state is not ConnectionState.AUTHENTICATING):
                     return
-                if "congestion" in self._reading_paused_for:
+                paused = self._reading_paused_for
+                if paused and not paused.isdisjoint(_HOLD_INPUT):
                     # Back-pressure holds what was read but not handled too (a
                     # 64 KB read is a thousand small PUBLISHes, and a hundred
-                    # publishers' reads overran a subscriber's QoS 0 bound): handled
+                    # publishers' reads overran a subscriber's QoS 0 bound), and so
+                    # does the end of this connection's share of a turn: handled
                     # once reading resumes (``_resume_reading``).  (A rate pause
                     # handles the read and grows instead: ``_after_publish``.)
                     return
@@ -630,17 +659,51 @@ class MQTTProtocol(Protocol):
                         return
                     handler = self._handlers[type(packet)]
                 handler(self, packet)
+                if until and seconds() >= until:
+                    if (decoder.buffered and rules.state is _CONNECTED
+                            and self._others_waiting()):
+                        self._yield_turn()     # (the next round returns: input held)
+                    # Its share used up, it asks again every millisecond: another
+                    # client's packet waits at most that long once the share is over.
+                    until = seconds() + min(turn, _RECHECK)
         except MalformedPacket as exc:
             what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
                 "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
+                else "limit exceeded" if exc.limit is not None
                 else "malformed packet")
             if exc.in_connect5 and self.state is _AWAITING_CONNECT:
                 # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
                 self._write(encode(Connack(False, exc.code, Properties(
                     reason_string=exc.reason[:200])), 5))
-            self._violation(f"{what}: {exc.reason}", code=exc.code)
+            self._violation(f"{what}: {exc.reason}", code=exc.code, limit=exc.limit)
         finally:
             self._in_process = was_processing
+
+    def _others_waiting(self) -> bool:
+        """Another connection (or the reactor's waker, a listener) has input ready
+        (``netio.others_waiting``; a transport that is not plain TCP cannot tell
+        its own descriptor apart: True when its socket has more)."""
+        transport = self.transport
+        own = transport.fileno() if plain_tcp(transport) else -1
+        return others_waiting(self.clock, own)
+
+    def _yield_turn(self) -> None:
+        """This connection had its share of the reactor turn (``Limits.mqtt_turn``)
+        and others wait: stop reading it and hold what it sent until the reactor
+        has polled once more and read them.  (A reactor runs the calls due at the
+        start of a turn, then polls: a ``callLater(0)`` made now would run before
+        the next poll, ahead of the others; the call it makes runs after it.)"""
+        self.broker.stats.mqtt_turns_yielded += 1
+        self._pause_reading("turn")
+        if self._turn_timer is None:
+            self._turn_timer = self.clock.callLater(0, self._after_next_poll)
+
+    def _after_next_poll(self) -> None:
+        self._turn_timer = self.clock.callLater(0, self._turn_over)
+
+    def _turn_over(self) -> None:
+        self._turn_timer = None
+        self._resume_reading("turn")
 
     def _problem(self, reason: str) -> Properties | None:
         """A reason string for a packet the client may be sent one in (unless it
@@ -937,12 +1000,12 @@ class MQTTProtocol(Protocol):
 
     def _cancel_timers(self) -> None:
         self._stop_connect_timer()
-        timer = self._rate_timer
-        if timer is not None and timer.active():
-            timer.cancel()
+        for timer in (self._rate_timer, self._turn_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self._keepalive_timer)
-        self._keepalive_timer = self._rate_timer = None
+        self._keepalive_timer = self._rate_timer = self._turn_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -1491,6 +1554,11 @@ class MQTTFactory(Factory):
         self.broker = broker
         self.clock = clock
         self.strings = StringRules(broker.limits)
+        limits = broker.limits
+        # What a property block may hold (every connection's decoder shares it): a
+        # client sends at most one subscription identifier (in SUBSCRIBE).
+        self.property_limits = PropertyLimits(limits.max_user_properties,
+                                              limits.max_user_property_bytes, 1)
         # Open connections (CONNECT or not), in a dict used as a set: at thousands
         # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
         self.connections: dict[MQTTProtocol, None] = {}

@@ -208,6 +208,9 @@ def snapshot(broker: Broker) -> list[Family]:
              "error.", c.protocol_errors),
         Family("mqttamqp_limit_hits", COUNTER, "How often each limit refused something "
                "($SYS/broker/limits/<name>).", "", "limit", _by(stats.limits.items())),
+        _one("mqttamqp_mqtt_turns_yielded", COUNTER, "Times an MQTT connection's input "
+             "was held for a later turn of the event loop after its share of one "
+             "(--mqtt-turn-ms).", stats.mqtt_turns_yielded),
         _one("mqttamqp_wills_published", COUNTER, "Wills published.", c.wills_published),
         _one("mqttamqp_commits", COUNTER, "Successful store commits.", stats.commits),
         _one("mqttamqp_commit_failures", COUNTER, "Failed store commits.",
