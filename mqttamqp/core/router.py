@@ -82,14 +82,17 @@ REPLAY_SLICE = 256
 
 
 class _Replay:
-    """The retained messages one subscription is still owed: the topics that had one
-    when it subscribed (each read again when its turn comes: a message deleted
-    meanwhile is skipped, a replaced one goes out as it is now)."""
+    """The retained messages one subscription (``filter``) is still owed: the topics
+    that had one when it subscribed (each read again when its turn comes: a message
+    deleted meanwhile is skipped, a replaced one goes out as it is now, and one the
+    session got live meanwhile, published retained, is not sent again: ``owed``)."""
 
-    __slots__ = ("granted", "index", "topics")
+    __slots__ = ("filter", "granted", "index", "owed", "topics")
 
-    def __init__(self, topics: list[str], granted: int) -> None:
+    def __init__(self, topic_filter: str, topics: list[str], granted: int) -> None:
+        self.filter = topic_filter
         self.topics = topics
+        self.owed = set(topics)
         self.granted = granted
         self.index = 0
 
@@ -313,6 +316,7 @@ class Router:
         if self.shared:
             matches, share_of, dropped, congested, kept = self._add_shared(
                 message, matches, gate)
+        replaying = message.retain and bool(self._replays)
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             retain = False
@@ -343,6 +347,10 @@ class Router:
                 entry = session.deliver(message, qos, retain)
             if entry is None and qos:
                 self._queue_full(session)
+            elif replaying and session in self._replays:
+                # (it has this topic's retained message now: not again from a replay)
+                for replay in self._replays[session]:
+                    replay.owed.discard(message.topic)
             if session.expired_ops:   # expired messages made room (MQTT 5)
                 ops.extend(session.take_expired_ops())
             if entry is not None and share_of is not None:
@@ -749,12 +757,19 @@ class Router:
                     self._send_sys_retained(session, topic_filter)
                 continue
             topics = [message.topic for message in self.retained.match(topic_filter)]
+            pending = self._replays.get(session)
+            if pending is not None:
+                # (one replay per filter: a SUBSCRIBE again replaces what it was owed)
+                for old in [r for r in pending if r.filter == topic_filter]:
+                    pending.remove(old)
+                if not pending and not topics:
+                    del self._replays[session]
             if topics:
                 if replays is None:
                     replays = self._replays.get(session)
                     if replays is None:
                         replays = self._replays[session] = deque()
-                replays.append(_Replay(topics, granted))
+                replays.append(_Replay(topic_filter, topics, granted))
         if replays is not None:
             self._feed_retained(session)
 
@@ -777,8 +792,12 @@ class Router:
         while replays:
             replay = replays[0]
             topics = replay.topics
+            owed = replay.owed
             index = replay.index
             while index < len(topics):
+                if topics[index] not in owed:
+                    index += 1     # (sent live meanwhile, published retained)
+                    continue
                 message = retained.get(topics[index])
                 if message is None or (message.amqp_only and not native):
                     index += 1     # deleted meanwhile, or no MQTT form
