@@ -344,3 +344,25 @@ def test_a_topic_published_live_during_the_replay_is_not_sent_again() -> None:
     assert [payload for topic, payload in got if topic == owed] == [b"new"]
     assert len(got) == 5
 
+
+def test_a_session_s_drop_line_is_not_used_up_by_the_global_limit(
+        log_lines: list[str]) -> None:
+    """Review finding: when the all-sessions limit refuses a queue-bound drop line,
+    the session's own minute is not used up: its next drop after the global limit
+    recovers is logged."""
+    net = Net(max_queued_messages=1, max_inflight=1)
+    for n in range(21):
+        net.mqtt(f"s{n}").subscribe((f"t/{n}", 1))
+
+    def overflow(n: int) -> None:
+        for i in range(3):     # (1 in flight, 1 queued, then drops)
+            net.broker.publish(Message(f"t/{n}", b"%d" % i, 1))
+
+    for n in range(20):
+        overflow(n)            # 20 lines: the all-sessions burst
+    net.advance(30, step=30)
+    overflow(20)               # refused by the all-sessions limit
+    net.advance(31, step=31)   # (the all-sessions minute is over, s20's would not be)
+    overflow(20)
+    lines = [line for line in log_lines if "dropped at its queue bound" in line]
+    assert len(lines) == 21 and "s20" in lines[-1]

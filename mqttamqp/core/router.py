@@ -611,11 +611,16 @@ class Router:
     def _queue_full(self, session: Session) -> None:
         """A QoS 1/2 delivery to ``session`` was dropped at its queue bound (counted by
         the session): one line per session a minute, with the count."""
-        held = self._drop_lines.allow(session.client_id)
-        if held is None:
+        lines = self._drop_lines
+        if not lines.ready(session.client_id):
+            lines.allow(session.client_id)    # (counted, not logged)
             return
+        # The global limit first: a line it refuses must not use up the session's.
         others = self._drop_lines_all.allow("queue_full")
         if others is None:
+            return
+        held = lines.allow(session.client_id)
+        if held is None:
             return
         self.log.warn(
             "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
