@@ -239,7 +239,7 @@ def test_every_retained_message_reaches_a_qos0_subscriber_whose_socket_fills() -
 
 def test_a_retained_message_deleted_during_the_replay_is_skipped() -> None:
     """The replay reads each message when its turn comes: one deleted meanwhile is not
-    sent, one replaced goes out as it is now."""
+    sent; one replaced goes out as it is now (here live, so not again by the replay)."""
     net = _retained_net(10, 16, max_inflight=2)
     sub = net.mqtt("sub")
     sub.subscribe(("r/#", 1))
@@ -251,17 +251,17 @@ def test_a_retained_message_deleted_during_the_replay_is_skipped() -> None:
     net.broker.publish(Message(later[-1], b"", 1, True))          # deleted
     net.broker.publish(Message(later[-2], b"replaced", 1, True))  # replaced
     got = {m.topic: m.payload for m in first}
+    live: dict[str, bytes] = {}
     sub.ack(first)
     for _ in range(20):
         messages = sub.publishes()
         if not messages:
             break
         for m in messages:
-            if m.retain:
-                got[m.topic] = m.payload
+            (got if m.retain else live)[m.topic] = m.payload
         sub.ack(messages)
-    assert later[-1] not in got and got[later[-2]] == b"replaced"
-    assert len(got) == 9
+    assert later[-1] not in got and live[later[-2]] == b"replaced"
+    assert later[-2] not in got and len(got) == 8
 
 
 def test_queue_bound_drops_are_logged_once_a_minute_per_session(log_lines: list[str]) -> None:
@@ -301,3 +301,68 @@ def test_an_amqp_receiver_gets_every_retained_message_as_its_credit_allows() -> 
         net.pump()
     assert sorted(got) == [b"%05d" % i for i in range(300)]
     assert net.broker.dropped_total() == 0
+
+
+def test_subscribing_again_replaces_what_the_replay_owes() -> None:
+    """Review finding: each SUBSCRIBE to the same filter replaces that filter's
+    pending replay instead of adding one (the state stays bounded)."""
+    net = _retained_net(100, 16, max_inflight=2)
+    sub = net.mqtt("sub")
+    for _ in range(50):
+        sub.subscribe(("r/#", 1))
+    replays = net.broker._router._replays[net.broker.sessions["sub"]]
+    assert len(replays) == 1 and len(replays[0].topics) == 100
+    got: set[str] = set()
+    for _ in range(200):       # (bounded)
+        messages = sub.publishes()
+        if not messages:
+            break
+        got |= {m.topic for m in messages}
+        sub.ack(messages)
+    assert got == {f"r/{i}" for i in range(100)}
+
+
+def test_a_topic_published_live_during_the_replay_is_not_sent_again() -> None:
+    """Review finding: a retained message the session got live while its replay still
+    owed that topic is not sent a second time by the replay."""
+    net = _retained_net(5, 16, max_inflight=2)
+    sub = net.mqtt("sub")
+    sub.subscribe(("r/#", 1))
+    first = sub.publishes()
+    assert len(first) == 2
+    sent = {m.topic for m in first}
+    owed = sorted(f"r/{i}" for i in range(5) if f"r/{i}" not in sent)[-1]
+    net.broker.publish(Message(owed, b"new", 1, True))   # live, while still owed
+    got: list[tuple[str, bytes]] = [(m.topic, m.payload) for m in first]
+    sub.ack(first)
+    for _ in range(20):        # (bounded)
+        messages = sub.publishes()
+        if not messages:
+            break
+        got += [(m.topic, m.payload) for m in messages]
+        sub.ack(messages)
+    assert [payload for topic, payload in got if topic == owed] == [b"new"]
+    assert len(got) == 5
+
+
+def test_a_session_s_drop_line_is_not_used_up_by_the_global_limit(
+        log_lines: list[str]) -> None:
+    """Review finding: when the all-sessions limit refuses a queue-bound drop line,
+    the session's own minute is not used up: its next drop after the global limit
+    recovers is logged."""
+    net = Net(max_queued_messages=1, max_inflight=1)
+    for n in range(21):
+        net.mqtt(f"s{n}").subscribe((f"t/{n}", 1))
+
+    def overflow(n: int) -> None:
+        for i in range(3):     # (1 in flight, 1 queued, then drops)
+            net.broker.publish(Message(f"t/{n}", b"%d" % i, 1))
+
+    for n in range(20):
+        overflow(n)            # 20 lines: the all-sessions burst
+    net.advance(30, step=30)
+    overflow(20)               # refused by the all-sessions limit
+    net.advance(31, step=31)   # (the all-sessions minute is over, s20's would not be)
+    overflow(20)
+    lines = [line for line in log_lines if "dropped at its queue bound" in line]
+    assert len(lines) == 21 and "s20" in lines[-1]

@@ -11,7 +11,7 @@ from fakes import MemoryStore
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.shared import parse_share
-from mqttamqp.mqtt.packets import Puback, Publish
+from mqttamqp.mqtt.packets import Puback, Publish, Pubrec, Pubrel, Unsubscribe
 
 
 def test_parse_share() -> None:
@@ -146,10 +146,11 @@ def test_a_moved_message_stays_when_the_other_member_has_no_room() -> None:
         m.subscribe(("$share/g/t", 1))
     for i in range(4):   # (through the façade: a client publisher would be held back
         # by back-pressure once the group's backlog is past its high-water mark)
-        net.broker.publish(Message("t", b"%d" % i, 1))   # a: 1 in flight; b too; 2 held
+        # a: 1 in flight; b too; 2 kept, stored, by a (its persistent member) for the group
+        net.broker.publish(Message("t", b"%d" % i, 1))
     assert len(a.publishes()) == 1            # (its window: 1 in flight)
     a.disconnect()
-    assert len(list(net.broker.sessions["a"].entries())) == 1   # b is full: it stays
+    assert len(list(net.broker.sessions["a"].entries())) == 3   # b is full: they stay
     got: list[bytes] = []
     for _ in range(4):
         [msg] = b.publishes()
@@ -374,3 +375,119 @@ def test_a_group_that_takes_nothing_stops_holding_its_publisher_after_the_stall_
     assert net.broker.dropped_total() == group.dropped
     member.ack(member.publishes())
     assert not group.stalled
+
+
+def test_acknowledged_messages_a_slow_persistent_member_keeps_survive_a_restart() -> None:
+    """Review finding: QoS 1 messages a persistent member has no room for are stored
+    (kept by it for the group) before their PUBACK, so a crash loses none of them."""
+    store = MemoryStore()
+    net = Net(store=store, max_inflight=1, max_queued_messages=100)
+    a = net.mqtt("a", clean=False)
+    a.subscribe(("$share/g/t", 1))
+    pub = net.mqtt("p")
+    pub.send(*[Publish("t", b"%d" % i, 1, False, False, i + 1) for i in range(5)])
+    assert len(pub.take(Puback)) == 5
+    assert _payloads(a) == [b"0"]            # (its window: 1 in flight, none acked)
+    assert not net.broker._router.shared["$share/g/t"].backlog
+    # kill -9: a new broker on what was committed
+    after = Net(store=store, max_inflight=10, max_queued_messages=100)
+    a2 = after.mqtt("a", clean=False)
+    got: list[bytes] = []
+    for _ in range(5):       # (bounded)
+        messages = a2.publishes()
+        if not messages:
+            break
+        got += [m.payload for m in messages]
+        a2.ack(messages)
+    assert sorted(got) == [b"%d" % i for i in range(5)]
+
+
+def test_a_kept_message_moves_to_a_member_that_has_room() -> None:
+    """A message a persistent member keeps for the group (nobody had room) goes to
+    the first member that has room, removed from the keeper in the same commit."""
+    net = Net(store=MemoryStore(), max_inflight=1, max_queued_messages=100)
+    a = net.mqtt("a", clean=False)
+    b = net.mqtt("b")
+    for m in (a, b):
+        m.subscribe(("$share/g/t", 1))
+    for i in range(4):
+        net.broker.publish(Message("t", b"%d" % i, 1))
+    [first_a] = a.publishes()
+    [first_b] = b.publishes()
+    assert len(list(net.broker.sessions["a"].entries())) == 3    # 1 sent, 2 kept
+    b.ack([first_b])
+    [moved] = b.publishes()
+    assert len(list(net.broker.sessions["a"].entries())) == 2
+    assert {first_a.payload, first_b.payload, moved.payload} == {b"0", b"1", b"2"}
+
+
+def test_qos2_publishes_to_a_group_without_room_are_held_back_not_dropped() -> None:
+    """Review finding: a QoS 2 message PUBREC'd while no member had room counts
+    against the group's backlog at once (its publisher is held back) and is never
+    dropped afterwards."""
+    net = Net(max_inflight=2, max_queued_messages=10)
+    member = net.mqtt("slow")
+    member.subscribe(("$share/g/jobs", 1))
+    pub = net.mqtt("pub")
+    pub.send(*[Publish("jobs", b"%d" % i, 2, False, False, i + 1) for i in range(50)])
+    group = net.broker._router.shared["$share/g/jobs"]
+    recs = pub.take(Pubrec)
+    assert 0 < len(recs) < 50           # back-pressure: not everything read at once
+    got: list[bytes] = []
+    received = len(recs)
+    for _ in range(200):                # (bounded)
+        if recs:
+            pub.send(*[Pubrel(r.packet_id) for r in recs])
+        messages = member.publishes()
+        got += [m.payload for m in messages]
+        member.ack(messages)
+        recs = pub.take(Pubrec)
+        received += len(recs)
+        if len(got) == 50:
+            break
+    assert group.dropped == 0 and received == 50
+    assert sorted(got) == sorted(b"%d" % i for i in range(50))
+
+
+def test_a_qos2_message_sent_to_a_member_that_ends_goes_to_no_other() -> None:
+    """Review finding (MQTT 5 §4.8.2): a QoS 2 message already sent to a member whose
+    session ends is not sent to another member; it is dropped and counted."""
+    net = Net()
+    a = net.mqtt("a")
+    a.subscribe(("$share/g/t", 2))
+    net.broker.publish(Message("t", b"two", 2))
+    assert _payloads(a) == [b"two"]     # (not PUBREC'd)
+    b = net.mqtt("b")
+    b.subscribe(("$share/g/t", 2))
+    a.disconnect()
+    assert b.publishes() == []
+    assert net.broker._router.shared["$share/g/t"].dropped == 1
+
+
+def test_what_an_unsubscribing_member_gives_back_stays_stored() -> None:
+    """Review finding: the queued messages an unsubscribing member gives back are
+    stored with a persistent member in the commit that removes them from it, so a
+    crash loses none and duplicates none."""
+    store = MemoryStore()
+    net = Net(store=store, max_inflight=1, max_queued_messages=100)
+    a = net.mqtt("a", clean=False)
+    b = net.mqtt("b", clean=False)
+    for m in (a, b):
+        m.subscribe(("$share/g/t", 1))
+    for i in range(4):      # 1 in flight with each; 2 kept (stored), one by each
+        net.broker.publish(Message("t", b"%d" % i, 1))
+    assert len(_payloads(a)) == len(_payloads(b)) == 1
+    assert len(list(net.broker.sessions["b"].entries())) == 2
+    b.send(Unsubscribe(9, ("$share/g/t",)))
+    assert len(list(net.broker.sessions["b"].entries())) == 1     # (its sent one)
+    after = Net(store=store, max_inflight=10, max_queued_messages=100)
+    got: list[bytes] = []
+    for client_id in ("a", "b"):
+        peer = after.mqtt(client_id, clean=False)
+        for _ in range(5):   # (bounded)
+            messages = peer.publishes()
+            if not messages:
+                break
+            got += [m.payload for m in messages]
+            peer.ack(messages)
+    assert sorted(got) == [b"0", b"1", b"2", b"3"]

@@ -26,6 +26,12 @@ class LogLimiter:
         self._held: dict[str, int] = {}
         self._used: dict[str, int] = {}
 
+    def ready(self, cause: str) -> bool:
+        """Would ``allow(cause)`` let a line through now?  (Nothing is counted.)"""
+        last = self._last.get(cause)
+        return (last is None or self._seconds() - last >= self.interval
+                or self._used.get(cause, 1) < self.burst)
+
     def allow(self, cause: str) -> int | None:
         """None: do not log now (counted).  Otherwise log, mentioning the returned
         number of lines held back since the last one for this cause."""

@@ -7,10 +7,11 @@ granted QoS); which deliveries wait for their commit (QoS 2 to a persistent
 session) and when a publisher may be acknowledged; which online subscribers (and
 shared groups' backlogs) a publish left past their high-water mark
 (``Published.congested``); shared groups' deliveries (``core.shared``: a member
-with room, else the group's backlog, fed to members as they have room again); the
-retained messages a new subscription is owed, fed to its session as it has room
-(``Session.has_room``: its in-flight window for QoS 1/2, its link's write buffer
-or credit for QoS 0) rather than pushed into its bounded queue at once.  The
+with room, else kept, stored, by a persistent member, else the group's backlog, fed
+to members as they have room again); the retained messages a new subscription is
+owed, fed to its session as it has room (``Session.has_room``: its in-flight window
+for QoS 1/2, its link's write buffer or credit for QoS 0) rather than pushed into
+its bounded queue at once.  The
 façade calls ``room`` whenever a session may have room again (an acknowledgement,
 a drained link, a session coming online).
 
@@ -81,14 +82,17 @@ REPLAY_SLICE = 256
 
 
 class _Replay:
-    """The retained messages one subscription is still owed: the topics that had one
-    when it subscribed (each read again when its turn comes: a message deleted
-    meanwhile is skipped, a replaced one goes out as it is now)."""
+    """The retained messages one subscription (``filter``) is still owed: the topics
+    that had one when it subscribed (each read again when its turn comes: a message
+    deleted meanwhile is skipped, a replaced one goes out as it is now, and one the
+    session got live meanwhile, published retained, is not sent again: ``owed``)."""
 
-    __slots__ = ("granted", "index", "topics")
+    __slots__ = ("filter", "granted", "index", "owed", "topics")
 
-    def __init__(self, topics: list[str], granted: int) -> None:
+    def __init__(self, topic_filter: str, topics: list[str], granted: int) -> None:
+        self.filter = topic_filter
         self.topics = topics
+        self.owed = set(topics)
         self.granted = granted
         self.index = 0
 
@@ -99,18 +103,21 @@ class Gate:
     adapter calls once its acknowledgement (MQTT PUBREC) is out.  ``cancel`` (the
     commit failed) takes them back instead.  Whichever comes first wins."""
 
-    __slots__ = ("_done", "_entries", "_later", "_message", "_qos0")
+    __slots__ = ("_done", "_entries", "_later", "_message", "_qos0", "_undo")
 
     def __init__(self, message: Message) -> None:
         self._message = message
         self._entries: list[tuple[Session, OutEntry]] = []
         self._qos0: list[tuple[Session, bool]] = []
         self._later: list[Callable[[], None]] = []   # shared groups' backlogs
+        self._undo: list[Callable[[], None]] = []
         self._done = False
 
-    def later(self, call: Callable[[], None]) -> None:
-        """Call ``call`` at the opening (a shared group holds the message then)."""
+    def later(self, call: Callable[[], None], undo: Callable[[], None]) -> None:
+        """Call ``call`` at the opening (a shared group holds the message then), or
+        ``undo`` if the gate is cancelled instead."""
         self._later.append(call)
+        self._undo.append(undo)
 
     def add(self, session: Session, entry: OutEntry | None, retain: bool = False) -> None:
         """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery with
@@ -134,15 +141,19 @@ class Gate:
         self._entries = []
         self._qos0 = []
         self._later = []
+        self._undo = []
 
     def cancel(self, failure: Failure) -> Failure:
         if not self._done:
             self._done = True
             for session, entry in self._entries:
                 session.withdraw(entry)
+            for undo in self._undo:
+                undo()
             self._entries = []
             self._qos0 = []
             self._later = []
+            self._undo = []
         return failure
 
 
@@ -300,9 +311,12 @@ class Router:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
         share_of: dict[Session, SharedGroup[Session]] | None = None
+        kept: set[Session] | None = None
         gate = Gate(message) if hold else None
         if self.shared:
-            matches, share_of, dropped, congested = self._add_shared(message, matches, gate)
+            matches, share_of, dropped, congested, kept = self._add_shared(
+                message, matches, gate)
+        replaying = message.retain and bool(self._replays)
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             retain = False
@@ -333,12 +347,18 @@ class Router:
                 entry = session.deliver(message, qos, retain)
             if entry is None and qos:
                 self._queue_full(session)
+            elif replaying and session in self._replays:
+                # (it has this topic's retained message now: not again from a replay)
+                for replay in self._replays[session]:
+                    replay.owed.discard(message.topic)
             if session.expired_ops:   # expired messages made room (MQTT 5)
                 ops.extend(session.take_expired_ops())
             if entry is not None and share_of is not None:
                 group = entry.share = share_of.get(session)
-                if group is not None and session.link is None:
-                    self._lend(group, session, entry)   # (nobody online: see ``pick``)
+                if group is not None and (session.link is None
+                                          or (kept is not None and session in kept)):
+                    # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
+                    self._lend(group, session, entry)
             if entry is not None and session.persistent:
                 ops.append(entry.put_op(session.client_id))
                 if qos == 1 and entry.packet_id in session.inflight:
@@ -385,18 +405,22 @@ class Router:
 
     def _add_shared(self, message: Message, matches: dict[Session, int], gate: Gate | None
                     ) -> tuple[dict[Session, int], dict[Session, SharedGroup[Session]] | None,
-                               int, list[Congestible] | None]:
+                               int, list[Congestible] | None, set[Session] | None]:
         """``matches`` plus one member of each shared group whose filter matches
         (a member that is also a plain subscriber gets one copy, at the higher QoS),
-        with the group of each; how many groups had to drop it (a full backlog); and
-        the groups whose backlog it left past the high-water mark.  A QoS 1/2 message
-        no member has room for (or that would overtake the group's backlog) waits in
-        the backlog; under a ``gate`` it goes there at the opening."""
+        with the group of each; how many groups had to drop it (a full backlog); the
+        groups whose backlog it left past the high-water mark; and the members that
+        only keep it for their group (``_keeper``).  A QoS 1/2 message no member has
+        room for (or that would overtake the group's backlog) is kept, stored, by a
+        persistent member as a loan (the publisher's acknowledgement waits for that
+        commit), or else waits in the backlog; under a ``gate`` it goes there at the
+        opening (counted against the backlog's bound at once)."""
         groups = self.shared_trie.match(message.topic)
         if not groups:
-            return matches, None, 0, None
+            return matches, None, 0, None, None
         matches = dict(matches)
         share_of: dict[Session, SharedGroup[Session]] = {}
+        kept: set[Session] | None = None
         eligible = self.native if message.amqp_only else None
         qos = message.qos
         dropped = 0
@@ -409,10 +433,26 @@ class Router:
             if pick is None:
                 if not qos:
                     continue   # (QoS 0 with no member online: no taker)
-                if gate is not None:
-                    gate.later(partial(self._hold_later, group, message))
+                keeper = self._keeper(group, matches, eligible)
+                if keeper is not None:
+                    matches[keeper] = group.members[keeper]
+                    share_of[keeper] = group
+                    if kept is None:
+                        kept = set()
+                    kept.add(keeper)
                     continue
-                if not self._hold(group, message):
+                if gate is not None:
+                    if group.full(message):
+                        group.dropped += 1
+                        self._backlog_full(group, message)
+                        dropped += 1
+                    else:
+                        # (counted now, so the group is congested and holds its
+                        # publishers back; never refused at the opening: PUBREC'd)
+                        group.pending += 1
+                        gate.later(partial(self._hold_later, group, message),
+                                   partial(self._unpromise, group))
+                elif not self._hold(group, message):
                     dropped += 1
                 if group.over_high_water():
                     if congested is None:
@@ -425,29 +465,58 @@ class Router:
             share_of[session] = group   # (also for a plain subscriber: its options
             if had is None or granted > had:  # must know the group picked it)
                 matches[session] = granted
-        return matches, share_of, dropped, congested
+        return matches, share_of, dropped, congested, kept
 
-    def _hold(self, group: SharedGroup[Session], message: Message) -> bool:
+    @staticmethod
+    def _keeper(group: SharedGroup[Session], taken: dict[Session, int] | None = None,
+                eligible: set[Session] | None = None, exclude: Session | None = None
+                ) -> Session | None:
+        """The persistent member (granted QoS 1/2, not in ``taken``) that stores a
+        QoS 1/2 message no member has room for, as a loan to the group (moved to a
+        member with room later, ``_drain``): the one with the shortest queue, online
+        ones first.  None: no such member (the group's backlog, in memory, holds it:
+        no session that could keep it is lost with it)."""
+        best: Session | None = None
+        best_key: tuple[bool, int] = (True, 0)
+        for member, granted in group.members.items():
+            if (not member.persistent or not granted or member is exclude
+                    or (taken is not None and member in taken)
+                    or (eligible is not None and member not in eligible)):
+                continue
+            key = (member.link is None, len(member.queue))
+            if best is None or key < best_key:
+                best, best_key = member, key
+        return best
+
+    def _backlog_full(self, group: SharedGroup[Session], message: Message) -> None:
+        suppressed = self._log_limit.allow("shared_backlog")
+        if suppressed is not None:
+            self.log.warn(
+                "shared subscription {g}: a message on {t!r} dropped, the group's "
+                "backlog is full (--max-queued-messages {n}, --max-queued-bytes {b}) "
+                "and no member has room ({h} more since the last line; {d} in all)",
+                g=group.key, t=message.topic, n=group.max_messages, b=group.max_bytes,
+                h=suppressed, d=group.dropped)
+
+    def _hold(self, group: SharedGroup[Session], message: Message,
+              promised: bool = False) -> bool:
         """Keep ``message`` in ``group``'s backlog (False: full, dropped and counted),
         then give what it can to members with room."""
         if self.shared.get(group.key) is not group:
             return True   # (the group went away meanwhile: nobody to hold it for)
-        if not group.hold(message, message.qos):
-            suppressed = self._log_limit.allow("shared_backlog")
-            if suppressed is not None:
-                self.log.warn(
-                    "shared subscription {g}: a message on {t!r} dropped, the group's "
-                    "backlog is full (--max-queued-messages {n}, --max-queued-bytes {b}) "
-                    "and no member has room ({h} more since the last line; {d} in all)",
-                    g=group.key, t=message.topic, n=group.max_messages, b=group.max_bytes,
-                    h=suppressed, d=group.dropped)
+        if not group.hold(message, message.qos, promised):
+            self._backlog_full(group, message)
             return False
         self._waiting[group] = None
         self._drain(group)
         return True
 
     def _hold_later(self, group: SharedGroup[Session], message: Message) -> None:
-        self._hold(group, message)
+        self._hold(group, message, promised=True)
+
+    @staticmethod
+    def _unpromise(group: SharedGroup[Session]) -> None:
+        group.pending -= 1
 
     def _lend(self, group: SharedGroup[Session], session: Session, entry: OutEntry) -> None:
         group.loans.append((session, entry))
@@ -466,27 +535,33 @@ class Router:
 
     def _drain(self, group: SharedGroup[Session]) -> None:
         """Give ``group``'s loans (oldest first), then its backlog, to members with
-        room, until none has any; the moves are stored in one commit."""
+        room, until none has any; the moves are stored in one commit (a loan leaves
+        its lender's stored queue in the commit that stores it with its taker)."""
         ops: list[Op] = []
         held: list[tuple[Session, int]] = []
         loans = group.loans
+        waiting: deque[tuple[Session, OutEntry]] = deque()
         while loans:
-            lender, entry = loans[0]
-            if ((lender.link is not None and lender is not self._leaving)
-                    or entry.held or entry.gated or not lender.holds(entry)):
-                loans.popleft()   # back online (it sends it itself), or already gone
+            lender, entry = loans.popleft()
+            if not lender.holds(entry) or (
+                    lender.link is not None and lender is not self._leaving
+                    and entry.state != QueuedState.QUEUED):
+                continue  # already gone, or sent by its (online) lender
+            if entry.held or entry.gated:
+                waiting.append((lender, entry))   # (its commit or its PUBREC first)
                 continue
             message = entry.message
             pick = group.pick(message.publisher, entry.qos, exclude=lender,
                               eligible=self.native if message.amqp_only else None)
-            if pick is None or pick[0].link is None:
+            if pick is None or pick[0].link is None or self._give(
+                    group, pick[0], message, min(entry.qos, pick[1]), ops, held) is None:
+                # (nobody online has room; or no packet id left: it stays lent)
+                waiting.append((lender, entry))
                 break
-            loans.popleft()
-            target, granted = pick
             ops.extend(lender.take_back(entry))
-            if self._give(group, target, message, min(entry.qos, granted), ops, held) is None:
-                group.give_back(message, entry.qos)   # (no packet id left there)
-                break
+        if waiting:
+            waiting.extend(loans)
+            loans = group.loans = waiting
         if not loans:
             backlog = group.backlog
             while backlog:
@@ -513,8 +588,10 @@ class Router:
             self.commits.watch(d, "moving messages of shared subscription " + group.key)
 
     def _give(self, group: SharedGroup[Session], target: Session, message: Message,
-              qos: int, ops: list[Op], held: list[tuple[Session, int]]) -> OutEntry | None:
-        """Deliver a message ``group`` held to its member ``target``."""
+              qos: int, ops: list[Op], held: list[tuple[Session, int]],
+              lend: bool = False) -> OutEntry | None:
+        """Deliver a message ``group`` held to its member ``target`` (``lend``: only
+        to keep it, stored, for the group: ``_keeper``)."""
         retain = bool(message.retain
                       and target.sub_options.get(group.key, 0) & RETAIN_AS_PUBLISHED)
         entry = target.deliver(message, qos, retain)
@@ -527,18 +604,23 @@ class Router:
             ops.append(entry.put_op(target.client_id))
             if entry.held:
                 held.append((target, entry.seq))
-        if target.link is None:
+        if target.link is None or lend:
             self._lend(group, target, entry)
         return entry
 
     def _queue_full(self, session: Session) -> None:
         """A QoS 1/2 delivery to ``session`` was dropped at its queue bound (counted by
         the session): one line per session a minute, with the count."""
-        held = self._drop_lines.allow(session.client_id)
-        if held is None:
+        lines = self._drop_lines
+        if not lines.ready(session.client_id):
+            lines.allow(session.client_id)    # (counted, not logged)
             return
+        # The global limit first: a line it refuses must not use up the session's.
         others = self._drop_lines_all.allow("queue_full")
         if others is None:
+            return
+        held = lines.allow(session.client_id)
+        if held is None:
             return
         self.log.warn(
             "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
@@ -680,12 +762,19 @@ class Router:
                     self._send_sys_retained(session, topic_filter)
                 continue
             topics = [message.topic for message in self.retained.match(topic_filter)]
+            pending = self._replays.get(session)
+            if pending is not None:
+                # (one replay per filter: a SUBSCRIBE again replaces what it was owed)
+                for old in [r for r in pending if r.filter == topic_filter]:
+                    pending.remove(old)
+                if not pending and not topics:
+                    del self._replays[session]
             if topics:
                 if replays is None:
                     replays = self._replays.get(session)
                     if replays is None:
                         replays = self._replays[session] = deque()
-                replays.append(_Replay(topics, granted))
+                replays.append(_Replay(topic_filter, topics, granted))
         if replays is not None:
             self._feed_retained(session)
 
@@ -708,8 +797,12 @@ class Router:
         while replays:
             replay = replays[0]
             topics = replay.topics
+            owed = replay.owed
             index = replay.index
             while index < len(topics):
+                if topics[index] not in owed:
+                    index += 1     # (sent live meanwhile, published retained)
+                    continue
                 message = retained.get(topics[index])
                 if message is None or (message.amqp_only and not native):
                     index += 1     # deleted meanwhile, or no MQTT form
@@ -782,7 +875,7 @@ class Router:
                 if session.persistent:
                     ops.append(DeleteSubscription(session.client_id, topic_filter))
         if left:
-            ops.extend(self._return_entries(session, ending=False))
+            return self._return_entries(session, False, ops)
         return self.commits.persist(ops)
 
     def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
@@ -806,7 +899,8 @@ class Router:
         session.sub_options.clear()
         self._replays.pop(session, None)
         if self.shared:
-            self._return_entries(session, ending=True)
+            self.commits.watch(self._return_entries(session, True, []),
+                               "moving shared messages of " + session.client_id)
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
         """Drop the subscriptions of ``session`` that ``identity`` may not have (a
@@ -894,35 +988,55 @@ class Router:
             self._leaving = None
         return []
 
-    def _return_entries(self, session: Session, ending: bool) -> list[Op]:
+    def _return_entries(self, session: Session, ending: bool,
+                        ops: list[Op]) -> Deferred[None] | None:
         """Give ``session``'s shared messages back to the groups it is no longer a
-        member of, at the front of their backlogs: when the session ends, its QoS 1
-        messages and its QoS 2 ones the client has not acknowledged (PUBREC); when
-        it only unsubscribed, what it has not sent yet.  Returns the ops that forget
-        them here."""
+        member of: when the session ends, its QoS 1 messages and its QoS 2 ones not
+        sent yet (a QoS 2 message already sent never goes to another member, MQTT 5
+        §4.8.2: it is dropped and counted); when it only unsubscribed, what it has
+        not sent yet.  A group with a persistent member has it store them (a loan,
+        in the commit that forgets them here: ``_keeper``); else they go to the
+        front of its backlog.  The ops that forget them here and store them
+        elsewhere are committed with ``ops`` (returned: that commit), then the
+        groups give what they hold to members with room."""
         back: dict[SharedGroup[Session], list[tuple[Message, int]]] = {}
-        ops: list[Op] = []
+        touched: dict[SharedGroup[Session], None] = {}
+        held: list[tuple[Session, int]] = []
         for entry in list(session.entries()):
             group = entry.share
             if group is None:
                 continue
             if self.shared.get(group.key) is not group or session in group.members:
                 continue
-            if ending:
-                if entry.qos == 2 and entry.state == QueuedState.RELEASED:
-                    continue    # (the client has it: nothing to give back)
-            elif entry.state != QueuedState.QUEUED or entry.held or entry.gated:
+            if entry.state != QueuedState.QUEUED and (not ending or entry.qos == 2):
+                if ending and entry.state == QueuedState.SENT:
+                    group.dropped += 1   # (a QoS 2 message the client may have)
                 continue
             if entry.held or entry.gated:
                 continue        # (its commit or its publisher's PUBREC is still due)
+            message = entry.message
+            keeper = self._keeper(group, None,
+                                  self.native if message.amqp_only else None, session)
+            if keeper is not None and self._give(
+                    group, keeper, message, min(entry.qos, group.members[keeper]), ops,
+                    held, lend=True) is not None:
+                ops.extend(session.take_back(entry))
+                touched[group] = None
+                continue
             ops.extend(session.take_back(entry))
-            back.setdefault(group, []).append((entry.message, entry.qos))
+            back.setdefault(group, []).append((message, entry.qos))
         for group, messages in back.items():
             for message, qos in reversed(messages):
                 group.give_back(message, qos)
             self._waiting[group] = None
-            self._drain(group)
-        return ops
+            touched[group] = None
+        d = self.commits.persist(ops)
+        if d is not None and held:
+            d.addCallback(_release_held, held)
+        for group in touched:     # (after that commit: a move deletes what it stored)
+            if self.shared.get(group.key) is group:
+                self._drain(group)
+        return d
 
     def shared_held(self) -> int:
         """Messages shared groups hold in their backlogs (not yet any member's)."""

@@ -12,21 +12,28 @@ and what it has in flight and queued below its in-flight window, its queue below
 the high-water mark): a member that does not acknowledge is skipped, not fed until
 its queue drops messages.  The strategy picks among the members with room
 (``sticky`` and ``hash-client`` move on to the next member with room when theirs
-has none).  When no member has room the group holds the message in its *backlog*
-(bounded like a session's queue, ``--max-queued-messages`` and
-``--max-queued-bytes``); past half of that bound the group is congested and its
-publishers are not read (``core.flow``), and a message that still finds it full is
-dropped and counted.  As members acknowledge, the backlog goes to them, oldest
-first.  Only when no member is online does a persistent member take QoS 1/2
-messages into its own (stored) queue; a QoS 0 message is never held (with no member
-with room it goes to the strategy's pick, which drops it at its bound as usual).
+has none).  When no member has room and the group has a persistent member, that
+member *keeps* the message for the group: it is stored in its queue (committed
+before the publisher's acknowledgement, as any persistent delivery) as a *loan*,
+moved to the first member with room (``Router._keeper``, ``Router._drain``).  Else
+the group holds the message in its *backlog*, in memory (bounded like a session's
+queue, ``--max-queued-messages`` and ``--max-queued-bytes``, counting the QoS 2
+messages promised to it at their PUBREC, ``pending``); past half of that bound the
+group is congested and its publishers are not read (``core.flow``), and a new
+message that still finds it full is dropped and counted (never one already
+PUBREC'd).  As members acknowledge, the backlog goes to them, oldest first.  A QoS
+0 message is never held (with no member with room it goes to the strategy's pick,
+which drops it at its bound as usual).
 
 When a member goes away its messages stay in the group:
 
 * a session that ends (a clean one disconnecting, an AMQP receiver detaching, an
   expired or cleared session) gives back its QoS 1 messages, queued or unacknowledged,
-  and its QoS 2 messages the client has not acknowledged with PUBREC: they go to the
-  front of the backlog (beyond its bound, which only new messages respect);
+  and its QoS 2 messages not yet sent: a persistent member keeps them (stored, in
+  the commit that takes them from the leaving one), else they go to the front of
+  the backlog (beyond its bound, which only new messages respect).  A QoS 2 message
+  already sent never goes to another member (MQTT 5 §4.8.2): it is dropped and
+  counted;
 * a persistent session going offline keeps them, stored, as *loans* to the group: as
   other members have room they move there (removed from it and stored with the new
   member in one commit), its QoS 1 messages and its QoS 2 messages not yet sent; a
@@ -34,7 +41,7 @@ When a member goes away its messages stay in the group:
   MQTT 5 §4.8.2 asks (so no QoS 2 message reaches two members).  What is left when it
   comes back is delivered to it;
 * a member that unsubscribes gives back what it has queued for the group (what it
-  has in flight it may still acknowledge).
+  has in flight it may still acknowledge), kept as above.
 
 Retained messages are never sent on a shared subscription.
 
@@ -105,7 +112,7 @@ class SharedGroup(Generic[M]):
 
     __slots__ = ("_next", "_sticky", "backlog", "backlog_bytes", "counts", "dropped",
                  "filter", "loans", "max_bytes", "max_messages", "members", "name",
-                 "stalled", "strategy")
+                 "pending", "stalled", "strategy")
 
     def __init__(self, name: str, topic_filter: str, strategy: str = "round-robin",
                  max_messages: int = 1_000, max_bytes: int = 16 << 20) -> None:
@@ -125,6 +132,9 @@ class SharedGroup(Generic[M]):
         # still held, stored, by offline persistent members, oldest first.
         self.loans: deque[tuple[M, Any]] = deque()
         self.dropped = 0          # new messages refused by a full backlog
+        # Messages promised to the backlog once their publisher's PUBREC is out (a
+        # gated QoS 2 publish): counted against its bound already.
+        self.pending = 0
         self.stalled = False      # see ``over_high_water``
 
     @property
@@ -153,14 +163,22 @@ class SharedGroup(Generic[M]):
         flow control's stall rule), so the backlog drops at its bound instead until
         a member takes a message again."""
         return not self.stalled and (
-            len(self.backlog) * 2 > self.max_messages
+            (len(self.backlog) + self.pending) * 2 > self.max_messages
             or self.backlog_bytes * 2 > self.max_bytes)
 
-    def hold(self, message: Message, qos: int) -> bool:
-        """Keep a new message for later; False (counted) when the backlog is full."""
+    def full(self, message: Message) -> bool:
+        """Would the backlog (with what is ``pending``) refuse ``message``?"""
+        return (len(self.backlog) + self.pending >= self.max_messages
+                or self.backlog_bytes + len(message.payload) > self.max_bytes)
+
+    def hold(self, message: Message, qos: int, promised: bool = False) -> bool:
+        """Keep a new message for later; False (counted) when the backlog is full.
+        A ``promised`` one (counted in ``pending`` until now) is never refused: its
+        publisher was told it is taken."""
         size = len(message.payload)
-        if (len(self.backlog) >= self.max_messages
-                or self.backlog_bytes + size > self.max_bytes):
+        if promised:
+            self.pending -= 1
+        elif self.full(message):
             self.dropped += 1
             return False
         self.backlog.append((message, qos))
