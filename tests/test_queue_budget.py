@@ -18,7 +18,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues import Consumer
+from mqttamqp.core.queues import Consumer, body_size
 from mqttamqp.core.session import Session
 from mqttamqp.core.systopics import queue_topics
 
@@ -154,6 +154,36 @@ def test_two_groups_and_a_stream_each_read_every_message_back() -> None:
         publish(broker, "jobs", body)
     results = [drain(broker, session, link, store) for session, link in members]
     assert results == [sent, sent, sent]
+
+
+def test_a_stream_replay_keeps_to_the_budget() -> None:
+    """Bodies read back for a replay are evicted again: resident stays within the
+    budget and one read batch (64 messages) all along, and every message arrives."""
+    store = MemoryStore()
+    broker, _ = make(store, queue_memory_budget=16 * KB)
+    sent = payloads(400)
+    for body in sent:
+        publish(broker, "jobs", body)
+    store.finish_reads()
+    queues = broker.queues
+    session, link = client(broker, "s-1")
+    join(broker, session, "$queue/jobs/#",
+         consumer=Consumer(mode="stream", stream_offset="first"))
+    bound = 16 * KB + 64 * body_size(Message("$queue/jobs/k", sent[0], 1, False, "p", 0.0))
+    seen: list[bytes] = []
+    most = 0
+    for _ in range(10_000):
+        most = max(most, queues.resident)
+        published = link.published()
+        if len(seen) < len(published):
+            message, _, pid, *_ = published[len(seen)]
+            seen.append(message.payload)
+            broker.acknowledged(session, pid)
+        elif not store.finish_reads():
+            break
+    assert seen == sent
+    assert queues.read_backs >= 300
+    assert most <= bound, f"{most} bytes resident, bound {bound}"
 
 
 def test_a_restart_with_a_big_queue_keeps_to_the_budget() -> None:
