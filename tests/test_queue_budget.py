@@ -18,6 +18,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
+from mqttamqp.core.queuebudget import StorageAlarm
 from mqttamqp.core.queues import Consumer, body_size
 from mqttamqp.core.session import Session
 from mqttamqp.core.systopics import queue_topics
@@ -319,6 +320,48 @@ def test_free_disk_watermark_blocks_and_clears_with_hysteresis() -> None:
     assert broker.queues.alarm.episodes == 1
     broker.stop()
     assert timers_left(clock) == []
+
+
+def test_a_raising_check_or_resume_leaves_no_publisher_paused() -> None:
+    """A free-space check that raises keeps the polling alive, and a resume callback
+    that raises neither stops the others nor the timer; one log line per cause."""
+    events, observer = _captured()
+    try:
+        clock = Clock()
+        answers: list[Any] = [RuntimeError("statvfs broke"), 100, 100, 10_000]
+
+        def free() -> int:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return int(answer)
+
+        alarm = StorageAlarm(clock, 0, 1000, free)
+        alarm.start()                        # raises: polled again in 2 s anyway
+        assert alarm.free is None and not alarm.blocked
+        clock.advance(2.0)
+        assert alarm.blocked
+        resumed: list[int] = []
+
+        def broken() -> None:
+            raise ValueError("a publisher's resume broke")
+
+        alarm.wait(1, broken)
+        alarm.wait(2, lambda: resumed.append(2))
+        alarm.wait(3, lambda: resumed.append(3))
+        clock.advance(2.0)
+        assert alarm.blocked
+        clock.advance(2.0)                   # room again: every other one resumes
+        assert not alarm.blocked and resumed == [2, 3] and alarm.waiting == 0
+        assert [c.getTime() for c in clock.getDelayedCalls()] == [8.0]
+        failures = [e for e in events if e["log_level"] == LogLevel.critical]
+        assert len(failures) == 2
+        assert "checking the free disk space" in failures[0]["what"]
+        assert "resuming a publisher" in failures[1]["what"]
+        alarm.stop()
+        assert timers_left(clock) == []
+    finally:
+        globalLogPublisher.removeObserver(observer)
 
 
 def test_sys_and_read_model_show_the_bounds() -> None:

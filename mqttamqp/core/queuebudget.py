@@ -27,6 +27,7 @@ from collections.abc import Callable
 from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.ratelog import LogLimiter
 
 __all__ = ["StorageAlarm", "FreeSpace", "MB"]
 
@@ -69,6 +70,7 @@ class StorageAlarm:
         self._waiting: dict[int, Callable[[], None]] = {}
         self._timer: DelayedCall | None = None
         self._stopped = False
+        self._log_limit = LogLimiter(clock.seconds)
 
     # -- state ---------------------------------------------------------------------
 
@@ -128,9 +130,13 @@ class StorageAlarm:
 
     def _poll(self) -> None:
         self._timer = None
-        self.check_disk()
-        if not self._stopped:
-            self._timer = self.clock.callLater(self.interval, self._poll)
+        try:
+            self.check_disk()
+        except Exception as exc:   # (the next poll tries again: never stop polling)
+            self._failed("checking the free disk space", exc)
+        finally:
+            if not self._stopped:
+                self._timer = self.clock.callLater(self.interval, self._poll)
 
     def check_disk(self) -> None:
         if self._free_space is None:
@@ -199,4 +205,14 @@ class StorageAlarm:
     def _resume_all(self) -> None:
         waiting, self._waiting = self._waiting, {}
         for resume in waiting.values():
-            resume()
+            try:
+                resume()
+            except Exception as exc:   # (one publisher's failure must not hold the rest)
+                self._failed("resuming a publisher to $queue/", exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """One line per cause a minute, with the traceback of the first."""
+        held = self._log_limit.allow(what)
+        if held is not None:
+            self.log.failure("durable queues' storage alarm: {what} failed ({h} more "
+                             "since the last such line)", what=what, h=held)
