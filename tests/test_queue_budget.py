@@ -459,3 +459,45 @@ def test_zodb_load_keeps_to_the_body_budget_and_reads_bodies_back(tmp_path: Any)
                                                        (99, sent[99])]
     finally:
         store.close()
+
+
+def test_a_reader_thread_that_cannot_open_fails_its_reads_and_restarts(
+        tmp_path: Any) -> None:
+    """When the reader thread's connection does not open, the read waiting for it
+    fails (not hangs), and the next read starts a new thread that answers it."""
+    from test_store import FakeReactor, commit
+
+    from mqttamqp.core.persistence import PutQueue, PutQueueMessage
+    from mqttamqp.store import ZODBStore
+
+    reactor = FakeReactor()
+    sent = payloads(3)
+    store = ZODBStore(str(tmp_path), reactor)    # type: ignore[arg-type]
+    try:
+        commit(reactor, store, [PutQueue("jobs", (None, None, None))] + [
+            PutQueueMessage("jobs", i, Message("$queue/jobs/k", b, 1, False, "p", 1.0))
+            for i, b in enumerate(sent)])
+        db = store._db
+        real_open = db.open
+        opens: list[int] = []
+
+        def open_once_broken(*args: Any, **kwargs: Any) -> Any:
+            opens.append(1)
+            if len(opens) == 1:
+                raise OSError("cannot open a connection")
+            return real_open(*args, **kwargs)
+
+        db.open = open_once_broken   # type: ignore[method-assign]
+        first = store.read_queue_messages("jobs", [0])
+        failed: list[Any] = []
+        first.addErrback(failed.append)
+        reactor.run_until_fired(first, timeout=10)
+        assert len(failed) == 1 and "cannot open" in failed[0].getErrorMessage()
+        second = store.read_queue_messages("jobs", [1, 2])
+        found: list[Any] = []
+        second.addCallback(found.extend)
+        reactor.run_until_fired(second, timeout=10)
+        assert [(o, m.payload) for o, m in found] == [(1, sent[1]), (2, sent[2])]
+        assert len(opens) == 2
+    finally:
+        store.close()
