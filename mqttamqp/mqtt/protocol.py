@@ -138,7 +138,7 @@ class _Parked:
     and the queues can drain; the PUBLISHes to ``$queue/`` (and, in order, every
     packet after the first of them) wait here until the queues have room."""
 
-    __slots__ = ("waiting", "packets", "bytes")
+    __slots__ = ("bytes", "packets", "waiting")
 
     def __init__(self) -> None:
         self.waiting = True   # registered with the storage alarm, not resumed yet
