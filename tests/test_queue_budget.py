@@ -501,3 +501,34 @@ def test_a_reader_thread_that_cannot_open_fails_its_reads_and_restarts(
         assert len(opens) == 2
     finally:
         store.close()
+
+
+def test_the_disk_watermark_reads_the_file_system_the_storage_is_on(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """With --storage naming a file outside the data directory, --disk-free-limit
+    reads statvfs of that file's directory, not of the data directory."""
+    import os
+
+    from mqttamqp.core.limits import Limits
+    from mqttamqp.service import BrokerService
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    asked: list[str] = []
+    real_statvfs = os.statvfs
+
+    def statvfs(path: Any) -> Any:
+        asked.append(str(path))
+        return real_statvfs(path)
+
+    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0,
+                                                       disk_free_limit=1 << 20),
+                        storage=f"file://{elsewhere / 'broker.fs'}")
+    svc._open_store()
+    try:
+        monkeypatch.setattr(os, "statvfs", statvfs)
+        svc.broker.queues.alarm.check_disk()
+        assert asked == [str(elsewhere)]
+        assert svc.broker.queues.alarm.free is not None
+    finally:
+        svc.store.close()

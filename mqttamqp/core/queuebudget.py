@@ -2,17 +2,18 @@
 
 What it owns: the storage alarm of the durable queues.  It is raised when the
 queues' stored payload bytes in all reach ``--queue-max-total-bytes``, or when the
-file system of the data directory has less than ``--disk-free-limit`` free (as
+file system the storage writes to (the data directory's, or the ``--storage``
+file's or SQLite directory's) has less than ``--disk-free-limit`` free (as
 RabbitMQ's ``disk_free_limit``), and cleared once both are back under their marks
 with some room (the stored bytes under 90 % of the bound, the free space above the
 limit and a tenth of it), so that a queue at its bound does not flap.  While it is
-raised, publishers to queues are *blocked*, not dropped: their protocols stop
-reading them (MQTT) or withhold credit (AMQP) and register here how to resume;
+raised, publishers to queues are *blocked*, not dropped: their protocols hold
+their publishes (MQTT) or withhold credit (AMQP) and register here how to resume;
 they resume when it clears.  One log line when an episode starts and one when it
 ends; the state is read by ``$SYS``, the metrics and the console.
 
 The free space is asked of an injected function (the service gives one that calls
-``os.statvfs`` on the data directory) every ``interval`` seconds on the injected
+``os.statvfs`` on the storage's directory) every ``interval`` seconds on the injected
 clock; the stored bytes are given by the queue manager whenever they change in a
 way that matters (``QueueManager`` calls ``check_total``).
 
@@ -33,7 +34,7 @@ __all__ = ["StorageAlarm", "FreeSpace", "MB"]
 
 MB = 1 << 20
 
-# Free bytes of the data directory's file system (None: not known).
+# Free bytes of the storage's file system (None: not known).
 FreeSpace = Callable[[], "int | None"]
 
 TOTAL, DISK = "total", "disk"
@@ -99,7 +100,7 @@ class StorageAlarm:
             parts.append(f"the durable queues hold {_mb(self.total)} "
                          f"(--queue-max-total-bytes {self.max_total})")
         if self._disk_low and self.free is not None:
-            parts.append(f"the data directory's file system has {_mb(self.free)} free "
+            parts.append(f"the storage's file system has {_mb(self.free)} free "
                          f"(--disk-free-limit {self.disk_free_limit // MB} MB)")
         return "; ".join(parts) or None
 
