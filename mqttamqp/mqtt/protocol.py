@@ -1084,10 +1084,15 @@ class MQTTProtocol(Protocol):
             return False
         if kind is Publish:
             topic = packet.topic
-            if topic and is_queue_command(topic):
-                return False
-            if not parked.packets and topic and not is_queue_topic(topic):
-                return False   # (an alias only, MQTT 5: it may be a queue's; it waits)
+            props = packet.properties
+            if topic and is_queue_command(topic) and not (
+                    parked.packets and props is not None and props.topic_alias):
+                return False   # (one that sets an alias waits: the held ones use theirs)
+            if not parked.packets:
+                if topic and not is_queue_topic(topic):
+                    return False   # (an alias only, MQTT 5: it may be a queue's; it waits)
+                if packet.qos and self._v5 is not None and self.broker.queues.blocked:
+                    return False   # refused at once with 0x97 (``QueueManager.publish``)
         elif not parked.packets:
             return False
         parked.packets.append(packet)
