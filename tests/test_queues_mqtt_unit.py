@@ -176,7 +176,7 @@ def test_a_blocked_client_is_read_for_acks_and_its_queue_publishes_wait_in_order
     # Another publisher past the bound of held bytes is not read any more.
     pub.send(Publish("$queue/jobs/a", b"x", 1, False, False, 30))
     big = b"b" * (64 * 1024)
-    for pid in range(31, 31 + PARKED_BYTES // len(big) + 1):
+    for _ in range(PARKED_BYTES // len(big) + 1):
         pub.send(Publish("$queue/jobs/a", big, 0, False, False, None))
     assert pub.transport.producerState == "paused"
     assert pub.received() == []
