@@ -273,11 +273,12 @@ class Options(usage.Options):
          _positive(int, "queue-memory-budget")],
         ["queue-max-total-bytes", None, _D.queue_max_total_bytes,
          "Payload bytes all durable queues may store together; at it, publishers to "
-         "$queue/ are blocked (not read; AMQP: no credit; MQTT 5 QoS 1/2: 0x97) until "
+         "$queue/ are blocked (MQTT: held; AMQP: no credit; MQTT 5 QoS 1/2: 0x97) until "
          "consumers bring it under 90 %; 0 = no bound.",
          _positive(int, "queue-max-total-bytes")],
         ["disk-free-limit", None, _D.disk_free_limit // _MB,
-         "MB the data directory's file system must keep free; below it publishers to "
+         "MB the storage's file system (the data directory's, or that of the "
+         "--storage file or SQLite directory) must keep free; below it publishers to "
          "$queue/ are blocked as above until it has this and a tenth more free "
          "(checked every 2 s); 0 = no watermark.", _positive(int, "disk-free-limit")],
         ["queues", None, None,

@@ -15,7 +15,6 @@ import ipaddress
 import os
 import sys
 from collections.abc import Sequence
-from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -293,6 +292,19 @@ class OpenAtStart:
     def stats(self) -> dict[str, Any] | None:
         return self.opened.stats() if self.opened is not None else None
 
+    def disk_path(self) -> str:
+        """The directory on whose file system the storage writes (``--disk-free-
+        limit``): the storage file's directory, the SQLite directory; the data
+        directory when its bytes are elsewhere (PostgreSQL) or before it is open."""
+        path = self.opened.engine.size_path if self.opened is not None else ""
+        if not path:
+            return self.data_dir
+        return path if os.path.isdir(path) else os.path.dirname(path)
+
+    def free_bytes(self) -> int | None:
+        """Free bytes where the storage writes (see ``disk_path``)."""
+        return free_bytes(self.disk_path())
+
     def size_bytes(self) -> int:
         """The storage's bytes on this box (0 before it is open)."""
         if self.opened is None:
@@ -333,7 +345,7 @@ class BrokerService(service.MultiService):
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
                              recorder=fan_out(self.archive, self.webhooks),
-                             free_space=partial(free_bytes, self.data_dir))
+                             free_space=self.store.free_bytes)
         self.report_job = ReportJob(
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)

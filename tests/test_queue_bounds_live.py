@@ -1,8 +1,8 @@
 """The durable queues' aggregate bounds (issue 26, section 2) against the real broker
 with raw MQTT clients on loopback: under ``--queue-memory-budget`` a queue nobody
 consumes grows on disk, not in the broker's memory, and a consumer that comes later
-gets every message in order; at ``--queue-max-total-bytes`` an MQTT 3.1.1 publisher
-is not read (no PUBACK) until a consumer drains the queue and an MQTT 5 publisher
+gets every message in order; at ``--queue-max-total-bytes`` an MQTT 3.1.1 publisher's
+PUBLISHes to queues wait (no PUBACK) until a consumer drains the queue and an MQTT 5 publisher
 gets PUBACK 0x97 at once; below ``--disk-free-limit`` (the data directory's file
 system, read with ``statvfs``) the same, shown in ``/metrics``.
 
@@ -19,7 +19,7 @@ import pytest
 from brokerproc import BrokerProcess
 from test_mqtt_raw import RawClient
 
-from mqttamqp.mqtt.packets import Puback, Publish
+from mqttamqp.mqtt.packets import Pingreq, Pingresp, Puback, Publish
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -123,6 +123,35 @@ def test_the_total_bound_blocks_queue_publishers_until_a_consumer_drains(
         assert isinstance(pub.expect(Puback, pid, timeout=10), Puback)
         assert [int(p[:8]) for p in got] == list(range(17))
         pub.close()
+
+
+def test_a_blocked_worker_is_still_read_for_its_acknowledgements(data: str) -> None:
+    """A client that consumes a full queue and publishes to another is blocked, yet
+    its PINGREQ and PUBACKs are read: the queue drains, the alarm clears, and its own
+    publish then gets its PUBACK (no deadlock)."""
+    with BrokerProcess(data, "--queue-max-total-bytes", str(MB)) as proc:
+        worker = RawClient(proc.mqtt_port)
+        worker.connect("worker")
+        assert worker.subscribe(("$queue/jobs/#", 1)) == (1,)
+        pub = RawClient(proc.mqtt_port)
+        pub.connect("producer")
+        for i in range(16):                           # 16 x 64 KB: the bound
+            pub.publish("$queue/jobs/x", body(i), qos=1)
+        proc.wait_for_line(r"publishers to \$queue/ are blocked")
+        jobs = [worker.receive(timeout=10) for _ in range(16)]
+        result_pid = worker.next_pid()
+        worker.send(Publish("$queue/results/x", b"result", 1, False, False, result_pid))
+        # Handled after the PUBLISH (one socket, in order): the worker is still read.
+        worker.send(Pingreq())
+        assert isinstance(worker.expect(Pingresp, timeout=10), Pingresp)
+        for job in jobs:
+            assert job.packet_id is not None
+            worker.send(Puback(job.packet_id))
+        proc.wait_for_line(r"durable queues have room again", timeout=20)
+        assert isinstance(worker.expect(Puback, result_pid, timeout=10), Puback)
+        worker.close()
+        pub.close()
+        assert consume(proc.mqtt_port, "$queue/results/#", 1) == [b"result"]
 
 
 def test_free_disk_watermark_blocks_and_shows_in_metrics(data: str) -> None:

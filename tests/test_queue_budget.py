@@ -18,7 +18,8 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues import Consumer
+from mqttamqp.core.queuebudget import StorageAlarm
+from mqttamqp.core.queues import Consumer, body_size
 from mqttamqp.core.session import Session
 from mqttamqp.core.systopics import queue_topics
 
@@ -156,6 +157,36 @@ def test_two_groups_and_a_stream_each_read_every_message_back() -> None:
     assert results == [sent, sent, sent]
 
 
+def test_a_stream_replay_keeps_to_the_budget() -> None:
+    """Bodies read back for a replay are evicted again: resident stays within the
+    budget and one read batch (64 messages) all along, and every message arrives."""
+    store = MemoryStore()
+    broker, _ = make(store, queue_memory_budget=16 * KB)
+    sent = payloads(400)
+    for body in sent:
+        publish(broker, "jobs", body)
+    store.finish_reads()
+    queues = broker.queues
+    session, link = client(broker, "s-1")
+    join(broker, session, "$queue/jobs/#",
+         consumer=Consumer(mode="stream", stream_offset="first"))
+    bound = 16 * KB + 64 * body_size(Message("$queue/jobs/k", sent[0], 1, False, "p", 0.0))
+    seen: list[bytes] = []
+    most = 0
+    for _ in range(10_000):
+        most = max(most, queues.resident)
+        published = link.published()
+        if len(seen) < len(published):
+            message, _, pid, *_ = published[len(seen)]
+            seen.append(message.payload)
+            broker.acknowledged(session, pid)
+        elif not store.finish_reads():
+            break
+    assert seen == sent
+    assert queues.read_backs >= 300
+    assert most <= bound, f"{most} bytes resident, bound {bound}"
+
+
 def test_a_restart_with_a_big_queue_keeps_to_the_budget() -> None:
     """After a restart the bodies past the budget stay in storage and are read back."""
     store = MemoryStore()
@@ -291,6 +322,48 @@ def test_free_disk_watermark_blocks_and_clears_with_hysteresis() -> None:
     assert timers_left(clock) == []
 
 
+def test_a_raising_check_or_resume_leaves_no_publisher_paused() -> None:
+    """A free-space check that raises keeps the polling alive, and a resume callback
+    that raises neither stops the others nor the timer; one log line per cause."""
+    events, observer = _captured()
+    try:
+        clock = Clock()
+        answers: list[Any] = [RuntimeError("statvfs broke"), 100, 100, 10_000]
+
+        def free() -> int:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return int(answer)
+
+        alarm = StorageAlarm(clock, 0, 1000, free)
+        alarm.start()                        # raises: polled again in 2 s anyway
+        assert alarm.free is None and not alarm.blocked
+        clock.advance(2.0)
+        assert alarm.blocked
+        resumed: list[int] = []
+
+        def broken() -> None:
+            raise ValueError("a publisher's resume broke")
+
+        alarm.wait(1, broken)
+        alarm.wait(2, lambda: resumed.append(2))
+        alarm.wait(3, lambda: resumed.append(3))
+        clock.advance(2.0)
+        assert alarm.blocked
+        clock.advance(2.0)                   # room again: every other one resumes
+        assert not alarm.blocked and resumed == [2, 3] and alarm.waiting == 0
+        assert [c.getTime() for c in clock.getDelayedCalls()] == [8.0]
+        failures = [e for e in events if e["log_level"] == LogLevel.critical]
+        assert len(failures) == 2
+        assert "checking the free disk space" in failures[0]["what"]
+        assert "resuming a publisher" in failures[1]["what"]
+        alarm.stop()
+        assert timers_left(clock) == []
+    finally:
+        globalLogPublisher.removeObserver(observer)
+
+
 def test_sys_and_read_model_show_the_bounds() -> None:
     """$SYS and the read model's counters carry the stored bytes, the bodies in
     memory and whether queue publishers are blocked."""
@@ -386,3 +459,76 @@ def test_zodb_load_keeps_to_the_body_budget_and_reads_bodies_back(tmp_path: Any)
                                                        (99, sent[99])]
     finally:
         store.close()
+
+
+def test_a_reader_thread_that_cannot_open_fails_its_reads_and_restarts(
+        tmp_path: Any) -> None:
+    """When the reader thread's connection does not open, the read waiting for it
+    fails (not hangs), and the next read starts a new thread that answers it."""
+    from test_store import FakeReactor, commit
+
+    from mqttamqp.core.persistence import PutQueue, PutQueueMessage
+    from mqttamqp.store import ZODBStore
+
+    reactor = FakeReactor()
+    sent = payloads(3)
+    store = ZODBStore(str(tmp_path), reactor)    # type: ignore[arg-type]
+    try:
+        commit(reactor, store, [PutQueue("jobs", (None, None, None))] + [
+            PutQueueMessage("jobs", i, Message("$queue/jobs/k", b, 1, False, "p", 1.0))
+            for i, b in enumerate(sent)])
+        db = store._db
+        real_open = db.open
+        opens: list[int] = []
+
+        def open_once_broken(*args: Any, **kwargs: Any) -> Any:
+            opens.append(1)
+            if len(opens) == 1:
+                raise OSError("cannot open a connection")
+            return real_open(*args, **kwargs)
+
+        db.open = open_once_broken   # type: ignore[method-assign]
+        first = store.read_queue_messages("jobs", [0])
+        failed: list[Any] = []
+        first.addErrback(failed.append)
+        reactor.run_until_fired(first, timeout=10)
+        assert len(failed) == 1 and "cannot open" in failed[0].getErrorMessage()
+        second = store.read_queue_messages("jobs", [1, 2])
+        found: list[Any] = []
+        second.addCallback(found.extend)
+        reactor.run_until_fired(second, timeout=10)
+        assert [(o, m.payload) for o, m in found] == [(1, sent[1]), (2, sent[2])]
+        assert len(opens) == 2
+    finally:
+        store.close()
+
+
+def test_the_disk_watermark_reads_the_file_system_the_storage_is_on(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """With --storage naming a file outside the data directory, --disk-free-limit
+    reads statvfs of that file's directory, not of the data directory."""
+    import os
+
+    from mqttamqp.core.limits import Limits
+    from mqttamqp.service import BrokerService
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    asked: list[str] = []
+    real_statvfs = os.statvfs
+
+    def statvfs(path: Any) -> Any:
+        asked.append(str(path))
+        return real_statvfs(path)
+
+    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0,
+                                                       disk_free_limit=1 << 20),
+                        storage=f"file://{elsewhere / 'broker.fs'}")
+    svc._open_store()
+    try:
+        monkeypatch.setattr(os, "statvfs", statvfs)
+        svc.broker.queues.alarm.check_disk()
+        assert asked == [str(elsewhere)]
+        assert svc.broker.queues.alarm.free is not None
+    finally:
+        svc.store.close()

@@ -136,3 +136,79 @@ def test_an_ack_at_qos2_completes_its_exchange() -> None:
     worker.send(Pubrel(7))
     assert worker.received() == [Pubcomp(7)]
     assert h.broker.queue_views()[0].acknowledged == 1
+
+
+# -- publishers blocked by the durable queues' storage alarm -------------------------
+
+
+def test_a_blocked_client_is_read_for_acks_and_its_queue_publishes_wait_in_order() -> None:
+    """Blocked at --queue-max-total-bytes, a 3.1.1 client's PUBLISHes to $queue/ (and
+    what follows them) wait, PINGREQ and PUBACKs are handled; past the held-bytes
+    bound it is not read; once the queues drain, the held packets run in order."""
+    from test_protocol_unit import Client
+
+    from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp
+    from mqttamqp.mqtt.protocol import PARKED_BYTES
+
+    h = Harness(queue_max_total_bytes=20 * 1024)
+    watched = h.watcher("plain/#")
+    worker = Client(h.factory)
+    worker.send(Connect("MQTT", 4, "worker", True, 0))
+    worker.send(Subscribe(1, (("$queue/jobs/#", 1),)))
+    assert len(worker.received()) == 2
+    pub = Client(h.factory)
+    pub.send(Connect("MQTT", 4, "pub", True, 0))
+    pub.received()
+    for pid in range(1, 21):
+        pub.send(Publish("$queue/jobs/a", b"j" * 1024, 1, False, False, pid))
+    assert h.broker.queues.blocked
+    jobs = [p for p in worker.received() if isinstance(p, Publish)]
+    assert jobs and pub.received() == [Puback(pid) for pid in range(1, 21)]
+    # The worker: its queue publish is stored and blocks it; the next one waits,
+    # and so does what follows it; PINGREQ does not.
+    worker.send(Publish("$queue/results/r", b"r0", 1, False, False, 99))
+    worker.send(Publish("$queue/results/r", b"r1", 1, False, False, 100))
+    worker.send(Publish("plain/after", b"p", 1, False, False, 101))   # (held: order)
+    worker.send(Pingreq())
+    assert worker.received() == [Puback(99), Pingresp()]
+    assert worker.transport.producerState == "producing"
+    assert watched.sent == []
+    # Another publisher past the bound of held bytes is not read any more.
+    pub.send(Publish("$queue/jobs/a", b"x", 1, False, False, 30))
+    big = b"b" * (64 * 1024)
+    for _ in range(PARKED_BYTES // len(big) + 1):
+        pub.send(Publish("$queue/jobs/a", big, 0, False, False, None))
+    assert pub.transport.producerState == "paused"
+    assert pub.received() == []
+    # The worker acknowledges what it got: the queues drain, the alarm clears.
+    got: list[object] = []
+    for _ in range(100):   # (bounded: 20 jobs, then what the other one had held)
+        if not jobs:
+            break
+        for job in jobs:
+            assert job.packet_id is not None
+            worker.send(Puback(job.packet_id))
+        new = worker.received()
+        got += new
+        jobs = [p for p in new if isinstance(p, Publish)]
+    assert not h.broker.queues.blocked
+    assert [p for p in got if isinstance(p, Puback)] == [Puback(100), Puback(101)]
+    assert watched.sent == [("plain/after", b"p", 1, False)]
+    assert pub.transport.producerState == "producing"
+    assert Puback(30) in pub.received()
+
+
+def test_a_blocked_mqtt5_client_still_gets_0x97_for_qos1_queue_publishes() -> None:
+    """An MQTT 5 client blocked by its QoS 0 queue publish is told 0x97 at once for
+    a QoS 1 one (not held), and its $ack is handled."""
+    h = Harness(queue_max_total_bytes=2048)
+    c = connected(h, "p5")
+    c.send(Publish("$queue/jobs/a", b"x" * 2048, 0, False, False, None))
+    assert h.broker.queues.blocked and c.received() == []
+    c.send(Publish("$queue/jobs/a", b"y", 1, False, False, 1))
+    c.send(Publish("$queue/jobs/$ack", b"", 1, False, False, 2, Properties(
+        user_properties=(("message-id", "jobs-0"), ("group-id", "p5")))))
+    first, second = c.received()
+    assert isinstance(first, Puback) and first.packet_id == 1
+    assert first.reason_code == 0x97
+    assert isinstance(second, Puback) and second.packet_id == 2 and c.open

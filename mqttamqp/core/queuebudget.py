@@ -2,17 +2,18 @@
 
 What it owns: the storage alarm of the durable queues.  It is raised when the
 queues' stored payload bytes in all reach ``--queue-max-total-bytes``, or when the
-file system of the data directory has less than ``--disk-free-limit`` free (as
+file system the storage writes to (the data directory's, or the ``--storage``
+file's or SQLite directory's) has less than ``--disk-free-limit`` free (as
 RabbitMQ's ``disk_free_limit``), and cleared once both are back under their marks
 with some room (the stored bytes under 90 % of the bound, the free space above the
 limit and a tenth of it), so that a queue at its bound does not flap.  While it is
-raised, publishers to queues are *blocked*, not dropped: their protocols stop
-reading them (MQTT) or withhold credit (AMQP) and register here how to resume;
+raised, publishers to queues are *blocked*, not dropped: their protocols hold
+their publishes (MQTT) or withhold credit (AMQP) and register here how to resume;
 they resume when it clears.  One log line when an episode starts and one when it
 ends; the state is read by ``$SYS``, the metrics and the console.
 
 The free space is asked of an injected function (the service gives one that calls
-``os.statvfs`` on the data directory) every ``interval`` seconds on the injected
+``os.statvfs`` on the storage's directory) every ``interval`` seconds on the injected
 clock; the stored bytes are given by the queue manager whenever they change in a
 way that matters (``QueueManager`` calls ``check_total``).
 
@@ -27,12 +28,13 @@ from collections.abc import Callable
 from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.ratelog import LogLimiter
 
 __all__ = ["StorageAlarm", "FreeSpace", "MB"]
 
 MB = 1 << 20
 
-# Free bytes of the data directory's file system (None: not known).
+# Free bytes of the storage's file system (None: not known).
 FreeSpace = Callable[[], "int | None"]
 
 TOTAL, DISK = "total", "disk"
@@ -69,6 +71,7 @@ class StorageAlarm:
         self._waiting: dict[int, Callable[[], None]] = {}
         self._timer: DelayedCall | None = None
         self._stopped = False
+        self._log_limit = LogLimiter(clock.seconds)
 
     # -- state ---------------------------------------------------------------------
 
@@ -97,7 +100,7 @@ class StorageAlarm:
             parts.append(f"the durable queues hold {_mb(self.total)} "
                          f"(--queue-max-total-bytes {self.max_total})")
         if self._disk_low and self.free is not None:
-            parts.append(f"the data directory's file system has {_mb(self.free)} free "
+            parts.append(f"the storage's file system has {_mb(self.free)} free "
                          f"(--disk-free-limit {self.disk_free_limit // MB} MB)")
         return "; ".join(parts) or None
 
@@ -128,9 +131,13 @@ class StorageAlarm:
 
     def _poll(self) -> None:
         self._timer = None
-        self.check_disk()
-        if not self._stopped:
-            self._timer = self.clock.callLater(self.interval, self._poll)
+        try:
+            self.check_disk()
+        except Exception as exc:   # (the next poll tries again: never stop polling)
+            self._failed("checking the free disk space", exc)
+        finally:
+            if not self._stopped:
+                self._timer = self.clock.callLater(self.interval, self._poll)
 
     def check_disk(self) -> None:
         if self._free_space is None:
@@ -199,4 +206,14 @@ class StorageAlarm:
     def _resume_all(self) -> None:
         waiting, self._waiting = self._waiting, {}
         for resume in waiting.values():
-            resume()
+            try:
+                resume()
+            except Exception as exc:   # (one publisher's failure must not hold the rest)
+                self._failed("resuming a publisher to $queue/", exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """One line per cause a minute, with the traceback of the first."""
+        held = self._log_limit.allow(what)
+        if held is not None:
+            self.log.failure("durable queues' storage alarm: {what} failed ({h} more "
+                             "since the last such line)", what=what, h=held)

@@ -1832,6 +1832,15 @@ class QueueManager:
                 log[offset] = message
                 self.resident += body_size(message)
                 self.read_backs += 1
+        if found and self.resident > self.budget > 0 and self.resident > self._evict_above:
+            # What was read back counts against the budget as appends do: a replay
+            # (a stream from its first offset) would otherwise keep it all.  (What
+            # a consumer reads next is protected; when that alone is over the
+            # budget, appends still evict as before: ``_evict_above`` is theirs.)
+            above = self._evict_above
+            self._evict()
+            if self._evict_above:
+                self._evict_above = above
 
     def _requeue(self, dlq_name: str, dlq: _Queue, offsets: list[int]
                  ) -> tuple[int, Deferred[None] | None]:

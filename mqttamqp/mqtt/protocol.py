@@ -25,6 +25,7 @@ that need it, live in ``v5``.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -50,7 +51,7 @@ from mqttamqp.core.enhanced_auth import (
 )
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.queues import Consumer
+from mqttamqp.core.queues import Consumer, is_queue_command, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -131,6 +132,33 @@ _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
+# While publishers to durable queues are blocked, the packets of a connection that
+# wait (``_Parked``) before it stops being read at all: bytes of payload, packets.
+PARKED_BYTES = 256 * 1024
+PARKED_PACKETS = 1024
+
+
+class _Parked:
+    """What a connection holds while publishers to durable queues are blocked
+    (``MQTTProtocol._park``): it is still read, so that the acknowledgements of
+    what it consumes (PUBACK, PUBREC, PUBCOMP, ``$ack``) and PINGREQ are handled
+    and the queues can drain; the PUBLISHes to ``$queue/`` (and, in order, every
+    packet after the first of them) wait here until the queues have room."""
+
+    __slots__ = ("bytes", "packets", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting = True   # registered with the storage alarm, not resumed yet
+        self.packets: deque[Any] = deque()
+        self.bytes = 0
+
+
+# Handled at once even behind parked packets: they only settle what was sent.
+_NEVER_PARKED = frozenset((Puback, Pubrec, Pubrel, Pubcomp, Pingreq))
+
+
+def _parked_size(packet: Any) -> int:
+    return len(packet.payload) + len(packet.topic) if type(packet) is Publish else 16
 
 
 _FRAME_KINDS = ("reserved", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
@@ -214,6 +242,7 @@ class MQTTProtocol(Protocol):
         "_last_activity",
         "_out",
         "_out_bytes",
+        "_parked",
         "_peer",
         "_rate",
         "_rate_timer",
@@ -280,6 +309,7 @@ class MQTTProtocol(Protocol):
         # is 216 bytes per connection)
         self._reading_paused_for: frozenset[str] = _NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
+        self._parked: _Parked | None = None   # durable queues blocked: see ``_park``
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
@@ -646,9 +676,22 @@ class MQTTProtocol(Protocol):
                     # once reading resumes (``_resume_reading``).  (A rate pause
                     # handles the read and grows instead: ``_after_publish``.)
                     return
-                packet = decoder.next_packet()
+                parked = self._parked
+                if parked is not None and not parked.waiting:
+                    # The queues have room again: what waited goes first, in order.
+                    if parked.packets:
+                        packet = parked.packets.popleft()
+                        parked.bytes -= _parked_size(packet)
+                    else:
+                        self._parked = parked = None
+                        packet = decoder.next_packet()
+                else:
+                    packet = decoder.next_packet()
                 if packet is None:
                     return
+                if parked is not None and parked.waiting and state is _CONNECTED \
+                        and self._park(parked, packet):
+                    continue
                 # Connected, the table holds exactly what a client may send; anything
                 # else (and anything before CONNECT) the rules explain.
                 handler = connected.get(type(packet)) if state is _CONNECTED else None
@@ -1084,12 +1127,42 @@ class MQTTProtocol(Protocol):
             if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
                 self._last_activity = self.clock.seconds()
                 self.transport.resumeProducing()
-                if self.decoder.buffered and not self._in_process:
+                if (self.decoder.buffered or self._parked is not None) \
+                        and not self._in_process:
                     # The packets held back when reading stopped (see ``_process``):
                     # after the batch that resumed us (another connection's PUBACK,
                     # say), not nested inside it.
                     if not self.broker.after_batch(self._process_held):
                         self._process_held()
+
+    def _park(self, parked: _Parked, packet: Any) -> bool:
+        """Hold ``packet`` while publishers to durable queues are blocked (True), or
+        let it be handled now (False): a PUBLISH to ``$queue/`` waits, and so does
+        every packet after it (their order is kept), except acknowledgements and
+        PINGREQ, and queue commands (``$ack``...) that settle what this client
+        consumed.  Past ``PARKED_BYTES``/``PARKED_PACKETS`` the connection is not
+        read any more (the keepalive then waits too)."""
+        kind = type(packet)
+        if kind in _NEVER_PARKED:
+            return False
+        if kind is Publish:
+            topic = packet.topic
+            props = packet.properties
+            if topic and is_queue_command(topic) and not (
+                    parked.packets and props is not None and props.topic_alias):
+                return False   # (one that sets an alias waits: the held ones use theirs)
+            if not parked.packets:
+                if topic and not is_queue_topic(topic):
+                    return False   # (an alias only, MQTT 5: it may be a queue's; it waits)
+                if packet.qos and self._v5 is not None and self.broker.queues.blocked:
+                    return False   # refused at once with 0x97 (``QueueManager.publish``)
+        elif not parked.packets:
+            return False
+        parked.packets.append(packet)
+        parked.bytes += _parked_size(packet)
+        if parked.bytes > PARKED_BYTES or len(parked.packets) > PARKED_PACKETS:
+            self._pause_reading("queues")
+        return True
 
     def _process_held(self) -> None:
         if (self._reading_paused_for or self._in_process
@@ -1101,7 +1174,16 @@ class MQTTProtocol(Protocol):
         self._resume_reading("congestion")
 
     def _queues_writable(self) -> None:
+        parked = self._parked
+        if parked is not None:
+            parked.waiting = False
+            if not parked.packets and not self._in_process:
+                self._parked = None
         self._resume_reading("queues")
+        if (self._parked is not None and not self._reading_paused_for
+                and not self._in_process and self.state is not ConnectionState.CLOSED
+                and not self.broker.after_batch(self._process_held)):
+            self._process_held()
 
     # -- ordered acknowledgements ---------------------------------------------------
 
@@ -1271,8 +1353,12 @@ class MQTTProtocol(Protocol):
     def _after_publish(self, session: Session, result: Published, size: int) -> None:
         broker = self.broker
         if result.blocked:
-            # The durable queues are full on disk: not read until they have room.
-            self._pause_reading("queues")
+            # The durable queues are full on disk: its PUBLISHes to them wait until
+            # they have room (``_park``); it is still read for its acknowledgements.
+            parked = self._parked
+            if parked is None:
+                parked = self._parked = _Parked()
+            parked.waiting = True
             broker.when_queues_writable(id(self), self._queues_writable)
         if result.congested:
             # Never pause for our own session: its acknowledgements arrive on this socket.

@@ -473,6 +473,7 @@ class ZODBStore:
         self._reader: threading.Thread | None = None
         self._reading_stopped = False
         self._reads_done = 0
+        self._reader_failing = False   # the reader thread died: logged, not again
 
         # Counters: written by the writer/pack threads, read by stats().
         self._pending_ops = 0
@@ -564,6 +565,24 @@ class ZODBStore:
         return d
 
     def _read_loop(self) -> None:
+        try:
+            self._read_with_connection()
+        except Exception:
+            # The thread cannot go on (its connection would not open, say): the
+            # reads waiting for it fail, and the next read starts a new thread,
+            # rather than every later read waiting for a thread that is gone.
+            failure = Failure()
+            with self._read_cond:
+                failed, self._reads = self._reads, deque()
+                self._reader = None
+            if not self._reader_failing:   # (once until a read succeeds again)
+                self._reader_failing = True
+                _log.failure("the queue reader thread failed; queued reads fail, the "
+                             "next read starts it again", failure)
+            for _, _, d in failed:
+                self._hand_over(d.errback, failure)
+
+    def _read_with_connection(self) -> None:
         tm = transaction.TransactionManager(explicit=True)
         conn = self._db.open(transaction_manager=tm)
         try:
@@ -592,6 +611,7 @@ class ZODBStore:
                     self._hand_over(d.errback, Failure())
                     continue
                 self._reads_done += 1
+                self._reader_failing = False
                 self._hand_over(d.callback, found)
         finally:
             conn.close()
