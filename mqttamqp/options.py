@@ -331,6 +331,10 @@ class Options(usage.Options):
         ["max-user-property-bytes", None, _D.max_user_property_bytes,
          "MQTT 5: most bytes of user property names and values together (UTF-8) in one "
          "packet; as above.", _positive(int, "max-user-property-bytes")],
+        ["max-subscribe-filters", None, _D.max_subscribe_filters,
+         "Most topic filters in one SUBSCRIBE (a client with more sends more "
+         "SUBSCRIBEs); more close the connection (MQTT 5: reason code 0x97).",
+         _positive(int, "max-subscribe-filters")],
         ["mqtt-turn-ms", None, _D.mqtt_turn * 1000,
          "Longest (milliseconds) one MQTT connection's input is handled in one turn of "
          "the event loop; the rest waits for a later turn, after the other connections' "
@@ -615,6 +619,7 @@ def limits_from(options: Any) -> Limits:
         max_topic_length=options["max-topic-length"],
         max_user_properties=options["max-user-properties"],
         max_user_property_bytes=options["max-user-property-bytes"],
+        max_subscribe_filters=options["max-subscribe-filters"],
         mqtt_turn=options["mqtt-turn-ms"] / 1000.0,
         allow_control_chars=bool(options["allow-control-chars"]),
         amqp_max_sessions=options["amqp-max-sessions"],

@@ -256,6 +256,32 @@ def test_user_property_bytes_close_with_0x97() -> None:
     assert h.broker.stats.limits == {"user_property_bytes": 1}
 
 
+def test_a_subscribe_beyond_the_filter_limit_is_refused_before_its_rest_is_read() -> None:
+    """A SUBSCRIBE with more filters than --max-subscribe-filters raises 0x97 at the
+    first filter too many (the rest is never read: the filter after it is not even
+    valid), at MQTT 5 and 3.1.1 alike; one at the limit decodes."""
+    limits = PropertyLimits(subscribe_filters=3)
+    at = Subscribe(7, tuple((f"f/{i}", 0) for i in range(3)), (0,) * 3)
+    assert decode_all(encode(at, 5), Decoder(protocol_level=5, property_limits=limits)) == [at]
+    over = encode(Subscribe(7, (*((f"f/{i}", 0) for i in range(4)), ("a/#/b", 0)),
+                            (0,) * 5), 5)
+    error = refusal(over, Decoder(protocol_level=5, property_limits=limits))
+    assert error.code == 0x97 and error.limit == "subscribe_filters"
+    assert "more than 3 topic filters" in error.reason
+    over4 = encode(Subscribe(7, tuple((f"f/{i}", 0) for i in range(4))), 4)
+    assert refusal(over4, Decoder(protocol_level=4, property_limits=limits)).code == 0x97
+
+
+def test_a_subscribe_beyond_the_filter_limit_closes_with_0x97() -> None:
+    """The connection: DISCONNECT 0x97, nothing subscribed, counted under
+    limits/subscribe_filters."""
+    h = Harness(max_subscribe_filters=2)
+    c = connected(h)
+    c.send(Subscribe(1, (("a", 0), ("b", 0), ("c", 0)), (0, 0, 0)))
+    closed_with(c, 0x97)
+    assert h.broker.stats.limits == {"subscribe_filters": 1}
+
+
 def test_connect_beyond_the_limit_gets_connack_0x97() -> None:
     """A CONNECT (or its will) beyond the limit is answered CONNACK 0x97 and closed;
     no session is made."""

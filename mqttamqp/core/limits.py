@@ -70,6 +70,11 @@ class Limits:
     # the connection is closed with 0x97 (quota exceeded).
     max_user_properties: int = 128
     max_user_property_bytes: int = 64 << 10
+    # MQTT: topic filters in one SUBSCRIBE; beyond it the connection is closed (MQTT
+    # 5: 0x97).  A packet's cost grows with its filters, and one SUBSCRIBE is handled
+    # in one go: 100,000 filters held every other client up for a second.  A client
+    # with more to subscribe sends more SUBSCRIBEs.
+    max_subscribe_filters: int = 1_000
     # MQTT: the longest one connection's input is handled in one reactor turn
     # before the other connections get theirs (seconds; 0 = no bound).
     mqtt_turn: float = 0.005

@@ -322,12 +322,22 @@ def _read_filter(buf: _Buffer, p: int, end: int, packet: str) -> tuple[str, int]
     return topic_filter, p
 
 
+def _too_many_filters(limits: PropertyLimits) -> MalformedPacket:
+    """One SUBSCRIBE naming more filters than ``limits`` allow (raised at the first
+    filter too many, before it is read: a 100,000-filter SUBSCRIBE held the reactor
+    for a second)."""
+    return MalformedPacket(f"SUBSCRIBE with more than {limits.subscribe_filters} topic "
+                           "filters (--max-subscribe-filters)", 0x97, "subscribe_filters")
+
+
 def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
                       limits: PropertyLimits) -> Subscribe:
     packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
     topics: list[tuple[str, int]] = []
     p = start + 2
     while p < end:
+        if len(topics) >= limits.subscribe_filters:
+            raise _too_many_filters(limits)
         topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without a requested QoS byte")
@@ -554,6 +564,8 @@ def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: in
     topics: list[tuple[str, int]] = []
     options: list[int] = []
     while p < end:
+        if len(topics) >= limits.subscribe_filters:
+            raise _too_many_filters(limits)
         topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without subscription options")

@@ -72,11 +72,14 @@ class PropertyLimits:
     """What one property block may hold of the repeatable properties: user
     properties (how many, and the UTF-8 bytes of their names and values together)
     and subscription identifiers (a server receives at most one, in SUBSCRIBE).
-    A CONNECT's will properties are a block of their own."""
+    A CONNECT's will properties are a block of their own.  Also the other repeated
+    part of a packet whose count sets its cost: the topic filters of one SUBSCRIBE
+    (any protocol level)."""
 
     user_properties: int = MAX_VARINT
     user_property_bytes: int = MAX_VARINT
     subscription_identifiers: int = MAX_VARINT
+    subscribe_filters: int = MAX_VARINT
 
 
 NO_PROPERTY_LIMITS = PropertyLimits()   # what the packet size allows

@@ -1644,7 +1644,8 @@ class MQTTFactory(Factory):
         # What a property block may hold (every connection's decoder shares it): a
         # client sends at most one subscription identifier (in SUBSCRIBE).
         self.property_limits = PropertyLimits(limits.max_user_properties,
-                                              limits.max_user_property_bytes, 1)
+                                              limits.max_user_property_bytes, 1,
+                                              limits.max_subscribe_filters)
         # Open connections (CONNECT or not), in a dict used as a set: at thousands
         # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
         self.connections: dict[MQTTProtocol, None] = {}
