@@ -48,6 +48,7 @@ from mqttamqp.mqtt.packets import (
     Publish,
     Suback,
     Subscribe,
+    Unsuback,
     Unsubscribe,
     Will,
 )
@@ -270,6 +271,25 @@ def test_a_subscribe_beyond_the_filter_limit_is_refused_before_its_rest_is_read(
     assert "more than 3 topic filters" in error.reason
     over4 = encode(Subscribe(7, tuple((f"f/{i}", 0) for i in range(4))), 4)
     assert refusal(over4, Decoder(protocol_level=4, property_limits=limits)).code == 0x97
+
+
+def test_a_packet_only_servers_send_is_refused_at_its_fixed_header() -> None:
+    """A server's decoder refuses CONNACK, SUBACK, UNSUBACK and PINGRESP from a client
+    at the first byte, before the rest (a 1 MB SUBACK) has even arrived; a client's
+    decoder takes them."""
+    for packet in (Connack(False, 0), Suback(1, (0,)), Unsuback(1, (0,)), Pingresp()):
+        data = encode(packet, 5)
+        d = Decoder(protocol_level=5, server=True)
+        d.feed(data[:1])                                # the fixed header's first byte
+        with pytest.raises(MalformedPacket) as info:
+            d.next_packet()
+        assert info.value.code == 0x82 and "a client may not send" in info.value.reason
+        assert decode_all(data, Decoder(protocol_level=5)) == [packet]
+    huge = bytes([0x90]) + encode_varint(1 << 20)       # a SUBACK announcing 1 MB
+    d = Decoder(protocol_level=5, server=True)
+    d.feed(huge)
+    with pytest.raises(MalformedPacket):
+        d.next_packet()
 
 
 def test_a_subscribe_beyond_the_filter_limit_closes_with_0x97() -> None:

@@ -122,6 +122,10 @@ _HEADER_ERRORS_311 = tuple(_header_error(b, 4) for b in range(256))
 _HEADER_ERRORS_5 = tuple(_header_error(b, 5) for b in range(256))
 
 
+# Packet types only a server sends: CONNACK, SUBACK, UNSUBACK, PINGRESP.
+_SERVER_SENT = frozenset({2, 9, 11, 13})
+
+
 def _header_errors(level: int) -> tuple[str | None, ...]:
     if level == 3:
         return _HEADER_ERRORS_31
@@ -683,16 +687,20 @@ class Decoder:
     """
 
     __slots__ = ("_buf", "_header_errors", "_level", "_pos", "max_packet_size",
-                 "property_limits")
+                 "property_limits", "server")
 
     def __init__(
         self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int = 4,
-        property_limits: PropertyLimits = NO_PROPERTY_LIMITS,
+        property_limits: PropertyLimits = NO_PROPERTY_LIMITS, server: bool = False,
     ) -> None:
+        """``server``: this decoder reads a client, so a packet only servers send is
+        refused at its fixed header, before its body is waited for or read (a 1 MB
+        SUBACK took 0.1–0.25 s to decode before it was refused)."""
         if max_packet_size < 2:
             raise ValueError(f"max_packet_size must be at least 2, got {max_packet_size}")
         self.max_packet_size = max_packet_size
         self.property_limits = property_limits
+        self.server = server
         self._level = protocol_level
         self._header_errors = _header_errors(protocol_level)
         # Unconsumed input is _buf[_pos:].  _buf is an immutable bytes object in the
@@ -757,6 +765,9 @@ class Decoder:
         error = self._header_errors[first]
         if error is not None:
             raise MalformedPacket(error)
+        if self.server and first >> 4 in _SERVER_SENT:
+            raise MalformedPacket(
+                f"a client may not send {PacketType(first >> 4).name}", 0x82)
         if pos + 1 >= n:
             return None
         length = buf[pos + 1]

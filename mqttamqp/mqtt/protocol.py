@@ -283,7 +283,7 @@ class MQTTProtocol(Protocol):
         self.rules = ConnectionRules()
         self.strings: StringRules = factory.strings
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
-                               property_limits=factory.property_limits)
+                               property_limits=factory.property_limits, server=True)
         self.session: Session | None = None
         self.identity: Identity | None = None
         self.client_id = ""
