@@ -91,8 +91,12 @@ def test_metrics_move_with_real_traffic_and_match_sys(ops_broker: BrokerProcess)
         conn.close()
     pub.disconnect()
     sub.disconnect()
-    for client in ("ops-pub", "ops-sub"):   # the line is logged as the count moves
-        ops_broker.wait_for_line(client + r" .*disconnected: clean", TIMEOUT)
+    # (the line is logged as the count moves; the two come in either order, and
+    # waiting for one in turn consumed the other's line when it came first)
+    waiting = {"ops-pub", "ops-sub"}
+    while waiting:
+        line = ops_broker.wait_for_line(r"ops-(pub|sub) .*disconnected: clean", TIMEOUT)
+        waiting.discard("ops-pub" if "ops-pub" in line else "ops-sub")
     after = scrape(port)
     for protocol, n in (("mqtt", 5), ("amqp", 3)):
         assert (by(after, "mqttamqp_messages_received_total", protocol=protocol)
