@@ -476,10 +476,13 @@ class BrokerService(service.MultiService):
         except DamagedStorage as e:
             if not e.recoverable:
                 raise StartupError(f"cannot open the storage {e.path}: {e.reason}") from None
+            default = os.path.join(self.data_dir, "mqttamqp.fs")
+            which = (f"--data {self.data_dir}" if os.path.abspath(e.path) == default
+                     else f"--file {e.path}")
             raise StartupError(
                 f"the storage {e.path} is damaged ({e.reason}), probably by a crash "
                 f"during a commit; nothing was changed. Run 'mqttamqp-admin recover "
-                f"--data {self.data_dir}' (it keeps a copy of the file and cuts it "
+                f"{which}' (it keeps a copy of the file and cuts it "
                 "after the last good transaction), then start again") from None
         except OSError as e:
             raise StartupError(f"cannot open the storage in {self.data_dir}: "

@@ -381,3 +381,33 @@ def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -
     again = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
     again._open_store()                            # the lock was released
     again.store.close()
+
+
+def test_a_damaged_storage_outside_the_data_directory_is_recovered_by_its_path(
+        tmp_path: Path) -> None:
+    """With --storage file://PATH elsewhere, the refusal names 'recover --file PATH'
+    (it named the data directory, whose mqttamqp.fs is not the damaged file), and
+    that command repairs PATH."""
+    from pahoclient import PahoClient
+
+    data, storage = tmp_path / "data", tmp_path / "elsewhere" / "state.fs"
+    storage.parent.mkdir()
+    uri = f"file://{storage}"
+    broker = BrokerProcess(str(data), "--no-archive", "--storage", uri).start()
+    try:
+        client = PahoClient(broker.mqtt_port, "recover-file-writer")
+        client.publish("kept/a", b"before", qos=1, retain=True)
+        client.publish("kept/b", b"later", qos=1, retain=True)
+        client.stop()
+    finally:
+        broker.kill()
+    _damage_the_last_transaction(storage)
+    out = twistd(tmp_path, "--data", str(data), "--storage", uri, "--mqtt", LOOPBACK_0,
+                 "--amqp", "none", "--web", "none", "--no-archive")
+    assert_stopped_with(out, f"the storage {storage} is damaged (")
+    assert f"Run 'mqttamqp-admin recover --file {storage}'" in out.stdout + out.stderr
+    fixed = subprocess.run([ADMIN, "recover", "--file", str(storage)], capture_output=True,
+                           text=True, timeout=60)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert list(storage.parent.glob("state.fs.damaged-*"))
+    BrokerProcess(str(data), "--no-archive", "--storage", uri).start().stop()

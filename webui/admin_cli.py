@@ -263,8 +263,11 @@ def _recover(store: UserStore, args: argparse.Namespace) -> int:
     (refused while a broker runs on the data directory)."""
     from mqttamqp.datadir import StorageBusy, recover
 
-    data_dir = os.path.abspath(args.data_dir or args.data)
-    filename = "mqttamqp.fs"   # (mqttamqp.store.FILENAME, without importing ZODB here)
+    if args.file:   # a --storage file://PATH outside the data directory
+        data_dir, filename = os.path.split(os.path.abspath(args.file))
+    else:
+        data_dir = os.path.abspath(args.data_dir or args.data)
+        filename = "mqttamqp.fs"   # (mqttamqp.store.FILENAME, without importing ZODB)
     try:
         done = recover(data_dir, filename)
     except StorageBusy as busy:
@@ -385,6 +388,9 @@ def _parser() -> argparse.ArgumentParser:
                 "Refused while the broker runs")
     p.add_argument("data_dir", nargs="?", metavar="DATA",
                    help="the data directory (instead of --data)")
+    p.add_argument("--file", metavar="PATH",
+                   help="the storage file itself, when --storage file://PATH put it "
+                   "outside the data directory")
     p.set_defaults(run=_recover)
     return parser
 
