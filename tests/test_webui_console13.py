@@ -12,7 +12,7 @@ import pytest
 import treq
 import webui_support
 from test_webui_app import _audit_text, _frames
-from webui_support import Client, connect, connect_amqp, make_console
+from webui_support import Client, connect, connect_amqp, logged_in
 
 from mqttamqp.core.connections import AmqpDetails, AmqpSessionInfo, ConnectionInfo, LinkInfo
 from mqttamqp.core.message import Message, WillMessage
@@ -20,10 +20,8 @@ from mqttamqp.core.message import Message, WillMessage
 
 @pytest.fixture
 def env(tmp_path: Any) -> Any:
-    console, service, clock = make_console(tmp_path)
-    client = Client(console)
-    assert client.login().code == 303
-    return console, service.broker, clock, client
+    """A console on a fresh broker, its admin logged in."""
+    return logged_in(tmp_path)
 
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from test_webui_queues import fill
-from webui_support import Client, FakeLink, connect, connect_amqp, make_console
+from webui_support import FakeLink, connect, connect_amqp, logged_in
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message
@@ -19,10 +19,8 @@ from mqttamqp.core.message import Message
 
 @pytest.fixture
 def env(tmp_path: Any) -> Any:
-    console, service, clock = make_console(tmp_path)
-    client = Client(console)
-    assert client.login().code == 303
-    return console, service.broker, clock, client
+    """A console on a fresh broker, its admin logged in."""
+    return logged_in(tmp_path)
 
 
 def _stat(html: str, name: str) -> str:

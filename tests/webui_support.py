@@ -343,3 +343,12 @@ class Paho(PahoClient):
 
     def expect(self, timeout: float = TIMEOUT) -> Received:
         return self.get(timeout)
+
+
+def logged_in(tmp_path: Any) -> tuple[Console, Any, Clock, Client]:
+    """A console on a fresh broker with its admin logged in: (console, broker, clock,
+    client), for the tests of the console's pages."""
+    console, service, clock = make_console(tmp_path)
+    client = Client(console)
+    assert client.login().code == 303
+    return console, service.broker, clock, client
