@@ -85,13 +85,16 @@ def test_readme_commands_use_a_venv_and_ci_runs_the_test_command() -> None:
     """README's two commands work where Debian's python3 refuses pip (PEP 668): both
     go through .venv, nothing runs pip on the system Python, twistd writes no pid
     file into the current directory; .ci/run reads and runs the test command as
-    README gives it (the same extraction as here, checked by running it)."""
+    README gives it (the same extraction as here, checked by running it), which is
+    .ci/test: .ci/setup, then pytest in .venv."""
     run = readme_command("Run it")
     assert "python3 -m venv .venv" in run and ".venv/bin/pip install ." in run
     assert ".venv/bin/twistd -n --pidfile= mqttamqp" in run
     assert "python3 -m pip" not in run and "break-system-packages" not in run
     test = readme_command("Test it")
-    assert test == "bash .ci/setup && .venv/bin/python -m pytest"
+    assert test == "bash .ci/test"
+    script = (ROOT / ".ci" / "test").read_text()
+    assert "bash .ci/setup" in script and ".venv/bin/python -m pytest" in script
     setup = (ROOT / ".ci" / "setup").read_text()
     assert "python3 -m venv .venv" in setup and "python3 -m pip" not in setup
     ci = (ROOT / ".ci" / "run").read_text()
