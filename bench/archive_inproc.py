@@ -53,7 +53,9 @@ from mqttamqp.ops.webhooks import WebhookRecorder  # noqa: E402
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-class _NullStore:
+class NullStore:
+    """Keeps nothing, commits at once (also bench/linkmem.py's)."""
+
     def load(self) -> Any:
         from mqttamqp.core.persistence import Snapshot
         return Snapshot()
@@ -92,7 +94,7 @@ class Setup:
             recorder = fan_out(self.archive, WebhookRecorder(self.clock, ()))
         if wiring == "noop" and self.archive is not None:
             self.archive.message = lambda *a: None  # type: ignore[method-assign]
-        self.broker = Broker(self.clock, _NullStore(), Limits(), recorder=recorder)
+        self.broker = Broker(self.clock, NullStore(), Limits(), recorder=recorder)
         self.broker.start()
         factory = MQTTFactory(self.broker, self.clock)
         self.sub_t = StringTransport()

@@ -28,7 +28,6 @@ allocator's overhead.
 from __future__ import annotations
 
 import argparse
-import collections
 import ctypes
 import gc
 import json
@@ -39,6 +38,10 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.append(os.path.dirname(HERE))   # (PYTHONPATH first: a tree to compare)
+sys.path.insert(0, HERE)
+
+from archive_inproc import NullStore  # noqa: E402  (the bench's store that keeps nothing)
+from connmem import census  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
@@ -133,39 +136,6 @@ def _answer(conn: Any, event: Any, kinds: Any) -> None:
         link.open()
 
 
-class _Store:
-    """Keeps nothing, commits at once."""
-
-    def load(self) -> Any:
-        from mqttamqp.core.persistence import Snapshot
-        return Snapshot()
-
-    def submit(self, ops: Any) -> Any:
-        from twisted.internet.defer import succeed
-        return succeed(None)
-
-    def pack(self) -> Any:
-        from twisted.internet.defer import succeed
-        return succeed(None)
-
-    def close(self) -> None:
-        pass
-
-
-def census() -> dict[str, list[int]]:
-    """Objects the collector tracks, by type: [count, shallow bytes]."""
-    out: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for o in gc.get_objects():
-        t = type(o)
-        row = out[f"{t.__module__}.{t.__qualname__}"]
-        row[0] += 1
-        try:
-            row[1] += sys.getsizeof(o)
-        except TypeError:
-            pass
-    return out
-
-
 def measure(count: int, kind: str, top: int) -> dict[str, Any]:
     from twisted.internet.address import IPv4Address
     from twisted.internet.task import Clock
@@ -183,7 +153,7 @@ def measure(count: int, kind: str, top: int) -> dict[str, Any]:
     alone = proton_alone(stream) - proton_alone(head)
     clock = Clock()
     clock.advance(1_000_000)
-    broker = Broker(clock, _Store(), Limits(sys_interval=0, amqp_max_links=count + 10,
+    broker = Broker(clock, NullStore(), Limits(sys_interval=0, amqp_max_links=count + 10,
                                             amqp_max_links_total=count + 10)
                     if "amqp_max_links_total" in Limits.__dataclass_fields__
                     else Limits(sys_interval=0, amqp_max_links=count + 10))
