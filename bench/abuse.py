@@ -174,6 +174,21 @@ class Canary:
                 self.got >= self.sent and self.sent > 0, "errors": self.errors[:3]}
 
 
+def packets_until(sock, parser, stop):
+    """The packets ``sock`` receives (``(first byte, body)``) until ``stop`` is set or
+    the socket ends; the socket's timeout paces the checks of ``stop``."""
+    while not stop.is_set():
+        try:
+            data = sock.recv(1 << 16)
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        yield from parser.feed(data)
+
+
 def log_lines(broker):
     """How many lines the broker's log has (a flood of log lines is a finding too)."""
     try:
@@ -925,17 +940,9 @@ def queue_flood(broker, quick):
 
         def acks():   # PUBACKs counted
             pub.settimeout(0.5)
-            while not stop.is_set():
-                try:
-                    data = pub.recv(1 << 16)
-                except socket.timeout:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                c["acked"] += sum(1 for first, _ in parser.feed(data)
-                                  if first >> 4 == w.PUBACK)
+            for first, _ in packets_until(pub, parser, stop):
+                if first >> 4 == w.PUBACK:
+                    c["acked"] += 1
 
         reader = threading.Thread(target=acks, daemon=True)
         reader.start()
@@ -1102,20 +1109,10 @@ def abuser_main(kind, port, seconds):
         stop = threading.Event()
 
         def drain(sock=s):    # everything the broker says; DISCONNECT's reason code
-            parser = w.Parser()
-            while not stop.is_set():
-                try:
-                    data = sock.recv(1 << 16)
-                except socket.timeout:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                for first, body in parser.feed(data):
-                    if first >> 4 in (w.DISCONNECT, w.CONNACK):
-                        code = body[1] if first >> 4 == w.CONNACK else (body[0] if body else 0)
-                        codes[hex(code)] = codes.get(hex(code), 0) + 1
+            for first, body in packets_until(sock, w.Parser(), stop):
+                if first >> 4 in (w.DISCONNECT, w.CONNACK):
+                    code = body[1] if first >> 4 == w.CONNACK else (body[0] if body else 0)
+                    codes[hex(code)] = codes.get(hex(code), 0) + 1
 
         reader = threading.Thread(target=drain, daemon=True)
         s.settimeout(5.0)
