@@ -17,9 +17,9 @@ from twisted.logger import LogLevel, globalLogPublisher
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.message import Message
+from mqttamqp.core.message import Message, body_size
 from mqttamqp.core.queuebudget import StorageAlarm
-from mqttamqp.core.queues import Consumer, body_size
+from mqttamqp.core.queues import Consumer
 from mqttamqp.core.session import Session
 from mqttamqp.core.systopics import queue_topics
 

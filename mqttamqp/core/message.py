@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from mqttamqp.records import record
 
-__all__ = ["Message", "MessageProperties", "WillMessage"]
+__all__ = ["Message", "MessageProperties", "WillMessage", "body_size", "stub"]
 
 
 @record
@@ -77,6 +77,22 @@ class Message:
 
     def with_retain(self, retain: bool) -> Message:
         return self if self.retain == retain else replace(self, retain=retain)
+
+
+def body_size(message: Message) -> int:
+    """The bytes of ``message`` that the memory budget counts: its payload and,
+    from an AMQP sender, its AMQP form."""
+    native = message.native
+    return len(message.payload) + (len(native) if native is not None else 0)
+
+
+def stub(message: Message) -> Message:
+    """``message`` without its body: what a queue keeps in memory of a message
+    whose body is in storage only (topic, properties, time: what matching,
+    retention and the console need)."""
+    m = message
+    return Message(m.topic, b"", m.qos, m.retain, m.publisher, m.timestamp, m.dup, None,
+                   m.amqp_only, m.props)
 
 
 @record

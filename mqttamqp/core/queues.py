@@ -59,7 +59,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher, committed_or_early
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.message import Message, MessageProperties, body_size, stub
 from mqttamqp.core.persistence import (
     DeleteQueue,
     DeleteQueueGroup,
@@ -117,22 +117,6 @@ _READ_BYTES = 4 << 20
 
 # Reads a queue's messages back from storage (``StateStore.read_queue_messages``).
 QueueReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
-
-
-def body_size(message: Message) -> int:
-    """The bytes of ``message`` that the memory budget counts: its payload and,
-    from an AMQP sender, its AMQP form."""
-    native = message.native
-    return len(message.payload) + (len(native) if native is not None else 0)
-
-
-def stub(message: Message) -> Message:
-    """``message`` without its body: what a queue keeps in memory of a message
-    whose body is in storage only (topic, properties, time: what matching,
-    retention and the console need)."""
-    m = message
-    return Message(m.topic, b"", m.qos, m.retain, m.publisher, m.timestamp, m.dup, None,
-                   m.amqp_only, m.props)
 
 
 def is_queue_topic(topic: str) -> bool:

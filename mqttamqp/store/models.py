@@ -53,7 +53,7 @@ from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
-from mqttamqp.core.message import Message, MessageProperties, WillMessage
+from mqttamqp.core.message import Message, MessageProperties, WillMessage, body_size, stub
 from mqttamqp.core.persistence import (
     PutBan,
     QueueGroupRecord,
@@ -323,14 +323,11 @@ def queue_to_record(q: PersistentQueue, body_budget: int | None = None,
         message = record_to_message(r)
         offset = int(o)
         if body_budget is not None:
-            payload = len(message.payload)
-            body = payload + (len(message.native) if message.native is not None else 0)
+            body = body_size(message)
             if full or used + body > body_budget:
                 full = True
-                evicted[offset] = (payload, body)
-                message = Message(message.topic, b"", message.qos, message.retain,
-                                  message.publisher, message.timestamp, message.dup, None,
-                                  message.amqp_only, message.props)
+                evicted[offset] = (len(message.payload), body)
+                message = stub(message)
             else:
                 used += body
         messages.append((offset, message))
