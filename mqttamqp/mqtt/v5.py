@@ -33,7 +33,6 @@ __all__ = [
 # and topic aliases (each holds a topic of up to --max-topic-length bytes).
 RECEIVE_MAXIMUM = 1000
 TOPIC_ALIAS_MAXIMUM = 64
-NEVER_EXPIRES = 0xFFFFFFFF
 
 # 3.1.1 CONNACK return codes and the MQTT 5 reason codes that say the same.
 CONNACK_REASONS: dict[int, int] = {
