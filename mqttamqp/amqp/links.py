@@ -67,6 +67,7 @@ from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues import (
+    METADATA_KEYS,
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     Refusal,
@@ -160,7 +161,6 @@ _DEAD_LETTER_ANNOTATIONS = (("origin-queue", "x-opt-origin-queue", False),
                             ("origin-offset", "x-opt-origin-offset", True),
                             ("origin-group", "x-opt-origin-group", False),
                             ("reason", "x-opt-reason", False))
-_QUEUE_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 _DEAD_LETTER_KEYS = frozenset(key for key, _, _ in _DEAD_LETTER_ANNOTATIONS)
 
 
@@ -179,7 +179,7 @@ def _encode_queue_delivery(message: Message, props: MessageProperties, qos: int,
     meta: dict[str, str] = {}
     users: list[tuple[str, str]] = []
     for key, value in props.user_properties:
-        if key in _QUEUE_KEYS or (dead and key in _DEAD_LETTER_KEYS):
+        if key in METADATA_KEYS or (dead and key in _DEAD_LETTER_KEYS):
             meta[key] = value     # (the queue appends its own last: they win)
         else:
             users.append((key, value))

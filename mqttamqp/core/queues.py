@@ -84,7 +84,8 @@ __all__ = [
     "Consumer", "is_queue_command", "QueueAddress", "QueueManager", "Retention", "Refusal",
     "is_queue_topic",
     "parse_queue_topic", "parse_queue_filter", "parse_stream_offset",
-    "QueueView", "GroupView", "QueueMessageView", "default_group",
+    "QueueView", "GroupView", "QueueMessageView", "default_group", "METADATA_KEYS",
+    "DLQ_KEYS",
 ]
 
 QUEUE_PREFIX = "$queue/"
@@ -1843,7 +1844,7 @@ class QueueManager:
             if target is None:
                 break
             users = tuple(kv for kv in (props.user_properties if props else ())
-                          if kv[0] not in _DLQ_KEYS)
+                          if kv[0] not in DLQ_KEYS)
             again = replace(message, topic=QUEUE_PREFIX + origin + message.topic[
                 len(dlq_name):], props=None if props is None else replace(
                     props, user_properties=users), timestamp=self.clock.seconds())
@@ -1880,18 +1881,21 @@ class QueueManager:
         return self.commits.persist(ops)
 
 
-_DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
-                       "reason"))
+# The user properties a queue gives its deliveries (the seed's contract for MQTT 5;
+# an AMQP receiver gets them as message annotations, see amqp.links), and those a
+# dead-lettered one adds.
+DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
+                      "reason"))
 # The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
 # message annotations; the console's tail shows it too).
 _METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "console", ""))
-_METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
+METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 
 
 def _without_metadata(users: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     if not users:
         return users
-    return tuple(kv for kv in users if kv[0] not in _METADATA_KEYS)
+    return tuple(kv for kv in users if kv[0] not in METADATA_KEYS)
 
 
 def _with_metadata(message: Message, queue: str, group: str, offset: int, count: int,
