@@ -51,7 +51,7 @@ def _duration(name: str) -> Callable[[str], float]:
 
 
 def _choice_share(value: str) -> str:
-    from mqttamqp.core.shared import STRATEGIES
+    from mqttamqp.core.routing.shared import STRATEGIES
 
     if value not in STRATEGIES:
         raise usage.UsageError(f"--share-strategy must be one of {', '.join(STRATEGIES)}, "
@@ -528,7 +528,7 @@ class Options(usage.Options):
             except ValueError as e:
                 raise usage.UsageError(f"--queues: {e}") from None
         if self["acl"]:
-            from mqttamqp.core.acl import AclError, read_acl
+            from mqttamqp.security.acl import AclError, read_acl
 
             try:   # (checked only: the service's AclAuthorizer loads it, and says so)
                 read_acl(self["acl"])

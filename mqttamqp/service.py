@@ -28,13 +28,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp import logbridge
-from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, Snapshot
-from mqttamqp.core.userstore import StoreAuthenticator, UserStore
 from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
@@ -44,6 +42,8 @@ from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
+from mqttamqp.security.acl import AclAuthorizer
+from mqttamqp.security.userstore import StoreAuthenticator, UserStore
 from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
@@ -647,7 +647,7 @@ def makeService(options: Options) -> BrokerService:
     # the console; a --users file is a second, read-only source of client users.
     legacy = None
     if options["users"]:
-        from mqttamqp.core.users import UserFile
+        from mqttamqp.security.users import UserFile
 
         legacy = UserFile(options["users"], global_reactor)
     users = UserStore(os.path.abspath(options["data"]))
@@ -670,7 +670,7 @@ def makeService(options: Options) -> BrokerService:
                         pack_growth_mb=options["pack-growth"])
     _reloaders(svc, options)
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
-    from mqttamqp.core.enhanced_auth import EnhancedAuthenticator, ScramSha256
+    from mqttamqp.security.enhanced_auth import EnhancedAuthenticator, ScramSha256
 
     svc.mqtt_factory.enhanced_auth = EnhancedAuthenticator([ScramSha256(users.scram)])
     if options["tls-ca"]:

@@ -11,10 +11,10 @@ import pytest
 from amqp_memory import Net, outcome
 from proton import Delivery, Message
 
-from mqttamqp.core.acl import AclAuthorizer, AclError, covers, parse_acl
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message as CoreMessage
 from mqttamqp.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from mqttamqp.security.acl import AclAuthorizer, AclError, covers, parse_acl
 
 ACL = """\
 # anonymous clients (before any 'user' line)

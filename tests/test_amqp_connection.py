@@ -40,7 +40,7 @@ def url(broker: BrokerProcess) -> str:
 def users_broker(tmp_path: os.PathLike[str]) -> Iterator[BrokerProcess]:
     users = os.path.join(str(tmp_path), "users")
     for name, password in (("alice", "wonderland"), ("bob", "builder")):
-        subprocess.run([sys.executable, "-m", "mqttamqp.core.users", "add", users, name],
+        subprocess.run([sys.executable, "-m", "mqttamqp.security.users", "add", users, name],
                        input=password + "\n", text=True, check=True, capture_output=True)
     proc = BrokerProcess(os.path.join(str(tmp_path), "data"), "--users", users,
                          listeners=("--mqtt", "--amqp"))

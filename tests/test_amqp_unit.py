@@ -62,7 +62,7 @@ from mqttamqp.amqp.sasl import (
 from mqttamqp.core.auth import Credentials
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.users import UserFile, add_user, make_line, parse_line
+from mqttamqp.security.users import UserFile, add_user, make_line, parse_line
 
 # -- codec ---------------------------------------------------------------------------
 

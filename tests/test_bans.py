@@ -10,9 +10,9 @@ from fakes import MemoryStore
 from twisted.internet.task import Clock
 from webui_support import Client, connect, make_console
 
-from mqttamqp.core.bans import BanError, BanList
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.security.bans import BanError, BanList
 
 
 def test_ban_rule_matches_each_kind_and_expires() -> None:

@@ -28,7 +28,7 @@ from mqttamqp.core.persistence import (
     Snapshot,
     StoredQueued,
 )
-from mqttamqp.core.session import Session, SessionState
+from mqttamqp.core.sessions.session import Session, SessionState
 
 
 class FakeLink(fakes.FakeLink):

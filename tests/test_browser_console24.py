@@ -30,7 +30,7 @@ from test_browser import NEEDS_CHROMIUM, WAIT_MS, Watch, _shot, browser, expect
 from test_traffic import clock, served_page
 from webui_support import CHEAP, PASSWORD, web_broker_process
 
-from mqttamqp.core.userstore import UserStore
+from mqttamqp.security.userstore import UserStore
 
 __all__ = ["browser", "clock", "served_page"]
 

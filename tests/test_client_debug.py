@@ -16,7 +16,7 @@ from webui_support import Client as ConsoleClient
 from webui_support import make_console
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clientdebug import MAX_DEBUGGED, ClientDebug, LineBudget
+from mqttamqp.core.clients.clientdebug import MAX_DEBUGGED, ClientDebug, LineBudget
 from mqttamqp.mqtt.packets import Pingreq, Publish, Subscribe
 from mqttamqp.mqtt.protocol import MQTTFactory
 

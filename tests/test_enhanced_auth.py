@@ -11,7 +11,8 @@ import hmac
 from test_protocol5_unit import Client5, client5, closed_with, connected
 from test_protocol_unit import Harness
 
-from mqttamqp.core.enhanced_auth import (
+from mqttamqp.mqtt.packets import Auth, Connack, Connect, Packet, Properties, Publish
+from mqttamqp.security.enhanced_auth import (
     CONTINUE,
     FAILURE,
     SUCCESS,
@@ -20,7 +21,6 @@ from mqttamqp.core.enhanced_auth import (
     ScramSha256,
     scram_credentials,
 )
-from mqttamqp.mqtt.packets import Auth, Connack, Connect, Packet, Properties, Publish
 
 METHOD = "SCRAM-SHA-256"
 

@@ -163,7 +163,7 @@ def test_amqp_publish_rate_withholds_credit_then_gives_it_back() -> None:
 def test_connect_rate_sees_through_ipv4_mapped_addresses() -> None:
     """A dual-stack listener reports IPv4 peers as ::ffff:a.b.c.d: loopback is still
     not limited, and a remote address shares its bucket under either spelling."""
-    from mqttamqp.core.admission import ConnectRate
+    from mqttamqp.security.admission import ConnectRate
 
     rate = ConnectRate(Clock().seconds, 1.0, 2)
     assert all(rate.admit("::ffff:127.0.0.1") for _ in range(10))
@@ -190,7 +190,7 @@ def test_amqp_exactly_once_senders_are_charged_too() -> None:
 
 
 def test_a_clock_stepping_back_does_not_stretch_the_pause() -> None:
-    from mqttamqp.core.admission import PublishRate
+    from mqttamqp.security.admission import PublishRate
 
     now = [1000.0]
     rate = PublishRate(lambda: now[0], 10.0, 0.0)

@@ -20,7 +20,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from mqttamqp.core.broker import Broker, Outcome
-from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.clients.connections import ConnectionInfo
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Snapshot
 from mqttamqp.core.stats import Histogram

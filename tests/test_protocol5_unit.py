@@ -460,7 +460,7 @@ def test_subscription_options_survive_restore() -> None:
     """Options are stored with the subscription and come back at start-up."""
     from fakes import MemoryStore
 
-    from mqttamqp.core.session import Session
+    from mqttamqp.core.sessions.session import Session
     store = MemoryStore()
     h = Harness(store=store)
     c = connected(h, "keep", session_expiry_interval=100)

@@ -18,9 +18,9 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, body_size
-from mqttamqp.core.queuebudget import StorageAlarm
-from mqttamqp.core.queues import Consumer
-from mqttamqp.core.session import Session
+from mqttamqp.core.queues.budget import StorageAlarm
+from mqttamqp.core.queues.manager import Consumer
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.systopics import queue_topics
 
 KB = 1024
@@ -246,7 +246,7 @@ def _captured() -> tuple[list[dict[str, Any]], Any]:
     events: list[dict[str, Any]] = []
 
     def observer(event: dict[str, Any]) -> None:
-        if "queuebudget" in event.get("log_namespace", ""):
+        if "queues.budget" in event.get("log_namespace", ""):
             events.append(event)
 
     globalLogPublisher.addObserver(observer)

@@ -1,4 +1,4 @@
-"""Durable queues (``mqttamqp.core.queues``) through the broker's façade, with fake
+"""Durable queues (``mqttamqp.core.queues.manager``) through the broker's façade, with fake
 links, ``task.Clock`` and in-memory stores: groups, acknowledgements in each mode,
 visibility timeout, takeover, dead letters, streams, retention and restarts."""
 
@@ -13,7 +13,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues import (
+from mqttamqp.core.queues.manager import (
     Consumer,
     Retention,
     default_group,
@@ -21,7 +21,7 @@ from mqttamqp.core.queues import (
     parse_queue_topic,
     parse_stream_offset,
 )
-from mqttamqp.core.session import Session
+from mqttamqp.core.sessions.session import Session
 
 
 def make(store: NullStore | None = None, **limits: Any) -> tuple[Broker, Clock, NullStore]:

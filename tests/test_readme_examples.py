@@ -44,8 +44,8 @@ import pytest
 from brokerproc import TWISTD, BrokerProcess
 from webui_support import CHEAP
 
-from mqttamqp.core.acl import READ, WRITE, covers, parse_acl
-from mqttamqp.core.userstore import UserStore
+from mqttamqp.security.acl import READ, WRITE, covers, parse_acl
+from mqttamqp.security.userstore import UserStore
 
 pytestmark = pytest.mark.timeout(120)
 

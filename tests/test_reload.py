@@ -179,7 +179,7 @@ backoff = 60
 def test_sighup_reloads_the_acl_file_at_once(tmp_path: Path) -> None:
     """SIGHUP re-reads the --acl file even though no option changed (the file is also
     polled; the signal applies it at once), and a broken file keeps the old rules."""
-    from mqttamqp.core.acl import AclAuthorizer
+    from mqttamqp.security.acl import AclAuthorizer
 
     acl = tmp_path / "acl"
     acl.write_text("topic read a/#\n")

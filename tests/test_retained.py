@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttamqp.core.message import Message
-from mqttamqp.core.retained import RetainedStore
+from mqttamqp.core.routing.retained import RetainedStore
 from mqttamqp.core.topics import topic_matches
 
 

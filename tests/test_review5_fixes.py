@@ -65,7 +65,7 @@ def test_no_local_holds_when_the_group_gave_the_message_to_another() -> None:
 
 
 def test_recheck_forgets_the_options_of_dropped_filters(tmp_path: Any) -> None:
-    from mqttamqp.core.acl import AclAuthorizer
+    from mqttamqp.security.acl import AclAuthorizer
 
     acl = tmp_path / "acl"
     acl.write_text("topic read a/#\ntopic read b/#\n")

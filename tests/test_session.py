@@ -17,7 +17,7 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
-from mqttamqp.core.session import Session, SessionState
+from mqttamqp.core.sessions.session import Session, SessionState
 
 
 class FakeLink(fakes.FakeLink):

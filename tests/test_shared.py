@@ -10,7 +10,7 @@ from amqp_memory import Net
 from fakes import MemoryStore
 
 from mqttamqp.core.message import Message
-from mqttamqp.core.shared import parse_share
+from mqttamqp.core.routing.shared import parse_share
 from mqttamqp.mqtt.packets import Puback, Publish, Pubrec, Pubrel, Unsubscribe
 
 

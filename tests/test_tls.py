@@ -34,7 +34,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
-from mqttamqp.core.users import make_line
+from mqttamqp.security.users import make_line
 from webui.admin_cli import main as admin_main
 
 TIMEOUT = 10.0

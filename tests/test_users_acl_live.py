@@ -19,7 +19,7 @@ from proton.utils import BlockingConnection, LinkDetached
 from test_amqp_support import TIMEOUT, body_bytes, publish_message, receiver, take, uid
 from webui_support import CHEAP
 
-from mqttamqp.core.userstore import UserStore
+from mqttamqp.security.userstore import UserStore
 
 pytestmark = pytest.mark.timeout(120)
 ADMIN = os.path.join(os.path.dirname(sys.executable), "mqttamqp-admin")

@@ -16,8 +16,8 @@ from twisted.internet.defer import Deferred, succeed
 from webui_support import CHEAP, make_console
 
 from mqttamqp.core.auth import Credentials
-from mqttamqp.core.users import UserFile, make_line
-from mqttamqp.core.userstore import (
+from mqttamqp.security.users import UserFile, make_line
+from mqttamqp.security.userstore import (
     LEGACY_ADMIN_FILE,
     ROLE_ADMIN,
     ROLE_CLIENT,
@@ -224,7 +224,7 @@ def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> N
 
 
 def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
-    from mqttamqp.core.acl import AclAuthorizer
+    from mqttamqp.security.acl import AclAuthorizer
 
     acl = tmp_path / "acl"
     acl.write_text("# <script>alert(1)</script>\nuser alice\ntopic read a/#\n")
@@ -274,7 +274,7 @@ def test_sessions_made_over_amqp_belong_to_their_user(tmp_path: Any) -> None:
 def test_a_password_also_sets_scram_credentials(tmp_path: Any) -> None:
     """MQTT 5 SCRAM-SHA-256 needs its own derived keys: set with every password,
     stored (never the password), read back from the file."""
-    from mqttamqp.core.enhanced_auth import scram_credentials
+    from mqttamqp.security.enhanced_auth import scram_credentials
 
     store = UserStore(str(tmp_path))
     store.set_password("dev", "device password", **CHEAP)
@@ -314,8 +314,8 @@ def test_password_hashing_runs_at_most_two_at_once(monkeypatch: pytest.MonkeyPat
     import hashlib
     import threading
 
-    from mqttamqp.core import users as users_module
-    from mqttamqp.core.userstore import hash_password, verify_password
+    from mqttamqp.security import users as users_module
+    from mqttamqp.security.userstore import hash_password, verify_password
 
     encoded = hash_password("pw", n=2 ** 4, r=1, p=1)
     real = hashlib.scrypt

@@ -18,7 +18,7 @@ from webui_support import (
 )
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.connections import LinkInfo
+from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import DeleteRetained, DeleteSession
 from webui.feed import EventStream

@@ -14,7 +14,12 @@ import webui_support
 from test_webui_app import _audit_text, _frames
 from webui_support import Client, connect, connect_amqp, logged_in
 
-from mqttamqp.core.connections import AmqpDetails, AmqpSessionInfo, ConnectionInfo, LinkInfo
+from mqttamqp.core.clients.connections import (
+    AmqpDetails,
+    AmqpSessionInfo,
+    ConnectionInfo,
+    LinkInfo,
+)
 from mqttamqp.core.message import Message, WillMessage
 
 
@@ -272,7 +277,7 @@ def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
 
 
 def test_topic_counts_are_capped_and_cheap() -> None:
-    from mqttamqp.core.topicstats import TopicStats
+    from mqttamqp.core.routing.topicstats import TopicStats
     stats = TopicStats(max_topics=2)
     for topic in ("a", "b", "a", "c", "d", "b"):
         stats.note(topic)

@@ -19,7 +19,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.connections import ConnectionInfo, LinkInfo
+from mqttamqp.core.clients.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from webui.app import Console, ConsoleContext

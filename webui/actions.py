@@ -19,10 +19,10 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import peer_host
-from mqttamqp.core.bans import BanError
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.security.bans import BanError
 from webui.rendering import duration
 
 __all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from mqttamqp.core.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
+from mqttamqp.security.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
 from webui.auth import UserStore, forget_initial_password, valid_username
 
 __all__ = ["main"]
@@ -116,7 +116,7 @@ def _deluser(store: UserStore, args: argparse.Namespace) -> int:
 
 def _user_import(store: UserStore, args: argparse.Namespace) -> int:
     """Copy a ``--users`` file (one ``user:scrypt$...`` per line) into the store."""
-    from mqttamqp.core.users import read_lines
+    from mqttamqp.security.users import read_lines
 
     added = skipped = 0
     try:

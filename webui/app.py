@@ -36,10 +36,10 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
-from mqttamqp.core.acl import AclAuthorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
-from mqttamqp.core.userstore import ROLE_ADMIN, ROLES
+from mqttamqp.security.acl import AclAuthorizer
+from mqttamqp.security.userstore import ROLE_ADMIN, ROLES
 from webui import views
 from webui.actions import ActionError, ActionResult, ConsoleActions
 from webui.apidoc import api_index

@@ -2,7 +2,7 @@
 slows down password guessing.
 
 Users, roles, password hashing and API tokens are the broker's one user store
-(``mqttamqp.core.userstore``, re-exported here): only users with the ``admin`` or
+(``mqttamqp.security.userstore``, re-exported here): only users with the ``admin`` or
 ``read-only`` role may log in.  A new password takes effect (and logs out the
 user's open sessions) without a restart.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqttamqp.core.userstore import (
+from mqttamqp.security.userstore import (
     ROLE_ADMIN,
     TOKEN_PREFIX,
     USERS_FILE,

@@ -18,7 +18,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.queues import (
+from mqttamqp.core.queues.manager import (
     DLQ_PREFIX,
     GroupView,
     QueueMessageView,

@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from mqttamqp.core.userstore import ROLE_ADMIN, ROLES, User, UserStore, valid_username
+from mqttamqp.security.userstore import ROLE_ADMIN, ROLES, User, UserStore, valid_username
 from webui.actions import ActionError, ActionResult
 from webui.auth import forget_initial_password
 

@@ -38,10 +38,14 @@ from mqttamqp.amqp.services import (
     SubscriptionServiceLink,
     WillServiceLink,
 )
-from mqttamqp.core.queues import Consumer, is_queue_topic
+from mqttamqp.core.queues.manager import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.router import DYNAMIC_PREFIX
-from mqttamqp.core.topics import topic_size_problem, validate_topic_filter, validate_topic_name
+from mqttamqp.core.routing.router import DYNAMIC_PREFIX
+from mqttamqp.core.topics import (
+    topic_size_problem,
+    validate_topic_filter,
+    validate_topic_name,
+)
 
 __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY", "RESOURCE_LIMIT",
            "REFUSALS_LOGGED"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from mqttamqp.core.connections import AmqpDetails, AmqpSessionInfo, LinkInfo
+from mqttamqp.core.clients.connections import AmqpDetails, AmqpSessionInfo, LinkInfo
 
 __all__ = ["amqp_details"]
 

@@ -59,14 +59,12 @@ from mqttamqp.amqp.codec import (
     native_parts,
     recall_publish,
 )
-from mqttamqp.core.admission import PublishRate
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
-from mqttamqp.core.connections import LinkInfo
-from mqttamqp.core.flow import Congestible
+from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues import (
+from mqttamqp.core.queues.manager import (
     METADATA_KEYS,
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
@@ -74,9 +72,11 @@ from mqttamqp.core.queues import (
     is_queue_command,
     is_queue_topic,
 )
-from mqttamqp.core.session import Session
+from mqttamqp.core.sessions.flow import Congestible
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
+from mqttamqp.security.admission import PublishRate
 
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",

@@ -94,9 +94,9 @@ from mqttamqp.amqp.services import (
 )
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
+from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.connections import ConnectionInfo, EventFields
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (

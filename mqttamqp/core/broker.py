@@ -31,7 +31,6 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqttamqp.core.admission import ConnectRate, PublishRate
 from mqttamqp.core.auth import (
     AllowAll,
     Authenticator,
@@ -40,17 +39,17 @@ from mqttamqp.core.auth import (
     Identity,
     peer_host,
 )
-from mqttamqp.core.bans import Ban, BanList
-from mqttamqp.core.clientdebug import ClientDebug
+from mqttamqp.core.clients.clientdebug import ClientDebug
+from mqttamqp.core.clients.connections import InspectableConnection
+from mqttamqp.core.clients.registry import Opened, SessionRegistry
+from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher, all_durable
-from mqttamqp.core.connections import InspectableConnection
-from mqttamqp.core.flow import Congestible, FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
-from mqttamqp.core.queuebudget import FreeSpace
-from mqttamqp.core.queues import (
+from mqttamqp.core.queues.budget import FreeSpace
+from mqttamqp.core.queues.manager import (
     Consumer,
     QueueManager,
     QueueMessageView,
@@ -70,15 +69,16 @@ from mqttamqp.core.recorder import (
     NoRecorder,
     Recorder,
 )
-from mqttamqp.core.registry import Opened, SessionRegistry
-from mqttamqp.core.retained import RetainedStore
-from mqttamqp.core.router import SUBSCRIBE_FAILURE, Published, Router
-from mqttamqp.core.session import ClientLink, Session
+from mqttamqp.core.routing.retained import RetainedStore
+from mqttamqp.core.routing.router import SUBSCRIBE_FAILURE, Published, Router
+from mqttamqp.core.routing.topicstats import TopicStats
+from mqttamqp.core.sessions.flow import Congestible, FlowControl
+from mqttamqp.core.sessions.session import ClientLink, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
 from mqttamqp.core.topics import SubscriptionTrie, is_sys_topic
-from mqttamqp.core.topicstats import TopicStats
-from mqttamqp.core.wills import Wills
+from mqttamqp.security.admission import ConnectRate, PublishRate
+from mqttamqp.security.bans import Ban, BanList
 
 __all__ = ["Broker", "Opened", "Outcome", "Published", "SUBSCRIBE_FAILURE"]
 

@@ -133,7 +133,7 @@ class DeleteInboundQos2:
 
 @record
 class PutBan:
-    """A ban (``mqttamqp.core.bans``): who may not connect, until when, and why."""
+    """A ban (``mqttamqp.security.bans``): who may not connect, until when, and why."""
 
     kind: str                      # "client_id", "user" or "address"
     value: str
@@ -149,7 +149,7 @@ class DeleteBan:
     value: str
 
 
-# -- durable queues (``mqttamqp.core.queues``) -------------------------------------
+# -- durable queues (``mqttamqp.core.queues.manager``) -------------------------------------
 
 
 @record

@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mqttamqp.core.bans import Ban, BanList
-from mqttamqp.core.connections import ConnectionInfo
+from mqttamqp.core.clients.connections import ConnectionInfo
+from mqttamqp.core.clients.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
-from mqttamqp.core.registry import NEVER_EXPIRES, SessionRegistry
-from mqttamqp.core.router import Router
-from mqttamqp.core.session import OutEntry, Session
+from mqttamqp.core.routing.router import Router
+from mqttamqp.core.routing.topicstats import TopicStats
+from mqttamqp.core.sessions.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.core.topicstats import TopicStats
+from mqttamqp.security.bans import Ban, BanList
 
 __all__ = [
     "ReadModel", "ClientView", "SessionView", "EntryView", "WillView", "Counters",

@@ -10,14 +10,14 @@ themselves live in ``stats.BrokerStats`` (and the durable queues' in
 from __future__ import annotations
 
 from mqttamqp import __version__
+from mqttamqp.core.clients.registry import SessionRegistry
+from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues import DLQ_PREFIX, QueueManager
+from mqttamqp.core.queues.manager import DLQ_PREFIX, QueueManager
 from mqttamqp.core.recorder import Recorder
-from mqttamqp.core.registry import SessionRegistry
-from mqttamqp.core.router import Router
+from mqttamqp.core.routing.router import Router
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.core.wills import Wills
 
 __all__ = ["SysTopics", "queue_topics"]
 

@@ -39,19 +39,12 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker, Published
-from mqttamqp.core.clientdebug import MAX_DEBUG_LINES, LineBudget
+from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.connections import ConnectionInfo, EventFields
-from mqttamqp.core.enhanced_auth import (
-    CONTINUE,
-    SUCCESS,
-    AuthExchange,
-    AuthStep,
-    EnhancedAuthenticator,
-)
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.queues import Consumer, is_queue_command, is_queue_topic
+from mqttamqp.core.queues.manager import Consumer, is_queue_command, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -62,8 +55,8 @@ from mqttamqp.core.recorder import (
     CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
 )
-from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
-from mqttamqp.core.shared import route_filter
+from mqttamqp.core.routing.shared import route_filter
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import (
@@ -118,6 +111,13 @@ from mqttamqp.mqtt.v5 import (
     utf8_payload_problem,
 )
 from mqttamqp.netio import others_waiting, plain_tcp, send
+from mqttamqp.security.enhanced_auth import (
+    CONTINUE,
+    SUCCESS,
+    AuthExchange,
+    AuthStep,
+    EnhancedAuthenticator,
+)
 from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]

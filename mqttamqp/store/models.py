@@ -143,7 +143,7 @@ class PersistentSession(Persistent):  # type: ignore[misc]
 
 
 class PersistentQueue(Persistent):  # type: ignore[misc]
-    """A durable queue (``mqttamqp.core.queues``): pickled, so its module path and
+    """A durable queue (``mqttamqp.core.queues.manager``): pickled, so its module path and
     name are part of the file format.  ``retention`` (max age, max bytes, max
     messages), ``head`` (every offset below it was deleted), ``log`` QueueTree
     offset -> message record, ``groups`` OOBTree group id -> group record, ``done``

@@ -36,7 +36,6 @@ from mqttamqp.core.commits import (
     committed_or_acknowledged,
     fire_when_acknowledged,
 )
-from mqttamqp.core.flow import Congestible
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
@@ -47,12 +46,13 @@ from mqttamqp.core.persistence import (
     PutSubscription,
     QueuedState,
 )
-from mqttamqp.core.queues import Consumer, QueueManager, Refusal, is_queue_topic
+from mqttamqp.core.queues.manager import Consumer, QueueManager, Refusal, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
-from mqttamqp.core.retained import RetainedStore
-from mqttamqp.core.session import NO_LOCAL, RETAIN_AS_PUBLISHED, OutEntry, Session
-from mqttamqp.core.shared import SHARE_PREFIX, SharedGroup, parse_share
+from mqttamqp.core.routing.retained import RetainedStore
+from mqttamqp.core.routing.shared import SHARE_PREFIX, SharedGroup, parse_share
+from mqttamqp.core.sessions.flow import Congestible
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import (
     SYS_PREFIX,

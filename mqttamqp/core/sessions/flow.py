@@ -21,7 +21,7 @@ from typing import Protocol
 from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.session import Session
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Congestible", "FlowControl"]
 

@@ -7,7 +7,7 @@ CONNECT and AMQP SASL PLAIN both check the password here.
 
 What it owns: the line format, hashing (``hashlib.scrypt``) and verification —
 off the reactor thread, because scrypt is deliberately slow — and reloading the
-file when it changes on disk.  ``python -m mqttamqp.core.users add FILE USER``
+file when it changes on disk.  ``python -m mqttamqp.security.users add FILE USER``
 adds or replaces a user (the password is prompted for, or read from standard
 input when that is not a terminal).
 
@@ -245,7 +245,7 @@ def add_user(path: str, username: str, password: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3 or args[0] != "add":
-        sys.stderr.write("usage: python -m mqttamqp.core.users add FILE USER\n"
+        sys.stderr.write("usage: python -m mqttamqp.security.users add FILE USER\n"
                          "  (the password is prompted for, or read from standard input)\n")
         return 2
     _, path, username = args

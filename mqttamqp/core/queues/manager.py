@@ -73,9 +73,9 @@ from mqttamqp.core.persistence import (
     QueueRecord,
     TrimQueue,
 )
-from mqttamqp.core.queuebudget import FreeSpace, StorageAlarm
+from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.session import OutEntry, Session
+from mqttamqp.core.sessions.session import OutEntry, Session
 from mqttamqp.core.topics import topic_matches, validate_topic_filter
 from mqttamqp.records import record
 
@@ -464,7 +464,7 @@ class QueueStats:
 
 
 class QueueManager:
-    log = Logger(namespace="mqttamqp.core.queues")
+    log = Logger(namespace="mqttamqp.core.queues.manager")
 
     def __init__(self, clock: Clock, commits: CommitBatcher, limits: Limits,
                  log_limit: LogLimiter, retention_rules: Sequence[tuple[str, Retention]] = ()

@@ -23,10 +23,10 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
+from mqttamqp.core.clients.connections import InspectableConnection
+from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher, all_durable
-from mqttamqp.core.connections import InspectableConnection
-from mqttamqp.core.flow import FlowControl
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
@@ -48,10 +48,10 @@ from mqttamqp.core.recorder import (
     Recorder,
     records,
 )
-from mqttamqp.core.router import Router
-from mqttamqp.core.session import ClientLink, Session, SessionState
+from mqttamqp.core.routing.router import Router
+from mqttamqp.core.sessions.flow import FlowControl
+from mqttamqp.core.sessions.session import ClientLink, Session, SessionState
 from mqttamqp.core.stats import BrokerStats, protocol_family
-from mqttamqp.core.wills import Wills
 from mqttamqp.records import record
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never

@@ -41,8 +41,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Credentials, loopback_peer
-from mqttamqp.core.enhanced_auth import ScramCredentials, scram_credentials
-from mqttamqp.core.users import defer_to_thread, scrypt
+from mqttamqp.security.enhanced_auth import ScramCredentials, scram_credentials
+from mqttamqp.security.users import defer_to_thread, scrypt
 
 __all__ = [
     "USERS_FILE", "LEGACY_ADMIN_FILE", "ROLE_ADMIN", "ROLE_READ_ONLY", "ROLE_CLIENT",

@@ -36,7 +36,7 @@ from mqttamqp.core.persistence import (
 from mqttamqp.core.topics import is_sys_topic
 
 if TYPE_CHECKING:
-    from mqttamqp.core.shared import SharedGroup
+    from mqttamqp.core.routing.shared import SharedGroup
 
 __all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]

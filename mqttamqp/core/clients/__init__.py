@@ -1,0 +1,1 @@
+"""Clients: the session registry, connections, wills and client debug lines."""

@@ -1,0 +1,1 @@
+"""Durable queues: the queue manager and its memory budget."""

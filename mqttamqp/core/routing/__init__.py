@@ -1,0 +1,1 @@
+"""Topic routing: the router, retained messages, shared subscriptions, topic statistics."""

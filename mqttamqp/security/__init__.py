@@ -1,0 +1,1 @@
+"""Users, user store, ACLs, SASL/SCRAM, bans, admission (kept out of core: they do I/O)."""
