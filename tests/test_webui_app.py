@@ -221,7 +221,7 @@ def test_static_files_are_served_without_login(env: Any) -> None:
     assert css.code == 200 and css.header("content-type").startswith("text/css")
     js = client.get("/static/console.js")
     assert js.code == 200 and js.header("content-type").startswith("text/javascript")
-    assert client.get("/static/..%2Fsetup.cfg").code == 404
+    assert client.get("/static/..%2Fpyproject.toml").code == 404
     assert client.get("/static/missing.css").code == 404
     assert client.get("/static/base.html").code == 404
 
