@@ -10,7 +10,7 @@ Passwords are read with ``getpass`` (or one line from standard input with
 
 ``passwd``, ``users`` and ``deluser`` are the earlier spellings of ``user passwd``,
 ``user list`` and ``user del``: they still work, and ``--help`` does not list them
-(one command set in the help and the README).
+(one command set in the help and in docs/security.md).
 """
 
 from __future__ import annotations

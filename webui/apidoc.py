@@ -3,7 +3,7 @@ app has, with its methods, what it does and its parameters.
 
 The list of routes comes from the app's URL map, so a new route is listed even
 before it is described here (with an empty description); ``ENDPOINTS`` holds
-the descriptions.  README's "JSON API" section says the same for people.
+the descriptions.  docs/console.md, "JSON API", says the same for people.
 """
 
 from __future__ import annotations

@@ -487,7 +487,7 @@ def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float]
         "health": {"storage": "failing" if c.storage_failing else "ok",
                    "storage_failures": c.storage_failures,
                    "storage_error": c.storage_error if c.storage_failing else ""},
-        # The durable queues' aggregate bounds (README, Durable queues).
+        # The durable queues' aggregate bounds (docs/queues.md).
         "queues": {"state": "blocked" if c.queues_blocked else "ok",
                    "blocked": c.queues_blocked, "stored_bytes": c.queue_bytes,
                    "memory_bytes": c.queue_memory_bytes},

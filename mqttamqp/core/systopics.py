@@ -43,7 +43,7 @@ def queue_topics(queues: QueueManager) -> list[tuple[str, str]]:
         (p + "redelivered", str(stats.redelivered)),
         (p + "expired", str(stats.expired)),
         (p + "refused", str(stats.refused)),
-        # The aggregate bounds (README, Durable queues): payload bytes stored, body
+        # The aggregate bounds (docs/queues.md): payload bytes stored, body
         # bytes in memory, and 1 while publishers to queues are blocked.
         (p + "bytes", str(queues.total_bytes)),
         (p + "memory-bytes", str(queues.resident)),
