@@ -143,13 +143,18 @@ def test_links_point_at_what_the_repository_has(path: Path) -> None:
 
 def test_configuration_page_names_every_option() -> None:
     """docs/configuration.md's table has a row for every option of twistd mqttamqp,
-    and none for an option that does not exist."""
+    none for an option that does not exist, and each row gives the option's default."""
     from mqttamqp.ops.config import option_specs
     from mqttamqp.options import Options
 
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    rows = set(re.findall(r"^\| `--([a-z0-9-]+)` \|", text, re.M))
-    assert rows == set(option_specs(Options()))
+    rows = dict(re.findall(r"^\| `--([a-z0-9-]+)` \| (.+?) \|", text, re.M))
+    specs = option_specs(Options())
+    assert set(rows) == set(specs)
+    for name, spec in specs.items():
+        shown = {"flag": "flag", "list": "(repeatable)"}.get(
+            spec.kind, "—" if spec.default is None else f"`{spec.default}`")
+        assert rows[name] == shown, (name, rows[name], shown)
 
 
 # -- output and processes -------------------------------------------------------------
