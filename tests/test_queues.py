@@ -13,14 +13,14 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     Consumer,
-    Retention,
     default_group,
     parse_queue_filter,
     parse_queue_topic,
     parse_stream_offset,
 )
+from mqttamqp.core.queues.model import Retention
 from mqttamqp.core.sessions.session import Session
 
 

@@ -48,16 +48,11 @@ from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.queues.addresses import Consumer, Refusal, is_queue_command
+from mqttamqp.core.queues.admin import QueueMessageView, QueueView
 from mqttamqp.core.queues.budget import FreeSpace
-from mqttamqp.core.queues.manager import (
-    Consumer,
-    QueueManager,
-    QueueMessageView,
-    QueueView,
-    Refusal,
-    Retention,
-    is_queue_command,
-)
+from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import Retention
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel, will_owners
 from mqttamqp.core.recorder import (

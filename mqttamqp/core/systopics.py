@@ -14,7 +14,8 @@ from mqttamqp.core.clients.registry import SessionRegistry
 from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.manager import DLQ_PREFIX, QueueManager
+from mqttamqp.core.queues.addresses import DLQ_PREFIX
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.stats import BrokerStats

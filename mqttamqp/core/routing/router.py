@@ -46,7 +46,8 @@ from mqttamqp.core.persistence import (
     PutSubscription,
     QueuedState,
 )
-from mqttamqp.core.queues.manager import Consumer, QueueManager, Refusal, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, Refusal, is_queue_topic
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.routing.retained import RetainedStore
