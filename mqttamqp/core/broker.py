@@ -647,8 +647,8 @@ class Broker:
         """AMQP Rejected: the delivery is dropped, counted (a durable queue's goes to
         its dead-letter queue with ``reason``)."""
         entry = session.inflight.get(packet_id)
-        if entry is not None and entry.qref is not None:
-            self.queues.settle(session, entry, "rejected", False, reason)
+        if entry is not None and entry.receipt is not None:
+            entry.receipt.settled(session, entry, "rejected", False, reason)
             return
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
@@ -666,8 +666,8 @@ class Broker:
         make it visible again, Rejected dead-letters it."""
         if outcome is not _ACCEPTED:
             entry = session.inflight.get(packet_id)
-            if entry is not None and entry.qref is not None:
-                self.queues.settle(session, entry, outcome.value, failed, reason)
+            if entry is not None and entry.receipt is not None:
+                entry.receipt.settled(session, entry, outcome.value, failed, reason)
                 return
             if outcome is _RELEASED or outcome is _MODIFIED:
                 session.redeliver(packet_id, failed)

@@ -28,7 +28,7 @@ from mqttamqp.core.queues.addresses import (
 )
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.metadata import without_metadata
-from mqttamqp.core.queues.model import ConsumerGroup
+from mqttamqp.core.queues.model import ConsumerGroup, Pending, StreamRead
 from mqttamqp.core.sessions.session import OutEntry, Session
 
 __all__ = ["Acknowledgements"]
@@ -98,9 +98,7 @@ class Acknowledgements(Dispatch):
                                          replace(group.record(), cursor=offset + 1)))
             return self._commit(ops), None
         pending = group.pending.pop(offset)
-        pending.member.outstanding -= 1
-        if pending.entry is not None:
-            pending.entry.on_done = None
+        pending.member.outstanding -= 1   # (its receipt is void: no longer pending)
         if address.action == ACK:
             self._done(group, offset, ops)
             group.acked += 1
@@ -116,27 +114,22 @@ class Acknowledgements(Dispatch):
         self._pump(group)
         return d, None
 
-    def settle(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
-               reason: str | None) -> None:
-        """An AMQP outcome other than Accepted on a queue delivery: ``released``
-        (nack, not counted), ``modified`` (nack; ``failed`` counts it), ``rejected``
-        (dead-letter with ``reason``)."""
-        ref = entry.qref
-        if ref is None:
-            return
-        queue = self.queues.get(ref[0])
-        group = queue.groups.get(ref[1]) if queue is not None else None
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on the delivery of ``receipt``:
+        ``released`` (nack, not counted), ``modified`` (nack; ``failed`` counts it),
+        ``rejected`` (dead-letter with ``reason``)."""
+        queue = self.queues.get(receipt.group.queue.name)
+        group = queue.groups.get(receipt.group.key) if queue is not None else None
         session.take_back(entry)
         if group is None:
             return
         if group.mode == STREAM:
             # (no redelivery in a stream; the delivery is over all the same: its
             # member's prefetch is free again)
-            done, entry.on_done = entry.on_done, None
-            if done is not None:
-                done()
+            receipt.acknowledged()
             return
-        offset = ref[2]
+        offset = receipt.offset
         pending = group.pending.get(offset)
         if pending is None or pending.member.session is not session:
             return

@@ -166,7 +166,6 @@ class QueueAdmin(QueueTimers):
                     del self._memberships[member.session]
         for pending in group.pending.values():
             if pending.entry is not None:
-                pending.entry.on_done = None
                 pending.member.session.take_back(pending.entry)
         group.pending.clear()
         group.members.clear()

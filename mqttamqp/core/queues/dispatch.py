@@ -13,7 +13,6 @@ or timeouts (``QueueTimers``)."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 
 from twisted.python.failure import Failure
 
@@ -22,7 +21,7 @@ from mqttamqp.core.persistence import Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
-from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog
+from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
 
 __all__ = ["Dispatch"]
 
@@ -178,21 +177,20 @@ class Dispatch(MemoryBudget):
                                     group.mode == STREAM or again
                                     or offset in group.uncounted)
                      if session.protocol in METADATA_PROTOCOLS else message)
-        entry = session.deliver(delivered, member.qos, False)
-        if entry is not None and entry.held:
-            # (a persistent session holds its QoS 2 entries until their own commit;
-            # this one is the queue's, durable already)
-            entry.held = False
-            session.pump()
-        member.outstanding += 1
-        self._arm()
         if group.mode == STREAM:
+            read = StreamRead(self, group, offset, member) if member.qos else None
+            entry = session.deliver(delivered, member.qos, False, receipt=read)
+            member.outstanding += 1
+            self._arm()
             if entry is None:
                 member.outstanding -= 1
-            else:
-                entry.on_done = _stream_done(self, group, member)
-                entry.qref = (queue.name, group.key, offset)
             return again
+        # (the receipt goes with the session's entry: the queue's, durable already,
+        # so a persistent session does not hold it for a commit of its own)
+        pending = Pending(self, group, offset, member) if member.qos else None
+        entry = session.deliver(delivered, member.qos, False, receipt=pending)
+        member.outstanding += 1
+        self._arm()
         if entry is None and member.qos:
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1
@@ -207,18 +205,22 @@ class Dispatch(MemoryBudget):
             queue.acked += 1
             self.stats.acked += 1
             return False   # (finished: no count to keep)
-        group.pending[offset] = Pending(member, self.clock.seconds(), entry)
-        if entry is not None:
-            entry.qref = (queue.name, group.key, offset)
-            if not member.explicit:
-                entry.on_done = _transport_ack(self, group, offset, member)
+        if pending is None:
+            pending = Pending(self, group, offset, member)   # (QoS 0, explicit)
+        pending.since = self.clock.seconds()
+        pending.entry = entry
+        group.pending[offset] = pending
         return again
 
-    def transport_ack(self, group: ConsumerGroup, offset: int, member: Member) -> None:
-        pending = group.pending.get(offset)
-        if pending is None or pending.member is not member:
+    def transport_ack(self, pending: Pending) -> None:
+        """The transport acknowledged ``pending``'s delivery (PUBACK, PUBCOMP, AMQP
+        Accepted): done, unless it is no longer its group's pending delivery."""
+        group = pending.group
+        offset = pending.offset
+        if group.pending.get(offset) is not pending:
             return
         del group.pending[offset]
+        member = pending.member
         member.outstanding -= 1
         ops: list[Op] = []
         self._done(group, offset, ops)
@@ -230,20 +232,4 @@ class Dispatch(MemoryBudget):
 
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         self._pump(group)
-
-
-def _transport_ack(manager: Dispatch, group: ConsumerGroup, offset: int, member: Member
-                   ) -> Callable[[], None]:
-    def done() -> None:
-        manager.transport_ack(group, offset, member)
-    return done
-
-
-def _stream_done(manager: Dispatch, group: ConsumerGroup, member: Member
-                 ) -> Callable[[], None]:
-    def done() -> None:
-        # (a reconnect gave the credit back already: ``_give_back``)
-        member.outstanding = max(0, member.outstanding - 1)
-        manager.after_stream_ack(group)
-    return done
 

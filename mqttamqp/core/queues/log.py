@@ -34,9 +34,17 @@ from mqttamqp.core.queues.addresses import (
     Refusal,
 )
 from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
-from mqttamqp.core.queues.model import ConsumerGroup, Member, QueueLog, QueueStats, Retention
+from mqttamqp.core.queues.model import (
+    ConsumerGroup,
+    Member,
+    Pending,
+    QueueLog,
+    QueueStats,
+    Retention,
+    StreamRead,
+)
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import Session
+from mqttamqp.core.sessions.session import OutEntry, Session
 
 __all__ = ["QueueLogs", "QueueReader"]
 
@@ -341,7 +349,6 @@ class QueueLogs:
             if pending is not None:
                 pending.member.outstanding -= 1
                 if pending.entry is not None:
-                    pending.entry.on_done = None
                     pending.member.session.take_back(pending.entry)
             group.counts.pop(offset, None)
             group.uncounted.discard(offset)
@@ -400,4 +407,9 @@ class QueueLogs:
 
     def _arm(self) -> None:
         """Make sure the timer runs while something waits on time (``QueueTimers``)."""
+        raise NotImplementedError
+
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on a delivery (``Acknowledgements``)."""
         raise NotImplementedError

@@ -25,8 +25,10 @@ How acknowledgements reach a group depends on the member:
 * ``explicit`` (MQTT 5): ``$queue/<name>/$ack|$nack|$reject`` with user properties
   ``message-id`` and ``group-id`` (``QueueManager.command``);
 * transport (MQTT 3.x at QoS >= 1, AMQP unsettled): the PUBACK / PUBCOMP / Accepted
-  of the delivery itself (the session entry's ``on_done``); AMQP's other outcomes
-  come through ``QueueManager.settle``;
+  of the delivery itself: the session calls the delivery's receipt
+  (``DeliveryReceipt``: ``Pending``, or ``StreamRead`` for a stream), which the
+  queue hands to ``Session.deliver``; AMQP's other outcomes reach the same receipt
+  (``settled``).  The queue never writes the session's entry;
 * on send (MQTT 3.x at QoS 0, AMQP pre-settled).
 
 Durability: every change of a queue's durable state is an ``Op`` committed before

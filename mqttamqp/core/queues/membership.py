@@ -142,7 +142,6 @@ class Membership(Acknowledgements):
         for offset in back:
             pending = group.pending.pop(offset)
             if pending.entry is not None:
-                pending.entry.on_done = None
                 member.session.take_back(pending.entry)
             heapq.heappush(group.ready, offset)
         member.outstanding = 0

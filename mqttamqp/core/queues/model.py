@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -20,7 +21,8 @@ from mqttamqp.core.sessions.session import OutEntry, Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.records import record
 
-__all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending"]
+__all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending",
+           "StreamRead", "DeliveryEnds"]
 
 
 @record
@@ -119,15 +121,71 @@ class Member:
         self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
 
 
+class DeliveryEnds(Protocol):
+    """Where a delivery's receipt reports how it ended (the queue manager)."""
+
+    def transport_ack(self, pending: Pending) -> None:
+        """The transport acknowledged a classic delivery (``Dispatch``)."""
+
+    def after_stream_ack(self, group: ConsumerGroup) -> None:
+        """A stream read was acknowledged: its member may take more (``Dispatch``)."""
+
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted (``Acknowledgements``)."""
+
+
 class Pending:
-    """A classic group's delivery awaiting its acknowledgement."""
+    """A classic group's delivery awaiting its acknowledgement, and the receipt
+    (``DeliveryReceipt``) its session entry (``entry``; None at QoS 0) carries.
 
-    __slots__ = ("entry", "member", "since")
+    Only the delivery that is still its group's pending one at ``offset`` counts:
+    a receipt whose delivery was acknowledged otherwise, taken back or
+    redelivered is void."""
 
-    def __init__(self, member: Member, since: float, entry: OutEntry | None) -> None:
+    __slots__ = ("entry", "group", "member", "offset", "owner", "since")
+
+    def __init__(self, owner: DeliveryEnds, group: ConsumerGroup, offset: int,
+                 member: Member) -> None:
+        self.owner = owner
+        self.group = group
+        self.offset = offset
         self.member = member
-        self.since = since
-        self.entry = entry
+        self.since = 0.0
+        self.entry: OutEntry | None = None
+
+    def acknowledged(self) -> None:
+        # (an explicit member acknowledges with $ack, not with its PUBACK)
+        if not self.member.explicit:
+            self.owner.transport_ack(self)
+
+    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        self.owner.settle(self, session, entry, outcome, failed, reason)
+
+
+class StreamRead:
+    """The receipt of a stream group's delivery: it claims nothing, but holds a
+    unit of its member's prefetch until acknowledged."""
+
+    __slots__ = ("group", "member", "offset", "owner")
+
+    def __init__(self, owner: DeliveryEnds, group: ConsumerGroup, offset: int,
+                 member: Member) -> None:
+        self.owner = owner
+        self.group = group
+        self.offset = offset
+        self.member = member
+
+    def acknowledged(self) -> None:
+        # (a reconnect gave the credit back already: ``_give_back``)
+        member = self.member
+        member.outstanding = max(0, member.outstanding - 1)
+        self.owner.after_stream_ack(self.group)
+
+    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        self.owner.settle(self, session, entry, outcome, failed, reason)
 
 
 class ConsumerGroup:

@@ -71,7 +71,6 @@ class QueueTimers(Membership):
         pending = group.pending.pop(offset)
         pending.member.outstanding -= 1
         if pending.entry is not None:
-            pending.entry.on_done = None
             pending.member.session.take_back(pending.entry)
 
     def _takeover(self, group: ConsumerGroup, now: float, after: float, ops: list[Op]) -> None:
