@@ -54,8 +54,10 @@ def queue_topics(queues: QueueManager) -> list[tuple[str, str]]:
 
 class SysTopics:
     def __init__(self, clock: Clock, stats: BrokerStats, router: Router,
-                 registry: SessionRegistry, wills: Wills, recorder: Recorder) -> None:
+                 registry: SessionRegistry, wills: Wills, recorder: Recorder, *,
+                 queues: QueueManager) -> None:
         self.clock = clock
+        self.queues = queues
         self.recorder = recorder
         self.stats = stats
         self.router = router
@@ -73,7 +75,7 @@ class SysTopics:
         topics = self.stats.sys_topics(
             __version__, now, len(self.router.trie), client_retained,
             len(self.registry.sessions), len(self.wills.wills), dropped, queued)
-        topics.extend(queue_topics(self.router.queues))
+        topics.extend(queue_topics(self.queues))
         archive = self.recorder.stats()
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
             if name in archive:

@@ -24,7 +24,6 @@ from mqttamqp.core.queues.addresses import (
     TOPIC_NAME_INVALID,
     QueueAddress,
     Refusal,
-    parse_queue_topic,
 )
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.metadata import without_metadata
@@ -66,13 +65,13 @@ class Acknowledgements(Dispatch):
                     f"{group_id or '(any)'!r} of queue {name!r}")
         return f"message {message_id!r} is not pending for {session.client_id}"
 
-    def command(self, session: Session, topic: str,
+    def command(self, session: Session, address: QueueAddress | str, topic: str,
                 user_properties: Iterable[tuple[str, str]]
                 ) -> tuple[Deferred[None] | None, Refusal | None]:
         """An acknowledgement published by an MQTT 5 member: ``$ack``, ``$nack`` or
         ``$reject`` with user properties ``message-id``, ``group-id`` (and
-        ``reason``).  The Deferred fires once the change is durable."""
-        address = parse_queue_topic(topic)
+        ``reason``), ``topic`` parsed as ``address`` (``QueueManager.address``).  The
+        Deferred fires once the change is durable."""
         if isinstance(address, str) or address.action is None:
             reason = address if isinstance(address, str) else "not an acknowledgement"
             return None, self._refuse("ack", session.client_id, topic, reason,

@@ -17,7 +17,7 @@ from mqttamqp.records import record
 __all__ = [
     "QUEUE_PREFIX", "DLQ_PREFIX", "ACK", "NACK", "REJECT", "ACTIONS", "CLASSIC", "STREAM",
     "UNSPECIFIED_ERROR", "TOPIC_NAME_INVALID", "QUOTA_EXCEEDED",
-    "QueueAddress", "Refusal", "Consumer", "is_queue_topic", "is_queue_command",
+    "QueueAddress", "Refusal", "Consumer", "is_queue_topic", "is_queue_command", "is_command",
     "parse_queue_topic", "parse_queue_filter", "parse_stream_offset", "default_group",
     "routing_key",
 ]
@@ -37,6 +37,14 @@ QUOTA_EXCEEDED = 0x97
 def is_queue_topic(topic: str) -> bool:
     """A topic (or filter) of the queue namespaces, ``$queue/`` or ``$dlq/``."""
     return topic.startswith(QUEUE_PREFIX) or topic.startswith(DLQ_PREFIX)
+
+
+def is_command(address: QueueAddress | str, topic: str) -> bool:
+    """Is the queue publish topic ``topic``, parsed as ``address``, an
+    acknowledgement (``is_queue_command``)?  Also when it did not parse."""
+    if isinstance(address, str):
+        return is_queue_command(topic)
+    return address.action is not None
 
 
 def is_queue_command(topic: str) -> bool:

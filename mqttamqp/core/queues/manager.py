@@ -60,7 +60,9 @@ from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     STREAM,
     TOPIC_NAME_INVALID,
+    QueueAddress,
     Refusal,
+    is_queue_topic,
     parse_queue_topic,
 )
 from mqttamqp.core.queues.admin import QueueAdmin
@@ -75,22 +77,30 @@ The layers below own one concern each: ``QueueLogs`` (the logs and their
 commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
 ``QueueTimers`` and ``QueueAdmin``."""
 
-    def publish(self, message: Message, publisher: str,
+    def address(self, topic: str) -> QueueAddress | str | None:
+        """What a publish to ``topic`` is to the queues, parsed once per topic (the
+        parse is cached): its address, why it is refused (a str), or None when it is
+        not a queue topic.  The broker asks once per publish and passes it on."""
+        address = self._parsed.get(topic)
+        if address is None:
+            if not is_queue_topic(topic):
+                return None
+            if len(self._parsed) >= 4096:
+                self._parsed.clear()
+            address = self._parsed[topic] = parse_queue_topic(topic)
+        return address
+
+    def publish(self, message: Message, address: QueueAddress | str, publisher: str,
                 extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False
                 ) -> tuple[Deferred[None] | None, Refusal | None]:
-        """Append ``message`` (topic ``$queue/<name>/...``) to its queue; the
-        Deferred fires once the append is durable.  Acknowledgement topics are
-        ``command``'s, not this.
+        """Append ``message`` (topic ``$queue/<name>/...``, parsed as ``address`` by
+        ``address()``) to its queue; the Deferred fires once the append is durable.
+        Acknowledgement topics are ``command``'s, not this.
 
         While the storage alarm is raised (``blocked``) the message is still
         appended (what a publisher sent before its protocol stopped reading it),
         unless ``refuse_when_blocked`` (an MQTT 5 QoS 1/2 publish: PUBACK/PUBREC
         0x97 tells it at once, where waiting would hold its connection)."""
-        address = self._parsed.get(message.topic)
-        if address is None:
-            if len(self._parsed) >= 4096:
-                self._parsed.clear()
-            address = self._parsed[message.topic] = parse_queue_topic(message.topic)
         if isinstance(address, str):
             return (self._commit(extra_ops),
                     self._refuse("topic", publisher, message.topic, address,
