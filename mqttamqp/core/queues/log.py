@@ -37,14 +37,12 @@ from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
 from mqttamqp.core.queues.model import (
     ConsumerGroup,
     Member,
-    Pending,
     QueueLog,
     QueueStats,
     Retention,
-    StreamRead,
 )
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["QueueLogs", "QueueReader"]
 
@@ -407,9 +405,4 @@ class QueueLogs:
 
     def _arm(self) -> None:
         """Make sure the timer runs while something waits on time (``QueueTimers``)."""
-        raise NotImplementedError
-
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
-        """An AMQP outcome other than Accepted on a delivery (``Acknowledgements``)."""
         raise NotImplementedError
