@@ -18,13 +18,9 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.queues.manager import (
-    DLQ_PREFIX,
-    GroupView,
-    QueueMessageView,
-    QueueView,
-    Retention,
-)
+from mqttamqp.core.queues.addresses import DLQ_PREFIX
+from mqttamqp.core.queues.admin import GroupView, QueueMessageView, QueueView
+from mqttamqp.core.queues.model import Retention
 from webui.actions import ActionError, ActionResult
 from webui.views import payload_json, payload_preview, payload_view
 

@@ -64,14 +64,14 @@ from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
-    METADATA_KEYS,
+from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     Refusal,
     is_queue_command,
     is_queue_topic,
 )
+from mqttamqp.core.queues.metadata import METADATA_KEYS
 from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK

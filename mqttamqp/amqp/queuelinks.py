@@ -19,7 +19,7 @@ from typing import Any
 
 from mqttamqp.amqp._engine import lib
 from mqttamqp.amqp.links import LinkHost, OutgoingLink, TopicSubscription
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     CLASSIC,
     STREAM,
     Consumer,
