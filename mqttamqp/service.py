@@ -35,7 +35,9 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, Snapshot
 from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
+from mqttamqp.net.accept import AcceptRefusals, watch_accept_errors
+from mqttamqp.net.tcp import lean_port
+from mqttamqp.net.tls import TLSSettings, server_endpoint
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -44,7 +46,6 @@ from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
-from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 

@@ -17,7 +17,7 @@ peer sent that is not valid UTF-8 is the peer's error, not ours: proton's classe
 raise ``UnicodeDecodeError`` when one is read, and wherever that happens while
 handling the peer's frames the connection is closed with ``amqp:decode-error`` and
 one line a minute is logged for that cause (``_undecodable``); error conditions
-are read through ``_engine.describe``, which escapes such bytes instead.
+are read through ``net.rawproton.describe``, which escapes such bytes instead.
 
 Links are bounded per connection (``--amqp-max-links``: beyond, the connection is
 closed) and in all (``--amqp-max-links-total``: beyond, the attach is refused with
@@ -55,21 +55,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
-from mqttamqp.amqp._engine import (
-    EV_LINK_FLOW,
-    EV_TRANSPORT,
-    delivery_link,
-    describe,
-    event_delivery,
-    event_link,
-    event_type,
-    free_link,
-    lib,
-    next_event,
-    output,
-    pop_event,
-    tick,
-)
 from mqttamqp.amqp.attach import REFUSALS_LOGGED, RESOURCE_LIMIT, attach, refuse_link
 from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
@@ -107,8 +92,23 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.netio import plain_tcp, send
-from mqttamqp.tls import verified_common_name
+from mqttamqp.net.rawproton import (
+    EV_LINK_FLOW,
+    EV_TRANSPORT,
+    delivery_link,
+    describe,
+    event_delivery,
+    event_link,
+    event_type,
+    free_link,
+    lib,
+    next_event,
+    output,
+    pop_event,
+    tick,
+)
+from mqttamqp.net.tcp import plain_tcp, send
+from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT",
            "refusal_margin"]
@@ -623,7 +623,7 @@ class AMQPConnection(Protocol):
             self._drop()
 
     def _write(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
         self.bytes_out += len(data)
         self.broker.stats.bytes_sent += len(data)
 

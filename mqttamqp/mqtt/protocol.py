@@ -110,7 +110,8 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.netio import others_waiting, plain_tcp, send
+from mqttamqp.net.tcp import others_waiting, plain_tcp, send
+from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import (
     CONTINUE,
     SUCCESS,
@@ -118,7 +119,6 @@ from mqttamqp.security.enhanced_auth import (
     AuthStep,
     EnhancedAuthenticator,
 )
-from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
@@ -359,7 +359,7 @@ class MQTTProtocol(Protocol):
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
-            # listener, see ``netio.lean_port``.)
+            # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._connect_timer = self.factory.connect_deadlines.add(
@@ -724,7 +724,7 @@ class MQTTProtocol(Protocol):
 
     def _others_waiting(self) -> bool:
         """Another connection (or the reactor's waker, a listener) has input ready
-        (``netio.others_waiting``; a transport that is not plain TCP cannot tell
+        (``net.tcp.others_waiting``; a transport that is not plain TCP cannot tell
         its own descriptor apart: True when its socket has more)."""
         transport = self.transport
         own = transport.fileno() if plain_tcp(transport) else -1
@@ -792,7 +792,7 @@ class MQTTProtocol(Protocol):
             self._send(out[0] if len(out) == 1 else b"".join(out))
 
     def _send(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds)."""
@@ -1662,7 +1662,7 @@ class MQTTFactory(Factory):
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
         self.enhanced_auth: EnhancedAuthenticator | None = None
 
-    # (``addr`` is not read: ``netio.LeanPort`` passes None instead of building it)
+    # (``addr`` is not read: ``net.tcp.LeanPort`` passes None instead of building it)
     wants_address = False
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:
