@@ -41,6 +41,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
@@ -73,7 +75,6 @@ from mqttamqp.core.queues.manager import (
 )
 from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 from mqttamqp.net.rawproton import (
     close_with,
@@ -237,6 +238,7 @@ class LinkHost(Protocol):
     serial: int
     peer: str
     publish_rate: PublishRate | None
+    meter: DeliveryMeter     # the core's counters, written the adapters' way
     write_blocked: bool      # the socket's buffer is full (until it drains)
 
     @property
@@ -359,7 +361,10 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
+    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None,
+                 published_at: float = 0.0) -> None:
+        """Hand one delivery to the engine; ``published_at``: a message's receipt
+        time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
         if link_credit(impl) <= 0:
             # Waits inside the engine until the peer grants credit.
@@ -378,10 +383,9 @@ class OutgoingLink(BrokerLink):
                 awaiting = self._awaiting = {}
             awaiting[dlv] = key
         self.delivered += 1
-        stats = self.broker.stats
-        stats.messages_sent += 1   # (bytes are counted per socket write)
-        stats.messages_sent_amqp += 1
-        self.host.schedule_flush()
+        host = self.host
+        host.meter.transferred(published_at)   # (bytes are counted per socket write)
+        host.schedule_flush()
 
     @property
     def credit_room(self) -> bool:
@@ -541,17 +545,15 @@ class _SessionLink(OutgoingLink):
         else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds(), first)
-        stats = self.broker.stats
-        if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
-            stats.deliver_sampled(message.timestamp)
         if self.host.write_blocked:
             self._backlog += len(data)
         if packet_id is None:
             settled = self.presettled or self.mixed
-            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled)
+            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
+                          None, message.timestamp)
             return
         self.transfer(b"%d" % packet_id, data, self.presettled,
-                      packet_id if qos == 1 else packet_id | _QOS2)
+                      packet_id if qos == 1 else packet_id | _QOS2, message.timestamp)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -999,7 +1001,7 @@ class IncomingLink(BrokerLink):
 class TopicPublisher(IncomingLink):
     """A sender to a topic address, or to the null address with ``to`` on each message."""
 
-    __slots__ = ("_held", "_memo", "_rate_timer", "_route", "_warned_amqp_only", "topic")
+    __slots__ = ("_held", "_memo", "_route", "_throttle", "_warned_amqp_only", "topic")
 
     def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
         super().__init__(host, plink, topic or "")
@@ -1008,7 +1010,9 @@ class TopicPublisher(IncomingLink):
         # the first: only rcv-settle-mode second has any).
         self._held: dict[Any, Message] | None = None
         self._warned_amqp_only = False
-        self._rate_timer: Any = None
+        rate = host.publish_rate   # the connection's budget, shared by its senders
+        self._throttle = (None if rate is None else PublishThrottle(
+            rate, host.broker.clock, self._rate_paused, self._rate_over))
         # This sender's sections before the body (made with its first message).
         self._memo: PublishMemo | None = None
         # What those sections meant for the last message (a memo hit): its fields
@@ -1055,7 +1059,7 @@ class TopicPublisher(IncomingLink):
         host = self.host
         broker = self.broker
         if payload is None:
-            broker.stats.messages_amqp_only += 1
+            host.meter.amqp_only()
             if not self._warned_amqp_only:
                 self._warned_amqp_only = True
                 self.log.info("a message on {a} from {c} ({peer}) has a body with no MQTT "
@@ -1096,13 +1100,13 @@ class TopicPublisher(IncomingLink):
         if result.refusal is not None:
             self._refused(dlv, presettled, result.refusal)
             return
-        broker.stats.messages_received_amqp += 1
+        host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
         if result.blocked:
             self.block_until_queues_writable()
-        if host.publish_rate is not None:
-            self._charge(routed)
+        if self._throttle is not None:
+            self._throttle.charge(len(routed.payload))
         if presettled:
             self.outstanding -= 1
             delivery_settle(dlv)
@@ -1159,24 +1163,13 @@ class TopicPublisher(IncomingLink):
         condition = _REFUSAL_CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
         self.answer(dlv, REJECTED, (condition, refusal.reason))
 
-    def _charge(self, routed: Message) -> None:
-        """A message routed: charge the connection's publish budget, if it has one."""
-        rate = self.host.publish_rate
-        if rate is None:
-            return
-        wait = rate.take(len(routed.payload))
-        if wait > 0:
-            # No more credit until the budget is back: what the peer still holds
-            # arrives meanwhile, and makes the pause longer.
-            if self._rate_timer is None:
-                self.rate_blocked = True
-                self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
-                self._rate_timer = self.broker.clock.callLater(wait, self._rate_over)
-            else:
-                self._rate_timer.reset(wait)
+    def _rate_paused(self, wait: float) -> None:
+        # No more credit until the budget is back: what the peer still holds
+        # arrives meanwhile, and makes the pause longer (``PublishThrottle``).
+        self.rate_blocked = True
+        self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
 
     def _rate_over(self) -> None:
-        self._rate_timer = None
         self.rate_blocked = False
         if not self.closed:
             self.top_up()
@@ -1190,19 +1183,19 @@ class TopicPublisher(IncomingLink):
         self.outstanding -= 1
         self.top_up()
         result = self.broker.publish(routed, wait=False)
-        self.broker.stats.messages_received_amqp += 1
+        self.host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
         if result.blocked:
             self.block_until_queues_writable()
-        self._charge(routed)
+        if self._throttle is not None:
+            self._throttle.charge(len(routed.payload))
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:
         super().ended(brute, reason)
-        if self._rate_timer is not None and self._rate_timer.active():
-            self._rate_timer.cancel()
-        self._rate_timer = None
+        if self._throttle is not None:
+            self._throttle.stop()
         if self._held:
             self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
                           "sender; not routed", n=len(self._held), a=self.address)

@@ -233,7 +233,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         if length > limit and not self._ignoring:
             reason = (f"a WebSocket frame of {length} bytes (at most {limit}: "
                       f"{MAX_FRAME_PACKETS} x --max-packet-size)")
-            self.factory.mqtt.broker.stats.limit_hit("ws_frame_size")
+            self.factory.mqtt.meter.limit_hit("ws_frame_size")
             self._end(CLOSE_TOO_BIG, "frame_size", reason)
 
     def _fail_connection(self, code: int = 1001, reason: str = "going away") -> None:
@@ -320,11 +320,11 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         """One line per cause a minute for a WebSocket peer refused in its handshake
         (counted as a refused connection) or, ``open_``, closed for what it sent
         outside MQTT (counted as a protocol error)."""
-        stats = self.mqtt.broker.stats
+        meter = self.mqtt.meter
         if open_:
-            stats.protocol_errors += 1
+            meter.protocol_error()
         else:
-            stats.connections_refused += 1
+            meter.refused()
         held = self._log_limit.allow("ws_" + cause)
         if held is not None:
             more = f" ({held} more for this cause since the last line)" if held else ""
