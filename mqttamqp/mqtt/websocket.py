@@ -5,8 +5,8 @@ What it owns: the WebSocket side of one connection.  The opening handshake is
 checked here (path ``/mqtt``, subprotocol ``mqtt`` or ``mqttv3.1``, the Origin
 rule, a bounded request head, ``--connect-timeout`` to finish it); once open, the
 bytes of every binary message go to an ``MQTTProtocol`` through
-``net.websocket.StreamOverWebSocket``, a transport that makes the WebSocket look like the TCP
-socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
+``net.websocket.StreamOverWebSocket``, a transport that makes the WebSocket look
+like the TCP socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
 or several: frame data is fed to the protocol as it arrives (autobahn streams it),
 so the MQTT decoder and its ``--max-packet-size`` are the size limit, as on TCP,
 and no whole message is ever buffered here. A frame whose header announces more
