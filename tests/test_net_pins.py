@@ -139,3 +139,22 @@ def test_proton_objects_have_the_raw_pointer_the_adapters_read() -> None:
     link = connection.session().sender("pins")
     for thing in (connection, Transport(Transport.SERVER), Collector(), link):
         assert thing._impl is not None
+
+
+def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
+    """``mqtt.websocket`` overrides autobahn's private ``_fail_connection`` and sets
+    ``failedByMe``; ``StreamOverWebSocket`` reads ``state``: renamed, the override
+    would silently never run."""
+    import inspect
+
+    import autobahn.websocket.protocol as ws
+    from autobahn.twisted.websocket import WebSocketServerProtocol
+
+    source = inspect.getsource(ws)
+    for used in ("self._fail_connection(", "self.failedByMe", "self.wasNotCleanReason",
+                 "self.data = "):
+        assert used in source, used
+    for name in ("_fail_connection", "failHandshake", "sendCloseFrame", "dropConnection",
+                 "STATE_CONNECTING", "STATE_OPEN", "STATE_CLOSED", "onMessageFrameBegin",
+                 "onMessageFrameData", "sendMessage", "sendClose"):
+        assert hasattr(WebSocketServerProtocol, name), name
