@@ -32,7 +32,8 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.datadir import lock_holder
 from mqttamqp.listeners import ListenerService
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import AcceptRefusals
+from mqttamqp.net.accept import AcceptRefusals
+from mqttamqp.net.tls import TLSSettings
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -42,7 +43,6 @@ from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
 from mqttamqp.store.opening import OpenAtStart
-from mqttamqp.tls import TLSSettings
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 
