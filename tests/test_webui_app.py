@@ -17,11 +17,11 @@ from webui_support import (
     make_console,
 )
 
+from mqttamqp.console.feed import EventStream
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import DeleteRetained, DeleteSession
-from webui.feed import EventStream
 
 PAGES = ["/", "/clients", "/client?key=mqtt:x", "/sessions", "/retained",
          "/retained/message?topic=a", "/retained/delete-matching?filter=%23", "/wills",
@@ -237,7 +237,7 @@ def test_unknown_routes_and_methods(logged_in: Any) -> None:
 
 def test_templates_have_no_inline_script_or_safe_filter() -> None:
     """The CSP would block inline script anyway; templates must not need it or |safe."""
-    from webui.rendering import templates_dir
+    from mqttamqp.console.rendering import templates_dir
     for path in templates_dir().glob("*.html"):
         text = path.read_text()
         assert "|safe" not in text.replace(" ", ""), path

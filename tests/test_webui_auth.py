@@ -19,17 +19,14 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from webui_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 
-from webui import admin_cli
-from webui.auth import (
+from mqttamqp.console import credentials as admin_cli
+from mqttamqp.console.auth import (
     INITIAL_PASSWORD_FILE,
-    USERS_FILE,
     LoginThrottle,
     SessionStore,
-    UserStore,
     ensure_first_admin,
-    hash_password,
-    verify_password,
 )
+from mqttamqp.security.userstore import USERS_FILE, UserStore, hash_password, verify_password
 
 
 def _mode(path: str) -> int:
@@ -93,7 +90,7 @@ def _console_start_lines(tmp_path: Any, starts: int) -> list[str]:
     """The log lines of ``starts`` console service starts and stops on ``tmp_path``."""
     from twisted.application.service import MultiService
 
-    from webui.site import make_site
+    from mqttamqp.console.site import make_site
 
     class Service(MultiService, FakeService):
         def __init__(self) -> None:
@@ -226,7 +223,7 @@ def test_login_throttle_doubles_and_resets() -> None:
 
 def test_templates_and_static_are_found() -> None:
     """The console finds its templates and static files in the source tree or package."""
-    from webui.rendering import static_dir, templates_dir
+    from mqttamqp.console.rendering import static_dir, templates_dir
     assert (templates_dir() / "base.html").is_file()
     assert (static_dir() / "console.css").is_file()
     assert (static_dir() / "console.js").is_file()

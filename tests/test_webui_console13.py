@@ -330,7 +330,7 @@ def test_subscriptions_across_sessions_are_searchable(env: Any) -> None:
 
 
 def test_api_index_lists_every_endpoint(env: Any) -> None:
-    from webui.apidoc import ENDPOINTS
+    from mqttamqp.console.apidoc import ENDPOINTS
     console, _, _, client = env
     index = client.get("/api/").json()
     listed = {e["path"]: e for e in index["endpoints"]}

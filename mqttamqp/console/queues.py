@@ -17,6 +17,8 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.console.actions import ActionError, ActionResult
+from mqttamqp.console.views import payload_json, payload_preview, payload_view
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.queues.manager import (
     DLQ_PREFIX,
@@ -25,8 +27,6 @@ from mqttamqp.core.queues.manager import (
     QueueView,
     Retention,
 )
-from webui.actions import ActionError, ActionResult
-from webui.views import payload_json, payload_preview, payload_view
 
 __all__ = ["QueueRates", "QueueActions", "queue_row", "queue_list", "queue_detail",
            "message_detail", "MAX_BROWSE", "find_queue"]

@@ -2,12 +2,12 @@
 slows down password guessing.
 
 Users, roles, password hashing and API tokens are the broker's one user store
-(``mqttamqp.security.userstore``, re-exported here): only users with the ``admin`` or
+(``mqttamqp.security.userstore``): only users with the ``admin`` or
 ``read-only`` role may log in.  A new password takes effect (and logs out the
 user's open sessions) without a restart.
 
 Login sessions are in memory (a broker restart logs everyone out) and bounded.
-This module does no HTTP; ``webui.app`` maps it onto cookies and headers.
+This module does no HTTP; ``mqttamqp.console.app`` maps it onto cookies and headers.
 """
 
 from __future__ import annotations
@@ -19,25 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqttamqp.security.userstore import (
-    ROLE_ADMIN,
-    TOKEN_PREFIX,
-    USERS_FILE,
-    ApiToken,
-    User,
-    UserStore,
-    hash_password,
-    token_digest,
-    valid_username,
-    verify_password,
-    write_private,
-)
+from mqttamqp.security.userstore import ROLE_ADMIN, UserStore, write_private
 
 __all__ = [
-    "USERS_FILE", "INITIAL_PASSWORD_FILE", "forget_initial_password", "hash_password",
-    "verify_password",
-    "UserStore", "User", "ApiToken", "LoginSession", "SessionStore", "LoginThrottle",
-    "ensure_first_admin", "valid_username", "token_digest", "TOKEN_PREFIX",
+    "INITIAL_PASSWORD_FILE", "forget_initial_password", "LoginSession", "SessionStore",
+    "LoginThrottle", "ensure_first_admin",
 ]
 
 INITIAL_PASSWORD_FILE = "admin-password.txt"

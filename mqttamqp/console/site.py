@@ -17,8 +17,8 @@ from twisted.application import service as app_service
 from twisted.logger import Logger
 from twisted.web.server import Site
 
-from webui.app import Console, ConsoleContext
-from webui.auth import ensure_first_admin
+from mqttamqp.console.app import Console, ConsoleContext
+from mqttamqp.console.auth import ensure_first_admin
 
 __all__ = ["make_site", "ConsoleService"]
 

@@ -23,11 +23,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqttamqp.console.feed import sse_frame
+from mqttamqp.console.views import payload_view
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
-from webui.feed import sse_frame
-from webui.views import payload_view
 
 __all__ = ["TailHub", "Tail", "TAIL_MODES"]
 

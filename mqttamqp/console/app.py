@@ -4,8 +4,8 @@ live feed (Server-Sent Events) and the login flow.
 Routes are bound to a ``Console`` instance (``app = Klein()`` on the class); the
 broker service, clock, users file and thread runner are injected, so tests drive
 it with ``treq.testing.StubTreq``, a ``task.Clock`` and a synchronous thread
-runner.  What a page shows comes from ``webui.views`` (the same dicts the API
-returns); what a button does is in ``webui.actions``.
+runner.  What a page shows comes from ``mqttamqp.console.views`` (the same dicts the API
+returns); what a button does is in ``mqttamqp.console.actions``.
 
 Security rules enforced here, in one place each:
 - every page and API call needs a login (``_require``); pages redirect to the
@@ -36,16 +36,12 @@ from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp import __version__
-from mqttamqp.core.broker import Broker
-from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
-from mqttamqp.security.acl import AclAuthorizer
-from mqttamqp.security.userstore import ROLE_ADMIN, ROLES
-from webui import views
-from webui.actions import ActionError, ActionResult, ConsoleActions
-from webui.apidoc import api_index
-from webui.auth import ApiToken, LoginSession, LoginThrottle, SessionStore, User, UserStore
-from webui.feed import EventStream, StatsFeed
-from webui.queues import (
+from mqttamqp.console import views
+from mqttamqp.console.actions import ActionError, ActionResult, ConsoleActions
+from mqttamqp.console.apidoc import api_index
+from mqttamqp.console.auth import LoginSession, LoginThrottle, SessionStore
+from mqttamqp.console.feed import EventStream, StatsFeed
+from mqttamqp.console.queues import (
     BROWSE_DEFAULT,
     QueueActions,
     QueueRates,
@@ -54,10 +50,14 @@ from webui.queues import (
     queue_detail,
     queue_list,
 )
-from webui.rendering import make_environment, static_dir
-from webui.tail import TAIL_MODES, TailHub
-from webui.traffic import TrafficSource
-from webui.useractions import UserActions, user_json
+from mqttamqp.console.rendering import make_environment, static_dir
+from mqttamqp.console.tail import TAIL_MODES, TailHub
+from mqttamqp.console.traffic import TrafficSource
+from mqttamqp.console.useractions import UserActions, user_json
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
+from mqttamqp.security.acl import AclAuthorizer
+from mqttamqp.security.userstore import ROLE_ADMIN, ROLES, ApiToken, User, UserStore
 
 __all__ = ["Console", "SecureHeaders", "COOKIE_NAME"]
 
@@ -172,7 +172,7 @@ class ConsoleContext:
     storage_stats: Callable[[], dict[str, Any] | None]
     archive_dir: str | None = None        # None: the archive is off
     report_dir: str | None = None         # where the traffic report is written
-    report_job: Any = None                # a webui.traffic.ReportRunner, or None
+    report_job: Any = None                # a mqttamqp.console.traffic.ReportRunner, or None
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:

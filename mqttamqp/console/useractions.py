@@ -15,9 +15,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.console.actions import ActionError, ActionResult
+from mqttamqp.console.auth import forget_initial_password
 from mqttamqp.security.userstore import ROLE_ADMIN, ROLES, User, UserStore, valid_username
-from webui.actions import ActionError, ActionResult
-from webui.auth import forget_initial_password
 
 __all__ = ["UserActions", "MIN_PASSWORD", "user_json"]
 
