@@ -37,6 +37,7 @@ def test_wheel_contents(wheel: Path) -> None:
     assert "mqttamqp/console/static/console.css" in names
     assert "mqttamqp/py.typed" in names
     assert "mqttamqp/console/site.py" in names
+    assert "mqttamqp/console/apps/clients.py" in names
 
 
 def test_non_editable_install_is_what_twistd_runs(wheel: Path, tmp_path: Path) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from twisted.internet.task import Clock
 
-from mqttamqp.console.app import CSP
 from mqttamqp.console.rendering import make_environment, static_dir
 from mqttamqp.console.traffic import SUMMARY_FILE, TrafficSource
+from mqttamqp.console.web import CSP
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"

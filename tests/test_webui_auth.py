@@ -326,7 +326,7 @@ def test_a_success_resets_the_pair(console_clock: Any) -> None:
     assert a.login().code == 429
     clock.advance(1)
     assert a.login().code == 303
-    assert console.throttle.failures("10.0.0.1", "admin") == 0
+    assert console.login.throttle.failures("10.0.0.1", "admin") == 0
     a = _client_at(console, "10.0.0.1")              # logged out: a fresh browser
     for _ in range(3):                               # three free failures again
         assert a.login(password="wrong").code == 401
@@ -433,7 +433,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
         clock.advance(0.5)
     assert checked <= 60, checked                    # (without the pace: over 500)
     assert refused > 0
-    assert console.throttle.paced > 0
+    assert console.login.throttle.paced > 0
     # From home: at once, whatever the pace.
     assert _client_at(console, "192.0.2.1").login().code == 303
     # From a new address, with the attack going on: its turn comes within 30 s.
@@ -441,7 +441,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
     laptop.start(PASSWORD)
     waited = 0.0
     code = laptop.code()
-    while code is None and waited <= console.throttle.user_max_wait:
+    while code is None and waited <= console.login.throttle.user_max_wait:
         for browser in attackers:                    # the attack goes on meanwhile
             if browser.pending is None:
                 browser.start("wrong")
@@ -449,7 +449,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
         clock.advance(0.5)
         waited += 0.5
         code = laptop.code()
-    assert code == 303 and 0 < waited <= console.throttle.user_max_wait
+    assert code == 303 and 0 < waited <= console.login.throttle.user_max_wait
     lines = [formatEvent(e) for e in console_log]
     paced = [line for line in lines if "failed logins for 'admin' from" in line]
     assert len(paced) == 1 and "wait their turn" in paced[0], paced

@@ -18,7 +18,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from mqttamqp.console.app import Console, ConsoleContext
+from mqttamqp.console.app import Console
+from mqttamqp.console.context import ConsoleContext
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits

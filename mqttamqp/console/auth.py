@@ -7,7 +7,7 @@ Users, roles, password hashing and API tokens are the broker's one user store
 user's open sessions) without a restart.
 
 Login sessions are in memory (a broker restart logs everyone out) and bounded.
-This module does no HTTP; ``mqttamqp.console.app`` maps it onto cookies and headers.
+This module does no HTTP; ``mqttamqp.console.web`` maps it onto cookies and headers.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.web.server import Request
 
 from mqttamqp.console.feed import sse_frame
 from mqttamqp.console.views import payload_view
@@ -40,7 +41,7 @@ class Tail:
     congested = False        # never holds back publishers: it skips instead
     backlog_bytes = 0
 
-    def __init__(self, hub: TailHub, key: str, request: Any, topic_filter: str, mode: str,
+    def __init__(self, hub: TailHub, key: str, request: Request, topic_filter: str, mode: str,
                  still_allowed: Callable[[], bool]) -> None:
         self.hub = hub
         self.key = key
@@ -109,7 +110,7 @@ class TailHub:
         self._serials = itertools.count(1)
         self._loop: LoopingCall | None = None
 
-    def open(self, request: Any, user: str, topic_filter: str, mode: str,
+    def open(self, request: Request, user: str, topic_filter: str, mode: str,
              still_allowed: Callable[[], bool]) -> Tail | str:
         """A new tail on ``topic_filter``, or why not (the caller answers with it)."""
         if len(self.tails) >= self.max_tails:

@@ -1,6 +1,6 @@
 """The console's Users page: the user store's commands, for admins, audited.
 
-The same store and rules as ``mqttamqp-admin user ...`` (``core.userstore``):
+The same store and rules as ``mqttamqp-admin user ...`` (``mqttamqp.security.userstore``):
 names of letters, digits and ``._-@``, passwords of at least 8 characters, roles
 admin / read-only / client.  Two rules the command line does not need: an admin
 cannot delete or demote themself (the console would lock them out mid-action),
