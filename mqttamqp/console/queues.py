@@ -18,7 +18,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from mqttamqp.console.actions import ActionError, ActionResult
-from mqttamqp.console.views import payload_json, payload_preview, payload_view
+from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.queues.manager import (
     DLQ_PREFIX,

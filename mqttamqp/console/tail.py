@@ -9,7 +9,7 @@ messages a second forwarded to one browser (the rest are counted and reported
 as skipped), and at most ``max_payload`` bytes of each payload rendered.  The
 browser keeps a bounded number of rows and can pause.
 
-Payloads are rendered on the server (``views.payload_view``: text, JSON or hex)
+Payloads are rendered on the server (``payloads.payload_view``: text, JSON or hex)
 and sent as JSON strings; the page inserts them as text, never as markup.
 """
 
@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 
 from mqttamqp.console.feed import sse_frame
-from mqttamqp.console.views import payload_view
+from mqttamqp.console.payloads import payload_view
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
