@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
@@ -28,6 +27,7 @@ from mqttamqp.console.feed import sse_frame
 from mqttamqp.console.payloads import payload_view
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
 
 __all__ = ["TailHub", "Tail", "TAIL_MODES"]
@@ -99,7 +99,7 @@ class Tail:
 class TailHub:
     log = Logger(namespace="mqttamqp.console")
 
-    def __init__(self, broker: Broker, clock: Any, max_tails: int = 8,
+    def __init__(self, broker: Broker, clock: Clock, max_tails: int = 8,
                  per_second: int = 50, max_payload: int = 4096) -> None:
         self.broker = broker
         self.clock = clock
@@ -157,7 +157,7 @@ class TailHub:
     def _start(self) -> None:
         if self._loop is None:
             self._loop = LoopingCall(self._tick)
-            self._loop.clock = self.clock
+            self._loop.clock = self.clock  # type: ignore[assignment]
             self._loop.start(1.0, now=False).addErrback(
                 lambda f: self.log.failure("console live tail failed", f))
 

@@ -28,6 +28,7 @@ from mqttamqp.console.web import (
     param_list,
 )
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 
 __all__ = ["ClientsApp"]
 
@@ -36,7 +37,7 @@ class ClientsApp(Area):
     app = Klein()
 
     def __init__(self, gate: Gate, pages: Pages, broker: Broker, actions: ConsoleActions,
-                 clock: Any) -> None:
+                 clock: Clock) -> None:
         super().__init__(gate, pages)
         self.broker = broker
         self.actions = actions

@@ -5,7 +5,6 @@ filter go by (the tail page and its stream of Server-Sent Events, ``TailHub``).
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
 
 from klein import Klein
 from twisted.internet.defer import Deferred
@@ -26,6 +25,7 @@ from mqttamqp.console.web import (
     param,
 )
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.topics import validate_topic_filter
 
 __all__ = ["MessagesApp", "MAX_DRAFT"]
@@ -37,7 +37,7 @@ class MessagesApp(Area):
     app = Klein()
 
     def __init__(self, gate: Gate, pages: Pages, broker: Broker, actions: ConsoleActions,
-                 clock: Any) -> None:
+                 clock: Clock) -> None:
         super().__init__(gate, pages)
         self.actions = actions
         self.tails = TailHub(broker, clock)

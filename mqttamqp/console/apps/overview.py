@@ -14,6 +14,7 @@ from mqttamqp.console import views
 from mqttamqp.console.context import ConsoleContext
 from mqttamqp.console.feed import EventStream, StatsFeed
 from mqttamqp.console.web import Area, Gate, HTTPError, Pages
+from mqttamqp.core.clock import Clock
 
 __all__ = ["OverviewApp"]
 
@@ -21,7 +22,7 @@ __all__ = ["OverviewApp"]
 class OverviewApp(Area):
     app = Klein()
 
-    def __init__(self, gate: Gate, pages: Pages, context: ConsoleContext, clock: Any) -> None:
+    def __init__(self, gate: Gate, pages: Pages, context: ConsoleContext, clock: Clock) -> None:
         super().__init__(gate, pages)
         self.context = context
         self.broker = context.broker

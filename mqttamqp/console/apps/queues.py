@@ -33,6 +33,7 @@ from mqttamqp.console.web import (
     param,
 )
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 
 __all__ = ["QueuesApp"]
 
@@ -41,7 +42,7 @@ class QueuesApp(Area):
     app = Klein()
 
     def __init__(self, gate: Gate, pages: Pages, broker: Broker,
-                 audit: Callable[..., None], clock: Any) -> None:
+                 audit: Callable[..., None], clock: Clock) -> None:
         super().__init__(gate, pages)
         self.broker = broker
         self.rates = QueueRates(clock.seconds)

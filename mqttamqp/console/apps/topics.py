@@ -12,6 +12,7 @@ from twisted.web.server import Request
 from mqttamqp.console import views
 from mqttamqp.console.web import Area, Gate, HTTPError, Pages, flag, number, param
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.topics import validate_topic_name
 
 __all__ = ["TopicsApp"]
@@ -20,7 +21,7 @@ __all__ = ["TopicsApp"]
 class TopicsApp(Area):
     app = Klein()
 
-    def __init__(self, gate: Gate, pages: Pages, broker: Broker, clock: Any) -> None:
+    def __init__(self, gate: Gate, pages: Pages, broker: Broker, clock: Clock) -> None:
         super().__init__(gate, pages)
         self.broker = broker
         self.rates = views.TopicRates(clock.seconds)

@@ -5,6 +5,7 @@ password or a role, deleting a user (``mqttamqp.console.useractions``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
@@ -32,7 +33,7 @@ __all__ = ["UsersApp"]
 class UsersApp(Area):
     app = Klein()
 
-    def __init__(self, gate: Gate, pages: Pages, broker: Broker, audit: Any,
+    def __init__(self, gate: Gate, pages: Pages, broker: Broker, audit: Callable[..., None],
                  run_in_thread: RunInThread) -> None:
         super().__init__(gate, pages)
         self.broker = broker
