@@ -771,3 +771,18 @@ def test_event_stream_cancel_unsubscribes_and_streams_are_bounded(logged_in: Any
     stream: EventStream = next(iter(console.overview.feed.streams))
     stream.done.cancel()
     assert not console.overview.feed.streams
+
+
+def test_root_app_mounts_every_area_route_as_the_area_declares_it() -> None:
+    """Each area app's routes are served by the root app with the same path, methods
+    and endpoint, and no endpoint is mounted twice."""
+    from mqttamqp.console.app import AREAS, Console
+
+    rules = list(Console.app.url_map.iter_rules())
+    served = {(r.rule, frozenset(r.methods or ()), r.endpoint) for r in rules}
+    for _, area in AREAS:
+        for rule in area.app.url_map.iter_rules():
+            assert (rule.rule, frozenset(rule.methods or ()), rule.endpoint) in served
+    endpoints = [r.endpoint for r in rules]
+    assert len(endpoints) == len(set(endpoints))
+    assert len(rules) == 2 + sum(len(list(a.app.url_map.iter_rules())) for _, a in AREAS)

@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.console.rendering import duration
+from mqttamqp.console.traffic import ReportRunner
 from mqttamqp.core.auth import peer_host
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
@@ -52,9 +53,9 @@ async def _durable(d: Deferred[None] | None) -> None:
 class ConsoleActions:
     """The commands behind the console's buttons and the JSON API's POSTs."""
 
-    def __init__(self, broker: Broker, report_job: Any = None) -> None:
+    def __init__(self, broker: Broker, report_job: ReportRunner | None = None) -> None:
         self.broker = broker
-        self.report_job = report_job     # a mqttamqp.console.traffic.ReportRunner, or None
+        self.report_job = report_job
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
 

@@ -47,7 +47,7 @@ from mqttamqp.console.web import Area, Gate, HTTPError, Pages, Redirect, SecureH
 from mqttamqp.core.broker import Broker
 from mqttamqp.security.userstore import UserStore
 
-__all__ = ["Console"]
+__all__ = ["Console", "AREAS"]
 
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".svg": "image/svg+xml", ".png": "image/png"}
@@ -76,7 +76,7 @@ class Console:
                 return d
         self.actions = ConsoleActions(self.broker, context.report_job)
         gate, pages, broker, clock = self.gate, self.pages, self.broker, self.clock
-        # One app per area, each as the attribute _AREAS mounts it from.
+        # One app per area, each as the attribute AREAS mounts it from.
         self.login = LoginApp(gate, pages, clock, run_in_thread)
         self.overview = OverviewApp(gate, pages, context, clock)
         self.clients = ClientsApp(gate, pages, broker, self.actions, clock)
@@ -166,12 +166,12 @@ def _mount(app: Klein, attribute: str, area: type[Area]) -> None:
         app.route(rule.rule, methods=sorted(rule.methods or ()), endpoint=endpoint)(route)
 
 
-_AREAS: tuple[tuple[str, type[Area]], ...] = (
+AREAS: tuple[tuple[str, type[Area]], ...] = (
     ("login", LoginApp), ("overview", OverviewApp), ("clients", ClientsApp),
     ("sessions", SessionsApp), ("retained", RetainedApp), ("topics", TopicsApp),
     ("messages", MessagesApp), ("queues", QueuesApp), ("accounts", UsersApp),
     ("traffic", TrafficApp), ("api", ApiApp),
 )
-for _attribute, _area in _AREAS:
+for _attribute, _area in AREAS:
     _mount(Console.app, _attribute, _area)
 del _attribute, _area

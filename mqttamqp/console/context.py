@@ -11,6 +11,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.console.traffic import ReportRunner
 from mqttamqp.core.broker import Broker
 
 __all__ = ["ConsoleContext", "RunInThread"]
@@ -31,7 +32,7 @@ class ConsoleContext:
     storage_stats: Callable[[], dict[str, Any] | None]
     archive_dir: str | None = None        # None: the archive is off
     report_dir: str | None = None         # where the traffic report is written
-    report_job: Any = None                # a console.traffic.ReportRunner, or None
+    report_job: ReportRunner | None = None
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:

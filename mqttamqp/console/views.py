@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
+from mqttamqp.console.context import ConsoleContext
 from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
 from mqttamqp.core.message import Message
 from mqttamqp.core.readmodel import (
@@ -376,7 +377,7 @@ def list_retained(messages: Iterable[Message], page: int, per_page: int) -> Page
 # -- overview ---------------------------------------------------------------------
 
 
-def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float],
+def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[str, float],
              include_storage: bool = True) -> dict[str, Any]:
     """The overview page's numbers (also what the live feed sends every tick)."""
     c = model.counters()
