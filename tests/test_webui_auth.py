@@ -20,12 +20,8 @@ from twisted.web.resource import Resource
 from webui_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 
 from mqttamqp.console import credentials as admin_cli
-from mqttamqp.console.auth import (
-    INITIAL_PASSWORD_FILE,
-    LoginThrottle,
-    SessionStore,
-    ensure_first_admin,
-)
+from mqttamqp.console.auth import INITIAL_PASSWORD_FILE, SessionStore, ensure_first_admin
+from mqttamqp.console.throttle import LoginThrottle
 from mqttamqp.security.userstore import USERS_FILE, UserStore, hash_password, verify_password
 
 

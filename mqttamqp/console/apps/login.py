@@ -15,8 +15,8 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.server import Request
 
-from mqttamqp.console.auth import LoginThrottle
 from mqttamqp.console.context import RunInThread
+from mqttamqp.console.throttle import LoginThrottle
 from mqttamqp.console.web import CSRF_FIELD, Area, Gate, Pages, Redirect, param, safe_next
 
 __all__ = ["LoginApp"]
