@@ -54,6 +54,9 @@ _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; cha
 
 
 class Console:
+    """The whole console as one Klein resource (``resource()``): the areas' apps over
+    one gate and one set of pages, the user store as ``users``."""
+
     app = Klein()
 
     def __init__(self, context: ConsoleContext, clock: Any = None,
@@ -85,6 +88,7 @@ class Console:
         self.topics = TopicsApp(gate, pages, broker, clock)
         self.messages = MessagesApp(gate, pages, broker, self.actions, clock)
         self.queues = QueuesApp(gate, pages, broker, self.actions.audit, clock)
+        # The Users page (``users`` is the user store itself).
         self.accounts = UsersApp(gate, pages, broker, self.actions.audit, run_in_thread)
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
         self.traffic = TrafficApp(gate, pages, TrafficSource(
