@@ -71,7 +71,7 @@ class QueueLog:
         # every classic group done with it before its commit (``_trim``).
         self.waiters: dict[int, Deferred[None]] = {}
         # Offsets below ``next_offset`` that hold no message and never will, as
-        # sorted ranges [start, end): found at a restart (``QueueManager._skip``),
+        # sorted ranges [start, end): found at a restart (``QueueManager._skip_unstored_offsets``),
         # jumped over by floors and cursors, left out of lags.
         self.skip_starts: list[int] = []
         self.skip_ends: list[int] = []
