@@ -4,11 +4,13 @@ Round-robin over the members with credit (prefetch, the session's window, an
 uncongested link); classic groups claim what they hand out (``Pending``) and store
 a dispatch watermark ahead of the deliveries, so that a delivery goes out only
 below a watermark already durable; stream groups read by cursor.  Deliveries go
-through ``Session.deliver``; the transport's acknowledgement of one comes back
-through ``transport_ack`` (or, for a stream, ``after_stream_ack``).
+through ``Session.deliver`` with a receipt (``Pending``, or ``StreamRead`` for a
+stream: the session's ``DeliveryReceipt``), through which the transport's
+acknowledgement comes back (``transport_ack``, ``after_stream_ack``).
 
-What this module must not do: decide acknowledgements' outcomes (``Acknowledgements``)
-or timeouts (``QueueTimers``)."""
+What this module must not do: write a session's entries (the receipt is the only
+link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
+(``QueueTimers``)."""
 
 from __future__ import annotations
 
