@@ -16,6 +16,7 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
     Consumer,
     default_group,
+    is_command,
     parse_queue_filter,
     parse_queue_topic,
     parse_stream_offset,
@@ -104,6 +105,20 @@ def test_parse_topics_filters_and_offsets() -> None:
     assert parse_stream_offset("@100.5") == ("time", 100.5)
     assert parse_stream_offset("1970-01-01T00:01:40Z") == ("time", 100.0)
     assert isinstance(parse_stream_offset("yesterday"), str)
+
+
+def test_a_publish_topic_is_recognised_once_and_commands_told_apart() -> None:
+    """``QueueManager.address``: None for other topics, the (cached) parse of a queue
+    topic; ``is_command`` tells acknowledgements apart, also one that does not parse."""
+    broker, _, _ = make()
+    queues = broker.queues
+    assert queues.address("$SYS/broker/uptime") is None
+    plain = queues.address("$queue/jobs/eu")
+    assert not isinstance(plain, str) and plain is queues.address("$queue/jobs/eu")
+    assert not is_command(plain, "$queue/jobs/eu")
+    assert is_command(queues.address("$queue/jobs/$ack") or "", "$queue/jobs/$ack")
+    bad = queues.address("$queue/+/$nack")
+    assert isinstance(bad, str) and is_command(bad, "$queue/+/$nack")
 
 
 # -- groups ---------------------------------------------------------------------------
