@@ -651,7 +651,7 @@ class Broker:
         its dead-letter queue with ``reason``)."""
         entry = session.inflight.get(packet_id)
         if entry is not None and entry.receipt is not None:
-            entry.receipt.settled(session, entry, "rejected", False, reason)
+            entry.receipt.settled(entry, "rejected", False, reason)
             return
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
@@ -670,7 +670,7 @@ class Broker:
         if outcome is not _ACCEPTED:
             entry = session.inflight.get(packet_id)
             if entry is not None and entry.receipt is not None:
-                entry.receipt.settled(session, entry, outcome.value, failed, reason)
+                entry.receipt.settled(entry, outcome.value, failed, reason)
                 return
             if outcome is _RELEASED or outcome is _MODIFIED:
                 session.redeliver(packet_id, failed)

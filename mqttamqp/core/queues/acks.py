@@ -113,11 +113,12 @@ class Acknowledgements(Dispatch):
         self._pump(group)
         return d, None
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
-        """An AMQP outcome other than Accepted on the delivery of ``receipt``:
-        ``released`` (nack, not counted), ``modified`` (nack; ``failed`` counts it),
-        ``rejected`` (dead-letter with ``reason``)."""
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on ``entry``, the delivery of
+        ``receipt``: ``released`` (nack, not counted), ``modified`` (nack; ``failed``
+        counts it), ``rejected`` (dead-letter with ``reason``)."""
+        session = receipt.member.session
         queue = self.queues.get(receipt.group.queue.name)
         group = queue.groups.get(receipt.group.key) if queue is not None else None
         session.take_back(entry)

@@ -24,7 +24,7 @@ from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.session import OutEntry
 
 __all__ = ["Dispatch"]
 
@@ -236,8 +236,8 @@ class Dispatch(MemoryBudget):
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         self._pump(group)
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
         """An AMQP outcome other than Accepted on a delivery: the receipts' other
         report, which ``Acknowledgements`` decides."""
         raise NotImplementedError

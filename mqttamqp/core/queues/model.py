@@ -130,8 +130,8 @@ class DeliveryEnds(Protocol):
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         """A stream read was acknowledged: its member may take more (``Dispatch``)."""
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
         """An AMQP outcome other than Accepted (``Acknowledgements``)."""
 
 
@@ -159,9 +159,9 @@ class Pending:
         if not self.member.explicit:
             self.owner.transport_ack(self)
 
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
                 reason: str | None) -> None:
-        self.owner.settle(self, session, entry, outcome, failed, reason)
+        self.owner.settle(self, entry, outcome, failed, reason)
 
 
 class StreamRead:
@@ -183,9 +183,9 @@ class StreamRead:
         member.outstanding = max(0, member.outstanding - 1)
         self.owner.after_stream_ack(self.group)
 
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
                 reason: str | None) -> None:
-        self.owner.settle(self, session, entry, outcome, failed, reason)
+        self.owner.settle(self, entry, outcome, failed, reason)
 
 
 class ConsumerGroup:

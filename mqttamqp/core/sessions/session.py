@@ -165,10 +165,11 @@ class DeliveryReceipt(Protocol):
     def acknowledged(self) -> None:
         """The client acknowledged the delivery (the session calls it once)."""
 
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
                 reason: str | None) -> None:
-        """An AMQP outcome other than Accepted: ``released``, ``modified`` (``failed``:
-        delivery-failed) or ``rejected`` (with ``reason``)."""
+        """An AMQP outcome other than Accepted on ``entry``, this receipt's delivery:
+        ``released``, ``modified`` (``failed``: delivery-failed) or ``rejected``
+        (with ``reason``)."""
 
 
 class OutEntry:
