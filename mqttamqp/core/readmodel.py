@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mqttamqp.core.auth import Ban, Bans
 from mqttamqp.core.clients.connections import ConnectionInfo
 from mqttamqp.core.clients.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.message import Message, WillMessage
@@ -24,7 +25,6 @@ from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
 from mqttamqp.core.sessions.session import OutEntry, Session
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.security.bans import Ban, BanList
 
 __all__ = [
     "ReadModel", "ClientView", "SessionView", "EntryView", "WillView", "Counters",
@@ -197,7 +197,7 @@ class ReadModel:
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
                  router: Router, stats: BrokerStats, recorder: Recorder,
-                 bans: BanList | None = None, topic_stats: TopicStats | None = None) -> None:
+                 bans: Bans | None = None, topic_stats: TopicStats | None = None) -> None:
         self._bans = bans
         self._topic_stats = topic_stats
         self._recorder = recorder

@@ -975,8 +975,9 @@ class Router:
             return []
         groups: dict[SharedGroup[Session], None] = {}
         for entry in session.entries():
-            group = entry.share
-            if (group is not None and self.shared.get(group.key) is group
+            share = entry.share
+            group = self.shared.get(share.key) if share is not None else None
+            if (group is not None and group is share
                     and (entry.qos == 1 or entry.state == QueuedState.QUEUED)):
                 self._lend(group, session, entry)
                 groups[group] = None
@@ -1003,10 +1004,11 @@ class Router:
         touched: dict[SharedGroup[Session], None] = {}
         held: list[tuple[Session, int]] = []
         for entry in list(session.entries()):
-            group = entry.share
-            if group is None:
+            share = entry.share
+            if share is None:
                 continue
-            if self.shared.get(group.key) is not group or session in group.members:
+            group = self.shared.get(share.key)
+            if group is None or group is not share or session in group.members:
                 continue
             if entry.state != QueuedState.QUEUED and (not ending or entry.qos == 2):
                 if ending and entry.state == QueuedState.SENT:
@@ -1052,20 +1054,6 @@ class Router:
     def restore_retained(self, messages: Iterable[Message]) -> None:
         for message in messages:
             self.retained.put(message)
-
-    def delete_retained(self, topic: str) -> Deferred[None] | None:
-        if not self.retained.delete(topic):
-            return None
-        return self.commits.persist([DeleteRetained(topic)])
-
-    def delete_retained_matching(self, topic_filter: str) -> tuple[int, Deferred[None] | None]:
-        matches = self.retained.match(topic_filter)
-        ops: list[Op] = []
-        for message in matches:
-            self.retained.delete(message.topic)
-            if not message.topic.startswith(SYS_PREFIX):
-                ops.append(DeleteRetained(message.topic))
-        return len(matches), self.commits.persist(ops)
 
 
 def _release_held(result: object, held: list[tuple[Session, int]]) -> object:

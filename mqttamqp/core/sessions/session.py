@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -35,11 +35,16 @@ from mqttamqp.core.persistence import (
 )
 from mqttamqp.core.topics import is_sys_topic
 
-if TYPE_CHECKING:
-    from mqttamqp.core.routing.shared import SharedGroup
-
 __all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError",
-           "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
+           "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING", "Share"]
+
+
+class Share(Protocol):
+    """The shared subscription group an entry came through, as a session carries it
+    (``routing.shared.SharedGroup``: the router reads it back; sessions only keep it)."""
+
+    @property
+    def key(self) -> str: ...
 
 # MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
 # byte's bits above QoS, and the subscription identifier from bit 8 on.
@@ -179,7 +184,7 @@ class OutEntry:
         self.on_done: Callable[[], None] | None = None
         # The shared subscription group it came through (it may move to another
         # member when this one goes away: ``Router.member_left``).
-        self.share: SharedGroup[Session] | None = None
+        self.share: Share | None = None
         # A durable queue's delivery: (queue, group id, offset).  The queue holds
         # it durably, so the session never stores it (``core.queues``).
         self.qref: tuple[str, str, int] | None = None
