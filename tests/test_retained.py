@@ -310,7 +310,7 @@ def test_subscribing_again_replaces_what_the_replay_owes() -> None:
     sub = net.mqtt("sub")
     for _ in range(50):
         sub.subscribe(("r/#", 1))
-    replays = net.broker.router._replays[net.broker.sessions["sub"]]
+    replays = net.broker.router.retained_feed.by_session[net.broker.sessions["sub"]]
     assert len(replays) == 1 and len(replays[0].topics) == 100
     got: set[str] = set()
     for _ in range(200):       # (bounded)

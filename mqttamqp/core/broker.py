@@ -61,9 +61,10 @@ from mqttamqp.core.queues.manager import Consumer, QueueManager
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel
 from mqttamqp.core.recorder import CAUSE_LOST, NoRecorder, Recorder
+from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE, Published
 from mqttamqp.core.routing.publishing import Publishing
 from mqttamqp.core.routing.retained import RetainedStore
-from mqttamqp.core.routing.router import SUBSCRIBE_FAILURE, Published, Router
+from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.settlement import Outcome, Settlement
 from mqttamqp.core.routing.topicstats import TopicStats
 from mqttamqp.core.sessions.flow import FlowControl
@@ -156,7 +157,7 @@ class Broker:
         self.publish = publishing.publish
         self.publish_qos2 = publishing.publish_qos2
         self.release_qos2 = publishing.release_qos2
-        self.send_retained = router.send_retained
+        self.send_retained = router.retained_feed.send
         self.unsubscribe = router.unsubscribe
         # outbound acknowledgements and settlement
         self.acknowledged = settlement.acknowledged
@@ -195,7 +196,7 @@ class Broker:
         """Rebuild from the store, arm the grace timers of orphaned wills and loops."""
         self.stats.started = self.clock.seconds()
         snap = self.store.load()
-        self.router.restore_retained(snap.retained.values())
+        self.router.retained_feed.restore(snap.retained.values())
         self.registry.restore(snap.sessions)
         self._wills.restore(snap.wills.values())
         self.gate.bans.restore(snap.bans)
@@ -276,7 +277,7 @@ class Broker:
     def start_topic_receiver(self, session: Session, link: ClientLink) -> None:
         """Deliver ``session`` to ``link``: its filter's retained messages first."""
         self.activate(session, link, "amqp")
-        self.router.send_retained(session, list(session.subscriptions.items()))
+        self.router.retained_feed.send(session, list(session.subscriptions.items()))
 
     # -- subscriptions --------------------------------------------------------
 

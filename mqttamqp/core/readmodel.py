@@ -320,7 +320,7 @@ class ReadModel:
         """The shared subscription groups with their members and how many messages
         each was given (since it joined), by group name and filter."""
         out = []
-        for group in list(self._router.shared.values()):
+        for group in list(self._router.groups.shared.values()):
             members = tuple(sorted(
                 (s.client_id, group.counts.get(s.client_id, 0), s.link is not None)
                 for s in list(group.members)))

@@ -19,7 +19,8 @@ from twisted.internet.defer import Deferred
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clients.registry import SessionRegistry
 from mqttamqp.core.commits import CommitBatcher
-from mqttamqp.core.routing.router import SUBSCRIBE_FAILURE, Router
+from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE
+from mqttamqp.core.routing.router import Router
 from mqttamqp.core.sessions.session import ClientLink, Session
 
 __all__ = ["GatewaySessions"]

@@ -178,12 +178,12 @@ class SessionRegistry:
         nothing on the publish path."""
         return (sum(len(s.queue) for s in self.sessions.values())
                 + sum(len(s.queue) for s in self.link_subscribers.values())
-                + self.router.shared_held())
+                + self.router.groups.held())
 
     def dropped_total(self) -> int:
         return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
                 + sum(s.dropped for s in self.link_subscribers.values())
-                + self.router.shared_dropped())
+                + self.router.groups.dropped())
 
     # -- live connections -----------------------------------------------------
 

@@ -32,7 +32,7 @@ from mqttamqp.core.recorder import (
     WILL_PUBLISHED,
     Recorder,
 )
-from mqttamqp.core.routing.router import Published
+from mqttamqp.core.routing.published import Published
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import is_sys_topic, validate_topic_name
 

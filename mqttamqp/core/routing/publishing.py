@@ -21,7 +21,8 @@ from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op
 from mqttamqp.core.queues.manager import QueueManager, Refusal, is_queue_command
-from mqttamqp.core.routing.router import Published, Router
+from mqttamqp.core.routing.published import Published
+from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
 from mqttamqp.core.sessions.session import Session
 

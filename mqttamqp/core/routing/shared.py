@@ -15,7 +15,7 @@ its queue drops messages.  The strategy picks among the members with room
 has none).  When no member has room and the group has a persistent member, that
 member *keeps* the message for the group: it is stored in its queue (committed
 before the publisher's acknowledgement, as any persistent delivery) as a *loan*,
-moved to the first member with room (``Router._keeper``, ``Router._drain``).  Else
+moved to the first member with room (``SharedGroups.keeper``, ``SharedGroups.drain``).  Else
 the group holds the message in its *backlog*, in memory (bounded like a session's
 queue, ``--max-queued-messages`` and ``--max-queued-bytes``, counting the QoS 2
 messages promised to it at their PUBREC, ``pending``); past half of that bound the

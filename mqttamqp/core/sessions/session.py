@@ -183,7 +183,7 @@ class OutEntry:
         # Called once when the client has acknowledged it (see Broker.publish).
         self.on_done: Callable[[], None] | None = None
         # The shared subscription group it came through (it may move to another
-        # member when this one goes away: ``Router.member_left``).
+        # member when this one goes away: ``SharedGroups.member_left``).
         self.share: Share | None = None
         # A durable queue's delivery: (queue, group id, offset).  The queue holds
         # it durably, so the session never stores it (``core.queues``).
