@@ -109,11 +109,11 @@ def test_drops_stay_labelled_with_the_protocol_they_happened_under() -> None:
 
     for _ in range(4):
         broker.publish(Message("d/1", b"x", 1))
-    before = broker.registry.dropped_by_protocol()["mqtt"][0]
+    before = broker.registry.drops.dropped_by_protocol()["mqtt"][0]
     assert before > 0
     session.detach()
     broker.activate(session, FakeLink("dev"), "amqp")   # the same session, now over AMQP
-    after = broker.registry.dropped_by_protocol()
+    after = broker.registry.drops.dropped_by_protocol()
     assert after["mqtt"][0] == before and after.get("amqp", (0, 0, 0))[0] == 0
 
 

@@ -252,7 +252,7 @@ def test_a_group_with_stuck_members_loses_no_acknowledged_message() -> None:
     got, pubacks = _stuck_group_run(net, 600)
     assert pubacks == 600
     assert got == {b"%d" % i for i in range(600)}
-    assert net.broker.registry.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
 
 
 def test_stuck_members_get_only_their_window() -> None:
@@ -289,7 +289,7 @@ def test_a_full_backlog_drops_and_logs_once(log_lines: list[str]) -> None:
         net.broker.publish(Message("jobs", b"%d" % i, 1))
     group = net.broker.router.groups.shared["$share/g/jobs"]
     assert (len(group.backlog), group.dropped) == (4, 5)
-    assert net.broker.registry.dropped_total() == 5
+    assert net.broker.registry.drops.dropped_total() == 5
     lines = [line for line in log_lines if "backlog is full" in line]
     assert len(lines) == 1 and "$share/g/jobs" in lines[0]
 
@@ -372,7 +372,7 @@ def test_a_group_that_takes_nothing_stops_holding_its_publisher_after_the_stall_
     assert group.dropped == 0 and len(pub.take(Puback)) < 40
     net.advance(2.5)
     assert len(pub.take(Puback)) > 0 and group.dropped > 0 and group.stalled
-    assert net.broker.registry.dropped_total() == group.dropped
+    assert net.broker.registry.drops.dropped_total() == group.dropped
     member.ack(member.publishes())
     assert not group.stalled
 

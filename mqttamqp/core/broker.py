@@ -67,8 +67,9 @@ from mqttamqp.core.routing.retained import RetainedStore
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.settlement import Outcome, Settlement
 from mqttamqp.core.routing.topicstats import TopicStats
+from mqttamqp.core.sessions.entries import ClientLink
 from mqttamqp.core.sessions.flow import FlowControl
-from mqttamqp.core.sessions.session import ClientLink, Session
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
 from mqttamqp.core.topics import SubscriptionTrie
@@ -241,7 +242,7 @@ class Broker:
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""
-        self.registry.relabel(session, protocol)
+        self.registry.drops.relabel(session, protocol)
         session.protocol = protocol
         session.attach(link)
         self.queues.session_online(session)

@@ -23,7 +23,8 @@ from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 
 __all__ = [
@@ -354,14 +355,14 @@ class ReadModel:
             retained_bytes=router.retained.payload_bytes,
             retained_sys=router.retained.sys_count, wills=len(self._wills),
             subscriptions=len(router.trie), messages_received=stats.messages_received,
-            messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
+            messages_sent=stats.messages_sent, messages_dropped=registry.drops.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,
             protocol_errors=stats.protocol_errors, bytes_received=stats.bytes_received,
             bytes_sent=stats.bytes_sent,
             # The archive's own counters; other recorders' are named "kind/counter".
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
-            storage_error=stats.storage_error, messages_queued=registry.queued_total(),
+            storage_error=stats.storage_error, messages_queued=registry.drops.queued_total(),
             queues_blocked=router.queues.alarm.reason or "",
             queue_bytes=router.queues.total_bytes,
             queue_memory_bytes=router.queues.resident)

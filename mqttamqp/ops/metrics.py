@@ -94,7 +94,8 @@ def _dropped(broker: Broker, stats: Any, denied: int
         ("congestion", "mqtt"): 0, ("queue", "mqtt"): 0, ("rejected", "amqp"): 0,
         ("denied", "amqp"): stats.publish_denied_amqp,
         ("denied", "mqtt"): denied - stats.publish_denied_amqp}
-    for family, (dropped, congested, rejected) in broker.registry.dropped_by_protocol().items():
+    drops = broker.registry.drops.dropped_by_protocol()
+    for family, (dropped, congested, rejected) in drops.items():
         out[("congestion", family)] = congested
         out[("queue", family)] = dropped - congested - rejected
         if rejected or family == "amqp":

@@ -21,7 +21,8 @@ from mqttamqp.core.clients.registry import SessionRegistry
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE
 from mqttamqp.core.routing.router import Router
-from mqttamqp.core.sessions.session import ClientLink, Session
+from mqttamqp.core.sessions.entries import ClientLink
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["GatewaySessions"]
 

@@ -75,7 +75,8 @@ from mqttamqp.core.persistence import (
 )
 from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches, validate_topic_filter
 from mqttamqp.records import record
 

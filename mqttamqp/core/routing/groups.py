@@ -27,8 +27,9 @@ from mqttamqp.core.persistence import Op, QueuedState
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.published import Gate, release_held
 from mqttamqp.core.routing.shared import SharedGroup
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible
-from mqttamqp.core.sessions.session import RETAIN_AS_PUBLISHED, OutEntry, Session
+from mqttamqp.core.sessions.session import RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import SubscriptionTrie
 
 __all__ = ["SharedGroups"]

@@ -15,8 +15,9 @@ from twisted.python.failure import Failure
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.manager import Refusal
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.records import record
 
 __all__ = ["Gate", "Published", "SUBSCRIBE_FAILURE", "release_held"]

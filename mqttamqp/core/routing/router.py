@@ -47,8 +47,9 @@ from mqttamqp.core.routing.published import (
 )
 from mqttamqp.core.routing.retained_feed import RetainedFeed
 from mqttamqp.core.routing.shared import SHARE_PREFIX, SharedGroup, parse_share
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible, QueueBoundLog
-from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, OutEntry, Session
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import (
     SubscriptionTrie,
