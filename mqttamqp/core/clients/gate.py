@@ -39,7 +39,8 @@ __all__ = ["ClientGate"]
 
 
 class ClientGate:
-    log = Logger(namespace="mqttamqp.core.broker")
+    # (the namespace these lines had before the port split: operators filter on it)
+    log = Logger(namespace="mqttamqp.core.broker.Broker")
 
     def __init__(self, clock: Clock, limits: Limits, stats: BrokerStats, recorder: Recorder,
                  log_limit: LogLimiter, authenticator: Authenticator,

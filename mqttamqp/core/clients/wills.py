@@ -38,6 +38,9 @@ from mqttamqp.core.topics import is_sys_topic, validate_topic_name
 
 __all__ = ["Wills"]
 
+# The AMQP will service's lines keep the namespace they had on the port (``Broker``).
+_port_log = Logger(namespace="mqttamqp.core.broker.Broker")
+
 
 class Wills:
     log = Logger(namespace="mqttamqp.core.broker")
@@ -142,8 +145,8 @@ class Wills:
         """An AMQP will link named ``owner`` attached: a will of that name stored
         before a restart is not published (its grace timer stops, it is deleted)."""
         if self.owner_returned(owner):
-            self.log.info("{o} is back within the will grace period; its will from before "
-                          "the restart is not published", o=owner)
+            _port_log.info("{o} is back within the will grace period; its will from before "
+                           "the restart is not published", o=owner)
             self.commits.watch(self.clear(owner), "clearing a will")
 
     def link_ended(self, owner: str, brute: bool, reason: str) -> None:
