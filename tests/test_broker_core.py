@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
+import pytest
 from fakes import ManualStore, MemoryStore, NullStore, SnapshotStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -881,3 +882,25 @@ def test_a_recorder_that_wants_no_messages_is_not_called_per_message() -> None:
     recorder.records_messages = True       # (a hook on messages was added)
     pub(broker, "t/2")
     assert calls.count("message") == 1
+
+
+def test_the_adapters_port_stays_under_40_methods() -> None:
+    """Broker is the port protocol adapters use: its own methods (not the parts it
+    hands out, nor the state it shows) stay under 40 (issue 25)."""
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0))
+    parts = {"gate", "gateway", "commands", "queues", "router", "registry", "sys_topics",
+             "view", "client_debug", "topic_stats", "clock", "store", "limits",
+             "authenticator", "authorizer", "recorder", "stats", "sessions",
+             "link_subscribers", "connections", "wills", "retained", "trie", "log"}
+    port = [name for name in dir(broker) if not name.startswith("_") and name not in parts]
+    assert len(port) < 40, port
+
+
+def test_a_broker_built_without_guards_bans_nobody_and_keeps_no_ban() -> None:
+    """Without ``guards`` (no ``mqttamqp.security``), nobody is banned and setting a
+    ban is refused rather than forgotten."""
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0))
+    assert broker.gate.banned("MQTT", "c", "u", "10.0.0.1:1") is None
+    with pytest.raises(ValueError):
+        broker.commands.ban("client_id", "c", None, "", "admin")
+    assert broker.view.bans() == []
