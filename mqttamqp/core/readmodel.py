@@ -8,7 +8,7 @@ it: which wills a connection owns (``will_owners``) and whether a will's owner i
 connected (``will_owner_connected``).
 
 What it must not do: change anything.  The console acts through the façade's
-commands (``Broker.force_will``, ``Broker.disconnect``, ...).
+commands (``ConsoleCommands.force_will``, ``ConsoleCommands.disconnect``, ...).
 """
 
 from __future__ import annotations

@@ -464,7 +464,7 @@ class Router:
         """``session`` goes offline (or away, ``forget_session`` follows): its shared
         QoS 1 messages, and its shared QoS 2 messages not yet sent, become loans to
         their groups, moved at once to members with room (the rest as members get
-        room, or back to it if it returns first; see ``core.shared``).  Its durable
+        room, or back to it if it returns first; see ``core.routing.shared``).  Its durable
         queue deliveries go back to their groups.  The moves are stored by the
         router itself; nothing is returned for the caller's commit."""
         self.queues.member_left(session)

@@ -64,7 +64,7 @@ __all__ = ["SHARE_PREFIX", "STRATEGIES", "SharedGroup", "parse_share", "route_fi
 
 
 class Member(Protocol):
-    """What a group needs of a member (a ``core.session.Session``)."""
+    """What a group needs of a member (a ``core.sessions.session.Session``)."""
 
     client_id: str
     persistent: bool
@@ -128,7 +128,7 @@ class SharedGroup(Generic[M]):
         self.backlog_bytes = 0
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        # Entries (``core.session.OutEntry``; the session module imports this one)
+        # Entries (``core.sessions.entries.OutEntry``)
         # still held, stored, by offline persistent members, oldest first.
         self.loans: deque[tuple[M, Any]] = deque()
         self.dropped = 0          # new messages refused by a full backlog

@@ -111,7 +111,7 @@ class Session(InflightWindow):
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
         # The user that created it (None: anonymous); with verified users, only that
-        # user may take it over or act on it (``Broker.may_claim``).
+        # user may take it over or act on it (``ClientGate.may_claim``).
         self.owner: str | None = None
         # Where deliveries go: the holder while ONLINE, else None.  Set only by
         # ``_enter`` (a plain attribute: it is read for every delivery).
