@@ -7,7 +7,7 @@ change without the console noticing), and the rules the console needs to read
 it: which wills a connection owns (``will_owners``) and whether a will's owner is
 connected (``will_owner_connected``).
 
-What it must not do: change anything.  The console acts through the façade's
+What it must not do: change anything.  The console acts through the operator's
 commands (``ConsoleCommands.force_will``, ``ConsoleCommands.disconnect``, ...).
 """
 
