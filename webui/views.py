@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
+from mqttamqp.core.auth import Ban
 from mqttamqp.core.message import Message
 from mqttamqp.core.readmodel import (
     ClientView,
@@ -27,7 +28,6 @@ from mqttamqp.core.readmodel import (
     SubscriptionView,
     WillView,
 )
-from mqttamqp.security.bans import Ban
 
 __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",

@@ -59,7 +59,7 @@ from mqttamqp.amqp.codec import (
     native_parts,
     recall_publish,
 )
-from mqttamqp.core.auth import Identity
+from mqttamqp.core.auth import Identity, PublishLimiter
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
@@ -76,7 +76,6 @@ from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
-from mqttamqp.security.admission import PublishRate
 
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
@@ -232,7 +231,7 @@ class LinkHost(Protocol):
     container_id: str
     serial: int
     peer: str
-    publish_rate: PublishRate | None
+    publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
 
     @property
@@ -509,7 +508,7 @@ class _SessionLink(OutgoingLink):
             sent.add(packet_id)
         elif self.over_credit_full():
             if session is not None:
-                self.broker.dropped(session, message.topic)
+                session.drop_congested(message.topic)
             return
         native = message.native if self.native else None
         props = message.props
@@ -1166,7 +1165,7 @@ class TopicPublisher(IncomingLink):
             # arrives meanwhile, and makes the pause longer.
             if self._rate_timer is None:
                 self.rate_blocked = True
-                self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
+                self.broker.gate.publish_rate_exceeded("AMQP", self.host.container_id, wait)
                 self._rate_timer = self.broker.clock.callLater(wait, self._rate_over)
             else:
                 self._rate_timer.reset(wait)

@@ -28,7 +28,8 @@ from mqttamqp.core.queues.addresses import (
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.metadata import without_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Pending, StreamRead
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Acknowledgements"]
 

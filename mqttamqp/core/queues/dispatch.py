@@ -24,7 +24,7 @@ from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
-from mqttamqp.core.sessions.session import OutEntry
+from mqttamqp.core.sessions.entries import OutEntry
 
 __all__ = ["Dispatch"]
 

@@ -17,7 +17,8 @@ from twisted.internet.defer import Deferred
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import QueueGroupRecord
 from mqttamqp.core.queues.addresses import STREAM, routing_key
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.records import record
 
