@@ -13,8 +13,9 @@ needs; it holds no rules of its own:
 * ``clients.gateway.GatewaySessions`` (``Broker.gateway``): what an MQTT front end
   asks over the MQTT-over-AMQP control services;
 * ``routing.router.Router`` (``Broker.router``): publish, subscribe, retained,
-  shared groups; ``routing.publishing.Publishing``: queue commands, exactly-once
-  QoS 2; ``routing.settlement.Settlement``: acknowledgements and outcomes;
+  shared groups; ``routing.publishing.Publishing`` (``Broker.publishing``): queue
+  commands, exactly-once QoS 2, topic counts; ``routing.settlement.Settlement``:
+  acknowledgements and outcomes;
 * ``queues.manager.QueueManager`` (``Broker.queues``): the durable queues;
 * ``sessions.flow.FlowControl``: paused publishers and the stall rule;
 * ``systopics.SysTopics`` (``Broker.sys_topics``): ``$SYS``;
@@ -116,7 +117,7 @@ class Broker:
                   limits.will_grace, self.recorder),
             flow, self.recorder)
         self._wills = wills = registry.wills
-        self._publishing = publishing = Publishing(commits, router, self.queues,
+        self.publishing = publishing = Publishing(commits, router, self.queues,
                                                    self.topic_stats, registry.sessions)
         self.sys_topics = SysTopics(clock, stats, router, registry, wills, self.recorder,
                                     queues=self.queues)
@@ -193,7 +194,7 @@ class Broker:
         return self.registry.online()
 
     def _publish_will(self, message: Message, extra_ops: Sequence[Op]) -> Published:
-        return self._publishing.publish_with(message, extra_ops)
+        return self.publishing.publish_with(message, extra_ops)
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class Publishing:
         self._commits = commits
         self._router = router
         self._queues = queues
-        self._topic_stats = topic_stats
+        self.topic_stats = topic_stats
         self._sessions = sessions
 
     def publish(self, message: Message, identity: Identity | None = None, *,
@@ -54,7 +54,7 @@ class Publishing:
         result = self._router.publish(message, identity, (), counted,
                                       count_drops=count_drops, queue=queue)
         if counted and not result.denied:
-            self._topic_stats.note(message.topic)
+            self.topic_stats.note(message.topic)
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")
@@ -79,7 +79,7 @@ class Publishing:
     def publish_with(self, message: Message, extra_ops: Sequence[Op]) -> Published:
         """The broker's own publish of a will, deleted in the same commit
         (``extra_ops``)."""
-        self._topic_stats.note(message.topic)
+        self.topic_stats.note(message.topic)
         return self._router.publish(message, None, extra_ops)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
@@ -103,7 +103,7 @@ class Publishing:
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True, count_drops=count_drops, queue=queue)
         if not result.denied:
-            self._topic_stats.note(message.topic)
+            self.topic_stats.note(message.topic)
         if result.durable is not None:
             result.durable.addErrback(_forget_inbound, session, packet_id)
         if result.refusal is not None or result.denied:
