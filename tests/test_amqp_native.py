@@ -29,7 +29,7 @@ from fakes import ManualStore, MemoryStore
 from proton import Data, Link, Message, Terminus, char, float32, symbol, timestamp, ulong
 from twisted.internet.defer import succeed
 
-from mqttamqp.amqp.codec import decode_message
+from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX
 
 

@@ -43,22 +43,18 @@ from twisted.python.failure import Failure
 
 from mqttamqp.amqp._engine import close_with, condition, ffi, lib, recv
 from mqttamqp.amqp.addresses import queue_topic
-from mqttamqp.amqp.codec import (
-    DecodeError,
-    InboundMessage,
-    Mqtt5Props,
-    PublishFields,
-    PublishMemo,
-    decode_message,
-    decode_publish,
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.encode import (
     encode_annotations,
     encode_control,
     encode_native,
     encode_publish,
     encode_publish5,
-    native_parts,
-    recall_publish,
 )
+from mqttamqp.amqp.codec.native import native_parts
+from mqttamqp.amqp.codec.publish import PublishFields, PublishMemo, decode_publish, recall_publish
+from mqttamqp.amqp.codec.sections import InboundMessage, decode_message
+from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.clients.connections import LinkInfo
