@@ -135,7 +135,7 @@ def test_a_peer_that_keeps_refused_links_is_closed_at_the_margin() -> None:
     """Refused links count until their peer detaches them; a peer attaching while
     the total and a margin (half the total, at least --amqp-max-links) are held is
     closed (amqp:resource-limit-exceeded): the total never grows past both."""
-    from mqttamqp.amqp.listener import refusal_margin
+    from mqttamqp.amqp.endpoints import refusal_margin
     from mqttamqp.core.limits import Limits
 
     assert refusal_margin(Limits()) == 30_000

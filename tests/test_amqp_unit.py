@@ -45,7 +45,8 @@ from mqttamqp.amqp.codec.encode import encode_publish
 from mqttamqp.amqp.codec.publish import PublishFields, PublishMemo, decode_publish, recall_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError, decode_value
-from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
+from mqttamqp.amqp.listener import AMQPFactory
+from mqttamqp.amqp.pump import ConnectionState
 from mqttamqp.amqp.sasl import (
     AMQP_HEADER,
     SASL_HEADER,
