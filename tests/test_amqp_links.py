@@ -248,6 +248,7 @@ def _subclasses(cls: type) -> list[type]:
 def test_every_link_class_is_slotted() -> None:
     """A link is held for as long as its peer keeps it, thousands at a time: no link
     class carries a per-instance dict (a slotted class is ~200 bytes smaller)."""
+    import mqttamqp.amqp.publisher
     import mqttamqp.amqp.queuelinks
     import mqttamqp.amqp.services  # noqa: F401  (their link classes)
 

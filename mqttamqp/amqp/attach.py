@@ -23,14 +23,8 @@ from twisted.logger import Logger
 
 from mqttamqp.amqp._engine import close_with, lib
 from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
-from mqttamqp.amqp.links import (
-    BrokerLink,
-    ControlOutlet,
-    LinkHost,
-    SessionOutlet,
-    TopicPublisher,
-    TopicSubscription,
-)
+from mqttamqp.amqp.links import BrokerLink, ControlOutlet, LinkHost
+from mqttamqp.amqp.publisher import TopicPublisher
 from mqttamqp.amqp.queuelinks import QueueSubscription, consumer_from_properties, queue_filter
 from mqttamqp.amqp.services import (
     PubrelLink,
@@ -38,6 +32,7 @@ from mqttamqp.amqp.services import (
     SubscriptionServiceLink,
     WillServiceLink,
 )
+from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
 from mqttamqp.core.queues.manager import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX

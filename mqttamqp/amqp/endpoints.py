@@ -27,7 +27,8 @@ from twisted.python.failure import Failure
 
 from mqttamqp.amqp._engine import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 from mqttamqp.amqp.attach import RESOURCE_LIMIT, attach, refuse_link
-from mqttamqp.amqp.links import BrokerLink, ControlOutlet, IncomingLink
+from mqttamqp.amqp.incoming import IncomingLink
+from mqttamqp.amqp.links import BrokerLink, ControlOutlet
 from mqttamqp.amqp.pump import ConnectionState, EnginePump
 from mqttamqp.amqp.services import SessionRequests, WillServiceLink
 from mqttamqp.core.auth import Identity

@@ -43,7 +43,7 @@ from twisted.python.failure import Failure
 from mqttamqp.amqp.attach import REFUSALS_LOGGED
 from mqttamqp.amqp.endpoints import SessionsAndLinks
 from mqttamqp.amqp.inspect import amqp_details
-from mqttamqp.amqp.links import BrokerLink, ControlOutlet, SessionOutlet
+from mqttamqp.amqp.links import BrokerLink, ControlOutlet
 from mqttamqp.amqp.pump import ConnectionState
 from mqttamqp.amqp.sasl import (
     Authenticate,
@@ -55,6 +55,7 @@ from mqttamqp.amqp.sasl import (
     StartAmqp,
 )
 from mqttamqp.amqp.services import WillServiceLink
+from mqttamqp.amqp.subscribers import SessionOutlet
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields

@@ -63,6 +63,8 @@ _CLOSED = ConnectionState.CLOSED
 
 
 @implementer(IPushProducer)
+
+
 class EnginePump(Protocol):
     """A connection's engine and socket; subclasses say what its events mean."""
 

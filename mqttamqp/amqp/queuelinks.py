@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from mqttamqp.amqp._engine import lib
-from mqttamqp.amqp.links import LinkHost, OutgoingLink, TopicSubscription
+from mqttamqp.amqp.links import LinkHost, OutgoingLink
+from mqttamqp.amqp.subscribers import TopicSubscription
 from mqttamqp.core.queues.manager import (
     CLASSIC,
     STREAM,

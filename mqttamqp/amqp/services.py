@@ -45,16 +45,15 @@ from mqttamqp.amqp.codec.contract import (
 from mqttamqp.amqp.codec.encode import encode_control
 from mqttamqp.amqp.codec.sections import InboundMessage
 from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.amqp.incoming import IncomingLink, message_properties
 from mqttamqp.amqp.links import (
     DECODE_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
     UNAUTHORIZED,
-    IncomingLink,
     LinkHost,
-    SessionOutlet,
-    message_properties,
 )
+from mqttamqp.amqp.subscribers import SessionOutlet
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE
 from mqttamqp.core.clock import DelayedCall
