@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqttamqp.amqp.addresses import queue_topic
+from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.amqp.codec.native import native_parts
 from mqttamqp.amqp.codec.publish import PublishFields, PublishMemo, decode_publish, recall_publish
 from mqttamqp.amqp.codec.values import DecodeError
@@ -33,7 +34,7 @@ from mqttamqp.amqp.links import (
     _delivery_settle,
     _delivery_update,
 )
-from mqttamqp.core.message import Message
+from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.manager import (
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
@@ -41,9 +42,15 @@ from mqttamqp.core.queues.manager import (
     is_queue_command,
     is_queue_topic,
 )
+from mqttamqp.core.routing.router import Published
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 
 __all__ = ["TopicPublisher"]
+
+# Where a sender's message goes (``TopicPublisher._route_of``): the fields it was
+# worked out from (the memo's, by identity), the topic, whether a durable queue's,
+# and the head and cut of the message's native form (``native_parts``).
+_Route = tuple[PublishFields, str, bool, bytes, int]
 
 # A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.
 _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
@@ -68,9 +75,15 @@ class TopicPublisher(IncomingLink):
         # What those sections meant for the last message (a memo hit): its fields
         # (the memo's, by identity), topic, whether a durable queue's, and the head
         # and cut of its native form (``native_parts``).
-        self._route: tuple[PublishFields, str, bool, bytes, int] | None = None
+        self._route: _Route | None = None
 
     def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
+        """A whole message to publish, in steps: its fields (this sender's memo, else
+        decoded), its route (the topic and native head: the memo's again, else
+        checked), the core's message, then either the exactly-once hold or routing
+        and the answer.  A step that refuses the message has rejected it and
+        returns None.  (The usual message, a memo hit, takes no step out of line
+        but ``_publish``: this is every message's path.)"""
         memo = self._memo
         if memo is None:
             memo = self._memo = PublishMemo()
@@ -78,85 +91,109 @@ class TopicPublisher(IncomingLink):
         if payload is not None:
             fields: PublishFields = memo.fields  # type: ignore[assignment]
         else:
-            try:
-                fields = decode_publish(data, presettled, memo)
-            except DecodeError as exc:
-                self.reject(dlv, DECODE_ERROR, exc.reason)
+            decoded = self._decode(dlv, data, presettled, memo)
+            if decoded is None:
                 return
-            payload = fields.payload
-        # (one unpacking: a NamedTuple's fields are properties, a call each)
-        (to, _, qos, retain, redelivered, wait, durable, bare_start, props_end, mqtt5,
-         priority) = fields
+            fields, payload = decoded, decoded.payload
         route = self._route
-        if route is not None and route[0] is fields:
-            # The same sections before the body as the message before (a memo hit):
-            # the same topic, checked already, and the same native head.
-            _, topic, queued, head, cut = route
-        else:
-            checked = self._check_topic(dlv, to)
-            if checked is None:
+        if route is None or route[0] is not fields:
+            route = self._route_of(dlv, data, fields, memo)
+            if route is None:
                 return
-            topic, queued = checked
-            try:
-                # (a durable queue keeps the bare message as sent: ``to`` too)
-                head, cut = native_parts(data, bare_start, props_end, to, topic, durable,
-                                         priority, queued)
-            except DecodeError as exc:   # decode_publish checked the sections
-                self.reject(dlv, DECODE_ERROR, exc.reason)
-                return
-            if fields is memo.fields:
-                self._route = (fields, topic, queued, head, cut)
-        host = self.host
-        broker = self.broker
+        # (one unpacking: a NamedTuple's fields are properties, a call each)
+        _, _, qos, retain, redelivered, wait, _, _, _, mqtt5, _ = fields
+        _, topic, queued, head, cut = route
         if payload is None:
-            broker.stats.messages_amqp_only += 1
-            if not self._warned_amqp_only:
-                self._warned_amqp_only = True
-                self.log.info("a message on {a} from {c} ({peer}) has a body with no MQTT "
-                              "form: it goes to AMQP receivers only (logged once per link)",
-                              a=self.address or "(anonymous)", c=host.container_id,
-                              peer=host.peer)
-        native = head + data[cut:]
-        if mqtt5 is None:
-            props = None
-        else:
-            try:
-                props = message_properties(mqtt5, payload)
-            except DecodeError as exc:
-                self.reject(dlv, DECODE_ERROR, exc.reason)
-                return
+            self._amqp_only()
+        props = None if mqtt5 is None else self._properties(dlv, mqtt5, payload)
+        if mqtt5 is not None and props is None:
+            return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
-                         host.container_id or None, broker.clock.seconds(), redelivered,
-                         native, payload is None, props)
+                         self.host.container_id or None, self.broker.clock.seconds(),
+                         redelivered, head + data[cut:], payload is None, props)
         if self.second and not presettled:
-            # Exactly once: Accepted now (unsettled), routed when the sender settles.
-            # Until then it still counts against the credit window, so a sender that
-            # never settles cannot make the broker hold more than the window.
-            if not broker.may_publish(host.identity, topic, routed.retain):
-                self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
-                return
-            held = self._held
-            if held is None:
-                held = self._held = {}
-            held[dlv] = routed
-            self.answer(dlv, ACCEPTED)
-            self.outstanding += 1
+            self._hold(dlv, routed)
             return
         # (a queue's append is always stored: Accepted waits for it)
-        result = broker.publish(routed, host.identity, wait=wait or queued)
+        self._publish(dlv, routed, presettled, wait or queued)
+
+    def _decode(self, dlv: Any, data: bytes, presettled: bool, memo: PublishMemo
+                ) -> PublishFields | None:
+        """The fields of a message the memo did not recognise (the memo learns its
+        sections if they can be remembered)."""
+        try:
+            return decode_publish(data, presettled, memo)
+        except DecodeError as exc:
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return None
+
+    def _route_of(self, dlv: Any, data: bytes, fields: PublishFields, memo: PublishMemo
+                  ) -> _Route | None:
+        """Where a message with these fields goes: its topic (checked), whether a
+        durable queue's, and the head and cut of its native form.  Remembered while
+        the sender's memo holds these fields: its next messages have the same."""
+        checked = self._check_topic(dlv, fields.to)
+        if checked is None:
+            return None
+        topic, queued = checked
+        try:
+            # (a durable queue keeps the bare message as sent: ``to`` too)
+            head, cut = native_parts(data, fields.bare_start, fields.props_end, fields.to,
+                                     topic, fields.durable, fields.priority, queued)
+        except DecodeError as exc:   # decode_publish checked the sections
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return None
+        route = (fields, topic, queued, head, cut)
+        if fields is memo.fields:
+            self._route = route
+        return route
+
+    def _properties(self, dlv: Any, mqtt5: Mqtt5Props, payload: bytes | None
+                    ) -> MessageProperties | None:
+        """The core's form of the message's MQTT 5 properties; None if they make it
+        unusable (a payload declared UTF-8 that is not: rejected)."""
+        try:
+            return message_properties(mqtt5, payload)
+        except DecodeError as exc:
+            self.reject(dlv, DECODE_ERROR, exc.reason)
+            return None
+
+    def _amqp_only(self) -> None:
+        """A message whose body has no MQTT form: counted, logged once per link."""
+        self.broker.stats.messages_amqp_only += 1
+        if not self._warned_amqp_only:
+            self._warned_amqp_only = True
+            host = self.host
+            self.log.info("a message on {a} from {c} ({peer}) has a body with no MQTT "
+                          "form: it goes to AMQP receivers only (logged once per link)",
+                          a=self.address or "(anonymous)", c=host.container_id,
+                          peer=host.peer)
+
+    def _hold(self, dlv: Any, routed: Message) -> None:
+        """Exactly once: Accepted now (unsettled), routed when the sender settles.
+        Until then it still counts against the credit window, so a sender that
+        never settles cannot make the broker hold more than the window."""
+        if not self.broker.may_publish(self.host.identity, routed.topic, routed.retain):
+            self.reject(dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
+            return
+        held = self._held
+        if held is None:
+            held = self._held = {}
+        held[dlv] = routed
+        self.answer(dlv, ACCEPTED)
+        self.outstanding += 1
+
+    def _publish(self, dlv: Any, routed: Message, presettled: bool, wait: bool) -> None:
+        """Route the message and answer it: a pre-settled one is settled; else
+        Accepted at once, or once durable; Rejected if denied or refused."""
+        result = self.broker.publish(routed, self.host.identity, wait=wait)
         if result.denied:
-            self.reject(dlv, UNAUTHORIZED, f"publishing to {topic!r} is not allowed")
+            self.reject(dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
             return
         if result.refusal is not None:
             self._refused(dlv, presettled, result.refusal)
             return
-        broker.stats.messages_received_amqp += 1
-        if result.congested:
-            self.block_until_drained(result.congested)
-        if result.blocked:
-            self.block_until_queues_writable()
-        if host.publish_rate is not None:
-            self._charge(routed)
+        self._routed(result, routed)
         if presettled:
             self.outstanding -= 1
             _delivery_settle(dlv)
@@ -174,6 +211,17 @@ class TopicPublisher(IncomingLink):
             self._answered()
             return
         self.answer_after(result.durable, dlv)
+
+    def _routed(self, result: Published, routed: Message) -> None:
+        """A message routed: counted, then no more credit while what it fed is
+        congested, the durable queues are full, or the publish budget is spent."""
+        self.broker.stats.messages_received_amqp += 1
+        if result.congested:
+            self.block_until_drained(result.congested)
+        if result.blocked:
+            self.block_until_queues_writable()
+        if self.host.publish_rate is not None:
+            self._charge(routed)
 
     def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
         """The topic a message with ``to`` goes to, and whether it is a durable
@@ -243,13 +291,7 @@ class TopicPublisher(IncomingLink):
             return
         self.outstanding -= 1
         self.top_up()
-        result = self.broker.publish(routed, wait=False)
-        self.broker.stats.messages_received_amqp += 1
-        if result.congested:
-            self.block_until_drained(result.congested)
-        if result.blocked:
-            self.block_until_queues_writable()
-        self._charge(routed)
+        self._routed(self.broker.publish(routed, wait=False), routed)
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:
