@@ -83,7 +83,7 @@ class TopicPublisher(IncomingLink):
         checked), the core's message, then either the exactly-once hold or routing
         and the answer.  A step that refuses the message has rejected it and
         returns None.  (The usual message, a memo hit, takes no step out of line
-        but ``_publish``: this is every message's path.)"""
+        but ``_publish`` and its ``_routed``: this is every message's path.)"""
         memo = self._memo
         if memo is None:
             memo = self._memo = PublishMemo()
@@ -105,9 +105,11 @@ class TopicPublisher(IncomingLink):
         _, topic, queued, head, cut = route
         if payload is None:
             self._amqp_only()
-        props = None if mqtt5 is None else self._properties(dlv, mqtt5, payload)
-        if mqtt5 is not None and props is None:
-            return
+        props = None
+        if mqtt5 is not None:
+            props = self._properties(dlv, mqtt5, payload)
+            if props is None:
+                return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
                          self.host.container_id or None, self.broker.clock.seconds(),
                          redelivered, head + data[cut:], payload is None, props)
