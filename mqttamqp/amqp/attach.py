@@ -22,7 +22,6 @@ from typing import Any, Protocol
 from proton import Data, Terminus, symbol
 from twisted.logger import Logger
 
-from mqttamqp.amqp._engine import close_with, lib
 from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
 from mqttamqp.amqp.links import BrokerLink, ControlOutlet, LinkHost
 from mqttamqp.amqp.publisher import TopicPublisher
@@ -42,6 +41,7 @@ from mqttamqp.core.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from mqttamqp.net.rawproton import close_with, lib
 
 __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY", "RESOURCE_LIMIT",
            "REFUSALS_LOGGED"]

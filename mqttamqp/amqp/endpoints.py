@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 from proton import Endpoint, Event, Link
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
+from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp.attach import RESOURCE_LIMIT, attach, refuse_link
 from mqttamqp.amqp.incoming import IncomingLink
 from mqttamqp.amqp.links import BrokerLink, ControlOutlet
@@ -36,6 +36,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.net.rawproton import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 
 __all__ = ["SessionsAndLinks", "LinkRegisters", "refusal_margin", "transport_error_cause"]
 
@@ -62,8 +63,8 @@ class SessionsAndLinks(EnginePump):
     """A connection's endpoints: the ``LinkHost`` its links know."""
 
     def __init__(self, broker: Broker, clock: Clock, idle_timeout: float,
-                 registers: LinkRegisters, serial: int) -> None:
-        super().__init__(broker, clock, idle_timeout)
+                 meter: DeliveryMeter, registers: LinkRegisters, serial: int) -> None:
+        super().__init__(broker, clock, idle_timeout, meter)
         self.registers = registers
         self.serial = serial
         self.identity = Identity("")          # who opened it (``listener``)
@@ -201,7 +202,7 @@ class SessionsAndLinks(EnginePump):
         self._hold_links(1)
         limits = self.limits
         if self.links_held > limits.amqp_max_links:
-            self.broker.stats.limit_hit("amqp_links")
+            self.meter.limit_hit("amqp_links")
             self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
                           "(--amqp-max-links); closing it", c=self.container_id or "?",
                           peer=self.peer, n=limits.amqp_max_links)
@@ -210,7 +211,7 @@ class SessionsAndLinks(EnginePump):
             return
         total = self.registers.links_held
         if total > limits.amqp_max_links_total:
-            self.broker.stats.limit_hit("amqp_links_total")
+            self.meter.limit_hit("amqp_links_total")
             self.registers.links_full()
             if total > refusal_margin(limits):
                 # Refused links are held until their peers detach them (a
@@ -259,7 +260,7 @@ class SessionsAndLinks(EnginePump):
         self.held_bytes += delta
         limit = self.limits.amqp_max_held_bytes
         if delta > 0 and self.held_bytes > limit and self.state is not ConnectionState.CLOSED:
-            self.broker.stats.limit_hit("amqp_held_bytes")
+            self.meter.limit_hit("amqp_held_bytes")
             self.log.warn("AMQP connection of {c} ({peer}) has more than {n} bytes of "
                           "unfinished messages (--amqp-max-held-bytes); closing it",
                           c=self.container_id or "?", peer=self.peer, n=limit)
@@ -279,7 +280,7 @@ class SessionsAndLinks(EnginePump):
             if what.startswith("amqp:resource-limit-exceeded"):
                 self._lost_reason = f"idle time-out ({what.partition(': ')[2]})"
             elif "channel_max" in what:
-                self.broker.stats.limit_hit("amqp_sessions")
+                self.meter.limit_hit("amqp_sessions")
                 self._lost_reason = (f"too many sessions (more than "
                                      f"{self.limits.amqp_max_sessions}, --amqp-max-sessions)")
                 self.log.warn("AMQP connection of {c} ({peer}) began more than {n} sessions "

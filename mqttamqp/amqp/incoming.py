@@ -17,32 +17,34 @@ from proton import Condition, Delivery, Link
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import recv
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.amqp.codec.sections import InboundMessage, decode_message
 from mqttamqp.amqp.codec.values import DecodeError
-from mqttamqp.amqp.links import (  # (the proton-c calls of the per-message path)
+from mqttamqp.amqp.links import (
     ACCEPTED,
     DECODE_ERROR,
     REJECTED,
     RELEASED,
     BrokerLink,
     LinkHost,
-    _decref,
-    _delivery_aborted,
-    _delivery_partial,
-    _delivery_pending,
-    _delivery_readable,
-    _delivery_settle,
-    _delivery_settled,
-    _delivery_update,
-    _incref,
-    _link_advance,
-    _link_credit,
-    _link_flow,
 )
 from mqttamqp.core.message import MessageProperties
 from mqttamqp.core.sessions.flow import Congestible
+from mqttamqp.net.rawproton import (
+    decref,
+    delivery_aborted,
+    delivery_partial,
+    delivery_pending,
+    delivery_readable,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    incref,
+    link_advance,
+    link_credit,
+    link_flow,
+    recv,
+)
 
 __all__ = ["IncomingLink", "message_properties"]
 
@@ -112,9 +114,9 @@ class IncomingLink(BrokerLink):
             return
         impl = self.impl
         want = self.window - self.outstanding
-        have = _link_credit(impl)
+        have = link_credit(impl)
         if want - have >= self._refill or (have <= 0 < want):
-            _link_flow(impl, want - have)
+            link_flow(impl, want - have)
             have = want
             self.host.schedule_flush()
         self._owed = want - have
@@ -136,18 +138,18 @@ class IncomingLink(BrokerLink):
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
         if self.closed:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             return
-        if not _delivery_readable(dlv):
-            if _delivery_settled(dlv):
+        if not delivery_readable(dlv):
+            if delivery_settled(dlv):
                 self.on_remote_settled(dlv)
             return
         impl = self.impl
-        if _delivery_partial(dlv):
-            if _delivery_aborted(dlv):
+        if delivery_partial(dlv):
+            if delivery_aborted(dlv):
                 self._aborted(dlv)
                 return
-            pending = _delivery_pending(dlv)
+            pending = delivery_pending(dlv)
             if pending > self.max_size:   # (detach releases what it held)
                 self._too_large()
                 return
@@ -167,8 +169,8 @@ class IncomingLink(BrokerLink):
         if len(data) > self.max_size:
             self._too_large()
             return
-        _link_advance(impl)
-        presettled: bool = _delivery_settled(dlv)
+        link_advance(impl)
+        presettled: bool = delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
@@ -178,8 +180,8 @@ class IncomingLink(BrokerLink):
         if self._partial:
             self.host.hold(-self._partial)
             self._partial = 0
-        _link_advance(self.impl)
-        _delivery_settle(dlv)
+        link_advance(self.impl)
+        delivery_settle(dlv)
         # (it took a credit and will not be answered: owed back, with the top-up an
         # answer would bring, or a sender whose last transfers were aborted could be
         # left without credit)
@@ -203,7 +205,7 @@ class IncomingLink(BrokerLink):
 
     def on_remote_settled(self, dlv: Any) -> None:
         """The sender settled a delivery we had answered (rcv-settle-mode second)."""
-        _delivery_settle(dlv)
+        delivery_settle(dlv)
 
     # answering ----------------------------------------------------------------------
 
@@ -211,17 +213,17 @@ class IncomingLink(BrokerLink):
         if self.closed:
             return
         self.outstanding -= 1
-        if not _delivery_settled(dlv):
+        if not delivery_settled(dlv):
             if condition is not None:
                 wrapped = Delivery.wrap(dlv)  # type: ignore[no-untyped-call]
                 wrapped.local.condition = Condition(*condition)
                 wrapped.update(state)   # copies the condition into the engine
             else:
-                _delivery_update(dlv, state)
+                delivery_update(dlv, state)
             if not self.second:
-                _delivery_settle(dlv)
+                delivery_settle(dlv)
         else:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
         self._answered()
         self.host.schedule_flush()
 
@@ -240,13 +242,13 @@ class IncomingLink(BrokerLink):
             if then is not None:
                 then()
             return
-        _incref(dlv)  # held across the commit
+        incref(dlv)  # held across the commit
 
         def done(_: object) -> None:
             try:
                 self.answer(dlv, ACCEPTED)
             finally:
-                _decref(dlv)
+                decref(dlv)
             if then is not None and not self.closed:
                 then()
 
@@ -257,7 +259,7 @@ class IncomingLink(BrokerLink):
             try:
                 self.answer(dlv, RELEASED)
             finally:
-                _decref(dlv)
+                decref(dlv)
 
         d.addCallbacks(done, failed)
 

@@ -30,11 +30,27 @@ from typing import Any, Protocol
 from proton import Delivery, Link
 from twisted.logger import Logger
 
-from mqttamqp.amqp._engine import close_with, condition, ffi, lib
+from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
+from mqttamqp.net.rawproton import (
+    close_with,
+    condition,
+    delivery_remote,
+    delivery_remote_state,
+    delivery_settle,
+    delivery_settled,
+    disposition_is_failed,
+    from_buffer,
+    lib,
+    link_advance,
+    link_credit,
+    link_queued,
+    link_send,
+    new_delivery,
+)
 from mqttamqp.security.admission import PublishRate
 
 __all__ = [
@@ -56,26 +72,6 @@ PRECONDITION_FAILED = "amqp:precondition-failed"
 NOT_ALLOWED = "amqp:not-allowed"
 
 
-# The proton-c functions of the per-message path, looked up once.
-_decref = lib.pn_decref
-_delivery_aborted = lib.pn_delivery_aborted
-_delivery_partial = lib.pn_delivery_partial
-_delivery_pending = lib.pn_delivery_pending
-_delivery_readable = lib.pn_delivery_readable
-_delivery_remote = lib.pn_delivery_remote
-_delivery_remote_state = lib.pn_delivery_remote_state
-_delivery_settle = lib.pn_delivery_settle
-_delivery_settled = lib.pn_delivery_settled
-_delivery_update = lib.pn_delivery_update
-_disposition_is_failed = lib.pn_disposition_is_failed
-_incref = lib.pn_incref
-_from_buffer = ffi.from_buffer
-_new_delivery = lib.pn_delivery
-_link_advance = lib.pn_link_advance
-_link_send = lib.pn_link_send
-_link_credit = lib.pn_link_credit
-_link_flow = lib.pn_link_flow
-_link_queued = lib.pn_link_queued
 
 
 def settle_mode_name(mode: int) -> str:
@@ -97,6 +93,7 @@ class LinkHost(Protocol):
     peer: str
     publish_rate: PublishRate | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
+    meter: DeliveryMeter     # the core's counters, written the adapters' way
 
     def schedule_flush(self) -> None: ...
 
@@ -138,7 +135,7 @@ class BrokerLink:
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         self.host = host
         self.plink = plink
-        self.impl: Any = plink._impl     # raw pointer for the per-message path (_engine)
+        self.impl: Any = plink._impl     # raw pointer for the per-message path (rawproton)
         self.address = address
         self.name: str = plink.name
         self.broker = host.broker
@@ -216,29 +213,31 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
+    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None,
+                 published_at: float = 0.0) -> None:
+        """Hand one delivery to the engine; ``published_at``: a message's receipt
+        time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
-        if _link_credit(impl) <= 0:
+        if link_credit(impl) <= 0:
             # Waits inside the engine until the peer grants credit.
-            if _link_queued(impl) == 0:
+            if link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        # (``_engine.send``, inline: this is every message's path)
-        dlv = _new_delivery(impl, (len(tag), _from_buffer(tag)))
-        _link_send(impl, data, len(data))
-        _link_advance(impl)
+        # (``rawproton``, inline: this is every message's path)
+        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        link_send(impl, data, len(data))
+        link_advance(impl)
         if settled:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
         elif key is not None:
             awaiting = self._awaiting
             if awaiting is None:
                 awaiting = self._awaiting = {}
             awaiting[dlv] = key
         self.delivered += 1
-        stats = self.broker.stats
-        stats.messages_sent += 1   # (bytes are counted per socket write)
-        stats.messages_sent_amqp += 1
-        self.host.schedule_flush()
+        host = self.host
+        host.meter.transferred(published_at)   # (bytes are counted per socket write)
+        host.schedule_flush()
 
     @property
     def credit_room(self) -> bool:
@@ -246,12 +245,12 @@ class OutgoingLink(BrokerLink):
         the core feeds retained messages, and shared groups their QoS 0 ones, only
         then (``Session.has_room``)."""
         impl = self.impl
-        return bool(_link_credit(impl) > _link_queued(impl))
+        return bool(link_credit(impl) > link_queued(impl))
 
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
         impl = self.impl
-        return (_link_credit(impl) <= 0 and _link_queued(impl) > 0
+        return (link_credit(impl) <= 0 and link_queued(impl) > 0
                 and self._over_credit_bytes > self.host.limits.congested_qos0_bytes)
 
     def on_flow(self) -> None:
@@ -272,15 +271,15 @@ class OutgoingLink(BrokerLink):
 
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer (its outcome)."""
-        state = _delivery_remote_state(dlv)
-        if state not in _TERMINAL and not _delivery_settled(dlv):
+        state = delivery_remote_state(dlv)
+        if state not in _TERMINAL and not delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
         failed = state == MODIFIED and bool(
-            _disposition_is_failed(_delivery_remote(dlv)))
+            disposition_is_failed(delivery_remote(dlv)))
         reason = _rejected_reason(dlv) if state == REJECTED else None
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None
-        _delivery_settle(dlv)  # its address may be reused from here on
+        delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
             self.outcome(key, state, failed, reason)
 
@@ -293,7 +292,7 @@ def _rejected_reason(dlv: Any) -> str | None:
     """The error description of the peer's Rejected outcome on ``dlv`` (a durable
     queue dead-letters with it), bytes that are not UTF-8 escaped; None if it gave
     none."""
-    both = condition(lib.pn_disposition_condition(_delivery_remote(dlv)))
+    both = condition(lib.pn_disposition_condition(delivery_remote(dlv)))
     if both is None:
         return None
     name, description = both

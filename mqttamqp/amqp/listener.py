@@ -21,7 +21,7 @@ peer sent that is not valid UTF-8 is the peer's error, not ours: proton's classe
 raise ``UnicodeDecodeError`` when one is read, and wherever that happens while
 handling the peer's frames the connection is closed with ``amqp:decode-error`` and
 one line a minute is logged for that cause (``_undecodable``); error conditions
-are read through ``_engine.describe``, which escapes such bytes instead.
+are read through ``net.rawproton.describe``, which escapes such bytes instead.
 
 What it must not do: decode message bodies (``codec``), hold routing rules (the
 core), or block the reactor.
@@ -40,6 +40,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp.attach import REFUSALS_LOGGED
 from mqttamqp.amqp.endpoints import SessionsAndLinks
 from mqttamqp.amqp.inspect import amqp_details
@@ -69,8 +70,8 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.netio import plain_tcp
-from mqttamqp.tls import verified_common_name
+from mqttamqp.net.tcp import plain_tcp
+from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "DEFAULT_IDLE_TIMEOUT"]
 
@@ -86,8 +87,8 @@ class AMQPConnection(SessionsAndLinks):
     """One AMQP connection: its states, SASL, its open and the console's view."""
 
     def __init__(self, factory: AMQPFactory) -> None:
-        super().__init__(factory.broker, factory.clock, factory.idle_timeout, factory,
-                         next(factory.serials))
+        super().__init__(factory.broker, factory.clock, factory.idle_timeout, factory.meter,
+                         factory, next(factory.serials))
         self.factory = factory
         self.key = f"amqp:{self.serial}"
         self.username: str | None = None
@@ -126,7 +127,7 @@ class AMQPConnection(SessionsAndLinks):
             return
         if state is _CLOSED:
             return
-        self.broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         if self.sasl.state is SaslState.HEADER and self.factory.cert_as_user:
             self._offer_external()
@@ -154,7 +155,7 @@ class AMQPConnection(SessionsAndLinks):
         if cause == CAUSE_PROTOCOL_ERROR:
             # One cause, one count: every connection closed for a protocol error
             # (also one that never opened, which is no disconnect) is counted here.
-            self.broker.stats.protocol_errors += 1
+            self.meter.protocol_error()
         self.broker.unregister_connection(self.key, self, cause, why)
         self._end_links(brute=not self._peer_closed, reason=why)
         ptrans = self.ptrans
@@ -242,7 +243,7 @@ class AMQPConnection(SessionsAndLinks):
                 d.addCallback(self._authenticated)
                 d.addErrback(self._authentication_failed)
             elif isinstance(step, Refuse):
-                self.broker.stats.connections_refused += 1
+                self.meter.refused()
                 self.log.warn("refused AMQP connection from {peer}: {r}", peer=self.peer,
                               r=step.reason)
                 self._write(step.data)
@@ -352,7 +353,7 @@ class AMQPConnection(SessionsAndLinks):
         self._handshake_timer = None
         if self.state is ConnectionState.OPEN or self.state is ConnectionState.CLOSED:
             return
-        self.broker.stats.connections_refused += 1
+        self.meter.refused()
         self.log.warn("AMQP connection from {peer} did not open within {t:g}s; closing",
                       peer=self.peer, t=self.limits.connect_timeout)
         self.state = ConnectionState.CLOSED
@@ -380,6 +381,7 @@ class AMQPFactory(Factory):
         self.control_outlets: dict[str, list[ControlOutlet]] = {}
         self.will_links: dict[str, BrokerLink] = {}
         self.serials = itertools.count(1)
+        self.meter = DeliveryMeter(broker.stats)   # shared by its connections and links
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
         self.log_limit = LogLimiter(clock.seconds)   # log lines per cause a minute
@@ -392,7 +394,7 @@ class AMQPFactory(Factory):
 
     def hold_links(self, delta: int) -> None:
         self.links_held += delta
-        self.broker.stats.amqp_links = self.links_held
+        self.meter.links_attached(self.links_held)
         if (self._links_full and self.links_held
                 < self.broker.limits.amqp_max_links_total * 0.9):
             self._links_full = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.amqp.codec.native import native_parts
@@ -31,8 +32,6 @@ from mqttamqp.amqp.links import (
     REJECTED,
     UNAUTHORIZED,
     LinkHost,
-    _delivery_settle,
-    _delivery_update,
 )
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.manager import (
@@ -44,6 +43,7 @@ from mqttamqp.core.queues.manager import (
 )
 from mqttamqp.core.routing.router import Published
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
+from mqttamqp.net.rawproton import delivery_settle, delivery_update
 
 __all__ = ["TopicPublisher"]
 
@@ -60,7 +60,7 @@ _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
 class TopicPublisher(IncomingLink):
     """A sender to a topic address, or to the null address with ``to`` on each message."""
 
-    __slots__ = ("_held", "_memo", "_rate_timer", "_route", "_warned_amqp_only", "topic")
+    __slots__ = ("_held", "_memo", "_route", "_throttle", "_warned_amqp_only", "topic")
 
     def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
         super().__init__(host, plink, topic or "")
@@ -69,7 +69,9 @@ class TopicPublisher(IncomingLink):
         # the first: only rcv-settle-mode second has any).
         self._held: dict[Any, Message] | None = None
         self._warned_amqp_only = False
-        self._rate_timer: Any = None
+        rate = host.publish_rate   # the connection's budget, shared by its senders
+        self._throttle = (None if rate is None else PublishThrottle(
+            rate, host.broker.clock, self._rate_paused, self._rate_over))
         # This sender's sections before the body (made with its first message).
         self._memo: PublishMemo | None = None
         # What those sections meant for the last message (a memo hit): its fields
@@ -162,7 +164,7 @@ class TopicPublisher(IncomingLink):
 
     def _amqp_only(self) -> None:
         """A message whose body has no MQTT form: counted, logged once per link."""
-        self.broker.stats.messages_amqp_only += 1
+        self.host.meter.amqp_only()
         if not self._warned_amqp_only:
             self._warned_amqp_only = True
             host = self.host
@@ -198,7 +200,7 @@ class TopicPublisher(IncomingLink):
         self._routed(result, routed)
         if presettled:
             self.outstanding -= 1
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             self._answered()
             return
         if result.durable is None:
@@ -208,8 +210,8 @@ class TopicPublisher(IncomingLink):
             if self.closed:
                 return
             self.outstanding -= 1
-            _delivery_update(dlv, ACCEPTED)
-            _delivery_settle(dlv)
+            delivery_update(dlv, ACCEPTED)
+            delivery_settle(dlv)
             self._answered()
             return
         self.answer_after(result.durable, dlv)
@@ -217,13 +219,13 @@ class TopicPublisher(IncomingLink):
     def _routed(self, result: Published, routed: Message) -> None:
         """A message routed: counted, then no more credit while what it fed is
         congested, the durable queues are full, or the publish budget is spent."""
-        self.broker.stats.messages_received_amqp += 1
+        self.host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
         if result.blocked:
             self.block_until_queues_writable()
-        if self.host.publish_rate is not None:
-            self._charge(routed)
+        if self._throttle is not None:
+            self._throttle.charge(len(routed.payload))
 
     def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
         """The topic a message with ``to`` goes to, and whether it is a durable
@@ -257,30 +259,19 @@ class TopicPublisher(IncomingLink):
         self.rejected += 1
         if presettled:
             self.outstanding -= 1
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             self.top_up()
             return
         condition = _REFUSAL_CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
         self.answer(dlv, REJECTED, (condition, refusal.reason))
 
-    def _charge(self, routed: Message) -> None:
-        """A message routed: charge the connection's publish budget, if it has one."""
-        rate = self.host.publish_rate
-        if rate is None:
-            return
-        wait = rate.take(len(routed.payload))
-        if wait > 0:
-            # No more credit until the budget is back: what the peer still holds
-            # arrives meanwhile, and makes the pause longer.
-            if self._rate_timer is None:
-                self.rate_blocked = True
-                self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
-                self._rate_timer = self.broker.clock.callLater(wait, self._rate_over)
-            else:
-                self._rate_timer.reset(wait)
+    def _rate_paused(self, wait: float) -> None:
+        # No more credit until the budget is back: what the peer still holds
+        # arrives meanwhile, and makes the pause longer (``PublishThrottle``).
+        self.rate_blocked = True
+        self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
 
     def _rate_over(self) -> None:
-        self._rate_timer = None
         self.rate_blocked = False
         if not self.closed:
             self.top_up()
@@ -288,7 +279,7 @@ class TopicPublisher(IncomingLink):
     def on_remote_settled(self, dlv: Any) -> None:
         held = self._held
         routed = held.pop(dlv, None) if held else None
-        _delivery_settle(dlv)
+        delivery_settle(dlv)
         if routed is None or self.closed:
             return
         self.outstanding -= 1
@@ -298,9 +289,8 @@ class TopicPublisher(IncomingLink):
 
     def ended(self, brute: bool, reason: str) -> None:
         super().ended(brute, reason)
-        if self._rate_timer is not None and self._rate_timer.active():
-            self._rate_timer.cancel()
-        self._rate_timer = None
+        if self._throttle is not None:
+            self._throttle.stop()
         if self._held:
             self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
                           "sender; not routed", n=len(self._held), a=self.address)

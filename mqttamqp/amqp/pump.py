@@ -29,7 +29,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
-from mqttamqp.amqp._engine import (
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.amqp.links import BrokerLink, OutgoingLink
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.limits import Limits
+from mqttamqp.net.rawproton import (
     delivery_link,
     event_delivery,
     free_link,
@@ -39,12 +45,7 @@ from mqttamqp.amqp._engine import (
     pop_event,
     tick,
 )
-from mqttamqp.amqp.links import BrokerLink, OutgoingLink
-from mqttamqp.core.broker import Broker
-from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
-from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.limits import Limits
-from mqttamqp.netio import send
+from mqttamqp.net.tcp import send
 
 __all__ = ["EnginePump", "ConnectionState"]
 
@@ -71,8 +72,10 @@ class EnginePump(Protocol):
     log = Logger()
     transport: Any
 
-    def __init__(self, broker: Broker, clock: Clock, idle_timeout: float) -> None:
+    def __init__(self, broker: Broker, clock: Clock, idle_timeout: float,
+                 meter: DeliveryMeter) -> None:
         self.broker = broker
+        self.meter = meter       # the core's counters, written the adapters' way
         self.clock = clock
         self.limits: Limits = broker.limits
         self.idle_timeout = idle_timeout
@@ -187,7 +190,7 @@ class EnginePump(Protocol):
     def _engine_input(self, data: bytes) -> None:
         ptrans = self.ptrans
         broker = self.broker
-        broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         self.last_activity = self.clock.seconds()
         # Everything one socket read causes goes to the store as one batch (one
@@ -323,9 +326,9 @@ class EnginePump(Protocol):
             self._drop()
 
     def _write(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
         self.bytes_out += len(data)
-        self.broker.stats.bytes_sent += len(data)
+        self.meter.sent_bytes(len(data))
 
     def _drop(self) -> None:
         """Close the socket once written (the engine is done or the peer refused)."""

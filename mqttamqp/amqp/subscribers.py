@@ -36,14 +36,12 @@ from mqttamqp.amqp.links import (
     RELEASED,
     LinkHost,
     OutgoingLink,
-    _delivery_remote_state,
-    _delivery_settle,
 )
 from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.manager import METADATA_KEYS
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
+from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle
 
 __all__ = ["PublishRequests", "OutletHost", "TopicSubscription", "SessionOutlet"]
 
@@ -232,17 +230,15 @@ class _SessionLink(OutgoingLink):
         else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds(), first)
-        stats = self.broker.stats
-        if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
-            stats.deliver_sampled(message.timestamp)
         if self.host.write_blocked:
             self._backlog += len(data)
         if packet_id is None:
             settled = self.presettled or self.mixed
-            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled)
+            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
+                          None, message.timestamp)
             return
         self.transfer(b"%d" % packet_id, data, self.presettled,
-                      packet_id if qos == 1 else packet_id | _QOS2)
+                      packet_id if qos == 1 else packet_id | _QOS2, message.timestamp)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -270,14 +266,14 @@ class _SessionLink(OutgoingLink):
     # outcomes ------------------------------------------------------------------------
 
     def on_delivery(self, dlv: Any) -> None:
-        if _delivery_remote_state(dlv) != ACCEPTED:
+        if delivery_remote_state(dlv) != ACCEPTED:
             super().on_delivery(dlv)
             return
         # Accepted, the usual outcome: ``on_delivery``, ``outcome`` and ``_finished``
         # of that case in one.
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None
-        _delivery_settle(dlv)  # its address may be reused from here on
+        delivery_settle(dlv)  # its address may be reused from here on
         if key is None:
             return
         if key < 0:
