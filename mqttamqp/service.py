@@ -136,7 +136,7 @@ class BrokerService(service.MultiService):
         return self.add_listener("MQTT-WS", description, self.mqtt_ws_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
-        from webui.site import make_site
+        from mqttamqp.console.site import make_site
 
         if self.web_site is None:
             self.web_site = make_site(self)

@@ -33,7 +33,7 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
-from mqttamqp.core.queues.manager import Consumer, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX
 from mqttamqp.core.topics import (

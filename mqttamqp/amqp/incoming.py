@@ -51,8 +51,8 @@ __all__ = ["IncomingLink", "message_properties"]
 
 def message_properties(props: Mqtt5Props | None, payload: bytes | None
                        ) -> MessageProperties | None:
-    """The core's form of the MQTT 5 properties an AMQP message carries (README ›
-    AMQP 1.0, the mapping); ``DecodeError`` when it declares its payload UTF-8 (payload
+    """The core's form of the MQTT 5 properties an AMQP message carries (docs/amqp.md,
+    the mapping); ``DecodeError`` when it declares its payload UTF-8 (payload
     format 1) and it is not, as an MQTT 5 publisher gets 0x99 for that."""
     if props is None:
         return None

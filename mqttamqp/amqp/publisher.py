@@ -34,7 +34,7 @@ from mqttamqp.amqp.links import (
     LinkHost,
 )
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     Refusal,

@@ -19,7 +19,7 @@ from typing import Any
 
 from mqttamqp.amqp.links import LinkHost, OutgoingLink
 from mqttamqp.amqp.subscribers import TopicSubscription
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     CLASSIC,
     STREAM,
     Consumer,

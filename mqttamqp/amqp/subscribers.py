@@ -39,7 +39,7 @@ from mqttamqp.amqp.links import (
 )
 from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import METADATA_KEYS
+from mqttamqp.core.queues.metadata import METADATA_KEYS
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle
 

@@ -46,7 +46,7 @@ from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.queues.manager import Consumer, is_queue_command, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, is_queue_command, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,

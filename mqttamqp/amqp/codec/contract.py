@@ -1,4 +1,4 @@
-"""The MQTT-over-AMQP contract's fields of a received message (README › AMQP 1.0):
+"""The MQTT-over-AMQP contract's fields of a received message (docs/amqp.md):
 its QoS with the fallback, retain, the payload of a Data or AmqpValue body (and the
 JSON form MQTT subscribers get of other bodies), and the MQTT 5 properties in
 their AMQP places.
@@ -146,7 +146,7 @@ def _kind(value: Any) -> str:
 
 
 class Mqtt5Props(NamedTuple):
-    """The MQTT 5 message properties in their AMQP places (README › AMQP 1.0, the
+    """The MQTT 5 message properties in their AMQP places (docs/amqp.md, the
     mapping table): the core's ``MessageProperties`` field for field, in its order,
     so that the adapter converts with ``MessageProperties(*props)``.  Between
     adapter and codec ``expiry_interval`` is the *remaining* interval, in seconds."""
