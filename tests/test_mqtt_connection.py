@@ -114,7 +114,7 @@ def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     runs at most once more, doing nothing, and is gone."""
     from twisted.internet.task import Clock
 
-    from mqttamqp.mqtt.connection import Deadlines
+    from mqttamqp.mqtt.deadlines import Deadlines
 
     clock = Clock()
     fired: list[str] = []
@@ -144,7 +144,7 @@ def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> Non
     cancelled entries piled up until their (possibly distant) deadlines."""
     from twisted.internet.task import Clock
 
-    from mqttamqp.mqtt.connection import Deadlines
+    from mqttamqp.mqtt.deadlines import Deadlines
 
     clock = Clock()
     fired: list[str] = []
@@ -175,7 +175,7 @@ def test_deadlines_added_and_cancelled_in_turn_keep_one_timer() -> None:
     deadline still fires on time afterwards."""
     from twisted.internet.task import Clock
 
-    from mqttamqp.mqtt.connection import Deadlines
+    from mqttamqp.mqtt.deadlines import Deadlines
 
     clock = Clock()
     fired: list[str] = []

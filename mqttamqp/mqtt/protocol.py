@@ -72,10 +72,10 @@ from mqttamqp.mqtt.connection import (
     AckQueue,
     ConnectionRules,
     ConnectionState,
-    Deadlines,
     Keepalive,
     StringRules,
 )
+from mqttamqp.mqtt.deadlines import Deadlines
 from mqttamqp.mqtt.packets import (
     PROTOCOL_5,
     PROTOCOL_31,
