@@ -24,9 +24,8 @@ that need it, live in ``v5``.
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -56,9 +55,10 @@ from mqttamqp.core.recorder import (
     CAUSE_TAKEN_OVER,
 )
 from mqttamqp.core.routing.shared import route_filter
-from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_matches
+from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
@@ -76,11 +76,16 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.decisions import (
+    Answer,
+    Close,
+    Connecting,
+    Refuse,
+    ack_frame,
+    problem,
+    violation_code,
+)
 from mqttamqp.mqtt.packets import (
-    PROTOCOL_5,
-    PROTOCOL_31,
-    PROTOCOL_311,
-    SUBACK_FAILURE,
     Auth,
     Connack,
     ConnackCode,
@@ -95,20 +100,15 @@ from mqttamqp.mqtt.packets import (
     Pubrec,
     Pubrel,
     ReasonCode,
-    Suback,
     Subscribe,
-    Unsuback,
     Unsubscribe,
 )
 from mqttamqp.mqtt.v5 import (
     CONNACK_REASONS,
-    RECEIVE_MAXIMUM,
     Negotiated,
     message_properties,
     negotiate,
     publish_properties,
-    resolve_topic,
-    utf8_payload_problem,
 )
 from mqttamqp.netio import others_waiting, plain_tcp, send
 from mqttamqp.security.enhanced_auth import (
@@ -186,15 +186,16 @@ def _frame_kind(data: bytes) -> str:
     return _FRAME_KINDS[data[0] >> 4] if data else "empty"
 
 
-def _ack_frame(kind: int, packet_id: int) -> bytes:
-    return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
-
-
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
 # row; encode it once.
 _qos0_cache: list[Any] = [None, False, b""]
 _qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
 _NO_PROPERTIES = b"\x00"
+
+
+def _no_methods(method: str) -> AuthExchange | None:
+    """No MQTT 5 enhanced authentication method is offered (0x8C)."""
+    return None
 
 
 class _AuthInProgress:
@@ -547,7 +548,7 @@ class MQTTProtocol(Protocol):
 
     def send_pubrel(self, packet_id: int) -> None:
         if self.state is not ConnectionState.CLOSED:
-            self._write(_ack_frame(0x62, packet_id))
+            self._write(ack_frame(0x62, packet_id))
 
     def close(self, reason: str) -> None:
         """Closed by the broker (takeover, console): the session was already ended."""
@@ -600,16 +601,14 @@ class MQTTProtocol(Protocol):
         cause = cause or (
             CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
         if self._v5 is not None:
-            if cause == CAUSE_KEEPALIVE:
-                code = ReasonCode.KEEP_ALIVE_TIMEOUT
-            elif cause == CAUSE_STORAGE:
-                code = ReasonCode.UNSPECIFIED_ERROR
+            code = violation_code(self._v5, cause == CAUSE_KEEPALIVE, cause == CAUSE_STORAGE,
+                                  code)
             # MQTT 5 says why before closing: DISCONNECT once connected, CONNACK
             # with the reason code while the CONNECT is being handled.
             if self.state is _CONNECTED:
                 self._send_disconnect(code, reason)
             else:
-                self._write(encode(Connack(False, code, self._problem(reason)), 5))
+                self._write(encode(Connack(False, code, problem(self._v5, reason)), 5))
         if cause == CAUSE_STORAGE:
             # Not the client's fault, and the core logged the failing storage once
             # for every client it hits: no line per connection.
@@ -748,14 +747,6 @@ class MQTTProtocol(Protocol):
         self._turn_timer = None
         self._resume_reading("turn")
 
-    def _problem(self, reason: str) -> Properties | None:
-        """A reason string for a packet the client may be sent one in (unless it
-        asked for no problem information)."""
-        v5 = self._v5
-        if v5 is None or not v5.problem_info:
-            return None
-        return Properties(reason_string=reason[:200])
-
     def _send_disconnect(self, code: int, reason: str) -> None:
         # DISCONNECT may always carry a reason string (request problem
         # information covers the other packets).
@@ -803,56 +794,26 @@ class MQTTProtocol(Protocol):
 
     def _on_connect(self, packet: Connect) -> None:
         self._stop_connect_timer()
-        proto = (packet.protocol_name, packet.protocol_level)
-        if proto not in (PROTOCOL_31, PROTOCOL_311, PROTOCOL_5):
-            self._refuse(ConnackCode.UNACCEPTABLE_PROTOCOL,
-                         f"unsupported protocol {packet.protocol_name!r} level "
-                         f"{packet.protocol_level}")
+        enhanced = self.factory.enhanced_auth
+        decided = decisions.connect(packet, self.limits, self.strings,
+                                    _no_methods if enhanced is None else enhanced.start)
+        if type(decided) is Refuse:
+            self._refuse(decided.code, decided.reason)
             return
-        level = packet.protocol_level
-        self.decoder.protocol_level = level
-        self.version = {3: "3.1", 4: "3.1.1"}.get(level, "5")
-        client_id = packet.client_id
-        assigned = False
-        exchange: AuthExchange | None = None
-        if level == 5:
-            self._v5 = Negotiated(packet)
-            method = self._v5.auth_method
-            if method is not None:
-                enhanced = self.factory.enhanced_auth
-                exchange = enhanced.start(method) if enhanced is not None else None
-                if exchange is None:
-                    self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD,
-                                 f"authentication method {method!r} is not offered")
-                    return
-            if not client_id:
-                # MQTT 5 assigns an id whatever clean start says (and tells it).
-                client_id = "auto-" + uuid.uuid4().hex
-                assigned = True
-        problem = self._connect_problem(packet)
-        if problem is not None:
-            code = (ReasonCode.CLIENT_IDENTIFIER_NOT_VALID if "client identifier" in problem
-                    else ReasonCode.BAD_USER_NAME_OR_PASSWORD if "user name" in problem
-                    else ReasonCode.TOPIC_NAME_INVALID)
-            self._violation(problem, code=code)
+        assert isinstance(decided, Connecting)
+        self.decoder.protocol_level = decided.level
+        self.version = decided.version
+        self._v5 = decided.v5
+        failure = decided.failure
+        if type(failure) is Refuse:
+            self._refuse(failure.code, failure.reason)
             return
-        if level == 3:
-            # 3.1 says 1-23 characters; real 3.1 clients send longer ids, which are
-            # accepted up to 3.1.1's limits unless --strict-mqtt31.
-            if not client_id:
-                self._refuse(ConnackCode.IDENTIFIER_REJECTED, "MQTT 3.1 client id is empty")
-                return
-            if self.limits.strict_mqtt31 and len(client_id) > self.limits.max_client_id_31:
-                self._refuse(ConnackCode.IDENTIFIER_REJECTED,
-                             f"MQTT 3.1 client id must be 1-{self.limits.max_client_id_31} "
-                             f"characters (--strict-mqtt31), got {len(client_id)}")
-                return
-        elif not client_id:
-            if not packet.clean_session:
-                self._refuse(ConnackCode.IDENTIFIER_REJECTED,
-                             "empty client id requires clean session")
-                return
-            client_id = "auto-" + uuid.uuid4().hex
+        if type(failure) is Close:
+            self._violation(failure.reason, code=failure.code)
+            return
+        client_id = decided.client_id
+        assigned = decided.assigned
+        exchange = decided.exchange
         self.client_id = client_id
         self.username = packet.username
         # --tls-cert-as-user: a verified client certificate names the user and is
@@ -909,16 +870,6 @@ class MQTTProtocol(Protocol):
             # a persistent session's commit).  Not paused when it was all done at
             # once: the two epoll calls were a tenth of the CPU of a connect storm.
             self._pause_reading("connect")
-
-    def _connect_problem(self, packet: Connect) -> str | None:
-        """Why the strings of ``packet`` break the rules (``StringRules``), or None."""
-        strings = self.strings
-        problem = strings.text(packet.client_id, "CONNECT client identifier")
-        if problem is None and packet.username is not None:
-            problem = strings.text(packet.username, "CONNECT user name")
-        if problem is None and packet.will is not None:
-            problem = strings.topic(packet.will.topic, "CONNECT will topic")
-        return problem
 
     def _authenticated(self, ok: bool, packet: Connect, assigned: bool = False
                        ) -> Deferred[None] | None:
@@ -1012,7 +963,7 @@ class MQTTProtocol(Protocol):
             self.session = None
         if self._v5 is not None:
             self._write(encode(Connack(False, CONNACK_REASONS.get(code, code),
-                                       self._problem(reason)), 5))
+                                       problem(self._v5, reason)), 5))
         else:
             self._write(encode(Connack(False, code)))
         self.rules.advance("close")
@@ -1246,13 +1197,11 @@ class MQTTProtocol(Protocol):
         if self._v5 is not None:
             self._on_publish5(self._v5, session, packet)
             return
-        problem = self.strings.topic(packet.topic, "PUBLISH topic")
-        if problem is not None:
-            self._violation(problem)
+        message = decisions.publish(packet, self.strings, self.client_id, self.clock.seconds())
+        if isinstance(message, Close):
+            self._violation(message.reason)
             return
         self.messages_in += 1
-        message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
-                          self.client_id, self.clock.seconds(), packet.dup)
         broker = self.broker
         qos = packet.qos
         if qos == 0:
@@ -1260,7 +1209,7 @@ class MQTTProtocol(Protocol):
         elif qos == 1:
             assert packet.packet_id is not None
             result = broker.publish(message, self.identity)
-            self._ack(result.durable, _ack_frame(0x40, packet.packet_id))
+            self._ack(result.durable, ack_frame(0x40, packet.packet_id))
         else:
             pid = packet.packet_id
             assert pid is not None
@@ -1268,58 +1217,38 @@ class MQTTProtocol(Protocol):
             # PUBREC first (after its commit), then the message goes to subscribers.
             gate = result.gate
             if gate is None:
-                self._ack(result.durable, _ack_frame(0x50, pid))
+                self._ack(result.durable, ack_frame(0x50, pid))
             else:
-                self._ack(result.durable, _ack_frame(0x50, pid), gate.open, True)
+                self._ack(result.durable, ack_frame(0x50, pid), gate.open, True)
         self._after_publish(session, result, len(packet.payload))
 
     def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:
-        """An MQTT 5 PUBLISH: topic alias, receive maximum, payload format, then the
-        3.1.1 flows with reason codes (0x87 when the core denies the publish)."""
-        topic, why, code = resolve_topic(v5, packet)
-        if topic is None:
-            self._violation(why, code=code)
+        """An MQTT 5 PUBLISH (``decisions.publish5``), then the 3.1.1 flows with
+        reason codes (``decisions.publish_ack5``)."""
+        message = decisions.publish5(packet, v5, self.strings, self.client_id,
+                                     self.clock.seconds())
+        if isinstance(message, Close):
+            self._violation(message.reason, code=message.code)
             return
-        props = packet.properties
-        if props is not None and props.subscription_identifiers:
-            self._violation("PUBLISH from a client carries a subscription identifier")
-            return
-        problem = self.strings.topic(topic, "PUBLISH topic")
-        if problem is not None:
-            self._violation(problem, code=ReasonCode.TOPIC_NAME_INVALID)
+        if isinstance(message, Answer):   # refused at once (0x99), not routed
+            release = message.release
+            self._ack(None, message.frame, lambda: v5.quota_release(release))
             return
         qos = packet.qos
         pid = packet.packet_id
-        if pid is not None and not v5.quota_take(pid):
-            self._violation(f"more than {RECEIVE_MAXIMUM} QoS 1/2 publishes awaiting "
-                            "acknowledgement (receive maximum)",
-                            code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-            return
-        bad_payload = utf8_payload_problem(props, packet.payload)
-        if bad_payload is not None:
-            if pid is None:
-                self._violation(bad_payload, code=ReasonCode.PAYLOAD_FORMAT_INVALID)
-            else:
-                ack = Puback if qos == 1 else Pubrec
-                self._ack(None, encode(ack(pid, ReasonCode.PAYLOAD_FORMAT_INVALID,
-                                           self._problem(bad_payload)), 5),
-                          lambda: v5.quota_release(pid))
-            return
-        message = Message(topic, packet.payload, qos, packet.retain, self.client_id,
-                          self.clock.seconds(), packet.dup, props=message_properties(props))
         broker = self.broker
         if qos == 0:
             result = broker.publish(message, self.identity, wait=False)
         elif qos == 1:
             assert pid is not None
             result = broker.publish(message, self.identity, count_drops=True)
-            self._ack(result.durable, self._publish_ack(Puback, pid, result),
+            self._ack(result.durable, decisions.publish_ack5(Puback, pid, result, v5),
                       lambda: v5.quota_release(pid))
         else:
             assert pid is not None
             result = broker.publish_qos2(session, message, self.identity, pid,
                                          count_drops=True)
-            frame = self._publish_ack(Pubrec, pid, result)
+            frame = decisions.publish_ack5(Pubrec, pid, result, v5)
             gate = result.gate
             if result.denied or result.refusal is not None:
                 # (the exchange ends at a failing PUBREC)
@@ -1329,26 +1258,6 @@ class MQTTProtocol(Protocol):
             else:
                 self._ack(result.durable, frame, gate.open, True)
         self._after_publish(session, result, len(packet.payload))
-
-    def _publish_ack(self, kind: type[Puback] | type[Pubrec], packet_id: int,
-                     result: Published) -> bytes:
-        """PUBACK/PUBREC for an MQTT 5 publisher; the core's verdict is its reason
-        code: not authorized (0x87), or a subscriber's queue bound refused the
-        message (0x97 quota exceeded on PUBACK: it was not a silent drop; a PUBREC
-        that failed would end the QoS 2 exchange the other subscribers still get
-        the message through, so it stays 0); a durable queue's refusal
-        (``Published.refusal``: a bad ``$queue/`` topic, an acknowledgement of a
-        message that is not pending) is its code with the reason string."""
-        if result.denied:
-            return encode(kind(packet_id, ReasonCode.NOT_AUTHORIZED,
-                               self._problem("not authorized to publish there")), 5)
-        refusal = result.refusal
-        if refusal is not None:   # a durable queue refused the message or acknowledgement
-            return encode(kind(packet_id, refusal.code, self._problem(refusal.reason)), 5)
-        if result.dropped and kind is Puback:
-            return encode(kind(packet_id, ReasonCode.QUOTA_EXCEEDED, self._problem(
-                f"{result.dropped} subscriber(s) had no room for it")), 5)
-        return _ack_frame(0x40 if kind is Puback else 0x50, packet_id)
 
     def _after_publish(self, session: Session, result: Published, size: int) -> None:
         broker = self.broker
@@ -1402,23 +1311,21 @@ class MQTTProtocol(Protocol):
         session = self._acked("PUBREC", packet.packet_id)
         if session is None:
             return
-        if packet.reason_code >= 0x80:
-            # MQTT 5: the subscriber refused the message; the exchange ends here.
+        if decisions.pubrec_refused(packet.reason_code):
             self.broker.completed(session, packet.packet_id)
             return
         self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.session is not None
-        known = self.session.inbound_seen(packet.packet_id)
-        d = self.broker.release_qos2(self.session, packet.packet_id)
+        pid = packet.packet_id
+        known = self.session.inbound_seen(pid)
+        d = self.broker.release_qos2(self.session, pid)
         v5 = self._v5
+        frame = decisions.pubcomp(pid, known, v5)
         if v5 is None:
-            self._ack(d, _ack_frame(0x70, packet.packet_id))
+            self._ack(d, frame)
         else:
-            pid = packet.packet_id
-            frame = _ack_frame(0x70, pid) if known else encode(
-                Pubcomp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), 5)
             self._ack(d, frame, lambda: v5.quota_release(pid))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
@@ -1428,97 +1335,35 @@ class MQTTProtocol(Protocol):
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------------
 
-    def _filters_problem(self, filters: Iterable[str], what: str) -> str | None:
-        """An invalid filter is a protocol violation ([MQTT-4.7.1], [MQTT-4.8.0-1]),
-        in SUBSCRIBE (no SUBACK 0x80) and UNSUBSCRIBE alike."""
-        for topic_filter in filters:
-            problem = self.strings.filter(topic_filter, what)
-            if problem is not None:
-                return problem
-        return None
-
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
-        assert session is not None and self.identity is not None
+        identity = self.identity
+        assert session is not None and identity is not None
+        broker = self.broker
         if self._v5 is not None:
-            self._on_subscribe5(session, self.identity, packet)
-            return
-        problem = self._filters_problem((f for f, _ in packet.topics),
-                                        "SUBSCRIBE topic filter")
-        if problem is not None:
-            self._violation(problem)
-            return
-        codes, d = self.broker.subscribe(session, self.identity, packet.topics)
-        grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
-        # 3.1.1 has one failure code: any verdict of the core (an MQTT 5 reason code
-        # such as 0x87 not authorized) is 0x80 here.
-        acked = tuple(code if code < SUBACK_FAILURE else SUBACK_FAILURE for code in codes)
-        if self.version == "3.1" and SUBACK_FAILURE in acked:
-            # MQTT 3.1's SUBACK has no failure code: a refused filter is answered with
-            # the QoS asked for and simply has no route (nothing is ever sent for it).
-            acked = tuple(qos if code == SUBACK_FAILURE else code
-                          for (_, qos), code in zip(packet.topics, acked, strict=True))
-        self._ack(d, encode(Suback(packet.packet_id, acked)),
-                  lambda: self.broker.send_retained(session, grants))
-
-    def _on_subscribe5(self, session: Session, identity: Identity, packet: Subscribe
-                       ) -> None:
-        """MQTT 5 SUBSCRIBE: a filter that cannot be subscribed gets its reason code
-        in SUBACK (0x8F invalid, or No Local on a shared subscription), the
-        others go to the core with their options (no local, retain as published,
-        the subscription identifier), whose verdicts (0x80, and 0x87 once access
-        rules say so) come back as codes.  Retain handling picks which filters get
-        retained messages: 0 all, 1 only new subscriptions, 2 none."""
-        props = packet.properties
-        sub_id = props.subscription_identifiers[0] if (
-            props is not None and props.subscription_identifiers) else 0
-        codes: list[int] = []
-        wanted: list[tuple[str, int]] = []
-        packed: list[int] = []
-        retained_for: list[bool] = []
-        options = packet.options or (0,) * len(packet.topics)
-        no_ids = sub_id != 0 and not self.limits.subscription_identifiers
-        for (topic_filter, qos), option in zip(packet.topics, options, strict=True):
-            code = ReasonCode.SUCCESS
-            if no_ids:      # --no-subscription-identifiers (CONNACK said so)
-                code = ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED
-            elif topic_filter.startswith("$share/") and option & NO_LOCAL:
-                # MQTT 5 §3.8.3.1: No Local on a shared subscription is a protocol
-                # error; refused here, per filter, rather than closing.
-                code = ReasonCode.TOPIC_FILTER_INVALID
-            elif self.strings.filter(topic_filter, "SUBSCRIBE topic filter") is not None:
-                code = ReasonCode.TOPIC_FILTER_INVALID
-            else:
-                wanted.append((topic_filter, qos))
-                packed.append((option & (NO_LOCAL | RETAIN_AS_PUBLISHED)) | sub_id << 8)
-                handling = (option & RETAIN_HANDLING) >> 4
-                retained_for.append(handling == 0 or (
-                    handling == 1 and topic_filter not in session.subscriptions))
-            codes.append(code)
-        granted, d = (self.broker.subscribe(session, identity, wanted, packed,
-                                            _consumer(props)) if wanted else ([], None))
-        it = iter(granted)
-        codes = [next(it) if code == ReasonCode.SUCCESS else code for code in codes]
-        grants = [(f, code) for (f, _), code, send in zip(wanted, granted, retained_for,
-                                                          strict=True) if send]
-        self._ack(d, encode(Suback(packet.packet_id, tuple(codes)), 5),
-                  lambda: self.broker.send_retained(session, grants))
+            plan = decisions.subscribe5(packet, self.limits, self.strings,
+                                        session.subscriptions)
+            granted, d = (broker.subscribe(session, identity, plan.wanted, plan.packed,
+                                           _consumer(packet.properties))
+                          if plan.wanted else ([], None))
+            frame, grants = decisions.suback5(packet, plan, granted)
+        else:
+            refused = decisions.subscribe(packet, self.strings)
+            if refused is not None:
+                self._violation(refused.reason)
+                return
+            codes, d = broker.subscribe(session, identity, packet.topics)
+            frame, grants = decisions.suback(packet, codes, self.version)
+        self._ack(d, frame, lambda: broker.send_retained(session, grants))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        assert self.session is not None
-        problem = self._filters_problem(packet.topics, "UNSUBSCRIBE topic filter")
-        if problem is not None:
-            self._violation(problem)
+        session = self.session
+        assert session is not None
+        frame = decisions.unsubscribe(packet, self.strings, self._v5, session.subscriptions)
+        if isinstance(frame, Close):
+            self._violation(frame.reason)
             return
-        if self._v5 is not None:
-            existed = self.session.subscriptions
-            codes = tuple(ReasonCode.SUCCESS if f in existed
-                          else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in packet.topics)
-            frame = encode(Unsuback(packet.packet_id, codes), 5)
-        else:
-            frame = encode(Unsuback(packet.packet_id))
-        d = self.broker.unsubscribe(self.session, packet.topics)
-        self._ack(d, frame)
+        self._ack(self.broker.unsubscribe(session, packet.topics), frame)
 
     # -- PING / DISCONNECT --------------------------------------------------------------
 
@@ -1526,22 +1371,11 @@ class MQTTProtocol(Protocol):
         self._write(_PINGRESP)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
-        with_will = False
-        new_expiry: float | None = None
-        if self._v5 is not None:
-            props = packet.properties
-            expiry = props.session_expiry_interval if props is not None else None
-            if expiry is not None:
-                if self._v5.session_expiry == 0 and expiry != 0:
-                    self._violation("DISCONNECT sets a session expiry interval after "
-                                    "CONNECT gave 0")
-                    return
-                # Applied by the registry as the session ends (which restarts its
-                # expiry timer on it), not here: only the holder may change it.
-                limit = self.limits.session_expiry
-                new_expiry = float(min(expiry, limit) if limit else expiry)
-            # 0x04: the client wants its will published though it says goodbye.
-            with_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
+        goodbye = decisions.disconnect(packet, self._v5, self.limits)
+        if isinstance(goodbye, Close):
+            self._violation(goodbye.reason)
+            return
+        with_will = goodbye.with_will
         self._clean_close = True
         self._cause = CAUSE_CLEAN
         self.rules.advance("close")
@@ -1551,30 +1385,26 @@ class MQTTProtocol(Protocol):
             why = ("client sent DISCONNECT with will" if with_will
                    else "client sent DISCONNECT")
             self.broker.end_session(self, self.session, not with_will, why,
-                                    expiry=new_expiry)
+                                    expiry=goodbye.expiry)
             self.session = None
         self._lose()
 
     def _on_auth(self, packet: Auth) -> None:
         """AUTH: the next step of the exchange CONNECT began, or (connected) a
-        re-authentication with the same method (reason code 0x19)."""
-        props = packet.properties
-        method = props.authentication_method if props is not None else None
-        data = props.authentication_data if props is not None else None
-        v5 = self._v5
-        enhanced = self.factory.enhanced_auth
+        re-authentication with the same method (``decisions.auth``)."""
         auth = self._auth
-        if (auth is None and self.state is _CONNECTED and v5 is not None
-                and packet.reason_code == ReasonCode.REAUTHENTICATE
-                and method is not None and method == v5.auth_method
-                and enhanced is not None):
-            exchange = enhanced.start(method)
-            assert exchange is not None
-            auth = self._auth = _AuthInProgress(exchange, method, None, False)
-        elif (auth is None or packet.reason_code != ReasonCode.CONTINUE_AUTHENTICATION
-              or method != auth.method):
-            self._violation("AUTH out of place (no exchange under way with that method)")
+        enhanced = self.factory.enhanced_auth
+        step = decisions.auth(packet, self._v5, self.state is _CONNECTED,
+                              None if auth is None else auth.method,
+                              None if enhanced is None else enhanced.start)
+        if isinstance(step, Close):
+            self._violation(step.reason)
             return
+        data, exchange = step
+        if exchange is not None:
+            assert self._v5 is not None and self._v5.auth_method is not None
+            auth = self._auth = _AuthInProgress(exchange, self._v5.auth_method, None, False)
+        assert auth is not None
         self._auth_answer(auth.exchange.step(data))
 
     def _auth_answer(self, step: AuthStep) -> None:
