@@ -38,7 +38,6 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker, Published
-from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
@@ -54,17 +53,14 @@ from mqttamqp.core.recorder import (
     CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
 )
-from mqttamqp.core.routing.shared import route_filter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
-from mqttamqp.core.topics import topic_matches
-from mqttamqp.mqtt import decisions
+from mqttamqp.mqtt import debuglog, decisions, outbound
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
     PropertyLimits,
     encode,
-    encode_properties,
     encode_publish,
 )
 from mqttamqp.mqtt.connection import (
@@ -108,7 +104,6 @@ from mqttamqp.mqtt.v5 import (
     Negotiated,
     message_properties,
     negotiate,
-    publish_properties,
 )
 from mqttamqp.netio import others_waiting, plain_tcp, send
 from mqttamqp.security.enhanced_auth import (
@@ -161,11 +156,6 @@ def _parked_size(packet: Any) -> int:
     return len(packet.payload) + len(packet.topic) if type(packet) is Publish else 16
 
 
-_FRAME_KINDS = ("reserved", "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL",
-                "PUBCOMP", "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ",
-                "PINGRESP", "DISCONNECT", "reserved")
-
-
 def _consumer(props: Properties | None) -> Consumer | None:
     """How the ``$queue/`` filters of an MQTT 5 SUBSCRIBE join their queues: the
     user properties ``consumer-group``, ``consumer-mode`` and ``stream-offset``
@@ -179,11 +169,6 @@ def _consumer(props: Properties | None) -> Consumer | None:
     return Consumer(group=users.get("consumer-group") or None,
                     mode=users.get("consumer-mode") or None,
                     stream_offset=users.get("stream-offset") or None)
-
-
-def _frame_kind(data: bytes) -> str:
-    """The MQTT packet type of an encoded frame (for debug lines)."""
-    return _FRAME_KINDS[data[0] >> 4] if data else "empty"
 
 
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
@@ -460,11 +445,12 @@ class MQTTProtocol(Protocol):
                     frame = encode_publish(message.topic.encode("utf-8"), message.payload,
                                            qos, retain, dup, packet_id, _NO_PROPERTIES)
             else:
-                frame5 = self._publish_frame5(v5, message, qos, packet_id, dup, retain)
-                if frame5 is None:
+                frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
+                                                self.clock.seconds(), self.session)
+                if not fits:
+                    self._too_large(v5, message, len(frame))
                     self._not_sent(packet_id, message.topic)
                     return
-                frame = frame5
         elif qos == 0 and not dup:
             cache = _qos0_cache
             if cache[0] is message and cache[1] == retain:
@@ -487,52 +473,14 @@ class MQTTProtocol(Protocol):
         if self._congested:
             self._backlog += len(frame)
 
-    def _publish_frame5(self, v5: Negotiated, message: Message, qos: int,
-                        packet_id: int | None, dup: bool, retain: bool) -> bytes | None:
-        """The MQTT 5 PUBLISH for this client, or None when it is above the
-        client's maximum packet size (never sent to it, counted)."""
-        now = self.clock.seconds()
-        topic = message.topic.encode("utf-8")
-        session = self.session
-        # Subscription identifiers of the filters that match (MQTT 5 options).  A
-        # shared filter's only when no plain filter of the session matches: then the
-        # message came through its group (a plain match gives the one copy sent).
-        ids: tuple[int, ...] = ()
-        if session is not None and session.sub_options:
-            ids = tuple(packed >> 8 for f, packed in session.sub_options.items()
-                        if packed >> 8 and not f.startswith("$share/")
-                        and topic_matches(f, message.topic))
-            if not ids and not any(topic_matches(f, message.topic)
-                                   for f in session.subscriptions
-                                   if not f.startswith("$share/")):
-                ids = tuple(packed >> 8 for f, packed in session.sub_options.items()
-                            if packed >> 8 and f.startswith("$share/")
-                            and topic_matches(route_filter(f), message.topic))
-        frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
-                               encode_properties(publish_properties(message, now, None, ids)))
+    def _too_large(self, v5: Negotiated, message: Message, size: int) -> None:
         limit = v5.client_max_packet
-        if limit is not None and len(frame) > limit:
-            v5.too_large += 1
-            cause = "packet too large for client"
-            held = self.factory.log_limit.allow(cause)
-            if held is not None:
-                self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
-                              "size {m} of {c}; not sent to it ({h} more since the last "
-                              "such line)", t=message.topic, n=len(frame), m=limit,
-                              c=self.client_id, h=held)
-            return None
-        if v5.client_alias_max:
-            alias, with_topic = v5.outbound_alias(message.topic)
-            if alias is not None:
-                aliased = encode_publish(
-                    topic if with_topic else b"", message.payload, qos, retain, dup,
-                    packet_id,
-                    encode_properties(publish_properties(message, now, alias, ids)))
-                if limit is None or len(aliased) <= limit:
-                    return aliased
-                # A new alias costs 3 bytes more: without it the message fits.
-                v5.forget_alias(message.topic)
-        return frame
+        held = self.factory.log_limit.allow("packet too large for client")
+        if held is not None:
+            self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
+                          "size {m} of {c}; not sent to it ({h} more since the last "
+                          "such line)", t=message.topic, n=size, m=limit,
+                          c=self.client_id, h=held)
 
     def _not_sent(self, packet_id: int | None, topic: str) -> None:
         """A delivery this connection will not send: counted as dropped, and a QoS
@@ -1006,62 +954,11 @@ class MQTTProtocol(Protocol):
     # -- per-client debug logging (the console's "Debug log") ----------------------
 
     def start_debug(self, until: float) -> None:
-        """Log every packet in and out of this connection until ``until``.
-
-        The logging wrappers are put in this instance's ``__dict__`` (shadowing the
-        class's ``_emit`` and handler table) only while it is debugged, so no other
-        connection pays a check per packet."""
-        own = vars(self)
-        timer = own.get("_debug_timer")
-        if timer is not None and timer.active():
-            timer.cancel()
-        own["_debug_timer"] = self.clock.callLater(
-            max(0.0, until - self.clock.seconds()), self.stop_debug)
-        if "_emit" in own:
-            return   # already logging: a new deadline only
-        plain_emit = self._emit
-        log = self.log
-        budget = LineBudget()
-
-        def allowed() -> bool:
-            if budget.take():
-                return True
-            if budget.left == -1:   # once: the rest of the window is not logged
-                log.info("debug {c} ({peer}): {n} lines logged, the most for one "
-                         "window; no more", c=self.client_id, peer=self.peer,
-                         n=MAX_DEBUG_LINES)
-            return False
-
-        def emit(data: bytes) -> None:
-            if allowed():
-                log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
-                         peer=self.peer, kind=_frame_kind(data), n=len(data))
-            plain_emit(data)
-
-        def logged(handler: Callable[[MQTTProtocol, Any], None]
-                   ) -> Callable[[MQTTProtocol, Any], None]:
-            def handle(conn: MQTTProtocol, packet: Any) -> None:
-                if allowed():
-                    log.info("debug {c} ({peer}): in {packet}", c=conn.client_id,
-                             peer=conn.peer, packet=repr(packet)[:300])
-                handler(conn, packet)
-            return handle
-
-        own["_emit"] = emit
-        own["_connected_handlers"] = {kind: logged(handler) for kind, handler
-                                      in type(self)._connected_handlers.items()}
-        log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=self.client_id,
-                 peer=self.peer, s=until - self.clock.seconds())
+        """Log every packet in and out of this connection until ``until``."""
+        debuglog.start(self, until)
 
     def stop_debug(self) -> None:
-        own = vars(self)
-        timer = own.pop("_debug_timer", None)
-        if timer is not None and timer.active():
-            timer.cancel()
-        if own.pop("_emit", None) is not None:
-            own.pop("_connected_handlers", None)
-            self.log.info("debug logging of {c} ({peer}) ended", c=self.client_id,
-                          peer=self.peer)
+        debuglog.stop(self)
 
     # -- reading pause (connect in progress, back-pressure) -----------------------
 
