@@ -24,7 +24,6 @@ that need it, live in ``v5``.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -42,7 +41,7 @@ from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.queues.manager import Consumer, is_queue_command, is_queue_topic
+from mqttamqp.core.queues.manager import Consumer
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -99,6 +98,7 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
     Unsubscribe,
 )
+from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import (
     CONNACK_REASONS,
     Negotiated,
@@ -127,35 +127,6 @@ _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
-# While publishers to durable queues are blocked, the packets of a connection that
-# wait (``_Parked``) before it stops being read at all: bytes of payload, packets.
-PARKED_BYTES = 256 * 1024
-PARKED_PACKETS = 1024
-
-
-class _Parked:
-    """What a connection holds while publishers to durable queues are blocked
-    (``MQTTProtocol._park``): it is still read, so that the acknowledgements of
-    what it consumes (PUBACK, PUBREC, PUBCOMP, ``$ack``) and PINGREQ are handled
-    and the queues can drain; the PUBLISHes to ``$queue/`` (and, in order, every
-    packet after the first of them) wait here until the queues have room."""
-
-    __slots__ = ("bytes", "packets", "waiting")
-
-    def __init__(self) -> None:
-        self.waiting = True   # registered with the storage alarm, not resumed yet
-        self.packets: deque[Any] = deque()
-        self.bytes = 0
-
-
-# Handled at once even behind parked packets: they only settle what was sent.
-_NEVER_PARKED = frozenset((Puback, Pubrec, Pubrel, Pubcomp, Pingreq))
-
-
-def _parked_size(packet: Any) -> int:
-    return len(packet.payload) + len(packet.topic) if type(packet) is Publish else 16
-
-
 def _consumer(props: Properties | None) -> Consumer | None:
     """How the ``$queue/`` filters of an MQTT 5 SUBSCRIBE join their queues: the
     user properties ``consumer-group``, ``consumer-mode`` and ``stream-offset``
@@ -295,7 +266,7 @@ class MQTTProtocol(Protocol):
         # is 216 bytes per connection)
         self._reading_paused_for: frozenset[str] = _NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
-        self._parked: _Parked | None = None   # durable queues blocked: see ``_park``
+        self._parked: Parked | None = None   # durable queues blocked: see ``_park``
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
         self._rate_timer: DelayedCall | None = None
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
@@ -627,8 +598,7 @@ class MQTTProtocol(Protocol):
                 if parked is not None and not parked.waiting:
                     # The queues have room again: what waited goes first, in order.
                     if parked.packets:
-                        packet = parked.packets.popleft()
-                        parked.bytes -= _parked_size(packet)
+                        packet = parked.take()
                     else:
                         self._parked = parked = None
                         packet = decoder.next_packet()
@@ -983,32 +953,13 @@ class MQTTProtocol(Protocol):
                     if not self.broker.after_batch(self._process_held):
                         self._process_held()
 
-    def _park(self, parked: _Parked, packet: Any) -> bool:
+    def _park(self, parked: Parked, packet: Any) -> bool:
         """Hold ``packet`` while publishers to durable queues are blocked (True), or
-        let it be handled now (False): a PUBLISH to ``$queue/`` waits, and so does
-        every packet after it (their order is kept), except acknowledgements and
-        PINGREQ, and queue commands (``$ack``...) that settle what this client
-        consumed.  Past ``PARKED_BYTES``/``PARKED_PACKETS`` the connection is not
-        read any more (the keepalive then waits too)."""
-        kind = type(packet)
-        if kind in _NEVER_PARKED:
+        let it be handled now (False): ``Parked.hold``.  Past its bound the
+        connection is not read any more (the keepalive then waits too)."""
+        if not parked.hold(packet, self._v5 is not None, self.broker.queues):
             return False
-        if kind is Publish:
-            topic = packet.topic
-            props = packet.properties
-            if topic and is_queue_command(topic) and not (
-                    parked.packets and props is not None and props.topic_alias):
-                return False   # (one that sets an alias waits: the held ones use theirs)
-            if not parked.packets:
-                if topic and not is_queue_topic(topic):
-                    return False   # (an alias only, MQTT 5: it may be a queue's; it waits)
-                if packet.qos and self._v5 is not None and self.broker.queues.blocked:
-                    return False   # refused at once with 0x97 (``QueueManager.publish``)
-        elif not parked.packets:
-            return False
-        parked.packets.append(packet)
-        parked.bytes += _parked_size(packet)
-        if parked.bytes > PARKED_BYTES or len(parked.packets) > PARKED_PACKETS:
+        if parked.over_bound:
             self._pause_reading("queues")
         return True
 
@@ -1163,7 +1114,7 @@ class MQTTProtocol(Protocol):
             # they have room (``_park``); it is still read for its acknowledgements.
             parked = self._parked
             if parked is None:
-                parked = self._parked = _Parked()
+                parked = self._parked = Parked()
             parked.waiting = True
             broker.when_queues_writable(id(self), self._queues_writable)
         if result.congested:
