@@ -277,3 +277,20 @@ def test_violation_code_for_mqtt5() -> None:
     assert decisions.violation_code(_v5(), False, True, 0x82) == ReasonCode.UNSPECIFIED_ERROR
     assert decisions.violation_code(_v5(), False, False, 0x95) == 0x95
     assert decisions.violation_code(None, True, False, 0x82) == 0x82
+
+
+def test_malformed_packets_and_broker_closes_get_their_reasons() -> None:
+    """The codec's error becomes one Close with its code and bound; a takeover and
+    a console close have their causes and MQTT 5 codes."""
+    from mqttamqp.core.recorder import CAUSE_CONSOLE, CAUSE_TAKEN_OVER
+    from mqttamqp.mqtt.codec import MalformedPacket
+
+    big = decisions.malformed(MalformedPacket("too big", ReasonCode.PACKET_TOO_LARGE))
+    assert (big.reason, big.code, big.limit) == ("packet too large: too big", 0x95, None)
+    bound = decisions.malformed(MalformedPacket("many", 0x97, "subscribe_filters"))
+    assert bound.reason == "limit exceeded: many" and bound.limit == "subscribe_filters"
+    assert decisions.malformed(MalformedPacket("x")).reason == "malformed packet: x"
+    assert decisions.closed_by_broker("session taken over by a new connection") == (
+        CAUSE_TAKEN_OVER, ReasonCode.SESSION_TAKEN_OVER)
+    assert decisions.closed_by_broker("closed from the console") == (
+        CAUSE_CONSOLE, ReasonCode.ADMINISTRATIVE_ACTION)

@@ -31,8 +31,9 @@ from typing import Protocol
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
+from mqttamqp.core.recorder import CAUSE_CONSOLE, CAUSE_TAKEN_OVER
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING
-from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.codec import MalformedPacket, encode
 from mqttamqp.mqtt.connection import StringRules
 from mqttamqp.mqtt.packets import (
     PROTOCOL_5,
@@ -65,9 +66,9 @@ from mqttamqp.security.enhanced_auth import AuthExchange
 
 __all__ = [
     "Answer", "Close", "Connecting", "Goodbye", "Refuse", "Subscription", "Verdict",
-    "ack_frame", "auth", "connect", "disconnect", "problem", "publish", "publish5",
-    "publish_ack5", "pubcomp", "pubrec_refused", "suback", "suback5", "subscribe",
-    "subscribe5", "unsubscribe", "violation_code",
+    "ack_frame", "auth", "closed_by_broker", "connect", "disconnect", "malformed",
+    "problem", "publish", "publish5", "publish_ack5", "pubcomp", "pubrec_refused",
+    "suback", "suback5", "subscribe", "subscribe5", "unsubscribe", "violation_code",
 ]
 
 _VERSIONS = {3: "3.1", 4: "3.1.1"}
@@ -135,6 +136,24 @@ def violation_code(v5: Negotiated | None, keepalive: bool, storage: bool, code: 
         if storage:
             return ReasonCode.UNSPECIFIED_ERROR
     return code
+
+
+def malformed(exc: MalformedPacket) -> Close:
+    """The close for a packet the codec could not read (its reason code, and the
+    bound it went beyond if that was it)."""
+    what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
+        "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
+        else "limit exceeded" if exc.limit is not None
+        else "malformed packet")
+    return Close(f"{what}: {exc.reason}", exc.code, exc.limit)
+
+
+def closed_by_broker(reason: str) -> tuple[str, int]:
+    """Why the broker closes a connection (takeover or the console), for the
+    archive, and the DISCONNECT reason code an MQTT 5 client is told."""
+    if "taken over" in reason:
+        return CAUSE_TAKEN_OVER, ReasonCode.SESSION_TAKEN_OVER
+    return CAUSE_CONSOLE, ReasonCode.ADMINISTRATIVE_ACTION
 
 
 # -- CONNECT ---------------------------------------------------------------------------

@@ -49,12 +49,10 @@ from mqttamqp.core.queues.manager import Consumer
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
-    CAUSE_CONSOLE,
     CAUSE_KEEPALIVE,
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
     CAUSE_STORAGE,
-    CAUSE_TAKEN_OVER,
 )
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
@@ -453,10 +451,8 @@ class MQTTProtocol(ConnectHandshake, Protocol):
         """Closed by the broker (takeover, console): the session was already ended."""
         if self.state is ConnectionState.CLOSED:
             return
-        cause = CAUSE_TAKEN_OVER if "taken over" in reason else CAUSE_CONSOLE
+        cause, code = decisions.closed_by_broker(reason)
         if self._v5 is not None and self.state is _CONNECTED:
-            code = (ReasonCode.SESSION_TAKEN_OVER if cause == CAUSE_TAKEN_OVER
-                    else ReasonCode.ADMINISTRATIVE_ACTION)
             self._send_disconnect(code, reason)
         self.rules.advance("close")
         self.session = None
@@ -607,15 +603,12 @@ class MQTTProtocol(ConnectHandshake, Protocol):
                     # client's packet waits at most that long once the share is over.
                     until = seconds() + min(turn, _RECHECK)
         except MalformedPacket as exc:
-            what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
-                "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
-                else "limit exceeded" if exc.limit is not None
-                else "malformed packet")
+            close = decisions.malformed(exc)
             if exc.in_connect5 and self.state is _AWAITING_CONNECT:
                 # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
                 self._write(encode(Connack(False, exc.code, Properties(
                     reason_string=exc.reason[:200])), 5))
-            self._violation(f"{what}: {exc.reason}", code=exc.code, limit=exc.limit)
+            self._violation(close.reason, code=close.code, limit=close.limit)
         finally:
             self._in_process = was_processing
 
