@@ -13,27 +13,19 @@ uses is declared below (the protocol's slots).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, ClassVar, Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.auth import Credentials, Identity
-from mqttamqp.core.broker import Broker
-from mqttamqp.core.clients.connections import InspectableConnection
-from mqttamqp.core.clock import Clock
-from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
-from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import ClientLink, Session
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import decisions
-from mqttamqp.mqtt.codec import Decoder, encode
-from mqttamqp.mqtt.connection import ConnectionRules, ConnectionState, Keepalive, StringRules
-from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.connection import ConnectionState, Keepalive
 from mqttamqp.mqtt.decisions import Close, Connecting, Refuse, problem
+from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import (
     Auth,
     Connack,
@@ -42,13 +34,12 @@ from mqttamqp.mqtt.packets import (
     Properties,
     ReasonCode,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, Negotiated, message_properties, negotiate
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties, negotiate
 from mqttamqp.security.enhanced_auth import (
     CONTINUE,
     SUCCESS,
     AuthExchange,
     AuthStep,
-    EnhancedAuthenticator,
 )
 from mqttamqp.tls import verified_common_name
 
@@ -58,21 +49,6 @@ __all__ = ["AuthInProgress", "ConnectHandshake"]
 _CONNACK_ACCEPTED = {present: encode(Connack(present, ConnackCode.ACCEPTED))
                      for present in (False, True)}
 _CONNECTED = ConnectionState.CONNECTED
-
-
-class _Link(ClientLink, InspectableConnection, Protocol):
-    """An MQTT connection as the core sees it: its session's link, and a
-    connection the console inspects."""
-
-
-class _Factory(Protocol):
-    """What the handshake uses of ``protocol.MQTTFactory``."""
-
-    cert_as_user: bool
-    enhanced_auth: EnhancedAuthenticator | None
-    connect_deadlines: Deadlines
-    keepalives: Deadlines
-    connect_lines: LogLimiter
 
 
 def _no_methods(method: str) -> AuthExchange | None:
@@ -95,65 +71,10 @@ class AuthInProgress:
         self.final: bytes | None = None
 
 
-class ConnectHandshake:
-    """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (its base class)."""
+class ConnectHandshake(MQTTLink):
+    """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
 
-    # The connection's state and operations the handshake uses (``MQTTProtocol``).
-    log: ClassVar[Logger]
-    transport: Any
-    broker: Broker
-    clock: Clock
-    limits: Limits
-    strings: StringRules
-    rules: ConnectionRules
-    decoder: Decoder
-    session: Session | None
-    identity: Identity | None
-    client_id: str
-    username: str | None
-    version: str
-    keepalive: int
-    clean_session: bool
-    connected_since: float
-    _v5: Negotiated | None
-    _auth: AuthInProgress | None
-    _connect_timer: list[Any] | None
-    _keepalive: Keepalive | None
-    _keepalive_timer: list[Any] | None
-    _write: Callable[[bytes], None]
-    _violation: Callable[..., None]
-    _lose: Callable[[], None]
-    _process: Callable[[], None]
-    _cancel_timers: Callable[[], None]
-    _stop_connect_timer: Callable[[], None]
-    _pause_reading: Callable[[str], None]
-    _resume_reading: Callable[[str], None]
-    start_debug: Callable[[float], None]
-
-    @property
-    def state(self) -> ConnectionState:
-        raise NotImplementedError
-
-    @property
-    def peer(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def protocol_label(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def key(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def _factory(self) -> _Factory:
-        raise NotImplementedError
-
-    @property
-    def _link(self) -> _Link:
-        """This connection as the core sees it."""
-        raise NotImplementedError
+    _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
 
     def _on_connect(self, packet: Connect) -> None:
         self._stop_connect_timer()
