@@ -3,10 +3,10 @@
 ``protocol.MQTTProtocol`` is one object built from parts by concern:
 ``handshake.ConnectHandshake`` (CONNECT and AUTH to CONNACK),
 ``flows.ConnectedFlows`` (the packets of a connected client carried out, and
-their acknowledgements in order) and the Twisted protocol itself (bytes, batches,
-back-pressure, timers, the one disconnect).  ``MQTTLink`` declares, once, what the
-parts use of each other; ``MQTTProtocol`` has all of it (its slots and methods).
-Nothing here runs.
+their acknowledgements in order), ``closing.Disconnects`` (the one disconnect)
+and the Twisted protocol itself (bytes, batches, back-pressure, timers).
+``MQTTLink`` declares, once, what the parts use of each other; ``MQTTProtocol``
+has all of it (its slots and methods).  Nothing here runs.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class ListenerState(Protocol):
     connect_deadlines: Deadlines
     keepalives: Deadlines
     connect_lines: LogLimiter
+    log_limit: LogLimiter
 
 
 class MQTTLink:
@@ -80,7 +81,9 @@ class MQTTLink:
     _acks: AckQueue
     _clean_close: bool
     _cause: str
+    _cause_detail: str
     _write: Callable[[bytes], None]
+    _send_disconnect: Callable[[int, str], None]
     _after_publish: Callable[[Session, Published, int], None]
     _violation: Callable[..., None]
     _lose: Callable[[], None]

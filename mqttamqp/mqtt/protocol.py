@@ -12,9 +12,9 @@ acknowledgement a verdict gets) in ``decisions``; this module carries out what
 they decide.  ``MQTTProtocol`` is built from parts by concern (``link`` declares
 what they share): accepting a CONNECT and the AUTH exchange is
 ``handshake.ConnectHandshake``; the packets of a connected client, asked of the
-broker and acknowledged in order, are ``flows.ConnectedFlows``; this module keeps
-the Twisted protocol, the input pump, output batches, back-pressure, timers and
-the one disconnect.  The MQTT 5 frame of a delivery is ``outbound``'s; what waits
+broker and acknowledged in order, are ``flows.ConnectedFlows``; the one
+disconnect is ``closing.Disconnects``; this module keeps the Twisted protocol, the
+input pump, output batches, back-pressure and timers.  The MQTT 5 frame of a delivery is ``outbound``'s; what waits
 while durable queues are blocked is ``parking``'s; the console's debug log is
 ``debuglog``'s.
 
@@ -25,10 +25,10 @@ are costly (user properties, a fan-out, a flood of small ones) cannot stall the
 others.
 
 There is exactly one place that turns a protocol error into a disconnect:
-``_violation`` (for MQTT 5 it sends DISCONNECT with the reason code first, or
-CONNACK with it before the connection is accepted).  The routing rules live in
-``mqttamqp.core``, not here; what an MQTT 5 connection negotiated, and the rules
-that need it, live in ``v5``.
+``closing.Disconnects._violation`` (for MQTT 5 it sends DISCONNECT with the
+reason code first, or CONNACK with it before the connection is accepted).  The
+routing rules live in ``mqttamqp.core``, not here; what an MQTT 5 connection
+negotiated, and the rules that need it, live in ``v5``.
 """
 
 from __future__ import annotations
@@ -50,14 +50,12 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
-    CAUSE_KEEPALIVE,
     CAUSE_LOST,
-    CAUSE_PROTOCOL_ERROR,
-    CAUSE_STORAGE,
 )
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, decisions, outbound
+from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import (
     Decoder,
     MalformedPacket,
@@ -76,8 +74,6 @@ from mqttamqp.mqtt.connection import (
 from mqttamqp.mqtt.deadlines import Deadlines
 from mqttamqp.mqtt.decisions import (
     ack_frame,
-    problem,
-    violation_code,
 )
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
@@ -93,7 +89,6 @@ from mqttamqp.mqtt.packets import (
     Publish,
     Pubrec,
     Pubrel,
-    ReasonCode,
     Subscribe,
     Unsubscribe,
 )
@@ -130,7 +125,7 @@ _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
 
 @implementer(IPushProducer)
-class MQTTProtocol(ConnectHandshake, ConnectedFlows, Protocol):
+class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
@@ -430,28 +425,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Protocol):
         if self.state is not ConnectionState.CLOSED:
             self._write(ack_frame(0x62, packet_id))
 
-    def close(self, reason: str) -> None:
-        """Closed by the broker (takeover, console): the session was already ended."""
-        if self.state is ConnectionState.CLOSED:
-            return
-        cause, code = decisions.closed_by_broker(reason)
-        if self._v5 is not None and self.state is _CONNECTED:
-            self._send_disconnect(code, reason)
-        self.rules.advance("close")
-        self.session = None
-        self._cancel_timers()
-        self.broker.unregister_connection(self.key, self, cause, reason)
-        self._lose()
-
-    def server_stopping(self) -> None:
-        """The broker is stopping: an MQTT 5 client is told why (DISCONNECT 0x8B)
-        before the socket closes; any other is cut at once."""
-        if self._v5 is not None and self.state is _CONNECTED:
-            self._send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
-            self._lose()
-        else:
-            self.transport.abortConnection()
-
     @property
     def key(self) -> str:
         return "mqtt:" + self.client_id
@@ -469,64 +442,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Protocol):
             messages_in=self.messages_in, messages_out=self.messages_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out,
             last_activity=self._last_activity)
-
-    # -- the one place a protocol error becomes a disconnect ----------------------
-
-    def _violation(self, reason: str, cause: str | None = None,
-                   code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:
-        """Close for ``reason``; ``limit``: the bound the client went beyond (counted
-        as ``$SYS/broker/limits/<limit>``, one line per bound a minute)."""
-        cause = cause or (
-            CAUSE_KEEPALIVE if reason.startswith("keepalive") else CAUSE_PROTOCOL_ERROR)
-        if self._v5 is not None:
-            code = violation_code(self._v5, cause == CAUSE_KEEPALIVE, cause == CAUSE_STORAGE,
-                                  code)
-            # MQTT 5 says why before closing: DISCONNECT once connected, CONNACK
-            # with the reason code while the CONNECT is being handled.
-            if self.state is _CONNECTED:
-                self._send_disconnect(code, reason)
-            else:
-                self._write(encode(Connack(False, code, problem(self._v5, reason)), 5))
-        if cause == CAUSE_STORAGE:
-            # Not the client's fault, and the core logged the failing storage once
-            # for every client it hits: no line per connection.
-            self.log.debug("closing the connection of {c} ({peer}): {r}",
-                           c=self.client_id, peer=self.peer, r=reason)
-        else:
-            self.broker.stats.protocol_errors += 1
-            if limit is not None:
-                self.broker.stats.limit_hit(limit)
-                held = self.factory.log_limit.allow("limit " + limit)
-                if held is not None:
-                    self.log.warn("{c} ({peer}) went beyond a limit: {r}; closing the "
-                                  "connection (reason code {code:#04x}; {h} more beyond "
-                                  "that limit since the last such line)",
-                                  c=self.client_id or "(no client id yet)", peer=self.peer,
-                                  r=reason, code=int(code), h=held)
-            elif self._v5 is not None and cause != CAUSE_KEEPALIVE:
-                # MQTT 5: one line per reason code a minute, saying how many more.
-                held = self.factory.log_limit.allow(f"mqtt5 disconnect {code:#04x}")
-                if held is not None:
-                    self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
-                                  "connection with reason code {code:#04x} ({h} more "
-                                  "with that code since the last such line)",
-                                  c=self.client_id or "(no client id yet)", peer=self.peer,
-                                  r=reason, code=int(code), h=held)
-            elif cause != CAUSE_KEEPALIVE:   # (that one's line is the disconnect's own)
-                self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
-                              "connection", c=self.client_id or "(no client id yet)",
-                              peer=self.peer, r=reason)
-        self._clean_close = False
-        self._cause = cause
-        self._cause_detail = reason
-        self.rules.advance("close")
-        self._cancel_timers()
-        # It is over now, though the socket may linger (a half-open peer): it leaves
-        # the console and $SYS with its cause, and a reconnecting client finds its
-        # key free.
-        self.broker.unregister_connection(self.key, self, self._cause, reason)
-        # The will fires in connectionLost (the client did not send DISCONNECT).
-        self._lose()
 
     # -- input --------------------------------------------------------------------
 
@@ -620,11 +535,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Protocol):
     def _turn_over(self) -> None:
         self._turn_timer = None
         self._resume_reading("turn")
-
-    def _send_disconnect(self, code: int, reason: str) -> None:
-        # DISCONNECT may always carry a reason string (request problem
-        # information covers the other packets).
-        self._write(encode(Disconnect(code, Properties(reason_string=reason[:200])), 5))
 
     def _write(self, data: bytes) -> None:
         self._emit(data)
