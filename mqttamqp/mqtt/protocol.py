@@ -9,14 +9,16 @@ machine, which packet may come when, the keepalive deadline and the order of
 acknowledgements — are sans-IO in ``connection``, and what to do with each packet
 (reason codes, receive maximum, retain handling, topic aliases, the
 acknowledgement a verdict gets) in ``decisions``; this module carries out what
-they decide.  ``MQTTProtocol`` is built from parts by concern (``link`` declares
-what they share): accepting a CONNECT and the AUTH exchange is
+they decide.
+
+``MQTTProtocol`` is built from parts by concern (``link`` declares what they
+share): accepting a CONNECT and the AUTH exchange is
 ``handshake.ConnectHandshake``; the packets of a connected client, asked of the
 broker and acknowledged in order, are ``flows.ConnectedFlows``; the one
-disconnect is ``closing.Disconnects``; this module keeps the Twisted protocol, the
-input pump, output batches, back-pressure and timers.  The MQTT 5 frame of a delivery is ``outbound``'s; what waits
-while durable queues are blocked is ``parking``'s; the console's debug log is
-``debuglog``'s.
+disconnect is ``closing.Disconnects``; this module keeps the Twisted protocol,
+the input pump, output batches, back-pressure and timers.  The MQTT 5 frame of a
+delivery is ``outbound``'s; what waits while durable queues are blocked is
+``parking``'s; the console's debug log is ``debuglog``'s.
 
 One connection's input is handled for at most ``Limits.mqtt_turn`` seconds in one
 reactor turn while other clients wait to be read: then it is not read, and what it
