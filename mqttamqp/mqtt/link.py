@@ -3,8 +3,10 @@
 ``protocol.MQTTProtocol`` is one object built from parts by concern:
 ``handshake.ConnectHandshake`` (CONNECT and AUTH to CONNACK),
 ``flows.ConnectedFlows`` (the packets of a connected client carried out, and
-their acknowledgements in order), ``closing.Disconnects`` (the one disconnect)
-and the Twisted protocol itself (bytes, batches, back-pressure, timers).
+their acknowledgements in order), ``closing.Disconnects`` (the one disconnect),
+``reading.InputPump`` (the input pump and reading pauses),
+``inspect.ConnectionView`` (what the console sees) and the Twisted protocol
+itself (bytes, batches, timers).
 ``MQTTLink`` declares, once, what the parts use of each other; ``MQTTProtocol``
 has all of it (its slots and methods).  Nothing here runs.
 """
@@ -19,7 +21,7 @@ from twisted.logger import Logger
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clients.connections import InspectableConnection
-from mqttamqp.core.clock import Clock
+from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import ClientLink, Session
@@ -32,6 +34,7 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
@@ -82,6 +85,17 @@ class MQTTLink:
     _clean_close: bool
     _cause: str
     _cause_detail: str
+    _reading_paused_for: frozenset[str]
+    _in_process: bool
+    _parked: Parked | None
+    _turn_timer: DelayedCall | None
+    _last_activity: float
+    _peer: str | None
+    messages_out: int
+    bytes_in: int
+    bytes_out: int
+    _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
+    _connected_handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
     _write: Callable[[bytes], None]
     _send_disconnect: Callable[[int, str], None]
     _after_publish: Callable[[Session, Published, int], None]

@@ -15,14 +15,16 @@ they decide.
 share): accepting a CONNECT and the AUTH exchange is
 ``handshake.ConnectHandshake``; the packets of a connected client, asked of the
 broker and acknowledged in order, are ``flows.ConnectedFlows``; the one
-disconnect is ``closing.Disconnects``; this module keeps the Twisted protocol,
-the input pump, output batches, back-pressure and timers.  The MQTT 5 frame of a
+disconnect is ``closing.Disconnects``; the input pump and reading pauses are
+``reading.InputPump``; what the console sees is ``inspect.ConnectionView``; this
+module keeps the Twisted protocol, the deliveries (``send_publish``), output
+batches, the publish back-pressure (``_after_publish``) and timers.  The MQTT 5 frame of a
 delivery is ``outbound``'s; what waits while durable queues are blocked is
 ``parking``'s; the console's debug log is ``debuglog``'s.
 
 One connection's input is handled for at most ``Limits.mqtt_turn`` seconds in one
 reactor turn while other clients wait to be read: then it is not read, and what it
-sent is held, until a later turn (``_yield_turn``), so that a client whose packets
+sent is held, until a later turn (``reading.InputPump._yield_turn``), so that a client whose packets
 are costly (user properties, a fan-out, a flood of small ones) cannot stall the
 others.
 
@@ -46,7 +48,6 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
-from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -56,13 +57,11 @@ from mqttamqp.core.recorder import (
 )
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
-from mqttamqp.mqtt import debuglog, decisions, outbound
+from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import (
     Decoder,
-    MalformedPacket,
     PropertyLimits,
-    encode,
     encode_publish,
 )
 from mqttamqp.mqtt.connection import (
@@ -79,13 +78,12 @@ from mqttamqp.mqtt.decisions import (
 )
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
+from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.packets import (
     Auth,
-    Connack,
     Connect,
     Disconnect,
     Pingreq,
-    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -95,10 +93,11 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.parking import Parked
+from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import (
     Negotiated,
 )
-from mqttamqp.netio import others_waiting, plain_tcp, send
+from mqttamqp.netio import plain_tcp, send
 from mqttamqp.security.enhanced_auth import (
     EnhancedAuthenticator,
 )
@@ -118,16 +117,11 @@ _qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
 _NO_PROPERTIES = b"\x00"
 
 
-_NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
-# Reading paused for these, what was read is not handled either (``_process``).
-_HOLD_INPUT = frozenset({"congestion", "turn"})
-_RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is used up
-# "mqtt" + version, one string for all connections (not three copies each).
-_PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 
 
 @implementer(IPushProducer)
-class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
+class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
+                   Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
@@ -213,7 +207,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
         self._backlog = 0
         # (a frozenset, replaced on change: the empty one is shared, an empty set
         # is 216 bytes per connection)
-        self._reading_paused_for: frozenset[str] = _NOT_PAUSED
+        self._reading_paused_for: frozenset[str] = NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._parked: Parked | None = None   # durable queues blocked: see ``_park``
         self._rate = self.broker.publish_rate()     # None: publish rate not limited
@@ -227,27 +221,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
         return self.rules.state
 
     @property
-    def peer(self) -> str:
-        """The client's ``host:port``, made once, when first read: every CONNECT
-        reads it (admission, bans, authentication, the archive's connect event),
-        three builds a connection for the 64 bytes kept."""
-        peer = self._peer
-        if peer is not None:
-            return peer
-        transport = self.transport
-        if transport is None:
-            return "?"
-        client = getattr(transport, "client", None)
-        if type(client) is tuple and len(client) >= 2:
-            # (a TCP transport's accepted address: what getPeer would wrap)
-            peer = f"{client[0]}:{client[1]}"
-        else:
-            address = transport.getPeer()
-            peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
-        self._peer = peer
-        return peer
-
-    @property
     def _link(self) -> MQTTProtocol:
         return self
 
@@ -255,11 +228,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
     def _factory(self) -> MQTTFactory:
         factory: MQTTFactory = self.factory   # (Twisted types it Any)
         return factory
-
-    @property
-    def protocol_label(self) -> str:
-        """``mqtt3.1``, ``mqtt3.1.1`` or ``mqtt5`` (one shared string each)."""
-        return _PROTOCOL_LABELS.get(self.version) or "mqtt" + self.version
 
     # -- Twisted ----------------------------------------------------------------
 
@@ -288,15 +256,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
         self.bytes_in += len(data)
         self.decoder.feed(data)
         self._process_batch()
-
-    def _process_batch(self) -> None:
-        """``_process`` as one batch: what it causes is committed and written once."""
-        broker = self.broker
-        broker.begin_batch()
-        try:
-            self._process()
-        finally:
-            broker.end_batch()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -427,117 +386,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
         if self.state is not ConnectionState.CLOSED:
             self._write(ack_frame(0x62, packet_id))
 
-    @property
-    def key(self) -> str:
-        return "mqtt:" + self.client_id
-
-    def event_fields(self) -> EventFields:
-        return (self.client_id, self.peer, self.username, self.clean_session, self.keepalive)
-
-    def info(self) -> ConnectionInfo:
-        return ConnectionInfo(
-            key=self.key, client_id=self.client_id, protocol=self.protocol_label,
-            remote=self.peer, user=self.username, connected_since=self.connected_since,
-            keepalive=self.keepalive, clean_session=self.clean_session,
-            session_id=self.client_id,
-            will_owners=(self.client_id,) if self.client_id in self.broker.wills else (),
-            messages_in=self.messages_in, messages_out=self.messages_out,
-            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
-            last_activity=self._last_activity)
-
-    # -- input --------------------------------------------------------------------
-
-    def _process(self) -> None:
-        decoder = self.decoder
-        connected = self._connected_handlers
-        rules = self.rules
-        turn = self.limits.mqtt_turn
-        seconds = self.clock.seconds
-        until = seconds() + turn if turn else 0.0
-        was_processing, self._in_process = self._in_process, True
-        try:
-            while True:
-                state = rules.state
-                if (state is not _CONNECTED and state is not _AWAITING_CONNECT
-                        and state is not ConnectionState.AUTHENTICATING):
-                    return
-                paused = self._reading_paused_for
-                if paused and not paused.isdisjoint(_HOLD_INPUT):
-                    # Back-pressure holds what was read but not handled too (a
-                    # 64 KB read is a thousand small PUBLISHes, and a hundred
-                    # publishers' reads overran a subscriber's QoS 0 bound), and so
-                    # does the end of this connection's share of a turn: handled
-                    # once reading resumes (``_resume_reading``).  (A rate pause
-                    # handles the read and grows instead: ``_after_publish``.)
-                    return
-                parked = self._parked
-                if parked is not None and not parked.waiting:
-                    # The queues have room again: what waited goes first, in order.
-                    if parked.packets:
-                        packet = parked.take()
-                    else:
-                        self._parked = parked = None
-                        packet = decoder.next_packet()
-                else:
-                    packet = decoder.next_packet()
-                if packet is None:
-                    return
-                if parked is not None and parked.waiting and state is _CONNECTED \
-                        and self._park(parked, packet):
-                    continue
-                # Connected, the table holds exactly what a client may send; anything
-                # else (and anything before CONNECT) the rules explain.
-                handler = connected.get(type(packet)) if state is _CONNECTED else None
-                if handler is None:
-                    problem = rules.check(packet)
-                    if problem is not None:
-                        self._violation(problem)
-                        return
-                    handler = self._handlers[type(packet)]
-                handler(self, packet)
-                if until and seconds() >= until:
-                    if (decoder.buffered and rules.state is _CONNECTED
-                            and self._others_waiting()):
-                        self._yield_turn()     # (the next round returns: input held)
-                    # Its share used up, it asks again every millisecond: another
-                    # client's packet waits at most that long once the share is over.
-                    until = seconds() + min(turn, _RECHECK)
-        except MalformedPacket as exc:
-            close = decisions.malformed(exc)
-            if exc.in_connect5 and self.state is _AWAITING_CONNECT:
-                # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
-                self._write(encode(Connack(False, exc.code, Properties(
-                    reason_string=exc.reason[:200])), 5))
-            self._violation(close.reason, code=close.code, limit=close.limit)
-        finally:
-            self._in_process = was_processing
-
-    def _others_waiting(self) -> bool:
-        """Another connection (or the reactor's waker, a listener) has input ready
-        (``netio.others_waiting``; a transport that is not plain TCP cannot tell
-        its own descriptor apart: True when its socket has more)."""
-        transport = self.transport
-        own = transport.fileno() if plain_tcp(transport) else -1
-        return others_waiting(self.clock, own)
-
-    def _yield_turn(self) -> None:
-        """This connection had its share of the reactor turn (``Limits.mqtt_turn``)
-        and others wait: stop reading it and hold what it sent until the reactor
-        has polled once more and read them.  (A reactor runs the calls due at the
-        start of a turn, then polls: a ``callLater(0)`` made now would run before
-        the next poll, ahead of the others; the call it makes runs after it.)"""
-        self.broker.stats.mqtt_turns_yielded += 1
-        self._pause_reading("turn")
-        if self._turn_timer is None:
-            self._turn_timer = self.clock.callLater(0, self._after_next_poll)
-
-    def _after_next_poll(self) -> None:
-        self._turn_timer = self.clock.callLater(0, self._turn_over)
-
-    def _turn_over(self) -> None:
-        self._turn_timer = None
-        self._resume_reading("turn")
-
     def _write(self, data: bytes) -> None:
         self._emit(data)
         self.bytes_out += len(data)
@@ -617,60 +465,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, Protocol):
 
     def stop_debug(self) -> None:
         debuglog.stop(self)
-
-    # -- reading pause (connect in progress, back-pressure) -----------------------
-
-    def _pause_reading(self, why: str) -> None:
-        if not self._reading_paused_for:
-            self.transport.pauseProducing()
-        if why not in self._reading_paused_for:
-            self._reading_paused_for = self._reading_paused_for | {why}
-
-    def _resume_reading(self, why: str) -> None:
-        if why in self._reading_paused_for:
-            # (``or``: back to the shared empty one, not a new 216-byte frozenset)
-            self._reading_paused_for = self._reading_paused_for - {why} or _NOT_PAUSED
-            if not self._reading_paused_for and self.state is not ConnectionState.CLOSED:
-                self._last_activity = self.clock.seconds()
-                self.transport.resumeProducing()
-                if (self.decoder.buffered or self._parked is not None) \
-                        and not self._in_process:
-                    # The packets held back when reading stopped (see ``_process``):
-                    # after the batch that resumed us (another connection's PUBACK,
-                    # say), not nested inside it.
-                    if not self.broker.after_batch(self._process_held):
-                        self._process_held()
-
-    def _park(self, parked: Parked, packet: Any) -> bool:
-        """Hold ``packet`` while publishers to durable queues are blocked (True), or
-        let it be handled now (False): ``Parked.hold``.  Past its bound the
-        connection is not read any more (the keepalive then waits too)."""
-        if not parked.hold(packet, self._v5 is not None, self.broker.queues):
-            return False
-        if parked.over_bound:
-            self._pause_reading("queues")
-        return True
-
-    def _process_held(self) -> None:
-        if (self._reading_paused_for or self._in_process
-                or self.state is ConnectionState.CLOSED):
-            return   # (paused again meanwhile: the next resume comes back here)
-        self._process_batch()
-
-    def _drained(self) -> None:
-        self._resume_reading("congestion")
-
-    def _queues_writable(self) -> None:
-        parked = self._parked
-        if parked is not None:
-            parked.waiting = False
-            if not parked.packets and not self._in_process:
-                self._parked = None
-        self._resume_reading("queues")
-        if (self._parked is not None and not self._reading_paused_for
-                and not self._in_process and self.state is not ConnectionState.CLOSED
-                and not self.broker.after_batch(self._process_held)):
-            self._process_held()
 
     def _after_publish(self, session: Session, result: Published, size: int) -> None:
         broker = self.broker
