@@ -52,18 +52,12 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.recorder import (
-    CAUSE_LOST,
-)
+from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.closing import Disconnects
-from mqttamqp.mqtt.codec import (
-    Decoder,
-    PropertyLimits,
-    encode_publish,
-)
+from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     AckQueue,
@@ -73,9 +67,7 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
-from mqttamqp.mqtt.decisions import (
-    ack_frame,
-)
+from mqttamqp.mqtt.decisions import ack_frame
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
@@ -94,19 +86,13 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
-from mqttamqp.mqtt.v5 import (
-    Negotiated,
-)
+from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.netio import plain_tcp, send
-from mqttamqp.security.enhanced_auth import (
-    EnhancedAuthenticator,
-)
+from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
 _CLOSED = ConnectionState.CLOSED
-_CONNECTED = ConnectionState.CONNECTED
-_AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
@@ -115,8 +101,6 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 _qos0_cache: list[Any] = [None, False, b""]
 _qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
 _NO_PROPERTIES = b"\x00"
-
-
 
 
 @implementer(IPushProducer)

@@ -25,7 +25,6 @@ from mqttamqp.netio import others_waiting, plain_tcp
 
 __all__ = ["NOT_PAUSED", "InputPump"]
 
-_CLOSED = ConnectionState.CLOSED
 _CONNECTED = ConnectionState.CONNECTED
 _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
 NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
