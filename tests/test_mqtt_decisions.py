@@ -100,15 +100,6 @@ def test_connect_with_a_method_not_offered_is_refused_0x8c() -> None:
 
 # -- PUBLISH ---------------------------------------------------------------------------
 
-def test_publish_routes_a_message_or_closes_on_a_bad_topic() -> None:
-    """3.1.1: the message carries the packet's fields; a control character closes."""
-    message = decisions.publish(Publish("a/b", b"x", 1, True, False, 7), STRINGS, "c", 5.0)
-    assert isinstance(message, Message)
-    assert (message.topic, message.qos, message.retain, message.publisher,
-            message.timestamp) == ("a/b", 1, True, "c", 5.0)
-    assert isinstance(decisions.publish(Publish("a\x01", b""), STRINGS, "c", 0.0), Close)
-
-
 def test_publish5_topic_alias_and_receive_maximum() -> None:
     """An alias set once stands for its topic; an unknown alias and a client past
     the receive maximum are closed with their reason codes."""

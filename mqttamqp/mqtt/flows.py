@@ -17,6 +17,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from mqttamqp.core.message import Message
 from mqttamqp.core.queues.manager import Consumer
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.core.sessions.session import Session
@@ -125,10 +126,14 @@ class ConnectedFlows(MQTTLink):
         if self._v5 is not None:
             self._on_publish5(self._v5, session, packet)
             return
-        message = decisions.publish(packet, self.strings, self.client_id, self.clock.seconds())
-        if isinstance(message, Close):
-            self._violation(message.reason)
+        # A 3.1.1 PUBLISH has one rule, the topic's (``StringRules``): applied here,
+        # not through ``decisions`` (the call cost 3% of a QoS 0 delivery).
+        why = self.strings.topic(packet.topic, "PUBLISH topic")
+        if why is not None:
+            self._violation(why)
             return
+        message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
+                          self.client_id, self.clock.seconds(), packet.dup)
         self.messages_in += 1
         broker = self.broker
         qos = packet.qos
