@@ -6,6 +6,8 @@ type; PUBLISH, the hot one, it decodes inline.  Pure, like the rest of the codec
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .bodies5 import (
     decode5_auth,
     decode5_connack,
@@ -21,8 +23,8 @@ from .bodies5 import (
     decode5_unsubscribe,
 )
 from .fields import (
-    BodyDecoder,
     Buffer,
+    MalformedPacket,
     check_length,
     check_topic_name,
     read_binary,
@@ -52,7 +54,7 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import MalformedPacket, PropertyLimits
+from .properties import PropertyLimits
 
 _KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
@@ -167,7 +169,7 @@ def decode_subscribe(buf: Buffer, first: int, start: int, end: int, level: int,
     p = start + 2
     while p < end:
         if len(topics) >= limits.subscribe_filters:
-            raise too_many_filters(limits)
+            raise too_many_filters(limits.subscribe_filters)
         topic_filter, p = read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without a requested QoS byte")
@@ -241,6 +243,11 @@ def unreachable(buf: Buffer, first: int, start: int, end: int, level: int,
     # Types 0, 3 (PUBLISH, inline) and 15 never get here: the header table
     # rejects 0 and 15 before the body is looked at.
     raise AssertionError(f"no body decoder for packet type {first >> 4}")
+
+
+# A body decoder: (buf, first byte, body start, body end, decoder protocol level,
+# the decoder's property limits) -> the packet.
+BodyDecoder = Callable[[Buffer, int, int, int, int, PropertyLimits], Packet]
 
 
 # --------------------------------------------------------------------------

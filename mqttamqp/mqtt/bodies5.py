@@ -10,6 +10,7 @@ from typing import Any
 
 from .fields import (
     Buffer,
+    MalformedPacket,
     check_topic_name,
     read_binary,
     read_filter,
@@ -34,7 +35,7 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import MalformedPacket, PropertyContext, PropertyLimits, read_properties
+from .properties import PropertyContext, PropertyLimits, read_properties
 
 _PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
 _PUBREL_CODES = frozenset({0x00, 0x92})
@@ -164,7 +165,7 @@ def decode5_subscribe(buf: Buffer, first: int, start: int, end: int, level: int,
     options: list[int] = []
     while p < end:
         if len(topics) >= limits.subscribe_filters:
-            raise too_many_filters(limits)
+            raise too_many_filters(limits.subscribe_filters)
         topic_filter, p = read_filter(buf, p, end, "SUBSCRIBE")
         if p >= end:
             raise MalformedPacket("SUBSCRIBE topic filter without subscription options")

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Iterator
 
 from .bodies import BODY_DECODERS, BODY_DECODERS_5
-from .fields import QUEUE_NAMESPACES, Buffer, long_remaining_length
+from .fields import QUEUE_NAMESPACES, Buffer, MalformedPacket, long_remaining_length
 from .packets import (
     PROTOCOL_5,
     SUBACK_FAILURE,
@@ -55,7 +55,6 @@ from .packets import (
 from .properties import (
     MAX_VARINT,
     NO_PROPERTY_LIMITS,
-    MalformedPacket,
     PropertyContext,
     PropertyLimits,
     encode_properties,

@@ -1,4 +1,5 @@
-"""Field readers of the MQTT wire format, shared by every packet body decoder.
+"""Field readers of the MQTT wire format, shared by every packet body decoder and
+the property reader, and the codec's one error, ``MalformedPacket``.
 
 Each reader takes the buffer, a read position and the packet end, and returns the
 value with the next position; none reads past ``end``, and every problem is a
@@ -8,12 +9,25 @@ decisions (those are ``connection``'s and ``decisions``').
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from .packets import Packet
-from .properties import MalformedPacket, PropertyLimits
-
 Buffer = bytes | bytearray
+
+
+class MalformedPacket(Exception):
+    """The peer sent bytes that are not a valid MQTT packet; ``reason`` says why and
+    ``code`` is the MQTT 5 reason code to close with (0x81 malformed, 0x82
+    protocol error, 0x95 packet too large)."""
+
+    reason: str
+    code: int
+    in_connect5: bool   # raised by an MQTT 5 CONNECT: the answer is a CONNACK
+    limit: str | None   # the ``PropertyLimits`` bound it is beyond (code 0x97)
+
+    def __init__(self, reason: str, code: int = 0x81, limit: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.in_connect5 = False
+        self.limit = limit
 
 def read_string(buf: Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:
     if p + 2 > end:
@@ -93,14 +107,9 @@ def read_filter(buf: Buffer, p: int, end: int, packet: str) -> tuple[str, int]:
     return topic_filter, p
 
 
-def too_many_filters(limits: PropertyLimits) -> MalformedPacket:
-    """One SUBSCRIBE naming more filters than ``limits`` allow (raised at the first
+def too_many_filters(limit: int) -> MalformedPacket:
+    """One SUBSCRIBE naming more than ``limit`` filters (raised at the first
     filter too many, before it is read: a 100,000-filter SUBSCRIBE held the reactor
     for a second)."""
-    return MalformedPacket(f"SUBSCRIBE with more than {limits.subscribe_filters} topic "
+    return MalformedPacket(f"SUBSCRIBE with more than {limit} topic "
                            "filters (--max-subscribe-filters)", 0x97, "subscribe_filters")
-
-
-# A body decoder: (buf, first byte, body start, body end, decoder protocol level,
-# the decoder's property limits) -> the packet.
-BodyDecoder = Callable[[Buffer, int, int, int, int, PropertyLimits], Packet]
