@@ -30,7 +30,7 @@ from brokerproc import BrokerProcess
 
 # Hypothesis' default deadline (200 ms per example) is an assertion on wall-clock
 # speed: on two shared cores the codec properties fail at random with
-# DeadlineExceeded.  Tests assert on behaviour, not on speed (STYLE.md, habit 11).
+# DeadlineExceeded.  Tests assert on behaviour, not on speed (bench/ measures).
 settings.register_profile("mqttamqp", deadline=None)
 settings.load_profile("mqttamqp")
 

@@ -1,7 +1,8 @@
-"""README.md's examples, run (issue 24, item 9), so that README cannot drift from the
-code: every fenced block is either run here or marked in README itself by
-``<!-- not run: REASON -->`` on the line before its fence.  A new block that is
-neither fails ``test_readme_example`` with its line.
+"""The examples of README.md and of every page of docs/, run (issue 24, item 9; docs/
+since issue 25), so that the documentation cannot drift from the code: every fenced
+block is either run here or marked in its page itself by ``<!-- not run: REASON -->``
+on the line before its fence.  A new block that is neither fails
+``test_readme_example`` with its page and line.
 
 How a block runs (each against its own broker on 127.0.0.1 port 0, in a temporary
 directory where ``DATA`` and ``mqttamqp-data`` are that broker's data directory):
@@ -49,7 +50,10 @@ from mqttamqp.security.userstore import UserStore
 
 pytestmark = pytest.mark.timeout(120)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# Every page a user may copy an example from: README, then docs/ in name order.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BIN = os.path.dirname(sys.executable)
 PASSWORD = "a password for the README"
 WAIT = 20.0        # seconds for any one event (a SUBACK, an expected line, a listener)
@@ -60,13 +64,14 @@ _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
 
 @dataclass(frozen=True)
 class Block:
+    page: str              # README.md, docs/queues.md, ...
     line: int              # of the opening fence, 1-based
     lang: str
     text: str              # without the fences' indentation
     not_run: str | None    # the marker's reason
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     lines = text.splitlines()
     blocks: list[Block] = []
     i = 0
@@ -82,22 +87,74 @@ def readme_blocks(text: str) -> list[Block]:
         body = [line[len(indent):] if line.startswith(indent) else line.lstrip()
                 for line in lines[i + 1:end]]
         marker = _NOT_RUN.match(lines[i - 1]) if i > 0 else None
-        blocks.append(Block(i + 1, fence.group(2) or "text", "\n".join(body) + "\n",
+        blocks.append(Block(page, i + 1, fence.group(2) or "text", "\n".join(body) + "\n",
                             marker.group(1) if marker else None))
         i = end + 1
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+def _page_name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
 
 
-def test_every_not_run_marker_stands_before_a_block() -> None:
+BLOCKS = [block for path in PAGES
+          for block in readme_blocks(path.read_text(encoding="utf-8"), _page_name(path))]
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_page_name)
+def test_every_not_run_marker_stands_before_a_block(path: Path) -> None:
     """A '<!-- not run: ... -->' marker counts only on the line before a fence: a
     stray one (a block moved away from it) is an error, not a silent skip."""
-    markers = [n for n, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1)
+    page = _page_name(path)
+    markers = [n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                if _NOT_RUN.match(line)]
-    assert markers == [b.line - 1 for b in BLOCKS if b.not_run], markers
-    assert any(b.not_run is None for b in BLOCKS)
+    assert markers == [b.line - 1 for b in BLOCKS if b.page == page and b.not_run], markers
+    if path == README:
+        assert any(b.not_run is None for b in BLOCKS if b.page == page)
+
+
+_LINK = re.compile(r"\]\(([^()\s]+)\)")
+
+
+def _anchors(text: str) -> set[str]:
+    """The heading anchors a Markdown page has, as GitHub makes them."""
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_page_name)
+def test_links_point_at_what_the_repository_has(path: Path) -> None:
+    """Every relative link of the page names a file of the repository, and a heading
+    that the page it names has."""
+    text = path.read_text(encoding="utf-8")
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue   # (http:, https:, mailto:)
+        name, _, fragment = target.partition("#")
+        linked = (path.parent / name).resolve() if name else path
+        assert linked.exists(), f"{_page_name(path)}: {target} names no file"
+        if fragment:
+            assert fragment in _anchors(linked.read_text(encoding="utf-8")), (
+                f"{_page_name(path)}: {target}: no such heading")
+
+
+def test_configuration_page_names_every_option() -> None:
+    """docs/configuration.md's table has a row for every option of twistd mqttamqp,
+    none for an option that does not exist, and each row gives the option's default."""
+    from mqttamqp.ops.config import option_specs
+    from mqttamqp.options import Options
+
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `--([a-z0-9-]+)` \| (.+?) \|", text, re.M))
+    specs = option_specs(Options())
+    assert set(rows) == set(specs)
+    for name, spec in specs.items():
+        shown = {"flag": "flag", "list": "(repeatable)"}.get(
+            spec.kind, "—" if spec.default is None else f"`{spec.default}`")
+        assert rows[name] == shown, (name, rows[name], shown)
 
 
 # -- output and processes -------------------------------------------------------------
@@ -236,8 +293,9 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
 
 @dataclass(frozen=True)
 class Command:
+    page: str
     text: str
-    line: int              # README line where it starts
+    line: int              # the page's line where it starts
     program: str
     background: bool
 
@@ -277,21 +335,21 @@ def sh_commands(block: Block) -> tuple[list[Command], list[str]]:
             program = words[0] if words else "?"
         if program == "mosquitto_sub" and not {"-C", "-W", "-E"} & set(words):
             background = True   # a subscriber that runs until stopped
-        commands.append(Command(text, start, program, background))
+        commands.append(Command(block.page, text, start, program, background))
     return commands, expected
 
 
 def run_sh(block: Block, place: Place) -> None:
     commands, expected = sh_commands(block)
     strangers = sorted({c.program for c in commands} - RUNS)
-    assert not strangers, (f"README line {block.line}: the sh block runs {strangers}, "
+    assert not strangers, (f"{block.page} line {block.line}: the sh block runs {strangers}, "
                            "which tests/test_readme_examples.py does not run: teach it, or "
                            "mark the block <!-- not run: why -->")
     if not any(c.program == "twistd" for c in commands):
         place.start_broker()
     variables: dict[str, str] = {}
     for command in commands:
-        where = f"README line {command.line}: {command.text}"
+        where = f"{command.page} line {command.line}: {command.text}"
         if command.program == "twistd":
             start_twistd(command, place)
             continue
@@ -324,7 +382,7 @@ def run_sh(block: Block, place: Place) -> None:
         place.output.add(done.stdout + done.stderr)
     for line in expected:
         assert place.output.wait_for(shows(line)), (
-            f"README line {block.line}: the block never printed {line!r}; it printed:\n"
+            f"{block.page} line {block.line}: the block never printed {line!r}; it printed:\n"
             + place.output.text())
 
 
@@ -351,7 +409,7 @@ def start_twistd(command: Command, place: Place) -> None:
         lambda t: {m.group(1).upper() for m in listening.finditer(t)} >= set(named)
         or broker.proc.poll() is not None), broker.own.text()
     found = {m.group(1).upper(): int(m.group(2)) for m in listening.finditer(broker.own.text())}
-    assert set(found) >= set(named), (f"README line {command.line}: the broker did not "
+    assert set(found) >= set(named), (f"{command.page} line {command.line}: the broker did not "
                                       f"start:\n{broker.own.text()}")
     place.ports = found
 
@@ -365,10 +423,10 @@ def run_python(block: Block, place: Place) -> None:
     script.write_text(localize(block.text, place.ports), encoding="utf-8")
     done = subprocess.run([sys.executable, str(script)], cwd=place.dir, env=place.env,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, (f"README line {block.line}: the script failed:\n"
+    assert done.returncode == 0, (f"{block.page} line {block.line}: the script failed:\n"
                                   f"{done.stdout}{done.stderr}")
     for printed in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", block.text, re.M):
-        assert shows(printed)(done.stdout), (f"README line {block.line}: expected "
+        assert shows(printed)(done.stdout), (f"{block.page} line {block.line}: expected "
                                              f"{printed!r}, got:\n{done.stdout}")
 
 
@@ -381,7 +439,7 @@ def run_toml(block: Block, place: Place) -> None:
     if re.search(r"^\s*\[\[queue\]\]", block.text, re.M):
         from mqttamqp.queuesfile import load_queue_rules
 
-        assert load_queue_rules(str(path)), f"README line {block.line}: no rule read"
+        assert load_queue_rules(str(path)), f"{block.page} line {block.line}: no rule read"
         return
     from mqttamqp.options import Options
 
@@ -389,7 +447,7 @@ def run_toml(block: Block, place: Place) -> None:
     try:
         options.parseOptions(["--config", str(path), "--data", str(place.data)])
     except SystemExit as e:
-        pytest.fail(f"README line {block.line}: --config refuses it: {e.code}")
+        pytest.fail(f"{block.page} line {block.line}: --config refuses it: {e.code}")
 
 
 # -- text: ACL files and error lines -----------------------------------------------------
@@ -405,7 +463,7 @@ def run_text(block: Block, place: Place) -> None:
     rules = [line.split(None, 1)[0] for line in block.text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     assert rules and set(rules) <= {"topic", "pattern", "user"}, (
-        f"README line {block.line}: a text block that is neither an ACL file nor an "
+        f"{block.page} line {block.line}: a text block that is neither an ACL file nor an "
         "error line: run it in tests/test_readme_examples.py or mark it "
         "<!-- not run: why -->")
     run_acl(block, place)
@@ -432,7 +490,7 @@ def run_acl(block: Block, place: Place) -> None:
     """The ACL file as README writes it: parsed, then in force in a broker, where a
     user it lets write reaches a user it lets read, and a topic it does not grant
     that writer is not delivered."""
-    rules = parse_acl(block.text, f"README line {block.line}")
+    rules = parse_acl(block.text, f"{block.page} line {block.line}")
     writer = next((name for name, granted in rules.users.items()
                    for r in granted if r.access & WRITE and not r.pattern), None)
     assert writer is not None, "the example grants no user a write: choose another check"
@@ -476,14 +534,15 @@ RUNNERS: dict[str, Callable[[Block, Place], None]] = {
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}-{b.lang}" for b in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS,
+                         ids=[f"{b.page}:line{b.line}-{b.lang}" for b in BLOCKS])
 def test_readme_example(block: Block, place: Place) -> None:
-    """README's fenced block at this line runs as written, or README says why not."""
+    """The page's fenced block at this line runs as written, or the page says why not."""
     if block.not_run is not None:
-        pytest.skip(f"README line {block.line}: not run: {block.not_run}")
+        pytest.skip(f"{block.page} line {block.line}: not run: {block.not_run}")
     runner = RUNNERS.get(block.lang)
     assert runner is not None, (
-        f"README line {block.line}: a ```{block.lang} block that tests/"
+        f"{block.page} line {block.line}: a ```{block.lang} block that tests/"
         "test_readme_examples.py cannot run: teach it, or mark the block "
         "<!-- not run: why -->")
     runner(block, place)

@@ -52,9 +52,9 @@ class Disconnects(MQTTLink):
             self.log.debug("closing the connection of {c} ({peer}): {r}",
                            c=self.client_id, peer=self.peer, r=reason)
         else:
-            self.broker.stats.protocol_errors += 1
+            self.meter.protocol_error()
             if limit is not None:
-                self.broker.stats.limit_hit(limit)
+                self.meter.limit_hit(limit)
                 held = self._factory.log_limit.allow("limit " + limit)
                 if held is not None:
                     self.log.warn("{c} ({peer}) went beyond a limit: {r}; closing the "

@@ -18,7 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.manager import Consumer
+from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import decisions

@@ -35,13 +35,13 @@ from mqttamqp.mqtt.packets import (
     ReasonCode,
 )
 from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties, negotiate
+from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import (
     CONTINUE,
     SUCCESS,
     AuthExchange,
     AuthStep,
 )
-from mqttamqp.tls import verified_common_name
 
 __all__ = ["AuthInProgress", "ConnectHandshake"]
 
@@ -237,7 +237,7 @@ class ConnectHandshake(MQTTLink):
         5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
         the caller logged (and counted) it already, rate-limited."""
         if not logged:
-            self.broker.stats.connections_refused += 1
+            self.meter.refused()
             self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
                           "{code})", peer=self.peer, c=self.client_id, r=reason,
                           code=int(code))

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from twisted.logger import Logger
 
+from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clients.connections import InspectableConnection
@@ -64,6 +65,7 @@ class MQTTLink:
     transport: Any
     broker: Broker
     clock: Clock
+    meter: DeliveryMeter
     limits: Limits
     strings: StringRules
     rules: ConnectionRules

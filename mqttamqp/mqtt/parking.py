@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from mqttamqp.core.queues.manager import is_queue_command, is_queue_topic
+from mqttamqp.core.queues.addresses import is_queue_command, is_queue_topic
 from mqttamqp.mqtt.packets import Pingreq, Puback, Pubcomp, Publish, Pubrec, Pubrel
 
 __all__ = ["PARKED_BYTES", "PARKED_PACKETS", "Parked"]

@@ -46,6 +46,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clock import Clock, DelayedCall
@@ -54,7 +56,6 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
@@ -87,7 +88,7 @@ from mqttamqp.mqtt.packets import (
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
-from mqttamqp.netio import plain_tcp, send
+from mqttamqp.net.tcp import plain_tcp, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -128,9 +129,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_out_bytes",
         "_parked",
         "_peer",
-        "_rate",
-        "_rate_timer",
         "_reading_paused_for",
+        "_throttle",
         "_turn_timer",
         "_v5",
         "broker",
@@ -148,6 +148,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "limits",
         "messages_in",
         "messages_out",
+        "meter",
         "rules",
         "session",
         "strings",
@@ -163,6 +164,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
+        self.meter = factory.meter
         self.limits: Limits = factory.broker.limits
         self.rules = ConnectionRules()
         self.strings: StringRules = factory.strings
@@ -194,8 +196,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._reading_paused_for: frozenset[str] = NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._parked: Parked | None = None   # durable queues blocked: see ``_park``
-        self._rate = self.broker.publish_rate()     # None: publish rate not limited
-        self._rate_timer: DelayedCall | None = None
+        rate = self.broker.publish_rate()     # None: publish rate not limited
+        self._throttle = (None if rate is None else
+                          PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
@@ -226,7 +229,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
-            # listener, see ``netio.lean_port``.)
+            # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._connect_timer = self.factory.connect_deadlines.add(
@@ -236,7 +239,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if self.rules.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
-        self.broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         self.decoder.feed(data)
         self._process_batch()
@@ -337,11 +340,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._emit(frame)
         self.messages_out += 1
         self.bytes_out += len(frame)
-        stats = self.broker.stats
-        stats.messages_sent += 1
-        stats.bytes_sent += len(frame)
-        if not stats.messages_sent & DELIVER_SAMPLE_MASK:
-            stats.deliver_sampled(message.timestamp)
+        self.meter.delivered(message.timestamp, len(frame))
         if self._congested:
             self._backlog += len(frame)
 
@@ -373,7 +372,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def _write(self, data: bytes) -> None:
         self._emit(data)
         self.bytes_out += len(data)
-        self.broker.stats.bytes_sent += len(data)
+        self.meter.sent_bytes(len(data))
 
     def _emit(self, data: bytes) -> None:
         """Every outbound byte goes through here, in order.  While the broker handles
@@ -401,7 +400,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._send(out[0] if len(out) == 1 else b"".join(out))
 
     def _send(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds)."""
@@ -432,12 +431,14 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _cancel_timers(self) -> None:
         self._stop_connect_timer()
-        for timer in (self._rate_timer, self._turn_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
+        if self._throttle is not None:
+            self._throttle.stop()
+        timer = self._turn_timer
+        if timer is not None and timer.active():
+            timer.cancel()
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self._keepalive_timer)
-        self._keepalive_timer = self._rate_timer = self._turn_timer = None
+        self._keepalive_timer = self._turn_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -466,20 +467,15 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             if congested:
                 self._pause_reading("congestion")
                 broker.pause_until_drained(id(self), self._drained, congested)
-        rate = self._rate
-        if rate is not None:
-            wait = rate.take(size)
-            if wait > 0:
-                timer = self._rate_timer
-                if timer is None:
-                    self._pause_reading("rate")
-                    broker.publish_rate_exceeded("MQTT", self.client_id, wait)
-                    self._rate_timer = self.clock.callLater(wait, self._rate_over)
-                else:   # more of the same read: the pause grows to pay for it
-                    timer.reset(wait)
+        throttle = self._throttle
+        if throttle is not None:
+            throttle.charge(size)
+
+    def _rate_paused(self, wait: float) -> None:
+        self._pause_reading("rate")
+        self.broker.publish_rate_exceeded("MQTT", self.client_id, wait)
 
     def _rate_over(self) -> None:
-        self._rate_timer = None
         self._resume_reading("rate")
 
     _handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
@@ -523,12 +519,13 @@ class MQTTFactory(Factory):
         self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
         self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
+        self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
         self.enhanced_auth: EnhancedAuthenticator | None = None
 
-    # (``addr`` is not read: ``netio.LeanPort`` passes None instead of building it)
+    # (``addr`` is not read: ``net.tcp.LeanPort`` passes None instead of building it)
     wants_address = False
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:

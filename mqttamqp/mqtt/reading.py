@@ -21,7 +21,7 @@ from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack, Properties
 from mqttamqp.mqtt.parking import Parked
-from mqttamqp.netio import others_waiting, plain_tcp
+from mqttamqp.net.tcp import others_waiting, plain_tcp
 
 __all__ = ["NOT_PAUSED", "InputPump"]
 
@@ -113,7 +113,7 @@ class InputPump(MQTTLink):
 
     def _others_waiting(self) -> bool:
         """Another connection (or the reactor's waker, a listener) has input ready
-        (``netio.others_waiting``; a transport that is not plain TCP cannot tell
+        (``net.tcp.others_waiting``; a transport that is not plain TCP cannot tell
         its own descriptor apart: True when its socket has more)."""
         transport = self.transport
         own = transport.fileno() if plain_tcp(transport) else -1
@@ -125,7 +125,7 @@ class InputPump(MQTTLink):
         has polled once more and read them.  (A reactor runs the calls due at the
         start of a turn, then polls: a ``callLater(0)`` made now would run before
         the next poll, ahead of the others; the call it makes runs after it.)"""
-        self.broker.stats.mqtt_turns_yielded += 1
+        self.meter.turn_yielded()
         self._pause_reading("turn")
         if self._turn_timer is None:
             self._turn_timer = self.clock.callLater(0, self._after_next_poll)
