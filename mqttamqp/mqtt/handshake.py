@@ -112,7 +112,7 @@ class ConnectHandshake(MQTTLink):
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
         peer = self.peer     # (made when read: once here)
-        banned = self.broker.banned("MQTT", client_id, self.username, peer)
+        banned = self.broker.gate.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
             # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
             self._refuse(ReasonCode.BANNED if self._v5 is not None
@@ -135,7 +135,7 @@ class ConnectHandshake(MQTTLink):
         ok: bool | Deferred[bool] = True
         if cert_user is None:
             creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
-            ok = self.broker.authenticate_now(creds)
+            ok = self.broker.gate.authenticate_now(creds)
         if isinstance(ok, Deferred):
             ok.addCallback(self._authenticated, packet, assigned)
             ok.addErrback(self._connect_failed)
@@ -165,7 +165,7 @@ class ConnectHandshake(MQTTLink):
             self._refuse(code, "authentication failed")
             return None
         self.identity = Identity(self.client_id, self.username, self.protocol_label)
-        if not self.broker.may_claim(self.identity, self.client_id):
+        if not self.broker.gate.may_claim(self.identity, self.client_id):
             self._refuse(ConnackCode.NOT_AUTHORIZED,
                          "the session of this client id belongs to another user")
             return None
@@ -293,14 +293,14 @@ class ConnectHandshake(MQTTLink):
         self._stop_connect_timer()
         if step.outcome != SUCCESS:
             self._auth = None
-            self.broker.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
-                                                self.peer), step.reason or "refused")
+            self.broker.gate.auth_failed(Credentials(self.client_id, step.username, None,
+                                                     "mqtt", self.peer), step.reason or "refused")
             self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
                          f"authentication failed ({step.reason})")
             return
         # The name the exchange proved may be banned (the CONNECT's own user name
         # field, checked before, is whatever the client put there).
-        banned = self.broker.banned("MQTT", self.client_id, step.username, self.peer)
+        banned = self.broker.gate.banned("MQTT", self.client_id, step.username, self.peer)
         if banned is not None:
             self._auth = None
             self._refuse(ReasonCode.BANNED, banned, logged=True)

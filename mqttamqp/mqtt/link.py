@@ -25,7 +25,8 @@ from mqttamqp.core.clients.connections import InspectableConnection
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import ClientLink, Session
+from mqttamqp.core.sessions.entries import ClientLink
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import (
     AckQueue,

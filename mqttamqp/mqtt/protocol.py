@@ -196,7 +196,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._reading_paused_for: frozenset[str] = NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._parked: Parked | None = None   # durable queues blocked: see ``_park``
-        rate = self.broker.publish_rate()     # None: publish rate not limited
+        rate = self.broker.gate.publish_rate()     # None: publish rate not limited
         self._throttle = (None if rate is None else
                           PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
@@ -220,7 +220,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def connectionMade(self) -> None:
         self._last_activity = self.clock.seconds()
-        if not self.broker.admit("MQTT", self.peer, len(self.factory.connections)):
+        if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
             self.rules.advance("close")
             self.transport.abortConnection()
             return
@@ -361,7 +361,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if session is None:
             return
         if packet_id is None:
-            self.broker.dropped(session, topic)
+            session.drop_congested(topic)
         else:
             self.clock.callLater(0, self.broker.rejected, session, packet_id)
 
@@ -473,7 +473,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _rate_paused(self, wait: float) -> None:
         self._pause_reading("rate")
-        self.broker.publish_rate_exceeded("MQTT", self.client_id, wait)
+        self.broker.gate.publish_rate_exceeded("MQTT", self.client_id, wait)
 
     def _rate_over(self) -> None:
         self._resume_reading("rate")
