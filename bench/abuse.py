@@ -18,7 +18,7 @@ Scenarios (each on a fresh broker, each bounded in count and time):
   broker allows (up to ``--amqp-max-links`` each, until an attach is refused for
   the total, ``--amqp-max-links-total``), hold them, then close; it reports the
   links held, the bytes of RSS per link at the peak, and the RSS after;
-* ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/test_fuzz.py`` for 60 s;
+* ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/integration/security/test_fuzz.py`` for 60 s;
 * ``ws_abuse``: WebSocket handshakes with version 8 and frame headers announcing
   100 MB and 2^63 bytes (200 of each);
 * ``fd_exhaustion``: the broker's descriptor limit lowered while it runs, then 150
@@ -580,7 +580,8 @@ def amqp_links_many(broker, quick):
 
 
 def fuzz(broker, quick):
-    sys.path.insert(0, os.path.join(brokers.MAIN, "tests"))
+    sys.path.insert(0, os.path.join(brokers.MAIN, "tests", "support"))
+    sys.path.insert(0, os.path.join(brokers.MAIN, "tests", "integration", "security"))
     import test_fuzz as tf  # the fuzzers of the test suite
 
     seconds = 10 if quick else 60

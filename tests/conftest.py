@@ -24,9 +24,17 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, os.path.dirname(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "support"))
+# Until every shared helper lives in support/: test modules still import each other
+# across the tier folders.
+for _dirpath, _dirnames, _files in sorted(os.walk(_HERE)):
+    _dirnames[:] = [d for d in _dirnames if d not in ("support", "__pycache__")
+                    and not d.startswith(".")]
+    if _dirpath != _HERE:
+        sys.path.append(_dirpath)
 
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess  # noqa: E402  (support/ on the path first)
 
 # Hypothesis' default deadline (200 ms per example) is an assertion on wall-clock
 # speed: on two shared cores the codec properties fail at random with
