@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, login, shot
 from pahoclient import PahoClient
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from test_console_operator import NEEDS_CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
 from webui_support import Paho, initial_password, web_broker_process
-
-__all__ = ["browser"]
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
@@ -36,7 +34,7 @@ def page(browser: Any, broker: Any) -> Iterator[tuple[Any, Watch, str]]:
     base = f"http://127.0.0.1:{proc.ports['WEB']}"
     page = browser.new_page(viewport={"width": 1360, "height": 860})
     watch = Watch(page)
-    _login(page, base, initial_password(data))
+    login(page, base, initial_password(data))
     yield page, watch, base
     page.close()
 
@@ -65,7 +63,7 @@ def test_clients_filters_counters_pages_and_bulk(broker: Any, page: Any, clients
     expect(first.locator("td").nth(9)).to_have_text(re.compile(r"^20\b"), timeout=WAIT_MS)
     expect(page.get_by_role("link", name="Last page")).to_be_visible()
     expect(page.get_by_role("link", name="Page 2")).to_be_visible()
-    _shot(page, "13-01-clients-counters")
+    shot(page, "13-01-clients-counters")
 
     # Filters: every third sensor (00, 03, ...) holds a persistent session.
     page.get_by_label("Session kind").select_option("clean")
@@ -76,7 +74,7 @@ def test_clients_filters_counters_pages_and_bulk(broker: Any, page: Any, clients
     page.get_by_role("button", name="Filter").click()
     rows = page.locator("#client-table tbody tr")
     expect(rows).to_have_count(9, timeout=WAIT_MS)
-    _shot(page, "13-02-clients-filtered")
+    shot(page, "13-02-clients-filtered")
 
     # Bulk: tick two, survive a live refresh, clear their sessions after the confirm.
     rows.nth(0).locator('input[name="keys"]').check()
@@ -88,7 +86,7 @@ def test_clients_filters_counters_pages_and_bulk(broker: Any, page: Any, clients
         "old => document.getElementById('clients').getAttribute('data-last') !== old",
         arg=before, timeout=WAIT_MS)
     expect(page.locator('input[name="keys"]:checked')).to_have_count(2)
-    _shot(page, "13-03-clients-bulk-selected")
+    shot(page, "13-03-clients-bulk-selected")
     page.get_by_role("button", name="Clear their sessions").click()
     expect(page.get_by_text("Cleared the sessions of 2 client(s).")).to_be_visible(
         timeout=WAIT_MS)
@@ -126,7 +124,7 @@ def test_amqp_detail_topics_subscriptions_and_banner(broker: Any, page: Any,
     expect(page.locator("dl.facts")).to_contain_text("SASL mechanism")
     expect(page.get_by_role("button", name="Force will")).to_have_count(0)
     expect(page.get_by_role("button", name="Clear session")).to_have_count(0)
-    _shot(page, "13-04-amqp-client-detail")
+    shot(page, "13-04-amqp-client-detail")
 
     page.goto(base + "/topics")
     expect(page.locator("#topic-table")).to_contain_text("plant", timeout=WAIT_MS)
@@ -137,13 +135,13 @@ def test_amqp_detail_topics_subscriptions_and_banner(broker: Any, page: Any,
     leaf = page.locator("#topic-table tbody tr", has_text="temp")
     expect(leaf.locator("td").nth(4)).to_have_text("2", timeout=WAIT_MS)  # board + AMQP
     expect(leaf).to_contain_text("yes")
-    _shot(page, "13-05-topics")
+    shot(page, "13-05-topics")
 
     page.goto(base + "/subscriptions")
     page.get_by_label("Search subscriptions").fill("plant")
     page.get_by_role("button", name="Search").click()
     expect(page.locator("#subscription-table tbody tr")).to_have_count(2, timeout=WAIT_MS)
-    _shot(page, "13-06-subscriptions")
+    shot(page, "13-06-subscriptions")
 
     # The live feed goes down with the broker: the banner says so, with the time.
     page.goto(base + "/")
@@ -156,7 +154,7 @@ def test_amqp_detail_topics_subscriptions_and_banner(broker: Any, page: Any,
     proc.stop()
     expect(banner).to_be_visible(timeout=WAIT_MS)
     expect(banner).to_contain_text("Live updates lost — last update at")
-    _shot(page, "13-07-feed-lost-banner")
+    shot(page, "13-07-feed-lost-banner")
     assert not watch.alerts, watch.alerts
 
 
@@ -178,7 +176,7 @@ def test_tail_publish_form_and_bans(broker: Any, page: Any, clients: Any) -> Non
     expect(rows.nth(2)).to_contain_text('"volts": 3.3')
     assert page.evaluate("window.__xss === undefined")
     assert page.locator("#tail-table img").count() == 0
-    _shot(page, "13-08-live-tail")
+    shot(page, "13-08-live-tail")
     page.get_by_role("button", name="Pause").click()
     pub.publish("lab/later", b"while paused", 0)
     expect(page.locator("#tail-skipped")).to_contain_text("1 held while paused",
@@ -198,7 +196,7 @@ def test_tail_publish_form_and_bans(broker: Any, page: Any, clients: Any) -> Non
     expect(page.get_by_label("Topic")).to_have_value("lab/+/bad")
     expect(page.get_by_label("Payload", exact=True)).to_have_value("keep me\nplease")
     expect(page.get_by_label("QoS")).to_have_value("1")
-    _shot(page, "13-09-publish-kept")
+    shot(page, "13-09-publish-kept")
     page.get_by_label("Topic").fill("lab/ok")
     page.get_by_role("button", name="Publish").click()
     # 15 bytes: a browser submits a textarea's line break as CRLF (HTML form rules).
@@ -218,7 +216,7 @@ def test_tail_publish_form_and_bans(broker: Any, page: Any, clients: Any) -> Non
     assert pub.disconnected.wait(10)
     expect(page.locator("#ban-table tbody tr")).to_have_count(1)
     expect(page.locator("#ban-table")).to_contain_text("bench test <b>")
-    _shot(page, "13-10-bans")
+    shot(page, "13-10-bans")
     PahoClient(proc.mqtt_port, "lab-bench", expect_rc=5).stop()   # CONNACK 5
     page.get_by_role("button", name="Lift").click()
     expect(page.locator("#ban-table tbody tr")).to_have_text("Nobody is banned.",

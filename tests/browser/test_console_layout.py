@@ -3,7 +3,7 @@
 real paho and proton clients: what only a browser shows (the clients table at
 1,400 px, the rate chart's axis, the menu, the heading's padding, the Traffic
 page's legends) and one look at each of the other items.  Screenshots go to
-``test-artifacts/`` as in ``test_browser``; each step asserts what its
+``test-artifacts/`` as in ``test_console_operator``; each step asserts what its
 screenshot is meant to show.
 
 The charts are drawn on a canvas: an init script records the text uPlot draws
@@ -20,19 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, shot
 from paho.mqtt.client import MQTTv5, MQTTv311
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pahoclient import PahoClient
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from test_console_operator import NEEDS_CHROMIUM, WAIT_MS, Watch, _shot, browser, expect
-from test_console_traffic import clock, served_page
 from webui_support import CHEAP, PASSWORD, web_broker_process
 
 from mqttamqp.security.userstore import UserStore
-
-__all__ = ["browser", "clock", "served_page"]
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
@@ -183,7 +180,7 @@ def test_clients_table_fits_1400px_with_the_will_column(broker: Any, page: Any,
         cell_box = cell.bounding_box()
         assert cell_box is not None
         assert cell_box["x"] + cell_box["width"] <= visible["x"] + visible["width"]
-    _shot(page, "24-01-clients-1400px")
+    shot(page, "24-01-clients-1400px")
     assert not watch.errors, watch.errors
 
 
@@ -234,12 +231,12 @@ def test_overview_counts_mqtt5_and_its_chart_reads_24h_utc(broker: Any, page: An
         page.locator("#rate-chart").screenshot(
             path=str(Path(_artifacts()) / f"24-02-rate-chart-{width}px.png"))
     page.set_viewport_size({"width": 1400, "height": 900})
-    _shot(page, "24-03-overview")
+    shot(page, "24-03-overview")
     assert not watch.errors, watch.errors
 
 
 def _artifacts() -> str:
-    from test_console_operator import ARTIFACTS
+    from chromium import ARTIFACTS
     ARTIFACTS.mkdir(exist_ok=True)
     return str(ARTIFACTS)
 
@@ -272,7 +269,7 @@ def test_subscriptions_menu_entry_and_shared_heading_padding(broker: Any, page: 
     cell_left = card.locator("#shared-table tbody td").first.evaluate(
         "e => e.getBoundingClientRect().x + parseFloat(getComputedStyle(e).paddingLeft)")
     assert abs(text_left - cell_left) <= 1, (text_left, cell_left)
-    _shot(page, "24-04-subscriptions")
+    shot(page, "24-04-subscriptions")
     assert not watch.errors, watch.errors
 
 
@@ -299,7 +296,7 @@ def test_retained_levels_session_expiry_and_an_empty_queue(broker: Any, page: An
     plant.get_by_role("link", name="plant/").click()
     line2 = page.locator("#topic-table tbody tr", has_text="line2/")
     expect(line2.locator("td.retained")).to_have_text(re.compile(r"2 below"), timeout=WAIT_MS)
-    _shot(page, "24-05-topics-retained-levels")
+    shot(page, "24-05-topics-retained-levels")
     line2.locator("td.retained").get_by_role("link").click()
     expect(page.locator("#retained-table tbody tr")).to_have_count(2, timeout=WAIT_MS)
 
@@ -308,7 +305,7 @@ def test_retained_levels_session_expiry_and_an_empty_queue(broker: Any, page: An
     facts = page.locator("dl.facts", has_text="Kind")
     expect(facts).to_contain_text("Session expiry2h 0m after the client disconnects",
                                   timeout=WAIT_MS)
-    _shot(page, "24-06-mqtt5-session-expiry")
+    shot(page, "24-06-mqtt5-session-expiry")
 
     page.goto(base + "/queues/queue?name=orders")
     messages = page.locator("#queue-messages")
@@ -324,7 +321,7 @@ def test_retained_levels_session_expiry_and_an_empty_queue(broker: Any, page: An
                                      timeout=WAIT_MS)
     expect(messages.locator("#message-table tbody tr")).to_have_text("No messages.")
     expect(messages).not_to_contain_text("offset 11")
-    _shot(page, "24-07-empty-queue")
+    shot(page, "24-07-empty-queue")
     assert not watch.errors, watch.errors
 
 

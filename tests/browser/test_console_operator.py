@@ -5,74 +5,20 @@ every page go to ``test-artifacts/`` (gitignored) for a human to look at."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from webui_support import Paho, initial_password, web_broker_process
-
-sync_api = pytest.importorskip("playwright.sync_api")
-expect = sync_api.expect
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-WAIT_MS = 15_000
+from chromium import (
+    NEEDS_CHROMIUM,
+    WAIT_MS,
+    Watch,
+    expect,
+    login,
+    shot,
+)
+from webui_support import Paho, initial_password
 
 # Every browser test: skipped (with why) where Debian's chromium is missing.
-NEEDS_CHROMIUM = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                    reason="Debian's chromium is not installed")
 pytestmark = NEEDS_CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def broker(tmp_path: Any) -> Iterator[tuple[Any, str]]:
-    data = str(tmp_path / "data")
-    proc = web_broker_process(data).start()
-    yield proc, data
-    proc.stop()
-
-
-class Watch:
-    """Records what the page does that it should not: dialogs other than our confirms,
-    JavaScript errors, console errors (a CSP violation shows up there)."""
-
-    def __init__(self, page: Any) -> None:
-        self.alerts: list[str] = []
-        self.confirms: list[str] = []
-        self.errors: list[str] = []
-        page.on("dialog", self._dialog)
-        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
-        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-
-    def _dialog(self, dialog: Any) -> None:
-        (self.confirms if dialog.type == "confirm" else self.alerts).append(dialog.message)
-        dialog.accept()
-
-
-def _shot(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def _login(page: Any, base: str, password: str) -> None:
-    page.goto(base + "/login")
-    page.get_by_label("User name").fill("admin")
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Overview")).to_be_visible(timeout=WAIT_MS)
 
 
 def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
@@ -84,8 +30,8 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
     clients: list[Paho] = []
     try:
         page.goto(base + "/login")
-        _shot(page, "01-login")
-        _login(page, base, initial_password(data))
+        shot(page, "01-login")
+        login(page, base, initial_password(data))
 
         # Overview: live counters and the rate chart move while messages flow.
         publisher = Paho(proc.mqtt_port, "line-7-plc")
@@ -100,7 +46,7 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
                                                                             timeout=WAIT_MS)
         expect(page.locator('[data-stat="clients.mqtt311"]')).to_have_text("1",
                                                                            timeout=WAIT_MS)
-        _shot(page, "02-overview")
+        shot(page, "02-overview")
 
         # Clients: a new paho client shows up without a reload.
         page.goto(base + "/clients")
@@ -116,13 +62,13 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
         link = page.get_by_role("link", name="browser-dev")
         expect(link).to_be_visible(timeout=WAIT_MS)
         expect(page.locator("#client-table tbody tr")).to_have_count(3, timeout=WAIT_MS)
-        _shot(page, "03-clients")
+        shot(page, "03-clients")
 
         # Detail, then force its will: the subscriber gets it.
         link.click()
         expect(page.get_by_role("heading", name="browser-dev")).to_be_visible(timeout=WAIT_MS)
         expect(page.get_by_text("site/cmd/browser-dev/#")).to_be_visible()
-        _shot(page, "04-client-detail")
+        shot(page, "04-client-detail")
         page.get_by_role("button", name="Force will").click()
         msg = watcher.expect(15)
         assert (msg.topic, msg.payload) == ("site/status/browser-dev",
@@ -140,7 +86,7 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
         page.goto(base + "/sessions")
         row = page.locator("#session-table tbody tr", has_text="browser-sleeper")
         expect(row).to_have_count(1, timeout=WAIT_MS)
-        _shot(page, "05-sessions")
+        shot(page, "05-sessions")
         row.get_by_role("button", name="Clear").click()
         expect(page.locator("#session-table tbody tr", has_text="browser-sleeper"))\
             .to_have_count(0, timeout=WAIT_MS)
@@ -149,15 +95,15 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
         # Retained, one message, the delete-by-filter confirm step.
         page.goto(base + "/retained")
         expect(page.locator("#retained-table tbody tr")).to_have_count(4, timeout=WAIT_MS)
-        _shot(page, "06-retained")
+        shot(page, "06-retained")
         page.get_by_role("link", name="plant/line7/temp/0").click()
         expect(page.locator("#payload")).to_contain_text('"celsius"', timeout=WAIT_MS)
-        _shot(page, "07-retained-message")
+        shot(page, "07-retained-message")
         page.goto(base + "/retained")
         page.get_by_role("link", name="Delete all 4 matching…").click()
         expect(page.get_by_role("heading", name="Delete 4 retained messages?"))\
             .to_be_visible(timeout=WAIT_MS)
-        _shot(page, "08-retained-confirm")
+        shot(page, "08-retained-confirm")
 
         # Wills and Publish.
         keeper = Paho(proc.mqtt_port, "gateway-2", will=("site/status/gateway-2",
@@ -165,11 +111,11 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
         clients.append(keeper)
         page.goto(base + "/wills")
         expect(page.locator("#will-table tbody tr")).to_have_count(1, timeout=WAIT_MS)
-        _shot(page, "09-wills")
+        shot(page, "09-wills")
         page.goto(base + "/publish")
         page.get_by_label("Topic").fill("site/cmd/all")
         page.get_by_label("Payload", exact=True).fill("hello from the console")
-        _shot(page, "10-publish")
+        shot(page, "10-publish")
         page.get_by_role("button", name="Publish").click()
         expect(page.get_by_text("Published 22 byte(s) to site/cmd/all (QoS 0)."))\
             .to_be_visible(timeout=WAIT_MS)
@@ -178,7 +124,7 @@ def test_operator_session_in_chromium(browser: Any, broker: Any) -> None:
         page.goto(base + "/clients")
         page.get_by_role("link", name="gateway-2").click()
         expect(page.get_by_text("site/status/gateway-2")).to_be_visible(timeout=WAIT_MS)
-        _shot(page, "11-client-with-will")
+        shot(page, "11-client-with-will")
         assert not watch.alerts and not watch.errors, (watch.alerts, watch.errors)
     finally:
         for c in clients:
@@ -198,7 +144,7 @@ def test_hostile_client_data_does_not_run_in_the_browser(browser: Any, broker: A
     device = Paho(proc.mqtt_port, evil_id, clean=False, will=(evil_topic, evil_payload, 1, True))
     try:
         device.publish(evil_topic, evil_payload, 1, True)
-        _login(page, base, initial_password(data))
+        login(page, base, initial_password(data))
         from urllib.parse import quote
         device.subscribe(evil_topic.replace("evil", "cmd"), 1)
         for path in ["/clients", "/client?key=" + quote("mqtt:" + evil_id), "/sessions",
@@ -212,7 +158,7 @@ def test_hostile_client_data_does_not_run_in_the_browser(browser: Any, broker: A
         page.goto(base + "/client?key=" + quote("mqtt:" + evil_id))
         expect(page.locator("h1")).to_have_text(evil_id)
         expect(page.locator("pre.payload")).to_contain_text("<script>window.__xss")
-        _shot(page, "12-hostile-client")
+        shot(page, "12-hostile-client")
         assert not watch.alerts, watch.alerts
     finally:
         device.stop()

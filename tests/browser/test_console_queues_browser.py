@@ -2,7 +2,7 @@
 real broker with MQTT and the console: a paho producer fills ``$queue/jobs``, an
 MQTT 5 paho member holds some messages and rejects three to ``$dlq/jobs``; the
 page shows it live, a dead letter is requeued and retention set from the page.
-Screenshots go to ``test-artifacts/`` as in ``test_browser``; each step asserts
+Screenshots go to ``test-artifacts/`` as in ``test_console_operator``; each step asserts
 what its screenshot is meant to show."""
 
 from __future__ import annotations
@@ -13,23 +13,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chromium import (
+    NEEDS_CHROMIUM,
+    WAIT_MS,
+    Watch,
+    expect,
+    login,
+    shot,
+)
 from paho.mqtt.client import MQTTv5, MQTTv311
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pahoclient import PahoClient
-from test_console_operator import (
-    NEEDS_CHROMIUM,
-    WAIT_MS,
-    Watch,
-    _login,
-    _shot,
-    broker,
-    browser,
-    expect,
-)
 from webui_support import initial_password
-
-__all__ = ["broker", "browser"]
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
@@ -71,7 +67,7 @@ def test_queues_page_live_dead_letters_requeue_and_retention(
 
     page = browser.new_page(viewport={"width": 1360, "height": 860})
     watch = Watch(page)
-    _login(page, base, initial_password(data))
+    login(page, base, initial_password(data))
     page.get_by_role("link", name="Queues").click()
     expect(page.get_by_role("heading", name="Queues")).to_be_visible(timeout=WAIT_MS)
     rows = page.locator("#queue-table tbody tr")
@@ -87,7 +83,7 @@ def test_queues_page_live_dead_letters_requeue_and_retention(
         producer.publish("$queue/jobs/resize/0", json.dumps({"job": 100 + i}).encode(), 1)
     expect(jobs.locator("td").nth(1)).to_have_text("33", timeout=WAIT_MS)
     expect(jobs.locator("td").nth(4)).not_to_have_text("—", timeout=WAIT_MS)
-    _shot(page, "12-01-queues")
+    shot(page, "12-01-queues")
 
     jobs.get_by_role("link", name="jobs", exact=True).click()
     expect(page.get_by_role("heading", name=re.compile("^jobs"))).to_be_visible()
@@ -95,7 +91,7 @@ def test_queues_page_live_dead_letters_requeue_and_retention(
     expect(group).to_contain_text("worker-1")
     expect(group.locator("td").nth(6)).to_have_text("16")        # pending
     expect(page.locator("#message-table tbody tr")).to_have_count(33)
-    _shot(page, "12-02-queue-jobs")
+    shot(page, "12-02-queue-jobs")
 
     page.get_by_role("link", name="3 messages").click()
     expect(page.get_by_role("heading", name="$dlq/jobs")).to_be_visible()
@@ -104,7 +100,7 @@ def test_queues_page_live_dead_letters_requeue_and_retention(
     dead.first.get_by_role("link").first.click()
     expect(page.locator("#payload")).to_contain_text('"image": "img-0.png"')
     expect(page.get_by_text("image is corrupt")).to_be_visible()
-    _shot(page, "12-03-dead-letter")
+    shot(page, "12-03-dead-letter")
     page.go_back()
     page.locator("#message-table tbody tr").first.get_by_role(
         "button", name="Requeue").click()
@@ -119,6 +115,6 @@ def test_queues_page_live_dead_letters_requeue_and_retention(
     expect(page.locator(".flash-ok")).to_contain_text("max_messages=20")
     expect(page.locator("#queue-facts")).to_contain_text("max 20 messages")
     expect(page.locator("#message-table tbody tr")).to_have_count(20)
-    _shot(page, "12-04-retention")
+    shot(page, "12-04-retention")
     assert watch.errors == [] and watch.alerts == []
     page.close()

@@ -7,11 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, login, shot
 from pahoclient import PahoClient
-from test_console_operator import NEEDS_CHROMIUM, WAIT_MS, Watch, _login, _shot, browser, expect
 from webui_support import initial_password, web_broker_process
-
-__all__ = ["browser"]
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 
@@ -32,7 +30,7 @@ def test_users_page(browser: Any, broker: Any) -> None:
     page = browser.new_page(viewport={"width": 1360, "height": 860})
     watch = Watch(page)
     try:
-        _login(page, base, initial_password(data))
+        login(page, base, initial_password(data))
         page.get_by_role("link", name="Users").click()
         expect(page.get_by_role("heading", name="Users and access")).to_be_visible(
             timeout=WAIT_MS)
@@ -44,7 +42,7 @@ def test_users_page(browser: Any, broker: Any) -> None:
                                                           timeout=WAIT_MS)
         expect(page.locator("#user-table")).to_contain_text("sensor-7")
         expect(page.locator("pre.acl")).to_contain_text("topic write plant/<line1>/#")
-        _shot(page, "10-users-and-access")
+        shot(page, "10-users-and-access")
         assert watch.errors == [] and watch.alerts == []
     finally:
         page.close()

@@ -21,7 +21,7 @@ from typing import Any
 import pahoclient
 import pytest
 from brokerproc import BrokerProcess
-from test_console_operator import CHROMIUM, NEEDS_CHROMIUM, WAIT_MS, browser  # noqa: F401  (a fixture)
+from chromium import NEEDS_CHROMIUM, WAIT_MS
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -99,7 +99,7 @@ CONNECT = """async ({url, clientId, will}) => {
 
 
 def test_browser_subscribes_publishes_at_each_qos_and_gets_messages(
-        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
+        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:
     """MQTT.js in Chromium connects over WebSockets (MQTT 3.1.1), subscribes, publishes
     at QoS 0, 1 and 2 (each promise resolving once its flow completed) and receives
     its own messages and a TCP client's; the TCP client receives the browser's."""
@@ -137,7 +137,7 @@ def test_browser_subscribes_publishes_at_each_qos_and_gets_messages(
 
 
 def test_closing_the_tab_publishes_the_browsers_will(
-        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
+        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:
     """A browser client with a will whose tab is closed (no MQTT DISCONNECT) has its
     will published; one that ends with DISCONNECT does not."""
     url = f"ws://127.0.0.1:{ws_broker.ports['MQTT-WS']}/mqtt"
@@ -163,7 +163,7 @@ def test_closing_the_tab_publishes_the_browsers_will(
 
 
 def test_a_page_of_another_origin_is_refused(
-        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
+        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:
     """A page of another host (localhost, while the broker is reached as 127.0.0.1)
     cannot open MQTT over WebSockets to the broker."""
     url = f"ws://127.0.0.1:{ws_broker.ports['MQTT-WS']}/mqtt"
@@ -185,7 +185,7 @@ def test_a_page_of_another_origin_is_refused(
 
 
 def test_browser_speaks_mqtt5_with_properties(
-        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:  # noqa: F811
+        browser: Any, ws_broker: BrokerProcess, page_port: int) -> None:
     """MQTT.js in Chromium over WebSockets with protocolVersion 5: publishes at QoS 0,
     1 and 2 with properties (user properties, content type, response topic,
     correlation data) reach an

@@ -1,4 +1,4 @@
-"""Shared helpers of the AMQP tests (no tests here): real clients against a real broker.
+"""Real AMQP clients against a real broker process, for the integration tests.
 
 * ``amqp(broker)`` — python-qpid-proton's ``BlockingConnection`` on the broker's
   AMQP port; its receivers are created without prefetch where a test counts credit.
@@ -7,7 +7,6 @@
   bounded event waits.
 * ``run_container`` — proton's event-driven ``Container`` in a thread with a
   bounded join.
-* ``control``/``will_message`` — the contract's control messages.
 
 Where a test must show that something does *not* arrive, it sends a marker after
 it on the same path and checks that the marker comes next.
@@ -27,10 +26,6 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from amqp_messages import annotation as annotation
-from amqp_messages import control as control
-from amqp_messages import publish_message as publish_message
-from amqp_messages import will_message as will_message
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
 from proton import Delivery, Link, Message

@@ -25,7 +25,7 @@ from typing import Any
 
 from amqp_messages import annotation, control, drain, publish_message, will_message
 from fakes import NullStore
-from proton import Connection, Delivery, Link, Message, Transport, int32, ulong
+from proton import Collector, Connection, Delivery, Link, Message, Transport, int32, ulong
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -381,3 +381,41 @@ class Net:
             self.clock.advance(dt)
             left -= dt
             self.pump()
+
+
+class ListenerPeer:
+    """A proton client engine wired to an AMQPConnection through StringTransport."""
+
+    def __init__(self, idle: float = 4.0) -> None:
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.broker = Broker(self.clock, NullStore(), Limits(sys_interval=0,
+                                                            connect_timeout=5))
+        self.factory = AMQPFactory(self.broker, self.clock, idle_timeout=idle)
+        self.server = self.factory.buildProtocol(None)
+        self.wire = StringTransport()
+        self.server.makeConnection(self.wire)
+        self.conn = Connection()
+        self.conn.container = "unit"
+        self.transport = Transport()
+        self.transport.bind(self.conn)
+        self.col = Collector()
+        self.conn.collect(self.col)
+
+    def exchange(self, rounds: int = 4) -> None:
+        for _ in range(rounds):
+            out = drain(self.transport)
+            if out:
+                self.server.dataReceived(out)
+            self.clock.advance(0)      # scheduled flushes
+            back = self.wire.value()
+            self.wire.clear()
+            if back:
+                self.transport.push(back)
+
+    def events(self) -> list[Any]:
+        out = []
+        while (ev := self.col.peek()) is not None:
+            out.append(ev.type)
+            self.col.pop()
+        return out

@@ -1,6 +1,6 @@
 """AMQP messages of the MQTT-over-AMQP contract as the tests' clients send them, and
 the proton transport drain: shared by the in-memory harness (``amqp_memory``),
-the real-client helpers (``test_amqp_support``) and the engine unit tests."""
+the real-client helpers (``amqp_clients``) and the engine unit tests."""
 
 from __future__ import annotations
 
@@ -57,3 +57,8 @@ def drain(transport: Any) -> bytes:
     data = bytes(transport.peek(n))
     transport.pop(n)
     return data
+
+
+def meta(message: Message) -> dict[str, Any]:
+    """The message annotations (a queue's metadata: ``x-opt-message-id`` ...)."""
+    return {str(key): value for key, value in (message.annotations or {}).items()}

@@ -14,6 +14,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties as PahoProperties
 
 TIMEOUT = 10.0
 
@@ -181,3 +182,20 @@ class PahoClient:
                 sock.close()
         except OSError:
             pass
+
+
+class Paho5(PahoClient):
+    """A paho client speaking MQTT 5 (its waits bounded at 5 s)."""
+
+    timeout = 5.0
+
+    def __init__(self, port: int, client_id: str, clean: bool = True, **kw: Any) -> None:
+        super().__init__(port, client_id, mqtt.MQTTv5, clean, **kw)
+
+
+def props(kind: int, **values: Any) -> PahoProperties:
+    """paho's ``Properties`` of a packet type, set from keyword arguments."""
+    p = PahoProperties(kind)
+    for name, value in values.items():
+        setattr(p, name, value)
+    return p

@@ -5,6 +5,7 @@ that register with the real ``Broker`` the way the protocols do.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -352,3 +353,28 @@ def logged_in(tmp_path: Any) -> tuple[Console, Any, Clock, Client]:
     client = Client(console)
     assert client.login().code == 303
     return console, service.broker, clock, client
+
+
+def audit_text(events: list[dict[str, Any]]) -> str:
+    """The console's audit log events as their text lines."""
+    from twisted.logger import formatEvent
+    return "\n".join(formatEvent(e) for e in events)
+
+
+def sse_frames(chunks: list[bytes]) -> list[tuple[str, Any]]:
+    """Server-Sent Events read back from the chunks of a stream: (event, data)."""
+    out = []
+    for block in b"".join(chunks).decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def fill(broker: Any, n: int, queue: str = "jobs", payload: bytes = b"job %d") -> None:
+    """Publish ``n`` QoS 1 messages to ``$queue/<queue>/work`` through the façade."""
+    for i in range(n):
+        body = payload % i if b"%d" in payload else payload
+        result = broker.publish(Message(f"$queue/{queue}/work", body, 1, False, "producer",
+                                        broker.clock.seconds()))
+        assert result.refusal is None

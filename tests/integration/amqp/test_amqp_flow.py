@@ -46,12 +46,12 @@ from amqp_clients import (
     Paho,
     amqp,
     body_bytes,
-    publish_message,
     receiver,
     take,
     uid,
     wait_messages,
 )
+from amqp_messages import publish_message
 from brokerproc import BrokerProcess
 from proton import Delivery
 from proton.utils import BlockingConnection, BlockingSender

@@ -13,8 +13,8 @@ import pytest
 from amqp_clients import TIMEOUT, conns, uid
 from brokerproc import BrokerProcess
 from paho.mqtt.packettypes import PacketTypes
+from pahoclient import Paho5, props
 from proton import Message, symbol, ubyte
-from test_mqtt5_clients import Paho5, props
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["conns"]  # fixtures

@@ -20,10 +20,8 @@ from amqp_clients import (
     AT_LEAST_ONCE,
     REJECTED,
     TIMEOUT,
-    annotation,
     body_bytes,
     conns,
-    control,
     outcome,
     paho,
     receiver,
@@ -32,8 +30,8 @@ from amqp_clients import (
     uid,
     wait_messages,
     will_client_process,
-    will_message,
 )
+from amqp_messages import annotation, control, will_message
 from brokerproc import BrokerProcess
 from proton import Condition, Message, int32, ulong
 from proton.utils import BlockingConnection, LinkDetached

@@ -20,12 +20,10 @@ from amqp_clients import (
     REJECTED,
     TIMEOUT,
     Modes,
-    annotation,
     body_bytes,
     conns,
     outcome,
     paho,
-    publish_message,
     receiver,
     run_container,
     send_expect,
@@ -33,6 +31,7 @@ from amqp_clients import (
     uid,
     wait_messages,
 )
+from amqp_messages import annotation, publish_message
 from brokerproc import BrokerProcess
 from proton import Delivery, Link, Message, symbol
 from proton.handlers import MessagingHandler

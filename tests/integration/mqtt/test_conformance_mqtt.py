@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from brokerproc import BrokerProcess
-from test_mqtt_raw import (
+from rawclient import (
     TIMEOUT,
     OpenClient,
     RawClient,
@@ -33,8 +33,6 @@ from test_mqtt_raw import (
     frame,
     mstr,
     raw_connect,
-    sockets,
-    start_broker,
     u16,
     uid,
 )
@@ -52,8 +50,6 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-
-__all__ = ["sockets", "start_broker"]   # fixtures shared with test_mqtt_raw
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,14 +13,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import paho.mqtt.client as mqtt
-import pahoclient
 import pytest
 from brokerproc import BrokerProcess
+from mosquitto import Sub, pub
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties as PahoProperties
-from test_mqtt_cli import Sub, pub, subs
-from test_mqtt_raw import RawClient, sockets, uid
+from pahoclient import Paho5, props
+from rawclient import RawClient, uid
 
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -32,18 +30,9 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
 )
 
-__all__ = ["sockets", "subs"]   # fixtures shared with test_mqtt_raw and test_mqtt_cli
-
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = 5.0
-
-
-class Paho5(pahoclient.PahoClient):
-    timeout = TIMEOUT
-
-    def __init__(self, port: int, client_id: str, clean: bool = True, **kw: Any) -> None:
-        super().__init__(port, client_id, mqtt.MQTTv5, clean, **kw)
 
 
 @pytest.fixture
@@ -58,13 +47,6 @@ def paho5(broker: BrokerProcess) -> Iterator[Any]:
     yield open_client
     for c in made:
         c.stop()
-
-
-def props(kind: int, **values: Any) -> PahoProperties:
-    p = PahoProperties(kind)
-    for name, value in values.items():
-        setattr(p, name, value)
-    return p
 
 
 def test_paho_connack_properties_and_assigned_id(paho5: Any) -> None:

@@ -18,7 +18,7 @@ import paho.mqtt.client as mqtt
 import pahoclient
 import pytest
 from brokerproc import BrokerProcess
-from test_tls import Pki, pki  # noqa: F401  (a fixture)
+from pki import Pki
 from wsclient import BINARY, CLOSE, TEXT, RawWebSocket, client_frame
 
 from mqttamqp.mqtt.codec import Decoder, encode
@@ -336,7 +336,7 @@ def test_text_frame_closes_with_1003_and_fires_the_will(raw: Callable[[], RawWeb
 # wss: an ssl: endpoint, with a client certificate as the user (--tls-cert-as-user)
 
 
-def test_wss_with_a_client_certificate_as_the_user(tmp_path: Path, pki: Pki) -> None:  # noqa: F811
+def test_wss_with_a_client_certificate_as_the_user(tmp_path: Path, pki: Pki) -> None:
     """An ssl: --mqtt-ws listener speaks wss; the client certificate a browser or
     library presents there is seen by the MQTT protocol as on TCP TLS."""
     proc = BrokerProcess(str(tmp_path / "data"), "--no-archive", "--tls-ca", pki.ca,

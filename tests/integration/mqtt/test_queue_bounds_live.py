@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
-from test_mqtt_raw import RawClient
+from rawclient import RawClient
 
 from mqttamqp.mqtt.packets import Pingreq, Pingresp, Puback, Publish
 

@@ -31,12 +31,11 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pahoclient
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, RestartableBroker
+from mosquitto import Sub, pub
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
-from test_durability import RestartableBroker
-from test_mqtt_cli import Sub, pub
-from test_mqtt_raw import RawClient
+from rawclient import RawClient
 
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Properties, Puback, Publish

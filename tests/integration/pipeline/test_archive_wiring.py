@@ -14,17 +14,7 @@ import pytest
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
 
-import mqttamqp.archive as archive
-from mqttamqp.core import recorder
-
 pytest_plugins = ["spark_support"]
-
-
-def test_the_core_records_with_the_archives_names() -> None:
-    """Every event kind and cause the core records is one the archive's schema knows."""
-    assert recorder.EVENT_KINDS == archive.EVENT_KINDS
-    causes = {v for k, v in vars(recorder).items() if k.startswith("CAUSE_")}
-    assert causes == set(archive.DISCONNECT_CAUSES) | set(archive.WILL_CAUSES)
 
 
 @pytest.fixture(scope="module")

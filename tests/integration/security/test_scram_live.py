@@ -1,6 +1,6 @@
 """MQTT 5 enhanced authentication against the real broker (issue 11): SCRAM-SHA-256
 with a user of the one user store (added with ``mqttamqp-admin user add``), the
-client side written in the tests (``test_enhanced_auth.ScramClient``)."""
+client side written in the tests (``support/scram.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
-from test_enhanced_auth import METHOD, ScramClient
-from test_mqtt_raw import RawClient, uid
+from rawclient import RawClient, uid
+from scram import METHOD, ScramClient
 
 from mqttamqp.mqtt.packets import Auth, Connack, Connect, Properties
 

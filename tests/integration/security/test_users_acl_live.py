@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from amqp_clients import TIMEOUT, body_bytes, publish_message, receiver, take, uid
+from amqp_clients import TIMEOUT, body_bytes, receiver, take, uid
+from amqp_messages import publish_message
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
 from proton import ConnectionException

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import TWISTD, BrokerProcess
+from readme_blocks import BLOCKS, Block
 from webui_support import CHEAP
 
 from mqttamqp.security.acl import READ, WRITE, covers, parse_acl
@@ -49,56 +50,9 @@ from mqttamqp.security.userstore import UserStore
 
 pytestmark = pytest.mark.timeout(120)
 
-README = Path(__file__).resolve().parents[3] / "README.md"
 BIN = os.path.dirname(sys.executable)
 PASSWORD = "a password for the README"
 WAIT = 20.0        # seconds for any one event (a SUBACK, an expected line, a listener)
-
-_FENCE = re.compile(r"^(\s*)```([\w-]*)\s*$")
-_NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
-
-
-@dataclass(frozen=True)
-class Block:
-    line: int              # of the opening fence, 1-based
-    lang: str
-    text: str              # without the fences' indentation
-    not_run: str | None    # the marker's reason
-
-
-def readme_blocks(text: str) -> list[Block]:
-    lines = text.splitlines()
-    blocks: list[Block] = []
-    i = 0
-    while i < len(lines):
-        fence = _FENCE.match(lines[i])
-        if fence is None:
-            i += 1
-            continue
-        indent = fence.group(1)
-        end = i + 1
-        while end < len(lines) and lines[end].strip() != "```":
-            end += 1
-        body = [line[len(indent):] if line.startswith(indent) else line.lstrip()
-                for line in lines[i + 1:end]]
-        marker = _NOT_RUN.match(lines[i - 1]) if i > 0 else None
-        blocks.append(Block(i + 1, fence.group(2) or "text", "\n".join(body) + "\n",
-                            marker.group(1) if marker else None))
-        i = end + 1
-    return blocks
-
-
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
-
-
-def test_every_not_run_marker_stands_before_a_block() -> None:
-    """A '<!-- not run: ... -->' marker counts only on the line before a fence: a
-    stray one (a block moved away from it) is an error, not a silent skip."""
-    markers = [n for n, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1)
-               if _NOT_RUN.match(line)]
-    assert markers == [b.line - 1 for b in BLOCKS if b.not_run], markers
-    assert any(b.not_run is None for b in BLOCKS)
-
 
 # -- output and processes -------------------------------------------------------------
 

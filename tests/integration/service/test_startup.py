@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import TWISTD, BrokerProcess
+from brokerproc import TWISTD, BrokerProcess, assert_refused_before_start
 
 from mqttamqp import __version__
 
@@ -108,18 +108,6 @@ def test_a_port_in_use_stops_the_broker_before_anything_starts(
 
 # ----------------------------------------------------------------------------------
 # Options
-
-
-def assert_refused_before_start(out: subprocess.CompletedProcess[str], first: str,
-                                tmp_path: Path) -> None:
-    """Exit status 1, the error then one hint line (not the help), nothing started."""
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert out.stdout == ""
-    lines = out.stderr.splitlines()
-    assert len(lines) == 2, out.stderr
-    assert lines[0].startswith("twistd mqttamqp: ") and first in lines[0], lines
-    assert lines[1] == "(twistd mqttamqp --help lists the options)"
-    assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.parametrize(("option", "value", "reason"), [
@@ -361,26 +349,6 @@ def test_admin_users_without_a_data_directory_says_where_it_looked(tmp_path: Pat
     assert out.returncode == 0
     assert out.stderr.startswith(
         f"no users in {tmp_path / 'empty' / 'users.json'} "), out.stderr
-
-
-def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -> None:
-    """A listener whose description fails only when bound (its key file gone since
-    the options were parsed) is a StartupError like a busy port: the listeners bound
-    before it are closed again and the store lock is released (found in review: the
-    exception escaped, the MQTT port stayed bound and the process hung)."""
-    from mqttamqp.core.limits import Limits
-    from mqttamqp.service import BrokerService, StartupError
-
-    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
-    mqtt = svc.add_mqtt_listener("tcp:0:interface=127.0.0.1")
-    svc.add_amqp_listener(
-        f"ssl:0:privateKey={tmp_path / 'gone.key'}:interface=127.0.0.1")
-    with pytest.raises(StartupError, match="cannot listen for AMQP"):
-        svc.startService()
-    assert mqtt.port is None                       # unbound again
-    again = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
-    again._open_store()                            # the lock was released
-    again.store.close()
 
 
 def test_a_damaged_storage_outside_the_data_directory_is_recovered_by_its_path(

@@ -23,7 +23,6 @@ Waits are reads with deadlines on raw sockets (``RawClient`` from
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import signal
 import subprocess
@@ -33,11 +32,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from amqp_clients import TIMEOUT, publish_message
-from brokerproc import TWISTD, BrokerProcess
+from amqp_clients import TIMEOUT
+from amqp_messages import publish_message
+from brokerproc import TWISTD, BrokerProcess, RestartableBroker
 from proton import ConnectionException, Delivery
 from proton.utils import BlockingConnection
-from test_mqtt_raw import RawClient, uid
+from rawclient import RawClient, uid
 
 from mqttamqp.mqtt.packets import (
     Puback,
@@ -52,27 +52,6 @@ pytestmark = pytest.mark.timeout(90)
 
 ROOT = Path(__file__).resolve().parents[3]
 GRACE = 2.0
-
-
-class RestartableBroker(BrokerProcess):
-    """``BrokerProcess`` that tolerates ZODB's start-up warning after a SIGKILL.
-
-    After kill -9 the FileStorage index file is stale and the last transaction may be
-    half written; ZODB says "Ignoring index for ...", "... truncated, possibly due to
-    damaged records at N" and "Writing truncated data from ..." (through stdlib
-    logging, which reaches twistd's log as ``[stderr#error]``), rebuilds the index
-    and sets the partial transaction aside.  The base harness treats any start-up
-    line containing "error" as a failed start, so these recovery notices (lines
-    naming the storage file) are skipped here.
-    """
-
-    def wait_for_line(self, pattern: str, timeout: float = 10.0) -> str:
-        while True:
-            line = super().wait_for_line(pattern, timeout)
-            recovery_notice = ("[stderr#error]" in line and "mqttamqp.fs" in line
-                               and "Traceback" not in line and ".lock" not in line)
-            if not recovery_notice:
-                return line
 
 
 def stop_gracefully(proc: BrokerProcess) -> None:
@@ -446,22 +425,6 @@ def test_sigkill_keeps_persistent_subscriptions(run, clients) -> None:
 
 # ==================================================================================
 # The .tac file
-
-
-def test_tac_builds_the_broker_service_with_defaults() -> None:
-    """tac/mqttamqp.tac, loaded as twistd -y would, defines an application holding the
-    broker service with the default MQTT listener (loopback port 1883) and data directory."""
-    from twisted.application import service
-
-    from mqttamqp.service import BrokerService
-
-    app = service.loadApplication(str(ROOT / "tac" / "mqttamqp.tac"), "python")
-    top = list(service.IServiceCollection(app))
-    assert len(top) == 1 and isinstance(top[0], BrokerService)
-    svc = top[0]
-    assert svc.data_dir == os.path.abspath("mqttamqp-data")
-    assert [(ls.kind, ls.description) for ls in svc.listeners if ls.kind == "MQTT"] == [
-        ("MQTT", "tcp:1883:interface=127.0.0.1")]
 
 
 def test_twistd_runs_the_tac(tmp_path: Path) -> None:

@@ -10,13 +10,11 @@ import struct
 from typing import Any
 
 import pytest
-from amqp_clients import publish_message
-from amqp_messages import drain
-from fakes import NullStore
+from amqp_memory import ListenerPeer
+from amqp_messages import drain, publish_message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import (
-    Collector,
     Connection,
     Endpoint,
     Event,
@@ -27,8 +25,6 @@ from proton import (
     ulong,
 )
 from twisted.internet.defer import succeed
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 
 from mqttamqp.amqp import codec
 from mqttamqp.amqp.addresses import AddressKind, classify
@@ -48,7 +44,7 @@ from mqttamqp.amqp.codec import (
     parse_qos,
     recall_publish,
 )
-from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
+from mqttamqp.amqp.listener import ConnectionState
 from mqttamqp.amqp.sasl import (
     AMQP_HEADER,
     SASL_HEADER,
@@ -60,7 +56,6 @@ from mqttamqp.amqp.sasl import (
     _encode_frame,
 )
 from mqttamqp.core.auth import Credentials
-from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.security.users import UserFile, add_user, make_line, parse_line
 
@@ -506,6 +501,7 @@ def test_sasl_refusals() -> None:
 ])
 def test_sasl_external_hands_over_the_authorization_identity(
         response: bytes | None, expected: Authenticate) -> None:
+    """SASL EXTERNAL hands over the authorization identity the client gave, or none."""
     server = SaslServer(["EXTERNAL", "PLAIN"], False)
     server.feed(SASL_HEADER)
 
@@ -517,6 +513,7 @@ def test_sasl_external_hands_over_the_authorization_identity(
 
 
 def test_sasl_external_authzid_must_be_utf8() -> None:
+    """An EXTERNAL authorization identity that is not UTF-8 is refused with the reason."""
     server = SaslServer(["EXTERNAL"], False)
     server.feed(SASL_HEADER)
 
@@ -572,47 +569,9 @@ def test_user_file_authenticates_and_reloads(tmp_path: os.PathLike[str]) -> None
 
 # -- the listener on a fake transport and clock ----------------------------------------------
 
-class Peer:
-    """A proton client engine wired to an AMQPConnection through StringTransport."""
-
-    def __init__(self, idle: float = 4.0) -> None:
-        self.clock = Clock()
-        self.clock.advance(1000)
-        self.broker = Broker(self.clock, NullStore(), Limits(sys_interval=0,
-                                                            connect_timeout=5))
-        self.factory = AMQPFactory(self.broker, self.clock, idle_timeout=idle)
-        self.server = self.factory.buildProtocol(None)
-        self.wire = StringTransport()
-        self.server.makeConnection(self.wire)
-        self.conn = Connection()
-        self.conn.container = "unit"
-        self.transport = Transport()
-        self.transport.bind(self.conn)
-        self.col = Collector()
-        self.conn.collect(self.col)
-
-    def exchange(self, rounds: int = 4) -> None:
-        for _ in range(rounds):
-            out = drain(self.transport)
-            if out:
-                self.server.dataReceived(out)
-            self.clock.advance(0)      # scheduled flushes
-            back = self.wire.value()
-            self.wire.clear()
-            if back:
-                self.transport.push(back)
-
-    def events(self) -> list[Any]:
-        out = []
-        while (ev := self.col.peek()) is not None:
-            out.append(ev.type)
-            self.col.pop()
-        return out
-
-
 def test_listener_opens_and_arms_one_idle_timer() -> None:
     """Open handshake over a fake transport; one tick timer armed; closed on idle time-out."""
-    peer = Peer(idle=4.0)
+    peer = ListenerPeer(idle=4.0)
     peer.conn.open()
     peer.exchange()
     assert peer.server.state is ConnectionState.OPEN
@@ -635,7 +594,7 @@ def test_listener_opens_and_arms_one_idle_timer() -> None:
 
 def test_listener_handshake_timeout() -> None:
     """A socket that never opens is closed after the connect timeout, nothing left behind."""
-    peer = Peer(idle=60.0)
+    peer = ListenerPeer(idle=60.0)
     peer.server.dataReceived(AMQP_HEADER)
     peer.clock.advance(4.9)
     assert not peer.wire.disconnecting
@@ -647,7 +606,7 @@ def test_listener_handshake_timeout() -> None:
 
 def test_listener_survives_a_failing_handler() -> None:
     """An exception while handling input closes that connection with amqp:internal-error."""
-    peer = Peer()
+    peer = ListenerPeer()
     peer.conn.open()
     peer.exchange()
 
@@ -668,7 +627,7 @@ def test_console_view_of_a_connection() -> None:
     """info() lists the links with role, address, settle modes and credit; close() ends it."""
     from proton import Link
 
-    peer = Peer(idle=60.0)
+    peer = ListenerPeer(idle=60.0)
     peer.conn.open()
     ssn = peer.conn.session()
     ssn.open()
@@ -703,7 +662,6 @@ def test_session_decisions_of_an_fe_connection_are_bounded() -> None:
     from types import SimpleNamespace
 
     from mqttamqp.amqp.services import SessionRequests
-    from mqttamqp.core.limits import Limits
 
     host = SimpleNamespace(limits=Limits(amqp_max_links=10))
     requests = SessionRequests(host)  # type: ignore[arg-type]

@@ -40,6 +40,8 @@ def abort(peer: AmqpPeer, link: Link, n: int) -> None:
 
 
 def test_credit_comes_back_in_steps_of_half_the_window() -> None:
+    """A topic sender's credit is topped up to the window once half of it is answered,
+    never beyond."""
     net = Net()
     peer, link = sender(net)
     send(peer, link, WINDOW // 2 - 1)
@@ -51,6 +53,7 @@ def test_credit_comes_back_in_steps_of_half_the_window() -> None:
 
 
 def test_aborted_transfers_use_credit_and_are_topped_up_like_answers() -> None:
+    """Aborted transfers use credit and are topped up as answered ones are."""
     net = Net()
     peer, link = sender(net)
     abort(peer, link, WINDOW // 2 - 1)

@@ -18,6 +18,8 @@ from amqp_messages import drain
 
 
 def test_a_message_larger_than_the_copy_buffer_arrives_whole() -> None:
+    """A transfer larger than the 64 KiB copy buffer arrives whole at AMQP and MQTT
+    receivers."""
     net = Net()
     app = net.amqp()
     rcv = app.receiver("big/t", credit=10)
@@ -31,6 +33,8 @@ def test_a_message_larger_than_the_copy_buffer_arrives_whole() -> None:
 
 
 def test_a_message_over_the_packet_size_is_refused_in_one_piece_or_many() -> None:
+    """A message over the packet size limit closes its link with message-size-exceeded; one
+    under it is accepted."""
     net = Net(max_packet_size=100_000)
     app = net.amqp()
     snd = app.sender("big/u")
@@ -78,6 +82,8 @@ def test_accepted_finishes_qos1_and_qos2_deliveries_and_frees_the_window() -> No
 
 @pytest.mark.parametrize("qos", [1, 2])
 def test_released_and_modified_still_redeliver(qos: int) -> None:
+    """Released and modified-failed outcomes still redeliver (modified-failed counting a
+    delivery), and accepted ends it."""
     net = Net()
     app = net.amqp()
     rcv = app.receiver("rel/t", credit=10)

@@ -6,21 +6,17 @@ writer thread is real and tests wait on its progress, never sleep.
 
 from __future__ import annotations
 
-import calendar
 import os
 import pickle
-import select
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from archive_files import T0, alive, hidden, read
 from twisted.internet.task import Clock
 
 import mqttamqp.archive.archive as archive_module
@@ -35,10 +31,8 @@ from mqttamqp.archive import (
     filter_matches,
 )
 from mqttamqp.archive.columns import pack, strings
-from mqttamqp.archive.segments import SegmentSet, partition_of, remove_leftovers
+from mqttamqp.archive.segments import SegmentSet, partition_of
 from mqttamqp.archive.writer import WRITER_NICE, Writer
-
-T0 = calendar.timegm((2026, 11, 24, 7, 59, 30))  # 2026-11-24 07:59:30 UTC
 
 
 def visible(root: Path, dataset: str = "messages") -> list[str]:
@@ -47,14 +41,6 @@ def visible(root: Path, dataset: str = "messages") -> list[str]:
         return []
     return sorted(str(p.relative_to(base)) for p in base.rglob("*")
                   if p.is_file() and not p.name.startswith("."))
-
-
-def hidden(root: Path) -> list[Path]:
-    return [p for p in root.rglob(".*") if p.is_file()]
-
-
-def read(root: Path, dataset: str = "messages") -> pa.Table:
-    return ds.dataset(str(root / dataset), format="parquet", partitioning="hive").to_table()
 
 
 def publish(archive: Archive, ts: float, topic: str = "a/b", payload: bytes = b"x",
@@ -82,6 +68,8 @@ def archive(tmp_path: Path, clock: Clock) -> Any:
 
 
 def test_filter_matching_follows_mqtt_rules() -> None:
+    """The archive's include/exclude filters match topics by MQTT's rules ($SYS only by its
+    own filters)."""
     assert filter_matches("a/+/c", "a/b/c") and not filter_matches("a/+/c", "a/b/d")
     assert filter_matches("a/#", "a") and filter_matches("a/#", "a/b/c")
     assert not filter_matches("#", "$SYS/broker") and filter_matches("$SYS/#", "$SYS/x")
@@ -92,11 +80,14 @@ def test_filter_matching_follows_mqtt_rules() -> None:
 
 
 def test_partition_is_utc_date_and_hour() -> None:
+    """A record's partition is its UTC date and hour."""
     assert partition_of(T0) == ("2026-11-24", "07")
     assert partition_of(T0 + 30) == ("2026-11-24", "08")
 
 
 def test_segment_visible_only_after_close(tmp_path: Path) -> None:
+    """A segment is a hidden file until it rolls at its age, then one visible Parquet file
+    in its partition."""
     seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=60,
                      roll_bytes=1 << 20, row_group_rows=2)
     row = (int(T0 * 1e6), "t", 0, False, 1, b"x", "c", None, "amqp", 1, 0)
@@ -112,6 +103,7 @@ def test_segment_visible_only_after_close(tmp_path: Path) -> None:
 
 
 def test_segment_rolls_at_size(tmp_path: Path) -> None:
+    """A segment rolls once it reaches its size bound."""
     seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=3600,
                      roll_bytes=1, row_group_rows=1)
     row = (int(T0 * 1e6), "t", 0, False, 1, b"x", None, None, "amqp", 0, 0)
@@ -120,6 +112,7 @@ def test_segment_rolls_at_size(tmp_path: Path) -> None:
 
 
 def test_new_hour_closes_the_previous_hours_segment(tmp_path: Path) -> None:
+    """A record of a new hour closes the previous hour's segment; close closes the rest."""
     seg = SegmentSet(str(tmp_path / "messages"), MESSAGE_SCHEMA, roll_seconds=3600,
                      roll_bytes=1 << 30)
     row = (int(T0 * 1e6), "t", 0, False, 1, b"x", None, None, "amqp", 0, 0)
@@ -131,6 +124,8 @@ def test_new_hour_closes_the_previous_hours_segment(tmp_path: Path) -> None:
 
 
 def test_messages_schema_partitions_and_payload_cap(tmp_path: Path, clock: Clock) -> None:
+    """Messages are written with the schema's types, partitioned by hour, payloads capped,
+    $SYS excluded by default."""
     a = Archive(str(tmp_path), clock, payload_bytes=4)
     a.start()
     publish(a, T0 + 0.000001, payload=b"0123456789", qos=2, retain=True)
@@ -161,6 +156,7 @@ def test_messages_schema_partitions_and_payload_cap(tmp_path: Path, clock: Clock
 
 
 def test_payload_bytes_zero_stores_no_payload(tmp_path: Path, clock: Clock) -> None:
+    """With payload bytes 0 no payload is stored, only its size."""
     a = Archive(str(tmp_path), clock, payload_bytes=0)
     a.start()
     publish(a, T0, payload=b"secret")
@@ -170,6 +166,8 @@ def test_payload_bytes_zero_stores_no_payload(tmp_path: Path, clock: Clock) -> N
 
 
 def test_include_and_exclude(tmp_path: Path, clock: Clock) -> None:
+    """Only topics the include filters match and the exclude filters do not are archived;
+    the others are counted as filtered."""
     a = Archive(str(tmp_path), clock, include=["plant/#", "$SYS/broker/load"],
                 exclude=["plant/debug/#"])
     a.start()
@@ -219,12 +217,15 @@ def test_packed_columns_come_back_as_the_rows_recorded(tmp_path: Path) -> None:
 
 
 def test_a_string_column_that_every_row_shares_travels_once() -> None:
+    """A string column whose rows all share one value is sent as that one value."""
     assert strings(["a", "a", "a"]) == ("a",)
     assert strings([None, None]) == (None,)
     assert strings(["a", None, "a"]) == ["a", None, "a"]
 
 
 def test_events_one_schema_with_nullable_columns(tmp_path: Path, clock: Clock) -> None:
+    """Events of every kind share one schema with nullable columns; unknown kinds and
+    fields are refused."""
     a = Archive(str(tmp_path), clock)
     a.start()
     a.event(T0, CONNECT, "dev1", protocol="mqtt3.1.1", address="127.0.0.1:5000",
@@ -245,6 +246,7 @@ def test_events_one_schema_with_nullable_columns(tmp_path: Path, clock: Clock) -
 
 def test_roll_on_time_with_the_injected_clock(archive: Archive, clock: Clock,
                                               tmp_path: Path) -> None:
+    """Segments roll when the injected clock passes their age, not by wall time."""
     publish(archive, T0)
     assert archive.wait_until(lambda: archive.stats()["buffered"] == 0)
     assert archive.wait_step()
@@ -273,6 +275,8 @@ def stall_first_message_step(a: Archive) -> tuple[threading.Event, threading.Eve
 
 def test_stalled_writer_drops_and_counts_without_blocking(tmp_path: Path,
                                                          clock: Clock) -> None:
+    """A stalled writer makes the bounded buffer drop and count, and the caller never
+    blocks."""
     a = Archive(str(tmp_path), clock, buffer_limit=10)
     entered, release = stall_first_message_step(a)
     a.start()
@@ -365,6 +369,7 @@ def test_a_slow_writer_process_never_blocks_the_reactor_side(tmp_path: Path,
 
 
 def test_records_after_close_are_counted_as_dropped(tmp_path: Path, clock: Clock) -> None:
+    """A record given after close is counted as dropped."""
     a = Archive(str(tmp_path), clock)
     a.start()
     a.close()
@@ -374,6 +379,7 @@ def test_records_after_close_are_counted_as_dropped(tmp_path: Path, clock: Clock
 
 def test_close_fires_through_the_reactor_when_there_is_one(tmp_path: Path,
                                                           clock: Clock) -> None:
+    """With a reactor, close's Deferred fires through callFromThread."""
     fired = threading.Event()
     threads: list[str] = []
 
@@ -395,6 +401,8 @@ def test_close_fires_through_the_reactor_when_there_is_one(tmp_path: Path,
 
 
 def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path, clock: Clock) -> None:
+    """A failed write is counted (its segment lost, its temp file removed) and later
+    records are written."""
     a = Archive(str(tmp_path), clock, row_group_rows=1)
     a.start()
     publish(a, T0, topic="a")
@@ -448,11 +456,13 @@ def test_a_writer_process_that_dies_is_counted_and_replaced(tmp_path: Path,
     assert topics in (["c"], ["b", "c"])
     assert a.stats()["lost"] == 3 - len(topics) and a.stats()["errors"] == 1
     assert len(hidden(tmp_path)) == 1   # the dead one's segment: removed at the next start
-    assert not _alive(first)
+    assert not alive(first)
 
 
 def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
                                                                clock: Clock) -> None:
+    """The writer is a child process at a lower priority than the broker, and a clean close
+    ends it."""
     a = Archive(str(tmp_path), clock)
     a.start()
     assert a.wait_step(30)
@@ -464,32 +474,11 @@ def test_the_writer_process_is_a_child_that_a_clean_close_ends(tmp_path: Path,
     assert os.getpriority(os.PRIO_PROCESS, pid) == min(
         19, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICE)
     a.close()
-    assert a.writer_pid is None and not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie does not count)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _exits(pid: int, timeout: float) -> bool:
-    """Wait (bounded) for ``pid`` to end: its pidfd becomes readable when it does."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable)
-    finally:
-        os.close(fd)
+    assert a.writer_pid is None and not alive(pid)
 
 
 def test_retention_removes_old_partitions(tmp_path: Path, clock: Clock) -> None:
+    """Partitions older than the retention days are removed at start, in both datasets."""
     for day in ("2026-10-24", "2026-10-25", "2026-11-23"):
         (tmp_path / "messages" / f"date={day}" / "hour=00").mkdir(parents=True)
         (tmp_path / "events" / f"date={day}" / "hour=00").mkdir(parents=True)
@@ -500,46 +489,6 @@ def test_retention_removes_old_partitions(tmp_path: Path, clock: Clock) -> None:
     for dataset in ("messages", "events"):
         assert sorted(os.listdir(tmp_path / dataset)) == ["date=2026-10-25",
                                                           "date=2026-11-23"]
-
-
-_CRASHER = """
-import sys, time
-from mqttamqp.archive import Archive
-class Now:
-    def seconds(self): return time.time()
-a = Archive(sys.argv[1], Now(), row_group_rows=1, roll_seconds=3600)
-a.start()
-a.message(1795939170.0, "closed", 0, False, b"x", "c", None, "amqp", 0, 0)
-a.close()
-a = Archive(sys.argv[1], Now(), row_group_rows=1, roll_seconds=3600)
-a.start()
-a.message(1795939171.0, "open", 0, False, b"x", "c", None, "amqp", 0, 0)
-assert a.wait_until(lambda: a.stats()["buffered"] == 0) and a.wait_step()
-print(a.writer_pid, flush=True)
-sys.stdin.read()
-"""
-
-
-def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path,
-                                                              clock: Clock) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _CRASHER, str(tmp_path)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        writer = int(proc.stdout.readline())
-    finally:
-        proc.kill()
-        proc.wait(30)
-    # The writer process sees its stdin close and exits, touching nothing: no orphan.
-    assert _exits(writer, 30.0)
-    assert not _alive(writer)
-    assert len(hidden(tmp_path)) == 1
-    assert read(tmp_path).column("topic").to_pylist() == ["closed"]
-    a = Archive(str(tmp_path), clock)
-    a.start()
-    assert hidden(tmp_path) == []
-    a.close()
-    assert remove_leftovers(str(tmp_path)) == []
 
 
 def test_a_broker_that_cannot_open_its_store_leaves_the_archive_alone(tmp_path: Path) -> None:
@@ -578,19 +527,8 @@ def test_an_unusable_archive_directory_fails_at_start_with_one_clear_reason(
     assert archive._thread is None
 
 
-def test_the_broker_process_never_loads_pyarrow() -> None:
-    """Only the writer process (and the report job) need Arrow: the service and its
-    archive import without it, which saves the broker about 50 MB of RSS."""
-    code = ("import sys\n"
-            "import mqttamqp.service\n"
-            "from mqttamqp.archive import Archive\n"
-            "print('pyarrow' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_the_packages_lazy_names_are_the_schemas() -> None:
+    """mqttamqp.archive's lazily loaded names are the schema module's objects."""
     import mqttamqp.archive as package
     from mqttamqp.archive import schema
     assert set(schema.__all__) <= set(package.__all__)
@@ -737,3 +675,13 @@ def test_the_broker_logs_a_read_only_archive_once(tmp_path: Path, clock: Clock,
     assert len(failed) == 1 and "failed" in failed[0] and "\n" not in failed[0]
     _unblock_dataset(tmp_path, aside)
     a.close()
+
+
+def test_the_core_records_with_the_archives_names() -> None:
+    """Every event kind and cause the core records is one the archive's schema knows."""
+    import mqttamqp.archive as archive
+    from mqttamqp.core import recorder
+
+    assert recorder.EVENT_KINDS == archive.EVENT_KINDS
+    causes = {v for k, v in vars(recorder).items() if k.startswith("CAUSE_")}
+    assert causes == set(archive.DISCONNECT_CAUSES) | set(archive.WILL_CAUSES)

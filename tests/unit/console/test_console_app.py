@@ -3,7 +3,6 @@ escaping and the live feed — against a real ``Broker`` on a ``task.Clock``."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -12,9 +11,11 @@ import webui_support
 from webui_support import (
     PASSWORD,
     Client,
+    audit_text,
     connect,
     connect_amqp,
     make_console,
+    sse_frames,
 )
 
 from mqttamqp.core.auth import Identity
@@ -47,12 +48,6 @@ def logged_in(env: Any) -> Any:
     client = env[3]
     assert client.login().code == 303
     return env
-
-
-
-def _audit_text(events: list[dict[str, Any]]) -> str:
-    from twisted.logger import formatEvent
-    return "\n".join(formatEvent(e) for e in events)
 
 
 def subscriber(broker: Any, client_id: str, topic_filter: str) -> webui_support.FakeLink:
@@ -516,7 +511,7 @@ def test_publish_page_and_action(logged_in: Any, audit: Any) -> None:
                                              "encoding": "hex"}, hdr).code == 400
     client.post("/publish", topic="bad/#", payload="x")
     assert "invalid topic" in client.get("/publish").text
-    assert "action=publish" in _audit_text(audit) and "user='admin'" in _audit_text(audit)
+    assert "action=publish" in audit_text(audit) and "user='admin'" in audit_text(audit)
 
 
 # -- actions --------------------------------------------------------------------------
@@ -533,7 +528,7 @@ def test_force_will_publishes_and_disconnects(logged_in: Any, audit: Any) -> Non
     assert dev.closed and "dev" not in broker.wills and "mqtt:dev" not in broker.connections
     assert "dev" not in broker.sessions
     assert "Published the will of dev and disconnected it" in client.get("/clients").text
-    text = _audit_text(audit)
+    text = audit_text(audit)
     assert "user='admin' action=force-will" in text and "'mqtt:dev'" in text
 
 
@@ -607,7 +602,7 @@ def test_clear_session_removes_it_durably(logged_in: Any, audit: Any) -> None:
     assert "Cleared the session of dev" in client.get("/sessions").text
     assert client.post_json("/api/sessions/clear", {"client_id": "dev"},
                             {"Authorization": "Bearer x"}).code == 401
-    assert "action=clear-session" in _audit_text(audit)
+    assert "action=clear-session" in audit_text(audit)
 
 
 def test_clear_session_via_api_and_unknown(logged_in: Any) -> None:
@@ -645,7 +640,7 @@ def test_delete_retained_one_and_by_filter(logged_in: Any, audit: Any) -> None:
     done = client.post_json("/api/retained/delete-matching", {"filter": "#"}, hdr)
     assert done.json()["deleted"] == 1 and len(broker.retained) == 0
     assert client.get("/retained/delete-matching", filter="a/#/b").code == 400
-    assert "action=delete-retained-matching" in _audit_text(audit)
+    assert "action=delete-retained-matching" in audit_text(audit)
 
 
 def test_fire_and_discard_stored_wills(logged_in: Any) -> None:
@@ -719,15 +714,6 @@ def test_client_data_is_escaped_everywhere(logged_in: Any) -> None:
 # -- live feed --------------------------------------------------------------------------
 
 
-def _frames(chunks: list[bytes]) -> list[tuple[str, Any]]:
-    out = []
-    for block in b"".join(chunks).decode().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in lines:
-            out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
 def test_event_stream_sends_stats_every_second_and_ends_at_logout(logged_in: Any) -> None:
     """SSE: history and stats at once, stats each tick, a logout event when the login ends."""
     console, broker, clock, client = logged_in
@@ -741,18 +727,18 @@ def test_event_stream_sends_stats_every_second_and_ends_at_logout(logged_in: Any
     chunks: list[bytes] = []
     done = treq.collect(response, chunks.append)
     client.treq.flush()
-    assert [e for e, _ in _frames(chunks)] == ["history", "stats"]
+    assert [e for e, _ in sse_frames(chunks)] == ["history", "stats"]
     console.feed.start()
     connect(broker, "newcomer")
     clock.advance(1)
     client.treq.flush()
-    frames = _frames(chunks)
+    frames = sse_frames(chunks)
     assert frames[-1][0] == "stats" and frames[-1][1]["clients"]["connected"] == 1
     assert len(console.feed.streams) == 1
     client.post("/logout")
     clock.advance(1)
     client.treq.flush()
-    assert _frames(chunks)[-1][0] == "logout"
+    assert sse_frames(chunks)[-1][0] == "logout"
     assert done.called and not console.feed.streams
     console.feed.stop()
 
@@ -771,3 +757,24 @@ def test_event_stream_cancel_unsubscribes_and_streams_are_bounded(logged_in: Any
     stream: EventStream = next(iter(console.feed.streams))
     stream.done.cancel()
     assert not console.feed.streams
+
+
+def test_api_index_lists_every_endpoint(logged_in: Any) -> None:
+    """/api/ lists every /api/ route of the console with its methods, parameters and a
+    description, says how to authenticate, and answers 401 without a login."""
+    from webui.apidoc import ENDPOINTS
+    console, _, _, client = logged_in
+    index = client.get("/api/").json()
+    listed = {e["path"]: e for e in index["endpoints"]}
+    routes = {r.rule for r in console.app.url_map.iter_rules() if r.rule.startswith("/api/")}
+    assert set(listed) == routes
+    assert set(ENDPOINTS) <= routes, set(ENDPOINTS) - routes        # nothing stale
+    assert all(e["description"] for e in index["endpoints"]), [
+        p for p, e in listed.items() if not e["description"]]
+    assert listed["/api/bans/add"]["methods"] == ["POST"]
+    assert listed["/api/bans/add"]["kind"] == "action"
+    assert listed["/api/clients"]["methods"] == ["GET"] and "protocol=" in \
+        listed["/api/clients"]["parameters"]
+    assert "Bearer" in index["auth"]
+    anonymous = Client(console).get("/api/")
+    assert anonymous.code == 401

@@ -1,18 +1,14 @@
-"""The console features of issue 13 over StubTreq against a real ``Broker`` on a
-``task.Clock``: the publish form's memory, AMQP detail, client filters, counters
-and rates, page numbers, bulk actions, the live tail, the topics page and the
-API index."""
+"""The console's client pages over StubTreq against a real ``Broker`` on a ``task.Clock``:
+an AMQP client's detail, the clients list (filters, MQTT 5 among them, counters and
+rates, page numbers, bulk actions), MQTT 5 clients in the overview's counts, and an MQTT
+5 session's expiry on the client's page."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-import pytest
-import treq
-import webui_support
-from test_console_app import _audit_text, _frames
-from webui_support import Client, connect, connect_amqp, logged_in
+from webui_support import FakeLink, audit_text, connect, connect_amqp
 
 from mqttamqp.core.clients.connections import (
     AmqpDetails,
@@ -20,43 +16,7 @@ from mqttamqp.core.clients.connections import (
     ConnectionInfo,
     LinkInfo,
 )
-from mqttamqp.core.message import Message, WillMessage
-
-
-@pytest.fixture
-def env(tmp_path: Any) -> Any:
-    """A console on a fresh broker, its admin logged in."""
-    return logged_in(tmp_path)
-
-
-
-def _field(html: str, name: str) -> str:
-    m = re.search(rf'<input name="{name}"[^>]* value="([^"]*)"', html)
-    assert m is not None, name
-    return m.group(1)
-
-
-# -- publish --------------------------------------------------------------------------------
-
-
-def test_publish_form_keeps_what_was_typed_after_an_error_and_a_success(env: Any) -> None:
-    _, _, _, client = env
-    client.get("/publish")
-    bad = client.post("/publish", topic="a/+/bad", payload="<keep> me", encoding="utf-8",
-                      qos="2", retain="1")
-    assert bad.code == 303
-    page = client.get("/publish").text
-    assert "invalid topic" in page
-    assert _field(page, "topic") == "a/+/bad"
-    assert "&lt;keep&gt; me</textarea>" in page
-    assert re.search(r'<option selected>2</option>', page)
-    assert 'name="retain" value="1" checked' in page
-    client.post("/publish", topic="ok/topic", payload="0a0b", encoding="hex", qos="1")
-    page = client.get("/publish").text
-    assert "Published 2 byte(s) to ok/topic (QoS 1)." in page
-    assert _field(page, "topic") == "ok/topic" and "0a0b</textarea>" in page
-    assert '<option value="hex" selected>' in page and "checked" not in page
-
+from mqttamqp.core.message import WillMessage
 
 # -- client detail ----------------------------------------------------------------------------
 
@@ -79,6 +39,8 @@ def _amqp_client(broker: Any) -> Any:
 
 
 def test_amqp_client_detail_says_whose_role_and_what_was_negotiated(env: Any) -> None:
+    """An AMQP client's page shows what was negotiated (SASL, frame size, idle time-outs,
+    sessions) and each link from the client's side."""
     _, broker, _, client = env
     _amqp_client(broker)
     html = client.get("/client", key="amqp:3").text
@@ -96,6 +58,8 @@ def test_amqp_client_detail_says_whose_role_and_what_was_negotiated(env: Any) ->
 
 
 def test_clear_session_is_offered_only_for_a_persistent_session(env: Any) -> None:
+    """Clear session and Force will are offered only where there is a persistent session or
+    a will."""
     _, broker, _, client = env
     connect(broker, "clean-one", clean=True)
     connect(broker, "keeper", clean=False,
@@ -114,6 +78,8 @@ def _ids(reply: Any) -> list[str]:
 
 
 def test_client_filters(env: Any) -> None:
+    """The clients list filters by protocol, user, remote address, session kind and will,
+    combined."""
     _, broker, _, client = env
     connect(broker, "m1", clean=True, user="alice", remote="10.0.0.1:1")
     connect(broker, "m2", clean=False, user="bob", remote="10.0.0.2:1",
@@ -138,6 +104,7 @@ def test_client_filters(env: Any) -> None:
 
 
 def test_counters_and_rates_per_client(env: Any) -> None:
+    """Each client's counters are listed, and rates once a second look can compare."""
     _, broker, clock, client = env
     _amqp_client(broker)
     row = client.get("/api/clients").json()["items"][0]
@@ -163,6 +130,8 @@ def test_counters_and_rates_per_client(env: Any) -> None:
 
 
 def test_page_numbers_with_first_and_last(env: Any) -> None:
+    """The clients pager shows first, previous, numbered, next and last links, with the
+    current page marked."""
     _, broker, _, client = env
     for i in range(130):
         connect(broker, f"dev-{i:03d}")
@@ -177,6 +146,8 @@ def test_page_numbers_with_first_and_last(env: Any) -> None:
 
 
 def test_bulk_disconnect_and_clear_session(env: Any, audit: Any) -> None:
+    """Bulk clear-session and disconnect act on the clients they apply to, skip the others,
+    say so, and are audited."""
     _, broker, _, client = env
     a = connect(broker, "bulk-a", clean=False)
     b = connect(broker, "bulk-b", clean=True)
@@ -194,7 +165,7 @@ def test_bulk_disconnect_and_clear_session(env: Any, audit: Any) -> None:
                                                   "keys": ["mqtt:bulk-b", "mqtt:bulk-c"]},
                             headers).json()
     assert done["done"] == ["mqtt:bulk-b", "mqtt:bulk-c"] and b.closed and c.closed
-    text = _audit_text(audit)
+    text = audit_text(audit)
     assert "action=bulk-clear-session" in text and "action=bulk-disconnect" in text
     assert text.count("action=disconnect") == 2 and "action=clear-session" in text
     assert client.post_json("/api/clients/bulk", {"action": "explode", "keys": ["x"]},
@@ -205,144 +176,78 @@ def test_bulk_disconnect_and_clear_session(env: Any, audit: Any) -> None:
     assert client.post("/clients/bulk", csrf=False, action="disconnect").code == 403
 
 
-# -- the live tail --------------------------------------------------------------------------
+# -- MQTT 5 clients ---------------------------------------------------------------------------
 
 
-def _open_tail(client: Client, **params: str) -> tuple[Any, list[bytes], Any]:
-    from urllib.parse import urlencode
-    d = client.treq.get(webui_support.BASE + "/api/tail?" + urlencode(params))
-    client.treq.flush()
-    response = webui_support._result(d)
-    chunks: list[bytes] = []
-    done = treq.collect(response, chunks.append) if response.code == 200 else None
-    client.treq.flush()
-    return response, chunks, done
+def _stat(html: str, name: str) -> str:
+    m = re.search(rf'data-stat="{re.escape(name)}"[^>]*>([^<]*)<', html)
+    assert m is not None, name
+    return m.group(1)
 
 
-def test_tail_streams_matching_messages_escaped_bounded_and_ends(env: Any) -> None:
-    console, broker, clock, client = env
-    evil = b'<script>window.__x=1</script>'
-    broker.publish(Message("plant/old", b"retained", 0, True, "p", clock.seconds()))
-    response, chunks, done = _open_tail(client, filter="plant/#", view="auto")
-    assert response.code == 200
-    broker.publish(Message("plant/a", evil, 0, False, "pub-1", clock.seconds()))
-    broker.publish(Message("other/b", b"no", 0, False, "pub-1", clock.seconds()))
-    broker.publish(Message("plant/j", b'{"t": 21}', 1, False, "pub-2", clock.seconds()))
-    broker.publish(Message("plant/h", b"\x00\x01\xff", 0, False, None, clock.seconds()))
-    client.treq.flush()
-    frames = _frames(chunks)
-    assert [e for e, _ in frames] == ["open", "message", "message", "message"]
-    first = frames[1][1]
-    assert (first["topic"], first["mode"], first["body"]) == ("plant/a", "text", evil.decode())
-    raw = b"".join(chunks)
-    assert b"<script>" not in raw           # JSON-escaped on the wire (\u003c)
-    assert frames[2][1]["mode"] == "json" and frames[3][1]["mode"] == "hex"
-    # Bounded: over the per-second rate, messages are skipped and reported.
-    console.tails.per_second = 2
-    clock.advance(1)
-    for _ in range(5):
-        broker.publish(Message("plant/flood", b"x", 0, False, "p", clock.seconds()))
-    clock.advance(1)
-    client.treq.flush()
-    frames = _frames(chunks)
-    assert sum(1 for e, d in frames if e == "message" and d["topic"] == "plant/flood") == 2
-    assert any(e == "tick" and d["skipped"] == 3 for e, d in frames)
-    # Logging out ends the stream and the subscription.
-    assert len(broker.link_subscribers) == 1
-    client.post("/logout")
-    clock.advance(1)
-    client.treq.flush()
-    assert _frames(chunks)[-1][0] == "logout" and done is not None and done.called
-    assert not broker.link_subscribers and not console.tails.tails
-
-
-def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
-    console, broker, _, client = env
-    assert _open_tail(client, filter="a/#/b")[0].code == 400
-    assert _open_tail(client, filter="a", view="pdf")[0].code == 400
-    # (review finding) a tail never joins a shared group nor reads a dynamic node
-    assert _open_tail(client, filter="$share/workers/jobs/#")[0].code == 403
-    assert _open_tail(client, filter="$dynamic/+")[0].code == 403
-    assert not broker.link_subscribers
-    console.tails.max_tails = 1
-    response, _, _ = _open_tail(client, filter="x/#")
-    assert response.code == 200
-    assert _open_tail(client, filter="y/#")[0].code == 503
-    tail = next(iter(console.tails.tails.values()))
-    tail.done.cancel()                     # the browser went away
-    assert not console.tails.tails and not broker.link_subscribers
-
-
-# -- topics and subscriptions ------------------------------------------------------------------
-
-
-def test_topic_counts_are_capped_and_cheap() -> None:
-    from mqttamqp.core.routing.topicstats import TopicStats
-    stats = TopicStats(max_topics=2)
-    for topic in ("a", "b", "a", "c", "d", "b"):
-        stats.note(topic)
-    assert stats.counts() == {"a": 2, "b": 2} and stats.untracked == 2
-
-
-def test_topic_tree_with_rates_subscribers_and_retained(env: Any) -> None:
-    from mqttamqp.core.auth import Identity
-    _, broker, clock, client = env
-    connect(broker, "watcher", subscriptions=("plant/+/temp",))
-    for topic, retain in (("plant/l1/temp", True), ("plant/l1/temp", False),
-                          ("plant/l2/temp", False), ("office/door", False)):
-        broker.publish(Message(topic, b"1", 0, retain, "p", clock.seconds()), Identity("p"))
-    root = client.get("/api/topics").json()
-    assert [(n["name"], n["messages"], n["topics"], n["children"]) for n in root["items"]] == [
-        ("office", 1, 1, True), ("plant", 3, 2, True)]
-    assert (root["tracked"], root["max_tracked"], root["untracked"]) == (3, 10_000, 0)
-    level = client.get("/api/topics", prefix="plant/l1").json()
-    assert level["items"] == [{"name": "temp", "path": "plant/l1/temp", "messages": 2,
-                               "rate": 0.0, "topics": 1, "retained": True,
-                               "retained_below": 0, "leaf": True,
-                               "children": False, "subscribers": 1}]
-    clock.advance(2)
-    for _ in range(6):
-        broker.publish(Message("plant/l1/temp", b"2", 0, False, "p", clock.seconds()))
-    level = client.get("/api/topics", prefix="plant/l1").json()
-    assert level["items"][0]["rate"] == 3.0 and level["items"][0]["messages"] == 8
-    html = client.get("/topics", prefix="plant").text
-    assert "plant/l1" in html and "at most 10,000 topics" in html and 'id="topic-table"' in html
-    assert client.get("/api/topics", prefix="a/+").code == 400
-
-
-def test_subscriptions_across_sessions_are_searchable(env: Any) -> None:
-    from mqttamqp.core.auth import Identity
+def test_overview_counts_mqtt5_clients_with_the_others(env: Any) -> None:
+    """The Clients tile and /api/overview count MQTT 5 clients: the parts add up."""
     _, broker, _, client = env
-    connect(broker, "dev-<1>", clean=False, subscriptions=("cmd/dev1/#", "all/#"))
-    connect(broker, "dev-2", subscriptions=("cmd/dev2/#",))
-    broker.add_topic_receiver("amqp:9:rx", "all/#", Identity("app"), 1)
-    items = client.get("/api/subscriptions").json()["items"]
-    assert [(s["filter"], s["client_id"], s["kind"]) for s in items] == [
-        ("all/#", "amqp:9:rx", "amqp receiver"), ("all/#", "dev-<1>", "persistent"),
-        ("cmd/dev1/#", "dev-<1>", "persistent"), ("cmd/dev2/#", "dev-2", "clean")]
-    found = client.get("/api/subscriptions", q="DEV2").json()
-    assert found["total"] == 1 and found["items"][0]["client_id"] == "dev-2"
-    html = client.get("/subscriptions", q="dev1").text
-    assert "dev-&lt;1&gt;" in html and "dev-<1>" not in html
+    for i in range(2):
+        connect(broker, f"old-{i}", protocol="mqtt3.1.1")
+    connect(broker, "older", protocol="mqtt3.1")
+    for i in range(3):
+        connect(broker, f"new-{i}", protocol="mqtt5")
+    connect_amqp(broker, "app", 1, ())
+    clients = client.get("/api/overview").json()["clients"]
+    assert clients["connected"] == 7
+    assert (clients["mqtt31"], clients["mqtt311"], clients["mqtt5"], clients["amqp"]) == (
+        1, 2, 3, 1)
+    html = client.get("/").text
+    assert _stat(html, "clients.connected") == "7"
+    assert _stat(html, "clients.mqtt5") == "3"
+    tile = html.split("Clients connected", 1)[1].split("</div>", 1)[0]
+    assert re.search(r"· 5 <b[^>]*>3</b>", tile), tile
 
 
-# -- the API index ------------------------------------------------------------------------------
+def test_clients_filter_offers_mqtt5(env: Any) -> None:
+    """The clients page filters MQTT 5 clients on their own; "MQTT (any)" includes them."""
+    _, broker, _, client = env
+    connect(broker, "old", protocol="mqtt3.1.1")
+    connect(broker, "new", protocol="mqtt5")
+    only5 = client.get("/api/clients", protocol="mqtt5").json()["items"]
+    assert [c["client_id"] for c in only5] == ["new"]
+    anymqtt = client.get("/api/clients", protocol="mqtt").json()["items"]
+    assert sorted(c["client_id"] for c in anymqtt) == ["new", "old"]
+    assert '<option value="mqtt5">MQTT 5</option>' in client.get("/clients").text
 
 
-def test_api_index_lists_every_endpoint(env: Any) -> None:
-    from webui.apidoc import ENDPOINTS
-    console, _, _, client = env
-    index = client.get("/api/").json()
-    listed = {e["path"]: e for e in index["endpoints"]}
-    routes = {r.rule for r in console.app.url_map.iter_rules() if r.rule.startswith("/api/")}
-    assert set(listed) == routes
-    assert set(ENDPOINTS) <= routes, set(ENDPOINTS) - routes        # nothing stale
-    assert all(e["description"] for e in index["endpoints"]), [
-        p for p, e in listed.items() if not e["description"]]
-    assert listed["/api/bans/add"]["methods"] == ["POST"]
-    assert listed["/api/bans/add"]["kind"] == "action"
-    assert listed["/api/clients"]["methods"] == ["GET"] and "protocol=" in \
-        listed["/api/clients"]["parameters"]
-    assert "Bearer" in index["auth"]
-    anonymous = Client(console).get("/api/")
-    assert anonymous.code == 401
+def _connect5(broker: Any, client_id: str, expiry: float) -> FakeLink:
+    """An MQTT 5 client with a session expiry interval, as MQTTProtocol opens it."""
+    link = FakeLink(broker, client_id, protocol="mqtt5", clean=False,
+                    since=broker.clock.seconds())
+    link.session = broker.open_session(link, client_id, False, None, None, expiry).session
+    broker.activate(link.session, link, "mqtt5")
+    broker.register_connection(link.key, link, "mqtt5")
+    return link
+
+
+def test_mqtt5_client_page_shows_the_session_expiry(env: Any) -> None:
+    """The session's expiry interval shows on the page of an MQTT 5 client, online and
+    offline (with when it expires); MQTT 3.1.1 has none to show."""
+    _, broker, clock, client = env
+    dash = _connect5(broker, "dash", 3600.0)
+    _connect5(broker, "forever", float(0xFFFFFFFF))
+    _connect5(broker, "brief", 0.0)
+    connect(broker, "old", clean=False)
+    detail = client.get("/api/client", key="mqtt:dash").json()["session"]
+    assert (detail["expiry"], detail["expires_at"]) == (3600.0, None)
+    html = client.get("/client", key="mqtt:dash").text
+    assert re.search(r"<dt>Session expiry</dt><dd>1h 0m after the client disconnects</dd>",
+                     html), html
+    assert "<dd>never</dd>" in client.get("/client", key="mqtt:forever").text
+    assert "ends with the connection" in client.get("/client", key="mqtt:brief").text
+    assert client.get("/api/client", key="mqtt:old").json()["session"]["expiry"] is None
+    assert "Session expiry" not in client.get("/client", key="mqtt:old").text
+    broker.end_session(dash, dash.session, clean=True, reason="bye")
+    broker.unregister_connection(dash.key, dash)
+    clock.advance(600)
+    offline = client.get("/api/client", session="dash").json()["session"]
+    assert offline["expires_at"] == offline["last_seen"] + 3600.0
+    html = client.get("/client", session="dash").text
+    assert "expires at 2023-11-14 23:13:20 UTC (in 50m 0s)" in html, html

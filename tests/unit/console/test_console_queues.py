@@ -10,9 +10,15 @@ from typing import Any
 
 import pytest
 import webui_support
-from test_console_app import _audit_text
 from twisted.internet.defer import Deferred
-from webui_support import PASSWORD, Client, connect, make_console
+from webui_support import (
+    PASSWORD,
+    Client,
+    audit_text,
+    connect,
+    fill,
+    make_console,
+)
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message, MessageProperties
@@ -25,15 +31,6 @@ def env(tmp_path: Any) -> Any:
     client = Client(console)
     assert client.login().code == 303
     return console, service, clock, client
-
-
-
-def fill(broker: Any, n: int, queue: str = "jobs", payload: bytes = b"job %d") -> None:
-    for i in range(n):
-        body = payload % i if b"%d" in payload else payload
-        result = broker.publish(Message(f"$queue/{queue}/work", body, 1, False, "producer",
-                                        broker.clock.seconds()))
-        assert result.refusal is None
 
 
 def reject_all(broker: Any, link: Any, reason: str = "bad input") -> None:
@@ -50,6 +47,8 @@ def reject_all(broker: Any, link: Any, reason: str = "bad input") -> None:
 
 
 def test_list_shows_depth_groups_and_rates_and_refreshes_live(env: Any) -> None:
+    """/api/queues lists each queue's depth, groups, members, pending, bytes, rates and
+    oldest age."""
     _, service, clock, client = env
     broker = service.broker
     fill(broker, 3)
@@ -73,6 +72,8 @@ def test_list_shows_depth_groups_and_rates_and_refreshes_live(env: Any) -> None:
 
 
 def test_one_queue_groups_messages_and_payload_views(env: Any) -> None:
+    """One queue's page lists its groups and messages page by page, and a message's payload
+    as text or bytes."""
     _, service, _, client = env
     broker = service.broker
     fill(broker, 1, payload=b'{"order": 7}')
@@ -111,6 +112,8 @@ def test_one_queue_groups_messages_and_payload_views(env: Any) -> None:
 
 
 def test_dead_letters_are_requeued_one_then_all(env: Any, audit: Any) -> None:
+    """Dead letters show their reason and origin, and are requeued one at a time or all at
+    once (audited)."""
     _, service, _, client = env
     broker = service.broker
     fill(broker, 3)
@@ -138,12 +141,14 @@ def test_dead_letters_are_requeued_one_then_all(env: Any, audit: Any) -> None:
                                                                 name="jobs").text
     listed = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
     assert listed["$dlq/jobs"]["depth"] == 0 and listed["jobs"]["depth"] == 3
-    text = _audit_text(audit)
+    text = audit_text(audit)
     assert "action=queue-requeue queue='$dlq/jobs' which='offset 1' -> requeued 1" in text
     assert "which='all' -> requeued 2" in text
 
 
 def test_purge_retention_and_delete_are_audited_and_stored(env: Any, audit: Any) -> None:
+    """Retention changes, purge and delete are audited and stored; bad retention values are
+    refused."""
     _, service, _, client = env
     broker, store = service.broker, service.store
     fill(broker, 5)
@@ -172,7 +177,7 @@ def test_purge_retention_and_delete_are_audited_and_stored(env: Any, audit: Any)
     assert client.get("/api/queues").json()["items"] == []
     assert client.post_json("/api/queues/purge", {"name": "jobs"}, headers).code == 404
     assert client.post_json("/api/queues/delete", {}, headers).code == 400
-    text = _audit_text(audit)
+    text = audit_text(audit)
     for line in ("user='admin' action=queue-retention queue='jobs' -> set max_age=3600.0, "
                  "max_bytes=none, max_messages=2",
                  "action=queue-purge queue='jobs' -> purged 2",
@@ -181,6 +186,7 @@ def test_purge_retention_and_delete_are_audited_and_stored(env: Any, audit: Any)
 
 
 def test_an_action_answers_only_once_its_change_is_durable(env: Any) -> None:
+    """A queue action answers only once its change is committed."""
     _, service, _, client = env
     broker, store = service.broker, service.store
     fill(broker, 2)
@@ -206,6 +212,8 @@ def test_an_action_answers_only_once_its_change_is_durable(env: Any) -> None:
 
 
 def test_actions_need_csrf_and_an_admin(env: Any, tmp_path: Any) -> None:
+    """Queue actions need the CSRF token and an admin; a read-only user may look, anonymous
+    users log in first."""
     console, service, _, client = env
     fill(service.broker, 1)
     assert client.post("/queues/purge", csrf=False, name="jobs").code == 403
@@ -224,6 +232,7 @@ def test_actions_need_csrf_and_an_admin(env: Any, tmp_path: Any) -> None:
 
 
 def test_what_clients_sent_is_escaped(env: Any) -> None:
+    """Queue names and payloads that clients sent are escaped on every queue page."""
     _, service, _, client = env
     broker = service.broker
     evil = "<img src=x onerror=alert(1)>"
@@ -238,6 +247,7 @@ def test_what_clients_sent_is_escaped(env: Any) -> None:
 
 
 def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
+    """Rates are kept only for queues that exist, and given only after a second of history."""
     console, service, clock, client = env
     fill(service.broker, 1, queue="a")
     fill(service.broker, 1, queue="b")
@@ -252,3 +262,31 @@ def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
     rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
     assert list(rows) == ["a"] and len(console.queue_rates) == 1
     assert rows["a"]["rates"] == {"publish": round(1 / 1.5, 1), "ack": 0.0}
+
+
+def test_queue_messages_are_live_and_an_empty_queue_names_its_next_offset(env: Any) -> None:
+    """The Messages card is a live region: once a consumer took every message it says
+    the queue is empty and which offset comes next, not the offset it was loaded at."""
+    _, service, _, client = env
+    broker = service.broker
+    fill(broker, 12)
+    page = client.get("/queues/queue", name="jobs").text
+    assert 'data-live-src="/queues/queue?name=jobs&amp;partial=messages"' in page
+    assert "offsets 0 to 11" in page
+    worker = connect(broker, "worker")
+    broker.subscribe(worker.session, Identity("worker"), [("$queue/jobs/#", 0)])
+    assert len(worker.sent) == 12                        # QoS 0: acknowledged as sent
+    live = client.get("/queues/queue", name="jobs", partial="messages").text
+    assert "<html" not in live and 'id="message-table"' in live
+    assert "The queue is empty; the next message gets offset 12." in live
+    assert "offset 0" not in live and "offset 11" not in live
+    page = client.get("/queues/queue", name="jobs").text
+    assert "The queue is empty; the next message gets offset 12." in page
+    # A page further on is a look at the past: not refreshed, and says where it starts.
+    broker.end_session(worker, worker.session, clean=True, reason="bye")
+    broker.unregister_connection(worker.key, worker)
+    fill(broker, 3)
+    later = client.get("/queues/queue", name="jobs", start="13").text
+    assert "partial=messages" not in later and "offsets 13 to 14" in later
+    beyond = client.get("/queues/queue", name="jobs", start="99").text
+    assert "No messages from offset 15 (the next one)." in beyond

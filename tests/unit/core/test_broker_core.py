@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
+from core_broker import FakeLink, connect, make_broker, pub, subscribe, will
 from fakes import ManualStore, MemoryStore, NullStore, SnapshotStore
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
@@ -28,49 +28,7 @@ from mqttamqp.core.persistence import (
     Snapshot,
     StoredQueued,
 )
-from mqttamqp.core.sessions.session import Session, SessionState
-
-
-class FakeLink(fakes.FakeLink):
-    """Records publishes as (topic, payload, qos, packet_id, dup, retain)."""
-
-    @property
-    def sent(self) -> list[tuple[Any, ...]]:
-        return [(m.topic, m.payload, q, pid, d, r) for m, q, pid, d, r in self.published()]
-
-
-def make_broker(store: NullStore | None = None, **limits: Any
-                ) -> tuple[Broker, Clock, NullStore]:
-    clock = Clock()
-    clock.advance(1000.0)
-    store = store if store is not None else NullStore()
-    return Broker(clock, store, Limits(**limits)), clock, store
-
-
-def connect(broker: Broker, client_id: str, clean: bool = True,
-            will: WillMessage | None = None, link: FakeLink | None = None
-            ) -> tuple[Session, FakeLink, bool]:
-    link = link or FakeLink(client_id)
-    opened = broker.open_session(link, client_id, clean, will)
-    session, present = opened.session, opened.present
-    broker.activate(session, link, "mqtt3.1.1")
-    return session, link, present
-
-
-def subscribe(broker: Broker, session: Session, *requests: tuple[str, int]) -> list[int]:
-    codes, _ = broker.subscribe(session, Identity(session.client_id), list(requests))
-    return codes
-
-
-def will(owner: str, topic: str = "will/t", payload: bytes = b"bye", qos: int = 0,
-         retain: bool = False) -> WillMessage:
-    return WillMessage(owner, topic, payload, qos, retain)
-
-
-def pub(broker: Broker, topic: str, payload: bytes = b"x", qos: int = 0,
-        retain: bool = False) -> Deferred[None] | None:
-    return broker.publish(Message(topic, payload, qos, retain, "p", 0.0)).durable
-
+from mqttamqp.core.sessions.session import SessionState
 
 # --------------------------------------------------------------------------
 # routing
@@ -809,18 +767,6 @@ def test_clear_session_answer_fails_when_its_commit_fails() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], Failure)
 
 
-def test_the_store_contract_runs_no_twisted() -> None:
-    """core/persistence.py (the store contract) imports nothing of Twisted at run time."""
-    import subprocess
-    import sys
-
-    code = ("import sys, mqttamqp.core.persistence; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'twisted'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.strip()
-    assert out == "[]"
-
-
 def test_storage_health_is_not_flipped_by_empty_commits() -> None:
     """A barrier (an empty commit) touches no storage: while real commits fail it
     neither reports a recovery nor logs again (found in review)."""
@@ -881,3 +827,15 @@ def test_a_recorder_that_wants_no_messages_is_not_called_per_message() -> None:
     recorder.records_messages = True       # (a hook on messages was added)
     pub(broker, "t/2")
     assert calls.count("message") == 1
+
+
+def test_a_will_delay_does_not_hold_readiness() -> None:
+    """A will waiting out its MQTT 5 delay is not a will in grace (readiness does not
+    wait for it), and its owner's return cancels it."""
+    from amqp_memory import Net
+
+    net = Net()
+    wills = net.broker._wills
+    wills.fire_later("dev", 3600, "connection lost", "lost")
+    assert net.broker.wills_in_grace == 0
+    assert wills.owner_returned("dev")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from amqp_memory import ListenerPeer
 from fakes import NullStore, timers_left
-from test_amqp_adapter import Peer
-from test_mqtt_protocol import Client
+from mqtt_memory import Client
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 from webui_support import Client as ConsoleClient
@@ -33,6 +33,8 @@ def lines() -> Any:
 
 
 def test_the_registry_is_bounded_and_forgets_expired_ids() -> None:
+    """The debugged-clients registry is bounded, caps each window at an hour and forgets
+    ids whose window ended."""
     clock = Clock()
     debug = ClientDebug(clock.seconds)
     for i in range(MAX_DEBUGGED):
@@ -48,6 +50,8 @@ def test_the_registry_is_bounded_and_forgets_expired_ids() -> None:
 
 
 def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[str]) -> None:
+    """A debugged MQTT connection logs its packets both ways until its deadline, then one
+    line, and other connections log nothing."""
     clock = Clock()
     broker = Broker(clock, NullStore())
     quiet, loud = Client(MQTTFactory(broker, clock)), Client(MQTTFactory(broker, clock))
@@ -70,6 +74,8 @@ def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[s
 
 
 def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
+    """A client that connects while its debug window is open is logged, and its timer goes
+    with the connection."""
     clock = Clock()
     broker = Broker(clock, NullStore())
     broker.debug_client("later", 30)
@@ -82,6 +88,8 @@ def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
 
 
 def test_the_console_switches_it_on_and_off(tmp_path: Any, lines: list[str]) -> None:
+    """The console's API switches a client's debug logging on and off (audited) and refuses
+    windows beyond the bound."""
     console, service, clock = make_console(tmp_path)
     client = ConsoleClient(console)
     assert client.login().code == 303
@@ -100,7 +108,7 @@ def test_the_console_switches_it_on_and_off(tmp_path: Any, lines: list[str]) -> 
 
 def test_an_amqp_connection_logs_its_frames_until_the_deadline(lines: list[str]) -> None:
     """For AMQP the client id is the container id; proton's frame trace is the log."""
-    peer = Peer(idle=60.0)
+    peer = ListenerPeer(idle=60.0)
     peer.conn.open()
     peer.exchange()
     assert peer.broker.debug_client("unit", 30)[1] == 1

@@ -13,6 +13,7 @@ def _about(log_lines: list[str], who: str) -> list[str]:
 
 
 def test_each_disconnect_is_logged_once_with_its_cause(log_lines: list[str]) -> None:
+    """Each disconnect (clean, lost, taken over, AMQP close) is logged once with its cause."""
     net = Net()
     net.mqtt("polite").disconnect()
     rude = net.mqtt("rude")

@@ -77,6 +77,8 @@ def test_clients_may_not_publish_under_sys() -> None:
 
 
 def test_log_limiter_one_line_per_cause_per_interval() -> None:
+    """The log limiter lets one line per cause per interval, then says how many it held
+    back; its causes are bounded."""
     clock = Clock()
     limit = LogLimiter(clock.seconds, interval=60, max_causes=4)
     assert limit.allow("a") == 0
@@ -190,6 +192,7 @@ def test_amqp_exactly_once_senders_are_charged_too() -> None:
 
 
 def test_a_clock_stepping_back_does_not_stretch_the_pause() -> None:
+    """A wall clock stepping back does not stretch the publish-rate pause."""
     from mqttamqp.security.admission import PublishRate
 
     now = [1000.0]
@@ -269,3 +272,32 @@ def test_an_aborted_amqp_transfer_releases_what_it_held() -> None:
     dlv.abort()
     net.pump()
     assert peer.server.held_bytes == 0 and not peer.lost
+
+
+def test_switches_apply_to_mqtt_clients_only() -> None:
+    """With wildcard and shared subscriptions switched off, MQTT wildcard subscriptions
+    are refused (0x80) but AMQP receivers and the console's tail still take wildcards."""
+    from mqttamqp.core.auth import Identity
+
+    net = Net(wildcard_subscriptions=False, shared_subscriptions=False)
+    peer = net.amqp("app")
+    assert peer.receiver("a/#").link.remote_condition is None
+    assert net.mqtt("m").subscribe(("a/#", 0)) == (0x80,)
+    tail = net.broker.add_topic_receiver("console-tail:1", "#", Identity("t", None, ""), 0)
+    assert tail is not None
+
+
+def test_log_limiter_burst_allows_that_many_lines_per_interval() -> None:
+    """A connection storm logs 20 "connected" lines a second, then one line that
+    says how many were held back (issue 15: formatting every line was a third of
+    the CPU of 5,000 connects)."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.core.ratelog import LogLimiter
+
+    clock = Clock()
+    lines = LogLimiter(clock.seconds, interval=1.0, burst=3)
+    assert [lines.allow("c") for _ in range(5)] == [0, 0, 0, None, None]
+    clock.advance(1.0)
+    assert lines.allow("c") == 2
+    assert lines.allow("other") == 0

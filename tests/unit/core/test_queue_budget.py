@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fakes import FakeLink, ManualMemoryStore, MemoryStore, NullStore, timers_left
-from test_queues import client, join
+from queue_facade import client, join
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, globalLogPublisher
 
@@ -431,7 +431,7 @@ def test_an_amqp_sender_to_a_full_queue_store_gets_no_more_credit() -> None:
 def test_zodb_load_keeps_to_the_body_budget_and_reads_bodies_back(tmp_path: Any) -> None:
     """A FileStorage store loads each queue's head within the budget, the rest as
     metadata only; the reader thread reads the rest back whole, in offset order."""
-    from test_store import FakeReactor, commit
+    from store_reactor import FakeReactor, commit
 
     from mqttamqp.core.persistence import PutQueue, PutQueueMessage
     from mqttamqp.store import ZODBStore
@@ -465,7 +465,7 @@ def test_a_reader_thread_that_cannot_open_fails_its_reads_and_restarts(
         tmp_path: Any) -> None:
     """When the reader thread's connection does not open, the read waiting for it
     fails (not hangs), and the next read starts a new thread that answers it."""
-    from test_store import FakeReactor, commit
+    from store_reactor import FakeReactor, commit
 
     from mqttamqp.core.persistence import PutQueue, PutQueueMessage
     from mqttamqp.store import ZODBStore

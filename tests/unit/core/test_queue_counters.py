@@ -6,7 +6,7 @@ a refused publish."""
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
-from test_queues import ack, client, join, last, make, send
+from queue_facade import ack, client, join, last, make, send
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.queues.manager import Consumer
@@ -30,6 +30,8 @@ def _scrape(broker: Broker) -> dict[str, dict[str, float]]:
 
 
 def test_sys_and_metrics_count_the_same_queue_flow() -> None:
+    """$SYS and the Prometheus families count the same queue flow: publish, ack, nack, dead
+    letter, refusal."""
     broker, _, _ = make()
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#", consumer=Consumer(group="g"))

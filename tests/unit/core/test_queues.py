@@ -4,14 +4,11 @@ visibility timeout, takeover, dead letters, streams, retention and restarts."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fakes import FakeLink, ManualMemoryStore, ManualStore, MemoryStore, NullStore
-from twisted.internet.task import Clock
+from fakes import FakeLink, ManualMemoryStore, ManualStore, MemoryStore
+from queue_facade import ack, client, got, join, last, make, meta, send
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
-from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.manager import (
     Consumer,
@@ -23,67 +20,12 @@ from mqttamqp.core.queues.manager import (
 )
 from mqttamqp.core.sessions.session import Session
 
-
-def make(store: NullStore | None = None, **limits: Any) -> tuple[Broker, Clock, NullStore]:
-    clock = Clock()
-    clock.advance(1000.0)
-    store = store if store is not None else NullStore()
-    limits.setdefault("sys_interval", 0)
-    broker = Broker(clock, store, Limits(**limits))
-    broker.start()
-    return broker, clock, store
-
-
-def client(broker: Broker, client_id: str, protocol: str = "mqtt3.1.1",
-           clean: bool = True) -> tuple[Session, FakeLink]:
-    link = FakeLink(client_id)
-    session = broker.open_session(link, client_id, clean, None).session
-    broker.activate(session, link, protocol)
-    return session, link
-
-
-def join(broker: Broker, session: Session, topic_filter: str, qos: int = 1,
-         consumer: Consumer | None = None) -> int:
-    codes, _ = broker._router.subscribe(session, Identity(session.client_id),
-                                        [(topic_filter, qos)], consumer=consumer)
-    return codes[0]
-
-
-def send(broker: Broker, topic: str, payload: bytes = b"x", qos: int = 1,
-         props: MessageProperties | None = None, publisher: str = "p") -> Any:
-    return broker.publish(Message(topic, payload, qos, False, publisher,
-                                  broker.clock.seconds(), props=props))
-
-
-def got(link: FakeLink) -> list[tuple[str, bytes]]:
-    return [(m.topic, m.payload) for m, *_ in link.published()]
-
-
-def meta(message: Message) -> dict[str, str]:
-    assert message.props is not None
-    return dict(message.props.user_properties)
-
-
-def ack(broker: Broker, session: Session, message: Message, action: str = "$ack",
-        **extra: str) -> Any:
-    m = meta(message)
-    users = (("message-id", m["message-id"]), ("group-id", m["group-id"]),
-             *extra.items())
-    return broker.publish(
-        Message(f"$queue/{m['queue']}/{action}", b"", 1, False, session.client_id,
-                broker.clock.seconds(), props=MessageProperties(user_properties=users)),
-        Identity(session.client_id, None, session.protocol))
-
-
-def last(link: FakeLink) -> Message:
-    message: Message = link.published()[-1][0]
-    return message
-
-
 # -- parsing ------------------------------------------------------------------------
 
 
 def test_parse_topics_filters_and_offsets() -> None:
+    """Queue topics, filters and default group names parse; names without a queue,
+    wildcards in a topic and publishing to $dlq/ are refused."""
     a = parse_queue_topic("$queue/orders/eu/new")
     assert not isinstance(a, str)
     assert (a.queue, a.rest, a.action) == ("orders", "eu/new", None)
@@ -110,6 +52,8 @@ def test_parse_topics_filters_and_offsets() -> None:
 
 
 def test_a_message_waits_for_its_first_consumer() -> None:
+    """A message published before any member joins is kept and goes to the first one that
+    does."""
     broker, _, _ = make()
     result = send(broker, "$queue/jobs/a", b"early")
     assert result.refusal is None and result.durable is not None
@@ -119,6 +63,7 @@ def test_a_message_waits_for_its_first_consumer() -> None:
 
 
 def test_groups_fan_out_and_members_share_round_robin() -> None:
+    """Each group gets every message; members of one group share them in turn."""
     broker, _, _ = make()
     links = {}
     for cid in ("worker-1", "worker-2", "audit-1"):
@@ -147,6 +92,8 @@ def test_a_filter_is_a_group_of_its_own_and_sees_only_its_keys() -> None:
 
 
 def test_queue_messages_never_enter_the_trie_and_back() -> None:
+    """$queue/ messages reach queue members only, and plain topics reach plain subscribers
+    only."""
     broker, _, _ = make()
     plain, plain_link = client(broker, "plain")
     join(broker, plain, "#")
@@ -159,6 +106,8 @@ def test_queue_messages_never_enter_the_trie_and_back() -> None:
 
 
 def test_bad_queue_input_is_refused_with_a_reason() -> None:
+    """Publishes to a nameless queue or to $dlq/ are refused with a reason; wildcard queue
+    filters and unknown modes refuse the subscription."""
     broker, _, _ = make()
     for topic in ("$queue/", "$dlq/jobs/x"):
         result = send(broker, topic)
@@ -173,6 +122,8 @@ def test_bad_queue_input_is_refused_with_a_reason() -> None:
 
 
 def test_mqtt311_puback_acknowledges_and_the_log_is_trimmed() -> None:
+    """For an MQTT 3.1.1 member the PUBACK is the acknowledgement: the message leaves the
+    queue."""
     broker, _, _ = make()
     worker, link = client(broker, "w-1")
     join(broker, worker, "$queue/jobs/#")
@@ -187,6 +138,7 @@ def test_mqtt311_puback_acknowledges_and_the_log_is_trimmed() -> None:
 
 
 def test_qos0_membership_acknowledges_on_send() -> None:
+    """A QoS 0 member's message counts as acknowledged once it is sent."""
     broker, _, _ = make()
     worker, link = client(broker, "w-1")
     join(broker, worker, "$queue/jobs/#", qos=0)
@@ -196,6 +148,8 @@ def test_qos0_membership_acknowledges_on_send() -> None:
 
 
 def test_mqtt5_ack_nack_reject_and_refusals() -> None:
+    """MQTT 5 members answer with $ack, $nack (redelivered, count + 1) and $reject (dead-
+    lettered with the reason); a PUBACK is not an ack."""
     broker, _, _ = make()
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#", consumer=Consumer(group="g"))
@@ -237,6 +191,8 @@ def test_mqtt5_ack_nack_reject_and_refusals() -> None:
 
 
 def test_amqp_outcomes_on_queue_deliveries() -> None:
+    """AMQP outcomes on queue deliveries: released is not counted, modified-failed is,
+    rejected dead-letters with its reason, accepted acknowledges."""
     broker, _, _ = make()
     worker, link = client(broker, "r-1", "amqp")
     join(broker, worker, "$queue/jobs/#")
@@ -258,6 +214,8 @@ def test_amqp_outcomes_on_queue_deliveries() -> None:
 
 
 def test_visibility_timeout_then_dead_letter_after_max_deliveries() -> None:
+    """An unanswered delivery is redelivered after the visibility timeout, then dead-
+    lettered after the last allowed delivery."""
     broker, clock, _ = make(queue_visibility_timeout=10.0, queue_max_deliveries=3)
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#")
@@ -276,6 +234,8 @@ def test_visibility_timeout_then_dead_letter_after_max_deliveries() -> None:
 
 
 def test_idle_member_takes_over_after_half_the_visibility_timeout() -> None:
+    """An idle member takes a message another member holds after half the visibility
+    timeout; the first member's late ack is refused."""
     broker, clock, _ = make(queue_visibility_timeout=10.0)
     slow, slow_link = client(broker, "w-1", "mqtt5")
     join(broker, slow, "$queue/jobs/#")
@@ -293,6 +253,7 @@ def test_idle_member_takes_over_after_half_the_visibility_timeout() -> None:
 
 
 def test_a_member_that_leaves_gives_its_messages_back_at_once() -> None:
+    """A member that goes away hands its pending messages to the other members at once."""
     broker, _, _ = make()
     one, one_link = client(broker, "w-1")
     join(broker, one, "$queue/jobs/#")
@@ -305,6 +266,7 @@ def test_a_member_that_leaves_gives_its_messages_back_at_once() -> None:
 
 
 def test_credit_limits_what_a_member_holds() -> None:
+    """A member holds at most the prefetch; each ack lets one more through."""
     broker, _, _ = make(queue_prefetch=2)
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#")
@@ -319,6 +281,8 @@ def test_credit_limits_what_a_member_holds() -> None:
 
 
 def test_stream_reads_from_first_offset_and_time_without_claiming() -> None:
+    """Stream readers start at first, an offset, a time or last, and claim nothing from the
+    classic groups."""
     broker, clock, _ = make()
     for i in range(4):
         send(broker, "$queue/log/t", b"%d" % i)
@@ -353,6 +317,8 @@ def test_amqp_outcomes_other_than_accepted_free_a_stream_members_prefetch() -> N
 
 
 def test_stream_cursor_is_stored_and_resumed_after_a_restart() -> None:
+    """A persistent stream reader's cursor is stored and it resumes after a restart with
+    what it had not read."""
     store = MemoryStore()
     broker, clock, _ = make(store)
     for i in range(3):
@@ -372,6 +338,7 @@ def test_stream_cursor_is_stored_and_resumed_after_a_restart() -> None:
 
 
 def test_retention_bounds_drop_the_oldest() -> None:
+    """Retention by count and by age drops the oldest messages and counts them as expired."""
     broker, clock, _ = make(queue_max_messages=3, queue_max_age=60.0)
     for i in range(5):
         send(broker, "$queue/jobs/t", b"%d" % i)
@@ -383,6 +350,8 @@ def test_retention_bounds_drop_the_oldest() -> None:
 
 
 def test_publisher_ack_waits_for_the_commit_and_qos2_delivery_follows_it() -> None:
+    """The publisher's acknowledgement waits for the append's commit, and delivery follows
+    it."""
     store = ManualStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1")
@@ -419,6 +388,8 @@ def test_qos1_goes_to_consumers_before_its_append_is_durable() -> None:
 
 
 def test_restart_keeps_unacknowledged_and_forgets_acknowledged() -> None:
+    """After a restart the unacknowledged messages come back (delivery count raised) and
+    the acknowledged ones do not."""
     store = MemoryStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1", "amqp")
@@ -590,6 +561,7 @@ def test_no_delivery_goes_out_above_the_stored_watermark() -> None:
 
 
 def test_a_failed_watermark_commit_is_retried_by_the_next_pump() -> None:
+    """A watermark commit that fails holds delivery back until the next pump retries it."""
     store = ManualMemoryStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1", "mqtt5")
@@ -606,6 +578,8 @@ def test_a_failed_watermark_commit_is_retried_by_the_next_pump() -> None:
 
 
 def test_dead_letters_are_requeued_to_their_origin() -> None:
+    """Requeued dead letters go back to their queue at a new offset, without the reason,
+    and leave the DLQ."""
     broker, _, _ = make()
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#")
@@ -620,6 +594,8 @@ def test_dead_letters_are_requeued_to_their_origin() -> None:
 
 
 def test_purge_delete_and_retention_change() -> None:
+    """The console's admin commands: a retention change trims, purge empties, delete
+    removes the queue."""
     broker, _, _ = make()
     for i in range(3):
         send(broker, "$queue/jobs/t", b"%d" % i)
@@ -714,6 +690,8 @@ def test_stream_readers_hold_what_they_have_not_read() -> None:
 
 
 def test_a_stream_commit_beyond_what_was_read_is_refused() -> None:
+    """A stream reader's commit of an offset it was never sent is refused; its real ack is
+    taken."""
     broker, _, _ = make()
     send(broker, "$queue/log/t")
     reader, link = client(broker, "s-1", "mqtt5")
@@ -727,6 +705,8 @@ def test_a_stream_commit_beyond_what_was_read_is_refused() -> None:
 
 
 def test_dead_letter_offsets_are_not_given_out_again_after_a_restart() -> None:
+    """A dead-letter queue emptied by a requeue does not hand out its old offsets again
+    after a restart."""
     store = MemoryStore()
     broker, _, _ = make(store)
     worker, link = client(broker, "w-1", "mqtt5")
@@ -743,6 +723,7 @@ def test_dead_letter_offsets_are_not_given_out_again_after_a_restart() -> None:
 
 
 def test_deleting_a_queue_hands_nothing_round_its_departing_members() -> None:
+    """Deleting a queue delivers nothing more to its members as they leave it."""
     broker, _, _ = make()
     links = []
     for cid in ("w-1", "w-2"):

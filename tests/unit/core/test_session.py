@@ -516,6 +516,8 @@ def test_sessions_share_one_empty_inflight_window_until_their_first_delivery() -
 
 
 def test_sessions_share_one_empty_subscription_map_until_their_first_filter() -> None:
+    """Sessions share one read-only empty subscription map until their first filter gives
+    them their own."""
     a, _ = online()
     b, _ = online()
     assert a.subscriptions is b.subscriptions and not a.subscriptions

@@ -15,6 +15,8 @@ from mqttamqp.mqtt.packets import Puback, Publish, Pubrec, Pubrel, Unsubscribe
 
 
 def test_parse_share() -> None:
+    """$share/<group>/<filter> parses into group and filter; a missing or bad group or
+    filter is an error."""
     assert parse_share("a/b") is None
     assert parse_share("$share/g/a/#") == ("g", "a/#")
     assert isinstance(parse_share("$share/g"), str)
@@ -27,6 +29,8 @@ def _payloads(peer: object) -> list[bytes]:
 
 
 def test_each_message_goes_to_one_member_round_robin() -> None:
+    """Each message goes to one member of the group in turn, while plain subscriptions
+    still get every message."""
     net = Net()
     members = [net.mqtt(f"w{i}") for i in range(3)]
     for m in members:
@@ -45,6 +49,7 @@ def test_each_message_goes_to_one_member_round_robin() -> None:
 
 
 def test_retained_messages_are_not_sent_on_a_shared_subscription() -> None:
+    """A shared subscription gets no retained messages."""
     net = Net()
     net.mqtt("p").publish("jobs/kept", b"retained", qos=0, retain=True)
     member = net.mqtt("w")
@@ -53,12 +58,16 @@ def test_retained_messages_are_not_sent_on_a_shared_subscription() -> None:
 
 
 def test_malformed_shared_filters_are_refused() -> None:
+    """A shared filter without a topic filter gets 0x80; the valid one beside it is
+    granted."""
     net = Net()
     # ($share/g+/a is a malformed filter for MQTT itself: the connection is closed)
     assert net.mqtt("w").subscribe(("$share/g", 0), ("$share/g/a/#", 0)) == (0x80, 0)
 
 
 def test_unacknowledged_messages_move_when_a_member_leaves() -> None:
+    """A member that leaves without PUBACK hands its unacknowledged messages to the other
+    members."""
     net = Net()
     a, b = net.mqtt("a"), net.mqtt("b")
     for m in (a, b):
@@ -93,6 +102,8 @@ def test_an_offline_persistent_member_keeps_messages_only_when_nobody_is_online(
 
 
 def test_shared_subscriptions_survive_a_restart() -> None:
+    """A persistent session's shared subscription survives a restart and gets what was
+    published after it."""
     store = MemoryStore()
     net = Net(store=store)
     m = net.mqtt("durable", clean=False)
@@ -106,6 +117,8 @@ def test_shared_subscriptions_survive_a_restart() -> None:
 
 @pytest.mark.parametrize("strategy", ["hash-client", "sticky"])
 def test_strategies_keep_a_publisher_on_one_member(strategy: str) -> None:
+    """With the hash-client and sticky strategies one publisher's messages all go to one
+    member."""
     net = Net(share_strategy=strategy)
     members = [net.mqtt(f"m{i}") for i in range(3)]
     for m in members:
@@ -118,6 +131,7 @@ def test_strategies_keep_a_publisher_on_one_member(strategy: str) -> None:
 
 
 def test_qos1_to_a_member_is_acknowledged_once() -> None:
+    """A QoS 1 message to a member leaves nothing in flight once it is acknowledged."""
     net = Net()
     a = net.mqtt("a")
     a.subscribe(("$share/g/t", 1))
@@ -491,3 +505,23 @@ def test_what_an_unsubscribing_member_gives_back_stays_stored() -> None:
             got += [m.payload for m in messages]
             peer.ack(messages)
     assert sorted(got) == [b"0", b"1", b"2", b"3"]
+
+
+def test_no_local_holds_when_the_group_gave_the_message_to_another() -> None:
+    """A client with a No Local subscription and a shared one gets, through the group,
+    only the messages the group gave it: each of its own messages arrives once overall."""
+    from mqttamqp.mqtt.packets import Subscribe
+
+    no_local = 0x04
+    net = Net()
+    me = net.mqtt("me", level=5)
+    me.send(Subscribe(1, (("a/#", 0), ("$share/g/a/#", 0)), options=(no_local, 0)))
+    other = net.mqtt("other", level=5)
+    other.subscribe(("$share/g/a/#", 0))
+    me.take()
+    for i in range(4):
+        me.send(Publish("a/x", b"%d" % i, 0, False, False, None))
+    mine = [p.payload for p in me.publishes()]
+    theirs = [p.payload for p in other.publishes()]
+    assert sorted(mine + theirs) == [b"0", b"1", b"2", b"3"]    # each exactly once
+    assert len(mine) == 2 and len(theirs) == 2

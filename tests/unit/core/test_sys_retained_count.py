@@ -3,10 +3,12 @@ not the broker's own retained ``$SYS`` topics (issue 13)."""
 
 from __future__ import annotations
 
-from test_broker_core import make_broker, pub
+from core_broker import make_broker, pub
 
 
 def test_retained_count_leaves_out_the_sys_topics() -> None:
+    """$SYS/broker/retained messages/count counts the clients' retained messages, not the
+    $SYS topics."""
     broker, clock, _ = make_broker(sys_interval=5)
     broker.start()
     try:

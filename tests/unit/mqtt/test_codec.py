@@ -3,11 +3,10 @@ one test per validation rule."""
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mqtt_strategies import packet_ids, s, small_binary, texts, topic_filters, topic_names, u16
 
 from mqttamqp.mqtt.codec import (
     MAX_REMAINING_LENGTH,
@@ -41,15 +40,6 @@ LEVELS = (3, 4)
 
 # --------------------------------------------------------------------------
 # helpers
-
-
-def u16(n: int) -> bytes:
-    return struct.pack(">H", n)
-
-
-def s(text: str | bytes) -> bytes:
-    raw = text.encode("utf-8") if isinstance(text, str) else text
-    return u16(len(raw)) + raw
 
 
 def frame(first: int, body: bytes) -> bytes:
@@ -88,28 +78,6 @@ def connect_bytes(
 
 # --------------------------------------------------------------------------
 # hypothesis strategies for packets with valid fields at a given level
-
-
-def texts(level: int, min_size: int = 0, exclude: str = "") -> st.SearchStrategy[str]:
-    forbidden = exclude + ("\x00" if level == 4 else "")
-    return st.text(
-        alphabet=st.characters(exclude_categories=["Cs"], exclude_characters=forbidden),
-        min_size=min_size,
-        max_size=20,
-    )
-
-
-def topic_names(level: int) -> st.SearchStrategy[str]:
-    return texts(level, min_size=1, exclude="+#\x00")
-
-
-def topic_filters(level: int) -> st.SearchStrategy[str]:
-    """Topics and filters carry no U+0000 under either version."""
-    return texts(level, min_size=1, exclude="\x00")
-
-
-packet_ids = st.integers(1, 0xFFFF)
-small_binary = st.binary(max_size=40)
 
 
 def connects(level: int) -> st.SearchStrategy[Connect]:

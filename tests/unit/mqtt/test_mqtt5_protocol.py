@@ -10,15 +10,13 @@ from typing import Any
 
 import pytest
 from fakes import timers_left
-from test_mqtt_protocol import Client, Harness
+from mqtt_memory import Client5, Harness, client5, closed_with, connected
 
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
     Disconnect,
-    Packet,
     Properties,
     Puback,
     Pubcomp,
@@ -33,54 +31,6 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.v5 import RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM
 from mqttamqp.store.models import message_to_record, record_to_message
-
-
-class Client5(Client):
-    """A level 5 client: packets encoded and decoded with MQTT 5 layouts."""
-
-    def __init__(self, factory: Any) -> None:
-        super().__init__(factory)
-        self.decoder = Decoder(protocol_level=5)
-        self.pending: list[Packet] = []   # what came with CONNACK
-
-    def received(self) -> list[Packet]:
-        got, self.pending = self.pending + super().received(), []
-        return got
-
-    def send(self, *packets: Packet) -> None:
-        self.proto.dataReceived(b"".join(encode(p, 5) for p in packets))
-
-    def send_raw(self, data: bytes) -> None:
-        self.proto.dataReceived(data)
-
-    def connect5(self, client_id: str = "c", clean: bool = True, keepalive: int = 0,
-                 will: Will | None = None, **props: Any) -> Connack:
-        self.send(Connect("MQTT", 5, client_id, clean, keepalive, will,
-                          properties=Properties(**props) if props else None))
-        got = self.received()
-        assert got and isinstance(got[0], Connack), got
-        self.pending = got[1:]
-        return got[0]
-
-
-def client5(h: Harness) -> Client5:
-    return Client5(h.factory)
-
-
-def connected(h: Harness, client_id: str = "c", **props: Any) -> Client5:
-    c = client5(h)
-    ack = c.connect5(client_id, **props)
-    assert ack.return_code == 0, ack
-    return c
-
-
-def closed_with(c: Client5, code: int) -> Disconnect:
-    got = c.received()
-    assert got and isinstance(got[-1], Disconnect), got
-    assert got[-1].reason_code == code, got[-1]
-    assert not c.open
-    return got[-1]
-
 
 # --------------------------------------------------------------------------
 # CONNECT / CONNACK
@@ -879,3 +829,21 @@ def test_protocol_error_lines_are_rate_limited(log_lines: list[str]) -> None:
     closed_with(c, 0x82)
     lines = [line for line in log_lines if "reason code 0x82" in line]
     assert len(lines) == 2 and "2 more" in lines[1]
+
+
+def test_retain_as_published_survives_the_qos2_gate_for_qos0_subscribers() -> None:
+    """A retained QoS 2 publish released by PUBREL reaches a QoS 0 Retain As Published
+    subscriber with its retain flag set."""
+    from amqp_memory import Net
+
+    retain_as_published = 0x08
+    net = Net()
+    sub = net.mqtt("sub", level=5)
+    sub.send(Subscribe(1, (("r/#", 0),), options=(retain_as_published,)))
+    sub.take()
+    pub = net.mqtt("pub", level=5)
+    pub.send(Publish("r/x", b"kept", 2, True, False, 7))
+    pub.take()
+    pub.send(Pubrel(7))
+    [got] = sub.publishes()
+    assert got.retain

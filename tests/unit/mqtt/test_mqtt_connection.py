@@ -209,6 +209,7 @@ def test_idle_ack_queues_share_one_empty_list() -> None:
 
 
 def test_keepalive_rules_are_shared_per_value() -> None:
+    """One Keepalive rule per keepalive value, with its limit at 1.5 times it."""
     assert Keepalive.of(600) is Keepalive.of(600)
     assert Keepalive.of(600).limit == 900.0 and Keepalive.of(600).seconds == 600
     assert Keepalive.of(60) is not Keepalive.of(600)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import fakes
 from fakes import ManualStore, NullStore, timers_left
+from mqtt_memory import ACCEPTED, Client, Harness, TcpLikeTransport
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -25,7 +25,6 @@ from mqttamqp.mqtt.packets import (
     ConnackCode,
     Connect,
     Disconnect,
-    Packet,
     Pingreq,
     Pingresp,
     Puback,
@@ -39,78 +38,9 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from mqttamqp.mqtt.protocol import ConnectionState, MQTTFactory, MQTTProtocol
+from mqttamqp.mqtt.protocol import ConnectionState, MQTTFactory
 
 EPSILON = 0.001
-
-
-class FakeLink(fakes.FakeLink):
-    """A subscriber on the core: publishes as (topic, payload, qos, retain)."""
-
-    @property
-    def sent(self) -> list[tuple[str, bytes, int, bool]]:
-        return [(m.topic, m.payload, q, r) for m, q, _pid, _dup, r in self.published()]
-
-
-class Client:
-    """One MQTTProtocol on a StringTransport, with packet-level send and receive."""
-
-    def __init__(self, factory: MQTTFactory) -> None:
-        self.proto: MQTTProtocol = factory.buildProtocol(None)
-        self.transport = StringTransport()
-        self.decoder = Decoder()
-        self.proto.makeConnection(self.transport)  # type: ignore[no-untyped-call]
-
-    def send(self, *packets: Packet) -> None:
-        self.proto.dataReceived(b"".join(encode(p) for p in packets))
-
-    def received(self) -> list[Packet]:
-        self.decoder.feed(self.transport.value())
-        self.transport.clear()
-        return list(self.decoder)
-
-    def connect(self, client_id: str = "c", clean: bool = True, keepalive: int = 0,
-                will: Will | None = None, level: int = 4) -> list[Packet]:
-        name = "MQTT" if level == 4 else "MQIsdp"
-        self.send(Connect(name, level, client_id, clean, keepalive, will))
-        return self.received()
-
-    @property
-    def open(self) -> bool:
-        return not self.transport.disconnecting
-
-    def lost(self) -> None:
-        """What the reactor does after loseConnection: report the connection lost."""
-        assert self.transport.disconnecting
-        self.proto.connectionLost(Failure(ConnectionDone()))
-
-
-class Harness:
-    def __init__(self, store: NullStore | None = None, **limits: Any) -> None:
-        limits.setdefault("sys_interval", 0)
-        self.clock = Clock()
-        self.store = store if store is not None else NullStore()
-        self.broker = Broker(self.clock, self.store, Limits(**limits))
-        self.factory = MQTTFactory(self.broker, self.clock)
-
-    def client(self) -> Client:
-        return Client(self.factory)
-
-    def watcher(self, topic_filter: str, client_id: str = "watcher") -> FakeLink:
-        """A subscriber on the core, not on MQTT, to see what gets routed."""
-        link = FakeLink()
-        session = self.broker.open_session(link, client_id, True, None).session
-        self.broker.activate(session, link, "test")
-        self.broker.subscribe(session, _identity(client_id), [(topic_filter, 2)])
-        return link
-
-
-def _identity(client_id: str) -> Any:
-    from mqttamqp.core.auth import Identity
-    return Identity(client_id)
-
-
-ACCEPTED = Connack(False, 0)
 
 
 # --------------------------------------------------------------------------
@@ -570,21 +500,6 @@ def test_what_one_read_routes_to_a_subscriber_is_one_write_in_order() -> None:
     writes.clear()
     h.broker.publish(Message("f/x", b"x", 0, False))        # no read in progress
     assert len(writes) == 1 and sub.received()[0].payload == b"x"  # type: ignore[union-attr]
-
-
-class TcpLikeTransport(StringTransport):
-    """Pauses its streaming producer once more than ``buffer`` bytes are held, as
-    Twisted's FileDescriptor does past its 64 KiB write buffer."""
-
-    buffer = 64 * 1024
-    producer_paused = False
-
-    def write(self, data: bytes) -> None:
-        super().write(data)
-        if (self.producer is not None and self.streaming and not self.producer_paused
-                and len(self.value()) > self.buffer):
-            self.producer_paused = True
-            self.producer.pauseProducing()  # type: ignore[attr-defined]
 
 
 def test_batched_output_still_meets_transport_back_pressure() -> None:

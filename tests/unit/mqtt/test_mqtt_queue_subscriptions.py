@@ -6,8 +6,7 @@ and stays connected)."""
 
 from __future__ import annotations
 
-from test_mqtt5_protocol import connected
-from test_mqtt_protocol import Harness
+from mqtt_memory import Harness, connected
 
 from mqttamqp.mqtt.packets import (
     Properties,
@@ -29,6 +28,7 @@ def users(message: Publish) -> dict[str, str]:
 
 
 def test_subscribe_user_properties_choose_the_group_and_mode() -> None:
+    """SUBSCRIBE user properties choose a member's consumer group, mode and stream offset."""
     h = Harness()
     worker = connected(h, "w-1")
     worker.send(Subscribe(1, (("$queue/jobs/#", 1),), properties=Properties(
@@ -53,6 +53,8 @@ def test_subscribe_user_properties_choose_the_group_and_mode() -> None:
 
 
 def test_refused_queue_publishes_get_a_reason_code_and_string() -> None:
+    """A refused queue publish gets PUBACK 0x90 with a reason string, and the connection
+    stays."""
     h = Harness()
     pub = connected(h, "pub")
     for pid, topic in enumerate(("$queue/jobs/+", "$queue/", "$dlq/jobs/a"), 1):
@@ -65,6 +67,7 @@ def test_refused_queue_publishes_get_a_reason_code_and_string() -> None:
 
 
 def test_a_malformed_ack_gets_0x80_with_why() -> None:
+    """A malformed $ack gets PUBACK 0x80 with a reason string saying why."""
     h = Harness()
     worker = connected(h, "w-1")
     worker.send(Subscribe(1, (("$queue/jobs/#", 1),)))
@@ -94,6 +97,8 @@ def test_a_refused_qos2_queue_publish_frees_its_packet_id() -> None:
 
 
 def test_mqtt311_refused_queue_publish_is_acknowledged_and_stays_connected() -> None:
+    """An MQTT 3.1.1 client's refused queue publish is acknowledged and the client stays
+    connected."""
     h = Harness()
     pub = h.client()
     pub.connect("pub")
@@ -145,7 +150,7 @@ def test_a_blocked_client_is_read_for_acks_and_its_queue_publishes_wait_in_order
     """Blocked at --queue-max-total-bytes, a 3.1.1 client's PUBLISHes to $queue/ (and
     what follows them) wait, PINGREQ and PUBACKs are handled; past the held-bytes
     bound it is not read; once the queues drain, the held packets run in order."""
-    from test_mqtt_protocol import Client
+    from mqtt_memory import Client
 
     from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp
     from mqttamqp.mqtt.protocol import PARKED_BYTES

@@ -1,5 +1,5 @@
 """MQTT over WebSockets in memory: autobahn's server protocol on a fake socket, the
-in-memory broker of ``test_protocol_unit`` behind it, a ``Clock``.  What the adapter
+in-memory broker of ``support/mqtt_memory.py`` behind it, a ``Clock``.  What the adapter
 promises the MQTT protocol: the socket's back-pressure, its pausing, its address.
 The Origin rule is pure and tested here too."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from fakes import ManualStore
-from test_mqtt_protocol import ACCEPTED, Harness, TcpLikeTransport
+from mqtt_memory import ACCEPTED, Harness, TcpLikeTransport
 from twisted.internet.address import IPv4Address
 from wsclient import BINARY, CLOSE, FrameReader, client_frame, request
 
@@ -103,6 +103,8 @@ def test_a_full_socket_buffer_congests_the_subscriber_and_pauses_the_replay() ->
 
 
 def test_origin_rule_default_is_same_host_or_no_origin() -> None:
+    """By default a WebSocket upgrade may come without an Origin or from the broker's own
+    host."""
     rule = OriginRule()
     assert rule.problem(None, "broker.example") is None
     assert rule.problem("https://broker.example:8443", "broker.example") is None
@@ -113,6 +115,8 @@ def test_origin_rule_default_is_same_host_or_no_origin() -> None:
 
 
 def test_origin_rule_with_allowed_origins_takes_only_those() -> None:
+    """With allowed origins given, only those (case-insensitive, or * for any) and no
+    Origin at all are accepted."""
     rule = OriginRule.from_options(["https://app.example", "http://127.0.0.1:8000/"])
     assert rule.problem("https://APP.example", "broker.example") is None
     assert rule.problem("http://127.0.0.1:8000", "127.0.0.1") is None

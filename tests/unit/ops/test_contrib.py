@@ -44,6 +44,7 @@ def exposed_names() -> set[str]:
 
 
 def test_the_dashboard_uses_only_exposed_metrics() -> None:
+    """The Grafana dashboard queries only metrics the broker exposes."""
     dashboard = json.loads((CONTRIB / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     assert len(exprs) > 20
@@ -54,6 +55,8 @@ def test_the_dashboard_uses_only_exposed_metrics() -> None:
 
 
 def test_the_systemd_unit() -> None:
+    """The systemd unit runs twistd with the config file and data directory as README says,
+    unprivileged and hardened."""
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read_string((CONTRIB / "mqttamqp.service").read_text())

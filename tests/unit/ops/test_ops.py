@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 import pytest
+from core_broker import connect, make_broker, pub, subscribe, will
 from fakes import FailingStore, FakeLink, MemoryStore, SnapshotStore
 from prometheus_client.parser import text_string_to_metric_families
-from test_broker_core import connect, make_broker, pub, subscribe, will
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -167,6 +167,8 @@ def test_disconnect_causes_drops_and_queues_are_counted() -> None:
 
 
 def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
+    """Histogram buckets are cumulative, a value counting in every bucket whose bound is at
+    least it."""
     h = Histogram((1.0, 2.0))
     for v in (0.5, 1.0, 1.5, 3.0):
         h.observe(v)
@@ -194,6 +196,8 @@ def test_publish_to_deliver_latency_is_sampled() -> None:
 
 
 def test_readyz_is_503_while_commits_fail_and_200_once_they_succeed() -> None:
+    """/readyz answers 503 with the reason while commits fail and 200 again once one
+    succeeds."""
     store = FailingStore()
     broker, _clock, _ = make_broker(store)
     broker.start()
@@ -219,6 +223,7 @@ def test_readyz_is_503_while_commits_fail_and_200_once_they_succeed() -> None:
 
 
 def test_not_ready_during_the_will_grace_after_a_restart() -> None:
+    """The broker is not ready during the will grace after a restart, and ready after it."""
     snap = Snapshot(wills={"dev": will("dev")})
     broker, clock, _ = make_broker(SnapshotStore(snap), will_grace=30)
     broker.start()
@@ -231,6 +236,7 @@ def test_not_ready_during_the_will_grace_after_a_restart() -> None:
 
 
 def test_not_ready_with_an_unbound_listener() -> None:
+    """A listener that is not bound makes the broker not ready, named in the reason."""
     broker, _clock, _ = make_broker()
     ok, body = readiness(broker, [_Listener("MQTT", 1), _Listener("AMQP", None)]).report()
     assert not ok
@@ -260,6 +266,8 @@ def test_console_metrics_need_the_bearer_token() -> None:
 
 
 def test_json_log_lines_have_the_stable_fields() -> None:
+    """--log-format json writes one JSON object a line with the stable fields, at the
+    chosen level."""
     out = io.StringIO()
     log = Logger(namespace="mqttamqp.test", observer=make_observer(out, "json", "info"))
     log.info("MQTT client {c} ({peer}) disconnected: {cause}", c="dev-1",
@@ -283,6 +291,7 @@ def test_json_log_lines_have_the_stable_fields() -> None:
 
 
 def test_otel_export_has_the_same_numbers() -> None:
+    """The OpenTelemetry export reports the same numbers as the metrics."""
     pytest.importorskip("opentelemetry.sdk.metrics")
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -321,6 +330,7 @@ def test_otel_export_has_the_same_numbers() -> None:
 
 
 def test_metrics_none_and_log_options() -> None:
+    """--metrics none and the log format and level options parse; a bad format is refused."""
     o = Options()
     o.parseOptions(["--metrics", "none", "--log-format", "JSON", "--log-level", "warn"])
     assert (o["metrics"], o["log-format"], o["log-level"]) == (None, "json", "warn")
@@ -329,6 +339,8 @@ def test_metrics_none_and_log_options() -> None:
 
 
 def test_a_bad_metrics_token_file_is_refused(tmp_path: Any) -> None:
+    """A metrics token file that is short, unreadable or without the console is refused; a
+    good one is read."""
     short = tmp_path / "short"
     short.write_text("abc\n")
     with pytest.raises(SystemExit, match="at least 16 characters"):
@@ -362,6 +374,8 @@ def test_a_metrics_listener_beyond_loopback_warns(host: str, warned: bool,
 
 
 def test_reactor_lag_is_how_late_the_timer_fired() -> None:
+    """The reactor lag gauge is how late its timer fired; the maximum resets at each
+    scrape."""
     from twisted.internet.task import Clock
 
     from mqttamqp.ops.lag import ReactorLag

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from hookserver import HANG, HookServer
-from test_tls import Pki, pki  # noqa: F401  (the fixture)
+from pki import Pki
 from twisted.internet import ssl, task
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.selectreactor import SelectReactor
@@ -79,6 +79,8 @@ def connect(recorder: Any, n: int, clock: task.Clock) -> None:
 
 
 def test_a_batch_goes_when_full_or_after_max_delay() -> None:
+    """A batch is POSTed when it is full or when its oldest event is max-delay old,
+    whichever comes first."""
     recorder, post, clock = make(hook(**{"max-batch": 3, "max-delay": 2.0}))
     connect(recorder, 2, clock)
     clock.advance(1.9)
@@ -94,6 +96,8 @@ def test_a_batch_goes_when_full_or_after_max_delay() -> None:
 
 
 def test_retries_back_off_exponentially_then_count_the_batch_failed() -> None:
+    """Failed POSTs are retried with doubling waits capped at max-backoff, then the batch
+    counts as failed and the next goes as usual."""
     recorder, post, clock = make(hook(**{"max-delay": 0.0, "retries": 3, "backoff": 1.0,
                                          "max-backoff": 3.0}))
     post.answers = [503, ConnectionRefusedError(), 500, 502]
@@ -108,6 +112,8 @@ def test_retries_back_off_exponentially_then_count_the_batch_failed() -> None:
 
 
 def test_a_full_queue_drops_and_counts_while_a_request_hangs() -> None:
+    """While a request hangs, events beyond the bounded queue are dropped and counted; they
+    drain once it answers."""
     recorder, post, clock = make(hook(**{"max-batch": 2, "queue": 5, "max-delay": 1.0}))
     post.answers = [None]
     connect(recorder, 2, clock)
@@ -123,6 +129,8 @@ def test_a_full_queue_drops_and_counts_while_a_request_hangs() -> None:
 
 
 def test_the_signature_is_hex_hmac_sha256_of_the_body() -> None:
+    """The signature header is the hex HMAC-SHA256 of the body with the hook's secret; the
+    body is JSON."""
     recorder, post, clock = make(hook(secret="s3cret", **{"max-delay": 0.0}))
     connect(recorder, 1, clock)
     clock.advance(0)
@@ -133,6 +141,8 @@ def test_the_signature_is_hex_hmac_sha256_of_the_body() -> None:
 
 
 def test_messages_only_for_hooks_that_ask_and_only_on_their_filters() -> None:
+    """Messages go only to hooks that ask for them and only on their topic filters, payload
+    base64-encoded."""
     events_only = hook()
     messages = hook(events=["message"], topics=["sensors/+/temp", "alarms/#"], payload=True,
                     **{"max-delay": 0.0})
@@ -148,6 +158,8 @@ def test_messages_only_for_hooks_that_ask_and_only_on_their_filters() -> None:
 
 
 def test_no_hook_wanting_messages_does_nothing_per_message() -> None:
+    """Without a hook that wants messages the recorder records none, and kinds a hook did
+    not ask for are not queued."""
     recorder, _post, _clock = make(hook(events=["connect"]))
     assert not recorder.records_messages
     recorder.message(1.0, "a", 0, False, b"", None, None, None, 1, 0)
@@ -156,6 +168,7 @@ def test_no_hook_wanting_messages_does_nothing_per_message() -> None:
 
 
 def test_configure_keeps_an_unchanged_hook_and_its_queue() -> None:
+    """Reconfiguring keeps an unchanged hook with its queue and adds the new ones."""
     same = hook(**{"max-delay": 5.0})
     recorder, _post, clock = make(same, hook(events=["subscribe"]))
     connect(recorder, 2, clock)
@@ -167,6 +180,8 @@ def test_configure_keeps_an_unchanged_hook_and_its_queue() -> None:
 
 
 def test_fan_out_gives_every_call_to_each_recorder_and_merges_stats() -> None:
+    """fan_out passes every call to each recorder, drops the missing ones and merges their
+    stats."""
     one, _post_one, clock = make(hook(**{"max-delay": 0.0}))
     two, _post_two, _ = make(hook(events=["message"], **{"max-delay": 0.0}))
     two.clock = clock
@@ -260,12 +275,14 @@ def test_fan_out_gives_events_only_to_recorders_that_take_them_until_a_reload() 
     ({"url": "https://x/", "tls-ca": "/nonexistent.pem"}, "tls-ca"),
 ])
 def test_a_bad_hook_table_names_its_key(table: dict[str, Any], key: str) -> None:
+    """A bad [[webhook]] table is refused with the name of the key at fault."""
     with pytest.raises(TableKeyError) as e:
         HookSettings.from_table(table)
     assert e.value.key == key
 
 
 def test_settings_round_trip_through_their_table() -> None:
+    """Hook settings written as a table read back the same."""
     settings = hook(events=["message", "connect"], topics=["a/+"], secret="x", payload=True,
                     retries=0, **{"tls-verify": False, "max-backoff": 2.5})
     assert HookSettings.from_table(settings.as_table()) == settings
@@ -286,6 +303,8 @@ def real(server: HookServer, *hooks: HookSettings) -> WebhookRecorder:
 
 
 def test_events_arrive_batched_and_signed(endpoint: HookServer) -> None:
+    """A real HTTP endpoint on loopback gets the events in order, in batches of max-batch,
+    each signed."""
     settings = HookSettings.from_table({"url": endpoint.url, "secret": "k", "max-batch": 5,
                                         "max-delay": 0.2})
     recorder = real(endpoint, settings)
@@ -300,6 +319,7 @@ def test_events_arrive_batched_and_signed(endpoint: HookServer) -> None:
 
 
 def test_a_failing_endpoint_is_retried_until_it_answers(endpoint: HookServer) -> None:
+    """An endpoint answering 500 and 503 gets the same batch again until it answers 200."""
     endpoint.answers = [500, 503]
     settings = HookSettings.from_table({"url": endpoint.url, "max-delay": 0.0,
                                         "backoff": 0.05, "retries": 3})
@@ -314,6 +334,8 @@ def test_a_failing_endpoint_is_retried_until_it_answers(endpoint: HookServer) ->
 
 def test_a_hanging_endpoint_costs_the_bounded_queue_and_drops_are_counted(
         endpoint: HookServer) -> None:
+    """A hanging endpoint costs only the bounded queue (drops counted); after its time-out
+    the queue drains."""
     endpoint.answers = [HANG]
     settings = HookSettings.from_table({"url": endpoint.url, "max-delay": 0.0,
                                         "max-batch": 10, "queue": 50, "retries": 0,
@@ -334,7 +356,7 @@ def test_a_hanging_endpoint_costs_the_bounded_queue_and_drops_are_counted(
 
 
 def test_https_verifies_the_server_against_the_hooks_ca(
-        pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
     """With its tls-ca a hook trusts the server, without it (the platform's CAs) it
     does not and sends nothing; tls-verify = false sends anyway."""
     from twisted.protocols import tls as twisted_tls
@@ -375,6 +397,8 @@ def test_https_verifies_the_server_against_the_hooks_ca(
 
 def test_the_per_topic_memory_is_bounded_and_forgotten_on_reconfigure(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-topic filter memory is bounded and forgotten when the hooks are
+    reconfigured."""
     import mqttamqp.ops.webhooks as webhooks
 
     monkeypatch.setattr(webhooks, "TOPIC_CACHE", 3)

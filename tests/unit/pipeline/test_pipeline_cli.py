@@ -16,6 +16,8 @@ from mqttamqp.pipeline import cli
 
 
 def test_defaults_and_window_parsing() -> None:
+    """The report's command line defaults, and --since/--until read ISO 8601 dates and
+    times into UTC."""
     args = cli.parse_args([])
     assert args.master == "local[*]" and not args.incremental
     assert args.archive.endswith("archive") and args.out.endswith("report")
@@ -25,6 +27,7 @@ def test_defaults_and_window_parsing() -> None:
 
 
 def test_bad_window_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A window that ends before it starts, or a time that is not ISO 8601, is refused."""
     with pytest.raises(SystemExit):
         cli.parse_args(["--since", "2026-11-25", "--until", "2026-11-24"])
     with pytest.raises(SystemExit):
@@ -35,6 +38,7 @@ def test_bad_window_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 def test_missing_java_names_the_debian_package(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Without Java the report says so and names the Debian package to install."""
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("JAVA_HOME", raising=False)
     pytest.importorskip("pyspark")
@@ -45,12 +49,15 @@ def test_missing_java_names_the_debian_package(monkeypatch: pytest.MonkeyPatch,
 
 def test_missing_pyspark_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Without PySpark the report says how to install it."""
     monkeypatch.setitem(sys.modules, "pyspark", None)
     assert cli.main([]) == cli.EXIT_SETUP
     assert "pip install 'mqttamqp[report]'" in capsys.readouterr().err
 
 
 def test_unreachable_master_is_reported() -> None:
+    """A Spark master nobody listens on is reported as unreachable; local masters are not
+    checked."""
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -7,13 +7,10 @@ fake report command (no Spark needed); one ``spark`` test runs the real job.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
@@ -21,10 +18,7 @@ from webui_support import (
     CHEAP,
     PASSWORD,
     Client,
-    ConsoleHTTP,
-    initial_password,
     make_console,
-    web_broker_process,
 )
 
 from mqttamqp.reportjob import INSTALL_HINT, ReportJob, parse_duration
@@ -65,6 +59,8 @@ def make_job(every: float | None = 3600.0, available: bool = True
 
 
 def test_durations() -> None:
+    """Durations like 1h30m, 1d and 90s parse; bare numbers, zero, negatives and fractions
+    are refused."""
     assert parse_duration("1h") == 3600
     assert parse_duration("30m") == 1800
     assert parse_duration("1h30m") == 5400
@@ -76,6 +72,8 @@ def test_durations() -> None:
 
 
 def test_the_schedule_runs_the_incremental_report_and_keeps_the_last_run() -> None:
+    """The schedule starts the incremental report every interval and keeps the last run's
+    state and output."""
     job, runner, clock = make_job()
     job.start()
     assert job.state()["next_run"] == clock.seconds() + 3600
@@ -101,6 +99,8 @@ def test_the_schedule_runs_the_incremental_report_and_keeps_the_last_run() -> No
 
 
 def test_a_run_due_while_one_runs_is_skipped_and_logged_once(log_lines: list[str]) -> None:
+    """A run due while one runs is skipped, logged once per run, and run-now is refused
+    meanwhile."""
     job, runner, clock = make_job(every=60.0)
     job.start()
     clock.advance(60)
@@ -117,6 +117,8 @@ def test_a_run_due_while_one_runs_is_skipped_and_logged_once(log_lines: list[str
 
 
 def test_a_failed_run_keeps_the_last_lines_of_its_output() -> None:
+    """A failed run keeps its exit status and the last 20 lines of its output, lines joined
+    across reads."""
     job, runner, _clock = make_job(every=None)
     assert job.run_now("console user admin") == (True, "the report job has started")
     process = runner.started[0]
@@ -132,6 +134,7 @@ def test_a_failed_run_keeps_the_last_lines_of_its_output() -> None:
 
 
 def test_without_pyspark_nothing_starts_and_the_state_says_how_to_install() -> None:
+    """Without PySpark nothing starts, and the state says how to install it."""
     job, runner, clock = make_job(every=60.0, available=False)
     job.start()
     clock.advance(120)
@@ -142,6 +145,7 @@ def test_without_pyspark_nothing_starts_and_the_state_says_how_to_install() -> N
 
 
 def test_a_given_command_needs_no_pyspark() -> None:
+    """A job given its own command runs it even without PySpark."""
     job, runner, _clock = make_job(every=None, available=False)
     job.set_command(["fake-report", "-v"])
     assert job.run_now("schedule")[0] is True
@@ -149,6 +153,8 @@ def test_a_given_command_needs_no_pyspark() -> None:
 
 
 def test_stop_sends_sigterm_then_sigkill_after_the_bound() -> None:
+    """Stop sends SIGTERM, then SIGKILL after the bound, fires when the process ends, and
+    no run starts after."""
     job, runner, clock = make_job()
     job.start()
     clock.advance(3600)
@@ -168,6 +174,7 @@ def test_stop_sends_sigterm_then_sigkill_after_the_bound() -> None:
 
 
 def test_stop_of_an_idle_job_fires_at_once() -> None:
+    """Stopping a job with nothing running fires at once."""
     job, _runner, _clock = make_job()
     job.start()
     assert job.stop().called
@@ -191,6 +198,8 @@ def console_with_job(tmp_path: Path, available: bool = True) -> tuple[Client, Fa
 
 def test_run_report_now_from_the_traffic_page_is_audited(tmp_path: Path,
                                                          log_lines: list[str]) -> None:
+    """"Run report now" on the Traffic page starts the job and is audited; a second press
+    while it runs is refused (409)."""
     client, runner = console_with_job(tmp_path)
     page = client.get("/traffic")
     assert "Run report now" in page.text and 'action="/traffic/run-report"' in page.text
@@ -213,6 +222,7 @@ def test_run_report_now_from_the_traffic_page_is_audited(tmp_path: Path,
 
 
 def test_run_report_needs_csrf_and_a_role_that_may_act(tmp_path: Path) -> None:
+    """Running the report needs the CSRF token and a role that may act."""
     client, runner = console_with_job(tmp_path)
     assert client.post("/traffic/run-report", csrf=False).code == 403
     viewer = Client(client.console)
@@ -222,6 +232,8 @@ def test_run_report_needs_csrf_and_a_role_that_may_act(tmp_path: Path) -> None:
 
 
 def test_without_pyspark_the_page_says_how_to_install(tmp_path: Path) -> None:
+    """Without PySpark the Traffic page and its API say how to install it, and pressing the
+    button starts nothing."""
     client, runner = console_with_job(tmp_path, available=False)
     page = client.get("/traffic").text
     assert "pip install &#39;.[report]&#39;" in page
@@ -234,94 +246,9 @@ def test_without_pyspark_the_page_says_how_to_install(tmp_path: Path) -> None:
 
 # -- the real child process through the real broker ------------------------------------------
 
-_FAKE_REPORT = """\
-import json, os, signal, sys
-out = sys.argv[sys.argv.index("--out") + 1]
-os.makedirs(out, exist_ok=True)
-record = {"argv": sys.argv[1:], "nice": os.nice(0), "pid": os.getpid(),
-          "pgid": os.getpgid(0)}
-mode = os.environ.get("FAKE_REPORT_MODE", "ok")
-if mode == "fail":
-    print("fake report: the archive is empty", flush=True)
-    sys.exit(3)
-with open(os.path.join(out, "ran.json.tmp"), "w") as f:
-    json.dump(record, f)
-os.rename(os.path.join(out, "ran.json.tmp"), os.path.join(out, "ran.json"))
-if mode == "hang":
-    # The long job the broker's stop has to end: it waits for that SIGTERM (bounded
-    # at 600 s), then dies of it as an unhandled one would.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    if signal.sigtimedwait({signal.SIGTERM}, 600) is not None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        os.kill(os.getpid(), signal.SIGTERM)
-"""
-
-
-def _ran(report_dir: Path) -> dict[str, Any] | None:
-    path = report_dir / "ran.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _fake_command(tmp_path: Path) -> str:
-    script = tmp_path / "fake_report.py"
-    script.write_text(_FAKE_REPORT)
-    return f"{sys.executable} {script}"
-
-
-def test_the_broker_runs_the_job_on_its_schedule_niced_in_its_own_group(
-        tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    proc = web_broker_process(str(data), "--report-every", "1s",
-                              "--report-command", _fake_command(tmp_path)).start()
-    try:
-        proc.wait_for_line(r"report job finished", timeout=30)
-        ran = _ran(data / "report")
-        assert ran is not None
-        assert ran["argv"] == ["--archive", str(data / "archive"), "--out",
-                               str(data / "report"), "--incremental"]
-        assert ran["nice"] >= 19 and ran["pgid"] == ran["pid"]
-        http = ConsoleHTTP(proc.ports["WEB"])
-        assert http.login(initial_password(str(data))) == 303
-        job = http.get("/api/traffic").json()["job"]
-        assert job["every"] == 1 and job["last"]["ok"] is True
-    finally:
-        proc.stop()
-
-
-def test_run_now_shows_a_failure_and_the_broker_stop_ends_a_running_job(
-        tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    proc = web_broker_process(str(data), "--report-command", _fake_command(tmp_path))
-    proc.env = {"FAKE_REPORT_MODE": "fail"}
-    proc.start()
-    try:
-        http = ConsoleHTTP(proc.ports["WEB"])
-        assert http.login(initial_password(str(data))) == 303
-        assert http.post("/traffic/run-report", back="/traffic").code == 303
-        proc.wait_for_line(r"report job failed \(exit status 3\)", timeout=30)
-        last = http.get("/api/traffic").json()["job"]["last"]
-        assert (last["ok"], last["exit_code"]) == (False, 3)
-        assert last["output_tail"] == ["fake report: the archive is empty"]
-    finally:
-        proc.stop()
-    proc = web_broker_process(str(data), "--report-command", _fake_command(tmp_path))
-    proc.env = {"FAKE_REPORT_MODE": "hang"}
-    proc.start()
-    try:
-        http = ConsoleHTTP(proc.ports["WEB"])
-        assert http.login(initial_password(str(data))) == 303
-        assert http.post("/traffic/run-report", back="/traffic").code == 303
-        line = proc.wait_for_line(r"report job started \(console user admin\), pid", 30)
-        pid = int(line.rsplit("pid", 1)[1])
-        assert http.get("/api/traffic").json()["job"]["pid"] == pid
-    finally:
-        proc.stop()
-    assert any(f"stopping pid {pid}" in line for line in proc.log)
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)   # ended and reaped by the broker before it exited
-
-
 def test_report_every_is_off_by_default_and_checked() -> None:
+    """--report-every is off by default, kept as written, turned into seconds, and a bad
+    duration is refused."""
     from mqttamqp.options import Options
 
     options = Options()

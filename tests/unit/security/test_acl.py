@@ -57,10 +57,14 @@ def acl(tmp_path: Any) -> AclAuthorizer:
     ("+", "", True), ("a/+/c", "a/b/c", True), ("a/+/c", "a/b/d", False),
 ])
 def test_covers(rule: str, subject: str, expected: bool) -> None:
+    """A granted filter covers a topic or a narrower filter level by level; wildcards do
+    not reach $SYS topics."""
     assert covers(rule.split("/"), subject.split("/")) is expected
 
 
 def test_parse_sections_and_access() -> None:
+    """The ACL file parses into the anonymous section, per-user sections and patterns, with
+    their access."""
     rules = parse_acl(ACL)
     assert [(r.access, r.filter) for r in rules.anonymous] == [(1, "public/#"), (2, "public/in")]
     assert [(r.access, r.filter) for r in rules.users["alice"]] == [
@@ -77,6 +81,7 @@ def test_parse_sections_and_access() -> None:
     ("topic read\n", "line 1: a topic filter is missing"),
 ])
 def test_parse_errors_name_the_line(text: str, problem: str) -> None:
+    """A bad ACL line is refused with the file name, its line number and what is wrong."""
     with pytest.raises(AclError) as err:
         parse_acl(text, "/etc/acl")
     assert str(err.value).startswith("/etc/acl " + problem), err.value
@@ -124,6 +129,8 @@ def test_names_and_words_with_whitespace_are_errors(text: str, problem: str) -> 
 
 
 def test_verdicts(acl: AclAuthorizer) -> None:
+    """Publish and subscribe verdicts follow the user's section, the anonymous section and
+    the %c/%u patterns."""
     assert acl.may_publish(alice(), "sensors/alice/t", False)
     assert acl.may_subscribe(alice(), "sensors/alice/#")
     assert not acl.may_subscribe(alice(), "sensors/#")          # wider than granted
@@ -154,6 +161,7 @@ def test_verdicts(acl: AclAuthorizer) -> None:
 
 
 def test_control_addresses_only_for_the_own_client_id(acl: AclAuthorizer) -> None:
+    """An AMQP client may use the control addresses of its own client id only."""
     me = Identity("fe-1", "alice", "amqp")
     assert acl.may_use_session(me, "fe-1")
     assert not acl.may_use_session(me, "fe-2")
@@ -162,6 +170,8 @@ def test_control_addresses_only_for_the_own_client_id(acl: AclAuthorizer) -> Non
 
 def test_reload_on_change_keeps_old_rules_on_a_bad_file(acl: AclAuthorizer,
                                                        log_lines: list[str]) -> None:
+    """The ACL file is re-read when it changes; a broken file leaves the rules before in
+    force."""
     assert not acl.reload()                        # unchanged: nothing re-read
     assert not acl.may_publish(anon(), "open/x", False)
     with open(acl.path, "a") as f:
@@ -238,6 +248,8 @@ def net(acl: AclAuthorizer) -> Net:
 
 
 def test_mqtt_denied_subscribe_gets_0x80_and_denied_publish_is_dropped(net: Net) -> None:
+    """Over MQTT a denied filter gets 0x80 in the SUBACK and a denied publish is
+    acknowledged, dropped and counted."""
     sub = net.mqtt("dev1")
     assert sub.subscribe(("public/#", 1), ("sensors/#", 1), ("devices/dev1/#", 0)) == (
         1, 0x80, 0)
@@ -251,6 +263,7 @@ def test_mqtt_denied_subscribe_gets_0x80_and_denied_publish_is_dropped(net: Net)
 
 
 def test_retained_and_wills_obey_the_rules(net: Net) -> None:
+    """A retained message or a will on a topic the client may not write is not kept."""
     from mqttamqp.mqtt.packets import Will
 
     pub = net.mqtt("dev3", will=Will("public/x", b"will", 0, True))   # not writable
@@ -264,6 +277,8 @@ def test_retained_and_wills_obey_the_rules(net: Net) -> None:
 
 
 def test_amqp_attaches_are_refused_with_unauthorized_access(net: Net) -> None:
+    """AMQP attaches to topics or another client's addresses the ACL denies are refused
+    with amqp:unauthorized-access."""
     peer = net.amqp("dev9")
     denied = peer.receiver("sensors/#")
     assert denied.link.remote_condition is not None
@@ -283,6 +298,7 @@ def test_amqp_attaches_are_refused_with_unauthorized_access(net: Net) -> None:
 
 
 def test_amqp_publish_to_a_writable_topic_goes_through(net: Net) -> None:
+    """An AMQP transfer to a writable topic is accepted and delivered."""
     sub = net.mqtt("dev1")
     assert sub.subscribe(("public/#", 0)) == (0,)
     peer = net.amqp("dev5")
@@ -323,6 +339,7 @@ def test_mqtt31_denied_subscribe_is_granted_without_a_route(net: Net) -> None:
 
 
 def test_shared_subscriptions_are_checked_by_their_filter(net: Net) -> None:
+    """A shared subscription is checked by its filter, not by the $share/ prefix."""
     sub = net.mqtt("dev1")
     assert sub.subscribe(("$share/g/public/#", 0), ("$share/g/sensors/#", 0)) == (0, 0x80)
 
@@ -384,3 +401,26 @@ def test_mqtt5_denied_subscribe_gets_0x87(net: Net) -> None:
     3.1.1 clients get 0x80 as before."""
     v5 = net.mqtt("dev5", level=5)
     assert v5.subscribe(("public/#", 1), ("sensors/#", 1)) == (1, 0x87)
+
+
+def test_recheck_forgets_the_options_of_dropped_filters(tmp_path: Any) -> None:
+    """A filter the reloaded ACL no longer allows is dropped with its subscription
+    options, not only its subscription."""
+    from mqttamqp.mqtt.packets import Subscribe
+    from mqttamqp.security.acl import AclAuthorizer
+
+    retain_as_published = 0x08
+    acl = tmp_path / "acl"
+    acl.write_text("topic read a/#\ntopic read b/#\n")
+    authorizer = AclAuthorizer(str(acl))
+    net = Net(authorizer=authorizer)
+    c = net.mqtt("c", level=5)
+    c.send(Subscribe(1, (("a/#", 0), ("b/#", 0)), options=(retain_as_published, 0)))
+    session = net.broker.sessions["c"]
+    assert "a/#" in session.sub_options
+    import os
+    acl.write_text("topic read b/#\n")
+    os.utime(acl, ns=(1, 9_000_000_000))
+    assert authorizer.reload()
+    net.broker.recheck_subscriptions()
+    assert "a/#" not in session.subscriptions and "a/#" not in session.sub_options

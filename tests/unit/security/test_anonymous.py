@@ -23,10 +23,14 @@ from mqttamqp.mqtt.packets import Connack, Connect
     ("::ffff:127.0.0.1:5000", True),    # a dual-stack listener's IPv4 loopback peer
     ("?:?", True), ("", False)])   # ?: a UNIX socket
 def test_loopback_peer(peer: str, local: bool) -> None:
+    """Which peer addresses count as this machine: IPv4 and IPv6 loopback, a dual-stack
+    IPv4 loopback, a UNIX socket."""
     assert loopback_peer(peer) is local
 
 
 def test_loopback_only_unless_anywhere() -> None:
+    """Without users only clients on this machine are let in, named or not, unless --allow-
+    anonymous lets anyone."""
     def creds(peer: str, user: str | None = None) -> Credentials:
         return Credentials("c", user, None, "mqtt", peer)
 
@@ -54,6 +58,8 @@ def _mqtt_connect(net: Net, host: str) -> Connack:
     (False, "127.0.0.1", 0), (False, "192.168.1.1", 5), (True, "192.168.1.1", 0)])
 def test_mqtt_from_another_machine_is_refused_without_users(anywhere: bool, host: str,
                                                             code: int) -> None:
+    """An MQTT client from another machine gets CONNACK 5 without users configured, unless
+    anonymous clients are allowed from anywhere."""
     net = Net(authenticator=LoopbackOnly(anywhere))
     assert _mqtt_connect(net, host).return_code == code
 

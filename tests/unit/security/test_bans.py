@@ -16,6 +16,8 @@ from mqttamqp.security.bans import BanError, BanList
 
 
 def test_ban_rule_matches_each_kind_and_expires() -> None:
+    """A ban matches by client id, user or address (in canonical form), and a timed ban
+    runs out."""
     clock = Clock()
     bans = BanList(clock.seconds)
     assert bans.check("dev", "alice", "10.0.0.1") is None
@@ -39,11 +41,13 @@ def test_ban_rule_matches_each_kind_and_expires() -> None:
     ("client_id", "", None, "must not be empty"), ("user", "u", -1.0, "in the future")])
 def test_bans_that_cannot_be_set(kind: str, value: str, until: float | None,
                                  problem: str) -> None:
+    """Bans of an unknown kind, a bad address, an empty value or a past end are refused."""
     with pytest.raises(BanError, match=problem):
         BanList(Clock().seconds).add(kind, value, until, "", "admin")
 
 
 def test_the_list_is_bounded() -> None:
+    """The ban list is bounded; an expired ban makes room."""
     clock = Clock()
     bans = BanList(clock.seconds, max_bans=2)
     bans.add("client_id", "a", None, "", "x")
@@ -56,6 +60,8 @@ def test_the_list_is_bounded() -> None:
 
 
 def test_bans_are_durable_and_come_back_after_a_restart() -> None:
+    """Bans are committed, refuse matching MQTT and AMQP clients with the reason, are
+    counted, and come back after a restart."""
     clock = Clock()
     store = MemoryStore()
     broker = Broker(clock, store, Limits(sys_interval=0))
@@ -90,6 +96,8 @@ def console(tmp_path: Any) -> Any:
 
 
 def test_ban_from_the_console_disconnects_and_is_listed(console: Any, log_lines: Any) -> None:
+    """A ban set in the console closes the banned client's connections only, and is listed
+    escaped with its time left."""
     broker, clock, client = console
     device = connect(broker, "noisy-<b>dev</b>", remote="10.9.8.7:4000")
     bystander = connect(broker, "calm", remote="10.9.8.6:4000")
@@ -115,6 +123,8 @@ def test_ban_from_the_console_disconnects_and_is_listed(console: Any, log_lines:
 
 
 def test_ban_api_errors(console: Any) -> None:
+    """The bans API refuses bad addresses and past ends (400), bans for good without a
+    time, and answers 404 for an unknown ban."""
     _, _, client = console
     client.get("/bans")
     headers = {"X-CSRF-Token": client.csrf}

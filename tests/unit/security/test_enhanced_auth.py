@@ -5,11 +5,9 @@ example, client side written here) and the AUTH exchange on a connection
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 
-from test_mqtt5_protocol import Client5, client5, closed_with, connected
-from test_mqtt_protocol import Harness
+from mqtt_memory import Client5, Harness, client5, closed_with, connected
+from scram import METHOD, ScramClient
 
 from mqttamqp.mqtt.packets import Auth, Connack, Connect, Packet, Properties, Publish
 from mqttamqp.security.enhanced_auth import (
@@ -21,36 +19,6 @@ from mqttamqp.security.enhanced_auth import (
     ScramSha256,
     scram_credentials,
 )
-
-METHOD = "SCRAM-SHA-256"
-
-
-class ScramClient:
-    """The client side of SCRAM-SHA-256 (RFC 5802), for the tests."""
-
-    def __init__(self, user: str, password: str, nonce: str = "clientnonce123") -> None:
-        self.password = password
-        self.bare = f"n={user},r={nonce}"
-        self.expected_verifier = ""
-
-    def first(self) -> bytes:
-        return ("n,," + self.bare).encode()
-
-    def final(self, server_first: bytes) -> bytes:
-        attrs = dict(part.split("=", 1) for part in server_first.decode().split(","))
-        salted = hashlib.pbkdf2_hmac("sha256", self.password.encode(),
-                                     base64.b64decode(attrs["s"]), int(attrs["i"]))
-        client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-        stored_key = hashlib.sha256(client_key).digest()
-        without_proof = f"c=biws,r={attrs['r']}"
-        auth_message = f"{self.bare},{server_first.decode()},{without_proof}".encode()
-        signature = hmac.new(stored_key, auth_message, hashlib.sha256).digest()
-        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-        self.expected_verifier = "v=" + base64.b64encode(
-            hmac.new(server_key, auth_message, hashlib.sha256).digest()).decode()
-        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
-
 
 USERS = {"alice": scram_credentials("wonderland", b"saltsaltsalt", 4096)}
 
@@ -190,3 +158,20 @@ def test_credentials_hold_no_password() -> None:
     """What the store would keep is derived keys, not the password."""
     creds: ScramCredentials = USERS["alice"]
     assert b"wonderland" not in creds.stored_key + creds.server_key + creds.salt
+
+
+def test_scram_checks_bans_on_the_name_it_proved() -> None:
+    """A banned user who proves their name with SCRAM gets CONNACK 0x8A (banned)."""
+    h = harness()
+    h.broker.ban("user", "alice", None, "test", "admin")
+    [ack] = scram_connect(client5(h), ScramClient("alice", "wonderland"))
+    assert isinstance(ack, Connack) and ack.return_code == 0x8A
+
+
+def test_scram_failures_are_counted_like_password_failures() -> None:
+    """A failed SCRAM proof gets CONNACK 0x86 and counts as one authentication failure."""
+    h = harness()
+    before = h.broker.stats.auth_failures
+    [ack] = scram_connect(client5(h), ScramClient("alice", "wrong"))
+    assert isinstance(ack, Connack) and ack.return_code == 0x86
+    assert h.broker.stats.auth_failures == before + 1

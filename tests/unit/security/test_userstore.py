@@ -49,6 +49,8 @@ def creds(user: str | None, password: str | None = None,
 
 
 def test_the_console_users_of_earlier_versions_move_into_the_store(tmp_path: Any) -> None:
+    """The console's admin-users.json of earlier versions moves once into the user store as
+    admins (file mode 0600)."""
     legacy = tmp_path / LEGACY_ADMIN_FILE
     legacy.write_text(json.dumps({"version": 1, "users": {"ops": {
         "password": "scrypt$2$1$1$AAAA$AAAA", "changed": 5.0, "tokens": []}}}))
@@ -62,6 +64,8 @@ def test_the_console_users_of_earlier_versions_move_into_the_store(tmp_path: Any
 
 
 def test_roles_and_the_anonymous_rule(tmp_path: Any) -> None:
+    """Local anonymous clients are let in until a client user exists; a known name is a
+    credential, an unknown one only a label until then."""
     store = UserStore(str(tmp_path))
     auth = StoreAuthenticator(store, run_in_thread=now)
     store.set_password("root", "admin password", role=ROLE_ADMIN, **CHEAP)
@@ -83,6 +87,8 @@ def test_roles_and_the_anonymous_rule(tmp_path: Any) -> None:
 
 
 def test_a_users_file_stays_readable_beside_the_store(tmp_path: Any) -> None:
+    """A --users file keeps authenticating beside the store and closes the broker to
+    anonymous clients."""
     path = tmp_path / "users"
     path.write_text(make_line("old", "old password") + "\n")
     legacy = UserFile(str(path))
@@ -99,6 +105,8 @@ def _admin(*args: str) -> int:
 
 
 def test_admin_user_commands(tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
+    """mqttamqp-admin user add, role, passwd, list and import manage the store and refuse
+    what cannot be done."""
     data = str(tmp_path)
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("a long password\n"))
     assert _admin("user", "add", "-d", data, "--password-stdin", "dev1") == 0
@@ -152,6 +160,8 @@ def test_admin_help_shows_one_command_set(tmp_path: Any, monkeypatch: Any,
 
 
 def test_console_roles(tmp_path: Any) -> None:
+    """Client users may not log in to the console, read-only users may look but not act,
+    and a role taken away ends the session."""
     console, _, _ = make_console(tmp_path)
     console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
     console.users.set_password("device", "device password", **CHEAP)
@@ -175,6 +185,8 @@ def test_console_roles(tmp_path: Any) -> None:
 
 
 def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> None:
+    """Admins add users, set passwords and roles on the Users page, within its rules
+    (audited)."""
     console, _, _ = make_console(tmp_path)
     admin = webui_support.Client(console)
     assert admin.login().code == 303
@@ -224,6 +236,7 @@ def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> N
 
 
 def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
+    """The Users page shows the ACL file's rules, escaped."""
     from mqttamqp.security.acl import AclAuthorizer
 
     acl = tmp_path / "acl"

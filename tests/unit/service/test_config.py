@@ -9,17 +9,13 @@ the output of a bad file are checked once through the real ``twistd``.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomli_w
-from brokerproc import TWISTD
-from test_startup import assert_refused_before_start
 
 from mqttamqp.ops import config
 from mqttamqp.ops.webhooks import HookSettings
@@ -52,6 +48,8 @@ def refused(*argv: str) -> str:
 
 
 def test_the_file_sets_options_and_the_command_line_wins(tmp_path: Path) -> None:
+    """The --config file sets any option by its long name, types converted; the command
+    line wins, a list given replaces the file's."""
     path = write(tmp_path, """
 data = "from-file"
 max-inflight = 7
@@ -101,6 +99,8 @@ def test_the_accepted_keys_are_the_option_table() -> None:
 ])
 def test_a_bad_file_names_the_key_and_its_line(tmp_path: Path, text: str,
                                                 message: str) -> None:
+    """A bad key or value in the file stops with one line naming the file, the line and the
+    key."""
     path = write(tmp_path, text)
     line = refused("--config", path)
     assert line.startswith(f"twistd mqttamqp: --config {path}"), line
@@ -108,6 +108,7 @@ def test_a_bad_file_names_the_key_and_its_line(tmp_path: Path, text: str,
 
 
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    """A --config file that does not exist is refused with the system's reason."""
     assert "No such file or directory" in refused("--config", str(tmp_path / "nope.toml"))
 
 
@@ -117,7 +118,7 @@ def test_a_missing_file_says_so(tmp_path: Path) -> None:
 # not be valid alone.  Every other option gets a value derived from its default.
 def special_values(tmp_path: Path) -> dict[str, Any]:
     from cryptography.hazmat.primitives.asymmetric import ec
-    from test_tls import _crt_pem, _issue, _key_pem
+    from pki import crt_pem, issue, key_pem
 
     users = tmp_path / "users"
     users.write_text("")
@@ -130,10 +131,10 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
         ec.SECP256R1())
     ca = tmp_path / "ca.pem"
-    ca.write_bytes(_crt_pem(_issue("test CA", ca_key, None, ca=True)))
+    ca.write_bytes(crt_pem(issue("test CA", ca_key, None, ca=True)))
     crt, pem = tmp_path / "server.crt", tmp_path / "server.key"
-    crt.write_bytes(_crt_pem(_issue("localhost", key, None)))
-    pem.write_bytes(_key_pem(key))
+    crt.write_bytes(crt_pem(issue("localhost", key, None)))
+    pem.write_bytes(key_pem(key))
     return {
         "data": str(tmp_path / "data"),
         "storage": "sqlite://",
@@ -257,31 +258,11 @@ def test_readme_names_the_keys_that_take_lists() -> None:
     assert specs["metrics"].kind == "parameter" and "metrics" not in named
 
 
-def test_print_config_through_twistd(tmp_path: Path) -> None:
-    """The real twistd prints the file with the command line applied and exits 0;
-    a bad file stops it with status 1 and the one line."""
-    path = write(tmp_path, "max-inflight = 7\n[[webhook]]\nurl = 'http://127.0.0.1:9/'\n")
-    env = dict(os.environ)   # keeps PYTHONPATH: the code under test, not an install
-    out = subprocess.run([TWISTD, "mqttamqp", "--config", path, "--max-packet-size", "999",
-                          "--print-config"], capture_output=True, text=True, timeout=60,
-                         env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    printed = tomllib.loads(out.stdout)
-    assert printed["max-inflight"] == 7 and printed["max-packet-size"] == 999
-    assert printed["webhook"][0]["url"] == "http://127.0.0.1:9/"
-    bad = write(tmp_path, "max-inflight = 7\nmax-infligt = 3\n", "bad.toml")
-    out = subprocess.run([TWISTD, "-n", "--pidfile=", "mqttamqp", "--config", bad,
-                          "--data", str(tmp_path / "data")],
-                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
-    assert_refused_before_start(
-        out, f"--config {bad}, line 2: max-infligt: unknown key (not an option of "
-             "twistd mqttamqp --help)", tmp_path)
-
-
 # -- the example file -----------------------------------------------------------------
 
 
 def test_the_example_file_loads_and_documents_every_option() -> None:
+    """mqttamqp.toml loads and mentions every option a file may set."""
     text = EXAMPLE.read_text(encoding="utf-8")
     options = parse("--config", str(EXAMPLE))
     assert options["mqtt"] == [DEFAULT_LISTENERS["mqtt"]]

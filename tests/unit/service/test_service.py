@@ -1,27 +1,15 @@
-"""The assembled service: scheduled packing of the storage, option errors."""
+"""The service's options and listeners, in process: option errors stop with one line
+naming the option (``Options.parseOptions``, as twistd calls it), ``--help`` lists every
+option, listeners default to loopback and say how open they are.  Scheduled packing in a
+running broker is ``integration/store/test_packing_live.py``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from brokerproc import TWISTD, BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def test_storage_is_packed_on_schedule(tmp_path: Path) -> None:
-    """--pack-interval (hours) packs the FileStorage periodically, logged each time."""
-    proc = BrokerProcess(str(tmp_path / "data"), "--pack-interval", "0.0005")  # 1.8 s
-    proc.start()
-    try:
-        proc.wait_for_line(r"storage packed", timeout=30)
-        proc.wait_for_line(r"storage packed", timeout=30)  # and again: it is a schedule
-    finally:
-        proc.stop()
-    assert (tmp_path / "data" / "mqttamqp.fs").is_file()
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -33,18 +21,20 @@ def test_storage_is_packed_on_schedule(tmp_path: Path) -> None:
 ])
 def test_bad_options_say_what_to_do(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad option value stops twistd with a message naming the option."""
-    out = subprocess.run([TWISTD, "-n", "--pidfile=", "mqttamqp", "--data",
-                          str(tmp_path / "d"), *args], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path)
-    assert out.returncode != 0
-    assert message in out.stdout + out.stderr
+    from mqttamqp.options import Options
+
+    with pytest.raises(SystemExit) as stopped:   # what twistd's option parsing raises
+        Options().parseOptions(["--data", str(tmp_path / "d"), *args])
+    assert isinstance(stopped.value.code, str)   # printed to stderr, exit status 1
+    assert message in stopped.value.code
     assert not (tmp_path / "d").exists()  # nothing was started
 
 
 def test_help_lists_every_option() -> None:
     """twistd mqttamqp --help documents each listener and limit option."""
-    out = subprocess.run([TWISTD, "mqttamqp", "--help"], capture_output=True, text=True,
-                         timeout=60).stdout
+    from mqttamqp.options import Options
+
+    out = str(Options())   # what --help prints (twistd's own --help runs in test_startup)
     for option in ("--mqtt", "--amqp", "--web", "--data", "--users", "--max-connections",
                    "--max-packet-size", "--max-inflight", "--max-queued-messages",
                    "--max-queued-bytes", "--connect-timeout", "--session-expiry",
@@ -107,3 +97,23 @@ def test_listener_says_how_open_it_is(host: str, access: str, expected: str | No
         assert said == []
     else:
         assert len(said) == 1 and expected in said[0], said
+
+
+def test_a_listener_that_raises_while_binding_undoes_the_start(tmp_path: Path) -> None:
+    """A listener whose description fails only when bound (its key file gone since
+    the options were parsed) is a StartupError like a busy port: the listeners bound
+    before it are closed again and the store lock is released (found in review: the
+    exception escaped, the MQTT port stayed bound and the process hung)."""
+    from mqttamqp.core.limits import Limits
+    from mqttamqp.service import BrokerService, StartupError
+
+    svc = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
+    mqtt = svc.add_mqtt_listener("tcp:0:interface=127.0.0.1")
+    svc.add_amqp_listener(
+        f"ssl:0:privateKey={tmp_path / 'gone.key'}:interface=127.0.0.1")
+    with pytest.raises(StartupError, match="cannot listen for AMQP"):
+        svc.startService()
+    assert mqtt.port is None                       # unbound again
+    again = BrokerService(str(tmp_path / "data"), Limits(sys_interval=0))
+    again._open_store()                            # the lock was released
+    again.store.close()

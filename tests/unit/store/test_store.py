@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from twisted.internet.defer import Deferred, DeferredList
+from store_reactor import TIMEOUT, FakeReactor, Waiter, commit, wait
+from twisted.internet.defer import DeferredList
 from twisted.python.failure import Failure
 from ZODB.MappingStorage import MappingStorage
 
@@ -40,7 +35,6 @@ from mqttamqp.core.persistence import (
     DeleteSession,
     DeleteSubscription,
     DeleteWill,
-    Op,
     PutBan,
     PutInboundQos2,
     PutQueued,
@@ -56,74 +50,6 @@ from mqttamqp.core.persistence import (
 from mqttamqp.store import StoreClosedError, ZODBStore, zodbstore
 
 ROOT = Path(__file__).resolve().parents[3]
-TIMEOUT = 30.0
-
-
-class FakeReactor:
-    """``IReactorFromThreads`` whose calls run when the test drains them."""
-
-    def __init__(self) -> None:
-        self.calls: queue.Queue[tuple[Callable[..., object], tuple[Any, ...]]] = queue.Queue()
-        self.thread = threading.get_ident()
-
-    def callFromThread(self, f: Callable[..., object], *args: Any) -> None:
-        self.calls.put((f, args))
-
-    def run_until_fired(self, d: Deferred[Any], timeout: float = TIMEOUT) -> None:
-        """Run the writer's hand-offs, blocking for each, until ``d`` has fired."""
-        fired: list[bool] = []
-
-        def mark(result: object) -> object:
-            fired.append(True)
-            return result
-
-        d.addBoth(mark)
-        deadline = time.monotonic() + timeout
-        while not fired:
-            try:
-                f, args = self.calls.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("timed out waiting for the store") from None
-            assert threading.get_ident() == self.thread
-            f(*args)
-
-
-class Waiter:
-    """Collects the outcome of Deferreds in firing order."""
-
-    def __init__(self) -> None:
-        self.results: list[tuple[int, object]] = []
-        self.watched: list[Deferred[None]] = []
-
-    def watch(self, d: Deferred[None], tag: int = 0) -> Deferred[None]:
-        def ok(_: None) -> None:
-            self.results.append((tag, None))
-
-        def bad(f: Failure) -> None:
-            self.results.append((tag, f))
-
-        d.addCallbacks(ok, bad)
-        self.watched.append(d)
-        return d
-
-    def wait(self, reactor: FakeReactor, timeout: float = TIMEOUT) -> None:
-        """Run the fake reactor until every watched Deferred has fired."""
-        reactor.run_until_fired(DeferredList(self.watched), timeout)
-
-
-def wait(reactor: FakeReactor, d: Deferred[None], timeout: float = TIMEOUT) -> object:
-    """Run the fake reactor until ``d`` fires; return None or the Failure."""
-    w = Waiter()
-    w.watch(d)
-    w.wait(reactor, timeout)
-    return w.results[0][1]
-
-
-def commit(reactor: FakeReactor, store: ZODBStore, ops: Sequence[Op]) -> None:
-    result = wait(reactor, store.submit(ops))
-    assert result is None, result
-
-
 @pytest.fixture
 def reactor() -> FakeReactor:
     return FakeReactor()
@@ -179,6 +105,7 @@ def msg(topic: str, payload: bytes = b"x", **kw: Any) -> Message:
 
 
 def test_fresh_directory_loads_empty_snapshot(tmp_path: Path, reactor: FakeReactor) -> None:
+    """A fresh data directory is created and loads an empty snapshot, with zero commits."""
     path = tmp_path / "new" / "data"
     store = open_store(path, reactor)
     try:
@@ -220,6 +147,8 @@ def test_storage_factory_replaces_the_file(tmp_path: Path, disk: MemoryDisk,
 
 
 def test_round_trip_of_every_op(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Every store operation written and read back gives the same retained messages, wills,
+    sessions and queued entries."""
     m1 = Message("a/b", b"\x00\xff payload", 1, True, "pub-1", 1700000000.25, False)
     m2 = Message("häuser/ü", b"", 2, True, None, 12.5, True)
     gone = Message("gone", b"bye", 0, True)
@@ -312,6 +241,7 @@ def test_round_trip_of_mqtt5_fields(disk: MemoryDisk, reactor: FakeReactor) -> N
 
 
 def test_clear_retained(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """ClearRetained removes every retained message, including those of earlier commits."""
     store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(msg(f"r/{i}", retain=True)) for i in range(100)])
     commit(reactor, store, [ClearRetained(), PutRetained(msg("after", retain=True))])
@@ -322,6 +252,7 @@ def test_clear_retained(disk: MemoryDisk, reactor: FakeReactor) -> None:
 
 
 def test_payload_bytearray_is_stored_as_bytes(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """A bytearray payload is stored and read back as bytes."""
     store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(Message("t", bytearray(b"ab")))])  # type: ignore[arg-type]
     store.close()
@@ -333,6 +264,7 @@ def test_payload_bytearray_is_stored_as_bytes(disk: MemoryDisk, reactor: FakeRea
 
 
 def test_group_commit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Many submits are grouped into few commits and their Deferreds fire in submit order."""
     store = open_store(disk, reactor)
     store.load()
     n = 2000
@@ -353,6 +285,7 @@ def test_group_commit(disk: MemoryDisk, reactor: FakeReactor) -> None:
 
 
 def test_max_batch_ops_never_splits_a_submit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """The batch bound splits between submits, never inside one larger than the bound."""
     store = open_store(disk, reactor, max_batch_ops=10)
     w = Waiter()
     big = [PutRetained(msg(f"big/{i}")) for i in range(25)]  # larger than the limit
@@ -369,6 +302,8 @@ def test_max_batch_ops_never_splits_a_submit(disk: MemoryDisk, reactor: FakeReac
 
 
 def test_ordering_across_submits(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Operations of separate submits apply in submit order (put then delete ends deleted,
+    and the reverse present)."""
     store = open_store(disk, reactor)
     entry = StoredQueued(msg("q", qos=1), 1)
     ds = [
@@ -424,57 +359,11 @@ def test_deferred_fires_after_data_is_on_disk(tmp_path: Path, reactor: FakeReact
     assert reload(tmp_path).retained["d"].payload == marker
 
 
-def test_kill_after_deferred_fired_keeps_data(tmp_path: Path) -> None:
-    script = textwrap.dedent(
-        """
-        import os, signal, sys
-        from mqttamqp.core.message import Message
-        from mqttamqp.core.persistence import PutRetained, PutSession, PutQueued, StoredQueued
-        from mqttamqp.store import ZODBStore
-
-        class InlineReactor:
-            def callFromThread(self, f, *args):
-                f(*args)
-
-        store = ZODBStore(sys.argv[1], InlineReactor())
-        store.load()
-        for i in range(50):
-            store.submit([PutRetained(Message("early/%d" % i, b"e"))])
-        ops = [PutSession("c", 42.0)]
-        ops += [PutQueued("c", i, StoredQueued(Message("q", b"%d" % i, 1), 1)) for i in range(500)]
-        ops.append(PutRetained(Message("last", b"acknowledged", 1, True)))
-
-        def fired(_):
-            sys.stdout.write("fired\\n")
-            sys.stdout.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        store.submit(ops).addCallback(fired)
-        # Keep submitting while the kill may land mid-commit.
-        i = 0
-        while True:
-            store.submit([PutRetained(Message("late/%d" % i, b"l"))])
-            i += 1
-        """
-    )
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True, timeout=120, env=env, cwd=str(ROOT),
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    assert proc.stdout == b"fired\n"
-    snap = reload(tmp_path)
-    assert snap.retained["last"].payload == b"acknowledged"
-    assert all(f"early/{i}" in snap.retained for i in range(50))
-    assert snap.sessions["c"].last_seen == 42.0
-    assert [seq for seq, _ in snap.sessions["c"].queue] == list(range(500))
-
-
 # -- pack --------------------------------------------------------------------
 
 
 def test_pack_while_submitting_shrinks_file(tmp_path: Path, reactor: FakeReactor) -> None:
+    """Packing while commits keep landing shrinks the file and keeps every commit."""
     store = open_store(tmp_path, reactor)
     fs = tmp_path / "mqttamqp.fs"
     blob = os.urandom(50_000)
@@ -525,6 +414,7 @@ def test_pack_while_submitting_shrinks_file(tmp_path: Path, reactor: FakeReactor
 
 
 def test_pack_fresh_store_and_close_waits_for_pack(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Close waits for a running pack and fires its Deferred."""
     store = open_store(disk, reactor)
     done: list[object] = []
     store.pack().addBoth(done.append)
@@ -536,6 +426,8 @@ def test_pack_fresh_store_and_close_waits_for_pack(disk: MemoryDisk, reactor: Fa
 
 
 def test_close_flushes_and_fires_without_reactor(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Close commits what is pending and fires it in order without the reactor; later
+    submits and packs fail with StoreClosedError."""
     store = open_store(disk, reactor)
     w = Waiter()
     for i in range(300):
@@ -557,6 +449,7 @@ def test_close_flushes_and_fires_without_reactor(disk: MemoryDisk, reactor: Fake
 
 
 def test_empty_submit_is_a_barrier(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """An empty submit fires after everything submitted before it."""
     store = open_store(disk, reactor)
     w = Waiter()
     w.watch(store.submit([PutRetained(msg("a"))]), 1)
@@ -567,6 +460,7 @@ def test_empty_submit_is_a_barrier(disk: MemoryDisk, reactor: FakeReactor) -> No
 
 
 def test_bad_op_fails_only_its_submit(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """A submit with a bad operation fails alone; the store goes on."""
     store = open_store(disk, reactor)
     result = wait(reactor, store.submit(["not an op"]))  # type: ignore[list-item]
     assert isinstance(result, Failure) and result.check(TypeError)
@@ -578,6 +472,7 @@ def test_bad_op_fails_only_its_submit(disk: MemoryDisk, reactor: FakeReactor) ->
 def test_failed_commit_errbacks_and_store_recovers(
     disk: MemoryDisk, reactor: FakeReactor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A commit that raises errbacks its submits, is logged, and the next commits succeed."""
     from twisted.logger import ILogObserver, globalLogPublisher
 
     logged: list[dict[str, Any]] = []
@@ -603,6 +498,8 @@ def test_failed_commit_errbacks_and_store_recovers(
 
 
 def test_stats_keys(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """The store's stats count files, commits, operations, batches and packs, and say when
+    it is closed."""
     store = open_store(disk, reactor)
     commit(reactor, store, [PutRetained(msg("a")), PutRetained(msg("b"))])
     stats = store.stats()
@@ -616,6 +513,8 @@ def test_stats_keys(disk: MemoryDisk, reactor: FakeReactor) -> None:
 
 
 def test_reopen_and_second_open_is_locked(tmp_path: Path, reactor: FakeReactor) -> None:
+    """A second open of a directory in use is refused (locked); after close it reopens with
+    its data."""
     store = open_store(tmp_path, reactor)
     commit(reactor, store, [PutRetained(msg("a"))])
     with pytest.raises(Exception, match=r"(?i)lock"):
@@ -629,6 +528,7 @@ def test_reopen_and_second_open_is_locked(tmp_path: Path, reactor: FakeReactor) 
 
 
 def test_newer_schema_is_refused(tmp_path: Path, reactor: FakeReactor) -> None:
+    """A store written by a newer schema version is refused."""
     import transaction
     from ZODB import DB
     from ZODB.FileStorage import FileStorage
@@ -652,6 +552,7 @@ def test_newer_schema_is_refused(tmp_path: Path, reactor: FakeReactor) -> None:
 
 
 def test_close_from_a_callback_keeps_order(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """A close called from a commit's callback keeps the later Deferreds firing in order."""
     store = open_store(disk, reactor)
     fired: list[int] = []
 

@@ -79,6 +79,7 @@ def test_a_damaged_last_transaction_is_one_error_and_no_log_line(
 
 
 def test_a_file_that_is_not_a_storage_is_not_called_recoverable(tmp_path: Path) -> None:
+    """A file that is not a FileStorage is refused as not recoverable, and recover says so."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "mqttamqp.fs").write_bytes(b"not a FileStorage at all")
@@ -108,6 +109,7 @@ def test_recover_keeps_a_copy_and_cuts_after_the_last_good_transaction(
 
 
 def test_recover_changes_nothing_in_a_sound_file(tmp_path: Path) -> None:
+    """Recovering a sound file changes nothing and makes no backup."""
     path = tmp_path / "mqttamqp.fs"
     _write(path, 2)
     before = path.read_bytes()
