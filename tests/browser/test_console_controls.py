@@ -48,6 +48,8 @@ def clients() -> Iterator[list[Any]]:
 
 
 def test_clients_filters_counters_pages_and_bulk(broker: Any, page: Any, clients: Any) -> None:
+    """In Chromium the clients table sorts by counters, pages, filters and runs bulk
+    actions on real paho clients."""
     proc, _ = broker
     page, watch, base = page
     for i in range(27):
@@ -97,6 +99,8 @@ def test_clients_filters_counters_pages_and_bulk(broker: Any, page: Any, clients
 
 def test_amqp_detail_topics_subscriptions_and_banner(broker: Any, page: Any,
                                                      clients: Any) -> None:
+    """In Chromium an AMQP client's detail, the topic tree, the subscriptions list and the
+    live banner show real clients' state."""
     proc, _ = broker
     page, watch, base = page
     conn = BlockingConnection(f"127.0.0.1:{proc.ports['AMQP']}", timeout=10,
@@ -159,6 +163,8 @@ def test_amqp_detail_topics_subscriptions_and_banner(broker: Any, page: Any,
 
 
 def test_tail_publish_form_and_bans(broker: Any, page: Any, clients: Any) -> None:
+    """In Chromium the live tail shows matching messages escaped, the publish form
+    publishes, and a ban closes its client."""
     proc, _ = broker
     page, watch, base = page
     page.goto(base + "/tail?filter=" + "lab%2F%23")

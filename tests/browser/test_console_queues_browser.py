@@ -48,6 +48,8 @@ def _reject(worker: PahoClient, message: Any, reason: str) -> None:
 
 def test_queues_page_live_dead_letters_requeue_and_retention(
         broker: Any, browser: Any, clients: list[PahoClient]) -> None:
+    """In Chromium the Queues page follows real queues live, shows dead letters, requeues
+    them and changes retention."""
     proc, data = broker
     base = f"http://127.0.0.1:{proc.ports['WEB']}"
     producer = PahoClient(proc.mqtt_port, "producer", MQTTv311)

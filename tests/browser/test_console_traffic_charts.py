@@ -11,6 +11,8 @@ from traffic_reports import EVIL
 
 @NEEDS_CHROMIUM
 def test_traffic_page_draws_its_charts_in_chromium(served_page: str) -> None:
+    """The Traffic page draws its charts under the console's CSP with client data escaped,
+    and shows the failed report job's output."""
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,

@@ -25,6 +25,8 @@ def broker(tmp_path: Any) -> Iterator[tuple[Any, str]]:
 
 
 def test_users_page(browser: Any, broker: Any) -> None:
+    """In Chromium an admin adds a client user on the Users page, and paho connects as that
+    user at once."""
     proc, data = broker
     base = f"http://127.0.0.1:{proc.ports['WEB']}"
     page = browser.new_page(viewport={"width": 1360, "height": 860})

@@ -36,6 +36,8 @@ def _login(proc: Any, data: str) -> ConsoleHTTP:
 
 
 def test_console_reads_and_changes_real_queues_durably(tmp_path: Any) -> None:
+    """The console of a real broker reads queues filled by mosquitto_pub, and its purge,
+    retention and delete hold across a restart."""
     data = str(tmp_path / "data")
     proc = web_broker_process(data).start()
     try:

@@ -286,6 +286,8 @@ def test_a_frame_header_announcing_100_mb_closes_before_its_payload(
     (("mqtt",), "mqtt"), (("mqttv3.1",), "mqttv3.1"), (("foo", "mqttv3.1", "mqtt"), "mqtt")])
 def test_mqtt_subprotocols_are_negotiated(raw: Callable[[], RawWebSocket],
                                           protocols: tuple[str, ...], chosen: str) -> None:
+    """The WebSocket upgrade chooses the MQTT subprotocol the client offers (mqtt preferred
+    over mqttv3.1)."""
     ws = raw()
     status, headers = ws.handshake(protocols=protocols)
     assert status == 101 and headers["sec-websocket-protocol"] == chosen

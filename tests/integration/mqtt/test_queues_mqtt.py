@@ -236,6 +236,8 @@ def test_a_filter_is_a_group_of_its_own(paho) -> None:
 
 
 def test_mqtt5_ack_nack_reject_and_the_dead_letter_queue(paho) -> None:
+    """paho as an MQTT 5 member: $ack, $nack redelivers, $reject sends to the dead-letter
+    queue with the metadata and user properties."""
     q, g, dg = name(), name("g"), name("d")
     worker, dead = paho(name("w")), paho(name("d"))
     assert worker.join(f"$queue/{q}/#", consumer_group=g) == 1
@@ -343,6 +345,8 @@ def test_a_member_process_killed_gives_its_messages_to_another(qbroker: BrokerPr
 
 
 def test_stream_reads_from_first_an_offset_and_a_time(paho) -> None:
+    """Stream readers over MQTT start at first, at an offset, or at a time given as a
+    number or ISO 8601."""
     q = name()
     producer = paho(name("p"))
     for i in range(2):
@@ -394,6 +398,8 @@ def test_retention_keeps_the_newest(tmp_path) -> None:
 
 def test_bad_input_gets_a_clear_refusal_and_loses_nothing(qbroker: BrokerProcess,
                                                           paho) -> None:
+    """Malformed acks, acks from outside the group and nameless queue publishes get reason
+    codes with why, and the message stays."""
     q, g = name(), name("g")
     worker, outsider = paho(name("w")), paho(name("o"))
     assert worker.join(f"$queue/{q}/#", consumer_group=g) == 1

@@ -70,6 +70,7 @@ def sys_value_reaching(port: int, topic: str, wanted: float) -> float:
 
 
 def test_metrics_move_with_real_traffic_and_match_sys(ops_broker: BrokerProcess) -> None:
+    """/metrics moves with real MQTT and AMQP traffic and says what $SYS says."""
     port = ops_broker.ports["METRICS"]
     before = scrape(port)
     sub = PahoClient(ops_broker.mqtt_port, "ops-sub")
@@ -122,6 +123,8 @@ def test_metrics_move_with_real_traffic_and_match_sys(ops_broker: BrokerProcess)
 
 
 def test_healthz_and_readyz(ops_broker: BrokerProcess) -> None:
+    """/healthz and /readyz of a running broker answer JSON: alive, and ready with every
+    check passed."""
     http = ConsoleHTTP(ops_broker.ports["METRICS"])
     live = http.get("/healthz")
     assert live.code == 200 and live.header("content-type") == "application/json"
@@ -136,6 +139,8 @@ def test_healthz_and_readyz(ops_broker: BrokerProcess) -> None:
 
 
 def test_metrics_on_the_console_need_the_token(tmp_path: Any) -> None:
+    """With a metrics token file, /metrics moves to the console and needs the bearer token;
+    no metrics listener opens."""
     token_file = tmp_path / "metrics-token"
     token_file.write_text("tok-0123456789abcdef-xyz\n")
     proc = web_broker_process(str(tmp_path / "data"), "--metrics-token-file",
@@ -156,6 +161,7 @@ def test_metrics_on_the_console_need_the_token(tmp_path: Any) -> None:
 
 
 def test_log_format_json_every_line_is_an_object(tmp_path: Any) -> None:
+    """With --log-format json every log line is a JSON object with the stable fields."""
     proc = BrokerProcess(str(tmp_path / "data"), "--log-format", "json")
     proc.start()
     try:
@@ -174,6 +180,7 @@ def test_log_format_json_every_line_is_an_object(tmp_path: Any) -> None:
 
 
 def test_metrics_none_opens_no_metrics_listener(tmp_path: Any) -> None:
+    """--metrics none opens no metrics listener."""
     proc = BrokerProcess(str(tmp_path / "data"), "--metrics", "none").start()
     try:
         assert "METRICS" not in proc.ports

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.timeout(90)
 
 def test_sighup_swaps_the_webhooks_of_a_running_broker(
         tmp_path: Path, endpoint: HookServer) -> None:
+    """SIGHUP to a running broker swaps the webhooks of its configuration: the next events
+    go to the new hook."""
     conf = tmp_path / "mqttamqp.toml"
     conf.write_text(f"""
 [[webhook]]
@@ -59,6 +61,7 @@ max-delay = 0
 
 
 def test_drops_of_a_hook_that_is_down_show_in_sys(tmp_path: Path) -> None:
+    """The events a hook that is down could not take are counted in $SYS."""
     conf = tmp_path / "mqttamqp.toml"
     # Port 9 (discard) on loopback: nothing listens, every attempt is refused.
     conf.write_text("""

@@ -20,6 +20,8 @@ from mqttamqp.archive.segments import remove_leftovers
 
 
 def test_kill_9_leaves_only_complete_files_and_restart_cleans(tmp_path: Path) -> None:
+    """A broker process killed with SIGKILL leaves only complete Parquet files and one
+    unfinished one, which the next start removes; its writer exits."""
     proc = subprocess.Popen([sys.executable, "-c", _CRASHER, str(tmp_path)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:

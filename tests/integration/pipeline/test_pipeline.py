@@ -55,6 +55,8 @@ def full(full_report: tuple[Path, Path, dict[str, Any]]) -> tuple[Path, Path, di
 
 
 def test_totals_qos_and_top_tables(full: tuple[Path, Path, dict[str, Any]]) -> None:
+    """The report of a known archive has its exact totals, QoS counts, top topics, top
+    publishers and topic tree."""
     _, _, s = full
     assert s["totals"] == {"messages": 27, "bytes": 397, "retained": 2, "topics": 4}
     assert s["qos"] == {"0": 7, "1": 17, "2": 3}
@@ -77,6 +79,8 @@ def test_totals_qos_and_top_tables(full: tuple[Path, Path, dict[str, Any]]) -> N
 
 def test_per_minute_series_stacked_by_topic(full: tuple[Path, Path, dict[str, Any]]
                                             ) -> None:
+    """The per-minute series are stacked by topic, busiest first, and add up to every
+    message."""
     _, _, s = full
     pm = s["per_minute"]
     assert pm["minutes"][:3] == ["2026-11-24T07:58:00Z", "2026-11-24T07:59:00Z",
@@ -90,6 +94,8 @@ def test_per_minute_series_stacked_by_topic(full: tuple[Path, Path, dict[str, An
 
 
 def test_topic_minute_table(spark: Any, full: tuple[Path, Path, dict[str, Any]]) -> None:
+    """The topic_minute table has each minute's counts per topic, and every table is
+    written."""
     _, out, _ = full
     rows = {(r["minute"].strftime("%H:%M"), r["topic"]): r
             for r in table(spark, out, "topic_minute")}
@@ -105,6 +111,8 @@ def test_topic_minute_table(spark: Any, full: tuple[Path, Path, dict[str, Any]])
 def test_sessions_flapping_causes_wills_and_auth(spark: Any,
                                                  full: tuple[Path, Path, dict[str, Any]]
                                                  ) -> None:
+    """The report's sessions, flapping clients, disconnect causes, wills and authentication
+    failures are exact."""
     _, out, s = full
     ss = s["sessions"]
     assert (ss["count"], ss["clients"], ss["reconnects"]) == (15, 3, 12)
@@ -130,6 +138,7 @@ def test_sessions_flapping_causes_wills_and_auth(spark: Any,
 
 def test_window_selects_only_its_time(spark: Any, tmp_path: Path,
                                       full: tuple[Path, Path, dict[str, Any]]) -> None:
+    """--since/--until select only the records of that window."""
     archive, _, _ = full
     s = run(spark, archive, tmp_path / "report",
             since=datetime(2026, 11, 24, 8, 0, tzinfo=UTC),
@@ -241,6 +250,7 @@ def test_incremental_without_complete_state_starts_over(
 
 
 def test_empty_archive_says_so(spark: Any, tmp_path: Path) -> None:
+    """An empty archive raises EmptyArchive."""
     (tmp_path / "archive").mkdir()
     with pytest.raises(EmptyArchive):
         run(spark, tmp_path / "archive", tmp_path / "report")

@@ -19,6 +19,8 @@ from webui_support import (
 
 def test_the_broker_runs_the_job_on_its_schedule_niced_in_its_own_group(
         tmp_path: Path) -> None:
+    """The broker runs the report command on its schedule, niced, in its own process group,
+    and the console shows the run."""
     data = tmp_path / "data"
     proc = web_broker_process(str(data), "--report-every", "1s",
                               "--report-command", _fake_command(tmp_path)).start()
@@ -39,6 +41,8 @@ def test_the_broker_runs_the_job_on_its_schedule_niced_in_its_own_group(
 
 def test_run_now_shows_a_failure_and_the_broker_stop_ends_a_running_job(
         tmp_path: Path) -> None:
+    """A failed run shows its exit status and output in the console, and stopping the
+    broker ends a running job."""
     data = tmp_path / "data"
     proc = web_broker_process(str(data), "--report-command", _fake_command(tmp_path))
     proc.env = {"FAKE_REPORT_MODE": "fail"}

@@ -19,6 +19,8 @@ SPARK_TESTS = True
 
 
 def test_run_now_runs_the_real_report_job_on_real_traffic(tmp_path: Path) -> None:
+    """"Run report now" runs the real PySpark report over the archive of real paho traffic,
+    and the Traffic page shows it."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java: apt-get install default-jre-headless")
     pytest.importorskip("pyspark")

@@ -50,6 +50,8 @@ def _amqp_refused(proc: Any, container_id: str) -> str:
 
 
 def test_client_id_ban_refuses_mqtt_and_amqp_until_lifted(running: Any, data: str) -> None:
+    """A client id ban set in the console closes the client, refuses it over MQTT and AMQP
+    with the reason until lifted, and lets others in."""
     console = _console(running, data)
     online = Paho(running.mqtt_port, "plc-13")
     try:
@@ -73,6 +75,8 @@ def test_client_id_ban_refuses_mqtt_and_amqp_until_lifted(running: Any, data: st
 
 
 def test_address_ban_is_kept_across_a_restart(data: str) -> None:
+    """An address ban is kept across a restart and refuses MQTT and AMQP, but not the
+    console."""
     proc = web_broker_process(data, listeners=LISTENERS).start()
     try:
         console = _console(proc, data)

@@ -154,6 +154,8 @@ def _alive(broker: BrokerProcess) -> None:
 
 @pytest.mark.parametrize("protocol", ["mqtt", "amqp"])
 def test_fuzzed_sockets_leave_the_broker_well(broker: BrokerProcess, protocol: str) -> None:
+    """Mutated MQTT and AMQP byte streams on real sockets leave the broker alive and
+    logging no traceback."""
     if protocol == "mqtt":
         data, keep, port = _mqtt_stream(), len(encode(Connect("MQTT", 4, "fuzz", False, 30,
                                                                None))), broker.mqtt_port

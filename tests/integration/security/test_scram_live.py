@@ -47,6 +47,8 @@ def _exchange(port: int, scram: ScramClient) -> Any:
 
 
 def test_scram_sha_256_against_the_user_store(scram_broker: BrokerProcess) -> None:
+    """SCRAM-SHA-256 against a user of the store connects and proves the server; a wrong
+    password or an unknown user gets 0x86."""
     scram = ScramClient("alice", "alice password")
     ack = _exchange(scram_broker.mqtt_port, scram)
     assert isinstance(ack, Connack) and ack.return_code == 0, ack
@@ -60,6 +62,7 @@ def test_scram_sha_256_against_the_user_store(scram_broker: BrokerProcess) -> No
 
 
 def test_an_unknown_method_is_refused_with_0x8c(scram_broker: BrokerProcess) -> None:
+    """An unknown authentication method gets CONNACK 0x8C."""
     c = RawClient(scram_broker.mqtt_port, level=5)
     c.send(Connect("MQTT", 5, uid("m"), True, 30, properties=Properties(
         authentication_method="KERBEROS-NOT-HERE", authentication_data=b"x")))

@@ -171,23 +171,28 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[B
 
 
 def test_ssl_listeners_log_their_ports(tls_broker: BrokerProcess) -> None:
+    """ssl: listeners for MQTT, AMQP and the console each log the port they bound."""
     assert set(tls_broker.ports) == {"MQTT", "AMQP", "WEB"}
     assert all(port > 0 for port in tls_broker.ports.values())
 
 
 def test_mqtt_publish_subscribe_over_tls(tls_broker: BrokerProcess, pki: Pki) -> None:
+    """paho publishes and subscribes over TLS, checking the broker's certificate."""
     _mqtt_round_trip(tls_broker.mqtt_port, pki.ca)
 
 
 def test_amqp_send_receive_over_tls(tls_broker: BrokerProcess, pki: Pki) -> None:
+    """proton sends and receives over TLS, checking the broker's certificate."""
     _amqp_round_trip(tls_broker.ports["AMQP"], _amqp_domain(pki.ca))
 
 
 def test_console_over_https(tls_broker: BrokerProcess, pki: Pki) -> None:
+    """The console answers over HTTPS."""
     assert _https_get(tls_broker.ports["WEB"], "/login", pki.ca) == 200
 
 
 def test_plain_mqtt_on_a_tls_port_gets_no_connack(tls_broker: BrokerProcess) -> None:
+    """A plain MQTT CONNECT on a TLS port gets no CONNACK."""
     with socket.create_connection(("127.0.0.1", tls_broker.mqtt_port), timeout=TIMEOUT) as s:
         s.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")
         assert s.recv(4) != b"\x20\x02\x00\x00"
@@ -195,6 +200,7 @@ def test_plain_mqtt_on_a_tls_port_gets_no_connack(tls_broker: BrokerProcess) -> 
 
 @pytest.mark.parametrize("kind", ["MQTT", "AMQP", "WEB"])
 def test_tls_1_1_is_refused_and_1_2_accepted(tls_broker: BrokerProcess, kind: str) -> None:
+    """Every TLS listener refuses TLS 1.1 and accepts TLS 1.2."""
     port = tls_broker.ports[kind]
     with pytest.raises((ssl.SSLError, ConnectionResetError)):
         _handshake(port, ssl.TLSVersion.TLSv1_1)
@@ -269,6 +275,8 @@ def cert_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki
 
 def test_required_client_cert_refuses_mqtt_without_one(cert_broker: BrokerProcess,
                                                        pki: Pki) -> None:
+    """With client certificates required, MQTT clients without one, or with one from
+    another CA, are refused."""
     for cert in (None, pki.mallory):
         c = TLSPaho(cert_broker.mqtt_port, "no-cert", pki.ca, cert)
         try:
@@ -279,6 +287,8 @@ def test_required_client_cert_refuses_mqtt_without_one(cert_broker: BrokerProces
 
 def test_required_client_cert_accepts_a_ca_signed_one(cert_broker: BrokerProcess,
                                                       pki: Pki) -> None:
+    """With client certificates required, a certificate the CA signed is accepted over
+    MQTT, AMQP and HTTPS."""
     _mqtt_round_trip(cert_broker.mqtt_port, pki.ca, pki.alice)
     _amqp_round_trip(cert_broker.ports["AMQP"], _amqp_domain(pki.ca, pki.alice))
     assert _https_get(cert_broker.ports["WEB"], "/login", pki.ca, pki.alice) == 200
@@ -286,6 +296,7 @@ def test_required_client_cert_accepts_a_ca_signed_one(cert_broker: BrokerProcess
 
 def test_required_client_cert_refuses_amqp_and_https_without_one(
         cert_broker: BrokerProcess, pki: Pki) -> None:
+    """With client certificates required, AMQP and HTTPS clients without one are refused."""
     with pytest.raises(Exception):  # noqa: B017 - proton raises ConnectionException or SSLException
         _amqp_round_trip(cert_broker.ports["AMQP"], _amqp_domain(pki.ca))
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionResetError)):
@@ -342,6 +353,8 @@ def test_cert_as_user(tmp_path: Any, pki: Pki) -> None:
 
 
 def test_cert_options_need_tls_ca(tmp_path: Any, pki: Pki) -> None:
+    """--tls-require-client-cert without --tls-ca stops the broker at start, naming --tls-
+    ca."""
     proc = _broker(tmp_path, pki, "--tls-require-client-cert")
     with pytest.raises(RuntimeError, match="needs --tls-ca"):
         proc.start()
@@ -351,6 +364,8 @@ def test_cert_options_need_tls_ca(tmp_path: Any, pki: Pki) -> None:
 
 
 def test_gen_cert_writes_a_usable_certificate(tmp_path: Any, capsys: Any) -> None:
+    """mqttamqp-admin gen-cert writes a private key (mode 0600) and a certificate for the
+    host a broker can serve TLS with, and refuses to overwrite them."""
     data = tmp_path / "data"
     assert admin_main(["gen-cert", "--data", str(data), "--host", "localhost"]) == 0
     key, crt = data / "tls" / "server.key", data / "tls" / "server.crt"

@@ -63,6 +63,8 @@ def _admin(data: str, *args: str, password: str | None = None) -> str:
 
 
 def test_users_acl_and_session_owners(secured: tuple[BrokerProcess, str, str]) -> None:
+    """Users added while the broker runs, ACL verdicts over MQTT, the ACL file re-read on
+    change, and sessions owned by their user."""
     proc, data, acl = secured
     port = proc.mqtt_port
     PahoClient(port, uid("anon"), expect_rc=5).stop()        # client users exist
@@ -106,6 +108,8 @@ def test_users_acl_and_session_owners(secured: tuple[BrokerProcess, str, str]) -
 
 def test_amqp_sasl_plain_with_the_store_and_acl(
         secured: tuple[BrokerProcess, str, str]) -> None:
+    """AMQP SASL PLAIN against the user store, and the ACL refusing links with
+    amqp:unauthorized-access."""
     proc, _, _ = secured
     url = f"127.0.0.1:{proc.ports['AMQP']}"
     with pytest.raises(ConnectionException):

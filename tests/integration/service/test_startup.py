@@ -133,6 +133,8 @@ def test_a_bad_endpoint_description_names_the_option(
 ])
 def test_a_bad_option_prints_its_error_and_one_hint_not_the_help(
         tmp_path: Path, args: list[str], message: str) -> None:
+    """twistd with a bad option exits 1 with its error and one hint line, not the whole
+    help, and starts nothing."""
     out = twistd(tmp_path, "--data", str(tmp_path / "data"), *args)
     assert_refused_before_start(out, message, tmp_path)
 
@@ -161,6 +163,7 @@ def test_help_describes_mqtt_amqp_and_the_console() -> None:
 
 
 def test_version_prints_mqttamqps_version() -> None:
+    """twistd mqttamqp --version prints mqttamqp's version with Twisted's."""
     out = subprocess.run([TWISTD, "mqttamqp", "--version"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0
@@ -172,6 +175,7 @@ def test_version_prints_mqttamqps_version() -> None:
 
 
 def test_a_data_path_that_is_a_file(tmp_path: Path) -> None:
+    """A data path that is a file stops the broker with one line saying so."""
     data = tmp_path / "data"
     data.write_text("not a directory")
     out = twistd(tmp_path, "--data", str(data), "--mqtt", LOOPBACK_0, "--amqp", "none",
@@ -317,6 +321,8 @@ def _read_only_bind() -> tuple[str, ...] | None:
 
 
 def test_a_read_only_data_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only data directory stops the broker with one line saying it cannot write
+    there."""
     data = tmp_path / "data"
     data.mkdir()
     prefix = _read_only_bind()
@@ -337,6 +343,8 @@ def test_a_read_only_data_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_admin_users_without_a_data_directory_says_where_it_looked(tmp_path: Path) -> None:
+    """mqttamqp-admin users without a data directory says where it looked; an empty one
+    lists no users."""
     out = subprocess.run([ADMIN, "users"], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert out.returncode == 1
