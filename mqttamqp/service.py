@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import ipaddress
 import os
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,6 @@ from twisted.application import service
 from twisted.internet import reactor as global_reactor
 from twisted.internet import task
 from twisted.internet.defer import Deferred
-from twisted.internet.error import CannotListenError
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -31,20 +29,19 @@ from mqttamqp import logbridge
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import Op, Snapshot
-from mqttamqp.datadir import LOCK_SUFFIX, lock_holder
+from mqttamqp.datadir import OpenAtStart, lock_holder
+from mqttamqp.listeners import ListenerService
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
+from mqttamqp.netio import AcceptRefusals
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.ops.wiring import OpsWiring
-from mqttamqp.options import DEFAULT_LISTENERS, Options, limits_from
+from mqttamqp.options import Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
-from mqttamqp.tls import TLSSettings, server_endpoint
+from mqttamqp.tls import TLSSettings
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 
@@ -55,261 +52,7 @@ class StartupError(Exception):
     its pid file and exits with status 1, and no traceback is printed for it."""
 
 
-class ListenerService(service.Service):
-    """Listens on one endpoint description and logs the address it got.
-
-    The log line ``listening for KIND on HOST:PORT`` is what operators (and the
-    tests, which listen on port 0) read to find the bound port.
-    """
-
-    log = Logger()
-
-    def __init__(self, kind: str, description: str, factory: Any, reactor: Any,
-                 access: str = "users") -> None:
-        self.kind = kind
-        self.description = description
-        self.factory = factory
-        self.reactor = reactor
-        # Who may connect: "users" (a user store), "loopback" (no users: loopback
-        # clients only), "anyone" (no users, --allow-anonymous) or "open" (no login
-        # at all: the metrics listener).
-        self.access = access
-        self.port: Any = None
-        self.address = ""
-        self.tls: TLSSettings | None = None   # client certificates on an ssl: listener
-        # Connections it cannot accept (out of descriptors): counted, one line a spell.
-        self.refusals: AcceptRefusals | None = None
-
-    def listen(self) -> Deferred[Any]:
-        """Bind the endpoint (``BrokerService`` does this for every listener before
-        it starts anything else).  For TCP, SSL and UNIX endpoints the Deferred has
-        fired when this returns; failures are the caller's to handle."""
-        endpoint = server_endpoint(self.reactor, self.description, self.tls)
-        d: Deferred[Any] = endpoint.listen(self.factory)
-
-        def bound(port: Any) -> Any:
-            self.port = port
-            if self.kind == "MQTT":
-                lean_port(port)   # (lighter transports for many idle clients)
-            refusals = self.refusals
-            if refusals is not None:
-                kind = self.kind
-                watch_accept_errors(port, lambda error: refusals.refused(kind, error))
-            if self.running:  # bound after the service started (an asynchronous endpoint)
-                self._listening(port)
-            return port
-
-        return d.addCallback(bound)
-
-    def startService(self) -> None:
-        super().startService()  # type: ignore[no-untyped-call]
-        if self.port is not None:
-            self._listening(self.port)
-
-    def failure_reason(self, failure: Failure) -> str:
-        """One line: why this listener could not be bound."""
-        e = failure.value
-        if isinstance(e, CannotListenError):
-            error = e.socketError
-            why = getattr(error, "strerror", None) or str(error)
-            return (f"cannot listen for {self.kind} on {self.description} "
-                    f"({e.interface or '*'}:{e.port}): {why}")
-        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
-        return f"cannot listen for {self.kind} on {self.description}: {reason}"
-
-    def close_now(self) -> None:
-        """Stop listening without waiting for the reactor (start-up failed)."""
-        port, self.port = self.port, None
-        if port is None:
-            return
-        port.stopListening()  # the socket is closed on the reactor's next turn or at exit
-
-    def _listening(self, port: Any) -> None:
-        self.port = port
-        host = port.getHost()
-        self.address = f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
-        self.log.info("listening for {kind} on {address}", kind=self.kind, address=self.address)
-        if _loopback(getattr(host, "host", "")):
-            if self.description in DEFAULT_LISTENERS.values():
-                self.log.info("{kind} is on loopback only (the default): give a listener "
-                              "such as --{opt} {d} to accept other machines, with --users",
-                              kind=self.kind, opt=self.kind.lower(),
-                              d=self.description.split(":interface=")[0])
-        elif self.access == "open":
-            self.log.warn("{kind} listens on {address}, beyond loopback: its pages need no "
-                          "login (keep it on a private network, or use "
-                          "--metrics-token-file and the console)", kind=self.kind,
-                          address=self.address)
-        elif self.access == "anyone":
-            self.log.warn("{kind} listens on {address}, beyond loopback, and no users are "
-                          "configured: anyone who can reach it may connect (give --users "
-                          "FILE)", kind=self.kind, address=self.address)
-        elif self.access == "loopback":
-            self.log.warn("{kind} listens on {address}, beyond loopback, but no users are "
-                          "configured, so only clients on this machine are accepted: give "
-                          "--users FILE (or --allow-anonymous to accept anyone)",
-                          kind=self.kind, address=self.address)
-
-    def stopService(self) -> Deferred[None] | None:
-        super().stopService()  # type: ignore[no-untyped-call]
-        if self.port is not None:
-            port, self.port = self.port, None
-            return port.stopListening()  # type: ignore[no-any-return]
-        return None
-
-
-def _loopback(host: str) -> bool:
-    if not host:
-        return True   # a UNIX socket: this machine only
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
-
-
 ACL_POLL_SECONDS = 2.0
-LOCKFILE = "mqttamqp.lock"   # the data directory's lock when the storage has none
-
-
-def free_bytes(path: str) -> int | None:
-    """Bytes free to an unprivileged writer on the file system of ``path`` (the
-    data directory: ``--disk-free-limit``); None while it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-class OpenAtStart:
-    """The store, opened when the broker first loads its state (in ``startService``),
-    not when the service is assembled: option parsing and ``--help`` touch no files
-    and no database, yet the broker gets its store at construction.
-
-    Opening takes the lock that keeps a second broker off the same state: the
-    FileStorage's own lock file; for other engines ``DATA/mqttamqp.lock``, and for
-    PostgreSQL also an advisory lock on the database, held on a connection of its own
-    while the broker runs (two boxes must not serve one database)."""
-
-    def __init__(self, data_dir: str, reactor: Any, storage: str | None = None,
-                 queue_body_budget: int = 0) -> None:
-        """``queue_body_budget``: queue bodies ``load`` reads at most (the rest stay
-        in storage: ``--queue-memory-budget``)."""
-        self.data_dir = data_dir
-        self.reactor = reactor
-        self.storage = storage
-        self.queue_body_budget = queue_body_budget
-        self.opened: Any = None
-        self._locks: list[Any] = []
-        self.failed_lock = ""   # the lock file a failed open() could not take
-
-    def open(self) -> None:
-        """Take the locks, then open the storage."""
-        if self.opened is not None:
-            return
-        from mqttamqp.store import (
-            StorageUnavailable,
-            ZODBStore,
-            resolve_engine,
-            serving_lock,
-        )
-
-        engine = resolve_engine(self.storage, self.data_dir)
-        try:
-            if not engine.locks_itself:
-                import zc.lockfile  # type: ignore[import-untyped]
-
-                # The data directory's lock, and an SQLite directory's own: two
-                # brokers with other --data on one sqlite:///DIR must not both serve.
-                paths = [os.path.join(self.data_dir, LOCKFILE)]
-                if engine.kind == "sqlite" and engine.size_path != self.data_dir:
-                    os.makedirs(engine.size_path, exist_ok=True)
-                    paths.append(os.path.join(engine.size_path, LOCKFILE))
-                for path in paths:
-                    self.failed_lock = path
-                    self._locks.append(zc.lockfile.LockFile(path, content_template="{pid}"))
-                self.failed_lock = ""
-            if engine.dsn:
-                self._locks.append(serving_lock(engine))
-            try:
-                self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine,
-                                        queue_body_budget=self.queue_body_budget)
-            except Exception as e:
-                if engine.kind in ("file", "memory") or isinstance(e, OSError):
-                    raise
-                # RelStorage: the database refused, or is not there (one line).
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise StorageUnavailable(
-                    f"cannot open the storage {engine.display}: {first}") from None
-        except BaseException:
-            self._release()
-            raise
-
-    def lock_path(self) -> str:
-        """The lock file that keeps a second broker off this state: FileStorage's own
-        beside its file, else the data directory's."""
-        from mqttamqp.store import resolve_engine
-
-        if self.failed_lock:
-            return self.failed_lock
-        engine = resolve_engine(self.storage, self.data_dir)
-        if engine.locks_itself:
-            return engine.size_path + LOCK_SUFFIX
-        return os.path.join(self.data_dir, LOCKFILE)
-
-    def describe(self) -> str:
-        """The engine, for the log and the console (no password)."""
-        return self.opened.engine.display if self.opened is not None else ""
-
-    def load(self) -> Snapshot:
-        self.open()
-        return self.opened.load()  # type: ignore[no-any-return]
-
-    def submit(self, ops: Sequence[Op]) -> Deferred[None]:
-        return self.opened.submit(ops)  # type: ignore[no-any-return]
-
-    def read_queue_messages(self, name: str, offsets: Sequence[int]
-                            ) -> Deferred[list[tuple[int, Message]]]:
-        return self.opened.read_queue_messages(name, offsets)  # type: ignore[no-any-return]
-
-    def pack(self) -> Deferred[None]:
-        return self.opened.pack()  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        try:
-            if self.opened is not None:
-                self.opened.close()
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        while self._locks:
-            self._locks.pop().close()
-
-    def stats(self) -> dict[str, Any] | None:
-        return self.opened.stats() if self.opened is not None else None
-
-    def disk_path(self) -> str:
-        """The directory on whose file system the storage writes (``--disk-free-
-        limit``): the storage file's directory, the SQLite directory; the data
-        directory when its bytes are elsewhere (PostgreSQL) or before it is open."""
-        path = self.opened.engine.size_path if self.opened is not None else ""
-        if not path:
-            return self.data_dir
-        return path if os.path.isdir(path) else os.path.dirname(path)
-
-    def free_bytes(self) -> int | None:
-        """Free bytes where the storage writes (see ``disk_path``)."""
-        return free_bytes(self.disk_path())
-
-    def size_bytes(self) -> int:
-        """The storage's bytes on this box (0 before it is open)."""
-        if self.opened is None:
-            return 0
-        return self.opened.engine.size_bytes()  # type: ignore[no-any-return]
 
 
 class BrokerService(service.MultiService):
@@ -454,7 +197,7 @@ class BrokerService(service.MultiService):
             raise
 
     def _open_store(self) -> None:
-        import zc.lockfile
+        import zc.lockfile  # type: ignore[import-untyped]
 
         from mqttamqp.store import (
             DamagedStorage,

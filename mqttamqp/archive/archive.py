@@ -46,8 +46,6 @@ This module must not be imported by the core: the broker service creates one
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -59,8 +57,9 @@ from twisted.logger import Logger
 
 from mqttamqp.archive.columns import pack
 from mqttamqp.archive.files import remove_leftovers
-from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.archive.frames import CLOSE, STEP
 from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
+from mqttamqp.archive.process import EXIT_WAIT, WriterProcess
 from mqttamqp.archive.topics import TopicSelector
 from mqttamqp.events import EVENT_KINDS
 
@@ -91,22 +90,13 @@ _EVENT_WAKE = _FRAME
 # wait for a CPU as well). One step a batch, about every 20 ms at 200k msg/s, against
 # this: broker CPU 5.60 -> 5.53 us a message in bench scenario 1, interleaved.
 _STEP_WAIT = 0.1
-_RESPAWN_DELAY = 1.0      # seconds before a failed writer process is replaced
-_EXIT_WAIT = 30.0         # seconds a closing writer process has to exit
-_ANSWER_WAIT = 120.0      # seconds without an answer before a writer is taken for dead
 # The writer process finds this very mqttamqp (a source tree or an installation)
 # first, whatever the environment says.
-_CHILD = ("import sys\n"
-          "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
-          "from mqttamqp.archive.writer import main\n"
-          "main()\n")
 _EVENT_FIELDS = frozenset(EVENT_FIELD_NAMES)
 # Each tuple of field names events came with, itself (checked once; bounded: the
 # names come from the broker's code, not from clients).
 _KNOWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
 _COUNTERS = ("messages", "events", "segments", "bytes", "filtered", "errors", "lost")
-# The directory that holds the mqttamqp package, for the writer process's sys.path.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Archive:
@@ -159,9 +149,7 @@ class Archive:
         self._base = dict(self._counts)  # what writer processes that died had done
         self._open_rows = 0              # rows in the writer's open segments
         self._inflight = 0               # records sent and not yet answered
-        self._child: subprocess.Popen[bytes] | None = None
-        self._respawn_at = 0.0
-        self._writer_failures = 0   # in the current spell (logged once, at its start)
+        self._writer = WriterProcess(self._config)
         self._fault: str | None = None   # tests: the next append of this dataset fails
         self._thread: threading.Thread | None = None
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
@@ -191,8 +179,7 @@ class Archive:
     @property
     def writer_pid(self) -> int | None:
         """The writer process's PID while it runs (for tests and tools)."""
-        child = self._child
-        return child.pid if child is not None else None
+        return self._writer.pid
 
     # -- reactor side -------------------------------------------------------------------
 
@@ -298,7 +285,7 @@ class Archive:
         for path in remove_leftovers(self.directory):
             log.info("archive: removed unfinished segment {path}", path=path)
         try:
-            self._spawn()
+            self._writer.spawn()
         except OSError as e:
             raise RuntimeError(f"archive: cannot start its writer process ({e}); "
                                "run with --no-archive") from None
@@ -322,7 +309,7 @@ class Archive:
             # A task.Clock in tests: no reactor to call back into; wait here.
             self._stopping = True
             self._wake.set()
-            thread.join(2 * _EXIT_WAIT)
+            thread.join(2 * EXIT_WAIT)
             return succeed(None)
         done: Deferred[None] = Deferred()
         # Set before _stopping: the thread leaves only once it sees _stopping, and
@@ -380,7 +367,7 @@ class Archive:
                         pause = _IDLE_WAIT
                     else:   # no writer process: until one may be started again
                         pause = min(_IDLE_WAIT, max(_STEP_WAIT,
-                                                    self._respawn_at - time.monotonic()))
+                                                    self._writer.respawn_at - time.monotonic()))
                     if pause > 0:
                         self._wake.wait(pause)
                     self._dozing = False
@@ -396,7 +383,7 @@ class Archive:
     def _step(self) -> bool:
         """Send one batch (perhaps empty: the writer rolls on time) and take the
         answer; false if there is no writer process to send it to."""
-        if self._child is None and not self._respawn():
+        if not self._writer.running and not self._writer.respawn(self._stopping):
             return False
         now = self.clock.seconds()
         messages = self._pack_all(self._take_messages())
@@ -406,15 +393,12 @@ class Archive:
         self._behind = 2 * taken >= self.buffer_limit or len(events) >= _FRAME
         fault, self._fault = self._fault, None
         try:
-            report = self._exchange((STEP, now, messages, events, fault))
+            report = self._writer.exchange((STEP, now, messages, events, fault))
         except Exception:
             self._writer_failed()
             return False
         self._apply(report)
-        if self._writer_failures:
-            log.info("archive: the writer process works again after {n} failure(s)",
-                     n=self._writer_failures)
-            self._writer_failures = 0
+        self._writer.recovered()
         with self._progress:
             self._steps += 1
             self._progress.notify_all()
@@ -443,15 +427,6 @@ class Archive:
             totals["lost"] += records
             totals["errors"] += 1
         self._base, self._counts = base, counts
-
-    def _exchange(self, frame: tuple[Any, ...], timeout: float = _ANSWER_WAIT) -> Any:
-        """One frame to the writer process and its answer (blocking, GIL released
-        while waiting; a writer that does not answer within ``timeout`` is taken
-        for dead)."""
-        child = self._child
-        assert child is not None and child.stdin is not None and child.stdout is not None
-        write_frame(child.stdin.fileno(), frame)
-        return read_frame(child.stdout.fileno(), timeout)
 
     def _waiting(self) -> int:
         """Records in the buffers. (From the feeding thread it may count a batch
@@ -514,72 +489,24 @@ class Archive:
         self._counts = {name: base[name] + report[name] for name in _COUNTERS}
         self._inflight = 0   # after the counts: "buffered" never hides a record
 
-    def _spawn(self) -> None:
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, _PACKAGE_ROOT],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 close_fds=True)
-        assert child.stdin is not None
-        try:
-            write_frame(child.stdin.fileno(), self._config)
-        except OSError:
-            self._child = child
-            self._stop_child()
-            raise
-        self._child = child
-
-    def _respawn(self) -> bool:
-        if not self._stopping and time.monotonic() < self._respawn_at:
-            return False
-        try:
-            self._spawn()
-        except OSError:
-            if not self._writer_failures:   # one traceback per spell, not per second
-                log.failure("archive: cannot start a writer process; retrying every "
-                            "{s}s, records are dropped and counted meanwhile",
-                            s=_RESPAWN_DELAY)
-            self._writer_failures += 1
-            self._respawn_at = time.monotonic() + _RESPAWN_DELAY
-            return False
-        return True
-
     def _writer_failed(self) -> None:
         """The writer process died or answered nonsense: what it held is lost."""
-        if not self._writer_failures:   # one traceback per spell, not per second
-            log.failure("archive: the writer process failed; its open segments are lost")
-        self._writer_failures += 1
-        self._stop_child(grace=1.0)
+        self._writer.failed()
         self._count_lost(self._open_rows + self._inflight)
         self._base = dict(self._counts)   # (the next writer process counts from 0)
         self._open_rows = 0
         self._inflight = 0
-        self._respawn_at = time.monotonic() + _RESPAWN_DELAY
-
-    def _stop_child(self, grace: float = _EXIT_WAIT) -> None:
-        """Make sure our writer process is gone and reaped: end of file on its stdin
-        makes it exit; if it has not within ``grace`` seconds, SIGKILL to its own
-        PID (through its ``Popen``)."""
-        child, self._child = self._child, None
-        if child is None:
-            return
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
-        try:
-            child.wait(grace)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
     def _finish(self) -> None:
         """The clean stop: the writer closes its segments and exits."""
-        if self._child is not None:
+        if self._writer.running:
             try:
-                report = self._exchange((CLOSE, self.clock.seconds()), _EXIT_WAIT)
+                report = self._writer.exchange((CLOSE, self.clock.seconds()), EXIT_WAIT)
             except Exception:
                 self._writer_failed()
             else:
                 self._apply(report)
-                self._stop_child()
+                self._writer.stop()
         left = self._waiting()
         if left:  # no writer would take them
             self._messages.clear()

@@ -46,51 +46,21 @@ from ZODB import DB
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
-    ClearRetained,
-    DeleteBan,
-    DeleteInboundQos2,
-    DeleteQueue,
-    DeleteQueued,
-    DeleteQueueGroup,
-    DeleteQueueMessage,
-    DeleteRetained,
-    DeleteSession,
-    DeleteSubscription,
-    DeleteWill,
     Op,
-    PutBan,
-    PutInboundQos2,
-    PutQueue,
-    PutQueued,
-    PutQueueGroup,
-    PutQueueMessage,
-    PutRetained,
-    PutSession,
-    PutSubscription,
-    PutWill,
-    QueueDone,
     Snapshot,
-    TrimQueue,
 )
+from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.models import (
-    PersistentQueue,
-    PersistentSession,
-    advance_floor,
-    ban_to_record,
-    group_to_record,
     init_root,
-    message_to_record,
-    new_done_set,
     queue_to_record,
-    queued_to_record,
     record_to_ban,
     record_to_message,
     record_to_will,
     session_to_record,
-    will_to_record,
 )
+from mqttamqp.store.reading import QueueReader
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
 
@@ -118,282 +88,6 @@ def _abort_if_open(tm: Any) -> None:
 
 class StoreClosedError(RuntimeError):
     """``submit()`` or ``pack()`` after ``close()`` (or after the writer died)."""
-
-
-class _Trees:
-    """The root's BTrees, fetched once per commit attempt."""
-
-    __slots__ = ("bans", "deleted", "queues", "retained", "sessions", "wills")
-
-    def __init__(self, root: Any) -> None:
-        self.bans: Any = root["bans"]
-        self.queues: Any = root["queues"]
-        self.retained: Any = root["retained"]
-        self.wills: Any = root["wills"]
-        self.sessions: Any = root["sessions"]
-        # Sessions removed by DeleteSession earlier in the current submit: later
-        # session ops of the same submit do not resurrect them implicitly.
-        self.deleted: set[str] = set()
-
-
-def _session_for_put(t: _Trees, client_id: str) -> PersistentSession | None:
-    session: PersistentSession | None = t.sessions.get(client_id)
-    if session is None and client_id not in t.deleted:
-        session = PersistentSession(client_id)
-        t.sessions[client_id] = session
-    return session
-
-
-def _put_retained(t: _Trees, op: PutRetained) -> None:
-    t.retained[op.message.topic] = message_to_record(op.message)
-
-
-def _delete_retained(t: _Trees, op: DeleteRetained) -> None:
-    t.retained.pop(op.topic, None)
-
-
-def _clear_retained(t: _Trees, op: ClearRetained) -> None:
-    if len(t.retained):
-        t.retained.clear()
-
-
-def _put_will(t: _Trees, op: PutWill) -> None:
-    t.wills[op.will.owner] = will_to_record(op.will)
-
-
-def _delete_will(t: _Trees, op: DeleteWill) -> None:
-    t.wills.pop(op.owner, None)
-
-
-def _put_session(t: _Trees, op: PutSession) -> None:
-    t.deleted.discard(op.client_id)
-    session = _session_for_put(t, op.client_id)
-    assert session is not None
-    if session.last_seen != op.last_seen:
-        session.last_seen = float(op.last_seen)
-    if op.owner is not None and session.owner != op.owner:
-        session.owner = op.owner
-    if session.expiry != op.expiry:
-        session.expiry = None if op.expiry is None else float(op.expiry)
-
-
-def _delete_session(t: _Trees, op: DeleteSession) -> None:
-    t.sessions.pop(op.client_id, None)
-    t.deleted.add(op.client_id)
-
-
-def _put_subscription(t: _Trees, op: PutSubscription) -> None:
-    session = _session_for_put(t, op.client_id)
-    if session is not None:
-        session.subscriptions[op.topic_filter] = int(op.qos)
-
-
-def _delete_subscription(t: _Trees, op: DeleteSubscription) -> None:
-    session = t.sessions.get(op.client_id)
-    if session is not None:
-        session.subscriptions.pop(op.topic_filter, None)
-
-
-def _put_queued(t: _Trees, op: PutQueued) -> None:
-    session = _session_for_put(t, op.client_id)
-    if session is not None:
-        session.queue[int(op.seq)] = queued_to_record(op.entry)
-
-
-# Ops an acknowledgement usually cancels within a millisecond (see _take).
-_GATHER_FOR = (PutQueued, PutQueueMessage)
-
-
-def _superseded_puts(group: list[_Waiter]) -> set[int]:
-    """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes
-    (and of PutQueueMessage ops a later TrimQueue or DeleteQueue removes).
-
-    A subscriber that acknowledges within one commit window makes the queue write
-    pointless: skipping it (and keeping the delete, which may remove a record from
-    an earlier commit) leaves the same state with far fewer bucket writes.
-    """
-    pending: dict[tuple[str, int], list[int]] = {}
-    # Durable queues likewise: a message consumed by every group before the commit
-    # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
-    appended: dict[str, list[tuple[int, int]]] = {}
-    skip: set[int] = set()
-    for ops, _ in group:
-        for op in ops:
-            kind = type(op)
-            if kind is PutQueueMessage:
-                appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]
-                    (op.offset, id(op)))  # type: ignore[union-attr]
-            elif kind is TrimQueue:
-                appends = appended.get(op.queue)  # type: ignore[union-attr]
-                if appends:
-                    upto = op.upto  # type: ignore[union-attr]
-                    skip.update(i for o, i in appends if o < upto)
-                    appended[op.queue] = [  # type: ignore[union-attr]
-                        a for a in appends if a[0] >= upto]
-            elif kind is DeleteQueue:
-                skip.update(i for _, i in appended.pop(op.name, ()))  # type: ignore[union-attr]
-            elif kind is PutQueued:
-                pending.setdefault((op.client_id, op.seq), []).append(id(op))  # type: ignore[union-attr]
-            elif kind is DeleteQueued:
-                puts = pending.pop((op.client_id, op.seq), None)  # type: ignore[union-attr]
-                if puts:
-                    skip.update(puts)
-            elif kind is DeleteSession:
-                client = op.client_id  # type: ignore[union-attr]
-                for key in [k for k in pending if k[0] == client]:
-                    del pending[key]
-    return skip
-
-
-def _delete_queued(t: _Trees, op: DeleteQueued) -> None:
-    session = t.sessions.get(op.client_id)
-    if session is not None:
-        session.queue.pop(int(op.seq), None)
-
-
-def _put_inbound_qos2(t: _Trees, op: PutInboundQos2) -> None:
-    session = _session_for_put(t, op.client_id)
-    if session is not None:
-        session.inbound_qos2.add(int(op.packet_id))
-
-
-def _delete_inbound_qos2(t: _Trees, op: DeleteInboundQos2) -> None:
-    session = t.sessions.get(op.client_id)
-    if session is not None:
-        session.inbound_qos2.discard(int(op.packet_id))
-
-
-def _put_ban(t: _Trees, op: PutBan) -> None:
-    t.bans[(op.kind, op.value)] = ban_to_record(op)
-
-
-def _delete_ban(t: _Trees, op: DeleteBan) -> None:
-    t.bans.pop((op.kind, op.value), None)
-
-
-def _queue_for_put(t: _Trees, name: str) -> PersistentQueue:
-    queue: PersistentQueue | None = t.queues.get(name)
-    if queue is None:
-        queue = PersistentQueue(name)
-        t.queues[name] = queue
-    return queue
-
-
-def _put_queue(t: _Trees, op: PutQueue) -> None:
-    queue = _queue_for_put(t, op.name)
-    retention = tuple(op.retention)
-    if queue.retention != retention:
-        queue.retention = retention
-
-
-def _delete_queue(t: _Trees, op: DeleteQueue) -> None:
-    t.queues.pop(op.name, None)
-
-
-def _put_queue_message(t: _Trees, op: PutQueueMessage) -> None:
-    # (queue messages keep their AMQP form: native receivers get them as sent)
-    _queue_for_put(t, op.queue).log[int(op.offset)] = message_to_record(op.message)
-
-
-def _delete_queue_message(t: _Trees, op: DeleteQueueMessage) -> None:
-    queue = t.queues.get(op.queue)
-    if queue is not None:
-        queue.log.pop(int(op.offset), None)
-        if op.offset >= queue.tail:   # (its offset is never given out again)
-            queue.tail = int(op.offset) + 1
-
-
-def _trim_queue(t: _Trees, op: TrimQueue) -> None:
-    queue = t.queues.get(op.queue)
-    if queue is None or op.upto <= queue.head:
-        return
-    upto = int(op.upto)
-    log = queue.log
-    for offset in list(log.keys(max=upto, excludemax=True)):
-        del log[offset]
-    queue.head = upto
-    # (done offsets below the head are of no use any more: the floors move up)
-    for key, record in list(queue.groups.items()):
-        if record[2] == "classic" and record[3] < upto:
-            queue.groups[key] = advance_floor(record, _done_set(queue, key), upto)
-
-
-def _done_set(queue: PersistentQueue, key: str) -> Any:
-    done = queue.done.get(key)
-    if done is None:
-        done = queue.done[key] = new_done_set()
-    return done
-
-
-def _queue_done(t: _Trees, op: QueueDone) -> None:
-    queue = t.queues.get(op.queue)
-    record = queue.groups.get(op.group) if queue is not None else None
-    if queue is None or record is None:
-        return
-    floor = record[3]
-    done = _done_set(queue, op.group)
-    for offset in op.offsets:
-        if offset >= floor:
-            done.add(int(offset))
-    if floor in done:
-        queue.groups[op.group] = advance_floor(record, done, floor)
-
-
-def _put_queue_group(t: _Trees, op: PutQueueGroup) -> None:
-    queue = _queue_for_put(t, op.queue)
-    record = group_to_record(op.state)
-    old = queue.groups.get(op.group)
-    if old is not None:
-        # A snapshot taken before a later one may be committed after it: the
-        # dispatch watermark and the delivery counts only ever grow.
-        counts = dict(old[6])
-        for offset, count in record[6]:
-            counts[offset] = max(count, counts.get(offset, 0))
-        record = (*record[:4], max(record[4], old[4]), record[5],
-                  tuple(sorted(counts.items())), *record[7:])
-    done = _done_set(queue, op.group)
-    done.update(int(o) for o in op.state.done)
-    record = advance_floor(record, done, record[3] if old is None else max(record[3], old[3]))
-    floor = record[3]
-    if any(o < floor or o in done for o, _ in record[6]):
-        # (counts of finished messages are of no use: kept, they would only grow)
-        record = (*record[:6], tuple((o, c) for o, c in record[6]
-                                     if o >= floor and o not in done), *record[7:])
-    queue.groups[op.group] = record
-
-
-def _delete_queue_group(t: _Trees, op: DeleteQueueGroup) -> None:
-    queue = t.queues.get(op.queue)
-    if queue is not None:
-        queue.groups.pop(op.group, None)
-        queue.done.pop(op.group, None)
-
-
-_HANDLERS: dict[type, Callable[[_Trees, Any], None]] = {
-    PutQueue: _put_queue,
-    DeleteQueue: _delete_queue,
-    PutQueueMessage: _put_queue_message,
-    DeleteQueueMessage: _delete_queue_message,
-    TrimQueue: _trim_queue,
-    QueueDone: _queue_done,
-    PutQueueGroup: _put_queue_group,
-    DeleteQueueGroup: _delete_queue_group,
-    PutBan: _put_ban,
-    DeleteBan: _delete_ban,
-    PutRetained: _put_retained,
-    DeleteRetained: _delete_retained,
-    ClearRetained: _clear_retained,
-    PutWill: _put_will,
-    DeleteWill: _delete_will,
-    PutSession: _put_session,
-    DeleteSession: _delete_session,
-    PutSubscription: _put_subscription,
-    DeleteSubscription: _delete_subscription,
-    PutQueued: _put_queued,
-    DeleteQueued: _delete_queued,
-    PutInboundQos2: _put_inbound_qos2,
-    DeleteInboundQos2: _delete_inbound_qos2,
-}
 
 
 class ZODBStore:
@@ -467,13 +161,6 @@ class ZODBStore:
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
-        # (a condition of its own: the writer's ``notify`` must wake the writer)
-        self._read_cond = threading.Condition()
-        self._reads: deque[tuple[str, tuple[int, ...], Deferred[Any]]] = deque()
-        self._reader: threading.Thread | None = None
-        self._reading_stopped = False
-        self._reads_done = 0
-        self._reader_failing = False   # the reader thread died: logged, not again
 
         # Counters: written by the writer/pack threads, read by stats().
         self._pending_ops = 0
@@ -491,6 +178,8 @@ class ZODBStore:
         self._packs = 0
         self._last_pack_seconds = 0.0
 
+        self._queue_reader = QueueReader(self._db, reactor,
+                                         lambda: StoreClosedError("store is closed"))
         self._writer = threading.Thread(
             target=self._run, name="mqttamqp-zodb-writer", daemon=False
         )
@@ -536,7 +225,7 @@ class ZODBStore:
         """
         batch = tuple(ops)
         for op in batch:
-            if type(op) not in _HANDLERS:
+            if type(op) not in HANDLERS:
                 return fail(TypeError(f"not a store operation: {op!r}"))
         d: Deferred[None] = Deferred()
         with self._cond:
@@ -552,75 +241,7 @@ class ZODBStore:
                             ) -> Deferred[list[tuple[int, Message]]]:
         """The stored messages of queue ``name`` at ``offsets``, read on the reader
         thread; fires on the reactor thread."""
-        d: Deferred[list[tuple[int, Message]]] = Deferred()
-        with self._read_cond:
-            if self._reading_stopped:
-                return fail(StoreClosedError("store is closed"))
-            self._reads.append((name, tuple(offsets), d))
-            if self._reader is None:
-                self._reader = threading.Thread(
-                    target=self._read_loop, name="mqttamqp-zodb-reader", daemon=False)
-                self._reader.start()
-            self._read_cond.notify()
-        return d
-
-    def _read_loop(self) -> None:
-        try:
-            self._read_with_connection()
-        except Exception:
-            # The thread cannot go on (its connection would not open, say): the
-            # reads waiting for it fail, and the next read starts a new thread,
-            # rather than every later read waiting for a thread that is gone.
-            failure = Failure()
-            with self._read_cond:
-                failed, self._reads = self._reads, deque()
-                self._reader = None
-            if not self._reader_failing:   # (once until a read succeeds again)
-                self._reader_failing = True
-                _log.failure("the queue reader thread failed; queued reads fail, the "
-                             "next read starts it again", failure)
-            for _, _, d in failed:
-                self._hand_over(d.errback, failure)
-
-    def _read_with_connection(self) -> None:
-        tm = transaction.TransactionManager(explicit=True)
-        conn = self._db.open(transaction_manager=tm)
-        try:
-            while True:
-                with self._read_cond:
-                    while not self._reads and not self._reading_stopped:
-                        self._read_cond.wait()
-                    if not self._reads:
-                        return
-                    name, offsets, d = self._reads.popleft()
-                try:
-                    tm.begin()
-                    try:
-                        found: list[tuple[int, Message]] = []
-                        queue = conn.root()["queues"].get(name)
-                        if queue is not None:
-                            log = queue.log
-                            for offset in sorted(offsets):
-                                record = log.get(offset)
-                                if record is not None:
-                                    found.append((offset, record_to_message(record)))
-                    finally:
-                        tm.abort()
-                    conn.cacheMinimize()
-                except Exception:  # reported through the Deferred
-                    self._hand_over(d.errback, Failure())
-                    continue
-                self._reads_done += 1
-                self._reader_failing = False
-                self._hand_over(d.callback, found)
-        finally:
-            conn.close()
-
-    def _hand_over(self, fire: Callable[[Any], object], value: Any) -> None:
-        try:
-            self._reactor.callFromThread(fire, value)
-        except Exception:  # the reactor is gone: nobody waits for a read any more
-            _log.failure("callFromThread failed for a queue read")
+        return self._queue_reader.read(name, offsets)
 
     def pack(self, days: float = 0) -> Deferred[None]:
         """Drop revisions older than ``days`` days, in a thread; fires when done."""
@@ -649,11 +270,7 @@ class ZODBStore:
             self._stopping = True
             self._cond.notify_all()
             packs = list(self._pack_threads)
-        with self._read_cond:   # (reads still queued are not answered: stopping)
-            self._reading_stopped = True
-            self._reads.clear()
-            self._read_cond.notify()
-            reader = self._reader
+        reader = self._queue_reader.stop()
         self._writer.join()
         if reader is not None:
             reader.join()
@@ -686,7 +303,7 @@ class ZODBStore:
             "packs": self._packs,
             "last_pack_seconds": self._last_pack_seconds,
             "packing": bool(self._pack_threads),
-            "queue_reads": self._reads_done,
+            "queue_reads": self._queue_reader.reads_done,
             "closed": self._closed,
         }
 
@@ -710,7 +327,7 @@ class ZODBStore:
             if not self._pending:
                 return None
             if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
-                    type(op) in _GATHER_FOR for ops, _ in self._pending for op in ops):
+                    type(op) in GATHER_FOR for ops, _ in self._pending for op in ops):
                 # Deliveries were just queued (to a session or a durable queue): their
                 # acknowledgements usually follow within a millisecond, and a put
                 # cancelled by its DeleteQueued or TrimQueue in the same commit is
@@ -761,18 +378,18 @@ class ZODBStore:
         nops = sum(len(ops) for ops, _ in group)
         started = time.monotonic()
         failure: Failure | None = None
-        skip = _superseded_puts(group)
+        skip = superseded_puts(group)
         self._coalesced += len(skip)
         try:
             for attempt in tm.attempts(self._commit_attempts):
                 with attempt:
-                    trees = _Trees(conn.root())
+                    trees = Trees(conn.root())
                     for ops, _ in group:
                         trees.deleted.clear()
                         for op in ops:
                             if skip and id(op) in skip:
                                 continue
-                            _HANDLERS[type(op)](trees, op)
+                            HANDLERS[type(op)](trees, op)
         except Exception:  # any failure errbacks the whole commit
             failure = Failure()
             _abort_if_open(tm)

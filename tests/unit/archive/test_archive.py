@@ -261,7 +261,7 @@ def stall_first_message_step(a: Archive) -> tuple[threading.Event, threading.Eve
     exchange with the writer process, until the test sets ``release``; ``entered``
     is set once it waits."""
     entered, release = threading.Event(), threading.Event()
-    real_exchange = a._exchange
+    real_exchange = a._writer.exchange
 
     def stalled_exchange(frame: Any, *args: Any) -> Any:
         if frame[0] == "step" and frame[2]:
@@ -269,7 +269,7 @@ def stall_first_message_step(a: Archive) -> tuple[threading.Event, threading.Eve
             assert release.wait(30)
         return real_exchange(frame, *args)
 
-    a._exchange = stalled_exchange  # type: ignore[method-assign]
+    a._writer.exchange = stalled_exchange  # type: ignore[method-assign]
     return entered, release
 
 

@@ -362,7 +362,7 @@ def test_a_metrics_listener_beyond_loopback_warns(host: str, warned: bool,
     """Its pages need no login: beyond loopback, the log says so once at start."""
     from twisted.internet.address import IPv4Address
 
-    from mqttamqp.service import ListenerService
+    from mqttamqp.listeners import ListenerService
 
     class Port:
         def getHost(self) -> object:

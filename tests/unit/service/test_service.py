@@ -71,8 +71,8 @@ def test_listener_says_how_open_it_is(host: str, access: str, expected: str | No
     from twisted.internet.address import IPv4Address, IPv6Address
     from twisted.logger import formatEvent, globalLogPublisher
 
+    from mqttamqp.listeners import ListenerService
     from mqttamqp.options import DEFAULT_LISTENERS
-    from mqttamqp.service import ListenerService
 
     address = (IPv6Address("TCP", host, 1883) if ":" in host
                else IPv4Address("TCP", host, 1883))

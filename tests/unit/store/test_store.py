@@ -47,7 +47,7 @@ from mqttamqp.core.persistence import (
     Snapshot,
     StoredQueued,
 )
-from mqttamqp.store import StoreClosedError, ZODBStore, zodbstore
+from mqttamqp.store import StoreClosedError, ZODBStore, applying
 
 ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture
@@ -483,7 +483,7 @@ def test_failed_commit_errbacks_and_store_recovers(
         def boom(trees: Any, op: Any) -> None:
             raise RuntimeError("boom")
 
-        monkeypatch.setitem(zodbstore._HANDLERS, DeleteWill, boom)
+        monkeypatch.setitem(applying.HANDLERS, DeleteWill, boom)
         result = wait(reactor, store.submit([PutRetained(msg("lost")), DeleteWill("x")]))
         assert isinstance(result, Failure) and result.check(RuntimeError)
         assert any(e.get("log_failure") is not None and "commit" in e.get("log_format", "")

@@ -1,0 +1,325 @@
+"""How each storage op changes the ZODB trees (``HANDLERS``: op type -> function),
+and which puts a later op in the same commit makes pointless (``superseded_puts``).
+The writer thread of ``zodbstore`` applies them inside its transaction; nothing
+here opens, commits or reads a storage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mqttamqp.core.persistence import (
+    ClearRetained,
+    DeleteBan,
+    DeleteInboundQos2,
+    DeleteQueue,
+    DeleteQueued,
+    DeleteQueueGroup,
+    DeleteQueueMessage,
+    DeleteRetained,
+    DeleteSession,
+    DeleteSubscription,
+    DeleteWill,
+    Op,
+    PutBan,
+    PutInboundQos2,
+    PutQueue,
+    PutQueued,
+    PutQueueGroup,
+    PutQueueMessage,
+    PutRetained,
+    PutSession,
+    PutSubscription,
+    PutWill,
+    QueueDone,
+    TrimQueue,
+)
+from mqttamqp.store.models import (
+    PersistentQueue,
+    PersistentSession,
+    advance_floor,
+    ban_to_record,
+    group_to_record,
+    message_to_record,
+    new_done_set,
+    queued_to_record,
+    will_to_record,
+)
+
+__all__ = ["GATHER_FOR", "HANDLERS", "Trees", "superseded_puts"]
+
+
+class Trees:
+    """The root's BTrees, fetched once per commit attempt."""
+
+    __slots__ = ("bans", "deleted", "queues", "retained", "sessions", "wills")
+
+    def __init__(self, root: Any) -> None:
+        self.bans: Any = root["bans"]
+        self.queues: Any = root["queues"]
+        self.retained: Any = root["retained"]
+        self.wills: Any = root["wills"]
+        self.sessions: Any = root["sessions"]
+        # Sessions removed by DeleteSession earlier in the current submit: later
+        # session ops of the same submit do not resurrect them implicitly.
+        self.deleted: set[str] = set()
+
+
+def _session_for_put(t: Trees, client_id: str) -> PersistentSession | None:
+    session: PersistentSession | None = t.sessions.get(client_id)
+    if session is None and client_id not in t.deleted:
+        session = PersistentSession(client_id)
+        t.sessions[client_id] = session
+    return session
+
+
+def _put_retained(t: Trees, op: PutRetained) -> None:
+    t.retained[op.message.topic] = message_to_record(op.message)
+
+
+def _delete_retained(t: Trees, op: DeleteRetained) -> None:
+    t.retained.pop(op.topic, None)
+
+
+def _clear_retained(t: Trees, op: ClearRetained) -> None:
+    if len(t.retained):
+        t.retained.clear()
+
+
+def _put_will(t: Trees, op: PutWill) -> None:
+    t.wills[op.will.owner] = will_to_record(op.will)
+
+
+def _delete_will(t: Trees, op: DeleteWill) -> None:
+    t.wills.pop(op.owner, None)
+
+
+def _put_session(t: Trees, op: PutSession) -> None:
+    t.deleted.discard(op.client_id)
+    session = _session_for_put(t, op.client_id)
+    assert session is not None
+    if session.last_seen != op.last_seen:
+        session.last_seen = float(op.last_seen)
+    if op.owner is not None and session.owner != op.owner:
+        session.owner = op.owner
+    if session.expiry != op.expiry:
+        session.expiry = None if op.expiry is None else float(op.expiry)
+
+
+def _delete_session(t: Trees, op: DeleteSession) -> None:
+    t.sessions.pop(op.client_id, None)
+    t.deleted.add(op.client_id)
+
+
+def _put_subscription(t: Trees, op: PutSubscription) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.subscriptions[op.topic_filter] = int(op.qos)
+
+
+def _delete_subscription(t: Trees, op: DeleteSubscription) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.subscriptions.pop(op.topic_filter, None)
+
+
+def _put_queued(t: Trees, op: PutQueued) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.queue[int(op.seq)] = queued_to_record(op.entry)
+
+
+# Ops an acknowledgement usually cancels within a millisecond (see _take).
+GATHER_FOR = (PutQueued, PutQueueMessage)
+
+
+def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
+    """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes
+    (and of PutQueueMessage ops a later TrimQueue or DeleteQueue removes).
+
+    A subscriber that acknowledges within one commit window makes the queue write
+    pointless: skipping it (and keeping the delete, which may remove a record from
+    an earlier commit) leaves the same state with far fewer bucket writes.
+    """
+    pending: dict[tuple[str, int], list[int]] = {}
+    # Durable queues likewise: a message consumed by every group before the commit
+    # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
+    appended: dict[str, list[tuple[int, int]]] = {}
+    skip: set[int] = set()
+    for ops, _ in group:
+        for op in ops:
+            kind = type(op)
+            if kind is PutQueueMessage:
+                appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]
+                    (op.offset, id(op)))  # type: ignore[union-attr]
+            elif kind is TrimQueue:
+                appends = appended.get(op.queue)  # type: ignore[union-attr]
+                if appends:
+                    upto = op.upto  # type: ignore[union-attr]
+                    skip.update(i for o, i in appends if o < upto)
+                    appended[op.queue] = [  # type: ignore[union-attr]
+                        a for a in appends if a[0] >= upto]
+            elif kind is DeleteQueue:
+                skip.update(i for _, i in appended.pop(op.name, ()))  # type: ignore[union-attr]
+            elif kind is PutQueued:
+                pending.setdefault((op.client_id, op.seq), []).append(id(op))  # type: ignore[union-attr]
+            elif kind is DeleteQueued:
+                puts = pending.pop((op.client_id, op.seq), None)  # type: ignore[union-attr]
+                if puts:
+                    skip.update(puts)
+            elif kind is DeleteSession:
+                client = op.client_id  # type: ignore[union-attr]
+                for key in [k for k in pending if k[0] == client]:
+                    del pending[key]
+    return skip
+
+
+def _delete_queued(t: Trees, op: DeleteQueued) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.queue.pop(int(op.seq), None)
+
+
+def _put_inbound_qos2(t: Trees, op: PutInboundQos2) -> None:
+    session = _session_for_put(t, op.client_id)
+    if session is not None:
+        session.inbound_qos2.add(int(op.packet_id))
+
+
+def _delete_inbound_qos2(t: Trees, op: DeleteInboundQos2) -> None:
+    session = t.sessions.get(op.client_id)
+    if session is not None:
+        session.inbound_qos2.discard(int(op.packet_id))
+
+
+def _put_ban(t: Trees, op: PutBan) -> None:
+    t.bans[(op.kind, op.value)] = ban_to_record(op)
+
+
+def _delete_ban(t: Trees, op: DeleteBan) -> None:
+    t.bans.pop((op.kind, op.value), None)
+
+
+def _queue_for_put(t: Trees, name: str) -> PersistentQueue:
+    queue: PersistentQueue | None = t.queues.get(name)
+    if queue is None:
+        queue = PersistentQueue(name)
+        t.queues[name] = queue
+    return queue
+
+
+def _put_queue(t: Trees, op: PutQueue) -> None:
+    queue = _queue_for_put(t, op.name)
+    retention = tuple(op.retention)
+    if queue.retention != retention:
+        queue.retention = retention
+
+
+def _delete_queue(t: Trees, op: DeleteQueue) -> None:
+    t.queues.pop(op.name, None)
+
+
+def _put_queue_message(t: Trees, op: PutQueueMessage) -> None:
+    # (queue messages keep their AMQP form: native receivers get them as sent)
+    _queue_for_put(t, op.queue).log[int(op.offset)] = message_to_record(op.message)
+
+
+def _delete_queue_message(t: Trees, op: DeleteQueueMessage) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is not None:
+        queue.log.pop(int(op.offset), None)
+        if op.offset >= queue.tail:   # (its offset is never given out again)
+            queue.tail = int(op.offset) + 1
+
+
+def _trim_queue(t: Trees, op: TrimQueue) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is None or op.upto <= queue.head:
+        return
+    upto = int(op.upto)
+    log = queue.log
+    for offset in list(log.keys(max=upto, excludemax=True)):
+        del log[offset]
+    queue.head = upto
+    # (done offsets below the head are of no use any more: the floors move up)
+    for key, record in list(queue.groups.items()):
+        if record[2] == "classic" and record[3] < upto:
+            queue.groups[key] = advance_floor(record, _done_set(queue, key), upto)
+
+
+def _done_set(queue: PersistentQueue, key: str) -> Any:
+    done = queue.done.get(key)
+    if done is None:
+        done = queue.done[key] = new_done_set()
+    return done
+
+
+def _queue_done(t: Trees, op: QueueDone) -> None:
+    queue = t.queues.get(op.queue)
+    record = queue.groups.get(op.group) if queue is not None else None
+    if queue is None or record is None:
+        return
+    floor = record[3]
+    done = _done_set(queue, op.group)
+    for offset in op.offsets:
+        if offset >= floor:
+            done.add(int(offset))
+    if floor in done:
+        queue.groups[op.group] = advance_floor(record, done, floor)
+
+
+def _put_queue_group(t: Trees, op: PutQueueGroup) -> None:
+    queue = _queue_for_put(t, op.queue)
+    record = group_to_record(op.state)
+    old = queue.groups.get(op.group)
+    if old is not None:
+        # A snapshot taken before a later one may be committed after it: the
+        # dispatch watermark and the delivery counts only ever grow.
+        counts = dict(old[6])
+        for offset, count in record[6]:
+            counts[offset] = max(count, counts.get(offset, 0))
+        record = (*record[:4], max(record[4], old[4]), record[5],
+                  tuple(sorted(counts.items())), *record[7:])
+    done = _done_set(queue, op.group)
+    done.update(int(o) for o in op.state.done)
+    record = advance_floor(record, done, record[3] if old is None else max(record[3], old[3]))
+    floor = record[3]
+    if any(o < floor or o in done for o, _ in record[6]):
+        # (counts of finished messages are of no use: kept, they would only grow)
+        record = (*record[:6], tuple((o, c) for o, c in record[6]
+                                     if o >= floor and o not in done), *record[7:])
+    queue.groups[op.group] = record
+
+
+def _delete_queue_group(t: Trees, op: DeleteQueueGroup) -> None:
+    queue = t.queues.get(op.queue)
+    if queue is not None:
+        queue.groups.pop(op.group, None)
+        queue.done.pop(op.group, None)
+
+
+HANDLERS: dict[type, Callable[[Trees, Any], None]] = {
+    PutQueue: _put_queue,
+    DeleteQueue: _delete_queue,
+    PutQueueMessage: _put_queue_message,
+    DeleteQueueMessage: _delete_queue_message,
+    TrimQueue: _trim_queue,
+    QueueDone: _queue_done,
+    PutQueueGroup: _put_queue_group,
+    DeleteQueueGroup: _delete_queue_group,
+    PutBan: _put_ban,
+    DeleteBan: _delete_ban,
+    PutRetained: _put_retained,
+    DeleteRetained: _delete_retained,
+    ClearRetained: _clear_retained,
+    PutWill: _put_will,
+    DeleteWill: _delete_will,
+    PutSession: _put_session,
+    DeleteSession: _delete_session,
+    PutSubscription: _put_subscription,
+    DeleteSubscription: _delete_subscription,
+    PutQueued: _put_queued,
+    DeleteQueued: _delete_queued,
+    PutInboundQos2: _put_inbound_qos2,
+    DeleteInboundQos2: _delete_inbound_qos2,
+}
