@@ -1,7 +1,7 @@
 """The console pages and controls of issue 13 in Chromium (Playwright, Debian's
 /usr/bin/chromium) against a real broker with MQTT, AMQP and the console, and
 real paho and proton clients.  Screenshots go to ``test-artifacts/`` as in
-``test_browser``; each step also asserts what the screenshot is meant to show."""
+``test_console_operator``; each step also asserts what the screenshot is meant to show."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture
 def raw(broker: BrokerProcess) -> Iterator[OpenClient]:
-    """Connected raw clients on the module broker (test_mqtt_raw's ``raw``)."""
+    """Connected raw clients on the module broker (as test_mqtt_raw's ``raw``)."""
     yield from client_factory(lambda: broker.mqtt_port)
 
 

@@ -7,7 +7,7 @@ QoS 2 de-duplication, the outbound in-flight window, redelivery with DUP in
 original order, keepalive and connect timeouts, and the limits (connections,
 packet size, queued messages, session expiry) with their counters.
 
-``RawClient`` and ``uid`` are also used by ``test_mqtt_durability``.  Every wait is
+``RawClient`` and ``uid`` live in ``support/rawclient.py``.  Every wait is
 a read on the socket with a deadline; a wait that must *not* see anything
 (``assert_silent``) is a bounded read that has to time out.
 """

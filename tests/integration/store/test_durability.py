@@ -12,12 +12,13 @@ PUBLISH is never sent again once its PUBREL went out, even across a kill -9.
 
 The .tac file: ``twistd -ny tac/mqttamqp.tac`` as shipped would bind 0.0.0.0:1883,
 5672 and 8080, which a test must not do.  So the unmodified file is loaded the way
-twistd loads it (``loadApplication``, nothing started) and its service checked, and
+twistd loads it (``loadApplication``, nothing started) and its service checked (in
+process: ``unit/service/test_tac.py``), and
 a copy whose argument list is edited (as its comment invites) to a loopback port 0
 and a temporary data directory is run with ``twistd -ny`` and served a client.
 
 Waits are reads with deadlines on raw sockets (``RawClient`` from
-``test_mqtt_raw``) or on the broker's log lines.
+``support/rawclient.py``) or on the broker's log lines.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 says and refuses at start.
 
 The durability promises themselves (kill -9, restart, nothing acknowledged lost) are
-``test_mqtt_durability.py``'s, run there on every engine; here: URI resolution (pure),
+``test_durability.py``'s, run there on every engine; here: URI resolution (pure),
 the store's round trip and a kill -9 right after a commit fired on SQLite and
 PostgreSQL, and start-up: the log names the engine, a second broker on the same
 PostgreSQL database stops with one line, an unreachable database or an unknown
