@@ -171,7 +171,7 @@ NOFILE_RESERVE = 64  # descriptors the broker keeps for itself (listeners, log, 
 
 # The $SYS counters of the accounting identity received = sent + dropped + queued, per
 # broker kind.  mqttamqp: PUBLISH routed / copies written / dropped / copies queued in
-# sessions, none of them counting its own $SYS messages (README, "$SYS message
+# sessions, none of them counting its own $SYS messages (docs/production.md, "$SYS message
 # accounting"), so the monitor subtracts nothing.  Mosquitto 2.0: the publish/ counters (messages/ also
 # counts PINGs and acks); it publishes no queue length, its store count is reported
 # beside the identity, not in it (it holds retained messages too).

@@ -1,5 +1,5 @@
 """Render bench/run.py or bench/amqp_bench.py JSON as the Markdown tables in
-README's Performance section.
+docs/performance.md.
 
     python bench/table.py results.json
 """

@@ -7,7 +7,7 @@ once over each transport, alternating, each run on a fresh broker.
                              [--timeout S] [--mqttamqp-arg ARG]...
 
 Prints JSON: every run, the median msg/s per transport and the ratio WebSocket /
-TCP (target >= 0.6).  ``python bench/table.py`` does not render it; the README
+TCP (target >= 0.6).  ``python bench/table.py`` does not render it; docs/performance.md
 quotes it.
 
 The load generators are this file's ``pub`` and ``sub`` roles, run as separate

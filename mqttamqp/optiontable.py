@@ -245,7 +245,7 @@ PARAMETERS: list[list[Any]] = [
      "(checked every 2 s); 0 = no watermark.", _positive(int, "disk-free-limit")],
     ["queues", None, None,
      "TOML file of per-queue retention: [[queue]] tables with pattern, max-age, "
-     "max-bytes, max-messages (see README, Durable queues)."],
+     "max-bytes, max-messages (see docs/queues.md)."],
     ["max-connect-rate", None, _D.max_connect_rate,
      "New connections a second from one address (MQTT and AMQP together; loopback "
      "is not limited); beyond it, after a burst of --connect-burst, sockets are closed "
@@ -336,7 +336,7 @@ PARAMETERS: list[list[Any]] = [
      "one of them and anonymous clients are refused (see --allow-anonymous)."],
     ["acl", None, None,
      "Access control list file (Mosquitto's format: 'user NAME', 'topic "
-     "[read|write|readwrite] FILTER', 'pattern ... %u %c'; see README, Security). "
+     "[read|write|readwrite] FILTER', 'pattern ... %u %c'; see docs/security.md). "
      "With it, only what it grants is allowed; it is re-read when it changes."],
     ["tls-ca", None, None,
      "PEM file of the CA certificates that sign client certificates: every ssl: "
@@ -347,7 +347,7 @@ PARAMETERS: list[list[Any]] = [
      "default is DATA/mqttamqp.fs), sqlite://[/DIR] (RelStorage on SQLite, "
      "history-free; default DIR is DATA/sqlite), postgresql://USER@HOST:PORT/DB "
      "(RelStorage on PostgreSQL, history-free) or memory:// (nothing survives a "
-     "restart). See README, Durability."],
+     "restart). See docs/durability.md."],
     ["pack-interval", None, 24.0,
      "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
     ["pack-growth", None, 24.0,

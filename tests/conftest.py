@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(_HERE, "support"))
 
 # Hypothesis' default deadline (200 ms per example) is an assertion on wall-clock
 # speed: on two shared cores the codec properties fail at random with
-# DeadlineExceeded.  Tests assert on behaviour, not on speed (STYLE.md, habit 11).
+# DeadlineExceeded.  Tests assert on behaviour, not on speed (bench/ measures).
 settings.register_profile("mqttamqp", deadline=None)
 settings.load_profile("mqttamqp")
 

@@ -531,7 +531,7 @@ class PublishFields(NamedTuple):
 
 
 class Mqtt5Props(NamedTuple):
-    """The MQTT 5 message properties in their AMQP places (README › AMQP 1.0, the
+    """The MQTT 5 message properties in their AMQP places (docs/amqp.md, the
     mapping table): the core's ``MessageProperties`` field for field, in its order,
     so that the adapter converts with ``MessageProperties(*props)``.  Between
     adapter and codec ``expiry_interval`` is the *remaining* interval, in seconds."""

@@ -1,5 +1,5 @@
 """The Will service and the Subscription service of the MQTT-over-AMQP contract
-(``shared/AMQP-CONTRACT.md``), and the per-connection record of what an FE asked
+(docs/amqp.md, "The MQTT-over-AMQP contract"), and the per-connection record of what an FE asked
 for each client id.
 
 What it owns:

@@ -89,8 +89,8 @@ class Limits:
     queue_max_bytes: int = 256 << 20
     queue_max_age: float = 7 * 86400.0
     queue_max_queues: int = 1_000
-    # Aggregate bounds of the durable queues (core.queuebudget, README, Durable
-    # queues): bytes of message bodies held in memory in all (beyond, durable bodies
+    # Aggregate bounds of the durable queues (core.queues.budget, docs/queues.md,
+    # Options): bytes of message bodies held in memory in all (beyond, durable bodies
     # far from consumers stay in storage only); stored payload bytes in all, and the
     # free space the data directory's file system keeps, below which publishers to
     # queues are blocked.  0 = no bound.

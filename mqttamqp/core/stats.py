@@ -161,7 +161,7 @@ class BrokerStats:
         ``queued``: message copies routed to sessions and not yet written to a
         connection (``SessionRegistry.queued_total``).  All values are taken in one
         reactor turn, before any is published, so one burst is one consistent
-        sample of received = sent + dropped + queued (see README, ``$SYS``)."""
+        sample of received = sent + dropped + queued (see docs/production.md, ``$SYS``)."""
         p = "$SYS/broker/"
         return [
             (p + "version", f"mqttamqp {version}"),

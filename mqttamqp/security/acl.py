@@ -85,7 +85,7 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
     """The rules of ``text``; ``AclError`` naming ``path`` and the line otherwise.
 
     A line is a comment when it starts with ``#``; ``#`` after whitespace ends a line
-    (``topic read a/#   # why``), as in the README's example.  A user name holding
+    (``topic read a/#   # why``), as in the example of docs/security.md.  A user name holding
     whitespace, and an access word that is not one, are errors naming the line (Mosquitto
     takes the rest of a ``user`` line, spaces and comment included, as the name: rules
     that silently never apply)."""

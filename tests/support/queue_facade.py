@@ -13,7 +13,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     Consumer,
 )
 from mqttamqp.core.sessions.session import Session

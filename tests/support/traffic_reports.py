@@ -1,4 +1,4 @@
-"""A report summary and an archive on disk for the console's Traffic page (``webui.traffic``),
+"""A report summary and an archive on disk for the console's Traffic page
 and the page rendered and served over loopback with the console's headers, for the
 in-process tests and the ones in Chromium."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from webui.app import CSP
-from webui.rendering import make_environment, static_dir
-from webui.traffic import SUMMARY_FILE, TrafficSource
+from mqttamqp.console.rendering import make_environment, static_dir
+from mqttamqp.console.traffic import SUMMARY_FILE, TrafficSource
+from mqttamqp.console.web import CSP
 
 NOW = 1795507200.0 + 7200  # 2026-11-24T10:00:00Z
 

@@ -1,6 +1,6 @@
 """MQTT 5 properties across protocols with real clients against the real broker:
 paho-mqtt (MQTTv5) and python-qpid-proton's blocking API, each field of the mapping
-(README › AMQP 1.0) both ways.  Every field, its edge cases and expiry in memory:
+(docs/amqp.md) both ways.  Every field, its edge cases and expiry in memory:
 ``test_amqp_mqtt5_map``.
 """
 

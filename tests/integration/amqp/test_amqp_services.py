@@ -1,4 +1,4 @@
-"""The Will service and the Subscription service (shared/AMQP-CONTRACT.md) with real
+"""The Will service and the Subscription service (docs/amqp.md) with real
 clients: python-qpid-proton's blocking API as the FE or a native client, paho-mqtt
 as the MQTT side, one broker on loopback.
 

@@ -7,7 +7,7 @@ JSON object per line (``{"event": ...}``; bodies described as ``{"type": ..., ..
 at their own ``--timeout``.  Tests wait on those lines (a receiver's ``receiver_open``
 before anything is sent to it), never on a clock; paho-mqtt is the MQTT side.
 
-Native AMQP addresses are topic names (README, "AMQP 1.0").  rhea is pinned in
+Native AMQP addresses are topic names (docs/amqp.md).  rhea is pinned in
 ``tests/rhea/package-lock.json`` and installed by ``.ci/setup`` (``npm ci``).  Without
 node or ``tests/rhea/node_modules`` these tests are skipped, except under CI (the ``CI``
 environment variable set), where that is a failure.

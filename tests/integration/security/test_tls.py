@@ -30,8 +30,8 @@ from pki import Pki
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
+from mqttamqp.console.credentials import main as admin_main
 from mqttamqp.security.users import make_line
-from webui.admin_cli import main as admin_main
 
 TIMEOUT = 10.0
 

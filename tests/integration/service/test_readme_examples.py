@@ -1,7 +1,8 @@
-"""README.md's examples, run (issue 24, item 9), so that README cannot drift from the
-code: every fenced block is either run here or marked in README itself by
-``<!-- not run: REASON -->`` on the line before its fence.  A new block that is
-neither fails ``test_readme_example`` with its line.
+"""The examples of README.md and of every page of docs/, run (issue 24, item 9; docs/
+since issue 25), so that the documentation cannot drift from the code: every fenced
+block is either run here or marked in its page itself by ``<!-- not run: REASON -->``
+on the line before its fence.  A new block that is neither fails
+``test_readme_example`` with its page and line.
 
 How a block runs (each against its own broker on 127.0.0.1 port 0, in a temporary
 directory where ``DATA`` and ``mqttamqp-data`` are that broker's data directory):
@@ -190,8 +191,9 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
 
 @dataclass(frozen=True)
 class Command:
+    page: str
     text: str
-    line: int              # README line where it starts
+    line: int              # the page's line where it starts
     program: str
     background: bool
 
@@ -231,21 +233,21 @@ def sh_commands(block: Block) -> tuple[list[Command], list[str]]:
             program = words[0] if words else "?"
         if program == "mosquitto_sub" and not {"-C", "-W", "-E"} & set(words):
             background = True   # a subscriber that runs until stopped
-        commands.append(Command(text, start, program, background))
+        commands.append(Command(block.page, text, start, program, background))
     return commands, expected
 
 
 def run_sh(block: Block, place: Place) -> None:
     commands, expected = sh_commands(block)
     strangers = sorted({c.program for c in commands} - RUNS)
-    assert not strangers, (f"README line {block.line}: the sh block runs {strangers}, "
+    assert not strangers, (f"{block.page} line {block.line}: the sh block runs {strangers}, "
                            "which tests/test_readme_examples.py does not run: teach it, or "
                            "mark the block <!-- not run: why -->")
     if not any(c.program == "twistd" for c in commands):
         place.start_broker()
     variables: dict[str, str] = {}
     for command in commands:
-        where = f"README line {command.line}: {command.text}"
+        where = f"{command.page} line {command.line}: {command.text}"
         if command.program == "twistd":
             start_twistd(command, place)
             continue
@@ -278,7 +280,7 @@ def run_sh(block: Block, place: Place) -> None:
         place.output.add(done.stdout + done.stderr)
     for line in expected:
         assert place.output.wait_for(shows(line)), (
-            f"README line {block.line}: the block never printed {line!r}; it printed:\n"
+            f"{block.page} line {block.line}: the block never printed {line!r}; it printed:\n"
             + place.output.text())
 
 
@@ -305,7 +307,7 @@ def start_twistd(command: Command, place: Place) -> None:
         lambda t: {m.group(1).upper() for m in listening.finditer(t)} >= set(named)
         or broker.proc.poll() is not None), broker.own.text()
     found = {m.group(1).upper(): int(m.group(2)) for m in listening.finditer(broker.own.text())}
-    assert set(found) >= set(named), (f"README line {command.line}: the broker did not "
+    assert set(found) >= set(named), (f"{command.page} line {command.line}: the broker did not "
                                       f"start:\n{broker.own.text()}")
     place.ports = found
 
@@ -319,10 +321,10 @@ def run_python(block: Block, place: Place) -> None:
     script.write_text(localize(block.text, place.ports), encoding="utf-8")
     done = subprocess.run([sys.executable, str(script)], cwd=place.dir, env=place.env,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, (f"README line {block.line}: the script failed:\n"
+    assert done.returncode == 0, (f"{block.page} line {block.line}: the script failed:\n"
                                   f"{done.stdout}{done.stderr}")
     for printed in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", block.text, re.M):
-        assert shows(printed)(done.stdout), (f"README line {block.line}: expected "
+        assert shows(printed)(done.stdout), (f"{block.page} line {block.line}: expected "
                                              f"{printed!r}, got:\n{done.stdout}")
 
 
@@ -335,7 +337,7 @@ def run_toml(block: Block, place: Place) -> None:
     if re.search(r"^\s*\[\[queue\]\]", block.text, re.M):
         from mqttamqp.queuesfile import load_queue_rules
 
-        assert load_queue_rules(str(path)), f"README line {block.line}: no rule read"
+        assert load_queue_rules(str(path)), f"{block.page} line {block.line}: no rule read"
         return
     from mqttamqp.options import Options
 
@@ -343,7 +345,7 @@ def run_toml(block: Block, place: Place) -> None:
     try:
         options.parseOptions(["--config", str(path), "--data", str(place.data)])
     except SystemExit as e:
-        pytest.fail(f"README line {block.line}: --config refuses it: {e.code}")
+        pytest.fail(f"{block.page} line {block.line}: --config refuses it: {e.code}")
 
 
 # -- text: ACL files and error lines -----------------------------------------------------
@@ -359,7 +361,7 @@ def run_text(block: Block, place: Place) -> None:
     rules = [line.split(None, 1)[0] for line in block.text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     assert rules and set(rules) <= {"topic", "pattern", "user"}, (
-        f"README line {block.line}: a text block that is neither an ACL file nor an "
+        f"{block.page} line {block.line}: a text block that is neither an ACL file nor an "
         "error line: run it in tests/test_readme_examples.py or mark it "
         "<!-- not run: why -->")
     run_acl(block, place)
@@ -386,7 +388,7 @@ def run_acl(block: Block, place: Place) -> None:
     """The ACL file as README writes it: parsed, then in force in a broker, where a
     user it lets write reaches a user it lets read, and a topic it does not grant
     that writer is not delivered."""
-    rules = parse_acl(block.text, f"README line {block.line}")
+    rules = parse_acl(block.text, f"{block.page} line {block.line}")
     writer = next((name for name, granted in rules.users.items()
                    for r in granted if r.access & WRITE and not r.pattern), None)
     assert writer is not None, "the example grants no user a write: choose another check"
@@ -430,14 +432,15 @@ RUNNERS: dict[str, Callable[[Block, Place], None]] = {
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}-{b.lang}" for b in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS,
+                         ids=[f"{b.page}:line{b.line}-{b.lang}" for b in BLOCKS])
 def test_readme_example(block: Block, place: Place) -> None:
-    """README's fenced block at this line runs as written, or README says why not."""
+    """The page's fenced block at this line runs as written, or the page says why not."""
     if block.not_run is not None:
-        pytest.skip(f"README line {block.line}: not run: {block.not_run}")
+        pytest.skip(f"{block.page} line {block.line}: not run: {block.not_run}")
     runner = RUNNERS.get(block.lang)
     assert runner is not None, (
-        f"README line {block.line}: a ```{block.lang} block that tests/"
+        f"{block.page} line {block.line}: a ```{block.lang} block that tests/"
         "test_readme_examples.py cannot run: teach it, or mark the block "
         "<!-- not run: why -->")
     runner(block, place)

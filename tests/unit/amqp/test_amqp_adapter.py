@@ -365,7 +365,7 @@ def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str |
     native_sections → encode_native) decodes, with proton, to the body, body
     section type, properties, application properties, durable and priority that
     were sent, `to` = the topic (through a durable queue: `to` as sent), and the
-    broker's first-acquirer; and the MQTT form is what the README says (bytes,
+    broker's first-acquirer; and the MQTT form is what docs/amqp.md says (bytes,
     UTF-8, or JSON that decodes to the same value), or None only where JSON cannot
     say it."""
     import json

@@ -7,7 +7,7 @@ Black box: the broker is built with ``Broker(clock, store, limits)`` and
 engine and MQTT through an ``MQTTProtocol`` on ``StringTransport``, and look at
 ``broker.sessions``, ``wills``, ``retained`` and ``stats`` at most.  ``Net.pump()``
 runs until nothing moves, so "nothing arrived" is a fact, not a wait.  The contract
-is ``shared/AMQP-CONTRACT.md``; the subprocess tests of the same behaviour
+is docs/amqp.md, "The MQTT-over-AMQP contract"; the subprocess tests of the same behaviour
 (``test_amqp_services``, ``test_amqp_flow``, ``test_amqp_topics``) stay as the
 interop layer.
 """

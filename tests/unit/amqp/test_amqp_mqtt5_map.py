@@ -1,5 +1,5 @@
 """MQTT 5 properties across protocols, in memory (``amqp_memory.Net``, a
-``task.Clock``): each field of the mapping (README › AMQP 1.0) from an AMQP peer's
+``task.Clock``): each field of the mapping (docs/amqp.md) from an AMQP peer's
 proton ``Message`` to an MQTT 5 subscriber's PUBLISH properties, and from an MQTT 5
 PUBLISH to what an AMQP receiver reads; expiry enforced on a queued message; a
 3.1.1 subscriber gets none of it.  The same with real clients over sockets:

@@ -194,7 +194,7 @@ def _restarted(net: Net, store: MemoryStore) -> Net:
 
 def test_an_empty_message_is_an_empty_payload() -> None:
     """A message with no body section: accepted, an empty payload; with retain it
-    deletes the retained message (README: "Bodies")."""
+    deletes the retained message (docs/amqp.md: "Bodies")."""
     net = Net()
     app = net.amqp()
     sub = watch(net, "em/#")

@@ -126,7 +126,7 @@ def test_counters_and_rates_per_client(env: Any) -> None:
     assert "10.0/s" in html and "20.0/s" in html
     broker.unregister_connection("amqp:3", conn)
     client.get("/api/clients")
-    assert len(client.console.client_rates) == 0    # forgotten with the client
+    assert len(client.console.clients.rates) == 0    # forgotten with the client
 
 
 def test_page_numbers_with_first_and_last(env: Any) -> None:

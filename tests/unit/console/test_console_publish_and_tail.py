@@ -74,7 +74,7 @@ def test_tail_streams_matching_messages_escaped_bounded_and_ends(env: Any) -> No
     assert b"<script>" not in raw           # JSON-escaped on the wire (\u003c)
     assert frames[2][1]["mode"] == "json" and frames[3][1]["mode"] == "hex"
     # Bounded: over the per-second rate, messages are skipped and reported.
-    console.tails.per_second = 2
+    console.messages.tails.per_second = 2
     clock.advance(1)
     for _ in range(5):
         broker.publish(Message("plant/flood", b"x", 0, False, "p", clock.seconds()))
@@ -89,7 +89,7 @@ def test_tail_streams_matching_messages_escaped_bounded_and_ends(env: Any) -> No
     clock.advance(1)
     client.treq.flush()
     assert sse_frames(chunks)[-1][0] == "logout" and done is not None and done.called
-    assert not broker.link_subscribers and not console.tails.tails
+    assert not broker.link_subscribers and not console.messages.tails.tails
 
 
 def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
@@ -102,10 +102,10 @@ def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
     assert _open_tail(client, filter="$share/workers/jobs/#")[0].code == 403
     assert _open_tail(client, filter="$dynamic/+")[0].code == 403
     assert not broker.link_subscribers
-    console.tails.max_tails = 1
+    console.messages.tails.max_tails = 1
     response, _, _ = _open_tail(client, filter="x/#")
     assert response.code == 200
     assert _open_tail(client, filter="y/#")[0].code == 503
-    tail = next(iter(console.tails.tails.values()))
+    tail = next(iter(console.messages.tails.tails.values()))
     tail.done.cancel()                     # the browser went away
-    assert not console.tails.tails and not broker.link_subscribers
+    assert not console.messages.tails.tails and not broker.link_subscribers

@@ -2,7 +2,7 @@
 template (escaping, empty and broken reports) and the page in Chromium under the
 console's Content-Security-Policy, with a screenshot in ``test-artifacts/``.
 
-The page is not mounted in ``webui.app`` by this module; the browser test serves
+The page is not mounted in ``mqttamqp.console.app`` by this module; the browser test serves
 the rendered template and the static files with the console's headers.
 """
 
@@ -25,8 +25,8 @@ from traffic_reports import (
 )
 from twisted.internet.task import Clock
 
-from webui.rendering import static_dir
-from webui.traffic import SUMMARY_FILE
+from mqttamqp.console.rendering import static_dir
+from mqttamqp.console.traffic import SUMMARY_FILE
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"

@@ -1,5 +1,5 @@
 """The files in ``contrib/``: the Grafana dashboard queries only metrics the broker
-exposes, and the systemd unit runs the broker as the README says."""
+exposes, and the systemd unit runs the broker as docs/production.md says."""
 
 from __future__ import annotations
 

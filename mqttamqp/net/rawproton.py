@@ -1,0 +1,176 @@
+"""Direct calls into proton-c (``cproton``) for the per-message path: the one
+place the broker calls proton's C functions by name.
+
+proton's Python classes wrap every event, link and delivery in fresh objects
+(a dozen per message); the hot path — delivery events, reading a transfer,
+sending one, reading an outcome — uses the C functions on raw pointers instead.
+Raw pointers are only touched while their connection's engine is alive: links
+check ``closed`` first, and a delivery answered after a commit is held with
+``pn_incref`` until then.  Everything that is not per message uses the classes,
+except where the classes would raise on a peer's bytes or keep objects alive:
+
+* error conditions (``condition``, ``describe``): proton's classes decode a
+  condition's name and description whole on access and raise
+  ``UnicodeDecodeError`` on bytes that are not UTF-8 — a peer's own, or proton's
+  text quoting them ("link name already attached: <the peer's bytes>").  Read
+  here, they are escaped, never raised;
+* closing an endpoint with a condition (``close_with``): through the classes the
+  ``Condition`` object stays in the endpoint's Python attributes until proton
+  frees it;
+* freeing a link (``free_link``) once both ends have closed it: proton keeps every
+  link until then, so a connection that attaches and detaches links for ever
+  would grow for ever.
+
+The C functions of the per-message path are looked up once, here, as module
+names (``link_send``, ``delivery_settle``...): a global read is cheaper than
+``lib.pn_...`` (an attribute of the cffi library object) for every message.  The
+other modules read them from here; what is not per message may call ``lib``.
+
+These are the C API of python-qpid-proton 0.39 and 0.40 (setup.cfg pins the range);
+``tests/test_net_pins.py`` checks each name exists in the installed ``cproton``.
+
+What it must not do: anything but thin calls; no state; no import of the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cproton import ffi, lib  # type: ignore[import-untyped]
+from proton import Event
+
+__all__ = [
+    "EV_LINK_FLOW", "EV_TRANSPORT", "ffi", "next_event", "pop_event", "event_type",
+    "event_delivery", "event_link", "delivery_link", "recv", "output", "tick", "lib",
+    "NULL", "condition", "describe", "close_with", "free_link",
+    "decref", "incref", "from_buffer", "new_delivery", "delivery_aborted",
+    "delivery_partial", "delivery_pending", "delivery_readable", "delivery_remote",
+    "delivery_remote_state", "delivery_settle", "delivery_settled", "delivery_update",
+    "disposition_is_failed", "link_advance", "link_send", "link_credit", "link_flow",
+    "link_queued",
+]
+
+EV_LINK_FLOW: int = Event.LINK_FLOW.number
+EV_TRANSPORT: int = Event.TRANSPORT.number
+NULL: Any = ffi.NULL
+
+next_event = lib.pn_collector_peek
+pop_event = lib.pn_collector_pop
+event_type = lib.pn_event_type
+event_delivery = lib.pn_event_delivery
+event_link = lib.pn_event_link
+delivery_link = lib.pn_delivery_link
+
+# Deliveries and links, for the adapters' per-message path.
+decref = lib.pn_decref
+incref = lib.pn_incref
+from_buffer = ffi.from_buffer
+new_delivery = lib.pn_delivery
+delivery_aborted = lib.pn_delivery_aborted
+delivery_partial = lib.pn_delivery_partial
+delivery_pending = lib.pn_delivery_pending
+delivery_readable = lib.pn_delivery_readable
+delivery_remote = lib.pn_delivery_remote
+delivery_remote_state = lib.pn_delivery_remote_state
+delivery_settle = lib.pn_delivery_settle
+delivery_settled = lib.pn_delivery_settled
+delivery_update = lib.pn_delivery_update
+disposition_is_failed = lib.pn_disposition_is_failed
+link_advance = lib.pn_link_advance
+link_send = lib.pn_link_send
+link_credit = lib.pn_link_credit
+link_flow = lib.pn_link_flow
+link_queued = lib.pn_link_queued
+
+_unpack: Callable[[Any, int], bytes] = ffi.unpack
+_link_recv = lib.pn_link_recv
+_EOS: int = lib.PN_EOS
+_transport_peek = lib.pn_transport_peek
+_transport_pending = lib.pn_transport_pending
+_transport_pop = lib.pn_transport_pop
+_transport_tick = lib.pn_transport_tick
+
+# One buffer for what is copied out of the engine (the reactor thread is the only
+# caller): a transfer or the pending output is copied once, into the bytes returned.
+_BUF_SIZE = 1 << 16
+_buf = ffi.new("char[]", _BUF_SIZE)
+
+
+def recv(link: Any, dlv: Any) -> bytes | None:
+    """The current delivery ``dlv`` of ``link``, whole (not partial), copied out of
+    the engine; None if it was aborted.  One proton call for the usual message:
+    its size and an abort are asked only when the read says so (a full buffer, an
+    error code)."""
+    n = _link_recv(link, _buf, _BUF_SIZE)
+    if n <= 0:
+        return b"" if n == _EOS or n == 0 else None   # (PN_ABORTED: aborted)
+    data = _unpack(_buf, n)
+    if n < _BUF_SIZE:
+        return data
+    rest = delivery_pending(dlv)
+    if rest <= 0:
+        return data
+    big = ffi.new("char[]", rest)
+    m = _link_recv(link, big, rest)
+    return data + _unpack(big, m) if m > 0 else data
+
+
+def output(transport: Any) -> bytes | None:
+    """All the transport's pending output, taken out of it (b"" if there is none);
+    None once its output side is closed (close sent, or a transport error)."""
+    pending = _transport_pending(transport)
+    if pending <= 0:
+        return b"" if pending == 0 else None
+    buf = _buf if pending <= _BUF_SIZE else ffi.new("char[]", pending)
+    n = _transport_peek(transport, buf, pending)
+    if n < 0:
+        return None
+    _transport_pop(transport, pending)
+    return _unpack(buf, pending)
+
+
+def tick(transport: Any, now: float) -> float:
+    """``Transport.tick``: the deadline of the transport's next timer (0: none)."""
+    return float(_transport_tick(transport, int(now * 1000))) / 1000.0
+
+
+def _text(ptr: Any) -> str:
+    """A C string of proton's, with any bytes that are not UTF-8 escaped."""
+    if ptr == NULL:
+        return ""
+    raw: bytes = ffi.string(ptr)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def condition(cond: Any) -> tuple[str, str] | None:
+    """``(name, description)`` of a proton ``pn_condition_t``, or None if it is not
+    set; never raises on bytes that are not UTF-8 (they are escaped)."""
+    if cond == NULL or not lib.pn_condition_is_set(cond):
+        return None
+    return _text(lib.pn_condition_get_name(cond)), _text(lib.pn_condition_get_description(cond))
+
+
+def describe(cond: Any) -> str | None:
+    """``name: description`` of a condition (``condition``), or None if not set."""
+    both = condition(cond)
+    if both is None:
+        return None
+    name, description = both
+    return f"{name}: {description}" if description else name
+
+
+def close_with(endpoint: Any, cond: Any, close: Callable[[Any], None], name: str,
+               description: str) -> None:
+    """Close a proton endpoint (``close`` of ``endpoint``, e.g. ``pn_link_close``)
+    with an error condition set straight in the engine (``cond``, its
+    ``pn_..._condition``)."""
+    lib.pn_condition_set_name(cond, name.encode())
+    lib.pn_condition_set_description(cond, description.encode())
+    close(endpoint)
+
+
+def free_link(link: Any) -> None:
+    """Let proton free ``link`` (a raw ``pn_link_t``) once it is closed at both ends;
+    the engine keeps it until its last frame is written."""
+    lib.pn_link_free(link)

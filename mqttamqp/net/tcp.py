@@ -1,0 +1,274 @@
+"""Lean TCP transports: writing without waiting for the next reactor turn, reading
+a new connection in the turn that accepts it, and less memory per connection.
+
+Writing at once (``send``):
+
+Twisted's ``transport.write`` buffers, registers the socket with epoll and sends
+on the next turn of the reactor: two epoll calls per write and one turn of
+latency per hop, which profiles of the broker put at a tenth of its reactor
+thread.  ``send`` gives the bytes to the socket at once when nothing is
+buffered on a plain TCP transport; what the socket does not take is written
+through the transport as usual, so its buffer and its producer (pauseProducing
+past 64 KiB) work unchanged.  TLS and WebSocket transports take the usual path.
+
+Only for a protocol that batches its own output and sets TCP_NODELAY (MQTT
+per batch, AMQP once per pump of its engine): many small sends in a row without
+TCP_NODELAY (AMQP's frames, once written as proton produced them) run into
+Nagle's algorithm and the peer's delayed ACKs (AMQP fell to a tenth).
+
+``others_waiting`` asks the reactor's poller whether any other descriptor has
+input ready, for a connection deciding whether to end its share of a turn.
+
+``lean_port`` turns a listening ``tcp.Port`` into a ``LeanPort`` (its class is
+swapped: Twisted builds the port inside ``listenTCP``/endpoints, so there is no
+earlier place to choose the class) that builds ``LeanServer`` transports.
+
+Every private name of Twisted used here (``_reads``, ``_doReadOrWrite``,
+``_POLL_IN``, ``_poller``, ``_tempDataLen``, ``_writeDisconnected``, ...) is checked
+against the installed Twisted by ``tests/test_net_pins.py``; the versions they were
+read from are pinned in setup.cfg (see ``mqttamqp.net``).
+
+What it must not do: know any protocol, or import the broker's core.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.address import IPv6Address
+from twisted.internet.tcp import Connection, Port, Server
+from twisted.python import log
+
+__all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
+           "plain_tcp", "send"]
+
+
+# protocol class -> its log prefix (a handful of classes)
+_PREFIXES: dict[type, str] = {}
+
+
+def _no_fileno() -> int:
+    return -1
+
+
+class LeanServer(Server):
+    """``tcp.Server`` for a broker that holds many idle clients.
+
+    * It keeps no ``logstr`` and ``repstr`` strings (~150 bytes a connection, read
+      only when Twisted logs or a repr is taken) and no ``fileno`` (a bound method
+      of the socket, 72 bytes): each is made when read; and ``__init__`` does not
+      format the two strings (a connect storm's CPU).
+    * ``nodelay``: the listening socket has TCP_NODELAY, which Linux gives every
+      socket it accepts (``lean_port``), so the protocol need not set it again.
+
+    ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
+    otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
+    """
+
+    nodelay = False
+
+    def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
+                 sessionno: int, reactor: Any) -> None:
+        Connection.__init__(self, sock, protocol, reactor)
+        if len(client) != 2:
+            self._addressType = IPv6Address
+        self.server = server
+        self.client = client
+        self.sessionno = sessionno
+        self.hostname = client[0]
+        self.startReading()  # type: ignore[no-untyped-call]
+        self.connected = 1
+
+    def logPrefix(self) -> str:
+        """The protocol's log prefix, without the session number and host that
+        ``logstr`` adds: Twisted asks for it on every read event (the legacy log
+        context of anything logged meanwhile); ``logstr`` would be formatted each
+        time.  (One string per protocol class, made once.)"""
+        kind = type(getattr(self, "protocol", None))
+        prefix = _PREFIXES.get(kind)
+        if prefix is None:
+            prefix = _PREFIXES[kind] = self._getLogPrefix(getattr(self, "protocol", None))
+        return prefix
+
+    @property
+    def logstr(self) -> str:
+        return f"{self._getLogPrefix(self.protocol)},{self.sessionno},{self.hostname}"
+
+    @logstr.setter
+    def logstr(self, value: str) -> None:
+        pass
+
+    @property
+    def repstr(self) -> str:
+        server = self.server
+        port = server._realPortNumber if server is not None else None
+        protocol = getattr(self, "protocol", None)
+        return f"<{type(protocol).__name__} #{self.sessionno} on {port}>"
+
+    @repstr.setter
+    def repstr(self, value: str) -> None:
+        pass
+
+    @property
+    def fileno(self) -> Callable[[], int]:
+        # (after the connection is lost Twisted deletes its socket: -1, as
+        # ``FileDescriptor.fileno``.  Not ``self.__dict__``: reading it makes
+        # CPython build the instance's dict, 64 bytes more.)
+        try:
+            return self.socket.fileno
+        except AttributeError:
+            return _no_fileno
+
+    @fileno.setter
+    def fileno(self, value: Callable[[], int]) -> None:
+        pass
+
+    @fileno.deleter
+    def fileno(self) -> None:
+        pass
+
+
+class LeanServerNoDelay(LeanServer):
+    """A ``LeanServer`` whose socket came with TCP_NODELAY from its listener."""
+
+    nodelay = True
+
+
+def _no_address(addr: Any) -> None:
+    return None
+
+
+class LeanPort(Port):
+    """``tcp.Port`` for a protocol whose client speaks first (MQTT's CONNECT).
+
+    Each connection it accepts is read at once, in the same reactor turn, the way
+    the reactor reads a socket epoll reports readable (``_doReadOrWrite``, with its
+    error handling): a client sends its first packet as soon as its handshake is
+    done, so it is usually there already, and the answer goes out without another
+    epoll round and event dispatch per connection (a connect storm's CPU, and a
+    turn of latency for every client).  What is not there yet is read when epoll
+    says so, as usual.  Reactors that are not poll-like (no ``_POLL_IN``: select,
+    asyncio) get Twisted's loop.
+
+    The accept loop is Twisted's (``Port.doRead``) for the common case only, without
+    its per-turn generator and log buffer; any error but "no more connections" goes
+    to Twisted's own loop, which handles it (EMFILE with its reserved descriptor,
+    EPERM, ECONNABORTED, ...).  A factory whose ``wants_address`` is false gets
+    None for ``buildProtocol``'s address instead of an ``IPv4Address`` it would not
+    read (the transport still has the peer's address).
+    """
+
+    def doRead(self) -> None:
+        try:
+            self._accept_and_read()
+        except BaseException:
+            log.deferr()   # (as ``Port.doRead``)
+
+    def _accept_and_read(self) -> None:
+        reactor: Any = self.reactor
+        # (the poll-like reactors' own: epoll, poll; ``_reads`` holds descriptors)
+        read = getattr(reactor, "_doReadOrWrite", None)
+        readable = getattr(reactor, "_POLL_IN", None)
+        reads = getattr(reactor, "_reads", None)
+        if read is None or readable is None or reads is None:
+            Port.doRead(self)
+            return
+        listener: Any = self.socket
+        accept = listener._accept
+        family, kind, proto = listener.family, listener.type, listener.proto
+        factory: Any = self.factory
+        address = self._buildAddr if getattr(factory, "wants_address", True) else _no_address
+        build = self.transport
+        limit = self.numberAccepts
+        accepted = 0
+        while accepted < limit:
+            if self.disconnecting:
+                return
+            try:
+                fd, addr = accept()
+            except BlockingIOError:
+                break
+            except OSError:
+                Port.doRead(self)
+                return
+            accepted += 1
+            skt = socket.socket(family, kind, proto, fd)
+            if len(addr) == 4:
+                # IPv6: the host with its scope id, as ``Port.doRead``
+                host = socket.getnameinfo(addr, socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)
+                addr = (host[0], *addr[1:])
+            protocol = factory.buildProtocol(address(addr))
+            if protocol is None:
+                skt.close()
+                continue
+            session = self.sessionno
+            self.sessionno = session + 1
+            transport: Any = build(skt, protocol, addr, self, session, reactor)
+            protocol.makeConnection(transport)
+            if fd in reads and transport.connected and not transport.disconnecting:
+                read(transport, fd, readable)
+        # (Twisted's scaling of the accepts per turn)
+        self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
+
+
+def lean_port(port: Any) -> None:
+    """Make a plain TCP listening port a ``LeanPort`` that builds ``LeanServer``
+    transports, with TCP_NODELAY set once on the listening socket where accepted
+    sockets inherit it (Linux): one ``setsockopt`` a connection less."""
+    if type(port) is not Port or port.transport is not Server:
+        return
+    port.__class__ = LeanPort
+    port.transport = LeanServer
+    if sys.platform.startswith("linux"):
+        try:
+            port.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            return
+        port.transport = LeanServerNoDelay
+
+
+_PLAIN = (Server, LeanServer, LeanServerNoDelay)
+
+
+def send(transport: Any, data: bytes) -> None:
+    """``transport.write(data)``, sent at once when that changes nothing else."""
+    if (type(transport) in _PLAIN and transport.connected and not transport._tempDataLen
+            and transport.offset >= len(transport.dataBuffer)
+            and not transport.disconnecting and not transport._writeDisconnected):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):    # (else the connection is lost: write() finds out)
+            if sent >= len(data):
+                return
+            data = data[sent:]
+    transport.write(data)
+
+
+def plain_tcp(transport: Any) -> bool:
+    """A plain (not TLS, not WebSocket) TCP server transport."""
+    return type(transport) in _PLAIN
+
+
+def others_waiting(reactor: Any, own_fd: int) -> bool:
+    """Whether a descriptor other than ``own_fd`` has input ready: a client's bytes,
+    a connection to accept, a thread waking the reactor up.
+
+    Asked by a connection whose share of a turn is over (``MQTTProtocol``): it goes
+    on when nobody else waits, since ending a turn costs its subscribers a send
+    each (smaller output batches: fan-out to 100 subscribers paid 15-40% more CPU
+    per delivery when every 2-10 ms of a publisher's input ended a turn).  The
+    poll-like reactors' poller (epoll, poll) is asked without waiting; it is
+    level-triggered, so nothing is taken from the reactor's next poll.  Any other
+    reactor, or a poller that fails: True (others are assumed to wait)."""
+    poller = getattr(reactor, "_poller", None)
+    readable = getattr(reactor, "_POLL_IN", None)
+    if poller is None or readable is None:
+        return True
+    wanted = readable | getattr(reactor, "_POLL_DISCONNECTED", 0)
+    try:
+        ready = poller.poll(0)
+    except (OSError, ValueError):
+        return True
+    return any(fd != own_fd and events & wanted for fd, events in ready)
