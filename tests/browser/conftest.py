@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from chromium import CHROMIUM, sync_api
+from console_support import web_broker_process
 from traffic_reports import (
     NOW,
     _FailedJob,
@@ -23,7 +24,6 @@ from traffic_reports import (
     write_summary,
 )
 from twisted.internet.task import Clock
-from webui_support import web_broker_process
 
 
 @pytest.fixture(scope="module")

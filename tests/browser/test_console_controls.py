@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, login, shot
+from console_support import Paho, initial_password, web_broker_process
 from pahoclient import PahoClient
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from webui_support import Paho, initial_password, web_broker_process
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 

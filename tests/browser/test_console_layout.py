@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, shot
+from console_support import CHEAP, PASSWORD, web_broker_process
 from paho.mqtt.client import MQTTv5, MQTTv311
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pahoclient import PahoClient
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from webui_support import CHEAP, PASSWORD, web_broker_process
 
 from mqttamqp.security.userstore import UserStore
 

@@ -15,7 +15,7 @@ from chromium import (
     login,
     shot,
 )
-from webui_support import Paho, initial_password
+from console_support import Paho, initial_password
 
 # Every browser test: skipped (with why) where Debian's chromium is missing.
 pytestmark = NEEDS_CHROMIUM

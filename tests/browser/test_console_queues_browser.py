@@ -21,11 +21,11 @@ from chromium import (
     login,
     shot,
 )
+from console_support import initial_password
 from paho.mqtt.client import MQTTv5, MQTTv311
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pahoclient import PahoClient
-from webui_support import initial_password
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 

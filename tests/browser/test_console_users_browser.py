@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from chromium import NEEDS_CHROMIUM, WAIT_MS, Watch, expect, login, shot
+from console_support import initial_password, web_broker_process
 from pahoclient import PahoClient
-from webui_support import initial_password, web_broker_process
 
 pytestmark = [NEEDS_CHROMIUM, pytest.mark.timeout(300)]
 

@@ -53,9 +53,9 @@ from amqp_clients import (
 )
 from amqp_messages import publish_message
 from brokerproc import BrokerProcess
+from console_support import ConsoleHTTP, initial_password
 from proton import Delivery
 from proton.utils import BlockingConnection, BlockingSender
-from webui_support import ConsoleHTTP, initial_password
 
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Connect, Publish

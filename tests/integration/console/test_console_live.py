@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from webui_support import ConsoleHTTP, Paho, initial_password, web_broker_process
+from console_support import ConsoleHTTP, Paho, initial_password, web_broker_process
 
 MARKER = b"--marker--"
 

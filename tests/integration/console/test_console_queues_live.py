@@ -9,9 +9,9 @@ import subprocess
 from typing import Any
 
 import pytest
+from console_support import ConsoleHTTP, initial_password, web_broker_process
 from paho.mqtt.client import MQTTv311
 from pahoclient import PahoClient
-from webui_support import ConsoleHTTP, initial_password, web_broker_process
 
 pytestmark = pytest.mark.timeout(180)
 

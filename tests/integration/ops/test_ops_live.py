@@ -2,7 +2,7 @@
 ``--log-format json``) over real HTTP, with real MQTT (paho) and AMQP (proton)
 traffic moving the numbers, and ``$SYS`` saying the same as ``/metrics``.
 
-The HTTP client is urllib (``webui_support.ConsoleHTTP``, the suite's client for a
+The HTTP client is urllib (``console_support.ConsoleHTTP``, the suite's client for a
 broker process): treq would need a reactor running in the test process."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
+from console_support import ConsoleHTTP, web_broker_process
 from pahoclient import PahoClient
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Message
 from proton.utils import BlockingConnection
-from webui_support import ConsoleHTTP, web_broker_process
 
 TIMEOUT = 20.0
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from webui_support import (
+from console_support import (
     ConsoleHTTP,
     initial_password,
     web_broker_process,

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from webui_support import ConsoleHTTP, Paho, initial_password, web_broker_process
+from console_support import ConsoleHTTP, Paho, initial_password, web_broker_process
 
 pytest_plugins = ["spark_support"]
 SPARK_TESTS = True

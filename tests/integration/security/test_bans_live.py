@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from amqp_clients import TIMEOUT, Paho
+from console_support import ConsoleHTTP, initial_password, web_broker_process
 from proton import ConnectionException
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from webui_support import ConsoleHTTP, initial_password, web_broker_process
 
 pytestmark = pytest.mark.timeout(120)
 

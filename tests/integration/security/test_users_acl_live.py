@@ -15,10 +15,10 @@ import pytest
 from amqp_clients import TIMEOUT, body_bytes, receiver, take, uid
 from amqp_messages import publish_message
 from brokerproc import BrokerProcess
+from console_support import CHEAP
 from pahoclient import PahoClient
 from proton import ConnectionException
 from proton.utils import BlockingConnection, LinkDetached
-from webui_support import CHEAP
 
 from mqttamqp.security.userstore import UserStore
 

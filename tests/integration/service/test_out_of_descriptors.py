@@ -16,8 +16,8 @@ def test_a_broker_out_of_descriptors_refuses_with_one_line_and_counts(
     import resource
 
     from brokerproc import BrokerProcess
+    from console_support import ConsoleHTTP
     from prometheus_client.parser import text_string_to_metric_families
-    from webui_support import ConsoleHTTP
 
     connect = bytes([0x10, 13]) + b"\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c"
     broker = BrokerProcess(str(tmp_path / "data"), "--no-archive",

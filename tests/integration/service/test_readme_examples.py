@@ -43,8 +43,8 @@ from pathlib import Path
 
 import pytest
 from brokerproc import TWISTD, BrokerProcess
+from console_support import CHEAP
 from readme_blocks import BLOCKS, Block
-from webui_support import CHEAP
 
 from mqttamqp.security.acl import READ, WRITE, covers, parse_acl
 from mqttamqp.security.userstore import UserStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from webui_support import logged_in
+from console_support import logged_in
 
 
 @pytest.fixture

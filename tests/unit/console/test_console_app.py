@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import console_support
 import pytest
-import webui_support
-from webui_support import (
+from console_support import (
     PASSWORD,
     Client,
     audit_text,
@@ -50,7 +50,7 @@ def logged_in(env: Any) -> Any:
     return env
 
 
-def subscriber(broker: Any, client_id: str, topic_filter: str) -> webui_support.FakeLink:
+def subscriber(broker: Any, client_id: str, topic_filter: str) -> console_support.FakeLink:
     return connect(broker, client_id, subscriptions=(topic_filter,))
 
 
@@ -104,7 +104,7 @@ def test_login_sets_a_fresh_hardened_cookie(env: Any) -> None:
 
 def test_cookie_is_secure_under_tls(tmp_path: Any, monkeypatch: Any) -> None:
     """Over https the session cookie carries Secure and responses carry HSTS."""
-    monkeypatch.setattr(webui_support, "BASE", "https://console.test")
+    monkeypatch.setattr(console_support, "BASE", "https://console.test")
     console, _, _ = make_console(tmp_path)
     client = Client(console)
     reply = client.login()
@@ -160,7 +160,7 @@ def test_password_change_ends_open_sessions(env: Any) -> None:
     console, _, clock, client = env
     client.login()
     clock.advance(1)
-    console.users.set_password("admin", "another password", **webui_support.CHEAP)
+    console.users.set_password("admin", "another password", **console_support.CHEAP)
     assert client.get("/").code == 303
     assert client.login(password="another password").code == 303
 
@@ -364,7 +364,7 @@ def test_ten_thousand_clients_are_paged_on_the_server(logged_in: Any) -> None:
     """With 10,000 connections a page renders 50 rows and the right total."""
     _, broker, _, client = logged_in
     for i in range(10_000):
-        link = webui_support.FakeLink(broker, f"dev-{i:05d}", since=1.0)
+        link = console_support.FakeLink(broker, f"dev-{i:05d}", since=1.0)
         broker.register_connection(link.key, link, link.protocol)
     data = client.get("/api/clients", page=3, per_page=50).json()
     assert data["total"] == 10_000 and data["pages"] == 200 and len(data["items"]) == 50
@@ -719,9 +719,9 @@ def test_event_stream_sends_stats_every_second_and_ends_at_logout(logged_in: Any
     console, broker, clock, client = logged_in
     import treq
 
-    d = client.treq.get(webui_support.BASE + "/api/events")
+    d = client.treq.get(console_support.BASE + "/api/events")
     client.treq.flush()
-    response = webui_support._result(d)
+    response = console_support._result(d)
     assert response.code == 200
     assert response.headers.getRawHeaders("content-type")[0].startswith("text/event-stream")
     chunks: list[bytes] = []
@@ -747,13 +747,13 @@ def test_event_stream_cancel_unsubscribes_and_streams_are_bounded(logged_in: Any
     """A cancelled stream (browser gone) leaves the feed; past the bound, 503."""
     console, _, _, client = logged_in
     console.overview.feed.max_streams = 1
-    d = client.treq.get(webui_support.BASE + "/api/events")
+    d = client.treq.get(console_support.BASE + "/api/events")
     client.treq.flush()
-    assert webui_support._result(d).code == 200
+    assert console_support._result(d).code == 200
     assert client.get("/api/overview").code == 200
-    second = client.treq.get(webui_support.BASE + "/api/events")
+    second = client.treq.get(console_support.BASE + "/api/events")
     client.treq.flush()
-    assert webui_support._result(second).code == 503
+    assert console_support._result(second).code == 503
     stream: EventStream = next(iter(console.overview.feed.streams))
     stream.done.cancel()
     assert not console.overview.feed.streams

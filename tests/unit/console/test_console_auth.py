@@ -11,13 +11,13 @@ import stat
 from typing import Any
 
 import pytest
+from console_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 from treq.testing import StubTreq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from webui_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 
 from mqttamqp.console import credentials as admin_cli
 from mqttamqp.console.auth import INITIAL_PASSWORD_FILE, SessionStore, ensure_first_admin

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from webui_support import FakeLink, audit_text, connect, connect_amqp
+from console_support import FakeLink, audit_text, connect, connect_amqp
 
 from mqttamqp.core.clients.connections import (
     AmqpDetails,

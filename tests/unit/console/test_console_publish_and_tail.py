@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import console_support
 import treq
-import webui_support
-from webui_support import Client, sse_frames
+from console_support import Client, sse_frames
 
 from mqttamqp.core.message import Message
 
@@ -44,9 +44,9 @@ def test_publish_form_keeps_what_was_typed_after_an_error_and_a_success(env: Any
 
 def _open_tail(client: Client, **params: str) -> tuple[Any, list[bytes], Any]:
     from urllib.parse import urlencode
-    d = client.treq.get(webui_support.BASE + "/api/tail?" + urlencode(params))
+    d = client.treq.get(console_support.BASE + "/api/tail?" + urlencode(params))
     client.treq.flush()
-    response = webui_support._result(d)
+    response = console_support._result(d)
     chunks: list[bytes] = []
     done = treq.collect(response, chunks.append) if response.code == 200 else None
     client.treq.flush()

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import console_support
 import pytest
-import webui_support
-from twisted.internet.defer import Deferred
-from webui_support import (
+from console_support import (
     PASSWORD,
     Client,
     audit_text,
@@ -19,6 +18,7 @@ from webui_support import (
     fill,
     make_console,
 )
+from twisted.internet.defer import Deferred
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message, MessageProperties
@@ -197,7 +197,7 @@ def test_an_action_answers_only_once_its_change_is_durable(env: Any) -> None:
         held.append(d)
         return d
     store.submit = hold
-    d = client.treq.request("POST", webui_support.BASE + "/api/queues/purge",
+    d = client.treq.request("POST", console_support.BASE + "/api/queues/purge",
                             data=json.dumps({"name": "jobs"}).encode(),
                             headers={"Content-Type": ["application/json"],
                                      "X-CSRF-Token": [client.csrf]})
@@ -218,7 +218,7 @@ def test_actions_need_csrf_and_an_admin(env: Any, tmp_path: Any) -> None:
     fill(service.broker, 1)
     assert client.post("/queues/purge", csrf=False, name="jobs").code == 403
     assert client.post_json("/api/queues/purge", {"name": "jobs"}).code == 403
-    console.users.set_password("viewer", PASSWORD, role="read-only", **webui_support.CHEAP)
+    console.users.set_password("viewer", PASSWORD, role="read-only", **console_support.CHEAP)
     viewer = Client(console)
     assert viewer.login("viewer").code == 303
     assert viewer.get("/queues").code == 200

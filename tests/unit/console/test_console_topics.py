@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from webui_support import connect
+from console_support import connect
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message

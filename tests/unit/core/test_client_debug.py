@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from amqp_memory import ListenerPeer
+from console_support import Client as ConsoleClient
+from console_support import make_console
 from fakes import NullStore, timers_left
 from mqtt_memory import Client
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
-from webui_support import Client as ConsoleClient
-from webui_support import make_console
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.clientdebug import MAX_DEBUGGED, ClientDebug, LineBudget

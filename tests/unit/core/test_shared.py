@@ -178,17 +178,17 @@ def test_the_console_shows_groups_members_and_counts(tmp_path: object) -> None:
     """Issue 11: shared groups in the console (Subscriptions page, /api/shared)."""
     import json
 
-    import webui_support
+    import console_support
 
     from mqttamqp.core.message import Message
 
-    console, service, _ = webui_support.make_console(tmp_path)
+    console, service, _ = console_support.make_console(tmp_path)
     broker = service.broker
     for cid in ("w-1", "w-<2>"):
-        webui_support.connect(broker, cid, subscriptions=("$share/workers/jobs/#",))
+        console_support.connect(broker, cid, subscriptions=("$share/workers/jobs/#",))
     for i in range(4):
         broker.publish(Message(f"jobs/{i}", b"x", 0))
-    client = webui_support.Client(console)
+    client = console_support.Client(console)
     assert client.login().code == 303
     [group] = json.loads(client.get("/api/shared").body)["items"]
     assert (group["name"], group["filter"], group["strategy"]) == (

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from twisted.internet.task import Clock
-from webui_support import (
+from console_support import (
     CHEAP,
     PASSWORD,
     Client,
     make_console,
 )
+from twisted.internet.task import Clock
 
 from mqttamqp.reportjob import INSTALL_HINT, ReportJob, parse_duration
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from console_support import Client, connect, make_console
 from fakes import MemoryStore
 from twisted.internet.task import Clock
-from webui_support import Client, connect, make_console
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits

@@ -10,10 +10,10 @@ import os
 import re
 from typing import Any
 
+import console_support
 import pytest
-import webui_support
+from console_support import CHEAP, make_console
 from twisted.internet.defer import Deferred, succeed
-from webui_support import CHEAP, make_console
 
 from mqttamqp.console import credentials as admin_cli
 from mqttamqp.core.auth import Credentials
@@ -165,20 +165,20 @@ def test_console_roles(tmp_path: Any) -> None:
     console, _, _ = make_console(tmp_path)
     console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
     console.users.set_password("device", "device password", **CHEAP)
-    device = webui_support.Client(console)
+    device = console_support.Client(console)
     assert device.login("device", "device password").code == 403    # a client user
-    viewer = webui_support.Client(console)
+    viewer = console_support.Client(console)
     assert viewer.login("viewer", "viewer password").code == 303
     assert viewer.get("/clients").code == 200
     refused = viewer.post("/publish", topic="t", payload="x", qos="0")
     assert refused.code == 403 and b"read-only role" in refused.body
     assert viewer.post("/logout").code == 303                        # may still log out
-    admin = webui_support.Client(console)
+    admin = console_support.Client(console)
     assert admin.login().code == 303
     assert admin.post("/publish", topic="t", payload="x", qos="0").code == 303
     # a role taken away ends the console session at once
     console.users.set_password("viewer2", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
-    v2 = webui_support.Client(console)
+    v2 = console_support.Client(console)
     assert v2.login("viewer2", "viewer password").code == 303
     console.users.set_role("viewer2", ROLE_CLIENT)
     assert v2.get("/clients").code == 303                            # back to the login
@@ -188,7 +188,7 @@ def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> N
     """Admins add users, set passwords and roles on the Users page, within its rules
     (audited)."""
     console, _, _ = make_console(tmp_path)
-    admin = webui_support.Client(console)
+    admin = console_support.Client(console)
     assert admin.login().code == 303
     page = admin.get("/users")
     assert page.code == 200 and b"admin" in page.body and b"No <code>--acl</code>" in page.body
@@ -209,7 +209,7 @@ def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> N
                               {"X-CSRF-Token": admin.csrf})
     assert selfish.code == 400 and b"yourself" in selfish.body
     console.users.set_password("boss", "boss password", role=ROLE_ADMIN, **CHEAP)
-    boss = webui_support.Client(console)
+    boss = console_support.Client(console)
     assert boss.login("boss", "boss password").code == 303
     assert boss.post_json("/api/users/delete", {"name": "admin"},
                           {"X-CSRF-Token": boss.csrf}).code == 200
@@ -230,7 +230,7 @@ def test_console_users_page_for_admins(tmp_path: Any, log_lines: list[str]) -> N
     assert not any("device password" in line or "another one" in line for line in log_lines)
     # a read-only user sees neither the page nor the API
     console.users.set_password("viewer", "viewer password", role=ROLE_READ_ONLY, **CHEAP)
-    viewer = webui_support.Client(console)
+    viewer = console_support.Client(console)
     assert viewer.login("viewer", "viewer password").code == 303
     assert viewer.get("/users").code == 403 and viewer.get("/api/users").code == 403
 
@@ -243,7 +243,7 @@ def test_console_shows_the_acl_file_escaped(tmp_path: Any) -> None:
     acl.write_text("# <script>alert(1)</script>\nuser alice\ntopic read a/#\n")
     console, _, _ = make_console(tmp_path)
     console.broker.authorizer = AclAuthorizer(str(acl))
-    admin = webui_support.Client(console)
+    admin = console_support.Client(console)
     assert admin.login().code == 303
     page = admin.get("/users")
     assert b"1 rule from" in page.body
@@ -375,7 +375,7 @@ def test_changing_the_first_password_in_the_console_removes_its_file(tmp_path: A
     initial = os.path.join(data_dir, INITIAL_PASSWORD_FILE)
     with open(initial, "w", encoding="utf-8") as f:
         f.write("user: admin\npassword: generated\n")
-    admin = webui_support.Client(console)
+    admin = console_support.Client(console)
     assert admin.login().code == 303
     assert admin.post("/users/add", name="dev-2", role="client",
                       password="device password").code == 303
