@@ -29,6 +29,7 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
+from mqttamqp.security.admission import guards
 
 
 class FakeLink(fakes.FakeLink):
@@ -77,7 +78,8 @@ class Harness:
         limits.setdefault("sys_interval", 0)
         self.clock = Clock()
         self.store = store if store is not None else NullStore()
-        self.broker = Broker(self.clock, self.store, Limits(**limits))
+        self.broker = Broker(self.clock, self.store, Limits(**limits),
+                             guards=guards(self.clock.seconds, Limits(**limits)))
         self.factory = MQTTFactory(self.broker, self.clock)
 
     def client(self) -> Client:

@@ -39,7 +39,7 @@ def client(broker: Broker, client_id: str, protocol: str = "mqtt3.1.1",
 
 def join(broker: Broker, session: Session, topic_filter: str, qos: int = 1,
          consumer: Consumer | None = None) -> int:
-    codes, _ = broker._router.subscribe(session, Identity(session.client_id),
+    codes, _ = broker.router.subscribe(session, Identity(session.client_id),
                                         [(topic_filter, qos)], consumer=consumer)
     return codes[0]
 

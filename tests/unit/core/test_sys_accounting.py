@@ -46,7 +46,7 @@ def _figures(broker: Broker) -> dict[str, int]:
 
 
 def _balanced(broker: Broker) -> dict[str, int]:
-    broker.publish_sys()
+    broker.sys_topics.publish()
     f = _figures(broker)
     assert f["received"] == f["sent"] + f["dropped"] + f["queued"], f
     return f
@@ -66,10 +66,10 @@ def test_queued_counts_copies_of_online_and_offline_sessions() -> None:
         pub(broker, "a", qos=1)
     assert len(link.published()) == 1                      # the window: 1 in flight
     assert broker.view.counters().messages_queued == 2 + 3
-    broker.publish_sys()
+    broker.sys_topics.publish()
     assert _figures(broker) == {"received": 3, "sent": 1, "dropped": 0, "queued": 5}
     broker.end_session(link, online, clean=True, reason="bye")  # a clean session ends
-    broker.publish_sys()
+    broker.sys_topics.publish()
     assert _figures(broker) == {"received": 3, "sent": 1, "dropped": 2, "queued": 3}
 
 
@@ -153,9 +153,9 @@ def test_drops_stay_labelled_with_the_protocol_they_happened_under() -> None:
     broker.subscribe(session, Identity("dev"), [("d/#", 1)])
     for _ in range(4):
         broker.publish(Message("d/1", b"x", 1))
-    before = broker.dropped_by_protocol()["mqtt"][0]
+    before = broker.registry.drops.dropped_by_protocol()["mqtt"][0]
     assert before > 0
     session.detach()
     broker.activate(session, FakeLink("dev"), "amqp")   # the same session, now over AMQP
-    after = broker.dropped_by_protocol()
+    after = broker.registry.drops.dropped_by_protocol()
     assert after["mqtt"][0] == before and after.get("amqp", (0, 0, 0))[0] == 0

@@ -594,10 +594,10 @@ def test_pause_and_resume_producing_mark_congestion() -> None:
     sub.received()
     sub.proto.pauseProducing()
     assert sub.proto.congested is True
-    assert h.broker.congested_for("t") is True
+    assert h.broker.router.congested_for("t") is True
     sub.proto.resumeProducing()
     assert sub.proto.congested is False
-    assert h.broker.congested_for("t") is False
+    assert h.broker.router.congested_for("t") is False
 
 
 def test_congested_subscriber_pauses_publisher_until_drained() -> None:

@@ -366,7 +366,7 @@ def test_an_acl_change_drops_subscriptions_it_no_longer_allows(acl: AclAuthorize
         f.write("pattern read devices/%c/#\n")
     os.utime(acl.path, ns=(1, 7_000_000_000))
     assert acl.reload()
-    net.broker.recheck_subscriptions()
+    net.broker.commands.recheck_subscriptions()
     assert set(net.broker.sessions["dev1"].subscriptions) == {"devices/dev1/#"}
     net.broker.publish(CoreMessage("public/x", b"no longer"))
     net.broker.publish(CoreMessage("devices/dev1/x", b"still"))
@@ -422,5 +422,5 @@ def test_recheck_forgets_the_options_of_dropped_filters(tmp_path: Any) -> None:
     acl.write_text("topic read b/#\n")
     os.utime(acl, ns=(1, 9_000_000_000))
     assert authorizer.reload()
-    net.broker.recheck_subscriptions()
+    net.broker.commands.recheck_subscriptions()
     assert "a/#" not in session.subscriptions and "a/#" not in session.sub_options

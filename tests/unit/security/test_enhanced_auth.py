@@ -163,7 +163,7 @@ def test_credentials_hold_no_password() -> None:
 def test_scram_checks_bans_on_the_name_it_proved() -> None:
     """A banned user who proves their name with SCRAM gets CONNACK 0x8A (banned)."""
     h = harness()
-    h.broker.ban("user", "alice", None, "test", "admin")
+    h.broker.commands.ban("user", "alice", None, "test", "admin")
     [ack] = scram_connect(client5(h), ScramClient("alice", "wonderland"))
     assert isinstance(ack, Connack) and ack.return_code == 0x8A
 
