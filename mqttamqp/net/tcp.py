@@ -65,7 +65,7 @@ class LeanServer(Server):
       socket it accepts (``lean_port``), so the protocol need not set it again.
 
     ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
-    otherwise Twisted's own (tests/test_netio.py compares the two).
+    otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
     """
 
     nodelay = False
