@@ -167,6 +167,7 @@ class ConnectedFlows(MQTTLink):
             release = message.release
             self._ack(None, message.frame, lambda: v5.quota_release(release))
             return
+        self.messages_in += 1
         qos = packet.qos
         pid = packet.packet_id
         broker = self.broker

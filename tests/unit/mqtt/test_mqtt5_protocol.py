@@ -170,6 +170,22 @@ def test_mqtt311_subscriber_gets_the_message_without_properties() -> None:
     assert old.received() == [Publish("t", b"x")]
 
 
+def test_mqtt5_publishes_count_as_messages_in() -> None:
+    """Routed MQTT 5 PUBLISHes count in the connection's messages in (the console's
+    figure), as 3.1.1 ones do; one refused at once (0x99 here: a bad payload format)
+    does not."""
+    h = Harness()
+    pub = connected(h, "pub")
+    pub.send(Publish("t", b"x"), Publish("t", b"y", 1, False, False, 3))
+    assert pub.received() == [Puback(3)]
+    assert pub.proto.messages_in == 2
+    pub.send(Publish("t", b"\xff", 1, False, False, 4,
+                     Properties(payload_format_indicator=1)))
+    [ack] = pub.received()
+    assert isinstance(ack, Puback) and ack.reason_code == 0x99
+    assert pub.proto.messages_in == 2
+
+
 def test_message_expiry_forwards_the_remaining_interval() -> None:
     """A queued message goes out with what is left of its expiry interval."""
     h = Harness()
