@@ -35,7 +35,7 @@ from mqttamqp.amqp.services import (
 from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.routing.router import DYNAMIC_PREFIX
+from mqttamqp.core.routing.subscriptions import DYNAMIC_PREFIX
 from mqttamqp.core.topics import (
     topic_size_problem,
     validate_topic_filter,

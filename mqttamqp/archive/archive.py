@@ -45,7 +45,6 @@ This module must not be imported by the core: the broker service creates one
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -56,7 +55,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from mqttamqp.archive.columns import pack
-from mqttamqp.archive.files import remove_leftovers
+from mqttamqp.archive.files import check_writable, remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP
 from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
 from mqttamqp.archive.process import EXIT_WAIT, WriterProcess
@@ -97,6 +96,21 @@ _EVENT_FIELDS = frozenset(EVENT_FIELD_NAMES)
 # names come from the broker's code, not from clients).
 _KNOWN_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
 _COUNTERS = ("messages", "events", "segments", "bytes", "filtered", "errors", "lost")
+
+
+def stored_bytes(cap: int, sizes: list[int]) -> int:
+    """Bytes of payload kept for messages of these sizes, each capped at ``cap``."""
+    if not cap:
+        return 0
+    if max(sizes) <= cap:
+        return sum(sizes)
+    return sum(size if size < cap else cap for size in sizes)
+
+
+def take_events(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Up to one frame's worth of events, oldest first, off ``buffer``."""
+    pop = buffer.popleft
+    return [pop() for _ in range(min(len(buffer), _FRAME))]
 
 
 class Archive:
@@ -272,16 +286,7 @@ class Archive:
         that feeds it."""
         if self._thread is not None:
             raise RuntimeError("archive: already started")
-        probe = os.path.join(self.directory, f".probe-{os.getpid()}")
-        try:  # an existing directory may still be read-only: say so now, once
-            os.makedirs(self.directory, exist_ok=True)
-            with open(probe, "wb"):
-                pass
-            os.unlink(probe)
-        except OSError as e:
-            raise RuntimeError(f"archive: cannot write to {self.directory}: {e.strerror}; "
-                               "fix its permissions, choose --archive-dir, or run with "
-                               "--no-archive") from None
+        check_writable(self.directory)
         for path in remove_leftovers(self.directory):
             log.info("archive: removed unfinished segment {path}", path=path)
         try:
@@ -387,7 +392,7 @@ class Archive:
             return False
         now = self.clock.seconds()
         messages = self._pack_all(self._take_messages())
-        events = self._take(self._events)
+        events = take_events(self._events)
         taken = sum(packed[0] for packed in messages)
         self._inflight = taken + len(events)
         self._behind = 2 * taken >= self.buffer_limit or len(events) >= _FRAME
@@ -458,25 +463,11 @@ class Archive:
             if n:
                 head = buffer[:n]
                 del buffer[:n]
-                stored = self._stored_bytes(head[SIZE_VALUE::MESSAGE_VALUES])
+                stored = stored_bytes(self.payload_bytes, head[SIZE_VALUE::MESSAGE_VALUES])
                 data = payloads[:stored]
                 del payloads[:stored]
                 taken.append((head, data))
         return taken
-
-    def _stored_bytes(self, sizes: list[int]) -> int:
-        """Bytes of payload kept for messages of these sizes (each capped)."""
-        cap = self.payload_bytes
-        if not cap:
-            return 0
-        if max(sizes) <= cap:
-            return sum(sizes)
-        return sum(size if size < cap else cap for size in sizes)
-
-    @staticmethod
-    def _take(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        pop = buffer.popleft
-        return [pop() for _ in range(min(len(buffer), _FRAME))]
 
     def _apply(self, report: dict[str, Any]) -> None:
         for level, text in report["logs"]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "remove_leftovers"]
+__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "check_writable", "remove_leftovers"]
 
 #: A segment being written is ``.part-<start>-<n>.parquet.tmp`` (see ``segments``).
 TEMP_PREFIX = ".part-"
@@ -31,3 +31,18 @@ def remove_leftovers(directory: str) -> list[str]:
                 except FileNotFoundError:
                     pass
     return removed
+
+
+def check_writable(directory: str) -> None:
+    """Create ``directory`` if needed and write a probe file in it: a directory that
+    exists may still be read-only, and the archive says so once, at start."""
+    probe = os.path.join(directory, f".probe-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise RuntimeError(f"archive: cannot write to {directory}: {e.strerror}; "
+                           "fix its permissions, choose --archive-dir, or run with "
+                           "--no-archive") from None

@@ -30,7 +30,7 @@ from proton import Data, Link, Message, Terminus, char, float32, symbol, timesta
 from twisted.internet.defer import succeed
 
 from mqttamqp.amqp.codec.sections import decode_message
-from mqttamqp.core.routing.router import DYNAMIC_PREFIX
+from mqttamqp.core.routing.subscriptions import DYNAMIC_PREFIX
 
 
 def watch(net: Net, topic_filter: str, qos: int = 2, client_id: str | None = None) -> MqttPeer:

@@ -1,0 +1,56 @@
+"""The shape of the code (#25): sizes a newcomer can read, the adapters' narrow port,
+and a package list that ships every package."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "mqttamqp"
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 400
+MAX_PORT_METHODS = 40
+
+
+def _modules() -> list[pathlib.Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """Every module of the broker fits in 600 lines."""
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := p.read_text(encoding="utf-8").count("\n")) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_class_is_over_400_lines() -> None:
+    """Every class of the broker fits in 400 lines."""
+    long = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = size
+    assert long == {}
+
+
+def test_the_adapters_port_is_narrow() -> None:
+    """The Broker, the port protocol adapters use, has fewer than 40 public methods
+    and properties (the console's commands live apart)."""
+    from mqttamqp.core.broker import Broker
+
+    public = [name for name, value in vars(Broker).items()
+              if not name.startswith("_") and (callable(value) or isinstance(value, property))]
+    assert len(public) < MAX_PORT_METHODS, sorted(public)
+
+
+def test_pyproject_lists_every_package() -> None:
+    """pyproject.toml's explicit package list names every package under mqttamqp/
+    (a package left out would be missing from a non-editable install)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found | {"twisted.plugins"} == listed
