@@ -29,7 +29,7 @@ from mqttamqp import logbridge
 from mqttamqp.core.auth import Authenticator, Authorizer
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
-from mqttamqp.datadir import lock_holder
+from mqttamqp.datadir import OpenAtStart, lock_holder
 from mqttamqp.listeners import ListenerService
 from mqttamqp.mqtt.protocol import MQTTFactory
 from mqttamqp.netio import AcceptRefusals
@@ -41,7 +41,6 @@ from mqttamqp.options import Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
-from mqttamqp.store.opening import OpenAtStart
 from mqttamqp.tls import TLSSettings
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
