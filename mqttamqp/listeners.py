@@ -13,9 +13,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.auth import loopback_host
-from mqttamqp.netio import AcceptRefusals, lean_port, watch_accept_errors
+from mqttamqp.net.accept import AcceptRefusals, watch_accept_errors
+from mqttamqp.net.tcp import lean_port
+from mqttamqp.net.tls import TLSSettings, server_endpoint
 from mqttamqp.optiontable import DEFAULT_LISTENERS
-from mqttamqp.tls import TLSSettings, server_endpoint
 
 __all__ = ["ListenerService"]
 

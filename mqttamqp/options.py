@@ -235,7 +235,7 @@ class Options(usage.Options):
         return config.dump(self, {kind: self[kind] or ["none"] for kind in DEFAULT_LISTENERS})
 
     def _check_tls(self) -> None:
-        from mqttamqp import tls
+        from mqttamqp.net import tls
 
         if self["tls-ca"] is None:
             for flag in ("tls-require-client-cert", "tls-cert-as-user"):

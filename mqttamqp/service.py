@@ -32,7 +32,8 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.datadir import OpenAtStart, lock_holder
 from mqttamqp.listeners import ListenerService
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import AcceptRefusals
+from mqttamqp.net.accept import AcceptRefusals
+from mqttamqp.net.tls import TLSSettings
 from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
@@ -41,7 +42,6 @@ from mqttamqp.options import Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
-from mqttamqp.tls import TLSSettings
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 
@@ -136,7 +136,7 @@ class BrokerService(service.MultiService):
         return self.add_listener("MQTT-WS", description, self.mqtt_ws_factory)
 
     def add_web_listener(self, description: str) -> ListenerService:
-        from webui.site import make_site
+        from mqttamqp.console.site import make_site
 
         if self.web_site is None:
             self.web_site = make_site(self)

@@ -1,5 +1,5 @@
-"""The per-message path of AMQP links at its edges (``links``, ``_engine``): what the
-short cuts of the common case must still do in the uncommon one.
+"""The per-message path of AMQP links at its edges (``links``, ``net.rawproton``):
+what the short cuts of the common case must still do in the uncommon one.
 
 * a transfer is read out of the engine in one call into a 64 KiB buffer: a larger
   message still arrives whole, one over ``--max-packet-size`` is still refused;

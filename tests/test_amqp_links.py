@@ -16,8 +16,8 @@ import pytest
 from amqp_memory import ACCEPTED, AmqpPeer, Net, outcome
 from proton import Message
 
-from mqttamqp.amqp._engine import lib
 from mqttamqp.amqp.links import BrokerLink
+from mqttamqp.net.rawproton import lib
 
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 

@@ -54,7 +54,7 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.properties import encode_varint
 from mqttamqp.mqtt.protocol import MQTTFactory
-from mqttamqp.netio import others_waiting
+from mqttamqp.net.tcp import others_waiting
 from tests.test_codec5 import STRATEGIES
 
 # --------------------------------------------------------------------------
@@ -467,7 +467,7 @@ def test_the_turn_goes_on_while_nobody_else_waits() -> None:
 
 
 def test_others_waiting_asks_the_real_poller_without_taking_its_events() -> None:
-    """``netio.others_waiting`` on a real epoll: input on the connection's own
+    """``net.tcp.others_waiting`` on a real epoll: input on the connection's own
     socket does not count, on another one does, and asking again (the reactor's
     own poll) still finds it; a reactor without a poller: True."""
     poller = select.epoll()

@@ -1,4 +1,4 @@
-"""``netio.LeanServer``: Twisted's TCP server transport, minus per-connection strings.
+"""``net.tcp.LeanServer``: Twisted's TCP server transport, minus per-connection strings.
 
 A real listening ``tcp.Port`` on 127.0.0.1 port 0 and real client sockets; the
 reactor is a stub that only records the descriptors it is asked to watch
@@ -16,15 +16,8 @@ import pytest
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.tcp import Port, Server
 
-from mqttamqp.netio import (
-    ACCEPT_PAUSE,
-    AcceptRefusals,
-    LeanServer,
-    LeanServerNoDelay,
-    lean_port,
-    plain_tcp,
-    watch_accept_errors,
-)
+from mqttamqp.net.accept import ACCEPT_PAUSE, AcceptRefusals, watch_accept_errors
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay, lean_port, plain_tcp
 
 
 class _Reactor:

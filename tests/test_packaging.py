@@ -33,10 +33,11 @@ def test_wheel_contents(wheel: Path) -> None:
     assert "twisted/__init__.py" not in names
     assert "twisted/plugins/__init__.py" not in names
     assert not any(n.endswith("dropin.cache") for n in names)
-    assert "mqttamqp/console_templates/base.html" in names
-    assert "mqttamqp/console_static/console.css" in names
+    assert "mqttamqp/console/templates/base.html" in names
+    assert "mqttamqp/console/static/console.css" in names
     assert "mqttamqp/py.typed" in names
-    assert "webui/site.py" in names
+    assert "mqttamqp/console/site.py" in names
+    assert "mqttamqp/console/apps/clients.py" in names
 
 
 def test_non_editable_install_is_what_twistd_runs(wheel: Path, tmp_path: Path) -> None:
@@ -62,13 +63,14 @@ def test_non_editable_install_is_what_twistd_runs(wheel: Path, tmp_path: Path) -
     help_out = subprocess.run([*twistd, "--help"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=60, env=env)
     assert "mqttamqp" in help_out.stdout
-    probe = ("import mqttamqp, twisted.plugins.mqttamqp_plugin as p, webui.rendering as r;"
-             "print(mqttamqp.__file__); print(p.__file__)")
+    probe = ("import mqttamqp, twisted.plugins.mqttamqp_plugin as p,"
+             " mqttamqp.console.rendering as r;"
+             "print(mqttamqp.__file__); print(p.__file__); print(r.templates_dir())")
     where = subprocess.run([str(py), "-c", probe], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60, env=env, check=True).stdout.split()
     site = str(venv)
     assert all(path.startswith(site) for path in where), where
-    templates = Path(where[0]).parent / "console_templates" / "base.html"
+    templates = Path(where[2]) / "base.html"
     assert templates.is_file()
 
 

@@ -18,8 +18,8 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, body_size
+from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.queues.budget import StorageAlarm
-from mqttamqp.core.queues.manager import Consumer
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.systopics import queue_topics
 

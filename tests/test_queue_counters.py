@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_queues import ack, client, join, last, make, send
 
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.queues.manager import Consumer
+from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.ops.metrics import broker_registry, exposition
 
 

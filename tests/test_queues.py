@@ -13,14 +13,14 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     Consumer,
-    Retention,
     default_group,
     parse_queue_filter,
     parse_queue_topic,
     parse_stream_offset,
 )
+from mqttamqp.core.queues.model import Retention
 from mqttamqp.core.sessions.session import Session
 
 
@@ -646,6 +646,39 @@ def test_a_persistent_members_queue_deliveries_are_never_stored_in_its_session()
     broker.completed(worker, pid)
     assert not [op for op in store.submitted if isinstance(op, PutQueued)]
     assert broker.queues.views()[0].depth == 0
+
+
+def test_a_queue_delivery_rides_on_its_receipt_and_is_not_held() -> None:
+    """A persistent member's QoS 2 queue delivery carries the queue's receipt and
+    is sent once the queue's own commit is durable (the session holds it for none)."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", clean=False)
+    join(broker, worker, "$queue/jobs/#", qos=2)
+    send(broker, "$queue/jobs/a", qos=2)
+    store.commit_all()
+    assert got(link) == [("$queue/jobs/a", b"x")]
+    entry = worker.inflight[link.published()[-1][2]]
+    assert entry.receipt is not None and not entry.held
+
+
+def test_a_receipt_counts_only_while_its_delivery_is_pending() -> None:
+    """A delivery taken back (the visibility timeout) voids its receipt: a late
+    acknowledgement through it finishes nothing, not even the same offset's
+    redelivery to the same member."""
+    broker, clock, _ = make(queue_visibility_timeout=30.0)
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/a")
+    first = worker.inflight[link.published()[-1][2]].receipt
+    assert first is not None
+    clock.advance(31.0)
+    assert got(link) == [("$queue/jobs/a", b"x")] * 2
+    first.acknowledged()
+    view = broker.queues.views()[0]
+    assert view.acknowledged == 0 and view.groups[0].pending == 1
+    broker.acknowledged(worker, link.published()[-1][2])
+    assert broker.queues.views()[0].acknowledged == 1
 
 
 def test_a_retention_change_that_frees_credit_delivers_at_once() -> None:

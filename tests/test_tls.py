@@ -34,8 +34,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
+from mqttamqp.console.credentials import main as admin_main
 from mqttamqp.security.users import make_line
-from webui.admin_cli import main as admin_main
 
 TIMEOUT = 10.0
 

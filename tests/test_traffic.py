@@ -2,7 +2,7 @@
 template (escaping, empty and broken reports) and the page in Chromium under the
 console's Content-Security-Policy, with a screenshot in ``test-artifacts/``.
 
-The page is not mounted in ``webui.app`` by this module; the browser test serves
+The page is not mounted in ``mqttamqp.console.app`` by this module; the browser test serves
 the rendered template and the static files with the console's headers.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from twisted.internet.task import Clock
 
-from webui.app import CSP
-from webui.rendering import make_environment, static_dir
-from webui.traffic import SUMMARY_FILE, TrafficSource
+from mqttamqp.console.rendering import make_environment, static_dir
+from mqttamqp.console.traffic import SUMMARY_FILE, TrafficSource
+from mqttamqp.console.web import CSP
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"

@@ -15,6 +15,7 @@ import webui_support
 from twisted.internet.defer import Deferred, succeed
 from webui_support import CHEAP, make_console
 
+from mqttamqp.console import credentials as admin_cli
 from mqttamqp.core.auth import Credentials
 from mqttamqp.security.users import UserFile, make_line
 from mqttamqp.security.userstore import (
@@ -25,7 +26,6 @@ from mqttamqp.security.userstore import (
     StoreAuthenticator,
     UserStore,
 )
-from webui import admin_cli
 
 
 def now(fn: Any, *args: Any) -> Deferred[Any]:
@@ -355,7 +355,7 @@ def test_changing_the_first_password_in_the_console_removes_its_file(tmp_path: A
     behind, no longer valid, when changed in the console)."""
     import os
 
-    from webui.auth import INITIAL_PASSWORD_FILE
+    from mqttamqp.console.auth import INITIAL_PASSWORD_FILE
 
     console, _, _ = make_console(tmp_path)
     data_dir = console.users.data_dir

@@ -339,7 +339,7 @@ def test_https_verifies_the_server_against_the_hooks_ca(
     does not and sends nothing; tls-verify = false sends anyway."""
     from twisted.protocols import tls as twisted_tls
 
-    from mqttamqp import tls
+    from mqttamqp.net import tls
 
     key = ssl.PrivateCertificate.loadPEM(open(pki.server_key).read()
                                          + open(pki.server_crt).read())

@@ -17,11 +17,11 @@ from webui_support import (
     make_console,
 )
 
+from mqttamqp.console.feed import EventStream
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import DeleteRetained, DeleteSession
-from webui.feed import EventStream
 
 PAGES = ["/", "/clients", "/client?key=mqtt:x", "/sessions", "/retained",
          "/retained/message?topic=a", "/retained/delete-matching?filter=%23", "/wills",
@@ -103,7 +103,7 @@ def test_login_sets_a_fresh_hardened_cookie(env: Any) -> None:
     assert after != before
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
     assert "Secure" not in cookie
-    assert console.sessions.get(before) is None
+    assert console.gate.sessions.get(before) is None
     assert client.get("/").code == 200
 
 
@@ -153,7 +153,7 @@ def test_idle_sessions_expire_and_background_requests_do_not_keep_them(env: Any)
     """A login idle past the timeout ends; live refreshes (X-Background) are not activity."""
     console, _, clock, client = env
     client.login()
-    clock.advance(console.sessions.idle_timeout - 10)
+    clock.advance(console.gate.sessions.idle_timeout - 10)
     assert client.request("GET", "/clients?partial=1",
                           headers={"X-Background": ["1"]}).code == 200
     clock.advance(20)
@@ -237,7 +237,7 @@ def test_unknown_routes_and_methods(logged_in: Any) -> None:
 
 def test_templates_have_no_inline_script_or_safe_filter() -> None:
     """The CSP would block inline script anyway; templates must not need it or |safe."""
-    from webui.rendering import templates_dir
+    from mqttamqp.console.rendering import templates_dir
     for path in templates_dir().glob("*.html"):
         text = path.read_text()
         assert "|safe" not in text.replace(" ", ""), path
@@ -309,11 +309,11 @@ def test_overview_page_and_api(logged_in: Any) -> None:
     assert page.code == 200
     for text in ("Listeners", "tcp:1883", "127.0.0.1:8080", "Message rate", "rate-chart"):
         assert text in page.text
-    console.feed.tick()
+    console.overview.feed.tick()
     for _ in range(3):
         broker.publish(Message("x", b"y", 0, False))
     clock.advance(1)
-    console.feed.tick()
+    console.overview.feed.tick()
     data = client.get("/api/overview").json()
     assert data["clients"] == {"connected": 3, "mqtt31": 1, "mqtt311": 1, "mqtt5": 0, "amqp": 1,
                                "maximum": 3, "total": 3, "refused": 0}
@@ -742,25 +742,25 @@ def test_event_stream_sends_stats_every_second_and_ends_at_logout(logged_in: Any
     done = treq.collect(response, chunks.append)
     client.treq.flush()
     assert [e for e, _ in _frames(chunks)] == ["history", "stats"]
-    console.feed.start()
+    console.overview.feed.start()
     connect(broker, "newcomer")
     clock.advance(1)
     client.treq.flush()
     frames = _frames(chunks)
     assert frames[-1][0] == "stats" and frames[-1][1]["clients"]["connected"] == 1
-    assert len(console.feed.streams) == 1
+    assert len(console.overview.feed.streams) == 1
     client.post("/logout")
     clock.advance(1)
     client.treq.flush()
     assert _frames(chunks)[-1][0] == "logout"
-    assert done.called and not console.feed.streams
-    console.feed.stop()
+    assert done.called and not console.overview.feed.streams
+    console.overview.feed.stop()
 
 
 def test_event_stream_cancel_unsubscribes_and_streams_are_bounded(logged_in: Any) -> None:
     """A cancelled stream (browser gone) leaves the feed; past the bound, 503."""
     console, _, _, client = logged_in
-    console.feed.max_streams = 1
+    console.overview.feed.max_streams = 1
     d = client.treq.get(webui_support.BASE + "/api/events")
     client.treq.flush()
     assert webui_support._result(d).code == 200
@@ -768,6 +768,21 @@ def test_event_stream_cancel_unsubscribes_and_streams_are_bounded(logged_in: Any
     second = client.treq.get(webui_support.BASE + "/api/events")
     client.treq.flush()
     assert webui_support._result(second).code == 503
-    stream: EventStream = next(iter(console.feed.streams))
+    stream: EventStream = next(iter(console.overview.feed.streams))
     stream.done.cancel()
-    assert not console.feed.streams
+    assert not console.overview.feed.streams
+
+
+def test_root_app_mounts_every_area_route_as_the_area_declares_it() -> None:
+    """Each area app's routes are served by the root app with the same path, methods
+    and endpoint, and no endpoint is mounted twice."""
+    from mqttamqp.console.app import AREAS, Console
+
+    rules = list(Console.app.url_map.iter_rules())
+    served = {(r.rule, frozenset(r.methods or ()), r.endpoint) for r in rules}
+    for _, area in AREAS:
+        for rule in area.app.url_map.iter_rules():
+            assert (rule.rule, frozenset(rule.methods or ()), rule.endpoint) in served
+    endpoints = [r.endpoint for r in rules]
+    assert len(endpoints) == len(set(endpoints))
+    assert len(rules) == 2 + sum(len(list(a.app.url_map.iter_rules())) for _, a in AREAS)

@@ -19,17 +19,10 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from webui_support import BASE, CHEAP, PASSWORD, Client, FakeService, make_console
 
-from webui import admin_cli
-from webui.auth import (
-    INITIAL_PASSWORD_FILE,
-    USERS_FILE,
-    LoginThrottle,
-    SessionStore,
-    UserStore,
-    ensure_first_admin,
-    hash_password,
-    verify_password,
-)
+from mqttamqp.console import credentials as admin_cli
+from mqttamqp.console.auth import INITIAL_PASSWORD_FILE, SessionStore, ensure_first_admin
+from mqttamqp.console.throttle import LoginThrottle
+from mqttamqp.security.userstore import USERS_FILE, UserStore, hash_password, verify_password
 
 
 def _mode(path: str) -> int:
@@ -93,7 +86,7 @@ def _console_start_lines(tmp_path: Any, starts: int) -> list[str]:
     """The log lines of ``starts`` console service starts and stops on ``tmp_path``."""
     from twisted.application.service import MultiService
 
-    from webui.site import make_site
+    from mqttamqp.console.site import make_site
 
     class Service(MultiService, FakeService):
         def __init__(self) -> None:
@@ -226,7 +219,7 @@ def test_login_throttle_doubles_and_resets() -> None:
 
 def test_templates_and_static_are_found() -> None:
     """The console finds its templates and static files in the source tree or package."""
-    from webui.rendering import static_dir, templates_dir
+    from mqttamqp.console.rendering import static_dir, templates_dir
     assert (templates_dir() / "base.html").is_file()
     assert (static_dir() / "console.css").is_file()
     assert (static_dir() / "console.js").is_file()
@@ -329,7 +322,7 @@ def test_a_success_resets_the_pair(console_clock: Any) -> None:
     assert a.login().code == 429
     clock.advance(1)
     assert a.login().code == 303
-    assert console.throttle.failures("10.0.0.1", "admin") == 0
+    assert console.login.throttle.failures("10.0.0.1", "admin") == 0
     a = _client_at(console, "10.0.0.1")              # logged out: a fresh browser
     for _ in range(3):                               # three free failures again
         assert a.login(password="wrong").code == 401
@@ -436,7 +429,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
         clock.advance(0.5)
     assert checked <= 60, checked                    # (without the pace: over 500)
     assert refused > 0
-    assert console.throttle.paced > 0
+    assert console.login.throttle.paced > 0
     # From home: at once, whatever the pace.
     assert _client_at(console, "192.0.2.1").login().code == 303
     # From a new address, with the attack going on: its turn comes within 30 s.
@@ -444,7 +437,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
     laptop.start(PASSWORD)
     waited = 0.0
     code = laptop.code()
-    while code is None and waited <= console.throttle.user_max_wait:
+    while code is None and waited <= console.login.throttle.user_max_wait:
         for browser in attackers:                    # the attack goes on meanwhile
             if browser.pending is None:
                 browser.start("wrong")
@@ -452,7 +445,7 @@ def test_guessing_one_user_from_100_addresses_is_paced_not_locked_out(
         clock.advance(0.5)
         waited += 0.5
         code = laptop.code()
-    assert code == 303 and 0 < waited <= console.throttle.user_max_wait
+    assert code == 303 and 0 < waited <= console.login.throttle.user_max_wait
     lines = [formatEvent(e) for e in console_log]
     paced = [line for line in lines if "failed logins for 'admin' from" in line]
     assert len(paced) == 1 and "wait their turn" in paced[0], paced

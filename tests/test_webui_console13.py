@@ -159,7 +159,7 @@ def test_counters_and_rates_per_client(env: Any) -> None:
     assert "10.0/s" in html and "20.0/s" in html
     broker.unregister_connection("amqp:3", conn)
     client.get("/api/clients")
-    assert len(client.console.client_rates) == 0    # forgotten with the client
+    assert len(client.console.clients.rates) == 0    # forgotten with the client
 
 
 def test_page_numbers_with_first_and_last(env: Any) -> None:
@@ -238,7 +238,7 @@ def test_tail_streams_matching_messages_escaped_bounded_and_ends(env: Any) -> No
     assert b"<script>" not in raw           # JSON-escaped on the wire (\u003c)
     assert frames[2][1]["mode"] == "json" and frames[3][1]["mode"] == "hex"
     # Bounded: over the per-second rate, messages are skipped and reported.
-    console.tails.per_second = 2
+    console.messages.tails.per_second = 2
     clock.advance(1)
     for _ in range(5):
         broker.publish(Message("plant/flood", b"x", 0, False, "p", clock.seconds()))
@@ -253,7 +253,7 @@ def test_tail_streams_matching_messages_escaped_bounded_and_ends(env: Any) -> No
     clock.advance(1)
     client.treq.flush()
     assert _frames(chunks)[-1][0] == "logout" and done is not None and done.called
-    assert not broker.link_subscribers and not console.tails.tails
+    assert not broker.link_subscribers and not console.messages.tails.tails
 
 
 def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
@@ -264,13 +264,13 @@ def test_tail_refuses_bad_filters_and_too_many(env: Any) -> None:
     assert _open_tail(client, filter="$share/workers/jobs/#")[0].code == 403
     assert _open_tail(client, filter="$dynamic/+")[0].code == 403
     assert not broker.link_subscribers
-    console.tails.max_tails = 1
+    console.messages.tails.max_tails = 1
     response, _, _ = _open_tail(client, filter="x/#")
     assert response.code == 200
     assert _open_tail(client, filter="y/#")[0].code == 503
-    tail = next(iter(console.tails.tails.values()))
+    tail = next(iter(console.messages.tails.tails.values()))
     tail.done.cancel()                     # the browser went away
-    assert not console.tails.tails and not broker.link_subscribers
+    assert not console.messages.tails.tails and not broker.link_subscribers
 
 
 # -- topics and subscriptions ------------------------------------------------------------------
@@ -330,7 +330,7 @@ def test_subscriptions_across_sessions_are_searchable(env: Any) -> None:
 
 
 def test_api_index_lists_every_endpoint(env: Any) -> None:
-    from webui.apidoc import ENDPOINTS
+    from mqttamqp.console.apidoc import ENDPOINTS
     console, _, _, client = env
     index = client.get("/api/").json()
     listed = {e["path"]: e for e in index["endpoints"]}

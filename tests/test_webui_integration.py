@@ -189,7 +189,7 @@ def test_admin_cli_changes_the_password_of_a_running_broker(tmp_path: Any) -> No
         old = initial_password(data)
         assert http.login(old) == 303
         done = subprocess.run(
-            [sys.executable, "-m", "webui.admin_cli", "user", "passwd", "--data", data,
+            [sys.executable, "-m", "mqttamqp.console.credentials", "user", "passwd", "--data", data,
              "--password-stdin", "admin"], input="the new password\n", text=True,
             capture_output=True, timeout=60, check=True)
         assert "changed the password" in done.stdout

@@ -242,7 +242,7 @@ def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
     fill(service.broker, 1, queue="a")
     fill(service.broker, 1, queue="b")
     client.get("/api/queues")
-    assert len(console.queue_rates) == 2
+    assert len(console.queues.rates) == 2
     clock.advance(0.5)
     fill(service.broker, 1, queue="a")
     rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
@@ -250,5 +250,5 @@ def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
     service.broker.delete_queue("b")
     clock.advance(1)
     rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
-    assert list(rows) == ["a"] and len(console.queue_rates) == 1
+    assert list(rows) == ["a"] and len(console.queues.rates) == 1
     assert rows["a"]["rates"] == {"publish": round(1 / 1.5, 1), "ack": 0.0}

@@ -18,12 +18,13 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
+from mqttamqp.console.app import Console
+from mqttamqp.console.context import ConsoleContext
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from webui.app import Console, ConsoleContext
-from webui.auth import UserStore
+from mqttamqp.security.userstore import UserStore
 
 PASSWORD = "correct horse battery"
 BASE = "http://console.test"

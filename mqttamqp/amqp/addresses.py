@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
 
-from mqttamqp.core.queues.manager import QUEUE_PREFIX, is_queue_topic
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX, is_queue_topic
 
 __all__ = [
     "AddressKind", "Address", "classify", "WILL_SERVICE_ADDRESSES",

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 from proton import Data, Terminus, symbol
 from twisted.logger import Logger
 
-from mqttamqp.amqp._engine import close_with, lib
 from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
 from mqttamqp.amqp.links import (
     BrokerLink,
@@ -38,7 +37,7 @@ from mqttamqp.amqp.services import (
     SubscriptionServiceLink,
     WillServiceLink,
 )
-from mqttamqp.core.queues.manager import Consumer, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX
 from mqttamqp.core.topics import (
@@ -46,6 +45,7 @@ from mqttamqp.core.topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from mqttamqp.net.rawproton import close_with, lib
 
 __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY", "RESOURCE_LIMIT",
            "REFUSALS_LOGGED"]

@@ -41,7 +41,8 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.amqp._engine import close_with, condition, ffi, lib, recv
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.amqp.addresses import queue_topic
 from mqttamqp.amqp.codec import (
     DecodeError,
@@ -64,18 +65,42 @@ from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.manager import (
-    METADATA_KEYS,
+from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     Refusal,
     is_queue_command,
     is_queue_topic,
 )
+from mqttamqp.core.queues.metadata import METADATA_KEYS
 from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
+from mqttamqp.net.rawproton import (
+    close_with,
+    condition,
+    decref,
+    delivery_aborted,
+    delivery_partial,
+    delivery_pending,
+    delivery_readable,
+    delivery_remote,
+    delivery_remote_state,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    disposition_is_failed,
+    from_buffer,
+    incref,
+    lib,
+    link_advance,
+    link_credit,
+    link_flow,
+    link_queued,
+    link_send,
+    new_delivery,
+    recv,
+)
 from mqttamqp.security.admission import PublishRate
 
 __all__ = [
@@ -100,26 +125,6 @@ _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
                        QUOTA_EXCEEDED: "amqp:resource-limit-exceeded"}
 
 
-# The proton-c functions of the per-message path, looked up once.
-_decref = lib.pn_decref
-_delivery_aborted = lib.pn_delivery_aborted
-_delivery_partial = lib.pn_delivery_partial
-_delivery_pending = lib.pn_delivery_pending
-_delivery_readable = lib.pn_delivery_readable
-_delivery_remote = lib.pn_delivery_remote
-_delivery_remote_state = lib.pn_delivery_remote_state
-_delivery_settle = lib.pn_delivery_settle
-_delivery_settled = lib.pn_delivery_settled
-_delivery_update = lib.pn_delivery_update
-_disposition_is_failed = lib.pn_disposition_is_failed
-_incref = lib.pn_incref
-_from_buffer = ffi.from_buffer
-_new_delivery = lib.pn_delivery
-_link_advance = lib.pn_link_advance
-_link_send = lib.pn_link_send
-_link_credit = lib.pn_link_credit
-_link_flow = lib.pn_link_flow
-_link_queued = lib.pn_link_queued
 
 def message_properties(props: Mqtt5Props | None, payload: bytes | None
                        ) -> MessageProperties | None:
@@ -233,6 +238,7 @@ class LinkHost(Protocol):
     serial: int
     peer: str
     publish_rate: PublishRate | None
+    meter: DeliveryMeter     # the core's counters, written the adapters' way
     write_blocked: bool      # the socket's buffer is full (until it drains)
 
     @property
@@ -278,7 +284,7 @@ class BrokerLink:
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         self.host = host
         self.plink = plink
-        self.impl: Any = plink._impl     # raw pointer for the per-message path (_engine)
+        self.impl: Any = plink._impl     # raw pointer for the per-message path (rawproton)
         self.address = address
         self.name: str = plink.name
         self.broker = host.broker
@@ -355,29 +361,31 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None) -> None:
+    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None,
+                 published_at: float = 0.0) -> None:
+        """Hand one delivery to the engine; ``published_at``: a message's receipt
+        time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
-        if _link_credit(impl) <= 0:
+        if link_credit(impl) <= 0:
             # Waits inside the engine until the peer grants credit.
-            if _link_queued(impl) == 0:
+            if link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        # (``_engine.send``, inline: this is every message's path)
-        dlv = _new_delivery(impl, (len(tag), _from_buffer(tag)))
-        _link_send(impl, data, len(data))
-        _link_advance(impl)
+        # (``rawproton``, inline: this is every message's path)
+        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        link_send(impl, data, len(data))
+        link_advance(impl)
         if settled:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
         elif key is not None:
             awaiting = self._awaiting
             if awaiting is None:
                 awaiting = self._awaiting = {}
             awaiting[dlv] = key
         self.delivered += 1
-        stats = self.broker.stats
-        stats.messages_sent += 1   # (bytes are counted per socket write)
-        stats.messages_sent_amqp += 1
-        self.host.schedule_flush()
+        host = self.host
+        host.meter.transferred(published_at)   # (bytes are counted per socket write)
+        host.schedule_flush()
 
     @property
     def credit_room(self) -> bool:
@@ -385,12 +393,12 @@ class OutgoingLink(BrokerLink):
         the core feeds retained messages, and shared groups their QoS 0 ones, only
         then (``Session.has_room``)."""
         impl = self.impl
-        return bool(_link_credit(impl) > _link_queued(impl))
+        return bool(link_credit(impl) > link_queued(impl))
 
     def over_credit_full(self) -> bool:
         """Too much is already waiting for credit: a QoS 0 message is dropped."""
         impl = self.impl
-        return (_link_credit(impl) <= 0 and _link_queued(impl) > 0
+        return (link_credit(impl) <= 0 and link_queued(impl) > 0
                 and self._over_credit_bytes > self.host.limits.congested_qos0_bytes)
 
     def on_flow(self) -> None:
@@ -411,15 +419,15 @@ class OutgoingLink(BrokerLink):
 
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer (its outcome)."""
-        state = _delivery_remote_state(dlv)
-        if state not in _TERMINAL and not _delivery_settled(dlv):
+        state = delivery_remote_state(dlv)
+        if state not in _TERMINAL and not delivery_settled(dlv):
             return  # non-terminal (e.g. Received): wait for the outcome
         failed = state == MODIFIED and bool(
-            _disposition_is_failed(_delivery_remote(dlv)))
+            disposition_is_failed(delivery_remote(dlv)))
         reason = _rejected_reason(dlv) if state == REJECTED else None
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None
-        _delivery_settle(dlv)  # its address may be reused from here on
+        delivery_settle(dlv)  # its address may be reused from here on
         if key is not None:
             self.outcome(key, state, failed, reason)
 
@@ -432,7 +440,7 @@ def _rejected_reason(dlv: Any) -> str | None:
     """The error description of the peer's Rejected outcome on ``dlv`` (a durable
     queue dead-letters with it), bytes that are not UTF-8 escaped; None if it gave
     none."""
-    both = condition(lib.pn_disposition_condition(_delivery_remote(dlv)))
+    both = condition(lib.pn_disposition_condition(delivery_remote(dlv)))
     if both is None:
         return None
     name, description = both
@@ -537,17 +545,15 @@ class _SessionLink(OutgoingLink):
         else:
             data = _encode_with_props(message, props, qos, retain, count, packet_id, native,
                                       self.broker.clock.seconds(), first)
-        stats = self.broker.stats
-        if not (stats.messages_sent + 1) & DELIVER_SAMPLE_MASK:   # this one is sampled
-            stats.deliver_sampled(message.timestamp)
         if self.host.write_blocked:
             self._backlog += len(data)
         if packet_id is None:
             settled = self.presettled or self.mixed
-            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled)
+            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
+                          None, message.timestamp)
             return
         self.transfer(b"%d" % packet_id, data, self.presettled,
-                      packet_id if qos == 1 else packet_id | _QOS2)
+                      packet_id if qos == 1 else packet_id | _QOS2, message.timestamp)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
             self.host.after(lambda: self._finished(packet_id, ACCEPTED))
@@ -575,14 +581,14 @@ class _SessionLink(OutgoingLink):
     # outcomes ------------------------------------------------------------------------
 
     def on_delivery(self, dlv: Any) -> None:
-        if _delivery_remote_state(dlv) != ACCEPTED:
+        if delivery_remote_state(dlv) != ACCEPTED:
             super().on_delivery(dlv)
             return
         # Accepted, the usual outcome: ``on_delivery``, ``outcome`` and ``_finished``
         # of that case in one.
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None
-        _delivery_settle(dlv)  # its address may be reused from here on
+        delivery_settle(dlv)  # its address may be reused from here on
         if key is None:
             return
         if key < 0:
@@ -815,9 +821,9 @@ class IncomingLink(BrokerLink):
             return
         impl = self.impl
         want = self.window - self.outstanding
-        have = _link_credit(impl)
+        have = link_credit(impl)
         if want - have >= self._refill or (have <= 0 < want):
-            _link_flow(impl, want - have)
+            link_flow(impl, want - have)
             have = want
             self.host.schedule_flush()
         self._owed = want - have
@@ -839,18 +845,18 @@ class IncomingLink(BrokerLink):
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery on this link: a new transfer, more of one, or a settle."""
         if self.closed:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             return
-        if not _delivery_readable(dlv):
-            if _delivery_settled(dlv):
+        if not delivery_readable(dlv):
+            if delivery_settled(dlv):
                 self.on_remote_settled(dlv)
             return
         impl = self.impl
-        if _delivery_partial(dlv):
-            if _delivery_aborted(dlv):
+        if delivery_partial(dlv):
+            if delivery_aborted(dlv):
                 self._aborted(dlv)
                 return
-            pending = _delivery_pending(dlv)
+            pending = delivery_pending(dlv)
             if pending > self.max_size:   # (detach releases what it held)
                 self._too_large()
                 return
@@ -870,8 +876,8 @@ class IncomingLink(BrokerLink):
         if len(data) > self.max_size:
             self._too_large()
             return
-        _link_advance(impl)
-        presettled: bool = _delivery_settled(dlv)
+        link_advance(impl)
+        presettled: bool = delivery_settled(dlv)
         self.outstanding += 1
         self.delivered += 1          # (bytes are counted per socket read)
         self.on_transfer(dlv, data, presettled)
@@ -881,8 +887,8 @@ class IncomingLink(BrokerLink):
         if self._partial:
             self.host.hold(-self._partial)
             self._partial = 0
-        _link_advance(self.impl)
-        _delivery_settle(dlv)
+        link_advance(self.impl)
+        delivery_settle(dlv)
         # (it took a credit and will not be answered: owed back, with the top-up an
         # answer would bring, or a sender whose last transfers were aborted could be
         # left without credit)
@@ -906,7 +912,7 @@ class IncomingLink(BrokerLink):
 
     def on_remote_settled(self, dlv: Any) -> None:
         """The sender settled a delivery we had answered (rcv-settle-mode second)."""
-        _delivery_settle(dlv)
+        delivery_settle(dlv)
 
     # answering ----------------------------------------------------------------------
 
@@ -914,17 +920,17 @@ class IncomingLink(BrokerLink):
         if self.closed:
             return
         self.outstanding -= 1
-        if not _delivery_settled(dlv):
+        if not delivery_settled(dlv):
             if condition is not None:
                 wrapped = Delivery.wrap(dlv)  # type: ignore[no-untyped-call]
                 wrapped.local.condition = Condition(*condition)
                 wrapped.update(state)   # copies the condition into the engine
             else:
-                _delivery_update(dlv, state)
+                delivery_update(dlv, state)
             if not self.second:
-                _delivery_settle(dlv)
+                delivery_settle(dlv)
         else:
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
         self._answered()
         self.host.schedule_flush()
 
@@ -943,13 +949,13 @@ class IncomingLink(BrokerLink):
             if then is not None:
                 then()
             return
-        _incref(dlv)  # held across the commit
+        incref(dlv)  # held across the commit
 
         def done(_: object) -> None:
             try:
                 self.answer(dlv, ACCEPTED)
             finally:
-                _decref(dlv)
+                decref(dlv)
             if then is not None and not self.closed:
                 then()
 
@@ -960,7 +966,7 @@ class IncomingLink(BrokerLink):
             try:
                 self.answer(dlv, RELEASED)
             finally:
-                _decref(dlv)
+                decref(dlv)
 
         d.addCallbacks(done, failed)
 
@@ -995,7 +1001,7 @@ class IncomingLink(BrokerLink):
 class TopicPublisher(IncomingLink):
     """A sender to a topic address, or to the null address with ``to`` on each message."""
 
-    __slots__ = ("_held", "_memo", "_rate_timer", "_route", "_warned_amqp_only", "topic")
+    __slots__ = ("_held", "_memo", "_route", "_throttle", "_warned_amqp_only", "topic")
 
     def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
         super().__init__(host, plink, topic or "")
@@ -1004,7 +1010,9 @@ class TopicPublisher(IncomingLink):
         # the first: only rcv-settle-mode second has any).
         self._held: dict[Any, Message] | None = None
         self._warned_amqp_only = False
-        self._rate_timer: Any = None
+        rate = host.publish_rate   # the connection's budget, shared by its senders
+        self._throttle = (None if rate is None else PublishThrottle(
+            rate, host.broker.clock, self._rate_paused, self._rate_over))
         # This sender's sections before the body (made with its first message).
         self._memo: PublishMemo | None = None
         # What those sections meant for the last message (a memo hit): its fields
@@ -1051,7 +1059,7 @@ class TopicPublisher(IncomingLink):
         host = self.host
         broker = self.broker
         if payload is None:
-            broker.stats.messages_amqp_only += 1
+            host.meter.amqp_only()
             if not self._warned_amqp_only:
                 self._warned_amqp_only = True
                 self.log.info("a message on {a} from {c} ({peer}) has a body with no MQTT "
@@ -1092,16 +1100,16 @@ class TopicPublisher(IncomingLink):
         if result.refusal is not None:
             self._refused(dlv, presettled, result.refusal)
             return
-        broker.stats.messages_received_amqp += 1
+        host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
         if result.blocked:
             self.block_until_queues_writable()
-        if host.publish_rate is not None:
-            self._charge(routed)
+        if self._throttle is not None:
+            self._throttle.charge(len(routed.payload))
         if presettled:
             self.outstanding -= 1
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             self._answered()
             return
         if result.durable is None:
@@ -1111,8 +1119,8 @@ class TopicPublisher(IncomingLink):
             if self.closed:
                 return
             self.outstanding -= 1
-            _delivery_update(dlv, ACCEPTED)
-            _delivery_settle(dlv)
+            delivery_update(dlv, ACCEPTED)
+            delivery_settle(dlv)
             self._answered()
             return
         self.answer_after(result.durable, dlv)
@@ -1149,30 +1157,19 @@ class TopicPublisher(IncomingLink):
         self.rejected += 1
         if presettled:
             self.outstanding -= 1
-            _delivery_settle(dlv)
+            delivery_settle(dlv)
             self.top_up()
             return
         condition = _REFUSAL_CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
         self.answer(dlv, REJECTED, (condition, refusal.reason))
 
-    def _charge(self, routed: Message) -> None:
-        """A message routed: charge the connection's publish budget, if it has one."""
-        rate = self.host.publish_rate
-        if rate is None:
-            return
-        wait = rate.take(len(routed.payload))
-        if wait > 0:
-            # No more credit until the budget is back: what the peer still holds
-            # arrives meanwhile, and makes the pause longer.
-            if self._rate_timer is None:
-                self.rate_blocked = True
-                self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
-                self._rate_timer = self.broker.clock.callLater(wait, self._rate_over)
-            else:
-                self._rate_timer.reset(wait)
+    def _rate_paused(self, wait: float) -> None:
+        # No more credit until the budget is back: what the peer still holds
+        # arrives meanwhile, and makes the pause longer (``PublishThrottle``).
+        self.rate_blocked = True
+        self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
 
     def _rate_over(self) -> None:
-        self._rate_timer = None
         self.rate_blocked = False
         if not self.closed:
             self.top_up()
@@ -1180,25 +1177,25 @@ class TopicPublisher(IncomingLink):
     def on_remote_settled(self, dlv: Any) -> None:
         held = self._held
         routed = held.pop(dlv, None) if held else None
-        _delivery_settle(dlv)
+        delivery_settle(dlv)
         if routed is None or self.closed:
             return
         self.outstanding -= 1
         self.top_up()
         result = self.broker.publish(routed, wait=False)
-        self.broker.stats.messages_received_amqp += 1
+        self.host.meter.received_amqp()
         if result.congested:
             self.block_until_drained(result.congested)
         if result.blocked:
             self.block_until_queues_writable()
-        self._charge(routed)
+        if self._throttle is not None:
+            self._throttle.charge(len(routed.payload))
         self.host.schedule_flush()
 
     def ended(self, brute: bool, reason: str) -> None:
         super().ended(brute, reason)
-        if self._rate_timer is not None and self._rate_timer.active():
-            self._rate_timer.cancel()
-        self._rate_timer = None
+        if self._throttle is not None:
+            self._throttle.stop()
         if self._held:
             self.log.info("{n} exactly-once message(s) on {a} were never settled by the "
                           "sender; not routed", n=len(self._held), a=self.address)

@@ -17,7 +17,7 @@ peer sent that is not valid UTF-8 is the peer's error, not ours: proton's classe
 raise ``UnicodeDecodeError`` when one is read, and wherever that happens while
 handling the peer's frames the connection is closed with ``amqp:decode-error`` and
 one line a minute is logged for that cause (``_undecodable``); error conditions
-are read through ``_engine.describe``, which escapes such bytes instead.
+are read through ``net.rawproton.describe``, which escapes such bytes instead.
 
 Links are bounded per connection (``--amqp-max-links``: beyond, the connection is
 closed) and in all (``--amqp-max-links-total``: beyond, the attach is refused with
@@ -55,21 +55,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
-from mqttamqp.amqp._engine import (
-    EV_LINK_FLOW,
-    EV_TRANSPORT,
-    delivery_link,
-    describe,
-    event_delivery,
-    event_link,
-    event_type,
-    free_link,
-    lib,
-    next_event,
-    output,
-    pop_event,
-    tick,
-)
+from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp.attach import REFUSALS_LOGGED, RESOURCE_LIMIT, attach, refuse_link
 from mqttamqp.amqp.inspect import amqp_details
 from mqttamqp.amqp.links import (
@@ -107,8 +93,23 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.netio import plain_tcp, send
-from mqttamqp.tls import verified_common_name
+from mqttamqp.net.rawproton import (
+    EV_LINK_FLOW,
+    EV_TRANSPORT,
+    delivery_link,
+    describe,
+    event_delivery,
+    event_link,
+    event_type,
+    free_link,
+    lib,
+    next_event,
+    output,
+    pop_event,
+    tick,
+)
+from mqttamqp.net.tcp import plain_tcp, send
+from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQPFactory", "AMQPConnection", "ConnectionState", "DEFAULT_IDLE_TIMEOUT",
            "refusal_margin"]
@@ -142,6 +143,7 @@ class AMQPConnection(Protocol):
         self.factory = factory
         self.broker: Broker = factory.broker
         self.clock: Clock = factory.clock
+        self.meter: DeliveryMeter = factory.meter
         self.limits: Limits = factory.broker.limits
         self.serial = next(factory.serials)
         self.key = f"amqp:{self.serial}"
@@ -217,7 +219,7 @@ class AMQPConnection(Protocol):
             return
         if state is _CLOSED:
             return
-        self.broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         if self.sasl.state is SaslState.HEADER and self.factory.cert_as_user:
             self._offer_external()
@@ -245,7 +247,7 @@ class AMQPConnection(Protocol):
         if cause == CAUSE_PROTOCOL_ERROR:
             # One cause, one count: every connection closed for a protocol error
             # (also one that never opened, which is no disconnect) is counted here.
-            self.broker.stats.protocol_errors += 1
+            self.meter.protocol_error()
         self.broker.unregister_connection(self.key, self, cause, why)
         self._end_links(brute=not self._peer_closed, reason=why)
         ptrans = self.ptrans
@@ -423,7 +425,7 @@ class AMQPConnection(Protocol):
                 d.addCallback(self._authenticated)
                 d.addErrback(self._authentication_failed)
             elif isinstance(step, Refuse):
-                self.broker.stats.connections_refused += 1
+                self.meter.refused()
                 self.log.warn("refused AMQP connection from {peer}: {r}", peer=self.peer,
                               r=step.reason)
                 self._write(step.data)
@@ -480,7 +482,7 @@ class AMQPConnection(Protocol):
     def _engine_input(self, data: bytes) -> None:
         ptrans = self.ptrans
         broker = self.broker
-        broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         self.last_activity = self.clock.seconds()
         # Everything one socket read causes goes to the store as one batch (one
@@ -623,9 +625,9 @@ class AMQPConnection(Protocol):
             self._drop()
 
     def _write(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
         self.bytes_out += len(data)
-        self.broker.stats.bytes_sent += len(data)
+        self.meter.sent_bytes(len(data))
 
     def _drop(self) -> None:
         """Close the socket once written (the engine is done or the peer refused)."""
@@ -685,7 +687,7 @@ class AMQPConnection(Protocol):
         self._handshake_timer = None
         if self.state is ConnectionState.OPEN or self.state is ConnectionState.CLOSED:
             return
-        self.broker.stats.connections_refused += 1
+        self.meter.refused()
         self.log.warn("AMQP connection from {peer} did not open within {t:g}s; closing",
                       peer=self.peer, t=self.limits.connect_timeout)
         self.state = ConnectionState.CLOSED
@@ -833,7 +835,7 @@ class AMQPConnection(Protocol):
         self._hold_links(1)
         limits = self.limits
         if self.links_held > limits.amqp_max_links:
-            self.broker.stats.limit_hit("amqp_links")
+            self.meter.limit_hit("amqp_links")
             self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
                           "(--amqp-max-links); closing it", c=self.container_id or "?",
                           peer=self.peer, n=limits.amqp_max_links)
@@ -842,7 +844,7 @@ class AMQPConnection(Protocol):
             return
         total = self.factory.links_held
         if total > limits.amqp_max_links_total:
-            self.broker.stats.limit_hit("amqp_links_total")
+            self.meter.limit_hit("amqp_links_total")
             self.factory.links_full()
             if total > refusal_margin(limits):
                 # Refused links are held until their peers detach them (a
@@ -899,7 +901,7 @@ class AMQPConnection(Protocol):
         self.held_bytes += delta
         limit = self.limits.amqp_max_held_bytes
         if delta > 0 and self.held_bytes > limit and self.state is not ConnectionState.CLOSED:
-            self.broker.stats.limit_hit("amqp_held_bytes")
+            self.meter.limit_hit("amqp_held_bytes")
             self.log.warn("AMQP connection of {c} ({peer}) has more than {n} bytes of "
                           "unfinished messages (--amqp-max-held-bytes); closing it",
                           c=self.container_id or "?", peer=self.peer, n=limit)
@@ -919,7 +921,7 @@ class AMQPConnection(Protocol):
             if what.startswith("amqp:resource-limit-exceeded"):
                 self._lost_reason = f"idle time-out ({what.partition(': ')[2]})"
             elif "channel_max" in what:
-                self.broker.stats.limit_hit("amqp_sessions")
+                self.meter.limit_hit("amqp_sessions")
                 self._lost_reason = (f"too many sessions (more than "
                                      f"{self.limits.amqp_max_sessions}, --amqp-max-sessions)")
                 self.log.warn("AMQP connection of {c} ({peer}) began more than {n} sessions "
@@ -972,6 +974,7 @@ class AMQPFactory(Factory):
                  ) -> None:
         self.broker = broker
         self.clock = clock
+        self.meter = DeliveryMeter(broker.stats)   # shared by its connections and links
         self.idle_timeout = idle_timeout if idle_timeout is not None else DEFAULT_IDLE_TIMEOUT
         self.connections: set[AMQPConnection] = set()
         self.control_outlets: dict[str, list[ControlOutlet]] = {}
@@ -989,7 +992,7 @@ class AMQPFactory(Factory):
 
     def hold_links(self, delta: int) -> None:
         self.links_held += delta
-        self.broker.stats.amqp_links = self.links_held
+        self.meter.links_attached(self.links_held)
         if (self._links_full and self.links_held
                 < self.broker.limits.amqp_max_links_total * 0.9):
             self._links_full = False

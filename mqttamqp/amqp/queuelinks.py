@@ -17,19 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttamqp.amqp._engine import lib
 from mqttamqp.amqp.links import LinkHost, OutgoingLink, TopicSubscription
-from mqttamqp.core.queues.manager import (
+from mqttamqp.core.queues.addresses import (
     CLASSIC,
     STREAM,
     Consumer,
     parse_queue_filter,
     parse_stream_offset,
 )
+from mqttamqp.net.rawproton import link_credit
 
 __all__ = ["QueueSubscription", "queue_filter", "consumer_from_properties"]
-
-_link_credit = lib.pn_link_credit
 
 _CONSUMER_KEYS = ("consumer-group", "consumer-mode", "stream-offset")
 
@@ -105,7 +103,7 @@ class QueueSubscription(TopicSubscription):
     def congested(self) -> bool:
         # Credit is the prefetch here: what the queue hands a member without credit
         # would wait in the engine while other members of the group sit idle.
-        return self._blocked or _link_credit(self.impl) <= 0
+        return self._blocked or link_credit(self.impl) <= 0
 
     @congested.setter
     def congested(self, value: bool) -> None:

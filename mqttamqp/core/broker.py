@@ -48,16 +48,11 @@ from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.queues.addresses import Consumer, QueueAddress, Refusal, is_command
+from mqttamqp.core.queues.admin import QueueMessageView, QueueView
 from mqttamqp.core.queues.budget import FreeSpace
-from mqttamqp.core.queues.manager import (
-    Consumer,
-    QueueManager,
-    QueueMessageView,
-    QueueView,
-    Refusal,
-    Retention,
-    is_queue_command,
-)
+from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import Retention
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel, will_owners
 from mqttamqp.core.recorder import (
@@ -117,11 +112,14 @@ class Broker:
         self.stats = BrokerStats(seconds=clock.seconds)
         self._commits = CommitBatcher(store, self.stats, clock.seconds)
         self._log_limit = LogLimiter(clock.seconds)   # one line per cause a minute
-        self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
-                              self.limits, self._log_limit)
+        # Durable queues ($queue/, $dlq/): beside the router, which hands them what
+        # is theirs (queue publishes and subscriptions).  The console reads views
+        # through them.
+        self.queues = QueueManager(clock, self._commits, self.limits, self._log_limit)
         # (a store that cannot read queue messages back gets no memory budget)
-        self._router.queues.attach_storage(getattr(store, "read_queue_messages", None),
-                                           free_space)
+        self.queues.attach_storage(getattr(store, "read_queue_messages", None), free_space)
+        self._router = Router(clock, self._commits, self.stats, self.authorizer, self.recorder,
+                              self.limits, self._log_limit, queues=self.queues)
         self._connect_rate = ConnectRate(clock.seconds, self.limits.max_connect_rate,
                                          self.limits.connect_burst)
         self._wills = Wills(clock, self._commits, self.stats, self.authorizer,
@@ -131,23 +129,19 @@ class Broker:
                                          self._router, self._wills, self._flow,
                                          self.recorder)
         self._sys = SysTopics(clock, self.stats, self._router, self._registry, self._wills,
-                              self.recorder)
+                              self.recorder, queues=self.queues)
         self.begin_batch: Callable[[], None] = self._commits.begin
         self.end_batch: Callable[[], None] = self._commits.end
         self.after_batch: Callable[[Callable[[], None]], bool] = self._commits.after_batch
         self.bans = BanList(clock.seconds)
         self.topic_stats = TopicStats()       # per-topic counts for the console
         self.view = ReadModel(self._registry, self._wills.wills, self._router, self.stats,
-                              self.recorder, self.bans, self.topic_stats)
+                              self.recorder, self.bans, self.topic_stats,
+                              queues=self.queues)
         self._loops: list[LoopingCall] = []
         self.client_debug = ClientDebug(clock.seconds)
 
     # -- state the read model and tests look at (read-only) ---------------------
-
-    @property
-    def queues(self) -> QueueManager:
-        """The durable queues (``$queue/``): the console reads views through it."""
-        return self._router.queues
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -523,10 +517,11 @@ class Broker:
         failure is logged here and ``durable`` is None.  ``count_drops``: say in
         ``Published.dropped`` how many subscribers' queue bounds refused it.
         """
-        if message.topic[:1] == "$" and is_queue_command(message.topic):
-            return self._queue_command(message, identity)
+        queue = self.queues.address(message.topic) if message.topic[:1] == "$" else None
+        if queue is not None and is_command(queue, message.topic):
+            return self._queue_command(message, identity, queue)
         result = self._router.publish(message, identity, (), counted,
-                                      count_drops=count_drops)
+                                      count_drops=count_drops, queue=queue)
         if counted and not result.denied:
             self.topic_stats.note(message.topic)
         if wait or result.durable is None:
@@ -534,7 +529,8 @@ class Broker:
         self._commits.watch(result.durable, "routing a message")
         return Published(None, result.congested, result.denied, blocked=result.blocked)
 
-    def _queue_command(self, message: Message, identity: Identity | None) -> Published:
+    def _queue_command(self, message: Message, identity: Identity | None,
+                       address: QueueAddress | str) -> Published:
         """``$queue/<name>/$ack|$nack|$reject`` from an MQTT 5 member (user
         properties ``message-id``, ``group-id``, ``reason``): ``durable`` fires once
         the change is stored; ``refusal`` says why it was not taken."""
@@ -545,7 +541,8 @@ class Broker:
                                              "acknowledge queue messages"))
         props = message.props
         durable, refusal = self.queues.command(
-            session, message.topic, props.user_properties if props is not None else ())
+            session, address, message.topic,
+            props.user_properties if props is not None else ())
         return Published(durable, refusal=refusal)
 
     def _publish_with(self, message: Message, extra_ops: Sequence[Op]) -> Published:
@@ -561,8 +558,9 @@ class Broker:
         has its PUBREC before any subscriber (itself included) has the message."""
         if session.inbound_seen(packet_id):
             return Published(self._commits.barrier())
-        if message.topic[:1] == "$" and is_queue_command(message.topic):
-            command = self._queue_command(message, identity)
+        queue = self.queues.address(message.topic) if message.topic[:1] == "$" else None
+        if queue is not None and is_command(queue, message.topic):
+            command = self._queue_command(message, identity, queue)
             if command.refusal is None:
                 # Kept as any QoS 2 id, so that PUBREL finds it (PUBCOMP 0) and a
                 # re-sent PUBLISH is not applied twice; a refusal ends at PUBREC.
@@ -570,7 +568,7 @@ class Broker:
                                          "recording a QoS 2 packet id")
             return command
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
-                                      hold=True, count_drops=count_drops)
+                                      hold=True, count_drops=count_drops, queue=queue)
         if not result.denied:
             self.topic_stats.note(message.topic)
         if result.durable is not None:
@@ -652,8 +650,8 @@ class Broker:
         """AMQP Rejected: the delivery is dropped, counted (a durable queue's goes to
         its dead-letter queue with ``reason``)."""
         entry = session.inflight.get(packet_id)
-        if entry is not None and entry.qref is not None:
-            self.queues.settle(session, entry, "rejected", False, reason)
+        if entry is not None and entry.receipt is not None:
+            entry.receipt.settled(session, entry, "rejected", False, reason)
             return
         self.stats.messages_rejected += 1
         session.dropped_rejected += 1
@@ -671,8 +669,8 @@ class Broker:
         make it visible again, Rejected dead-letters it."""
         if outcome is not _ACCEPTED:
             entry = session.inflight.get(packet_id)
-            if entry is not None and entry.qref is not None:
-                self.queues.settle(session, entry, outcome.value, failed, reason)
+            if entry is not None and entry.receipt is not None:
+                entry.receipt.settled(session, entry, outcome.value, failed, reason)
                 return
             if outcome is _RELEASED or outcome is _MODIFIED:
                 session.redeliver(packet_id, failed)

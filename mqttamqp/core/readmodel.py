@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from mqttamqp.core.clients.connections import ConnectionInfo
 from mqttamqp.core.clients.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
@@ -197,8 +198,10 @@ class ReadModel:
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
                  router: Router, stats: BrokerStats, recorder: Recorder,
-                 bans: BanList | None = None, topic_stats: TopicStats | None = None) -> None:
+                 bans: BanList | None = None, topic_stats: TopicStats | None = None, *,
+                 queues: QueueManager) -> None:
         self._bans = bans
+        self._queues = queues
         self._topic_stats = topic_stats
         self._recorder = recorder
         self._registry = registry
@@ -362,6 +365,6 @@ class ReadModel:
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
             storage_error=stats.storage_error, messages_queued=registry.queued_total(),
-            queues_blocked=router.queues.alarm.reason or "",
-            queue_bytes=router.queues.total_bytes,
-            queue_memory_bytes=router.queues.resident)
+            queues_blocked=self._queues.alarm.reason or "",
+            queue_bytes=self._queues.total_bytes,
+            queue_memory_bytes=self._queues.resident)

@@ -14,7 +14,8 @@ from mqttamqp.core.clients.registry import SessionRegistry
 from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.manager import DLQ_PREFIX, QueueManager
+from mqttamqp.core.queues.addresses import DLQ_PREFIX
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.stats import BrokerStats
@@ -53,8 +54,10 @@ def queue_topics(queues: QueueManager) -> list[tuple[str, str]]:
 
 class SysTopics:
     def __init__(self, clock: Clock, stats: BrokerStats, router: Router,
-                 registry: SessionRegistry, wills: Wills, recorder: Recorder) -> None:
+                 registry: SessionRegistry, wills: Wills, recorder: Recorder, *,
+                 queues: QueueManager) -> None:
         self.clock = clock
+        self.queues = queues
         self.recorder = recorder
         self.stats = stats
         self.router = router
@@ -72,7 +75,7 @@ class SysTopics:
         topics = self.stats.sys_topics(
             __version__, now, len(self.router.trie), client_retained,
             len(self.registry.sessions), len(self.wills.wills), dropped, queued)
-        topics.extend(queue_topics(self.router.queues))
+        topics.extend(queue_topics(self.queues))
         archive = self.recorder.stats()
         for name in ("dropped", "records", "segments", "bytes", "errors", "lost"):
             if name in archive:

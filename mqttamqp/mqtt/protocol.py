@@ -37,6 +37,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
@@ -44,7 +46,7 @@ from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
-from mqttamqp.core.queues.manager import Consumer, is_queue_command, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, is_queue_command, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -57,7 +59,6 @@ from mqttamqp.core.recorder import (
 )
 from mqttamqp.core.routing.shared import route_filter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING, Session
-from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import (
     Decoder,
@@ -110,7 +111,8 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.netio import others_waiting, plain_tcp, send
+from mqttamqp.net.tcp import others_waiting, plain_tcp, send
+from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import (
     CONTINUE,
     SUCCESS,
@@ -118,7 +120,6 @@ from mqttamqp.security.enhanced_auth import (
     AuthStep,
     EnhancedAuthenticator,
 )
-from mqttamqp.tls import verified_common_name
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
 
@@ -244,9 +245,8 @@ class MQTTProtocol(Protocol):
         "_out_bytes",
         "_parked",
         "_peer",
-        "_rate",
-        "_rate_timer",
         "_reading_paused_for",
+        "_throttle",
         "_turn_timer",
         "_v5",
         "broker",
@@ -264,6 +264,7 @@ class MQTTProtocol(Protocol):
         "limits",
         "messages_in",
         "messages_out",
+        "meter",
         "rules",
         "session",
         "strings",
@@ -279,6 +280,7 @@ class MQTTProtocol(Protocol):
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
+        self.meter = factory.meter
         self.limits: Limits = factory.broker.limits
         self.rules = ConnectionRules()
         self.strings: StringRules = factory.strings
@@ -310,8 +312,9 @@ class MQTTProtocol(Protocol):
         self._reading_paused_for: frozenset[str] = _NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._parked: _Parked | None = None   # durable queues blocked: see ``_park``
-        self._rate = self.broker.publish_rate()     # None: publish rate not limited
-        self._rate_timer: DelayedCall | None = None
+        rate = self.broker.publish_rate()     # None: publish rate not limited
+        self._throttle = (None if rate is None else
+                          PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: _AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
@@ -359,7 +362,7 @@ class MQTTProtocol(Protocol):
             # Output is batched per socket read and sent at once (``_send``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
-            # listener, see ``netio.lean_port``.)
+            # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
         self._connect_timer = self.factory.connect_deadlines.add(
@@ -369,7 +372,7 @@ class MQTTProtocol(Protocol):
         if self.rules.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
-        self.broker.stats.bytes_received += len(data)
+        self.meter.received_bytes(len(data))
         self.bytes_in += len(data)
         self.decoder.feed(data)
         self._process_batch()
@@ -478,11 +481,7 @@ class MQTTProtocol(Protocol):
         self._emit(frame)
         self.messages_out += 1
         self.bytes_out += len(frame)
-        stats = self.broker.stats
-        stats.messages_sent += 1
-        stats.bytes_sent += len(frame)
-        if not stats.messages_sent & DELIVER_SAMPLE_MASK:
-            stats.deliver_sampled(message.timestamp)
+        self.meter.delivered(message.timestamp, len(frame))
         if self._congested:
             self._backlog += len(frame)
 
@@ -616,9 +615,9 @@ class MQTTProtocol(Protocol):
             self.log.debug("closing the connection of {c} ({peer}): {r}",
                            c=self.client_id, peer=self.peer, r=reason)
         else:
-            self.broker.stats.protocol_errors += 1
+            self.meter.protocol_error()
             if limit is not None:
-                self.broker.stats.limit_hit(limit)
+                self.meter.limit_hit(limit)
                 held = self.factory.log_limit.allow("limit " + limit)
                 if held is not None:
                     self.log.warn("{c} ({peer}) went beyond a limit: {r}; closing the "
@@ -724,7 +723,7 @@ class MQTTProtocol(Protocol):
 
     def _others_waiting(self) -> bool:
         """Another connection (or the reactor's waker, a listener) has input ready
-        (``netio.others_waiting``; a transport that is not plain TCP cannot tell
+        (``net.tcp.others_waiting``; a transport that is not plain TCP cannot tell
         its own descriptor apart: True when its socket has more)."""
         transport = self.transport
         own = transport.fileno() if plain_tcp(transport) else -1
@@ -736,7 +735,7 @@ class MQTTProtocol(Protocol):
         has polled once more and read them.  (A reactor runs the calls due at the
         start of a turn, then polls: a ``callLater(0)`` made now would run before
         the next poll, ahead of the others; the call it makes runs after it.)"""
-        self.broker.stats.mqtt_turns_yielded += 1
+        self.meter.turn_yielded()
         self._pause_reading("turn")
         if self._turn_timer is None:
             self._turn_timer = self.clock.callLater(0, self._after_next_poll)
@@ -764,7 +763,7 @@ class MQTTProtocol(Protocol):
     def _write(self, data: bytes) -> None:
         self._emit(data)
         self.bytes_out += len(data)
-        self.broker.stats.bytes_sent += len(data)
+        self.meter.sent_bytes(len(data))
 
     def _emit(self, data: bytes) -> None:
         """Every outbound byte goes through here, in order.  While the broker handles
@@ -792,7 +791,7 @@ class MQTTProtocol(Protocol):
             self._send(out[0] if len(out) == 1 else b"".join(out))
 
     def _send(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``netio``)
+        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds)."""
@@ -1002,7 +1001,7 @@ class MQTTProtocol(Protocol):
         5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
         the caller logged (and counted) it already, rate-limited."""
         if not logged:
-            self.broker.stats.connections_refused += 1
+            self.meter.refused()
             self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
                           "{code})", peer=self.peer, c=self.client_id, r=reason,
                           code=int(code))
@@ -1043,12 +1042,14 @@ class MQTTProtocol(Protocol):
 
     def _cancel_timers(self) -> None:
         self._stop_connect_timer()
-        for timer in (self._rate_timer, self._turn_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
+        if self._throttle is not None:
+            self._throttle.stop()
+        timer = self._turn_timer
+        if timer is not None and timer.active():
+            timer.cancel()
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self._keepalive_timer)
-        self._keepalive_timer = self._rate_timer = self._turn_timer = None
+        self._keepalive_timer = self._turn_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -1366,20 +1367,15 @@ class MQTTProtocol(Protocol):
             if congested:
                 self._pause_reading("congestion")
                 broker.pause_until_drained(id(self), self._drained, congested)
-        rate = self._rate
-        if rate is not None:
-            wait = rate.take(size)
-            if wait > 0:
-                timer = self._rate_timer
-                if timer is None:
-                    self._pause_reading("rate")
-                    broker.publish_rate_exceeded("MQTT", self.client_id, wait)
-                    self._rate_timer = self.clock.callLater(wait, self._rate_over)
-                else:   # more of the same read: the pause grows to pay for it
-                    timer.reset(wait)
+        throttle = self._throttle
+        if throttle is not None:
+            throttle.charge(size)
+
+    def _rate_paused(self, wait: float) -> None:
+        self._pause_reading("rate")
+        self.broker.publish_rate_exceeded("MQTT", self.client_id, wait)
 
     def _rate_over(self) -> None:
-        self._rate_timer = None
         self._resume_reading("rate")
 
     def _acked(self, kind: str, packet_id: int) -> Session | None:
@@ -1657,12 +1653,13 @@ class MQTTFactory(Factory):
         self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
         self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
+        self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).
         self.enhanced_auth: EnhancedAuthenticator | None = None
 
-    # (``addr`` is not read: ``netio.LeanPort`` passes None instead of building it)
+    # (``addr`` is not read: ``net.tcp.LeanPort`` passes None instead of building it)
     wants_address = False
 
     def buildProtocol(self, addr: Any) -> MQTTProtocol:

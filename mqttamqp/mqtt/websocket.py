@@ -5,8 +5,8 @@ What it owns: the WebSocket side of one connection.  The opening handshake is
 checked here (path ``/mqtt``, subprotocol ``mqtt`` or ``mqttv3.1``, the Origin
 rule, a bounded request head, ``--connect-timeout`` to finish it); once open, the
 bytes of every binary message go to an ``MQTTProtocol`` through
-``StreamOverWebSocket``, a transport that makes the WebSocket look like the TCP
-socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
+``net.websocket.StreamOverWebSocket``, a transport that makes the WebSocket look
+like the TCP socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
 or several: frame data is fed to the protocol as it arrives (autobahn streams it),
 so the MQTT decoder and its ``--max-packet-size`` are the size limit, as on TCP,
 and no whole message is ever buffered here. A frame whose header announces more
@@ -51,19 +51,22 @@ from autobahn.twisted.websocket import (
 )
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITransport
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import alsoProvides, implementer  # type: ignore[import-untyped]
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
+from mqttamqp.net.websocket import (
+    CLOSE_TOO_BIG,
+    CLOSE_UNSUPPORTED_DATA,
+    QuietLog,
+    StreamOverWebSocket,
+)
 
 __all__ = ["MAX_FRAME_PACKETS", "SUBPROTOCOLS", "WS_PATH", "WS_VERSION",
-           "MQTTWebSocketFactory", "MQTTWebSocketProtocol", "OriginRule",
-           "StreamOverWebSocket"]
+           "MQTTWebSocketFactory", "MQTTWebSocketProtocol", "OriginRule"]
 
 WS_PATH = "/mqtt"
 # In the order of preference when a client offers both (MQTT.js offers "mqtt"; old
@@ -72,10 +75,6 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # The opening request's head (request line and headers) may be at most this long;
 # browsers send well under 2 KB.
 MAX_REQUEST_HEAD = 16 * 1024
-# RFC 6455 close codes.
-CLOSE_NORMAL = 1000
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_TOO_BIG = 1009
 #: The one WebSocket version spoken (RFC 6455); autobahn also speaks the draft's 8.
 WS_VERSION = 13
 #: A frame may carry at most this many times --max-packet-size (several packets may
@@ -113,93 +112,8 @@ def _normal_origin(origin: str) -> str:
     return origin.strip().rstrip("/").lower()
 
 
-@implementer(ITransport, IPushProducer)
-class StreamOverWebSocket:
-    """The transport an ``MQTTProtocol`` sees on a WebSocket: writes become binary
-    messages; addresses, producers, pausing and aborting are the underlying
-    socket's (so its write buffer gives the protocol the same back-pressure, and
-    the same QoS 0 backlog accounting, as on TCP)."""
-
-    def __init__(self, ws: MQTTWebSocketProtocol) -> None:
-        self._ws = ws
-        self._socket: Any = ws.transport
-        self.disconnecting = False
-        if ISSLTransport.providedBy(self._socket):
-            # wss: the protocol reads the client certificate (--tls-cert-as-user).
-            alsoProvides(self, ISSLTransport)
-
-    def write(self, data: bytes) -> None:
-        # Once a close frame went either way the WebSocket takes no more messages
-        # (autobahn raises); the connection is ending, as a TCP socket's write after
-        # the peer's FIN, so the bytes are dropped.  Never raise into the router.
-        ws = self._ws
-        if not self.disconnecting and ws.state == ws.STATE_OPEN:
-            ws.sendMessage(data, isBinary=True)  # type: ignore[no-untyped-call]
-
-    def writeSequence(self, data: Iterable[bytes]) -> None:
-        self.write(b"".join(data))
-
-    def loseConnection(self) -> None:
-        """What was written is already on the socket; the closing handshake follows
-        it (autobahn drops the socket if the peer does not answer in time)."""
-        if not self.disconnecting:
-            self.disconnecting = True
-            self._ws.sendClose(CLOSE_NORMAL)
-
-    def abortConnection(self) -> None:
-        self.disconnecting = True
-        self._socket.abortConnection()
-
-    def getPeer(self) -> Any:
-        return self._socket.getPeer()
-
-    def getHost(self) -> Any:
-        return self._socket.getHost()
-
-    def getPeerCertificate(self) -> Any:
-        return self._socket.getPeerCertificate()
-
-    def registerProducer(self, producer: Any, streaming: bool) -> None:
-        self._socket.registerProducer(producer, streaming)
-
-    def unregisterProducer(self) -> None:
-        self._socket.unregisterProducer()
-
-    # Reading: the protocol pauses and resumes the socket itself.
-    def pauseProducing(self) -> None:
-        self._socket.pauseProducing()
-
-    def resumeProducing(self) -> None:
-        self._socket.resumeProducing()
-
-    def stopProducing(self) -> None:
-        self._socket.stopProducing()
-
-
-class _Quiet:
-    """autobahn's logger for these connections: its lines would repeat, unlimited,
-    what this module logs once per cause (a refused handshake is two of its lines);
-    errors still reach the log."""
-
-    def __init__(self) -> None:
-        self._log = Logger(namespace="autobahn")
-
-    def error(self, fmt: str, **kw: Any) -> None:
-        self._log.error(fmt, **kw)
-
-    critical = error
-
-    def failure(self, fmt: str, failure: Any = None, **kw: Any) -> None:
-        self._log.failure(fmt, failure, **kw)
-
-    def _drop(self, *args: Any, **kw: Any) -> None:
-        pass
-
-    trace = debug = info = warn = _drop
-
-
 class MQTTWebSocketProtocol(WebSocketServerProtocol):
-    log = _Quiet()
+    log = QuietLog()
     factory: MQTTWebSocketFactory
     transport: Any
 
@@ -319,7 +233,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         if length > limit and not self._ignoring:
             reason = (f"a WebSocket frame of {length} bytes (at most {limit}: "
                       f"{MAX_FRAME_PACKETS} x --max-packet-size)")
-            self.factory.mqtt.broker.stats.limit_hit("ws_frame_size")
+            self.factory.mqtt.meter.limit_hit("ws_frame_size")
             self._end(CLOSE_TOO_BIG, "frame_size", reason)
 
     def _fail_connection(self, code: int = 1001, reason: str = "going away") -> None:
@@ -377,7 +291,7 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
     WebSocket."""
 
     protocol = MQTTWebSocketProtocol  # type: ignore[assignment]
-    log = _Quiet()
+    log = QuietLog()
 
     def __init__(self, mqtt: MQTTFactory, clock: Clock, origins: OriginRule,
                  reactor: Any = None) -> None:
@@ -406,11 +320,11 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         """One line per cause a minute for a WebSocket peer refused in its handshake
         (counted as a refused connection) or, ``open_``, closed for what it sent
         outside MQTT (counted as a protocol error)."""
-        stats = self.mqtt.broker.stats
+        meter = self.mqtt.meter
         if open_:
-            stats.protocol_errors += 1
+            meter.protocol_error()
         else:
-            stats.connections_refused += 1
+            meter.refused()
         held = self._log_limit.allow("ws_" + cause)
         if held is not None:
             more = f" ({held} more for this cause since the last line)" if held else ""

@@ -103,7 +103,7 @@ class HookSettings:
         settings = cls(**values)
         settings._validate()
         if settings.tls_ca is not None:
-            from mqttamqp import tls
+            from mqttamqp.net import tls
 
             try:
                 certificates = tuple(tls.load_ca_bundle(settings.tls_ca))

@@ -159,8 +159,8 @@ class SessionRegistry:
         """``session`` ends (its messages are cleared next): what it still has queued
         is never sent, so it is counted as dropped here, once; ``queued_total`` loses
         it in the same turn and received = sent + dropped + queued keeps holding.  A
-        durable queue's deliveries (``qref``) go back to their queue instead."""
-        session.dropped += sum(1 for entry in session.queue if entry.qref is None)
+        durable queue's deliveries (``receipt``) go back to their queue instead."""
+        session.dropped += sum(1 for entry in session.queue if entry.receipt is None)
         self.dropped_retired += session.dropped
         self.congested_retired += session.dropped_congested
         counts = self._retired_by.setdefault(protocol_family(session.protocol), [0, 0, 0])

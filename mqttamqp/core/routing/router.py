@@ -46,7 +46,8 @@ from mqttamqp.core.persistence import (
     PutSubscription,
     QueuedState,
 )
-from mqttamqp.core.queues.manager import Consumer, QueueManager, Refusal, is_queue_topic
+from mqttamqp.core.queues.addresses import Consumer, QueueAddress, Refusal, is_queue_topic
+from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder, records
 from mqttamqp.core.routing.retained import RetainedStore
@@ -193,7 +194,8 @@ class Router:
 
     def __init__(self, clock: Clock, commits: CommitBatcher, stats: BrokerStats,
                  authorizer: Authorizer, recorder: Recorder,
-                 limits: Limits | None = None, log_limit: LogLimiter | None = None) -> None:
+                 limits: Limits | None = None, log_limit: LogLimiter | None = None, *,
+                 queues: QueueManager) -> None:
         self.limits = limits if limits is not None else Limits()
         self._log_limit = log_limit if log_limit is not None else LogLimiter(clock.seconds)
         self.clock = clock
@@ -211,8 +213,9 @@ class Router:
         # Sessions of AMQP topic receivers: the only ones that take messages whose
         # body has no MQTT form (``Message.amqp_only``).
         self.native: set[Session] = set()
-        # Durable queues ($queue/, $dlq/): beside the trie, never in it.
-        self.queues = QueueManager(clock, commits, self.limits, self._log_limit)
+        # Durable queues ($queue/, $dlq/): beside the trie, never in it (the broker
+        # owns them; queue publishes, subscriptions and members are handed over).
+        self._queues = queues
         # Shared groups holding messages (a backlog, or loans of offline members).
         self._waiting: dict[SharedGroup[Session], None] = {}
         self._leaving: Session | None = None   # (see ``member_left``)
@@ -244,7 +247,8 @@ class Router:
 
     def publish(self, message: Message, identity: Identity | None = None,
                 extra_ops: Sequence[Op] = (), counted: bool = True,
-                hold: bool = False, count_drops: bool = False) -> Published:
+                hold: bool = False, count_drops: bool = False,
+                queue: QueueAddress | str | None = None) -> Published:
         """Route ``message``.
 
         Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
@@ -258,6 +262,9 @@ class Router:
         the commit loses nothing: the stored copies are delivered after the
         restart, and the stored packet id stops a re-sent PUBLISH from being routed
         again.
+
+        ``queue``: the topic parsed by ``QueueManager.address`` (a ``$queue/`` or
+        ``$dlq/`` topic goes to the queues, never the trie); None: parsed here.
         """
         commits = self.commits
         if identity is not None and not self.may_publish(
@@ -265,14 +272,16 @@ class Router:
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
             self.stats.messages_received += 1
-        if message.topic[:1] == "$" and is_queue_topic(message.topic):
-            appended, refusal = self.queues.publish(
-                message, message.publisher or "(broker)", extra_ops,
+        if queue is None and message.topic[:1] == "$":
+            queue = self._queues.address(message.topic)
+        if queue is not None:
+            appended, refusal = self._queues.publish(
+                message, queue, message.publisher or "(broker)", extra_ops,
                 # (MQTT 5 has a negative acknowledgement: 0x97 beats waiting)
                 refuse_when_blocked=message.qos > 0 and identity is not None
                 and identity.protocol == "mqtt5")
             return Published(appended, refusal=refusal,
-                             blocked=refusal is None and self.queues.paused)
+                             blocked=refusal is None and self._queues.paused)
         ops: list[Op] = list(extra_ops)
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             durable = not message.topic.startswith(SYS_PREFIX)
@@ -733,7 +742,7 @@ class Router:
         """Join the consumer group of a queue filter; returns the SUBACK code."""
         if not self.authorizer.may_subscribe(identity, topic_filter):
             return NOT_AUTHORIZED
-        refusal, queue_ops = self.queues.subscribe(session, topic_filter, qos,
+        refusal, queue_ops = self._queues.subscribe(session, topic_filter, qos,
                                                    consumer or Consumer())
         ops.extend(queue_ops)
         if refusal is not None:
@@ -891,7 +900,7 @@ class Router:
         """``session`` is going away: its routes leave the trie (and its queue
         groups)."""
         self.native.discard(session)
-        self.commits.background(self.queues.forget_session(session),
+        self.commits.background(self._queues.forget_session(session),
                                 "leaving queue groups")
         for topic_filter in session.subscriptions:
             self._unroute(topic_filter, session)
@@ -944,7 +953,7 @@ class Router:
 
     def _unroute(self, topic_filter: str, session: Session) -> None:
         if topic_filter[:1] == "$" and is_queue_topic(topic_filter):
-            self.commits.background(self.queues.unsubscribe(session, topic_filter),
+            self.commits.background(self._queues.unsubscribe(session, topic_filter),
                                     "leaving a queue group")
             return
         group = self.shared.get(topic_filter)
@@ -970,7 +979,7 @@ class Router:
         room, or back to it if it returns first; see ``core.shared``).  Its durable
         queue deliveries go back to their groups.  The moves are stored by the
         router itself; nothing is returned for the caller's commit."""
-        self.queues.member_left(session)
+        self._queues.member_left(session)
         if not self.shared:
             return []
         groups: dict[SharedGroup[Session], None] = {}

@@ -154,11 +154,28 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
+class DeliveryReceipt(Protocol):
+    """A durable queue's handle on one of its deliveries (``OutEntry.receipt``).
+
+    The session tells it when the client acknowledged the delivery (PUBACK, PUBCOMP,
+    AMQP Accepted); the broker tells it the other AMQP outcomes.  The queue keeps
+    the message durably, so a session never stores nor holds an entry that has a
+    receipt, and the queue never touches the entry's fields."""
+
+    def acknowledged(self) -> None:
+        """The client acknowledged the delivery (the session calls it once)."""
+
+    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        """An AMQP outcome other than Accepted: ``released``, ``modified`` (``failed``:
+        delivery-failed) or ``rejected`` (with ``reason``)."""
+
+
 class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
     __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
-                 "qos", "qref", "retain", "seq", "share", "state")
+                 "qos", "receipt", "retain", "seq", "share", "state")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -180,9 +197,9 @@ class OutEntry:
         # The shared subscription group it came through (it may move to another
         # member when this one goes away: ``Router.member_left``).
         self.share: SharedGroup[Session] | None = None
-        # A durable queue's delivery: (queue, group id, offset).  The queue holds
+        # A durable queue's delivery: the queue's receipt for it.  The queue holds
         # it durably, so the session never stores it (``core.queues``).
-        self.qref: tuple[str, str, int] | None = None
+        self.receipt: DeliveryReceipt | None = None
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -416,12 +433,14 @@ class Session:
         return [entry.put_op(self.client_id)]
 
     def deliver(self, message: Message, qos: int, retain: bool,
-                gated: bool = False) -> OutEntry | None:
+                gated: bool = False, receipt: DeliveryReceipt | None = None
+                ) -> OutEntry | None:
         """Take a message for delivery at ``qos``: QoS 0 goes out at once (or is
         dropped); QoS 1/2 is queued and sent as the window allows.  Returns the
         queued entry (None for QoS 0 or a drop); a persistent session's entry must
         be stored (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything
-        queued behind it) until ``ungate``."""
+        queued behind it) until ``ungate``.  An entry with a durable queue's
+        ``receipt`` is the queue's to store: never held for a commit here."""
         link = self.link
         if qos == 0:
             if link is None:
@@ -448,7 +467,9 @@ class Session:
         seq = self._next_seq
         self._next_seq += 1
         entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
-                         held=self.persistent and qos == 2)
+                         held=self.persistent and qos == 2 and receipt is None)
+        if receipt is not None:
+            entry.receipt = receipt
         if message.props is not None and message.props.expiry_interval is not None:
             self._may_expire += 1
         if gated:
@@ -509,7 +530,7 @@ class Session:
     def _keeps(self, entry: OutEntry) -> bool:
         """Is ``entry`` stored with this session?  Only a persistent session's, and
         never a durable queue's delivery (the queue keeps that one)."""
-        return self.persistent and entry.qref is None
+        return self.persistent and entry.receipt is None
 
     def take_back(self, entry: OutEntry) -> list[Op]:
         """Remove ``entry`` (queued or in flight) to give it to another member of its
@@ -671,6 +692,9 @@ class Session:
         if done is not None:
             entry.on_done = None
             done()
+        receipt = entry.receipt
+        if receipt is not None:
+            receipt.acknowledged()
         self.pump()
         if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]

@@ -23,8 +23,15 @@ import os
 import sys
 import time
 
-from mqttamqp.security.userstore import ROLE_ADMIN, ROLE_CLIENT, ROLES, scrypt_line_hash
-from webui.auth import UserStore, forget_initial_password, valid_username
+from mqttamqp.console.auth import forget_initial_password
+from mqttamqp.security.userstore import (
+    ROLE_ADMIN,
+    ROLE_CLIENT,
+    ROLES,
+    UserStore,
+    scrypt_line_hash,
+    valid_username,
+)
 
 __all__ = ["main"]
 

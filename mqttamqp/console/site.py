@@ -15,10 +15,12 @@ from typing import Any
 
 from twisted.application import service as app_service
 from twisted.logger import Logger
+from twisted.web import http
 from twisted.web.server import Site
 
-from webui.app import Console, ConsoleContext
-from webui.auth import ensure_first_admin
+from mqttamqp.console.app import Console
+from mqttamqp.console.auth import ensure_first_admin
+from mqttamqp.console.context import ConsoleContext
 
 __all__ = ["make_site", "ConsoleService"]
 
@@ -41,11 +43,10 @@ class ConsoleService(app_service.Service):
                 "console: created the first admin user {u!r}; its password is in {path} "
                 "(readable by this user only); change it with: "
                 "mqttamqp-admin user passwd --data {d} {u}", u=name, path=path, d=data_dir)
-        self.console.feed.start()
+        self.console.start()
 
     def stopService(self) -> None:
-        self.console.feed.stop()
-        self.console.tails.stop()
+        self.console.stop()
         super().stopService()  # type: ignore[no-untyped-call]
 
 
@@ -53,7 +54,7 @@ class _ConsoleSite(Site):
     """No access log: the live feed would log a line a second per open tab.  Logins,
     refusals and every action are logged by the console itself."""
 
-    def log(self, request: Any) -> None:
+    def log(self, request: http.Request) -> None:
         pass
 
 

@@ -17,16 +17,12 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.console.actions import ActionError, ActionResult
+from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.queues.manager import (
-    DLQ_PREFIX,
-    GroupView,
-    QueueMessageView,
-    QueueView,
-    Retention,
-)
-from webui.actions import ActionError, ActionResult
-from webui.views import payload_json, payload_preview, payload_view
+from mqttamqp.core.queues.addresses import DLQ_PREFIX
+from mqttamqp.core.queues.admin import GroupView, QueueMessageView, QueueView
+from mqttamqp.core.queues.model import Retention
 
 __all__ = ["QueueRates", "QueueActions", "queue_row", "queue_list", "queue_detail",
            "message_detail", "MAX_BROWSE", "find_queue"]

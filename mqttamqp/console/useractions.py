@@ -1,6 +1,6 @@
 """The console's Users page: the user store's commands, for admins, audited.
 
-The same store and rules as ``mqttamqp-admin user ...`` (``core.userstore``):
+The same store and rules as ``mqttamqp-admin user ...`` (``mqttamqp.security.userstore``):
 names of letters, digits and ``._-@``, passwords of at least 8 characters, roles
 admin / read-only / client.  Two rules the command line does not need: an admin
 cannot delete or demote themself (the console would lock them out mid-action),
@@ -15,9 +15,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.console.actions import ActionError, ActionResult
+from mqttamqp.console.auth import forget_initial_password
 from mqttamqp.security.userstore import ROLE_ADMIN, ROLES, User, UserStore, valid_username
-from webui.actions import ActionError, ActionResult
-from webui.auth import forget_initial_password
 
 __all__ = ["UserActions", "MIN_PASSWORD", "user_json"]
 

@@ -17,6 +17,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.web.server import Request
 
 from mqttamqp.core.clock import Clock
 
@@ -37,7 +38,7 @@ _JSON_MARKUP = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 class EventStream:
     """One open ``text/event-stream`` response."""
 
-    def __init__(self, request: Any, still_allowed: Callable[[], bool]) -> None:
+    def __init__(self, request: Request, still_allowed: Callable[[], bool]) -> None:
         self.request = request
         self.still_allowed = still_allowed
         self.done: Deferred[None] = Deferred(self._cancelled)

@@ -9,7 +9,7 @@ messages a second forwarded to one browser (the rest are counted and reported
 as skipped), and at most ``max_payload`` bytes of each payload rendered.  The
 browser keeps a bounded number of rows and can pause.
 
-Payloads are rendered on the server (``views.payload_view``: text, JSON or hex)
+Payloads are rendered on the server (``payloads.payload_view``: text, JSON or hex)
 and sent as JSON strings; the page inserts them as text, never as markup.
 """
 
@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.web.server import Request
 
+from mqttamqp.console.feed import sse_frame
+from mqttamqp.console.payloads import payload_view
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from webui.feed import sse_frame
-from webui.views import payload_view
 
 __all__ = ["TailHub", "Tail", "TAIL_MODES"]
 
@@ -40,7 +41,7 @@ class Tail:
     congested = False        # never holds back publishers: it skips instead
     backlog_bytes = 0
 
-    def __init__(self, hub: TailHub, key: str, request: Any, topic_filter: str, mode: str,
+    def __init__(self, hub: TailHub, key: str, request: Request, topic_filter: str, mode: str,
                  still_allowed: Callable[[], bool]) -> None:
         self.hub = hub
         self.key = key
@@ -98,7 +99,7 @@ class Tail:
 class TailHub:
     log = Logger(namespace="mqttamqp.console")
 
-    def __init__(self, broker: Broker, clock: Any, max_tails: int = 8,
+    def __init__(self, broker: Broker, clock: Clock, max_tails: int = 8,
                  per_second: int = 50, max_payload: int = 4096) -> None:
         self.broker = broker
         self.clock = clock
@@ -109,7 +110,7 @@ class TailHub:
         self._serials = itertools.count(1)
         self._loop: LoopingCall | None = None
 
-    def open(self, request: Any, user: str, topic_filter: str, mode: str,
+    def open(self, request: Request, user: str, topic_filter: str, mode: str,
              still_allowed: Callable[[], bool]) -> Tail | str:
         """A new tail on ``topic_filter``, or why not (the caller answers with it)."""
         if len(self.tails) >= self.max_tails:
@@ -156,7 +157,7 @@ class TailHub:
     def _start(self) -> None:
         if self._loop is None:
             self._loop = LoopingCall(self._tick)
-            self._loop.clock = self.clock
+            self._loop.clock = self.clock  # type: ignore[assignment]
             self._loop.start(1.0, now=False).addErrback(
                 lambda f: self.log.failure("console live tail failed", f))
 

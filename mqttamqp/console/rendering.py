@@ -2,9 +2,9 @@
 the filters the templates use.
 
 Autoescape is on for every template; no filter here returns ``Markup`` built from
-client data.  Templates and static files are found in the installed package
-(``mqttamqp/console_templates``, ``mqttamqp/console_static``) or, in a source
-tree, next to ``webui/``.
+client data.  Templates and static files are package data of ``mqttamqp.console``
+(``templates/`` and ``static/`` beside this module), in a source tree and installed
+alike; the top-level ``templates`` and ``static`` of the repository are links to them.
 """
 
 from __future__ import annotations
@@ -16,25 +16,18 @@ from typing import Any
 
 import jinja2
 
-import mqttamqp
-import webui
-
 __all__ = ["templates_dir", "static_dir", "make_environment"]
 
 
-def _find(installed: str, source: str) -> Path:
-    candidate = Path(mqttamqp.__file__).parent / installed
-    if candidate.is_dir():
-        return candidate
-    return Path(webui.__file__).parent.parent / source
+_HERE = Path(__file__).parent
 
 
 def templates_dir() -> Path:
-    return _find("console_templates", "templates")
+    return _HERE / "templates"
 
 
 def static_dir() -> Path:
-    return _find("console_static", "static")
+    return _HERE / "static"
 
 
 def _timestamp(value: float | None) -> str:

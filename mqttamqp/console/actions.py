@@ -18,12 +18,13 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
+from mqttamqp.console.rendering import duration
+from mqttamqp.console.traffic import ReportRunner
 from mqttamqp.core.auth import peer_host
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter, validate_topic_name
 from mqttamqp.security.bans import BanError
-from webui.rendering import duration
 
 __all__ = ["ActionError", "ActionResult", "ConsoleActions", "MAX_BULK"]
 
@@ -52,14 +53,14 @@ async def _durable(d: Deferred[None] | None) -> None:
 class ConsoleActions:
     """The commands behind the console's buttons and the JSON API's POSTs."""
 
-    def __init__(self, broker: Broker, report_job: Any = None) -> None:
+    def __init__(self, broker: Broker, report_job: ReportRunner | None = None) -> None:
         self.broker = broker
-        self.report_job = report_job     # a webui.traffic.ReportRunner, or None
+        self.report_job = report_job
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
 
     def audit(self, user: str, action: str, outcome: str, **target: Any) -> None:
-        """Log and record a console action (also for ``webui.useractions``)."""
+        """Log and record a console action (also for ``mqttamqp.console.useractions``)."""
         self._audit(user, action, outcome, **target)
 
     def _audit(self, user: str, action: str, outcome: str, **target: Any) -> None:

@@ -1,4 +1,5 @@
-"""Direct calls into proton-c (``cproton``) for the per-message path.
+"""Direct calls into proton-c (``cproton``) for the per-message path: the one
+place the broker calls proton's C functions by name.
 
 proton's Python classes wrap every event, link and delivery in fresh objects
 (a dozen per message); the hot path — delivery events, reading a transfer,
@@ -20,7 +21,15 @@ except where the classes would raise on a peer's bytes or keep objects alive:
   link until then, so a connection that attaches and detaches links for ever
   would grow for ever.
 
-What it must not do: anything but thin calls; no state.
+The C functions of the per-message path are looked up once, here, as module
+names (``link_send``, ``delivery_settle``...): a global read is cheaper than
+``lib.pn_...`` (an attribute of the cffi library object) for every message.  The
+other modules read them from here; what is not per message may call ``lib``.
+
+These are the C API of python-qpid-proton 0.39 and 0.40 (setup.cfg pins the range);
+``tests/test_net_pins.py`` checks each name exists in the installed ``cproton``.
+
+What it must not do: anything but thin calls; no state; no import of the broker.
 """
 
 from __future__ import annotations
@@ -35,6 +44,11 @@ __all__ = [
     "EV_LINK_FLOW", "EV_TRANSPORT", "ffi", "next_event", "pop_event", "event_type",
     "event_delivery", "event_link", "delivery_link", "recv", "output", "tick", "lib",
     "NULL", "condition", "describe", "close_with", "free_link",
+    "decref", "incref", "from_buffer", "new_delivery", "delivery_aborted",
+    "delivery_partial", "delivery_pending", "delivery_readable", "delivery_remote",
+    "delivery_remote_state", "delivery_settle", "delivery_settled", "delivery_update",
+    "disposition_is_failed", "link_advance", "link_send", "link_credit", "link_flow",
+    "link_queued",
 ]
 
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
@@ -48,9 +62,29 @@ event_delivery = lib.pn_event_delivery
 event_link = lib.pn_event_link
 delivery_link = lib.pn_delivery_link
 
+# Deliveries and links, for the adapters' per-message path.
+decref = lib.pn_decref
+incref = lib.pn_incref
+from_buffer = ffi.from_buffer
+new_delivery = lib.pn_delivery
+delivery_aborted = lib.pn_delivery_aborted
+delivery_partial = lib.pn_delivery_partial
+delivery_pending = lib.pn_delivery_pending
+delivery_readable = lib.pn_delivery_readable
+delivery_remote = lib.pn_delivery_remote
+delivery_remote_state = lib.pn_delivery_remote_state
+delivery_settle = lib.pn_delivery_settle
+delivery_settled = lib.pn_delivery_settled
+delivery_update = lib.pn_delivery_update
+disposition_is_failed = lib.pn_disposition_is_failed
+link_advance = lib.pn_link_advance
+link_send = lib.pn_link_send
+link_credit = lib.pn_link_credit
+link_flow = lib.pn_link_flow
+link_queued = lib.pn_link_queued
+
 _unpack: Callable[[Any, int], bytes] = ffi.unpack
 _link_recv = lib.pn_link_recv
-_delivery_pending = lib.pn_delivery_pending
 _EOS: int = lib.PN_EOS
 _transport_peek = lib.pn_transport_peek
 _transport_pending = lib.pn_transport_pending
@@ -74,7 +108,7 @@ def recv(link: Any, dlv: Any) -> bytes | None:
     data = _unpack(_buf, n)
     if n < _BUF_SIZE:
         return data
-    rest = _delivery_pending(dlv)
+    rest = delivery_pending(dlv)
     if rest <= 0:
         return data
     big = ffi.new("char[]", rest)

@@ -3,21 +3,21 @@ as plain dicts, for the HTML pages and the JSON API alike (one shape for both, s
 they cannot drift apart).
 
 Everything here reads frozen views; nothing changes broker state.  The values are raw (client
-ids, topics and payloads exactly as clients sent them); escaping is the job of
+ids, topics and payloads exactly as clients sent them; how a payload is shown is
+``mqttamqp.console.payloads``); escaping is the job of
 the templates (Jinja2 autoescape) and of ``json.dumps``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mqttamqp import __version__
+from mqttamqp.console.context import ConsoleContext
+from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
 from mqttamqp.core.message import Message
 from mqttamqp.core.readmodel import (
     ClientView,
@@ -30,18 +30,16 @@ from mqttamqp.core.readmodel import (
 from mqttamqp.security.bans import Ban
 
 __all__ = [
-    "PROTOCOL_LABELS", "Page", "paginate", "payload_view", "connection_row", "client_detail",
+    "PROTOCOL_LABELS", "Page", "paginate", "connection_row", "client_detail",
     "session_row", "session_detail", "retained_row", "retained_detail", "will_json",
     "overview", "list_clients", "list_sessions", "list_retained", "CLIENT_SORTS", "SESSION_SORTS",
-    "payload_preview", "payload_json", "session_json", "ClientFilters", "ClientRates", "ban_json",
+    "session_json", "ClientFilters", "ClientRates", "ban_json",
     "BAN_DURATIONS", "TopicRates", "topic_tree", "list_subscriptions",
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "mqtt5": "MQTT 5",
                    "amqp": "AMQP 1.0"}
-PREVIEW_BYTES = 256
 PAGE_SIZES = (25, 50, 100, 200)
-MAX_PAYLOAD_VIEW = 256 * 1024
 
 T = TypeVar("T")
 
@@ -68,75 +66,6 @@ def paginate(rows: Sequence[T], page: int, per_page: int,
     start = (page - 1) * per_page
     return Page([render(r) for r in rows[start:start + per_page]], len(rows), page, pages,
                 per_page)
-
-
-# -- payloads ---------------------------------------------------------------------
-
-
-def _is_text(payload: bytes) -> str | None:
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    if any(ord(c) < 32 and c not in "\t\r\n" for c in text):
-        return None
-    return text
-
-
-def _hex(payload: bytes) -> str:
-    """Hex dump: 16 bytes a line, offset, hex and printable ASCII."""
-    lines = []
-    for i in range(0, len(payload), 16):
-        chunk = payload[i:i + 16]
-        hexpart = " ".join(f"{b:02x}" for b in chunk)
-        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"{i:08x}  {hexpart:<47}  {text}")
-    return "\n".join(lines)
-
-
-def payload_view(payload: bytes, mode: str = "auto", limit: int = MAX_PAYLOAD_VIEW
-                 ) -> dict[str, Any]:
-    """How to show ``payload``: mode is text, hex or json ("auto" picks one).
-
-    The result has the mode actually used, the text to show, whether it was cut at
-    ``limit`` bytes, and which modes are possible.
-    """
-    truncated = len(payload) > limit
-    shown = payload[:limit]
-    text = _is_text(shown)
-    pretty: str | None = None
-    if text is not None and not truncated:
-        try:
-            pretty = json.dumps(json.loads(text), indent=2, ensure_ascii=False,
-                                sort_keys=False)
-        except ValueError:
-            pretty = None
-    modes = ["hex"]
-    if text is not None:
-        modes.insert(0, "text")
-    if pretty is not None:
-        modes.insert(1, "json")
-    if mode not in modes:
-        mode = "json" if pretty is not None else ("text" if text is not None else "hex")
-    body = {"text": text, "json": pretty, "hex": _hex(shown)}[mode]
-    return {"mode": mode, "body": body or "", "truncated": truncated, "modes": modes,
-            "size": len(payload)}
-
-
-def payload_preview(payload: bytes, limit: int = 80) -> dict[str, Any]:
-    """A one-line preview: text if it is text, else hex; cut at ``limit`` chars."""
-    text = _is_text(payload[:PREVIEW_BYTES])
-    if text is not None:
-        one_line = " ".join(text.split())
-        return {"kind": "text", "value": one_line[:limit],
-                "cut": len(one_line) > limit or len(payload) > PREVIEW_BYTES}
-    hexed = binascii.hexlify(payload[:limit // 2], " ").decode()
-    return {"kind": "hex", "value": hexed, "cut": len(payload) > limit // 2}
-
-
-def payload_json(payload: bytes) -> dict[str, Any]:
-    return {"payload_base64": base64.b64encode(payload).decode(),
-            "payload_text": _is_text(payload), "size": len(payload)}
 
 
 # -- clients ----------------------------------------------------------------------
@@ -448,7 +377,7 @@ def list_retained(messages: Iterable[Message], page: int, per_page: int) -> Page
 # -- overview ---------------------------------------------------------------------
 
 
-def overview(context: Any, model: ReadModel, now: float, rates: dict[str, float],
+def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[str, float],
              include_storage: bool = True) -> dict[str, Any]:
     """The overview page's numbers (also what the live feed sends every tick)."""
     c = model.counters()

@@ -1,0 +1,185 @@
+"""Acknowledgements and the dead-letter queue.
+
+MQTT 5 members acknowledge with ``$queue/<name>/$ack|$nack|$reject`` and user
+properties (``command``); AMQP outcomes other than Accepted arrive through
+``settle``.  A nack makes a message visible again until ``--queue-max-deliveries``,
+a reject (or too many deliveries) moves it to ``$dlq/<name>`` with its origin."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import replace
+
+from twisted.internet.defer import Deferred
+
+from mqttamqp.core.message import MessageProperties
+from mqttamqp.core.persistence import Op, PutQueueGroup
+from mqttamqp.core.queues.addresses import (
+    ACK,
+    DLQ_PREFIX,
+    NACK,
+    QUEUE_PREFIX,
+    STREAM,
+    TOPIC_NAME_INVALID,
+    QueueAddress,
+    Refusal,
+)
+from mqttamqp.core.queues.dispatch import Dispatch
+from mqttamqp.core.queues.metadata import without_metadata
+from mqttamqp.core.queues.model import ConsumerGroup, Pending, StreamRead
+from mqttamqp.core.sessions.session import OutEntry, Session
+
+__all__ = ["Acknowledgements"]
+
+class Acknowledgements(Dispatch):
+    """Explicit acknowledgements, AMQP settlements and dead-lettering."""
+
+    def _find(self, session: Session, message_id: str | None, group_id: str | None,
+              address: QueueAddress) -> tuple[ConsumerGroup, int] | str:
+        if not message_id:
+            return "no message-id user property (it is <queue>:<offset>)"
+        name, sep, digits = message_id.rpartition(":")
+        if not sep or not digits.isdigit():
+            return f"malformed message-id {message_id!r} (it is <queue>:<offset>)"
+        if name != address.queue:
+            return f"message-id {message_id!r} is not of queue {address.queue!r}"
+        queue = self.queues.get(name)
+        if queue is None:
+            return f"no queue {name!r}"
+        offset = int(digits)
+        groups = ([queue.groups[group_id]] if group_id in queue.groups
+                  else [] if group_id else list(queue.groups.values()))
+        if not groups:
+            return f"no group {group_id!r} on queue {name!r}"
+        for g in groups:
+            if not any(m.session is session for m in g.members):
+                continue
+            if g.mode == STREAM:
+                return (g, offset)
+            pending = g.pending.get(offset)
+            if pending is not None and pending.member.session is session:
+                return (g, offset)
+        if not any(any(m.session is session for m in g.members) for g in groups):
+            return (f"{session.client_id} is not a member of group "
+                    f"{group_id or '(any)'!r} of queue {name!r}")
+        return f"message {message_id!r} is not pending for {session.client_id}"
+
+    def command(self, session: Session, address: QueueAddress | str, topic: str,
+                user_properties: Iterable[tuple[str, str]]
+                ) -> tuple[Deferred[None] | None, Refusal | None]:
+        """An acknowledgement published by an MQTT 5 member: ``$ack``, ``$nack`` or
+        ``$reject`` with user properties ``message-id``, ``group-id`` (and
+        ``reason``), ``topic`` parsed as ``address`` (``QueueManager.address``).  The
+        Deferred fires once the change is durable."""
+        if isinstance(address, str) or address.action is None:
+            reason = address if isinstance(address, str) else "not an acknowledgement"
+            return None, self._refuse("ack", session.client_id, topic, reason,
+                                      TOPIC_NAME_INVALID)
+        props: dict[str, str] = {}
+        for key, value in user_properties:
+            props.setdefault(key, value)
+        found = self._find(session, props.get("message-id"), props.get("group-id"), address)
+        if isinstance(found, str):
+            return None, self._refuse("ack", session.client_id, topic, found)
+        group, offset = found
+        ops: list[Op] = []
+        if group.mode == STREAM:
+            if not group.queue.first <= offset < group.next:
+                return None, self._refuse(
+                    "ack", session.client_id, topic,
+                    f"offset {offset} is not one group {group.key!r} has read "
+                    f"({group.queue.first} to {group.next - 1})")
+            if address.action == ACK:           # an explicit cursor commit
+                group.cursor_saved = offset + 1
+                group.cursor_saved_at = self.clock.seconds()
+                ops.append(PutQueueGroup(group.queue.name, group.key,
+                                         replace(group.record(), cursor=offset + 1)))
+            return self._commit(ops), None
+        pending = group.pending.pop(offset)
+        pending.member.outstanding -= 1   # (its receipt is void: no longer pending)
+        if address.action == ACK:
+            self._done(group, offset, ops)
+            group.acked += 1
+            group.queue.acked += 1
+            self.stats.acked += 1
+        elif address.action == NACK:
+            self.stats.nacked += 1
+            self._again(group, offset, ops, "nacked")
+        else:
+            self.stats.rejected += 1
+            self._dead_letter(group, offset, props.get("reason") or "rejected", ops)
+        d = self._commit(ops)
+        self._pump(group)
+        return d, None
+
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on the delivery of ``receipt``:
+        ``released`` (nack, not counted), ``modified`` (nack; ``failed`` counts it),
+        ``rejected`` (dead-letter with ``reason``)."""
+        queue = self.queues.get(receipt.group.queue.name)
+        group = queue.groups.get(receipt.group.key) if queue is not None else None
+        session.take_back(entry)
+        if group is None:
+            return
+        if group.mode == STREAM:
+            # (no redelivery in a stream; the delivery is over all the same: its
+            # member's prefetch is free again)
+            receipt.acknowledged()
+            return
+        offset = receipt.offset
+        pending = group.pending.get(offset)
+        if pending is None or pending.member.session is not session:
+            return
+        del group.pending[offset]
+        pending.member.outstanding -= 1
+        ops: list[Op] = []
+        if outcome == "rejected":
+            self.stats.rejected += 1
+            self._dead_letter(group, offset, reason or "rejected", ops)
+        else:
+            self.stats.nacked += 1
+            if outcome == "released" or not failed:
+                group.counts[offset] = max(0, group.counts.get(offset, 1) - 1)
+                group.uncounted.add(offset)
+            self._again(group, offset, ops, "released")
+        self._commit(ops, "recording a queue settlement")
+        self._pump(group)
+
+    def _again(self, group: ConsumerGroup, offset: int, ops: list[Op], why: str) -> None:
+        """Visible again, or dead-lettered past ``--queue-max-deliveries``."""
+        if group.counts.get(offset, 0) >= self.limits.queue_max_deliveries:
+            self._dead_letter(
+                group, offset,
+                f"{why} after {group.counts.get(offset, 0)} deliveries "
+                f"(--queue-max-deliveries {self.limits.queue_max_deliveries})", ops)
+            return
+        heapq.heappush(group.ready, offset)
+        ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+
+    def _dead_letter(self, group: ConsumerGroup, offset: int, reason: str, ops: list[Op]) -> None:
+        queue = group.queue
+        message = queue.log.get(offset)
+        count = group.counts.get(offset, 0)
+        # Not consumed: its publisher waits for the commits (the dead letter's too,
+        # which is in the same or a later one), never early.
+        queue.waiters.pop(offset, None)
+        self._done(group, offset, ops)
+        if message is None:
+            return
+        queue.dead += 1
+        self.stats.dead_lettered += 1
+        if queue.name.startswith(DLQ_PREFIX):
+            return   # (a dead-letter queue's dead messages go nowhere: counted)
+        dlq = self._queue(DLQ_PREFIX + queue.name, ops)
+        if dlq is None:
+            return
+        extra = (("origin-queue", queue.name), ("origin-offset", str(offset)),
+                 ("origin-group", group.key), ("delivery-count", str(count)),
+                 ("reason", reason))
+        props = message.props or MessageProperties()
+        dead = replace(message, topic=DLQ_PREFIX + message.topic[len(QUEUE_PREFIX):],
+                       props=replace(props, user_properties=without_metadata(
+                           props.user_properties) + extra))
+        self._append(dlq, dead, ops)

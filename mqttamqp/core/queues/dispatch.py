@@ -1,0 +1,242 @@
+"""Dispatch: hands a queue's messages to its groups' members, with the watermark.
+
+Round-robin over the members with credit (prefetch, the session's window, an
+uncongested link); classic groups claim what they hand out (``Pending``) and store
+a dispatch watermark ahead of the deliveries, so that a delivery goes out only
+below a watermark already durable; stream groups read by cursor.  Deliveries go
+through ``Session.deliver``; the transport's acknowledgement of one comes back
+through ``transport_ack`` (or, for a stream, ``after_stream_ack``).
+
+What this module must not do: decide acknowledgements' outcomes (``Acknowledgements``)
+or timeouts (``QueueTimers``)."""
+
+from __future__ import annotations
+
+import heapq
+
+from twisted.python.failure import Failure
+
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import Op, PutQueueGroup, QueueDone
+from mqttamqp.core.queues.addresses import CLASSIC, STREAM
+from mqttamqp.core.queues.memory import MemoryBudget
+from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
+from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
+from mqttamqp.core.sessions.session import OutEntry, Session
+
+__all__ = ["Dispatch"]
+
+# The dispatch watermark is stored this many offsets ahead of the deliveries, and
+# again when they come within half of it.  Deliveries past the stored one wait for
+# its commit (an fsync), so a small step throttled the queue to a step per fsync;
+# a large one only means that after a crash up to that many messages never
+# delivered count a delivery (they may have been: at-least-once).
+_WATERMARK_STEP = 4096
+
+
+class Dispatch(MemoryBudget):
+    """Hands out what each group may have, to members with credit."""
+
+    def _pump_queue(self, queue: QueueLog) -> None:
+        for group in list(queue.groups.values()):
+            self._pump(group)
+
+    def _credit(self, member: Member) -> bool:
+        session = member.session
+        link = session.link
+        if link is None or link.congested or session is self._leaving:
+            return False
+        prefetch = min(self.limits.queue_prefetch, session.window) if member.qos else \
+            self.limits.queue_prefetch
+        return member.outstanding < prefetch and not session.has_queued
+
+    def _next_member(self, group: ConsumerGroup) -> Member | None:
+        members = group.members
+        n = len(members)
+        for i in range(n):
+            member = members[(group._rr + i) % n]
+            if self._credit(member):
+                group._rr = (group._rr + i + 1) % n
+                return member
+        return None
+
+    def _pump(self, group: ConsumerGroup) -> None:
+        """Hand out what the group may have, round-robin over members with credit."""
+        queue = group.queue
+        if not group.members or (not group.ready and group.next >= queue.committed):
+            return   # (nothing to hand out: most acknowledgements end here)
+        ops: list[Op] = []
+        mark = None
+        again = False
+        evicted = queue.evicted
+        while True:
+            offset = self._next_offset(group, ops)
+            if offset is None:
+                break
+            if evicted and offset in evicted:
+                # (its body is in storage: read back, then this pump again)
+                self._read_back(queue, offset)
+                break
+            if group.mode == CLASSIC and offset >= group.watermark - _WATERMARK_STEP // 2:
+                # Store the watermark further ahead before deliveries reach it.
+                group.watermark = mark = offset + _WATERMARK_STEP
+                ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+            if group.mode == CLASSIC and offset >= group.safe:
+                break   # (sent once the watermark above it is durable: ``_stored``)
+            member = self._next_member(group)
+            if member is None:
+                break
+            self._take(group, offset)
+            again = self._deliver(group, member, offset, queue.log[offset], ops) or again
+        if again:
+            ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+        if mark is not None:
+            d = self._commit(ops)
+            if d is not None:
+                d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
+                               errbackArgs=(group, mark))
+                self.commits.watch(d, "recording a queue's dispatch watermark")
+        elif ops or self._unsaved:
+            self._commit(ops, "recording a queue delivery")
+
+    def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int) -> Failure:
+        """The commit failed: the next pump stores the watermark again (or the
+        group would wait for ``mark`` for ever)."""
+        if group.watermark == mark:
+            group.watermark = group.safe
+        return failure
+
+    def _stored(self, result: object, group: ConsumerGroup, mark: int) -> object:
+        """The watermark ``mark`` is durable: deliveries below it may go out (a
+        crash after one of them counts it one more delivery on restart)."""
+        if mark > group.safe:
+            group.safe = mark
+            self._pump(group)
+        return result
+
+    def _next_offset(self, group: ConsumerGroup, ops: list[Op]) -> int | None:
+        """The next offset this group would hand out (not taken yet)."""
+        queue = group.queue
+        log = queue.log
+        if group.mode == CLASSIC:
+            ready = group.ready
+            while ready:
+                offset = ready[0]
+                if offset in log and offset not in group.done:
+                    return offset
+                heapq.heappop(ready)
+        limit = queue.committed
+        skip = queue.skip if queue.skip_starts else None
+        while group.next < limit:
+            offset = group.next
+            if skip is not None:
+                past = skip(offset)
+                if past != offset:
+                    group.next = past
+                    continue
+            message = log.get(offset)
+            if group.mode == STREAM:
+                if message is not None and group.matches(message):
+                    return offset
+                group.next = offset + 1
+                continue
+            if offset in group.done:     # (after a restart: acknowledged before it)
+                group.next = offset + 1
+                continue
+            if message is not None and group.matches(message):
+                return offset
+            group.next = offset + 1
+            group.done.add(offset)       # (not for this group: done with it)
+            group.advance_floor()
+            ops.append(QueueDone(queue.name, group.key, (offset,)))
+        return None
+
+    def _take(self, group: ConsumerGroup, offset: int) -> None:
+        if group.ready and group.ready[0] == offset:
+            heapq.heappop(group.ready)
+        elif group.next == offset:
+            group.next = offset + 1
+
+    def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
+                 ops: list[Op]) -> bool:
+        """Hand ``offset`` to ``member``; True when it was a classic redelivery,
+        whose raised count the caller stores with the group's record (rare, so
+        at once: a crash after it must not bring the message back with a lower
+        count than the client has seen)."""
+        queue = group.queue
+        count = group.counts.get(offset, 0) + 1
+        again = False
+        if group.mode == CLASSIC:
+            group.counts[offset] = count
+            if count > 1:
+                again = True
+                group.redelivered += 1
+                self.stats.redelivered += 1
+        session = member.session
+        # (MQTT 3.x clients get no properties: no metadata to build for them)
+        delivered = (with_metadata(message, queue.name, group.key, offset, count,
+                                    group.mode == STREAM or again
+                                    or offset in group.uncounted)
+                     if session.protocol in METADATA_PROTOCOLS else message)
+        if group.mode == STREAM:
+            read = StreamRead(self, group, offset, member) if member.qos else None
+            entry = session.deliver(delivered, member.qos, False, receipt=read)
+            member.outstanding += 1
+            self._arm()
+            if entry is None:
+                member.outstanding -= 1
+            return again
+        # (the receipt goes with the session's entry: the queue's, durable already,
+        # so a persistent session does not hold it for a commit of its own)
+        pending = Pending(self, group, offset, member) if member.qos else None
+        entry = session.deliver(delivered, member.qos, False, receipt=pending)
+        member.outstanding += 1
+        self._arm()
+        if entry is None and member.qos:
+            # (refused by the session's bound: visible again at once)
+            member.outstanding -= 1
+            group.counts[offset] = count - 1
+            heapq.heappush(group.ready, offset)
+            return False
+        if entry is None and not member.explicit:
+            # QoS 0 without explicit acknowledgements: acknowledged on send.
+            member.outstanding -= 1
+            self._done(group, offset, ops)
+            group.acked += 1
+            queue.acked += 1
+            self.stats.acked += 1
+            return False   # (finished: no count to keep)
+        if pending is None:
+            pending = Pending(self, group, offset, member)   # (QoS 0, explicit)
+        pending.since = self.clock.seconds()
+        pending.entry = entry
+        group.pending[offset] = pending
+        return again
+
+    def transport_ack(self, pending: Pending) -> None:
+        """The transport acknowledged ``pending``'s delivery (PUBACK, PUBCOMP, AMQP
+        Accepted): done, unless it is no longer its group's pending delivery."""
+        group = pending.group
+        offset = pending.offset
+        if group.pending.get(offset) is not pending:
+            return
+        del group.pending[offset]
+        member = pending.member
+        member.outstanding -= 1
+        ops: list[Op] = []
+        self._done(group, offset, ops)
+        group.acked += 1
+        group.queue.acked += 1
+        self.stats.acked += 1
+        self._flush_soon()
+        self._pump(group)
+
+    def after_stream_ack(self, group: ConsumerGroup) -> None:
+        self._pump(group)
+
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on a delivery: the receipts' other
+        report, which ``Acknowledgements`` decides."""
+        raise NotImplementedError
+

@@ -1,0 +1,408 @@
+"""The queues' logs and their durability: the base layer of ``QueueManager``.
+
+Owns the queues, appends and removals (with the byte counts the storage alarm and
+the memory budget read), trims once every classic group is done with a message,
+retention by count, size and age, and the commit plumbing: every durable change
+is an ``Op`` handed to ``CommitBatcher``; appends dispatch once durable
+(``_appended``); finished offsets are stored per batch (``_drain_done``), and a
+publisher waiting for a message every group consumed first is answered early.
+
+What this module must not do: deliver (``Dispatch``), evict bodies
+(``MemoryBudget``) or run timers (``QueueTimers``); it calls them through the
+hooks at the end of ``QueueLogs``."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message, body_size
+from mqttamqp.core.persistence import Op, PutQueue, PutQueueMessage, QueueDone, TrimQueue
+from mqttamqp.core.queues.addresses import (
+    CLASSIC,
+    DLQ_PREFIX,
+    STREAM,
+    UNSPECIFIED_ERROR,
+    QueueAddress,
+    Refusal,
+)
+from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
+from mqttamqp.core.queues.model import (
+    ConsumerGroup,
+    Member,
+    QueueLog,
+    QueueStats,
+    Retention,
+)
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.sessions.session import Session
+
+__all__ = ["QueueLogs", "QueueReader"]
+
+# Reads a queue's messages back from storage (``StateStore.read_queue_messages``).
+QueueReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
+
+
+class QueueLogs:
+    """The queues, their logs and the commits that make their changes durable."""
+
+    log = Logger(namespace="mqttamqp.core.queues.manager")
+
+    def __init__(self, clock: Clock, commits: CommitBatcher, limits: Limits,
+                 log_limit: LogLimiter, retention_rules: Sequence[tuple[str, Retention]] = ()
+                 ) -> None:
+        self.clock = clock
+        self.commits = commits
+        self.limits = limits
+        self._log_limit = log_limit
+        self.queues: dict[str, QueueLog] = {}
+        self.stats = QueueStats()
+        # (pattern, retention) from --queues, first match wins; then the defaults.
+        self.retention_rules = list(retention_rules) or [
+            (pattern, Retention(age if age is not None else limits.queue_max_age or None,
+                                size if size is not None else limits.queue_max_bytes or None,
+                                count if count is not None
+                                else limits.queue_max_messages or None))
+            for pattern, age, size, count in limits.queue_rules]
+        self._memberships: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
+        # Queues appended to since the last ``_commit``, with their next offset.
+        self._appended_to: dict[QueueLog, int] = {}
+        # Offsets finished (acknowledged, dead) not yet in a commit, per group.
+        self._unsaved: dict[ConsumerGroup, list[int]] = {}
+        self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
+        self._parsed: dict[str, QueueAddress | str] = {}   # publish topics, parsed
+        # Client ids that have (or had) a stored membership: only their sessions'
+        # connects look through the groups (``session_online``, on every CONNECT).
+        self._stored_clients: set[str] = set()
+        self._flush_armed = False
+        self._leaving: Session | None = None   # (no credit while it leaves)
+        self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
+        self.stopped = False
+        # Aggregate bounds.  Disk: every queue's stored payload bytes in all
+        # (``total_bytes``) and the data directory's free space (``alarm``).  Memory:
+        # the bodies held in memory (``resident``) against ``--queue-memory-budget``;
+        # past it, durable bodies far from any consumer are evicted (only their
+        # stub stays) and read back from storage (``_reader``) as consumers near.
+        self.alarm = StorageAlarm(clock, limits.queue_max_total_bytes,
+                                  limits.disk_free_limit)
+        self.total_bytes = 0
+        self.resident = 0
+        self.budget = limits.queue_memory_budget
+        self._reader: QueueReader | None = None
+        self._appends: dict[QueueLog, tuple[int, int]] = {}  # (first, upto) this commit
+        # Body bytes appended and not committed yet (they cannot be evicted): past
+        # ``_unstored_limit`` publishers to queues wait for the writer (``paused``),
+        # so that what waits for a commit does not grow past the budget.
+        self._append_bytes = 0            # since the last ``_commit``
+        self.unstored_bytes = 0
+        self._unstored_limit = (max(8 << 20, min(64 << 20, self.budget // 4))
+                                if self.budget > 0 else 0)
+        # After a pass that could not get under the budget (what consumers are about
+        # to take is protected), the next waits until this much more is resident:
+        # not a scan of every log per commit.
+        self._evict_above = 0
+        self.evictions = 0      # bodies evicted (counted once each time)
+        self.read_backs = 0     # bodies read back from storage
+
+    def attach_storage(self, reader: QueueReader | None,
+                       free_space: FreeSpace | None = None) -> None:
+        """How bodies are read back (None: they are never evicted) and how the data
+        directory's free space is read (None: no free-disk watermark)."""
+        self._reader = reader
+        if free_space is not None:
+            self.alarm = StorageAlarm(self.clock, self.limits.queue_max_total_bytes,
+                                      self.limits.disk_free_limit, free_space)
+            self.alarm.check_total(self.total_bytes)
+
+    @property
+    def blocked(self) -> bool:
+        """Publishers to queues are blocked (the storage alarm is raised)."""
+        return self.alarm.blocked
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: blocked, or the writer is behind."""
+        return self.alarm.paused
+
+    @property
+    def evicted_messages(self) -> int:
+        return sum(len(q.evicted) for q in self.queues.values())
+
+    def default_retention(self, name: str) -> Retention:
+        base = name[len(DLQ_PREFIX):] if name.startswith(DLQ_PREFIX) else name
+        for pattern, retention in self.retention_rules:
+            if fnmatch.fnmatchcase(base, pattern) or fnmatch.fnmatchcase(name, pattern):
+                return retention
+        limits = self.limits
+        return Retention(limits.queue_max_age or None, limits.queue_max_bytes or None,
+                         limits.queue_max_messages or None)
+
+    def _queue(self, name: str, ops: list[Op]) -> QueueLog | None:
+        queue = self.queues.get(name)
+        if queue is not None:
+            return queue
+        if len(self.queues) >= self.limits.queue_max_queues:
+            return None
+        queue = QueueLog(name, self.default_retention(name))
+        self.queues[name] = queue
+        ops.append(PutQueue(name, queue.retention.as_tuple()))
+        return queue
+
+    def _refuse(self, cause: str, who: str, topic: str, reason: str,
+                code: int = UNSPECIFIED_ERROR) -> Refusal:
+        self.stats.refused += 1
+        suppressed = self._log_limit.allow("queue:" + cause)
+        if suppressed is not None:
+            self.log.warn("{c}: {t!r} refused: {r} ({h} more refusals like it since the "
+                          "last line)", c=who, t=topic, r=reason, h=suppressed)
+        return Refusal(code, reason)
+
+    def _commit(self, ops: Sequence[Op], background: str | None = None
+                ) -> Deferred[None] | None:
+        """Persist ``ops``; the queues appended to meanwhile dispatch their new
+        messages once that commit is durable.  With ``background`` nobody waits."""
+        if self._unsaved:
+            ops = [*ops, *self._drain_done()]
+        appended, self._appended_to = self._appended_to, {}
+        stored, self._appends = self._appends, {}
+        nbytes, self._append_bytes = self._append_bytes, 0
+        d = self.commits.persist(ops)
+        if d is not None and stored:
+            d.addCallbacks(self._made_durable, self._not_durable,
+                           callbackArgs=(stored, nbytes), errbackArgs=(stored, nbytes))
+        elif nbytes:
+            self._committed_bytes(nbytes)
+        if self._early:
+            early, self._early = self._early, []
+            for waiter in early:      # (consumed before stored: see ``publish``)
+                if not waiter.called:
+                    waiter.callback(None)
+        if d is None:
+            return None
+        for queue, upto in appended.items():
+            d.addCallback(self._appended, queue, upto)
+        if background is not None:
+            self.commits.watch(d, background)
+            return None
+        return d
+
+    def _committed_bytes(self, nbytes: int) -> None:
+        self.unstored_bytes -= nbytes
+        if self.unstored_bytes <= self._unstored_limit // 2:
+            self.alarm.set_behind(False)
+
+    def _made_durable(self, result: object, stored: dict[QueueLog, tuple[int, int]],
+                      nbytes: int) -> object:
+        """Appends up to ``upto`` are durable: their bodies may be evicted."""
+        for queue, (_, upto) in stored.items():
+            if upto > queue.durable:
+                queue.durable = upto
+        self._committed_bytes(nbytes)
+        if self.resident > self.budget > 0:
+            if self.resident > self._evict_above:
+                self._evict()
+        else:
+            self._evict_above = 0
+        return result
+
+    def _not_durable(self, failure: Failure, stored: dict[QueueLog, tuple[int, int]],
+                     nbytes: int) -> Failure:
+        """Appends whose commit failed are in memory only: never evicted."""
+        self._committed_bytes(nbytes)
+        for queue, (first, upto) in stored.items():
+            queue.unstored.update(o for o in range(first, upto) if o in queue.log)
+        return failure
+
+    def _drain_done(self) -> list[Op]:
+        """The offsets finished since the last commit, one ``QueueDone`` per group,
+        and the trims they allow (not an op per acknowledgement: with four
+        consumers acknowledging, those were most of the queue path's cost)."""
+        unsaved, self._unsaved = self._unsaved, {}
+        ops: list[Op] = []
+        queues: dict[str, QueueLog] = {}
+        for group, offsets in unsaved.items():
+            queue = group.queue
+            if self.queues.get(queue.name) is not queue:
+                continue   # (deleted meanwhile)
+            ops.append(QueueDone(queue.name, group.key, tuple(offsets)))
+            queues[queue.name] = queue
+            waiters = queue.waiters
+            if waiters:
+                classic = [g for g in queue.groups.values() if g.mode == CLASSIC]
+                for offset in offsets:
+                    if offset in waiters and all(
+                            offset < g.floor or offset in g.done for g in classic):
+                        self._early.append(waiters.pop(offset))
+        for queue in queues.values():
+            self._trim(queue, ops)
+        return ops
+
+    def _flush_done(self) -> None:
+        self._flush_armed = False
+        if self._unsaved:
+            self._commit((), "recording queue acknowledgements")
+
+    def _flush_soon(self) -> None:
+        """Store what was finished at the end of the current batch (one socket
+        read), or now outside one."""
+        if self._flush_armed:
+            return
+        if self.commits.after_batch(self._flush_done):
+            self._flush_armed = True
+        else:
+            self._flush_done()
+
+    def _append(self, queue: QueueLog, message: Message, ops: list[Op]) -> int:
+        offset = queue.next_offset
+        queue.next_offset = offset + 1
+        queue.log[offset] = message
+        size = len(message.payload)
+        queue.bytes += size
+        self.total_bytes += size
+        body = body_size(message)
+        self.resident += body
+        if self._unstored_limit:
+            self._append_bytes += body
+            self.unstored_bytes += body
+            if self.unstored_bytes > self._unstored_limit:
+                self.alarm.set_behind(True)
+        stored = self._appends.get(queue)
+        self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
+        queue.published += 1
+        self.stats.published += 1
+        ops.append(PutQueueMessage(queue.name, offset, message))
+        self._appended_to[queue] = offset + 1
+        if queue.retention.max_age is not None:
+            self._arm()
+        self._enforce_retention(queue, ops, message.timestamp)
+        if self.alarm.max_total > 0:
+            self.alarm.check_total(self.total_bytes)
+        return offset
+
+    def _remove(self, queue: QueueLog, offset: int) -> Message | None:
+        """Take ``offset`` out of ``queue``'s log and its bytes out of the counts."""
+        message = queue.log.pop(offset, None)
+        if message is None:
+            return None
+        sizes = queue.evicted.pop(offset, None) if queue.evicted else None
+        if sizes is None:
+            size = len(message.payload)
+            self.resident -= body_size(message)
+        else:
+            size = sizes[0]
+        queue.bytes -= size
+        self.total_bytes -= size
+        if queue.unstored:
+            queue.unstored.discard(offset)
+        return message
+
+    def _removed(self) -> None:
+        """Messages left the queues: the storage alarm may clear."""
+        if self.alarm.blocked:
+            self.alarm.check_total(self.total_bytes)
+
+    def _appended(self, result: object, queue: QueueLog, upto: int) -> object:
+        if upto > queue.committed:
+            queue.committed = upto
+        if self.queues.get(queue.name) is queue:
+            self._pump_queue(queue)
+        return result
+
+    def _enforce_retention(self, queue: QueueLog, ops: list[Op], now: float) -> None:
+        r = queue.retention
+        log = queue.log
+        start = queue.first
+        while log:
+            message = queue.oldest()
+            if message is None:
+                break
+            over = ((r.max_messages is not None and len(log) > r.max_messages)
+                    or (r.max_bytes is not None and queue.bytes > r.max_bytes)
+                    or (r.max_age is not None and message.timestamp + r.max_age <= now))
+            if not over:
+                break
+            self._forget(queue, queue.first)
+            queue.expired += 1
+            self.stats.expired += 1
+        if queue.first != start:
+            ops.append(TrimQueue(queue.name, queue.first))
+
+    def _forget(self, queue: QueueLog, offset: int) -> None:
+        message = self._remove(queue, offset)
+        queue.waiters.pop(offset, None)   # (dropped, not consumed: never early)
+        if message is None:
+            return
+        self._removed()
+        for group in queue.groups.values():
+            if group.mode != CLASSIC or offset < group.floor or offset in group.done:
+                continue
+            pending = group.pending.pop(offset, None)
+            if pending is not None:
+                pending.member.outstanding -= 1
+                if pending.entry is not None:
+                    pending.member.session.take_back(pending.entry)
+            group.counts.pop(offset, None)
+            group.uncounted.discard(offset)
+            if offset < group.next:
+                group.done.add(offset)
+                group.advance_floor()
+        if offset == queue.first:
+            queue.oldest()
+
+    def _done(self, group: ConsumerGroup, offset: int, ops: list[Op]) -> None:
+        """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
+        group.counts.pop(offset, None)
+        group.uncounted.discard(offset)
+        if offset >= group.floor:
+            group.done.add(offset)
+            group.advance_floor()
+        # (stored by the next ``_commit``, whoever makes it: ``_drain_done``)
+        unsaved = self._unsaved.get(group)
+        if unsaved is None:
+            self._unsaved[group] = [offset]
+        else:
+            unsaved.append(offset)
+
+    def _trim(self, queue: QueueLog, ops: list[Op]) -> None:
+        """Classic mode: a message leaves the log once every classic group is done
+        with it (stream groups do not hold messages: retention ends them)."""
+        groups = queue.groups.values()
+        floors = [g.floor for g in groups if g.mode == CLASSIC]
+        if not floors:
+            return
+        # (a stream group's cursor holds what it has not read yet too)
+        upto = min(min(floors), min((g.next for g in groups if g.mode == STREAM),
+                                    default=floors[0]))
+        if upto <= queue.first:
+            return
+        waiters = queue.waiters
+        for offset in range(queue.first, upto):
+            self._remove(queue, offset)
+            if waiters:
+                waiter = waiters.pop(offset, None)
+                if waiter is not None:
+                    self._early.append(waiter)
+        queue.first = upto
+        ops.append(TrimQueue(queue.name, upto))
+        self._removed()
+
+    # -- what the layers above provide -----------------------------------------------
+
+    def _pump_queue(self, queue: QueueLog) -> None:
+        """Hand out what ``queue``'s groups may have (``Dispatch``)."""
+        raise NotImplementedError
+
+    def _evict(self) -> None:
+        """Bring the bodies in memory under the budget (``MemoryBudget``)."""
+        raise NotImplementedError
+
+    def _arm(self) -> None:
+        """Make sure the timer runs while something waits on time (``QueueTimers``)."""
+        raise NotImplementedError

@@ -1,0 +1,199 @@
+"""Consumer group membership: who reads a queue.
+
+A subscription to ``$queue/<name>[/<filter>]`` joins the group (name, filter) as
+its ``Consumer`` says; a member leaving gives its pending messages back; a
+persistent session stays a member while offline (stored with the group) and takes
+its memberships up again when it returns, also after a restart."""
+
+from __future__ import annotations
+
+import heapq
+
+from mqttamqp.core.persistence import Op, PutQueueGroup
+from mqttamqp.core.queues.acks import Acknowledgements
+from mqttamqp.core.queues.addresses import (
+    CLASSIC,
+    QUOTA_EXCEEDED,
+    STREAM,
+    Consumer,
+    Refusal,
+    default_group,
+    parse_queue_filter,
+    parse_stream_offset,
+)
+from mqttamqp.core.queues.model import ConsumerGroup, Member
+from mqttamqp.core.sessions.session import Session
+
+__all__ = ["Membership", "MAX_GROUPS_PER_QUEUE"]
+
+# Consumer groups one queue may have (each is stored, and holds the log).
+MAX_GROUPS_PER_QUEUE = 256
+
+
+class Membership(Acknowledgements):
+    """Joins and leaves consumer groups; feeds members that can take more."""
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int, consumer: Consumer
+                  ) -> tuple[Refusal | None, list[Op]]:
+        """``session`` joins the group of ``topic_filter`` (``$queue/<name>[/<filter>]``
+        or ``$dlq/...``) as ``consumer`` says.  Returns a refusal, or the durable ops."""
+        group, mode, stream_offset = consumer.group, consumer.mode, consumer.stream_offset
+        explicit = (consumer.explicit if consumer.explicit is not None
+                    else session.protocol == "mqtt5")
+        address = parse_queue_filter(topic_filter)
+        who = session.client_id
+        if isinstance(address, str):
+            return self._refuse("filter", who, topic_filter, address), []
+        mode = mode or CLASSIC
+        if mode not in (CLASSIC, STREAM):
+            return self._refuse("mode", who, topic_filter,
+                                f"consumer-mode {mode!r}: use classic or stream"), []
+        start = parse_stream_offset(stream_offset)
+        if isinstance(start, str):
+            return self._refuse("offset", who, topic_filter, start), []
+        ops: list[Op] = []
+        queue = self._queue(address.queue, ops)
+        if queue is None:
+            return self._refuse("count", who, topic_filter,
+                                f"too many queues (--queue-max-queues "
+                                f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED), []
+        name = group or default_group(session.client_id)
+        key = name if address.rest == "#" else f"{name}@{address.rest}"
+        g = queue.groups.get(key)
+        if g is None and len(queue.groups) >= MAX_GROUPS_PER_QUEUE:
+            return self._refuse("groups", who, topic_filter,
+                                f"queue {queue.name!r} has {MAX_GROUPS_PER_QUEUE} consumer "
+                                "groups already",
+                                QUOTA_EXCEEDED), ops
+        if g is None:
+            g = ConsumerGroup(queue, name, address.rest, mode)
+            queue.groups[key] = g
+            if mode == STREAM:
+                self._position(g, start)
+        elif g.mode != mode:
+            return self._refuse("mode", who, topic_filter,
+                                f"group {key!r} of queue {queue.name!r} is a {g.mode} group"
+                                ), ops
+        elif mode == STREAM and stream_offset:
+            self._position(g, start)
+        self._leave(session, g)   # (a repeated SUBSCRIBE replaces the membership)
+        member = Member(session, min(qos, 2), explicit)
+        g.members.append(member)
+        self._memberships.setdefault(session, []).append((g, member))
+        if session.persistent:
+            g.stored_members[session.client_id] = member.qos | (4 if explicit else 0)
+            self._stored_clients.add(session.client_id)
+        ops.append(PutQueueGroup(queue.name, g.key, g.record()))
+        self._pump(g)
+        return None, ops
+
+    def _position(self, group: ConsumerGroup, start: tuple[str, float]) -> None:
+        queue = group.queue
+        kind, value = start
+        if kind == "first":
+            queue.oldest()
+            offset = queue.first
+        elif kind == "last":
+            offset = queue.next_offset
+        elif kind == "offset":
+            offset = min(max(int(value), queue.first), queue.next_offset)
+        else:
+            offset = queue.next_offset
+            for o, message in queue.log.items():
+                if message.timestamp >= value:
+                    offset = o
+                    break
+        group.next = offset
+
+    def unsubscribe(self, session: Session, topic_filter: str, group: str | None = None
+                    ) -> list[Op]:
+        address = parse_queue_filter(topic_filter)
+        if isinstance(address, str):
+            return []
+        queue = self.queues.get(address.queue)
+        if queue is None:
+            return []
+        ops: list[Op] = []
+        for g in list(queue.groups.values()):
+            if g.filter != address.rest or (group is not None and g.name != group):
+                continue
+            if self._leave(session, g) or session.client_id in g.stored_members:
+                g.stored_members.pop(session.client_id, None)
+                ops.append(PutQueueGroup(queue.name, g.key, g.record()))
+        return ops
+
+    def _leave(self, session: Session, group: ConsumerGroup) -> bool:
+        memberships = self._memberships.get(session)
+        if not memberships:
+            return False
+        for index, (g, member) in enumerate(memberships):
+            if g is group:
+                del memberships[index]
+                if not memberships:
+                    del self._memberships[session]
+                group.members.remove(member)
+                self._give_back(group, member)
+                return True
+        return False
+
+    def _give_back(self, group: ConsumerGroup, member: Member) -> None:
+        """``member``'s pending messages go back to its group at once."""
+        back = [o for o, p in group.pending.items() if p.member is member]
+        for offset in back:
+            pending = group.pending.pop(offset)
+            if pending.entry is not None:
+                member.session.take_back(pending.entry)
+            heapq.heappush(group.ready, offset)
+        member.outstanding = 0
+        if back:
+            self._pump(group)
+
+    def member_left(self, session: Session) -> None:
+        """``session`` goes offline: its pending messages go back to their groups
+        (a persistent session stays a member, with no credit while offline)."""
+        memberships = self._memberships.get(session)
+        if not memberships:
+            return
+        self._leaving = session
+        try:
+            for group, member in list(memberships):
+                if session.persistent:
+                    self._give_back(group, member)
+                else:
+                    self._leave(session, group)
+        finally:
+            self._leaving = None
+
+    def forget_session(self, session: Session) -> list[Op]:
+        """``session`` is gone for good: it leaves every group."""
+        ops: list[Op] = []
+        for group, _member in list(self._memberships.get(session, ())):
+            self._leave(session, group)
+            if group.stored_members.pop(session.client_id, None) is not None:
+                ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        return ops
+
+    def link_drained(self, session: Session) -> None:
+        """``session`` can take more (online again, a link drained): feed it."""
+        for group, _member in list(self._memberships.get(session, ())):
+            self._pump(group)
+
+    def session_online(self, session: Session) -> None:
+        """``session`` is online: a persistent one that was a member before a restart
+        takes up its memberships (stored with the group), then it is fed."""
+        if (session.persistent and session not in self._memberships
+                and session.client_id in self._stored_clients):
+            self._member_returned(session)
+        self.link_drained(session)
+
+    def _member_returned(self, session: Session) -> None:
+        for queue in self.queues.values():
+            for g in queue.groups.values():
+                stored = g.stored_members.get(session.client_id)
+                if stored is None:
+                    continue
+                if any(m.session is session for m in g.members):
+                    continue
+                member = Member(session, stored & 3, bool(stored & 4))
+                g.members.append(member)
+                self._memberships.setdefault(session, []).append((g, member))

@@ -1,0 +1,255 @@
+"""The queue manager's state, as plain objects: one queue's log (``QueueLog``),
+its consumer groups (``ConsumerGroup``), their members (``Member``) and pending
+deliveries (``Pending``), a queue's ``Retention`` and the counters (``QueueStats``).
+
+The rules that change this state live in the layers of ``QueueManager`` (log,
+memory, dispatch, acks, membership, timers, admin); here are only the
+questions a group or a log answers about itself (floor, lag, skipped offsets)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Protocol
+
+from twisted.internet.defer import Deferred
+
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import QueueGroupRecord
+from mqttamqp.core.queues.addresses import STREAM, routing_key
+from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.topics import topic_matches
+from mqttamqp.records import record
+
+__all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending",
+           "StreamRead", "DeliveryEnds"]
+
+
+@record
+class Retention:
+    """How long a queue keeps messages (None: no bound of that kind)."""
+
+    max_age: float | None = None
+    max_bytes: int | None = None
+    max_messages: int | None = None
+
+    def as_tuple(self) -> tuple[float | None, int | None, int | None]:
+        return (self.max_age, self.max_bytes, self.max_messages)
+
+
+@dataclass
+class QueueStats:
+    """The queues' counters in all (the console and ``$SYS`` read them)."""
+
+    published: int = 0
+    acked: int = 0
+    nacked: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    redelivered: int = 0
+    expired: int = 0
+    refused: int = 0
+
+
+class QueueLog:
+    """One queue: its log of messages by offset, its consumer groups and counters."""
+
+    def __init__(self, name: str, retention: Retention, head: int = 0) -> None:
+        self.name = name
+        self.retention = retention
+        self.log: dict[int, Message] = {}
+        self.first = head          # lowest offset that may still be in the log
+        self.next_offset = head
+        self.committed = head      # offsets below this are durable: dispatchable
+        self.bytes = 0
+        self.groups: dict[str, ConsumerGroup] = {}
+        self.published = 0
+        self.acked = 0
+        self.dead = 0
+        self.expired = 0
+        # offset -> what its publisher waits for, while it may still fire early:
+        # every classic group done with it before its commit (``_trim``).
+        self.waiters: dict[int, Deferred[None]] = {}
+        # Offsets below ``next_offset`` that hold no message and never will, as
+        # sorted ranges [start, end): found at a restart (``QueueManager._skip``),
+        # jumped over by floors and cursors, left out of lags.
+        self.skip_starts: list[int] = []
+        self.skip_ends: list[int] = []
+        # Messages whose body is in storage only (``log`` holds a ``stub``): offset
+        # -> (payload bytes, body bytes).  Only durable messages are evicted: below
+        # ``durable`` and not in ``unstored`` (appends whose commit failed).
+        self.evicted: dict[int, tuple[int, int]] = {}
+        self.durable = head
+        self.unstored: set[int] = set()
+        self.reading = False       # a read back from storage is under way
+
+    def skip(self, offset: int) -> int:
+        """``offset``, or the end of the skipped range it is in."""
+        starts = self.skip_starts
+        if starts:
+            i = bisect_right(starts, offset) - 1
+            if i >= 0 and offset < self.skip_ends[i]:
+                return self.skip_ends[i]
+        return offset
+
+    def skipped_between(self, low: int, high: int) -> int:
+        """How many offsets in [low, high) are skipped."""
+        n = 0
+        for start, end in zip(self.skip_starts, self.skip_ends, strict=True):
+            if start >= high:
+                break
+            if end > low:
+                n += min(end, high) - max(start, low)
+        return n
+
+    def oldest(self) -> Message | None:
+        log = self.log
+        while self.first < self.next_offset and self.first not in log:
+            self.first += 1
+        return log.get(self.first)
+
+
+class Member:
+    """A session's membership of one consumer group."""
+
+    __slots__ = ("explicit", "outstanding", "qos", "session")
+
+    def __init__(self, session: Session, qos: int, explicit: bool) -> None:
+        self.session = session
+        self.qos = qos
+        self.explicit = explicit     # acknowledges with $ack/$nack/$reject (MQTT 5)
+        self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
+
+
+class DeliveryEnds(Protocol):
+    """Where a delivery's receipt reports how it ended (the queue manager)."""
+
+    def transport_ack(self, pending: Pending) -> None:
+        """The transport acknowledged a classic delivery (``Dispatch``)."""
+
+    def after_stream_ack(self, group: ConsumerGroup) -> None:
+        """A stream read was acknowledged: its member may take more (``Dispatch``)."""
+
+    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
+               outcome: str, failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted (``Acknowledgements``)."""
+
+
+class Pending:
+    """A classic group's delivery awaiting its acknowledgement, and the receipt
+    (``DeliveryReceipt``) its session entry (``entry``; None at QoS 0) carries.
+
+    Only the delivery that is still its group's pending one at ``offset`` counts:
+    a receipt whose delivery was acknowledged otherwise, taken back or
+    redelivered is void."""
+
+    __slots__ = ("entry", "group", "member", "offset", "owner", "since")
+
+    def __init__(self, owner: DeliveryEnds, group: ConsumerGroup, offset: int,
+                 member: Member) -> None:
+        self.owner = owner
+        self.group = group
+        self.offset = offset
+        self.member = member
+        self.since = 0.0
+        self.entry: OutEntry | None = None
+
+    def acknowledged(self) -> None:
+        # (an explicit member acknowledges with $ack, not with its PUBACK)
+        if not self.member.explicit:
+            self.owner.transport_ack(self)
+
+    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        self.owner.settle(self, session, entry, outcome, failed, reason)
+
+
+class StreamRead:
+    """The receipt of a stream group's delivery: it claims nothing, but holds a
+    unit of its member's prefetch until acknowledged."""
+
+    __slots__ = ("group", "member", "offset", "owner")
+
+    def __init__(self, owner: DeliveryEnds, group: ConsumerGroup, offset: int,
+                 member: Member) -> None:
+        self.owner = owner
+        self.group = group
+        self.offset = offset
+        self.member = member
+
+    def acknowledged(self) -> None:
+        # (a reconnect gave the credit back already: ``_give_back``)
+        member = self.member
+        member.outstanding = max(0, member.outstanding - 1)
+        self.owner.after_stream_ack(self.group)
+
+    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        self.owner.settle(self, session, entry, outcome, failed, reason)
+
+
+class ConsumerGroup:
+    """A consumer group (name, filter) of one queue: its members and progress."""
+
+    def __init__(self, queue: QueueLog, name: str, topic_filter: str, mode: str) -> None:
+        self.queue = queue
+        self.name = name
+        self.filter = topic_filter
+        self.key = name if topic_filter == "#" else f"{name}@{topic_filter}"
+        self.mode = mode
+        self.members: list[Member] = []
+        # Persistent sessions that were members (they come back as members).
+        self.stored_members: dict[str, int] = {}
+        self._rr = 0
+        # Classic: everything below ``floor`` is done; ``done`` holds the offsets
+        # done above it; ``next`` is the next offset never dispatched.
+        self.floor = queue.first
+        self.next = queue.first
+        self.done: set[int] = set()
+        self.pending: dict[int, Pending] = {}
+        self.ready: list[int] = []            # a heap: offsets visible again
+        self.counts: dict[int, int] = {}      # deliveries made so far, per offset
+        # Offsets delivered and given back without counting it (Released): their
+        # next delivery is not the first, though their count says 1.  (Not stored:
+        # after a restart their count is raised anyway.)
+        self.uncounted: set[int] = set()
+        self.watermark = queue.first          # dispatch watermark (being) stored
+        self.safe = queue.first               # the watermark known durable
+        self.cursor_saved = queue.first       # stream: the stored cursor
+        self.cursor_saved_at = 0.0
+        self.redelivered = 0
+        self.acked = 0
+
+    def matches(self, message: Message) -> bool:
+        if self.filter == "#":
+            return True
+        return topic_matches(self.filter, routing_key(self.queue.name, message.topic))
+
+    def record(self) -> QueueGroupRecord:
+        # (``done`` goes to storage offset by offset: ``QueueDone``)
+        return QueueGroupRecord(
+            self.name, self.filter, self.mode, self.floor, self.watermark, (),
+            tuple(sorted((o, c) for o, c in self.counts.items() if c > 1)),
+            tuple(sorted(self.stored_members.items())),
+            self.next if self.mode == STREAM else 0)
+
+    def advance_floor(self) -> None:
+        done = self.done
+        floor = self.floor
+        skip = self.queue.skip if self.queue.skip_starts else None
+        while True:
+            while floor in done:
+                done.discard(floor)
+                floor += 1
+            if skip is not None:
+                past = skip(floor)   # (offsets that never held a message)
+                if past != floor:
+                    floor = past
+                    continue
+            break
+        self.floor = floor
+
+    def lag(self) -> int:
+        queue = self.queue
+        return (max(0, queue.next_offset - self.next) + len(self.ready)
+                - queue.skipped_between(self.next, queue.next_offset))

@@ -1,0 +1,94 @@
+"""The queues' timer: visibility timeouts, takeovers, retention by age, stream cursors.
+
+One delayed call a second, armed only while something waits on time (an idle
+broker has no queue timer)."""
+
+from __future__ import annotations
+
+from mqttamqp.core.persistence import Op, PutQueueGroup
+from mqttamqp.core.queues.addresses import STREAM
+from mqttamqp.core.queues.membership import Membership
+from mqttamqp.core.queues.model import ConsumerGroup
+
+__all__ = ["QueueTimers"]
+
+# A stream group's cursor is stored at most this often (seconds) when it moves.
+_CURSOR_EVERY = 5.0
+
+
+class QueueTimers(Membership):
+    """Runs the once-a-second work that waits on time, while there is any."""
+
+    def _arm(self) -> None:
+        """Tick in a second (only while something waits on time: an idle broker has
+        no queue timer)."""
+        if self._timer is None and not self.stopped:
+            self._timer = self.clock.callLater(1.0, self._ticked)
+
+    def _ticked(self) -> None:
+        self._timer = None
+        self.tick()
+        if any((g.pending or (g.mode == STREAM and g.next != g.cursor_saved))
+               for q in self.queues.values() for g in q.groups.values()) or any(
+                   q.retention.max_age is not None and q.log for q in self.queues.values()):
+            self._arm()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def tick(self) -> None:
+        """Visibility timeouts, takeovers, retention by age, stream cursors."""
+        now = self.clock.seconds()
+        timeout = self.limits.queue_visibility_timeout
+        ops: list[Op] = []
+        for queue in list(self.queues.values()):
+            if queue.retention.max_age is not None:
+                self._enforce_retention(queue, ops, now)
+            for group in list(queue.groups.values()):
+                if group.mode == STREAM:
+                    if (group.next != group.cursor_saved
+                            and now - group.cursor_saved_at >= _CURSOR_EVERY):
+                        group.cursor_saved = group.next
+                        group.cursor_saved_at = now
+                        ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                    continue
+                if not group.pending:
+                    continue
+                expired = [o for o, p in group.pending.items() if p.since + timeout <= now]
+                for offset in expired:
+                    self._withdraw(group, offset)
+                    self._again(group, offset, ops, "not acknowledged within the "
+                                f"visibility timeout ({timeout:g} s)")
+                self._takeover(group, now, timeout / 2, ops)
+                self._pump(group)
+        if ops:
+            self._commit(ops, "recording queue timeouts")
+
+    def _withdraw(self, group: ConsumerGroup, offset: int) -> None:
+        pending = group.pending.pop(offset)
+        pending.member.outstanding -= 1
+        if pending.entry is not None:
+            pending.member.session.take_back(pending.entry)
+
+    def _takeover(self, group: ConsumerGroup, now: float, after: float, ops: list[Op]) -> None:
+        """An idle member (credit, nothing pending) takes over the messages pending
+        on a member that has not acknowledged for half the visibility timeout."""
+        if self._next_offset(group, ops) is not None:
+            return
+        idle = [m for m in group.members if m.outstanding == 0 and self._credit(m)]
+        if not idle:
+            return
+        stale = [o for o, p in group.pending.items()
+                 if p.since + after <= now and p.member not in idle]
+        log = group.queue.log
+        evicted = group.queue.evicted
+        stale = [o for o in stale if o not in evicted]   # (pending ones never are)
+        for index, offset in enumerate(stale[: self.limits.queue_prefetch * len(idle)]):
+            self._withdraw(group, offset)
+            # (straight to the idle member: the stale one must not get it back)
+            self._deliver(group, idle[index % len(idle)], offset, log[offset], ops)
+        if stale:
+            ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))

@@ -1,0 +1,32 @@
+"""The network tricks of the protocol adapters, in one place: what goes past the
+public API of Twisted, autobahn or proton for speed or memory, and why.
+
+Modules (each says in its docstring why its trick pays):
+
+* ``tcp``: lean TCP transports. ``send`` writes to the socket at once when
+  nothing is buffered (one epoll round and one reactor turn less per hop);
+  ``lean_port`` swaps a listening port's class (``port.__class__ = LeanPort``) so
+  that a new connection is read in the turn that accepts it, and gives it a
+  ``LeanServer`` transport without per-connection strings; ``others_waiting`` asks
+  the reactor's poller whether another socket has input.
+* ``accept``: a listener's accept failures (no descriptor, no memory) as a counter
+  and one log line a spell (it replaces the port's private ``_logger``).
+* ``tls``: ``ssl:`` endpoints with TLS 1.2+ and client certificates (it replaces
+  the endpoint's private ``_sslContextFactory``).
+* ``websocket``: a WebSocket seen as a byte stream (``StreamOverWebSocket``), for a
+  protocol written for TCP.
+* ``rawproton``: proton-c's functions called by name (``cproton``) on the AMQP
+  per-message path, looked up once.
+
+Twisted's private names (``tcp``, ``accept``, ``tls``) and proton's internal
+``cproton`` module (``rawproton``) are not promised to stay: setup.cfg bounds both
+from above at the newest release tested (Twisted 26.10, python-qpid-proton 0.40,
+what CI installs), and ``tests/test_net_pins.py`` checks every private name on the
+installed versions, so that an upgrade fails a test, not production.  The same
+test checks the autobahn internals ``mqtt.websocket`` overrides (autobahn is not
+bounded: its private names are the MQTT WebSocket server's, not this package's).  To widen a
+pin: install the new version, run that test and ``tests/test_netio.py``.
+
+What it must not do: import the broker's core or a protocol adapter
+(``.importlinter``); it knows sockets, not MQTT or AMQP.
+"""

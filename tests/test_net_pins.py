@@ -1,0 +1,160 @@
+"""The private names ``mqttamqp.net`` relies on exist in the installed Twisted and
+proton: an upgrade past the pins in setup.cfg fails here, not in production
+(where ``LeanPort`` and ``others_waiting`` would quietly fall back to the slow
+path, and the accept watcher would let Twisted's lines through).
+
+No event loop runs: reactors are built and closed, a port listens on 127.0.0.1
+port 0 with a stub reactor, proton's engine objects are made and dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+import pytest
+from twisted.internet import endpoints, tcp
+from twisted.internet.protocol import Factory, Protocol
+
+import mqttamqp
+from mqttamqp.net import accept
+from mqttamqp.net.rawproton import lib
+
+
+class _StubReactor:
+    """What a ``Port`` and a ``Server`` call on their reactor while they start."""
+
+    def addReader(self, reader: Any) -> None:
+        pass
+
+    def removeReader(self, reader: Any) -> None:
+        pass
+
+    def addWriter(self, writer: Any) -> None:
+        pass
+
+    def removeWriter(self, writer: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("module, name", [("epollreactor", "EPollReactor"),
+                                          ("pollreactor", "PollReactor")])
+def test_the_poll_reactors_have_what_lean_port_and_others_waiting_read(
+        module: str, name: str) -> None:
+    """``LeanPort`` and ``others_waiting`` read the poll-like reactors' descriptor
+    map, read dispatch, poller and event masks."""
+    import importlib
+
+    reactor = getattr(importlib.import_module(f"twisted.internet.{module}"), name)()
+    try:
+        assert callable(reactor._doReadOrWrite)
+        assert isinstance(reactor._POLL_IN, int) and reactor._POLL_IN
+        assert isinstance(reactor._POLL_DISCONNECTED, int)
+        assert reactor.waker.fileno() in reactor._reads
+        assert isinstance(reactor._poller.poll(0), list)
+    finally:
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        close = getattr(reactor._poller, "close", None)
+        if close is not None:
+            close()
+
+
+def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
+    """``lean_port`` swaps the class and transport of a listening ``Port`` and
+    drives its accept loop; ``watch_accept_errors`` replaces its ``_logger``."""
+    port = tcp.Port(0, Factory.forProtocol(Protocol), interface="127.0.0.1",
+                    reactor=_StubReactor())
+    port.startListening()
+    try:
+        assert type(port) is tcp.Port and port.transport is tcp.Server
+        assert isinstance(port.numberAccepts, int) and isinstance(port.sessionno, int)
+        assert isinstance(port._realPortNumber, int)
+        assert callable(port._buildAddr) and callable(port._getLogPrefix)
+        assert callable(port.socket._accept)
+        logger = port._logger
+        assert callable(logger.observer) and isinstance(logger.namespace, str)
+    finally:
+        port.socket.close()
+
+
+def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
+    """``send`` writes past the transport only when its buffers (``dataBuffer``,
+    ``offset``, ``_tempDataLen``) are empty and its write side is open."""
+    ours, theirs = socket.socketpair()
+    try:
+        server = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _StubReactor())
+        assert server._tempDataLen == 0 and server.offset == 0
+        assert len(server.dataBuffer) == 0 and server._writeDisconnected is False
+        assert server.writeSomeData(b"x") == 1 and theirs.recv(1) == b"x"
+        assert callable(server._getLogPrefix)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _constants(code: CodeType) -> set[str]:
+    found = {c for c in code.co_consts if isinstance(c, str)}
+    for c in code.co_consts:
+        if isinstance(c, CodeType):
+            found |= _constants(c)
+    return found
+
+
+def test_twisted_still_logs_the_accept_failures_the_watch_matches() -> None:
+    """The accept watch knows Twisted's lines by their format strings; reworded,
+    they would reach the log again, three a refused connection."""
+    source = Path(tcp.__file__).read_text(encoding="utf-8")
+    strings = _constants(compile(source, tcp.__file__, "exec"))
+    for fmt in (accept._EMFILE_RELEASED, accept._EMFILE_CLOSED, accept._EMFILE_RESERVED,
+                accept._NOT_ACCEPTED):
+        assert fmt in strings, fmt
+
+
+def test_an_ssl_endpoint_keeps_the_context_factory_tls_replaces() -> None:
+    """``net.tls.server_endpoint`` swaps the endpoint's ``_sslContextFactory``."""
+    factory = object()
+    endpoint = endpoints.SSL4ServerEndpoint(_StubReactor(), 0, factory)  # type: ignore[arg-type]
+    assert endpoint._sslContextFactory is factory
+
+
+def test_cproton_has_every_c_function_the_broker_calls() -> None:
+    """Every ``lib.pn_...`` name in the package exists in the installed ``cproton``."""
+    root = Path(mqttamqp.__file__).parent
+    names = {name for path in root.rglob("*.py")
+             for name in re.findall(r"\blib\.((?:pn|PN)_\w+)", path.read_text(encoding="utf-8"))}
+    assert len(names) > 20
+    assert [name for name in sorted(names) if not hasattr(lib, name)] == []
+
+
+def test_proton_objects_have_the_raw_pointer_the_adapters_read() -> None:
+    """The AMQP adapter reads the C pointer (``_impl``) of proton's connection,
+    transport, collector and links."""
+    from proton import Collector, Connection, Transport
+
+    connection = Connection()
+    link = connection.session().sender("pins")
+    for thing in (connection, Transport(Transport.SERVER), Collector(), link):
+        assert thing._impl is not None
+
+
+def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
+    """``mqtt.websocket`` overrides autobahn's private ``_fail_connection`` and sets
+    ``failedByMe``; ``StreamOverWebSocket`` reads ``state``: renamed, the override
+    would silently never run."""
+    import inspect
+
+    import autobahn.websocket.protocol as ws
+    from autobahn.twisted.websocket import WebSocketServerProtocol
+
+    source = inspect.getsource(ws)
+    for used in ("self._fail_connection(", "self.failedByMe", "self.wasNotCleanReason",
+                 "self.data = "):
+        assert used in source, used
+    for name in ("_fail_connection", "failHandshake", "sendCloseFrame", "dropConnection",
+                 "STATE_CONNECTING", "STATE_OPEN", "STATE_CLOSED", "onMessageFrameBegin",
+                 "onMessageFrameData", "sendMessage", "sendClose"):
+        assert hasattr(WebSocketServerProtocol, name), name
