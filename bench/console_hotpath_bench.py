@@ -38,7 +38,7 @@ def _run(count_topics: bool, messages: int) -> float:
     broker = Broker(clock, NullStore(), Limits(sys_interval=0))
     broker.start()
     if not count_topics:
-        broker.topic_stats = _NoCounts()  # type: ignore[assignment]
+        broker.publishing.topic_stats = _NoCounts()  # type: ignore[assignment]
     link = FakeLink("sub")
     opened = broker.open_session(link, "sub", True, None)
     broker.activate(opened.session, link, "mqtt3.1.1")

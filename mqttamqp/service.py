@@ -41,6 +41,7 @@ from mqttamqp.ops.wiring import OpsWiring
 from mqttamqp.options import Options, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
+from mqttamqp.security.admission import guards
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
@@ -85,10 +86,12 @@ class BrokerService(service.MultiService):
                 settings.pop("directory", None) or os.path.join(self.data_dir, "archive"))
             self.archive = Archive(self.archive_dir, self.reactor, **settings)
         self.webhooks = WebhookRecorder(self.reactor, webhooks)
+        clock: Any = self.reactor
         self.broker = Broker(self.reactor, self.store, limits, authenticator,
                              authorizer=authorizer,
                              recorder=fan_out(self.archive, self.webhooks),
-                             free_space=self.store.free_bytes)
+                             free_space=self.store.free_bytes,
+                             guards=guards(clock.seconds, limits))
         self.report_job = ReportJob(
             self.reactor, SpawnRunner(self.reactor),
             self.archive_dir or os.path.join(self.data_dir, "archive"), self.report_dir)
@@ -289,7 +292,7 @@ class BrokerService(service.MultiService):
         """Re-read the ACL file if it changed; then the subscriptions every session
         holds are checked against the new rules."""
         if self.acl is not None and self.acl.reload():
-            self.broker.recheck_subscriptions()
+            self.broker.commands.recheck_subscriptions()
 
     def setServiceParent(self, parent: Any) -> None:
         """As usual; and on twistd's application, the log observer of --log-format

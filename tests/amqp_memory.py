@@ -52,6 +52,7 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 from mqttamqp.mqtt.protocol import MQTTFactory
+from mqttamqp.security.admission import guards
 
 __all__ = [
     "ACCEPTED", "FE", "MODIFIED", "REJECTED", "RELEASED", "AmqpPeer", "MqttPeer", "Net",
@@ -342,7 +343,7 @@ class Net:
         self.clock.advance(1_000_000)
         self.store = store if store is not None else NullStore()
         self.broker = Broker(self.clock, self.store, Limits(**limits), authenticator,
-                             authorizer)
+                             authorizer, guards=guards(self.clock.seconds, Limits(**limits)))
         self.broker.start()
         self.factory = AMQPFactory(self.broker, self.clock, idle_timeout=idle_timeout)
         self.mqtt_factory = MQTTFactory(self.broker, self.clock)

@@ -349,7 +349,7 @@ def test_an_acl_change_drops_subscriptions_it_no_longer_allows(acl: AclAuthorize
         f.write("pattern read devices/%c/#\n")
     os.utime(acl.path, ns=(1, 7_000_000_000))
     assert acl.reload()
-    net.broker.recheck_subscriptions()
+    net.broker.commands.recheck_subscriptions()
     assert set(net.broker.sessions["dev1"].subscriptions) == {"devices/dev1/#"}
     net.broker.publish(CoreMessage("public/x", b"no longer"))
     net.broker.publish(CoreMessage("devices/dev1/x", b"still"))

@@ -788,11 +788,11 @@ def test_retained_qos0_at_receiver_attach_waits_for_credit() -> None:
         net.broker.publish(Message_(f"r/{i}", b"x" * 100, 0, True))
     app = net.amqp("app")
     receiver = app.receiver("r/#", credit=0)
-    assert net.broker.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
     receiver.link.flow(100)
     net.pump()
     receiver.collect()
-    assert len(receiver.new()) == 50 and net.broker.dropped_total() == 0
+    assert len(receiver.new()) == 50 and net.broker.registry.drops.dropped_total() == 0
 
 
 def test_console_disconnect_of_a_waiting_fe_leaves_the_mqtt_holder_alone() -> None:
@@ -803,7 +803,7 @@ def test_console_disconnect_of_a_waiting_fe_leaves_the_mqtt_holder_alone() -> No
     fe = net.fe("dev")
     fe.attach_publish()              # waits: the FE's AMQP_LIST decides the session
     key = next(k for k in net.broker.connections if k.startswith("amqp:"))
-    done = net.broker.disconnect(key, False, "console")
+    done = net.broker.commands.disconnect(key, False, "console")
     net.pump()
     assert done is not None
     assert not device.transport.disconnecting

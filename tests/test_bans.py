@@ -12,6 +12,7 @@ from webui_support import Client, connect, make_console
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.limits import Limits
+from mqttamqp.security.admission import guards
 from mqttamqp.security.bans import BanError, BanList
 
 
@@ -58,23 +59,25 @@ def test_the_list_is_bounded() -> None:
 def test_bans_are_durable_and_come_back_after_a_restart() -> None:
     clock = Clock()
     store = MemoryStore()
-    broker = Broker(clock, store, Limits(sys_interval=0))
+    broker = Broker(clock, store, Limits(sys_interval=0),
+                    guards=guards(clock.seconds, Limits(sys_interval=0)))
     broker.start()
-    _, d = broker.ban("client_id", "dev-9", None, "flapping", "admin")
+    _, d = broker.commands.ban("client_id", "dev-9", None, "flapping", "admin")
     assert d.called
-    broker.ban("address", "10.1.2.3", 3600.0, "", "admin")
-    assert broker.banned("MQTT", "dev-9", None, "10.0.0.1:5000") == \
+    broker.commands.ban("address", "10.1.2.3", 3600.0, "", "admin")
+    assert broker.gate.banned("MQTT", "dev-9", None, "10.0.0.1:5000") == \
         "client id 'dev-9' is banned (flapping)"
-    assert broker.banned("AMQP", "app", None, "10.1.2.3:6000") is not None
-    assert broker.banned("MQTT", "dev-8", None, "10.1.2.4:6000") is None
+    assert broker.gate.banned("AMQP", "app", None, "10.1.2.3:6000") is not None
+    assert broker.gate.banned("MQTT", "dev-8", None, "10.1.2.4:6000") is None
     assert broker.stats.limits["banned"] == 2
-    again = Broker(clock, store, Limits(sys_interval=0))
+    again = Broker(clock, store, Limits(sys_interval=0),
+                   guards=guards(clock.seconds, Limits(sys_interval=0)))
     again.start()
     assert [(b.kind, b.value) for b in again.view.bans()] == [("address", "10.1.2.3"),
                                                               ("client_id", "dev-9")]
-    lifted = again.unban("client_id", "dev-9")
+    lifted = again.commands.unban("client_id", "dev-9")
     assert lifted is not None and lifted.called
-    assert again.unban("client_id", "dev-9") is None
+    assert again.commands.unban("client_id", "dev-9") is None
     assert [b.value for b in store.load().bans] == ["10.1.2.3"]
 
 
@@ -106,7 +109,7 @@ def test_ban_from_the_console_disconnects_and_is_listed(console: Any, log_lines:
     assert [(b["kind"], b["value"], b["until"], b["by"]) for b in items] == [
         ("client_id", "noisy-<b>dev</b>", clock.seconds() + 3600, "admin")]
     assert any("action=ban" in line and "noisy-<b>dev</b>" in line for line in log_lines)
-    assert broker.banned("MQTT", "noisy-<b>dev</b>", None, "10.0.0.1:1") is not None
+    assert broker.gate.banned("MQTT", "noisy-<b>dev</b>", None, "10.0.0.1:1") is not None
 
     reply = client.post("/bans/remove", kind="client_id", value="noisy-<b>dev</b>")
     assert reply.code == 303
@@ -138,7 +141,7 @@ def test_a_banned_mqtt5_client_gets_0x8a() -> None:
     from mqttamqp.mqtt.packets import Connack, Connect
 
     net = Net()
-    net.broker.ban("client_id", "evil", None, "test", "admin")
+    net.broker.commands.ban("client_id", "evil", None, "test", "admin")
     for level, code in ((5, 0x8A), (4, 5)):
         proto = net.mqtt_factory.buildProtocol(None)
         wire = StringTransport()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import fakes
+import pytest
 from fakes import ManualStore, MemoryStore, NullStore, SnapshotStore
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -398,11 +399,11 @@ def test_disconnect_client_with_and_without_will() -> None:
     subscribe(broker, watcher, ("will/t", 0))
     _, l1, _ = connect(broker, "a", will=will("a"))
     _, l2, _ = connect(broker, "b", will=will("b", payload=b"b-will"))
-    assert broker.disconnect_client("a", with_will=False, reason="op") is True
-    assert broker.disconnect_client("b", with_will=True, reason="op") is True
+    assert broker.commands.disconnect_client("a", with_will=False, reason="op") is True
+    assert broker.commands.disconnect_client("b", with_will=True, reason="op") is True
     assert l1.closed == ["op"] and l2.closed == ["op"]
     assert wlink.topics() == ["will/t"] and wlink.sent[0][1] == b"b-will"
-    assert broker.disconnect_client("nobody", with_will=True, reason="op") is False
+    assert broker.commands.disconnect_client("nobody", with_will=True, reason="op") is False
 
 
 # --------------------------------------------------------------------------
@@ -570,12 +571,12 @@ def test_congested_for_true_when_online_subscriber_link_congested() -> None:
     broker, _, _ = make_broker()
     s, link, _ = connect(broker, "c")
     subscribe(broker, s, ("a/#", 1))
-    assert broker.congested_for("a/b") is False
+    assert broker.router.congested_for("a/b") is False
     link.congested = True
-    assert broker.congested_for("a/b") is True
-    assert broker.congested_for("other") is False
+    assert broker.router.congested_for("a/b") is True
+    assert broker.router.congested_for("other") is False
     link.congested = False
-    assert broker.congested_for("a/b") is False
+    assert broker.router.congested_for("a/b") is False
 
 
 def test_congested_for_ignores_offline_sessions() -> None:
@@ -586,7 +587,7 @@ def test_congested_for_ignores_offline_sessions() -> None:
     broker.end_session(link, s, clean=True, reason="bye")
     for _ in range(5):
         pub(broker, "a", qos=1)
-    assert broker.congested_for("a") is False
+    assert broker.router.congested_for("a") is False
 
 
 def test_paused_publishers_resumed_when_drained() -> None:
@@ -746,7 +747,7 @@ def test_mqtt_connection_leaves_an_amqp_will_of_the_same_name_alone() -> None:
     assert broker.wills["dev1"] is amqp_will
     broker.end_session(link, s, clean=False, reason="socket lost")
     assert broker.wills["dev1"] is amqp_will
-    assert broker.fire_will("dev1", "link detached with an error", "amqp")
+    assert broker.commands.fire_will("dev1", "link detached with an error", "amqp")
     assert "dev1" not in broker.wills
 
 
@@ -758,7 +759,7 @@ def test_subscribe_client_creates_an_offline_persistent_session() -> None:
     """AMQP_SUBSCRIBE for an unknown client id: an offline persistent session holding the
     subscription, stored, that a later persistent CONNECT resumes (session present)."""
     broker, _, store = make_broker()
-    session, codes, d = broker.subscribe_client("dev", Identity("app"), [("dev/cmd", 1)])
+    session, codes, d = broker.gateway.subscribe_client("dev", Identity("app"), [("dev/cmd", 1)])
     assert codes == [1] and d is not None
     assert session.persistent and session.connection is None
     assert PutSession("dev", 1000.0) in store.submitted
@@ -772,10 +773,10 @@ def test_subscribe_client_creates_an_offline_persistent_session() -> None:
 def test_list_subscriptions_opens_the_session_once() -> None:
     """AMQP_LIST for an unknown client id opens its persistent session (stored once)."""
     broker, _, store = make_broker()
-    subscriptions, d = broker.list_subscriptions("dev")
+    subscriptions, d = broker.gateway.list_subscriptions("dev")
     assert subscriptions == {} and d is not None
     assert broker.sessions["dev"].persistent
-    again, d2 = broker.list_subscriptions("dev")
+    again, d2 = broker.gateway.list_subscriptions("dev")
     assert again == {} and d2 is None
     assert store.submitted.count(PutSession("dev", 1000.0)) == 1
 
@@ -784,7 +785,7 @@ def test_subscribe_client_refused_entirely_creates_no_session() -> None:
     """AMQP_SUBSCRIBE whose every filter is refused leaves no session behind (and stores
     nothing): a device connecting later finds no session."""
     broker, _, store = make_broker()
-    session, codes, d = broker.subscribe_client("dev", Identity("app"), [("a/#/b", 1)])
+    session, codes, d = broker.gateway.subscribe_client("dev", Identity("app"), [("a/#/b", 1)])
     assert (session, codes, d) == (None, [0x80], None)
     assert "dev" not in broker.sessions and store.submitted == []
 
@@ -797,7 +798,7 @@ def test_clear_session_answer_fails_when_its_commit_fails() -> None:
     s, link, _ = connect(broker, "dev", clean=False)
     broker.end_session(link, s, clean=True, reason="bye")
     store.commit_all()
-    d = broker.clear_session("dev", "console")
+    d = broker.commands.clear_session("dev", "console")
     assert d is not None
     outcome: list[object] = []
     d.addCallbacks(outcome.append, outcome.append)
@@ -881,3 +882,26 @@ def test_a_recorder_that_wants_no_messages_is_not_called_per_message() -> None:
     recorder.records_messages = True       # (a hook on messages was added)
     pub(broker, "t/2")
     assert calls.count("message") == 1
+
+
+def test_the_adapters_port_stays_under_40_methods() -> None:
+    """Broker is the port protocol adapters use: its own methods (not the parts it
+    hands out, nor the state it shows) stay under 40 (issue 25)."""
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0))
+    parts = {"gate", "gateway", "commands", "queues", "router", "registry", "sys_topics",
+             "publishing",
+             "view", "client_debug", "topic_stats", "clock", "store", "limits",
+             "authenticator", "authorizer", "recorder", "stats", "sessions",
+             "link_subscribers", "connections", "wills", "retained", "trie", "log"}
+    port = [name for name in dir(broker) if not name.startswith("_") and name not in parts]
+    assert len(port) < 40, port
+
+
+def test_a_broker_built_without_guards_bans_nobody_and_keeps_no_ban() -> None:
+    """Without ``guards`` (no ``mqttamqp.security``), nobody is banned and setting a
+    ban is refused rather than forgotten."""
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0))
+    assert broker.gate.banned("MQTT", "c", "u", "10.0.0.1:1") is None
+    with pytest.raises(ValueError):
+        broker.commands.ban("client_id", "c", None, "", "admin")
+    assert broker.view.bans() == []

@@ -53,7 +53,7 @@ def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[s
     quiet, loud = Client(MQTTFactory(broker, clock)), Client(MQTTFactory(broker, clock))
     quiet.connect("quiet")
     loud.connect("loud")
-    assert broker.debug_client("loud", 60) == (60.0, 1)
+    assert broker.commands.debug_client("loud", 60) == (60.0, 1)
     loud.send(Subscribe(1, (("t/#", 0),)), Publish("t/1", b"hi", 0, False, False, None))
     quiet.send(Pingreq())
     debug = [x for x in lines if x.startswith("debug ")]
@@ -72,7 +72,7 @@ def test_a_debugged_connection_logs_its_packets_until_the_deadline(lines: list[s
 def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
     clock = Clock()
     broker = Broker(clock, NullStore())
-    broker.debug_client("later", 30)
+    broker.commands.debug_client("later", 30)
     late = Client(MQTTFactory(broker, clock))
     late.connect("later")
     late.send(Pingreq())
@@ -103,7 +103,7 @@ def test_an_amqp_connection_logs_its_frames_until_the_deadline(lines: list[str])
     peer = Peer(idle=60.0)
     peer.conn.open()
     peer.exchange()
-    assert peer.broker.debug_client("unit", 30)[1] == 1
+    assert peer.broker.commands.debug_client("unit", 30)[1] == 1
     session = peer.conn.session()
     session.open()
     peer.exchange()
@@ -129,7 +129,7 @@ def test_a_flooding_client_spends_its_line_budget(lines: list[str],
     broker = Broker(clock, NullStore())
     flood = Client(MQTTFactory(broker, clock))
     flood.connect("flood")
-    broker.debug_client("flood", 60)
+    broker.commands.debug_client("flood", 60)
     for _ in range(50):
         flood.send(Pingreq())
     debug = [x for x in lines if x.startswith("debug flood (")]

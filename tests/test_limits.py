@@ -35,7 +35,7 @@ def test_retained_messages_are_bounded_in_count_and_bytes(log_lines: list[str]) 
     routed but not kept (a topic's older message goes: it would be out of date);
     a replacement that does not grow is always kept; $SYS does not count."""
     net = Net(max_retained_messages=2, max_retained_bytes=10, sys_interval=0)
-    net.broker.publish_sys()                              # the broker's own: not counted
+    net.broker.sys_topics.publish()                              # the broker's own: not counted
     sub = net.mqtt("sub")
     sub.subscribe(("r/#", 0))
     pub = net.mqtt("pub")

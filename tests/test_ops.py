@@ -46,7 +46,7 @@ def total(samples: dict[str, dict[Any, float]], name: str) -> float:
 
 
 def sys_value(broker: Broker, topic: str) -> str:
-    broker.publish_sys()
+    broker.sys_topics.publish()
     message = broker.retained.get("$SYS/broker/" + topic)
     assert message is not None
     return message.payload.decode()

@@ -131,7 +131,7 @@ def test_unknown_authentication_method_is_refused_0x8c() -> None:
 def test_bad_credentials_get_reason_code_0x86() -> None:
     """A 3.1.1 refusal reaches an MQTT 5 client as its reason code."""
     h = Harness()
-    h.broker.authenticate_now = lambda creds: False  # type: ignore[method-assign]
+    h.broker.gate.authenticate_now = lambda creds: False  # type: ignore[method-assign]
     c = client5(h)
     c.send(Connect("MQTT", 5, "c", True, 0, None, "user", b"wrong"))
     got = c.received()
@@ -257,7 +257,7 @@ def test_expired_message_is_not_sent() -> None:
     h.clock.advance(0)
     got = [p for p in sub2.received() if isinstance(p, Publish)]
     assert [p.payload for p in got] == [b"new"]
-    assert h.broker.dropped_total() >= 1
+    assert h.broker.registry.drops.dropped_total() >= 1
 
 
 def test_expired_retained_message_is_not_sent() -> None:
@@ -610,7 +610,7 @@ def test_clearing_an_offline_session_cancels_its_expiry_timer() -> None:
     c.send(Disconnect())
     c.lost()
     assert _expiry_deadlines(h) == [100.0]
-    h.broker.clear_session("s", "cleared by test")
+    h.broker.commands.clear_session("s", "cleared by test")
     assert "s" not in h.broker.sessions
     assert _expiry_deadlines(h) == []
 
@@ -653,7 +653,7 @@ def test_console_disconnect_sends_0x98() -> None:
     """An administrator's disconnect reaches an MQTT 5 client as 0x98."""
     h = Harness()
     c = connected(h, "victim")
-    assert h.broker.disconnect_client("victim", False, "console")
+    assert h.broker.commands.disconnect_client("victim", False, "console")
     closed_with(c, 0x98)
 
 

@@ -40,6 +40,7 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 from mqttamqp.mqtt.protocol import ConnectionState, MQTTFactory, MQTTProtocol
+from mqttamqp.security.admission import guards
 
 EPSILON = 0.001
 
@@ -90,7 +91,8 @@ class Harness:
         limits.setdefault("sys_interval", 0)
         self.clock = Clock()
         self.store = store if store is not None else NullStore()
-        self.broker = Broker(self.clock, self.store, Limits(**limits))
+        self.broker = Broker(self.clock, self.store, Limits(**limits),
+                             guards=guards(self.clock.seconds, Limits(**limits)))
         self.factory = MQTTFactory(self.broker, self.clock)
 
     def client(self) -> Client:
@@ -679,10 +681,10 @@ def test_pause_and_resume_producing_mark_congestion() -> None:
     sub.received()
     sub.proto.pauseProducing()
     assert sub.proto.congested is True
-    assert h.broker.congested_for("t") is True
+    assert h.broker.router.congested_for("t") is True
     sub.proto.resumeProducing()
     assert sub.proto.congested is False
-    assert h.broker.congested_for("t") is False
+    assert h.broker.router.congested_for("t") is False
 
 
 def test_congested_subscriber_pauses_publisher_until_drained() -> None:

@@ -82,7 +82,7 @@ def test_bodies_past_the_budget_stay_in_storage_only() -> None:
     assert in_memory(broker, "jobs") <= 32 * KB
     assert broker.queues.resident <= 32 * KB
     assert len(store.queues["jobs"].messages) == 200      # all of them durable
-    view = broker.queue_views()[0]
+    view = broker.queues.views()[0]
     assert view.depth == 200 and view.bytes == 200 * KB   # counted whole
     assert view.in_storage_only >= 200 - 32
 
@@ -101,7 +101,7 @@ def test_evicted_bodies_are_read_back_in_order_and_delivered_exactly_once() -> N
     assert got == sent
     assert store.reads, "some bodies came from storage"
     assert broker.queues.read_backs >= 300 - 32
-    assert broker.queue_views()[0].depth == 0
+    assert broker.queues.views()[0].depth == 0
     assert broker.queues.resident == 0
 
 
@@ -209,8 +209,8 @@ def test_purge_and_delete_release_what_they_counted() -> None:
     for body in payloads(50):
         publish(broker, "a", body)
         publish(broker, "b", body)
-    broker.purge_queue("a")
-    broker.delete_queue("b")
+    broker.queues.purge("a")
+    broker.queues.delete("b")
     assert broker.queues.resident == 0
     assert broker.queues.total_bytes == 0
     assert broker.queues.evicted_messages == 0
@@ -234,7 +234,7 @@ def test_dead_letters_read_back_are_requeued_whole() -> None:
     broker.unsubscribe(worker, ["$queue/jobs/#"])
     dlq = broker.queues.queues["$dlq/jobs"]
     assert len(dlq.log) == 30 and dlq.evicted      # (most of them in storage only)
-    moved, d = broker.requeue_dead("$dlq/jobs")
+    moved, d = broker.queues.requeue("$dlq/jobs")
     assert moved == 30 and d is not None and d.called
     assert [m.payload for _, m in sorted(store.queues["jobs"].messages)] == sent
 
@@ -420,7 +420,7 @@ def test_an_amqp_sender_to_a_full_queue_store_gets_no_more_credit() -> None:
     net.pump()
     assert snd.credit == 0
     assert net.broker.queues.alarm.waiting == 1
-    net.broker.purge_queue("jobs")
+    net.broker.queues.purge("jobs")
     net.pump()
     assert not net.broker.queues.blocked and snd.credit > 0
 

@@ -14,7 +14,7 @@ from mqttamqp.ops.metrics import broker_registry, exposition
 
 
 def _sys(broker: Broker) -> dict[str, str]:
-    broker.publish_sys()
+    broker.sys_topics.publish()
     prefix = "$SYS/broker/queues/"
     return {m.topic[len(prefix):]: m.payload.decode()
             for m in broker.view.retained_matching("$SYS/broker/queues/#")}
@@ -49,7 +49,7 @@ def test_sys_and_metrics_count_the_same_queue_flow() -> None:
     assert values["nacked"] == "1" and values["rejected"] == "1"
     assert values["dead-lettered"] == "1" and values["refused"] == "1"
     assert values["redelivered"] == "1" and values["expired"] == "0"
-    depth = sum(v.depth for v in broker.queue_views() if v.name == "jobs")
+    depth = sum(v.depth for v in broker.queues.views() if v.name == "jobs")
     assert values["messages"] == str(depth)
 
     metrics = _scrape(broker)

@@ -16,6 +16,7 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
     Consumer,
     default_group,
+    is_command,
     parse_queue_filter,
     parse_queue_topic,
     parse_stream_offset,
@@ -44,7 +45,7 @@ def client(broker: Broker, client_id: str, protocol: str = "mqtt3.1.1",
 
 def join(broker: Broker, session: Session, topic_filter: str, qos: int = 1,
          consumer: Consumer | None = None) -> int:
-    codes, _ = broker._router.subscribe(session, Identity(session.client_id),
+    codes, _ = broker.router.subscribe(session, Identity(session.client_id),
                                         [(topic_filter, qos)], consumer=consumer)
     return codes[0]
 
@@ -104,6 +105,20 @@ def test_parse_topics_filters_and_offsets() -> None:
     assert parse_stream_offset("@100.5") == ("time", 100.5)
     assert parse_stream_offset("1970-01-01T00:01:40Z") == ("time", 100.0)
     assert isinstance(parse_stream_offset("yesterday"), str)
+
+
+def test_a_publish_topic_is_recognised_once_and_commands_told_apart() -> None:
+    """``QueueManager.address``: None for other topics, the (cached) parse of a queue
+    topic; ``is_command`` tells acknowledgements apart, also one that does not parse."""
+    broker, _, _ = make()
+    queues = broker.queues
+    assert queues.address("$SYS/broker/uptime") is None
+    plain = queues.address("$queue/jobs/eu")
+    assert not isinstance(plain, str) and plain is queues.address("$queue/jobs/eu")
+    assert not is_command(plain, "$queue/jobs/eu")
+    assert is_command(queues.address("$queue/jobs/$ack") or "", "$queue/jobs/$ack")
+    bad = queues.address("$queue/+/$nack")
+    assert isinstance(bad, str) and is_command(bad, "$queue/+/$nack")
 
 
 # -- groups ---------------------------------------------------------------------------
@@ -493,7 +508,7 @@ def test_an_offset_seen_before_a_crash_never_names_another_message() -> None:
     for m, *_ in link.published():
         ack(again, worker, m)
     store.commit_all()
-    assert again.queue_views()[0].depth == 0
+    assert again.queues.views()[0].depth == 0
 
 
 def test_skipped_offsets_cost_nothing_and_count_in_no_lag() -> None:
@@ -508,7 +523,7 @@ def test_skipped_offsets_cost_nothing_and_count_in_no_lag() -> None:
     send(broker, "$queue/jobs/t", b"b")
     broker.stop()
     again, _, _ = make(store)
-    view = again.queue_views()[0]
+    view = again.queues.views()[0]
     assert view.depth == 2 and [g.lag for g in view.groups] == [2]
     group = next(iter(again.queues.queues["jobs"].groups.values()))
     assert len(group.done) < 10
@@ -517,7 +532,7 @@ def test_skipped_offsets_cost_nothing_and_count_in_no_lag() -> None:
     send(again, "$queue/jobs/t", b"c")
     for m, *_ in link.published():
         ack(again, worker, m)
-    view = again.queue_views()[0]
+    view = again.queues.views()[0]
     assert view.depth == 0 and [g.lag for g in view.groups] == [0]
     assert group.floor == again.queues.queues["jobs"].next_offset and not group.done
 
@@ -542,7 +557,7 @@ def test_a_second_restart_still_skips_the_first_restarts_offsets() -> None:
     second.stop()
     store.commit_all()                            # a clean stop
     third, _, _ = make(store)
-    view = third.queue_views()[0]
+    view = third.queues.views()[0]
     # "a" and n0..n2 (acknowledged, kept until the floor passes them): 4 messages
     assert view.depth == 4 and [g.lag for g in view.groups] == [4]
     worker, link = client(third, "w-1", "mqtt5")
@@ -553,7 +568,7 @@ def test_a_second_restart_still_skips_the_first_restarts_offsets() -> None:
     ack(third, worker, only)
     assert len(store.pending) - ops_before < 10   # (not one op per skipped offset)
     store.commit_all()
-    view = third.queue_views()[0]
+    view = third.queues.views()[0]
     assert view.depth == 0 and [g.lag for g in view.groups] == [0]
     group = next(iter(third.queues.queues["jobs"].groups.values()))
     assert not group.done and group.floor == third.queues.queues["jobs"].next_offset
@@ -690,9 +705,9 @@ def test_a_retention_change_that_frees_credit_delivers_at_once() -> None:
     for i in range(5):
         send(broker, "$queue/jobs/t", b"%d" % i)
     assert [p for _, p in got(link)] == [b"0", b"1"]
-    broker.set_queue_retention("jobs", Retention(None, None, 3))
+    broker.queues.set_retention("jobs", Retention(None, None, 3))
     assert [p for _, p in got(link)] == [b"0", b"1", b"2", b"3"]
-    assert broker.queue_views()[0].groups[0].pending == 2
+    assert broker.queues.views()[0].groups[0].pending == 2
 
 
 def test_a_message_consumed_before_its_commit_is_acknowledged_at_once() -> None:

@@ -354,7 +354,7 @@ def test_presettled_receiver_is_acknowledged_on_send() -> None:
     rcv = app.receiver("$queue/fast", credit=1, snd_settle_mode=Link.SND_SETTLED)
     [(msg, dlv)] = rcv.new()
     assert msg.body == "a" and dlv.settled
-    view = {v.name: v for v in net.broker.queue_views()}["fast"]
+    view = {v.name: v for v in net.broker.queues.views()}["fast"]
     assert view.acknowledged == 1
 
 

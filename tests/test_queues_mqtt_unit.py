@@ -135,7 +135,7 @@ def test_an_ack_at_qos2_completes_its_exchange() -> None:
     assert worker.received() == [Pubrec(7)]
     worker.send(Pubrel(7))
     assert worker.received() == [Pubcomp(7)]
-    assert h.broker.queue_views()[0].acknowledged == 1
+    assert h.broker.queues.views()[0].acknowledged == 1
 
 
 # -- publishers blocked by the durable queues' storage alarm -------------------------

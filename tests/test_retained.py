@@ -213,7 +213,7 @@ def test_every_retained_message_reaches_a_qos1_subscriber() -> None:
         assert all(m.retain for m in messages)
         sub.ack(messages)
     assert sorted(got) == [b"%05d" % i for i in range(300)]
-    assert net.broker.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
 
 
 def test_every_retained_message_reaches_a_qos0_subscriber_whose_socket_fills() -> None:
@@ -234,7 +234,7 @@ def test_every_retained_message_reaches_a_qos0_subscriber_whose_socket_fills() -
             break
         got += fresh
     assert sorted(got) == [b"%05d" % i for i in range(200)]
-    assert net.broker.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
 
 
 def test_a_retained_message_deleted_during_the_replay_is_skipped() -> None:
@@ -300,7 +300,7 @@ def test_an_amqp_receiver_gets_every_retained_message_as_its_credit_allows() -> 
         receiver.link.flow(len(fresh))
         net.pump()
     assert sorted(got) == [b"%05d" % i for i in range(300)]
-    assert net.broker.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
 
 
 def test_subscribing_again_replaces_what_the_replay_owes() -> None:
@@ -310,7 +310,7 @@ def test_subscribing_again_replaces_what_the_replay_owes() -> None:
     sub = net.mqtt("sub")
     for _ in range(50):
         sub.subscribe(("r/#", 1))
-    replays = net.broker._router._replays[net.broker.sessions["sub"]]
+    replays = net.broker.router.retained_feed.by_session[net.broker.sessions["sub"]]
     assert len(replays) == 1 and len(replays[0].topics) == 100
     got: set[str] = set()
     for _ in range(200):       # (bounded)

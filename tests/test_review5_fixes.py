@@ -19,7 +19,7 @@ NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
 
 def test_scram_checks_bans_on_the_name_it_proved() -> None:
     h = harness()
-    h.broker.ban("user", "alice", None, "test", "admin")
+    h.broker.commands.ban("user", "alice", None, "test", "admin")
     [ack] = scram_connect(client5(h), ScramClient("alice", "wonderland"))
     assert isinstance(ack, Connack) and ack.return_code == 0x8A
 
@@ -79,7 +79,7 @@ def test_recheck_forgets_the_options_of_dropped_filters(tmp_path: Any) -> None:
     acl.write_text("topic read b/#\n")
     os.utime(acl, ns=(1, 9_000_000_000))
     assert authorizer.reload()
-    net.broker.recheck_subscriptions()
+    net.broker.commands.recheck_subscriptions()
     assert "a/#" not in session.subscriptions and "a/#" not in session.sub_options
 
 
@@ -109,11 +109,11 @@ def test_drops_stay_labelled_with_the_protocol_they_happened_under() -> None:
 
     for _ in range(4):
         broker.publish(Message("d/1", b"x", 1))
-    before = broker.dropped_by_protocol()["mqtt"][0]
+    before = broker.registry.drops.dropped_by_protocol()["mqtt"][0]
     assert before > 0
     session.detach()
     broker.activate(session, FakeLink("dev"), "amqp")   # the same session, now over AMQP
-    after = broker.dropped_by_protocol()
+    after = broker.registry.drops.dropped_by_protocol()
     assert after["mqtt"][0] == before and after.get("amqp", (0, 0, 0))[0] == 0
 
 

@@ -40,7 +40,7 @@ def test_each_message_goes_to_one_member_round_robin() -> None:
     assert [len(g) for g in got] == [3, 3, 3]
     assert sorted(p for g in got for p in g) == sorted(b"%d" % i for i in range(9))
     assert len(_payloads(plain)) == 9          # a plain subscription still gets all
-    group = net.broker._router.shared["$share/workers/jobs/#"]
+    group = net.broker.router.groups.shared["$share/workers/jobs/#"]
     assert group.counts == {"w0": 3, "w1": 3, "w2": 3}
 
 
@@ -99,7 +99,7 @@ def test_shared_subscriptions_survive_a_restart() -> None:
     m.subscribe(("$share/g/t", 1))
     m.disconnect()
     net2 = Net(store=store)
-    assert "$share/g/t" in net2.broker._router.shared
+    assert "$share/g/t" in net2.broker.router.groups.shared
     net2.mqtt("p").publish("t", b"after restart", qos=1)
     assert _payloads(net2.mqtt("durable", clean=False)) == [b"after restart"]
 
@@ -252,7 +252,7 @@ def test_a_group_with_stuck_members_loses_no_acknowledged_message() -> None:
     got, pubacks = _stuck_group_run(net, 600)
     assert pubacks == 600
     assert got == {b"%d" % i for i in range(600)}
-    assert net.broker.dropped_total() == 0
+    assert net.broker.registry.drops.dropped_total() == 0
 
 
 def test_stuck_members_get_only_their_window() -> None:
@@ -273,7 +273,7 @@ def test_a_full_backlog_holds_the_publisher_back() -> None:
     member.subscribe(("$share/g/jobs", 1))
     pub = net.mqtt("pub")
     pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(50)])
-    group = net.broker._router.shared["$share/g/jobs"]
+    group = net.broker.router.groups.shared["$share/g/jobs"]
     assert len(member.publishes()) == 2
     assert 5 <= len(group.backlog) <= 10 and group.dropped == 0
     assert len(pub.take(Puback)) < 50     # (the rest is not read yet)
@@ -287,9 +287,9 @@ def test_a_full_backlog_drops_and_logs_once(log_lines: list[str]) -> None:
     net.mqtt("slow").subscribe(("$share/g/jobs", 1))
     for i in range(10):
         net.broker.publish(Message("jobs", b"%d" % i, 1))
-    group = net.broker._router.shared["$share/g/jobs"]
+    group = net.broker.router.groups.shared["$share/g/jobs"]
     assert (len(group.backlog), group.dropped) == (4, 5)
-    assert net.broker.dropped_total() == 5
+    assert net.broker.registry.drops.dropped_total() == 5
     lines = [line for line in log_lines if "backlog is full" in line]
     assert len(lines) == 1 and "$share/g/jobs" in lines[0]
 
@@ -368,11 +368,11 @@ def test_a_group_that_takes_nothing_stops_holding_its_publisher_after_the_stall_
     member.subscribe(("$share/g/jobs", 1))
     pub = net.mqtt("pub")
     pub.send(*[Publish("jobs", b"%d" % i, 1, False, False, i + 1) for i in range(40)])
-    group = net.broker._router.shared["$share/g/jobs"]
+    group = net.broker.router.groups.shared["$share/g/jobs"]
     assert group.dropped == 0 and len(pub.take(Puback)) < 40
     net.advance(2.5)
     assert len(pub.take(Puback)) > 0 and group.dropped > 0 and group.stalled
-    assert net.broker.dropped_total() == group.dropped
+    assert net.broker.registry.drops.dropped_total() == group.dropped
     member.ack(member.publishes())
     assert not group.stalled
 
@@ -388,7 +388,7 @@ def test_acknowledged_messages_a_slow_persistent_member_keeps_survive_a_restart(
     pub.send(*[Publish("t", b"%d" % i, 1, False, False, i + 1) for i in range(5)])
     assert len(pub.take(Puback)) == 5
     assert _payloads(a) == [b"0"]            # (its window: 1 in flight, none acked)
-    assert not net.broker._router.shared["$share/g/t"].backlog
+    assert not net.broker.router.groups.shared["$share/g/t"].backlog
     # kill -9: a new broker on what was committed
     after = Net(store=store, max_inflight=10, max_queued_messages=100)
     a2 = after.mqtt("a", clean=False)
@@ -430,7 +430,7 @@ def test_qos2_publishes_to_a_group_without_room_are_held_back_not_dropped() -> N
     member.subscribe(("$share/g/jobs", 1))
     pub = net.mqtt("pub")
     pub.send(*[Publish("jobs", b"%d" % i, 2, False, False, i + 1) for i in range(50)])
-    group = net.broker._router.shared["$share/g/jobs"]
+    group = net.broker.router.groups.shared["$share/g/jobs"]
     recs = pub.take(Pubrec)
     assert 0 < len(recs) < 50           # back-pressure: not everything read at once
     got: list[bytes] = []
@@ -461,7 +461,7 @@ def test_a_qos2_message_sent_to_a_member_that_ends_goes_to_no_other() -> None:
     b.subscribe(("$share/g/t", 2))
     a.disconnect()
     assert b.publishes() == []
-    assert net.broker._router.shared["$share/g/t"].dropped == 1
+    assert net.broker.router.groups.shared["$share/g/t"].dropped == 1
 
 
 def test_what_an_unsubscribing_member_gives_back_stays_stored() -> None:

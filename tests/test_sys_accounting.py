@@ -59,7 +59,7 @@ def _figures(broker: Broker) -> dict[str, int]:
 
 
 def _balanced(broker: Broker) -> dict[str, int]:
-    broker.publish_sys()
+    broker.sys_topics.publish()
     f = _figures(broker)
     assert f["received"] == f["sent"] + f["dropped"] + f["queued"], f
     return f
@@ -79,10 +79,10 @@ def test_queued_counts_copies_of_online_and_offline_sessions() -> None:
         pub(broker, "a", qos=1)
     assert len(link.published()) == 1                      # the window: 1 in flight
     assert broker.view.counters().messages_queued == 2 + 3
-    broker.publish_sys()
+    broker.sys_topics.publish()
     assert _figures(broker) == {"received": 3, "sent": 1, "dropped": 0, "queued": 5}
     broker.end_session(link, online, clean=True, reason="bye")  # a clean session ends
-    broker.publish_sys()
+    broker.sys_topics.publish()
     assert _figures(broker) == {"received": 3, "sent": 1, "dropped": 2, "queued": 3}
 
 

@@ -265,10 +265,10 @@ def test_sessions_made_over_amqp_belong_to_their_user(tmp_path: Any) -> None:
     store.set_password("alice", "alice password", **CHEAP)       # a client user
     net = Net(authenticator=StoreAuthenticator(store, run_in_thread=now))
     alice = Identity("fe", "alice", "amqp")
-    net.broker.subscribe_client("dev1", alice, [("a/#", 1)])
+    net.broker.gateway.subscribe_client("dev1", alice, [("a/#", 1)])
     assert net.broker.sessions["dev1"].owner == "alice"
-    assert not net.broker.may_claim(Identity("dev1", "bob", "mqtt3.1.1"), "dev1")
-    assert net.broker.may_claim(Identity("dev1", "alice", "mqtt3.1.1"), "dev1")
+    assert not net.broker.gate.may_claim(Identity("dev1", "bob", "mqtt3.1.1"), "dev1")
+    assert net.broker.gate.may_claim(Identity("dev1", "alice", "mqtt3.1.1"), "dev1")
 
 
 def test_a_password_also_sets_scram_credentials(tmp_path: Any) -> None:

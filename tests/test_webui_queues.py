@@ -102,8 +102,8 @@ def test_one_queue_groups_messages_and_payload_views(env: Any) -> None:
     assert client.get("/api/queues/message", name="jobs", offset="9").code == 404
     # The live region (every second) shows figures and groups, and browses nothing.
     browsed: list[Any] = []
-    real_browse = broker.browse_queue
-    broker.browse_queue = lambda *a: browsed.append(a) or real_browse(*a)
+    real_browse = broker.queues.browse
+    broker.queues.browse = lambda *a: browsed.append(a) or real_browse(*a)
     live = client.get("/queues/queue", name="jobs", partial="1").text
     assert 'id="group-table"' in live and "<html" not in live and browsed == []
     gone = client.get("/queues/queue", name="nope", partial="1")
@@ -220,7 +220,7 @@ def test_actions_need_csrf_and_an_admin(env: Any, tmp_path: Any) -> None:
     anonymous = Client(console)
     assert anonymous.get("/api/queues").code == 401
     assert anonymous.get("/queues").header("location") == "/login?next=%2Fqueues"
-    assert service.broker.queue_views()[0].depth == 1
+    assert service.broker.queues.views()[0].depth == 1
 
 
 def test_what_clients_sent_is_escaped(env: Any) -> None:
@@ -247,7 +247,7 @@ def test_rates_are_kept_only_for_queues_that_exist(env: Any) -> None:
     fill(service.broker, 1, queue="a")
     rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
     assert rows["a"]["rates"] is None           # under a second: no figure yet
-    service.broker.delete_queue("b")
+    service.broker.queues.delete("b")
     clock.advance(1)
     rows = {r["name"]: r for r in client.get("/api/queues").json()["items"]}
     assert list(rows) == ["a"] and len(console.queues.rates) == 1

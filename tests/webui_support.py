@@ -24,6 +24,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, LinkInfo
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
+from mqttamqp.security.admission import guards
 from mqttamqp.security.userstore import UserStore
 
 PASSWORD = "correct horse battery"
@@ -45,7 +46,8 @@ class FakeService:
         self.reactor = clock
         self.data_dir = data_dir
         self.store = FailingStore()      # commits succeed until told to fail
-        self.broker = Broker(clock, self.store, Limits(sys_interval=0))
+        self.broker = Broker(clock, self.store, Limits(sys_interval=0),
+                             guards=guards(clock.seconds, Limits(sys_interval=0)))
         self.listeners = [Listener("MQTT", "tcp:1883", "127.0.0.1:1883"),
                           Listener("web", "tcp:8080", "127.0.0.1:8080")]
         self.broker.start()

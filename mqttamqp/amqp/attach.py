@@ -245,13 +245,13 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
             return None
         return partial(TopicSubscription, host, plink, value)
     if kind is AddressKind.SESSION_PUBLISH:
-        if not host.broker.may_use_session(host.identity, value):
+        if not host.broker.gate.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to attach to the session of {value!r}")
             return None
         return partial(SessionOutlet, host, plink, address, value)
     if kind is AddressKind.SESSION_CONTROL:
-        if not host.broker.may_use_session(host.identity, value):
+        if not host.broker.gate.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to attach to the control link of {value!r}")
             return None
@@ -274,7 +274,7 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
             refuse_link(host, plink, "amqp:invalid-field",
                         f"target {address!r} is not a topic name: {problem}")
             return None
-        if not host.broker.may_write(host.identity, value):
+        if not host.broker.gate.may_write(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to publish to {value!r}")
             return None
@@ -284,7 +284,7 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
     if kind is AddressKind.WILL_SERVICE:
         # The link's name is the will's owner: only that client (or an FE acting
         # for it, without an ACL) may hold it.
-        if not host.broker.may_use_session(host.identity, plink.name):
+        if not host.broker.gate.may_use_session(host.identity, plink.name):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to hold the will of {plink.name!r}")
             return None
@@ -292,7 +292,7 @@ def _incoming(host: AttachHost, plink: Any, kind: AddressKind, value: str,
     if kind is AddressKind.SUBSCRIPTION_SERVICE:
         return partial(SubscriptionServiceLink, host, plink, address, host.requests)
     if kind is AddressKind.PUBREL:
-        if not host.broker.may_use_session(host.identity, value):
+        if not host.broker.gate.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",
                         f"not allowed to release messages of the session of {value!r}")
             return None

@@ -60,7 +60,7 @@ from mqttamqp.amqp.codec import (
     native_parts,
     recall_publish,
 )
-from mqttamqp.core.auth import Identity
+from mqttamqp.core.auth import Identity, PublishLimiter
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
@@ -101,7 +101,6 @@ from mqttamqp.net.rawproton import (
     new_delivery,
     recv,
 )
-from mqttamqp.security.admission import PublishRate
 
 __all__ = [
     "LinkHost", "PublishRequests", "BrokerLink", "OutgoingLink", "TopicSubscription",
@@ -237,7 +236,7 @@ class LinkHost(Protocol):
     container_id: str
     serial: int
     peer: str
-    publish_rate: PublishRate | None
+    publish_rate: PublishLimiter | None
     meter: DeliveryMeter     # the core's counters, written the adapters' way
     write_blocked: bool      # the socket's buffer is full (until it drains)
 
@@ -517,7 +516,7 @@ class _SessionLink(OutgoingLink):
             sent.add(packet_id)
         elif self.over_credit_full():
             if session is not None:
-                self.broker.dropped(session, message.topic)
+                session.drop_congested(message.topic)
             return
         native = message.native if self.native else None
         props = message.props
@@ -1167,7 +1166,7 @@ class TopicPublisher(IncomingLink):
         # No more credit until the budget is back: what the peer still holds
         # arrives meanwhile, and makes the pause longer (``PublishThrottle``).
         self.rate_blocked = True
-        self.broker.publish_rate_exceeded("AMQP", self.host.container_id, wait)
+        self.broker.gate.publish_rate_exceeded("AMQP", self.host.container_id, wait)
 
     def _rate_over(self) -> None:
         self.rate_blocked = False

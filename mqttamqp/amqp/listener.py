@@ -187,7 +187,7 @@ class AMQPConnection(Protocol):
         self._free_links: list[Any] = []
         self._free_sessions: list[Any] = []
         # The connection's publish budget (None: not limited), shared by its senders.
-        self.publish_rate = self.broker.publish_rate()
+        self.publish_rate = self.broker.gate.publish_rate()
         self._debug_timer: DelayedCall | None = None   # frames logged until it fires
 
     # -- Twisted ------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class AMQPConnection(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
-        if not self.broker.admit("AMQP", self.peer, len(self.factory.connections)):
+        if not self.broker.gate.admit("AMQP", self.peer, len(self.factory.connections)):
             self.state = ConnectionState.CLOSED
             self.transport.abortConnection()
             return
@@ -421,7 +421,7 @@ class AMQPConnection(Protocol):
                     creds = Credentials("", step.username, step.password, "amqp",
                                         self.peer)
                     self.username = step.username
-                    d = self.broker.authenticate(creds)
+                    d = self.broker.gate.authenticate(creds)
                 d.addCallback(self._authenticated)
                 d.addErrback(self._authentication_failed)
             elif isinstance(step, Refuse):
@@ -763,7 +763,7 @@ class AMQPConnection(Protocol):
         except UnicodeDecodeError:
             self._undecodable("a container id that is not valid UTF-8")
             return
-        banned = self.broker.banned("AMQP", self.container_id, self.username, self.peer)
+        banned = self.broker.gate.banned("AMQP", self.container_id, self.username, self.peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
             self._lost_reason = "refused: " + banned
             self._close_engine("amqp:unauthorized-access", banned)

@@ -162,7 +162,7 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, condition, "correlation-id must be $mqtt.to.<client-id>.publish, "
                         f"got {message.correlation_id!r}")
             return
-        if not self.broker.may_use_session(self.host.identity, client_id):
+        if not self.broker.gate.may_use_session(self.host.identity, client_id):
             self.reject(dlv, UNAUTHORIZED, f"not allowed to act on the session of {client_id!r}")
             return
         handler(self, dlv, message, client_id)
@@ -173,7 +173,7 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, PRECONDITION_FAILED, "reply-to must be "
                         f"$mqtt.to.<client-id>.control, got {message.reply_to!r}")
             return
-        subscriptions, d = self.broker.list_subscriptions(client_id, self.host.identity)
+        subscriptions, d = self.broker.gateway.list_subscriptions(client_id, self.host.identity)
         body = {topic_filter: int32(qos) for topic_filter, qos in subscriptions.items()}
         reply = encode_control("subscriptions", correlation_id=message.correlation_id,
                                body=body)
@@ -214,7 +214,7 @@ class SubscriptionServiceLink(_ServiceLink):
         # A .publish receiver waiting for AMQP_LIST claims the session now.
         self.requests.claim_waiting(client_id)
         identity = Identity(client_id, self.host.identity.username, "amqp")
-        session, codes, d = self.broker.subscribe_client(client_id, identity, requests)
+        session, codes, d = self.broker.gateway.subscribe_client(client_id, identity, requests)
         if all(code >= SUBSCRIBE_FAILURE for code in codes):
             self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
                         + ", ".join(f for f, _ in requests))
@@ -229,7 +229,7 @@ class SubscriptionServiceLink(_ServiceLink):
             self.reject(dlv, DECODE_ERROR, "AMQP_UNSUBSCRIBE body must be an AmqpValue list "
                         "of topic filters")
             return
-        self.answer_after(self.broker.unsubscribe_client(client_id, [str(f) for f in body]),
+        self.answer_after(self.broker.gateway.unsubscribe_client(client_id, [str(f) for f in body]),
                           dlv)
 
     _subjects: ClassVar[
@@ -269,7 +269,7 @@ class PubrelLink(_ServiceLink):
             self.reject(dlv, DECODE_ERROR, "AMQP_PUBREL needs message-id = the packet id "
                         f"(1-65535), got {message.message_id!r}")
             return
-        durable, release = self.broker.release_outbound(self.client_id, packet_id)
+        durable, release = self.broker.gateway.release_outbound(self.client_id, packet_id)
         self.answer_after(durable, dlv, release)
 
 
@@ -366,7 +366,7 @@ class SessionRequests:
         self.clean[client_id] = True
         self._bound_decisions()
         outlet = self.outlets.get(client_id)
-        d = self.host.broker.close_session(client_id, outlet, "AMQP_CLOSE: session closed")
+        d = self.host.broker.gateway.close_session(client_id, outlet, "AMQP_CLOSE: session closed")
         if outlet is not None and outlet.session is not None:
             outlet.session_closed()
         if outlet is not None and not outlet.closed:

@@ -1,7 +1,7 @@
 """Operator actions of the console, each audited in the log with the admin user.
 
-Every action here is one of the broker façade's commands (``force_will``,
-``disconnect``, ``clear_session``, ``fire_will``, ``delete_retained``...) and reads
+Every action here is one of the operator's commands (``core.commands``:
+``force_will``, ``disconnect``, ``clear_session``, ``delete_retained``...) and reads
 only its read model (``Broker.view``); nothing reaches into sessions or protocol
 internals.  An action returns an ``ActionResult`` once the change is durable (the
 command's Deferred fired), so the HTTP answer never claims more than the store
@@ -55,6 +55,7 @@ class ConsoleActions:
 
     def __init__(self, broker: Broker, report_job: ReportRunner | None = None) -> None:
         self.broker = broker
+        self.commands = broker.commands     # the operator's commands (core.commands)
         self.report_job = report_job
         # An instance attribute: a class-level Logger would rename itself after the class.
         self.log = Logger(namespace="mqttamqp.console.audit")
@@ -68,7 +69,7 @@ class ConsoleActions:
         detail = " ".join(f"{k}={v!r}" for k, v in target.items())
         self.log.info("audit: user={user!r} action={action} {detail} -> {outcome}",
                       user=user, action=action, detail=detail, outcome=outcome)
-        self.broker.record_console_action(user, action, f"{detail} -> {outcome}")
+        self.commands.record_console_action(user, action, f"{detail} -> {outcome}")
 
     # -- clients ----------------------------------------------------------------
 
@@ -78,7 +79,7 @@ class ConsoleActions:
             raise ActionError(404, f"no connected client {key!r}")
         client_id = client.info.client_id
         reason = f"will forced by console user {user}"
-        done = self.broker.force_will(key, keep_connected, reason)
+        done = self.commands.force_will(key, keep_connected, reason)
         if done is None:
             raise ActionError(404, f"no connected client {key!r}")
         owners, durable = done
@@ -100,7 +101,7 @@ class ConsoleActions:
     async def disconnect(self, user: str, key: str, with_will: bool) -> ActionResult:
         client = self.broker.view.client(key, 0)
         how = "with its will" if with_will else "without its will"
-        done = self.broker.disconnect(key, with_will,
+        done = self.commands.disconnect(key, with_will,
                                       f"disconnected by console user {user} ({how})")
         if client is None or done is None:
             raise ActionError(404, f"no connected client {key!r}")
@@ -119,7 +120,7 @@ class ConsoleActions:
         if not 0 <= minutes <= 60:
             raise ActionError(400, "minutes must be between 0 and 60")
         try:
-            until, started = self.broker.debug_client(client_id, minutes * 60.0)
+            until, started = self.commands.debug_client(client_id, minutes * 60.0)
         except ValueError as e:
             raise ActionError(409, str(e)) from None
         if minutes == 0:
@@ -175,7 +176,7 @@ class ConsoleActions:
         if session is None:
             raise ActionError(404, f"no session {client_id!r}")
         was_online = session.online
-        d = self.broker.clear_session(client_id, f"session cleared by console user {user}")
+        d = self.commands.clear_session(client_id, f"session cleared by console user {user}")
         await _durable(d)
         self._audit(user, "clear-session", "cleared" + (" (was connected)" if was_online
                                                         else ""), client_id=client_id)
@@ -185,7 +186,7 @@ class ConsoleActions:
     # -- wills ------------------------------------------------------------------
 
     async def fire_will(self, user: str, owner: str) -> ActionResult:
-        d = self.broker.fire_will(owner, f"published by console user {user}")
+        d = self.commands.fire_will(owner, f"published by console user {user}")
         if d is None:
             raise ActionError(404, f"no will of {owner!r}")
         await d
@@ -205,7 +206,7 @@ class ConsoleActions:
     async def delete_retained(self, user: str, topic: str) -> ActionResult:
         if self.broker.view.retained(topic) is None:
             raise ActionError(404, f"no retained message on {topic!r}")
-        await _durable(self.broker.delete_retained(topic))
+        await _durable(self.commands.delete_retained(topic))
         self._audit(user, "delete-retained", "deleted", topic=topic)
         return ActionResult(f"Deleted the retained message on {topic}.", {"deleted": 1})
 
@@ -221,7 +222,7 @@ class ConsoleActions:
         if expected is not None and count != expected:
             raise ActionError(409, f"{count} retained messages match {topic_filter!r} now, "
                                    f"not {expected}; confirm again")
-        deleted, d = self.broker.delete_retained_matching(topic_filter)
+        deleted, d = self.commands.delete_retained_matching(topic_filter)
         await _durable(d)
         self._audit(user, "delete-retained-matching", f"deleted {deleted}",
                     filter=topic_filter)
@@ -269,7 +270,7 @@ class ConsoleActions:
             raise ActionError(400, "a ban lasts a positive number of seconds (or for good)")
         until = None if seconds is None else self.broker.clock.seconds() + seconds
         try:
-            ban, durable = self.broker.ban(kind, value, until, reason, user)
+            ban, durable = self.commands.ban(kind, value, until, reason, user)
         except BanError as e:
             raise ActionError(400, str(e)) from None
         await durable
@@ -277,9 +278,9 @@ class ConsoleActions:
         if disconnect:
             for client in self.broker.view.clients():
                 info = client.info
-                if self.broker.bans.check(info.client_id, info.user,
+                if self.commands.bans.check(info.client_id, info.user,
                                           peer_host(info.remote)) is not None:
-                    done = self.broker.disconnect(info.key, True,
+                    done = self.commands.disconnect(info.key, True,
                                                   f"banned by console user {user}")
                     if done is not None:
                         await done[1]
@@ -293,7 +294,7 @@ class ConsoleActions:
 
     async def unban(self, user: str, kind: str, value: str) -> ActionResult:
         try:
-            d = self.broker.unban(kind, value)
+            d = self.commands.unban(kind, value)
         except BanError as e:
             raise ActionError(400, str(e)) from None
         if d is None:

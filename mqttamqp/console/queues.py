@@ -114,7 +114,7 @@ def queue_row(view: QueueView, rates: dict[str, float] | None) -> dict[str, Any]
 
 def queue_list(broker: Broker, rates: QueueRates) -> dict[str, Any]:
     """Every queue with its rates, and the totals the page's head shows."""
-    views = broker.queue_views()
+    views = broker.queues.views()
     per_queue = rates.update(views)
     rows = [queue_row(v, per_queue.get(v.name)) for v in views]
     # A dead-letter queue right below its origin queue.
@@ -128,7 +128,7 @@ def queue_list(broker: Broker, rates: QueueRates) -> dict[str, Any]:
 
 
 def find_queue(broker: Broker, name: str) -> QueueView | None:
-    for view in broker.queue_views():
+    for view in broker.queues.views():
         if view.name == name:
             return view
     return None
@@ -158,7 +158,7 @@ def queue_detail(broker: Broker, view: QueueView, rates: QueueRates, start: int,
     limit = min(max(1, limit), MAX_BROWSE)
     head = start <= view.first
     start = min(max(start, view.first), view.next)
-    messages = broker.browse_queue(view.name, start, limit) if browse else []
+    messages = broker.queues.browse(view.name, start, limit) if browse else []
     row["group_list"] = [_group(g) for g in view.groups]
     row["messages"] = [_message_row(m) for m in messages]
     more = bool(messages) and len(messages) == limit and messages[-1].offset + 1 < view.next
@@ -169,7 +169,7 @@ def queue_detail(broker: Broker, view: QueueView, rates: QueueRates, start: int,
 
 def message_detail(broker: Broker, name: str, offset: int, mode: str) -> dict[str, Any] | None:
     """One message of a queue, with its payload as text, JSON or hex (as retained)."""
-    found = broker.browse_queue(name, offset, 1)
+    found = broker.queues.browse(name, offset, 1)
     if not found or found[0].offset != offset:
         return None
     m = found[0]
@@ -228,14 +228,14 @@ class QueueActions:
 
     async def purge(self, user: str, name: str) -> ActionResult:
         view = self._existing(name)
-        await _durable(self.broker.purge_queue(name))
+        await _durable(self.broker.queues.purge(name))
         self.audit(user, "queue-purge", f"purged {view.depth}", queue=name)
         return ActionResult(f"Purged {view.depth} message(s) from {name}.",
                             {"purged": view.depth})
 
     async def delete(self, user: str, name: str) -> ActionResult:
         view = self._existing(name)
-        await _durable(self.broker.delete_queue(name))
+        await _durable(self.broker.queues.delete(name))
         self.audit(user, "queue-delete", f"deleted with {view.depth} message(s) and "
                    f"{len(view.groups)} group(s)", queue=name)
         return ActionResult(f"Deleted queue {name} ({view.depth} message(s), "
@@ -252,7 +252,7 @@ class QueueActions:
             if not offset.strip().isdigit():
                 raise ActionError(400, "offset must be a whole number (empty: all)")
             one = int(offset)
-        moved, d = self.broker.requeue_dead(dlq, one)
+        moved, d = self.broker.queues.requeue(dlq, one)
         if one is not None and moved == 0:
             raise ActionError(404, f"no message at offset {one} in {dlq!r}")
         await _durable(d)
@@ -267,7 +267,7 @@ class QueueActions:
         retention = Retention(_bound(max_age, "max age (seconds)"),
                               _whole(max_bytes, "max bytes"),
                               _whole(max_messages, "max messages"))
-        await _durable(self.broker.set_queue_retention(name, retention))
+        await _durable(self.broker.queues.set_retention(name, retention))
         shown = ", ".join(f"{k}={'none' if v is None else v}"
                           for k, v in _retention(retention).items())
         self.audit(user, "queue-retention", "set " + shown, queue=name)

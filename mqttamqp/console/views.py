@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from mqttamqp import __version__
 from mqttamqp.console.context import ConsoleContext
 from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
+from mqttamqp.core.auth import Ban
 from mqttamqp.core.message import Message
 from mqttamqp.core.readmodel import (
     ClientView,
@@ -27,7 +28,6 @@ from mqttamqp.core.readmodel import (
     SubscriptionView,
     WillView,
 )
-from mqttamqp.security.bans import Ban
 
 __all__ = [
     "PROTOCOL_LABELS", "Page", "paginate", "connection_row", "client_detail",

@@ -4,19 +4,27 @@
 exchange; ``Authorizer`` is asked for every publish, subscribe, will and retained
 write.  The defaults accept everyone (anonymous access); a later user store replaces
 them without touching the protocols.
+
+The broker's other guards at the door (the ban list, the connection rate, the
+publish rate) are built outside the core (``mqttamqp.security``) and injected as
+``Guards``: the core knows them only by the Protocols below.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.core.persistence import Op, PutBan
+
 __all__ = ["Credentials", "Identity", "Authenticator", "Authorizer", "AllowAll",
-           "LoopbackOnly", "loopback_peer", "loopback_host", "peer_host"]
+           "LoopbackOnly", "loopback_peer", "loopback_host", "peer_host",
+           "Ban", "Bans", "ConnectLimiter", "PublishLimiter", "Guards", "NoBans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +118,98 @@ class LoopbackOnly(AllowAll):
 
     def authenticate(self, credentials: Credentials) -> bool:
         return self.anonymous_from(credentials.peer)
+
+
+# -- the guards injected from ``mqttamqp.security`` ----------------------------
+
+@dataclass(frozen=True, slots=True)
+class Ban:
+    kind: str
+    value: str
+    until: float | None          # None: for good
+    reason: str
+    created: float
+    by: str
+
+    def active(self, now: float) -> bool:
+        return self.until is None or now < self.until
+
+    def describe(self) -> str:
+        what = {"client_id": "client id", "user": "user", "address": "address"}[self.kind]
+        return f"{what} {self.value!r} is banned" + (f" ({self.reason})" if self.reason else "")
+
+
+class Bans(Protocol):
+    """The ban list (``security.bans.BanList``): who may not connect."""
+
+    def check(self, client_id: str | None, user: str | None, host: str | None
+              ) -> Ban | None:
+        ...
+
+    def add(self, kind: str, value: str, until: float | None, reason: str, by: str
+            ) -> tuple[Ban, Op]:
+        ...
+
+    def remove(self, kind: str, value: str) -> Op | None:
+        ...
+
+    def purge(self) -> Sequence[Op]:
+        ...
+
+    def restore(self, records: Iterable[PutBan]) -> None:
+        ...
+
+    def active(self) -> list[Ban]:
+        ...
+
+
+class ConnectLimiter(Protocol):
+    """New connections a second from one address (``security.admission.ConnectRate``)."""
+
+    def admit(self, host: str) -> bool:
+        ...
+
+
+class PublishLimiter(Protocol):
+    """One client's publish budget (``security.admission.PublishRate``): ``take``
+    charges a message of ``size`` bytes and says how long not to read the client."""
+
+    def take(self, size: int) -> float:
+        ...
+
+
+class NoBans:
+    """No ban list was given (a core built without ``mqttamqp.security``, in tests):
+    nobody is banned, and none can be set."""
+
+    def check(self, client_id: str | None, user: str | None, host: str | None
+              ) -> Ban | None:
+        return None
+
+    def add(self, kind: str, value: str, until: float | None, reason: str, by: str
+            ) -> tuple[Ban, Op]:
+        raise ValueError("this broker keeps no ban list")
+
+    def remove(self, kind: str, value: str) -> Op | None:
+        return None
+
+    def purge(self) -> Sequence[Op]:
+        return ()
+
+    def restore(self, records: Iterable[PutBan]) -> None:
+        pass
+
+    def active(self) -> list[Ban]:
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """What the door checks besides credentials: the ban list, the connection rate
+    per address (None: not limited) and a new client's publish budget (None, or a
+    factory answering None: not limited).  ``mqttamqp.security.admission.guards``
+    builds them from the limits."""
+
+    bans: Bans
+    connect_rate: ConnectLimiter | None = None
+    publish_rate: Callable[[], PublishLimiter | None] | None = None

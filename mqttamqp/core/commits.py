@@ -24,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.persistence import Op, StateStore
-from mqttamqp.core.sessions.session import OutEntry
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",

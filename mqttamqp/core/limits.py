@@ -52,7 +52,7 @@ class Limits:
     max_publish_rate: float = 0.0
     max_publish_byte_rate: float = 0.0
     # How a shared subscription's group picks the member for a message
-    # (core.shared.STRATEGIES).
+    # (core.routing.shared.STRATEGIES).
     share_strategy: str = "round-robin"
     # MQTT features an operator may turn off (MQTT 5 clients are told in CONNACK
     # and get 0x9E / 0xA1 / 0xA2; 3.1.1 clients get 0x80).

@@ -7,8 +7,8 @@ change without the console noticing), and the rules the console needs to read
 it: which wills a connection owns (``will_owners``) and whether a will's owner is
 connected (``will_owner_connected``).
 
-What it must not do: change anything.  The console acts through the façade's
-commands (``Broker.force_will``, ``Broker.disconnect``, ...).
+What it must not do: change anything.  The console acts through the operator's
+commands (``ConsoleCommands.force_will``, ``ConsoleCommands.disconnect``, ...).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mqttamqp.core.auth import Ban, Bans
 from mqttamqp.core.clients.connections import ConnectionInfo
 from mqttamqp.core.clients.registry import NEVER_EXPIRES, SessionRegistry
 from mqttamqp.core.message import Message, WillMessage
@@ -23,9 +24,9 @@ from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.recorder import Recorder
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.security.bans import Ban, BanList
 
 __all__ = [
     "ReadModel", "ClientView", "SessionView", "EntryView", "WillView", "Counters",
@@ -198,7 +199,7 @@ class ReadModel:
 
     def __init__(self, registry: SessionRegistry, wills: Mapping[str, WillMessage],
                  router: Router, stats: BrokerStats, recorder: Recorder,
-                 bans: BanList | None = None, topic_stats: TopicStats | None = None, *,
+                 bans: Bans | None = None, topic_stats: TopicStats | None = None, *,
                  queues: QueueManager) -> None:
         self._bans = bans
         self._queues = queues
@@ -323,7 +324,7 @@ class ReadModel:
         """The shared subscription groups with their members and how many messages
         each was given (since it joined), by group name and filter."""
         out = []
-        for group in list(self._router.shared.values()):
+        for group in list(self._router.groups.shared.values()):
             members = tuple(sorted(
                 (s.client_id, group.counts.get(s.client_id, 0), s.link is not None)
                 for s in list(group.members)))
@@ -357,14 +358,14 @@ class ReadModel:
             retained_bytes=router.retained.payload_bytes,
             retained_sys=router.retained.sys_count, wills=len(self._wills),
             subscriptions=len(router.trie), messages_received=stats.messages_received,
-            messages_sent=stats.messages_sent, messages_dropped=registry.dropped_total(),
+            messages_sent=stats.messages_sent, messages_dropped=registry.drops.dropped_total(),
             publish_denied=stats.publish_denied, wills_published=stats.wills_published,
             protocol_errors=stats.protocol_errors, bytes_received=stats.bytes_received,
             bytes_sent=stats.bytes_sent,
             # The archive's own counters; other recorders' are named "kind/counter".
             archive={k: v for k, v in self._recorder.stats().items() if "/" not in k},
             storage_failing=stats.storage_failing, storage_failures=stats.storage_failures,
-            storage_error=stats.storage_error, messages_queued=registry.queued_total(),
+            storage_error=stats.storage_error, messages_queued=registry.drops.queued_total(),
             queues_blocked=self._queues.alarm.reason or "",
             queue_bytes=self._queues.total_bytes,
             queue_memory_bytes=self._queues.resident)

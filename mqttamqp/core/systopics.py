@@ -66,8 +66,8 @@ class SysTopics:
 
     def publish(self) -> None:
         now = self.clock.seconds()
-        dropped = self.registry.dropped_total()
-        queued = self.registry.queued_total()
+        dropped = self.registry.drops.dropped_total()
+        queued = self.registry.drops.queued_total()
         self.stats.messages_dropped = dropped
         retained = self.router.retained
         # Clients' retained messages only: the $SYS topics are the broker's own.

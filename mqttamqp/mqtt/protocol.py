@@ -312,7 +312,7 @@ class MQTTProtocol(Protocol):
         self._reading_paused_for: frozenset[str] = _NOT_PAUSED
         self._in_process = False   # inside ``_process`` (no nested run on resume)
         self._parked: _Parked | None = None   # durable queues blocked: see ``_park``
-        rate = self.broker.publish_rate()     # None: publish rate not limited
+        rate = self.broker.gate.publish_rate()     # None: publish rate not limited
         self._throttle = (None if rate is None else
                           PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
@@ -353,7 +353,7 @@ class MQTTProtocol(Protocol):
 
     def connectionMade(self) -> None:
         self._last_activity = self.clock.seconds()
-        if not self.broker.admit("MQTT", self.peer, len(self.factory.connections)):
+        if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
             self.rules.advance("close")
             self.transport.abortConnection()
             return
@@ -540,7 +540,7 @@ class MQTTProtocol(Protocol):
         if session is None:
             return
         if packet_id is None:
-            self.broker.dropped(session, topic)
+            session.drop_congested(topic)
         else:
             self.clock.callLater(0, self.broker.rejected, session, packet_id)
 
@@ -866,7 +866,7 @@ class MQTTProtocol(Protocol):
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
                           c=client_id, peer=self.peer, u=cert_user)
         peer = self.peer     # (made when read: once here)
-        banned = self.broker.banned("MQTT", client_id, self.username, peer)
+        banned = self.broker.gate.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
             # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
             self._refuse(ReasonCode.BANNED if self._v5 is not None
@@ -889,7 +889,7 @@ class MQTTProtocol(Protocol):
         ok: bool | Deferred[bool] = True
         if cert_user is None:
             creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
-            ok = self.broker.authenticate_now(creds)
+            ok = self.broker.gate.authenticate_now(creds)
         if isinstance(ok, Deferred):
             ok.addCallback(self._authenticated, packet, assigned)
             ok.addErrback(self._connect_failed)
@@ -929,7 +929,7 @@ class MQTTProtocol(Protocol):
             self._refuse(code, "authentication failed")
             return None
         self.identity = Identity(self.client_id, self.username, self.protocol_label)
-        if not self.broker.may_claim(self.identity, self.client_id):
+        if not self.broker.gate.may_claim(self.identity, self.client_id):
             self._refuse(ConnackCode.NOT_AUTHORIZED,
                          "the session of this client id belongs to another user")
             return None
@@ -1373,7 +1373,7 @@ class MQTTProtocol(Protocol):
 
     def _rate_paused(self, wait: float) -> None:
         self._pause_reading("rate")
-        self.broker.publish_rate_exceeded("MQTT", self.client_id, wait)
+        self.broker.gate.publish_rate_exceeded("MQTT", self.client_id, wait)
 
     def _rate_over(self) -> None:
         self._resume_reading("rate")
@@ -1594,14 +1594,14 @@ class MQTTProtocol(Protocol):
         self._stop_connect_timer()
         if step.outcome != SUCCESS:
             self._auth = None
-            self.broker.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
+            self.broker.gate.auth_failed(Credentials(self.client_id, step.username, None, "mqtt",
                                                 self.peer), step.reason or "refused")
             self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
                          f"authentication failed ({step.reason})")
             return
         # The name the exchange proved may be banned (the CONNECT's own user name
         # field, checked before, is whatever the client put there).
-        banned = self.broker.banned("MQTT", self.client_id, step.username, self.peer)
+        banned = self.broker.gate.banned("MQTT", self.client_id, step.username, self.peer)
         if banned is not None:
             self._auth = None
             self._refuse(ReasonCode.BANNED, banned, logged=True)

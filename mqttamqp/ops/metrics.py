@@ -94,7 +94,8 @@ def _dropped(broker: Broker, stats: Any, denied: int
         ("congestion", "mqtt"): 0, ("queue", "mqtt"): 0, ("rejected", "amqp"): 0,
         ("denied", "amqp"): stats.publish_denied_amqp,
         ("denied", "mqtt"): denied - stats.publish_denied_amqp}
-    for family, (dropped, congested, rejected) in broker.dropped_by_protocol().items():
+    drops = broker.registry.drops.dropped_by_protocol()
+    for family, (dropped, congested, rejected) in drops.items():
         out[("congestion", family)] = congested
         out[("queue", family)] = dropped - congested - rejected
         if rejected or family == "amqp":
@@ -105,7 +106,7 @@ def _dropped(broker: Broker, stats: Any, denied: int
 def _queue_families(broker: Broker) -> list[Family]:
     """The durable queues (``$SYS/broker/queues/...``): queues and their messages by
     kind (dead-letter queues apart), and what happened to queue messages."""
-    queues = broker.queue_views()
+    queues = broker.queues.views()
     dead = [q for q in queues if q.name.startswith("$dlq/")]
     dead_depth = sum(q.depth for q in dead)
     qs = broker.queues.stats

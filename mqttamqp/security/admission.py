@@ -12,10 +12,24 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from functools import partial
 
-from mqttamqp.core.auth import loopback_host
+from mqttamqp.core.auth import Guards, loopback_host
+from mqttamqp.core.limits import Limits
+from mqttamqp.security.bans import BanList
 
-__all__ = ["ConnectRate", "PublishRate"]
+__all__ = ["ConnectRate", "PublishRate", "guards"]
+
+
+def guards(seconds: Callable[[], float], limits: Limits) -> Guards:
+    """The ban list and the rate limits ``limits`` asks for, for ``Broker``."""
+    publish_rate = None
+    if limits.max_publish_rate > 0 or limits.max_publish_byte_rate > 0:
+        publish_rate = partial(PublishRate, seconds, limits.max_publish_rate,
+                               limits.max_publish_byte_rate)
+    return Guards(BanList(seconds),
+                  ConnectRate(seconds, limits.max_connect_rate, limits.connect_burst),
+                  publish_rate)
 
 
 class ConnectRate:

@@ -10,18 +10,18 @@ ban stops matching at once and is dropped from memory the next time the list is
 read; its record is deleted by the next ``expired_ops``.
 
 What it must not do: log, close connections or talk to the store.  The façade
-(``Broker.banned``, ``Broker.ban``) does that.
+(``ClientGate.banned``, ``ConsoleCommands.ban``) does that.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from mqttamqp.core.auth import Ban
 from mqttamqp.core.persistence import DeleteBan, PutBan
 
-__all__ = ["Ban", "BanList", "BanError", "BAN_KINDS", "MAX_BANS", "normal_value"]
+__all__ = ["BanList", "BanError", "BAN_KINDS", "MAX_BANS", "normal_value"]
 
 BAN_KINDS = ("client_id", "user", "address")
 MAX_BANS = 10_000
@@ -31,23 +31,6 @@ MAX_REASON = 500
 
 class BanError(ValueError):
     """A ban that cannot be set (unknown kind, bad address, list full)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ban:
-    kind: str
-    value: str
-    until: float | None          # None: for good
-    reason: str
-    created: float
-    by: str
-
-    def active(self, now: float) -> bool:
-        return self.until is None or now < self.until
-
-    def describe(self) -> str:
-        what = {"client_id": "client id", "user": "user", "address": "address"}[self.kind]
-        return f"{what} {self.value!r} is banned" + (f" ({self.reason})" if self.reason else "")
 
 
 def normal_value(kind: str, value: str) -> str:

@@ -1,1 +1,2 @@
-"""Clients: the session registry, connections, wills and client debug lines."""
+"""Clients: the session registry, the gate (admission, bans, authentication), the
+gateway's sessions, connections, wills, drop counts and client debug lines."""

@@ -8,8 +8,7 @@ can claim them); the clean/persistent rules; takeover (a newcomer closes the old
 holder first, whose will fires unless the newcomer resumes the persistent
 session); what the end of a connection means for its
 session and its MQTT will; expiry of offline persistent sessions; the console's
-list of live connections and the ``$SYS`` client counts; drops of sessions that
-are gone.
+list of live connections and the ``$SYS`` client counts (drops: ``DropCounts``).
 
 What it must not do: route (the router does), hold wills (``Wills`` does), or
 touch sockets beyond the ``close`` of a holder it takes a session from.
@@ -24,6 +23,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clients.connections import InspectableConnection
+from mqttamqp.core.clients.dropcounts import DropCounts
 from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher, all_durable
@@ -49,9 +49,10 @@ from mqttamqp.core.recorder import (
     records,
 )
 from mqttamqp.core.routing.router import Router
+from mqttamqp.core.sessions.entries import ClientLink
 from mqttamqp.core.sessions.flow import FlowControl
-from mqttamqp.core.sessions.session import ClientLink, Session, SessionState
-from mqttamqp.core.stats import BrokerStats, protocol_family
+from mqttamqp.core.sessions.session import Session, SessionState
+from mqttamqp.core.stats import BrokerStats
 from mqttamqp.records import record
 
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5: a session expiry interval that means never
@@ -90,10 +91,8 @@ class SessionRegistry:
         self.link_subscribers: dict[str, Session] = {}
         self.connections: dict[str, InspectableConnection] = {}
         self._connection_protocols: dict[str, str] = {}
-        self.dropped_retired = 0  # drops of sessions that no longer exist
-        self.congested_retired = 0  # of which QoS 0 dropped for a congested client
-        # The same two, by protocol family ("mqtt", "amqp", "console"), for metrics.
-        self._retired_by: dict[str, list[int]] = {}
+        # What sessions dropped and hold, for $SYS, the console and the metrics.
+        self.drops = DropCounts(self.sessions, self.link_subscribers, router.groups)
         # client id -> (the offline session, its MQTT 5 expiry timer): at most one
         # timer per client id, whoever armed it (see ``_arm_expiry``).
         self._expiry_timers: dict[str, tuple[Session, DelayedCall]] = {}
@@ -121,69 +120,6 @@ class SessionRegistry:
             if session.link is not None:
                 yield session
         yield from self.link_subscribers.values()
-
-    def congested_total(self) -> int:
-        """Of ``dropped_total``: QoS 0 messages dropped for a client that did not read."""
-        return (self.congested_retired
-                + sum(s.dropped_congested for s in self.sessions.values())
-                + sum(s.dropped_congested for s in self.link_subscribers.values()))
-
-    def dropped_by_protocol(self) -> dict[str, tuple[int, int, int]]:
-        """(dropped, of which congested, of which rejected) by the session's protocol
-        family."""
-        out = {k: (v[0], v[1], v[2]) for k, v in self._retired_by.items()}
-        for session in (*self.sessions.values(), *self.link_subscribers.values()):
-            family = protocol_family(session.protocol)
-            dropped, congested, rejected = out.get(family, (0, 0, 0))
-            d, c, r = _since_offset(session)
-            out[family] = (dropped + d, congested + c, rejected + r)
-        return out
-
-    def relabel(self, session: Session, protocol: str) -> None:
-        """``session`` is taken up by a client of another protocol family (an MQTT
-        session through AMQP's ``.publish`` outlet): its drops so far stay labelled
-        with the former one, so no counter of the metrics ever goes down."""
-        old = protocol_family(session.protocol)
-        if not session.protocol or old == protocol_family(protocol):
-            return
-        d, c, r = _since_offset(session)
-        if d or c or r:
-            counts = self._retired_by.setdefault(old, [0, 0, 0])
-            counts[0] += d
-            counts[1] += c
-            counts[2] += r
-        session.drop_offset = (session.dropped, session.dropped_congested,
-                               session.dropped_rejected)
-
-    def _retire_drops(self, session: Session) -> None:
-        """``session`` ends (its messages are cleared next): what it still has queued
-        is never sent, so it is counted as dropped here, once; ``queued_total`` loses
-        it in the same turn and received = sent + dropped + queued keeps holding.  A
-        durable queue's deliveries (``receipt``) go back to their queue instead."""
-        session.dropped += sum(1 for entry in session.queue if entry.receipt is None)
-        self.dropped_retired += session.dropped
-        self.congested_retired += session.dropped_congested
-        counts = self._retired_by.setdefault(protocol_family(session.protocol), [0, 0, 0])
-        d, c, r = _since_offset(session)
-        counts[0] += d
-        counts[1] += c
-        counts[2] += r
-
-    def queued_total(self) -> int:
-        """Message copies routed to sessions and not yet written to a connection:
-        the queues of every session, online or offline (QoS 1/2 beyond the in-flight
-        window or the link's room, held for a commit or a publisher's PUBREC, and
-        in-flight ones put back for redelivery).  QoS 0 is never queued (it goes out
-        or is dropped at once).  One ``len`` per session: cheap at ``$SYS`` intervals,
-        nothing on the publish path."""
-        return (sum(len(s.queue) for s in self.sessions.values())
-                + sum(len(s.queue) for s in self.link_subscribers.values())
-                + self.router.shared_held())
-
-    def dropped_total(self) -> int:
-        return (self.dropped_retired + sum(s.dropped for s in self.sessions.values())
-                + sum(s.dropped for s in self.link_subscribers.values())
-                + self.router.shared_dropped())
 
     # -- live connections -----------------------------------------------------
 
@@ -445,7 +381,7 @@ class SessionRegistry:
             self.recorder.event(self.clock.seconds(), SESSION_CLEARED, session.client_id,
                                 reason=reason)
         self.router.forget_session(session)
-        self._retire_drops(session)
+        self.drops.retire(session)
         session.clear_messages()
         armed = self._expiry_timers.get(session.client_id)
         if armed is not None and armed[0] is session:
@@ -471,7 +407,7 @@ class SessionRegistry:
         self.commits.watch(self.commits.persist(self.router.member_left(session)),
                            "moving shared messages of " + key)
         self.router.forget_session(session)
-        self._retire_drops(session)
+        self.drops.retire(session)
         session.clear_messages()
         session.detach()
         self.flow.resume_paused()
@@ -491,9 +427,3 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
-
-
-def _since_offset(session: Session) -> tuple[int, int, int]:
-    """A session's (dropped, congested, rejected) since it last changed protocol."""
-    d, c, r = session.drop_offset
-    return (session.dropped - d, session.dropped_congested - c, session.dropped_rejected - r)

@@ -26,16 +26,20 @@ from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import DeleteWill, Op, PutWill
 from mqttamqp.core.recorder import (
     CAUSE_CONSOLE,
+    CAUSE_KEEPALIVE,
     CAUSE_LOST,
     CAUSE_RESTART,
     WILL_PUBLISHED,
     Recorder,
 )
-from mqttamqp.core.routing.router import Published
+from mqttamqp.core.routing.published import Published
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import is_sys_topic, validate_topic_name
 
 __all__ = ["Wills"]
+
+# The AMQP will service's lines keep the namespace they had on the port (``Broker``).
+_port_log = Logger(namespace="mqttamqp.core.broker.Broker")
 
 
 class Wills:
@@ -126,6 +130,36 @@ class Wills:
             return []
         del self.wills[owner]
         return [DeleteWill(owner)]
+
+    def store(self, will: WillMessage) -> Deferred[None] | None:
+        """Store (or replace) the will of ``will.owner`` (AMQP_WILL, also
+        mid-connection); fires once durable."""
+        return self.commits.persist(self.put(will))
+
+    def clear(self, owner: str, origin: str | None = None) -> Deferred[None] | None:
+        """Delete the will of ``owner`` (of ``origin`` only, if given); fires once
+        durable, None if there was nothing to delete."""
+        return self.commits.persist(self.pop(owner, origin))
+
+    def returned(self, owner: str) -> None:
+        """An AMQP will link named ``owner`` attached: a will of that name stored
+        before a restart is not published (its grace timer stops, it is deleted)."""
+        if self.owner_returned(owner):
+            _port_log.info("{o} is back within the will grace period; its will from before "
+                           "the restart is not published", o=owner)
+            self.commits.watch(self.clear(owner), "clearing a will")
+
+    def link_ended(self, owner: str, brute: bool, reason: str) -> None:
+        """The AMQP will link of ``owner`` is gone: detached with an error, lost or
+        timed out (``brute``) publishes its will, a clean detach deletes it."""
+        if self.commits.stopping:
+            return  # the grace rule decides at the next start
+        if brute:
+            cause = CAUSE_KEEPALIVE if "idle time-out" in reason else CAUSE_LOST
+            self.commits.watch(self.fire(owner, reason, "amqp", cause),
+                               "publishing will of " + owner)
+        else:
+            self.commits.watch(self.clear(owner, "amqp"), "clearing a will")
 
     def fire(self, owner: str, reason: str, origin: str | None = None,
              cause: str = CAUSE_LOST) -> Deferred[None] | None:

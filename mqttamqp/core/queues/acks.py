@@ -28,7 +28,8 @@ from mqttamqp.core.queues.addresses import (
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.metadata import without_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Pending, StreamRead
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Acknowledgements"]
 
@@ -113,11 +114,12 @@ class Acknowledgements(Dispatch):
         self._pump(group)
         return d, None
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
-        """An AMQP outcome other than Accepted on the delivery of ``receipt``:
-        ``released`` (nack, not counted), ``modified`` (nack; ``failed`` counts it),
-        ``rejected`` (dead-letter with ``reason``)."""
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on ``entry``, the delivery of
+        ``receipt``: ``released`` (nack, not counted), ``modified`` (nack; ``failed``
+        counts it), ``rejected`` (dead-letter with ``reason``)."""
+        session = receipt.member.session
         queue = self.queues.get(receipt.group.queue.name)
         group = queue.groups.get(receipt.group.key) if queue is not None else None
         session.take_back(entry)

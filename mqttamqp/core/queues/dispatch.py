@@ -4,11 +4,13 @@ Round-robin over the members with credit (prefetch, the session's window, an
 uncongested link); classic groups claim what they hand out (``Pending``) and store
 a dispatch watermark ahead of the deliveries, so that a delivery goes out only
 below a watermark already durable; stream groups read by cursor.  Deliveries go
-through ``Session.deliver``; the transport's acknowledgement of one comes back
-through ``transport_ack`` (or, for a stream, ``after_stream_ack``).
+through ``Session.deliver`` with a receipt (``Pending``, or ``StreamRead`` for a
+stream: the session's ``DeliveryReceipt``), through which the transport's
+acknowledgement comes back (``transport_ack``, ``after_stream_ack``).
 
-What this module must not do: decide acknowledgements' outcomes (``Acknowledgements``)
-or timeouts (``QueueTimers``)."""
+What this module must not do: write a session's entries (the receipt is the only
+link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
+(``QueueTimers``)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
 
 __all__ = ["Dispatch"]
 
@@ -234,8 +236,8 @@ class Dispatch(MemoryBudget):
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         self._pump(group)
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
         """An AMQP outcome other than Accepted on a delivery: the receipts' other
         report, which ``Acknowledgements`` decides."""
         raise NotImplementedError

@@ -44,10 +44,11 @@ from mqttamqp.core.queues.model import (
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 
-__all__ = ["QueueLogs", "QueueReader"]
+__all__ = ["QueueLogs", "BodyReader"]
 
-# Reads a queue's messages back from storage (``StateStore.read_queue_messages``).
-QueueReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
+# Reads a queue's message bodies back from storage (``StateStore.read_queue_messages``;
+# not the store's reader thread, ``store.reading.QueueReader``).
+BodyReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
 
 
 class QueueLogs:
@@ -95,7 +96,7 @@ class QueueLogs:
         self.total_bytes = 0
         self.resident = 0
         self.budget = limits.queue_memory_budget
-        self._reader: QueueReader | None = None
+        self._reader: BodyReader | None = None
         self._appends: dict[QueueLog, tuple[int, int]] = {}  # (first, upto) this commit
         # Body bytes appended and not committed yet (they cannot be evicted): past
         # ``_unstored_limit`` publishers to queues wait for the writer (``paused``),
@@ -111,7 +112,7 @@ class QueueLogs:
         self.evictions = 0      # bodies evicted (counted once each time)
         self.read_backs = 0     # bodies read back from storage
 
-    def attach_storage(self, reader: QueueReader | None,
+    def attach_storage(self, reader: BodyReader | None,
                        free_space: FreeSpace | None = None) -> None:
         """How bodies are read back (None: they are never evicted) and how the data
         directory's free space is read (None: no free-disk watermark)."""

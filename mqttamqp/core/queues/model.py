@@ -17,7 +17,8 @@ from twisted.internet.defer import Deferred
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import QueueGroupRecord
 from mqttamqp.core.queues.addresses import STREAM, routing_key
-from mqttamqp.core.sessions.session import OutEntry, Session
+from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.records import record
 
@@ -71,7 +72,7 @@ class QueueLog:
         # every classic group done with it before its commit (``_trim``).
         self.waiters: dict[int, Deferred[None]] = {}
         # Offsets below ``next_offset`` that hold no message and never will, as
-        # sorted ranges [start, end): found at a restart (``QueueManager._skip``),
+        # sorted ranges [start, end): found at a restart (``QueueManager._skip_unstored_offsets``),
         # jumped over by floors and cursors, left out of lags.
         self.skip_starts: list[int] = []
         self.skip_ends: list[int] = []
@@ -130,8 +131,8 @@ class DeliveryEnds(Protocol):
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         """A stream read was acknowledged: its member may take more (``Dispatch``)."""
 
-    def settle(self, receipt: Pending | StreamRead, session: Session, entry: OutEntry,
-               outcome: str, failed: bool, reason: str | None) -> None:
+    def settle(self, receipt: Pending | StreamRead, entry: OutEntry, outcome: str,
+               failed: bool, reason: str | None) -> None:
         """An AMQP outcome other than Accepted (``Acknowledgements``)."""
 
 
@@ -159,9 +160,9 @@ class Pending:
         if not self.member.explicit:
             self.owner.transport_ack(self)
 
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
                 reason: str | None) -> None:
-        self.owner.settle(self, session, entry, outcome, failed, reason)
+        self.owner.settle(self, entry, outcome, failed, reason)
 
 
 class StreamRead:
@@ -183,9 +184,9 @@ class StreamRead:
         member.outstanding = max(0, member.outstanding - 1)
         self.owner.after_stream_ack(self.group)
 
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
                 reason: str | None) -> None:
-        self.owner.settle(self, session, entry, outcome, failed, reason)
+        self.owner.settle(self, entry, outcome, failed, reason)
 
 
 class ConsumerGroup:

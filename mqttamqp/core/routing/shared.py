@@ -15,7 +15,7 @@ its queue drops messages.  The strategy picks among the members with room
 has none).  When no member has room and the group has a persistent member, that
 member *keeps* the message for the group: it is stored in its queue (committed
 before the publisher's acknowledgement, as any persistent delivery) as a *loan*,
-moved to the first member with room (``Router._keeper``, ``Router._drain``).  Else
+moved to the first member with room (``SharedGroups.keeper``, ``SharedGroups.drain``).  Else
 the group holds the message in its *backlog*, in memory (bounded like a session's
 queue, ``--max-queued-messages`` and ``--max-queued-bytes``, counting the QoS 2
 messages promised to it at their PUBREC, ``pending``); past half of that bound the
@@ -64,7 +64,7 @@ __all__ = ["SHARE_PREFIX", "STRATEGIES", "SharedGroup", "parse_share", "route_fi
 
 
 class Member(Protocol):
-    """What a group needs of a member (a ``core.session.Session``)."""
+    """What a group needs of a member (a ``core.sessions.session.Session``)."""
 
     client_id: str
     persistent: bool
@@ -128,7 +128,7 @@ class SharedGroup(Generic[M]):
         self.backlog_bytes = 0
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        # Entries (``core.session.OutEntry``; the session module imports this one)
+        # Entries (``core.sessions.entries.OutEntry``)
         # still held, stored, by offline persistent members, oldest first.
         self.loans: deque[tuple[M, Any]] = deque()
         self.dropped = 0          # new messages refused by a full backlog

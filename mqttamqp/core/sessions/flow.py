@@ -21,9 +21,11 @@ from typing import Protocol
 from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 
-__all__ = ["Congestible", "FlowControl"]
+__all__ = ["Congestible", "FlowControl", "QueueBoundLog"]
 
 
 class Congestible(Protocol):
@@ -120,3 +122,39 @@ class FlowControl:
             ready.append(resume)
         for resume in ready:
             resume()
+
+
+class QueueBoundLog:
+    """What a stuck subscriber costs in the log: the QoS 1/2 deliveries dropped at a
+    session's queue bound, a line per session a minute, and 20 a minute in all
+    (thousands of stuck sessions must not flood the log)."""
+
+    log = Logger(namespace="mqttamqp.core.broker")
+
+    def __init__(self, clock: Clock, limits: Limits) -> None:
+        self.limits = limits
+        self._drop_lines = LogLimiter(clock.seconds)
+        self._drop_lines_all = LogLimiter(clock.seconds, burst=20)
+
+    def dropped(self, session: Session) -> None:
+        """A QoS 1/2 delivery to ``session`` was dropped at its queue bound (counted by
+        the session): one line per session a minute, with the count."""
+        lines = self._drop_lines
+        if not lines.ready(session.client_id):
+            lines.allow(session.client_id)    # (counted, not logged)
+            return
+        # The global limit first: a line it refuses must not use up the session's.
+        others = self._drop_lines_all.allow("queue_full")
+        if others is None:
+            return
+        held = lines.allow(session.client_id)
+        if held is None:
+            return
+        self.log.warn(
+            "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
+            "{m}, --max-queued-bytes {b}){why}; {t} dropped in all{o}",
+            c=session.client_id, n=held + 1, m=self.limits.max_queued_messages,
+            b=self.limits.max_queued_bytes, t=session.dropped,
+            why=(" while it made no progress" if session.stalled else
+                 "" if session.link is not None else " while offline"),
+            o=f" ({others} such lines of other sessions not logged)" if others else "")

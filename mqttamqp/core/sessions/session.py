@@ -5,7 +5,8 @@ is attached.
 The session decides what to send and when (window, order, redelivery with DUP,
 bounds and drops) and describes each durable change as a store operation it
 returns; it never talks to storage or sockets itself.  Delivery goes through the
-attached ``ClientLink``.
+attached ``ClientLink``.  Its in-flight window and the answers to its deliveries
+are in ``window.InflightWindow``; its entries and stand-ins in ``entries``.
 
 Durability rule: a QoS 2 entry queued for a persistent session is *held* until
 the commit that stores it has happened, then sent.  So a subscriber never sees a
@@ -18,9 +19,8 @@ publisher resends and the subscriber may see a (permitted) duplicate.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, cast
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -29,102 +29,33 @@ from mqttamqp.core.persistence import (
     DeleteQueued,
     Op,
     PutInboundQos2,
-    PutQueued,
     QueuedState,
     StoredQueued,
 )
+from mqttamqp.core.sessions.entries import (
+    NO_EXPIRED,
+    NO_IDS,
+    NO_INFLIGHT,
+    NO_OPS,
+    NO_OPTIONS,
+    NO_QUEUE,
+    NO_SUBSCRIPTIONS,
+    ClientLink,
+    DeliveryReceipt,
+    OutEntry,
+)
+from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
 
-if TYPE_CHECKING:
-    from mqttamqp.core.routing.shared import SharedGroup
-
-__all__ = ["ClientLink", "OutEntry", "Session", "SessionState", "SessionStateError",
+__all__ = ["Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
+
 
 # MQTT 5 subscription options as ``Session.sub_options`` packs them: the options
 # byte's bits above QoS, and the subscription identifier from bit 8 on.
 NO_LOCAL = 0x04
 RETAIN_AS_PUBLISHED = 0x08
 RETAIN_HANDLING = 0x30
-
-_NO_OPS: list[Op] = []
-
-
-class _NoEntries(tuple):  # type: ignore[type-arg]
-    """Every session's queue until its first entry (an empty deque is 760 bytes, a
-    session each; most sessions of idle clients never queue anything).  Reads
-    work; what would add swaps in a deque first."""
-
-    __slots__ = ()
-
-    def remove(self, entry: object) -> None:
-        raise ValueError("not queued")
-
-    def clear(self) -> None:
-        pass
-
-
-class _NoIds(frozenset):  # type: ignore[type-arg]
-    """An empty id set shared until the first id (an empty set is 216 bytes)."""
-
-    __slots__ = ()
-
-    def discard(self, item: object) -> None:
-        pass
-
-    def clear(self) -> None:
-        pass
-
-
-class _EmptyMap(dict):  # type: ignore[type-arg]
-    """A session's in-flight window until its first QoS 1/2 delivery, and its
-    subscriptions until its first (an empty dict is 64 bytes a session; idle
-    clients have neither).  ``pump`` and ``set_subscription`` swap in a dict
-    before they add; anything else that adds fails at once."""
-
-    __slots__ = ()
-
-    def __setitem__(self, key: object, value: object) -> None:
-        raise TypeError("a shared empty stand-in is read-only")
-
-    # (dict's own setdefault and update would bypass __setitem__)
-    def setdefault(self, key: object, default: object = None) -> object:
-        raise TypeError("a shared empty stand-in is read-only")
-
-    def update(self, *args: object, **kw: object) -> None:
-        raise TypeError("a shared empty stand-in is read-only")
-
-
-# Shared empty stand-ins, replaced on first use (read-only until then):
-_NO_OPTIONS: dict[str, int] = {}
-_NO_EXPIRED: list[Op] = []
-_NO_QUEUE = cast("deque[OutEntry]", _NoEntries())
-_NO_IDS = cast("set[int]", _NoIds())
-_NO_INFLIGHT = cast("dict[int, OutEntry]", _EmptyMap())
-_NO_SUBSCRIPTIONS = cast("dict[str, int]", _EmptyMap())
-
-
-class ClientLink(Protocol):
-    """What a session needs from whatever is attached to it (MQTT or AMQP)."""
-
-    @property
-    def congested(self) -> bool:
-        """True while the peer cannot take more (full socket buffer, no credit)."""
-
-    @property
-    def backlog_bytes(self) -> int:
-        """Bytes written since the link became congested (0 when it is not)."""
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        ...
-
-    def send_pubrel(self, packet_id: int) -> None:
-        ...
-
-    def close(self, reason: str) -> None:
-        """Broker-initiated close; the link must not call back into the broker."""
-
 
 class SessionState(Enum):
     """The session's lifecycle; every transition is in ``_TRANSITIONS``.
@@ -154,72 +85,14 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
-class DeliveryReceipt(Protocol):
-    """A durable queue's handle on one of its deliveries (``OutEntry.receipt``).
-
-    The session tells it when the client acknowledged the delivery (PUBACK, PUBCOMP,
-    AMQP Accepted); the broker tells it the other AMQP outcomes.  The queue keeps
-    the message durably, so a session never stores nor holds an entry that has a
-    receipt, and the queue never touches the entry's fields."""
-
-    def acknowledged(self) -> None:
-        """The client acknowledged the delivery (the session calls it once)."""
-
-    def settled(self, session: Session, entry: OutEntry, outcome: str, failed: bool,
-                reason: str | None) -> None:
-        """An AMQP outcome other than Accepted: ``released``, ``modified`` (``failed``:
-        delivery-failed) or ``rejected`` (with ``reason``)."""
-
-
-class OutEntry:
-    """One outbound QoS 1/2 message of a session, queued or in flight."""
-
-    __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
-                 "qos", "receipt", "retain", "seq", "share", "state")
-
-    def __init__(self, seq: int, message: Message, qos: int, retain: bool,
-                 packet_id: int, state: str = QueuedState.QUEUED,
-                 dup: bool = False, held: bool = False) -> None:
-        self.seq = seq
-        self.message = message
-        self.qos = qos
-        self.retain = retain
-        self.state = state
-        self.packet_id = packet_id
-        self.dup = dup
-        self.held = held     # waits for the commit that stores it
-        self.gated = False   # waits for its publisher's PUBREC (``Router``'s gate)
-        # Failed delivery attempts (AMQP Modified with delivery-failed): an AMQP
-        # receiver sees them in delivery-count; Released does not count (§3.4.4).
-        self.failures = 0
-        # Called once when the client has acknowledged it (see Broker.publish).
-        self.on_done: Callable[[], None] | None = None
-        # The shared subscription group it came through (it may move to another
-        # member when this one goes away: ``Router.member_left``).
-        self.share: SharedGroup[Session] | None = None
-        # A durable queue's delivery: the queue's receipt for it.  The queue holds
-        # it durably, so the session never stores it (``core.queues``).
-        self.receipt: DeliveryReceipt | None = None
-
-    def stored(self) -> StoredQueued:
-        return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
-                            self.packet_id)
-
-    def put_op(self, client_id: str) -> PutQueued:
-        """The store operation that records this entry for session ``client_id``."""
-        return PutQueued(client_id, self.seq, self.stored())
-
-
-class Session:
+class Session(InflightWindow):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
     __slots__ = (
-        "_holder", "_may_expire", "_next_pid", "_next_seq", "_pids", "_state",
-        "client_id", "created", "delivered", "drop_offset", "dropped",
-        "dropped_congested", "dropped_rejected", "expired_ops", "expiry",
-        "inbound_qos2", "inflight", "last_seen", "limits", "link", "owner",
-        "persistent", "protocol", "queue", "queued_bytes", "stalled", "sub_options",
-        "subscriptions", "window",
+        "_holder", "_may_expire", "_next_pid", "_next_seq", "_state", "client_id",
+        "created", "drop_offset", "dropped_congested", "dropped_rejected",
+        "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link", "owner",
+        "persistent", "protocol", "sub_options", "subscriptions",
     )
 
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
@@ -230,31 +103,31 @@ class Session:
         self.created = created
         self.last_seen = created
         # filter -> QoS (``set_subscription`` adds)
-        self.subscriptions: dict[str, int] = _NO_SUBSCRIPTIONS
+        self.subscriptions: dict[str, int] = NO_SUBSCRIPTIONS
         # MQTT 5: filter -> its options and subscription identifier (packed, see
         # NO_LOCAL); only filters that have any.  Empty for every other client,
         # so routing looks no further.
-        self.sub_options: dict[str, int] = _NO_OPTIONS   # (set with ``set_options``)
+        self.sub_options: dict[str, int] = NO_OPTIONS   # (set with ``set_options``)
         self._state = SessionState.OFFLINE
         self._holder: ClientLink | None = None
         self.protocol = ""                    # "mqtt3.1", "mqtt3.1.1" or "amqp" while online
         # The user that created it (None: anonymous); with verified users, only that
-        # user may take it over or act on it (``Broker.may_claim``).
+        # user may take it over or act on it (``ClientGate.may_claim``).
         self.owner: str | None = None
         # Where deliveries go: the holder while ONLINE, else None.  Set only by
         # ``_enter`` (a plain attribute: it is read for every delivery).
         self.link: ClientLink | None = None
         # packet id -> entry, in send order
-        self.inflight: dict[int, OutEntry] = _NO_INFLIGHT
-        self.queue: deque[OutEntry] = _NO_QUEUE
-        self.inbound_qos2: set[int] = _NO_IDS
+        self.inflight: dict[int, OutEntry] = NO_INFLIGHT
+        self.queue: deque[OutEntry] = NO_QUEUE
+        self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
         # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
         # rules and --session-expiry), and the client's receive maximum.
         self.expiry: float | None = None
         self.window = limits.max_inflight
-        self.expired_ops: list[Op] = _NO_EXPIRED   # see _purge_expired
+        self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
         # Queued entries that may carry an expiry (an upper bound: entries that
         # left the queue are only forgotten at the next purge); 0: no scan.
         self._may_expire = 0
@@ -267,7 +140,7 @@ class Session:
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1
-        self._pids: set[int] = _NO_IDS
+        self._pids: set[int] = NO_IDS
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -303,14 +176,14 @@ class Session:
 
     def set_subscription(self, topic_filter: str, qos: int) -> None:
         """Subscribe ``topic_filter`` at ``qos`` (the session's first makes its dict)."""
-        if self.subscriptions is _NO_SUBSCRIPTIONS:
+        if self.subscriptions is NO_SUBSCRIPTIONS:
             self.subscriptions = {}
         self.subscriptions[topic_filter] = qos
 
     def set_options(self, topic_filter: str, packed: int) -> None:
         """MQTT 5 options of ``topic_filter`` (see ``sub_options``; 0: none)."""
         if packed:
-            if self.sub_options is _NO_OPTIONS:
+            if self.sub_options is NO_OPTIONS:
                 self.sub_options = {}
             self.sub_options[topic_filter] = packed
         else:
@@ -413,7 +286,7 @@ class Session:
         while pid in self._pids:
             pid = pid % 65535 + 1
         self._next_pid = pid % 65535 + 1
-        if self._pids is _NO_IDS:
+        if self._pids is NO_IDS:
             self._pids = set()
         self._pids.add(pid)
         return pid
@@ -429,7 +302,7 @@ class Session:
                 ops.append(entry.put_op(self.client_id))
             return ops
         if entry is None or not self.persistent:
-            return _NO_OPS
+            return NO_OPS
         return [entry.put_op(self.client_id)]
 
     def deliver(self, message: Message, qos: int, retain: bool,
@@ -474,7 +347,7 @@ class Session:
             self._may_expire += 1
         if gated:
             entry.gated = True
-        if self.queue is _NO_QUEUE:
+        if self.queue is NO_QUEUE:
             self.queue = deque()
         self.queue.append(entry)
         self.queued_bytes += size
@@ -500,7 +373,7 @@ class Session:
                 self._pids.discard(entry.packet_id)
                 self.dropped += 1
                 if self.persistent:
-                    if self.expired_ops is _NO_EXPIRED:
+                    if self.expired_ops is NO_EXPIRED:
                         self.expired_ops = []
                     self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
         self._may_expire = may_expire
@@ -511,8 +384,8 @@ class Session:
                 and self.queued_bytes + size <= limits.max_queued_bytes)
 
     def take_expired_ops(self) -> list[Op]:
-        ops, self.expired_ops = self.expired_ops, _NO_EXPIRED
-        return ops if ops is not _NO_EXPIRED else []
+        ops, self.expired_ops = self.expired_ops, NO_EXPIRED
+        return ops if ops is not NO_EXPIRED else []
 
     def release_held(self, upto_seq: int) -> None:
         """The commit holding entries up to ``upto_seq`` is durable: they may go."""
@@ -527,11 +400,6 @@ class Session:
         entry.gated = False
         self.pump()
 
-    def _keeps(self, entry: OutEntry) -> bool:
-        """Is ``entry`` stored with this session?  Only a persistent session's, and
-        never a durable queue's delivery (the queue keeps that one)."""
-        return self.persistent and entry.receipt is None
-
     def take_back(self, entry: OutEntry) -> list[Op]:
         """Remove ``entry`` (queued or in flight) to give it to another member of its
         shared group; returns the op that forgets it here."""
@@ -541,12 +409,12 @@ class Session:
             try:
                 self.queue.remove(entry)
             except ValueError:
-                return _NO_OPS
+                return NO_OPS
             self.queued_bytes -= len(entry.message.payload)
         self._pids.discard(entry.packet_id)
         if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]
-        return _NO_OPS
+        return NO_OPS
 
     def withdraw(self, entry: OutEntry) -> None:
         """Take back a queued ``entry`` that must never be sent (its publish failed to
@@ -558,156 +426,6 @@ class Session:
         self.queued_bytes -= len(entry.message.payload)
         self._pids.discard(entry.packet_id)
         self.pump()
-
-    def pump(self) -> None:
-        """Send queued entries while the window and the link allow, in order."""
-        link = self.link
-        if link is None:
-            return
-        queue = self.queue
-        inflight = self.inflight
-        window = self.window
-        while queue and len(inflight) < window and not link.congested:
-            entry = queue[0]
-            if entry.held or entry.gated:
-                break
-            queue.popleft()
-            self.queued_bytes -= len(entry.message.payload)
-            if inflight is _NO_INFLIGHT:
-                inflight = self.inflight = {}
-            inflight[entry.packet_id] = entry
-            if entry.state == QueuedState.RELEASED:
-                link.send_pubrel(entry.packet_id)
-            else:
-                entry.state = QueuedState.SENT
-                link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
-                                  entry.retain)
-                entry.dup = True  # any later send of it is a redelivery
-
-    def ack_problem(self, kind: str, packet_id: int) -> str | None:
-        """Why an MQTT acknowledgement (``kind``: PUBACK, PUBREC or PUBCOMP) does not
-        fit the QoS flow of the in-flight ``packet_id`` — a protocol violation — or
-        None.  An id that is not in flight is not one (a late duplicate: ignored)."""
-        entry = self.inflight.get(packet_id)
-        if entry is None:
-            return None
-        if kind == "PUBACK":
-            if entry.qos == 1:
-                return None
-            stage = "after PUBREL" if entry.state == QueuedState.RELEASED else "before PUBREC"
-            return f"PUBACK for packet id {packet_id}, a QoS 2 message in flight ({stage})"
-        if entry.qos != 2:
-            return f"{kind} for packet id {packet_id}, a QoS 1 message in flight"
-        if kind == "PUBCOMP" and entry.state != QueuedState.RELEASED:
-            return f"PUBCOMP for packet id {packet_id} before PUBREC"
-        return None
-
-    def acknowledge(self, packet_id: int) -> list[Op]:
-        """PUBACK from the client (or Accepted on an AMQP delivery of QoS 1)."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.qos != 1:
-            return _NO_OPS
-        return self._finish(entry)
-
-    def received(self, packet_id: int) -> list[Op]:
-        """PUBREC: the client has the QoS 2 message; answer PUBREL and remember it.
-
-        Once PUBREL is out the PUBLISH must never be sent again, so for a persistent
-        session PUBREL waits until the RELEASED state is durable: the entry is held
-        and ``pubrel_durable`` sends it after the commit.
-        """
-        entry = self.inflight.get(packet_id)
-        link = self.link
-        if entry is None or entry.qos != 2:
-            if link is not None:  # unknown id: let the client finish its flow
-                link.send_pubrel(packet_id)
-            return _NO_OPS
-        if entry.state == QueuedState.RELEASED:
-            if link is not None and not entry.held:  # a repeated PUBREC
-                link.send_pubrel(packet_id)
-            return _NO_OPS
-        entry.state = QueuedState.RELEASED
-        if not self._keeps(entry):
-            # (a durable queue's delivery is the queue's to keep, not the session's)
-            if link is not None:
-                link.send_pubrel(packet_id)
-            return _NO_OPS
-        entry.held = True
-        return [entry.put_op(self.client_id)]
-
-    def pubrel_durable(self, packet_id: int) -> None:
-        """The RELEASED state of ``packet_id`` is committed: its PUBREL may go."""
-        entry = self.inflight.get(packet_id)
-        if entry is not None:
-            if entry.held:
-                entry.held = False
-                if self.link is not None:
-                    self.link.send_pubrel(packet_id)
-            return
-        for queued in self.queue:  # moved back to the queue by a reconnect
-            if queued.packet_id == packet_id:
-                queued.held = False
-                break
-        self.pump()
-
-    def completed(self, packet_id: int) -> list[Op]:
-        """PUBCOMP: the QoS 2 exchange is over."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.qos != 2:
-            return _NO_OPS
-        return self._finish(entry)
-
-    def mark_released(self, packet_id: int) -> list[Op]:
-        """AMQP_PUBREL on ``$mqtt.<id>.pubrel``: the PUBREC state change of ``received``
-        without sending the release; the caller sends it after the commit."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
-            return _NO_OPS
-        entry.state = QueuedState.RELEASED
-        if self._keeps(entry):
-            return [entry.put_op(self.client_id)]
-        return _NO_OPS
-
-    def redeliver(self, packet_id: int, increment: bool) -> None:
-        """AMQP Released/Modified: put the entry back at the head, to be sent again."""
-        entry = self.inflight.pop(packet_id, None)
-        if entry is None:
-            return
-        entry.state = QueuedState.QUEUED
-        entry.dup = entry.dup or increment
-        if increment:
-            entry.failures += 1
-        if self.queue is _NO_QUEUE:
-            self.queue = deque()
-        self.queue.appendleft(entry)
-        self.queued_bytes += len(entry.message.payload)
-        self.pump()
-
-    def _finish(self, entry: OutEntry) -> list[Op]:
-        del self.inflight[entry.packet_id]
-        self._pids.discard(entry.packet_id)
-        self.delivered += 1
-        self.stalled = False
-        done = entry.on_done
-        if done is not None:
-            entry.on_done = None
-            done()
-        receipt = entry.receipt
-        if receipt is not None:
-            receipt.acknowledged()
-        self.pump()
-        if self._keeps(entry):
-            return [DeleteQueued(self.client_id, entry.seq)]
-        return _NO_OPS
-
-    def drop(self, packet_id: int) -> list[Op]:
-        """Remove an in-flight entry without delivery (AMQP Rejected); counted."""
-        entry = self.inflight.get(packet_id)
-        if entry is None:
-            return _NO_OPS
-        self.dropped += 1
-        self.delivered -= 1
-        return self._finish(entry)
 
     # -- attach / detach ------------------------------------------------------
 
@@ -721,7 +439,7 @@ class Session:
         # Everything in flight on the old connection goes back to the queue head in
         # its original order and is sent again.
         if self.inflight:
-            if self.queue is _NO_QUEUE:
+            if self.queue is NO_QUEUE:
                 self.queue = deque()
             for entry in reversed(list(self.inflight.values())):
                 entry.dup = True
@@ -739,20 +457,20 @@ class Session:
         return packet_id in self.inbound_qos2
 
     def inbound_add(self, packet_id: int) -> list[Op]:
-        if self.inbound_qos2 is _NO_IDS:
+        if self.inbound_qos2 is NO_IDS:
             self.inbound_qos2 = set()
         self.inbound_qos2.add(packet_id)
         if self.persistent:
             return [PutInboundQos2(self.client_id, packet_id)]
-        return _NO_OPS
+        return NO_OPS
 
     def inbound_release(self, packet_id: int) -> list[Op]:
         if packet_id not in self.inbound_qos2:
-            return _NO_OPS
+            return NO_OPS
         self.inbound_qos2.discard(packet_id)
         if self.persistent:
             return [DeleteInboundQos2(self.client_id, packet_id)]
-        return _NO_OPS
+        return NO_OPS
 
     def clear_messages(self) -> None:
         self.queue.clear()

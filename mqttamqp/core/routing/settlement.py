@@ -1,0 +1,107 @@
+"""Settlement: how a subscriber's answer to a delivery ends it.
+
+What it owns: the rules for PUBACK, PUBREC, PUBCOMP and an AMQP receiver's
+outcome (Accepted, Rejected, Released, Modified; ``Outcome``), for every protocol
+alike: the session's in-flight state changes (stored in the background), the
+session may take more (``Router.room``), paused publishers may resume, a
+rejected delivery is dropped and counted, a released one goes out again, and a
+durable queue's delivery is settled by its queue (``QueueManager.settle``).
+
+What it must not do: send anything itself (a session's link does, when it is
+given room) or wait on a commit before answering: an acknowledgement only ever
+frees space.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.routing.router import Router
+from mqttamqp.core.sessions.flow import FlowControl
+from mqttamqp.core.sessions.session import Session
+from mqttamqp.core.stats import BrokerStats
+
+__all__ = ["Outcome", "Settlement"]
+
+
+class Outcome(Enum):
+    """How an AMQP receiver settled a delivery (AMQP 1.0 §3.4)."""
+
+    ACCEPTED = "accepted"   # done
+    REJECTED = "rejected"   # dropped, counted
+    RELEASED = "released"   # redeliver unchanged
+    MODIFIED = "modified"   # redeliver; a failed attempt counts in delivery-count
+
+
+# (an Enum member read from its class is a lookup each time: settle runs per AMQP
+# delivery)
+_ACCEPTED, _REJECTED = Outcome.ACCEPTED, Outcome.REJECTED
+_RELEASED, _MODIFIED = Outcome.RELEASED, Outcome.MODIFIED
+
+
+class Settlement:
+    def __init__(self, commits: CommitBatcher, stats: BrokerStats, router: Router,
+                 flow: FlowControl, queues: QueueManager) -> None:
+        self._commits = commits
+        self._stats = stats
+        self._router = router
+        self._flow = flow
+        self._queues = queues
+
+    def acknowledged(self, session: Session, packet_id: int) -> None:
+        """PUBACK (or Accepted on an AMQP delivery of QoS 1)."""
+        self._commits.background(session.acknowledge(packet_id))
+        self._router.room(session)
+        self._flow.resume_paused()
+
+    def received(self, session: Session, packet_id: int) -> None:
+        """PUBREC: PUBREL goes out once the RELEASED state is durable."""
+        d = self._commits.persist(session.received(packet_id))
+        if d is not None:
+            d.addCallback(lambda _: session.pubrel_durable(packet_id))
+            self._commits.watch(d, "recording a PUBREC")
+
+    def completed(self, session: Session, packet_id: int) -> None:
+        """PUBCOMP (or the final settle of a QoS 2 delivery over AMQP)."""
+        self._commits.background(session.completed(packet_id))
+        self._router.room(session)
+        self._flow.resume_paused()
+
+    def rejected(self, session: Session, packet_id: int, reason: str | None = None) -> None:
+        """AMQP Rejected: the delivery is dropped, counted (a durable queue's goes to
+        its dead-letter queue with ``reason``)."""
+        entry = session.inflight.get(packet_id)
+        if entry is not None and entry.receipt is not None:
+            entry.receipt.settled(entry, "rejected", False, reason)
+            return
+        self._stats.messages_rejected += 1
+        session.dropped_rejected += 1
+        self._commits.background(session.drop(packet_id))
+        self._router.room(session)
+        self._flow.resume_paused()
+
+    def settle(self, session: Session, packet_id: int, outcome: Outcome,
+               failed: bool = False, reason: str | None = None) -> None:
+        """An AMQP receiver settled the delivery of ``packet_id`` with ``outcome``
+        (``failed``: Modified with delivery-failed; ``reason``: Rejected's error
+        description).  Accepted finishes QoS 1, and QoS 2 unless an FE released it
+        through ``$mqtt.<id>.pubrel`` (then AMQP_PUBREL's settle completes it).
+        On a durable queue's delivery: Accepted acknowledges, Released and Modified
+        make it visible again, Rejected dead-letters it."""
+        if outcome is not _ACCEPTED:
+            entry = session.inflight.get(packet_id)
+            if entry is not None and entry.receipt is not None:
+                entry.receipt.settled(entry, outcome.value, failed, reason)
+                return
+            if outcome is _RELEASED or outcome is _MODIFIED:
+                session.redeliver(packet_id, failed)
+                return
+        if outcome is _REJECTED:
+            self.rejected(session, packet_id, reason)
+        elif session.awaiting_release(packet_id) is False:
+            if session.inflight[packet_id].qos == 1:
+                self.acknowledged(session, packet_id)
+            else:
+                self.completed(session, packet_id)

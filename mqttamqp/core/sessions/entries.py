@@ -1,0 +1,165 @@
+"""What a session is made of, apart from the session itself: its outbound entries
+(``OutEntry``), what it needs of whatever is attached to it (``ClientLink``), of the
+shared group an entry came through (``Share``), and the shared empty stand-ins a
+session holds until it first queues, sends or subscribes (most idle clients never
+do: an empty deque, set or dict per session would cost hundreds of bytes each).
+
+What it must not do: decide anything (``session.Session`` and its in-flight window,
+``window.InflightWindow``, do).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol, cast
+
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
+
+__all__ = ["ClientLink", "DeliveryReceipt", "OutEntry", "Share", "NO_OPS", "NO_OPTIONS",
+           "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT", "NO_SUBSCRIPTIONS"]
+
+
+class Share(Protocol):
+    """The shared subscription group an entry came through, as a session carries it
+    (``routing.shared.SharedGroup``: the router reads it back; sessions only keep it)."""
+
+    @property
+    def key(self) -> str: ...
+
+
+class ClientLink(Protocol):
+    """What a session needs from whatever is attached to it (MQTT or AMQP)."""
+
+    @property
+    def congested(self) -> bool:
+        """True while the peer cannot take more (full socket buffer, no credit)."""
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes written since the link became congested (0 when it is not)."""
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool) -> None:
+        ...
+
+    def send_pubrel(self, packet_id: int) -> None:
+        ...
+
+    def close(self, reason: str) -> None:
+        """Broker-initiated close; the link must not call back into the broker."""
+
+
+class DeliveryReceipt(Protocol):
+    """A durable queue's handle on one of its deliveries (``OutEntry.receipt``).
+
+    The session tells it when the client acknowledged the delivery (PUBACK, PUBCOMP,
+    AMQP Accepted); the broker tells it the other AMQP outcomes.  The queue keeps
+    the message durably, so a session never stores nor holds an entry that has a
+    receipt, and the queue never touches the entry's fields."""
+
+    def acknowledged(self) -> None:
+        """The client acknowledged the delivery (the session calls it once)."""
+
+    def settled(self, entry: OutEntry, outcome: str, failed: bool,
+                reason: str | None) -> None:
+        """An AMQP outcome other than Accepted on ``entry``, this receipt's delivery:
+        ``released``, ``modified`` (``failed``: delivery-failed) or ``rejected``
+        (with ``reason``)."""
+
+
+class OutEntry:
+    """One outbound QoS 1/2 message of a session, queued or in flight."""
+
+    __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
+                 "qos", "receipt", "retain", "seq", "share", "state")
+
+    def __init__(self, seq: int, message: Message, qos: int, retain: bool,
+                 packet_id: int, state: str = QueuedState.QUEUED,
+                 dup: bool = False, held: bool = False) -> None:
+        self.seq = seq
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.state = state
+        self.packet_id = packet_id
+        self.dup = dup
+        self.held = held     # waits for the commit that stores it
+        self.gated = False   # waits for its publisher's PUBREC (``Router``'s gate)
+        # Failed delivery attempts (AMQP Modified with delivery-failed): an AMQP
+        # receiver sees them in delivery-count; Released does not count (§3.4.4).
+        self.failures = 0
+        # Called once when the client has acknowledged it (see Broker.publish).
+        self.on_done: Callable[[], None] | None = None
+        # The shared subscription group it came through (it may move to another
+        # member when this one goes away: ``SharedGroups.member_left``).
+        self.share: Share | None = None
+        # A durable queue's delivery: the queue's receipt for it.  The queue holds
+        # it durably, so the session never stores it (``core.queues``).
+        self.receipt: DeliveryReceipt | None = None
+
+    def stored(self) -> StoredQueued:
+        return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
+                            self.packet_id)
+
+    def put_op(self, client_id: str) -> PutQueued:
+        """The store operation that records this entry for session ``client_id``."""
+        return PutQueued(client_id, self.seq, self.stored())
+
+
+NO_OPS: list[Op] = []
+
+
+class NoEntries(tuple):  # type: ignore[type-arg]
+    """Every session's queue until its first entry (an empty deque is 760 bytes, a
+    session each; most sessions of idle clients never queue anything).  Reads
+    work; what would add swaps in a deque first."""
+
+    __slots__ = ()
+
+    def remove(self, entry: object) -> None:
+        raise ValueError("not queued")
+
+    def clear(self) -> None:
+        pass
+
+
+class NoIds(frozenset):  # type: ignore[type-arg]
+    """An empty id set shared until the first id (an empty set is 216 bytes)."""
+
+    __slots__ = ()
+
+    def discard(self, item: object) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+class EmptyMap(dict):  # type: ignore[type-arg]
+    """A session's in-flight window until its first QoS 1/2 delivery, and its
+    subscriptions until its first (an empty dict is 64 bytes a session; idle
+    clients have neither).  ``pump`` and ``set_subscription`` swap in a dict
+    before they add; anything else that adds fails at once."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("a shared empty stand-in is read-only")
+
+    # (dict's own setdefault and update would bypass __setitem__)
+    def setdefault(self, key: object, default: object = None) -> object:
+        raise TypeError("a shared empty stand-in is read-only")
+
+    def update(self, *args: object, **kw: object) -> None:
+        raise TypeError("a shared empty stand-in is read-only")
+
+
+# Shared empty stand-ins, replaced on first use (read-only until then):
+NO_OPTIONS: dict[str, int] = {}
+NO_EXPIRED: list[Op] = []
+NO_QUEUE = cast("deque[OutEntry]", NoEntries())
+NO_IDS = cast("set[int]", NoIds())
+NO_INFLIGHT = cast("dict[int, OutEntry]", EmptyMap())
+NO_SUBSCRIPTIONS = cast("dict[str, int]", EmptyMap())

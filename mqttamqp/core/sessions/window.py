@@ -1,0 +1,195 @@
+"""A session's in-flight window: what goes out, and what an acknowledgement does.
+
+``InflightWindow`` is the part of ``session.Session`` that moves entries from the
+queue into the window while the link can take them (``pump``), and out of it as
+the subscriber answers: PUBACK, PUBREC (the durable RELEASED state before PUBREL),
+PUBCOMP, an FE's AMQP_PUBREL, AMQP Released/Modified (redelivered) and Rejected
+(dropped, counted).  Each answer returns the store operations it implies; the
+caller commits them.  A mixin (its slots are part of
+every ``Session``), so that every call on the hot path stays one method call.
+
+What it must not do: talk to storage or sockets (the link sends).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
+from mqttamqp.core.sessions.entries import NO_INFLIGHT, NO_OPS, NO_QUEUE, ClientLink, OutEntry
+
+__all__ = ["InflightWindow"]
+
+
+class InflightWindow:
+    # The window's state (``Session.__init__`` sets it).
+    __slots__ = ("_pids", "delivered", "dropped", "inflight", "queue", "queued_bytes",
+                 "stalled", "window")
+
+    queue: deque[OutEntry]
+    queued_bytes: int
+    inflight: dict[int, OutEntry]
+    window: int
+    stalled: bool
+    dropped: int
+    delivered: int
+    _pids: set[int]
+    # What it reads of the session's own.
+    client_id: str
+    persistent: bool
+    link: ClientLink | None
+
+    def pump(self) -> None:
+        """Send queued entries while the window and the link allow, in order."""
+        link = self.link
+        if link is None:
+            return
+        queue = self.queue
+        inflight = self.inflight
+        window = self.window
+        while queue and len(inflight) < window and not link.congested:
+            entry = queue[0]
+            if entry.held or entry.gated:
+                break
+            queue.popleft()
+            self.queued_bytes -= len(entry.message.payload)
+            if inflight is NO_INFLIGHT:
+                inflight = self.inflight = {}
+            inflight[entry.packet_id] = entry
+            if entry.state == QueuedState.RELEASED:
+                link.send_pubrel(entry.packet_id)
+            else:
+                entry.state = QueuedState.SENT
+                link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
+                                  entry.retain)
+                entry.dup = True  # any later send of it is a redelivery
+
+    def ack_problem(self, kind: str, packet_id: int) -> str | None:
+        """Why an MQTT acknowledgement (``kind``: PUBACK, PUBREC or PUBCOMP) does not
+        fit the QoS flow of the in-flight ``packet_id`` — a protocol violation — or
+        None.  An id that is not in flight is not one (a late duplicate: ignored)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None:
+            return None
+        if kind == "PUBACK":
+            if entry.qos == 1:
+                return None
+            stage = "after PUBREL" if entry.state == QueuedState.RELEASED else "before PUBREC"
+            return f"PUBACK for packet id {packet_id}, a QoS 2 message in flight ({stage})"
+        if entry.qos != 2:
+            return f"{kind} for packet id {packet_id}, a QoS 1 message in flight"
+        if kind == "PUBCOMP" and entry.state != QueuedState.RELEASED:
+            return f"PUBCOMP for packet id {packet_id} before PUBREC"
+        return None
+
+    def acknowledge(self, packet_id: int) -> list[Op]:
+        """PUBACK from the client (or Accepted on an AMQP delivery of QoS 1)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 1:
+            return NO_OPS
+        return self._finish(entry)
+
+    def received(self, packet_id: int) -> list[Op]:
+        """PUBREC: the client has the QoS 2 message; answer PUBREL and remember it.
+
+        Once PUBREL is out the PUBLISH must never be sent again, so for a persistent
+        session PUBREL waits until the RELEASED state is durable: the entry is held
+        and ``pubrel_durable`` sends it after the commit.
+        """
+        entry = self.inflight.get(packet_id)
+        link = self.link
+        if entry is None or entry.qos != 2:
+            if link is not None:  # unknown id: let the client finish its flow
+                link.send_pubrel(packet_id)
+            return NO_OPS
+        if entry.state == QueuedState.RELEASED:
+            if link is not None and not entry.held:  # a repeated PUBREC
+                link.send_pubrel(packet_id)
+            return NO_OPS
+        entry.state = QueuedState.RELEASED
+        if not self._keeps(entry):
+            # (a durable queue's delivery is the queue's to keep, not the session's)
+            if link is not None:
+                link.send_pubrel(packet_id)
+            return NO_OPS
+        entry.held = True
+        return [entry.put_op(self.client_id)]
+
+    def pubrel_durable(self, packet_id: int) -> None:
+        """The RELEASED state of ``packet_id`` is committed: its PUBREL may go."""
+        entry = self.inflight.get(packet_id)
+        if entry is not None:
+            if entry.held:
+                entry.held = False
+                if self.link is not None:
+                    self.link.send_pubrel(packet_id)
+            return
+        for queued in self.queue:  # moved back to the queue by a reconnect
+            if queued.packet_id == packet_id:
+                queued.held = False
+                break
+        self.pump()
+
+    def completed(self, packet_id: int) -> list[Op]:
+        """PUBCOMP: the QoS 2 exchange is over."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 2:
+            return NO_OPS
+        return self._finish(entry)
+
+    def mark_released(self, packet_id: int) -> list[Op]:
+        """AMQP_PUBREL on ``$mqtt.<id>.pubrel``: the PUBREC state change of ``received``
+        without sending the release; the caller sends it after the commit."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.qos != 2 or entry.state == QueuedState.RELEASED:
+            return NO_OPS
+        entry.state = QueuedState.RELEASED
+        if self._keeps(entry):
+            return [entry.put_op(self.client_id)]
+        return NO_OPS
+
+    def redeliver(self, packet_id: int, increment: bool) -> None:
+        """AMQP Released/Modified: put the entry back at the head, to be sent again."""
+        entry = self.inflight.pop(packet_id, None)
+        if entry is None:
+            return
+        entry.state = QueuedState.QUEUED
+        entry.dup = entry.dup or increment
+        if increment:
+            entry.failures += 1
+        if self.queue is NO_QUEUE:
+            self.queue = deque()
+        self.queue.appendleft(entry)
+        self.queued_bytes += len(entry.message.payload)
+        self.pump()
+
+    def _finish(self, entry: OutEntry) -> list[Op]:
+        del self.inflight[entry.packet_id]
+        self._pids.discard(entry.packet_id)
+        self.delivered += 1
+        self.stalled = False
+        done = entry.on_done
+        if done is not None:
+            entry.on_done = None
+            done()
+        receipt = entry.receipt
+        if receipt is not None:
+            receipt.acknowledged()
+        self.pump()
+        if self._keeps(entry):
+            return [DeleteQueued(self.client_id, entry.seq)]
+        return NO_OPS
+
+    def drop(self, packet_id: int) -> list[Op]:
+        """Remove an in-flight entry without delivery (AMQP Rejected); counted."""
+        entry = self.inflight.get(packet_id)
+        if entry is None:
+            return NO_OPS
+        self.dropped += 1
+        self.delivered -= 1
+        return self._finish(entry)
+
+    def _keeps(self, entry: OutEntry) -> bool:
+        """Is ``entry`` stored with this session?  Only a persistent session's, and
+        never a durable queue's delivery (the queue keeps that one)."""
+        return self.persistent and entry.receipt is None
