@@ -291,8 +291,8 @@ class FailingStore(NullStore):
 def timers_left(clock: Any) -> list[Any]:
     """``clock``'s pending calls, less the shared timer of a ``Deadlines`` (keepalive
     and CONNECT deadlines) that has no deadline left: that one runs once more at its
-    time, doing nothing, and is gone (``mqtt.connection.Deadlines``)."""
-    from mqttamqp.mqtt.connection import Deadlines
+    time, doing nothing, and is gone (``mqtt.deadlines.Deadlines``)."""
+    from mqttamqp.mqtt.deadlines import Deadlines
 
     def inert(call: Any) -> bool:
         owner = getattr(call.func, "__self__", None)

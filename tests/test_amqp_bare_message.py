@@ -508,7 +508,9 @@ def test_a_native_message_stored_before_priority_was_kept_still_reads() -> None:
     """Retained and queued records written before this change hold a native form
     starting with a bare durable byte (0 or 1): it still encodes to the message as
     sent, with the default priority."""
-    from mqttamqp.amqp.codec import decode_message, encode_native, native_header
+    from mqttamqp.amqp.codec.encode import encode_native
+    from mqttamqp.amqp.codec.native import native_header
+    from mqttamqp.amqp.codec.sections import decode_message
 
     data = bytes(Message(id=9, body="old", properties={"k": "v"}).encode())
     sections = data[decode_message(data).bare_start:]   # properties onwards

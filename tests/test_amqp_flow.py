@@ -8,7 +8,7 @@ MQTT session that takes messages but does not PUBACK them) or an AMQP receiver
 that grants no credit.
 
 What the broker promises (``IncomingLink.top_up`` / ``block_until_drained`` in
-``mqttamqp/amqp/links.py``, ``Broker.publish`` / ``pause_until_drained`` /
+``mqttamqp/amqp/incoming.py``, ``Broker.publish`` / ``pause_until_drained`` /
 ``_pause_expired`` and ``Session.over_high_water``):
 
 * a subscriber is congested while it is online and more than half of

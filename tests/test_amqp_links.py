@@ -135,7 +135,7 @@ def test_a_peer_that_keeps_refused_links_is_closed_at_the_margin() -> None:
     """Refused links count until their peer detaches them; a peer attaching while
     the total and a margin (half the total, at least --amqp-max-links) are held is
     closed (amqp:resource-limit-exceeded): the total never grows past both."""
-    from mqttamqp.amqp.listener import refusal_margin
+    from mqttamqp.amqp.endpoints import refusal_margin
     from mqttamqp.core.limits import Limits
 
     assert refusal_margin(Limits()) == 30_000
@@ -248,6 +248,7 @@ def _subclasses(cls: type) -> list[type]:
 def test_every_link_class_is_slotted() -> None:
     """A link is held for as long as its peer keeps it, thousands at a time: no link
     class carries a per-instance dict (a slotted class is ~200 bytes smaller)."""
+    import mqttamqp.amqp.publisher
     import mqttamqp.amqp.queuelinks
     import mqttamqp.amqp.services  # noqa: F401  (their link classes)
 

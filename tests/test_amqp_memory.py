@@ -752,10 +752,10 @@ def test_fe_pubrel_is_accepted_before_the_release_comes_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The FE's AMQP_PUBREL is answered (Accepted) before the release goes out on .publish:
     the FE settles the original delivery on that answer, and only then expects it."""
-    from mqttamqp.amqp import links
+    from mqttamqp.amqp import incoming, subscribers
 
     order: list[str] = []
-    send_pubrel, answer = links._SessionLink.send_pubrel, links.IncomingLink.answer
+    send_pubrel, answer = subscribers._SessionLink.send_pubrel, incoming.IncomingLink.answer
 
     def recording_pubrel(self: Any, packet_id: int) -> None:
         order.append("release on .publish")
@@ -765,8 +765,8 @@ def test_fe_pubrel_is_accepted_before_the_release_comes_back(
         order.append("answer on " + self.address)
         answer(self, dlv, state, *a)
 
-    monkeypatch.setattr(links._SessionLink, "send_pubrel", recording_pubrel)
-    monkeypatch.setattr(links.IncomingLink, "answer", recording_answer)
+    monkeypatch.setattr(subscribers._SessionLink, "send_pubrel", recording_pubrel)
+    monkeypatch.setattr(incoming.IncomingLink, "answer", recording_answer)
     net = Net()
     persistent_session(net, "q2", ("q2/t", 2))
     fe = net.fe("q2")

@@ -15,7 +15,8 @@ import pytest
 from amqp_memory import ACCEPTED, REJECTED, MqttPeer, Net, annotation, outcome, will_message
 from proton import Message, symbol, timestamp, ubyte, ulong
 
-from mqttamqp.amqp.codec import decode_message, mqtt5_props
+from mqttamqp.amqp.codec.contract import mqtt5_props
+from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Properties, Publish
 

@@ -29,7 +29,7 @@ from fakes import ManualStore, MemoryStore
 from proton import Data, Link, Message, Terminus, char, float32, symbol, timestamp, ulong
 from twisted.internet.defer import succeed
 
-from mqttamqp.amqp.codec import decode_message
+from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX
 
 
@@ -423,19 +423,19 @@ def test_any_string_not_utf8_met_while_handling_a_frame_closes_with_decode_error
     connections carry on."""
     from twisted.logger import formatEvent
 
-    from mqttamqp.amqp import listener
+    from mqttamqp.amqp import endpoints
 
     net = Net()
     other = net.amqp()
     rcv = other.receiver("u8net/t")
-    real_attach = listener.attach
+    real_attach = endpoints.attach
 
     def attach(host: Any, plink: Any) -> None:
         if plink.name.startswith("undecodable"):
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
         real_attach(host, plink)
 
-    monkeypatch.setattr(listener, "attach", attach)
+    monkeypatch.setattr(endpoints, "attach", attach)
     for n in (1, 2, 3):
         app = net.amqp()
         app.receiver("u8net/x", name=f"undecodable{n}")
@@ -655,7 +655,7 @@ def test_links_ended_with_their_session_no_longer_count() -> None:
 def test_each_transport_error_condition_has_its_own_log_limit() -> None:
     """The per-minute log limit for transport errors is kept per condition name
     (the key used to be "amqp" for every error, so one kind hid all others)."""
-    from mqttamqp.amqp.listener import transport_error_cause
+    from mqttamqp.amqp.endpoints import transport_error_cause
 
     dup = transport_error_cause("amqp:invalid-field: link name already attached: x")
     framing = transport_error_cause("amqp:connection:framing-error: bad frame: 3")

@@ -30,25 +30,23 @@ from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from mqttamqp.amqp import codec
 from mqttamqp.amqp.addresses import AddressKind, classify
-from mqttamqp.amqp.codec import (
-    DecodeError,
-    PublishFields,
-    PublishMemo,
-    decode_message,
-    decode_publish,
-    decode_value,
-    encode_publish,
+from mqttamqp.amqp.codec import publish as publish_codec
+from mqttamqp.amqp.codec import sections as sections_codec
+from mqttamqp.amqp.codec.contract import (
     message_payload,
     message_qos,
     message_retain,
     mqtt5_props,
     mqtt_payload,
     parse_qos,
-    recall_publish,
 )
-from mqttamqp.amqp.listener import AMQPFactory, ConnectionState
+from mqttamqp.amqp.codec.encode import encode_publish
+from mqttamqp.amqp.codec.publish import PublishFields, PublishMemo, decode_publish, recall_publish
+from mqttamqp.amqp.codec.sections import decode_message
+from mqttamqp.amqp.codec.values import DecodeError, decode_value
+from mqttamqp.amqp.listener import AMQPFactory
+from mqttamqp.amqp.pump import ConnectionState
 from mqttamqp.amqp.sasl import (
     AMQP_HEADER,
     SASL_HEADER,
@@ -157,8 +155,8 @@ def test_zero_width_array_bomb_is_bounded() -> None:
 
 def _uncached_publish(data: bytes, presettled: bool = False) -> PublishFields | str:
     """decode_publish's answer worked out from scratch (no cache), or the error."""
-    codec._prefixes.clear()
-    codec._publish_heads.clear()
+    sections_codec._prefixes.clear()
+    publish_codec._publish_heads.clear()
     try:
         m = decode_message(data)
         payload, retain = mqtt_payload(m), message_retain(m)
@@ -256,8 +254,8 @@ def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
     fields = decode_publish(first, False)
     assert fields[:6] == ("t/1", b"one", 1, False, False, True)
     prefix = first[:first.rfind(_DATA)]
-    assert prefix in codec._publish_heads
-    codec._publish_heads[prefix] = POISON
+    assert prefix in publish_codec._publish_heads
+    publish_codec._publish_heads[prefix] = POISON
     second = bytes(publish_message("t/1", b"two", qos=1).encode())
     assert decode_publish(second, False)[:6] == ("poisoned", b"two", 2, True, True, True)
     # Not exactly one Data section after the cached prefix: decoded in full.
@@ -267,16 +265,16 @@ def test_publish_fast_path_is_used_and_checks_the_tail() -> None:
                  b"\xb0\xff\xff\xff\xffx"):                      # vbin32 cut short
         data = prefix + _DATA + tail
         assert _cached_publish(data)[:1] != ("poisoned",)
-        codec._publish_heads[prefix] = POISON
+        publish_codec._publish_heads[prefix] = POISON
         assert _cached_publish(data) == _uncached_publish(data)
-    codec._publish_heads.clear()
+    publish_codec._publish_heads.clear()
 
 
 def test_publish_memo_is_used_and_checks_the_tail() -> None:
     """A sender's memo recognises its next message by the sections before the body
     and reads only the body (shown by poisoning the memo's fields); anything but
     exactly one Data section after them, or another settlement, is not recognised."""
-    codec._publish_heads.clear()
+    publish_codec._publish_heads.clear()
     memo = PublishMemo()
     first = bytes(publish_message("t/1", b"one", qos=1).encode())
     assert _memo_publish(first, False, memo)[:6] == ("t/1", b"one", 1, False, False, True)
@@ -296,17 +294,17 @@ def test_publish_memo_is_used_and_checks_the_tail() -> None:
         assert recall_publish(prefix + _DATA + tail, False, memo) is None
     other = prefix[:-1] + bytes((prefix[-1] ^ 1,))   # another sender's sections
     assert recall_publish(other + _DATA + b"\xa0\x01x", False, memo) is None
-    codec._publish_heads.clear()
+    publish_codec._publish_heads.clear()
 
 
 def test_publish_fast_path_not_fooled_by_payload_bytes() -> None:
     """A payload holding a Data descriptor never makes a cached prefix: the cache only
     holds prefixes that end on a section boundary."""
-    codec._publish_heads.clear()
+    publish_codec._publish_heads.clear()
     tail = _DATA + b"\xa0\x03xyz"
     first = bytes(Message(address="t", body=b"ab" + tail).encode())
     assert decode_publish(first, False).payload == b"ab" + tail
-    assert codec._publish_heads == {}
+    assert publish_codec._publish_heads == {}
     cut = first.rfind(_DATA)
     second = first[:cut] + _DATA + b"\xa0\x01q"
     assert second != first
@@ -375,7 +373,8 @@ def test_native_mapping_keeps_what_was_sent(body: Any, sequence: bool, to: str |
     say it."""
     import json
 
-    from mqttamqp.amqp.codec import encode_native, native_sections
+    from mqttamqp.amqp.codec.encode import encode_native
+    from mqttamqp.amqp.codec.native import native_sections
 
     if sequence and not isinstance(body, list):
         body = [body]

@@ -122,9 +122,9 @@ def test_an_amqp_connection_logs_its_frames_until_the_deadline(lines: list[str])
 def test_a_flooding_client_spends_its_line_budget(lines: list[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Debug lines per connection and window are bounded; one line says when it ends."""
-    import mqttamqp.mqtt.protocol as protocol
+    import mqttamqp.mqtt.debuglog as debuglog
 
-    monkeypatch.setattr(protocol, "LineBudget", lambda: LineBudget(5))
+    monkeypatch.setattr(debuglog, "LineBudget", lambda: LineBudget(5))
     clock = Clock()
     broker = Broker(clock, NullStore())
     flood = Client(MQTTFactory(broker, clock))

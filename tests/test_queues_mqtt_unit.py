@@ -148,7 +148,7 @@ def test_a_blocked_client_is_read_for_acks_and_its_queue_publishes_wait_in_order
     from test_protocol_unit import Client
 
     from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp
-    from mqttamqp.mqtt.protocol import PARKED_BYTES
+    from mqttamqp.mqtt.parking import PARKED_BYTES
 
     h = Harness(queue_max_total_bytes=20 * 1024)
     watched = h.watcher("plain/#")

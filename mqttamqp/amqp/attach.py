@@ -1,5 +1,6 @@
 """Attaching AMQP links: what the address of a link the peer attaches means, and
-which ``links``/``services`` class serves it.
+which link class serves it (``subscribers``, ``publisher``, ``queuelinks``,
+``services``).
 
 What it owns: the dispatch from (role, address kind) to a link class, checking
 the address (topic names and filters, session permissions) and refusing a link
@@ -7,8 +8,8 @@ it cannot serve with a condition that says why (the connection stays open; the
 log has a line per refusal, at most ``REFUSALS_LOGGED`` a minute per condition);
 the settle modes the broker answers with (the ones asked for, reported truly).
 
-What it must not do: pump the engine (``listener``) or serve the link once it is
-attached (``links``, ``services``).
+What it must not do: pump the engine (``pump``) or serve the link once it is
+attached (the link classes).
 """
 
 from __future__ import annotations
@@ -22,14 +23,8 @@ from proton import Data, Terminus, symbol
 from twisted.logger import Logger
 
 from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, queue_topic
-from mqttamqp.amqp.links import (
-    BrokerLink,
-    ControlOutlet,
-    LinkHost,
-    SessionOutlet,
-    TopicPublisher,
-    TopicSubscription,
-)
+from mqttamqp.amqp.links import BrokerLink, ControlOutlet, LinkHost
+from mqttamqp.amqp.publisher import TopicPublisher
 from mqttamqp.amqp.queuelinks import QueueSubscription, consumer_from_properties, queue_filter
 from mqttamqp.amqp.services import (
     PubrelLink,
@@ -37,6 +32,7 @@ from mqttamqp.amqp.services import (
     SubscriptionServiceLink,
     WillServiceLink,
 )
+from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.router import DYNAMIC_PREFIX
@@ -63,7 +59,7 @@ _log = Logger(namespace="mqttamqp.amqp.listener.AMQPConnection")
 
 
 class AttachHost(LinkHost, Protocol):
-    """What attaching needs from the connection (``listener.AMQPConnection``)."""
+    """What attaching needs from the connection (``endpoints.SessionsAndLinks``)."""
 
     links: dict[Any, BrokerLink]
     @property

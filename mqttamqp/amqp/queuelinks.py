@@ -4,7 +4,7 @@ What it owns: how an attached receiver joins a consumer group (the filter its
 address means, ``consumer-group``/``consumer-mode``/``stream-offset`` from the
 attach properties, the default group) and ``QueueSubscription``, the outgoing
 link whose credit is its prefetch.  Its deliveries' outcomes go to the core as
-for any topic link (``links._SessionLink``); the core's queue manager turns them
+for any topic link (``subscribers._SessionLink``); the core's queue manager turns them
 into acknowledgements: Accepted acks, Released nacks uncounted,
 Modified(delivery-failed) nacks counted, Rejected dead-letters with its error
 description.
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttamqp.amqp.links import LinkHost, OutgoingLink, TopicSubscription
+from mqttamqp.amqp.links import LinkHost, OutgoingLink
+from mqttamqp.amqp.subscribers import TopicSubscription
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
     STREAM,

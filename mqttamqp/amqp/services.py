@@ -35,26 +35,25 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.amqp.addresses import AddressKind, classify
-from mqttamqp.amqp.codec import (
-    DecodeError,
-    InboundMessage,
-    encode_control,
+from mqttamqp.amqp.codec.contract import (
     message_payload,
     message_qos,
     message_retain,
     mqtt5_props,
     parse_qos,
 )
+from mqttamqp.amqp.codec.encode import encode_control
+from mqttamqp.amqp.codec.sections import InboundMessage
+from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.amqp.incoming import IncomingLink, message_properties
 from mqttamqp.amqp.links import (
     DECODE_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
     UNAUTHORIZED,
-    IncomingLink,
     LinkHost,
-    SessionOutlet,
-    message_properties,
 )
+from mqttamqp.amqp.subscribers import SessionOutlet
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE
 from mqttamqp.core.clock import DelayedCall

@@ -46,7 +46,7 @@ class Message:
 
     A message from an AMQP sender also keeps what AMQP receivers get as it was sent
     (``native``: its header's durable and priority, and its properties, application
-    properties, body and footer, encoded: ``amqp.codec.native_sections``);
+    properties, body and footer, encoded: ``amqp.codec.native.native_sections``);
     ``payload`` is then its MQTT form.  ``amqp_only``: the body has no MQTT form
     (e.g. a map holding binary), so it reaches AMQP topic receivers only.
     """

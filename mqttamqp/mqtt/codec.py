@@ -14,22 +14,24 @@ Where MQTT 3.1 is vague the normative rules of MQTT 3.1.1 apply.  The decoder's
 carries itself.  Topic names, filters and will topics are UTF-8 without U+0000
 under every version.
 
-MQTT 5 (level 5) adds properties (``properties``: the table and its rules),
-reason codes on acknowledgements and the AUTH packet; its decoders are the
-``_decode5_*`` functions, its encoders ``_encode5``.  ``MalformedPacket.code``
-says which reason code a level 5 connection is closed with.
+Here: the fixed header and the ``Decoder`` loop (PUBLISH decoded inline), and
+the encoders.  The other packets' bodies are decoded in ``bodies`` (3.1, 3.1.1,
+and every CONNECT) and ``bodies5`` (MQTT 5), with the field readers of
+``fields``.  MQTT 5 (level 5) adds properties (``properties``: the table and its
+rules), reason codes on acknowledgements and the AUTH packet; its encoders are
+``_encode5``.  ``MalformedPacket.code`` says which reason code a level 5
+connection is closed with.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
+from .bodies import BODY_DECODERS, BODY_DECODERS_5
+from .fields import QUEUE_NAMESPACES, Buffer, MalformedPacket, long_remaining_length
 from .packets import (
     PROTOCOL_5,
-    PROTOCOL_31,
-    PROTOCOL_311,
     SUBACK_FAILURE,
     Auth,
     Connack,
@@ -49,12 +51,10 @@ from .packets import (
     Subscribe,
     Unsuback,
     Unsubscribe,
-    Will,
 )
 from .properties import (
     MAX_VARINT,
     NO_PROPERTY_LIMITS,
-    MalformedPacket,
     PropertyContext,
     PropertyLimits,
     encode_properties,
@@ -75,11 +75,8 @@ __all__ = [
 
 MAX_REMAINING_LENGTH = MAX_VARINT  # four 7-bit groups
 
-_Buffer = bytes | bytearray
-
 _pack_u16 = struct.Struct(">H").pack
 _pack_header_u16 = struct.Struct(">BBH").pack  # first byte, 1-byte length, u16
-_KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
 
 
@@ -132,550 +129,6 @@ def _header_errors(level: int) -> tuple[str | None, ...]:
     return _HEADER_ERRORS_5 if level == 5 else _HEADER_ERRORS_311
 
 
-# --------------------------------------------------------------------------
-# Field readers.  Each takes the buffer, a read position and the packet end,
-# and returns the value with the next position; none reads past ``end``.
-
-
-def _read_string(buf: _Buffer, p: int, end: int, strict: bool, what: str) -> tuple[str, int]:
-    if p + 2 > end:
-        raise MalformedPacket(f"{what}: length prefix runs past packet end")
-    q = p + 2 + (buf[p] << 8 | buf[p + 1])
-    if q > end:
-        raise MalformedPacket(f"{what} runs past packet end")
-    try:
-        s = buf[p + 2:q].decode("utf-8")
-    except UnicodeDecodeError:
-        raise MalformedPacket(f"{what} is not valid UTF-8") from None
-    if strict and "\x00" in s:
-        raise MalformedPacket(f"{what} contains U+0000")
-    return s, q
-
-
-def _read_binary(buf: _Buffer, p: int, end: int, what: str) -> tuple[bytes, int]:
-    if p + 2 > end:
-        raise MalformedPacket(f"{what}: length prefix runs past packet end")
-    q = p + 2 + (buf[p] << 8 | buf[p + 1])
-    if q > end:
-        raise MalformedPacket(f"{what} runs past packet end")
-    return bytes(buf[p + 2:q]), q
-
-
-def _read_packet_id(buf: _Buffer, p: int, end: int, name: str) -> int:
-    if p + 2 > end:
-        raise MalformedPacket(f"{name} too short for a packet identifier")
-    packet_id = buf[p] << 8 | buf[p + 1]
-    if packet_id == 0:
-        raise MalformedPacket(f"{name} packet identifier is 0")
-    return packet_id
-
-
-# Durable queue topics (``$queue/``, ``$dlq/``): a wildcard in one is refused by the
-# core with a reason (PUBACK 0x90 in MQTT 5), not a malformed packet that closes
-# the connection, so that a client learns why its queue publish was not taken.
-_QUEUE_NAMESPACES = ("$queue/", "$dlq/")
-
-
-def _check_topic_name(topic: str, what: str) -> None:
-    if not topic:
-        raise MalformedPacket(f"{what} is empty")
-    if "+" in topic:
-        raise MalformedPacket(f"{what} contains wildcard '+'")
-    if "#" in topic:
-        raise MalformedPacket(f"{what} contains wildcard '#'")
-
-
-def _check_length(name: str, start: int, end: int, expected: int) -> None:
-    if end - start != expected:
-        raise MalformedPacket(f"{name} remaining length must be {expected}, got {end - start}")
-
-
-def _long_remaining_length(buf: _Buffer, pos: int, n: int) -> tuple[int, int]:
-    """Return (remaining length, body start), or (-1, -1) if more bytes are needed."""
-    value = 0
-    shift = 0
-    i = pos + 1
-    while i < n:
-        b = buf[i]
-        value |= (b & 0x7F) << shift
-        i += 1
-        if b < 0x80:
-            return value, i
-        shift += 7
-        if shift == 28:
-            raise MalformedPacket("remaining length field longer than 4 bytes")
-    return -1, -1
-
-
-# --------------------------------------------------------------------------
-# Per-type body decoders (PUBLISH is decoded inline in Decoder.next_packet).
-# Signature: (buf, first byte, body start, body end, decoder protocol level, the
-# decoder's property limits).
-
-_BodyDecoder = Callable[[_Buffer, int, int, int, int, PropertyLimits], Packet]
-
-
-_MQISDP_HEADER = b"\x00\x06MQIsdp\x03"  # protocol name and level of MQTT 3.1
-
-
-def _decode_connect(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Connect:
-    # MQTT 3.1 left the fixed-header flags of CONNECT unused; 3.1.1 (and anything
-    # that is not 3.1) reserves them as 0000.
-    if first & 0x0F and buf[start:start + 9] != _MQISDP_HEADER:
-        raise MalformedPacket(f"CONNECT reserved flag bits must be 0000, got {first & 0x0F:04b}")
-    name, p = _read_string(buf, start, end, False, "CONNECT protocol name")
-    # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
-    strict = name != PROTOCOL_31[0]
-    if strict and "\x00" in name:
-        raise MalformedPacket("CONNECT protocol name contains U+0000")
-    if p + 4 > end:
-        raise MalformedPacket("CONNECT variable header runs past packet end")
-    if (name, buf[p]) == PROTOCOL_5:
-        try:
-            return _decode5_connect(buf, p, end, limits)
-        except MalformedPacket as exc:
-            exc.in_connect5 = True
-            raise
-    protocol_level = buf[p]
-    flags = buf[p + 1]
-    keepalive = buf[p + 2] << 8 | buf[p + 3]
-    p += 4
-    if strict and flags & 0x01:
-        raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
-    clean_session = bool(flags & 0x02)
-    if (name, protocol_level) not in _KNOWN_PROTOCOLS:
-        # The payload layout of an unknown protocol (e.g. MQTT 5's properties) is
-        # not ours to parse; the protocol layer must still be able to answer
-        # CONNACK 1 (MQTT-3.1.2-2), so return the header without the payload.
-        return Connect(name, protocol_level, "", clean_session, keepalive)
-    will_flag = flags & 0x04
-    will_qos = (flags >> 3) & 0x03
-    will_retain = bool(flags & 0x20)
-    password_flag = flags & 0x40
-    username_flag = flags & 0x80
-    if will_flag:
-        if will_qos == 3:
-            raise MalformedPacket("CONNECT will QoS 3 is invalid")
-    elif strict and (will_qos or will_retain):
-        raise MalformedPacket("CONNECT will QoS/retain set without the will flag")
-    if strict and password_flag and not username_flag:
-        raise MalformedPacket("CONNECT password flag set without the username flag")
-
-    client_id, p = _read_string(buf, p, end, strict, "CONNECT client identifier")
-    will = None
-    if will_flag:
-        # Topics are strings of both versions: U+0000 is refused under 3.1 too.
-        will_topic, p = _read_string(buf, p, end, True, "CONNECT will topic")
-        _check_topic_name(will_topic, "CONNECT will topic")
-        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
-        will = Will(will_topic, will_payload, will_qos, will_retain)
-    # MQTT 3.1: the remaining length takes precedence over the username and
-    # password flags, so a flagged but absent field is simply missing.
-    username = None
-    if username_flag and (strict or p < end):
-        username, p = _read_string(buf, p, end, strict, "CONNECT username")
-    password = None
-    if password_flag and (strict or p < end):
-        password, p = _read_binary(buf, p, end, "CONNECT password")
-    if p != end:
-        raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
-    return Connect(
-        name, protocol_level, client_id, clean_session, keepalive, will, username, password
-    )
-
-
-def _decode_connack(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Connack:
-    _check_length("CONNACK", start, end, 2)
-    ack_flags = buf[start]
-    if level != 3 and ack_flags & 0xFE:
-        raise MalformedPacket(f"CONNACK reserved acknowledge flag bits set: {ack_flags:#04x}")
-    return Connack(bool(ack_flags & 0x01), buf[start + 1])
-
-
-def _decode_puback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                   limits: PropertyLimits) -> Puback:
-    _check_length("PUBACK", start, end, 2)
-    return Puback(_read_packet_id(buf, start, end, "PUBACK"))
-
-
-def _decode_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int,
-                   limits: PropertyLimits) -> Pubrec:
-    _check_length("PUBREC", start, end, 2)
-    return Pubrec(_read_packet_id(buf, start, end, "PUBREC"))
-
-
-def _decode_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int,
-                   limits: PropertyLimits) -> Pubrel:
-    _check_length("PUBREL", start, end, 2)
-    return Pubrel(_read_packet_id(buf, start, end, "PUBREL"), bool(first & 0x08))
-
-
-def _decode_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Pubcomp:
-    _check_length("PUBCOMP", start, end, 2)
-    return Pubcomp(_read_packet_id(buf, start, end, "PUBCOMP"))
-
-
-def _read_filter(buf: _Buffer, p: int, end: int, packet: str) -> tuple[str, int]:
-    """A (non-empty) topic filter of SUBSCRIBE or UNSUBSCRIBE, and where it ends."""
-    topic_filter, p = _read_string(buf, p, end, True, packet + " topic filter")
-    if not topic_filter:
-        raise MalformedPacket(packet + " topic filter is empty")
-    return topic_filter, p
-
-
-def _too_many_filters(limits: PropertyLimits) -> MalformedPacket:
-    """One SUBSCRIBE naming more filters than ``limits`` allow (raised at the first
-    filter too many, before it is read: a 100,000-filter SUBSCRIBE held the reactor
-    for a second)."""
-    return MalformedPacket(f"SUBSCRIBE with more than {limits.subscribe_filters} topic "
-                           "filters (--max-subscribe-filters)", 0x97, "subscribe_filters")
-
-
-def _decode_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
-                      limits: PropertyLimits) -> Subscribe:
-    packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
-    topics: list[tuple[str, int]] = []
-    p = start + 2
-    while p < end:
-        if len(topics) >= limits.subscribe_filters:
-            raise _too_many_filters(limits)
-        topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
-        if p >= end:
-            raise MalformedPacket("SUBSCRIBE topic filter without a requested QoS byte")
-        qos = buf[p]
-        p += 1
-        if qos & 0xFC:
-            raise MalformedPacket(f"SUBSCRIBE requested QoS byte has reserved bits set: {qos:#04x}")
-        if qos == 3:
-            raise MalformedPacket("SUBSCRIBE requested QoS 3 is invalid")
-        topics.append((topic_filter, qos))
-    if not topics:
-        raise MalformedPacket("SUBSCRIBE with no topic filters")
-    return Subscribe(packet_id, tuple(topics))
-
-
-def _decode_suback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                   limits: PropertyLimits) -> Suback:
-    packet_id = _read_packet_id(buf, start, end, "SUBACK")
-    codes = tuple(buf[start + 2:end])
-    if not codes:
-        raise MalformedPacket("SUBACK with no return codes")
-    if not _SUBACK_CODES.issuperset(codes):
-        bad = next(c for c in codes if c not in _SUBACK_CODES)
-        raise MalformedPacket(f"SUBACK return code {bad:#04x} is invalid")
-    return Suback(packet_id, codes)
-
-
-def _decode_unsubscribe(
-    buf: _Buffer, first: int, start: int, end: int, level: int,
-    limits: PropertyLimits,
-) -> Unsubscribe:
-    packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
-    topics: list[str] = []
-    p = start + 2
-    while p < end:
-        topic_filter, p = _read_filter(buf, p, end, "UNSUBSCRIBE")
-        topics.append(topic_filter)
-    if not topics:
-        raise MalformedPacket("UNSUBSCRIBE with no topic filters")
-    return Unsubscribe(packet_id, tuple(topics))
-
-
-def _decode_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                     limits: PropertyLimits) -> Unsuback:
-    _check_length("UNSUBACK", start, end, 2)
-    return Unsuback(_read_packet_id(buf, start, end, "UNSUBACK"))
-
-
-def _decode_pingreq(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Pingreq:
-    _check_length("PINGREQ", start, end, 0)
-    return Pingreq()
-
-
-def _decode_pingresp(buf: _Buffer, first: int, start: int, end: int, level: int,
-                     limits: PropertyLimits) -> Pingresp:
-    _check_length("PINGRESP", start, end, 0)
-    return Pingresp()
-
-
-def _decode_disconnect(
-    buf: _Buffer, first: int, start: int, end: int, level: int,
-    limits: PropertyLimits,
-) -> Disconnect:
-    _check_length("DISCONNECT", start, end, 0)
-    return Disconnect()
-
-
-def _unreachable(buf: _Buffer, first: int, start: int, end: int, level: int,
-                 limits: PropertyLimits) -> Packet:
-    # Types 0, 3 (PUBLISH, inline) and 15 never get here: the header table
-    # rejects 0 and 15 before the body is looked at.
-    raise AssertionError(f"no body decoder for packet type {first >> 4}")
-
-
-_BODY_DECODERS: tuple[_BodyDecoder, ...] = (
-    _unreachable,
-    _decode_connect,
-    _decode_connack,
-    _unreachable,
-    _decode_puback,
-    _decode_pubrec,
-    _decode_pubrel,
-    _decode_pubcomp,
-    _decode_subscribe,
-    _decode_suback,
-    _decode_unsubscribe,
-    _decode_unsuback,
-    _decode_pingreq,
-    _decode_pingresp,
-    _decode_disconnect,
-    _unreachable,
-)
-
-
-# --------------------------------------------------------------------------
-# MQTT 5 body decoders.  Reason codes a receiver may get in each packet; any
-# other is malformed.
-
-_PUBACK_CODES = frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99})
-_PUBREL_CODES = frozenset({0x00, 0x92})
-_SUBACK_CODES_5 = frozenset({0, 1, 2, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2})
-_UNSUBACK_CODES = frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91})
-_CONNACK_CODES = frozenset({0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88,
-                            0x89, 0x8A, 0x8C, 0x90, 0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C,
-                            0x9D, 0x9F})
-_DISCONNECT_CODES = frozenset({0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D,
-                               0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99,
-                               0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2})
-_AUTH_CODES = frozenset({0x00, 0x18, 0x19})
-_PC = PropertyContext
-
-
-def _reason(code: int, allowed: frozenset[int], name: str) -> int:
-    if code not in allowed:
-        raise MalformedPacket(f"{name} reason code {code:#04x} is invalid")
-    return code
-
-
-def _trailing(name: str, p: int, end: int) -> None:
-    if p != end:
-        raise MalformedPacket(f"{name} has {end - p} trailing bytes after its properties")
-
-
-def _decode5_connect(buf: _Buffer, p: int, end: int, limits: PropertyLimits) -> Connect:
-    """MQTT 5 CONNECT from its protocol level byte on (section 3.1)."""
-    flags = buf[p + 1]
-    keepalive = buf[p + 2] << 8 | buf[p + 3]
-    p += 4
-    if flags & 0x01:
-        raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
-    will_flag = flags & 0x04
-    will_qos = (flags >> 3) & 0x03
-    will_retain = bool(flags & 0x20)
-    if will_flag:
-        if will_qos == 3:
-            raise MalformedPacket("CONNECT will QoS 3 is invalid")
-    elif will_qos or will_retain:
-        raise MalformedPacket("CONNECT will QoS/retain set without the will flag")
-    props, p = read_properties(buf, p, end, _PC.CONNECT, "CONNECT", limits)
-    client_id, p = _read_string(buf, p, end, True, "CONNECT client identifier")
-    will = None
-    if will_flag:
-        will_props, p = read_properties(buf, p, end, _PC.WILL, "CONNECT will", limits)
-        will_topic, p = _read_string(buf, p, end, True, "CONNECT will topic")
-        _check_topic_name(will_topic, "CONNECT will topic")
-        will_payload, p = _read_binary(buf, p, end, "CONNECT will message")
-        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
-    username = None
-    if flags & 0x80:
-        username, p = _read_string(buf, p, end, True, "CONNECT username")
-    password = None
-    if flags & 0x40:   # MQTT 5 allows a password without a user name
-        password, p = _read_binary(buf, p, end, "CONNECT password")
-    if p != end:
-        raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
-    return Connect(PROTOCOL_5[0], 5, client_id, bool(flags & 0x02), keepalive, will,
-                   username, password, props)
-
-
-def _decode5_connack(buf: _Buffer, first: int, start: int, end: int, level: int,
-                     limits: PropertyLimits) -> Connack:
-    if end - start < 2:
-        raise MalformedPacket("CONNACK too short")
-    ack_flags = buf[start]
-    if ack_flags & 0xFE:
-        raise MalformedPacket(f"CONNACK reserved acknowledge flag bits set: {ack_flags:#04x}")
-    code = _reason(buf[start + 1], _CONNACK_CODES, "CONNACK")
-    props: Properties | None = None
-    p = start + 2
-    if p < end:
-        props, p = read_properties(buf, p, end, _PC.CONNACK, "CONNACK", limits)
-    _trailing("CONNACK", p, end)
-    return Connack(bool(ack_flags & 0x01), code, props)
-
-
-def _decode5_ack(name: str, context: PropertyContext, allowed: frozenset[int],
-                 buf: _Buffer, start: int, end: int, limits: PropertyLimits
-                 ) -> tuple[int, int, Properties | None]:
-    """Packet id, reason code and properties of PUBACK/PUBREC/PUBREL/PUBCOMP: the
-    reason code may be left out when 0, the properties when there are none."""
-    packet_id = _read_packet_id(buf, start, end, name)
-    code = 0
-    props = None
-    p = start + 2
-    if p < end:
-        code = _reason(buf[p], allowed, name)
-        p += 1
-        if p < end:
-            props, p = read_properties(buf, p, end, context, name, limits)
-    _trailing(name, p, end)
-    return packet_id, code, props
-
-
-def _decode5_puback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Puback:
-    return Puback(*_decode5_ack("PUBACK", _PC.PUBACK, _PUBACK_CODES, buf, start, end,
-                                limits))
-
-
-def _decode5_pubrec(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Pubrec:
-    return Pubrec(*_decode5_ack("PUBREC", _PC.PUBREC, _PUBACK_CODES, buf, start, end,
-                                limits))
-
-
-def _decode5_pubrel(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Pubrel:
-    pid, code, props = _decode5_ack("PUBREL", _PC.PUBREL, _PUBREL_CODES, buf, start, end,
-                                    limits)
-    return Pubrel(pid, False, code, props)
-
-
-def _decode5_pubcomp(buf: _Buffer, first: int, start: int, end: int, level: int,
-                     limits: PropertyLimits) -> Pubcomp:
-    return Pubcomp(*_decode5_ack("PUBCOMP", _PC.PUBCOMP, _PUBREL_CODES, buf, start, end,
-                                 limits))
-
-
-def _decode5_subscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
-                       limits: PropertyLimits) -> Subscribe:
-    packet_id = _read_packet_id(buf, start, end, "SUBSCRIBE")
-    props, p = read_properties(buf, start + 2, end, _PC.SUBSCRIBE, "SUBSCRIBE", limits)
-    topics: list[tuple[str, int]] = []
-    options: list[int] = []
-    while p < end:
-        if len(topics) >= limits.subscribe_filters:
-            raise _too_many_filters(limits)
-        topic_filter, p = _read_filter(buf, p, end, "SUBSCRIBE")
-        if p >= end:
-            raise MalformedPacket("SUBSCRIBE topic filter without subscription options")
-        byte = buf[p]
-        p += 1
-        if byte & 0xC0:
-            raise MalformedPacket(
-                f"SUBSCRIBE subscription options have reserved bits set: {byte:#04x}")
-        if byte & 0x03 == 3:
-            raise MalformedPacket("SUBSCRIBE requested QoS 3 is invalid")
-        if byte & 0x30 == 0x30:
-            raise MalformedPacket("SUBSCRIBE retain handling 3 is invalid", 0x82)
-        topics.append((topic_filter, byte & 0x03))
-        options.append(byte & 0xFC)
-    if not topics:
-        raise MalformedPacket("SUBSCRIBE with no topic filters", 0x82)
-    return Subscribe(packet_id, tuple(topics), tuple(options), props)
-
-
-def _decode5_ack_codes(buf: _Buffer, start: int, end: int, context: PropertyContext,
-                       allowed: Any, name: str, limits: PropertyLimits
-                       ) -> tuple[int, tuple[int, ...], Any]:
-    """Packet id, reason codes (at least one) and properties of SUBACK / UNSUBACK."""
-    packet_id = _read_packet_id(buf, start, end, name)
-    props, p = read_properties(buf, start + 2, end, context, name, limits)
-    codes = tuple(_reason(c, allowed, name) for c in buf[p:end])
-    if not codes:
-        raise MalformedPacket(f"{name} with no reason codes")
-    return packet_id, codes, props
-
-
-def _decode5_suback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                    limits: PropertyLimits) -> Suback:
-    return Suback(*_decode5_ack_codes(buf, start, end, _PC.SUBACK, _SUBACK_CODES_5, "SUBACK",
-                                      limits))
-
-
-def _decode5_unsubscribe(buf: _Buffer, first: int, start: int, end: int, level: int,
-                         limits: PropertyLimits) -> Unsubscribe:
-    packet_id = _read_packet_id(buf, start, end, "UNSUBSCRIBE")
-    props, p = read_properties(buf, start + 2, end, _PC.UNSUBSCRIBE, "UNSUBSCRIBE", limits)
-    topics: list[str] = []
-    while p < end:
-        topic_filter, p = _read_filter(buf, p, end, "UNSUBSCRIBE")
-        topics.append(topic_filter)
-    if not topics:
-        raise MalformedPacket("UNSUBSCRIBE with no topic filters", 0x82)
-    return Unsubscribe(packet_id, tuple(topics), props)
-
-
-def _decode5_unsuback(buf: _Buffer, first: int, start: int, end: int, level: int,
-                      limits: PropertyLimits) -> Unsuback:
-    return Unsuback(*_decode5_ack_codes(buf, start, end, _PC.UNSUBACK, _UNSUBACK_CODES,
-                                        "UNSUBACK", limits))
-
-
-def _decode5_code_and_props(buf: _Buffer, start: int, end: int, allowed: Any,
-                            context: PropertyContext, name: str, limits: PropertyLimits
-                            ) -> tuple[int, Any]:
-    """DISCONNECT / AUTH: a reason code, then optional properties (the caller handles
-    the empty body, which means success with none)."""
-    code = _reason(buf[start], allowed, name)
-    props = None
-    p = start + 1
-    if p < end:
-        props, p = read_properties(buf, p, end, context, name, limits)
-    _trailing(name, p, end)
-    return code, props
-
-
-def _decode5_disconnect(buf: _Buffer, first: int, start: int, end: int, level: int,
-                        limits: PropertyLimits) -> Disconnect:
-    if start == end:
-        return Disconnect()
-    return Disconnect(*_decode5_code_and_props(buf, start, end, _DISCONNECT_CODES,
-                                               _PC.DISCONNECT, "DISCONNECT", limits))
-
-
-def _decode5_auth(buf: _Buffer, first: int, start: int, end: int, level: int,
-                  limits: PropertyLimits) -> Auth:
-    if start == end:
-        return Auth()
-    return Auth(*_decode5_code_and_props(buf, start, end, _AUTH_CODES, _PC.AUTH, "AUTH",
-                                         limits))
-
-
-_BODY_DECODERS_5: tuple[_BodyDecoder, ...] = (
-    _unreachable,
-    _decode_connect,
-    _decode5_connack,
-    _unreachable,
-    _decode5_puback,
-    _decode5_pubrec,
-    _decode5_pubrel,
-    _decode5_pubcomp,
-    _decode5_subscribe,
-    _decode5_suback,
-    _decode5_unsubscribe,
-    _decode5_unsuback,
-    _decode_pingreq,
-    _decode_pingresp,
-    _decode5_disconnect,
-    _decode5_auth,
-)
-
-
 class Decoder:
     """Incremental decoder: ``feed`` bytes, then take packets until ``None``.
 
@@ -707,7 +160,7 @@ class Decoder:
         # common case (slices of it are bytes, so a payload is copied once) and
         # becomes a bytearray only while a packet much larger than one read
         # accumulates, so that growth stays linear.
-        self._buf: _Buffer = b""
+        self._buf: Buffer = b""
         self._pos = 0
 
     @property
@@ -774,7 +227,7 @@ class Decoder:
         if length < 0x80:
             start = pos + 2
         else:
-            length, start = _long_remaining_length(buf, pos, n)
+            length, start = long_remaining_length(buf, pos, n)
             if start < 0:
                 return None
         end = start + length
@@ -799,7 +252,7 @@ class Decoder:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
             if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
                 raise MalformedPacket("PUBLISH topic is empty")
-            if ("+" in topic or "#" in topic) and not topic.startswith(_QUEUE_NAMESPACES):
+            if ("+" in topic or "#" in topic) and not topic.startswith(QUEUE_NAMESPACES):
                 raise MalformedPacket(
                     f"PUBLISH topic contains wildcard '{'+' if '+' in topic else '#'}'")
             if "\x00" in topic:
@@ -824,10 +277,10 @@ class Decoder:
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id)
         elif self._level == 5:
-            packet = _BODY_DECODERS_5[first >> 4](buf, first, start, end, 5,
+            packet = BODY_DECODERS_5[first >> 4](buf, first, start, end, 5,
                                                   self.property_limits)
         else:
-            packet = _BODY_DECODERS[first >> 4](buf, first, start, end, self._level,
+            packet = BODY_DECODERS[first >> 4](buf, first, start, end, self._level,
                                                 self.property_limits)
         self._pos = end
         return packet

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any
 
+from .fields import MalformedPacket, read_binary, read_string
 from .packets import Properties
 
 __all__ = [
@@ -47,24 +48,6 @@ MAX_VARINT = 268_435_455  # four 7-bit groups
 _Buffer = bytes | bytearray
 _pack_u16 = struct.Struct(">H").pack
 _pack_u32 = struct.Struct(">I").pack
-
-
-class MalformedPacket(Exception):
-    """The peer sent bytes that are not a valid MQTT packet; ``reason`` says why and
-    ``code`` is the MQTT 5 reason code to close with (0x81 malformed, 0x82
-    protocol error, 0x95 packet too large)."""
-
-    reason: str
-    code: int
-    in_connect5: bool   # raised by an MQTT 5 CONNECT: the answer is a CONNACK
-    limit: str | None   # the ``PropertyLimits`` bound it is beyond (code 0x97)
-
-    def __init__(self, reason: str, code: int = 0x81, limit: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-        self.in_connect5 = False
-        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,24 +150,8 @@ def _read_u32(buf: _Buffer, p: int, end: int, what: str) -> tuple[int, int]:
     return int.from_bytes(buf[p:p + 4], "big"), p + 4
 
 
-def _read_bin(buf: _Buffer, p: int, end: int, what: str) -> tuple[bytes, int]:
-    if p + 2 > end:
-        raise MalformedPacket(f"{what}: length prefix runs past packet end")
-    q = p + 2 + (buf[p] << 8 | buf[p + 1])
-    if q > end:
-        raise MalformedPacket(f"{what} runs past packet end")
-    return bytes(buf[p + 2:q]), q
-
-
 def _read_str(buf: _Buffer, p: int, end: int, what: str) -> tuple[str, int]:
-    raw, q = _read_bin(buf, p, end, what)
-    try:
-        s = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise MalformedPacket(f"{what} is not valid UTF-8") from None
-    if "\x00" in s:
-        raise MalformedPacket(f"{what} contains U+0000")
-    return s, q
+    return read_string(buf, p, end, True, what)
 
 
 def _read_pair(buf: _Buffer, p: int, end: int, what: str) -> tuple[tuple[str, str], int]:
@@ -238,7 +205,7 @@ _TYPES: dict[str, tuple[_Reader, _Writer]] = {
     "u16": (_read_u16, _w_u16),
     "u32": (_read_u32, _w_u32),
     "var": (_read_var, _w_var),
-    "bin": (_read_bin, _w_bin),
+    "bin": (read_binary, _w_bin),
     "str": (_read_str, _w_str),
     "pair": (_read_pair, _w_pair),
 }

@@ -1,0 +1,312 @@
+"""Accepting an MQTT connection: from CONNECT (and an MQTT 5 AUTH exchange) to
+CONNACK, or to the refusal.
+
+``ConnectHandshake`` is the part of ``protocol.MQTTProtocol`` that carries out
+what ``decisions.connect`` and ``decisions.auth`` decided: the TLS certificate as
+the user, bans, authentication (at once, in the thread pool, or the AUTH
+exchange of an MQTT 5 method; re-authentication too), the session's open and
+its commit, and CONNACK with what was negotiated; ``_refuse`` is the one place a
+CONNECT is answered with a refusal.  The running connection (reading, writing,
+timers, the other packets) is ``protocol``'s.  The connection's own state it
+uses is declared below (the protocol's slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from mqttamqp.core.auth import Credentials, Identity
+from mqttamqp.core.message import WillMessage
+from mqttamqp.core.sessions.session import Session
+from mqttamqp.mqtt import decisions
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.connection import ConnectionState, Keepalive
+from mqttamqp.mqtt.decisions import Close, Connecting, Refuse, problem
+from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.mqtt.packets import (
+    Auth,
+    Connack,
+    ConnackCode,
+    Connect,
+    Properties,
+    ReasonCode,
+)
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties, negotiate
+from mqttamqp.net.tls import verified_common_name
+from mqttamqp.security.enhanced_auth import (
+    CONTINUE,
+    SUCCESS,
+    AuthExchange,
+    AuthStep,
+)
+
+__all__ = ["AuthInProgress", "ConnectHandshake"]
+
+# CONNACK accepting a 3.1/3.1.1 client, by session present (encoded once).
+_CONNACK_ACCEPTED = {present: encode(Connack(present, ConnackCode.ACCEPTED))
+                     for present in (False, True)}
+_CONNECTED = ConnectionState.CONNECTED
+
+
+def _no_methods(method: str) -> AuthExchange | None:
+    """No MQTT 5 enhanced authentication method is offered (0x8C)."""
+    return None
+
+
+class AuthInProgress:
+    """An MQTT 5 AUTH exchange: its method, and for the first one the CONNECT it
+    decides (``packet`` None: a re-authentication while connected)."""
+
+    __slots__ = ("assigned", "exchange", "final", "method", "packet")
+
+    def __init__(self, exchange: AuthExchange, method: str, packet: Connect | None,
+                 assigned: bool) -> None:
+        self.exchange = exchange
+        self.method = method
+        self.packet = packet
+        self.assigned = assigned
+        self.final: bytes | None = None
+
+
+class ConnectHandshake(MQTTLink):
+    """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
+
+    _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
+
+    def _on_connect(self, packet: Connect) -> None:
+        self._stop_connect_timer()
+        enhanced = self._factory.enhanced_auth
+        decided = decisions.connect(packet, self.limits, self.strings,
+                                    _no_methods if enhanced is None else enhanced.start)
+        if type(decided) is Refuse:
+            self._refuse(decided.code, decided.reason)
+            return
+        assert isinstance(decided, Connecting)
+        self.decoder.protocol_level = decided.level
+        self.version = decided.version
+        self._v5 = decided.v5
+        failure = decided.failure
+        if type(failure) is Refuse:
+            self._refuse(failure.code, failure.reason)
+            return
+        if type(failure) is Close:
+            self._violation(failure.reason, code=failure.code)
+            return
+        client_id = decided.client_id
+        assigned = decided.assigned
+        exchange = decided.exchange
+        self.client_id = client_id
+        self.username = packet.username
+        # --tls-cert-as-user: a verified client certificate names the user and is
+        # the credential (no password, the authenticator is not asked).
+        cert_user = verified_common_name(self.transport) if self._factory.cert_as_user else None
+        if cert_user is not None:
+            problem = self.strings.text(cert_user, "client certificate common name")
+            if problem is not None:
+                self._refuse(ConnackCode.NOT_AUTHORIZED, problem)
+                return
+            self.username = cert_user
+            self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
+                          c=client_id, peer=self.peer, u=cert_user)
+        peer = self.peer     # (made when read: once here)
+        banned = self.broker.gate.banned("MQTT", client_id, self.username, peer)
+        if banned is not None:       # counted and logged (rate-limited) by the broker
+            # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
+            self._refuse(ReasonCode.BANNED if self._v5 is not None
+                         else ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            return
+        self.keepalive = packet.keepalive
+        self.clean_session = packet.clean_session
+        if exchange is not None and cert_user is None:
+            # MQTT 5 enhanced authentication: AUTH packets until the method says
+            # yes or no, bounded by the connect timeout.
+            assert self._v5 is not None and self._v5.auth_method is not None
+            self._auth = AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
+            self.rules.advance("authenticate")
+            self._connect_timer = self._factory.connect_deadlines.add(
+                self, self.limits.connect_timeout)
+            props = packet.properties
+            self._auth_answer(exchange.step(props.authentication_data if props else None))
+            return
+        self.rules.advance("connect")
+        ok: bool | Deferred[bool] = True
+        if cert_user is None:
+            creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
+            ok = self.broker.gate.authenticate_now(creds)
+        if isinstance(ok, Deferred):
+            ok.addCallback(self._authenticated, packet, assigned)
+            ok.addErrback(self._connect_failed)
+        else:
+            # Answered at once (anonymous, no users, a certificate): no Deferreds
+            # unless the session's commit is awaited.
+            try:
+                d = self._authenticated(ok, packet, assigned)
+            except Exception:
+                self._connect_failed(Failure())
+            else:
+                if d is not None:
+                    d.addErrback(self._connect_failed)
+        if self.state is ConnectionState.CONNECTING:
+            # Not read on until CONNACK is out (a password check in the thread pool,
+            # a persistent session's commit).  Not paused when it was all done at
+            # once: the two epoll calls were a tenth of the CPU of a connect storm.
+            self._pause_reading("connect")
+
+    def _authenticated(self, ok: bool, packet: Connect, assigned: bool = False
+                       ) -> Deferred[None] | None:
+        if self.state is not ConnectionState.CONNECTING:
+            return None  # the socket went away while we checked
+        if not ok:
+            code = (ConnackCode.BAD_CREDENTIALS if packet.username is not None
+                    else ConnackCode.NOT_AUTHORIZED)
+            self._refuse(code, "authentication failed")
+            return None
+        self.identity = Identity(self.client_id, self.username, self.protocol_label)
+        if not self.broker.gate.may_claim(self.identity, self.client_id):
+            self._refuse(ConnackCode.NOT_AUTHORIZED,
+                         "the session of this client id belongs to another user")
+            return None
+        will = None
+        if packet.will is not None:
+            w = packet.will
+            wp = w.properties
+            will = WillMessage(self.client_id, w.topic, w.payload, w.qos, w.retain, "mqtt",
+                               self.clock.seconds(), message_properties(wp),
+                               float(wp.will_delay_interval or 0) if wp is not None else 0.0)
+        connack_props = None
+        expiry: float | None = None
+        if self._v5 is not None:
+            self._v5, connack_props = negotiate(packet, self.limits, self.client_id, assigned)
+            self.keepalive = self._v5.keepalive
+            expiry = float(self._v5.session_expiry)
+            auth = self._auth
+            if auth is not None:    # the method's final data goes in CONNACK
+                self._auth = None
+                connack_props = replace(connack_props, authentication_method=auth.method,
+                                        authentication_data=auth.final)
+        opened = self.broker.open_session(
+            self._link, self.client_id, packet.clean_session, will, self.identity, expiry)
+        session, present, d = opened.session, opened.present, opened.durable
+        self.session = session
+        if self._v5 is not None:
+            session.window = min(self.limits.max_inflight, self._v5.client_receive_max)
+        if d is None:
+            self._connected(None, session, present, connack_props)
+            return None
+        d.addCallback(self._connected, session, present, connack_props)
+        return d
+
+    def _connected(self, _: object, session: Session, present: bool,
+                   connack_props: Properties | None = None) -> None:
+        if self.state is not ConnectionState.CONNECTING or self.session is not session:
+            return
+        self.rules.advance("accepted")
+        self.connected_since = self.clock.seconds()
+        if self._v5 is not None:
+            self._write(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
+        else:
+            self._write(_CONNACK_ACCEPTED[present and self.version == "3.1.1"])
+        self.broker.activate(session, self._link, self.protocol_label)
+        self.broker.register_connection(self.key, self._link, self.protocol_label)
+        held = self._factory.connect_lines.allow("connect")
+        if held is not None:
+            self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"
+                          "{h}", c=self.client_id, peer=self.peer, v=self.version,
+                          cs=self.clean_session, k=self.keepalive,
+                          h=f" ({held} more connects not logged before it)" if held else "")
+        debug_until = self.broker.client_debug.until(self.client_id)
+        if debug_until is not None:
+            self.start_debug(debug_until)
+        if self.keepalive > 0:
+            rule = self._keepalive = Keepalive.of(self.keepalive)
+            self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
+            self._keepalive_timer = self._factory.keepalives.add(self, self._keepalive.limit)
+        self._resume_reading("connect")
+        self._process()
+
+    def _connect_failed(self, failure: Failure) -> None:
+        self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)
+        if self.state is ConnectionState.CONNECTING:
+            self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
+
+    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        """Answer CONNECT with a refusal (``code``: a 3.1.1 return code, or an MQTT
+        5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
+        the caller logged (and counted) it already, rate-limited."""
+        if not logged:
+            self.meter.refused()
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code})", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code))
+        if self.session is not None:
+            # A refused CONNECT leaves no will behind and publishes none.
+            self.broker.end_session(self._link, self.session, True, "CONNECT refused")
+            self.session = None
+        if self._v5 is not None:
+            self._write(encode(Connack(False, CONNACK_REASONS.get(code, code),
+                                       problem(self._v5, reason)), 5))
+        else:
+            self._write(encode(Connack(False, code)))
+        self.rules.advance("close")
+        self._cancel_timers()
+        self._lose()
+
+    def _on_auth(self, packet: Auth) -> None:
+        """AUTH: the next step of the exchange CONNECT began, or (connected) a
+        re-authentication with the same method (``decisions.auth``)."""
+        auth = self._auth
+        enhanced = self._factory.enhanced_auth
+        step = decisions.auth(packet, self._v5, self.state is _CONNECTED,
+                              None if auth is None else auth.method,
+                              None if enhanced is None else enhanced.start)
+        if isinstance(step, Close):
+            self._violation(step.reason)
+            return
+        data, exchange = step
+        if exchange is not None:
+            assert self._v5 is not None and self._v5.auth_method is not None
+            auth = self._auth = AuthInProgress(exchange, self._v5.auth_method, None, False)
+        assert auth is not None
+        self._auth_answer(auth.exchange.step(data))
+
+    def _auth_answer(self, step: AuthStep) -> None:
+        """Carry out the method's answer: a challenge (AUTH 0x18), or the end of
+        the exchange (CONNACK, or for a re-authentication AUTH 0x00 / DISCONNECT)."""
+        auth = self._auth
+        assert auth is not None
+        if step.outcome == CONTINUE:
+            self._write(encode(Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
+                authentication_method=auth.method, authentication_data=step.data)), 5))
+            return
+        if auth.packet is None:     # re-authentication while connected
+            self._auth = None
+            if step.outcome == SUCCESS and step.username == self.username:
+                self._write(encode(Auth(ReasonCode.SUCCESS, Properties(
+                    authentication_method=auth.method, authentication_data=step.data)), 5))
+            else:
+                self._violation(f"re-authentication failed: {step.reason or 'another user'}",
+                                code=ReasonCode.NOT_AUTHORIZED)
+            return
+        self._stop_connect_timer()
+        if step.outcome != SUCCESS:
+            self._auth = None
+            self.broker.gate.auth_failed(Credentials(self.client_id, step.username, None,
+                                                     "mqtt", self.peer), step.reason or "refused")
+            self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                         f"authentication failed ({step.reason})")
+            return
+        # The name the exchange proved may be banned (the CONNECT's own user name
+        # field, checked before, is whatever the client put there).
+        banned = self.broker.gate.banned("MQTT", self.client_id, step.username, self.peer)
+        if banned is not None:
+            self._auth = None
+            self._refuse(ReasonCode.BANNED, banned, logged=True)
+            return
+        auth.final = step.data
+        self.username = step.username
+        self.rules.advance("connect")
+        self._pause_reading("connect")
+        self._authenticated(True, auth.packet, auth.assigned)

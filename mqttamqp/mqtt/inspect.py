@@ -1,0 +1,67 @@
+"""What the console, the archive and ``$SYS`` see of an MQTT connection: its key,
+peer address, protocol label, the fields of its connect and disconnect events,
+and its ``ConnectionInfo``.
+
+``ConnectionView`` is the part of ``protocol.MQTTProtocol`` that answers the
+core's ``InspectableConnection`` questions.  Read-only.
+"""
+
+from __future__ import annotations
+
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
+from mqttamqp.mqtt.link import MQTTLink
+
+__all__ = ["ConnectionView"]
+
+# "mqtt" + version, one string for all connections (not three copies each).
+_PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
+
+
+class ConnectionView(MQTTLink):
+    """The connection as others see it, for ``protocol.MQTTProtocol`` (a base
+    class of it)."""
+
+    @property
+    def peer(self) -> str:
+        """The client's ``host:port``, made once, when first read: every CONNECT
+        reads it (admission, bans, authentication, the archive's connect event),
+        three builds a connection for the 64 bytes kept."""
+        peer = self._peer
+        if peer is not None:
+            return peer
+        transport = self.transport
+        if transport is None:
+            return "?"
+        client = getattr(transport, "client", None)
+        if type(client) is tuple and len(client) >= 2:
+            # (a TCP transport's accepted address: what getPeer would wrap)
+            peer = f"{client[0]}:{client[1]}"
+        else:
+            address = transport.getPeer()
+            peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
+        self._peer = peer
+        return peer
+
+
+    @property
+    def protocol_label(self) -> str:
+        """``mqtt3.1``, ``mqtt3.1.1`` or ``mqtt5`` (one shared string each)."""
+        return _PROTOCOL_LABELS.get(self.version) or "mqtt" + self.version
+
+    @property
+    def key(self) -> str:
+        return "mqtt:" + self.client_id
+
+    def event_fields(self) -> EventFields:
+        return (self.client_id, self.peer, self.username, self.clean_session, self.keepalive)
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(
+            key=self.key, client_id=self.client_id, protocol=self.protocol_label,
+            remote=self.peer, user=self.username, connected_since=self.connected_since,
+            keepalive=self.keepalive, clean_session=self.clean_session,
+            session_id=self.client_id,
+            will_owners=(self.client_id,) if self.client_id in self.broker.wills else (),
+            messages_in=self.messages_in, messages_out=self.messages_out,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            last_activity=self._last_activity)

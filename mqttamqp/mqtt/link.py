@@ -1,0 +1,137 @@
+"""What the parts of one MQTT connection share: its state and operations, declared.
+
+``protocol.MQTTProtocol`` is one object built from parts by concern:
+``handshake.ConnectHandshake`` (CONNECT and AUTH to CONNACK),
+``flows.ConnectedFlows`` (the packets of a connected client carried out, and
+their acknowledgements in order), ``closing.Disconnects`` (the one disconnect),
+``reading.InputPump`` (the input pump and reading pauses),
+``inspect.ConnectionView`` (what the console sees) and the Twisted protocol
+itself (bytes, batches, timers).
+``MQTTLink`` declares, once, what the parts use of each other; ``MQTTProtocol``
+has all of it (its slots and methods).  Nothing here runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+from twisted.logger import Logger
+
+from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import Broker, Published
+from mqttamqp.core.clients.connections import InspectableConnection
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.sessions.entries import ClientLink
+from mqttamqp.core.sessions.session import Session
+from mqttamqp.mqtt.codec import Decoder
+from mqttamqp.mqtt.connection import (
+    AckQueue,
+    ConnectionRules,
+    ConnectionState,
+    Keepalive,
+    StringRules,
+)
+from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.parking import Parked
+from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
+
+__all__ = ["CoreLink", "ListenerState", "MQTTLink"]
+
+
+class CoreLink(ClientLink, InspectableConnection, Protocol):
+    """An MQTT connection as the core sees it: its session's link, and a
+    connection the console inspects."""
+
+
+class ListenerState(Protocol):
+    """What the handshake uses of ``protocol.MQTTFactory``."""
+
+    cert_as_user: bool
+    enhanced_auth: EnhancedAuthenticator | None
+    connect_deadlines: Deadlines
+    keepalives: Deadlines
+    connect_lines: LogLimiter
+    log_limit: LogLimiter
+
+
+class MQTTLink:
+    """The state and operations of one MQTT connection its parts share."""
+
+    log: ClassVar[Logger]
+    transport: Any
+    broker: Broker
+    clock: Clock
+    meter: DeliveryMeter
+    limits: Limits
+    strings: StringRules
+    rules: ConnectionRules
+    decoder: Decoder
+    session: Session | None
+    identity: Identity | None
+    client_id: str
+    username: str | None
+    version: str
+    keepalive: int
+    clean_session: bool
+    connected_since: float
+    _v5: Negotiated | None
+    _connect_timer: list[Any] | None
+    _keepalive: Keepalive | None
+    _keepalive_timer: list[Any] | None
+    messages_in: int
+    _acks: AckQueue
+    _clean_close: bool
+    _cause: str
+    _cause_detail: str
+    _reading_paused_for: frozenset[str]
+    _in_process: bool
+    _parked: Parked | None
+    _turn_timer: DelayedCall | None
+    _last_activity: float
+    _peer: str | None
+    messages_out: int
+    bytes_in: int
+    bytes_out: int
+    _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
+    _connected_handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
+    _write: Callable[[bytes], None]
+    _send_disconnect: Callable[[int, str], None]
+    _after_publish: Callable[[Session, Published, int], None]
+    _violation: Callable[..., None]
+    _lose: Callable[[], None]
+    _process: Callable[[], None]
+    _cancel_timers: Callable[[], None]
+    _stop_connect_timer: Callable[[], None]
+    _pause_reading: Callable[[str], None]
+    _resume_reading: Callable[[str], None]
+    start_debug: Callable[[float], None]
+
+    @property
+    def state(self) -> ConnectionState:
+        raise NotImplementedError
+
+    @property
+    def peer(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def protocol_label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def _factory(self) -> ListenerState:
+        raise NotImplementedError
+
+    @property
+    def _link(self) -> CoreLink:
+        """This connection as the core sees it."""
+        raise NotImplementedError

@@ -1,0 +1,287 @@
+"""The MQTT connection's per-packet decisions (``mqtt.decisions``), with no
+transport, no clock and no broker: packets and state in, decisions out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.message import Message
+from mqttamqp.mqtt import decisions
+from mqttamqp.mqtt.codec import Decoder
+from mqttamqp.mqtt.connection import StringRules
+from mqttamqp.mqtt.decisions import Answer, Close, Connecting, Goodbye, Refuse
+from mqttamqp.mqtt.packets import (
+    Auth,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from mqttamqp.mqtt.v5 import RECEIVE_MAXIMUM, Negotiated
+from mqttamqp.security.enhanced_auth import AuthExchange
+
+LIMITS = Limits()
+STRINGS = StringRules(LIMITS)
+
+
+def _no_methods(method: str) -> AuthExchange | None:
+    return None
+
+
+def _v5(**props: object) -> Negotiated:
+    return Negotiated(Connect("MQTT", 5, "c", True, 60,
+                              properties=Properties(**props) if props else None))
+
+
+def _decode(frame: bytes, level: int) -> object:
+    decoder = Decoder(protocol_level=level)
+    decoder.feed(frame)
+    return decoder.next_packet()
+
+
+# -- CONNECT ---------------------------------------------------------------------------
+
+def test_connect_refuses_an_unknown_protocol_before_anything_else() -> None:
+    """An unknown protocol name/level is CONNACK 1, whatever else the packet says."""
+    decided = decisions.connect(Connect("MQTT", 9, "", False, 0), LIMITS, STRINGS,
+                                _no_methods)
+    assert isinstance(decided, Refuse) and decided.code == ConnackCode.UNACCEPTABLE_PROTOCOL
+
+
+def test_connect_client_id_rules_per_version() -> None:
+    """3.1 refuses an empty id; 3.1.1 assigns one only with clean session; MQTT 5
+    always assigns one and says so."""
+    empty31 = decisions.connect(Connect("MQIsdp", 3, "", True, 0), LIMITS, STRINGS,
+                                _no_methods)
+    assert isinstance(empty31, Connecting) and isinstance(empty31.failure, Refuse)
+    assert empty31.failure.code == ConnackCode.IDENTIFIER_REJECTED
+    kept = decisions.connect(Connect("MQTT", 4, "", False, 0), LIMITS, STRINGS, _no_methods)
+    assert isinstance(kept, Connecting) and isinstance(kept.failure, Refuse)
+    clean = decisions.connect(Connect("MQTT", 4, "", True, 0), LIMITS, STRINGS, _no_methods)
+    assert isinstance(clean, Connecting) and clean.failure is None
+    assert clean.client_id.startswith("auto-") and not clean.assigned
+    assert clean.version == "3.1.1" and clean.v5 is None
+    five = decisions.connect(Connect("MQTT", 5, "", False, 0), LIMITS, STRINGS, _no_methods)
+    assert isinstance(five, Connecting) and five.failure is None and five.assigned
+    assert five.version == "5" and five.v5 is not None
+
+
+def test_connect_strict_mqtt31_refuses_long_ids_and_strings_are_checked() -> None:
+    """--strict-mqtt31 bounds 3.1 ids; a control character in the client id is a
+    violation with 0x85 for MQTT 5."""
+    strict = replace(LIMITS, strict_mqtt31=True)
+    long_id = decisions.connect(Connect("MQIsdp", 3, "x" * 24, True, 0), strict,
+                                StringRules(strict), _no_methods)
+    assert isinstance(long_id, Connecting) and isinstance(long_id.failure, Refuse)
+    bad = decisions.connect(Connect("MQTT", 5, "a\x01b", True, 0), LIMITS, STRINGS,
+                            _no_methods)
+    assert isinstance(bad, Connecting) and isinstance(bad.failure, Close)
+    assert bad.failure.code == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+
+
+def test_connect_with_a_method_not_offered_is_refused_0x8c() -> None:
+    """MQTT 5 enhanced authentication with a method the broker does not offer."""
+    packet = Connect("MQTT", 5, "c", True, 0,
+                     properties=Properties(authentication_method="NOPE"))
+    decided = decisions.connect(packet, LIMITS, STRINGS, _no_methods)
+    assert isinstance(decided, Connecting) and isinstance(decided.failure, Refuse)
+    assert decided.failure.code == ReasonCode.BAD_AUTHENTICATION_METHOD
+
+
+# -- PUBLISH ---------------------------------------------------------------------------
+
+def test_publish5_topic_alias_and_receive_maximum() -> None:
+    """An alias set once stands for its topic; an unknown alias and a client past
+    the receive maximum are closed with their reason codes."""
+    v5 = _v5()
+    first = decisions.publish5(Publish("t/1", b"", properties=Properties(topic_alias=3)),
+                               v5, STRINGS, "c", 0.0)
+    again = decisions.publish5(Publish("", b"", properties=Properties(topic_alias=3)),
+                               v5, STRINGS, "c", 0.0)
+    assert isinstance(first, Message) and isinstance(again, Message) and again.topic == "t/1"
+    unknown = decisions.publish5(Publish("", b"", properties=Properties(topic_alias=4)),
+                                 v5, STRINGS, "c", 0.0)
+    assert isinstance(unknown, Close) and unknown.code == ReasonCode.PROTOCOL_ERROR
+    for pid in range(1, RECEIVE_MAXIMUM + 1):
+        assert isinstance(decisions.publish5(Publish("t", b"", 1, packet_id=pid), v5,
+                                             STRINGS, "c", 0.0), Message)
+    over = decisions.publish5(Publish("t", b"", 1, packet_id=RECEIVE_MAXIMUM + 1), v5,
+                              STRINGS, "c", 0.0)
+    assert isinstance(over, Close) and over.code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_publish5_bad_utf8_payload_is_answered_0x99_or_closes_at_qos0() -> None:
+    """A payload declared UTF-8 that is not: PUBACK 0x99 (quota given back once it
+    is out) for QoS 1, a violation for QoS 0."""
+    props = Properties(payload_format_indicator=1)
+    answer = decisions.publish5(Publish("t", b"\xff", 1, packet_id=9, properties=props),
+                                _v5(), STRINGS, "c", 0.0)
+    assert isinstance(answer, Answer) and answer.release == 9
+    assert _decode(answer.frame, 5) == Puback(9, ReasonCode.PAYLOAD_FORMAT_INVALID,
+                                              Properties(reason_string=answer_reason(answer)))
+    closed = decisions.publish5(Publish("t", b"\xff", properties=props), _v5(), STRINGS,
+                                "c", 0.0)
+    assert isinstance(closed, Close) and closed.code == ReasonCode.PAYLOAD_FORMAT_INVALID
+
+
+def answer_reason(answer: Answer) -> str | None:
+    """The reason string of the PUBACK in ``answer``."""
+    packet = _decode(answer.frame, 5)
+    assert isinstance(packet, Puback) and packet.properties is not None
+    return packet.properties.reason_string
+
+
+@dataclass
+class _Refusal:
+    code: int
+    reason: str
+
+
+@dataclass
+class _Verdict:
+    denied: bool = False
+    refusal: _Refusal | None = None
+    dropped: int = 0
+
+
+def test_publish_ack5_says_the_cores_verdict() -> None:
+    """Denied: 0x87; a queue's refusal: its code; drops: 0x97 on PUBACK only;
+    otherwise the plain 4-byte acknowledgement."""
+    v5 = _v5()
+    assert decisions.publish_ack5(Puback, 1, _Verdict(), v5) == b"\x40\x02\x00\x01"
+    denied = _decode(decisions.publish_ack5(Puback, 1, _Verdict(denied=True), v5), 5)
+    assert isinstance(denied, Puback) and denied.reason_code == ReasonCode.NOT_AUTHORIZED
+    refused = _decode(decisions.publish_ack5(
+        Pubrec, 2, _Verdict(refusal=_Refusal(0x90, "no")), v5), 5)
+    assert isinstance(refused, Pubrec) and refused.reason_code == 0x90
+    dropped = _decode(decisions.publish_ack5(Puback, 3, _Verdict(dropped=2), v5), 5)
+    assert isinstance(dropped, Puback) and dropped.reason_code == ReasonCode.QUOTA_EXCEEDED
+    assert decisions.publish_ack5(Pubrec, 4, _Verdict(dropped=2), v5) == b"\x50\x02\x00\x04"
+
+
+def test_pubrec_and_pubcomp() -> None:
+    """A PUBREC >= 0x80 ends the exchange; PUBCOMP says 0x92 (MQTT 5) for an id
+    not in flight."""
+    assert decisions.pubrec_refused(0x80) and not decisions.pubrec_refused(0x10)
+    assert decisions.pubcomp(5, False, None) == b"\x70\x02\x00\x05"
+    assert decisions.pubcomp(5, True, _v5()) == b"\x70\x02\x00\x05"
+    assert _decode(decisions.pubcomp(5, False, _v5()), 5) == Pubcomp(
+        5, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+
+
+# -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
+
+def test_suback_folds_the_cores_codes_per_version() -> None:
+    """3.1.1 turns any failure into 0x80; 3.1 answers a refused filter with the QoS
+    asked for; the grants list every filter."""
+    packet = Subscribe(1, (("a", 1), ("b", 2)))
+    frame, grants = decisions.suback(packet, [1, 0x87], "3.1.1")
+    assert _decode(frame, 4) == Suback(1, (1, 0x80)) and grants == [("a", 1), ("b", 0x87)]
+    frame31, _ = decisions.suback(packet, [1, 0x87], "3.1")
+    assert _decode(frame31, 3) == Suback(1, (1, 2))
+    assert isinstance(decisions.subscribe(Subscribe(2, (("a/#/b", 0),)), STRINGS), Close)
+
+
+def test_subscribe5_retain_handling_and_per_filter_refusals() -> None:
+    """Retain handling 1 sends retained messages only for a new filter, 2 never;
+    No Local on a shared filter and an invalid filter are 0x8F in SUBACK."""
+    packet = Subscribe(3, (("old", 0), ("new", 0), ("never", 0), ("$share/g/x", 0),
+                           ("a/#/b", 0)),
+                       options=(0x10, 0x10, 0x20, 0x04, 0),
+                       properties=Properties(subscription_identifiers=(7,)))
+    plan = decisions.subscribe5(packet, LIMITS, STRINGS, {"old": 0})
+    assert plan.wanted == [("old", 0), ("new", 0), ("never", 0)]
+    assert plan.retained_for == [False, True, False]
+    assert [p >> 8 for p in plan.packed] == [7, 7, 7]
+    frame, grants = decisions.suback5(packet, plan, [0, 0, 0x87])
+    assert _decode(frame, 5) == Suback(3, (0, 0, 0x87, 0x8F, 0x8F))
+    assert grants == [("new", 0)]
+    off = replace(LIMITS, subscription_identifiers=False)
+    assert decisions.subscribe5(packet, off, STRINGS, {}).codes == [
+        ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED] * 5
+
+
+def test_unsubscribe_codes_and_invalid_filters() -> None:
+    """MQTT 5 says 0x11 for a filter with no subscription; 3.1.1's UNSUBACK has no
+    codes; an invalid filter closes."""
+    packet = Unsubscribe(4, ("a", "b"))
+    assert _decode(decisions.unsubscribe(packet, STRINGS, _v5(), {"a": 0}), 5) == \
+        Unsuback(4, (0, ReasonCode.NO_SUBSCRIPTION_EXISTED))
+    assert _decode(decisions.unsubscribe(packet, STRINGS, None, {}), 4) == Unsuback(4)
+    assert isinstance(decisions.unsubscribe(Unsubscribe(5, ("a/+b",)), STRINGS, None, {}),
+                      Close)
+
+
+# -- DISCONNECT / AUTH ---------------------------------------------------------------
+
+def test_disconnect_with_will_and_session_expiry() -> None:
+    """0x04 keeps the will; a session expiry is bounded by --session-expiry; setting
+    one after CONNECT gave 0 is a violation."""
+    v5 = _v5(session_expiry_interval=10)
+    bye = decisions.disconnect(Disconnect(ReasonCode.DISCONNECT_WITH_WILL, Properties(
+        session_expiry_interval=1 << 20)), v5, replace(LIMITS, session_expiry=3600))
+    assert isinstance(bye, Goodbye) and bye.with_will and bye.expiry == 3600.0
+    assert isinstance(decisions.disconnect(
+        Disconnect(0, Properties(session_expiry_interval=5)), _v5(), LIMITS), Close)
+    plain = decisions.disconnect(Disconnect(), None, LIMITS)
+    assert isinstance(plain, Goodbye) and not plain.with_will and plain.expiry is None
+
+
+def test_auth_out_of_place_and_reauthentication() -> None:
+    """AUTH with no exchange under way closes; connected, 0x19 with the CONNECT's
+    method starts a new exchange; a step of the one under way goes on."""
+    props = Properties(authentication_method="M", authentication_data=b"d")
+    assert isinstance(decisions.auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props),
+                                     None, False, None, None), Close)
+    started: list[str] = []
+
+    def start(method: str) -> AuthExchange | None:
+        started.append(method)
+        return _Exchange()  # type: ignore[return-value]
+
+    v5 = _v5(authentication_method="M")
+    step = decisions.auth(Auth(ReasonCode.REAUTHENTICATE, props), v5, True, None, start)
+    assert not isinstance(step, Close) and step[0] == b"d" and started == ["M"]
+    going = decisions.auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props), v5, False, "M",
+                           start)
+    assert going == (b"d", None)
+
+
+class _Exchange:
+    def step(self, data: bytes | None) -> object:
+        raise AssertionError("not called by the decision")
+
+
+def test_violation_code_for_mqtt5() -> None:
+    """Keepalive and storage failures have their own MQTT 5 codes; 3.1.1 has none."""
+    assert decisions.violation_code(_v5(), True, False, 0x82) == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert decisions.violation_code(_v5(), False, True, 0x82) == ReasonCode.UNSPECIFIED_ERROR
+    assert decisions.violation_code(_v5(), False, False, 0x95) == 0x95
+    assert decisions.violation_code(None, True, False, 0x82) == 0x82
+
+
+def test_malformed_packets_and_broker_closes_get_their_reasons() -> None:
+    """The codec's error becomes one Close with its code and bound; a takeover and
+    a console close have their causes and MQTT 5 codes."""
+    from mqttamqp.core.recorder import CAUSE_CONSOLE, CAUSE_TAKEN_OVER
+    from mqttamqp.mqtt.codec import MalformedPacket
+
+    big = decisions.malformed(MalformedPacket("too big", ReasonCode.PACKET_TOO_LARGE))
+    assert (big.reason, big.code, big.limit) == ("packet too large: too big", 0x95, None)
+    bound = decisions.malformed(MalformedPacket("many", 0x97, "subscribe_filters"))
+    assert bound.reason == "limit exceeded: many" and bound.limit == "subscribe_filters"
+    assert decisions.malformed(MalformedPacket("x")).reason == "malformed packet: x"
+    assert decisions.closed_by_broker("session taken over by a new connection") == (
+        CAUSE_TAKEN_OVER, ReasonCode.SESSION_TAKEN_OVER)
+    assert decisions.closed_by_broker("closed from the console") == (
+        CAUSE_CONSOLE, ReasonCode.ADMINISTRATIVE_ACTION)
