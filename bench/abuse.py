@@ -18,7 +18,7 @@ Scenarios (each on a fresh broker, each bounded in count and time):
   broker allows (up to ``--amqp-max-links`` each, until an attach is refused for
   the total, ``--amqp-max-links-total``), hold them, then close; it reports the
   links held, the bytes of RSS per link at the peak, and the RSS after;
-* ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/test_fuzz.py`` for 60 s;
+* ``fuzz``: the MQTT and AMQP socket fuzzers of ``tests/support/fuzzing.py`` for 60 s;
 * ``ws_abuse``: WebSocket handshakes with version 8 and frame headers announcing
   100 MB and 2^63 bytes (200 of each);
 * ``fd_exhaustion``: the broker's descriptor limit lowered while it runs, then 150
@@ -580,21 +580,21 @@ def amqp_links_many(broker, quick):
 
 
 def fuzz(broker, quick):
-    sys.path.insert(0, os.path.join(brokers.MAIN, "tests"))
-    import test_fuzz as tf  # the fuzzers of the test suite
+    sys.path.insert(0, os.path.join(brokers.MAIN, "tests", "support"))
+    import fuzzing as tf  # the fuzzers of the test suite
 
     seconds = 10 if quick else 60
     counts = {}
     for proto, port, data, keep in (
-            ("mqtt", broker.port, tf._mqtt_stream(), 20),
-            ("amqp", broker.amqp_port, tf._amqp_stream(), 8)):
+            ("mqtt", broker.port, tf.mqtt_stream(), 20),
+            ("amqp", broker.amqp_port, tf.amqp_stream(), 8)):
         import random
 
         rng = random.Random(7)
         end = time.monotonic() + seconds / 2
         n = 0
         while time.monotonic() < end:
-            tf._poke(port, tf._mutate(rng, data, keep))
+            tf.poke(port, tf.mutate(rng, data, keep))
             n += 1
         counts[proto] = n
     return {"cases": counts}

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/support")
 
 from fakes import FakeLink, NullStore
 from twisted.internet.task import Clock

@@ -8,7 +8,7 @@ callback.  At start-up ``load()`` returns a ``Snapshot`` that rebuilds the core.
 
 This module must not import ZODB or run Twisted (``Deferred`` appears in the
 contract's types only); ``mqttamqp.store`` implements it, and the tests' stores
-are in ``tests/fakes.py``.
+are in ``tests/support/fakes.py``.
 """
 
 from __future__ import annotations

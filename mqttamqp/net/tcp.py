@@ -25,7 +25,7 @@ earlier place to choose the class) that builds ``LeanServer`` transports.
 
 Every private name of Twisted used here (``_reads``, ``_doReadOrWrite``,
 ``_POLL_IN``, ``_poller``, ``_tempDataLen``, ``_writeDisconnected``, ...) is checked
-against the installed Twisted by ``tests/test_net_pins.py``; the versions they were
+against the installed Twisted by ``tests/unit/net/test_net_pins.py``; the versions they were
 read from are pinned in setup.cfg (see ``mqttamqp.net``).
 
 What it must not do: know any protocol, or import the broker's core.
@@ -65,7 +65,7 @@ class LeanServer(Server):
       socket it accepts (``lean_port``), so the protocol need not set it again.
 
     ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
-    otherwise Twisted's own (tests/test_netio.py compares the two).
+    otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
     """
 
     nodelay = False

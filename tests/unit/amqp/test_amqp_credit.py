@@ -1,0 +1,79 @@
+"""The credit a topic sender gets (issue 15, AMQP): a window of 100, topped up in
+steps of half of it as deliveries are answered, and given back at once when the
+peer is out of credit.  The broker keeps what it still owes the peer without
+reading the engine's credit on every answer; these tests pin that the flows it
+sends are the ones the window rule gives, also when transfers are aborted (they
+take credit and are never answered).
+
+In memory, black box: a proton client engine on ``amqp_memory.Net``; what is
+observed is the credit the client's engine holds after each exchange.
+"""
+
+from __future__ import annotations
+
+from amqp_memory import ACCEPTED, AmqpPeer, Net, outcome
+from proton import Link, Message
+
+WINDOW = 100
+
+
+def sender(net: Net) -> tuple[AmqpPeer, Link]:
+    peer = net.amqp("credit-sender")
+    link = peer.sender("credit/t")
+    assert link.credit == WINDOW
+    return peer, link
+
+
+def send(peer: AmqpPeer, link: Link, n: int) -> None:
+    for _ in range(n):
+        dlv = peer.send(link, Message(body=b"x"))   # unsettled, not durable: Accepted at once
+        assert outcome(dlv) == (ACCEPTED, None)
+
+
+def abort(peer: AmqpPeer, link: Link, n: int) -> None:
+    for i in range(n):
+        dlv = link.delivery(f"a{i}")
+        link.send(b"\x00Su\xa0")   # the start of a message, on the wire ...
+        peer.net.pump()
+        dlv.abort()                 # ... and never finished
+        peer.net.pump()
+
+
+def test_credit_comes_back_in_steps_of_half_the_window() -> None:
+    """A topic sender's credit is topped up to the window once half of it is answered,
+    never beyond."""
+    net = Net()
+    peer, link = sender(net)
+    send(peer, link, WINDOW // 2 - 1)
+    assert link.credit == WINDOW // 2 + 1      # not yet: fewer than half answered
+    send(peer, link, 1)
+    assert link.credit == WINDOW               # half answered: topped up to the window
+    send(peer, link, 3 * WINDOW + 7)           # and so on, never more than the window
+    assert WINDOW // 2 < link.credit <= WINDOW
+
+
+def test_aborted_transfers_use_credit_and_are_topped_up_like_answers() -> None:
+    """Aborted transfers use credit and are topped up as answered ones are."""
+    net = Net()
+    peer, link = sender(net)
+    abort(peer, link, WINDOW // 2 - 1)
+    assert link.credit == WINDOW // 2 + 1      # fewer than half: no flow yet
+    abort(peer, link, 11)                      # the 50th: a refill's worth owed
+    assert link.credit == WINDOW - 10
+    send(peer, link, 1)
+    assert link.credit == WINDOW - 11
+
+
+def test_a_sender_whose_last_transfers_are_aborted_keeps_credit() -> None:
+    """Before, an abort was owed back but never topped up: a sender that aborted its
+    whole window was left with no credit and nothing to answer."""
+    net = Net()
+    peer, link = sender(net)
+    abort(peer, link, WINDOW)                  # topped up at the 50th and the 100th
+    assert link.credit == WINDOW
+    abort(peer, link, WINDOW - 10)
+    assert link.credit == WINDOW - 40          # topped up at the 50th, 40 since
+    send(peer, link, 9)                        # answers count on from there: 49 owed
+    assert link.credit == WINDOW - 49
+    send(peer, link, 1)
+    assert link.credit == WINDOW
