@@ -21,11 +21,11 @@ Modules (each says in its docstring why its trick pays):
 Twisted's private names (``tcp``, ``accept``, ``tls``) and proton's internal
 ``cproton`` module (``rawproton``) are not promised to stay: setup.cfg bounds both
 from above at the newest release tested (Twisted 26.10, python-qpid-proton 0.40,
-what CI installs), and ``tests/test_net_pins.py`` checks every private name on the
+what CI installs), and ``tests/unit/net/test_net_pins.py`` checks every private name on the
 installed versions, so that an upgrade fails a test, not production.  The same
 test checks the autobahn internals ``mqtt.websocket`` overrides (autobahn is not
 bounded: its private names are the MQTT WebSocket server's, not this package's).  To widen a
-pin: install the new version, run that test and ``tests/test_netio.py``.
+pin: install the new version, run that test and ``tests/unit/net/test_netio.py``.
 
 What it must not do: import the broker's core or a protocol adapter
 (``.importlinter``); it knows sockets, not MQTT or AMQP.

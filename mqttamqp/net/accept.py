@@ -6,7 +6,7 @@ refused connection.
 the instance (Twisted logs its accept failures there and nowhere else) and matches
 the lines it logs by their format strings; ``AcceptRefusals`` counts and logs the
 spells.  Both are checked against the installed Twisted by
-``tests/test_net_pins.py`` (see ``mqttamqp.net``).
+``tests/unit/net/test_net_pins.py`` (see ``mqttamqp.net``).
 
 What it must not do: know any protocol, or import the broker's core.
 """
