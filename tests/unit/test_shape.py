@@ -47,10 +47,17 @@ def test_the_adapters_port_is_narrow() -> None:
     assert len(public) < MAX_PORT_METHODS, sorted(public)
 
 
-def test_pyproject_lists_every_package() -> None:
-    """pyproject.toml's explicit package list names every package under mqttamqp/
-    (a package left out would be missing from a non-editable install)."""
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-                 ["tool"]["setuptools"]["packages"])
+def test_packaging_finds_every_package() -> None:
+    """pyproject.toml's package search finds every package under mqttamqp/ and the
+    twistd plugin folder, and nothing else (not the console's templates or static
+    files, not a data directory): a package left out would be missing from a
+    non-editable install."""
+    from setuptools import find_namespace_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["setuptools"]["packages"]["find"]
+    assert find["namespaces"] is True
+    packed = set(find_namespace_packages(str(ROOT), include=find["include"],
+                                         exclude=find["exclude"]))
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
-    assert found | {"twisted.plugins"} == listed
+    assert packed == found | {"twisted.plugins"}
