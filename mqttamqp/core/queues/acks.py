@@ -99,6 +99,7 @@ class Acknowledgements(Dispatch):
             return self._commit(ops), None
         pending = group.pending.pop(offset)
         pending.member.outstanding -= 1   # (its receipt is void: no longer pending)
+        pending.detach()
         if address.action == ACK:
             self._done(group, offset, ops)
             group.acked += 1
@@ -136,6 +137,7 @@ class Acknowledgements(Dispatch):
             return
         del group.pending[offset]
         pending.member.outstanding -= 1
+        pending.detach()   # (``entry`` was taken back above)
         ops: list[Op] = []
         if outcome == "rejected":
             self.stats.rejected += 1

@@ -165,8 +165,9 @@ class QueueAdmin(QueueTimers):
                 if not memberships:
                     del self._memberships[member.session]
         for pending in group.pending.values():
-            if pending.entry is not None:
-                pending.member.session.take_back(pending.entry)
+            entry = pending.detach()
+            if entry is not None:
+                pending.member.session.take_back(entry)
         group.pending.clear()
         group.members.clear()
 

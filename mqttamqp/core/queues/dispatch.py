@@ -223,6 +223,7 @@ class Dispatch(MemoryBudget):
         if group.pending.get(offset) is not pending:
             return
         del group.pending[offset]
+        pending.detach()
         member = pending.member
         member.outstanding -= 1
         ops: list[Op] = []

@@ -347,8 +347,9 @@ class QueueLogs:
             pending = group.pending.pop(offset, None)
             if pending is not None:
                 pending.member.outstanding -= 1
-                if pending.entry is not None:
-                    pending.member.session.take_back(pending.entry)
+                entry = pending.detach()
+                if entry is not None:
+                    pending.member.session.take_back(entry)
             group.counts.pop(offset, None)
             group.uncounted.discard(offset)
             if offset < group.next:

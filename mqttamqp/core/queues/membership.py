@@ -140,9 +140,9 @@ class Membership(Acknowledgements):
         """``member``'s pending messages go back to its group at once."""
         back = [o for o, p in group.pending.items() if p.member is member]
         for offset in back:
-            pending = group.pending.pop(offset)
-            if pending.entry is not None:
-                member.session.take_back(pending.entry)
+            entry = group.pending.pop(offset).detach()
+            if entry is not None:
+                member.session.take_back(entry)
             heapq.heappush(group.ready, offset)
         member.outstanding = 0
         if back:

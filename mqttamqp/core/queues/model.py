@@ -155,6 +155,13 @@ class Pending:
         self.since = 0.0
         self.entry: OutEntry | None = None
 
+    def detach(self) -> OutEntry | None:
+        """No longer its group's pending delivery: the session entry, if any, to
+        take back, and the link to it dropped (entry and receipt point at each
+        other; left linked, both would wait for the cycle collector)."""
+        entry, self.entry = self.entry, None
+        return entry
+
     def acknowledged(self) -> None:
         # (an explicit member acknowledges with $ack, not with its PUBACK)
         if not self.member.explicit:

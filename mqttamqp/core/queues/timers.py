@@ -70,8 +70,9 @@ class QueueTimers(Membership):
     def _withdraw(self, group: ConsumerGroup, offset: int) -> None:
         pending = group.pending.pop(offset)
         pending.member.outstanding -= 1
-        if pending.entry is not None:
-            pending.member.session.take_back(pending.entry)
+        entry = pending.detach()
+        if entry is not None:
+            pending.member.session.take_back(entry)
 
     def _takeover(self, group: ConsumerGroup, now: float, after: float, ops: list[Op]) -> None:
         """An idle member (credit, nothing pending) takes over the messages pending

@@ -152,6 +152,30 @@ def test_mqtt311_puback_acknowledges_and_the_log_is_trimmed() -> None:
     assert view.depth == 0 and view.groups[0].pending == 0 and view.acknowledged == 1
 
 
+def test_acknowledged_queue_deliveries_are_freed_without_the_cycle_collector() -> None:
+    """A queue delivery and its receipt point at each other while it is pending; once
+    acknowledged nothing keeps them: freed at once by reference counting, not left
+    for the garbage collector (with it off, no delivery entry is left alive)."""
+    import gc
+
+    from mqttamqp.core.sessions.entries import OutEntry
+
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(20):
+            send(broker, f"$queue/jobs/{n}")
+            broker.acknowledged(worker, link.published()[-1][2])
+        alive = sum(1 for o in gc.get_objects() if type(o) is OutEntry)
+    finally:
+        gc.enable()
+    assert broker.queues.views()[0].acknowledged == 20
+    assert alive == 0
+
+
 def test_qos0_membership_acknowledges_on_send() -> None:
     """A QoS 0 member's message counts as acknowledged once it is sent."""
     broker, _, _ = make()
