@@ -54,7 +54,7 @@ BodyReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]
 class QueueLogs:
     """The queues, their logs and the commits that make their changes durable."""
 
-    log = Logger(namespace="mqttamqp.core.queues.manager")
+    log = Logger(namespace="mqttamqp.core.queues")
 
     def __init__(self, clock: Clock, commits: CommitBatcher, limits: Limits,
                  log_limit: LogLimiter, retention_rules: Sequence[tuple[str, Retention]] = ()
