@@ -63,7 +63,19 @@ class PublishThrottle:
         self._on_resume()
 
     def stop(self) -> None:
-        """The publisher is gone: no resume will come."""
+        """The publisher is gone: no resume will come.  The owner's callbacks are
+        dropped too (owner and throttle point at each other: so both are freed by
+        reference counting, not left for the cycle collector)."""
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
+        self._on_pause = _paused_after_stop
+        self._on_resume = _resumed_after_stop
+
+
+def _paused_after_stop(wait: float) -> None:
+    """(A charge after ``stop``: the publisher is gone, nothing to pause.)"""
+
+
+def _resumed_after_stop() -> None:
+    """(Nothing to resume after ``stop``.)"""

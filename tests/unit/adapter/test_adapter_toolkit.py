@@ -156,6 +156,24 @@ def test_stop_cancels_the_resume() -> None:
     assert pub.events == [("pause", 1.0)]
 
 
+def test_a_stopped_publisher_and_its_throttle_are_freed_without_the_cycle_collector() -> None:
+    """A publisher holds its throttle and the throttle the publisher's callbacks;
+    once stopped, dropping the publisher frees both by reference counting."""
+    import gc
+    import weakref
+
+    pub = _Publisher()
+    pub.throttle = PublishThrottle(_Budget(1.0), Clock(), pub.paused, pub.resumed)  # type: ignore[attr-defined]
+    gone = weakref.ref(pub)
+    pub.throttle.stop()  # type: ignore[attr-defined]
+    gc.disable()
+    try:
+        del pub
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_with_the_cores_publish_rate_the_pause_pays_for_the_excess() -> None:
     """With the core's ``PublishRate`` (2 messages a second, bursts of 2) the third
     message in one instant pauses the publisher for half a second."""
