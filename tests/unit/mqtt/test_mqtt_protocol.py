@@ -1005,3 +1005,34 @@ def test_qos2_pubrec_waits_behind_earlier_acks_and_forward_waits_for_it() -> Non
     store.commit_all()
     assert pub.received() == [Puback(1), Pubrec(2)]
     assert watcher.sent == [("q2", b"b", 2, False)]
+
+
+def test_a_delivery_counts_exactly_as_the_delivery_meter_counts() -> None:
+    """The MQTT delivery path (``DeliveryMeter.delivered`` inlined there for speed)
+    counts messages, bytes and the 1-in-1,024 latency sample as the meter does."""
+    from mqttamqp.adapter.meter import DeliveryMeter
+    from mqttamqp.core.stats import BrokerStats
+
+    h = Harness()
+    h.clock.advance(1000.0)
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 0),)))
+    sub.received()
+    pub = h.client()
+    pub.connect("pub")
+    stats = h.broker.stats
+    stats.seconds = lambda: 1001.0
+    twin = BrokerStats(seconds=lambda: 1001.0, messages_sent=stats.messages_sent)
+    sent, sent_bytes, samples = stats.messages_sent, stats.bytes_sent, stats.deliver_latency.count
+    meter = DeliveryMeter(twin)
+    for n in range(1100):
+        pub.send(Publish("t", b"%d" % n))
+    delivered = sub.received()
+    assert len(delivered) == 1100
+    for packet in delivered:
+        meter.delivered(1000.0, len(encode(packet)))
+    assert stats.messages_sent - sent == twin.messages_sent - sent == 1100
+    assert stats.bytes_sent - sent_bytes == twin.bytes_sent
+    assert stats.deliver_latency.count - samples == twin.deliver_latency.count >= 1
+    assert stats.deliver_latency.total == twin.deliver_latency.total
