@@ -240,8 +240,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if self.rules.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
-        self.meter.received_bytes(len(data))
-        self.bytes_in += len(data)
+        size = len(data)
+        # The meter's ``received_bytes`` (and ``sent_bytes`` in ``_write``) inlined: a
+        # call per socket read and per control packet cost QoS 2 about 4 % of its CPU.
+        self.meter.stats.bytes_received += size
+        self.bytes_in += size
         self.decoder.feed(data)
         self._process_batch()
 
@@ -381,8 +384,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _write(self, data: bytes) -> None:
         self._emit(data)
-        self.bytes_out += len(data)
-        self.meter.sent_bytes(len(data))
+        size = len(data)
+        self.bytes_out += size
+        self.meter.stats.bytes_sent += size   # (``DeliveryMeter.sent_bytes``, inlined)
 
     def _emit(self, data: bytes) -> None:
         """Every outbound byte goes through here, in order.  While the broker handles

@@ -1009,7 +1009,9 @@ def test_qos2_pubrec_waits_behind_earlier_acks_and_forward_waits_for_it() -> Non
 
 def test_a_delivery_counts_exactly_as_the_delivery_meter_counts() -> None:
     """The MQTT delivery path (``DeliveryMeter.delivered`` inlined there for speed)
-    counts messages, bytes and the 1-in-1,024 latency sample as the meter does."""
+    counts messages, bytes and the 1-in-1,024 latency sample as the meter does; the
+    bytes of a socket read and of a control packet (``received_bytes``,
+    ``sent_bytes``, inlined too) count as well."""
     from mqttamqp.adapter.meter import DeliveryMeter
     from mqttamqp.core.stats import BrokerStats
 
@@ -1036,3 +1038,10 @@ def test_a_delivery_counts_exactly_as_the_delivery_meter_counts() -> None:
     assert stats.bytes_sent - sent_bytes == twin.bytes_sent
     assert stats.deliver_latency.count - samples == twin.deliver_latency.count >= 1
     assert stats.deliver_latency.total == twin.deliver_latency.total
+    received = stats.bytes_received
+    pub.send(Publish("t", b"q", 1, False, False, 9))
+    assert pub.received() == [Puback(9)]
+    sub.received()
+    assert stats.bytes_received - received == len(encode(Publish("t", b"q", 1, False, False, 9)))
+    assert stats.bytes_sent - sent_bytes - twin.bytes_sent == len(encode(Puback(9))) + len(
+        encode(Publish("t", b"q")))
