@@ -241,8 +241,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             return
         self._last_activity = self.clock.seconds()
         size = len(data)
-        # The meter's ``received_bytes`` (and ``sent_bytes`` in ``_write``) inlined: a
-        # call per socket read and per control packet cost QoS 2 about 4 % of its CPU.
+        # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
         self.decoder.feed(data)
@@ -345,9 +344,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         size = len(frame)
         self.messages_out += 1
         self.bytes_out += size
-        # ``DeliveryMeter.delivered``, inlined on the hottest path: the call cost 5 %
-        # of a fan-out delivery (bench/results/2026-11-29T0413-shape-old-vs-new.json).
-        # Same rule; tests/unit/adapter/test_adapter_toolkit.py checks both alike.
+        # ``DeliveryMeter.delivered`` inlined (the call cost fan-out 5 %, bench/results/
+        # 2026-11-29-shape-old-vs-new.md); test_mqtt_protocol checks both count alike.
         stats = self.meter.stats
         sent = stats.messages_sent + 1
         stats.messages_sent = sent
