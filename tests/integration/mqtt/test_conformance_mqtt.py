@@ -21,7 +21,7 @@ is a read on the socket or the broker's log with a deadline.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from brokerproc import BrokerProcess
@@ -29,7 +29,6 @@ from rawclient import (
     TIMEOUT,
     OpenClient,
     RawClient,
-    client_factory,
     frame,
     mstr,
     raw_connect,
@@ -54,10 +53,6 @@ from mqttamqp.mqtt.packets import (
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-def raw(broker: BrokerProcess) -> Iterator[OpenClient]:
-    """Connected raw clients on the module broker (as test_mqtt_raw's ``raw``)."""
-    yield from client_factory(lambda: broker.mqtt_port)
 
 
 def closed_with_reason(broker: BrokerProcess, client: RawClient, reason: str,

@@ -17,15 +17,12 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from brokerproc import BrokerProcess
 from rawclient import (
     TIMEOUT,
-    OpenClient,
     RawClient,
-    client_factory,
     frame,
     mstr,
     raw_connect,
@@ -53,10 +50,6 @@ from mqttamqp.mqtt.packets import (
 
 pytestmark = pytest.mark.timeout(60)
 
-@pytest.fixture
-def raw(broker: BrokerProcess) -> Iterator[OpenClient]:
-    """Connect raw clients to the module broker."""
-    yield from client_factory(lambda: broker.mqtt_port)
 
 
 # -- hand-built packets ------------------------------------------------------------
