@@ -185,7 +185,8 @@ class _SessionLink(OutgoingLink):
         return self._backlog if self.host.write_blocked else 0
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        # (``subscription_ids``: MQTT 5's, no AMQP field carries them)
         if self.closed:
             return
         session = self.session

@@ -58,7 +58,7 @@ class Tail:
     # -- ClientLink ---------------------------------------------------------------
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None, dup: bool,
-                     retain: bool) -> None:
+                     retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         if self.closed:
             return
         self.total += 1

@@ -2,49 +2,30 @@
 
 It owns the MQTT 5 PUBLISH built for one subscriber: the message's properties
 with what is left of its expiry interval, the subscription identifiers of the
-filters it matched, the outbound topic alias, and the client's maximum packet
-size (a frame above it is not sent).  ``protocol.MQTTProtocol.send_publish``
-writes the frame (and builds the 3.1.1 and property-less MQTT 5 frames itself,
-inline: the hot path).  What it must not do: touch a transport, a timer, a log
-or the broker.
+filters it matched (as the core found them when it routed the message,
+``core.routing.suboptions``: never matched here), the outbound topic alias, and
+the client's maximum packet size (a frame above it is not sent).
+``protocol.MQTTProtocol.send_publish`` writes the frame (and builds the 3.1.1 and
+property-less MQTT 5 frames itself, inline: the hot path).  What it must not do:
+touch a transport, a timer, a log or the broker.
 """
 
 from __future__ import annotations
 
 from mqttamqp.core.message import Message
-from mqttamqp.core.routing.shared import route_filter
-from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import encode_properties, encode_publish
 from mqttamqp.mqtt.v5 import Negotiated, publish_properties
 
-__all__ = ["publish5", "subscription_ids"]
-
-
-def subscription_ids(session: Session, topic: str) -> tuple[int, ...]:
-    """Subscription identifiers of the session's filters that match ``topic``
-    (MQTT 5 options).  A shared filter's only when no plain filter of the session
-    matches: then the message came through its group (a plain match gives the one
-    copy sent)."""
-    options = session.sub_options
-    ids = tuple(packed >> 8 for f, packed in options.items()
-                if packed >> 8 and not f.startswith("$share/") and topic_matches(f, topic))
-    if not ids and not any(topic_matches(f, topic) for f in session.subscriptions
-                           if not f.startswith("$share/")):
-        ids = tuple(packed >> 8 for f, packed in options.items()
-                    if packed >> 8 and f.startswith("$share/")
-                    and topic_matches(route_filter(f), topic))
-    return ids
+__all__ = ["publish5"]
 
 
 def publish5(v5: Negotiated, message: Message, qos: int, packet_id: int | None, dup: bool,
-             retain: bool, now: float, session: Session | None) -> tuple[bytes, bool]:
-    """The MQTT 5 PUBLISH of ``message`` for this client at ``now``, and whether it
-    fits the client's maximum packet size (when it does not, the frame is the
-    one without an alias, never sent: the caller counts and says so)."""
+             retain: bool, now: float, ids: tuple[int, ...] = ()) -> tuple[bytes, bool]:
+    """The MQTT 5 PUBLISH of ``message`` for this client at ``now``, with the
+    subscription identifiers ``ids`` (the router's, found when it matched), and
+    whether it fits the client's maximum packet size (when it does not, the frame is
+    the one without an alias, never sent: the caller counts and says so)."""
     topic = message.topic.encode("utf-8")
-    ids = subscription_ids(session, message.topic) if (
-        session is not None and session.sub_options) else ()
     frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
                            encode_properties(publish_properties(message, now, None, ids)))
     limit = v5.client_max_packet

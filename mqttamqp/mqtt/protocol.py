@@ -296,7 +296,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         return self._backlog
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         if self.rules.state is _CLOSED:
             return
         if message.props is not None and message.expired(self.clock.seconds()):
@@ -306,8 +306,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             return
         v5 = self._v5
         if v5 is not None:
-            if (message.props is None and v5.plain
-                    and (self.session is None or not self.session.sub_options)):
+            if message.props is None and v5.plain and not subscription_ids:
                 # Nothing MQTT 5 to add: an empty property block (QoS 0 frames are
                 # shared across subscribers, as for 3.1.1).
                 if qos == 0 and not dup:
@@ -324,7 +323,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                                            qos, retain, dup, packet_id, _NO_PROPERTIES)
             else:
                 frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
-                                                self.clock.seconds(), self.session)
+                                                self.clock.seconds(), subscription_ids)
                 if not fits:
                     self._too_large(v5, message, len(frame))
                     self._not_sent(packet_id, message.topic)

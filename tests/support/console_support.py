@@ -179,7 +179,7 @@ class FakeLink:
         return self.key_override or ("mqtt:" + self.client_id)
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None, dup: bool,
-                     retain: bool) -> None:
+                     retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         self.sent.append(message)
 
     def send_pubrel(self, packet_id: int) -> None:

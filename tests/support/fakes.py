@@ -49,13 +49,16 @@ class FakeLink:
     def __init__(self, name: str = "link") -> None:
         self.name = name
         self.calls: list[tuple[Any, ...]] = []
+        # The MQTT 5 subscription identifiers of each publish in ``calls``.
+        self.subscription_ids: list[tuple[int, ...]] = []
         self.closed: list[str] = []
         self.congested = False
         self.backlog_bytes = 0
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         self.calls.append(("publish", message, qos, packet_id, dup, retain))
+        self.subscription_ids.append(subscription_ids)
 
     def send_pubrel(self, packet_id: int) -> None:
         self.calls.append(("pubrel", packet_id))

@@ -27,6 +27,7 @@ from mqttamqp.core.persistence import Op, QueuedState
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.published import Gate, release_held
 from mqttamqp.core.routing.shared import SharedGroup
+from mqttamqp.core.routing.suboptions import subscription_ids
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible
 from mqttamqp.core.sessions.session import RETAIN_AS_PUBLISHED, Session
@@ -306,7 +307,10 @@ class SharedGroups:
         to keep it, stored, for the group: ``keeper``)."""
         retain = bool(message.retain
                       and target.sub_options.get(group.key, 0) & RETAIN_AS_PUBLISHED)
-        entry = target.deliver(message, qos, retain)
+        # (not the router's match: the identifiers are found for the member now)
+        entry = target.deliver(message, qos, retain,
+                               subscription_ids(target, message.topic)
+                               if target.sub_options else ())
         if target.expired_ops:
             ops.extend(target.take_expired_ops())
         if entry is None:

@@ -38,7 +38,7 @@ class Gate:
     def __init__(self, message: Message) -> None:
         self._message = message
         self._entries: list[tuple[Session, OutEntry]] = []
-        self._qos0: list[tuple[Session, bool]] = []
+        self._qos0: list[tuple[Session, bool, tuple[int, ...]]] = []
         self._later: list[Callable[[], None]] = []   # shared groups' backlogs
         self._undo: list[Callable[[], None]] = []
         self._done = False
@@ -49,11 +49,13 @@ class Gate:
         self._later.append(call)
         self._undo.append(undo)
 
-    def add(self, session: Session, entry: OutEntry | None, retain: bool = False) -> None:
+    def add(self, session: Session, entry: OutEntry | None, retain: bool = False,
+            subscription_ids: tuple[int, ...] = ()) -> None:
         """A gated QoS 1/2 ``entry`` of ``session``, or (None) a QoS 0 delivery with
-        its retain flag (MQTT 5 retain as published)."""
+        its retain flag (MQTT 5 retain as published) and subscription identifiers
+        (the entry carries its own)."""
         if entry is None:
-            self._qos0.append((session, retain))
+            self._qos0.append((session, retain, subscription_ids))
         else:
             self._entries.append((session, entry))
 
@@ -64,8 +66,8 @@ class Gate:
         for session, entry in self._entries:
             session.ungate(entry)
         message = self._message
-        for session, retain in self._qos0:
-            session.deliver(message, 0, retain)
+        for session, retain, ids in self._qos0:
+            session.deliver(message, 0, retain, ids)
         for call in self._later:
             call()
         self._entries = []

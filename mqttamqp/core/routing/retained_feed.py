@@ -29,6 +29,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE, release_held
 from mqttamqp.core.routing.retained import RetainedStore
 from mqttamqp.core.routing.shared import SHARE_PREFIX
+from mqttamqp.core.routing.suboptions import subscription_ids
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SYS_PREFIX, is_sys_topic
@@ -191,7 +192,9 @@ class RetainedFeed:
                     break
                 budget -= 1
                 index += 1
-                entry = session.deliver(message, qos, True)
+                entry = session.deliver(message, qos, True,
+                                        subscription_ids(session, message.topic)
+                                        if session.sub_options else ())
                 if session.expired_ops:
                     ops.extend(session.take_expired_ops())
                 if entry is None:
@@ -223,7 +226,7 @@ class RetainedFeed:
         """The broker's own retained ``$SYS`` messages: QoS 0 whatever was granted
         (never queued, never stored, never expiring)."""
         for message in self.retained.match(topic_filter):
-            session.deliver(message, 0, True)
+            session.deliver(message, 0, True, subscription_ids(session, message.topic))
 
     def restore(self, messages: Iterable[Message]) -> None:
         for message in messages:

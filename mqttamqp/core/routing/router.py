@@ -3,8 +3,9 @@
 What it owns: the subscription trie; the publish permission check (one place for
 MQTT, AMQP and the broker's own messages); routing (trie match, delivery QoS =
 min(publish, granted), one copy per session at the highest granted QoS, MQTT 5
-subscription options); which deliveries wait for their commit (QoS 2 to a
-persistent session) and when a publisher may be acknowledged; which online
+subscription options and identifiers, found once at match time: ``suboptions``);
+which deliveries wait for their commit (QoS 2 to a persistent session) and when a
+publisher may be acknowledged; which online
 subscribers (and shared groups' backlogs) a publish left past their high-water
 mark (``Published.congested``); subscriptions and their routes.  Its parts:
 ``groups.SharedGroups`` (shared groups' deliveries: a member with room, else kept,
@@ -45,17 +46,14 @@ from mqttamqp.core.routing.published import (
     release_held,
 )
 from mqttamqp.core.routing.retained_feed import RetainedFeed
-from mqttamqp.core.routing.shared import SHARE_PREFIX, SharedGroup
+from mqttamqp.core.routing.shared import SharedGroup
+from mqttamqp.core.routing.suboptions import delivery_options
 from mqttamqp.core.routing.subscriptions import DYNAMIC_PREFIX, Subscriptions
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import Congestible, QueueBoundLog
-from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
-from mqttamqp.core.topics import (
-    SubscriptionTrie,
-    is_sys_topic,
-    topic_matches,
-)
+from mqttamqp.core.topics import SubscriptionTrie, is_sys_topic
 
 __all__ = ["Router"]
 
@@ -164,6 +162,7 @@ class Router(Subscriptions):
         if message.amqp_only:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
+        plain = matches    # (the sessions a plain filter matched: before the groups')
         share_of: dict[Session, SharedGroup[Session]] | None = None
         kept: set[Session] | None = None
         gate = Gate(message) if hold else None
@@ -174,18 +173,21 @@ class Router(Subscriptions):
         for session, granted in matches.items():
             qos = granted if granted < msg_qos else msg_qos
             retain = False
+            ids: tuple[int, ...] = ()
             if session.sub_options:
-                # MQTT 5 subscription options: no local, retain as published.
-                verdict = _options_verdict(
-                    session, message, share_of.get(session) if share_of else None)
-                if verdict is None:
+                # MQTT 5 subscription options: no local, retain as published, and
+                # the identifiers of the filters that matched (sent with it).
+                options = delivery_options(
+                    session, message, share_of.get(session) if share_of else None,
+                    session in plain)
+                if options is None:
                     continue
-                retain = verdict
+                retain, ids = options
             if gate is not None:
                 if qos == 0:
-                    gate.add(session, None, retain)  # sent (or dropped) at the opening
+                    gate.add(session, None, retain, ids)  # sent (or dropped) at the opening
                     continue
-                entry = session.deliver(message, qos, retain, True)
+                entry = session.deliver(message, qos, retain, ids, True)
                 if entry is not None:
                     gate.add(session, entry)
                 else:       # (QoS 1/2 is refused only at a bound)
@@ -194,11 +196,11 @@ class Router(Subscriptions):
                 # A QoS 1/2 delivery was refused when no entry came back (expired
                 # messages it pushed out are counted by the session, not here).
                 drops = session.dropped
-                entry = session.deliver(message, qos, retain)
+                entry = session.deliver(message, qos, retain, ids)
                 if entry is None if qos else session.dropped != drops:
                     dropped += 1
             else:
-                entry = session.deliver(message, qos, retain)
+                entry = session.deliver(message, qos, retain, ids)
             if entry is None and qos:
                 self._queue_full(session)
             elif replaying and session in self._replays:
@@ -300,26 +302,3 @@ class Router(Subscriptions):
             self.groups.member_left(session)
         return []
 
-
-def _options_verdict(session: Session, message: Message,
-                     picked_by: SharedGroup[Session] | None = None) -> bool | None:
-    """MQTT 5 subscription options of ``session`` for ``message``: None when every
-    filter that delivers it is "no local" and the session published it itself; else
-    the retain flag to deliver with (set if such a filter is "retain as published"
-    and the message was published retained).  A shared filter delivers it only when
-    its group picked this session (``picked_by``)."""
-    options = session.sub_options
-    picked = picked_by.key if picked_by is not None else None
-
-    def delivers(f: str) -> bool:
-        if f.startswith(SHARE_PREFIX):
-            return f == picked
-        return topic_matches(f, message.topic)
-
-    if message.publisher == session.client_id:
-        if not any(delivers(f) for f in session.subscriptions
-                   if not options.get(f, 0) & NO_LOCAL):
-            return None
-    if not message.retain:
-        return False
-    return any(packed & RETAIN_AS_PUBLISHED and delivers(f) for f, packed in options.items())

@@ -22,6 +22,7 @@ from mqttamqp.core.recorder import SUBSCRIBE, UNSUBSCRIBE, Recorder
 from mqttamqp.core.routing.groups import SharedGroups
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE
 from mqttamqp.core.routing.shared import SHARE_PREFIX, parse_share
+from mqttamqp.core.routing.suboptions import subscription_ids
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
@@ -180,13 +181,18 @@ class Subscriptions:
         return self.commits.persist(ops)
 
     def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
-        """At start-up: the stored subscriptions of ``session``, back in the trie."""
+        """At start-up: the stored subscriptions of ``session``, back in the trie, and
+        the MQTT 5 subscription identifiers of its restored entries (found when they
+        were routed, not stored: found again from the same filters)."""
         for topic_filter, stored in subscriptions.items():
             qos = stored & 0x03
             if stored & ~0x03:
                 session.set_options(topic_filter, stored & ~0x03)
             session.set_subscription(topic_filter, qos)
             self._route(topic_filter, session, qos)
+        if session.sub_options:
+            for entry in session.entries():
+                entry.subscription_ids = subscription_ids(session, entry.message.topic)
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
         """Drop the subscriptions of ``session`` that ``identity`` may not have (a

@@ -18,7 +18,8 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
 
 __all__ = ["ClientLink", "DeliveryReceipt", "OutEntry", "Share", "NO_OPS", "NO_OPTIONS",
-           "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT", "NO_SUBSCRIPTIONS"]
+           "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT", "NO_SUBSCRIPTIONS",
+           "NO_SUBSCRIPTION_IDS"]
 
 
 class Share(Protocol):
@@ -41,8 +42,12 @@ class ClientLink(Protocol):
         """Bytes written since the link became congested (0 when it is not)."""
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        ...
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        """Send one delivery.  ``subscription_ids``: the MQTT 5 subscription
+        identifiers of the filters it matched, found by the router when it routed
+        the message (passed only when there are some: a link that has no use for
+        them may leave the parameter out, but sessions move between protocols, so
+        every link takes it)."""
 
     def send_pubrel(self, packet_id: int) -> None:
         ...
@@ -73,7 +78,7 @@ class OutEntry:
     """One outbound QoS 1/2 message of a session, queued or in flight."""
 
     __slots__ = ("dup", "failures", "gated", "held", "message", "on_done", "packet_id",
-                 "qos", "receipt", "retain", "seq", "share", "state")
+                 "qos", "receipt", "retain", "seq", "share", "state", "subscription_ids")
 
     def __init__(self, seq: int, message: Message, qos: int, retain: bool,
                  packet_id: int, state: str = QueuedState.QUEUED,
@@ -98,6 +103,10 @@ class OutEntry:
         # A durable queue's delivery: the queue's receipt for it.  The queue holds
         # it durably, so the session never stores it (``core.queues``).
         self.receipt: DeliveryReceipt | None = None
+        # MQTT 5: the subscription identifiers of the filters it matched, found when
+        # it was routed (not stored: a restore finds them again,
+        # ``Subscriptions.restore_subscriptions``).
+        self.subscription_ids: tuple[int, ...] = NO_SUBSCRIPTION_IDS
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
@@ -109,6 +118,8 @@ class OutEntry:
 
 
 NO_OPS: list[Op] = []
+# A delivery without MQTT 5 subscription identifiers (every MQTT 3.1.1 and AMQP one).
+NO_SUBSCRIPTION_IDS: tuple[int, ...] = ()
 
 
 class NoEntries(tuple):  # type: ignore[type-arg]

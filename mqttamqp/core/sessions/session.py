@@ -39,6 +39,7 @@ from mqttamqp.core.sessions.entries import (
     NO_OPS,
     NO_OPTIONS,
     NO_QUEUE,
+    NO_SUBSCRIPTION_IDS,
     NO_SUBSCRIPTIONS,
     ClientLink,
     DeliveryReceipt,
@@ -306,6 +307,7 @@ class Session(InflightWindow):
         return [entry.put_op(self.client_id)]
 
     def deliver(self, message: Message, qos: int, retain: bool,
+                subscription_ids: tuple[int, ...] = NO_SUBSCRIPTION_IDS,
                 gated: bool = False, receipt: DeliveryReceipt | None = None
                 ) -> OutEntry | None:
         """Take a message for delivery at ``qos``: QoS 0 goes out at once (or is
@@ -313,7 +315,9 @@ class Session(InflightWindow):
         queued entry (None for QoS 0 or a drop); a persistent session's entry must
         be stored (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything
         queued behind it) until ``ungate``.  An entry with a durable queue's
-        ``receipt`` is the queue's to store: never held for a commit here."""
+        ``receipt`` is the queue's to store: never held for a commit here.
+        ``subscription_ids``: MQTT 5 identifiers of the filters it matched (the
+        router's), sent with it."""
         link = self.link
         if qos == 0:
             if link is None:
@@ -321,7 +325,10 @@ class Session(InflightWindow):
             if link.congested and link.backlog_bytes > self.limits.congested_qos0_bytes:
                 self.drop_congested(message.topic)
                 return None
-            link.send_publish(message, 0, None, False, retain)
+            if subscription_ids:
+                link.send_publish(message, 0, None, False, retain, subscription_ids)
+            else:
+                link.send_publish(message, 0, None, False, retain)
             self.delivered += 1
             return None
         size = len(message.payload)
@@ -343,6 +350,8 @@ class Session(InflightWindow):
                          held=self.persistent and qos == 2 and receipt is None)
         if receipt is not None:
             entry.receipt = receipt
+        if subscription_ids:
+            entry.subscription_ids = subscription_ids
         if message.props is not None and message.props.expiry_interval is not None:
             self._may_expire += 1
         if gated:

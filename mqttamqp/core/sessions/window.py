@@ -60,8 +60,13 @@ class InflightWindow:
                 link.send_pubrel(entry.packet_id)
             else:
                 entry.state = QueuedState.SENT
-                link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
-                                  entry.retain)
+                ids = entry.subscription_ids
+                if ids:   # (MQTT 5 only: other links need not know the parameter)
+                    link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
+                                      entry.retain, ids)
+                else:
+                    link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
+                                      entry.retain)
                 entry.dup = True  # any later send of it is a redelivery
 
     def ack_problem(self, kind: str, packet_id: int) -> str | None:

@@ -30,8 +30,8 @@ class CountingLink(FakeLink):
         self.stats = stats
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
-        super().send_publish(message, qos, packet_id, dup, retain)
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        super().send_publish(message, qos, packet_id, dup, retain, subscription_ids)
         self.stats.messages_sent += 1
 
 
