@@ -310,14 +310,13 @@ class Session(InflightWindow):
                 subscription_ids: tuple[int, ...] = NO_SUBSCRIPTION_IDS,
                 gated: bool = False, receipt: DeliveryReceipt | None = None
                 ) -> OutEntry | None:
-        """Take a message for delivery at ``qos``: QoS 0 goes out at once (or is
-        dropped); QoS 1/2 is queued and sent as the window allows.  Returns the
-        queued entry (None for QoS 0 or a drop); a persistent session's entry must
-        be stored (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything
-        queued behind it) until ``ungate``.  An entry with a durable queue's
-        ``receipt`` is the queue's to store: never held for a commit here.
-        ``subscription_ids``: MQTT 5 identifiers of the filters it matched (the
-        router's), sent with it."""
+        """Take a message for delivery at ``qos`` (with the MQTT 5 identifiers of the
+        filters it matched): QoS 0 goes out at once (or is dropped); QoS 1/2 is
+        queued and sent as the window allows.  Returns the queued entry (None for
+        QoS 0 or a drop); a persistent session's entry must be stored
+        (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything queued
+        behind it) until ``ungate``.  A durable queue's ``receipt``: the queue's
+        to store, never held for a commit here."""
         link = self.link
         if qos == 0:
             if link is None:
