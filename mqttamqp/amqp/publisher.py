@@ -35,11 +35,11 @@ from mqttamqp.amqp.links import (
 )
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
+    NOT_QUEUED,
+    QUEUE_COMMAND,
     QUOTA_EXCEEDED,
     TOPIC_NAME_INVALID,
     Refusal,
-    is_queue_command,
-    is_queue_topic,
 )
 from mqttamqp.core.routing.published import Published
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
@@ -245,13 +245,14 @@ class TopicPublisher(IncomingLink):
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return None
             topic = queue_topic(topic, False, limits.amqp_queues) or topic
-        queued = topic[:1] == "$" and is_queue_topic(topic)
-        if queued and is_queue_command(topic):
+        # (what it is to the durable queues, the core says: one parse, cached)
+        kind = self.broker.queues.kind(topic)
+        if kind == QUEUE_COMMAND:
             self.reject(dlv, NOT_ALLOWED, f"{topic!r}: an AMQP consumer acknowledges queue "
                         "messages with its dispositions (Accepted, Released, Modified, "
                         "Rejected)")
             return None
-        return topic, queued
+        return topic, kind != NOT_QUEUED
 
     def _refused(self, dlv: Any, presettled: bool, refusal: Refusal) -> None:
         """A durable queue refused the message: Rejected with its reason (the core

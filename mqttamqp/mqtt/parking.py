@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from mqttamqp.core.queues.addresses import is_queue_command, is_queue_topic
+from mqttamqp.core.queues.addresses import NOT_QUEUED, QUEUE_COMMAND
 from mqttamqp.mqtt.packets import Pingreq, Puback, Pubcomp, Publish, Pubrec, Pubrel
 
 __all__ = ["PARKED_BYTES", "PARKED_PACKETS", "Parked"]
@@ -29,8 +29,12 @@ _NEVER_PARKED = frozenset((Puback, Pubrec, Pubrel, Pubcomp, Pingreq))
 
 
 class _Queues(Protocol):
+    """What parking asks of the core's queues (``QueueManager``)."""
+
     @property
     def blocked(self) -> bool: ...
+
+    def kind(self, topic: str) -> int: ...
 
 
 def _size(packet: Any) -> int:
@@ -58,11 +62,13 @@ class Parked:
         if kind is Publish:
             topic = packet.topic
             props = packet.properties
-            if topic and is_queue_command(topic) and not (
+            # (what the topic is to the queues, the core says: parsed once, cached)
+            to_queues = queues.kind(topic) if topic else NOT_QUEUED
+            if to_queues == QUEUE_COMMAND and not (
                     self.packets and props is not None and props.topic_alias):
                 return False   # (one that sets an alias waits: the held ones use theirs)
             if not self.packets:
-                if topic and not is_queue_topic(topic):
+                if topic and to_queues == NOT_QUEUED:
                     return False   # (an alias only, MQTT 5: it may be a queue's; it waits)
                 if packet.qos and v5 and queues.blocked:
                     return False   # refused at once with 0x97 (``QueueManager.publish``)

@@ -16,6 +16,7 @@ from mqttamqp.records import record
 
 __all__ = [
     "QUEUE_PREFIX", "DLQ_PREFIX", "ACK", "NACK", "REJECT", "ACTIONS", "CLASSIC", "STREAM",
+    "NOT_QUEUED", "QUEUED", "QUEUE_COMMAND",
     "UNSPECIFIED_ERROR", "TOPIC_NAME_INVALID", "QUOTA_EXCEEDED",
     "QueueAddress", "Refusal", "Consumer", "is_queue_topic", "is_queue_command", "is_command",
     "parse_queue_topic", "parse_queue_filter", "parse_stream_offset", "default_group",
@@ -27,6 +28,10 @@ DLQ_PREFIX = "$dlq/"
 ACK, NACK, REJECT = "$ack", "$nack", "$reject"
 ACTIONS = (ACK, NACK, REJECT)
 CLASSIC, STREAM = "classic", "stream"
+
+# What a publish topic is to the queues (``QueueManager.kind``): not theirs, a
+# publish to a queue (taken or refused), an acknowledgement command (``$ack``...).
+NOT_QUEUED, QUEUED, QUEUE_COMMAND = 0, 1, 2
 
 # MQTT 5 PUBACK reason codes a queue publish or acknowledgement may get.
 UNSPECIFIED_ERROR = 0x80

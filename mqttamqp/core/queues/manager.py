@@ -57,11 +57,15 @@ from mqttamqp.core.message import Message, body_size
 from mqttamqp.core.persistence import Op, QueueGroupRecord, QueueRecord
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
+    NOT_QUEUED,
+    QUEUE_COMMAND,
+    QUEUED,
     QUOTA_EXCEEDED,
     STREAM,
     TOPIC_NAME_INVALID,
     QueueAddress,
     Refusal,
+    is_command,
     is_queue_topic,
     parse_queue_topic,
 )
@@ -89,6 +93,18 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                 self._parsed.clear()
             address = self._parsed[topic] = parse_queue_topic(topic)
         return address
+
+    def kind(self, topic: str) -> int:
+        """What a publish to ``topic`` is to the queues, for an adapter that must know
+        before it publishes (MQTT parking, an AMQP sender's route): ``NOT_QUEUED``,
+        ``QUEUED`` or ``QUEUE_COMMAND``, from the same cached parse as ``address``
+        (the adapters recognise no queue topic themselves)."""
+        if topic[:1] != "$":
+            return NOT_QUEUED
+        address = self.address(topic)
+        if address is None:
+            return NOT_QUEUED
+        return QUEUE_COMMAND if is_command(address, topic) else QUEUED
 
     def publish(self, message: Message, address: QueueAddress | str, publisher: str,
                 extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False

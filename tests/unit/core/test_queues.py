@@ -11,6 +11,9 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import SUBSCRIBE_FAILURE, Broker, Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
+    NOT_QUEUED,
+    QUEUE_COMMAND,
+    QUEUED,
     Consumer,
     default_group,
     is_command,
@@ -61,6 +64,20 @@ def test_a_publish_topic_is_recognised_once_and_commands_told_apart() -> None:
     assert is_command(queues.address("$queue/jobs/$ack") or "", "$queue/jobs/$ack")
     bad = queues.address("$queue/+/$nack")
     assert isinstance(bad, str) and is_command(bad, "$queue/+/$nack")
+
+
+def test_kind_tells_the_adapters_what_a_publish_topic_is_to_the_queues() -> None:
+    """``QueueManager.kind``, what parking and an AMQP sender ask: not the queues'
+    (plain and other ``$`` topics), a queue publish (also one refused by the parse,
+    and under ``$dlq/``), or an acknowledgement command (also one that does not
+    parse)."""
+    queues = make()[0].queues
+    assert [queues.kind(t) for t in ("plain/t", "$SYS/broker/uptime", "$queues/x")] == [
+        NOT_QUEUED] * 3
+    assert [queues.kind(t) for t in ("$queue/jobs/eu", "$queue/a/+/b", "$dlq/a/b")] == [
+        QUEUED] * 3
+    assert [queues.kind(t) for t in ("$queue/jobs/$ack", "$queue/+/$nack",
+                                     "$dlq/jobs/$reject")] == [QUEUE_COMMAND] * 3
 
 
 # -- groups ---------------------------------------------------------------------------

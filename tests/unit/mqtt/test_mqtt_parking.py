@@ -3,12 +3,26 @@
 
 from __future__ import annotations
 
+from mqttamqp.core.queues.addresses import (
+    NOT_QUEUED,
+    QUEUE_COMMAND,
+    QUEUED,
+    is_queue_command,
+    is_queue_topic,
+)
 from mqttamqp.mqtt.packets import Pingreq, Puback, Publish
 from mqttamqp.mqtt.parking import PARKED_PACKETS, Parked
 
 
 class _Queues:
+    """The core's queues as parking asks them (``QueueManager.kind``'s answers)."""
+
     blocked = False
+
+    def kind(self, topic: str) -> int:
+        if not is_queue_topic(topic):
+            return NOT_QUEUED
+        return QUEUE_COMMAND if is_queue_command(topic) else QUEUED
 
 
 def test_queue_publishes_and_what_follows_wait_in_order_acks_do_not() -> None:
@@ -34,3 +48,12 @@ def test_an_mqtt5_qos1_queue_publish_is_not_held_when_it_is_refused_at_once() ->
     for _ in range(PARKED_PACKETS + 1):
         parked.hold(Publish("$queue/q/a", b""), True, blocked)
     assert parked.over_bound
+
+
+def test_a_queue_command_is_handled_even_behind_held_packets() -> None:
+    """An ``$ack`` settles what the client consumed: never held, even after a held
+    queue publish."""
+    parked = Parked()
+    assert parked.hold(Publish("$queue/q/a", b"x"), True, _Queues())
+    assert not parked.hold(Publish("$queue/q/$ack", b""), True, _Queues())
+    assert len(parked.packets) == 1
