@@ -106,7 +106,7 @@ class OutEntry:
         # MQTT 5: the subscription identifiers of the filters it matched, found when
         # it was routed (not stored: a restore finds them again,
         # ``Subscriptions.restore_subscriptions``).
-        self.subscription_ids: tuple[int, ...] = NO_SUBSCRIPTION_IDS
+        self.subscription_ids: tuple[int, ...] = ()
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
