@@ -58,6 +58,7 @@ from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
+from mqttamqp.mqtt.actions import ack_frame
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -69,7 +70,6 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
-from mqttamqp.mqtt.decisions import ack_frame
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView

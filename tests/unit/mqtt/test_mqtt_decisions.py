@@ -1,5 +1,6 @@
 """The MQTT connection's per-packet decisions (``mqtt.decisions``), with no
-transport, no clock and no broker: packets and state in, decisions out."""
+transport, no clock and no broker: packets and state in, actions out
+(``mqtt.actions``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from mqttamqp.core.message import Message
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import StringRules
-from mqttamqp.mqtt.decisions import Answer, Close, Connecting, Goodbye, Refuse
+from mqttamqp.mqtt import actions
+from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
+from mqttamqp.mqtt.decisions import Connecting
 from mqttamqp.mqtt.packets import (
     Auth,
     ConnackCode,
@@ -41,6 +44,12 @@ def _no_methods(method: str) -> AuthExchange | None:
 def _v5(**props: object) -> Negotiated:
     return Negotiated(Connect("MQTT", 5, "c", True, 60,
                               properties=Properties(**props) if props else None))
+
+
+def _frame(action: object) -> bytes:
+    """The frame an ``Ack`` or ``Send`` carries (it must carry one)."""
+    assert isinstance(action, (Ack, Send)) and action.frame is not None
+    return action.frame
 
 
 def _decode(frame: bytes, level: int) -> object:
@@ -104,8 +113,9 @@ def test_publish5_topic_alias_and_receive_maximum() -> None:
     """An alias set once stands for its topic; an unknown alias and a client past
     the receive maximum are closed with their reason codes."""
     v5 = _v5()
-    first = decisions.publish5(Publish("t/1", b"", properties=Properties(topic_alias=3)),
-                               v5, STRINGS, "c", 0.0)
+    setting = Publish("t/1", b"", properties=Properties(topic_alias=3))
+    first = decisions.publish5(setting, v5, STRINGS, "c", 0.0)
+    v5.took(setting)
     again = decisions.publish5(Publish("", b"", properties=Properties(topic_alias=3)),
                                v5, STRINGS, "c", 0.0)
     assert isinstance(first, Message) and isinstance(again, Message) and again.topic == "t/1"
@@ -113,8 +123,9 @@ def test_publish5_topic_alias_and_receive_maximum() -> None:
                                  v5, STRINGS, "c", 0.0)
     assert isinstance(unknown, Close) and unknown.code == ReasonCode.PROTOCOL_ERROR
     for pid in range(1, RECEIVE_MAXIMUM + 1):
-        assert isinstance(decisions.publish5(Publish("t", b"", 1, packet_id=pid), v5,
-                                             STRINGS, "c", 0.0), Message)
+        packet = Publish("t", b"", 1, packet_id=pid)
+        assert isinstance(decisions.publish5(packet, v5, STRINGS, "c", 0.0), Message)
+        v5.took(packet)
     over = decisions.publish5(Publish("t", b"", 1, packet_id=RECEIVE_MAXIMUM + 1), v5,
                               STRINGS, "c", 0.0)
     assert isinstance(over, Close) and over.code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
@@ -126,7 +137,7 @@ def test_publish5_bad_utf8_payload_is_answered_0x99_or_closes_at_qos0() -> None:
     props = Properties(payload_format_indicator=1)
     answer = decisions.publish5(Publish("t", b"\xff", 1, packet_id=9, properties=props),
                                 _v5(), STRINGS, "c", 0.0)
-    assert isinstance(answer, Answer) and answer.release == 9
+    assert isinstance(answer, Ack) and answer.release and answer.frame is not None
     assert _decode(answer.frame, 5) == Puback(9, ReasonCode.PAYLOAD_FORMAT_INVALID,
                                               Properties(reason_string=answer_reason(answer)))
     closed = decisions.publish5(Publish("t", b"\xff", properties=props), _v5(), STRINGS,
@@ -134,8 +145,9 @@ def test_publish5_bad_utf8_payload_is_answered_0x99_or_closes_at_qos0() -> None:
     assert isinstance(closed, Close) and closed.code == ReasonCode.PAYLOAD_FORMAT_INVALID
 
 
-def answer_reason(answer: Answer) -> str | None:
+def answer_reason(answer: Ack) -> str | None:
     """The reason string of the PUBACK in ``answer``."""
+    assert answer.frame is not None
     packet = _decode(answer.frame, 5)
     assert isinstance(packet, Puback) and packet.properties is not None
     return packet.properties.reason_string
@@ -185,10 +197,11 @@ def test_suback_folds_the_cores_codes_per_version() -> None:
     """3.1.1 turns any failure into 0x80; 3.1 answers a refused filter with the QoS
     asked for; the grants list every filter."""
     packet = Subscribe(1, (("a", 1), ("b", 2)))
-    frame, grants = decisions.suback(packet, [1, 0x87], "3.1.1")
-    assert _decode(frame, 4) == Suback(1, (1, 0x80)) and grants == [("a", 1), ("b", 0x87)]
-    frame31, _ = decisions.suback(packet, [1, 0x87], "3.1")
-    assert _decode(frame31, 3) == Suback(1, (1, 2))
+    ack, grants = decisions.suback(packet, [1, 0x87], "3.1.1")
+    assert _decode(_frame(ack), 4) == Suback(1, (1, 0x80))
+    assert grants == [("a", 1), ("b", 0x87)]
+    ack31, _ = decisions.suback(packet, [1, 0x87], "3.1")
+    assert _decode(_frame(ack31), 3) == Suback(1, (1, 2))
     assert isinstance(decisions.subscribe(Subscribe(2, (("a/#/b", 0),)), STRINGS), Close)
 
 
@@ -203,8 +216,8 @@ def test_subscribe5_retain_handling_and_per_filter_refusals() -> None:
     assert plan.wanted == [("old", 0), ("new", 0), ("never", 0)]
     assert plan.retained_for == [False, True, False]
     assert [p >> 8 for p in plan.packed] == [7, 7, 7]
-    frame, grants = decisions.suback5(packet, plan, [0, 0, 0x87])
-    assert _decode(frame, 5) == Suback(3, (0, 0, 0x87, 0x8F, 0x8F))
+    ack, grants = decisions.suback5(packet, plan, [0, 0, 0x87])
+    assert _decode(_frame(ack), 5) == Suback(3, (0, 0, 0x87, 0x8F, 0x8F))
     assert grants == [("new", 0)]
     off = replace(LIMITS, subscription_identifiers=False)
     assert decisions.subscribe5(packet, off, STRINGS, {}).codes == [
@@ -215,9 +228,10 @@ def test_unsubscribe_codes_and_invalid_filters() -> None:
     """MQTT 5 says 0x11 for a filter with no subscription; 3.1.1's UNSUBACK has no
     codes; an invalid filter closes."""
     packet = Unsubscribe(4, ("a", "b"))
-    assert _decode(decisions.unsubscribe(packet, STRINGS, _v5(), {"a": 0}), 5) == \
+    assert _decode(_frame(decisions.unsubscribe(packet, STRINGS, _v5(), {"a": 0})), 5) == \
         Unsuback(4, (0, ReasonCode.NO_SUBSCRIPTION_EXISTED))
-    assert _decode(decisions.unsubscribe(packet, STRINGS, None, {}), 4) == Unsuback(4)
+    assert _decode(_frame(decisions.unsubscribe(packet, STRINGS, None, {})), 4) == \
+        Unsuback(4)
     assert isinstance(decisions.unsubscribe(Unsubscribe(5, ("a/+b",)), STRINGS, None, {}),
                       Close)
 
