@@ -8,11 +8,10 @@ from dataclasses import dataclass, replace
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.mqtt import decisions
+from mqttamqp.mqtt import actions, decisions
+from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import StringRules
-from mqttamqp.mqtt import actions
-from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.decisions import Connecting
 from mqttamqp.mqtt.packets import (
     Auth,
@@ -299,3 +298,145 @@ def test_malformed_packets_and_broker_closes_get_their_reasons() -> None:
         CAUSE_TAKEN_OVER, ReasonCode.SESSION_TAKEN_OVER)
     assert decisions.closed_by_broker("closed from the console") == (
         CAUSE_CONSOLE, ReasonCode.ADMINISTRATIVE_ACTION)
+
+
+# -- actions per packet type ---------------------------------------------------------
+
+@dataclass
+class _Routed:
+    denied: bool = False
+    refusal: _Refusal | None = None
+    dropped: int = 0
+    gate: object | None = None
+
+
+def test_publish5_is_pure_until_the_state_applies_its_changes() -> None:
+    """Deciding a PUBLISH changes nothing in the MQTT 5 state: the alias it sets
+    and its packet id's quota count only once ``Negotiated.took`` applies them."""
+    v5 = _v5()
+    setting = Publish("t/1", b"", 1, packet_id=7, properties=Properties(topic_alias=2))
+    for _ in range(2):
+        assert isinstance(decisions.publish5(setting, v5, STRINGS, "c", 0.0), Message)
+    by_alias = Publish("", b"", properties=Properties(topic_alias=2))
+    assert isinstance(decisions.publish5(by_alias, v5, STRINGS, "c", 0.0), Close)
+    for pid in range(1, RECEIVE_MAXIMUM + 5):   # nothing counted: never over the maximum
+        assert isinstance(decisions.publish5(Publish("t", b"", 1, packet_id=pid), v5,
+                                             STRINGS, "c", 0.0), Message)
+    v5.took(setting)
+    routed = decisions.publish5(by_alias, v5, STRINGS, "c", 0.0)
+    assert isinstance(routed, Message) and routed.topic == "t/1"
+    assert v5.quota_allows(7)        # a resend of an id counted is free
+    v5.quota_release(7)
+    assert v5.quota_allows(7)
+
+
+def test_published_plain_acknowledgements_are_the_shared_actions() -> None:
+    """A routed QoS 0 PUBLISH gets nothing; QoS 1/2 with nothing to say get the
+    actions made once (no action object per packet): PUBACK, PUBREC, and PUBREC
+    opening the QoS 2 gate; MQTT 5's PUBACK gives the quota back, its plain PUBREC
+    does not (PUBCOMP will)."""
+    assert decisions.published(0, 0, _Routed(), None) is None
+    assert decisions.published(0, 0, _Routed(), _v5()) is None
+    assert decisions.published(1, 1, _Routed(), None) is actions.PUBACK
+    assert decisions.published(2, 1, _Routed(), None) is actions.PUBREC
+    assert decisions.published(2, 1, _Routed(gate=object()), None) is actions.PUBREC_OPENS
+    assert decisions.published(1, 1, _Routed(dropped=3), None) is actions.PUBACK
+    assert decisions.published(1, 1, _Routed(), _v5()) is actions.PUBACK_RELEASE
+    assert decisions.published(2, 1, _Routed(), _v5()) is actions.PUBREC
+    assert decisions.published(2, 1, _Routed(dropped=1, gate=object()),
+                               _v5()) is actions.PUBREC_OPENS
+    assert actions.PUBACK.frame_for(0x0102) == b"\x40\x02\x01\x02"
+    assert not actions.PUBACK.release and actions.PUBACK_RELEASE.release
+    assert actions.PUBREC_OPENS.opens and not actions.PUBREC.opens
+
+
+def test_published5_verdicts_carry_their_reason_codes_and_end_the_exchange() -> None:
+    """MQTT 5: a denied or refused PUBLISH gets its frame with the reason code and
+    gives the quota back (a failing PUBREC ends the QoS 2 exchange); drops are
+    0x97 on PUBACK only."""
+    v5 = _v5()
+    denied = decisions.published(2, 5, _Routed(denied=True), v5)
+    assert isinstance(denied, Ack) and denied.release and not denied.opens
+    assert _decode(_frame(denied), 5) == Pubrec(
+        5, ReasonCode.NOT_AUTHORIZED, Properties(reason_string="not authorized to publish there"))
+    refused = decisions.published(1, 6, _Routed(refusal=_Refusal(0x83, "no")), v5)
+    assert isinstance(refused, Ack) and refused.release and refused.kind == 0x40
+    assert _decode(_frame(refused), 5) == Puback(6, 0x83, Properties(reason_string="no"))
+    dropped = decisions.published(1, 7, _Routed(dropped=2), v5)
+    assert isinstance(dropped, Ack) and dropped.release
+    assert getattr(_decode(_frame(dropped), 5), "reason_code", None) == \
+        ReasonCode.QUOTA_EXCEEDED
+
+
+def test_pubrel_answers_pubcomp_and_gives_the_quota_back_for_mqtt5() -> None:
+    """PUBREL: the shared PUBCOMP (3.1.1), PUBCOMP releasing the quota (MQTT 5), or
+    PUBCOMP 0x92 for an id not in flight (MQTT 5, releasing too)."""
+    assert decisions.pubrel(3, False, None) is actions.PUBCOMP
+    assert decisions.pubrel(3, True, _v5()) is actions.PUBCOMP_RELEASE
+    unknown = decisions.pubrel(3, False, _v5())
+    assert unknown.release and _decode(_frame(unknown), 5) == Pubcomp(
+        3, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+
+
+def test_pingreq_disconnect_and_unsubscribe_actions() -> None:
+    """PINGREQ is the shared PINGRESP ``Send``; DISCONNECT a ``Goodbye`` (or a
+    ``Close``); UNSUBSCRIBE an ``Ack`` carrying its UNSUBACK, or a ``Close``."""
+    from mqttamqp.mqtt.packets import Pingreq, Pingresp
+
+    ping = decisions.pingreq(Pingreq())
+    assert ping is actions.PINGRESP and _decode(_frame(ping), 4) == Pingresp()
+    assert isinstance(decisions.disconnect(Disconnect(), None, LIMITS), Goodbye)
+    ack = decisions.unsubscribe(Unsubscribe(9, ("a",)), STRINGS, None, {})
+    assert isinstance(ack, Ack) and ack.kind == 0xB0 and not ack.release
+
+
+def test_connect_accepted_keepalive_and_authentication_deadline() -> None:
+    """CONNACK accepting a client is a ``Send`` (3.1 never says session present; the
+    3.1.1 ones are made once); the keepalive and the AUTH exchange are ``Arm``s."""
+    from mqttamqp.mqtt.packets import Connack
+
+    plain = decisions.accepted(True, "3.1.1", None, None)
+    assert plain is decisions.accepted(True, "3.1.1", None, None)
+    assert _decode(_frame(plain), 4) == Connack(True, ConnackCode.ACCEPTED)
+    assert _decode(_frame(decisions.accepted(True, "3.1", None, None)), 4) == Connack(
+        False, ConnackCode.ACCEPTED)
+    five = decisions.accepted(False, "5", _v5(), Properties(receive_maximum=10))
+    assert _decode(_frame(five), 5) == Connack(False, ReasonCode.SUCCESS,
+                                               Properties(receive_maximum=10))
+    armed = decisions.keepalive(30)
+    assert isinstance(armed, Arm) and (armed.deadline, armed.seconds) == ("keepalive", 30)
+    assert decisions.keepalive(0) is None
+    connect = decisions.authenticating(replace(LIMITS, connect_timeout=7.0))
+    assert (connect.deadline, connect.seconds) == ("connect", 7.0)
+
+
+def test_auth_answer_per_step_and_exchange() -> None:
+    """A challenge is AUTH 0x18; at CONNECT a failure is a refusal (0x86) and a
+    success lets the CONNECT go on (None); re-authenticating, success as the same
+    user is AUTH 0x00, anything else closes with 0x87."""
+    from mqttamqp.security.enhanced_auth import CONTINUE, FAILURE, SUCCESS, AuthStep
+
+    challenge = decisions.auth_answer(AuthStep(CONTINUE, b"c"), "M", False, None)
+    assert isinstance(challenge, Send)
+    assert _decode(challenge.frame, 5) == Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
+        authentication_method="M", authentication_data=b"c"))
+    refused = decisions.auth_answer(AuthStep(FAILURE, reason="bad proof"), "M", False, None)
+    assert isinstance(refused, Refuse) and refused.code == ReasonCode.BAD_USER_NAME_OR_PASSWORD
+    assert decisions.auth_answer(AuthStep(SUCCESS, b"f", "u"), "M", False, None) is None
+    again = decisions.auth_answer(AuthStep(SUCCESS, b"f", "u"), "M", True, "u")
+    assert isinstance(again, Send)
+    assert _decode(again.frame, 5) == Auth(ReasonCode.SUCCESS, Properties(
+        authentication_method="M", authentication_data=b"f"))
+    other = decisions.auth_answer(AuthStep(SUCCESS, b"f", "v"), "M", True, "u")
+    assert isinstance(other, Close) and other.code == ReasonCode.NOT_AUTHORIZED
+
+
+def test_refusals_and_closes_are_actions_with_their_details() -> None:
+    """A refusal may say it was logged already (bans); a close carries the bound it
+    went beyond; every action says what it is when printed."""
+    banned = Refuse(ReasonCode.BANNED, "banned", logged=True)
+    assert banned.logged and not Refuse(0x05, "no").logged
+    assert Close("many", 0x97, "subscribe_filters").limit == "subscribe_filters"
+    for action in (banned, Close("x"), actions.PUBACK, actions.PINGRESP,
+                   Arm("connect", 1.0), Goodbye(True, None)):
+        assert type(action).__name__ in repr(action)
