@@ -81,12 +81,18 @@ class ActionExecutor(MQTTLink):
                 then()
             return
         if ack.release:
-            v5 = self._v5
-            assert v5 is not None
-            release = v5.quota_release
-            self._ack(durable, frame, lambda: release(packet_id))
+            self._ack_releasing(durable, frame, packet_id)
         else:
             self._ack(durable, frame, then, ack.opens)
+
+    def _ack_releasing(self, durable: Deferred[None] | None, frame: bytes,
+                       packet_id: int) -> None:
+        """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
+        method: a closure in ``_acknowledge`` would make its cells on every call.)"""
+        v5 = self._v5
+        assert v5 is not None
+        release = v5.quota_release
+        self._ack(durable, frame, lambda: release(packet_id))
 
     def _ack(self, d: Deferred[None] | None, frame: bytes,
              after: Callable[[], None] | None = None, essential: bool = False) -> None:
