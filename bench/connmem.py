@@ -358,7 +358,7 @@ def main() -> int:
             report["gc_collections"] = gc_time[2]
             report["gc_full_collections"] = gc_time[3]
             report["connect_all_s"] = report["loadgen"].get("connect_all_s")  # type: ignore[union-attr]
-            worker.transport.write(b"CLOSE\n")
+            close_all()
             return
         if args.rss:
             if args.malloc_info:
@@ -372,8 +372,7 @@ def main() -> int:
             report["connected"] = n
             report.update(memory_delta(state["mem0"], memory(), n))  # type: ignore[arg-type]
             report["one_connection"] = one_connection()
-            for w in workers:
-                w.transport.write(b"CLOSE\n")
+            close_all()
             return
         snap1 = settle()
         census1 = census()
@@ -397,9 +396,14 @@ def main() -> int:
                               "bytes_per_conn": round((size - b) / n, 1)})
         types.sort(key=lambda r: -r["bytes_per_conn"])
         report["objects"] = types[:args.top]
-        worker.transport.write(b"CLOSE\n")
+        close_all()
 
     workers: list[protocol.ProcessProtocol] = []
+
+    def close_all() -> None:
+        """Every loadgen worker (the ``--warmup`` one too) closes its connections."""
+        for w in workers:
+            w.transport.write(b"CLOSE\n")
 
     def spawn(worker: protocol.ProcessProtocol, count: int, prefix: str) -> None:
         port = next(s for s in svc if getattr(s, "kind", "") == "MQTT").port.getHost().port
