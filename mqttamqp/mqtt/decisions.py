@@ -96,7 +96,8 @@ from mqttamqp.security.enhanced_auth import CONTINUE, SUCCESS, AuthExchange, Aut
 
 __all__ = [
     "Ack", "Close", "Connecting", "Goodbye", "Refuse", "Send", "Subscription", "Verdict",
-    "accepted", "ack_frame", "auth", "auth_answer", "authenticating", "closed_by_broker", "connect",
+    "accepted", "ack_frame", "auth", "auth_answer", "authenticated", "authenticating",
+    "banned", "closed_by_broker", "connect",
     "disconnect", "keepalive", "malformed", "pingreq", "problem", "publish5", "publish_ack5",
     "published", "pubcomp", "pubrec_refused", "pubrel", "suback", "suback5",
     "subscribe", "subscribe5", "unsubscribe", "violation_code",
@@ -228,6 +229,26 @@ def _connect_strings(packet: Connect, strings: StringRules) -> str | None:
     if why is None and packet.will is not None:
         why = strings.topic(packet.will.topic, "CONNECT will topic")
     return why
+
+
+def banned(reason: str, v5: Negotiated | None) -> Refuse:
+    """A banned client (counted and logged, rate-limited, by the broker): MQTT 5 has
+    its own code for it (0x8A); 3.1.1's is "not authorized"."""
+    return Refuse(ReasonCode.BANNED if v5 is not None else ConnackCode.NOT_AUTHORIZED,
+                  reason, logged=True)
+
+
+def authenticated(ok: bool, packet: Connect, may_claim: bool) -> Refuse | None:
+    """The authenticator's answer and whether the user may take the session of that
+    client id: a refusal (4 bad user name or password when a name was given, else
+    5 not authorized), or None: the session opens."""
+    if not ok:
+        return Refuse(ConnackCode.BAD_CREDENTIALS if packet.username is not None
+                      else ConnackCode.NOT_AUTHORIZED, "authentication failed")
+    if not may_claim:
+        return Refuse(ConnackCode.NOT_AUTHORIZED,
+                      "the session of this client id belongs to another user")
+    return None
 
 
 def accepted(present: bool, version: str, v5: Negotiated | None,

@@ -69,7 +69,7 @@ class ConnectedFlows(ActionExecutor):
         # acknowledgement is ``decisions.published``'s for 3.1.1, inlined likewise.
         why = self.strings.topic(packet.topic, "PUBLISH topic")
         if why is not None:
-            self._violation(why)
+            self._carry_out(Close(why))
             return
         message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)

@@ -34,7 +34,6 @@ from mqttamqp.mqtt.packets import (
     ConnackCode,
     Connect,
     Properties,
-    ReasonCode,
 )
 from mqttamqp.mqtt.v5 import message_properties, negotiate
 from mqttamqp.net.tls import verified_common_name
@@ -105,9 +104,7 @@ class ConnectHandshake(ActionExecutor):
         peer = self.peer     # (made when read: once here)
         banned = self.broker.gate.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
-            # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
-            self._carry_out(Refuse(ReasonCode.BANNED if self._v5 is not None
-                                   else ConnackCode.NOT_AUTHORIZED, banned, logged=True))
+            self._carry_out(decisions.banned(banned, self._v5))
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
@@ -149,15 +146,14 @@ class ConnectHandshake(ActionExecutor):
                        ) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
             return None  # the socket went away while we checked
-        if not ok:
-            code = (ConnackCode.BAD_CREDENTIALS if packet.username is not None
-                    else ConnackCode.NOT_AUTHORIZED)
-            self._carry_out(Refuse(code, "authentication failed"))
-            return None
-        self.identity = Identity(self.client_id, self.username, self.protocol_label)
-        if not self.broker.gate.may_claim(self.identity, self.client_id):
-            self._carry_out(Refuse(ConnackCode.NOT_AUTHORIZED,
-                                   "the session of this client id belongs to another user"))
+        may_claim = False
+        if ok:
+            identity = self.identity = Identity(self.client_id, self.username,
+                                                self.protocol_label)
+            may_claim = self.broker.gate.may_claim(identity, self.client_id)
+        refused = decisions.authenticated(ok, packet, may_claim)
+        if refused is not None:
+            self._carry_out(refused)
             return None
         will = None
         if packet.will is not None:
@@ -262,7 +258,7 @@ class ConnectHandshake(ActionExecutor):
         banned = self.broker.gate.banned("MQTT", self.client_id, step.username, self.peer)
         if banned is not None:
             self._auth = None
-            self._carry_out(Refuse(ReasonCode.BANNED, banned, logged=True))
+            self._carry_out(decisions.banned(banned, self._v5))
             return
         auth.final = step.data
         self.username = step.username

@@ -105,6 +105,7 @@ class MQTTLink:
     _send_disconnect: Callable[[int, str], None]
     _after_publish: Callable[[Session, Published, int], None]
     _violation: Callable[..., None]
+    _carry_out: Callable[..., None]
     _lose: Callable[[], None]
     _process: Callable[[], None]
     _cancel_timers: Callable[[], None]

@@ -440,3 +440,21 @@ def test_refusals_and_closes_are_actions_with_their_details() -> None:
     for action in (banned, Close("x"), actions.PUBACK, actions.PINGRESP,
                    Arm("connect", 1.0), Goodbye(True, None)):
         assert type(action).__name__ in repr(action)
+
+
+def test_banned_and_authenticated_refusals() -> None:
+    """A ban is 0x8A for MQTT 5 and 5 for 3.1.1, logged already by the broker; a
+    failed password is 4 when a user name was given, else 5; a session owned by
+    another user is 5; otherwise the session opens (None)."""
+    assert decisions.banned("ban", _v5()).code == ReasonCode.BANNED
+    old = decisions.banned("ban", None)
+    assert old.code == ConnackCode.NOT_AUTHORIZED and old.logged
+    named = Connect("MQTT", 4, "c", True, 0, username="u", password=b"p")
+    anonymous = Connect("MQTT", 4, "c", True, 0)
+    refused = decisions.authenticated(False, named, False)
+    assert refused is not None and refused.code == ConnackCode.BAD_CREDENTIALS
+    refused = decisions.authenticated(False, anonymous, True)
+    assert refused is not None and refused.code == ConnackCode.NOT_AUTHORIZED
+    owned = decisions.authenticated(True, named, False)
+    assert owned is not None and "another user" in owned.reason and not owned.logged
+    assert decisions.authenticated(True, named, True) is None
