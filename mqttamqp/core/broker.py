@@ -17,6 +17,8 @@ needs; it holds no rules of its own:
   commands, exactly-once QoS 2, topic counts; ``routing.settlement.Settlement``:
   acknowledgements and outcomes;
 * ``queues.manager.QueueManager`` (``Broker.queues``): the durable queues;
+* ``exchanges.exchanges.Exchanges`` (``Broker.exchanges``): AMQP 0.9.1's exchanges,
+  bindings and declared queues over the queue manager;
 * ``sessions.flow.FlowControl``: paused publishers and the stall rule;
 * ``systopics.SysTopics`` (``Broker.sys_topics``): ``$SYS``;
 * ``readmodel.ReadModel`` (``Broker.view``): frozen views for the console;
@@ -54,6 +56,7 @@ from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commands import ConsoleCommands
 from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
@@ -106,6 +109,8 @@ class Broker:
         self.queues = QueueManager(clock, commits, limits, log_limit)
         # (a store that cannot read queue messages back gets no memory budget)
         self.queues.attach_storage(getattr(store, "read_queue_messages", None), free_space)
+        # AMQP 0.9.1's model over those queues (the 0.9.1 adapter's entry point).
+        self.exchanges = Exchanges(self.queues)
         self.router = router = Router(clock, commits, stats, self.authorizer, self.recorder,
                                       limits, log_limit, queues=self.queues)
         self.topic_stats = TopicStats()       # per-topic counts for the console

@@ -1,0 +1,153 @@
+"""AMQP 0.9.1's model on the core (``mqttamqp.core.exchanges``) through
+``Broker.exchanges``, with fake links, ``task.Clock`` and in-memory stores: queue
+declarations, the default exchange and 0.9.1 consumers on the queue manager's
+queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakes import FakeLink, ManualMemoryStore, MemoryStore
+from queue_facade import client, got, join, make, send
+
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.exchanges.errors import ChannelError
+from mqttamqp.core.message import Message
+from mqttamqp.core.sessions.session import Session
+
+
+def message(payload: bytes = b"x", qos: int = 1, broker: Broker | None = None) -> Message:
+    now = broker.clock.seconds() if broker is not None else 0.0
+    return Message("", payload, qos, False, "pub", now)
+
+
+def consume(broker: Broker, queue: str, owner: str = "c1", key: str = "ctag",
+            arguments: dict[str, Any] | None = None) -> tuple[Session, FakeLink]:
+    """A 0.9.1 consumer as the adapter makes one: the queue's filter and consumer."""
+    topic_filter, consumer = broker.exchanges.consumer_filter(queue, owner, arguments)
+    session = broker.add_topic_receiver(f"{owner}/{key}", topic_filter,
+                                        Identity(owner, None, "amqp0-9-1"), 1,
+                                        consumer=consumer)
+    assert session is not None
+    link = FakeLink(key)
+    broker.start_topic_receiver(session, link)
+    broker.exchanges.consumer_added(queue)
+    return session, link
+
+
+def code_of(call: Any, *args: Any, **kwargs: Any) -> int:
+    with pytest.raises(ChannelError) as info:
+        call(*args, **kwargs)
+    return info.value.code
+
+
+# -- step 1: declare, the default exchange, consumers ------------------------------
+
+
+def test_a_declared_durable_queue_is_the_queue_managers_queue() -> None:
+    """A durable 0.9.1 queue is stored as the queue manager's queue, and a publish
+    to the default exchange with its name reaches an MQTT consumer of $queue/."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    declared, d = broker.exchanges.declare_queue("orders", "c1", durable=True)
+    assert (declared.name, declared.message_count, declared.consumer_count) == (
+        "orders", 0, 0)
+    assert d is not None and d.called
+    assert "orders" in broker.queues.queues and "orders" in store.queues
+    mqtt, link = client(broker, "worker-1")
+    assert join(broker, mqtt, "$queue/orders/#") < 0x80
+    routed, confirm = broker.exchanges.publish(message(b"job", broker=broker), "", "orders")
+    assert routed and confirm is not None and confirm.called
+    assert got(link) == [("$queue/orders", b"job")]
+
+
+def test_default_exchange_to_a_missing_queue_is_unroutable() -> None:
+    """The default exchange routes only to an existing queue: otherwise not routed
+    (basic.return when mandatory) and nothing to wait for."""
+    broker, _, _ = make()
+    assert broker.exchanges.publish(message(), "", "nowhere", mandatory=True) == (False, None)
+
+
+def test_the_confirm_waits_for_the_commit() -> None:
+    """A publisher confirm fires only once the append is committed."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("jobs", "c1", durable=True)
+    store.commit_all()
+    _, confirm = broker.exchanges.publish(message(), "", "jobs")
+    assert confirm is not None and not confirm.called
+    store.commit_all()
+    assert confirm.called
+
+
+def test_passive_declare_and_redeclare_rules() -> None:
+    """Passive declare of a missing queue is 404; a redeclare with other flags or
+    arguments is 406; amq. names are 403; names MQTT cannot address are 406."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    assert code_of(ex.declare_queue, "ghost", "c1", passive=True) == 404
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 10})
+    assert ex.declare_queue("q", "c2", passive=True)[0].name == "q"
+    assert ex.declare_queue("q", "c2", durable=True,
+                            arguments={"x-max-length": 10})[0].name == "q"
+    assert code_of(ex.declare_queue, "q", "c1", durable=False) == 406
+    assert code_of(ex.declare_queue, "q", "c1", durable=True,
+                   arguments={"x-max-length": 11}) == 406
+    assert code_of(ex.declare_queue, "amq.mine", "c1", durable=True) == 403
+    assert code_of(ex.declare_queue, "a/b", "c1", durable=True) == 406
+    assert code_of(ex.declare_queue, "a+b", "c1", durable=True) == 406
+
+
+def test_celery_and_kombu_queue_names_are_accepted() -> None:
+    """The names Celery and kombu declare are valid queue names."""
+    broker, _, _ = make()
+    for name in ("celery", "celery@host.celery.pidbox",
+                 "celeryev.0e4b8bb3-3b9c-4b39-9d4d-0a3c1a9d6e51",
+                 "9f2d3c1e-5b1a-4f0e-8d7c-2a6b4e8f1c3d"):
+        assert broker.exchanges.declare_queue(name, "c1", durable=True)[0].name == name
+
+
+def test_a_091_consumer_joins_the_default_group_with_mqtt_ones() -> None:
+    """A 0.9.1 consumer joins the queue's default group: it competes with an AMQP
+    1.0-style receiver of the same group, and declare-ok counts it."""
+    broker, _, _ = make()
+    broker.exchanges.declare_queue("work", "c1", durable=True)
+    _, link_a = consume(broker, "work", "c1", "a")
+    _, link_b = consume(broker, "work", "c2", "b")
+    assert broker.exchanges.declare_queue("work", "c1", passive=True)[0].consumer_count == 2
+    for i in range(4):
+        broker.exchanges.publish(message(b"%d" % i, broker=broker), "", "work")
+    assert len(got(link_a)) == 2 and len(got(link_b)) == 2
+
+
+def test_consume_on_a_missing_queue_is_404() -> None:
+    """basic.consume on a queue that does not exist is 404."""
+    broker, _, _ = make()
+    assert code_of(broker.exchanges.consumer_filter, "none", "c1") == 404
+
+
+def test_an_mqtt_publish_to_queue_reaches_a_091_consumer() -> None:
+    """What MQTT publishes to $queue/<name>/... a 0.9.1 consumer of <name> receives."""
+    broker, _, _ = make()
+    broker.exchanges.declare_queue("tasks", "c1", durable=True)
+    _, link = consume(broker, "tasks")
+    send(broker, "$queue/tasks/eu", b"from-mqtt")
+    assert got(link) == [("$queue/tasks/eu", b"from-mqtt")]
+
+
+def test_delete_and_purge() -> None:
+    """Purge empties a queue; delete with if_empty refuses a non-empty queue (406),
+    otherwise removes it and says how many messages went with it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for _ in range(3):
+        ex.publish(message(broker=broker), "", "q")
+    assert code_of(ex.delete_queue, "q", "c1", if_empty=True) == 406
+    assert ex.purge_queue("q", "c1")[0] == 3
+    ex.publish(message(broker=broker), "", "q")
+    assert ex.delete_queue("q", "c1")[0] == 1
+    assert "q" not in broker.queues.queues
+    assert code_of(ex.purge_queue, "q", "c1") == 404
