@@ -80,10 +80,10 @@ class DeclaredQueue:
     """What 0.9.1 said of a queue when it declared it."""
 
     __slots__ = ("arguments", "auto_delete", "consumers", "durable", "exclusive", "name",
-                 "owner")
+                 "owner", "transient")
 
     def __init__(self, name: str, durable: bool, exclusive: bool, auto_delete: bool,
-                 arguments: Frozen, owner: str | None) -> None:
+                 arguments: Frozen, owner: str | None, server_named: bool = False) -> None:
         self.name = name
         self.durable = durable
         self.exclusive = exclusive
@@ -91,10 +91,8 @@ class DeclaredQueue:
         self.arguments = arguments
         self.owner = owner          # the connection that declared it (exclusive: owns it)
         self.consumers = 0          # 0.9.1 consumers now (auto-delete: goes at 1 -> 0)
-
-    @property
-    def transient(self) -> bool:
-        return not self.durable or self.exclusive or self.auto_delete
+        # In memory only, never stored (``QueueLog.transient``).
+        self.transient = not durable or exclusive or auto_delete or server_named
 
 
 class QueueDeclarations:
@@ -118,7 +116,8 @@ class QueueDeclarations:
                 raise ChannelError(NOT_FOUND, "a passive declare needs a queue name")
             self._existing(name, owner)
             return self._declared(name), None
-        if not name:
+        server_named = not name
+        if server_named:
             name = "amq.gen-" + secrets.token_urlsafe(16).replace("-", "_")
         elif name.startswith("amq."):
             raise ChannelError(ACCESS_REFUSED,
@@ -139,8 +138,9 @@ class QueueDeclarations:
             self._check_lock(known, owner)
             self._equivalent(known, durable, exclusive, auto_delete, frozen)
             return self._declared(name), None
-        declared = DeclaredQueue(name, durable, exclusive, auto_delete, frozen, owner)
-        queue, d = self.queues.declare(name)
+        declared = DeclaredQueue(name, durable, exclusive, auto_delete, frozen, owner,
+                                 server_named)
+        queue, d = self.queues.declare(name, declared.transient)
         if queue is None:
             raise ChannelError(RESOURCE_ERROR,
                                f"too many queues (--queue-max-queues "
@@ -258,3 +258,11 @@ class QueueDeclarations:
         """Queue ``name`` goes: its declaration, and the queue manager's queue."""
         self.declared.pop(name, None)
         return self.queues.delete(name)
+
+    def connection_closed(self, owner: str) -> None:
+        """Connection ``owner`` is gone: its exclusive queues go with it.  (Its
+        consumers are the adapter's to cancel, ``consumer_cancelled``, which ends
+        auto-delete queues whose last consumer they were.)"""
+        for name, known in list(self.declared.items()):
+            if known.exclusive and known.owner == owner:
+                self.queues.commits.watch(self._drop(name), "deleting queue " + name)

@@ -140,12 +140,13 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
-    def declare(self, name: str) -> tuple[QueueLog | None, Deferred[None] | None]:
+    def declare(self, name: str, transient: bool = False
+                ) -> tuple[QueueLog | None, Deferred[None] | None]:
         """Queue ``name``, made now if it is missing (an AMQP 0.9.1 ``queue.declare``):
         the queue (None past ``--queue-max-queues``) and the commit that stores a
-        new one."""
+        new one.  A ``transient`` queue stores nothing (``QueueLog.transient``)."""
         ops: list[Op] = []
-        queue = self._queue(name, ops)
+        queue = self._queue(name, ops, transient)
         return queue, self._commit(ops)
 
     def restore(self, records: Iterable[QueueRecord]) -> None:

@@ -12,7 +12,7 @@ from fakes import FakeLink, ManualMemoryStore, MemoryStore
 from queue_facade import client, got, join, make, send
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.broker import Broker
+from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.exchanges.errors import ChannelError
 from mqttamqp.core.message import Message
 from mqttamqp.core.sessions.session import Session
@@ -151,3 +151,82 @@ def test_delete_and_purge() -> None:
     assert ex.delete_queue("q", "c1")[0] == 1
     assert "q" not in broker.queues.queues
     assert code_of(ex.purge_queue, "q", "c1") == 404
+
+
+# -- step 2: transient queues ------------------------------------------------------
+
+
+def test_transient_queues_store_nothing() -> None:
+    """Exclusive, auto-delete, non-durable and server-named queues live in memory:
+    declaring, publishing, consuming and acknowledging them stores no op."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    names = [ex.declare_queue("", "c1", exclusive=True)[0].name,
+             ex.declare_queue("ad", "c1", durable=True, auto_delete=True)[0].name,
+             ex.declare_queue("plain", "c1")[0].name,
+             ex.declare_queue("", "c1", durable=True)[0].name]
+    assert names[0].startswith("amq.gen-") and names[3].startswith("amq.gen-")
+    for name in names:
+        session, link = consume(broker, name, "c1", "t-" + name)
+        ex.publish(message(b"m", broker=broker), "", name)
+        entry_message = link.published()[0][0]
+        assert entry_message.payload == b"m"
+        broker.acknowledged(session, link.published()[0][2])
+    assert not any(name in store.queues for name in names)
+    assert all(name in broker.queues.queues for name in names)
+
+
+def test_a_qos2_message_to_a_transient_queue_is_delivered() -> None:
+    """With nothing to commit, a QoS 2 append to a transient queue goes out at once."""
+    broker, _, _ = make()
+    name = broker.exchanges.declare_queue("", "c1", exclusive=True)[0].name
+    _, link = consume(broker, name)
+    routed, confirm = broker.exchanges.publish(message(qos=2, broker=broker), "", name)
+    assert routed and confirm is None
+    assert len(got(link)) == 1
+
+
+def test_exclusive_queue_is_locked_to_its_connection_and_goes_with_it() -> None:
+    """Another connection gets 405 on an exclusive queue (declare, consume, purge,
+    delete); the owner's close removes it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("reply", "c1", exclusive=True)
+    assert code_of(ex.declare_queue, "reply", "c2", exclusive=True) == 405
+    assert code_of(ex.declare_queue, "reply", "c2", passive=True) == 405
+    assert code_of(ex.consumer_filter, "reply", "c2") == 405
+    assert code_of(ex.purge_queue, "reply", "c2") == 405
+    assert code_of(ex.delete_queue, "reply", "c2") == 405
+    assert ex.publish(message(), "", "reply")[0]    # (anyone may publish to it)
+    ex.connection_closed("c2")
+    assert "reply" in broker.queues.queues
+    ex.connection_closed("c1")
+    assert "reply" not in broker.queues.queues and "reply" not in ex.declared
+
+
+def test_auto_delete_queue_goes_with_its_last_consumer() -> None:
+    """An auto-delete queue stays until its last consumer leaves, then goes."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("ev", "c1", auto_delete=True)
+    consume(broker, "ev", "c1", "a")
+    consume(broker, "ev", "c2", "b")
+    ex.consumer_cancelled("ev")
+    assert "ev" in broker.queues.queues
+    ex.consumer_cancelled("ev")
+    assert "ev" not in broker.queues.queues
+
+
+def test_a_transient_queue_does_not_dead_letter_into_storage() -> None:
+    """A message rejected on a transient queue (no dead-letter exchange) is dropped
+    and counted: no $dlq/ queue is made for it."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    name = broker.exchanges.declare_queue("", "c1", exclusive=True)[0].name
+    session, link = consume(broker, name)
+    broker.exchanges.publish(message(broker=broker), "", name)
+    entry = link.published()[0][2]
+    broker.settle(session, entry, Outcome.REJECTED)
+    assert broker.queues.queues[name].dead == 1
+    assert "$dlq/" + name not in broker.queues.queues and not store.queues
