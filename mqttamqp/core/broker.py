@@ -67,7 +67,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel
 from mqttamqp.core.recorder import CAUSE_LOST, NoRecorder, Recorder
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE, Published
-from mqttamqp.core.routing.publishing import Publishing
+from mqttamqp.core.routing.publishing import Publishing, TopicExchange
 from mqttamqp.core.routing.retained import RetainedStore
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.settlement import Outcome, Settlement
@@ -110,7 +110,7 @@ class Broker:
         # (a store that cannot read queue messages back gets no memory budget)
         self.queues.attach_storage(getattr(store, "read_queue_messages", None), free_space)
         # AMQP 0.9.1's model over those queues (the 0.9.1 adapter's entry point).
-        self.exchanges = Exchanges(self.queues)
+        self.exchanges = Exchanges(self.queues, log_limit)
         self.router = router = Router(clock, commits, stats, self.authorizer, self.recorder,
                                       limits, log_limit, queues=self.queues)
         self.topic_stats = TopicStats()       # per-topic counts for the console
@@ -124,6 +124,9 @@ class Broker:
         self._wills = wills = registry.wills
         self.publishing = publishing = Publishing(commits, router, self.queues,
                                                    self.topic_stats, registry.sessions)
+        self.exchanges.attach_topic_space(
+            lambda message, identity: publishing.publish(message, identity),
+            lambda topic: bool(router.trie.match(topic)), self._topic_bound)
         self.sys_topics = SysTopics(clock, stats, router, registry, wills, self.recorder,
                                     queues=self.queues)
         self.client_debug = ClientDebug(clock.seconds)
@@ -194,6 +197,9 @@ class Broker:
     @property
     def stopping(self) -> bool:
         return self._commits.stopping
+
+    def _topic_bound(self, exchange: TopicExchange | None) -> None:
+        self.publishing.topic_exchange = exchange
 
     def _online(self) -> Iterable[Session]:
         return self.registry.online()

@@ -22,20 +22,22 @@ from collections.abc import Mapping
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.core.commits import all_durable
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
     PRECONDITION_FAILED,
-    RESOURCE_ERROR,
     RESOURCE_LOCKED,
     ChannelError,
     QueueDeclared,
 )
+from mqttamqp.core.persistence import Op
 from mqttamqp.core.queues.addresses import QUEUE_PREFIX, Consumer
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import QueueLog
 
-__all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze"]
+__all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
+           "freeze_value", "Frozen"]
 
 Arguments = Mapping[str, object]
 Frozen = tuple[tuple[str, object], ...]
@@ -46,14 +48,14 @@ def freeze(arguments: Arguments | None) -> Frozen:
     and arrays frozen too): what equivalence checks compare and storage keeps."""
     if not arguments:
         return ()
-    return tuple(sorted((str(k), _freeze_value(v)) for k, v in arguments.items()))
+    return tuple(sorted((str(k), freeze_value(v)) for k, v in arguments.items()))
 
 
-def _freeze_value(value: object) -> object:
+def freeze_value(value: object) -> object:
     if isinstance(value, Mapping):
         return freeze(value)
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze_value(v) for v in value)
+        return tuple(freeze_value(v) for v in value)
     if value is None or isinstance(value, (str, bytes, bool, int, float)):
         return value
     return str(value)   # (decimals, timestamps: compared and kept as text)
@@ -142,7 +144,7 @@ class QueueDeclarations:
                                  server_named)
         queue, d = self.queues.declare(name, declared.transient)
         if queue is None:
-            raise ChannelError(RESOURCE_ERROR,
+            raise ChannelError(PRECONDITION_FAILED,
                                f"too many queues (--queue-max-queues "
                                f"{self.queues.limits.queue_max_queues})")
         self.declared[name] = declared
@@ -255,9 +257,17 @@ class QueueDeclarations:
         return count, self.queues.purge(name)
 
     def _drop(self, name: str) -> Deferred[None] | None:
-        """Queue ``name`` goes: its declaration, and the queue manager's queue."""
-        self.declared.pop(name, None)
-        return self.queues.delete(name)
+        """Queue ``name`` goes: its declaration, its bindings, and the queue
+        manager's queue."""
+        known = self.declared.pop(name, None)
+        ops: list[Op] = []
+        self._dropped_queue(name, ops)
+        if known is not None and known.transient:
+            ops = []   # (none of it was stored)
+        return all_durable([self.queues.commits.persist(ops), self.queues.delete(name)])
+
+    def _dropped_queue(self, name: str, ops: list[Op]) -> None:
+        """The bindings to queue ``name`` go (``Exchanges``)."""
 
     def connection_closed(self, owner: str) -> None:
         """Connection ``owner`` is gone: its exclusive queues go with it.  (Its
