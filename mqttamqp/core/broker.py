@@ -218,6 +218,7 @@ class Broker:
         self._wills.restore(snap.wills.values())
         self.gate.bans.restore(snap.bans)
         self.queues.restore(snap.queues)
+        self.exchanges.restore(snap)
         self.queues.alarm.start()
         self.log.info("loaded {r} retained message(s), {s} persistent session(s), "
                       "{q} durable queue(s)", r=len(snap.retained), s=len(snap.sessions),

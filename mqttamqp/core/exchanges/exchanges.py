@@ -49,6 +49,7 @@ from mqttamqp.core.persistence import (
     Op,
     PutBinding,
     PutExchange,
+    Snapshot,
 )
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
@@ -318,6 +319,28 @@ class Exchanges(TopicSpace):
                     seen.add(following.name)
                     todo.append(following)
         return queues, topic
+
+    # -- restart ---------------------------------------------------------------------
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Durable exchanges, bindings and declared queues as stored, after the
+        queue manager's restore (bindings whose ends are gone are left out)."""
+        self.restore_queues(snapshot.queues)
+        for e in snapshot.exchanges:
+            if e.name not in self.exchanges:
+                self.exchanges[e.name] = Exchange(e.name, e.kind, True, e.auto_delete,
+                                                  e.internal, tuple(e.arguments))
+        for b in snapshot.bindings:
+            source = self.exchanges.get(b.source)
+            ends = self.exchanges if b.to_exchange else self.queues.queues
+            if source is None or b.destination not in ends:
+                continue
+            binding = Binding(b.source, b.destination, b.to_exchange, b.routing_key,
+                              tuple(b.arguments))
+            if source.add(binding):
+                self.bound_to.setdefault(b.destination, {})[binding] = None
+                self.binding_count += 1
+                self._bindings_changed(source)
 
     # -- helpers ---------------------------------------------------------------------
 

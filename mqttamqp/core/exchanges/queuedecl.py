@@ -31,7 +31,7 @@ from mqttamqp.core.exchanges.errors import (
     ChannelError,
     QueueDeclared,
 )
-from mqttamqp.core.persistence import Op
+from mqttamqp.core.persistence import Op, PutQueueArguments, QueueRecord
 from mqttamqp.core.queues.addresses import QUEUE_PREFIX, Consumer
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import QueueLog
@@ -135,14 +135,17 @@ class QueueDeclarations:
             known = DeclaredQueue(name, True, False, False, frozen, None)
             self._equivalent(known, durable, exclusive, auto_delete, frozen)
             self.declared[name] = known
-            return self._declared(name), None
+            return self._declared(name), self.queues.commits.persist(
+                [PutQueueArguments(name, frozen)])
         if known is not None:
             self._check_lock(known, owner)
             self._equivalent(known, durable, exclusive, auto_delete, frozen)
             return self._declared(name), None
         declared = DeclaredQueue(name, durable, exclusive, auto_delete, frozen, owner,
                                  server_named)
-        queue, d = self.queues.declare(name, declared.transient)
+        queue, d = self.queues.declare(
+            name, declared.transient,
+            () if declared.transient else (PutQueueArguments(name, frozen),))
         if queue is None:
             raise ChannelError(PRECONDITION_FAILED,
                                f"too many queues (--queue-max-queues "
@@ -276,3 +279,11 @@ class QueueDeclarations:
         for name, known in list(self.declared.items()):
             if known.exclusive and known.owner == owner:
                 self.queues.commits.watch(self._drop(name), "deleting queue " + name)
+
+    def restore_queues(self, records: list[QueueRecord]) -> None:
+        """The durable queues 0.9.1 declared, as stored (after the queue manager's
+        own restore)."""
+        for rec in records:
+            if rec.arguments is not None and rec.name in self.queues.queues:
+                self.declared[rec.name] = DeclaredQueue(rec.name, True, False, False,
+                                                        tuple(rec.arguments), None)
