@@ -37,6 +37,7 @@ from mqttamqp.core.persistence import Op, PutQueue, PutQueueArguments, QueueReco
 from mqttamqp.core.queues.addresses import QUEUE_PREFIX, STREAM, Consumer
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
            "freeze_value", "Frozen"]
@@ -302,6 +303,25 @@ class QueueDeclarations:
             return self._drop(name)
         self._unused(known)
         return None
+
+    def get(self, name: str, session: Session, owner: str | None = None,
+            no_ack: bool = False) -> tuple[bool, int]:
+        """``basic.get``: whether a message was handed to ``session`` (an online
+        session of the channel's, as ``Broker.add_topic_receiver`` makes but with
+        no subscription: the delivery reaches its link's ``send_publish`` now, with
+        a packet id to settle through ``Broker.acknowledged`` / ``Broker.settle``
+        unless ``no_ack``), and the messages left (``get-ok``'s message count).
+        What is unsettled goes back to the queue when the session goes."""
+        self._existing(name, owner)
+        result = self.queues.take_one(name, session, 0 if no_ack else 1)
+        if result is None:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"queue '{name}' is a stream: consume it (basic.get "
+                               "takes no message from a stream)")
+        known = self.declared.get(name)
+        if known is not None:
+            self._unused(known)
+        return result
 
     # -- queue.delete, queue.purge ---------------------------------------------------
 

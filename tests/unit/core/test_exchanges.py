@@ -695,3 +695,74 @@ def test_a_stream_queue_is_read_by_cursor() -> None:
     assert consumer.mode == "stream" and consumer.stream_offset == "first"
     _, link = consume(broker, "events", arguments={"x-stream-offset": "first"})
     assert [p for _, p in got(link)] == [b"0", b"1", b"2"]
+
+
+# -- step 7: basic.get and connection_closed ------------------------------------------
+
+
+def get_session(broker: Broker, key: str = "c1/get") -> tuple[Session, FakeLink]:
+    """A channel's session for basic.get: online, subscribed to nothing."""
+    session = broker.registry.add_link_subscriber(key)
+    link = FakeLink(key)
+    broker.activate(session, link, "amqp0-9-1")
+    return session, link
+
+
+def test_basic_get_takes_one_message_at_a_time() -> None:
+    """basic.get hands one message, says how many are left, and says empty when
+    there is none; an acknowledged one is gone."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(2):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    session, link = get_session(broker)
+    assert ex.get("q", session) == (True, 1)
+    assert got(link) == [("$queue/q", b"0")]
+    broker.acknowledged(session, link.published()[0][2])
+    assert ex.get("q", session, no_ack=True) == (True, 0)
+    assert ex.get("q", session) == (False, 0)
+    assert not broker.queues.queues["q"].log
+
+
+def test_an_unsettled_get_goes_back_when_its_session_goes() -> None:
+    """A message got and not acknowledged is back in the queue (redelivered) once
+    the channel's session goes; a nack requeues it too."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    ex.publish(message(b"m", broker=broker), "", "q")
+    session, link = get_session(broker)
+    assert ex.get("q", session)[0]
+    broker.settle(session, link.published()[0][2], Outcome.RELEASED)
+    assert ex.get("q", session)[0]
+    broker.registry.remove_link_subscriber("c1/get")
+    other, link2 = get_session(broker, "c2/get")
+    assert ex.get("q", other)[0]
+    assert got(link2) == [("$queue/q", b"m")]
+
+
+def test_get_on_a_stream_or_a_locked_queue_is_refused() -> None:
+    """basic.get on a stream is 406; on another connection's exclusive queue 405."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("s", "c1", durable=True, arguments={"x-queue-type": "stream"})
+    ex.declare_queue("mine", "c1", exclusive=True)
+    session, _ = get_session(broker)
+    consume(broker, "s")
+    assert code_of(ex.get, "s", session) == 406
+    assert code_of(ex.get, "mine", session, "c2") == 405
+
+
+def test_connection_closed_takes_exclusive_queues_and_their_bindings() -> None:
+    """A connection's exclusive queues and their bindings go when it closes; its
+    durable queues stay."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    reply = ex.declare_queue("", "c1", exclusive=True)[0].name
+    ex.declare_queue("keep", "c1", durable=True)
+    ex.bind_queue(reply, "amq.direct", "rpc", None, "c1")
+    ex.connection_closed("c1")
+    assert reply not in broker.queues.queues and "keep" in broker.queues.queues
+    assert ex.binding_count == 0
+    assert not ex.publish(message(), "amq.direct", "rpc")[0]
