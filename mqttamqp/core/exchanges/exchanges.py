@@ -100,11 +100,14 @@ class Exchanges(TopicSpace):
             raise ChannelError(COMMAND_INVALID, f"unknown exchange type '{kind}'")
         frozen = freeze(arguments)
         if known is not None:
+            # (as RabbitMQ: of the arguments only alternate-exchange is compared)
             for what, mine, theirs in (("type", known.kind, kind),
                                        ("durable", known.durable, durable),
                                        ("auto_delete", known.auto_delete, auto_delete),
                                        ("internal", known.internal, internal),
-                                       ("arguments", known.arguments, frozen)):
+                                       ("alternate-exchange",
+                                        dict(known.arguments).get("alternate-exchange"),
+                                        dict(frozen).get("alternate-exchange"))):
                 if mine != theirs:
                     raise ChannelError(
                         PRECONDITION_FAILED,
@@ -387,7 +390,7 @@ class Exchanges(TopicSpace):
 def _shown(value: object) -> str:
     if isinstance(value, bool):
         return f"'{str(value).lower()}'"
-    if isinstance(value, tuple):
-        return repr(dict(value)) if value else "none"
+    if value is None:
+        return "none"
     return f"'{value}'"
 

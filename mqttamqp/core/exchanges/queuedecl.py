@@ -24,7 +24,11 @@ from twisted.internet.defer import Deferred
 
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.commits import all_durable
-from mqttamqp.core.exchanges.arguments import QueueArguments, parse_queue_arguments
+from mqttamqp.core.exchanges.arguments import (
+    COMPARED,
+    QueueArguments,
+    parse_queue_arguments,
+)
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -229,9 +233,13 @@ class QueueDeclarations:
                     f"received '{str(theirs).lower()}' but current is "
                     f"'{str(mine).lower()}'")
         if arguments != known.arguments:
+            # (as RabbitMQ: only the arguments it knows are compared; others may
+            # differ from one declaration to the next)
             mine_map, theirs_map = dict(known.arguments), dict(arguments)
             key = next((k for k in sorted(set(mine_map) | set(theirs_map))
-                        if mine_map.get(k) != theirs_map.get(k)), "arguments")
+                        if k in COMPARED and mine_map.get(k) != theirs_map.get(k)), None)
+            if key is None:
+                return
             raise ChannelError(
                 PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for queue '{known.name}' in vhost '/': "

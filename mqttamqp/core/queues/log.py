@@ -198,7 +198,8 @@ class QueueLogs:
         messages once that commit is durable.  With ``background`` nobody waits."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
-        ops = self._durable_ops(ops)
+        if self.transient:
+            ops = self._durable_ops(ops)
         appended, self._appended_to = self._appended_to, {}
         stored, self._appends = self._appends, {}
         nbytes, self._append_bytes = self._append_bytes, 0

@@ -605,6 +605,9 @@ def test_invalid_known_arguments_are_406_and_unknown_ones_kept() -> None:
     assert dict(ex.declared["q"].arguments) == {"x-custom-thing": "yes",
                                                 "x-max-priority": 10}
     assert ex.declared["q"].parsed.max_priority == 10
+    # (as RabbitMQ: a redeclaration may differ in unknown arguments, not known ones)
+    ex.declare_queue("q", "c2", durable=True, arguments={"x-max-priority": 10})
+    assert code_of(ex.declare_queue, "q", "c2", durable=True) == 406
 
 
 def test_max_length_drops_the_oldest_by_default() -> None:
