@@ -398,18 +398,32 @@ def test_auto_delete_exchange_goes_with_its_last_binding() -> None:
 
 
 def test_exchange_and_binding_bounds() -> None:
-    """Past --max-exchanges / --max-bindings a declare or bind is refused (406) and
-    counted."""
-    broker, _, _ = make(max_exchanges=2, max_bindings=2)
-    ex = broker.exchanges
-    declared(broker, "q")
-    ex.declare_exchange("e1", "direct")
-    ex.declare_exchange("e2", "direct")
-    assert code_of(ex.declare_exchange, "e3", "direct") == 406
-    ex.bind_queue("q", "e1", "a")
-    ex.bind_queue("q", "e1", "b")
-    assert code_of(ex.bind_queue, "q", "e1", "c") == 406
-    assert ex.refused == 2
+    """Past --max-exchanges / --max-bindings a declare or bind is refused (406),
+    counted, and logged once a minute per bound."""
+    from twisted.logger import globalLogPublisher
+    events: list[dict[str, Any]] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if str(event.get("log_namespace")).startswith("mqttamqp.core.exchanges"):
+            events.append(event)
+
+    globalLogPublisher.addObserver(observer)
+    try:
+        broker, _, _ = make(max_exchanges=2, max_bindings=2)
+        ex = broker.exchanges
+        declared(broker, "q")
+        ex.declare_exchange("e1", "direct")
+        ex.declare_exchange("e2", "direct")
+        assert code_of(ex.declare_exchange, "e3", "direct") == 406
+        assert code_of(ex.declare_exchange, "e4", "direct") == 406
+        ex.bind_queue("q", "e1", "a")
+        ex.bind_queue("q", "e1", "b")
+        assert code_of(ex.bind_queue, "q", "e1", "c") == 406
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert ex.refused == 3
+    assert broker.stats.limits == {"max_exchanges": 2, "max_bindings": 1}
+    assert sorted(e["w"] for e in events) == ["bindings", "exchanges"]
 
 
 def test_mandatory_result_and_exclusive_bind() -> None:
