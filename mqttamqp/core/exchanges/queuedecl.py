@@ -351,10 +351,10 @@ class QueueDeclarations:
 
     def purge_queue(self, name: str, owner: str | None = None
                     ) -> tuple[int, Deferred[None] | None]:
-        """``queue.purge``: how many messages it removed, and the commit."""
-        queue = self._existing(name, owner)
-        count = len(queue.log)
-        return count, self.queues.purge(name)
+        """``queue.purge``: how many messages it removed (those no consumer holds
+        unacknowledged), and the commit."""
+        self._existing(name, owner)
+        return self.queues.purge_ready(name)
 
     def _drop(self, name: str) -> Deferred[None] | None:
         """Queue ``name`` goes: its declaration, its bindings, and the queue

@@ -783,3 +783,23 @@ def test_connection_closed_takes_exclusive_queues_and_their_bindings() -> None:
     assert reply not in broker.queues.queues and "keep" in broker.queues.queues
     assert ex.binding_count == 0
     assert not ex.publish(message(), "amq.direct", "rpc")[0]
+
+
+def test_purge_keeps_what_consumers_hold_unacknowledged() -> None:
+    """queue.purge removes ready messages only: a consumer's unacknowledged delivery
+    stays its own and can still be acknowledged; what comes later is delivered."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    session, link = consume(broker, "q")
+    for i in range(20):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    held = len(link.published())
+    assert 0 < held < 20
+    assert ex.purge_queue("q", "c1")[0] == 20 - held
+    assert len(broker.queues.queues["q"].log) == held
+    for _, _, packet_id, *_ in link.published():
+        broker.acknowledged(session, packet_id)
+    assert not broker.queues.queues["q"].log
+    ex.publish(message(b"late", broker=broker), "", "q")
+    assert got(link)[-1] == ("$queue/q", b"late")
