@@ -803,3 +803,21 @@ def test_purge_keeps_what_consumers_hold_unacknowledged() -> None:
     assert not broker.queues.queues["q"].log
     ex.publish(message(b"late", broker=broker), "", "q")
     assert got(link)[-1] == ("$queue/q", b"late")
+
+
+def test_an_mqtt_qos2_publish_and_a_will_reach_queues_bound_to_amq_topic() -> None:
+    """An MQTT QoS 2 publish and a will published by the broker reach the queues
+    bound to amq.topic as any publish does."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "q")
+    ex.bind_queue("q", "amq.topic", "dev.#")
+    session, _ = client(broker, "dev1")
+    result = broker.publish_qos2(session, Message("dev/a", b"q2", 2, False, "dev1",
+                                                  broker.clock.seconds()),
+                                 Identity("dev1"), 7)
+    assert result.gate is not None
+    result.gate.open()
+    broker.publishing.publish_with(Message("dev/will", b"bye", 1, False, "dev1",
+                                           broker.clock.seconds()), ())
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"q2", b"bye"]
