@@ -821,3 +821,32 @@ def test_an_mqtt_qos2_publish_and_a_will_reach_queues_bound_to_amq_topic() -> No
     broker.publishing.publish_with(Message("dev/will", b"bye", 1, False, "dev1",
                                            broker.clock.seconds()), ())
     assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"q2", b"bye"]
+
+
+def test_reject_publish_dlx_dead_letters_the_refused_message() -> None:
+    """x-overflow reject-publish-dlx refuses the publish and dead-letters it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("over", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
+                                "x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "over"})
+    ex.publish(message(b"a", broker=broker), "", "q")
+    _, confirm = ex.publish(message(b"b", broker=broker), "", "q")
+    assert confirm is not None
+    confirm.addErrback(lambda f: None)
+    assert [m.payload for m in broker.queues.queues["over"].log.values()] == [b"b"]
+
+
+def test_message_ttl_zero_delivers_to_a_waiting_consumer_only() -> None:
+    """x-message-ttl 0: a consumer with room gets the message, else it expires."""
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("now", "c1", durable=True, arguments={"x-message-ttl": 0})
+    ex.publish(message(b"nobody", broker=broker), "", "now")
+    clock.advance(1.5)
+    assert not broker.queues.queues["now"].log
+    _, link = consume(broker, "now")
+    ex.publish(message(b"taken", broker=broker), "", "now")
+    assert got(link) == [("$queue/now", b"taken")]
