@@ -850,3 +850,30 @@ def test_message_ttl_zero_delivers_to_a_waiting_consumer_only() -> None:
     _, link = consume(broker, "now")
     ex.publish(message(b"taken", broker=broker), "", "now")
     assert got(link) == [("$queue/now", b"taken")]
+
+
+def test_a_message_past_its_own_expiry_is_not_delivered() -> None:
+    """A queued message whose expiry interval ran out (0.9.1 expiration, MQTT 5
+    message expiry) leaves the queue when it would be delivered, dead-lettered as
+    expired by the queue's dead-letter exchange, and never reaches the consumer."""
+    from mqttamqp.core.message import MessageProperties
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("gone", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "gone"})
+    now = broker.clock.seconds()
+    short = Message("", b"short", 1, False, "p", now, props=MessageProperties(
+        expiry_interval=1))
+    ex.publish(short, "", "q")
+    ex.publish(message(b"long", broker=broker), "", "q")
+    clock.advance(2)
+    _, link = consume(broker, "q")
+    assert got(link) == [("$queue/q", b"long")]
+    (dead,) = broker.queues.queues["gone"].log.values()
+    assert dead.payload == b"short" and dead.props is not None
+    assert ("reason", "expired") in dead.props.user_properties
+    session, _ = get_session(broker)
+    ex.publish(short, "", "q")
+    assert ex.get("q", session) == (False, 0)
