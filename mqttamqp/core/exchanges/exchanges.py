@@ -312,8 +312,9 @@ class Exchanges(TopicSpace):
             if into_topic and exchange.name == AMQ_TOPIC:
                 topic = True
                 continue
-            before = len(queues)
+            matched = False
             for binding in exchange.matches(routing_key, headers):
+                matched = True
                 if not binding.to_exchange:
                     queues[binding.destination] = None
                 elif binding.destination not in seen and len(seen) < MAX_HOPS:
@@ -321,7 +322,7 @@ class Exchanges(TopicSpace):
                     if following is not None:
                         seen.add(following.name)
                         todo.append(following)
-            if len(queues) == before and exchange.arguments:
+            if not matched and exchange.arguments:
                 alternate = dict(exchange.arguments).get("alternate-exchange")
                 following = self.exchanges.get(str(alternate)) if alternate else None
                 if following is not None and following.name not in seen:
