@@ -165,6 +165,9 @@ class Exchanges(TopicSpace):
                    ) -> Deferred[None] | None:
         """``queue.bind``: the commit that stores a binding of two durable ends."""
         self._existing(queue, owner)
+        if queue[:1] == "$":
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{queue}' is reached by dead-lettering only")
         return self._bind(self._source(exchange), queue, False, routing_key, arguments)
 
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "",
@@ -277,7 +280,8 @@ class Exchanges(TopicSpace):
         ``amq.topic`` it is also an MQTT publish (``identity``'s permission)."""
         publisher = publisher or message.publisher or ""
         if exchange == "":
-            if routing_key not in self.queues.queues:
+            # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
+            if routing_key[:1] == "$" or routing_key not in self.queues.queues:
                 return False, None
             return True, self._enqueue(message, (routing_key,), routing_key, publisher)
         source = self.exchange(exchange)

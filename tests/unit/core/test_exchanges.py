@@ -877,3 +877,16 @@ def test_a_message_past_its_own_expiry_is_not_delivered() -> None:
     session, _ = get_session(broker)
     ex.publish(short, "", "q")
     assert ex.get("q", session) == (False, 0)
+
+
+def test_dead_letter_queues_take_dead_letters_only() -> None:
+    """$dlq/ queues cannot be published to through the default exchange nor bound."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("jobs", "c1", durable=True)
+    session, link = consume(broker, "jobs")
+    ex.publish(message(broker=broker), "", "jobs")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    assert "$dlq/jobs" in broker.queues.queues
+    assert ex.publish(message(), "", "$dlq/jobs") == (False, None)
+    assert code_of(ex.bind_queue, "$dlq/jobs", "amq.fanout") == 403
