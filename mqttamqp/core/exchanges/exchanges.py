@@ -43,6 +43,14 @@ from mqttamqp.core.exchanges.routes import (
     Exchange,
 )
 from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, PublishRefused, TopicSpace, queue_topic
+from mqttamqp.core.exchanges.views import (
+    BindingView,
+    DeclaredQueueView,
+    ExchangeView,
+    binding_view,
+    declared_view,
+    exchange_view,
+)
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
     DeleteBinding,
@@ -357,6 +365,16 @@ class Exchanges(TopicSpace):
             return list(self.route(exchange, key, None)[0])
 
         return route
+
+    # -- views -----------------------------------------------------------------------
+
+    def views(self) -> tuple[list[ExchangeView], list[BindingView], list[DeclaredQueueView]]:
+        """The exchanges (the default one not listed), bindings and declared queues,
+        by name, as frozen values for the console."""
+        exchanges = [self.exchanges[n] for n in sorted(self.exchanges)]
+        return ([exchange_view(e) for e in exchanges],
+                [binding_view(b) for e in exchanges for b in e.bindings],
+                [declared_view(self.declared[n]) for n in sorted(self.declared)])
 
     # -- restart ---------------------------------------------------------------------
 

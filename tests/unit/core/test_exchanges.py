@@ -890,3 +890,20 @@ def test_dead_letter_queues_take_dead_letters_only() -> None:
     assert "$dlq/jobs" in broker.queues.queues
     assert ex.publish(message(), "", "$dlq/jobs") == (False, None)
     assert code_of(ex.bind_queue, "$dlq/jobs", "amq.fanout") == 403
+
+
+def test_views_show_exchanges_bindings_and_declared_arguments() -> None:
+    """The console's views list exchanges, bindings and declared queues with their
+    arguments, unknown ones included."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-app-hint": "blue"})
+    ex.declare_exchange("e", "fanout")
+    ex.bind_queue("q", "e")
+    exchanges, bindings, queues = ex.views()
+    assert [e.name for e in exchanges] == ["amq.direct", "amq.fanout", "amq.headers",
+                                           "amq.match", "amq.topic", "e"]
+    assert [(b.source, b.destination, b.destination_kind) for b in bindings] == [
+        ("e", "q", "queue")]
+    assert [(q.name, q.arguments, q.transient) for q in queues] == [
+        ("q", (("x-app-hint", "blue"),), False)]
