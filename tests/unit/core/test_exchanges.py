@@ -907,3 +907,16 @@ def test_views_show_exchanges_bindings_and_declared_arguments() -> None:
         ("e", "q", "queue")]
     assert [(q.name, q.arguments, q.transient) for q in queues] == [
         ("q", (("x-app-hint", "blue"),), False)]
+
+
+def test_an_operators_retention_survives_a_restart_of_a_declared_queue() -> None:
+    """The console's retention of a 0.9.1-declared queue is kept after a restart;
+    what the arguments bound stays bound."""
+    from mqttamqp.core.queues.model import Retention
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("q", "c1", durable=True,
+                                   arguments={"x-max-length": 5})
+    broker.queues.set_retention("q", Retention(60.0, 1000, 5))
+    again, _, _ = make(store)
+    assert again.queues.queues["q"].retention == Retention(60.0, 1000, 5)
