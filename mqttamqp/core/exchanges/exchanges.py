@@ -151,7 +151,7 @@ class Exchanges(TopicSpace):
         if if_unused and exchange.bindings:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '/' in use")
         ops: list[Op] = []
-        self._unbind_all(name, False, ops)
+        self._unbind_all(name, True, ops)
         for binding in list(exchange.bindings):
             self._remove_binding(binding, ops, cascade=False)
         del self.exchanges[name]

@@ -920,3 +920,18 @@ def test_an_operators_retention_survives_a_restart_of_a_declared_queue() -> None
     broker.queues.set_retention("q", Retention(60.0, 1000, 5))
     again, _, _ = make(store)
     assert again.queues.queues["q"].retention == Retention(60.0, 1000, 5)
+
+
+def test_deleting_an_exchange_removes_the_bindings_to_it_not_a_queues() -> None:
+    """Deleting exchange "x" removes the exchange-to-exchange bindings to it and
+    leaves the bindings of a queue also named "x"."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "x")
+    ex.declare_exchange("x", "fanout")
+    ex.declare_exchange("src", "fanout")
+    ex.bind_exchange("x", "src")
+    ex.bind_queue("x", "src")
+    ex.delete_exchange("x")
+    assert [(b.destination, b.destination_kind) for b in ex.views()[1]] == [("x", "queue")]
+    assert ex.binding_count == 1
