@@ -262,8 +262,7 @@ class Exchanges(TopicSpace):
         if cascade and source.auto_delete and not source.bindings:
             # (an auto-delete exchange goes with its last binding)
             self._unbind_all(source.name, True, ops)
-            del self.exchanges[source.name]
-            if source.durable:
+            if self.exchanges.pop(source.name, None) is source and source.durable:
                 ops.append(DeleteExchange(source.name))
 
     def _unbind_all(self, destination: str, to_exchange: bool, ops: list[Op]) -> None:
