@@ -935,3 +935,34 @@ def test_deleting_an_exchange_removes_the_bindings_to_it_not_a_queues() -> None:
     ex.delete_exchange("x")
     assert [(b.destination, b.destination_kind) for b in ex.views()[1]] == [("x", "queue")]
     assert ex.binding_count == 1
+
+
+def _reference_match(pattern: str, key: str) -> bool:
+    """0.9.1 topic matching by plain recursion (slow, obviously right)."""
+    def go(p: list[str], w: list[str]) -> bool:
+        if not p:
+            return not w
+        if p[0] == "#":
+            return any(go(p[1:], w[i:]) for i in range(len(w) + 1))
+        return bool(w) and (p[0] in ("*", w[0])) and go(p[1:], w[1:])
+    return go(pattern.split("."), key.split("."))
+
+
+def test_topic_matching_agrees_with_the_plain_definition() -> None:
+    """For random binding and routing keys the linear matcher agrees with the
+    definition (* one word, # zero or more)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mqttamqp.core.exchanges.routes import topic_match, topic_words
+    word = st.sampled_from(["a", "b", ""])
+    pattern = st.lists(st.sampled_from(["a", "b", "*", "#"]), min_size=1, max_size=6)
+
+    @settings(max_examples=300, deadline=None)
+    @given(pattern, st.lists(word, min_size=1, max_size=6))
+    def check(p: list[str], w: list[str]) -> None:
+        key, binding = ".".join(w), ".".join(p)
+        assert topic_match(topic_words(binding), key.split(".")) == _reference_match(
+            binding, key), (binding, key)
+
+    check()
