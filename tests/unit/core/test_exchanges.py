@@ -372,3 +372,24 @@ def test_topic_matching_agrees_with_the_plain_definition() -> None:
             binding, key), (binding, key)
 
     check()
+
+
+def test_a_topic_exchange_remembers_matches_until_its_bindings_change() -> None:
+    """A topic exchange answers a repeated key from its bounded cache, and a new or
+    removed binding is seen by the next publish."""
+    from mqttamqp.core.exchanges.routes import MATCH_CACHE
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "a", "b")
+    ex.declare_exchange("t", "topic")
+    ex.bind_queue("a", "t", "x.*")
+    ex.publish(message(broker=broker), "t", "x.1")
+    ex.bind_queue("b", "t", "#")
+    ex.publish(message(broker=broker), "t", "x.1")
+    assert (depth(broker, "a"), depth(broker, "b")) == (2, 1)
+    ex.unbind_queue("a", "t", "x.*")
+    ex.publish(message(broker=broker), "t", "x.1")
+    assert (depth(broker, "a"), depth(broker, "b")) == (2, 2)
+    for i in range(MATCH_CACHE + 10):
+        ex.route(ex.exchanges["t"], f"k.{i}", None)
+    assert len(ex.exchanges["t"].matched) <= MATCH_CACHE
