@@ -184,3 +184,13 @@ def test_a_stream_queue_is_read_by_cursor() -> None:
     assert consumer.mode == "stream" and consumer.stream_offset == "first"
     _, link = consume(broker, "events", arguments={"x-stream-offset": "first"})
     assert [p for _, p in got(link)] == [b"0", b"1", b"2"]
+
+
+def test_stopping_the_broker_leaves_no_expiry_timer() -> None:
+    """Broker.stop cancels the x-expires timers of unused queues."""
+    from fakes import timers_left
+    broker, clock, _ = make()
+    broker.exchanges.declare_queue("short", "c1", durable=True,
+                                   arguments={"x-expires": 60_000})
+    broker.stop()
+    assert timers_left(clock) == []
