@@ -98,7 +98,7 @@ def test_message_ttl_expires_into_the_dead_letter_exchange() -> None:
     clock.advance(2.5)
     assert not broker.queues.queues["q"].log
     (dead,) = broker.queues.queues["dead"].log.values()
-    assert dead.payload == b"m"
+    assert dead.payload == b"m" and dead.topic == "$queue/dead/gone"
     assert dead.props is not None and ("reason", "expired") in dead.props.user_properties
     assert ("origin-queue", "q") in dead.props.user_properties
 
@@ -156,8 +156,10 @@ def test_a_rejected_message_goes_to_the_dead_letter_exchange_not_dlq() -> None:
     ex.publish(message(b"bad", broker=broker), "", "jobs")
     broker.settle(session, link.published()[0][2], Outcome.REJECTED)
     (dead,) = broker.queues.queues["parked"].log.values()
-    assert dead.payload == b"bad" and dead.topic == "$queue/parked"
+    assert dead.payload == b"bad" and dead.topic == "$queue/parked/jobs"
     assert dead.props is not None and ("reason", "rejected") in dead.props.user_properties
+    assert {("dead-letter-exchange", "amq.direct"), ("dead-letter-routing-key", "jobs"),
+            ("origin-queue", "jobs")} <= set(dead.props.user_properties)
     assert "$dlq/jobs" not in broker.queues.queues
 
 
