@@ -17,7 +17,7 @@ bound to ``amq.topic``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -80,6 +80,10 @@ class TopicSpace(QueueDeclarations):
         self._subscribed: Callable[[str], bool] | None = None
         self._hook: Callable[[TopicSpace | None], None] | None = None
         self.topic_routed = 0     # queues the last ``from_topic`` appended to
+        # The online subscribers past their high-water mark that the last publish
+        # into the topic space fed (``Published.congested``): a 0.9.1 adapter stops
+        # reading its publisher until they drain (``Broker.pause_until_drained``).
+        self.congested: Sequence[Any] = ()
         # Queues a 0.9.1 publish appends to itself while it is published to the
         # topic space (not twice through ``from_topic``).
         self._skip: Mapping[str, None] = {}
@@ -105,6 +109,7 @@ class TopicSpace(QueueDeclarations):
         what to wait for."""
         topic = key_to_topic(routing_key)
         publish = self._topic_publish
+        self.congested = ()
         if (publish is None or not topic or topic[0] == "$" or "+" in topic
                 or "#" in topic or "\x00" in topic):
             # (no MQTT topic: only what is bound to amq.topic takes it)
@@ -117,6 +122,7 @@ class TopicSpace(QueueDeclarations):
             result = publish(replace(message, topic=topic), identity)
         finally:
             self._skip = {}
+        self.congested = result.congested
         if result.denied:
             raise ChannelError(ACCESS_REFUSED,
                                f"write access to topic '{routing_key}' in exchange "

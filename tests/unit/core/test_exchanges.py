@@ -393,3 +393,21 @@ def test_a_topic_exchange_remembers_matches_until_its_bindings_change() -> None:
     for i in range(MATCH_CACHE + 10):
         ex.route(ex.exchanges["t"], f"k.{i}", None)
     assert len(ex.exchanges["t"].matched) <= MATCH_CACHE
+
+
+def test_a_publish_into_the_topic_space_says_which_subscribers_it_congested() -> None:
+    """A 0.9.1 publish to amq.topic that leaves an MQTT subscriber past its
+    high-water mark names it in ``congested`` (the adapter pauses its publisher);
+    the next publish elsewhere clears it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    sub, link = client(broker, "slow")
+    broker.subscribe(sub, Identity("slow"), [("t/#", 1)])
+    link.congested = True
+    # (past half its queue bound, a subscriber is past its high-water mark)
+    for _ in range(broker.limits.max_queued_messages // 2 + 1):
+        ex.publish(message(broker=broker), "amq.topic", "t.x")
+    assert list(ex.congested) == [sub]
+    declared(broker, "q")
+    ex.publish(message(broker=broker), "", "q")
+    assert ex.congested == ()
