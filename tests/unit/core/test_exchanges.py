@@ -411,3 +411,24 @@ def test_a_publish_into_the_topic_space_says_which_subscribers_it_congested() ->
     declared(broker, "q")
     ex.publish(message(broker=broker), "", "q")
     assert ex.congested == ()
+
+
+def test_a_full_bound_queue_fails_a_091_confirm_but_not_an_mqtt_puback() -> None:
+    """A reject-publish queue bound to amq.topic refuses a message: the 0.9.1
+    publisher's confirm fails, the MQTT publisher's acknowledgement does not."""
+    from mqttamqp.core.exchanges.exchanges import PublishRefused
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("full", "c1", durable=True,
+                     arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    ex.bind_queue("full", "amq.topic", "#")
+    _, confirm = ex.publish(message(broker=broker), "amq.topic", "a.b")
+    failures: list[Any] = []
+    assert confirm is not None
+    confirm.addErrback(failures.append)
+    assert failures and failures[0].check(PublishRefused)
+    result = send(broker, "a/b")
+    mqtt_failures: list[Any] = []
+    if result.durable is not None:
+        result.durable.addErrback(mqtt_failures.append)
+    assert mqtt_failures == [] and broker.queues.stats.refused == 2
