@@ -22,10 +22,11 @@ Where a call on the broker's port sits between two decisions (routing a
 PUBLISH, a SUBSCRIBE's grants, authentication, opening the session), the
 adapter makes it as a thin step and hands its result to the next decision: the
 result feeds the decision, and the Deferred it carries (``Ack``'s "after") goes
-to the executor untouched.  Decisions change nothing: what a PUBLISH changes in
-the MQTT 5 state (the topic alias it sets, its packet id's quota) is the
-packet's own fields, applied by ``Negotiated.took`` once the PUBLISH is routed
-or answered.
+to the executor untouched.  Decisions change no state of the connection
+(CONNECT and a re-authenticating AUTH start the offered method's exchange, a new
+object they return): what a PUBLISH changes in the MQTT 5 state (the topic alias
+it sets, its packet id's quota) is the packet's own fields, applied by
+``Negotiated.took`` once the PUBLISH is routed or answered.
 
 Reason codes, the receive maximum, retain handling, topic aliases and which
 acknowledgement a verdict gets live here.  What it must not do: touch a

@@ -67,7 +67,8 @@ class ActionExecutor(MQTTLink):
                      then: Callable[[], None] | None = None) -> None:
         """Send ``ack`` for ``packet_id`` once ``durable`` fired and every earlier
         acknowledgement went out, then call ``then`` (the QoS 2 gate's ``open``
-        when ``ack.opens``) and give the receive-maximum quota back if it says so."""
+        when ``ack.opens``, SUBACK's retained messages) or give the receive-maximum
+        quota back if it says so (a releasing acknowledgement has no ``then``)."""
         frame = ack.frame
         if frame is None:   # (``actions.ack_frame`` inlined: the hottest path)
             frame = bytes((ack.kind, 2, packet_id >> 8, packet_id & 0xFF))
