@@ -69,13 +69,12 @@ class Target:
         if what == "amqp10" and self.amqp10_port is None:
             pytest.skip(f"no AMQP 1.0 port for this broker (set {ENV_AMQP10_PORT})")
 
-    def amqp10_queue_address(self, queue: str, sending: bool) -> str:
+    def amqp10_queue_address(self, queue: str) -> str:
         """The AMQP 1.0 address of 0.9.1 queue ``queue``: ``$queue/<name>`` here;
-        RabbitMQ's AMQP 1.0 plugin: ``/queue/<name>`` to send (default exchange),
-        ``/amq/queue/<name>`` to receive from a queue that exists."""
-        if self.kind == "mqttamqp":
-            return f"$queue/{queue}"
-        return f"/queue/{queue}" if sending else f"/amq/queue/{queue}"
+        ``/amq/queue/<name>`` for RabbitMQ's AMQP 1.0 plugin (a queue that exists: it
+        sends through the default exchange and receives from the queue; ``/queue/<name>``
+        would declare it again, not durable)."""
+        return f"$queue/{queue}" if self.kind == "mqttamqp" else f"/amq/queue/{queue}"
 
     def bad_log_lines(self) -> list[str]:
         """Tracebacks and critical lines in the broker's log (mqttamqp only)."""
