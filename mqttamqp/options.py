@@ -296,6 +296,8 @@ def limits_from(options: Any) -> Limits:
         queue_max_bytes=options["queue-max-bytes"],
         queue_max_age=options["queue-max-age"],
         queue_max_queues=options["queue-max-queues"],
+        max_exchanges=options["max-exchanges"],
+        max_bindings=options["max-bindings"],
         queue_memory_budget=options["queue-memory-budget"] * MB,
         queue_max_total_bytes=options["queue-max-total-bytes"],
         disk_free_limit=options["disk-free-limit"] * MB,

@@ -228,6 +228,12 @@ PARAMETERS: list[list[Any]] = [
     ["queue-max-queues", None, _D.queue_max_queues,
      "Most durable queues (dead-letter queues included); a publish or consumer "
      "that would create one more is refused.", _positive(int, "queue-max-queues")],
+    ["max-exchanges", None, _D.max_exchanges,
+     "Most AMQP 0.9.1 exchanges declared (the amq.* ones not counted); a declare "
+     "past it is refused (406, counted, logged).", _positive(int, "max-exchanges")],
+    ["max-bindings", None, _D.max_bindings,
+     "Most AMQP 0.9.1 bindings (queue and exchange-to-exchange) in all; a bind past "
+     "it is refused (406, counted, logged).", _positive(int, "max-bindings")],
     ["queue-memory-budget", None, _D.queue_memory_budget // MB,
      "MB of durable queue message bodies held in memory in all; beyond it the "
      "bodies farthest from any consumer stay in storage only and are read back as "

@@ -24,6 +24,10 @@ Root layout (``SCHEMA_VERSION`` 1)::
                               schema 1: created on open when missing, old files load)
     root["queues"]         -> OOBTree   name -> PersistentQueue (added later in schema
                               1, like "bans")
+    root["exchanges"]      -> OOBTree   name -> exchange record (AMQP 0.9.1's durable
+                              exchanges; added later in schema 1, like "bans")
+    root["bindings"]       -> OOBTree   binding key -> binding record (between durable
+                              ends; likewise)
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
     PersistentQueue.log    -> QueueTree offset -> message record
     PersistentQueue.groups -> OOBTree group id -> group record
@@ -37,6 +41,12 @@ Root layout (``SCHEMA_VERSION`` 1)::
     ban record:     (kind, value, until or None, reason, created, by)
     group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
                     (tuples of ints / (int, int) / (str, int) pairs)
+    exchange record: (name, kind, auto_delete, internal, arguments)
+    binding key:    (source, destination, to_exchange, routing_key, repr(arguments))
+    binding record: (source, destination, to_exchange, routing_key, arguments)
+    arguments:      AMQP 0.9.1 field tables as sorted (key, value) pairs of primitives
+                    and nested tuples (``core.exchanges.queuedecl.freeze``)
+    PersistentQueue.arguments: what 0.9.1 declared the queue with (None: not)
 
 This module must not open databases, start threads or talk to the reactor; it only
 defines data and pure conversions.  ``zodbstore`` does the I/O.
@@ -55,7 +65,10 @@ from persistent import Persistent
 
 from mqttamqp.core.message import Message, MessageProperties, WillMessage, body_size, stub
 from mqttamqp.core.persistence import (
+    DeleteBinding,
     PutBan,
+    PutBinding,
+    PutExchange,
     QueueGroupRecord,
     QueueRecord,
     SessionRecord,
@@ -63,6 +76,8 @@ from mqttamqp.core.persistence import (
 )
 
 __all__ = [
+    "exchange_to_record", "record_to_exchange", "binding_key", "binding_to_record",
+    "record_to_binding",
     "SCHEMA_VERSION",
     "BanRecord",
     "MessageRecord",
@@ -156,6 +171,7 @@ class PersistentQueue(Persistent):  # type: ignore[misc]
     log: Any
     groups: Any
     done: Any
+    arguments: Any = None   # AMQP 0.9.1's declared arguments (None: not declared so)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -176,7 +192,8 @@ def init_root(root: Any) -> bool:
         )
     changed = False
     for key, factory in (("retained", RetainedTree), ("wills", OOBTree), ("sessions", OOBTree),
-                         ("bans", OOBTree), ("queues", OOBTree)):
+                         ("bans", OOBTree), ("queues", OOBTree), ("exchanges", OOBTree),
+                         ("bindings", OOBTree)):
         if key not in root:
             root[key] = factory()
             changed = True
@@ -341,7 +358,33 @@ def queue_to_record(q: PersistentQueue, body_budget: int | None = None,
         messages=messages,
         groups={str(k): record_to_group(r, q.done.get(k, ())) for k, r in q.groups.items()},
         evicted=evicted,
+        arguments=None if q.arguments is None else tuple(q.arguments),
     )
+
+
+def exchange_to_record(e: PutExchange) -> tuple[Any, ...]:
+    return (e.name, e.kind, bool(e.auto_delete), bool(e.internal), tuple(e.arguments))
+
+
+def record_to_exchange(r: Any) -> PutExchange:
+    name, kind, auto_delete, internal, arguments = r
+    return PutExchange(name, kind, auto_delete, internal, tuple(arguments))
+
+
+def binding_key(b: PutBinding | DeleteBinding) -> tuple[Any, ...]:
+    # (arguments as text: mixed value types would not order in a BTree key)
+    return (b.source, b.destination, bool(b.to_exchange), b.routing_key,
+            repr(tuple(b.arguments)))
+
+
+def binding_to_record(b: PutBinding) -> tuple[Any, ...]:
+    return (b.source, b.destination, bool(b.to_exchange), b.routing_key,
+            tuple(b.arguments))
+
+
+def record_to_binding(r: Any) -> PutBinding:
+    source, destination, to_exchange, routing_key, arguments = r
+    return PutBinding(source, destination, to_exchange, routing_key, tuple(arguments))
 
 
 def advance_floor(record: tuple[Any, ...], done: Any, floor: int) -> tuple[Any, ...]:

@@ -56,6 +56,8 @@ from mqttamqp.store.models import (
     init_root,
     queue_to_record,
     record_to_ban,
+    record_to_binding,
+    record_to_exchange,
     record_to_message,
     record_to_will,
     session_to_record,
@@ -203,6 +205,9 @@ class ZODBStore:
                 for client_id, session in root["sessions"].items():
                     snapshot.sessions[client_id] = session_to_record(session)
                 snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
+                snapshot.exchanges = [record_to_exchange(r)
+                                      for r in root["exchanges"].values()]
+                snapshot.bindings = [record_to_binding(r) for r in root["bindings"].values()]
                 queues = root["queues"]
                 budget = self._queue_body_budget
                 # (each queue's head, its share of the budget, in memory; the cache

@@ -174,8 +174,8 @@ class Acknowledgements(Dispatch):
             return
         queue.dead += 1
         self.stats.dead_lettered += 1
-        if queue.name.startswith(DLQ_PREFIX):
-            return   # (a dead-letter queue's dead messages go nowhere: counted)
+        if queue.name.startswith(DLQ_PREFIX) or queue.transient:
+            return   # (a dead-letter or transient queue's dead messages go nowhere: counted)
         dlq = self._queue(DLQ_PREFIX + queue.name, ops)
         if dlq is None:
             return

@@ -139,7 +139,7 @@ class QueueAdmin(QueueTimers):
                 group.next = max(group.next, queue.next_offset)
             ops.append(PutQueueGroup(name, group.key, group.record()))
         ops.append(TrimQueue(name, queue.next_offset))
-        return self.commits.persist(ops)
+        return self.commits.persist(self._durable_ops(ops))
 
     def delete(self, name: str) -> Deferred[None] | None:
         """Delete queue ``name`` with its messages and groups (members are dropped
@@ -153,6 +153,9 @@ class QueueAdmin(QueueTimers):
         self.resident -= sum(body_size(m) for o, m in queue.log.items()
                              if o not in queue.evicted)
         self._removed()
+        if queue.transient:
+            self.transient.discard(name)
+            return None
         return self.commits.persist([DeleteQueue(name)])
 
     def _disband(self, group: ConsumerGroup) -> None:
@@ -246,7 +249,7 @@ class QueueAdmin(QueueTimers):
         queue.retention = retention
         ops: list[Op] = [PutQueue(name, retention.as_tuple())]
         self._enforce_retention(queue, ops, self.clock.seconds())
-        d = self.commits.persist(ops)
+        d = self.commits.persist(self._durable_ops(ops))
         # Pending messages it dropped gave their members' credit back: use it now.
         self._pump_queue(queue)
         return d
@@ -263,4 +266,4 @@ class QueueAdmin(QueueTimers):
         del queue.groups[key]
         ops: list[Op] = [DeleteQueueGroup(name, key)]
         self._trim(queue, ops)
-        return self.commits.persist(ops)
+        return self.commits.persist(self._durable_ops(ops))

@@ -82,7 +82,10 @@ class Dispatch(MemoryBudget):
             if group.mode == CLASSIC and offset >= group.watermark - _WATERMARK_STEP // 2:
                 # Store the watermark further ahead before deliveries reach it.
                 group.watermark = mark = offset + _WATERMARK_STEP
-                ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                if queue.transient:   # (nothing is stored: nothing to wait for)
+                    group.safe, mark = group.watermark, None
+                else:
+                    ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
                 break   # (sent once the watermark above it is durable: ``_stored``)
             member = self._next_member(group)

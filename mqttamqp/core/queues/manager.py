@@ -140,6 +140,18 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
+    def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
+                ) -> tuple[QueueLog | None, Deferred[None] | None]:
+        """Queue ``name``, made now if it is missing (an AMQP 0.9.1 ``queue.declare``):
+        the queue (None past ``--queue-max-queues``) and the commit that stores a
+        new one with ``extra_ops``.  A ``transient`` queue stores nothing
+        (``QueueLog.transient``)."""
+        ops: list[Op] = []
+        queue = self._queue(name, ops, transient)
+        if queue is not None:
+            ops.extend(extra_ops)
+        return queue, self._commit(ops)
+
     def restore(self, records: Iterable[QueueRecord]) -> None:
         """Rebuild from storage.  Every message below a classic group's stored
         watermark that is not done counts one more delivery (it may have been

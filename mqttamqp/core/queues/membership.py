@@ -85,7 +85,7 @@ class Membership(Acknowledgements):
             self._stored_clients.add(session.client_id)
         ops.append(PutQueueGroup(queue.name, g.key, g.record()))
         self._pump(g)
-        return None, ops
+        return None, list(self._durable_ops(ops))
 
     def _position(self, group: ConsumerGroup, start: tuple[str, float]) -> None:
         queue = group.queue
@@ -120,7 +120,7 @@ class Membership(Acknowledgements):
             if self._leave(session, g) or session.client_id in g.stored_members:
                 g.stored_members.pop(session.client_id, None)
                 ops.append(PutQueueGroup(queue.name, g.key, g.record()))
-        return ops
+        return list(self._durable_ops(ops))
 
     def _leave(self, session: Session, group: ConsumerGroup) -> bool:
         memberships = self._memberships.get(session)
@@ -171,7 +171,7 @@ class Membership(Acknowledgements):
             self._leave(session, group)
             if group.stored_members.pop(session.client_id, None) is not None:
                 ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
-        return ops
+        return list(self._durable_ops(ops))
 
     def link_drained(self, session: Session) -> None:
         """``session`` can take more (online again, a link drained): feed it."""

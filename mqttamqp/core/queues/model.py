@@ -83,6 +83,9 @@ class QueueLog:
         self.durable = head
         self.unstored: set[int] = set()
         self.reading = False       # a read back from storage is under way
+        # In memory only (AMQP 0.9.1's exclusive, auto-delete and server-named
+        # queues): none of its changes becomes an ``Op`` (``QueueLogs._durable_ops``).
+        self.transient = False
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""

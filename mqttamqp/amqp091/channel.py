@@ -1,0 +1,311 @@
+"""One AMQP 0.9.1 channel: its methods carried out against the broker.
+
+What it owns: the channel's states (open, closing after a channel error, closed),
+its consumers and their delivery tags, prefetch (``basic.qos``), acknowledgements
+(``basic.ack``/``nack``/``reject``/``recover``: the core's settlement: ack is
+Accepted, a requeue Modified with delivery-failed, counted as RabbitMQ counts it,
+no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
+content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
+and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
+fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
+Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``, or the
+default exchange alone, ``defaults``); its ``ChannelError`` becomes
+``channel.close`` (or ``connection.close``) here.
+
+What it must not do: parse frames (``frames``), hold routing or queue rules, or
+write to the socket (the connection does).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from pamqp import commands
+from twisted.python.failure import Failure
+
+from mqttamqp.amqp091.consumers import QueueConsumer
+from mqttamqp.amqp091.defaults import (
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    ChannelError,
+)
+from mqttamqp.amqp091.frames import Content
+from mqttamqp.amqp091.hosts import ChannelHost
+from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.core.message import Message
+from mqttamqp.core.routing.settlement import Outcome
+
+__all__ = ["Channel"]
+
+B, Q, E, C = commands.Basic, commands.Queue, commands.Exchange, commands.Confirm
+_NO_PROPS = b"\x00\x00"
+
+
+class Channel:
+    """An open channel of a connection."""
+
+    def __init__(self, connection: ChannelHost, number: int) -> None:
+        self.connection = connection
+        self.number = number
+        self.closing = False           # channel.close sent, waiting for close-ok
+        self.flow_active = True
+        self.consumers: dict[str, QueueConsumer] = {}
+        # delivery tag -> (consumer, packet id of its session); insertion order is
+        # tag order (``multiple``)
+        self.unacked: OrderedDict[int, tuple[QueueConsumer, int]] = OrderedDict()
+        self.next_tag = 1
+        self.prefetch = 0              # basic.qos global=false: for new consumers
+        self.global_prefetch = 0       # basic.qos global=true: the channel's
+        self.confirming = False
+        self.publish_seq = 0
+        self.confirms: OrderedDict[int, bool | None] = OrderedDict()
+        self._tags = 0
+
+    # -- limits ----------------------------------------------------------------------
+
+    def at_limit(self) -> bool:
+        held = len(self.unacked)
+        limit = self.global_prefetch
+        return (limit and held >= limit) or held >= self.connection.max_unacked
+
+    # -- methods ---------------------------------------------------------------------
+
+    def handle(self, method: Any) -> None:
+        name = method.name
+        handler = _HANDLERS.get(name)
+        if handler is None:
+            raise ChannelError(NOT_IMPLEMENTED if name.startswith("Tx.") else 503,
+                               f"{name} is not supported" if name.startswith("Tx.")
+                               else f"{name} is not a method a client sends")
+        handler(self, method)
+
+    def _send(self, method: Any) -> None:
+        self.connection.send_method(self.number, method)
+
+    def _exchanges(self) -> Any:
+        return self.connection.factory.exchanges
+
+    def exchange_declare(self, m: Any) -> None:
+        self._exchanges().declare_exchange(m.exchange, m.exchange_type, m.passive)
+        if not m.nowait:
+            self._send(E.DeclareOk())
+
+    def queue_declare(self, m: Any) -> None:
+        declared = self._exchanges().declare_queue(m.queue, m.passive)
+        if not m.nowait:
+            self._send(Q.DeclareOk(declared.name, declared.message_count,
+                                   declared.consumer_count))
+
+    def basic_qos(self, m: Any) -> None:
+        if m.prefetch_size:
+            raise ChannelError(NOT_IMPLEMENTED, "prefetch_size other than 0")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch = m.prefetch_count
+        self._send(B.QosOk())
+        self._wake_all()
+
+    def basic_consume(self, m: Any) -> None:
+        tag = m.consumer_tag
+        if not tag:
+            self._tags += 1
+            tag = f"amq.ctag-{self.connection.serial}.{self.number}.{self._tags}"
+        if tag in self.consumers:
+            raise ChannelError(530, f"consumer tag '{tag}' is already in use")
+        if m.exclusive:
+            raise ChannelError(NOT_IMPLEMENTED, "exclusive consumers are not supported yet")
+        topic_filter, consumer = self._exchanges().consumer_filter(m.queue)
+        member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
+        self.consumers[tag] = member
+        if not m.nowait:
+            self._send(B.ConsumeOk(tag))
+        if not member.join(topic_filter, consumer):
+            del self.consumers[tag]
+            raise ChannelError(403, f"read access to queue '{m.queue}' refused")
+
+    def basic_cancel(self, m: Any) -> None:
+        member = self.consumers.pop(m.consumer_tag, None)
+        if member is not None:
+            member.cancel()
+        if not m.nowait:
+            self._send(B.CancelOk(m.consumer_tag))
+
+    def cancelled_by_broker(self, member: QueueConsumer) -> None:
+        if self.consumers.get(member.tag) is member:
+            del self.consumers[member.tag]
+            if self.connection.cancel_notify and not self.closing:
+                self._send(B.Cancel(member.tag, nowait=True))
+
+    def basic_publish(self, m: Any) -> None:
+        if m.immediate:
+            raise ChannelError(NOT_IMPLEMENTED, "immediate=true")
+        self.connection.assembler(self).start(m)
+
+    def published(self, content: Content) -> None:
+        """A ``basic.publish`` with its content, assembled."""
+        m, props = content.method, content.properties
+        connection = self.connection
+        if props.user_id is not None and props.user_id != (connection.username or ""):
+            raise ChannelError(PRECONDITION_FAILED, f"user_id property set to "
+                               f"'{props.user_id}' but authenticated user was "
+                               f"'{connection.username or ''}'")
+        try:
+            core_props, qos = to_core(props)
+        except PropertyError as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        message = Message("", content.body, qos, False, connection.client_id,
+                          connection.clock.seconds(), props=core_props)
+        seq = 0
+        if self.confirming:
+            self.publish_seq = seq = self.publish_seq + 1
+            self.confirms[seq] = None
+        routed, durable = self._exchanges().publish(
+            message, m.exchange, m.routing_key, props.headers, connection.identity,
+            m.mandatory)
+        if connection.broker.queues.alarm.blocked:
+            connection.factory.watch_alarm(connection)
+        if not routed and m.mandatory:
+            connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,
+                                                          m.routing_key),
+                                    props.marshal(), content.body)
+        if seq:
+            if durable is None:
+                self._confirmed(None, seq, True)
+            else:
+                durable.addCallbacks(self._confirmed, self._confirm_failed,
+                                     callbackArgs=(seq, True), errbackArgs=(seq,))
+
+    def _confirm_failed(self, failure: Failure, seq: int) -> None:
+        self._confirmed(None, seq, False)
+
+    def _confirmed(self, _: object, seq: int, ok: bool) -> None:
+        if seq not in self.confirms or self.closing:
+            return
+        self.confirms[seq] = ok
+        acked = 0
+        while self.confirms:
+            first, state = next(iter(self.confirms.items()))
+            if state is None:
+                break
+            del self.confirms[first]
+            if state:
+                acked = first
+                continue
+            if acked:
+                self._send(B.Ack(acked, multiple=True))
+                acked = 0
+            self._send(B.Nack(first, multiple=False, requeue=False))
+        if acked:
+            self._send(B.Ack(acked, multiple=True))
+
+    def confirm_select(self, m: Any) -> None:
+        self.confirming = True
+        if not m.nowait:
+            self._send(C.SelectOk())
+
+    # -- deliveries ------------------------------------------------------------------
+
+    def deliver(self, member: QueueConsumer, message: Message, packet_id: int | None,
+                dup: bool) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if packet_id is not None:
+            self.unacked[tag] = (member, packet_id)
+        connection = self.connection
+        props, _count, redelivered = from_core(message, connection.clock.seconds())
+        queue = member.queue
+        connection.send_content(self.number, B.Deliver(
+            member.tag, tag, redelivered or dup, "", queue), props.marshal(),
+            message.payload)
+        connection.meter.transferred(message.timestamp)
+
+    def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
+        if multiple:
+            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
+        elif tag in self.unacked:
+            tags = [tag]
+        else:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        broker = self.connection.broker
+        woken: set[QueueConsumer] = set()
+        for t in tags:
+            member, packet_id = self.unacked.pop(t)
+            member.settled()
+            woken.add(member)
+            session = member.session
+            if session is not None:
+                broker.settle(session, packet_id, outcome, failed,
+                              "rejected by the consumer" if outcome is Outcome.REJECTED
+                              else None)
+        if self.global_prefetch:
+            self._wake_all()
+        else:
+            for member in woken:
+                member.wake()
+
+    def basic_ack(self, m: Any) -> None:
+        self._settle(m.delivery_tag, m.multiple, Outcome.ACCEPTED, False)
+
+    def basic_nack(self, m: Any) -> None:
+        self._settle(m.delivery_tag, m.multiple,
+                     Outcome.MODIFIED if m.requeue else Outcome.REJECTED, True)
+
+    def basic_reject(self, m: Any) -> None:
+        self._settle(m.delivery_tag, False,
+                     Outcome.MODIFIED if m.requeue else Outcome.REJECTED, True)
+
+    def basic_recover(self, m: Any) -> None:
+        if self.unacked:
+            self._settle(0, True, Outcome.RELEASED, False)
+        if isinstance(m, B.Recover):
+            self._send(B.RecoverOk())
+
+    def channel_flow(self, m: Any) -> None:
+        self.flow_active = bool(m.active)
+        self._send(commands.Channel.FlowOk(self.flow_active))
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for member in list(self.consumers.values()):
+            member.wake()
+
+    # -- the end ---------------------------------------------------------------------
+
+    def end(self) -> None:
+        """The channel is gone (close, close-ok, the connection's end): its
+        consumers leave their groups; what they held unacknowledged the queue
+        gives to others (redelivered)."""
+        for member in list(self.consumers.values()):
+            member.cancel()
+        self.consumers.clear()
+        self.unacked.clear()
+        self.confirms.clear()
+
+    def info(self) -> dict[str, Any]:
+        return {"number": self.number, "consumers": [c.info() for c in self.consumers.values()],
+                "unacked": len(self.unacked), "prefetch": self.prefetch,
+                "global_prefetch": self.global_prefetch, "confirming": self.confirming}
+
+
+def _not_found(channel: Channel, m: Any) -> None:
+    raise ChannelError(NOT_FOUND, f"{m.name} is not supported yet")
+
+
+_HANDLERS: dict[str, Any] = {
+    "Exchange.Declare": Channel.exchange_declare,
+    "Queue.Declare": Channel.queue_declare,
+    "Basic.Qos": Channel.basic_qos,
+    "Basic.Consume": Channel.basic_consume,
+    "Basic.Cancel": Channel.basic_cancel,
+    "Basic.Publish": Channel.basic_publish,
+    "Basic.Ack": Channel.basic_ack,
+    "Basic.Nack": Channel.basic_nack,
+    "Basic.Reject": Channel.basic_reject,
+    "Basic.Recover": Channel.basic_recover,
+    "Basic.RecoverAsync": Channel.basic_recover,
+    "Confirm.Select": Channel.confirm_select,
+    "Channel.Flow": Channel.channel_flow,
+}

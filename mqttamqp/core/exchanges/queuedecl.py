@@ -1,0 +1,289 @@
+"""Queues as AMQP 0.9.1 declares them: the queue manager's queues with the
+properties 0.9.1 gives them (durable, exclusive, auto-delete, arguments) and the
+rules of ``queue.declare``, ``queue.delete``, ``queue.purge`` and the consumers a
+``basic.consume`` adds.
+
+A 0.9.1 queue *is* a queue of ``core.queues``: a durable queue ``orders`` is the
+queue MQTT and AMQP 1.0 reach as ``$queue/orders/...``, and its 0.9.1 consumers
+join its default consumer group (named after the queue, as AMQP 1.0 receivers
+without ``consumer-group`` do).  Exclusive, auto-delete and server-named queues
+are *transient*: queues of the queue manager that store nothing, gone with their
+owner (``connection_closed``) or, auto-delete, when their last consumer goes.
+
+What this module must not do: know the wire (the adapter maps frames to these
+calls and ``ChannelError`` to ``channel.close``), or change a queue's messages
+other than through the queue manager's commands.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+
+from twisted.internet.defer import Deferred
+
+from mqttamqp.core.commits import all_durable
+from mqttamqp.core.exchanges.errors import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    ChannelError,
+    QueueDeclared,
+)
+from mqttamqp.core.persistence import Op, PutQueueArguments, QueueRecord
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX, Consumer
+from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import QueueLog
+
+__all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
+           "freeze_value", "Frozen"]
+
+Arguments = Mapping[str, object]
+Frozen = tuple[tuple[str, object], ...]
+
+
+def freeze(arguments: Arguments | None) -> Frozen:
+    """A field table as a canonical, hashable value (sorted pairs; nested tables
+    and arrays frozen too): what equivalence checks compare and storage keeps."""
+    if not arguments:
+        return ()
+    return tuple(sorted((str(k), freeze_value(v)) for k, v in arguments.items()))
+
+
+def freeze_value(value: object) -> object:
+    if isinstance(value, Mapping):
+        return freeze(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze_value(v) for v in value)
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    return str(value)   # (decimals, timestamps: compared and kept as text)
+
+
+def queue_name_problem(name: str) -> str | None:
+    """Why 0.9.1 queue ``name`` cannot be a queue of the queue manager, or None.
+
+    Names MQTT cannot address are refused: ``/`` (the ``$queue/`` separator), the
+    wildcards ``+`` and ``#``, a leading ``$`` and NUL.  Celery's and kombu's names
+    (``celery``, ``celery@host.celery.pidbox``, ``celeryev.<uuid>``, uuids) pass."""
+    if len(name.encode("utf-8", "surrogatepass")) > 255:
+        return f"queue name {name[:40]!r}... is longer than 255 bytes"
+    for bad in ("/", "+", "#", "\x00"):
+        if bad in name:
+            return (f"queue name {name!r} holds {bad!r}: this broker's queues are also "
+                    "MQTT's $queue/<name>, which cannot hold / + # or NUL")
+    if name.startswith("$"):
+        return f"queue name {name!r} starts with $ (reserved for the broker's namespaces)"
+    return None
+
+
+class DeclaredQueue:
+    """What 0.9.1 said of a queue when it declared it."""
+
+    __slots__ = ("arguments", "auto_delete", "consumers", "durable", "exclusive", "name",
+                 "owner", "transient")
+
+    def __init__(self, name: str, durable: bool, exclusive: bool, auto_delete: bool,
+                 arguments: Frozen, owner: str | None, server_named: bool = False) -> None:
+        self.name = name
+        self.durable = durable
+        self.exclusive = exclusive
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.owner = owner          # the connection that declared it (exclusive: owns it)
+        self.consumers = 0          # 0.9.1 consumers now (auto-delete: goes at 1 -> 0)
+        # In memory only, never stored (``QueueLog.transient``).
+        self.transient = not durable or exclusive or auto_delete or server_named
+
+
+class QueueDeclarations:
+    """Declared queues over the queue manager: the rules of the 0.9.1 queue methods."""
+
+    def __init__(self, queues: QueueManager) -> None:
+        self.queues = queues
+        self.declared: dict[str, DeclaredQueue] = {}
+
+    # -- queue.declare ---------------------------------------------------------------
+
+    def declare_queue(self, name: str, owner: str, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      arguments: Arguments | None = None, passive: bool = False
+                      ) -> tuple[QueueDeclared, Deferred[None] | None]:
+        """``queue.declare``: the queue (made if missing and not ``passive``) and the
+        commit that stores a new durable one.  ``name`` "" makes up a server name
+        ``amq.gen-<random>``; ``owner`` is the declaring connection's key."""
+        if passive:
+            if not name:
+                raise ChannelError(NOT_FOUND, "a passive declare needs a queue name")
+            self._existing(name, owner)
+            return self._declared(name), None
+        server_named = not name
+        if server_named:
+            name = "amq.gen-" + secrets.token_urlsafe(16).replace("-", "_")
+        elif name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue name '{name}' contains reserved prefix 'amq.*'")
+        problem = queue_name_problem(name)
+        if problem is not None:
+            raise ChannelError(PRECONDITION_FAILED, problem)
+        frozen = freeze(arguments)
+        known = self.declared.get(name)
+        if known is None and name in self.queues.queues:
+            # Made by MQTT or AMQP 1.0: a durable queue, which its first durable
+            # 0.9.1 declaration describes.
+            known = DeclaredQueue(name, True, False, False, frozen, None)
+            self._equivalent(known, durable, exclusive, auto_delete, frozen)
+            self.declared[name] = known
+            return self._declared(name), self.queues.commits.persist(
+                [PutQueueArguments(name, frozen)])
+        if known is not None:
+            self._check_lock(known, owner)
+            self._equivalent(known, durable, exclusive, auto_delete, frozen)
+            return self._declared(name), None
+        declared = DeclaredQueue(name, durable, exclusive, auto_delete, frozen, owner,
+                                 server_named)
+        queue, d = self.queues.declare(
+            name, declared.transient,
+            () if declared.transient else (PutQueueArguments(name, frozen),))
+        if queue is None:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"too many queues (--queue-max-queues "
+                               f"{self.queues.limits.queue_max_queues})")
+        self.declared[name] = declared
+        return self._declared(name), d
+
+    def _equivalent(self, known: DeclaredQueue, durable: bool, exclusive: bool,
+                    auto_delete: bool, arguments: Frozen) -> None:
+        for what, mine, theirs in (("durable", known.durable, durable),
+                                   ("exclusive", known.exclusive, exclusive),
+                                   ("auto_delete", known.auto_delete, auto_delete)):
+            if mine != theirs:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"inequivalent arg '{what}' for queue '{known.name}' in vhost '/': "
+                    f"received '{str(theirs).lower()}' but current is "
+                    f"'{str(mine).lower()}'")
+        if arguments != known.arguments:
+            mine_map, theirs_map = dict(known.arguments), dict(arguments)
+            key = next((k for k in sorted(set(mine_map) | set(theirs_map))
+                        if mine_map.get(k) != theirs_map.get(k)), "arguments")
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"inequivalent arg '{key}' for queue '{known.name}' in vhost '/': "
+                f"received {theirs_map.get(key)!r} but current is {mine_map.get(key)!r}")
+
+    def _check_lock(self, known: DeclaredQueue, owner: str | None) -> None:
+        if known.exclusive and known.owner != owner:
+            raise ChannelError(
+                RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{known.name}' in "
+                "vhost '/'. It could be originally declared on another connection or "
+                "the exclusive property value does not match that of the original "
+                "declaration.")
+
+    def _existing(self, name: str, owner: str | None) -> QueueLog:
+        """Queue ``name`` as a 0.9.1 method on it finds it (404 if absent, 405 if
+        another connection's exclusive queue)."""
+        queue = self.queues.queues.get(name)
+        if queue is None:
+            raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
+        known = self.declared.get(name)
+        if known is not None:
+            self._check_lock(known, owner)
+        return queue
+
+    def _declared(self, name: str) -> QueueDeclared:
+        queue = self.queues.queues.get(name)
+        if queue is None:
+            return QueueDeclared(name, 0, 0)
+        group = queue.groups.get(name)
+        if group is None:
+            return QueueDeclared(name, len(queue.log), 0)
+        return QueueDeclared(name, max(0, len(queue.log) - len(group.pending)),
+                             len(group.members))
+
+    # -- consumers -------------------------------------------------------------------
+
+    def consumer_filter(self, name: str, owner: str | None = None,
+                        arguments: Arguments | None = None) -> tuple[str, Consumer]:
+        """What a ``basic.consume`` on queue ``name`` joins: the ``$queue/`` filter
+        and the ``Consumer`` (the queue's default group, acknowledged by outcomes)
+        to subscribe a session with (``Broker.add_topic_receiver``).  A stream queue
+        reads from ``x-stream-offset`` (``first``, ``last``, an offset, a time).
+        Call ``consumer_added`` once it joined, ``consumer_cancelled`` when it left."""
+        self._existing(name, owner)
+        offset = (arguments or {}).get("x-stream-offset")
+        return (QUEUE_PREFIX + name,
+                Consumer(name, None, None if offset is None else str(offset),
+                         explicit=False))
+
+    def consumer_added(self, name: str) -> None:
+        known = self.declared.get(name)
+        if known is not None:
+            known.consumers += 1
+
+    def consumer_cancelled(self, name: str) -> Deferred[None] | None:
+        """A 0.9.1 consumer of queue ``name`` left (``basic.cancel``, its channel or
+        connection closed): an auto-delete queue whose last consumer this was goes."""
+        known = self.declared.get(name)
+        if known is None:
+            return None
+        known.consumers = max(0, known.consumers - 1)
+        if known.auto_delete and known.consumers == 0:
+            return self._drop(name)
+        return None
+
+    # -- queue.delete, queue.purge ---------------------------------------------------
+
+    def delete_queue(self, name: str, owner: str | None = None, if_unused: bool = False,
+                     if_empty: bool = False) -> tuple[int, Deferred[None] | None]:
+        """``queue.delete``: how many messages went with it, and the commit."""
+        queue = self.queues.queues.get(name)
+        if queue is None:
+            return 0, None   # (RabbitMQ answers delete-ok for a missing queue)
+        self._existing(name, owner)
+        group = queue.groups.get(name)
+        if if_unused and any(g.members for g in queue.groups.values()):
+            raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '/' in use")
+        if if_empty and queue.log:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"queue '{name}' in vhost '/' is not empty")
+        count = len(queue.log) - (len(group.pending) if group is not None else 0)
+        return max(0, count), self._drop(name)
+
+    def purge_queue(self, name: str, owner: str | None = None
+                    ) -> tuple[int, Deferred[None] | None]:
+        """``queue.purge``: how many messages it removed, and the commit."""
+        queue = self._existing(name, owner)
+        count = len(queue.log)
+        return count, self.queues.purge(name)
+
+    def _drop(self, name: str) -> Deferred[None] | None:
+        """Queue ``name`` goes: its declaration, its bindings, and the queue
+        manager's queue."""
+        known = self.declared.pop(name, None)
+        ops: list[Op] = []
+        self._dropped_queue(name, ops)
+        if known is not None and known.transient:
+            ops = []   # (none of it was stored)
+        return all_durable([self.queues.commits.persist(ops), self.queues.delete(name)])
+
+    def _dropped_queue(self, name: str, ops: list[Op]) -> None:
+        """The bindings to queue ``name`` go (``Exchanges``)."""
+
+    def connection_closed(self, owner: str) -> None:
+        """Connection ``owner`` is gone: its exclusive queues go with it.  (Its
+        consumers are the adapter's to cancel, ``consumer_cancelled``, which ends
+        auto-delete queues whose last consumer they were.)"""
+        for name, known in list(self.declared.items()):
+            if known.exclusive and known.owner == owner:
+                self.queues.commits.watch(self._drop(name), "deleting queue " + name)
+
+    def restore_queues(self, records: list[QueueRecord]) -> None:
+        """The durable queues 0.9.1 declared, as stored (after the queue manager's
+        own restore)."""
+        for rec in records:
+            if rec.arguments is not None and rec.name in self.queues.queues:
+                self.declared[rec.name] = DeclaredQueue(rec.name, True, False, False,
+                                                        tuple(rec.arguments), None)
