@@ -1,7 +1,8 @@
 """The broker the AMQP 0.9.1 client-ecosystem tests talk to (tests/integration/amqp091/).
 
 By default the real broker of this repository, as a child process on 127.0.0.1 with its
-MQTT and AMQP listeners (AMQP 1.0 and 0.9.1 share the AMQP port).  With
+MQTT and AMQP listeners (AMQP 1.0 and 0.9.1 share the AMQP port): the folder's
+``broker091`` fixture, or one of the module's own when it needs other options.  With
 ``MQTTAMQP_TEST_AMQP091_URL`` set (``amqp://guest:guest@127.0.0.1:PORT/``) the same
 tests run against another broker, RabbitMQ in practice, to show that a test is right
 before it judges mqttamqp: ``python bench/rabbitmq.py serve SECONDS`` starts Debian's
@@ -107,8 +108,10 @@ def amqp_url(broker: BrokerProcess) -> str:
 
 
 @contextmanager
-def target(data_dir: str, *extra: str) -> Iterator[Target]:
-    """The broker named by the environment, or a fresh mqttamqp of this module's own."""
+def target(request: pytest.FixtureRequest, *extra: str) -> Iterator[Target]:
+    """The broker named by the environment, else mqttamqp: the module's ``broker091``
+    (tests/integration/amqp091/conftest.py), or, with ``extra`` options, a broker
+    process of the module's own started with them."""
     url = os.environ.get(ENV_URL)
     if url:
         mqtt = os.environ.get(ENV_MQTT_PORT)
@@ -118,7 +121,13 @@ def target(data_dir: str, *extra: str) -> Iterator[Target]:
         return
     if not speaks_amqp091():
         pytest.skip(NOT_YET)
-    broker = start_broker(data_dir, *extra)
+    if not extra:
+        shared: BrokerProcess = request.getfixturevalue("broker091")
+        yield Target("mqttamqp", amqp_url(shared), shared.mqtt_port, shared.ports["AMQP"],
+                     shared)
+        return
+    factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+    broker = start_broker(str(factory.mktemp("own091")), *extra)
     try:
         yield Target("mqttamqp", amqp_url(broker), broker.mqtt_port, broker.ports["AMQP"],
                      broker)

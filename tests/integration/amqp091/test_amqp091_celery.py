@@ -34,8 +34,8 @@ SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 @pytest.fixture(scope="module")
-def amqp091(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    with target(str(tmp_path_factory.mktemp("celery"))) as t:
+def amqp091(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with target(request) as t:
         yield t
 
 

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def amqp091(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    with target(str(tmp_path_factory.mktemp("crossing"))) as t:
+def amqp091(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with target(request) as t:
         yield t
 
 

@@ -31,9 +31,8 @@ SEED = 27_091
 
 
 @pytest.fixture(scope="module")
-def amqp091(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    with target(str(tmp_path_factory.mktemp("fuzz091")), "--connect-timeout", "2",
-                "--max-connect-rate", "0") as t:
+def amqp091(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with target(request, "--connect-timeout", "2", "--max-connect-rate", "0") as t:
         yield t
 
 

@@ -26,8 +26,8 @@ DEFAULT = Exchange("", type="direct")
 
 
 @pytest.fixture(scope="module")
-def amqp091(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    with target(str(tmp_path_factory.mktemp("kombu"))) as t:
+def amqp091(request: pytest.FixtureRequest) -> Iterator[Target]:
+    with target(request) as t:
         yield t
 
 
