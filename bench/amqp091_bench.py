@@ -40,6 +40,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import select
 import shutil
 import socket
@@ -327,21 +328,25 @@ def run_flow(kind: str, b: Any, port: int, scenario: str, n: int, window: int,
     deadline = time.monotonic() + timeout
     cons = ctx.Process(target=consumer, args=(port, queues, expected, n, 100, deadline,
                                                ready, out))
-    cons.start()
-    ready.get(timeout=30)
-    cpu0 = broker_cpu(kind, b)
     pub = ctx.Process(target=publisher, args=(port, exchange, key, n, size, window, deadline,
                                               out))
-    pub.start()
     results = {}
-    for _ in range(2):
-        r = out.get(timeout=timeout + 30)
-        results[r["role"]] = r
-    cpu1 = broker_cpu(kind, b)
-    for p in (pub, cons):
-        p.join(30)
-        if p.is_alive():
-            p.kill()
+    try:
+        cons.start()
+        ready.get(timeout=30)
+        cpu0 = broker_cpu(kind, b)
+        pub.start()
+        for _ in range(2):
+            r = out.get(timeout=timeout + 30)
+            results[r["role"]] = r
+        cpu1 = broker_cpu(kind, b)
+    finally:
+        for proc in (pub, cons):
+            if proc.pid is not None:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
     for q in queues:
         setup.rpc(Queue.Delete(queue=q), Queue.DeleteOk)
     if exchange:
@@ -423,18 +428,21 @@ def main() -> None:
             for rnd in range(args.repeat):
                 for kind in (live if rnd % 2 == 0 else list(reversed(live))):
                     b, port = started[kind]
-                    if scenario == "idle1000":
-                        r = run_idle(kind, b, port, 100 if args.quick else 1000)
-                    else:
-                        r = run_flow(kind, b, port, scenario, counts[scenario], args.window,
-                                     args.timeout)
+                    try:
+                        if scenario == "idle1000":
+                            r = run_idle(kind, b, port, 100 if args.quick else 1000)
+                        else:
+                            r = run_flow(kind, b, port, scenario, counts[scenario],
+                                         args.window, args.timeout)
+                    except (OSError, RuntimeError, ConnectionError, queue.Empty) as e:
+                        r = {"error": f"{type(e).__name__}: {e}"}
                     doc["runs"].setdefault(scenario, {}).setdefault(kind, []).append(r)
                     print(scenario, kind, rnd, json.dumps(r), file=sys.stderr)
         for scenario, per in doc["runs"].items():
             key = ("rss_per_connection_kb" if scenario == "idle1000" else "deliveries_per_s")
             doc["median"][scenario] = {
                 kind: median(r[key] for r in runs if r.get(key) is not None)
-                for kind, runs in per.items()}
+                for kind, runs in per.items() if any(r.get(key) is not None for r in runs)}
             m = doc["median"][scenario]
             if "rabbitmq" in m and "mqttamqp" in m and m["rabbitmq"]:
                 m["mqttamqp_over_rabbitmq"] = round(m["mqttamqp"] / m["rabbitmq"], 2)
