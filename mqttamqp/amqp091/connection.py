@@ -253,6 +253,7 @@ class AMQP091Connection(Handshake, Protocol):
             if name != "Channel.Open":
                 raise FrameError(CHANNEL_ERROR, f"channel {number} is not open")
             if number > self.channel_max:
+                self.meter.limit_hit("amqp091_channels")
                 raise FrameError(CHANNEL_ERROR, f"channel {number} is over channel_max "
                                  f"{self.channel_max}")
             self.channels[number] = Channel(self, number)
