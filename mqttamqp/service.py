@@ -445,6 +445,11 @@ def makeService(options: Options) -> BrokerService:
         svc.report_job.set_command(shlex.split(options["report-command"]))
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
+    from mqttamqp.amqp091.handshake import Settings
+
+    svc.amqp091_settings = Settings(
+        options["amqp091-channel-max"], max(4096, options["amqp091-frame-max"]),
+        options["amqp091-heartbeat"], max(1, options["amqp091-max-unacked"]))
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["amqp-idle-timeout"])
     svc.ops.configure(options)

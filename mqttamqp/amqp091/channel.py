@@ -8,9 +8,10 @@ no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
 content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
 and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
-Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``, or the
-default exchange alone, ``defaults``); its ``ChannelError`` becomes
-``channel.close`` (or ``connection.close``) here.
+Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
+``methods``); its ``ChannelError`` becomes ``channel.close`` (or
+``connection.close``) in the connection.  ``basic.get`` is a hidden member of
+the queue's group given room for one message.
 
 What it must not do: parse frames (``frames``), hold routing or queue rules, or
 write to the socket (the connection does).
@@ -18,28 +19,32 @@ write to the socket (the connection does).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from pamqp import commands
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from mqttamqp.amqp091.consumers import QueueConsumer
-from mqttamqp.amqp091.defaults import (
-    NOT_FOUND,
+from mqttamqp.amqp091.frames import Content
+from mqttamqp.amqp091.hosts import ChannelHost
+from mqttamqp.amqp091.methods import MODEL_METHODS
+from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.core.exchanges.errors import (
+    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     ChannelError,
 )
-from mqttamqp.amqp091.frames import Content
-from mqttamqp.amqp091.hosts import ChannelHost
-from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
 
-B, Q, E, C = commands.Basic, commands.Queue, commands.Exchange, commands.Confirm
+B, C = commands.Basic, commands.Confirm
 _NO_PROPS = b"\x00\x00"
 
 
@@ -62,6 +67,9 @@ class Channel:
         self.publish_seq = 0
         self.confirms: OrderedDict[int, bool | None] = OrderedDict()
         self._tags = 0
+        # answers waiting for a commit, and those behind them (in method order)
+        self._answers: deque[list[Any]] = deque()
+        self.getters: dict[tuple[str, bool], QueueConsumer] = {}
 
     # -- limits ----------------------------------------------------------------------
 
@@ -74,7 +82,7 @@ class Channel:
 
     def handle(self, method: Any) -> None:
         name = method.name
-        handler = _HANDLERS.get(name)
+        handler = _HANDLERS.get(name) or MODEL_METHODS.get(name)
         if handler is None:
             raise ChannelError(NOT_IMPLEMENTED if name.startswith("Tx.") else 503,
                                f"{name} is not supported" if name.startswith("Tx.")
@@ -84,19 +92,36 @@ class Channel:
     def _send(self, method: Any) -> None:
         self.connection.send_method(self.number, method)
 
-    def _exchanges(self) -> Any:
-        return self.connection.factory.exchanges
+    @property
+    def exchanges(self) -> Exchanges:
+        return self.connection.broker.exchanges
 
-    def exchange_declare(self, m: Any) -> None:
-        self._exchanges().declare_exchange(m.exchange, m.exchange_type, m.passive)
-        if not m.nowait:
-            self._send(E.DeclareOk())
+    def answer(self, method: Any, durable: Deferred[None] | None) -> None:
+        """Send ``method`` (None: nothing, a nowait method) once ``durable`` has
+        fired and every answer before it has gone."""
+        answers = self._answers
+        if durable is None and not answers:
+            if method is not None:
+                self._send(method)
+            return
+        entry = [durable is None, method]
+        answers.append(entry)
+        if durable is not None:
+            durable.addCallbacks(self._answered, self._answer_failed,
+                                 callbackArgs=(entry,))
 
-    def queue_declare(self, m: Any) -> None:
-        declared = self._exchanges().declare_queue(m.queue, m.passive)
-        if not m.nowait:
-            self._send(Q.DeclareOk(declared.name, declared.message_count,
-                                   declared.consumer_count))
+    def _answered(self, _: object, entry: list[Any]) -> None:
+        entry[0] = True
+        answers = self._answers
+        while answers and answers[0][0]:
+            method = answers.popleft()[1]
+            if method is not None and not self.closing:
+                self._send(method)
+
+    def _answer_failed(self, failure: Failure) -> None:
+        self.connection.log.failure("storing a 0.9.1 declaration failed", failure)
+        self._answers.clear()
+        self.connection.fail(541, "INTERNAL_ERROR - storage failure")
 
     def basic_qos(self, m: Any) -> None:
         if m.prefetch_size:
@@ -114,27 +139,57 @@ class Channel:
             self._tags += 1
             tag = f"amq.ctag-{self.connection.serial}.{self.number}.{self._tags}"
         if tag in self.consumers:
-            raise ChannelError(530, f"consumer tag '{tag}' is already in use")
-        if m.exclusive:
-            raise ChannelError(NOT_IMPLEMENTED, "exclusive consumers are not supported yet")
-        topic_filter, consumer = self._exchanges().consumer_filter(m.queue)
+            raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        topic_filter, consumer = self.exchanges.consumer_filter(
+            m.queue, self.connection.key, m.arguments)
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
         self.consumers[tag] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
         if not member.join(topic_filter, consumer):
             del self.consumers[tag]
-            raise ChannelError(403, f"read access to queue '{m.queue}' refused")
+            raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
+                               f"for user '{self.connection.username or ''}'")
+        self.exchanges.consumer_added(m.queue)
+
+    def basic_get(self, m: Any) -> None:
+        """``basic.get``: a hidden member of the queue's group per queue and ack mode,
+        given room for one message; what the queue hands it at once is get-ok,
+        nothing is get-empty."""
+        key = (m.queue, bool(m.no_ack))
+        member = self.getters.get(key)
+        if member is None or member.closed:
+            topic_filter, consumer = self.exchanges.consumer_filter(
+                m.queue, self.connection.key)
+            member = QueueConsumer(self, "", m.queue, m.no_ack, 0, getter=True)
+            if not member.join(topic_filter, consumer):
+                raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
+                                   f"for user '{self.connection.username or ''}'")
+            self.getters[key] = member
+        member.credit = 1
+        member.wake()
+        if member.credit:
+            member.credit = 0
+            self._send(B.GetEmpty())
 
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
         if member is not None:
-            member.cancel()
+            self._cancel(member)
         if not m.nowait:
             self._send(B.CancelOk(m.consumer_tag))
 
+    def _cancel(self, member: QueueConsumer) -> None:
+        member.cancel()
+        if not member.getter:
+            d = self.exchanges.consumer_cancelled(member.queue)
+            if d is not None:
+                d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
+
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
-        if self.consumers.get(member.tag) is member:
+        if member.getter:
+            self.getters.pop((member.queue, member.no_ack), None)
+        elif self.consumers.get(member.tag) is member:
             del self.consumers[member.tag]
             if self.connection.cancel_notify and not self.closing:
                 self._send(B.Cancel(member.tag, nowait=True))
@@ -162,9 +217,9 @@ class Channel:
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
             self.confirms[seq] = None
-        routed, durable = self._exchanges().publish(
-            message, m.exchange, m.routing_key, props.headers, connection.identity,
-            m.mandatory)
+        routed, durable = self.exchanges.publish(
+            message, m.exchange, m.routing_key, props.headers, connection.client_id,
+            m.mandatory, connection.identity)
         if connection.broker.queues.alarm.blocked:
             connection.factory.watch_alarm(connection)
         if not routed and m.mandatory:
@@ -217,9 +272,13 @@ class Channel:
         connection = self.connection
         props, _count, redelivered = from_core(message, connection.clock.seconds())
         queue = member.queue
-        connection.send_content(self.number, B.Deliver(
-            member.tag, tag, redelivered or dup, "", queue), props.marshal(),
-            message.payload)
+        key = routing_key(queue, message.topic) or queue
+        if member.getter:
+            member.credit = 0
+            method: Any = B.GetOk(tag, redelivered or dup, "", key, 0)
+        else:
+            method = B.Deliver(member.tag, tag, redelivered or dup, "", key)
+        connection.send_content(self.number, method, props.marshal(), message.payload)
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
@@ -278,9 +337,11 @@ class Channel:
         """The channel is gone (close, close-ok, the connection's end): its
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
-        for member in list(self.consumers.values()):
-            member.cancel()
+        for member in [*self.consumers.values(), *self.getters.values()]:
+            self._cancel(member)
         self.consumers.clear()
+        self.getters.clear()
+        self._answers.clear()
         self.unacked.clear()
         self.confirms.clear()
 
@@ -290,13 +351,8 @@ class Channel:
                 "global_prefetch": self.global_prefetch, "confirming": self.confirming}
 
 
-def _not_found(channel: Channel, m: Any) -> None:
-    raise ChannelError(NOT_FOUND, f"{m.name} is not supported yet")
-
-
 _HANDLERS: dict[str, Any] = {
-    "Exchange.Declare": Channel.exchange_declare,
-    "Queue.Declare": Channel.queue_declare,
+    "Basic.Get": Channel.basic_get,
     "Basic.Qos": Channel.basic_qos,
     "Basic.Consume": Channel.basic_consume,
     "Basic.Cancel": Channel.basic_cancel,

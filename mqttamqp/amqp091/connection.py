@@ -31,7 +31,6 @@ from twisted.python.failure import Failure
 
 from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp091.channel import Channel
-from mqttamqp.amqp091.defaults import ChannelError, DefaultExchange
 from mqttamqp.amqp091.frames import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -51,6 +50,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.exchanges.errors import ChannelError
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -165,7 +165,7 @@ class AMQP091Connection(Handshake, Protocol):
         for channel in list(self.channels.values()):
             channel.end()
         self.channels.clear()
-        self.factory.exchanges.connection_closed(self.key)
+        self.broker.exchanges.connection_closed(self.key)
         if self in self.factory.blocked:
             self.factory.blocked.discard(self)
             self.broker.queues.alarm.forget(id(self))
@@ -253,6 +253,7 @@ class AMQP091Connection(Handshake, Protocol):
             if name != "Channel.Open":
                 raise FrameError(CHANNEL_ERROR, f"channel {number} is not open")
             if number > self.channel_max:
+                self.meter.limit_hit("amqp091_channels")
                 raise FrameError(CHANNEL_ERROR, f"channel {number} is over channel_max "
                                  f"{self.channel_max}")
             self.channels[number] = Channel(self, number)
@@ -383,6 +384,10 @@ class AMQP091Connection(Handshake, Protocol):
         self.state = State.CLOSING
         self._arm_close()
 
+    def fail(self, code: int, text: str) -> None:
+        """A connection error found outside the input's handling (a failed commit)."""
+        self._connection_error(code, text)
+
     def _arm_close(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
@@ -446,7 +451,6 @@ class AMQP091Factory(Factory):
         self.serials = itertools.count(1)
         self.meter = DeliveryMeter(broker.stats)
         self.log_limit = LogLimiter(clock.seconds)
-        self.exchanges: Any = getattr(broker, "exchanges", None) or DefaultExchange(broker)
         self.blocked: set[AMQP091Connection] = set()
         self.noisy = False
 
@@ -462,6 +466,15 @@ class AMQP091Factory(Factory):
     def _clear(self, connection: AMQP091Connection) -> None:
         self.blocked.discard(connection)
         connection.set_blocked(None)
+
+    def queue_deleted(self, name: str) -> None:
+        """Queue ``name`` was deleted: its 0.9.1 consumers hear ``basic.cancel``
+        (those that announced consumer_cancel_notify)."""
+        for connection in list(self.connections):
+            for channel in list(connection.channels.values()):
+                for member in [*channel.consumers.values(), *channel.getters.values()]:
+                    if member.queue == name:
+                        member.queue_gone()
 
     def buildProtocol(self, addr: Any) -> AMQP091Connection:
         return AMQP091Connection(self)

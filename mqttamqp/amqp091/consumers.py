@@ -27,11 +27,11 @@ __all__ = ["QueueConsumer"]
 class QueueConsumer:
     """One consumer tag of a channel."""
 
-    __slots__ = ("channel", "closed", "key", "no_ack", "prefetch", "queue", "session",
-                 "tag", "unacked")
+    __slots__ = ("channel", "closed", "credit", "getter", "key", "no_ack", "prefetch",
+                 "queue", "session", "tag", "unacked")
 
     def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
-                 prefetch: int) -> None:
+                 prefetch: int, getter: bool = False) -> None:
         self.channel = channel
         self.tag = tag
         self.queue = queue
@@ -40,7 +40,11 @@ class QueueConsumer:
         self.unacked = 0
         self.session: Session | None = None
         self.closed = False
-        self.key = f"{channel.connection.key}:{channel.number}:{tag}"
+        # basic.get's hidden member: room for ``credit`` messages (0 or 1)
+        self.getter = getter
+        self.credit = 0
+        self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
+                    f"{channel.connection.key}:{channel.number}:get:{queue}:{int(no_ack)}")
 
     def join(self, topic_filter: str, consumer: Consumer) -> bool:
         broker = self.channel.connection.broker
@@ -60,6 +64,8 @@ class QueueConsumer:
         if self.closed:
             return True
         channel = self.channel
+        if self.getter:
+            return self.credit <= 0
         if channel.connection.write_blocked or not channel.flow_active:
             return True
         if self.no_ack:
@@ -90,6 +96,13 @@ class QueueConsumer:
             return
         self.closed = True
         self.session = None
+        self.channel.cancelled_by_broker(self)
+
+    def queue_gone(self) -> None:
+        """Its queue was deleted (``queue.delete`` on any 0.9.1 connection)."""
+        if self.closed:
+            return
+        self.cancel()
         self.channel.cancelled_by_broker(self)
 
     # the channel's side --------------------------------------------------------------

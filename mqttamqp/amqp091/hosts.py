@@ -1,6 +1,7 @@
 """What the parts of a 0.9.1 connection need of each other, as protocols, so
 that they import downwards only: a channel of its connection (``ChannelHost``),
-a consumer of its channel (``ConsumerHost``).
+a consumer of its channel (``ConsumerHost``), the model's methods of their
+channel (``MethodHost``).
 
 What it must not do: hold behaviour; it declares.
 """
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from twisted.internet.defer import Deferred
+
 from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
+from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
 
-__all__ = ["ChannelHost", "ConsumerHost"]
+__all__ = ["ChannelHost", "ConsumerHost", "MethodHost"]
 
 
 class ChannelHost(Protocol):
@@ -24,7 +28,8 @@ class ChannelHost(Protocol):
     broker: Broker
     clock: Clock
     meter: DeliveryMeter
-    factory: Any               # exchanges, watch_alarm
+    factory: Any               # watch_alarm
+    log: Any
     key: str
     serial: int
     identity: Identity
@@ -41,6 +46,8 @@ class ChannelHost(Protocol):
 
     def assembler(self, channel: Any) -> Any: ...
 
+    def fail(self, code: int, text: str) -> None: ...
+
 
 class ConsumerHost(Protocol):
     """What a consumer needs from its channel (``channel.Channel``)."""
@@ -55,3 +62,14 @@ class ConsumerHost(Protocol):
                 dup: bool) -> None: ...
 
     def cancelled_by_broker(self, member: Any) -> None: ...
+
+
+class MethodHost(Protocol):
+    """What the model's methods need from a channel (``channel.Channel``)."""
+
+    connection: ChannelHost
+
+    @property
+    def exchanges(self) -> Exchanges: ...
+
+    def answer(self, method: Any, durable: Deferred[None] | None) -> None: ...

@@ -1,0 +1,106 @@
+"""What the 0.9.1 handshake decides: header sniff, credentials, tune values, and the
+property mapping to the core's message."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from pamqp import commands, encode
+
+from mqttamqp.amqp091.negotiation import (
+    CAPABILITIES,
+    CredentialsError,
+    Protocol,
+    negotiate,
+    read_credentials,
+    sniff,
+    start_method,
+)
+from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.core.message import Message, MessageProperties
+
+
+@pytest.mark.parametrize("data, kind", [
+    (b"AMQP\x00\x00\x09\x01", Protocol.AMQP091),
+    (b"AMQP\x00\x01\x00\x00", Protocol.AMQP10),
+    (b"AMQP\x03\x01\x00\x00rest", Protocol.AMQP10),
+    (b"AMQP\x01\x01\x00\x0a", Protocol.UNKNOWN),
+    (b"GET / HTTP/1.1", Protocol.UNKNOWN),
+    (b"GE", Protocol.UNKNOWN),
+    (b"AMQ", None),
+    (b"AMQP\x00\x00", None),
+])
+def test_sniff(data: bytes, kind: str | None) -> None:
+    """The header decides the protocol; a prefix of AMQP's waits for more bytes."""
+    assert sniff(data) == kind
+
+
+def test_plain_credentials() -> None:
+    """PLAIN's response is authzid NUL user NUL password."""
+    creds = read_credentials("PLAIN", "\x00guest\x00secret", ["PLAIN", "AMQPLAIN"])
+    assert (creds.username, creds.password) == ("guest", b"secret")
+
+
+def test_amqplain_credentials() -> None:
+    """AMQPLAIN's response is a field table without its length: LOGIN and PASSWORD."""
+    table = encode.field_table({"LOGIN": "u", "PASSWORD": "p"})[4:]
+    creds = read_credentials("AMQPLAIN", table, ["PLAIN", "AMQPLAIN"])
+    assert (creds.username, creds.password) == ("u", b"p")
+
+
+@pytest.mark.parametrize("mechanism, response", [
+    ("PLAIN", "no-nuls"), ("AMQPLAIN", b"\x01"), ("CRAM-MD5", "x"),
+    ("AMQPLAIN", encode.field_table({"LOGIN": "u"})[4:]),
+])
+def test_bad_credentials_are_refused(mechanism: str, response: bytes | str) -> None:
+    """An unoffered mechanism or a malformed response is a CredentialsError."""
+    with pytest.raises(CredentialsError):
+        read_credentials(mechanism, response, ["PLAIN", "AMQPLAIN"])
+
+
+def test_negotiate_takes_the_smaller_and_zero_is_no_limit() -> None:
+    """Tune values: the smaller of two, 0 standing for no limit."""
+    assert negotiate(2047, 0) == 2047
+    assert negotiate(0, 100) == 100
+    assert negotiate(2047, 100) == 100
+
+
+def test_start_announces_product_and_capabilities() -> None:
+    """connection.start names the broker and every capability clients look for."""
+    start = start_method(["PLAIN", "AMQPLAIN"])
+    assert start.server_properties["product"] == "mqttamqp"
+    assert start.server_properties["capabilities"] == CAPABILITIES
+    assert start.mechanisms == "PLAIN AMQPLAIN"
+    assert struct.unpack(">I", start.marshal()[2:6])[0] > 0
+
+
+def test_properties_map_to_the_core_and_back() -> None:
+    """content-type, correlation-id, reply-to, expiration and string headers cross."""
+    props = commands.Basic.Properties(
+        content_type="application/json", correlation_id="c", reply_to="r",
+        expiration="1500", headers={"a": "b", "n": 1}, delivery_mode=2)
+    core, qos = to_core(props)
+    assert qos == 1
+    assert core == MessageProperties(None, 2, "application/json", "r", b"c", (("a", "b"),))
+    back, count, redelivered = from_core(Message("t", b"", 1, timestamp=10.0, props=core),
+                                         10.0)
+    assert (back.content_type, back.correlation_id, back.reply_to) == (
+        "application/json", "c", "r")
+    assert back.headers == {"a": "b"} and back.expiration == "2000"
+    assert (count, redelivered) == (0, False)
+
+
+def test_delivery_count_header_from_queue_metadata() -> None:
+    """A queue's delivery-count becomes x-delivery-count; its other metadata stays out."""
+    core = MessageProperties(user_properties=(("delivery-count", "3"), ("queue", "q"),
+                                              ("k", "v")))
+    back, count, redelivered = from_core(Message("t", b"", 1, props=core), 0.0)
+    assert back.headers == {"k": "v", "x-delivery-count": 2}
+    assert count == 2 and redelivered
+
+
+def test_a_malformed_expiration_is_refused() -> None:
+    """An expiration that is not milliseconds as digits is a PropertyError."""
+    with pytest.raises(PropertyError):
+        to_core(commands.Basic.Properties(expiration="soon"))
