@@ -23,6 +23,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.commits import all_durable
+from mqttamqp.core.exchanges.arguments import QueueArguments
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -51,7 +52,9 @@ from mqttamqp.core.persistence import (
     PutExchange,
     Snapshot,
 )
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import DeadLetterRoute
 from mqttamqp.core.ratelog import LogLimiter
 
 __all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic"]
@@ -319,6 +322,30 @@ class Exchanges(TopicSpace):
                     seen.add(following.name)
                     todo.append(following)
         return queues, topic
+
+    # -- dead letters ----------------------------------------------------------------
+
+    def _dead_letter_route(self, name: str, parsed: QueueArguments) -> DeadLetterRoute:
+        """Where queue ``name``'s dead letters go (x-dead-letter-exchange): the queues
+        its exchange routes them to, with x-dead-letter-routing-key or the key they
+        were published with (headers exchanges see no headers here).  A dead-letter
+        exchange that does not exist drops them, as RabbitMQ does."""
+        exchange_name = parsed.dead_letter_exchange or ""
+        fixed_key = parsed.dead_letter_routing_key
+
+        def route(message: Message, reason: str) -> list[str]:
+            key = fixed_key
+            if key is None:
+                rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+                key = rest or name
+            if not exchange_name:
+                return [key] if key in self.queues.queues else []
+            exchange = self.exchanges.get(exchange_name)
+            if exchange is None:
+                return []
+            return list(self.route(exchange, key, None)[0])
+
+        return route
 
     # -- restart ---------------------------------------------------------------------
 

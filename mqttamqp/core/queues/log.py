@@ -357,6 +357,10 @@ class QueueLogs:
                     or (r.max_age is not None and message.timestamp + r.max_age <= now))
             if not over:
                 break
+            if queue.dead_letter is not None:
+                aged = r.max_age is not None and message.timestamp + r.max_age <= now
+                self._route_dead(queue, message, "expired" if aged else "maxlen",
+                                 queue.first, "", 0, ops)
             self._forget(queue, queue.first)
             queue.expired += 1
             self.stats.expired += 1
@@ -435,6 +439,11 @@ class QueueLogs:
 
     def _arm(self) -> None:
         """Make sure the timer runs while something waits on time (``QueueTimers``)."""
+        raise NotImplementedError
+
+    def _route_dead(self, queue: QueueLog, message: Message, reason: str, offset: int,
+                    group: str, count: int, ops: list[Op]) -> None:
+        """Dead-letter ``message`` by ``queue``'s route (``Acknowledgements``)."""
         raise NotImplementedError
 
 
