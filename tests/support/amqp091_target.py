@@ -8,8 +8,10 @@ tests run against another broker, RabbitMQ in practice, to show that a test is r
 before it judges mqttamqp: ``python bench/rabbitmq.py serve SECONDS`` starts Debian's
 RabbitMQ with its MQTT and AMQP 1.0 plugins and prints the variables to set
 (``MQTTAMQP_TEST_AMQP091_MQTT_PORT``, ``MQTTAMQP_TEST_AMQP091_AMQP10_PORT`` for the
-crossing tests).  A test that needs what only mqttamqp has (``$queue/``, ``kill -9`` of
-the broker, its log) asks ``Target.require``, which skips it elsewhere with the reason.
+crossing tests).  What mqttamqp does not do yet is marked where a test checks it
+(``Target.pending``: skipped there with the reason).  A test that needs what only
+mqttamqp has (``$queue/``, ``kill -9`` of the broker, its log) asks ``Target.require``,
+which skips it elsewhere with the reason.
 
 No test here needs RabbitMQ: CI runs them against mqttamqp only.
 """
@@ -31,6 +33,7 @@ from brokerproc import BrokerProcess, RestartableBroker
 ENV_URL = "MQTTAMQP_TEST_AMQP091_URL"
 ENV_MQTT_PORT = "MQTTAMQP_TEST_AMQP091_MQTT_PORT"
 ENV_AMQP10_PORT = "MQTTAMQP_TEST_AMQP091_AMQP10_PORT"
+ENV_PENDING = "MQTTAMQP_TEST_AMQP091_PENDING"      # "run": check what is pending too
 TIMEOUT = 10.0
 BAD_LOG = re.compile(r"Traceback|#critical\]|Unhandled error")
 
@@ -69,6 +72,14 @@ class Target:
             pytest.skip(f"no MQTT port for this broker (set {ENV_MQTT_PORT})")
         if what == "amqp10" and self.amqp10_port is None:
             pytest.skip(f"no AMQP 1.0 port for this broker (set {ENV_AMQP10_PORT})")
+
+    def pending(self, reason: str) -> None:
+        """Skip the rest of the test on mqttamqp: what follows checks something the
+        broker does not do yet (``reason``; issue 27 is built in slices).  RabbitMQ runs
+        it, and so does mqttamqp with ``MQTTAMQP_TEST_AMQP091_PENDING=run``; the checks
+        before the call run everywhere."""
+        if self.kind == "mqttamqp" and os.environ.get(ENV_PENDING) != "run":
+            pytest.skip(f"pending in mqttamqp (issue 27): {reason}")
 
     def amqp10_queue_address(self, queue: str) -> str:
         """The AMQP 1.0 address of 0.9.1 queue ``queue``: ``$queue/<name>`` here;
