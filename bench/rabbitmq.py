@@ -126,7 +126,7 @@ class RabbitMQ(brokers.Broker):
         brokers._LIVE.add(self)
         try:
             self.wait_ready(ready_timeout)
-        except Exception:
+        except BaseException:            # Ctrl-C during the start too: no node left behind
             self.stop()
             raise
         return self
