@@ -32,6 +32,7 @@ from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
 from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
 from mqttamqp.core.exchanges.errors import (
+    ACCESS_REFUSED,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -39,7 +40,7 @@ from mqttamqp.core.exchanges.errors import (
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import routing_key
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX, routing_key
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
@@ -211,6 +212,11 @@ class Channel:
             core_props, qos = to_core(props)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        if m.exchange == "" and not connection.broker.gate.may_write(
+                connection.identity, QUEUE_PREFIX + m.routing_key):
+            # The default exchange writes to queue <routing key>: MQTT's $queue/<name>.
+            raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
+                               f"in vhost '/' refused for user '{connection.username or ''}'")
         message = Message("", content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props)
         seq = 0
