@@ -30,7 +30,7 @@ from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
-from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.amqp091.properties import PropertyError, for_consumer, to_core
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_ALLOWED,
@@ -218,7 +218,8 @@ class Channel:
             raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
                                f"in vhost '/' refused for user '{connection.username or ''}'")
         message = Message("", content.body, qos, False, connection.client_id,
-                          connection.clock.seconds(), props=core_props)
+                          connection.clock.seconds(), props=core_props,
+                          amqp091=content.raw_properties or None)
         seq = 0
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
@@ -276,7 +277,7 @@ class Channel:
         if packet_id is not None:
             self.unacked[tag] = (member, packet_id)
         connection = self.connection
-        props, _count, redelivered = from_core(message, connection.clock.seconds())
+        props, redelivered = for_consumer(message, connection.clock.seconds())
         queue = member.queue
         key = routing_key(queue, message.topic) or queue
         if member.getter:
@@ -284,7 +285,7 @@ class Channel:
             method: Any = B.GetOk(tag, redelivered or dup, "", key, 0)
         else:
             method = B.Deliver(member.tag, tag, redelivered or dup, "", key)
-        connection.send_content(self.number, method, props.marshal(), message.payload)
+        connection.send_content(self.number, method, props, message.payload)
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:

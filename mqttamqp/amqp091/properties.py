@@ -17,8 +17,10 @@ delivery-mode 2    the message's QoS 1 (persistent); otherwise QoS 0
 =================  ==========================================================
 
 The other properties (content-encoding, priority, message-id, timestamp, type,
-user-id, app-id) have no MQTT form and are not carried yet (issue 27: kept between
-0.9.1 peers is still to do).
+user-id, app-id, headers that are not strings) have no MQTT form: they are kept
+between 0.9.1 peers, with the whole property section as the publisher sent it
+(``Message.amqp091``), which a 0.9.1 consumer gets unchanged (``for_consumer``;
+only a redelivery's ``x-delivery-count`` is added).
 
 What it must not do: route, or know frames (``frames``).
 """
@@ -28,11 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from pamqp import commands
+from pamqp.header import ContentHeader
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.metadata import METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "PropertyError"]
+__all__ = ["to_core", "from_core", "for_consumer", "PropertyError"]
 
 Properties = commands.Basic.Properties
 
@@ -61,6 +64,41 @@ def to_core(props: Any) -> tuple[MessageProperties | None, int]:
     return MessageProperties(
         None, expiry, props.content_type, props.reply_to,
         correlation.encode("utf-8") if correlation is not None else None, users), qos
+
+
+def for_consumer(message: Message, now: float) -> tuple[bytes, bool]:
+    """The encoded basic properties a 0.9.1 consumer gets for ``message`` and whether
+    it is a redelivery: a 0.9.1 publisher's as it sent them (decoded and encoded
+    again only to add ``x-delivery-count`` on a redelivery), others mapped from the
+    core's properties (``from_core``)."""
+    raw = message.amqp091
+    if raw is None:
+        props, _, redelivered = from_core(message, now)
+        return props.marshal(), redelivered
+    count = _delivery_count(message)
+    if not count:
+        return raw, bool(message.dup)
+    header = ContentHeader()
+    header.unmarshal(_HEADER_PREFIX + raw)
+    props = header.properties
+    headers = dict(props.headers or {})
+    headers["x-delivery-count"] = count
+    props.headers = headers
+    return props.marshal(), True
+
+
+_HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
+
+
+def _delivery_count(message: Message) -> int:
+    """The deliveries a durable queue counted before this one (its metadata)."""
+    props = message.props
+    if props is None:
+        return 0
+    for key, value in props.user_properties:
+        if key == "delivery-count":
+            return max(0, int(value) - 1) if value.isdigit() else 0
+    return 0
 
 
 def from_core(message: Message, now: float) -> tuple[Any, int, bool]:
