@@ -22,7 +22,13 @@ from collections.abc import Mapping
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.commits import all_durable
+from mqttamqp.core.exchanges.arguments import (
+    COMPARED,
+    QueueArguments,
+    parse_queue_arguments,
+)
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -31,10 +37,11 @@ from mqttamqp.core.exchanges.errors import (
     ChannelError,
     QueueDeclared,
 )
-from mqttamqp.core.persistence import Op, PutQueueArguments, QueueRecord
-from mqttamqp.core.queues.addresses import QUEUE_PREFIX, Consumer
+from mqttamqp.core.persistence import Op, PutQueue, PutQueueArguments, QueueRecord
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX, STREAM, Consumer
 from mqttamqp.core.queues.manager import QueueManager
-from mqttamqp.core.queues.model import QueueLog
+from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
            "freeze_value", "Frozen"]
@@ -61,6 +68,11 @@ def freeze_value(value: object) -> object:
     return str(value)   # (decimals, timestamps: compared and kept as text)
 
 
+def thaw(frozen: Frozen) -> dict[str, object]:
+    """A frozen field table as a mapping again (nested tables stay frozen)."""
+    return dict(frozen)
+
+
 def queue_name_problem(name: str) -> str | None:
     """Why 0.9.1 queue ``name`` cannot be a queue of the queue manager, or None.
 
@@ -82,7 +94,7 @@ class DeclaredQueue:
     """What 0.9.1 said of a queue when it declared it."""
 
     __slots__ = ("arguments", "auto_delete", "consumers", "durable", "exclusive", "name",
-                 "owner", "transient")
+                 "owner", "parsed", "transient")
 
     def __init__(self, name: str, durable: bool, exclusive: bool, auto_delete: bool,
                  arguments: Frozen, owner: str | None, server_named: bool = False) -> None:
@@ -95,6 +107,7 @@ class DeclaredQueue:
         self.consumers = 0          # 0.9.1 consumers now (auto-delete: goes at 1 -> 0)
         # In memory only, never stored (``QueueLog.transient``).
         self.transient = not durable or exclusive or auto_delete or server_named
+        self.parsed = QueueArguments()    # what this broker acts on of ``arguments``
 
 
 class QueueDeclarations:
@@ -103,6 +116,7 @@ class QueueDeclarations:
     def __init__(self, queues: QueueManager) -> None:
         self.queues = queues
         self.declared: dict[str, DeclaredQueue] = {}
+        self._expiry: dict[str, DelayedCall] = {}   # x-expires timers of unused queues
 
     # -- queue.declare ---------------------------------------------------------------
 
@@ -128,30 +142,84 @@ class QueueDeclarations:
         if problem is not None:
             raise ChannelError(PRECONDITION_FAILED, problem)
         frozen = freeze(arguments)
+        parsed = parse_queue_arguments(arguments, durable, exclusive, auto_delete)
+        if isinstance(parsed, str):
+            raise ChannelError(PRECONDITION_FAILED, f"{parsed} for queue '{name}'")
         known = self.declared.get(name)
-        if known is None and name in self.queues.queues:
+        existing = self.queues.queues.get(name)
+        if known is None and existing is not None:
             # Made by MQTT or AMQP 1.0: a durable queue, which its first durable
             # 0.9.1 declaration describes.
             known = DeclaredQueue(name, True, False, False, frozen, None)
             self._equivalent(known, durable, exclusive, auto_delete, frozen)
+            known.parsed = parsed
             self.declared[name] = known
+            self._configure(existing, known)
+            self._unused(known)
             return self._declared(name), self.queues.commits.persist(
-                [PutQueueArguments(name, frozen)])
+                [PutQueue(name, existing.retention.as_tuple()),
+                 PutQueueArguments(name, frozen)])
         if known is not None:
             self._check_lock(known, owner)
             self._equivalent(known, durable, exclusive, auto_delete, frozen)
+            self._unused(known)
             return self._declared(name), None
         declared = DeclaredQueue(name, durable, exclusive, auto_delete, frozen, owner,
                                  server_named)
+        declared.parsed = parsed
+        retention = parsed.retention(self.queues.default_retention(name))
         queue, d = self.queues.declare(
             name, declared.transient,
-            () if declared.transient else (PutQueueArguments(name, frozen),))
+            () if declared.transient else (PutQueue(name, retention.as_tuple()),
+                                           PutQueueArguments(name, frozen)))
         if queue is None:
             raise ChannelError(PRECONDITION_FAILED,
                                f"too many queues (--queue-max-queues "
                                f"{self.queues.limits.queue_max_queues})")
         self.declared[name] = declared
+        self._configure(queue, declared)
+        self._unused(declared)
         return self._declared(name), d
+
+    def _configure(self, queue: QueueLog, declared: DeclaredQueue) -> None:
+        """What the declared arguments make of the queue manager's queue: its
+        retention, overflow rule and dead-letter route (``arguments``)."""
+        parsed = declared.parsed
+        default = self.queues.default_retention(queue.name)
+        if parsed.overflow == "drop-head":
+            queue.retention = parsed.retention(default)
+            queue.reject_above = None
+        else:
+            queue.retention = Retention(
+                parsed.message_ttl / 1000.0 if parsed.message_ttl is not None
+                else default.max_age, default.max_bytes, default.max_messages)
+            queue.reject_above = (parsed.max_length, parsed.max_length_bytes)
+        queue.dead_letter = (self._dead_letter_route(queue.name, parsed)
+                             if parsed.dead_letter_exchange is not None else None)
+
+    def _dead_letter_route(self, name: str, parsed: QueueArguments) -> DeadLetterRoute:
+        raise NotImplementedError   # (``Exchanges``)
+
+    # -- x-expires -------------------------------------------------------------------
+
+    def _unused(self, known: DeclaredQueue) -> None:
+        """Queue ``known`` was used (declared, read) and has no consumer now: with
+        ``x-expires`` it is deleted if nothing uses it for that long."""
+        expires = known.parsed.expires
+        if expires is None:
+            return
+        timer = self._expiry.pop(known.name, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if known.consumers == 0:
+            self._expiry[known.name] = self.queues.clock.callLater(
+                expires / 1000.0, self._expired, known.name)
+
+    def _expired(self, name: str) -> None:
+        self._expiry.pop(name, None)
+        known = self.declared.get(name)
+        if known is not None and known.consumers == 0:
+            self.queues.commits.watch(self._drop(name), "deleting expired queue " + name)
 
     def _equivalent(self, known: DeclaredQueue, durable: bool, exclusive: bool,
                     auto_delete: bool, arguments: Frozen) -> None:
@@ -165,9 +233,13 @@ class QueueDeclarations:
                     f"received '{str(theirs).lower()}' but current is "
                     f"'{str(mine).lower()}'")
         if arguments != known.arguments:
+            # (as RabbitMQ: only the arguments it knows are compared; others may
+            # differ from one declaration to the next)
             mine_map, theirs_map = dict(known.arguments), dict(arguments)
             key = next((k for k in sorted(set(mine_map) | set(theirs_map))
-                        if mine_map.get(k) != theirs_map.get(k)), "arguments")
+                        if k in COMPARED and mine_map.get(k) != theirs_map.get(k)), None)
+            if key is None:
+                return
             raise ChannelError(
                 PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for queue '{known.name}' in vhost '/': "
@@ -213,15 +285,20 @@ class QueueDeclarations:
         reads from ``x-stream-offset`` (``first``, ``last``, an offset, a time).
         Call ``consumer_added`` once it joined, ``consumer_cancelled`` when it left."""
         self._existing(name, owner)
-        offset = (arguments or {}).get("x-stream-offset")
+        known = self.declared.get(name)
+        stream = known is not None and known.parsed.queue_type == STREAM
+        offset = (arguments or {}).get("x-stream-offset") if stream else None
         return (QUEUE_PREFIX + name,
-                Consumer(name, None, None if offset is None else str(offset),
-                         explicit=False))
+                Consumer(name, STREAM if stream else None,
+                         None if offset is None else str(offset), explicit=False))
 
     def consumer_added(self, name: str) -> None:
         known = self.declared.get(name)
         if known is not None:
             known.consumers += 1
+            timer = self._expiry.pop(name, None)
+            if timer is not None and timer.active():
+                timer.cancel()
 
     def consumer_cancelled(self, name: str) -> Deferred[None] | None:
         """A 0.9.1 consumer of queue ``name`` left (``basic.cancel``, its channel or
@@ -232,7 +309,27 @@ class QueueDeclarations:
         known.consumers = max(0, known.consumers - 1)
         if known.auto_delete and known.consumers == 0:
             return self._drop(name)
+        self._unused(known)
         return None
+
+    def get(self, name: str, session: Session, owner: str | None = None,
+            no_ack: bool = False) -> tuple[bool, int]:
+        """``basic.get``: whether a message was handed to ``session`` (an online
+        session of the channel's, as ``Broker.add_topic_receiver`` makes but with
+        no subscription: the delivery reaches its link's ``send_publish`` now, with
+        a packet id to settle through ``Broker.acknowledged`` / ``Broker.settle``
+        unless ``no_ack``), and the messages left (``get-ok``'s message count).
+        What is unsettled goes back to the queue when the session goes."""
+        self._existing(name, owner)
+        result = self.queues.take_one(name, session, 0 if no_ack else 1)
+        if result is None:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"queue '{name}' is a stream: consume it (basic.get "
+                               "takes no message from a stream)")
+        known = self.declared.get(name)
+        if known is not None:
+            self._unused(known)
+        return result
 
     # -- queue.delete, queue.purge ---------------------------------------------------
 
@@ -254,15 +351,18 @@ class QueueDeclarations:
 
     def purge_queue(self, name: str, owner: str | None = None
                     ) -> tuple[int, Deferred[None] | None]:
-        """``queue.purge``: how many messages it removed, and the commit."""
-        queue = self._existing(name, owner)
-        count = len(queue.log)
-        return count, self.queues.purge(name)
+        """``queue.purge``: how many messages it removed (those no consumer holds
+        unacknowledged), and the commit."""
+        self._existing(name, owner)
+        return self.queues.purge_ready(name)
 
     def _drop(self, name: str) -> Deferred[None] | None:
         """Queue ``name`` goes: its declaration, its bindings, and the queue
         manager's queue."""
         known = self.declared.pop(name, None)
+        timer = self._expiry.pop(name, None)
+        if timer is not None and timer.active():
+            timer.cancel()
         ops: list[Op] = []
         self._dropped_queue(name, ops)
         if known is not None and known.transient:
@@ -284,6 +384,13 @@ class QueueDeclarations:
         """The durable queues 0.9.1 declared, as stored (after the queue manager's
         own restore)."""
         for rec in records:
-            if rec.arguments is not None and rec.name in self.queues.queues:
-                self.declared[rec.name] = DeclaredQueue(rec.name, True, False, False,
-                                                        tuple(rec.arguments), None)
+            queue = self.queues.queues.get(rec.name)
+            if rec.arguments is None or queue is None:
+                continue
+            known = DeclaredQueue(rec.name, True, False, False, tuple(rec.arguments), None)
+            parsed = parse_queue_arguments(thaw(known.arguments), True, False, False)
+            if not isinstance(parsed, str):   # (it was checked when declared)
+                known.parsed = parsed
+            self.declared[rec.name] = known
+            self._configure(queue, known)
+            self._unused(known)

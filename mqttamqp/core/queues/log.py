@@ -86,6 +86,9 @@ class QueueLogs:
                                 else limits.queue_max_messages or None))
             for pattern, age, size, count in limits.queue_rules]
         self._memberships: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
+        # Sessions holding messages taken one at a time (AMQP 0.9.1 basic.get),
+        # with the member (outside the group's round-robin) they are pending on.
+        self._gets: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
         # Queues appended to since the last ``_commit``, with their next offset.
         self._appended_to: dict[QueueLog, int] = {}
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
@@ -195,7 +198,8 @@ class QueueLogs:
         messages once that commit is durable.  With ``background`` nobody waits."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
-        ops = self._durable_ops(ops)
+        if self.transient:
+            ops = self._durable_ops(ops)
         appended, self._appended_to = self._appended_to, {}
         stored, self._appends = self._appends, {}
         nbytes, self._append_bytes = self._append_bytes, 0
@@ -357,6 +361,10 @@ class QueueLogs:
                     or (r.max_age is not None and message.timestamp + r.max_age <= now))
             if not over:
                 break
+            if queue.dead_letter is not None:
+                aged = r.max_age is not None and message.timestamp + r.max_age <= now
+                self._route_dead(queue, message, "expired" if aged else "maxlen",
+                                 queue.first, "", 0, ops)
             self._forget(queue, queue.first)
             queue.expired += 1
             self.stats.expired += 1
@@ -435,6 +443,11 @@ class QueueLogs:
 
     def _arm(self) -> None:
         """Make sure the timer runs while something waits on time (``QueueTimers``)."""
+        raise NotImplementedError
+
+    def _route_dead(self, queue: QueueLog, message: Message, reason: str, offset: int,
+                    group: str, count: int, ops: list[Op]) -> None:
+        """Dead-letter ``message`` by ``queue``'s route (``Acknowledgements``)."""
         raise NotImplementedError
 
 

@@ -117,6 +117,11 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
+        if queue.reject_above is not None and self._full(queue, message):
+            return (self._commit(ops),
+                    self._refuse("overflow", publisher, message.topic,
+                                 f"queue {queue.name!r} is full (x-overflow reject-publish)",
+                                 QUOTA_EXCEEDED))
         if message.retain or message.dup:
             message = replace(message, retain=False, dup=False)
         offset = self._append(queue, message, ops)
@@ -139,6 +144,13 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             queue.committed = queue.next_offset
             self._pump_queue(queue)
         return d, None
+
+    @staticmethod
+    def _full(queue: QueueLog, message: Message) -> bool:
+        assert queue.reject_above is not None
+        count, size = queue.reject_above
+        return ((count is not None and len(queue.log) >= count)
+                or (size is not None and queue.bytes + len(message.payload) > size))
 
     def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
                 ) -> tuple[QueueLog | None, Deferred[None] | None]:
