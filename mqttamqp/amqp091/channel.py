@@ -70,7 +70,9 @@ class Channel:
         self._tags = 0
         # answers waiting for a commit, and those behind them (in method order)
         self._answers: deque[list[Any]] = deque()
-        self.getters: dict[tuple[str, bool], QueueConsumer] = {}
+        # basic.get's own session, and what the model handed it (``basic_get``)
+        self.getter: QueueConsumer | None = None
+        self._got: tuple[int, bool, str, bytes, bytes] | None = None
 
     # -- limits ----------------------------------------------------------------------
 
@@ -154,24 +156,30 @@ class Channel:
         self.exchanges.consumer_added(m.queue)
 
     def basic_get(self, m: Any) -> None:
-        """``basic.get``: a hidden member of the queue's group per queue and ack mode,
-        given room for one message; what the queue hands it at once is get-ok,
-        nothing is get-empty."""
-        key = (m.queue, bool(m.no_ack))
-        member = self.getters.get(key)
-        if member is None or member.closed:
-            topic_filter, consumer = self.exchanges.consumer_filter(
-                m.queue, self.connection.key)
-            member = QueueConsumer(self, "", m.queue, m.no_ack, 0, getter=True)
-            if not member.join(topic_filter, consumer):
-                raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
-                                   f"for user '{self.connection.username or ''}'")
-            self.getters[key] = member
-        member.credit = 1
-        member.wake()
-        if member.credit:
-            member.credit = 0
+        """``basic.get``: the model hands the next message to the channel's own
+        session (``getter``, subscribed to nothing) at once: get-ok with the count
+        left, or get-empty.  Reading needs read permission on ``$queue/<name>``."""
+        connection = self.connection
+        if not connection.broker.authorizer.may_subscribe(connection.identity,
+                                                          QUEUE_PREFIX + m.queue):
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
+                               f"refused for user '{connection.username or ''}'")
+        member = self.getter
+        if member is None:
+            member = self.getter = QueueConsumer(self, "", m.queue, False, 0, getter=True)
+            member.open_alone()
+        member.queue = m.queue
+        session = member.session
+        assert session is not None   # (a getter's ends with its channel)
+        self._got = None
+        _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        got, self._got = self._got, None
+        if got is None:
             self._send(B.GetEmpty())
+            return
+        tag, redelivered, key, props, payload = got
+        connection.send_content(self.number, B.GetOk(tag, redelivered, "", key, left), props,
+                                payload)
 
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
@@ -188,9 +196,7 @@ class Channel:
                 d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
 
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
-        if member.getter:
-            self.getters.pop((member.queue, member.no_ack), None)
-        elif self.consumers.get(member.tag) is member:
+        if self.consumers.get(member.tag) is member:
             del self.consumers[member.tag]
             if self.connection.cancel_notify and not self.closing:
                 self._send(B.Cancel(member.tag, nowait=True))
@@ -281,11 +287,10 @@ class Channel:
         queue = member.queue
         key = routing_key(queue, message.topic) or queue
         if member.getter:
-            member.credit = 0
-            method: Any = B.GetOk(tag, redelivered or dup, "", key, 0)
+            self._got = (tag, redelivered or dup, key, props, message.payload)
         else:
-            method = B.Deliver(member.tag, tag, redelivered or dup, "", key)
-        connection.send_content(self.number, method, props, message.payload)
+            connection.send_content(self.number, B.Deliver(
+                member.tag, tag, redelivered or dup, "", key), props, message.payload)
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
@@ -344,10 +349,12 @@ class Channel:
         """The channel is gone (close, close-ok, the connection's end): its
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
-        for member in [*self.consumers.values(), *self.getters.values()]:
+        for member in list(self.consumers.values()):
             self._cancel(member)
+        if self.getter is not None:
+            self.getter.cancel()
+            self.getter = None
         self.consumers.clear()
-        self.getters.clear()
         self._answers.clear()
         self.unacked.clear()
         self.confirms.clear()

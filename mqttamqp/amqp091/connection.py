@@ -472,7 +472,7 @@ class AMQP091Factory(Factory):
         (those that announced consumer_cancel_notify)."""
         for connection in list(self.connections):
             for channel in list(connection.channels.values()):
-                for member in [*channel.consumers.values(), *channel.getters.values()]:
+                for member in list(channel.consumers.values()):
                     if member.queue == name:
                         member.queue_gone()
 

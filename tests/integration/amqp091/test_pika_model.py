@@ -31,16 +31,23 @@ def test_fanout_exchange_reaches_every_bound_queue(pika_conn: Connect) -> None:
         assert method is not None and body == b"to-all"
 
 
-def test_basic_get_empty_then_ok(pika_conn: Connect) -> None:
-    """basic.get on an empty queue is get-empty; after a publish it is get-ok."""
+def test_basic_get_empty_then_ok_with_counts(pika_conn: Connect) -> None:
+    """basic.get: get-empty on an empty queue, get-ok with the count left, a rejected
+    message again (redelivered)."""
     ch = pika_conn().channel()
     q = ch.queue_declare(name("get")).method.queue
     assert ch.basic_get(q) == (None, None, None)
     ch.confirm_delivery()
     ch.basic_publish("", q, b"one")
+    ch.basic_publish("", q, b"two")
     method, _, body = ch.basic_get(q)
-    assert body == b"one"
+    assert body == b"one" and method.message_count == 1
     ch.basic_ack(method.delivery_tag)
+    method, _, body = ch.basic_get(q)
+    assert body == b"two" and method.message_count == 0
+    ch.basic_reject(method.delivery_tag, requeue=True)
+    method, _, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"two" and method.redelivered
     assert ch.basic_get(q) == (None, None, None)
 
 
