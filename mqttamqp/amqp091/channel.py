@@ -30,7 +30,7 @@ from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
-from mqttamqp.amqp091.properties import PropertyError, for_consumer, to_core
+from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_ALLOWED,
@@ -40,7 +40,7 @@ from mqttamqp.core.exchanges.errors import (
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import QUEUE_PREFIX, routing_key
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
@@ -72,7 +72,7 @@ class Channel:
         self._answers: deque[list[Any]] = deque()
         # basic.get's own session, and what the model handed it (``basic_get``)
         self.getter: QueueConsumer | None = None
-        self._got: tuple[int, bool, str, bytes, bytes] | None = None
+        self._got: tuple[int, bool, str, str, bytes, bytes] | None = None
 
     # -- limits ----------------------------------------------------------------------
 
@@ -177,9 +177,9 @@ class Channel:
         if got is None:
             self._send(B.GetEmpty())
             return
-        tag, redelivered, key, props, payload = got
-        connection.send_content(self.number, B.GetOk(tag, redelivered, "", key, left), props,
-                                payload)
+        tag, redelivered, exchange, key, props, payload = got
+        connection.send_content(self.number, B.GetOk(tag, redelivered, exchange, key, left),
+                                props, payload)
 
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
@@ -225,7 +225,7 @@ class Channel:
                                f"in vhost '/' refused for user '{connection.username or ''}'")
         message = Message("", content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props,
-                          amqp091=content.raw_properties or None)
+                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))
         seq = 0
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
@@ -283,14 +283,13 @@ class Channel:
         if packet_id is not None:
             self.unacked[tag] = (member, packet_id)
         connection = self.connection
-        props, redelivered = for_consumer(message, connection.clock.seconds())
-        queue = member.queue
-        key = routing_key(queue, message.topic) or queue
+        props, redelivered, exchange, key = for_consumer(message, member.queue,
+                                                         connection.clock.seconds())
         if member.getter:
-            self._got = (tag, redelivered or dup, key, props, message.payload)
+            self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
             connection.send_content(self.number, B.Deliver(
-                member.tag, tag, redelivered or dup, "", key), props, message.payload)
+                member.tag, tag, redelivered or dup, exchange, key), props, message.payload)
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:

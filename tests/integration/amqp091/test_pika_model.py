@@ -64,7 +64,7 @@ def test_topic_exchange_binding_keys(pika_conn: Connect) -> None:
         ch.basic_publish(exchange, "plant.line1.pressure", b"miss", mandatory=True)
     method, _, body = ch.basic_get(q, auto_ack=True)
     assert body == b"hit"
-    assert method.routing_key == "plant.line1.temp"
+    assert (method.exchange, method.routing_key) == (exchange, "plant.line1.temp")
 
 
 def test_redeclare_with_other_properties_is_406(pika_conn: Connect) -> None:

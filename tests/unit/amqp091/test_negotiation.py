@@ -120,20 +120,32 @@ def test_091_properties_round_trip_through_a_stored_record() -> None:
 
 
 def test_a_091_publishers_properties_go_out_as_sent() -> None:
-    """for_consumer hands a 0.9.1 publisher's property bytes over unchanged on a first
-    delivery, and adds x-delivery-count on a redelivery."""
+    """for_consumer hands a 0.9.1 publisher's property bytes, exchange and key over
+    unchanged on a first delivery, and adds x-delivery-count on a redelivery."""
     from pamqp.header import ContentHeader
 
-    from mqttamqp.amqp091.properties import for_consumer
+    from mqttamqp.amqp091.properties import envelope, for_consumer
 
     raw = commands.Basic.Properties(priority=4, headers={"n": 1}).marshal()
-    first = Message("t", b"", 1, props=MessageProperties(
-        user_properties=(("delivery-count", "1"),)), amqp091=raw)
-    assert for_consumer(first, 0.0) == (raw, False)
-    again = Message("t", b"", 1, dup=True, props=MessageProperties(
-        user_properties=(("delivery-count", "3"),)), amqp091=raw)
-    data, redelivered = for_consumer(again, 0.0)
+    sent = envelope("ex", "key.1", raw)
+    first = Message("$queue/q/key.1", b"", 1, props=MessageProperties(
+        user_properties=(("delivery-count", "1"),)), amqp091=sent)
+    assert for_consumer(first, "q", 0.0) == (raw, False, "ex", "key.1")
+    again = Message("$queue/q/key.1", b"", 1, dup=True, props=MessageProperties(
+        user_properties=(("delivery-count", "3"),)), amqp091=sent)
+    data, redelivered, _, _ = for_consumer(again, "q", 0.0)
     header = ContentHeader()
     header.unmarshal(b"\x00\x3c\x00\x00" + bytes(8) + data)
     assert redelivered and header.properties.headers == {"n": 1, "x-delivery-count": 2}
     assert header.properties.priority == 4
+
+
+def test_a_message_from_the_topic_space_comes_from_amq_topic() -> None:
+    """An MQTT publish queued through amq.topic is delivered from amq.topic with the
+    topic as routing key (a/b is a.b); one published to the queue itself from ""."""
+    from mqttamqp.amqp091.properties import for_consumer
+
+    _, _, exchange, key = for_consumer(Message("$queue/q/a/b", b""), "q", 0.0)
+    assert (exchange, key) == ("amq.topic", "a.b")
+    _, _, exchange, key = for_consumer(Message("$queue/q", b""), "q", 0.0)
+    assert (exchange, key) == ("", "q")
