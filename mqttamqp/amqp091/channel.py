@@ -145,25 +145,41 @@ class Channel:
             raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         topic_filter, consumer = self.exchanges.consumer_filter(
             m.queue, self.connection.key, m.arguments)
+        self._may_read(m.queue)
+        factory = self.connection.factory
+        holder = factory.exclusive.get(m.queue)
+        if holder is not None and not holder.closed:
+            raise ChannelError(ACCESS_REFUSED, f"queue '{m.queue}' in vhost '/' in "
+                               "exclusive use")
+        if m.exclusive and factory.consumers_of(m.queue):
+            raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue "
+                               f"'{m.queue}' in vhost '/'")
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
         self.consumers[tag] = member
+        if m.exclusive:
+            factory.exclusive[m.queue] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
         if not member.join(topic_filter, consumer):
             del self.consumers[tag]
-            raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
-                               f"for user '{self.connection.username or ''}'")
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
+                               f"refused for user '{self.connection.username or ''}'")
         self.exchanges.consumer_added(m.queue)
+
+    def _may_read(self, queue: str) -> None:
+        """Consuming and getting need read (subscribe) permission on ``$queue/<name>``."""
+        connection = self.connection
+        if not connection.broker.authorizer.may_subscribe(connection.identity,
+                                                          QUEUE_PREFIX + queue):
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{queue}' in vhost '/' "
+                               f"refused for user '{connection.username or ''}'")
 
     def basic_get(self, m: Any) -> None:
         """``basic.get``: the model hands the next message to the channel's own
         session (``getter``, subscribed to nothing) at once: get-ok with the count
         left, or get-empty.  Reading needs read permission on ``$queue/<name>``."""
         connection = self.connection
-        if not connection.broker.authorizer.may_subscribe(connection.identity,
-                                                          QUEUE_PREFIX + m.queue):
-            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
-                               f"refused for user '{connection.username or ''}'")
+        self._may_read(m.queue)
         member = self.getter
         if member is None:
             member = self.getter = QueueConsumer(self, "", m.queue, False, 0, getter=True)
@@ -190,6 +206,9 @@ class Channel:
 
     def _cancel(self, member: QueueConsumer) -> None:
         member.cancel()
+        exclusive = self.connection.factory.exclusive
+        if exclusive.get(member.queue) is member:
+            del exclusive[member.queue]
         if not member.getter:
             d = self.exchanges.consumer_cancelled(member.queue)
             if d is not None:

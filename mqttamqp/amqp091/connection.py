@@ -452,6 +452,8 @@ class AMQP091Factory(Factory):
         self.meter = DeliveryMeter(broker.stats)
         self.log_limit = LogLimiter(clock.seconds)
         self.blocked: set[AMQP091Connection] = set()
+        # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
+        self.exclusive: dict[str, Any] = {}
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
@@ -466,6 +468,13 @@ class AMQP091Factory(Factory):
     def _clear(self, connection: AMQP091Connection) -> None:
         self.blocked.discard(connection)
         connection.set_blocked(None)
+
+    def consumers_of(self, queue: str) -> int:
+        """The 0.9.1 consumers of ``queue`` now (an exclusive consume wants none)."""
+        return sum(1 for connection in self.connections
+                   for channel in connection.channels.values()
+                   for member in channel.consumers.values()
+                   if member.queue == queue and not member.closed)
 
     def queue_deleted(self, name: str) -> None:
         """Queue ``name`` was deleted: its 0.9.1 consumers hear ``basic.cancel``

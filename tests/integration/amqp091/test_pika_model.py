@@ -113,3 +113,22 @@ def test_purge_counts_messages(pika_conn: Connect) -> None:
         ch.basic_publish("", q, b"x")
     assert ch.queue_purge(q).method.message_count == 3
     assert ch.basic_get(q) == (None, None, None)
+
+
+def test_exclusive_consumer_keeps_others_out(pika_conn: Connect) -> None:
+    """An exclusive consumer refuses other consumers (403), and is refused on a queue
+    that has one; once it is cancelled, others may consume."""
+    conn = pika_conn()
+    ch = conn.channel()
+    q = ch.queue_declare(name("exc")).method.queue
+    tag = ch.basic_consume(q, lambda *a: None, exclusive=True)
+    other = pika_conn().channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        other.basic_consume(q, lambda *a: None)
+    assert info.value.reply_code == 403
+    ch.basic_cancel(tag)
+    third = pika_conn().channel()
+    third.basic_consume(q, lambda *a: None)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().basic_consume(q, lambda *a: None, exclusive=True)
+    assert info.value.reply_code == 403
