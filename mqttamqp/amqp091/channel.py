@@ -30,8 +30,9 @@ from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
-from mqttamqp.amqp091.properties import PropertyError, from_core, to_core
+from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
 from mqttamqp.core.exchanges.errors import (
+    ACCESS_REFUSED,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -39,7 +40,7 @@ from mqttamqp.core.exchanges.errors import (
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import routing_key
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
@@ -69,7 +70,9 @@ class Channel:
         self._tags = 0
         # answers waiting for a commit, and those behind them (in method order)
         self._answers: deque[list[Any]] = deque()
-        self.getters: dict[tuple[str, bool], QueueConsumer] = {}
+        # basic.get's own session, and what the model handed it (``basic_get``)
+        self.getter: QueueConsumer | None = None
+        self._got: tuple[int, bool, str, str, bytes, bytes] | None = None
 
     # -- limits ----------------------------------------------------------------------
 
@@ -142,35 +145,57 @@ class Channel:
             raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         topic_filter, consumer = self.exchanges.consumer_filter(
             m.queue, self.connection.key, m.arguments)
+        self._may_read(m.queue)
+        factory = self.connection.factory
+        holder = factory.exclusive.get(m.queue)
+        if holder is not None and not holder.closed:
+            raise ChannelError(ACCESS_REFUSED, f"queue '{m.queue}' in vhost '/' in "
+                               "exclusive use")
+        if m.exclusive and factory.consumers_of(m.queue):
+            raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue "
+                               f"'{m.queue}' in vhost '/'")
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
         self.consumers[tag] = member
+        if m.exclusive:
+            factory.exclusive[m.queue] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
         if not member.join(topic_filter, consumer):
             del self.consumers[tag]
-            raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
-                               f"for user '{self.connection.username or ''}'")
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
+                               f"refused for user '{self.connection.username or ''}'")
         self.exchanges.consumer_added(m.queue)
 
+    def _may_read(self, queue: str) -> None:
+        """Consuming and getting need read (subscribe) permission on ``$queue/<name>``."""
+        connection = self.connection
+        if not connection.broker.authorizer.may_subscribe(connection.identity,
+                                                          QUEUE_PREFIX + queue):
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{queue}' in vhost '/' "
+                               f"refused for user '{connection.username or ''}'")
+
     def basic_get(self, m: Any) -> None:
-        """``basic.get``: a hidden member of the queue's group per queue and ack mode,
-        given room for one message; what the queue hands it at once is get-ok,
-        nothing is get-empty."""
-        key = (m.queue, bool(m.no_ack))
-        member = self.getters.get(key)
-        if member is None or member.closed:
-            topic_filter, consumer = self.exchanges.consumer_filter(
-                m.queue, self.connection.key)
-            member = QueueConsumer(self, "", m.queue, m.no_ack, 0, getter=True)
-            if not member.join(topic_filter, consumer):
-                raise ChannelError(403, f"access to queue '{m.queue}' in vhost '/' refused "
-                                   f"for user '{self.connection.username or ''}'")
-            self.getters[key] = member
-        member.credit = 1
-        member.wake()
-        if member.credit:
-            member.credit = 0
+        """``basic.get``: the model hands the next message to the channel's own
+        session (``getter``, subscribed to nothing) at once: get-ok with the count
+        left, or get-empty.  Reading needs read permission on ``$queue/<name>``."""
+        connection = self.connection
+        self._may_read(m.queue)
+        member = self.getter
+        if member is None:
+            member = self.getter = QueueConsumer(self, "", m.queue, False, 0, getter=True)
+            member.open_alone()
+        member.queue = m.queue
+        session = member.session
+        assert session is not None   # (a getter's ends with its channel)
+        self._got = None
+        _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        got, self._got = self._got, None
+        if got is None:
             self._send(B.GetEmpty())
+            return
+        tag, redelivered, exchange, key, props, payload = got
+        connection.send_content(self.number, B.GetOk(tag, redelivered, exchange, key, left),
+                                props, payload)
 
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
@@ -181,15 +206,16 @@ class Channel:
 
     def _cancel(self, member: QueueConsumer) -> None:
         member.cancel()
+        exclusive = self.connection.factory.exclusive
+        if exclusive.get(member.queue) is member:
+            del exclusive[member.queue]
         if not member.getter:
             d = self.exchanges.consumer_cancelled(member.queue)
             if d is not None:
                 d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
 
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
-        if member.getter:
-            self.getters.pop((member.queue, member.no_ack), None)
-        elif self.consumers.get(member.tag) is member:
+        if self.consumers.get(member.tag) is member:
             del self.consumers[member.tag]
             if self.connection.cancel_notify and not self.closing:
                 self._send(B.Cancel(member.tag, nowait=True))
@@ -211,8 +237,14 @@ class Channel:
             core_props, qos = to_core(props)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        if m.exchange == "" and not connection.broker.gate.may_write(
+                connection.identity, QUEUE_PREFIX + m.routing_key):
+            # The default exchange writes to queue <routing key>: MQTT's $queue/<name>.
+            raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
+                               f"in vhost '/' refused for user '{connection.username or ''}'")
         message = Message("", content.body, qos, False, connection.client_id,
-                          connection.clock.seconds(), props=core_props)
+                          connection.clock.seconds(), props=core_props,
+                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))
         seq = 0
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
@@ -270,15 +302,13 @@ class Channel:
         if packet_id is not None:
             self.unacked[tag] = (member, packet_id)
         connection = self.connection
-        props, _count, redelivered = from_core(message, connection.clock.seconds())
-        queue = member.queue
-        key = routing_key(queue, message.topic) or queue
+        props, redelivered, exchange, key = for_consumer(message, member.queue,
+                                                         connection.clock.seconds())
         if member.getter:
-            member.credit = 0
-            method: Any = B.GetOk(tag, redelivered or dup, "", key, 0)
+            self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            method = B.Deliver(member.tag, tag, redelivered or dup, "", key)
-        connection.send_content(self.number, method, props.marshal(), message.payload)
+            connection.send_content(self.number, B.Deliver(
+                member.tag, tag, redelivered or dup, exchange, key), props, message.payload)
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
@@ -337,10 +367,12 @@ class Channel:
         """The channel is gone (close, close-ok, the connection's end): its
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
-        for member in [*self.consumers.values(), *self.getters.values()]:
+        for member in list(self.consumers.values()):
             self._cancel(member)
+        if self.getter is not None:
+            self.getter.cancel()
+            self.getter = None
         self.consumers.clear()
-        self.getters.clear()
         self._answers.clear()
         self.unacked.clear()
         self.confirms.clear()

@@ -99,6 +99,7 @@ class AMQP091Connection(Handshake, Protocol):
         self._closing_channels: set[int] = set()
         self._assemblers: dict[int, ContentAssembler] = {}
         self.write_blocked = False
+        self.reading_paused = False    # not read while the storage alarm lasts
         self.cancel_notify = False
         self.blocked_notify = False
         self._blocked_sent = False
@@ -318,7 +319,6 @@ class AMQP091Connection(Handshake, Protocol):
         self.broker.register_connection(self.key, self, PROTOCOL)
         self._registered = True
         self._arm()
-        self.factory.watch_alarm(self)
 
     # -- heartbeats ----------------------------------------------------------------
 
@@ -332,7 +332,9 @@ class AMQP091Connection(Handshake, Protocol):
     def _tick(self) -> None:
         self._timer = None
         now = self.clock.seconds()
-        if now - self.last_in > 2 * self.heartbeat:
+        if self.reading_paused:
+            self.last_in = now     # (not read: its heartbeats wait in the socket)
+        elif now - self.last_in > 2 * self.heartbeat:
             self._reason = f"missed heartbeats from the client for {2 * self.heartbeat}s"
             self._cause = CAUSE_KEEPALIVE
             self.log.info("AMQP 0.9.1 connection from {peer}: {r}; closing", peer=self.peer,
@@ -452,6 +454,8 @@ class AMQP091Factory(Factory):
         self.meter = DeliveryMeter(broker.stats)
         self.log_limit = LogLimiter(clock.seconds)
         self.blocked: set[AMQP091Connection] = set()
+        # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
+        self.exclusive: dict[str, Any] = {}
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
@@ -459,20 +463,36 @@ class AMQP091Factory(Factory):
         alarm = self.broker.queues.alarm
         if not alarm.blocked or connection in self.blocked:
             return
-        connection.set_blocked(str(getattr(alarm, "reason", "") or "storage alarm"))
+        connection.set_blocked(alarm.reason or "storage alarm")
         self.blocked.add(connection)
+        # As RabbitMQ: a publisher is not read while the alarm lasts (what it sent
+        # before was appended); consumers on other connections drain the queues.
+        connection.transport.pauseProducing()
+        connection.reading_paused = True
         self.broker.when_queues_writable(id(connection), lambda: self._clear(connection))
 
     def _clear(self, connection: AMQP091Connection) -> None:
         self.blocked.discard(connection)
+        if connection.closed:
+            return
+        connection.reading_paused = False
+        connection.last_in = self.clock.seconds()
+        connection.transport.resumeProducing()
         connection.set_blocked(None)
+
+    def consumers_of(self, queue: str) -> int:
+        """The 0.9.1 consumers of ``queue`` now (an exclusive consume wants none)."""
+        return sum(1 for connection in self.connections
+                   for channel in connection.channels.values()
+                   for member in channel.consumers.values()
+                   if member.queue == queue and not member.closed)
 
     def queue_deleted(self, name: str) -> None:
         """Queue ``name`` was deleted: its 0.9.1 consumers hear ``basic.cancel``
         (those that announced consumer_cancel_notify)."""
         for connection in list(self.connections):
             for channel in list(connection.channels.values()):
-                for member in [*channel.consumers.values(), *channel.getters.values()]:
+                for member in list(channel.consumers.values()):
                     if member.queue == name:
                         member.queue_gone()
 

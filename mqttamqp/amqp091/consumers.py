@@ -27,7 +27,7 @@ __all__ = ["QueueConsumer"]
 class QueueConsumer:
     """One consumer tag of a channel."""
 
-    __slots__ = ("channel", "closed", "credit", "getter", "key", "no_ack", "prefetch",
+    __slots__ = ("channel", "closed", "getter", "key", "no_ack", "prefetch",
                  "queue", "session", "tag", "unacked")
 
     def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
@@ -40,11 +40,10 @@ class QueueConsumer:
         self.unacked = 0
         self.session: Session | None = None
         self.closed = False
-        # basic.get's hidden member: room for ``credit`` messages (0 or 1)
+        # basic.get's session of the channel: in no group, handed one message a get
         self.getter = getter
-        self.credit = 0
         self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
-                    f"{channel.connection.key}:{channel.number}:get:{queue}:{int(no_ack)}")
+                    f"{channel.connection.key}:{channel.number}:get")
 
     def join(self, topic_filter: str, consumer: Consumer) -> bool:
         broker = self.channel.connection.broker
@@ -57,6 +56,14 @@ class QueueConsumer:
         broker.start_topic_receiver(session, self)
         return True
 
+    def open_alone(self) -> None:
+        """basic.get's session: online, subscribed to nothing (the model hands it
+        messages, ``Exchanges.get``); what it leaves unsettled goes back when it ends."""
+        broker = self.channel.connection.broker
+        session = broker.registry.add_link_subscriber(self.key)
+        self.session = session
+        broker.activate(session, self, "amqp0-9-1")
+
     # ClientLink ----------------------------------------------------------------------
 
     @property
@@ -65,7 +72,7 @@ class QueueConsumer:
             return True
         channel = self.channel
         if self.getter:
-            return self.credit <= 0
+            return False   # (the model hands it a message only when asked)
         if channel.connection.write_blocked or not channel.flow_active:
             return True
         if self.no_ack:

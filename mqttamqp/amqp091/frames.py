@@ -24,7 +24,7 @@ from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
 __all__ = [
-    "FrameError", "FrameReader", "Content", "ContentAssembler", "method_frame",
+    "FrameError", "FrameReader", "Header", "Content", "ContentAssembler", "method_frame",
     "content_frames", "HEARTBEAT", "FRAME_ERROR", "SYNTAX_ERROR", "COMMAND_INVALID",
     "CHANNEL_ERROR", "UNEXPECTED_FRAME", "FRAME_MIN_SIZE",
 ]
@@ -101,8 +101,9 @@ def _decode(kind: int, channel: int, payload: bytes) -> Any:
             method.unmarshal(payload[4:])
             return method
         if kind == FRAME_HEADER:
-            header = ContentHeader()
+            header = Header()
             header.unmarshal(payload)
+            header.raw = payload[12:]
             if header.class_id != 60:
                 raise FrameError(FRAME_ERROR, f"content header of class {header.class_id}")
             return header
@@ -118,6 +119,12 @@ def _decode(kind: int, channel: int, payload: bytes) -> Any:
             UnicodeDecodeError, OverflowError) as exc:
         raise FrameError(SYNTAX_ERROR, f"undecodable frame: {exc}"[:200], channel) from None
     raise FrameError(FRAME_ERROR, f"unknown frame type {kind}")
+
+
+class Header(ContentHeader):
+    """A content header with its properties as they came (flags and values)."""
+
+    raw = b""
 
 
 class Content:
@@ -184,7 +191,8 @@ class ContentAssembler:
         assert header is not None
         parts = self._parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        content = Content(self._method, header.properties, b"", body)
+        content = Content(self._method, header.properties,
+                          header.raw if isinstance(header, Header) else b"", body)
         self._method = None
         self._header = None
         self._parts = []

@@ -28,7 +28,7 @@ class ChannelHost(Protocol):
     broker: Broker
     clock: Clock
     meter: DeliveryMeter
-    factory: Any               # watch_alarm
+    factory: Any               # watch_alarm, exclusive, consumers_of, queue_deleted
     log: Any
     key: str
     serial: int

@@ -17,8 +17,11 @@ delivery-mode 2    the message's QoS 1 (persistent); otherwise QoS 0
 =================  ==========================================================
 
 The other properties (content-encoding, priority, message-id, timestamp, type,
-user-id, app-id) have no MQTT form and are not carried yet (issue 27: kept between
-0.9.1 peers is still to do).
+user-id, app-id, headers that are not strings) have no MQTT form: they are kept
+between 0.9.1 peers, with the whole property section as the publisher sent it
+and the exchange and routing key it was published with (``Message.amqp091``:
+``envelope``), which a 0.9.1 consumer gets unchanged (``for_consumer``; only a
+redelivery's ``x-delivery-count`` is added).
 
 What it must not do: route, or know frames (``frames``).
 """
@@ -28,11 +31,13 @@ from __future__ import annotations
 from typing import Any
 
 from pamqp import commands
+from pamqp.header import ContentHeader
 
 from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.queues.metadata import METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "PropertyError"]
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError"]
 
 Properties = commands.Basic.Properties
 
@@ -61,6 +66,64 @@ def to_core(props: Any) -> tuple[MessageProperties | None, int]:
     return MessageProperties(
         None, expiry, props.content_type, props.reply_to,
         correlation.encode("utf-8") if correlation is not None else None, users), qos
+
+
+def envelope(exchange: str, routing_key: str, raw: bytes) -> bytes:
+    """What ``Message.amqp091`` holds for a 0.9.1 publish: the exchange and routing
+    key it was published with (short strings) and its property section as sent."""
+    ex, key = exchange.encode("utf-8"), routing_key.encode("utf-8")
+    return bytes((len(ex),)) + ex + bytes((len(key),)) + key + raw
+
+
+def _open(data: bytes) -> tuple[str, str, bytes]:
+    n = data[0]
+    exchange = data[1:1 + n].decode("utf-8")
+    m = data[1 + n]
+    key = data[2 + n:2 + n + m].decode("utf-8")
+    return exchange, key, data[2 + n + m:]
+
+
+def for_consumer(message: Message, queue: str, now: float
+                 ) -> tuple[bytes, bool, str, str]:
+    """What a 0.9.1 consumer of ``queue`` gets for ``message``: the encoded basic
+    properties, whether it is a redelivery, and the exchange and routing key.  A
+    0.9.1 publisher's properties go as it sent them (decoded and encoded again only
+    to add ``x-delivery-count`` on a redelivery), with its exchange and key; others
+    are mapped from the core's properties, and a message that reached the queue
+    through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
+    ``amq.topic`` with the topic as key (``a/b`` is ``a.b``)."""
+    data = message.amqp091
+    if data is None:
+        props, _, redelivered = from_core(message, now)
+        rest = routing_key(queue, message.topic)
+        if rest:
+            return props.marshal(), redelivered, "amq.topic", rest.replace("/", ".")
+        return props.marshal(), redelivered, "", queue
+    exchange, key, raw = _open(data)
+    count = _delivery_count(message)
+    if not count:
+        return raw, bool(message.dup), exchange, key
+    header = ContentHeader()
+    header.unmarshal(_HEADER_PREFIX + raw)
+    props = header.properties
+    headers = dict(props.headers or {})
+    headers["x-delivery-count"] = count
+    props.headers = headers
+    return props.marshal(), True, exchange, key
+
+
+_HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
+
+
+def _delivery_count(message: Message) -> int:
+    """The deliveries a durable queue counted before this one (its metadata)."""
+    props = message.props
+    if props is None:
+        return 0
+    for key, value in props.user_properties:
+        if key == "delivery-count":
+            return max(0, int(value) - 1) if value.isdigit() else 0
+    return 0
 
 
 def from_core(message: Message, now: float) -> tuple[Any, int, bool]:

@@ -110,7 +110,7 @@ class Broker:
         # (a store that cannot read queue messages back gets no memory budget)
         self.queues.attach_storage(getattr(store, "read_queue_messages", None), free_space)
         # AMQP 0.9.1's model over those queues (the 0.9.1 adapter's entry point).
-        self.exchanges = Exchanges(self.queues, log_limit)
+        self.exchanges = Exchanges(self.queues, log_limit, stats)
         self.router = router = Router(clock, commits, stats, self.authorizer, self.recorder,
                                       limits, log_limit, queues=self.queues)
         self.topic_stats = TopicStats()       # per-topic counts for the console

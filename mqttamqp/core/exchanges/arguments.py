@@ -2,8 +2,9 @@
 manager's mechanisms.
 
 A known argument with an invalid value is refused (406); an unknown one (``x-``
-or not) is accepted and kept (clients and frameworks send many); what each known
-one does here:
+or not) is accepted and kept (clients and frameworks send many); a redeclaration
+must repeat the ``COMPARED`` ones as they were (406), as RabbitMQ checks; what
+each known one does here:
 
 * ``x-message-ttl`` (ms): the queue's retention by age (``Retention.max_age``):
   messages older than it leave the queue, dead-lettered (reason ``expired``) when
@@ -34,10 +35,19 @@ from collections.abc import Mapping
 from mqttamqp.core.queues.model import Retention
 from mqttamqp.records import record
 
-__all__ = ["QueueArguments", "parse_queue_arguments", "OVERFLOWS"]
+__all__ = ["QueueArguments", "parse_queue_arguments", "OVERFLOWS", "COMPARED"]
 
 OVERFLOWS = ("drop-head", "reject-publish", "reject-publish-dlx")
 _QUEUE_TYPES = ("classic", "stream")
+# The arguments a redeclaration must repeat as they were (RabbitMQ's list): others
+# may differ from one declaration to the next.
+COMPARED = frozenset((
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length",
+    "x-max-in-memory-bytes", "x-max-priority", "x-overflow", "x-queue-mode",
+    "x-queue-version", "x-single-active-consumer", "x-queue-type", "x-delivery-limit",
+    "x-max-age", "x-stream-max-segment-size-bytes", "x-queue-leader-locator",
+    "x-queue-master-locator", "x-initial-cluster-size", "x-quorum-initial-group-size"))
 
 
 @record

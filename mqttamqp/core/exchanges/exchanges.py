@@ -56,6 +56,7 @@ from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import DeadLetterRoute
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic"]
 
@@ -71,8 +72,10 @@ class Exchanges(TopicSpace):
 
     log = Logger(namespace="mqttamqp.core.exchanges")
 
-    def __init__(self, queues: QueueManager, log_limit: LogLimiter | None = None) -> None:
+    def __init__(self, queues: QueueManager, log_limit: LogLimiter | None = None,
+                 stats: BrokerStats | None = None) -> None:
         super().__init__(queues)
+        self._stats = stats if stats is not None else BrokerStats()
         self._log_limit = log_limit if log_limit is not None else LogLimiter(
             queues.clock.seconds)
         self.exchanges: dict[str, Exchange] = {
@@ -100,11 +103,14 @@ class Exchanges(TopicSpace):
             raise ChannelError(COMMAND_INVALID, f"unknown exchange type '{kind}'")
         frozen = freeze(arguments)
         if known is not None:
+            # (as RabbitMQ: of the arguments only alternate-exchange is compared)
             for what, mine, theirs in (("type", known.kind, kind),
                                        ("durable", known.durable, durable),
                                        ("auto_delete", known.auto_delete, auto_delete),
                                        ("internal", known.internal, internal),
-                                       ("arguments", known.arguments, frozen)):
+                                       ("alternate-exchange",
+                                        dict(known.arguments).get("alternate-exchange"),
+                                        dict(frozen).get("alternate-exchange"))):
                 if mine != theirs:
                     raise ChannelError(
                         PRECONDITION_FAILED,
@@ -116,7 +122,7 @@ class Exchanges(TopicSpace):
                                f"exchange name '{name}' contains reserved prefix 'amq.*'")
         limit = self.queues.limits.max_exchanges
         if len(self.exchanges) - len(STANDARD) >= limit:
-            raise self._at_bound("exchanges", "--max-exchanges", limit)
+            raise self._at_bound("exchanges", "max-exchanges", limit)
         alternate = dict(frozen).get("alternate-exchange")
         if alternate is not None and not isinstance(alternate, str):
             raise ChannelError(PRECONDITION_FAILED,
@@ -199,7 +205,7 @@ class Exchanges(TopicSpace):
             return None
         limit = self.queues.limits.max_bindings
         if self.binding_count >= limit:
-            raise self._at_bound("bindings", "--max-bindings", limit)
+            raise self._at_bound("bindings", "max-bindings", limit)
         source.add(binding)
         self.bound_to.setdefault(destination, {})[binding] = None
         self.binding_count += 1
@@ -375,7 +381,11 @@ class Exchanges(TopicSpace):
         return self.queues.commits.persist(ops)
 
     def _at_bound(self, what: str, option: str, bound: int) -> ChannelError:
+        """A declare or bind past a bound: counted (also as ``$SYS/broker/limits/
+        max_exchanges`` / ``max_bindings``), one log line a minute, 406."""
         self.refused += 1
+        self._stats.limit_hit(option.replace("-", "_"))
+        option = "--" + option
         suppressed = self._log_limit.allow("exchanges:" + what)
         if suppressed is not None:
             self.log.warn("AMQP 0.9.1: too many {w} ({o} {b}): declare refused ({h} more "
@@ -387,7 +397,7 @@ class Exchanges(TopicSpace):
 def _shown(value: object) -> str:
     if isinstance(value, bool):
         return f"'{str(value).lower()}'"
-    if isinstance(value, tuple):
-        return repr(dict(value)) if value else "none"
+    if value is None:
+        return "none"
     return f"'{value}'"
 

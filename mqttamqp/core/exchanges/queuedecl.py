@@ -24,7 +24,11 @@ from twisted.internet.defer import Deferred
 
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.commits import all_durable
-from mqttamqp.core.exchanges.arguments import QueueArguments, parse_queue_arguments
+from mqttamqp.core.exchanges.arguments import (
+    COMPARED,
+    QueueArguments,
+    parse_queue_arguments,
+)
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -37,6 +41,7 @@ from mqttamqp.core.persistence import Op, PutQueue, PutQueueArguments, QueueReco
 from mqttamqp.core.queues.addresses import QUEUE_PREFIX, STREAM, Consumer
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.queues.model import DeadLetterRoute, QueueLog, Retention
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["DeclaredQueue", "QueueDeclarations", "queue_name_problem", "freeze",
            "freeze_value", "Frozen"]
@@ -228,9 +233,13 @@ class QueueDeclarations:
                     f"received '{str(theirs).lower()}' but current is "
                     f"'{str(mine).lower()}'")
         if arguments != known.arguments:
+            # (as RabbitMQ: only the arguments it knows are compared; others may
+            # differ from one declaration to the next)
             mine_map, theirs_map = dict(known.arguments), dict(arguments)
             key = next((k for k in sorted(set(mine_map) | set(theirs_map))
-                        if mine_map.get(k) != theirs_map.get(k)), "arguments")
+                        if k in COMPARED and mine_map.get(k) != theirs_map.get(k)), None)
+            if key is None:
+                return
             raise ChannelError(
                 PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for queue '{known.name}' in vhost '/': "
@@ -303,6 +312,25 @@ class QueueDeclarations:
         self._unused(known)
         return None
 
+    def get(self, name: str, session: Session, owner: str | None = None,
+            no_ack: bool = False) -> tuple[bool, int]:
+        """``basic.get``: whether a message was handed to ``session`` (an online
+        session of the channel's, as ``Broker.add_topic_receiver`` makes but with
+        no subscription: the delivery reaches its link's ``send_publish`` now, with
+        a packet id to settle through ``Broker.acknowledged`` / ``Broker.settle``
+        unless ``no_ack``), and the messages left (``get-ok``'s message count).
+        What is unsettled goes back to the queue when the session goes."""
+        self._existing(name, owner)
+        result = self.queues.take_one(name, session, 0 if no_ack else 1)
+        if result is None:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"queue '{name}' is a stream: consume it (basic.get "
+                               "takes no message from a stream)")
+        known = self.declared.get(name)
+        if known is not None:
+            self._unused(known)
+        return result
+
     # -- queue.delete, queue.purge ---------------------------------------------------
 
     def delete_queue(self, name: str, owner: str | None = None, if_unused: bool = False,
@@ -323,10 +351,10 @@ class QueueDeclarations:
 
     def purge_queue(self, name: str, owner: str | None = None
                     ) -> tuple[int, Deferred[None] | None]:
-        """``queue.purge``: how many messages it removed, and the commit."""
-        queue = self._existing(name, owner)
-        count = len(queue.log)
-        return count, self.queues.purge(name)
+        """``queue.purge``: how many messages it removed (those no consumer holds
+        unacknowledged), and the commit."""
+        self._existing(name, owner)
+        return self.queues.purge_ready(name)
 
     def _drop(self, name: str) -> Deferred[None] | None:
         """Queue ``name`` goes: its declaration, its bindings, and the queue

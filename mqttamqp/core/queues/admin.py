@@ -141,6 +141,24 @@ class QueueAdmin(QueueTimers):
         ops.append(TrimQueue(name, queue.next_offset))
         return self.commits.persist(self._durable_ops(ops))
 
+    def purge_ready(self, name: str) -> tuple[int, Deferred[None] | None]:
+        """Remove the messages of queue ``name`` that no consumer holds (AMQP 0.9.1
+        ``queue.purge``: unacknowledged deliveries stay theirs); how many went."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0, None
+        held = {o for g in queue.groups.values() for o in g.pending}
+        if not held:
+            count = len(queue.log)
+            return count, self.purge(name)
+        ops: list[Op] = []
+        count = 0
+        for offset in [o for o in queue.log if o not in held]:
+            self._forget(queue, offset)   # (groups skip it: no message there)
+            ops.append(DeleteQueueMessage(name, offset))
+            count += 1
+        return count, self._commit(ops)
+
     def delete(self, name: str) -> Deferred[None] | None:
         """Delete queue ``name`` with its messages and groups (members are dropped
         from it; a later message or consumer creates it anew)."""

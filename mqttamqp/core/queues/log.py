@@ -86,6 +86,9 @@ class QueueLogs:
                                 else limits.queue_max_messages or None))
             for pattern, age, size, count in limits.queue_rules]
         self._memberships: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
+        # Sessions holding messages taken one at a time (AMQP 0.9.1 basic.get),
+        # with the member (outside the group's round-robin) they are pending on.
+        self._gets: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
         # Queues appended to since the last ``_commit``, with their next offset.
         self._appended_to: dict[QueueLog, int] = {}
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
@@ -195,7 +198,8 @@ class QueueLogs:
         messages once that commit is durable.  With ``background`` nobody waits."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
-        ops = self._durable_ops(ops)
+        if self.transient:
+            ops = self._durable_ops(ops)
         appended, self._appended_to = self._appended_to, {}
         stored, self._appends = self._appends, {}
         nbytes, self._append_bytes = self._append_bytes, 0

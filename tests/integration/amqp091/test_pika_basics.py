@@ -193,3 +193,27 @@ def test_heartbeats_keep_an_idle_connection(pika_conn: Connect) -> None:
     assert conn.is_open
     ch = conn.channel()
     assert ch.is_open
+
+
+def test_every_property_is_kept_between_091_peers(pika_conn: Connect) -> None:
+    """Properties without an MQTT form (priority, message-id, timestamp, type, app-id,
+    content-encoding, non-string headers) reach a 0.9.1 consumer as sent."""
+    ch = pika_conn().channel()
+    queue = ch.queue_declare(qname(), durable=True).method.queue
+    ch.confirm_delivery()
+    sent = pika.BasicProperties(
+        content_type="application/json", content_encoding="utf-8", priority=3,
+        message_id="m-1", timestamp=1700000000, type="task", app_id="app",
+        user_id="guest", delivery_mode=2,
+        headers={"retries": 2, "timelimit": [None, 30], "nested": {"a": True}})
+    ch.basic_publish("", queue, b"{}", sent)
+    [(method, props, _)] = take(ch, queue, 1)
+    for name in ("content_type", "content_encoding", "priority", "message_id",
+                 "timestamp", "type", "app_id", "user_id", "delivery_mode"):
+        assert getattr(props, name) == getattr(sent, name), name
+    assert props.headers == {"retries": 2, "timelimit": [None, 30], "nested": {"a": True}}
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    [(again, props2, _)] = take(ch, queue, 1)
+    assert again.redelivered and props2.message_id == "m-1"
+    assert props2.headers["x-delivery-count"] == 1 and props2.headers["retries"] == 2
+    ch.basic_ack(again.delivery_tag)

@@ -31,16 +31,23 @@ def test_fanout_exchange_reaches_every_bound_queue(pika_conn: Connect) -> None:
         assert method is not None and body == b"to-all"
 
 
-def test_basic_get_empty_then_ok(pika_conn: Connect) -> None:
-    """basic.get on an empty queue is get-empty; after a publish it is get-ok."""
+def test_basic_get_empty_then_ok_with_counts(pika_conn: Connect) -> None:
+    """basic.get: get-empty on an empty queue, get-ok with the count left, a rejected
+    message again (redelivered)."""
     ch = pika_conn().channel()
     q = ch.queue_declare(name("get")).method.queue
     assert ch.basic_get(q) == (None, None, None)
     ch.confirm_delivery()
     ch.basic_publish("", q, b"one")
+    ch.basic_publish("", q, b"two")
     method, _, body = ch.basic_get(q)
-    assert body == b"one"
+    assert body == b"one" and method.message_count == 1
     ch.basic_ack(method.delivery_tag)
+    method, _, body = ch.basic_get(q)
+    assert body == b"two" and method.message_count == 0
+    ch.basic_reject(method.delivery_tag, requeue=True)
+    method, _, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"two" and method.redelivered
     assert ch.basic_get(q) == (None, None, None)
 
 
@@ -57,7 +64,7 @@ def test_topic_exchange_binding_keys(pika_conn: Connect) -> None:
         ch.basic_publish(exchange, "plant.line1.pressure", b"miss", mandatory=True)
     method, _, body = ch.basic_get(q, auto_ack=True)
     assert body == b"hit"
-    assert method.routing_key == "plant.line1.temp"
+    assert (method.exchange, method.routing_key) == (exchange, "plant.line1.temp")
 
 
 def test_redeclare_with_other_properties_is_406(pika_conn: Connect) -> None:
@@ -106,3 +113,22 @@ def test_purge_counts_messages(pika_conn: Connect) -> None:
         ch.basic_publish("", q, b"x")
     assert ch.queue_purge(q).method.message_count == 3
     assert ch.basic_get(q) == (None, None, None)
+
+
+def test_exclusive_consumer_keeps_others_out(pika_conn: Connect) -> None:
+    """An exclusive consumer refuses other consumers (403), and is refused on a queue
+    that has one; once it is cancelled, others may consume."""
+    conn = pika_conn()
+    ch = conn.channel()
+    q = ch.queue_declare(name("exc")).method.queue
+    tag = ch.basic_consume(q, lambda *a: None, exclusive=True)
+    other = pika_conn().channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        other.basic_consume(q, lambda *a: None)
+    assert info.value.reply_code == 403
+    ch.basic_cancel(tag)
+    third = pika_conn().channel()
+    third.basic_consume(q, lambda *a: None)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().basic_consume(q, lambda *a: None, exclusive=True)
+    assert info.value.reply_code == 403

@@ -104,3 +104,48 @@ def test_a_malformed_expiration_is_refused() -> None:
     """An expiration that is not milliseconds as digits is a PropertyError."""
     with pytest.raises(PropertyError):
         to_core(commands.Basic.Properties(expiration="soon"))
+
+
+def test_091_properties_round_trip_through_a_stored_record() -> None:
+    """A message's 0.9.1 properties survive the store's record, with or without MQTT 5
+    properties, and older records still load."""
+    from mqttamqp.store.models import message_to_record, record_to_message
+
+    raw = commands.Basic.Properties(priority=4, headers={"n": 1}).marshal()
+    for props in (None, MessageProperties(content_type="a/b")):
+        m = Message("$queue/q", b"body", 1, False, "p", 5.0, props=props, amqp091=raw)
+        assert record_to_message(message_to_record(m)) == m
+    plain = Message("t", b"x", 0, False, None, 1.0)
+    assert record_to_message(message_to_record(plain)) == plain
+
+
+def test_a_091_publishers_properties_go_out_as_sent() -> None:
+    """for_consumer hands a 0.9.1 publisher's property bytes, exchange and key over
+    unchanged on a first delivery, and adds x-delivery-count on a redelivery."""
+    from pamqp.header import ContentHeader
+
+    from mqttamqp.amqp091.properties import envelope, for_consumer
+
+    raw = commands.Basic.Properties(priority=4, headers={"n": 1}).marshal()
+    sent = envelope("ex", "key.1", raw)
+    first = Message("$queue/q/key.1", b"", 1, props=MessageProperties(
+        user_properties=(("delivery-count", "1"),)), amqp091=sent)
+    assert for_consumer(first, "q", 0.0) == (raw, False, "ex", "key.1")
+    again = Message("$queue/q/key.1", b"", 1, dup=True, props=MessageProperties(
+        user_properties=(("delivery-count", "3"),)), amqp091=sent)
+    data, redelivered, _, _ = for_consumer(again, "q", 0.0)
+    header = ContentHeader()
+    header.unmarshal(b"\x00\x3c\x00\x00" + bytes(8) + data)
+    assert redelivered and header.properties.headers == {"n": 1, "x-delivery-count": 2}
+    assert header.properties.priority == 4
+
+
+def test_a_message_from_the_topic_space_comes_from_amq_topic() -> None:
+    """An MQTT publish queued through amq.topic is delivered from amq.topic with the
+    topic as routing key (a/b is a.b); one published to the queue itself from ""."""
+    from mqttamqp.amqp091.properties import for_consumer
+
+    _, _, exchange, key = for_consumer(Message("$queue/q/a/b", b""), "q", 0.0)
+    assert (exchange, key) == ("amq.topic", "a.b")
+    _, _, exchange, key = for_consumer(Message("$queue/q", b""), "q", 0.0)
+    assert (exchange, key) == ("", "q")
