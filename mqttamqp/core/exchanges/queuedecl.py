@@ -191,9 +191,10 @@ class QueueDeclarations:
             queue.reject_above = None
         else:
             queue.retention = Retention(
-                parsed.message_ttl / 1000.0 if parsed.message_ttl is not None
-                else default.max_age, default.max_bytes, default.max_messages)
+                parsed.age() if parsed.message_ttl is not None else default.max_age,
+                default.max_bytes, default.max_messages)
             queue.reject_above = (parsed.max_length, parsed.max_length_bytes)
+            queue.reject_dead = parsed.overflow == "reject-publish-dlx"
         queue.dead_letter = (self._dead_letter_route(queue.name, parsed)
                              if parsed.dead_letter_exchange is not None else None)
 

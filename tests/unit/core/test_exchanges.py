@@ -803,3 +803,50 @@ def test_purge_keeps_what_consumers_hold_unacknowledged() -> None:
     assert not broker.queues.queues["q"].log
     ex.publish(message(b"late", broker=broker), "", "q")
     assert got(link)[-1] == ("$queue/q", b"late")
+
+
+def test_an_mqtt_qos2_publish_and_a_will_reach_queues_bound_to_amq_topic() -> None:
+    """An MQTT QoS 2 publish and a will published by the broker reach the queues
+    bound to amq.topic as any publish does."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "q")
+    ex.bind_queue("q", "amq.topic", "dev.#")
+    session, _ = client(broker, "dev1")
+    result = broker.publish_qos2(session, Message("dev/a", b"q2", 2, False, "dev1",
+                                                  broker.clock.seconds()),
+                                 Identity("dev1"), 7)
+    assert result.gate is not None
+    result.gate.open()
+    broker.publishing.publish_with(Message("dev/will", b"bye", 1, False, "dev1",
+                                           broker.clock.seconds()), ())
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"q2", b"bye"]
+
+
+def test_reject_publish_dlx_dead_letters_the_refused_message() -> None:
+    """x-overflow reject-publish-dlx refuses the publish and dead-letters it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("over", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
+                                "x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "over"})
+    ex.publish(message(b"a", broker=broker), "", "q")
+    _, confirm = ex.publish(message(b"b", broker=broker), "", "q")
+    assert confirm is not None
+    confirm.addErrback(lambda f: None)
+    assert [m.payload for m in broker.queues.queues["over"].log.values()] == [b"b"]
+
+
+def test_message_ttl_zero_delivers_to_a_waiting_consumer_only() -> None:
+    """x-message-ttl 0: a consumer with room gets the message, else it expires."""
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("now", "c1", durable=True, arguments={"x-message-ttl": 0})
+    ex.publish(message(b"nobody", broker=broker), "", "now")
+    clock.advance(1.5)
+    assert not broker.queues.queues["now"].log
+    _, link = consume(broker, "now")
+    ex.publish(message(b"taken", broker=broker), "", "now")
+    assert got(link) == [("$queue/now", b"taken")]
