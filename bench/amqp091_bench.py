@@ -46,6 +46,7 @@ import select
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -404,6 +405,16 @@ def run_idle(kind: str, b: Any, port: int, count: int, warm: int = 100) -> dict[
             "rss_per_connection_kb": round((rss1 - rss0) / max(1, len(conns) - warm), 1)}
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (the mqttamqp measured), if this is a git work tree."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=os.path.dirname(__file__))
+        return done.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def start(kind: str) -> tuple[Any, int]:
     """A broker of ``kind`` and its AMQP port."""
     if kind == "rabbitmq":
@@ -438,7 +449,7 @@ def main() -> None:
     started: dict[str, tuple[Any, int]] = {}
     doc: dict[str, Any] = {
         "bench": "amqp091_bench", "when": datetime.datetime.now(datetime.UTC).isoformat(),
-        "argv": sys.argv[1:],
+        "argv": sys.argv[1:], "commit": git_commit(),
         "machine": {"shared": True, "note": "taken on a machine shared with other helpers' "
                     "test runs (2 cores): compare the brokers within this run only",
                     "cpus": os.cpu_count(), "python": platform.python_version(),
