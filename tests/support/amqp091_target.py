@@ -88,6 +88,13 @@ class Target:
         would declare it again, not durable)."""
         return f"$queue/{queue}" if self.kind == "mqttamqp" else f"/amq/queue/{queue}"
 
+    def amqp10_topic_address(self, topic: str) -> str:
+        """The AMQP 1.0 address of MQTT topic (or filter) ``topic``: the topic itself
+        here; ``/topic/<routing or binding key>`` (amq.topic) for RabbitMQ's plugin."""
+        if self.kind == "mqttamqp":
+            return topic
+        return "/topic/" + topic.replace("/", ".").replace("+", "*")
+
     def bad_log_lines(self) -> list[str]:
         """Tracebacks and critical lines in the broker's log (mqttamqp only)."""
         if self.broker is None:

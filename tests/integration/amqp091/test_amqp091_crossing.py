@@ -6,7 +6,8 @@
 * MQTT <-> 0.9.1 through a durable queue: 0.9.1 queue ``orders`` is ``$queue/orders/...``
   (mqttamqp only).
 * AMQP 1.0 (python-qpid-proton) <-> 0.9.1 through a queue: ``$queue/<name>`` here,
-  RabbitMQ's AMQP 1.0 plugin's ``/amq/queue/<name>`` there.
+  RabbitMQ's AMQP 1.0 plugin's ``/amq/queue/<name>`` there; and through ``amq.topic``:
+  an AMQP 1.0 topic address here, ``/topic/<key>`` there.
 
 0.9.1 is spoken by pika's BlockingConnection with publisher confirms; consumers read
 with a bounded ``inactivity_timeout``.  Names carry no ``.`` (a topic level separator
@@ -151,5 +152,34 @@ def test_amqp10_and_amqp091_share_a_queue(amqp091: Target, channel: BlockingChan
         assert msg.content_type == "text/plain"
         amqp091.pending("a 0.9.1 correlation-id (shortstr) reaches AMQP 1.0 as binary")
         assert msg.correlation_id == "c-091"
+    finally:
+        conn.close()
+
+
+def test_amqp10_and_amqp091_cross_through_amq_topic(
+        amqp091: Target, channel: BlockingChannel) -> None:
+    """An AMQP 1.0 send to topic a/b/c reaches a 0.9.1 queue bound to amq.topic with
+    a.*.c, and a 0.9.1 publish to amq.topic with key a.x.c reaches an AMQP 1.0
+    receiver of a/+/c."""
+    amqp091.require("amqp10")
+    level = uname("t10")
+    q = channel.queue_declare("", exclusive=True).method.queue
+    channel.queue_bind(q, "amq.topic", f"{level}.*.temp")
+    conn = ProtonConnection(f"127.0.0.1:{amqp091.amqp10_port}", timeout=TIMEOUT)
+    try:
+        rcv = conn.create_receiver(amqp091.amqp10_topic_address(f"{level}/+/temp"))
+        snd = conn.create_sender(amqp091.amqp10_topic_address(f"{level}/line1/temp"))
+        snd.send(Message(body=b"from 1.0", inferred=True, durable=True))
+        _method, _props, body = next_delivery(channel, q)
+        assert body == b"from 1.0"
+        got = rcv.receive(timeout=TIMEOUT)       # the AMQP 1.0 receiver has it too
+        rcv.accept()
+        assert bytes(got.body) == b"from 1.0"
+
+        channel.basic_publish("amq.topic", f"{level}.line2.temp", b"from 0.9.1",
+                              pika.BasicProperties(delivery_mode=2))
+        got = rcv.receive(timeout=TIMEOUT)
+        rcv.accept()
+        assert bytes(got.body) == b"from 0.9.1"
     finally:
         conn.close()
