@@ -125,9 +125,12 @@ class AMQP091Connection(Handshake, Protocol):
         if plain_tcp(self.transport):
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self.cert_user = verified_common_name(self.transport)
-        if self.cert_user is not None:
-            self.mechanisms.insert(0, "EXTERNAL")
+        if self.factory.cert_as_user:
+            # --tls-cert-as-user: a verified client certificate names the user
+            # (SASL EXTERNAL), as for AMQP 1.0.
+            self.cert_user = verified_common_name(self.transport)
+            if self.cert_user is not None:
+                self.mechanisms.insert(0, "EXTERNAL")
         self.last_in = self.last_out = self.clock.seconds()
         self._timer = self.clock.callLater(self.broker.limits.connect_timeout,
                                            self._handshake_timed_out)
@@ -456,6 +459,7 @@ class AMQP091Factory(Factory):
         self.blocked: set[AMQP091Connection] = set()
         # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
         self.exclusive: dict[str, Any] = {}
+        self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
