@@ -129,3 +129,23 @@ def test_sniff_refuses_other_headers_with_the_091_header() -> None:
     """Another header gets the 0.9.1 header back and the socket is closed."""
     _, _, transport = sniffed(b"HELLO WORLD")
     assert transport.value() == b"AMQP\x00\x00\x09\x01" and transport.disconnecting
+
+
+def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
+    """An open 0.9.1 connection is among the console's clients, protocol amqp0-9-1,
+    with its label and the protocol filter."""
+    from console_support import Client, make_console
+
+    console, service, clock = make_console(tmp_path)
+    factory = AMQP091Factory(service.broker, clock)
+    conn = factory.buildProtocol(None)
+    conn.makeConnection(StringTransport())
+    conn.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest")))
+    conn.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")))
+    client = Client(console)
+    client.login()
+    items = client.get("/api/clients", protocol="amqp0-9-1").json()["items"]
+    assert [(i["key"], i["protocol"]) for i in items] == [(conn.key, "amqp0-9-1")]
+    assert "AMQP 0.9.1" in client.get("/clients").text
