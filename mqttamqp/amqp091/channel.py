@@ -299,9 +299,12 @@ class Channel:
                 dup: bool) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
-        if packet_id is not None:
-            self.unacked[tag] = (member, packet_id)
         connection = self.connection
+        if packet_id is not None:
+            unacked = self.unacked
+            unacked[tag] = (member, packet_id)
+            if len(unacked) == connection.max_unacked:
+                connection.unacked_bound()
         props, redelivered, exchange, key = for_consumer(message, member.queue,
                                                          connection.clock.seconds())
         if member.getter:

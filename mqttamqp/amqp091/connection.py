@@ -389,6 +389,18 @@ class AMQP091Connection(Handshake, Protocol):
         self.state = State.CLOSING
         self._arm_close()
 
+    def unacked_bound(self) -> None:
+        """A channel holds --amqp091-max-unacked deliveries: its consumers wait for
+        acknowledgements (counted; one log line a minute for this cause)."""
+        self.meter.limit_hit("amqp091_unacked")
+        held = self.factory.log_limit.allow("unacked")
+        if held is not None:
+            self.log.warn("AMQP 0.9.1 connection from {peer}: a channel holds "
+                          "{n} unacknowledged deliveries (--amqp091-max-unacked); its "
+                          "consumers get more as they acknowledge{more}", peer=self.peer,
+                          n=self.max_unacked,
+                          more=f" ({held} more since the last line)" if held else "")
+
     def fail(self, code: int, text: str) -> None:
         """A connection error found outside the input's handling (a failed commit)."""
         self._connection_error(code, text)

@@ -149,3 +149,55 @@ def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
     items = client.get("/api/clients", protocol="amqp0-9-1").json()["items"]
     assert [(i["key"], i["protocol"]) for i in items] == [(conn.key, "amqp0-9-1")]
     assert "AMQP 0.9.1" in client.get("/clients").text
+
+
+def test_a_bad_frame_closes_with_501_and_one_log_line() -> None:
+    """A frame without its end octet closes the connection with 501; a second such
+    connection within the minute logs no second line."""
+    from twisted.logger import globalLogPublisher
+
+    lines: list[str] = []
+
+    def watch(event: dict[str, Any]) -> None:
+        if "closed: 501" in str(event.get("log_format", "")) or (
+                event.get("code") == 501):
+            lines.append(str(event.get("log_format")))
+
+    globalLogPublisher.addObserver(watch)
+    try:
+        conn, transport, _ = open_connection()
+        factory = conn.factory
+        data = bytearray(method_frame(1, commands.Channel.Open()))
+        data[-1] = 0
+        conn.dataReceived(bytes(data))
+        [close] = frames_of(transport)
+        assert (close.name, close.reply_code) == ("Connection.Close", 501)
+        second = factory.buildProtocol(None)
+        second.makeConnection(StringTransport())
+        second.dataReceived(bytes(data))
+    finally:
+        globalLogPublisher.removeObserver(watch)
+    assert len(lines) == 1
+
+
+def test_the_unacked_bound_is_counted() -> None:
+    """A channel reaching --amqp091-max-unacked counts the limit once."""
+    broker, clock, _ = make_broker()
+    factory = AMQP091Factory(broker, clock, Settings(max_unacked=2))
+    conn = factory.buildProtocol(None)
+    conn.makeConnection(StringTransport())
+    conn.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest"))
+                      + method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")) + method_frame(1, commands.Channel.Open()))
+    channel = conn.channels[1]
+    from mqttamqp.core.message import Message
+
+    class Member:
+        queue = "q"
+        tag = "t"
+        getter = False
+
+    for _ in range(3):
+        channel.deliver(Member(), Message("$queue/q", b"x", 1), 7, False)
+    assert broker.stats.limits.get("amqp091_unacked") == 1
