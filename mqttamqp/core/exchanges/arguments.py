@@ -12,7 +12,8 @@ each known one does here:
 * ``x-max-length`` / ``x-max-length-bytes``: retention by count / payload bytes;
   ``x-overflow`` ``drop-head`` (the default: the oldest go, dead-lettered with
   reason ``maxlen``) or ``reject-publish`` / ``reject-publish-dlx`` (a publish to
-  a full queue is refused: a confirm is a ``basic.nack``);
+  a full queue is refused: a confirm is a ``basic.nack``; with ``-dlx`` it is
+  dead-lettered, reason ``maxlen``);
 * ``x-dead-letter-exchange`` / ``x-dead-letter-routing-key``: the queue manager's
   dead letters (a reject, too many deliveries) are routed there instead of to
   ``$dlq/<name>``;
@@ -64,10 +65,17 @@ class QueueArguments:
     max_priority: int | None = None
     queue_type: str = "classic"
 
+    def age(self) -> float | None:
+        """x-message-ttl in seconds; 0 is a millisecond (what a consumer with room
+        takes at once is delivered, the rest expires: RabbitMQ's TTL 0)."""
+        if self.message_ttl is None:
+            return None
+        return max(self.message_ttl, 1) / 1000.0
+
     def retention(self, default: Retention) -> Retention:
         """``default`` with what the arguments bound instead."""
         return Retention(
-            self.message_ttl / 1000.0 if self.message_ttl is not None else default.max_age,
+            self.age() if self.message_ttl is not None else default.max_age,
             self.max_length_bytes if self.max_length_bytes is not None
             else default.max_bytes,
             self.max_length if self.max_length is not None else default.max_messages)

@@ -183,17 +183,19 @@ class QueueDeclarations:
 
     def _configure(self, queue: QueueLog, declared: DeclaredQueue) -> None:
         """What the declared arguments make of the queue manager's queue: its
-        retention, overflow rule and dead-letter route (``arguments``)."""
+        retention (the arguments' bounds over what it has: the defaults, or what
+        an operator set in the console), overflow rule and dead-letter route."""
         parsed = declared.parsed
-        default = self.queues.default_retention(queue.name)
+        default = queue.retention
         if parsed.overflow == "drop-head":
             queue.retention = parsed.retention(default)
             queue.reject_above = None
         else:
             queue.retention = Retention(
-                parsed.message_ttl / 1000.0 if parsed.message_ttl is not None
-                else default.max_age, default.max_bytes, default.max_messages)
+                parsed.age() if parsed.message_ttl is not None else default.max_age,
+                default.max_bytes, default.max_messages)
             queue.reject_above = (parsed.max_length, parsed.max_length_bytes)
+            queue.reject_dead = parsed.overflow == "reject-publish-dlx"
         queue.dead_letter = (self._dead_letter_route(queue.name, parsed)
                              if parsed.dead_letter_exchange is not None else None)
 

@@ -118,6 +118,8 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
         if queue.reject_above is not None and self._full(queue, message):
+            if queue.reject_dead and queue.dead_letter is not None:
+                self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return (self._commit(ops),
                     self._refuse("overflow", publisher, message.topic,
                                  f"queue {queue.name!r} is full (x-overflow reject-publish)",

@@ -92,6 +92,7 @@ class QueueLog:
         # dropping the oldest; x-dead-letter-exchange routes dead letters (the
         # queues they go to, for a dead message and its reason) instead of $dlq/.
         self.reject_above: tuple[int | None, int | None] | None = None
+        self.reject_dead = False    # (reject-publish-dlx: the refused one dead-lettered)
         self.dead_letter: DeadLetterRoute | None = None
 
     def skip(self, offset: int) -> int:
