@@ -252,7 +252,7 @@ class Channel:
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity)
-        if connection.broker.queues.alarm.blocked:
+        if connection.broker.queues.alarm.paused:
             connection.factory.watch_alarm(connection)
         if not routed and m.mandatory:
             connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,

@@ -475,11 +475,14 @@ class AMQP091Factory(Factory):
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
-        """Tell ``connection`` of the storage alarm now and when it clears."""
+        """A publisher while the durable queues are paused (the storage alarm, or the
+        writer behind): it is not read until they are writable again, and hears
+        ``connection.blocked`` if the alarm is raised."""
         alarm = self.broker.queues.alarm
-        if not alarm.blocked or connection in self.blocked:
+        if not alarm.paused or connection in self.blocked:
             return
-        connection.set_blocked(alarm.reason or "storage alarm")
+        if alarm.blocked:
+            connection.set_blocked(alarm.reason or "storage alarm")
         self.blocked.add(connection)
         # As RabbitMQ: a publisher is not read while the alarm lasts (what it sent
         # before was appended); consumers on other connections drain the queues.
