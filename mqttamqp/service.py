@@ -132,6 +132,7 @@ class BrokerService(service.MultiService):
 
             self.amqp091_factory = AMQP091Factory(self.broker, self.reactor,
                                                   self.amqp091_settings)
+            self.amqp091_factory.cert_as_user = self.amqp_factory.cert_as_user
             self._amqp_port = SharedPortFactory(self.amqp_factory, self.amqp091_factory,
                                                 self.reactor, self.broker.limits.connect_timeout)
         return self.add_listener("AMQP", description, self._amqp_port)

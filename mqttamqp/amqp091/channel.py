@@ -252,7 +252,7 @@ class Channel:
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity)
-        if connection.broker.queues.alarm.blocked:
+        if connection.broker.queues.alarm.paused:
             connection.factory.watch_alarm(connection)
         if not routed and m.mandatory:
             connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,
@@ -299,9 +299,12 @@ class Channel:
                 dup: bool) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
-        if packet_id is not None:
-            self.unacked[tag] = (member, packet_id)
         connection = self.connection
+        if packet_id is not None:
+            unacked = self.unacked
+            unacked[tag] = (member, packet_id)
+            if len(unacked) == connection.max_unacked:
+                connection.unacked_bound()
         props, redelivered, exchange, key = for_consumer(message, member.queue,
                                                          connection.clock.seconds())
         if member.getter:

@@ -125,9 +125,12 @@ class AMQP091Connection(Handshake, Protocol):
         if plain_tcp(self.transport):
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self.cert_user = verified_common_name(self.transport)
-        if self.cert_user is not None:
-            self.mechanisms.insert(0, "EXTERNAL")
+        if self.factory.cert_as_user:
+            # --tls-cert-as-user: a verified client certificate names the user
+            # (SASL EXTERNAL), as for AMQP 1.0.
+            self.cert_user = verified_common_name(self.transport)
+            if self.cert_user is not None:
+                self.mechanisms.insert(0, "EXTERNAL")
         self.last_in = self.last_out = self.clock.seconds()
         self._timer = self.clock.callLater(self.broker.limits.connect_timeout,
                                            self._handshake_timed_out)
@@ -386,6 +389,18 @@ class AMQP091Connection(Handshake, Protocol):
         self.state = State.CLOSING
         self._arm_close()
 
+    def unacked_bound(self) -> None:
+        """A channel holds --amqp091-max-unacked deliveries: its consumers wait for
+        acknowledgements (counted; one log line a minute for this cause)."""
+        self.meter.limit_hit("amqp091_unacked")
+        held = self.factory.log_limit.allow("unacked")
+        if held is not None:
+            self.log.warn("AMQP 0.9.1 connection from {peer}: a channel holds "
+                          "{n} unacknowledged deliveries (--amqp091-max-unacked); its "
+                          "consumers get more as they acknowledge{more}", peer=self.peer,
+                          n=self.max_unacked,
+                          more=f" ({held} more since the last line)" if held else "")
+
     def fail(self, code: int, text: str) -> None:
         """A connection error found outside the input's handling (a failed commit)."""
         self._connection_error(code, text)
@@ -456,14 +471,18 @@ class AMQP091Factory(Factory):
         self.blocked: set[AMQP091Connection] = set()
         # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
         self.exclusive: dict[str, Any] = {}
+        self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
-        """Tell ``connection`` of the storage alarm now and when it clears."""
+        """A publisher while the durable queues are paused (the storage alarm, or the
+        writer behind): it is not read until they are writable again, and hears
+        ``connection.blocked`` if the alarm is raised."""
         alarm = self.broker.queues.alarm
-        if not alarm.blocked or connection in self.blocked:
+        if not alarm.paused or connection in self.blocked:
             return
-        connection.set_blocked(alarm.reason or "storage alarm")
+        if alarm.blocked:
+            connection.set_blocked(alarm.reason or "storage alarm")
         self.blocked.add(connection)
         # As RabbitMQ: a publisher is not read while the alarm lasts (what it sent
         # before was appended); consumers on other connections drain the queues.

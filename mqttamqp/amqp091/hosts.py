@@ -48,6 +48,8 @@ class ChannelHost(Protocol):
 
     def fail(self, code: int, text: str) -> None: ...
 
+    def unacked_bound(self) -> None: ...
+
 
 class ConsumerHost(Protocol):
     """What a consumer needs from its channel (``channel.Channel``)."""

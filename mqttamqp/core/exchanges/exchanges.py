@@ -43,6 +43,14 @@ from mqttamqp.core.exchanges.routes import (
     Exchange,
 )
 from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, PublishRefused, TopicSpace, queue_topic
+from mqttamqp.core.exchanges.views import (
+    BindingView,
+    DeclaredQueueView,
+    ExchangeView,
+    binding_view,
+    declared_view,
+    exchange_view,
+)
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import (
     DeleteBinding,
@@ -143,7 +151,7 @@ class Exchanges(TopicSpace):
         if if_unused and exchange.bindings:
             raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '/' in use")
         ops: list[Op] = []
-        self._unbind_all(name, False, ops)
+        self._unbind_all(name, True, ops)
         for binding in list(exchange.bindings):
             self._remove_binding(binding, ops, cascade=False)
         del self.exchanges[name]
@@ -165,6 +173,9 @@ class Exchanges(TopicSpace):
                    ) -> Deferred[None] | None:
         """``queue.bind``: the commit that stores a binding of two durable ends."""
         self._existing(queue, owner)
+        if queue[:1] == "$":
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{queue}' is reached by dead-lettering only")
         return self._bind(self._source(exchange), queue, False, routing_key, arguments)
 
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "",
@@ -251,8 +262,7 @@ class Exchanges(TopicSpace):
         if cascade and source.auto_delete and not source.bindings:
             # (an auto-delete exchange goes with its last binding)
             self._unbind_all(source.name, True, ops)
-            del self.exchanges[source.name]
-            if source.durable:
+            if self.exchanges.pop(source.name, None) is source and source.durable:
                 ops.append(DeleteExchange(source.name))
 
     def _unbind_all(self, destination: str, to_exchange: bool, ops: list[Op]) -> None:
@@ -277,7 +287,8 @@ class Exchanges(TopicSpace):
         ``amq.topic`` it is also an MQTT publish (``identity``'s permission)."""
         publisher = publisher or message.publisher or ""
         if exchange == "":
-            if routing_key not in self.queues.queues:
+            # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
+            if routing_key[:1] == "$" or routing_key not in self.queues.queues:
                 return False, None
             return True, self._enqueue(message, (routing_key,), routing_key, publisher)
         source = self.exchange(exchange)
@@ -312,8 +323,9 @@ class Exchanges(TopicSpace):
             if into_topic and exchange.name == AMQ_TOPIC:
                 topic = True
                 continue
-            before = len(queues)
+            matched = False
             for binding in exchange.matches(routing_key, headers):
+                matched = True
                 if not binding.to_exchange:
                     queues[binding.destination] = None
                 elif binding.destination not in seen and len(seen) < MAX_HOPS:
@@ -321,7 +333,7 @@ class Exchanges(TopicSpace):
                     if following is not None:
                         seen.add(following.name)
                         todo.append(following)
-            if len(queues) == before and exchange.arguments:
+            if not matched and exchange.arguments:
                 alternate = dict(exchange.arguments).get("alternate-exchange")
                 following = self.exchanges.get(str(alternate)) if alternate else None
                 if following is not None and following.name not in seen:
@@ -352,6 +364,16 @@ class Exchanges(TopicSpace):
             return list(self.route(exchange, key, None)[0])
 
         return route
+
+    # -- views -----------------------------------------------------------------------
+
+    def views(self) -> tuple[list[ExchangeView], list[BindingView], list[DeclaredQueueView]]:
+        """The exchanges (the default one not listed), bindings and declared queues,
+        by name, as frozen values for the console."""
+        exchanges = [self.exchanges[n] for n in sorted(self.exchanges)]
+        return ([exchange_view(e) for e in exchanges],
+                [binding_view(b) for e in exchanges for b in e.bindings],
+                [declared_view(self.declared[n]) for n in sorted(self.declared)])
 
     # -- restart ---------------------------------------------------------------------
 

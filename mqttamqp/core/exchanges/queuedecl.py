@@ -183,9 +183,10 @@ class QueueDeclarations:
 
     def _configure(self, queue: QueueLog, declared: DeclaredQueue) -> None:
         """What the declared arguments make of the queue manager's queue: its
-        retention, overflow rule and dead-letter route (``arguments``)."""
+        retention (the arguments' bounds over what it has: the defaults, or what
+        an operator set in the console), overflow rule and dead-letter route."""
         parsed = declared.parsed
-        default = self.queues.default_retention(queue.name)
+        default = queue.retention
         if parsed.overflow == "drop-head":
             queue.retention = parsed.retention(default)
             queue.reject_above = None

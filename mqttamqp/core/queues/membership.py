@@ -168,6 +168,9 @@ class Membership(Acknowledgements):
         elif group.mode != CLASSIC:
             return None
         offset = self._next_offset(group, ops)
+        while offset is not None and queue.log[offset].props is not None and (
+                self._expire(queue, offset, ops)):
+            offset = self._next_offset(group, ops)   # (expired: the next one)
         if offset is not None and queue.evicted and offset in queue.evicted:
             self._read_back(queue, offset)   # (there for the next basic.get)
             offset = None

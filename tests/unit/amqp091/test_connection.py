@@ -129,3 +129,75 @@ def test_sniff_refuses_other_headers_with_the_091_header() -> None:
     """Another header gets the 0.9.1 header back and the socket is closed."""
     _, _, transport = sniffed(b"HELLO WORLD")
     assert transport.value() == b"AMQP\x00\x00\x09\x01" and transport.disconnecting
+
+
+def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
+    """An open 0.9.1 connection is among the console's clients, protocol amqp0-9-1,
+    with its label and the protocol filter."""
+    from console_support import Client, make_console
+
+    console, service, clock = make_console(tmp_path)
+    factory = AMQP091Factory(service.broker, clock)
+    conn = factory.buildProtocol(None)
+    conn.makeConnection(StringTransport())
+    conn.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest")))
+    conn.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")))
+    client = Client(console)
+    client.login()
+    items = client.get("/api/clients", protocol="amqp0-9-1").json()["items"]
+    assert [(i["key"], i["protocol"]) for i in items] == [(conn.key, "amqp0-9-1")]
+    assert "AMQP 0.9.1" in client.get("/clients").text
+
+
+def test_a_bad_frame_closes_with_501_and_one_log_line() -> None:
+    """A frame without its end octet closes the connection with 501; a second such
+    connection within the minute logs no second line."""
+    from twisted.logger import globalLogPublisher
+
+    lines: list[str] = []
+
+    def watch(event: dict[str, Any]) -> None:
+        if "closed: 501" in str(event.get("log_format", "")) or (
+                event.get("code") == 501):
+            lines.append(str(event.get("log_format")))
+
+    globalLogPublisher.addObserver(watch)
+    try:
+        conn, transport, _ = open_connection()
+        factory = conn.factory
+        data = bytearray(method_frame(1, commands.Channel.Open()))
+        data[-1] = 0
+        conn.dataReceived(bytes(data))
+        [close] = frames_of(transport)
+        assert (close.name, close.reply_code) == ("Connection.Close", 501)
+        second = factory.buildProtocol(None)
+        second.makeConnection(StringTransport())
+        second.dataReceived(bytes(data))
+    finally:
+        globalLogPublisher.removeObserver(watch)
+    assert len(lines) == 1
+
+
+def test_the_unacked_bound_is_counted() -> None:
+    """A channel reaching --amqp091-max-unacked counts the limit once."""
+    broker, clock, _ = make_broker()
+    factory = AMQP091Factory(broker, clock, Settings(max_unacked=2))
+    conn = factory.buildProtocol(None)
+    conn.makeConnection(StringTransport())
+    conn.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest"))
+                      + method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")) + method_frame(1, commands.Channel.Open()))
+    channel = conn.channels[1]
+    from mqttamqp.core.message import Message
+
+    class Member:
+        queue = "q"
+        tag = "t"
+        getter = False
+
+    for _ in range(3):
+        channel.deliver(Member(), Message("$queue/q", b"x", 1), 7, False)
+    assert broker.stats.limits.get("amqp091_unacked") == 1

@@ -850,3 +850,88 @@ def test_message_ttl_zero_delivers_to_a_waiting_consumer_only() -> None:
     _, link = consume(broker, "now")
     ex.publish(message(b"taken", broker=broker), "", "now")
     assert got(link) == [("$queue/now", b"taken")]
+
+
+def test_a_message_past_its_own_expiry_is_not_delivered() -> None:
+    """A queued message whose expiry interval ran out (0.9.1 expiration, MQTT 5
+    message expiry) leaves the queue when it would be delivered, dead-lettered as
+    expired by the queue's dead-letter exchange, and never reaches the consumer."""
+    from mqttamqp.core.message import MessageProperties
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("gone", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "gone"})
+    now = broker.clock.seconds()
+    short = Message("", b"short", 1, False, "p", now, props=MessageProperties(
+        expiry_interval=1))
+    ex.publish(short, "", "q")
+    ex.publish(message(b"long", broker=broker), "", "q")
+    clock.advance(2)
+    _, link = consume(broker, "q")
+    assert got(link) == [("$queue/q", b"long")]
+    (dead,) = broker.queues.queues["gone"].log.values()
+    assert dead.payload == b"short" and dead.props is not None
+    assert ("reason", "expired") in dead.props.user_properties
+    session, _ = get_session(broker)
+    ex.publish(short, "", "q")
+    assert ex.get("q", session) == (False, 0)
+
+
+def test_dead_letter_queues_take_dead_letters_only() -> None:
+    """$dlq/ queues cannot be published to through the default exchange nor bound."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("jobs", "c1", durable=True)
+    session, link = consume(broker, "jobs")
+    ex.publish(message(broker=broker), "", "jobs")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    assert "$dlq/jobs" in broker.queues.queues
+    assert ex.publish(message(), "", "$dlq/jobs") == (False, None)
+    assert code_of(ex.bind_queue, "$dlq/jobs", "amq.fanout") == 403
+
+
+def test_views_show_exchanges_bindings_and_declared_arguments() -> None:
+    """The console's views list exchanges, bindings and declared queues with their
+    arguments, unknown ones included."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-app-hint": "blue"})
+    ex.declare_exchange("e", "fanout")
+    ex.bind_queue("q", "e")
+    exchanges, bindings, queues = ex.views()
+    assert [e.name for e in exchanges] == ["amq.direct", "amq.fanout", "amq.headers",
+                                           "amq.match", "amq.topic", "e"]
+    assert [(b.source, b.destination, b.destination_kind) for b in bindings] == [
+        ("e", "q", "queue")]
+    assert [(q.name, q.arguments, q.transient) for q in queues] == [
+        ("q", (("x-app-hint", "blue"),), False)]
+
+
+def test_an_operators_retention_survives_a_restart_of_a_declared_queue() -> None:
+    """The console's retention of a 0.9.1-declared queue is kept after a restart;
+    what the arguments bound stays bound."""
+    from mqttamqp.core.queues.model import Retention
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("q", "c1", durable=True,
+                                   arguments={"x-max-length": 5})
+    broker.queues.set_retention("q", Retention(60.0, 1000, 5))
+    again, _, _ = make(store)
+    assert again.queues.queues["q"].retention == Retention(60.0, 1000, 5)
+
+
+def test_deleting_an_exchange_removes_the_bindings_to_it_not_a_queues() -> None:
+    """Deleting exchange "x" removes the exchange-to-exchange bindings to it and
+    leaves the bindings of a queue also named "x"."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "x")
+    ex.declare_exchange("x", "fanout")
+    ex.declare_exchange("src", "fanout")
+    ex.bind_exchange("x", "src")
+    ex.bind_queue("x", "src")
+    ex.delete_exchange("x")
+    assert [(b.destination, b.destination_kind) for b in ex.views()[1]] == [("x", "queue")]
+    assert ex.binding_count == 1
