@@ -351,17 +351,17 @@ class Exchanges(TopicSpace):
         exchange_name = parsed.dead_letter_exchange or ""
         fixed_key = parsed.dead_letter_routing_key
 
-        def route(message: Message, reason: str) -> list[str]:
+        def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
             key = fixed_key
             if key is None:
                 rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
                 key = rest or name
             if not exchange_name:
-                return [key] if key in self.queues.queues else []
+                return "", key, [key] if key in self.queues.queues else []
             exchange = self.exchanges.get(exchange_name)
             if exchange is None:
-                return []
-            return list(self.route(exchange, key, None)[0])
+                return exchange_name, key, []
+            return exchange_name, key, list(self.route(exchange, key, None)[0])
 
         return route
 

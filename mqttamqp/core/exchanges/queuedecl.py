@@ -217,6 +217,13 @@ class QueueDeclarations:
             self._expiry[known.name] = self.queues.clock.callLater(
                 expires / 1000.0, self._expired, known.name)
 
+    def stop(self) -> None:
+        """The broker stops: no x-expires timer is left behind."""
+        for timer in self._expiry.values():
+            if timer.active():
+                timer.cancel()
+        self._expiry.clear()
+
     def _expired(self, name: str) -> None:
         self._expiry.pop(name, None)
         known = self.declared.get(name)
