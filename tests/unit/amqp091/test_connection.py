@@ -201,3 +201,25 @@ def test_the_unacked_bound_is_counted() -> None:
     for _ in range(3):
         channel.deliver(Member(), Message("$queue/q", b"x", 1), 7, False)
     assert broker.stats.limits.get("amqp091_unacked") == 1
+
+
+def test_confirms_go_in_order_with_multiple() -> None:
+    """Publisher confirms: nothing before the first is done, then one basic.ack with
+    multiple for every one done in a row; a failed one is a basic.nack."""
+    conn, transport, _ = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Confirm.Select()))
+    frames_of(transport)
+    channel = conn.channels[1]
+    for seq in (1, 2, 3, 4):
+        channel.confirms[seq] = None
+    channel._confirmed(None, 2, True)
+    assert frames_of(transport) == []
+    channel._confirmed(None, 1, True)
+    [ack] = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
+    channel._confirmed(None, 4, True)
+    channel._confirmed(None, 3, False)
+    nack, ack = frames_of(transport)
+    assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
+    assert (ack.name, ack.delivery_tag) == ("Basic.Ack", 4)
