@@ -69,6 +69,13 @@ Conn, Basic = commands.Connection, commands.Basic
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 
 
+def short(text: str) -> str:
+    """``text`` cut to a short string's 255 bytes of UTF-8 (reply texts quote what
+    the client sent)."""
+    data = text.encode("utf-8", "replace")
+    return text if len(data) <= 255 else data[:255].decode("utf-8", "ignore")
+
+
 class AMQP091Connection(Handshake, Protocol):
     """One 0.9.1 connection: states, handshake, heartbeats, channels."""
 
@@ -311,7 +318,7 @@ class AMQP091Connection(Handshake, Protocol):
         self._closing_channels.add(channel.number)
         index = getattr(method, "index", 0) or 0
         self.send_method(channel.number, commands.Channel.Close(
-            exc.code, exc.text, index >> 16, index & 0xFFFF))
+            exc.code, short(exc.text), index >> 16, index & 0xFFFF))
 
     def _end_channel(self, channel: Channel) -> None:
         self.channels.pop(channel.number, None)
@@ -367,7 +374,7 @@ class AMQP091Connection(Handshake, Protocol):
             return
         if reason is not None and not self._blocked_sent:
             self._blocked_sent = True
-            self.send_method(0, Conn.Blocked(reason[:255]))
+            self.send_method(0, Conn.Blocked(short(reason)))
         elif reason is None and self._blocked_sent:
             self._blocked_sent = False
             self.send_method(0, Conn.Unblocked())
@@ -385,7 +392,7 @@ class AMQP091Connection(Handshake, Protocol):
                               "{more}", peer=self.peer, code=code, t=text,
                               more=f" ({held} more for this cause)" if held else "")
         self._reason = f"closed by the broker: {code} {text}"
-        self.send_method(0, Conn.Close(code, text[:255], 0, 0))
+        self.send_method(0, Conn.Close(code, short(text), 0, 0))
         self.state = State.CLOSING
         self._arm_close()
 

@@ -223,3 +223,19 @@ def test_confirms_go_in_order_with_multiple() -> None:
     nack, ack = frames_of(transport)
     assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
     assert (ack.name, ack.delivery_tag) == ("Basic.Ack", 4)
+
+
+def test_a_long_reply_text_is_cut_to_a_short_string() -> None:
+    """A channel error quoting a long non-ASCII value still goes out (255 bytes)."""
+    conn, transport, _ = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open()))
+    frames_of(transport)
+    props = commands.Basic.Properties(user_id="é" * 120)
+    from pamqp import frame as pframe
+    from pamqp.header import ContentHeader
+
+    conn.dataReceived(method_frame(1, commands.Basic.Publish(exchange="", routing_key="q"))
+                      + pframe.marshal(ContentHeader(0, 0, props), 1))
+    [close] = frames_of(transport)
+    assert (close.name, close.reply_code) == ("Channel.Close", 406)
+    assert len(close.reply_text.encode("utf-8")) <= 255
