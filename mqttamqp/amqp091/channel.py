@@ -313,6 +313,7 @@ class Channel:
             connection.send_content(self.number, deliver_frame(
                 self.number, member.tag, tag, redelivered or dup, exchange, key), props,
                 message.payload)
+        connection.messages_out += 1
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:

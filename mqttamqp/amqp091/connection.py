@@ -48,7 +48,7 @@ from mqttamqp.amqp091.negotiation import (
 )
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.exchanges.errors import ChannelError
 from mqttamqp.core.ratelog import LogLimiter
@@ -445,10 +445,19 @@ class AMQP091Connection(Handshake, Protocol):
         return (self.client_id or self.key, self.peer, self.username, None, self.heartbeat)
 
     def info(self) -> ConnectionInfo:
+        # Its consumers as the console shows links: the consumer tag, the queue, the
+        # prefetch as credit (0: none), the unacknowledged, the deliveries made; the
+        # channel number as the session.
+        links = tuple(
+            LinkInfo(member.tag, "sender", member.queue,
+                     "settled" if member.no_ack else "unsettled", "first",
+                     member.prefetch or channel.global_prefetch, member.unacked,
+                     member.delivered, channel.number)
+            for channel in self.channels.values() for member in channel.consumers.values())
         return ConnectionInfo(
             key=self.key, client_id=self.client_id or self.key, protocol=PROTOCOL,
             remote=self.peer, user=self.username, connected_since=self.connected_since,
-            keepalive=self.heartbeat, clean_session=None, session_id=None,
+            keepalive=self.heartbeat, clean_session=None, session_id=None, links=links,
             messages_in=self.messages_in, messages_out=self.messages_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, last_activity=self.last_in)
 

@@ -38,6 +38,7 @@ class ChannelHost(Protocol):
     write_blocked: bool
     max_unacked: int
     cancel_notify: bool
+    messages_out: int
 
     def send_method(self, channel: int, method: Any) -> None: ...
 

@@ -133,7 +133,7 @@ def test_sniff_refuses_other_headers_with_the_091_header() -> None:
 
 def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
     """An open 0.9.1 connection is among the console's clients, protocol amqp0-9-1,
-    with its label and the protocol filter."""
+    with its label and the protocol filter, and its consumers as links."""
     from console_support import Client, make_console
 
     console, service, clock = make_console(tmp_path)
@@ -144,11 +144,18 @@ def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
                                                  response="\x00guest\x00guest")))
     conn.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
                       + method_frame(0, C.Open("/")))
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Queue.Declare(queue="jobs"))
+                      + method_frame(1, commands.Basic.Qos(prefetch_count=5))
+                      + method_frame(1, commands.Basic.Consume(queue="jobs",
+                                                               consumer_tag="w1")))
     client = Client(console)
     client.login()
     items = client.get("/api/clients", protocol="amqp0-9-1").json()["items"]
     assert [(i["key"], i["protocol"]) for i in items] == [(conn.key, "amqp0-9-1")]
     assert "AMQP 0.9.1" in client.get("/clients").text
+    [link] = conn.info().links
+    assert (link.name, link.address, link.credit, link.session) == ("w1", "jobs", 5, 1)
 
 
 def test_a_bad_frame_closes_with_501_and_one_log_line() -> None:
