@@ -244,6 +244,7 @@ class Broker:
         self._loops.clear()
         self.registry.stop_timers()
         self.queues.stop()
+        self.exchanges.stop()
         self.queues.alarm.stop()
         self._wills.stop()
         self._flow.stop()

@@ -284,8 +284,12 @@ class Exchanges(TopicSpace):
         any queue took it (False: ``basic.return`` when ``mandatory``) and the
         Deferred that fires once every durable copy is committed (None: nothing to
         wait for); it fails (``PublishRefused``) when a queue refused it.  Through
-        ``amq.topic`` it is also an MQTT publish (``identity``'s permission)."""
+        ``amq.topic`` it is also an MQTT publish (``identity``'s permission), and
+        ``congested`` then holds the subscribers it left past their high-water
+        mark (empty otherwise)."""
         publisher = publisher or message.publisher or ""
+        if self.congested:
+            self.congested = ()
         if exchange == "":
             # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
             if routing_key[:1] == "$" or routing_key not in self.queues.queues:
@@ -351,17 +355,17 @@ class Exchanges(TopicSpace):
         exchange_name = parsed.dead_letter_exchange or ""
         fixed_key = parsed.dead_letter_routing_key
 
-        def route(message: Message, reason: str) -> list[str]:
+        def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
             key = fixed_key
             if key is None:
                 rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
                 key = rest or name
             if not exchange_name:
-                return [key] if key in self.queues.queues else []
+                return "", key, [key] if key in self.queues.queues else []
             exchange = self.exchanges.get(exchange_name)
             if exchange is None:
-                return []
-            return list(self.route(exchange, key, None)[0])
+                return exchange_name, key, []
+            return exchange_name, key, list(self.route(exchange, key, None)[0])
 
         return route
 

@@ -1,6 +1,7 @@
 """Exchanges and bindings as values, and how each kind of exchange matches.
 
-``Exchange`` holds its bindings (indexed by routing key for a direct exchange);
+``Exchange`` holds its bindings (indexed by routing key for a direct exchange; a
+topic exchange remembers, bounded, which bindings each routing key matched);
 ``Binding`` is one binding to a queue or to another exchange; ``topic_words`` and
 ``topic_match`` are 0.9.1's topic patterns (``*`` one word, ``#`` zero or more,
 anywhere in the key), matched by a set of states (linear in key and pattern, so
@@ -24,6 +25,9 @@ __all__ = ["Exchange", "Binding", "KINDS", "DIRECT", "FANOUT", "TOPIC", "HEADERS
 DIRECT, FANOUT, TOPIC, HEADERS = "direct", "fanout", "topic", "headers"
 KINDS = (DIRECT, FANOUT, TOPIC, HEADERS)
 X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
+# Routing keys a topic exchange remembers the matches of (most publishes repeat a
+# few keys: a publish then costs a lookup, not a match per binding).
+MATCH_CACHE = 4096
 
 
 @record
@@ -42,7 +46,7 @@ class Exchange:
     """One exchange: what it was declared as, and its bindings as a source."""
 
     __slots__ = ("arguments", "auto_delete", "bindings", "by_key", "durable",
-                 "internal", "kind", "name", "patterns")
+                 "internal", "kind", "matched", "name", "patterns")
 
     def __init__(self, name: str, kind: str, durable: bool, auto_delete: bool = False,
                  internal: bool = False, arguments: Frozen = ()) -> None:
@@ -55,6 +59,9 @@ class Exchange:
         self.bindings: dict[Binding, None] = {}      # (ordered set)
         self.by_key: dict[str, list[Binding]] = {}   # direct: routing key -> bindings
         self.patterns: dict[Binding, tuple[str, ...]] = {}   # topic: compiled keys
+        # topic: routing key -> the bindings it matched (at most ``MATCH_CACHE``
+        # keys; emptied when a binding comes or goes)
+        self.matched: dict[str, list[Binding]] = {}
 
     def add(self, binding: Binding) -> bool:
         """Add ``binding``; False if it was there already."""
@@ -65,6 +72,7 @@ class Exchange:
             self.by_key.setdefault(binding.routing_key, []).append(binding)
         elif self.kind == TOPIC:
             self.patterns[binding] = topic_words(binding.routing_key)
+            self.matched.clear()
         return True
 
     def remove(self, binding: Binding) -> bool:
@@ -77,7 +85,8 @@ class Exchange:
                 same.remove(binding)
                 if not same:
                     del self.by_key[binding.routing_key]
-        self.patterns.pop(binding, None)
+        if self.patterns.pop(binding, None) is not None:
+            self.matched.clear()
         return True
 
     def matches(self, routing_key: str, headers: Mapping[str, object] | None
@@ -89,8 +98,14 @@ class Exchange:
         if kind == FANOUT:
             return self.bindings
         if kind == TOPIC:
-            words = routing_key.split(".")
-            return [b for b, p in self.patterns.items() if topic_match(p, words)]
+            found = self.matched.get(routing_key)
+            if found is None:
+                words = routing_key.split(".")
+                found = [b for b, p in self.patterns.items() if topic_match(p, words)]
+                if len(self.matched) >= MATCH_CACHE:
+                    self.matched.clear()
+                self.matched[routing_key] = found
+            return found
         return [b for b in self.bindings if headers_match(b.arguments, headers)]
 
 

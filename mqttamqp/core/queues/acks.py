@@ -198,10 +198,13 @@ class Acknowledgements(Dispatch):
                     group: str, count: int, ops: list[Op]) -> None:
         """A dead message of ``queue``, which has a dead-letter route (AMQP 0.9.1's
         x-dead-letter-exchange): appended to the queues the route names, with its
-        origin as user properties (as ``$dlq/`` messages carry it).  Never back
-        into ``queue`` for a reason of its own retention (that would not end)."""
+        origin as user properties (as ``$dlq/`` messages carry it) and the
+        exchange and routing key it was dead-lettered with (``dead-letter-exchange``,
+        ``dead-letter-routing-key``: a 0.9.1 delivery's exchange and key, and its
+        x-death header, come from these).  Never back into ``queue`` for a reason of
+        its own retention (that would not end)."""
         assert queue.dead_letter is not None
-        targets = queue.dead_letter(message, reason)
+        exchange, key, targets = queue.dead_letter(message, reason)
         if not targets:
             return
         props = message.props or MessageProperties()
@@ -210,13 +213,16 @@ class Acknowledgements(Dispatch):
                 else "delivery_limit" if "deliveries" in reason else "rejected")
         extra = (("origin-queue", queue.name), ("origin-offset", str(offset)),
                  ("origin-group", group), ("delivery-count", str(count)),
-                 ("reason", kind))
+                 ("reason", kind), ("dead-letter-exchange", exchange),
+                 ("dead-letter-routing-key", key))
         users = tuple(kv for kv in props.user_properties if kv[0] not in DLQ_KEYS) + extra
+        plain = not key or "+" in key or "#" in key or "\x00" in key
         for name in targets:
             target = self.queues.get(name)
             if target is None or (target is queue and reason in ("expired", "maxlen")):
                 continue
-            rest = message.topic[len(QUEUE_PREFIX) + len(queue.name):]
+            topic = QUEUE_PREFIX + name if plain or key == name else (
+                QUEUE_PREFIX + name + "/" + key)
             self._append(target, replace(
-                message, topic=QUEUE_PREFIX + name + rest, retain=False, dup=False,
+                message, topic=topic, retain=False, dup=False,
                 props=replace(props, user_properties=users)), ops)

@@ -121,8 +121,9 @@ class QueueLog:
         return log.get(self.first)
 
 
-# A queue's dead-letter route: (message, reason) -> the queues it goes to.
-DeadLetterRoute = Callable[[Message, str], Sequence[str]]
+# A queue's dead-letter route: (message, reason) -> the exchange and routing key it
+# is dead-lettered with, and the queues that takes it to.
+DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 
 
 class Member:
