@@ -252,6 +252,9 @@ class Channel:
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity)
+        congested = self.exchanges.congested
+        if congested:
+            connection.fed_congested(congested)
         if connection.broker.queues.alarm.paused:
             connection.factory.watch_alarm(connection)
         if not routed and m.mandatory:

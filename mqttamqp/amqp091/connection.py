@@ -69,6 +69,9 @@ Conn, Basic = commands.Connection, commands.Basic
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 
 
+_FLOW_KEY = 1 << 48   # (flow control keys: apart from the storage alarm's id() keys)
+
+
 def short(text: str) -> str:
     """``text`` cut to a short string's 255 bytes of UTF-8 (reply texts quote what
     the client sent)."""
@@ -106,7 +109,9 @@ class AMQP091Connection(Handshake, Protocol):
         self._closing_channels: set[int] = set()
         self._assemblers: dict[int, ContentAssembler] = {}
         self.write_blocked = False
-        self.reading_paused = False    # not read while the storage alarm lasts
+        # Why the socket is not read now: "alarm" (the durable queues' storage),
+        # "flow" (subscribers it fed through amq.topic are past their high-water mark)
+        self.reading_paused: set[str] = set()
         self.cancel_notify = False
         self.blocked_notify = False
         self._blocked_sent = False
@@ -180,6 +185,8 @@ class AMQP091Connection(Handshake, Protocol):
         if self in self.factory.blocked:
             self.factory.blocked.discard(self)
             self.broker.queues.alarm.forget(id(self))
+        if "flow" in self.reading_paused:
+            self.broker.forget_paused(self.serial | _FLOW_KEY)
         if self._registered:
             if self._cause == CAUSE_PROTOCOL_ERROR:
                 self.meter.protocol_error()
@@ -396,6 +403,28 @@ class AMQP091Connection(Handshake, Protocol):
         self.state = State.CLOSING
         self._arm_close()
 
+    def hold_reading(self, why: str) -> None:
+        if not self.reading_paused:
+            self.transport.pauseProducing()
+        self.reading_paused.add(why)
+
+    def release_reading(self, why: str) -> None:
+        if why not in self.reading_paused:
+            return
+        self.reading_paused.discard(why)
+        if not self.reading_paused and not self.closed:
+            self.last_in = self.clock.seconds()
+            self.transport.resumeProducing()
+
+    def fed_congested(self, sessions: Any) -> None:
+        """A publish into the topic space left subscribers past their high-water
+        mark: not read until they drain (or the stall time-out), as MQTT publishers."""
+        if "flow" in self.reading_paused:
+            return
+        self.hold_reading("flow")
+        self.broker.pause_until_drained(self.serial | _FLOW_KEY,
+                                        lambda: self.release_reading("flow"), sessions)
+
     def unacked_bound(self) -> None:
         """A channel holds --amqp091-max-unacked deliveries: its consumers wait for
         acknowledgements (counted; one log line a minute for this cause)."""
@@ -502,17 +531,14 @@ class AMQP091Factory(Factory):
         self.blocked.add(connection)
         # As RabbitMQ: a publisher is not read while the alarm lasts (what it sent
         # before was appended); consumers on other connections drain the queues.
-        connection.transport.pauseProducing()
-        connection.reading_paused = True
+        connection.hold_reading("alarm")
         self.broker.when_queues_writable(id(connection), lambda: self._clear(connection))
 
     def _clear(self, connection: AMQP091Connection) -> None:
         self.blocked.discard(connection)
         if connection.closed:
             return
-        connection.reading_paused = False
-        connection.last_in = self.clock.seconds()
-        connection.transport.resumeProducing()
+        connection.release_reading("alarm")
         connection.set_blocked(None)
 
     def consumers_of(self, queue: str) -> int:

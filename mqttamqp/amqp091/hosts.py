@@ -51,6 +51,8 @@ class ChannelHost(Protocol):
 
     def unacked_bound(self) -> None: ...
 
+    def fed_congested(self, sessions: Any) -> None: ...
+
 
 class ConsumerHost(Protocol):
     """What a consumer needs from its channel (``channel.Channel``)."""

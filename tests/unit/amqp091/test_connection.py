@@ -246,3 +246,16 @@ def test_a_long_reply_text_is_cut_to_a_short_string() -> None:
     [close] = frames_of(transport)
     assert (close.name, close.reply_code) == ("Channel.Close", 406)
     assert len(close.reply_text.encode("utf-8")) <= 255
+
+
+def test_reading_resumes_once_every_reason_to_pause_is_gone() -> None:
+    """The storage alarm and subscribers' flow control each hold the socket; it is
+    read again only when both have let go."""
+    conn, transport, _ = open_connection()
+    conn.hold_reading("alarm")
+    conn.hold_reading("flow")
+    assert transport.producerState == "paused"
+    conn.release_reading("flow")
+    assert transport.producerState == "paused"
+    conn.release_reading("alarm")
+    assert transport.producerState == "producing"
