@@ -27,7 +27,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from mqttamqp.amqp091.consumers import QueueConsumer
-from mqttamqp.amqp091.frames import Content
+from mqttamqp.amqp091.frames import Content, deliver_frame
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
 from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
@@ -252,6 +252,9 @@ class Channel:
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity)
+        congested = self.exchanges.congested
+        if congested:
+            connection.fed_congested(congested)
         if connection.broker.queues.alarm.paused:
             connection.factory.watch_alarm(connection)
         if not routed and m.mandatory:
@@ -310,8 +313,10 @@ class Channel:
         if member.getter:
             self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            connection.send_content(self.number, B.Deliver(
-                member.tag, tag, redelivered or dup, exchange, key), props, message.payload)
+            connection.send_content(self.number, deliver_frame(
+                self.number, member.tag, tag, redelivered or dup, exchange, key), props,
+                message.payload)
+        connection.messages_out += 1
         connection.meter.transferred(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:

@@ -48,7 +48,7 @@ from mqttamqp.amqp091.negotiation import (
 )
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.exchanges.errors import ChannelError
 from mqttamqp.core.ratelog import LogLimiter
@@ -67,6 +67,16 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 Conn, Basic = commands.Connection, commands.Basic
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
+
+
+_FLOW_KEY = 1 << 48   # (flow control keys: apart from the storage alarm's id() keys)
+
+
+def short(text: str) -> str:
+    """``text`` cut to a short string's 255 bytes of UTF-8 (reply texts quote what
+    the client sent)."""
+    data = text.encode("utf-8", "replace")
+    return text if len(data) <= 255 else data[:255].decode("utf-8", "ignore")
 
 
 class AMQP091Connection(Handshake, Protocol):
@@ -99,7 +109,9 @@ class AMQP091Connection(Handshake, Protocol):
         self._closing_channels: set[int] = set()
         self._assemblers: dict[int, ContentAssembler] = {}
         self.write_blocked = False
-        self.reading_paused = False    # not read while the storage alarm lasts
+        # Why the socket is not read now: "alarm" (the durable queues' storage),
+        # "flow" (subscribers it fed through amq.topic are past their high-water mark)
+        self.reading_paused: set[str] = set()
         self.cancel_notify = False
         self.blocked_notify = False
         self._blocked_sent = False
@@ -173,6 +185,8 @@ class AMQP091Connection(Handshake, Protocol):
         if self in self.factory.blocked:
             self.factory.blocked.discard(self)
             self.broker.queues.alarm.forget(id(self))
+        if "flow" in self.reading_paused:
+            self.broker.forget_paused(self.serial | _FLOW_KEY)
         if self._registered:
             if self._cause == CAUSE_PROTOCOL_ERROR:
                 self.meter.protocol_error()
@@ -311,7 +325,7 @@ class AMQP091Connection(Handshake, Protocol):
         self._closing_channels.add(channel.number)
         index = getattr(method, "index", 0) or 0
         self.send_method(channel.number, commands.Channel.Close(
-            exc.code, exc.text, index >> 16, index & 0xFFFF))
+            exc.code, short(exc.text), index >> 16, index & 0xFFFF))
 
     def _end_channel(self, channel: Channel) -> None:
         self.channels.pop(channel.number, None)
@@ -367,7 +381,7 @@ class AMQP091Connection(Handshake, Protocol):
             return
         if reason is not None and not self._blocked_sent:
             self._blocked_sent = True
-            self.send_method(0, Conn.Blocked(reason[:255]))
+            self.send_method(0, Conn.Blocked(short(reason)))
         elif reason is None and self._blocked_sent:
             self._blocked_sent = False
             self.send_method(0, Conn.Unblocked())
@@ -385,9 +399,31 @@ class AMQP091Connection(Handshake, Protocol):
                               "{more}", peer=self.peer, code=code, t=text,
                               more=f" ({held} more for this cause)" if held else "")
         self._reason = f"closed by the broker: {code} {text}"
-        self.send_method(0, Conn.Close(code, text[:255], 0, 0))
+        self.send_method(0, Conn.Close(code, short(text), 0, 0))
         self.state = State.CLOSING
         self._arm_close()
+
+    def hold_reading(self, why: str) -> None:
+        if not self.reading_paused:
+            self.transport.pauseProducing()
+        self.reading_paused.add(why)
+
+    def release_reading(self, why: str) -> None:
+        if why not in self.reading_paused:
+            return
+        self.reading_paused.discard(why)
+        if not self.reading_paused and not self.closed:
+            self.last_in = self.clock.seconds()
+            self.transport.resumeProducing()
+
+    def fed_congested(self, sessions: Any) -> None:
+        """A publish into the topic space left subscribers past their high-water
+        mark: not read until they drain (or the stall time-out), as MQTT publishers."""
+        if "flow" in self.reading_paused:
+            return
+        self.hold_reading("flow")
+        self.broker.pause_until_drained(self.serial | _FLOW_KEY,
+                                        lambda: self.release_reading("flow"), sessions)
 
     def unacked_bound(self) -> None:
         """A channel holds --amqp091-max-unacked deliveries: its consumers wait for
@@ -438,10 +474,19 @@ class AMQP091Connection(Handshake, Protocol):
         return (self.client_id or self.key, self.peer, self.username, None, self.heartbeat)
 
     def info(self) -> ConnectionInfo:
+        # Its consumers as the console shows links: the consumer tag, the queue, the
+        # prefetch as credit (0: none), the unacknowledged, the deliveries made; the
+        # channel number as the session.
+        links = tuple(
+            LinkInfo(member.tag, "sender", member.queue,
+                     "settled" if member.no_ack else "unsettled", "first",
+                     member.prefetch or channel.global_prefetch, member.unacked,
+                     member.delivered, channel.number)
+            for channel in self.channels.values() for member in channel.consumers.values())
         return ConnectionInfo(
             key=self.key, client_id=self.client_id or self.key, protocol=PROTOCOL,
             remote=self.peer, user=self.username, connected_since=self.connected_since,
-            keepalive=self.heartbeat, clean_session=None, session_id=None,
+            keepalive=self.heartbeat, clean_session=None, session_id=None, links=links,
             messages_in=self.messages_in, messages_out=self.messages_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, last_activity=self.last_in)
 
@@ -486,17 +531,14 @@ class AMQP091Factory(Factory):
         self.blocked.add(connection)
         # As RabbitMQ: a publisher is not read while the alarm lasts (what it sent
         # before was appended); consumers on other connections drain the queues.
-        connection.transport.pauseProducing()
-        connection.reading_paused = True
+        connection.hold_reading("alarm")
         self.broker.when_queues_writable(id(connection), lambda: self._clear(connection))
 
     def _clear(self, connection: AMQP091Connection) -> None:
         self.blocked.discard(connection)
         if connection.closed:
             return
-        connection.reading_paused = False
-        connection.last_in = self.clock.seconds()
-        connection.transport.resumeProducing()
+        connection.release_reading("alarm")
         connection.set_blocked(None)
 
     def consumers_of(self, queue: str) -> int:

@@ -27,7 +27,7 @@ __all__ = ["QueueConsumer"]
 class QueueConsumer:
     """One consumer tag of a channel."""
 
-    __slots__ = ("channel", "closed", "getter", "key", "no_ack", "prefetch",
+    __slots__ = ("channel", "closed", "delivered", "getter", "key", "no_ack", "prefetch",
                  "queue", "session", "tag", "unacked")
 
     def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
@@ -38,6 +38,7 @@ class QueueConsumer:
         self.no_ack = no_ack
         self.prefetch = prefetch      # 0: no per-consumer limit
         self.unacked = 0
+        self.delivered = 0
         self.session: Session | None = None
         self.closed = False
         # basic.get's session of the channel: in no group, handed one message a get
@@ -91,6 +92,7 @@ class QueueConsumer:
             return
         if packet_id is not None:
             self.unacked += 1
+        self.delivered += 1
         self.channel.deliver(self, message, packet_id, dup)
 
     def send_pubrel(self, packet_id: int) -> None:

@@ -38,6 +38,7 @@ class ChannelHost(Protocol):
     write_blocked: bool
     max_unacked: int
     cancel_notify: bool
+    messages_out: int
 
     def send_method(self, channel: int, method: Any) -> None: ...
 
@@ -49,6 +50,8 @@ class ChannelHost(Protocol):
     def fail(self, code: int, text: str) -> None: ...
 
     def unacked_bound(self) -> None: ...
+
+    def fed_congested(self, sessions: Any) -> None: ...
 
 
 class ConsumerHost(Protocol):

@@ -21,13 +21,16 @@ user-id, app-id, headers that are not strings) have no MQTT form: they are kept
 between 0.9.1 peers, with the whole property section as the publisher sent it
 and the exchange and routing key it was published with (``Message.amqp091``:
 ``envelope``), which a 0.9.1 consumer gets unchanged (``for_consumer``; only a
-redelivery's ``x-delivery-count`` is added).
+redelivery's ``x-delivery-count`` is added, and a dead-lettered message's
+``x-death``: queue, reason, count, time, exchange and routing keys, as RabbitMQ
+writes it).
 
 What it must not do: route, or know frames (``frames``).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from pamqp import commands
@@ -35,7 +38,7 @@ from pamqp.header import ContentHeader
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
-from mqttamqp.core.queues.metadata import METADATA_KEYS
+from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
 __all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError"]
 
@@ -93,23 +96,59 @@ def for_consumer(message: Message, queue: str, now: float
     through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
     ``amq.topic`` with the topic as key (``a/b`` is ``a.b``)."""
     data = message.amqp091
+    death = _death(message)
     if data is None:
         props, _, redelivered = from_core(message, now)
         rest = routing_key(queue, message.topic)
+        if death is not None:
+            death["exchange"], death["routing-keys"] = "", [rest or death["queue"]]
+            props.headers = {k: v for k, v in (props.headers or {}).items()
+                             if k not in DLQ_KEYS}
+            props.headers["x-death"] = [death]
+            return props.marshal(), redelivered, "", rest or queue
         if rest:
             return props.marshal(), redelivered, "amq.topic", rest.replace("/", ".")
         return props.marshal(), redelivered, "", queue
     exchange, key, raw = _open(data)
     count = _delivery_count(message)
-    if not count:
+    if not count and death is None:
         return raw, bool(message.dup), exchange, key
     header = ContentHeader()
     header.unmarshal(_HEADER_PREFIX + raw)
     props = header.properties
     headers = dict(props.headers or {})
-    headers["x-delivery-count"] = count
+    if count:
+        headers["x-delivery-count"] = count
+    if death is not None:
+        # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death, and the key
+        # it reached this queue with.
+        death["exchange"], death["routing-keys"] = exchange, [key]
+        headers["x-death"] = [death, *_earlier(headers.get("x-death"))]
+        exchange, key = "", routing_key(queue, message.topic) or queue
     props.headers = headers
-    return props.marshal(), True, exchange, key
+    return props.marshal(), bool(count or message.dup), exchange, key
+
+
+def _death(message: Message) -> dict[str, Any] | None:
+    """The x-death entry of a dead-lettered message (the queue's origin-queue and
+    reason), or None."""
+    props = message.props
+    if props is None:
+        return None
+    origin = reason = None
+    for key, value in props.user_properties:
+        if key == "origin-queue":
+            origin = value
+        elif key == "reason":
+            reason = value
+    if origin is None or reason is None:
+        return None
+    return {"count": 1, "reason": reason, "queue": origin,
+            "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
+
+
+def _earlier(deaths: Any) -> list[Any]:
+    return list(deaths) if isinstance(deaths, list) else []
 
 
 _HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0

@@ -284,8 +284,12 @@ class Exchanges(TopicSpace):
         any queue took it (False: ``basic.return`` when ``mandatory``) and the
         Deferred that fires once every durable copy is committed (None: nothing to
         wait for); it fails (``PublishRefused``) when a queue refused it.  Through
-        ``amq.topic`` it is also an MQTT publish (``identity``'s permission)."""
+        ``amq.topic`` it is also an MQTT publish (``identity``'s permission), and
+        ``congested`` then holds the subscribers it left past their high-water
+        mark (empty otherwise)."""
         publisher = publisher or message.publisher or ""
+        if self.congested:
+            self.congested = ()
         if exchange == "":
             # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
             if routing_key[:1] == "$" or routing_key not in self.queues.queues:

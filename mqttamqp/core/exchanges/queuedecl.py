@@ -1,7 +1,7 @@
 """Queues as AMQP 0.9.1 declares them: the queue manager's queues with the
 properties 0.9.1 gives them (durable, exclusive, auto-delete, arguments) and the
-rules of ``queue.declare``, ``queue.delete``, ``queue.purge`` and the consumers a
-``basic.consume`` adds.
+rules of ``queue.declare``, ``queue.delete``, ``queue.purge``, the consumers a
+``basic.consume`` adds, ``basic.get``, and ``x-expires``'s timers.
 
 A 0.9.1 queue *is* a queue of ``core.queues``: a durable queue ``orders`` is the
 queue MQTT and AMQP 1.0 reach as ``$queue/orders/...``, and its 0.9.1 consumers

@@ -17,7 +17,7 @@ bound to ``amq.topic``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -80,9 +80,14 @@ class TopicSpace(QueueDeclarations):
         self._subscribed: Callable[[str], bool] | None = None
         self._hook: Callable[[TopicSpace | None], None] | None = None
         self.topic_routed = 0     # queues the last ``from_topic`` appended to
+        # The online subscribers past their high-water mark that the last publish
+        # into the topic space fed (``Published.congested``): a 0.9.1 adapter stops
+        # reading its publisher until they drain (``Broker.pause_until_drained``).
+        self.congested: Sequence[Any] = ()
         # Queues a 0.9.1 publish appends to itself while it is published to the
         # topic space (not twice through ``from_topic``).
         self._skip: Mapping[str, None] = {}
+        self._confirming = False   # (a 0.9.1 publish: a refused append fails it)
 
     def attach_topic_space(self, publish: TopicPublish, subscribed: Callable[[str], bool],
                            hook: Callable[[TopicSpace | None], None]) -> None:
@@ -105,6 +110,7 @@ class TopicSpace(QueueDeclarations):
         what to wait for."""
         topic = key_to_topic(routing_key)
         publish = self._topic_publish
+        self.congested = ()
         if (publish is None or not topic or topic[0] == "$" or "+" in topic
                 or "#" in topic or "\x00" in topic):
             # (no MQTT topic: only what is bound to amq.topic takes it)
@@ -113,10 +119,13 @@ class TopicSpace(QueueDeclarations):
             return self.topic_routed > 0, d
         self.topic_routed = 0
         self._skip = queues
+        self._confirming = True
         try:
             result = publish(replace(message, topic=topic), identity)
         finally:
             self._skip = {}
+            self._confirming = False
+        self.congested = result.congested
         if result.denied:
             raise ChannelError(ACCESS_REFUSED,
                                f"write access to topic '{routing_key}' in exchange "
@@ -133,7 +142,10 @@ class TopicSpace(QueueDeclarations):
         """A publish of ``message.topic`` (any protocol): append it to the queues
         bound to ``amq.topic`` whose key matches (not those in ``skip``, which the
         caller appends to itself).  The Deferred fires once those appends are
-        durable (the publisher's acknowledgement waits for it)."""
+        durable (the publisher's acknowledgement waits for it).  A queue that
+        refuses it (x-overflow reject-publish) fails only a 0.9.1 publisher's
+        confirm: an MQTT or AMQP 1.0 publisher is not told (the refusal is counted
+        and logged by the queue manager), as it would only send it again."""
         source = self.exchanges.get(AMQ_TOPIC)
         if source is None or not source.bindings or message.topic[:1] == "$":
             return None
@@ -144,7 +156,7 @@ class TopicSpace(QueueDeclarations):
         if not names:
             return None
         return self._enqueue(message, names, message.topic,
-                             message.publisher or "")
+                             message.publisher or "", self._confirming)
 
     def route(self, source: Exchange, routing_key: str,
               headers: Mapping[str, object] | None, into_topic: bool = False
@@ -152,8 +164,10 @@ class TopicSpace(QueueDeclarations):
         raise NotImplementedError   # (``Exchanges.route``)
 
     def _enqueue(self, message: Message, names: tuple[str, ...] | list[str]
-                 | dict[str, None], key: str, publisher: str) -> Deferred[None] | None:
-        """Append ``message`` to each existing queue of ``names``."""
+                 | dict[str, None], key: str, publisher: str, refusals: bool = True
+                 ) -> Deferred[None] | None:
+        """Append ``message`` to each existing queue of ``names`` (a refusal fails
+        the Deferred, with ``refusals``)."""
         waits: list[Deferred[None] | None] = []
         queues = self.queues
         for name in names:
@@ -162,7 +176,9 @@ class TopicSpace(QueueDeclarations):
             copy = replace(message, topic=queue_topic(name, key))
             d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher)
             if refusal is not None:
-                waits.append(fail(PublishRefused(f"queue '{name}': {refusal.reason}")))
+                if refusals:
+                    waits.append(fail(PublishRefused(
+                        f"queue '{name}': {refusal.reason}")))
             else:
                 waits.append(d)
         return all_durable(waits)

@@ -132,3 +132,28 @@ def test_exclusive_consumer_keeps_others_out(pika_conn: Connect) -> None:
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
         conn.channel().basic_consume(q, lambda *a: None, exclusive=True)
     assert info.value.reply_code == 403
+
+
+def test_a_rejected_message_is_dead_lettered_with_x_death(pika_conn: Connect) -> None:
+    """basic.reject without requeue on a queue with x-dead-letter-exchange sends the
+    message on, with RabbitMQ's x-death header (queue, reason, exchange, keys)."""
+    ch = pika_conn().channel()
+    dlq = ch.queue_declare(name("dlq")).method.queue
+    work = ch.queue_declare(name("work"), arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}).method.queue
+    ch.confirm_delivery()
+    ch.basic_publish("", work, b"bad order", pika.BasicProperties(
+        headers={"n": 1}, message_id="m-9"))
+    method, _, _ = ch.basic_get(work)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    rounds = 50
+    dead = (None, None, None)
+    while dead[0] is None and rounds:
+        dead = ch.basic_get(dlq, auto_ack=True)
+        rounds -= 1
+    got, props, body = dead
+    assert body == b"bad order" and props.message_id == "m-9"
+    [death] = props.headers["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == (work, "rejected", 1)
+    assert (death["exchange"], death["routing-keys"]) == ("", [work])
+    assert got.routing_key == dlq and props.headers["n"] == 1

@@ -133,7 +133,7 @@ def test_sniff_refuses_other_headers_with_the_091_header() -> None:
 
 def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
     """An open 0.9.1 connection is among the console's clients, protocol amqp0-9-1,
-    with its label and the protocol filter."""
+    with its label and the protocol filter, and its consumers as links."""
     from console_support import Client, make_console
 
     console, service, clock = make_console(tmp_path)
@@ -144,11 +144,18 @@ def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
                                                  response="\x00guest\x00guest")))
     conn.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
                       + method_frame(0, C.Open("/")))
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Queue.Declare(queue="jobs"))
+                      + method_frame(1, commands.Basic.Qos(prefetch_count=5))
+                      + method_frame(1, commands.Basic.Consume(queue="jobs",
+                                                               consumer_tag="w1")))
     client = Client(console)
     client.login()
     items = client.get("/api/clients", protocol="amqp0-9-1").json()["items"]
     assert [(i["key"], i["protocol"]) for i in items] == [(conn.key, "amqp0-9-1")]
     assert "AMQP 0.9.1" in client.get("/clients").text
+    [link] = conn.info().links
+    assert (link.name, link.address, link.credit, link.session) == ("w1", "jobs", 5, 1)
 
 
 def test_a_bad_frame_closes_with_501_and_one_log_line() -> None:
@@ -201,3 +208,54 @@ def test_the_unacked_bound_is_counted() -> None:
     for _ in range(3):
         channel.deliver(Member(), Message("$queue/q", b"x", 1), 7, False)
     assert broker.stats.limits.get("amqp091_unacked") == 1
+
+
+def test_confirms_go_in_order_with_multiple() -> None:
+    """Publisher confirms: nothing before the first is done, then one basic.ack with
+    multiple for every one done in a row; a failed one is a basic.nack."""
+    conn, transport, _ = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Confirm.Select()))
+    frames_of(transport)
+    channel = conn.channels[1]
+    for seq in (1, 2, 3, 4):
+        channel.confirms[seq] = None
+    channel._confirmed(None, 2, True)
+    assert frames_of(transport) == []
+    channel._confirmed(None, 1, True)
+    [ack] = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
+    channel._confirmed(None, 4, True)
+    channel._confirmed(None, 3, False)
+    nack, ack = frames_of(transport)
+    assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
+    assert (ack.name, ack.delivery_tag) == ("Basic.Ack", 4)
+
+
+def test_a_long_reply_text_is_cut_to_a_short_string() -> None:
+    """A channel error quoting a long non-ASCII value still goes out (255 bytes)."""
+    conn, transport, _ = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open()))
+    frames_of(transport)
+    props = commands.Basic.Properties(user_id="é" * 120)
+    from pamqp import frame as pframe
+    from pamqp.header import ContentHeader
+
+    conn.dataReceived(method_frame(1, commands.Basic.Publish(exchange="", routing_key="q"))
+                      + pframe.marshal(ContentHeader(0, 0, props), 1))
+    [close] = frames_of(transport)
+    assert (close.name, close.reply_code) == ("Channel.Close", 406)
+    assert len(close.reply_text.encode("utf-8")) <= 255
+
+
+def test_reading_resumes_once_every_reason_to_pause_is_gone() -> None:
+    """The storage alarm and subscribers' flow control each hold the socket; it is
+    read again only when both have let go."""
+    conn, transport, _ = open_connection()
+    conn.hold_reading("alarm")
+    conn.hold_reading("flow")
+    assert transport.producerState == "paused"
+    conn.release_reading("flow")
+    assert transport.producerState == "paused"
+    conn.release_reading("alarm")
+    assert transport.producerState == "producing"

@@ -126,3 +126,30 @@ def test_random_method_payloads_raise_only_frame_error(payload: bytes) -> None:
         FrameReader(4096).feed(data)
     except FrameError:
         pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), st.text(max_size=60), st.integers(0, 2 ** 63 - 1),
+       st.booleans(), st.from_regex(r"[a-zA-Z0-9_.:-]{0,60}", fullmatch=True),
+       st.text(max_size=60))
+def test_deliver_frame_is_what_pamqp_marshals(channel: int, ctag: str, tag: int,
+                                              redelivered: bool, exchange: str,
+                                              key: str) -> None:
+    """The cached basic.deliver frame equals pamqp's own marshalling, for any values."""
+    from mqttamqp.amqp091.frames import deliver_frame
+
+    expected = frame.marshal(commands.Basic.Deliver(ctag, tag, redelivered, exchange, key),
+                             channel)
+    assert deliver_frame(channel, ctag, tag, redelivered, exchange, key) == expected
+    assert deliver_frame(channel, ctag, tag, redelivered, exchange, key) == expected
+
+
+def test_a_name_outside_the_specs_domain_is_a_syntax_error() -> None:
+    """An exchange name the spec's domain does not allow (it could never be sent back
+    in a deliver) is refused as the frame is read (502)."""
+    from mqttamqp.amqp091.frames import SYNTAX_ERROR
+
+    data = frame.marshal(commands.Exchange.Declare(exchange="not_ok"), 1)
+    with pytest.raises(FrameError) as info:
+        FrameReader(4096).feed(data.replace(b"not_ok", b"not*ok"))
+    assert info.value.code == SYNTAX_ERROR

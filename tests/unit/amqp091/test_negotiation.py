@@ -149,3 +149,25 @@ def test_a_message_from_the_topic_space_comes_from_amq_topic() -> None:
     assert (exchange, key) == ("amq.topic", "a.b")
     _, _, exchange, key = for_consumer(Message("$queue/q", b""), "q", 0.0)
     assert (exchange, key) == ("", "q")
+
+
+def test_a_dead_letter_from_mqtt_gets_x_death() -> None:
+    """A dead-lettered message without 0.9.1 properties gets x-death from the queue's
+    origin metadata, which is not repeated as plain headers."""
+    from pamqp.header import ContentHeader
+
+    from mqttamqp.amqp091.properties import for_consumer
+
+    core = MessageProperties(user_properties=(
+        ("origin-queue", "work"), ("origin-offset", "4"), ("origin-group", "work"),
+        ("reason", "expired"), ("k", "v")))
+    data, _, exchange, key = for_consumer(Message("$queue/dlq", b"", 1, props=core,
+                                                  timestamp=100.0), "dlq", 0.0)
+    header = ContentHeader()
+    header.unmarshal(b"\x00\x3c\x00\x00" + bytes(8) + data)
+    headers = header.properties.headers
+    assert (exchange, key) == ("", "dlq")
+    assert set(headers) == {"k", "x-death"}
+    [death] = headers["x-death"]
+    assert (death["queue"], death["reason"], death["routing-keys"]) == (
+        "work", "expired", ["work"])

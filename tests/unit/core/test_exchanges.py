@@ -393,3 +393,42 @@ def test_a_topic_exchange_remembers_matches_until_its_bindings_change() -> None:
     for i in range(MATCH_CACHE + 10):
         ex.route(ex.exchanges["t"], f"k.{i}", None)
     assert len(ex.exchanges["t"].matched) <= MATCH_CACHE
+
+
+def test_a_publish_into_the_topic_space_says_which_subscribers_it_congested() -> None:
+    """A 0.9.1 publish to amq.topic that leaves an MQTT subscriber past its
+    high-water mark names it in ``congested`` (the adapter pauses its publisher);
+    the next publish elsewhere clears it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    sub, link = client(broker, "slow")
+    broker.subscribe(sub, Identity("slow"), [("t/#", 1)])
+    link.congested = True
+    # (past half its queue bound, a subscriber is past its high-water mark)
+    for _ in range(broker.limits.max_queued_messages // 2 + 1):
+        ex.publish(message(broker=broker), "amq.topic", "t.x")
+    assert list(ex.congested) == [sub]
+    declared(broker, "q")
+    ex.publish(message(broker=broker), "", "q")
+    assert ex.congested == ()
+
+
+def test_a_full_bound_queue_fails_a_091_confirm_but_not_an_mqtt_puback() -> None:
+    """A reject-publish queue bound to amq.topic refuses a message: the 0.9.1
+    publisher's confirm fails, the MQTT publisher's acknowledgement does not."""
+    from mqttamqp.core.exchanges.exchanges import PublishRefused
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("full", "c1", durable=True,
+                     arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    ex.bind_queue("full", "amq.topic", "#")
+    _, confirm = ex.publish(message(broker=broker), "amq.topic", "a.b")
+    failures: list[Any] = []
+    assert confirm is not None
+    confirm.addErrback(failures.append)
+    assert failures and failures[0].check(PublishRefused)
+    result = send(broker, "a/b")
+    mqtt_failures: list[Any] = []
+    if result.durable is not None:
+        result.durable.addErrback(mqtt_failures.append)
+    assert mqtt_failures == [] and broker.queues.stats.refused == 2
