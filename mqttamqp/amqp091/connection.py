@@ -34,7 +34,6 @@ from mqttamqp.amqp091.channel import Channel
 from mqttamqp.amqp091.frames import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
-    HEARTBEAT,
     UNEXPECTED_FRAME,
     ContentAssembler,
     FrameError,
@@ -46,6 +45,7 @@ from mqttamqp.amqp091.handshake import PROTOCOL, Handshake, Settings, State
 from mqttamqp.amqp091.negotiation import (
     start_method,
 )
+from mqttamqp.amqp091.pacing import FLOW_KEY, Pacing, short
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
@@ -55,7 +55,6 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_CONSOLE,
-    CAUSE_KEEPALIVE,
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
@@ -69,17 +68,7 @@ Conn, Basic = commands.Connection, commands.Basic
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 
 
-_FLOW_KEY = 1 << 48   # (flow control keys: apart from the storage alarm's id() keys)
-
-
-def short(text: str) -> str:
-    """``text`` cut to a short string's 255 bytes of UTF-8 (reply texts quote what
-    the client sent)."""
-    data = text.encode("utf-8", "replace")
-    return text if len(data) <= 255 else data[:255].decode("utf-8", "ignore")
-
-
-class AMQP091Connection(Handshake, Protocol):
+class AMQP091Connection(Handshake, Pacing, Protocol):
     """One 0.9.1 connection: states, handshake, heartbeats, channels."""
 
     log = Logger()
@@ -186,7 +175,7 @@ class AMQP091Connection(Handshake, Protocol):
             self.factory.blocked.discard(self)
             self.broker.queues.alarm.forget(id(self))
         if "flow" in self.reading_paused:
-            self.broker.forget_paused(self.serial | _FLOW_KEY)
+            self.broker.forget_paused(self.serial | FLOW_KEY)
         if self._registered:
             if self._cause == CAUSE_PROTOCOL_ERROR:
                 self.meter.protocol_error()
@@ -195,10 +184,6 @@ class AMQP091Connection(Handshake, Protocol):
             self.broker.unregister_connection(self.key, self, self._cause, why)
         elif previous is not State.CLOSED and self._cause == CAUSE_PROTOCOL_ERROR:
             self.meter.protocol_error()
-
-    @property
-    def closed(self) -> bool:
-        return self.state is State.CLOSED
 
     # IPushProducer: the transport's buffer is full / drained.
     def pauseProducing(self) -> None:
@@ -337,32 +322,6 @@ class AMQP091Connection(Handshake, Protocol):
         self._registered = True
         self._arm()
 
-    # -- heartbeats ----------------------------------------------------------------
-
-    def _arm(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
-        if self.heartbeat and self.state is not State.CLOSED:
-            self._timer = self.clock.callLater(self.heartbeat / 2, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        now = self.clock.seconds()
-        if self.reading_paused:
-            self.last_in = now     # (not read: its heartbeats wait in the socket)
-        elif now - self.last_in > 2 * self.heartbeat:
-            self._reason = f"missed heartbeats from the client for {2 * self.heartbeat}s"
-            self._cause = CAUSE_KEEPALIVE
-            self.log.info("AMQP 0.9.1 connection from {peer}: {r}; closing", peer=self.peer,
-                          r=self._reason)
-            self.state = State.CLOSED
-            self.transport.loseConnection()
-            return
-        if now - self.last_out >= self.heartbeat / 2:
-            self._write(HEARTBEAT)
-        self._arm()
-
     def _handshake_timed_out(self) -> None:
         self._timer = None
         if self.state is State.OPEN or self.state is State.CLOSED:
@@ -372,19 +331,6 @@ class AMQP091Connection(Handshake, Protocol):
                       peer=self.peer)
         self.state = State.CLOSED
         self.transport.abortConnection()
-
-    # -- blocked -------------------------------------------------------------------
-
-    def set_blocked(self, reason: str | None) -> None:
-        """The durable queues' storage alarm was raised (``reason``) or cleared."""
-        if not self.blocked_notify or self.state is not State.OPEN:
-            return
-        if reason is not None and not self._blocked_sent:
-            self._blocked_sent = True
-            self.send_method(0, Conn.Blocked(short(reason)))
-        elif reason is None and self._blocked_sent:
-            self._blocked_sent = False
-            self.send_method(0, Conn.Unblocked())
 
     # -- closing -------------------------------------------------------------------
 
@@ -402,28 +348,6 @@ class AMQP091Connection(Handshake, Protocol):
         self.send_method(0, Conn.Close(code, short(text), 0, 0))
         self.state = State.CLOSING
         self._arm_close()
-
-    def hold_reading(self, why: str) -> None:
-        if not self.reading_paused:
-            self.transport.pauseProducing()
-        self.reading_paused.add(why)
-
-    def release_reading(self, why: str) -> None:
-        if why not in self.reading_paused:
-            return
-        self.reading_paused.discard(why)
-        if not self.reading_paused and not self.closed:
-            self.last_in = self.clock.seconds()
-            self.transport.resumeProducing()
-
-    def fed_congested(self, sessions: Any) -> None:
-        """A publish into the topic space left subscribers past their high-water
-        mark: not read until they drain (or the stall time-out), as MQTT publishers."""
-        if "flow" in self.reading_paused:
-            return
-        self.hold_reading("flow")
-        self.broker.pause_until_drained(self.serial | _FLOW_KEY,
-                                        lambda: self.release_reading("flow"), sessions)
 
     def unacked_bound(self) -> None:
         """A channel holds --amqp091-max-unacked deliveries: its consumers wait for
