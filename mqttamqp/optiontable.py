@@ -331,6 +331,22 @@ PARAMETERS: list[list[Any]] = [
      "one AMQP connection; a peer that sends more is closed "
      "(amqp:resource-limit-exceeded). At least --max-packet-size.",
      _positive(int, "amqp-max-held-bytes")],
+    ["amqp091-channel-max", None, 2047,
+     "AMQP 0.9.1: most channels one connection may open (connection.tune's "
+     "channel_max); a channel over it closes the connection with 504.",
+     _positive(int, "amqp091-channel-max")],
+    ["amqp091-frame-max", None, 131072,
+     "AMQP 0.9.1: largest frame in bytes (connection.tune's frame_max, at least "
+     "4096); a larger frame closes the connection with 501.",
+     _positive(int, "amqp091-frame-max")],
+    ["amqp091-heartbeat", None, 60,
+     "AMQP 0.9.1: heartbeat interval in seconds the broker proposes (the client's "
+     "tune-ok decides; 0 = none); a client silent for two intervals is dropped.",
+     _positive(int, "amqp091-heartbeat")],
+    ["amqp091-max-unacked", None, 10000,
+     "AMQP 0.9.1: most unacknowledged deliveries on one channel whatever its "
+     "prefetch (basic.qos 0 means no prefetch bound); its consumers get no more "
+     "until acknowledgements come.", _positive(int, "amqp091-max-unacked")],
     ["share-strategy", None, "round-robin",
      "How a shared subscription ($share/<group>/<filter>) picks the member for each "
      "message: round-robin, random, sticky (one member while it is online) or "

@@ -107,6 +107,9 @@ class BrokerService(service.MultiService):
                                     growth_bytes=int(pack_growth_mb * 1e6))
         self.listeners: list[ListenerService] = []
         self.amqp_factory: Any = None
+        self.amqp091_factory: Any = None      # AMQP 0.9.1 on the AMQP port (amqp091)
+        self.amqp091_settings: Any = None     # --amqp091-* options (None: defaults)
+        self._amqp_port: Any = None
         self.mqtt_ws_factory: Any = None
         self.web_site: Any = None
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
@@ -124,7 +127,15 @@ class BrokerService(service.MultiService):
         if self.amqp_factory is None:
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, idle_timeout)
             self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
-        return self.add_listener("AMQP", description, self.amqp_factory)
+            from mqttamqp.amqp091.connection import AMQP091Factory
+            from mqttamqp.amqp091.sniff import SharedPortFactory
+
+            self.amqp091_factory = AMQP091Factory(self.broker, self.reactor,
+                                                  self.amqp091_settings)
+            self.amqp091_factory.cert_as_user = self.amqp_factory.cert_as_user
+            self._amqp_port = SharedPortFactory(self.amqp_factory, self.amqp091_factory,
+                                                self.reactor, self.broker.limits.connect_timeout)
+        return self.add_listener("AMQP", description, self._amqp_port)
 
     def add_mqtt_ws_listener(self, description: str,
                              allowed_origins: Sequence[str] = ()) -> ListenerService:
@@ -320,6 +331,8 @@ class BrokerService(service.MultiService):
         if self.amqp_factory is not None:
             for amqp_conn in list(self.amqp_factory.connections):
                 amqp_conn.transport.abortConnection()
+            for amqp091_conn in list(self.amqp091_factory.connections):
+                amqp091_conn.transport.abortConnection()
         self.store.close()
         if self.archive is not None:
             # The aborted connections end on the next reactor turn; let them, so
@@ -433,6 +446,11 @@ def makeService(options: Options) -> BrokerService:
         svc.report_job.set_command(shlex.split(options["report-command"]))
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
+    from mqttamqp.amqp091.handshake import Settings
+
+    svc.amqp091_settings = Settings(
+        options["amqp091-channel-max"], max(4096, options["amqp091-frame-max"]),
+        options["amqp091-heartbeat"], max(1, options["amqp091-max-unacked"]))
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["amqp-idle-timeout"])
     svc.ops.configure(options)

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "mqtt5": "MQTT 5",
-                   "amqp": "AMQP 1.0"}
+                   "amqp": "AMQP 1.0", "amqp0-9-1": "AMQP 0.9.1"}
 PAGE_SIZES = (25, 50, 100, 200)
 
 T = TypeVar("T")

@@ -22,8 +22,8 @@ DELIVER_SAMPLE_MASK = 1023
 
 def protocol_family(protocol: str) -> str:
     """A protocol as metrics label it: ``mqtt`` (3.1, 3.1.1, 5, and an offline
-    session's ""), ``amqp``, ``console`` (the live tail)."""
-    return protocol if protocol in ("amqp", "console") else "mqtt"
+    session's ""), ``amqp``, ``amqp0-9-1``, ``console`` (the live tail)."""
+    return protocol if protocol in ("amqp", "amqp0-9-1", "console") else "mqtt"
 
 
 @dataclass

@@ -150,7 +150,7 @@ def snapshot(broker: Broker) -> list[Family]:
                      - stats.wills_published)
     families = [
         Family("mqttamqp_connections", GAUGE, "Live client connections.", "", "protocol",
-               _by([("mqtt", 0), ("amqp", 0)]
+               _by([("mqtt", 0), ("amqp", 0), ("amqp0-9-1", 0)]
                    + [(protocol_family(p), n) for p, n in c.by_protocol.items()])),
         Family("mqttamqp_sessions", GAUGE, "Sessions by client id, online (a connection "
                "holds it) or offline (persistent, waiting for its client).", "", "state",

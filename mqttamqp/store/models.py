@@ -36,6 +36,7 @@ Root layout (``SCHEMA_VERSION`` 1)::
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
+                    + (MQTT 5 properties or None) + (AMQP 0.9.1 basic properties)
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id)
     ban record:     (kind, value, until or None, reason, created, by)
@@ -224,16 +225,20 @@ def message_to_record(m: Message, native: bool = True) -> MessageRecord:
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
     keep_native = native and m.native is not None
-    if not keep_native and m.props is None:
+    if not keep_native and m.props is None and m.amqp091 is None:
         return record
     # A message from an AMQP sender also keeps its AMQP form (a retained message is
     # sent to AMQP receivers as it was sent, after a restart too).
     record = (*record, _bytes(m.native) if keep_native and m.native is not None else None,
               bool(m.amqp_only) if keep_native else False)
-    if m.props is None:
-        return record
-    # MQTT 5 properties ride as a tenth field (older records have 7 or 9).
-    return (*record, _props_to_record(m.props))
+    props = None if m.props is None else _props_to_record(m.props)
+    if m.amqp091 is None:
+        if props is None:
+            return record
+        # MQTT 5 properties ride as a tenth field (older records have 7 or 9).
+        return (*record, props)
+    # An AMQP 0.9.1 publisher's basic properties as sent: an eleventh.
+    return (*record, props, _bytes(m.amqp091))
 
 
 def record_to_message(r: Any) -> Message:
@@ -244,9 +249,14 @@ def record_to_message(r: Any) -> Message:
         topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
         return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
                        amqp_only)
-    topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
+    if len(r) == 10:
+        topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
+        return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
+                       amqp_only, _record_to_props(props))
+    (topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props,
+     amqp091) = r
     return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only,
-                   _record_to_props(props))
+                   None if props is None else _record_to_props(props), amqp091)
 
 
 def will_to_record(w: WillMessage) -> WillRecord:
