@@ -10,8 +10,8 @@ and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferr
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
-``connection.close``) in the connection.  ``basic.get`` is a hidden member of
-the queue's group given room for one message.
+``connection.close``) in the connection.  ``basic.get`` hands the next message
+to the channel's own session, in no consumer group (``Exchanges.get``).
 
 What it must not do: parse frames (``frames``), hold routing or queue rules, or
 write to the socket (the connection does).
