@@ -55,7 +55,7 @@ class Channel:
     def __init__(self, connection: ChannelHost, number: int) -> None:
         self.connection = connection
         self.number = number
-        self.closing = False           # channel.close sent, waiting for close-ok
+        self.closing = False           # ended: nothing more is sent on it
         self.flow_active = True
         self.consumers: dict[str, QueueConsumer] = {}
         # delivery tag -> (consumer, packet id of its session); insertion order is
@@ -375,6 +375,7 @@ class Channel:
         """The channel is gone (close, close-ok, the connection's end): its
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
+        self.closing = True    # (a commit firing later answers nothing on it)
         for member in list(self.consumers.values()):
             self._cancel(member)
         if self.getter is not None:
