@@ -183,7 +183,7 @@ PARAMETERS: list[list[Any]] = [
      "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
     ["max-connections", None, _D.max_connections,
      "Refuse sockets beyond this many live connections, counted per protocol "
-     "(MQTT and AMQP each).",
+     "(MQTT and AMQP each; AMQP 1.0 and 0.9.1 together).",
      _positive(int, "max-connections")],
     ["max-packet-size", None, _D.max_packet_size,
      "Largest MQTT packet accepted, in bytes; larger ones close the connection.",

@@ -133,6 +133,9 @@ class BrokerService(service.MultiService):
             self.amqp091_factory = AMQP091Factory(self.broker, self.reactor,
                                                   self.amqp091_settings)
             self.amqp091_factory.cert_as_user = self.amqp_factory.cert_as_user
+            # (--max-connections counts AMQP 1.0 and 0.9.1 together: one port)
+            self.amqp091_factory.port_sharers = self.amqp_factory.connections
+            self.amqp_factory.port_sharers = self.amqp091_factory.connections
             self._amqp_port = SharedPortFactory(self.amqp_factory, self.amqp091_factory,
                                                 self.reactor, self.broker.limits.connect_timeout)
         return self.add_listener("AMQP", description, self._amqp_port)

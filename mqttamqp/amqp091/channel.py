@@ -10,8 +10,8 @@ and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferr
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
-``connection.close``) in the connection.  ``basic.get`` is a hidden member of
-the queue's group given room for one message.
+``connection.close``) in the connection.  ``basic.get`` hands the next message
+to the channel's own session, in no consumer group (``Exchanges.get``).
 
 What it must not do: parse frames (``frames``), hold routing or queue rules, or
 write to the socket (the connection does).
@@ -55,7 +55,7 @@ class Channel:
     def __init__(self, connection: ChannelHost, number: int) -> None:
         self.connection = connection
         self.number = number
-        self.closing = False           # channel.close sent, waiting for close-ok
+        self.closing = False           # ended: nothing more is sent on it
         self.flow_active = True
         self.consumers: dict[str, QueueConsumer] = {}
         # delivery tag -> (consumer, packet id of its session); insertion order is
@@ -375,6 +375,7 @@ class Channel:
         """The channel is gone (close, close-ok, the connection's end): its
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
+        self.closing = True    # (a commit firing later answers nothing on it)
         for member in list(self.consumers.values()):
             self._cancel(member)
         if self.getter is not None:

@@ -22,6 +22,7 @@ What it must not do: carry out a channel's methods (``channel``), decode frames
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sized
 from typing import Any
 
 from pamqp import commands
@@ -118,7 +119,8 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
-        if not self.broker.gate.admit("AMQP", self.peer, len(self.factory.connections)):
+        if not self.broker.gate.admit("AMQP", self.peer, len(self.factory.connections)
+                                      + len(self.factory.port_sharers)):
             self.state = State.CLOSED
             self.transport.abortConnection()
             return
@@ -441,6 +443,8 @@ class AMQP091Factory(Factory):
         # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
         self.exclusive: dict[str, Any] = {}
         self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
+        # The AMQP 1.0 connections on the same port: --max-connections counts both.
+        self.port_sharers: Sized = ()
         self.noisy = False
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:

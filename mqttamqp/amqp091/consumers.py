@@ -6,7 +6,8 @@ filter and default group, then ``start_topic_receiver``), the consumer's prefetc
 as the credit the queue sees (``congested`` while the consumer, or its channel
 under a global prefetch, holds as many unacknowledged deliveries as allowed, or
 the socket's buffer is full), and leaving (``cancel``; ``close`` when the broker
-ends it, e.g. its queue was deleted).
+ends it; ``queue_gone`` when a 0.9.1 client deleted its queue).  ``basic.get``'s
+session of a channel is one too (``getter``: in no group, ``open_alone``).
 
 What it must not do: encode frames or pick delivery tags (the channel does), or
 hold queue rules (``core.queues``).
