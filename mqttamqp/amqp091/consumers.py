@@ -88,7 +88,8 @@ class QueueConsumer:
         return 0
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool) -> None:
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        # (``subscription_ids``: MQTT 5's, no 0.9.1 field carries them)
         if self.closed:
             return
         if packet_id is not None:
