@@ -6,7 +6,7 @@ filter and default group, then ``start_topic_receiver``), the consumer's prefetc
 as the credit the queue sees (``congested`` while the consumer, or its channel
 under a global prefetch, holds as many unacknowledged deliveries as allowed, or
 the socket's buffer is full), and leaving (``cancel``; ``close`` when the broker
-ends it; ``queue_gone`` when a 0.9.1 client deleted its queue).  ``basic.get``'s
+ends it; ``queue_gone`` when its queue was deleted).  ``basic.get``'s
 session of a channel is one too (``getter``: in no group, ``open_alone``).
 
 What it must not do: encode frames or pick delivery tags (the channel does), or
@@ -110,7 +110,8 @@ class QueueConsumer:
         self.channel.cancelled_by_broker(self)
 
     def queue_gone(self) -> None:
-        """Its queue was deleted (``queue.delete`` on any 0.9.1 connection)."""
+        """Its queue was deleted (the console, ``queue.delete``, an auto-delete or
+        exclusive queue's end: the queue manager's ``deleted_hooks``)."""
         if self.closed:
             return
         self.cancel()

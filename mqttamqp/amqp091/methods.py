@@ -74,7 +74,6 @@ def queue_purge(ch: MethodHost, m: Any) -> None:
 def queue_delete(ch: MethodHost, m: Any) -> None:
     count, d = ch.exchanges.delete_queue(m.queue, ch.connection.key, m.if_unused,
                                          m.if_empty)
-    ch.connection.factory.queue_deleted(m.queue)
     ch.answer(None if m.nowait else Q.DeleteOk(count), d)
 
 
