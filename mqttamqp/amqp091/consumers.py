@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqttamqp.amqp091.hosts import ConsumerHost
+from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.sessions.session import Session
@@ -47,10 +48,12 @@ class QueueConsumer:
         self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
                     f"{channel.connection.key}:{channel.number}:get")
 
-    def join(self, topic_filter: str, consumer: Consumer) -> bool:
+    def join(self, topic_filter: str, consumer: Consumer, identity: Identity | None = None
+             ) -> bool:
+        """Join the queue's group (as ``identity``: the connection's by default)."""
         broker = self.channel.connection.broker
         session = broker.add_topic_receiver(
-            self.key, topic_filter, self.channel.connection.identity,
+            self.key, topic_filter, identity or self.channel.connection.identity,
             0 if self.no_ack else 1, consumer=consumer)
         if session is None:
             return False
