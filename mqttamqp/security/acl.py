@@ -235,13 +235,14 @@ def _substitute(flt: str, identity: Identity) -> str | None:
 class _Grants:
     """One identity's rules, compiled, with a bounded verdict cache per kind."""
 
-    __slots__ = ("read", "resources", "verdicts", "write")
+    __slots__ = ("read", "resource_verdicts", "resources", "verdicts", "write")
 
     def __init__(self, rules: list[Rule], identity: Identity) -> None:
         self.read: list[list[str]] = []
         self.write: list[list[str]] = []
         # (kind, access bit) -> name patterns: the queue and exchange lines
         self.resources: dict[tuple[str, int], list[re.Pattern[str]]] = {}
+        self.resource_verdicts: dict[tuple[str, int, str], bool] = {}   # (bounded)
         for rule in rules:
             if rule.kind != "topic":
                 self._resource(rule, identity)
@@ -271,7 +272,18 @@ class _Grants:
                 self.resources.setdefault((rule.kind, bit), []).append(pattern)
 
     def allows_resource(self, kind: str, access: int, name: str) -> bool:
-        return any(p.fullmatch(name) for p in self.resources.get((kind, access), ()))
+        patterns = self.resources.get((kind, access))
+        if not patterns:
+            return False
+        cache = self.resource_verdicts
+        key = (kind, access, name)
+        verdict = cache.get(key)
+        if verdict is None:
+            verdict = any(p.fullmatch(name) for p in patterns)
+            if len(cache) >= _TOPIC_CACHE_MAX:
+                cache.clear()
+            cache[key] = verdict
+        return verdict
 
     def allows(self, kind: int, topic: str) -> bool:
         cache = self.verdicts[kind - 1]
