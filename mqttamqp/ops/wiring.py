@@ -68,7 +68,8 @@ class OpsWiring:
             svc = self.service
             self._readiness = Readiness(
                 svc.broker, lambda: svc.store.opened is not None, lambda: svc.listeners,
-                WriteProbe(svc.reactor, svc.data_dir))
+                WriteProbe(svc.reactor, svc.data_dir),
+                (lambda: svc.ha.role) if svc.ha is not None else None)
         return self._readiness
 
     def site(self) -> Site:

@@ -52,6 +52,7 @@ from mqttamqp.core.persistence import (
 from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
+from mqttamqp.store.fencing import Fenced, check, claim
 from mqttamqp.store.models import (
     init_root,
     queue_to_record,
@@ -161,6 +162,11 @@ class ZODBStore:
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
+        # --ha: the leader epoch every commit checks (None: no fencing), and what is
+        # called (on the reactor thread) once a commit finds another leader's epoch.
+        self.epoch: int | None = None
+        self.on_fenced: Callable[[str], None] | None = None
+        self.fenced = ""   # why commits stopped ("" while they go on)
 
         # Counters: written by the writer/pack threads, read by stats().
         self._pending_ops = 0
@@ -257,6 +263,27 @@ class ZODBStore:
             thread.start()
         return d
 
+    def claim_epoch(self) -> int:
+        """Become the leader of this storage (``fencing.claim``): commit the next
+        epoch and check it in every commit from now on.  Before ``load()``."""
+        self.epoch = claim(self._db, self._commit_attempts)
+        return self.epoch
+
+    def fence(self, reason: str) -> None:
+        """Stop committing at once (the leadership is lost): every submit queued or
+        to come fails with ``StoreClosedError``; a commit under way finishes (what it
+        commits precedes the new leader's epoch, so the new leader has it)."""
+        with self._cond:
+            if not self.fenced:
+                self.fenced = reason
+            self._accepting = False
+            leftover = list(self._pending)
+            self._pending.clear()
+            self._pending_ops = 0
+        if leftover:
+            err = Failure(StoreClosedError(f"not committed: {reason}"))
+            self._complete([(d, err) for _, d in leftover])
+
     def close(self) -> None:
         """Stop accepting, commit what was submitted, fire its Deferreds, close.
 
@@ -305,6 +332,8 @@ class ZODBStore:
             "packing": bool(self._pack_threads),
             "queue_reads": self._queue_reader.reads_done,
             "closed": self._closed,
+            "epoch": self.epoch,               # --ha: this leader's epoch
+            "fenced": self.fenced,
         }
 
     # -- internals ---------------------------------------------------------------
@@ -383,6 +412,8 @@ class ZODBStore:
         try:
             for attempt in tm.attempts(self._commit_attempts):
                 with attempt:
+                    if self.epoch is not None:
+                        check(conn, self.epoch)
                     trees = Trees(conn.root())
                     for ops, _ in group:
                         trees.deleted.clear()
@@ -390,9 +421,11 @@ class ZODBStore:
                             if skip and id(op) in skip:
                                 continue
                             HANDLERS[type(op)](trees, op)
-        except Exception:  # any failure errbacks the whole commit
+        except Exception as e:  # any failure errbacks the whole commit
             failure = Failure()
             _abort_if_open(tm)
+            if isinstance(e, Fenced):
+                self._fenced_by(str(e))
             # Debug only: the core logs one line per failing spell (CommitBatcher),
             # not a traceback per commit while the disk is full.
             _log.failure(
@@ -411,6 +444,14 @@ class ZODBStore:
         else:
             self._failed_commits += 1
         self._complete([(d, failure) for _, d in group])
+
+    def _fenced_by(self, reason: str) -> None:
+        """On the writer thread: another leader's epoch; nothing more commits."""
+        first = not self.fenced
+        self.fence(reason)
+        callback = self.on_fenced
+        if first and callback is not None:
+            self._reactor.callFromThread(callback, reason)
 
     def _pack_thread(self, d: Deferred[None], days: float) -> None:
         failure: Failure | None = None

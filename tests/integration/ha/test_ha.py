@@ -1,0 +1,227 @@
+"""Active/standby on PostgreSQL (``--ha``), with real brokers as processes.
+
+Two brokers on one throw-away database: the second is the standby (its MQTT port
+refuses, ``/readyz`` says 503 ``standby``); after ``kill -9`` of the leader the
+standby takes over with the persistent sessions, their queued messages and the
+retained messages; after ``pg_terminate_backend`` of the leader's connections while a
+client publishes at QoS 1, the old leader stops and every PUBACKed message is on the
+new one.  Every wait is on a log line, a socket or a paho event, with a time-out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from brokerproc import BrokerProcess
+from pahoclient import PahoClient
+
+pytestmark = pytest.mark.timeout(90)
+
+TAKEOVER = 30.0   # generous: two shared cores
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _readyz(port: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _refused(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:port (connection refused)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+Start = Callable[..., BrokerProcess]
+
+
+@pytest.fixture
+def database(postgres_cluster: Any) -> str:
+    return str(postgres_cluster.create_database())
+
+
+@pytest.fixture
+def ha_broker(tmp_path: Any, database: str) -> Iterator[Start]:
+    """``ha_broker(leader=True)``: a broker with ``--ha`` on the test's database, its
+    MQTT listener on a port chosen here (so a standby's closed port can be tried)."""
+    started: list[BrokerProcess] = []
+
+    def start(leader: bool = True, *extra: str) -> BrokerProcess:
+        port = _free_port()
+        proc = BrokerProcess(
+            os.path.join(str(tmp_path), f"data{len(started)}"), "--storage", database,
+            "--ha", "--ha-poll", "0.2", "--ha-watch", "0.2", "--no-archive",
+            "--will-grace", "0", "--max-queued-messages", "60000", *extra, listeners=("--mqtt", "--metrics"),
+            descriptions={"--mqtt": f"tcp:{port}:interface=127.0.0.1"})
+        started.append(proc)
+        proc.start(timeout=TAKEOVER, expect=None if leader else ("--metrics",))
+        if not leader:
+            proc.wait_for_line(r"standby: waiting for the serving lock", TAKEOVER)
+        proc.ports.setdefault("MQTT", port)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) -> None:
+    """A second --ha broker waits as standby (MQTT refused, /readyz 503 standby); after
+    kill -9 of the leader it serves the persistent session, its queued messages and
+    subscriptions, and the retained messages."""
+    leader = ha_broker()
+    standby = ha_broker(leader=False)
+    code, body = _readyz(standby.ports["METRICS"])
+    assert (code, body["status"]) == (503, "standby"), body
+    assert not body["checks"]["role"]["ok"]
+    assert _refused(standby.mqtt_port)
+    code, body = _readyz(leader.ports["METRICS"])
+    assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
+
+    sub_id = uid("sub")
+    sub = PahoClient(leader.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    assert sub.subscribe(("ha/t/#", 1)) == [1]
+    sub.disconnect()
+    pub = PahoClient(leader.mqtt_port, uid("pub"))
+    pub.publish("ha/retained", b"kept", 1, retain=True)
+    for i in range(5):
+        pub.publish("ha/t/x", b"m%d" % i, 1)   # PUBACKed: stored for the session
+    pub.stop()
+
+    leader.kill()
+    standby.wait_for_line(r"listening for MQTT", TAKEOVER)
+    line = standby.wait_for_line(r"took over as leader", 10)
+    assert "epoch 2" in line, line
+
+    back = PahoClient(standby.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    try:
+        assert back.session_present is True
+        got = [back.get() for _ in range(5)]
+        assert [m.payload for m in got] == [b"m%d" % i for i in range(5)]
+        pub = PahoClient(standby.mqtt_port, uid("pub"))
+        pub.publish("ha/t/y", b"after", 1)   # the subscription came along
+        assert back.get().payload == b"after"
+        pub.stop()
+    finally:
+        back.stop()
+    fresh = PahoClient(standby.mqtt_port, uid("fresh"))
+    try:
+        fresh.subscribe(("ha/retained", 1))
+        msg = fresh.get()
+        assert (msg.payload, msg.retain) == (b"kept", True)
+    finally:
+        fresh.stop()
+    code, body = _readyz(standby.ports["METRICS"])
+    assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
+
+
+class _Publisher:
+    """Publishes QoS 1 to one broker on paho's thread, keeping what was PUBACKed,
+    until its connection goes (it does not reconnect)."""
+
+    def __init__(self, port: int, topic: str) -> None:
+        self.acked: list[bytes] = []
+        self.sent: dict[int, bytes] = {}
+        self.lock = threading.Lock()
+        self.enough = threading.Event()
+        self.gone = threading.Event()
+        self.topic = topic
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=uid("qos1"),
+                             reconnect_on_failure=False)
+        self.c.max_inflight_messages_set(20)
+        self.c.on_publish = self._on_publish
+        self.c.on_disconnect = lambda *a: self.gone.set()
+        self.c.connect("127.0.0.1", port)
+        self.c.loop_start()
+        self.n = 0
+        for _ in range(20):
+            self._next()
+
+    def _next(self) -> None:
+        payload = b"p%06d" % self.n
+        self.n += 1
+        info = self.c.publish(self.topic, payload, 1)
+        if info.rc == mqtt.MQTT_ERR_SUCCESS:
+            with self.lock:
+                self.sent[info.mid] = payload
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any,
+                    props: Any) -> None:
+        with self.lock:
+            payload = self.sent.pop(mid, None)
+            if payload is not None:
+                self.acked.append(payload)
+            if len(self.acked) >= 200:
+                self.enough.set()
+        if not self.gone.is_set() and self.n < 50_000:   # (bounded)
+            self._next()
+
+    def stop(self) -> list[bytes]:
+        self.c.loop_stop()
+        with self.lock:
+            return list(self.acked)
+
+
+def test_cutting_the_leaders_connections_fences_it_and_loses_nothing_acked(
+        ha_broker: Start, postgres_cluster: Any, database: str) -> None:
+    """pg_terminate_backend on every connection of the leader while a client publishes
+    QoS 1: the old leader stops (one line, its port closed), the standby takes over,
+    and every message the old leader PUBACKed is queued for the persistent session."""
+    leader = ha_broker()
+    standby = ha_broker(leader=False)
+    sub_id = uid("sub")
+    sub = PahoClient(leader.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    assert sub.subscribe(("cut/#", 1)) == [1]
+    sub.disconnect()
+
+    pub = _Publisher(leader.mqtt_port, "cut/x")
+    assert pub.enough.wait(30), "the leader acknowledged fewer than 200 messages"
+    # Every backend but psql's own: the leader's lock and storage connections (and
+    # the standby's lock connection, which reconnects at its next poll).
+    postgres_cluster.psql(database, "SELECT pg_terminate_backend(pid) FROM "
+                                    "pg_stat_activity WHERE datname = current_database() "
+                                    "AND pid <> pg_backend_pid()")
+    leader.wait_for_line(r"lost the leadership", TAKEOVER)
+    assert pub.gone.wait(TAKEOVER), "the old leader kept the publisher connected"
+    acked = pub.stop()
+    assert leader.proc is not None and leader.proc.wait(TAKEOVER) == 1
+    assert _refused(leader.mqtt_port)
+    standby.wait_for_line(r"took over as leader", TAKEOVER)
+
+    back = PahoClient(standby.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    try:
+        assert back.session_present is True
+        pending = set(acked)
+        received: set[bytes] = set()
+        while pending:
+            payload = back.get(timeout=15).payload
+            received.add(payload)
+            pending.discard(payload)
+        assert set(acked) <= received
+    finally:
+        back.stop()
