@@ -162,8 +162,8 @@ class ZODBStore:
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
-        # --ha: the leader epoch every commit checks (None: no fencing), and what is
-        # called (on the reactor thread) once a commit finds another leader's epoch.
+        # --ha: the leader epoch every commit checks (None: none), and what a commit
+        # that finds another leader's epoch calls (on the reactor thread).
         self.epoch: int | None = None
         self.on_fenced: Callable[[str], None] | None = None
         self.fenced = ""   # why commits stopped ("" while they go on)
@@ -264,18 +264,18 @@ class ZODBStore:
         return d
 
     def claim_epoch(self) -> int:
-        """Become the leader of this storage (``fencing.claim``): commit the next
-        epoch and check it in every commit from now on.  Before ``load()``."""
+        """--ha: commit the next leader epoch (``fencing.claim``), checked in every
+        commit from now on.  Before ``load()``."""
         self.epoch = claim(self._db, self._commit_attempts)
         return self.epoch
 
-    def fence(self, reason: str) -> None:
-        """Stop committing at once (the leadership is lost): every submit queued or
-        to come fails with ``StoreClosedError``; a commit under way finishes (what it
-        commits precedes the new leader's epoch, so the new leader has it)."""
+    def fence(self, reason: str, notify: bool = False) -> None:
+        """Stop committing at once (the leadership is lost): what is queued or comes
+        later fails (``StoreClosedError``); a commit under way finishes (what it
+        commits precedes the new leader's epoch, so the new leader has it).
+        ``notify``: call ``on_fenced(reason)`` on the reactor thread (the first time)."""
         with self._cond:
-            if not self.fenced:
-                self.fenced = reason
+            first, self.fenced = not self.fenced, self.fenced or reason
             self._accepting = False
             leftover = list(self._pending)
             self._pending.clear()
@@ -283,6 +283,8 @@ class ZODBStore:
         if leftover:
             err = Failure(StoreClosedError(f"not committed: {reason}"))
             self._complete([(d, err) for _, d in leftover])
+        if first and notify and self.on_fenced is not None:
+            self._reactor.callFromThread(self.on_fenced, reason)
 
     def close(self) -> None:
         """Stop accepting, commit what was submitted, fire its Deferreds, close.
@@ -425,7 +427,7 @@ class ZODBStore:
             failure = Failure()
             _abort_if_open(tm)
             if isinstance(e, Fenced):
-                self._fenced_by(str(e))
+                self.fence(str(e), notify=True)
             # Debug only: the core logs one line per failing spell (CommitBatcher),
             # not a traceback per commit while the disk is full.
             _log.failure(
@@ -444,14 +446,6 @@ class ZODBStore:
         else:
             self._failed_commits += 1
         self._complete([(d, failure) for _, d in group])
-
-    def _fenced_by(self, reason: str) -> None:
-        """On the writer thread: another leader's epoch; nothing more commits."""
-        first = not self.fenced
-        self.fence(reason)
-        callback = self.on_fenced
-        if first and callback is not None:
-            self._reactor.callFromThread(callback, reason)
 
     def _pack_thread(self, d: Deferred[None], days: float) -> None:
         failure: Failure | None = None

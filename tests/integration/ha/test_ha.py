@@ -72,7 +72,8 @@ def ha_broker(tmp_path: Any, database: str) -> Iterator[Start]:
         proc = BrokerProcess(
             os.path.join(str(tmp_path), f"data{len(started)}"), "--storage", database,
             "--ha", "--ha-poll", "0.2", "--ha-watch", "0.2", "--no-archive",
-            "--will-grace", "0", "--max-queued-messages", "60000", *extra, listeners=("--mqtt", "--metrics"),
+            "--will-grace", "0", "--max-queued-messages", "60000", *extra,
+            listeners=("--mqtt", "--metrics"),
             descriptions={"--mqtt": f"tcp:{port}:interface=127.0.0.1"})
         started.append(proc)
         proc.start(timeout=TAKEOVER, expect=None if leader else ("--metrics",))
@@ -84,6 +85,8 @@ def ha_broker(tmp_path: Any, database: str) -> Iterator[Start]:
     yield start
     for proc in started:
         proc.stop()
+        if os.environ.get("HA_DUMP"):
+            print(proc.output())
 
 
 def uid(prefix: str) -> str:
