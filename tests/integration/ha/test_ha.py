@@ -25,6 +25,8 @@ import pytest
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
 
+from mqttamqp.store.engines import SERVING_LOCK_KEY
+
 pytestmark = pytest.mark.timeout(90)
 
 TAKEOVER = 30.0   # generous: two shared cores
@@ -67,11 +69,11 @@ def ha_broker(tmp_path: Any, database: str) -> Iterator[Start]:
     MQTT listener on a port chosen here (so a standby's closed port can be tried)."""
     started: list[BrokerProcess] = []
 
-    def start(leader: bool = True, *extra: str) -> BrokerProcess:
+    def start(leader: bool = True, *extra: str, watch: str = "0.2") -> BrokerProcess:
         port = _free_port()
         proc = BrokerProcess(
             os.path.join(str(tmp_path), f"data{len(started)}"), "--storage", database,
-            "--ha", "--ha-poll", "0.2", "--ha-watch", "0.2", "--no-archive",
+            "--ha", "--ha-poll", "0.2", "--ha-watch", watch, "--no-archive",
             "--will-grace", "0", "--max-queued-messages", "60000", *extra,
             listeners=("--mqtt", "--metrics"),
             descriptions={"--mqtt": f"tcp:{port}:interface=127.0.0.1"})
@@ -226,5 +228,44 @@ def test_cutting_the_leaders_connections_fences_it_and_loses_nothing_acked(
             received.add(payload)
             pending.discard(payload)
         assert set(acked) <= received
+    finally:
+        back.stop()
+
+
+def test_a_leader_that_missed_its_lock_loss_is_fenced_by_the_epoch(
+        ha_broker: Start, postgres_cluster: Any, database: str) -> None:
+    """Only the leader's lock connection is cut, and it checks it too rarely to notice
+    (--ha-watch 600): the standby takes over and claims epoch 2, and the old leader's
+    next commit fails on the epoch, so it stops (saying so) without acknowledging;
+    everything it PUBACKed is on the new leader."""
+    leader = ha_broker(watch="600")
+    standby = ha_broker(leader=False)
+    sub_id = uid("sub")
+    sub = PahoClient(leader.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    assert sub.subscribe(("fence/#", 1)) == [1]
+    sub.disconnect()
+
+    pub = _Publisher(leader.mqtt_port, "fence/x")
+    assert pub.enough.wait(30), "the leader acknowledged fewer than 200 messages"
+    # The backend holding the serving lock: the leader's lock connection, only.
+    out = postgres_cluster.psql(database, (
+        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE l.locktype = 'advisory' "
+        "AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database()) AND (l.classid::bigint << 32 | "
+        f"l.objid::bigint) = {SERVING_LOCK_KEY & 0xFFFFFFFFFFFFFFFF}"))
+    assert out.strip() == "t", out
+    standby.wait_for_line(r"took over as leader", TAKEOVER)
+    line = leader.wait_for_line(r"lost the leadership", TAKEOVER)
+    assert "another broker took over the storage (epoch 2" in line, line
+    assert pub.gone.wait(TAKEOVER), "the old leader kept the publisher connected"
+    acked = pub.stop()
+    assert leader.proc is not None and leader.proc.wait(TAKEOVER) == 1
+
+    back = PahoClient(standby.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
+    try:
+        assert back.session_present is True
+        pending = set(acked)
+        while pending:
+            pending.discard(back.get(timeout=15).payload)
     finally:
         back.stop()
