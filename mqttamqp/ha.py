@@ -103,9 +103,11 @@ class LeaderLock:
 
         if self._conn is None:
             self._conn = self._connect()
+        started = time.monotonic()
         with self._conn.cursor() as cur:
             cur.execute("SELECT pg_try_advisory_lock(%s)", (SERVING_LOCK_KEY,))
             row = cur.fetchone()
+        self.latency = time.monotonic() - started
         self.polls += 1
         return bool(row and row[0])
 
@@ -189,9 +191,15 @@ class HighAvailability:
         """At shutdown: end the lock's thread (the store's close frees the lock)."""
         self.lock._stop.set()
 
-    @property
-    def latency(self) -> float | None:
-        return self.lock.latency
+    def figures(self) -> dict[str, Any]:
+        """For the console and the metrics: the role, this broker's epoch, since when
+        it leads (wall clock, 0 while it does not), the last takeover's duration and
+        the database's latency (the last lock poll or watch, seconds)."""
+        return {"role": self.role, "epoch": self.epoch(), "leader_since": self.leader_since,
+                "standby_since": self.standby_since,
+                "last_takeover_seconds": self.last_takeover_seconds,
+                "database_latency_seconds": self.lock.latency,
+                "lost_reason": self.lost_reason}
 
     def _acquired(self) -> None:
         if self.role != "standby":

@@ -222,6 +222,7 @@ class BrokerService(service.MultiService):
         critical line, and the process ends (another standby may take over)."""
         try:
             self._open_store(lock)
+            self.broker.stats.ha_role = "leader"   # (the epoch is ours: $SYS says so)
             self.store.opened.on_fenced = self.ha.lost
             self.ha.epoch = lambda: self.store.opened.epoch
             self._bind_listeners(lambda x: x.kind not in _STANDBY_LISTENERS)
@@ -230,7 +231,6 @@ class BrokerService(service.MultiService):
             self._undo_start()
             self._fail_running(f"{e}; cannot take over")
             return
-        self.broker.stats.ha_role = "leader"
 
     def _stop_serving(self, reason: str) -> None:
         """--ha, the leadership lost: no commit from now on (nothing more is

@@ -60,6 +60,10 @@ class OpsWiring:
             self._registry = broker_registry(self.service.broker)
             self.lag = ReactorLag(self.service.reactor)
             self._registry.register(self.lag)
+            if self.service.ha is not None:
+                from mqttamqp.ops.metrics import HACollector
+
+                self._registry.register(HACollector(self.service.ha.figures))
         return self._registry
 
     @property

@@ -46,6 +46,11 @@ def _readyz(port: int) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read())
 
 
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
 def _refused(port: int) -> bool:
     """True when nothing listens on 127.0.0.1:port (connection refused)."""
     try:
@@ -105,6 +110,7 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
     assert (code, body["status"]) == (503, "standby"), body
     assert not body["checks"]["role"]["ok"]
     assert _refused(standby.mqtt_port)
+    assert 'mqttamqp_ha_role{role="standby"} 1.0' in _metrics(standby.ports["METRICS"])
     code, body = _readyz(leader.ports["METRICS"])
     assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
 
@@ -139,10 +145,15 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
         fresh.subscribe(("ha/retained", 1))
         msg = fresh.get()
         assert (msg.payload, msg.retain) == (b"kept", True)
+        fresh.subscribe(("$SYS/broker/ha/role", 0))
+        assert fresh.get().payload == b"leader"
     finally:
         fresh.stop()
     code, body = _readyz(standby.ports["METRICS"])
     assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
+    metrics = _metrics(standby.ports["METRICS"])
+    assert 'mqttamqp_ha_role{role="leader"} 1.0' in metrics
+    assert "mqttamqp_ha_epoch 2.0" in metrics
 
 
 class _Publisher:
