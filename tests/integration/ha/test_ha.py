@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -30,6 +33,7 @@ from mqttamqp.store.engines import SERVING_LOCK_KEY
 pytestmark = pytest.mark.timeout(90)
 
 TAKEOVER = 30.0   # generous: two shared cores
+CHECK_LEADER = Path(__file__).resolve().parents[3] / "contrib" / "keepalived" / "check-leader"
 
 
 def _free_port() -> int:
@@ -49,6 +53,14 @@ def _readyz(port: int) -> tuple[int, dict[str, Any]]:
 def _metrics(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return str(r.read().decode())
+
+
+def _check_leader(broker: BrokerProcess) -> int:
+    """The exit status of contrib/keepalived/check-leader against ``broker``."""
+    out = subprocess.run([sys.executable, str(CHECK_LEADER),
+                          f"http://127.0.0.1:{broker.ports['METRICS']}/readyz"],
+                         capture_output=True, timeout=30)
+    return out.returncode
 
 
 def _refused(port: int) -> bool:
@@ -111,6 +123,7 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
     assert not body["checks"]["role"]["ok"]
     assert _refused(standby.mqtt_port)
     assert 'mqttamqp_ha_role{role="standby"} 1.0' in _metrics(standby.ports["METRICS"])
+    assert _check_leader(standby) == 1 and _check_leader(leader) == 0
     code, body = _readyz(leader.ports["METRICS"])
     assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
 
@@ -151,6 +164,7 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
         fresh.stop()
     code, body = _readyz(standby.ports["METRICS"])
     assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
+    assert _check_leader(standby) == 0   # keepalived would move the address here
     metrics = _metrics(standby.ports["METRICS"])
     assert 'mqttamqp_ha_role{role="leader"} 1.0' in metrics
     assert "mqttamqp_ha_epoch 2.0" in metrics
