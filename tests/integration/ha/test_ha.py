@@ -294,3 +294,92 @@ def test_a_leader_that_missed_its_lock_loss_is_fenced_by_the_epoch(
             pending.discard(back.get(timeout=15).payload)
     finally:
         back.stop()
+
+
+class _FailoverClient:
+    """A persistent-session paho client given both brokers' ports: when its
+    connection goes, or a connect fails, it tries the next one (paho reconnects)."""
+
+    def __init__(self, ports: list[int], client_id: str) -> None:
+        self.ports = ports
+        self.index = 0
+        self.connects: list[tuple[int, bool]] = []   # (port, session present)
+        self.cv = threading.Condition()
+        self.messages: list[bytes] = []
+        self.subacks = 0
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                             clean_session=False)
+        self.c.reconnect_delay_set(min_delay=1, max_delay=1)
+        self.c.on_connect = self._on_connect
+        self.c.on_disconnect = lambda *a: self._failed()
+        self.c.on_connect_fail = lambda *a: self._failed()
+        self.c.on_pre_connect = lambda *a: self._next()
+        self.rotate = False
+        self.c.on_message = self._on_message
+        self.c.on_subscribe = self._on_subscribe
+        self.c.connect("127.0.0.1", ports[0])
+        self.c.loop_start()
+
+    def _failed(self) -> None:
+        self.rotate = True
+
+    def _next(self) -> None:
+        """Before paho's (re)connect: the next address after a failure.  (paho 2's
+        ``port`` setter refuses while it reconnects, hence its attribute.)"""
+        if self.rotate:
+            self.rotate = False
+            self.index = (self.index + 1) % len(self.ports)
+            self.c._port = self.ports[self.index]
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any,
+                    props: Any) -> None:
+        with self.cv:
+            self.connects.append((self.ports[self.index], bool(flags.session_present)))
+            self.cv.notify_all()
+
+    def _on_subscribe(self, *args: Any) -> None:
+        with self.cv:
+            self.subacks += 1
+            self.cv.notify_all()
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        with self.cv:
+            self.messages.append(msg.payload)
+            self.cv.notify_all()
+
+    def wait(self, what: Callable[[], bool]) -> None:
+        with self.cv:
+            assert self.cv.wait_for(what, TAKEOVER), (self.connects, self.messages)
+
+    def stop(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def test_a_client_given_both_addresses_follows_the_leader(ha_broker: Start) -> None:
+    """A client that knows both brokers' addresses and tries the next one when its
+    connection goes ends up on the new leader after kill -9 of the old one, with its
+    persistent session (subscription and messages)."""
+    leader = ha_broker()
+    standby = ha_broker(leader=False)
+    client = _FailoverClient([leader.mqtt_port, standby.mqtt_port], uid("fo"))
+    try:
+        client.wait(lambda: len(client.connects) == 1)
+        rc, _ = client.c.subscribe("fo/#", 1)
+        assert rc == mqtt.MQTT_ERR_SUCCESS
+        client.wait(lambda: client.subacks == 1)
+        pub = PahoClient(leader.mqtt_port, uid("pub"))
+        pub.publish("fo/x", b"before", 1)
+        pub.stop()
+        client.wait(lambda: client.messages == [b"before"])
+
+        leader.kill()
+        standby.wait_for_line(r"took over as leader", TAKEOVER)
+        client.wait(lambda: client.connects[-1][0] == standby.mqtt_port)
+        assert client.connects[-1] == (standby.mqtt_port, True)
+        pub = PahoClient(standby.mqtt_port, uid("pub"))
+        pub.publish("fo/x", b"after", 1)
+        pub.stop()
+        client.wait(lambda: client.messages[-1:] == [b"after"])
+    finally:
+        client.stop()
