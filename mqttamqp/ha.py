@@ -67,6 +67,10 @@ class LeaderLock:
                                         daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        """End the thread at its next wake-up (``close`` also waits for it)."""
+        self._stop.set()
+
     def close(self) -> None:
         self._stop.set()
         thread = self._thread
@@ -189,7 +193,7 @@ class HighAvailability:
 
     def stop(self) -> None:
         """At shutdown: end the lock's thread (the store's close frees the lock)."""
-        self.lock._stop.set()
+        self.lock.stop()
 
     def figures(self) -> dict[str, Any]:
         """For the console and the metrics: the role, this broker's epoch, since when

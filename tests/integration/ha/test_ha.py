@@ -115,7 +115,8 @@ def uid(prefix: str) -> str:
 def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) -> None:
     """A second --ha broker waits as standby (MQTT refused, /readyz 503 standby); after
     kill -9 of the leader it serves the persistent session, its queued messages and
-    subscriptions, and the retained messages."""
+    subscriptions, the retained messages, and publishes the will of a client that was
+    connected to the old leader."""
     leader = ha_broker()
     standby = ha_broker(leader=False)
     code, body = _readyz(standby.ports["METRICS"])
@@ -136,8 +137,13 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
     for i in range(5):
         pub.publish("ha/t/x", b"m%d" % i, 1)   # PUBACKed: stored for the session
     pub.stop()
+    # Connected to the leader when it dies: its will is the new leader's to publish
+    # (after --will-grace, 0 here), queued for the session after the five.
+    victim = PahoClient(leader.mqtt_port, uid("victim"),
+                        will=("ha/t/will", b"gone", 1, False))
 
     leader.kill()
+    victim.stop()
     standby.wait_for_line(r"listening for MQTT", TAKEOVER)
     line = standby.wait_for_line(r"took over as leader", 10)
     assert "epoch 2" in line, line
@@ -145,8 +151,8 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
     back = PahoClient(standby.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
     try:
         assert back.session_present is True
-        got = [back.get() for _ in range(5)]
-        assert [m.payload for m in got] == [b"m%d" % i for i in range(5)]
+        got = [back.get() for _ in range(6)]
+        assert [m.payload for m in got] == [b"m%d" % i for i in range(5)] + [b"gone"]
         pub = PahoClient(standby.mqtt_port, uid("pub"))
         pub.publish("ha/t/y", b"after", 1)   # the subscription came along
         assert back.get().payload == b"after"
