@@ -236,6 +236,12 @@ class OpenAtStart:
         return self.opened.load()  # type: ignore[no-any-return]
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        if self.opened is None:   # (a --ha standby: the console may still try)
+            from twisted.internet.defer import fail
+
+            from mqttamqp.store import StoreClosedError
+
+            return fail(StoreClosedError("the store is not open (standby)"))
         return self.opened.submit(ops)  # type: ignore[no-any-return]
 
     def read_queue_messages(self, name: str, offsets: Sequence[int]
