@@ -54,3 +54,20 @@ def test_no_ha_card_without_ha(tmp_path: Any) -> None:
     client = _client(tmp_path, None)
     assert client.get("/api/overview").json()["ha"] is None
     assert "High availability" not in client.get("/").text
+
+
+def test_a_standby_console_is_read_only(tmp_path: Any) -> None:
+    """On the standby (its state not loaded) logging in works, changes are refused
+    with 503 and the reason, and nothing reaches the broker; logging out works."""
+    ha = _HA({"role": "standby", "epoch": None, "leader_since": 0.0,
+              "standby_since": 1_700_000_000.0, "last_takeover_seconds": None,
+              "database_latency_seconds": None, "lost_reason": ""})
+    client = _client(tmp_path, ha)
+    reply = client.post("/publish", topic="test/a", payload="hi", qos="1", retain="1")
+    assert reply.code == 503
+    assert "standby" in reply.text and "read-only" in reply.text
+    assert client.get("/api/overview").json()["retained"]["count"] == 0
+    ha.values["role"] = "leader"
+    assert client.post("/publish", topic="test/a", payload="hi", qos="1",
+                       retain="1").code == 303
+    assert client.post("/logout").code == 303
