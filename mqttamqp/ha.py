@@ -165,11 +165,12 @@ class HighAvailability:
     """The role of one broker under ``--ha``, and its moves between roles.
 
     ``serve(lock)`` (the service's) opens the storage with the lock taken, claims
-    the epoch, loads the state and opens the listeners; ``stop_serving(reason)``
+    the epoch, loads the state and opens the listeners (False: it could not, and
+    the process is ending); ``stop_serving(reason)``
     fences the store, closes the client listeners and ends the process."""
 
     def __init__(self, reactor: Any, dsn: str, display: str, poll_seconds: float,
-                 watch_seconds: float, serve: Callable[[LeaderLock], None],
+                 watch_seconds: float, serve: Callable[[LeaderLock], bool],
                  stop_serving: Callable[[str], None]) -> None:
         self.reactor = reactor
         self.display = display
@@ -210,7 +211,9 @@ class HighAvailability:
             return
         started = time.monotonic()
         waited = self.reactor.seconds() - self.standby_since
-        self._serve(self.lock)
+        if not self._serve(self.lock):
+            self.role = "fenced"     # (the service said why, and is stopping)
+            return
         self.last_takeover_seconds = time.monotonic() - started
         self.role = "leader"
         self.leader_since = self.reactor.seconds()

@@ -216,10 +216,11 @@ class BrokerService(service.MultiService):
             self._undo_start()
             raise
 
-    def _take_over(self, lock: Any) -> None:
+    def _take_over(self, lock: Any) -> bool:
         """--ha: the serving lock is ours; open the storage (claiming the epoch),
         load the state and open the client listeners.  What fails there is one
-        critical line, and the process ends (another standby may take over)."""
+        critical line, and the process ends (its lock with it: another standby may
+        take over).  True once serving."""
         try:
             self._open_store(lock)
             self.broker.stats.ha_role = "leader"   # (the epoch is ours: $SYS says so)
@@ -227,30 +228,38 @@ class BrokerService(service.MultiService):
             self.ha.epoch = lambda: self.store.opened.epoch
             self._bind_listeners(lambda x: x.kind not in _STANDBY_LISTENERS)
             self._start_serving()
-        except StartupError as e:
+        except Exception as e:
+            if not isinstance(e, StartupError):
+                self.log.failure("taking over failed", Failure())
+            self.broker.stats.ha_role = "fenced"
             self._undo_start()
+            lock.close()   # (if the store had not taken it yet)
             self._fail_running(f"{e}; cannot take over")
-            return
+            return False
+        return True
 
     def _stop_serving(self, reason: str) -> None:
         """--ha, the leadership lost: no commit from now on (nothing more is
         acknowledged), clients and client listeners closed, the process ends with
         status 1 (a supervisor restarts it: it comes back as the standby)."""
         self.broker.stats.ha_role = "fenced"
+        _exit_status_after_stop(1)
+        reactor: Any = self.reactor
+        reactor.callWhenRunning(reactor.stop)
         opened = self.store.opened
         if opened is not None:
             opened.fence(reason)
         for listener in self.listeners:
             if listener.kind not in _STANDBY_LISTENERS:
                 listener.close_now()
-        for conn in list(self.mqtt_factory.connections):
-            conn.transport.abortConnection()
+        connections = list(self.mqtt_factory.connections)
         if self.amqp_factory is not None:
-            for amqp_conn in list(self.amqp_factory.connections):
-                amqp_conn.transport.abortConnection()
-        _exit_status_after_stop(1)
-        reactor: Any = self.reactor
-        reactor.callWhenRunning(reactor.stop)
+            connections += list(self.amqp_factory.connections)
+        for conn in connections:
+            try:
+                conn.transport.abortConnection()
+            except Exception:   # (best effort: the process ends anyway)
+                self.log.failure("closing a client after the leadership was lost")
 
     def _fail_running(self, reason: str) -> None:
         self.log.critical("{reason}; stopping", reason=reason)

@@ -30,9 +30,10 @@ class _Log:
 
 
 def _ha(clock: Clock, served: list[LeaderLock], stopped: list[str]) -> HighAvailability:
-    def serve(lock: LeaderLock) -> None:
+    def serve(lock: LeaderLock) -> bool:
         clock.advance(0.25)            # (loading the state takes the reactor's time)
         served.append(lock)
+        return True
 
     ha = HighAvailability(clock, "dbname='x'", "postgresql://x", 0.5, 1.0, serve,
                           stopped.append)
@@ -76,3 +77,14 @@ def test_losing_the_lock_stops_serving_once() -> None:
     assert ha.figures()["role"] == "fenced"
     (line,) = log.events
     assert line["log_level"] == LogLevel.critical and line["s"] == 60.0
+
+
+def test_a_takeover_that_fails_logs_no_takeover() -> None:
+    """When serving fails (the service logged why and is stopping), the role is
+    fenced and no "took over" line is written."""
+    clock = Clock()
+    ha = HighAvailability(clock, "dbname='x'", "postgresql://x", 0.5, 1.0,
+                          lambda lock: False, lambda reason: None)
+    with _Log() as log:
+        ha.lock.on_acquired()
+    assert ha.figures()["role"] == "fenced" and not log.events
