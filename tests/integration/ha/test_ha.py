@@ -115,8 +115,8 @@ def uid(prefix: str) -> str:
 def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) -> None:
     """A second --ha broker waits as standby (MQTT refused, /readyz 503 standby); after
     kill -9 of the leader it serves the persistent session, its queued messages and
-    subscriptions, the retained messages, and publishes the will of a client that was
-    connected to the old leader."""
+    subscriptions, the retained messages and a durable queue's messages, and publishes
+    the will of a client that was connected to the old leader."""
     leader = ha_broker()
     standby = ha_broker(leader=False)
     code, body = _readyz(standby.ports["METRICS"])
@@ -132,10 +132,15 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
     sub = PahoClient(leader.mqtt_port, sub_id, mqtt.MQTTv311, clean=False)
     assert sub.subscribe(("ha/t/#", 1)) == [1]
     sub.disconnect()
+    worker = PahoClient(leader.mqtt_port, "worker-1")   # consumer group "worker"
+    assert worker.subscribe(("$queue/hajobs/#", 1)) == [1]
+    worker.disconnect()
     pub = PahoClient(leader.mqtt_port, uid("pub"))
     pub.publish("ha/retained", b"kept", 1, retain=True)
     for i in range(5):
         pub.publish("ha/t/x", b"m%d" % i, 1)   # PUBACKed: stored for the session
+    for i in range(3):
+        pub.publish("$queue/hajobs/eu", b"job%d" % i, 1)   # appended to the queue
     pub.stop()
     # Connected to the leader when it dies: its will is the new leader's to publish
     # (after --will-grace, 0 here), queued for the session after the five.
@@ -168,6 +173,12 @@ def test_second_broker_is_standby_and_takes_over_after_kill(ha_broker: Start) ->
         assert fresh.get().payload == b"leader"
     finally:
         fresh.stop()
+    worker = PahoClient(standby.mqtt_port, "worker-2")   # the same group, durable
+    try:
+        assert worker.subscribe(("$queue/hajobs/#", 1)) == [1]
+        assert sorted(worker.get().payload for _ in range(3)) == [b"job0", b"job1", b"job2"]
+    finally:
+        worker.stop()
     code, body = _readyz(standby.ports["METRICS"])
     assert body["checks"]["role"] == {"ok": True, "reason": "leader"}, body
     assert _check_leader(standby) == 0   # keepalived would move the address here
