@@ -6,6 +6,7 @@ standby takes over with the persistent sessions, their queued messages and the
 retained messages; after ``pg_terminate_backend`` of the leader's connections while a
 client publishes at QoS 1, the old leader stops and every PUBACKed message is on the
 new one.  Every wait is on a log line, a socket or a paho event, with a time-out.
+``HA_DUMP=1`` prints each broker's log at the end of a test (with ``-s``).
 """
 
 from __future__ import annotations
