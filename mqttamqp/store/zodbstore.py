@@ -49,6 +49,7 @@ from mqttamqp.core.persistence import (
     Op,
     Snapshot,
 )
+from mqttamqp.store import prefetch
 from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
@@ -202,11 +203,11 @@ class ZODBStore:
             try:
                 root = conn.root()
                 snapshot = Snapshot()
-                for topic, record in root["retained"].items():
+                for topic, record in prefetch.items(conn, root["retained"]):
                     snapshot.retained[topic] = record_to_message(record)
                 for owner, record in root["wills"].items():
                     snapshot.wills[owner] = record_to_will(record)
-                for client_id, session in root["sessions"].items():
+                for client_id, session in prefetch.sessions(conn, root["sessions"]):
                     snapshot.sessions[client_id] = session_to_record(session)
                 snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
                 queues = root["queues"]
