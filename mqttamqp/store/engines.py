@@ -41,7 +41,8 @@ FILENAME = "mqttamqp.fs"
 SCHEMES = ("file", "sqlite", "postgresql", "memory")
 
 # RelStorage defaults that differ from its own: no history (nothing to pack away
-# but garbage), and no local cache beyond ZODB's (the broker reads its state once).
+# but garbage), and no local cache beyond ZODB's (the broker reads its state once;
+# PostgreSQL gets 16 MB, where start-up's bulk reads wait: see _postgresql).
 _RELSTORAGE_DEFAULTS = {"keep_history": "false", "cache_local_mb": "0"}
 
 
