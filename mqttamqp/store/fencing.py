@@ -23,7 +23,7 @@ from typing import Any
 
 from persistent.mapping import PersistentMapping
 
-__all__ = ["EPOCH_KEY", "Fenced", "check", "claim", "current"]
+__all__ = ["EPOCH_KEY", "Fenced", "check", "claim", "current", "lost_to"]
 
 EPOCH_KEY = "ha_epoch"
 
@@ -79,3 +79,19 @@ def check(conn: Any, epoch: int) -> None:
         raise Fenced(epoch, stored)
     if record is not None:
         conn.readCurrent(record)
+
+
+def lost_to(error: BaseException, epoch: int | None) -> str:
+    """Why a failed commit means another leader has the storage ("" if it does not):
+    ``Fenced``, or (under an epoch) a read conflict that outlived the retries.  The
+    epoch record is the only object the writer marks ``readCurrent`` and only a
+    claim writes it, so a conflict on it means a new leader is committing its claim
+    (RelStorage then cannot lock the row: ``lock_not_available``)."""
+    from ZODB.POSException import ReadConflictError
+
+    if isinstance(error, Fenced):
+        return str(error)
+    if epoch is not None and isinstance(error, ReadConflictError):
+        return (f"another broker took over the storage (it is claiming the epoch after "
+                f"{epoch}: {type(error).__name__})")
+    return ""

@@ -53,7 +53,7 @@ from mqttamqp.store import prefetch
 from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
-from mqttamqp.store.fencing import Fenced, check, claim
+from mqttamqp.store.fencing import check, claim, lost_to
 from mqttamqp.store.models import (
     init_root,
     queue_to_record,
@@ -427,8 +427,8 @@ class ZODBStore:
         except Exception as e:  # any failure errbacks the whole commit
             failure = Failure()
             _abort_if_open(tm)
-            if isinstance(e, Fenced):
-                self.fence(str(e), notify=True)
+            if reason := lost_to(e, self.epoch):
+                self.fence(reason, notify=True)
             # Debug only: the core logs one line per failing spell (CommitBatcher),
             # not a traceback per commit while the disk is full.
             _log.failure(

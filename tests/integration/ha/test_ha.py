@@ -299,7 +299,7 @@ def test_a_leader_that_missed_its_lock_loss_is_fenced_by_the_epoch(
     assert out.strip() == "t", out
     standby.wait_for_line(r"took over as leader", TAKEOVER)
     line = leader.wait_for_line(r"lost the leadership", TAKEOVER)
-    assert "another broker took over the storage (epoch 2" in line, line
+    assert "another broker took over the storage" in line, line
     assert pub.gone.wait(TAKEOVER), "the old leader kept the publisher connected"
     acked = pub.stop()
     assert leader.proc is not None and leader.proc.wait(TAKEOVER) == 1

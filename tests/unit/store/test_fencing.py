@@ -122,3 +122,16 @@ def test_a_bump_during_a_commit_makes_that_commit_fail(tmp_path: Path) -> None:
         conn.close()
     finally:
         db.close()
+
+
+def test_a_read_conflict_under_an_epoch_means_another_leader() -> None:
+    """lost_to: Fenced always; a read conflict that outlived the retries only under an
+    epoch (the epoch record is the only object read with readCurrent); else nothing."""
+    from ZODB.POSException import ReadConflictError
+
+    from mqttamqp.store.fencing import lost_to
+
+    assert "epoch 3" in lost_to(Fenced(2, 3), 2)
+    assert "another broker took over" in lost_to(ReadConflictError(), 2)
+    assert lost_to(ReadConflictError(), None) == ""
+    assert lost_to(OSError("disk full"), 2) == ""
