@@ -49,21 +49,11 @@ from mqttamqp.core.persistence import (
     Op,
     Snapshot,
 )
-from mqttamqp.store import prefetch
 from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.fencing import check, claim, lost_to
-from mqttamqp.store.models import (
-    init_root,
-    queue_to_record,
-    record_to_ban,
-    record_to_binding,
-    record_to_exchange,
-    record_to_message,
-    record_to_will,
-    session_to_record,
-)
+from mqttamqp.store.models import init_root, root_to_snapshot
 from mqttamqp.store.reading import QueueReader
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
@@ -203,25 +193,7 @@ class ZODBStore:
         try:
             tm.begin()
             try:
-                root = conn.root()
-                snapshot = Snapshot()
-                for topic, record in prefetch.items(conn, root["retained"]):
-                    snapshot.retained[topic] = record_to_message(record)
-                for owner, record in root["wills"].items():
-                    snapshot.wills[owner] = record_to_will(record)
-                for client_id, session in prefetch.sessions(conn, root["sessions"]):
-                    snapshot.sessions[client_id] = session_to_record(session)
-                snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
-                snapshot.exchanges = [record_to_exchange(r)
-                                      for r in root["exchanges"].values()]
-                snapshot.bindings = [record_to_binding(r) for r in root["bindings"].values()]
-                queues = root["queues"]
-                budget = self._queue_body_budget
-                # (each queue's head, its share of the budget, in memory; the cache
-                # emptied as it goes, so RSS stays near the budget at start too)
-                share = budget // max(1, len(queues)) if budget > 0 else None
-                snapshot.queues = [queue_to_record(q, share, conn.cacheMinimize)
-                                   for q in queues.values()]
+                snapshot = root_to_snapshot(conn, self._queue_body_budget)
             finally:
                 tm.abort()
             conn.cacheMinimize()
