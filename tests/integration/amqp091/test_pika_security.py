@@ -10,8 +10,8 @@ from typing import Any
 import pika
 import pytest
 from brokerproc import BrokerProcess
-from conftest import parameters
 from console_support import CHEAP
+from pikaparams import parameters
 
 from mqttamqp.security.userstore import UserStore
 
