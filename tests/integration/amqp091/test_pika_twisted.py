@@ -15,8 +15,8 @@ from collections.abc import Generator
 from typing import Any
 
 from brokerproc import BrokerProcess
-from conftest import parameters
 from pika.adapters.twisted_connection import TwistedProtocolConnection
+from pikaparams import parameters
 from twisted.internet import defer, protocol
 from twisted.internet.selectreactor import SelectReactor
 
