@@ -27,6 +27,7 @@ from mqttamqp.amqp091.permissions import (
     check_exchange,
     check_exchange_declare,
     check_queue,
+    check_routes_to,
 )
 
 __all__ = ["MODEL_METHODS"]
@@ -36,6 +37,8 @@ E, Q = commands.Exchange, commands.Queue
 
 def exchange_declare(ch: MethodHost, m: Any) -> None:
     check_exchange_declare(ch.connection, m.exchange, m.passive)
+    if not m.passive:
+        check_routes_to(ch.connection, m.arguments)
     d = ch.exchanges.declare_exchange(m.exchange, m.exchange_type, m.durable, m.auto_delete,
                                       m.internal, m.arguments, m.passive)
     ch.answer(None if m.nowait else E.DeclareOk(), d)
@@ -62,6 +65,8 @@ def exchange_unbind(ch: MethodHost, m: Any) -> None:
 def queue_declare(ch: MethodHost, m: Any) -> None:
     if m.queue and not m.passive:   # (a server-named queue is nobody else's)
         check_queue(ch.connection, CONFIGURE, m.queue)
+    if not m.passive:
+        check_routes_to(ch.connection, m.arguments, m.queue)
     declared, d = ch.exchanges.declare_queue(
         m.queue, ch.connection.key, m.durable, m.exclusive, m.auto_delete, m.arguments,
         m.passive)

@@ -17,7 +17,8 @@ MQTT rules, granted on top of the ACL's ``queue``/``exchange`` lines
 - a connection may do anything to the exclusive queues it owns, and declare a
   server-named queue (nobody else can reach either); redeclaring a standard
   ``amq.*`` exchange (which changes nothing) needs nothing; passive declares
-  need nothing, as in RabbitMQ.
+  need nothing, as in RabbitMQ;
+- a declare naming a dead-letter or alternate exchange needs write on it.
 
 Without an ACL file every check passes (``AllowAll``).
 
@@ -27,6 +28,8 @@ the client (the channel turns the ``ChannelError`` into ``channel.close``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.exchanges.errors import ACCESS_REFUSED, ChannelError
@@ -35,7 +38,8 @@ from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, key_to_topic
 from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 
 __all__ = ["CONFIGURE", "WRITE", "READ", "check_queue", "check_exchange", "check_publish",
-           "check_bind", "check_exchange_declare", "binding_filter", "consumer_identity"]
+           "check_bind", "check_exchange_declare", "check_routes_to", "binding_filter",
+           "consumer_identity"]
 
 CONFIGURE, WRITE, READ = "configure", "write", "read"
 _STANDARD = frozenset(name for name, _ in STANDARD)
@@ -107,6 +111,24 @@ def check_exchange_declare(host: ChannelHost, exchange: str, passive: bool) -> N
     if passive or not exchange or exchange in _STANDARD:
         return
     check_exchange(host, CONFIGURE, exchange)
+
+
+def check_routes_to(host: ChannelHost, arguments: Mapping[str, object] | None,
+                    queue: str = "") -> None:
+    """A declare naming where messages go next (a queue's
+    ``x-dead-letter-exchange``, an exchange's ``alternate-exchange``): write on
+    that exchange, as a publish to it would need (the model checks the values)."""
+    if not arguments:
+        return
+    for name in ("x-dead-letter-exchange", "alternate-exchange"):
+        target = arguments.get(name)
+        if not isinstance(target, str):
+            continue
+        if target:
+            check_exchange(host, WRITE, target)
+        elif queue:   # (the default exchange: the dead-letter routing key's queue)
+            key = arguments.get("x-dead-letter-routing-key")
+            check_queue(host, WRITE, key if isinstance(key, str) and key else queue)
 
 
 def check_publish(host: ChannelHost, exchange: str, routing_key: str) -> None:

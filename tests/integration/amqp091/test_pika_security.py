@@ -187,7 +187,12 @@ def test_exchange_permissions_come_from_exchange_lines(secured: BrokerProcess) -
         # alice-out: write only, so binding from it (a read) is refused
         assert "read access to exchange 'alice-out'" in refused(
             conn, lambda c: c.queue_bind("alice-feed-1", "alice-out"))
+        # dead-lettering into an exchange is a write on it
+        assert "write access to exchange 'bobs-x'" in refused(
+            conn, lambda c: c.queue_declare("alice-feed-2", arguments={
+                "x-dead-letter-exchange": "bobs-x"}))
         ch2 = conn.channel()
+        ch2.queue_declare("alice-feed-3", arguments={"x-dead-letter-exchange": "alice-2-x"})
         ch2.exchange_delete("alice-1-x")
     finally:
         for c in (conn, ops):

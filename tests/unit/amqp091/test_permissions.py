@@ -108,3 +108,18 @@ def test_a_consumer_granted_by_a_queue_line_joins_as_the_broker(alice: Any) -> N
     assert p.consumer_identity(alice, "jobs") is alice.identity
     joined = p.consumer_identity(alice, "audit")
     assert (joined.client_id, joined.username, joined.protocol) == ("c1", "alice", "")
+
+
+def test_a_dead_letter_or_alternate_exchange_needs_write_on_it(alice: Any) -> None:
+    """A declare naming x-dead-letter-exchange or alternate-exchange needs write on
+    that exchange (the default exchange: on the dead-letter routing key's queue)."""
+    p.check_routes_to(alice, {"x-dead-letter-exchange": "orders"}, "jobs")
+    p.check_routes_to(alice, {"x-dead-letter-exchange": "",
+                              "x-dead-letter-routing-key": "out"}, "jobs")
+    p.check_routes_to(alice, {"x-dead-letter-exchange": ""}, "jobs")
+    p.check_routes_to(alice, {"x-max-length": 3}, "jobs")
+    assert "write access to exchange 'amq.fanout'" in refused(
+        p.check_routes_to, alice, {"alternate-exchange": "amq.fanout"})
+    assert "write access to queue 'in'" in refused(
+        p.check_routes_to, alice, {"x-dead-letter-exchange": "",
+                                   "x-dead-letter-routing-key": "in"}, "jobs")
