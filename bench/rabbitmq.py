@@ -57,15 +57,22 @@ def group_cpu_s(pgid):
 class RabbitMQ(brokers.Broker):
     """Same surface as ``brokers.Broker`` (port, pid, cpu_s, stop, log_tail)."""
 
-    def __init__(self, prefetch=100, label="rabbitmq"):
+    def __init__(self, prefetch=100, label="rabbitmq", plugins=("rabbitmq_mqtt",)):
         super().__init__("rabbitmq", label=label)
         self.prefetch = prefetch
+        self.plugins = tuple(plugins)
         self.epmd = None
+        self.amqp_port = None      # AMQP 0.9.1 (and 1.0, with rabbitmq_amqp1_0)
+
+    @property
+    def amqp_url(self):
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
 
     def start(self, ready_timeout=90.0):
         self.tmp = tempfile.mkdtemp(prefix="mqttbench-rabbitmq-")
         self.port = brokers.free_port()
         amqp_port, dist_port, epmd_port = (brokers.free_port() for _ in range(3))
+        self.amqp_port = amqp_port
         logs = os.path.join(self.tmp, "log")
         os.mkdir(logs)
         self.log = os.path.join(logs, "node.log")
@@ -80,12 +87,13 @@ class RabbitMQ(brokers.Broker):
             f"log.file = {self.log}",
             "log.console = false",
             "disk_free_limit.absolute = 50MB",
+            "loopback_users = none",
         ]
         with open(conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         plugins = os.path.join(self.tmp, "enabled_plugins")
         with open(plugins, "w") as f:
-            f.write("[rabbitmq_mqtt].\n")
+            f.write("[" + ",".join(self.plugins) + "].\n")
         env = dict(os.environ)
         env.update({
             "HOME": self.tmp,
@@ -118,7 +126,7 @@ class RabbitMQ(brokers.Broker):
         brokers._LIVE.add(self)
         try:
             self.wait_ready(ready_timeout)
-        except Exception:
+        except BaseException:            # Ctrl-C during the start too: no node left behind
             self.stop()
             raise
         return self
@@ -138,7 +146,31 @@ class RabbitMQ(brokers.Broker):
             brokers._LIVE.discard(self)
 
 
-if __name__ == "__main__":   # smoke test: start, report, stop
+def serve(seconds):
+    """Run a node with the MQTT and AMQP 1.0 plugins for ``seconds`` (bounded), printing
+    the environment that points tests/integration/amqp091/ at it, e.g.
+    ``python bench/rabbitmq.py serve 1800`` then, in another shell,
+    ``env $(cat /tmp/rabbit.env) .venv/bin/python -m pytest tests/integration/amqp091``."""
+    b = RabbitMQ(plugins=("rabbitmq_mqtt", "rabbitmq_amqp1_0"))
+    b.start()
+    try:
+        print(f"MQTTAMQP_TEST_AMQP091_URL={b.amqp_url}")
+        print(f"MQTTAMQP_TEST_AMQP091_MQTT_PORT={b.port}")
+        print(f"MQTTAMQP_TEST_AMQP091_AMQP10_PORT={b.amqp_port}")
+        print(f"MQTTAMQP_TEST_AMQP091_LOG={b.log}", flush=True)
+        b.proc.wait(timeout=seconds)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    finally:
+        b.stop()
+        b.cleanup()
+
+
+if __name__ == "__main__":   # smoke test: start, report, stop; or "serve SECONDS"
+    import sys
+    if sys.argv[1:2] == ["serve"]:
+        serve(float(sys.argv[2]) if len(sys.argv) > 2 else 1800.0)
+        sys.exit(0)
     b = RabbitMQ()
     t0 = time.monotonic()
     b.start()

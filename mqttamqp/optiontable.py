@@ -160,6 +160,10 @@ FLAGS: list[list[Any]] = [
      "Accept anonymous clients (no user name) from any address, even when client "
      "users exist (by default: only from loopback and only while there are no "
      "client users, as Mosquitto 2 without a configuration)."],
+    ["ha", None,
+     "High availability with --storage postgresql://...: start the same command on "
+     "two boxes; one serves, the other is the standby (listeners closed, /readyz 503 "
+     "'standby') and takes over when the leader's database lock goes. See docs/ha.md."],
     ["tls-require-client-cert", None,
      "With --tls-ca: refuse TLS clients without a valid client certificate (during "
      "the handshake, on every ssl: listener)."],
@@ -183,7 +187,7 @@ PARAMETERS: list[list[Any]] = [
      "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
     ["max-connections", None, _D.max_connections,
      "Refuse sockets beyond this many live connections, counted per protocol "
-     "(MQTT and AMQP each).",
+     "(MQTT and AMQP each; AMQP 1.0 and 0.9.1 together).",
      _positive(int, "max-connections")],
     ["max-packet-size", None, _D.max_packet_size,
      "Largest MQTT packet accepted, in bytes; larger ones close the connection.",
@@ -228,6 +232,12 @@ PARAMETERS: list[list[Any]] = [
     ["queue-max-queues", None, _D.queue_max_queues,
      "Most durable queues (dead-letter queues included); a publish or consumer "
      "that would create one more is refused.", _positive(int, "queue-max-queues")],
+    ["max-exchanges", None, _D.max_exchanges,
+     "Most AMQP 0.9.1 exchanges declared (the amq.* ones not counted); a declare "
+     "past it is refused (406, counted, logged).", _positive(int, "max-exchanges")],
+    ["max-bindings", None, _D.max_bindings,
+     "Most AMQP 0.9.1 bindings (queue and exchange-to-exchange) in all; a bind past "
+     "it is refused (406, counted, logged).", _positive(int, "max-bindings")],
     ["queue-memory-budget", None, _D.queue_memory_budget // MB,
      "MB of durable queue message bodies held in memory in all; beyond it the "
      "bodies farthest from any consumer stay in storage only and are read back as "
@@ -325,6 +335,22 @@ PARAMETERS: list[list[Any]] = [
      "one AMQP connection; a peer that sends more is closed "
      "(amqp:resource-limit-exceeded). At least --max-packet-size.",
      _positive(int, "amqp-max-held-bytes")],
+    ["amqp091-channel-max", None, 2047,
+     "AMQP 0.9.1: most channels one connection may open (connection.tune's "
+     "channel_max); a channel over it closes the connection with 504.",
+     _positive(int, "amqp091-channel-max")],
+    ["amqp091-frame-max", None, 131072,
+     "AMQP 0.9.1: largest frame in bytes (connection.tune's frame_max, at least "
+     "4096); a larger frame closes the connection with 501.",
+     _positive(int, "amqp091-frame-max")],
+    ["amqp091-heartbeat", None, 60,
+     "AMQP 0.9.1: heartbeat interval in seconds the broker proposes (the client's "
+     "tune-ok decides; 0 = none); a client silent for two intervals is dropped.",
+     _positive(int, "amqp091-heartbeat")],
+    ["amqp091-max-unacked", None, 10000,
+     "AMQP 0.9.1: most unacknowledged deliveries on one channel whatever its "
+     "prefetch (basic.qos 0 means no prefetch bound); its consumers get no more "
+     "until acknowledgements come.", _positive(int, "amqp091-max-unacked")],
     ["share-strategy", None, "round-robin",
      "How a shared subscription ($share/<group>/<filter>) picks the member for each "
      "message: round-robin, random, sticky (one member while it is online) or "
@@ -348,6 +374,14 @@ PARAMETERS: list[list[Any]] = [
      "history-free; default DIR is DATA/sqlite), postgresql://USER@HOST:PORT/DB "
      "(RelStorage on PostgreSQL, history-free) or memory:// (nothing survives a "
      "restart). See docs/durability.md."],
+    ["ha-poll", None, 1.0,
+     "With --ha: seconds between the standby's attempts to take the serving lock "
+     "(a takeover waits at most this long once the leader's lock is gone).",
+     _positive(float, "ha-poll")],
+    ["ha-watch", None, 1.0,
+     "With --ha: seconds between the leader's checks (SELECT 1) of its lock's "
+     "connection; when one fails it stops acknowledging and exits.",
+     _positive(float, "ha-watch")],
     ["pack-interval", None, 24.0,
      "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
     ["pack-growth", None, 24.0,

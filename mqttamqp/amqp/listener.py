@@ -30,7 +30,7 @@ core), or block the reactor.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any, ClassVar
 
 from proton import Event, SymbolList
@@ -103,7 +103,8 @@ class AMQPConnection(SessionsAndLinks):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
-        if not self.broker.gate.admit("AMQP", self.peer, len(self.factory.connections)):
+        if not self.broker.gate.admit("AMQP", self.peer, len(self.factory.connections)
+                                      + len(self.factory.port_sharers)):
             self.state = ConnectionState.CLOSED
             self.transport.abortConnection()
             return
@@ -384,6 +385,8 @@ class AMQPFactory(Factory):
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections and links
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user: offer SASL EXTERNAL
+        # The AMQP 0.9.1 connections on the same port: --max-connections counts both.
+        self.port_sharers: Sized = ()
         self.log_limit = LogLimiter(clock.seconds)   # log lines per cause a minute
         self.refusal_log = LogLimiter(clock.seconds, burst=REFUSALS_LOGGED)  # (attach)
         # Links held by every connection (--amqp-max-links-total), and whether the

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 PROTOCOL_LABELS = {"mqtt3.1": "MQTT 3.1", "mqtt3.1.1": "MQTT 3.1.1", "mqtt5": "MQTT 5",
-                   "amqp": "AMQP 1.0"}
+                   "amqp": "AMQP 1.0", "amqp0-9-1": "AMQP 0.9.1"}
 PAGE_SIZES = (25, 50, 100, 200)
 
 T = TypeVar("T")
@@ -421,6 +421,7 @@ def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[
                    "blocked": c.queues_blocked, "stored_bytes": c.queue_bytes,
                    "memory_bytes": c.queue_memory_bytes},
     }
+    out["ha"] = context.ha() if context.ha is not None else None
     if include_storage:
         out["listeners"] = context.listeners()
         out["storage"] = context.storage_stats()

@@ -17,6 +17,8 @@ needs; it holds no rules of its own:
   commands, exactly-once QoS 2, topic counts; ``routing.settlement.Settlement``:
   acknowledgements and outcomes;
 * ``queues.manager.QueueManager`` (``Broker.queues``): the durable queues;
+* ``exchanges.exchanges.Exchanges`` (``Broker.exchanges``): AMQP 0.9.1's exchanges,
+  bindings and declared queues over the queue manager;
 * ``sessions.flow.FlowControl``: paused publishers and the stall rule;
 * ``systopics.SysTopics`` (``Broker.sys_topics``): ``$SYS``;
 * ``readmodel.ReadModel`` (``Broker.view``): frozen views for the console;
@@ -54,6 +56,7 @@ from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commands import ConsoleCommands
 from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, WillMessage
 from mqttamqp.core.persistence import Op, StateStore
@@ -64,7 +67,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.readmodel import ReadModel
 from mqttamqp.core.recorder import CAUSE_LOST, NoRecorder, Recorder
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE, Published
-from mqttamqp.core.routing.publishing import Publishing
+from mqttamqp.core.routing.publishing import Publishing, TopicExchange
 from mqttamqp.core.routing.retained import RetainedStore
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.settlement import Outcome, Settlement
@@ -106,6 +109,8 @@ class Broker:
         self.queues = QueueManager(clock, commits, limits, log_limit)
         # (a store that cannot read queue messages back gets no memory budget)
         self.queues.attach_storage(getattr(store, "read_queue_messages", None), free_space)
+        # AMQP 0.9.1's model over those queues (the 0.9.1 adapter's entry point).
+        self.exchanges = Exchanges(self.queues, log_limit, stats)
         self.router = router = Router(clock, commits, stats, self.authorizer, self.recorder,
                                       limits, log_limit, queues=self.queues)
         self.topic_stats = TopicStats()       # per-topic counts for the console
@@ -119,6 +124,9 @@ class Broker:
         self._wills = wills = registry.wills
         self.publishing = publishing = Publishing(commits, router, self.queues,
                                                    self.topic_stats, registry.sessions)
+        self.exchanges.attach_topic_space(
+            lambda message, identity: publishing.publish(message, identity),
+            lambda topic: bool(router.trie.match(topic)), self._topic_bound)
         self.sys_topics = SysTopics(clock, stats, router, registry, wills, self.recorder,
                                     queues=self.queues)
         self.client_debug = ClientDebug(clock.seconds)
@@ -190,6 +198,9 @@ class Broker:
     def stopping(self) -> bool:
         return self._commits.stopping
 
+    def _topic_bound(self, exchange: TopicExchange | None) -> None:
+        self.publishing.topic_exchange = exchange
+
     def _online(self) -> Iterable[Session]:
         return self.registry.online()
 
@@ -207,6 +218,7 @@ class Broker:
         self._wills.restore(snap.wills.values())
         self.gate.bans.restore(snap.bans)
         self.queues.restore(snap.queues)
+        self.exchanges.restore(snap)
         self.queues.alarm.start()
         self.log.info("loaded {r} retained message(s), {s} persistent session(s), "
                       "{q} durable queue(s)", r=len(snap.retained), s=len(snap.sessions),
@@ -232,6 +244,7 @@ class Broker:
         self._loops.clear()
         self.registry.stop_timers()
         self.queues.stop()
+        self.exchanges.stop()
         self.queues.alarm.stop()
         self._wills.stop()
         self._flow.stop()

@@ -89,6 +89,10 @@ class Limits:
     queue_max_bytes: int = 256 << 20
     queue_max_age: float = 7 * 86400.0
     queue_max_queues: int = 1_000
+    # AMQP 0.9.1's exchanges (declared ones, beside the five amq.* ones) and bindings
+    # (core.exchanges): a declare or bind past them is refused (406), counted, logged.
+    max_exchanges: int = 1_000
+    max_bindings: int = 10_000
     # Aggregate bounds of the durable queues (core.queues.budget, docs/queues.md,
     # Options): bytes of message bodies held in memory in all (beyond, durable bodies
     # far from consumers stay in storage only); stored payload bytes in all, and the

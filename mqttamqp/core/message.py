@@ -47,8 +47,10 @@ class Message:
     A message from an AMQP sender also keeps what AMQP receivers get as it was sent
     (``native``: its header's durable and priority, and its properties, application
     properties, body and footer, encoded: ``amqp.codec.native.native_sections``);
-    ``payload`` is then its MQTT form.  ``amqp_only``: the body has no MQTT form
-    (e.g. a map holding binary), so it reaches AMQP topic receivers only.
+    ``payload`` is then its MQTT form.  One from an AMQP 0.9.1 publisher keeps its
+    basic properties as sent (``amqp091``) for 0.9.1 consumers.  ``amqp_only``: the
+    body has no MQTT form (e.g. a map holding binary), so it reaches AMQP topic
+    receivers only.
     """
 
     topic: str
@@ -61,6 +63,10 @@ class Message:
     native: bytes | None = None
     amqp_only: bool = False
     props: MessageProperties | None = None   # MQTT 5 properties (None: none given)
+    # From an AMQP 0.9.1 publisher: its content header's properties as sent (property
+    # flags and values), what 0.9.1 consumers get (``amqp091.properties``); the core
+    # never looks inside.
+    amqp091: bytes | None = None
 
     def expired(self, now: float) -> bool:
         """Past its message expiry interval (never, without one)."""
@@ -92,7 +98,7 @@ def stub(message: Message) -> Message:
     retention and the console need)."""
     m = message
     return Message(m.topic, b"", m.qos, m.retain, m.publisher, m.timestamp, m.dup, None,
-                   m.amqp_only, m.props)
+                   m.amqp_only, m.props, m.amqp091)
 
 
 @record

@@ -29,7 +29,8 @@ __all__ = [
     "PutQueued", "DeleteQueued", "PutInboundQos2", "DeleteInboundQos2", "PutBan",
     "DeleteBan", "PutQueue", "DeleteQueue", "PutQueueMessage", "DeleteQueueMessage",
     "TrimQueue", "QueueDone", "PutQueueGroup", "DeleteQueueGroup", "QueueGroupRecord",
-    "QueueRecord", "Op",
+    "QueueRecord", "PutExchange", "DeleteExchange", "PutBinding", "DeleteBinding",
+    "PutQueueArguments", "Op",
     "QueuedState", "StoredQueued", "SessionRecord", "Snapshot", "StateStore",
 ]
 
@@ -232,12 +233,64 @@ class DeleteQueueGroup:
     group: str
 
 
+# -- AMQP 0.9.1's model (``mqttamqp.core.exchanges``) ----------------------------------
+# Arguments are field tables frozen to sorted (key, value) pairs of primitives
+# (``exchanges.queuedecl.freeze``).
+
+
+@record
+class PutExchange:
+    """A durable exchange as declared (created or replaced)."""
+
+    name: str
+    kind: str
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: tuple[tuple[str, object], ...] = ()
+
+
+@record
+class DeleteExchange:
+    name: str
+
+
+@record
+class PutBinding:
+    """A binding between two durable ends: ``source`` exchange to ``destination``
+    (a queue, or an exchange when ``to_exchange``)."""
+
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: tuple[tuple[str, object], ...] = ()
+
+
+@record
+class DeleteBinding:
+    source: str
+    destination: str
+    to_exchange: bool
+    routing_key: str
+    arguments: tuple[tuple[str, object], ...] = ()
+
+
+@record
+class PutQueueArguments:
+    """What AMQP 0.9.1 declared durable queue ``name`` with (its arguments); the
+    queue is created if missing (as ``PutQueue`` does)."""
+
+    name: str
+    arguments: tuple[tuple[str, object], ...] = ()
+
+
 Op = (
     PutRetained | DeleteRetained | ClearRetained | PutWill | DeleteWill | PutSession
     | DeleteSession | PutSubscription | DeleteSubscription | PutQueued | DeleteQueued
     | PutInboundQos2 | DeleteInboundQos2 | PutBan | DeleteBan
     | PutQueue | DeleteQueue | PutQueueMessage | DeleteQueueMessage | TrimQueue
     | QueueDone | PutQueueGroup | DeleteQueueGroup
+    | PutExchange | DeleteExchange | PutBinding | DeleteBinding | PutQueueArguments
 )
 
 
@@ -264,6 +317,8 @@ class QueueRecord:
     # (payload bytes, body bytes); ``messages`` holds them with an empty payload
     # and no AMQP form, and ``StateStore.read_queue_messages`` reads them whole.
     evicted: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # AMQP 0.9.1 declared it with these arguments (None: not declared by 0.9.1).
+    arguments: tuple[tuple[str, object], ...] | None = None
 
 
 @dataclass
@@ -273,6 +328,8 @@ class Snapshot:
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
     bans: list[PutBan] = field(default_factory=list)
     queues: list[QueueRecord] = field(default_factory=list)
+    exchanges: list[PutExchange] = field(default_factory=list)
+    bindings: list[PutBinding] = field(default_factory=list)
 
 
 class StateStore(Protocol):

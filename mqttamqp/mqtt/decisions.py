@@ -3,26 +3,37 @@
 One function per packet type (as h11's ``_state.py``, or Mosquitto's
 ``handle_*.c``): it takes the packet and what the connection knows (its
 negotiated MQTT 5 state, the string rules, the limits, the session's filters)
-and returns the decision as a value:
+and returns what to do as ``actions`` (a small closed set of values:
+``Send``, ``Ack``, ``Close``, ``Refuse``, ``Arm``, ``Goodbye``, and a core
+``Message`` to route), which ``executor.ActionExecutor`` carries out:
 
-* ``Close(reason, code, limit)``: the client broke the protocol; the one
-  disconnect follows (``protocol.MQTTProtocol._violation``);
-* ``Refuse(code, reason)``: a CONNECT answered with a refusing CONNACK;
-* ``Answer(frame, release)``: an acknowledgement sent now, in order, that
-  gives the MQTT 5 receive-maximum quota of packet id ``release`` back once out;
-* a ``Message`` (``publish5``): what to route (a 3.1.1 PUBLISH has one rule,
-  ``connection.StringRules.topic``, which ``flows`` applies inline: a call here
-  cost 3% of a QoS 0 delivery);
-* the plans of CONNECT (``Connecting``), SUBSCRIBE (``Subscription``) and
-  DISCONNECT (``Goodbye``), and the frames answering the core's verdicts
-  (``publish_ack5``, ``suback``, ``suback5``, ``unsuback``, ``pubcomp``).
+* PUBLISH: ``publish5`` (MQTT 5: topic alias, receive maximum, payload format;
+  a 3.1.1 PUBLISH has one rule, ``connection.StringRules.topic``, which
+  ``flows`` applies inline: a call here cost 3% of a QoS 0 delivery), then
+  ``published``: the acknowledgement the core's verdict gets;
+* PUBREL: ``pubrel``; PUBREC: ``pubrec_refused``;
+* SUBSCRIBE: ``subscribe``/``subscribe5`` (the plan, ``Subscription``), then
+  ``suback``/``suback5`` once the core granted it; UNSUBSCRIBE: ``unsubscribe``;
+* PINGREQ: ``pingreq``; DISCONNECT: ``disconnect``;
+* CONNECT: ``connect`` (the plan, ``Connecting``), ``accepted`` once the
+  session is open; AUTH: ``auth``, then ``auth_answer`` for the method's step.
+
+Where a call on the broker's port sits between two decisions (routing a
+PUBLISH, a SUBSCRIBE's grants, authentication, opening the session), the
+adapter makes it as a thin step and hands its result to the next decision: the
+result feeds the decision, and the Deferred it carries (``Ack``'s "after") goes
+to the executor untouched.  Decisions change no state of the connection
+(CONNECT and a re-authenticating AUTH start the offered method's exchange, a new
+object they return): what a PUBLISH changes in the MQTT 5 state (the topic alias
+it sets, its packet id's quota) is the packet's own fields, applied by
+``Negotiated.took`` once the PUBLISH is routed or answered.
 
 Reason codes, the receive maximum, retain handling, topic aliases and which
 acknowledgement a verdict gets live here.  What it must not do: touch a
-transport, a timer or the broker (it imports no Twisted: ``.importlinter``);
-``protocol.py`` asks the broker, writes and closes.  Decisions are tuples of
-slots or the packet's own values: this is the hottest path of the broker, so a
-PUBLISH costs no list and no action object when it is routed.
+transport, a timer, the broker or any state (it imports no Twisted:
+``.importlinter``).  This is the hottest path of the broker: a QoS 0/1 PUBLISH
+and its PUBACK cost no list and no action object (the message is the route
+action; the plain acknowledgements are made once, in ``actions``).
 """
 
 from __future__ import annotations
@@ -35,6 +46,22 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.recorder import CAUSE_CONSOLE, CAUSE_TAKEN_OVER
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING
+from mqttamqp.mqtt.actions import (
+    PINGRESP,
+    PUBACK,
+    PUBACK_RELEASE,
+    PUBCOMP,
+    PUBCOMP_RELEASE,
+    PUBREC,
+    PUBREC_OPENS,
+    Ack,
+    Arm,
+    Close,
+    Goodbye,
+    Refuse,
+    Send,
+    ack_frame,
+)
 from mqttamqp.mqtt.codec import MalformedPacket, encode
 from mqttamqp.mqtt.connection import StringRules
 from mqttamqp.mqtt.packets import (
@@ -43,9 +70,11 @@ from mqttamqp.mqtt.packets import (
     PROTOCOL_311,
     SUBACK_FAILURE,
     Auth,
+    Connack,
     ConnackCode,
     Connect,
     Disconnect,
+    Pingreq,
     Properties,
     Puback,
     Pubcomp,
@@ -64,62 +93,21 @@ from mqttamqp.mqtt.v5 import (
     resolve_topic,
     utf8_payload_problem,
 )
-from mqttamqp.security.enhanced_auth import AuthExchange
+from mqttamqp.security.enhanced_auth import CONTINUE, SUCCESS, AuthExchange, AuthStep
 
 __all__ = [
-    "Answer", "Close", "Connecting", "Goodbye", "Refuse", "Subscription", "Verdict",
-    "ack_frame", "auth", "closed_by_broker", "connect", "disconnect", "malformed",
-    "problem", "publish5", "publish_ack5", "pubcomp", "pubrec_refused",
-    "suback", "suback5", "subscribe", "subscribe5", "unsubscribe", "violation_code",
+    "Ack", "Close", "Connecting", "Goodbye", "Refuse", "Send", "Subscription", "Verdict",
+    "accepted", "ack_frame", "auth", "auth_answer", "authenticated", "authenticating",
+    "banned", "closed_by_broker", "connect",
+    "disconnect", "keepalive", "malformed", "pingreq", "problem", "publish5", "publish_ack5",
+    "published", "pubcomp", "pubrec_refused", "pubrel", "suback", "suback5",
+    "subscribe", "subscribe5", "unsubscribe", "violation_code",
 ]
 
 _VERSIONS = {3: "3.1", 4: "3.1.1"}
-
-
-class Close:
-    """The client broke the protocol: close for ``reason`` (MQTT 5: with ``code``);
-    ``limit``: the bound it went beyond, if that was it."""
-
-    __slots__ = ("code", "limit", "reason")
-
-    def __init__(self, reason: str, code: int = ReasonCode.PROTOCOL_ERROR,
-                 limit: str | None = None) -> None:
-        self.reason = reason
-        self.code = code
-        self.limit = limit
-
-    def __repr__(self) -> str:
-        return f"Close({self.reason!r}, {self.code:#04x})"
-
-
-class Refuse:
-    """Answer CONNECT with a refusal: ``code`` is a 3.1.1 return code or an MQTT 5
-    reason code (a 3.1.1 one is translated for an MQTT 5 client)."""
-
-    __slots__ = ("code", "reason")
-
-    def __init__(self, code: int, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"Refuse({self.code:#04x}, {self.reason!r})"
-
-
-class Answer:
-    """Send ``frame`` now (after the acknowledgements before it); ``release``: the
-    packet id whose receive-maximum quota it gives back once written."""
-
-    __slots__ = ("frame", "release")
-
-    def __init__(self, frame: bytes, release: int) -> None:
-        self.frame = frame
-        self.release = release
-
-
-def ack_frame(kind: int, packet_id: int) -> bytes:
-    """PUBACK (0x40), PUBREC (0x50), PUBREL (0x62), PUBCOMP (0x70) without reason."""
-    return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
+# CONNACK accepting a 3.1/3.1.1 client, by session present (made once).
+_CONNACK_ACCEPTED = {present: Send(encode(Connack(present, ConnackCode.ACCEPTED)))
+                     for present in (False, True)}
 
 
 def problem(v5: Negotiated | None, reason: str) -> Properties | None:
@@ -244,13 +232,50 @@ def _connect_strings(packet: Connect, strings: StringRules) -> str | None:
     return why
 
 
+def banned(reason: str, v5: Negotiated | None) -> Refuse:
+    """A banned client (counted and logged, rate-limited, by the broker): MQTT 5 has
+    its own code for it (0x8A); 3.1.1's is "not authorized"."""
+    return Refuse(ReasonCode.BANNED if v5 is not None else ConnackCode.NOT_AUTHORIZED,
+                  reason, logged=True)
+
+
+def authenticated(ok: bool, packet: Connect, may_claim: bool) -> Refuse | None:
+    """The authenticator's answer and whether the user may take the session of that
+    client id: a refusal (4 bad user name or password when a name was given, else
+    5 not authorized), or None: the session opens."""
+    if not ok:
+        return Refuse(ConnackCode.BAD_CREDENTIALS if packet.username is not None
+                      else ConnackCode.NOT_AUTHORIZED, "authentication failed")
+    if not may_claim:
+        return Refuse(ConnackCode.NOT_AUTHORIZED,
+                      "the session of this client id belongs to another user")
+    return None
+
+
+def accepted(present: bool, version: str, v5: Negotiated | None,
+             connack_props: Properties | None) -> Send:
+    """The session is open: CONNACK (session present, which 3.1 has not; MQTT 5
+    with what was negotiated)."""
+    if v5 is not None:
+        return Send(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
+    return _CONNACK_ACCEPTED[present and version == "3.1.1"]
+
+
+def keepalive(seconds: int) -> Arm | None:
+    """Once connected: the keepalive deadline, unless the keepalive is 0 (off)."""
+    return Arm("keepalive", seconds) if seconds > 0 else None
+
+
 # -- PUBLISH ---------------------------------------------------------------------------
 
 def publish5(packet: Publish, v5: Negotiated, strings: StringRules, client_id: str,
-             now: float) -> Message | Answer | Close:
+             now: float) -> Message | Ack | Close:
     """An MQTT 5 PUBLISH: topic alias, receive maximum, payload format, then the
     message to route; a declared-UTF-8 payload that is not is answered 0x99 (QoS
-    1/2, without routing) or closes (QoS 0)."""
+    1/2, without routing: an ``Ack`` with its frame, sent at once, that gives the
+    quota back) or closes (QoS 0).  ``v5`` is only read: once the message is
+    routed or answered, ``v5.took(packet)`` records the alias it sets and its
+    packet id's quota."""
     topic, why, code = resolve_topic(v5, packet)
     if topic is None:
         return Close(why, code)
@@ -262,7 +287,7 @@ def publish5(packet: Publish, v5: Negotiated, strings: StringRules, client_id: s
         return Close(why_topic, ReasonCode.TOPIC_NAME_INVALID)
     qos = packet.qos
     pid = packet.packet_id
-    if pid is not None and not v5.quota_take(pid):
+    if pid is not None and not v5.quota_allows(pid):
         return Close(f"more than {RECEIVE_MAXIMUM} QoS 1/2 publishes awaiting "
                      "acknowledgement (receive maximum)", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
     bad_payload = utf8_payload_problem(props, packet.payload)
@@ -270,8 +295,9 @@ def publish5(packet: Publish, v5: Negotiated, strings: StringRules, client_id: s
         if pid is None:
             return Close(bad_payload, ReasonCode.PAYLOAD_FORMAT_INVALID)
         ack = Puback if qos == 1 else Pubrec
-        return Answer(encode(ack(pid, ReasonCode.PAYLOAD_FORMAT_INVALID,
-                                 problem(v5, bad_payload)), 5), pid)
+        return Ack(0x40 if qos == 1 else 0x50,
+                   encode(ack(pid, ReasonCode.PAYLOAD_FORMAT_INVALID,
+                              problem(v5, bad_payload)), 5), release=True)
     return Message(topic, packet.payload, qos, packet.retain, client_id, now, packet.dup,
                    props=message_properties(props))
 
@@ -287,6 +313,9 @@ class Verdict(Protocol):
 
     @property
     def dropped(self) -> int: ...
+
+    @property
+    def gate(self) -> object | None: ...
 
 
 class _Refusal(Protocol):
@@ -318,6 +347,29 @@ def publish_ack5(kind: type[Puback] | type[Pubrec], packet_id: int, result: Verd
     return ack_frame(0x40 if kind is Puback else 0x50, packet_id)
 
 
+def published(qos: int, packet_id: int, result: Verdict, v5: Negotiated | None
+              ) -> Ack | None:
+    """The acknowledgement of a routed PUBLISH (None at QoS 0), after what its
+    routing made durable: PUBACK, or PUBREC (opening the QoS 2 gate, if the core
+    holds the deliveries behind one, once written).  MQTT 5: the core's verdict
+    is its reason code (``publish_ack5``), and the acknowledgement gives the
+    receive-maximum quota back (a PUBREC only when it refuses: the exchange ends
+    there; otherwise PUBCOMP does)."""
+    if qos == 0:
+        return None
+    if v5 is None:
+        if qos == 1:
+            return PUBACK
+        return PUBREC if result.gate is None else PUBREC_OPENS
+    if qos == 1:
+        if result.denied or result.refusal is not None or result.dropped:
+            return Ack(0x40, publish_ack5(Puback, packet_id, result, v5), release=True)
+        return PUBACK_RELEASE
+    if result.denied or result.refusal is not None:
+        return Ack(0x50, publish_ack5(Pubrec, packet_id, result, v5), release=True)
+    return PUBREC if result.gate is None else PUBREC_OPENS
+
+
 # -- PUBREC / PUBREL ---------------------------------------------------------------------
 
 def pubrec_refused(reason_code: int) -> bool:
@@ -331,6 +383,16 @@ def pubcomp(packet_id: int, known: bool, v5: Negotiated | None) -> bytes:
     if v5 is None or known:
         return ack_frame(0x70, packet_id)
     return encode(Pubcomp(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), 5)
+
+
+def pubrel(packet_id: int, known: bool, v5: Negotiated | None) -> Ack:
+    """PUBREL: PUBCOMP once the release is durable (``pubcomp``); MQTT 5 gives the
+    packet id's receive-maximum quota back with it."""
+    if v5 is None:
+        return PUBCOMP
+    if known:
+        return PUBCOMP_RELEASE
+    return Ack(0x70, pubcomp(packet_id, known, v5), release=True)
 
 
 # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
@@ -352,7 +414,7 @@ def subscribe(packet: Subscribe, strings: StringRules) -> Close | None:
 
 
 def suback(packet: Subscribe, codes: Sequence[int], version: str
-           ) -> tuple[bytes, list[tuple[str, int]]]:
+           ) -> tuple[Ack, list[tuple[str, int]]]:
     """The 3.1/3.1.1 SUBACK for the core's ``codes``, and the grants whose retained
     messages follow it."""
     grants = [(f, code) for (f, _), code in zip(packet.topics, codes, strict=True)]
@@ -364,7 +426,7 @@ def suback(packet: Subscribe, codes: Sequence[int], version: str
         # the QoS asked for and simply has no route (nothing is ever sent for it).
         acked = tuple(qos if code == SUBACK_FAILURE else code
                       for (_, qos), code in zip(packet.topics, acked, strict=True))
-    return encode(Suback(packet.packet_id, acked)), grants
+    return Ack(0x90, encode(Suback(packet.packet_id, acked))), grants
 
 
 class Subscription:
@@ -416,7 +478,7 @@ def subscribe5(packet: Subscribe, limits: Limits, strings: StringRules,
 
 
 def suback5(packet: Subscribe, plan: Subscription, granted: Sequence[int]
-            ) -> tuple[bytes, list[tuple[str, int]]]:
+            ) -> tuple[Ack, list[tuple[str, int]]]:
     """The MQTT 5 SUBACK once the core granted ``plan.wanted`` (its codes: 0x80,
     and 0x87 once access rules say so), and the grants that get retained messages."""
     it = iter(granted)
@@ -424,34 +486,28 @@ def suback5(packet: Subscribe, plan: Subscription, granted: Sequence[int]
     grants = [(f, code) for (f, _), code, send in zip(plan.wanted, granted,
                                                       plan.retained_for, strict=True)
               if send]
-    return encode(Suback(packet.packet_id, tuple(codes)), 5), grants
+    return Ack(0x90, encode(Suback(packet.packet_id, tuple(codes)), 5)), grants
 
 
 def unsubscribe(packet: Unsubscribe, strings: StringRules, v5: Negotiated | None,
-                subscriptions: Container[str]) -> Close | bytes:
+                subscriptions: Container[str]) -> Close | Ack:
     """UNSUBSCRIBE: why it breaks the rules, or its UNSUBACK (MQTT 5: 0x11 for a
     filter that had no subscription)."""
     why = _filters_problem(packet.topics, strings, "UNSUBSCRIBE topic filter")
     if why is not None:
         return Close(why)
     if v5 is None:
-        return encode(Unsuback(packet.packet_id))
+        return Ack(0xB0, encode(Unsuback(packet.packet_id)))
     codes = tuple(ReasonCode.SUCCESS if f in subscriptions
                   else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in packet.topics)
-    return encode(Unsuback(packet.packet_id, codes), 5)
+    return Ack(0xB0, encode(Unsuback(packet.packet_id, codes), 5))
 
 
-# -- DISCONNECT / AUTH ---------------------------------------------------------------
+# -- PINGREQ / DISCONNECT / AUTH -----------------------------------------------------
 
-class Goodbye:
-    """A client's DISCONNECT: whether its will is published all the same (MQTT 5,
-    0x04), and the session expiry interval it set last (None: unchanged)."""
-
-    __slots__ = ("expiry", "with_will")
-
-    def __init__(self, with_will: bool, expiry: float | None) -> None:
-        self.with_will = with_will
-        self.expiry = expiry
+def pingreq(packet: Pingreq) -> Send:
+    """PINGREQ: PINGRESP at once (the keepalive counts any input)."""
+    return PINGRESP
 
 
 _PLAIN_GOODBYE = Goodbye(False, None)
@@ -497,3 +553,29 @@ def auth(packet: Auth, v5: Negotiated | None, connected: bool,
             or method != method_under_way):
         return Close("AUTH out of place (no exchange under way with that method)")
     return data, None
+
+
+def authenticating(limits: Limits) -> Arm:
+    """An AUTH exchange began: it must end within the connect timeout."""
+    return Arm("connect", limits.connect_timeout)
+
+
+def auth_answer(step: AuthStep, method: str, reauthenticating: bool,
+                username: str | None) -> Send | Close | Refuse | None:
+    """What the method's ``step`` means: a challenge (AUTH 0x18); for a
+    re-authentication its end (AUTH 0x00, or a close 0x87 when it failed or proved
+    another user); for CONNECT a refusal, or None: accepted, the CONNECT goes on
+    (bans, the session, CONNACK with the step's data)."""
+    if step.outcome == CONTINUE:
+        return Send(encode(Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
+            authentication_method=method, authentication_data=step.data)), 5))
+    if reauthenticating:
+        if step.outcome == SUCCESS and step.username == username:
+            return Send(encode(Auth(ReasonCode.SUCCESS, Properties(
+                authentication_method=method, authentication_data=step.data)), 5))
+        return Close(f"re-authentication failed: {step.reason or 'another user'}",
+                     ReasonCode.NOT_AUTHORIZED)
+    if step.outcome != SUCCESS:
+        return Refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                      f"authentication failed ({step.reason})")
+    return None

@@ -1,35 +1,28 @@
-"""The packets of a connected MQTT client, carried out: PUBLISH and its QoS 1/2
-flows, PUBACK/PUBREC/PUBREL/PUBCOMP, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and
-DISCONNECT, with their acknowledgements sent in the order the packets came, each
-once what it promises is durable.
+"""The packets of a connected MQTT client: PUBLISH and its QoS 1/2 flows,
+PUBACK/PUBREC/PUBREL/PUBCOMP, SUBSCRIBE, UNSUBSCRIBE, PINGREQ and DISCONNECT.
 
-``ConnectedFlows`` is the part of ``protocol.MQTTProtocol`` that asks the broker
-and writes what ``decisions`` decided for each packet; the rules are there (and in
-``connection``'s ``AckQueue`` for the order), the bytes, batches and back-pressure
-(``_after_publish``) in ``protocol``.
+``ConnectedFlows`` is the part of ``protocol.MQTTProtocol`` that, per packet,
+calls its decision (``decisions``) and hands the actions to the executor
+(``executor.ActionExecutor``).  Where the broker's answer feeds the next decision
+(routing a PUBLISH, then its acknowledgement; a SUBSCRIBE's grants, then its
+SUBACK), the call on the broker's port is made here, as a thin step between the
+two.  The rules are in ``decisions`` (and ``connection``'s ``AckQueue`` for the
+order); the bytes, batches and back-pressure (``_after_publish``) in
+``protocol``.  What it must not do: decide a reason code or an acknowledgement,
+or write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from twisted.internet.defer import Deferred
-from twisted.python.failure import Failure
-
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
-from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import decisions
-from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.connection import AckQueue, ConnectionState
-from mqttamqp.mqtt.decisions import Answer, Close, ack_frame
-from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.mqtt.actions import PUBACK, PUBREC, PUBREC_OPENS, Close
+from mqttamqp.mqtt.executor import ActionExecutor
 from mqttamqp.mqtt.packets import (
     Disconnect,
     Pingreq,
-    Pingresp,
     Properties,
     Puback,
     Pubcomp,
@@ -42,8 +35,6 @@ from mqttamqp.mqtt.packets import (
 from mqttamqp.mqtt.v5 import Negotiated
 
 __all__ = ["ConnectedFlows"]
-
-_PINGRESP = encode(Pingresp())
 
 
 def _consumer(props: Properties | None) -> Consumer | None:
@@ -61,62 +52,9 @@ def _consumer(props: Properties | None) -> Consumer | None:
                     stream_offset=users.get("stream-offset") or None)
 
 
-class ConnectedFlows(MQTTLink):
+class ConnectedFlows(ActionExecutor):
     """The packets of a connected client, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
-
-    # -- ordered acknowledgements ---------------------------------------------------
-
-    def _ack(self, d: Deferred[None] | None, frame: bytes,
-             after: Callable[[], None] | None = None, essential: bool = False) -> None:
-        """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out,
-        then call ``after``; an ``essential`` one is called even if the connection
-        closed meanwhile (though not if ``d`` failed)."""
-        acks = self._acks
-        if d is None and acks.empty:
-            self._write(frame)
-            if after is not None:
-                after()
-            return
-        entry = acks.add(frame, after, d is None, essential)
-        if acks.over_bound:
-            # The client sends faster than commits finish: stop reading until they
-            # catch up, rather than queue work for the writer without bound.
-            self._pause_reading("storage")
-        if d is None:
-            self._flush_acks()
-        else:
-            d.addCallbacks(self._ack_ready, self._ack_failed,
-                           callbackArgs=(entry,), errbackArgs=(entry,))
-
-    def _ack_ready(self, _: object, entry: list[Any]) -> None:
-        AckQueue.ready(entry)
-        self._flush_acks()
-
-    def _flush_acks(self) -> None:
-        acks = self._acks
-        for frame, after, essential in acks.take_flagged():
-            if self.rules.closed:
-                if essential and after is not None:
-                    after()
-                continue
-            self._write(frame)
-            if after is not None:
-                after()
-        if acks.under_resume_mark:
-            self._resume_reading("storage")
-
-    def _ack_failed(self, failure: Failure, entry: list[Any]) -> None:
-        # One line for this connection, no traceback: the store logs the failure
-        # itself (once when commits start failing, once when they recover).
-        if self.state is not ConnectionState.CLOSED:
-            self._violation(f"storage failure ({failure.getErrorMessage()}); nothing was "
-                            "acknowledged, closing so the client retries", CAUSE_STORAGE)
-        # Closed now: the entry's frame is never written, and its ``after`` (a QoS 2
-        # gate, cancelled by the failure) does nothing; the entries behind it still
-        # run theirs.
-        AckQueue.ready(entry)
-        self._flush_acks()
 
     # -- PUBLISH and its flows --------------------------------------------------------
 
@@ -127,10 +65,11 @@ class ConnectedFlows(MQTTLink):
             self._on_publish5(self._v5, session, packet)
             return
         # A 3.1.1 PUBLISH has one rule, the topic's (``StringRules``): applied here,
-        # not through ``decisions`` (the call cost 3% of a QoS 0 delivery).
+        # not through ``decisions`` (the call cost 3% of a QoS 0 delivery); its
+        # acknowledgement is ``decisions.published``'s for 3.1.1, inlined likewise.
         why = self.strings.topic(packet.topic, "PUBLISH topic")
         if why is not None:
-            self._violation(why)
+            self._carry_out(Close(why))
             return
         message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
@@ -140,9 +79,10 @@ class ConnectedFlows(MQTTLink):
         if qos == 0:
             result = broker.publish(message, self.identity, wait=False)
         elif qos == 1:
-            assert packet.packet_id is not None
+            pid = packet.packet_id
+            assert pid is not None
             result = broker.publish(message, self.identity)
-            self._ack(result.durable, ack_frame(0x40, packet.packet_id))
+            self._acknowledge(PUBACK, pid, result.durable)
         else:
             pid = packet.packet_id
             assert pid is not None
@@ -150,47 +90,41 @@ class ConnectedFlows(MQTTLink):
             # PUBREC first (after its commit), then the message goes to subscribers.
             gate = result.gate
             if gate is None:
-                self._ack(result.durable, ack_frame(0x50, pid))
+                self._acknowledge(PUBREC, pid, result.durable)
             else:
-                self._ack(result.durable, ack_frame(0x50, pid), gate.open, True)
+                self._acknowledge(PUBREC_OPENS, pid, result.durable, gate.open)
         self._after_publish(session, result, len(packet.payload))
 
     def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:
-        """An MQTT 5 PUBLISH (``decisions.publish5``), then the 3.1.1 flows with
-        reason codes (``decisions.publish_ack5``)."""
+        """An MQTT 5 PUBLISH: ``decisions.publish5`` (the message, an answer at
+        once, or a close), routed, then ``decisions.published``."""
         message = decisions.publish5(packet, v5, self.strings, self.client_id,
                                      self.clock.seconds())
-        if isinstance(message, Close):
-            self._violation(message.reason, code=message.code)
+        if not isinstance(message, Message):
+            if not isinstance(message, Close):   # answered at once (0x99), not routed
+                v5.took(packet)
+            self._carry_out(message, packet.packet_id or 0)
             return
-        if isinstance(message, Answer):   # refused at once (0x99), not routed
-            release = message.release
-            self._ack(None, message.frame, lambda: v5.quota_release(release))
-            return
+        pid = packet.packet_id
+        if pid is not None or packet.properties is not None:
+            v5.took(packet)
         self.messages_in += 1
         qos = packet.qos
-        pid = packet.packet_id
         broker = self.broker
         if qos == 0:
             result = broker.publish(message, self.identity, wait=False)
-        elif qos == 1:
-            assert pid is not None
-            result = broker.publish(message, self.identity, count_drops=True)
-            self._ack(result.durable, decisions.publish_ack5(Puback, pid, result, v5),
-                      lambda: v5.quota_release(pid))
         else:
             assert pid is not None
-            result = broker.publish_qos2(session, message, self.identity, pid,
-                                         count_drops=True)
-            frame = decisions.publish_ack5(Pubrec, pid, result, v5)
-            gate = result.gate
-            if result.denied or result.refusal is not None:
-                # (the exchange ends at a failing PUBREC)
-                self._ack(result.durable, frame, lambda: v5.quota_release(pid))
-            elif gate is None:
-                self._ack(result.durable, frame)
+            if qos == 1:
+                result = broker.publish(message, self.identity, count_drops=True)
             else:
-                self._ack(result.durable, frame, gate.open, True)
+                result = broker.publish_qos2(session, message, self.identity, pid,
+                                             count_drops=True)
+            ack = decisions.published(qos, pid, result, v5)
+            assert ack is not None
+            gate = result.gate
+            self._acknowledge(ack, pid, result.durable,
+                              gate.open if ack.opens and gate is not None else None)
         self._after_publish(session, result, len(packet.payload))
 
     def _acked(self, kind: str, packet_id: int) -> Session | None:
@@ -200,7 +134,7 @@ class ConnectedFlows(MQTTLink):
         assert session is not None
         problem = session.ack_problem(kind, packet_id)
         if problem is not None:
-            self._violation(problem)
+            self._carry_out(Close(problem))
             return None
         return session
 
@@ -219,16 +153,11 @@ class ConnectedFlows(MQTTLink):
         self.broker.received(session, packet.packet_id)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
-        assert self.session is not None
+        session = self.session
+        assert session is not None
         pid = packet.packet_id
-        known = self.session.inbound_seen(pid)
-        d = self.broker.release_qos2(self.session, pid)
-        v5 = self._v5
-        frame = decisions.pubcomp(pid, known, v5)
-        if v5 is None:
-            self._ack(d, frame)
-        else:
-            self._ack(d, frame, lambda: v5.quota_release(pid))
+        ack = decisions.pubrel(pid, session.inbound_seen(pid), self._v5)
+        self._acknowledge(ack, pid, self.broker.release_qos2(session, pid))
 
     def _on_pubcomp(self, packet: Pubcomp) -> None:
         session = self._acked("PUBCOMP", packet.packet_id)
@@ -248,45 +177,31 @@ class ConnectedFlows(MQTTLink):
             granted, d = (broker.subscribe(session, identity, plan.wanted, plan.packed,
                                            _consumer(packet.properties))
                           if plan.wanted else ([], None))
-            frame, grants = decisions.suback5(packet, plan, granted)
+            ack, grants = decisions.suback5(packet, plan, granted)
         else:
             refused = decisions.subscribe(packet, self.strings)
             if refused is not None:
-                self._violation(refused.reason)
+                self._carry_out(refused)
                 return
             codes, d = broker.subscribe(session, identity, packet.topics)
-            frame, grants = decisions.suback(packet, codes, self.version)
-        self._ack(d, frame, lambda: broker.send_retained(session, grants))
+            ack, grants = decisions.suback(packet, codes, self.version)
+        self._acknowledge(ack, packet.packet_id, d,
+                          lambda: broker.send_retained(session, grants))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        frame = decisions.unsubscribe(packet, self.strings, self._v5, session.subscriptions)
-        if isinstance(frame, Close):
-            self._violation(frame.reason)
+        ack = decisions.unsubscribe(packet, self.strings, self._v5, session.subscriptions)
+        if isinstance(ack, Close):
+            self._carry_out(ack)
             return
-        self._ack(self.broker.unsubscribe(session, packet.topics), frame)
+        self._acknowledge(ack, packet.packet_id,
+                          self.broker.unsubscribe(session, packet.topics))
 
     # -- PING / DISCONNECT --------------------------------------------------------------
 
     def _on_pingreq(self, packet: Pingreq) -> None:
-        self._write(_PINGRESP)
+        self._carry_out(decisions.pingreq(packet))
 
     def _on_disconnect(self, packet: Disconnect) -> None:
-        goodbye = decisions.disconnect(packet, self._v5, self.limits)
-        if isinstance(goodbye, Close):
-            self._violation(goodbye.reason)
-            return
-        with_will = goodbye.with_will
-        self._clean_close = True
-        self._cause = CAUSE_CLEAN
-        self.rules.advance("close")
-        self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
-        self._cancel_timers()
-        if self.session is not None:
-            why = ("client sent DISCONNECT with will" if with_will
-                   else "client sent DISCONNECT")
-            self.broker.end_session(self._link, self.session, not with_will, why,
-                                    expiry=goodbye.expiry)
-            self.session = None
-        self._lose()
+        self._carry_out(decisions.disconnect(packet, self._v5, self.limits))

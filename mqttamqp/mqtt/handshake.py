@@ -1,14 +1,17 @@
 """Accepting an MQTT connection: from CONNECT (and an MQTT 5 AUTH exchange) to
 CONNACK, or to the refusal.
 
-``ConnectHandshake`` is the part of ``protocol.MQTTProtocol`` that carries out
-what ``decisions.connect`` and ``decisions.auth`` decided: the TLS certificate as
-the user, bans, authentication (at once, in the thread pool, or the AUTH
-exchange of an MQTT 5 method; re-authentication too), the session's open and
-its commit, and CONNACK with what was negotiated; ``_refuse`` is the one place a
-CONNECT is answered with a refusal.  The running connection (reading, writing,
-timers, the other packets) is ``protocol``'s.  The connection's own state it
-uses is declared below (the protocol's slots).
+``ConnectHandshake`` is the part of ``protocol.MQTTProtocol`` that calls the
+decisions of CONNECT and AUTH (``decisions.connect``, ``auth``, ``auth_answer``,
+``accepted``, ``keepalive``) and hands their actions to the executor
+(``executor.ActionExecutor``: a ``Refuse`` is the one refusing CONNACK, an
+``Arm`` the connect or keepalive deadline).  Between them, as thin steps, the
+calls whose answers feed the next decision: the TLS certificate as the user,
+bans, authentication (at once, in the thread pool, or the AUTH exchange of an
+MQTT 5 method; re-authentication too), the session's open and its commit.  The
+running connection (reading, writing, timers, the other packets) is
+``protocol``'s.  The connection's own state it uses is declared below (the
+protocol's slots).
 """
 
 from __future__ import annotations
@@ -22,32 +25,22 @@ from mqttamqp.core.auth import Credentials, Identity
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import decisions
-from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.connection import ConnectionState, Keepalive
-from mqttamqp.mqtt.decisions import Close, Connecting, Refuse, problem
-from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.mqtt.actions import Close, Refuse, Send
+from mqttamqp.mqtt.connection import ConnectionState
+from mqttamqp.mqtt.decisions import Connecting
+from mqttamqp.mqtt.executor import ActionExecutor
 from mqttamqp.mqtt.packets import (
     Auth,
-    Connack,
     ConnackCode,
     Connect,
     Properties,
-    ReasonCode,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties, negotiate
+from mqttamqp.mqtt.v5 import message_properties, negotiate
 from mqttamqp.net.tls import verified_common_name
-from mqttamqp.security.enhanced_auth import (
-    CONTINUE,
-    SUCCESS,
-    AuthExchange,
-    AuthStep,
-)
+from mqttamqp.security.enhanced_auth import CONTINUE, AuthExchange, AuthStep
 
 __all__ = ["AuthInProgress", "ConnectHandshake"]
 
-# CONNACK accepting a 3.1/3.1.1 client, by session present (encoded once).
-_CONNACK_ACCEPTED = {present: encode(Connack(present, ConnackCode.ACCEPTED))
-                     for present in (False, True)}
 _CONNECTED = ConnectionState.CONNECTED
 
 
@@ -71,7 +64,7 @@ class AuthInProgress:
         self.final: bytes | None = None
 
 
-class ConnectHandshake(MQTTLink):
+class ConnectHandshake(ActionExecutor):
     """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
 
     _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
@@ -82,18 +75,15 @@ class ConnectHandshake(MQTTLink):
         decided = decisions.connect(packet, self.limits, self.strings,
                                     _no_methods if enhanced is None else enhanced.start)
         if type(decided) is Refuse:
-            self._refuse(decided.code, decided.reason)
+            self._carry_out(decided)
             return
         assert isinstance(decided, Connecting)
         self.decoder.protocol_level = decided.level
         self.version = decided.version
         self._v5 = decided.v5
         failure = decided.failure
-        if type(failure) is Refuse:
-            self._refuse(failure.code, failure.reason)
-            return
-        if type(failure) is Close:
-            self._violation(failure.reason, code=failure.code)
+        if failure is not None:
+            self._carry_out(failure)
             return
         client_id = decided.client_id
         assigned = decided.assigned
@@ -106,7 +96,7 @@ class ConnectHandshake(MQTTLink):
         if cert_user is not None:
             problem = self.strings.text(cert_user, "client certificate common name")
             if problem is not None:
-                self._refuse(ConnackCode.NOT_AUTHORIZED, problem)
+                self._carry_out(Refuse(ConnackCode.NOT_AUTHORIZED, problem))
                 return
             self.username = cert_user
             self.log.info("{c} ({peer}) is user {u!r} by its TLS client certificate",
@@ -114,9 +104,7 @@ class ConnectHandshake(MQTTLink):
         peer = self.peer     # (made when read: once here)
         banned = self.broker.gate.banned("MQTT", client_id, self.username, peer)
         if banned is not None:       # counted and logged (rate-limited) by the broker
-            # MQTT 5 has its own code for it (0x8A); 3.1.1's is "not authorized".
-            self._refuse(ReasonCode.BANNED if self._v5 is not None
-                         else ConnackCode.NOT_AUTHORIZED, banned, logged=True)
+            self._carry_out(decisions.banned(banned, self._v5))
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
@@ -126,8 +114,7 @@ class ConnectHandshake(MQTTLink):
             assert self._v5 is not None and self._v5.auth_method is not None
             self._auth = AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
             self.rules.advance("authenticate")
-            self._connect_timer = self._factory.connect_deadlines.add(
-                self, self.limits.connect_timeout)
+            self._carry_out(decisions.authenticating(self.limits))
             props = packet.properties
             self._auth_answer(exchange.step(props.authentication_data if props else None))
             return
@@ -159,15 +146,14 @@ class ConnectHandshake(MQTTLink):
                        ) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
             return None  # the socket went away while we checked
-        if not ok:
-            code = (ConnackCode.BAD_CREDENTIALS if packet.username is not None
-                    else ConnackCode.NOT_AUTHORIZED)
-            self._refuse(code, "authentication failed")
-            return None
-        self.identity = Identity(self.client_id, self.username, self.protocol_label)
-        if not self.broker.gate.may_claim(self.identity, self.client_id):
-            self._refuse(ConnackCode.NOT_AUTHORIZED,
-                         "the session of this client id belongs to another user")
+        may_claim = False
+        if ok:
+            identity = self.identity = Identity(self.client_id, self.username,
+                                                self.protocol_label)
+            may_claim = self.broker.gate.may_claim(identity, self.client_id)
+        refused = decisions.authenticated(ok, packet, may_claim)
+        if refused is not None:
+            self._carry_out(refused)
             return None
         will = None
         if packet.will is not None:
@@ -205,10 +191,7 @@ class ConnectHandshake(MQTTLink):
             return
         self.rules.advance("accepted")
         self.connected_since = self.clock.seconds()
-        if self._v5 is not None:
-            self._write(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
-        else:
-            self._write(_CONNACK_ACCEPTED[present and self.version == "3.1.1"])
+        self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         self.broker.activate(session, self._link, self.protocol_label)
         self.broker.register_connection(self.key, self._link, self.protocol_label)
         held = self._factory.connect_lines.allow("connect")
@@ -220,39 +203,17 @@ class ConnectHandshake(MQTTLink):
         debug_until = self.broker.client_debug.until(self.client_id)
         if debug_until is not None:
             self.start_debug(debug_until)
-        if self.keepalive > 0:
-            rule = self._keepalive = Keepalive.of(self.keepalive)
-            self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
-            self._keepalive_timer = self._factory.keepalives.add(self, self._keepalive.limit)
+        deadline = decisions.keepalive(self.keepalive)
+        if deadline is not None:
+            self._carry_out(deadline)
         self._resume_reading("connect")
         self._process()
 
     def _connect_failed(self, failure: Failure) -> None:
         self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)
         if self.state is ConnectionState.CONNECTING:
-            self._refuse(ConnackCode.SERVER_UNAVAILABLE, "internal error while connecting")
-
-    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
-        """Answer CONNECT with a refusal (``code``: a 3.1.1 return code, or an MQTT
-        5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
-        the caller logged (and counted) it already, rate-limited."""
-        if not logged:
-            self.meter.refused()
-            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
-                          "{code})", peer=self.peer, c=self.client_id, r=reason,
-                          code=int(code))
-        if self.session is not None:
-            # A refused CONNECT leaves no will behind and publishes none.
-            self.broker.end_session(self._link, self.session, True, "CONNECT refused")
-            self.session = None
-        if self._v5 is not None:
-            self._write(encode(Connack(False, CONNACK_REASONS.get(code, code),
-                                       problem(self._v5, reason)), 5))
-        else:
-            self._write(encode(Connack(False, code)))
-        self.rules.advance("close")
-        self._cancel_timers()
-        self._lose()
+            self._carry_out(Refuse(ConnackCode.SERVER_UNAVAILABLE,
+                                   "internal error while connecting"))
 
     def _on_auth(self, packet: Auth) -> None:
         """AUTH: the next step of the exchange CONNECT began, or (connected) a
@@ -263,7 +224,7 @@ class ConnectHandshake(MQTTLink):
                               None if auth is None else auth.method,
                               None if enhanced is None else enhanced.start)
         if isinstance(step, Close):
-            self._violation(step.reason)
+            self._carry_out(step)
             return
         data, exchange = step
         if exchange is not None:
@@ -277,36 +238,32 @@ class ConnectHandshake(MQTTLink):
         the exchange (CONNACK, or for a re-authentication AUTH 0x00 / DISCONNECT)."""
         auth = self._auth
         assert auth is not None
-        if step.outcome == CONTINUE:
-            self._write(encode(Auth(ReasonCode.CONTINUE_AUTHENTICATION, Properties(
-                authentication_method=auth.method, authentication_data=step.data)), 5))
-            return
-        if auth.packet is None:     # re-authentication while connected
-            self._auth = None
-            if step.outcome == SUCCESS and step.username == self.username:
-                self._write(encode(Auth(ReasonCode.SUCCESS, Properties(
-                    authentication_method=auth.method, authentication_data=step.data)), 5))
-            else:
-                self._violation(f"re-authentication failed: {step.reason or 'another user'}",
-                                code=ReasonCode.NOT_AUTHORIZED)
+        reauthenticating = auth.packet is None
+        answer = decisions.auth_answer(step, auth.method, reauthenticating, self.username)
+        if reauthenticating or type(answer) is Send:
+            if reauthenticating and step.outcome != CONTINUE:   # (it ends here)
+                self._auth = None
+            assert answer is not None
+            self._carry_out(answer)
             return
         self._stop_connect_timer()
-        if step.outcome != SUCCESS:
+        if answer is not None:      # refused
             self._auth = None
             self.broker.gate.auth_failed(Credentials(self.client_id, step.username, None,
                                                      "mqtt", self.peer), step.reason or "refused")
-            self._refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD,
-                         f"authentication failed ({step.reason})")
+            self._carry_out(answer)
             return
         # The name the exchange proved may be banned (the CONNECT's own user name
         # field, checked before, is whatever the client put there).
         banned = self.broker.gate.banned("MQTT", self.client_id, step.username, self.peer)
         if banned is not None:
             self._auth = None
-            self._refuse(ReasonCode.BANNED, banned, logged=True)
+            self._carry_out(decisions.banned(banned, self._v5))
             return
         auth.final = step.data
         self.username = step.username
         self.rules.advance("connect")
         self._pause_reading("connect")
-        self._authenticated(True, auth.packet, auth.assigned)
+        packet = auth.packet
+        assert packet is not None
+        self._authenticated(True, packet, auth.assigned)

@@ -1,9 +1,11 @@
 """What the parts of one MQTT connection share: its state and operations, declared.
 
 ``protocol.MQTTProtocol`` is one object built from parts by concern:
-``handshake.ConnectHandshake`` (CONNECT and AUTH to CONNACK),
-``flows.ConnectedFlows`` (the packets of a connected client carried out, and
-their acknowledgements in order), ``closing.Disconnects`` (the one disconnect),
+``executor.ActionExecutor`` (the decisions' actions carried out, the
+acknowledgements in order), ``handshake.ConnectHandshake`` (CONNECT and AUTH to
+CONNACK), ``flows.ConnectedFlows`` (the packets of a connected client: each
+one's decision, and the broker calls between decisions), ``closing.Disconnects``
+(the one disconnect),
 ``reading.InputPump`` (the input pump and reading pauses),
 ``inspect.ConnectionView`` (what the console sees) and the Twisted protocol
 itself (bytes, batches, timers).
@@ -103,6 +105,7 @@ class MQTTLink:
     _send_disconnect: Callable[[int, str], None]
     _after_publish: Callable[[Session, Published, int], None]
     _violation: Callable[..., None]
+    _carry_out: Callable[..., None]
     _lose: Callable[[], None]
     _process: Callable[[], None]
     _cancel_timers: Callable[[], None]

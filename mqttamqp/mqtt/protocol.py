@@ -8,13 +8,14 @@ when the subscribers it feeds fall behind).  The rules themselves — the state
 machine, which packet may come when, the keepalive deadline and the order of
 acknowledgements — are sans-IO in ``connection``, and what to do with each packet
 (reason codes, receive maximum, retain handling, topic aliases, the
-acknowledgement a verdict gets) in ``decisions``; this module carries out what
-they decide.
+acknowledgement a verdict gets) in ``decisions``, as ``actions`` that
+``executor.ActionExecutor`` carries out.
 
 ``MQTTProtocol`` is built from parts by concern (``link`` declares what they
-share): accepting a CONNECT and the AUTH exchange is
-``handshake.ConnectHandshake``; the packets of a connected client, asked of the
-broker and acknowledged in order, are ``flows.ConnectedFlows``; the one
+share): carrying out the decisions' actions (acknowledgements in order, the
+refusing CONNACK, DISCONNECT's end, deadlines) is ``executor.ActionExecutor``;
+accepting a CONNECT and the AUTH exchange is ``handshake.ConnectHandshake``; the
+packets of a connected client are ``flows.ConnectedFlows``; the one
 disconnect is ``closing.Disconnects``; the input pump and reading pauses are
 ``reading.InputPump``; what the console sees is ``inspect.ConnectionView``; this
 module keeps the Twisted protocol, the deliveries (``send_publish``), output
@@ -58,6 +59,7 @@ from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
+from mqttamqp.mqtt.actions import ack_frame
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -69,7 +71,6 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
-from mqttamqp.mqtt.decisions import ack_frame
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView

@@ -107,7 +107,7 @@ class InputPump(MQTTLink):
                 # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
                 self._write(encode(Connack(False, exc.code, Properties(
                     reason_string=exc.reason[:200])), 5))
-            self._violation(close.reason, code=close.code, limit=close.limit)
+            self._carry_out(close)
         finally:
             self._in_process = was_processing
 

@@ -5,9 +5,10 @@ What it owns:
 * ``Negotiated``: both sides' limits from CONNECT and CONNACK (receive maximum,
   maximum packet size, topic alias maximum, session expiry, server keep alive,
   request problem / response information), built by ``negotiate``;
-* the topic alias tables, inbound (``resolve_topic``) and outbound
-  (``Negotiated.outbound_alias``);
-* the inbound receive-maximum quota (``Negotiated.quota_*``);
+* the topic alias tables, inbound (``resolve_topic`` reads it, ``Negotiated.took``
+  records what a PUBLISH sets) and outbound (``Negotiated.outbound_alias``);
+* the inbound receive-maximum quota (``Negotiated.quota_allows``, ``took``,
+  ``quota_release``);
 * turning PUBLISH properties into the core's ``MessageProperties`` and back, with
   what is left of a message's expiry interval (``message_properties``,
   ``publish_properties``);
@@ -92,16 +93,23 @@ class Negotiated:
 
     # -- receive maximum (inbound) ----------------------------------------------------
 
-    def quota_take(self, packet_id: int) -> bool:
-        """A QoS 1/2 PUBLISH arrived: False if the client exceeded our receive
-        maximum (DISCONNECT 0x93).  A resend of an id already counted is free."""
+    def quota_allows(self, packet_id: int) -> bool:
+        """May a QoS 1/2 PUBLISH with ``packet_id`` come?  False if the client is
+        past our receive maximum (DISCONNECT 0x93).  A resend of an id already
+        counted is free.  (Read only: ``took`` counts it.)"""
         quota = self._quota
-        if packet_id in quota:
-            return True
-        if len(quota) >= RECEIVE_MAXIMUM:
-            return False
-        quota.add(packet_id)
-        return True
+        return packet_id in quota or len(quota) < RECEIVE_MAXIMUM
+
+    def took(self, packet: Publish) -> None:
+        """What an inbound PUBLISH changes, once ``decisions.publish5`` let it in
+        (routed, or answered at once): the topic alias it sets, and its packet id's
+        place in the receive-maximum quota (given back by ``quota_release``)."""
+        props = packet.properties
+        if props is not None and props.topic_alias is not None and packet.topic:
+            self._aliases_in[props.topic_alias] = packet.topic
+        pid = packet.packet_id
+        if pid is not None:
+            self._quota.add(pid)
 
     def quota_release(self, packet_id: int) -> None:
         """Its PUBACK (QoS 1) or PUBCOMP (QoS 2) went out, or a PUBREC refused it."""
@@ -146,7 +154,8 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
 
 def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str, int]:
     """The topic of an inbound PUBLISH after its alias (section 3.3.2.3.4), or
-    (None, why, reason code): Topic Alias invalid (0x94) or Protocol Error (0x82)."""
+    (None, why, reason code): Topic Alias invalid (0x94) or Protocol Error (0x82).
+    Read only: a topic and alias together set the alias once ``Negotiated.took``."""
     props = packet.properties
     alias = props.topic_alias if props is not None else None
     if alias is None:
@@ -158,7 +167,6 @@ def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str, 
         return None, f"topic alias {alias} above the maximum {TOPIC_ALIAS_MAXIMUM}", \
             ReasonCode.TOPIC_ALIAS_INVALID
     if packet.topic:
-        state._aliases_in[alias] = packet.topic
         return packet.topic, "", 0
     topic = state._aliases_in.get(alias)
     if topic is None:

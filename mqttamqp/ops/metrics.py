@@ -150,7 +150,7 @@ def snapshot(broker: Broker) -> list[Family]:
                      - stats.wills_published)
     families = [
         Family("mqttamqp_connections", GAUGE, "Live client connections.", "", "protocol",
-               _by([("mqtt", 0), ("amqp", 0)]
+               _by([("mqtt", 0), ("amqp", 0), ("amqp0-9-1", 0)]
                    + [(protocol_family(p), n) for p, n in c.by_protocol.items()])),
         Family("mqttamqp_sessions", GAUGE, "Sessions by client id, online (a connection "
                "holds it) or offline (persistent, waiting for its client).", "", "state",
@@ -267,6 +267,39 @@ class BrokerCollector(Collector):
     def describe(self) -> Iterable[Any]:
         # Nothing up front: registering must not read the broker before it starts.
         return ()
+
+
+class HACollector(Collector):
+    """--ha: the role (``mqttamqp_ha_role{role=...}`` 1 for the current one), the
+    epoch, since when this broker leads, its last takeover's duration and the
+    database's latency, from ``figures()`` (``mqttamqp.ha.HighAvailability``)."""
+
+    ROLES = ("standby", "leader", "fenced")
+
+    def __init__(self, figures: Any) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.figures()
+        role = GaugeMetricFamily("mqttamqp_ha_role", "--ha: 1 for this broker's role "
+                                 "(standby, leader, fenced), 0 for the others.",
+                                 labels=["role"])
+        for name in self.ROLES:
+            role.add_metric([name], 1 if f["role"] == name else 0)
+        yield role
+        for name, doc, value in (
+                ("mqttamqp_ha_epoch", "--ha: the leader epoch this broker claimed (0 "
+                 "while standby).", f["epoch"] or 0),
+                ("mqttamqp_ha_leader_since_seconds", "--ha: when this broker became the "
+                 "leader, seconds since the epoch (0 while standby).", f["leader_since"]),
+                ("mqttamqp_ha_last_takeover_seconds", "--ha: how long this broker's "
+                 "takeover took (state loaded, listeners open).",
+                 f["last_takeover_seconds"]),
+                ("mqttamqp_ha_database_latency_seconds", "--ha: round trip of the last "
+                 "statement on the serving lock's connection.",
+                 f["database_latency_seconds"])):
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
 
 
 def broker_registry(broker: Broker) -> CollectorRegistry:

@@ -11,6 +11,8 @@ from typing import Any
 from mqttamqp.core.persistence import (
     ClearRetained,
     DeleteBan,
+    DeleteBinding,
+    DeleteExchange,
     DeleteInboundQos2,
     DeleteQueue,
     DeleteQueued,
@@ -22,8 +24,11 @@ from mqttamqp.core.persistence import (
     DeleteWill,
     Op,
     PutBan,
+    PutBinding,
+    PutExchange,
     PutInboundQos2,
     PutQueue,
+    PutQueueArguments,
     PutQueued,
     PutQueueGroup,
     PutQueueMessage,
@@ -39,6 +44,9 @@ from mqttamqp.store.models import (
     PersistentSession,
     advance_floor,
     ban_to_record,
+    binding_key,
+    binding_to_record,
+    exchange_to_record,
     group_to_record,
     message_to_record,
     new_done_set,
@@ -52,10 +60,13 @@ __all__ = ["GATHER_FOR", "HANDLERS", "Trees", "superseded_puts"]
 class Trees:
     """The root's BTrees, fetched once per commit attempt."""
 
-    __slots__ = ("bans", "deleted", "queues", "retained", "sessions", "wills")
+    __slots__ = ("bans", "bindings", "deleted", "exchanges", "queues", "retained",
+                 "sessions", "wills")
 
     def __init__(self, root: Any) -> None:
         self.bans: Any = root["bans"]
+        self.exchanges: Any = root["exchanges"]
+        self.bindings: Any = root["bindings"]
         self.queues: Any = root["queues"]
         self.retained: Any = root["retained"]
         self.wills: Any = root["wills"]
@@ -298,7 +309,35 @@ def _delete_queue_group(t: Trees, op: DeleteQueueGroup) -> None:
         queue.done.pop(op.group, None)
 
 
+def _put_exchange(t: Trees, op: PutExchange) -> None:
+    t.exchanges[op.name] = exchange_to_record(op)
+
+
+def _delete_exchange(t: Trees, op: DeleteExchange) -> None:
+    t.exchanges.pop(op.name, None)
+
+
+def _put_binding(t: Trees, op: PutBinding) -> None:
+    t.bindings[binding_key(op)] = binding_to_record(op)
+
+
+def _delete_binding(t: Trees, op: DeleteBinding) -> None:
+    t.bindings.pop(binding_key(op), None)
+
+
+def _put_queue_arguments(t: Trees, op: PutQueueArguments) -> None:
+    queue = _queue_for_put(t, op.name)
+    arguments = tuple(op.arguments)
+    if queue.arguments != arguments:
+        queue.arguments = arguments
+
+
 HANDLERS: dict[type, Callable[[Trees, Any], None]] = {
+    PutExchange: _put_exchange,
+    DeleteExchange: _delete_exchange,
+    PutBinding: _put_binding,
+    DeleteBinding: _delete_binding,
+    PutQueueArguments: _put_queue_arguments,
     PutQueue: _put_queue,
     DeleteQueue: _delete_queue,
     PutQueueMessage: _put_queue_message,

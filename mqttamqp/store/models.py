@@ -24,6 +24,10 @@ Root layout (``SCHEMA_VERSION`` 1)::
                               schema 1: created on open when missing, old files load)
     root["queues"]         -> OOBTree   name -> PersistentQueue (added later in schema
                               1, like "bans")
+    root["exchanges"]      -> OOBTree   name -> exchange record (AMQP 0.9.1's durable
+                              exchanges; added later in schema 1, like "bans")
+    root["bindings"]       -> OOBTree   binding key -> binding record (between durable
+                              ends; likewise)
     PersistentSession.queue -> QueueTree (LOBTree) seq -> queued record
     PersistentQueue.log    -> QueueTree offset -> message record
     PersistentQueue.groups -> OOBTree group id -> group record
@@ -32,11 +36,18 @@ Root layout (``SCHEMA_VERSION`` 1)::
 
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
+                    + (MQTT 5 properties or None) + (AMQP 0.9.1 basic properties)
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id)
     ban record:     (kind, value, until or None, reason, created, by)
     group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
                     (tuples of ints / (int, int) / (str, int) pairs)
+    exchange record: (name, kind, auto_delete, internal, arguments)
+    binding key:    (source, destination, to_exchange, routing_key, repr(arguments))
+    binding record: (source, destination, to_exchange, routing_key, arguments)
+    arguments:      AMQP 0.9.1 field tables as sorted (key, value) pairs of primitives
+                    and nested tuples (``core.exchanges.queuedecl.freeze``)
+    PersistentQueue.arguments: what 0.9.1 declared the queue with (None: not)
 
 This module must not open databases, start threads or talk to the reactor; it only
 defines data and pure conversions.  ``zodbstore`` does the I/O.
@@ -55,14 +66,22 @@ from persistent import Persistent
 
 from mqttamqp.core.message import Message, MessageProperties, WillMessage, body_size, stub
 from mqttamqp.core.persistence import (
+    DeleteBinding,
     PutBan,
+    PutBinding,
+    PutExchange,
     QueueGroupRecord,
     QueueRecord,
     SessionRecord,
+    Snapshot,
     StoredQueued,
 )
+from mqttamqp.store import prefetch
 
 __all__ = [
+    "root_to_snapshot",
+    "exchange_to_record", "record_to_exchange", "binding_key", "binding_to_record",
+    "record_to_binding",
     "SCHEMA_VERSION",
     "BanRecord",
     "MessageRecord",
@@ -156,6 +175,7 @@ class PersistentQueue(Persistent):  # type: ignore[misc]
     log: Any
     groups: Any
     done: Any
+    arguments: Any = None   # AMQP 0.9.1's declared arguments (None: not declared so)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -176,7 +196,8 @@ def init_root(root: Any) -> bool:
         )
     changed = False
     for key, factory in (("retained", RetainedTree), ("wills", OOBTree), ("sessions", OOBTree),
-                         ("bans", OOBTree), ("queues", OOBTree)):
+                         ("bans", OOBTree), ("queues", OOBTree), ("exchanges", OOBTree),
+                         ("bindings", OOBTree)):
         if key not in root:
             root[key] = factory()
             changed = True
@@ -207,16 +228,20 @@ def message_to_record(m: Message, native: bool = True) -> MessageRecord:
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
     keep_native = native and m.native is not None
-    if not keep_native and m.props is None:
+    if not keep_native and m.props is None and m.amqp091 is None:
         return record
     # A message from an AMQP sender also keeps its AMQP form (a retained message is
     # sent to AMQP receivers as it was sent, after a restart too).
     record = (*record, _bytes(m.native) if keep_native and m.native is not None else None,
               bool(m.amqp_only) if keep_native else False)
-    if m.props is None:
-        return record
-    # MQTT 5 properties ride as a tenth field (older records have 7 or 9).
-    return (*record, _props_to_record(m.props))
+    props = None if m.props is None else _props_to_record(m.props)
+    if m.amqp091 is None:
+        if props is None:
+            return record
+        # MQTT 5 properties ride as a tenth field (older records have 7 or 9).
+        return (*record, props)
+    # An AMQP 0.9.1 publisher's basic properties as sent: an eleventh.
+    return (*record, props, _bytes(m.amqp091))
 
 
 def record_to_message(r: Any) -> Message:
@@ -227,9 +252,14 @@ def record_to_message(r: Any) -> Message:
         topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
         return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
                        amqp_only)
-    topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
+    if len(r) == 10:
+        topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
+        return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
+                       amqp_only, _record_to_props(props))
+    (topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props,
+     amqp091) = r
     return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only,
-                   _record_to_props(props))
+                   None if props is None else _record_to_props(props), amqp091)
 
 
 def will_to_record(w: WillMessage) -> WillRecord:
@@ -341,7 +371,33 @@ def queue_to_record(q: PersistentQueue, body_budget: int | None = None,
         messages=messages,
         groups={str(k): record_to_group(r, q.done.get(k, ())) for k, r in q.groups.items()},
         evicted=evicted,
+        arguments=None if q.arguments is None else tuple(q.arguments),
     )
+
+
+def exchange_to_record(e: PutExchange) -> tuple[Any, ...]:
+    return (e.name, e.kind, bool(e.auto_delete), bool(e.internal), tuple(e.arguments))
+
+
+def record_to_exchange(r: Any) -> PutExchange:
+    name, kind, auto_delete, internal, arguments = r
+    return PutExchange(name, kind, auto_delete, internal, tuple(arguments))
+
+
+def binding_key(b: PutBinding | DeleteBinding) -> tuple[Any, ...]:
+    # (arguments as text: mixed value types would not order in a BTree key)
+    return (b.source, b.destination, bool(b.to_exchange), b.routing_key,
+            repr(tuple(b.arguments)))
+
+
+def binding_to_record(b: PutBinding) -> tuple[Any, ...]:
+    return (b.source, b.destination, bool(b.to_exchange), b.routing_key,
+            tuple(b.arguments))
+
+
+def record_to_binding(r: Any) -> PutBinding:
+    source, destination, to_exchange, routing_key, arguments = r
+    return PutBinding(source, destination, to_exchange, routing_key, tuple(arguments))
 
 
 def advance_floor(record: tuple[Any, ...], done: Any, floor: int) -> tuple[Any, ...]:
@@ -361,3 +417,26 @@ def advance_floor(record: tuple[Any, ...], done: Any, floor: int) -> tuple[Any, 
 
 def new_done_set() -> Any:
     return LLTreeSet()
+
+
+def root_to_snapshot(conn: Any, queue_body_budget: int) -> Snapshot:
+    """The whole durable state under ``conn``'s root as plain objects (start-up):
+    the big trees read in bulk (``prefetch``), and of each queue its head, its share
+    of ``queue_body_budget`` (0: no budget), in memory; the cache is emptied as it
+    goes, so RSS stays near the budget at start too."""
+    root = conn.root()
+    snapshot = Snapshot()
+    for topic, record in prefetch.items(conn, root["retained"]):
+        snapshot.retained[topic] = record_to_message(record)
+    for owner, record in root["wills"].items():
+        snapshot.wills[owner] = record_to_will(record)
+    for client_id, session in prefetch.sessions(conn, root["sessions"]):
+        snapshot.sessions[client_id] = session_to_record(session)
+    snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
+    snapshot.exchanges = [record_to_exchange(r) for r in root["exchanges"].values()]
+    snapshot.bindings = [record_to_binding(r) for r in root["bindings"].values()]
+    queues = root["queues"]
+    share = queue_body_budget // max(1, len(queues)) if queue_body_budget > 0 else None
+    snapshot.queues = [queue_to_record(q, share, conn.cacheMinimize)
+                       for q in queues.values()]
+    return snapshot

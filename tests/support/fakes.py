@@ -154,8 +154,9 @@ class MemoryStore(NullStore):
                              expiry=r.expiry)
             for k, r in s.sessions.items()}, list(s.bans), [
             p.QueueRecord(q.name, q.retention, q.head, sorted(q.messages),
-                          next_offset=q.next_offset, groups=dict(q.groups))
-            for q in self.queues.values()])
+                          next_offset=q.next_offset, groups=dict(q.groups),
+                          arguments=q.arguments)
+            for q in self.queues.values()], list(s.exchanges), list(s.bindings))
 
     def _queue(self, name: str) -> p.QueueRecord:
         q = self.queues.get(name)
@@ -241,6 +242,20 @@ class MemoryStore(NullStore):
                                                    old.floor)
             elif isinstance(op, p.DeleteQueueGroup):
                 self._queue(op.queue).groups.pop(op.group, None)
+            elif isinstance(op, p.PutQueueArguments):
+                self._queue(op.name).arguments = op.arguments
+            elif isinstance(op, p.PutExchange):
+                s.exchanges = [e for e in s.exchanges if e.name != op.name] + [op]
+            elif isinstance(op, p.DeleteExchange):
+                s.exchanges = [e for e in s.exchanges if e.name != op.name]
+            elif isinstance(op, (p.PutBinding, p.DeleteBinding)):
+                key = (op.source, op.destination, op.to_exchange, op.routing_key,
+                       op.arguments)
+                s.bindings = [b for b in s.bindings if (
+                    b.source, b.destination, b.to_exchange, b.routing_key, b.arguments
+                ) != key]
+                if isinstance(op, p.PutBinding):
+                    s.bindings.append(op)
         return super().submit(ops)
 
 

@@ -51,7 +51,8 @@ class ClientsApp(Area):
                 raise HTTPError(400, f"parameter {name} must be one of {', '.join(allowed)}")
             return value
         return views.ClientFilters(
-            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")),
+            protocol=choice("protocol", ("mqtt", "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp",
+                                         "amqp0-9-1")),
             user=param(request, "user")[:200], remote=param(request, "remote")[:200],
             kind=choice("kind", ("clean", "persistent")), will=choice("will", ("yes", "no")))
 

@@ -3,7 +3,10 @@
 MQTT 5 members acknowledge with ``$queue/<name>/$ack|$nack|$reject`` and user
 properties (``command``); AMQP outcomes other than Accepted arrive through
 ``settle``.  A nack makes a message visible again until ``--queue-max-deliveries``,
-a reject (or too many deliveries) moves it to ``$dlq/<name>`` with its origin."""
+a reject (or too many deliveries) moves it to ``$dlq/<name>`` with its origin, or,
+for a queue with a dead-letter route (AMQP 0.9.1's x-dead-letter-exchange,
+``QueueLog.dead_letter``; also taken by retention's drops), to the queues that
+route names (``_route_dead``), with the same origin properties."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import replace
 
 from twisted.internet.defer import Deferred
 
-from mqttamqp.core.message import MessageProperties
+from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.persistence import Op, PutQueueGroup
 from mqttamqp.core.queues.addresses import (
     ACK,
@@ -26,8 +29,8 @@ from mqttamqp.core.queues.addresses import (
     Refusal,
 )
 from mqttamqp.core.queues.dispatch import Dispatch
-from mqttamqp.core.queues.metadata import without_metadata
-from mqttamqp.core.queues.model import ConsumerGroup, Pending, StreamRead
+from mqttamqp.core.queues.metadata import DLQ_KEYS, without_metadata
+from mqttamqp.core.queues.model import ConsumerGroup, Pending, QueueLog, StreamRead
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.session import Session
 
@@ -174,8 +177,11 @@ class Acknowledgements(Dispatch):
             return
         queue.dead += 1
         self.stats.dead_lettered += 1
-        if queue.name.startswith(DLQ_PREFIX):
-            return   # (a dead-letter queue's dead messages go nowhere: counted)
+        if queue.dead_letter is not None:   # (AMQP 0.9.1's x-dead-letter-exchange)
+            self._route_dead(queue, message, reason, offset, group.key, count, ops)
+            return
+        if queue.name.startswith(DLQ_PREFIX) or queue.transient:
+            return   # (a dead-letter or transient queue's dead messages go nowhere: counted)
         dlq = self._queue(DLQ_PREFIX + queue.name, ops)
         if dlq is None:
             return
@@ -187,3 +193,36 @@ class Acknowledgements(Dispatch):
                        props=replace(props, user_properties=without_metadata(
                            props.user_properties) + extra))
         self._append(dlq, dead, ops)
+
+    def _route_dead(self, queue: QueueLog, message: Message, reason: str, offset: int,
+                    group: str, count: int, ops: list[Op]) -> None:
+        """A dead message of ``queue``, which has a dead-letter route (AMQP 0.9.1's
+        x-dead-letter-exchange): appended to the queues the route names, with its
+        origin as user properties (as ``$dlq/`` messages carry it) and the
+        exchange and routing key it was dead-lettered with (``dead-letter-exchange``,
+        ``dead-letter-routing-key``: a 0.9.1 delivery's exchange and key, and its
+        x-death header, come from these).  Never back into ``queue`` for a reason of
+        its own retention (that would not end)."""
+        assert queue.dead_letter is not None
+        exchange, key, targets = queue.dead_letter(message, reason)
+        if not targets:
+            return
+        props = message.props or MessageProperties()
+        # (the reasons of RabbitMQ's x-death: rejected, expired, maxlen, delivery_limit)
+        kind = (reason if reason in ("expired", "maxlen")
+                else "delivery_limit" if "deliveries" in reason else "rejected")
+        extra = (("origin-queue", queue.name), ("origin-offset", str(offset)),
+                 ("origin-group", group), ("delivery-count", str(count)),
+                 ("reason", kind), ("dead-letter-exchange", exchange),
+                 ("dead-letter-routing-key", key))
+        users = tuple(kv for kv in props.user_properties if kv[0] not in DLQ_KEYS) + extra
+        plain = not key or "+" in key or "#" in key or "\x00" in key
+        for name in targets:
+            target = self.queues.get(name)
+            if target is None or (target is queue and reason in ("expired", "maxlen")):
+                continue
+            topic = QUEUE_PREFIX + name if plain or key == name else (
+                QUEUE_PREFIX + name + "/" + key)
+            self._append(target, replace(
+                message, topic=topic, retain=False, dup=False,
+                props=replace(props, user_properties=users)), ops)

@@ -139,7 +139,25 @@ class QueueAdmin(QueueTimers):
                 group.next = max(group.next, queue.next_offset)
             ops.append(PutQueueGroup(name, group.key, group.record()))
         ops.append(TrimQueue(name, queue.next_offset))
-        return self.commits.persist(ops)
+        return self.commits.persist(self._durable_ops(ops))
+
+    def purge_ready(self, name: str) -> tuple[int, Deferred[None] | None]:
+        """Remove the messages of queue ``name`` that no consumer holds (AMQP 0.9.1
+        ``queue.purge``: unacknowledged deliveries stay theirs); how many went."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0, None
+        held = {o for g in queue.groups.values() for o in g.pending}
+        if not held:
+            count = len(queue.log)
+            return count, self.purge(name)
+        ops: list[Op] = []
+        count = 0
+        for offset in [o for o in queue.log if o not in held]:
+            self._forget(queue, offset)   # (groups skip it: no message there)
+            ops.append(DeleteQueueMessage(name, offset))
+            count += 1
+        return count, self._commit(ops)
 
     def delete(self, name: str) -> Deferred[None] | None:
         """Delete queue ``name`` with its messages and groups (members are dropped
@@ -153,6 +171,9 @@ class QueueAdmin(QueueTimers):
         self.resident -= sum(body_size(m) for o, m in queue.log.items()
                              if o not in queue.evicted)
         self._removed()
+        if queue.transient:
+            self.transient.discard(name)
+            return None
         return self.commits.persist([DeleteQueue(name)])
 
     def _disband(self, group: ConsumerGroup) -> None:
@@ -246,7 +267,7 @@ class QueueAdmin(QueueTimers):
         queue.retention = retention
         ops: list[Op] = [PutQueue(name, retention.as_tuple())]
         self._enforce_retention(queue, ops, self.clock.seconds())
-        d = self.commits.persist(ops)
+        d = self.commits.persist(self._durable_ops(ops))
         # Pending messages it dropped gave their members' credit back: use it now.
         self._pump_queue(queue)
         return d
@@ -263,4 +284,4 @@ class QueueAdmin(QueueTimers):
         del queue.groups[key]
         ops: list[Op] = [DeleteQueueGroup(name, key)]
         self._trim(queue, ops)
-        return self.commits.persist(ops)
+        return self.commits.persist(self._durable_ops(ops))

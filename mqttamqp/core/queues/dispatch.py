@@ -19,7 +19,7 @@ import heapq
 from twisted.python.failure import Failure
 
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import Op, PutQueueGroup, QueueDone
+from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
@@ -79,10 +79,17 @@ class Dispatch(MemoryBudget):
                 # (its body is in storage: read back, then this pump again)
                 self._read_back(queue, offset)
                 break
+            props = queue.log[offset].props
+            if (props is not None and props.expiry_interval is not None
+                    and group.mode == CLASSIC and self._expire(queue, offset, ops)):
+                continue
             if group.mode == CLASSIC and offset >= group.watermark - _WATERMARK_STEP // 2:
                 # Store the watermark further ahead before deliveries reach it.
                 group.watermark = mark = offset + _WATERMARK_STEP
-                ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                if queue.transient:   # (nothing is stored: nothing to wait for)
+                    group.safe, mark = group.watermark, None
+                else:
+                    ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
                 break   # (sent once the watermark above it is durable: ``_stored``)
             member = self._next_member(group)
@@ -100,6 +107,23 @@ class Dispatch(MemoryBudget):
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
+
+    def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
+        """A message past its own expiry (MQTT 5 message expiry interval, AMQP
+        0.9.1 ``expiration``) reached a consumer: it leaves the queue instead
+        (dead-lettered, reason ``expired``, by a dead-letter route), counted.
+        False if it has not expired."""
+        message = queue.log[offset]
+        if not message.expired(self.clock.seconds()):
+            return False
+        if queue.dead_letter is not None:
+            self._route_dead(queue, message, "expired", offset, "", 0, ops)
+        self._forget(queue, offset)
+        if not queue.transient:
+            ops.append(DeleteQueueMessage(queue.name, offset))
+        queue.expired += 1
+        self.stats.expired += 1
+        return True
 
     def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int) -> Failure:
         """The commit failed: the next pump stores the watermark again (or the

@@ -24,7 +24,17 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, body_size
-from mqttamqp.core.persistence import Op, PutQueue, PutQueueMessage, QueueDone, TrimQueue
+from mqttamqp.core.persistence import (
+    DeleteQueue,
+    DeleteQueueGroup,
+    DeleteQueueMessage,
+    Op,
+    PutQueue,
+    PutQueueGroup,
+    PutQueueMessage,
+    QueueDone,
+    TrimQueue,
+)
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
     DLQ_PREFIX,
@@ -64,6 +74,9 @@ class QueueLogs:
         self.limits = limits
         self._log_limit = log_limit
         self.queues: dict[str, QueueLog] = {}
+        # Names of the transient queues (``QueueLog.transient``): their ops are
+        # dropped before any commit (``_durable_ops``).
+        self.transient: set[str] = set()
         self.stats = QueueStats()
         # (pattern, retention) from --queues, first match wins; then the defaults.
         self.retention_rules = list(retention_rules) or [
@@ -73,6 +86,9 @@ class QueueLogs:
                                 else limits.queue_max_messages or None))
             for pattern, age, size, count in limits.queue_rules]
         self._memberships: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
+        # Sessions holding messages taken one at a time (AMQP 0.9.1 basic.get),
+        # with the member (outside the group's round-robin) they are pending on.
+        self._gets: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
         # Queues appended to since the last ``_commit``, with their next offset.
         self._appended_to: dict[QueueLog, int] = {}
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
@@ -145,7 +161,7 @@ class QueueLogs:
         return Retention(limits.queue_max_age or None, limits.queue_max_bytes or None,
                          limits.queue_max_messages or None)
 
-    def _queue(self, name: str, ops: list[Op]) -> QueueLog | None:
+    def _queue(self, name: str, ops: list[Op], transient: bool = False) -> QueueLog | None:
         queue = self.queues.get(name)
         if queue is not None:
             return queue
@@ -153,8 +169,19 @@ class QueueLogs:
             return None
         queue = QueueLog(name, self.default_retention(name))
         self.queues[name] = queue
-        ops.append(PutQueue(name, queue.retention.as_tuple()))
+        if transient:
+            queue.transient = True
+            self.transient.add(name)
+        else:
+            ops.append(PutQueue(name, queue.retention.as_tuple()))
         return queue
+
+    def _durable_ops(self, ops: Sequence[Op]) -> Sequence[Op]:
+        """``ops`` without those of transient queues (one test while there are none)."""
+        if not self.transient or not ops:
+            return ops
+        transient = self.transient
+        return [op for op in ops if _queue_of(op) not in transient]
 
     def _refuse(self, cause: str, who: str, topic: str, reason: str,
                 code: int = UNSPECIFIED_ERROR) -> Refusal:
@@ -171,6 +198,8 @@ class QueueLogs:
         messages once that commit is durable.  With ``background`` nobody waits."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
+        if self.transient:
+            ops = self._durable_ops(ops)
         appended, self._appended_to = self._appended_to, {}
         stored, self._appends = self._appends, {}
         nbytes, self._append_bytes = self._append_bytes, 0
@@ -186,6 +215,8 @@ class QueueLogs:
                 if not waiter.called:
                     waiter.callback(None)
         if d is None:
+            for queue, upto in appended.items():   # (transient: nothing to wait for)
+                self._appended(None, queue, upto)
             return None
         for queue, upto in appended.items():
             d.addCallback(self._appended, queue, upto)
@@ -269,16 +300,17 @@ class QueueLogs:
         self.total_bytes += size
         body = body_size(message)
         self.resident += body
-        if self._unstored_limit:
-            self._append_bytes += body
-            self.unstored_bytes += body
-            if self.unstored_bytes > self._unstored_limit:
-                self.alarm.set_behind(True)
-        stored = self._appends.get(queue)
-        self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
         queue.published += 1
         self.stats.published += 1
-        ops.append(PutQueueMessage(queue.name, offset, message))
+        if not queue.transient:
+            if self._unstored_limit:
+                self._append_bytes += body
+                self.unstored_bytes += body
+                if self.unstored_bytes > self._unstored_limit:
+                    self.alarm.set_behind(True)
+            stored = self._appends.get(queue)
+            self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
+            ops.append(PutQueueMessage(queue.name, offset, message))
         self._appended_to[queue] = offset + 1
         if queue.retention.max_age is not None:
             self._arm()
@@ -329,6 +361,10 @@ class QueueLogs:
                     or (r.max_age is not None and message.timestamp + r.max_age <= now))
             if not over:
                 break
+            if queue.dead_letter is not None:
+                aged = r.max_age is not None and message.timestamp + r.max_age <= now
+                self._route_dead(queue, message, "expired" if aged else "maxlen",
+                                 queue.first, "", 0, ops)
             self._forget(queue, queue.first)
             queue.expired += 1
             self.stats.expired += 1
@@ -408,3 +444,21 @@ class QueueLogs:
     def _arm(self) -> None:
         """Make sure the timer runs while something waits on time (``QueueTimers``)."""
         raise NotImplementedError
+
+    def _route_dead(self, queue: QueueLog, message: Message, reason: str, offset: int,
+                    group: str, count: int, ops: list[Op]) -> None:
+        """Dead-letter ``message`` by ``queue``'s route (``Acknowledgements``)."""
+        raise NotImplementedError
+
+
+_NAMED = (PutQueue, DeleteQueue)
+
+
+def _queue_of(op: Op) -> str | None:
+    """The queue an op of the queues changes (None: not a queue op)."""
+    if isinstance(op, (PutQueueMessage, DeleteQueueMessage, TrimQueue, QueueDone,
+                       PutQueueGroup, DeleteQueueGroup)):
+        return op.queue
+    if isinstance(op, _NAMED):
+        return op.name
+    return None

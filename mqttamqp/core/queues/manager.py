@@ -133,6 +133,13 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
+        if queue.reject_above is not None and self._full(queue, message):
+            if queue.reject_dead and queue.dead_letter is not None:
+                self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
+            return (self._commit(ops),
+                    self._refuse("overflow", publisher, message.topic,
+                                 f"queue {queue.name!r} is full (x-overflow reject-publish)",
+                                 QUOTA_EXCEEDED))
         if message.retain or message.dup:
             message = replace(message, retain=False, dup=False)
         offset = self._append(queue, message, ops)
@@ -155,6 +162,25 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             queue.committed = queue.next_offset
             self._pump_queue(queue)
         return d, None
+
+    @staticmethod
+    def _full(queue: QueueLog, message: Message) -> bool:
+        assert queue.reject_above is not None
+        count, size = queue.reject_above
+        return ((count is not None and len(queue.log) >= count)
+                or (size is not None and queue.bytes + len(message.payload) > size))
+
+    def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
+                ) -> tuple[QueueLog | None, Deferred[None] | None]:
+        """Queue ``name``, made now if it is missing (an AMQP 0.9.1 ``queue.declare``):
+        the queue (None past ``--queue-max-queues``) and the commit that stores a
+        new one with ``extra_ops``.  A ``transient`` queue stores nothing
+        (``QueueLog.transient``)."""
+        ops: list[Op] = []
+        queue = self._queue(name, ops, transient)
+        if queue is not None:
+            ops.extend(extra_ops)
+        return queue, self._commit(ops)
 
     def restore(self, records: Iterable[QueueRecord]) -> None:
         """Rebuild from storage.  Every message below a classic group's stored

@@ -85,7 +85,7 @@ class Membership(Acknowledgements):
             self._stored_clients.add(session.client_id)
         ops.append(PutQueueGroup(queue.name, g.key, g.record()))
         self._pump(g)
-        return None, ops
+        return None, list(self._durable_ops(ops))
 
     def _position(self, group: ConsumerGroup, start: tuple[str, float]) -> None:
         queue = group.queue
@@ -120,7 +120,7 @@ class Membership(Acknowledgements):
             if self._leave(session, g) or session.client_id in g.stored_members:
                 g.stored_members.pop(session.client_id, None)
                 ops.append(PutQueueGroup(queue.name, g.key, g.record()))
-        return ops
+        return list(self._durable_ops(ops))
 
     def _leave(self, session: Session, group: ConsumerGroup) -> bool:
         memberships = self._memberships.get(session)
@@ -148,9 +148,58 @@ class Membership(Acknowledgements):
         if back:
             self._pump(group)
 
+    def take_one(self, name: str, session: Session, qos: int) -> tuple[bool, int] | None:
+        """AMQP 0.9.1 ``basic.get``: hand ``session`` the next message of queue
+        ``name``'s default group (the group named after it, made if missing), as
+        a delivery of ``qos`` (0: acknowledged on send) outside the group's
+        round-robin; it is settled like any delivery and goes back to the group
+        when ``session`` goes.  Returns (taken, messages left), or None when the
+        queue is a stream (it has no message to take).  The dispatch watermark
+        is stored, not waited for: a crash before that commit leaves this one
+        delivery uncounted."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return False, 0
+        ops: list[Op] = []
+        group = queue.groups.get(name)
+        if group is None:
+            group = queue.groups[name] = ConsumerGroup(queue, name, "#", CLASSIC)
+            ops.append(PutQueueGroup(name, name, group.record()))
+        elif group.mode != CLASSIC:
+            return None
+        offset = self._next_offset(group, ops)
+        while offset is not None and queue.log[offset].props is not None and (
+                self._expire(queue, offset, ops)):
+            offset = self._next_offset(group, ops)   # (expired: the next one)
+        if offset is not None and queue.evicted and offset in queue.evicted:
+            self._read_back(queue, offset)   # (there for the next basic.get)
+            offset = None
+        if offset is not None:
+            if offset >= group.watermark:
+                group.watermark = offset + 1
+                ops.append(PutQueueGroup(name, group.key, group.record()))
+            self._take(group, offset)
+            gets = self._gets.setdefault(session, [])
+            member = next((m for g, m in gets if g is group), None)
+            if member is None:
+                member = Member(session, min(qos, 1), False)
+                gets.append((group, member))
+            member.qos = min(qos, 1)
+            again = self._deliver(group, member, offset, queue.log[offset], ops)
+            if again:
+                ops.append(PutQueueGroup(name, group.key, group.record()))
+        self._commit(self._durable_ops(ops), "recording a basic.get")
+        return offset is not None, max(0, len(queue.log) - len(group.pending))
+
+    def _return_gets(self, session: Session) -> None:
+        for group, member in self._gets.pop(session, ()):
+            self._give_back(group, member)
+
     def member_left(self, session: Session) -> None:
         """``session`` goes offline: its pending messages go back to their groups
         (a persistent session stays a member, with no credit while offline)."""
+        if self._gets:
+            self._return_gets(session)
         memberships = self._memberships.get(session)
         if not memberships:
             return
@@ -166,12 +215,14 @@ class Membership(Acknowledgements):
 
     def forget_session(self, session: Session) -> list[Op]:
         """``session`` is gone for good: it leaves every group."""
+        if self._gets:
+            self._return_gets(session)
         ops: list[Op] = []
         for group, _member in list(self._memberships.get(session, ())):
             self._leave(session, group)
             if group.stored_members.pop(session.client_id, None) is not None:
                 ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
-        return ops
+        return list(self._durable_ops(ops))
 
     def link_drained(self, session: Session) -> None:
         """``session`` can take more (online again, a link drained): feed it."""

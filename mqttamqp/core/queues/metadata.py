@@ -14,10 +14,10 @@ __all__ = ["METADATA_KEYS", "DLQ_KEYS", "METADATA_PROTOCOLS", "with_metadata", "
 # an AMQP receiver gets them as message annotations, see amqp.links), and those a
 # dead-lettered one adds.
 DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
-                      "reason"))
+                      "reason", "dead-letter-exchange", "dead-letter-routing-key"))
 # The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
-# message annotations; the console's tail shows it too).
-METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "console", ""))
+# message annotations, AMQP 0.9.1 x-delivery-count; the console's tail shows it too).
+METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "amqp0-9-1", "console", ""))
 METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 
 
@@ -46,5 +46,5 @@ def with_metadata(message: Message, queue: str, group: str, offset: int, count: 
                                   p.response_topic, p.correlation_data,
                                   (*without_metadata(p.user_properties), *users))
     return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, again,
-                   m.native, m.amqp_only, props)
+                   m.native, m.amqp_only, props, m.amqp091)
 

@@ -9,6 +9,7 @@ questions a group or a log answers about itself (floor, lag, skipped offsets).""
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,7 +24,7 @@ from mqttamqp.core.topics import topic_matches
 from mqttamqp.records import record
 
 __all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending",
-           "StreamRead", "DeliveryEnds"]
+           "StreamRead", "DeliveryEnds", "DeadLetterRoute"]
 
 
 @record
@@ -83,6 +84,16 @@ class QueueLog:
         self.durable = head
         self.unstored: set[int] = set()
         self.reading = False       # a read back from storage is under way
+        # In memory only (AMQP 0.9.1's exclusive, auto-delete and server-named
+        # queues): none of its changes becomes an ``Op`` (``QueueLogs._durable_ops``).
+        self.transient = False
+        # AMQP 0.9.1 queue arguments (``core.exchanges.arguments``): x-overflow
+        # reject-publish refuses a publish at (max messages, max bytes) instead of
+        # dropping the oldest; x-dead-letter-exchange routes dead letters (the
+        # queues they go to, for a dead message and its reason) instead of $dlq/.
+        self.reject_above: tuple[int | None, int | None] | None = None
+        self.reject_dead = False    # (reject-publish-dlx: the refused one dead-lettered)
+        self.dead_letter: DeadLetterRoute | None = None
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""
@@ -108,6 +119,11 @@ class QueueLog:
         while self.first < self.next_offset and self.first not in log:
             self.first += 1
         return log.get(self.first)
+
+
+# A queue's dead-letter route: (message, reason) -> the exchange and routing key it
+# is dead-lettered with, and the queues that takes it to.
+DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 
 
 class Member:

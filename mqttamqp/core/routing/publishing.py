@@ -6,6 +6,10 @@ QoS 2 (a packet id is routed once, stored with its deliveries, and forgotten at
 PUBREL or when the publish was refused), the per-topic counts the console shows,
 and publishing without waiting (a storage failure is then logged here).
 
+It also hands every publish of a topic to the queues bound to AMQP 0.9.1's
+``amq.topic`` (``topic_exchange``, set only while something is bound there: one
+attribute test per publish otherwise); their appends join ``Published.durable``.
+
 What it must not do: route (``Router.publish`` does) or answer the publisher
 (the adapter does, once ``Published.durable`` fires).
 """
@@ -13,11 +17,13 @@ What it must not do: route (``Router.publish`` does) or answer the publisher
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op
 from mqttamqp.core.queues.addresses import QueueAddress, Refusal, is_command
@@ -27,7 +33,16 @@ from mqttamqp.core.routing.router import Router
 from mqttamqp.core.routing.topicstats import TopicStats
 from mqttamqp.core.sessions.session import Session
 
-__all__ = ["Publishing"]
+__all__ = ["Publishing", "TopicExchange"]
+
+
+class TopicExchange(Protocol):
+    """What the queues bound to ``amq.topic`` are to a publish
+    (``core.exchanges.topicspace.TopicSpace``)."""
+
+    def from_topic(self, message: Message) -> Deferred[None] | None:
+        """Append ``message`` to the queues bound with a matching key; the
+        Deferred fires once those appends are durable."""
 
 
 class Publishing:
@@ -38,6 +53,8 @@ class Publishing:
         self._queues = queues
         self.topic_stats = topic_stats
         self._sessions = sessions
+        # The queues bound to amq.topic (AMQP 0.9.1), while any are.
+        self.topic_exchange: TopicExchange | None = None
 
     def publish(self, message: Message, identity: Identity | None = None, *,
                 wait: bool = True, counted: bool = True,
@@ -53,6 +70,8 @@ class Publishing:
             return self._queue_command(message, identity, queue)
         result = self._router.publish(message, identity, (), counted,
                                       count_drops=count_drops, queue=queue)
+        if self.topic_exchange is not None and queue is None and not result.denied:
+            result = self._bound(message, result)
         if counted and not result.denied:
             self.topic_stats.note(message.topic)
         if wait or result.durable is None:
@@ -80,7 +99,21 @@ class Publishing:
         """The broker's own publish of a will, deleted in the same commit
         (``extra_ops``)."""
         self.topic_stats.note(message.topic)
-        return self._router.publish(message, None, extra_ops)
+        result = self._router.publish(message, None, extra_ops)
+        if self.topic_exchange is not None:
+            result = self._bound(message, result)
+        return result
+
+    def _bound(self, message: Message, result: Published) -> Published:
+        """``message`` reaches the queues bound to amq.topic too: its
+        acknowledgement waits for those appends as well."""
+        assert self.topic_exchange is not None
+        if message.topic[:1] == "$":
+            return result
+        appended = self.topic_exchange.from_topic(message)
+        if appended is None:
+            return result
+        return replace(result, durable=all_durable([result.durable, appended]))
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
                      packet_id: int, count_drops: bool = False) -> Published:
@@ -102,6 +135,8 @@ class Publishing:
             return command
         result = self._router.publish(message, identity, session.inbound_add(packet_id),
                                       hold=True, count_drops=count_drops, queue=queue)
+        if self.topic_exchange is not None and queue is None and not result.denied:
+            result = self._bound(message, result)
         if not result.denied:
             self.topic_stats.note(message.topic)
         if result.durable is not None:

@@ -3,6 +3,8 @@ one test per validation rule."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -126,6 +128,9 @@ def publishes(level: int) -> st.SearchStrategy[Publish]:
     )
 
 
+# (built once per kind and level: the properties draw from them in every example, and
+# building the 14 strategies again for each draw was most of their run time)
+@functools.cache
 def strategy_for(kind: str, level: int) -> st.SearchStrategy[Packet]:
     strategies: dict[str, st.SearchStrategy[Packet]] = {
         "connect": connects(level),
@@ -165,6 +170,7 @@ KINDS = (
 )
 
 
+@functools.cache
 def any_packet(level: int) -> st.SearchStrategy[Packet]:
     return st.one_of([strategy_for(kind, level) for kind in KINDS])
 

@@ -1,0 +1,408 @@
+"""One AMQP 0.9.1 channel: its methods carried out against the broker.
+
+What it owns: the channel's states (open, closing after a channel error, closed),
+its consumers and their delivery tags, prefetch (``basic.qos``), acknowledgements
+(``basic.ack``/``nack``/``reject``/``recover``: the core's settlement: ack is
+Accepted, a requeue Modified with delivery-failed, counted as RabbitMQ counts it,
+no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
+content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
+and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
+fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
+Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
+``methods``); its ``ChannelError`` becomes ``channel.close`` (or
+``connection.close``) in the connection.  ``basic.get`` hands the next message
+to the channel's own session, in no consumer group (``Exchanges.get``).
+
+What it must not do: parse frames (``frames``), hold routing or queue rules, or
+write to the socket (the connection does).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Any
+
+from pamqp import commands
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from mqttamqp.amqp091.consumers import QueueConsumer
+from mqttamqp.amqp091.frames import Content, deliver_frame
+from mqttamqp.amqp091.hosts import ChannelHost
+from mqttamqp.amqp091.methods import MODEL_METHODS
+from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
+from mqttamqp.core.exchanges.errors import (
+    ACCESS_REFUSED,
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    ChannelError,
+)
+from mqttamqp.core.exchanges.exchanges import Exchanges
+from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX
+from mqttamqp.core.routing.settlement import Outcome
+
+__all__ = ["Channel"]
+
+B, C = commands.Basic, commands.Confirm
+_NO_PROPS = b"\x00\x00"
+
+
+class Channel:
+    """An open channel of a connection."""
+
+    def __init__(self, connection: ChannelHost, number: int) -> None:
+        self.connection = connection
+        self.number = number
+        self.closing = False           # ended: nothing more is sent on it
+        self.flow_active = True
+        self.consumers: dict[str, QueueConsumer] = {}
+        # delivery tag -> (consumer, packet id of its session); insertion order is
+        # tag order (``multiple``)
+        self.unacked: OrderedDict[int, tuple[QueueConsumer, int]] = OrderedDict()
+        self.next_tag = 1
+        self.prefetch = 0              # basic.qos global=false: for new consumers
+        self.global_prefetch = 0       # basic.qos global=true: the channel's
+        self.confirming = False
+        self.publish_seq = 0
+        self.confirms: OrderedDict[int, bool | None] = OrderedDict()
+        self._tags = 0
+        # answers waiting for a commit, and those behind them (in method order)
+        self._answers: deque[list[Any]] = deque()
+        # basic.get's own session, and what the model handed it (``basic_get``)
+        self.getter: QueueConsumer | None = None
+        self._got: tuple[int, bool, str, str, bytes, bytes] | None = None
+
+    # -- limits ----------------------------------------------------------------------
+
+    def at_limit(self) -> bool:
+        held = len(self.unacked)
+        limit = self.global_prefetch
+        return (limit and held >= limit) or held >= self.connection.max_unacked
+
+    # -- methods ---------------------------------------------------------------------
+
+    def handle(self, method: Any) -> None:
+        name = method.name
+        handler = _HANDLERS.get(name) or MODEL_METHODS.get(name)
+        if handler is None:
+            raise ChannelError(NOT_IMPLEMENTED if name.startswith("Tx.") else 503,
+                               f"{name} is not supported" if name.startswith("Tx.")
+                               else f"{name} is not a method a client sends")
+        handler(self, method)
+
+    def _send(self, method: Any) -> None:
+        self.connection.send_method(self.number, method)
+
+    @property
+    def exchanges(self) -> Exchanges:
+        return self.connection.broker.exchanges
+
+    def answer(self, method: Any, durable: Deferred[None] | None) -> None:
+        """Send ``method`` (None: nothing, a nowait method) once ``durable`` has
+        fired and every answer before it has gone."""
+        answers = self._answers
+        if durable is None and not answers:
+            if method is not None:
+                self._send(method)
+            return
+        entry = [durable is None, method]
+        answers.append(entry)
+        if durable is not None:
+            durable.addCallbacks(self._answered, self._answer_failed,
+                                 callbackArgs=(entry,))
+
+    def _answered(self, _: object, entry: list[Any]) -> None:
+        entry[0] = True
+        answers = self._answers
+        while answers and answers[0][0]:
+            method = answers.popleft()[1]
+            if method is not None and not self.closing:
+                self._send(method)
+
+    def _answer_failed(self, failure: Failure) -> None:
+        self.connection.log.failure("storing a 0.9.1 declaration failed", failure)
+        self._answers.clear()
+        self.connection.fail(541, "INTERNAL_ERROR - storage failure")
+
+    def basic_qos(self, m: Any) -> None:
+        if m.prefetch_size:
+            raise ChannelError(NOT_IMPLEMENTED, "prefetch_size other than 0")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch = m.prefetch_count
+        self._send(B.QosOk())
+        self._wake_all()
+
+    def basic_consume(self, m: Any) -> None:
+        tag = m.consumer_tag
+        if not tag:
+            self._tags += 1
+            tag = f"amq.ctag-{self.connection.serial}.{self.number}.{self._tags}"
+        if tag in self.consumers:
+            raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        topic_filter, consumer = self.exchanges.consumer_filter(
+            m.queue, self.connection.key, m.arguments)
+        self._may_read(m.queue)
+        factory = self.connection.factory
+        holder = factory.exclusive.get(m.queue)
+        if holder is not None and not holder.closed:
+            raise ChannelError(ACCESS_REFUSED, f"queue '{m.queue}' in vhost '/' in "
+                               "exclusive use")
+        if m.exclusive and factory.consumers_of(m.queue):
+            raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue "
+                               f"'{m.queue}' in vhost '/'")
+        member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
+        self.consumers[tag] = member
+        if m.exclusive:
+            factory.exclusive[m.queue] = member
+        if not m.nowait:
+            self._send(B.ConsumeOk(tag))
+        if not member.join(topic_filter, consumer):
+            del self.consumers[tag]
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
+                               f"refused for user '{self.connection.username or ''}'")
+        self.exchanges.consumer_added(m.queue)
+
+    def _may_read(self, queue: str) -> None:
+        """Consuming and getting need read (subscribe) permission on ``$queue/<name>``."""
+        connection = self.connection
+        if not connection.broker.authorizer.may_subscribe(connection.identity,
+                                                          QUEUE_PREFIX + queue):
+            raise ChannelError(ACCESS_REFUSED, f"access to queue '{queue}' in vhost '/' "
+                               f"refused for user '{connection.username or ''}'")
+
+    def basic_get(self, m: Any) -> None:
+        """``basic.get``: the model hands the next message to the channel's own
+        session (``getter``, subscribed to nothing) at once: get-ok with the count
+        left, or get-empty.  Reading needs read permission on ``$queue/<name>``."""
+        connection = self.connection
+        self._may_read(m.queue)
+        member = self.getter
+        if member is None:
+            member = self.getter = QueueConsumer(self, "", m.queue, False, 0, getter=True)
+            member.open_alone()
+        member.queue = m.queue
+        session = member.session
+        assert session is not None   # (a getter's ends with its channel)
+        self._got = None
+        _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        got, self._got = self._got, None
+        if got is None:
+            self._send(B.GetEmpty())
+            return
+        tag, redelivered, exchange, key, props, payload = got
+        connection.send_content(self.number, B.GetOk(tag, redelivered, exchange, key, left),
+                                props, payload)
+
+    def basic_cancel(self, m: Any) -> None:
+        member = self.consumers.pop(m.consumer_tag, None)
+        if member is not None:
+            self._cancel(member)
+        if not m.nowait:
+            self._send(B.CancelOk(m.consumer_tag))
+
+    def _cancel(self, member: QueueConsumer) -> None:
+        member.cancel()
+        exclusive = self.connection.factory.exclusive
+        if exclusive.get(member.queue) is member:
+            del exclusive[member.queue]
+        if not member.getter:
+            d = self.exchanges.consumer_cancelled(member.queue)
+            if d is not None:
+                d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
+
+    def cancelled_by_broker(self, member: QueueConsumer) -> None:
+        if self.consumers.get(member.tag) is member:
+            del self.consumers[member.tag]
+            if self.connection.cancel_notify and not self.closing:
+                self._send(B.Cancel(member.tag, nowait=True))
+
+    def basic_publish(self, m: Any) -> None:
+        if m.immediate:
+            raise ChannelError(NOT_IMPLEMENTED, "immediate=true")
+        self.connection.assembler(self).start(m)
+
+    def published(self, content: Content) -> None:
+        """A ``basic.publish`` with its content, assembled."""
+        m, props = content.method, content.properties
+        connection = self.connection
+        if props.user_id is not None and props.user_id != (connection.username or ""):
+            raise ChannelError(PRECONDITION_FAILED, f"user_id property set to "
+                               f"'{props.user_id}' but authenticated user was "
+                               f"'{connection.username or ''}'")
+        try:
+            core_props, qos = to_core(props)
+        except PropertyError as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
+        if m.exchange == "" and not connection.broker.gate.may_write(
+                connection.identity, QUEUE_PREFIX + m.routing_key):
+            # The default exchange writes to queue <routing key>: MQTT's $queue/<name>.
+            raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
+                               f"in vhost '/' refused for user '{connection.username or ''}'")
+        message = Message("", content.body, qos, False, connection.client_id,
+                          connection.clock.seconds(), props=core_props,
+                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))
+        seq = 0
+        if self.confirming:
+            self.publish_seq = seq = self.publish_seq + 1
+            self.confirms[seq] = None
+        routed, durable = self.exchanges.publish(
+            message, m.exchange, m.routing_key, props.headers, connection.client_id,
+            m.mandatory, connection.identity)
+        congested = self.exchanges.congested
+        if congested:
+            connection.fed_congested(congested)
+        if connection.broker.queues.alarm.paused:
+            connection.factory.watch_alarm(connection)
+        if not routed and m.mandatory:
+            connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,
+                                                          m.routing_key),
+                                    props.marshal(), content.body)
+        if seq:
+            if durable is None:
+                self._confirmed(None, seq, True)
+            else:
+                durable.addCallbacks(self._confirmed, self._confirm_failed,
+                                     callbackArgs=(seq, True), errbackArgs=(seq,))
+
+    def _confirm_failed(self, failure: Failure, seq: int) -> None:
+        self._confirmed(None, seq, False)
+
+    def _confirmed(self, _: object, seq: int, ok: bool) -> None:
+        if seq not in self.confirms or self.closing:
+            return
+        self.confirms[seq] = ok
+        acked = 0
+        while self.confirms:
+            first, state = next(iter(self.confirms.items()))
+            if state is None:
+                break
+            del self.confirms[first]
+            if state:
+                acked = first
+                continue
+            if acked:
+                self._send(B.Ack(acked, multiple=True))
+                acked = 0
+            self._send(B.Nack(first, multiple=False, requeue=False))
+        if acked:
+            self._send(B.Ack(acked, multiple=True))
+
+    def confirm_select(self, m: Any) -> None:
+        self.confirming = True
+        if not m.nowait:
+            self._send(C.SelectOk())
+
+    # -- deliveries ------------------------------------------------------------------
+
+    def deliver(self, member: QueueConsumer, message: Message, packet_id: int | None,
+                dup: bool) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        connection = self.connection
+        if packet_id is not None:
+            unacked = self.unacked
+            unacked[tag] = (member, packet_id)
+            if len(unacked) == connection.max_unacked:
+                connection.unacked_bound()
+        props, redelivered, exchange, key = for_consumer(message, member.queue,
+                                                         connection.clock.seconds())
+        if member.getter:
+            self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
+        else:
+            connection.send_content(self.number, deliver_frame(
+                self.number, member.tag, tag, redelivered or dup, exchange, key), props,
+                message.payload)
+        connection.messages_out += 1
+        connection.meter.transferred(message.timestamp)
+
+    def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
+        if multiple:
+            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
+        elif tag in self.unacked:
+            tags = [tag]
+        else:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        broker = self.connection.broker
+        woken: set[QueueConsumer] = set()
+        for t in tags:
+            member, packet_id = self.unacked.pop(t)
+            member.settled()
+            woken.add(member)
+            session = member.session
+            if session is not None:
+                broker.settle(session, packet_id, outcome, failed,
+                              "rejected by the consumer" if outcome is Outcome.REJECTED
+                              else None)
+        if self.global_prefetch:
+            self._wake_all()
+        else:
+            for member in woken:
+                member.wake()
+
+    def basic_ack(self, m: Any) -> None:
+        self._settle(m.delivery_tag, m.multiple, Outcome.ACCEPTED, False)
+
+    def basic_nack(self, m: Any) -> None:
+        self._settle(m.delivery_tag, m.multiple,
+                     Outcome.MODIFIED if m.requeue else Outcome.REJECTED, True)
+
+    def basic_reject(self, m: Any) -> None:
+        self._settle(m.delivery_tag, False,
+                     Outcome.MODIFIED if m.requeue else Outcome.REJECTED, True)
+
+    def basic_recover(self, m: Any) -> None:
+        if self.unacked:
+            self._settle(0, True, Outcome.RELEASED, False)
+        if isinstance(m, B.Recover):
+            self._send(B.RecoverOk())
+
+    def channel_flow(self, m: Any) -> None:
+        self.flow_active = bool(m.active)
+        self._send(commands.Channel.FlowOk(self.flow_active))
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for member in list(self.consumers.values()):
+            member.wake()
+
+    # -- the end ---------------------------------------------------------------------
+
+    def end(self) -> None:
+        """The channel is gone (close, close-ok, the connection's end): its
+        consumers leave their groups; what they held unacknowledged the queue
+        gives to others (redelivered)."""
+        self.closing = True    # (a commit firing later answers nothing on it)
+        for member in list(self.consumers.values()):
+            self._cancel(member)
+        if self.getter is not None:
+            self.getter.cancel()
+            self.getter = None
+        self.consumers.clear()
+        self._answers.clear()
+        self.unacked.clear()
+        self.confirms.clear()
+
+    def info(self) -> dict[str, Any]:
+        return {"number": self.number, "consumers": [c.info() for c in self.consumers.values()],
+                "unacked": len(self.unacked), "prefetch": self.prefetch,
+                "global_prefetch": self.global_prefetch, "confirming": self.confirming}
+
+
+_HANDLERS: dict[str, Any] = {
+    "Basic.Get": Channel.basic_get,
+    "Basic.Qos": Channel.basic_qos,
+    "Basic.Consume": Channel.basic_consume,
+    "Basic.Cancel": Channel.basic_cancel,
+    "Basic.Publish": Channel.basic_publish,
+    "Basic.Ack": Channel.basic_ack,
+    "Basic.Nack": Channel.basic_nack,
+    "Basic.Reject": Channel.basic_reject,
+    "Basic.Recover": Channel.basic_recover,
+    "Basic.RecoverAsync": Channel.basic_recover,
+    "Confirm.Select": Channel.confirm_select,
+    "Channel.Flow": Channel.channel_flow,
+}

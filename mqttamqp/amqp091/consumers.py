@@ -1,0 +1,140 @@
+"""A ``basic.consume``: a member of its queue's consumer group, delivering to one
+channel (the core's ``ClientLink``).
+
+What it owns: joining the group (``Broker.add_topic_receiver`` with the queue's
+filter and default group, then ``start_topic_receiver``), the consumer's prefetch
+as the credit the queue sees (``congested`` while the consumer, or its channel
+under a global prefetch, holds as many unacknowledged deliveries as allowed, or
+the socket's buffer is full), and leaving (``cancel``; ``close`` when the broker
+ends it; ``queue_gone`` when a 0.9.1 client deleted its queue).  ``basic.get``'s
+session of a channel is one too (``getter``: in no group, ``open_alone``).
+
+What it must not do: encode frames or pick delivery tags (the channel does), or
+hold queue rules (``core.queues``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqttamqp.amqp091.hosts import ConsumerHost
+from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import Consumer
+from mqttamqp.core.sessions.session import Session
+
+__all__ = ["QueueConsumer"]
+
+
+class QueueConsumer:
+    """One consumer tag of a channel."""
+
+    __slots__ = ("channel", "closed", "delivered", "getter", "key", "no_ack", "prefetch",
+                 "queue", "session", "tag", "unacked")
+
+    def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
+                 prefetch: int, getter: bool = False) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.no_ack = no_ack
+        self.prefetch = prefetch      # 0: no per-consumer limit
+        self.unacked = 0
+        self.delivered = 0
+        self.session: Session | None = None
+        self.closed = False
+        # basic.get's session of the channel: in no group, handed one message a get
+        self.getter = getter
+        self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
+                    f"{channel.connection.key}:{channel.number}:get")
+
+    def join(self, topic_filter: str, consumer: Consumer) -> bool:
+        broker = self.channel.connection.broker
+        session = broker.add_topic_receiver(
+            self.key, topic_filter, self.channel.connection.identity,
+            0 if self.no_ack else 1, consumer=consumer)
+        if session is None:
+            return False
+        self.session = session
+        broker.start_topic_receiver(session, self)
+        return True
+
+    def open_alone(self) -> None:
+        """basic.get's session: online, subscribed to nothing (the model hands it
+        messages, ``Exchanges.get``); what it leaves unsettled goes back when it ends."""
+        broker = self.channel.connection.broker
+        session = broker.registry.add_link_subscriber(self.key)
+        self.session = session
+        broker.activate(session, self, "amqp0-9-1")
+
+    # ClientLink ----------------------------------------------------------------------
+
+    @property
+    def congested(self) -> bool:
+        if self.closed:
+            return True
+        channel = self.channel
+        if self.getter:
+            return False   # (the model hands it a message only when asked)
+        if channel.connection.write_blocked or not channel.flow_active:
+            return True
+        if self.no_ack:
+            return False
+        if self.prefetch and self.unacked >= self.prefetch:
+            return True
+        return channel.at_limit()
+
+    @property
+    def backlog_bytes(self) -> int:
+        return 0
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        # (``subscription_ids``: MQTT 5's, no 0.9.1 field carries them)
+        if self.closed:
+            return
+        if packet_id is not None:
+            self.unacked += 1
+        self.delivered += 1
+        self.channel.deliver(self, message, packet_id, dup)
+
+    def send_pubrel(self, packet_id: int) -> None:
+        pass   # (queue deliveries are QoS 0 or 1)
+
+    def close(self, reason: str) -> None:
+        """Ended by the broker: the client hears ``basic.cancel`` if it said it
+        understands one (consumer_cancel_notify)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.session = None
+        self.channel.cancelled_by_broker(self)
+
+    def queue_gone(self) -> None:
+        """Its queue was deleted (``queue.delete`` on any 0.9.1 connection)."""
+        if self.closed:
+            return
+        self.cancel()
+        self.channel.cancelled_by_broker(self)
+
+    # the channel's side --------------------------------------------------------------
+
+    def settled(self) -> None:
+        """One of its deliveries was acknowledged, rejected or requeued."""
+        self.unacked -= 1
+
+    def wake(self) -> None:
+        """It may take more (a prefetch freed, the socket drained)."""
+        if not self.closed and self.session is not None:
+            self.channel.connection.broker.link_drained(self.session)
+
+    def cancel(self) -> None:
+        """The client's ``basic.cancel``, its channel's or connection's end."""
+        if self.closed:
+            return
+        self.closed = True
+        self.session = None
+        self.channel.connection.broker.detach_topic_receiver(self.key)
+
+    def info(self) -> dict[str, Any]:
+        return {"tag": self.tag, "queue": self.queue, "no_ack": self.no_ack,
+                "prefetch": self.prefetch, "unacked": self.unacked}

@@ -1,0 +1,194 @@
+"""AMQP 0.9.1 basic properties to and from the core's ``Message``.
+
+What it owns: the one mapping table between a 0.9.1 content header's properties
+and ``MessageProperties`` (what MQTT 5 and AMQP 1.0 peers see), both ways, and the
+delivery's headers a 0.9.1 consumer gets from a durable queue (``x-delivery-count``,
+the queue's metadata left out).  The table, also in docs/amqp.md:
+
+=================  ==========================================================
+0.9.1 property     core ``MessageProperties`` (MQTT 5 / AMQP 1.0)
+=================  ==========================================================
+content-type       content_type (MQTT 5 content type; AMQP properties)
+correlation-id     correlation_data, UTF-8 (MQTT 5 correlation data)
+reply-to           response_topic (MQTT 5 response topic)
+expiration         expiry_interval: milliseconds rounded up to seconds
+headers            user_properties: string values (others are not carried)
+delivery-mode 2    the message's QoS 1 (persistent); otherwise QoS 0
+=================  ==========================================================
+
+The other properties (content-encoding, priority, message-id, timestamp, type,
+user-id, app-id, headers that are not strings) have no MQTT form: they are kept
+between 0.9.1 peers, with the whole property section as the publisher sent it
+and the exchange and routing key it was published with (``Message.amqp091``:
+``envelope``), which a 0.9.1 consumer gets unchanged (``for_consumer``; only a
+redelivery's ``x-delivery-count`` is added, and a dead-lettered message's
+``x-death``: queue, reason, count, time, exchange and routing keys, as RabbitMQ
+writes it).
+
+What it must not do: route, or know frames (``frames``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues.addresses import routing_key
+from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
+
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError"]
+
+Properties = commands.Basic.Properties
+
+
+class PropertyError(ValueError):
+    """A property the broker refuses (a malformed expiration)."""
+
+
+def to_core(props: Any) -> tuple[MessageProperties | None, int]:
+    """The core's properties of a published message, and its QoS (1: persistent)."""
+    qos = 1 if props.delivery_mode == 2 else 0
+    expiry: int | None = None
+    if props.expiration is not None:
+        text = str(props.expiration)
+        if not text.isdigit():
+            raise PropertyError(f"invalid expiration {text!r}: milliseconds as digits")
+        expiry = (int(text) + 999) // 1000
+    users: tuple[tuple[str, str], ...] = ()
+    headers = props.headers
+    if headers:
+        users = tuple((str(k), v) for k, v in headers.items() if isinstance(v, str))
+    correlation = props.correlation_id
+    if (props.content_type is None and correlation is None and props.reply_to is None
+            and expiry is None and not users):
+        return None, qos
+    return MessageProperties(
+        None, expiry, props.content_type, props.reply_to,
+        correlation.encode("utf-8") if correlation is not None else None, users), qos
+
+
+def envelope(exchange: str, routing_key: str, raw: bytes) -> bytes:
+    """What ``Message.amqp091`` holds for a 0.9.1 publish: the exchange and routing
+    key it was published with (short strings) and its property section as sent."""
+    ex, key = exchange.encode("utf-8"), routing_key.encode("utf-8")
+    return bytes((len(ex),)) + ex + bytes((len(key),)) + key + raw
+
+
+def _open(data: bytes) -> tuple[str, str, bytes]:
+    n = data[0]
+    exchange = data[1:1 + n].decode("utf-8")
+    m = data[1 + n]
+    key = data[2 + n:2 + n + m].decode("utf-8")
+    return exchange, key, data[2 + n + m:]
+
+
+def for_consumer(message: Message, queue: str, now: float
+                 ) -> tuple[bytes, bool, str, str]:
+    """What a 0.9.1 consumer of ``queue`` gets for ``message``: the encoded basic
+    properties, whether it is a redelivery, and the exchange and routing key.  A
+    0.9.1 publisher's properties go as it sent them (decoded and encoded again only
+    to add ``x-delivery-count`` on a redelivery), with its exchange and key; others
+    are mapped from the core's properties, and a message that reached the queue
+    through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
+    ``amq.topic`` with the topic as key (``a/b`` is ``a.b``)."""
+    data = message.amqp091
+    death = _death(message)
+    if data is None:
+        props, _, redelivered = from_core(message, now)
+        rest = routing_key(queue, message.topic)
+        if death is not None:
+            death["exchange"], death["routing-keys"] = "", [rest or death["queue"]]
+            props.headers = {k: v for k, v in (props.headers or {}).items()
+                             if k not in DLQ_KEYS}
+            props.headers["x-death"] = [death]
+            return props.marshal(), redelivered, "", rest or queue
+        if rest:
+            return props.marshal(), redelivered, "amq.topic", rest.replace("/", ".")
+        return props.marshal(), redelivered, "", queue
+    exchange, key, raw = _open(data)
+    count = _delivery_count(message)
+    if not count and death is None:
+        return raw, bool(message.dup), exchange, key
+    header = ContentHeader()
+    header.unmarshal(_HEADER_PREFIX + raw)
+    props = header.properties
+    headers = dict(props.headers or {})
+    if count:
+        headers["x-delivery-count"] = count
+    if death is not None:
+        # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death, and the key
+        # it reached this queue with.
+        death["exchange"], death["routing-keys"] = exchange, [key]
+        headers["x-death"] = [death, *_earlier(headers.get("x-death"))]
+        exchange, key = "", routing_key(queue, message.topic) or queue
+    props.headers = headers
+    return props.marshal(), bool(count or message.dup), exchange, key
+
+
+def _death(message: Message) -> dict[str, Any] | None:
+    """The x-death entry of a dead-lettered message (the queue's origin-queue and
+    reason), or None."""
+    props = message.props
+    if props is None:
+        return None
+    origin = reason = None
+    for key, value in props.user_properties:
+        if key == "origin-queue":
+            origin = value
+        elif key == "reason":
+            reason = value
+    if origin is None or reason is None:
+        return None
+    return {"count": 1, "reason": reason, "queue": origin,
+            "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
+
+
+def _earlier(deaths: Any) -> list[Any]:
+    return list(deaths) if isinstance(deaths, list) else []
+
+
+_HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
+
+
+def _delivery_count(message: Message) -> int:
+    """The deliveries a durable queue counted before this one (its metadata)."""
+    props = message.props
+    if props is None:
+        return 0
+    for key, value in props.user_properties:
+        if key == "delivery-count":
+            return max(0, int(value) - 1) if value.isdigit() else 0
+    return 0
+
+
+def from_core(message: Message, now: float) -> tuple[Any, int, bool]:
+    """The basic properties a 0.9.1 consumer gets for ``message``, the count of its
+    earlier deliveries (``x-delivery-count``) and whether it is a redelivery."""
+    props = message.props
+    count = 0
+    headers: dict[str, Any] = {}
+    content_type = reply_to = correlation = expiration = None
+    if props is not None:
+        for key, value in props.user_properties:
+            if key in METADATA_KEYS:
+                if key == "delivery-count" and value.isdigit():
+                    count = max(0, int(value) - 1)
+                continue
+            headers[key] = value
+        content_type = props.content_type
+        reply_to = props.response_topic
+        if props.correlation_data is not None:
+            correlation = props.correlation_data.decode("utf-8", "replace")
+        left = message.remaining_expiry(now)
+        if left is not None:
+            expiration = str(left * 1000)
+    if count:
+        headers["x-delivery-count"] = count
+    return Properties(
+        content_type=content_type, headers=headers or None,
+        delivery_mode=2 if message.qos else 1, correlation_id=correlation,
+        reply_to=reply_to, expiration=expiration), count, bool(message.dup or count)

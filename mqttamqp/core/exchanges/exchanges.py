@@ -1,0 +1,429 @@
+"""``Exchanges`` (``Broker.exchanges``): AMQP 0.9.1's exchanges and bindings over
+the queue manager, and the one entry point of the 0.9.1 adapter into the core.
+
+What it owns: the exchanges (the default one, ``amq.*``, declared ones), their
+bindings (to queues and to other exchanges), the declare / delete / bind rules
+with the spec's errors, and routing a published message to the queues its
+exchange and bindings name (``publish``: whether it was routed, for
+``mandatory``, and the Deferred a publisher confirm waits for).  The queue
+methods are ``QueueDeclarations``'; ``amq.topic`` as the MQTT topic space is
+``TopicSpace``'s.
+
+What it must not do: know the wire (pamqp, frames, channels: ``mqttamqp.amqp091``),
+look inside a message's 0.9.1 properties, or change a queue other than through
+the queue manager's commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.commits import all_durable
+from mqttamqp.core.exchanges.arguments import QueueArguments
+from mqttamqp.core.exchanges.errors import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    ChannelError,
+)
+from mqttamqp.core.exchanges.queuedecl import Arguments, freeze
+from mqttamqp.core.exchanges.routes import (
+    DIRECT,
+    FANOUT,
+    HEADERS,
+    KINDS,
+    TOPIC,
+    X_MATCH_VALUES,
+    Binding,
+    Exchange,
+)
+from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, PublishRefused, TopicSpace, queue_topic
+from mqttamqp.core.exchanges.views import (
+    BindingView,
+    DeclaredQueueView,
+    ExchangeView,
+    binding_view,
+    declared_view,
+    exchange_view,
+)
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import (
+    DeleteBinding,
+    DeleteExchange,
+    Op,
+    PutBinding,
+    PutExchange,
+    Snapshot,
+)
+from mqttamqp.core.queues.addresses import QUEUE_PREFIX
+from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import DeadLetterRoute
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.stats import BrokerStats
+
+__all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic"]
+
+# The exchanges every vhost has (RabbitMQ's), all durable.
+STANDARD = (("amq.direct", DIRECT), ("amq.fanout", FANOUT), (AMQ_TOPIC, TOPIC),
+            ("amq.headers", HEADERS), ("amq.match", HEADERS))
+# Exchanges one publish may pass through (exchange-to-exchange bindings).
+MAX_HOPS = 32
+
+
+class Exchanges(TopicSpace):
+    """The 0.9.1 model: exchanges, bindings, declared queues, publishing."""
+
+    log = Logger(namespace="mqttamqp.core.exchanges")
+
+    def __init__(self, queues: QueueManager, log_limit: LogLimiter | None = None,
+                 stats: BrokerStats | None = None) -> None:
+        super().__init__(queues)
+        self._stats = stats if stats is not None else BrokerStats()
+        self._log_limit = log_limit if log_limit is not None else LogLimiter(
+            queues.clock.seconds)
+        self.exchanges: dict[str, Exchange] = {
+            name: Exchange(name, kind, True) for name, kind in STANDARD}
+        self.bound_to: dict[str, dict[Binding, None]] = {}   # destination -> bindings
+        self.binding_count = 0
+        self.refused = 0          # declares and binds refused at a bound (counted)
+
+    # -- exchange.declare / delete ---------------------------------------------------
+
+    def declare_exchange(self, name: str, kind: str = DIRECT, durable: bool = False,
+                         auto_delete: bool = False, internal: bool = False,
+                         arguments: Arguments | None = None, passive: bool = False
+                         ) -> Deferred[None] | None:
+        """``exchange.declare``: the commit that stores a new durable exchange."""
+        if not name:
+            raise ChannelError(ACCESS_REFUSED,
+                               "operation not permitted on the default exchange")
+        known = self.exchanges.get(name)
+        if passive:
+            if known is None:
+                raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '/'")
+            return None
+        if kind not in KINDS:
+            raise ChannelError(COMMAND_INVALID, f"unknown exchange type '{kind}'")
+        frozen = freeze(arguments)
+        if known is not None:
+            # (as RabbitMQ: of the arguments only alternate-exchange is compared)
+            for what, mine, theirs in (("type", known.kind, kind),
+                                       ("durable", known.durable, durable),
+                                       ("auto_delete", known.auto_delete, auto_delete),
+                                       ("internal", known.internal, internal),
+                                       ("alternate-exchange",
+                                        dict(known.arguments).get("alternate-exchange"),
+                                        dict(frozen).get("alternate-exchange"))):
+                if mine != theirs:
+                    raise ChannelError(
+                        PRECONDITION_FAILED,
+                        f"inequivalent arg '{what}' for exchange '{name}' in vhost '/': "
+                        f"received {_shown(theirs)} but current is {_shown(mine)}")
+            return None
+        if name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED,
+                               f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        limit = self.queues.limits.max_exchanges
+        if len(self.exchanges) - len(STANDARD) >= limit:
+            raise self._at_bound("exchanges", "max-exchanges", limit)
+        alternate = dict(frozen).get("alternate-exchange")
+        if alternate is not None and not isinstance(alternate, str):
+            raise ChannelError(PRECONDITION_FAILED,
+                               "invalid arg 'alternate-exchange': not a string")
+        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal, frozen)
+        if not durable:
+            return None
+        return self._persist([PutExchange(name, kind, auto_delete, internal, frozen)])
+
+    def delete_exchange(self, name: str, if_unused: bool = False) -> Deferred[None] | None:
+        """``exchange.delete``: its bindings (either way) go with it."""
+        if not name or name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED,
+                               f"operation not permitted on exchange '{name or '(default)'}'")
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return None   # (as RabbitMQ: deleting a missing exchange is not an error)
+        if if_unused and exchange.bindings:
+            raise ChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '/' in use")
+        ops: list[Op] = []
+        self._unbind_all(name, True, ops)
+        for binding in list(exchange.bindings):
+            self._remove_binding(binding, ops, cascade=False)
+        del self.exchanges[name]
+        if exchange.durable:
+            ops.append(DeleteExchange(name))
+        return self._persist(ops)
+
+    def exchange(self, name: str) -> Exchange:
+        """Exchange ``name`` (404 if there is none)."""
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '/'")
+        return exchange
+
+    # -- queue.bind / exchange.bind --------------------------------------------------
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "",
+                   arguments: Arguments | None = None, owner: str | None = None
+                   ) -> Deferred[None] | None:
+        """``queue.bind``: the commit that stores a binding of two durable ends."""
+        self._existing(queue, owner)
+        if queue[:1] == "$":
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{queue}' is reached by dead-lettering only")
+        return self._bind(self._source(exchange), queue, False, routing_key, arguments)
+
+    def unbind_queue(self, queue: str, exchange: str, routing_key: str = "",
+                     arguments: Arguments | None = None, owner: str | None = None
+                     ) -> Deferred[None] | None:
+        self._existing(queue, owner)
+        return self._unbind(self._source(exchange), queue, False, routing_key, arguments)
+
+    def bind_exchange(self, destination: str, source: str, routing_key: str = "",
+                      arguments: Arguments | None = None) -> Deferred[None] | None:
+        """``exchange.bind``: ``source`` routes to ``destination`` too."""
+        self._source(destination)
+        return self._bind(self._source(source), destination, True, routing_key, arguments)
+
+    def unbind_exchange(self, destination: str, source: str, routing_key: str = "",
+                        arguments: Arguments | None = None) -> Deferred[None] | None:
+        self._source(destination)
+        return self._unbind(self._source(source), destination, True, routing_key,
+                            arguments)
+
+    def _source(self, name: str) -> Exchange:
+        if not name:
+            raise ChannelError(ACCESS_REFUSED,
+                               "operation not permitted on the default exchange")
+        return self.exchange(name)
+
+    def _bind(self, source: Exchange, destination: str, to_exchange: bool,
+              routing_key: str, arguments: Arguments | None) -> Deferred[None] | None:
+        frozen = freeze(arguments)
+        if source.kind == HEADERS:
+            x_match = dict(frozen).get("x-match", "all")
+            if x_match not in X_MATCH_VALUES:
+                raise ChannelError(PRECONDITION_FAILED,
+                                   f"invalid arg 'x-match' for binding: {x_match!r} "
+                                   "(all, any, all-with-x or any-with-x)")
+        binding = Binding(source.name, destination, to_exchange, routing_key, frozen)
+        if binding in source.bindings:
+            return None
+        limit = self.queues.limits.max_bindings
+        if self.binding_count >= limit:
+            raise self._at_bound("bindings", "max-bindings", limit)
+        source.add(binding)
+        self.bound_to.setdefault(destination, {})[binding] = None
+        self.binding_count += 1
+        self._bindings_changed(source)
+        if not self._durable(binding):
+            return None
+        return self._persist([PutBinding(source.name, destination, to_exchange,
+                                         routing_key, frozen)])
+
+    def _unbind(self, source: Exchange, destination: str, to_exchange: bool,
+                routing_key: str, arguments: Arguments | None) -> Deferred[None] | None:
+        binding = Binding(source.name, destination, to_exchange, routing_key,
+                          freeze(arguments))
+        ops: list[Op] = []
+        self._remove_binding(binding, ops)
+        return self._persist(ops)
+
+    def _durable(self, binding: Binding) -> bool:
+        source = self.exchanges.get(binding.source)
+        if source is None or not source.durable:
+            return False
+        if binding.to_exchange:
+            destination = self.exchanges.get(binding.destination)
+            return destination is not None and destination.durable
+        declared = self.declared.get(binding.destination)
+        return declared is None or not declared.transient
+
+    def _remove_binding(self, binding: Binding, ops: list[Op], cascade: bool = True) -> None:
+        source = self.exchanges.get(binding.source)
+        if source is None or not source.remove(binding):
+            return
+        self.binding_count -= 1
+        bound = self.bound_to.get(binding.destination)
+        if bound is not None:
+            bound.pop(binding, None)
+            if not bound:
+                del self.bound_to[binding.destination]
+        if self._durable(binding):
+            ops.append(DeleteBinding(binding.source, binding.destination,
+                                     binding.to_exchange, binding.routing_key,
+                                     binding.arguments))
+        self._bindings_changed(source)
+        if cascade and source.auto_delete and not source.bindings:
+            # (an auto-delete exchange goes with its last binding)
+            self._unbind_all(source.name, True, ops)
+            if self.exchanges.pop(source.name, None) is source and source.durable:
+                ops.append(DeleteExchange(source.name))
+
+    def _unbind_all(self, destination: str, to_exchange: bool, ops: list[Op]) -> None:
+        """Every binding to ``destination`` goes (it is being deleted)."""
+        for binding in list(self.bound_to.get(destination, ())):
+            if binding.to_exchange == to_exchange:
+                self._remove_binding(binding, ops)
+
+    def _dropped_queue(self, name: str, ops: list[Op]) -> None:
+        self._unbind_all(name, False, ops)
+
+    # -- basic.publish ---------------------------------------------------------------
+
+    def publish(self, message: Message, exchange: str, routing_key: str,
+                headers: Mapping[str, object] | None = None, publisher: str = "",
+                mandatory: bool = False, identity: Identity | None = None
+                ) -> tuple[bool, Deferred[None] | None]:
+        """Route ``message`` published to ``exchange`` with ``routing_key``: whether
+        any queue took it (False: ``basic.return`` when ``mandatory``) and the
+        Deferred that fires once every durable copy is committed (None: nothing to
+        wait for); it fails (``PublishRefused``) when a queue refused it.  Through
+        ``amq.topic`` it is also an MQTT publish (``identity``'s permission), and
+        ``congested`` then holds the subscribers it left past their high-water
+        mark (empty otherwise)."""
+        publisher = publisher or message.publisher or ""
+        if self.congested:
+            self.congested = ()
+        if exchange == "":
+            # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
+            if routing_key[:1] == "$" or routing_key not in self.queues.queues:
+                return False, None
+            return True, self._enqueue(message, (routing_key,), routing_key, publisher)
+        source = self.exchange(exchange)
+        if source.internal:
+            raise ChannelError(ACCESS_REFUSED,
+                               f"cannot publish to internal exchange '{exchange}'")
+        queues, topic = self.route(source, routing_key, headers, True)
+        waits: list[Deferred[None] | None] = []
+        routed = bool(queues)
+        if topic:
+            into, d = self.to_topic_space(message, routing_key, identity, queues)
+            routed = routed or into
+            waits.append(d)
+        if queues:
+            waits.append(self._enqueue(message, queues, routing_key, publisher))
+        return routed, all_durable(waits)
+
+    def route(self, source: Exchange, routing_key: str,
+              headers: Mapping[str, object] | None, into_topic: bool = False
+              ) -> tuple[dict[str, None], bool]:
+        """The queues ``source`` routes to (in order, once each) through its bindings
+        and exchange-to-exchange ones (each exchange once, at most ``MAX_HOPS``),
+        then alternate exchanges; and, ``into_topic``, whether the message reaches
+        ``amq.topic`` (the MQTT topic space: its own bindings are then routed by
+        ``TopicSpace.from_topic``, as for any MQTT publish)."""
+        queues: dict[str, None] = {}
+        seen = {source.name}
+        todo = [source]
+        topic = False
+        while todo:
+            exchange = todo.pop()
+            if into_topic and exchange.name == AMQ_TOPIC:
+                topic = True
+                continue
+            matched = False
+            for binding in exchange.matches(routing_key, headers):
+                matched = True
+                if not binding.to_exchange:
+                    queues[binding.destination] = None
+                elif binding.destination not in seen and len(seen) < MAX_HOPS:
+                    following = self.exchanges.get(binding.destination)
+                    if following is not None:
+                        seen.add(following.name)
+                        todo.append(following)
+            if not matched and exchange.arguments:
+                alternate = dict(exchange.arguments).get("alternate-exchange")
+                following = self.exchanges.get(str(alternate)) if alternate else None
+                if following is not None and following.name not in seen:
+                    seen.add(following.name)
+                    todo.append(following)
+        return queues, topic
+
+    # -- dead letters ----------------------------------------------------------------
+
+    def _dead_letter_route(self, name: str, parsed: QueueArguments) -> DeadLetterRoute:
+        """Where queue ``name``'s dead letters go (x-dead-letter-exchange): the queues
+        its exchange routes them to, with x-dead-letter-routing-key or the key they
+        were published with (headers exchanges see no headers here).  A dead-letter
+        exchange that does not exist drops them, as RabbitMQ does."""
+        exchange_name = parsed.dead_letter_exchange or ""
+        fixed_key = parsed.dead_letter_routing_key
+
+        def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
+            key = fixed_key
+            if key is None:
+                rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+                key = rest or name
+            if not exchange_name:
+                return "", key, [key] if key in self.queues.queues else []
+            exchange = self.exchanges.get(exchange_name)
+            if exchange is None:
+                return exchange_name, key, []
+            return exchange_name, key, list(self.route(exchange, key, None)[0])
+
+        return route
+
+    # -- views -----------------------------------------------------------------------
+
+    def views(self) -> tuple[list[ExchangeView], list[BindingView], list[DeclaredQueueView]]:
+        """The exchanges (the default one not listed), bindings and declared queues,
+        by name, as frozen values for the console."""
+        exchanges = [self.exchanges[n] for n in sorted(self.exchanges)]
+        return ([exchange_view(e) for e in exchanges],
+                [binding_view(b) for e in exchanges for b in e.bindings],
+                [declared_view(self.declared[n]) for n in sorted(self.declared)])
+
+    # -- restart ---------------------------------------------------------------------
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Durable exchanges, bindings and declared queues as stored, after the
+        queue manager's restore (bindings whose ends are gone are left out)."""
+        self.restore_queues(snapshot.queues)
+        for e in snapshot.exchanges:
+            if e.name not in self.exchanges:
+                self.exchanges[e.name] = Exchange(e.name, e.kind, True, e.auto_delete,
+                                                  e.internal, tuple(e.arguments))
+        for b in snapshot.bindings:
+            source = self.exchanges.get(b.source)
+            ends = self.exchanges if b.to_exchange else self.queues.queues
+            if source is None or b.destination not in ends:
+                continue
+            binding = Binding(b.source, b.destination, b.to_exchange, b.routing_key,
+                              tuple(b.arguments))
+            if source.add(binding):
+                self.bound_to.setdefault(b.destination, {})[binding] = None
+                self.binding_count += 1
+                self._bindings_changed(source)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _persist(self, ops: list[Op]) -> Deferred[None] | None:
+        return self.queues.commits.persist(ops)
+
+    def _at_bound(self, what: str, option: str, bound: int) -> ChannelError:
+        """A declare or bind past a bound: counted (also as ``$SYS/broker/limits/
+        max_exchanges`` / ``max_bindings``), one log line a minute, 406."""
+        self.refused += 1
+        self._stats.limit_hit(option.replace("-", "_"))
+        option = "--" + option
+        suppressed = self._log_limit.allow("exchanges:" + what)
+        if suppressed is not None:
+            self.log.warn("AMQP 0.9.1: too many {w} ({o} {b}): declare refused ({h} more "
+                          "refusals like it since the last line)",
+                          w=what, o=option, b=bound, h=suppressed)
+        return ChannelError(PRECONDITION_FAILED, f"too many {what} ({option} {bound})")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return f"'{str(value).lower()}'"
+    if value is None:
+        return "none"
+    return f"'{value}'"
+

@@ -1,0 +1,147 @@
+"""What an MQTT connection's decisions ask for: a small closed set of values.
+
+``decisions`` returns these; ``executor.ActionExecutor`` is the one place on the
+Twisted side that carries them out.  The set:
+
+* ``Send(frame)``: write ``frame`` now (PINGRESP, an AUTH challenge);
+* ``Ack(kind, frame, release, opens)``: an acknowledgement, sent in the order its
+  packet came and once what the step before it made durable is (``after``: the
+  Deferred the broker returned, handed to the executor beside the action);
+  ``frame`` None is the plain 4-byte acknowledgement of ``kind`` for the packet's
+  id; ``release``: it gives the packet id's MQTT 5 receive-maximum quota back
+  once written; ``opens``: writing it opens the QoS 2 gate the broker returned
+  (done even if the connection closed meanwhile);
+* ``Close(reason, code, limit)``: the client broke the protocol (the one
+  disconnect, ``closing.Disconnects._violation``);
+* ``Refuse(code, reason)``: CONNECT answered with a refusing CONNACK;
+* ``Arm(deadline, seconds)``: start the connection's CONNECT or keepalive deadline;
+* ``Goodbye(with_will, expiry)``: the client said DISCONNECT; its session ends;
+* a core ``Message`` is the route action: it goes to the broker as it is (no
+  wrapper, since the message is made anyway).
+
+The actions of the hot path are made once here (``PUBACK``, ``PUBREC``,
+``PUBCOMP`` and their variants, ``PINGRESP``): a QoS 0/1 PUBLISH and a PUBACK
+cost no action object.  What this module must not do: import Twisted or the
+broker, or do anything; it only names what is to be done.
+"""
+
+from __future__ import annotations
+
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.packets import Pingresp, ReasonCode
+
+__all__ = [
+    "Ack", "Arm", "Close", "Goodbye", "PINGRESP", "PUBACK", "PUBACK_RELEASE",
+    "PUBCOMP", "PUBCOMP_RELEASE", "PUBREC", "PUBREC_OPENS", "Refuse",
+    "Send", "ack_frame",
+]
+
+
+def ack_frame(kind: int, packet_id: int) -> bytes:
+    """PUBACK (0x40), PUBREC (0x50), PUBREL (0x62), PUBCOMP (0x70) without reason."""
+    return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
+
+
+class Send:
+    """Write ``frame`` now."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: bytes) -> None:
+        self.frame = frame
+
+    def __repr__(self) -> str:
+        return f"Send({self.frame!r})"
+
+
+class Ack:
+    """An acknowledgement in order, after the step's durable (see the module)."""
+
+    __slots__ = ("frame", "kind", "opens", "release")
+
+    def __init__(self, kind: int, frame: bytes | None = None, release: bool = False,
+                 opens: bool = False) -> None:
+        self.kind = kind
+        self.frame = frame
+        self.release = release
+        self.opens = opens
+
+    def frame_for(self, packet_id: int) -> bytes:
+        """The bytes to write for the packet ``packet_id``."""
+        frame = self.frame
+        return ack_frame(self.kind, packet_id) if frame is None else frame
+
+    def __repr__(self) -> str:
+        return (f"Ack({self.kind:#04x}, {self.frame!r}, release={self.release}, "
+                f"opens={self.opens})")
+
+
+class Close:
+    """The client broke the protocol: close for ``reason`` (MQTT 5: with ``code``);
+    ``limit``: the bound it went beyond, if that was it."""
+
+    __slots__ = ("code", "limit", "reason")
+
+    def __init__(self, reason: str, code: int = ReasonCode.PROTOCOL_ERROR,
+                 limit: str | None = None) -> None:
+        self.reason = reason
+        self.code = code
+        self.limit = limit
+
+    def __repr__(self) -> str:
+        return f"Close({self.reason!r}, {self.code:#04x})"
+
+
+class Refuse:
+    """Answer CONNECT with a refusal: ``code`` is a 3.1.1 return code or an MQTT 5
+    reason code (a 3.1.1 one is translated for an MQTT 5 client); ``logged``: the
+    reason was counted and logged already (rate-limited, by the broker)."""
+
+    __slots__ = ("code", "logged", "reason")
+
+    def __init__(self, code: int, reason: str, logged: bool = False) -> None:
+        self.code = code
+        self.reason = reason
+        self.logged = logged
+
+    def __repr__(self) -> str:
+        return f"Refuse({self.code:#04x}, {self.reason!r})"
+
+
+class Arm:
+    """Start the connection's ``deadline`` ("connect": CONNECT and the AUTH
+    exchange; "keepalive": the first keepalive check) in ``seconds``."""
+
+    __slots__ = ("deadline", "seconds")
+
+    def __init__(self, deadline: str, seconds: float) -> None:
+        self.deadline = deadline
+        self.seconds = seconds
+
+    def __repr__(self) -> str:
+        return f"Arm({self.deadline!r}, {self.seconds!r})"
+
+
+class Goodbye:
+    """A client's DISCONNECT: whether its will is published all the same (MQTT 5,
+    0x04), and the session expiry interval it set last (None: unchanged)."""
+
+    __slots__ = ("expiry", "with_will")
+
+    def __init__(self, with_will: bool, expiry: float | None) -> None:
+        self.with_will = with_will
+        self.expiry = expiry
+
+    def __repr__(self) -> str:
+        return f"Goodbye(with_will={self.with_will}, expiry={self.expiry!r})"
+
+
+# -- made once: the actions of the hot path ------------------------------------------
+
+PUBACK = Ack(0x40)
+PUBACK_RELEASE = Ack(0x40, release=True)
+PUBREC = Ack(0x50)
+PUBREC_OPENS = Ack(0x50, opens=True)
+PUBCOMP = Ack(0x70)
+PUBCOMP_RELEASE = Ack(0x70, release=True)
+PINGRESP = Send(encode(Pingresp()))

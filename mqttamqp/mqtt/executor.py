@@ -1,0 +1,198 @@
+"""The one place an MQTT connection carries out what its decisions ask for.
+
+``decisions`` returns ``actions`` (``Send``, ``Ack``, ``Close``, ``Refuse``,
+``Arm``, ``Goodbye``; a ``Message`` is routed by the step that asked for it);
+``ActionExecutor`` is the part of ``protocol.MQTTProtocol`` that does them:
+``_carry_out`` for any action, ``_acknowledge`` for an ``Ack`` with what the
+broker's step returned beside it (the Deferred to wait for, the packet id, what
+follows the write).  Acknowledgements leave in the order their packets came,
+each once what it promises is durable (``connection.AckQueue`` keeps the order;
+a commit failure closes without acknowledging); a refused CONNECT
+(``_refuse``) and a client's DISCONNECT (``_goodbye``) end here; a protocol
+error goes to ``closing.Disconnects._violation``, the one disconnect.
+
+What stays in ``flows`` and ``handshake``: the calls on the broker's port whose
+results feed the next decision (routing, subscribing, authenticating, opening
+the session), as thin steps.  What this module must not do: decide anything
+(reason codes, which acknowledgement) or read packets; the bytes it writes go
+through ``protocol``'s ``_write``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
+from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.connection import AckQueue, ConnectionState, Keepalive
+from mqttamqp.mqtt.decisions import problem
+from mqttamqp.mqtt.link import MQTTLink
+from mqttamqp.mqtt.packets import Connack
+from mqttamqp.mqtt.v5 import CONNACK_REASONS
+
+__all__ = ["Action", "ActionExecutor"]
+
+Action = Send | Ack | Close | Refuse | Arm | Goodbye
+
+
+class ActionExecutor(MQTTLink):
+    """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
+    base class of it)."""
+
+    def _carry_out(self, action: Action, packet_id: int = 0) -> None:
+        """Do ``action`` (an ``Ack`` here is sent at once, in order)."""
+        if type(action) is Send:
+            self._write(action.frame)
+        elif type(action) is Ack:
+            self._acknowledge(action, packet_id, None)
+        elif type(action) is Close:
+            self._violation(action.reason, code=action.code, limit=action.limit)
+        elif type(action) is Refuse:
+            self._refuse(action.code, action.reason, action.logged)
+        elif type(action) is Arm:
+            self._arm(action)
+        elif type(action) is Goodbye:
+            self._goodbye(action)
+        else:   # (a closed set: a new kind of action is a bug here first)
+            raise TypeError(f"not an MQTT connection action: {action!r}")
+
+    # -- acknowledgements, in order ---------------------------------------------------
+
+    def _acknowledge(self, ack: Ack, packet_id: int, durable: Deferred[None] | None,
+                     then: Callable[[], None] | None = None) -> None:
+        """Send ``ack`` for ``packet_id`` once ``durable`` fired and every earlier
+        acknowledgement went out, then call ``then`` (the QoS 2 gate's ``open``
+        when ``ack.opens``, SUBACK's retained messages) or give the receive-maximum
+        quota back if it says so (a releasing acknowledgement has no ``then``)."""
+        frame = ack.frame
+        if frame is None:   # (``actions.ack_frame`` inlined: the hottest path)
+            frame = bytes((ack.kind, 2, packet_id >> 8, packet_id & 0xFF))
+        if durable is None and self._acks.empty:
+            self._write(frame)
+            if ack.release:
+                v5 = self._v5
+                assert v5 is not None
+                v5.quota_release(packet_id)
+            if then is not None:
+                then()
+            return
+        if ack.release:
+            self._ack_releasing(durable, frame, packet_id)
+        else:
+            self._ack(durable, frame, then, ack.opens)
+
+    def _ack_releasing(self, durable: Deferred[None] | None, frame: bytes,
+                       packet_id: int) -> None:
+        """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
+        method: a closure in ``_acknowledge`` would make its cells on every call.)"""
+        v5 = self._v5
+        assert v5 is not None
+        release = v5.quota_release
+        self._ack(durable, frame, lambda: release(packet_id))
+
+    def _ack(self, d: Deferred[None] | None, frame: bytes,
+             after: Callable[[], None] | None = None, essential: bool = False) -> None:
+        """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out,
+        then call ``after``; an ``essential`` one is called even if the connection
+        closed meanwhile (though not if ``d`` failed)."""
+        acks = self._acks
+        if d is None and acks.empty:
+            self._write(frame)
+            if after is not None:
+                after()
+            return
+        entry = acks.add(frame, after, d is None, essential)
+        if acks.over_bound:
+            # The client sends faster than commits finish: stop reading until they
+            # catch up, rather than queue work for the writer without bound.
+            self._pause_reading("storage")
+        if d is None:
+            self._flush_acks()
+        else:
+            d.addCallbacks(self._ack_ready, self._ack_failed,
+                           callbackArgs=(entry,), errbackArgs=(entry,))
+
+    def _ack_ready(self, _: object, entry: list[Any]) -> None:
+        AckQueue.ready(entry)
+        self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        acks = self._acks
+        for frame, after, essential in acks.take_flagged():
+            if self.rules.closed:
+                if essential and after is not None:
+                    after()
+                continue
+            self._write(frame)
+            if after is not None:
+                after()
+        if acks.under_resume_mark:
+            self._resume_reading("storage")
+
+    def _ack_failed(self, failure: Failure, entry: list[Any]) -> None:
+        # One line for this connection, no traceback: the store logs the failure
+        # itself (once when commits start failing, once when they recover).
+        if self.state is not ConnectionState.CLOSED:
+            self._violation(f"storage failure ({failure.getErrorMessage()}); nothing was "
+                            "acknowledged, closing so the client retries", CAUSE_STORAGE)
+        # Closed now: the entry's frame is never written, and its ``after`` (a QoS 2
+        # gate, cancelled by the failure) does nothing; the entries behind it still
+        # run theirs.
+        AckQueue.ready(entry)
+        self._flush_acks()
+
+    # -- deadlines --------------------------------------------------------------------
+
+    def _arm(self, arm: Arm) -> None:
+        if arm.deadline == "connect":
+            self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
+            return
+        rule = self._keepalive = Keepalive.of(int(arm.seconds))
+        self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
+        self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
+
+    # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
+
+    def _refuse(self, code: int, reason: str, logged: bool = False) -> None:
+        """Answer CONNECT with a refusal (``code``: a 3.1.1 return code, or an MQTT
+        5 reason code; a 3.1.1 code is translated for an MQTT 5 client); ``logged``:
+        the caller logged (and counted) it already, rate-limited."""
+        if not logged:
+            self.meter.refused()
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code})", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code))
+        if self.session is not None:
+            # A refused CONNECT leaves no will behind and publishes none.
+            self.broker.end_session(self._link, self.session, True, "CONNECT refused")
+            self.session = None
+        if self._v5 is not None:
+            self._write(encode(Connack(False, CONNACK_REASONS.get(code, code),
+                                       problem(self._v5, reason)), 5))
+        else:
+            self._write(encode(Connack(False, code)))
+        self.rules.advance("close")
+        self._cancel_timers()
+        self._lose()
+
+    def _goodbye(self, goodbye: Goodbye) -> None:
+        """The client said DISCONNECT: a clean close; its session ends (with its
+        will when MQTT 5's 0x04 asked for it)."""
+        with_will = goodbye.with_will
+        self._clean_close = True
+        self._cause = CAUSE_CLEAN
+        self.rules.advance("close")
+        self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
+        self._cancel_timers()
+        if self.session is not None:
+            why = ("client sent DISCONNECT with will" if with_will
+                   else "client sent DISCONNECT")
+            self.broker.end_session(self._link, self.session, not with_will, why,
+                                    expiry=goodbye.expiry)
+            self.session = None
+        self._lose()

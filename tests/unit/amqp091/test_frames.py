@@ -1,0 +1,155 @@
+"""The 0.9.1 frame reader and content assembly (pure, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import commands, frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+
+from mqttamqp.amqp091.frames import (
+    FRAME_ERROR,
+    UNEXPECTED_FRAME,
+    ContentAssembler,
+    FrameError,
+    FrameReader,
+    content_frames,
+    method_frame,
+)
+
+
+def publish_bytes(body: bytes, channel: int = 1, frame_max: int = 4096) -> bytes:
+    props = commands.Basic.Properties(content_type="text/plain", delivery_mode=2)
+    return (method_frame(channel, commands.Basic.Publish(exchange="", routing_key="q"))
+            + frame.marshal(ContentHeader(0, len(body), props), channel)
+            + b"".join(frame.marshal(ContentBody(body[i:i + frame_max - 8]), channel)
+                       for i in range(0, len(body), frame_max - 8)))
+
+
+def assemble(frames: list[tuple[int, object]], max_body: int = 1 << 20) -> list[object]:
+    assembler = ContentAssembler(max_body)
+    done = []
+    for _, f in frames:
+        name = getattr(f, "name", "")
+        if name == "Basic.Publish":
+            assembler.start(f)
+        elif name == "ContentHeader":
+            content = assembler.header(f)  # type: ignore[arg-type]
+            if content is not None:
+                done.append(content)
+        else:
+            content = assembler.body(f)  # type: ignore[arg-type]
+            if content is not None:
+                done.append(content)
+    return done
+
+
+def test_a_publish_with_content_round_trips() -> None:
+    """Publish, header and body frames read back as one content with its properties."""
+    data = publish_bytes(b"x" * 10000)
+    frames = FrameReader(131072).feed(data)
+    [content] = assemble(frames)
+    assert content.body == b"x" * 10000  # type: ignore[attr-defined]
+    assert content.properties.content_type == "text/plain"  # type: ignore[attr-defined]
+
+
+def test_byte_at_a_time_gives_the_same_frames() -> None:
+    """Feeding one byte at a time yields the same frames as one read."""
+    data = publish_bytes(b"hello")
+    reader = FrameReader(131072)
+    frames = [f for i in range(len(data)) for f in reader.feed(data[i:i + 1])]
+    assert [getattr(f, "name", "") for _, f in frames] == [
+        "Basic.Publish", "ContentHeader", "ContentBody"]
+
+
+def test_a_frame_over_frame_max_is_a_frame_error() -> None:
+    """A frame larger than the negotiated frame_max is refused with 501."""
+    data = frame.marshal(ContentBody(b"y" * 5000), 1)
+    with pytest.raises(FrameError) as info:
+        FrameReader(4096).feed(data)
+    assert info.value.code == FRAME_ERROR
+
+
+def test_a_bad_frame_end_is_a_frame_error() -> None:
+    """A frame whose last octet is not 0xCE is refused with 501."""
+    data = bytearray(method_frame(1, commands.Channel.Open()))
+    data[-1] = 0
+    with pytest.raises(FrameError) as info:
+        FrameReader(4096).feed(bytes(data))
+    assert info.value.code == FRAME_ERROR
+
+
+def test_a_body_over_the_bound_is_refused() -> None:
+    """A content header announcing more than the bound is refused before the body."""
+    frames = FrameReader(131072).feed(publish_bytes(b"z" * 100))
+    with pytest.raises(FrameError):
+        assemble(frames, max_body=10)
+
+
+def test_a_body_without_a_header_is_unexpected() -> None:
+    """Content without its method is 505 unexpected-frame."""
+    assembler = ContentAssembler(100)
+    with pytest.raises(FrameError) as info:
+        assembler.body(ContentBody(b"x"))
+    assert info.value.code == UNEXPECTED_FRAME
+
+
+def test_content_frames_are_cut_to_frame_max() -> None:
+    """A delivery's body is cut into frames no larger than frame_max."""
+    props = commands.Basic.Properties(content_type="a/b").marshal()
+    data = content_frames(1, commands.Basic.Deliver("t", 1, False, "", "q"), props,
+                          b"b" * 9000, 4096)
+    frames = FrameReader(4096).feed(data)
+    bodies = [f for _, f in frames if getattr(f, "name", "") == "ContentBody"]
+    assert b"".join(b.value for b in bodies) == b"b" * 9000  # type: ignore[attr-defined]
+    assert len(bodies) == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_decode_or_raise_frame_error(data: bytes) -> None:
+    """Any bytes either decode to frames or raise FrameError, never another error."""
+    try:
+        FrameReader(4096).feed(data)
+    except FrameError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=4, max_size=60))
+def test_random_method_payloads_raise_only_frame_error(payload: bytes) -> None:
+    """A method frame with a random payload decodes or raises FrameError."""
+    data = b"\x01\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    try:
+        FrameReader(4096).feed(data)
+    except FrameError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), st.text(max_size=60), st.integers(0, 2 ** 63 - 1),
+       st.booleans(), st.from_regex(r"[a-zA-Z0-9_.:-]{0,60}", fullmatch=True),
+       st.text(max_size=60))
+def test_deliver_frame_is_what_pamqp_marshals(channel: int, ctag: str, tag: int,
+                                              redelivered: bool, exchange: str,
+                                              key: str) -> None:
+    """The cached basic.deliver frame equals pamqp's own marshalling, for any values."""
+    from mqttamqp.amqp091.frames import deliver_frame
+
+    expected = frame.marshal(commands.Basic.Deliver(ctag, tag, redelivered, exchange, key),
+                             channel)
+    assert deliver_frame(channel, ctag, tag, redelivered, exchange, key) == expected
+    assert deliver_frame(channel, ctag, tag, redelivered, exchange, key) == expected
+
+
+def test_a_name_outside_the_specs_domain_is_a_syntax_error() -> None:
+    """An exchange name the spec's domain does not allow (it could never be sent back
+    in a deliver) is refused as the frame is read (502)."""
+    from mqttamqp.amqp091.frames import SYNTAX_ERROR
+
+    data = frame.marshal(commands.Exchange.Declare(exchange="not_ok"), 1)
+    with pytest.raises(FrameError) as info:
+        FrameReader(4096).feed(data.replace(b"not_ok", b"not*ok"))
+    assert info.value.code == SYNTAX_ERROR

@@ -1,0 +1,198 @@
+"""Queue arguments (``mqttamqp.core.exchanges.arguments``) on the queue manager's
+mechanisms, with fake links and ``task.Clock``: validation, length and overflow,
+TTLs, dead-letter exchanges, x-expires, streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from exchange_facade import code_of, consume, get_session, message
+from queue_facade import got, make
+
+from mqttamqp.core.broker import Outcome
+from mqttamqp.core.exchanges.errors import ChannelError
+from mqttamqp.core.message import Message
+
+
+def test_invalid_known_arguments_are_406_and_unknown_ones_kept() -> None:
+    """A known argument with an invalid value is 406 (quorum with a clear text);
+    unknown x- arguments are accepted and kept; x-max-priority is accepted."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    for bad in ({"x-message-ttl": "soon"}, {"x-message-ttl": -1},
+                {"x-max-length": True}, {"x-overflow": "explode"},
+                {"x-queue-type": "lazy"}, {"x-max-priority": 256},
+                {"x-dead-letter-routing-key": "k"}, {"x-expires": 0}):
+        assert code_of(ex.declare_queue, "q", "c1", durable=True, arguments=bad) == 406, bad
+    with pytest.raises(ChannelError) as info:
+        ex.declare_queue("q", "c1", durable=True, arguments={"x-queue-type": "quorum"})
+    assert "quorum queues are not supported" in info.value.text
+    assert code_of(ex.declare_queue, "s", "c1", exclusive=True,
+                   arguments={"x-queue-type": "stream"}) == 406
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-custom-thing": "yes", "x-max-priority": 10})
+    assert dict(ex.declared["q"].arguments) == {"x-custom-thing": "yes",
+                                                "x-max-priority": 10}
+    assert ex.declared["q"].parsed.max_priority == 10
+    # (as RabbitMQ: a redeclaration may differ in unknown arguments, not known ones)
+    ex.declare_queue("q", "c2", durable=True, arguments={"x-max-priority": 10})
+    assert code_of(ex.declare_queue, "q", "c2", durable=True) == 406
+
+
+def test_max_length_drops_the_oldest_by_default() -> None:
+    """x-max-length keeps the newest messages (x-overflow drop-head)."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 2})
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"1", b"2"]
+
+
+def test_reject_publish_refuses_what_a_full_queue_cannot_take() -> None:
+    """With x-overflow reject-publish a publish to a full queue is refused: its
+    confirm fails (basic.nack) and the queue keeps what it had."""
+    from mqttamqp.core.exchanges.exchanges import PublishRefused
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ex.publish(message(b"a", broker=broker), "", "q")
+    routed, confirm = ex.publish(message(b"b", broker=broker), "", "q")
+    assert routed and confirm is not None
+    failures: list[Any] = []
+    confirm.addErrback(failures.append)
+    assert failures and failures[0].check(PublishRefused)
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"a"]
+
+
+def test_reject_publish_dlx_dead_letters_the_refused_message() -> None:
+    """x-overflow reject-publish-dlx refuses the publish and dead-letters it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("over", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
+                                "x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "over"})
+    ex.publish(message(b"a", broker=broker), "", "q")
+    _, confirm = ex.publish(message(b"b", broker=broker), "", "q")
+    assert confirm is not None
+    confirm.addErrback(lambda f: None)
+    assert [m.payload for m in broker.queues.queues["over"].log.values()] == [b"b"]
+
+
+def test_message_ttl_expires_into_the_dead_letter_exchange() -> None:
+    """x-message-ttl expires messages; with x-dead-letter-exchange they are routed
+    there with reason expired (and the dead-letter routing key)."""
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.declare_exchange("dlx", "direct", durable=True)
+    ex.bind_queue("dead", "dlx", "gone")
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-message-ttl": 1000, "x-dead-letter-exchange": "dlx",
+                                "x-dead-letter-routing-key": "gone"})
+    ex.publish(message(b"m", broker=broker), "", "q")
+    clock.advance(2.5)
+    assert not broker.queues.queues["q"].log
+    (dead,) = broker.queues.queues["dead"].log.values()
+    assert dead.payload == b"m" and dead.topic == "$queue/dead/gone"
+    assert dead.props is not None and ("reason", "expired") in dead.props.user_properties
+    assert ("origin-queue", "q") in dead.props.user_properties
+
+
+def test_message_ttl_zero_delivers_to_a_waiting_consumer_only() -> None:
+    """x-message-ttl 0: a consumer with room gets the message, else it expires."""
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("now", "c1", durable=True, arguments={"x-message-ttl": 0})
+    ex.publish(message(b"nobody", broker=broker), "", "now")
+    clock.advance(1.5)
+    assert not broker.queues.queues["now"].log
+    _, link = consume(broker, "now")
+    ex.publish(message(b"taken", broker=broker), "", "now")
+    assert got(link) == [("$queue/now", b"taken")]
+
+
+def test_a_message_past_its_own_expiry_is_not_delivered() -> None:
+    """A queued message whose expiry interval ran out (0.9.1 expiration, MQTT 5
+    message expiry) leaves the queue when it would be delivered, dead-lettered as
+    expired by the queue's dead-letter exchange, and never reaches the consumer."""
+    from mqttamqp.core.message import MessageProperties
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("gone", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "gone"})
+    now = broker.clock.seconds()
+    short = Message("", b"short", 1, False, "p", now, props=MessageProperties(
+        expiry_interval=1))
+    ex.publish(short, "", "q")
+    ex.publish(message(b"long", broker=broker), "", "q")
+    clock.advance(2)
+    _, link = consume(broker, "q")
+    assert got(link) == [("$queue/q", b"long")]
+    (dead,) = broker.queues.queues["gone"].log.values()
+    assert dead.payload == b"short" and dead.props is not None
+    assert ("reason", "expired") in dead.props.user_properties
+    session, _ = get_session(broker)
+    ex.publish(short, "", "q")
+    assert ex.get("q", session) == (False, 0)
+
+
+def test_a_rejected_message_goes_to_the_dead_letter_exchange_not_dlq() -> None:
+    """A rejected delivery of a queue with a dead-letter exchange is routed there
+    by its original key; no $dlq/ queue is made."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("parked", "c1", durable=True)
+    ex.bind_queue("parked", "amq.direct", "jobs")
+    ex.declare_queue("jobs", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "amq.direct"})
+    session, link = consume(broker, "jobs")
+    ex.publish(message(b"bad", broker=broker), "", "jobs")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    (dead,) = broker.queues.queues["parked"].log.values()
+    assert dead.payload == b"bad" and dead.topic == "$queue/parked/jobs"
+    assert dead.props is not None and ("reason", "rejected") in dead.props.user_properties
+    assert {("dead-letter-exchange", "amq.direct"), ("dead-letter-routing-key", "jobs"),
+            ("origin-queue", "jobs")} <= set(dead.props.user_properties)
+    assert "$dlq/jobs" not in broker.queues.queues
+
+
+def test_x_expires_deletes_an_unused_queue() -> None:
+    """x-expires deletes a queue unused that long; a consumer keeps it."""
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("short", "c1", durable=True, arguments={"x-expires": 1000})
+    ex.declare_queue("held", "c1", durable=True, arguments={"x-expires": 1000})
+    consume(broker, "held")
+    clock.advance(1.5)
+    assert "short" not in broker.queues.queues and "short" not in ex.declared
+    assert "held" in broker.queues.queues
+
+
+def test_a_stream_queue_is_read_by_cursor() -> None:
+    """x-queue-type stream: consumers join as stream readers from x-stream-offset."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("events", "c1", durable=True, arguments={"x-queue-type": "stream"})
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "events")
+    _, consumer = ex.consumer_filter("events", "c1", {"x-stream-offset": "first"})
+    assert consumer.mode == "stream" and consumer.stream_offset == "first"
+    _, link = consume(broker, "events", arguments={"x-stream-offset": "first"})
+    assert [p for _, p in got(link)] == [b"0", b"1", b"2"]
+
+
+def test_stopping_the_broker_leaves_no_expiry_timer() -> None:
+    """Broker.stop cancels the x-expires timers of unused queues."""
+    from fakes import timers_left
+    broker, clock, _ = make()
+    broker.exchanges.declare_queue("short", "c1", durable=True,
+                                   arguments={"x-expires": 60_000})
+    broker.stop()
+    assert timers_left(clock) == []

@@ -1,0 +1,274 @@
+"""Queues as AMQP 0.9.1 declares them (``mqttamqp.core.exchanges.queuedecl``) on the
+queue manager's queues, with fake links, ``task.Clock`` and in-memory stores: the
+default exchange, consumers, transient queues, basic.get, purge, connection close."""
+
+from __future__ import annotations
+
+from exchange_facade import code_of, consume, get_session, message
+from fakes import ManualMemoryStore, MemoryStore
+from queue_facade import client, got, join, make, send
+
+from mqttamqp.core.broker import Outcome
+
+
+def test_a_declared_durable_queue_is_the_queue_managers_queue() -> None:
+    """A durable 0.9.1 queue is stored as the queue manager's queue, and a publish
+    to the default exchange with its name reaches an MQTT consumer of $queue/."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    declared, d = broker.exchanges.declare_queue("orders", "c1", durable=True)
+    assert (declared.name, declared.message_count, declared.consumer_count) == (
+        "orders", 0, 0)
+    assert d is not None and d.called
+    assert "orders" in broker.queues.queues and "orders" in store.queues
+    mqtt, link = client(broker, "worker-1")
+    assert join(broker, mqtt, "$queue/orders/#") < 0x80
+    routed, confirm = broker.exchanges.publish(message(b"job", broker=broker), "", "orders")
+    assert routed and confirm is not None and confirm.called
+    assert got(link) == [("$queue/orders", b"job")]
+
+
+def test_default_exchange_to_a_missing_queue_is_unroutable() -> None:
+    """The default exchange routes only to an existing queue: otherwise not routed
+    (basic.return when mandatory) and nothing to wait for."""
+    broker, _, _ = make()
+    assert broker.exchanges.publish(message(), "", "nowhere", mandatory=True) == (False, None)
+
+
+def test_the_confirm_waits_for_the_commit() -> None:
+    """A publisher confirm fires only once the append is committed."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("jobs", "c1", durable=True)
+    store.commit_all()
+    _, confirm = broker.exchanges.publish(message(), "", "jobs")
+    assert confirm is not None and not confirm.called
+    store.commit_all()
+    assert confirm.called
+
+
+def test_passive_declare_and_redeclare_rules() -> None:
+    """Passive declare of a missing queue is 404; a redeclare with other flags or
+    arguments is 406; amq. names are 403; names MQTT cannot address are 406."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    assert code_of(ex.declare_queue, "ghost", "c1", passive=True) == 404
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 10})
+    assert ex.declare_queue("q", "c2", passive=True)[0].name == "q"
+    assert ex.declare_queue("q", "c2", durable=True,
+                            arguments={"x-max-length": 10})[0].name == "q"
+    assert code_of(ex.declare_queue, "q", "c1", durable=False) == 406
+    assert code_of(ex.declare_queue, "q", "c1", durable=True,
+                   arguments={"x-max-length": 11}) == 406
+    assert code_of(ex.declare_queue, "amq.mine", "c1", durable=True) == 403
+    assert code_of(ex.declare_queue, "a/b", "c1", durable=True) == 406
+    assert code_of(ex.declare_queue, "a+b", "c1", durable=True) == 406
+
+
+def test_celery_and_kombu_queue_names_are_accepted() -> None:
+    """The names Celery and kombu declare are valid queue names."""
+    broker, _, _ = make()
+    for name in ("celery", "celery@host.celery.pidbox",
+                 "celeryev.0e4b8bb3-3b9c-4b39-9d4d-0a3c1a9d6e51",
+                 "9f2d3c1e-5b1a-4f0e-8d7c-2a6b4e8f1c3d"):
+        assert broker.exchanges.declare_queue(name, "c1", durable=True)[0].name == name
+
+
+def test_a_091_consumer_joins_the_default_group_with_mqtt_ones() -> None:
+    """A 0.9.1 consumer joins the queue's default group: it competes with an AMQP
+    1.0-style receiver of the same group, and declare-ok counts it."""
+    broker, _, _ = make()
+    broker.exchanges.declare_queue("work", "c1", durable=True)
+    _, link_a = consume(broker, "work", "c1", "a")
+    _, link_b = consume(broker, "work", "c2", "b")
+    assert broker.exchanges.declare_queue("work", "c1", passive=True)[0].consumer_count == 2
+    for i in range(4):
+        broker.exchanges.publish(message(b"%d" % i, broker=broker), "", "work")
+    assert len(got(link_a)) == 2 and len(got(link_b)) == 2
+
+
+def test_consume_on_a_missing_queue_is_404() -> None:
+    """basic.consume on a queue that does not exist is 404."""
+    broker, _, _ = make()
+    assert code_of(broker.exchanges.consumer_filter, "none", "c1") == 404
+
+
+def test_an_mqtt_publish_to_queue_reaches_a_091_consumer() -> None:
+    """What MQTT publishes to $queue/<name>/... a 0.9.1 consumer of <name> receives."""
+    broker, _, _ = make()
+    broker.exchanges.declare_queue("tasks", "c1", durable=True)
+    _, link = consume(broker, "tasks")
+    send(broker, "$queue/tasks/eu", b"from-mqtt")
+    assert got(link) == [("$queue/tasks/eu", b"from-mqtt")]
+
+
+def test_delete_and_purge() -> None:
+    """Purge empties a queue; delete with if_empty refuses a non-empty queue (406),
+    otherwise removes it and says how many messages went with it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for _ in range(3):
+        ex.publish(message(broker=broker), "", "q")
+    assert code_of(ex.delete_queue, "q", "c1", if_empty=True) == 406
+    assert ex.purge_queue("q", "c1")[0] == 3
+    ex.publish(message(broker=broker), "", "q")
+    assert ex.delete_queue("q", "c1")[0] == 1
+    assert "q" not in broker.queues.queues
+    assert code_of(ex.purge_queue, "q", "c1") == 404
+
+
+def test_purge_keeps_what_consumers_hold_unacknowledged() -> None:
+    """queue.purge removes ready messages only: a consumer's unacknowledged delivery
+    stays its own and can still be acknowledged; what comes later is delivered."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    session, link = consume(broker, "q")
+    for i in range(20):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    held = len(link.published())
+    assert 0 < held < 20
+    assert ex.purge_queue("q", "c1")[0] == 20 - held
+    assert len(broker.queues.queues["q"].log) == held
+    for _, _, packet_id, *_ in link.published():
+        broker.acknowledged(session, packet_id)
+    assert not broker.queues.queues["q"].log
+    ex.publish(message(b"late", broker=broker), "", "q")
+    assert got(link)[-1] == ("$queue/q", b"late")
+
+
+def test_transient_queues_store_nothing() -> None:
+    """Exclusive, auto-delete, non-durable and server-named queues live in memory:
+    declaring, publishing, consuming and acknowledging them stores no op."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    names = [ex.declare_queue("", "c1", exclusive=True)[0].name,
+             ex.declare_queue("ad", "c1", durable=True, auto_delete=True)[0].name,
+             ex.declare_queue("plain", "c1")[0].name,
+             ex.declare_queue("", "c1", durable=True)[0].name]
+    assert names[0].startswith("amq.gen-") and names[3].startswith("amq.gen-")
+    for name in names:
+        session, link = consume(broker, name, "c1", "t-" + name)
+        ex.publish(message(b"m", broker=broker), "", name)
+        entry_message = link.published()[0][0]
+        assert entry_message.payload == b"m"
+        broker.acknowledged(session, link.published()[0][2])
+    assert not any(name in store.queues for name in names)
+    assert all(name in broker.queues.queues for name in names)
+
+
+def test_a_qos2_message_to_a_transient_queue_is_delivered() -> None:
+    """With nothing to commit, a QoS 2 append to a transient queue goes out at once."""
+    broker, _, _ = make()
+    name = broker.exchanges.declare_queue("", "c1", exclusive=True)[0].name
+    _, link = consume(broker, name)
+    routed, confirm = broker.exchanges.publish(message(qos=2, broker=broker), "", name)
+    assert routed and confirm is None
+    assert len(got(link)) == 1
+
+
+def test_exclusive_queue_is_locked_to_its_connection_and_goes_with_it() -> None:
+    """Another connection gets 405 on an exclusive queue (declare, consume, purge,
+    delete); the owner's close removes it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("reply", "c1", exclusive=True)
+    assert code_of(ex.declare_queue, "reply", "c2", exclusive=True) == 405
+    assert code_of(ex.declare_queue, "reply", "c2", passive=True) == 405
+    assert code_of(ex.consumer_filter, "reply", "c2") == 405
+    assert code_of(ex.purge_queue, "reply", "c2") == 405
+    assert code_of(ex.delete_queue, "reply", "c2") == 405
+    assert ex.publish(message(), "", "reply")[0]    # (anyone may publish to it)
+    ex.connection_closed("c2")
+    assert "reply" in broker.queues.queues
+    ex.connection_closed("c1")
+    assert "reply" not in broker.queues.queues and "reply" not in ex.declared
+
+
+def test_auto_delete_queue_goes_with_its_last_consumer() -> None:
+    """An auto-delete queue stays until its last consumer leaves, then goes."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("ev", "c1", auto_delete=True)
+    consume(broker, "ev", "c1", "a")
+    consume(broker, "ev", "c2", "b")
+    ex.consumer_cancelled("ev")
+    assert "ev" in broker.queues.queues
+    ex.consumer_cancelled("ev")
+    assert "ev" not in broker.queues.queues
+
+
+def test_a_transient_queue_does_not_dead_letter_into_storage() -> None:
+    """A message rejected on a transient queue (no dead-letter exchange) is dropped
+    and counted: no $dlq/ queue is made for it."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    name = broker.exchanges.declare_queue("", "c1", exclusive=True)[0].name
+    session, link = consume(broker, name)
+    broker.exchanges.publish(message(broker=broker), "", name)
+    entry = link.published()[0][2]
+    broker.settle(session, entry, Outcome.REJECTED)
+    assert broker.queues.queues[name].dead == 1
+    assert "$dlq/" + name not in broker.queues.queues and not store.queues
+
+
+def test_basic_get_takes_one_message_at_a_time() -> None:
+    """basic.get hands one message, says how many are left, and says empty when
+    there is none; an acknowledged one is gone."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    for i in range(2):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    session, link = get_session(broker)
+    assert ex.get("q", session) == (True, 1)
+    assert got(link) == [("$queue/q", b"0")]
+    broker.acknowledged(session, link.published()[0][2])
+    assert ex.get("q", session, no_ack=True) == (True, 0)
+    assert ex.get("q", session) == (False, 0)
+    assert not broker.queues.queues["q"].log
+
+
+def test_an_unsettled_get_goes_back_when_its_session_goes() -> None:
+    """A message got and not acknowledged is back in the queue (redelivered) once
+    the channel's session goes; a nack requeues it too."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    ex.publish(message(b"m", broker=broker), "", "q")
+    session, link = get_session(broker)
+    assert ex.get("q", session)[0]
+    broker.settle(session, link.published()[0][2], Outcome.RELEASED)
+    assert ex.get("q", session)[0]
+    broker.registry.remove_link_subscriber("c1/get")
+    other, link2 = get_session(broker, "c2/get")
+    assert ex.get("q", other)[0]
+    assert got(link2) == [("$queue/q", b"m")]
+
+
+def test_get_on_a_stream_or_a_locked_queue_is_refused() -> None:
+    """basic.get on a stream is 406; on another connection's exclusive queue 405."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("s", "c1", durable=True, arguments={"x-queue-type": "stream"})
+    ex.declare_queue("mine", "c1", exclusive=True)
+    session, _ = get_session(broker)
+    consume(broker, "s")
+    assert code_of(ex.get, "s", session) == 406
+    assert code_of(ex.get, "mine", session, "c2") == 405
+
+
+def test_connection_closed_takes_exclusive_queues_and_their_bindings() -> None:
+    """A connection's exclusive queues and their bindings go when it closes; its
+    durable queues stay."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    reply = ex.declare_queue("", "c1", exclusive=True)[0].name
+    ex.declare_queue("keep", "c1", durable=True)
+    ex.bind_queue(reply, "amq.direct", "rpc", None, "c1")
+    ex.connection_closed("c1")
+    assert reply not in broker.queues.queues and "keep" in broker.queues.queues
+    assert ex.binding_count == 0
+    assert not ex.publish(message(), "amq.direct", "rpc")[0]
