@@ -238,6 +238,12 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         if out and self.transport is not None:
             send(self.transport, out[0] if len(out) == 1 else b"".join(out))
 
+    def call_soon(self, fn: Any) -> None:
+        """Call ``fn`` when the current batch ends, or in the reactor's next turn
+        outside one (a commit firing its Deferreds one by one)."""
+        if not self.broker.after_batch(fn):
+            self.clock.callLater(0, fn)
+
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds)."""
         self._flush_out()

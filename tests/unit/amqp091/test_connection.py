@@ -213,23 +213,51 @@ def test_the_unacked_bound_is_counted() -> None:
 def test_confirms_go_in_order_with_multiple() -> None:
     """Publisher confirms: nothing before the first is done, then one basic.ack with
     multiple for every one done in a row; a failed one is a basic.nack."""
-    conn, transport, _ = open_connection()
+    conn, transport, clock = open_connection()
     conn.dataReceived(method_frame(1, commands.Channel.Open())
                       + method_frame(1, commands.Confirm.Select()))
     frames_of(transport)
     channel = conn.channels[1]
-    for seq in (1, 2, 3, 4):
+    for seq in (1, 2, 3, 4, 5, 6):
         channel.confirms[seq] = None
     channel._confirmed(None, 2, True)
+    clock.advance(0)
     assert frames_of(transport) == []
     channel._confirmed(None, 1, True)
+    clock.advance(0)
     [ack] = frames_of(transport)
     assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
     channel._confirmed(None, 4, True)
     channel._confirmed(None, 3, False)
+    clock.advance(0)
     nack, ack = frames_of(transport)
     assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
     assert (ack.name, ack.delivery_tag) == ("Basic.Ack", 4)
+    channel._confirmed(None, 5, True)
+    channel._confirmed(None, 6, True)
+    assert frames_of(transport) == []     # (the rest of the commit's Deferreds first)
+    clock.advance(0)
+    [ack] = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 6, True)
+
+
+def test_confirms_done_together_are_one_ack_before_a_later_nack() -> None:
+    """Confirms waiting for the turn's end go out before a nack that follows them."""
+    conn, transport, clock = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Confirm.Select()))
+    frames_of(transport)
+    channel = conn.channels[1]
+    for seq in (1, 2, 3):
+        channel.confirms[seq] = None
+    channel._confirmed(None, 1, True)
+    channel._confirmed(None, 2, True)
+    channel._confirmed(None, 3, False)
+    ack, nack = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
+    assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
+    clock.advance(0)
+    assert frames_of(transport) == []
 
 
 def test_a_long_reply_text_is_cut_to_a_short_string() -> None:
