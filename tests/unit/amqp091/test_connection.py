@@ -7,7 +7,9 @@ from typing import Any
 
 from core_broker import make_broker
 from fakes import timers_left
-from pamqp import commands
+from pamqp import commands, frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
 
@@ -287,3 +289,34 @@ def test_reading_resumes_once_every_reason_to_pause_is_gone() -> None:
     assert transport.producerState == "paused"
     conn.release_reading("alarm")
     assert transport.producerState == "producing"
+
+
+def test_a_consumer_gets_as_many_deliveries_as_its_prefetch() -> None:
+    """basic.qos prefetch 40 lets a durable queue have 40 deliveries outstanding with
+    the consumer (not the broker's --queue-prefetch, 16), and no more."""
+    pub, _, clock = open_connection()
+    cons = pub.factory.buildProtocol(None)
+    ct = StringTransport()
+    cons.makeConnection(ct)
+    frames_of(ct)
+    cons.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest")))
+    cons.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")))
+    pub.dataReceived(method_frame(1, commands.Channel.Open())
+                     + method_frame(1, commands.Queue.Declare(queue="q", durable=True)))
+    cons.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Basic.Qos(prefetch_count=40))
+                      + method_frame(1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+    clock.advance(0)
+    frames_of(ct)
+    one = (method_frame(1, commands.Basic.Publish(exchange="", routing_key="q"))
+           + frame.marshal(ContentHeader(0, 1, commands.Basic.Properties(delivery_mode=2)), 1)
+           + frame.marshal(ContentBody(b"x"), 1))
+    pub.dataReceived(one * 60)
+    clock.advance(0)
+    delivered = [f for f in frames_of(ct) if f.name == "Basic.Deliver"]
+    assert len(delivered) == 40
+    cons.dataReceived(method_frame(1, commands.Basic.Ack(40, multiple=True)))
+    clock.advance(0)
+    assert len([f for f in frames_of(ct) if f.name == "Basic.Deliver"]) == 20
