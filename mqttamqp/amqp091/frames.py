@@ -114,7 +114,8 @@ def _decode(kind: int, channel: int, payload: bytes) -> Any:
             class_id, weight, body_size = _body_size.unpack_from(payload)
             if class_id == 60 and not weight:
                 header = Header.__new__(Header)
-                header.class_id, header.weight = 60, 0
+                header.class_id = 60  # type: ignore[assignment]  # (pamqp types it None)
+                header.weight = 0
                 header.body_size, header.properties = body_size, properties
                 header.raw = payload[12:]
                 return header
