@@ -161,8 +161,10 @@ class OpenAtStart:
         self._locks: list[Any] = []
         self.failed_lock = ""   # the lock file a failed open() could not take
 
-    def open(self) -> None:
-        """Take the locks, then open the storage."""
+    def open(self, lock: Any = None) -> None:
+        """Take the locks, then open the storage.  ``lock``: the serving lock, taken
+        already (``--ha``: the broker waited for it); the store then claims the next
+        leader epoch (``store.fencing``) before anything is loaded."""
         if self.opened is not None:
             return
         from mqttamqp.store import (
@@ -187,7 +189,9 @@ class OpenAtStart:
                     self.failed_lock = path
                     self._locks.append(zc.lockfile.LockFile(path, content_template="{pid}"))
                 self.failed_lock = ""
-            if engine.dsn:
+            if lock is not None:
+                self._locks.append(lock)
+            elif engine.dsn:
                 self._locks.append(serving_lock(engine))
             try:
                 self.opened = ZODBStore(self.data_dir, self.reactor, engine=engine,
@@ -199,6 +203,14 @@ class OpenAtStart:
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise StorageUnavailable(
                     f"cannot open the storage {engine.display}: {first}") from None
+            if lock is not None:
+                try:
+                    self.opened.claim_epoch()
+                except Exception as e:
+                    self.opened.close()
+                    self.opened = None
+                    raise StorageUnavailable(f"cannot claim the leader epoch of "
+                                             f"{engine.display}: {e}") from None
         except BaseException:
             self._release()
             raise
@@ -224,6 +236,12 @@ class OpenAtStart:
         return self.opened.load()  # type: ignore[no-any-return]
 
     def submit(self, ops: Sequence[Op]) -> Deferred[None]:
+        if self.opened is None:   # (a --ha standby: the console may still try)
+            from twisted.internet.defer import fail
+
+            from mqttamqp.store import StoreClosedError
+
+            return fail(StoreClosedError("the store is not open (standby)"))
         return self.opened.submit(ops)  # type: ignore[no-any-return]
 
     def read_queue_messages(self, name: str, offsets: Sequence[int]

@@ -191,6 +191,16 @@ class Options(usage.Options):
                 resolve(self["storage"], os.path.abspath(self["data"]))
             except EngineError as exc:
                 raise usage.UsageError(str(exc)) from None
+        if self["ha"]:
+            from mqttamqp.store.engines import resolve as resolve_engine
+
+            kind = resolve_engine(self["storage"], os.path.abspath(self["data"])).kind
+            if kind != "postgresql":
+                raise usage.UsageError("--ha needs a shared storage: --storage "
+                                       f"postgresql://USER@HOST:PORT/DB (not {kind})")
+            if self["ha-poll"] <= 0 or self["ha-watch"] <= 0:
+                raise usage.UsageError("--ha-poll and --ha-watch must be more than 0 "
+                                       "seconds")
         if self["archive"] and self["no-archive"]:
             raise usage.UsageError("--archive and --no-archive contradict each other")
         if self["archive-roll"] <= 0:

@@ -160,6 +160,10 @@ FLAGS: list[list[Any]] = [
      "Accept anonymous clients (no user name) from any address, even when client "
      "users exist (by default: only from loopback and only while there are no "
      "client users, as Mosquitto 2 without a configuration)."],
+    ["ha", None,
+     "High availability with --storage postgresql://...: start the same command on "
+     "two boxes; one serves, the other is the standby (listeners closed, /readyz 503 "
+     "'standby') and takes over when the leader's database lock goes. See docs/ha.md."],
     ["tls-require-client-cert", None,
      "With --tls-ca: refuse TLS clients without a valid client certificate (during "
      "the handshake, on every ssl: listener)."],
@@ -370,6 +374,14 @@ PARAMETERS: list[list[Any]] = [
      "history-free; default DIR is DATA/sqlite), postgresql://USER@HOST:PORT/DB "
      "(RelStorage on PostgreSQL, history-free) or memory:// (nothing survives a "
      "restart). See docs/durability.md."],
+    ["ha-poll", None, 1.0,
+     "With --ha: seconds between the standby's attempts to take the serving lock "
+     "(a takeover waits at most this long once the leader's lock is gone).",
+     _positive(float, "ha-poll")],
+    ["ha-watch", None, 1.0,
+     "With --ha: seconds between the leader's checks (SELECT 1) of its lock's "
+     "connection; when one fails it stops acknowledging and exits.",
+     _positive(float, "ha-watch")],
     ["pack-interval", None, 24.0,
      "Hours between packs of the storage; 0 = never.", _positive(float, "pack-interval")],
     ["pack-growth", None, 24.0,

@@ -13,7 +13,7 @@ import atexit
 import gc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -115,6 +115,18 @@ class BrokerService(service.MultiService):
         self.tls: TLSSettings | None = None   # for every ssl: listener added after
         self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
         self.refusals = AcceptRefusals(self.reactor, self._refused_for_resources)
+        self.ha: Any = None   # --ha: a HighAvailability (enable_ha)
+
+    def enable_ha(self, poll_seconds: float, watch_seconds: float) -> None:
+        """Start as the standby of the storage's serving lock (``mqttamqp.ha``): serve
+        once it is taken.  The storage must be PostgreSQL (``options`` checks)."""
+        from mqttamqp.ha import HighAvailability
+        from mqttamqp.store import resolve_engine
+
+        engine = resolve_engine(self.store.storage, self.data_dir)
+        self.ha = HighAvailability(self.reactor, engine.dsn, engine.display, poll_seconds,
+                                   watch_seconds, self._take_over, self._stop_serving)
+        self.broker.stats.ha_role = "standby"
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         return self.add_listener("MQTT", description, self.mqtt_factory)
@@ -200,6 +212,11 @@ class BrokerService(service.MultiService):
         logbridge.install()
         try:
             _prepare_data_dir(self.data_dir)
+            if self.ha is not None:   # the console and metrics only, until leader
+                self._bind_listeners(lambda x: x.kind in _STANDBY_LISTENERS)
+                self._start_running()
+                self.ha.start()
+                return
             self._open_store()
             self._bind_listeners()
         except StartupError as e:
@@ -213,7 +230,58 @@ class BrokerService(service.MultiService):
             self._undo_start()
             raise
 
-    def _open_store(self) -> None:
+    def _take_over(self, lock: Any) -> bool:
+        """--ha: the serving lock is ours; open the storage (claiming the epoch),
+        load the state and open the client listeners.  What fails there is one
+        critical line, and the process ends (its lock with it: another standby may
+        take over).  True once serving."""
+        try:
+            self._open_store(lock)
+            self.broker.stats.ha_role = "leader"   # (the epoch is ours: $SYS says so)
+            self.store.opened.on_fenced = self.ha.lost
+            self.ha.epoch = lambda: self.store.opened.epoch
+            self._bind_listeners(lambda x: x.kind not in _STANDBY_LISTENERS)
+            self._start_serving()
+        except Exception as e:
+            if not isinstance(e, StartupError):
+                self.log.failure("taking over failed", Failure())
+            self.broker.stats.ha_role = "fenced"
+            self._undo_start()
+            lock.close()   # (if the store had not taken it yet)
+            self._fail_running(f"{e}; cannot take over")
+            return False
+        return True
+
+    def _stop_serving(self, reason: str) -> None:
+        """--ha, the leadership lost: no commit from now on (nothing more is
+        acknowledged), clients and client listeners closed, the process ends with
+        status 1 (a supervisor restarts it: it comes back as the standby)."""
+        self.broker.stats.ha_role = "fenced"
+        _exit_status_after_stop(1)
+        reactor: Any = self.reactor
+        reactor.callWhenRunning(reactor.stop)
+        opened = self.store.opened
+        if opened is not None:
+            opened.fence(reason)
+        for listener in self.listeners:
+            if listener.kind not in _STANDBY_LISTENERS:
+                listener.close_now()
+        connections = list(self.mqtt_factory.connections)
+        if self.amqp_factory is not None:
+            connections += list(self.amqp_factory.connections)
+        for conn in connections:
+            try:
+                conn.transport.abortConnection()
+            except Exception:   # (best effort: the process ends anyway)
+                self.log.failure("closing a client after the leadership was lost")
+
+    def _fail_running(self, reason: str) -> None:
+        self.log.critical("{reason}; stopping", reason=reason)
+        _exit_status_after_stop(1)
+        reactor: Any = self.reactor
+        reactor.callWhenRunning(reactor.stop)
+
+    def _open_store(self, lock: Any = None) -> None:
         import zc.lockfile  # type: ignore[import-untyped]
 
         from mqttamqp.store import (
@@ -224,7 +292,7 @@ class BrokerService(service.MultiService):
         )
 
         try:
-            self.store.open()
+            self.store.open(lock)
         except zc.lockfile.LockError:
             lock = self.store.lock_path()
             where = os.path.dirname(lock)
@@ -248,8 +316,11 @@ class BrokerService(service.MultiService):
             raise StartupError(f"cannot open the storage in {self.data_dir}: "
                                f"{e.strerror or e}") from None
 
-    def _bind_listeners(self) -> None:
+    def _bind_listeners(self, which: Callable[[ListenerService], bool] = lambda x: True
+                        ) -> None:
         for listener in self.listeners:
+            if not which(listener):
+                continue
             failed: list[Failure] = []
             try:
                 d = listener.listen()
@@ -262,10 +333,7 @@ class BrokerService(service.MultiService):
                 d.addErrback(self._failed_late, listener)
 
     def _failed_late(self, failure: Failure, listener: ListenerService) -> None:
-        self.log.critical("{reason}; stopping", reason=listener.failure_reason(failure))
-        _exit_status_after_stop(1)
-        reactor: Any = self.reactor
-        reactor.callWhenRunning(reactor.stop)
+        self._fail_running(listener.failure_reason(failure))
 
     def _undo_start(self) -> None:
         for listener in self.listeners:
@@ -274,6 +342,12 @@ class BrokerService(service.MultiService):
         self.store.close()
 
     def _start(self) -> None:
+        self._start_serving()
+        self._start_running()
+
+    def _start_serving(self) -> None:
+        """The state loaded, and what works on it started (at the start; under --ha
+        at the takeover)."""
         # The ZODB writer thread pickles while the reactor serves clients: a 1 ms
         # GIL switch interval (default 5 ms) bounds how long it can hold them off.
         sys.setswitchinterval(0.001)
@@ -291,13 +365,16 @@ class BrokerService(service.MultiService):
         if self.store.opened is not None and not self.store.opened.engine.durable:
             self.log.warn("storage {s} keeps nothing across a restart (tests only)",
                           s=self.store.describe())
-        self.ops.start()
         self.packing.start()
         if self.acl is not None:
             # The ACL file applies when it changes: a stat every 2 s, no restart.
             self._acl_loop = LoopingCall(self.reload_acl)
             self._acl_loop.clock = self.reactor
             self._acl_loop.start(ACL_POLL_SECONDS, now=False)
+
+    def _start_running(self) -> None:
+        """Metrics, health, SIGHUP and the listeners' services (their log lines)."""
+        self.ops.start()
         if self.reloaders is not None:
             self.reloaders.install()
         super().startService()  # type: ignore[no-untyped-call]
@@ -315,6 +392,8 @@ class BrokerService(service.MultiService):
         self.ops.set_log_observer(parent)
 
     def stopService(self) -> Deferred[None]:
+        if self.ha is not None:
+            self.ha.stop()
         if self.reloaders is not None:
             self.reloaders.uninstall()
         self.broker.shutdown()
@@ -345,6 +424,10 @@ class BrokerService(service.MultiService):
             await self.archive.close()
         # What the hooks still hold is not sent (their queues are not durable).
         self.webhooks.close()
+
+
+# The listeners a --ha standby opens (the console and /readyz say it is the standby).
+_STANDBY_LISTENERS = ("web", "metrics")
 
 
 def _prepare_data_dir(path: str) -> None:
@@ -431,6 +514,8 @@ def makeService(options: Options) -> BrokerService:
                         webhooks=options["webhook"], storage=options["storage"],
                         pack_growth_mb=options["pack-growth"])
     _reloaders(svc, options)
+    if options["ha"]:
+        svc.enable_ha(options["ha-poll"], options["ha-watch"])
     # MQTT 5 enhanced authentication: SCRAM-SHA-256 against the same user store.
     from mqttamqp.security.enhanced_auth import EnhancedAuthenticator, ScramSha256
 

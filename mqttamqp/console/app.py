@@ -68,6 +68,12 @@ class Console:
         self.users = users if users is not None else UserStore(context.data_dir)
         self.gate = Gate(self.users, SessionStore(self.clock.seconds,
                                                   idle_timeout=idle_timeout))
+        ha = context.ha
+        if ha is not None:
+            self.gate.read_only_because = lambda: (
+                "" if ha()["role"] == "leader" else
+                f"this broker is the {ha()['role']} (--ha): it does not serve, and its "
+                "console is read-only")
         self.pages = Pages(make_environment(self.clock.seconds))
         self.static = static_dir()
         if run_in_thread is None:

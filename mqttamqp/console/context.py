@@ -33,6 +33,7 @@ class ConsoleContext:
     archive_dir: str | None = None        # None: the archive is off
     report_dir: str | None = None         # where the traffic report is written
     report_job: ReportRunner | None = None
+    ha: Callable[[], dict[str, Any]] | None = None   # --ha: the role and its times
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:
@@ -48,4 +49,5 @@ class ConsoleContext:
         return cls(service.broker, service.data_dir, service.reactor, listeners,
                    storage_stats, getattr(service, "archive_dir", None),
                    getattr(service, "report_dir", None),
-                   getattr(service, "report_job", None))
+                   getattr(service, "report_job", None),
+                   ha.figures if (ha := getattr(service, "ha", None)) is not None else None)

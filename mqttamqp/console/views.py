@@ -421,6 +421,7 @@ def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[
                    "blocked": c.queues_blocked, "stored_bytes": c.queue_bytes,
                    "memory_bytes": c.queue_memory_bytes},
     }
+    out["ha"] = context.ha() if context.ha is not None else None
     if include_storage:
         out["listeners"] = context.listeners()
         out["storage"] = context.storage_stats()

@@ -218,6 +218,9 @@ class Gate:
     def __init__(self, users: UserStore, sessions: SessionStore) -> None:
         self.users = users
         self.sessions = sessions
+        # Why changes are refused now ("" while they are not): a --ha standby, whose
+        # state is not loaded, is read-only.
+        self.read_only_because: Callable[[], str] = lambda: ""
 
     def cookie_session(self, request: Request, touch: bool) -> LoginSession | None:
         raw = request.getCookie(COOKIE_NAME.encode())
@@ -277,6 +280,9 @@ class Gate:
                     self.log.warn("console: POST {path} by {user!r} without a valid CSRF "
                                   "token; refused", path=request.path, user=auth.user)
                     raise HTTPError(403, "missing or wrong CSRF token; reload the page")
+            refused = "" if any_role else self.read_only_because()
+            if refused:
+                raise HTTPError(503, refused)
             if auth.read_only and not any_role:
                 raise HTTPError(403, "this API token is read-only" if auth.token is not None
                                 and auth.token.read_only else

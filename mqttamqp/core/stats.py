@@ -91,6 +91,7 @@ class BrokerStats:
     storage_failures: int = 0         # failed store commits
     storage_failing: bool = False     # the last commit failed
     storage_error: str = ""           # the first error of the current (or last) spell
+    ha_role: str = ""                 # --ha: standby, leader or fenced ("" without --ha)
     # How often each limit refused something (``$SYS/broker/limits/<name>``).
     limits: dict[str, int] = field(default_factory=dict)
     amqp_links: int = 0               # AMQP links attached now, all connections (gauge)
@@ -184,4 +185,5 @@ class BrokerStats:
             (p + "storage/failures", str(self.storage_failures)),
             (p + "storage/state", "failing" if self.storage_failing else "ok"),
             *((p + "limits/" + name, str(n)) for name, n in sorted(self.limits.items())),
+            *(((p + "ha/role", self.ha_role),) if self.ha_role else ()),
         ]

@@ -100,8 +100,11 @@ class Readiness:
 
     def __init__(self, broker: Broker, store_open: Callable[[], bool],
                  listeners: Callable[[], Sequence[Listener]],
-                 probe: WriteProbe | None = None) -> None:
+                 probe: WriteProbe | None = None,
+                 role: Callable[[], str] | None = None) -> None:
+        """``role``: under --ha, the broker's (standby, leader, fenced)."""
         self.broker = broker
+        self.role = role
         self.store_open = store_open
         self.listeners = listeners
         self.probe = probe
@@ -110,6 +113,12 @@ class Readiness:
         broker = self.broker
         stats = broker.stats
         out = []
+        role = self.role() if self.role is not None else ""
+        if role == "standby":
+            out.append(Check("role", False, "standby: another broker holds the serving "
+                                            "lock; this one takes over when it goes"))
+        elif role:
+            out.append(Check("role", role == "leader", role))
         if broker.stopping:
             out.append(Check("running", False, "the broker is stopping"))
         if not self.store_open():
@@ -144,5 +153,6 @@ class Readiness:
         """(ready, the JSON body)."""
         checks = self.checks()
         ready = all(c.ok for c in checks)
-        return ready, {"status": "ready" if ready else "not ready",
+        standby = self.role is not None and self.role() == "standby"
+        return ready, {"status": "ready" if ready else "standby" if standby else "not ready",
                        "checks": {c.name: c.as_json() for c in checks}}

@@ -269,6 +269,39 @@ class BrokerCollector(Collector):
         return ()
 
 
+class HACollector(Collector):
+    """--ha: the role (``mqttamqp_ha_role{role=...}`` 1 for the current one), the
+    epoch, since when this broker leads, its last takeover's duration and the
+    database's latency, from ``figures()`` (``mqttamqp.ha.HighAvailability``)."""
+
+    ROLES = ("standby", "leader", "fenced")
+
+    def __init__(self, figures: Any) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.figures()
+        role = GaugeMetricFamily("mqttamqp_ha_role", "--ha: 1 for this broker's role "
+                                 "(standby, leader, fenced), 0 for the others.",
+                                 labels=["role"])
+        for name in self.ROLES:
+            role.add_metric([name], 1 if f["role"] == name else 0)
+        yield role
+        for name, doc, value in (
+                ("mqttamqp_ha_epoch", "--ha: the leader epoch this broker claimed (0 "
+                 "while standby).", f["epoch"] or 0),
+                ("mqttamqp_ha_leader_since_seconds", "--ha: when this broker became the "
+                 "leader, seconds since the epoch (0 while standby).", f["leader_since"]),
+                ("mqttamqp_ha_last_takeover_seconds", "--ha: how long this broker's "
+                 "takeover took (state loaded, listeners open).",
+                 f["last_takeover_seconds"]),
+                ("mqttamqp_ha_database_latency_seconds", "--ha: round trip of the last "
+                 "statement on the serving lock's connection.",
+                 f["database_latency_seconds"])):
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
+
+
 def broker_registry(broker: Broker) -> CollectorRegistry:
     """A registry of this broker's own (never the process-wide default one, which
     would mix brokers in tests), with the process' own figures beside the broker's:

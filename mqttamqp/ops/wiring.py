@@ -60,6 +60,10 @@ class OpsWiring:
             self._registry = broker_registry(self.service.broker)
             self.lag = ReactorLag(self.service.reactor)
             self._registry.register(self.lag)
+            if self.service.ha is not None:
+                from mqttamqp.ops.metrics import HACollector
+
+                self._registry.register(HACollector(self.service.ha.figures))
         return self._registry
 
     @property
@@ -68,7 +72,8 @@ class OpsWiring:
             svc = self.service
             self._readiness = Readiness(
                 svc.broker, lambda: svc.store.opened is not None, lambda: svc.listeners,
-                WriteProbe(svc.reactor, svc.data_dir))
+                WriteProbe(svc.reactor, svc.data_dir),
+                (lambda: svc.ha.role) if svc.ha is not None else None)
         return self._readiness
 
     def site(self) -> Site:

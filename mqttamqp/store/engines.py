@@ -41,7 +41,8 @@ FILENAME = "mqttamqp.fs"
 SCHEMES = ("file", "sqlite", "postgresql", "memory")
 
 # RelStorage defaults that differ from its own: no history (nothing to pack away
-# but garbage), and no local cache beyond ZODB's (the broker reads its state once).
+# but garbage), and no local cache beyond ZODB's (the broker reads its state once;
+# PostgreSQL gets 16 MB, where start-up's bulk reads wait: see _postgresql).
 _RELSTORAGE_DEFAULTS = {"keep_history": "false", "cache_local_mb": "0"}
 
 
@@ -234,6 +235,9 @@ _PG_DSN_ARGS = ("connect_timeout", "sslmode", "application_name")
 def _postgresql(uri: str, parts: SplitResult) -> Engine:
     query = dict(parse_qsl(parts.query))
     dsn_query = {k: query.pop(k) for k in list(query) if k in _PG_DSN_ARGS}
+    # A local cache of 16 MB: what start-up (and a --ha takeover) prefetches a chunk
+    # at a time waits there (``prefetch``): one query per chunk, not per object.
+    query.setdefault("cache_local_mb", "16")
     options = _relstorage_options(uri, query)
     if not parts.path.strip("/"):
         raise EngineError(f"--storage {_masked(uri)}: name the database, e.g. "

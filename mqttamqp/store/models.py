@@ -73,10 +73,13 @@ from mqttamqp.core.persistence import (
     QueueGroupRecord,
     QueueRecord,
     SessionRecord,
+    Snapshot,
     StoredQueued,
 )
+from mqttamqp.store import prefetch
 
 __all__ = [
+    "root_to_snapshot",
     "exchange_to_record", "record_to_exchange", "binding_key", "binding_to_record",
     "record_to_binding",
     "SCHEMA_VERSION",
@@ -414,3 +417,26 @@ def advance_floor(record: tuple[Any, ...], done: Any, floor: int) -> tuple[Any, 
 
 def new_done_set() -> Any:
     return LLTreeSet()
+
+
+def root_to_snapshot(conn: Any, queue_body_budget: int) -> Snapshot:
+    """The whole durable state under ``conn``'s root as plain objects (start-up):
+    the big trees read in bulk (``prefetch``), and of each queue its head, its share
+    of ``queue_body_budget`` (0: no budget), in memory; the cache is emptied as it
+    goes, so RSS stays near the budget at start too."""
+    root = conn.root()
+    snapshot = Snapshot()
+    for topic, record in prefetch.items(conn, root["retained"]):
+        snapshot.retained[topic] = record_to_message(record)
+    for owner, record in root["wills"].items():
+        snapshot.wills[owner] = record_to_will(record)
+    for client_id, session in prefetch.sessions(conn, root["sessions"]):
+        snapshot.sessions[client_id] = session_to_record(session)
+    snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
+    snapshot.exchanges = [record_to_exchange(r) for r in root["exchanges"].values()]
+    snapshot.bindings = [record_to_binding(r) for r in root["bindings"].values()]
+    queues = root["queues"]
+    share = queue_body_budget // max(1, len(queues)) if queue_body_budget > 0 else None
+    snapshot.queues = [queue_to_record(q, share, conn.cacheMinimize)
+                       for q in queues.values()]
+    return snapshot

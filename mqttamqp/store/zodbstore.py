@@ -52,16 +52,8 @@ from mqttamqp.core.persistence import (
 from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
-from mqttamqp.store.models import (
-    init_root,
-    queue_to_record,
-    record_to_ban,
-    record_to_binding,
-    record_to_exchange,
-    record_to_message,
-    record_to_will,
-    session_to_record,
-)
+from mqttamqp.store.fencing import check, claim, lost_to
+from mqttamqp.store.models import init_root, root_to_snapshot
 from mqttamqp.store.reading import QueueReader
 
 __all__ = ["FILENAME", "StorageFactory", "StoreClosedError", "ZODBStore"]
@@ -163,6 +155,11 @@ class ZODBStore:
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
+        # --ha: the leader epoch every commit checks (None: none), and what a commit
+        # that finds another leader's epoch calls (on the reactor thread).
+        self.epoch: int | None = None
+        self.on_fenced: Callable[[str], None] | None = None
+        self.fenced = ""   # why commits stopped ("" while they go on)
 
         # Counters: written by the writer/pack threads, read by stats().
         self._pending_ops = 0
@@ -196,25 +193,7 @@ class ZODBStore:
         try:
             tm.begin()
             try:
-                root = conn.root()
-                snapshot = Snapshot()
-                for topic, record in root["retained"].items():
-                    snapshot.retained[topic] = record_to_message(record)
-                for owner, record in root["wills"].items():
-                    snapshot.wills[owner] = record_to_will(record)
-                for client_id, session in root["sessions"].items():
-                    snapshot.sessions[client_id] = session_to_record(session)
-                snapshot.bans = [record_to_ban(r) for r in root["bans"].values()]
-                snapshot.exchanges = [record_to_exchange(r)
-                                      for r in root["exchanges"].values()]
-                snapshot.bindings = [record_to_binding(r) for r in root["bindings"].values()]
-                queues = root["queues"]
-                budget = self._queue_body_budget
-                # (each queue's head, its share of the budget, in memory; the cache
-                # emptied as it goes, so RSS stays near the budget at start too)
-                share = budget // max(1, len(queues)) if budget > 0 else None
-                snapshot.queues = [queue_to_record(q, share, conn.cacheMinimize)
-                                   for q in queues.values()]
+                snapshot = root_to_snapshot(conn, self._queue_body_budget)
             finally:
                 tm.abort()
             conn.cacheMinimize()
@@ -261,6 +240,29 @@ class ZODBStore:
             self._pack_threads.add(thread)
             thread.start()
         return d
+
+    def claim_epoch(self) -> int:
+        """--ha: commit the next leader epoch (``fencing.claim``), checked in every
+        commit from now on.  Before ``load()``."""
+        self.epoch = claim(self._db, self._commit_attempts)
+        return self.epoch
+
+    def fence(self, reason: str, notify: bool = False) -> None:
+        """Stop committing at once (the leadership is lost): what is queued or comes
+        later fails (``StoreClosedError``); a commit under way finishes (what it
+        commits precedes the new leader's epoch, so the new leader has it).
+        ``notify``: call ``on_fenced(reason)`` on the reactor thread (the first time)."""
+        with self._cond:
+            first, self.fenced = not self.fenced, self.fenced or reason
+            self._accepting = False
+            leftover = list(self._pending)
+            self._pending.clear()
+            self._pending_ops = 0
+        if leftover:
+            err = Failure(StoreClosedError(f"not committed: {reason}"))
+            self._complete([(d, err) for _, d in leftover])
+        if first and notify and self.on_fenced is not None:
+            self._reactor.callFromThread(self.on_fenced, reason)
 
     def close(self) -> None:
         """Stop accepting, commit what was submitted, fire its Deferreds, close.
@@ -310,6 +312,8 @@ class ZODBStore:
             "packing": bool(self._pack_threads),
             "queue_reads": self._queue_reader.reads_done,
             "closed": self._closed,
+            "epoch": self.epoch,               # --ha: this leader's epoch
+            "fenced": self.fenced,
         }
 
     # -- internals ---------------------------------------------------------------
@@ -388,6 +392,8 @@ class ZODBStore:
         try:
             for attempt in tm.attempts(self._commit_attempts):
                 with attempt:
+                    if self.epoch is not None:
+                        check(conn, self.epoch)
                     trees = Trees(conn.root())
                     for ops, _ in group:
                         trees.deleted.clear()
@@ -395,9 +401,11 @@ class ZODBStore:
                             if skip and id(op) in skip:
                                 continue
                             HANDLERS[type(op)](trees, op)
-        except Exception:  # any failure errbacks the whole commit
+        except Exception as e:  # any failure errbacks the whole commit
             failure = Failure()
             _abort_if_open(tm)
+            if reason := lost_to(e, self.epoch):
+                self.fence(reason, notify=True)
             # Debug only: the core logs one line per failing spell (CommitBatcher),
             # not a traceback per commit while the disk is full.
             _log.failure(

@@ -40,7 +40,10 @@ class BrokerProcess:
     def mqtt_port(self) -> int:
         return self.ports["MQTT"]
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
+    def start(self, timeout: float = 30.0, expect: tuple[str, ...] | None = None
+              ) -> BrokerProcess:
+        """Start it and wait until the listeners of ``expect`` (options, e.g.
+        ``("--metrics",)``; default: every listener) say where they listen."""
         args = [TWISTD, "-n", "--pidfile=", "--logfile=-", "mqttamqp", "--data", self.data_dir]
         for option in ("--mqtt", "--amqp", "--web", "--mqtt-ws", "--metrics"):
             where = (self.descriptions.get(option, "tcp:0:interface=127.0.0.1")
@@ -52,7 +55,7 @@ class BrokerProcess:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         threading.Thread(target=self._pump, daemon=True).start()
-        wanted = {opt.lstrip("-").upper() for opt in self.listeners}
+        wanted = {opt.lstrip("-").upper() for opt in (expect or self.listeners)}
         self.ports = {}
         while not wanted <= set(self.ports):
             line = self.wait_for_line(r"listening for|Traceback|#critical\]", timeout)

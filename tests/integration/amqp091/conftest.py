@@ -11,6 +11,7 @@ from typing import Any
 import pika
 import pytest
 from brokerproc import BrokerProcess
+from pikaparams import parameters
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +22,6 @@ def broker091(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProces
     proc.start()
     yield proc
     proc.stop()
-
-
-def parameters(broker: BrokerProcess, **kw: Any) -> pika.ConnectionParameters:
-    kw.setdefault("connection_attempts", 1)
-    kw.setdefault("socket_timeout", 10)
-    kw.setdefault("blocked_connection_timeout", 30)
-    return pika.ConnectionParameters("127.0.0.1", broker.ports["AMQP"], **kw)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 from brokerproc import BrokerProcess
-from conftest import parameters
+from pikaparams import parameters
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import socket
 import pika
 import pytest
 from brokerproc import BrokerProcess
-from conftest import parameters
+from pikaparams import parameters
 
 pytestmark = pytest.mark.timeout(60)
 

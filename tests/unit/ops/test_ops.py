@@ -442,3 +442,23 @@ def test_drops_are_labelled_with_the_protocol() -> None:
     assert s[(("protocol", "mqtt"), ("reason", "denied"))] == 1
     assert sum(v for k, v in s.items() if ("reason", "denied") not in k) == int(
         sys_value(broker, "messages/dropped"))
+
+
+def test_readiness_says_standby_under_ha() -> None:
+    """Under --ha the standby is not ready, with status 'standby' and the reason in
+    the role check; the leader's role check passes; a fenced broker is not ready."""
+    broker, _clock, _ = make_broker(MemoryStore())
+    role = ["standby"]
+    ready = Readiness(broker, lambda: False, lambda: [_Listener("MQTT", None)],
+                      role=lambda: role[0])
+    ok, body = ready.report()
+    assert not ok and body["status"] == "standby"
+    assert not body["checks"]["role"]["ok"]
+    assert "standby" in body["checks"]["role"]["reason"]
+    role[0] = "leader"
+    ready = Readiness(broker, lambda: True, lambda: [_Listener("MQTT", 1)],
+                      role=lambda: role[0])
+    assert ready.report()[1]["checks"]["role"] == {"ok": True, "reason": "leader"}
+    role[0] = "fenced"
+    ok, body = ready.report()
+    assert not ok and body["status"] == "not ready"

@@ -137,7 +137,7 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
     pem.write_bytes(key_pem(key))
     return {
         "data": str(tmp_path / "data"),
-        "storage": "sqlite://",
+        "storage": "postgresql://mqttamqp@127.0.0.1:5432/mqttamqp",   # (--ha needs it)
         "users": str(users),
         "acl": str(acl),
         "queues": str(queues),

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.timeout(120)
     (["--connect-timeout", "soon"], "--connect-timeout must be a number"),
     (["--amqp-max-links", "0"], "--amqp-max-links must be at least 1"),
     (["--amqp-max-links-total", "0"], "--amqp-max-links-total must be at least 1"),
+    (["--ha"], "--ha needs a shared storage: --storage postgresql://"),
+    (["--ha", "--storage", "sqlite://"], "(not sqlite)"),
+    (["--ha", "--storage", "postgresql://u@127.0.0.1:5/db", "--ha-poll", "0"],
+     "--ha-poll and --ha-watch must be more than 0"),
 ])
 def test_bad_options_say_what_to_do(tmp_path: Path, args: list[str], message: str) -> None:
     """A bad option value stops twistd with a message naming the option."""

@@ -1,0 +1,185 @@
+"""Takeover time of an ``--ha`` pair (issue 28, figures): from ``kill -9`` of the
+leader to the standby accepting MQTT CONNECTs, with a stored state of N persistent
+sessions (one QoS 1 subscription each) and M retained messages.
+
+A throw-away PostgreSQL cluster (``tests/support/pgcluster.py``) on 127.0.0.1; the
+state is written straight through the broker's store (``ZODBStore``, 5,000 ops a
+commit) before any broker starts; then a leader and a standby (``twistd mqttamqp
+--ha``, as processes) start on it, the leader is killed, and a raw MQTT CONNECT is
+tried against the standby's port every 20 ms until a CONNACK comes back.  Printed as
+JSON: the kill-to-CONNACK time, the standby's own takeover line (its load time),
+and the first persistent session's resumption (CONNECT with clean session 0 to
+CONNACK with session present).
+
+Loopback only; every wait is bounded (``--timeout``); only the processes started here
+are signalled, by their PID.
+
+    python bench/ha_takeover.py [--sessions 10000] [--retained 100000] [--rounds 1]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
+
+from brokerproc import BrokerProcess  # noqa: E402
+from pgcluster import PostgresCluster  # noqa: E402
+
+
+def log(msg):
+    sys.stderr.write("[ha_takeover {}] {}\n".format(time.strftime("%H:%M:%S"), msg))
+    sys.stderr.flush()
+
+
+def populate(uri, data_dir, sessions, retained):
+    """Write the state through the store, as a broker would have."""
+    from mqttamqp.core.message import Message
+    from mqttamqp.core.persistence import PutRetained, PutSession, PutSubscription
+    from mqttamqp.store import ZODBStore, resolve_engine
+
+    class Inline:
+        def callFromThread(self, f, *args):
+            f(*args)
+
+    store = ZODBStore(data_dir, Inline(), engine=resolve_engine(uri, data_dir))
+    store.load()
+    pending = []
+    batch = []
+
+    def flush():
+        if batch:
+            pending.append(store.submit(list(batch)))
+            batch.clear()
+
+    for i in range(sessions):
+        batch.append(PutSession("s%06d" % i, 0.0))
+        batch.append(PutSubscription("s%06d" % i, "bench/s/%d/#" % i, 1))
+        if len(batch) >= 5000:
+            flush()
+    for i in range(retained):
+        batch.append(PutRetained(Message("bench/r/%d" % i, b"x" * 32, 1, True)))
+        if len(batch) >= 5000:
+            flush()
+    flush()
+    store.close()   # commits what is queued and fires its Deferreds
+    failed = [d for d in pending if not d.called]
+    if failed:
+        raise RuntimeError("%d commits did not finish" % len(failed))
+
+
+def connect_packet(client_id, clean):
+    cid = client_id.encode()
+    var = b"\x00\x04MQTT\x04" + bytes([0x02 if clean else 0x00]) + b"\x00\x3c"
+    payload = len(cid).to_bytes(2, "big") + cid
+    body = var + payload
+    return bytes([0x10, len(body)]) + body
+
+
+def try_connack(port, client_id, clean, timeout):
+    """CONNACK's (session present, return code), or None when refused."""
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    except ConnectionRefusedError:
+        return None
+    with s:
+        s.sendall(connect_packet(client_id, clean))
+        data = b""
+        while len(data) < 4:
+            chunk = s.recv(4 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        s.sendall(b"\xe0\x00")   # DISCONNECT
+        return bool(data[2] & 1), data[3]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_round(cluster, sessions, retained, timeout, tmp):
+    os.makedirs(tmp, exist_ok=True)
+    uri = cluster.create_database()
+    t = time.monotonic()
+    populate(uri, os.path.join(tmp, "populate"), sessions, retained)
+    populate_s = time.monotonic() - t
+    log("populated %d sessions, %d retained in %.1fs" % (sessions, retained, populate_s))
+    procs = []
+    ports = [free_port(), free_port()]
+    try:
+        for n, port in enumerate(ports):
+            proc = BrokerProcess(
+                os.path.join(tmp, "data%d" % n), "--storage", uri, "--ha", "--ha-poll",
+                "0.2", "--ha-watch", "1", "--no-archive", "--will-grace", "0",
+                listeners=("--mqtt", "--metrics"),
+                descriptions={"--mqtt": "tcp:%d:interface=127.0.0.1" % port})
+            procs.append(proc)
+            proc.start(timeout=timeout, expect=("--metrics",))
+            proc.wait_for_line(r"took over as leader" if n == 0 else r"standby: waiting",
+                               timeout)
+        leader, standby = procs
+        log("leader and standby up; kill -9 the leader")
+        killed = time.monotonic()
+        leader.kill()
+        deadline = killed + timeout
+        answer = None
+        while answer is None and time.monotonic() < deadline:
+            answer = try_connack(ports[1], "probe", True, timeout)
+            if answer is None:
+                time.sleep(0.02)   # (a benchmark's poll, not a test)
+        connack_s = time.monotonic() - killed
+        if answer is None:
+            raise RuntimeError("the standby did not accept a CONNECT within %ss" % timeout)
+        line = standby.wait_for_line(r"took over as leader", timeout)
+        m = re.search(r"listeners open in ([\d.]+)s", line)
+        t = time.monotonic()
+        resumed = try_connack(ports[1], "s%06d" % 0, False, timeout) if sessions else None
+        resume_s = time.monotonic() - t
+        return {"sessions": sessions, "retained": retained,
+                "populate_seconds": round(populate_s, 3),
+                "kill_to_connack_seconds": round(connack_s, 3),
+                "standby_load_and_listen_seconds": float(m.group(1)) if m else None,
+                "first_session_resumed": bool(resumed and resumed[0]),
+                "first_session_resume_seconds": round(resume_s, 3)}
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=10_000)
+    ap.add_argument("--retained", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    cluster = PostgresCluster().start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ha-bench-") as tmp:
+            rounds = [one_round(cluster, args.sessions, args.retained, args.timeout,
+                                os.path.join(tmp, str(i))) for i in range(args.rounds)]
+    finally:
+        cluster.stop()
+    doc = {"bench": "ha_takeover", "when": datetime.datetime.now(datetime.timezone.utc)
+           .strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(),
+           "load_average": os.getloadavg(), "rounds": rounds}
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
