@@ -14,7 +14,7 @@ hooks at the end of ``QueueLogs``."""
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -349,27 +349,68 @@ class QueueLogs:
         return result
 
     def _enforce_retention(self, queue: QueueLog, ops: list[Op], now: float) -> None:
+        """Drop what ``queue``'s retention no longer allows: from the head what is
+        too old, then the oldest *ready* messages while the ready ones are over the
+        count or size bound.  A message a consumer holds unacknowledged is neither
+        counted nor dropped (as RabbitMQ's x-max-length: "messages unacknowledged
+        by consumers do not count towards the limit"); the bound still holds,
+        consumers' prefetch bounds what they hold."""
         r = queue.retention
         log = queue.log
         start = queue.first
-        while log:
-            message = queue.oldest()
-            if message is None:
-                break
-            over = ((r.max_messages is not None and len(log) > r.max_messages)
-                    or (r.max_bytes is not None and queue.bytes > r.max_bytes)
-                    or (r.max_age is not None and message.timestamp + r.max_age <= now))
-            if not over:
-                break
-            if queue.dead_letter is not None:
-                aged = r.max_age is not None and message.timestamp + r.max_age <= now
-                self._route_dead(queue, message, "expired" if aged else "maxlen",
-                                 queue.first, "", 0, ops)
-            self._forget(queue, queue.first)
-            queue.expired += 1
-            self.stats.expired += 1
+        if r.max_age is not None:
+            while log:
+                message = queue.oldest()
+                if message is None or message.timestamp + r.max_age > now:
+                    break
+                self._drop_retained(queue, queue.first, "expired", ops)
+        count, size = r.max_messages, r.max_bytes
+        if ((count is not None and len(log) > count)
+                or (size is not None and queue.bytes > size)):
+            ready, ready_bytes, held = self._ready(queue)
+            victims: list[int] = []
+            for offset in log:
+                if not ((count is not None and ready > count)
+                        or (size is not None and ready_bytes > size)):
+                    break
+                if offset in held:
+                    continue   # (a consumer holds it: it stays theirs)
+                victims.append(offset)
+                ready -= 1
+                ready_bytes -= self._size_of(queue, offset)
+            for offset in victims:
+                queue.oldest()
+                head = offset == queue.first   # (else not covered by ``TrimQueue``)
+                self._drop_retained(queue, offset, "maxlen", ops)
+                if not head and not queue.transient:
+                    ops.append(DeleteQueueMessage(queue.name, offset))
         if queue.first != start:
             ops.append(TrimQueue(queue.name, queue.first))
+
+    def _drop_retained(self, queue: QueueLog, offset: int, reason: str,
+                       ops: list[Op]) -> None:
+        """Retention drops ``offset`` (dead-lettered by a dead-letter route)."""
+        if queue.dead_letter is not None:
+            self._route_dead(queue, queue.log[offset], reason, offset, "", 0, ops)
+        self._forget(queue, offset)
+        queue.expired += 1
+        self.stats.expired += 1
+
+    @staticmethod
+    def _size_of(queue: QueueLog, offset: int) -> int:
+        sizes = queue.evicted.get(offset) if queue.evicted else None
+        return len(queue.log[offset].payload) if sizes is None else sizes[0]
+
+    def _ready(self, queue: QueueLog) -> tuple[int, int, Collection[int]]:
+        """How many messages of ``queue`` no consumer holds, their payload bytes,
+        and the offsets held (pending on a classic group's member)."""
+        pending = [g.pending.keys() for g in queue.groups.values() if g.pending]
+        if not pending:
+            return len(queue.log), queue.bytes, ()
+        held: Collection[int] = pending[0] if len(pending) == 1 else set().union(*pending)
+        held_bytes = sum(self._size_of(queue, o) for o in held if o in queue.log)
+        held_count = sum(1 for o in held if o in queue.log)
+        return len(queue.log) - held_count, queue.bytes - held_bytes, held
 
     def _forget(self, queue: QueueLog, offset: int) -> None:
         message = self._remove(queue, offset)

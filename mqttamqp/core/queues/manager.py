@@ -163,12 +163,18 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
-    @staticmethod
-    def _full(queue: QueueLog, message: Message) -> bool:
+    def _full(self, queue: QueueLog, message: Message) -> bool:
+        """x-overflow reject-publish: ``queue`` cannot take ``message``.  Only ready
+        messages count (RabbitMQ: unacknowledged ones do not count towards the
+        limit); what its groups' members hold is left out."""
         assert queue.reject_above is not None
         count, size = queue.reject_above
-        return ((count is not None and len(queue.log) >= count)
-                or (size is not None and queue.bytes + len(message.payload) > size))
+        if not ((count is not None and len(queue.log) >= count)
+                or (size is not None and queue.bytes + len(message.payload) > size)):
+            return False
+        ready, ready_bytes, _ = self._ready(queue)
+        return ((count is not None and ready >= count)
+                or (size is not None and ready_bytes + len(message.payload) > size))
 
     def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
                 ) -> tuple[QueueLog | None, Deferred[None] | None]:

@@ -196,3 +196,39 @@ def test_stopping_the_broker_leaves_no_expiry_timer() -> None:
                                    arguments={"x-expires": 60_000})
     broker.stop()
     assert timers_left(clock) == []
+
+
+def test_max_length_counts_ready_messages_only() -> None:
+    """x-max-length drops and reject-publish refuses by the ready messages: one a
+    consumer holds unacknowledged is neither counted nor dead-lettered under it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "dead"})
+    _, link = consume(broker, "q")
+    ex.publish(message(b"one", broker=broker), "", "q")
+    assert [p for _, p in got(link)] == [b"one"]          # held, unacknowledged
+    link.congested = True                                 # (takes no more for now)
+    ex.publish(message(b"two", broker=broker), "", "q")
+    assert broker.queues.queues["dead"].log == {}
+    ex.publish(message(b"three", broker=broker), "", "q")  # two is ready: it goes
+    assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"two"]
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"one", b"three"]
+    ex.declare_queue("r", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    _, l2 = consume(broker, "r", key="t2")
+    ex.publish(message(b"a", broker=broker), "", "r")
+    assert len(l2.published()) == 1
+    l2.congested = True
+    _, d = ex.publish(message(b"b", broker=broker), "", "r")   # 0 ready: taken
+    fails: list[Any] = []
+    assert d is not None
+    d.addErrback(fails.append)
+    assert fails == []
+    _, d = ex.publish(message(b"c", broker=broker), "", "r")   # 1 ready: refused
+    assert d is not None
+    d.addErrback(fails.append)
+    assert len(fails) == 1
+    assert [m.payload for m in broker.queues.queues["r"].log.values()] == [b"a", b"b"]
