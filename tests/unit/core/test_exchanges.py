@@ -280,6 +280,33 @@ def test_amq_topic_publish_denied_is_403_and_dollar_topics_stay_out() -> None:
     assert got(link) == []
 
 
+def test_amq_topic_keys_that_are_no_topic_are_checked_too() -> None:
+    """A key with + # or NUL, or an empty one, is checked against the publisher's
+    write permission as any other key on amq.topic (403 when denied)."""
+    from fakes import NullStore
+    from twisted.internet.task import Clock
+
+    from mqttamqp.core.auth import AllowAll
+    from mqttamqp.core.limits import Limits
+
+    class OnlyPlant(AllowAll):
+        def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+            return topic == "plant/ok"
+
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0), authorizer=OnlyPlant())
+    broker.start()
+    ex = broker.exchanges
+    declared(broker, "q", "all")
+    ex.bind_queue("q", "amq.topic", "plant.*.temp")
+    ex.bind_queue("all", "amq.topic", "#")
+    for key in ("plant.+.temp", "plant.#", "", "plant.\x00.temp"):
+        assert code_of(ex.publish, message(b"evil"), "amq.topic", key,
+                       identity=Identity("p")) == 403, key
+    assert depth(broker, "q") == 0 and depth(broker, "all") == 0
+    assert ex.publish(message(b"ok"), "amq.topic", "plant.ok", identity=Identity("p"))[0]
+    assert depth(broker, "all") == 1
+
+
 def test_an_mqtt_qos2_publish_and_a_will_reach_queues_bound_to_amq_topic() -> None:
     """An MQTT QoS 2 publish and a will published by the broker reach the queues
     bound to amq.topic as any publish does."""
