@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.clock import DelayedCall
-from mqttamqp.core.commits import all_durable
 from mqttamqp.core.exchanges.arguments import (
     COMPARED,
     QueueArguments,
@@ -117,6 +116,9 @@ class QueueDeclarations:
         self.queues = queues
         self.declared: dict[str, DeclaredQueue] = {}
         self._expiry: dict[str, DelayedCall] = {}   # x-expires timers of unused queues
+        # (however a queue is deleted, the console's delete too, its declaration
+        # and bindings go with it)
+        queues.attach_delete_hook(self._queue_deleted)
 
     # -- queue.declare ---------------------------------------------------------------
 
@@ -367,16 +369,25 @@ class QueueDeclarations:
 
     def _drop(self, name: str) -> Deferred[None] | None:
         """Queue ``name`` goes: its declaration, its bindings, and the queue
-        manager's queue."""
-        known = self.declared.pop(name, None)
+        manager's queue (``_queue_deleted`` runs as it goes)."""
+        if name in self.queues.queues:
+            return self.queues.delete(name)
+        return self.queues.commits.persist(self._queue_deleted(name))
+
+    def _queue_deleted(self, name: str) -> list[Op]:
+        """Queue ``name`` is being deleted (by 0.9.1, x-expires, or the console's
+        ``QueueManager.delete``): its declaration, x-expires timer and bindings go;
+        the durable ops of that.  The bindings go first, while the declaration
+        still says whether they were stored."""
         timer = self._expiry.pop(name, None)
         if timer is not None and timer.active():
             timer.cancel()
         ops: list[Op] = []
         self._dropped_queue(name, ops)
+        known = self.declared.pop(name, None)
         if known is not None and known.transient:
             ops = []   # (none of it was stored)
-        return all_durable([self.queues.commits.persist(ops), self.queues.delete(name)])
+        return ops
 
     def _dropped_queue(self, name: str, ops: list[Op]) -> None:
         """The bindings to queue ``name`` go (``Exchanges``)."""

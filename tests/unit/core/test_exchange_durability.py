@@ -104,3 +104,23 @@ def test_an_operators_retention_survives_a_restart_of_a_declared_queue() -> None
     broker.queues.set_retention("q", Retention(60.0, 1000, 5))
     again, _, _ = make(store)
     assert again.queues.queues["q"].retention == Retention(60.0, 1000, 5)
+
+
+def test_a_queue_deleted_from_the_console_leaves_the_091_model_too() -> None:
+    """QueueManager.delete (the console's delete) takes the queue's 0.9.1
+    declaration and bindings with it, stored bindings included: a redeclare makes
+    the queue again and the old binding does not come back after a restart."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-expires": 60000})
+    ex.bind_queue("q", "amq.direct", "k")
+    broker.queues.delete("q")             # what the console's delete does
+    assert "q" not in ex.declared and ex.binding_count == 0
+    assert ex.publish(message(b"m", broker=broker), "amq.direct", "k") == (False, None)
+    ex.declare_queue("q", "c1", durable=True)
+    assert "q" in broker.queues.queues
+    assert ex.consumer_filter("q", "c1")[0] == "$queue/q"
+    again, _, _ = make(store)
+    assert again.exchanges.binding_count == 0 and "q" in again.queues.queues
+    assert not [b for b in store.load().bindings if b.destination == "q"]
