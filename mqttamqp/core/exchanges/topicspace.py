@@ -127,7 +127,11 @@ class TopicSpace(QueueDeclarations):
                                    f"write access to topic '{routing_key}' in exchange "
                                    f"'amq.topic' refused")
             self.topic_routed = 0
-            d = self.from_topic(replace(message, topic=topic), skip=queues)
+            self._confirming = True   # (a refusal nacks a 0.9.1 publish here too)
+            try:
+                d = self.from_topic(replace(message, topic=topic), skip=queues)
+            finally:
+                self._confirming = False
             return self.topic_routed > 0, d
         self.topic_routed = 0
         self._skip = queues

@@ -459,3 +459,20 @@ def test_a_full_bound_queue_fails_a_091_confirm_but_not_an_mqtt_puback() -> None
     if result.durable is not None:
         result.durable.addErrback(mqtt_failures.append)
     assert mqtt_failures == [] and broker.queues.stats.refused == 2
+
+
+def test_a_refusal_fails_the_confirm_for_a_key_that_is_no_topic() -> None:
+    """A reject-publish queue bound to amq.topic that refuses a 0.9.1 publish
+    whose key is no MQTT topic (a wildcard, empty) fails its confirm too."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    ex.bind_queue("q", "amq.topic", "#")
+    for key in ("a.b", "a.#", ""):
+        _, confirm = ex.publish(message(broker=broker), "amq.topic", key)
+        failures: list[Any] = []
+        assert confirm is not None, key
+        confirm.addErrback(failures.append)
+        assert len(failures) == 1, key
+    assert depth(broker, "q") == 0
