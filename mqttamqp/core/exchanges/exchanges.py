@@ -16,7 +16,7 @@ the queue manager's commands.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -66,7 +66,10 @@ from mqttamqp.core.queues.model import DeadLetterRoute
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.stats import BrokerStats
 
-__all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic"]
+__all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic", "Envelope"]
+
+# (message) -> the (exchange, routing key) a 0.9.1 publisher sent it with, or None.
+Envelope = Callable[[Message], "tuple[str, str] | None"]
 
 # The exchanges every vhost has (RabbitMQ's), all durable.
 STANDARD = (("amq.direct", DIRECT), ("amq.fanout", FANOUT), (AMQ_TOPIC, TOPIC),
@@ -91,6 +94,16 @@ class Exchanges(TopicSpace):
         self.bound_to: dict[str, dict[Binding, None]] = {}   # destination -> bindings
         self.binding_count = 0
         self.refused = 0          # declares and binds refused at a bound (counted)
+        # How the 0.9.1 adapter reads the exchange and routing key a 0.9.1 publisher
+        # sent a message with (``Message.amqp091``, which the core does not open):
+        # the key its dead letters take (``attach_envelope``).
+        self._envelope: Envelope | None = None
+
+    def attach_envelope(self, read: Envelope) -> None:
+        """``read(message)``: the (exchange, routing key) a 0.9.1 publisher sent
+        ``message`` with, or None (not from a 0.9.1 publisher).  Dead letters go
+        with that key, as RabbitMQ's keep the key they were published with."""
+        self._envelope = read
 
     # -- exchange.declare / delete ---------------------------------------------------
 
@@ -358,8 +371,7 @@ class Exchanges(TopicSpace):
         def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
             key = fixed_key
             if key is None:
-                rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
-                key = rest or name
+                key = self._published_key(name, message)
             if not exchange_name:
                 return "", key, [key] if key in self.queues.queues else []
             exchange = self.exchanges.get(exchange_name)
@@ -368,6 +380,24 @@ class Exchanges(TopicSpace):
             return exchange_name, key, list(self.route(exchange, key, None)[0])
 
         return route
+
+    def _published_key(self, name: str, message: Message) -> str:
+        """The routing key message of queue ``name`` was published with, as
+        RabbitMQ dead-letters it: the key an earlier dead-lettering gave it; a
+        0.9.1 publisher's key (``attach_envelope``); else the key its topic in the
+        queue says, as a 0.9.1 consumer sees it (through ``amq.topic`` that is the
+        MQTT topic: ``a/b`` is ``a.b``), or the queue's name for none."""
+        props = message.props
+        if props is not None and props.user_properties:
+            for k, v in props.user_properties:
+                if k == "dead-letter-routing-key":
+                    return v
+        if message.amqp091 is not None and self._envelope is not None:
+            sent = self._envelope(message)
+            if sent is not None:
+                return sent[1]
+        rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+        return rest.replace("/", ".") if rest else name
 
     # -- views -----------------------------------------------------------------------
 

@@ -232,3 +232,36 @@ def test_max_length_counts_ready_messages_only() -> None:
     d.addErrback(fails.append)
     assert len(fails) == 1
     assert [m.payload for m in broker.queues.queues["r"].log.values()] == [b"a", b"b"]
+
+
+def test_dead_letters_keep_the_key_they_were_published_with() -> None:
+    """A dead letter is routed with the routing key it was published with (as
+    RabbitMQ): a.b.c for a copy that came through amq.topic (whose topic in the
+    queue is a/b/c), and "" for a 0.9.1 fanout publish with an empty key."""
+    from dataclasses import replace
+
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_exchange("dlx", "topic", durable=True)
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.bind_queue("dead", "dlx", "plant.#")
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+    ex.bind_queue("q", "amq.topic", "plant.#")
+    ex.publish(message(b"m", broker=broker), "amq.topic", "plant.line1.temp")
+    session, link = consume(broker, "q")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    (dead,) = broker.queues.queues["dead"].log.values()
+    assert dead.props is not None
+    assert ("dead-letter-routing-key", "plant.line1.temp") in dead.props.user_properties
+    from mqttamqp.amqp091.properties import envelope, sent_with
+    ex.attach_envelope(sent_with)          # (as the 0.9.1 adapter's factory does)
+    ex.declare_queue("empty", "c1", durable=True)
+    ex.bind_queue("empty", "amq.direct", "")
+    ex.declare_queue("f", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "amq.direct"})
+    ex.bind_queue("f", "amq.fanout", "")
+    sent = replace(message(b"n", broker=broker), amqp091=envelope("amq.fanout", "", b""))
+    ex.publish(sent, "amq.fanout", "")
+    s2, l2 = consume(broker, "f", key="t2")
+    broker.settle(s2, l2.published()[0][2], Outcome.REJECTED)
+    assert [m.payload for m in broker.queues.queues["empty"].log.values()] == [b"n"]
