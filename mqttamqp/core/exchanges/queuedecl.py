@@ -229,8 +229,13 @@ class QueueDeclarations:
     def _expired(self, name: str) -> None:
         self._expiry.pop(name, None)
         known = self.declared.get(name)
-        if known is not None and known.consumers == 0:
-            self.queues.commits.watch(self._drop(name), "deleting expired queue " + name)
+        if known is None or known.consumers:
+            return
+        queue = self.queues.queues.get(name)
+        if queue is not None and any(g.members for g in queue.groups.values()):
+            self._unused(known)   # (MQTT or AMQP 1.0 consumers use it: not yet)
+            return
+        self.queues.commits.watch(self._drop(name), "deleting expired queue " + name)
 
     def _equivalent(self, known: DeclaredQueue, durable: bool, exclusive: bool,
                     auto_delete: bool, arguments: Frozen) -> None:

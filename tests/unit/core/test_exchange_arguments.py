@@ -175,6 +175,23 @@ def test_x_expires_deletes_an_unused_queue() -> None:
     assert "held" in broker.queues.queues
 
 
+def test_x_expires_keeps_a_queue_mqtt_consumers_read() -> None:
+    """A queue with an MQTT member is in use: x-expires does not delete it, and
+    deletes it once it has been unused that long after the member left."""
+    from queue_facade import client, join
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-expires": 1000})
+    dev, _ = client(broker, "dev")
+    assert join(broker, dev, "$queue/q") in (0, 1)
+    clock.advance(2.5)
+    assert "q" in broker.queues.queues and "q" in ex.declared
+    assert any(g.members for g in broker.queues.queues["q"].groups.values())
+    broker.unsubscribe(dev, ["$queue/q"])
+    clock.advance(2.5)
+    assert "q" not in broker.queues.queues
+
+
 def test_a_stream_queue_is_read_by_cursor() -> None:
     """x-queue-type stream: consumers join as stream readers from x-stream-offset."""
     broker, _, _ = make()
