@@ -383,15 +383,15 @@ class QueueDeclarations:
         """Queue ``name`` is being deleted (by 0.9.1, x-expires, or the console's
         ``QueueManager.delete``): its declaration, x-expires timer and bindings go;
         the durable ops of that.  The bindings go first, while the declaration
-        still says whether they were stored."""
+        still says whether they were stored (a transient queue's were not; the
+        delete of a durable auto-delete exchange whose last binding that was is
+        stored all the same)."""
         timer = self._expiry.pop(name, None)
         if timer is not None and timer.active():
             timer.cancel()
         ops: list[Op] = []
         self._dropped_queue(name, ops)
-        known = self.declared.pop(name, None)
-        if known is not None and known.transient:
-            ops = []   # (none of it was stored)
+        self.declared.pop(name, None)
         return ops
 
     def _dropped_queue(self, name: str, ops: list[Op]) -> None:

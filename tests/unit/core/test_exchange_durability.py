@@ -124,3 +124,21 @@ def test_a_queue_deleted_from_the_console_leaves_the_091_model_too() -> None:
     again, _, _ = make(store)
     assert again.exchanges.binding_count == 0 and "q" in again.queues.queues
     assert not [b for b in store.load().bindings if b.destination == "q"]
+
+
+def test_a_transient_queue_taking_an_auto_delete_exchange_stores_its_delete() -> None:
+    """A durable auto-delete exchange whose last binding was to an exclusive queue
+    goes when that queue goes, in storage too: it does not come back after a
+    restart, and the transient binding left nothing stored."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_exchange("ad", "direct", durable=True, auto_delete=True)
+    ex.declare_queue("tq", "c1", exclusive=True)
+    ex.bind_queue("tq", "ad", "k", owner="c1")
+    ex.connection_closed("c1")
+    assert "ad" not in ex.exchanges
+    assert [e.name for e in store.load().exchanges] == []
+    assert not list(store.load().bindings)
+    again, _, _ = make(store)
+    assert "ad" not in again.exchanges.exchanges
