@@ -14,7 +14,7 @@ hooks at the end of ``QueueLogs``."""
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -364,21 +364,8 @@ class QueueLogs:
                 if message is None or message.timestamp + r.max_age > now:
                     break
                 self._drop_retained(queue, queue.first, "expired", ops)
-        count, size = r.max_messages, r.max_bytes
-        if ((count is not None and len(log) > count)
-                or (size is not None and queue.bytes > size)):
-            ready, ready_bytes, held = self._ready(queue)
-            victims: list[int] = []
-            for offset in log:
-                if not ((count is not None and ready > count)
-                        or (size is not None and ready_bytes > size)):
-                    break
-                if offset in held:
-                    continue   # (a consumer holds it: it stays theirs)
-                victims.append(offset)
-                ready -= 1
-                ready_bytes -= self._size_of(queue, offset)
-            for offset in victims:
+        if r.max_messages is not None or r.max_bytes is not None:
+            for offset in queue.excess(r.max_messages, r.max_bytes):
                 queue.oldest()
                 head = offset == queue.first   # (else not covered by ``TrimQueue``)
                 self._drop_retained(queue, offset, "maxlen", ops)
@@ -395,22 +382,6 @@ class QueueLogs:
         self._forget(queue, offset)
         queue.expired += 1
         self.stats.expired += 1
-
-    @staticmethod
-    def _size_of(queue: QueueLog, offset: int) -> int:
-        sizes = queue.evicted.get(offset) if queue.evicted else None
-        return len(queue.log[offset].payload) if sizes is None else sizes[0]
-
-    def _ready(self, queue: QueueLog) -> tuple[int, int, Collection[int]]:
-        """How many messages of ``queue`` no consumer holds, their payload bytes,
-        and the offsets held (pending on a classic group's member)."""
-        pending = [g.pending.keys() for g in queue.groups.values() if g.pending]
-        if not pending:
-            return len(queue.log), queue.bytes, ()
-        held: Collection[int] = pending[0] if len(pending) == 1 else set().union(*pending)
-        held_bytes = sum(self._size_of(queue, o) for o in held if o in queue.log)
-        held_count = sum(1 for o in held if o in queue.log)
-        return len(queue.log) - held_count, queue.bytes - held_bytes, held
 
     def _forget(self, queue: QueueLog, offset: int) -> None:
         message = self._remove(queue, offset)

@@ -133,7 +133,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
-        if queue.reject_above is not None and self._full(queue, message):
+        if queue.refuses(message):
             if queue.reject_dead and queue.dead_letter is not None:
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return (self._commit(ops),
@@ -162,19 +162,6 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             queue.committed = queue.next_offset
             self._pump_queue(queue)
         return d, None
-
-    def _full(self, queue: QueueLog, message: Message) -> bool:
-        """x-overflow reject-publish: ``queue`` cannot take ``message``.  Only ready
-        messages count (RabbitMQ: unacknowledged ones do not count towards the
-        limit); what its groups' members hold is left out."""
-        assert queue.reject_above is not None
-        count, size = queue.reject_above
-        if not ((count is not None and len(queue.log) >= count)
-                or (size is not None and queue.bytes + len(message.payload) > size)):
-            return False
-        ready, ready_bytes, _ = self._ready(queue)
-        return ((count is not None and ready >= count)
-                or (size is not None and ready_bytes + len(message.payload) > size))
 
     def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
                 ) -> tuple[QueueLog | None, Deferred[None] | None]:
