@@ -282,3 +282,24 @@ def test_dead_letters_keep_the_key_they_were_published_with() -> None:
     s2, l2 = consume(broker, "f", key="t2")
     broker.settle(s2, l2.published()[0][2], Outcome.REJECTED)
     assert [m.payload for m in broker.queues.queues["empty"].log.values()] == [b"n"]
+
+
+def test_dead_letters_respect_a_reject_publish_target() -> None:
+    """A dead-letter target with x-overflow reject-publish takes dead letters up to
+    its bound; the rest are dropped and counted, not appended past it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "dead"})
+    session, link = consume(broker, "q")
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    refused = broker.queues.stats.refused
+    for _, _, pid, *_ in list(link.published()):
+        broker.settle(session, pid, Outcome.REJECTED)
+    assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"0"]
+    assert broker.queues.stats.refused == refused + 2
+    assert broker.queues.queues["q"].log == {}
