@@ -476,3 +476,15 @@ def test_a_refusal_fails_the_confirm_for_a_key_that_is_no_topic() -> None:
         confirm.addErrback(failures.append)
         assert len(failures) == 1, key
     assert depth(broker, "q") == 0
+
+
+def test_mandatory_on_amq_topic_counts_shared_subscribers() -> None:
+    """A 0.9.1 publish to amq.topic whose only taker is a $share/ subscriber is
+    routed (no basic.return for mandatory), and the subscriber gets it."""
+    broker, _, _ = make()
+    sub, link = client(broker, "worker")
+    broker.subscribe(sub, Identity("worker"), [("$share/g/plant/#", 0)])
+    routed, _ = broker.exchanges.publish(message(b"m"), "amq.topic", "plant.x",
+                                         mandatory=True)
+    assert routed
+    assert got(link) == [("plant/x", b"m")]
