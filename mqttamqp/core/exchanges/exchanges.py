@@ -41,6 +41,7 @@ from mqttamqp.core.exchanges.routes import (
     X_MATCH_VALUES,
     Binding,
     Exchange,
+    MatchBudget,
 )
 from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, PublishRefused, TopicSpace, queue_topic
 from mqttamqp.core.exchanges.views import (
@@ -89,8 +90,10 @@ class Exchanges(TopicSpace):
         self._stats = stats if stats is not None else BrokerStats()
         self._log_limit = log_limit if log_limit is not None else LogLimiter(
             queues.clock.seconds)
+        self._match_budget = MatchBudget()   # (every topic exchange's cache together)
         self.exchanges: dict[str, Exchange] = {
-            name: Exchange(name, kind, True) for name, kind in STANDARD}
+            name: Exchange(name, kind, True, budget=self._match_budget)
+            for name, kind in STANDARD}
         self.bound_to: dict[str, dict[Binding, None]] = {}   # destination -> bindings
         self.binding_count = 0
         self.refused = 0          # declares and binds refused at a bound (counted)
@@ -148,7 +151,8 @@ class Exchanges(TopicSpace):
         if alternate is not None and not isinstance(alternate, str):
             raise ChannelError(PRECONDITION_FAILED,
                                "invalid arg 'alternate-exchange': not a string")
-        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal, frozen)
+        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal, frozen,
+                                        self._match_budget)
         if not durable:
             return None
         return self._persist([PutExchange(name, kind, auto_delete, internal, frozen)])
@@ -168,6 +172,8 @@ class Exchanges(TopicSpace):
         for binding in list(exchange.bindings):
             self._remove_binding(binding, ops, cascade=False)
         del self.exchanges[name]
+        if exchange.matched:
+            exchange.budget.clear(exchange.matched)
         if exchange.durable:
             ops.append(DeleteExchange(name))
         return self._persist(ops)
@@ -275,6 +281,8 @@ class Exchanges(TopicSpace):
         if cascade and source.auto_delete and not source.bindings:
             # (an auto-delete exchange goes with its last binding)
             self._unbind_all(source.name, True, ops)
+            if source.matched:
+                source.budget.clear(source.matched)
             if self.exchanges.pop(source.name, None) is source and source.durable:
                 ops.append(DeleteExchange(source.name))
 
@@ -418,7 +426,8 @@ class Exchanges(TopicSpace):
         for e in snapshot.exchanges:
             if e.name not in self.exchanges:
                 self.exchanges[e.name] = Exchange(e.name, e.kind, True, e.auto_delete,
-                                                  e.internal, tuple(e.arguments))
+                                                  e.internal, tuple(e.arguments),
+                                                  self._match_budget)
         for b in snapshot.bindings:
             source = self.exchanges.get(b.source)
             ends = self.exchanges if b.to_exchange else self.queues.queues

@@ -422,6 +422,32 @@ def test_a_topic_exchange_remembers_matches_until_its_bindings_change() -> None:
     assert len(ex.exchanges["t"].matched) <= MATCH_CACHE
 
 
+def test_the_topic_match_caches_are_bounded_together_and_skip_long_keys() -> None:
+    """Every topic exchange's remembered matches count against one bound, and a
+    key longer than a 0.9.1 short string (an MQTT topic on amq.topic) is matched
+    but not remembered."""
+    from mqttamqp.core.exchanges.routes import MATCH_CACHE
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "q")
+    ex.bind_queue("q", "amq.topic", "a.#")
+    for _ in range(3):
+        send(broker, "a/" + "x" * 60000, b"", qos=0)
+    assert ex.exchanges["amq.topic"].matched == {}
+    assert depth(broker, "q") == 3
+    for n in range(4):
+        ex.declare_exchange(f"t{n}", "topic")
+        ex.bind_queue("q", f"t{n}", "k.*")
+    for i in range(MATCH_CACHE):
+        for n in range(4):
+            ex.route(ex.exchanges[f"t{n}"], f"k.{i}", None)
+    held = sum(len(e.matched) for e in ex.exchanges.values())
+    assert 0 < held <= MATCH_CACHE
+    ex.delete_exchange("t0")
+    assert sum(len(e.matched) for e in ex.exchanges.values()) <= held
+    assert ex._match_budget.used == sum(len(e.matched) for e in ex.exchanges.values())
+
+
 def test_a_publish_into_the_topic_space_says_which_subscribers_it_congested() -> None:
     """A 0.9.1 publish to amq.topic that leaves an MQTT subscriber past its
     high-water mark names it in ``congested`` (the adapter pauses its publisher);
