@@ -271,8 +271,12 @@ class QueueDeclarations:
                 "declaration.")
 
     def _existing(self, name: str, owner: str | None) -> QueueLog:
-        """Queue ``name`` as a 0.9.1 method on it finds it (404 if absent, 405 if
-        another connection's exclusive queue)."""
+        """Queue ``name`` as a 0.9.1 method on it finds it (403 for the broker's
+        ``$`` queues, ``$dlq/`` ones: reached by dead-lettering and MQTT only; 404
+        if absent, 405 if another connection's exclusive queue)."""
+        if name[:1] == "$":
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{name}' is the broker's: not for AMQP 0.9.1")
         queue = self.queues.queues.get(name)
         if queue is None:
             raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
@@ -353,9 +357,9 @@ class QueueDeclarations:
                      if_empty: bool = False) -> tuple[int, Deferred[None] | None]:
         """``queue.delete``: how many messages went with it, and the commit."""
         queue = self.queues.queues.get(name)
-        if queue is None:
+        if queue is None and name[:1] != "$":
             return 0, None   # (RabbitMQ answers delete-ok for a missing queue)
-        self._existing(name, owner)
+        queue = self._existing(name, owner)
         group = queue.groups.get(name)
         if if_unused and any(g.members for g in queue.groups.values()):
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '/' in use")

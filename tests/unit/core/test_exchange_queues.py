@@ -4,7 +4,7 @@ default exchange, consumers, transient queues, basic.get, purge, connection clos
 
 from __future__ import annotations
 
-from exchange_facade import code_of, consume, get_session, message
+from exchange_facade import code_of, consume, depth, get_session, message
 from fakes import ManualMemoryStore, MemoryStore
 from queue_facade import client, got, join, make, send
 
@@ -272,3 +272,24 @@ def test_connection_closed_takes_exclusive_queues_and_their_bindings() -> None:
     assert reply not in broker.queues.queues and "keep" in broker.queues.queues
     assert ex.binding_count == 0
     assert not ex.publish(message(), "amq.direct", "rpc")[0]
+
+
+def test_dlq_queues_are_out_of_reach_of_091_methods() -> None:
+    """$dlq/ queues (and any $ name) are 403 to queue.declare passive, delete,
+    purge, basic.get and basic.consume: they keep their dead letters."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    session, link = consume(broker, "q")
+    ex.publish(message(b"m", broker=broker), "", "q")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    assert depth(broker, "$dlq/q") == 1
+    getter, _ = get_session(broker)
+    for call, args in ((ex.declare_queue, ("$dlq/q", "c1", True, False, False, None, True)),
+                       (ex.delete_queue, ("$dlq/q", "c1")),
+                       (ex.delete_queue, ("$dlq/missing", "c1")),
+                       (ex.purge_queue, ("$dlq/q", "c1")),
+                       (ex.get, ("$dlq/q", getter, "c1")),
+                       (ex.consumer_filter, ("$dlq/q", "c1"))):
+        assert code_of(call, *args) == 403, (call, args)
+    assert depth(broker, "$dlq/q") == 1
