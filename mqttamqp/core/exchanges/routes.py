@@ -20,7 +20,7 @@ from mqttamqp.core.exchanges.queuedecl import Frozen, freeze_value
 from mqttamqp.records import record
 
 __all__ = ["Exchange", "Binding", "MatchBudget", "KINDS", "DIRECT", "FANOUT", "TOPIC", "HEADERS",
-           "topic_words", "topic_match", "headers_match", "X_MATCH_VALUES"]
+           "key_words", "topic_words", "topic_match", "headers_match", "X_MATCH_VALUES"]
 
 DIRECT, FANOUT, TOPIC, HEADERS = "direct", "fanout", "topic", "headers"
 KINDS = (DIRECT, FANOUT, TOPIC, HEADERS)
@@ -131,7 +131,7 @@ class Exchange:
         if kind == TOPIC:
             found = self.matched.get(routing_key)
             if found is None:
-                words = routing_key.split(".")
+                words = key_words(routing_key)
                 found = [b for b, p in self.patterns.items() if topic_match(p, words)]
                 if len(routing_key) <= MATCH_KEY_LONGEST:
                     budget = self.budget
@@ -146,10 +146,17 @@ class Exchange:
         return [b for b in self.bindings if headers_match(b.arguments, headers)]
 
 
+def key_words(key: str) -> list[str]:
+    """A routing key as words: ``""`` has none (as RabbitMQ splits it: ``*``
+    does not match it, ``#`` does); ``a..b`` has an empty one."""
+    return key.split(".") if key else []
+
+
 def topic_words(key: str) -> tuple[str, ...]:
-    """A binding key as words, runs of ``#`` collapsed (they mean the same)."""
+    """A binding key as words (``""``: none), runs of ``#`` collapsed (they mean
+    the same)."""
     words: list[str] = []
-    for word in key.split("."):
+    for word in key_words(key):
         if word == "#" and words and words[-1] == "#":
             continue
         words.append(word)

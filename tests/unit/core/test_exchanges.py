@@ -378,7 +378,7 @@ def _reference_match(pattern: str, key: str) -> bool:
         if p[0] == "#":
             return any(go(p[1:], w[i:]) for i in range(len(w) + 1))
         return bool(w) and (p[0] in ("*", w[0])) and go(p[1:], w[1:])
-    return go(pattern.split("."), key.split("."))
+    return go(pattern.split(".") if pattern else [], key.split(".") if key else [])
 
 
 def test_topic_matching_agrees_with_the_plain_definition() -> None:
@@ -387,7 +387,7 @@ def test_topic_matching_agrees_with_the_plain_definition() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from mqttamqp.core.exchanges.routes import topic_match, topic_words
+    from mqttamqp.core.exchanges.routes import key_words, topic_match, topic_words
     word = st.sampled_from(["a", "b", ""])
     pattern = st.lists(st.sampled_from(["a", "b", "*", "#"]), min_size=1, max_size=6)
 
@@ -395,7 +395,7 @@ def test_topic_matching_agrees_with_the_plain_definition() -> None:
     @given(pattern, st.lists(word, min_size=1, max_size=6))
     def check(p: list[str], w: list[str]) -> None:
         key, binding = ".".join(w), ".".join(p)
-        assert topic_match(topic_words(binding), key.split(".")) == _reference_match(
+        assert topic_match(topic_words(binding), key_words(key)) == _reference_match(
             binding, key), (binding, key)
 
     check()
@@ -514,3 +514,17 @@ def test_mandatory_on_amq_topic_counts_shared_subscribers() -> None:
                                          mandatory=True)
     assert routed
     assert got(link) == [("plant/x", b"m")]
+
+
+def test_an_empty_routing_key_has_no_words() -> None:
+    """As RabbitMQ splits keys, "" is zero words: a topic binding * does not take
+    it, # and "" do; a..b still has an empty word for *."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "star", "hash", "empty", "mid")
+    ex.declare_exchange("t", "topic")
+    for queue, key in (("star", "*"), ("hash", "#"), ("empty", ""), ("mid", "a.*.b")):
+        ex.bind_queue(queue, "t", key)
+    ex.publish(message(broker=broker), "t", "")
+    ex.publish(message(broker=broker), "t", "a..b")
+    assert [depth(broker, q) for q in ("star", "hash", "empty", "mid")] == [0, 2, 1, 1]
