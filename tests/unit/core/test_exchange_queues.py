@@ -232,20 +232,26 @@ def test_basic_get_takes_one_message_at_a_time() -> None:
 
 
 def test_an_unsettled_get_goes_back_when_its_session_goes() -> None:
-    """A message got and not acknowledged is back in the queue (redelivered) once
-    the channel's session goes; a nack requeues it too."""
+    """A message got and not acknowledged is back in the queue once the channel's
+    session goes, and is got again marked redelivered with its delivery counted;
+    a nack requeues it too (redelivered, not counted: released)."""
     broker, _, _ = make()
     ex = broker.exchanges
     ex.declare_queue("q", "c1", durable=True)
     ex.publish(message(b"m", broker=broker), "", "q")
     session, link = get_session(broker)
     assert ex.get("q", session)[0]
+    assert not link.published()[0][0].dup
     broker.settle(session, link.published()[0][2], Outcome.RELEASED)
     assert ex.get("q", session)[0]
+    assert link.published()[1][0].dup
     broker.registry.remove_link_subscriber("c1/get")
     other, link2 = get_session(broker, "c2/get")
     assert ex.get("q", other)[0]
     assert got(link2) == [("$queue/q", b"m")]
+    again = link2.published()[0][0]
+    assert again.dup and again.props is not None
+    assert ("delivery-count", "2") in again.props.user_properties
 
 
 def test_get_on_a_stream_or_a_locked_queue_is_refused() -> None:
