@@ -299,3 +299,23 @@ def test_dlq_queues_are_out_of_reach_of_091_methods() -> None:
                        (ex.consumer_filter, ("$dlq/q", "c1"))):
         assert code_of(call, *args) == 403, (call, args)
     assert depth(broker, "$dlq/q") == 1
+
+
+def test_basic_get_past_the_sessions_window_takes_nothing() -> None:
+    """basic.get answers taken only for what the channel's session sends now: past
+    its in-flight window nothing is taken (the adapter answers get-empty), and
+    settling frees room for the next."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    window = broker.limits.max_inflight
+    for i in range(window + 8):
+        ex.publish(message(str(i).encode(), broker=broker), "", "q")
+    session, link = get_session(broker)
+    results = [ex.get("q", session) for _ in range(window + 8)]
+    taken = sum(1 for t, _ in results if t)
+    assert taken == len(link.published()) == window
+    assert results[-1] == (False, 8)
+    broker.acknowledged(session, link.published()[0][2])
+    assert ex.get("q", session)[0]
+    assert len(link.published()) == window + 1
