@@ -117,7 +117,7 @@ class QueueDeclarations:
         self.declared: dict[str, DeclaredQueue] = {}
         self._expiry: dict[str, DelayedCall] = {}   # x-expires timers of unused queues
         # (however a queue is deleted, the console's delete too, its declaration
-        # and bindings go with it)
+        # and bindings go with it, their stored ops in the delete's own commit)
         queues.attach_delete_hook(self._queue_deleted)
 
     # -- queue.declare ---------------------------------------------------------------

@@ -98,6 +98,10 @@ class QueueLogs:
         # Client ids that have (or had) a stored membership: only their sessions'
         # connects look through the groups (``session_online``, on every CONNECT).
         self._stored_clients: set[str] = set()
+        # Told the name of each queue deleted (``QueueAdmin.delete``: the console, a
+        # 0.9.1 queue.delete, an auto-delete or exclusive queue's end), after its
+        # members have left it: the protocol adapters tell their consumers.
+        self.deleted_hooks: list[Callable[[str], None]] = []
         self._flush_armed = False
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work
@@ -350,11 +354,9 @@ class QueueLogs:
 
     def _enforce_retention(self, queue: QueueLog, ops: list[Op], now: float) -> None:
         """Drop what ``queue``'s retention no longer allows: from the head what is
-        too old, then the oldest *ready* messages while the ready ones are over the
-        count or size bound.  A message a consumer holds unacknowledged is neither
-        counted nor dropped (as RabbitMQ's x-max-length: "messages unacknowledged
-        by consumers do not count towards the limit"); the bound still holds,
-        consumers' prefetch bounds what they hold."""
+        too old, then the oldest ready messages past the count or size bound (as
+        RabbitMQ's x-max-length, what consumers hold is neither counted nor
+        dropped: ``QueueLog.excess``; their prefetch bounds it)."""
         r = queue.retention
         log = queue.log
         start = queue.first
@@ -366,17 +368,15 @@ class QueueLogs:
                 self._drop_retained(queue, queue.first, "expired", ops)
         if r.max_messages is not None or r.max_bytes is not None:
             for offset in queue.excess(r.max_messages, r.max_bytes):
-                queue.oldest()
-                head = offset == queue.first   # (else not covered by ``TrimQueue``)
                 self._drop_retained(queue, offset, "maxlen", ops)
-                if not head and not queue.transient:
-                    ops.append(DeleteQueueMessage(queue.name, offset))
         if queue.first != start:
             ops.append(TrimQueue(queue.name, queue.first))
 
-    def _drop_retained(self, queue: QueueLog, offset: int, reason: str,
-                       ops: list[Op]) -> None:
+    def _drop_retained(self, queue: QueueLog, offset: int, reason: str, ops: list[Op]) -> None:
         """Retention drops ``offset`` (dead-lettered by a dead-letter route)."""
+        queue.oldest()
+        if offset != queue.first and not queue.transient:   # (the head: ``TrimQueue``)
+            ops.append(DeleteQueueMessage(queue.name, offset))
         if queue.dead_letter is not None:
             self._route_dead(queue, queue.log[offset], reason, offset, "", 0, ops)
         self._forget(queue, offset)
