@@ -47,6 +47,7 @@ from mqttamqp.amqp091.negotiation import (
     start_method,
 )
 from mqttamqp.amqp091.pacing import FLOW_KEY, Pacing, short
+from mqttamqp.amqp091.properties import sent_with
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
@@ -475,6 +476,7 @@ class AMQP091Factory(Factory):
         self.broker = broker
         self.clock = clock
         self.settings = settings if settings is not None else Settings()
+        broker.exchanges.attach_envelope(sent_with)   # (the key dead letters take)
         self.connections: set[AMQP091Connection] = set()
         self.serials = itertools.count(1)
         self.meter = DeliveryMeter(broker.stats)

@@ -41,7 +41,7 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError"]
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "sent_with", "PropertyError"]
 
 Properties = commands.Basic.Properties
 
@@ -77,6 +77,16 @@ def envelope(exchange: str, routing_key: str, raw: bytes) -> bytes:
     key it was published with (short strings) and its property section as sent."""
     ex, key = exchange.encode("utf-8"), routing_key.encode("utf-8")
     return bytes((len(ex),)) + ex + bytes((len(key),)) + key + raw
+
+
+def sent_with(message: Message) -> tuple[str, str] | None:
+    """The exchange and routing key a 0.9.1 publisher sent ``message`` with, or
+    None (``Exchanges.attach_envelope``: the key its dead letters take)."""
+    data = message.amqp091
+    if data is None:
+        return None
+    exchange, key, _ = _open(data)
+    return exchange, key
 
 
 def _open(data: bytes) -> tuple[str, str, bytes]:

@@ -126,7 +126,10 @@ class Broker:
                                                    self.topic_stats, registry.sessions)
         self.exchanges.attach_topic_space(
             lambda message, identity: publishing.publish(message, identity),
-            lambda topic: bool(router.trie.match(topic)), self._topic_bound)
+            lambda topic: bool(router.trie.match(topic)
+                               or router.groups.shared_trie.match(topic)),
+            self._topic_bound,
+            router.may_publish)
         self.sys_topics = SysTopics(clock, stats, router, registry, wills, self.recorder,
                                     queues=self.queues)
         self.client_debug = ClientDebug(clock.seconds)

@@ -16,7 +16,7 @@ the queue manager's commands.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -41,6 +41,7 @@ from mqttamqp.core.exchanges.routes import (
     X_MATCH_VALUES,
     Binding,
     Exchange,
+    MatchBudget,
 )
 from mqttamqp.core.exchanges.topicspace import AMQ_TOPIC, PublishRefused, TopicSpace, queue_topic
 from mqttamqp.core.exchanges.views import (
@@ -66,7 +67,10 @@ from mqttamqp.core.queues.model import DeadLetterRoute
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.stats import BrokerStats
 
-__all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic"]
+__all__ = ["Exchanges", "PublishRefused", "STANDARD", "queue_topic", "Envelope"]
+
+# (message) -> the (exchange, routing key) a 0.9.1 publisher sent it with, or None.
+Envelope = Callable[[Message], "tuple[str, str] | None"]
 
 # The exchanges every vhost has (RabbitMQ's), all durable.
 STANDARD = (("amq.direct", DIRECT), ("amq.fanout", FANOUT), (AMQ_TOPIC, TOPIC),
@@ -86,11 +90,23 @@ class Exchanges(TopicSpace):
         self._stats = stats if stats is not None else BrokerStats()
         self._log_limit = log_limit if log_limit is not None else LogLimiter(
             queues.clock.seconds)
+        self._match_budget = MatchBudget()   # (every topic exchange's cache together)
         self.exchanges: dict[str, Exchange] = {
-            name: Exchange(name, kind, True) for name, kind in STANDARD}
+            name: Exchange(name, kind, True, budget=self._match_budget)
+            for name, kind in STANDARD}
         self.bound_to: dict[str, dict[Binding, None]] = {}   # destination -> bindings
         self.binding_count = 0
         self.refused = 0          # declares and binds refused at a bound (counted)
+        # How the 0.9.1 adapter reads the exchange and routing key a 0.9.1 publisher
+        # sent a message with (``Message.amqp091``, which the core does not open):
+        # the key its dead letters take (``attach_envelope``).
+        self._envelope: Envelope | None = None
+
+    def attach_envelope(self, read: Envelope) -> None:
+        """``read(message)``: the (exchange, routing key) a 0.9.1 publisher sent
+        ``message`` with, or None (not from a 0.9.1 publisher).  Dead letters go
+        with that key, as RabbitMQ's keep the key they were published with."""
+        self._envelope = read
 
     # -- exchange.declare / delete ---------------------------------------------------
 
@@ -135,7 +151,8 @@ class Exchanges(TopicSpace):
         if alternate is not None and not isinstance(alternate, str):
             raise ChannelError(PRECONDITION_FAILED,
                                "invalid arg 'alternate-exchange': not a string")
-        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal, frozen)
+        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal, frozen,
+                                        self._match_budget)
         if not durable:
             return None
         return self._persist([PutExchange(name, kind, auto_delete, internal, frozen)])
@@ -155,6 +172,8 @@ class Exchanges(TopicSpace):
         for binding in list(exchange.bindings):
             self._remove_binding(binding, ops, cascade=False)
         del self.exchanges[name]
+        if exchange.matched:
+            exchange.budget.clear(exchange.matched)
         if exchange.durable:
             ops.append(DeleteExchange(name))
         return self._persist(ops)
@@ -262,6 +281,8 @@ class Exchanges(TopicSpace):
         if cascade and source.auto_delete and not source.bindings:
             # (an auto-delete exchange goes with its last binding)
             self._unbind_all(source.name, True, ops)
+            if source.matched:
+                source.budget.clear(source.matched)
             if self.exchanges.pop(source.name, None) is source and source.durable:
                 ops.append(DeleteExchange(source.name))
 
@@ -358,8 +379,7 @@ class Exchanges(TopicSpace):
         def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
             key = fixed_key
             if key is None:
-                rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
-                key = rest or name
+                key = self._published_key(name, message)
             if not exchange_name:
                 return "", key, [key] if key in self.queues.queues else []
             exchange = self.exchanges.get(exchange_name)
@@ -368,6 +388,24 @@ class Exchanges(TopicSpace):
             return exchange_name, key, list(self.route(exchange, key, None)[0])
 
         return route
+
+    def _published_key(self, name: str, message: Message) -> str:
+        """The routing key message of queue ``name`` was published with, as
+        RabbitMQ dead-letters it: the key an earlier dead-lettering gave it; a
+        0.9.1 publisher's key (``attach_envelope``); else the key its topic in the
+        queue says, as a 0.9.1 consumer sees it (through ``amq.topic`` that is the
+        MQTT topic: ``a/b`` is ``a.b``), or the queue's name for none."""
+        props = message.props
+        if props is not None and props.user_properties:
+            for k, v in props.user_properties:
+                if k == "dead-letter-routing-key":
+                    return v
+        if message.amqp091 is not None and self._envelope is not None:
+            sent = self._envelope(message)
+            if sent is not None:
+                return sent[1]
+        rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+        return rest.replace("/", ".") if rest else name
 
     # -- views -----------------------------------------------------------------------
 
@@ -388,7 +426,8 @@ class Exchanges(TopicSpace):
         for e in snapshot.exchanges:
             if e.name not in self.exchanges:
                 self.exchanges[e.name] = Exchange(e.name, e.kind, True, e.auto_delete,
-                                                  e.internal, tuple(e.arguments))
+                                                  e.internal, tuple(e.arguments),
+                                                  self._match_budget)
         for b in snapshot.bindings:
             source = self.exchanges.get(b.source)
             ends = self.exchanges if b.to_exchange else self.queues.queues

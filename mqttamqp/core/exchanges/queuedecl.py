@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from twisted.internet.defer import Deferred
 
 from mqttamqp.core.clock import DelayedCall
-from mqttamqp.core.commits import all_durable
 from mqttamqp.core.exchanges.arguments import (
     COMPARED,
     QueueArguments,
@@ -117,7 +116,9 @@ class QueueDeclarations:
         self.queues = queues
         self.declared: dict[str, DeclaredQueue] = {}
         self._expiry: dict[str, DelayedCall] = {}   # x-expires timers of unused queues
-        queues.deleted_hooks.append(self._deleted_elsewhere)
+        # (however a queue is deleted, the console's delete too, its declaration
+        # and bindings go with it, their stored ops in the delete's own commit)
+        queues.attach_delete_hook(self._queue_deleted)
 
     # -- queue.declare ---------------------------------------------------------------
 
@@ -228,8 +229,13 @@ class QueueDeclarations:
     def _expired(self, name: str) -> None:
         self._expiry.pop(name, None)
         known = self.declared.get(name)
-        if known is not None and known.consumers == 0:
-            self.queues.commits.watch(self._drop(name), "deleting expired queue " + name)
+        if known is None or known.consumers:
+            return
+        queue = self.queues.queues.get(name)
+        if queue is not None and any(g.members for g in queue.groups.values()):
+            self._unused(known)   # (MQTT or AMQP 1.0 consumers use it: not yet)
+            return
+        self.queues.commits.watch(self._drop(name), "deleting expired queue " + name)
 
     def _equivalent(self, known: DeclaredQueue, durable: bool, exclusive: bool,
                     auto_delete: bool, arguments: Frozen) -> None:
@@ -265,8 +271,12 @@ class QueueDeclarations:
                 "declaration.")
 
     def _existing(self, name: str, owner: str | None) -> QueueLog:
-        """Queue ``name`` as a 0.9.1 method on it finds it (404 if absent, 405 if
-        another connection's exclusive queue)."""
+        """Queue ``name`` as a 0.9.1 method on it finds it (403 for the broker's
+        ``$`` queues, ``$dlq/`` ones: reached by dead-lettering and MQTT only; 404
+        if absent, 405 if another connection's exclusive queue)."""
+        if name[:1] == "$":
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{name}' is the broker's: not for AMQP 0.9.1")
         queue = self.queues.queues.get(name)
         if queue is None:
             raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '/'")
@@ -347,9 +357,9 @@ class QueueDeclarations:
                      if_empty: bool = False) -> tuple[int, Deferred[None] | None]:
         """``queue.delete``: how many messages went with it, and the commit."""
         queue = self.queues.queues.get(name)
-        if queue is None:
+        if queue is None and name[:1] != "$":
             return 0, None   # (RabbitMQ answers delete-ok for a missing queue)
-        self._existing(name, owner)
+        queue = self._existing(name, owner)
         group = queue.groups.get(name)
         if if_unused and any(g.members for g in queue.groups.values()):
             raise ChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '/' in use")
@@ -368,31 +378,25 @@ class QueueDeclarations:
 
     def _drop(self, name: str) -> Deferred[None] | None:
         """Queue ``name`` goes: its declaration, its bindings, and the queue
-        manager's queue."""
-        known = self.declared.pop(name, None)
-        timer = self._expiry.pop(name, None)
-        if timer is not None and timer.active():
-            timer.cancel()
-        ops: list[Op] = []
-        self._dropped_queue(name, ops)
-        if known is not None and known.transient:
-            ops = []   # (none of it was stored)
-        return all_durable([self.queues.commits.persist(ops), self.queues.delete(name)])
+        manager's queue (``_queue_deleted`` runs as it goes)."""
+        if name in self.queues.queues:
+            return self.queues.delete(name)
+        return self.queues.commits.persist(self._queue_deleted(name))
 
-    def _deleted_elsewhere(self, name: str) -> None:
-        """The queue manager deleted queue ``name`` not through ``_drop`` (the
-        console): its declaration and bindings go too, as after ``queue.delete``."""
-        known = self.declared.pop(name, None)
-        if known is None:
-            return
+    def _queue_deleted(self, name: str) -> list[Op]:
+        """Queue ``name`` is being deleted (by 0.9.1, x-expires, or the console's
+        ``QueueManager.delete``): its declaration, x-expires timer and bindings go;
+        the durable ops of that.  The bindings go first, while the declaration
+        still says whether they were stored (a transient queue's were not; the
+        delete of a durable auto-delete exchange whose last binding that was is
+        stored all the same)."""
         timer = self._expiry.pop(name, None)
         if timer is not None and timer.active():
             timer.cancel()
         ops: list[Op] = []
         self._dropped_queue(name, ops)
-        if ops and not known.transient:
-            self.queues.commits.watch(self.queues.commits.persist(ops),
-                                      "deleting the bindings of queue " + name)
+        self.declared.pop(name, None)
+        return ops
 
     def _dropped_queue(self, name: str, ops: list[Op]) -> None:
         """The bindings to queue ``name`` go (``Exchanges``)."""

@@ -19,15 +19,43 @@ from collections.abc import Iterable, Mapping
 from mqttamqp.core.exchanges.queuedecl import Frozen, freeze_value
 from mqttamqp.records import record
 
-__all__ = ["Exchange", "Binding", "KINDS", "DIRECT", "FANOUT", "TOPIC", "HEADERS",
-           "topic_words", "topic_match", "headers_match", "X_MATCH_VALUES"]
+__all__ = ["Exchange", "Binding", "MatchBudget", "KINDS", "DIRECT", "FANOUT", "TOPIC", "HEADERS",
+           "key_words", "topic_words", "topic_match", "headers_match", "X_MATCH_VALUES"]
 
 DIRECT, FANOUT, TOPIC, HEADERS = "direct", "fanout", "topic", "headers"
 KINDS = (DIRECT, FANOUT, TOPIC, HEADERS)
 X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
-# Routing keys a topic exchange remembers the matches of (most publishes repeat a
-# few keys: a publish then costs a lookup, not a match per binding).
+# Routing keys the topic exchanges remember the matches of, all of them together
+# (most publishes repeat a few keys: a publish then costs a lookup, not a match per
+# binding), and the longest key remembered (0.9.1's keys are short strings; an MQTT
+# topic reaching amq.topic may be 64 KiB: matched each time, never kept).  At most
+# MATCH_CACHE x MATCH_KEY_LONGEST characters of keys are held, whatever the count
+# of exchanges.
 MATCH_CACHE = 4096
+MATCH_KEY_LONGEST = 255
+
+
+class MatchBudget:
+    """What the topic exchanges' match caches (``Exchange.matched``) hold in all:
+    one count shared by every exchange of a broker; past ``MATCH_CACHE`` every
+    cache starts again."""
+
+    __slots__ = ("caches", "used")
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.caches: dict[int, dict[str, list[Binding]]] = {}   # id -> a non-empty cache
+
+    def clear(self, cache: dict[str, list[Binding]]) -> None:
+        self.used -= len(cache)
+        self.caches.pop(id(cache), None)
+        cache.clear()
+
+    def full(self) -> None:
+        for cache in self.caches.values():
+            cache.clear()
+        self.caches.clear()
+        self.used = 0
 
 
 @record
@@ -45,11 +73,12 @@ class Binding:
 class Exchange:
     """One exchange: what it was declared as, and its bindings as a source."""
 
-    __slots__ = ("arguments", "auto_delete", "bindings", "by_key", "durable",
+    __slots__ = ("arguments", "auto_delete", "bindings", "budget", "by_key", "durable",
                  "internal", "kind", "matched", "name", "patterns")
 
     def __init__(self, name: str, kind: str, durable: bool, auto_delete: bool = False,
-                 internal: bool = False, arguments: Frozen = ()) -> None:
+                 internal: bool = False, arguments: Frozen = (),
+                 budget: MatchBudget | None = None) -> None:
         self.name = name
         self.kind = kind
         self.durable = durable
@@ -59,9 +88,10 @@ class Exchange:
         self.bindings: dict[Binding, None] = {}      # (ordered set)
         self.by_key: dict[str, list[Binding]] = {}   # direct: routing key -> bindings
         self.patterns: dict[Binding, tuple[str, ...]] = {}   # topic: compiled keys
-        # topic: routing key -> the bindings it matched (at most ``MATCH_CACHE``
-        # keys; emptied when a binding comes or goes)
+        # topic: routing key -> the bindings it matched (emptied when a binding
+        # comes or goes; bounded with every other exchange's by ``budget``)
         self.matched: dict[str, list[Binding]] = {}
+        self.budget = budget if budget is not None else MatchBudget()
 
     def add(self, binding: Binding) -> bool:
         """Add ``binding``; False if it was there already."""
@@ -72,7 +102,8 @@ class Exchange:
             self.by_key.setdefault(binding.routing_key, []).append(binding)
         elif self.kind == TOPIC:
             self.patterns[binding] = topic_words(binding.routing_key)
-            self.matched.clear()
+            if self.matched:
+                self.budget.clear(self.matched)
         return True
 
     def remove(self, binding: Binding) -> bool:
@@ -85,8 +116,8 @@ class Exchange:
                 same.remove(binding)
                 if not same:
                     del self.by_key[binding.routing_key]
-        if self.patterns.pop(binding, None) is not None:
-            self.matched.clear()
+        if self.patterns.pop(binding, None) is not None and self.matched:
+            self.budget.clear(self.matched)
         return True
 
     def matches(self, routing_key: str, headers: Mapping[str, object] | None
@@ -100,19 +131,32 @@ class Exchange:
         if kind == TOPIC:
             found = self.matched.get(routing_key)
             if found is None:
-                words = routing_key.split(".")
+                words = key_words(routing_key)
                 found = [b for b, p in self.patterns.items() if topic_match(p, words)]
-                if len(self.matched) >= MATCH_CACHE:
-                    self.matched.clear()
-                self.matched[routing_key] = found
+                if len(routing_key) <= MATCH_KEY_LONGEST:
+                    budget = self.budget
+                    if budget.used >= MATCH_CACHE:
+                        budget.full()
+                    cache = self.matched
+                    if not cache:
+                        budget.caches[id(cache)] = cache
+                    cache[routing_key] = found
+                    budget.used += 1
             return found
         return [b for b in self.bindings if headers_match(b.arguments, headers)]
 
 
+def key_words(key: str) -> list[str]:
+    """A routing key as words: ``""`` has none (as RabbitMQ splits it: ``*``
+    does not match it, ``#`` does); ``a..b`` has an empty one."""
+    return key.split(".") if key else []
+
+
 def topic_words(key: str) -> tuple[str, ...]:
-    """A binding key as words, runs of ``#`` collapsed (they mean the same)."""
+    """A binding key as words (``""``: none), runs of ``#`` collapsed (they mean
+    the same)."""
     words: list[str] = []
-    for word in key.split("."):
+    for word in key_words(key):
         if word == "#" and words and words[-1] == "#":
             continue
         words.append(word)

@@ -67,6 +67,8 @@ def queue_topic(name: str, key: str) -> str:
 
 # What ``Publishing.publish`` is to this module: (message, identity) -> Published.
 TopicPublish = Callable[[Message, Identity | None], Any]
+# The permission check of a publish (``Router.may_publish``: counted and logged).
+MayPublish = Callable[[Identity, str, bool], bool]
 
 
 class TopicSpace(QueueDeclarations):
@@ -79,6 +81,7 @@ class TopicSpace(QueueDeclarations):
         self._topic_publish: TopicPublish | None = None
         self._subscribed: Callable[[str], bool] | None = None
         self._hook: Callable[[TopicSpace | None], None] | None = None
+        self._may_publish: MayPublish | None = None
         self.topic_routed = 0     # queues the last ``from_topic`` appended to
         # The online subscribers past their high-water mark that the last publish
         # into the topic space fed (``Published.congested``): a 0.9.1 adapter stops
@@ -90,13 +93,16 @@ class TopicSpace(QueueDeclarations):
         self._confirming = False   # (a 0.9.1 publish: a refused append fails it)
 
     def attach_topic_space(self, publish: TopicPublish, subscribed: Callable[[str], bool],
-                           hook: Callable[[TopicSpace | None], None]) -> None:
+                           hook: Callable[[TopicSpace | None], None],
+                           may_publish: MayPublish | None = None) -> None:
         """How a topic is published (``Publishing.publish``), whether a topic has
-        subscribers (``mandatory``), and how ``Publishing`` is told to call
-        ``from_topic`` (``hook(self)``) or not (``hook(None)``)."""
+        subscribers (``mandatory``), how ``Publishing`` is told to call
+        ``from_topic`` (``hook(self)``) or not (``hook(None)``), and the permission
+        check of a key that is no MQTT topic (``publish`` checks the others)."""
         self._topic_publish = publish
         self._subscribed = subscribed
         self._hook = hook
+        self._may_publish = may_publish
 
     def _bindings_changed(self, source: Exchange) -> None:
         if source.name == AMQ_TOPIC and self._hook is not None:
@@ -113,9 +119,19 @@ class TopicSpace(QueueDeclarations):
         self.congested = ()
         if (publish is None or not topic or topic[0] == "$" or "+" in topic
                 or "#" in topic or "\x00" in topic):
-            # (no MQTT topic: only what is bound to amq.topic takes it)
+            # (no MQTT topic: only what is bound to amq.topic takes it, once the
+            # publisher may write there, as ``publish`` would have checked)
+            may = self._may_publish
+            if identity is not None and may is not None and not may(identity, topic, False):
+                raise ChannelError(ACCESS_REFUSED,
+                                   f"write access to topic '{routing_key}' in exchange "
+                                   f"'amq.topic' refused")
             self.topic_routed = 0
-            d = self.from_topic(replace(message, topic=topic), skip=queues)
+            self._confirming = True   # (a refusal nacks a 0.9.1 publish here too)
+            try:
+                d = self.from_topic(replace(message, topic=topic), skip=queues)
+            finally:
+                self._confirming = False
             return self.topic_routed > 0, d
         self.topic_routed = 0
         self._skip = queues

@@ -221,6 +221,13 @@ class Acknowledgements(Dispatch):
             target = self.queues.get(name)
             if target is None or (target is queue and reason in ("expired", "maxlen")):
                 continue
+            if target.refuses(message):
+                # (as RabbitMQ: a reject-publish target refuses dead letters too;
+                # they are dropped, counted and logged, never dead-lettered again)
+                self._refuse("overflow", queue.name, QUEUE_PREFIX + name,
+                             f"queue {name!r} is full (x-overflow reject-publish): "
+                             "dead letter dropped")
+                continue
             topic = QUEUE_PREFIX + name if plain or key == name else (
                 QUEUE_PREFIX + name + "/" + key)
             self._append(target, replace(

@@ -6,6 +6,7 @@ each answering with the commit that makes it durable."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from twisted.internet.defer import Deferred
@@ -27,7 +28,7 @@ from mqttamqp.core.queues.model import ConsumerGroup, QueueLog, Retention
 from mqttamqp.core.queues.timers import QueueTimers
 from mqttamqp.records import record
 
-__all__ = ["QueueAdmin", "QueueView", "GroupView", "QueueMessageView"]
+__all__ = ["QueueAdmin", "QueueView", "GroupView", "QueueMessageView", "DeleteHook"]
 
 @record
 class GroupView:
@@ -76,8 +77,22 @@ class QueueMessageView:
     size: int = 0
 
 
+# Told of a queue that is being deleted, by whatever deletes it (``QueueAdmin.delete``):
+# the durable ops of what goes with it elsewhere (AMQP 0.9.1's declaration and
+# bindings, ``QueueDeclarations._queue_deleted``).
+DeleteHook = Callable[[str], list[Op]]
+
+
 class QueueAdmin(QueueTimers):
     """Views and commands for operators (the console and its JSON API)."""
+
+    _delete_hook: DeleteHook | None = None
+
+    def attach_delete_hook(self, hook: DeleteHook) -> None:
+        """``hook(name)`` runs as queue ``name`` is deleted, before it goes (the
+        0.9.1 model forgets its declaration and bindings, also when the console
+        deletes the queue)."""
+        self._delete_hook = hook
 
     def views(self) -> list[QueueView]:
         now = self.clock.seconds()
@@ -161,11 +176,14 @@ class QueueAdmin(QueueTimers):
 
     def delete(self, name: str) -> Deferred[None] | None:
         """Delete queue ``name`` with its messages and groups (members are dropped
-        from it; a later message or consumer creates it anew).  ``deleted_hooks``
-        hear its name once its members have left it."""
-        queue = self.queues.pop(name, None)
+        from it; a later message or consumer creates it anew).  The delete hook
+        (``attach_delete_hook``) runs first; ``deleted_hooks`` hear its name once
+        its members have left it."""
+        queue = self.queues.get(name)
         if queue is None:
             return None
+        ops = self._delete_hook(name) if self._delete_hook is not None else []
+        del self.queues[name]
         for group in queue.groups.values():
             self._disband(group)
         self.total_bytes -= queue.bytes
@@ -176,8 +194,9 @@ class QueueAdmin(QueueTimers):
             hook(name)
         if queue.transient:
             self.transient.discard(name)
-            return None
-        return self.commits.persist([DeleteQueue(name)])
+        else:
+            ops.append(DeleteQueue(name))
+        return self.commits.persist(ops) if ops else None
 
     def _disband(self, group: ConsumerGroup) -> None:
         """Every member leaves ``group``, which is going away: what it has pending is

@@ -353,27 +353,35 @@ class QueueLogs:
         return result
 
     def _enforce_retention(self, queue: QueueLog, ops: list[Op], now: float) -> None:
+        """Drop what ``queue``'s retention no longer allows: from the head what is
+        too old, then the oldest ready messages past the count or size bound (as
+        RabbitMQ's x-max-length, what consumers hold is neither counted nor
+        dropped: ``QueueLog.excess``; their prefetch bounds it)."""
         r = queue.retention
         log = queue.log
         start = queue.first
-        while log:
-            message = queue.oldest()
-            if message is None:
-                break
-            over = ((r.max_messages is not None and len(log) > r.max_messages)
-                    or (r.max_bytes is not None and queue.bytes > r.max_bytes)
-                    or (r.max_age is not None and message.timestamp + r.max_age <= now))
-            if not over:
-                break
-            if queue.dead_letter is not None:
-                aged = r.max_age is not None and message.timestamp + r.max_age <= now
-                self._route_dead(queue, message, "expired" if aged else "maxlen",
-                                 queue.first, "", 0, ops)
-            self._forget(queue, queue.first)
-            queue.expired += 1
-            self.stats.expired += 1
+        if r.max_age is not None:
+            while log:
+                message = queue.oldest()
+                if message is None or message.timestamp + r.max_age > now:
+                    break
+                self._drop_retained(queue, queue.first, "expired", ops)
+        if r.max_messages is not None or r.max_bytes is not None:
+            for offset in queue.excess(r.max_messages, r.max_bytes):
+                self._drop_retained(queue, offset, "maxlen", ops)
         if queue.first != start:
             ops.append(TrimQueue(queue.name, queue.first))
+
+    def _drop_retained(self, queue: QueueLog, offset: int, reason: str, ops: list[Op]) -> None:
+        """Retention drops ``offset`` (dead-lettered by a dead-letter route)."""
+        queue.oldest()
+        if offset != queue.first and not queue.transient:   # (the head: ``TrimQueue``)
+            ops.append(DeleteQueueMessage(queue.name, offset))
+        if queue.dead_letter is not None:
+            self._route_dead(queue, queue.log[offset], reason, offset, "", 0, ops)
+        self._forget(queue, offset)
+        queue.expired += 1
+        self.stats.expired += 1
 
     def _forget(self, queue: QueueLog, offset: int) -> None:
         message = self._remove(queue, offset)

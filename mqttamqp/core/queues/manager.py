@@ -133,7 +133,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
-        if queue.reject_above is not None and self._full(queue, message):
+        if queue.refuses(message):
             if queue.reject_dead and queue.dead_letter is not None:
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return (self._commit(ops),
@@ -162,13 +162,6 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             queue.committed = queue.next_offset
             self._pump_queue(queue)
         return d, None
-
-    @staticmethod
-    def _full(queue: QueueLog, message: Message) -> bool:
-        assert queue.reject_above is not None
-        count, size = queue.reject_above
-        return ((count is not None and len(queue.log) >= count)
-                or (size is not None and queue.bytes + len(message.payload) > size))
 
     def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
                 ) -> tuple[QueueLog | None, Deferred[None] | None]:

@@ -154,9 +154,10 @@ class Membership(Acknowledgements):
         a delivery of ``qos`` (0: acknowledged on send) outside the group's
         round-robin; it is settled like any delivery and goes back to the group
         when ``session`` goes.  Returns (taken, messages left), or None when the
-        queue is a stream (it has no message to take).  The dispatch watermark
-        is stored, not waited for: a crash before that commit leaves this one
-        delivery uncounted."""
+        queue is a stream (it has no message to take); nothing is taken while
+        ``session`` has no room to send it now (its in-flight window is full).
+        The dispatch watermark is stored, not waited for: a crash before that
+        commit leaves this one delivery uncounted."""
         queue = self.queues.get(name)
         if queue is None:
             return False, 0
@@ -167,6 +168,11 @@ class Membership(Acknowledgements):
             ops.append(PutQueueGroup(name, name, group.record()))
         elif group.mode != CLASSIC:
             return None
+        if not session.has_room(min(qos, 1)):
+            # (its window is full: taken now, it would wait in the session unsent
+            # while the caller answered as if it had gone; the caller says empty)
+            self._commit(self._durable_ops(ops), "recording a basic.get")
+            return False, max(0, len(queue.log) - len(group.pending))
         offset = self._next_offset(group, ops)
         while offset is not None and queue.log[offset].props is not None and (
                 self._expire(queue, offset, ops)):

@@ -9,7 +9,7 @@ questions a group or a log answers about itself (floor, lag, skipped offsets).""
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -119,6 +119,57 @@ class QueueLog:
         while self.first < self.next_offset and self.first not in log:
             self.first += 1
         return log.get(self.first)
+
+    def size_of(self, offset: int) -> int:
+        """The payload bytes of the message at ``offset`` (evicted or not)."""
+        sizes = self.evicted.get(offset) if self.evicted else None
+        return len(self.log[offset].payload) if sizes is None else sizes[0]
+
+    def ready(self) -> tuple[int, int, Collection[int]]:
+        """How many messages no consumer holds, their payload bytes, and the
+        offsets held (pending on a classic group's member): what x-max-length and
+        the retention bounds count."""
+        pending = [g.pending.keys() for g in self.groups.values() if g.pending]
+        if not pending:
+            return len(self.log), self.bytes, ()
+        held: Collection[int] = pending[0] if len(pending) == 1 else set().union(*pending)
+        log = self.log
+        held_bytes = sum(self.size_of(o) for o in held if o in log)
+        held_count = sum(1 for o in held if o in log)
+        return len(log) - held_count, self.bytes - held_bytes, held
+
+    def excess(self, count: int | None, size: int | None) -> list[int]:
+        """The oldest ready offsets to drop for the ready messages to be within
+        ``count`` messages and ``size`` payload bytes (None: no such bound); what
+        a consumer holds stays theirs."""
+        log = self.log
+        if not ((count is not None and len(log) > count)
+                or (size is not None and self.bytes > size)):
+            return []
+        ready, ready_bytes, held = self.ready()
+        victims: list[int] = []
+        for offset in log:
+            if not ((count is not None and ready > count)
+                    or (size is not None and ready_bytes > size)):
+                break
+            if offset not in held:
+                victims.append(offset)
+                ready -= 1
+                ready_bytes -= self.size_of(offset)
+        return victims
+
+    def refuses(self, message: Message) -> bool:
+        """x-overflow reject-publish: full for ``message``.  Only ready messages
+        count (RabbitMQ: unacknowledged ones do not count towards the limit)."""
+        if self.reject_above is None:
+            return False
+        count, size = self.reject_above
+        if not ((count is not None and len(self.log) >= count)
+                or (size is not None and self.bytes + len(message.payload) > size)):
+            return False
+        ready, ready_bytes, _ = self.ready()
+        return ((count is not None and ready >= count)
+                or (size is not None and ready_bytes + len(message.payload) > size))
 
 
 # A queue's dead-letter route: (message, reason) -> the exchange and routing key it

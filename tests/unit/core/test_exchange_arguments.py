@@ -175,6 +175,23 @@ def test_x_expires_deletes_an_unused_queue() -> None:
     assert "held" in broker.queues.queues
 
 
+def test_x_expires_keeps_a_queue_mqtt_consumers_read() -> None:
+    """A queue with an MQTT member is in use: x-expires does not delete it, and
+    deletes it once it has been unused that long after the member left."""
+    from queue_facade import client, join
+    broker, clock, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-expires": 1000})
+    dev, _ = client(broker, "dev")
+    assert join(broker, dev, "$queue/q") in (0, 1)
+    clock.advance(2.5)
+    assert "q" in broker.queues.queues and "q" in ex.declared
+    assert any(g.members for g in broker.queues.queues["q"].groups.values())
+    broker.unsubscribe(dev, ["$queue/q"])
+    clock.advance(2.5)
+    assert "q" not in broker.queues.queues
+
+
 def test_a_stream_queue_is_read_by_cursor() -> None:
     """x-queue-type stream: consumers join as stream readers from x-stream-offset."""
     broker, _, _ = make()
@@ -196,3 +213,93 @@ def test_stopping_the_broker_leaves_no_expiry_timer() -> None:
                                    arguments={"x-expires": 60_000})
     broker.stop()
     assert timers_left(clock) == []
+
+
+def test_max_length_counts_ready_messages_only() -> None:
+    """x-max-length drops and reject-publish refuses by the ready messages: one a
+    consumer holds unacknowledged is neither counted nor dead-lettered under it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "dead"})
+    _, link = consume(broker, "q")
+    ex.publish(message(b"one", broker=broker), "", "q")
+    assert [p for _, p in got(link)] == [b"one"]          # held, unacknowledged
+    link.congested = True                                 # (takes no more for now)
+    ex.publish(message(b"two", broker=broker), "", "q")
+    assert broker.queues.queues["dead"].log == {}
+    ex.publish(message(b"three", broker=broker), "", "q")  # two is ready: it goes
+    assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"two"]
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"one", b"three"]
+    ex.declare_queue("r", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    _, l2 = consume(broker, "r", key="t2")
+    ex.publish(message(b"a", broker=broker), "", "r")
+    assert len(l2.published()) == 1
+    l2.congested = True
+    _, d = ex.publish(message(b"b", broker=broker), "", "r")   # 0 ready: taken
+    fails: list[Any] = []
+    assert d is not None
+    d.addErrback(fails.append)
+    assert fails == []
+    _, d = ex.publish(message(b"c", broker=broker), "", "r")   # 1 ready: refused
+    assert d is not None
+    d.addErrback(fails.append)
+    assert len(fails) == 1
+    assert [m.payload for m in broker.queues.queues["r"].log.values()] == [b"a", b"b"]
+
+
+def test_dead_letters_keep_the_key_they_were_published_with() -> None:
+    """A dead letter is routed with the routing key it was published with (as
+    RabbitMQ): a.b.c for a copy that came through amq.topic (whose topic in the
+    queue is a/b/c), and "" for a 0.9.1 fanout publish with an empty key."""
+    from dataclasses import replace
+
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_exchange("dlx", "topic", durable=True)
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.bind_queue("dead", "dlx", "plant.#")
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+    ex.bind_queue("q", "amq.topic", "plant.#")
+    ex.publish(message(b"m", broker=broker), "amq.topic", "plant.line1.temp")
+    session, link = consume(broker, "q")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    (dead,) = broker.queues.queues["dead"].log.values()
+    assert dead.props is not None
+    assert ("dead-letter-routing-key", "plant.line1.temp") in dead.props.user_properties
+    from mqttamqp.amqp091.properties import envelope, sent_with
+    ex.attach_envelope(sent_with)          # (as the 0.9.1 adapter's factory does)
+    ex.declare_queue("empty", "c1", durable=True)
+    ex.bind_queue("empty", "amq.direct", "")
+    ex.declare_queue("f", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "amq.direct"})
+    ex.bind_queue("f", "amq.fanout", "")
+    sent = replace(message(b"n", broker=broker), amqp091=envelope("amq.fanout", "", b""))
+    ex.publish(sent, "amq.fanout", "")
+    s2, l2 = consume(broker, "f", key="t2")
+    broker.settle(s2, l2.published()[0][2], Outcome.REJECTED)
+    assert [m.payload for m in broker.queues.queues["empty"].log.values()] == [b"n"]
+
+
+def test_dead_letters_respect_a_reject_publish_target() -> None:
+    """A dead-letter target with x-overflow reject-publish takes dead letters up to
+    its bound; the rest are dropped and counted, not appended past it."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True,
+                     arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "dead"})
+    session, link = consume(broker, "q")
+    for i in range(3):
+        ex.publish(message(b"%d" % i, broker=broker), "", "q")
+    refused = broker.queues.stats.refused
+    for _, _, pid, *_ in list(link.published()):
+        broker.settle(session, pid, Outcome.REJECTED)
+    assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"0"]
+    assert broker.queues.stats.refused == refused + 2
+    assert broker.queues.queues["q"].log == {}

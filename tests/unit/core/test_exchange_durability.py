@@ -104,3 +104,41 @@ def test_an_operators_retention_survives_a_restart_of_a_declared_queue() -> None
     broker.queues.set_retention("q", Retention(60.0, 1000, 5))
     again, _, _ = make(store)
     assert again.queues.queues["q"].retention == Retention(60.0, 1000, 5)
+
+
+def test_a_queue_deleted_from_the_console_leaves_the_091_model_too() -> None:
+    """QueueManager.delete (the console's delete) takes the queue's 0.9.1
+    declaration and bindings with it, stored bindings included: a redeclare makes
+    the queue again and the old binding does not come back after a restart."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-expires": 60000})
+    ex.bind_queue("q", "amq.direct", "k")
+    broker.queues.delete("q")             # what the console's delete does
+    assert "q" not in ex.declared and ex.binding_count == 0
+    assert ex.publish(message(b"m", broker=broker), "amq.direct", "k") == (False, None)
+    ex.declare_queue("q", "c1", durable=True)
+    assert "q" in broker.queues.queues
+    assert ex.consumer_filter("q", "c1")[0] == "$queue/q"
+    again, _, _ = make(store)
+    assert again.exchanges.binding_count == 0 and "q" in again.queues.queues
+    assert not [b for b in store.load().bindings if b.destination == "q"]
+
+
+def test_a_transient_queue_taking_an_auto_delete_exchange_stores_its_delete() -> None:
+    """A durable auto-delete exchange whose last binding was to an exclusive queue
+    goes when that queue goes, in storage too: it does not come back after a
+    restart, and the transient binding left nothing stored."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_exchange("ad", "direct", durable=True, auto_delete=True)
+    ex.declare_queue("tq", "c1", exclusive=True)
+    ex.bind_queue("tq", "ad", "k", owner="c1")
+    ex.connection_closed("c1")
+    assert "ad" not in ex.exchanges
+    assert [e.name for e in store.load().exchanges] == []
+    assert not list(store.load().bindings)
+    again, _, _ = make(store)
+    assert "ad" not in again.exchanges.exchanges

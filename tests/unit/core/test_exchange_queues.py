@@ -4,7 +4,7 @@ default exchange, consumers, transient queues, basic.get, purge, connection clos
 
 from __future__ import annotations
 
-from exchange_facade import code_of, consume, get_session, message
+from exchange_facade import code_of, consume, depth, get_session, message
 from fakes import ManualMemoryStore, MemoryStore
 from queue_facade import client, got, join, make, send
 
@@ -232,20 +232,26 @@ def test_basic_get_takes_one_message_at_a_time() -> None:
 
 
 def test_an_unsettled_get_goes_back_when_its_session_goes() -> None:
-    """A message got and not acknowledged is back in the queue (redelivered) once
-    the channel's session goes; a nack requeues it too."""
+    """A message got and not acknowledged is back in the queue once the channel's
+    session goes, and is got again marked redelivered with its delivery counted;
+    a nack requeues it too (redelivered, not counted: released)."""
     broker, _, _ = make()
     ex = broker.exchanges
     ex.declare_queue("q", "c1", durable=True)
     ex.publish(message(b"m", broker=broker), "", "q")
     session, link = get_session(broker)
     assert ex.get("q", session)[0]
+    assert not link.published()[0][0].dup
     broker.settle(session, link.published()[0][2], Outcome.RELEASED)
     assert ex.get("q", session)[0]
+    assert link.published()[1][0].dup
     broker.registry.remove_link_subscriber("c1/get")
     other, link2 = get_session(broker, "c2/get")
     assert ex.get("q", other)[0]
     assert got(link2) == [("$queue/q", b"m")]
+    again = link2.published()[0][0]
+    assert again.dup and again.props is not None
+    assert ("delivery-count", "2") in again.props.user_properties
 
 
 def test_get_on_a_stream_or_a_locked_queue_is_refused() -> None:
@@ -272,3 +278,44 @@ def test_connection_closed_takes_exclusive_queues_and_their_bindings() -> None:
     assert reply not in broker.queues.queues and "keep" in broker.queues.queues
     assert ex.binding_count == 0
     assert not ex.publish(message(), "amq.direct", "rpc")[0]
+
+
+def test_dlq_queues_are_out_of_reach_of_091_methods() -> None:
+    """$dlq/ queues (and any $ name) are 403 to queue.declare passive, delete,
+    purge, basic.get and basic.consume: they keep their dead letters."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    session, link = consume(broker, "q")
+    ex.publish(message(b"m", broker=broker), "", "q")
+    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    assert depth(broker, "$dlq/q") == 1
+    getter, _ = get_session(broker)
+    for call, args in ((ex.declare_queue, ("$dlq/q", "c1", True, False, False, None, True)),
+                       (ex.delete_queue, ("$dlq/q", "c1")),
+                       (ex.delete_queue, ("$dlq/missing", "c1")),
+                       (ex.purge_queue, ("$dlq/q", "c1")),
+                       (ex.get, ("$dlq/q", getter, "c1")),
+                       (ex.consumer_filter, ("$dlq/q", "c1"))):
+        assert code_of(call, *args) == 403, (call, args)
+    assert depth(broker, "$dlq/q") == 1
+
+
+def test_basic_get_past_the_sessions_window_takes_nothing() -> None:
+    """basic.get answers taken only for what the channel's session sends now: past
+    its in-flight window nothing is taken (the adapter answers get-empty), and
+    settling frees room for the next."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    window = broker.limits.max_inflight
+    for i in range(window + 8):
+        ex.publish(message(str(i).encode(), broker=broker), "", "q")
+    session, link = get_session(broker)
+    results = [ex.get("q", session) for _ in range(window + 8)]
+    taken = sum(1 for t, _ in results if t)
+    assert taken == len(link.published()) == window
+    assert results[-1] == (False, 8)
+    broker.acknowledged(session, link.published()[0][2])
+    assert ex.get("q", session)[0]
+    assert len(link.published()) == window + 1

@@ -297,6 +297,33 @@ def test_amq_topic_publish_denied_is_403_and_dollar_topics_stay_out() -> None:
     assert got(link) == []
 
 
+def test_amq_topic_keys_that_are_no_topic_are_checked_too() -> None:
+    """A key with + # or NUL, or an empty one, is checked against the publisher's
+    write permission as any other key on amq.topic (403 when denied)."""
+    from fakes import NullStore
+    from twisted.internet.task import Clock
+
+    from mqttamqp.core.auth import AllowAll
+    from mqttamqp.core.limits import Limits
+
+    class OnlyPlant(AllowAll):
+        def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+            return topic == "plant/ok"
+
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0), authorizer=OnlyPlant())
+    broker.start()
+    ex = broker.exchanges
+    declared(broker, "q", "all")
+    ex.bind_queue("q", "amq.topic", "plant.*.temp")
+    ex.bind_queue("all", "amq.topic", "#")
+    for key in ("plant.+.temp", "plant.#", "", "plant.\x00.temp"):
+        assert code_of(ex.publish, message(b"evil"), "amq.topic", key,
+                       identity=Identity("p")) == 403, key
+    assert depth(broker, "q") == 0 and depth(broker, "all") == 0
+    assert ex.publish(message(b"ok"), "amq.topic", "plant.ok", identity=Identity("p"))[0]
+    assert depth(broker, "all") == 1
+
+
 def test_an_mqtt_qos2_publish_and_a_will_reach_queues_bound_to_amq_topic() -> None:
     """An MQTT QoS 2 publish and a will published by the broker reach the queues
     bound to amq.topic as any publish does."""
@@ -368,7 +395,7 @@ def _reference_match(pattern: str, key: str) -> bool:
         if p[0] == "#":
             return any(go(p[1:], w[i:]) for i in range(len(w) + 1))
         return bool(w) and (p[0] in ("*", w[0])) and go(p[1:], w[1:])
-    return go(pattern.split("."), key.split("."))
+    return go(pattern.split(".") if pattern else [], key.split(".") if key else [])
 
 
 def test_topic_matching_agrees_with_the_plain_definition() -> None:
@@ -377,7 +404,7 @@ def test_topic_matching_agrees_with_the_plain_definition() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from mqttamqp.core.exchanges.routes import topic_match, topic_words
+    from mqttamqp.core.exchanges.routes import key_words, topic_match, topic_words
     word = st.sampled_from(["a", "b", ""])
     pattern = st.lists(st.sampled_from(["a", "b", "*", "#"]), min_size=1, max_size=6)
 
@@ -385,7 +412,7 @@ def test_topic_matching_agrees_with_the_plain_definition() -> None:
     @given(pattern, st.lists(word, min_size=1, max_size=6))
     def check(p: list[str], w: list[str]) -> None:
         key, binding = ".".join(w), ".".join(p)
-        assert topic_match(topic_words(binding), key.split(".")) == _reference_match(
+        assert topic_match(topic_words(binding), key_words(key)) == _reference_match(
             binding, key), (binding, key)
 
     check()
@@ -410,6 +437,32 @@ def test_a_topic_exchange_remembers_matches_until_its_bindings_change() -> None:
     for i in range(MATCH_CACHE + 10):
         ex.route(ex.exchanges["t"], f"k.{i}", None)
     assert len(ex.exchanges["t"].matched) <= MATCH_CACHE
+
+
+def test_the_topic_match_caches_are_bounded_together_and_skip_long_keys() -> None:
+    """Every topic exchange's remembered matches count against one bound, and a
+    key longer than a 0.9.1 short string (an MQTT topic on amq.topic) is matched
+    but not remembered."""
+    from mqttamqp.core.exchanges.routes import MATCH_CACHE
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "q")
+    ex.bind_queue("q", "amq.topic", "a.#")
+    for _ in range(3):
+        send(broker, "a/" + "x" * 60000, b"", qos=0)
+    assert ex.exchanges["amq.topic"].matched == {}
+    assert depth(broker, "q") == 3
+    for n in range(4):
+        ex.declare_exchange(f"t{n}", "topic")
+        ex.bind_queue("q", f"t{n}", "k.*")
+    for i in range(MATCH_CACHE):
+        for n in range(4):
+            ex.route(ex.exchanges[f"t{n}"], f"k.{i}", None)
+    held = sum(len(e.matched) for e in ex.exchanges.values())
+    assert 0 < held <= MATCH_CACHE
+    ex.delete_exchange("t0")
+    assert sum(len(e.matched) for e in ex.exchanges.values()) <= held
+    assert ex._match_budget.used == sum(len(e.matched) for e in ex.exchanges.values())
 
 
 def test_a_publish_into_the_topic_space_says_which_subscribers_it_congested() -> None:
@@ -477,3 +530,46 @@ def test_a_queue_copy_keeps_every_field_but_the_topic() -> None:
     for f in fields(Message):
         if f.name != "topic":
             assert getattr(copy, f.name) == getattr(original, f.name), f.name
+
+
+def test_a_refusal_fails_the_confirm_for_a_key_that_is_no_topic() -> None:
+    """A reject-publish queue bound to amq.topic that refuses a 0.9.1 publish
+    whose key is no MQTT topic (a wildcard, empty) fails its confirm too."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    ex.bind_queue("q", "amq.topic", "#")
+    for key in ("a.b", "a.#", ""):
+        _, confirm = ex.publish(message(broker=broker), "amq.topic", key)
+        failures: list[Any] = []
+        assert confirm is not None, key
+        confirm.addErrback(failures.append)
+        assert len(failures) == 1, key
+    assert depth(broker, "q") == 0
+
+
+def test_mandatory_on_amq_topic_counts_shared_subscribers() -> None:
+    """A 0.9.1 publish to amq.topic whose only taker is a $share/ subscriber is
+    routed (no basic.return for mandatory), and the subscriber gets it."""
+    broker, _, _ = make()
+    sub, link = client(broker, "worker")
+    broker.subscribe(sub, Identity("worker"), [("$share/g/plant/#", 0)])
+    routed, _ = broker.exchanges.publish(message(b"m"), "amq.topic", "plant.x",
+                                         mandatory=True)
+    assert routed
+    assert got(link) == [("plant/x", b"m")]
+
+
+def test_an_empty_routing_key_has_no_words() -> None:
+    """As RabbitMQ splits keys, "" is zero words: a topic binding * does not take
+    it, # and "" do; a..b still has an empty word for *."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "star", "hash", "empty", "mid")
+    ex.declare_exchange("t", "topic")
+    for queue, key in (("star", "*"), ("hash", "#"), ("empty", ""), ("mid", "a.*.b")):
+        ex.bind_queue(queue, "t", key)
+    ex.publish(message(broker=broker), "t", "")
+    ex.publish(message(broker=broker), "t", "a..b")
+    assert [depth(broker, q) for q in ("star", "hash", "empty", "mid")] == [0, 2, 1, 1]

@@ -735,15 +735,18 @@ def test_a_receipt_counts_only_while_its_delivery_is_pending() -> None:
 
 
 def test_a_retention_change_that_frees_credit_delivers_at_once() -> None:
-    """Pending messages the new bound drops give their member's credit back, and the
-    next messages go out then, not at the next tick or publish."""
-    broker, _, _ = make(queue_prefetch=2)
+    """Pending messages the new age bound drops give their member's credit back, and
+    the next messages go out then, not at the next tick or publish.  (A count bound
+    counts and drops ready messages only: test_exchange_arguments.)"""
+    broker, clock, _ = make(queue_prefetch=2)
     worker, link = client(broker, "w-1", "mqtt5")
     join(broker, worker, "$queue/jobs/#", consumer=Consumer(group="g"))
     for i in range(5):
         send(broker, "$queue/jobs/t", b"%d" % i)
+        if i == 1:
+            clock.advance(10.0)
     assert [p for _, p in got(link)] == [b"0", b"1"]
-    broker.queues.set_retention("jobs", Retention(None, None, 3))
+    broker.queues.set_retention("jobs", Retention(5.0, None, None))
     assert [p for _, p in got(link)] == [b"0", b"1", b"2", b"3"]
     assert broker.queues.views()[0].groups[0].pending == 2
 
