@@ -23,6 +23,7 @@ from mqttamqp.core.routing.groups import SharedGroups
 from mqttamqp.core.routing.published import SUBSCRIBE_FAILURE
 from mqttamqp.core.routing.shared import SHARE_PREFIX, parse_share
 from mqttamqp.core.routing.suboptions import subscription_ids
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
@@ -180,10 +181,13 @@ class Subscriptions:
             return self.groups.return_entries(session, False, ops)
         return self.commits.persist(ops)
 
-    def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
-        """At start-up: the stored subscriptions of ``session``, back in the trie, and
-        the MQTT 5 subscription identifiers of its restored entries (found when they
-        were routed, not stored: found again from the same filters)."""
+    def restore_subscriptions(self, session: Session, subscriptions: dict[str, int],
+                              unknown: Sequence[OutEntry] = ()) -> None:
+        """At start-up: the stored subscriptions of ``session``, back in the trie.
+        ``unknown``: restored entries of records stored before their MQTT 5
+        subscription identifiers were kept (``Session.restore``): theirs are found
+        again from the restored filters.  Every other entry keeps those stored with
+        it, found when it was routed."""
         for topic_filter, stored in subscriptions.items():
             qos = stored & 0x03
             if stored & ~0x03:
@@ -191,7 +195,7 @@ class Subscriptions:
             session.set_subscription(topic_filter, qos)
             self._route(topic_filter, session, qos)
         if session.sub_options:
-            for entry in session.entries():
+            for entry in unknown:
                 entry.subscription_ids = subscription_ids(session, entry.message.topic)
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
