@@ -1,7 +1,11 @@
 """What an MQTT connection's decisions ask for: a small closed set of values.
 
-``decisions`` returns these; ``executor.ActionExecutor`` is the one place on the
-Twisted side that carries them out.  The set:
+``decisions`` returns these (or, where a broker call sits between two steps, the
+plan for that call: ``Connecting``, ``Subscription``, an AUTH step's data; see
+``decisions``), and the connection's own deadlines and read errors make them too;
+``executor.ActionExecutor`` is the one place on the Twisted side that carries
+them out (a delivery's PUBLISH or PUBREL, and a close the broker asks for, are
+not actions: see ``executor``).  The set:
 
 * ``Send(frame)``: write ``frame`` now (PINGRESP, an AUTH challenge);
 * ``Ack(kind, frame, release, opens)``: an acknowledgement, sent in the order its
@@ -11,8 +15,9 @@ Twisted side that carries them out.  The set:
   id; ``release``: it gives the packet id's MQTT 5 receive-maximum quota back
   once written; ``opens``: writing it opens the QoS 2 gate the broker returned
   (done even if the connection closed meanwhile);
-* ``Close(reason, code, limit)``: the client broke the protocol (the one
-  disconnect, ``closing.Disconnects._violation``);
+* ``Close(reason, code, limit, frame)``: the client broke the protocol (the one
+  disconnect, ``closing.Disconnects._violation``; ``frame``, if any, written
+  first);
 * ``Refuse(code, reason)``: CONNECT answered with a refusing CONNACK;
 * ``Arm(deadline, seconds)``: start the connection's CONNECT or keepalive deadline;
 * ``Goodbye(with_will, expiry)``: the client said DISCONNECT; its session ends;
@@ -78,15 +83,17 @@ class Ack:
 
 class Close:
     """The client broke the protocol: close for ``reason`` (MQTT 5: with ``code``);
-    ``limit``: the bound it went beyond, if that was it."""
+    ``limit``: the bound it went beyond, if that was it; ``frame``: written first
+    (the refusing CONNACK of an MQTT 5 CONNECT that could not be read)."""
 
-    __slots__ = ("code", "limit", "reason")
+    __slots__ = ("code", "frame", "limit", "reason")
 
     def __init__(self, reason: str, code: int = ReasonCode.PROTOCOL_ERROR,
-                 limit: str | None = None) -> None:
+                 limit: str | None = None, frame: bytes | None = None) -> None:
         self.reason = reason
         self.code = code
         self.limit = limit
+        self.frame = frame
 
     def __repr__(self) -> str:
         return f"Close({self.reason!r}, {self.code:#04x})"

@@ -128,14 +128,19 @@ def violation_code(v5: Negotiated | None, keepalive: bool, storage: bool, code: 
     return code
 
 
-def malformed(exc: MalformedPacket) -> Close:
+def malformed(exc: MalformedPacket, awaiting_connect: bool = False) -> Close:
     """The close for a packet the codec could not read (its reason code, and the
-    bound it went beyond if that was it)."""
+    bound it went beyond if that was it).  An MQTT 5 CONNECT (``exc.in_connect5``)
+    read while ``awaiting_connect`` is answered first with CONNACK and the code
+    (MQTT 5 refuses a CONNECT it cannot accept that way)."""
     what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
         "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
         else "limit exceeded" if exc.limit is not None
         else "malformed packet")
-    return Close(f"{what}: {exc.reason}", exc.code, exc.limit)
+    frame = None
+    if exc.in_connect5 and awaiting_connect:
+        frame = encode(Connack(False, exc.code, Properties(reason_string=exc.reason[:200])), 5)
+    return Close(f"{what}: {exc.reason}", exc.code, exc.limit, frame)
 
 
 def closed_by_broker(reason: str) -> tuple[str, int]:
