@@ -158,9 +158,14 @@ class ActionExecutor(MQTTLink):
     # -- deadlines --------------------------------------------------------------------
 
     def _arm(self, arm: Arm) -> None:
-        if arm.deadline == "connect":
+        """Start the deadline ``arm`` names: "connect" or "keepalive"; any other
+        name is a bug (ValueError, nothing armed)."""
+        deadline = arm.deadline
+        if deadline == "connect":
             self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
             return
+        if deadline != "keepalive":
+            raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
         rule = self._keepalive = Keepalive.of(int(arm.seconds))
         self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
         self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)

@@ -143,3 +143,33 @@ def test_a_malformed_mqtt5_connect_is_refused_by_the_executor() -> None:
     [connack] = list(d)
     assert isinstance(connack, Connack) and connack.return_code == 0x97
     assert transport.value() == close.frame and transport.disconnecting
+
+
+def test_an_unknown_deadline_is_refused() -> None:
+    """``Arm`` with a name other than "connect" or "keepalive" is a bug: ValueError,
+    and no deadline is armed (it used to start a keepalive)."""
+    c = connected(Harness())
+    before = (c.proto._keepalive, c.proto._keepalive_timer, c.proto._connect_timer)
+    with pytest.raises(ValueError):
+        c.proto._carry_out(Arm("keepalve", 10))
+    assert (c.proto._keepalive, c.proto._keepalive_timer, c.proto._connect_timer) == before
+    assert c.open
+
+
+@pytest.mark.parametrize("action", [
+    actions.PUBACK, actions.PUBACK_RELEASE, actions.PUBREC, actions.PUBREC_OPENS,
+    actions.PUBCOMP, actions.PUBCOMP_RELEASE, actions.PINGRESP,
+    Close("x"), actions.Refuse(5, "x"), Arm("connect", 1.0), actions.Goodbye(False, None),
+], ids=repr)
+def test_actions_are_immutable(action: object) -> None:
+    """The actions are values: the shared ones of the hot path (every connection's
+    PUBACK) and the others refuse any change of an attribute, new or existing."""
+    name = next(iter(type(action).__slots__))   # type: ignore[attr-defined]
+    was = getattr(action, name)
+    with pytest.raises(AttributeError):
+        setattr(action, name, 1)
+    with pytest.raises(AttributeError):
+        delattr(action, name)
+    with pytest.raises(AttributeError):
+        action.other = 1   # type: ignore[attr-defined]
+    assert getattr(action, name) == was
