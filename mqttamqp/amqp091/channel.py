@@ -10,7 +10,8 @@ and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferr
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
-``connection.close``) in the connection.  ``basic.get`` hands the next message
+``connection.close``) in the connection; what each needs is ``permissions``'s
+to check.  ``basic.get`` hands the next message
 to the channel's own session, in no consumer group (``Exchanges.get``).
 
 What it must not do: parse frames (``frames``), hold routing or queue rules, or
@@ -30,6 +31,12 @@ from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content, deliver_frame
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
+from mqttamqp.amqp091.permissions import (
+    READ,
+    check_publish,
+    check_queue,
+    consumer_identity,
+)
 from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
@@ -40,7 +47,6 @@ from mqttamqp.core.exchanges.errors import (
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
@@ -160,19 +166,16 @@ class Channel:
             factory.exclusive[m.queue] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
-        if not member.join(topic_filter, consumer):
+        if not member.join(topic_filter, consumer, consumer_identity(self.connection,
+                                                                     m.queue)):
             del self.consumers[tag]
             raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
                                f"refused for user '{self.connection.username or ''}'")
         self.exchanges.consumer_added(m.queue)
 
     def _may_read(self, queue: str) -> None:
-        """Consuming and getting need read (subscribe) permission on ``$queue/<name>``."""
-        connection = self.connection
-        if not connection.broker.authorizer.may_subscribe(connection.identity,
-                                                          QUEUE_PREFIX + queue):
-            raise ChannelError(ACCESS_REFUSED, f"access to queue '{queue}' in vhost '/' "
-                               f"refused for user '{connection.username or ''}'")
+        """Consuming and getting need read permission on the queue (``permissions``)."""
+        check_queue(self.connection, READ, queue)
 
     def basic_get(self, m: Any) -> None:
         """``basic.get``: the model hands the next message to the channel's own
@@ -237,11 +240,7 @@ class Channel:
             core_props, qos = to_core(props)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
-        if m.exchange == "" and not connection.broker.gate.may_write(
-                connection.identity, QUEUE_PREFIX + m.routing_key):
-            # The default exchange writes to queue <routing key>: MQTT's $queue/<name>.
-            raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
-                               f"in vhost '/' refused for user '{connection.username or ''}'")
+        check_publish(connection, m.exchange, m.routing_key)
         message = Message("", content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props,
                           amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))

@@ -446,6 +446,9 @@ class AMQP091Factory(Factory):
         # The AMQP 1.0 connections on the same port: --max-connections counts both.
         self.port_sharers: Sized = ()
         self.noisy = False
+        # A queue deleted anywhere (the console, queue.delete, an auto-delete or
+        # exclusive queue's end): its 0.9.1 consumers hear basic.cancel.
+        broker.queues.deleted_hooks.append(self.queue_deleted)
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
         """A publisher while the durable queues are paused (the storage alarm, or the
@@ -477,8 +480,9 @@ class AMQP091Factory(Factory):
                    if member.queue == queue and not member.closed)
 
     def queue_deleted(self, name: str) -> None:
-        """Queue ``name`` was deleted: its 0.9.1 consumers hear ``basic.cancel``
-        (those that announced consumer_cancel_notify)."""
+        """Queue ``name`` was deleted (the queue manager's ``deleted_hooks``): its
+        0.9.1 consumers hear ``basic.cancel`` (those that announced
+        consumer_cancel_notify)."""
         for connection in list(self.connections):
             for channel in list(connection.channels.values()):
                 for member in list(channel.consumers.values()):

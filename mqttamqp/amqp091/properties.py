@@ -9,7 +9,8 @@ the queue's metadata left out).  The table, also in docs/amqp.md:
 0.9.1 property     core ``MessageProperties`` (MQTT 5 / AMQP 1.0)
 =================  ==========================================================
 content-type       content_type (MQTT 5 content type; AMQP properties)
-correlation-id     correlation_data, UTF-8 (MQTT 5 correlation data)
+correlation-id     correlation_data, UTF-8 (MQTT 5 correlation data; a string
+                   to AMQP 1.0 receivers: ``amqp.subscribers``)
 reply-to           response_topic (MQTT 5 response topic)
 expiration         expiry_interval: milliseconds rounded up to seconds
 headers            user_properties: string values (others are not carried)

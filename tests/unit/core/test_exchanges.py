@@ -143,6 +143,23 @@ def test_bind_errors_unbind_and_delete() -> None:
     assert code_of(ex.publish, message(), "d", "k") == 404
 
 
+def test_a_queue_deleted_from_the_console_loses_its_declaration_and_bindings() -> None:
+    """A queue the queue manager deletes (the console's delete) is gone from the 0.9.1
+    model too: no binding routes to it, and it may be declared anew with other
+    arguments."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 5})
+    ex.declare_exchange("d", "direct", durable=True)
+    ex.bind_queue("q", "d", "k")
+    broker.queues.delete("q")
+    assert "q" not in ex.declared
+    assert ex.binding_count == 0 and not ex.exchanges["d"].bindings
+    declared_again, _ = ex.declare_queue("q", "c1", durable=True,
+                                         arguments={"x-max-length": 9})
+    assert declared_again.name == "q"
+
+
 def test_internal_exchange_refuses_publishes_and_alternate_takes_the_unroutable() -> None:
     """A publish to an internal exchange is 403; an alternate exchange takes what
     its exchange could not route."""
