@@ -257,12 +257,8 @@ class Session(InflightWindow):
     # -- restoring ------------------------------------------------------------
 
     def restore(self, queue: Iterable[tuple[int, StoredQueued]],
-                inbound_qos2: Iterable[int]) -> list[OutEntry]:
-        """Rebuild from storage; restored entries may have been sent: DUP on redelivery.
-        Each entry gets the MQTT 5 subscription identifiers stored with it; returns
-        the entries of records stored before those were kept (their identifiers are
-        found again from the restored subscriptions: ``restore_subscriptions``)."""
-        unknown: list[OutEntry] = []
+                inbound_qos2: Iterable[int]) -> None:
+        """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
         entries = list(queue)
         if entries:
             self.queue = deque(self.queue)
@@ -275,17 +271,12 @@ class Session(InflightWindow):
             state = (QueuedState.RELEASED if stored.state == QueuedState.RELEASED
                      else QueuedState.QUEUED)
             entry = OutEntry(seq, msg, stored.qos, msg.retain, pid, state, dup=True)
-            if stored.subscription_ids is None:
-                unknown.append(entry)
-            elif stored.subscription_ids:
-                entry.subscription_ids = stored.subscription_ids
             self.queue.append(entry)
             self.queued_bytes += len(msg.payload)
             self._next_seq = max(self._next_seq, seq + 1)
         ids = set(inbound_qos2)
         if ids:
             self.inbound_qos2 = set(self.inbound_qos2) | ids
-        return unknown
 
     # -- packet ids -----------------------------------------------------------
 
