@@ -73,6 +73,7 @@ class Channel:
         self.confirming = False
         self.publish_seq = 0
         self.confirms: OrderedDict[int, bool | None] = OrderedDict()
+        self._ack_due = 0              # the confirm ack not yet sent (``_confirmed``)
         self._tags = 0
         # answers waiting for a commit, and those behind them (in method order)
         self._answers: deque[list[Any]] = deque()
@@ -271,23 +272,37 @@ class Channel:
         self._confirmed(None, seq, False)
 
     def _confirmed(self, _: object, seq: int, ok: bool) -> None:
-        if seq not in self.confirms or self.closing:
+        """Publish ``seq`` is kept (``ok``) or not.  Confirms go in order: one
+        ``basic.ack`` with ``multiple`` for the run done in a row, sent once the
+        commit's other Deferreds have fired too (``_ack_later``: a commit of 100
+        messages is one ack, not 100); a failed one is a ``basic.nack`` at once,
+        after the acks before it."""
+        confirms = self.confirms
+        if seq not in confirms or self.closing:
             return
-        self.confirms[seq] = ok
+        confirms[seq] = ok
         acked = 0
-        while self.confirms:
-            first, state = next(iter(self.confirms.items()))
+        while confirms:
+            first, state = next(iter(confirms.items()))
             if state is None:
                 break
-            del self.confirms[first]
+            del confirms[first]
             if state:
                 acked = first
                 continue
+            self._send_ack_due()
             if acked:
                 self._send(B.Ack(acked, multiple=True))
                 acked = 0
             self._send(B.Nack(first, multiple=False, requeue=False))
         if acked:
+            if not self._ack_due:
+                self.connection.call_soon(self._send_ack_due)
+            self._ack_due = acked
+
+    def _send_ack_due(self) -> None:
+        acked, self._ack_due = self._ack_due, 0
+        if acked and not self.closing:
             self._send(B.Ack(acked, multiple=True))
 
     def confirm_select(self, m: Any) -> None:

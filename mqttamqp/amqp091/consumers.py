@@ -58,6 +58,16 @@ class QueueConsumer:
         if session is None:
             return False
         self.session = session
+        # The queue may have as many deliveries outstanding with it as its prefetch
+        # allows (else the broker's --queue-prefetch, 16, would cap a prefetch of
+        # 100 and a consumer would get 16 a round trip); --amqp091-max-unacked bounds
+        # it.  A prefetch of 0 (no limit) keeps the broker's default.
+        channel = self.channel
+        limit = min(self.prefetch or getattr(channel, "global_prefetch", 0),
+                    channel.connection.max_unacked)
+        if limit and not self.no_ack:
+            session.queue_prefetch = limit
+            session.window = max(session.window, limit)
         broker.start_topic_receiver(session, self)
         return True
 

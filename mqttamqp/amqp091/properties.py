@@ -97,7 +97,7 @@ def for_consumer(message: Message, queue: str, now: float
     through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
     ``amq.topic`` with the topic as key (``a/b`` is ``a.b``)."""
     data = message.amqp091
-    death = _death(message)
+    count, death = _marks(message)
     if data is None:
         props, _, redelivered = from_core(message, now)
         rest = routing_key(queue, message.topic)
@@ -111,7 +111,6 @@ def for_consumer(message: Message, queue: str, now: float
             return props.marshal(), redelivered, "amq.topic", rest.replace("/", ".")
         return props.marshal(), redelivered, "", queue
     exchange, key, raw = _open(data)
-    count = _delivery_count(message)
     if not count and death is None:
         return raw, bool(message.dup), exchange, key
     header = ContentHeader()
@@ -130,22 +129,28 @@ def for_consumer(message: Message, queue: str, now: float
     return props.marshal(), bool(count or message.dup), exchange, key
 
 
-def _death(message: Message) -> dict[str, Any] | None:
-    """The x-death entry of a dead-lettered message (the queue's origin-queue and
-    reason), or None."""
+def _marks(message: Message) -> tuple[int, dict[str, Any] | None]:
+    """From one scan of its user properties: the deliveries a durable queue counted
+    before this one (its metadata), and the x-death entry of a dead-lettered message
+    (the queue's origin-queue and reason), or None."""
     props = message.props
     if props is None:
-        return None
+        return 0, None
+    count = -1
     origin = reason = None
     for key, value in props.user_properties:
-        if key == "origin-queue":
+        if key == "delivery-count":
+            if count < 0:
+                count = max(0, int(value) - 1) if value.isdigit() else 0
+        elif key == "origin-queue":
             origin = value
         elif key == "reason":
             reason = value
+    count = max(count, 0)
     if origin is None or reason is None:
-        return None
-    return {"count": 1, "reason": reason, "queue": origin,
-            "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
+        return count, None
+    return count, {"count": 1, "reason": reason, "queue": origin,
+                   "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
 
 
 def _earlier(deaths: Any) -> list[Any]:
@@ -153,17 +158,6 @@ def _earlier(deaths: Any) -> list[Any]:
 
 
 _HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
-
-
-def _delivery_count(message: Message) -> int:
-    """The deliveries a durable queue counted before this one (its metadata)."""
-    props = message.props
-    if props is None:
-        return 0
-    for key, value in props.user_properties:
-        if key == "delivery-count":
-            return max(0, int(value) - 1) if value.isdigit() else 0
-    return 0
 
 
 def from_core(message: Message, now: float) -> tuple[Any, int, bool]:

@@ -449,3 +449,31 @@ def test_a_full_bound_queue_fails_a_091_confirm_but_not_an_mqtt_puback() -> None
     if result.durable is not None:
         result.durable.addErrback(mqtt_failures.append)
     assert mqtt_failures == [] and broker.queues.stats.refused == 2
+
+
+def test_a_queue_copy_keeps_every_field_but_the_topic() -> None:
+    """The exchanges' per-queue copy of a message (built field by field) keeps every
+    field of ``Message`` but its topic: a new field must be added to it."""
+    from dataclasses import fields
+
+    from mqttamqp.core.message import MessageProperties
+    original = Message("", b"p", 1, False, "pub", 5.0, False, b"n", True,
+                       MessageProperties(content_type="t"), b"091")
+    seen: list[Message] = []
+
+    class Queues:
+        queues = {"q": None}
+
+        def publish(self, copy: Message, address: Any, publisher: str) -> Any:
+            seen.append(copy)
+            return None, None
+
+    from mqttamqp.core.exchanges.topicspace import TopicSpace
+    space = TopicSpace.__new__(TopicSpace)
+    space.queues = Queues()   # type: ignore[assignment]
+    assert space._enqueue(original, ["q"], "a/b", "pub") is None
+    [copy] = seen
+    assert copy.topic != original.topic
+    for f in fields(Message):
+        if f.name != "topic":
+            assert getattr(copy, f.name) == getattr(original, f.name), f.name
