@@ -49,6 +49,11 @@ class StoredQueued:
     qos: int                       # delivery QoS (min(publish, granted))
     state: str = QueuedState.QUEUED
     packet_id: int | None = None
+    # MQTT 5: the subscription identifiers found when it was routed (MQTT 5 §3.3.4:
+    # those of the subscriptions it was published as a result of), so a redelivery
+    # carries the same ones whether or not the broker restarted.  None: a record
+    # stored before they were kept (found again from the subscriptions at restore).
+    subscription_ids: tuple[int, ...] | None = ()
 
 
 @record

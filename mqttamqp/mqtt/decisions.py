@@ -10,7 +10,8 @@ and returns what to do as ``actions`` (a small closed set of values:
 * PUBLISH: ``publish5`` (MQTT 5: topic alias, receive maximum, payload format;
   a 3.1.1 PUBLISH has one rule, ``connection.StringRules.topic``, which
   ``flows`` applies inline: a call here cost 3% of a QoS 0 delivery), then
-  ``published``: the acknowledgement the core's verdict gets;
+  ``published``: the acknowledgement the core's verdict gets (MQTT 5; 3.1.1's
+  acknowledgement rule is inline in ``flows`` too, its one home);
 * PUBREL: ``pubrel``; PUBREC: ``pubrec_refused``;
 * SUBSCRIBE: ``subscribe``/``subscribe5`` (the plan, ``Subscription``), then
   ``suback``/``suback5`` once the core granted it; UNSUBSCRIBE: ``unsubscribe``;
@@ -48,7 +49,6 @@ from mqttamqp.core.recorder import CAUSE_CONSOLE, CAUSE_TAKEN_OVER
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING
 from mqttamqp.mqtt.actions import (
     PINGRESP,
-    PUBACK,
     PUBACK_RELEASE,
     PUBCOMP,
     PUBCOMP_RELEASE,
@@ -128,14 +128,19 @@ def violation_code(v5: Negotiated | None, keepalive: bool, storage: bool, code: 
     return code
 
 
-def malformed(exc: MalformedPacket) -> Close:
+def malformed(exc: MalformedPacket, awaiting_connect: bool = False) -> Close:
     """The close for a packet the codec could not read (its reason code, and the
-    bound it went beyond if that was it)."""
+    bound it went beyond if that was it).  An MQTT 5 CONNECT (``exc.in_connect5``)
+    read while ``awaiting_connect`` is answered first with CONNACK and the code
+    (MQTT 5 refuses a CONNECT it cannot accept that way)."""
     what = "protocol error" if exc.code == ReasonCode.PROTOCOL_ERROR else (
         "packet too large" if exc.code == ReasonCode.PACKET_TOO_LARGE
         else "limit exceeded" if exc.limit is not None
         else "malformed packet")
-    return Close(f"{what}: {exc.reason}", exc.code, exc.limit)
+    frame = None
+    if exc.in_connect5 and awaiting_connect:
+        frame = encode(Connack(False, exc.code, Properties(reason_string=exc.reason[:200])), 5)
+    return Close(f"{what}: {exc.reason}", exc.code, exc.limit, frame)
 
 
 def closed_by_broker(reason: str) -> tuple[str, int]:
@@ -347,20 +352,17 @@ def publish_ack5(kind: type[Puback] | type[Pubrec], packet_id: int, result: Verd
     return ack_frame(0x40 if kind is Puback else 0x50, packet_id)
 
 
-def published(qos: int, packet_id: int, result: Verdict, v5: Negotiated | None
-              ) -> Ack | None:
-    """The acknowledgement of a routed PUBLISH (None at QoS 0), after what its
-    routing made durable: PUBACK, or PUBREC (opening the QoS 2 gate, if the core
-    holds the deliveries behind one, once written).  MQTT 5: the core's verdict
+def published(qos: int, packet_id: int, result: Verdict, v5: Negotiated) -> Ack | None:
+    """The acknowledgement of an MQTT 5 client's routed PUBLISH (None at QoS 0),
+    after what its routing made durable: PUBACK, or PUBREC (opening the QoS 2 gate,
+    if the core holds the deliveries behind one, once written).  The core's verdict
     is its reason code (``publish_ack5``), and the acknowledgement gives the
     receive-maximum quota back (a PUBREC only when it refuses: the exchange ends
-    there; otherwise PUBCOMP does)."""
+    there; otherwise PUBCOMP does).  MQTT 3.1.1's rule (PUBACK, or PUBREC opening
+    the gate if there is one; no verdict shows) has its one home in
+    ``flows.Flows._on_publish``, inline: that path costs no call."""
     if qos == 0:
         return None
-    if v5 is None:
-        if qos == 1:
-            return PUBACK
-        return PUBREC if result.gate is None else PUBREC_OPENS
     if qos == 1:
         if result.denied or result.refusal is not None or result.dropped:
             return Ack(0x40, publish_ack5(Puback, packet_id, result, v5), release=True)

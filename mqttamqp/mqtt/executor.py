@@ -2,6 +2,13 @@
 
 ``decisions`` returns ``actions`` (``Send``, ``Ack``, ``Close``, ``Refuse``,
 ``Arm``, ``Goodbye``; a ``Message`` is routed by the step that asked for it);
+the connection's own events hand it theirs too (the first CONNECT deadline is an
+``Arm``; a deadline that passes, a packet before CONNECT and one the codec cannot
+read are each a ``Close``, the last with MQTT 5's refusing CONNACK as its frame).
+What does not come through here: the core's deliveries (PUBLISH, PUBREL:
+``protocol``'s ``ClientLink`` methods), a close the broker asks for (takeover, the
+console: ``closing``), the keepalive check re-arming itself, and a commit that
+failed under an acknowledgement (``_ack_failed`` closes directly).
 ``ActionExecutor`` is the part of ``protocol.MQTTProtocol`` that does them:
 ``_carry_out`` for any action, ``_acknowledge`` for an ``Ack`` with what the
 broker's step returned beside it (the Deferred to wait for, the packet id, what
@@ -51,6 +58,8 @@ class ActionExecutor(MQTTLink):
         elif type(action) is Ack:
             self._acknowledge(action, packet_id, None)
         elif type(action) is Close:
+            if action.frame is not None:
+                self._write(action.frame)
             self._violation(action.reason, code=action.code, limit=action.limit)
         elif type(action) is Refuse:
             self._refuse(action.code, action.reason, action.logged)
@@ -149,9 +158,14 @@ class ActionExecutor(MQTTLink):
     # -- deadlines --------------------------------------------------------------------
 
     def _arm(self, arm: Arm) -> None:
-        if arm.deadline == "connect":
+        """Start the deadline ``arm`` names: "connect" or "keepalive"; any other
+        name is a bug (ValueError, nothing armed)."""
+        deadline = arm.deadline
+        if deadline == "connect":
             self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
             return
+        if deadline != "keepalive":
+            raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
         rule = self._keepalive = Keepalive.of(int(arm.seconds))
         self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
         self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)

@@ -65,8 +65,10 @@ class ConnectedFlows(ActionExecutor):
             self._on_publish5(self._v5, session, packet)
             return
         # A 3.1.1 PUBLISH has one rule, the topic's (``StringRules``): applied here,
-        # not through ``decisions`` (the call cost 3% of a QoS 0 delivery); its
-        # acknowledgement is ``decisions.published``'s for 3.1.1, inlined likewise.
+        # not through ``decisions`` (the call cost 3% of a QoS 0 delivery).  Its
+        # acknowledgement rule lives here and only here (``decisions.published`` is
+        # MQTT 5's): PUBACK; PUBREC, opening the QoS 2 gate if the core made one;
+        # a 3.1.1 client is told no verdict (denied, refused, dropped).
         why = self.strings.topic(packet.topic, "PUBLISH topic")
         if why is not None:
             self._carry_out(Close(why))

@@ -59,7 +59,7 @@ from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
-from mqttamqp.mqtt.actions import ack_frame
+from mqttamqp.mqtt.actions import Arm, Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -236,8 +236,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self._connect_timer = self.factory.connect_deadlines.add(
-            self, self.limits.connect_timeout)
+        self._carry_out(Arm("connect", self.limits.connect_timeout))
 
     def dataReceived(self, data: bytes) -> None:
         if self.rules.state is _CLOSED:
@@ -421,7 +420,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _connect_timed_out(self) -> None:
         self._connect_timer = None
-        self._violation(f"no CONNECT within {self.limits.connect_timeout:g}s")
+        self._carry_out(Close(f"no CONNECT within {self.limits.connect_timeout:g}s"))
 
     def _keepalive_check(self) -> None:
         self._keepalive_timer = None
@@ -430,7 +429,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         now = self.clock.seconds()
         delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
         if delay is None:
-            self._violation(keepalive.expired_reason(now, self._last_activity))
+            self._carry_out(Close(keepalive.expired_reason(now, self._last_activity)))
         else:
             self._keepalive_timer = self.factory.keepalives.add(self, delay)
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from mqttamqp.mqtt import decisions
-from mqttamqp.mqtt.codec import MalformedPacket, encode
+from mqttamqp.mqtt.actions import Close
+from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.link import MQTTLink
-from mqttamqp.mqtt.packets import Connack, Properties
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.net.tcp import others_waiting, plain_tcp
 
@@ -90,7 +90,7 @@ class InputPump(MQTTLink):
                 if handler is None:
                     problem = rules.check(packet)
                     if problem is not None:
-                        self._violation(problem)
+                        self._carry_out(Close(problem))
                         return
                     handler = self._handlers[type(packet)]
                 handler(self, packet)
@@ -102,12 +102,7 @@ class InputPump(MQTTLink):
                     # client's packet waits at most that long once the share is over.
                     until = seconds() + min(turn, _RECHECK)
         except MalformedPacket as exc:
-            close = decisions.malformed(exc)
-            if exc.in_connect5 and self.state is _AWAITING_CONNECT:
-                # MQTT 5 answers a CONNECT it cannot accept with CONNACK and the code.
-                self._write(encode(Connack(False, exc.code, Properties(
-                    reason_string=exc.reason[:200])), 5))
-            self._carry_out(close)
+            self._carry_out(decisions.malformed(exc, self.state is _AWAITING_CONNECT))
         finally:
             self._in_process = was_processing
 

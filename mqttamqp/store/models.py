@@ -38,7 +38,8 @@ Root layout (``SCHEMA_VERSION`` 1)::
                     + (native, amqp_only) for a retained message from an AMQP sender
                     + (MQTT 5 properties or None) + (AMQP 0.9.1 basic properties)
     will record:    (owner, topic, payload, qos, retain, origin, created)
-    queued record:  (message record, qos, state, packet_id)
+    queued record:  (message record, qos, state, packet_id, subscription ids)
+                    (4 fields: stored before the MQTT 5 identifiers were kept)
     ban record:     (kind, value, until or None, reason, created, by)
     group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
                     (tuples of ints / (int, int) / (str, int) pairs)
@@ -115,7 +116,9 @@ SCHEMA_VERSION = 1
 # 10 with MQTT 5 properties; a will has 7, or 9 with properties and delay.
 MessageRecord = tuple[Any, ...]
 WillRecord = tuple[Any, ...]
-QueuedRecord = tuple[MessageRecord, int, str, int | None]
+# A queued record: (message, qos, state, packet id, subscription ids); 4 fields in a
+# record stored before the MQTT 5 subscription identifiers were kept.
+QueuedRecord = tuple[Any, ...]
 
 
 class QueueTree(LOBTree):  # type: ignore[misc]
@@ -287,12 +290,18 @@ def queued_to_record(q: StoredQueued) -> QueuedRecord:
         # take the MQTT payload.
         message_to_record(q.message, native=False), int(q.qos), str(q.state),
         None if q.packet_id is None else int(q.packet_id),
+        # (always written, () for none: a 4-field record is an older one, whose
+        # identifiers the restore finds again from the subscriptions)
+        () if q.subscription_ids is None else tuple(q.subscription_ids),
     )
 
 
 def record_to_queued(r: Any) -> StoredQueued:
-    message, qos, state, packet_id = r
-    return StoredQueued(record_to_message(message), qos, state, packet_id)
+    if len(r) == 4:
+        message, qos, state, packet_id = r
+        return StoredQueued(record_to_message(message), qos, state, packet_id, None)
+    message, qos, state, packet_id, ids = r[:5]
+    return StoredQueued(record_to_message(message), qos, state, packet_id, tuple(ids))
 
 
 BanRecord = tuple[str, str, float | None, str, float, str]

@@ -107,7 +107,7 @@ class SessionRegistry:
             session.last_seen = max(rec.last_seen, now)
             session.owner = rec.owner
             session.restore(rec.queue, rec.inbound_qos2)
-            self.router.restore_subscriptions(session, rec.subscriptions)
+            self.router.restore_subscriptions(session, rec.subscriptions, rec.queue)
             self.sessions[rec.client_id] = session
             # An MQTT 5 session expiry interval, like --session-expiry, counts from
             # the start (the client may have been connected until the stop).

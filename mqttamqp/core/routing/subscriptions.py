@@ -14,7 +14,7 @@ from mqttamqp.core.auth import AllowAll, Authorizer, Identity
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.limits import Limits
-from mqttamqp.core.persistence import DeleteSubscription, Op, PutSubscription
+from mqttamqp.core.persistence import DeleteSubscription, Op, PutSubscription, StoredQueued
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
@@ -180,19 +180,28 @@ class Subscriptions:
             return self.groups.return_entries(session, False, ops)
         return self.commits.persist(ops)
 
-    def restore_subscriptions(self, session: Session, subscriptions: dict[str, int]) -> None:
+    def restore_subscriptions(self, session: Session, subscriptions: dict[str, int],
+                              queue: Sequence[tuple[int, StoredQueued]] = ()) -> None:
         """At start-up: the stored subscriptions of ``session``, back in the trie, and
-        the MQTT 5 subscription identifiers of its restored entries (found when they
-        were routed, not stored: found again from the same filters)."""
+        the MQTT 5 subscription identifiers of its restored entries (``queue``: their
+        stored records, ``Session.restore``'s): those stored with each, found when it
+        was routed; a record stored before they were kept (None) gets those of the
+        restored filters that match it."""
         for topic_filter, stored in subscriptions.items():
             qos = stored & 0x03
             if stored & ~0x03:
                 session.set_options(topic_filter, stored & ~0x03)
             session.set_subscription(topic_filter, qos)
             self._route(topic_filter, session, qos)
-        if session.sub_options:
-            for entry in session.entries():
+        if not queue:
+            return
+        stored_ids = {seq: q.subscription_ids for seq, q in queue}
+        for entry in session.entries():
+            ids = stored_ids.get(entry.seq, ())
+            if ids is None:
                 entry.subscription_ids = subscription_ids(session, entry.message.topic)
+            elif ids:
+                entry.subscription_ids = ids
 
     def recheck(self, session: Session, identity: Identity) -> list[Op]:
         """Drop the subscriptions of ``session`` that ``identity`` may not have (a

@@ -104,13 +104,13 @@ class OutEntry:
         # it durably, so the session never stores it (``core.queues``).
         self.receipt: DeliveryReceipt | None = None
         # MQTT 5: the subscription identifiers of the filters it matched, found when
-        # it was routed (not stored: a restore finds them again,
-        # ``Subscriptions.restore_subscriptions``).
+        # it was routed, and stored with it (``stored``): every send of it, before or
+        # after a restart, carries these (MQTT 5 §3.3.4).
         self.subscription_ids: tuple[int, ...] = ()
 
     def stored(self) -> StoredQueued:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
-                            self.packet_id)
+                            self.packet_id, self.subscription_ids)
 
     def put_op(self, client_id: str) -> PutQueued:
         """The store operation that records this entry for session ``client_id``."""

@@ -6,6 +6,8 @@ gate, durable queues) still carry the right ones; MQTT 3.1.1 deliveries none."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fakes import MemoryStore
 from mqtt_memory import Client5, Harness, client5, connected
 
@@ -18,6 +20,7 @@ from mqttamqp.mqtt.packets import (
     Pubrec,
     Pubrel,
     Subscribe,
+    Unsubscribe,
 )
 
 
@@ -71,8 +74,8 @@ def test_mqtt311_subscriber_gets_no_identifiers_beside_an_mqtt5_one() -> None:
 
 def test_queued_for_an_offline_session_and_restored_after_a_restart() -> None:
     """QoS 1 messages queued for an offline persistent session carry their
-    identifiers when it comes back, and again after a restart of the broker (the
-    restored entries find them from the restored subscriptions)."""
+    identifiers when it comes back, and again after a restart of the broker (stored
+    with the entries)."""
     store = MemoryStore()
     h = Harness(store=store)
     sub = connected(h, "sub", session_expiry_interval=100)
@@ -95,6 +98,81 @@ def test_queued_for_an_offline_session_and_restored_after_a_restart() -> None:
     got = _publishes(again)
     assert [(p.payload, p.dup, _sids(p)) for p in got] == [(b"1", True, [4, 5]),
                                                             (b"2", True, [4])]
+
+
+def test_redelivery_carries_the_same_identifiers_with_or_without_a_restart() -> None:
+    """A persistent session's message sent once, then redelivered after the session
+    subscribed again with another identifier, carries the identifiers it was routed
+    with, whether or not the broker restarted in between (they are stored with it)."""
+    for restart in (False, True):
+        store = MemoryStore()
+        h = Harness(store=store)
+        sub = connected(h, "sub", session_expiry_interval=100)
+        sub.send(Subscribe(1, (("a/#", 1),), properties=_ids(1)))
+        sub.received()
+        sub.send(Disconnect())
+        sub.lost()
+        connected(h, "pub").send(Publish("a/b", b"m", 1, False, False, 1))
+        back = client5(h)
+        back.connect5("sub", clean=False, session_expiry_interval=100, receive_maximum=1)
+        assert [(p.payload, _sids(p)) for p in _publishes(back)] == [(b"m", [1])]
+        back.send(Subscribe(2, (("a/b", 1),), properties=_ids(2)))
+        back.received()
+        back.send(Disconnect())
+        back.lost()
+        if restart:
+            h.broker.stop()
+            h = Harness(store=store)
+            h.broker.start()
+        again = client5(h)
+        again.connect5("sub", clean=False, session_expiry_interval=100)
+        assert [(p.payload, p.dup, _sids(p)) for p in _publishes(again)] == [
+            (b"m", True, [1])], f"restart={restart}"
+
+
+def test_unsubscribed_filter_identifier_stays_on_a_redelivery_after_a_restart() -> None:
+    """A message routed through a filter that the session then unsubscribed keeps that
+    filter's identifier on its redelivery, after a restart as without one."""
+    store = MemoryStore()
+    h = Harness(store=store)
+    sub = connected(h, "sub", session_expiry_interval=100, receive_maximum=1)
+    sub.send(Subscribe(1, (("a/#", 1),), properties=_ids(3)))
+    sub.received()
+    connected(h, "pub").send(Publish("a/b", b"m", 1, False, False, 1))
+    assert [_sids(p) for p in _publishes(sub)] == [[3]]
+    sub.send(Subscribe(2, (("a/b", 1),)))
+    sub.received()
+    sub.send(Unsubscribe(3, ("a/#",)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    h.broker.stop()
+    h = Harness(store=store)
+    h.broker.start()
+    again = client5(h)
+    again.connect5("sub", clean=False, session_expiry_interval=100)
+    assert [(p.payload, p.dup, _sids(p)) for p in _publishes(again)] == [(b"m", True, [3])]
+
+
+def test_an_older_record_without_identifiers_gets_those_of_its_subscriptions() -> None:
+    """A queued record stored before the identifiers were kept (``None``) is restored
+    with those of the session's restored filters that match it."""
+    store = MemoryStore()
+    h = Harness(store=store)
+    sub = connected(h, "sub", session_expiry_interval=100)
+    sub.send(Subscribe(1, (("a/#", 1),), properties=_ids(6)))
+    sub.received()
+    sub.send(Disconnect())
+    sub.lost()
+    connected(h, "pub").send(Publish("a/b", b"m", 1, False, False, 1))
+    h.broker.stop()
+    queue = store.state.sessions["sub"].queue
+    queue[:] = [(seq, replace(e, subscription_ids=None)) for seq, e in queue]
+    h = Harness(store=store)
+    h.broker.start()
+    again = client5(h)
+    again.connect5("sub", clean=False, session_expiry_interval=100)
+    assert [(p.payload, _sids(p)) for p in _publishes(again)] == [(b"m", [6])]
 
 
 def test_identifiers_are_those_of_the_filters_matched_when_routed() -> None:

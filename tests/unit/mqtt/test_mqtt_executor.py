@@ -4,13 +4,28 @@ leave in order once durable, and nothing outside the closed set is carried out."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from mqtt_memory import Harness, connected
 from twisted.internet.defer import Deferred
+from twisted.internet.testing import StringTransport
 
 from mqttamqp.mqtt import actions
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Send
-from mqttamqp.mqtt.packets import Disconnect, Pingresp, Puback, Publish, ReasonCode
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Publish,
+    ReasonCode,
+)
+from mqttamqp.mqtt.protocol import MQTTProtocol
 
 
 def test_an_action_outside_the_closed_set_is_refused() -> None:
@@ -69,3 +84,92 @@ def test_arm_starts_the_keepalive_and_connect_deadlines() -> None:
     assert c.proto._connect_timer is not None
     h.clock.advance(2.5)
     assert not c.open
+
+
+class _Recording(MQTTProtocol):
+    """An MQTT connection that records every action handed to its executor."""
+
+    def __init__(self, factory: Any) -> None:
+        super().__init__(factory)
+        self.done: list[object] = []
+
+    def _carry_out(self, action: Any, packet_id: int = 0) -> None:
+        self.done.append(action)
+        super()._carry_out(action, packet_id)
+
+
+def _recording(h: Harness) -> tuple[_Recording, StringTransport]:
+    proto = _Recording(h.factory)
+    transport = StringTransport()
+    proto.makeConnection(transport)  # type: ignore[no-untyped-call]
+    return proto, transport
+
+
+def test_deadlines_and_their_expiry_go_through_the_executor() -> None:
+    """The first CONNECT deadline is an ``Arm`` carried out by the executor, and
+    its expiry, like a keepalive's, is a ``Close`` handed to it."""
+    h = Harness(connect_timeout=2.0)
+    proto, transport = _recording(h)
+    [arm] = proto.done
+    assert isinstance(arm, Arm) and (arm.deadline, arm.seconds) == ("connect", 2.0)
+    h.clock.advance(2.5)
+    assert isinstance(proto.done[-1], Close) and "no CONNECT" in proto.done[-1].reason
+    assert transport.disconnecting
+    proto, transport = _recording(h)
+    proto.dataReceived(encode(Connect("MQTT", 4, "k", True, 1)))
+    h.clock.advance(10)
+    assert isinstance(proto.done[-1], Close) and "keepalive" in proto.done[-1].reason
+    assert transport.disconnecting
+
+
+def test_a_packet_before_connect_is_a_close_carried_out_by_the_executor() -> None:
+    """A packet the connection's rules refuse (PINGREQ before CONNECT) closes the
+    connection through a ``Close`` action."""
+    proto, transport = _recording(Harness())
+    proto.dataReceived(encode(Pingreq()))
+    assert [type(a) for a in proto.done] == [Arm, Close] and transport.disconnecting
+
+
+def test_a_malformed_mqtt5_connect_is_refused_by_the_executor() -> None:
+    """An MQTT 5 CONNECT the codec refuses (too many user properties) is one
+    ``Close`` carrying the refusing CONNACK, written before the connection closes."""
+    proto, transport = _recording(Harness(max_user_properties=2))
+    users = Properties(user_properties=(("a", "1"), ("b", "2"), ("c", "3")))
+    proto.dataReceived(encode(Connect("MQTT", 5, "c", True, 0, properties=users), 5))
+    close = proto.done[-1]
+    assert isinstance(close, Close) and close.frame is not None
+    d = Decoder(protocol_level=5)
+    d.feed(transport.value())
+    [connack] = list(d)
+    assert isinstance(connack, Connack) and connack.return_code == 0x97
+    assert transport.value() == close.frame and transport.disconnecting
+
+
+def test_an_unknown_deadline_is_refused() -> None:
+    """``Arm`` with a name other than "connect" or "keepalive" is a bug: ValueError,
+    and no deadline is armed (it used to start a keepalive)."""
+    c = connected(Harness())
+    before = (c.proto._keepalive, c.proto._keepalive_timer, c.proto._connect_timer)
+    with pytest.raises(ValueError):
+        c.proto._carry_out(Arm("keepalve", 10))
+    assert (c.proto._keepalive, c.proto._keepalive_timer, c.proto._connect_timer) == before
+    assert c.open
+
+
+@pytest.mark.parametrize("action", [
+    actions.PUBACK, actions.PUBACK_RELEASE, actions.PUBREC, actions.PUBREC_OPENS,
+    actions.PUBCOMP, actions.PUBCOMP_RELEASE, actions.PINGRESP,
+    Close("x"), actions.Refuse(5, "x"), Arm("connect", 1.0), actions.Goodbye(False, None),
+], ids=repr)
+def test_actions_are_immutable(action: object) -> None:
+    """The actions are values: the shared ones of the hot path (every connection's
+    PUBACK) and the others refuse any change of an attribute, new or existing."""
+    name = next(iter(type(action).__slots__))   # type: ignore[attr-defined]
+    was = getattr(action, name)
+    with pytest.raises(AttributeError):
+        setattr(action, name, 1)
+    with pytest.raises(AttributeError):
+        delattr(action, name)
+    with pytest.raises(AttributeError):
+        action.other = 1   # type: ignore[attr-defined]
+    assert getattr(action, name) == was

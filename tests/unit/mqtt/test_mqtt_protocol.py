@@ -1045,3 +1045,34 @@ def test_a_delivery_counts_exactly_as_the_delivery_meter_counts() -> None:
     assert stats.bytes_received - received == len(encode(Publish("t", b"q", 1, False, False, 9)))
     assert stats.bytes_sent - sent_bytes - twin.bytes_sent == len(encode(Puback(9))) + len(
         encode(Publish("t", b"q")))
+
+
+def test_mqtt311_publish_acknowledgements_are_plain_whatever_the_verdict() -> None:
+    """3.1.1's acknowledgement rule (its one home, ``flows``): QoS 1 gets a plain
+    2-byte PUBACK even when a subscriber's queue bound dropped the message, QoS 2 a
+    PUBREC that opens the gate (the subscriber gets the message after it)."""
+    h = Harness(max_inflight=1, max_queued_messages=1)
+    full = h.client()
+    full.connect("full")
+    full.send(Subscribe(1, (("t", 1),)))
+    for _ in range(2):   # one in flight, one queued: the bound of 1 is reached
+        h.broker.publish(Message("t", b"v", 1, False, "p", 0.0))
+    full.received()
+    pub = h.client()
+    pub.connect("pub")
+    pub.transport.clear()
+    pub.send(Publish("t", b"x", 1, False, False, 5))
+    assert pub.transport.value() == b"\x40\x02\x00\x05"
+    assert h.broker.sessions["full"].dropped == 1
+    h = Harness()   # (the publisher above is paused for the full subscriber)
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("q", 2),)))
+    sub.received()
+    pub = h.client()
+    pub.connect("pub")
+    pub.transport.clear()
+    pub.send(Publish("q", b"y", 2, False, False, 6))
+    assert pub.transport.value() == b"\x50\x02\x00\x06"
+    assert [(p.payload, p.qos) for p in sub.received() if isinstance(p, Publish)] == [
+        (b"y", 2)]

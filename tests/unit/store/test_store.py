@@ -47,7 +47,7 @@ from mqttamqp.core.persistence import (
     Snapshot,
     StoredQueued,
 )
-from mqttamqp.store import StoreClosedError, ZODBStore, applying
+from mqttamqp.store import StoreClosedError, ZODBStore, applying, models
 
 ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture
@@ -238,6 +238,22 @@ def test_round_trip_of_mqtt5_fields(disk: MemoryDisk, reactor: FakeReactor) -> N
     assert snap.sessions["s5"] == SessionRecord("s5", 3.0, {"a/#": 1 | 0x04 | 9 << 8},
                                                 [(1, queued)], set(), expiry=120.0)
     assert snap.sessions["s6"].expiry is None
+
+
+def test_queued_entries_keep_their_subscription_identifiers(disk: MemoryDisk,
+                                                            reactor: FakeReactor) -> None:
+    """A queued entry's MQTT 5 subscription identifiers survive the store (none too,
+    as ``()``); a 4-field record stored by an older version loads with ``None``
+    (the restore finds them from the subscriptions)."""
+    with_ids = StoredQueued(Message("q/5", b"q", 1), 1, QueuedState.SENT, 4, (3, 7))
+    without = StoredQueued(Message("q/6", b"q", 1), 1)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutSession("s", 3.0), PutQueued("s", 1, with_ids),
+                            PutQueued("s", 2, without)])
+    store.close()
+    assert reload(disk).sessions["s"].queue == [(1, with_ids), (2, without)]
+    old = models.queued_to_record(with_ids)[:4]
+    assert models.record_to_queued(old) == replace(with_ids, subscription_ids=None)
 
 
 def test_clear_retained(disk: MemoryDisk, reactor: FakeReactor) -> None:
