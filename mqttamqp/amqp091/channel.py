@@ -300,24 +300,56 @@ class Channel:
 
     def deliver(self, member: QueueConsumer, message: Message, packet_id: int | None,
                 dup: bool) -> None:
-        tag = self.next_tag
-        self.next_tag = tag + 1
         connection = self.connection
+        tag = self.next_tag
+        dropped: list[str] = []
+        try:
+            # (built before the tag is taken: what cannot be encoded takes none)
+            props, redelivered, exchange, key = for_consumer(
+                message, member.queue, connection.clock.seconds(), dropped)
+            method = (None if member.getter else deliver_frame(
+                self.number, member.tag, tag, redelivered or dup, exchange, key))
+        except Exception:
+            self._undeliverable(member, message, packet_id, Failure())
+            return
+        if dropped:
+            connection.property_dropped(dropped)
+        self.next_tag = tag + 1
         if packet_id is not None:
             unacked = self.unacked
             unacked[tag] = (member, packet_id)
             if len(unacked) == connection.max_unacked:
                 connection.unacked_bound()
-        props, redelivered, exchange, key = for_consumer(message, member.queue,
-                                                         connection.clock.seconds())
-        if member.getter:
+        if method is None:
             self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            connection.send_content(self.number, deliver_frame(
-                self.number, member.tag, tag, redelivered or dup, exchange, key), props,
-                message.payload)
+            connection.send_content(self.number, method, props, message.payload)
         connection.messages_out += 1
         connection.meter.transferred(message.timestamp)
+
+    def _undeliverable(self, member: QueueConsumer, message: Message,
+                       packet_id: int | None, failure: Failure) -> None:
+        """A message 0.9.1 cannot encode: never raised into the core's delivery;
+        rejected (dead-lettered) on the next turn, counted, one log line a minute."""
+        connection = self.connection
+        connection.meter.limit_hit("amqp091_undeliverable")
+        held = connection.factory.log_limit.allow("undeliverable")
+        if held is not None:
+            connection.log.warn(
+                "AMQP 0.9.1 connection from {peer}: a message on queue {queue} cannot "
+                "be encoded for 0.9.1 ({why}); rejected{more}", peer=connection.peer,
+                queue=member.queue, why=failure.getErrorMessage(),
+                more=f" ({held} more since the last line)" if held else "")
+        if packet_id is not None:
+            member.settled()
+            connection.clock.callLater(0, self._reject_undeliverable, member, packet_id)
+
+    def _reject_undeliverable(self, member: QueueConsumer, packet_id: int) -> None:
+        # (a turn later: settling inside the core's delivery would re-enter it)
+        session = member.session
+        if session is not None and packet_id in session.inflight:
+            self.connection.broker.settle(session, packet_id, Outcome.REJECTED, True,
+                                          "cannot be encoded for AMQP 0.9.1")
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
         if multiple:

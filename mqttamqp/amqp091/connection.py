@@ -363,6 +363,17 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
                           n=self.max_unacked,
                           more=f" ({held} more since the last line)" if held else "")
 
+    def property_dropped(self, names: list[str]) -> None:
+        """A delivery left out what 0.9.1 cannot carry (a property over 255 bytes, a
+        header name over 128): counted, one log line a minute."""
+        self.meter.limit_hit("amqp091_property_dropped")
+        held = self.factory.log_limit.allow("property dropped")
+        if held is not None:
+            self.log.info("AMQP 0.9.1 connection from {peer}: a delivery left out "
+                          "{names}, too long for 0.9.1{more}", peer=self.peer,
+                          names=", ".join(names),
+                          more=f" ({held} more since the last line)" if held else "")
+
     def fail(self, code: int, text: str) -> None:
         """A connection error found outside the input's handling (a failed commit)."""
         self._connection_error(code, text)

@@ -39,6 +39,7 @@ class ChannelHost(Protocol):
     max_unacked: int
     cancel_notify: bool
     messages_out: int
+    peer: str
 
     def send_method(self, channel: int, method: Any) -> None: ...
 
@@ -50,6 +51,8 @@ class ChannelHost(Protocol):
     def fail(self, code: int, text: str) -> None: ...
 
     def unacked_bound(self) -> None: ...
+
+    def property_dropped(self, names: list[str]) -> None: ...
 
     def fed_congested(self, sessions: Any) -> None: ...
 

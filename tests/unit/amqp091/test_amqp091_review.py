@@ -1,0 +1,127 @@
+"""Regressions of the 0.9.1 adapter review: a channel in process against an
+in-memory broker, a fake transport and a ``Clock``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core_broker import make_broker
+from pamqp import commands
+from twisted.internet.testing import StringTransport
+
+from mqttamqp.amqp091.connection import AMQP091Factory
+from mqttamqp.amqp091.frames import FrameReader, method_frame
+from mqttamqp.amqp091.handshake import Settings
+from mqttamqp.core.message import Message, MessageProperties
+
+C, B, Q = commands.Connection, commands.Basic, commands.Queue
+
+
+def frames_of(transport: StringTransport) -> list[Any]:
+    data = transport.value()
+    transport.clear()
+    return [f for _, f in FrameReader(1 << 20).feed(data)]
+
+
+def opened(**settings: Any) -> tuple[Any, StringTransport, Any, Any, AMQP091Factory]:
+    broker, clock, _ = make_broker()
+    factory = AMQP091Factory(broker, clock, Settings(**settings))
+    conn = factory.buildProtocol(None)
+    transport = StringTransport()
+    conn.makeConnection(transport)
+    conn.dataReceived(
+        method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+        + method_frame(0, C.TuneOk(2047, 131072, 0)) + method_frame(0, C.Open("/"))
+        + method_frame(1, commands.Channel.Open()))
+    frames_of(transport)
+    return conn, transport, broker, clock, factory
+
+
+def consuming(queue: str = "q") -> tuple[Any, StringTransport, Any, Any, AMQP091Factory]:
+    conn, t, broker, clock, factory = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue=queue, durable=True))
+                      + method_frame(1, B.Consume(queue=queue, consumer_tag="c")))
+    frames_of(t)
+    return conn, t, broker, clock, factory
+
+
+def bodies(frames: list[Any]) -> list[bytes]:
+    return [f.value for f in frames if f.name == "ContentBody"]
+
+
+def test_long_mqtt5_properties_reach_a_091_consumer_without_them() -> None:
+    """An MQTT 5 content type, response topic and correlation data over 255 bytes
+    are left out (counted) and the message is delivered."""
+    _, t, broker, clock, _ = consuming()
+    props = MessageProperties(content_type="x" * 300, response_topic="r" * 300,
+                              correlation_data=b"c" * 300,
+                              user_properties=(("k" * 200, "v"), ("ok", "yes")))
+    broker.publish(Message("$queue/q", b"hello", 1, False, "p", clock.seconds(),
+                           props=props))
+    clock.advance(1)
+    got = frames_of(t)
+    assert bodies(got) == [b"hello"]
+    [header] = [f for f in got if f.name == "ContentHeader"]
+    assert header.properties.content_type is None
+    assert header.properties.reply_to is None
+    assert header.properties.correlation_id is None
+    assert header.properties.headers == {"ok": "yes"}
+    assert broker.stats.limits.get("amqp091_property_dropped") == 1
+
+
+def test_poison_does_not_wedge_the_consumer() -> None:
+    """A message after one that needed its properties cut is delivered, and the
+    channel holds exactly the deliveries the client saw."""
+    conn, t, broker, clock, _ = consuming()
+    broker.publish(Message("$queue/q", b"long", 1, False, "p", clock.seconds(),
+                           props=MessageProperties(response_topic="r" * 300)))
+    broker.publish(Message("$queue/q", b"normal", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    got = frames_of(t)
+    assert bodies(got) == [b"long", b"normal"]
+    tags = [f.delivery_tag for f in got if f.name == "Basic.Deliver"]
+    assert list(conn.channels[1].unacked) == tags
+
+
+def test_long_topic_through_amq_topic_comes_from_the_default_exchange() -> None:
+    """An MQTT topic over 255 bytes reaching a queue bound to amq.topic is
+    delivered with the queue's name as routing key."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(
+        method_frame(1, Q.Declare(queue="tq", durable=True))
+        + method_frame(1, Q.Bind(queue="tq", exchange="amq.topic", routing_key="#"))
+        + method_frame(1, B.Consume(queue="tq", consumer_tag="c")))
+    frames_of(t)
+    broker.publish(Message("a/" + "b" * 300, b"x", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    got = frames_of(t)
+    [deliver] = [f for f in got if f.name == "Basic.Deliver"]
+    assert (deliver.exchange, deliver.routing_key) == ("", "tq")
+    assert bodies(got) == [b"x"]
+
+
+def test_a_delivery_that_cannot_be_encoded_is_rejected_not_stuck(monkeypatch: Any) -> None:
+    """A delivery the adapter cannot encode takes no delivery tag, is rejected on
+    the next turn (to the queue's dead letters) and the next message goes out."""
+    import mqttamqp.amqp091.channel as channel_module
+
+    conn, t, broker, clock, _ = consuming()
+    real = channel_module.for_consumer
+
+    def broken(message: Message, *args: Any) -> Any:
+        if message.payload == b"bad":
+            raise TypeError("cannot encode")
+        return real(message, *args)
+
+    monkeypatch.setattr(channel_module, "for_consumer", broken)
+    broker.publish(Message("$queue/q", b"bad", 1, False, "p", clock.seconds()))
+    broker.publish(Message("$queue/q", b"good", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    clock.advance(1)
+    got = frames_of(t)
+    assert bodies(got) == [b"good"]
+    [deliver] = [f for f in got if f.name == "Basic.Deliver"]
+    assert deliver.delivery_tag == 1
+    assert list(conn.channels[1].unacked) == [1]
+    assert broker.stats.limits.get("amqp091_undeliverable") == 1
+    assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"good"]
