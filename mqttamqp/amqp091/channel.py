@@ -260,7 +260,8 @@ class Channel:
         if not routed and m.mandatory:
             connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,
                                                           m.routing_key),
-                                    props.marshal(), content.body)
+                                    content.raw_properties or props.marshal(),
+                                    content.body)
         if seq:
             if durable is None:
                 self._confirmed(None, seq, True)

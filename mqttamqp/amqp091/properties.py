@@ -30,11 +30,11 @@ What it must not do: route, or know frames (``frames``).
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime
 from typing import Any
 
-from pamqp import commands
-from pamqp.header import ContentHeader
+from pamqp import commands, decode, encode
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
@@ -126,8 +126,9 @@ def for_consumer(message: Message, queue: str, now: float,
                  dropped: list[str] | None = None) -> tuple[bytes, bool, str, str]:
     """What a 0.9.1 consumer of ``queue`` gets for ``message``: the encoded basic
     properties, whether it is a redelivery, and the exchange and routing key.  A
-    0.9.1 publisher's properties go as it sent them (decoded and encoded again only
-    to add ``x-delivery-count`` on a redelivery), with its exchange and key; others
+    0.9.1 publisher's properties go as it sent them (``x-delivery-count`` on a
+    redelivery and ``x-death`` set in its headers table, the rest copied as bytes:
+    ``_with_headers``), with its exchange and key; others
     are mapped from the core's properties, and a message that reached the queue
     through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
     ``amq.topic`` with the topic as key (``a/b`` is ``a.b``; the default exchange
@@ -151,20 +152,61 @@ def for_consumer(message: Message, queue: str, now: float,
     count = _delivery_count(message)
     if not count and death is None:
         return raw, bool(message.dup), exchange, key
-    header = ContentHeader()
-    header.unmarshal(_HEADER_PREFIX + raw)
-    props = header.properties
-    headers = dict(props.headers or {})
+    added: dict[str, Any] = {}
     if count:
-        headers["x-delivery-count"] = count
+        added["x-delivery-count"] = count
     if death is not None:
         # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death, and the key
         # it reached this queue with.
         death["exchange"], death["routing-keys"] = exchange, [key]
-        headers["x-death"] = [death, *_earlier(headers.get("x-death"))]
+        added["x-death"] = [death]
         exchange, key = "", _fit(routing_key(queue, message.topic), queue)
-    props.headers = headers
-    return props.marshal(), bool(count or message.dup), exchange, key
+    return _with_headers(raw, added), bool(count or message.dup), exchange, key
+
+
+_CONTENT_TYPE, _CONTENT_ENCODING, _HEADERS = 0x8000, 0x4000, 0x2000
+
+
+def _with_headers(raw: bytes, added: dict[str, Any]) -> bytes:
+    """The property section ``raw`` (as a 0.9.1 publisher sent it) with the
+    ``added`` headers set in its table; the other fields are copied as bytes, not
+    decoded and encoded again (pamqp decodes a long string that is not UTF-8 as
+    bytes, and cannot encode bytes).  ``x-death`` goes before the earlier deaths.
+    ``raw`` unchanged if it cannot be read."""
+    try:
+        flags = int.from_bytes(raw[0:2], "big")
+        at = 2
+        for bit in (_CONTENT_TYPE, _CONTENT_ENCODING):
+            if flags & bit:
+                at += 1 + raw[at]
+        fields: list[bytes] = []
+        end = at
+        if flags & _HEADERS:
+            size = int.from_bytes(raw[at:at + 4], "big")
+            end = at + 4 + size
+            offset = at + 4
+            while offset < end:
+                n = raw[offset]
+                name = raw[offset + 1:offset + 1 + n].decode("utf-8")
+                start = offset
+                offset += 1 + n
+                consumed, value = decode.embedded_value(raw[offset:end])
+                offset += consumed
+                if name == "x-death" and "x-death" in added:
+                    added["x-death"] = [*added["x-death"], *_earlier(value)]
+                elif name not in added:
+                    fields.append(raw[start:offset])
+        body = b"".join(fields)
+        for name, value in added.items():
+            try:
+                piece = encode.field_table({name: value})[4:]
+            except (TypeError, ValueError):   # (an earlier x-death we cannot encode)
+                piece = encode.field_table({name: value[:1]})[4:]
+            body += piece
+        table = len(body).to_bytes(4, "big") + body
+        return (((flags | _HEADERS).to_bytes(2, "big")) + raw[2:at] + table + raw[end:])
+    except (IndexError, ValueError, TypeError, UnicodeDecodeError, struct.error):
+        return raw
 
 
 def _death(message: Message) -> dict[str, Any] | None:
@@ -189,7 +231,6 @@ def _earlier(deaths: Any) -> list[Any]:
     return list(deaths) if isinstance(deaths, list) else []
 
 
-_HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
 
 
 def _delivery_count(message: Message) -> int:

@@ -125,3 +125,74 @@ def test_a_delivery_that_cannot_be_encoded_is_rejected_not_stuck(monkeypatch: An
     assert list(conn.channels[1].unacked) == [1]
     assert broker.stats.limits.get("amqp091_undeliverable") == 1
     assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"good"]
+
+
+_BINARY_TABLE = b"\x01bS\x00\x00\x00\x02\xff\xfe"   # header b: a long string, not UTF-8
+
+
+def publish_raw(conn: Any, routing_key: str, props: bytes, mandatory: bool = False) -> None:
+    import struct
+
+    header = struct.pack(">HHQ", 60, 0, 2) + props
+    conn.dataReceived(
+        method_frame(1, B.Publish(exchange="", routing_key=routing_key, mandatory=mandatory))
+        + struct.pack(">BHI", 2, 1, len(header)) + header + b"\xce"
+        + struct.pack(">BHI", 3, 1, 2) + b"hi\xce")
+
+
+def binary_props(content_type: bytes = b"") -> bytes:
+    flags = 0x2000 | (0x8000 if content_type else 0)
+    ct = bytes((len(content_type),)) + content_type if content_type else b""
+    return (flags.to_bytes(2, "big") + ct + len(_BINARY_TABLE).to_bytes(4, "big")
+            + _BINARY_TABLE)
+
+
+def test_binary_header_survives_a_requeue() -> None:
+    """A long-string header that is not UTF-8 (py-amqp sends bytes so) does not
+    break the redelivery after a nack with requeue: x-delivery-count is added."""
+    conn, t, _, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="h", durable=True)))
+    clock.advance(1)
+    frames_of(t)
+    publish_raw(conn, "h", binary_props(b"text/plain"))
+    conn.dataReceived(method_frame(1, B.Consume(queue="h", consumer_tag="c")))
+    clock.advance(1)
+    [tag] = [f.delivery_tag for f in frames_of(t) if f.name == "Basic.Deliver"]
+    conn.dataReceived(method_frame(1, B.Nack(delivery_tag=tag, requeue=True)))
+    clock.advance(1)
+    got = frames_of(t)
+    assert [f.name for f in got] == ["Basic.Deliver", "ContentHeader", "ContentBody"]
+    assert got[0].redelivered
+    props = got[1].properties
+    assert props.content_type == "text/plain"
+    assert props.headers == {"b": b"\xff\xfe", "x-delivery-count": 1}
+
+
+def test_binary_header_survives_a_mandatory_return() -> None:
+    """basic.return of an unroutable mandatory publish with a non-UTF-8 header
+    sends the properties as published, not a 541."""
+    conn, t, _, _, _ = opened()
+    publish_raw(conn, "nobody", binary_props(), mandatory=True)
+    got = frames_of(t)
+    assert [f.name for f in got] == ["Basic.Return", "ContentHeader", "ContentBody"]
+    assert got[1].properties.headers == {"b": b"\xff\xfe"}
+
+
+def test_headers_are_set_in_the_raw_table_keeping_earlier_deaths() -> None:
+    """The added headers replace their namesakes in the published table; a new
+    x-death goes before the earlier ones; unreadable bytes come back unchanged."""
+    from pamqp import encode
+
+    from mqttamqp.amqp091.properties import _with_headers
+
+    table = encode.field_table({"x-delivery-count": 7, "x-death": [{"queue": "old"}]})
+    raw = (0xA000).to_bytes(2, "big") + b"\x03a/b" + table
+    out = _with_headers(raw, {"x-delivery-count": 2, "x-death": [{"queue": "new"}]})
+    from pamqp.header import ContentHeader
+
+    header = ContentHeader()
+    header.unmarshal(b"\x00\x3c\x00\x00" + bytes(8) + out)
+    assert header.properties.content_type == "a/b"
+    assert header.properties.headers == {
+        "x-delivery-count": 2, "x-death": [{"queue": "new"}, {"queue": "old"}]}
+    assert _with_headers(b"\x20\x00\x00\x00\x00\x09", {"x": 1}) == b"\x20\x00\x00\x00\x00\x09"
