@@ -382,7 +382,19 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
-        self._timer = self.clock.callLater(5.0, self.transport.loseConnection)
+        self._timer = self.clock.callLater(5.0, self.abort)
+
+    def abort(self) -> None:
+        """Drop a peer that went silent (missed heartbeats, no close-ok in time):
+        abortConnection, not loseConnection, which waits for the send buffer to
+        drain and so never ends for a peer that stopped reading; its channels end
+        at once, what they held goes back to their queues."""
+        self._timer = None
+        self.state = State.CLOSED
+        self.transport.abortConnection()
+        for channel in list(self.channels.values()):
+            channel.end()
+        self.channels.clear()
 
     def _peer_close(self, m: Any) -> None:
         self._reason = f"closed by the client ({m.reply_code} {m.reply_text})"

@@ -63,6 +63,9 @@ class Pacing:
     def send_method(self, channel: int, method: Any) -> None:
         raise NotImplementedError
 
+    def abort(self) -> None:
+        raise NotImplementedError
+
     # -- heartbeats ----------------------------------------------------------------
 
     def _arm(self) -> None:
@@ -82,8 +85,7 @@ class Pacing:
             self._cause = CAUSE_KEEPALIVE
             self.log.info("AMQP 0.9.1 connection from {peer}: {r}; closing", peer=self.peer,
                           r=self._reason)
-            self.state = State.CLOSED
-            self.transport.loseConnection()
+            self.abort()
             return
         if now - self.last_out >= self.heartbeat / 2:
             self._write(HEARTBEAT)

@@ -196,3 +196,49 @@ def test_headers_are_set_in_the_raw_table_keeping_earlier_deaths() -> None:
     assert header.properties.headers == {
         "x-delivery-count": 2, "x-death": [{"queue": "new"}, {"queue": "old"}]}
     assert _with_headers(b"\x20\x00\x00\x00\x00\x09", {"x": 1}) == b"\x20\x00\x00\x00\x00\x09"
+
+
+def test_a_silent_peer_is_aborted_and_its_deliveries_go_back() -> None:
+    """Missed heartbeats abort the socket (a peer that stopped reading never lets
+    loseConnection finish) and end the channels at once: the unacknowledged
+    delivery goes to another consumer."""
+    broker, clock, _ = make_broker()
+    factory = AMQP091Factory(broker, clock, Settings(heartbeat=2))
+    conns = []
+    for _ in range(2):
+        conn = factory.buildProtocol(None)
+        t = StringTransport()
+        conn.makeConnection(t)
+        conn.dataReceived(
+            method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+            + method_frame(0, C.TuneOk(2047, 131072, 2)) + method_frame(0, C.Open("/"))
+            + method_frame(1, commands.Channel.Open())
+            + method_frame(1, Q.Declare(queue="hb", durable=True))
+            + method_frame(1, B.Qos(prefetch_count=1))
+            + method_frame(1, B.Consume(queue="hb", consumer_tag="c")))
+        frames_of(t)
+        conns.append((conn, t))
+    broker.publish(Message("$queue/hb", b"job", 1, False, "p", clock.seconds()))
+    clock.advance(0.1)
+    holder = [i for i, (_, t) in enumerate(conns) if b"job" in t.value()]
+    assert len(holder) == 1
+    silent, silent_t = conns[holder[0]]
+    live, live_t = conns[1 - holder[0]]
+    live_t.clear()
+    for _ in range(9):   # the live one keeps talking; the other says nothing
+        clock.advance(0.5)
+        live.dataReceived(b"\x08\x00\x00\x00\x00\x00\x00\xce")
+    assert silent_t.disconnected and not live_t.disconnecting
+    assert not silent.channels
+    assert b"job" in live_t.value()
+
+
+def test_no_close_ok_in_time_aborts() -> None:
+    """A connection.close the peer does not answer within 5 s aborts the socket."""
+    conn, t, _, clock, _ = opened()
+    conn.close("test")
+    assert [f.name for f in frames_of(t)] == ["Connection.Close"]
+    clock.advance(4.9)
+    assert not t.disconnecting
+    clock.advance(0.2)
+    assert t.disconnected
