@@ -155,15 +155,17 @@ class Channel:
             raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue "
                                f"'{m.queue}' in vhost '/'")
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
+        # Joined first: a refusal (read was checked above, so the queue's own rules:
+        # a bad x-stream-offset, say) leaves no consumer and no exclusive lock.
+        if not member.join(topic_filter, consumer):
+            raise ChannelError(PRECONDITION_FAILED, f"cannot consume from queue "
+                               f"'{m.queue}' in vhost '/' with these arguments")
         self.consumers[tag] = member
         if m.exclusive:
             factory.exclusive[m.queue] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
-        if not member.join(topic_filter, consumer):
-            del self.consumers[tag]
-            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
-                               f"refused for user '{self.connection.username or ''}'")
+        member.start()   # (deliveries after consume-ok)
         self.exchanges.consumer_added(m.queue)
 
     def _may_read(self, queue: str) -> None:

@@ -48,15 +48,19 @@ class QueueConsumer:
                     f"{channel.connection.key}:{channel.number}:get")
 
     def join(self, topic_filter: str, consumer: Consumer) -> bool:
-        broker = self.channel.connection.broker
-        session = broker.add_topic_receiver(
+        """Subscribe to the queue's group (False: refused); nothing is delivered
+        until ``start`` (after ``basic.consume-ok``)."""
+        session = self.channel.connection.broker.add_topic_receiver(
             self.key, topic_filter, self.channel.connection.identity,
             0 if self.no_ack else 1, consumer=consumer)
         if session is None:
             return False
         self.session = session
-        broker.start_topic_receiver(session, self)
         return True
+
+    def start(self) -> None:
+        if self.session is not None:
+            self.channel.connection.broker.start_topic_receiver(self.session, self)
 
     def open_alone(self) -> None:
         """basic.get's session: online, subscribed to nothing (the model hands it

@@ -242,3 +242,34 @@ def test_no_close_ok_in_time_aborts() -> None:
     assert not t.disconnecting
     clock.advance(0.2)
     assert t.disconnected
+
+
+def test_a_refused_exclusive_consume_leaves_no_lock() -> None:
+    """An exclusive basic.consume the queue refuses (a bad x-stream-offset) is a
+    406 channel error, sends no consume-ok, and leaves the queue free for others."""
+    conn, t, _, _, factory = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="s", durable=True,
+                                                arguments={"x-queue-type": "stream"})))
+    frames_of(t)
+    conn.dataReceived(method_frame(1, B.Consume(queue="s", consumer_tag="c", exclusive=True,
+                                                arguments={"x-stream-offset": "garbage"})))
+    got = frames_of(t)
+    assert [(f.name, f.reply_code) for f in got] == [("Channel.Close", 406)]
+    assert "s" not in factory.exclusive
+    conn.dataReceived(method_frame(1, commands.Channel.CloseOk())
+                      + method_frame(2, commands.Channel.Open())
+                      + method_frame(2, B.Consume(queue="s", consumer_tag="d")))
+    assert [f.name for f in frames_of(t)] == ["Channel.OpenOk", "Basic.ConsumeOk"]
+
+
+def test_consume_ok_comes_before_the_first_delivery() -> None:
+    """basic.consume on a queue with messages answers consume-ok before any deliver."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="ready", durable=True)))
+    broker.publish(Message("$queue/ready", b"m", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    frames_of(t)
+    conn.dataReceived(method_frame(1, B.Consume(queue="ready", consumer_tag="c")))
+    clock.advance(1)
+    names = [f.name for f in frames_of(t)]
+    assert names[:2] == ["Basic.ConsumeOk", "Basic.Deliver"]
