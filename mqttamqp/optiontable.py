@@ -212,7 +212,8 @@ PARAMETERS: list[list[Any]] = [
      _positive(int, "max-retained-bytes")],
     ["queue-visibility-timeout", None, _D.queue_visibility_timeout,
      "Seconds a durable queue's delivered message stays claimed by its consumer; "
-     "unacknowledged by then, it is delivered again.",
+     "unacknowledged by then, it is delivered again (not for AMQP 0.9.1 "
+     "consumers: their deliveries stay with the channel).",
      _positive(float, "queue-visibility-timeout")],
     ["queue-max-deliveries", None, _D.queue_max_deliveries,
      "Deliveries of a queue message before it moves to the dead-letter queue "

@@ -20,6 +20,7 @@ write to the socket (the connection does).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Any
 
 from pamqp import commands
@@ -145,6 +146,8 @@ class Channel:
             raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         topic_filter, consumer = self.exchanges.consumer_filter(
             m.queue, self.connection.key, m.arguments)
+        # (its unacknowledged deliveries stay with the channel, as RabbitMQ's)
+        consumer = replace(consumer, held=True)
         self._may_read(m.queue)
         factory = self.connection.factory
         holder = factory.exclusive.get(m.queue)

@@ -129,12 +129,15 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "outstanding", "qos", "session")
+    __slots__ = ("explicit", "held", "outstanding", "qos", "session")
 
-    def __init__(self, session: Session, qos: int, explicit: bool) -> None:
+    def __init__(self, session: Session, qos: int, explicit: bool,
+                 held: bool = False) -> None:
         self.session = session
         self.qos = qos
         self.explicit = explicit     # acknowledges with $ack/$nack/$reject (MQTT 5)
+        # its claims last until it leaves: no visibility timeout, no takeover (0.9.1)
+        self.held = held
         self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
 
 

@@ -273,3 +273,52 @@ def test_consume_ok_comes_before_the_first_delivery() -> None:
     clock.advance(1)
     names = [f.name for f in frames_of(t)]
     assert names[:2] == ["Basic.ConsumeOk", "Basic.Deliver"]
+
+
+def test_an_unacked_delivery_stays_with_its_channel() -> None:
+    """A 0.9.1 consumer holding a delivery past the queue's visibility timeout keeps
+    it (no takeover by an idle consumer, no redelivery) until its channel ends."""
+    conn, t, broker, clock, factory = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="v", durable=True))
+                      + method_frame(1, B.Qos(prefetch_count=1))
+                      + method_frame(1, B.Consume(queue="v", consumer_tag="w1")))
+    other = factory.buildProtocol(None)
+    t2 = StringTransport()
+    other.makeConnection(t2)
+    other.dataReceived(
+        method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+        + method_frame(0, C.TuneOk(2047, 131072, 0)) + method_frame(0, C.Open("/"))
+        + method_frame(1, commands.Channel.Open())
+        + method_frame(1, B.Qos(prefetch_count=1))
+        + method_frame(1, B.Consume(queue="v", consumer_tag="w2")))
+    clock.advance(1)
+    frames_of(t)
+    frames_of(t2)
+    broker.publish(Message("$queue/v", b"task", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    first = [f for f in frames_of(t) + frames_of(t2) if f.name == "Basic.Deliver"]
+    assert len(first) == 1
+    holder, idle_t = (conn, t2) if first[0].consumer_tag == "w1" else (other, t)
+    for _ in range(12):
+        clock.advance(10)
+    assert not [f for f in frames_of(t) + frames_of(t2) if f.name == "Basic.Deliver"]
+    holder.dataReceived(method_frame(1, commands.Channel.Close(200, "", 0, 0)))
+    clock.advance(1)
+    again = [f for f in frames_of(idle_t) if f.name == "Basic.Deliver"]
+    assert len(again) == 1 and again[0].redelivered
+
+
+def test_a_got_message_stays_with_its_channel() -> None:
+    """A basic.get without ack is not handed out again after the visibility timeout
+    while its channel lives."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="g1", durable=True)))
+    broker.publish(Message("$queue/g1", b"one", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    frames_of(t)
+    conn.dataReceived(method_frame(1, B.Get(queue="g1")))
+    assert bodies(frames_of(t)) == [b"one"]
+    for _ in range(12):
+        clock.advance(10)
+    conn.dataReceived(method_frame(1, B.Get(queue="g1")))
+    assert [f.name for f in frames_of(t)] == ["Basic.GetEmpty"]
