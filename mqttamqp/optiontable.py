@@ -352,6 +352,10 @@ PARAMETERS: list[list[Any]] = [
      "AMQP 0.9.1: most unacknowledged deliveries on one channel whatever its "
      "prefetch (basic.qos 0 means no prefetch bound); its consumers get no more "
      "until acknowledgements come.", _positive(int, "amqp091-max-unacked")],
+    ["amqp091-max-body", None, 16 << 20,
+     "AMQP 0.9.1: largest message body in bytes a publisher may send (held whole "
+     "while it arrives); a larger one closes the channel with 406 "
+     "PRECONDITION_FAILED, the connection stays.", _positive(int, "amqp091-max-body")],
     ["share-strategy", None, "round-robin",
      "How a shared subscription ($share/<group>/<filter>) picks the member for each "
      "message: round-robin, random, sticky (one member while it is online) or "

@@ -322,3 +322,43 @@ def test_a_got_message_stays_with_its_channel() -> None:
         clock.advance(10)
     conn.dataReceived(method_frame(1, B.Get(queue="g1")))
     assert [f.name for f in frames_of(t)] == ["Basic.GetEmpty"]
+
+
+def publish_body(conn: Any, channel: int, routing_key: str, body: bytes) -> None:
+    from mqttamqp.amqp091.frames import content_frames
+
+    conn.dataReceived(content_frames(channel, B.Publish(exchange="", routing_key=routing_key),
+                                     b"\x00\x00", body, 131072))
+
+
+def test_a_body_over_max_body_is_a_406_channel_error() -> None:
+    """A body over --amqp091-max-body closes the channel with 406 (counted); its body
+    frames are discarded and the connection stays usable."""
+    conn, t, broker, clock, _ = opened(max_body=1 << 20)
+    conn.dataReceived(method_frame(1, Q.Declare(queue="big", durable=True)))
+    clock.advance(1)
+    frames_of(t)
+    publish_body(conn, 1, "big", b"x" * (2 << 20))
+    got = frames_of(t)
+    assert [(f.name, f.reply_code) for f in got] == [("Channel.Close", 406)]
+    assert "larger than configured max size" in got[0].reply_text
+    assert broker.stats.limits.get("amqp091_max_body") == 1
+    conn.dataReceived(method_frame(1, commands.Channel.CloseOk())
+                      + method_frame(2, commands.Channel.Open()))
+    publish_body(conn, 2, "big", b"y" * (1 << 20))
+    conn.dataReceived(method_frame(2, Q.Declare(queue="big", passive=True)))
+    clock.advance(1)
+    got = frames_of(t)
+    assert [f.name for f in got] == ["Channel.OpenOk", "Queue.DeclareOk"]
+    assert got[1].message_count == 1
+
+
+def test_a_two_mib_body_is_taken_by_default() -> None:
+    """The default bound (16 MiB, RabbitMQ's) takes a 2 MiB body over --max-packet-size."""
+    conn, t, _, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="big", durable=True)))
+    publish_body(conn, 1, "big", b"x" * (2 << 20))
+    conn.dataReceived(method_frame(1, Q.Declare(queue="big", passive=True)))
+    clock.advance(1)
+    oks = [f for f in frames_of(t) if f.name == "Queue.DeclareOk"]
+    assert oks[-1].message_count == 1
