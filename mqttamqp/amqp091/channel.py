@@ -217,7 +217,8 @@ class Channel:
         if not member.getter:
             d = self.exchanges.consumer_cancelled(member.queue)
             if d is not None:
-                d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
+                log = self.connection.log
+                d.addErrback(lambda f: log.failure("deleting an auto-delete queue", f))
 
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
         if self.consumers.get(member.tag) is member:

@@ -362,3 +362,25 @@ def test_a_two_mib_body_is_taken_by_default() -> None:
     clock.advance(1)
     oks = [f for f in frames_of(t) if f.name == "Queue.DeclareOk"]
     assert oks[-1].message_count == 1
+
+
+def test_a_failed_auto_delete_is_logged_with_its_failure(monkeypatch: Any) -> None:
+    """A failing auto-delete after basic.cancel logs the message with the failure
+    (not the failure as the format, which logs "Unable to format event")."""
+    from twisted.internet.defer import fail
+
+    conn, t, broker, _, _ = consuming()
+    logged: list[tuple[Any, Any]] = []
+
+    class Log:
+        def failure(self, fmt: Any, failure: Any = None, **kw: Any) -> None:
+            logged.append((fmt, failure))
+
+    conn.log = Log()
+    monkeypatch.setattr(broker.exchanges, "consumer_cancelled",
+                        lambda queue: fail(RuntimeError("storage")))
+    conn.dataReceived(method_frame(1, B.Cancel(consumer_tag="c")))
+    assert [f.name for f in frames_of(t)] == ["Basic.CancelOk"]
+    [(fmt, failure)] = logged
+    assert fmt == "deleting an auto-delete queue"
+    assert failure.check(RuntimeError)
