@@ -42,6 +42,20 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+def _within(name: str, low: int, high: int) -> Callable[[str], int]:
+    """An integer option from ``low`` to ``high`` (a 0.9.1 tune field's size)."""
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise usage.UsageError(f"--{name} must be a number, got {value!r}") from None
+        if not low <= number <= high:
+            raise usage.UsageError(f"--{name} must be from {low} to {high}, got {number}")
+        return number
+    check.coerceDoc = ""  # type: ignore[attr-defined]
+    return check
+
+
 def _duration(name: str) -> Callable[[str], float]:
     def check(value: str) -> float:
         from mqttamqp.queuesfile import seconds
@@ -338,16 +352,16 @@ PARAMETERS: list[list[Any]] = [
      _positive(int, "amqp-max-held-bytes")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
-     "channel_max); a channel over it closes the connection with 504.",
-     _positive(int, "amqp091-channel-max")],
+     "channel_max, 1 to 65535); a channel over it closes the connection with 504.",
+     _within("amqp091-channel-max", 1, 65535)],
     ["amqp091-frame-max", None, 131072,
      "AMQP 0.9.1: largest frame in bytes (connection.tune's frame_max, at least "
-     "4096); a larger frame closes the connection with 501.",
-     _positive(int, "amqp091-frame-max")],
+     "4096, at most 4294967295); a larger frame closes the connection with 501.",
+     _within("amqp091-frame-max", 4096, (1 << 32) - 1)],
     ["amqp091-heartbeat", None, 60,
      "AMQP 0.9.1: heartbeat interval in seconds the broker proposes (the client's "
-     "tune-ok decides; 0 = none); a client silent for two intervals is dropped.",
-     _positive(int, "amqp091-heartbeat")],
+     "tune-ok decides; 0 = none, at most 65535); a client silent for two intervals "
+     "is dropped.", _within("amqp091-heartbeat", 0, 65535)],
     ["amqp091-max-unacked", None, 10000,
      "AMQP 0.9.1: most unacknowledged deliveries on one channel whatever its "
      "prefetch (basic.qos 0 means no prefetch bound); its consumers get no more "

@@ -51,9 +51,11 @@ class Settings:
     def __init__(self, channel_max: int = 2047, frame_max: int = 131072,
                  heartbeat: int = 60, max_unacked: int = 10000,
                  max_body: int = MAX_BODY) -> None:
-        self.channel_max = channel_max
-        self.frame_max = frame_max
-        self.heartbeat = heartbeat
+        # (connection.tune's fields: short, long, short; out of range, tune could
+        # not be encoded and every handshake would hang)
+        self.channel_max = min(max(1, channel_max), 65535)
+        self.frame_max = min(max(4096, frame_max), (1 << 32) - 1)
+        self.heartbeat = min(max(0, heartbeat), 65535)
         self.max_unacked = max_unacked
         self.max_body = max_body
 

@@ -384,3 +384,28 @@ def test_a_failed_auto_delete_is_logged_with_its_failure(monkeypatch: Any) -> No
     [(fmt, failure)] = logged
     assert fmt == "deleting an auto-delete queue"
     assert failure.check(RuntimeError)
+
+
+def test_tune_fields_are_bounded() -> None:
+    """--amqp091-channel-max and --amqp091-heartbeat over 65535 are refused at
+    parse time; Settings built in code clamp them, so tune encodes and the
+    handshake completes."""
+    import pytest
+
+    from mqttamqp.options import Options
+
+    for option in ("--amqp091-channel-max", "--amqp091-heartbeat"):
+        with pytest.raises(SystemExit, match=r"from \d to 65535"):
+            Options().parseOptions([option, "70000"])
+    with pytest.raises(SystemExit, match="from 4096"):
+        Options().parseOptions(["--amqp091-frame-max", "100"])
+    broker, clock, _ = make_broker()
+    factory = AMQP091Factory(broker, clock, Settings(channel_max=70000, heartbeat=70000))
+    conn = factory.buildProtocol(None)
+    t = StringTransport()
+    conn.makeConnection(t)
+    frames_of(t)
+    conn.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest")))
+    [tune] = frames_of(t)
+    assert (tune.name, tune.channel_max, tune.heartbeat) == ("Connection.Tune", 65535, 65535)
