@@ -193,7 +193,11 @@ class Channel:
         session = member.session
         assert session is not None   # (a getter's ends with its channel)
         self._got = None
-        _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        member.answering = True
+        try:
+            _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        finally:
+            member.answering = False
         got, self._got = self._got, None
         if got is None:
             self._send(B.GetEmpty())
@@ -308,6 +312,11 @@ class Channel:
     def deliver(self, member: QueueConsumer, message: Message, packet_id: int | None,
                 dup: bool) -> None:
         connection = self.connection
+        if member.getter and not member.answering:
+            # (never: a getter is congested unless a basic.get is answered)
+            self._undeliverable(member, message, packet_id, Failure(RuntimeError(
+                "a delivery to basic.get's session outside basic.get")), Outcome.RELEASED)
+            return
         tag = self.next_tag
         dropped: list[str] = []
         try:
@@ -335,27 +344,33 @@ class Channel:
         connection.meter.transferred(message.timestamp)
 
     def _undeliverable(self, member: QueueConsumer, message: Message,
-                       packet_id: int | None, failure: Failure) -> None:
-        """A message 0.9.1 cannot encode: never raised into the core's delivery;
-        rejected (dead-lettered) on the next turn, counted, one log line a minute."""
+                       packet_id: int | None, failure: Failure,
+                       outcome: Outcome = Outcome.REJECTED) -> None:
+        """A message 0.9.1 cannot encode (or an internal error): never raised into
+        the core's delivery; settled with ``outcome`` (rejected: dead-lettered) on
+        the next turn, counted, one log line a minute."""
         connection = self.connection
         connection.meter.limit_hit("amqp091_undeliverable")
         held = connection.factory.log_limit.allow("undeliverable")
         if held is not None:
             connection.log.warn(
                 "AMQP 0.9.1 connection from {peer}: a message on queue {queue} cannot "
-                "be encoded for 0.9.1 ({why}); rejected{more}", peer=connection.peer,
+                "be delivered ({why}); {outcome}{more}", peer=connection.peer,
+                outcome=outcome.value,
                 queue=member.queue, why=failure.getErrorMessage(),
                 more=f" ({held} more since the last line)" if held else "")
         if packet_id is not None:
             member.settled()
-            connection.clock.callLater(0, self._reject_undeliverable, member, packet_id)
+            connection.clock.callLater(0, self._settle_undelivered, member, packet_id,
+                                       outcome)
 
-    def _reject_undeliverable(self, member: QueueConsumer, packet_id: int) -> None:
+    def _settle_undelivered(self, member: QueueConsumer, packet_id: int,
+                            outcome: Outcome) -> None:
         # (a turn later: settling inside the core's delivery would re-enter it)
         session = member.session
         if session is not None and packet_id in session.inflight:
-            self.connection.broker.settle(session, packet_id, Outcome.REJECTED, True,
+            self.connection.broker.settle(session, packet_id, outcome,
+                                          outcome is Outcome.REJECTED,
                                           "cannot be encoded for AMQP 0.9.1")
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:

@@ -409,3 +409,50 @@ def test_tune_fields_are_bounded() -> None:
                                                  response="\x00guest\x00guest")))
     [tune] = frames_of(t)
     assert (tune.name, tune.channel_max, tune.heartbeat) == ("Connection.Tune", 65535, 65535)
+
+
+def gets(conn: Any, t: StringTransport, queue: str, n: int) -> tuple[list[bytes], int]:
+    """``n`` basic.gets: the bodies got, and how many answered get-empty."""
+    got: list[bytes] = []
+    empty = 0
+    for _ in range(n):
+        conn.dataReceived(method_frame(1, B.Get(queue=queue)))
+        frames = frames_of(t)
+        got += bodies(frames)
+        empty += sum(1 for f in frames if f.name == "Basic.GetEmpty")
+    return got, empty
+
+
+def test_gets_past_the_session_window_lose_nothing() -> None:
+    """More unacknowledged basic.gets than --max-inflight each get a message; an
+    ack of all acknowledges only what the client got, and every message is seen
+    exactly once."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="g2", durable=True)))
+    for i in range(100):
+        broker.publish(Message("$queue/g2", b"%d" % i, 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    frames_of(t)
+    first, empty = gets(conn, t, "g2", 40)
+    assert (len(first), empty) == (40, 0)
+    conn.dataReceived(method_frame(1, B.Ack(0, multiple=True)))
+    second, empty = gets(conn, t, "g2", 70)
+    assert (len(second), empty) == (60, 10)
+    assert len(conn.channels[1].unacked) == 60
+    conn.dataReceived(method_frame(1, B.Ack(0, multiple=True)))
+    clock.advance(1)
+    assert sorted(first + second) == sorted(b"%d" % i for i in range(100))
+    assert not broker.queues.queues["g2"].log
+
+
+def test_a_getter_sends_nothing_unasked() -> None:
+    """basic.get's session is congested except while a basic.get is answered."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="g3", durable=True)))
+    broker.publish(Message("$queue/g3", b"a", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    frames_of(t)
+    got, _ = gets(conn, t, "g3", 1)
+    assert got == [b"a"]
+    getter = conn.channels[1].getter
+    assert getter.congested and not getter.answering
