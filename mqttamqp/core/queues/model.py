@@ -94,6 +94,9 @@ class QueueLog:
         self.reject_above: tuple[int | None, int | None] | None = None
         self.reject_dead = False    # (reject-publish-dlx: the refused one dead-lettered)
         self.dead_letter: DeadLetterRoute | None = None
+        # A 0.9.1-declared queue without x-dead-letter-exchange: a rejected delivery
+        # is dropped (counted), as RabbitMQ drops it, not kept in $dlq/.
+        self.discard_rejected = False
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""

@@ -456,3 +456,22 @@ def test_a_getter_sends_nothing_unasked() -> None:
     assert got == [b"a"]
     getter = conn.channels[1].getter
     assert getter.congested and not getter.answering
+
+
+def test_reject_without_requeue_and_without_dlx_discards() -> None:
+    """basic.reject / nack without requeue on a 0.9.1 queue with no
+    x-dead-letter-exchange drops the message (counted), as RabbitMQ: no $dlq/."""
+    conn, t, broker, clock, _ = consuming("r")
+    for i in range(3):
+        broker.publish(Message("$queue/r", b"%d" % i, 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    tags = [f.delivery_tag for f in frames_of(t) if f.name == "Basic.Deliver"]
+    assert len(tags) == 3
+    conn.dataReceived(method_frame(1, B.Reject(delivery_tag=tags[0], requeue=False))
+                      + method_frame(1, B.Nack(delivery_tag=tags[2], multiple=True,
+                                               requeue=False)))
+    clock.advance(1)
+    assert not [f for f in frames_of(t) if f.name == "Basic.Deliver"]
+    assert not broker.queues.queues["r"].log
+    assert "$dlq/r" not in broker.queues.queues
+    assert broker.queues.stats.rejected == 3
