@@ -225,6 +225,9 @@ class Channel:
                 d.addErrback(lambda f: log.failure("deleting an auto-delete queue", f))
 
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
+        exclusive = self.connection.factory.exclusive
+        if exclusive.get(member.queue) is member:
+            del exclusive[member.queue]
         if self.consumers.get(member.tag) is member:
             del self.consumers[member.tag]
             if self.connection.cancel_notify and not self.closing:

@@ -475,3 +475,17 @@ def test_reject_without_requeue_and_without_dlx_discards() -> None:
     assert not broker.queues.queues["r"].log
     assert "$dlq/r" not in broker.queues.queues
     assert broker.queues.stats.rejected == 3
+
+
+def test_a_deleted_queue_leaves_no_exclusive_entry() -> None:
+    """An exclusive consumer cancelled by its queue's deletion leaves
+    factory.exclusive."""
+    conn, t, _, clock, factory = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="x", durable=True))
+                      + method_frame(1, B.Consume(queue="x", consumer_tag="c",
+                                                  exclusive=True)))
+    assert "x" in factory.exclusive
+    conn.dataReceived(method_frame(1, Q.Delete(queue="x")))
+    clock.advance(1)
+    assert "Queue.DeleteOk" in [f.name for f in frames_of(t)]
+    assert "x" not in factory.exclusive
