@@ -56,8 +56,10 @@ def _encode_with_props(message: Message, props: MessageProperties, qos: int, ret
     if native is not None:
         return encode_native(native, qos, retain, count, message.publisher, wire,
                              first_acquirer)
+    # (an AMQP 0.9.1 publisher's correlation-id, a short string, goes as a string)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
-                           retain, count, message.publisher, packet_id, wire, first_acquirer)
+                           retain, count, message.publisher, packet_id, wire, first_acquirer,
+                           correlation_text=message.amqp091 is not None)
 
 
 # A durable queue's metadata (the user properties an MQTT 5 member gets: the seed's
@@ -110,7 +112,8 @@ def _encode_queue_delivery(message: Message, props: MessageProperties, qos: int,
         return encode_native(native, qos, retain, count, message.publisher, wire, first,
                              annotations)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
-                           retain, count, message.publisher, None, wire, first, annotations)
+                           retain, count, message.publisher, None, wire, first, annotations,
+                           correlation_text=message.amqp091 is not None)
 
 
 _link_serials = itertools.count(1)

@@ -10,7 +10,8 @@ and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferr
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
-``connection.close``) in the connection.  ``basic.get`` hands the next message
+``connection.close``) in the connection; what each needs is ``permissions``'s
+to check.  ``basic.get`` hands the next message
 to the channel's own session, in no consumer group (``Exchanges.get``).
 
 What it must not do: parse frames (``frames``), hold routing or queue rules, or
@@ -31,6 +32,12 @@ from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content, deliver_frame
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
+from mqttamqp.amqp091.permissions import (
+    READ,
+    check_publish,
+    check_queue,
+    consumer_identity,
+)
 from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
@@ -41,7 +48,6 @@ from mqttamqp.core.exchanges.errors import (
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import QUEUE_PREFIX
 from mqttamqp.core.routing.settlement import Outcome
 
 __all__ = ["Channel"]
@@ -68,6 +74,7 @@ class Channel:
         self.confirming = False
         self.publish_seq = 0
         self.confirms: OrderedDict[int, bool | None] = OrderedDict()
+        self._ack_due = 0              # the confirm ack not yet sent (``_confirmed``)
         self._tags = 0
         # answers waiting for a commit, and those behind them (in method order)
         self._answers: deque[list[Any]] = deque()
@@ -160,7 +167,8 @@ class Channel:
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
         # Joined first: a refusal (read was checked above, so the queue's own rules:
         # a bad x-stream-offset, say) leaves no consumer and no exclusive lock.
-        if not member.join(topic_filter, consumer):
+        if not member.join(topic_filter, consumer, consumer_identity(self.connection,
+                                                                     m.queue)):
             raise ChannelError(PRECONDITION_FAILED, f"cannot consume from queue "
                                f"'{m.queue}' in vhost '/' with these arguments")
         self.consumers[tag] = member
@@ -172,12 +180,8 @@ class Channel:
         self.exchanges.consumer_added(m.queue)
 
     def _may_read(self, queue: str) -> None:
-        """Consuming and getting need read (subscribe) permission on ``$queue/<name>``."""
-        connection = self.connection
-        if not connection.broker.authorizer.may_subscribe(connection.identity,
-                                                          QUEUE_PREFIX + queue):
-            raise ChannelError(ACCESS_REFUSED, f"access to queue '{queue}' in vhost '/' "
-                               f"refused for user '{connection.username or ''}'")
+        """Consuming and getting need read permission on the queue (``permissions``)."""
+        check_queue(self.connection, READ, queue)
 
     def basic_get(self, m: Any) -> None:
         """``basic.get``: the model hands the next message to the channel's own
@@ -250,11 +254,7 @@ class Channel:
             core_props, qos = to_core(props)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
-        if m.exchange == "" and not connection.broker.gate.may_write(
-                connection.identity, QUEUE_PREFIX + m.routing_key):
-            # The default exchange writes to queue <routing key>: MQTT's $queue/<name>.
-            raise ChannelError(ACCESS_REFUSED, f"write access to queue '{m.routing_key}' "
-                               f"in vhost '/' refused for user '{connection.username or ''}'")
+        check_publish(connection, m.exchange, m.routing_key)
         message = Message("", content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props,
                           amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))
@@ -286,23 +286,37 @@ class Channel:
         self._confirmed(None, seq, False)
 
     def _confirmed(self, _: object, seq: int, ok: bool) -> None:
-        if seq not in self.confirms or self.closing:
+        """Publish ``seq`` is kept (``ok``) or not.  Confirms go in order: one
+        ``basic.ack`` with ``multiple`` for the run done in a row, sent once the
+        commit's other Deferreds have fired too (``_ack_later``: a commit of 100
+        messages is one ack, not 100); a failed one is a ``basic.nack`` at once,
+        after the acks before it."""
+        confirms = self.confirms
+        if seq not in confirms or self.closing:
             return
-        self.confirms[seq] = ok
+        confirms[seq] = ok
         acked = 0
-        while self.confirms:
-            first, state = next(iter(self.confirms.items()))
+        while confirms:
+            first, state = next(iter(confirms.items()))
             if state is None:
                 break
-            del self.confirms[first]
+            del confirms[first]
             if state:
                 acked = first
                 continue
+            self._send_ack_due()
             if acked:
                 self._send(B.Ack(acked, multiple=True))
                 acked = 0
             self._send(B.Nack(first, multiple=False, requeue=False))
         if acked:
+            if not self._ack_due:
+                self.connection.call_soon(self._send_ack_due)
+            self._ack_due = acked
+
+    def _send_ack_due(self) -> None:
+        acked, self._ack_due = self._ack_due, 0
+        if acked and not self.closing:
             self._send(B.Ack(acked, multiple=True))
 
     def confirm_select(self, m: Any) -> None:
@@ -317,7 +331,7 @@ class Channel:
         connection = self.connection
         if member.getter and not member.answering:
             # (never: a getter is congested unless a basic.get is answered)
-            self._undeliverable(member, message, packet_id, Failure(RuntimeError(
+            _undeliverable(self, member, packet_id, Failure(RuntimeError(
                 "a delivery to basic.get's session outside basic.get")), Outcome.RELEASED)
             return
         tag = self.next_tag
@@ -329,10 +343,10 @@ class Channel:
             method = (None if member.getter else deliver_frame(
                 self.number, member.tag, tag, redelivered or dup, exchange, key))
         except Exception:
-            self._undeliverable(member, message, packet_id, Failure())
+            _undeliverable(self, member, packet_id, Failure())
             return
         if dropped:
-            connection.property_dropped(dropped)
+            _note_dropped(connection, dropped)
         self.next_tag = tag + 1
         if packet_id is not None:
             unacked = self.unacked
@@ -345,36 +359,6 @@ class Channel:
             connection.send_content(self.number, method, props, message.payload)
         connection.messages_out += 1
         connection.meter.transferred(message.timestamp)
-
-    def _undeliverable(self, member: QueueConsumer, message: Message,
-                       packet_id: int | None, failure: Failure,
-                       outcome: Outcome = Outcome.REJECTED) -> None:
-        """A message 0.9.1 cannot encode (or an internal error): never raised into
-        the core's delivery; settled with ``outcome`` (rejected: dead-lettered) on
-        the next turn, counted, one log line a minute."""
-        connection = self.connection
-        connection.meter.limit_hit("amqp091_undeliverable")
-        held = connection.factory.log_limit.allow("undeliverable")
-        if held is not None:
-            connection.log.warn(
-                "AMQP 0.9.1 connection from {peer}: a message on queue {queue} cannot "
-                "be delivered ({why}); {outcome}{more}", peer=connection.peer,
-                outcome=outcome.value,
-                queue=member.queue, why=failure.getErrorMessage(),
-                more=f" ({held} more since the last line)" if held else "")
-        if packet_id is not None:
-            member.settled()
-            connection.clock.callLater(0, self._settle_undelivered, member, packet_id,
-                                       outcome)
-
-    def _settle_undelivered(self, member: QueueConsumer, packet_id: int,
-                            outcome: Outcome) -> None:
-        # (a turn later: settling inside the core's delivery would re-enter it)
-        session = member.session
-        if session is not None and packet_id in session.inflight:
-            self.connection.broker.settle(session, packet_id, outcome,
-                                          outcome is Outcome.REJECTED,
-                                          "cannot be encoded for AMQP 0.9.1")
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
         if multiple:
@@ -447,6 +431,48 @@ class Channel:
         return {"number": self.number, "consumers": [c.info() for c in self.consumers.values()],
                 "unacked": len(self.unacked), "prefetch": self.prefetch,
                 "global_prefetch": self.global_prefetch, "confirming": self.confirming}
+
+
+
+def _note_dropped(connection: ChannelHost, names: list[str]) -> None:
+    """A delivery left out what 0.9.1 cannot carry (a property over 255 bytes, a
+    header name over 128): counted, one log line a minute."""
+    connection.meter.limit_hit("amqp091_property_dropped")
+    held = connection.factory.log_limit.allow("property dropped")
+    if held is not None:
+        connection.log.info("AMQP 0.9.1 connection from {peer}: a delivery left out "
+                            "{names}, too long for 0.9.1{more}", peer=connection.peer,
+                            names=", ".join(names),
+                            more=f" ({held} more since the last line)" if held else "")
+
+
+def _undeliverable(channel: Channel, member: QueueConsumer, packet_id: int | None,
+                   failure: Failure, outcome: Outcome = Outcome.REJECTED) -> None:
+    """A message 0.9.1 cannot encode (or an internal error): never raised into the
+    core's delivery; settled with ``outcome`` (rejected: as ``basic.reject``) on
+    the next turn, counted, one log line a minute."""
+    connection = channel.connection
+    connection.meter.limit_hit("amqp091_undeliverable")
+    held = connection.factory.log_limit.allow("undeliverable")
+    if held is not None:
+        connection.log.warn(
+            "AMQP 0.9.1 connection from {peer}: a message on queue {queue} cannot "
+            "be delivered ({why}); {outcome}{more}", peer=connection.peer,
+            outcome=outcome.value, queue=member.queue, why=failure.getErrorMessage(),
+            more=f" ({held} more since the last line)" if held else "")
+    if packet_id is not None:
+        member.settled()
+        connection.clock.callLater(0, _settle_undelivered, connection, member, packet_id,
+                                   outcome)
+
+
+def _settle_undelivered(connection: ChannelHost, member: QueueConsumer, packet_id: int,
+                        outcome: Outcome) -> None:
+    # (a turn later: settling inside the core's delivery would re-enter it)
+    session = member.session
+    if session is not None and packet_id in session.inflight:
+        connection.broker.settle(session, packet_id, outcome, outcome is Outcome.REJECTED,
+                                 "cannot be encoded for AMQP 0.9.1")
 
 
 _HANDLERS: dict[str, Any] = {

@@ -60,7 +60,7 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.net.tcp import plain_tcp
+from mqttamqp.net.tcp import plain_tcp, send
 from mqttamqp.net.tls import verified_common_name
 
 __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
@@ -68,6 +68,9 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 Conn, Basic = commands.Connection, commands.Basic
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
+# What one batch (a socket read's handling) may hold of a connection's output before
+# it is written: below the transport's 64 KiB, so its back-pressure comes in time.
+OUTPUT_BATCH_BYTES = 64 * 1024
 
 
 class AMQP091Connection(Handshake, Pacing, Protocol):
@@ -110,6 +113,8 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.last_in = self.last_out = 0.0
         self.bytes_in = self.bytes_out = 0
         self.messages_in = self.messages_out = 0
+        self._out: list[bytes] | None = None   # written when the current batch ends
+        self._out_bytes = 0
         self._timer: DelayedCall | None = None
         self._reason = ""
         self._cause = CAUSE_LOST
@@ -166,6 +171,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.discard(self)
+        self._out = None
         previous, self.state = self.state, State.CLOSED
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
@@ -205,10 +211,44 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
     # -- output --------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        self.bytes_out += len(data)
-        self.meter.sent_bytes(len(data))
+        """Every outbound byte goes through here, in order.  While the broker handles
+        a socket read (a batch), what it gives this connection is collected and
+        written when the batch ends, as MQTT's connections do: one transport write
+        for a read's deliveries, confirms and answers instead of one per frame.  At
+        most ``OUTPUT_BATCH_BYTES`` are held; a connection whose socket buffer is
+        full (``write_blocked``) is written at once, so back-pressure is unchanged.
+        Outside a batch (a commit's confirms) the bytes go at once."""
+        size = len(data)
+        self.bytes_out += size
+        self.meter.sent_bytes(size)
         self.last_out = self.clock.seconds()
-        self.transport.write(data)
+        out = self._out
+        if out is not None:
+            out.append(data)
+            self._out_bytes += size
+            if self._out_bytes >= OUTPUT_BATCH_BYTES or self.write_blocked:
+                self._flush_out()
+        elif not self.write_blocked and self.broker.after_batch(self._flush_out):
+            self._out = [data]
+            self._out_bytes = size
+        else:
+            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, None
+        if out and self.transport is not None:
+            send(self.transport, out[0] if len(out) == 1 else b"".join(out))
+
+    def call_soon(self, fn: Any) -> None:
+        """Call ``fn`` when the current batch ends, or in the reactor's next turn
+        outside one (a commit firing its Deferreds one by one)."""
+        if not self.broker.after_batch(fn):
+            self.clock.callLater(0, fn)
+
+    def _lose(self) -> None:
+        """Close after writing everything (including what a batch still holds)."""
+        self._flush_out()
+        self.transport.loseConnection()
 
     def send_method(self, channel: int, method: Any) -> None:
         if self.state is not State.CLOSED:
@@ -370,17 +410,6 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
                           n=self.max_unacked,
                           more=f" ({held} more since the last line)" if held else "")
 
-    def property_dropped(self, names: list[str]) -> None:
-        """A delivery left out what 0.9.1 cannot carry (a property over 255 bytes, a
-        header name over 128): counted, one log line a minute."""
-        self.meter.limit_hit("amqp091_property_dropped")
-        held = self.factory.log_limit.allow("property dropped")
-        if held is not None:
-            self.log.info("AMQP 0.9.1 connection from {peer}: a delivery left out "
-                          "{names}, too long for 0.9.1{more}", peer=self.peer,
-                          names=", ".join(names),
-                          more=f" ({held} more since the last line)" if held else "")
-
     def fail(self, code: int, text: str) -> None:
         """A connection error found outside the input's handling (a failed commit)."""
         self._connection_error(code, text)
@@ -391,28 +420,16 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
             timer.cancel()
         self._timer = self.clock.callLater(5.0, self.abort)
 
-    def abort(self) -> None:
-        """Drop a peer that went silent (missed heartbeats, no close-ok in time):
-        abortConnection, not loseConnection, which waits for the send buffer to
-        drain and so never ends for a peer that stopped reading; its channels end
-        at once, what they held goes back to their queues."""
-        self._timer = None
-        self.state = State.CLOSED
-        self.transport.abortConnection()
-        for channel in list(self.channels.values()):
-            channel.end()
-        self.channels.clear()
-
     def _peer_close(self, m: Any) -> None:
         self._reason = f"closed by the client ({m.reply_code} {m.reply_text})"
         self._cause = CAUSE_CLEAN
         self.send_method(0, Conn.CloseOk())
         self.state = State.CLOSED
-        self.transport.loseConnection()
+        self._lose()
 
     def _close_ok(self, m: Any) -> None:
         self.state = State.CLOSED
-        self.transport.loseConnection()
+        self._lose()
 
     def _update_secret(self, m: Any) -> None:
         self.send_method(0, Conn.UpdateSecretOk())
@@ -476,6 +493,9 @@ class AMQP091Factory(Factory):
         # The AMQP 1.0 connections on the same port: --max-connections counts both.
         self.port_sharers: Sized = ()
         self.noisy = False
+        # A queue deleted anywhere (the console, queue.delete, an auto-delete or
+        # exclusive queue's end): its 0.9.1 consumers hear basic.cancel.
+        broker.queues.deleted_hooks.append(self.queue_deleted)
 
     def watch_alarm(self, connection: AMQP091Connection) -> None:
         """A publisher while the durable queues are paused (the storage alarm, or the
@@ -507,8 +527,9 @@ class AMQP091Factory(Factory):
                    if member.queue == queue and not member.closed)
 
     def queue_deleted(self, name: str) -> None:
-        """Queue ``name`` was deleted: its 0.9.1 consumers hear ``basic.cancel``
-        (those that announced consumer_cancel_notify)."""
+        """Queue ``name`` was deleted (the queue manager's ``deleted_hooks``): its
+        0.9.1 consumers hear ``basic.cancel`` (those that announced
+        consumer_cancel_notify)."""
         for connection in list(self.connections):
             for channel in list(connection.channels.values()):
                 for member in list(channel.consumers.values()):

@@ -6,7 +6,7 @@ filter and default group, then ``start_topic_receiver``), the consumer's prefetc
 as the credit the queue sees (``congested`` while the consumer, or its channel
 under a global prefetch, holds as many unacknowledged deliveries as allowed, or
 the socket's buffer is full), and leaving (``cancel``; ``close`` when the broker
-ends it; ``queue_gone`` when a 0.9.1 client deleted its queue).  ``basic.get``'s
+ends it; ``queue_gone`` when its queue was deleted).  ``basic.get``'s
 session of a channel is one too (``getter``: in no group, ``open_alone``).
 
 What it must not do: encode frames or pick delivery tags (the channel does), or
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from mqttamqp.amqp091.hosts import ConsumerHost
+from mqttamqp.core.auth import Identity
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.sessions.session import Session
@@ -48,15 +49,28 @@ class QueueConsumer:
         self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
                     f"{channel.connection.key}:{channel.number}:get")
 
-    def join(self, topic_filter: str, consumer: Consumer) -> bool:
-        """Subscribe to the queue's group (False: refused); nothing is delivered
-        until ``start`` (after ``basic.consume-ok``)."""
-        session = self.channel.connection.broker.add_topic_receiver(
-            self.key, topic_filter, self.channel.connection.identity,
+    def join(self, topic_filter: str, consumer: Consumer, identity: Identity | None = None
+             ) -> bool:
+        """Subscribe to the queue's group (as ``identity``: the connection's by
+        default; False: refused); nothing is delivered until ``start`` (after
+        ``basic.consume-ok``)."""
+        broker = self.channel.connection.broker
+        session = broker.add_topic_receiver(
+            self.key, topic_filter, identity or self.channel.connection.identity,
             0 if self.no_ack else 1, consumer=consumer)
         if session is None:
             return False
         self.session = session
+        # The queue may have as many deliveries outstanding with it as its prefetch
+        # allows (else the broker's --queue-prefetch, 16, would cap a prefetch of
+        # 100 and a consumer would get 16 a round trip); --amqp091-max-unacked bounds
+        # it.  A prefetch of 0 (no limit) keeps the broker's default.
+        channel = self.channel
+        limit = min(self.prefetch or getattr(channel, "global_prefetch", 0),
+                    channel.connection.max_unacked)
+        if limit and not self.no_ack:
+            session.queue_prefetch = limit
+            session.window = max(session.window, limit)
         return True
 
     def start(self) -> None:
@@ -121,7 +135,8 @@ class QueueConsumer:
         self.channel.cancelled_by_broker(self)
 
     def queue_gone(self) -> None:
-        """Its queue was deleted (``queue.delete`` on any 0.9.1 connection)."""
+        """Its queue was deleted (the console, ``queue.delete``, an auto-delete or
+        exclusive queue's end: the queue manager's ``deleted_hooks``)."""
         if self.closed:
             return
         self.cancel()

@@ -102,7 +102,36 @@ class FrameReader:
         return out
 
 
+# Decoded by pamqp once, by the frame's bytes: a publisher's basic.publish frames
+# are usually byte for byte the same (exchange, routing key, flags), and so are its
+# content headers' property sections.  The objects are shared, so nothing may change
+# them (the channel only reads them).  Bounded: frames of at most DECODE_CACHE_ITEM
+# bytes, DECODE_CACHE_MAX of each kind, cleared when full (a publisher whose every
+# frame differs costs one insertion a frame).
+_PUBLISH = 0x003C0028
+_PUBLISH_CACHE: dict[bytes, Any] = {}
+_PROPERTIES_CACHE: dict[bytes, Any] = {}
+DECODE_CACHE_MAX = 1024
+DECODE_CACHE_ITEM = 512
+_body_size = struct.Struct(">HHQ")
+
+
 def _decode(kind: int, channel: int, payload: bytes) -> Any:
+    if kind == FRAME_METHOD:
+        method = _PUBLISH_CACHE.get(payload)
+        if method is not None:
+            return method
+    elif kind == FRAME_HEADER and len(payload) >= 14:
+        properties = _PROPERTIES_CACHE.get(payload[12:])
+        if properties is not None:
+            class_id, weight, body_size = _body_size.unpack_from(payload)
+            if class_id == 60 and not weight:
+                header = Header.__new__(Header)
+                header.class_id = 60  # type: ignore[assignment]  # (pamqp types it None)
+                header.weight = 0
+                header.body_size, header.properties = body_size, properties
+                header.raw = payload[12:]
+                return header
     try:
         if kind == FRAME_METHOD:
             if len(payload) < 4:
@@ -114,6 +143,10 @@ def _decode(kind: int, channel: int, payload: bytes) -> Any:
             method = cls()
             method.unmarshal(payload[4:])
             _check_names(method, channel)
+            if index == _PUBLISH and len(payload) <= DECODE_CACHE_ITEM:
+                if len(_PUBLISH_CACHE) >= DECODE_CACHE_MAX:
+                    _PUBLISH_CACHE.clear()
+                _PUBLISH_CACHE[payload] = method
             return method
         if kind == FRAME_HEADER:
             header = Header()
@@ -121,6 +154,10 @@ def _decode(kind: int, channel: int, payload: bytes) -> Any:
             header.raw = payload[12:]
             if header.class_id != 60:
                 raise FrameError(FRAME_ERROR, f"content header of class {header.class_id}")
+            if not header.weight and len(header.raw) <= DECODE_CACHE_ITEM:
+                if len(_PROPERTIES_CACHE) >= DECODE_CACHE_MAX:
+                    _PROPERTIES_CACHE.clear()
+                _PROPERTIES_CACHE[header.raw] = header.properties
             return header
         if kind == FRAME_BODY:
             return ContentBody(payload)

@@ -52,6 +52,7 @@ class Pacing:
     _reason: str
     _cause: str
     reading_paused: set[str]
+    channels: dict[int, Any]
 
     @property
     def closed(self) -> bool:
@@ -64,7 +65,16 @@ class Pacing:
         raise NotImplementedError
 
     def abort(self) -> None:
-        raise NotImplementedError
+        """Drop a peer that went silent (missed heartbeats, no close-ok in time):
+        abortConnection, not loseConnection, which waits for the send buffer to
+        drain and so never ends for a peer that stopped reading; its channels end
+        at once, what they held goes back to their queues."""
+        self._timer = None
+        self.state = State.CLOSED
+        self.transport.abortConnection()
+        for channel in list(self.channels.values()):
+            channel.end()
+        self.channels.clear()
 
     # -- heartbeats ----------------------------------------------------------------
 

@@ -9,7 +9,8 @@ the queue's metadata left out).  The table, also in docs/amqp.md:
 0.9.1 property     core ``MessageProperties`` (MQTT 5 / AMQP 1.0)
 =================  ==========================================================
 content-type       content_type (MQTT 5 content type; AMQP properties)
-correlation-id     correlation_data, UTF-8 (MQTT 5 correlation data)
+correlation-id     correlation_data, UTF-8 (MQTT 5 correlation data; a string
+                   to AMQP 1.0 receivers: ``amqp.subscribers``)
 reply-to           response_topic (MQTT 5 response topic)
 expiration         expiry_interval: milliseconds rounded up to seconds
 headers            user_properties: string values (others are not carried)
@@ -136,7 +137,7 @@ def for_consumer(message: Message, queue: str, now: float,
     (a string property over 255 bytes, a header name over 128) is left out, its name
     added to ``dropped``."""
     data = message.amqp091
-    death = _death(message)
+    count, death = _marks(message)
     if data is None:
         props, _, redelivered = from_core(message, now, dropped)
         rest = routing_key(queue, message.topic)
@@ -149,7 +150,6 @@ def for_consumer(message: Message, queue: str, now: float,
         exchange, key = _key(rest, queue)
         return props.marshal(), redelivered, exchange, key
     exchange, key, raw = _open(data)
-    count = _delivery_count(message)
     if not count and death is None:
         return raw, bool(message.dup), exchange, key
     added: dict[str, Any] = {}
@@ -209,39 +209,32 @@ def _with_headers(raw: bytes, added: dict[str, Any]) -> bytes:
         return raw
 
 
-def _death(message: Message) -> dict[str, Any] | None:
-    """The x-death entry of a dead-lettered message (the queue's origin-queue and
-    reason), or None."""
+def _marks(message: Message) -> tuple[int, dict[str, Any] | None]:
+    """From one scan of its user properties: the deliveries a durable queue counted
+    before this one (its metadata), and the x-death entry of a dead-lettered message
+    (the queue's origin-queue and reason), or None."""
     props = message.props
     if props is None:
-        return None
+        return 0, None
+    count = -1
     origin = reason = None
     for key, value in props.user_properties:
-        if key == "origin-queue":
+        if key == "delivery-count":
+            if count < 0:
+                count = max(0, int(value) - 1) if value.isdigit() else 0
+        elif key == "origin-queue":
             origin = value
         elif key == "reason":
             reason = value
+    count = max(count, 0)
     if origin is None or reason is None:
-        return None
-    return {"count": 1, "reason": reason, "queue": origin,
-            "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
+        return count, None
+    return count, {"count": 1, "reason": reason, "queue": origin,
+                   "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
 
 
 def _earlier(deaths: Any) -> list[Any]:
     return list(deaths) if isinstance(deaths, list) else []
-
-
-
-
-def _delivery_count(message: Message) -> int:
-    """The deliveries a durable queue counted before this one (its metadata)."""
-    props = message.props
-    if props is None:
-        return 0
-    for key, value in props.user_properties:
-        if key == "delivery-count":
-            return max(0, int(value) - 1) if value.isdigit() else 0
-    return 0
 
 
 def from_core(message: Message, now: float, dropped: list[str] | None = None

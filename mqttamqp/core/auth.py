@@ -62,6 +62,13 @@ class Authorizer(Protocol):
         subscription service, a ``$mqtt.to.<id>.publish`` receiver)?"""
         ...
 
+    def may_use_resource(self, identity: Identity, kind: str, access: str, name: str
+                         ) -> bool:
+        """Is ``identity`` granted ``access`` ("configure", "write", "read") on the
+        AMQP 0.9.1 ``kind`` ("queue", "exchange") ``name`` by a rule of its own?
+        (The 0.9.1 adapter adds what the topic rules imply.)"""
+        ...
+
 
 class AllowAll:
     """Anonymous access: every client, every topic."""
@@ -76,6 +83,10 @@ class AllowAll:
         return True
 
     def may_use_session(self, identity: Identity, client_id: str) -> bool:
+        return True
+
+    def may_use_resource(self, identity: Identity, kind: str, access: str, name: str
+                         ) -> bool:
         return True
 
 

@@ -19,6 +19,18 @@ list cannot be half-enforced.  A pattern whose ``%u``/``%c`` value holds ``+``,
 ``#`` or ``/`` does not apply (it would widen the rule), and ``%u`` patterns never
 apply to anonymous clients.
 
+AMQP 0.9.1 queues and exchanges have lines of their own, in the same sections::
+
+    user worker
+    queue configure,read celery       # configure, write, read (comma-joined) or all
+    exchange write celery             # '*' in a name: any run of characters
+    exchange configure,write,read celery.pidbox
+    queue all reply-%u-*              # %u / %c as in patterns
+
+They grant on top of what the topic rules already give a queue (the 0.9.1
+adapter's defaults, ``amqp091.permissions``: a topic grant on ``$queue/<name>``);
+``may_use_resource`` answers for these lines alone.
+
 The AMQP control addresses (``$mqtt.to.<client-id>.publish`` / ``.control``, the
 subscription service) may be used only for the connection's own client id (its
 container id) when an ACL file is in force.
@@ -32,6 +44,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from twisted.logger import Logger
@@ -42,7 +55,13 @@ __all__ = ["AclError", "AclRules", "AclAuthorizer", "parse_acl", "read_acl", "co
 
 READ = 1
 WRITE = 2
+CONFIGURE = 4
 _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE}
+# queue / exchange lines: each word, comma-joined
+_RESOURCE_ACCESS = {"read": READ, "write": WRITE, "configure": CONFIGURE, "readwrite": READ | WRITE,
+                    "all": READ | WRITE | CONFIGURE}
+RESOURCE_KINDS = ("queue", "exchange")
+_ACCESS_OF = {"read": READ, "write": WRITE, "configure": CONFIGURE}
 _CACHE_MAX = 4096        # identities with compiled grants kept
 _TOPIC_CACHE_MAX = 256   # verdicts per identity and kind kept
 
@@ -54,8 +73,9 @@ class AclError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Rule:
     access: int
-    filter: str
+    filter: str                # a topic filter, or a queue or exchange name ('*')
     pattern: bool = False      # %u / %c are substituted
+    kind: str = "topic"        # or "queue" / "exchange" (AMQP 0.9.1)
 
 
 @dataclass
@@ -112,8 +132,11 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
                            "starts with whitespace and '#')")
             current = rules.users.setdefault(name, [])
             continue
+        if keyword in RESOURCE_KINDS:
+            current.append(_resource_rule(keyword, rest, fail))
+            continue
         if keyword not in ("topic", "pattern"):
-            raise fail("expected 'topic', 'pattern' or 'user'")
+            raise fail("expected 'topic', 'pattern', 'queue', 'exchange' or 'user'")
         access_word, *after = rest.split(None, 1) or [""]
         if access_word == "deny":
             raise fail("'deny' is not supported: grant only what is allowed")
@@ -134,6 +157,29 @@ def parse_acl(text: str, path: str = "ACL file") -> AclRules:
         else:
             current.append(Rule(access, filt, "%" in filt))
     return rules
+
+
+def _resource_rule(kind: str, rest: str, fail: Callable[[str], AclError]) -> Rule:
+    """A ``queue`` or ``exchange`` line's rule: ``<access>[,<access>...] <name>``."""
+    words = _without_comment(rest).split() if rest else []
+    if len(words) != 2:
+        raise fail(f"'{kind}' needs an access (configure, write, read, readwrite or all; "
+                   "comma-joined) and a name without whitespace")
+    access = 0
+    for word in words[0].split(","):
+        if word not in _RESOURCE_ACCESS:
+            raise fail(f"{word!r} is not an access (configure, write, read, readwrite or "
+                       "all)")
+        access |= _RESOURCE_ACCESS[word]
+    name = words[1]
+    if len(name.encode("utf-8")) > 255:
+        raise fail(f"a {kind} name is at most 255 bytes")
+    return Rule(access, name, "%" in name, kind)
+
+
+def _name_pattern(name: str) -> re.Pattern[str]:
+    """A queue or exchange rule's name as a pattern: ``*`` any run of characters."""
+    return re.compile(".*".join(re.escape(part) for part in name.split("*")), re.DOTALL)
 
 
 def read_acl(path: str) -> AclRules:
@@ -189,12 +235,18 @@ def _substitute(flt: str, identity: Identity) -> str | None:
 class _Grants:
     """One identity's rules, compiled, with a bounded verdict cache per kind."""
 
-    __slots__ = ("read", "verdicts", "write")
+    __slots__ = ("read", "resource_verdicts", "resources", "verdicts", "write")
 
     def __init__(self, rules: list[Rule], identity: Identity) -> None:
         self.read: list[list[str]] = []
         self.write: list[list[str]] = []
+        # (kind, access bit) -> name patterns: the queue and exchange lines
+        self.resources: dict[tuple[str, int], list[re.Pattern[str]]] = {}
+        self.resource_verdicts: dict[tuple[str, int, str], bool] = {}   # (bounded)
         for rule in rules:
+            if rule.kind != "topic":
+                self._resource(rule, identity)
+                continue
             flt = _substitute(rule.filter, identity) if rule.pattern else rule.filter
             if flt is None:
                 continue
@@ -204,6 +256,34 @@ class _Grants:
             if rule.access & WRITE:
                 self.write.append(levels)
         self.verdicts: tuple[dict[str, bool], dict[str, bool]] = ({}, {})
+
+    def _resource(self, rule: Rule, identity: Identity) -> None:
+        name = rule.filter
+        for token, value in (("%u", identity.username), ("%c", identity.client_id)):
+            if token in name:
+                # (a value holding '*' would widen the rule: it does not apply, nor
+                # a %u rule to an anonymous client)
+                if not value or "*" in value:
+                    return
+                name = name.replace(token, value)
+        pattern = _name_pattern(name)
+        for bit in (READ, WRITE, CONFIGURE):
+            if rule.access & bit:
+                self.resources.setdefault((rule.kind, bit), []).append(pattern)
+
+    def allows_resource(self, kind: str, access: int, name: str) -> bool:
+        patterns = self.resources.get((kind, access))
+        if not patterns:
+            return False
+        cache = self.resource_verdicts
+        key = (kind, access, name)
+        verdict = cache.get(key)
+        if verdict is None:
+            verdict = any(p.fullmatch(name) for p in patterns)
+            if len(cache) >= _TOPIC_CACHE_MAX:
+                cache.clear()
+            cache[key] = verdict
+        return verdict
 
     def allows(self, kind: int, topic: str) -> bool:
         cache = self.verdicts[kind - 1]
@@ -300,3 +380,11 @@ class AclAuthorizer:
 
     def may_use_session(self, identity: Identity, client_id: str) -> bool:
         return bool(identity.client_id) and identity.client_id == client_id
+
+    def may_use_resource(self, identity: Identity, kind: str, access: str, name: str
+                         ) -> bool:
+        """Does a ``queue`` / ``exchange`` line grant ``access`` (configure, write,
+        read) on ``name``?  (What the topic rules imply is the adapter's to add.)"""
+        if not identity.protocol:
+            return True
+        return self._for(identity).allows_resource(kind, _ACCESS_OF[access], name)

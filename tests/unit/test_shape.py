@@ -50,3 +50,12 @@ def test_packaging_finds_every_package() -> None:
                                          exclude=find["exclude"]))
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
     assert packed == found | {"twisted.plugins"}
+
+
+def test_test_modules_have_unique_names() -> None:
+    """No two test modules share a file name: the suite imports them by basename
+    (rootdir-relative, no packages), so a second ``test_x.py`` stops the collection."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

@@ -105,14 +105,22 @@ def encode_annotations(pairs: Sequence[tuple[str, str | int]]) -> Annotations:
     return raw, 2 * len(pairs)
 
 
+def _correlation(value: bytes | None, text: bool) -> bytes:
+    if value is None:
+        return b"\x40"
+    return amqp_string(value.decode("utf-8", "replace")) if text else _bin(value)
+
+
 def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
                     publisher: str | None, message_id: int | str | None, props: Mqtt5Props,
                     first_acquirer: bool = False,
-                    annotations: Annotations = NO_ANNOTATIONS) -> bytes:
+                    annotations: Annotations = NO_ANNOTATIONS,
+                    correlation_text: bool = False) -> bytes:
     """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
     mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
-    payload format annotation, properties reply-to, correlation-id (binary) and
-    content-type (a symbol; left out unless ASCII, as symbols are), and
+    payload format annotation, properties reply-to, correlation-id (binary, or
+    its UTF-8 as a string with ``correlation_text``: what an AMQP 0.9.1 publisher
+    sent) and content-type (a symbol; left out unless ASCII, as symbols are), and
     application-properties (the first value of a repeated key); ``annotations``
     after the contract's.  Not cached: the slower path, taken only by messages that
     carry properties."""
@@ -121,7 +129,7 @@ def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery
                         first_acquirer, annotations)
     items = [_message_id(message_id), b"\x40", amqp_string(topic), b"\x40",
              b"\x40" if props.response_topic is None else amqp_string(props.response_topic),
-             b"\x40" if props.correlation_data is None else _bin(props.correlation_data),
+             _correlation(props.correlation_data, correlation_text),
              b"\x40" if props.content_type is None or not props.content_type.isascii()
              else _sym(props.content_type)]
     while items[-1] == b"\x40" and len(items) > 3:

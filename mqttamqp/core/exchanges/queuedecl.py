@@ -117,6 +117,7 @@ class QueueDeclarations:
         self.queues = queues
         self.declared: dict[str, DeclaredQueue] = {}
         self._expiry: dict[str, DelayedCall] = {}   # x-expires timers of unused queues
+        queues.deleted_hooks.append(self._deleted_elsewhere)
 
     # -- queue.declare ---------------------------------------------------------------
 
@@ -378,6 +379,21 @@ class QueueDeclarations:
         if known is not None and known.transient:
             ops = []   # (none of it was stored)
         return all_durable([self.queues.commits.persist(ops), self.queues.delete(name)])
+
+    def _deleted_elsewhere(self, name: str) -> None:
+        """The queue manager deleted queue ``name`` not through ``_drop`` (the
+        console): its declaration and bindings go too, as after ``queue.delete``."""
+        known = self.declared.pop(name, None)
+        if known is None:
+            return
+        timer = self._expiry.pop(name, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        ops: list[Op] = []
+        self._dropped_queue(name, ops)
+        if ops and not known.transient:
+            self.queues.commits.watch(self.queues.commits.persist(ops),
+                                      "deleting the bindings of queue " + name)
 
     def _dropped_queue(self, name: str, ops: list[Op]) -> None:
         """The bindings to queue ``name`` go (``Exchanges``)."""

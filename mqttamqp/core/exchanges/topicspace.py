@@ -170,10 +170,14 @@ class TopicSpace(QueueDeclarations):
         the Deferred, with ``refusals``)."""
         waits: list[Deferred[None] | None] = []
         queues = self.queues
+        m = message
         for name in names:
             if name not in queues.queues:
                 continue
-            copy = replace(message, topic=queue_topic(name, key))
+            # (built field by field, as ``queues.metadata.with_metadata`` does:
+            # ``dataclasses.replace`` was ~4 us a queue copy)
+            copy = Message(queue_topic(name, key), m.payload, m.qos, m.retain, m.publisher,
+                           m.timestamp, m.dup, m.native, m.amqp_only, m.props, m.amqp091)
             d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher)
             if refusal is not None:
                 if refusals:

@@ -161,7 +161,8 @@ class QueueAdmin(QueueTimers):
 
     def delete(self, name: str) -> Deferred[None] | None:
         """Delete queue ``name`` with its messages and groups (members are dropped
-        from it; a later message or consumer creates it anew)."""
+        from it; a later message or consumer creates it anew).  ``deleted_hooks``
+        hear its name once its members have left it."""
         queue = self.queues.pop(name, None)
         if queue is None:
             return None
@@ -171,6 +172,8 @@ class QueueAdmin(QueueTimers):
         self.resident -= sum(body_size(m) for o, m in queue.log.items()
                              if o not in queue.evicted)
         self._removed()
+        for hook in list(self.deleted_hooks):
+            hook(name)
         if queue.transient:
             self.transient.discard(name)
             return None

@@ -48,8 +48,9 @@ class Dispatch(MemoryBudget):
         link = session.link
         if link is None or link.congested or session is self._leaving:
             return False
-        prefetch = min(self.limits.queue_prefetch, session.window) if member.qos else \
-            self.limits.queue_prefetch
+        prefetch = session.queue_prefetch or (
+            min(self.limits.queue_prefetch, session.window) if member.qos
+            else self.limits.queue_prefetch)
         return member.outstanding < prefetch and not session.has_queued
 
     def _next_member(self, group: ConsumerGroup) -> Member | None:

@@ -98,6 +98,10 @@ class QueueLogs:
         # Client ids that have (or had) a stored membership: only their sessions'
         # connects look through the groups (``session_online``, on every CONNECT).
         self._stored_clients: set[str] = set()
+        # Told the name of each queue deleted (``QueueAdmin.delete``: the console, a
+        # 0.9.1 queue.delete, an auto-delete or exclusive queue's end), after its
+        # members have left it: the protocol adapters tell their consumers.
+        self.deleted_hooks: list[Callable[[str], None]] = []
         self._flush_armed = False
         self._leaving: Session | None = None   # (no credit while it leaves)
         self._timer: DelayedCall | None = None  # the next ``tick``, while there is work

@@ -127,7 +127,7 @@ class Session(InflightWindow):
         # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
         # rules and --session-expiry), and the client's receive maximum.
         self.expiry: float | None = None
-        self.window = limits.max_inflight
+        self.window, self.queue_prefetch = limits.max_inflight, 0
         self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
         # Queued entries that may carry an expiry (an upper bound: entries that
         # left the queue are only forgotten at the next purge); 0: no scan.

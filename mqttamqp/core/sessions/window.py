@@ -23,13 +23,16 @@ __all__ = ["InflightWindow"]
 
 class InflightWindow:
     # The window's state (``Session.__init__`` sets it).
-    __slots__ = ("_pids", "delivered", "dropped", "inflight", "queue", "queued_bytes",
-                 "stalled", "window")
+    __slots__ = ("_pids", "delivered", "dropped", "inflight", "queue", "queue_prefetch",
+                 "queued_bytes", "stalled", "window")
 
     queue: deque[OutEntry]
     queued_bytes: int
     inflight: dict[int, OutEntry]
     window: int
+    # Deliveries a queue may have outstanding with it (0: --queue-prefetch): an AMQP
+    # 0.9.1 consumer's basic.qos prefetch (``amqp091.consumers``).
+    queue_prefetch: int
     stalled: bool
     dropped: int
     delivered: int

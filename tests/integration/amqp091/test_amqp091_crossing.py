@@ -150,7 +150,6 @@ def test_amqp10_and_amqp091_share_a_queue(amqp091: Target, channel: BlockingChan
         rcv.accept()
         assert bytes(msg.body) == b"from 0.9.1"
         assert msg.content_type == "text/plain"
-        amqp091.pending("a 0.9.1 correlation-id (shortstr) reaches AMQP 1.0 as binary")
         assert msg.correlation_id == "c-091"
     finally:
         conn.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import pytest
@@ -157,3 +158,34 @@ def test_a_rejected_message_is_dead_lettered_with_x_death(pika_conn: Connect) ->
     assert (death["queue"], death["reason"], death["count"]) == (work, "rejected", 1)
     assert (death["exchange"], death["routing-keys"]) == ("", [work])
     assert got.routing_key == dlq and props.headers["n"] == 1
+
+
+def test_a_queue_deleted_from_the_console_cancels_its_consumers(tmp_path: Path) -> None:
+    """A queue deleted from the console (not by a 0.9.1 client) ends its 0.9.1
+    consumers with basic.cancel, as queue.delete does."""
+    from console_support import ConsoleHTTP, initial_password, web_broker_process
+
+    data = str(tmp_path / "data")
+    proc = web_broker_process(data, listeners=("--mqtt", "--amqp", "--web")).start()
+    conn = None
+    try:
+        http = ConsoleHTTP(proc.ports["WEB"])
+        assert http.login(initial_password(data)) == 303
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", proc.ports["AMQP"], connection_attempts=1, socket_timeout=10))
+        ch = conn.channel()
+        q = ch.queue_declare(name("gone"), durable=True).method.queue
+        cancelled: list[object] = []
+        ch.add_on_cancel_callback(cancelled.append)
+        ch.basic_consume(q, lambda *a: None)
+        assert http.post("/queues/delete", name=q).code == 303
+        rounds = 50
+        while not cancelled and rounds:
+            conn.process_data_events(time_limit=0.2)
+            rounds -= 1
+        assert cancelled
+        assert ch.is_open     # (a cancel, not a channel error)
+    finally:
+        if conn is not None and conn.is_open:
+            conn.close()
+        proc.stop()

@@ -251,3 +251,18 @@ def test_amqp_to_amqp_keeps_the_remaining_ttl() -> None:
     rcv = app.receiver("n/t")
     [(m, _)] = rcv.new()
     assert (m.ttl, m.correlation_id, m.reply_to) == (40.0, "c", "r")
+
+
+def test_an_amqp091_correlation_id_reaches_amqp_receivers_as_a_string() -> None:
+    """A correlation-id an AMQP 0.9.1 publisher sent (a short string, kept as UTF-8
+    correlation data) goes to AMQP receivers as a string; MQTT's binary correlation
+    data stays binary."""
+    from mqttamqp.amqp.codec.contract import Mqtt5Props
+    from mqttamqp.amqp.codec.encode import encode_publish5
+
+    wire = Mqtt5Props(None, None, None, None, b"c-091", ())
+    for text, expected in ((True, "c-091"), (False, b"c-091")):
+        data = encode_publish5("t", b"x", 0, False, 0, None, None, wire,
+                               correlation_text=text)
+        got = decode_message(data).correlation_id
+        assert got == expected and type(got) is type(expected)

@@ -7,7 +7,9 @@ from typing import Any
 
 from core_broker import make_broker
 from fakes import timers_left
-from pamqp import commands
+from pamqp import commands, frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
 
@@ -213,23 +215,51 @@ def test_the_unacked_bound_is_counted() -> None:
 def test_confirms_go_in_order_with_multiple() -> None:
     """Publisher confirms: nothing before the first is done, then one basic.ack with
     multiple for every one done in a row; a failed one is a basic.nack."""
-    conn, transport, _ = open_connection()
+    conn, transport, clock = open_connection()
     conn.dataReceived(method_frame(1, commands.Channel.Open())
                       + method_frame(1, commands.Confirm.Select()))
     frames_of(transport)
     channel = conn.channels[1]
-    for seq in (1, 2, 3, 4):
+    for seq in (1, 2, 3, 4, 5, 6):
         channel.confirms[seq] = None
     channel._confirmed(None, 2, True)
+    clock.advance(0)
     assert frames_of(transport) == []
     channel._confirmed(None, 1, True)
+    clock.advance(0)
     [ack] = frames_of(transport)
     assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
     channel._confirmed(None, 4, True)
     channel._confirmed(None, 3, False)
+    clock.advance(0)
     nack, ack = frames_of(transport)
     assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
     assert (ack.name, ack.delivery_tag) == ("Basic.Ack", 4)
+    channel._confirmed(None, 5, True)
+    channel._confirmed(None, 6, True)
+    assert frames_of(transport) == []     # (the rest of the commit's Deferreds first)
+    clock.advance(0)
+    [ack] = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 6, True)
+
+
+def test_confirms_done_together_are_one_ack_before_a_later_nack() -> None:
+    """Confirms waiting for the turn's end go out before a nack that follows them."""
+    conn, transport, clock = open_connection()
+    conn.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Confirm.Select()))
+    frames_of(transport)
+    channel = conn.channels[1]
+    for seq in (1, 2, 3):
+        channel.confirms[seq] = None
+    channel._confirmed(None, 1, True)
+    channel._confirmed(None, 2, True)
+    channel._confirmed(None, 3, False)
+    ack, nack = frames_of(transport)
+    assert (ack.name, ack.delivery_tag, ack.multiple) == ("Basic.Ack", 2, True)
+    assert (nack.name, nack.delivery_tag) == ("Basic.Nack", 3)
+    clock.advance(0)
+    assert frames_of(transport) == []
 
 
 def test_a_long_reply_text_is_cut_to_a_short_string() -> None:
@@ -259,3 +289,34 @@ def test_reading_resumes_once_every_reason_to_pause_is_gone() -> None:
     assert transport.producerState == "paused"
     conn.release_reading("alarm")
     assert transport.producerState == "producing"
+
+
+def test_a_consumer_gets_as_many_deliveries_as_its_prefetch() -> None:
+    """basic.qos prefetch 40 lets a durable queue have 40 deliveries outstanding with
+    the consumer (not the broker's --queue-prefetch, 16), and no more."""
+    pub, _, clock = open_connection()
+    cons = pub.factory.buildProtocol(None)
+    ct = StringTransport()
+    cons.makeConnection(ct)
+    frames_of(ct)
+    cons.dataReceived(method_frame(0, C.StartOk(mechanism="PLAIN",
+                                                 response="\x00guest\x00guest")))
+    cons.dataReceived(method_frame(0, C.TuneOk(2047, 131072, 0))
+                      + method_frame(0, C.Open("/")))
+    pub.dataReceived(method_frame(1, commands.Channel.Open())
+                     + method_frame(1, commands.Queue.Declare(queue="q", durable=True)))
+    cons.dataReceived(method_frame(1, commands.Channel.Open())
+                      + method_frame(1, commands.Basic.Qos(prefetch_count=40))
+                      + method_frame(1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+    clock.advance(0)
+    frames_of(ct)
+    one = (method_frame(1, commands.Basic.Publish(exchange="", routing_key="q"))
+           + frame.marshal(ContentHeader(0, 1, commands.Basic.Properties(delivery_mode=2)), 1)
+           + frame.marshal(ContentBody(b"x"), 1))
+    pub.dataReceived(one * 60)
+    clock.advance(0)
+    delivered = [f for f in frames_of(ct) if f.name == "Basic.Deliver"]
+    assert len(delivered) == 40
+    cons.dataReceived(method_frame(1, commands.Basic.Ack(40, multiple=True)))
+    clock.advance(0)
+    assert len([f for f in frames_of(ct) if f.name == "Basic.Deliver"]) == 20

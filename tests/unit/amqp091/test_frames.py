@@ -156,3 +156,30 @@ def test_a_name_outside_the_specs_domain_is_a_syntax_error() -> None:
     with pytest.raises(FrameError) as info:
         FrameReader(4096).feed(data.replace(b"not_ok", b"not*ok"))
     assert info.value.code == SYNTAX_ERROR
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=40), st.booleans(), st.integers(0, 1 << 40),
+       st.sampled_from([None, "text/plain"]), st.sampled_from([None, 1, 2]),
+       st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3))
+def test_a_repeated_publish_decodes_as_pamqp_decodes_it(
+        key: str, mandatory: bool, size: int, content_type: str | None,
+        mode: int | None, headers: dict[str, str]) -> None:
+    """The second basic.publish and content header with the same bytes (served from
+    the decode cache) decode to what pamqp decodes them to, body size included."""
+    props = commands.Basic.Properties(content_type=content_type, delivery_mode=mode,
+                                      headers=headers or None)
+    data = (method_frame(1, commands.Basic.Publish(exchange="amq.topic", routing_key=key,
+                                                   mandatory=mandatory))
+            + frame.marshal(ContentHeader(0, 7, props), 1)
+            + frame.marshal(ContentHeader(0, size, props), 1))
+    first = [f for _, f in FrameReader(1 << 20).feed(data)]
+    again = [f for _, f in FrameReader(1 << 20).feed(data)]
+    for decoded in (first, again):
+        publish, header7, header = decoded
+        assert (publish.name, publish.exchange, publish.routing_key, publish.mandatory) == (
+            "Basic.Publish", "amq.topic", key, mandatory)
+        assert (header7.name, header7.class_id, header7.body_size) == ("ContentHeader", 60, 7)
+        assert (header.body_size, header.weight) == (size, 0)
+        assert header.properties.marshal() == props.marshal()
+        assert header.raw == header7.raw

@@ -143,6 +143,23 @@ def test_bind_errors_unbind_and_delete() -> None:
     assert code_of(ex.publish, message(), "d", "k") == 404
 
 
+def test_a_queue_deleted_from_the_console_loses_its_declaration_and_bindings() -> None:
+    """A queue the queue manager deletes (the console's delete) is gone from the 0.9.1
+    model too: no binding routes to it, and it may be declared anew with other
+    arguments."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 5})
+    ex.declare_exchange("d", "direct", durable=True)
+    ex.bind_queue("q", "d", "k")
+    broker.queues.delete("q")
+    assert "q" not in ex.declared
+    assert ex.binding_count == 0 and not ex.exchanges["d"].bindings
+    declared_again, _ = ex.declare_queue("q", "c1", durable=True,
+                                         arguments={"x-max-length": 9})
+    assert declared_again.name == "q"
+
+
 def test_internal_exchange_refuses_publishes_and_alternate_takes_the_unroutable() -> None:
     """A publish to an internal exchange is 403; an alternate exchange takes what
     its exchange could not route."""
@@ -435,3 +452,31 @@ def test_a_full_bound_queue_fails_a_091_confirm_but_not_an_mqtt_puback() -> None
     if result.durable is not None:
         result.durable.addErrback(mqtt_failures.append)
     assert mqtt_failures == [] and broker.queues.stats.refused == 2
+
+
+def test_a_queue_copy_keeps_every_field_but_the_topic() -> None:
+    """The exchanges' per-queue copy of a message (built field by field) keeps every
+    field of ``Message`` but its topic: a new field must be added to it."""
+    from dataclasses import fields
+
+    from mqttamqp.core.message import MessageProperties
+    original = Message("", b"p", 1, False, "pub", 5.0, False, b"n", True,
+                       MessageProperties(content_type="t"), b"091")
+    seen: list[Message] = []
+
+    class Queues:
+        queues = {"q": None}
+
+        def publish(self, copy: Message, address: Any, publisher: str) -> Any:
+            seen.append(copy)
+            return None, None
+
+    from mqttamqp.core.exchanges.topicspace import TopicSpace
+    space = TopicSpace.__new__(TopicSpace)
+    space.queues = Queues()   # type: ignore[assignment]
+    assert space._enqueue(original, ["q"], "a/b", "pub") is None
+    [copy] = seen
+    assert copy.topic != original.topic
+    for f in fields(Message):
+        if f.name != "topic":
+            assert getattr(copy, f.name) == getattr(original, f.name), f.name

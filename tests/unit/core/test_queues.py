@@ -664,6 +664,26 @@ def test_purge_delete_and_retention_change() -> None:
     assert broker.queues.views() == []
 
 
+def test_a_deleted_queue_tells_its_hooks_after_its_members_left() -> None:
+    """``deleted_hooks`` hear a deleted queue's name once its members are out of it
+    (the console's delete reaches the 0.9.1 consumers this way); a missing queue
+    tells nobody."""
+    broker, _, _ = make()
+    worker, _link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    heard: list[tuple[str, int]] = []
+
+    def hook(name: str) -> None:
+        groups = {g.name: g for v in broker.queues.views() for g in v.groups}
+        heard.append((name, len(groups)))
+
+    broker.queues.deleted_hooks.append(hook)
+    broker.queues.delete("jobs")
+    assert heard == [("jobs", 0)]
+    broker.queues.delete("jobs")
+    assert heard == [("jobs", 0)]
+
+
 def test_a_persistent_members_queue_deliveries_are_never_stored_in_its_session() -> None:
     """The queue keeps its messages: a persistent session that takes one (QoS 2 up to
     PUBCOMP) stores no copy of its own, which a restart would deliver again."""

@@ -76,7 +76,10 @@ def test_parse_sections_and_access() -> None:
 @pytest.mark.parametrize(("text", "problem"), [
     ("user alice\ntopic deny secret/#\n", "line 2: 'deny' is not supported"),
     ("topic read a/#/b\n", "line 1: not a topic filter"),
-    ("\n# c\nallow everything\n", "line 3: expected 'topic', 'pattern' or 'user'"),
+    ("\n# c\nallow everything\n",
+     "line 3: expected 'topic', 'pattern', 'queue', 'exchange' or 'user'"),
+    ("queue orders\n", "line 1: 'queue' needs an access"),
+    ("exchange publish orders\n", "line 1: 'publish' is not an access"),
     ("user\n", "line 1: 'user' needs a user name"),
     ("topic read\n", "line 1: a topic filter is missing"),
 ])
@@ -424,3 +427,41 @@ def test_recheck_forgets_the_options_of_dropped_filters(tmp_path: Any) -> None:
     assert authorizer.reload()
     net.broker.commands.recheck_subscriptions()
     assert "a/#" not in session.subscriptions and "a/#" not in session.sub_options
+
+
+def test_queue_and_exchange_lines_grant_0_9_1_resources(tmp_path: Any) -> None:
+    """queue/exchange lines grant configure, write and read on names ('*' any run,
+    %u/%c substituted, a '*' in a substituted value never matching), per section;
+    the broker's own identity may everything."""
+    path = tmp_path / "acl"
+    path.write_text("exchange read feed-*        # anonymous\n"
+                    "user alice\n"
+                    "queue configure,read celery\n"
+                    "exchange write celery\n"
+                    "exchange all alice.*\n"
+                    "queue all reply-%u-*\n"
+                    "queue readwrite jobs-%c\n")
+    acl = AclAuthorizer(str(path))
+    who = Identity("w1", "alice", "amqp0-9-1")
+    assert acl.may_use_resource(who, "queue", "configure", "celery")
+    assert acl.may_use_resource(who, "queue", "read", "celery")
+    assert not acl.may_use_resource(who, "queue", "write", "celery")
+    assert not acl.may_use_resource(who, "exchange", "configure", "celery")
+    assert acl.may_use_resource(who, "exchange", "write", "celery")
+    assert acl.may_use_resource(who, "exchange", "configure", "alice.pidbox")
+    assert not acl.may_use_resource(who, "exchange", "configure", "alicepidbox")
+    assert not acl.may_use_resource(who, "queue", "configure", "alice.pidbox")
+    assert acl.may_use_resource(who, "queue", "read", "reply-alice-42")
+    assert not acl.may_use_resource(who, "queue", "read", "reply-bob-42")
+    assert acl.may_use_resource(who, "queue", "write", "jobs-w1")
+    assert not acl.may_use_resource(who, "queue", "configure", "jobs-w1")
+    assert not acl.may_use_resource(Identity("*", "alice", "amqp0-9-1"), "queue", "write",
+                                    "jobs-x")
+    anonymous = Identity("a1", None, "amqp0-9-1")
+    assert acl.may_use_resource(anonymous, "exchange", "read", "feed-1")
+    assert not acl.may_use_resource(anonymous, "exchange", "read", "celery")
+    assert not acl.may_use_resource(who, "exchange", "read", "feed-1")
+    assert acl.may_use_resource(Identity("", None, ""), "queue", "configure", "any")
+    rules = parse_acl(path.read_text())
+    assert [(r.kind, r.access, r.filter) for r in rules.users["alice"]][:2] == [
+        ("queue", 5, "celery"), ("exchange", 2, "celery")]
