@@ -121,7 +121,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_cause",
         "_cause_detail",
         "_clean_close",
-        "_congested",
         "_connect_timer",
         "_in_process",
         "_keepalive",
@@ -141,6 +140,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "clean_session",
         "client_id",
         "clock",
+        "congested",
         "connected",
         "connected_since",
         "decoder",
@@ -189,7 +189,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
         self._acks = AckQueue()
-        self._congested = False
+        # The transport's buffer is full (a plain attribute, not a property: the core
+        # reads it for every delivery, ``ClientLink.congested``).
+        self.congested = False
         self._out: list[bytes] | None = None   # written when the current batch ends
         self._out_bytes = 0
         self._backlog = 0
@@ -273,12 +275,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # Twisted calls this on every write while its buffer is full, not once: the
         # backlog counts from the first pause until resumeProducing, so a QoS 0
         # subscriber that stopped reading is held to congested_qos0_bytes.
-        if not self._congested:
-            self._congested = True
+        if not self.congested:
+            self.congested = True
             self._backlog = 0
 
     def resumeProducing(self) -> None:
-        self._congested = False
+        self.congested = False
         self._backlog = 0
         if self.state is ConnectionState.CONNECTED:
             self.broker.link_drained(self.session)
@@ -287,10 +289,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         pass
 
     # -- ClientLink (what the core calls) ----------------------------------------
-
-    @property
-    def congested(self) -> bool:
-        return self._congested
 
     @property
     def backlog_bytes(self) -> int:
@@ -352,7 +350,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         stats.bytes_sent += size
         if not sent & DELIVER_SAMPLE_MASK:
             stats.deliver_sampled(message.timestamp)
-        if self._congested:
+        if self.congested:
             self._backlog += len(frame)
 
     def _too_large(self, v5: Negotiated, message: Message, size: int) -> None:
@@ -398,9 +396,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if out is not None:
             out.append(data)
             self._out_bytes += len(data)
-            if self._out_bytes >= OUTPUT_BATCH_BYTES or self._congested:
+            if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
                 self._flush_out()
-        elif not self._congested and self.broker.after_batch(self._flush_out):
+        elif not self.congested and self.broker.after_batch(self._flush_out):
             self._out = [data]
             self._out_bytes = len(data)
         else:

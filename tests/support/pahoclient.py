@@ -121,9 +121,10 @@ class PahoClient:
             self._suback_cv.notify_all()
 
     # test API
-    def subscribe(self, *filters: tuple[str, int]) -> list[int]:
-        """Subscribe and wait for SUBACK; returns the granted QoS values."""
-        rc, mid = self.c.subscribe(list(filters))
+    def subscribe(self, *filters: tuple[str, int], properties: Any = None) -> list[int]:
+        """Subscribe and wait for SUBACK; returns the granted QoS values.
+        ``properties``: MQTT 5 SUBSCRIBE properties (``props``)."""
+        rc, mid = self.c.subscribe(list(filters), properties=properties)
         assert rc == mqtt.MQTT_ERR_SUCCESS
         with self._suback_cv:
             assert self._suback_cv.wait_for(lambda: mid in self._subacks,

@@ -221,7 +221,7 @@ class Router(Subscriptions):
                     qos1_entries.append(entry)
                 else:
                     held.append((session, entry.seq))
-            if session.link is not None and session.over_high_water():
+            if session.over_high_water():   # (False while offline: no link)
                 if congested is None:
                     congested = [session]
                 else:

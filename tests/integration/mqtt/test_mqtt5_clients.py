@@ -124,6 +124,40 @@ def test_paho_session_expiry_resumes_with_queued_message(paho5: Any) -> None:
     assert back.get().payload == b"while away"
 
 
+def test_paho_subscription_identifiers_live_and_after_a_restart(
+        fresh_broker: BrokerProcess) -> None:
+    """paho gets the identifier of each overlapping subscription on a live message,
+    and on a message queued while it was away across a restart of the broker."""
+    cid, topic = uid("i"), "ids/" + uid()
+    connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    sub = Paho5(fresh_broker.mqtt_port, cid, False, properties=connect_props)
+    pub = Paho5(fresh_broker.mqtt_port, uid("p"))
+    try:
+        sub.subscribe(("ids/#", 1), properties=props(PacketTypes.SUBSCRIBE,
+                                                     SubscriptionIdentifier=3))
+        sub.subscribe((topic, 1), properties=props(PacketTypes.SUBSCRIBE,
+                                                   SubscriptionIdentifier=4))
+        pub.publish(topic, b"live", 1)
+        live = sub.get()
+        assert live.payload == b"live"
+        assert sorted(live.properties.SubscriptionIdentifier) == [3, 4]
+        sub.disconnect()
+        pub.publish(topic, b"queued", 1)    # (its PUBACK waits for the stored copy)
+    finally:
+        sub.stop()
+        pub.stop()
+    fresh_broker.stop()
+    with BrokerProcess(fresh_broker.data_dir) as restarted:   # (the same data)
+        back = Paho5(restarted.mqtt_port, cid, False, properties=connect_props)
+        try:
+            assert back.session_present
+            queued = back.get()
+            assert queued.payload == b"queued"
+            assert sorted(queued.properties.SubscriptionIdentifier) == [3, 4]
+        finally:
+            back.stop()
+
+
 def test_paho_will_with_properties(paho5: Any) -> None:
     """A will's properties are on the published will."""
     topic = "will/" + uid()

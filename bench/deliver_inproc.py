@@ -1,0 +1,102 @@
+"""The broker's cost per delivery inside one process, without sockets: the real MQTT
+protocol on ``StringTransport``s (``tests/support/mqtt_memory``), the real broker,
+a fixed workload.
+
+    python bench/deliver_inproc.py TREE SCENARIO N
+
+``TREE``: the checkout whose ``mqttamqp`` is measured (put first on ``sys.path``, so
+two checkouts compare with one interpreter).  ``SCENARIO``: ``fan311`` (QoS 0, one
+publisher to 100 MQTT 3.1.1 subscribers), ``fan5plain`` (the same, MQTT 5
+subscribers), ``fan5`` (MQTT 5 subscribers with a subscription identifier each),
+``q1`` (QoS 1, 1 -> 1, MQTT 3.1.1, the subscriber acknowledging each).  ``N`` scales
+the number of messages.  Prints the process CPU per delivery in microseconds (the
+test clients' own work included).
+
+CPU on a shared machine moves by several per cent from run to run; for a figure
+other work does not move, count instructions at two sizes and take the slope:
+
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=OUT \\
+        .venv/bin/python bench/deliver_inproc.py TREE fan311 5     (then 15)
+
+(20,000 and 60,000 deliveries for the fan-outs, 2,000 and 6,000 for ``q1``).  Never
+use the figures in a test.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from typing import Any
+
+
+def main() -> None:
+    tree, scenario, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    sys.path[:0] = [tree, tree + "/tests/support"]
+    import mqttamqp
+    assert mqttamqp.__file__ is not None and mqttamqp.__file__.startswith(tree)
+    from mqtt_memory import Harness, client5
+
+    from mqttamqp.mqtt.packets import Properties, Puback, Publish, Subscribe
+
+    h = Harness()
+    subs: list[Any] = []
+    if scenario in ("fan311", "fan5", "fan5plain"):
+        for i in range(100):
+            if scenario == "fan311":
+                c: Any = h.client()
+                c.connect(f"s{i}")
+                c.send(Subscribe(1, (("bench/t", 0),)))
+            else:
+                c = client5(h)
+                c.connect5(f"s{i}")
+                ids = (Properties(subscription_identifiers=(i + 1,))
+                       if scenario == "fan5" else None)
+                c.send(Subscribe(1, (("bench/t", 0),), properties=ids))
+            c.transport.clear()
+            subs.append(c)
+        pub = h.client()
+        pub.connect("pub")
+        batch = [Publish("bench/t", b"x" * 64)] * 50
+
+        def step() -> None:
+            pub.send(*batch)
+            for s in subs:
+                s.transport.clear()
+            pub.transport.clear()
+        steps = max(1, 40 * n // 50)
+        deliveries = steps * 50 * 100
+    elif scenario == "q1":
+        sub = h.client()
+        sub.connect("s")
+        sub.send(Subscribe(1, (("bench/t", 1),)))
+        sub.transport.clear()
+        pub = h.client()
+        pub.connect("pub")
+        pid = [0]
+
+        def step() -> None:
+            packets = []
+            for _ in range(50):
+                pid[0] = pid[0] % 60000 + 1
+                packets.append(Publish("bench/t", b"x" * 64, 1, False, False, pid[0]))
+            pub.send(*packets)
+            got = [p for p in sub.received() if isinstance(p, Publish)]
+            sub.send(*[Puback(p.packet_id) for p in got])
+            pub.transport.clear()
+        steps = max(1, 40 * n // 50) * 10
+        deliveries = steps * 50
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    for _ in range(20):   # (warm: caches, specialisation)
+        step()
+    gc.collect()
+    gc.disable()
+    start = time.process_time()
+    for _ in range(steps):
+        step()
+    print(f"{(time.process_time() - start) / deliveries * 1e6:.4f}")
+
+
+if __name__ == "__main__":
+    main()
