@@ -41,8 +41,7 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError",
-           "SHORT_MAX"]
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "PropertyError"]
 
 Properties = commands.Basic.Properties
 
