@@ -489,3 +489,37 @@ def test_a_deleted_queue_leaves_no_exclusive_entry() -> None:
     clock.advance(1)
     assert "Queue.DeleteOk" in [f.name for f in frames_of(t)]
     assert "x" not in factory.exclusive
+
+
+def test_a_confirm_waits_for_the_commit() -> None:
+    """A confirmed persistent publish to a durable queue is acked only once its
+    commit is done, through the real channel (not _confirmed driven directly)."""
+    from fakes import ManualMemoryStore
+
+    store = ManualMemoryStore()
+    broker, clock, _ = make_broker(store)
+    factory = AMQP091Factory(broker, clock, Settings())
+    conn = factory.buildProtocol(None)
+    t = StringTransport()
+    conn.makeConnection(t)
+    conn.dataReceived(
+        method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+        + method_frame(0, C.TuneOk(2047, 131072, 0)) + method_frame(0, C.Open("/"))
+        + method_frame(1, commands.Channel.Open())
+        + method_frame(1, Q.Declare(queue="c", durable=True))
+        + method_frame(1, commands.Confirm.Select()))
+    store.commit_all()
+    clock.advance(1)
+    frames_of(t)
+    from mqttamqp.amqp091.frames import content_frames
+
+    conn.dataReceived(content_frames(1, B.Publish(exchange="", routing_key="c"),
+                                     B.Properties(delivery_mode=2).marshal(), b"x", 131072))
+    for _ in range(5):
+        clock.advance(1)
+    assert "Basic.Ack" not in [f.name for f in frames_of(t)]
+    assert store.pending
+    store.commit_all()
+    clock.advance(1)
+    acks = [f for f in frames_of(t) if f.name == "Basic.Ack"]
+    assert [a.delivery_tag for a in acks] == [1]
