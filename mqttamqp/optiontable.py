@@ -42,6 +42,20 @@ def _positive(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return check
 
 
+def _within(name: str, low: int, high: int) -> Callable[[str], int]:
+    """An integer option from ``low`` to ``high`` (a 0.9.1 tune field's size)."""
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise usage.UsageError(f"--{name} must be a number, got {value!r}") from None
+        if not low <= number <= high:
+            raise usage.UsageError(f"--{name} must be from {low} to {high}, got {number}")
+        return number
+    check.coerceDoc = ""  # type: ignore[attr-defined]
+    return check
+
+
 def _duration(name: str) -> Callable[[str], float]:
     def check(value: str) -> float:
         from mqttamqp.queuesfile import seconds
@@ -212,7 +226,8 @@ PARAMETERS: list[list[Any]] = [
      _positive(int, "max-retained-bytes")],
     ["queue-visibility-timeout", None, _D.queue_visibility_timeout,
      "Seconds a durable queue's delivered message stays claimed by its consumer; "
-     "unacknowledged by then, it is delivered again.",
+     "unacknowledged by then, it is delivered again (not for AMQP 0.9.1 "
+     "consumers: their deliveries stay with the channel).",
      _positive(float, "queue-visibility-timeout")],
     ["queue-max-deliveries", None, _D.queue_max_deliveries,
      "Deliveries of a queue message before it moves to the dead-letter queue "
@@ -337,20 +352,24 @@ PARAMETERS: list[list[Any]] = [
      _positive(int, "amqp-max-held-bytes")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
-     "channel_max); a channel over it closes the connection with 504.",
-     _positive(int, "amqp091-channel-max")],
+     "channel_max, 1 to 65535); a channel over it closes the connection with 504.",
+     _within("amqp091-channel-max", 1, 65535)],
     ["amqp091-frame-max", None, 131072,
      "AMQP 0.9.1: largest frame in bytes (connection.tune's frame_max, at least "
-     "4096); a larger frame closes the connection with 501.",
-     _positive(int, "amqp091-frame-max")],
+     "4096, at most 4294967295); a larger frame closes the connection with 501.",
+     _within("amqp091-frame-max", 4096, (1 << 32) - 1)],
     ["amqp091-heartbeat", None, 60,
      "AMQP 0.9.1: heartbeat interval in seconds the broker proposes (the client's "
-     "tune-ok decides; 0 = none); a client silent for two intervals is dropped.",
-     _positive(int, "amqp091-heartbeat")],
+     "tune-ok decides; 0 = none, at most 65535); a client silent for two intervals "
+     "is dropped.", _within("amqp091-heartbeat", 0, 65535)],
     ["amqp091-max-unacked", None, 10000,
      "AMQP 0.9.1: most unacknowledged deliveries on one channel whatever its "
      "prefetch (basic.qos 0 means no prefetch bound); its consumers get no more "
      "until acknowledgements come.", _positive(int, "amqp091-max-unacked")],
+    ["amqp091-max-body", None, 16 << 20,
+     "AMQP 0.9.1: largest message body in bytes a publisher may send (held whole "
+     "while it arrives); a larger one closes the channel with 406 "
+     "PRECONDITION_FAILED, the connection stays.", _positive(int, "amqp091-max-body")],
     ["share-strategy", None, "round-robin",
      "How a shared subscription ($share/<group>/<filter>) picks the member for each "
      "message: round-robin, random, sticky (one member while it is online) or "

@@ -538,7 +538,8 @@ def makeService(options: Options) -> BrokerService:
 
     svc.amqp091_settings = Settings(
         options["amqp091-channel-max"], max(4096, options["amqp091-frame-max"]),
-        options["amqp091-heartbeat"], max(1, options["amqp091-max-unacked"]))
+        options["amqp091-heartbeat"], max(1, options["amqp091-max-unacked"]),
+        max(1, options["amqp091-max-body"]))
     for description in options["amqp"]:
         svc.add_amqp_listener(description, options["amqp-idle-timeout"])
     svc.ops.configure(options)

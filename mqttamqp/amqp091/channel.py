@@ -21,6 +21,7 @@ write to the socket (the connection does).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Any
 
 from pamqp import commands
@@ -152,6 +153,8 @@ class Channel:
             raise ChannelError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         topic_filter, consumer = self.exchanges.consumer_filter(
             m.queue, self.connection.key, m.arguments)
+        # (its unacknowledged deliveries stay with the channel, as RabbitMQ's)
+        consumer = replace(consumer, held=True)
         self._may_read(m.queue)
         factory = self.connection.factory
         holder = factory.exclusive.get(m.queue)
@@ -162,16 +165,18 @@ class Channel:
             raise ChannelError(ACCESS_REFUSED, f"cannot obtain exclusive access to queue "
                                f"'{m.queue}' in vhost '/'")
         member = QueueConsumer(self, tag, m.queue, m.no_ack, self.prefetch)
+        # Joined first: a refusal (read was checked above, so the queue's own rules:
+        # a bad x-stream-offset, say) leaves no consumer and no exclusive lock.
+        if not member.join(topic_filter, consumer, consumer_identity(self.connection,
+                                                                     m.queue)):
+            raise ChannelError(PRECONDITION_FAILED, f"cannot consume from queue "
+                               f"'{m.queue}' in vhost '/' with these arguments")
         self.consumers[tag] = member
         if m.exclusive:
             factory.exclusive[m.queue] = member
         if not m.nowait:
             self._send(B.ConsumeOk(tag))
-        if not member.join(topic_filter, consumer, consumer_identity(self.connection,
-                                                                     m.queue)):
-            del self.consumers[tag]
-            raise ChannelError(ACCESS_REFUSED, f"access to queue '{m.queue}' in vhost '/' "
-                               f"refused for user '{self.connection.username or ''}'")
+        member.start()   # (deliveries after consume-ok)
         self.exchanges.consumer_added(m.queue)
 
     def _may_read(self, queue: str) -> None:
@@ -192,7 +197,11 @@ class Channel:
         session = member.session
         assert session is not None   # (a getter's ends with its channel)
         self._got = None
-        _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        member.answering = True
+        try:
+            _, left = self.exchanges.get(m.queue, session, connection.key, m.no_ack)
+        finally:
+            member.answering = False
         got, self._got = self._got, None
         if got is None:
             self._send(B.GetEmpty())
@@ -216,9 +225,13 @@ class Channel:
         if not member.getter:
             d = self.exchanges.consumer_cancelled(member.queue)
             if d is not None:
-                d.addErrback(self.connection.log.failure, "deleting an auto-delete queue")
+                log = self.connection.log
+                d.addErrback(lambda f: log.failure("deleting an auto-delete queue", f))
 
     def cancelled_by_broker(self, member: QueueConsumer) -> None:
+        exclusive = self.connection.factory.exclusive
+        if exclusive.get(member.queue) is member:
+            del exclusive[member.queue]
         if self.consumers.get(member.tag) is member:
             del self.consumers[member.tag]
             if self.connection.cancel_notify and not self.closing:
@@ -260,7 +273,8 @@ class Channel:
         if not routed and m.mandatory:
             connection.send_content(self.number, B.Return(312, "NO_ROUTE", m.exchange,
                                                           m.routing_key),
-                                    props.marshal(), content.body)
+                                    content.raw_properties or props.marshal(),
+                                    content.body)
         if seq:
             if durable is None:
                 self._confirmed(None, seq, True)
@@ -314,22 +328,35 @@ class Channel:
 
     def deliver(self, member: QueueConsumer, message: Message, packet_id: int | None,
                 dup: bool) -> None:
-        tag = self.next_tag
-        self.next_tag = tag + 1
         connection = self.connection
+        if member.getter and not member.answering:
+            # (never: a getter is congested unless a basic.get is answered)
+            _undeliverable(self, member, packet_id, Failure(RuntimeError(
+                "a delivery to basic.get's session outside basic.get")), Outcome.RELEASED)
+            return
+        tag = self.next_tag
+        dropped: list[str] = []
+        try:
+            # (built before the tag is taken: what cannot be encoded takes none)
+            props, redelivered, exchange, key = for_consumer(
+                message, member.queue, connection.clock.seconds(), dropped)
+            method = (None if member.getter else deliver_frame(
+                self.number, member.tag, tag, redelivered or dup, exchange, key))
+        except Exception:
+            _undeliverable(self, member, packet_id, Failure())
+            return
+        if dropped:
+            _note_dropped(connection, dropped)
+        self.next_tag = tag + 1
         if packet_id is not None:
             unacked = self.unacked
             unacked[tag] = (member, packet_id)
             if len(unacked) == connection.max_unacked:
                 connection.unacked_bound()
-        props, redelivered, exchange, key = for_consumer(message, member.queue,
-                                                         connection.clock.seconds())
-        if member.getter:
+        if method is None:
             self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            connection.send_content(self.number, deliver_frame(
-                self.number, member.tag, tag, redelivered or dup, exchange, key), props,
-                message.payload)
+            connection.send_content(self.number, method, props, message.payload)
         connection.messages_out += 1
         connection.meter.transferred(message.timestamp)
 
@@ -404,6 +431,48 @@ class Channel:
         return {"number": self.number, "consumers": [c.info() for c in self.consumers.values()],
                 "unacked": len(self.unacked), "prefetch": self.prefetch,
                 "global_prefetch": self.global_prefetch, "confirming": self.confirming}
+
+
+
+def _note_dropped(connection: ChannelHost, names: list[str]) -> None:
+    """A delivery left out what 0.9.1 cannot carry (a property over 255 bytes, a
+    header name over 128): counted, one log line a minute."""
+    connection.meter.limit_hit("amqp091_property_dropped")
+    held = connection.factory.log_limit.allow("property dropped")
+    if held is not None:
+        connection.log.info("AMQP 0.9.1 connection from {peer}: a delivery left out "
+                            "{names}, too long for 0.9.1{more}", peer=connection.peer,
+                            names=", ".join(names),
+                            more=f" ({held} more since the last line)" if held else "")
+
+
+def _undeliverable(channel: Channel, member: QueueConsumer, packet_id: int | None,
+                   failure: Failure, outcome: Outcome = Outcome.REJECTED) -> None:
+    """A message 0.9.1 cannot encode (or an internal error): never raised into the
+    core's delivery; settled with ``outcome`` (rejected: as ``basic.reject``) on
+    the next turn, counted, one log line a minute."""
+    connection = channel.connection
+    connection.meter.limit_hit("amqp091_undeliverable")
+    held = connection.factory.log_limit.allow("undeliverable")
+    if held is not None:
+        connection.log.warn(
+            "AMQP 0.9.1 connection from {peer}: a message on queue {queue} cannot "
+            "be delivered ({why}); {outcome}{more}", peer=connection.peer,
+            outcome=outcome.value, queue=member.queue, why=failure.getErrorMessage(),
+            more=f" ({held} more since the last line)" if held else "")
+    if packet_id is not None:
+        member.settled()
+        connection.clock.callLater(0, _settle_undelivered, connection, member, packet_id,
+                                   outcome)
+
+
+def _settle_undelivered(connection: ChannelHost, member: QueueConsumer, packet_id: int,
+                        outcome: Outcome) -> None:
+    # (a turn later: settling inside the core's delivery would re-enter it)
+    session = member.session
+    if session is not None and packet_id in session.inflight:
+        connection.broker.settle(session, packet_id, outcome, outcome is Outcome.REJECTED,
+                                 "cannot be encoded for AMQP 0.9.1")
 
 
 _HANDLERS: dict[str, Any] = {

@@ -36,6 +36,7 @@ from mqttamqp.amqp091.frames import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
     UNEXPECTED_FRAME,
+    BodyTooLarge,
     ContentAssembler,
     FrameError,
     FrameReader,
@@ -52,7 +53,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.exchanges.errors import ChannelError
+from mqttamqp.core.exchanges.errors import PRECONDITION_FAILED, ChannelError
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
@@ -331,6 +332,12 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
             if name.startswith("Connection."):
                 raise FrameError(COMMAND_INVALID, f"{name} on channel {number}")
             channel.handle(frame)
+        except BodyTooLarge as exc:
+            # (RabbitMQ's answer: a channel error; the body frames after it are
+            # discarded by the closing channel)
+            self.meter.limit_hit("amqp091_max_body")
+            self._channel_error(channel, ChannelError(PRECONDITION_FAILED, str(exc)),
+                                frame)
         except ChannelError as exc:
             if exc.connection_error:
                 self._connection_error(exc.code, exc.text)
@@ -341,7 +348,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         assembler = self._assemblers.get(channel.number)
         if assembler is None:
             assembler = self._assemblers[channel.number] = ContentAssembler(
-                self.broker.limits.max_packet_size)
+                self.factory.settings.max_body)
         return assembler
 
     def _channel_error(self, channel: Channel, exc: ChannelError, method: Any) -> None:
@@ -412,7 +419,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
-        self._timer = self.clock.callLater(5.0, self._lose)
+        self._timer = self.clock.callLater(5.0, self.abort)
 
     def _peer_close(self, m: Any) -> None:
         self._reason = f"closed by the client ({m.reply_code} {m.reply_text})"

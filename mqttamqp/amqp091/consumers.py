@@ -29,8 +29,8 @@ __all__ = ["QueueConsumer"]
 class QueueConsumer:
     """One consumer tag of a channel."""
 
-    __slots__ = ("channel", "closed", "delivered", "getter", "key", "no_ack", "prefetch",
-                 "queue", "session", "tag", "unacked")
+    __slots__ = ("answering", "channel", "closed", "delivered", "getter", "key", "no_ack",
+                 "prefetch", "queue", "session", "tag", "unacked")
 
     def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
                  prefetch: int, getter: bool = False) -> None:
@@ -45,12 +45,15 @@ class QueueConsumer:
         self.closed = False
         # basic.get's session of the channel: in no group, handed one message a get
         self.getter = getter
+        self.answering = False   # (a getter: a basic.get is being answered now)
         self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
                     f"{channel.connection.key}:{channel.number}:get")
 
     def join(self, topic_filter: str, consumer: Consumer, identity: Identity | None = None
              ) -> bool:
-        """Join the queue's group (as ``identity``: the connection's by default)."""
+        """Subscribe to the queue's group (as ``identity``: the connection's by
+        default; False: refused); nothing is delivered until ``start`` (after
+        ``basic.consume-ok``)."""
         broker = self.channel.connection.broker
         session = broker.add_topic_receiver(
             self.key, topic_filter, identity or self.channel.connection.identity,
@@ -68,14 +71,21 @@ class QueueConsumer:
         if limit and not self.no_ack:
             session.queue_prefetch = limit
             session.window = max(session.window, limit)
-        broker.start_topic_receiver(session, self)
         return True
+
+    def start(self) -> None:
+        if self.session is not None:
+            self.channel.connection.broker.start_topic_receiver(self.session, self)
 
     def open_alone(self) -> None:
         """basic.get's session: online, subscribed to nothing (the model hands it
         messages, ``Exchanges.get``); what it leaves unsettled goes back when it ends."""
         broker = self.channel.connection.broker
         session = broker.registry.add_link_subscriber(self.key)
+        # Its unacknowledged gets are bounded by the channel's --amqp091-max-unacked,
+        # not the session window's --max-inflight: a get past a full window would
+        # be taken into the backlog and answered get-empty.
+        session.window = max(session.window, self.channel.connection.max_unacked)
         self.session = session
         broker.activate(session, self, "amqp0-9-1")
 
@@ -87,7 +97,9 @@ class QueueConsumer:
             return True
         channel = self.channel
         if self.getter:
-            return False   # (the model hands it a message only when asked)
+            # Only while a basic.get is answered: what its session holds back (a
+            # full window) must not go out later, unasked and unseen.
+            return not self.answering
         if channel.connection.write_blocked or not channel.flow_active:
             return True
         if self.no_ack:

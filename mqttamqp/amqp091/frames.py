@@ -25,7 +25,8 @@ from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
 __all__ = [
-    "FrameError", "FrameReader", "Header", "Content", "ContentAssembler", "method_frame",
+    "BodyTooLarge", "FrameError", "FrameReader", "Header", "Content", "ContentAssembler",
+    "method_frame",
     "content_frames", "deliver_frame", "HEARTBEAT", "FRAME_ERROR", "SYNTAX_ERROR",
     "COMMAND_INVALID", "CHANNEL_ERROR", "UNEXPECTED_FRAME", "FRAME_MIN_SIZE",
 ]
@@ -53,6 +54,18 @@ class FrameError(Exception):
         self.code = code
         self.text = text
         self.channel = channel
+
+
+class BodyTooLarge(Exception):
+    """A content header announced a body over ``max_body`` (--amqp091-max-body):
+    a channel error (406), not a frame error; the body frames that follow are
+    discarded with the closing channel."""
+
+    def __init__(self, size: int, bound: int) -> None:
+        super().__init__(f"PRECONDITION_FAILED - message size {size} is larger than "
+                         f"configured max size {bound}")
+        self.size = size
+        self.bound = bound
 
 
 class FrameReader:
@@ -222,8 +235,8 @@ class ContentAssembler:
         if self._method is None or self._header is not None:
             raise FrameError(UNEXPECTED_FRAME, "content header without a content method")
         if header.body_size > self.max_body:
-            raise FrameError(FRAME_ERROR, f"message body of {header.body_size} bytes is "
-                             f"over the bound {self.max_body}")
+            self._method = None
+            raise BodyTooLarge(header.body_size, self.max_body)
         self._header = header
         if header.body_size == 0:
             return self._done()

@@ -39,16 +39,25 @@ class State(Enum):
     CLOSED = "closed"
 
 
+# --amqp091-max-body's default: RabbitMQ 4's max_message_size (16 MiB).  A body is
+# held whole while its frames arrive, so this is also the most a channel holds.
+MAX_BODY = 16 << 20
+
+
 class Settings:
     """The 0.9.1 options (``--amqp091-channel-max``, ``-frame-max``, ``-heartbeat``,
-    ``-max-unacked``)."""
+    ``-max-unacked``, ``-max-body``)."""
 
     def __init__(self, channel_max: int = 2047, frame_max: int = 131072,
-                 heartbeat: int = 60, max_unacked: int = 10000) -> None:
-        self.channel_max = channel_max
-        self.frame_max = frame_max
-        self.heartbeat = heartbeat
+                 heartbeat: int = 60, max_unacked: int = 10000,
+                 max_body: int = MAX_BODY) -> None:
+        # (connection.tune's fields: short, long, short; out of range, tune could
+        # not be encoded and every handshake would hang)
+        self.channel_max = min(max(1, channel_max), 65535)
+        self.frame_max = min(max(4096, frame_max), (1 << 32) - 1)
+        self.heartbeat = min(max(0, heartbeat), 65535)
         self.max_unacked = max_unacked
+        self.max_body = max_body
 
 
 class Handshake:

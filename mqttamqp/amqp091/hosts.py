@@ -39,6 +39,7 @@ class ChannelHost(Protocol):
     max_unacked: int
     cancel_notify: bool
     messages_out: int
+    peer: str
 
     def send_method(self, channel: int, method: Any) -> None: ...
 

@@ -52,6 +52,7 @@ class Pacing:
     _reason: str
     _cause: str
     reading_paused: set[str]
+    channels: dict[int, Any]
 
     @property
     def closed(self) -> bool:
@@ -62,6 +63,18 @@ class Pacing:
 
     def send_method(self, channel: int, method: Any) -> None:
         raise NotImplementedError
+
+    def abort(self) -> None:
+        """Drop a peer that went silent (missed heartbeats, no close-ok in time):
+        abortConnection, not loseConnection, which waits for the send buffer to
+        drain and so never ends for a peer that stopped reading; its channels end
+        at once, what they held goes back to their queues."""
+        self._timer = None
+        self.state = State.CLOSED
+        self.transport.abortConnection()
+        for channel in list(self.channels.values()):
+            channel.end()
+        self.channels.clear()
 
     # -- heartbeats ----------------------------------------------------------------
 
@@ -82,8 +95,7 @@ class Pacing:
             self._cause = CAUSE_KEEPALIVE
             self.log.info("AMQP 0.9.1 connection from {peer}: {r}; closing", peer=self.peer,
                           r=self._reason)
-            self.state = State.CLOSED
-            self.transport.loseConnection()
+            self.abort()
             return
         if now - self.last_out >= self.heartbeat / 2:
             self._write(HEARTBEAT)

@@ -31,11 +31,11 @@ What it must not do: route, or know frames (``frames``).
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime
 from typing import Any
 
-from pamqp import commands
-from pamqp.header import ContentHeader
+from pamqp import commands, decode, encode
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
@@ -44,6 +44,41 @@ from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 __all__ = ["to_core", "from_core", "for_consumer", "envelope", "sent_with", "PropertyError"]
 
 Properties = commands.Basic.Properties
+
+
+# A 0.9.1 short string's bytes (content-type, reply-to, correlation-id, a routing
+# key); a table's field names are at most 128 (pamqp truncates longer ones).
+SHORT_MAX = 255
+_FIELD_NAME_MAX = 128
+
+
+def _short(text: str | None, dropped: list[str], name: str) -> str | None:
+    """``text`` if it fits a short string, else None (``name`` noted in ``dropped``):
+    MQTT 5 and AMQP 1.0 strings go to 65535 bytes."""
+    if text is None or len(text) <= SHORT_MAX // 4 or len(text.encode("utf-8")) <= SHORT_MAX:
+        return text
+    dropped.append(name)
+    return None
+
+
+def _key(rest: str | None, queue: str) -> tuple[str, str]:
+    """The exchange and routing key of a delivery that reached ``queue`` through the
+    MQTT topic space (``rest``: the topic after ``$queue/<name>/``): ``amq.topic``
+    with the topic, or the default exchange and the queue's name when the topic does
+    not fit a short string."""
+    if rest:
+        key = rest.replace("/", ".")
+        if len(key) <= SHORT_MAX // 4 or len(key.encode("utf-8")) <= SHORT_MAX:
+            return "amq.topic", key
+    return "", queue
+
+
+def _fit(rest: str | None, queue: str) -> str:
+    """A dead-lettered delivery's routing key: the topic after ``$queue/<name>/``
+    if it fits a short string, else the queue's name."""
+    if rest and (len(rest) <= SHORT_MAX // 4 or len(rest.encode("utf-8")) <= SHORT_MAX):
+        return rest
+    return queue
 
 
 class PropertyError(ValueError):
@@ -97,46 +132,90 @@ def _open(data: bytes) -> tuple[str, str, bytes]:
     return exchange, key, data[2 + n + m:]
 
 
-def for_consumer(message: Message, queue: str, now: float
-                 ) -> tuple[bytes, bool, str, str]:
+def for_consumer(message: Message, queue: str, now: float,
+                 dropped: list[str] | None = None) -> tuple[bytes, bool, str, str]:
     """What a 0.9.1 consumer of ``queue`` gets for ``message``: the encoded basic
     properties, whether it is a redelivery, and the exchange and routing key.  A
-    0.9.1 publisher's properties go as it sent them (decoded and encoded again only
-    to add ``x-delivery-count`` on a redelivery), with its exchange and key; others
+    0.9.1 publisher's properties go as it sent them (``x-delivery-count`` on a
+    redelivery and ``x-death`` set in its headers table, the rest copied as bytes:
+    ``_with_headers``), with its exchange and key; others
     are mapped from the core's properties, and a message that reached the queue
     through the MQTT topic space (a topic after ``$queue/<name>/``) comes from
-    ``amq.topic`` with the topic as key (``a/b`` is ``a.b``)."""
+    ``amq.topic`` with the topic as key (``a/b`` is ``a.b``; the default exchange
+    and the queue's name when the topic is over 255 bytes).  What 0.9.1 cannot carry
+    (a string property over 255 bytes, a header name over 128) is left out, its name
+    added to ``dropped``."""
     data = message.amqp091
     count, death = _marks(message)
     if data is None:
-        props, _, redelivered = from_core(message, now)
+        props, _, redelivered = from_core(message, now, dropped)
         rest = routing_key(queue, message.topic)
         if death is not None:
             death["exchange"], death["routing-keys"] = "", [rest or death["queue"]]
             props.headers = {k: v for k, v in (props.headers or {}).items()
                              if k not in DLQ_KEYS}
             props.headers["x-death"] = [death]
-            return props.marshal(), redelivered, "", rest or queue
-        if rest:
-            return props.marshal(), redelivered, "amq.topic", rest.replace("/", ".")
-        return props.marshal(), redelivered, "", queue
+            return props.marshal(), redelivered, "", _fit(rest, queue)
+        exchange, key = _key(rest, queue)
+        return props.marshal(), redelivered, exchange, key
     exchange, key, raw = _open(data)
     if not count and death is None:
         return raw, bool(message.dup), exchange, key
-    header = ContentHeader()
-    header.unmarshal(_HEADER_PREFIX + raw)
-    props = header.properties
-    headers = dict(props.headers or {})
+    added: dict[str, Any] = {}
     if count:
-        headers["x-delivery-count"] = count
+        added["x-delivery-count"] = count
     if death is not None:
         # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death, and the key
         # it reached this queue with.
         death["exchange"], death["routing-keys"] = exchange, [key]
-        headers["x-death"] = [death, *_earlier(headers.get("x-death"))]
-        exchange, key = "", routing_key(queue, message.topic) or queue
-    props.headers = headers
-    return props.marshal(), bool(count or message.dup), exchange, key
+        added["x-death"] = [death]
+        exchange, key = "", _fit(routing_key(queue, message.topic), queue)
+    return _with_headers(raw, added), bool(count or message.dup), exchange, key
+
+
+_CONTENT_TYPE, _CONTENT_ENCODING, _HEADERS = 0x8000, 0x4000, 0x2000
+
+
+def _with_headers(raw: bytes, added: dict[str, Any]) -> bytes:
+    """The property section ``raw`` (as a 0.9.1 publisher sent it) with the
+    ``added`` headers set in its table; the other fields are copied as bytes, not
+    decoded and encoded again (pamqp decodes a long string that is not UTF-8 as
+    bytes, and cannot encode bytes).  ``x-death`` goes before the earlier deaths.
+    ``raw`` unchanged if it cannot be read."""
+    try:
+        flags = int.from_bytes(raw[0:2], "big")
+        at = 2
+        for bit in (_CONTENT_TYPE, _CONTENT_ENCODING):
+            if flags & bit:
+                at += 1 + raw[at]
+        fields: list[bytes] = []
+        end = at
+        if flags & _HEADERS:
+            size = int.from_bytes(raw[at:at + 4], "big")
+            end = at + 4 + size
+            offset = at + 4
+            while offset < end:
+                n = raw[offset]
+                name = raw[offset + 1:offset + 1 + n].decode("utf-8")
+                start = offset
+                offset += 1 + n
+                consumed, value = decode.embedded_value(raw[offset:end])
+                offset += consumed
+                if name == "x-death" and "x-death" in added:
+                    added["x-death"] = [*added["x-death"], *_earlier(value)]
+                elif name not in added:
+                    fields.append(raw[start:offset])
+        body = b"".join(fields)
+        for name, value in added.items():
+            try:
+                piece = encode.field_table({name: value})[4:]
+            except (TypeError, ValueError):   # (an earlier x-death we cannot encode)
+                piece = encode.field_table({name: value[:1]})[4:]
+            body += piece
+        table = len(body).to_bytes(4, "big") + body
+        return (((flags | _HEADERS).to_bytes(2, "big")) + raw[2:at] + table + raw[end:])
+    except (IndexError, ValueError, TypeError, UnicodeDecodeError, struct.error):
+        return raw
 
 
 def _marks(message: Message) -> tuple[int, dict[str, Any] | None]:
@@ -167,12 +246,13 @@ def _earlier(deaths: Any) -> list[Any]:
     return list(deaths) if isinstance(deaths, list) else []
 
 
-_HEADER_PREFIX = b"\x00\x3c\x00\x00" + bytes(8)   # class 60, weight 0, body size 0
-
-
-def from_core(message: Message, now: float) -> tuple[Any, int, bool]:
+def from_core(message: Message, now: float, dropped: list[str] | None = None
+              ) -> tuple[Any, int, bool]:
     """The basic properties a 0.9.1 consumer gets for ``message``, the count of its
-    earlier deliveries (``x-delivery-count``) and whether it is a redelivery."""
+    earlier deliveries (``x-delivery-count``) and whether it is a redelivery.  What
+    does not fit 0.9.1 is left out, its name added to ``dropped``."""
+    if dropped is None:
+        dropped = []
     props = message.props
     count = 0
     headers: dict[str, Any] = {}
@@ -183,11 +263,15 @@ def from_core(message: Message, now: float) -> tuple[Any, int, bool]:
                 if key == "delivery-count" and value.isdigit():
                     count = max(0, int(value) - 1)
                 continue
+            if len(key) > _FIELD_NAME_MAX // 4 and len(key.encode("utf-8")) > _FIELD_NAME_MAX:
+                dropped.append("header name")
+                continue
             headers[key] = value
-        content_type = props.content_type
-        reply_to = props.response_topic
+        content_type = _short(props.content_type, dropped, "content-type")
+        reply_to = _short(props.response_topic, dropped, "reply-to")
         if props.correlation_data is not None:
-            correlation = props.correlation_data.decode("utf-8", "replace")
+            correlation = _short(props.correlation_data.decode("utf-8", "replace"),
+                                 dropped, "correlation-id")
         left = message.remaining_expiry(now)
         if left is not None:
             expiration = str(left * 1000)

@@ -200,6 +200,7 @@ class QueueDeclarations:
             queue.reject_dead = parsed.overflow == "reject-publish-dlx"
         queue.dead_letter = (self._dead_letter_route(queue.name, parsed)
                              if parsed.dead_letter_exchange is not None else None)
+        queue.discard_rejected = parsed.dead_letter_exchange is None
 
     def _dead_letter_route(self, name: str, parsed: QueueArguments) -> DeadLetterRoute:
         raise NotImplementedError   # (``Exchanges``)

@@ -144,7 +144,8 @@ class Acknowledgements(Dispatch):
         ops: list[Op] = []
         if outcome == "rejected":
             self.stats.rejected += 1
-            self._dead_letter(group, offset, reason or "rejected", ops)
+            self._dead_letter(group, offset, reason or "rejected", ops,
+                              queue is not None and queue.discard_rejected)
         else:
             self.stats.nacked += 1
             if outcome == "released" or not failed:
@@ -165,7 +166,8 @@ class Acknowledgements(Dispatch):
         heapq.heappush(group.ready, offset)
         ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
 
-    def _dead_letter(self, group: ConsumerGroup, offset: int, reason: str, ops: list[Op]) -> None:
+    def _dead_letter(self, group: ConsumerGroup, offset: int, reason: str, ops: list[Op],
+                     discard: bool = False) -> None:
         queue = group.queue
         message = queue.log.get(offset)
         count = group.counts.get(offset, 0)
@@ -180,7 +182,7 @@ class Acknowledgements(Dispatch):
         if queue.dead_letter is not None:   # (AMQP 0.9.1's x-dead-letter-exchange)
             self._route_dead(queue, message, reason, offset, group.key, count, ops)
             return
-        if queue.name.startswith(DLQ_PREFIX) or queue.transient:
+        if queue.name.startswith(DLQ_PREFIX) or queue.transient or discard:
             return   # (a dead-letter or transient queue's dead messages go nowhere: counted)
         dlq = self._queue(DLQ_PREFIX + queue.name, ops)
         if dlq is None:

@@ -164,12 +164,15 @@ class Consumer:
     """How a subscription joins a queue: its group (None: the client id up to its
     first ``-``), ``classic`` or ``stream`` mode, a stream's start
     (``parse_stream_offset``), and whether it acknowledges with
-    ``$ack``/``$nack``/``$reject`` (None: if it speaks MQTT 5)."""
+    ``$ack``/``$nack``/``$reject`` (None: if it speaks MQTT 5).  ``held``: its
+    claims last until it leaves (an AMQP 0.9.1 consumer keeps its unacknowledged
+    deliveries with its channel, as RabbitMQ): no visibility timeout, no takeover."""
 
     group: str | None = None
     mode: str | None = None
     stream_offset: str | None = None
     explicit: bool | None = None
+    held: bool = False
 
 
 def routing_key(queue: str, topic: str) -> str:

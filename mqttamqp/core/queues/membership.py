@@ -77,7 +77,7 @@ class Membership(Acknowledgements):
         elif mode == STREAM and stream_offset:
             self._position(g, start)
         self._leave(session, g)   # (a repeated SUBSCRIBE replaces the membership)
-        member = Member(session, min(qos, 2), explicit)
+        member = Member(session, min(qos, 2), explicit, consumer.held)
         g.members.append(member)
         self._memberships.setdefault(session, []).append((g, member))
         if session.persistent:
@@ -188,7 +188,7 @@ class Membership(Acknowledgements):
             gets = self._gets.setdefault(session, [])
             member = next((m for g, m in gets if g is group), None)
             if member is None:
-                member = Member(session, min(qos, 1), False)
+                member = Member(session, min(qos, 1), False, held=True)   # (basic.get)
                 gets.append((group, member))
             member.qos = min(qos, 1)
             again = self._deliver(group, member, offset, queue.log[offset], ops)

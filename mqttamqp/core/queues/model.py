@@ -94,6 +94,9 @@ class QueueLog:
         self.reject_above: tuple[int | None, int | None] | None = None
         self.reject_dead = False    # (reject-publish-dlx: the refused one dead-lettered)
         self.dead_letter: DeadLetterRoute | None = None
+        # A 0.9.1-declared queue without x-dead-letter-exchange: a rejected delivery
+        # is dropped (counted), as RabbitMQ drops it, not kept in $dlq/.
+        self.discard_rejected = False
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""
@@ -180,12 +183,15 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "outstanding", "qos", "session")
+    __slots__ = ("explicit", "held", "outstanding", "qos", "session")
 
-    def __init__(self, session: Session, qos: int, explicit: bool) -> None:
+    def __init__(self, session: Session, qos: int, explicit: bool,
+                 held: bool = False) -> None:
         self.session = session
         self.qos = qos
         self.explicit = explicit     # acknowledges with $ack/$nack/$reject (MQTT 5)
+        # its claims last until it leaves: no visibility timeout, no takeover (0.9.1)
+        self.held = held
         self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
 
 

@@ -36,7 +36,10 @@ class Raw:
         deadline = time.monotonic() + timeout
         while not self.frames:
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:   # (aborted: a silent peer is not waited for)
+                return None
             if not data:
                 return None
             self.frames.extend(f for _, f in self.reader.feed(data))

@@ -12,6 +12,7 @@ from pamqp.header import ContentHeader
 from mqttamqp.amqp091.frames import (
     FRAME_ERROR,
     UNEXPECTED_FRAME,
+    BodyTooLarge,
     ContentAssembler,
     FrameError,
     FrameReader,
@@ -82,10 +83,12 @@ def test_a_bad_frame_end_is_a_frame_error() -> None:
 
 
 def test_a_body_over_the_bound_is_refused() -> None:
-    """A content header announcing more than the bound is refused before the body."""
+    """A content header announcing more than the bound is refused before the body
+    (``BodyTooLarge``: the connection makes it a 406 channel error)."""
     frames = FrameReader(131072).feed(publish_bytes(b"z" * 100))
-    with pytest.raises(FrameError):
+    with pytest.raises(BodyTooLarge) as info:
         assemble(frames, max_body=10)
+    assert (info.value.size, info.value.bound) == (100, 10)
 
 
 def test_a_body_without_a_header_is_unexpected() -> None:

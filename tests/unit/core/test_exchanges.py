@@ -349,7 +349,10 @@ def test_dead_letter_queues_take_dead_letters_only() -> None:
     ex.declare_queue("jobs", "c1", durable=True)
     session, link = consume(broker, "jobs")
     ex.publish(message(broker=broker), "", "jobs")
-    broker.settle(session, link.published()[0][2], Outcome.REJECTED)
+    # (past --queue-max-deliveries makes it: a 0.9.1-declared queue without
+    # x-dead-letter-exchange drops what is rejected, as RabbitMQ)
+    for _ in range(broker.limits.queue_max_deliveries):
+        broker.settle(session, link.published()[-1][2], Outcome.MODIFIED, True)
     assert "$dlq/jobs" in broker.queues.queues
     assert ex.publish(message(), "", "$dlq/jobs") == (False, None)
     assert code_of(ex.bind_queue, "$dlq/jobs", "amq.fanout") == 403
