@@ -416,6 +416,10 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self._connection_error(code, text)
 
     def _arm_close(self) -> None:
+        """Abort in 5 s unless the connection is lost first: the close-ok the broker
+        waits for, and the flush after a close either side started (loseConnection
+        waits for the send buffer to drain, which never ends for a peer that
+        stopped reading)."""
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
@@ -427,6 +431,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.send_method(0, Conn.CloseOk())
         self.state = State.CLOSED
         self._lose()
+        self._arm_close()   # (a client that sent close and stopped reading: aborted)
 
     def _close_ok(self, m: Any) -> None:
         self.state = State.CLOSED
