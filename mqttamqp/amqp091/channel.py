@@ -139,6 +139,8 @@ class Channel:
             raise ChannelError(NOT_IMPLEMENTED, "prefetch_size other than 0")
         if m.global_:
             self.global_prefetch = m.prefetch_count
+            for member in self.consumers.values():   # (their queue-side caps follow)
+                member.apply_prefetch()
         else:
             self.prefetch = m.prefetch_count
         self._send(B.QosOk())

@@ -61,17 +61,24 @@ class QueueConsumer:
         if session is None:
             return False
         self.session = session
-        # The queue may have as many deliveries outstanding with it as its prefetch
-        # allows (else the broker's --queue-prefetch, 16, would cap a prefetch of
-        # 100 and a consumer would get 16 a round trip); --amqp091-max-unacked bounds
-        # it.  A prefetch of 0 (no limit) keeps the broker's default.
-        channel = self.channel
-        limit = min(self.prefetch or getattr(channel, "global_prefetch", 0),
-                    channel.connection.max_unacked)
-        if limit and not self.no_ack:
-            session.queue_prefetch = limit
-            session.window = max(session.window, limit)
+        self.apply_prefetch()
         return True
+
+    def apply_prefetch(self) -> None:
+        """The queue may have as many deliveries outstanding with this consumer as
+        its prefetch allows (else the broker's --queue-prefetch, 16, would cap a
+        prefetch of 100 and a consumer would get 16 a round trip): the consumer's
+        own, else the channel's global one, else (0: unlimited, as RabbitMQ)
+        --amqp091-max-unacked, which bounds all three.  Again when a basic.qos
+        changes the channel's (``Channel.basic_qos``)."""
+        session = self.session
+        if session is None or self.no_ack or self.getter:
+            return
+        channel = self.channel
+        cap = channel.connection.max_unacked
+        limit = min(self.prefetch or getattr(channel, "global_prefetch", 0) or cap, cap)
+        session.queue_prefetch = limit
+        session.window = max(session.window, limit)
 
     def start(self) -> None:
         if self.session is not None:
