@@ -39,6 +39,7 @@ from pamqp import commands, decode, encode
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
+from mqttamqp.core.queues.deaths import DEATHS, Death, read_deaths
 from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
 __all__ = ["to_core", "from_core", "for_consumer", "envelope", "sent_with", "PropertyError"]
@@ -146,31 +147,48 @@ def for_consumer(message: Message, queue: str, now: float,
     (a string property over 255 bytes, a header name over 128) is left out, its name
     added to ``dropped``."""
     data = message.amqp091
-    count, death = _marks(message)
+    count, deaths = _marks(message)
     if data is None:
         props, _, redelivered = from_core(message, now, dropped)
         rest = routing_key(queue, message.topic)
-        if death is not None:
-            death["exchange"], death["routing-keys"] = "", [rest or death["queue"]]
+        if deaths is not None:
             props.headers = {k: v for k, v in (props.headers or {}).items()
                              if k not in DLQ_KEYS}
-            props.headers["x-death"] = [death]
+            props.headers.update(_x_death(deaths, "", rest or deaths[0][0]))
             return props.marshal(), redelivered, "", _fit(rest, queue)
         exchange, key = _key(rest, queue)
         return props.marshal(), redelivered, exchange, key
     exchange, key, raw = _open(data)
-    if not count and death is None:
+    if not count and deaths is None:
         return raw, bool(message.dup), exchange, key
     added: dict[str, Any] = {}
     if count:
         added["x-delivery-count"] = count
-    if death is not None:
-        # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death, and the key
-        # it reached this queue with.
-        death["exchange"], death["routing-keys"] = exchange, [key]
-        added["x-death"] = [death]
+    if deaths is not None:
+        # Dead-lettered (x-dead-letter-exchange): RabbitMQ's x-death (a death
+        # where it had not been dead-lettered before: the exchange and key it was
+        # published with), and the key it reached this queue with.
+        added.update(_x_death(deaths, exchange, key))
         exchange, key = "", _fit(routing_key(queue, message.topic), queue)
     return _with_headers(raw, added), bool(count or message.dup), exchange, key
+
+
+def _x_death(deaths: list[Death], exchange: str, key: str) -> dict[str, Any]:
+    """x-death (a table per (queue, reason), the most recent first: count, reason,
+    queue, the first time, exchange, routing keys) and the x-first-death- and
+    x-last-death- headers, as RabbitMQ writes them; ``exchange`` and ``key`` for
+    an entry that has none (``core.queues.deaths``)."""
+    tables = [{"count": n, "reason": r, "queue": q,
+               "time": datetime.fromtimestamp(first, UTC),
+               "exchange": exchange if ex is None else ex,
+               "routing-keys": [key if k is None else k]}
+              for q, r, n, first, _, ex, k in deaths]
+    first, last = tables[-1], tables[0]
+    return {"x-death": tables,
+            "x-first-death-queue": first["queue"], "x-first-death-reason": first["reason"],
+            "x-first-death-exchange": first["exchange"],
+            "x-last-death-queue": last["queue"], "x-last-death-reason": last["reason"],
+            "x-last-death-exchange": last["exchange"]}
 
 
 _CONTENT_TYPE, _CONTENT_ENCODING, _HEADERS = 0x8000, 0x4000, 0x2000
@@ -202,7 +220,10 @@ def _with_headers(raw: bytes, added: dict[str, Any]) -> bytes:
                 consumed, value = decode.embedded_value(raw[offset:end])
                 offset += consumed
                 if name == "x-death" and "x-death" in added:
-                    added["x-death"] = [*added["x-death"], *_earlier(value)]
+                    added["x-death"] = _merged(added["x-death"], value)
+                elif name.startswith("x-first-death-") and name in added:
+                    del added[name]   # (the publisher's earlier first death stays)
+                    fields.append(raw[start:offset])
                 elif name not in added:
                     fields.append(raw[start:offset])
         body = b"".join(fields)
@@ -218,15 +239,16 @@ def _with_headers(raw: bytes, added: dict[str, Any]) -> bytes:
         return raw
 
 
-def _marks(message: Message) -> tuple[int, dict[str, Any] | None]:
+def _marks(message: Message) -> tuple[int, list[Death] | None]:
     """From one scan of its user properties: the deliveries a durable queue counted
-    before this one (its metadata), and the x-death entry of a dead-lettered message
-    (the queue's origin-queue and reason), or None."""
+    before this one (its metadata), and the death history of a dead-lettered
+    message (``deaths``; from its origin-queue and reason alone, counted once,
+    for one dead-lettered before histories were kept), or None."""
     props = message.props
     if props is None:
         return 0, None
     count = -1
-    origin = reason = None
+    origin = reason = history = None
     for key, value in props.user_properties:
         if key == "delivery-count":
             if count < 0:
@@ -235,15 +257,34 @@ def _marks(message: Message) -> tuple[int, dict[str, Any] | None]:
             origin = value
         elif key == "reason":
             reason = value
+        elif key == DEATHS:
+            history = value
     count = max(count, 0)
     if origin is None or reason is None:
         return count, None
-    return count, {"count": 1, "reason": reason, "queue": origin,
-                   "time": datetime.fromtimestamp(int(message.timestamp), UTC)}
+    deaths = read_deaths(history)
+    if not deaths:
+        at = int(message.timestamp)
+        deaths = [(origin, reason, 1, at, at, None, None)]
+    return count, deaths
 
 
-def _earlier(deaths: Any) -> list[Any]:
-    return list(deaths) if isinstance(deaths, list) else []
+def _merged(ours: list[dict[str, Any]], earlier: Any) -> list[Any]:
+    """Our x-death entries, then those a 0.9.1 publisher sent (a message it took
+    from a dead-letter queue and published again): an earlier entry for the same
+    (queue, reason) as one of ours adds its count to ours, as RabbitMQ counts."""
+    if not isinstance(earlier, list):
+        return ours
+    index = {(t.get("queue"), t.get("reason")): t for t in ours}
+    out: list[Any] = list(ours)
+    for entry in earlier:
+        mine = index.get((entry.get("queue"), entry.get("reason"))) if isinstance(
+            entry, dict) else None
+        if mine is not None and type(entry.get("count")) is int:
+            mine["count"] += entry["count"]
+        elif mine is None:
+            out.append(entry)
+    return out
 
 
 def from_core(message: Message, now: float, dropped: list[str] | None = None

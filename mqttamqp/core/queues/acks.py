@@ -28,6 +28,7 @@ from mqttamqp.core.queues.addresses import (
     QueueAddress,
     Refusal,
 )
+from mqttamqp.core.queues.deaths import DEATHS, add_death
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.metadata import DLQ_KEYS, without_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Pending, QueueLog, StreamRead
@@ -196,6 +197,24 @@ class Acknowledgements(Dispatch):
                            props.user_properties) + extra))
         self._append(dlq, dead, ops)
 
+    def _death(self, name: str, message: Message, kind: str) -> str:
+        """The message's death history (``deaths``) with this death in queue
+        ``name`` added: the exchange and key it had are those of its last
+        dead-lettering, else (a 0.9.1 publisher's: None, its envelope says) the
+        default exchange and the key its topic in the queue says."""
+        before = last_exchange = last_key = None
+        for k, v in message.props.user_properties if message.props is not None else ():
+            if k == DEATHS:
+                before = v
+            elif k == "dead-letter-exchange":
+                last_exchange = v
+            elif k == "dead-letter-routing-key":
+                last_key = v
+        if last_exchange is None and message.amqp091 is None:
+            rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+            last_exchange, last_key = "", rest.replace("/", ".") if rest else name
+        return add_death(before, name, kind, self.clock.seconds(), last_exchange, last_key)
+
     def _route_dead(self, queue: QueueLog, message: Message, reason: str, offset: int,
                     group: str, count: int, ops: list[Op]) -> None:
         """A dead message of ``queue``, which has a dead-letter route (AMQP 0.9.1's
@@ -216,7 +235,8 @@ class Acknowledgements(Dispatch):
         extra = (("origin-queue", queue.name), ("origin-offset", str(offset)),
                  ("origin-group", group), ("delivery-count", str(count)),
                  ("reason", kind), ("dead-letter-exchange", exchange),
-                 ("dead-letter-routing-key", key))
+                 ("dead-letter-routing-key", key),
+                 (DEATHS, self._death(queue.name, message, kind)))
         users = tuple(kv for kv in props.user_properties if kv[0] not in DLQ_KEYS) + extra
         plain = not key or "+" in key or "#" in key or "\x00" in key
         for name in targets:

@@ -14,7 +14,8 @@ __all__ = ["METADATA_KEYS", "DLQ_KEYS", "METADATA_PROTOCOLS", "with_metadata", "
 # an AMQP receiver gets them as message annotations, see amqp.links), and those a
 # dead-lettered one adds.
 DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery-count",
-                      "reason", "dead-letter-exchange", "dead-letter-routing-key"))
+                      "reason", "dead-letter-exchange", "dead-letter-routing-key",
+                      "deaths"))
 # The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
 # message annotations, AMQP 0.9.1 x-delivery-count; the console's tail shows it too).
 METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "amqp0-9-1", "console", ""))

@@ -167,7 +167,9 @@ def test_a_dead_letter_from_mqtt_gets_x_death() -> None:
     header.unmarshal(b"\x00\x3c\x00\x00" + bytes(8) + data)
     headers = header.properties.headers
     assert (exchange, key) == ("", "dlq")
-    assert set(headers) == {"k", "x-death"}
+    assert set(headers) == {"k", "x-death", "x-first-death-queue", "x-first-death-reason",
+                            "x-first-death-exchange", "x-last-death-queue",
+                            "x-last-death-reason", "x-last-death-exchange"}
     [death] = headers["x-death"]
     assert (death["queue"], death["reason"], death["routing-keys"]) == (
         "work", "expired", ["work"])
