@@ -108,6 +108,16 @@ class FrameReader:
 # them (the channel only reads them).  Bounded: frames of at most DECODE_CACHE_ITEM
 # bytes, DECODE_CACHE_MAX of each kind, cleared when full (a publisher whose every
 # frame differs costs one insertion a frame).
+#
+# Why fixed bounds and no option, counter or log line (the project's rule for
+# buffers, queues and caches): these are pure memos of a decode (a value is a
+# function of its key alone; a miss, or a clear, costs one pamqp decode and changes
+# nothing a client or an operator can see), shared by every connection of the
+# process, so their memory is fixed whatever the load: at most DECODE_CACHE_MAX
+# keys of DECODE_CACHE_ITEM bytes and their decoded objects, a few MiB in all.
+# Nothing an operator would tune, and "reached" is no event worth a log line (a
+# publisher whose frames all differ reaches it every 1024 frames).  As the router's
+# match cache (core/topics.py) and the topic exchanges' (core/exchanges/routes.py).
 _PUBLISH = 0x003C0028
 _PUBLISH_CACHE: dict[bytes, Any] = {}
 _PROPERTIES_CACHE: dict[bytes, Any] = {}
@@ -275,9 +285,15 @@ def method_frame(channel: int, method: Any) -> bytes:
 # basic.deliver's method frame without its delivery tag, by (channel, consumer tag,
 # redelivered, exchange, routing key): marshalled by pamqp once, the 8-byte tag put
 # between the two halves per delivery (a consumer's deliveries differ in the tag
-# only; pamqp's marshalling is ~15 us a frame).  Bounded: cleared when full.
+# only; pamqp's marshalling is ~15 us a frame).  Bounded: DELIVER_CACHE_MAX
+# entries, cleared when full, and only for a consumer tag, exchange and routing key
+# of DELIVER_CACHE_ITEM characters in all (longer ones are marshalled each time):
+# at most 4096 x (256 characters of key + a frame of about as many bytes), under
+# 4 MiB for the process.  A pure memo like the decode caches above: fixed bounds,
+# no option, counter or log line, for the reasons said there.
 _DELIVER_CACHE: dict[tuple[int, str, bool, str, str], tuple[bytes, bytes]] = {}
 DELIVER_CACHE_MAX = 4096
+DELIVER_CACHE_ITEM = 256
 
 
 def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
@@ -291,9 +307,10 @@ def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivere
         # (frame header 7, class and method 4, the consumer tag as a short string)
         cut = 11 + 1 + len(consumer_tag.encode("utf-8"))
         halves = (whole[:cut], whole[cut + 8:])
-        if len(_DELIVER_CACHE) >= DELIVER_CACHE_MAX:
-            _DELIVER_CACHE.clear()
-        _DELIVER_CACHE[key] = halves
+        if len(consumer_tag) + len(exchange) + len(routing_key) <= DELIVER_CACHE_ITEM:
+            if len(_DELIVER_CACHE) >= DELIVER_CACHE_MAX:
+                _DELIVER_CACHE.clear()
+            _DELIVER_CACHE[key] = halves
     return halves[0] + delivery_tag.to_bytes(8, "big") + halves[1]
 
 

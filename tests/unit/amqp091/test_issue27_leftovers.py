@@ -128,3 +128,23 @@ def test_death_history_keeps_per_queue_and_reason_entries_bounded() -> None:
         value = add_death(value, f"q{i}", "expired", 40, None, None)
     assert len(read_deaths(value)) == DEATHS_MAX
     assert read_deaths("not json") == [] and read_deaths('[["a"]]') == []
+
+
+def test_the_deliver_frame_cache_is_bounded_and_skips_long_keys() -> None:
+    """basic.deliver frames are the same with or without the cache; it never holds
+    more than DELIVER_CACHE_MAX entries nor a key over DELIVER_CACHE_ITEM characters."""
+    from pamqp import frame
+
+    from mqttamqp.amqp091 import frames
+
+    frames._DELIVER_CACHE.clear()
+    long_key = "k" * 250
+    for i in range(frames.DELIVER_CACHE_MAX + 10):
+        data = frames.deliver_frame(1, "c", i + 1, False, "ex", f"r{i}")
+        assert len(frames._DELIVER_CACHE) <= frames.DELIVER_CACHE_MAX
+    assert data == frame.marshal(B.Deliver("c", i + 1, False, "ex", f"r{i}"), 1)
+    before = len(frames._DELIVER_CACHE)
+    for tag in (7, 8):
+        data = frames.deliver_frame(1, "c", tag, True, "amq.topic", long_key)
+        assert data == frame.marshal(B.Deliver("c", tag, True, "amq.topic", long_key), 1)
+    assert len(frames._DELIVER_CACHE) == before
