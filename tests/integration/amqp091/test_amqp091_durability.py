@@ -109,3 +109,55 @@ def test_confirmed_messages_survive_kill_9(tmp_path: os.PathLike[str]) -> None:
     published = {b"m%05d" % i for i in range(N)} | {b"end"}
     assert set(got) <= published
     assert got[-1] == b"end"
+
+
+def test_durable_exchanges_and_bindings_survive_kill_9(tmp_path: os.PathLike[str]) -> None:
+    """A durable exchange (with its type and an exchange-to-exchange binding) and a
+    durable queue binding are back after kill -9, a transient exchange is not, and
+    the one confirmed message routed through the binding just before the kill is
+    in the queue after the restart."""
+    data = os.path.join(str(tmp_path), "data")
+    queue, exchange = uname("kept-q"), uname("kept-x")
+    front, transient = uname("kept-front"), uname("gone-x")
+    broker = start_broker(data, restartable=True)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url(broker)))
+        ch = conn.channel()
+        ch.exchange_declare(exchange, "topic", durable=True)
+        ch.exchange_declare(front, "fanout", durable=True)
+        ch.exchange_declare(transient, "direct", durable=False)
+        ch.queue_declare(queue, durable=True)
+        ch.queue_bind(queue, exchange, "orders.*")
+        ch.exchange_bind(exchange, front, "")
+        ch.confirm_delivery()
+        ch.basic_publish(exchange, "orders.new", b"before the kill",
+                         pika.BasicProperties(delivery_mode=2), mandatory=True)
+        broker.kill()   # (right after the confirm: no clean shutdown runs)
+
+        broker = start_broker(data, restartable=True)
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url(broker)))
+        ch = conn.channel()
+        ch.exchange_declare(exchange, "topic", durable=True, passive=True)
+        ch.exchange_declare(front, "fanout", durable=True, passive=True)
+        method, _, body = ch.basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"before the kill"
+        ch.confirm_delivery()
+        # through the binding, and through the exchange-to-exchange binding
+        ch.basic_publish(exchange, "orders.paid", b"after", mandatory=True)
+        ch.basic_publish(front, "orders.front", b"via front", mandatory=True)
+        got = []
+        for _ in range(2):
+            method, _, body = ch.basic_get(queue, auto_ack=True)
+            assert method is not None, f"only {got} routed after the restart"
+            got.append(body)
+        assert got == [b"after", b"via front"]
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.exchange_declare(exchange, "direct", durable=True)   # (its type was kept)
+        assert refused.value.reply_code == 406
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as missing:
+            ch.exchange_declare(transient, "direct", passive=True)
+        assert missing.value.reply_code == 404
+        conn.close()
+    finally:
+        broker.stop()
