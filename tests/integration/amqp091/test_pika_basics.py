@@ -217,3 +217,18 @@ def test_every_property_is_kept_between_091_peers(pika_conn: Connect) -> None:
     assert again.redelivered and props2.message_id == "m-1"
     assert props2.headers["x-delivery-count"] == 1 and props2.headers["retries"] == 2
     ch.basic_ack(again.delivery_tag)
+
+
+def test_prefetch_zero_is_unlimited(pika_conn: Connect) -> None:
+    """Without basic.qos (prefetch 0, unlimited as in RabbitMQ) a consumer of a durable
+    queue gets all 100 ready messages unacknowledged, not the broker's --queue-prefetch
+    (16); acknowledged at the end with one multiple ack."""
+    ch = pika_conn().channel()
+    queue = ch.queue_declare(qname(), durable=True).method.queue
+    ch.confirm_delivery()
+    for i in range(100):
+        ch.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    got = take(ch, queue, 100)
+    assert len(got) == 100 and got[-1][2] == b"99"
+    ch.basic_ack(got[-1][0].delivery_tag, multiple=True)   # type: ignore[attr-defined]
+    ch.cancel()
