@@ -14,8 +14,9 @@ What it must not do: know a wire protocol; where the fields come from (an AMQP
 
 Values: ``None`` is SQL's NULL/unknown; numbers are ``int``/``float`` (never
 ``bool``); strings ``str``; booleans ``bool``.  An operation on values of types
-it does not take (a string compared with ``<``, arithmetic on a string, a
-division by zero) is unknown, and a selector that evaluates to unknown does not
+it does not take (arithmetic on a string, a division by zero) is unknown; a
+comparison of unlike types (or of strings or booleans with ``<``...) is false,
+as the JMS specification says; a selector that evaluates to unknown does not
 match.
 """
 
@@ -49,7 +50,7 @@ class SelectorError(ValueError):
 _TOKEN = re.compile(r"""
     \s*(?:
       (?P<string>'(?:[^']|'')*')
-    | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[lLfFdD]?|0[xX][0-9a-fA-F]+)
+    | (?P<number>0[xX][0-9a-fA-F]+|(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[lLfFdD]?)
     | (?P<word>[A-Za-z_$][A-Za-z0-9_$.]*)
     | (?P<op><>|<=|>=|[=<>()+\-*/,])
     )""", re.VERBOSE)
@@ -153,10 +154,10 @@ def _compare(op: str, a: Any, b: Any) -> bool | None:
         return None
     if _num(a) and _num(b):
         pass
-    elif type(a) is not type(b) and not (isinstance(a, str) and isinstance(b, str)):
-        return None          # (different types: JMS says false; unknown is stricter)
-    elif op not in ("=", "<>") and not _num(a):
-        return None          # (strings and booleans: only = and <>)
+    elif type(a) is not type(b) or (op not in ("=", "<>")):
+        # Values of unlike types, or strings and booleans with an order (defined
+        # for numbers only): false, as JMS 2.0 §3.8.1.2 says.
+        return False
     if op == "=":
         return bool(a == b)
     if op == "<>":
