@@ -96,6 +96,7 @@ class Router(Subscriptions):
         # Retained messages: kept, and fed to new subscriptions.
         self.retained_feed = RetainedFeed(clock, commits, stats, self.limits,
                                           self._log_limit, self.native, self._queue_full)
+        self.retained_feed.selectors = self.selectors
         self.retained = self.retained_feed.retained
         self._replays = self.retained_feed.by_session   # (read on retained publishes)
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from amqp_clients import TIMEOUT, conns, paho, run_container, uid
 from brokerproc import BrokerProcess
-from proton import Message
+from proton import Message, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Selector
 from proton.utils import LinkDetached
@@ -199,3 +199,20 @@ def test_bad_selector_refused_connection_stays(broker, conns) -> None:
     conn.create_sender(address).send(Message(body="still open"))
     assert rcv.receive(timeout=TIMEOUT).body == "still open"
     rcv.accept()
+
+
+def test_retained_messages_are_selected_too(broker, conns) -> None:
+    """The retained messages a selective topic receiver gets at attach are only
+    those its selector is true of."""
+    base = uid("sel")
+    conn = conns(broker)
+    snd = conn.create_sender(None)
+    for colour in ("red", "green"):
+        snd.send(Message(address=f"{base}/{colour}", body=colour,
+                         properties={"colour": colour},
+                         annotations={symbol("x-opt-retain-message"): True}))
+    rcv = conn.create_receiver(f"{base}/+", credit=10, options=Selector("colour = 'green'"))
+    assert rcv.receive(timeout=TIMEOUT).body == "green"
+    snd.send(Message(address=f"{base}/marker", body="marker",
+                     properties={"colour": "green"}))
+    assert rcv.receive(timeout=TIMEOUT).body == "marker"
