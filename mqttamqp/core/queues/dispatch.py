@@ -15,6 +15,7 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from twisted.python.failure import Failure
 
@@ -53,8 +54,8 @@ class Dispatch(MemoryBudget):
             else self.limits.queue_prefetch)
         return member.outstanding < prefetch and not session.has_queued
 
-    def _next_member(self, group: ConsumerGroup, message: Message) -> Member | bool:
-        """The next member with credit that takes ``message`` (round-robin); False
+    def _next_member(self, group: ConsumerGroup, offset: int) -> Member | bool:
+        """The next member with credit that takes ``offset`` (round-robin); False
         when no member has credit, True when some have but none selects it."""
         members = group.members
         n = len(members)
@@ -63,12 +64,32 @@ class Dispatch(MemoryBudget):
             member = members[(group._rr + i) % n]
             if self._credit(member):
                 selector = member.selector
-                if selector is not None and not selector(message):
+                if selector is not None and not self._selects(member, selector, group,
+                                                              offset):
                     credited = True
                     continue
                 group._rr = (group._rr + i + 1) % n
                 return member
         return credited
+
+    @staticmethod
+    def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
+                 offset: int) -> bool:
+        """Does ``member``'s selector take ``offset``?  A refusal is remembered (the
+        message and the selector never change): a message parked for others is
+        tested once per member, not at every pump."""
+        skipped = member.skipped
+        if offset in skipped:
+            return False
+        if selector(group.queue.log[offset]):
+            return True
+        if len(skipped) >= 2 * len(group.parked) + 64:
+            # (forget what is no longer parked: acknowledged by others, or gone)
+            parked = set(group.parked)
+            parked.update(group.ready)
+            skipped.intersection_update(parked)
+        skipped.add(offset)
+        return False
 
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
@@ -107,7 +128,7 @@ class Dispatch(MemoryBudget):
                     ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
                 break   # (sent once the watermark above it is durable: ``_stored``)
-            member = self._next_member(group, queue.log[offset])
+            member = self._next_member(group, offset)
             if member is False:
                 break
             self._take(group, offset)

@@ -183,7 +183,7 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "held", "outstanding", "qos", "selector", "session")
+    __slots__ = ("explicit", "held", "outstanding", "qos", "selector", "session", "skipped")
 
     def __init__(self, session: Session, qos: int, explicit: bool,
                  held: bool = False,
@@ -195,6 +195,8 @@ class Member:
         self.held = held
         self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
         self.selector = selector     # takes only what this is true of (None: all)
+        # Offsets its selector refused (``Dispatch._selects``); empty without one.
+        self.skipped: set[int] = set()
 
 
 class DeliveryEnds(Protocol):
