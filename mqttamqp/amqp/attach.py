@@ -180,7 +180,7 @@ def _selector(host: AttachHost, plink: Any, remote: Any) -> tuple[bool, Predicat
     if filters.next() is None:
         return False, None
     try:
-        found = source_selector(filters.get_object())
+        found = source_selector(filters.get_object(), host.limits.amqp_max_selector_length)
     except (UnicodeDecodeError, KeyError, TypeError, ValueError):
         found = "the source's filter map does not decode"
     if isinstance(found, str):

@@ -23,7 +23,12 @@ from typing import Any
 from mqttamqp.amqp.codec.native import native_header
 from mqttamqp.amqp.codec.values import DecodeError, Described, Symbol, ValueDecoder
 from mqttamqp.core.message import Message
-from mqttamqp.core.selectors import Selector, SelectorError, compile_selector
+from mqttamqp.core.selectors import (
+    MAX_SELECTOR_LENGTH,
+    Selector,
+    SelectorError,
+    compile_selector,
+)
 
 __all__ = ["SELECTOR_FILTER", "SELECTOR_CODE", "source_selector", "message_predicate",
            "message_fields"]
@@ -36,7 +41,8 @@ _SECTION_CODES = {"amqp:properties:list": _PROPERTIES,
                   "amqp:application-properties:map": _APPLICATION_PROPERTIES}
 
 
-def source_selector(filters: Any) -> tuple[Any, Selector] | str | None:
+def source_selector(filters: Any, max_length: int = MAX_SELECTOR_LENGTH
+                    ) -> tuple[Any, Selector] | str | None:
     """The selector a source's filter map (as proton decodes it) asks for, with its
     key in the map (echoed in the attach's answer); None: no filter; a string: why
     the filters are refused (another kind of filter, or a selector that does not
@@ -56,7 +62,7 @@ def source_selector(filters: Any) -> tuple[Any, Selector] | str | None:
         if not isinstance(text, str):
             return f"selector filter {str(key)!r} is not a string"
         try:
-            found = (key, compile_selector(text))
+            found = (key, compile_selector(text, max_length))
         except SelectorError as exc:
             return f"selector {text[:80]!r} does not parse: {exc}"
     return found

@@ -29,8 +29,9 @@ from typing import Any
 __all__ = ["Selector", "SelectorError", "compile_selector", "MAX_SELECTOR_LENGTH",
            "MAX_DEPTH", "MAX_OPERATORS"]
 
-# A selector longer than this is refused: it is parsed once per link, but a peer
-# attaching links in a loop must not make the broker parse megabytes each time.
+# A selector longer than this is refused (by default: ``compile_selector``'s
+# ``max_length``, --amqp-max-selector-length): it is parsed once per link, but a
+# peer attaching links in a loop must not make the broker parse megabytes each time.
 MAX_SELECTOR_LENGTH = 4096
 # Nesting (parentheses, NOT, unary signs) deeper than this is refused: the parser
 # and the compiled predicate recurse once per level.
@@ -450,11 +451,12 @@ class Selector:
         return f"Selector({self.text!r})"
 
 
-def compile_selector(text: str) -> Selector:
+def compile_selector(text: str, max_length: int = MAX_SELECTOR_LENGTH) -> Selector:
     """Parse ``text`` into a ``Selector``; ``SelectorError`` says why it does not
-    parse (or is over ``MAX_SELECTOR_LENGTH``/``MAX_DEPTH``)."""
-    if len(text) > MAX_SELECTOR_LENGTH:
-        raise SelectorError(f"longer than {MAX_SELECTOR_LENGTH} characters")
+    parse (or is over ``max_length``, ``MAX_DEPTH`` or ``MAX_OPERATORS``)."""
+    if len(text) > max_length:
+        raise SelectorError(f"longer than {max_length} characters "
+                            "(--amqp-max-selector-length)")
     if not text.strip():
         raise SelectorError("empty")
     parser = _Parser(text)

@@ -86,3 +86,13 @@ def test_source_selector() -> None:
     assert "does not parse" in str(source_selector({"s": Described(SELECTOR_CODE, "a =")}))
     two = {"a": Described(SELECTOR_CODE, text), "b": Described(SELECTOR_CODE, text)}
     assert "more than one" in str(source_selector(two))
+
+
+def test_selector_length_bound() -> None:
+    """A selector longer than the bound (--amqp-max-selector-length) is refused
+    with why."""
+    text = "colour = 'red'"
+    assert not isinstance(source_selector({"s": Described(SELECTOR_CODE, text)}, len(text)),
+                          str)
+    refused = source_selector({"s": Described(SELECTOR_CODE, text)}, len(text) - 1)
+    assert isinstance(refused, str) and "--amqp-max-selector-length" in refused
