@@ -37,6 +37,7 @@ from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.routing.shared import SHARE_PREFIX
 from mqttamqp.core.routing.subscriptions import DYNAMIC_PREFIX
 from mqttamqp.core.topics import (
     topic_size_problem,
@@ -263,6 +264,10 @@ def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"source {address!r} is not a topic filter: {problem}")
+            return None
+        if selector is not None and value.startswith(SHARE_PREFIX):
+            refuse_link(host, plink, NOT_IMPLEMENTED,
+                        f"a selector on a shared subscription ({address!r}) is not supported")
             return None
         return partial(TopicSubscription, host, plink, value, selector=selector)
     if kind is AddressKind.SESSION_PUBLISH:

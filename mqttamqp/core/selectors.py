@@ -189,22 +189,53 @@ def _arith(op: str, a: Any, b: Any) -> Any:
     return a / b
 
 
-def _like_pattern(pattern: str, escape: str | None) -> re.Pattern[str]:
-    out: list[str] = []
+_ONE, _ANY = object(), object()   # ``_`` and ``%`` in a compiled LIKE pattern
+
+
+def _like_pattern(pattern: str, escape: str | None) -> list[object]:
+    """The pattern as characters and the two wildcards (``_ONE``, ``_ANY``)."""
+    out: list[object] = []
     chars = iter(pattern)
     for c in chars:
         if escape is not None and c == escape:
             nxt = next(chars, None)
             if nxt is None:
                 raise SelectorError("LIKE pattern ends with its escape character")
-            out.append(re.escape(nxt))
+            out.append(nxt)
         elif c == "%":
-            out.append(".*")
+            if not out or out[-1] is not _ANY:
+                out.append(_ANY)
         elif c == "_":
-            out.append(".")
+            out.append(_ONE)
         else:
-            out.append(re.escape(c))
-    return re.compile("".join(out), re.DOTALL)
+            out.append(c)
+    return out
+
+
+def _like(value: str, pattern: list[object]) -> bool:
+    """Does ``value`` match ``pattern``?  Greedy, back to the last ``%`` on a
+    mismatch: at most len(value) * len(pattern) steps (a regular expression
+    could backtrack far longer on ``'%a%a%a…'``)."""
+    v = p = 0
+    star = -1
+    mark = 0
+    n, m = len(value), len(pattern)
+    while v < n:
+        if p < m and (pattern[p] is _ONE or pattern[p] == value[v]):
+            v += 1
+            p += 1
+        elif p < m and pattern[p] is _ANY:
+            star, mark = p, v
+            p += 1
+        elif star >= 0:
+            p = star + 1
+            mark += 1
+            v = mark
+        else:
+            return False
+    while p < m and pattern[p] is _ANY:
+        p += 1
+    return p == m
 
 
 class _Parser:
@@ -330,14 +361,13 @@ class _Parser:
             escape = self._string_literal("an ESCAPE character")
             if len(escape) != 1:
                 raise SelectorError("an ESCAPE character is one character")
-        regex = _like_pattern(pattern, escape)
+        compiled = _like_pattern(pattern, escape)
 
         def run(memo: dict[str, Any], lookup: Lookup) -> Any:
             value = left(memo, lookup)
             if not isinstance(value, str):
                 return None
-            return (regex.fullmatch(value) is None) if negate else (
-                regex.fullmatch(value) is not None)
+            return _like(value, compiled) is not negate
         return run
 
     def within(self, left: _Eval, negate: bool) -> _Eval:

@@ -216,3 +216,16 @@ def test_retained_messages_are_selected_too(broker, conns) -> None:
     snd.send(Message(address=f"{base}/marker", body="marker",
                      properties={"colour": "green"}))
     assert rcv.receive(timeout=TIMEOUT).body == "marker"
+
+
+def test_selector_on_a_shared_subscription_refused(broker, conns) -> None:
+    """A selector on a ``$share/`` source is refused with amqp:not-implemented (the
+    group would hand it messages its selector refuses); the connection stays."""
+    conn = conns(broker)
+    with pytest.raises(LinkDetached) as err:
+        conn.create_receiver(f"$share/g/{uid('sel')}/t", options=Selector("a = 1"))
+    assert err.value.condition == "amqp:not-implemented"
+    topic = uid("sel")
+    rcv = conn.create_receiver(topic, name="after-the-refusal")
+    conn.create_sender(topic).send(Message(body="still open"))
+    assert rcv.receive(timeout=TIMEOUT).body == "still open"

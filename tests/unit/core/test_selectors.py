@@ -211,3 +211,22 @@ def test_three_valued_logic_matches_reference(case: tuple[str, bool | None]) -> 
     """AND/OR/NOT over true, false and unknown give SQL's (Kleene's) truth values."""
     text, expected = case
     assert compile_selector(text).evaluate(_ATOMS.get) is expected
+
+
+@given(st.text(alphabet="ab%_", max_size=8), st.text(alphabet="ab_%", max_size=10))
+def test_like_matches_a_regular_expression(pattern: str, value: str) -> None:
+    """LIKE agrees with the equivalent regular expression (``_`` one character,
+    ``%`` any run) on any pattern and value."""
+    import re
+
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern)
+    expected = re.fullmatch(regex, value, re.DOTALL) is not None
+    literal = pattern.replace("'", "''")
+    assert _eval(f"v LIKE '{literal}'", v=value) is expected
+
+
+def test_like_is_not_exponential() -> None:
+    """A pattern of many ``%`` against a long value that fails answers (the
+    matcher does not backtrack exponentially)."""
+    pattern = "%a" * 30 + "%b"
+    assert _eval(f"v LIKE '{pattern}'", v="a" * 2000) is False
