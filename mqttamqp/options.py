@@ -286,6 +286,7 @@ def limits_from(options: Any) -> Limits:
         amqp_max_links=options["amqp-max-links"],
         amqp_max_links_total=options["amqp-max-links-total"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
+        amqp_max_selector_length=options["amqp-max-selector-length"],
         share_strategy=options["share-strategy"],
         shared_subscriptions=not options["no-shared-subscriptions"],
         wildcard_subscriptions=not options["no-wildcard-subscriptions"],

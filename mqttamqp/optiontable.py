@@ -350,6 +350,11 @@ PARAMETERS: list[list[Any]] = [
      "one AMQP connection; a peer that sends more is closed "
      "(amqp:resource-limit-exceeded). At least --max-packet-size.",
      _positive(int, "amqp-max-held-bytes")],
+    ["amqp-max-selector-length", None, _D.amqp_max_selector_length,
+     "Longest selector (apache.org:selector-filter:string) an AMQP receiver may "
+     "attach with, in characters; a longer one refuses that link "
+     "(amqp:invalid-field) and the connection stays.",
+     _positive(int, "amqp-max-selector-length")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
      "channel_max, 1 to 65535); a channel over it closes the connection with 504.",

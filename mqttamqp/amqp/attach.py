@@ -26,6 +26,7 @@ from mqttamqp.amqp.addresses import QUEUE_CAPABILITY, AddressKind, classify, que
 from mqttamqp.amqp.links import BrokerLink, ControlOutlet, LinkHost
 from mqttamqp.amqp.publisher import TopicPublisher
 from mqttamqp.amqp.queuelinks import QueueSubscription, consumer_from_properties, queue_filter
+from mqttamqp.amqp.selection import message_predicate, source_selector
 from mqttamqp.amqp.services import (
     PubrelLink,
     SessionRequests,
@@ -33,8 +34,10 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
+from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.routing.shared import SHARE_PREFIX
 from mqttamqp.core.routing.subscriptions import DYNAMIC_PREFIX
 from mqttamqp.core.topics import (
     topic_size_problem,
@@ -49,11 +52,14 @@ __all__ = ["AttachHost", "attach", "refuse_link", "TOPIC_CAPABILITY", "RESOURCE_
 TOPIC_CAPABILITY = "topic"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
+INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 # Log lines a minute for the refusals of one condition, of all connections: enough
 # to see why an application's links are refused, not a line per attach of a peer
 # that attaches refused links in a loop.
 REFUSALS_LOGGED = 20
+
+Predicate = Callable[[Message], bool]
 
 _log = Logger(namespace="mqttamqp.amqp.listener.AMQPConnection")
 
@@ -112,15 +118,18 @@ def attach(host: AttachHost, plink: Any) -> None:
     if unsupported is not None:
         refuse_link(host, plink, NOT_IMPLEMENTED, unsupported)
         return
+    refused, selector = _selector(host, plink, remote) if plink.is_sender else (False, None)
+    if refused:
+        return
     dynamic = plink.is_sender and remote.dynamic
     if dynamic:
         # A node of its own for this receiver (request/response: its reply-to).
         address = DYNAMIC_PREFIX + uuid.uuid4().hex
         make: Callable[[], BrokerLink] | None = partial(
-            TopicSubscription, host, plink, address, reserved=True)
+            TopicSubscription, host, plink, address, reserved=True, selector=selector)
     elif plink.is_sender:
         where = classify(address)
-        make = _outgoing(host, plink, where.kind, where.value, address or "")
+        make = _outgoing(host, plink, where.kind, where.value, address or "", selector)
     else:
         where = classify(address)
         make = _incoming(host, plink, where.kind, where.value, address or "")
@@ -161,16 +170,27 @@ def _unsupported(plink: Any, remote: Any) -> str | None:
             return "transactions are not supported"
         if remote.dynamic:
             return "dynamic targets are not supported (a receiver may ask for a dynamic source)"
-        return None
+    return None
+
+
+def _selector(host: AttachHost, plink: Any, remote: Any) -> tuple[bool, Predicate | None]:
+    """Whether the receiver's source filter is refused (the link is refused then),
+    and the predicate of the selector it asks for (None: without one)."""
     filters = remote.filter
     filters.rewind()
-    if filters.next() is not None:
-        try:
-            names = ", ".join(sorted(str(key) for key in filters.get_object() or {}))
-        except Exception:
-            names = "?"
-        return f"source filters (selectors) are not supported: {names}"
-    return None
+    if filters.next() is None:
+        return False, None
+    try:
+        found = source_selector(filters.get_object(), host.limits.amqp_max_selector_length)
+    except (UnicodeDecodeError, KeyError, TypeError, ValueError):
+        found = "the source's filter map does not decode"
+    if isinstance(found, str):
+        condition = INVALID_FIELD if found.startswith("selector ") else NOT_IMPLEMENTED
+        refuse_link(host, plink, condition, found)
+        return True, None
+    if found is None:
+        return False, None
+    return False, message_predicate(found[1])
 
 
 def _set_capabilities(terminus: Any, names: list[str]) -> None:
@@ -206,14 +226,15 @@ def _queue_topic(host: AttachHost, terminus: Any, address: str) -> str | None:
     return queue_topic(address, _offers_queue(terminus), host.limits.amqp_queues)
 
 
-def _queue_receiver(host: AttachHost, plink: Any, topic: str, address: str
-                    ) -> Callable[[], BrokerLink] | None:
+def _queue_receiver(host: AttachHost, plink: Any, topic: str, address: str,
+                    selector: Predicate | None = None) -> Callable[[], BrokerLink] | None:
     """A receiver of a durable queue, with the consumer its attach properties ask for."""
     topic_filter = queue_filter(topic, plain=topic != address)
     consumer: Consumer | str | None = _size_problem(host, topic_filter)
     if consumer is None:
         try:
-            consumer = consumer_from_properties(plink.remote_properties, topic_filter)
+            consumer = consumer_from_properties(plink.remote_properties, topic_filter,
+                                                selector)
         except UnicodeDecodeError:
             consumer = "the attach properties are not valid UTF-8"
     if isinstance(consumer, str):
@@ -229,17 +250,26 @@ def _size_problem(host: AttachHost, topic: str) -> str | None:
 
 
 def _outgoing(host: AttachHost, plink: Any, kind: AddressKind, value: str,
-              address: str) -> Callable[[], BrokerLink] | None:
+              address: str, selector: Predicate | None = None
+              ) -> Callable[[], BrokerLink] | None:
+    if selector is not None and kind is not AddressKind.TOPIC:
+        refuse_link(host, plink, NOT_IMPLEMENTED,
+                    f"a selector applies to topic and queue sources, not {address!r}")
+        return None
     if kind is AddressKind.TOPIC:
         queued = _queue_topic(host, plink.remote_source, value)
         if queued is not None:
-            return _queue_receiver(host, plink, queued, value)
+            return _queue_receiver(host, plink, queued, value, selector)
         problem = validate_topic_filter(value) or _size_problem(host, value)
         if problem is not None:
             refuse_link(host, plink, "amqp:invalid-field",
                         f"source {address!r} is not a topic filter: {problem}")
             return None
-        return partial(TopicSubscription, host, plink, value)
+        if selector is not None and value.startswith(SHARE_PREFIX):
+            refuse_link(host, plink, NOT_IMPLEMENTED,
+                        f"a selector on a shared subscription ({address!r}) is not supported")
+            return None
+        return partial(TopicSubscription, host, plink, value, selector=selector)
     if kind is AddressKind.SESSION_PUBLISH:
         if not host.broker.gate.may_use_session(host.identity, value):
             refuse_link(host, plink, "amqp:unauthorized-access",

@@ -15,10 +15,12 @@ links (``attach``), or hold queue rules (``core.queues``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mqttamqp.amqp.links import LinkHost, OutgoingLink
 from mqttamqp.amqp.subscribers import TopicSubscription
+from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
     STREAM,
@@ -40,12 +42,16 @@ def queue_filter(topic: str, plain: bool) -> str:
     return topic + "/#" if plain else topic
 
 
-def consumer_from_properties(properties: Any, topic_filter: str) -> Consumer | str:
+def consumer_from_properties(properties: Any, topic_filter: str,
+                             selector: Callable[[Message], bool] | None = None
+                             ) -> Consumer | str:
     """The consumer a receiver's attach properties ask for, or why they are refused.
 
     Without ``consumer-group`` every receiver of the queue is one group, named
     after the queue (competing consumers, as a queue is usually read): AMQP has
-    no client id to take a group from, and a container id is often random."""
+    no client id to take a group from, and a container id is often random.
+    ``selector``: the receiver's (``selection``), the consumer takes only what it
+    matches."""
     values: dict[str, str | None] = dict.fromkeys(_CONSUMER_KEYS)
     if isinstance(properties, dict):
         for key, value in properties.items():
@@ -69,7 +75,7 @@ def consumer_from_properties(properties: Any, topic_filter: str) -> Consumer | s
         group = address.name
     elif not group or "/" in group or "@" in group:
         return f"consumer-group {group!r}: a group name is not empty and holds no / or @"
-    return Consumer(group, mode, values["stream-offset"], explicit=False)
+    return Consumer(group, mode, values["stream-offset"], explicit=False, selector=selector)
 
 
 class QueueSubscription(TopicSubscription):

@@ -17,6 +17,7 @@ What it must not do: decide which session a ``.publish`` receiver claims
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from twisted.python.failure import Failure
@@ -348,13 +349,15 @@ class _SessionLink(OutgoingLink):
 class TopicSubscription(_SessionLink):
     """A receiver whose source is a topic filter: every matching message."""
 
-    __slots__ = ("key", "reserved")
+    __slots__ = ("key", "reserved", "selector")
     native = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
-                 reserved: bool = False) -> None:
+                 reserved: bool = False,
+                 selector: Callable[[Message], bool] | None = None) -> None:
         super().__init__(host, plink, topic_filter)
         self.reserved = reserved   # the address of its own dynamic node
+        self.selector = selector   # its source's selector (``selection``): None, all
         # Unique per link: two sessions of one connection may reuse a link name.
         self.key = f"amqp:{host.container_id}:{self.name}#{host.serial}.{next(_link_serials)}"
 
@@ -362,7 +365,8 @@ class TopicSubscription(_SessionLink):
         """Route the filter to a session of this link; returns why it failed, or None."""
         granted = 0 if self.presettled else 2
         session = self.broker.add_topic_receiver(
-            self.key, self.address, self.host.identity, granted, self.reserved)
+            self.key, self.address, self.host.identity, granted, self.reserved,
+            selector=self.selector)
         if session is None:
             return "subscription to this topic filter is not allowed"
         self.session = session   # before anything is delivered: drops count against it

@@ -281,19 +281,25 @@ class Broker:
 
     def add_topic_receiver(self, key: str, topic_filter: str, identity: Identity,
                            qos: int, dynamic: bool = False,
-                           consumer: Consumer | None = None) -> Session | None:
+                           consumer: Consumer | None = None,
+                           selector: Callable[[Message], bool] | None = None
+                           ) -> Session | None:
         """An AMQP receiver on a topic filter: a session of its own, subscribed (None
         if refused).  Nothing is delivered until ``start_topic_receiver``.
         ``dynamic``: the filter is the address of the receiver's dynamic node.
         ``consumer``: for a ``$queue/`` filter, its group and mode (attach
         properties); its deliveries are acknowledged by their outcomes (``settle``),
-        or on send when ``qos`` is 0 (pre-settled)."""
+        or on send when ``qos`` is 0 (pre-settled).  ``selector``: only the
+        messages it is true of reach the receiver (a queue consumer's is its
+        ``Consumer``'s)."""
         session = self.registry.add_link_subscriber(key)
         codes, _ = self.router.subscribe(session, identity, [(topic_filter, qos)],
                                           native=True, dynamic=dynamic, consumer=consumer)
         if codes[0] >= SUBSCRIBE_FAILURE:
             self.registry.remove_link_subscriber(key)
             return None
+        if selector is not None:
+            self.router.selectors[session] = selector
         return session
 
     def start_topic_receiver(self, session: Session, link: ClientLink) -> None:

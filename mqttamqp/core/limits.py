@@ -40,6 +40,9 @@ class Limits:
     # Bytes of unfinished (multi-frame) incoming messages one AMQP connection may
     # have the broker hold; beyond, the connection is closed.
     amqp_max_held_bytes: int = 32 << 20
+    # Characters of an AMQP receiver's selector (parsed once per attach); a longer
+    # one refuses that link.
+    amqp_max_selector_length: int = 4096
     max_subscriptions: int = 10_000           # filters per session (MQTT or AMQP)
     max_retained_messages: int = 100_000      # retained messages in all ($SYS not counted)
     max_retained_bytes: int = 128 << 20       # their payload bytes in all

@@ -9,8 +9,10 @@ What this module must not do: hold state; it is pure string handling."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
+from mqttamqp.core.message import Message
 from mqttamqp.core.topics import validate_topic_filter
 from mqttamqp.records import record
 
@@ -166,13 +168,16 @@ class Consumer:
     (``parse_stream_offset``), and whether it acknowledges with
     ``$ack``/``$nack``/``$reject`` (None: if it speaks MQTT 5).  ``held``: its
     claims last until it leaves (an AMQP 0.9.1 consumer keeps its unacknowledged
-    deliveries with its channel, as RabbitMQ): no visibility timeout, no takeover."""
+    deliveries with its channel, as RabbitMQ): no visibility timeout, no takeover.
+    ``selector``: it takes only the messages this is true of (an AMQP 1.0 receiver's
+    selector); the others stay for other members."""
 
     group: str | None = None
     mode: str | None = None
     stream_offset: str | None = None
     explicit: bool | None = None
     held: bool = False
+    selector: Callable[[Message], bool] | None = None
 
 
 def routing_key(queue: str, topic: str) -> str:

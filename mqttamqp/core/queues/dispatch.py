@@ -15,6 +15,7 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from twisted.python.failure import Failure
 
@@ -53,25 +54,59 @@ class Dispatch(MemoryBudget):
             else self.limits.queue_prefetch)
         return member.outstanding < prefetch and not session.has_queued
 
-    def _next_member(self, group: ConsumerGroup) -> Member | None:
+    def _next_member(self, group: ConsumerGroup, offset: int) -> Member | bool:
+        """The next member with credit that takes ``offset`` (round-robin); False
+        when no member has credit, True when some have but none selects it."""
         members = group.members
         n = len(members)
+        credited = False
         for i in range(n):
             member = members[(group._rr + i) % n]
             if self._credit(member):
+                selector = member.selector
+                if selector is not None and not self._selects(member, selector, group,
+                                                              offset):
+                    credited = True
+                    continue
                 group._rr = (group._rr + i + 1) % n
                 return member
-        return None
+        return credited
+
+    @staticmethod
+    def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
+                 offset: int) -> bool:
+        """Does ``member``'s selector take ``offset``?  A refusal is remembered (the
+        message and the selector never change): a message parked for others is
+        tested once per member, not at every pump."""
+        skipped = member.skipped
+        if offset in skipped:
+            return False
+        if selector(group.queue.log[offset]):
+            return True
+        if len(skipped) >= 2 * len(group.parked) + 64:
+            # (forget what is no longer parked: acknowledged by others, or gone)
+            parked = set(group.parked)
+            parked.update(group.ready)
+            skipped.intersection_update(parked)
+        skipped.add(offset)
+        return False
 
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
         queue = group.queue
-        if not group.members or (not group.ready and group.next >= queue.committed):
+        if not group.members or (not group.ready and not group.parked
+                                  and group.next >= queue.committed):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
         again = False
         evicted = queue.evicted
+        parked = group.parked
+        if parked:
+            # (what no member selected last time: a member may take it now)
+            group.parked = []
+            for back in parked:
+                heapq.heappush(group.ready, back)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
@@ -93,10 +128,16 @@ class Dispatch(MemoryBudget):
                     ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
                 break   # (sent once the watermark above it is durable: ``_stored``)
-            member = self._next_member(group)
-            if member is None:
+            member = self._next_member(group, offset)
+            if member is False:
                 break
             self._take(group, offset)
+            if member is True:
+                # Members with credit, none whose selector takes it: it stays in the
+                # queue for another member (a stream's cursor moves past it).
+                if group.mode == CLASSIC:
+                    group.parked.append(offset)
+                continue
             again = self._deliver(group, member, offset, queue.log[offset], ops) or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))

@@ -77,7 +77,7 @@ class Membership(Acknowledgements):
         elif mode == STREAM and stream_offset:
             self._position(g, start)
         self._leave(session, g)   # (a repeated SUBSCRIBE replaces the membership)
-        member = Member(session, min(qos, 2), explicit, consumer.held)
+        member = Member(session, min(qos, 2), explicit, consumer.held, consumer.selector)
         g.members.append(member)
         self._memberships.setdefault(session, []).append((g, member))
         if session.persistent:

@@ -183,16 +183,20 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "held", "outstanding", "qos", "session")
+    __slots__ = ("explicit", "held", "outstanding", "qos", "selector", "session", "skipped")
 
     def __init__(self, session: Session, qos: int, explicit: bool,
-                 held: bool = False) -> None:
+                 held: bool = False,
+                 selector: Callable[[Message], bool] | None = None) -> None:
         self.session = session
         self.qos = qos
         self.explicit = explicit     # acknowledges with $ack/$nack/$reject (MQTT 5)
         # its claims last until it leaves: no visibility timeout, no takeover (0.9.1)
         self.held = held
         self.outstanding = 0         # deliveries not yet acknowledged (its credit use)
+        self.selector = selector     # takes only what this is true of (None: all)
+        # Offsets its selector refused (``Dispatch._selects``); empty without one.
+        self.skipped: set[int] = set()
 
 
 class DeliveryEnds(Protocol):
@@ -289,6 +293,9 @@ class ConsumerGroup:
         self.done: set[int] = set()
         self.pending: dict[int, Pending] = {}
         self.ready: list[int] = []            # a heap: offsets visible again
+        # Offsets that no member with credit selected (selectors): handed out
+        # again from ``ready`` on the next pump.
+        self.parked: list[int] = []
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
         # Offsets delivered and given back without counting it (Released): their
         # next delivery is not the first, though their count says 1.  (Not stored:
@@ -332,5 +339,5 @@ class ConsumerGroup:
 
     def lag(self) -> int:
         queue = self.queue
-        return (max(0, queue.next_offset - self.next) + len(self.ready)
+        return (max(0, queue.next_offset - self.next) + len(self.ready) + len(self.parked)
                 - queue.skipped_between(self.next, queue.next_offset))

@@ -68,6 +68,9 @@ class RetainedFeed:
         self.limits = limits
         self._log_limit = log_limit
         self.native = native
+        # Selective AMQP receivers: only what their selector is true of (the
+        # router's ``selectors``, shared).
+        self.selectors: dict[Session, Callable[[Message], bool]] = {}
         self._queue_full = queue_full
         self.retained = RetainedStore()
         # Retained messages owed to new subscriptions, by session (``send``).
@@ -155,6 +158,7 @@ class RetainedFeed:
         now = self.clock.seconds()
         expired: list[str] = []
         native = session in self.native
+        selector = self.selectors.get(session)
         budget = REPLAY_SLICE
         retained = self.retained
         limits = self.limits
@@ -168,8 +172,9 @@ class RetainedFeed:
                     index += 1     # (sent live meanwhile, published retained)
                     continue
                 message = retained.get(topics[index])
-                if message is None or (message.amqp_only and not native):
-                    index += 1     # deleted meanwhile, or no MQTT form
+                if message is None or (message.amqp_only and not native) or (
+                        selector is not None and not selector(message)):
+                    index += 1     # deleted meanwhile, no MQTT form, or not selected
                     continue
                 if message.props is not None and message.expired(now):
                     expired.append(message.topic)   # MQTT 5 message expiry

@@ -21,7 +21,7 @@ registry does); it receives the sessions it routes to through the trie.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from twisted.logger import Logger
 
@@ -81,6 +81,10 @@ class Router(Subscriptions):
         # Sessions of AMQP topic receivers: the only ones that take messages whose
         # body has no MQTT form (``Message.amqp_only``).
         self.native: set[Session] = set()
+        # Sessions of AMQP topic receivers with a selector: only the messages it
+        # matches reach them (empty unless such a receiver is attached: read on
+        # every publish).
+        self.selectors: dict[Session, Callable[[Message], bool]] = {}
         # Durable queues ($queue/, $dlq/): beside the trie, never in it (the broker
         # owns them; queue publishes, subscriptions and members are handed over).
         self._queues = queues
@@ -92,6 +96,7 @@ class Router(Subscriptions):
         # Retained messages: kept, and fed to new subscriptions.
         self.retained_feed = RetainedFeed(clock, commits, stats, self.limits,
                                           self._log_limit, self.native, self._queue_full)
+        self.retained_feed.selectors = self.selectors
         self.retained = self.retained_feed.retained
         self._replays = self.retained_feed.by_session   # (read on retained publishes)
 
@@ -162,6 +167,8 @@ class Router(Subscriptions):
         if message.amqp_only:
             native = self.native
             matches = {s: q for s, q in matches.items() if s in native}
+        if self.selectors:
+            matches = self._selected(message, matches)
         plain = matches    # (the sessions a plain filter matched: before the groups')
         share_of: dict[Session, SharedGroup[Session]] | None = None
         kept: set[Session] | None = None
@@ -275,10 +282,17 @@ class Router(Subscriptions):
             return True
         return self.groups.congested_for(topic)
 
+    def _selected(self, message: Message, matches: dict[Session, int]) -> dict[Session, int]:
+        """``matches`` less the selective receivers whose selector ``message`` fails."""
+        selectors = self.selectors
+        return {s: q for s, q in matches.items()
+                if (selector := selectors.get(s)) is None or selector(message)}
+
     def forget_session(self, session: Session) -> None:
         """``session`` is going away: its routes leave the trie (and its queue
         groups)."""
         self.native.discard(session)
+        self.selectors.pop(session, None)
         self.commits.background(self._queues.forget_session(session),
                                 "leaving queue groups")
         for topic_filter in session.subscriptions:

@@ -181,15 +181,17 @@ def test_request_response_event_driven_container(broker) -> None:
     assert client.replies == ["ONE", "TWO", "THREE"]
 
 
-def test_selector_refused_at_the_link_connection_stays(broker, conns) -> None:
-    """A source filter (a JMS selector) is refused with amqp:not-implemented at that
-    link; the connection carries on."""
-    from proton.reactor import Selector
+def test_other_source_filters_refused_at_the_link_connection_stays(broker, conns) -> None:
+    """A source filter other than a JMS selector (here a legacy topic binding) is
+    refused with amqp:not-implemented at that link; the connection carries on."""
+    from proton import Described, symbol
+    from proton.reactor import Filter
 
     address = uid("sel")
     conn = conns(broker)
+    binding = Described(symbol("apache.org:legacy-amqp-topic-binding:string"), "a.*")
     with pytest.raises(LinkDetached) as err:
-        conn.create_receiver(address, options=Selector("colour = 'red'"))
+        conn.create_receiver(address, options=Filter({symbol("topic"): binding}))
     assert err.value.condition == "amqp:not-implemented"
     # (a new link name: proton keeps the refused link's name attached on its side)
     rcv = conn.create_receiver(address, name="after-the-refusal")

@@ -377,3 +377,23 @@ def test_rhea_queue_consumer_accepts(rhea, paho) -> None:
     [msg] = [e["message"] for e in later.finish() if e["event"] == "message"]
     assert (text_of(msg["body"]), msg["message_annotations"]["x-opt-message-id"]) == (
         "job 2", f"{name}:2")
+
+
+@pytest.mark.parametrize("kind", ["topic", "queue"])
+def test_rhea_receiver_with_a_selector(rhea, kind: str) -> None:
+    """Selectors (issue 30): a rhea receiver attaching with rhea's
+    ``filter.selector`` gets only the messages it selects, through a topic and a
+    durable queue, and the broker echoes the selector in the source's filter."""
+    address = f"rhea/{uid()}/sel" if kind == "topic" else f"$queue/{uid('q')}"
+    selector = "colour = 'green' AND n >= 2"
+    specs = [{"body": string(f"{colour} {n}"),
+              "application_properties": {"colour": colour, "n": n}}
+             for n in range(4) for colour in ("red", "green")]
+    if kind == "queue":
+        rhea("send.js", "--address", address, "--messages", json.dumps(specs)).finish()
+    r = rhea("receive.js", "--address", address, "--count", "2", "--selector", selector)
+    opened = r.wait_for("receiver_open")
+    assert opened["selector"] == selector, opened
+    if kind == "topic":
+        rhea("send.js", "--address", address, "--messages", json.dumps(specs)).finish()
+    assert [text_of(m["body"]) for m in messages(r)] == ["green 2", "green 3"]

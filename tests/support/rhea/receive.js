@@ -2,29 +2,34 @@
 // each one.
 //
 //   node receive.js --port P (--address A | --dynamic) --count N [--no-autoaccept]
-//                   [--timeout SECONDS]
+//                   [--selector TEXT] [--timeout SECONDS]
 //
 // Prints "receiver_open" with the source address the broker attached (for --dynamic, the
 // address it created), then "message" per message (index, the delivery's `settled` as the
-// broker sent it, and the message; see common.js), then "done".  The test publishes only
+// broker sent it, and the message; see common.js), then "done".  --selector attaches
+// with a JMS selector (rhea's filter.selector); "receiver_open" then says which
+// selector the broker echoed in the source's filter.  The test publishes only
 // after "receiver_open".  With autoaccept (the default) rhea accepts each unsettled
 // delivery as it arrives.
 'use strict';
 const c = require('./common');
 
 const opts = c.parse_args({host: '127.0.0.1', port: '5672', address: '', dynamic: false,
-    count: 1, 'no-autoaccept': false, timeout: 10, id: 'rhea-receive'});
+    count: 1, 'no-autoaccept': false, timeout: 10, id: 'rhea-receive', selector: ''});
 let received = 0;
 c.deadline(opts.timeout, function () { return {received: received}; });
 const connection = c.connect(opts, opts.id);
 const source = opts.dynamic ? {dynamic: true} : {address: opts.address};
+if (opts.selector) source.filter = require('rhea').filter.selector(opts.selector);
 const receiver = connection.open_receiver({source: source, autoaccept: !opts['no-autoaccept'],
     credit_window: Math.max(opts.count, 1)});
 
 receiver.on('receiver_open', function (context) {
     const remote = context.receiver.source;
+    const filter = remote && remote.filter ? remote.filter['jms-selector'] : null;
     c.emit('receiver_open', {address: remote ? remote.address : null,
-        dynamic: remote ? Boolean(remote.dynamic) : null});
+        dynamic: remote ? Boolean(remote.dynamic) : null,
+        selector: filter ? String(filter.value) : null});
     if (opts.count === 0) connection.finish({received: 0});
 });
 receiver.on('message', function (context) {

@@ -1,0 +1,65 @@
+"""Queue members with selectors (issue 30) in memory: a member takes only what its
+selector is true of; what no member with credit selects stays in the queue, in
+order, for a member that comes to take it; each message is tested once per
+member."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from queue_facade import client, got, join, make, send
+
+from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import Consumer
+
+
+def _payload_is(*wanted: bytes) -> tuple[Callable[[Message], bool], list[bytes]]:
+    """A selector on the payload, recording what it was asked."""
+    asked: list[bytes] = []
+
+    def selector(message: Message) -> bool:
+        asked.append(message.payload)
+        return message.payload in wanted
+    return selector, asked
+
+
+def test_selective_members_share_a_group() -> None:
+    """Two members of one group with different selectors each get what they select;
+    what neither selects waits, and a plain member that joins gets it, in order."""
+    broker, _, _ = make()
+    red_sel, red_asked = _payload_is(b"red-1", b"red-2")
+    green_sel, _ = _payload_is(b"green-1")
+    red, red_link = client(broker, "red")
+    green, green_link = client(broker, "green")
+    join(broker, red, "$queue/jobs/#", consumer=Consumer("g", selector=red_sel))
+    join(broker, green, "$queue/jobs/#", consumer=Consumer("g", selector=green_sel))
+    for payload in (b"red-1", b"blue-1", b"green-1", b"blue-2", b"red-2"):
+        send(broker, "$queue/jobs/k", payload)
+    assert [p for _, p in got(red_link)] == [b"red-1", b"red-2"]
+    assert [p for _, p in got(green_link)] == [b"green-1"]
+    assert red_asked.count(b"blue-1") == 1 and red_asked.count(b"blue-2") == 1
+    view = broker.queues.views()[0]
+    assert view.depth == 5
+    plain, plain_link = client(broker, "plain")
+    join(broker, plain, "$queue/jobs/#", consumer=Consumer("g"))
+    assert [p for _, p in got(plain_link)] == [b"blue-1", b"blue-2"]
+    assert red_asked.count(b"blue-1") == 1   # (remembered: not tested again)
+
+
+def test_a_selective_member_does_not_block_the_others() -> None:
+    """A message that only a member without credit selects does not hold back what
+    another member selects after it; it goes to its member once that has credit."""
+    broker, _, _ = make(queue_prefetch=1)
+    a_sel, _ = _payload_is(b"a-1", b"a-2")
+    b_sel, _ = _payload_is(b"b-1")
+    slow, slow_link = client(broker, "slow")
+    join(broker, slow, "$queue/jobs/#", consumer=Consumer("g", selector=a_sel))
+    other, other_link = client(broker, "other")
+    join(broker, other, "$queue/jobs/#", consumer=Consumer("g", selector=b_sel))
+    for payload in (b"a-1", b"a-2", b"b-1"):
+        send(broker, "$queue/jobs/k", payload)
+    assert [p for _, p in got(slow_link)] == [b"a-1"]
+    assert [p for _, p in got(other_link)] == [b"b-1"]
+    (_, _, pid, _, _), = slow_link.published()
+    broker.acknowledged(slow, pid)
+    assert [p for _, p in got(slow_link)] == [b"a-1", b"a-2"]
