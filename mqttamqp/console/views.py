@@ -167,6 +167,8 @@ def client_detail(client: ClientView) -> dict[str, Any]:
     row["wills"] = [will_json(w) for w in client.wills]
     row["link_list"] = [asdict(link) for link in client.info.links]
     row["amqp"] = asdict(client.info.amqp) if client.info.amqp is not None else None
+    row["amqp091"] = (asdict(client.info.amqp091) if client.info.amqp091 is not None
+                      else None)
     row["online"] = True
     return row
 
@@ -185,6 +187,7 @@ def session_detail(session: SessionView, will: WillView | None) -> dict[str, Any
         "links": 0,
         "has_will": will is not None,
         "amqp": None,
+        "amqp091": None,
         "counters": None,
         "rates": None,
     }
