@@ -214,7 +214,8 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 class ClientFilters:
     """The clients page's filters (all optional; "" means any)."""
 
-    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp"
+    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp",
+    #                          "amqp0-9-1"
     user: str = ""           # substring of the user name; "-" for clients without one
     remote: str = ""         # substring of host:port
     kind: str = ""           # "clean" or "persistent" (a session kept across connections)
@@ -395,6 +396,7 @@ def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[
             "mqtt311": c.by_protocol.get("mqtt3.1.1", 0),
             "mqtt5": c.by_protocol.get("mqtt5", 0),
             "amqp": c.amqp_connections,
+            "amqp091": c.by_protocol.get("amqp0-9-1", 0),
             "maximum": c.clients_maximum,
             "total": c.clients_total,
             "refused": c.connections_refused,

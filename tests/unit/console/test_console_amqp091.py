@@ -26,9 +26,9 @@ def frames_of(transport: StringTransport) -> list[Any]:
     return [f for _, f in FrameReader(1 << 20).feed(data)]
 
 
-def open_091(broker: Any, clock: Any, name: str) -> tuple[Any, StringTransport]:
+def open_091(factory: AMQP091Factory, name: str) -> tuple[Any, StringTransport]:
     """An open 0.9.1 connection named ``name`` (client property connection_name)."""
-    conn = AMQP091Factory(broker, clock).buildProtocol(None)
+    conn = factory.buildProtocol(None)
     transport = StringTransport()
     conn.makeConnection(transport)
     conn.dataReceived(method_frame(0, C.StartOk(
@@ -53,12 +53,12 @@ def env(tmp_path: Any) -> Any:
     """A console, a 0.9.1 publisher that declared ``jobs`` and published 5 messages,
     and a 0.9.1 consumer (prefetch 3 on channel 1, confirm mode on channel 2)."""
     console, service, clock = make_console(tmp_path)
-    broker = service.broker
-    pub, _ = open_091(broker, clock, "publisher")
+    factory = AMQP091Factory(service.broker, clock)
+    pub, _ = open_091(factory, "publisher")
     pub.dataReceived(method_frame(1, commands.Channel.Open())
                      + method_frame(1, commands.Queue.Declare(
                          queue="jobs", durable=True, arguments={"x-custom": "kept"})))
-    cons, ct = open_091(broker, clock, "worker")
+    cons, ct = open_091(factory, "worker")
     cons.dataReceived(method_frame(1, commands.Channel.Open())
                       + method_frame(1, commands.Basic.Qos(prefetch_count=3))
                       + method_frame(1, commands.Basic.Consume(queue="jobs",
@@ -122,3 +122,15 @@ def test_the_console_closes_a_091_connection_audited(env: Any, audit: Any) -> No
     assert f"action=disconnect key='{cons.key}'" in audit_text(audit)
     row = client.get("/api/queues").json()["items"][0]
     assert row["depth"] == 5 and row["pending"] == 0
+
+
+def test_overview_clients_filter_and_queue_list_count_091(env: Any) -> None:
+    """The overview counts 0.9.1 connections apart, the clients filter offers AMQP 0.9.1,
+    and the queue list marks a queue 0.9.1 declared."""
+    _, _, _, client, _ = env
+    assert client.get("/api/overview").json()["clients"]["amqp091"] == 2
+    assert 'data-stat="clients.amqp091"' in client.get("/").text
+    assert '<option value="amqp0-9-1"' in client.get("/clients").text
+    assert len(client.get("/api/clients", protocol="amqp0-9-1").json()["items"]) == 2
+    assert 'title="declared over AMQP 0.9.1 x-custom=kept">0.9.1</span>' in client.get(
+        "/queues").text
