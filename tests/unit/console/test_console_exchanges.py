@@ -14,6 +14,7 @@ from console_support import PASSWORD, Client, FakeLink, audit_text, connect, mak
 
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.clients.connections import LinkInfo
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteExchange
 
 
@@ -163,3 +164,28 @@ def test_queue_pages_show_declared_arguments_and_091_consumers(env: Any) -> None
     html = client.get("/queues/queue", name="orders").text
     assert "AMQP 0.9.1" in html and "ctag-1" in html and "x-custom" in html
     assert json.dumps(detail)   # (the API answer is plain JSON)
+
+
+def test_deleting_a_091_queue_from_the_console_drops_its_bindings(env: Any, audit: Any
+                                                                  ) -> None:
+    """A 0.9.1-declared queue purged and deleted from the Queues page loses its messages,
+    its declaration and its bindings; both actions are audited."""
+    _, service, _, client = env
+    broker = service.broker
+    declare(broker)
+    routed, _ = broker.exchanges.publish(
+        Message("", b"order", 1, False, "app", broker.clock.seconds()), "orders-x", "new")
+    assert routed
+    headers = {"X-CSRF-Token": client.csrf}
+    assert client.get("/api/queues").json()["items"][0]["depth"] == 1
+    purged = client.post_json("/api/queues/purge", {"name": "orders"}, headers)
+    assert purged.code == 200 and purged.json()["purged"] == 1
+    deleted = client.post_json("/api/queues/delete", {"name": "orders"}, headers)
+    assert deleted.code == 200, deleted.text
+    data = client.get("/api/exchanges").json()
+    assert data["totals"]["declared_queues"] == 0
+    rows = {r["name"]: r for r in data["items"]}
+    assert rows["orders-x"]["bindings_out"] == []
+    text = audit_text(audit)
+    assert "action=queue-purge queue='orders' -> purged 1" in text
+    assert "action=queue-delete queue='orders'" in text
