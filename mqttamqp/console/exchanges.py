@@ -13,6 +13,7 @@ and the API is ``json.dumps``.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -157,10 +158,16 @@ class ExchangeActions:
                  arguments: str) -> BindingView:
         """The binding as the model holds it (its arguments as the model froze them:
         the page sends them back as it showed them)."""
-        try:
-            wanted = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            wanted = None
+        wanted: Any = {}
+        if arguments.strip():
+            try:
+                wanted = json.loads(arguments)
+            except ValueError:
+                # (a JSON API body's object reaches here as its Python text: ``param``)
+                try:
+                    wanted = ast.literal_eval(arguments)
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    wanted = None
         if not isinstance(wanted, dict):
             raise ActionError(400, "arguments must be a JSON object (empty: none)")
         for b in self.broker.exchanges.views()[1]:

@@ -99,6 +99,16 @@ def test_delete_and_unbind_are_audited_stored_and_refused_where_they_must(
     bad = client.post_json("/api/exchanges/unbind", {
         "source": "orders-x", "destination": "orders", "destination_kind": "topic"}, headers)
     assert bad.code == 400
+    ex = broker.exchanges
+    ex.declare_exchange("hx", "headers")
+    ex.bind_queue("orders", "hx", "", {"x-match": "any", "kind": "refund"})
+    by_object = client.post_json("/api/exchanges/unbind", {
+        "source": "hx", "destination": "orders", "destination_kind": "queue",
+        "routing_key": "", "arguments": {"x-match": "any", "kind": "refund"}}, headers)
+    assert by_object.code == 200, by_object.text
+    assert client.post_json("/api/exchanges/unbind", {
+        "source": "hx", "destination": "orders", "destination_kind": "queue",
+        "arguments": "[1"}, headers).code == 400
     deleted = client.post_json("/api/exchanges/delete", {"name": "orders-x"}, headers)
     assert deleted.code == 200 and deleted.json()["bindings"] == 1
     assert DeleteExchange("orders-x") in store.submitted
