@@ -66,7 +66,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                               "default or amq.* exchanges).", "name"),
     "/api/exchanges/unbind": ("Remove one binding, as the exchanges list shows it.",
                               "source, destination, destination_kind=queue|exchange, "
-                              "routing_key, arguments (a JSON object, or one as text; empty: none)"),
+                              "routing_key, arguments (a JSON object, or one as text; "
+                              "empty: none)"),
     "/api/queues/retention": ("Change a queue's retention; messages beyond it go at once.",
                               "name, max_age (seconds), max_bytes, max_messages (each "
                               "empty or 0: no bound)"),
