@@ -85,6 +85,7 @@ class BrokerStats:
     messages_dropped: int = 0         # queue bounds, congestion, rejected deliveries
     publish_denied: int = 0
     publish_denied_amqp: int = 0      # of which by AMQP senders (metrics' protocol label)
+    publish_denied_amqp091: int = 0   # of which by AMQP 0.9.1 publishers
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)

@@ -93,7 +93,8 @@ def _dropped(broker: Broker, stats: Any, denied: int
     out: dict[tuple[str, str], float] = {
         ("congestion", "mqtt"): 0, ("queue", "mqtt"): 0, ("rejected", "amqp"): 0,
         ("denied", "amqp"): stats.publish_denied_amqp,
-        ("denied", "mqtt"): denied - stats.publish_denied_amqp}
+        ("denied", "amqp0-9-1"): stats.publish_denied_amqp091,
+        ("denied", "mqtt"): denied - stats.publish_denied_amqp - stats.publish_denied_amqp091}
     drops = broker.registry.drops.dropped_by_protocol()
     for family, (dropped, congested, rejected) in drops.items():
         out[("congestion", family)] = congested

@@ -141,5 +141,10 @@ def test_metrics_sys_archive_and_webhooks_carry_amqp091() -> None:
         assert {("connect", "amqp0-9-1"), ("disconnect", "amqp0-9-1"),
                 ("message", "amqp0-9-1")} <= kinds
         assert "amqp0-9-1" in PROTOCOLS
+        # A 0.9.1 publish the permissions refuse is a denied drop of amqp0-9-1.
+        assert not broker.router.may_publish(pub.identity, "$SYS/broker/x", False)
+        dropped = scrape(broker)["mqttamqp_messages_dropped_total"]
+        assert dropped[(("protocol", "amqp0-9-1"), ("reason", "denied"))] == 1
+        assert dropped[(("protocol", "mqtt"), ("reason", "denied"))] == 0
     finally:
         broker.stop()
