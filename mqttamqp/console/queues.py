@@ -144,18 +144,22 @@ def queue_consumers(broker: Broker, view: QueueView) -> list[dict[str, Any]]:
     with their connection, channel, consumer tag, prefetch, unacknowledged and
     delivered counts (read from the live connections' consumer lists)."""
     amqp091: dict[str, dict[str, Any]] = {}
-    if any(m.startswith("amqp091:") for g in view.groups for m in g.members):
-        for client in broker.view.clients():
-            info = client.info
-            if info.protocol != "amqp0-9-1":
-                continue
-            for link in info.links:
-                amqp091[f"{info.key}:{link.session}:{link.name}"] = {
-                    "connection": info.key, "client_id": info.client_id,
-                    "user": info.user, "channel": link.session, "tag": link.name,
-                    "prefetch": link.credit, "unacked": link.unsettled,
-                    "delivered": link.delivered,
-                    "ack": "none (no-ack)" if link.snd_settle_mode == "settled" else "manual"}
+    # (only the connections of this queue's 0.9.1 members are read, by their keys)
+    # ("amqp091:<serial>:<channel>:<tag>": a tag may hold colons, the rest do not)
+    keys = {":".join(m.split(":", 2)[:2]) for g in view.groups for m in g.members
+            if m.startswith("amqp091:")}
+    for key in sorted(keys):
+        client = broker.view.client(key, 0)
+        if client is None:
+            continue
+        info = client.info
+        for link in info.links:
+            amqp091[f"{info.key}:{link.session}:{link.name}"] = {
+                "connection": info.key, "client_id": info.client_id,
+                "user": info.user, "channel": link.session, "tag": link.name,
+                "prefetch": link.credit, "unacked": link.unsettled,
+                "delivered": link.delivered,
+                "ack": "none (no-ack)" if link.snd_settle_mode == "settled" else "manual"}
     rows = []
     for g in view.groups:
         for member in g.members:

@@ -62,7 +62,7 @@ def env(tmp_path: Any) -> Any:
     cons.dataReceived(method_frame(1, commands.Channel.Open())
                       + method_frame(1, commands.Basic.Qos(prefetch_count=3))
                       + method_frame(1, commands.Basic.Consume(queue="jobs",
-                                                               consumer_tag="w1"))
+                                                               consumer_tag="w:1"))
                       + method_frame(2, commands.Channel.Open())
                       + method_frame(2, commands.Confirm.Select()))
     publish(pub, "jobs", 5)
@@ -87,7 +87,7 @@ def test_client_page_shows_channels_consumers_prefetch_and_unacked(env: Any) -> 
     assert (two["number"], two["consumers"], two["confirming"]) == (2, 0, True)
     [link] = detail["link_list"]
     assert (link["name"], link["address"], link["credit"], link["unsettled"]) == (
-        "w1", "jobs", 3, 3)
+        "w:1", "jobs", 3, 3)
     assert detail["client_id"] == "worker" and detail["protocol_label"] == "AMQP 0.9.1"
     html = client.get("/client", key=cons.key).text
     assert 'id="amqp091-channels"' in html and 'id="amqp091-consumers"' in html
@@ -102,7 +102,7 @@ def test_queue_page_lists_the_091_consumer_and_declared_arguments(env: Any) -> N
     assert detail["declared"]["arguments"] == {"x-custom": "kept"}
     [c] = detail["consumers"]
     assert (c["protocol"], c["connection"], c["client_id"], c["channel"], c["tag"],
-            c["prefetch"], c["unacked"]) == ("amqp0-9-1", cons.key, "worker", 1, "w1", 3, 3)
+            c["prefetch"], c["unacked"]) == ("amqp0-9-1", cons.key, "worker", 1, "w:1", 3, 3)
     assert "AMQP 0.9.1" in client.get("/queues/queue", name="jobs").text
 
 
