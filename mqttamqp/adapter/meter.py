@@ -54,6 +54,17 @@ class DeliveryMeter:
         if not sent & DELIVER_SAMPLE_MASK:
             stats.deliver_sampled(published_at)
 
+    def delivered_amqp091(self, published_at: float) -> None:
+        """An AMQP 0.9.1 delivery (``basic.deliver`` or ``get-ok``) handed to the
+        socket (its bytes are counted when written: ``sent_bytes``), sampled by the
+        one rule."""
+        stats = self.stats
+        sent = stats.messages_sent + 1
+        stats.messages_sent = sent
+        stats.messages_sent_amqp091 += 1
+        if not sent & DELIVER_SAMPLE_MASK:
+            stats.deliver_sampled(published_at)
+
     def received_amqp(self) -> None:
         """A message an AMQP sender published was routed (the router counted it in
         ``messages_received``; this is AMQP's share)."""

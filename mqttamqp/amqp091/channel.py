@@ -360,7 +360,7 @@ class Channel:
         else:
             connection.send_content(self.number, method, props, message.payload)
         connection.messages_out += 1
-        connection.meter.transferred(message.timestamp)
+        connection.meter.delivered_amqp091(message.timestamp)
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
         if multiple:

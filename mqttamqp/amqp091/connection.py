@@ -44,6 +44,7 @@ from mqttamqp.amqp091.frames import (
     method_frame,
 )
 from mqttamqp.amqp091.handshake import PROTOCOL, Handshake, Settings, State
+from mqttamqp.amqp091.inspect import details
 from mqttamqp.amqp091.negotiation import (
     start_method,
 )
@@ -466,6 +467,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
             key=self.key, client_id=self.client_id or self.key, protocol=PROTOCOL,
             remote=self.peer, user=self.username, connected_since=self.connected_since,
             keepalive=self.heartbeat, clean_session=None, session_id=None, links=links,
+            amqp091=details(self),
             messages_in=self.messages_in, messages_out=self.messages_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, last_activity=self.last_in)
 

@@ -84,6 +84,7 @@ class Handshake:
     frame_max: int
     heartbeat: int
     connected_since: float
+    mechanism = ""        # the SASL mechanism the client chose (shown by the console)
 
     def send_method(self, channel: int, method: Any) -> None:
         raise NotImplementedError
@@ -111,6 +112,7 @@ class Handshake:
             self._refuse(f"ACCESS_REFUSED - {exc}")
             return
         self.state = State.AUTHENTICATING
+        self.mechanism = creds.mechanism
         self.transport.pauseProducing()
         if creds.mechanism == "EXTERNAL":
             ok = self.cert_user is not None and creds.username in (None, self.cert_user)

@@ -16,7 +16,7 @@ MESSAGES = "messages"
 EVENTS = "events"
 
 #: Values of the messages' ``protocol`` column (and the events' one).
-PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp")
+PROTOCOLS = ("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp", "amqp0-9-1")
 
 #: The optional columns an event may carry (keyword arguments of ``Archive.event``),
 #: in the order of ``schema.EVENT_FIELDS``.

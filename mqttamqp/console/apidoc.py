@@ -21,7 +21,8 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                       "message rates (history).", ""),
     "/api/clients": ("Connected MQTT and AMQP clients, filtered, sorted and paged; each "
                      "with message and byte counters, rates and last activity.",
-                     _LIST + ", protocol=mqtt|mqtt3.1|mqtt3.1.1|mqtt5|amqp, user (substring; "
+                     _LIST + ", protocol=mqtt|mqtt3.1|mqtt3.1.1|mqtt5|amqp|"
+                     "amqp0-9-1, user (substring; "
                      "- for none), remote (substring), kind=clean|persistent, will=yes|no"),
     "/api/client": ("One client: connection, session, subscriptions, will, in-flight and "
                     "queued messages, AMQP links, sessions and negotiated settings.",
@@ -57,6 +58,16 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
     "/api/queues/requeue": ("Move dead letters back to their origin queue as new "
                             "messages: one (offset) or all.",
                             "name ($dlq/<queue> or <queue>), offset (empty: all)"),
+    "/api/exchanges": ("AMQP 0.9.1's exchanges (the default one first): type, durable, "
+                       "auto-delete, internal, arguments, bindings out and in.", ""),
+    "/api/exchanges/exchange": ("One exchange with its bindings either way.",
+                                "name (empty: the default exchange)"),
+    "/api/exchanges/delete": ("Delete a declared exchange with its bindings (not the "
+                              "default or amq.* exchanges).", "name"),
+    "/api/exchanges/unbind": ("Remove one binding, as the exchanges list shows it.",
+                              "source, destination, destination_kind=queue|exchange, "
+                              "routing_key, arguments (a JSON object, or one as text; "
+                              "empty: none)"),
     "/api/queues/retention": ("Change a queue's retention; messages beyond it go at once.",
                               "name, max_age (seconds), max_bytes, max_messages (each "
                               "empty or 0: no bound)"),

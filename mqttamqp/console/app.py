@@ -30,6 +30,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from mqttamqp.console.actions import ConsoleActions
 from mqttamqp.console.apps.api import ApiApp
 from mqttamqp.console.apps.clients import ClientsApp
+from mqttamqp.console.apps.exchanges import ExchangesApp
 from mqttamqp.console.apps.login import LoginApp
 from mqttamqp.console.apps.messages import MessagesApp
 from mqttamqp.console.apps.overview import OverviewApp
@@ -94,6 +95,7 @@ class Console:
         self.topics = TopicsApp(gate, pages, broker, clock)
         self.messages = MessagesApp(gate, pages, broker, self.actions, clock)
         self.queues = QueuesApp(gate, pages, broker, self.actions.audit, clock)
+        self.exchanges = ExchangesApp(gate, pages, broker, self.actions.audit)
         # The Users page (``users`` is the user store itself).
         self.accounts = UsersApp(gate, pages, broker, self.actions.audit, run_in_thread)
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
@@ -179,7 +181,8 @@ def _mount(app: Klein, attribute: str, area: type[Area]) -> None:
 AREAS: tuple[tuple[str, type[Area]], ...] = (
     ("login", LoginApp), ("overview", OverviewApp), ("clients", ClientsApp),
     ("sessions", SessionsApp), ("retained", RetainedApp), ("topics", TopicsApp),
-    ("messages", MessagesApp), ("queues", QueuesApp), ("accounts", UsersApp),
+    ("messages", MessagesApp), ("queues", QueuesApp), ("exchanges", ExchangesApp),
+    ("accounts", UsersApp),
     ("traffic", TrafficApp), ("api", ApiApp),
 )
 for _attribute, _area in AREAS:

@@ -18,14 +18,16 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from mqttamqp.console.actions import ActionError, ActionResult
+from mqttamqp.console.exchanges import declared_queue_json
 from mqttamqp.console.payloads import payload_json, payload_preview, payload_view
+from mqttamqp.console.views import PROTOCOL_LABELS
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.queues.addresses import DLQ_PREFIX
 from mqttamqp.core.queues.admin import GroupView, QueueMessageView, QueueView
 from mqttamqp.core.queues.model import Retention
 
 __all__ = ["QueueRates", "QueueActions", "queue_row", "queue_list", "queue_detail",
-           "message_detail", "MAX_BROWSE", "find_queue"]
+           "message_detail", "MAX_BROWSE", "find_queue", "queue_consumers"]
 
 MAX_BROWSE = 200          # messages one browse shows at most
 BROWSE_DEFAULT = 50
@@ -84,8 +86,10 @@ def _group(g: GroupView) -> dict[str, Any]:
             "acknowledged": g.acknowledged}
 
 
-def queue_row(view: QueueView, rates: dict[str, float] | None) -> dict[str, Any]:
-    """One queue as the list shows it (and ``/api/queues`` returns it)."""
+def queue_row(view: QueueView, rates: dict[str, float] | None,
+              declared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One queue as the list shows it (and ``/api/queues`` returns it); ``declared``:
+    what an AMQP 0.9.1 ``queue.declare`` said of it (flags and arguments), if any."""
     dead = view.name.startswith(DLQ_PREFIX)
     return {
         "name": view.name,
@@ -109,14 +113,71 @@ def queue_row(view: QueueView, rates: dict[str, float] | None) -> dict[str, Any]
         "first_offset": view.first,
         "next_offset": view.next,
         "in_storage_only": view.in_storage_only,   # bodies past --queue-memory-budget
+        "declared": declared,
     }
+
+
+def _declared(broker: Broker) -> dict[str, dict[str, Any]]:
+    """The queues AMQP 0.9.1 declared, by name, as ``declared_queue_json``."""
+    return {q.name: declared_queue_json(q) for q in broker.exchanges.views()[2]}
+
+
+# Who a group member is, by the key its protocol gave its session: AMQP 0.9.1
+# consumers "amqp091:<n>:<channel>:<tag>", AMQP 1.0 receivers "amqp:…", MQTT
+# sessions their client id.
+def _member_protocol(member: str) -> str:
+    if member.startswith("amqp091:"):
+        return "amqp0-9-1"
+    if member.startswith("amqp:"):
+        return "amqp"
+    return "mqtt"
+
+
+# (what only an AMQP 0.9.1 consumer has: None for the others)
+_NO_DETAIL: dict[str, Any] = dict.fromkeys(
+    ("connection", "client_id", "user", "channel", "tag", "prefetch", "unacked",
+     "delivered", "ack"))
+
+
+def queue_consumers(broker: Broker, view: QueueView) -> list[dict[str, Any]]:
+    """Every member of the queue's groups with its protocol; AMQP 0.9.1 consumers
+    with their connection, channel, consumer tag, prefetch, unacknowledged and
+    delivered counts (read from the live connections' consumer lists)."""
+    amqp091: dict[str, dict[str, Any]] = {}
+    # (only the connections of this queue's 0.9.1 members are read, by their keys)
+    # ("amqp091:<serial>:<channel>:<tag>": a tag may hold colons, the rest do not)
+    keys = {":".join(m.split(":", 2)[:2]) for g in view.groups for m in g.members
+            if m.startswith("amqp091:")}
+    for key in sorted(keys):
+        client = broker.view.client(key, 0)
+        if client is None:
+            continue
+        info = client.info
+        for link in info.links:
+            amqp091[f"{info.key}:{link.session}:{link.name}"] = {
+                "connection": info.key, "client_id": info.client_id,
+                "user": info.user, "channel": link.session, "tag": link.name,
+                "prefetch": link.credit, "unacked": link.unsettled,
+                "delivered": link.delivered,
+                "ack": "none (no-ack)" if link.snd_settle_mode == "settled" else "manual"}
+    rows = []
+    for g in view.groups:
+        for member in g.members:
+            protocol = _member_protocol(member)
+            row: dict[str, Any] = {"member": member, "group": g.name, "protocol": protocol,
+                                   "protocol_label": PROTOCOL_LABELS.get(protocol, protocol),
+                                   **_NO_DETAIL}
+            row.update(amqp091.get(member, {}))
+            rows.append(row)
+    return rows
 
 
 def queue_list(broker: Broker, rates: QueueRates) -> dict[str, Any]:
     """Every queue with its rates, and the totals the page's head shows."""
     views = broker.queues.views()
     per_queue = rates.update(views)
-    rows = [queue_row(v, per_queue.get(v.name)) for v in views]
+    declared = _declared(broker)
+    rows = [queue_row(v, per_queue.get(v.name), declared.get(v.name)) for v in views]
     # A dead-letter queue right below its origin queue.
     rows.sort(key=lambda r: (r["origin"] or r["name"], r["dead_letter"]))
     plain = [r for r in rows if not r["dead_letter"]]
@@ -154,7 +215,9 @@ def queue_detail(broker: Broker, view: QueueView, rates: QueueRates, start: int,
     ``browse.head``: the page starts at the oldest message, so the page refreshes it
     live (a browse from the head reads ``limit`` messages, whatever the log's
     length); a page further on stays as loaded."""
-    row = queue_row(view, rates.update([view], every=False).get(view.name))
+    row = queue_row(view, rates.update([view], every=False).get(view.name),
+                    _declared(broker).get(view.name))
+    row["consumers"] = queue_consumers(broker, view)
     limit = min(max(1, limit), MAX_BROWSE)
     head = start <= view.first
     start = min(max(start, view.first), view.next)

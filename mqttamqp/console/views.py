@@ -167,6 +167,8 @@ def client_detail(client: ClientView) -> dict[str, Any]:
     row["wills"] = [will_json(w) for w in client.wills]
     row["link_list"] = [asdict(link) for link in client.info.links]
     row["amqp"] = asdict(client.info.amqp) if client.info.amqp is not None else None
+    row["amqp091"] = (asdict(client.info.amqp091) if client.info.amqp091 is not None
+                      else None)
     row["online"] = True
     return row
 
@@ -185,6 +187,7 @@ def session_detail(session: SessionView, will: WillView | None) -> dict[str, Any
         "links": 0,
         "has_will": will is not None,
         "amqp": None,
+        "amqp091": None,
         "counters": None,
         "rates": None,
     }
@@ -211,7 +214,8 @@ CLIENT_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
 class ClientFilters:
     """The clients page's filters (all optional; "" means any)."""
 
-    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp"
+    protocol: str = ""       # "mqtt" (3.1, 3.1.1, 5), "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp",
+    #                          "amqp0-9-1"
     user: str = ""           # substring of the user name; "-" for clients without one
     remote: str = ""         # substring of host:port
     kind: str = ""           # "clean" or "persistent" (a session kept across connections)
@@ -392,6 +396,7 @@ def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[
             "mqtt311": c.by_protocol.get("mqtt3.1.1", 0),
             "mqtt5": c.by_protocol.get("mqtt5", 0),
             "amqp": c.amqp_connections,
+            "amqp091": c.by_protocol.get("amqp0-9-1", 0),
             "maximum": c.clients_maximum,
             "total": c.clients_total,
             "refused": c.connections_refused,

@@ -85,6 +85,7 @@ class BrokerStats:
     messages_dropped: int = 0         # queue bounds, congestion, rejected deliveries
     publish_denied: int = 0
     publish_denied_amqp: int = 0      # of which by AMQP senders (metrics' protocol label)
+    publish_denied_amqp091: int = 0   # of which by AMQP 0.9.1 publishers
     messages_amqp_only: int = 0       # AMQP bodies with no MQTT form (not sent to MQTT)
     wills_published: int = 0
     by_protocol: dict[str, int] = field(default_factory=dict)
@@ -104,6 +105,10 @@ class BrokerStats:
     messages_received_amqp: int = 0
     messages_received_broker: int = 0
     messages_sent_amqp: int = 0
+    # AMQP 0.9.1's share, counted by the exchanges (every routed 0.9.1 publish, to a
+    # queue or the topic space) and the 0.9.1 adapter (every delivery).
+    messages_received_amqp091: int = 0
+    messages_sent_amqp091: int = 0
     connects: dict[str, int] = field(default_factory=dict)      # by protocol
     disconnects: dict[str, int] = field(default_factory=dict)   # by cause
     auth_failures: int = 0
@@ -147,10 +152,36 @@ class BrokerStats:
         is synchronous (the adapters count as they write), so the counters are put
         back as they were; bytes stay counted (they went over the wire)."""
         sent, sent_amqp = self.messages_sent, self.messages_sent_amqp
+        sent_amqp091 = self.messages_sent_amqp091
         try:
             yield
         finally:
             self.messages_sent, self.messages_sent_amqp = sent, sent_amqp
+            self.messages_sent_amqp091 = sent_amqp091
+
+    def messages_by_protocol(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Messages received and sent by protocol (received: who published them,
+        ``broker`` for wills; MQTT's share is the rest, as the MQTT path counts
+        nothing of its own)."""
+        amqp, amqp091 = self.messages_received_amqp, self.messages_received_amqp091
+        received = {"amqp": amqp, "amqp0-9-1": amqp091, "broker": self.wills_published,
+                    "mqtt": self.messages_received - amqp - amqp091 - self.wills_published}
+        sent_amqp, sent_091 = self.messages_sent_amqp, self.messages_sent_amqp091
+        sent = {"amqp": sent_amqp, "amqp0-9-1": sent_091,
+                "mqtt": self.messages_sent - sent_amqp - sent_091}
+        return received, sent
+
+    def _protocol_topics(self, p: str) -> list[tuple[str, str]]:
+        """``clients/protocol/<protocol>``, ``messages/received/protocol/<protocol>``
+        and ``messages/sent/protocol/<protocol>`` (mqtt3.1, mqtt3.1.1, mqtt5, amqp,
+        amqp0-9-1: the label the metrics carry)."""
+        received, sent = self.messages_by_protocol()
+        connected = dict.fromkeys(("mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp", "amqp0-9-1"), 0)
+        connected.update(self.by_protocol)
+        return [*((f"{p}clients/protocol/{k}", str(n)) for k, n in sorted(connected.items())),
+                *((f"{p}messages/received/protocol/{k}", str(n))
+                  for k, n in sorted(received.items())),
+                *((f"{p}messages/sent/protocol/{k}", str(n)) for k, n in sorted(sent.items()))]
 
     def sys_topics(self, version: str, now: float, subscriptions: int, retained: int,
                    sessions: int, wills: int, dropped: int,
@@ -175,6 +206,7 @@ class BrokerStats:
             (p + "messages/dropped", str(dropped)),
             (p + "messages/queued", str(queued)),
             (p + "messages/amqp-only", str(self.messages_amqp_only)),
+            *self._protocol_topics(p),
             (p + "publish/denied", str(self.publish_denied)),
             (p + "bytes/received", str(self.bytes_received)),
             (p + "bytes/sent", str(self.bytes_sent)),

@@ -93,7 +93,8 @@ def _dropped(broker: Broker, stats: Any, denied: int
     out: dict[tuple[str, str], float] = {
         ("congestion", "mqtt"): 0, ("queue", "mqtt"): 0, ("rejected", "amqp"): 0,
         ("denied", "amqp"): stats.publish_denied_amqp,
-        ("denied", "mqtt"): denied - stats.publish_denied_amqp}
+        ("denied", "amqp0-9-1"): stats.publish_denied_amqp091,
+        ("denied", "mqtt"): denied - stats.publish_denied_amqp - stats.publish_denied_amqp091}
     drops = broker.registry.drops.dropped_by_protocol()
     for family, (dropped, congested, rejected) in drops.items():
         out[("congestion", family)] = congested
@@ -146,8 +147,7 @@ def snapshot(broker: Broker) -> list[Family]:
     for session in (*broker.sessions.values(), *broker.link_subscribers.values()):
         queued_bytes += session.queued_bytes
     online = sum(1 for s in broker.sessions.values() if s.link is not None)
-    received_mqtt = (stats.messages_received - stats.messages_received_amqp
-                     - stats.wills_published)
+    received, sent = stats.messages_by_protocol()
     families = [
         Family("mqttamqp_connections", GAUGE, "Live client connections.", "", "protocol",
                _by([("mqtt", 0), ("amqp", 0), ("amqp0-9-1", 0)]
@@ -177,12 +177,10 @@ def snapshot(broker: Broker) -> list[Family]:
         Family("mqttamqp_messages_received", COUNTER, "Messages routed, by who published "
                "them (broker: wills; the console's test publishes count as mqtt).", "",
                "protocol",
-               (("amqp", stats.messages_received_amqp), ("broker", stats.wills_published),
-                ("mqtt", received_mqtt))),
+               tuple(sorted(received.items()))),
         Family("mqttamqp_messages_sent", COUNTER, "Messages sent to clients ($SYS "
                "updates not counted).", "",
-               "protocol", (("amqp", stats.messages_sent_amqp),
-                            ("mqtt", stats.messages_sent - stats.messages_sent_amqp))),
+               "protocol", tuple(sorted(sent.items()))),
         Family("mqttamqp_messages_dropped", COUNTER, "Messages not delivered: at a session's "
                "queue bound or still queued when it ended (queue), QoS 0 for a client "
                "that does not read (congestion), AMQP Rejected (rejected), a publish "

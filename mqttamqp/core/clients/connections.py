@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["LinkInfo", "AmqpSessionInfo", "AmqpDetails", "ConnectionInfo",
+__all__ = ["LinkInfo", "AmqpSessionInfo", "AmqpDetails", "Amqp091ChannelInfo",
+           "Amqp091Details", "ConnectionInfo",
            "EventFields", "InspectableConnection"]
 
 
@@ -50,10 +51,38 @@ class AmqpDetails:
 
 
 @dataclass(frozen=True)
+class Amqp091ChannelInfo:
+    number: int
+    consumers: int
+    prefetch: int              # basic.qos global=false: each new consumer's (0: none)
+    global_prefetch: int       # basic.qos global=true: the channel's (0: none)
+    unacked: int               # deliveries not yet acknowledged on it
+    confirming: bool           # confirm.select
+    unconfirmed: int           # publishes not yet confirmed
+    flow_active: bool          # channel.flow
+
+
+@dataclass(frozen=True)
+class Amqp091Details:
+    """What an AMQP 0.9.1 connection negotiated and its channels (None otherwise);
+    its consumers are ``ConnectionInfo.links`` (tag, queue, prefetch as credit,
+    unacknowledged, delivered, channel as ``session``)."""
+
+    mechanism: str
+    channel_max: int
+    frame_max: int
+    heartbeat: int             # seconds (0: none)
+    cancel_notify: bool        # the client's consumer_cancel_notify capability
+    blocked_notify: bool       # the client's connection.blocked capability
+    blocked: bool              # reading paused now (back-pressure)
+    channels: tuple[Amqp091ChannelInfo, ...] = ()
+
+
+@dataclass(frozen=True)
 class ConnectionInfo:
     key: str                   # unique per live connection ("mqtt:<client id>", "amqp:<n>")
     client_id: str             # MQTT client id or AMQP container id
-    protocol: str              # "mqtt3.1", "mqtt3.1.1" or "amqp"
+    protocol: str              # "mqtt3.1", "mqtt3.1.1", "mqtt5", "amqp", "amqp0-9-1"
     remote: str                # "host:port"
     user: str | None
     connected_since: float
@@ -63,6 +92,7 @@ class ConnectionInfo:
     will_owners: tuple[str, ...] = ()   # keys into Broker.wills this connection owns
     links: tuple[LinkInfo, ...] = field(default=())
     amqp: AmqpDetails | None = None
+    amqp091: Amqp091Details | None = None
     # Traffic of this connection (a couple of integer increments per message on the
     # hot path; rates are the console's job): messages and bytes from the client (in)
     # and to it (out), and when it last sent anything (0: never).

@@ -311,7 +311,12 @@ class Exchanges(TopicSpace):
         publisher = publisher or message.publisher or ""
         if self.congested:
             self.congested = ()
+        # Counted as received, as the router counts an MQTT publish (``$SYS``
+        # messages/received; AMQP 0.9.1's share for the protocol label).
+        stats = self._stats
         if exchange == "":
+            stats.messages_received += 1
+            stats.messages_received_amqp091 += 1
             # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
             if routing_key[:1] == "$" or routing_key not in self.queues.queues:
                 return False, None
@@ -320,6 +325,8 @@ class Exchanges(TopicSpace):
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,
                                f"cannot publish to internal exchange '{exchange}'")
+        stats.messages_received_amqp091 += 1
+        counted = stats.messages_received
         queues, topic = self.route(source, routing_key, headers, True)
         waits: list[Deferred[None] | None] = []
         routed = bool(queues)
@@ -329,6 +336,8 @@ class Exchanges(TopicSpace):
             waits.append(d)
         if queues:
             waits.append(self._enqueue(message, queues, routing_key, publisher))
+        if stats.messages_received == counted:   # (the router counted it if it went there)
+            stats.messages_received += 1
         return routed, all_durable(waits)
 
     def route(self, source: Exchange, routing_key: str,

@@ -110,6 +110,8 @@ class Router(Subscriptions):
         self.stats.publish_denied += 1
         if identity.protocol == "amqp":
             self.stats.publish_denied_amqp += 1
+        elif identity.protocol == "amqp0-9-1":
+            self.stats.publish_denied_amqp091 += 1
         suppressed = self._log_limit.allow("publish_denied")
         if suppressed is not None:   # one line a minute, not one per message
             self.log.warn("publish by {c} to {t!r} denied ({h} more denials since the last "

@@ -311,7 +311,7 @@ def test_overview_page_and_api(logged_in: Any) -> None:
     console.overview.feed.tick()
     data = client.get("/api/overview").json()
     assert data["clients"] == {"connected": 3, "mqtt31": 1, "mqtt311": 1, "mqtt5": 0, "amqp": 1,
-                               "maximum": 3, "total": 3, "refused": 0}
+                               "amqp091": 0, "maximum": 3, "total": 3, "refused": 0}
     assert data["sessions"]["persistent"] == 1
     assert data["retained"]["count"] == 1 and data["wills"] == 1
     assert data["messages"]["queued"] == 0   # ($SYS messages/queued; QoS 0 never waits)

@@ -152,6 +152,7 @@ def test_disconnect_causes_drops_and_queues_are_counted() -> None:
     assert s["mqttamqp_messages_dropped_total"] == {
         (("protocol", "mqtt"), ("reason", "congestion")): 1,
         (("protocol", "amqp"), ("reason", "denied")): 0,
+        (("protocol", "amqp0-9-1"), ("reason", "denied")): 0,
         (("protocol", "mqtt"), ("reason", "denied")): 0,
         (("protocol", "mqtt"), ("reason", "queue")): 4,
         (("protocol", "amqp"), ("reason", "rejected")): 0,
