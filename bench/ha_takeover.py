@@ -42,7 +42,7 @@ def log(msg):
     sys.stderr.flush()
 
 
-def populate(uri, data_dir, sessions, retained):
+def populate(uri, data_dir, sessions, retained, queued=True):
     """Write the state through the store, as a broker would have."""
     from mqttamqp.core.message import Message
     from mqttamqp.core.persistence import (
@@ -71,8 +71,9 @@ def populate(uri, data_dir, sessions, retained):
     for i in range(sessions):
         batch.append(PutSession("s%06d" % i, 0.0))
         batch.append(PutSubscription("s%06d" % i, "bench/s/%d/#" % i, 1))
-        batch.append(PutQueued("s%06d" % i, 1, StoredQueued(
-            Message("bench/s/%d/q" % i, b"queued", 1, False), 1)))
+        if queued:
+            batch.append(PutQueued("s%06d" % i, 1, StoredQueued(
+                Message("bench/s/%d/q" % i, b"queued", 1, False), 1)))
         if len(batch) >= 5000:
             flush()
     for i in range(retained):
@@ -112,64 +113,92 @@ def try_connack(port, client_id, clean, timeout):
         return bool(data[2] & 1), data[3]
 
 
-async def _resume_one(port, client_id, timeout):
+async def _resume_one(port, client_id, timeout, queued, keep):
     """CONNECT (clean session 0) to ``client_id``'s stored session, read CONNACK and
-    the session's queued QoS 1 message (PUBACK it); True when the session was present
-    and the message came."""
+    (``queued``) the session's queued QoS 1 message, PUBACKed; True when the session
+    was present and the message came.  The connection stays open (in ``keep``), as a
+    device's would: a DISCONNECT would cost the broker a commit of its own."""
     import asyncio
 
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection("127.0.0.1", port), timeout)
-    try:
-        writer.write(connect_packet(client_id, False))
-        connack = await asyncio.wait_for(reader.readexactly(4), timeout)
-        if connack[0] != 0x20 or connack[3] != 0 or not connack[2] & 1:
-            return False
-        head = await asyncio.wait_for(reader.readexactly(1), timeout)
-        length, shift = 0, 0
-        while True:
-            b = (await asyncio.wait_for(reader.readexactly(1), timeout))[0]
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        body = await asyncio.wait_for(reader.readexactly(length), timeout)
-        if head[0] & 0xF0 != 0x30:
-            return False
-        topic_len = int.from_bytes(body[:2], "big")
-        pid = body[2 + topic_len:4 + topic_len]
-        writer.write(b"\x40\x02" + pid + b"\xe0\x00")   # PUBACK, DISCONNECT
-        await writer.drain()
+    keep.append(writer)
+    writer.write(connect_packet(client_id, False))
+    connack = await asyncio.wait_for(reader.readexactly(4), timeout)
+    if connack[0] != 0x20 or connack[3] != 0 or not connack[2] & 1:
+        return False
+    if not queued:
         return True
-    finally:
-        writer.close()
+    head = await asyncio.wait_for(reader.readexactly(1), timeout)
+    length, shift = 0, 0
+    while True:
+        b = (await asyncio.wait_for(reader.readexactly(1), timeout))[0]
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    if head[0] & 0xF0 != 0x30:
+        return False
+    topic_len = int.from_bytes(body[:2], "big")
+    writer.write(b"\x40\x02" + body[2 + topic_len:4 + topic_len])   # PUBACK
+    await writer.drain()
+    return True
 
 
-def resume_all(port, sessions, concurrency, timeout):
-    """Every stored session resumed by a client of its own, ``concurrency`` at a time
-    (a reconnect storm, bounded): (seconds to the last one, how many succeeded)."""
+def resume_all(port, sessions, concurrency, timeout, queued=True):
+    """Every stored session resumed by a client of its own, ``concurrency`` resuming
+    at a time (a reconnect storm, bounded), every connection kept open until all are
+    resumed: (seconds to the last one, how many succeeded)."""
     import asyncio
 
     async def run():
         gate = asyncio.Semaphore(concurrency)
+        keep = []
         ok = 0
 
         async def one(i):
             nonlocal ok
             async with gate:
                 try:
-                    resumed = await _resume_one(port, "s%06d" % i, timeout)
+                    resumed = await _resume_one(port, "s%06d" % i, timeout, queued, keep)
                     ok += resumed   # (after the await: ``ok += await`` loses counts)
                 except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                     pass
 
-        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(sessions))),
-                               timeout)
-        return ok
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(sessions))),
+                                   timeout)
+            return time.monotonic() - started, ok
+        finally:
+            for writer in keep:
+                writer.close()
 
-    t = time.monotonic()
-    ok = asyncio.run(run())
-    return time.monotonic() - t, ok
+    return asyncio.run(run())
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commit_figures(metrics_port):
+    """The broker's commit counters from /metrics (count, latency sum, batch sum)."""
+    import urllib.request
+
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
+                                timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name = line.split(" ", 1)[0]
+        if (name.startswith("mqttamqp_commit") and "{" not in name
+                and not name.endswith("_created")):
+            out[name] = float(line.split()[-1])
+    return out
 
 
 def free_port():
@@ -178,11 +207,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def one_round(cluster, sessions, retained, timeout, tmp, concurrency):
+def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True):
     os.makedirs(tmp, exist_ok=True)
     uri = cluster.create_database()
     t = time.monotonic()
-    populate(uri, os.path.join(tmp, "populate"), sessions, retained)
+    populate(uri, os.path.join(tmp, "populate"), sessions, retained, queued)
     populate_s = time.monotonic() - t
     log("populated %d sessions, %d retained in %.1fs" % (sessions, retained, populate_s))
     procs = []
@@ -192,6 +221,7 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency):
             proc = BrokerProcess(
                 os.path.join(tmp, "data%d" % n), "--storage", uri, "--ha", "--ha-poll",
                 "0.2", "--ha-watch", "1", "--no-archive", "--will-grace", "0",
+                "--max-connections", str(sessions + 100),
                 listeners=("--mqtt", "--metrics"),
                 descriptions={"--mqtt": "tcp:%d:interface=127.0.0.1" % port})
             procs.append(proc)
@@ -214,7 +244,14 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency):
         # every persistent session's client reconnects as soon as the listener
         # answers (the probe's CONNACK): CONNACK with the session, then its queued
         # message
-        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout)
+        commits = commit_figures(standby.ports["METRICS"])
+        broker_cpu = cpu_seconds(standby.proc.pid)
+        own_cpu = time.process_time()
+        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
+        own_cpu = time.process_time() - own_cpu
+        after = commit_figures(standby.ports["METRICS"])
+        commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
         all_resumed_s = time.monotonic() - killed
         line = standby.wait_for_line(r"took over as leader", timeout)
         m = re.search(r"listeners open in ([\d.]+)s", line)
@@ -224,7 +261,11 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency):
                 "standby_load_and_listen_seconds": float(m.group(1)) if m else None,
                 "kill_to_all_sessions_resumed_seconds": round(all_resumed_s, 3),
                 "sessions_resumed": storm_ok, "resume_concurrency": concurrency,
-                "resume_storm_seconds": round(storm_s, 3)}
+                "queued_message_per_session": queued,
+                "resume_storm_seconds": round(storm_s, 3),
+                "storm_broker_cpu_seconds": round(broker_cpu, 2),
+                "storm_bench_clients_cpu_seconds": round(own_cpu, 2),
+                "storm_broker_commits": commits}
     finally:
         for proc in procs:
             proc.stop()
@@ -238,13 +279,16 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--concurrency", type=int, default=200,
                     help="sessions resuming at once after the takeover")
+    ap.add_argument("--no-queued", action="store_true",
+                    help="sessions without a queued message: resumed at CONNACK")
     ap.add_argument("--out")
     args = ap.parse_args()
     cluster = PostgresCluster().start()
     try:
         with tempfile.TemporaryDirectory(prefix="ha-bench-") as tmp:
             rounds = [one_round(cluster, args.sessions, args.retained, args.timeout,
-                                os.path.join(tmp, str(i)), args.concurrency)
+                                os.path.join(tmp, str(i)), args.concurrency,
+                                not args.no_queued)
                       for i in range(args.rounds)]
     finally:
         cluster.stop()
