@@ -1,15 +1,18 @@
 """Takeover time of an ``--ha`` pair (issue 28, figures): from ``kill -9`` of the
-leader to the standby accepting MQTT CONNECTs, with a stored state of N persistent
-sessions (one QoS 1 subscription each) and M retained messages.
+leader to the standby accepting MQTT CONNECTs and to all persistent sessions resumed,
+with a stored state of N persistent sessions (one QoS 1 subscription and one queued
+QoS 1 message each) and M retained messages.
 
 A throw-away PostgreSQL cluster (``tests/support/pgcluster.py``) on 127.0.0.1; the
 state is written straight through the broker's store (``ZODBStore``, 5,000 ops a
 commit) before any broker starts; then a leader and a standby (``twistd mqttamqp
 --ha``, as processes) start on it, the leader is killed, and a raw MQTT CONNECT is
-tried against the standby's port every 20 ms until a CONNACK comes back.  Printed as
-JSON: the kill-to-CONNACK time, the standby's own takeover line (its load time),
-and the first persistent session's resumption (CONNECT with clean session 0 to
-CONNACK with session present).
+tried against the standby's port every 20 ms until a CONNACK comes back.  Then every
+session's client reconnects (clean session 0; ``--concurrency`` at a time, a bounded
+reconnect storm starting at that first CONNACK): it is resumed when its CONNACK says
+session present and its queued message has come (PUBACKed).  Printed as JSON: the
+kill-to-first-CONNACK time, the kill-to-last-session-resumed time, the standby's own
+takeover line (its load time).
 
 Loopback only; every wait is bounded (``--timeout``); only the processes started here
 are signalled, by their PID.
@@ -39,10 +42,16 @@ def log(msg):
     sys.stderr.flush()
 
 
-def populate(uri, data_dir, sessions, retained):
+def populate(uri, data_dir, sessions, retained, queued=True):
     """Write the state through the store, as a broker would have."""
     from mqttamqp.core.message import Message
-    from mqttamqp.core.persistence import PutRetained, PutSession, PutSubscription
+    from mqttamqp.core.persistence import (
+        PutQueued,
+        PutRetained,
+        PutSession,
+        PutSubscription,
+        StoredQueued,
+    )
     from mqttamqp.store import ZODBStore, resolve_engine
 
     class Inline:
@@ -62,6 +71,9 @@ def populate(uri, data_dir, sessions, retained):
     for i in range(sessions):
         batch.append(PutSession("s%06d" % i, 0.0))
         batch.append(PutSubscription("s%06d" % i, "bench/s/%d/#" % i, 1))
+        if queued:
+            batch.append(PutQueued("s%06d" % i, 1, StoredQueued(
+                Message("bench/s/%d/q" % i, b"queued", 1, False), 1)))
         if len(batch) >= 5000:
             flush()
     for i in range(retained):
@@ -101,17 +113,105 @@ def try_connack(port, client_id, clean, timeout):
         return bool(data[2] & 1), data[3]
 
 
+async def _resume_one(port, client_id, timeout, queued, keep):
+    """CONNECT (clean session 0) to ``client_id``'s stored session, read CONNACK and
+    (``queued``) the session's queued QoS 1 message, PUBACKed; True when the session
+    was present and the message came.  The connection stays open (in ``keep``), as a
+    device's would: a DISCONNECT would cost the broker a commit of its own."""
+    import asyncio
+
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port), timeout)
+    keep.append(writer)
+    writer.write(connect_packet(client_id, False))
+    connack = await asyncio.wait_for(reader.readexactly(4), timeout)
+    if connack[0] != 0x20 or connack[3] != 0 or not connack[2] & 1:
+        return False
+    if not queued:
+        return True
+    head = await asyncio.wait_for(reader.readexactly(1), timeout)
+    length, shift = 0, 0
+    while True:
+        b = (await asyncio.wait_for(reader.readexactly(1), timeout))[0]
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    if head[0] & 0xF0 != 0x30:
+        return False
+    topic_len = int.from_bytes(body[:2], "big")
+    writer.write(b"\x40\x02" + body[2 + topic_len:4 + topic_len])   # PUBACK
+    await writer.drain()
+    return True
+
+
+def resume_all(port, sessions, concurrency, timeout, queued=True):
+    """Every stored session resumed by a client of its own, ``concurrency`` resuming
+    at a time (a reconnect storm, bounded), every connection kept open until all are
+    resumed: (seconds to the last one, how many succeeded)."""
+    import asyncio
+
+    async def run():
+        gate = asyncio.Semaphore(concurrency)
+        keep = []
+        ok = 0
+
+        async def one(i):
+            nonlocal ok
+            async with gate:
+                try:
+                    resumed = await _resume_one(port, "s%06d" % i, timeout, queued, keep)
+                    ok += resumed   # (after the await: ``ok += await`` loses counts)
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                    pass
+
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(sessions))),
+                                   timeout)
+            return time.monotonic() - started, ok
+        finally:
+            for writer in keep:
+                writer.close()
+
+    return asyncio.run(run())
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def commit_figures(metrics_port):
+    """The broker's commit counters from /metrics (count, latency sum, batch sum)."""
+    import urllib.request
+
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
+                                timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name = line.split(" ", 1)[0]
+        if (name.startswith("mqttamqp_commit") and "{" not in name
+                and not name.endswith("_created")):
+            out[name] = float(line.split()[-1])
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def one_round(cluster, sessions, retained, timeout, tmp):
+def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True):
     os.makedirs(tmp, exist_ok=True)
     uri = cluster.create_database()
     t = time.monotonic()
-    populate(uri, os.path.join(tmp, "populate"), sessions, retained)
+    populate(uri, os.path.join(tmp, "populate"), sessions, retained, queued)
     populate_s = time.monotonic() - t
     log("populated %d sessions, %d retained in %.1fs" % (sessions, retained, populate_s))
     procs = []
@@ -121,6 +221,7 @@ def one_round(cluster, sessions, retained, timeout, tmp):
             proc = BrokerProcess(
                 os.path.join(tmp, "data%d" % n), "--storage", uri, "--ha", "--ha-poll",
                 "0.2", "--ha-watch", "1", "--no-archive", "--will-grace", "0",
+                "--max-connections", str(sessions + 100),
                 listeners=("--mqtt", "--metrics"),
                 descriptions={"--mqtt": "tcp:%d:interface=127.0.0.1" % port})
             procs.append(proc)
@@ -140,17 +241,31 @@ def one_round(cluster, sessions, retained, timeout, tmp):
         connack_s = time.monotonic() - killed
         if answer is None:
             raise RuntimeError("the standby did not accept a CONNECT within %ss" % timeout)
+        # every persistent session's client reconnects as soon as the listener
+        # answers (the probe's CONNACK): CONNACK with the session, then its queued
+        # message
+        commits = commit_figures(standby.ports["METRICS"])
+        broker_cpu = cpu_seconds(standby.proc.pid)
+        own_cpu = time.process_time()
+        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
+        own_cpu = time.process_time() - own_cpu
+        after = commit_figures(standby.ports["METRICS"])
+        commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
+        all_resumed_s = time.monotonic() - killed
         line = standby.wait_for_line(r"took over as leader", timeout)
         m = re.search(r"listeners open in ([\d.]+)s", line)
-        t = time.monotonic()
-        resumed = try_connack(ports[1], "s%06d" % 0, False, timeout) if sessions else None
-        resume_s = time.monotonic() - t
         return {"sessions": sessions, "retained": retained,
                 "populate_seconds": round(populate_s, 3),
                 "kill_to_connack_seconds": round(connack_s, 3),
                 "standby_load_and_listen_seconds": float(m.group(1)) if m else None,
-                "first_session_resumed": bool(resumed and resumed[0]),
-                "first_session_resume_seconds": round(resume_s, 3)}
+                "kill_to_all_sessions_resumed_seconds": round(all_resumed_s, 3),
+                "sessions_resumed": storm_ok, "resume_concurrency": concurrency,
+                "queued_message_per_session": queued,
+                "resume_storm_seconds": round(storm_s, 3),
+                "storm_broker_cpu_seconds": round(broker_cpu, 2),
+                "storm_bench_clients_cpu_seconds": round(own_cpu, 2),
+                "storm_broker_commits": commits}
     finally:
         for proc in procs:
             proc.stop()
@@ -162,13 +277,19 @@ def main():
     ap.add_argument("--retained", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--concurrency", type=int, default=200,
+                    help="sessions resuming at once after the takeover")
+    ap.add_argument("--no-queued", action="store_true",
+                    help="sessions without a queued message: resumed at CONNACK")
     ap.add_argument("--out")
     args = ap.parse_args()
     cluster = PostgresCluster().start()
     try:
         with tempfile.TemporaryDirectory(prefix="ha-bench-") as tmp:
             rounds = [one_round(cluster, args.sessions, args.retained, args.timeout,
-                                os.path.join(tmp, str(i))) for i in range(args.rounds)]
+                                os.path.join(tmp, str(i)), args.concurrency,
+                                not args.no_queued)
+                      for i in range(args.rounds)]
     finally:
         cluster.stop()
     doc = {"bench": "ha_takeover", "when": datetime.datetime.now(datetime.timezone.utc)

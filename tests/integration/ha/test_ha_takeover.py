@@ -28,6 +28,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
+from pahokeep import KeepPubrel
 
 from mqttamqp.store.engines import SERVING_LOCK_KEY
 
@@ -325,8 +326,10 @@ class _FailoverClient:
         self.cv = threading.Condition()
         self.messages: list[bytes] = []
         self.subacks = 0
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             clean_session=False)
+        # (KeepPubrel: paho would re-send a QoS 2 PUBLISH after its PUBREL once a
+        # reconnect attempt is refused, a duplicate that is the client's)
+        self.c = KeepPubrel(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                            clean_session=False)
         self.c.reconnect_delay_set(min_delay=1, max_delay=1)
         self.c.on_connect = self._on_connect
         self.c.on_disconnect = lambda *a: self._failed()
