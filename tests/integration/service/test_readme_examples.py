@@ -41,12 +41,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pika
+import pika.exceptions
 import pytest
 from brokerproc import TWISTD, BrokerProcess
 from console_support import CHEAP
 from readme_blocks import BLOCKS, Block
 
-from mqttamqp.security.acl import READ, WRITE, covers, parse_acl
+from mqttamqp.security.acl import CONFIGURE, READ, WRITE, covers, parse_acl
 from mqttamqp.security.userstore import UserStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -360,11 +362,43 @@ def run_text(block: Block, place: Place) -> None:
         return
     rules = [line.split(None, 1)[0] for line in block.text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
+    if {"queue", "exchange"} & set(rules):
+        run_resource_acl(block, place)
+        return
     assert rules and set(rules) <= {"topic", "pattern", "user"}, (
         f"{block.page} line {block.line}: a text block that is neither an ACL file nor an "
         "error line: run it in tests/test_readme_examples.py or mark it "
         "<!-- not run: why -->")
     run_acl(block, place)
+
+
+def run_resource_acl(block: Block, place: Place) -> None:
+    """An ACL file with AMQP 0.9.1 queue lines: parsed, then in force in a broker,
+    where the first user it lets configure a queue by its plain name declares that
+    queue over AMQP 0.9.1 (pika), and is refused (403, the connection kept) a queue
+    the file does not grant."""
+    rules = parse_acl(block.text, f"{block.page} line {block.line}")
+    user, queue = next((name, r.filter) for name, granted in rules.users.items()
+                       for r in granted if r.kind == "queue" and r.access & CONFIGURE
+                       and not r.pattern and "*" not in r.filter)
+    store = UserStore(str(place.data))
+    for name in rules.users:
+        store.set_password(name, f"{name} {PASSWORD}", **CHEAP)
+    acl = place.dir / "acl.txt"
+    acl.write_text(block.text, encoding="utf-8")
+    place.start_broker("--acl", str(acl))
+    connection = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", place.ports["AMQP"], connection_attempts=1, socket_timeout=10,
+        credentials=pika.PlainCredentials(user, f"{user} {PASSWORD}")))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare(f"not-granted-to-{user}", durable=True)
+        assert refused.value.reply_code == 403
+        assert connection.is_open
+    finally:
+        connection.close()
 
 
 def run_config_error(block: Block, place: Place) -> None:
