@@ -549,6 +549,11 @@ def makeService(options: Options) -> BrokerService:
         svc.add_web_listener(description)
     if options["metrics"]:
         svc.add_metrics_listener(options["metrics"])
+    if options["bridge"]:
+        from mqttamqp.bridge.service import BridgeService
+
+        bridges = BridgeService(svc.broker, svc.reactor, options["bridge"])
+        bridges.setServiceParent(svc)  # type: ignore[no-untyped-call]
     return svc
 
 
