@@ -150,7 +150,8 @@ class Bridge:
         connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
                           s.remote_client_id, s.clean_session, s.keepalive, None,
                           s.username, None if s.password is None else s.password.encode())
-        client = BridgeClient(self, self.clock, connect, s.connect_timeout)
+        client = BridgeClient(self, self.clock, connect, s.connect_timeout,
+                              self.broker.limits.max_packet_size)
         self._client = client
         d = self.connector(client)
         d.addErrback(self._connect_failed, client)

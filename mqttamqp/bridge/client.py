@@ -95,12 +95,12 @@ class BridgeClient(TwistedProtocol):
     transport: Any
 
     def __init__(self, owner: ClientOwner, clock: Clock, connect: Connect,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, max_packet_size: int = MAX_PACKET) -> None:
         self.owner = owner
         self.clock = clock
         self.connect_packet = connect
         self.connect_timeout = connect_timeout
-        self.decoder = Decoder(MAX_PACKET, LEVEL)
+        self.decoder = Decoder(max_packet_size, LEVEL)   # (--max-packet-size)
         self.accepted = False
         self.paused = False        # the transport's buffer is full (push producer)
         self.reason = "connection lost"

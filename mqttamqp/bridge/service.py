@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import IReactorTCP
+from twisted.internet.protocol import Factory
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
@@ -20,6 +21,18 @@ from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
 __all__ = ["BridgeService"]
+
+
+class _Once(Factory):
+    """The factory of one connection attempt (quiet: no line per attempt)."""
+
+    noisy = False
+
+    def __init__(self, client: BridgeClient) -> None:
+        self.client = client
+
+    def buildProtocol(self, addr: Any) -> BridgeClient:
+        return self.client
 
 
 class BridgeService(Service):
@@ -37,7 +50,7 @@ class BridgeService(Service):
         def connect(client: BridgeClient) -> Any:
             endpoint = TCP4ClientEndpoint(reactor, settings.host, settings.port,
                                           timeout=max(1, int(settings.connect_timeout)))
-            return connectProtocol(endpoint, client)
+            return endpoint.connect(_Once(client))  # type: ignore[arg-type]
 
         return connect
 
