@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, RestartableBroker
 from mosquitto_server import MosquittoServer
 from pahoclient import PahoClient
 
@@ -107,3 +107,43 @@ def test_remote_restart_mid_stream_loses_no_qos1(bridged: BrokerProcess,
     assert _firsts(before + rest) == [b"r%03d" % i for i in range(90)], rest
     pub.stop()
     again.stop()
+
+
+def test_backlog_survives_kill_9_of_the_broker(tmp_path: Path,
+                                               remote: MosquittoServer) -> None:
+    """QoS 1 messages acknowledged here while the remote is down survive ``kill -9``
+    of this broker and reach the remote, in order, once both are back."""
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "hq"
+address = "mqtt://127.0.0.1:{remote.port}"
+topics = ["sensors/# out 1"]
+reconnect-min = 0.2
+reconnect-max = 1.0
+""")
+    sub = PahoClient(remote.port, "far-durable", clean=False)
+    sub.subscribe(("sensors/#", 1))
+    sub.stop()
+    remote.stop()
+    data = os.path.join(tmp_path, "data")
+    broker = RestartableBroker(data, "--config", str(config)).start()
+    pub = PahoClient(broker.mqtt_port, "near-pub3")
+    for i in range(40):
+        pub.publish("sensors/k", b"k%03d" % i, qos=1)
+    pub.stop()
+    broker.kill()
+    remote.start()
+    broker = RestartableBroker(data, "--config", str(config)).start()
+    try:
+        broker.wait_for_line(CONNECTED, timeout=15)
+        again = PahoClient(remote.port, "far-durable", clean=False)
+        got: list[bytes] = []
+        for _ in range(200):      # bounded: 40 messages, and duplicates allowed
+            got.append(again.get().payload)
+            if got[-1] == b"k039":
+                break
+        assert _firsts(got) == [b"k%03d" % i for i in range(40)], got
+        again.stop()
+    finally:
+        broker.stop()

@@ -192,3 +192,12 @@ def test_inbound_publish_is_published_here_and_acknowledged() -> None:
     assert [(t, p) for t, p, *_ in link.sent] == [("commands/go", b"c1")]
     assert [type(p) for p in remote.packets()] == [Puback]
 
+
+
+def test_no_client_may_claim_a_bridge_session() -> None:
+    """A client connecting as ``$bridge/hq`` may not take the bridge's backlog."""
+    from mqttamqp.core.auth import Identity
+
+    _, _, broker, _ = _bridge()
+    assert not broker.gate.may_claim(Identity("$bridge/hq"), "$bridge/hq")
+    assert broker.gate.may_claim(Identity("other"), "other")
