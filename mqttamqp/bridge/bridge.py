@@ -34,7 +34,8 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
-from mqttamqp.mqtt.packets import Connect, Puback, Pubcomp, Publish, Pubrec
+from mqttamqp.core.topics import topic_matches
+from mqttamqp.mqtt.packets import Connect, Puback, Pubcomp, Publish, Pubrec, Pubrel
 
 __all__ = ["Bridge", "BridgeLink", "Connector"]
 
@@ -76,8 +77,6 @@ class BridgeLink:
 
     def send_pubrel(self, packet_id: int) -> None:
         if self.client is not None:
-            from mqttamqp.mqtt.packets import Pubrel
-
             self.client.send(Pubrel(packet_id))
 
     def close(self, reason: str) -> None:
@@ -102,6 +101,8 @@ class Bridge:
         self.backoff = Backoff(settings.reconnect_min, settings.reconnect_max)
         self.out_rules = tuple(r for r in settings.rules if r.outbound)
         self.in_rules = tuple(r for r in settings.rules if r.inbound)
+        # Topics are mapped only when a rule has a prefix (else as they are, no match).
+        self._prefixed = any(r.local_prefix or r.remote_prefix for r in settings.rules)
         self.session: Session | None = None    # attached while connected
         self.state = "stopped"
         self.last_error: str | None = None
@@ -187,15 +188,15 @@ class Bridge:
         if self.out_rules:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
+            self.session = opened.session   # (claimed: ended if the remote goes now)
             if opened.durable is None:
                 self._activate(None, client, opened.session)
             else:
                 opened.durable.addCallback(self._activate, client, opened.session)
 
     def _activate(self, _: object, client: BridgeClient, session: Session) -> None:
-        if self._client is not client or not client.accepted:
+        if self._client is not client or self.session is not session:
             return
-        self.session = session
         self.link.client = client
         self.broker.activate(session, self.link, PROTOCOL)
 
@@ -208,8 +209,6 @@ class Bridge:
             self.session = None
             self.link.client = None
             self.broker.end_session(self.link, session, True, reason)
-        elif self.out_rules and client.accepted:
-            self.link.client = None
         self._lost(reason)
 
     def remote_puback(self, packet_id: int) -> None:
@@ -263,17 +262,19 @@ class Bridge:
 
     def _rule_for(self, rules: tuple[TopicRule, ...], topic: str, local: bool
                   ) -> TopicRule | None:
-        from mqttamqp.core.topics import topic_matches
-
         for rule in rules:
             if topic_matches(rule.local_filter if local else rule.remote_filter, topic):
                 return rule
         return None
 
     def remote_topic(self, topic: str) -> str:
+        if not self._prefixed:
+            return topic
         rule = self._rule_for(self.out_rules, topic, True)
         return topic if rule is None else _map(topic, rule.local_prefix, rule.remote_prefix)
 
     def local_topic(self, topic: str) -> str:
+        if not self._prefixed:
+            return topic
         rule = self._rule_for(self.in_rules, topic, False)
         return topic if rule is None else _map(topic, rule.remote_prefix, rule.local_prefix)

@@ -201,3 +201,23 @@ def test_no_client_may_claim_a_bridge_session() -> None:
     _, _, broker, _ = _bridge()
     assert not broker.gate.may_claim(Identity("$bridge/hq"), "$bridge/hq")
     assert broker.gate.may_claim(Identity("other"), "other")
+
+
+def test_prefixes_map_out_and_in_topics() -> None:
+    """With prefixes, ``out`` topics get the remote prefix and ``in`` ones the local."""
+    from core_broker import connect, subscribe
+
+    bridge, remote, broker, _ = _bridge(**{
+        "topics": ["s/# out 1 site/ hq/", "c/# in 1 site/ hq/"]})
+    remote.up = True
+    bridge.start()
+    _accept(remote)
+    (sub,) = remote.packets()
+    assert sub.topics == (("hq/c/#", 1),)
+    pub(broker, "site/s/1", b"x", qos=1)
+    (out,) = remote.packets()
+    assert out.topic == "hq/s/1"
+    local, link, _ = connect(broker, "near")
+    subscribe(broker, local, ("site/c/#", 1))
+    remote.send(Publish("hq/c/go", b"y", 1, False, False, 9))
+    assert [t for t, *_ in link.sent] == ["site/c/go"]
