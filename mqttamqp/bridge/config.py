@@ -10,6 +10,7 @@ What it must not do: connect anywhere or touch the broker (``bridge`` does).
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,7 +94,7 @@ class BridgeSettings:
     name: str
     address: str
     topics: tuple[str, ...]
-    client_id: str = ""              # default: "$bridge/<name>" (also the local session)
+    client_id: str = ""              # default: "<hostname>.<name>", as Mosquitto
     clean_session: bool = False
     username: str | None = None
     password: str | None = None
@@ -122,7 +123,9 @@ class BridgeSettings:
 
     @property
     def remote_client_id(self) -> str:
-        return self.client_id or self.session_id
+        """``client-id``, else ``<hostname>.<name>`` as Mosquitto's bridges (not the
+        local session id: a remote mqttamqp refuses ``$bridge/`` client ids)."""
+        return self.client_id or f"{socket.gethostname()}.{self.name}"
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> BridgeSettings:

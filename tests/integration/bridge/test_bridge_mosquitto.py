@@ -147,3 +147,68 @@ reconnect-max = 1.0
         again.stop()
     finally:
         broker.stop()
+
+
+def test_qos2_and_qos0_both_ways(tmp_path: Path, remote: MosquittoServer) -> None:
+    """QoS 2 and QoS 0 rules carry messages out to Mosquitto and in from it."""
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "hq"
+address = "mqtt://127.0.0.1:{remote.port}"
+topics = ["two/# out 2", "zero/# out 0", "back2/# in 2", "back0/# in 0"]
+""")
+    broker = BrokerProcess(os.path.join(tmp_path, "data"), "--config", str(config)).start()
+    try:
+        broker.wait_for_line(CONNECTED, timeout=15)
+        broker.wait_for_line(SUBSCRIBED, timeout=15)
+        far = PahoClient(remote.port, "far2")
+        far.subscribe(("two/#", 2), ("zero/#", 0))
+        near = PahoClient(broker.mqtt_port, "near2")
+        near.subscribe(("back2/#", 2), ("back0/#", 0))
+        near.publish("two/a", b"t1", qos=2)
+        near.publish("zero/a", b"z1", qos=0)
+        got = {(m.topic, m.payload, m.qos) for m in (far.get(), far.get())}
+        assert got == {("two/a", b"t1", 2), ("zero/a", b"z1", 0)}
+        far.publish("back2/a", b"b2", qos=2)
+        far.publish("back0/a", b"b0", qos=0)
+        got = {(m.topic, m.payload, m.qos) for m in (near.get(), near.get())}
+        assert got == {("back2/a", b"b2", 2), ("back0/a", b"b0", 0)}
+        far.stop()
+        near.stop()
+    finally:
+        broker.stop()
+
+
+def test_bridge_to_a_second_mqttamqp(tmp_path: Path) -> None:
+    """A bridge to another mqttamqp (bridge flag off) carries QoS 1 both ways."""
+    far = BrokerProcess(os.path.join(tmp_path, "far")).start()
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "peer"
+address = "mqtt://127.0.0.1:{far.mqtt_port}"
+topics = ["up/# out 1", "down/# in 1"]
+try-private = false
+""")
+    near = BrokerProcess(os.path.join(tmp_path, "near"), "--config", str(config))
+    try:
+        near.start()
+        near.wait_for_line(r"bridge peer to \S+: connected", timeout=15)
+        near.wait_for_line("bridge peer: subscribed on the remote", timeout=15)
+        far_sub = PahoClient(far.mqtt_port, "far-sub")
+        far_sub.subscribe(("up/#", 1))
+        near_sub = PahoClient(near.mqtt_port, "near-sub")
+        near_sub.subscribe(("down/#", 1))
+        near_pub = PahoClient(near.mqtt_port, "near-pub")
+        far_pub = PahoClient(far.mqtt_port, "far-pub")
+        for i in range(10):
+            near_pub.publish("up/x", b"u%d" % i, qos=1)
+            far_pub.publish("down/x", b"d%d" % i, qos=1)
+        assert [far_sub.get().payload for _ in range(10)] == [b"u%d" % i for i in range(10)]
+        assert [near_sub.get().payload for _ in range(10)] == [b"d%d" % i for i in range(10)]
+        for c in (far_sub, near_sub, near_pub, far_pub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()

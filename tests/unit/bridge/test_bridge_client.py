@@ -4,6 +4,7 @@ backlog sent in order and resent after a reconnect until the remote's PUBACK."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from core_broker import make_broker, pub
@@ -114,14 +115,15 @@ def test_reconnect_waits_with_bounded_backoff_then_resets() -> None:
 
 
 def test_connect_carries_the_bridge_flag_and_subscribes_in_rules() -> None:
-    """CONNECT is 3.1.1 | 0x80, persistent, client id $bridge/hq; ``in`` rules are subscribed."""
+    """CONNECT is 3.1.1 | 0x80, persistent, client id <hostname>.hq; ``in`` rules are subscribed."""
     bridge, remote, _, _ = _bridge()
     remote.up = True
     bridge.start()
     raw = _accept(remote)
     connect = raw[2:]
     # name "MQTT", level 4 | 0x80, flags 0 (clean session 0), keepalive 10, client id
-    assert connect == b"\x00\x04MQTT\x84\x00\x00\x0a\x00\x0a$bridge/hq"
+    cid = f"{socket.gethostname()}.hq".encode()
+    assert connect == b"\x00\x04MQTT\x84\x00\x00\x0a" + len(cid).to_bytes(2, "big") + cid
     (sub,) = remote.packets()
     assert isinstance(sub, Subscribe) and sub.topics == (("commands/#", 1),)
     remote.send(Suback(sub.packet_id, (1,)))

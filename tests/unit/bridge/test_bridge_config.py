@@ -3,6 +3,7 @@ and one-line errors naming the key for bad tables."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ def test_the_issue_form_loads_with_its_defaults() -> None:
     """The issue's three-key table gives a persistent bridge with both rules."""
     s = BridgeSettings.from_table(dict(ISSUE_FORM))
     assert (s.host, s.port, s.session_id, s.remote_client_id) == (
-        "127.0.0.1", 1884, "$bridge/hq", "$bridge/hq")
+        "127.0.0.1", 1884, "$bridge/hq", socket.gethostname() + ".hq")
     assert s.clean_session is False and s.try_private is True
     assert [(r.pattern, r.direction, r.qos) for r in s.rules] == [
         ("sensors/#", "out", 1), ("commands/#", "in", 1)]
