@@ -69,3 +69,28 @@ def test_rule_defaults_follow_mosquitto() -> None:
     r = parse_rule("x/#", "", "")
     assert (r.direction, r.qos, r.outbound, r.inbound) == ("out", 0, True, False)
     assert parse_rule("x/# both 2", "", "").inbound
+
+
+def test_a_bad_table_stops_the_options_with_one_line(tmp_path: Any) -> None:
+    """``--config`` with a bad ``[[bridge]]`` exits with one line naming key and line."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[[bridge]]\nname = "hq"\naddress = "mqtt://127.0.0.1:1884"\n'
+                    'topics = ["sensors/# sideways 1"]\n')
+    with pytest.raises(SystemExit) as e:
+        Options().parseOptions(["--config", str(path)])
+    first = str(e.value).splitlines()[0]
+    assert "line 4: bridge.topics: 'sensors/# sideways 1': direction 'sideways'" in first
+
+
+def test_a_good_table_reaches_the_options(tmp_path: Any) -> None:
+    """The issue's table, in a --config file, becomes one ``BridgeSettings``."""
+    from mqttamqp.options import Options
+
+    path = tmp_path / "ok.toml"
+    path.write_text('[[bridge]]\nname = "hq"\naddress = "mqtt://127.0.0.1:1884"\n'
+                    'topics = ["sensors/# out 1", "commands/# in 1"]\n')
+    options = Options()
+    options.parseOptions(["--config", str(path)])
+    assert [b.name for b in options["bridge"]] == ["hq"]
