@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
+from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -126,6 +127,9 @@ class BridgeClient(TwistedProtocol):
             self.drop(f"malformed packet from the remote: {e}")
 
     def connectionLost(self, reason: Failure | None = None) -> None:
+        if (self.reason == "connection lost" and reason is not None
+                and not reason.check(ConnectionDone)):
+            self.reason = f"connection lost: {reason.getErrorMessage()}"
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

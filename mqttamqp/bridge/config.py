@@ -21,8 +21,8 @@ from mqttamqp.ops.config import TableKeyError
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS"]
 
 DIRECTIONS = ("out", "in", "both")
-SCHEMES = {"mqtt": 1883}
-NOT_BUILT = ("mqtts", "ws", "wss")
+SCHEMES = {"mqtt": 1883, "mqtts": 8883}
+NOT_BUILT = ("ws", "wss")
 EMPTY = '""'   # an empty prefix in a topic rule
 
 
@@ -105,6 +105,8 @@ class BridgeSettings:
     connect_timeout: float = 10.0
     reconnect_min: float = 1.0
     reconnect_max: float = 60.0
+    tls_ca: str | None = None        # mqtts://: a PEM CA bundle (default: the platform's)
+    server_name: str | None = None   # mqtts://: the name to verify (default: address host)
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -115,6 +117,10 @@ class BridgeSettings:
     def port(self) -> int:
         parts = urlsplit(self.address)
         return parts.port or SCHEMES.get(parts.scheme, 1883)
+
+    @property
+    def tls(self) -> bool:
+        return urlsplit(self.address).scheme == "mqtts"
 
     @property
     def session_id(self) -> str:
@@ -157,10 +163,20 @@ class BridgeSettings:
         parts = urlsplit(self.address)
         if parts.scheme in NOT_BUILT:
             raise TableKeyError("address", f"{self.address!r}: {parts.scheme}:// remotes "
-                                           "are not built yet (mqtt:// only)")
+                                           "are not built yet (mqtt:// and mqtts:// only)")
         if parts.scheme not in SCHEMES or not parts.hostname:
-            raise TableKeyError("address", f"{self.address!r} is not an mqtt://HOST[:PORT] "
-                                           "address")
+            raise TableKeyError("address", f"{self.address!r} is not an mqtt:// or "
+                                           "mqtts://HOST[:PORT] address")
+        for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name)):
+            if value is not None and not self.tls:
+                raise TableKeyError(key, "only with an mqtts:// address")
+        if self.tls_ca is not None:
+            from mqttamqp.net.tls import load_ca_bundle
+
+            try:
+                load_ca_bundle(self.tls_ca)
+            except ValueError as e:
+                raise TableKeyError("tls-ca", str(e)) from None
         if not self.topics:
             raise TableKeyError("topics", "at least one topic rule")
         if not 0 <= self.keepalive <= 65535:
@@ -188,7 +204,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
-    "reconnect_max": (int, float),
+    "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
 }
 
 

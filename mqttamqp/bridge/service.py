@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.protocol import Factory
 
@@ -21,6 +21,20 @@ from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
 __all__ = ["BridgeService"]
+
+
+def _tls_creator(settings: BridgeSettings) -> Any:
+    """TLS toward an mqtts:// remote: its certificate checked against ``tls-ca`` (else
+    the platform's CAs) and its name (``server-name``, else the address's host)
+    through service-identity."""
+    from twisted.internet import ssl
+
+    from mqttamqp.net.tls import load_ca_bundle
+
+    roots: Any = (ssl.trustRootFromCertificates(
+        [ssl.Certificate(c) for c in load_ca_bundle(settings.tls_ca)])
+        if settings.tls_ca is not None else ssl.platformTrust())
+    return ssl.optionsForClientTLS(settings.server_name or settings.host, trustRoot=roots)
 
 
 class _Once(Factory):
@@ -47,10 +61,13 @@ class BridgeService(Service):
     def _connector(self, settings: BridgeSettings) -> Any:
         reactor: IReactorTCP = self.reactor
 
+        endpoint: Any = TCP4ClientEndpoint(reactor, settings.host, settings.port,
+                                           timeout=max(1, int(settings.connect_timeout)))
+        if settings.tls:
+            endpoint = wrapClientTLS(_tls_creator(settings), endpoint)
+
         def connect(client: BridgeClient) -> Any:
-            endpoint = TCP4ClientEndpoint(reactor, settings.host, settings.port,
-                                          timeout=max(1, int(settings.connect_timeout)))
-            return endpoint.connect(_Once(client))  # type: ignore[arg-type]
+            return endpoint.connect(_Once(client))
 
         return connect
 

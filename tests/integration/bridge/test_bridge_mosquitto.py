@@ -5,13 +5,18 @@ stopped mid-stream and restarted (no QoS 1 message lost, order kept)."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 from brokerproc import BrokerProcess, RestartableBroker
 from mosquitto_server import MosquittoServer
+from paho.mqtt.enums import CallbackAPIVersion
 from pahoclient import PahoClient
+from pki import make_pki
 
 CONNECTED = r"bridge hq to \S+: connected"
 WAITING = r"bridge hq to \S+: waiting"
@@ -209,6 +214,68 @@ try-private = false
         assert [near_sub.get().payload for _ in range(10)] == [b"d%d" % i for i in range(10)]
         for c in (far_sub, near_sub, near_pub, far_pub):
             c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def _tls_bridge(tmp_path: Path, far: BrokerProcess, ca: str, extra: str) -> BrokerProcess:
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "sec"
+address = "mqtts://localhost:{far.mqtt_port}"
+topics = ["up/# out 1"]
+try-private = false
+tls-ca = "{ca}"
+reconnect-min = 0.2
+reconnect-max = 1.0
+{extra}
+""")
+    return BrokerProcess(os.path.join(tmp_path, "near"), "--config", str(config)).start()
+
+
+def test_mqtts_remote_verified_by_name(tmp_path: Path) -> None:
+    """An mqtts:// remote whose certificate names it is accepted and carries QoS 1."""
+    pki = make_pki(str(tmp_path))
+    far = BrokerProcess(os.path.join(tmp_path, "far"),
+                        descriptions={"--mqtt": pki.ssl()}).start()
+    near = _tls_bridge(tmp_path, far, pki.ca, "")
+    try:
+        near.wait_for_line(r"bridge sec to \S+: connected", timeout=15)
+        got: queue.Queue[bytes] = queue.Queue()
+        subscribed = threading.Event()
+        sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="far-tls")
+        sub.tls_set(ca_certs=pki.ca)
+        sub.on_message = lambda c, u, msg: got.put(msg.payload)
+        sub.on_subscribe = lambda *a: subscribed.set()
+        sub.on_connect = lambda c, *a: c.subscribe("up/#", 1)
+        sub.connect("localhost", far.mqtt_port)
+        sub.loop_start()
+        try:
+            assert subscribed.wait(10), "no SUBACK from the far broker"
+            pub = PahoClient(near.mqtt_port, "near-tls")
+            pub.publish("up/s", b"secret", qos=1)
+            assert got.get(timeout=10) == b"secret"
+            pub.stop()
+        finally:
+            sub.disconnect()
+            sub.loop_stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_mqtts_remote_with_a_wrong_name_is_refused(tmp_path: Path) -> None:
+    """A certificate that does not name the expected server fails verification."""
+    pki = make_pki(str(tmp_path))
+    far = BrokerProcess(os.path.join(tmp_path, "far"),
+                        descriptions={"--mqtt": pki.ssl()}).start()
+    near = _tls_bridge(tmp_path, far, pki.ca, 'server-name = "wrong.example"')
+    try:
+        line = near.wait_for_line(r"bridge sec to \S+: (connected|waiting)", timeout=15)
+        assert "waiting (connection lost: VerificationError" in line, line
+        assert "wrong.example" in line, line
     finally:
         near.stop()
         far.stop()

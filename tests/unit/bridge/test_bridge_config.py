@@ -44,7 +44,10 @@ def test_round_trip_through_as_table() -> None:
 @pytest.mark.parametrize(("change", "key"), [
     ({"name": None}, "name"),
     ({"address": "http://x"}, "address"),
-    ({"address": "mqtts://x:8883"}, "address"),
+    ({"address": "ws://x:8083"}, "address"),
+    ({"tls-ca": "/nonexistent.pem"}, "tls-ca"),
+    ({"address": "mqtts://x", "tls-ca": "/nonexistent.pem"}, "tls-ca"),
+    ({"server-name": "x"}, "server-name"),
     ({"topics": ["a/# sideways 1"]}, "topics"),
     ({"topics": ["a/# out 3"]}, "topics"),
     ({"topics": ["a/#/b out 1"]}, "topics"),
