@@ -1,5 +1,6 @@
-"""The bridges of a broker as one Twisted service: each started once the broker's
-state is loaded (a child of ``BrokerService``, started after it), stopped with it.
+"""The bridges of a broker, together: each started once the broker's state is loaded
+(``BrokerService._start_serving``: at the start, or under ``--ha`` at the takeover,
+never on a standby), stopped with the service.
 
 What it owns: building each ``Bridge`` with a TCP connector on the reactor.  What it
 must not do: anything of a bridge itself (``bridge``).
@@ -10,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.application.service import Service
 from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.protocol import Factory
@@ -20,7 +20,7 @@ from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
-__all__ = ["BridgeService"]
+__all__ = ["Bridges"]
 
 
 def _tls_creator(settings: BridgeSettings) -> Any:
@@ -49,7 +49,7 @@ class _Once(Factory):
         return self.client
 
 
-class BridgeService(Service):
+class Bridges:
     """Every ``[[bridge]]`` of the configuration."""
 
     def __init__(self, broker: Broker, reactor: Any, settings: Sequence[BridgeSettings]
@@ -71,12 +71,10 @@ class BridgeService(Service):
 
         return connect
 
-    def startService(self) -> None:
-        super().startService()   # type: ignore[no-untyped-call]
+    def start(self) -> None:
         for bridge in self.bridges:
             bridge.start()
 
-    def stopService(self) -> None:
+    def stop(self) -> None:
         for bridge in self.bridges:
             bridge.stop()
-        super().stopService()   # type: ignore[no-untyped-call]
