@@ -12,6 +12,5 @@ with the bridge as publisher), and the service that starts and stops them
 What it must not do: reach storage other than through the broker's commands (the
 session's queue is the backlog; nothing here stores anything), keep a second MQTT
 client library on the reactor, or decide routing (the router does).  Not built yet:
-``ws(s)://`` remotes, MQTT 5 toward the remote, SIGHUP reload and the
-console's Bridges page.
+``ws(s)://`` remotes, SIGHUP reload and the console's Bridges page.
 """

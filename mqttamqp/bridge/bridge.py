@@ -35,7 +35,18 @@ from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.core.topics import topic_matches
-from mqttamqp.mqtt.packets import Connect, Puback, Pubcomp, Publish, Pubrec, Pubrel
+from mqttamqp.mqtt.codec import encode_properties
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+)
+from mqttamqp.mqtt.v5 import message_properties, publish_properties
 
 __all__ = ["Bridge", "BridgeLink", "Connector"]
 
@@ -71,9 +82,12 @@ class BridgeLink:
         client = self.client
         if client is None:
             return   # (the session keeps it: resent on the next activation)
-        self.bridge.sent += 1
-        client.publish(self.bridge.remote_topic(message.topic), message.payload, qos,
-                       packet_id if qos else None, dup, retain)
+        bridge = self.bridge
+        bridge.sent += 1
+        props = (encode_properties(publish_properties(message, bridge.clock.seconds(), None,
+                                                      ())) if bridge.v5 else None)
+        client.publish(bridge.remote_topic(message.topic), message.payload, qos,
+                       packet_id if qos else None, dup, retain, props)
 
     def send_pubrel(self, packet_id: int) -> None:
         if self.client is not None:
@@ -103,6 +117,7 @@ class Bridge:
         self.in_rules = tuple(r for r in settings.rules if r.inbound)
         # Topics are mapped only when a rule has a prefix (else as they are, no match).
         self._prefixed = any(r.local_prefix or r.remote_prefix for r in settings.rules)
+        self.v5 = settings.protocol == "5"
         self.session: Session | None = None    # attached while connected
         self.state = "stopped"
         self.last_error: str | None = None
@@ -148,11 +163,18 @@ class Bridge:
             return
         self.attempts += 1
         s = self.settings
-        connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
-                          s.remote_client_id, s.clean_session, s.keepalive, None,
-                          s.username, None if s.password is None else s.password.encode())
+        password = None if s.password is None else s.password.encode()
+        if self.v5:   # persistent unless clean: the session never expires there
+            connect = Connect("MQTT", 5, s.remote_client_id, s.clean_session, s.keepalive,
+                              None, s.username, password,
+                              Properties(session_expiry_interval=0 if s.clean_session
+                                         else 0xFFFFFFFF))
+        else:
+            connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
+                              s.remote_client_id, s.clean_session, s.keepalive, None,
+                              s.username, password)
         client = BridgeClient(self, self.clock, connect, s.connect_timeout,
-                              self.broker.limits.max_packet_size)
+                              self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
         self._client = client
         d = self.connector(client)
         d.addErrback(self._connect_failed, client)
@@ -179,16 +201,24 @@ class Bridge:
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 
-    def remote_accepted(self, client: BridgeClient, session_present: bool) -> None:
+    def remote_accepted(self, client: BridgeClient, connack: Connack) -> None:
         self.backoff.reset()
         self.connected_since = self.clock.seconds()
-        self._set_state("connected", f"session present: {session_present}")
+        self._set_state("connected", f"session present: {connack.session_present}")
         if self.in_rules:
-            client.subscribe(tuple((r.remote_filter, r.qos) for r in self.in_rules))
+            # MQTT 5: no-local on ``both`` rules, so the remote does not send back
+            # what this bridge published there.
+            options = (tuple(NO_LOCAL if r.outbound else 0 for r in self.in_rules)
+                       if self.v5 else ())
+            client.subscribe(tuple((r.remote_filter, r.qos) for r in self.in_rules), options)
         if self.out_rules:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             self.session = opened.session   # (claimed: ended if the remote goes now)
+            props = connack.properties
+            if props is not None and props.receive_maximum:   # (MQTT 5)
+                opened.session.window = min(self.broker.limits.max_inflight,
+                                            props.receive_maximum)
             if opened.durable is None:
                 self._activate(None, client, opened.session)
             else:
@@ -242,7 +272,8 @@ class Bridge:
         (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL)."""
         self.received += 1
         message = Message(self.local_topic(packet.topic), packet.payload, packet.qos,
-                          packet.retain, self.settings.session_id, self.clock.seconds())
+                          packet.retain, self.settings.session_id, self.clock.seconds(),
+                          props=message_properties(packet.properties))
         result = self.broker.publish(message, self.identity, wait=packet.qos > 0)
         if packet.qos == 0 or packet.packet_id is None:
             return

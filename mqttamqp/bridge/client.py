@@ -1,6 +1,6 @@
 """The bridge's MQTT client connection to the remote broker, and its back-off.
 
-What it owns: one TCP connection's MQTT 3.1.1 client side on the broker's own sans-IO
+What it owns: one TCP connection's MQTT 3.1.1 or 5 client side on the broker's own sans-IO
 codec (``mqtt.codec``): CONNECT (with Mosquitto's bridge flag, ``try_private``:
 protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
 seconds, the connection dropped when the remote is silent for one and a half), and
@@ -70,7 +70,7 @@ class Backoff:
 class ClientOwner(Protocol):
     """What a ``BridgeClient`` tells its bridge."""
 
-    def remote_accepted(self, client: BridgeClient, session_present: bool) -> None: ...
+    def remote_accepted(self, client: BridgeClient, connack: Connack) -> None: ...
 
     def remote_lost(self, client: BridgeClient, reason: str) -> None: ...
 
@@ -90,18 +90,20 @@ class ClientOwner(Protocol):
 
 
 class BridgeClient(TwistedProtocol):
-    """One connection to the remote, as an MQTT 3.1.1 client."""
+    """One connection to the remote, as an MQTT 3.1.1 or 5 client."""
 
     log: ClassVar[Logger] = Logger()
     transport: Any
 
     def __init__(self, owner: ClientOwner, clock: Clock, connect: Connect,
-                 connect_timeout: float, max_packet_size: int = MAX_PACKET) -> None:
+                 connect_timeout: float, max_packet_size: int = MAX_PACKET,
+                 level: int = LEVEL) -> None:
         self.owner = owner
         self.clock = clock
         self.connect_packet = connect
         self.connect_timeout = connect_timeout
-        self.decoder = Decoder(max_packet_size, LEVEL)   # (--max-packet-size)
+        self.level = level          # 4 (3.1.1) or 5
+        self.decoder = Decoder(max_packet_size, level)   # (--max-packet-size)
         self.accepted = False
         self.paused = False        # the transport's buffer is full (push producer)
         self.reason = "connection lost"
@@ -114,7 +116,7 @@ class BridgeClient(TwistedProtocol):
     def connectionMade(self) -> None:
         self.transport.registerProducer(self, True)
         self._last_heard = self.clock.seconds()
-        self.transport.write(encode(self.connect_packet, LEVEL))
+        self.transport.write(encode(self.connect_packet, self.level))
         self._timer = self.clock.callLater(self.connect_timeout, self._no_connack)
 
     def dataReceived(self, data: bytes) -> None:
@@ -181,7 +183,7 @@ class BridgeClient(TwistedProtocol):
         self.accepted = True
         keepalive = self.connect_packet.keepalive
         self._timer = self.clock.callLater(keepalive, self._ping) if keepalive else None
-        self.owner.remote_accepted(self, packet.session_present)
+        self.owner.remote_accepted(self, packet)
 
     # -- timers -------------------------------------------------------------
 
@@ -195,22 +197,24 @@ class BridgeClient(TwistedProtocol):
         if self.clock.seconds() - self._last_heard > keepalive * 1.5:
             self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")
             return
-        self.transport.write(encode(Pingreq(), LEVEL))
+        self.transport.write(encode(Pingreq(), self.level))
         self._timer = self.clock.callLater(keepalive, self._ping)
 
     # -- what the bridge sends ----------------------------------------------
 
     def publish(self, topic: str, payload: bytes, qos: int, packet_id: int | None,
-                dup: bool, retain: bool) -> None:
+                dup: bool, retain: bool, properties: bytes | None = None) -> None:
+        """``properties``: MQTT 5's property block, encoded (None at 3.1.1)."""
         self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup,
-                                            packet_id))
+                                            packet_id, properties))
 
     def send(self, packet: Puback | Pubrec | Pubrel | Pubcomp | Disconnect) -> None:
-        self.transport.write(encode(packet, LEVEL))
+        self.transport.write(encode(packet, self.level))
 
-    def subscribe(self, topics: tuple[tuple[str, int], ...]) -> None:
+    def subscribe(self, topics: tuple[tuple[str, int], ...], options: tuple[int, ...] = ()
+                  ) -> None:
         self._next_id = self._next_id % 65535 + 1
-        self.transport.write(encode(Subscribe(self._next_id, topics), LEVEL))
+        self.transport.write(encode(Subscribe(self._next_id, topics, options), self.level))
 
     def drop(self, reason: str) -> None:
         """Close the connection (the bridge reconnects) saying why, once."""
@@ -222,5 +226,5 @@ class BridgeClient(TwistedProtocol):
         """A clean end (the broker stops)."""
         self.reason = "bridge stopped"
         if self.accepted:
-            self.transport.write(encode(Disconnect(), LEVEL))
+            self.transport.write(encode(Disconnect(), self.level))
         self.transport.loseConnection()

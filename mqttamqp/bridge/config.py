@@ -96,6 +96,7 @@ class BridgeSettings:
     topics: tuple[str, ...]
     client_id: str = ""              # default: "<hostname>.<name>", as Mosquitto
     clean_session: bool = False
+    protocol: str = "3.1.1"          # or "5"
     username: str | None = None
     password: str | None = None
     keepalive: int = 60
@@ -177,6 +178,8 @@ class BridgeSettings:
                 load_ca_bundle(self.tls_ca)
             except ValueError as e:
                 raise TableKeyError("tls-ca", str(e)) from None
+        if self.protocol not in ("3.1.1", "5"):
+            raise TableKeyError("protocol", f"{self.protocol!r} is not \"3.1.1\" or \"5\"")
         if not self.topics:
             raise TableKeyError("topics", "at least one topic rule")
         if not 0 <= self.keepalive <= 65535:
@@ -200,7 +203,7 @@ class BridgeSettings:
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,), "address": (str,), "client_id": (str,), "username": (str,),
+    "name": (str,), "address": (str,), "protocol": (str,), "client_id": (str,), "username": (str,),
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),

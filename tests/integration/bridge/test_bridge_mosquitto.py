@@ -279,3 +279,52 @@ def test_mqtts_remote_with_a_wrong_name_is_refused(tmp_path: Path) -> None:
     finally:
         near.stop()
         far.stop()
+
+
+def _until_both(client: PahoClient) -> list[str]:
+    """Topics received up to both end markers (bounded)."""
+    topics: list[str] = []
+    for _ in range(20):
+        topics.append(client.get().topic)
+        if {"five/end", "five/end2"} <= set(topics):
+            return topics
+    raise AssertionError(topics)
+
+
+def test_mqtt5_both_rule_sends_nothing_back(tmp_path: Path, remote: MosquittoServer) -> None:
+    """MQTT 5 toward Mosquitto with a ``both`` rule: each message crosses once, none
+    comes back (no-local on both sides)."""
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "hq"
+address = "mqtt://127.0.0.1:{remote.port}"
+protocol = "5"
+topics = ["five/# both 1"]
+""")
+    broker = BrokerProcess(os.path.join(tmp_path, "data"), "--config", str(config)).start()
+    try:
+        broker.wait_for_line(CONNECTED, timeout=15)
+        broker.wait_for_line(SUBSCRIBED, timeout=15)
+        far_sub = PahoClient(remote.port, "far5-sub")
+        far_sub.subscribe(("five/#", 1))
+        near_sub = PahoClient(broker.mqtt_port, "near5-sub")
+        near_sub.subscribe(("five/#", 1))
+        near_pub = PahoClient(broker.mqtt_port, "near5-pub")
+        far_pub = PahoClient(remote.port, "far5-pub")
+        near_pub.publish("five/a", b"a", qos=1)
+        assert far_sub.get().topic == "five/a"
+        far_pub.publish("five/b", b"b", qos=1)
+        assert near_sub.get().topic == "five/a"
+        assert near_sub.get().topic == "five/b"
+        near_pub.publish("five/end", b"e", qos=1)
+        far_pub.publish("five/end2", b"e", qos=1)
+        # (the two markers take different paths: their order is not fixed)
+        assert sorted(_until_both(far_sub)) == ["five/b", "five/end", "five/end2"]
+        assert sorted(_until_both(near_sub)) == ["five/end", "five/end2"]
+        log = "".join(remote.log)
+        assert ".hq (p5, c0," in log, "the bridge is an MQTT 5 client, clean start 0"
+        for c in (far_sub, near_sub, near_pub, far_pub):
+            c.stop()
+    finally:
+        broker.stop()

@@ -48,6 +48,7 @@ def test_round_trip_through_as_table() -> None:
     ({"tls-ca": "/nonexistent.pem"}, "tls-ca"),
     ({"address": "mqtts://x", "tls-ca": "/nonexistent.pem"}, "tls-ca"),
     ({"server-name": "x"}, "server-name"),
+    ({"protocol": "4"}, "protocol"),
     ({"topics": ["a/# sideways 1"]}, "topics"),
     ({"topics": ["a/# out 3"]}, "topics"),
     ({"topics": ["a/#/b out 1"]}, "topics"),
