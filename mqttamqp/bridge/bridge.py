@@ -33,6 +33,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import encode_properties
@@ -125,6 +126,8 @@ class Bridge:
         self.attempts = 0
         self.sent = 0
         self.received = 0
+        self.refused = 0                      # MQTT 5 PUBACKs with a failure code
+        self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
         self._running = False
@@ -241,7 +244,17 @@ class Bridge:
             self.broker.end_session(self.link, session, True, reason)
         self._lost(reason)
 
-    def remote_puback(self, packet_id: int) -> None:
+    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None:
+        """PUBACK: the message is done.  An MQTT 5 failure code (the remote refused it,
+        e.g. 0x87 not authorized) is done too, as a client's would be: counted, and
+        logged once a minute per bridge at most."""
+        if reason_code >= 0x80:
+            self.refused += 1
+            held = self.refusals.allow("puback")
+            if held is not None:
+                self.log.warn("bridge {n}: the remote refused a message (PUBACK 0x{c:02x}); "
+                              "{r} refused so far{h}", n=self.settings.name, c=reason_code,
+                              r=self.refused, h=f" ({held} not logged)" if held else "")
         if self.session is not None:
             self.broker.acknowledged(self.session, packet_id)
 

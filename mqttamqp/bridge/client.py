@@ -76,7 +76,7 @@ class ClientOwner(Protocol):
 
     def remote_publish(self, client: BridgeClient, packet: Publish) -> None: ...
 
-    def remote_puback(self, packet_id: int) -> None: ...
+    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None: ...
 
     def remote_pubrec(self, packet_id: int) -> None: ...
 
@@ -151,7 +151,7 @@ class BridgeClient(TwistedProtocol):
 
     def _handle(self, packet: object) -> None:
         if isinstance(packet, Puback):
-            self.owner.remote_puback(packet.packet_id)
+            self.owner.remote_puback(packet.packet_id, packet.reason_code)
         elif isinstance(packet, Publish):
             self.owner.remote_publish(self, packet)
         elif isinstance(packet, Pingresp):

@@ -223,3 +223,20 @@ def test_prefixes_map_out_and_in_topics() -> None:
     subscribe(broker, local, ("site/c/#", 1))
     remote.send(Publish("hq/c/go", b"y", 1, False, False, 9))
     assert [t for t, *_ in link.sent] == ["site/c/go"]
+
+
+def test_a_refused_puback_is_done_and_counted() -> None:
+    """MQTT 5: a PUBACK with a failure code removes the message and is counted."""
+    bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"], protocol="5")
+    remote.up = True
+    bridge.start()
+    assert remote.transport is not None
+    remote.transport.clear()
+    remote.client.dataReceived(encode(Connack(False, 0), 5))  # type: ignore[union-attr]
+    pub(broker, "sensors/t", b"m", qos=1)
+    decoder = Decoder(server=True, protocol_level=5)
+    decoder.feed(remote.transport.value())
+    (sent,) = list(decoder)
+    remote.client.dataReceived(encode(Puback(sent.packet_id, 0x87), 5))  # type: ignore[union-attr]
+    session = broker.registry.sessions["$bridge/hq"]
+    assert bridge.refused == 1 and not session.inflight and not session.queue
