@@ -43,7 +43,11 @@ class MosquittoServer:
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         threading.Thread(target=self._pump, args=(self.proc, self.lines), daemon=True).start()
-        self.wait_for(" running", timeout)
+        try:
+            self.wait_for(" running", timeout)
+        except AssertionError:
+            self.stop(signal.SIGKILL)   # (no fixture teardown runs after a failed start)
+            raise
         return self
 
     def _pump(self, proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
