@@ -73,6 +73,7 @@ class Options(usage.Options):
         self["archive-exclude"] = []
         self["amqp-queues"] = []
         self["webhook"] = []
+        self["bridge"] = []
         self.argv: list[str] = []   # as given, for a reload (SIGHUP) to parse again
 
     def opt_amqp_queues(self, pattern: str) -> None:
@@ -137,6 +138,18 @@ class Options(usage.Options):
         self["webhook"].append(settings)
 
     opt_webhook.toml_tables = True  # type: ignore[attr-defined]
+
+    def opt_bridge(self, bridge: str | dict[str, Any]) -> None:
+        ("An MQTT bridge to another broker: only as a [[bridge]] table in the --config "
+         "file (name, address, topics; see docs/bridges.md).")
+        from mqttamqp.bridge.config import BridgeSettings
+
+        if isinstance(bridge, str):
+            raise usage.UsageError("--bridge: bridges are [[bridge]] tables of the "
+                                   "--config file (docs/bridges.md)")
+        self["bridge"].append(BridgeSettings.from_table(bridge))
+
+    opt_bridge.toml_tables = True  # type: ignore[attr-defined]
 
     def opt_version(self) -> None:
         """Print mqttamqp's version (and Twisted's and Python's) and exit."""

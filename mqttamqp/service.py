@@ -116,6 +116,7 @@ class BrokerService(service.MultiService):
         self.ops = OpsWiring(self)            # metrics, health, OTel, log observer
         self.refusals = AcceptRefusals(self.reactor, self._refused_for_resources)
         self.ha: Any = None   # --ha: a HighAvailability (enable_ha)
+        self.bridges: Any = None   # [[bridge]] tables: mqttamqp.bridge.service.Bridges
 
     def enable_ha(self, poll_seconds: float, watch_seconds: float) -> None:
         """Start as the standby of the storage's serving lock (``mqttamqp.ha``): serve
@@ -356,6 +357,8 @@ class BrokerService(service.MultiService):
             self.archive.start()
             self.log.info("archiving messages and events to {d}", d=self.archive_dir)
         self.report_job.start()
+        if self.bridges is not None:
+            self.bridges.start()
         # Everything loaded at start-up lives for the whole run: keep it out of the
         # collector's generations so full collections stay short.
         gc.collect()
@@ -396,6 +399,8 @@ class BrokerService(service.MultiService):
             self.ha.stop()
         if self.reloaders is not None:
             self.reloaders.uninstall()
+        if self.bridges is not None:
+            self.bridges.stop()
         self.broker.shutdown()
         self.ops.stop()
         self.packing.stop()
@@ -549,6 +554,10 @@ def makeService(options: Options) -> BrokerService:
         svc.add_web_listener(description)
     if options["metrics"]:
         svc.add_metrics_listener(options["metrics"])
+    if options["bridge"]:
+        from mqttamqp.bridge.service import Bridges
+
+        svc.bridges = Bridges(svc.broker, svc.reactor, options["bridge"])
     return svc
 
 

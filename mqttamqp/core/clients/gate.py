@@ -38,6 +38,11 @@ from mqttamqp.core.topics import is_sys_topic
 __all__ = ["ClientGate"]
 
 
+# The broker's own sessions of its MQTT bridges (``$bridge/<name>``): no client may
+# claim one (it would take the bridge's outbound backlog).
+BRIDGE_SESSIONS = "$bridge/"
+
+
 class ClientGate:
     # (the namespace these lines had before the port split: operators filter on it)
     log = Logger(namespace="mqttamqp.core.broker.Broker")
@@ -146,6 +151,8 @@ class ClientGate:
         """May ``identity`` take over (or act on) the session of ``client_id``?  Not
         when another user owns it and user names are verified (client users exist):
         a session, its subscriptions and its queue belong to the user that made it."""
+        if client_id.startswith(BRIDGE_SESSIONS):
+            return False   # a bridge's own session (mqttamqp.bridge): no client's
         session = self._sessions.get(client_id)
         owner = session.owner if session is not None else None
         if owner is None or owner == identity.username:

@@ -1,0 +1,16 @@
+"""MQTT bridges: the broker as an MQTT client of another broker (issue #29, part 2).
+
+What it owns: ``[[bridge]]`` tables read and checked (``config``), the MQTT client
+connection to the remote on the broker's reactor, written on the broker's own sans-IO
+codec (``client``), the reconnect loop with its bounded exponential back-off and the
+two directions of one bridge (``bridge``: ``out`` is a persistent session of the
+broker, ``$bridge/<name>``, whose link is the remote connection, so QoS >= 1 messages
+wait durably while the remote is away; ``in`` publishes through the broker's port
+with the bridge as publisher), and the service that starts and stops them
+(``service``).
+
+What it must not do: reach storage other than through the broker's commands (the
+session's queue is the backlog; nothing here stores anything), keep a second MQTT
+client library on the reactor, or decide routing (the router does).  Not built yet:
+``ws(s)://`` remotes, SIGHUP reload and the console's Bridges page.
+"""

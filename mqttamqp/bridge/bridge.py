@@ -1,0 +1,324 @@
+"""One bridge: its outbound session, its connection loop and its two directions.
+
+What it owns: ``out``, the broker's persistent session ``$bridge/<name>``, subscribed
+to the local filters of the ``out`` rules, so the router queues QoS >= 1 messages in
+it durably like any offline client's; while the remote is connected that session is
+attached to ``BridgeLink`` (the session's ``ClientLink``), its deliveries go out with
+the session's packet ids and are removed only on the remote's PUBACK (PUBCOMP for
+QoS 2), and on each reconnect the session is claimed and activated again, so what was
+in flight goes first (DUP) and the rest in order.  ``in``: the remote subscription of
+the ``in`` rules, each message published through the broker's port with the bridge
+as publisher and acknowledged to the remote once it is durable here.  The connect
+loop: one attempt at a time, bounded exponential back-off, one log line per state
+change.
+
+What it must not do: store anything itself or bypass the broker's commands, or
+parse bytes (``client``).  Loops: toward Mosquitto the bridge flag (``try_private``)
+stops the remote echoing our messages back; locally the ``out`` subscriptions are
+no-local, so what ``in`` publishes is not sent back out by a ``both`` rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp.bridge.client import BRIDGE_FLAG, LEVEL, Backoff, BridgeClient
+from mqttamqp.bridge.config import BridgeSettings, TopicRule
+from mqttamqp.core.auth import Identity
+from mqttamqp.core.broker import Broker
+from mqttamqp.core.clock import Clock
+from mqttamqp.core.message import Message
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.sessions.session import NO_LOCAL, Session
+from mqttamqp.core.topics import topic_matches
+from mqttamqp.mqtt.codec import encode_properties
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+)
+from mqttamqp.mqtt.v5 import message_properties, publish_properties
+
+__all__ = ["Bridge", "BridgeLink", "Connector"]
+
+PROTOCOL = "mqtt-bridge"
+# Connect to the remote: called with the client to attach; fires when connected.
+Connector = Callable[[BridgeClient], "Deferred[Any]"]
+
+
+def _map(topic: str, from_prefix: str, to_prefix: str) -> str:
+    return to_prefix + topic[len(from_prefix):] if topic.startswith(from_prefix) else topic
+
+
+class BridgeLink:
+    """The out session's ``ClientLink``: its deliveries written to the remote."""
+
+    __slots__ = ("bridge", "client")
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.client: BridgeClient | None = None
+
+    @property
+    def congested(self) -> bool:
+        client = self.client
+        return client is None or client.paused
+
+    @property
+    def backlog_bytes(self) -> int:
+        return 0
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        client = self.client
+        if client is None:
+            return   # (the session keeps it: resent on the next activation)
+        bridge = self.bridge
+        bridge.sent += 1
+        props = (encode_properties(publish_properties(message, bridge.clock.seconds(), None,
+                                                      ())) if bridge.v5 else None)
+        client.publish(bridge.remote_topic(message.topic), message.payload, qos,
+                       packet_id if qos else None, dup, retain, props)
+
+    def send_pubrel(self, packet_id: int) -> None:
+        if self.client is not None:
+            self.client.send(Pubrel(packet_id))
+
+    def close(self, reason: str) -> None:
+        """The broker takes the session away (the console, a takeover)."""
+        if self.client is not None:
+            self.client.drop(reason)
+
+
+class Bridge:
+    """One configured bridge on the broker's reactor."""
+
+    log: ClassVar[Logger] = Logger()
+
+    def __init__(self, broker: Broker, clock: Clock, settings: BridgeSettings,
+                 connector: Connector) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.settings = settings
+        self.connector = connector
+        self.identity = Identity(settings.session_id, None, PROTOCOL)
+        self.link = BridgeLink(self)
+        self.backoff = Backoff(settings.reconnect_min, settings.reconnect_max)
+        self.out_rules = tuple(r for r in settings.rules if r.outbound)
+        self.in_rules = tuple(r for r in settings.rules if r.inbound)
+        # Topics are mapped only when a rule has a prefix (else as they are, no match).
+        self._prefixed = any(r.local_prefix or r.remote_prefix for r in settings.rules)
+        self.v5 = settings.protocol == "5"
+        self.session: Session | None = None    # attached while connected
+        self.state = "stopped"
+        self.last_error: str | None = None
+        self.connected_since: float | None = None
+        self.attempts = 0
+        self.sent = 0
+        self.received = 0
+        self.refused = 0                      # MQTT 5 PUBACKs with a failure code
+        self.refusals = LogLimiter(clock.seconds)
+        self._retry: Any = None
+        self._client: BridgeClient | None = None
+        self._running = False
+
+    # -- life ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe the out session (it queues from now on) and connect."""
+        self._running = True
+        if self.out_rules:
+            opened = self.broker.open_session(self.link, self.settings.session_id, False,
+                                              None, self.identity, None)
+            session = opened.session
+            wanted = {r.local_filter: r.qos for r in self.out_rules}
+            stale = [f for f in session.subscriptions if f not in wanted]
+            if stale:
+                self.broker.unsubscribe(session, stale)
+            self.broker.subscribe(session, self.identity, list(wanted.items()),
+                                  options=[q | NO_LOCAL for q in wanted.values()])
+            self.broker.end_session(self.link, session, True, "bridge not connected yet")
+        self._set_state("connecting")
+        self._attempt()
+
+    def stop(self) -> None:
+        self._running = False
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        if self._client is not None:
+            self._client.disconnect()
+        self._set_state("stopped")
+
+    def _attempt(self) -> None:
+        self._retry = None
+        if not self._running:
+            return
+        self.attempts += 1
+        s = self.settings
+        password = None if s.password is None else s.password.encode()
+        if self.v5:   # persistent unless clean: the session never expires there
+            connect = Connect("MQTT", 5, s.remote_client_id, s.clean_session, s.keepalive,
+                              None, s.username, password,
+                              Properties(session_expiry_interval=0 if s.clean_session
+                                         else 0xFFFFFFFF))
+        else:
+            connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
+                              s.remote_client_id, s.clean_session, s.keepalive, None,
+                              s.username, password)
+        client = BridgeClient(self, self.clock, connect, s.connect_timeout,
+                              self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
+        self._client = client
+        d = self.connector(client)
+        d.addErrback(self._connect_failed, client)
+
+    def _connect_failed(self, failure: Failure, client: BridgeClient) -> None:
+        if self._client is client:
+            self._client = None
+            self._lost(failure.getErrorMessage() or type(failure.value).__name__)
+
+    def _lost(self, reason: str) -> None:
+        self.last_error = reason
+        self.connected_since = None
+        if not self._running:
+            return
+        delay = self.backoff.next()
+        self._set_state("waiting", f"{reason}; next attempt in {delay:g} s")
+        self._retry = self.clock.callLater(delay, self._attempt)
+
+    def _set_state(self, state: str, detail: str = "") -> None:
+        if state != self.state or detail:
+            self.state = state
+            self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
+                          a=self.settings.address, s=state, d=f" ({detail})" if detail else "")
+
+    # -- the remote's calls (ClientOwner) -----------------------------------
+
+    def remote_accepted(self, client: BridgeClient, connack: Connack) -> None:
+        self.backoff.reset()
+        self.connected_since = self.clock.seconds()
+        self._set_state("connected", f"session present: {connack.session_present}")
+        if self.in_rules:
+            # MQTT 5: no-local on ``both`` rules, so the remote does not send back
+            # what this bridge published there.
+            options = (tuple(NO_LOCAL if r.outbound else 0 for r in self.in_rules)
+                       if self.v5 else ())
+            client.subscribe(tuple((r.remote_filter, r.qos) for r in self.in_rules), options)
+        if self.out_rules:
+            opened = self.broker.open_session(self.link, self.settings.session_id, False,
+                                              None, self.identity, None)
+            self.session = opened.session   # (claimed: ended if the remote goes now)
+            props = connack.properties
+            if props is not None and props.receive_maximum:   # (MQTT 5)
+                opened.session.window = min(self.broker.limits.max_inflight,
+                                            props.receive_maximum)
+            if opened.durable is None:
+                self._activate(None, client, opened.session)
+            else:
+                opened.durable.addCallback(self._activate, client, opened.session)
+
+    def _activate(self, _: object, client: BridgeClient, session: Session) -> None:
+        if self._client is not client or self.session is not session:
+            return
+        self.link.client = client
+        self.broker.activate(session, self.link, PROTOCOL)
+
+    def remote_lost(self, client: BridgeClient, reason: str) -> None:
+        if self._client is not client:
+            return
+        self._client = None
+        session = self.session
+        if session is not None:
+            self.session = None
+            self.link.client = None
+            self.broker.end_session(self.link, session, True, reason)
+        self._lost(reason)
+
+    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None:
+        """PUBACK: the message is done.  An MQTT 5 failure code (the remote refused it,
+        e.g. 0x87 not authorized) is done too, as a client's would be: counted, and
+        logged once a minute per bridge at most."""
+        if reason_code >= 0x80:
+            self.refused += 1
+            held = self.refusals.allow("puback")
+            if held is not None:
+                self.log.warn("bridge {n}: the remote refused a message (PUBACK 0x{c:02x}); "
+                              "{r} refused so far{h}", n=self.settings.name, c=reason_code,
+                              r=self.refused, h=f" ({held} not logged)" if held else "")
+        if self.session is not None:
+            self.broker.acknowledged(self.session, packet_id)
+
+    def remote_pubrec(self, packet_id: int) -> None:
+        if self.session is not None:
+            self.broker.received(self.session, packet_id)
+
+    def remote_pubcomp(self, packet_id: int) -> None:
+        if self.session is not None:
+            self.broker.completed(self.session, packet_id)
+
+    def remote_suback(self, codes: tuple[int, ...]) -> None:
+        refused = [r.remote_filter for r, c in zip(self.in_rules, codes, strict=False)
+                   if c >= 0x80]
+        if refused:
+            self.log.warn("bridge {n}: the remote refused the subscriptions {f}",
+                          n=self.settings.name, f=", ".join(refused))
+        else:
+            self.log.info("bridge {n}: subscribed on the remote to {f}", n=self.settings.name,
+                          f=", ".join(r.remote_filter for r in self.in_rules))
+
+    def client_drained(self) -> None:
+        if self.session is not None:
+            self.broker.link_drained(self.session)
+
+    def remote_publish(self, client: BridgeClient, packet: Publish) -> None:
+        """A message of an ``in`` rule: published here, acknowledged once durable
+        (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL)."""
+        self.received += 1
+        message = Message(self.local_topic(packet.topic), packet.payload, packet.qos,
+                          packet.retain, self.settings.session_id, self.clock.seconds(),
+                          props=message_properties(packet.properties))
+        result = self.broker.publish(message, self.identity, wait=packet.qos > 0)
+        if packet.qos == 0 or packet.packet_id is None:
+            return
+        ack: Puback | Pubrec = (Puback(packet.packet_id) if packet.qos == 1
+                                else Pubrec(packet.packet_id))
+        if result.durable is None:
+            client.send(ack)
+        else:
+            result.durable.addCallbacks(lambda _: client.send(ack),
+                                        lambda f: client.drop("storing a message from the "
+                                                              "remote failed"))
+
+    def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
+        client.send(Pubcomp(packet_id))
+
+    # -- topics -------------------------------------------------------------
+
+    def _rule_for(self, rules: tuple[TopicRule, ...], topic: str, local: bool
+                  ) -> TopicRule | None:
+        for rule in rules:
+            if topic_matches(rule.local_filter if local else rule.remote_filter, topic):
+                return rule
+        return None
+
+    def remote_topic(self, topic: str) -> str:
+        if not self._prefixed:
+            return topic
+        rule = self._rule_for(self.out_rules, topic, True)
+        return topic if rule is None else _map(topic, rule.local_prefix, rule.remote_prefix)
+
+    def local_topic(self, topic: str) -> str:
+        if not self._prefixed:
+            return topic
+        rule = self._rule_for(self.in_rules, topic, False)
+        return topic if rule is None else _map(topic, rule.remote_prefix, rule.local_prefix)

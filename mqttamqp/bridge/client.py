@@ -1,0 +1,230 @@
+"""The bridge's MQTT client connection to the remote broker, and its back-off.
+
+What it owns: one TCP connection's MQTT 3.1.1 or 5 client side on the broker's own sans-IO
+codec (``mqtt.codec``): CONNECT (with Mosquitto's bridge flag, ``try_private``:
+protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
+seconds, the connection dropped when the remote is silent for one and a half), and
+each packet from the remote handed to its ``Bridge`` as a call.  ``Backoff``: the
+reconnect delays, doubling from a minimum to a bound.
+
+What it must not do: touch the broker or its sessions (``bridge.Bridge`` does), or
+decide what to send: it writes what it is given.  A second MQTT client library
+would bring its own event loop and packet model; the codec already encodes and
+decodes every packet type both ways.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Protocol as TwistedProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqttamqp.core.clock import Clock
+from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+)
+
+__all__ = ["Backoff", "BridgeClient", "ClientOwner"]
+
+BRIDGE_FLAG = 0x80
+LEVEL = 4     # MQTT 3.1.1
+MAX_PACKET = 268_435_455
+
+
+class Backoff:
+    """Reconnect delays: ``minimum``, then doubled each failure up to ``maximum``;
+    ``reset`` once a connection is accepted."""
+
+    __slots__ = ("_next", "maximum", "minimum")
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+        self._next = minimum
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.minimum
+
+
+class ClientOwner(Protocol):
+    """What a ``BridgeClient`` tells its bridge."""
+
+    def remote_accepted(self, client: BridgeClient, connack: Connack) -> None: ...
+
+    def remote_lost(self, client: BridgeClient, reason: str) -> None: ...
+
+    def remote_publish(self, client: BridgeClient, packet: Publish) -> None: ...
+
+    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None: ...
+
+    def remote_pubrec(self, packet_id: int) -> None: ...
+
+    def remote_pubcomp(self, packet_id: int) -> None: ...
+
+    def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None: ...
+
+    def remote_suback(self, codes: tuple[int, ...]) -> None: ...
+
+    def client_drained(self) -> None: ...
+
+
+class BridgeClient(TwistedProtocol):
+    """One connection to the remote, as an MQTT 3.1.1 or 5 client."""
+
+    log: ClassVar[Logger] = Logger()
+    transport: Any
+
+    def __init__(self, owner: ClientOwner, clock: Clock, connect: Connect,
+                 connect_timeout: float, max_packet_size: int = MAX_PACKET,
+                 level: int = LEVEL) -> None:
+        self.owner = owner
+        self.clock = clock
+        self.connect_packet = connect
+        self.connect_timeout = connect_timeout
+        self.level = level          # 4 (3.1.1) or 5
+        self.decoder = Decoder(max_packet_size, level)   # (--max-packet-size)
+        self.accepted = False
+        self.paused = False        # the transport's buffer is full (push producer)
+        self.reason = "connection lost"
+        self._last_heard = 0.0
+        self._timer: Any = None
+        self._next_id = 0
+
+    # -- Twisted ------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.transport.registerProducer(self, True)
+        self._last_heard = self.clock.seconds()
+        self.transport.write(encode(self.connect_packet, self.level))
+        self._timer = self.clock.callLater(self.connect_timeout, self._no_connack)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._last_heard = self.clock.seconds()
+        self.decoder.feed(data)
+        try:
+            for packet in self.decoder:
+                self._handle(packet)
+        except MalformedPacket as e:
+            self.drop(f"malformed packet from the remote: {e}")
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        if (self.reason == "connection lost" and reason is not None
+                and not reason.check(ConnectionDone)):
+            self.reason = f"connection lost: {reason.getErrorMessage()}"
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self.owner.remote_lost(self, self.reason)
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self.owner.client_drained()
+
+    def stopProducing(self) -> None:
+        self.paused = True
+
+    # -- packets from the remote -------------------------------------------
+
+    def _handle(self, packet: object) -> None:
+        if isinstance(packet, Puback):
+            self.owner.remote_puback(packet.packet_id, packet.reason_code)
+        elif isinstance(packet, Publish):
+            self.owner.remote_publish(self, packet)
+        elif isinstance(packet, Pingresp):
+            pass
+        elif isinstance(packet, Pubrec):
+            self.owner.remote_pubrec(packet.packet_id)
+        elif isinstance(packet, Pubcomp):
+            self.owner.remote_pubcomp(packet.packet_id)
+        elif isinstance(packet, Pubrel):
+            self.owner.remote_pubrel(self, packet.packet_id)
+        elif isinstance(packet, Connack):
+            self._connack(packet)
+        elif isinstance(packet, Suback):
+            self.owner.remote_suback(packet.return_codes)
+        elif isinstance(packet, Unsuback):
+            pass
+        else:
+            self.drop(f"unexpected {type(packet).__name__} from the remote")
+
+    def _connack(self, packet: Connack) -> None:
+        if self.accepted:
+            self.drop("a second CONNACK from the remote")
+            return
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if packet.return_code != 0:
+            self.drop(f"the remote refused CONNECT (code {packet.return_code})")
+            return
+        self.accepted = True
+        keepalive = self.connect_packet.keepalive
+        self._timer = self.clock.callLater(keepalive, self._ping) if keepalive else None
+        self.owner.remote_accepted(self, packet)
+
+    # -- timers -------------------------------------------------------------
+
+    def _no_connack(self) -> None:
+        self._timer = None
+        self.drop(f"no CONNACK within {self.connect_timeout:g} s")
+
+    def _ping(self) -> None:
+        keepalive = self.connect_packet.keepalive
+        self._timer = None
+        if self.clock.seconds() - self._last_heard > keepalive * 1.5:
+            self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")
+            return
+        self.transport.write(encode(Pingreq(), self.level))
+        self._timer = self.clock.callLater(keepalive, self._ping)
+
+    # -- what the bridge sends ----------------------------------------------
+
+    def publish(self, topic: str, payload: bytes, qos: int, packet_id: int | None,
+                dup: bool, retain: bool, properties: bytes | None = None) -> None:
+        """``properties``: MQTT 5's property block, encoded (None at 3.1.1)."""
+        self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup,
+                                            packet_id, properties))
+
+    def send(self, packet: Puback | Pubrec | Pubrel | Pubcomp | Disconnect) -> None:
+        self.transport.write(encode(packet, self.level))
+
+    def subscribe(self, topics: tuple[tuple[str, int], ...], options: tuple[int, ...] = ()
+                  ) -> None:
+        self._next_id = self._next_id % 65535 + 1
+        self.transport.write(encode(Subscribe(self._next_id, topics, options), self.level))
+
+    def drop(self, reason: str) -> None:
+        """Close the connection (the bridge reconnects) saying why, once."""
+        if self.reason == "connection lost":
+            self.reason = reason
+        self.transport.abortConnection()
+
+    def disconnect(self) -> None:
+        """A clean end (the broker stops)."""
+        self.reason = "bridge stopped"
+        if self.accepted:
+            self.transport.write(encode(Disconnect(), self.level))
+        self.transport.loseConnection()

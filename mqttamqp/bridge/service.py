@@ -1,0 +1,80 @@
+"""The bridges of a broker, together: each started once the broker's state is loaded
+(``BrokerService._start_serving``: at the start, or under ``--ha`` at the takeover,
+never on a standby), stopped with the service.
+
+What it owns: building each ``Bridge`` with a TCP connector on the reactor.  What it
+must not do: anything of a bridge itself (``bridge``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IReactorTCP
+from twisted.internet.protocol import Factory
+
+from mqttamqp.bridge.bridge import Bridge
+from mqttamqp.bridge.client import BridgeClient
+from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.core.broker import Broker
+
+__all__ = ["Bridges"]
+
+
+def _tls_creator(settings: BridgeSettings) -> Any:
+    """TLS toward an mqtts:// remote: its certificate checked against ``tls-ca`` (else
+    the platform's CAs) and its name (``server-name``, else the address's host)
+    through service-identity."""
+    from twisted.internet import ssl
+
+    from mqttamqp.net.tls import load_ca_bundle
+
+    roots: Any = (ssl.trustRootFromCertificates(
+        [ssl.Certificate(c) for c in load_ca_bundle(settings.tls_ca)])
+        if settings.tls_ca is not None else ssl.platformTrust())
+    return ssl.optionsForClientTLS(settings.server_name or settings.host, trustRoot=roots)
+
+
+class _Once(Factory):
+    """The factory of one connection attempt (quiet: no line per attempt)."""
+
+    noisy = False
+
+    def __init__(self, client: BridgeClient) -> None:
+        self.client = client
+
+    def buildProtocol(self, addr: Any) -> BridgeClient:
+        return self.client
+
+
+class Bridges:
+    """Every ``[[bridge]]`` of the configuration."""
+
+    def __init__(self, broker: Broker, reactor: Any, settings: Sequence[BridgeSettings]
+                 ) -> None:
+        self.broker = broker
+        self.reactor = reactor
+        self.bridges = [Bridge(broker, reactor, s, self._connector(s)) for s in settings]
+
+    def _connector(self, settings: BridgeSettings) -> Any:
+        reactor: IReactorTCP = self.reactor
+
+        endpoint: Any = TCP4ClientEndpoint(reactor, settings.host, settings.port,
+                                           timeout=max(1, int(settings.connect_timeout)))
+        if settings.tls:
+            endpoint = wrapClientTLS(_tls_creator(settings), endpoint)
+
+        def connect(client: BridgeClient) -> Any:
+            return endpoint.connect(_Once(client))
+
+        return connect
+
+    def start(self) -> None:
+        for bridge in self.bridges:
+            bridge.start()
+
+    def stop(self) -> None:
+        for bridge in self.bridges:
+            bridge.stop()

@@ -1,0 +1,242 @@
+"""The bridge's client on a fake transport and ``task.Clock``: bounded exponential
+back-off, CONNECT with Mosquitto's bridge flag, keepalive, and the ``out`` session's
+backlog sent in order and resent after a reconnect until the remote's PUBACK."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from core_broker import make_broker, pub
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.testing import StringTransport
+
+from mqttamqp.bridge.bridge import Bridge
+from mqttamqp.bridge.client import Backoff, BridgeClient
+from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Pingreq,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+)
+
+TABLE = {"name": "hq", "address": "mqtt://127.0.0.1:1884",
+         "topics": ["sensors/# out 1", "commands/# in 1"], "keepalive": 10,
+         "reconnect-min": 1.0, "reconnect-max": 8.0}
+
+
+class Remote:
+    """The connector: refuses while ``up`` is False, else connects the client to a
+    ``StringTransport`` and keeps it (``transport``, ``client``)."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.attempts = 0
+        self.client: BridgeClient | None = None
+        self.transport: StringTransport | None = None
+
+    def __call__(self, client: BridgeClient) -> Deferred[Any]:
+        self.attempts += 1
+        if not self.up:
+            return fail(ConnectionRefusedError("refused"))
+        self.client, self.transport = client, StringTransport()
+        client.makeConnection(self.transport)
+        return succeed(client)
+
+    def packets(self) -> list[Any]:
+        assert self.transport is not None
+        decoder = Decoder(server=True)
+        decoder.feed(self.transport.value())
+        self.transport.clear()
+        return list(decoder)
+
+    def send(self, packet: Any) -> None:
+        assert self.client is not None
+        self.client.dataReceived(encode(packet))
+
+    def lose(self) -> None:
+        assert self.client is not None and self.transport is not None
+        self.client.connectionLost(None)
+
+
+def _bridge(**extra: Any) -> tuple[Bridge, Remote, Any, Any]:
+    broker, clock, _ = make_broker()
+    remote = Remote()
+    bridge = Bridge(broker, clock, BridgeSettings.from_table({**TABLE, **extra}), remote)
+    return bridge, remote, broker, clock
+
+
+def _accept(remote: Remote) -> bytes:
+    """Answer CONNECT with CONNACK; the CONNECT's bytes (the server decoder refuses the
+    bridge flag's protocol level, as it should, so tests read the bytes)."""
+    assert remote.transport is not None
+    raw = remote.transport.value()
+    assert raw[:1] == b"\x10"
+    remote.transport.clear()
+    remote.send(Connack(False, 0))
+    return raw
+
+
+def test_backoff_doubles_to_its_bound_and_resets() -> None:
+    """Delays double from the minimum, stay at the maximum, and start over on reset."""
+    b = Backoff(1.0, 8.0)
+    assert [b.next() for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    b.reset()
+    assert b.next() == 1.0
+
+
+def test_reconnect_waits_with_bounded_backoff_then_resets() -> None:
+    """A refused remote is retried after 1, 2, 4, 8, 8 s; an accepted CONNECT resets it."""
+    bridge, remote, _, clock = _bridge()
+    bridge.start()
+    assert remote.attempts == 1 and bridge.state == "waiting"
+    waits = []
+    for _ in range(5):
+        before, waited = remote.attempts, 0.0
+        while remote.attempts == before:
+            clock.advance(0.5)
+            waited += 0.5
+            assert waited <= 8.0, "no retry within the bound"
+        waits.append(waited)
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0]
+    remote.up = True
+    clock.advance(8.0)
+    _accept(remote)
+    assert bridge.state == "connected"
+    remote.lose()
+    assert bridge.state == "waiting"
+    before = remote.attempts
+    clock.advance(1.0)
+    assert remote.attempts == before + 1, "back-off reset after a connection"
+
+
+def test_connect_carries_the_bridge_flag_and_subscribes_in_rules() -> None:
+    """CONNECT is 3.1.1 | 0x80, persistent, client id <hostname>.hq; ``in`` rules are subscribed."""
+    bridge, remote, _, _ = _bridge()
+    remote.up = True
+    bridge.start()
+    raw = _accept(remote)
+    connect = raw[2:]
+    # name "MQTT", level 4 | 0x80, flags 0 (clean session 0), keepalive 10, client id
+    cid = f"{socket.gethostname()}.hq".encode()
+    assert connect == b"\x00\x04MQTT\x84\x00\x00\x0a" + len(cid).to_bytes(2, "big") + cid
+    (sub,) = remote.packets()
+    assert isinstance(sub, Subscribe) and sub.topics == (("commands/#", 1),)
+    remote.send(Suback(sub.packet_id, (1,)))
+
+
+def test_keepalive_pings_and_drops_a_silent_remote() -> None:
+    """PINGREQ every keepalive; a remote silent for 1.5 keepalives is dropped."""
+    bridge, remote, _, clock = _bridge(topics=["sensors/# out 1"])
+    remote.up = True
+    bridge.start()
+    _accept(remote)
+    assert remote.transport is not None
+    clock.advance(10)
+    assert [type(p) for p in remote.packets()] == [Pingreq]
+    clock.advance(10)
+    assert remote.transport.disconnecting or remote.transport.disconnected
+    remote.lose()
+    assert bridge.last_error == "the remote was silent for more than 15 s"
+
+
+def test_no_connack_is_dropped_after_the_connect_timeout() -> None:
+    """A remote that never answers CONNECT is dropped after connect-timeout."""
+    bridge, remote, _, clock = _bridge(**{"connect-timeout": 3.0})
+    remote.up = True
+    bridge.start()
+    clock.advance(3.0)
+    assert remote.transport is not None and remote.transport.disconnecting
+
+
+def test_out_backlog_waits_goes_in_order_and_is_resent_until_puback() -> None:
+    """Published while the remote is away: sent in order on connect; the unacknowledged
+    one goes again (DUP) after a reconnect; a PUBACK removes it."""
+    bridge, remote, broker, clock = _bridge(topics=["sensors/# out 1"])
+    bridge.start()
+    for i in range(3):
+        pub(broker, "sensors/t", b"m%d" % i, qos=1)
+    session = broker.registry.sessions["$bridge/hq"]
+    assert len(session.queue) == 3 and session.connection is None
+    remote.up = True
+    clock.advance(1.0)
+    _accept(remote)
+    sent = remote.packets()
+    assert [(p.topic, p.payload, p.qos, p.dup) for p in sent] == [
+        ("sensors/t", b"m%d" % i, 1, False) for i in range(3)]
+    remote.send(Puback(sent[0].packet_id))
+    remote.send(Puback(sent[1].packet_id))
+    remote.lose()
+    clock.advance(1.0)
+    _accept(remote)
+    (again,) = remote.packets()
+    assert isinstance(again, Publish) and (again.payload, again.dup) == (b"m2", True)
+    remote.send(Puback(again.packet_id))
+    assert not session.inflight and not session.queue
+
+
+def test_inbound_publish_is_published_here_and_acknowledged() -> None:
+    """A QoS 1 message of an ``in`` rule reaches a local subscriber; PUBACK goes back."""
+    from core_broker import connect, subscribe
+
+    bridge, remote, broker, _ = _bridge()
+    remote.up = True
+    bridge.start()
+    _accept(remote)
+    remote.packets()
+    local, link, _ = connect(broker, "near")
+    subscribe(broker, local, ("commands/#", 1))
+    remote.send(Publish("commands/go", b"c1", 1, False, False, 7))
+    assert [(t, p) for t, p, *_ in link.sent] == [("commands/go", b"c1")]
+    assert [type(p) for p in remote.packets()] == [Puback]
+
+
+
+def test_no_client_may_claim_a_bridge_session() -> None:
+    """A client connecting as ``$bridge/hq`` may not take the bridge's backlog."""
+    from mqttamqp.core.auth import Identity
+
+    _, _, broker, _ = _bridge()
+    assert not broker.gate.may_claim(Identity("$bridge/hq"), "$bridge/hq")
+    assert broker.gate.may_claim(Identity("other"), "other")
+
+
+def test_prefixes_map_out_and_in_topics() -> None:
+    """With prefixes, ``out`` topics get the remote prefix and ``in`` ones the local."""
+    from core_broker import connect, subscribe
+
+    bridge, remote, broker, _ = _bridge(**{
+        "topics": ["s/# out 1 site/ hq/", "c/# in 1 site/ hq/"]})
+    remote.up = True
+    bridge.start()
+    _accept(remote)
+    (sub,) = remote.packets()
+    assert sub.topics == (("hq/c/#", 1),)
+    pub(broker, "site/s/1", b"x", qos=1)
+    (out,) = remote.packets()
+    assert out.topic == "hq/s/1"
+    local, link, _ = connect(broker, "near")
+    subscribe(broker, local, ("site/c/#", 1))
+    remote.send(Publish("hq/c/go", b"y", 1, False, False, 9))
+    assert [t for t, *_ in link.sent] == ["site/c/go"]
+
+
+def test_a_refused_puback_is_done_and_counted() -> None:
+    """MQTT 5: a PUBACK with a failure code removes the message and is counted."""
+    bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"], protocol="5")
+    remote.up = True
+    bridge.start()
+    assert remote.transport is not None
+    remote.transport.clear()
+    remote.client.dataReceived(encode(Connack(False, 0), 5))  # type: ignore[union-attr]
+    pub(broker, "sensors/t", b"m", qos=1)
+    decoder = Decoder(server=True, protocol_level=5)
+    decoder.feed(remote.transport.value())
+    (sent,) = list(decoder)
+    remote.client.dataReceived(encode(Puback(sent.packet_id, 0x87), 5))  # type: ignore[union-attr]
+    session = broker.registry.sessions["$bridge/hq"]
+    assert bridge.refused == 1 and not session.inflight and not session.queue
