@@ -183,7 +183,10 @@ def _x_death(deaths: list[Death], exchange: str, key: str) -> dict[str, Any]:
                "exchange": exchange if ex is None else ex,
                "routing-keys": [key if k is None else k]}
               for q, r, n, first, _, ex, k in deaths]
-    first, last = tables[-1], tables[0]
+    # (the first death is the entry first seen longest ago, not the list's tail: a
+    # repeated (queue, reason) moves to the front; among equal seconds, the older)
+    first = tables[min(reversed(range(len(deaths))), key=lambda i: deaths[i][3])]
+    last = tables[0]
     return {"x-death": tables,
             "x-first-death-queue": first["queue"], "x-first-death-reason": first["reason"],
             "x-first-death-exchange": first["exchange"],

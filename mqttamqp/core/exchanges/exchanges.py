@@ -325,7 +325,6 @@ class Exchanges(TopicSpace):
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,
                                f"cannot publish to internal exchange '{exchange}'")
-        stats.messages_received_amqp091 += 1
         counted = stats.messages_received
         queues, topic = self.route(source, routing_key, headers, True)
         waits: list[Deferred[None] | None] = []
@@ -338,6 +337,9 @@ class Exchanges(TopicSpace):
             waits.append(self._enqueue(message, queues, routing_key, publisher))
         if stats.messages_received == counted:   # (the router counted it if it went there)
             stats.messages_received += 1
+        # (counted with messages_received, never before a refusal: the MQTT figure
+        # is received less the other protocols', and must not go down)
+        stats.messages_received_amqp091 += 1
         return routed, all_durable(waits)
 
     def route(self, source: Exchange, routing_key: str,

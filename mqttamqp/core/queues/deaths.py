@@ -26,6 +26,9 @@ __all__ = ["DEATHS", "DEATHS_MAX", "Death", "add_death", "read_deaths"]
 
 DEATHS = "deaths"
 DEATHS_MAX = 32
+# Longer than DEATHS_MAX entries of 255-character names can be: not a history the
+# broker wrote (a publisher's own user property of that name), read as none.
+DEATHS_MAX_CHARS = 32 * 1024
 
 # (queue, reason, count, first time, last time, exchange or None, key or None)
 Death = tuple[str, str, int, int, int, str | None, str | None]
@@ -34,7 +37,7 @@ Death = tuple[str, str, int, int, int, str | None, str | None]
 def read_deaths(value: str | None) -> list[Death]:
     """The entries a ``deaths`` property holds, most recent first; [] for none or
     for a value that is not one (a publisher's own user property of that name)."""
-    if not value:
+    if not value or len(value) > DEATHS_MAX_CHARS:
         return []
     try:
         raw = json.loads(value)
@@ -47,7 +50,7 @@ def read_deaths(value: str | None) -> list[Death]:
                 return []
             out.append((q, r, n, first, last, ex, key))
         return out
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):   # (a publisher's "[[[[...")
         return []
 
 

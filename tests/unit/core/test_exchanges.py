@@ -576,3 +576,25 @@ def test_an_empty_routing_key_has_no_words() -> None:
     ex.publish(message(broker=broker), "t", "")
     ex.publish(message(broker=broker), "t", "a..b")
     assert [depth(broker, q) for q in ("star", "hash", "empty", "mid")] == [0, 2, 1, 1]
+
+
+def test_a_refused_amq_topic_publish_counts_for_no_protocol() -> None:
+    """A 0.9.1 publish refused on amq.topic (403) is not counted as received: the
+    MQTT figure (received less the other protocols') never goes below zero."""
+    from fakes import NullStore
+    from twisted.internet.task import Clock
+
+    from mqttamqp.core.auth import AllowAll
+    from mqttamqp.core.limits import Limits
+
+    class NoWrites(AllowAll):
+        def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+            return False
+
+    broker = Broker(Clock(), NullStore(), Limits(sys_interval=0), authorizer=NoWrites())
+    broker.start()
+    for _ in range(3):
+        assert code_of(broker.exchanges.publish, message(), "amq.topic", "a.b",
+                       identity=Identity("p")) == 403
+    received, _ = broker.stats.messages_by_protocol()
+    assert received["mqtt"] == 0 and received["amqp0-9-1"] == 0
