@@ -84,7 +84,10 @@ def message_predicate(selector: Selector) -> Callable[[Message], bool]:
         else:
             fields = message_fields(message)
             last[0], last[1] = message, fields
-        return matches(fields.get)
+        try:
+            return matches(fields.get)
+        except Exception:   # (never expected: a receiver's selector must not fail a publish)
+            return False
     return predicate
 
 

@@ -34,7 +34,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.sessions.session import NO_LOCAL, Session
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.mqtt.codec import encode_properties
 from mqttamqp.mqtt.packets import (
@@ -130,6 +130,7 @@ class Bridge:
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
+        self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
 
     # -- life ---------------------------------------------------------------
@@ -141,23 +142,37 @@ class Bridge:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             session = opened.session
-            wanted = {r.local_filter: r.qos for r in self.out_rules}
-            stale = [f for f in session.subscriptions if f not in wanted]
+            stale = [f for f in session.subscriptions if f not in self._out_filters()]
             if stale:
                 self.broker.unsubscribe(session, stale)
-            self.broker.subscribe(session, self.identity, list(wanted.items()),
-                                  options=[q | NO_LOCAL for q in wanted.values()])
+            self._subscribe_out(session)
             self.broker.end_session(self.link, session, True, "bridge not connected yet")
         self._set_state("connecting")
         self._attempt()
+
+    def _out_filters(self) -> dict[str, int]:
+        return {r.local_filter: r.qos for r in self.out_rules}
+
+    def _subscribe_out(self, session: Session) -> None:
+        """The out session's subscriptions: no-local (what the bridge brought in
+        does not go back), retain as published (the remote's retained state follows
+        the local one)."""
+        wanted = self._out_filters()
+        self.broker.subscribe(session, self.identity, list(wanted.items()),
+                              options=[q | NO_LOCAL | RETAIN_AS_PUBLISHED
+                                       for q in wanted.values()])
 
     def stop(self) -> None:
         self._running = False
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
-        if self._client is not None:
-            self._client.disconnect()
+        if self._connecting is not None:   # (a TCP connect under way: no transport yet)
+            connecting, self._connecting = self._connecting, None
+            connecting.cancel()
+        client, self._client = self._client, None
+        if client is not None:
+            client.disconnect()
         self._set_state("stopped")
 
     def _attempt(self) -> None:
@@ -179,8 +194,14 @@ class Bridge:
         client = BridgeClient(self, self.clock, connect, s.connect_timeout,
                               self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
         self._client = client
-        d = self.connector(client)
+        d = self._connecting = self.connector(client)
+        d.addBoth(self._connected, d)
         d.addErrback(self._connect_failed, client)
+
+    def _connected(self, result: object, d: Any) -> object:
+        if self._connecting is d:
+            self._connecting = None
+        return result
 
     def _connect_failed(self, failure: Failure, client: BridgeClient) -> None:
         if self._client is client:
@@ -205,6 +226,9 @@ class Bridge:
     # -- the remote's calls (ClientOwner) -----------------------------------
 
     def remote_accepted(self, client: BridgeClient, connack: Connack) -> None:
+        if not self._running or self._client is not client:   # (stopped meanwhile)
+            client.disconnect()
+            return
         self.backoff.reset()
         self.connected_since = self.clock.seconds()
         self._set_state("connected", f"session present: {connack.session_present}")
@@ -218,6 +242,8 @@ class Bridge:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             self.session = opened.session   # (claimed: ended if the remote goes now)
+            if not opened.session.subscriptions:   # (expired meanwhile: subscribe again)
+                self._subscribe_out(opened.session)
             props = connack.properties
             if props is not None and props.receive_maximum:   # (MQTT 5)
                 opened.session.window = min(self.broker.limits.max_inflight,

@@ -225,6 +225,8 @@ class BridgeClient(TwistedProtocol):
     def disconnect(self) -> None:
         """A clean end (the broker stops)."""
         self.reason = "bridge stopped"
+        if self.transport is None:   # (never connected)
+            return
         if self.accepted:
             self.transport.write(encode(Disconnect(), self.level))
         self.transport.loseConnection()

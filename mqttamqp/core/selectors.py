@@ -93,16 +93,23 @@ def _tokenize(text: str) -> list[tuple[str, Any]]:
     return tokens
 
 
+_LONG_MIN, _LONG_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
 def _number(text: str) -> int | float:
     if text[:2] in ("0x", "0X"):
-        return int(text, 16)
-    if text[-1] in "lL":
-        return int(text[:-1])
-    if text[-1] in "fFdD":
+        value = int(text, 16)
+    elif text[-1] in "lL":
+        value = int(text[:-1])
+    elif text[-1] in "fFdD":
         return float(text[:-1])
-    if any(c in text for c in ".eE"):
+    elif any(c in text for c in ".eE"):
         return float(text)
-    return int(text)
+    else:
+        value = int(text)
+    if not _LONG_MIN <= value <= _LONG_MAX:   # (JMS: an exact literal is a Java long)
+        raise SelectorError(f"integer literal {text[:24]!r} out of the long range")
+    return value
 
 
 def _num(value: Any) -> bool:
@@ -175,6 +182,13 @@ def _compare(op: str, a: Any, b: Any) -> bool | None:
 def _arith(op: str, a: Any, b: Any) -> Any:
     if not (_num(a) and _num(b)):
         return None
+    try:
+        return _arith_numbers(op, a, b)
+    except ArithmeticError:   # (OverflowError: a long times a float past its range)
+        return None
+
+
+def _arith_numbers(op: str, a: Any, b: Any) -> Any:
     if op == "+":
         return a + b
     if op == "-":

@@ -240,3 +240,57 @@ def test_a_refused_puback_is_done_and_counted() -> None:
     remote.client.dataReceived(encode(Puback(sent.packet_id, 0x87), 5))  # type: ignore[union-attr]
     session = broker.registry.sessions["$bridge/hq"]
     assert bridge.refused == 1 and not session.inflight and not session.queue
+
+
+def test_stop_while_tcp_connects_cancels_the_attempt() -> None:
+    """Stopping while a TCP connect is under way does not raise (stopService went on
+    to stop the broker and the store only after it), and a connect that completes
+    anyway is dropped: the bridge stays stopped, its session unclaimed."""
+    broker, clock, _ = make_broker()
+    pending: list[tuple[BridgeClient, Deferred[Any]]] = []
+
+    def connector(client: BridgeClient) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        pending.append((client, d))
+        return d
+
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), connector)
+    bridge.start()
+    bridge.stop()
+    client, _ = pending[0]
+    client.makeConnection(StringTransport())
+    client.dataReceived(encode(Connack(False, 0)))
+    assert bridge.state == "stopped" and bridge.session is None
+    assert broker.registry.sessions["$bridge/hq"].connection is None
+
+
+def test_an_expired_out_session_is_subscribed_again_on_connect() -> None:
+    """When --session-expiry removed the out session while the remote was away, the
+    next connect subscribes it again, so the out direction forwards again."""
+    broker, clock, _ = make_broker(session_expiry=60.0)
+    remote = Remote()
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), remote)
+    bridge.start()
+    clock.advance(200.0)
+    broker.registry.expire()
+    remote.up = True
+    clock.advance(60.0)
+    _accept(remote)
+    remote.packets()
+    assert bridge.session is not None and dict(bridge.session.subscriptions) == {
+        "sensors/#": 1}
+    pub(broker, "sensors/t", b"again", qos=1)
+    assert [p.payload for p in remote.packets() if isinstance(p, Publish)] == [b"again"]
+
+
+def test_a_live_retained_message_reaches_the_remote_retained() -> None:
+    """The out session keeps the retain flag as published (RETAIN_AS_PUBLISHED):
+    the remote's retained state follows the local one."""
+    bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"])
+    remote.up = True
+    bridge.start()
+    _accept(remote)
+    remote.packets()
+    pub(broker, "sensors/x", b"v", qos=1, retain=True)
+    assert [(p.topic, p.retain) for p in remote.packets() if isinstance(p, Publish)] == [
+        ("sensors/x", True)]

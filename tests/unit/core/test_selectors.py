@@ -230,3 +230,14 @@ def test_like_is_not_exponential() -> None:
     matcher does not backtrack exponentially)."""
     pattern = "%a" * 30 + "%b"
     assert _eval(f"v LIKE '{pattern}'", v="a" * 2000) is False
+
+
+def test_numbers_past_their_range_never_raise_while_matching() -> None:
+    """An exact literal outside a Java long is refused when parsed, and arithmetic
+    that overflows a float is unknown (not selected): a receiver's selector can
+    never make a publish fail (review of wave 2: OverflowError reached the router)."""
+    with pytest.raises(SelectorError):
+        compile_selector("x * 1" + "0" * 400 + " > 0")
+    huge = " * ".join(["9223372036854775807"] * 20)   # (an int past a float's range)
+    assert _eval(huge + " * x > 0", x=1.5) is None
+    assert _eval("x * 2 > 0", x=1e308) is True   # (inf: a float, no error)
