@@ -344,9 +344,11 @@ class _Parser:
             low = self.sum()
             self.expect("kw", "AND", "AND of BETWEEN")
             high = self.sum()
-            between = _and(lambda m, lk: _compare(">=", left(m, lk), low(m, lk)),
-                           lambda m, lk: _compare("<=", left(m, lk), high(m, lk)))
-            return _not(between) if negate else between
+            if negate:   # (JMS: x NOT BETWEEN a AND b is x < a OR x > b)
+                return _or(lambda m, lk: _compare("<", left(m, lk), low(m, lk)),
+                           lambda m, lk: _compare(">", left(m, lk), high(m, lk)))
+            return _and(lambda m, lk: _compare(">=", left(m, lk), low(m, lk)),
+                        lambda m, lk: _compare("<=", left(m, lk), high(m, lk)))
         if (kind, value) == ("kw", "LIKE"):
             self.take()
             return self.like(left, negate)

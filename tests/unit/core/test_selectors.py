@@ -241,3 +241,12 @@ def test_numbers_past_their_range_never_raise_while_matching() -> None:
     huge = " * ".join(["9223372036854775807"] * 20)   # (an int past a float's range)
     assert _eval(huge + " * x > 0", x=1.5) is None
     assert _eval("x * 2 > 0", x=1e308) is True   # (inf: a float, no error)
+
+
+def test_not_between_is_less_or_greater_even_on_unlike_types() -> None:
+    """x NOT BETWEEN a AND b is x < a OR x > b (JMS 2.0 3.8.1.2): a string against
+    numbers compares false both ways, so NOT BETWEEN is false, not the negation."""
+    assert _eval("s NOT BETWEEN 1 AND 2", s="text") is False
+    assert _eval("x NOT BETWEEN 1 AND 2", x=3) is True
+    assert _eval("x NOT BETWEEN 1 AND 2", x=2) is False
+    assert _eval("x NOT BETWEEN 1 AND 2") is None
