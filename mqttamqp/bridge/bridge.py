@@ -127,6 +127,7 @@ class Bridge:
         self.sent = 0
         self.received = 0
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
+        self.refused_here = 0                 # in messages a durable queue refused here
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
@@ -315,6 +316,19 @@ class Bridge:
                           props=message_properties(packet.properties))
         result = self.broker.publish(message, self.identity, wait=packet.qos > 0)
         if packet.qos == 0 or packet.packet_id is None:
+            return
+        if result.refusal is not None:
+            # A durable queue here refused it (full, too many queues): nothing is
+            # stored, so the remote is not told it was taken; it sends it again
+            # after the reconnect, with the bridge's back-off between the tries.
+            self.refused_here += 1
+            held = self.refusals.allow("in-refused")
+            if held is not None:
+                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
+                              "here ({r}); reconnecting so that the remote keeps it{h}",
+                              n=self.settings.name, t=message.topic,
+                              r=result.refusal.reason, h=f" ({held} not logged)" if held else "")
+            client.drop(f"refused here: {result.refusal.reason}")
             return
         ack: Puback | Pubrec = (Puback(packet.packet_id) if packet.qos == 1
                                 else Pubrec(packet.packet_id))

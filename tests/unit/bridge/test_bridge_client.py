@@ -294,3 +294,22 @@ def test_a_live_retained_message_reaches_the_remote_retained() -> None:
     pub(broker, "sensors/x", b"v", qos=1, retain=True)
     assert [(p.topic, p.retain) for p in remote.packets() if isinstance(p, Publish)] == [
         ("sensors/x", True)]
+
+
+def test_an_inbound_message_a_durable_queue_refuses_is_not_acknowledged() -> None:
+    """An ``in`` message that a durable queue here refuses (no room for another
+    queue) gets no PUBACK: the bridge drops the connection, so the remote keeps it
+    and sends it again after the back-off (it was acknowledged and lost before)."""
+    broker, clock, _ = make_broker(queue_max_queues=0)
+    remote = Remote()
+    remote.up = True
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(
+        {**TABLE, "topics": ["$queue/jobs/# in 1"]}), remote)
+    bridge.start()
+    _accept(remote)
+    remote.packets()
+    transport = remote.transport
+    assert transport is not None
+    remote.send(Publish("$queue/jobs/x", b"j1", 1, False, False, 7))
+    assert not [p for p in remote.packets() if isinstance(p, Puback)]
+    assert transport.disconnecting and bridge.refused_here == 1
