@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mqttamqp.core.topics import validate_topic_filter
-from mqttamqp.ops.config import TableKeyError
+from mqttamqp.ops.config import TableKeyError, as_table
 
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS"]
 
@@ -193,13 +193,7 @@ class BridgeSettings:
 
     def as_table(self) -> dict[str, Any]:
         """The TOML table ``from_table`` reads back to these settings."""
-        table: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "rules" or value is None:
-                continue
-            table[f.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
-        return table
+        return as_table(self, "rules")
 
 
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -24,13 +24,13 @@ import getopt
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import tomli_w
 from twisted.python import reflect, usage
 
-__all__ = ["OptionSpec", "TableKeyError", "option_specs", "flag_pairs",
+__all__ = ["OptionSpec", "TableKeyError", "as_table", "option_specs", "flag_pairs",
            "given_on_command_line", "merge_file", "dump", "effective"]
 
 # Options that steer the parsing itself or only print; a file cannot hold them.
@@ -45,6 +45,19 @@ class TableKeyError(ValueError):
         self.key = key
         self.message = message
         self.index: int | None = None   # which item of the list (set by the reader)
+
+
+def as_table(settings: Any, leave_out: str) -> dict[str, Any]:
+    """The TOML table of a table item's settings (a dataclass: ``[[webhook]]``,
+    ``[[bridge]]``), as its ``from_table`` reads it back: each field under its
+    dashed name, tuples as lists, None and the field ``leave_out`` left out."""
+    table: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name == leave_out or value is None:
+            continue
+        table[f.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
+    return table
 
 
 @dataclass(frozen=True)

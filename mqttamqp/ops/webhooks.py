@@ -43,7 +43,7 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
 from mqttamqp.events import EVENT_KINDS
-from mqttamqp.ops.config import TableKeyError
+from mqttamqp.ops.config import TableKeyError, as_table
 
 __all__ = ["MESSAGE", "HookSettings", "HookSender", "WebhookRecorder", "signature",
            "treq_post"]
@@ -135,13 +135,7 @@ class HookSettings:
 
     def as_table(self) -> dict[str, Any]:
         """The TOML table ``from_table`` reads back to these settings."""
-        table: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "ca_certificates" or value is None:
-                continue
-            table[f.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
-        return table
+        return as_table(self, "ca_certificates")
 
 
 def _check(key: str, kind: Any, value: Any) -> Any:
