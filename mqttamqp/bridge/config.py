@@ -11,12 +11,12 @@ What it must not do: connect anywhere or touch the broker (``bridge`` does).
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from mqttamqp.core.topics import validate_topic_filter
-from mqttamqp.ops.config import TableKeyError, as_table
+from mqttamqp.ops.config import TableKeyError, as_table, table_values
 
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS"]
 
@@ -137,13 +137,7 @@ class BridgeSettings:
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> BridgeSettings:
         """From a ``[[bridge]]`` table; ``TableKeyError`` naming the bad key."""
-        known = {f.name.replace("_", "-"): f for f in fields(cls) if f.name != "rules"}
-        values: dict[str, Any] = {}
-        for key, value in table.items():
-            spec = known.get(key)
-            if spec is None:
-                raise TableKeyError(key, "unknown key (one of " + ", ".join(known) + ")")
-            values[spec.name] = _check(key, spec.name, value)
+        values = table_values(cls, table, "rules", lambda k, f, v: _check(k, f.name, v))
         for key in ("name", "address", "topics"):
             if key not in values:
                 raise TableKeyError(key, "missing (every bridge needs name, address, topics)")

@@ -23,14 +23,14 @@ from __future__ import annotations
 import getopt
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field, dataclass, fields
 from typing import Any
 
 import tomli_w
 from twisted.python import reflect, usage
 
-__all__ = ["OptionSpec", "TableKeyError", "as_table", "option_specs", "flag_pairs",
+__all__ = ["OptionSpec", "TableKeyError", "as_table", "table_values", "option_specs", "flag_pairs",
            "given_on_command_line", "merge_file", "dump", "effective"]
 
 # Options that steer the parsing itself or only print; a file cannot hold them.
@@ -45,6 +45,23 @@ class TableKeyError(ValueError):
         self.key = key
         self.message = message
         self.index: int | None = None   # which item of the list (set by the reader)
+
+
+def table_values(settings_class: Any, table: Mapping[str, Any], leave_out: str,
+                 check: Callable[[str, Field[Any], Any], Any]) -> dict[str, Any]:
+    """A table item's values by field name (a dataclass's fields, each under its
+    dashed name, ``leave_out`` not among them), each through
+    ``check(key, field, value)``;
+    ``TableKeyError`` for a key that names no field."""
+    known = {f.name.replace("_", "-"): f for f in fields(settings_class)
+             if f.name != leave_out}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        spec = known.get(key)
+        if spec is None:
+            raise TableKeyError(key, "unknown key (one of " + ", ".join(known) + ")")
+        values[spec.name] = check(key, spec, value)
+    return values
 
 
 def as_table(settings: Any, leave_out: str) -> dict[str, Any]:

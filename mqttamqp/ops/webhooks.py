@@ -30,7 +30,7 @@ import hmac
 import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,7 +43,7 @@ from zope.interface import implementer  # type: ignore[import-untyped]
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.topics import SubscriptionTrie, validate_topic_filter
 from mqttamqp.events import EVENT_KINDS
-from mqttamqp.ops.config import TableKeyError, as_table
+from mqttamqp.ops.config import TableKeyError, as_table, table_values
 
 __all__ = ["MESSAGE", "HookSettings", "HookSender", "WebhookRecorder", "signature",
            "treq_post"]
@@ -91,13 +91,8 @@ class HookSettings:
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> HookSettings:
         """From a ``[[webhook]]`` table; ``TableKeyError`` naming the bad key."""
-        known = {f.name.replace("_", "-"): f for f in fields(cls) if f.name != "ca_certificates"}
-        values: dict[str, Any] = {}
-        for key, value in table.items():
-            spec = known.get(key)
-            if spec is None:
-                raise TableKeyError(key, "unknown key (one of " + ", ".join(known) + ")")
-            values[spec.name] = _check(key, spec.type, value)
+        values = table_values(cls, table, "ca_certificates",
+                              lambda k, f, v: _check(k, f.type, v))
         if "url" not in values:
             raise TableKeyError("url", "missing (every webhook needs a url)")
         settings = cls(**values)
