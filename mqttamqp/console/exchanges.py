@@ -84,11 +84,12 @@ def exchange_list(broker: Broker) -> dict[str, Any]:
         if b.destination_kind == "exchange":
             into.setdefault(b.destination, []).append(row)
     items = [_exchange_json(e, out.get(e.name, []), into.get(e.name, [])) for e in exchanges]
-    # The default exchange: every queue is bound to it by its name (as RabbitMQ shows).
+    # The default exchange: every queue is bound to it by its name (as RabbitMQ shows),
+    # those MQTT or AMQP 1.0 made too.
     default = {"name": "", "type": "direct", "durable": True, "auto_delete": False,
                "internal": False, "arguments": {}, "standard": True,
                "bindings_out": [], "bindings_in": [],
-               "implicit_bindings": len(declared)}
+               "implicit_bindings": broker.exchanges.default_reach()}
     return {"items": [default, *items], "totals": {
         "exchanges": len(items) + 1, "bindings": len(bindings),
         "declared_queues": len(declared)}}

@@ -428,6 +428,12 @@ class Exchanges(TopicSpace):
                 [binding_view(b) for e in exchanges for b in e.bindings],
                 [declared_view(self.declared[n]) for n in sorted(self.declared)])
 
+    def default_reach(self) -> int:
+        """How many queues the default exchange reaches by name: every queue of the
+        queue manager a routing key can name (``$queue/`` ones made by MQTT or AMQP
+        1.0 too, not only 0.9.1-declared ones; ``$dlq/`` queues are not reached)."""
+        return sum(1 for name in self.queues.queues if name[:1] != "$")
+
     # -- restart ---------------------------------------------------------------------
 
     def restore(self, snapshot: Snapshot) -> None:

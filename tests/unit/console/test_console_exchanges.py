@@ -199,3 +199,14 @@ def test_deleting_a_091_queue_from_the_console_drops_its_bindings(env: Any, audi
     text = audit_text(audit)
     assert "action=queue-purge queue='orders' -> purged 1" in text
     assert "action=queue-delete queue='orders'" in text
+
+
+def test_default_exchange_counts_queues_mqtt_made(env: Any) -> None:
+    """The default exchange's implicit bindings count every queue a routing key can
+    name, a ``$queue/`` queue an MQTT member made too, but no ``$dlq/`` queue."""
+    _, service, _, client = env
+    declare(service.broker)
+    connect(service.broker, "device-1", subscriptions=("$queue/jobs/#",))
+    assert "jobs" in service.broker.exchanges.queues.queues
+    data = client.get("/api/exchanges").json()
+    assert data["items"][0]["implicit_bindings"] == 2
