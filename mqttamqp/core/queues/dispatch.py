@@ -95,7 +95,8 @@ class Dispatch(MemoryBudget):
         """Hand out what the group may have, round-robin over members with credit."""
         queue = group.queue
         if not group.members or (not group.ready and not group.parked
-                                  and group.next >= queue.committed):
+                                  and group.next >= queue.committed
+                                  and (group.levels is None or group.levels.high < 0)):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
@@ -106,7 +107,7 @@ class Dispatch(MemoryBudget):
             # (what no member selected last time: a member may take it now)
             group.parked = []
             for back in parked:
-                heapq.heappush(group.ready, back)
+                group.requeue(back)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
@@ -187,6 +188,8 @@ class Dispatch(MemoryBudget):
         queue = group.queue
         log = queue.log
         if group.mode == CLASSIC:
+            if group.levels is not None:
+                return self._next_by_priority(group, ops)
             ready = group.ready
             while ready:
                 offset = ready[0]
@@ -219,7 +222,45 @@ class Dispatch(MemoryBudget):
             ops.append(QueueDone(queue.name, group.key, (offset,)))
         return None
 
+    def _next_by_priority(self, group: ConsumerGroup, ops: list[Op]) -> int | None:
+        """A priority queue's next offset for ``group``: what was committed since
+        joins its level first (a later message of a higher level goes before an
+        earlier one of a lower level), then the highest level's first."""
+        levels = group.levels
+        assert levels is not None
+        queue = group.queue
+        log = queue.log
+        limit = queue.committed
+        if group.next < limit:
+            skip = queue.skip if queue.skip_starts else None
+            done = group.done
+            finished: list[int] = []
+            offset = group.next
+            while offset < limit:
+                if skip is not None:
+                    past = skip(offset)
+                    if past != offset:
+                        offset = past
+                        continue
+                message = log.get(offset)
+                if message is not None and offset not in done:
+                    if group.matches(message):
+                        levels.add(message, offset)
+                    else:
+                        finished.append(offset)   # (not for this group: done with it)
+                        done.add(offset)
+                offset += 1
+            group.next = max(offset, group.next)
+            if finished:
+                group.advance_floor()
+                ops.append(QueueDone(queue.name, group.key, tuple(finished)))
+        return levels.peek(log, group.done)
+
     def _take(self, group: ConsumerGroup, offset: int) -> None:
+        levels = group.levels
+        if levels is not None:
+            levels.pop()
+            return
         if group.ready and group.ready[0] == offset:
             heapq.heappop(group.ready)
         elif group.next == offset:
@@ -264,7 +305,7 @@ class Dispatch(MemoryBudget):
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1
             group.counts[offset] = count - 1
-            heapq.heappush(group.ready, offset)
+            group.requeue(offset)
             return False
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.

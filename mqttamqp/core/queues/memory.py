@@ -41,6 +41,8 @@ class MemoryBudget(QueueLogs):
                 continue
             if group.ready:
                 keep.update(group.ready[:READ_MESSAGES])
+            if group.levels is not None:   # (a priority queue: by level)
+                keep.update(group.levels.first(READ_MESSAGES))
             count = size = 0
             offset = group.next
             end = queue.next_offset
