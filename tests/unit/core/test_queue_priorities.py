@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exchange_facade import code_of, consume
 from fakes import MemoryStore
 from queue_facade import ack, client, got, join, last, make, meta
 
@@ -216,3 +217,43 @@ def test_a_priority_survives_the_stored_record() -> None:
     plain = Message("t", b"x", 1)
     assert len(message_to_record(plain)) == 7
     assert record_to_message(message_to_record(plain)).priority is None
+
+
+def _091(broker: Broker, payload: bytes, priority: int | None) -> Message:
+    return Message("", payload, 1, False, "pub", broker.clock.seconds(), amqp091=b"\x00",
+                   priority=priority)
+
+
+def test_x_max_priority_gives_a_091_queue_levels_and_streams_refuse_it() -> None:
+    """x-max-priority 5: a 0.9.1 consumer gets the highest first, a message without
+    a priority last (0, as RabbitMQ), one above 5 as 5; 0 means none; a stream
+    queue with it is refused (406); x-max-priority 256 is refused too."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-priority": 5})
+    for payload, priority in ((b"none", None), (b"two", 2), (b"nine", 9), (b"five", 5)):
+        ex.publish(_091(broker, payload, priority), "", "q")
+    _, link = consume(broker, "q")
+    assert [p for _, p in got(link)] == [b"nine", b"five", b"two", b"none"]
+    ex.declare_queue("fifo", "c1", durable=True, arguments={"x-max-priority": 0})
+    assert broker.queues.queues["fifo"].max_priority == 0
+    for bad in ({"x-queue-type": "stream", "x-max-priority": 3}, {"x-max-priority": 256}):
+        assert code_of(ex.declare_queue, "s", "c1", durable=True, arguments=bad) == 406
+    ex.declare_queue("s", "c1", durable=True,
+                     arguments={"x-queue-type": "stream", "x-max-priority": 0})
+
+
+def test_a_091_queues_levels_come_back_after_a_restart() -> None:
+    """The declared x-max-priority is stored with the queue: after a restart its
+    backlog still comes out by level."""
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("q", "c1", durable=True,
+                                   arguments={"x-max-priority": 9})
+    for payload, priority in ((b"low", 1), (b"top", 9), (b"mid", 4)):
+        broker.exchanges.publish(_091(broker, payload, priority), "", "q")
+    broker.stop()
+    again, _, _ = make(store)
+    assert again.queues.queues["q"].max_priority == 9
+    _, link = consume(again, "q")
+    assert [p for _, p in got(link)] == [b"top", b"mid", b"low"]
