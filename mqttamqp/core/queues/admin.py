@@ -145,6 +145,7 @@ class QueueAdmin(QueueTimers):
         queue.first = queue.next_offset
         for group in queue.groups.values():
             group.ready.clear()
+            group.parked.clear()
             if group.levels is not None:
                 group.levels.clear()
             group.done.clear()

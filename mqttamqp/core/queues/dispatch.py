@@ -87,6 +87,8 @@ class Dispatch(MemoryBudget):
             # (forget what is no longer parked: acknowledged by others, or gone)
             parked = set(group.parked)
             parked.update(group.ready)
+            if group.levels is not None:
+                parked.update(group.levels)
             skipped.intersection_update(parked)
         skipped.add(offset)
         return False
@@ -94,20 +96,16 @@ class Dispatch(MemoryBudget):
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
         queue = group.queue
-        if not group.members or (not group.ready and not group.parked
-                                  and group.next >= queue.committed
-                                  and (group.levels is None or group.levels.high < 0)):
+        if not group.members or (not group.ready and group.next >= queue.committed
+                                  and (group.levels is None or group.levels.high < 0)
+                                  and not (group.parked and self._parked_unseen(group))):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
         again = False
         evicted = queue.evicted
-        parked = group.parked
-        if parked:
-            # (what no member selected last time: a member may take it now)
-            group.parked = []
-            for back in parked:
-                group.requeue(back)
+        if group.parked and self._parked_unseen(group):
+            self._unpark(group)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
@@ -137,7 +135,7 @@ class Dispatch(MemoryBudget):
                 # Members with credit, none whose selector takes it: it stays in the
                 # queue for another member (a stream's cursor moves past it).
                 if group.mode == CLASSIC:
-                    group.parked.append(offset)
+                    self._park(group, offset)
                 continue
             again = self._deliver(group, member, offset, queue.log[offset], ops) or again
         if again:
@@ -150,6 +148,43 @@ class Dispatch(MemoryBudget):
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
+
+    def _parked_unseen(self, group: ConsumerGroup) -> bool:
+        """A member with credit has not refused every parked offset (it joined since,
+        or had no credit when some were parked): they are offered again.  Not
+        otherwise: a walk over every parked offset at each hand-out made 4,000 of
+        them cost seconds."""
+        gen = group.parked_gen
+        for member in group.members:
+            if member.parked_seen != gen and self._credit(member):
+                return True
+        return False
+
+    def _unpark(self, group: ConsumerGroup) -> None:
+        """Every parked offset goes through ``ready`` (or its level) again; nothing
+        is parked now, so every member has refused all that is."""
+        parked, group.parked = group.parked, []
+        for back in parked:
+            group.requeue(back)
+        group.parked_gen = gen = group.parked_gen + 1
+        for member in group.members:
+            member.parked_seen = gen
+
+    def _park(self, group: ConsumerGroup, offset: int) -> None:
+        """Every member with credit refused ``offset``: it waits parked; those
+        members, if they had refused all parked before, still have."""
+        parked = group.parked
+        if len(parked) >= 2 * len(group.queue.log) + 64:
+            # (what left the queue while parked, dropped: the list stays bounded)
+            log = group.queue.log
+            done = group.done
+            parked[:] = [o for o in parked if o in log and o not in done]
+        parked.append(offset)
+        gen = group.parked_gen
+        group.parked_gen = gen + 1
+        for member in group.members:
+            if member.parked_seen == gen and self._credit(member):
+                member.parked_seen = gen + 1
 
     def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
         """A message past its own expiry (MQTT 5 message expiry interval, AMQP

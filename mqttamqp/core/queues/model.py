@@ -205,7 +205,8 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "held", "outstanding", "qos", "selector", "session", "skipped")
+    __slots__ = ("explicit", "held", "outstanding", "parked_seen", "qos", "selector",
+                 "session", "skipped")
 
     def __init__(self, session: Session, qos: int, explicit: bool,
                  held: bool = False,
@@ -219,6 +220,9 @@ class Member:
         self.selector = selector     # takes only what this is true of (None: all)
         # Offsets its selector refused (``Dispatch._selects``); empty without one.
         self.skipped: set[int] = set()
+        # Equal to its group's ``parked_gen`` while it has refused every parked
+        # offset: it need not be offered them again (``Dispatch._parked_unseen``).
+        self.parked_seen = -1
 
 
 class DeliveryEnds(Protocol):
@@ -320,9 +324,12 @@ class ConsumerGroup:
         self.levels: PriorityLevels | None = (
             PriorityLevels(queue.max_priority) if queue.max_priority and mode == CLASSIC
             else None)
-        # Offsets that no member with credit selected (selectors): handed out
-        # again from ``ready`` on the next pump.
+        # Offsets that no member with credit selected (selectors): they wait here
+        # until a member that has not refused them all has credit (one that joins,
+        # or one that had none when they were parked), then go through ``ready``
+        # again.  ``parked_gen`` counts what was parked (``Member.parked_seen``).
         self.parked: list[int] = []
+        self.parked_gen = 0
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
         # Offsets delivered and given back without counting it (Released): their
         # next delivery is not the first, though their count says 1.  (Not stored:
