@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
-from mqttamqp.core.queues.memory import MemoryBudget
+from mqttamqp.core.queues.memory import READ_MESSAGES, MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
 from mqttamqp.core.sessions.entries import OutEntry
@@ -112,7 +112,8 @@ class Dispatch(MemoryBudget):
                 break
             if evicted and offset in evicted:
                 # (its body is in storage: read back, then this pump again)
-                self._read_back(queue, offset)
+                self._read_back(queue, offset, None if group.levels is None
+                                else group.levels.first(READ_MESSAGES))
                 break
             props = queue.log[offset].props
             if (props is not None and props.expiry_interval is not None

@@ -257,3 +257,31 @@ def test_a_091_queues_levels_come_back_after_a_restart() -> None:
     assert again.queues.queues["q"].max_priority == 9
     _, link = consume(again, "q")
     assert [p for _, p in got(link)] == [b"top", b"mid", b"low"]
+
+
+def test_evicted_bodies_come_back_in_priority_order() -> None:
+    """Over the memory budget, a priority queue's bodies are evicted and read back as
+    its levels reach them: every message once, by level, each level in order."""
+    store = MemoryStore()
+    store.hold_reads = True
+    broker, _, _ = make(store, queue_memory_budget=32 * 1024,
+                        queue_rules=_rules(9))
+    sent = [(b"%03d-" % i + b"x" * 1000, (i * 7) % 10) for i in range(200)]
+    for payload, priority in sent:
+        _send(broker, payload, priority)
+    assert broker.queues.queues["jobs"].evicted, "some bodies are in storage only"
+    worker, link = client(broker, "w")
+    join(broker, worker, "$queue/jobs/#")
+    seen: list[bytes] = []
+    for _ in range(10_000):
+        published = link.published()
+        if len(seen) < len(published):
+            message, _, pid, *_ = published[len(seen)]
+            seen.append(message.payload)
+            broker.acknowledged(worker, pid)
+            continue
+        if not store.finish_reads():
+            break
+    expected = [p for p, _ in sorted(sent, key=lambda s: -s[1])]   # (a stable sort)
+    assert seen == expected
+    assert broker.queues.read_backs > 0 and broker.queues.views()[0].depth == 0
