@@ -123,3 +123,19 @@ def test_parked_messages_are_offered_to_a_member_that_joins_or_gains_credit() ->
     broker.acknowledged(b, pid)                      # (b has credit again: offered)
     assert [p for _, p in got(b_link)] == [b"b-1", b"late"]
     assert a_asked.count(b"b-1") == 1 and a_asked.count(b"late") == 1
+
+
+def test_an_idle_member_takes_over_only_what_its_selector_takes() -> None:
+    """Half the visibility timeout on: an idle member takes over a silent member's
+    message only if its selector takes it (before, it took any)."""
+    broker, clock, _ = make(queue_visibility_timeout=10.0)
+    slow, slow_link = client(broker, "slow-1", "mqtt5")
+    join(broker, slow, "$queue/jobs/#", consumer=Consumer("g"))
+    send(broker, "$queue/jobs/k", b"b-1")
+    send(broker, "$queue/jobs/k", b"a-1")
+    assert [p for _, p in got(slow_link)] == [b"b-1", b"a-1"]
+    a_sel, _ = _payload_is(b"a-1")
+    idle, idle_link = client(broker, "idle-1", "mqtt5")
+    join(broker, idle, "$queue/jobs/#", consumer=Consumer("g", selector=a_sel))
+    clock.advance(5.0)
+    assert [p for _, p in got(idle_link)] == [b"a-1"]
