@@ -285,3 +285,23 @@ def test_evicted_bodies_come_back_in_priority_order() -> None:
     expected = [p for p, _ in sorted(sent, key=lambda s: -s[1])]   # (a stable sort)
     assert seen == expected
     assert broker.queues.read_backs > 0 and broker.queues.views()[0].depth == 0
+
+
+def test_each_group_has_its_own_order_and_a_timed_out_message_keeps_its_level() -> None:
+    """Two groups both get the backlog by level; a message whose visibility timeout
+    passes goes back before the lower levels."""
+    broker, clock, _ = make(queue_prefetch=1, queue_visibility_timeout=10.0,
+                            queue_rules=_rules(9))
+    for payload, priority in ((b"low", 1), (b"top", 9), (b"mid", 5)):
+        _send(broker, payload, priority)
+    audit, audit_link = client(broker, "audit-1")
+    join(broker, audit, "$queue/jobs/#")
+    silent, silent_link = client(broker, "work-1")
+    join(broker, silent, "$queue/jobs/#")
+    assert _payloads(audit_link) == [b"top"] and _payloads(silent_link) == [b"top"]
+    clock.advance(10.0)       # (work-1 never acknowledges: top is visible again)
+    assert _payloads(silent_link) == [b"top", b"top"]    # (before mid and low)
+    for expected in (b"mid", b"low"):
+        (_, _, pid, _, _) = audit_link.published()[-1]
+        broker.acknowledged(audit, pid)
+        assert _payloads(audit_link)[-1] == expected
