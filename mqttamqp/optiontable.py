@@ -269,8 +269,8 @@ PARAMETERS: list[list[Any]] = [
      "$queue/ are blocked as above until it has this and a tenth more free "
      "(checked every 2 s); 0 = no watermark.", _positive(int, "disk-free-limit")],
     ["queues", None, None,
-     "TOML file of per-queue retention: [[queue]] tables with pattern, max-age, "
-     "max-bytes, max-messages (see docs/queues.md)."],
+     "TOML file of per-queue retention and priority levels: [[queue]] tables with "
+     "pattern, max-age, max-bytes, max-messages, max-priority (see docs/queues.md)."],
     ["max-connect-rate", None, _D.max_connect_rate,
      "New connections a second from one address (MQTT and AMQP together; loopback "
      "is not limited); beyond it, after a burst of --connect-burst, sockets are closed "

@@ -1,4 +1,4 @@
-"""``--queues FILE``: retention per queue name pattern, as TOML.
+"""``--queues FILE``: retention and priority levels per queue name pattern, as TOML.
 
 ::
 
@@ -8,6 +8,8 @@
     max-age = "3d"             # or seconds; "0" / 0 = no bound
     max-bytes = 104857600
     max-messages = 100000
+    max-priority = 9           # priority levels 0..9 (1-255; 0 or left out: none,
+                               # first in first out)
 
 The first table whose pattern matches wins; a queue no table matches has the
 ``--queue-max-*`` defaults.  A key left out of a table takes that default too.
@@ -22,10 +24,11 @@ from mqttamqp.reportjob import parse_duration
 
 __all__ = ["QueueRule", "load_queue_rules", "seconds"]
 
-# (pattern, max age seconds, max bytes, max messages); None: the default
-QueueRule = tuple[str, float | None, int | None, int | None]
+# (pattern, max age seconds, max bytes, max messages, max priority); None: the default
+QueueRule = tuple[str, float | None, int | None, int | None, int | None]
 
-_KEYS = {"pattern", "max-age", "max-bytes", "max-messages"}
+_KEYS = {"pattern", "max-age", "max-bytes", "max-messages", "max-priority"}
+_MAX_PRIORITY = 255     # (as RabbitMQ's x-max-priority: core.queues.priority)
 
 
 def seconds(value: Any, what: str) -> float:
@@ -85,6 +88,10 @@ def load_queue_rules(path: str) -> tuple[QueueRule, ...]:
             raise ValueError(f"{where}: pattern (a queue name or fnmatch pattern) is "
                              "required")
         age = table.get("max-age")
+        top = _count(table, "max-priority", where)
+        if top is not None and top > _MAX_PRIORITY:
+            raise ValueError(f"{where}: max-priority must be 0 to {_MAX_PRIORITY}, got {top}")
         rules.append((pattern, None if age is None else seconds(age, f"{where}: max-age"),
-                      _count(table, "max-bytes", where), _count(table, "max-messages", where)))
+                      _count(table, "max-bytes", where), _count(table, "max-messages", where),
+                      top or None))
     return tuple(rules)

@@ -103,7 +103,7 @@ class TopicPublisher(IncomingLink):
             if route is None:
                 return
         # (one unpacking: a NamedTuple's fields are properties, a call each)
-        _, _, qos, retain, redelivered, wait, _, _, _, mqtt5, _ = fields
+        _, _, qos, retain, redelivered, wait, _, _, _, mqtt5, priority = fields
         _, topic, queued, head, cut = route
         if payload is None:
             self._amqp_only()
@@ -114,7 +114,8 @@ class TopicPublisher(IncomingLink):
                 return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
                          self.host.container_id or None, self.broker.clock.seconds(),
-                         redelivered, head + data[cut:], payload is None, props)
+                         redelivered, head + data[cut:], payload is None, props, None,
+                         priority)
         if self.second and not presettled:
             self._hold(dlv, routed)
             return

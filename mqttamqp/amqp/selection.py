@@ -112,7 +112,7 @@ def _mqtt_fields(message: Message) -> dict[str, Any]:
             fields.setdefault(name, value)
         if props.correlation_data is not None:
             fields["JMSCorrelationID"] = props.correlation_data.decode("utf-8", "replace")
-    fields["JMSPriority"] = 4
+    fields["JMSPriority"] = 4 if message.priority is None else message.priority
     fields["JMSDeliveryMode"] = "PERSISTENT" if message.qos else "NON_PERSISTENT"
     fields["JMSTimestamp"] = int(message.timestamp * 1000)
     return fields

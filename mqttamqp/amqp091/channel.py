@@ -259,7 +259,8 @@ class Channel:
         check_publish(connection, m.exchange, m.routing_key)
         message = Message("", content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props,
-                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties))
+                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties),
+                          priority=props.priority)
         seq = 0
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1

@@ -68,9 +68,11 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                               "source, destination, destination_kind=queue|exchange, "
                               "routing_key, arguments (a JSON object, or one as text; "
                               "empty: none)"),
-    "/api/queues/retention": ("Change a queue's retention; messages beyond it go at once.",
+    "/api/queues/retention": ("Change a queue's retention (messages beyond it go at "
+                              "once) and its priority levels.",
                               "name, max_age (seconds), max_bytes, max_messages (each "
-                              "empty or 0: no bound)"),
+                              "empty or 0: no bound), max_priority (0-255, 0: none; "
+                              "empty: unchanged)"),
     "/api/users": ("The users with their roles (never their hashes) and the --acl file "
                    "in force (admins only).", ""),
     "/api/whoami": ("Who is calling, how (session or token), and the CSRF token of a "

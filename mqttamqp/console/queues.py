@@ -76,7 +76,8 @@ class QueueRates:
 
 
 def _retention(r: Retention) -> dict[str, Any]:
-    return {"max_age": r.max_age, "max_bytes": r.max_bytes, "max_messages": r.max_messages}
+    return {"max_age": r.max_age, "max_bytes": r.max_bytes, "max_messages": r.max_messages,
+            "max_priority": r.max_priority or None}
 
 
 def _group(g: GroupView) -> dict[str, Any]:
@@ -268,6 +269,19 @@ def _whole(raw: str, what: str) -> int | None:
     return None if value is None else int(value)
 
 
+def _levels(raw: str, current: int | None) -> int | None:
+    """Priority levels from a form: empty keeps ``current`` (a caller that does not
+    send it changes nothing), 0 or ``none`` is none, else 1 to 255."""
+    raw = raw.strip()
+    if not raw:
+        return current
+    if raw == "none":
+        return None
+    if not raw.isdigit() or int(raw) > 255:
+        raise ActionError(400, "max priority must be a whole number from 0 (none) to 255")
+    return int(raw) or None
+
+
 async def _durable(d: Deferred[None] | None) -> None:
     if d is not None:
         await d
@@ -325,11 +339,13 @@ class QueueActions:
                             {"requeued": moved})
 
     async def retention(self, user: str, name: str, max_age: str, max_bytes: str,
-                        max_messages: str) -> ActionResult:
-        self._existing(name)
+                        max_messages: str, max_priority: str = "") -> ActionResult:
+        """Retention bounds and priority levels (``core.queues.priority``)."""
+        view = self._existing(name)
         retention = Retention(_bound(max_age, "max age (seconds)"),
                               _whole(max_bytes, "max bytes"),
-                              _whole(max_messages, "max messages"))
+                              _whole(max_messages, "max messages"),
+                              _levels(max_priority, view.retention.max_priority))
         await _durable(self.broker.queues.set_retention(name, retention))
         shown = ", ".join(f"{k}={'none' if v is None else v}"
                           for k, v in _retention(retention).items())

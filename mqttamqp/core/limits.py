@@ -104,7 +104,10 @@ class Limits:
     queue_memory_budget: int = 256 << 20
     queue_max_total_bytes: int = 4 << 30
     disk_free_limit: int = 1 << 30
-    # --queues FILE: (pattern, max age, max bytes, max messages), None = the default
-    queue_rules: tuple[tuple[str, float | None, int | None, int | None], ...] = ()
+    # --queues FILE: (pattern, max age, max bytes, max messages, max priority), None =
+    # the default (max priority: none; a rule of four fields has none either)
+    queue_rules: tuple[tuple[str, float | None, int | None, int | None]
+                       | tuple[str, float | None, int | None, int | None, int | None],
+                       ...] = ()
     # --amqp-queues: AMQP addresses (fnmatch patterns) served as durable queues
     amqp_queues: tuple[str, ...] = ()

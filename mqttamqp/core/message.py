@@ -67,6 +67,10 @@ class Message:
     # flags and values), what 0.9.1 consumers get (``amqp091.properties``); the core
     # never looks inside.
     amqp091: bytes | None = None
+    # The priority its publisher gave (AMQP 1.0 header priority, 0.9.1 basic
+    # property priority; None: not given).  Only a queue with priority levels reads
+    # it (``core.queues.priority``); MQTT gives none.
+    priority: int | None = None
 
     def expired(self, now: float) -> bool:
         """Past its message expiry interval (never, without one)."""
@@ -98,7 +102,7 @@ def stub(message: Message) -> Message:
     retention and the console need)."""
     m = message
     return Message(m.topic, b"", m.qos, m.retain, m.publisher, m.timestamp, m.dup, None,
-                   m.amqp_only, m.props, m.amqp091)
+                   m.amqp_only, m.props, m.amqp091, m.priority)
 
 
 @record

@@ -161,10 +161,11 @@ class DeleteBan:
 @record
 class PutQueue:
     """Create queue ``name`` if missing; set its retention (max age seconds, max
-    bytes, max messages; None: no bound of that kind)."""
+    bytes, max messages; None: no bound of that kind) and, as a fourth field when
+    it has them, its priority levels (``Retention.as_tuple``)."""
 
     name: str
-    retention: tuple[float | None, int | None, int | None]
+    retention: tuple[float | int | None, ...]
 
 
 @record
@@ -313,7 +314,7 @@ class SessionRecord:
 @dataclass
 class QueueRecord:
     name: str
-    retention: tuple[float | None, int | None, int | None] | None = None
+    retention: tuple[float | int | None, ...] | None = None
     head: int = 0
     messages: list[tuple[int, Message]] = field(default_factory=list)  # ascending offset
     next_offset: int = 0   # at least this (messages deleted at the end leave no trace)

@@ -231,13 +231,19 @@ def message_to_record(m: Message, native: bool = True) -> MessageRecord:
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
     keep_native = native and m.native is not None
-    if not keep_native and m.props is None and m.amqp091 is None:
+    if (not keep_native and m.props is None and m.amqp091 is None
+            and m.priority is None):
         return record
     # A message from an AMQP sender also keeps its AMQP form (a retained message is
     # sent to AMQP receivers as it was sent, after a restart too).
     record = (*record, _bytes(m.native) if keep_native and m.native is not None else None,
               bool(m.amqp_only) if keep_native else False)
     props = None if m.props is None else _props_to_record(m.props)
+    if m.priority is not None:
+        # The publisher's priority: a twelfth field (a priority queue's order is
+        # rebuilt from it at a restart).
+        return (*record, props, None if m.amqp091 is None else _bytes(m.amqp091),
+                int(m.priority))
     if m.amqp091 is None:
         if props is None:
             return record
@@ -260,9 +266,10 @@ def record_to_message(r: Any) -> Message:
         return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
                        amqp_only, _record_to_props(props))
     (topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props,
-     amqp091) = r
+     amqp091) = r[:11]
     return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only,
-                   None if props is None else _record_to_props(props), amqp091)
+                   None if props is None else _record_to_props(props), amqp091,
+                   r[11] if len(r) > 11 else None)
 
 
 def will_to_record(w: WillMessage) -> WillRecord:

@@ -126,7 +126,8 @@ class QueuesApp(Area):
     def _retention(self, request: Request) -> ActionCall:
         return lambda auth: self.actions.retention(
             auth.user, param(request, "name"), param(request, "max_age"),
-            param(request, "max_bytes"), param(request, "max_messages"))
+            param(request, "max_bytes"), param(request, "max_messages"),
+            param(request, "max_priority"))
 
     action_routes(app, (
         ("/queues/purge", _purge, "/queues"),

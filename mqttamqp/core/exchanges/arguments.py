@@ -21,7 +21,11 @@ each known one does here:
   ``basic.get``, no redeclare);
 * ``x-queue-type``: ``classic`` (the default) or ``stream`` (consumers read by
   cursor, ``x-stream-offset``); ``quorum`` is refused (406);
-* ``x-max-priority`` (0-255): accepted and kept; not enforced yet (issue #30);
+* ``x-max-priority`` (0-255, as RabbitMQ checks it; 0: none): the queue's priority
+  levels (``Retention.max_priority``, ``core.queues.priority``): a message's basic
+  property ``priority`` above it counts as it, one without as 0; a queue without
+  it is first in first out whatever its messages' priorities; refused (406) on a
+  stream queue, which RabbitMQ does not give priorities either;
 * ``x-single-active-consumer``, ``x-queue-mode``, ``x-queue-master-locator``...:
   accepted and kept, not enforced.
 
@@ -78,7 +82,8 @@ class QueueArguments:
             self.age() if self.message_ttl is not None else default.max_age,
             self.max_length_bytes if self.max_length_bytes is not None
             else default.max_bytes,
-            self.max_length if self.max_length is not None else default.max_messages)
+            self.max_length if self.max_length is not None else default.max_messages,
+            self.max_priority if self.max_priority is not None else default.max_priority)
 
 
 def _integer(name: str, value: object, low: int, high: int | None = None) -> int | str:
@@ -137,6 +142,8 @@ def parse_queue_arguments(arguments: Mapping[str, object] | None, durable: bool,
         return f"invalid arg 'x-queue-type': {queue_type!r} (use classic or stream)"
     if queue_type == "stream" and (not durable or exclusive or auto_delete):
         return "a stream queue must be durable, not exclusive and not auto-delete"
+    if queue_type == "stream" and found.get("max_priority"):
+        return "invalid arg 'x-max-priority': a stream queue has no priorities"
     if "dead_letter_routing_key" in found and "dead_letter_exchange" not in found:
         return ("invalid arg 'x-dead-letter-routing-key': it needs "
                 "x-dead-letter-exchange")

@@ -195,12 +195,15 @@ class QueueDeclarations:
         else:
             queue.retention = Retention(
                 parsed.age() if parsed.message_ttl is not None else default.max_age,
-                default.max_bytes, default.max_messages)
+                default.max_bytes, default.max_messages,
+                parsed.max_priority if parsed.max_priority is not None
+                else default.max_priority)
             queue.reject_above = (parsed.max_length, parsed.max_length_bytes)
             queue.reject_dead = parsed.overflow == "reject-publish-dlx"
         queue.dead_letter = (self._dead_letter_route(queue.name, parsed)
                              if parsed.dead_letter_exchange is not None else None)
         queue.discard_rejected = parsed.dead_letter_exchange is None
+        queue.set_max_priority(queue.retention.max_priority)
 
     def _dead_letter_route(self, name: str, parsed: QueueArguments) -> DeadLetterRoute:
         raise NotImplementedError   # (``Exchanges``)

@@ -193,7 +193,8 @@ class TopicSpace(QueueDeclarations):
             # (built field by field, as ``queues.metadata.with_metadata`` does:
             # ``dataclasses.replace`` was ~4 us a queue copy)
             copy = Message(queue_topic(name, key), m.payload, m.qos, m.retain, m.publisher,
-                           m.timestamp, m.dup, m.native, m.amqp_only, m.props, m.amqp091)
+                           m.timestamp, m.dup, m.native, m.amqp_only, m.props, m.amqp091,
+                           m.priority)
             d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher)
             if refusal is not None:
                 if refusals:

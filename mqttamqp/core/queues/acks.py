@@ -10,7 +10,6 @@ route names (``_route_dead``), with the same origin properties."""
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -164,7 +163,7 @@ class Acknowledgements(Dispatch):
                 f"{why} after {group.counts.get(offset, 0)} deliveries "
                 f"(--queue-max-deliveries {self.limits.queue_max_deliveries})", ops)
             return
-        heapq.heappush(group.ready, offset)
+        group.requeue(offset)
         ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
 
     def _dead_letter(self, group: ConsumerGroup, offset: int, reason: str, ops: list[Op],

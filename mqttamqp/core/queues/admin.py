@@ -145,6 +145,9 @@ class QueueAdmin(QueueTimers):
         queue.first = queue.next_offset
         for group in queue.groups.values():
             group.ready.clear()
+            group.parked.clear()
+            if group.levels is not None:
+                group.levels.clear()
             group.done.clear()
             group.counts.clear()
             group.uncounted.clear()
@@ -287,6 +290,7 @@ class QueueAdmin(QueueTimers):
         if queue is None:
             return None
         queue.retention = retention
+        queue.set_max_priority(retention.max_priority)
         ops: list[Op] = [PutQueue(name, retention.as_tuple())]
         self._enforce_retention(queue, ops, self.clock.seconds())
         d = self.commits.persist(self._durable_ops(ops))

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
-from mqttamqp.core.queues.memory import MemoryBudget
+from mqttamqp.core.queues.memory import READ_MESSAGES, MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
 from mqttamqp.core.sessions.entries import OutEntry
@@ -87,6 +87,8 @@ class Dispatch(MemoryBudget):
             # (forget what is no longer parked: acknowledged by others, or gone)
             parked = set(group.parked)
             parked.update(group.ready)
+            if group.levels is not None:
+                parked.update(group.levels)
             skipped.intersection_update(parked)
         skipped.add(offset)
         return False
@@ -94,26 +96,24 @@ class Dispatch(MemoryBudget):
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
         queue = group.queue
-        if not group.members or (not group.ready and not group.parked
-                                  and group.next >= queue.committed):
+        if not group.members or (not group.ready and group.next >= queue.committed
+                                  and (group.levels is None or group.levels.high < 0)
+                                  and not (group.parked and self._parked_unseen(group))):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
         again = False
         evicted = queue.evicted
-        parked = group.parked
-        if parked:
-            # (what no member selected last time: a member may take it now)
-            group.parked = []
-            for back in parked:
-                heapq.heappush(group.ready, back)
+        if group.parked and self._parked_unseen(group):
+            self._unpark(group)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
                 break
             if evicted and offset in evicted:
                 # (its body is in storage: read back, then this pump again)
-                self._read_back(queue, offset)
+                self._read_back(queue, offset, None if group.levels is None
+                                else group.levels.first(READ_MESSAGES))
                 break
             props = queue.log[offset].props
             if (props is not None and props.expiry_interval is not None
@@ -136,7 +136,7 @@ class Dispatch(MemoryBudget):
                 # Members with credit, none whose selector takes it: it stays in the
                 # queue for another member (a stream's cursor moves past it).
                 if group.mode == CLASSIC:
-                    group.parked.append(offset)
+                    self._park(group, offset)
                 continue
             again = self._deliver(group, member, offset, queue.log[offset], ops) or again
         if again:
@@ -149,6 +149,43 @@ class Dispatch(MemoryBudget):
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
+
+    def _parked_unseen(self, group: ConsumerGroup) -> bool:
+        """A member with credit has not refused every parked offset (it joined since,
+        or had no credit when some were parked): they are offered again.  Not
+        otherwise: a walk over every parked offset at each hand-out made 4,000 of
+        them cost seconds."""
+        gen = group.parked_gen
+        for member in group.members:
+            if member.parked_seen != gen and self._credit(member):
+                return True
+        return False
+
+    def _unpark(self, group: ConsumerGroup) -> None:
+        """Every parked offset goes through ``ready`` (or its level) again; nothing
+        is parked now, so every member has refused all that is."""
+        parked, group.parked = group.parked, []
+        for back in parked:
+            group.requeue(back)
+        group.parked_gen = gen = group.parked_gen + 1
+        for member in group.members:
+            member.parked_seen = gen
+
+    def _park(self, group: ConsumerGroup, offset: int) -> None:
+        """Every member with credit refused ``offset``: it waits parked; those
+        members, if they had refused all parked before, still have."""
+        parked = group.parked
+        if len(parked) >= 2 * len(group.queue.log) + 64:
+            # (what left the queue while parked, dropped: the list stays bounded)
+            log = group.queue.log
+            done = group.done
+            parked[:] = [o for o in parked if o in log and o not in done]
+        parked.append(offset)
+        gen = group.parked_gen
+        group.parked_gen = gen + 1
+        for member in group.members:
+            if member.parked_seen == gen and self._credit(member):
+                member.parked_seen = gen + 1
 
     def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
         """A message past its own expiry (MQTT 5 message expiry interval, AMQP
@@ -187,6 +224,8 @@ class Dispatch(MemoryBudget):
         queue = group.queue
         log = queue.log
         if group.mode == CLASSIC:
+            if group.levels is not None:
+                return self._next_by_priority(group, ops)
             ready = group.ready
             while ready:
                 offset = ready[0]
@@ -219,7 +258,45 @@ class Dispatch(MemoryBudget):
             ops.append(QueueDone(queue.name, group.key, (offset,)))
         return None
 
+    def _next_by_priority(self, group: ConsumerGroup, ops: list[Op]) -> int | None:
+        """A priority queue's next offset for ``group``: what was committed since
+        joins its level first (a later message of a higher level goes before an
+        earlier one of a lower level), then the highest level's first."""
+        levels = group.levels
+        assert levels is not None
+        queue = group.queue
+        log = queue.log
+        limit = queue.committed
+        if group.next < limit:
+            skip = queue.skip if queue.skip_starts else None
+            done = group.done
+            finished: list[int] = []
+            offset = group.next
+            while offset < limit:
+                if skip is not None:
+                    past = skip(offset)
+                    if past != offset:
+                        offset = past
+                        continue
+                message = log.get(offset)
+                if message is not None and offset not in done:
+                    if group.matches(message):
+                        levels.add(message, offset)
+                    else:
+                        finished.append(offset)   # (not for this group: done with it)
+                        done.add(offset)
+                offset += 1
+            group.next = max(offset, group.next)
+            if finished:
+                group.advance_floor()
+                ops.append(QueueDone(queue.name, group.key, tuple(finished)))
+        return levels.peek(log, group.done)
+
     def _take(self, group: ConsumerGroup, offset: int) -> None:
+        levels = group.levels
+        if levels is not None:
+            levels.pop()
+            return
         if group.ready and group.ready[0] == offset:
             heapq.heappop(group.ready)
         elif group.next == offset:
@@ -264,7 +341,7 @@ class Dispatch(MemoryBudget):
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1
             group.counts[offset] = count - 1
-            heapq.heappush(group.ready, offset)
+            group.requeue(offset)
             return False
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.

@@ -80,11 +80,7 @@ class QueueLogs:
         self.stats = QueueStats()
         # (pattern, retention) from --queues, first match wins; then the defaults.
         self.retention_rules = list(retention_rules) or [
-            (pattern, Retention(age if age is not None else limits.queue_max_age or None,
-                                size if size is not None else limits.queue_max_bytes or None,
-                                count if count is not None
-                                else limits.queue_max_messages or None))
-            for pattern, age, size, count in limits.queue_rules]
+            (rule[0], _rule_retention(rule, limits)) for rule in limits.queue_rules]
         self._memberships: dict[Session, list[tuple[ConsumerGroup, Member]]] = {}
         # Sessions holding messages taken one at a time (AMQP 0.9.1 basic.get),
         # with the member (outside the group's round-robin) they are pending on.
@@ -172,6 +168,7 @@ class QueueLogs:
         if len(self.queues) >= self.limits.queue_max_queues:
             return None
         queue = QueueLog(name, self.default_retention(name))
+        queue.set_max_priority(queue.retention.max_priority)
         self.queues[name] = queue
         if transient:
             queue.transient = True
@@ -464,6 +461,17 @@ class QueueLogs:
 
 
 _NAMED = (PutQueue, DeleteQueue)
+
+
+def _rule_retention(rule: tuple[str, float | None, int | None, int | None]
+                    | tuple[str, float | None, int | None, int | None, int | None],
+                    limits: Limits) -> Retention:
+    """A ``--queues`` rule's retention and levels, the defaults where it says none."""
+    return Retention(
+        rule[1] if rule[1] is not None else limits.queue_max_age or None,
+        rule[2] if rule[2] is not None else limits.queue_max_bytes or None,
+        rule[3] if rule[3] is not None else limits.queue_max_messages or None,
+        rule[4] if len(rule) > 4 else None)
 
 
 def _queue_of(op: Op) -> str | None:

@@ -180,9 +180,12 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         watermark that is not done counts one more delivery (it may have been
         delivered before the crash)."""
         for rec in records:
-            retention = (Retention(*rec.retention) if rec.retention is not None
+            retention = (Retention(*rec.retention)  # type: ignore[arg-type]
+                         if rec.retention is not None
                          else self.default_retention(rec.name))
             queue = QueueLog(rec.name, retention, rec.head)
+            # (before its groups: a priority queue's rebuild their order from the log)
+            queue.set_max_priority(retention.max_priority)
             queue.next_offset = max(queue.next_offset, rec.next_offset)
             evicted = rec.evicted
             for offset, message in rec.messages:

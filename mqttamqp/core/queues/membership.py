@@ -7,8 +7,6 @@ its memberships up again when it returns, also after a restart."""
 
 from __future__ import annotations
 
-import heapq
-
 from mqttamqp.core.persistence import Op, PutQueueGroup
 from mqttamqp.core.queues.acks import Acknowledgements
 from mqttamqp.core.queues.addresses import (
@@ -143,7 +141,7 @@ class Membership(Acknowledgements):
             entry = group.pending.pop(offset).detach()
             if entry is not None:
                 member.session.take_back(entry)
-            heapq.heappush(group.ready, offset)
+            group.requeue(offset)
         member.outstanding = 0
         if back:
             self._pump(group)

@@ -41,6 +41,8 @@ class MemoryBudget(QueueLogs):
                 continue
             if group.ready:
                 keep.update(group.ready[:READ_MESSAGES])
+            if group.levels is not None:   # (a priority queue: by level)
+                keep.update(group.levels.first(READ_MESSAGES))
             count = size = 0
             offset = group.next
             end = queue.next_offset
@@ -93,17 +95,32 @@ class MemoryBudget(QueueLogs):
         self._evict_above = (self.resident + slack if self.resident > target and not waiting
                              else 0)
 
-    def _read_back(self, queue: QueueLog, offset: int) -> None:
-        """Read the evicted bodies from ``offset`` on (a batch) back from storage;
-        the queue's groups pump again once they are in memory."""
+    def _read_back(self, queue: QueueLog, offset: int,
+                   upcoming: list[int] | None = None) -> None:
+        """Read the evicted bodies from ``offset`` on (a batch) back from storage,
+        or, for a priority queue's group, those of ``upcoming`` (what it hands out
+        next, in that order: ``PriorityLevels.first``); the queue's groups pump
+        again once they are in memory."""
         if queue.reading or self._reader is None:
             return
         evicted = queue.evicted
         offsets: list[int] = []
         size = 0
+        if upcoming is not None:
+            for o in upcoming:
+                sizes = evicted.get(o)
+                if sizes is not None:
+                    offsets.append(o)
+                    size += sizes[1]
+                    if len(offsets) >= READ_MESSAGES or size >= READ_BYTES:
+                        break
+            if offset not in offsets:
+                offsets.insert(0, offset)
+            offsets.sort()
         o = offset
         end = queue.next_offset
-        while o < end and len(offsets) < READ_MESSAGES and (not offsets or size < READ_BYTES):
+        while (upcoming is None and o < end and len(offsets) < READ_MESSAGES
+               and (not offsets or size < READ_BYTES)):
             sizes = evicted.get(o)
             if sizes is not None:
                 offsets.append(o)
@@ -121,7 +138,9 @@ class MemoryBudget(QueueLogs):
             return   # (deleted meanwhile)
         self._restored(found, queue)
         evicted = queue.evicted
-        missing = [o for o in asked if o in evicted]
+        # (what storage did not return: one it returned may be evicted again by now)
+        returned = {o for o, _ in found}
+        missing = [o for o in asked if o in evicted and o not in returned]
         if missing:
             # Storage no longer has them (it never drops a message before memory
             # does): never wait for them; their consumers go on past them.

@@ -47,5 +47,5 @@ def with_metadata(message: Message, queue: str, group: str, offset: int, count: 
                                   p.response_topic, p.correlation_data,
                                   (*without_metadata(p.user_properties), *users))
     return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, again,
-                   m.native, m.amqp_only, props, m.amqp091)
+                   m.native, m.amqp_only, props, m.amqp091, m.priority)
 

@@ -8,6 +8,7 @@ questions a group or a log answers about itself (floor, lag, skipped offsets).""
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from twisted.internet.defer import Deferred
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import QueueGroupRecord
-from mqttamqp.core.queues.addresses import STREAM, routing_key
+from mqttamqp.core.queues.addresses import CLASSIC, STREAM, routing_key
+from mqttamqp.core.queues.priority import PriorityLevels
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
@@ -29,14 +31,21 @@ __all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pe
 
 @record
 class Retention:
-    """How long a queue keeps messages (None: no bound of that kind)."""
+    """How long a queue keeps messages (None: no bound of that kind), and its
+    priority levels (``max_priority``, None or 0: none, FIFO): the settings a
+    queue gets from ``--queues``, the console or its 0.9.1 arguments, stored
+    together (``PutQueue``)."""
 
     max_age: float | None = None
     max_bytes: int | None = None
     max_messages: int | None = None
+    max_priority: int | None = None
 
-    def as_tuple(self) -> tuple[float | None, int | None, int | None]:
-        return (self.max_age, self.max_bytes, self.max_messages)
+    def as_tuple(self) -> tuple[float | int | None, ...]:
+        # (three fields for a queue without priorities, as stored before them)
+        if not self.max_priority:
+            return (self.max_age, self.max_bytes, self.max_messages)
+        return (self.max_age, self.max_bytes, self.max_messages, self.max_priority)
 
 
 @dataclass
@@ -97,6 +106,19 @@ class QueueLog:
         # A 0.9.1-declared queue without x-dead-letter-exchange: a rejected delivery
         # is dropped (counted), as RabbitMQ drops it, not kept in $dlq/.
         self.discard_rejected = False
+        # Its highest priority level (0: no levels, FIFO); its classic groups hand
+        # out by level (``ConsumerGroup.levels``).  Set by ``set_max_priority``.
+        self.max_priority = 0
+
+    def set_max_priority(self, top: int | None) -> None:
+        """Give the queue levels 0..``top`` (None or 0: none).  Its classic groups'
+        offsets to hand out move over, so that a change keeps every message."""
+        top = top or 0
+        if top == self.max_priority:
+            return
+        self.max_priority = top
+        for group in self.groups.values():
+            group.relevel()
 
     def skip(self, offset: int) -> int:
         """``offset``, or the end of the skipped range it is in."""
@@ -183,7 +205,8 @@ DeadLetterRoute = Callable[[Message, str], tuple[str, str, Sequence[str]]]
 class Member:
     """A session's membership of one consumer group."""
 
-    __slots__ = ("explicit", "held", "outstanding", "qos", "selector", "session", "skipped")
+    __slots__ = ("explicit", "held", "outstanding", "parked_seen", "qos", "selector",
+                 "session", "skipped")
 
     def __init__(self, session: Session, qos: int, explicit: bool,
                  held: bool = False,
@@ -197,6 +220,9 @@ class Member:
         self.selector = selector     # takes only what this is true of (None: all)
         # Offsets its selector refused (``Dispatch._selects``); empty without one.
         self.skipped: set[int] = set()
+        # Equal to its group's ``parked_gen`` while it has refused every parked
+        # offset: it need not be offered them again (``Dispatch._parked_unseen``).
+        self.parked_seen = -1
 
 
 class DeliveryEnds(Protocol):
@@ -293,9 +319,17 @@ class ConsumerGroup:
         self.done: set[int] = set()
         self.pending: dict[int, Pending] = {}
         self.ready: list[int] = []            # a heap: offsets visible again
-        # Offsets that no member with credit selected (selectors): handed out
-        # again from ``ready`` on the next pump.
+        # A priority queue's classic group: every offset to hand out, by level
+        # (``next`` is then past every offset taken in; ``ready`` stays empty).
+        self.levels: PriorityLevels | None = (
+            PriorityLevels(queue.max_priority) if queue.max_priority and mode == CLASSIC
+            else None)
+        # Offsets that no member with credit selected (selectors): they wait here
+        # until a member that has not refused them all has credit (one that joins,
+        # or one that had none when they were parked), then go through ``ready``
+        # again.  ``parked_gen`` counts what was parked (``Member.parked_seen``).
         self.parked: list[int] = []
+        self.parked_gen = 0
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
         # Offsets delivered and given back without counting it (Released): their
         # next delivery is not the first, though their count says 1.  (Not stored:
@@ -307,6 +341,35 @@ class ConsumerGroup:
         self.cursor_saved_at = 0.0
         self.redelivered = 0
         self.acked = 0
+
+    def requeue(self, offset: int) -> None:
+        """``offset`` is visible again (given back, released, timed out)."""
+        levels = self.levels
+        if levels is None:
+            heapq.heappush(self.ready, offset)
+        else:
+            message = self.queue.log.get(offset)
+            if message is not None:
+                levels.add(message, offset)
+
+    def relevel(self) -> None:
+        """The queue's levels changed (``QueueLog.set_max_priority``)."""
+        if self.mode != CLASSIC:
+            return
+        old = self.levels
+        waiting = [*self.ready, *(old if old is not None else ())]
+        top = self.queue.max_priority
+        self.ready = []
+        if top:
+            self.levels = levels = PriorityLevels(top)
+            log = self.queue.log
+            for offset in waiting:
+                message = log.get(offset)
+                if message is not None:
+                    levels.add(message, offset)
+        else:
+            self.levels = None
+            self.ready = sorted(set(waiting))   # (a sorted list is a heap)
 
     def matches(self, message: Message) -> bool:
         if self.filter == "#":
@@ -340,4 +403,5 @@ class ConsumerGroup:
     def lag(self) -> int:
         queue = self.queue
         return (max(0, queue.next_offset - self.next) + len(self.ready) + len(self.parked)
+                + (len(self.levels) if self.levels is not None else 0)
                 - queue.skipped_between(self.next, queue.next_offset))

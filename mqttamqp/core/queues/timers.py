@@ -88,9 +88,16 @@ class QueueTimers(Membership):
         log = group.queue.log
         evicted = group.queue.evicted
         stale = [o for o in stale if o not in evicted]   # (pending ones never are)
-        for index, offset in enumerate(stale[: self.limits.queue_prefetch * len(idle)]):
+        turn = 0
+        for offset in stale[: self.limits.queue_prefetch * len(idle)]:
+            # (only to an idle member whose selector takes it, as any hand-out)
+            takers = [m for m in idle if m.selector is None
+                      or self._selects(m, m.selector, group, offset)]
+            if not takers:
+                continue
             self._withdraw(group, offset)
             # (straight to the idle member: the stale one must not get it back)
-            self._deliver(group, idle[index % len(idle)], offset, log[offset], ops)
+            self._deliver(group, takers[turn % len(takers)], offset, log[offset], ops)
+            turn += 1
         if stale:
             ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))

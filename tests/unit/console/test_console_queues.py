@@ -158,8 +158,25 @@ def test_purge_retention_and_delete_are_audited_and_stored(env: Any, audit: Any)
                              headers)
     assert reply.code == 200, reply.text
     assert reply.json()["retention"] == {"max_age": 3600.0, "max_bytes": None,
-                                         "max_messages": 2}
+                                         "max_messages": 2, "max_priority": None}
     assert PutQueue("jobs", (3600.0, None, 2)) in store.submitted
+    # priority levels: set, kept by a call that does not name them, refused past 255
+    levels = client.post_json("/api/queues/retention", {"name": "jobs", "max_messages": "2",
+                                                        "max_age": "3600",
+                                                        "max_priority": "9"}, headers)
+    assert levels.json()["retention"]["max_priority"] == 9
+    assert PutQueue("jobs", (3600.0, None, 2, 9)) in store.submitted
+    kept = client.post_json("/api/queues/retention", {"name": "jobs", "max_messages": "2",
+                                                      "max_age": "3600"}, headers)
+    assert kept.json()["retention"]["max_priority"] == 9
+    assert broker.queues.queues["jobs"].max_priority == 9
+    assert client.post_json("/api/queues/retention", {"name": "jobs", "max_priority": "256"},
+                            headers).code == 400
+    none = client.post_json("/api/queues/retention", {"name": "jobs", "max_messages": "2",
+                                                      "max_age": "3600",
+                                                      "max_priority": "0"}, headers)
+    assert none.json()["retention"]["max_priority"] is None
+    assert broker.queues.queues["jobs"].max_priority == 0
     assert client.get("/api/queues").json()["items"][0]["depth"] == 2
     for bad in ({"max_messages": "1.5"}, {"max_age": "-1"}, {"max_bytes": "lots"},
                 {"max_age": "nan"}):
