@@ -8,6 +8,8 @@ no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
 content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
 and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
+In tx mode (``tx``: ``transactions``) publishes and acknowledgements are held
+until ``tx.commit`` rather than carried out.
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
 ``connection.close``) in the connection; what each needs is ``permissions``'s

@@ -23,27 +23,24 @@ through the channel and its connection.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pamqp import commands
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from mqttamqp.amqp091.frames import Content
+from mqttamqp.amqp091.hosts import TxHost
 from mqttamqp.core.exchanges.errors import ACCESS_REFUSED, PRECONDITION_FAILED, ChannelError
 from mqttamqp.core.exchanges.topicspace import PublishRefused
 from mqttamqp.core.message import Message
 from mqttamqp.core.routing.settlement import Outcome
 from mqttamqp.core.transactions import Transaction, TransactionRefused
 
-if TYPE_CHECKING:
-    from mqttamqp.amqp091.channel import Channel
-    from mqttamqp.amqp091.consumers import QueueConsumer
-
 __all__ = ["TX_METHODS", "ChannelTransactions"]
 
 Tx = commands.Tx
-Taken = list[tuple[int, "QueueConsumer", int]]   # (delivery tag, consumer, packet id)
+Taken = list[tuple[int, Any, int]]   # (delivery tag, its QueueConsumer, packet id)
 
 
 class ChannelTransactions:
@@ -51,7 +48,7 @@ class ChannelTransactions:
 
     __slots__ = ("channel", "held", "tx")
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: TxHost) -> None:
         self.channel = channel
         self.held = 0                    # delivery tags acked in the open transaction
         self.tx = self._open()
@@ -164,7 +161,7 @@ class ChannelTransactions:
         return tx.publishes, tx.settles, tx.size
 
 
-def tx_select(channel: Channel, m: Any) -> None:
+def tx_select(channel: TxHost, m: Any) -> None:
     if channel.confirming:
         raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
     if channel.tx is None:
@@ -172,17 +169,18 @@ def tx_select(channel: Channel, m: Any) -> None:
     channel.answer(Tx.SelectOk(), None)
 
 
-def _transactional(channel: Channel) -> ChannelTransactions:
-    if channel.tx is None:
+def _transactional(channel: TxHost) -> ChannelTransactions:
+    tx: ChannelTransactions | None = channel.tx
+    if tx is None:
         raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
-    return channel.tx
+    return tx
 
 
-def tx_commit(channel: Channel, m: Any) -> None:
+def tx_commit(channel: TxHost, m: Any) -> None:
     _transactional(channel).commit()
 
 
-def tx_rollback(channel: Channel, m: Any) -> None:
+def tx_rollback(channel: TxHost, m: Any) -> None:
     _transactional(channel).rollback()
 
 
