@@ -5,9 +5,10 @@ A pika channel in tx mode takes ``M`` persistent messages from a durable queue
 broker process is killed with SIGKILL at one stage of it: after ``tx.select``,
 with the work done but not committed, with ``tx.commit`` sent but not answered
 (at once, and once another connection sees its publishes routed: the commit is
-running, its store commit maybe not done), and after commit-ok.  After a restart on the same data directory the outcome is
-the whole transaction or none of it: ``N`` published and the ``M`` gone, or no
-publish and the ``M`` back; after commit-ok, always the whole.
+running, its store commit maybe not done), and after commit-ok.  After a restart
+on the same data directory the outcome is the whole transaction or none of it:
+``N`` published and the ``M`` gone, or no publish and the ``M`` back; after
+commit-ok, always the whole.
 """
 
 from __future__ import annotations
