@@ -346,3 +346,26 @@ def test_work_over_max_transaction_bytes_is_a_channel_error(amqp091: Target,
     ch.basic_publish("", queue, b"small")
     ch.tx_commit()
     assert get_all(watcher.channel(), queue) == [b"small"]
+
+
+def test_a_queue_refusing_at_commit_is_406(connect: Connect) -> None:
+    """A queue that refuses a committed publish (x-overflow reject-publish) fails
+    the commit: 406 on the channel, the rest of the commit applied (RabbitMQ:
+    "partial tx completion")."""
+    conn, watcher = connect(), connect()
+    ch = conn.channel()
+    queue = ch.queue_declare(uname("tx-full"), arguments={
+        "x-max-length": 1, "x-overflow": "reject-publish"}).method.queue
+    ch.tx_select()
+    ch.basic_publish("", queue, b"fits")
+    ch.basic_publish("", queue, b"refused")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.tx_commit()
+    assert closed.value.reply_code == 406
+    assert get_all(watcher.channel(), queue) == [b"fits"]
+    assert conn.is_open
+
+
+def test_the_broker_logged_no_traceback(amqp091: Target) -> None:
+    """After the tests above, the broker's log has no traceback or critical line."""
+    assert amqp091.bad_log_lines() == []
