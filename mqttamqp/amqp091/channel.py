@@ -384,18 +384,18 @@ class Channel:
             tags = [tag]
         else:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        taken = [(t, *self.unacked.pop(t)) for t in tags]
-        if held and self.tx is not None:
-            self.tx.settle(taken, outcome, failed)    # (applied at tx.commit)
+        unacked = self.unacked
+        if held and self.tx is not None:   # (applied at tx.commit)
+            self.tx.settle([(t, unacked.pop(t)) for t in tags], outcome, failed)
         else:
-            self.settle_taken(taken, outcome, failed)
+            self.settle_taken([unacked.pop(t) for t in tags], outcome, failed)
 
-    def settle_taken(self, taken: list[tuple[int, QueueConsumer, int]], outcome: Outcome,
+    def settle_taken(self, taken: list[tuple[QueueConsumer, int]], outcome: Outcome,
                      failed: bool) -> None:
         """Settle deliveries taken off ``unacked`` with the core."""
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
-        for _, member, packet_id in taken:
+        for member, packet_id in taken:
             member.settled()
             woken.add(member)
             session = member.session

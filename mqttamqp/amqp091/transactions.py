@@ -40,7 +40,8 @@ from mqttamqp.core.transactions import Transaction, TransactionRefused
 __all__ = ["TX_METHODS", "ChannelTransactions"]
 
 Tx = commands.Tx
-Taken = list[tuple[int, Any, int]]   # (delivery tag, its QueueConsumer, packet id)
+# (delivery tag, (its QueueConsumer, packet id)): what the ack took off ``unacked``
+Taken = list[tuple[int, tuple[Any, int]]]
 
 
 class ChannelTransactions:
@@ -101,7 +102,7 @@ class ChannelTransactions:
 
     def _settle(self, taken: Taken, outcome: Outcome, failed: bool) -> None:
         self.held -= len(taken)
-        self.channel.settle_taken(taken, outcome, failed)
+        self.channel.settle_taken([entry for _, entry in taken], outcome, failed)
 
     def _undo(self, taken: Taken) -> None:
         self.held -= len(taken)
@@ -114,8 +115,7 @@ class ChannelTransactions:
         if channel.closing:
             return
         unacked = channel.unacked
-        for tag, member, packet_id in taken:
-            unacked[tag] = (member, packet_id)
+        unacked.update(taken)
         ordered = sorted(unacked.items())
         unacked.clear()
         unacked.update(ordered)
