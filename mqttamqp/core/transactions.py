@@ -247,6 +247,12 @@ class Transactions:
         """Transactions open now, all owners."""
         return sum(len(mine) for mine in self._open.values())
 
+    def counts(self) -> dict[str, int]:
+        """The counters, for the console and metrics."""
+        return {"open": self.open_count, "declared": self.opened,
+                "committed": self.committed, "rolled_back": self.rolled_back,
+                "refused": self.refused, "failed": self.failed}
+
     def open(self, owner: object) -> Transaction:
         """A new transaction of ``owner``; ``TransactionRefused`` over
         --max-transactions-per-connection."""
