@@ -276,3 +276,21 @@ def test_console_shows_tx_mode_and_pending_work() -> None:
     assert (first.transactional, first.tx_publishes, first.tx_acks) == (True, 1, 0)
     assert first.tx_bytes == 3 + 64
     assert (second.transactional, second.tx_publishes) == (False, 0)
+
+
+def test_a_commit_the_store_fails_closes_the_connection_with_541() -> None:
+    """A transaction's commit that is not stored is never answered commit-ok: the
+    connection is closed with 541 (as a failed declaration's)."""
+    store = HeldStore()
+    conn, t, broker = opened(store)
+    conn.dataReceived(method_frame(1, T.Select()))
+    publish(conn, b"a")
+    frames_of(t)
+    store.held = True
+    conn.dataReceived(method_frame(1, T.Commit()))
+    waiting, store.waiting = store.waiting, []
+    for d in waiting:
+        d.errback(RuntimeError("disk full"))
+    got_frames = frames_of(t)
+    assert [(f.name, f.reply_code) for f in got_frames] == [("Connection.Close", 541)]
+    assert broker.transactions.failed == 1
