@@ -1,6 +1,7 @@
 """The ``tx`` class from the other Python clients (issue 30): aio-pika's
 ``channel.transaction()`` and py-amqp's ``tx_select``/``tx_commit``/``tx_rollback``
-(kombu's transport; kombu and Celery themselves never select tx).  Each test ran
+(kombu's transport; kombu and Celery themselves never select tx); and a pika
+transaction's publishes through ``amq.topic`` reaching MQTT subscribers at commit.  Each test ran
 against RabbitMQ 3.10 first (tests/support/amqp091_target.py); every wait is bounded.
 """
 
@@ -12,8 +13,10 @@ from urllib.parse import urlsplit
 
 import aio_pika
 import amqp
+import pika
 import pytest
 from amqp091_target import TIMEOUT, Target, target, uname
+from pahoclient import PahoClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,3 +97,31 @@ def test_py_amqp_tx_acks_and_publishes(amqp091: Target) -> None:
         ch.queue_delete(sink)
     finally:
         conn.close()
+
+
+def test_tx_publishes_reach_mqtt_subscribers_at_commit(amqp091: Target) -> None:
+    """Publishes to amq.topic in a transaction reach an MQTT subscriber at commit:
+    a marker published outside the transaction afterwards arrives first."""
+    amqp091.require("mqtt")
+    assert amqp091.mqtt_port is not None
+    level = uname("txm")
+    sub = PahoClient(amqp091.mqtt_port, uname("txsub")[:23])
+    conn = pika.BlockingConnection(pika.URLParameters(amqp091.url))
+    try:
+        assert sub.subscribe((f"{level}/#", 1)) == [1]
+        tx, plain = conn.channel(), conn.channel()
+        tx.tx_select()
+        tx.basic_publish("amq.topic", f"{level}.held", b"in-tx",
+                         pika.BasicProperties(delivery_mode=2))
+        tx.queue_declare(uname("txm-sync"), exclusive=True)   # (the publish arrived)
+        plain.confirm_delivery()
+        plain.basic_publish("amq.topic", f"{level}.marker", b"marker")
+        first = sub.get()
+        assert (first.topic, first.payload) == (f"{level}/marker", b"marker")
+        tx.tx_commit()
+        second = sub.get()
+        assert (second.topic, second.payload, second.qos) == (f"{level}/held", b"in-tx", 1)
+    finally:
+        sub.stop()
+        if conn.is_open:
+            conn.close()
