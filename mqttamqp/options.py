@@ -300,6 +300,8 @@ def limits_from(options: Any) -> Limits:
         amqp_max_links_total=options["amqp-max-links-total"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
         amqp_max_selector_length=options["amqp-max-selector-length"],
+        max_transactions_per_connection=options["max-transactions-per-connection"],
+        max_transaction_bytes=options["max-transaction-bytes"],
         share_strategy=options["share-strategy"],
         shared_subscriptions=not options["no-shared-subscriptions"],
         wildcard_subscriptions=not options["no-wildcard-subscriptions"],

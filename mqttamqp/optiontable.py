@@ -355,6 +355,16 @@ PARAMETERS: list[list[Any]] = [
      "attach with, in characters; a longer one refuses that link "
      "(amqp:invalid-field) and the connection stays.",
      _positive(int, "amqp-max-selector-length")],
+    ["max-transactions-per-connection", None, _D.max_transactions_per_connection,
+     "Most local transactions (AMQP 1.0 coordinator, AMQP 0.9.1 tx) open at a time "
+     "on one connection; another declare is refused (AMQP 1.0: "
+     "amqp:resource-limit-exceeded) and the connection stays. 0 = no bound.",
+     _positive(int, "max-transactions-per-connection")],
+    ["max-transaction-bytes", None, _D.max_transaction_bytes,
+     "Most bytes of work one transaction holds until its commit (message sizes, 64 "
+     "bytes per acknowledgement); beyond, the work is refused and the transaction "
+     "can only roll back. 0 = no bound.",
+     _positive(int, "max-transaction-bytes")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
      "channel_max, 1 to 65535); a channel over it closes the connection with 504.",

@@ -34,6 +34,7 @@ from mqttamqp.amqp.services import (
     WillServiceLink,
 )
 from mqttamqp.amqp.subscribers import SessionOutlet, TopicSubscription
+from mqttamqp.amqp.transactions import LOCAL_TRANSACTIONS, Coordinator
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer, is_queue_topic
 from mqttamqp.core.ratelog import LogLimiter
@@ -122,10 +123,13 @@ def attach(host: AttachHost, plink: Any) -> None:
     if refused:
         return
     dynamic = plink.is_sender and remote.dynamic
-    if dynamic:
+    coordinator = not plink.is_sender and remote.type == Terminus.COORDINATOR
+    if coordinator:
+        make: Callable[[], BrokerLink] | None = partial(Coordinator, host, plink, "")
+    elif dynamic:
         # A node of its own for this receiver (request/response: its reply-to).
         address = DYNAMIC_PREFIX + uuid.uuid4().hex
-        make: Callable[[], BrokerLink] | None = partial(
+        make = partial(
             TopicSubscription, host, plink, address, reserved=True, selector=selector)
     elif plink.is_sender:
         where = classify(address)
@@ -143,6 +147,8 @@ def attach(host: AttachHost, plink: Any) -> None:
     plink.rcv_settle_mode = plink.remote_rcv_settle_mode
     if not plink.is_sender:
         plink.max_message_size = host.limits.max_packet_size
+    if coordinator:
+        _set_capabilities(plink.target, [LOCAL_TRANSACTIONS])
     link = make()  # reads the settle modes fixed above
     if isinstance(link, (TopicSubscription, TopicPublisher)) and link.address:
         # What the node is: a topic or a queue (what JMS-style clients ask for with it).
@@ -167,7 +173,11 @@ def _unsupported(plink: Any, remote: Any) -> str | None:
     """Why the link asks for something this broker does not do, or None."""
     if not plink.is_sender:
         if remote.type == Terminus.COORDINATOR:
-            return "transactions are not supported"
+            asked = _capabilities(remote)
+            if asked and LOCAL_TRANSACTIONS not in asked:
+                return (f"transactions of kind {', '.join(sorted(asked))} are not "
+                        f"supported (only {LOCAL_TRANSACTIONS})")
+            return None
         if remote.dynamic:
             return "dynamic targets are not supported (a receiver may ask for a dynamic source)"
     return None
@@ -203,22 +213,26 @@ def _set_capabilities(terminus: Any, names: list[str]) -> None:
     capabilities.exit()
 
 
-def _offers_queue(terminus: Any) -> bool:
-    """The peer's terminus offers the ``queue`` capability (its address names a
-    durable queue)."""
+def _capabilities(terminus: Any) -> set[str]:
+    """The capabilities the peer's terminus names (empty if none or undecodable)."""
     data: Data = terminus.capabilities
     try:
         data.rewind()
         if data.next() is None:
-            return False
+            return set()
         value = data.get_object()
     except (UnicodeDecodeError, KeyError, TypeError):
-        return False
+        return set()
     names: Any = getattr(value, "elements", value)
     if isinstance(names, str):
-        return names == QUEUE_CAPABILITY
-    return isinstance(names, (list, tuple)) and any(
-        str(name) == QUEUE_CAPABILITY for name in names)
+        return {str(names)}
+    return {str(n) for n in names} if isinstance(names, (list, tuple)) else set()
+
+
+def _offers_queue(terminus: Any) -> bool:
+    """The peer's terminus offers the ``queue`` capability (its address names a
+    durable queue)."""
+    return QUEUE_CAPABILITY in _capabilities(terminus)
 
 
 def _queue_topic(host: AttachHost, terminus: Any, address: str) -> str | None:

@@ -28,14 +28,16 @@ from twisted.python.failure import Failure
 from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp.attach import RESOURCE_LIMIT, attach, refuse_link
 from mqttamqp.amqp.incoming import IncomingLink
-from mqttamqp.amqp.links import BrokerLink, ControlOutlet
+from mqttamqp.amqp.links import BrokerLink, ControlOutlet, OutgoingLink
 from mqttamqp.amqp.pump import ConnectionState, EnginePump
 from mqttamqp.amqp.services import SessionRequests, WillServiceLink
+from mqttamqp.amqp.transactions import hold_outcome
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 
 __all__ = ["SessionsAndLinks", "LinkRegisters", "refusal_margin", "transport_error_cause"]
@@ -78,6 +80,9 @@ class SessionsAndLinks(EnginePump):
         self.requests = SessionRequests(self)
         # The connection's publish budget (None: not limited), shared by its senders.
         self.publish_rate = self.broker.gate.publish_rate()
+        # Open AMQP transactions by txn-id (``transactions``); made when a
+        # coordinator attaches.
+        self.txns: dict[bytes, Transaction] | None = None
         self._peer_closed = False           # the peer sent close (a clean end unless error)
         self._lost_reason = ""
 
@@ -102,6 +107,9 @@ class SessionsAndLinks(EnginePump):
                 self._gone_out += link.delivered
             else:
                 self._gone_in += link.delivered
+
+    def transactional_outcome(self, link: OutgoingLink, dlv: Any) -> None:
+        hold_outcome(link, dlv)
 
     def send_control(self, client_id: str, data: bytes) -> bool:
         outlets = self.registers.control_outlets.get(client_id)

@@ -130,6 +130,8 @@ class IncomingLink(BrokerLink):
         if owed >= self._refill or owed >= self.window - self.outstanding:
             self.top_up()
 
+    answered = _answered   # (a transaction's answer, ``transactions``)
+
     def on_flow(self) -> None:
         """The peer's flow frame on this link (it may have used up credit in a
         drain): read the credit again."""

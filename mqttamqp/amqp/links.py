@@ -35,6 +35,7 @@ from mqttamqp.core.auth import Identity, PublishLimiter
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import (
     close_with,
     condition,
@@ -55,7 +56,7 @@ from mqttamqp.net.rawproton import (
 __all__ = [
     "LinkHost", "BrokerLink", "OutgoingLink", "ControlOutlet", "settle_mode_name",
     "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED", "DECODE_ERROR",
-    "INVALID_FIELD", "UNAUTHORIZED", "PRECONDITION_FAILED", "NOT_ALLOWED",
+    "INVALID_FIELD", "UNAUTHORIZED", "PRECONDITION_FAILED", "NOT_ALLOWED", "TRANSACTIONAL",
 ]
 
 ACCEPTED = Delivery.ACCEPTED
@@ -63,6 +64,9 @@ REJECTED = Delivery.REJECTED
 RELEASED = Delivery.RELEASED
 MODIFIED = Delivery.MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+# transactional-state (AMQP 1.0 part 4): a transfer or outcome under a transaction
+# (``transactions``)
+TRANSACTIONAL = 0x34
 
 DECODE_ERROR = "amqp:decode-error"
 INVALID_FIELD = "amqp:invalid-field"
@@ -93,8 +97,14 @@ class LinkHost(Protocol):
     publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
     meter: DeliveryMeter     # the core's counters, written the adapters' way
+    # The connection's open AMQP transactions by txn-id (``transactions``); None
+    # until a coordinator attaches (a transfer's state is not looked at before).
+    txns: dict[bytes, Transaction] | None
 
     def schedule_flush(self) -> None: ...
+
+    def transactional_outcome(self, link: OutgoingLink, dlv: Any) -> None:
+        """The peer's outcome on ``dlv`` is under a transaction (``transactions``)."""
 
     def after(self, fn: Callable[[], None]) -> None: ...
 
@@ -271,8 +281,12 @@ class OutgoingLink(BrokerLink):
     def on_delivery(self, dlv: Any) -> None:
         """A raw delivery of ours was updated by the peer (its outcome)."""
         state = delivery_remote_state(dlv)
-        if state not in _TERMINAL and not delivery_settled(dlv):
-            return  # non-terminal (e.g. Received): wait for the outcome
+        if state not in _TERMINAL:
+            if state == TRANSACTIONAL:
+                self.host.transactional_outcome(self, dlv)   # (applied at commit)
+                return
+            if not delivery_settled(dlv):
+                return  # non-terminal (e.g. Received): wait for the outcome
         failed = state == MODIFIED and bool(
             disposition_is_failed(delivery_remote(dlv)))
         reason = _rejected_reason(dlv) if state == REJECTED else None
@@ -285,6 +299,17 @@ class OutgoingLink(BrokerLink):
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         """The outcome of the delivery sent with ``key`` (``reason``: Rejected's
         error description, if it gave one)."""
+
+    def claim(self, dlv: Any) -> int | None:
+        """The key of ``dlv``, no longer awaited (a transaction holds its outcome)."""
+        awaiting = self._awaiting
+        return awaiting.pop(dlv, None) if awaiting else None
+
+    def unclaim(self, dlv: Any, key: int) -> None:
+        """``dlv`` awaits its outcome again (its transaction refused it)."""
+        if self._awaiting is None:
+            self._awaiting = {}
+        self._awaiting[dlv] = key
 
 
 def _rejected_reason(dlv: Any) -> str | None:

@@ -30,9 +30,11 @@ from mqttamqp.amqp.links import (
     NOT_ALLOWED,
     PRECONDITION_FAILED,
     REJECTED,
+    TRANSACTIONAL,
     UNAUTHORIZED,
     LinkHost,
 )
+from mqttamqp.amqp.transactions import hold_transfer
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
     NOT_QUEUED,
@@ -43,7 +45,7 @@ from mqttamqp.core.queues.addresses import (
 )
 from mqttamqp.core.routing.published import Published
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
-from mqttamqp.net.rawproton import delivery_settle, delivery_update
+from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle, delivery_update
 
 __all__ = ["TopicPublisher"]
 
@@ -116,6 +118,9 @@ class TopicPublisher(IncomingLink):
                          self.host.container_id or None, self.broker.clock.seconds(),
                          redelivered, head + data[cut:], payload is None, props, None,
                          priority)
+        if self.host.txns is not None and delivery_remote_state(dlv) == TRANSACTIONAL:
+            hold_transfer(self, dlv, routed, presettled)   # (routed at commit)
+            return
         if self.second and not presettled:
             self._hold(dlv, routed)
             return
@@ -227,6 +232,8 @@ class TopicPublisher(IncomingLink):
             self.block_until_queues_writable()
         if self._throttle is not None:
             self._throttle.charge(len(routed.payload))
+
+    routed = _routed   # (a transaction's publish at commit, ``transactions``)
 
     def _check_topic(self, dlv: Any, to: str | None) -> tuple[str, bool] | None:
         """The topic a message with ``to`` goes to, and whether it is a durable

@@ -8,6 +8,8 @@ no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
 content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
 and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
 fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
+In tx mode (``tx``: ``transactions``) publishes and acknowledgements are held
+until ``tx.commit`` rather than carried out.
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
 ``methods``); its ``ChannelError`` becomes ``channel.close`` (or
 ``connection.close``) in the connection; what each needs is ``permissions``'s
@@ -39,6 +41,7 @@ from mqttamqp.amqp091.permissions import (
     consumer_identity,
 )
 from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
+from mqttamqp.amqp091.transactions import TX_METHODS, ChannelTransactions
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_ALLOWED,
@@ -72,6 +75,7 @@ class Channel:
         self.prefetch = 0              # basic.qos global=false: for new consumers
         self.global_prefetch = 0       # basic.qos global=true: the channel's
         self.confirming = False
+        self.tx: ChannelTransactions | None = None   # tx.select: ``transactions``
         self.publish_seq = 0
         self.confirms: OrderedDict[int, bool | None] = OrderedDict()
         self._ack_due = 0              # the confirm ack not yet sent (``_confirmed``)
@@ -85,7 +89,7 @@ class Channel:
     # -- limits ----------------------------------------------------------------------
 
     def at_limit(self) -> bool:
-        held = len(self.unacked)
+        held = len(self.unacked) + (self.tx.held if self.tx is not None else 0)
         limit = self.global_prefetch
         return (limit and held >= limit) or held >= self.connection.max_unacked
 
@@ -93,11 +97,9 @@ class Channel:
 
     def handle(self, method: Any) -> None:
         name = method.name
-        handler = _HANDLERS.get(name) or MODEL_METHODS.get(name)
+        handler = _HANDLERS.get(name) or MODEL_METHODS.get(name) or TX_METHODS.get(name)
         if handler is None:
-            raise ChannelError(NOT_IMPLEMENTED if name.startswith("Tx.") else 503,
-                               f"{name} is not supported" if name.startswith("Tx.")
-                               else f"{name} is not a method a client sends")
+            raise ChannelError(503, f"{name} is not a method a client sends")
         handler(self, method)
 
     def _send(self, method: Any) -> None:
@@ -261,10 +263,25 @@ class Channel:
                           connection.clock.seconds(), props=core_props,
                           amqp091=envelope(m.exchange, m.routing_key, content.raw_properties),
                           priority=props.priority)
+        if self.tx is not None:
+            self.tx.publish(message, content)    # (routed at tx.commit)
+            return
         seq = 0
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
             self.confirms[seq] = None
+        durable = self.route(message, content)
+        if seq:
+            if durable is None:
+                self._confirmed(None, seq, True)
+            else:
+                durable.addCallbacks(self._confirmed, self._confirm_failed,
+                                     callbackArgs=(seq, True), errbackArgs=(seq,))
+
+    def route(self, message: Message, content: Content) -> Deferred[None] | None:
+        """Route a publish now (a ``mandatory`` one no queue took comes back): the
+        Deferred of its durable copies."""
+        m, props, connection = content.method, content.properties, self.connection
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity)
@@ -278,12 +295,7 @@ class Channel:
                                                           m.routing_key),
                                     content.raw_properties or props.marshal(),
                                     content.body)
-        if seq:
-            if durable is None:
-                self._confirmed(None, seq, True)
-            else:
-                durable.addCallbacks(self._confirmed, self._confirm_failed,
-                                     callbackArgs=(seq, True), errbackArgs=(seq,))
+        return durable
 
     def _confirm_failed(self, failure: Failure, seq: int) -> None:
         self._confirmed(None, seq, False)
@@ -323,6 +335,8 @@ class Channel:
             self._send(B.Ack(acked, multiple=True))
 
     def confirm_select(self, m: Any) -> None:
+        if self.tx is not None:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirming = True
         if not m.nowait:
             self._send(C.SelectOk())
@@ -363,17 +377,26 @@ class Channel:
         connection.messages_out += 1
         connection.meter.delivered_amqp091(message.timestamp)
 
-    def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool) -> None:
+    def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool,
+                held: bool = True) -> None:
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         elif tag in self.unacked:
             tags = [tag]
         else:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        unacked = self.unacked
+        if held and self.tx is not None:   # (applied at tx.commit)
+            self.tx.settle([(t, unacked.pop(t)) for t in tags], outcome, failed)
+        else:
+            self.settle_taken([unacked.pop(t) for t in tags], outcome, failed)
+
+    def settle_taken(self, taken: list[tuple[QueueConsumer, int]], outcome: Outcome,
+                     failed: bool) -> None:
+        """Settle deliveries taken off ``unacked`` with the core."""
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
-        for t in tags:
-            member, packet_id = self.unacked.pop(t)
+        for member, packet_id in taken:
             member.settled()
             woken.add(member)
             session = member.session
@@ -400,7 +423,7 @@ class Channel:
 
     def basic_recover(self, m: Any) -> None:
         if self.unacked:
-            self._settle(0, True, Outcome.RELEASED, False)
+            self._settle(0, True, Outcome.RELEASED, False, held=False)
         if isinstance(m, B.Recover):
             self._send(B.RecoverOk())
 
@@ -420,6 +443,8 @@ class Channel:
         consumers leave their groups; what they held unacknowledged the queue
         gives to others (redelivered)."""
         self.closing = True    # (a commit firing later answers nothing on it)
+        if self.tx is not None:
+            self.tx.end()      # (an open transaction rolls back)
         for member in list(self.consumers.values()):
             self._cancel(member)
         if self.getter is not None:

@@ -363,6 +363,11 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.send_method(channel.number, commands.Channel.Close(
             exc.code, short(exc.text), index >> 16, index & 0xFFFF))
 
+    def close_channel(self, channel: Channel, exc: ChannelError) -> None:
+        """Close ``channel`` with ``exc`` outside its methods (a failed tx.commit)."""
+        if self.channels.get(channel.number) is channel:
+            self._channel_error(channel, exc, None)
+
     def _end_channel(self, channel: Channel) -> None:
         self.channels.pop(channel.number, None)
         self._assemblers.pop(channel.number, None)

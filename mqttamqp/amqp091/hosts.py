@@ -1,13 +1,14 @@
 """What the parts of a 0.9.1 connection need of each other, as protocols, so
 that they import downwards only: a channel of its connection (``ChannelHost``),
 a consumer of its channel (``ConsumerHost``), the model's methods of their
-channel (``MethodHost``).
+channel (``MethodHost``), a channel's transactions of it (``TxHost``).
 
 What it must not do: hold behaviour; it declares.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
@@ -19,7 +20,7 @@ from mqttamqp.core.clock import Clock
 from mqttamqp.core.exchanges.exchanges import Exchanges
 from mqttamqp.core.message import Message
 
-__all__ = ["ChannelHost", "ConsumerHost", "MethodHost"]
+__all__ = ["ChannelHost", "ConsumerHost", "MethodHost", "TxHost"]
 
 
 class ChannelHost(Protocol):
@@ -49,6 +50,8 @@ class ChannelHost(Protocol):
     def assembler(self, channel: Any) -> Any: ...
 
     def fail(self, code: int, text: str) -> None: ...
+
+    def close_channel(self, channel: Any, exc: Any) -> None: ...
 
     def call_soon(self, fn: Any) -> None: ...
 
@@ -81,3 +84,23 @@ class MethodHost(Protocol):
     def exchanges(self) -> Exchanges: ...
 
     def answer(self, method: Any, durable: Deferred[None] | None) -> None: ...
+
+
+class TxHost(Protocol):
+    """What a channel's transactions (``transactions``) need from it."""
+
+    connection: ChannelHost
+    number: int
+    closing: bool
+    confirming: bool
+    unacked: OrderedDict[int, tuple[Any, int]]
+    tx: Any
+
+    @property
+    def exchanges(self) -> Exchanges: ...
+
+    def answer(self, method: Any, durable: Deferred[None] | None) -> None: ...
+
+    def route(self, message: Message, content: Any) -> Deferred[None] | None: ...
+
+    def settle_taken(self, taken: Any, outcome: Any, failed: bool) -> None: ...

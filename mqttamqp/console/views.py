@@ -425,6 +425,8 @@ def overview(context: ConsoleContext, model: ReadModel, now: float, rates: dict[
         "queues": {"state": "blocked" if c.queues_blocked else "ok",
                    "blocked": c.queues_blocked, "stored_bytes": c.queue_bytes,
                    "memory_bytes": c.queue_memory_bytes},
+        # Local transactions (AMQP 1.0 coordinator, AMQP 0.9.1 tx).
+        "transactions": context.broker.transactions.counts(),
     }
     out["ha"] = context.ha() if context.ha is not None else None
     if include_storage:

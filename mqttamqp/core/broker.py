@@ -19,6 +19,8 @@ needs; it holds no rules of its own:
 * ``queues.manager.QueueManager`` (``Broker.queues``): the durable queues;
 * ``exchanges.exchanges.Exchanges`` (``Broker.exchanges``): AMQP 0.9.1's exchanges,
   bindings and declared queues over the queue manager;
+* ``transactions.Transactions`` (``Broker.transactions``): local transactions,
+  AMQP 1.0's and 0.9.1's, held until commit;
 * ``sessions.flow.FlowControl``: paused publishers and the stall rule;
 * ``systopics.SysTopics`` (``Broker.sys_topics``): ``$SYS``;
 * ``readmodel.ReadModel`` (``Broker.view``): frozen views for the console;
@@ -78,6 +80,7 @@ from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
 from mqttamqp.core.systopics import SysTopics
 from mqttamqp.core.topics import SubscriptionTrie
+from mqttamqp.core.transactions import Transactions
 
 __all__ = ["Broker", "Opened", "Outcome", "Published", "SUBSCRIBE_FAILURE"]
 
@@ -141,6 +144,12 @@ class Broker:
                                         self.recorder, self.client_debug)
         self.gateway = GatewaySessions(commits, registry, router,
                                        self.commands.clear_session)
+        # Local transactions (AMQP 1.0's coordinator, 0.9.1's tx): held work run in
+        # one batch at commit; the queues' acknowledgements stored inside it.
+        self.transactions = Transactions(commits, log_limit,
+                                         limits.max_transactions_per_connection,
+                                         limits.max_transaction_bytes,
+                                         flushes=(self.queues.store_done_now,))
         self.view = ReadModel(registry, wills.wills, router, stats, self.recorder,
                               guards.bans, self.topic_stats, queues=self.queues)
         self._loops: list[LoopingCall] = []

@@ -43,6 +43,11 @@ class Limits:
     # Characters of an AMQP receiver's selector (parsed once per attach); a longer
     # one refuses that link.
     amqp_max_selector_length: int = 4096
+    # Local transactions (AMQP 1.0 coordinator, AMQP 0.9.1 tx): open at a time on
+    # one connection (more are refused), and bytes of work one holds until commit
+    # (message sizes, 64 per action; beyond, it can only roll back).  0 = no bound.
+    max_transactions_per_connection: int = 16
+    max_transaction_bytes: int = 16 << 20
     max_subscriptions: int = 10_000           # filters per session (MQTT or AMQP)
     max_retained_messages: int = 100_000      # retained messages in all ($SYS not counted)
     max_retained_bytes: int = 128 << 20       # their payload bytes in all

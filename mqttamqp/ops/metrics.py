@@ -223,6 +223,16 @@ def snapshot(broker: Broker) -> list[Family]:
                    stats.deliver_latency, "seconds"),
     ]
     families.extend(_queue_families(broker))
+    tx = broker.transactions.counts()
+    families.append(_one("mqttamqp_transactions_open", GAUGE, "Local transactions (AMQP "
+                         "1.0 coordinator, AMQP 0.9.1 tx) open now.", tx["open"]))
+    families.append(Family(
+        "mqttamqp_transactions", COUNTER, "Local transactions declared, committed, rolled "
+        "back (asked, or their link, channel or connection ended), failed (could only "
+        "roll back, or not stored), and work refused over a bound "
+        "(--max-transactions-per-connection, --max-transaction-bytes).", "", "event",
+        tuple((k, float(tx[k])) for k in ("committed", "declared", "failed", "refused",
+                                           "rolled_back"))))
     archive = c.archive
     for key, doc in (("records", "Records archived."), ("dropped", "Archive records "
                      "dropped (the writer fell behind)."), ("errors", "Archive write errors.")):

@@ -60,6 +60,10 @@ class Amqp091ChannelInfo:
     confirming: bool           # confirm.select
     unconfirmed: int           # publishes not yet confirmed
     flow_active: bool          # channel.flow
+    transactional: bool = False    # tx.select
+    tx_publishes: int = 0      # the open transaction's publishes (routed at commit)
+    tx_acks: int = 0           # its acknowledgements (basic.ack/nack/reject)
+    tx_bytes: int = 0          # the work it holds (--max-transaction-bytes)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,11 @@ The layers below own one concern each: ``QueueLogs`` (the logs and their
 commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
 ``QueueTimers`` and ``QueueAdmin``."""
 
+    def store_done_now(self) -> None:
+        """Hand what was finished to the store now, not at the end of the batch (a
+        transaction's commit: its acknowledgements go in its own submission)."""
+        self._flush_done()
+
     def address(self, topic: str) -> QueueAddress | str | None:
         """What a publish to ``topic`` is to the queues, parsed once per topic (the
         parse is cached): its address, why it is refused (a str), or None when it is

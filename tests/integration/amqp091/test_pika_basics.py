@@ -154,15 +154,6 @@ def test_user_id_must_be_the_user(pika_conn: Connect) -> None:
     assert info.value.reply_code == 406
 
 
-def test_tx_is_540(pika_conn: Connect) -> None:
-    """tx.select is not implemented: the connection is closed with 540."""
-    conn = pika_conn()
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        ch.tx_select()
-    assert info.value.reply_code == 540
-
-
 def test_other_vhost_is_530(pika_conn: Connect) -> None:
     """A virtual host other than / is refused with 530."""
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:

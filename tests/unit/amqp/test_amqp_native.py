@@ -338,14 +338,16 @@ def test_open_and_attach_offer_what_is_supported() -> None:
     assert _symbols(snd.remote_target.capabilities) == ["topic"]
 
 
-def test_transactions_and_selectors_are_refused_at_the_link() -> None:
-    """A transaction coordinator and a source filter: that link refused with
-    amqp:not-implemented and a description; the connection and its links carry on."""
+def test_distributed_transactions_and_selectors_are_refused_at_the_link() -> None:
+    """A coordinator for distributed transactions only and a source filter: that link
+    refused with amqp:not-implemented and a description; the connection and its
+    links carry on."""
     net = Net()
     app = net.amqp()
     rcv = app.receiver("tx/t")
     coordinator = app.session.sender("txn")
     coordinator.target.type = Terminus.COORDINATOR
+    coordinator.target.capabilities.put_symbol(symbol("amqp:distributed-transactions"))
     coordinator.open()
     net.pump()
     assert coordinator.remote_condition.name == "amqp:not-implemented"
