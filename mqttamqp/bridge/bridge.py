@@ -20,7 +20,7 @@ no-local, so what ``in`` publishes is not sent back out by a ``both`` rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
@@ -128,6 +128,7 @@ class Bridge:
         self.received = 0
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
+        self.held = 0                         # times the remote was not read (storage alarm)
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
@@ -264,6 +265,7 @@ class Bridge:
         if self._client is not client:
             return
         self._client = None
+        self.broker.forget_paused(id(self))
         session = self.session
         if session is not None:
             self.session = None
@@ -316,6 +318,8 @@ class Bridge:
                           props=message_properties(packet.properties))
         result = self.broker.publish(message, self.identity, wait=packet.qos > 0)
         if packet.qos == 0 or packet.packet_id is None:
+            if result.blocked or result.congested:
+                self._hold_remote(client, result.blocked, result.congested)
             return
         if result.refusal is not None:
             # A durable queue here refused it (full, too many queues): nothing is
@@ -330,6 +334,8 @@ class Bridge:
                               r=result.refusal.reason, h=f" ({held} not logged)" if held else "")
             client.drop(f"refused here: {result.refusal.reason}")
             return
+        if result.blocked or result.congested:
+            self._hold_remote(client, result.blocked, result.congested)
         ack: Puback | Pubrec = (Puback(packet.packet_id) if packet.qos == 1
                                 else Pubrec(packet.packet_id))
         if result.durable is None:
@@ -338,6 +344,32 @@ class Bridge:
             result.durable.addCallbacks(lambda _: client.send(ack),
                                         lambda f: client.drop("storing a message from the "
                                                               "remote failed"))
+
+    def _hold_remote(self, client: BridgeClient, blocked: bool,
+                     congested: Sequence[Any]) -> None:
+        """Stop reading the remote, as a client's socket here is not read: while the
+        durable queues' storage alarm holds (``blocked``: this message was stored,
+        what follows waits unacknowledged in the remote's keeping), or while
+        subscribers here it fed are behind (``congested``)."""
+        broker = self.broker
+        if blocked:
+            if "alarm" not in client.paused_for:
+                self.held += 1
+                self.log.info("bridge {n}: not reading the remote while the durable "
+                              "queues are blocked", n=self.settings.name)
+            client.pause_reading("alarm")
+            broker.when_queues_writable(id(self), lambda: self._read_again(client, "alarm"))
+        if congested:
+            client.pause_reading("congestion")
+            broker.pause_until_drained(id(self),
+                                       lambda: self._read_again(client, "congestion"),
+                                       congested)
+
+    def _read_again(self, client: BridgeClient, why: str) -> None:
+        if self._client is client:
+            if why == "alarm" and why in client.paused_for:
+                self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
+            client.resume_reading(why)
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
         client.send(Pubcomp(packet_id))

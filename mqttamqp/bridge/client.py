@@ -106,6 +106,9 @@ class BridgeClient(TwistedProtocol):
         self.decoder = Decoder(max_packet_size, level)   # (--max-packet-size)
         self.accepted = False
         self.paused = False        # the transport's buffer is full (push producer)
+        # Why the remote is not read now ("alarm": the durable queues' storage
+        # alarm, "congestion": subscribers here behind); empty: it is read.
+        self.paused_for: set[str] = set()
         self.reason = "connection lost"
         self._last_heard = 0.0
         self._timer: Any = None
@@ -122,11 +125,36 @@ class BridgeClient(TwistedProtocol):
     def dataReceived(self, data: bytes) -> None:
         self._last_heard = self.clock.seconds()
         self.decoder.feed(data)
+        self._read()
+
+    def _read(self) -> None:
+        """Handle the packets received, until reading is paused (the rest wait in
+        the decoder, unacknowledged, until ``resume_reading``)."""
+        decoder = self.decoder
         try:
-            for packet in self.decoder:
+            while not self.paused_for:
+                packet = decoder.next_packet()
+                if packet is None:
+                    return
                 self._handle(packet)
         except MalformedPacket as e:
             self.drop(f"malformed packet from the remote: {e}")
+
+    def pause_reading(self, why: str) -> None:
+        """Stop reading the remote (``why``: until ``resume_reading(why)``): what it
+        sends waits in its socket, unacknowledged, so it keeps it."""
+        if not self.paused_for and self.transport is not None:
+            self.transport.pauseProducing()
+        self.paused_for.add(why)
+
+    def resume_reading(self, why: str) -> None:
+        if why not in self.paused_for:
+            return
+        self.paused_for.discard(why)
+        if not self.paused_for and self.transport is not None:
+            self._last_heard = self.clock.seconds()   # (its silence was ours)
+            self.transport.resumeProducing()
+            self._read()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         if (self.reason == "connection lost" and reason is not None
@@ -194,7 +222,9 @@ class BridgeClient(TwistedProtocol):
     def _ping(self) -> None:
         keepalive = self.connect_packet.keepalive
         self._timer = None
-        if self.clock.seconds() - self._last_heard > keepalive * 1.5:
+        if self.paused_for:   # (not read: its PINGRESP waits in the socket)
+            self._last_heard = self.clock.seconds()
+        elif self.clock.seconds() - self._last_heard > keepalive * 1.5:
             self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")
             return
         self.transport.write(encode(Pingreq(), self.level))
