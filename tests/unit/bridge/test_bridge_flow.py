@@ -4,8 +4,8 @@ and what it sent after is not acknowledged; it is read again once the alarm clea
 
 from __future__ import annotations
 
+from bridge_remote import TABLE, Remote, accept
 from core_broker import make_broker
-from test_bridge_client import TABLE, Remote, _accept
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.config import BridgeSettings
@@ -22,7 +22,7 @@ def test_storage_alarm_stops_reading_the_remote_until_it_clears() -> None:
     bridge = Bridge(broker, clock, BridgeSettings.from_table(
         {**TABLE, "topics": ["$queue/jobs/# in 1"]}), remote)
     bridge.start()
-    _accept(remote)
+    accept(remote)
     (sub,) = remote.packets()
     assert isinstance(sub, Subscribe)
     remote.send(Suback(sub.packet_id, (1,)))
