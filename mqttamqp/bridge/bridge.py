@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.bridge.client import BRIDGE_FLAG, LEVEL, Backoff, BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
+from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
@@ -36,7 +37,6 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
-from mqttamqp.mqtt.codec import encode_properties
 from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
@@ -45,9 +45,8 @@ from mqttamqp.mqtt.packets import (
     Pubcomp,
     Publish,
     Pubrec,
-    Pubrel,
 )
-from mqttamqp.mqtt.v5 import message_properties, publish_properties
+from mqttamqp.mqtt.v5 import message_properties
 
 __all__ = ["Bridge", "BridgeLink", "Connector"]
 
@@ -58,46 +57,6 @@ Connector = Callable[[BridgeClient], "Deferred[Any]"]
 
 def _map(topic: str, from_prefix: str, to_prefix: str) -> str:
     return to_prefix + topic[len(from_prefix):] if topic.startswith(from_prefix) else topic
-
-
-class BridgeLink:
-    """The out session's ``ClientLink``: its deliveries written to the remote."""
-
-    __slots__ = ("bridge", "client")
-
-    def __init__(self, bridge: Bridge) -> None:
-        self.bridge = bridge
-        self.client: BridgeClient | None = None
-
-    @property
-    def congested(self) -> bool:
-        client = self.client
-        return client is None or client.paused
-
-    @property
-    def backlog_bytes(self) -> int:
-        return 0
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        client = self.client
-        if client is None:
-            return   # (the session keeps it: resent on the next activation)
-        bridge = self.bridge
-        bridge.sent += 1
-        props = (encode_properties(publish_properties(message, bridge.clock.seconds(), None,
-                                                      ())) if bridge.v5 else None)
-        client.publish(bridge.remote_topic(message.topic), message.payload, qos,
-                       packet_id if qos else None, dup, retain, props)
-
-    def send_pubrel(self, packet_id: int) -> None:
-        if self.client is not None:
-            self.client.send(Pubrel(packet_id))
-
-    def close(self, reason: str) -> None:
-        """The broker takes the session away (the console, a takeover)."""
-        if self.client is not None:
-            self.client.drop(reason)
 
 
 class Bridge:
@@ -129,6 +88,12 @@ class Bridge:
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
         self.held = 0                         # times the remote was not read (storage alarm)
+        # out messages fitted to the remote's MQTT 5 limits (``link``)
+        self.too_large_count = 0              # not sent: above its maximum packet size
+        self.downgraded = 0                   # sent at its maximum QoS
+        self.unretained = 0                   # sent without retain (it has none)
+        self._settles: list[tuple[str, int]] = []   # (``settle_later``)
+        self._settle_call: Any = None
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
@@ -188,7 +153,9 @@ class Bridge:
             connect = Connect("MQTT", 5, s.remote_client_id, s.clean_session, s.keepalive,
                               None, s.username, password,
                               Properties(session_expiry_interval=0 if s.clean_session
-                                         else 0xFFFFFFFF))
+                                         else 0xFFFFFFFF,
+                                         # (the remote keeps what we could not take)
+                                         maximum_packet_size=self.broker.limits.max_packet_size))
         else:
             connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
                               s.remote_client_id, s.clean_session, s.keepalive, None,
@@ -233,33 +200,83 @@ class Bridge:
             return
         self.backoff.reset()
         self.connected_since = self.clock.seconds()
-        self._set_state("connected", f"session present: {connack.session_present}")
+        limits = RemoteLimits(connack.properties if self.v5 else None)
+        fitted = limits.describe()
+        self._set_state("connected", f"session present: {connack.session_present}"
+                        + (f"; the remote takes {fitted}" if fitted else ""))
         if self.in_rules:
             # MQTT 5: no-local on ``both`` rules, so the remote does not send back
             # what this bridge published there.
             options = (tuple(NO_LOCAL if r.outbound else 0 for r in self.in_rules)
                        if self.v5 else ())
-            client.subscribe(tuple((r.remote_filter, r.qos) for r in self.in_rules), options)
+            client.subscribe(tuple((r.remote_filter, min(r.qos, limits.max_qos))
+                                   for r in self.in_rules), options)
         if self.out_rules:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             self.session = opened.session   # (claimed: ended if the remote goes now)
             if not opened.session.subscriptions:   # (expired meanwhile: subscribe again)
                 self._subscribe_out(opened.session)
+            # MQTT 5: the remote's receive maximum bounds what is in flight (absent:
+            # 65,535), on each connection anew.
             props = connack.properties
-            if props is not None and props.receive_maximum:   # (MQTT 5)
-                opened.session.window = min(self.broker.limits.max_inflight,
-                                            props.receive_maximum)
+            receive_max = (props.receive_maximum if props is not None else None) or 65535
+            opened.session.window = min(self.broker.limits.max_inflight, receive_max)
             if opened.durable is None:
-                self._activate(None, client, opened.session)
+                self._activate(None, client, opened.session, limits)
             else:
-                opened.durable.addCallback(self._activate, client, opened.session)
+                opened.durable.addCallback(self._activate, client, opened.session, limits)
 
-    def _activate(self, _: object, client: BridgeClient, session: Session) -> None:
+    def _activate(self, _: object, client: BridgeClient, session: Session,
+                  limits: RemoteLimits) -> None:
         if self._client is not client or self.session is not session:
             return
-        self.link.client = client
+        self.link.attach(client, limits)
         self.broker.activate(session, self.link, PROTOCOL)
+
+    # -- out messages settled here (``link``: fitted to the remote's limits) -------
+
+    def too_large(self, message: Message, size: int, maximum: int,
+                  packet_id: int | None) -> None:
+        """A PUBLISH above the remote's maximum packet size: dropped, counted,
+        logged once a minute at most; its session entry settled as dropped."""
+        self.too_large_count += 1
+        held = self.refusals.allow("too-large")
+        if held is not None:
+            self.log.warn("bridge {n}: a message on {t} was dropped: {s} bytes, above the "
+                          "remote's maximum packet size {m}; {c} dropped so far{h}",
+                          n=self.settings.name, t=message.topic, s=size, m=maximum,
+                          c=self.too_large_count, h=f" ({held} not logged)" if held else "")
+        if packet_id is not None:
+            self.settle_later("dropped", packet_id)
+
+    def settle_later(self, kind: str, packet_id: int) -> None:
+        """Settle a session entry once the current delivery pass is over (the
+        session is pumping now): ``sent`` (sent at QoS 0 below its QoS), ``released``
+        (a QoS 2 entry's PUBREL, not sent), ``dropped``."""
+        self._settles.append((kind, packet_id))
+        if self._settle_call is None:
+            self._settle_call = self.clock.callLater(0, self._settle)
+
+    def _settle(self) -> None:
+        self._settle_call = None
+        settles, self._settles = self._settles, []
+        session = self.session
+        if session is None:
+            return   # (the entries stay in the session: sent again on the next connection)
+        broker = self.broker
+        for kind, packet_id in settles:
+            entry = session.inflight.get(packet_id)
+            if entry is None:
+                continue
+            if kind == "dropped":
+                broker.rejected(session, packet_id, "above the remote's maximum packet size")
+            elif kind == "released":
+                broker.completed(session, packet_id)
+            elif entry.qos == 1:
+                broker.acknowledged(session, packet_id)
+            else:
+                broker.received(session, packet_id)   # (its PUBREL: ``released``)
 
     def remote_lost(self, client: BridgeClient, reason: str) -> None:
         if self._client is not client:
@@ -269,7 +286,7 @@ class Bridge:
         session = self.session
         if session is not None:
             self.session = None
-            self.link.client = None
+            self.link.attach(None, RemoteLimits(None))
             self.broker.end_session(self.link, session, True, reason)
         self._lost(reason)
 
@@ -284,8 +301,13 @@ class Bridge:
                 self.log.warn("bridge {n}: the remote refused a message (PUBACK 0x{c:02x}); "
                               "{r} refused so far{h}", n=self.settings.name, c=reason_code,
                               r=self.refused, h=f" ({held} not logged)" if held else "")
-        if self.session is not None:
-            self.broker.acknowledged(self.session, packet_id)
+        session = self.session
+        if session is not None:
+            if packet_id in self.link.puback_is_pubrec:   # (a QoS 2 entry sent at QoS 1)
+                self.link.puback_is_pubrec.discard(packet_id)
+                self.broker.received(session, packet_id)
+            else:
+                self.broker.acknowledged(session, packet_id)
 
     def remote_pubrec(self, packet_id: int) -> None:
         if self.session is not None:

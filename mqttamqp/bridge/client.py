@@ -238,6 +238,10 @@ class BridgeClient(TwistedProtocol):
         self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup,
                                             packet_id, properties))
 
+    def write(self, data: bytes) -> None:
+        """A packet encoded already (a PUBLISH fitted to the remote's limits)."""
+        self.transport.write(data)
+
     def send(self, packet: Puback | Pubrec | Pubrel | Pubcomp | Disconnect) -> None:
         self.transport.write(encode(packet, self.level))
 
