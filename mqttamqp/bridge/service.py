@@ -2,8 +2,13 @@
 (``BrokerService._start_serving``: at the start, or under ``--ha`` at the takeover,
 never on a standby), stopped with the service.
 
-What it owns: building each ``Bridge`` with a TCP connector on the reactor.  What it
-must not do: anything of a bridge itself (``bridge``).
+What it owns: building each ``Bridge`` with a TCP connector on the reactor, and at
+the start ending the sessions ``$bridge/<name>`` of bridges no longer configured
+(``end_removed``): a removed bridge's backlog would otherwise keep queuing, bounded
+but for nobody, until ``--session-expiry`` if ever.  As Mosquitto drops what it held
+for a bridge removed from its configuration, the session is cleared (subscriptions,
+queue, in flight), with one log line naming each and what it held.  What it must not
+do: anything of a bridge itself (``bridge``).
 """
 
 from __future__ import annotations
@@ -14,13 +19,35 @@ from typing import Any
 from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.protocol import Factory
+from twisted.logger import Logger
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
-__all__ = ["Bridges"]
+__all__ = ["Bridges", "end_removed"]
+
+log = Logger()
+PREFIX = "$bridge/"
+
+
+def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
+    """Clear the sessions ``$bridge/<name>`` whose name is not in ``names``; their
+    ids, each logged once with what it held."""
+    kept = {PREFIX + n for n in names}
+    removed = sorted(cid for cid in broker.sessions
+                     if cid.startswith(PREFIX) and cid not in kept)
+    for cid in removed:
+        session = broker.sessions[cid]
+        held = len(session.queue) + len(session.inflight)
+        log.warn("bridge {n} is no longer configured: its session {c} is ended and the "
+                 "{h} messages it held are dropped", n=cid[len(PREFIX):], c=cid, h=held)
+        done = broker.commands.clear_session(cid, "bridge removed from the configuration",
+                                             "bridge removed")
+        if done is not None:
+            done.addErrback(lambda f, c=cid: log.failure("ending the session {c}", f, c=c))
+    return removed
 
 
 def _tls_creator(settings: BridgeSettings) -> Any:
@@ -72,6 +99,7 @@ class Bridges:
         return connect
 
     def start(self) -> None:
+        end_removed(self.broker, [b.settings.name for b in self.bridges])
         for bridge in self.bridges:
             bridge.start()
 

@@ -265,3 +265,21 @@ def test_an_inbound_message_a_durable_queue_refuses_is_not_acknowledged() -> Non
     remote.send(Publish("$queue/jobs/x", b"j1", 1, False, False, 7))
     assert not [p for p in remote.packets() if isinstance(p, Puback)]
     assert transport.disconnecting and bridge.refused_here == 1
+
+
+def test_sessions_of_removed_bridges_are_ended_at_start() -> None:
+    """At start the session of a bridge no longer configured is cleared (it would
+    keep queuing for nobody); a configured bridge's session is kept."""
+    from mqttamqp.bridge.service import end_removed
+
+    broker, clock, _ = make_broker()
+    for name in ("old", "hq"):
+        Bridge(broker, clock, BridgeSettings.from_table({**TABLE, "name": name}),
+               Remote()).start()
+    pub(broker, "sensors/t", b"kept for nobody", qos=1)
+    assert len(broker.sessions["$bridge/old"].queue) == 1
+    assert end_removed(broker, ["hq"]) == ["$bridge/old"]
+    clock.advance(0)
+    assert "$bridge/old" not in broker.sessions and "$bridge/hq" in broker.sessions
+    pub(broker, "sensors/t", b"after", qos=1)
+    assert "$bridge/old" not in broker.sessions
