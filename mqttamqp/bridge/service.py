@@ -20,6 +20,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
@@ -46,8 +47,12 @@ def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
         done = broker.commands.clear_session(cid, "bridge removed from the configuration",
                                              "bridge removed")
         if done is not None:
-            done.addErrback(lambda f, c=cid: log.failure("ending the session {c}", f, c=c))
+            done.addErrback(_failed, cid)
     return removed
+
+
+def _failed(failure: Failure, client_id: str) -> None:
+    log.failure("ending the session {c}", failure, c=client_id)
 
 
 def _tls_creator(settings: BridgeSettings) -> Any:
