@@ -82,7 +82,9 @@ class Bridge:
         self.state = "stopped"
         self.last_error: str | None = None
         self.connected_since: float | None = None
-        self.attempts = 0
+        self.attempts = 0                     # connection attempts, all told
+        self.failures = 0                     # of them failed, or lost once connected
+        self._failing: str | None = None      # the reason attempts fail for (logged once)
         self.sent = 0
         self.received = 0
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
@@ -178,19 +180,30 @@ class Bridge:
             self._lost(failure.getErrorMessage() or type(failure.value).__name__)
 
     def _lost(self, reason: str) -> None:
+        """A connection ended or an attempt failed: wait, then try again.  One line
+        when a connection is lost, one when attempts start failing or fail for
+        another reason; none for an attempt that fails as the one before."""
+        was_connected = self.connected_since is not None
         self.last_error = reason
         self.connected_since = None
         if not self._running:
             return
+        self.failures += 1
         delay = self.backoff.next()
-        self._set_state("waiting", f"{reason}; next attempt in {delay:g} s")
+        if was_connected:
+            self._set_state("waiting", f"{reason}; next attempt in {delay:g} s", "lost")
+        elif reason != self._failing:
+            self._set_state("waiting", f"{reason}; next attempt in {delay:g} s; no other "
+                            "line while attempts fail so", "failing")
+        self._failing = None if was_connected else reason
         self._retry = self.clock.callLater(delay, self._attempt)
 
-    def _set_state(self, state: str, detail: str = "") -> None:
-        if state != self.state or detail:
-            self.state = state
-            self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
-                          a=self.settings.address, s=state, d=f" ({detail})" if detail else "")
+    def _set_state(self, state: str, detail: str = "", said: str | None = None) -> None:
+        """Now ``state``, logged as ``said`` (else the state) with ``detail``."""
+        self.state = state
+        self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
+                      a=self.settings.address, s=said or state,
+                      d=f" ({detail})" if detail else "")
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 
@@ -200,6 +213,7 @@ class Bridge:
             return
         self.backoff.reset()
         self.connected_since = self.clock.seconds()
+        self._failing = None
         limits = RemoteLimits(connack.properties if self.v5 else None)
         fitted = limits.describe()
         self._set_state("connected", f"session present: {connack.session_present}"

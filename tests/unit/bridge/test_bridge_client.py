@@ -283,3 +283,38 @@ def test_sessions_of_removed_bridges_are_ended_at_start() -> None:
     assert "$bridge/old" not in broker.sessions and "$bridge/hq" in broker.sessions
     pub(broker, "sensors/t", b"after", qos=1)
     assert "$bridge/old" not in broker.sessions
+
+
+def test_one_log_line_per_state_change_not_per_attempt() -> None:
+    """Attempts failing for the same reason log once ("failing"), counted; a lost
+    connection logs "lost"; a new reason logs again."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        text = formatEvent(event)
+        if text.startswith("bridge hq to "):
+            lines.append(text.split(": ", 1)[1].split(" (", 1)[0])
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        bridge, remote, _, clock = _bridge()
+        bridge.start()
+        for _ in range(6):
+            before = remote.attempts
+            while remote.attempts == before:
+                clock.advance(1.0)
+        assert lines == ["connecting", "failing"]
+        assert bridge.attempts == 7 and bridge.failures == 7
+        remote.up = True
+        clock.advance(8.0)
+        accept(remote)
+        remote.lose()
+        remote.up = False
+        clock.advance(1.0)
+        clock.advance(2.0)
+        assert lines == ["connecting", "failing", "connected", "lost", "failing"]
+        assert bridge.state == "waiting" and bridge.last_error == "refused"
+    finally:
+        globalLogPublisher.removeObserver(observe)
