@@ -102,6 +102,11 @@ class Bridge:
         self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
 
+    @property
+    def client(self) -> BridgeClient | None:
+        """The connection to the remote, while there is one."""
+        return self._client
+
     # -- life ---------------------------------------------------------------
 
     def start(self) -> None:

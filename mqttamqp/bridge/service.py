@@ -27,7 +27,7 @@ from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
-__all__ = ["Bridges", "end_removed"]
+__all__ = ["Bridges", "end_removed", "figures"]
 
 log = Logger()
 PREFIX = "$bridge/"
@@ -49,6 +49,30 @@ def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
         if done is not None:
             done.addErrback(_failed, cid)
     return removed
+
+
+def figures(bridge: Bridge) -> dict[str, Any]:
+    """A bridge now: state, remote, last error, connected since, counters, and its
+    out backlog (the session's queue and what is in flight)."""
+    s = bridge.settings
+    session = bridge.broker.sessions.get(s.session_id)
+    queued = len(session.queue) if session is not None else 0
+    inflight = len(session.inflight) if session is not None else 0
+    client = bridge.client
+    return {
+        "name": s.name, "address": s.address, "protocol": s.protocol,
+        "client_id": s.remote_client_id, "session": s.session_id,
+        "rules": [r.text() for r in s.rules], "state": bridge.state,
+        "last_error": bridge.last_error, "connected_since": bridge.connected_since,
+        "attempts": bridge.attempts, "failures": bridge.failures,
+        "sent": bridge.sent, "received": bridge.received,
+        "remote_refused": bridge.refused, "refused_here": bridge.refused_here,
+        "too_large": bridge.too_large_count, "downgraded": bridge.downgraded,
+        "unretained": bridge.unretained, "held": bridge.held,
+        "reading_paused": sorted(client.paused_for) if client is not None else [],
+        "backlog_messages": queued + inflight, "inflight": inflight,
+        "backlog_bytes": session.queued_bytes if session is not None else 0,
+    }
 
 
 def _failed(failure: Failure, client_id: str) -> None:
@@ -107,6 +131,10 @@ class Bridges:
         end_removed(self.broker, [b.settings.name for b in self.bridges])
         for bridge in self.bridges:
             bridge.start()
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Each bridge now (``Bridge.figures``), for the console and the metrics."""
+        return [figures(bridge) for bridge in self.bridges]
 
     def stop(self) -> None:
         for bridge in self.bridges:

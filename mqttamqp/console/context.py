@@ -34,6 +34,8 @@ class ConsoleContext:
     report_dir: str | None = None         # where the traffic report is written
     report_job: ReportRunner | None = None
     ha: Callable[[], dict[str, Any]] | None = None   # --ha: the role and its times
+    # [[bridge]] tables: each bridge's figures (``mqttamqp.bridge.service.Bridges``)
+    bridges: Callable[[], list[dict[str, Any]]] | None = None
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:
@@ -50,4 +52,5 @@ class ConsoleContext:
                    storage_stats, getattr(service, "archive_dir", None),
                    getattr(service, "report_dir", None),
                    getattr(service, "report_job", None),
-                   ha.figures if (ha := getattr(service, "ha", None)) is not None else None)
+                   ha.figures if (ha := getattr(service, "ha", None)) is not None else None,
+                   b.figures if (b := getattr(service, "bridges", None)) is not None else None)
