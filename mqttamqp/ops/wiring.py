@@ -64,6 +64,10 @@ class OpsWiring:
                 from mqttamqp.ops.metrics import HACollector
 
                 self._registry.register(HACollector(self.service.ha.figures))
+            if getattr(self.service, "bridges", None) is not None:
+                from mqttamqp.ops.metrics import BridgeCollector
+
+                self._registry.register(BridgeCollector(self.service.bridges.figures))
         return self._registry
 
     @property

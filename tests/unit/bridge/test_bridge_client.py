@@ -318,3 +318,24 @@ def test_one_log_line_per_state_change_not_per_attempt() -> None:
         assert bridge.state == "waiting" and bridge.last_error == "refused"
     finally:
         globalLogPublisher.removeObserver(observe)
+
+
+def test_bridge_metrics_one_series_per_bridge() -> None:
+    """mqttamqp_bridge_* series per bridge: up, messages out, backlog, attempts."""
+    from mqttamqp.bridge.service import figures
+    from mqttamqp.ops.metrics import BridgeCollector, broker_registry, exposition
+
+    bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"])
+    remote.up = True
+    bridge.start()
+    accept(remote)
+    for i in range(2):
+        pub(broker, "sensors/t", b"%d" % i, qos=1)
+    registry = broker_registry(broker)
+    registry.register(BridgeCollector(lambda: [figures(bridge)]))
+    text = exposition(registry).decode()
+    for line in ('mqttamqp_bridge_up{bridge="hq"} 1.0',
+                 'mqttamqp_bridge_messages_out_total{bridge="hq"} 2.0',
+                 'mqttamqp_bridge_backlog_messages{bridge="hq"} 2.0',
+                 'mqttamqp_bridge_connect_attempts_total{bridge="hq"} 1.0'):
+        assert line in text, line
