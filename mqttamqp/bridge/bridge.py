@@ -147,6 +147,10 @@ class Bridge:
         client, self._client = self._client, None
         if client is not None:
             client.disconnect()
+        session, self.session = self.session, None
+        if session is not None:   # (detached now: a bridge started anew claims it)
+            self.link.attach(None, RemoteLimits(None))
+            self.broker.end_session(self.link, session, True, "bridge stopped")
         self._set_state("stopped")
 
     def _attempt(self) -> None:

@@ -42,8 +42,9 @@ def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
     for cid in removed:
         session = broker.sessions[cid]
         held = len(session.queue) + len(session.inflight)
-        log.warn("bridge {n} is no longer configured: its session {c} is ended and the "
-                 "{h} messages it held are dropped", n=cid[len(PREFIX):], c=cid, h=held)
+        log.warn("bridge {n} is no longer configured (or has no out rule): its session "
+                 "{c} is ended and the {h} messages it held are dropped",
+                 n=cid[len(PREFIX):], c=cid, h=held)
         done = broker.commands.clear_session(cid, "bridge removed from the configuration",
                                              "bridge removed")
         if done is not None:
@@ -113,6 +114,7 @@ class Bridges:
         self.broker = broker
         self.reactor = reactor
         self.bridges = [Bridge(broker, reactor, s, self._connector(s)) for s in settings]
+        self.started = False
 
     def _connector(self, settings: BridgeSettings) -> Any:
         reactor: IReactorTCP = self.reactor
@@ -128,9 +130,46 @@ class Bridges:
         return connect
 
     def start(self) -> None:
-        end_removed(self.broker, [b.settings.name for b in self.bridges])
+        self.started = True
+        end_removed(self.broker, [b.settings.name for b in self.bridges if b.out_rules])
         for bridge in self.bridges:
             bridge.start()
+
+    def configure(self, settings: Sequence[BridgeSettings]) -> None:
+        """SIGHUP: the ``[[bridge]]`` tables now.  A bridge whose table is unchanged
+        runs on untouched; a changed one is stopped and started anew on the same
+        session (its backlog kept; its subscriptions follow the new rules); a new one
+        starts; a removed one stops and its session is ended, as at a start."""
+        old = {b.settings.name: b for b in self.bridges}
+        names = {s.name for s in settings}
+        added: list[str] = []
+        changed: list[str] = []
+        bridges: list[Bridge] = []
+        for s in settings:
+            bridge = old.get(s.name)
+            if bridge is not None and bridge.settings == s:
+                bridges.append(bridge)
+                continue
+            if bridge is not None:
+                bridge.stop()
+                changed.append(s.name)
+            else:
+                added.append(s.name)
+            bridges.append(Bridge(self.broker, self.reactor, s, self._connector(s)))
+        removed = [name for name in old if name not in names]
+        for name in removed:
+            old[name].stop()
+        self.bridges = bridges
+        log.info("bridges reloaded: {a} added, {c} changed, {r} removed, {k} unchanged",
+                 a=", ".join(added) or "none", c=", ".join(changed) or "none",
+                 r=", ".join(removed) or "none",
+                 k=len(bridges) - len(added) - len(changed))
+        if not self.started:
+            return
+        end_removed(self.broker, [b.settings.name for b in bridges if b.out_rules])
+        for bridge in bridges:
+            if bridge.settings.name in added or bridge.settings.name in changed:
+                bridge.start()
 
     def figures(self) -> list[dict[str, Any]]:
         """Each bridge now (``Bridge.figures``), for the console and the metrics."""
