@@ -92,6 +92,7 @@ class Bridge:
         self.held = 0                         # times the remote was not read (storage alarm)
         # out messages fitted to the remote's MQTT 5 limits (``link``)
         self.too_large_count = 0              # not sent: above its maximum packet size
+        self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.downgraded = 0                   # sent at its maximum QoS
         self.unretained = 0                   # sent without retain (it has none)
         self._settles: list[tuple[str, int]] = []   # (``settle_later``)
@@ -272,6 +273,17 @@ class Bridge:
                           c=self.too_large_count, h=f" ({held} not logged)" if held else "")
         if packet_id is not None:
             self.settle_later("dropped", packet_id)
+
+    def remote_too_large(self, topic: str, size: int, maximum: int) -> None:
+        """3.1.1: a message from the remote above --max-packet-size, read past and
+        acknowledged (``oversize``): dropped, counted, logged once a minute at most."""
+        self.too_large_in += 1
+        held = self.refusals.allow("too-large-in")
+        if held is not None:
+            self.log.warn("bridge {n}: a message from the remote on {t} was dropped: {s} "
+                          "bytes, above --max-packet-size {m}; {c} dropped so far{h}",
+                          n=self.settings.name, t=topic, s=size, m=maximum,
+                          c=self.too_large_in, h=f" ({held} not logged)" if held else "")
 
     def settle_later(self, kind: str, packet_id: int) -> None:
         """Settle a session entry once the current delivery pass is over (the

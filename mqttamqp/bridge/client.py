@@ -22,6 +22,7 @@ from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.bridge.oversize import OversizedPublish
 from mqttamqp.core.clock import Clock
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.packets import (
@@ -86,6 +87,8 @@ class ClientOwner(Protocol):
 
     def remote_suback(self, codes: tuple[int, ...]) -> None: ...
 
+    def remote_too_large(self, topic: str, size: int, maximum: int) -> None: ...
+
     def client_drained(self) -> None: ...
 
 
@@ -113,6 +116,7 @@ class BridgeClient(TwistedProtocol):
         self._last_heard = 0.0
         self._timer: Any = None
         self._next_id = 0
+        self._skipping: OversizedPublish | None = None   # (3.1.1: see ``oversize``)
 
     # -- Twisted ------------------------------------------------------------
 
@@ -124,21 +128,55 @@ class BridgeClient(TwistedProtocol):
 
     def dataReceived(self, data: bytes) -> None:
         self._last_heard = self.clock.seconds()
-        self.decoder.feed(data)
-        self._read()
+        if self._skipping is not None:
+            self._skip(data)   # (what follows the packet goes to the decoder)
+        else:
+            self.decoder.feed(data)
+        if self._skipping is None:
+            self._read()
 
     def _read(self) -> None:
         """Handle the packets received, until reading is paused (the rest wait in
         the decoder, unacknowledged, until ``resume_reading``)."""
         decoder = self.decoder
-        try:
-            while not self.paused_for:
+        while not self.paused_for:
+            try:
                 packet = decoder.next_packet()
-                if packet is None:
+            except MalformedPacket as e:
+                # 3.1.1: a PUBLISH above our maximum is read past (``oversize``); at
+                # MQTT 5 the remote was told the maximum, and broke the rule.
+                if e.code == 0x95 and self.level != 5 and decoder.buffered:
+                    if self._skip(decoder.take_rest()):
+                        continue
                     return
-                self._handle(packet)
+                self.drop(f"malformed packet from the remote: {e}")
+                return
+            if packet is None:
+                return
+            self._handle(packet)
+
+    def _skip(self, data: bytes) -> bool:
+        """Read past an oversized PUBLISH from ``data`` on: True once it is behind
+        (what follows it is in the decoder again), False while it goes on."""
+        skipping = self._skipping
+        if skipping is None:
+            skipping = self._skipping = OversizedPublish()
+        try:
+            rest = skipping.feed(data)
         except MalformedPacket as e:
+            self._skipping = None
             self.drop(f"malformed packet from the remote: {e}")
+            return False
+        if rest is None:
+            return False
+        self._skipping = None
+        if skipping.packet_id is not None:   # (it cannot be taken: the remote forgets it)
+            self.send(Puback(skipping.packet_id) if skipping.qos == 1
+                      else Pubrec(skipping.packet_id))
+        self.owner.remote_too_large(skipping.topic, skipping.size,
+                                    self.decoder.max_packet_size)
+        self.decoder.feed(rest)
+        return True
 
     def pause_reading(self, why: str) -> None:
         """Stop reading the remote (``why``: until ``resume_reading(why)``): what it
