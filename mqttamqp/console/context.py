@@ -48,9 +48,14 @@ class ConsoleContext:
             stats_fn = getattr(getattr(service, "store", None), "stats", None)
             return stats_fn() if callable(stats_fn) else None
 
+        def bridges() -> list[dict[str, Any]]:
+            # (read when asked: the bridges are built after the web listener)
+            built = getattr(service, "bridges", None)
+            return built.figures() if built is not None else []
+
         return cls(service.broker, service.data_dir, service.reactor, listeners,
                    storage_stats, getattr(service, "archive_dir", None),
                    getattr(service, "report_dir", None),
                    getattr(service, "report_job", None),
                    ha.figures if (ha := getattr(service, "ha", None)) is not None else None,
-                   b.figures if (b := getattr(service, "bridges", None)) is not None else None)
+                   bridges)

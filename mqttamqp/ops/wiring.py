@@ -64,10 +64,11 @@ class OpsWiring:
                 from mqttamqp.ops.metrics import HACollector
 
                 self._registry.register(HACollector(self.service.ha.figures))
-            if getattr(self.service, "bridges", None) is not None:
-                from mqttamqp.ops.metrics import BridgeCollector
+            from mqttamqp.ops.metrics import BridgeCollector
 
-                self._registry.register(BridgeCollector(self.service.bridges.figures))
+            # (read at each scrape: the bridges may be built after the registry)
+            self._registry.register(BridgeCollector(
+                lambda: b.figures() if (b := getattr(self.service, "bridges", None)) else []))
         return self._registry
 
     @property
