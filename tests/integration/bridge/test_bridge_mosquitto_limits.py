@@ -1,7 +1,8 @@
 """An MQTT 5 bridge toward a Mosquitto that announces limits in its CONNACK (maximum
 QoS 1, no retain, a maximum packet size, a receive maximum, topic aliases): every
 message that fits arrives, fitted; the one too large is dropped here and counted;
-the connection is never dropped for any of them."""
+the connection is never dropped for any of them.  And the ``in`` direction paused
+while the durable queues here are full on disk (the storage alarm)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from pahoclient import PahoClient
 
 LIMITS = ("max_qos 1\nretain_available false\nmax_packet_size 2000\n"
           "max_inflight_messages 5\nmax_topic_alias 2\n")
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[MosquittoServer]:
+    directory = tmp_path / "plain-mosquitto"
+    directory.mkdir()
+    server = MosquittoServer(str(directory)).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -63,5 +73,37 @@ reconnect-max = 1.0
         assert out.count("bridge lim to ") == 2, out   # connecting, connected
         far.stop()
         near.stop()
+    finally:
+        broker.stop()
+
+
+def test_in_pauses_while_the_storage_alarm_holds(tmp_path: Path,
+                                                 remote: MosquittoServer) -> None:
+    """``in`` messages to a durable queue here beyond --queue-max-total-bytes: the
+    bridge stops reading Mosquitto (one line), and once a worker here drains the
+    queue it reads again; every message arrives, in order."""
+    config = tmp_path / "mqttamqp.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "hq"
+address = "mqtt://127.0.0.1:{remote.port}"
+topics = ["$queue/jobs/# in 1"]
+""")
+    broker = BrokerProcess(os.path.join(tmp_path, "data"), "--config", str(config),
+                           "--queue-max-total-bytes", "4096").start()
+    try:
+        broker.wait_for_line("bridge hq: subscribed on the remote", timeout=15)
+        far = PahoClient(remote.port, "far-jobs")
+        for i in range(12):
+            far.publish("$queue/jobs/a", b"%02d" % i + b"j" * 1000, qos=1)
+        broker.wait_for_line("bridge hq: not reading the remote while the durable "
+                             "queues are blocked", timeout=15)
+        worker = PahoClient(broker.mqtt_port, "worker")
+        worker.subscribe(("$queue/jobs/#", 1))
+        got = [worker.get().payload[:2] for _ in range(12)]
+        assert got == [b"%02d" % i for i in range(12)]
+        broker.wait_for_line("bridge hq: reading the remote again", timeout=15)
+        worker.stop()
+        far.stop()
     finally:
         broker.stop()
