@@ -90,13 +90,7 @@ class Bridge:
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
         self.held = 0                         # times the remote was not read (storage alarm)
-        # out messages fitted to the remote's MQTT 5 limits (``link``)
-        self.too_large_count = 0              # not sent: above its maximum packet size
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
-        self.downgraded = 0                   # sent at its maximum QoS
-        self.unretained = 0                   # sent without retain (it has none)
-        self._settles: list[tuple[str, int]] = []   # (``settle_later``)
-        self._settle_call: Any = None
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
@@ -258,22 +252,6 @@ class Bridge:
         self.link.attach(client, limits)
         self.broker.activate(session, self.link, PROTOCOL)
 
-    # -- out messages settled here (``link``: fitted to the remote's limits) -------
-
-    def too_large(self, message: Message, size: int, maximum: int,
-                  packet_id: int | None) -> None:
-        """A PUBLISH above the remote's maximum packet size: dropped, counted,
-        logged once a minute at most; its session entry settled as dropped."""
-        self.too_large_count += 1
-        held = self.refusals.allow("too-large")
-        if held is not None:
-            self.log.warn("bridge {n}: a message on {t} was dropped: {s} bytes, above the "
-                          "remote's maximum packet size {m}; {c} dropped so far{h}",
-                          n=self.settings.name, t=message.topic, s=size, m=maximum,
-                          c=self.too_large_count, h=f" ({held} not logged)" if held else "")
-        if packet_id is not None:
-            self.settle_later("dropped", packet_id)
-
     def remote_too_large(self, topic: str, size: int, maximum: int) -> None:
         """3.1.1: a message from the remote above --max-packet-size, read past and
         acknowledged (``oversize``): dropped, counted, logged once a minute at most."""
@@ -284,34 +262,6 @@ class Bridge:
                           "bytes, above --max-packet-size {m}; {c} dropped so far{h}",
                           n=self.settings.name, t=topic, s=size, m=maximum,
                           c=self.too_large_in, h=f" ({held} not logged)" if held else "")
-
-    def settle_later(self, kind: str, packet_id: int) -> None:
-        """Settle a session entry once the current delivery pass is over (the
-        session is pumping now): ``sent`` (sent at QoS 0 below its QoS), ``released``
-        (a QoS 2 entry's PUBREL, not sent), ``dropped``."""
-        self._settles.append((kind, packet_id))
-        if self._settle_call is None:
-            self._settle_call = self.clock.callLater(0, self._settle)
-
-    def _settle(self) -> None:
-        self._settle_call = None
-        settles, self._settles = self._settles, []
-        session = self.session
-        if session is None:
-            return   # (the entries stay in the session: sent again on the next connection)
-        broker = self.broker
-        for kind, packet_id in settles:
-            entry = session.inflight.get(packet_id)
-            if entry is None:
-                continue
-            if kind == "dropped":
-                broker.rejected(session, packet_id, "above the remote's maximum packet size")
-            elif kind == "released":
-                broker.completed(session, packet_id)
-            elif entry.qos == 1:
-                broker.acknowledged(session, packet_id)
-            else:
-                broker.received(session, packet_id)   # (its PUBREL: ``released``)
 
     def remote_lost(self, client: BridgeClient, reason: str) -> None:
         if self._client is not client:

@@ -24,10 +24,16 @@ limits: every delivery takes the plain path, with no extra work per message.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from twisted.logger import Logger
+
+from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt.codec import encode_properties, encode_publish
 from mqttamqp.mqtt.packets import Properties, Pubrel
 from mqttamqp.mqtt.v5 import publish_properties
@@ -39,20 +45,19 @@ __all__ = ["BridgeLink", "LinkOwner", "RemoteLimits"]
 
 
 class LinkOwner(Protocol):
-    """What the link asks of its bridge (``bridge.Bridge``)."""
+    """What the link reads of its bridge (``bridge.Bridge``)."""
 
+    broker: Broker
     clock: Clock
+    settings: BridgeSettings
+    refusals: LogLimiter
     v5: bool
     sent: int
-    downgraded: int
-    unretained: int
+
+    @property
+    def session(self) -> Session | None: ...
 
     def remote_topic(self, topic: str) -> str: ...
-
-    def too_large(self, message: Message, size: int, maximum: int,
-                  packet_id: int | None) -> None: ...
-
-    def settle_later(self, kind: str, packet_id: int) -> None: ...
 
 
 class RemoteLimits:
@@ -104,12 +109,20 @@ class RemoteLimits:
 class BridgeLink:
     """The out session's ``ClientLink``: its deliveries written to the remote."""
 
-    __slots__ = ("bridge", "client", "limits", "local_pubrel", "puback_is_pubrec")
+    __slots__ = ("_settle_call", "_settles", "bridge", "client", "downgraded", "limits",
+                 "local_pubrel", "puback_is_pubrec", "too_large", "unretained")
+
+    log = Logger()
 
     def __init__(self, bridge: LinkOwner) -> None:
         self.bridge = bridge
         self.client: BridgeClient | None = None
         self.limits = RemoteLimits(None)
+        self.too_large = 0       # not sent: above the remote's maximum packet size
+        self.downgraded = 0      # sent at the remote's maximum QoS
+        self.unretained = 0      # sent without retain (the remote has none)
+        self._settles: list[tuple[str, int]] = []   # (``settle_later``)
+        self._settle_call: Any = None
         # Packet ids of QoS 2 entries sent at a lower QoS: their PUBREL is not sent
         # but completes the entry here; those sent at QoS 1 whose PUBACK is their PUBREC.
         self.local_pubrel: set[int] = set()
@@ -153,7 +166,7 @@ class BridgeLink:
         sent_qos = qos if qos <= limits.max_qos else limits.max_qos
         if retain and not limits.retain:
             retain = False
-            bridge.unretained += 1
+            self.unretained += 1
         topic = bridge.remote_topic(message.topic)
         alias, with_topic = limits.alias(topic) if limits.alias_max else (None, True)
         props = encode_properties(publish_properties(message, bridge.clock.seconds(), alias,
@@ -164,26 +177,72 @@ class BridgeLink:
         if limits.max_packet is not None and len(data) > limits.max_packet:
             if alias is not None and with_topic:
                 limits.forget_alias(topic)
-            bridge.too_large(message, len(data), limits.max_packet,
-                             packet_id if qos else None)
+            self._too_large(message, len(data), limits.max_packet,
+                            packet_id if qos else None)
             return
         bridge.sent += 1
         client.write(data)
         if sent_qos < qos and packet_id is not None:
-            bridge.downgraded += 1
+            self.downgraded += 1
             if qos == 2:
                 self.local_pubrel.add(packet_id)
                 if sent_qos == 1:
                     self.puback_is_pubrec.add(packet_id)
                     return
-            bridge.settle_later("sent", packet_id)   # (QoS 0: done once written)
+            self.settle_later("sent", packet_id)   # (QoS 0: done once written)
 
     def send_pubrel(self, packet_id: int) -> None:
         if packet_id in self.local_pubrel:
             self.local_pubrel.discard(packet_id)
-            self.bridge.settle_later("released", packet_id)
+            self.settle_later("released", packet_id)
         elif self.client is not None:
             self.client.send(Pubrel(packet_id))
+
+    # -- entries settled here ---------------------------------------------------
+
+    def _too_large(self, message: Message, size: int, maximum: int,
+                   packet_id: int | None) -> None:
+        """A PUBLISH above the remote's maximum packet size: dropped, counted,
+        logged once a minute at most; its session entry settled as dropped."""
+        self.too_large += 1
+        bridge = self.bridge
+        held = bridge.refusals.allow("too-large")
+        if held is not None:
+            self.log.warn("bridge {n}: a message on {t} was dropped: {s} bytes, above the "
+                          "remote's maximum packet size {m}; {c} dropped so far{h}",
+                          n=bridge.settings.name, t=message.topic, s=size, m=maximum,
+                          c=self.too_large, h=f" ({held} not logged)" if held else "")
+        if packet_id is not None:
+            self.settle_later("dropped", packet_id)
+
+    def settle_later(self, kind: str, packet_id: int) -> None:
+        """Settle a session entry once the current delivery pass is over (the
+        session is pumping now): ``sent`` (sent at QoS 0 below its QoS), ``released``
+        (a QoS 2 entry's PUBREL, not sent), ``dropped``.  (At most the session's
+        window of them: each is an entry in flight.)"""
+        self._settles.append((kind, packet_id))
+        if self._settle_call is None:
+            self._settle_call = self.bridge.clock.callLater(0, self._settle)
+
+    def _settle(self) -> None:
+        self._settle_call = None
+        settles, self._settles = self._settles, []
+        session = self.bridge.session
+        if session is None:
+            return   # (the entries stay in the session: sent again on the next connection)
+        broker = self.bridge.broker
+        for kind, packet_id in settles:
+            entry = session.inflight.get(packet_id)
+            if entry is None:
+                continue
+            if kind == "dropped":
+                broker.rejected(session, packet_id, "above the remote's maximum packet size")
+            elif kind == "released":
+                broker.completed(session, packet_id)
+            elif entry.qos == 1:
+                broker.acknowledged(session, packet_id)
+            else:
+                broker.received(session, packet_id)   # (its PUBREL: ``released``)
 
     def close(self, reason: str) -> None:
         """The broker takes the session away (the console, a takeover)."""

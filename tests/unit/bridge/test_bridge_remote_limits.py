@@ -63,7 +63,7 @@ def test_a_message_above_the_remote_maximum_packet_size_is_dropped_not_looped() 
     pub(broker, "sensors/t", b"small", qos=1)
     sent = _sent(remote)
     assert [p.payload for p in sent if isinstance(p, Publish)] == [b"small"]
-    assert bridge.too_large_count == 1
+    assert bridge.link.too_large == 1
     assert remote.transport is not None and not remote.transport.disconnecting
     clock.advance(0)
     session = broker.registry.sessions["$bridge/hq"]
@@ -79,7 +79,7 @@ def test_above_the_remote_maximum_qos_is_downgraded_and_settled_here() -> None:
     assert (sent.qos, sent.retain, sent.packet_id) == (0, False, None)
     clock.advance(0)
     session = broker.registry.sessions["$bridge/hq"]
-    assert not session.inflight and bridge.downgraded == 1 and bridge.unretained == 1
+    assert not session.inflight and bridge.link.downgraded == 1 and bridge.link.unretained == 1
 
 
 def test_qos2_sent_at_qos1_completes_on_the_remote_puback() -> None:
