@@ -85,6 +85,7 @@ class Bridge:
         self.attempts = 0                     # connection attempts, all told
         self.failures = 0                     # of them failed, or lost once connected
         self._failing: str | None = None      # the reason attempts fail for (logged once)
+        self._announced = b""                 # the $SYS state published last
         self.sent = 0
         self.received = 0
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
@@ -208,6 +209,14 @@ class Bridge:
         self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
                       a=self.settings.address, s=said or state,
                       d=f" ({detail})" if detail else "")
+        up = b"1" if state == "connected" else b"0"
+        if up != self._announced:
+            # Mosquitto's bridge notification (here only): retained, 1 while connected.
+            self._announced = up
+            message = Message(f"$SYS/broker/connection/{self.settings.remote_client_id}"
+                              "/state", up, 0, True, None, self.clock.seconds())
+            with self.broker.stats.own_messages():
+                self.broker.publish(message, None, wait=False, counted=False)
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 

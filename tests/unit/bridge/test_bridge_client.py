@@ -339,3 +339,22 @@ def test_bridge_metrics_one_series_per_bridge() -> None:
                  'mqttamqp_bridge_backlog_messages{bridge="hq"} 2.0',
                  'mqttamqp_bridge_connect_attempts_total{bridge="hq"} 1.0'):
         assert line in text, line
+
+
+def test_sys_connection_state_follows_the_bridge() -> None:
+    """$SYS/broker/connection/<client id>/state (Mosquitto's notification topic),
+    retained: 0 while not connected, 1 once connected, 0 when the connection is lost."""
+    from core_broker import connect, subscribe
+
+    bridge, remote, broker, clock = _bridge()
+    topic = f"$SYS/broker/connection/{socket.gethostname()}.hq/state"
+    bridge.start()
+    assert broker.retained.get(topic).payload == b"0"
+    local, link, _ = connect(broker, "watcher")
+    subscribe(broker, local, ("$SYS/broker/connection/#", 0))
+    link.sent.clear()
+    remote.up = True
+    clock.advance(1.0)
+    accept(remote)
+    remote.lose()
+    assert [(t, p) for t, p, *_ in link.sent] == [(topic, b"1"), (topic, b"0")]
