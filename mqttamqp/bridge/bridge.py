@@ -143,6 +143,7 @@ class Bridge:
         client, self._client = self._client, None
         if client is not None:
             client.disconnect()
+        self.broker.forget_paused(id(self))
         session, self.session = self.session, None
         if session is not None:   # (detached now: a bridge started anew claims it)
             self.link.attach(None, RemoteLimits(None))
