@@ -219,6 +219,9 @@ class BridgeClient(TwistedProtocol):
         if isinstance(packet, Puback):
             self.owner.remote_puback(packet.packet_id, packet.reason_code)
         elif isinstance(packet, Publish):
+            if not packet.topic:   # (MQTT 5: a topic alias, which CONNECT allowed none of)
+                self.drop("a PUBLISH with a topic alias from the remote (none allowed)")
+                return
             self.owner.remote_publish(self, packet)
         elif isinstance(packet, Pingresp):
             pass

@@ -120,3 +120,13 @@ def test_the_remote_receive_maximum_bounds_what_is_in_flight() -> None:
     assert remote.client is not None
     remote.client.dataReceived(encode(Puback(first[0].packet_id), 5))
     assert [p.payload for p in _sent(remote)] == [b"2"]
+
+
+def test_a_topic_alias_from_the_remote_closes_the_connection() -> None:
+    """CONNECT allows the remote no topic alias: a PUBLISH with an empty topic (an
+    alias) is a protocol error; nothing is published here."""
+    bridge, remote, _, _ = _connected(Properties(), ["cmd/# in 1"])
+    assert remote.client is not None and remote.transport is not None
+    remote.client.dataReceived(encode(Publish("", b"x", 1, False, False, 5,
+                                              Properties(topic_alias=1)), 5))
+    assert remote.transport.disconnecting and bridge.received == 0
