@@ -8,9 +8,12 @@ the session's packet ids and are removed only on the remote's PUBACK (PUBCOMP fo
 QoS 2), and on each reconnect the session is claimed and activated again, so what was
 in flight goes first (DUP) and the rest in order.  ``in``: the remote subscription of
 the ``in`` rules, each message published through the broker's port with the bridge
-as publisher and acknowledged to the remote once it is durable here.  The connect
-loop: one attempt at a time, bounded exponential back-off, one log line per state
-change.
+as publisher and acknowledged to the remote once it is durable here; the remote is
+not read while the durable queues' storage alarm holds or subscribers it fed here are
+behind.  The connect loop: one attempt at a time, bounded exponential back-off, one log
+line per state change (none per attempt failing as the one before), and Mosquitto's
+``$SYS/broker/connection/<client id>/state`` (1 while connected).  How an out delivery
+fits the remote's MQTT 5 limits is ``link``'s.
 
 What it must not do: store anything itself or bypass the broker's commands, or
 parse bytes (``client``).  Loops: toward Mosquitto the bridge flag (``try_private``)
