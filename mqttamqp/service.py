@@ -554,10 +554,11 @@ def makeService(options: Options) -> BrokerService:
         svc.add_web_listener(description)
     if options["metrics"]:
         svc.add_metrics_listener(options["metrics"])
-    if options["bridge"]:
-        from mqttamqp.bridge.service import Bridges
+    # (built with no [[bridge]] too: the sessions of removed bridges are ended at
+    # start, and SIGHUP may add bridges)
+    from mqttamqp.bridge.service import Bridges
 
-        svc.bridges = Bridges(svc.broker, svc.reactor, options["bridge"])
+    svc.bridges = Bridges(svc.broker, svc.reactor, options["bridge"])
     return svc
 
 
@@ -576,3 +577,5 @@ def _reloaders(svc: BrokerService, options: Options) -> None:
     reloaders.register("webhooks", ("webhook",),
                        lambda new: svc.webhooks.configure(new["webhook"]))
     reloaders.register("log level", ("log-level",), svc.ops.reload_log_level)
+    reloaders.register("bridges", ("bridge",),
+                       lambda new: svc.bridges.configure(new["bridge"]))

@@ -6,11 +6,12 @@ codec (``client``), the reconnect loop with its bounded exponential back-off and
 two directions of one bridge (``bridge``: ``out`` is a persistent session of the
 broker, ``$bridge/<name>``, whose link is the remote connection, so QoS >= 1 messages
 wait durably while the remote is away; ``in`` publishes through the broker's port
-with the bridge as publisher), and the service that starts and stops them
-(``service``).
+with the bridge as publisher), the out session's link fitted to the remote's MQTT 5
+limits (``link``), and the service that starts and stops them, ends the sessions of
+removed bridges and gives their figures to the console and the metrics (``service``).
 
 What it must not do: reach storage other than through the broker's commands (the
 session's queue is the backlog; nothing here stores anything), keep a second MQTT
 client library on the reactor, or decide routing (the router does).  Not built yet:
-``ws(s)://`` remotes, SIGHUP reload and the console's Bridges page.
+``ws(s)://`` remotes and SIGHUP reload.
 """

@@ -8,9 +8,12 @@ the session's packet ids and are removed only on the remote's PUBACK (PUBCOMP fo
 QoS 2), and on each reconnect the session is claimed and activated again, so what was
 in flight goes first (DUP) and the rest in order.  ``in``: the remote subscription of
 the ``in`` rules, each message published through the broker's port with the bridge
-as publisher and acknowledged to the remote once it is durable here.  The connect
-loop: one attempt at a time, bounded exponential back-off, one log line per state
-change.
+as publisher and acknowledged to the remote once it is durable here; the remote is
+not read while the durable queues' storage alarm holds or subscribers it fed here are
+behind.  The connect loop: one attempt at a time, bounded exponential back-off, one log
+line per state change (none per attempt failing as the one before), and Mosquitto's
+``$SYS/broker/connection/<client id>/state`` (1 while connected).  How an out delivery
+fits the remote's MQTT 5 limits is ``link``'s.
 
 What it must not do: store anything itself or bypass the broker's commands, or
 parse bytes (``client``).  Loops: toward Mosquitto the bridge flag (``try_private``)
@@ -20,7 +23,7 @@ no-local, so what ``in`` publishes is not sent back out by a ``both`` rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from twisted.internet.defer import Deferred
@@ -29,6 +32,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.bridge.client import BRIDGE_FLAG, LEVEL, Backoff, BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
+from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
@@ -36,7 +40,6 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
-from mqttamqp.mqtt.codec import encode_properties
 from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
@@ -45,9 +48,8 @@ from mqttamqp.mqtt.packets import (
     Pubcomp,
     Publish,
     Pubrec,
-    Pubrel,
 )
-from mqttamqp.mqtt.v5 import message_properties, publish_properties
+from mqttamqp.mqtt.v5 import message_properties
 
 __all__ = ["Bridge", "BridgeLink", "Connector"]
 
@@ -58,46 +60,6 @@ Connector = Callable[[BridgeClient], "Deferred[Any]"]
 
 def _map(topic: str, from_prefix: str, to_prefix: str) -> str:
     return to_prefix + topic[len(from_prefix):] if topic.startswith(from_prefix) else topic
-
-
-class BridgeLink:
-    """The out session's ``ClientLink``: its deliveries written to the remote."""
-
-    __slots__ = ("bridge", "client")
-
-    def __init__(self, bridge: Bridge) -> None:
-        self.bridge = bridge
-        self.client: BridgeClient | None = None
-
-    @property
-    def congested(self) -> bool:
-        client = self.client
-        return client is None or client.paused
-
-    @property
-    def backlog_bytes(self) -> int:
-        return 0
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        client = self.client
-        if client is None:
-            return   # (the session keeps it: resent on the next activation)
-        bridge = self.bridge
-        bridge.sent += 1
-        props = (encode_properties(publish_properties(message, bridge.clock.seconds(), None,
-                                                      ())) if bridge.v5 else None)
-        client.publish(bridge.remote_topic(message.topic), message.payload, qos,
-                       packet_id if qos else None, dup, retain, props)
-
-    def send_pubrel(self, packet_id: int) -> None:
-        if self.client is not None:
-            self.client.send(Pubrel(packet_id))
-
-    def close(self, reason: str) -> None:
-        """The broker takes the session away (the console, a takeover)."""
-        if self.client is not None:
-            self.client.drop(reason)
 
 
 class Bridge:
@@ -123,16 +85,26 @@ class Bridge:
         self.state = "stopped"
         self.last_error: str | None = None
         self.connected_since: float | None = None
-        self.attempts = 0
+        self.attempts = 0                     # connection attempts, all told
+        self.failures = 0                     # of them failed, or lost once connected
+        self._failing: str | None = None      # the reason attempts fail for (logged once)
+        self._announced = b""                 # the $SYS state published last
         self.sent = 0
         self.received = 0
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
+        self.held = 0                         # times the remote was not read (storage alarm)
+        self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
         self._client: BridgeClient | None = None
         self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
+
+    @property
+    def client(self) -> BridgeClient | None:
+        """The connection to the remote, while there is one."""
+        return self._client
 
     # -- life ---------------------------------------------------------------
 
@@ -174,6 +146,11 @@ class Bridge:
         client, self._client = self._client, None
         if client is not None:
             client.disconnect()
+        self.broker.forget_paused(id(self))
+        session, self.session = self.session, None
+        if session is not None:   # (detached now: a bridge started anew claims it)
+            self.link.attach(None, RemoteLimits(None))
+            self.broker.end_session(self.link, session, True, "bridge stopped")
         self._set_state("stopped")
 
     def _attempt(self) -> None:
@@ -187,7 +164,9 @@ class Bridge:
             connect = Connect("MQTT", 5, s.remote_client_id, s.clean_session, s.keepalive,
                               None, s.username, password,
                               Properties(session_expiry_interval=0 if s.clean_session
-                                         else 0xFFFFFFFF))
+                                         else 0xFFFFFFFF,
+                                         # (the remote keeps what we could not take)
+                                         maximum_packet_size=self.broker.limits.max_packet_size))
         else:
             connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
                               s.remote_client_id, s.clean_session, s.keepalive, None,
@@ -210,19 +189,38 @@ class Bridge:
             self._lost(failure.getErrorMessage() or type(failure.value).__name__)
 
     def _lost(self, reason: str) -> None:
+        """A connection ended or an attempt failed: wait, then try again.  One line
+        when a connection is lost, one when attempts start failing or fail for
+        another reason; none for an attempt that fails as the one before."""
+        was_connected = self.connected_since is not None
         self.last_error = reason
         self.connected_since = None
         if not self._running:
             return
+        self.failures += 1
         delay = self.backoff.next()
-        self._set_state("waiting", f"{reason}; next attempt in {delay:g} s")
+        if was_connected:
+            self._set_state("waiting", f"{reason}; next attempt in {delay:g} s", "lost")
+        elif reason != self._failing:
+            self._set_state("waiting", f"{reason}; next attempt in {delay:g} s; no other "
+                            "line while attempts fail so", "failing")
+        self._failing = None if was_connected else reason
         self._retry = self.clock.callLater(delay, self._attempt)
 
-    def _set_state(self, state: str, detail: str = "") -> None:
-        if state != self.state or detail:
-            self.state = state
-            self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
-                          a=self.settings.address, s=state, d=f" ({detail})" if detail else "")
+    def _set_state(self, state: str, detail: str = "", said: str | None = None) -> None:
+        """Now ``state``, logged as ``said`` (else the state) with ``detail``."""
+        self.state = state
+        self.log.info("bridge {n} to {a}: {s}{d}", n=self.settings.name,
+                      a=self.settings.address, s=said or state,
+                      d=f" ({detail})" if detail else "")
+        up = b"1" if state == "connected" else b"0"
+        if up != self._announced:
+            # Mosquitto's bridge notification (here only): retained, 1 while connected.
+            self._announced = up
+            message = Message(f"$SYS/broker/connection/{self.settings.remote_client_id}"
+                              "/state", up, 0, True, None, self.clock.seconds())
+            with self.broker.stats.own_messages():
+                self.broker.publish(message, None, wait=False, counted=False)
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 
@@ -232,42 +230,61 @@ class Bridge:
             return
         self.backoff.reset()
         self.connected_since = self.clock.seconds()
-        self._set_state("connected", f"session present: {connack.session_present}")
+        self._failing = None
+        limits = RemoteLimits(connack.properties if self.v5 else None)
+        fitted = limits.describe()
+        self._set_state("connected", f"session present: {connack.session_present}"
+                        + (f"; the remote takes {fitted}" if fitted else ""))
         if self.in_rules:
             # MQTT 5: no-local on ``both`` rules, so the remote does not send back
             # what this bridge published there.
             options = (tuple(NO_LOCAL if r.outbound else 0 for r in self.in_rules)
                        if self.v5 else ())
-            client.subscribe(tuple((r.remote_filter, r.qos) for r in self.in_rules), options)
+            client.subscribe(tuple((r.remote_filter, min(r.qos, limits.max_qos))
+                                   for r in self.in_rules), options)
         if self.out_rules:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             self.session = opened.session   # (claimed: ended if the remote goes now)
             if not opened.session.subscriptions:   # (expired meanwhile: subscribe again)
                 self._subscribe_out(opened.session)
+            # MQTT 5: the remote's receive maximum bounds what is in flight (absent:
+            # 65,535), on each connection anew.
             props = connack.properties
-            if props is not None and props.receive_maximum:   # (MQTT 5)
-                opened.session.window = min(self.broker.limits.max_inflight,
-                                            props.receive_maximum)
+            receive_max = (props.receive_maximum if props is not None else None) or 65535
+            opened.session.window = min(self.broker.limits.max_inflight, receive_max)
             if opened.durable is None:
-                self._activate(None, client, opened.session)
+                self._activate(None, client, opened.session, limits)
             else:
-                opened.durable.addCallback(self._activate, client, opened.session)
+                opened.durable.addCallback(self._activate, client, opened.session, limits)
 
-    def _activate(self, _: object, client: BridgeClient, session: Session) -> None:
+    def _activate(self, _: object, client: BridgeClient, session: Session,
+                  limits: RemoteLimits) -> None:
         if self._client is not client or self.session is not session:
             return
-        self.link.client = client
+        self.link.attach(client, limits)
         self.broker.activate(session, self.link, PROTOCOL)
+
+    def remote_too_large(self, topic: str, size: int, maximum: int) -> None:
+        """3.1.1: a message from the remote above --max-packet-size, read past and
+        acknowledged (``oversize``): dropped, counted, logged once a minute at most."""
+        self.too_large_in += 1
+        held = self.refusals.allow("too-large-in")
+        if held is not None:
+            self.log.warn("bridge {n}: a message from the remote on {t} was dropped: {s} "
+                          "bytes, above --max-packet-size {m}; {c} dropped so far{h}",
+                          n=self.settings.name, t=topic, s=size, m=maximum,
+                          c=self.too_large_in, h=f" ({held} not logged)" if held else "")
 
     def remote_lost(self, client: BridgeClient, reason: str) -> None:
         if self._client is not client:
             return
         self._client = None
+        self.broker.forget_paused(id(self))
         session = self.session
         if session is not None:
             self.session = None
-            self.link.client = None
+            self.link.attach(None, RemoteLimits(None))
             self.broker.end_session(self.link, session, True, reason)
         self._lost(reason)
 
@@ -282,8 +299,13 @@ class Bridge:
                 self.log.warn("bridge {n}: the remote refused a message (PUBACK 0x{c:02x}); "
                               "{r} refused so far{h}", n=self.settings.name, c=reason_code,
                               r=self.refused, h=f" ({held} not logged)" if held else "")
-        if self.session is not None:
-            self.broker.acknowledged(self.session, packet_id)
+        session = self.session
+        if session is not None:
+            if packet_id in self.link.puback_is_pubrec:   # (a QoS 2 entry sent at QoS 1)
+                self.link.puback_is_pubrec.discard(packet_id)
+                self.broker.received(session, packet_id)
+            else:
+                self.broker.acknowledged(session, packet_id)
 
     def remote_pubrec(self, packet_id: int) -> None:
         if self.session is not None:
@@ -316,6 +338,8 @@ class Bridge:
                           props=message_properties(packet.properties))
         result = self.broker.publish(message, self.identity, wait=packet.qos > 0)
         if packet.qos == 0 or packet.packet_id is None:
+            if result.blocked or result.congested:
+                self._hold_remote(client, result.blocked, result.congested)
             return
         if result.refusal is not None:
             # A durable queue here refused it (full, too many queues): nothing is
@@ -330,6 +354,8 @@ class Bridge:
                               r=result.refusal.reason, h=f" ({held} not logged)" if held else "")
             client.drop(f"refused here: {result.refusal.reason}")
             return
+        if result.blocked or result.congested:
+            self._hold_remote(client, result.blocked, result.congested)
         ack: Puback | Pubrec = (Puback(packet.packet_id) if packet.qos == 1
                                 else Pubrec(packet.packet_id))
         if result.durable is None:
@@ -338,6 +364,32 @@ class Bridge:
             result.durable.addCallbacks(lambda _: client.send(ack),
                                         lambda f: client.drop("storing a message from the "
                                                               "remote failed"))
+
+    def _hold_remote(self, client: BridgeClient, blocked: bool,
+                     congested: Sequence[Any]) -> None:
+        """Stop reading the remote, as a client's socket here is not read: while the
+        durable queues' storage alarm holds (``blocked``: this message was stored,
+        what follows waits unacknowledged in the remote's keeping), or while
+        subscribers here it fed are behind (``congested``)."""
+        broker = self.broker
+        if blocked:
+            if "alarm" not in client.paused_for:
+                self.held += 1
+                self.log.info("bridge {n}: not reading the remote while the durable "
+                              "queues are blocked", n=self.settings.name)
+            client.pause_reading("alarm")
+            broker.when_queues_writable(id(self), lambda: self._read_again(client, "alarm"))
+        if congested:
+            client.pause_reading("congestion")
+            broker.pause_until_drained(id(self),
+                                       lambda: self._read_again(client, "congestion"),
+                                       congested)
+
+    def _read_again(self, client: BridgeClient, why: str) -> None:
+        if self._client is client:
+            if why == "alarm" and why in client.paused_for:
+                self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
+            client.resume_reading(why)
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
         client.send(Pubcomp(packet_id))

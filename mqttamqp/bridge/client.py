@@ -22,6 +22,7 @@ from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.bridge.oversize import OversizedPublish
 from mqttamqp.core.clock import Clock
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.packets import (
@@ -86,6 +87,8 @@ class ClientOwner(Protocol):
 
     def remote_suback(self, codes: tuple[int, ...]) -> None: ...
 
+    def remote_too_large(self, topic: str, size: int, maximum: int) -> None: ...
+
     def client_drained(self) -> None: ...
 
 
@@ -106,10 +109,14 @@ class BridgeClient(TwistedProtocol):
         self.decoder = Decoder(max_packet_size, level)   # (--max-packet-size)
         self.accepted = False
         self.paused = False        # the transport's buffer is full (push producer)
+        # Why the remote is not read now ("alarm": the durable queues' storage
+        # alarm, "congestion": subscribers here behind); empty: it is read.
+        self.paused_for: set[str] = set()
         self.reason = "connection lost"
         self._last_heard = 0.0
         self._timer: Any = None
         self._next_id = 0
+        self._skipping: OversizedPublish | None = None   # (3.1.1: see ``oversize``)
 
     # -- Twisted ------------------------------------------------------------
 
@@ -121,12 +128,71 @@ class BridgeClient(TwistedProtocol):
 
     def dataReceived(self, data: bytes) -> None:
         self._last_heard = self.clock.seconds()
-        self.decoder.feed(data)
+        if self._skipping is not None:
+            self._skip(data)   # (what follows the packet goes to the decoder)
+        else:
+            self.decoder.feed(data)
+        if self._skipping is None:
+            self._read()
+
+    def _read(self) -> None:
+        """Handle the packets received, until reading is paused (the rest wait in
+        the decoder, unacknowledged, until ``resume_reading``)."""
+        decoder = self.decoder
+        while not self.paused_for:
+            try:
+                packet = decoder.next_packet()
+            except MalformedPacket as e:
+                # 3.1.1: a PUBLISH above our maximum is read past (``oversize``); at
+                # MQTT 5 the remote was told the maximum, and broke the rule.
+                if e.code == 0x95 and self.level != 5 and decoder.buffered:
+                    if self._skip(decoder.take_rest()):
+                        continue
+                    return
+                self.drop(f"malformed packet from the remote: {e}")
+                return
+            if packet is None:
+                return
+            self._handle(packet)
+
+    def _skip(self, data: bytes) -> bool:
+        """Read past an oversized PUBLISH from ``data`` on: True once it is behind
+        (what follows it is in the decoder again), False while it goes on."""
+        skipping = self._skipping
+        if skipping is None:
+            skipping = self._skipping = OversizedPublish()
         try:
-            for packet in self.decoder:
-                self._handle(packet)
+            rest = skipping.feed(data)
         except MalformedPacket as e:
+            self._skipping = None
             self.drop(f"malformed packet from the remote: {e}")
+            return False
+        if rest is None:
+            return False
+        self._skipping = None
+        if skipping.packet_id is not None:   # (it cannot be taken: the remote forgets it)
+            self.send(Puback(skipping.packet_id) if skipping.qos == 1
+                      else Pubrec(skipping.packet_id))
+        self.owner.remote_too_large(skipping.topic, skipping.size,
+                                    self.decoder.max_packet_size)
+        self.decoder.feed(rest)
+        return True
+
+    def pause_reading(self, why: str) -> None:
+        """Stop reading the remote (``why``: until ``resume_reading(why)``): what it
+        sends waits in its socket, unacknowledged, so it keeps it."""
+        if not self.paused_for and self.transport is not None:
+            self.transport.pauseProducing()
+        self.paused_for.add(why)
+
+    def resume_reading(self, why: str) -> None:
+        if why not in self.paused_for:
+            return
+        self.paused_for.discard(why)
+        if not self.paused_for and self.transport is not None:
+            self._last_heard = self.clock.seconds()   # (its silence was ours)
+            self.transport.resumeProducing()
+            self._read()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         if (self.reason == "connection lost" and reason is not None
@@ -153,6 +219,9 @@ class BridgeClient(TwistedProtocol):
         if isinstance(packet, Puback):
             self.owner.remote_puback(packet.packet_id, packet.reason_code)
         elif isinstance(packet, Publish):
+            if not packet.topic:   # (MQTT 5: a topic alias, which CONNECT allowed none of)
+                self.drop("a PUBLISH with a topic alias from the remote (none allowed)")
+                return
             self.owner.remote_publish(self, packet)
         elif isinstance(packet, Pingresp):
             pass
@@ -194,7 +263,9 @@ class BridgeClient(TwistedProtocol):
     def _ping(self) -> None:
         keepalive = self.connect_packet.keepalive
         self._timer = None
-        if self.clock.seconds() - self._last_heard > keepalive * 1.5:
+        if self.paused_for:   # (not read: its PINGRESP waits in the socket)
+            self._last_heard = self.clock.seconds()
+        elif self.clock.seconds() - self._last_heard > keepalive * 1.5:
             self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")
             return
         self.transport.write(encode(Pingreq(), self.level))
@@ -207,6 +278,10 @@ class BridgeClient(TwistedProtocol):
         """``properties``: MQTT 5's property block, encoded (None at 3.1.1)."""
         self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup,
                                             packet_id, properties))
+
+    def write(self, data: bytes) -> None:
+        """A packet encoded already (a PUBLISH fitted to the remote's limits)."""
+        self.transport.write(data)
 
     def send(self, packet: Puback | Pubrec | Pubrel | Pubcomp | Disconnect) -> None:
         self.transport.write(encode(packet, self.level))

@@ -2,8 +2,13 @@
 (``BrokerService._start_serving``: at the start, or under ``--ha`` at the takeover,
 never on a standby), stopped with the service.
 
-What it owns: building each ``Bridge`` with a TCP connector on the reactor.  What it
-must not do: anything of a bridge itself (``bridge``).
+What it owns: building each ``Bridge`` with a TCP connector on the reactor, and at
+the start ending the sessions ``$bridge/<name>`` of bridges no longer configured
+(``end_removed``): a removed bridge's backlog would otherwise keep queuing, bounded
+but for nobody, until ``--session-expiry`` if ever.  As Mosquitto drops what it held
+for a bridge removed from its configuration, the session is cleared (subscriptions,
+queue, in flight), with one log line naming each and what it held.  What it must not
+do: anything of a bridge itself (``bridge``).
 """
 
 from __future__ import annotations
@@ -14,13 +19,66 @@ from typing import Any
 from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
-__all__ = ["Bridges"]
+__all__ = ["Bridges", "end_removed", "figures"]
+
+log = Logger()
+PREFIX = "$bridge/"
+
+
+def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
+    """Clear the sessions ``$bridge/<name>`` whose name is not in ``names``; their
+    ids, each logged once with what it held."""
+    kept = {PREFIX + n for n in names}
+    removed = sorted(cid for cid in broker.sessions
+                     if cid.startswith(PREFIX) and cid not in kept)
+    for cid in removed:
+        session = broker.sessions[cid]
+        held = len(session.queue) + len(session.inflight)
+        log.warn("bridge {n} is no longer configured (or has no out rule): its session "
+                 "{c} is ended and the {h} messages it held are dropped",
+                 n=cid[len(PREFIX):], c=cid, h=held)
+        done = broker.commands.clear_session(cid, "bridge removed from the configuration",
+                                             "bridge removed")
+        if done is not None:
+            done.addErrback(_failed, cid)
+    return removed
+
+
+def figures(bridge: Bridge) -> dict[str, Any]:
+    """A bridge now: state, remote, last error, connected since, counters, and its
+    out backlog (the session's queue and what is in flight)."""
+    s = bridge.settings
+    session = bridge.broker.sessions.get(s.session_id)
+    queued = len(session.queue) if session is not None else 0
+    inflight = len(session.inflight) if session is not None else 0
+    client = bridge.client
+    return {
+        "name": s.name, "address": s.address, "protocol": s.protocol,
+        "client_id": s.remote_client_id, "session": s.session_id,
+        "rules": [r.text() for r in s.rules], "state": bridge.state,
+        "last_error": bridge.last_error, "connected_since": bridge.connected_since,
+        "attempts": bridge.attempts, "failures": bridge.failures,
+        "sent": bridge.sent, "received": bridge.received,
+        "remote_refused": bridge.refused, "refused_here": bridge.refused_here,
+        "too_large": bridge.link.too_large, "too_large_in": bridge.too_large_in,
+        "downgraded": bridge.link.downgraded,
+        "unretained": bridge.link.unretained, "held": bridge.held,
+        "reading_paused": sorted(client.paused_for) if client is not None else [],
+        "backlog_messages": queued + inflight, "inflight": inflight,
+        "backlog_bytes": session.queued_bytes if session is not None else 0,
+    }
+
+
+def _failed(failure: Failure, client_id: str) -> None:
+    log.failure("ending the session {c}", failure, c=client_id)
 
 
 def _tls_creator(settings: BridgeSettings) -> Any:
@@ -57,6 +115,7 @@ class Bridges:
         self.broker = broker
         self.reactor = reactor
         self.bridges = [Bridge(broker, reactor, s, self._connector(s)) for s in settings]
+        self.started = False
 
     def _connector(self, settings: BridgeSettings) -> Any:
         reactor: IReactorTCP = self.reactor
@@ -72,8 +131,50 @@ class Bridges:
         return connect
 
     def start(self) -> None:
+        self.started = True
+        end_removed(self.broker, [b.settings.name for b in self.bridges if b.out_rules])
         for bridge in self.bridges:
             bridge.start()
+
+    def configure(self, settings: Sequence[BridgeSettings]) -> None:
+        """SIGHUP: the ``[[bridge]]`` tables now.  A bridge whose table is unchanged
+        runs on untouched; a changed one is stopped and started anew on the same
+        session (its backlog kept; its subscriptions follow the new rules); a new one
+        starts; a removed one stops and its session is ended, as at a start."""
+        old = {b.settings.name: b for b in self.bridges}
+        names = {s.name for s in settings}
+        added: list[str] = []
+        changed: list[str] = []
+        bridges: list[Bridge] = []
+        for s in settings:
+            bridge = old.get(s.name)
+            if bridge is not None and bridge.settings == s:
+                bridges.append(bridge)
+                continue
+            if bridge is not None:
+                bridge.stop()
+                changed.append(s.name)
+            else:
+                added.append(s.name)
+            bridges.append(Bridge(self.broker, self.reactor, s, self._connector(s)))
+        removed = [name for name in old if name not in names]
+        for name in removed:
+            old[name].stop()
+        self.bridges = bridges
+        log.info("bridges reloaded: {a} added, {c} changed, {r} removed, {k} unchanged",
+                 a=", ".join(added) or "none", c=", ".join(changed) or "none",
+                 r=", ".join(removed) or "none",
+                 k=len(bridges) - len(added) - len(changed))
+        if not self.started:
+            return
+        end_removed(self.broker, [b.settings.name for b in bridges if b.out_rules])
+        for bridge in bridges:
+            if bridge.settings.name in added or bridge.settings.name in changed:
+                bridge.start()
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Each bridge now (``Bridge.figures``), for the console and the metrics."""
+        return [figures(bridge) for bridge in self.bridges]
 
     def stop(self) -> None:
         for bridge in self.bridges:

@@ -60,6 +60,9 @@ ENDPOINTS: dict[str, tuple[str, str]] = {
                             "name ($dlq/<queue> or <queue>), offset (empty: all)"),
     "/api/exchanges": ("AMQP 0.9.1's exchanges (the default one first): type, durable, "
                        "auto-delete, internal, arguments, bindings out and in.", ""),
+    "/api/bridges": ("Each [[bridge]]: state, remote, protocol, last error, connected "
+                     "since, attempts and failures, messages out and in, what was dropped "
+                     "or refused, and the out backlog (messages, bytes, in flight).", ""),
     "/api/exchanges/exchange": ("One exchange with its bindings either way.",
                                 "name (empty: the default exchange)"),
     "/api/exchanges/delete": ("Delete a declared exchange with its bindings (not the "

@@ -29,6 +29,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from mqttamqp.console.actions import ConsoleActions
 from mqttamqp.console.apps.api import ApiApp
+from mqttamqp.console.apps.bridges import BridgesApp, no_bridges
 from mqttamqp.console.apps.clients import ClientsApp
 from mqttamqp.console.apps.exchanges import ExchangesApp
 from mqttamqp.console.apps.login import LoginApp
@@ -96,6 +97,7 @@ class Console:
         self.messages = MessagesApp(gate, pages, broker, self.actions, clock)
         self.queues = QueuesApp(gate, pages, broker, self.actions.audit, clock)
         self.exchanges = ExchangesApp(gate, pages, broker, self.actions.audit)
+        self.bridges = BridgesApp(gate, pages, context.bridges or no_bridges)
         # The Users page (``users`` is the user store itself).
         self.accounts = UsersApp(gate, pages, broker, self.actions.audit, run_in_thread)
         report_dir = context.report_dir or os.path.join(context.data_dir, "report")
@@ -182,6 +184,7 @@ AREAS: tuple[tuple[str, type[Area]], ...] = (
     ("login", LoginApp), ("overview", OverviewApp), ("clients", ClientsApp),
     ("sessions", SessionsApp), ("retained", RetainedApp), ("topics", TopicsApp),
     ("messages", MessagesApp), ("queues", QueuesApp), ("exchanges", ExchangesApp),
+    ("bridges", BridgesApp),
     ("accounts", UsersApp),
     ("traffic", TrafficApp), ("api", ApiApp),
 )

@@ -34,6 +34,8 @@ class ConsoleContext:
     report_dir: str | None = None         # where the traffic report is written
     report_job: ReportRunner | None = None
     ha: Callable[[], dict[str, Any]] | None = None   # --ha: the role and its times
+    # [[bridge]] tables: each bridge's figures (``mqttamqp.bridge.service.Bridges``)
+    bridges: Callable[[], list[dict[str, Any]]] | None = None
 
     @classmethod
     def of(cls, service: Any) -> ConsoleContext:
@@ -46,8 +48,14 @@ class ConsoleContext:
             stats_fn = getattr(getattr(service, "store", None), "stats", None)
             return stats_fn() if callable(stats_fn) else None
 
+        def bridges() -> list[dict[str, Any]]:
+            # (read when asked: the bridges are built after the web listener)
+            built = getattr(service, "bridges", None)
+            return built.figures() if built is not None else []
+
         return cls(service.broker, service.data_dir, service.reactor, listeners,
                    storage_stats, getattr(service, "archive_dir", None),
                    getattr(service, "report_dir", None),
                    getattr(service, "report_job", None),
-                   ha.figures if (ha := getattr(service, "ha", None)) is not None else None)
+                   ha.figures if (ha := getattr(service, "ha", None)) is not None else None,
+                   bridges)

@@ -285,6 +285,14 @@ class Decoder:
         self._pos = end
         return packet
 
+    def take_rest(self) -> bytes:
+        """The bytes fed but not taken as packets, removed from the decoder (a
+        client that reads past a packet above its maximum size takes them)."""
+        rest = bytes(self._buf[self._pos:])
+        self._buf = b""
+        self._pos = 0
+        return rest
+
     def __iter__(self) -> Iterator[Packet]:
         """Yield packets until more bytes are needed (lazily, so a level change
         made after one packet applies to the next)."""

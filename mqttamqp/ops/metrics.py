@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.stats import Histogram, protocol_family
 
-__all__ = ["Family", "BrokerCollector", "broker_registry", "exposition", "snapshot",
-           "CONTENT_TYPE"]
+__all__ = ["Family", "BridgeCollector", "BrokerCollector", "broker_registry", "exposition",
+           "snapshot", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -308,6 +308,55 @@ class HACollector(Collector):
                  f["database_latency_seconds"])):
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=value)
+
+
+# (metric, kind, what it is, the key of ``Bridges.figures``)
+_BRIDGE_METRICS = (
+    ("mqttamqp_bridge_up", GAUGE, "1 while the bridge is connected to its remote.", ""),
+    ("mqttamqp_bridge_connected_since_seconds", GAUGE, "When the bridge connected, "
+     "seconds since the epoch (0 while not connected).", "connected_since"),
+    ("mqttamqp_bridge_connect_attempts", COUNTER, "Connection attempts toward the remote.",
+     "attempts"),
+    ("mqttamqp_bridge_connect_failures", COUNTER, "Attempts that failed, and connections "
+     "lost once connected.", "failures"),
+    ("mqttamqp_bridge_messages_out", COUNTER, "Messages sent to the remote (out rules; "
+     "resends counted).", "sent"),
+    ("mqttamqp_bridge_messages_in", COUNTER, "Messages received from the remote (in "
+     "rules).", "received"),
+    ("mqttamqp_bridge_too_large", COUNTER, "Out messages dropped: above the remote's "
+     "maximum packet size.", "too_large"),
+    ("mqttamqp_bridge_too_large_in", COUNTER, "In messages dropped: from a 3.1.1 remote, "
+     "above --max-packet-size (acknowledged to it).", "too_large_in"),
+    ("mqttamqp_bridge_remote_refused", COUNTER, "Out messages the remote refused (MQTT 5 "
+     "PUBACK failure codes).", "remote_refused"),
+    ("mqttamqp_bridge_refused_here", COUNTER, "In messages a durable queue here refused "
+     "(not acknowledged to the remote).", "refused_here"),
+    ("mqttamqp_bridge_backlog_messages", GAUGE, "Out messages waiting in the bridge's "
+     "session (queued and in flight).", "backlog_messages"),
+    ("mqttamqp_bridge_backlog_bytes", GAUGE, "Payload bytes queued in the bridge's "
+     "session.", "backlog_bytes"),
+)
+
+
+class BridgeCollector(Collector):
+    """``[[bridge]]`` tables: one series per bridge (label ``bridge``) of each
+    ``mqttamqp_bridge_*`` metric, from ``figures()`` (``Bridges.figures``)."""
+
+    def __init__(self, figures: Any) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        bridges = self.figures()
+        for name, kind, doc, key in _BRIDGE_METRICS:
+            family: Any = (CounterMetricFamily(name, doc, labels=["bridge"]) if kind == COUNTER
+                           else GaugeMetricFamily(name, doc, labels=["bridge"]))
+            for b in bridges:
+                value = (1 if b["state"] == "connected" else 0) if not key else (b[key] or 0)
+                family.add_metric([b["name"]], value)
+            yield family
+
+    def describe(self) -> Iterable[Any]:
+        return ()
 
 
 def broker_registry(broker: Broker) -> CollectorRegistry:

@@ -64,6 +64,11 @@ class OpsWiring:
                 from mqttamqp.ops.metrics import HACollector
 
                 self._registry.register(HACollector(self.service.ha.figures))
+            from mqttamqp.ops.metrics import BridgeCollector
+
+            # (read at each scrape: the bridges may be built after the registry)
+            self._registry.register(BridgeCollector(
+                lambda: b.figures() if (b := getattr(self.service, "bridges", None)) else []))
         return self._registry
 
     @property

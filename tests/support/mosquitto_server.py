@@ -22,7 +22,8 @@ def free_port() -> int:
 class MosquittoServer:
     """``start``/``stop`` may be repeated: the port and the persistence stay."""
 
-    def __init__(self, directory: str, port: int | None = None) -> None:
+    def __init__(self, directory: str, port: int | None = None, extra: str = "") -> None:
+        """``extra``: more lines of mosquitto.conf (limits: ``max_qos 1``...)."""
         self.directory = directory
         self.port = port or free_port()
         self.conf = os.path.join(directory, "mosquitto.conf")
@@ -32,7 +33,7 @@ class MosquittoServer:
                     "log_dest stderr\nlog_type all\n"
                     # (as root, Mosquitto drops to user mosquitto, which cannot
                     # write its persistence file into our temp directory)
-                    f"user {getpass.getuser()}\n")
+                    f"user {getpass.getuser()}\n" + extra)
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []

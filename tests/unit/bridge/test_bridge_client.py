@@ -7,8 +7,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from bridge_remote import TABLE, Remote, accept
 from core_broker import make_broker, pub
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.bridge.bridge import Bridge
@@ -24,61 +25,12 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
 )
 
-TABLE = {"name": "hq", "address": "mqtt://127.0.0.1:1884",
-         "topics": ["sensors/# out 1", "commands/# in 1"], "keepalive": 10,
-         "reconnect-min": 1.0, "reconnect-max": 8.0}
-
-
-class Remote:
-    """The connector: refuses while ``up`` is False, else connects the client to a
-    ``StringTransport`` and keeps it (``transport``, ``client``)."""
-
-    def __init__(self) -> None:
-        self.up = False
-        self.attempts = 0
-        self.client: BridgeClient | None = None
-        self.transport: StringTransport | None = None
-
-    def __call__(self, client: BridgeClient) -> Deferred[Any]:
-        self.attempts += 1
-        if not self.up:
-            return fail(ConnectionRefusedError("refused"))
-        self.client, self.transport = client, StringTransport()
-        client.makeConnection(self.transport)
-        return succeed(client)
-
-    def packets(self) -> list[Any]:
-        assert self.transport is not None
-        decoder = Decoder(server=True)
-        decoder.feed(self.transport.value())
-        self.transport.clear()
-        return list(decoder)
-
-    def send(self, packet: Any) -> None:
-        assert self.client is not None
-        self.client.dataReceived(encode(packet))
-
-    def lose(self) -> None:
-        assert self.client is not None and self.transport is not None
-        self.client.connectionLost(None)
-
 
 def _bridge(**extra: Any) -> tuple[Bridge, Remote, Any, Any]:
     broker, clock, _ = make_broker()
     remote = Remote()
     bridge = Bridge(broker, clock, BridgeSettings.from_table({**TABLE, **extra}), remote)
     return bridge, remote, broker, clock
-
-
-def _accept(remote: Remote) -> bytes:
-    """Answer CONNECT with CONNACK; the CONNECT's bytes (the server decoder refuses the
-    bridge flag's protocol level, as it should, so tests read the bytes)."""
-    assert remote.transport is not None
-    raw = remote.transport.value()
-    assert raw[:1] == b"\x10"
-    remote.transport.clear()
-    remote.send(Connack(False, 0))
-    return raw
 
 
 def test_backoff_doubles_to_its_bound_and_resets() -> None:
@@ -105,7 +57,7 @@ def test_reconnect_waits_with_bounded_backoff_then_resets() -> None:
     assert waits == [1.0, 2.0, 4.0, 8.0, 8.0]
     remote.up = True
     clock.advance(8.0)
-    _accept(remote)
+    accept(remote)
     assert bridge.state == "connected"
     remote.lose()
     assert bridge.state == "waiting"
@@ -119,7 +71,7 @@ def test_connect_carries_the_bridge_flag_and_subscribes_in_rules() -> None:
     bridge, remote, _, _ = _bridge()
     remote.up = True
     bridge.start()
-    raw = _accept(remote)
+    raw = accept(remote)
     connect = raw[2:]
     # name "MQTT", level 4 | 0x80, flags 0 (clean session 0), keepalive 10, client id
     cid = f"{socket.gethostname()}.hq".encode()
@@ -134,7 +86,7 @@ def test_keepalive_pings_and_drops_a_silent_remote() -> None:
     bridge, remote, _, clock = _bridge(topics=["sensors/# out 1"])
     remote.up = True
     bridge.start()
-    _accept(remote)
+    accept(remote)
     assert remote.transport is not None
     clock.advance(10)
     assert [type(p) for p in remote.packets()] == [Pingreq]
@@ -164,7 +116,7 @@ def test_out_backlog_waits_goes_in_order_and_is_resent_until_puback() -> None:
     assert len(session.queue) == 3 and session.connection is None
     remote.up = True
     clock.advance(1.0)
-    _accept(remote)
+    accept(remote)
     sent = remote.packets()
     assert [(p.topic, p.payload, p.qos, p.dup) for p in sent] == [
         ("sensors/t", b"m%d" % i, 1, False) for i in range(3)]
@@ -172,7 +124,7 @@ def test_out_backlog_waits_goes_in_order_and_is_resent_until_puback() -> None:
     remote.send(Puback(sent[1].packet_id))
     remote.lose()
     clock.advance(1.0)
-    _accept(remote)
+    accept(remote)
     (again,) = remote.packets()
     assert isinstance(again, Publish) and (again.payload, again.dup) == (b"m2", True)
     remote.send(Puback(again.packet_id))
@@ -186,7 +138,7 @@ def test_inbound_publish_is_published_here_and_acknowledged() -> None:
     bridge, remote, broker, _ = _bridge()
     remote.up = True
     bridge.start()
-    _accept(remote)
+    accept(remote)
     remote.packets()
     local, link, _ = connect(broker, "near")
     subscribe(broker, local, ("commands/#", 1))
@@ -213,7 +165,7 @@ def test_prefixes_map_out_and_in_topics() -> None:
         "topics": ["s/# out 1 site/ hq/", "c/# in 1 site/ hq/"]})
     remote.up = True
     bridge.start()
-    _accept(remote)
+    accept(remote)
     (sub,) = remote.packets()
     assert sub.topics == (("hq/c/#", 1),)
     pub(broker, "site/s/1", b"x", qos=1)
@@ -275,7 +227,7 @@ def test_an_expired_out_session_is_subscribed_again_on_connect() -> None:
     broker.registry.expire()
     remote.up = True
     clock.advance(60.0)
-    _accept(remote)
+    accept(remote)
     remote.packets()
     assert bridge.session is not None and dict(bridge.session.subscriptions) == {
         "sensors/#": 1}
@@ -289,7 +241,7 @@ def test_a_live_retained_message_reaches_the_remote_retained() -> None:
     bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"])
     remote.up = True
     bridge.start()
-    _accept(remote)
+    accept(remote)
     remote.packets()
     pub(broker, "sensors/x", b"v", qos=1, retain=True)
     assert [(p.topic, p.retain) for p in remote.packets() if isinstance(p, Publish)] == [
@@ -306,10 +258,103 @@ def test_an_inbound_message_a_durable_queue_refuses_is_not_acknowledged() -> Non
     bridge = Bridge(broker, clock, BridgeSettings.from_table(
         {**TABLE, "topics": ["$queue/jobs/# in 1"]}), remote)
     bridge.start()
-    _accept(remote)
+    accept(remote)
     remote.packets()
     transport = remote.transport
     assert transport is not None
     remote.send(Publish("$queue/jobs/x", b"j1", 1, False, False, 7))
     assert not [p for p in remote.packets() if isinstance(p, Puback)]
     assert transport.disconnecting and bridge.refused_here == 1
+
+
+def test_sessions_of_removed_bridges_are_ended_at_start() -> None:
+    """At start the session of a bridge no longer configured is cleared (it would
+    keep queuing for nobody); a configured bridge's session is kept."""
+    from mqttamqp.bridge.service import end_removed
+
+    broker, clock, _ = make_broker()
+    for name in ("old", "hq"):
+        Bridge(broker, clock, BridgeSettings.from_table({**TABLE, "name": name}),
+               Remote()).start()
+    pub(broker, "sensors/t", b"kept for nobody", qos=1)
+    assert len(broker.sessions["$bridge/old"].queue) == 1
+    assert end_removed(broker, ["hq"]) == ["$bridge/old"]
+    clock.advance(0)
+    assert "$bridge/old" not in broker.sessions and "$bridge/hq" in broker.sessions
+    pub(broker, "sensors/t", b"after", qos=1)
+    assert "$bridge/old" not in broker.sessions
+
+
+def test_one_log_line_per_state_change_not_per_attempt() -> None:
+    """Attempts failing for the same reason log once ("failing"), counted; a lost
+    connection logs "lost"; a new reason logs again."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        text = formatEvent(event)
+        if text.startswith("bridge hq to "):
+            lines.append(text.split(": ", 1)[1].split(" (", 1)[0])
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        bridge, remote, _, clock = _bridge()
+        bridge.start()
+        for _ in range(6):
+            before = remote.attempts
+            while remote.attempts == before:
+                clock.advance(1.0)
+        assert lines == ["connecting", "failing"]
+        assert bridge.attempts == 7 and bridge.failures == 7
+        remote.up = True
+        clock.advance(8.0)
+        accept(remote)
+        remote.lose()
+        remote.up = False
+        clock.advance(1.0)
+        clock.advance(2.0)
+        assert lines == ["connecting", "failing", "connected", "lost", "failing"]
+        assert bridge.state == "waiting" and bridge.last_error == "refused"
+    finally:
+        globalLogPublisher.removeObserver(observe)
+
+
+def test_bridge_metrics_one_series_per_bridge() -> None:
+    """mqttamqp_bridge_* series per bridge: up, messages out, backlog, attempts."""
+    from mqttamqp.bridge.service import figures
+    from mqttamqp.ops.metrics import BridgeCollector, broker_registry, exposition
+
+    bridge, remote, broker, _ = _bridge(topics=["sensors/# out 1"])
+    remote.up = True
+    bridge.start()
+    accept(remote)
+    for i in range(2):
+        pub(broker, "sensors/t", b"%d" % i, qos=1)
+    registry = broker_registry(broker)
+    registry.register(BridgeCollector(lambda: [figures(bridge)]))
+    text = exposition(registry).decode()
+    for line in ('mqttamqp_bridge_up{bridge="hq"} 1.0',
+                 'mqttamqp_bridge_messages_out_total{bridge="hq"} 2.0',
+                 'mqttamqp_bridge_backlog_messages{bridge="hq"} 2.0',
+                 'mqttamqp_bridge_connect_attempts_total{bridge="hq"} 1.0'):
+        assert line in text, line
+
+
+def test_sys_connection_state_follows_the_bridge() -> None:
+    """$SYS/broker/connection/<client id>/state (Mosquitto's notification topic),
+    retained: 0 while not connected, 1 once connected, 0 when the connection is lost."""
+    from core_broker import connect, subscribe
+
+    bridge, remote, broker, clock = _bridge()
+    topic = f"$SYS/broker/connection/{socket.gethostname()}.hq/state"
+    bridge.start()
+    assert broker.retained.get(topic).payload == b"0"
+    local, link, _ = connect(broker, "watcher")
+    subscribe(broker, local, ("$SYS/broker/connection/#", 0))
+    link.sent.clear()
+    remote.up = True
+    clock.advance(1.0)
+    accept(remote)
+    remote.lose()
+    assert [(t, p) for t, p, *_ in link.sent] == [(topic, b"1"), (topic, b"0")]

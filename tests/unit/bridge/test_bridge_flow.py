@@ -1,0 +1,44 @@
+"""The bridge's ``in`` direction under the broker's flow rules, on a fake transport and
+``task.Clock``: while the durable queues' storage alarm holds the remote is not read
+and what it sent after is not acknowledged; it is read again once the alarm clears."""
+
+from __future__ import annotations
+
+from bridge_remote import TABLE, Remote, accept
+from core_broker import make_broker
+
+from mqttamqp.bridge.bridge import Bridge
+from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.packets import Puback, Publish, Suback, Subscribe
+
+
+def test_storage_alarm_stops_reading_the_remote_until_it_clears() -> None:
+    """A queue publish that raises the alarm is stored and acknowledged; the next one
+    waits unread and unacknowledged; once the alarm clears it is taken and acknowledged."""
+    broker, clock, _ = make_broker(queue_max_total_bytes=2048)
+    remote = Remote()
+    remote.up = True
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(
+        {**TABLE, "topics": ["$queue/jobs/# in 1"]}), remote)
+    bridge.start()
+    accept(remote)
+    (sub,) = remote.packets()
+    assert isinstance(sub, Subscribe)
+    remote.send(Suback(sub.packet_id, (1,)))
+    assert remote.client is not None and remote.transport is not None
+    remote.client.dataReceived(
+        encode(Publish("$queue/jobs/a", b"x" * 2048, 1, False, False, 1))
+        + encode(Publish("$queue/jobs/a", b"y", 1, False, False, 2)))
+    assert broker.queues.blocked
+    assert remote.packets() == [Puback(1)]
+    assert remote.transport.producerState == "paused"
+    assert bridge.received == 1 and bridge.held == 1
+    clock.advance(30)   # (keepalive 10: a remote not read is not "silent")
+    assert remote.client.connected and not remote.transport.disconnecting
+    # The alarm clears (as if the queues drained): the waiting one is read, stored
+    # (the queue is still over its bound: the alarm is raised again) and acknowledged.
+    broker.queues.alarm.check_total(0)
+    assert [p for p in remote.packets() if isinstance(p, Puback)] == [Puback(2)]
+    assert bridge.received == 2
+    assert broker.queues.blocked and remote.transport.producerState == "paused"
