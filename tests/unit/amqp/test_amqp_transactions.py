@@ -282,3 +282,26 @@ def test_the_connection_ending_rolls_back_its_transactions() -> None:
     assert sub.publishes() == []
     txs = net.broker.transactions
     assert (txs.rolled_back, txs.open_count) == (1, 0)
+
+
+def test_a_cause_repeated_is_logged_once_and_every_refusal_answered() -> None:
+    """Transfers naming an unknown transaction, in a loop: each is Rejected with
+    amqp:transaction:unknown-id, and the log has one line for the cause."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        net = Net()
+        app = net.amqp()
+        coordinator(app)
+        snd = app.sender("tx/loop")
+        answers = [outcome(send_in(app, snd, b"no-such-%d" % i, f"m{i}")) for i in range(20)]
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert answers == [(REJECTED, "amqp:transaction:unknown-id")] * 20
+    assert len([line for line in lines if "unknown transaction" in line]) == 1
