@@ -305,3 +305,23 @@ def test_a_cause_repeated_is_logged_once_and_every_refusal_answered() -> None:
         globalLogPublisher.removeObserver(observe)
     assert answers == [(REJECTED, "amqp:transaction:unknown-id")] * 20
     assert len([line for line in lines if "unknown transaction" in line]) == 1
+
+
+def test_a_connection_lost_while_its_commit_is_stored_is_no_harm() -> None:
+    """The connection dies between the discharge and its durable commit: the commit
+    completes (all of it stored, counted) and answering nobody raises nothing."""
+    store = ManualStore()
+    net = Net(store=store)
+    app = net.amqp()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    snd = app.sender("$queue/lost")
+    store.commit_all()
+    send_in(app, snd, txn, "kept")
+    discharge(app, ctrl, txn)
+    assert len(store.pending) == 1
+    app.kill()
+    store.commit_all()
+    net.pump()
+    assert net.broker.transactions.committed == 1
+    assert any(getattr(op, "queue", None) == "lost" for op in store.submitted)
