@@ -62,6 +62,10 @@ class HoldingLink(Protocol):
 
     outstanding: int
     second: bool
+    rejected: int
+
+    def answer(self, dlv: Any, state: int, condition: tuple[str, str] | None = None
+               ) -> None: ...
 
     def answered(self) -> None: ...
 
@@ -131,19 +135,26 @@ def hold_transfer(link: HoldingLink, dlv: Any, routed: CoreMessage,
         what = "undecodable" if state is None else _txn_label(state[0])
         txns.warn("unknown-id", f"a transfer on {link.address or '(anonymous)'} from "
                   f"{host.container_id} names unknown transaction {what}")
-        link.reject(dlv, UNKNOWN_ID, f"unknown transaction {what}")
+        _refuse(link, dlv, UNKNOWN_ID, f"unknown transaction {what}")
         return
     broker = link.broker
     identity = host.identity
-    if not broker.may_publish(identity, routed.topic, routed.retain):
-        link.reject(dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
+    if not broker.may_publish(identity, routed.topic, routed.retain):   # (logs it)
+        _refuse(link, dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
         return
     try:
         tx.add_publish(len(routed.payload), _publisher(link, routed))
-    except TransactionRefused as refused:
-        link.reject(dlv, RESOURCE_LIMIT, refused.reason)
+    except TransactionRefused as refused:   # (logged once per cause by the core)
+        _refuse(link, dlv, RESOURCE_LIMIT, refused.reason)
         return
     _answer_transactional(link, dlv, state[0], presettled)
+
+
+def _refuse(link: HoldingLink, dlv: Any, condition: str, description: str) -> None:
+    """Rejected, without ``reject``'s log line per message: the cause was logged,
+    rate-limited, where it was found."""
+    link.rejected += 1
+    link.answer(dlv, REJECTED, (condition, description))
 
 
 def _publisher(link: HoldingLink, routed: CoreMessage

@@ -282,3 +282,46 @@ def test_the_connection_ending_rolls_back_its_transactions() -> None:
     assert sub.publishes() == []
     txs = net.broker.transactions
     assert (txs.rolled_back, txs.open_count) == (1, 0)
+
+
+def test_a_cause_repeated_is_logged_once_and_every_refusal_answered() -> None:
+    """Transfers naming an unknown transaction, in a loop: each is Rejected with
+    amqp:transaction:unknown-id, and the log has one line for the cause."""
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        net = Net()
+        app = net.amqp()
+        coordinator(app)
+        snd = app.sender("tx/loop")
+        answers = [outcome(send_in(app, snd, b"no-such-%d" % i, f"m{i}")) for i in range(20)]
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert answers == [(REJECTED, "amqp:transaction:unknown-id")] * 20
+    assert len([line for line in lines if "unknown transaction" in line]) == 1
+
+
+def test_a_connection_lost_while_its_commit_is_stored_is_no_harm() -> None:
+    """The connection dies between the discharge and its durable commit: the commit
+    completes (all of it stored, counted) and answering nobody raises nothing."""
+    store = ManualStore()
+    net = Net(store=store)
+    app = net.amqp()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    snd = app.sender("$queue/lost")
+    store.commit_all()
+    send_in(app, snd, txn, "kept")
+    discharge(app, ctrl, txn)
+    assert len(store.pending) == 1
+    app.kill()
+    store.commit_all()
+    net.pump()
+    assert net.broker.transactions.committed == 1
+    assert any(getattr(op, "queue", None) == "lost" for op in store.submitted)
