@@ -2,7 +2,7 @@
 """The AMQP 0.9.1 adapter's CPU per message, in one process, without sockets or storage.
 
     NQ=10 python bench/amqp091_inproc.py [COUNT] [PAYLOAD] [--mode both|pub|cons]
-                                         [-p] [--areas] [-d]
+                                         [-p] [--areas] [-d] [--callgrind]
 
 A publisher connection in confirm mode sends 100 persistent ``basic.publish`` a round
 (to the default exchange and queue ``q``, or with ``NQ`` > 1 to a durable fanout
@@ -20,9 +20,15 @@ adds a cProfile of a second run (its own overhead inflates small functions: read
 for shares, not absolute times); ``--areas`` sums that profile's own time by area
 (frames and pamqp, properties, exchanges, queues, sessions, settlement, Deferreds,
 the adapter) in µs per message; ``-d`` prints a few rounds' frames.  Compare runs
-made side by side only.
+made side by side only, or count instructions, which do not move with the load:
+
+    valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/tmp/cg.out \
+        python bench/amqp091_inproc.py 5000 --callgrind    # "Collected" / 5000
+
+``GC0=N`` sets the collector's young-generation threshold (the service's by default).
 """
 
+import argparse
 import cProfile
 import gc
 import os
@@ -49,15 +55,16 @@ try:
 except ImportError:
     service = None
 
-ARGS = [a for a in sys.argv[1:] if not a.startswith("-")]
-N = int(ARGS[0]) if ARGS else 20000
-PAY = int(ARGS[1]) if len(ARGS) > 1 else 100
-MODE = "both"
-if "--mode" in sys.argv:
-    MODE = sys.argv[sys.argv.index("--mode") + 1]
-    ARGS = [a for a in ARGS if a != MODE]
-    N = int(ARGS[0]) if ARGS else 20000
-    PAY = int(ARGS[1]) if len(ARGS) > 1 else 100
+_ap = argparse.ArgumentParser()
+_ap.add_argument("count", nargs="?", type=int, default=20000)
+_ap.add_argument("payload", nargs="?", type=int, default=100)
+_ap.add_argument("--mode", choices=("both", "pub", "cons"), default="both")
+_ap.add_argument("-p", action="store_true")
+_ap.add_argument("--areas", action="store_true")
+_ap.add_argument("-d", action="store_true")
+_ap.add_argument("--callgrind", action="store_true")
+OPTS = _ap.parse_args()
+N, PAY, MODE = OPTS.count, OPTS.payload, OPTS.mode
 NQ = int(os.environ.get("NQ", "1"))
 QUEUES = [f"q{i}" for i in range(NQ)] if NQ > 1 else ["q"]
 
@@ -205,7 +212,8 @@ def measure(run, n):
 gc.collect()
 gc.freeze()
 if service is not None:
-    gc.set_threshold(getattr(service, "GC_YOUNG_THRESHOLD", 700), *gc.get_threshold()[1:])
+    gc.set_threshold(int(os.environ.get("GC0") or getattr(service, "GC_YOUNG_THRESHOLD", 700)),
+                     *gc.get_threshold()[1:])
 if MODE == "both":
     consume()
     run_both(2000)
@@ -214,22 +222,33 @@ elif MODE == "pub":
     run_pub(2000)
     run = run_pub
 else:
-    run_pub(N + 2000 + (N if "-p" in sys.argv else 0))
+    run_pub(N + 2000 + (N if OPTS.p else 0))
     consume()
     run_cons(2000)
     run = run_cons
+toggle = None
+if OPTS.callgrind:
+    # Instructions per message, the same every run (no neighbours' noise): under
+    # valgrind --tool=callgrind --collect-atstart=no, collected around this run only.
+    sys.path.insert(0, HERE)
+    from amqp_cost import callgrind_toggle
+
+    toggle = callgrind_toggle()
+    toggle()
 us, got = measure(run, N)
+if toggle is not None:
+    toggle()
 print(f"{MODE}: {us:.1f} us per message ({got})")
-if "-p" in sys.argv:
+if OPTS.p:
     pr = cProfile.Profile()
     pr.enable()
     got = run(N)
     pr.disable()
     st = pstats.Stats(pr)
-    if "--areas" in sys.argv:
+    if OPTS.areas:
         areas(st, got)
     st.sort_stats("tottime").print_stats(40)
-if "-d" in sys.argv:
+if OPTS.d:
     reader = FrameReader(1 << 22)
     if MODE != "both":
         sys.exit(0)
