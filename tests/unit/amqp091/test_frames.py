@@ -110,6 +110,23 @@ def test_content_frames_are_cut_to_frame_max() -> None:
     assert len(bodies) == 3
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), st.integers(0, 9000), st.sampled_from([4096, 4200, 131072]),
+       st.text(max_size=40))
+def test_content_frames_are_what_pamqp_marshals(channel: int, size: int, frame_max: int,
+                                                 content_type: str) -> None:
+    """A delivery's frames (one body frame, several, or none) equal pamqp's marshalling
+    of the method, the content header and the body cut to frame_max."""
+    props = commands.Basic.Properties(content_type=content_type or None, delivery_mode=2)
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    method = commands.Basic.Deliver("t", 7, False, "", "q")
+    expected = frame.marshal(method, channel) + frame.marshal(
+        ContentHeader(0, size, props), channel)
+    for start in range(0, size, frame_max - 8):
+        expected += frame.marshal(ContentBody(body[start:start + frame_max - 8]), channel)
+    assert content_frames(channel, method, props.marshal(), body, frame_max) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_decode_or_raise_frame_error(data: bytes) -> None:
