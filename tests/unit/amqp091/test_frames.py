@@ -200,3 +200,18 @@ def test_a_repeated_publish_decodes_as_pamqp_decodes_it(
         assert (header.body_size, header.weight) == (size, 0)
         assert header.properties.marshal() == props.marshal()
         assert header.raw == header7.raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[a-zA-Z0-9_.:-]{0,60}", fullmatch=True), st.text(max_size=60),
+       st.binary(max_size=1200))
+def test_an_envelope_opens_to_what_was_published(exchange: str, key: str, raw: bytes) -> None:
+    """A publish's envelope (memoized or not) gives back its exchange, routing key and
+    property bytes, the first time and again."""
+    from mqttamqp.amqp091.properties import _open, envelope, sent_with
+    from mqttamqp.core.message import Message
+
+    for _ in range(2):
+        data = envelope(exchange, key, raw)
+        assert _open(data) == (exchange, key, raw)
+        assert sent_with(Message("t", b"", 1, False, "p", 0.0, amqp091=data)) == (exchange, key)
