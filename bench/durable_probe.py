@@ -11,7 +11,7 @@ stime from ``/proc``), split into the reactor (the main thread, whose id is the
 process id) and every other thread (the ZODB writer, the archive's feeding thread,
 the queue reader, the thread pool: the thread ids and their CPU are listed); the
 store's transactions and records after the run (the broker is stopped, then its
-FileStorage file is iterated read-only): messages per commit and records written per
+FileStorage file is iterated read-only; with another ``--storage`` only the CPU): messages per commit and records written per
 message (a put an acknowledgement cancels in the same commit is never written).
 With ``--mosquitto`` a Mosquitto run alternates with every mqttamqp run (same
 load; its CPU per message beside ours); with ``--baseline DIR`` so does a broker of
@@ -102,7 +102,7 @@ def one_run(label, args, help_text, env_extra, rep):
             out["reactor_system_us_per_msg"] = system.get(pid, 0.0) * 1e6 / n
             out["other_threads_system_us_per_msg"] = (
                 (sum(system.values()) - system.get(pid, 0.0)) * 1e6 / n)
-        if kind == "mqttamqp":
+        if kind == "mqttamqp" and os.path.exists(fs):   # (FileStorage only)
             t1, r1 = commits_in(fs)
             t, r = t1 - fs0[0], r1 - fs0[1]
             out.update({"commits": t, "records": r,
