@@ -152,9 +152,7 @@ class ZODBStore:
         self._completions: deque[_Completion] = deque()
         self._completions_lock = threading.Lock()
         self._draining = False  # touched only on the reactor thread (or in close())
-        # Where the writer is (under ``_cond``): waiting for work, or gathering.
-        self._idle = False
-        self._gathering = False
+        self._idle = self._gathering = False   # the writer waits for work / gathers
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
@@ -221,9 +219,7 @@ class ZODBStore:
             self._pending.append((batch, d))
             self._pending_ops += len(batch)
             self._submits += 1
-            # Wake the writer only when it sleeps for want of work, or when its
-            # gathering is over by size: a wake-up per submit while it gathers or
-            # commits costs both threads a GIL hand-off for nothing.
+            # (not while it gathers or commits: a GIL hand-off each, for nothing)
             if self._idle or (self._gathering
                               and self._pending_ops >= self._max_batch_ops):
                 self._cond.notify()
@@ -341,10 +337,8 @@ class ZODBStore:
         with self._cond:
             while not self._pending and not self._stopping:
                 self._idle = True
-                try:
-                    self._cond.wait()
-                finally:
-                    self._idle = False
+                self._cond.wait()
+                self._idle = False
             if not self._pending:
                 return None
             if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
@@ -356,14 +350,12 @@ class ZODBStore:
                 # condition only once the batch is full (or the store stops).
                 deadline = time.monotonic() + self._gather
                 self._gathering = True
-                try:
-                    while not self._stopping and self._pending_ops < self._max_batch_ops:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
-                finally:
-                    self._gathering = False
+                while not self._stopping and self._pending_ops < self._max_batch_ops:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                self._gathering = False
             first = self._pending.popleft()
             group = [first]
             count = len(first[0])
