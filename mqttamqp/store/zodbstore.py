@@ -152,6 +152,7 @@ class ZODBStore:
         self._completions: deque[_Completion] = deque()
         self._completions_lock = threading.Lock()
         self._draining = False  # touched only on the reactor thread (or in close())
+        self._idle = self._gathering = False   # the writer waits for work / gathers
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
@@ -218,7 +219,10 @@ class ZODBStore:
             self._pending.append((batch, d))
             self._pending_ops += len(batch)
             self._submits += 1
-            self._cond.notify()
+            # (not while it gathers or commits: a GIL hand-off each, for nothing)
+            if self._idle or (self._gathering
+                              and self._pending_ops >= self._max_batch_ops):
+                self._cond.notify()
         return d
 
     def read_queue_messages(self, name: str, offsets: Sequence[int]
@@ -332,7 +336,9 @@ class ZODBStore:
         """Block for work; return the next group (None once closed and drained)."""
         with self._cond:
             while not self._pending and not self._stopping:
+                self._idle = True
                 self._cond.wait()
+                self._idle = False
             if not self._pending:
                 return None
             if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
@@ -340,14 +346,16 @@ class ZODBStore:
                 # Deliveries were just queued (to a session or a durable queue): their
                 # acknowledgements usually follow within a millisecond, and a put
                 # cancelled by its DeleteQueued or TrimQueue in the same commit is
-                # never written (see _superseded_puts).  Every
-                # submit notifies the condition, so wait out the deadline.
+                # never written (see _superseded_puts).  A submit notifies the
+                # condition only once the batch is full (or the store stops).
                 deadline = time.monotonic() + self._gather
+                self._gathering = True
                 while not self._stopping and self._pending_ops < self._max_batch_ops:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                self._gathering = False
             first = self._pending.popleft()
             group = [first]
             count = len(first[0])
