@@ -195,9 +195,47 @@ def commit_figures(metrics_port):
     out = {}
     for line in text.splitlines():
         name = line.split(" ", 1)[0]
-        if (name.startswith("mqttamqp_commit") and "{" not in name
+        if (name.startswith(("mqttamqp_commit", "mqttamqp_store_")) and "{" not in name
                 and not name.endswith("_created")):
             out[name] = float(line.split()[-1])
+    return out
+
+
+def cluster_cpu_seconds(cluster):
+    """CPU seconds of the PostgreSQL server so far: its postmaster and every backend
+    (its children), from /proc."""
+    with open(os.path.join(cluster.data, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue   # (ended meanwhile)
+        if int(entry) == postmaster or int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def storm_summary(commits):
+    """What the storm's commit counters say: submits per group commit, and the mean
+    time of a group commit and of a submit's wait (hand-off to durable)."""
+    out = {}
+    groups = commits.get("mqttamqp_store_group_commits_total")
+    submits = commits.get("mqttamqp_store_committed_submits_total")
+    spent = commits.get("mqttamqp_store_commit_seconds_total")
+    if groups:
+        out["group_commits"] = groups
+        out["submits_per_group_commit"] = round(submits / groups, 2)
+        out["mean_group_commit_seconds"] = round(spent / groups, 4)
+        out["writer_busy_seconds"] = round(spent, 3)
+    waits = commits.get("mqttamqp_commit_latency_seconds_count")
+    if waits:
+        out["mean_submit_wait_seconds"] = round(
+            commits["mqttamqp_commit_latency_seconds_sum"] / waits, 4)
     return out
 
 
@@ -246,9 +284,11 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
         # message
         commits = commit_figures(standby.ports["METRICS"])
         broker_cpu = cpu_seconds(standby.proc.pid)
+        pg_cpu = cluster_cpu_seconds(cluster)
         own_cpu = time.process_time()
         storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
         broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
+        pg_cpu = cluster_cpu_seconds(cluster) - pg_cpu
         own_cpu = time.process_time() - own_cpu
         after = commit_figures(standby.ports["METRICS"])
         commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
@@ -265,7 +305,9 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                 "resume_storm_seconds": round(storm_s, 3),
                 "storm_broker_cpu_seconds": round(broker_cpu, 2),
                 "storm_bench_clients_cpu_seconds": round(own_cpu, 2),
-                "storm_broker_commits": commits}
+                "storm_postgresql_cpu_seconds": round(pg_cpu, 2),
+                "storm_broker_commits": commits,
+                "storm_commits_summary": storm_summary(commits)}
     finally:
         for proc in procs:
             proc.stop()

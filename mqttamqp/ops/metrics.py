@@ -15,7 +15,7 @@ served on the reactor; the OpenTelemetry reader gets a snapshot taken there.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,6 +298,34 @@ class HACollector(Collector):
                  f["database_latency_seconds"])):
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=value)
+
+
+class StoreCollector(Collector):
+    """The writer thread's own commits, from ``stats()`` (``ZODBStore``'s) while the
+    store is open: how many commits it made, how many submits they held (their
+    ratio: how many callers share a commit) and the time spent in them (their ratio
+    to the commits: the engine's commit latency, e.g. PostgreSQL's round trips).
+    ``mqttamqp_commits`` counts the submits (what callers waited for), not these."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if not s:
+            return
+        for name, doc, key in (
+                ("mqttamqp_store_group_commits", "Commits the store's writer thread "
+                 "made (each holds one or more submits).", "commits"),
+                ("mqttamqp_store_committed_submits", "Submits those commits held.",
+                 "batches"),
+                ("mqttamqp_store_commit_seconds", "Time the writer thread spent "
+                 "committing, summed.", "commit_seconds")):
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+
+    def describe(self) -> Iterable[Any]:
+        return ()
 
 
 def broker_registry(broker: Broker) -> CollectorRegistry:
