@@ -113,69 +113,124 @@ def try_connack(port, client_id, clean, timeout):
         return bool(data[2] & 1), data[3]
 
 
-async def _resume_one(port, client_id, timeout, queued, keep):
-    """CONNECT (clean session 0) to ``client_id``'s stored session, read CONNACK and
-    (``queued``) the session's queued QoS 1 message, PUBACKed; True when the session
-    was present and the message came.  The connection stays open (in ``keep``), as a
-    device's would: a DISCONNECT would cost the broker a commit of its own."""
-    import asyncio
+class _Resumer:
+    """One client resuming its stored session, as a step of ``resume_all``'s loop:
+    connect, CONNECT (clean session 0), CONNACK (session present), then (``queued``)
+    the session's queued QoS 1 message, PUBACKed.  Non-blocking, on raw sockets with
+    a pre-encoded CONNECT: the bench's own CPU per session is a fraction of asyncio
+    streams' (it shares the two cores with the broker and PostgreSQL)."""
 
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", port), timeout)
-    keep.append(writer)
-    writer.write(connect_packet(client_id, False))
-    connack = await asyncio.wait_for(reader.readexactly(4), timeout)
-    if connack[0] != 0x20 or connack[3] != 0 or not connack[2] & 1:
-        return False
-    if not queued:
+    __slots__ = ("sock", "packet", "buf", "connack", "deadline")
+
+    def __init__(self, packet, deadline):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        self.packet = packet
+        self.buf = b""
+        self.connack = False
+        self.deadline = deadline
+
+    def received(self, data, queued):
+        """True: resumed; False: failed; None: more to read."""
+        self.buf += data
+        buf = self.buf
+        if not self.connack:
+            if len(buf) < 4:
+                return None
+            if buf[0] != 0x20 or buf[3] != 0 or not buf[2] & 1:
+                return False
+            self.connack = True
+            if not queued:
+                return True
+            buf = self.buf = buf[4:]
+        # the queued message: a PUBLISH (QoS 1), whole
+        length, shift, pos = 0, 0, 1
+        while True:
+            if pos >= len(buf):
+                return None
+            b = buf[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if len(buf) < pos + length:
+            return None
+        if buf[0] & 0xF0 != 0x30:
+            return False
+        topic_len = int.from_bytes(buf[pos:pos + 2], "big")
+        pid = buf[pos + 2 + topic_len:pos + 4 + topic_len]
+        self.sock.send(b"\x40\x02" + pid)   # PUBACK (4 bytes: the buffer has room)
         return True
-    head = await asyncio.wait_for(reader.readexactly(1), timeout)
-    length, shift = 0, 0
-    while True:
-        b = (await asyncio.wait_for(reader.readexactly(1), timeout))[0]
-        length |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            break
-    body = await asyncio.wait_for(reader.readexactly(length), timeout)
-    if head[0] & 0xF0 != 0x30:
-        return False
-    topic_len = int.from_bytes(body[:2], "big")
-    writer.write(b"\x40\x02" + body[2 + topic_len:4 + topic_len])   # PUBACK
-    await writer.drain()
-    return True
 
 
 def resume_all(port, sessions, concurrency, timeout, queued=True):
     """Every stored session resumed by a client of its own, ``concurrency`` resuming
     at a time (a reconnect storm, bounded), every connection kept open until all are
-    resumed: (seconds to the last one, how many succeeded)."""
-    import asyncio
+    resumed (a DISCONNECT would cost the broker a commit of its own, and devices
+    stay connected): (seconds to the last one, how many succeeded).  One thread, one
+    ``selectors`` loop; each client has ``timeout`` seconds, the whole storm too."""
+    import errno
+    import selectors
 
-    async def run():
-        gate = asyncio.Semaphore(concurrency)
-        keep = []
-        ok = 0
+    sel = selectors.DefaultSelector()
+    addr = ("127.0.0.1", port)
+    started = time.monotonic()
+    deadline = started + timeout
+    keep = []
+    active = {}
+    ok = 0
+    ended = 0
+    next_i = 0
 
-        async def one(i):
-            nonlocal ok
-            async with gate:
+    def finish(r, resumed):
+        nonlocal ok, ended
+        sel.unregister(r.sock)
+        del active[r.sock]
+        ended += 1
+        if resumed:
+            ok += 1
+            keep.append(r.sock)
+        else:
+            r.sock.close()
+
+    try:
+        while ended < sessions and time.monotonic() < deadline:
+            now = time.monotonic()
+            while next_i < sessions and len(active) < concurrency:
+                r = _Resumer(connect_packet("s%06d" % next_i, False), now + timeout)
+                next_i += 1
+                err = r.sock.connect_ex(addr)
+                if err not in (0, errno.EINPROGRESS):
+                    r.sock.close()
+                    ended += 1
+                    continue
+                active[r.sock] = r
+                sel.register(r.sock, selectors.EVENT_WRITE, r)
+            for key, events in sel.select(timeout=0.2):
+                r = key.data
+                if events & selectors.EVENT_WRITE:
+                    if r.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        finish(r, False)
+                        continue
+                    r.sock.send(r.packet)   # (a few dozen bytes: sent whole)
+                    sel.modify(r.sock, selectors.EVENT_READ, r)
+                    continue
                 try:
-                    resumed = await _resume_one(port, "s%06d" % i, timeout, queued, keep)
-                    ok += resumed   # (after the await: ``ok += await`` loses counts)
-                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
-                    pass
-
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(sessions))),
-                                   timeout)
-            return time.monotonic() - started, ok
-        finally:
-            for writer in keep:
-                writer.close()
-
-    return asyncio.run(run())
+                    data = r.sock.recv(4096)
+                except OSError:
+                    data = b""
+                resumed = r.received(data, queued) if data else False
+                if resumed is not None:
+                    finish(r, resumed)
+            if now > min((r.deadline for r in active.values()), default=now):
+                for r in [r for r in active.values() if r.deadline < now]:
+                    finish(r, False)
+        return time.monotonic() - started, ok
+    finally:
+        for sock in list(active) + keep:
+            sock.close()
+        sel.close()
 
 
 def cpu_seconds(pid):
