@@ -256,12 +256,27 @@ def commit_figures(metrics_port):
     return out
 
 
+def run_queue_wait_seconds(pid):
+    """Seconds the threads of process ``pid`` (those alive now) have waited on a run
+    queue for a CPU so far (/proc/PID/task/*/schedstat): what a busy machine costs
+    it beyond its own CPU time."""
+    total = 0
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, task)) as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue   # (ended meanwhile)
+    return total / 1e9
+
+
 def cluster_cpu_seconds(cluster):
-    """CPU seconds of the PostgreSQL server so far: its postmaster and every backend
-    (its children), from /proc."""
+    """CPU seconds of the PostgreSQL server's processes so far, by PID: its
+    postmaster and every backend (its children), from /proc.  (Subtract two of
+    these with ``cpu_delta``: a backend that ended between them is not counted.)"""
     with open(os.path.join(cluster.data, "postmaster.pid")) as f:
         postmaster = int(f.readline())
-    total = 0.0
+    total = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -271,8 +286,21 @@ def cluster_cpu_seconds(cluster):
         except OSError:
             continue   # (ended meanwhile)
         if int(entry) == postmaster or int(fields[1]) == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            total[entry] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def cpu_delta(before, after):
+    """CPU seconds the processes alive at ``after`` used since ``before``."""
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
+def listen_overflows():
+    """The kernel's count of connections dropped because a listen queue was full
+    (TcpExt ListenOverflows; for the whole network namespace)."""
+    with open("/proc/net/netstat") as f:
+        rows = [line.split() for line in f if line.startswith("TcpExt:")]
+    return int(rows[1][rows[0].index("ListenOverflows")])
 
 
 def storm_summary(commits):
@@ -323,6 +351,9 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                                timeout)
         leader, standby = procs
         log("leader and standby up; kill -9 the leader")
+        takeover_cpu = cpu_seconds(standby.proc.pid)
+        takeover_wait = run_queue_wait_seconds(standby.proc.pid)
+        takeover_pg_cpu = cluster_cpu_seconds(cluster)
         killed = time.monotonic()
         leader.kill()
         deadline = killed + timeout
@@ -336,18 +367,28 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
             raise RuntimeError("the standby did not accept a CONNECT within %ss" % timeout)
         # every persistent session's client reconnects as soon as the listener
         # answers (the probe's CONNACK): CONNACK with the session, then its queued
-        # message
-        commits = commit_figures(standby.ports["METRICS"])
+        # message.  (The figures read here take the bench a moment: the storm's
+        # time is counted from its own start and added to the first CONNACK's.)
         broker_cpu = cpu_seconds(standby.proc.pid)
+        broker_wait = run_queue_wait_seconds(standby.proc.pid)
         pg_cpu = cluster_cpu_seconds(cluster)
+        takeover_cpu = broker_cpu - takeover_cpu
+        takeover_wait = broker_wait - takeover_wait
+        takeover_pg_cpu = cpu_delta(takeover_pg_cpu, pg_cpu)
+        commits = commit_figures(standby.ports["METRICS"])
         own_cpu = time.process_time()
+        overflows = listen_overflows()
         storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        overflows = listen_overflows() - overflows
         broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
-        pg_cpu = cluster_cpu_seconds(cluster) - pg_cpu
+        broker_wait = run_queue_wait_seconds(standby.proc.pid) - broker_wait
+        pg_cpu = cpu_delta(pg_cpu, cluster_cpu_seconds(cluster))
         own_cpu = time.process_time() - own_cpu
         after = commit_figures(standby.ports["METRICS"])
         commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
-        all_resumed_s = time.monotonic() - killed
+        # (kill to the first CONNACK, then the storm from its start)
+        all_resumed_s = connack_s + storm_s
+        bench_gap_s = time.monotonic() - killed - all_resumed_s
         line = standby.wait_for_line(r"took over as leader", timeout)
         m = re.search(r"listeners open in ([\d.]+)s", line)
         return {"sessions": sessions, "retained": retained,
@@ -355,12 +396,18 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                 "kill_to_connack_seconds": round(connack_s, 3),
                 "standby_load_and_listen_seconds": float(m.group(1)) if m else None,
                 "kill_to_all_sessions_resumed_seconds": round(all_resumed_s, 3),
+                "takeover_broker_cpu_seconds": round(takeover_cpu, 2),
+                "takeover_broker_run_queue_wait_seconds": round(takeover_wait, 2),
+                "takeover_postgresql_cpu_seconds": round(takeover_pg_cpu, 2),
+                "bench_own_pauses_seconds": round(bench_gap_s, 3),
                 "sessions_resumed": storm_ok, "resume_concurrency": concurrency,
                 "queued_message_per_session": queued,
                 "resume_storm_seconds": round(storm_s, 3),
                 "storm_broker_cpu_seconds": round(broker_cpu, 2),
+                "storm_broker_run_queue_wait_seconds": round(broker_wait, 2),
                 "storm_bench_clients_cpu_seconds": round(own_cpu, 2),
                 "storm_postgresql_cpu_seconds": round(pg_cpu, 2),
+                "storm_listen_overflows": overflows,
                 "storm_broker_commits": commits,
                 "storm_commits_summary": storm_summary(commits)}
     finally:

@@ -27,6 +27,7 @@ from ha_takeover import (  # noqa: E402
     commit_figures,
     cpu_seconds,
     free_port,
+    listen_overflows,
     populate,
     resume_all,
     storm_summary,
@@ -53,7 +54,9 @@ def main():
             broker.start(timeout=args.timeout)
             before = commit_figures(broker.ports["METRICS"])
             cpu = cpu_seconds(broker.proc.pid)
+            overflows = listen_overflows()
             seconds, ok = resume_all(port, args.sessions, args.concurrency, args.timeout)
+            overflows = listen_overflows() - overflows
             cpu = cpu_seconds(broker.proc.pid) - cpu
             after = commit_figures(broker.ports["METRICS"])
         finally:
@@ -64,7 +67,7 @@ def main():
            "load_average": os.getloadavg(), "sessions": args.sessions,
            "retained": args.retained, "concurrency": args.concurrency,
            "storm_seconds": round(seconds, 3), "sessions_resumed": ok,
-           "storm_broker_cpu_seconds": round(cpu, 2),
+           "storm_broker_cpu_seconds": round(cpu, 2), "storm_listen_overflows": overflows,
            "storm_broker_commits": commits, "storm_commits_summary": storm_summary(commits)}
     text = json.dumps(doc, indent=2)
     print(text)
