@@ -367,18 +367,25 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
             raise RuntimeError("the standby did not accept a CONNECT within %ss" % timeout)
         # every persistent session's client reconnects as soon as the listener
         # answers (the probe's CONNACK): CONNACK with the session, then its queued
-        # message.  (The figures read here take the bench a moment: the storm's
-        # time is counted from its own start and added to the first CONNACK's.)
+        # message.  The storm starts at once; the commit counters before it are
+        # read beside it (nothing commits in its first moments), from a thread.
+        import threading
+
+        commits = {}
+        scrape = threading.Thread(
+            target=lambda: commits.update(commit_figures(standby.ports["METRICS"])))
         broker_cpu = cpu_seconds(standby.proc.pid)
         broker_wait = run_queue_wait_seconds(standby.proc.pid)
         pg_cpu = cluster_cpu_seconds(cluster)
         takeover_cpu = broker_cpu - takeover_cpu
         takeover_wait = broker_wait - takeover_wait
         takeover_pg_cpu = cpu_delta(takeover_pg_cpu, pg_cpu)
-        commits = commit_figures(standby.ports["METRICS"])
         own_cpu = time.process_time()
         overflows = listen_overflows()
+        scrape.start()
+        storm_started = time.monotonic()
         storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        scrape.join(timeout)
         overflows = listen_overflows() - overflows
         broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
         broker_wait = run_queue_wait_seconds(standby.proc.pid) - broker_wait
@@ -386,9 +393,9 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
         own_cpu = time.process_time() - own_cpu
         after = commit_figures(standby.ports["METRICS"])
         commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
-        # (kill to the first CONNACK, then the storm from its start)
-        all_resumed_s = connack_s + storm_s
-        bench_gap_s = time.monotonic() - killed - all_resumed_s
+        all_resumed_s = storm_started + storm_s - killed
+        # (the bench's own reads between the first CONNACK and the storm)
+        bench_gap_s = storm_started - killed - connack_s
         line = standby.wait_for_line(r"took over as leader", timeout)
         m = re.search(r"listeners open in ([\d.]+)s", line)
         return {"sessions": sessions, "retained": retained,
