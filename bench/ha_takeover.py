@@ -87,10 +87,16 @@ def populate(uri, data_dir, sessions, retained, queued=True):
         raise RuntimeError("%d commits did not finish" % len(failed))
 
 
-def connect_packet(client_id, clean):
+def connect_packet(client_id, clean, will=False):
+    """MQTT 3.1.1 CONNECT; ``will``: with a QoS 0 will on ``bench/will/<id>``, as
+    devices that report going offline send it every time."""
     cid = client_id.encode()
-    var = b"\x00\x04MQTT\x04" + bytes([0x02 if clean else 0x00]) + b"\x00\x3c"
+    flags = (0x02 if clean else 0x00) | (0x04 if will else 0x00)
+    var = b"\x00\x04MQTT\x04" + bytes([flags]) + b"\x00\x3c"
     payload = len(cid).to_bytes(2, "big") + cid
+    if will:
+        topic = b"bench/will/" + cid
+        payload += len(topic).to_bytes(2, "big") + topic + b"\x00\x07offline"
     body = var + payload
     return bytes([0x10, len(body)]) + body
 
@@ -164,7 +170,7 @@ class _Resumer:
         return True
 
 
-def resume_all(port, sessions, concurrency, timeout, queued=True):
+def resume_all(port, sessions, concurrency, timeout, queued=True, will=False):
     """Every stored session resumed by a client of its own, ``concurrency`` resuming
     at a time (a reconnect storm, bounded), every connection kept open until all are
     resumed (a DISCONNECT would cost the broker a commit of its own, and devices
@@ -198,7 +204,7 @@ def resume_all(port, sessions, concurrency, timeout, queued=True):
         while ended < sessions and time.monotonic() < deadline:
             now = time.monotonic()
             while next_i < sessions and len(active) < concurrency:
-                r = _Resumer(connect_packet("s%06d" % next_i, False), now + timeout)
+                r = _Resumer(connect_packet("s%06d" % next_i, False, will), now + timeout)
                 next_i += 1
                 err = r.sock.connect_ex(addr)
                 if err not in (0, errno.EINPROGRESS):
@@ -328,7 +334,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True):
+def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True,
+              will=False):
     os.makedirs(tmp, exist_ok=True)
     uri = cluster.create_database()
     t = time.monotonic()
@@ -384,7 +391,8 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
         overflows = listen_overflows()
         scrape.start()
         storm_started = time.monotonic()
-        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued,
+                                       will)
         scrape.join(timeout)
         overflows = listen_overflows() - overflows
         broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
@@ -408,7 +416,7 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                 "takeover_postgresql_cpu_seconds": round(takeover_pg_cpu, 2),
                 "bench_own_pauses_seconds": round(bench_gap_s, 3),
                 "sessions_resumed": storm_ok, "resume_concurrency": concurrency,
-                "queued_message_per_session": queued,
+                "queued_message_per_session": queued, "will_in_connect": will,
                 "resume_storm_seconds": round(storm_s, 3),
                 "storm_broker_cpu_seconds": round(broker_cpu, 2),
                 "storm_broker_run_queue_wait_seconds": round(broker_wait, 2),
@@ -430,6 +438,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--concurrency", type=int, default=200,
                     help="sessions resuming at once after the takeover")
+    ap.add_argument("--will", action="store_true",
+                    help="every CONNECT of the storm carries a will (stored before CONNACK)")
     ap.add_argument("--no-queued", action="store_true",
                     help="sessions without a queued message: resumed at CONNACK")
     ap.add_argument("--out")
@@ -439,7 +449,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="ha-bench-") as tmp:
             rounds = [one_round(cluster, args.sessions, args.retained, args.timeout,
                                 os.path.join(tmp, str(i)), args.concurrency,
-                                not args.no_queued)
+                                not args.no_queued, args.will)
                       for i in range(args.rounds)]
     finally:
         cluster.stop()
