@@ -211,7 +211,8 @@ def snapshot(broker: Broker) -> list[Family]:
              "was held for a later turn of the event loop after its share of one "
              "(--mqtt-turn-ms).", stats.mqtt_turns_yielded),
         _one("mqttamqp_wills_published", COUNTER, "Wills published.", c.wills_published),
-        _one("mqttamqp_commits", COUNTER, "Successful store commits.", stats.commits),
+        _one("mqttamqp_commits", COUNTER, "Successful store submits (what callers waited "
+             "for; several share a commit: mqttamqp_store_group_commits).", stats.commits),
         _one("mqttamqp_commit_failures", COUNTER, "Failed store commits.",
              c.storage_failures),
         _histogram("mqttamqp_commit_latency_seconds", "From handing a batch to the writer "
