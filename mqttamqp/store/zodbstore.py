@@ -173,6 +173,7 @@ class ZODBStore:
         self._coalesced = 0
         self._last_commit_seconds = 0.0
         self._max_commit_seconds = 0.0
+        self._commit_seconds = 0.0   # all commits' time, from taking a group to done
         self._last_batch_ops = 0
         self._max_batch_seen = 0
         self._packs = 0
@@ -307,6 +308,7 @@ class ZODBStore:
             "coalesced_puts": self._coalesced,
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,
+            "commit_seconds": self._commit_seconds,   # summed over all commits
             "last_commit_ops": self._last_batch_ops,
             "max_commit_ops": self._max_batch_seen,
             "pending_submits": len(self._pending),
@@ -423,6 +425,7 @@ class ZODBStore:
         elapsed = time.monotonic() - started
         self._last_commit_seconds = elapsed
         self._max_commit_seconds = max(self._max_commit_seconds, elapsed)
+        self._commit_seconds += elapsed
         self._batches += len(group)
         self._last_batch_ops = nops
         self._max_batch_seen = max(self._max_batch_seen, nops)
