@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mqttamqp.amqp.links import LinkHost, OutgoingLink
+from mqttamqp.amqp.links import LinkHost
 from mqttamqp.amqp.subscribers import TopicSubscription
+from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
@@ -33,6 +34,9 @@ from mqttamqp.net.rawproton import link_credit
 __all__ = ["QueueSubscription", "queue_filter", "consumer_from_properties"]
 
 _CONSUMER_KEYS = ("consumer-group", "consumer-mode", "stream-offset")
+# How often a drain that waits for storage (``QueueSubscription._answer_drain``)
+# looks again, in seconds.
+_DRAIN_RECHECK = 0.005
 
 
 def queue_filter(topic: str, plain: bool) -> str:
@@ -86,12 +90,13 @@ class QueueSubscription(TopicSubscription):
     credit: a member without credit is skipped in the round-robin, and a flow that
     grants more makes the queue pump again (``Broker.link_drained``)."""
 
-    __slots__ = ("_blocked", "consumer")
+    __slots__ = ("_blocked", "_drain_check", "consumer")
     queue = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
                  consumer: Consumer) -> None:
         self._blocked = False
+        self._drain_check: DelayedCall | None = None
         super().__init__(host, plink, topic_filter)
         self.consumer = consumer
 
@@ -121,4 +126,28 @@ class QueueSubscription(TopicSubscription):
         # the queue had rather than with nothing.
         if self.session is not None and not self.closed:
             self.broker.link_drained(self.session)
-        OutgoingLink.on_flow(self)
+        self._answer_drain()
+
+    def _answer_drain(self) -> None:
+        """A drain (AMQP 1.0 §2.6.7) is answered once the queue has handed this link
+        what it can up to its credit: the credit left is given back (delivery-count
+        advanced, credit 0) in a flow.  What the queue will hand out once storage
+        answers (a new group's dispatch watermark is committed first, bodies are
+        read back) is waited for, rechecked every ``_DRAIN_RECHECK`` seconds: a
+        commit or a read, never longer."""
+        self._drain_check = None
+        plink = self.plink
+        if self.closed or not plink.drain_mode or plink.credit <= 0:
+            return
+        session = self.session
+        if session is not None and self.broker.queues.feeding(session):
+            self._drain_check = self.host.clock.callLater(_DRAIN_RECHECK, self._answer_drain)
+            return
+        plink.drained()
+        self.host.schedule_flush()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        check, self._drain_check = self._drain_check, None
+        if check is not None and check.active():
+            check.cancel()
+        super().ended(brute, reason)
