@@ -217,12 +217,12 @@ class Channel:
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
         if member is not None:
-            self._cancel(member)
+            self._cancel(member, keep_unacked=True)
         if not m.nowait:
             self._send(B.CancelOk(m.consumer_tag))
 
-    def _cancel(self, member: QueueConsumer) -> None:
-        member.cancel()
+    def _cancel(self, member: QueueConsumer, keep_unacked: bool = False) -> None:
+        member.cancel(keep_unacked)
         exclusive = self.connection.factory.exclusive
         if exclusive.get(member.queue) is member:
             del exclusive[member.queue]
@@ -397,13 +397,13 @@ class Channel:
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
         for member, packet_id in taken:
-            member.settled()
-            woken.add(member)
             session = member.session
             if session is not None:
                 broker.settle(session, packet_id, outcome, failed,
                               "rejected by the consumer" if outcome is Outcome.REJECTED
                               else None)
+            member.settled()   # (after: a cancelled consumer may leave with its last)
+            woken.add(member)
         if self.global_prefetch:
             self._wake_all()
         else:
@@ -452,6 +452,8 @@ class Channel:
             self.getter = None
         self.consumers.clear()
         self._answers.clear()
+        for member, _packet_id in self.unacked.values():
+            member.leave()     # (cancelled consumers that still held deliveries)
         self.unacked.clear()
         self.confirms.clear()
 
