@@ -143,7 +143,11 @@ def hold_transfer(link: HoldingLink, dlv: Any, routed: CoreMessage,
         _refuse(link, dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
         return
     try:
-        tx.add_publish(len(routed.payload), _publisher(link, routed))
+        # (all of the message as stored: its MQTT form and its native form, the
+        # transfer's sections, where application properties and a map body count)
+        native = routed.native
+        tx.add_publish(len(routed.payload) + (len(native) if native is not None else 0),
+                       _publisher(link, routed))
     except TransactionRefused as refused:   # (logged once per cause by the core)
         _refuse(link, dlv, RESOURCE_LIMIT, refused.reason)
         return
@@ -234,19 +238,38 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
     else:
         incref(dlv)
         ptr = dlv
+    broker = host.broker
+    # The session's delivery stays claimed while the transaction holds its outcome
+    # (no visibility timeout, no takeover); the commit checks it is still the same
+    # delivery (a packet id freed and reused by another message is not) and is
+    # refused with nothing applied when it is not.
+    where = link.delivery_of(key)
+    token = broker.hold_delivery(*where) if where is not None else None
+    label = f"delivery {key & 0xFFFF} on {link.address}"
+
+    def check() -> str | None:
+        if key < 0:     # (a PUBREL's settle: no message of a queue to hold)
+            return None
+        if where is None or not broker.delivery_held(where[0], where[1], token):
+            return (f"{label} is no longer held (its link ended, or it was "
+                    "delivered again)")
+        return None
 
     def apply(outcome: int = code, is_failed: bool = failed) -> None:
+        broker.unhold_delivery(token)
         if ptr is not None:
             if not link.closed:
                 delivery_settle(ptr)
                 host.schedule_flush()
             decref(ptr)
-        link.outcome(key, outcome, is_failed, reason)
+        if check() is None:   # (never on a delivery that is no longer this one)
+            link.outcome(key, outcome, is_failed, reason)
 
     try:
-        tx.add_settle(apply, lambda: apply(RELEASED, False))
+        tx.add_settle(apply, lambda: apply(RELEASED, False), check)
     except TransactionRefused:
         # (the transaction can only roll back: the delivery stays as it was)
+        broker.unhold_delivery(token)
         if ptr is not None:
             decref(ptr)
         link.unclaim(dlv, key)
