@@ -44,6 +44,7 @@ from mqttamqp.amqp.links import (
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message as CoreMessage
 from mqttamqp.core.routing.published import Published
+from mqttamqp.core.routing.settlement import Outcome
 from mqttamqp.core.transactions import Transaction, TransactionRefused
 from mqttamqp.net.rawproton import decref, delivery_settle, delivery_settled, incref
 
@@ -80,6 +81,8 @@ UNKNOWN_ID = "amqp:transaction:unknown-id"
 ROLLBACK = "amqp:transaction:rollback"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 _OUTCOMES = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+_CORE_OUTCOMES = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
+                  RELEASED: Outcome.RELEASED, MODIFIED: Outcome.MODIFIED}
 _OUTCOME_NAMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED,
                   "amqp:released:list": RELEASED, "amqp:modified:list": MODIFIED}
 
@@ -251,19 +254,22 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
         if key < 0:     # (a PUBREL's settle: no message of a queue to hold)
             return None
         if where is None or not broker.delivery_held(where[0], where[1], token):
-            return (f"{label} is no longer held (its link ended, or it was "
-                    "delivered again)")
+            return (f"{label} is no longer held (it was delivered again, or its "
+                    "link ended)")
         return None
 
     def apply(outcome: int = code, is_failed: bool = failed) -> None:
-        broker.unhold_delivery(token)
+        valid = check() is None   # (never settle a delivery that is no longer this one)
         if ptr is not None:
             if not link.closed:
                 delivery_settle(ptr)
                 host.schedule_flush()
             decref(ptr)
-        if check() is None:   # (never on a delivery that is no longer this one)
+        # (its link ended: the queue kept it claimed, settled without the link)
+        if valid and not broker.settle_kept(token, _CORE_OUTCOMES[outcome], is_failed,
+                                            reason):
             link.outcome(key, outcome, is_failed, reason)
+        broker.unhold_delivery(token)
 
     try:
         tx.add_settle(apply, lambda: apply(RELEASED, False), check)

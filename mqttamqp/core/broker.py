@@ -194,6 +194,7 @@ class Broker:
         self.hold_delivery = settlement.hold
         self.unhold_delivery = settlement.unhold
         self.delivery_held = settlement.still_held
+        self.settle_kept = settlement.settle_kept
         # flow control: ``Published.congested`` / ``Published.blocked`` publishers
         self.pause_until_drained = flow.pause_until_drained
         self.when_queues_writable = self.queues.alarm.wait

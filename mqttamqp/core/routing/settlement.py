@@ -134,16 +134,39 @@ class Settlement:
         if isinstance(receipt, Pending):
             receipt.tx_held = False
 
-    @staticmethod
-    def still_held(session: Session, packet_id: int, entry: OutEntry | None) -> bool:
-        """``entry`` (from ``hold``) is still ``session``'s in-flight ``packet_id``,
-        and a queue's delivery still its group's pending one (not taken back,
-        redelivered elsewhere, or its packet id reused by another message)."""
-        if entry is None or session.inflight.get(packet_id) is not entry:
+    def still_held(self, session: Session, packet_id: int, entry: OutEntry | None) -> bool:
+        """``entry`` (from ``hold``) is still ``session``'s in-flight ``packet_id``
+        (not taken back, redelivered elsewhere, or its packet id reused by another
+        message), or a queue's delivery its link's end left claimed for the
+        transaction (``settle_kept``); a queue's still its group's pending one."""
+        if entry is None:
             return False
         receipt = entry.receipt
         if isinstance(receipt, Pending):
             group = receipt.group
-            return (group.pending.get(receipt.offset) is receipt
-                    and group.queue.groups.get(group.key) is group)
+            queue = group.queue
+            if (group.pending.get(receipt.offset) is not receipt
+                    or self._queues.queues.get(queue.name) is not queue
+                    or queue.groups.get(group.key) is not group):
+                return False
+            if receipt.entry is None:      # (kept: its session let it go)
+                return receipt.tx_held
+        return session.inflight.get(packet_id) is entry
+
+    def settle_kept(self, entry: OutEntry | None, outcome: Outcome, failed: bool = False,
+                    reason: str | None = None) -> bool:
+        """Settle a queue's delivery that stayed claimed for its transaction after
+        its link ended (``Membership._give_back``); False (nothing done) if
+        ``entry`` is not such a delivery."""
+        receipt = entry.receipt if entry is not None else None
+        if (not isinstance(receipt, Pending) or receipt.entry is not None
+                or not receipt.tx_held
+                or receipt.group.pending.get(receipt.offset) is not receipt):
+            return False
+        assert entry is not None
+        receipt.tx_held = False
+        if outcome is _ACCEPTED:
+            receipt.owner.transport_ack(receipt)
+        else:
+            receipt.owner.settle(receipt, entry, outcome.value, failed, reason)
         return True

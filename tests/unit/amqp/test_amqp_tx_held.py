@@ -79,10 +79,10 @@ def test_a_rollback_releases_the_held_delivery_to_others() -> None:
     assert [m.body for m, _ in idle.new()] == ["job"]
 
 
-def test_a_commit_whose_delivery_went_with_its_link_applies_nothing() -> None:
-    """The receiving link detaches before the discharge: the commit is refused with
-    amqp:transaction:rollback, its held publish is not routed and the message is
-    not acknowledged (delivered again)."""
+def test_a_queue_delivery_stays_claimed_after_its_link_ends() -> None:
+    """The receiving link detaches before the discharge: the accepted delivery is
+    not given back; the commit acknowledges it (Accepted) and routes the held
+    publish, and the queue holds nothing more."""
     net = Net(store=MemoryStore())
     app = net.amqp()
     sub = net.mqtt("watch")
@@ -96,13 +96,58 @@ def test_a_commit_whose_delivery_went_with_its_link_applies_nothing() -> None:
     assert send_in(app, pub, txn, Message(body="result")).remote_state == TRANSACTIONAL
     rcv.link.close()
     net.pump()
+    other = net.amqp().receiver("$queue/dq", credit=5)
+    assert other.new() == []
+    assert outcome(discharge(app, ctrl, txn)) == (ACCEPTED, None)
+    assert [p.payload for p in sub.publishes()] == [b"result"]
+    group = _group(net, "dq")
+    assert group.acked == 1 and not group.pending
+    assert other.new() == []
+
+
+def test_a_kept_delivery_goes_back_when_its_transaction_rolls_back() -> None:
+    """A delivery kept claimed after its link ended is visible again once its
+    transaction rolls back (the coordinator's detach)."""
+    net = Net(store=MemoryStore())
+    app = net.amqp()
+    rcv = _queue_receiver(app, "kb", ["job"])
+    [(_, dlv)] = rcv.new()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    accept_in(app, dlv, txn)
+    rcv.link.close()
+    net.pump()
+    other = net.amqp().receiver("$queue/kb", credit=5)
+    assert other.new() == []
+    ctrl.close()
+    net.pump()
+    assert [m.body for m, _ in other.new()] == ["job"]
+    assert _group(net, "kb").acked == 0
+
+
+def test_a_commit_whose_held_outcome_is_void_applies_nothing() -> None:
+    """A topic receiver's delivery accepted under a transaction goes with its link:
+    the commit is refused (amqp:transaction:rollback, saying why) before any of
+    its work runs: its held publish reaches nobody."""
+    net = Net()
+    app = net.amqp()
+    sub = net.mqtt("watch")
+    sub.subscribe(("tx/out", 1))
+    rcv = app.receiver("tx/in", credit=5)
+    app.send(app.sender("tx/in"), Message(body="one"))
+    [(_, dlv)] = rcv.new()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    accept_in(app, dlv, txn)
+    pub = app.sender("tx/out")
+    assert send_in(app, pub, txn, Message(body="result")).remote_state == TRANSACTIONAL
+    rcv.link.close()
+    net.pump()
     done = discharge(app, ctrl, txn)
     assert outcome(done) == (REJECTED, "amqp:transaction:rollback")
     assert "no longer held" in done.remote.condition.description
     assert sub.publishes() == []
-    assert _group(net, "dq").acked == 0
-    again = app.receiver("$queue/dq", credit=1)
-    assert [m.body for m, _ in again.new()] == ["job"]
+    assert net.broker.transactions.failed == 1
 
 
 def test_the_byte_bound_counts_properties_and_the_native_form() -> None:
