@@ -81,7 +81,7 @@ UNKNOWN_ID = "amqp:transaction:unknown-id"
 ROLLBACK = "amqp:transaction:rollback"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 _OUTCOMES = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
-_CORE_OUTCOMES = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
+_CORE_OUTCOMES: dict[int, Outcome] = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
                   RELEASED: Outcome.RELEASED, MODIFIED: Outcome.MODIFIED}
 _OUTCOME_NAMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED,
                   "amqp:released:list": RELEASED, "amqp:modified:list": MODIFIED}
