@@ -22,6 +22,7 @@ through the channel and its connection.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -75,9 +76,35 @@ class ChannelTransactions:
         try:
             # (all of what is stored: the body and the properties as sent)
             self.tx.add_publish(len(content.body) + len(content.raw_properties or b""),
-                                partial(self._route, message, content))
+                                partial(self._route, message, content),
+                                partial(self._publish_check, message, content))
         except TransactionRefused as exc:
             raise ChannelError(PRECONDITION_FAILED, exc.reason) from None
+
+    def _publish_check(self, message: Message, content: Content) -> str | None:
+        """Asked before the commit runs anything: every queue the publish routes to
+        still takes it (x-overflow reject-publish), the transaction's earlier
+        publishes counted.  An exchange gone is no refusal: the publish is
+        unroutable then (``_route``)."""
+        channel = self.channel
+        m = content.method
+        queues = channel.connection.broker.queues
+        if m.exchange == "":
+            targets: Iterable[str] = (m.routing_key,)
+        else:
+            exchanges = channel.exchanges
+            try:
+                source = exchanges.exchange(m.exchange)
+            except ChannelError:
+                return None
+            targets = exchanges.route(source, m.routing_key, content.properties.headers)[0]
+        planned = self.tx.planned
+        for name in targets:
+            if name[:1] != "$" and name in queues.queues:
+                problem = queues.room_problem(name, message, planned)
+                if problem is not None:
+                    return problem
+        return None
 
     def _route(self, message: Message, content: Content) -> Deferred[None] | None:
         channel = self.channel

@@ -92,7 +92,7 @@ class Transaction:
     """One transaction of one owner: the work it holds, run at commit."""
 
     __slots__ = ("_checks", "_doomed", "_parent", "_publishes", "_undos", "_work", "id",
-                 "owner", "size", "state")
+                 "owner", "planned", "size", "state")
 
     def __init__(self, parent: Transactions, owner: object, tid: int) -> None:
         self._parent = parent
@@ -104,6 +104,9 @@ class Transaction:
         self._work: list[tuple[str, Callable[[], object]]] = []
         self._undos: list[Settle] = []
         self._checks: list[Check] = []
+        # While its commit asks the checks: what the publishes checked so far add to
+        # each queue (``QueueManager.room_problem``), so the room is counted once.
+        self.planned: dict[str, tuple[int, int]] = {}
         self._publishes = 0
         self._doomed: str | None = None     # why a commit will be refused
 
@@ -230,16 +233,20 @@ class Transaction:
 
     def _refusal(self) -> str | None:
         """Why an action held can no longer be carried out (None: all can)."""
-        for check in self._checks:
-            try:
-                reason = check()
-            except Exception:   # a fault of ours: the commit must not run blind
-                self._parent.log.failure("transaction {t}: a check failed", Failure(),
-                                         t=self.id)
-                reason = "an internal error checking its work"
-            if reason is not None:
-                return reason
-        return None
+        self.planned = {}
+        try:
+            for check in self._checks:
+                try:
+                    reason = check()
+                except Exception:   # a fault of ours: the commit must not run blind
+                    self._parent.log.failure("transaction {t}: a check failed", Failure(),
+                                             t=self.id)
+                    reason = "an internal error checking its work"
+                if reason is not None:
+                    return reason
+            return None
+        finally:
+            self.planned = {}
 
     def _not_durable(self, failure: Failure, result: Deferred[None]) -> None:
         self.state = TransactionState.FAILED

@@ -191,3 +191,53 @@ def test_service_links_refuse_transactional_transfers() -> None:
     assert fe.list() == {}
     assert outcome(discharge(fe.peer, ctrl, txn)) == (ACCEPTED, None)
     assert fe.list() == {}
+
+
+def _full_queue(net: Net, name: str, count: int) -> None:
+    """Queue ``name`` with x-overflow reject-publish at ``count`` messages."""
+    queue, _ = net.broker.queues.declare(name)
+    assert queue is not None
+    queue.reject_above = (count, None)
+
+
+def test_a_queue_that_would_refuse_fails_the_commit_with_nothing_applied() -> None:
+    """Two held publishes to a queue with room for one (reject-publish): the
+    discharge is refused with amqp:transaction:rollback naming the queue, and
+    neither they nor the transaction's other publish are applied."""
+    net = Net(store=MemoryStore())
+    app = net.amqp()
+    sub = net.mqtt("watch")
+    sub.subscribe(("tx/side", 1))
+    _full_queue(net, "full", 1)
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    side = app.sender("tx/side")
+    send_in(app, side, txn, Message(body="side"))
+    snd = app.sender("$queue/full")
+    for body in ("fits", "refused"):
+        assert send_in(app, snd, txn, Message(body=body)).remote_state == TRANSACTIONAL
+    done = discharge(app, ctrl, txn)
+    assert outcome(done) == (REJECTED, "amqp:transaction:rollback")
+    assert "reject-publish" in done.remote.condition.description
+    assert sub.publishes() == []
+    assert not net.broker.queues.queues["full"].log
+
+
+def test_a_refusal_the_check_missed_is_partially_applied_not_rollback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a publish be refused once the commit's work runs (here the room
+    check is made to miss it), the discharge is Rejected with amqp:internal-error
+    "partially applied", never amqp:transaction:rollback."""
+    net = Net(store=MemoryStore())
+    app = net.amqp()
+    _full_queue(net, "full2", 1)
+    monkeypatch.setattr(net.broker.queues, "room_problem", lambda *a: None)
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    snd = app.sender("$queue/full2")
+    for body in ("fits", "refused"):
+        send_in(app, snd, txn, Message(body=body))
+    done = discharge(app, ctrl, txn)
+    assert outcome(done) == (REJECTED, "amqp:internal-error")
+    assert "partially applied" in done.remote.condition.description
+    assert len(net.broker.queues.queues["full2"].log) == 1
