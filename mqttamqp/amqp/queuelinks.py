@@ -47,15 +47,16 @@ def queue_filter(topic: str, plain: bool) -> str:
 
 
 def consumer_from_properties(properties: Any, topic_filter: str,
-                             selector: Callable[[Message], bool] | None = None
-                             ) -> Consumer | str:
+                             selector: Callable[[Message], bool] | None = None,
+                             browse: bool = False) -> Consumer | str:
     """The consumer a receiver's attach properties ask for, or why they are refused.
 
     Without ``consumer-group`` every receiver of the queue is one group, named
     after the queue (competing consumers, as a queue is usually read): AMQP has
     no client id to take a group from, and a container id is often random.
     ``selector``: the receiver's (``selection``), the consumer takes only what it
-    matches."""
+    matches.  ``browse`` (distribution-mode ``copy``): a browser, which reads the
+    queue without taking anything (its group and mode do not apply)."""
     values: dict[str, str | None] = dict.fromkeys(_CONSUMER_KEYS)
     if isinstance(properties, dict):
         for key, value in properties.items():
@@ -79,7 +80,8 @@ def consumer_from_properties(properties: Any, topic_filter: str,
         group = address.name
     elif not group or "/" in group or "@" in group:
         return f"consumer-group {group!r}: a group name is not empty and holds no / or @"
-    return Consumer(group, mode, values["stream-offset"], explicit=False, selector=selector)
+    return Consumer(group, mode, values["stream-offset"], explicit=False, selector=selector,
+                    browse=browse)
 
 
 class QueueSubscription(TopicSubscription):

@@ -452,9 +452,7 @@ class Channel:
             self.getter = None
         self.consumers.clear()
         self._answers.clear()
-        for member, _packet_id in self.unacked.values():
-            member.leave()     # (cancelled consumers that still held deliveries)
-        self.unacked.clear()
+        _release(self.unacked)
         self.confirms.clear()
 
     def info(self) -> dict[str, Any]:
@@ -462,6 +460,14 @@ class Channel:
                 "unacked": len(self.unacked), "prefetch": self.prefetch,
                 "global_prefetch": self.global_prefetch, "confirming": self.confirming}
 
+
+
+def _release(unacked: OrderedDict[int, tuple[QueueConsumer, int]]) -> None:
+    """The channel ended: its unacknowledged deliveries go back to their queues (a
+    consumer cancelled while it held some leaves its group now)."""
+    for member, _packet_id in unacked.values():
+        member.leave()
+    unacked.clear()
 
 
 def _note_dropped(connection: ChannelHost, names: list[str]) -> None:
