@@ -146,13 +146,22 @@ def test_rolled_back_acks_leave_the_messages_unacked(connect: Connect) -> None:
 
 def test_committed_acks_are_not_redelivered(connect: Connect) -> None:
     """Acks committed are final: closing the connection gives nothing back; the
-    acks of one channel wait for its commit, not a moment earlier."""
+    acks of one channel wait for its commit, not a moment earlier (acked, then the
+    channel closed before tx.commit: all three come back)."""
     conn, watcher = connect(), connect()
     queue = watcher.channel().queue_declare(uname("tx-ackc")).method.queue
     fill(watcher, queue, b"a", b"b", b"c")
+    early = conn.channel()
+    early.tx_select()
+    got = take(early, queue, 3)
+    early.basic_ack(got[1][0], multiple=True)    # a and b, never committed
+    early.close()
+    assert ready(watcher, queue) == 3            # (nothing of the acks was applied)
     ch = conn.channel()
     ch.tx_select()
     got = take(ch, queue, 3)
+    assert [(body, redelivered) for _, body, redelivered in got] == [
+        (b"a", True), (b"b", True), (b"c", True)]
     ch.basic_ack(got[1][0], multiple=True)    # a and b
     ch.tx_commit()
     conn.close()
