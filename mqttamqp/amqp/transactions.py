@@ -276,13 +276,13 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
     # delivery (a packet id freed and reused by another message is not) and is
     # refused with nothing applied when it is not.
     where = link.delivery_of(key)
-    token = broker.hold_delivery(*where) if where is not None else None
+    token = broker.settlement.hold(*where) if where is not None else None
     label = f"delivery {key & 0xFFFF} on {link.address}"
 
     def check() -> str | None:
         if key < 0:     # (a PUBREL's settle: no message of a queue to hold)
             return None
-        if where is None or not broker.delivery_held(where[0], where[1], token):
+        if where is None or not broker.settlement.still_held(where[0], where[1], token):
             return (f"{label} is no longer held (it was delivered again, or its "
                     "link ended)")
         return None
@@ -295,16 +295,16 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
                 host.schedule_flush()
             decref(ptr)
         # (its link ended: the queue kept it claimed, settled without the link)
-        if valid and not broker.settle_kept(token, _CORE_OUTCOMES[outcome], is_failed,
+        if valid and not broker.settlement.settle_kept(token, _CORE_OUTCOMES[outcome], is_failed,
                                             reason):
             link.outcome(key, outcome, is_failed, reason)
-        broker.unhold_delivery(token)
+        broker.settlement.unhold(token)
 
     try:
         tx.add_settle(apply, lambda: apply(RELEASED, False), check)
     except TransactionRefused:
         # (the transaction can only roll back: the delivery stays as it was)
-        broker.unhold_delivery(token)
+        broker.settlement.unhold(token)
         if ptr is not None:
             decref(ptr)
         link.unclaim(dlv, key)

@@ -43,7 +43,7 @@ __all__ = ["TX_METHODS", "ChannelTransactions"]
 Tx = commands.Tx
 # (delivery tag, (its QueueConsumer, packet id)): what the ack took off ``unacked``
 Taken = list[tuple[int, tuple[Any, int]]]
-# (delivery tag, the consumer's session then, packet id, ``Broker.hold_delivery``'s token)
+# (delivery tag, the consumer's session then, packet id, ``Settlement.hold``'s token)
 Held = list[tuple[int, Any, int, Any]]
 
 
@@ -125,7 +125,7 @@ class ChannelTransactions:
         """Hold the settlement of deliveries ``taken`` off the channel's unacked;
         the commit checks they are still the channel's deliveries."""
         broker = self.channel.connection.broker
-        held: Held = [(tag, session, packet_id, broker.hold_delivery(session, packet_id)
+        held: Held = [(tag, session, packet_id, broker.settlement.hold(session, packet_id)
                        if session is not None else None)
                       for tag, (member, packet_id) in taken
                       for session in (member.session,)]
@@ -141,14 +141,14 @@ class ChannelTransactions:
     def _check(self, held: Held) -> str | None:
         """Why one of the deliveries held can no longer be settled (RabbitMQ's
         words for a tag that is not the channel's)."""
-        delivery_held = self.channel.connection.broker.delivery_held
+        delivery_held = self.channel.connection.broker.settlement.still_held
         for tag, session, packet_id, token in held:
             if session is None or not delivery_held(session, packet_id, token):
                 return f"unknown delivery tag {tag}"
         return None
 
     def _unhold(self, held: Held) -> None:
-        unhold = self.channel.connection.broker.unhold_delivery
+        unhold = self.channel.connection.broker.settlement.unhold
         for _, _, _, token in held:
             unhold(token)
 

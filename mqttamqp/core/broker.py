@@ -191,10 +191,9 @@ class Broker:
         self.completed = settlement.completed
         self.rejected = settlement.rejected
         self.settle = settlement.settle
-        self.hold_delivery = settlement.hold
-        self.unhold_delivery = settlement.unhold
-        self.delivery_held = settlement.still_held
-        self.settle_kept = settlement.settle_kept
+        # (a part: outcomes a transaction holds use its hold, unhold, still_held
+        # and settle_kept)
+        self.settlement = settlement
         # flow control: ``Published.congested`` / ``Published.blocked`` publishers
         self.pause_until_drained = flow.pause_until_drained
         self.when_queues_writable = self.queues.alarm.wait
