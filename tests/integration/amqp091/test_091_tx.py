@@ -333,6 +333,24 @@ def test_a_consumer_in_tx_mode(connect: Connect) -> None:
     assert ready(watcher, queue) == 0
 
 
+def test_an_ack_held_across_basic_cancel_applies_at_commit(connect: Connect) -> None:
+    """Acked in a transaction, the consumer then cancelled, then tx.commit: the ack
+    applies (gone for good, nothing comes back when the connection closes)."""
+    conn, watcher = connect(), connect()
+    queue = watcher.channel().queue_declare(uname("tx-cancel")).method.queue
+    fill(watcher, queue, b"a")
+    ch = conn.channel()
+    ch.tx_select()
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=TIMEOUT):
+        assert method is not None, "no delivery"
+        ch.basic_ack(method.delivery_tag)
+        break
+    ch.cancel()
+    ch.tx_commit()
+    conn.close()
+    assert ready(watcher, queue) == 0
+
+
 def test_work_over_max_transaction_bytes_is_a_channel_error(amqp091: Target,
                                                            connect: Connect) -> None:
     """Publishes held in one transaction past --max-transaction-bytes: the channel
