@@ -268,3 +268,27 @@ def test_find_knows_only_the_owners_open_transactions() -> None:
     assert txs.find("b", tx.id) is None
     tx.commit()
     assert txs.find("a", tx.id) is None
+
+
+def test_a_held_token_names_the_delivery_not_its_packet_id() -> None:
+    """``Settlement.still_held`` answers for the delivery held: once it is
+    acknowledged otherwise it no longer holds, and an entry put at its packet id
+    (as a reused id would be) is not it."""
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/t", b"first")
+    [(_, _, packet_id, *_)] = link.published()
+    settlement = broker.settlement
+    token = settlement.hold(worker, packet_id)
+    assert settlement.still_held(worker, packet_id, token)
+    broker.settle(worker, packet_id, Outcome.ACCEPTED)   # (outside the transaction)
+    settlement.unhold(token)
+    assert not settlement.still_held(worker, packet_id, token)
+    send(broker, "$queue/jobs/t", b"second")
+    [next_id] = list(worker.inflight)
+    entry = worker.inflight.pop(next_id)
+    entry.packet_id = packet_id                        # (the id reused)
+    worker.inflight[packet_id] = entry
+    assert not settlement.still_held(worker, packet_id, token)
+    assert settlement.still_held(worker, packet_id, settlement.hold(worker, packet_id))
