@@ -218,7 +218,7 @@ class Transaction:
             parent.failed += 1
             parent.warn("partial", f"transaction {self.id} partially applied: "
                         "running its work failed")
-            return fail(PartiallyApplied("running its work failed (partially applied)"))
+            return fail(PartiallyApplied("running its work failed"))
         done = all_durable(waits)
         assert done is not None
         result: Deferred[None] = Deferred()

@@ -226,7 +226,7 @@ def test_work_that_raises_fails_the_commit_and_the_rest_still_runs() -> None:
     tx.add_settle(lambda: ran.append("after"))
     fired = results(tx.commit())
     assert fired[0].check(PartiallyApplied) and ran == ["after"]
-    assert "partially applied" in fired[0].value.reason
+    assert fired[0].value.reason == "running its work failed"
     assert broker.transactions.failed == 1
 
 
