@@ -35,8 +35,10 @@ __all__ = ["QueueSubscription", "queue_filter", "consumer_from_properties"]
 
 _CONSUMER_KEYS = ("consumer-group", "consumer-mode", "stream-offset")
 # How often a drain that waits for storage (``QueueSubscription._answer_drain``)
-# looks again, in seconds.
+# looks again, and for how long at most (then it is answered with what came), in
+# seconds.
 _DRAIN_RECHECK = 0.005
+_DRAIN_WAIT_MAX = 5.0
 
 
 def queue_filter(topic: str, plain: bool) -> str:
@@ -92,13 +94,14 @@ class QueueSubscription(TopicSubscription):
     credit: a member without credit is skipped in the round-robin, and a flow that
     grants more makes the queue pump again (``Broker.link_drained``)."""
 
-    __slots__ = ("_blocked", "_drain_check", "consumer")
+    __slots__ = ("_blocked", "_drain_check", "_drain_since", "consumer")
     queue = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
                  consumer: Consumer) -> None:
         self._blocked = False
         self._drain_check: DelayedCall | None = None
+        self._drain_since = 0.0   # when the drain being answered began to wait
         super().__init__(host, plink, topic_filter)
         self.consumer = consumer
 
@@ -128,7 +131,9 @@ class QueueSubscription(TopicSubscription):
         # the queue had rather than with nothing.
         if self.session is not None and not self.closed:
             self.broker.link_drained(self.session)
-        self._answer_drain()
+        if self._drain_check is None and self.plink.drain_mode:
+            self._drain_since = self.host.clock.seconds()
+            self._answer_drain()   # (else the check already waiting answers it)
 
     def _answer_drain(self) -> None:
         """A drain (AMQP 1.0 §2.6.7) is answered once the queue has handed this link
@@ -136,15 +141,17 @@ class QueueSubscription(TopicSubscription):
         advanced, credit 0) in a flow.  What the queue will hand out once storage
         answers (a new group's dispatch watermark is committed first, bodies are
         read back) is waited for, rechecked every ``_DRAIN_RECHECK`` seconds: a
-        commit or a read, never longer."""
+        commit or a read, and never longer than ``_DRAIN_WAIT_MAX``."""
         self._drain_check = None
         plink = self.plink
         if self.closed or not plink.drain_mode or plink.credit <= 0:
             return
         session = self.session
         if session is not None and self.broker.queues.feeding(session):
-            self._drain_check = self.host.clock.callLater(_DRAIN_RECHECK, self._answer_drain)
-            return
+            clock = self.host.clock
+            if clock.seconds() - self._drain_since < _DRAIN_WAIT_MAX:
+                self._drain_check = clock.callLater(_DRAIN_RECHECK, self._answer_drain)
+                return
         plink.drained()
         self.host.schedule_flush()
 

@@ -1,5 +1,5 @@
-"""Drain on queue receivers (AMQP 1.0 §2.6.7), against the real broker with
-python-qpid-proton's blocking client.
+"""Drain on queue receivers (AMQP 1.0 §2.6.7), and on a topic receiver, against the
+real broker with python-qpid-proton's blocking client.
 
 A receiver that sets drain asks the broker to use up its credit: send what the queue
 holds, up to the credit, then advance delivery-count by what is left, set credit 0 and
@@ -119,3 +119,19 @@ def test_drain_takes_no_more_than_the_credit(broker, conns) -> None:
     rcv.link.flow(1)
     conn.wait(lambda: rcv.fetcher.has_message >= 3, timeout=10.0, msg="m2 after new credit")
     assert bodies(rcv)[2] == "m2"
+
+
+def test_drain_on_a_topic_receiver_sends_what_waited_then_the_drained_flow(
+        broker, conns) -> None:
+    """A topic receiver without credit: QoS 1 messages published meanwhile wait in its
+    session; a drain of 5 gets the 2 of them, then the drained flow."""
+    topic = uid("dt") + "/x"
+    conn = conns(broker)
+    rcv = receiver(conn, topic, credit=None)
+    conn.create_sender(None).close()    # (the attach is seen before the publishes)
+    pub = conns(broker).create_sender(topic)
+    for i in range(2):
+        assert send_expect(pub, Message(body=f"m{i}", durable=True)).remote_state == ACCEPTED
+    rcv.link.drain(5)
+    wait_drained(conn, rcv, 2)
+    assert bodies(rcv) == ["m0", "m1"]
