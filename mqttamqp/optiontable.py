@@ -361,9 +361,9 @@ PARAMETERS: list[list[Any]] = [
      "amqp:resource-limit-exceeded) and the connection stays. 0 = no bound.",
      _positive(int, "max-transactions-per-connection")],
     ["max-transaction-bytes", None, _D.max_transaction_bytes,
-     "Most bytes of work one transaction holds until its commit (message sizes, 64 "
-     "bytes per acknowledgement); beyond, the work is refused and the transaction "
-     "can only roll back. 0 = no bound.",
+     "Most bytes of work one transaction holds until its commit (whole message "
+     "sizes, properties included, 64 bytes per action); beyond, the work is "
+     "refused and the transaction can only roll back. 0 = no bound.",
      _positive(int, "max-transaction-bytes")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "

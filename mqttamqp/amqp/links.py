@@ -36,6 +36,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import (
     close_with,
@@ -307,6 +308,11 @@ class OutgoingLink(BrokerLink):
         """The key of ``dlv``, no longer awaited (a transaction holds its outcome)."""
         awaiting = self._awaiting
         return awaiting.pop(dlv, None) if awaiting else None
+
+    def delivery_of(self, key: int) -> tuple[Session, int] | None:
+        """The core session and packet id of the delivery sent with ``key`` (None:
+        not a session's delivery, or the link holds no session now)."""
+        return None
 
     def unclaim(self, dlv: Any, key: int) -> None:
         """``dlv`` awaits its outcome again (its transaction refused it)."""

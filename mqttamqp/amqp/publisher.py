@@ -118,8 +118,9 @@ class TopicPublisher(IncomingLink):
                          self.host.container_id or None, self.broker.clock.seconds(),
                          redelivered, head + data[cut:], payload is None, props, None,
                          priority)
-        if self.host.txns is not None and delivery_remote_state(dlv) == TRANSACTIONAL:
-            hold_transfer(self, dlv, routed, presettled)   # (routed at commit)
+        if delivery_remote_state(dlv) == TRANSACTIONAL:
+            # (routed at commit; without a coordinator: unknown-id, never routed now)
+            hold_transfer(self, dlv, routed, presettled)
             return
         if self.second and not presettled:
             self._hold(dlv, routed)

@@ -50,6 +50,8 @@ from mqttamqp.amqp.links import (
     DECODE_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
+    REJECTED,
+    TRANSACTIONAL,
     UNAUTHORIZED,
     LinkHost,
 )
@@ -59,6 +61,7 @@ from mqttamqp.core.broker import SUBSCRIBE_FAILURE
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
+from mqttamqp.net.rawproton import delivery_remote_state
 
 __all__ = ["WillServiceLink", "SubscriptionServiceLink", "PubrelLink", "SessionRequests"]
 
@@ -75,9 +78,26 @@ def _client_of(value: Any, kind: AddressKind) -> str | None:
     return address.value if address.kind is kind else None
 
 
+NOT_IMPLEMENTED = "amqp:not-implemented"
+
+
 class _ServiceLink(IncomingLink):
     __slots__ = ()
     max_window = 20
+
+    def on_transfer(self, dlv: Any, data: bytes, presettled: bool) -> None:
+        # A service's request takes effect at once: it cannot wait for a commit, so
+        # one under a transaction is refused, never carried out before it.
+        if delivery_remote_state(dlv) == TRANSACTIONAL:
+            host = self.host
+            host.broker.transactions.warn(
+                "service", f"a transactional transfer on {self.address} from "
+                f"{host.container_id} was refused (the service links take none)")
+            self.rejected += 1
+            self.answer(dlv, REJECTED, (
+                NOT_IMPLEMENTED, f"{self.address} does not take transactional transfers"))
+            return
+        super().on_transfer(dlv, data, presettled)
 
 
 class WillServiceLink(_ServiceLink):

@@ -308,6 +308,12 @@ class _SessionLink(OutgoingLink):
         else:
             self._finished(key & _PACKET_ID, state, failed, reason)
 
+    def delivery_of(self, key: int) -> tuple[Session, int] | None:
+        session = self.session
+        if session is None or self.closed or key < 0:
+            return None
+        return session, key & _PACKET_ID
+
     def _finished(self, packet_id: int, state: int, failed: bool = False,
                   reason: str | None = None) -> None:
         session = self.session

@@ -7,13 +7,17 @@ coordinator (capability ``amqp:local-transactions``): ``declare`` answers
 ``declared`` with a new txn-id (or Rejected with amqp:resource-limit-exceeded over
 ``--max-transactions-per-connection``), ``discharge`` commits (Accepted once all
 of the transaction is durable; Rejected with amqp:transaction:rollback when it
-cannot commit) or rolls back (fail=true), an unknown txn-id gets
+cannot commit, nothing of it applied, or with amqp:internal-error "partially
+applied" when it failed once its work ran) or rolls back (fail=true), an unknown
+txn-id gets
 amqp:transaction:unknown-id; the link's end rolls back its open transactions (and
 so does the connection's, which ends its links).  ``hold_transfer``: a transfer
 whose state is transactional-state is held in its transaction (answered at once
-with transactional-state(Accepted)) and routed at commit.  ``hold_outcome``: a
-disposition with transactional-state on a delivery the broker sent is applied at
-commit (the delivery stays acquired until then), and a rollback releases it.
+with transactional-state(Accepted)) and routed at commit, after a check that it
+may still be (permission, queue room).  ``hold_outcome``: a disposition with
+transactional-state on a delivery the broker sent is applied at commit (the
+delivery stays claimed until then, also past its link's end for a queue's, and
+is checked to be the same delivery first), and a rollback releases it.
 One log line per cause (``Transactions.warn``).
 
 What it must not do: hold transaction rules (the core's ``transactions`` does),
@@ -43,8 +47,10 @@ from mqttamqp.amqp.links import (
 )
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message as CoreMessage
+from mqttamqp.core.queues.addresses import QUEUED
 from mqttamqp.core.routing.published import Published
-from mqttamqp.core.transactions import Transaction, TransactionRefused
+from mqttamqp.core.routing.settlement import Outcome
+from mqttamqp.core.transactions import PartiallyApplied, Transaction, TransactionRefused
 from mqttamqp.net.rawproton import decref, delivery_settle, delivery_settled, incref
 
 
@@ -78,8 +84,11 @@ _DECLARE = (symbol("amqp:declare:list"), 0x31)
 _DISCHARGE = (symbol("amqp:discharge:list"), 0x32)
 UNKNOWN_ID = "amqp:transaction:unknown-id"
 ROLLBACK = "amqp:transaction:rollback"
+INTERNAL_ERROR = "amqp:internal-error"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 _OUTCOMES = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+_CORE_OUTCOMES: dict[int, Outcome] = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
+                  RELEASED: Outcome.RELEASED, MODIFIED: Outcome.MODIFIED}
 _OUTCOME_NAMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED,
                   "amqp:released:list": RELEASED, "amqp:modified:list": MODIFIED}
 
@@ -143,7 +152,11 @@ def hold_transfer(link: HoldingLink, dlv: Any, routed: CoreMessage,
         _refuse(link, dlv, UNAUTHORIZED, f"publishing to {routed.topic!r} is not allowed")
         return
     try:
-        tx.add_publish(len(routed.payload), _publisher(link, routed))
+        # (all of the message as stored: its MQTT form and its native form, the
+        # transfer's sections, where application properties and a map body count)
+        native = routed.native
+        tx.add_publish(len(routed.payload) + (len(native) if native is not None else 0),
+                       _publisher(link, routed), _publish_check(link, routed, tx))
     except TransactionRefused as refused:   # (logged once per cause by the core)
         _refuse(link, dlv, RESOURCE_LIMIT, refused.reason)
         return
@@ -174,6 +187,29 @@ def _publisher(link: HoldingLink, routed: CoreMessage
         return result.durable
 
     return publish
+
+
+def _publish_check(link: HoldingLink, routed: CoreMessage, tx: Transaction
+                   ) -> Callable[[], str | None]:
+    """Asked before the commit runs anything: the publish is still allowed and its
+    queue (a ``$queue/`` topic) still takes it, with the transaction's earlier
+    publishes counted (``Transaction.planned``)."""
+    identity = link.host.identity
+
+    def check() -> str | None:
+        broker = link.broker
+        topic = routed.topic
+        if not broker.may_publish(identity, topic, routed.retain):   # (logs it)
+            return f"publishing to {topic!r} is no longer allowed"
+        if topic[:1] == "$" and broker.queues.kind(topic) == QUEUED:
+            address = broker.queues.address(topic)
+            if isinstance(address, str):
+                return address
+            if address is not None:
+                return broker.queues.room_problem(address.queue, routed, tx.planned)
+        return None
+
+    return check
 
 
 def _answer_transactional(link: HoldingLink, dlv: Any, txn: bytes,
@@ -234,19 +270,41 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
     else:
         incref(dlv)
         ptr = dlv
+    broker = host.broker
+    # The session's delivery stays claimed while the transaction holds its outcome
+    # (no visibility timeout, no takeover); the commit checks it is still the same
+    # delivery (a packet id freed and reused by another message is not) and is
+    # refused with nothing applied when it is not.
+    where = link.delivery_of(key)
+    token = broker.settlement.hold(*where) if where is not None else None
+    label = f"delivery {key & 0xFFFF} on {link.address}"
+
+    def check() -> str | None:
+        if key < 0:     # (a PUBREL's settle: no message of a queue to hold)
+            return None
+        if where is None or not broker.settlement.still_held(where[0], where[1], token):
+            return (f"{label} is no longer held (it was delivered again, or its "
+                    "link ended)")
+        return None
 
     def apply(outcome: int = code, is_failed: bool = failed) -> None:
+        valid = check() is None   # (never settle a delivery that is no longer this one)
         if ptr is not None:
             if not link.closed:
                 delivery_settle(ptr)
                 host.schedule_flush()
             decref(ptr)
-        link.outcome(key, outcome, is_failed, reason)
+        # (its link ended: the queue kept it claimed, settled without the link)
+        if valid and not broker.settlement.settle_kept(token, _CORE_OUTCOMES[outcome], is_failed,
+                                            reason):
+            link.outcome(key, outcome, is_failed, reason)
+        broker.settlement.unhold(token)
 
     try:
-        tx.add_settle(apply, lambda: apply(RELEASED, False))
+        tx.add_settle(apply, lambda: apply(RELEASED, False), check)
     except TransactionRefused:
         # (the transaction can only roll back: the delivery stays as it was)
+        broker.settlement.unhold(token)
         if ptr is not None:
             decref(ptr)
         link.unclaim(dlv, key)
@@ -349,10 +407,14 @@ class Coordinator(IncomingLink):
 
     def _not_committed(self, failure: Failure, dlv: Any) -> None:
         value = failure.value
-        reason = (value.reason if isinstance(value, TransactionRefused)
-                  else f"the transaction was not stored ({type(value).__name__})")
+        if isinstance(value, PartiallyApplied):
+            # (not a rollback: some of it was applied; the core logged it)
+            condition = (INTERNAL_ERROR, f"partially applied: {value.reason}")
+        else:
+            condition = (ROLLBACK, value.reason if isinstance(value, TransactionRefused)
+                         else f"the transaction was not stored ({type(value).__name__})")
         try:
-            self.answer(dlv, REJECTED, (ROLLBACK, reason))
+            self.answer(dlv, REJECTED, condition)
         finally:
             decref(dlv)
 

@@ -22,6 +22,7 @@ through the channel and its connection.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -35,13 +36,15 @@ from mqttamqp.core.exchanges.errors import ACCESS_REFUSED, PRECONDITION_FAILED, 
 from mqttamqp.core.exchanges.topicspace import PublishRefused
 from mqttamqp.core.message import Message
 from mqttamqp.core.routing.settlement import Outcome
-from mqttamqp.core.transactions import Transaction, TransactionRefused
+from mqttamqp.core.transactions import PartiallyApplied, Transaction, TransactionRefused
 
 __all__ = ["TX_METHODS", "ChannelTransactions"]
 
 Tx = commands.Tx
 # (delivery tag, (its QueueConsumer, packet id)): what the ack took off ``unacked``
 Taken = list[tuple[int, tuple[Any, int]]]
+# (delivery tag, the consumer's session then, packet id, ``Settlement.hold``'s token)
+Held = list[tuple[int, Any, int, Any]]
 
 
 class ChannelTransactions:
@@ -71,9 +74,37 @@ class ChannelTransactions:
             raise ChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange "
                                f"'{name}'")
         try:
-            self.tx.add_publish(len(content.body), partial(self._route, message, content))
+            # (all of what is stored: the body and the properties as sent)
+            self.tx.add_publish(len(content.body) + len(content.raw_properties or b""),
+                                partial(self._route, message, content),
+                                partial(self._publish_check, message, content))
         except TransactionRefused as exc:
             raise ChannelError(PRECONDITION_FAILED, exc.reason) from None
+
+    def _publish_check(self, message: Message, content: Content) -> str | None:
+        """Asked before the commit runs anything: every queue the publish routes to
+        still takes it (x-overflow reject-publish), the transaction's earlier
+        publishes counted.  An exchange gone is no refusal: the publish is
+        unroutable then (``_route``)."""
+        channel = self.channel
+        m = content.method
+        queues = channel.connection.broker.queues
+        if m.exchange == "":
+            targets: Iterable[str] = (m.routing_key,)
+        else:
+            exchanges = channel.exchanges
+            try:
+                source = exchanges.exchange(m.exchange)
+            except ChannelError:
+                return None
+            targets = exchanges.route(source, m.routing_key, content.properties.headers)[0]
+        planned = self.tx.planned
+        for name in targets:
+            if name[:1] != "$" and name in queues.queues:
+                problem = queues.room_problem(name, message, planned)
+                if problem is not None:
+                    return problem
+        return None
 
     def _route(self, message: Message, content: Content) -> Deferred[None] | None:
         channel = self.channel
@@ -91,21 +122,44 @@ class ChannelTransactions:
             return None
 
     def settle(self, taken: Taken, outcome: Outcome, failed: bool) -> None:
-        """Hold the settlement of deliveries ``taken`` off the channel's unacked."""
+        """Hold the settlement of deliveries ``taken`` off the channel's unacked;
+        the commit checks they are still the channel's deliveries."""
+        broker = self.channel.connection.broker
+        held: Held = [(tag, session, packet_id, broker.settlement.hold(session, packet_id)
+                       if session is not None else None)
+                      for tag, (member, packet_id) in taken
+                      for session in (member.session,)]
         try:
-            self.tx.add_settle(partial(self._settle, taken, outcome, failed),
-                               partial(self._undo, taken))
+            self.tx.add_settle(partial(self._settle, taken, outcome, failed, held),
+                               partial(self._undo, taken, held), partial(self._check, held))
         except TransactionRefused as exc:
+            self._unhold(held)
             self._restore(taken)
             raise ChannelError(PRECONDITION_FAILED, exc.reason) from None
         self.held += len(taken)
 
-    def _settle(self, taken: Taken, outcome: Outcome, failed: bool) -> None:
+    def _check(self, held: Held) -> str | None:
+        """Why one of the deliveries held can no longer be settled (RabbitMQ's
+        words for a tag that is not the channel's)."""
+        delivery_held = self.channel.connection.broker.settlement.still_held
+        for tag, session, packet_id, token in held:
+            if session is None or not delivery_held(session, packet_id, token):
+                return f"unknown delivery tag {tag}"
+        return None
+
+    def _unhold(self, held: Held) -> None:
+        unhold = self.channel.connection.broker.settlement.unhold
+        for _, _, _, token in held:
+            unhold(token)
+
+    def _settle(self, taken: Taken, outcome: Outcome, failed: bool, held: Held) -> None:
         self.held -= len(taken)
+        self._unhold(held)
         self.channel.settle_taken([entry for _, entry in taken], outcome, failed)
 
-    def _undo(self, taken: Taken) -> None:
+    def _undo(self, taken: Taken, held: Held) -> None:
         self.held -= len(taken)
+        self._unhold(held)
         self._restore(taken)
 
     def _restore(self, taken: Taken) -> None:
@@ -138,7 +192,14 @@ class ChannelTransactions:
         connection = channel.connection
         if channel.closing:
             return
-        if failure.check(PublishRefused, TransactionRefused):
+        if failure.check(TransactionRefused):
+            # (refused before any of its work ran: RabbitMQ's 406 for a tag that is
+            # not the channel's)
+            connection.close_channel(channel, ChannelError(
+                PRECONDITION_FAILED, f"tx.commit failed: {failure.getErrorMessage()} "
+                "(nothing of it was applied)"))
+            return
+        if failure.check(PartiallyApplied, PublishRefused):
             connection.close_channel(channel, ChannelError(
                 PRECONDITION_FAILED, f"tx.commit failed: {failure.getErrorMessage()} "
                 "(the rest of the commit was applied)"))

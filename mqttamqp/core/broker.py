@@ -191,6 +191,9 @@ class Broker:
         self.completed = settlement.completed
         self.rejected = settlement.rejected
         self.settle = settlement.settle
+        # (a part: outcomes a transaction holds use its hold, unhold, still_held
+        # and settle_kept)
+        self.settlement = settlement
         # flow control: ``Published.congested`` / ``Published.blocked`` publishers
         self.pause_until_drained = flow.pause_until_drained
         self.when_queues_writable = self.queues.alarm.wait

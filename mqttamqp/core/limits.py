@@ -45,7 +45,8 @@ class Limits:
     amqp_max_selector_length: int = 4096
     # Local transactions (AMQP 1.0 coordinator, AMQP 0.9.1 tx): open at a time on
     # one connection (more are refused), and bytes of work one holds until commit
-    # (message sizes, 64 per action; beyond, it can only roll back).  0 = no bound.
+    # (whole message sizes, properties included, 64 per action; beyond, it can
+    # only roll back).  0 = no bound.
     max_transactions_per_connection: int = 16
     max_transaction_bytes: int = 16 << 20
     max_subscriptions: int = 10_000           # filters per session (MQTT or AMQP)

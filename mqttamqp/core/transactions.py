@@ -20,6 +20,13 @@ leaves nothing of it, and after its Deferred fires all of it survives one.
 What it must not do: know a protocol (the adapters turn their frames into
 ``add_publish``/``add_settle`` and answer the client when ``commit`` fires), or
 touch storage other than through the ``CommitBatcher``.
+
+Before commit runs any work it asks every held action's ``check`` (a settle: its
+delivery is still the one it was, claimed by the same consumer; a publish: the
+queues and permissions it needs still take it): one that fails refuses the whole
+commit with nothing applied (``TransactionRefused``).  A failure once the work
+runs (a publish refused after all, a fault of ours) is ``PartiallyApplied``:
+the adapters must not answer it as a rollback.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.commits import CommitBatcher, all_durable
+from mqttamqp.core.exchanges.topicspace import PublishRefused
 from mqttamqp.core.ratelog import LogLimiter
 
-__all__ = ["ACTION_OVERHEAD", "Transaction", "TransactionRefused", "TransactionState",
-           "Transactions"]
+__all__ = ["ACTION_OVERHEAD", "PartiallyApplied", "Transaction", "TransactionRefused",
+           "TransactionState", "Transactions"]
 
 # Bytes a held action counts for beyond its message's size: an acknowledgement
 # holds no body, but it is work held all the same (--max-transaction-bytes bounds
@@ -45,11 +53,24 @@ ACTION_OVERHEAD = 64
 
 Publish = Callable[[], "Deferred[None] | None"]
 Settle = Callable[[], None]
+# Asked before a commit runs any work: why the action can no longer be carried out
+# (None: it can).
+Check = Callable[[], "str | None"]
 
 
 class TransactionRefused(Exception):
     """Over a bound, or work on a transaction that is no longer open; ``reason`` is
     the text a client is told."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PartiallyApplied(Exception):
+    """A commit failed after some of its work was applied (a publish refused at
+    commit although its check passed, a fault of ours); ``reason`` says why.
+    Not a rollback: the client must not be told nothing happened."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -70,8 +91,8 @@ _OPEN = TransactionState.OPEN
 class Transaction:
     """One transaction of one owner: the work it holds, run at commit."""
 
-    __slots__ = ("_doomed", "_parent", "_publishes", "_undos", "_work", "id", "owner",
-                 "size", "state")
+    __slots__ = ("_checks", "_doomed", "_parent", "_publishes", "_undos", "_work", "id",
+                 "owner", "planned", "size", "state")
 
     def __init__(self, parent: Transactions, owner: object, tid: int) -> None:
         self._parent = parent
@@ -82,6 +103,10 @@ class Transaction:
         # (kind, callable): "p" a publish (its Deferred waited for), "s" a settle
         self._work: list[tuple[str, Callable[[], object]]] = []
         self._undos: list[Settle] = []
+        self._checks: list[Check] = []
+        # While its commit asks the checks: what the publishes checked so far add to
+        # each queue (``QueueManager.room_problem``), so the room is counted once.
+        self.planned: dict[str, tuple[int, int]] = {}
         self._publishes = 0
         self._doomed: str | None = None     # why a commit will be refused
 
@@ -113,22 +138,29 @@ class Transaction:
             raise TransactionRefused(reason)
         self.size += size
 
-    def add_publish(self, size: int, run: Publish) -> None:
-        """Hold a publish of ``size`` bytes: ``run`` (the adapter's own routing
-        call) is called at commit; its Deferred, if any, is waited for.  Over
-        --max-transaction-bytes the transaction can only roll back from now on
+    def add_publish(self, size: int, run: Publish, check: Check | None = None) -> None:
+        """Hold a publish of ``size`` bytes (all of the message as stored): ``run``
+        (the adapter's own routing call) is called at commit; its Deferred, if
+        any, is waited for.  ``check`` is asked before the commit runs anything.
+        Over --max-transaction-bytes the transaction can only roll back from now on
         (``TransactionRefused``)."""
         self._hold(size)
         self._work.append(("p", run))
         self._publishes += 1
+        if check is not None:
+            self._checks.append(check)
 
-    def add_settle(self, run: Settle, undo: Settle | None = None) -> None:
+    def add_settle(self, run: Settle, undo: Settle | None = None,
+                   check: Check | None = None) -> None:
         """Hold an acknowledgement: ``run`` applies it at commit, ``undo`` (if
-        any) runs at rollback (AMQP 1.0: release the delivery)."""
+        any) runs at rollback (AMQP 1.0: release the delivery); ``check`` is
+        asked before the commit runs anything (the delivery is still there)."""
         self._hold(0)
         self._work.append(("s", run))
         if undo is not None:
             self._undos.append(undo)
+        if check is not None:
+            self._checks.append(check)
 
     def commit(self) -> Deferred[None]:
         """Run the held work in order in one batch; fires once all of it is durable.
@@ -146,8 +178,16 @@ class Transaction:
             self.state = TransactionState.FAILED
             parent.failed += 1
             return fail(TransactionRefused(reason))
+        refusal = self._refusal()
+        if refusal is not None:
+            self._rollback_work()
+            self.state = TransactionState.FAILED
+            parent.failed += 1
+            parent.warn("check", f"transaction {self.id} refused at commit, nothing "
+                        f"applied: {refusal}")
+            return fail(TransactionRefused(refusal))
         self.state = TransactionState.COMMITTING
-        work, self._work, self._undos = self._work, [], []
+        work, self._work, self._undos, self._checks = self._work, [], [], []
         commits = parent.commits
         waits: list[Deferred[None] | None] = []
         error: Failure | None = None
@@ -176,7 +216,9 @@ class Transaction:
                     commits.watch(d, "storing a failed transaction's work")
             self.state = TransactionState.FAILED
             parent.failed += 1
-            return fail(error)
+            parent.warn("partial", f"transaction {self.id} partially applied: "
+                        "running its work failed")
+            return fail(PartiallyApplied("running its work failed"))
         done = all_durable(waits)
         assert done is not None
         result: Deferred[None] = Deferred()
@@ -189,12 +231,38 @@ class Transaction:
         self._parent.committed += 1
         result.callback(None)
 
+    def _refusal(self) -> str | None:
+        """Why an action held can no longer be carried out (None: all can)."""
+        self.planned = {}
+        try:
+            for check in self._checks:
+                try:
+                    reason = check()
+                except Exception:   # a fault of ours: the commit must not run blind
+                    self._parent.log.failure("transaction {t}: a check failed", Failure(),
+                                             t=self.id)
+                    reason = "an internal error checking its work"
+                if reason is not None:
+                    return reason
+            return None
+        finally:
+            self.planned = {}
+
     def _not_durable(self, failure: Failure, result: Deferred[None]) -> None:
         self.state = TransactionState.FAILED
         parent = self._parent
         parent.failed += 1
+        value = failure.value
+        if isinstance(value, (TransactionRefused, PartiallyApplied, PublishRefused)):
+            # (refused by what its check had passed: the rest was applied)
+            why = value.reason if isinstance(value, (TransactionRefused, PartiallyApplied)
+                                             ) else str(value)
+            reason = f"a publish was refused at commit: {why}"
+            parent.warn("partial", f"transaction {self.id} partially applied: {reason}")
+            result.errback(PartiallyApplied(reason))
+            return
         parent.warn("commit", f"transaction {self.id} was not stored "
-                    f"({type(failure.value).__name__}: {failure.value})")
+                    f"({type(value).__name__}: {value})")
         result.errback(failure)
 
     def rollback(self) -> None:
@@ -208,7 +276,7 @@ class Transaction:
         self._parent.rolled_back += 1
 
     def _rollback_work(self) -> None:
-        undos, self._undos, self._work = self._undos, [], []
+        undos, self._undos, self._work, self._checks = self._undos, [], [], []
         for undo in undos:
             try:
                 undo()

@@ -168,6 +168,35 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
+    def room_problem(self, name: str | None, message: Message,
+                     planned: dict[str, tuple[int, int]]) -> str | None:
+        """Why queue ``name`` would refuse ``message`` now, after what ``planned``
+        (a transaction's earlier publishes checked at its commit: queue ->
+        messages, payload bytes) adds to it; None: it takes it (``planned`` then
+        counts it).  Nothing changes but ``planned``.  A missing queue is made by
+        the publish (a ``$queue/`` topic): only ``--queue-max-queues`` bounds it."""
+        if name is None:
+            return None
+        queue = self.queues.get(name)
+        if queue is None:
+            if name not in planned and len(self.queues) + sum(
+                    1 for q in planned if q not in self.queues
+            ) >= self.limits.queue_max_queues:
+                return f"too many queues (--queue-max-queues {self.limits.queue_max_queues})"
+        else:
+            bound = queue.reject_above
+            if bound is not None:
+                count, size = bound
+                before, before_bytes = planned.get(name, (0, 0))
+                ready, ready_bytes, _ = queue.ready()
+                if ((count is not None and ready + before >= count)
+                        or (size is not None
+                            and ready_bytes + before_bytes + len(message.payload) > size)):
+                    return f"queue {name!r} is full (x-overflow reject-publish)"
+        before, before_bytes = planned.get(name, (0, 0))
+        planned[name] = (before + 1, before_bytes + len(message.payload))
+        return None
+
     def declare(self, name: str, transient: bool = False, extra_ops: Sequence[Op] = ()
                 ) -> tuple[QueueLog | None, Deferred[None] | None]:
         """Queue ``name``, made now if it is missing (an AMQP 0.9.1 ``queue.declare``):

@@ -135,8 +135,23 @@ class Membership(Acknowledgements):
         return False
 
     def _give_back(self, group: ConsumerGroup, member: Member) -> None:
-        """``member``'s pending messages go back to its group at once."""
-        back = [o for o, p in group.pending.items() if p.member is member]
+        """``member``'s pending messages go back to its group at once, but for one
+        whose outcome a transaction holds (``Pending.tx_held``; not a 0.9.1
+        member's, its channel settles those): it stays claimed, out of the
+        session, by a member of its own, until the transaction commits or rolls
+        back (``Settlement.settle_kept``)."""
+        back: list[int] = []
+        for offset, pending in group.pending.items():
+            if pending.member is not member:
+                continue
+            if pending.tx_held and not member.held:
+                entry = pending.detach()
+                if entry is not None:
+                    member.session.take_back(entry)
+                alone = pending.member = Member(member.session, member.qos, member.explicit)
+                alone.outstanding = 1
+            else:
+                back.append(offset)
         for offset in back:
             entry = group.pending.pop(offset).detach()
             if entry is not None:

@@ -247,7 +247,7 @@ class Pending:
     a receipt whose delivery was acknowledged otherwise, taken back or
     redelivered is void."""
 
-    __slots__ = ("entry", "group", "member", "offset", "owner", "since")
+    __slots__ = ("entry", "group", "member", "offset", "owner", "since", "tx_held")
 
     def __init__(self, owner: DeliveryEnds, group: ConsumerGroup, offset: int,
                  member: Member) -> None:
@@ -257,6 +257,9 @@ class Pending:
         self.member = member
         self.since = 0.0
         self.entry: OutEntry | None = None
+        # A transaction holds its outcome (``Settlement.hold``): like a held
+        # member's, no visibility timeout, no takeover, until it commits or rolls back.
+        self.tx_held = False
 
     def detach(self) -> OutEntry | None:
         """No longer its group's pending delivery: the session entry, if any, to

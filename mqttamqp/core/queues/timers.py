@@ -58,7 +58,7 @@ class QueueTimers(Browsing):
                 if not group.pending:
                     continue
                 expired = [o for o, p in group.pending.items()
-                           if p.since + timeout <= now and not p.member.held]
+                           if p.since + timeout <= now and not p.member.held and not p.tx_held]
                 for offset in expired:
                     self._withdraw(group, offset)
                     self._again(group, offset, ops, "not acknowledged within the "
@@ -84,7 +84,8 @@ class QueueTimers(Browsing):
         if not idle:
             return
         stale = [o for o, p in group.pending.items()
-                 if p.since + after <= now and p.member not in idle and not p.member.held]
+                 if p.since + after <= now and p.member not in idle and not p.member.held
+                 and not p.tx_held]
         log = group.queue.log
         evicted = group.queue.evicted
         stale = [o for o in stale if o not in evicted]   # (pending ones never are)

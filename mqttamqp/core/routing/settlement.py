@@ -5,7 +5,11 @@ outcome (Accepted, Rejected, Released, Modified; ``Outcome``), for every protoco
 alike: the session's in-flight state changes (stored in the background), the
 session may take more (``Router.room``), paused publishers may resume, a
 rejected delivery is dropped and counted, a released one goes out again, and a
-durable queue's delivery is settled by its queue (``QueueManager.settle``).
+durable queue's delivery is settled by its queue (``QueueManager.settle``); a
+delivery whose outcome a transaction holds (``hold``) is exempt from its queue's
+visibility timeout and takeover, and is checked still to be the same delivery
+before its commit (``still_held``: a packet id freed and reused by another
+message is not).
 
 What it must not do: send anything itself (a session's link does, when it is
 given room) or wait on a commit before answering: an acknowledgement only ever
@@ -18,7 +22,9 @@ from enum import Enum
 
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.queues.manager import QueueManager
+from mqttamqp.core.queues.model import Pending
 from mqttamqp.core.routing.router import Router
+from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import FlowControl
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import BrokerStats
@@ -105,3 +111,62 @@ class Settlement:
                 self.acknowledged(session, packet_id)
             else:
                 self.completed(session, packet_id)
+
+    # -- outcomes a transaction holds (core/transactions.py) -----------------------------
+
+    @staticmethod
+    def hold(session: Session, packet_id: int) -> OutEntry | None:
+        """A transaction holds the outcome of ``session``'s in-flight ``packet_id``:
+        a queue's delivery stays claimed (no visibility timeout, no takeover) until
+        ``unhold``.  Returns the delivery's entry, the token ``still_held`` checks
+        (None: not in flight)."""
+        entry = session.inflight.get(packet_id)
+        if entry is not None:
+            receipt = entry.receipt
+            if isinstance(receipt, Pending):
+                receipt.tx_held = True
+        return entry
+
+    @staticmethod
+    def unhold(entry: OutEntry | None) -> None:
+        """The transaction that held ``entry``'s outcome ended."""
+        receipt = entry.receipt if entry is not None else None
+        if isinstance(receipt, Pending):
+            receipt.tx_held = False
+
+    def still_held(self, session: Session, packet_id: int, entry: OutEntry | None) -> bool:
+        """``entry`` (from ``hold``) is still ``session``'s in-flight ``packet_id``
+        (not taken back, redelivered elsewhere, or its packet id reused by another
+        message), or a queue's delivery its link's end left claimed for the
+        transaction (``settle_kept``); a queue's still its group's pending one."""
+        if entry is None:
+            return False
+        receipt = entry.receipt
+        if isinstance(receipt, Pending):
+            group = receipt.group
+            queue = group.queue
+            if (group.pending.get(receipt.offset) is not receipt
+                    or self._queues.queues.get(queue.name) is not queue
+                    or queue.groups.get(group.key) is not group):
+                return False
+            if receipt.entry is None:      # (kept: its session let it go)
+                return receipt.tx_held
+        return session.inflight.get(packet_id) is entry
+
+    def settle_kept(self, entry: OutEntry | None, outcome: Outcome, failed: bool = False,
+                    reason: str | None = None) -> bool:
+        """Settle a queue's delivery that stayed claimed for its transaction after
+        its link ended (``Membership._give_back``); False (nothing done) if
+        ``entry`` is not such a delivery."""
+        receipt = entry.receipt if entry is not None else None
+        if (not isinstance(receipt, Pending) or receipt.entry is not None
+                or not receipt.tx_held
+                or receipt.group.pending.get(receipt.offset) is not receipt):
+            return False
+        assert entry is not None
+        receipt.tx_held = False
+        if outcome is _ACCEPTED:
+            receipt.owner.transport_ack(receipt)
+        else:
+            receipt.owner.settle(receipt, entry, outcome.value, failed, reason)
+        return True

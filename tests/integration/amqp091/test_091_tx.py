@@ -146,13 +146,22 @@ def test_rolled_back_acks_leave_the_messages_unacked(connect: Connect) -> None:
 
 def test_committed_acks_are_not_redelivered(connect: Connect) -> None:
     """Acks committed are final: closing the connection gives nothing back; the
-    acks of one channel wait for its commit, not a moment earlier."""
+    acks of one channel wait for its commit, not a moment earlier (acked, then the
+    channel closed before tx.commit: all three come back)."""
     conn, watcher = connect(), connect()
     queue = watcher.channel().queue_declare(uname("tx-ackc")).method.queue
     fill(watcher, queue, b"a", b"b", b"c")
+    early = conn.channel()
+    early.tx_select()
+    got = take(early, queue, 3)
+    early.basic_ack(got[1][0], multiple=True)    # a and b, never committed
+    early.close()
+    assert ready(watcher, queue) == 3            # (nothing of the acks was applied)
     ch = conn.channel()
     ch.tx_select()
     got = take(ch, queue, 3)
+    assert [(body, redelivered) for _, body, redelivered in got] == [
+        (b"a", True), (b"b", True), (b"c", True)]
     ch.basic_ack(got[1][0], multiple=True)    # a and b
     ch.tx_commit()
     conn.close()
@@ -324,6 +333,24 @@ def test_a_consumer_in_tx_mode(connect: Connect) -> None:
     assert ready(watcher, queue) == 0
 
 
+def test_an_ack_held_across_basic_cancel_applies_at_commit(connect: Connect) -> None:
+    """Acked in a transaction, the consumer then cancelled, then tx.commit: the ack
+    applies (gone for good, nothing comes back when the connection closes)."""
+    conn, watcher = connect(), connect()
+    queue = watcher.channel().queue_declare(uname("tx-cancel")).method.queue
+    fill(watcher, queue, b"a")
+    ch = conn.channel()
+    ch.tx_select()
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=TIMEOUT):
+        assert method is not None, "no delivery"
+        ch.basic_ack(method.delivery_tag)
+        break
+    ch.cancel()
+    ch.tx_commit()
+    conn.close()
+    assert ready(watcher, queue) == 0
+
+
 def test_work_over_max_transaction_bytes_is_a_channel_error(amqp091: Target,
                                                            connect: Connect) -> None:
     """Publishes held in one transaction past --max-transaction-bytes: the channel
@@ -349,9 +376,9 @@ def test_work_over_max_transaction_bytes_is_a_channel_error(amqp091: Target,
 
 
 def test_a_queue_refusing_at_commit_is_406(connect: Connect) -> None:
-    """A queue that refuses a committed publish (x-overflow reject-publish) fails
-    the commit: 406 on the channel, the rest of the commit applied (RabbitMQ:
-    "partial tx completion")."""
+    """A queue that would refuse a committed publish (x-overflow reject-publish)
+    fails the commit before any of it runs: 406 on the channel, nothing applied
+    (where RabbitMQ applies the rest: "partial tx completion")."""
     conn, watcher = connect(), connect()
     ch = conn.channel()
     queue = ch.queue_declare(uname("tx-full"), arguments={
@@ -362,7 +389,9 @@ def test_a_queue_refusing_at_commit_is_406(connect: Connect) -> None:
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
         ch.tx_commit()
     assert closed.value.reply_code == 406
-    assert get_all(watcher.channel(), queue) == [b"fits"]
+    assert "reject-publish" in closed.value.reply_text
+    assert "nothing of it was applied" in closed.value.reply_text
+    assert get_all(watcher.channel(), queue) == []
     assert conn.is_open
 
 

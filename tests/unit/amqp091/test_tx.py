@@ -127,7 +127,8 @@ def test_publish_and_ack_commit_in_one_submission() -> None:
     publish(conn, b"result", queue="out")
     channel = conn.channels[1]
     assert channel.tx.held == 1 and not channel.unacked
-    assert channel.tx.info() == (1, 1, len(b"result") + 2 * 64)
+    # (a publish counts its body and its raw properties: 2 bytes of empty flags)
+    assert channel.tx.info() == (1, 1, len(b"result") + 2 + 2 * 64)
     store.held = True
     before = len(store.submissions)
     conn.dataReceived(method_frame(1, T.Commit()))
@@ -274,7 +275,7 @@ def test_console_shows_tx_mode_and_pending_work() -> None:
     publish(conn, b"abc")
     first, second = details(conn).channels
     assert (first.transactional, first.tx_publishes, first.tx_acks) == (True, 1, 0)
-    assert first.tx_bytes == 3 + 64
+    assert first.tx_bytes == 3 + 2 + 64   # (body, raw properties, the action)
     assert (second.transactional, second.tx_publishes) == (False, 0)
 
 

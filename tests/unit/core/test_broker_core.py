@@ -847,7 +847,7 @@ def test_the_adapters_port_stays_under_40_methods() -> None:
     hands out, nor the state it shows) stay under 40 (issue 25)."""
     broker = Broker(Clock(), NullStore(), Limits(sys_interval=0))
     parts = {"gate", "gateway", "commands", "queues", "router", "registry", "sys_topics",
-             "publishing", "transactions",
+             "publishing", "transactions", "settlement",
              "view", "client_debug", "topic_stats", "clock", "store", "limits",
              "authenticator", "authorizer", "recorder", "stats", "sessions",
              "link_subscribers", "connections", "wills", "retained", "trie", "log"}

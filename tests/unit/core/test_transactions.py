@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from fakes import FailingStore, ManualMemoryStore, ManualStore
 from queue_facade import client, join, make, send
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 
 from mqttamqp.core.broker import Broker, Outcome
 from mqttamqp.core.persistence import QueueDone
-from mqttamqp.core.transactions import ACTION_OVERHEAD, TransactionRefused
+from mqttamqp.core.transactions import ACTION_OVERHEAD, PartiallyApplied, TransactionRefused
 
 
 def results(d: Deferred[Any]) -> list[Any]:
@@ -212,8 +212,9 @@ def test_a_commit_the_store_refuses_fails_the_transaction() -> None:
 
 
 def test_work_that_raises_fails_the_commit_and_the_rest_still_runs() -> None:
-    """A fault in one held action is logged and fails the commit; the actions after
-    it still run (nothing is left half-held)."""
+    """A fault in one held action is logged and fails the commit as partially
+    applied (not a rollback); the actions after it still run (nothing is left
+    half-held)."""
     broker, _, _ = make()
     ran: list[str] = []
 
@@ -224,8 +225,37 @@ def test_work_that_raises_fails_the_commit_and_the_rest_still_runs() -> None:
     tx.add_settle(broken)
     tx.add_settle(lambda: ran.append("after"))
     fired = results(tx.commit())
-    assert fired[0].check(RuntimeError) and ran == ["after"]
+    assert fired[0].check(PartiallyApplied) and ran == ["after"]
+    assert fired[0].value.reason == "running its work failed"
     assert broker.transactions.failed == 1
+
+
+def test_a_failing_check_refuses_the_commit_with_nothing_applied() -> None:
+    """A held action whose check fails at commit refuses the whole commit before
+    any work runs: no publish, no settle; the undos run and nothing is stored."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    ran: list[str] = []
+    tx = broker.transactions.open("conn")
+    tx.add_publish(1, lambda: ran.append("publish") or None, lambda: None)
+    tx.add_settle(lambda: ran.append("settle"), lambda: ran.append("undo"),
+                  lambda: "delivery 7 is no longer held")
+    fired = results(tx.commit())
+    assert fired and fired[0].check(TransactionRefused)
+    assert fired[0].value.reason == "delivery 7 is no longer held"
+    assert ran == ["undo"] and not store.pending
+    assert (broker.transactions.failed, broker.transactions.committed) == (1, 0)
+
+
+def test_a_publish_refused_after_its_check_passed_is_partially_applied() -> None:
+    """A publish whose Deferred fails with a refusal at commit (what the check
+    could not foresee) fails the commit as ``PartiallyApplied``, not a rollback."""
+    broker, _, _ = make()
+    tx = broker.transactions.open("conn")
+    tx.add_publish(1, lambda: fail(TransactionRefused("queue q is full")))
+    fired = results(tx.commit())
+    assert fired and fired[0].check(PartiallyApplied)
+    assert "queue q is full" in fired[0].value.reason
 
 
 def test_find_knows_only_the_owners_open_transactions() -> None:
@@ -238,3 +268,27 @@ def test_find_knows_only_the_owners_open_transactions() -> None:
     assert txs.find("b", tx.id) is None
     tx.commit()
     assert txs.find("a", tx.id) is None
+
+
+def test_a_held_token_names_the_delivery_not_its_packet_id() -> None:
+    """``Settlement.still_held`` answers for the delivery held: once it is
+    acknowledged otherwise it no longer holds, and an entry put at its packet id
+    (as a reused id would be) is not it."""
+    broker, _, _ = make()
+    worker, link = client(broker, "w-1")
+    join(broker, worker, "$queue/jobs/#")
+    send(broker, "$queue/jobs/t", b"first")
+    [(_, _, packet_id, *_)] = link.published()
+    settlement = broker.settlement
+    token = settlement.hold(worker, packet_id)
+    assert settlement.still_held(worker, packet_id, token)
+    broker.settle(worker, packet_id, Outcome.ACCEPTED)   # (outside the transaction)
+    settlement.unhold(token)
+    assert not settlement.still_held(worker, packet_id, token)
+    send(broker, "$queue/jobs/t", b"second")
+    [next_id] = list(worker.inflight)
+    entry = worker.inflight.pop(next_id)
+    entry.packet_id = packet_id                        # (the id reused)
+    worker.inflight[packet_id] = entry
+    assert not settlement.still_held(worker, packet_id, token)
+    assert settlement.still_held(worker, packet_id, settlement.hold(worker, packet_id))
