@@ -265,9 +265,12 @@ class Bridge:
         self.link.attach(client, limits)
         self.broker.activate(session, self.link, PROTOCOL)
 
-    def remote_too_large(self, topic: str, size: int, maximum: int) -> None:
+    def remote_too_large(self, client: BridgeClient, topic: str, size: int, maximum: int
+                         ) -> None:
         """3.1.1: a message from the remote above --max-packet-size, read past and
         acknowledged (``oversize``): dropped, counted, logged once a minute at most."""
+        if self._client is not client:
+            return
         self.too_large_in += 1
         held = self.refusals.allow("too-large-in")
         if held is not None:
@@ -288,10 +291,13 @@ class Bridge:
             self.broker.end_session(self.link, session, True, reason)
         self._lost(reason)
 
-    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None:
+    def remote_puback(self, client: BridgeClient, packet_id: int, reason_code: int = 0
+                      ) -> None:
         """PUBACK: the message is done.  An MQTT 5 failure code (the remote refused it,
         e.g. 0x87 not authorized) is done too, as a client's would be: counted, and
         logged once a minute per bridge at most."""
+        if self._client is not client:   # (a connection stopped or replaced)
+            return
         if reason_code >= 0x80:
             self.refused += 1
             held = self.refusals.allow("puback")
@@ -307,15 +313,17 @@ class Bridge:
             else:
                 self.broker.acknowledged(session, packet_id)
 
-    def remote_pubrec(self, packet_id: int) -> None:
-        if self.session is not None:
+    def remote_pubrec(self, client: BridgeClient, packet_id: int) -> None:
+        if self._client is client and self.session is not None:
             self.broker.received(self.session, packet_id)
 
-    def remote_pubcomp(self, packet_id: int) -> None:
-        if self.session is not None:
+    def remote_pubcomp(self, client: BridgeClient, packet_id: int) -> None:
+        if self._client is client and self.session is not None:
             self.broker.completed(self.session, packet_id)
 
-    def remote_suback(self, codes: tuple[int, ...]) -> None:
+    def remote_suback(self, client: BridgeClient, codes: tuple[int, ...]) -> None:
+        if self._client is not client:
+            return
         refused = [r.remote_filter for r, c in zip(self.in_rules, codes, strict=False)
                    if c >= 0x80]
         if refused:
@@ -325,13 +333,16 @@ class Bridge:
             self.log.info("bridge {n}: subscribed on the remote to {f}", n=self.settings.name,
                           f=", ".join(r.remote_filter for r in self.in_rules))
 
-    def client_drained(self) -> None:
-        if self.session is not None:
+    def client_drained(self, client: BridgeClient) -> None:
+        if self._client is client and self.session is not None:
             self.broker.link_drained(self.session)
 
     def remote_publish(self, client: BridgeClient, packet: Publish) -> None:
         """A message of an ``in`` rule: published here, acknowledged once durable
-        (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL)."""
+        (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL).
+        Nothing is taken from a connection that is not the bridge's current one."""
+        if self._client is not client:
+            return
         self.received += 1
         message = Message(self.local_topic(packet.topic), packet.payload, packet.qos,
                           packet.retain, self.settings.session_id, self.clock.seconds(),
@@ -392,7 +403,8 @@ class Bridge:
             client.resume_reading(why)
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
-        client.send(Pubcomp(packet_id))
+        if self._client is client:
+            client.send(Pubcomp(packet_id))
 
     # -- topics -------------------------------------------------------------
 
