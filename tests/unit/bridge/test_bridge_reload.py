@@ -1,7 +1,8 @@
 """SIGHUP reload of ``[[bridge]]`` tables (``Bridges.configure``) on a
 ``MemoryReactorClock``: an unchanged bridge runs on untouched, a changed one restarts
 on its session (backlog kept), a new one starts, a removed one stops and its session
-is ended (the SIGHUP itself: tests/integration/bridge/test_bridge_sighup.py)."""
+is held, unsubscribed with its backlog kept (the SIGHUP itself:
+tests/integration/bridge/test_bridge_sighup.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _settings(name: str, **extra: Any) -> BridgeSettings:
 
 def test_reload_keeps_restarts_adds_and_removes_bridges() -> None:
     """Unchanged: same object, still running; changed: new object on the same session
-    with its backlog; added: started; removed: stopped, its session ended."""
+    with its backlog; added: started; removed: stopped, its session held."""
     reactor = MemoryReactorClock()
     broker = Broker(reactor, NullStore(), Limits())
     bridges = Bridges(broker, reactor, [_settings("keep"), _settings("change"),
@@ -42,7 +43,8 @@ def test_reload_keeps_restarts_adds_and_removes_bridges() -> None:
     assert by_name["change"].settings.keepalive == 30
     assert by_name["change"].state == "connecting" and by_name["new"].state == "connecting"
     assert len(reactor.tcpClients) == 5   # (the changed one and the new one connect)
-    assert "$bridge/gone" not in broker.sessions
+    gone = broker.sessions["$bridge/gone"]
+    assert not gone.subscriptions and len(gone.queue) == 1   # (held, not queuing)
     assert len(broker.sessions["$bridge/change"].queue) == 1   # (its backlog stays)
     assert "$bridge/new" in broker.sessions
 
