@@ -94,6 +94,7 @@ class Bridge:
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
         self.held = 0                         # times the remote was not read (storage alarm)
+        self._said_held = False               # "not reading the remote" logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
@@ -384,8 +385,11 @@ class Bridge:
         subscribers here it fed are behind (``congested``)."""
         broker = self.broker
         if blocked:
-            if "alarm" not in client.paused_for:
+            # Counted and logged for the storage alarm only; a writer merely behind
+            # (``queues.paused`` without ``blocked``) pauses it silently.
+            if "alarm" not in client.paused_for and broker.queues.blocked:
                 self.held += 1
+                self._said_held = True
                 self.log.info("bridge {n}: not reading the remote while the durable "
                               "queues are blocked", n=self.settings.name)
             client.pause_reading("alarm")
@@ -398,7 +402,8 @@ class Bridge:
 
     def _read_again(self, client: BridgeClient, why: str) -> None:
         if self._client is client:
-            if why == "alarm" and why in client.paused_for:
+            if why == "alarm" and why in client.paused_for and self._said_held:
+                self._said_held = False
                 self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
             client.resume_reading(why)
 
