@@ -3,7 +3,9 @@
 What it owns: one TCP connection's MQTT 3.1.1 or 5 client side on the broker's own sans-IO
 codec (``mqtt.codec``): CONNECT (with Mosquitto's bridge flag, ``try_private``:
 protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
-seconds, the connection dropped when the remote is silent for one and a half), and
+seconds, the connection dropped when the remote is silent for one and a half; not
+judged while reading is paused), a clean close (``disconnect``: the producer
+unregistered first, aborted after ``CLOSE_GRACE``), and
 each packet from the remote handed to its ``Bridge`` as a call.  ``Backoff``: the
 reconnect delays, doubling from a minimum to a bound.
 
@@ -271,7 +273,11 @@ class BridgeClient(TwistedProtocol):
     def _ping(self) -> None:
         keepalive = self.connect_packet.keepalive
         self._timer = None
-        if self.paused_for:   # (not read: its PINGRESP waits in the socket)
+        if self.paused_for:
+            # Not read: its PINGRESP waits in the socket, so silence is not judged
+            # until reading resumes; PINGREQs still go out, and a remote that is gone
+            # ends the connection through TCP (reset, retransmission time-out).
+            # docs/bridges.md says so.
             self._last_heard = self.clock.seconds()
         elif self.clock.seconds() - self._last_heard > keepalive * 1.5:
             self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")

@@ -15,7 +15,7 @@ from twisted.logger import globalLogPublisher
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.packets import Puback, Publish, Suback, Subscribe
+from mqttamqp.mqtt.packets import Pingreq, Puback, Publish, Suback, Subscribe
 
 
 def test_storage_alarm_stops_reading_the_remote_until_it_clears() -> None:
@@ -85,3 +85,27 @@ def test_a_writer_behind_pauses_the_remote_without_counting_an_alarm() -> None:
     finally:
         globalLogPublisher.removeObserver(observe)
     assert lines == []
+
+
+def test_keepalive_while_not_reading_pings_and_judges_silence_after_resuming() -> None:
+    """Paused: PINGREQs go on and the silence is not judged; once reading resumes, a
+    remote silent for one and a half keepalive periods is dropped."""
+    broker, clock, _ = make_broker()
+    remote = Remote()
+    remote.up = True
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), remote)
+    bridge.start()
+    accept(remote)
+    remote.packets()
+    client, transport = remote.client, remote.transport
+    assert client is not None and transport is not None
+    client.pause_reading("alarm")
+    for _ in range(6):   # (keepalive 10: a minute unread)
+        clock.advance(10)
+    assert sum(isinstance(p, Pingreq) for p in remote.packets()) == 6
+    assert not transport.disconnecting
+    client.resume_reading("alarm")
+    clock.advance(10)
+    assert not transport.disconnecting
+    clock.advance(10)
+    assert transport.disconnecting and "silent" in client.reason
