@@ -137,6 +137,11 @@ class Bridge:
                                        for q in wanted.values()])
 
     def stop(self) -> None:
+        """Disconnect and detach the out session; nothing for a bridge not running
+        (never started, e.g. on an ``--ha`` standby, or stopped already): no
+        ``$SYS`` state is published into a broker that is not serving."""
+        if not self._running:
+            return
         self._running = False
         if self._retry is not None and self._retry.active():
             self._retry.cancel()

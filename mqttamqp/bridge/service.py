@@ -156,19 +156,17 @@ class Bridges:
         added: list[str] = []
         changed: list[str] = []
         bridges: list[Bridge] = []
+        # Every new Bridge is built first (a TLS remote's CA file is read here): if
+        # one fails, nothing has been stopped and the running set stays as it was.
         for s in settings:
             bridge = old.get(s.name)
             if bridge is not None and bridge.settings == s:
                 bridges.append(bridge)
                 continue
-            if bridge is not None:
-                bridge.stop()
-                changed.append(s.name)
-            else:
-                added.append(s.name)
+            (changed if bridge is not None else added).append(s.name)
             bridges.append(Bridge(self.broker, self.reactor, s, self._connector(s)))
         removed = [name for name in old if name not in names]
-        for name in removed:
+        for name in changed + removed:
             old[name].stop()
         self.bridges = bridges
         log.info("bridges reloaded: {a} added, {c} changed, {r} removed, {k} unchanged",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from bridge_remote import TABLE
 from core_broker import pub
 from fakes import NullStore
@@ -48,3 +49,37 @@ def test_reload_keeps_restarts_adds_and_removes_bridges() -> None:
     assert len(broker.sessions["$bridge/change"].queue) == 1   # (its backlog stays)
     assert "$bridge/new" in broker.sessions
 
+
+
+def test_a_reload_that_fails_to_build_a_bridge_changes_nothing() -> None:
+    """A new bridge that cannot be built (its connector raises): the changed and
+    removed bridges were not stopped, the running set stays."""
+    reactor = MemoryReactorClock()
+    broker = Broker(reactor, NullStore(), Limits())
+    bridges = Bridges(broker, reactor, [_settings("change"), _settings("gone")])
+    bridges.start()
+    before = list(bridges.bridges)
+    build = bridges._connector
+
+    def connector(settings: BridgeSettings) -> Any:
+        if settings.name == "bad":
+            raise OSError("tls-ca: no such file")
+        return build(settings)
+
+    bridges._connector = connector   # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        bridges.configure([_settings("change", keepalive=30), _settings("bad")])
+    assert bridges.bridges == before
+    assert all(b.state == "connecting" for b in before)
+
+
+def test_bridges_never_started_publish_nothing_when_stopped() -> None:
+    """An --ha standby's bridges (never started): stop and a reload publish no $SYS
+    state into the broker."""
+    reactor = MemoryReactorClock()
+    broker = Broker(reactor, NullStore(), Limits())
+    bridges = Bridges(broker, reactor, [_settings("hq"), _settings("lab")])
+    bridges.configure([_settings("hq", keepalive=30)])
+    bridges.stop()
+    assert not [m for m in broker.retained if m.topic.startswith("$SYS/broker/connection/")]
+    assert broker.stats.messages_received == 0
