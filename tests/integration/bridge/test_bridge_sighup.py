@@ -1,7 +1,7 @@
 """SIGHUP (sent by PID to the broker process this test started) applies a changed
 ``[[bridge]]`` set: a bridge removed from the file stops, a new one connects to
 Mosquitto and carries messages, without a restart; a removed
-``mqtts://`` bridge closes its TLS connection."""
+bridge closes its connection (``mqtts://`` and ``mqtt://``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import ssl
 import threading
 from pathlib import Path
 
+import pytest
 from brokerproc import BrokerProcess
 from mosquitto_server import MosquittoServer
 from pahoclient import PahoClient
@@ -56,14 +57,17 @@ def test_sighup_adds_and_removes_bridges(tmp_path: Path) -> None:
 
 
 
-class _TlsRemote:
-    """A TLS MQTT remote on loopback (a thread of this test): CONNACK to CONNECT,
-    SUBACK to SUBSCRIBE, and unlike Mosquitto it never closes on DISCONNECT, so
-    ``closed`` is set only when the bridge itself closes the connection."""
+class _Remote:
+    """An MQTT remote on loopback (a thread of this test), over TLS when given a
+    certificate: CONNACK to CONNECT, SUBACK to SUBSCRIBE, and unlike Mosquitto it never
+    closes on DISCONNECT, so ``closed`` is set only when the bridge itself closes the
+    connection."""
 
-    def __init__(self, crt: str, key: str) -> None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(crt, key)
+    def __init__(self, crt: str | None, key: str | None) -> None:
+        context = None
+        if crt is not None and key is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(crt, key)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(30)
         self.port = self.listener.getsockname()[1]
@@ -75,7 +79,8 @@ class _TlsRemote:
 
     def _serve(self) -> None:
         raw, _ = self.listener.accept()
-        conn = self.context.wrap_socket(raw, server_side=True)
+        conn = (self.context.wrap_socket(raw, server_side=True) if self.context is not None
+                else raw)
         conn.settimeout(60)   # (bounds the thread: the test waits 15 s at most)
         buffer = b""
         try:
@@ -101,14 +106,16 @@ class _TlsRemote:
         self.listener.close()
 
 
-def test_sighup_closes_a_removed_mqtts_bridge(tmp_path: Path) -> None:
-    """A ``mqtts://`` bridge removed by SIGHUP closes its TLS connection itself
-    (DISCONNECT, then the close) instead of staying connected."""
+@pytest.mark.parametrize("scheme", ["mqtts", "mqtt"])
+def test_sighup_closes_a_removed_bridge(tmp_path: Path, scheme: str) -> None:
+    """A bridge removed by SIGHUP (``mqtts://`` and ``mqtt://``) closes its connection
+    itself (DISCONNECT, then the close) instead of staying connected."""
     pki = make_pki(str(tmp_path))
-    remote = _TlsRemote(pki.server_crt, pki.server_key)
+    tls = scheme == "mqtts"
+    remote = _Remote(pki.server_crt if tls else None, pki.server_key if tls else None)
     config = tmp_path / "mqttamqp.toml"
-    config.write_text(f'[[bridge]]\nname = "sec"\naddress = "mqtts://localhost:{remote.port}"\n'
-                      f'tls-ca = "{pki.ca}"\ntopics = ["a/# in 1"]\n')
+    config.write_text(f'[[bridge]]\nname = "sec"\naddress = "{scheme}://localhost:{remote.port}"\n'
+                      + (f'tls-ca = "{pki.ca}"\n' if tls else "") + 'topics = ["a/# in 1"]\n')
     broker = BrokerProcess(os.path.join(tmp_path, "data"), "--config", str(config)).start()
     try:
         broker.wait_for_line(r"bridge sec to \S+: connected", timeout=15)
@@ -118,7 +125,7 @@ def test_sighup_closes_a_removed_mqtts_bridge(tmp_path: Path) -> None:
         os.kill(broker.proc.pid, signal.SIGHUP)
         line = broker.wait_for_line("bridges reloaded", timeout=15)
         assert "sec removed" in line, line
-        assert remote.closed.wait(15), "the removed bridge's TLS connection stayed open"
+        assert remote.closed.wait(15), "the removed bridge's connection stayed open"
         assert remote.disconnect_seen.is_set()
     finally:
         broker.stop()
