@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.stats import Histogram, protocol_family
 
-__all__ = ["Family", "BridgeCollector", "BrokerCollector", "broker_registry", "exposition",
-           "snapshot", "CONTENT_TYPE"]
+__all__ = ["Family", "BridgeCollector", "BrokerCollector", "StoreCollector", "broker_registry",
+           "exposition", "snapshot", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -335,7 +335,8 @@ class ZODBStore:
             conn.close()
 
     def _take(self) -> list[_Waiter] | None:
-        """Block for work; return the next group (None once closed and drained)."""
+        """Block for work; return the next group (None once closed and drained; empty
+        when ``fence`` took what it was gathering)."""
         with self._cond:
             while not self._pending and not self._stopping:
                 self._idle = True
@@ -358,6 +359,8 @@ class ZODBStore:
                         break
                     self._cond.wait(remaining)
                 self._gathering = False
+                if not self._pending:   # fence() took them while it gathered
+                    return []
             first = self._pending.popleft()
             group = [first]
             count = len(first[0])
@@ -378,7 +381,8 @@ class ZODBStore:
                 group = self._take()
                 if group is None:
                     break
-                self._commit(tm, conn, group)
+                if group:
+                    self._commit(tm, conn, group)
         except BaseException:
             _log.failure("ZODB writer thread died")
             raise

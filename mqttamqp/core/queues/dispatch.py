@@ -127,6 +127,7 @@ class Dispatch(MemoryBudget):
                 else:
                     ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
+                group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
             member = self._next_member(group, offset)
             if member is False:
@@ -209,6 +210,7 @@ class Dispatch(MemoryBudget):
         group would wait for ``mark`` for ever)."""
         if group.watermark == mark:
             group.watermark = group.safe
+        group.held_back = False
         return failure
 
     def _stored(self, result: object, group: ConsumerGroup, mark: int) -> object:
@@ -216,6 +218,7 @@ class Dispatch(MemoryBudget):
         crash after one of them counts it one more delivery on restart)."""
         if mark > group.safe:
             group.safe = mark
+            group.held_back = False
             self._pump(group)
         return result
 

@@ -337,6 +337,9 @@ class ConsumerGroup:
         self.uncounted: set[int] = set()
         self.watermark = queue.first          # dispatch watermark (being) stored
         self.safe = queue.first               # the watermark known durable
+        # A pump stopped at ``safe`` with something to hand out: it goes on when
+        # the watermark's commit is done (``Dispatch._stored``); a drain waits.
+        self.held_back = False
         self.cursor_saved = queue.first       # stream: the stored cursor
         self.cursor_saved_at = 0.0
         self.redelivered = 0
