@@ -571,8 +571,8 @@ def makeService(options: Options) -> BrokerService:
         svc.add_web_listener(description)
     if options["metrics"]:
         svc.add_metrics_listener(options["metrics"])
-    # (built with no [[bridge]] too: the sessions of removed bridges are ended at
-    # start, and SIGHUP may add bridges)
+    # (built with no [[bridge]] too: the sessions of removed bridges are held (no
+    # longer queuing, their backlog kept) at start, and SIGHUP may add bridges)
     from mqttamqp.bridge.service import Bridges
 
     svc.bridges = Bridges(svc.broker, svc.reactor, options["bridge"])

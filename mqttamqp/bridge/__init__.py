@@ -7,8 +7,9 @@ two directions of one bridge (``bridge``: ``out`` is a persistent session of the
 broker, ``$bridge/<name>``, whose link is the remote connection, so QoS >= 1 messages
 wait durably while the remote is away; ``in`` publishes through the broker's port
 with the bridge as publisher), the out session's link fitted to the remote's MQTT 5
-limits (``link``), and the service that starts and stops them, ends the sessions of
-removed bridges and gives their figures to the console and the metrics (``service``).
+limits (``link``), and the service that starts and stops them, holds the sessions of
+removed bridges (unsubscribed, backlog kept) and gives their figures to the console
+and the metrics (``service``).
 
 What it must not do: reach storage other than through the broker's commands (the
 session's queue is the backlog; nothing here stores anything), keep a second MQTT

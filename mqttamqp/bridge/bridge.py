@@ -94,6 +94,7 @@ class Bridge:
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
         self.held = 0                         # times the remote was not read (storage alarm)
+        self._said_held = False               # "not reading the remote" logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
@@ -136,6 +137,11 @@ class Bridge:
                                        for q in wanted.values()])
 
     def stop(self) -> None:
+        """Disconnect and detach the out session; nothing for a bridge not running
+        (never started, e.g. on an ``--ha`` standby, or stopped already): no
+        ``$SYS`` state is published into a broker that is not serving."""
+        if not self._running:
+            return
         self._running = False
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
@@ -265,9 +271,12 @@ class Bridge:
         self.link.attach(client, limits)
         self.broker.activate(session, self.link, PROTOCOL)
 
-    def remote_too_large(self, topic: str, size: int, maximum: int) -> None:
+    def remote_too_large(self, client: BridgeClient, topic: str, size: int, maximum: int
+                         ) -> None:
         """3.1.1: a message from the remote above --max-packet-size, read past and
         acknowledged (``oversize``): dropped, counted, logged once a minute at most."""
+        if self._client is not client:
+            return
         self.too_large_in += 1
         held = self.refusals.allow("too-large-in")
         if held is not None:
@@ -288,10 +297,13 @@ class Bridge:
             self.broker.end_session(self.link, session, True, reason)
         self._lost(reason)
 
-    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None:
+    def remote_puback(self, client: BridgeClient, packet_id: int, reason_code: int = 0
+                      ) -> None:
         """PUBACK: the message is done.  An MQTT 5 failure code (the remote refused it,
         e.g. 0x87 not authorized) is done too, as a client's would be: counted, and
         logged once a minute per bridge at most."""
+        if self._client is not client:   # (a connection stopped or replaced)
+            return
         if reason_code >= 0x80:
             self.refused += 1
             held = self.refusals.allow("puback")
@@ -307,15 +319,17 @@ class Bridge:
             else:
                 self.broker.acknowledged(session, packet_id)
 
-    def remote_pubrec(self, packet_id: int) -> None:
-        if self.session is not None:
+    def remote_pubrec(self, client: BridgeClient, packet_id: int) -> None:
+        if self._client is client and self.session is not None:
             self.broker.received(self.session, packet_id)
 
-    def remote_pubcomp(self, packet_id: int) -> None:
-        if self.session is not None:
+    def remote_pubcomp(self, client: BridgeClient, packet_id: int) -> None:
+        if self._client is client and self.session is not None:
             self.broker.completed(self.session, packet_id)
 
-    def remote_suback(self, codes: tuple[int, ...]) -> None:
+    def remote_suback(self, client: BridgeClient, codes: tuple[int, ...]) -> None:
+        if self._client is not client:
+            return
         refused = [r.remote_filter for r, c in zip(self.in_rules, codes, strict=False)
                    if c >= 0x80]
         if refused:
@@ -325,13 +339,16 @@ class Bridge:
             self.log.info("bridge {n}: subscribed on the remote to {f}", n=self.settings.name,
                           f=", ".join(r.remote_filter for r in self.in_rules))
 
-    def client_drained(self) -> None:
-        if self.session is not None:
+    def client_drained(self, client: BridgeClient) -> None:
+        if self._client is client and self.session is not None:
             self.broker.link_drained(self.session)
 
     def remote_publish(self, client: BridgeClient, packet: Publish) -> None:
         """A message of an ``in`` rule: published here, acknowledged once durable
-        (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL)."""
+        (QoS 2 is taken at least once: PUBREC once durable, PUBCOMP on PUBREL).
+        Nothing is taken from a connection that is not the bridge's current one."""
+        if self._client is not client:
+            return
         self.received += 1
         message = Message(self.local_topic(packet.topic), packet.payload, packet.qos,
                           packet.retain, self.settings.session_id, self.clock.seconds(),
@@ -373,8 +390,11 @@ class Bridge:
         subscribers here it fed are behind (``congested``)."""
         broker = self.broker
         if blocked:
-            if "alarm" not in client.paused_for:
+            # Counted and logged for the storage alarm only; a writer merely behind
+            # (``queues.paused`` without ``blocked``) pauses it silently.
+            if "alarm" not in client.paused_for and broker.queues.blocked:
                 self.held += 1
+                self._said_held = True
                 self.log.info("bridge {n}: not reading the remote while the durable "
                               "queues are blocked", n=self.settings.name)
             client.pause_reading("alarm")
@@ -387,12 +407,14 @@ class Bridge:
 
     def _read_again(self, client: BridgeClient, why: str) -> None:
         if self._client is client:
-            if why == "alarm" and why in client.paused_for:
+            if why == "alarm" and why in client.paused_for and self._said_held:
+                self._said_held = False
                 self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
             client.resume_reading(why)
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
-        client.send(Pubcomp(packet_id))
+        if self._client is client:
+            client.send(Pubcomp(packet_id))
 
     # -- topics -------------------------------------------------------------
 

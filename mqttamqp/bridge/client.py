@@ -3,7 +3,9 @@
 What it owns: one TCP connection's MQTT 3.1.1 or 5 client side on the broker's own sans-IO
 codec (``mqtt.codec``): CONNECT (with Mosquitto's bridge flag, ``try_private``:
 protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
-seconds, the connection dropped when the remote is silent for one and a half), and
+seconds, the connection dropped when the remote is silent for one and a half; not
+judged while reading is paused), a clean close (``disconnect``: the producer
+unregistered first, aborted after ``CLOSE_GRACE``), and
 each packet from the remote handed to its ``Bridge`` as a call.  ``Backoff``: the
 reconnect delays, doubling from a minimum to a bound.
 
@@ -46,6 +48,7 @@ __all__ = ["Backoff", "BridgeClient", "ClientOwner"]
 BRIDGE_FLAG = 0x80
 LEVEL = 4     # MQTT 3.1.1
 MAX_PACKET = 268_435_455
+CLOSE_GRACE = 5.0   # seconds a stopped bridge's connection may take to close
 
 
 class Backoff:
@@ -69,7 +72,8 @@ class Backoff:
 
 
 class ClientOwner(Protocol):
-    """What a ``BridgeClient`` tells its bridge."""
+    """What a ``BridgeClient`` tells its bridge: each call names the client, and the
+    bridge ignores one that is not its current connection (stopped, replaced)."""
 
     def remote_accepted(self, client: BridgeClient, connack: Connack) -> None: ...
 
@@ -77,19 +81,21 @@ class ClientOwner(Protocol):
 
     def remote_publish(self, client: BridgeClient, packet: Publish) -> None: ...
 
-    def remote_puback(self, packet_id: int, reason_code: int = 0) -> None: ...
+    def remote_puback(self, client: BridgeClient, packet_id: int,
+                      reason_code: int = 0) -> None: ...
 
-    def remote_pubrec(self, packet_id: int) -> None: ...
+    def remote_pubrec(self, client: BridgeClient, packet_id: int) -> None: ...
 
-    def remote_pubcomp(self, packet_id: int) -> None: ...
+    def remote_pubcomp(self, client: BridgeClient, packet_id: int) -> None: ...
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None: ...
 
-    def remote_suback(self, codes: tuple[int, ...]) -> None: ...
+    def remote_suback(self, client: BridgeClient, codes: tuple[int, ...]) -> None: ...
 
-    def remote_too_large(self, topic: str, size: int, maximum: int) -> None: ...
+    def remote_too_large(self, client: BridgeClient, topic: str, size: int,
+                         maximum: int) -> None: ...
 
-    def client_drained(self) -> None: ...
+    def client_drained(self, client: BridgeClient) -> None: ...
 
 
 class BridgeClient(TwistedProtocol):
@@ -117,6 +123,9 @@ class BridgeClient(TwistedProtocol):
         self._timer: Any = None
         self._next_id = 0
         self._skipping: OversizedPublish | None = None   # (3.1.1: see ``oversize``)
+        self.closing = False   # ``disconnect`` called: what is read is not handed on
+        self.closed = False    # ``connectionLost`` called
+        self._closing_sent = False
 
     # -- Twisted ------------------------------------------------------------
 
@@ -127,6 +136,8 @@ class BridgeClient(TwistedProtocol):
         self._timer = self.clock.callLater(self.connect_timeout, self._no_connack)
 
     def dataReceived(self, data: bytes) -> None:
+        if self.closing:
+            return
         self._last_heard = self.clock.seconds()
         if self._skipping is not None:
             self._skip(data)   # (what follows the packet goes to the decoder)
@@ -139,7 +150,7 @@ class BridgeClient(TwistedProtocol):
         """Handle the packets received, until reading is paused (the rest wait in
         the decoder, unacknowledged, until ``resume_reading``)."""
         decoder = self.decoder
-        while not self.paused_for:
+        while not self.paused_for and not self.closing:
             try:
                 packet = decoder.next_packet()
             except MalformedPacket as e:
@@ -173,7 +184,7 @@ class BridgeClient(TwistedProtocol):
         if skipping.packet_id is not None:   # (it cannot be taken: the remote forgets it)
             self.send(Puback(skipping.packet_id) if skipping.qos == 1
                       else Pubrec(skipping.packet_id))
-        self.owner.remote_too_large(skipping.topic, skipping.size,
+        self.owner.remote_too_large(self, skipping.topic, skipping.size,
                                     self.decoder.max_packet_size)
         self.decoder.feed(rest)
         return True
@@ -198,9 +209,8 @@ class BridgeClient(TwistedProtocol):
         if (self.reason == "connection lost" and reason is not None
                 and not reason.check(ConnectionDone)):
             self.reason = f"connection lost: {reason.getErrorMessage()}"
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self.closed = True
+        self._cancel_timer()
         self.owner.remote_lost(self, self.reason)
 
     def pauseProducing(self) -> None:
@@ -208,7 +218,7 @@ class BridgeClient(TwistedProtocol):
 
     def resumeProducing(self) -> None:
         self.paused = False
-        self.owner.client_drained()
+        self.owner.client_drained(self)
 
     def stopProducing(self) -> None:
         self.paused = True
@@ -217,7 +227,7 @@ class BridgeClient(TwistedProtocol):
 
     def _handle(self, packet: object) -> None:
         if isinstance(packet, Puback):
-            self.owner.remote_puback(packet.packet_id, packet.reason_code)
+            self.owner.remote_puback(self, packet.packet_id, packet.reason_code)
         elif isinstance(packet, Publish):
             if not packet.topic:   # (MQTT 5: a topic alias, which CONNECT allowed none of)
                 self.drop("a PUBLISH with a topic alias from the remote (none allowed)")
@@ -226,15 +236,15 @@ class BridgeClient(TwistedProtocol):
         elif isinstance(packet, Pingresp):
             pass
         elif isinstance(packet, Pubrec):
-            self.owner.remote_pubrec(packet.packet_id)
+            self.owner.remote_pubrec(self, packet.packet_id)
         elif isinstance(packet, Pubcomp):
-            self.owner.remote_pubcomp(packet.packet_id)
+            self.owner.remote_pubcomp(self, packet.packet_id)
         elif isinstance(packet, Pubrel):
             self.owner.remote_pubrel(self, packet.packet_id)
         elif isinstance(packet, Connack):
             self._connack(packet)
         elif isinstance(packet, Suback):
-            self.owner.remote_suback(packet.return_codes)
+            self.owner.remote_suback(self, packet.return_codes)
         elif isinstance(packet, Unsuback):
             pass
         else:
@@ -263,7 +273,11 @@ class BridgeClient(TwistedProtocol):
     def _ping(self) -> None:
         keepalive = self.connect_packet.keepalive
         self._timer = None
-        if self.paused_for:   # (not read: its PINGRESP waits in the socket)
+        if self.paused_for:
+            # Not read: its PINGRESP waits in the socket, so silence is not judged
+            # until reading resumes; PINGREQs still go out, and a remote that is gone
+            # ends the connection through TCP (reset, retransmission time-out).
+            # docs/bridges.md says so.
             self._last_heard = self.clock.seconds()
         elif self.clock.seconds() - self._last_heard > keepalive * 1.5:
             self.drop(f"the remote was silent for more than {keepalive * 1.5:g} s")
@@ -284,7 +298,10 @@ class BridgeClient(TwistedProtocol):
         self.transport.write(data)
 
     def send(self, packet: Puback | Pubrec | Pubrel | Pubcomp | Disconnect) -> None:
-        self.transport.write(encode(packet, self.level))
+        """An acknowledgement (none once ``disconnect`` sent DISCONNECT: a message made
+        durable meanwhile is sent again by the remote, a duplicate at most)."""
+        if not self.closing:
+            self.transport.write(encode(packet, self.level))
 
     def subscribe(self, topics: tuple[tuple[str, int], ...], options: tuple[int, ...] = ()
                   ) -> None:
@@ -298,10 +315,29 @@ class BridgeClient(TwistedProtocol):
         self.transport.abortConnection()
 
     def disconnect(self) -> None:
-        """A clean end (the broker stops)."""
+        """A clean end (the bridge stops): DISCONNECT, then close; nothing it reads
+        from now on is handed to the bridge.  The producer is unregistered first (a
+        TLS transport closes only once it is), and the connection is aborted if it
+        has not closed ``CLOSE_GRACE`` seconds later."""
         self.reason = "bridge stopped"
-        if self.transport is None:   # (never connected)
-            return
+        self.closing = True
+        self._cancel_timer()
+        transport = self.transport
+        if transport is None or self.closed or self._closing_sent:
+            return   # (never connected, gone already, or closing)
+        self._closing_sent = True
         if self.accepted:
-            self.transport.write(encode(Disconnect(), self.level))
-        self.transport.loseConnection()
+            transport.write(encode(Disconnect(), self.level))
+        transport.unregisterProducer()
+        transport.loseConnection()
+        self._timer = self.clock.callLater(CLOSE_GRACE, self._abort)
+
+    def _abort(self) -> None:
+        self._timer = None
+        if not self.closed:
+            self.transport.abortConnection()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None

@@ -3,12 +3,15 @@
 never on a standby), stopped with the service.
 
 What it owns: building each ``Bridge`` with a TCP connector on the reactor, and at
-the start ending the sessions ``$bridge/<name>`` of bridges no longer configured
-(``end_removed``): a removed bridge's backlog would otherwise keep queuing, bounded
-but for nobody, until ``--session-expiry`` if ever.  As Mosquitto drops what it held
-for a bridge removed from its configuration, the session is cleared (subscriptions,
-queue, in flight), with one log line naming each and what it held.  What it must not
-do: anything of a bridge itself (``bridge``).
+the start and on each reload holding the sessions ``$bridge/<name>`` of bridges no
+longer configured, or with no ``out`` rule any more (``hold_orphans``): each is
+unsubscribed, so it stops queuing for nobody, but what it holds is kept (a forgotten
+``--config``, a table commented out, or an ``--ha`` standby with an older file must not
+drop messages acknowledged here).  The backlog goes when the session expires
+(``--session-expiry``), when an operator clears the session (console, Sessions), or to
+the remote if a bridge of that name comes back.  One log line per such session, at
+each start and reload, naming it, what it holds and how to clear it.  What it must not
+do: anything of a bridge itself (``bridge``), or delete a session.
 """
 
 from __future__ import annotations
@@ -27,29 +30,35 @@ from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 
-__all__ = ["Bridges", "end_removed", "figures"]
+__all__ = ["Bridges", "figures", "hold_orphans"]
 
 log = Logger()
 PREFIX = "$bridge/"
 
 
-def end_removed(broker: Broker, names: Sequence[str]) -> list[str]:
-    """Clear the sessions ``$bridge/<name>`` whose name is not in ``names``; their
-    ids, each logged once with what it held."""
+def hold_orphans(broker: Broker, names: Sequence[str]) -> list[str]:
+    """Unsubscribe the sessions ``$bridge/<name>`` whose name is not in ``names``,
+    keeping what they hold; their ids, each logged once."""
     kept = {PREFIX + n for n in names}
-    removed = sorted(cid for cid in broker.sessions
+    orphans = sorted(cid for cid in broker.sessions
                      if cid.startswith(PREFIX) and cid not in kept)
-    for cid in removed:
+    for cid in orphans:
         session = broker.sessions[cid]
-        held = len(session.queue) + len(session.inflight)
-        log.warn("bridge {n} is no longer configured (or has no out rule): its session "
-                 "{c} is ended and the {h} messages it held are dropped",
-                 n=cid[len(PREFIX):], c=cid, h=held)
-        done = broker.commands.clear_session(cid, "bridge removed from the configuration",
-                                             "bridge removed")
-        if done is not None:
-            done.addErrback(_failed, cid)
-    return removed
+        filters = list(session.subscriptions)
+        if filters:
+            done = broker.unsubscribe(session, filters)
+            if done is not None:
+                done.addErrback(_failed, cid)
+        expiry = broker.limits.session_expiry
+        log.warn("bridge {n} is not configured (or has no out rule): its session {c} no "
+                 "longer queues, and keeps the {h} messages ({b} bytes) it holds {e}, or "
+                 "until cleared (console: Sessions, clear {c}); a bridge named {n} "
+                 "again sends them",
+                 n=cid[len(PREFIX):], c=cid, h=len(session.queue) + len(session.inflight),
+                 b=session.queued_bytes,
+                 e=(f"until it expires (--session-expiry {expiry:g} s)" if expiry > 0
+                    else "(--session-expiry 0: it does not expire)"))
+    return orphans
 
 
 def figures(bridge: Bridge) -> dict[str, Any]:
@@ -78,7 +87,7 @@ def figures(bridge: Bridge) -> dict[str, Any]:
 
 
 def _failed(failure: Failure, client_id: str) -> None:
-    log.failure("ending the session {c}", failure, c=client_id)
+    log.failure("unsubscribing the session {c}", failure, c=client_id)
 
 
 def _tls_creator(settings: BridgeSettings) -> Any:
@@ -132,7 +141,7 @@ class Bridges:
 
     def start(self) -> None:
         self.started = True
-        end_removed(self.broker, [b.settings.name for b in self.bridges if b.out_rules])
+        hold_orphans(self.broker, [b.settings.name for b in self.bridges if b.out_rules])
         for bridge in self.bridges:
             bridge.start()
 
@@ -140,25 +149,24 @@ class Bridges:
         """SIGHUP: the ``[[bridge]]`` tables now.  A bridge whose table is unchanged
         runs on untouched; a changed one is stopped and started anew on the same
         session (its backlog kept; its subscriptions follow the new rules); a new one
-        starts; a removed one stops and its session is ended, as at a start."""
+        starts; a removed one stops and its session is held, as at a start
+        (``hold_orphans``)."""
         old = {b.settings.name: b for b in self.bridges}
         names = {s.name for s in settings}
         added: list[str] = []
         changed: list[str] = []
         bridges: list[Bridge] = []
+        # Every new Bridge is built first (a TLS remote's CA file is read here): if
+        # one fails, nothing has been stopped and the running set stays as it was.
         for s in settings:
             bridge = old.get(s.name)
             if bridge is not None and bridge.settings == s:
                 bridges.append(bridge)
                 continue
-            if bridge is not None:
-                bridge.stop()
-                changed.append(s.name)
-            else:
-                added.append(s.name)
+            (changed if bridge is not None else added).append(s.name)
             bridges.append(Bridge(self.broker, self.reactor, s, self._connector(s)))
         removed = [name for name in old if name not in names]
-        for name in removed:
+        for name in changed + removed:
             old[name].stop()
         self.bridges = bridges
         log.info("bridges reloaded: {a} added, {c} changed, {r} removed, {k} unchanged",
@@ -167,7 +175,7 @@ class Bridges:
                  k=len(bridges) - len(added) - len(changed))
         if not self.started:
             return
-        end_removed(self.broker, [b.settings.name for b in bridges if b.out_rules])
+        hold_orphans(self.broker, [b.settings.name for b in bridges if b.out_rules])
         for bridge in bridges:
             if bridge.settings.name in added or bridge.settings.name in changed:
                 bridge.start()

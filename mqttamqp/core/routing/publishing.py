@@ -106,14 +106,17 @@ class Publishing:
 
     def _bound(self, message: Message, result: Published) -> Published:
         """``message`` reaches the queues bound to amq.topic too: its
-        acknowledgement waits for those appends as well."""
+        acknowledgement waits for those appends as well, and while the queues'
+        storage alarm holds (or their writer is behind) the publisher is told
+        ``blocked``, as one publishing to ``$queue/`` directly is."""
         assert self.topic_exchange is not None
         if message.topic[:1] == "$":
             return result
         appended = self.topic_exchange.from_topic(message)
         if appended is None:
             return result
-        return replace(result, durable=all_durable([result.durable, appended]))
+        return replace(result, durable=all_durable([result.durable, appended]),
+                       blocked=result.blocked or self._queues.paused)
 
     def publish_qos2(self, session: Session, message: Message, identity: Identity | None,
                      packet_id: int, count_drops: bool = False) -> Published:

@@ -267,22 +267,56 @@ def test_an_inbound_message_a_durable_queue_refuses_is_not_acknowledged() -> Non
     assert transport.disconnecting and bridge.refused_here == 1
 
 
-def test_sessions_of_removed_bridges_are_ended_at_start() -> None:
-    """At start the session of a bridge no longer configured is cleared (it would
-    keep queuing for nobody); a configured bridge's session is kept."""
-    from mqttamqp.bridge.service import end_removed
+def test_sessions_of_removed_bridges_are_held_with_their_backlog() -> None:
+    """At start the session of a bridge no longer configured stops queuing but keeps
+    its backlog (a forgotten --config must not drop it); one warning names it."""
+    from twisted.logger import globalLogPublisher
+
+    from mqttamqp.bridge.service import hold_orphans
 
     broker, clock, _ = make_broker()
     for name in ("old", "hq"):
         Bridge(broker, clock, BridgeSettings.from_table({**TABLE, "name": name}),
                Remote()).start()
-    pub(broker, "sensors/t", b"kept for nobody", qos=1)
+    pub(broker, "sensors/t", b"kept", qos=1)
     assert len(broker.sessions["$bridge/old"].queue) == 1
-    assert end_removed(broker, ["hq"]) == ["$bridge/old"]
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "$bridge/old" in str(event.get("c", "")):
+            lines.append(str(event["log_format"]))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        assert hold_orphans(broker, ["hq"]) == ["$bridge/old"]
+    finally:
+        globalLogPublisher.removeObserver(observe)
     clock.advance(0)
-    assert "$bridge/old" not in broker.sessions and "$bridge/hq" in broker.sessions
+    old = broker.sessions["$bridge/old"]
+    assert not old.subscriptions and len(old.queue) == 1
+    assert len(lines) == 1 and "until cleared" in lines[0]
     pub(broker, "sensors/t", b"after", qos=1)
-    assert "$bridge/old" not in broker.sessions
+    assert len(old.queue) == 1
+    assert len(broker.sessions["$bridge/hq"].queue) == 2
+
+
+def test_a_bridge_back_under_its_name_resumes_with_its_backlog() -> None:
+    """A held session's bridge configured again subscribes anew and sends what was held."""
+    from mqttamqp.bridge.service import hold_orphans
+
+    broker, clock, _ = make_broker()
+    Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), Remote()).start()
+    pub(broker, "sensors/t", b"held", qos=1)
+    hold_orphans(broker, [])
+    remote = Remote()
+    remote.up = True
+    back = Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), remote)
+    back.start()
+    accept(remote)
+    sent = [p for p in remote.packets() if isinstance(p, Publish)]
+    assert [p.payload for p in sent] == [b"held"]
+    pub(broker, "sensors/t", b"new", qos=1)
+    assert [p.payload for p in remote.packets() if isinstance(p, Publish)] == [b"new"]
 
 
 def test_one_log_line_per_state_change_not_per_attempt() -> None:
