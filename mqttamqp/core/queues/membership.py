@@ -19,6 +19,7 @@ from mqttamqp.core.queues.addresses import (
     parse_queue_filter,
     parse_stream_offset,
 )
+from mqttamqp.core.queues.memory import READ_MESSAGES
 from mqttamqp.core.queues.model import ConsumerGroup, Member
 from mqttamqp.core.sessions.session import Session
 
@@ -176,7 +177,10 @@ class Membership(Acknowledgements):
                 self._expire(queue, offset, ops)):
             offset = self._next_offset(group, ops)   # (expired: the next one)
         if offset is not None and queue.evicted and offset in queue.evicted:
-            self._read_back(queue, offset)   # (there for the next basic.get)
+            # (there for the next basic.get; a priority queue's next ones by level)
+            if not queue.reading:
+                self._read_back(queue, offset, None if group.levels is None
+                                else group.levels.first(READ_MESSAGES))
             offset = None
         if offset is not None:
             if offset >= group.watermark:
