@@ -15,6 +15,7 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable
 
 from twisted.python.failure import Failure
@@ -105,15 +106,17 @@ class Dispatch(MemoryBudget):
         again = False
         evicted = queue.evicted
         if group.parked and self._parked_unseen(group):
-            self._unpark(group)
+            self._offer_parked(group)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
                 break
             if evicted and offset in evicted:
-                # (its body is in storage: read back, then this pump again)
-                self._read_back(queue, offset, None if group.levels is None
-                                else group.levels.first(READ_MESSAGES))
+                # (its body is in storage: read back, then this pump again; nothing
+                # to work out while a read is under way)
+                if not queue.reading:
+                    self._read_back(queue, offset, None if group.levels is None
+                                    else group.levels.first(READ_MESSAGES))
                 break
             props = queue.log[offset].props
             if (props is not None and props.expiry_interval is not None
@@ -152,24 +155,51 @@ class Dispatch(MemoryBudget):
 
     def _parked_unseen(self, group: ConsumerGroup) -> bool:
         """A member with credit has not refused every parked offset (it joined since,
-        or had no credit when some were parked): they are offered again.  Not
-        otherwise: a walk over every parked offset at each hand-out made 4,000 of
-        them cost seconds."""
-        gen = group.parked_gen
+        or had no credit when some were parked).  Not otherwise: a walk over every
+        parked offset at each hand-out made 4,000 of them cost seconds."""
+        last = group.parked_next
         for member in group.members:
-            if member.parked_seen != gen and self._credit(member):
+            if member.parked_seen < last and self._credit(member):
                 return True
         return False
 
-    def _unpark(self, group: ConsumerGroup) -> None:
-        """Every parked offset goes through ``ready`` (or its level) again; nothing
-        is parked now, so every member has refused all that is."""
-        parked, group.parked = group.parked, []
-        for back in parked:
-            group.requeue(back)
-        group.parked_gen = gen = group.parked_gen + 1
+    def _offer_parked(self, group: ConsumerGroup) -> None:
+        """Each member with credit is offered what was parked since it last refused
+        all (``parked[seen:]``, by sequence number); what one selects goes through
+        ``ready`` (or its level) again, the rest stays parked and is not looked at
+        again by members that refused it.  Offsets no longer there are dropped."""
+        parked = group.parked
+        seqs = group.parked_seqs
+        last = group.parked_next
+        log = group.queue.log
+        done = group.done
+        evicted = group.queue.evicted
+        out: set[int] = set()     # (indexes into ``parked``)
         for member in group.members:
-            member.parked_seen = gen
+            seen = member.parked_seen
+            if seen >= last or not self._credit(member):
+                continue
+            selector = member.selector
+            for i in range(bisect_left(seqs, seen), len(parked)):
+                if i in out:
+                    continue
+                offset = parked[i]
+                if offset not in log or offset in done:
+                    out.add(i)                   # (gone meanwhile: dropped)
+                    continue
+                if selector is None:
+                    takes = True
+                elif evicted and offset in evicted:
+                    takes = offset not in member.skipped   # (tested once read back)
+                else:
+                    takes = self._selects(member, selector, group, offset)
+                if takes:
+                    out.add(i)
+                    group.requeue(offset)
+            member.parked_seen = last
+        if out:
+            group.parked = [o for i, o in enumerate(parked) if i not in out]
+            group.parked_seqs = [q for i, q in enumerate(seqs) if i not in out]
 
     def _park(self, group: ConsumerGroup, offset: int) -> None:
         """Every member with credit refused ``offset``: it waits parked; those
@@ -179,13 +209,17 @@ class Dispatch(MemoryBudget):
             # (what left the queue while parked, dropped: the list stays bounded)
             log = group.queue.log
             done = group.done
-            parked[:] = [o for o in parked if o in log and o not in done]
+            keep = [i for i, o in enumerate(parked) if o in log and o not in done]
+            group.parked = parked = [parked[i] for i in keep]
+            seqs = group.parked_seqs
+            group.parked_seqs = [seqs[i] for i in keep]
+        seq = group.parked_next
         parked.append(offset)
-        gen = group.parked_gen
-        group.parked_gen = gen + 1
+        group.parked_seqs.append(seq)
+        group.parked_next = seq + 1
         for member in group.members:
-            if member.parked_seen == gen and self._credit(member):
-                member.parked_seen = gen + 1
+            if member.parked_seen == seq and self._credit(member):
+                member.parked_seen = seq + 1
 
     def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
         """A message past its own expiry (MQTT 5 message expiry interval, AMQP
@@ -287,6 +321,7 @@ class Dispatch(MemoryBudget):
                         done.add(offset)
                 offset += 1
             group.next = max(offset, group.next)
+            levels.bound(log, done)
             if finished:
                 group.advance_floor()
                 ops.append(QueueDone(queue.name, group.key, tuple(finished)))

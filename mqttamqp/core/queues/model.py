@@ -220,9 +220,10 @@ class Member:
         self.selector = selector     # takes only what this is true of (None: all)
         # Offsets its selector refused (``Dispatch._selects``); empty without one.
         self.skipped: set[int] = set()
-        # Equal to its group's ``parked_gen`` while it has refused every parked
-        # offset: it need not be offered them again (``Dispatch._parked_unseen``).
-        self.parked_seen = -1
+        # It has refused every parked offset whose sequence number (its group's
+        # ``parked_seqs``) is below this: on credit it is offered only those parked
+        # since (``Dispatch._offer_parked``).
+        self.parked_seen = 0
 
 
 class DeliveryEnds(Protocol):
@@ -324,12 +325,15 @@ class ConsumerGroup:
         self.levels: PriorityLevels | None = (
             PriorityLevels(queue.max_priority) if queue.max_priority and mode == CLASSIC
             else None)
-        # Offsets that no member with credit selected (selectors): they wait here
-        # until a member that has not refused them all has credit (one that joins,
-        # or one that had none when they were parked), then go through ``ready``
-        # again.  ``parked_gen`` counts what was parked (``Member.parked_seen``).
+        # Offsets that no member with credit selected (selectors), in the order
+        # they were parked, each with its sequence number (``parked_seqs``, rising;
+        # ``parked_next`` is the next one): they wait here until a member that has
+        # not refused them (one that joins, or one that had no credit when they were
+        # parked: ``Member.parked_seen``) has credit and selects them; those go
+        # through ``ready`` (or their level) again.
         self.parked: list[int] = []
-        self.parked_gen = 0
+        self.parked_seqs: list[int] = []
+        self.parked_next = 0
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
         # Offsets delivered and given back without counting it (Released): their
         # next delivery is not the first, though their count says 1.  (Not stored:
@@ -348,9 +352,11 @@ class ConsumerGroup:
         if levels is None:
             heapq.heappush(self.ready, offset)
         else:
-            message = self.queue.log.get(offset)
+            log = self.queue.log
+            message = log.get(offset)
             if message is not None:
                 levels.add(message, offset)
+                levels.bound(log, self.done)
 
     def relevel(self) -> None:
         """The queue's levels changed (``QueueLog.set_max_priority``)."""
@@ -402,6 +408,11 @@ class ConsumerGroup:
 
     def lag(self) -> int:
         queue = self.queue
+        levels = self.levels
+        if levels is not None and levels.stale:
+            # (only what is still there to hand out: offsets dropped while waiting
+            # leave the heaps here, or at their level's top)
+            levels.compact(queue.log, self.done)
         return (max(0, queue.next_offset - self.next) + len(self.ready) + len(self.parked)
-                + (len(self.levels) if self.levels is not None else 0)
+                + (levels.count if levels is not None else 0)
                 - queue.skipped_between(self.next, queue.next_offset))
