@@ -47,6 +47,8 @@ Root layout (``SCHEMA_VERSION`` 1)::
     ban record:     (kind, value, until or None, reason, created, by)
     group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
                     (tuples of ints / (int, int) / (str, int) pairs)
+                    + (levels: (level, watermark) pairs) for a priority queue's group
+                    that has dispatched (9 fields otherwise, and before them)
     exchange record: (name, kind, auto_delete, internal, arguments)
     binding key:    (source, destination, to_exchange, routing_key, repr(arguments))
     binding record: (source, destination, to_exchange, routing_key, arguments)
@@ -388,15 +390,17 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
 def group_to_record(g: QueueGroupRecord) -> tuple[Any, ...]:
     return (str(g.name), str(g.filter), str(g.mode), int(g.floor), int(g.watermark),
             tuple(int(o) for o in g.done), tuple((int(o), int(c)) for o, c in g.counts),
-            tuple((str(c), int(q)) for c, q in g.members), int(g.cursor))
+            tuple((str(c), int(q)) for c, q in g.members), int(g.cursor),
+            *((tuple((int(lv), int(m)) for lv, m in g.levels),) if g.levels else ()))
 
 
 def record_to_group(r: Any, done: Any = ()) -> QueueGroupRecord:
-    name, topic_filter, mode, floor, watermark, _, counts, members, cursor = r
+    name, topic_filter, mode, floor, watermark, _, counts, members, cursor = r[:9]
     return QueueGroupRecord(name, topic_filter, mode, floor, watermark,
                             tuple(int(o) for o in done),
                             tuple((o, c) for o, c in counts),
-                            tuple((m, q) for m, q in members), cursor)
+                            tuple((m, q) for m, q in members), cursor,
+                            tuple((lv, m) for lv, m in r[9]) if len(r) > 9 else ())
 
 
 def queue_to_record(q: PersistentQueue, body_budget: int | None = None,

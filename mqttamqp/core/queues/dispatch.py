@@ -3,7 +3,8 @@
 Round-robin over the members with credit (prefetch, the session's window, an
 uncongested link); classic groups claim what they hand out (``Pending``) and store
 a dispatch watermark ahead of the deliveries, so that a delivery goes out only
-below a watermark already durable; stream groups read by cursor.  Deliveries go
+below a watermark already durable (a priority queue's group also one per level:
+``ConsumerGroup.level_marks``); stream groups read by cursor.  Deliveries go
 through ``Session.deliver`` with a receipt (``Pending``, or ``StreamRead`` for a
 stream: the session's ``DeliveryReceipt``), through which the transport's
 acknowledgement comes back (``transport_ack``, ``after_stream_ack``).
@@ -26,6 +27,7 @@ from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import READ_MESSAGES, MemoryBudget
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
+from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.entries import OutEntry
 
 __all__ = ["Dispatch"]
@@ -103,8 +105,10 @@ class Dispatch(MemoryBudget):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
+        marked = False    # (a level's watermark is to be stored)
         again = False
         evicted = queue.evicted
+        levels = group.levels
         if group.parked and self._parked_unseen(group):
             self._offer_parked(group)
         while True:
@@ -131,9 +135,25 @@ class Dispatch(MemoryBudget):
                     ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
                 break   # (sent once the watermark above it is durable: ``_stored``)
+            rr = group._rr
             member = self._next_member(group, offset)
             if member is False:
                 break
+            if levels is not None and member is not True:
+                # (and its level's, once a member takes it: a lower level's offsets
+                # below the group's watermark must not count a delivery after a
+                # restart)
+                level = level_of(queue.log[offset], levels.top)
+                if offset >= group.level_marks.get(level, 0) - _WATERMARK_STEP // 2:
+                    group.level_marks[level] = offset + _WATERMARK_STEP
+                    if queue.transient:
+                        group.level_safe[level] = offset + _WATERMARK_STEP
+                    else:
+                        marked = True
+                        ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                if offset >= group.level_safe.get(level, 0):
+                    group._rr = rr   # (its turn again once the mark is durable)
+                    break
             self._take(group, offset)
             if member is True:
                 # Members with credit, none whose selector takes it: it stays in the
@@ -144,11 +164,13 @@ class Dispatch(MemoryBudget):
             again = self._deliver(group, member, offset, queue.log[offset], ops) or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
-        if mark is not None:
+        if mark is not None or marked:
             d = self._commit(ops)
             if d is not None:
-                d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
-                               errbackArgs=(group, mark))
+                marks = dict(group.level_marks) if marked else None
+                d.addCallbacks(self._stored, self._not_stored,
+                               callbackArgs=(group, mark, marks),
+                               errbackArgs=(group, mark, marks))
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
@@ -238,18 +260,33 @@ class Dispatch(MemoryBudget):
         self.stats.expired += 1
         return True
 
-    def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int) -> Failure:
+    def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int | None,
+                    marks: dict[int, int] | None) -> Failure:
         """The commit failed: the next pump stores the watermark again (or the
-        group would wait for ``mark`` for ever)."""
-        if group.watermark == mark:
+        group would wait for ``mark`` for ever); so for the levels' ``marks``."""
+        if mark is not None and group.watermark == mark:
             group.watermark = group.safe
+        for level, level_mark in (marks or {}).items():
+            if group.level_marks.get(level) == level_mark:
+                group.level_marks[level] = group.level_safe.get(level, 0)
         return failure
 
-    def _stored(self, result: object, group: ConsumerGroup, mark: int) -> object:
-        """The watermark ``mark`` is durable: deliveries below it may go out (a
-        crash after one of them counts it one more delivery on restart)."""
-        if mark > group.safe:
+    def _stored(self, result: object, group: ConsumerGroup, mark: int | None,
+                marks: dict[int, int] | None) -> object:
+        """The watermark ``mark`` (and the levels' ``marks``) is durable: deliveries
+        below it may go out (a crash after one of them counts it one more delivery
+        on restart)."""
+        moved = False
+        if mark is not None and mark > group.safe:
             group.safe = mark
+            moved = True
+        if marks:
+            safe = group.level_safe
+            for level, level_mark in marks.items():
+                if level_mark > safe.get(level, 0):
+                    safe[level] = level_mark
+                    moved = True
+        if moved:
             self._pump(group)
         return result
 

@@ -21,6 +21,7 @@ from mqttamqp.core.queues.addresses import (
 )
 from mqttamqp.core.queues.memory import READ_MESSAGES
 from mqttamqp.core.queues.model import ConsumerGroup, Member
+from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Membership", "MAX_GROUPS_PER_QUEUE"]
@@ -183,8 +184,15 @@ class Membership(Acknowledgements):
                                 else group.levels.first(READ_MESSAGES))
             offset = None
         if offset is not None:
-            if offset >= group.watermark:
+            bumped = offset >= group.watermark
+            if bumped:
                 group.watermark = offset + 1
+            if group.levels is not None:   # (and its level's: ``Dispatch._pump``)
+                level = level_of(queue.log[offset], group.levels.top)
+                if offset >= group.level_marks.get(level, 0):
+                    group.level_marks[level] = offset + 1
+                    bumped = True
+            if bumped:
                 ops.append(PutQueueGroup(name, group.key, group.record()))
             self._take(group, offset)
             gets = self._gets.setdefault(session, [])

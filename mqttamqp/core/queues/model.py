@@ -341,6 +341,11 @@ class ConsumerGroup:
         self.uncounted: set[int] = set()
         self.watermark = queue.first          # dispatch watermark (being) stored
         self.safe = queue.first               # the watermark known durable
+        # A priority queue's group: the watermark per level (being stored, known
+        # durable), so that after a restart only what a level may have handed out
+        # counts a delivery, not every lower level's message below ``watermark``.
+        self.level_marks: dict[int, int] = {}
+        self.level_safe: dict[int, int] = {}
         self.cursor_saved = queue.first       # stream: the stored cursor
         self.cursor_saved_at = 0.0
         self.redelivered = 0
@@ -366,6 +371,10 @@ class ConsumerGroup:
         waiting = [*self.ready, *(old if old is not None else ())]
         top = self.queue.max_priority
         self.ready = []
+        # (levels changed: every level may have handed out what the watermark covers)
+        self.level_marks = ({level: self.watermark for level in range(top + 1)}
+                            if top and self.watermark > self.floor else {})
+        self.level_safe = {level: self.safe for level in self.level_marks}
         if top:
             self.levels = levels = PriorityLevels(top)
             log = self.queue.log
@@ -388,7 +397,8 @@ class ConsumerGroup:
             self.name, self.filter, self.mode, self.floor, self.watermark, (),
             tuple(sorted((o, c) for o, c in self.counts.items() if c > 1)),
             tuple(sorted(self.stored_members.items())),
-            self.next if self.mode == STREAM else 0)
+            self.next if self.mode == STREAM else 0,
+            tuple(sorted(self.level_marks.items())))
 
     def advance_floor(self) -> None:
         done = self.done

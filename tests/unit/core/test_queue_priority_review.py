@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fakes import MemoryStore
-from queue_facade import client, got, join, make, send
+from queue_facade import client, got, join, make, meta, send
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
@@ -162,3 +162,25 @@ def test_a_takeover_with_selectors_stays_within_the_prefetch() -> None:
     assert outstanding["taker"] == 2 and len(got(taker_link)) == 2
     assert outstanding["other"] == 0
     assert sum(outstanding.values()) == len(group.pending) == 4
+
+
+def test_after_a_restart_only_what_a_level_may_have_handed_out_counts_a_delivery() -> None:
+    """5,000 low messages wait under a high one that went out (pending at the stop):
+    after a restart the high one is a redelivery, the low ones, never handed out,
+    are first deliveries (each level has its own watermark, stored with the group)."""
+    store = MemoryStore()
+    broker, _, _ = make(store, queue_prefetch=1, queue_rules=_rules(9))
+    for i in range(5000):
+        _send(broker, b"low-%d" % i, 1)
+    _send(broker, b"high", 9)
+    worker, link = client(broker, "w")
+    join(broker, worker, "$queue/jobs/#")
+    assert [p for _, p in got(link)] == [b"high"]
+    broker.stop()
+    again, _, _ = make(store, queue_prefetch=3, queue_rules=_rules(9))
+    worker, link = client(again, "w", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    counts = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
+    assert counts == [(b"high", "2"), (b"low-0", "1"), (b"low-1", "1")]
+    group = again.queues.queues["jobs"].groups[next(iter(again.queues.queues["jobs"].groups))]
+    assert group.redelivered == 1

@@ -89,3 +89,32 @@ def test_an_amqp_header_priority_of_4_is_no_priority() -> None:
         assert decode_publish(data, False).priority == expected
         sent = bytes(ProtonMessage(body="x", priority=priority, address="t").encode())
         assert decode_publish(sent, False).priority == expected
+
+
+def test_a_priority_groups_level_watermarks_are_stored_and_only_grow(tmp_path: Any) -> None:
+    """A group record keeps its levels' watermarks (a tenth field, only when it has
+    some: other groups' records stay 9 fields); an older snapshot committed after a
+    newer one lowers none of them."""
+    from store_reactor import FakeReactor, commit
+
+    from mqttamqp.core.persistence import PutQueue, PutQueueGroup, QueueGroupRecord
+    from mqttamqp.store import ZODBStore
+    from mqttamqp.store.models import group_to_record, record_to_group
+
+    plain = QueueGroupRecord("g", "#", "classic", 0, 64)
+    assert len(group_to_record(plain)) == 9 and record_to_group(group_to_record(plain)) == plain
+    newer = QueueGroupRecord("g", "#", "classic", 0, 8192, levels=((1, 4096), (9, 8192)))
+    older = QueueGroupRecord("g", "#", "classic", 0, 4096, levels=((1, 2048), (5, 100)))
+    reactor = FakeReactor()
+    store = ZODBStore(str(tmp_path / "data"), reactor)  # type: ignore[arg-type]
+    commit(reactor, store, [PutQueue("jobs", (None, None, None, 9)),
+                            PutQueueGroup("jobs", "g", newer)])
+    commit(reactor, store, [PutQueueGroup("jobs", "g", older)])
+    store.close()
+    again = ZODBStore(str(tmp_path / "data"), FakeReactor())  # type: ignore[arg-type]
+    try:
+        group = again.load().queues[0].groups["g"]
+    finally:
+        again.close()
+    assert group.watermark == 8192
+    assert group.levels == ((1, 4096), (5, 100), (9, 8192))
