@@ -3,7 +3,7 @@
 
     python bench/amqp091_bench.py [--brokers rabbitmq,mqttamqp] [--scenarios a,b]
                                   [--repeat R] [--quick] [--window W] [--timeout S]
-                                  [--out FILE]
+                                  [--base-tree DIR] [--out FILE]
 
 Scenarios (issue 27, "Tests and figures"), each run with one publisher process and one
 consumer process, both written against the wire (pamqp encodes the handshake and one
@@ -22,9 +22,18 @@ so the load generator is not the bottleneck):
 
 Every message carries its sequence number, so the consumer counts lost and duplicated
 deliveries; the figures are deliveries/s from the first publish to the last delivery,
-confirms/s, and the broker's CPU microseconds per delivery.  Brokers alternate run by
-run (``--repeat`` rounds; the median run is reported, every run is listed).  The
-machine is shared with other work: figures are marked so (``machine.shared``).
+confirms/s, and the broker's CPU microseconds per delivery (user + system time of
+the broker's processes from /proc/<pid>/stat, read before the publisher starts and
+after the last delivery: RabbitMQ's whole process group, mqttamqp's one process
+with its threads).  CPU per delivery is the figure to compare on a loaded machine:
+throughput there depends on what else the two cores run.  Brokers alternate run by
+run (``--repeat`` rounds; the medians of both figures are reported with their
+ratios, every run is listed).  The machine is shared with other work: figures are
+marked so (``machine.shared``, with the load average before and after).
+
+``--base-tree DIR`` adds a third broker, ``base``: mqttamqp from another checkout
+(``git worktree add --detach DIR REV``; started with ``PYTHONPATH=DIR`` and this
+interpreter), for before/after figures of a change in the same run.
 
 RabbitMQ is started by ``rabbitmq.py`` (loopback only, its own epmd), mqttamqp by
 ``amqp_bench.Broker`` (``twistd -n mqttamqp``, port 0); a broker that does not answer
@@ -269,6 +278,11 @@ def consumer(port: int, queues: list[str], expected: int, n: int, prefetch: int,
 
 # -- one run -------------------------------------------------------------------------
 
+def loadavg() -> list[float]:
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
 def broker_cpu(kind: str, b: Any) -> float:
     return b.cpu_s() if kind == "rabbitmq" else b.cpu_seconds()
 
@@ -415,12 +429,19 @@ def git_commit() -> str | None:
         return None
 
 
+BASE_TREE: str | None = None   # --base-tree: the checkout the "base" broker runs
+
+
 def start(kind: str) -> tuple[Any, int]:
     """A broker of ``kind`` and its AMQP port."""
     if kind == "rabbitmq":
         rb = rabbitmq.RabbitMQ().start()
         return rb, rb.amqp_port
-    mb = MqttamqpBroker(tempfile.mkdtemp(prefix="amqp091-bench-")).start()
+    env = None
+    if kind == "base":
+        assert BASE_TREE is not None
+        env = dict(os.environ, PYTHONPATH=BASE_TREE)
+    mb = MqttamqpBroker(tempfile.mkdtemp(prefix="amqp091-bench-"), env=env).start()
     return mb, mb.ports["AMQP"]
 
 
@@ -432,6 +453,17 @@ def stop(kind: str, b: Any) -> None:
         shutil.rmtree(b.data_dir, ignore_errors=True)
 
 
+def medians(per: dict[str, list[dict[str, Any]]], key: str) -> dict[str, Any]:
+    """The median of ``key`` per broker, and each mqttamqp's over RabbitMQ's."""
+    m: dict[str, Any] = {
+        kind: median(r[key] for r in runs if r.get(key) is not None)
+        for kind, runs in per.items() if any(r.get(key) is not None for r in runs)}
+    for kind in ("mqttamqp", "base"):
+        if "rabbitmq" in m and kind in m and m["rabbitmq"]:
+            m[f"{kind}_over_rabbitmq"] = round(m[kind] / m["rabbitmq"], 2)
+    return m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--brokers", default="rabbitmq,mqttamqp")
@@ -440,8 +472,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--base-tree", help="also run mqttamqp from this checkout ('base')")
     ap.add_argument("--out")
     args = ap.parse_args()
+    global BASE_TREE
+    names = args.brokers.split(",")
+    if args.base_tree:
+        BASE_TREE = os.path.abspath(args.base_tree)
+        names.append("base")
     brokers.raise_nofile()
     counts = {"confirms_100b": 50_000, "confirms_4k": 20_000, "fanout10": 10_000}
     if args.quick:
@@ -453,11 +491,12 @@ def main() -> None:
         "machine": {"shared": True, "note": "taken on a machine shared with other helpers' "
                     "test runs (2 cores): compare the brokers within this run only",
                     "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "rabbitmq_version": rabbitmq.version()},
-        "brokers": {}, "runs": {}, "median": {},
+                    "rabbitmq_version": rabbitmq.version(), "loadavg_start": loadavg(),
+                    "base_tree": BASE_TREE},
+        "brokers": {}, "runs": {}, "median": {}, "median_cpu_us_per_delivery": {},
     }
     try:
-        for kind in args.brokers.split(","):
+        for kind in names:
             started[kind] = start(kind)
             why = speaks_amqp091(started[kind][1])
             doc["brokers"][kind] = {"available": why is None, "reason": why}
@@ -487,12 +526,11 @@ def main() -> None:
                     print(scenario, kind, rnd, json.dumps(r), file=sys.stderr)
         for scenario, per in doc["runs"].items():
             key = ("rss_per_connection_kb" if scenario == "idle1000" else "deliveries_per_s")
-            doc["median"][scenario] = {
-                kind: median(r[key] for r in runs if r.get(key) is not None)
-                for kind, runs in per.items() if any(r.get(key) is not None for r in runs)}
-            m = doc["median"][scenario]
-            if "rabbitmq" in m and "mqttamqp" in m and m["rabbitmq"]:
-                m["mqttamqp_over_rabbitmq"] = round(m["mqttamqp"] / m["rabbitmq"], 2)
+            doc["median"][scenario] = medians(per, key)
+            if scenario != "idle1000":
+                doc["median_cpu_us_per_delivery"][scenario] = medians(
+                    per, "broker_cpu_us_per_delivery")
+        doc["machine"]["loadavg_end"] = loadavg()
     finally:
         for kind, (b, _port) in started.items():
             stop(kind, b)

@@ -59,9 +59,11 @@ _LISTEN = re.compile(r"listening for (\w+) on ([\d.]+):(\d+)")
 # -- the broker ------------------------------------------------------------------------
 
 class Broker:
-    def __init__(self, data_dir: str, extra: list[str] | None = None) -> None:
+    def __init__(self, data_dir: str, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra = extra or []
+        self.env = env   # (None: this process's environment)
         self.proc: subprocess.Popen[str] | None = None
         self.ports: dict[str, int] = {}
         self.lines: queue.Queue[str] = queue.Queue()
@@ -75,7 +77,7 @@ class Broker:
                 "--max-queued-messages", "64000",
                 *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+                                     text=True, start_new_session=True, env=self.env)
         threading.Thread(target=self._pump, daemon=True).start()
         end = time.monotonic() + timeout
         while not {"MQTT", "AMQP"} <= set(self.ports):

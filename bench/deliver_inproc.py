@@ -8,7 +8,11 @@ a fixed workload.
 two checkouts compare with one interpreter).  ``SCENARIO``: ``fan311`` (QoS 0, one
 publisher to 100 MQTT 3.1.1 subscribers), ``fan5plain`` (the same, MQTT 5
 subscribers), ``fan5`` (MQTT 5 subscribers with a subscription identifier each),
-``q1`` (QoS 1, 1 -> 1, MQTT 3.1.1, the subscriber acknowledging each).  ``N`` scales
+``q1`` (QoS 1, 1 -> 1, MQTT 3.1.1, the subscriber acknowledging each), ``q1p`` (the
+same to a persistent subscriber, clean session 0, on a store whose commits complete
+after each step, as the writer thread's do: the subscriber's PUBACKs come first).
+``-p`` after ``N`` prints a cProfile of the measured steps (and writes it to
+the file named after ``-p``, if any).  ``N`` scales
 the number of messages.  Prints the process CPU per delivery in microseconds (the
 test clients' own work included).
 
@@ -30,6 +34,36 @@ import time
 from typing import Any
 
 
+class LaterStore:
+    """A store that keeps nothing; its commits complete when the step says so."""
+
+    def __init__(self) -> None:
+        from twisted.internet.defer import Deferred
+        self._new = Deferred
+        self.waiting: list[Any] = []
+
+    def load(self) -> Any:
+        from mqttamqp.core.persistence import Snapshot
+        return Snapshot()
+
+    def submit(self, ops: Any) -> Any:
+        d = self._new()
+        self.waiting.append(d)
+        return d
+
+    def complete(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for d in waiting:
+            d.callback(None)
+
+    def pack(self) -> Any:
+        from twisted.internet.defer import succeed
+        return succeed(None)
+
+    def close(self) -> None:
+        pass
+
+
 def main() -> None:
     tree, scenario, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     sys.path[:0] = [tree, tree + "/tests/support"]
@@ -39,7 +73,8 @@ def main() -> None:
 
     from mqttamqp.mqtt.packets import Properties, Puback, Publish, Subscribe
 
-    h = Harness()
+    store = LaterStore()
+    h = Harness(store, max_inflight=100)   # (as bench/run.py sets it)
     subs: list[Any] = []
     if scenario in ("fan311", "fan5", "fan5plain"):
         for i in range(100):
@@ -66,9 +101,9 @@ def main() -> None:
             pub.transport.clear()
         steps = max(1, 40 * n // 50)
         deliveries = steps * 50 * 100
-    elif scenario == "q1":
+    elif scenario in ("q1", "q1p"):
         sub = h.client()
-        sub.connect("s")
+        sub.connect("s", clean=scenario == "q1")
         sub.send(Subscribe(1, (("bench/t", 1),)))
         sub.transport.clear()
         pub = h.client()
@@ -83,6 +118,7 @@ def main() -> None:
             pub.send(*packets)
             got = [p for p in sub.received() if isinstance(p, Publish)]
             sub.send(*[Puback(p.packet_id) for p in got])
+            store.complete()
             pub.transport.clear()
         steps = max(1, 40 * n // 50) * 10
         deliveries = steps * 50
@@ -92,10 +128,22 @@ def main() -> None:
         step()
     gc.collect()
     gc.disable()
+    profile = None
+    if sys.argv[4:5] == ["-p"]:
+        import cProfile
+        profile = cProfile.Profile()
+        profile.enable()
     start = time.process_time()
     for _ in range(steps):
         step()
-    print(f"{(time.process_time() - start) / deliveries * 1e6:.4f}")
+    end = time.process_time()
+    if profile is not None:
+        import pstats
+        profile.disable()
+        if sys.argv[5:6]:
+            profile.dump_stats(sys.argv[5])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    print(f"{(end - start) / deliveries * 1e6:.4f}")
 
 
 if __name__ == "__main__":

@@ -87,10 +87,16 @@ def populate(uri, data_dir, sessions, retained, queued=True):
         raise RuntimeError("%d commits did not finish" % len(failed))
 
 
-def connect_packet(client_id, clean):
+def connect_packet(client_id, clean, will=False):
+    """MQTT 3.1.1 CONNECT; ``will``: with a QoS 0 will on ``bench/will/<id>``, as
+    devices that report going offline send it every time."""
     cid = client_id.encode()
-    var = b"\x00\x04MQTT\x04" + bytes([0x02 if clean else 0x00]) + b"\x00\x3c"
+    flags = (0x02 if clean else 0x00) | (0x04 if will else 0x00)
+    var = b"\x00\x04MQTT\x04" + bytes([flags]) + b"\x00\x3c"
     payload = len(cid).to_bytes(2, "big") + cid
+    if will:
+        topic = b"bench/will/" + cid
+        payload += len(topic).to_bytes(2, "big") + topic + b"\x00\x07offline"
     body = var + payload
     return bytes([0x10, len(body)]) + body
 
@@ -113,69 +119,124 @@ def try_connack(port, client_id, clean, timeout):
         return bool(data[2] & 1), data[3]
 
 
-async def _resume_one(port, client_id, timeout, queued, keep):
-    """CONNECT (clean session 0) to ``client_id``'s stored session, read CONNACK and
-    (``queued``) the session's queued QoS 1 message, PUBACKed; True when the session
-    was present and the message came.  The connection stays open (in ``keep``), as a
-    device's would: a DISCONNECT would cost the broker a commit of its own."""
-    import asyncio
+class _Resumer:
+    """One client resuming its stored session, as a step of ``resume_all``'s loop:
+    connect, CONNECT (clean session 0), CONNACK (session present), then (``queued``)
+    the session's queued QoS 1 message, PUBACKed.  Non-blocking, on raw sockets with
+    a pre-encoded CONNECT: the bench's own CPU per session is a fraction of asyncio
+    streams' (it shares the two cores with the broker and PostgreSQL)."""
 
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", port), timeout)
-    keep.append(writer)
-    writer.write(connect_packet(client_id, False))
-    connack = await asyncio.wait_for(reader.readexactly(4), timeout)
-    if connack[0] != 0x20 or connack[3] != 0 or not connack[2] & 1:
-        return False
-    if not queued:
+    __slots__ = ("sock", "packet", "buf", "connack", "deadline")
+
+    def __init__(self, packet, deadline):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        self.packet = packet
+        self.buf = b""
+        self.connack = False
+        self.deadline = deadline
+
+    def received(self, data, queued):
+        """True: resumed; False: failed; None: more to read."""
+        self.buf += data
+        buf = self.buf
+        if not self.connack:
+            if len(buf) < 4:
+                return None
+            if buf[0] != 0x20 or buf[3] != 0 or not buf[2] & 1:
+                return False
+            self.connack = True
+            if not queued:
+                return True
+            buf = self.buf = buf[4:]
+        # the queued message: a PUBLISH (QoS 1), whole
+        length, shift, pos = 0, 0, 1
+        while True:
+            if pos >= len(buf):
+                return None
+            b = buf[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if len(buf) < pos + length:
+            return None
+        if buf[0] & 0xF0 != 0x30:
+            return False
+        topic_len = int.from_bytes(buf[pos:pos + 2], "big")
+        pid = buf[pos + 2 + topic_len:pos + 4 + topic_len]
+        self.sock.send(b"\x40\x02" + pid)   # PUBACK (4 bytes: the buffer has room)
         return True
-    head = await asyncio.wait_for(reader.readexactly(1), timeout)
-    length, shift = 0, 0
-    while True:
-        b = (await asyncio.wait_for(reader.readexactly(1), timeout))[0]
-        length |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            break
-    body = await asyncio.wait_for(reader.readexactly(length), timeout)
-    if head[0] & 0xF0 != 0x30:
-        return False
-    topic_len = int.from_bytes(body[:2], "big")
-    writer.write(b"\x40\x02" + body[2 + topic_len:4 + topic_len])   # PUBACK
-    await writer.drain()
-    return True
 
 
-def resume_all(port, sessions, concurrency, timeout, queued=True):
+def resume_all(port, sessions, concurrency, timeout, queued=True, will=False):
     """Every stored session resumed by a client of its own, ``concurrency`` resuming
     at a time (a reconnect storm, bounded), every connection kept open until all are
-    resumed: (seconds to the last one, how many succeeded)."""
-    import asyncio
+    resumed (a DISCONNECT would cost the broker a commit of its own, and devices
+    stay connected): (seconds to the last one, how many succeeded).  One thread, one
+    ``selectors`` loop; each client has ``timeout`` seconds, the whole storm too."""
+    import errno
+    import selectors
 
-    async def run():
-        gate = asyncio.Semaphore(concurrency)
-        keep = []
-        ok = 0
+    sel = selectors.DefaultSelector()
+    addr = ("127.0.0.1", port)
+    started = time.monotonic()
+    deadline = started + timeout
+    keep = []
+    active = {}
+    ok = 0
+    ended = 0
+    next_i = 0
 
-        async def one(i):
-            nonlocal ok
-            async with gate:
+    def finish(r, resumed):
+        nonlocal ok, ended
+        sel.unregister(r.sock)
+        del active[r.sock]
+        ended += 1
+        if resumed:
+            ok += 1
+            keep.append(r.sock)
+        else:
+            r.sock.close()
+
+    try:
+        while ended < sessions and time.monotonic() < deadline:
+            now = time.monotonic()
+            while next_i < sessions and len(active) < concurrency:
+                r = _Resumer(connect_packet("s%06d" % next_i, False, will), now + timeout)
+                next_i += 1
+                err = r.sock.connect_ex(addr)
+                if err not in (0, errno.EINPROGRESS):
+                    r.sock.close()
+                    ended += 1
+                    continue
+                active[r.sock] = r
+                sel.register(r.sock, selectors.EVENT_WRITE, r)
+            for key, events in sel.select(timeout=0.2):
+                r = key.data
+                if events & selectors.EVENT_WRITE:
+                    if r.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        finish(r, False)
+                        continue
+                    r.sock.send(r.packet)   # (a few dozen bytes: sent whole)
+                    sel.modify(r.sock, selectors.EVENT_READ, r)
+                    continue
                 try:
-                    resumed = await _resume_one(port, "s%06d" % i, timeout, queued, keep)
-                    ok += resumed   # (after the await: ``ok += await`` loses counts)
-                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
-                    pass
-
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(sessions))),
-                                   timeout)
-            return time.monotonic() - started, ok
-        finally:
-            for writer in keep:
-                writer.close()
-
-    return asyncio.run(run())
+                    data = r.sock.recv(4096)
+                except OSError:
+                    data = b""
+                resumed = r.received(data, queued) if data else False
+                if resumed is not None:
+                    finish(r, resumed)
+            if now > min((r.deadline for r in active.values()), default=now):
+                for r in [r for r in active.values() if r.deadline < now]:
+                    finish(r, False)
+        return time.monotonic() - started, ok
+    finally:
+        for sock in list(active) + keep:
+            sock.close()
+        sel.close()
 
 
 def cpu_seconds(pid):
@@ -195,9 +256,75 @@ def commit_figures(metrics_port):
     out = {}
     for line in text.splitlines():
         name = line.split(" ", 1)[0]
-        if (name.startswith("mqttamqp_commit") and "{" not in name
+        if (name.startswith(("mqttamqp_commit", "mqttamqp_store_")) and "{" not in name
                 and not name.endswith("_created")):
             out[name] = float(line.split()[-1])
+    return out
+
+
+def run_queue_wait_seconds(pid):
+    """Seconds the threads of process ``pid`` (those alive now) have waited on a run
+    queue for a CPU so far (/proc/PID/task/*/schedstat): what a busy machine costs
+    it beyond its own CPU time."""
+    total = 0
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, task)) as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue   # (ended meanwhile)
+    return total / 1e9
+
+
+def cluster_cpu_seconds(cluster):
+    """CPU seconds of the PostgreSQL server's processes so far, by PID: its
+    postmaster and every backend (its children), from /proc.  (Subtract two of
+    these with ``cpu_delta``: a backend that ended between them is not counted.)"""
+    with open(os.path.join(cluster.data, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    total = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue   # (ended meanwhile)
+        if int(entry) == postmaster or int(fields[1]) == postmaster:
+            total[entry] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def cpu_delta(before, after):
+    """CPU seconds the processes alive at ``after`` used since ``before``."""
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
+def listen_overflows():
+    """The kernel's count of connections dropped because a listen queue was full
+    (TcpExt ListenOverflows; for the whole network namespace)."""
+    with open("/proc/net/netstat") as f:
+        rows = [line.split() for line in f if line.startswith("TcpExt:")]
+    return int(rows[1][rows[0].index("ListenOverflows")])
+
+
+def storm_summary(commits):
+    """What the storm's commit counters say: submits per group commit, and the mean
+    time of a group commit and of a submit's wait (hand-off to durable)."""
+    out = {}
+    groups = commits.get("mqttamqp_store_group_commits_total")
+    submits = commits.get("mqttamqp_store_committed_submits_total")
+    spent = commits.get("mqttamqp_store_commit_seconds_total")
+    if groups:
+        out["group_commits"] = groups
+        out["submits_per_group_commit"] = round(submits / groups, 2)
+        out["mean_group_commit_seconds"] = round(spent / groups, 4)
+        out["writer_busy_seconds"] = round(spent, 3)
+    waits = commits.get("mqttamqp_commit_latency_seconds_count")
+    if waits:
+        out["mean_submit_wait_seconds"] = round(
+            commits["mqttamqp_commit_latency_seconds_sum"] / waits, 4)
     return out
 
 
@@ -207,7 +334,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True):
+def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=True,
+              will=False):
     os.makedirs(tmp, exist_ok=True)
     uri = cluster.create_database()
     t = time.monotonic()
@@ -230,6 +358,9 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                                timeout)
         leader, standby = procs
         log("leader and standby up; kill -9 the leader")
+        takeover_cpu = cpu_seconds(standby.proc.pid)
+        takeover_wait = run_queue_wait_seconds(standby.proc.pid)
+        takeover_pg_cpu = cluster_cpu_seconds(cluster)
         killed = time.monotonic()
         leader.kill()
         deadline = killed + timeout
@@ -243,16 +374,36 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
             raise RuntimeError("the standby did not accept a CONNECT within %ss" % timeout)
         # every persistent session's client reconnects as soon as the listener
         # answers (the probe's CONNACK): CONNACK with the session, then its queued
-        # message
-        commits = commit_figures(standby.ports["METRICS"])
+        # message.  The storm starts at once; the commit counters before it are
+        # read beside it (nothing commits in its first moments), from a thread.
+        import threading
+
+        commits = {}
+        scrape = threading.Thread(
+            target=lambda: commits.update(commit_figures(standby.ports["METRICS"])))
         broker_cpu = cpu_seconds(standby.proc.pid)
+        broker_wait = run_queue_wait_seconds(standby.proc.pid)
+        pg_cpu = cluster_cpu_seconds(cluster)
+        takeover_cpu = broker_cpu - takeover_cpu
+        takeover_wait = broker_wait - takeover_wait
+        takeover_pg_cpu = cpu_delta(takeover_pg_cpu, pg_cpu)
         own_cpu = time.process_time()
-        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued)
+        overflows = listen_overflows()
+        scrape.start()
+        storm_started = time.monotonic()
+        storm_s, storm_ok = resume_all(ports[1], sessions, concurrency, timeout, queued,
+                                       will)
+        scrape.join(timeout)
+        overflows = listen_overflows() - overflows
         broker_cpu = cpu_seconds(standby.proc.pid) - broker_cpu
+        broker_wait = run_queue_wait_seconds(standby.proc.pid) - broker_wait
+        pg_cpu = cpu_delta(pg_cpu, cluster_cpu_seconds(cluster))
         own_cpu = time.process_time() - own_cpu
         after = commit_figures(standby.ports["METRICS"])
         commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in commits.items()}
-        all_resumed_s = time.monotonic() - killed
+        all_resumed_s = storm_started + storm_s - killed
+        # (the bench's own reads between the first CONNACK and the storm)
+        bench_gap_s = storm_started - killed - connack_s
         line = standby.wait_for_line(r"took over as leader", timeout)
         m = re.search(r"listeners open in ([\d.]+)s", line)
         return {"sessions": sessions, "retained": retained,
@@ -260,12 +411,20 @@ def one_round(cluster, sessions, retained, timeout, tmp, concurrency, queued=Tru
                 "kill_to_connack_seconds": round(connack_s, 3),
                 "standby_load_and_listen_seconds": float(m.group(1)) if m else None,
                 "kill_to_all_sessions_resumed_seconds": round(all_resumed_s, 3),
+                "takeover_broker_cpu_seconds": round(takeover_cpu, 2),
+                "takeover_broker_run_queue_wait_seconds": round(takeover_wait, 2),
+                "takeover_postgresql_cpu_seconds": round(takeover_pg_cpu, 2),
+                "bench_own_pauses_seconds": round(bench_gap_s, 3),
                 "sessions_resumed": storm_ok, "resume_concurrency": concurrency,
-                "queued_message_per_session": queued,
+                "queued_message_per_session": queued, "will_in_connect": will,
                 "resume_storm_seconds": round(storm_s, 3),
                 "storm_broker_cpu_seconds": round(broker_cpu, 2),
+                "storm_broker_run_queue_wait_seconds": round(broker_wait, 2),
                 "storm_bench_clients_cpu_seconds": round(own_cpu, 2),
-                "storm_broker_commits": commits}
+                "storm_postgresql_cpu_seconds": round(pg_cpu, 2),
+                "storm_listen_overflows": overflows,
+                "storm_broker_commits": commits,
+                "storm_commits_summary": storm_summary(commits)}
     finally:
         for proc in procs:
             proc.stop()
@@ -279,6 +438,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--concurrency", type=int, default=200,
                     help="sessions resuming at once after the takeover")
+    ap.add_argument("--will", action="store_true",
+                    help="every CONNECT of the storm carries a will (stored before CONNACK)")
     ap.add_argument("--no-queued", action="store_true",
                     help="sessions without a queued message: resumed at CONNACK")
     ap.add_argument("--out")
@@ -288,7 +449,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="ha-bench-") as tmp:
             rounds = [one_round(cluster, args.sessions, args.retained, args.timeout,
                                 os.path.join(tmp, str(i)), args.concurrency,
-                                not args.no_queued)
+                                not args.no_queued, args.will)
                       for i in range(args.rounds)]
     finally:
         cluster.stop()

@@ -23,7 +23,15 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 from brokerproc import BrokerProcess  # noqa: E402
-from ha_takeover import commit_figures, cpu_seconds, free_port, populate, resume_all  # noqa: E402
+from ha_takeover import (  # noqa: E402
+    commit_figures,
+    cpu_seconds,
+    free_port,
+    listen_overflows,
+    populate,
+    resume_all,
+    storm_summary,
+)
 
 
 def main():
@@ -46,19 +54,21 @@ def main():
             broker.start(timeout=args.timeout)
             before = commit_figures(broker.ports["METRICS"])
             cpu = cpu_seconds(broker.proc.pid)
+            overflows = listen_overflows()
             seconds, ok = resume_all(port, args.sessions, args.concurrency, args.timeout)
+            overflows = listen_overflows() - overflows
             cpu = cpu_seconds(broker.proc.pid) - cpu
             after = commit_figures(broker.ports["METRICS"])
         finally:
             broker.stop()
+    commits = {k: round(after.get(k, 0.0) - v, 3) for k, v in before.items()}
     doc = {"bench": "resume_storm_file", "when": datetime.datetime.now(datetime.timezone.utc)
            .strftime("%Y-%m-%dT%H:%M:%SZ"), "cpus": os.cpu_count(),
            "load_average": os.getloadavg(), "sessions": args.sessions,
            "retained": args.retained, "concurrency": args.concurrency,
            "storm_seconds": round(seconds, 3), "sessions_resumed": ok,
-           "storm_broker_cpu_seconds": round(cpu, 2),
-           "storm_broker_commits": {k: round(after.get(k, 0.0) - v, 3)
-                                    for k, v in before.items()}}
+           "storm_broker_cpu_seconds": round(cpu, 2), "storm_listen_overflows": overflows,
+           "storm_broker_commits": commits, "storm_commits_summary": storm_summary(commits)}
     text = json.dumps(doc, indent=2)
     print(text)
     if args.out:

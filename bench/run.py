@@ -532,6 +532,7 @@ def run_latency(broker, cfg, tag):
             "timed_out": bool(sres.get("timed_out") or pres.get("timed_out")),
             "p50_ms": lat.get("p50_ms"),
             "p99_ms": lat.get("p99_ms"),
+            "p999_ms": lat.get("p999_ms"),
             "latency_from_send": lat,
             "latency_from_schedule": sres.get("latency_from_schedule"),
             "publisher_late_releases": pres.get("late_releases"),
@@ -603,6 +604,7 @@ METRICS = {
         ("broker_cpu_us_per_conn", "broker_cpu_us_per_conn", "broker CPU µs per connection set-up", "lower")],
     7: [("p50_ms", "p50_ms", "ms, publisher send time to subscriber receive time, median", "lower"),
         ("p99_ms", "p99_ms", "ms, publisher send time to subscriber receive time, 99th percentile", "lower"),
+        ("p999_ms", "p999_ms", "ms, publisher send time to subscriber receive time, 99.9th percentile", "lower"),
         ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg", "broker CPU µs per delivered message", "lower"),
         ("undelivered_pct", "undelivered_pct", UNDELIVERED, "lower")],
     10: [("amqp_unsettled_msgs_per_s", "amqp_unsettled_msgs_per_s",
@@ -938,8 +940,9 @@ def short(r):
         return "%s conns in %.2fs, %s B/conn" % (r.get("connections"), r.get("connect_all_s") or -1,
                                                   "%.0f" % r["rss_per_conn_bytes"] if r.get("rss_per_conn_bytes") else None)
     if sc == 7:
-        return "p50 %s ms, p99 %s ms, delivered %s, undelivered %s%%" % (
-            r.get("p50_ms"), r.get("p99_ms"), r.get("delivered"), r.get("undelivered_pct"))
+        return "p50 %s ms, p99 %s ms, p99.9 %s ms, delivered %s, undelivered %s%%" % (
+            r.get("p50_ms"), r.get("p99_ms"), r.get("p999_ms"), r.get("delivered"),
+            r.get("undelivered_pct"))
     if sc == 10:
         return "AMQP unsettled %s msg/s, MQTT QoS 1 %s msg/s, ratio %.2f" % (
             r.get("amqp_unsettled_msgs_per_s"), r.get("mqtt_qos1_msgs_per_s"),

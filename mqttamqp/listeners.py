@@ -18,7 +18,25 @@ from mqttamqp.net.tcp import lean_port
 from mqttamqp.net.tls import TLSSettings, server_endpoint
 from mqttamqp.optiontable import DEFAULT_LISTENERS
 
-__all__ = ["ListenerService"]
+__all__ = ["LISTEN_BACKLOG", "ListenerService", "with_backlog"]
+
+# Connections the kernel queues before the broker accepts them, for a tcp:/ssl:
+# listener whose description names no ``backlog=`` (the kernel caps it at
+# net.core.somaxconn).  Twisted's default is 50: in a reconnect storm (a takeover,
+# a network coming back) the queue overflows, the kernel drops the SYNs past it, and
+# each of those clients waits for its TCP retransmission, a second and then more.
+LISTEN_BACKLOG = 1024
+
+_BACKLOG_KINDS = ("tcp:", "tcp6:", "ssl:")
+
+
+def with_backlog(description: str) -> str:
+    """``description`` with ``:backlog=LISTEN_BACKLOG`` unless it names one (or is
+    not a tcp:, tcp6: or ssl: listener)."""
+    lowered = description.strip().lower()
+    if not lowered.startswith(_BACKLOG_KINDS) or "backlog=" in lowered:
+        return description
+    return f"{description.rstrip()}:backlog={LISTEN_BACKLOG}"
 
 
 class ListenerService(service.Service):
@@ -50,7 +68,7 @@ class ListenerService(service.Service):
         """Bind the endpoint (``BrokerService`` does this for every listener before
         it starts anything else).  For TCP, SSL and UNIX endpoints the Deferred has
         fired when this returns; failures are the caller's to handle."""
-        endpoint = server_endpoint(self.reactor, self.description, self.tls)
+        endpoint = server_endpoint(self.reactor, with_backlog(self.description), self.tls)
         d: Deferred[Any] = endpoint.listen(self.factory)
 
         def bound(port: Any) -> Any:

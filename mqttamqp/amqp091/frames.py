@@ -41,7 +41,11 @@ FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
 FRAME_MIN_SIZE = 4096        # the spec's frame-min-size: every peer accepts this much
 _header = struct.Struct(">BHI")
+_content_header = struct.Struct(">BHIHHQ")   # frame header, class, weight, body size
+_body_start = struct.Struct(">BBHI")         # the end octet before, a body frame's header
 _frame_header = struct.Struct(">BHI")
+_content_header = struct.Struct(">BHIHHQ")   # frame header, class, weight, body size
+_body_start = struct.Struct(">BBHI")         # the end octet before, a body frame's header
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
@@ -319,8 +323,17 @@ def content_frames(channel: int, method: Any, properties: bytes, body: bytes,
     """A content-bearing method (deliver, get-ok, return) with its content header
     (``properties``: the encoded property flags and values) and body frames cut to
     ``frame_max``.  ``method`` may be its method frame already (``deliver_frame``)."""
-    out = [method if type(method) is bytes else frame.marshal(method, channel)]
-    header = struct.pack(">HHQ", 60, 0, len(body)) + properties
+    if type(method) is not bytes:
+        method = frame.marshal(method, channel)
+    size = len(body)
+    if 0 < size <= frame_max - 8:
+        # (a delivery's usual shape, one body frame: one join of six parts)
+        return b"".join((method, _content_header.pack(FRAME_HEADER, channel,
+                                                      12 + len(properties), 60, 0, size),
+                         properties, _body_start.pack(FRAME_END, FRAME_BODY, channel, size),
+                         body, b"\xce"))
+    out = [method]
+    header = struct.pack(">HHQ", 60, 0, size) + properties
     out.append(_header.pack(FRAME_HEADER, channel, len(header)) + header + b"\xce")
     room = frame_max - 8
     for start in range(0, len(body), room):

@@ -18,6 +18,7 @@ output when asked).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -256,6 +257,10 @@ def fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> N
     """Fire ``waiter`` as soon as every entry has been acknowledged (unless it fired
     already).  A batch waiter is used as is; otherwise ``committed_or_acknowledged``
     puts a Deferred of its own between the store's and the caller."""
+    if len(entries) == 1:
+        # (the usual case, one persistent subscriber: no counter, no closure)
+        entries[0].on_done = partial(_fire_unless_called, waiter)
+        return
     remaining = [len(entries)]
 
     def acknowledged() -> None:
@@ -265,6 +270,11 @@ def fire_when_acknowledged(waiter: Deferred[None], entries: list[OutEntry]) -> N
 
     for entry in entries:
         entry.on_done = acknowledged
+
+
+def _fire_unless_called(waiter: Deferred[None]) -> None:
+    if not waiter.called:
+        waiter.callback(None)
 
 
 def committed_or_early(commit: Deferred[None],

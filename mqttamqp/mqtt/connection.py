@@ -236,6 +236,12 @@ class AckQueue:
         self._entries = _NO_ENTRIES
 
 
+# The one empty queue every connection starts with (most never wait for a commit: an
+# AckQueue of their own would be 48 bytes each); ``add`` is never called on it: the
+# connection makes its own first (``executor._ack``).
+NO_ACKS = AckQueue()
+
+
 class StringRules:
     """What MQTT strings the broker accepts beyond the wire format; each method
     returns why a string breaks the rules (a protocol violation), or None.

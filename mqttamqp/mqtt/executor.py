@@ -36,7 +36,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.connection import AckQueue, ConnectionState, Keepalive
+from mqttamqp.mqtt.connection import NO_ACKS, AckQueue, ConnectionState, Keepalive
 from mqttamqp.mqtt.decisions import problem
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
@@ -115,6 +115,8 @@ class ActionExecutor(MQTTLink):
             if after is not None:
                 after()
             return
+        if acks is NO_ACKS:
+            acks = self._acks = AckQueue()
         entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they

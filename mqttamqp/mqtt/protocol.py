@@ -64,7 +64,7 @@ from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
-    AckQueue,
+    NO_ACKS,
     ConnectionRules,
     ConnectionState,
     Keepalive,
@@ -188,7 +188,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
         self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
-        self._acks = AckQueue()
+        self._acks = NO_ACKS   # (its own once an acknowledgement waits: ``_ack``)
         # The transport's buffer is full (a plain attribute, not a property: the core
         # reads it for every delivery, ``ClientLink.congested``).
         self.congested = False

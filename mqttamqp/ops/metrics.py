@@ -15,7 +15,7 @@ served on the reactor; the OpenTelemetry reader gets a snapshot taken there.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.stats import Histogram, protocol_family
 
-__all__ = ["Family", "BridgeCollector", "BrokerCollector", "broker_registry", "exposition",
-           "snapshot", "CONTENT_TYPE"]
+__all__ = ["Family", "BridgeCollector", "BrokerCollector", "StoreCollector", "broker_registry",
+           "exposition", "snapshot", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -211,7 +211,8 @@ def snapshot(broker: Broker) -> list[Family]:
              "was held for a later turn of the event loop after its share of one "
              "(--mqtt-turn-ms).", stats.mqtt_turns_yielded),
         _one("mqttamqp_wills_published", COUNTER, "Wills published.", c.wills_published),
-        _one("mqttamqp_commits", COUNTER, "Successful store commits.", stats.commits),
+        _one("mqttamqp_commits", COUNTER, "Successful store submits (what callers waited "
+             "for; several share a commit: mqttamqp_store_group_commits).", stats.commits),
         _one("mqttamqp_commit_failures", COUNTER, "Failed store commits.",
              c.storage_failures),
         _histogram("mqttamqp_commit_latency_seconds", "From handing a batch to the writer "
@@ -354,6 +355,31 @@ class BridgeCollector(Collector):
                 value = (1 if b["state"] == "connected" else 0) if not key else (b[key] or 0)
                 family.add_metric([b["name"]], value)
             yield family
+
+
+class StoreCollector(Collector):
+    """The writer thread's own commits, from ``stats()`` (``ZODBStore``'s) while the
+    store is open: how many commits it made, how many submits they held (their
+    ratio: how many callers share a commit) and the time spent in them (their ratio
+    to the commits: the engine's commit latency, e.g. PostgreSQL's round trips).
+    ``mqttamqp_commits`` counts the submits (what callers waited for), not these."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if not s:
+            return
+        for name, doc, key in (
+                ("mqttamqp_store_group_commits", "Commits the store's writer thread "
+                 "made (each holds one or more submits).", "commits"),
+                ("mqttamqp_store_committed_submits", "Submits those commits held.",
+                 "batches"),
+                ("mqttamqp_store_commit_seconds", "Time the writer thread spent "
+                 "committing, summed.", "commit_seconds")):
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
 
     def describe(self) -> Iterable[Any]:
         return ()

@@ -18,7 +18,7 @@ from twisted.web.server import Site
 from mqttamqp.ops.health import Readiness, WriteProbe, liveness
 from mqttamqp.ops.lag import ReactorLag
 from mqttamqp.ops.logs import level_filter, make_observer, open_destination, set_level
-from mqttamqp.ops.metrics import broker_registry
+from mqttamqp.ops.metrics import StoreCollector, broker_registry
 from mqttamqp.ops.web import MetricsResource, ops_site, with_metrics
 
 __all__ = ["OpsWiring"]
@@ -60,6 +60,13 @@ class OpsWiring:
             self._registry = broker_registry(self.service.broker)
             self.lag = ReactorLag(self.service.reactor)
             self._registry.register(self.lag)
+            store = getattr(self.service, "store", None)
+
+            def store_stats() -> dict[str, Any] | None:
+                opened = getattr(store, "opened", None)
+                return opened.stats() if opened is not None else None
+
+            self._registry.register(StoreCollector(store_stats))
             if self.service.ha is not None:
                 from mqttamqp.ops.metrics import HACollector
 

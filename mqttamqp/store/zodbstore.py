@@ -152,6 +152,7 @@ class ZODBStore:
         self._completions: deque[_Completion] = deque()
         self._completions_lock = threading.Lock()
         self._draining = False  # touched only on the reactor thread (or in close())
+        self._idle = self._gathering = False   # the writer waits for work / gathers
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
         self._queue_body_budget = queue_body_budget
@@ -172,6 +173,7 @@ class ZODBStore:
         self._coalesced = 0
         self._last_commit_seconds = 0.0
         self._max_commit_seconds = 0.0
+        self._commit_seconds = 0.0   # all commits' time, from taking a group to done
         self._last_batch_ops = 0
         self._max_batch_seen = 0
         self._packs = 0
@@ -218,7 +220,10 @@ class ZODBStore:
             self._pending.append((batch, d))
             self._pending_ops += len(batch)
             self._submits += 1
-            self._cond.notify()
+            # (not while it gathers or commits: a GIL hand-off each, for nothing)
+            if self._idle or (self._gathering
+                              and self._pending_ops >= self._max_batch_ops):
+                self._cond.notify()
         return d
 
     def read_queue_messages(self, name: str, offsets: Sequence[int]
@@ -303,6 +308,7 @@ class ZODBStore:
             "coalesced_puts": self._coalesced,
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,
+            "commit_seconds": self._commit_seconds,   # summed over all commits
             "last_commit_ops": self._last_batch_ops,
             "max_commit_ops": self._max_batch_seen,
             "pending_submits": len(self._pending),
@@ -329,10 +335,13 @@ class ZODBStore:
             conn.close()
 
     def _take(self) -> list[_Waiter] | None:
-        """Block for work; return the next group (None once closed and drained)."""
+        """Block for work; return the next group (None once closed and drained; empty
+        when ``fence`` took what it was gathering)."""
         with self._cond:
             while not self._pending and not self._stopping:
+                self._idle = True
                 self._cond.wait()
+                self._idle = False
             if not self._pending:
                 return None
             if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
@@ -340,14 +349,18 @@ class ZODBStore:
                 # Deliveries were just queued (to a session or a durable queue): their
                 # acknowledgements usually follow within a millisecond, and a put
                 # cancelled by its DeleteQueued or TrimQueue in the same commit is
-                # never written (see _superseded_puts).  Every
-                # submit notifies the condition, so wait out the deadline.
+                # never written (see _superseded_puts).  A submit notifies the
+                # condition only once the batch is full (or the store stops).
                 deadline = time.monotonic() + self._gather
+                self._gathering = True
                 while not self._stopping and self._pending_ops < self._max_batch_ops:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                self._gathering = False
+                if not self._pending:   # fence() took them while it gathered
+                    return []
             first = self._pending.popleft()
             group = [first]
             count = len(first[0])
@@ -368,7 +381,8 @@ class ZODBStore:
                 group = self._take()
                 if group is None:
                     break
-                self._commit(tm, conn, group)
+                if group:
+                    self._commit(tm, conn, group)
         except BaseException:
             _log.failure("ZODB writer thread died")
             raise
@@ -415,6 +429,7 @@ class ZODBStore:
         elapsed = time.monotonic() - started
         self._last_commit_seconds = elapsed
         self._max_commit_seconds = max(self._max_commit_seconds, elapsed)
+        self._commit_seconds += elapsed
         self._batches += len(group)
         self._last_batch_ops = nops
         self._max_batch_seen = max(self._max_batch_seen, nops)

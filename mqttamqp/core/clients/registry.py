@@ -97,6 +97,13 @@ class SessionRegistry:
         # timer per client id, whoever armed it (see ``_arm_expiry``).
         self._expiry_timers: dict[str, tuple[Session, DelayedCall]] = {}
         self._disconnect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
+        # Persistent sessions whose record no commit is known to hold yet (its
+        # PutSession submitted and not durable, or failed): resuming one of them
+        # stores the record again before CONNACK says "session present".  Every other
+        # persistent session is stored, so resuming it with the same owner and expiry
+        # needs no commit before CONNACK (see ``open``).  At most one entry per
+        # session, dropped when its commit succeeds or the session is discarded.
+        self._unsettled: dict[str, Session] = {}
 
     def restore(self, records: dict[str, SessionRecord]) -> None:
         now = self.clock.seconds()
@@ -234,6 +241,7 @@ class SessionRegistry:
         present = False
         user = identity.username if identity is not None else None
         persistent = not clean if expiry is None else expiry > 0
+        record = False   # a PutSession goes into this CONNECT's commit
         if clean:
             if existing is not None:
                 ops.extend(self.discard(existing, "clean_session"))
@@ -242,12 +250,22 @@ class SessionRegistry:
             self.sessions[client_id] = session
             if persistent:
                 ops.append(PutSession(client_id, now, user, expiry))
+                record = True
         elif existing is not None and existing.persistent:
             session = existing
             present = True
-            if session.owner is None:
-                session.owner = user     # an anonymous session is claimed by its user
-            ops.append(PutSession(client_id, now, session.owner, expiry))
+            # A stored session resumed as it is (same owner, same expiry) changes
+            # nothing stored: "session present" promises only what its commits
+            # already hold, so CONNACK waits for no commit of its own.  The stored
+            # last_seen stays older (a restart counts expiry from the start anyway;
+            # ``end`` stores it when the connection ends): a takeover's reconnect
+            # storm is then not one commit per CONNECT.
+            claimed = session.owner is None and user is not None
+            if claimed or session.expiry != expiry or client_id in self._unsettled:
+                if claimed:
+                    session.owner = user     # an anonymous session is claimed by its user
+                ops.append(PutSession(client_id, now, session.owner, expiry))
+                record = True
             if identity is not None:     # what it subscribed to must still be allowed
                 ops.extend(self.router.recheck(session, identity))
         else:
@@ -256,6 +274,7 @@ class SessionRegistry:
             self.sessions[client_id] = session
             if persistent:
                 ops.append(PutSession(client_id, now, user, expiry))
+                record = True
         session.expiry = expiry
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
@@ -272,7 +291,25 @@ class SessionRegistry:
             ops.extend(self.wills.put(will))
         else:
             ops.extend(self.wills.pop(client_id, "mqtt"))
-        return Opened(session, present, self.commits.persist(ops))
+        durable = self.commits.persist(ops)
+        if record:
+            self._settle_on(session, durable)
+        return Opened(session, present, durable)
+
+    def _settle_on(self, session: Session, durable: Deferred[None] | None) -> None:
+        """``session``'s record is in the commit ``durable``: unsettled until it
+        succeeds (a failure leaves it so: the next resume stores it again)."""
+        client_id = session.client_id
+        self._unsettled[client_id] = session
+        if durable is None:       # (no ops: not with a PutSession among them)
+            return
+
+        def settled(result: object) -> object:
+            if self._unsettled.get(client_id) is session:
+                del self._unsettled[client_id]
+            return result
+
+        durable.addCallback(settled)
 
     def offline_session(self, client_id: str, owner: str | None = None
                         ) -> tuple[Session, Deferred[None] | None]:
@@ -288,7 +325,9 @@ class SessionRegistry:
         self.sessions[client_id] = session
         self.recorder.event(now, SESSION_CREATED, client_id, clean_session=False,
                             detail="subscription service")
-        return session, self.commits.persist([PutSession(client_id, now, owner)])
+        durable = self.commits.persist([PutSession(client_id, now, owner)])
+        self._settle_on(session, durable)
+        return session, durable
 
     def end(self, connection: ClientLink, session: Session, clean: bool,
             reason: str, cause: str = CAUSE_LOST,
@@ -388,6 +427,8 @@ class SessionRegistry:
             self._cancel_expiry(session.client_id)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        if self._unsettled.get(session.client_id) is session:
+            del self._unsettled[session.client_id]
         return [DeleteSession(session.client_id)] if session.persistent else []
 
     # -- AMQP topic receivers -------------------------------------------------

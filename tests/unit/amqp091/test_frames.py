@@ -110,6 +110,23 @@ def test_content_frames_are_cut_to_frame_max() -> None:
     assert len(bodies) == 3
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), st.integers(0, 9000), st.sampled_from([4096, 4200, 131072]),
+       st.text(max_size=40))
+def test_content_frames_are_what_pamqp_marshals(channel: int, size: int, frame_max: int,
+                                                 content_type: str) -> None:
+    """A delivery's frames (one body frame, several, or none) equal pamqp's marshalling
+    of the method, the content header and the body cut to frame_max."""
+    props = commands.Basic.Properties(content_type=content_type or None, delivery_mode=2)
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    method = commands.Basic.Deliver("t", 7, False, "", "q")
+    expected = frame.marshal(method, channel) + frame.marshal(
+        ContentHeader(0, size, props), channel)
+    for start in range(0, size, frame_max - 8):
+        expected += frame.marshal(ContentBody(body[start:start + frame_max - 8]), channel)
+    assert content_frames(channel, method, props.marshal(), body, frame_max) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_decode_or_raise_frame_error(data: bytes) -> None:
@@ -183,3 +200,18 @@ def test_a_repeated_publish_decodes_as_pamqp_decodes_it(
         assert (header.body_size, header.weight) == (size, 0)
         assert header.properties.marshal() == props.marshal()
         assert header.raw == header7.raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[a-zA-Z0-9_.:-]{0,60}", fullmatch=True), st.text(max_size=60),
+       st.binary(max_size=1200))
+def test_an_envelope_opens_to_what_was_published(exchange: str, key: str, raw: bytes) -> None:
+    """A publish's envelope (memoized or not) gives back its exchange, routing key and
+    property bytes, the first time and again."""
+    from mqttamqp.amqp091.properties import _open, envelope, sent_with
+    from mqttamqp.core.message import Message
+
+    for _ in range(2):
+        data = envelope(exchange, key, raw)
+        assert _open(data) == (exchange, key, raw)
+        assert sent_with(Message("t", b"", 1, False, "p", 0.0, amqp091=data)) == (exchange, key)

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Where a durable QoS 1 message's CPU goes: scenario 2 of ``run.py`` (QoS 1, 1 -> 1,
+persistent subscriber, window 100) against one mqttamqp broker per run, with the
+broker's CPU split by thread and the commits counted afterwards (issue 31, section 1).
+
+    python bench/durable_probe.py [--runs 3] [--count 50000] [--mosquitto]
+                                  [--baseline DIR] [--mqttamqp-arg ARG ...] [--out FILE]
+
+Per run: messages/s as ``run.py`` counts them; the broker's CPU per message (utime +
+stime from ``/proc``), split into the reactor (the main thread, whose id is the
+process id) and every other thread (the ZODB writer, the archive's feeding thread,
+the queue reader, the thread pool: the thread ids and their CPU are listed); the
+store's transactions and records after the run (the broker is stopped, then its
+FileStorage file is iterated read-only; with another ``--storage`` only the CPU): messages per commit and records written per
+message (a put an acknowledgement cancels in the same commit is never written).
+With ``--mosquitto`` a Mosquitto run alternates with every mqttamqp run (same
+load; its CPU per message beside ours); with ``--baseline DIR`` so does a broker of
+another checkout (``git worktree add DIR REV``; its ``mqttamqp`` is put first on the
+broker's ``PYTHONPATH``, the same interpreter and packages): before and after a
+change, side by side.  Every loop is bounded; brokers are stopped
+by their process group.  The machine is shared: compare CPU per message, and only
+within one run of this script.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import brokers  # noqa: E402
+import run  # noqa: E402
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid, which=(11, 12)):
+    """{tid: cpu seconds} of every thread of ``pid`` (``which``: the fields summed,
+    (11,) user time only, (12,) system time only)."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2:].split()
+        out[int(tid)] = sum(int(fields[i]) for i in which) / CLK
+    return out
+
+
+def commits_in(path):
+    """(transactions, data records) of the FileStorage at ``path`` (read-only)."""
+    from ZODB.FileStorage import FileIterator
+    txns = records = 0
+    it = FileIterator(path)
+    try:
+        for txn in it:
+            txns += 1
+            for _ in txn:
+                records += 1
+    finally:
+        it.close()
+    return txns, records
+
+
+def one_run(label, args, help_text, env_extra, rep):
+    kind = "mosquitto" if label == "mosquitto" else "mqttamqp"
+    if label == "baseline":
+        env_extra = dict(env_extra, PYTHONPATH=os.path.abspath(args.baseline))
+    cfg = {"counts": {2: args.count}, "timeout": args.timeout, "idle_s": 5.0,
+           "window": 100, "rx_nap_s": 0.0}
+    b = brokers.Broker(kind, label=label, mqttamqp_help_text=help_text,
+                       mqttamqp_env=env_extra, extra_args=args.mqttamqp_arg,
+                       want_inflight=True)
+    b.start()
+    try:
+        pid = b.pid
+        before = thread_cpu(pid)
+        sys0 = thread_cpu(pid, (12,))
+        fs0 = None
+        if kind == "mqttamqp":
+            fs = os.path.join(b.tmp, "data", "mqttamqp.fs")
+            fs0 = commits_in(fs) if os.path.exists(fs) else (0, 0)
+        res = run.run_throughput(2, b, cfg, f"{label}-p{rep}")
+        after = thread_cpu(pid)
+        sys1 = thread_cpu(pid, (12,))
+        b.stop()
+        threads = {tid: round(after.get(tid, 0) - before.get(tid, 0), 3) for tid in after}
+        n = res.get("delivered") or 0
+        out = {"broker": label, "msgs_per_s": res.get("value"), "delivered": n,
+               "loss": res.get("loss"), "cpu_us_per_msg": res.get("broker_cpu_us_per_msg"),
+               "threads_cpu_s": threads, "other_cpu_s_est": res.get("other_cpu_s_est")}
+        if n:
+            main = threads.get(pid, 0.0)
+            out["reactor_us_per_msg"] = main * 1e6 / n
+            out["other_threads_us_per_msg"] = (sum(threads.values()) - main) * 1e6 / n
+            system = {tid: sys1.get(tid, 0) - sys0.get(tid, 0) for tid in sys1}
+            out["reactor_system_us_per_msg"] = system.get(pid, 0.0) * 1e6 / n
+            out["other_threads_system_us_per_msg"] = (
+                (sum(system.values()) - system.get(pid, 0.0)) * 1e6 / n)
+        if kind == "mqttamqp" and os.path.exists(fs):   # (FileStorage only)
+            t1, r1 = commits_in(fs)
+            t, r = t1 - fs0[0], r1 - fs0[1]
+            out.update({"commits": t, "records": r,
+                        "msgs_per_commit": n / t if t else None,
+                        "records_per_msg": r / n if n else None,
+                        "commits_per_s": (t / res["end_to_end_s"]
+                                          if res.get("end_to_end_s") else None)})
+        return out
+    finally:
+        b.stop()
+        b.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--count", type=int, default=50_000)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--mosquitto", action="store_true")
+    ap.add_argument("--baseline", metavar="DIR")
+    ap.add_argument("--mqttamqp-arg", action="append", default=[])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    brokers.raise_nofile()
+    ok, help_text, env_extra = brokers.mqttamqp_help()
+    if not ok:
+        sys.exit("twistd mqttamqp --help failed:\n" + help_text[-1500:])
+    kinds = (["mqttamqp"] + (["baseline"] if args.baseline else [])
+             + (["mosquitto"] if args.mosquitto else []))
+    runs = {k: [] for k in kinds}
+    for rep in range(args.runs):
+        for kind in kinds:
+            r = one_run(kind, args, help_text, env_extra, rep)
+            runs[kind].append(r)
+            brief = {k: (round(v, 2) if isinstance(v, float) else v)
+                     for k, v in r.items() if k != "threads_cpu_s"}
+            run.log(f"{kind} run {rep}: {json.dumps(brief)}")
+    summary = {}
+    for kind, rs in runs.items():
+        summary[kind] = {}
+        for key in ("msgs_per_s", "cpu_us_per_msg", "reactor_us_per_msg",
+                    "reactor_system_us_per_msg", "other_threads_us_per_msg",
+                    "other_threads_system_us_per_msg", "msgs_per_commit", "records_per_msg",
+                    "commits_per_s"):
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            if vals:
+                summary[kind][key] = {"median": statistics.median(vals),
+                                      "min": min(vals), "max": max(vals)}
+    doc = {"tool": "bench/durable_probe.py", "machine": run.machine_facts(),
+           "baseline": args.baseline,
+           "count": args.count, "mqttamqp_args": args.mqttamqp_arg,
+           "summary": summary, "runs": runs}
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

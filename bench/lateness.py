@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""What runs late in the broker at 1,000 QoS 1 messages/s (issue 31, section 3).
+
+    PYTHONPATH=. python bench/lateness.py [--seconds 10] [--persistent]
+                                          [--broker-arg ARG ...] [--json]
+
+Runs the broker in this process (the same ``makeService`` as ``twistd mqttamqp``,
+MQTT on 127.0.0.1 port 0, data in a temporary directory, default options: the
+archive on) and ``run.py`` scenario 7's load generators as child processes (a
+publisher paced at 1,000 QoS 1 messages/s with a window of 100, each payload
+stamped with its send time, and one QoS 1 subscriber, clean or with
+``--persistent`` clean session 0).  Besides the subscriber's latency histogram it
+records, inside the broker:
+
+* every turn of the reactor: the time from the end of one ``epoll`` poll to the
+  start of the next (the events of that poll handled, the timers run, and any wait
+  for the GIL inside them), as a histogram;
+* every garbage collection (``gc.callbacks``): count and pause by generation;
+* the turns that took over 1 ms, and how many of them a collection overlapped.
+
+The load generators are the same processes as ``run.py``'s, so the latencies are
+comparable with scenario 7's (less the process start-up).  Every loop is bounded
+(the load's deadline, ``--seconds`` + 60 s in all).  On a shared machine the
+histograms move with other work; compare variants (``--broker-arg``) in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+LOADGEN = os.path.join(HERE, "loadgen.py")
+EDGES_US = (50, 100, 200, 300, 500, 750, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+class Histogram:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(EDGES_US) + 1)
+        self.n = 0
+        self.total = 0.0
+        self.max = 0.0
+
+    def add(self, seconds: float) -> None:
+        us = seconds * 1e6
+        i = 0
+        while i < len(EDGES_US) and us > EDGES_US[i]:
+            i += 1
+        self.counts[i] += 1
+        self.n += 1
+        self.total += seconds
+        self.max = max(self.max, seconds)
+
+    def report(self) -> dict[str, Any]:
+        return {"edges_us": list(EDGES_US), "counts": self.counts, "n": self.n,
+                "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--persistent", action="store_true")
+    ap.add_argument("--broker-arg", action="append", default=[])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from twisted.internet import protocol, reactor
+
+    from mqttamqp.options import Options
+    from mqttamqp.service import makeService
+
+    data = tempfile.mkdtemp(prefix="lateness-")
+    opts = Options()
+    opts.parseOptions(["--data", data, "--mqtt", "tcp:0:interface=127.0.0.1", "--amqp", "none",
+                       "--web", "none", "--mqtt-ws", "none", "--metrics", "none",
+                       "--max-inflight", "100", *args.broker_arg])
+    svc = makeService(opts)
+    deadline = time.monotonic() + args.seconds + 60
+    n = args.seconds * args.rate
+    report: dict[str, Any] = {"seconds": args.seconds, "rate": args.rate,
+                              "persistent": args.persistent, "broker_args": args.broker_arg}
+
+    turns = Histogram()
+    gcs = {0: Histogram(), 1: Histogram(), 2: Histogram()}
+    recording = [False]
+    gc_start = [0.0]
+    gc_during_turn = [False]
+    late = {"turns_over_1ms": 0, "with_gc": 0}
+    last_poll_end = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        elif recording[0]:
+            gcs[info["generation"]].add(time.perf_counter() - gc_start[0])
+            gc_during_turn[0] = True
+
+    class Poller:
+        """The reactor's epoll object, timing the work between two polls: the
+        events of one poll are handled (and the timers run) before the next."""
+
+        def __init__(self, real: Any) -> None:
+            self._real = real
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._real, name)
+
+        def poll(self, *a: Any) -> Any:
+            started = time.perf_counter()
+            if recording[0] and last_poll_end[0]:
+                work = started - last_poll_end[0]
+                turns.add(work)
+                if work > 0.001:
+                    late["turns_over_1ms"] += 1
+                    if gc_during_turn[0]:
+                        late["with_gc"] += 1
+            gc_during_turn[0] = False
+            try:
+                return self._real.poll(*a)
+            finally:
+                last_poll_end[0] = time.perf_counter()
+
+    reactor._poller = Poller(reactor._poller)   # type: ignore[attr-defined]
+    gc.callbacks.append(on_gc)
+    procs: dict[str, Any] = {}
+    cpu0: list[float] = []
+
+    class Worker(protocol.ProcessProtocol):
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.buf = b""
+
+        def outReceived(self, chunk: bytes) -> None:
+            self.buf += chunk
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                tag, _, rest = line.decode().partition(" ")
+                if tag == "READY" and self.name == "sub":
+                    spawn("pub")
+                elif tag == "READY" and self.name == "pub":
+                    recording[0] = True
+                    cpu0.append(time.process_time())
+                    self.transport.write(b"GO\n")
+                elif tag == "RESULT":
+                    report[self.name] = json.loads(rest) if rest else {}
+                    if self.name == "sub":
+                        recording[0] = False
+                        report["broker_cpu_us_per_msg"] = (
+                            (time.process_time() - cpu0[0]) * 1e6 / max(1, n))
+                        reactor.callLater(0.2, reactor.stop)
+
+        def errReceived(self, chunk: bytes) -> None:
+            sys.stderr.write(chunk.decode(errors="replace"))
+
+    def spawn(name: str) -> None:
+        port = next(s for s in svc if getattr(s, "kind", "") == "MQTT").port.getHost().port
+        if name == "sub":
+            role, wargs = "sub", {"host": "127.0.0.1", "port": port, "conns": 1,
+                                  "filters": ["bench/lat"], "qos": 1,
+                                  "clean": not args.persistent, "client_prefix": "late-sub",
+                                  "expected": n, "deadline": deadline, "idle_s": 5.0,
+                                  "latency": True}
+        else:
+            role, wargs = "pubq", {"host": "127.0.0.1", "port": port, "qos": 1,
+                                   "topic": "bench/lat", "payload_len": 64, "count": n,
+                                   "window": 100, "rate": args.rate, "stamp": True,
+                                   "client_prefix": "late-pub", "deadline": deadline}
+        worker = Worker(name)
+        procs[name] = worker
+        reactor.spawnProcess(worker, sys.executable,
+                             [sys.executable, LOADGEN, role, json.dumps(wargs)],
+                             env=os.environ.copy())
+
+    def start() -> None:
+        svc.startService()
+        reactor.callLater(0.5, spawn, "sub")
+        reactor.callLater(args.seconds + 60, reactor.stop)
+
+    reactor.callWhenRunning(start)
+    try:
+        reactor.run()
+    finally:
+        gc.callbacks.remove(on_gc)
+        try:
+            svc.stopService()
+        except Exception:
+            pass
+        for w in procs.values():
+            try:
+                w.transport.signalProcess("KILL")   # (only our own children, by PID)
+            except Exception:
+                pass
+        shutil.rmtree(data, ignore_errors=True)
+    sub = report.get("sub", {})
+    report["latency_from_send"] = sub.get("latency_from_send")
+    report["reactor_turns"] = turns.report()
+    report["gc"] = {str(g): h.report() for g, h in gcs.items()}
+    report["late_turns"] = late
+    report["gc_threshold"] = gc.get_threshold()
+    report["gc_frozen_objects"] = gc.get_freeze_count()
+    report["loadavg"] = os.getloadavg()
+    report.pop("sub", None)
+    report["publisher"] = report.pop("pub", None)
+    print(json.dumps(report, indent=None if not args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
