@@ -16,17 +16,16 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
-from collections.abc import Callable
 
 from twisted.python.failure import Failure
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
-from mqttamqp.core.queues.memory import READ_MESSAGES, MemoryBudget
+from mqttamqp.core.queues.memory import READ_MESSAGES
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
+from mqttamqp.core.queues.parking import Parking
 from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.entries import OutEntry
 
@@ -40,61 +39,12 @@ __all__ = ["Dispatch"]
 _WATERMARK_STEP = 4096
 
 
-class Dispatch(MemoryBudget):
+class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
 
     def _pump_queue(self, queue: QueueLog) -> None:
         for group in list(queue.groups.values()):
             self._pump(group)
-
-    def _credit(self, member: Member) -> bool:
-        session = member.session
-        link = session.link
-        if link is None or link.congested or session is self._leaving:
-            return False
-        prefetch = session.queue_prefetch or (
-            min(self.limits.queue_prefetch, session.window) if member.qos
-            else self.limits.queue_prefetch)
-        return member.outstanding < prefetch and not session.has_queued
-
-    def _next_member(self, group: ConsumerGroup, offset: int) -> Member | bool:
-        """The next member with credit that takes ``offset`` (round-robin); False
-        when no member has credit, True when some have but none selects it."""
-        members = group.members
-        n = len(members)
-        credited = False
-        for i in range(n):
-            member = members[(group._rr + i) % n]
-            if self._credit(member):
-                selector = member.selector
-                if selector is not None and not self._selects(member, selector, group,
-                                                              offset):
-                    credited = True
-                    continue
-                group._rr = (group._rr + i + 1) % n
-                return member
-        return credited
-
-    @staticmethod
-    def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
-                 offset: int) -> bool:
-        """Does ``member``'s selector take ``offset``?  A refusal is remembered (the
-        message and the selector never change): a message parked for others is
-        tested once per member, not at every pump."""
-        skipped = member.skipped
-        if offset in skipped:
-            return False
-        if selector(group.queue.log[offset]):
-            return True
-        if len(skipped) >= 2 * len(group.parked) + 64:
-            # (forget what is no longer parked: acknowledged by others, or gone)
-            parked = set(group.parked)
-            parked.update(group.ready)
-            if group.levels is not None:
-                parked.update(group.levels)
-            skipped.intersection_update(parked)
-        skipped.add(offset)
-        return False
 
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
@@ -174,74 +124,6 @@ class Dispatch(MemoryBudget):
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
-
-    def _parked_unseen(self, group: ConsumerGroup) -> bool:
-        """A member with credit has not refused every parked offset (it joined since,
-        or had no credit when some were parked).  Not otherwise: a walk over every
-        parked offset at each hand-out made 4,000 of them cost seconds."""
-        last = group.parked_next
-        for member in group.members:
-            if member.parked_seen < last and self._credit(member):
-                return True
-        return False
-
-    def _offer_parked(self, group: ConsumerGroup) -> None:
-        """Each member with credit is offered what was parked since it last refused
-        all (``parked[seen:]``, by sequence number); what one selects goes through
-        ``ready`` (or its level) again, the rest stays parked and is not looked at
-        again by members that refused it.  Offsets no longer there are dropped."""
-        parked = group.parked
-        seqs = group.parked_seqs
-        last = group.parked_next
-        log = group.queue.log
-        done = group.done
-        evicted = group.queue.evicted
-        out: set[int] = set()     # (indexes into ``parked``)
-        for member in group.members:
-            seen = member.parked_seen
-            if seen >= last or not self._credit(member):
-                continue
-            selector = member.selector
-            for i in range(bisect_left(seqs, seen), len(parked)):
-                if i in out:
-                    continue
-                offset = parked[i]
-                if offset not in log or offset in done:
-                    out.add(i)                   # (gone meanwhile: dropped)
-                    continue
-                if selector is None:
-                    takes = True
-                elif evicted and offset in evicted:
-                    takes = offset not in member.skipped   # (tested once read back)
-                else:
-                    takes = self._selects(member, selector, group, offset)
-                if takes:
-                    out.add(i)
-                    group.requeue(offset)
-            member.parked_seen = last
-        if out:
-            group.parked = [o for i, o in enumerate(parked) if i not in out]
-            group.parked_seqs = [q for i, q in enumerate(seqs) if i not in out]
-
-    def _park(self, group: ConsumerGroup, offset: int) -> None:
-        """Every member with credit refused ``offset``: it waits parked; those
-        members, if they had refused all parked before, still have."""
-        parked = group.parked
-        if len(parked) >= 2 * len(group.queue.log) + 64:
-            # (what left the queue while parked, dropped: the list stays bounded)
-            log = group.queue.log
-            done = group.done
-            keep = [i for i, o in enumerate(parked) if o in log and o not in done]
-            group.parked = parked = [parked[i] for i in keep]
-            seqs = group.parked_seqs
-            group.parked_seqs = [seqs[i] for i in keep]
-        seq = group.parked_next
-        parked.append(offset)
-        group.parked_seqs.append(seq)
-        group.parked_next = seq + 1
-        for member in group.members:
-            if member.parked_seen == seq and self._credit(member):
-                member.parked_seen = seq + 1
 
     def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
         """A message past its own expiry (MQTT 5 message expiry interval, AMQP
