@@ -37,6 +37,16 @@ class Parking(MemoryBudget):
             else self.limits.queue_prefetch)
         return member.outstanding < prefetch and not session.has_queued
 
+    def _room(self, member: Member) -> int:
+        """How many more ``member`` may take now (0: no credit, as ``_credit``)."""
+        if not self._credit(member):
+            return 0
+        session = member.session
+        prefetch = session.queue_prefetch or (
+            min(self.limits.queue_prefetch, session.window) if member.qos
+            else self.limits.queue_prefetch)
+        return prefetch - member.outstanding
+
     def _next_member(self, group: ConsumerGroup, offset: int) -> Member | bool:
         """The next member with credit that takes ``offset`` (round-robin); False
         when no member has credit, True when some have but none selects it."""
@@ -88,9 +98,12 @@ class Parking(MemoryBudget):
 
     def _offer_parked(self, group: ConsumerGroup) -> None:
         """Each member with credit is offered what was parked since it last refused
-        all (``parked[seen:]``, by sequence number); what one selects goes through
-        ``ready`` (or its level) again, the rest stays parked and is not looked at
-        again by members that refused it.  Offsets no longer there are dropped."""
+        all (``parked[seen:]``, by sequence number), as far as it has room: what it
+        selects goes through ``ready`` (or its level) again, the rest stays parked
+        and is not looked at again by members that refused it (a member that
+        selects many parked offsets is offered the next ones as it gains credit,
+        not all of them at every acknowledgement).  Offsets no longer there are
+        dropped."""
         parked = group.parked
         seqs = group.parked_seqs
         last = group.parked_next
@@ -100,10 +113,14 @@ class Parking(MemoryBudget):
         out: set[int] = set()     # (indexes into ``parked``)
         for member in group.members:
             seen = member.parked_seen
-            if seen >= last or not self._credit(member):
+            if seen >= last:
+                continue
+            room = self._room(member)
+            if not room:
                 continue
             selector = member.selector
-            for i in range(bisect_left(seqs, seen), len(parked)):
+            seen = last
+            for i in range(bisect_left(seqs, member.parked_seen), len(parked)):
                 if i in out:
                     continue
                 offset = parked[i]
@@ -119,7 +136,11 @@ class Parking(MemoryBudget):
                 if takes:
                     out.add(i)
                     group.requeue(offset)
-            member.parked_seen = last
+                    room -= 1
+                    if not room:
+                        seen = seqs[i] + 1   # (what follows: when it has room again)
+                        break
+            member.parked_seen = seen
         if out:
             group.parked = [o for i, o in enumerate(parked) if i not in out]
             group.parked_seqs = [q for i, q in enumerate(seqs) if i not in out]

@@ -184,3 +184,25 @@ def test_after_a_restart_only_what_a_level_may_have_handed_out_counts_a_delivery
     assert counts == [(b"high", "2"), (b"low-0", "1"), (b"low-1", "1")]
     group = again.queues.queues["jobs"].groups[next(iter(again.queues.queues["jobs"].groups))]
     assert group.redelivered == 1
+
+
+def test_a_member_selecting_many_parked_messages_is_offered_them_as_it_has_room(
+        monkeypatch: Any) -> None:
+    """400 messages only a busy member selects wait parked (the other member refuses
+    them); as the busy one acknowledges it gets them one by one, in order, each
+    acknowledgement costing a few selector looks, not a walk over all that wait."""
+    broker, _, _ = make(queue_prefetch=1)
+    red, red_link = client(broker, "red")
+    green, _ = client(broker, "green")
+    join(broker, red, "$queue/jobs/#", consumer=Consumer("g", selector=_payload_is(
+        *(b"red-%d" % i for i in range(401)))))
+    join(broker, green, "$queue/jobs/#",
+         consumer=Consumer("g", selector=_payload_is(b"green")))
+    for i in range(401):
+        send(broker, "$queue/jobs/k", b"red-%d" % i)   # (red-0 goes, the rest park)
+    looks = _counting_selects(monkeypatch)
+    for _ in range(50):
+        (_, _, pid, _, _) = red_link.published()[-1]
+        broker.acknowledged(red, pid)
+    assert [p for _, p in got(red_link)] == [b"red-%d" % i for i in range(51)]
+    assert looks[0] <= 4 * 50
