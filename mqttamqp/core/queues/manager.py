@@ -226,9 +226,14 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     # (a priority group's levels each have their own: only what a
                     # level may have handed out counts; a record without them, all)
                     marks = dict(g.levels) if group.levels is not None else {}
-                    group.level_marks = dict(marks)
-                    group.level_safe = dict(marks)
                     top = queue.max_priority
+                    if group.levels is not None and not marks and g.watermark > group.floor:
+                        # (a record from before them: every level may have handed
+                        # out what the watermark covers, now and at the next restart)
+                        group.level_marks = {lv: g.watermark for lv in range(top + 1)}
+                    else:
+                        group.level_marks = dict(marks)
+                    group.level_safe = dict(group.level_marks)
                     for offset in range(group.floor, min(g.watermark, queue.next_offset)):
                         held = queue.log.get(offset)
                         if held is not None and offset not in group.done and (

@@ -6,6 +6,7 @@ within the prefetch."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fakes import MemoryStore
@@ -206,3 +207,29 @@ def test_a_member_selecting_many_parked_messages_is_offered_them_as_it_has_room(
         broker.acknowledged(red, pid)
     assert [p for _, p in got(red_link)] == [b"red-%d" % i for i in range(51)]
     assert looks[0] <= 4 * 50
+
+
+def test_a_group_record_from_before_the_level_watermarks_counts_as_it_did() -> None:
+    """A priority group's record stored without level watermarks (an older broker):
+    every offset below its watermark still counts a delivery, and each level starts
+    from that watermark (so the next restart counts them again too)."""
+    store = MemoryStore()
+    broker, _, _ = make(store, queue_prefetch=1, queue_rules=_rules(9))
+    for i in range(20):
+        _send(broker, b"low-%d" % i, 1)
+    _send(broker, b"high", 9)
+    worker, _ = client(broker, "w")
+    join(broker, worker, "$queue/jobs/#")
+    broker.stop()
+    for queue in store.queues.values():
+        for key, state in list(queue.groups.items()):
+            assert state.levels
+            queue.groups[key] = replace(state, levels=())
+    again, _, _ = make(store, queue_prefetch=2, queue_rules=_rules(9))
+    group = next(iter(again.queues.queues["jobs"].groups.values()))
+    assert set(group.level_marks) == set(range(10))
+    assert set(group.level_marks.values()) == {group.watermark}
+    worker, link = client(again, "w", "mqtt5")
+    join(again, worker, "$queue/jobs/#")
+    counts = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
+    assert counts == [(b"high", "2"), (b"low-0", "2")]
