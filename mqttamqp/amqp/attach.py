@@ -242,13 +242,16 @@ def _queue_topic(host: AttachHost, terminus: Any, address: str) -> str | None:
 
 def _queue_receiver(host: AttachHost, plink: Any, topic: str, address: str,
                     selector: Predicate | None = None) -> Callable[[], BrokerLink] | None:
-    """A receiver of a durable queue, with the consumer its attach properties ask for."""
+    """A receiver of a durable queue, with the consumer its attach properties ask for;
+    a browser (``core.queues.browsing``) if its source asks for distribution-mode
+    ``copy`` (echoed: the source is copied into the answer)."""
+    browse = plink.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
     topic_filter = queue_filter(topic, plain=topic != address)
     consumer: Consumer | str | None = _size_problem(host, topic_filter)
     if consumer is None:
         try:
             consumer = consumer_from_properties(plink.remote_properties, topic_filter,
-                                                selector)
+                                                selector, browse)
         except UnicodeDecodeError:
             consumer = "the attach properties are not valid UTF-8"
     if isinstance(consumer, str):

@@ -34,6 +34,7 @@ from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.core.auth import Identity, PublishLimiter
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import (
@@ -97,6 +98,7 @@ class LinkHost(Protocol):
     publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
     meter: DeliveryMeter     # the core's counters, written the adapters' way
+    clock: Clock
     # The connection's open AMQP transactions by txn-id (``transactions``); None
     # until a coordinator attaches (a transfer's state is not looked at before).
     txns: dict[bytes, Transaction] | None
@@ -264,7 +266,8 @@ class OutgoingLink(BrokerLink):
 
     def on_flow(self) -> None:
         plink = self.plink
-        if plink.drain_mode and plink.credit > 0 and plink.queued == 0 and self.idle():
+        # (proton writes the drained flow after what is queued: no need to wait)
+        if plink.drain_mode and plink.credit > 0 and self.idle():
             plink.drained()
             self.host.schedule_flush()
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mqttamqp.amqp.links import LinkHost, OutgoingLink
+from mqttamqp.amqp.links import LinkHost
 from mqttamqp.amqp.subscribers import TopicSubscription
+from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import (
     CLASSIC,
@@ -33,6 +34,11 @@ from mqttamqp.net.rawproton import link_credit
 __all__ = ["QueueSubscription", "queue_filter", "consumer_from_properties"]
 
 _CONSUMER_KEYS = ("consumer-group", "consumer-mode", "stream-offset")
+# How often a drain that waits for storage (``QueueSubscription._answer_drain``)
+# looks again, and for how long at most (then it is answered with what came), in
+# seconds.
+_DRAIN_RECHECK = 0.005
+_DRAIN_WAIT_MAX = 5.0
 
 
 def queue_filter(topic: str, plain: bool) -> str:
@@ -43,15 +49,16 @@ def queue_filter(topic: str, plain: bool) -> str:
 
 
 def consumer_from_properties(properties: Any, topic_filter: str,
-                             selector: Callable[[Message], bool] | None = None
-                             ) -> Consumer | str:
+                             selector: Callable[[Message], bool] | None = None,
+                             browse: bool = False) -> Consumer | str:
     """The consumer a receiver's attach properties ask for, or why they are refused.
 
     Without ``consumer-group`` every receiver of the queue is one group, named
     after the queue (competing consumers, as a queue is usually read): AMQP has
     no client id to take a group from, and a container id is often random.
     ``selector``: the receiver's (``selection``), the consumer takes only what it
-    matches."""
+    matches.  ``browse`` (distribution-mode ``copy``): a browser, which reads the
+    queue without taking anything (its group and mode do not apply)."""
     values: dict[str, str | None] = dict.fromkeys(_CONSUMER_KEYS)
     if isinstance(properties, dict):
         for key, value in properties.items():
@@ -75,7 +82,8 @@ def consumer_from_properties(properties: Any, topic_filter: str,
         group = address.name
     elif not group or "/" in group or "@" in group:
         return f"consumer-group {group!r}: a group name is not empty and holds no / or @"
-    return Consumer(group, mode, values["stream-offset"], explicit=False, selector=selector)
+    return Consumer(group, mode, values["stream-offset"], explicit=False, selector=selector,
+                    browse=browse)
 
 
 class QueueSubscription(TopicSubscription):
@@ -86,12 +94,14 @@ class QueueSubscription(TopicSubscription):
     credit: a member without credit is skipped in the round-robin, and a flow that
     grants more makes the queue pump again (``Broker.link_drained``)."""
 
-    __slots__ = ("_blocked", "consumer")
+    __slots__ = ("_blocked", "_drain_check", "_drain_since", "consumer")
     queue = True
 
     def __init__(self, host: LinkHost, plink: Any, topic_filter: str,
                  consumer: Consumer) -> None:
         self._blocked = False
+        self._drain_check: DelayedCall | None = None
+        self._drain_since = 0.0   # when the drain being answered began to wait
         super().__init__(host, plink, topic_filter)
         self.consumer = consumer
 
@@ -121,4 +131,32 @@ class QueueSubscription(TopicSubscription):
         # the queue had rather than with nothing.
         if self.session is not None and not self.closed:
             self.broker.link_drained(self.session)
-        OutgoingLink.on_flow(self)
+        if self._drain_check is None and self.plink.drain_mode:
+            self._drain_since = self.host.clock.seconds()
+            self._answer_drain()   # (else the check already waiting answers it)
+
+    def _answer_drain(self) -> None:
+        """A drain (AMQP 1.0 §2.6.7) is answered once the queue has handed this link
+        what it can up to its credit: the credit left is given back (delivery-count
+        advanced, credit 0) in a flow.  What the queue will hand out once storage
+        answers (a new group's dispatch watermark is committed first, bodies are
+        read back) is waited for, rechecked every ``_DRAIN_RECHECK`` seconds: a
+        commit or a read, and never longer than ``_DRAIN_WAIT_MAX``."""
+        self._drain_check = None
+        plink = self.plink
+        if self.closed or not plink.drain_mode or plink.credit <= 0:
+            return
+        session = self.session
+        if session is not None and self.broker.queues.feeding(session):
+            clock = self.host.clock
+            if clock.seconds() - self._drain_since < _DRAIN_WAIT_MAX:
+                self._drain_check = clock.callLater(_DRAIN_RECHECK, self._answer_drain)
+                return
+        plink.drained()
+        self.host.schedule_flush()
+
+    def ended(self, brute: bool, reason: str) -> None:
+        check, self._drain_check = self._drain_check, None
+        if check is not None and check.active():
+            check.cancel()
+        super().ended(brute, reason)

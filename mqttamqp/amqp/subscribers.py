@@ -60,7 +60,8 @@ def _encode_with_props(message: Message, props: MessageProperties, qos: int, ret
     # (an AMQP 0.9.1 publisher's correlation-id, a short string, goes as a string)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
                            retain, count, message.publisher, packet_id, wire, first_acquirer,
-                           correlation_text=message.amqp091 is not None)
+                           correlation_text=message.amqp091 is not None,
+                           priority=message.priority)
 
 
 # A durable queue's metadata (the user properties an MQTT 5 member gets: the seed's
@@ -114,7 +115,8 @@ def _encode_queue_delivery(message: Message, props: MessageProperties, qos: int,
                              annotations)
     return encode_publish5(message.topic, message.payload, qos if packet_id is not None else 0,
                            retain, count, message.publisher, None, wire, first, annotations,
-                           correlation_text=message.amqp091 is not None)
+                           correlation_text=message.amqp091 is not None,
+                           priority=message.priority)
 
 
 _link_serials = itertools.count(1)
@@ -220,14 +222,14 @@ class _SessionLink(OutgoingLink):
                                      first)
             elif packet_id is not None:
                 data = encode_publish(message.topic, message.payload, qos, retain, count,
-                                      message.publisher, packet_id, first)
+                                      message.publisher, packet_id, first, message.priority)
             else:
                 cache = _encode_cache
                 if cache[0] is message and cache[1] == retain:
                     data = cache[2]  # fan-out of one QoS 0 message: encoded once
                 else:
                     data = encode_publish(message.topic, message.payload, 0, retain, count,
-                                          message.publisher, None, first)
+                                          message.publisher, None, first, message.priority)
                     cache[0], cache[1], cache[2] = message, retain, data
         elif self.queue:
             data = _encode_queue_delivery(message, props, qos, retain, packet_id, native,

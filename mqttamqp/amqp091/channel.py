@@ -217,12 +217,12 @@ class Channel:
     def basic_cancel(self, m: Any) -> None:
         member = self.consumers.pop(m.consumer_tag, None)
         if member is not None:
-            self._cancel(member)
+            self._cancel(member, keep_unacked=True)
         if not m.nowait:
             self._send(B.CancelOk(m.consumer_tag))
 
-    def _cancel(self, member: QueueConsumer) -> None:
-        member.cancel()
+    def _cancel(self, member: QueueConsumer, keep_unacked: bool = False) -> None:
+        member.cancel(keep_unacked)
         exclusive = self.connection.factory.exclusive
         if exclusive.get(member.queue) is member:
             del exclusive[member.queue]
@@ -397,13 +397,13 @@ class Channel:
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
         for member, packet_id in taken:
-            member.settled()
-            woken.add(member)
             session = member.session
             if session is not None:
                 broker.settle(session, packet_id, outcome, failed,
                               "rejected by the consumer" if outcome is Outcome.REJECTED
                               else None)
+            member.settled()   # (after: a cancelled consumer may leave with its last)
+            woken.add(member)
         if self.global_prefetch:
             self._wake_all()
         else:
@@ -452,7 +452,7 @@ class Channel:
             self.getter = None
         self.consumers.clear()
         self._answers.clear()
-        self.unacked.clear()
+        _release(self.unacked)
         self.confirms.clear()
 
     def info(self) -> dict[str, Any]:
@@ -460,6 +460,14 @@ class Channel:
                 "unacked": len(self.unacked), "prefetch": self.prefetch,
                 "global_prefetch": self.global_prefetch, "confirming": self.confirming}
 
+
+
+def _release(unacked: OrderedDict[int, tuple[QueueConsumer, int]]) -> None:
+    """The channel ended: its unacknowledged deliveries go back to their queues (a
+    consumer cancelled while it held some leaves its group now)."""
+    for member, _packet_id in unacked.values():
+        member.leave()
+    unacked.clear()
 
 
 def _note_dropped(connection: ChannelHost, names: list[str]) -> None:

@@ -152,20 +152,35 @@ class QueueConsumer:
     # the channel's side --------------------------------------------------------------
 
     def settled(self) -> None:
-        """One of its deliveries was acknowledged, rejected or requeued."""
+        """One of its deliveries was acknowledged, rejected or requeued (after the
+        core heard it: a cancelled consumer leaves with its last one)."""
         self.unacked -= 1
+        if self.closed and self.unacked <= 0:
+            self.leave()
 
     def wake(self) -> None:
         """It may take more (a prefetch freed, the socket drained)."""
         if not self.closed and self.session is not None:
             self.channel.connection.broker.link_drained(self.session)
 
-    def cancel(self) -> None:
-        """The client's ``basic.cancel``, its channel's or connection's end."""
+    def cancel(self, keep_unacked: bool = False) -> None:
+        """The client's ``basic.cancel`` (``keep_unacked``), its channel's or
+        connection's end.  After a ``basic.cancel`` its unacknowledged deliveries
+        stay the channel's, to be acked, nacked or rejected until it closes (as in
+        RabbitMQ): the session stays in the group, handed nothing (``congested``),
+        until the last is settled (``settled``) or the channel ends (``leave``)."""
         if self.closed:
             return
         self.closed = True
+        if not (keep_unacked and self.unacked > 0):
+            self.leave()
+
+    def leave(self) -> None:
+        """Out of the group; what it held unacknowledged goes back to the queue."""
+        if self.session is None:
+            return
         self.session = None
+        self.closed = True
         self.channel.connection.broker.detach_topic_receiver(self.key)
 
     def info(self) -> dict[str, Any]:

@@ -44,8 +44,6 @@ _header = struct.Struct(">BHI")
 _content_header = struct.Struct(">BHIHHQ")   # frame header, class, weight, body size
 _body_start = struct.Struct(">BBHI")         # the end octet before, a body frame's header
 _frame_header = struct.Struct(">BHI")
-_content_header = struct.Struct(">BHIHHQ")   # frame header, class, weight, body size
-_body_start = struct.Struct(">BBHI")         # the end octet before, a body frame's header
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 

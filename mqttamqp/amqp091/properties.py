@@ -15,9 +15,10 @@ reply-to           response_topic (MQTT 5 response topic)
 expiration         expiry_interval: milliseconds rounded up to seconds
 headers            user_properties: string values (others are not carried)
 delivery-mode 2    the message's QoS 1 (persistent); otherwise QoS 0
+priority           ``Message.priority`` (AMQP 1.0 header priority; MQTT: none)
 =================  ==========================================================
 
-The other properties (content-encoding, priority, message-id, timestamp, type,
+The other properties (content-encoding, message-id, timestamp, type,
 user-id, app-id, headers that are not strings) have no MQTT form: they are kept
 between 0.9.1 peers, with the whole property section as the publisher sent it
 and the exchange and routing key it was published with (``Message.amqp091``:
@@ -353,4 +354,5 @@ def from_core(message: Message, now: float, dropped: list[str] | None = None
     return Properties(
         content_type=content_type, headers=headers or None,
         delivery_mode=2 if message.qos else 1, correlation_id=correlation,
-        reply_to=reply_to, expiration=expiration), count, bool(message.dup or count)
+        reply_to=reply_to, expiration=expiration, priority=message.priority), count, bool(
+            message.dup or count)

@@ -75,12 +75,12 @@ def _ulong(value: int) -> bytes:
 
 def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, delivery_count: int,
                    publisher: str | None, message_id: int | None = None,
-                   first_acquirer: bool = False) -> bytes:
-    """AMQP_PUBLISH as the contract lays it out: header (durable, first-acquirer,
-    delivery-count), message-annotations (retain, qos, publisher), properties
-    (``message-id`` = the packet id for QoS 1/2, which AMQP_PUBREL names; ``to``),
-    one Data section."""
-    head = _head(qos, retain, delivery_count, publisher, qos > 0, None, first_acquirer)
+                   first_acquirer: bool = False, priority: int | None = None) -> bytes:
+    """AMQP_PUBLISH as the contract lays it out: header (durable, ``priority`` if the
+    publisher gave one, first-acquirer, delivery-count), message-annotations (retain,
+    qos, publisher), properties (``message-id`` = the packet id for QoS 1/2, which
+    AMQP_PUBREL names; ``to``), one Data section."""
+    head = _head(qos, retain, delivery_count, publisher, qos > 0, priority, first_acquirer)
     properties = ((b"\x40" if message_id is None else _ulong(message_id)) + b"\x40"
                   + amqp_string(topic))
     if len(payload) < 256:
@@ -115,17 +115,17 @@ def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery
                     publisher: str | None, message_id: int | str | None, props: Mqtt5Props,
                     first_acquirer: bool = False,
                     annotations: Annotations = NO_ANNOTATIONS,
-                    correlation_text: bool = False) -> bytes:
+                    correlation_text: bool = False, priority: int | None = None) -> bytes:
     """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
     mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
     payload format annotation, properties reply-to, correlation-id (binary, or
     its UTF-8 as a string with ``correlation_text``: what an AMQP 0.9.1 publisher
     sent) and content-type (a symbol; left out unless ASCII, as symbols are), and
     application-properties (the first value of a repeated key); ``annotations``
-    after the contract's.  Not cached: the slower path, taken only by messages that
-    carry properties."""
+    after the contract's; header.priority if the publisher gave one.  Not cached: the
+    slower path, taken only by messages that carry properties."""
     head = _encode_head(qos, retain, delivery_count, publisher, qos > 0,
-                        _ttl_ms(props.expiry_interval), props.payload_format, None,
+                        _ttl_ms(props.expiry_interval), props.payload_format, priority,
                         first_acquirer, annotations)
     items = [_message_id(message_id), b"\x40", amqp_string(topic), b"\x40",
              b"\x40" if props.response_topic is None else amqp_string(props.response_topic),

@@ -353,29 +353,28 @@ class SessionRegistry:
         if clean:
             ops.extend(self.wills.pop(client_id, "mqtt"))
         else:
-            delay = self._will_delay(session)
+            delay = _will_delay(self.wills, session)
             if delay > 0:
                 self.wills.fire_later(client_id, delay, reason, cause)
             else:
                 fired = self.wills.fire(client_id, reason, "mqtt", cause)
         ops.extend(self.router.member_left(session))
         session.detach()
-        if session.persistent and session.expiry != 0:
+        kept = session.persistent and session.expiry != 0
+        if kept:
             session.last_seen = self.clock.seconds()
-            ops.append(PutSession(client_id, session.last_seen, expiry=session.expiry))
+            ops.append(PutSession(client_id, session.last_seen, session.owner, session.expiry))
             self._arm_expiry(session)
         else:
             ops.extend(self.discard(session))
         self.flow.resume_paused()
-        return all_durable([fired, self.commits.persist(ops)])
-
-    def _will_delay(self, session: Session) -> float:
-        """MQTT 5: seconds to hold the will of ``session``'s client: its will delay
-        interval, but no longer than the session lives (0: at once)."""
-        will = self.wills.wills.get(session.client_id)
-        if will is None or not will.delay or session.expiry is None or will.origin != "mqtt":
-            return 0.0
-        return min(will.delay, session.expiry if session.persistent else 0.0)
+        durable = self.commits.persist(ops)
+        if kept:
+            # Unsettled until that commit holds it (a DISCONNECT's new expiry, a
+            # takeover's DeleteWill): a resume before then, or after it failed,
+            # stores the record again and its CONNACK waits for that commit.
+            self._settle_on(session, durable)
+        return all_durable([fired, durable])
 
     # MQTT 5 session expiry intervals: one timer per offline session that has one
     # (--session-expiry's loop keeps the sessions of 3.1.1 clients).  Arming always
@@ -468,3 +467,12 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
+
+
+def _will_delay(wills: Wills, session: Session) -> float:
+    """MQTT 5: seconds to hold the will of ``session``'s client: its will delay
+    interval, but no longer than the session lives (0: at once)."""
+    will = wills.wills.get(session.client_id)
+    if will is None or not will.delay or session.expiry is None or will.origin != "mqtt":
+        return 0.0
+    return min(will.delay, session.expiry if session.persistent else 0.0)

@@ -170,7 +170,8 @@ class Consumer:
     claims last until it leaves (an AMQP 0.9.1 consumer keeps its unacknowledged
     deliveries with its channel, as RabbitMQ): no visibility timeout, no takeover.
     ``selector``: it takes only the messages this is true of (an AMQP 1.0 receiver's
-    selector); the others stay for other members."""
+    selector); the others stay for other members.  ``browse``: not a member but a
+    browser (``browsing``): it reads the queue without taking anything."""
 
     group: str | None = None
     mode: str | None = None
@@ -178,6 +179,7 @@ class Consumer:
     explicit: bool | None = None
     held: bool = False
     selector: Callable[[Message], bool] | None = None
+    browse: bool = False
 
 
 def routing_key(queue: str, topic: str) -> str:

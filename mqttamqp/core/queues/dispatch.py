@@ -84,6 +84,7 @@ class Dispatch(Parking):
                 else:
                     ops.append(PutQueueGroup(queue.name, group.key, group.record()))
             if group.mode == CLASSIC and offset >= group.safe:
+                group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
             member = self._next_member(group, offset)
@@ -103,6 +104,7 @@ class Dispatch(Parking):
                         ops.append(PutQueueGroup(queue.name, group.key, group.record()))
                 if offset >= group.level_safe.get(level, 0):
                     group._rr = rr   # (its turn again once the mark is durable)
+                    group.held_back = True
                     break
             self._take(group, offset)
             if member is True:
@@ -151,6 +153,7 @@ class Dispatch(Parking):
         for level, level_mark in (marks or {}).items():
             if group.level_marks.get(level) == level_mark:
                 group.level_marks[level] = group.level_safe.get(level, 0)
+        group.held_back = False
         return failure
 
     def _stored(self, result: object, group: ConsumerGroup, mark: int | None,
@@ -169,6 +172,7 @@ class Dispatch(Parking):
                     safe[level] = level_mark
                     moved = True
         if moved:
+            group.held_back = False
             self._pump(group)
         return result
 

@@ -245,6 +245,15 @@ class Membership(Acknowledgements):
         for group, _member in list(self._memberships.get(session, ())):
             self._pump(group)
 
+    def feeding(self, session: Session) -> bool:
+        """A group of ``session``'s has messages it will hand out once storage
+        answers (the dispatch watermark's commit, bodies read back): an AMQP drain
+        waits for them before it says there is nothing more."""
+        for group, _member in self._memberships.get(session, ()):
+            if group.held_back or group.queue.reading:
+                return True
+        return False
+
     def session_online(self, session: Session) -> None:
         """``session`` is online: a persistent one that was a member before a restart
         takes up its memberships (stored with the group), then it is fed."""

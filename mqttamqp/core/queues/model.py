@@ -346,6 +346,10 @@ class ConsumerGroup:
         # counts a delivery, not every lower level's message below ``watermark``.
         self.level_marks: dict[int, int] = {}
         self.level_safe: dict[int, int] = {}
+        # A pump stopped at ``safe`` (or its level's) with something to hand out: it
+        # goes on when the watermark's commit is done (``Dispatch._stored``); a
+        # drain waits.
+        self.held_back = False
         self.cursor_saved = queue.first       # stream: the stored cursor
         self.cursor_saved_at = 0.0
         self.redelivered = 0

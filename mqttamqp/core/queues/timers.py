@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mqttamqp.core.persistence import Op, PutQueueGroup
 from mqttamqp.core.queues.addresses import STREAM
-from mqttamqp.core.queues.membership import Membership
+from mqttamqp.core.queues.browsing import Browsing
 from mqttamqp.core.queues.model import ConsumerGroup
 
 __all__ = ["QueueTimers"]
@@ -16,7 +16,7 @@ __all__ = ["QueueTimers"]
 _CURSOR_EVERY = 5.0
 
 
-class QueueTimers(Membership):
+class QueueTimers(Browsing):
     """Runs the once-a-second work that waits on time, while there is any."""
 
     def _arm(self) -> None:

@@ -397,3 +397,22 @@ def test_rhea_receiver_with_a_selector(rhea, kind: str) -> None:
     if kind == "topic":
         rhea("send.js", "--address", address, "--messages", json.dumps(specs)).finish()
     assert [text_of(m["body"]) for m in messages(r)] == ["green 2", "green 3"]
+
+
+def test_rhea_drain_on_a_queue_then_a_browser(rhea) -> None:
+    """rhea's ``drain_credit`` on a queue receiver attached with 5 credits: the queue's
+    3 messages, then the drained flow.  A browser (distribution-mode copy, echoed)
+    drained the same way first reads them and leaves them there."""
+    address = f"$queue/{uid('q')}"
+    specs = [{"body": string(f"m{n}")} for n in range(3)]
+    rhea("send.js", "--address", address, "--messages", json.dumps(specs)).finish()
+    browser = rhea("receive.js", "--address", address, "--count", "5", "--drain", "--copy")
+    assert browser.wait_for("receiver_open")["distribution_mode"] == "copy"
+    assert browser.wait_for("drained")["received"] == 3
+    browser.finish()
+    assert [text_of(e["message"]["body"]) for e in browser.of("message")] == ["m0", "m1", "m2"]
+    consumer = rhea("receive.js", "--address", address, "--count", "5", "--drain")
+    assert consumer.wait_for("drained")["received"] == 3
+    consumer.finish()
+    assert [text_of(e["message"]["body"]) for e in consumer.of("message")] == [
+        "m0", "m1", "m2"]

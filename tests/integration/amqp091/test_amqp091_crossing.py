@@ -182,3 +182,50 @@ def test_amqp10_and_amqp091_cross_through_amq_topic(
         assert bytes(got.body) == b"from 0.9.1"
     finally:
         conn.close()
+
+
+def test_priority_crosses_between_amqp10_and_amqp091(
+        amqp091: Target, channel: BlockingChannel) -> None:
+    """A message's priority crosses both ways through a queue and through amq.topic:
+    a 0.9.1 publish's priority is an AMQP 1.0 receiver's header priority (with other
+    properties or without), an AMQP 1.0 sender's header priority a 0.9.1 consumer's
+    basic property; a message without one gets none (AMQP 1.0: the default 4)."""
+    amqp091.require("amqp10")
+    name, level = uname("p10"), uname("pt10")
+    channel.queue_declare(name, durable=True)
+    q = channel.queue_declare("", exclusive=True).method.queue
+    channel.queue_bind(q, "amq.topic", f"{level}.*")
+    conn = ProtonConnection(f"127.0.0.1:{amqp091.amqp10_port}", timeout=TIMEOUT)
+    try:
+        snd = conn.create_sender(amqp091.amqp10_queue_address(name))
+        snd.send(Message(body=b"p6", inferred=True, durable=True, priority=6))
+        _method, props, body = next_delivery(channel, name)
+        assert (body, props.priority) == (b"p6", 6)
+        snd.send(Message(body=b"none", inferred=True, durable=True))
+        _method, props, body = next_delivery(channel, name)
+        assert (body, props.priority) == (b"none", None)
+        tsnd = conn.create_sender(amqp091.amqp10_topic_address(f"{level}/x"))
+        tsnd.send(Message(body=b"t2", inferred=True, durable=True, priority=2))
+        _method, props, body = next_delivery(channel, q)
+        assert (body, props.priority) == (b"t2", 2)
+
+        rcv = conn.create_receiver(amqp091.amqp10_queue_address(name))
+        channel.basic_publish("", name, b"q7", pika.BasicProperties(delivery_mode=2,
+                                                                     priority=7))
+        channel.basic_publish("", name, b"q8", pika.BasicProperties(
+            delivery_mode=2, priority=8, content_type="text/plain"))
+        channel.basic_publish("", name, b"q-", pika.BasicProperties(delivery_mode=2))
+        got = []
+        for _ in range(3):
+            msg = rcv.receive(timeout=TIMEOUT)
+            rcv.accept()
+            got.append((bytes(msg.body), msg.priority))
+        assert got == [(b"q7", 7), (b"q8", 8), (b"q-", 4)]
+
+        trcv = conn.create_receiver(amqp091.amqp10_topic_address(f"{level}/+"))
+        channel.basic_publish("amq.topic", f"{level}.y", b"t9",
+                              pika.BasicProperties(delivery_mode=1, priority=9))
+        msg = trcv.receive(timeout=TIMEOUT)      # (QoS 0: sent settled)
+        assert (bytes(msg.body), msg.priority) == (b"t9", 9)
+    finally:
+        conn.close()

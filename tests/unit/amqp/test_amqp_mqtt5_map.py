@@ -266,3 +266,20 @@ def test_an_amqp091_correlation_id_reaches_amqp_receivers_as_a_string() -> None:
                                correlation_text=text)
         got = decode_message(data).correlation_id
         assert got == expected and type(got) is type(expected)
+
+
+def test_a_priority_goes_in_the_header_and_none_leaves_it_out() -> None:
+    """A publisher's priority (a 0.9.1 basic property) is header.priority of the
+    AMQP_PUBLISH, with MQTT 5 properties or without; without one the header has
+    none (proton reads the default 4)."""
+    from mqttamqp.amqp.codec.contract import Mqtt5Props
+    from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
+
+    wire = Mqtt5Props(None, None, "text/plain", None, None, ())
+    for priority, expected in ((7, 7), (None, 4)):
+        plain = Message()
+        plain.decode(encode_publish("t", b"x", 1, False, 0, None, 5, False, priority))
+        rich = Message()
+        rich.decode(encode_publish5("t", b"x", 1, False, 0, None, 5, wire,
+                                    priority=priority))
+        assert (plain.priority, rich.priority) == (expected, expected)

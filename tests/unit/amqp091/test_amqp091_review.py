@@ -523,3 +523,14 @@ def test_a_confirm_waits_for_the_commit() -> None:
     clock.advance(1)
     acks = [f for f in frames_of(t) if f.name == "Basic.Ack"]
     assert [a.delivery_tag for a in acks] == [1]
+
+
+def test_a_priority_reaches_a_091_consumer_as_its_basic_property() -> None:
+    """A message's priority (AMQP 1.0 header priority) is a 0.9.1 consumer's basic
+    property priority; a message without one has none."""
+    from mqttamqp.amqp091.properties import from_core
+
+    for priority in (6, None):
+        message = Message("q/t", b"x", 1, False, None, 0.0, priority=priority)
+        props, _count, _again = from_core(message, 0.0)
+        assert props.priority == priority

@@ -8,7 +8,7 @@ from core_broker import FakeLink, make_broker, will
 from fakes import FailingStore, ManualStore, SnapshotStore
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.persistence import PutSession, PutWill, SessionRecord, Snapshot
+from mqttamqp.core.persistence import DeleteWill, PutSession, PutWill, SessionRecord, Snapshot
 
 
 def stored(client_id: str = "p", owner: str | None = None,
@@ -62,9 +62,12 @@ def test_a_failed_creation_is_stored_again_by_the_resume() -> None:
     store = FailingStore()
     broker, clock, _ = make_broker(store)
     store.failing = True
-    first = broker.open_session(FakeLink("a"), "p", False, None)
+    link = FakeLink("a")
+    first = broker.open_session(link, "p", False, None)
     assert first.durable is not None
     first.durable.addErrback(lambda _: None)
+    broker.activate(first.session, link, "mqtt3.1.1")
+    broker.end_session(link, first.session, clean=True, reason="bye")   # (fails too)
     store.failing = False
     again = broker.open_session(FakeLink("b"), "p", False, None)
     assert again.present is True and again.durable is not None
@@ -99,3 +102,56 @@ def test_a_resume_with_a_will_still_waits_for_the_will_to_be_stored() -> None:
     opened = broker.open_session(FakeLink("p"), "p", False, w, Identity("p"))
     assert opened.durable is not None
     assert [type(op) for op in store.submitted] == [PutWill]
+
+
+def test_an_expiry_a_disconnect_changed_whose_commit_failed_is_stored_by_the_resume() -> None:
+    """MQTT 5: DISCONNECT changes the expiry 60 -> 3600 and that commit fails; the
+    client resumes with 3600: the record is stored again (the store kept 60 for good,
+    and a restart would have expired the session after 60 s)."""
+    store = FailingStore()
+    broker, _, _ = make_broker(store)
+    link = FakeLink("a")
+    first = broker.open_session(link, "p", False, None, Identity("p"), 60.0)
+    broker.activate(first.session, link, "mqtt5")
+    store.failing = True
+    broker.end_session(link, first.session, clean=True, reason="bye", expiry=3600.0)
+    store.failing = False
+    before = len(store.submitted)
+    again = broker.open_session(FakeLink("b"), "p", False, None, Identity("p"), 3600.0)
+    assert again.present and again.durable is not None
+    assert any(isinstance(op, PutSession) and op.expiry == 3600.0
+               for op in store.submitted[before:])
+
+
+def test_connack_after_a_disconnect_waits_for_its_new_expiry_to_be_durable() -> None:
+    """MQTT 5: a resume while the DISCONNECT's new expiry is still being committed
+    answers once a commit after it is durable, not at once."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    link = FakeLink("a")
+    first = broker.open_session(link, "p", False, None, Identity("p"), 60.0)
+    store.commit_all()
+    broker.activate(first.session, link, "mqtt5")
+    broker.end_session(link, first.session, clean=True, reason="bye", expiry=3600.0)
+    assert store.pending
+    again = broker.open_session(FakeLink("b"), "p", False, None, Identity("p"), 3600.0)
+    assert again.present and again.durable is not None and not again.durable.called
+    store.commit_all()
+    assert again.durable.called
+
+
+def test_a_takeover_resume_waits_for_the_old_wills_deletion() -> None:
+    """A client resumes while its old connection (with a will) is live: CONNACK waits
+    for the commit that deletes the old will (kill -9 before it would publish a will
+    the live connection no longer had)."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store)
+    link = FakeLink("a")
+    first = broker.open_session(link, "p", False, will("p"), Identity("p"))
+    store.commit_all()
+    broker.activate(first.session, link, "mqtt3.1.1")
+    again = broker.open_session(FakeLink("b"), "p", False, None, Identity("p"))
+    assert any(DeleteWill("p") in ops for ops, _ in store.pending)
+    assert again.present and again.durable is not None and not again.durable.called
+    store.commit_all()
+    assert again.durable.called
