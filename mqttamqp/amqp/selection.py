@@ -23,6 +23,7 @@ from typing import Any
 from mqttamqp.amqp.codec.native import native_header
 from mqttamqp.amqp.codec.values import DecodeError, Described, Symbol, ValueDecoder
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues.priority import DEFAULT_PRIORITY
 from mqttamqp.core.selectors import (
     MAX_SELECTOR_LENGTH,
     Selector,
@@ -112,7 +113,12 @@ def _mqtt_fields(message: Message) -> dict[str, Any]:
             fields.setdefault(name, value)
         if props.correlation_data is not None:
             fields["JMSCorrelationID"] = props.correlation_data.decode("utf-8", "replace")
-    fields["JMSPriority"] = 4 if message.priority is None else message.priority
+    # (the level a priority queue ranks it at: ``level_of``'s default, 0 for an
+    # AMQP 0.9.1 message without one, as RabbitMQ, 4 otherwise)
+    priority = message.priority
+    if priority is None:
+        priority = 0 if message.amqp091 is not None else DEFAULT_PRIORITY
+    fields["JMSPriority"] = priority
     fields["JMSDeliveryMode"] = "PERSISTENT" if message.qos else "NON_PERSISTENT"
     fields["JMSTimestamp"] = int(message.timestamp * 1000)
     return fields

@@ -211,7 +211,11 @@ class QueueGroupRecord:
     Classic: offsets below ``floor`` are done, ``done`` those done above it (filled
     by ``load()``; a store takes the highest floor it was given or derived),
     ``counts`` deliveries made (only counts above 1), ``watermark`` an offset at or
-    above every dispatched one.  Stream: ``cursor``, the next offset to read.
+    above every dispatched one; a priority queue's group also ``levels``, (level,
+    offset) pairs each at or above every offset of that level dispatched (a level
+    hands out in offset order: below its mark, every offset of it may have gone
+    out, above none; () for a group without levels or a record from before them).
+    Stream: ``cursor``, the next offset to read.
     ``members``: client id -> granted QoS | 4 if it acknowledges explicitly, for
     persistent sessions (they are members again when they come back)."""
 
@@ -224,6 +228,7 @@ class QueueGroupRecord:
     counts: tuple[tuple[int, int], ...] = ()
     members: tuple[tuple[str, int], ...] = ()
     cursor: int = 0
+    levels: tuple[tuple[int, int], ...] = ()
 
 
 @record

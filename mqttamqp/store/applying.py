@@ -291,6 +291,11 @@ def _put_queue_group(t: Trees, op: PutQueueGroup) -> None:
             counts[offset] = max(count, counts.get(offset, 0))
         record = (*record[:4], max(record[4], old[4]), record[5],
                   tuple(sorted(counts.items())), *record[7:])
+        if len(old) > 9 and len(record) > 9:   # (so do a priority group's per level)
+            marks = dict(old[9])
+            for level, mark in record[9]:
+                marks[level] = max(mark, marks.get(level, 0))
+            record = (*record[:9], tuple(sorted(marks.items())))
     done = _done_set(queue, op.group)
     done.update(int(o) for o in op.state.done)
     record = advance_floor(record, done, record[3] if old is None else max(record[3], old[3]))

@@ -37,12 +37,18 @@ Root layout (``SCHEMA_VERSION`` 1)::
     message record: (topic, payload, qos, retain, publisher, timestamp, dup)
                     + (native, amqp_only) for a retained message from an AMQP sender
                     + (MQTT 5 properties or None) + (AMQP 0.9.1 basic properties)
+                    + (the publisher's priority: 12 fields, only when it gave one
+                    and the record is a durable queue's or retained; a record
+                    without it takes it from its native header or 0.9.1
+                    properties, as it was stored before the twelfth field)
     will record:    (owner, topic, payload, qos, retain, origin, created)
     queued record:  (message record, qos, state, packet_id, subscription ids)
                     (4 fields: stored before the MQTT 5 identifiers were kept)
     ban record:     (kind, value, until or None, reason, created, by)
     group record:   (name, filter, mode, floor, watermark, done, counts, members, cursor)
                     (tuples of ints / (int, int) / (str, int) pairs)
+                    + (levels: (level, watermark) pairs) for a priority queue's group
+                    that has dispatched (9 fields otherwise, and before them)
     exchange record: (name, kind, auto_delete, internal, arguments)
     binding key:    (source, destination, to_exchange, routing_key, repr(arguments))
     binding record: (source, destination, to_exchange, routing_key, arguments)
@@ -167,9 +173,11 @@ class PersistentSession(Persistent):  # type: ignore[misc]
 class PersistentQueue(Persistent):  # type: ignore[misc]
     """A durable queue (``mqttamqp.core.queues.manager``): pickled, so its module path and
     name are part of the file format.  ``retention`` (max age, max bytes, max
-    messages), ``head`` (every offset below it was deleted), ``log`` QueueTree
-    offset -> message record, ``groups`` OOBTree group id -> group record, ``done``
-    OOBTree group id -> LLTreeSet of the offsets done above that group's floor."""
+    messages, and a fourth, max priority, only for a queue with levels: three
+    fields were stored before priorities and still read), ``head`` (every offset
+    below it was deleted), ``log`` QueueTree offset -> message record, ``groups``
+    OOBTree group id -> group record, ``done`` OOBTree group id -> LLTreeSet of the
+    offsets done above that group's floor."""
 
     name: str
     retention: Any = None
@@ -231,19 +239,23 @@ def message_to_record(m: Message, native: bool = True) -> MessageRecord:
         None if m.publisher is None else str(m.publisher), float(m.timestamp), bool(m.dup),
     )
     keep_native = native and m.native is not None
+    # (a session's queued record, ``native`` False, keeps no priority: only a
+    # durable queue's order needs it, and persistent MQTT sessions' records stay
+    # 7 fields)
+    priority = m.priority if native else None
     if (not keep_native and m.props is None and m.amqp091 is None
-            and m.priority is None):
+            and priority is None):
         return record
     # A message from an AMQP sender also keeps its AMQP form (a retained message is
     # sent to AMQP receivers as it was sent, after a restart too).
     record = (*record, _bytes(m.native) if keep_native and m.native is not None else None,
               bool(m.amqp_only) if keep_native else False)
     props = None if m.props is None else _props_to_record(m.props)
-    if m.priority is not None:
+    if priority is not None:
         # The publisher's priority: a twelfth field (a priority queue's order is
         # rebuilt from it at a restart).
         return (*record, props, None if m.amqp091 is None else _bytes(m.amqp091),
-                int(m.priority))
+                int(priority))
     if m.amqp091 is None:
         if props is None:
             return record
@@ -260,16 +272,51 @@ def record_to_message(r: Any) -> Message:
     if len(r) == 9:
         topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only = r
         return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
-                       amqp_only)
+                       amqp_only, priority=_stored_priority(native, None))
     if len(r) == 10:
         topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props = r
         return Message(topic, payload, qos, retain, publisher, timestamp, dup, native,
-                       amqp_only, _record_to_props(props))
+                       amqp_only, _record_to_props(props),
+                       priority=_stored_priority(native, None))
     (topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only, props,
      amqp091) = r[:11]
     return Message(topic, payload, qos, retain, publisher, timestamp, dup, native, amqp_only,
                    None if props is None else _record_to_props(props), amqp091,
-                   r[11] if len(r) > 11 else None)
+                   r[11] if len(r) > 11 else _stored_priority(native, amqp091))
+
+
+# AMQP 0.9.1 basic properties' flags before priority, and priority's own.
+_CONTENT_TYPE, _CONTENT_ENCODING, _HEADERS, _DELIVERY_MODE, _PRIORITY = (
+    0x8000, 0x4000, 0x2000, 0x1000, 0x0800)
+
+
+def _stored_priority(native: bytes | None, amqp091: bytes | None) -> int | None:
+    """The publisher's priority of a record stored without the twelfth field: the
+    AMQP 1.0 header's as kept in the native form's first bytes (flag 2 or 3, then
+    the priority), or the 0.9.1 basic property ``priority`` in the property
+    section as sent (after the exchange and routing key of ``Message.amqp091``).
+    None when neither says (or cannot be read: a record is never refused for it)."""
+    try:
+        if native and native[0] & 2:
+            return int(native[1])
+        if amqp091:
+            at = 1 + amqp091[0]               # (the exchange)
+            at += 1 + amqp091[at]             # (the routing key)
+            flags = int.from_bytes(amqp091[at:at + 2], "big")
+            if not flags & _PRIORITY:
+                return None
+            at += 2
+            for bit in (_CONTENT_TYPE, _CONTENT_ENCODING):
+                if flags & bit:
+                    at += 1 + amqp091[at]
+            if flags & _HEADERS:
+                at += 4 + int.from_bytes(amqp091[at:at + 4], "big")
+            if flags & _DELIVERY_MODE:
+                at += 1
+            return int(amqp091[at])
+    except IndexError:
+        return None
+    return None
 
 
 def will_to_record(w: WillMessage) -> WillRecord:
@@ -343,15 +390,17 @@ def session_to_record(s: PersistentSession) -> SessionRecord:
 def group_to_record(g: QueueGroupRecord) -> tuple[Any, ...]:
     return (str(g.name), str(g.filter), str(g.mode), int(g.floor), int(g.watermark),
             tuple(int(o) for o in g.done), tuple((int(o), int(c)) for o, c in g.counts),
-            tuple((str(c), int(q)) for c, q in g.members), int(g.cursor))
+            tuple((str(c), int(q)) for c, q in g.members), int(g.cursor),
+            *((tuple((int(lv), int(m)) for lv, m in g.levels),) if g.levels else ()))
 
 
 def record_to_group(r: Any, done: Any = ()) -> QueueGroupRecord:
-    name, topic_filter, mode, floor, watermark, _, counts, members, cursor = r
+    name, topic_filter, mode, floor, watermark, _, counts, members, cursor = r[:9]
     return QueueGroupRecord(name, topic_filter, mode, floor, watermark,
                             tuple(int(o) for o in done),
                             tuple((o, c) for o, c in counts),
-                            tuple((m, q) for m, q in members), cursor)
+                            tuple((m, q) for m, q in members), cursor,
+                            tuple((lv, m) for lv, m in r[9]) if len(r) > 9 else ())
 
 
 def queue_to_record(q: PersistentQueue, body_budget: int | None = None,

@@ -231,8 +231,12 @@ class MemoryStore(NullStore):
                     counts = dict(old.counts)
                     for o, c in state.counts:
                         counts[o] = max(c, counts.get(o, 0))
+                    marks = dict(old.levels)
+                    for lv, m in state.levels:
+                        marks[lv] = max(m, marks.get(lv, 0))
                     state = replace(state, watermark=max(state.watermark, old.watermark),
-                                    counts=tuple(sorted(counts.items())))
+                                    counts=tuple(sorted(counts.items())),
+                                    levels=tuple(sorted(marks.items())))
                 q.groups[op.group] = _advanced(state, done, floor)
             elif isinstance(op, p.QueueDone):
                 q = self._queue(op.queue)

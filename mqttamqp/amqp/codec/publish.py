@@ -43,7 +43,7 @@ class PublishFields(NamedTuple):
     bare_start: int     # see ``InboundMessage``
     props_end: int
     props: Mqtt5Props | None   # what MQTT 5 subscribers get as PUBLISH properties
-    priority: int | None = None   # header.priority as sent (None: not given)
+    priority: int | None = None   # header.priority as sent (None: not given, or 4)
 
 
 # Sections before the one Data section, by their exact bytes → (to, QoS annotation

@@ -58,7 +58,7 @@ class InboundMessage:
     ttl: int | None = None         # header.ttl, milliseconds
     content_type: str | None = None
     app_properties: dict[Any, Any] | None = None
-    priority: int | None = None    # header.priority (None: not given, which means 4)
+    priority: int | None = None    # header.priority (None: not given, or the default 4)
 
     def copy(self) -> InboundMessage:
         """A copy that shares the (read-only) annotations and value."""
@@ -183,7 +183,9 @@ def _decode_sections(data: bytes, pos: int, msg: InboundMessage, snapshot_at: in
                 if (not isinstance(priority, int) or isinstance(priority, bool)
                         or not 0 <= priority <= 255):
                     raise DecodeError("header.priority is not a ubyte")
-                msg.priority = priority
+                # (4 is the default: as if not given, as ``native_flag`` keeps it,
+                # so that a message saying so costs a priority queue nothing more)
+                msg.priority = None if priority == 4 else priority
             ttl = _field(value, 2)
             if ttl is not None:
                 if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:

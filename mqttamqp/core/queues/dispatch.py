@@ -3,7 +3,8 @@
 Round-robin over the members with credit (prefetch, the session's window, an
 uncongested link); classic groups claim what they hand out (``Pending``) and store
 a dispatch watermark ahead of the deliveries, so that a delivery goes out only
-below a watermark already durable; stream groups read by cursor.  Deliveries go
+below a watermark already durable (a priority queue's group also one per level:
+``ConsumerGroup.level_marks``); stream groups read by cursor.  Deliveries go
 through ``Session.deliver`` with a receipt (``Pending``, or ``StreamRead`` for a
 stream: the session's ``DeliveryReceipt``), through which the transport's
 acknowledgement comes back (``transport_ack``, ``after_stream_ack``).
@@ -15,16 +16,17 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 
 from twisted.python.failure import Failure
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
-from mqttamqp.core.queues.memory import READ_MESSAGES, MemoryBudget
+from mqttamqp.core.queues.memory import READ_MESSAGES
 from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
+from mqttamqp.core.queues.parking import Parking
+from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.entries import OutEntry
 
 __all__ = ["Dispatch"]
@@ -37,61 +39,12 @@ __all__ = ["Dispatch"]
 _WATERMARK_STEP = 4096
 
 
-class Dispatch(MemoryBudget):
+class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
 
     def _pump_queue(self, queue: QueueLog) -> None:
         for group in list(queue.groups.values()):
             self._pump(group)
-
-    def _credit(self, member: Member) -> bool:
-        session = member.session
-        link = session.link
-        if link is None or link.congested or session is self._leaving:
-            return False
-        prefetch = session.queue_prefetch or (
-            min(self.limits.queue_prefetch, session.window) if member.qos
-            else self.limits.queue_prefetch)
-        return member.outstanding < prefetch and not session.has_queued
-
-    def _next_member(self, group: ConsumerGroup, offset: int) -> Member | bool:
-        """The next member with credit that takes ``offset`` (round-robin); False
-        when no member has credit, True when some have but none selects it."""
-        members = group.members
-        n = len(members)
-        credited = False
-        for i in range(n):
-            member = members[(group._rr + i) % n]
-            if self._credit(member):
-                selector = member.selector
-                if selector is not None and not self._selects(member, selector, group,
-                                                              offset):
-                    credited = True
-                    continue
-                group._rr = (group._rr + i + 1) % n
-                return member
-        return credited
-
-    @staticmethod
-    def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
-                 offset: int) -> bool:
-        """Does ``member``'s selector take ``offset``?  A refusal is remembered (the
-        message and the selector never change): a message parked for others is
-        tested once per member, not at every pump."""
-        skipped = member.skipped
-        if offset in skipped:
-            return False
-        if selector(group.queue.log[offset]):
-            return True
-        if len(skipped) >= 2 * len(group.parked) + 64:
-            # (forget what is no longer parked: acknowledged by others, or gone)
-            parked = set(group.parked)
-            parked.update(group.ready)
-            if group.levels is not None:
-                parked.update(group.levels)
-            skipped.intersection_update(parked)
-        skipped.add(offset)
-        return False
 
     def _pump(self, group: ConsumerGroup) -> None:
         """Hand out what the group may have, round-robin over members with credit."""
@@ -102,18 +55,22 @@ class Dispatch(MemoryBudget):
             return   # (nothing to hand out: most acknowledgements end here)
         ops: list[Op] = []
         mark = None
+        marked = False    # (a level's watermark is to be stored)
         again = False
         evicted = queue.evicted
+        levels = group.levels
         if group.parked and self._parked_unseen(group):
-            self._unpark(group)
+            self._offer_parked(group)
         while True:
             offset = self._next_offset(group, ops)
             if offset is None:
                 break
             if evicted and offset in evicted:
-                # (its body is in storage: read back, then this pump again)
-                self._read_back(queue, offset, None if group.levels is None
-                                else group.levels.first(READ_MESSAGES))
+                # (its body is in storage: read back, then this pump again; nothing
+                # to work out while a read is under way)
+                if not queue.reading:
+                    self._read_back(queue, offset, None if group.levels is None
+                                    else group.levels.first(READ_MESSAGES))
                 break
             props = queue.log[offset].props
             if (props is not None and props.expiry_interval is not None
@@ -129,9 +86,26 @@ class Dispatch(MemoryBudget):
             if group.mode == CLASSIC and offset >= group.safe:
                 group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
+            rr = group._rr
             member = self._next_member(group, offset)
             if member is False:
                 break
+            if levels is not None and member is not True:
+                # (and its level's, once a member takes it: a lower level's offsets
+                # below the group's watermark must not count a delivery after a
+                # restart)
+                level = level_of(queue.log[offset], levels.top)
+                if offset >= group.level_marks.get(level, 0) - _WATERMARK_STEP // 2:
+                    group.level_marks[level] = offset + _WATERMARK_STEP
+                    if queue.transient:
+                        group.level_safe[level] = offset + _WATERMARK_STEP
+                    else:
+                        marked = True
+                        ops.append(PutQueueGroup(queue.name, group.key, group.record()))
+                if offset >= group.level_safe.get(level, 0):
+                    group._rr = rr   # (its turn again once the mark is durable)
+                    group.held_back = True
+                    break
             self._take(group, offset)
             if member is True:
                 # Members with credit, none whose selector takes it: it stays in the
@@ -142,51 +116,16 @@ class Dispatch(MemoryBudget):
             again = self._deliver(group, member, offset, queue.log[offset], ops) or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
-        if mark is not None:
+        if mark is not None or marked:
             d = self._commit(ops)
             if d is not None:
-                d.addCallbacks(self._stored, self._not_stored, callbackArgs=(group, mark),
-                               errbackArgs=(group, mark))
+                marks = dict(group.level_marks) if marked else None
+                d.addCallbacks(self._stored, self._not_stored,
+                               callbackArgs=(group, mark, marks),
+                               errbackArgs=(group, mark, marks))
                 self.commits.watch(d, "recording a queue's dispatch watermark")
         elif ops or self._unsaved:
             self._commit(ops, "recording a queue delivery")
-
-    def _parked_unseen(self, group: ConsumerGroup) -> bool:
-        """A member with credit has not refused every parked offset (it joined since,
-        or had no credit when some were parked): they are offered again.  Not
-        otherwise: a walk over every parked offset at each hand-out made 4,000 of
-        them cost seconds."""
-        gen = group.parked_gen
-        for member in group.members:
-            if member.parked_seen != gen and self._credit(member):
-                return True
-        return False
-
-    def _unpark(self, group: ConsumerGroup) -> None:
-        """Every parked offset goes through ``ready`` (or its level) again; nothing
-        is parked now, so every member has refused all that is."""
-        parked, group.parked = group.parked, []
-        for back in parked:
-            group.requeue(back)
-        group.parked_gen = gen = group.parked_gen + 1
-        for member in group.members:
-            member.parked_seen = gen
-
-    def _park(self, group: ConsumerGroup, offset: int) -> None:
-        """Every member with credit refused ``offset``: it waits parked; those
-        members, if they had refused all parked before, still have."""
-        parked = group.parked
-        if len(parked) >= 2 * len(group.queue.log) + 64:
-            # (what left the queue while parked, dropped: the list stays bounded)
-            log = group.queue.log
-            done = group.done
-            parked[:] = [o for o in parked if o in log and o not in done]
-        parked.append(offset)
-        gen = group.parked_gen
-        group.parked_gen = gen + 1
-        for member in group.members:
-            if member.parked_seen == gen and self._credit(member):
-                member.parked_seen = gen + 1
 
     def _expire(self, queue: QueueLog, offset: int, ops: list[Op]) -> bool:
         """A message past its own expiry (MQTT 5 message expiry interval, AMQP
@@ -205,19 +144,34 @@ class Dispatch(MemoryBudget):
         self.stats.expired += 1
         return True
 
-    def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int) -> Failure:
+    def _not_stored(self, failure: Failure, group: ConsumerGroup, mark: int | None,
+                    marks: dict[int, int] | None) -> Failure:
         """The commit failed: the next pump stores the watermark again (or the
-        group would wait for ``mark`` for ever)."""
-        if group.watermark == mark:
+        group would wait for ``mark`` for ever); so for the levels' ``marks``."""
+        if mark is not None and group.watermark == mark:
             group.watermark = group.safe
+        for level, level_mark in (marks or {}).items():
+            if group.level_marks.get(level) == level_mark:
+                group.level_marks[level] = group.level_safe.get(level, 0)
         group.held_back = False
         return failure
 
-    def _stored(self, result: object, group: ConsumerGroup, mark: int) -> object:
-        """The watermark ``mark`` is durable: deliveries below it may go out (a
-        crash after one of them counts it one more delivery on restart)."""
-        if mark > group.safe:
+    def _stored(self, result: object, group: ConsumerGroup, mark: int | None,
+                marks: dict[int, int] | None) -> object:
+        """The watermark ``mark`` (and the levels' ``marks``) is durable: deliveries
+        below it may go out (a crash after one of them counts it one more delivery
+        on restart)."""
+        moved = False
+        if mark is not None and mark > group.safe:
             group.safe = mark
+            moved = True
+        if marks:
+            safe = group.level_safe
+            for level, level_mark in marks.items():
+                if level_mark > safe.get(level, 0):
+                    safe[level] = level_mark
+                    moved = True
+        if moved:
             group.held_back = False
             self._pump(group)
         return result
@@ -290,6 +244,7 @@ class Dispatch(MemoryBudget):
                         done.add(offset)
                 offset += 1
             group.next = max(offset, group.next)
+            levels.bound(log, done)
             if finished:
                 group.advance_floor()
                 ops.append(QueueDone(queue.name, group.key, tuple(finished)))

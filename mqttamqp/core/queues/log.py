@@ -395,6 +395,8 @@ class QueueLogs:
                 entry = pending.detach()
                 if entry is not None:
                     pending.member.session.take_back(entry)
+            elif group.levels is not None and offset < group.next:
+                group.levels.stale = True   # (it waits in its level's heap: ``lag``)
             group.counts.pop(offset, None)
             group.uncounted.discard(offset)
             if offset < group.next:

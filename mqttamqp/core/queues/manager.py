@@ -71,6 +71,7 @@ from mqttamqp.core.queues.addresses import (
 )
 from mqttamqp.core.queues.admin import QueueAdmin
 from mqttamqp.core.queues.model import ConsumerGroup, QueueLog, Retention
+from mqttamqp.core.queues.priority import level_of
 
 __all__ = ["QueueManager"]
 
@@ -251,8 +252,22 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     group.watermark = group.safe = g.watermark
                     group.next = group.floor
                     counts = dict(g.counts)
+                    # (a priority group's levels each have their own: only what a
+                    # level may have handed out counts; a record without them, all)
+                    marks = dict(g.levels) if group.levels is not None else {}
+                    top = queue.max_priority
+                    if group.levels is not None and not marks and g.watermark > group.floor:
+                        # (a record from before them: every level may have handed
+                        # out what the watermark covers, now and at the next restart)
+                        group.level_marks = {lv: g.watermark for lv in range(top + 1)}
+                    else:
+                        group.level_marks = dict(marks)
+                    group.level_safe = dict(group.level_marks)
                     for offset in range(group.floor, min(g.watermark, queue.next_offset)):
-                        if offset in queue.log and offset not in group.done:
+                        held = queue.log.get(offset)
+                        if held is not None and offset not in group.done and (
+                                not marks or offset in counts
+                                or offset < marks.get(level_of(held, top), 0)):
                             group.counts[offset] = counts.get(offset, 1)
                 queue.groups[key] = group
                 queue.next_offset = max(queue.next_offset, group.floor)

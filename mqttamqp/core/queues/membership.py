@@ -19,7 +19,9 @@ from mqttamqp.core.queues.addresses import (
     parse_queue_filter,
     parse_stream_offset,
 )
+from mqttamqp.core.queues.memory import READ_MESSAGES
 from mqttamqp.core.queues.model import ConsumerGroup, Member
+from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Membership", "MAX_GROUPS_PER_QUEUE"]
@@ -191,11 +193,21 @@ class Membership(Acknowledgements):
                 self._expire(queue, offset, ops)):
             offset = self._next_offset(group, ops)   # (expired: the next one)
         if offset is not None and queue.evicted and offset in queue.evicted:
-            self._read_back(queue, offset)   # (there for the next basic.get)
+            # (there for the next basic.get; a priority queue's next ones by level)
+            if not queue.reading:
+                self._read_back(queue, offset, None if group.levels is None
+                                else group.levels.first(READ_MESSAGES))
             offset = None
         if offset is not None:
-            if offset >= group.watermark:
+            bumped = offset >= group.watermark
+            if bumped:
                 group.watermark = offset + 1
+            if group.levels is not None:   # (and its level's: ``Dispatch._pump``)
+                level = level_of(queue.log[offset], group.levels.top)
+                if offset >= group.level_marks.get(level, 0):
+                    group.level_marks[level] = offset + 1
+                    bumped = True
+            if bumped:
                 ops.append(PutQueueGroup(name, group.key, group.record()))
             self._take(group, offset)
             gets = self._gets.setdefault(session, [])

@@ -30,14 +30,17 @@ class MemoryBudget(QueueLogs):
 
     def _protected(self, queue: QueueLog) -> set[int]:
         """Offsets of ``queue`` whose bodies stay in memory: pending deliveries
-        (their sessions hold the body anyway) and, for each group with members,
-        what it hands out next (up to a read-back's worth)."""
+        (their sessions hold the body anyway) and, for each group with members or
+        taken from one message at a time (AMQP 0.9.1 ``basic.get``), what it hands
+        out next (up to a read-back's worth)."""
         keep: set[int] = set()
         log = queue.log
         evicted = queue.evicted
+        getting = ({g for taken in self._gets.values() for g, _ in taken} if self._gets
+                   else ())
         for group in queue.groups.values():
             keep.update(group.pending)
-            if not group.members:
+            if not group.members and group not in getting:
                 continue
             if group.ready:
                 keep.update(group.ready[:READ_MESSAGES])

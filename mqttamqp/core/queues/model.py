@@ -220,9 +220,10 @@ class Member:
         self.selector = selector     # takes only what this is true of (None: all)
         # Offsets its selector refused (``Dispatch._selects``); empty without one.
         self.skipped: set[int] = set()
-        # Equal to its group's ``parked_gen`` while it has refused every parked
-        # offset: it need not be offered them again (``Dispatch._parked_unseen``).
-        self.parked_seen = -1
+        # It has refused every parked offset whose sequence number (its group's
+        # ``parked_seqs``) is below this: on credit it is offered only those parked
+        # since (``Dispatch._offer_parked``).
+        self.parked_seen = 0
 
 
 class DeliveryEnds(Protocol):
@@ -327,12 +328,15 @@ class ConsumerGroup:
         self.levels: PriorityLevels | None = (
             PriorityLevels(queue.max_priority) if queue.max_priority and mode == CLASSIC
             else None)
-        # Offsets that no member with credit selected (selectors): they wait here
-        # until a member that has not refused them all has credit (one that joins,
-        # or one that had none when they were parked), then go through ``ready``
-        # again.  ``parked_gen`` counts what was parked (``Member.parked_seen``).
+        # Offsets that no member with credit selected (selectors), in the order
+        # they were parked, each with its sequence number (``parked_seqs``, rising;
+        # ``parked_next`` is the next one): they wait here until a member that has
+        # not refused them (one that joins, or one that had no credit when they were
+        # parked: ``Member.parked_seen``) has credit and selects them; those go
+        # through ``ready`` (or their level) again.
         self.parked: list[int] = []
-        self.parked_gen = 0
+        self.parked_seqs: list[int] = []
+        self.parked_next = 0
         self.counts: dict[int, int] = {}      # deliveries made so far, per offset
         # Offsets delivered and given back without counting it (Released): their
         # next delivery is not the first, though their count says 1.  (Not stored:
@@ -340,8 +344,14 @@ class ConsumerGroup:
         self.uncounted: set[int] = set()
         self.watermark = queue.first          # dispatch watermark (being) stored
         self.safe = queue.first               # the watermark known durable
-        # A pump stopped at ``safe`` with something to hand out: it goes on when
-        # the watermark's commit is done (``Dispatch._stored``); a drain waits.
+        # A priority queue's group: the watermark per level (being stored, known
+        # durable), so that after a restart only what a level may have handed out
+        # counts a delivery, not every lower level's message below ``watermark``.
+        self.level_marks: dict[int, int] = {}
+        self.level_safe: dict[int, int] = {}
+        # A pump stopped at ``safe`` (or its level's) with something to hand out: it
+        # goes on when the watermark's commit is done (``Dispatch._stored``); a
+        # drain waits.
         self.held_back = False
         self.cursor_saved = queue.first       # stream: the stored cursor
         self.cursor_saved_at = 0.0
@@ -354,9 +364,11 @@ class ConsumerGroup:
         if levels is None:
             heapq.heappush(self.ready, offset)
         else:
-            message = self.queue.log.get(offset)
+            log = self.queue.log
+            message = log.get(offset)
             if message is not None:
                 levels.add(message, offset)
+                levels.bound(log, self.done)
 
     def relevel(self) -> None:
         """The queue's levels changed (``QueueLog.set_max_priority``)."""
@@ -366,6 +378,10 @@ class ConsumerGroup:
         waiting = [*self.ready, *(old if old is not None else ())]
         top = self.queue.max_priority
         self.ready = []
+        # (levels changed: every level may have handed out what the watermark covers)
+        self.level_marks = ({level: self.watermark for level in range(top + 1)}
+                            if top and self.watermark > self.floor else {})
+        self.level_safe = {level: self.safe for level in self.level_marks}
         if top:
             self.levels = levels = PriorityLevels(top)
             log = self.queue.log
@@ -388,7 +404,8 @@ class ConsumerGroup:
             self.name, self.filter, self.mode, self.floor, self.watermark, (),
             tuple(sorted((o, c) for o, c in self.counts.items() if c > 1)),
             tuple(sorted(self.stored_members.items())),
-            self.next if self.mode == STREAM else 0)
+            self.next if self.mode == STREAM else 0,
+            tuple(sorted(self.level_marks.items())))
 
     def advance_floor(self) -> None:
         done = self.done
@@ -408,6 +425,11 @@ class ConsumerGroup:
 
     def lag(self) -> int:
         queue = self.queue
+        levels = self.levels
+        if levels is not None and levels.stale:
+            # (only what is still there to hand out: offsets dropped while waiting
+            # leave the heaps here, or at their level's top)
+            levels.compact(queue.log, self.done)
         return (max(0, queue.next_offset - self.next) + len(self.ready) + len(self.parked)
-                + (len(self.levels) if self.levels is not None else 0)
+                + (levels.count if levels is not None else 0)
                 - queue.skipped_between(self.next, queue.next_offset))

@@ -8,9 +8,12 @@ RabbitMQ caps it; a message without one takes AMQP 1.0's default 4 (MQTT, AMQP 1
 or 0 (AMQP 0.9.1, as RabbitMQ), capped the same way.  A classic group of such a
 queue keeps its undelivered offsets here, one heap per level: the highest
 non-empty level goes first, lowest offset first within a level (FIFO).  Offsets
-that are no longer there to hand out (acknowledged, expired, dropped) stay in
-their heap until they reach its top and are skipped there, as in the group's
-``ready`` heap.
+that are no longer there to hand out (acknowledged, expired, dropped by retention
+or a purge) stay in their heap until they reach its top and are skipped there, as
+in the group's ``ready`` heap; but a lower level's top is not looked at while a
+higher one holds something, so the heaps count their entries (``count``) and are
+rebuilt from what is still there (``bound``, ``compact``) once they hold more
+than twice the log (and 64).
 
 Only priority queues have these: a queue without levels hands out by offset
 (``ConsumerGroup.next`` and ``ready``) and pays nothing here.  Stream groups read
@@ -45,17 +48,43 @@ def level_of(message: Message, top: int) -> int:
 class PriorityLevels:
     """A classic group's offsets to hand out, one heap per level."""
 
-    __slots__ = ("heaps", "high", "top")
+    __slots__ = ("compactions", "count", "heaps", "high", "stale", "top")
 
     def __init__(self, top: int) -> None:
         self.top = top
         self.heaps: list[list[int]] = [[] for _ in range(top + 1)]
         self.high = -1     # no level above this holds anything
+        self.count = 0     # entries in all heaps, those no longer there included
+        # Set when an offset waiting here left the log (retention, expiry, a purge):
+        # ``count`` may hold it until ``compact`` (``ConsumerGroup.lag``).
+        self.stale = False
+        self.compactions = 0
 
     def push(self, level: int, offset: int) -> None:
         heapq.heappush(self.heaps[level], offset)
+        self.count += 1
         if level > self.high:
             self.high = level
+
+    def bound(self, log: Mapping[int, Message], done: Collection[int]) -> None:
+        """Compact when the heaps hold more than twice the log (and 64): offsets
+        dropped below a higher level's are never reached by ``peek``."""
+        if self.count > 2 * len(log) + 64:
+            self.compact(log, done)
+
+    def compact(self, log: Mapping[int, Message], done: Collection[int]) -> None:
+        """Rebuild the heaps from the offsets still in ``log`` and not ``done``."""
+        live = {o for o in self if o in log and o not in done}
+        self.clear()
+        top = self.top
+        for offset in sorted(live):     # (a sorted list is a heap: appended in order)
+            self.heaps[level_of(log[offset], top)].append(offset)
+        for level, heap in enumerate(self.heaps):
+            if heap:
+                self.high = level
+        self.count = len(live)
+        self.stale = False
+        self.compactions += 1
 
     def add(self, message: Message, offset: int) -> None:
         """``offset`` (holding ``message``) is there to hand out."""
@@ -74,6 +103,7 @@ class PriorityLevels:
                     self.high = level
                     return offset
                 heapq.heappop(heap)
+                self.count -= 1
             level -= 1
         self.high = -1
         return None
@@ -81,9 +111,12 @@ class PriorityLevels:
     def pop(self) -> None:
         """Take the offset ``peek`` returned."""
         heapq.heappop(self.heaps[self.high])
+        self.count -= 1
 
     def __len__(self) -> int:
-        return sum(len(h) for h in self.heaps)
+        """Entries held, offsets no longer there included (``compact`` first for
+        what waits)."""
+        return self.count
 
     def __iter__(self) -> Iterator[int]:
         for heap in self.heaps:
@@ -102,3 +135,5 @@ class PriorityLevels:
         for heap in self.heaps:
             heap.clear()
         self.high = -1
+        self.count = 0
+        self.stale = False

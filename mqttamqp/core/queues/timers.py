@@ -91,9 +91,10 @@ class QueueTimers(Browsing):
         stale = [o for o in stale if o not in evicted]   # (pending ones never are)
         turn = 0
         for offset in stale[: self.limits.queue_prefetch * len(idle)]:
-            # (only to an idle member whose selector takes it, as any hand-out)
-            takers = [m for m in idle if m.selector is None
-                      or self._selects(m, m.selector, group, offset)]
+            # (only to an idle member that still has credit and whose selector
+            # takes it, as any hand-out: one taker must not pass its prefetch)
+            takers = [m for m in idle if self._credit(m) and (
+                m.selector is None or self._selects(m, m.selector, group, offset))]
             if not takers:
                 continue
             self._withdraw(group, offset)

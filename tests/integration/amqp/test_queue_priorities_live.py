@@ -10,6 +10,7 @@ message queue, pika's blocking calls)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,3 +162,35 @@ def test_the_order_survives_kill_9(tmp_path) -> None:
         assert got == ["b", "e", "d", "a", "c"]
     finally:
         again.stop()
+
+
+def test_pika_basic_get_on_a_priority_queue_over_the_memory_budget(tmp_path) -> None:
+    """With a 1-byte memory budget (every durable body read back from storage),
+    pika's basic.get on an x-max-priority queue takes all 600 messages by level,
+    in publish order within one, within the deadline: the read-backs follow the
+    levels and what was read back is not evicted again before the get takes it
+    (an empty answer only while a read is under way)."""
+    proc = BrokerProcess(str(tmp_path / "data"), "--queue-memory-budget", "1",
+                         listeners=("--mqtt", "--amqp"))
+    proc.start()
+    conn = None
+    try:
+        conn = pika.BlockingConnection(parameters(proc))
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("pg", durable=True, arguments={"x-max-priority": 9})
+        sent = [(b"%04d-" % i + b"x" * 4000, (i * 7) % 10) for i in range(600)]
+        for body, priority in sent:
+            channel.basic_publish("", "pg", body,
+                                  pika.BasicProperties(delivery_mode=2, priority=priority))
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            method, _, body = channel.basic_get("pg", auto_ack=True)
+            if method is not None:     # (None: a read-back is under way)
+                got.append(body)
+        assert [b[:5] for b in got] == [b[:5] for b, _ in sorted(sent, key=lambda s: -s[1])]
+    finally:
+        if conn is not None and conn.is_open:
+            conn.close()
+        proc.stop()

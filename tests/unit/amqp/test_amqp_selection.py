@@ -96,3 +96,14 @@ def test_selector_length_bound() -> None:
                           str)
     refused = source_selector({"s": Described(SELECTOR_CODE, text)}, len(text) - 1)
     assert isinstance(refused, str) and "--amqp-max-selector-length" in refused
+
+
+def test_jms_priority_of_a_message_without_one_is_the_level_it_is_ranked_at() -> None:
+    """Without a priority, an AMQP 0.9.1 publisher's message selects as JMSPriority 0
+    (its level in a priority queue, as RabbitMQ), an MQTT one as 4; a given one as
+    given."""
+    from091 = CoreMessage("", b"x", 1, amqp091=b"\x00\x00\x00\x00")
+    assert message_fields(from091)["JMSPriority"] == 0
+    assert message_fields(CoreMessage("t", b"x", 1))["JMSPriority"] == 4
+    assert message_fields(CoreMessage("", b"x", 1, amqp091=b"\x00", priority=7)
+                          )["JMSPriority"] == 7
