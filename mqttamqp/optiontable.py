@@ -355,6 +355,15 @@ PARAMETERS: list[list[Any]] = [
      "attach with, in characters; a longer one refuses that link "
      "(amqp:invalid-field) and the connection stays.",
      _positive(int, "amqp-max-selector-length")],
+    ["upstream", None, None,
+     "Gateway mode: serve the MQTT listeners through the core at this AMQP 1.0 "
+     "address (amqp://[USER[:PASSWORD]@]HOST[:PORT], or amqps://... with "
+     "?server-name=NAME&ca=FILE to check its certificate), keeping no state here: no "
+     "store, console or AMQP listener is started (see docs/gateway.md)."],
+    ["upstream-connections", None, 2,
+     "Gateway mode: AMQP connections to the core that the MQTT clients share (a "
+     "session each; the core's --amqp-max-sessions bounds the clients on one).",
+     _positive(int, "upstream-connections")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
      "channel_max, 1 to 65535); a channel over it closes the connection with 504.",

@@ -1,0 +1,520 @@
+"""The MQTT side of a gateway: one client connection served through its
+``ClientChannel`` on the upstream, with no session state of its own.
+
+Why not ``mqtt.protocol.MQTTProtocol``: its parts call the core's ``Broker`` port at
+every step (about forty commands: sessions, the commit batcher, the router, flow
+control, the console's views), and the session they drive lives in this process.
+In a gateway every one of those answers comes from the core over AMQP, later, or
+not at all; a port of that size faked over AMQP would be a second broker.  The
+sans-IO parts do fit and are reused as they are: the codec (``mqtt.codec``), the
+connection's states, keepalive rule, acknowledgement order and string rules
+(``mqtt.connection``), and CONNECT's decision (``mqtt.decisions.connect``: protocol,
+client id, strings).
+
+What it owns: reading packets in the connection's states (packets after CONNECT
+wait in the decoder until CONNACK), CONNECT → the channel's flow → CONNACK (session
+present from AMQP_SUBSCRIPTIONS; "server unavailable", 3.1.1 code 3 / MQTT 5 0x88,
+when no upstream connection is open or the core does not answer), PUBLISH (PUBACK /
+PUBREC once the core accepted, in the order the packets came: ``AckQueue``), QoS 2's
+PUBREL → PUBCOMP, SUBSCRIBE / UNSUBSCRIBE → SUBACK / UNSUBACK, deliveries from the
+core with packet ids, PUBACK / PUBREC / PUBCOMP of them, keepalive, takeover of a
+client id on this gateway, and the one close: clean (DISCONNECT) or brute
+(everything else), which the channel carries to the core's will service.
+
+What it must not do: keep anything of a session beyond the connection (in-flight
+packet ids and QoS 2 ids awaiting PUBREL are the connection's, as the core's own MQTT
+adapter keeps them), import the core's broker or the store, or touch proton
+(``channel``).  MQTT 5 is served without its properties for now (docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer  # type: ignore[import-untyped]
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
+from mqttamqp.mqtt.actions import Refuse, ack_frame
+from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.mqtt.connection import (
+    AckQueue,
+    ConnectionRules,
+    ConnectionState,
+    Keepalive,
+    StringRules,
+)
+from mqttamqp.mqtt.decisions import connect as decide_connect
+from mqttamqp.mqtt.packets import (
+    SUBACK_FAILURE,
+    Connack,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from mqttamqp.mqtt.v5 import CONNACK_REASONS
+
+if TYPE_CHECKING:
+    from mqttamqp.gateway.pool import UpstreamPool
+
+__all__ = ["GatewayFactory", "GatewayProtocol"]
+
+PINGRESP = encode(Pingresp())
+_EMPTY_PROPS = b"\x00"
+_WITH_WILL = 0x04   # MQTT 5 DISCONNECT: publish the will all the same
+
+
+class GatewayFactory(Factory):
+    """The MQTT listeners' factory in gateway mode; the clients it serves by id."""
+
+    noisy = False
+
+    def __init__(self, pool: UpstreamPool, clock: Clock, limits: Limits,
+                 credit: int) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.limits = limits
+        self.strings = StringRules(limits)
+        self.credit = credit
+        self.clients: dict[str, GatewayProtocol] = {}
+        self.connections: set[GatewayProtocol] = set()
+        self.ratelog = LogLimiter(clock.seconds, burst=5)
+        self.refused_unavailable = 0      # CONNECTs refused: no upstream
+        self.connected_total = 0
+
+    def buildProtocol(self, addr: Any) -> GatewayProtocol:
+        return GatewayProtocol(self)
+
+    def close_all(self, reason: str) -> None:
+        for conn in list(self.connections):
+            conn.abort(reason)
+
+
+@implementer(IPushProducer)
+class GatewayProtocol(Protocol):
+    """One MQTT client of the gateway."""
+
+    log: ClassVar[Logger] = Logger()
+    transport: Any
+
+    def __init__(self, factory: GatewayFactory) -> None:
+        self.factory = factory
+        self.clock = factory.clock
+        self.rules = ConnectionRules()
+        self.decoder = Decoder(factory.limits.max_packet_size, 4, server=True)
+        self.acks = AckQueue()
+        self.level = 4
+        self.client_id = ""
+        self.peer = "?"
+        self.clean = True            # remove the session at the end (AMQP_CLOSE)
+        self.channel: ClientChannel | None = None
+        self.keepalive: Keepalive | None = None
+        self.last_activity = 0.0
+        self._timer: DelayedCall | None = None
+        self._said_goodbye = False   # DISCONNECT: a clean close
+        self._with_will = False
+        self._next_id = 0
+        # Deliveries the client has not finished: packet id -> the AMQP delivery.
+        self.inflight: dict[int, Any] = {}
+        self.releasing: dict[int, Any] = {}   # QoS 2, PUBREL sent: awaiting PUBCOMP
+        self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
+        self.reading_paused = False
+
+    # -- Twisted ------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        self.factory.connections.add(self)
+        self.transport.registerProducer(self, True)
+        self.last_activity = self.clock.seconds()
+        self._timer = self.clock.callLater(self.factory.limits.connect_timeout,
+                                           self._connect_deadline)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.rules.closed:
+            return
+        self.last_activity = self.clock.seconds()
+        self.decoder.feed(data)
+        self._read()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.factory.connections.discard(self)
+        if self.factory.clients.get(self.client_id) is self:
+            del self.factory.clients[self.client_id]
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self._end_channel(f"connection lost: {reason.getErrorMessage()}"
+                          if reason is not None else "connection lost")
+        self.rules.advance("close")
+
+    def _end_channel(self, why: str) -> None:
+        """The one end of the client's upstream half: clean after DISCONNECT (or a
+        takeover), brute otherwise; none of it while CONNECT is unanswered (a refused
+        or abandoned CONNECT leaves no will)."""
+        channel, self.channel = self.channel, None
+        if channel is None:
+            return
+        brute = (not self._said_goodbye or self._with_will) and (
+            self.rules.state is not ConnectionState.CONNECTING)
+        channel.close(brute, self.clean, "client sent DISCONNECT" if not brute else why)
+
+    # IPushProducer: the client's socket buffer is full / drained: the core's
+    # deliveries wait (no credit is given back on .publish).
+    def pauseProducing(self) -> None:
+        if self.channel is not None:
+            self.channel.pause()
+
+    def resumeProducing(self) -> None:
+        if self.channel is not None:
+            self.channel.resume()
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        rules = self.rules
+        try:
+            while rules.reading and not self.reading_paused:
+                packet = self.decoder.next_packet()
+                if packet is None:
+                    return
+                problem = rules.check(packet)
+                if problem is not None:
+                    self._violation(problem)
+                    return
+                self._handle(packet)
+        except MalformedPacket as e:
+            self._violation(f"malformed packet: {e.reason}")
+
+    def _handle(self, packet: object) -> None:
+        kind = type(packet)
+        if kind is Publish:
+            self._on_publish(packet)  # type: ignore[arg-type]
+        elif kind is Puback:
+            self._finish(self.inflight.pop(packet.packet_id, None))  # type: ignore[attr-defined]
+        elif kind is Pubrel:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self.awaiting_rel.discard(pid)
+            self.acks.add(ack_frame(0x70, pid), None, True)
+            self._flush_acks()
+        elif kind is Pubrec:
+            self._on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+        elif kind is Pubcomp:
+            self._finish(self.releasing.pop(packet.packet_id, None))  # type: ignore[attr-defined]
+        elif kind is Subscribe:
+            self._on_subscribe(packet)  # type: ignore[arg-type]
+        elif kind is Unsubscribe:
+            self._on_unsubscribe(packet)  # type: ignore[arg-type]
+        elif kind is Pingreq:
+            self.transport.write(PINGRESP)
+        elif kind is Disconnect:
+            self._said_goodbye = True
+            self._with_will = packet.reason_code == _WITH_WILL  # type: ignore[attr-defined]
+            self._end_channel("client sent DISCONNECT")
+            self.rules.advance("close")
+            self.transport.loseConnection()
+        elif kind is Connect:
+            self._on_connect(packet)  # type: ignore[arg-type]
+        else:
+            self._violation(f"unexpected {kind.__name__.upper()}")
+
+    # -- CONNECT --------------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect) -> None:
+        factory = self.factory
+        self.rules.advance("connect")
+        decided = decide_connect(packet, factory.limits, factory.strings, lambda _m: None)
+        if isinstance(decided, Refuse):
+            self._refuse(decided.code, decided.reason)
+            return
+        self.level = decided.level
+        self.decoder.protocol_level = decided.level
+        if decided.failure is not None:
+            failure = decided.failure
+            if isinstance(failure, Refuse):
+                self._refuse(failure.code, failure.reason)
+            else:
+                self._violation(failure.reason)
+            return
+        if decided.exchange is not None:
+            self._refuse(0x8C, "enhanced authentication is not served through a gateway")
+            return
+        self.client_id = decided.client_id
+        v5 = decided.v5
+        self.clean = (packet.clean_session if v5 is None
+                      else v5.session_expiry == 0)
+        old = factory.clients.get(self.client_id)
+        prefer = None
+        if old is not None:
+            prefer = old.channel.conn if old.channel is not None else None
+            old.abort("session taken over by a new connection", brute=False)
+        conn = factory.pool.pick(prefer)
+        if conn is None:
+            self._refuse(ConnackCode.SERVER_UNAVAILABLE, "no upstream connection is open")
+            factory.refused_unavailable += 1
+            return
+        factory.clients[self.client_id] = self
+        channel = ClientChannel(conn, self.client_id, self, self.clock, factory.credit,
+                                factory.limits.connect_timeout)
+        self.channel = channel
+        will = packet.will
+        d = Deferred.fromCoroutine(channel.open(
+            packet.clean_session,
+            (will.topic, will.payload, will.qos, will.retain) if will is not None else None))
+        d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
+        self.keepalive = Keepalive.of(packet.keepalive) if packet.keepalive else None
+
+    def _accepted(self, present: bool) -> None:
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return   # (the client went meanwhile; connectionLost closed the channel)
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self.rules.advance("accepted")
+        self.factory.connected_total += 1
+        if self.level == 5:
+            self.transport.write(encode(Connack(present, 0), 5))
+        else:
+            self.transport.write(encode(Connack(present, ConnackCode.ACCEPTED)))
+        self._arm_keepalive()
+        self._read()
+
+    def _not_opened(self, failure: Failure, channel: ClientChannel) -> None:
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return
+        e = failure.value
+        if not isinstance(e, Refused):
+            self.log.failure("connecting {c} through the upstream", failure, c=self.client_id)
+            e = Refused(f"internal error: {failure.getErrorMessage()}")
+        self.channel = None
+        channel.close(False, False, "CONNECT refused")   # (a refused CONNECT leaves no will)
+        self._refuse(ConnackCode.NOT_AUTHORIZED if e.unauthorized
+                     else ConnackCode.SERVER_UNAVAILABLE, e.reason)
+
+    def _refuse(self, code: int, reason: str) -> None:
+        cause = f"refused-{int(code)}"
+        held = self.factory.ratelog.allow(cause)
+        if held is not None:
+            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
+                          "{code}){more}", peer=self.peer, c=self.client_id, r=reason,
+                          code=int(code), more=f"; {held} more not logged" if held else "")
+        if self.factory.clients.get(self.client_id) is self:
+            del self.factory.clients[self.client_id]
+        if self.level == 5:
+            self.transport.write(encode(Connack(False, CONNACK_REASONS.get(code, code)), 5))
+        else:
+            self.transport.write(encode(Connack(False, code)))
+        self.rules.advance("close")
+        self.transport.loseConnection()
+
+    # -- PUBLISH from the client ----------------------------------------------------------
+
+    def _on_publish(self, packet: Publish) -> None:
+        problem = self.factory.strings.topic(packet.topic, "PUBLISH topic")
+        if problem is not None or not packet.topic:
+            self._violation(problem or "PUBLISH with an empty topic")
+            return
+        channel = self.channel
+        assert channel is not None
+        qos = packet.qos
+        if qos == 0:
+            channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None)
+            return
+        pid = packet.packet_id
+        assert pid is not None
+        if qos == 2 and pid in self.awaiting_rel:
+            self.acks.add(ack_frame(0x50, pid), None, True)   # (known: PUBREC again)
+            self._flush_acks()
+            return
+        entry = self.acks.add(ack_frame(0x40 if qos == 1 else 0x50, pid), None, False)
+        if qos == 2:
+            self.awaiting_rel.add(pid)
+
+        def answered(outcome: Outcome) -> None:
+            if not outcome.accepted and not outcome.condition:
+                # Released or no answer: not acknowledged, the client sends it again.
+                self.abort(f"the core did not take a QoS {qos} PUBLISH: {outcome.reason}")
+                return
+            if not outcome.accepted:
+                self._limited("publish-refused", "{c}: the core refused a PUBLISH to {t}: "
+                              "{r}", t=packet.topic, r=outcome.reason)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.publish_message(packet.topic, packet.payload, qos, packet.retain, packet.dup,
+                                answered)
+        if self.acks.over_bound:
+            self._pause_reading()
+
+    def _flush_acks(self) -> None:
+        if self.rules.closed:
+            return
+        frames = [frame for frame, _after in self.acks.take()]
+        if frames:
+            self.transport.write(b"".join(frames))
+        if self.reading_paused and self.acks.under_resume_mark:
+            self.reading_paused = False
+            self.transport.resumeProducing()
+            self._read()
+
+    def _pause_reading(self) -> None:
+        self.reading_paused = True
+        self.transport.pauseProducing()
+
+    # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        strings = self.factory.strings
+        for topic_filter, _qos in packet.topics:
+            problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
+            if problem is not None:
+                self._violation(problem)
+                return
+        if len(packet.topics) > self.factory.limits.max_subscribe_filters:
+            self._violation("too many topic filters in one SUBSCRIBE")
+            return
+        requests = {f: q for f, q in packet.topics}
+        level = self.level
+        entry = self.acks.add(b"", None, False)
+        channel = self.channel
+        assert channel is not None
+
+        def answered(outcome: Outcome) -> None:
+            codes = tuple(q if outcome.accepted else (0x87 if level == 5 and
+                                                      outcome.condition else SUBACK_FAILURE)
+                          for _f, q in packet.topics)
+            entry[1] = encode(Suback(packet.packet_id, codes), level)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.subscribe(packet.packet_id, requests).addCallback(answered)
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        entry = self.acks.add(b"", None, False)
+        level = self.level
+        channel = self.channel
+        assert channel is not None
+
+        def answered(outcome: Outcome) -> None:
+            codes = tuple(0 for _ in packet.topics) if level == 5 else ()
+            entry[1] = encode(Unsuback(packet.packet_id, codes), level)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.unsubscribe(packet.packet_id, list(packet.topics)).addCallback(answered)
+
+    # -- deliveries from the core (ChannelOwner) ------------------------------------------
+
+    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                dlv: Any) -> None:
+        channel = self.channel
+        if channel is None or self.rules.state is not ConnectionState.CONNECTED:
+            return   # (unsettled: the core keeps it when the link ends)
+        props = _EMPTY_PROPS if self.level == 5 else None
+        if qos == 0:
+            self.transport.write(encode_publish(topic.encode(), payload, 0, retain, False,
+                                                None, props))
+            channel.finished(dlv)
+            return
+        pid = self._packet_id()
+        if pid is None:
+            self.abort("no free packet id for a delivery")
+            return
+        self.inflight[pid] = dlv
+        self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup, pid,
+                                            props))
+
+    def release(self, packet_id: int, dlv: Any) -> None:
+        if self.channel is None or self.rules.closed:
+            return
+        self.releasing[packet_id] = dlv
+        self.transport.write(encode(Pubrel(packet_id), self.level))
+
+    def upstream_gone(self, reason: str) -> None:
+        if self.rules.state is ConnectionState.CONNECTED:
+            self.abort(reason)
+
+    def _on_pubrec(self, packet_id: int) -> None:
+        dlv = self.inflight.pop(packet_id, None)
+        if dlv is not None and self.channel is not None:
+            self.channel.released(packet_id, dlv)
+
+    def _finish(self, dlv: Any) -> None:
+        if dlv is not None and self.channel is not None:
+            self.channel.finished(dlv)
+
+    def _packet_id(self) -> int | None:
+        inflight = self.inflight
+        for _ in range(65535):   # (bounded: the credit keeps far fewer in flight)
+            self._next_id = self._next_id % 65535 + 1
+            pid = self._next_id
+            if pid not in inflight and pid not in self.releasing:
+                return pid
+        return None
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _connect_deadline(self) -> None:
+        self._timer = None
+        if self.rules.state is ConnectionState.AWAITING_CONNECT:
+            self._violation("no CONNECT within the connect timeout")
+
+    def _arm_keepalive(self) -> None:
+        rule = self.keepalive
+        if rule is None or self.rules.closed:
+            return
+        wait = rule.next_check(self.clock.seconds(), self.last_activity, False)
+        if wait is None:
+            self.abort(rule.expired_reason(self.clock.seconds(), self.last_activity))
+            return
+        self._timer = self.clock.callLater(wait, self._keepalive_check)
+
+    def _keepalive_check(self) -> None:
+        self._timer = None
+        self._arm_keepalive()
+
+    # -- the one close --------------------------------------------------------------------
+
+    def _violation(self, reason: str) -> None:
+        self._limited("violation", "{c} ({peer}) closed: {r}", r=reason)
+        self.abort(reason)
+
+    def abort(self, reason: str, brute: bool = True) -> None:
+        """Close the client: ``brute`` (its will goes) unless a takeover."""
+        if not brute:
+            self._said_goodbye = True
+        # At once, not when the socket is gone (a turn later): a takeover's new channel
+        # attaches a will link of the same name right after.
+        self._end_channel(reason)
+        if not self.rules.closed:
+            self.rules.advance("close")
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
+        held = self.factory.ratelog.allow(cause)
+        if held is not None:
+            self.log.warn(fmt + ("; {held} more not logged" if held else ""),
+                          c=self.client_id, peer=self.peer, held=held, **kw)
