@@ -1,0 +1,214 @@
+"""Gateway mode end to end: a core broker process with its AMQP listener, gateway
+processes (``--upstream``) in front of it, paho clients on both, all on loopback.
+What the gateway must show: the core keeps every session (a client finds it through
+another gateway), messages cross gateways at QoS 1 without loss, a gateway killed
+with SIGKILL fires its clients' wills at the core, and without an upstream a CONNECT
+gets "server unavailable"."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, RestartableBroker
+from conftest import start_gateway
+from pahoclient import PahoClient
+
+Gateways = Callable[..., BrokerProcess]
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[..., PahoClient]]:
+    """``clients(port, client_id, **kw)``: paho clients, stopped at the end."""
+    made: list[PahoClient] = []
+
+    def connect(port: int, client_id: str, **kw: object) -> PahoClient:
+        c = PahoClient(port, client_id, **kw)  # type: ignore[arg-type]
+        made.append(c)
+        return c
+
+    yield connect
+    for c in made:
+        c.stop()
+
+
+def test_session_found_through_another_gateway(core: BrokerProcess, gateways: Gateways,
+                                               clients: Callable[..., PahoClient]) -> None:
+    """A persistent session made through one gateway is present through another, with
+    the QoS 1 message queued at the core while the client was away."""
+    gw1, gw2 = gateways(), gateways()
+    cid = uid("roam")
+    first = clients(gw1.mqtt_port, cid, clean=False)
+    assert first.session_present is False
+    assert first.subscribe((f"{cid}/t", 1)) == [1]
+    first.disconnect()
+    clients(core.mqtt_port, uid("pub")).publish(f"{cid}/t", b"while-away", qos=1)
+    again = clients(gw2.mqtt_port, cid, clean=False)
+    assert again.session_present is True
+    m = again.get()
+    assert (m.topic, m.payload, m.qos) == (f"{cid}/t", b"while-away", 1)
+
+
+def test_clean_session_is_removed_at_disconnect(core: BrokerProcess, gateways: Gateways,
+                                                clients: Callable[..., PahoClient]) -> None:
+    """A clean-session client's subscriptions are gone after it disconnects (AMQP_CLOSE)."""
+    gw = gateways()
+    cid = uid("clean")
+    c = clients(gw.mqtt_port, cid, clean=True)
+    assert c.subscribe((f"{cid}/t", 1)) == [1]
+    c.disconnect()
+    back = clients(gw.mqtt_port, cid, clean=False)
+    assert back.session_present is False
+
+
+def test_qos1_between_gateways_loses_nothing(core: BrokerProcess, gateways: Gateways,
+                                             clients: Callable[..., PahoClient]) -> None:
+    """200 QoS 1 messages from a client on one gateway reach a subscriber on another,
+    every one, in order, and a subscriber on the core too."""
+    gw1, gw2 = gateways(), gateways()
+    topic = uid("flow") + "/data"
+    sub = clients(gw1.mqtt_port, uid("sub"))
+    assert sub.subscribe((topic, 1)) == [1]
+    direct = clients(core.mqtt_port, uid("direct"))
+    assert direct.subscribe((topic, 1)) == [1]
+    pub = clients(gw2.mqtt_port, uid("pub"))
+    sent = [b"m%03d" % i for i in range(200)]
+    for payload in sent:
+        pub.publish(topic, payload, qos=1)
+    for receiver in (sub, direct):
+        got: list[bytes] = []
+        while len(set(got)) < len(sent):
+            m = receiver.get()
+            assert m.qos == 1
+            got.append(m.payload)
+        firsts = list(dict.fromkeys(got))
+        assert firsts == sent
+
+
+def test_qos0_and_retained_through_a_gateway(core: BrokerProcess, gateways: Gateways,
+                                             clients: Callable[..., PahoClient]) -> None:
+    """A retained message published through a gateway is kept by the core and sent,
+    retained, to a later subscriber on the gateway; QoS 0 flows both ways."""
+    gw = gateways()
+    topic = uid("ret") + "/state"
+    pub = clients(gw.mqtt_port, uid("pub"))
+    pub.publish(topic, b"on", qos=1, retain=True)
+    sub = clients(gw.mqtt_port, uid("sub"))
+    assert sub.subscribe((topic, 0)) == [0]
+    m = sub.get()
+    assert (m.payload, m.retain) == (b"on", True)
+    clients(core.mqtt_port, uid("p0")).publish(topic, b"live", qos=0)
+    m = sub.get()
+    assert (m.payload, m.retain, m.qos) == (b"live", False, 0)
+
+
+def test_qos2_both_ways_through_a_gateway(core: BrokerProcess, gateways: Gateways,
+                                          clients: Callable[..., PahoClient]) -> None:
+    """QoS 2 from a client on a gateway to one on another completes both flows once."""
+    gw1, gw2 = gateways(), gateways()
+    topic = uid("q2") + "/t"
+    sub = clients(gw1.mqtt_port, uid("sub"))
+    assert sub.subscribe((topic, 2)) == [2]
+    pub = clients(gw2.mqtt_port, uid("pub"))
+    for i in range(5):
+        pub.publish(topic, b"x%d" % i, qos=2)
+    got = [sub.get() for _ in range(5)]
+    assert [(m.payload, m.qos) for m in got] == [(b"x%d" % i, 2) for i in range(5)]
+    # A marker in the same ordered flow: a duplicate of the five would come before it.
+    pub.publish(topic, b"end", qos=2)
+    assert [m.payload for m in sub.until(topic)] == [b"end"]
+
+
+def test_brute_disconnect_fires_the_will_clean_does_not(
+        core: BrokerProcess, gateways: Gateways, clients: Callable[..., PahoClient]) -> None:
+    """A socket lost at the gateway publishes the client's will at the core; a
+    DISCONNECT does not."""
+    gw = gateways()
+    base = uid("will")
+    watcher = clients(core.mqtt_port, uid("watch"))
+    assert watcher.subscribe((f"{base}/#", 1)) == [1]
+    polite = clients(gw.mqtt_port, uid("polite"), will=(f"{base}/polite", b"gone", 1, False))
+    polite.disconnect()
+    rude = clients(gw.mqtt_port, uid("rude"), will=(f"{base}/rude", b"lost", 1, False))
+    rude.lose_socket()
+    m = watcher.get()
+    assert (m.topic, m.payload, m.qos) == (f"{base}/rude", b"lost", 1)
+
+
+def test_kill9_of_a_gateway_fires_its_clients_wills(
+        core: BrokerProcess, gateways: Gateways, clients: Callable[..., PahoClient]) -> None:
+    """SIGKILL of a gateway process: the core publishes the wills of its clients."""
+    gw = gateways()
+    base = uid("k9")
+    watcher = clients(core.mqtt_port, uid("watch"))
+    assert watcher.subscribe((f"{base}/#", 1)) == [1]
+    for i in range(3):
+        clients(gw.mqtt_port, f"{base}-c{i}", will=(f"{base}/c{i}", b"dead", 1, False))
+    gw.kill()
+    got = sorted(watcher.get().topic for _ in range(3))
+    assert got == [f"{base}/c{i}" for i in range(3)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_no_upstream_refuses_connect_with_server_unavailable(
+        tmp_path: Path, clients: Callable[..., PahoClient]) -> None:
+    """With nothing at the upstream address, CONNECT gets CONNACK 3 (server unavailable)."""
+    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{_free_port()}", wait_open=False)
+    try:
+        gw.wait_for_line(r"upstream connection 0 to \S+ is down", timeout=15)
+        clients(gw.mqtt_port, uid("early"), expect_rc=3)
+    finally:
+        gw.stop()
+
+
+def test_core_stopped_closes_clients_then_refuses(
+        core: BrokerProcess, gateways: Gateways, clients: Callable[..., PahoClient]) -> None:
+    """When the core goes away, the gateway closes its clients, and a new CONNECT gets
+    CONNACK 3 until it is back."""
+    gw = gateways()
+    c = clients(gw.mqtt_port, uid("held"))
+    core.kill()
+    assert c.disconnected.wait(15)
+    gw.wait_for_line(r"upstream connection \d+ to \S+ is down", timeout=15)
+    clients(gw.mqtt_port, uid("late"), expect_rc=3)
+
+
+def test_gateway_reconnects_when_the_core_is_back(
+        tmp_path: Path, clients: Callable[..., PahoClient]) -> None:
+    """After the core was killed and restarted on the same address, the gateway's
+    upstream connections open again and CONNECTs are served, with the session kept."""
+    port = _free_port()
+    where = {"--amqp": f"tcp:{port}:interface=127.0.0.1"}
+
+    def start_core() -> RestartableBroker:
+        return RestartableBroker(str(tmp_path / "core"), "--will-grace", "2",
+                                 listeners=("--mqtt", "--amqp"), descriptions=where).start()
+
+    core = start_core()
+    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{port}")
+    try:
+        cid = uid("back")
+        first = clients(gw.mqtt_port, cid, clean=False)
+        assert first.subscribe((f"{cid}/t", 1)) == [1]
+        core.kill()
+        assert first.disconnected.wait(15)
+        gw.wait_for_line(r"upstream connection \d+ to \S+ is down", timeout=15)
+        core = start_core()
+        gw.wait_for_line(r"upstream connection \d+ to \S+ is open", timeout=30)
+        again = clients(gw.mqtt_port, cid, clean=False, expect_rc=0)
+        assert again.session_present is True
+    finally:
+        gw.stop()
+        core.stop()
