@@ -100,6 +100,9 @@ class ChannelOwner(Protocol):
     def upstream_gone(self, reason: str) -> None:
         """The channel cannot serve the client any more: close it."""
 
+    def writable(self) -> None:
+        """The core gave credit again: the client may be read."""
+
 
 def _control(subject: str, client_id: str, **fields: Any) -> bytes:
     msg = Message(subject=subject, durable=True)
@@ -343,8 +346,18 @@ class ClientChannel:
         if self.state is not ChannelState.CLOSED:
             self._gone("the core ended the client's session")
 
+    @property
+    def blocked(self) -> bool:
+        """The core gave no credit left on the PUBLISH sender: the client is not read
+        until it gives more (credit is the publisher's flow control)."""
+        topics = self.topics
+        return topics is not None and topics.credit <= 0
+
     def on_flow(self, link: Any) -> None:
-        pass
+        topics = self.topics
+        if (topics is not None and link._impl == topics._impl and link.credit > 0
+                and self.state is ChannelState.READY):
+            self.owner.writable()
 
     def on_delivery(self, link: Any, dlv: Any) -> None:
         if link.is_sender:

@@ -42,8 +42,9 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
+from mqttamqp.gateway.outbound import Outbound
 from mqttamqp.mqtt.actions import Refuse, ack_frame
-from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
+from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
     AckQueue,
     ConnectionRules,
@@ -60,6 +61,7 @@ from mqttamqp.mqtt.packets import (
     Disconnect,
     Pingreq,
     Pingresp,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -78,13 +80,13 @@ if TYPE_CHECKING:
 __all__ = ["GatewayFactory", "GatewayProtocol"]
 
 PINGRESP = encode(Pingresp())
-_EMPTY_PROPS = b"\x00"
 _WITH_WILL = 0x04   # MQTT 5 DISCONNECT: publish the will all the same
 
 
 class GatewayFactory(Factory):
     """The MQTT listeners' factory in gateway mode; the clients it serves by id."""
 
+    log: ClassVar[Logger] = Logger()
     noisy = False
 
     def __init__(self, pool: UpstreamPool, clock: Clock, limits: Limits,
@@ -98,14 +100,41 @@ class GatewayFactory(Factory):
         self.connections: set[GatewayProtocol] = set()
         self.ratelog = LogLimiter(clock.seconds, burst=5)
         self.refused_unavailable = 0      # CONNECTs refused: no upstream
+        self.refused_connections = 0      # sockets closed at --max-connections
+        self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
+        self.make_channel = ClientChannel   # (tests give a fake)
 
-    def buildProtocol(self, addr: Any) -> GatewayProtocol:
+    def buildProtocol(self, addr: Any) -> GatewayProtocol | None:
+        limit = self.limits.max_connections
+        if limit and len(self.connections) >= limit:
+            self.refused_connections += 1
+            held = self.ratelog.allow("max-connections")
+            if held is not None:
+                self.log.warn("refused a connection from {a}: --max-connections ({n}) "
+                              "reached{more}", a=addr, n=limit,
+                              more=f"; {held} more not logged" if held else "")
+            return None
         return GatewayProtocol(self)
+
+    def warn(self, cause: str, fmt: str, **kw: Any) -> None:
+        """One line for ``cause``, rate-limited (``LogLimiter``)."""
+        held = self.ratelog.allow(cause)
+        if held is not None:
+            self.log.warn(fmt + ("; {held} more not logged" if held else ""), held=held, **kw)
 
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
             conn.abort(reason)
+
+
+def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
+    """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
+    client id the gateway made up (MQTT 5 says it in CONNACK)."""
+    if level != 5:
+        return encode(Connack(present, code))
+    props = Properties(assigned_client_identifier=assigned) if assigned else None
+    return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 
 
 @implementer(IPushProducer)
@@ -131,10 +160,8 @@ class GatewayProtocol(Protocol):
         self._timer: DelayedCall | None = None
         self._said_goodbye = False   # DISCONNECT: a clean close
         self._with_will = False
-        self._next_id = 0
-        # Deliveries the client has not finished: packet id -> the AMQP delivery.
-        self.inflight: dict[int, Any] = {}
-        self.releasing: dict[int, Any] = {}   # QoS 2, PUBREL sent: awaiting PUBCOMP
+        self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
+        self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
         self.reading_paused = False
 
@@ -213,16 +240,21 @@ class GatewayProtocol(Protocol):
         if kind is Publish:
             self._on_publish(packet)  # type: ignore[arg-type]
         elif kind is Puback:
-            self._finish(self.inflight.pop(packet.packet_id, None))  # type: ignore[attr-defined]
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self._finish(self.outbound.acknowledged(pid))
         elif kind is Pubrel:
             pid = packet.packet_id  # type: ignore[attr-defined]
             self.awaiting_rel.discard(pid)
             self.acks.add(ack_frame(0x70, pid), None, True)
             self._flush_acks()
         elif kind is Pubrec:
-            self._on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            dlv = self.outbound.acknowledged(pid)
+            if dlv is not None and self.channel is not None:
+                self.channel.released(pid, dlv)
         elif kind is Pubcomp:
-            self._finish(self.releasing.pop(packet.packet_id, None))  # type: ignore[attr-defined]
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self._finish(self.outbound.completed(pid))
         elif kind is Subscribe:
             self._on_subscribe(packet)  # type: ignore[arg-type]
         elif kind is Unsubscribe:
@@ -249,7 +281,7 @@ class GatewayProtocol(Protocol):
         if isinstance(decided, Refuse):
             self._refuse(decided.code, decided.reason)
             return
-        self.level = decided.level
+        self.level = self.outbound.level = decided.level
         self.decoder.protocol_level = decided.level
         if decided.failure is not None:
             failure = decided.failure
@@ -262,6 +294,7 @@ class GatewayProtocol(Protocol):
             self._refuse(0x8C, "enhanced authentication is not served through a gateway")
             return
         self.client_id = decided.client_id
+        self._assigned = decided.assigned
         v5 = decided.v5
         self.clean = (packet.clean_session if v5 is None
                       else v5.session_expiry == 0)
@@ -276,8 +309,8 @@ class GatewayProtocol(Protocol):
             factory.refused_unavailable += 1
             return
         factory.clients[self.client_id] = self
-        channel = ClientChannel(conn, self.client_id, self, self.clock, factory.credit,
-                                factory.limits.connect_timeout)
+        channel = factory.make_channel(conn, self.client_id, self, self.clock, factory.credit,
+                                       factory.limits.connect_timeout)
         self.channel = channel
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
@@ -294,10 +327,8 @@ class GatewayProtocol(Protocol):
         self._timer = None
         self.rules.advance("accepted")
         self.factory.connected_total += 1
-        if self.level == 5:
-            self.transport.write(encode(Connack(present, 0), 5))
-        else:
-            self.transport.write(encode(Connack(present, ConnackCode.ACCEPTED)))
+        self.transport.write(_connack(self.level, present, ConnackCode.ACCEPTED,
+                                      self.client_id if self._assigned else None))
         self._arm_keepalive()
         self._read()
 
@@ -314,18 +345,11 @@ class GatewayProtocol(Protocol):
                      else ConnackCode.SERVER_UNAVAILABLE, e.reason)
 
     def _refuse(self, code: int, reason: str) -> None:
-        cause = f"refused-{int(code)}"
-        held = self.factory.ratelog.allow(cause)
-        if held is not None:
-            self.log.warn("refused CONNECT from {peer} (client id {c!r}): {r} (CONNACK "
-                          "{code}){more}", peer=self.peer, c=self.client_id, r=reason,
-                          code=int(code), more=f"; {held} more not logged" if held else "")
+        self._limited(f"refused-{int(code)}", "refused CONNECT from {peer} (client id "
+                      "{c!r}): {r} (CONNACK {code})", r=reason, code=int(code))
         if self.factory.clients.get(self.client_id) is self:
             del self.factory.clients[self.client_id]
-        if self.level == 5:
-            self.transport.write(encode(Connack(False, CONNACK_REASONS.get(code, code)), 5))
-        else:
-            self.transport.write(encode(Connack(False, code)))
+        self.transport.write(_connack(self.level, False, code))
         self.rules.advance("close")
         self.transport.loseConnection()
 
@@ -341,6 +365,8 @@ class GatewayProtocol(Protocol):
         qos = packet.qos
         if qos == 0:
             channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None)
+            if channel.blocked:
+                self._pause_reading()
             return
         pid = packet.packet_id
         assert pid is not None
@@ -365,7 +391,7 @@ class GatewayProtocol(Protocol):
 
         channel.publish_message(packet.topic, packet.payload, qos, packet.retain, packet.dup,
                                 answered)
-        if self.acks.over_bound:
+        if self.acks.over_bound or channel.blocked:
             self._pause_reading()
 
     def _flush_acks(self) -> None:
@@ -374,14 +400,26 @@ class GatewayProtocol(Protocol):
         frames = [frame for frame, _after in self.acks.take()]
         if frames:
             self.transport.write(b"".join(frames))
-        if self.reading_paused and self.acks.under_resume_mark:
+        self._maybe_resume()
+
+    def _pause_reading(self) -> None:
+        """Not read while acknowledgements wait beyond their bound (``AckQueue``) or
+        the core gives no credit for PUBLISH."""
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.factory.reading_pauses += 1
+            self.transport.pauseProducing()
+
+    def _maybe_resume(self) -> None:
+        channel = self.channel
+        if (self.reading_paused and self.acks.under_resume_mark and channel is not None
+                and not channel.blocked and not self.rules.closed):
             self.reading_paused = False
             self.transport.resumeProducing()
             self._read()
 
-    def _pause_reading(self) -> None:
-        self.reading_paused = True
-        self.transport.pauseProducing()
+    def writable(self) -> None:
+        self._maybe_resume()
 
     # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
 
@@ -432,47 +470,25 @@ class GatewayProtocol(Protocol):
         channel = self.channel
         if channel is None or self.rules.state is not ConnectionState.CONNECTED:
             return   # (unsettled: the core keeps it when the link ends)
-        props = _EMPTY_PROPS if self.level == 5 else None
-        if qos == 0:
-            self.transport.write(encode_publish(topic.encode(), payload, 0, retain, False,
-                                                None, props))
-            channel.finished(dlv)
-            return
-        pid = self._packet_id()
-        if pid is None:
+        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv)
+        if frame is None:
             self.abort("no free packet id for a delivery")
             return
-        self.inflight[pid] = dlv
-        self.transport.write(encode_publish(topic.encode(), payload, qos, retain, dup, pid,
-                                            props))
+        self.transport.write(frame)
+        if qos == 0:
+            channel.finished(dlv)
 
     def release(self, packet_id: int, dlv: Any) -> None:
-        if self.channel is None or self.rules.closed:
-            return
-        self.releasing[packet_id] = dlv
-        self.transport.write(encode(Pubrel(packet_id), self.level))
+        if self.channel is not None and not self.rules.closed:
+            self.transport.write(self.outbound.pubrel(packet_id, dlv))
 
     def upstream_gone(self, reason: str) -> None:
         if self.rules.state is ConnectionState.CONNECTED:
             self.abort(reason)
 
-    def _on_pubrec(self, packet_id: int) -> None:
-        dlv = self.inflight.pop(packet_id, None)
-        if dlv is not None and self.channel is not None:
-            self.channel.released(packet_id, dlv)
-
     def _finish(self, dlv: Any) -> None:
         if dlv is not None and self.channel is not None:
             self.channel.finished(dlv)
-
-    def _packet_id(self) -> int | None:
-        inflight = self.inflight
-        for _ in range(65535):   # (bounded: the credit keeps far fewer in flight)
-            self._next_id = self._next_id % 65535 + 1
-            pid = self._next_id
-            if pid not in inflight and pid not in self.releasing:
-                return pid
-        return None
 
     # -- time -----------------------------------------------------------------------------
 
@@ -514,7 +530,4 @@ class GatewayProtocol(Protocol):
             self.transport.abortConnection()
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
-        held = self.factory.ratelog.allow(cause)
-        if held is not None:
-            self.log.warn(fmt + ("; {held} more not logged" if held else ""),
-                          c=self.client_id, peer=self.peer, held=held, **kw)
+        self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)
