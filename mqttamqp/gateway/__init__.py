@@ -13,6 +13,8 @@ The parts, one concern each:
 * ``channel``: one client's proton session and the contract's links and messages;
 * ``frontend``: the MQTT connection (the sans-IO codec and connection rules of
   ``mqtt/``), CONNECT to CONNACK through the channel, the packets both ways;
+* ``outbound``: the packet ids of a client's deliveries;
+* ``websocket``: the broker's MQTT-over-WebSocket front over ``frontend``;
 * ``service``: the process in gateway mode.
 
 What it must not do: import the store, ZODB or the core's ``Broker`` (the import

@@ -105,7 +105,7 @@ class GatewayFactory(Factory):
         self.connected_total = 0
         self.make_channel = ClientChannel   # (tests give a fake)
 
-    def buildProtocol(self, addr: Any) -> GatewayProtocol | None:
+    def buildProtocol(self, addr: Any) -> Protocol:
         limit = self.limits.max_connections
         if limit and len(self.connections) >= limit:
             self.refused_connections += 1
@@ -114,7 +114,7 @@ class GatewayFactory(Factory):
                 self.log.warn("refused a connection from {a}: --max-connections ({n}) "
                               "reached{more}", a=addr, n=limit,
                               more=f"; {held} more not logged" if held else "")
-            return None
+            return _Refusing()
         return GatewayProtocol(self)
 
     def warn(self, cause: str, fmt: str, **kw: Any) -> None:
@@ -126,6 +126,15 @@ class GatewayFactory(Factory):
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
             conn.abort(reason)
+
+
+class _Refusing(Protocol):
+    """A socket over --max-connections: closed at once (TCP and WebSocket alike)."""
+
+    transport: Any
+
+    def connectionMade(self) -> None:
+        self.transport.abortConnection()
 
 
 def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:

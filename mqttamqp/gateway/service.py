@@ -2,9 +2,10 @@
 listeners served through the upstream pool, and nothing else.
 
 What it owns: building the pool (TCP, or TLS checked with service-identity for
-``amqps://``), the MQTT factory of the gateway, the listeners of ``--mqtt`` (and, for
-now, only those), starting the pool with the listeners and closing clients and
-connections at the end.
+``amqps://``), the MQTT factory of the gateway, the listeners of ``--mqtt`` and
+``--mqtt-ws``, starting the pool with the listeners and closing clients and
+connections at the end.  ``--mqtt-ws`` listeners put the broker's WebSocket front
+(``mqtt.websocket``) before the same MQTT side (``websocket``).
 
 What it must not do: open a store, build the core's broker, or start the console,
 archive, bridges or AMQP listeners: a gateway keeps no state (``.importlinter``
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from twisted.application import service
@@ -78,9 +80,25 @@ class GatewayService(service.MultiService):
         self.mqtt_factory = GatewayFactory(self.pool, self.reactor, limits,
                                            limits.max_inflight)
         self.listeners: list[ListenerService] = []
+        self.ws_factory: Any = None
 
     def add_mqtt_listener(self, description: str) -> ListenerService:
         svc = ListenerService("MQTT", description, self.mqtt_factory, self.reactor, "anyone")
+        svc.setServiceParent(self)  # type: ignore[no-untyped-call]
+        self.listeners.append(svc)
+        return svc
+
+    def add_mqtt_ws_listener(self, description: str, allowed_origins: Sequence[str] = ()
+                             ) -> ListenerService:
+        """MQTT over WebSockets, the broker's WebSocket front over this gateway."""
+        from mqttamqp.gateway.websocket import WebSocketSide
+        from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
+
+        if self.ws_factory is None:
+            side: Any = WebSocketSide(self.mqtt_factory)
+            self.ws_factory = MQTTWebSocketFactory(
+                side, self.reactor, OriginRule.from_options(allowed_origins), self.reactor)
+        svc = ListenerService("MQTT-WS", description, self.ws_factory, self.reactor, "anyone")
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc
@@ -108,4 +126,6 @@ def make_gateway(options: Any, limits: Limits) -> GatewayService:
                          options["upstream-connections"], options["amqp-idle-timeout"])
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
+    for description in options["mqtt-ws"]:
+        svc.add_mqtt_ws_listener(description, options["ws-allowed-origin"])
     return svc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, RestartableBroker
-from conftest import start_gateway
+from conftest import UPSTREAM_OPEN, start_gateway
 from pahoclient import PahoClient
 
 Gateways = Callable[..., BrokerProcess]
@@ -212,3 +212,28 @@ def test_gateway_reconnects_when_the_core_is_back(
     finally:
         gw.stop()
         core.stop()
+
+
+def test_websocket_client_through_a_gateway(tmp_path: Path, core: BrokerProcess,
+                                            clients: Callable[..., PahoClient]) -> None:
+    """An MQTT-over-WebSocket client of a gateway (--mqtt-ws) publishes and receives
+    at QoS 1 through the core."""
+    gw = BrokerProcess(str(tmp_path / "gw-ws"), "--upstream",
+                       f"amqp://127.0.0.1:{core.ports['AMQP']}",
+                       listeners=("--mqtt", "--mqtt-ws"))
+    gw.start()
+    try:
+        gw.wait_for_line(UPSTREAM_OPEN, timeout=15)
+        topic = uid("ws") + "/t"
+        ws = clients(gw.ports["MQTT-WS"], uid("wsc"), transport="websockets")
+        assert ws.subscribe((topic, 1)) == [1]
+        direct = clients(core.mqtt_port, uid("direct"))
+        assert direct.subscribe((f"{topic}/back", 1)) == [1]
+        clients(core.mqtt_port, uid("p")).publish(topic, b"to-ws", qos=1)
+        m = ws.get()
+        assert (m.payload, m.qos) == (b"to-ws", 1)
+        ws.publish(f"{topic}/back", b"from-ws", qos=1)
+        m = direct.get()
+        assert (m.payload, m.qos) == (b"from-ws", 1)
+    finally:
+        gw.stop()
