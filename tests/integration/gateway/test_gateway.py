@@ -237,3 +237,22 @@ def test_websocket_client_through_a_gateway(tmp_path: Path, core: BrokerProcess,
         assert (m.payload, m.qos) == (b"from-ws", 1)
     finally:
         gw.stop()
+
+
+def test_takeover_on_one_gateway_keeps_the_session_and_no_will(
+        core: BrokerProcess, gateways: Gateways, clients: Callable[..., PahoClient]) -> None:
+    """A second connection with the same client id through the same gateway closes the
+    first (its will is not published), and serves the session the first had."""
+    gw = gateways()
+    cid = uid("twin")
+    watcher = clients(core.mqtt_port, uid("watch"))
+    assert watcher.subscribe((f"{cid}/#", 1)) == [1]
+    first = clients(gw.mqtt_port, cid, clean=False, will=(f"{cid}/will", b"w", 1, False))
+    assert first.subscribe((f"{cid}/data", 1)) == [1]
+    second = clients(gw.mqtt_port, cid, clean=False)
+    assert first.disconnected.wait(10)
+    assert second.session_present is True
+    clients(core.mqtt_port, uid("pub")).publish(f"{cid}/data", b"for-second", qos=1)
+    assert second.get().payload == b"for-second"
+    # The watcher sees the data message and nothing before it: no will came.
+    assert [m.topic for m in watcher.until(f"{cid}/data")] == [f"{cid}/data"]
