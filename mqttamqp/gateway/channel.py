@@ -479,6 +479,7 @@ class ClientChannel:
             self.send_then(self.service, _control("close", self.client_id),
                            lambda _outcome: self._end())
             self._end_call = self.clock.callLater(self.timeout, self._end)
+            self.conn.flush_now()
         else:
             self._end()
 
@@ -494,7 +495,7 @@ class ClientChannel:
                 link.close()
         if self.session is not None:
             self.session.close()
-            self.conn.forget(self, self.session, self.links)
-        self.conn.flush()
+            self.conn.forget(self, self.links)
+        self.conn.flush_now()
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
-from proton import Collector, Connection, Endpoint, Event, Transport
+from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -98,6 +98,8 @@ class UpstreamConnection(TwistedProtocol):
         self._timer: DelayedCall | None = None
         self._timer_deadline = 0.0
         self._lost = False
+        self._free_links: list[Any] = []
+        self._free_sessions: list[Any] = []
 
     # -- what channels use ------------------------------------------------------------
 
@@ -121,9 +123,9 @@ class UpstreamConnection(TwistedProtocol):
     def register(self, link: Any, channel: ChannelEvents) -> None:
         self.links[link._impl] = channel
 
-    def forget(self, channel: ChannelEvents, session: Any, links: list[Any]) -> None:
-        """``channel`` is done with ``session`` and ``links`` (closed locally)."""
-        self.sessions.pop(session._impl, None)
+    def forget(self, channel: ChannelEvents, links: list[Any]) -> None:
+        """``channel`` closed ``links`` and its session: no more of their events go to
+        it (the session counts against channel-max until the core ends it too)."""
         for link in links:
             self.links.pop(link._impl, None)
 
@@ -133,6 +135,12 @@ class UpstreamConnection(TwistedProtocol):
         if self._pumping or self._flush_call is not None or self.ptrans is None:
             return
         self._flush_call = self.clock.callLater(0, self._flushed)
+
+    def flush_now(self) -> None:
+        """Write pending output now (a client's end: its detaches must reach the core
+        before anything it may do next, and before the core sends it more)."""
+        if not self._pumping and self.ptrans is not None:
+            self._pump()
 
     def _flushed(self) -> None:
         self._flush_call = None
@@ -236,6 +244,8 @@ class UpstreamConnection(TwistedProtocol):
                     return
             self._tick()
             self._write_output()
+            if self._free_links or self._free_sessions:
+                self._free_closed()
         except Exception:
             self._pumping = False
             self._failed(Failure())
@@ -249,7 +259,11 @@ class UpstreamConnection(TwistedProtocol):
             channel = self.links.get(dlv.link._impl)
             if channel is not None:
                 channel.on_delivery(dlv.link, dlv)
-            else:
+            elif not dlv.settled:
+                # A message for a client that is gone (its detach not yet out):
+                # Released, so the core keeps it for the session (settling it with no
+                # outcome would lose it).
+                dlv.update(Delivery.RELEASED)
                 dlv.settle()
         elif kind is _LINK_FLOW:
             channel = self.links.get(event.link._impl)
@@ -261,18 +275,21 @@ class UpstreamConnection(TwistedProtocol):
                 channel.on_link_open(event.link)
         elif kind is _LINK_CLOSE or kind is _LINK_DETACH:
             link = event.link
-            channel = self.links.get(link._impl)
+            channel = self.links.pop(link._impl, None)
             if channel is not None:
                 channel.on_link_closed(link, describe(_remote_condition(link)))
             if link.state & Endpoint.LOCAL_ACTIVE:
                 link.close()
+            self._free_links.append(link)
         elif kind is _SESSION_CLOSE:
             session = event.session
+            # (counted until the core's end: its channel number is not free before)
             channel = self.sessions.pop(session._impl, None)
             if channel is not None:
                 channel.on_session_closed()
             if session.state & Endpoint.LOCAL_ACTIVE:
                 session.close()
+            self._free_sessions.append(session)
         elif kind is _CONN_OPEN:
             self.open = True
             # (proton numbers channels from 0: channel-max N allows N + 1 sessions)
@@ -291,6 +308,17 @@ class UpstreamConnection(TwistedProtocol):
             self.links.pop(event.link._impl, None)
         elif kind is _SESSION_FINAL:
             self.sessions.pop(event.session._impl, None)
+
+    def _free_closed(self) -> None:
+        """Let proton free the links and sessions closed at both ends (their last frames
+        are written): it keeps them until the connection ends otherwise, and a gateway's
+        connection outlives many clients.  Links first: a session frees its links."""
+        links, self._free_links = self._free_links, []
+        sessions, self._free_sessions = self._free_sessions, []
+        for link in links:
+            link.free()
+        for session in sessions:
+            session.free()
 
     def _tick(self) -> None:
         now = self.clock.seconds()

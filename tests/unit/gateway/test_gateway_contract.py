@@ -7,6 +7,7 @@ from __future__ import annotations
 from amqp_memory import Net
 from gateway_memory import Gateway
 
+from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Connack,
     Disconnect,
@@ -128,3 +129,24 @@ def test_connect_without_upstream_is_server_unavailable() -> None:
     assert c.connack == Connack(False, 3)
     assert c.transport.disconnecting
     assert "nobody" not in net.broker.sessions
+
+
+def test_message_in_flight_to_a_client_that_left_stays_in_its_session() -> None:
+    """A QoS 1 message the core sent just as the client said DISCONNECT (it crosses
+    the gateway's detach) is not lost: the next connection of the client gets it."""
+    net = Net()
+    gw = Gateway(net)
+    c = gw.client("away", clean=False)
+    c.send(Subscribe(1, (("q/1", 1),)))
+    c.take(Suback)
+    pub = net.mqtt("p")
+    pub.proto.dataReceived(encode(Publish("q/1", b"kept", 1, packet_id=1)))  # (not pumped)
+    c.proto.dataReceived(encode(Disconnect()))
+    c.proto.connectionLost(None)
+    for wire in gw.wires:   # the core's transfer reaches the gateway before its detach
+        wire.conn.dataReceived(wire.server_side.value())
+        wire.server_side.clear()
+    net.pump()
+    again = gw.client("away", clean=False)
+    assert again.connack == Connack(True, 0)
+    assert [m.payload for m in again.take(Publish)] == [b"kept"]
