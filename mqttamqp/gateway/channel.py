@@ -37,8 +37,8 @@ from proton import Condition, Delivery, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import ANNOTATION_QOS, ANNOTATION_RETAIN
-from mqttamqp.amqp.codec.encode import encode_publish
+from mqttamqp.amqp.codec.contract import ANNOTATION_QOS, ANNOTATION_RETAIN, Mqtt5Props
+from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
 from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
@@ -89,7 +89,7 @@ class ChannelOwner(Protocol):
     """The MQTT side of one client, as its channel sees it."""
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any) -> None:
+                dlv: Any, props: Mqtt5Props | None = None) -> None:
         """A message of the session for the client; ``dlv`` comes back to ``finished``
         (QoS 0: once written; QoS 1: on PUBACK; QoS 2: on PUBCOMP)."""
 
@@ -265,10 +265,15 @@ class ClientChannel:
         self.conn.flush()
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                        then: Callable[[Outcome], None] | None) -> None:
-        """AMQP_PUBLISH of a client's PUBLISH (``then`` None for QoS 0)."""
-        self.send_then(self.topics, encode_publish(topic, payload, qos, retain, int(dup),
-                                                   self.client_id), then)
+                        then: Callable[[Outcome], None] | None,
+                        props: Mqtt5Props | None = None) -> None:
+        """AMQP_PUBLISH of a client's PUBLISH (``then`` None for QoS 0), with its MQTT 5
+        properties in their AMQP places."""
+        body = (encode_publish(topic, payload, qos, retain, int(dup), self.client_id)
+                if props is None else
+                encode_publish5(topic, payload, qos, retain, int(dup), self.client_id, None,
+                                props))
+        self.send_then(self.topics, body, then)
 
     def subscribe(self, packet_id: int, requests: dict[str, int]
                   ) -> Deferred[Outcome]:
@@ -389,7 +394,7 @@ class ClientChannel:
             self._refuse(dlv, "a message with no topic or no MQTT payload")
             return
         self.owner.deliver(fields.to, fields.payload, fields.qos, fields.retain,
-                           fields.redelivered, dlv)
+                           fields.redelivered, dlv, fields.props)
 
     def _maybe_pubrel(self, dlv: Any, data: bytes) -> bool:
         try:

@@ -24,7 +24,8 @@ client id on this gateway, and the one close: clean (DISCONNECT) or brute
 What it must not do: keep anything of a session beyond the connection (in-flight
 packet ids and QoS 2 ids awaiting PUBREL are the connection's, as the core's own MQTT
 adapter keeps them), import the core's broker or the store, or touch proton
-(``channel``).  MQTT 5 is served without its properties for now (docs/gateway.md).
+(``channel``).  MQTT 5: a PUBLISH's message properties cross both ways; what does
+not yet is in docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
+from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
@@ -72,7 +74,7 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.pool import UpstreamPool
@@ -117,6 +119,24 @@ class GatewayFactory(Factory):
             return _Refusing()
         return GatewayProtocol(self)
 
+    def channel_for(self, client: GatewayProtocol, credit: int) -> ClientChannel | None:
+        """A new channel for ``client`` (the client of that id before it is closed
+        first, a takeover: no will, and the new channel goes on its connection, so the
+        core sees the old links go before the new ones come); None: no upstream
+        connection can take it."""
+        old = self.clients.get(client.client_id)
+        prefer = None
+        if old is not None:
+            prefer = old.channel.conn if old.channel is not None else None
+            old.abort("session taken over by a new connection", brute=False)
+        conn = self.pool.pick(prefer)
+        if conn is None:
+            self.refused_unavailable += 1
+            return None
+        self.clients[client.client_id] = client
+        return self.make_channel(conn, client.client_id, client, self.clock, credit,
+                                 self.limits.connect_timeout)
+
     def warn(self, cause: str, fmt: str, **kw: Any) -> None:
         """One line for ``cause``, rate-limited (``LogLimiter``)."""
         held = self.ratelog.allow(cause)
@@ -135,6 +155,19 @@ class _Refusing(Protocol):
 
     def connectionMade(self) -> None:
         self.transport.abortConnection()
+
+
+def _message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
+    """An MQTT 5 PUBLISH's properties that travel with the message (in their AMQP
+    places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
+    CONNACK allows none)."""
+    if props.topic_alias is not None:
+        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
+    mp = message_properties(props)
+    if mp is None:
+        return None, None
+    return Mqtt5Props(mp.payload_format, mp.expiry_interval, mp.content_type,
+                      mp.response_topic, mp.correlation_data, mp.user_properties), None
 
 
 def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
@@ -307,19 +340,11 @@ class GatewayProtocol(Protocol):
         v5 = decided.v5
         self.clean = (packet.clean_session if v5 is None
                       else v5.session_expiry == 0)
-        old = factory.clients.get(self.client_id)
-        prefer = None
-        if old is not None:
-            prefer = old.channel.conn if old.channel is not None else None
-            old.abort("session taken over by a new connection", brute=False)
-        conn = factory.pool.pick(prefer)
-        if conn is None:
+        channel = factory.channel_for(self, factory.credit if v5 is None
+                                      else min(factory.credit, v5.client_receive_max))
+        if channel is None:
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "no upstream connection is open")
-            factory.refused_unavailable += 1
             return
-        factory.clients[self.client_id] = self
-        channel = factory.make_channel(conn, self.client_id, self, self.clock, factory.credit,
-                                       factory.limits.connect_timeout)
         self.channel = channel
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
@@ -366,6 +391,9 @@ class GatewayProtocol(Protocol):
 
     def _on_publish(self, packet: Publish) -> None:
         problem = self.factory.strings.topic(packet.topic, "PUBLISH topic")
+        props = None
+        if packet.properties is not None and problem is None:
+            props, problem = _message_props(packet.properties)
         if problem is not None or not packet.topic:
             self._violation(problem or "PUBLISH with an empty topic")
             return
@@ -373,7 +401,8 @@ class GatewayProtocol(Protocol):
         assert channel is not None
         qos = packet.qos
         if qos == 0:
-            channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None)
+            channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
+                                    props)
             if channel.blocked:
                 self._pause_reading()
             return
@@ -399,7 +428,7 @@ class GatewayProtocol(Protocol):
             self._flush_acks()
 
         channel.publish_message(packet.topic, packet.payload, qos, packet.retain, packet.dup,
-                                answered)
+                                answered, props)
         if self.acks.over_bound or channel.blocked:
             self._pause_reading()
 
@@ -475,11 +504,11 @@ class GatewayProtocol(Protocol):
     # -- deliveries from the core (ChannelOwner) ------------------------------------------
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any) -> None:
+                dlv: Any, props: Mqtt5Props | None = None) -> None:
         channel = self.channel
         if channel is None or self.rules.state is not ConnectionState.CONNECTED:
             return   # (unsettled: the core keeps it when the link ends)
-        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv)
+        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props)
         if frame is None:
             self.abort("no free packet id for a delivery")
             return

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttamqp.mqtt.codec import encode, encode_publish
-from mqttamqp.mqtt.packets import Pubrel
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.mqtt.codec import encode, encode_properties, encode_publish
+from mqttamqp.mqtt.packets import Properties, Pubrel
 
 __all__ = ["Outbound"]
 
-_EMPTY_PROPS = b"\x00"   # MQTT 5: no properties (the gateway sends none yet)
+_EMPTY_PROPS = b"\x00"   # MQTT 5: no properties
 
 
 class Outbound:
@@ -33,10 +34,17 @@ class Outbound:
         self._next_id = 0
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any) -> bytes | None:
+                dlv: Any, message: Mqtt5Props | None = None) -> bytes | None:
         """The PUBLISH frame of a delivery (kept in flight at QoS > 0), or None when
-        no packet id is free."""
-        props = _EMPTY_PROPS if self.level == 5 else None
+        no packet id is free; an MQTT 5 client gets the message's properties."""
+        props = None
+        if self.level == 5:
+            props = _EMPTY_PROPS if message is None else encode_properties(Properties(
+                payload_format_indicator=message.payload_format,
+                message_expiry_interval=message.expiry_interval,
+                content_type=message.content_type, response_topic=message.response_topic,
+                correlation_data=message.correlation_data,
+                user_properties=message.user_properties))
         if qos == 0:
             return encode_publish(topic.encode(), payload, 0, retain, False, None, props)
         pid = self._packet_id()

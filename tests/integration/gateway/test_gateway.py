@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, RestartableBroker
 from conftest import UPSTREAM_OPEN, start_gateway
-from pahoclient import PahoClient
+from paho.mqtt.packettypes import PacketTypes
+from pahoclient import Paho5, PahoClient, props
 
 Gateways = Callable[..., BrokerProcess]
 
@@ -259,3 +260,42 @@ def test_takeover_on_one_gateway_keeps_the_session_and_no_will(
     assert second.get().payload == b"for-second"
     # The watcher sees the data message and nothing before it: no will came.
     assert [m.topic for m in watcher.until(f"{cid}/data")] == [f"{cid}/data"]
+
+
+def test_mqtt5_message_properties_cross_the_gateway(
+        core: BrokerProcess, gateways: Gateways) -> None:
+    """MQTT 5: user properties, content type, response topic and correlation data of a
+    PUBLISH through a gateway reach an MQTT 5 subscriber on the core, and those of a
+    PUBLISH on the core reach one on the gateway."""
+    gw = gateways()
+    topic = uid("v5") + "/t"
+    on_gw = Paho5(gw.mqtt_port, uid("g5"))
+    on_core = Paho5(core.mqtt_port, uid("c5"))
+    try:
+        assert on_gw.subscribe((f"{topic}/down", 1)) == [1]
+        assert on_core.subscribe((f"{topic}/up", 1)) == [1]
+        sent = props(PacketTypes.PUBLISH, UserProperty=[("k", "v")], ContentType="text/x",
+                     ResponseTopic="r/t", CorrelationData=b"c1")
+        on_gw.publish(f"{topic}/up", b"up", qos=1, properties=sent)
+        on_core.publish(f"{topic}/down", b"down", qos=1, properties=sent)
+        for client, payload in ((on_core, b"up"), (on_gw, b"down")):
+            m = client.get()
+            assert m.payload == payload
+            p = m.properties
+            assert (p.UserProperty, p.ContentType, p.ResponseTopic, p.CorrelationData) == (
+                [("k", "v")], "text/x", "r/t", b"c1")
+    finally:
+        on_gw.stop()
+        on_core.stop()
+
+
+def test_mqtt5_connect_without_upstream_is_0x88(tmp_path: Path) -> None:
+    """MQTT 5 CONNECT with no upstream: CONNACK reason code 0x88 (server unavailable)."""
+    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{_free_port()}", wait_open=False)
+    try:
+        gw.wait_for_line(r"upstream connection 0 to \S+ is down", timeout=15)
+        c = Paho5(gw.mqtt_port, uid("v5-early"))
+        assert int(c.connack.value) == 0x88
+        c.stop()
+    finally:
+        gw.stop()

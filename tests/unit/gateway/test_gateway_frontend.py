@@ -50,7 +50,7 @@ class FakeChannel:
         return await self.opened
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                        then: Any) -> None:
+                        then: Any, props: Any = None) -> None:
         self.published.append((topic, payload, qos, then))
 
     def subscribe(self, packet_id: int, requests: dict[str, int]) -> Deferred[Outcome]:
