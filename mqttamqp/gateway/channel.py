@@ -33,7 +33,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from proton import Condition, Delivery, Message, symbol, ulong
+from proton import Condition, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
@@ -44,6 +44,25 @@ from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.engine import UpstreamConnection
+from mqttamqp.net.rawproton import (
+    condition,
+    delivery_link,
+    delivery_partial,
+    delivery_readable,
+    delivery_remote,
+    delivery_remote_state,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    from_buffer,
+    lib,
+    link_advance,
+    link_credit,
+    link_flow,
+    link_send,
+    new_delivery,
+    recv,
+)
 
 __all__ = ["ChannelOwner", "ClientChannel", "ChannelState", "Refused", "Outcome",
            "WILL_SERVICE", "SUBSCRIPTION_SERVICE", "DETACH_FORCED"]
@@ -53,8 +72,11 @@ SUBSCRIPTION_SERVICE = "$mqtt.subscriptionservice"
 DETACH_FORCED = "amqp:link:detach-forced"
 UNAUTHORIZED = "amqp:unauthorized-access"
 
-ACCEPTED = Delivery.ACCEPTED
-REJECTED = Delivery.REJECTED
+ACCEPTED: int = lib.PN_ACCEPTED
+REJECTED: int = lib.PN_REJECTED
+RELEASED: int = lib.PN_RELEASED
+MODIFIED: int = lib.PN_MODIFIED
+_TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 
 class Refused(Exception):
@@ -119,15 +141,20 @@ def _will(client_id: str, topic: str, payload: bytes, qos: int, retain: bool) ->
     return bytes(msg.encode())
 
 
-def _outcome(dlv: Any) -> Outcome:
-    state = dlv.remote_state
+_ACCEPTED = Outcome(True)   # (shared: the usual answer costs no object)
+
+
+def _outcome(dlv: Any, state: int) -> Outcome:
+    """The core's outcome of our delivery ``dlv`` (a raw pointer)."""
     if state == ACCEPTED:
-        return Outcome(True)
-    cond = dlv.remote.condition if state == REJECTED else None
-    name = str(cond.name) if cond is not None else ""
-    reason = (f"{name}: {cond.description}" if cond is not None and cond.description
-              else name or f"outcome {state}")
-    return Outcome(False, reason, name)
+        return _ACCEPTED
+    both = (condition(lib.pn_disposition_condition(delivery_remote(dlv)))
+            if state == REJECTED else None)
+    if both is None:
+        return Outcome(False, {RELEASED: "released", MODIFIED: "modified"}.get(
+            state, f"outcome {state}"))
+    name, description = both
+    return Outcome(False, f"{name}: {description}" if description else name, name)
 
 
 class ClientChannel:
@@ -152,11 +179,16 @@ class ClientChannel:
         self.publish: Any = None
         self.topics: Any = None
         self.pubrel: Any = None
+        # Raw pointers of the per-message links (``rawproton``: no wrapper per message).
+        self._senders: set[Any] = set()
+        self._topics_impl: Any = None
+        self._publish_impl: Any = None
         self.paused = False        # the client's socket is full: no credit given back
         self._owed = 0             # credit held back while paused
         self._tag = 0
         # Our unsettled transfers by delivery tag: what to call with the outcome.
-        self._waiting: dict[str, Callable[[Outcome], None]] = {}
+        # (by the delivery's raw pointer: popped before it is settled)
+        self._waiting: dict[Any, Callable[[Outcome], None]] = {}
         self._opened: dict[Any, Deferred[Any]] = {}   # links awaiting the core's attach
         self._reply: Deferred[dict[str, int]] | None = None
         self._end_call: DelayedCall | None = None
@@ -174,6 +206,7 @@ class ClientChannel:
         self.service = self._sender(prefix + "ss", SUBSCRIPTION_SERVICE)
         self.control = self._receiver(prefix + "control", f"$mqtt.to.{cid}.control", 8)
         self.topics = self._sender(prefix + "publish", None)
+        self._topics_impl = self.topics._impl
         await self._attached(self.will, self.service, self.control, self.topics)
         if will is not None:
             topic, payload, qos, retain = will
@@ -189,6 +222,7 @@ class ClientChannel:
             present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS"))
         self.publish = self._receiver(prefix + "session", f"$mqtt.to.{cid}.publish",
                                       self.credit, mixed=True)
+        self._publish_impl = self.publish._impl
         await self._attached(self.publish)
         self.state = ChannelState.READY
         return present
@@ -198,6 +232,7 @@ class ClientChannel:
         link.target.address = address
         link.snd_settle_mode = link.SND_MIXED if address is None else link.SND_UNSETTLED
         link.rcv_settle_mode = link.RCV_FIRST
+        self._senders.add(link._impl)
         return self._attach(link)
 
     def _receiver(self, name: str, address: str, credit: int, mixed: bool = False) -> Any:
@@ -253,15 +288,17 @@ class ClientChannel:
                   ) -> None:
         """``body`` on ``link``: pre-settled when ``then`` is None, else unsettled and
         ``then`` called with the core's outcome."""
+        # (raw proton calls: this is every PUBLISH's path)
         self._tag += 1
-        tag = f"{self._tag:x}"   # (proton hands tags back as str)
-        dlv = link.delivery(tag)
-        link.send(body)
-        link.advance()
+        tag = b"%x" % self._tag
+        impl = link._impl
+        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        link_send(impl, body, len(body))
+        link_advance(impl)
         if then is None:
-            dlv.settle()
+            delivery_settle(dlv)
         else:
-            self._waiting[tag] = then
+            self._waiting[dlv] = then
         self.conn.flush()
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
@@ -305,13 +342,16 @@ class ClientChannel:
         back (unless the client's socket is full)."""
         if self.state is ChannelState.CLOSED:
             return
-        if not dlv.settled:
-            dlv.update(ACCEPTED)
-            dlv.settle()
+        if not delivery_settled(dlv):
+            delivery_update(dlv, ACCEPTED)
+        delivery_settle(dlv)   # (pre-settled too: proton frees it once we settle)
+        self._credit_back()
+
+    def _credit_back(self) -> None:
         if self.paused:
             self._owed += 1
-        elif self.publish is not None:
-            self.publish.flow(1)
+        elif self._publish_impl is not None:
+            link_flow(self._publish_impl, 1)
         self.conn.flush()
 
     def pause(self) -> None:
@@ -355,36 +395,43 @@ class ClientChannel:
     def blocked(self) -> bool:
         """The core gave no credit left on the PUBLISH sender: the client is not read
         until it gives more (credit is the publisher's flow control)."""
-        topics = self.topics
-        return topics is not None and topics.credit <= 0
+        impl = self._topics_impl
+        return impl is not None and link_credit(impl) <= 0
 
-    def on_flow(self, link: Any) -> None:
-        topics = self.topics
-        if (topics is not None and link._impl == topics._impl and link.credit > 0
+    def on_flow(self, impl: Any) -> None:
+        """The core's flow on the link ``impl`` (a raw pointer)."""
+        if (impl == self._topics_impl and link_credit(impl) > 0
                 and self.state is ChannelState.READY):
             self.owner.writable()
 
-    def on_delivery(self, link: Any, dlv: Any) -> None:
-        if link.is_sender:
-            if dlv.updated and dlv.remote_state:
-                then = self._waiting.pop(dlv.tag, None)
-                outcome = _outcome(dlv)
-                dlv.settle()
-                if then is not None:
-                    then(outcome)
+    def on_delivery(self, dlv: Any) -> None:
+        """A raw delivery of one of our links: the core's outcome of ours, or a
+        message (whole: read at once)."""
+        impl = delivery_link(dlv)
+        if impl in self._senders:
+            state = delivery_remote_state(dlv)
+            if state not in _TERMINAL and not delivery_settled(dlv):
+                return   # (non-terminal: wait for the outcome)
+            then = self._waiting.pop(dlv, None)
+            outcome = _outcome(dlv, state)
+            delivery_settle(dlv)   # (its pointer may be reused from here on)
+            if then is not None:
+                then(outcome)
             return
-        if not dlv.readable or dlv.partial:
+        if not delivery_readable(dlv) or delivery_partial(dlv):
             return
-        data = bytes(link.recv(dlv.pending))
-        link.advance()
-        if link is self.publish or link._impl == getattr(self.publish, "_impl", None):
+        data = recv(impl, dlv)
+        link_advance(impl)
+        if data is None:
+            self._refuse(dlv, "an aborted delivery")
+        elif impl == self._publish_impl:
             self._on_session_message(dlv, data)
         else:
             self._on_control(dlv, data)
 
     def _on_session_message(self, dlv: Any, data: bytes) -> None:
         try:
-            fields = decode_publish(data, dlv.settled)
+            fields = decode_publish(data, delivery_settled(dlv))
         except DecodeError as e:
             self._refuse(dlv, f"a message the gateway cannot read: {e}")
             return
@@ -411,11 +458,13 @@ class ClientChannel:
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)
-        if not dlv.settled:
-            dlv.local.condition = Condition("amqp:decode-error", reason[:200])
-            dlv.update(REJECTED)
-            dlv.settle()
-        self.finished(dlv)
+        if not delivery_settled(dlv):
+            cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
+            lib.pn_condition_set_name(cond, b"amqp:decode-error")
+            lib.pn_condition_set_description(cond, reason[:200].encode())
+            delivery_update(dlv, REJECTED)
+        delivery_settle(dlv)
+        self._credit_back()
 
     def _on_control(self, dlv: Any, data: bytes) -> None:
         try:
@@ -423,9 +472,9 @@ class ClientChannel:
         except DecodeError as e:
             self._refuse_control(dlv, str(e))
             return
-        if not dlv.settled:
-            dlv.update(ACCEPTED)
-            dlv.settle()
+        if not delivery_settled(dlv):
+            delivery_update(dlv, ACCEPTED)
+        delivery_settle(dlv)
         self.control.flow(1)
         reply = self._reply
         if msg.subject == "subscriptions" and reply is not None and not reply.called:
@@ -436,9 +485,9 @@ class ClientChannel:
         self.conn.flush()
 
     def _refuse_control(self, dlv: Any, reason: str) -> None:
-        if not dlv.settled:
-            dlv.update(REJECTED)
-            dlv.settle()
+        if not delivery_settled(dlv):
+            delivery_update(dlv, REJECTED)
+        delivery_settle(dlv)
         self.control.flow(1)
 
     # -- the end --------------------------------------------------------------------------

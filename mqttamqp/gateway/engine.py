@@ -20,14 +20,27 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
-from proton import Collector, Connection, Delivery, Endpoint, Event, Transport
+from proton import Collector, Connection, Endpoint, Event, Transport
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.target import Upstream
-from mqttamqp.net.rawproton import describe
+from mqttamqp.net.rawproton import (
+    EV_LINK_FLOW,
+    delivery_link,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    describe,
+    event_delivery,
+    event_link,
+    event_type,
+    lib,
+    next_event,
+    pop_event,
+)
 
 __all__ = ["ChannelEvents", "ConnectionOwner", "UpstreamConnection"]
 
@@ -35,8 +48,7 @@ __all__ = ["ChannelEvents", "ConnectionOwner", "UpstreamConnection"]
 _LINK_OPEN = Event.LINK_REMOTE_OPEN
 _LINK_CLOSE = Event.LINK_REMOTE_CLOSE
 _LINK_DETACH = Event.LINK_REMOTE_DETACH
-_LINK_FLOW = Event.LINK_FLOW
-_DELIVERY = Event.DELIVERY
+_RELEASED: int = lib.PN_RELEASED
 _SESSION_CLOSE = Event.SESSION_REMOTE_CLOSE
 _CONN_OPEN = Event.CONNECTION_REMOTE_OPEN
 _CONN_CLOSE = Event.CONNECTION_REMOTE_CLOSE
@@ -54,9 +66,9 @@ class ChannelEvents(Protocol):
 
     def on_session_closed(self) -> None: ...
 
-    def on_flow(self, link: Any) -> None: ...
+    def on_flow(self, impl: Any) -> None: ...
 
-    def on_delivery(self, link: Any, dlv: Any) -> None: ...
+    def on_delivery(self, dlv: Any) -> None: ...
 
     def lost(self, reason: str) -> None: ...
 
@@ -231,15 +243,30 @@ class UpstreamConnection(TwistedProtocol):
             return
         self._pumping = True
         try:
-            collector = self.collector
+            col = self.collector._impl
+            links = self.links
             for _ in range(1_000_000):   # (bounded: each round takes one event)
-                event = collector.peek()
-                if event is None:
+                event = next_event(col)
+                if not event:
                     break
                 try:
-                    self._on_event(event)
+                    # The per-message path on raw pointers (``rawproton``): a delivery
+                    # or a flow costs no wrapper; every other event is wrapped.
+                    dlv = event_delivery(event)
+                    if dlv:
+                        channel = links.get(delivery_link(dlv))
+                        if channel is not None:
+                            channel.on_delivery(dlv)
+                        else:
+                            _orphan(dlv)
+                    elif event_type(event) == EV_LINK_FLOW:
+                        channel = links.get(event_link(event))
+                        if channel is not None:
+                            channel.on_flow(event_link(event))
+                    else:
+                        self._on_event(Event.wrap(event))  # type: ignore[no-untyped-call]
                 finally:
-                    collector.pop()
+                    pop_event(col)
                 if self.ptrans is None:
                     return
             self._tick()
@@ -254,22 +281,7 @@ class UpstreamConnection(TwistedProtocol):
 
     def _on_event(self, event: Any) -> None:
         kind = event.type
-        if kind is _DELIVERY:
-            dlv = event.delivery
-            channel = self.links.get(dlv.link._impl)
-            if channel is not None:
-                channel.on_delivery(dlv.link, dlv)
-            elif not dlv.settled:
-                # A message for a client that is gone (its detach not yet out):
-                # Released, so the core keeps it for the session (settling it with no
-                # outcome would lose it).
-                dlv.update(Delivery.RELEASED)
-                dlv.settle()
-        elif kind is _LINK_FLOW:
-            channel = self.links.get(event.link._impl)
-            if channel is not None:
-                channel.on_flow(event.link)
-        elif kind is _LINK_OPEN:
+        if kind is _LINK_OPEN:
             channel = self.links.get(event.link._impl)
             if channel is not None:
                 channel.on_link_open(event.link)
@@ -365,13 +377,18 @@ class UpstreamConnection(TwistedProtocol):
         self._timer = self._flush_call = None
 
 
-def _remote_condition(link: Any) -> Any:
-    from mqttamqp.net.rawproton import lib
+def _orphan(dlv: Any) -> None:
+    """A delivery on a link no channel serves: a message for a client that is gone
+    (its detach not yet out) is Released, so the core keeps it for the session
+    (settling it with no outcome would lose it); an outcome of ours is settled."""
+    if lib.pn_link_is_receiver(delivery_link(dlv)) and not delivery_settled(dlv):
+        delivery_update(dlv, _RELEASED)
+    delivery_settle(dlv)
 
+
+def _remote_condition(link: Any) -> Any:
     return lib.pn_link_remote_condition(link._impl)
 
 
 def _conn_condition(pconn: Any) -> Any:
-    from mqttamqp.net.rawproton import lib
-
     return lib.pn_connection_remote_condition(pconn._impl)
