@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import mqttwire  # noqa: E402
-from brokers import free_port, proc_cpu_s, twistd_bin  # noqa: E402
+import mqttwire
+from brokers import free_port, proc_cpu_s, twistd_bin
 
 _OFF = ("--web", "none", "--mqtt-ws", "none", "--metrics", "none")
 
