@@ -6,7 +6,10 @@ loopback ports, then runs the same QoS 1 workload twice: one publisher (a window
 ("direct"), then both on the gateway ("gateway").  Reports messages/s and the CPU
 seconds per message of each process (utime+stime from /proc), as JSON on stdout.
 
-    python bench/gateway_bench.py [--messages N] [--payload BYTES]
+    python bench/gateway_bench.py [--messages N] [--payload BYTES] [--idle-clients N]
+
+``--idle-clients N`` then connects N idle clients (clean session 0, one subscription
+each) to the gateway and reports the resident memory each process gained per client.
 
 The harness uses the benchmark's own MQTT wire code (``mqttwire``), not the broker's.
 """
@@ -66,7 +69,10 @@ def _client(port: int, client_id: str) -> tuple[socket.socket, mqttwire.Parser]:
     s.sendall(mqttwire.connect(client_id))
     parser = mqttwire.Parser()
     while True:
-        for first, _body in parser.feed(s.recv(65536)):
+        data = s.recv(65536)
+        if not data:
+            raise RuntimeError(f"{client_id}: closed before CONNACK")
+        for first, _body in parser.feed(data):
             if first >> 4 == mqttwire.CONNACK:
                 return s, parser
 
@@ -122,17 +128,53 @@ def _run(port: int, n: int, payload: bytes, tag: str) -> float:
     return elapsed
 
 
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _idle(port: int, n: int, procs: dict[str, subprocess.Popen[str]]) -> dict[str, float]:
+    """KB of resident memory each process gained per idle client of the gateway."""
+    before = {k: _rss_kb(p.pid) for k, p in procs.items()}
+    held = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(mqttwire.connect(f"idle-{i}", clean=False)
+                  + mqttwire.subscribe(1, [(f"idle/{i}", 1)]))
+        parser = mqttwire.Parser()
+        kinds: set[int] = set()
+        while mqttwire.SUBACK not in kinds:
+            data = s.recv(4096)
+            if not data:
+                raise RuntimeError(f"idle client {i} was closed by the gateway")
+            kinds |= {first >> 4 for first, _ in parser.feed(data)}
+        held.append(s)
+    after = {k: _rss_kb(p.pid) for k, p in procs.items()}
+    for s in held:
+        s.sendall(mqttwire.DISCONNECT_PKT)
+        s.close()
+    return {k: round((after[k] - before[k]) / n, 2) for k in procs}
+
+
 def main() -> None:
+    # SIGTERM (a timeout) ends through the finally below: the processes are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--payload", type=int, default=64)
+    ap.add_argument("--idle-clients", type=int, default=0)
     opts = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="gwbench-")
     core_mqtt, core_amqp, gw_mqtt = free_port(), free_port(), free_port()
     core = _start(["--data", os.path.join(tmp, "core"), "--no-archive",
                    "--mqtt", f"tcp:{core_mqtt}:interface=127.0.0.1",
                    "--amqp", f"tcp:{core_amqp}:interface=127.0.0.1",
-                   "--amqp-max-sessions", "1000", *_OFF], "listening for AMQP")
+                   # (a gateway's clients: a session and 5-6 links each, one connection)
+                   "--amqp-max-sessions", "20000", "--amqp-max-links", "120000",
+                   "--amqp-max-links-total", "120000", *_OFF], "listening for AMQP")
     gw = None
     try:
         gw = _start(["--upstream", f"amqp://127.0.0.1:{core_amqp}", "--upstream-connections",
@@ -152,6 +194,9 @@ def main() -> None:
                 "cpu_us_per_message": {k: round(v / opts.messages * 1e6, 1)
                                        for k, v in used.items()},
             }
+        if opts.idle_clients:
+            result["kb_per_idle_client"] = _idle(gw_mqtt, opts.idle_clients,
+                                                 {"core": core, "gateway": gw})
         print(json.dumps(result, indent=2))
     finally:
         if gw is not None:
