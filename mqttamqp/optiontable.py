@@ -364,6 +364,11 @@ PARAMETERS: list[list[Any]] = [
      "Gateway mode: AMQP connections to the core that the MQTT clients share (a "
      "session each; the core's --amqp-max-sessions bounds the clients on one).",
      _positive(int, "upstream-connections")],
+    ["upstream-max-clients", None, 150,
+     "Gateway mode: most clients on one upstream connection (each takes a session and "
+     "up to 6 links: keep it under the core's --amqp-max-links / 6 and "
+     "--amqp-max-sessions); with every connection full, CONNECT gets \"server "
+     "unavailable\" (counted, logged).", _positive(int, "upstream-max-clients")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
      "channel_max, 1 to 65535); a channel over it closes the connection with 504.",

@@ -88,8 +88,10 @@ class UpstreamConnection(TwistedProtocol):
     transport: Any
 
     def __init__(self, owner: ConnectionOwner, clock: Clock, upstream: Upstream,
-                 container_id: str, idle_timeout: float, max_frame_size: int) -> None:
+                 container_id: str, idle_timeout: float, max_frame_size: int,
+                 max_clients: int = 150) -> None:
         self.owner = owner
+        self.max_clients = max_clients
         self.clock = clock
         self.upstream = upstream
         self.container_id = container_id
@@ -121,8 +123,11 @@ class UpstreamConnection(TwistedProtocol):
 
     @property
     def has_room(self) -> bool:
-        """Another session may begin (the core's channel-max, less one for margin)."""
-        return self.open and not self._lost and len(self.sessions) < self.channel_max
+        """Another client's session may begin: under the core's channel-max and this
+        connection's ``max_clients`` (the core closes a connection that attaches more
+        links than its --amqp-max-links, with every client on it)."""
+        return (self.open and not self._lost
+                and len(self.sessions) < min(self.channel_max, self.max_clients))
 
     def begin(self, channel: ChannelEvents) -> Any:
         """A new session for ``channel`` (opened; its frames leave on the next flush)."""

@@ -54,8 +54,11 @@ class UpstreamPool:
     log: ClassVar[Logger] = Logger()
 
     def __init__(self, clock: Clock, upstream: Upstream, connector: Connector, size: int,
-                 container_id: str, idle_timeout: float, max_frame_size: int) -> None:
+                 container_id: str, idle_timeout: float, max_frame_size: int,
+                 max_clients: int = 150) -> None:
         self.clock = clock
+        self.max_clients = max_clients   # per connection (--upstream-max-clients)
+        self.full = 0                    # clients refused: every open connection full
         self.upstream = upstream
         self.connector = connector
         self.container_id = container_id
@@ -95,6 +98,13 @@ class UpstreamPool:
             if conn is not None and slot.state == "open" and conn.has_room and (
                     best is None or conn.load < best.load):
                 best = conn
+        if best is None and self.up:
+            self.full += 1
+            if self.full == 1 or self.full % 1000 == 0:
+                self.log.warn("every upstream connection holds its most clients "
+                              "(--upstream-max-clients {m}, or the core's channel-max): "
+                              "CONNECT refused with server unavailable ({n} so far)",
+                              m=self.max_clients, n=self.full)
         return best
 
     # -- the connect loop ---------------------------------------------------------------
@@ -106,7 +116,7 @@ class UpstreamPool:
         slot.state = "connecting"
         conn = UpstreamConnection(self, self.clock, self.upstream,
                                   f"{self.container_id}/{slot.index}", self.idle_timeout,
-                                  self.max_frame_size)
+                                  self.max_frame_size, self.max_clients)
         slot.conn = conn
         d = self.connector(conn)
         d.addErrback(self._not_connected, slot, conn)

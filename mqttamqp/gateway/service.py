@@ -68,7 +68,7 @@ class GatewayService(service.MultiService):
     log: ClassVar[Logger] = Logger()
 
     def __init__(self, upstream: Upstream, limits: Limits, connections: int,
-                 idle_timeout: float, reactor: Any = None) -> None:
+                 idle_timeout: float, reactor: Any = None, max_clients: int = 150) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.reactor = reactor if reactor is not None else global_reactor
         self.upstream = upstream
@@ -76,7 +76,7 @@ class GatewayService(service.MultiService):
         self.pool = UpstreamPool(
             self.reactor, upstream, _connector(self.reactor, upstream, limits.connect_timeout),
             connections, container, idle_timeout,
-            max(512, min(limits.max_packet_size + 1024, 1 << 20)))
+            max(512, min(limits.max_packet_size + 1024, 1 << 20)), max_clients)
         self.mqtt_factory = GatewayFactory(self.pool, self.reactor, limits,
                                            limits.max_inflight)
         self.listeners: list[ListenerService] = []
@@ -123,7 +123,8 @@ class GatewayService(service.MultiService):
 def make_gateway(options: Any, limits: Limits) -> GatewayService:
     """The gateway of ``options`` (``--upstream`` given; checked when parsed)."""
     svc = GatewayService(parse_upstream(options["upstream"]), limits,
-                         options["upstream-connections"], options["amqp-idle-timeout"])
+                         options["upstream-connections"], options["amqp-idle-timeout"],
+                         max_clients=options["upstream-max-clients"])
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["mqtt-ws"]:

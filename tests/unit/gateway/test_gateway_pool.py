@@ -112,3 +112,21 @@ def test_stop_cancels_retries() -> None:
     pool.start()
     pool.stop()
     assert clock.getDelayedCalls() == []
+
+
+def test_a_connection_holds_at_most_max_clients() -> None:
+    """--upstream-max-clients: a connection with that many sessions takes no more; with
+    every connection full, pick() finds none and counts it."""
+    clock = Clock()
+    connector = Connector()
+    pool = UpstreamPool(clock, Upstream("core", 5672, False), connector, 1, "gw", 60.0,
+                        65536, max_clients=2)
+    pool.start()
+    (a,) = connector.conns
+    a.open = True
+    pool.upstream_open(a)
+    a.sessions[object()] = object()   # type: ignore[assignment]
+    assert pool.pick() is a
+    a.sessions[object()] = object()   # type: ignore[assignment]
+    assert pool.pick() is None
+    assert pool.full == 1
