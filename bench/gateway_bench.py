@@ -178,7 +178,8 @@ def main() -> None:
     gw = None
     try:
         gw = _start(["--upstream", f"amqp://127.0.0.1:{core_amqp}", "--upstream-connections",
-                     "1", "--upstream-max-clients", "20000", "--mqtt", f"tcp:{gw_mqtt}:interface=127.0.0.1", *_OFF],
+                     "1", "--upstream-max-clients", "20000",
+                     "--mqtt", f"tcp:{gw_mqtt}:interface=127.0.0.1", *_OFF],
                     r"upstream connection 0 to \S+ is open")
         payload = b"x" * opts.payload
         result: dict[str, object] = {"messages": opts.messages, "payload": opts.payload,
