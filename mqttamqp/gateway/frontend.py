@@ -40,11 +40,13 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.amqp.codec.contract import Mqtt5Props
-from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.auth import Authenticator, Credentials
+from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.outbound import Outbound
+from mqttamqp.gateway.timers import ClientTimer
 from mqttamqp.mqtt.actions import Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
@@ -54,6 +56,7 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
     StringRules,
 )
+from mqttamqp.mqtt.decisions import authenticated
 from mqttamqp.mqtt.decisions import connect as decide_connect
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
@@ -74,7 +77,7 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, Negotiated, message_properties
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.pool import UpstreamPool
@@ -106,6 +109,8 @@ class GatewayFactory(Factory):
         self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
         self.make_channel = ClientChannel   # (tests give a fake)
+        # Who may connect (the broker's user store, as on a broker); None: anyone.
+        self.authenticator: Authenticator | None = None
 
     def buildProtocol(self, addr: Any) -> Protocol:
         limit = self.limits.max_connections
@@ -199,7 +204,7 @@ class GatewayProtocol(Protocol):
         self.channel: ClientChannel | None = None
         self.keepalive: Keepalive | None = None
         self.last_activity = 0.0
-        self._timer: DelayedCall | None = None
+        self.timer = ClientTimer(self.clock)   # CONNECT deadline, then keepalive
         self._said_goodbye = False   # DISCONNECT: a clean close
         self._with_will = False
         self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
@@ -215,8 +220,7 @@ class GatewayProtocol(Protocol):
         self.factory.connections.add(self)
         self.transport.registerProducer(self, True)
         self.last_activity = self.clock.seconds()
-        self._timer = self.clock.callLater(self.factory.limits.connect_timeout,
-                                           self._connect_deadline)
+        self.timer.start(self.factory.limits.connect_timeout, self._connect_deadline)
 
     def dataReceived(self, data: bytes) -> None:
         if self.rules.closed:
@@ -229,9 +233,7 @@ class GatewayProtocol(Protocol):
         self.factory.connections.discard(self)
         if self.factory.clients.get(self.client_id) is self:
             del self.factory.clients[self.client_id]
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self.timer.cancel()
         self._end_channel(f"connection lost: {reason.getErrorMessage()}"
                           if reason is not None else "connection lost")
         self.rules.advance("close")
@@ -340,6 +342,25 @@ class GatewayProtocol(Protocol):
         v5 = decided.v5
         self.clean = (packet.clean_session if v5 is None
                       else v5.session_expiry == 0)
+        self.keepalive = Keepalive.of(packet.keepalive) if packet.keepalive else None
+        auth = factory.authenticator
+        answer = True if auth is None else auth.authenticate(Credentials(
+            self.client_id, packet.username, packet.password, "mqtt", self.peer))
+        if isinstance(answer, Deferred):
+            answer.addCallbacks(self._authenticated, self._not_opened,
+                                callbackArgs=(packet, v5), errbackArgs=(None,))
+        else:
+            self._authenticated(answer, packet, v5)
+
+    def _authenticated(self, ok: bool, packet: Connect, v5: Negotiated | None) -> None:
+        """The authenticator's answer: refused (4 or 5), or the contract's flow."""
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return   # (the client went meanwhile)
+        refused = authenticated(ok, packet, True)
+        if refused is not None:
+            self._refuse(refused.code, refused.reason)
+            return
+        factory = self.factory
         channel = factory.channel_for(self, factory.credit if v5 is None
                                       else min(factory.credit, v5.client_receive_max))
         if channel is None:
@@ -351,22 +372,20 @@ class GatewayProtocol(Protocol):
             packet.clean_session,
             (will.topic, will.payload, will.qos, will.retain) if will is not None else None))
         d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
-        self.keepalive = Keepalive.of(packet.keepalive) if packet.keepalive else None
 
     def _accepted(self, present: bool) -> None:
         if self.rules.state is not ConnectionState.CONNECTING:
             return   # (the client went meanwhile; connectionLost closed the channel)
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self.timer.cancel()
         self.rules.advance("accepted")
         self.factory.connected_total += 1
         self.transport.write(_connack(self.level, present, ConnackCode.ACCEPTED,
                                       self.client_id if self._assigned else None))
-        self._arm_keepalive()
+        if self.keepalive is not None:
+            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort)
         self._read()
 
-    def _not_opened(self, failure: Failure, channel: ClientChannel) -> None:
+    def _not_opened(self, failure: Failure, channel: ClientChannel | None) -> None:
         if self.rules.state is not ConnectionState.CONNECTING:
             return
         e = failure.value
@@ -374,7 +393,8 @@ class GatewayProtocol(Protocol):
             self.log.failure("connecting {c} through the upstream", failure, c=self.client_id)
             e = Refused(f"internal error: {failure.getErrorMessage()}")
         self.channel = None
-        channel.close(False, False, "CONNECT refused")   # (a refused CONNECT leaves no will)
+        if channel is not None:   # (a refused CONNECT leaves no will)
+            channel.close(False, False, "CONNECT refused")
         self._refuse(ConnackCode.NOT_AUTHORIZED if e.unauthorized
                      else ConnackCode.SERVER_UNAVAILABLE, e.reason)
 
@@ -531,23 +551,8 @@ class GatewayProtocol(Protocol):
     # -- time -----------------------------------------------------------------------------
 
     def _connect_deadline(self) -> None:
-        self._timer = None
         if self.rules.state is ConnectionState.AWAITING_CONNECT:
             self._violation("no CONNECT within the connect timeout")
-
-    def _arm_keepalive(self) -> None:
-        rule = self.keepalive
-        if rule is None or self.rules.closed:
-            return
-        wait = rule.next_check(self.clock.seconds(), self.last_activity, False)
-        if wait is None:
-            self.abort(rule.expired_reason(self.clock.seconds(), self.last_activity))
-            return
-        self._timer = self.clock.callLater(wait, self._keepalive_check)
-
-    def _keepalive_check(self) -> None:
-        self._timer = None
-        self._arm_keepalive()
 
     # -- the one close --------------------------------------------------------------------
 

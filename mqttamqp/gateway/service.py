@@ -2,7 +2,8 @@
 listeners served through the upstream pool, and nothing else.
 
 What it owns: building the pool (TCP, or TLS checked with service-identity for
-``amqps://``), the MQTT factory of the gateway, the listeners of ``--mqtt`` and
+``amqps://``), the MQTT factory of the gateway (with the broker's authenticator over
+the user store of ``--data`` and ``--users``), the listeners of ``--mqtt`` and
 ``--mqtt-ws``, starting the pool with the listeners and closing clients and
 connections at the end.  ``--mqtt-ws`` listeners put the broker's WebSocket front
 (``mqtt.websocket``) before the same MQTT side (``websocket``).
@@ -33,6 +34,7 @@ from mqttamqp.gateway.frontend import GatewayFactory
 from mqttamqp.gateway.pool import UpstreamPool
 from mqttamqp.gateway.target import Upstream, parse_upstream, tls_options
 from mqttamqp.listeners import ListenerService
+from mqttamqp.security.userstore import StoreAuthenticator, UserStore
 
 __all__ = ["GatewayService", "make_gateway"]
 
@@ -120,11 +122,24 @@ class GatewayService(service.MultiService):
         return d
 
 
+def _authenticator(options: Any) -> StoreAuthenticator:
+    """MQTT clients are checked as a broker checks them: the user store of ``--data``
+    (users.json) and a ``--users`` file, anonymous clients by the same rule."""
+    legacy = None
+    if options["users"]:
+        from mqttamqp.security.users import UserFile
+
+        legacy = UserFile(options["users"], global_reactor)
+    return StoreAuthenticator(UserStore(os.path.abspath(options["data"])),
+                              bool(options["allow-anonymous"]), legacy, global_reactor)
+
+
 def make_gateway(options: Any, limits: Limits) -> GatewayService:
     """The gateway of ``options`` (``--upstream`` given; checked when parsed)."""
     svc = GatewayService(parse_upstream(options["upstream"]), limits,
                          options["upstream-connections"], options["amqp-idle-timeout"],
                          max_clients=options["upstream-max-clients"])
+    svc.mqtt_factory.authenticator = _authenticator(options)
     for description in options["mqtt"]:
         svc.add_mqtt_listener(description)
     for description in options["mqtt-ws"]:

@@ -249,3 +249,43 @@ def test_takeover_closes_the_old_client_clean() -> None:
     second.dataReceived(CONNECT)
     assert old.closed == (False, False)
     assert len(FakePool.made) == 2
+
+
+class Authenticator:
+    """Answers with ``ok``, at once or through a Deferred the test fires."""
+
+    def __init__(self, ok: bool, deferred: bool = False) -> None:
+        self.ok = ok
+        self.deferred: Deferred[bool] | None = Deferred() if deferred else None
+        self.asked: list[Any] = []
+
+    def authenticate(self, credentials: Any) -> bool | Deferred[bool]:
+        self.asked.append(credentials)
+        return self.deferred if self.deferred is not None else self.ok
+
+
+def test_bad_password_is_refused_with_4_and_reaches_no_core() -> None:
+    """A CONNECT the authenticator refuses: CONNACK 4 (a user name was given), and no
+    channel is opened toward the core."""
+    proto, transport, _ = connected()
+    proto.factory.authenticator = Authenticator(False)
+    proto.dataReceived(encode(Connect("MQTT", 4, "c3", True, 0, username="u",
+                                      password=b"bad")))
+    assert packets(transport) == [Connack(False, 4)]
+    assert FakePool.made == []
+    cred = proto.factory.authenticator.asked[0]
+    assert (cred.client_id, cred.username, cred.password) == ("c3", "u", b"bad")
+
+
+def test_connect_waits_for_a_slow_authenticator() -> None:
+    """The authenticator's Deferred: nothing goes upstream until it says yes."""
+    proto, transport, _ = connected()
+    auth = Authenticator(True, deferred=True)
+    proto.factory.authenticator = auth
+    proto.dataReceived(CONNECT)
+    assert FakePool.made == []
+    assert auth.deferred is not None
+    auth.deferred.callback(True)
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    assert packets(transport) == [Connack(False, 0)]
