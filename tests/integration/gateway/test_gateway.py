@@ -7,7 +7,10 @@ gets "server unavailable"."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -297,5 +300,29 @@ def test_mqtt5_connect_without_upstream_is_0x88(tmp_path: Path) -> None:
         c = Paho5(gw.mqtt_port, uid("v5-early"))
         assert int(c.connack.value) == 0x88
         c.stop()
+    finally:
+        gw.stop()
+
+
+def test_gateway_checks_clients_against_its_user_store(
+        tmp_path: Path, core: BrokerProcess, clients: Callable[..., PahoClient]) -> None:
+    """With a client user in the gateway's user store (mqttamqp-admin user add), a
+    wrong password gets CONNACK 4 and an anonymous client 5; the right one connects."""
+    data = tmp_path / "gw-users"
+    data.mkdir()
+    admin = os.path.join(os.path.dirname(sys.executable), "mqttamqp-admin")
+    out = subprocess.run([admin, "user", "add", "-d", str(data), "--password-stdin", "alice"],
+                         input="alice password\n", text=True, capture_output=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    gw = BrokerProcess(str(data), "--upstream", f"amqp://127.0.0.1:{core.ports['AMQP']}",
+                       listeners=("--mqtt",)).start()
+    try:
+        gw.wait_for_line(UPSTREAM_OPEN, timeout=15)
+        clients(gw.mqtt_port, uid("bad"), username="alice", password="wrong", expect_rc=4)
+        clients(gw.mqtt_port, uid("anon"), expect_rc=5)
+        ok = clients(gw.mqtt_port, uid("alice"), username="alice",
+                     password="alice password", expect_rc=0)
+        assert ok.subscribe((uid("a") + "/t", 1)) == [1]
     finally:
         gw.stop()
