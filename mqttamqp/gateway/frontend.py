@@ -124,16 +124,18 @@ class GatewayFactory(Factory):
             return _Refusing()
         return GatewayProtocol(self)
 
-    def channel_for(self, client: GatewayProtocol, credit: int) -> ClientChannel | None:
-        """A new channel for ``client`` (the client of that id before it is closed
-        first, a takeover: no will, and the new channel goes on its connection, so the
-        core sees the old links go before the new ones come); None: no upstream
-        connection can take it."""
+    def channel_for(self, client: GatewayProtocol, credit: int, clean_start: bool
+                    ) -> ClientChannel | None:
+        """A new channel for ``client``; None: no upstream connection can take it.
+        A client of that id is closed first (a takeover; its will is published when
+        the newcomer starts clean, not when it resumes the session, as the broker
+        does), and the new channel goes on its connection, so the core sees the old
+        links go before the new ones come."""
         old = self.clients.get(client.client_id)
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
-            old.abort("session taken over by a new connection", brute=False)
+            old.abort("session taken over by a new connection", brute=clean_start)
         conn = self.pool.pick(prefer)
         if conn is None:
             self.refused_unavailable += 1
@@ -362,7 +364,8 @@ class GatewayProtocol(Protocol):
             return
         factory = self.factory
         channel = factory.channel_for(self, factory.credit if v5 is None
-                                      else min(factory.credit, v5.client_receive_max))
+                                      else min(factory.credit, v5.client_receive_max),
+                                      packet.clean_session)
         if channel is None:
             self._refuse(ConnackCode.SERVER_UNAVAILABLE, "no upstream connection is open")
             return

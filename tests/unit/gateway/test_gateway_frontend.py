@@ -237,8 +237,8 @@ def test_disconnect_is_a_clean_close() -> None:
 
 
 def test_takeover_closes_the_old_client_clean() -> None:
-    """A second CONNECT with the same client id closes the first one's channel clean
-    (no will) before the new one opens."""
+    """A second CONNECT with the same client id resuming the session closes the first
+    one's channel clean (no will) before the new one opens."""
     proto, _, _ = connected()
     proto.dataReceived(CONNECT)
     (old,) = FakePool.made
@@ -289,3 +289,18 @@ def test_connect_waits_for_a_slow_authenticator() -> None:
     (channel,) = FakePool.made
     channel.opened.callback(False)
     assert packets(transport) == [Connack(False, 0)]
+
+
+def test_takeover_by_a_clean_start_publishes_the_old_will() -> None:
+    """A takeover by a CONNECT with clean session 1 ends the old client brute: the
+    core publishes its will (as the broker does)."""
+    proto, _, _ = connected()
+    clean = encode(Connect("MQTT", 4, "c9", True, 0, Will("w/t", b"bye", 1, False)))
+    proto.dataReceived(clean)
+    (old,) = FakePool.made
+    old.opened.callback(False)
+    second = proto.factory.buildProtocol(None)
+    assert isinstance(second, GatewayProtocol)
+    second.makeConnection(StringTransport())
+    second.dataReceived(clean)
+    assert old.closed == (True, True)
