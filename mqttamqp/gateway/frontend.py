@@ -560,7 +560,9 @@ class GatewayProtocol(Protocol):
     # -- the one close --------------------------------------------------------------------
 
     def _violation(self, reason: str) -> None:
-        self._limited("violation", "{c} ({peer}) closed: {r}", r=reason)
+        # (the broker's wording; limited per reason, as hostile clients repeat one)
+        self._limited("violation " + reason[:80], "protocol error from {c} ({peer}): {r}; "
+                      "closing the connection", r=reason)
         self.abort(reason)
 
     def abort(self, reason: str, brute: bool = True) -> None:
