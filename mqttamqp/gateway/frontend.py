@@ -179,9 +179,10 @@ def _message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
 
 def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
     """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
-    client id the gateway made up (MQTT 5 says it in CONNACK)."""
+    client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
+    session present flag (its byte is reserved)."""
     if level != 5:
-        return encode(Connack(present, code))
+        return encode(Connack(present and level != 3, code))
     props = Properties(assigned_client_identifier=assigned) if assigned else None
     return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 

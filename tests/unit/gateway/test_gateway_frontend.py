@@ -304,3 +304,12 @@ def test_takeover_by_a_clean_start_publishes_the_old_will() -> None:
     second.makeConnection(StringTransport())
     second.dataReceived(clean)
     assert old.closed == (True, True)
+
+
+def test_mqtt31_connack_has_no_session_present() -> None:
+    """MQTT 3.1: the CONNACK's reserved byte stays 0 even when the session was there."""
+    proto, transport, _ = connected()
+    proto.dataReceived(encode(Connect("MQIsdp", 3, "old31", False, 0)))
+    (channel,) = FakePool.made
+    channel.opened.callback(True)
+    assert transport.value() == b"\x20\x02\x00\x00"
