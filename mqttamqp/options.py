@@ -183,6 +183,13 @@ class Options(usage.Options):
             self[kind] = [d for d in given if d.strip().lower() != "none"]
         self._check_tls()
         _check_ops(self)
+        if self["upstream"]:
+            from mqttamqp.gateway.target import parse_upstream
+
+            try:   # (checked here; the gateway connects at start)
+                parse_upstream(self["upstream"])
+            except ValueError as e:
+                raise usage.UsageError(str(e)) from None
         if self["queues"]:
             from mqttamqp.queuesfile import load_queue_rules
 

@@ -365,6 +365,20 @@ PARAMETERS: list[list[Any]] = [
      "sizes, properties included, 64 bytes per action); beyond, the work is "
      "refused and the transaction can only roll back. 0 = no bound.",
      _positive(int, "max-transaction-bytes")],
+    ["upstream", None, None,
+     "Gateway mode: serve the MQTT listeners through the core at this AMQP 1.0 "
+     "address (amqp://[USER[:PASSWORD]@]HOST[:PORT], or amqps://... with "
+     "?server-name=NAME&ca=FILE to check its certificate), keeping no state here: no "
+     "store, console or AMQP listener is started (see docs/gateway.md)."],
+    ["upstream-connections", None, 2,
+     "Gateway mode: AMQP connections to the core that the MQTT clients share (a "
+     "session each; the core's --amqp-max-sessions bounds the clients on one).",
+     _positive(int, "upstream-connections")],
+    ["upstream-max-clients", None, 150,
+     "Gateway mode: most clients on one upstream connection (each takes a session and "
+     "up to 6 links: keep it under the core's --amqp-max-links / 6 and "
+     "--amqp-max-sessions); with every connection full, CONNECT gets \"server "
+     "unavailable\" (counted, logged).", _positive(int, "upstream-max-clients")],
     ["amqp091-channel-max", None, 2047,
      "AMQP 0.9.1: most channels one connection may open (connection.tune's "
      "channel_max, 1 to 65535); a channel over it closes the connection with 504.",

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 from twisted.internet import reactor as global_reactor
@@ -43,6 +43,9 @@ from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.admission import guards
 from mqttamqp.security.userstore import StoreAuthenticator, UserStore
+
+if TYPE_CHECKING:
+    from mqttamqp.gateway.service import GatewayService
 
 __all__ = ["BrokerService", "StartupError", "makeService"]
 
@@ -509,7 +512,11 @@ def _exit_status_after_stop(status: int) -> None:
     atexit.register(end)
 
 
-def makeService(options: Options) -> BrokerService:
+def makeService(options: Options) -> BrokerService | GatewayService:
+    if options["upstream"]:   # gateway mode: no store, no core (docs/gateway.md)
+        from mqttamqp.gateway.service import make_gateway
+
+        return make_gateway(options, limits_from(options))
     # The one user store (DATA/users.json) checks MQTT CONNECT, AMQP SASL PLAIN and
     # the console; a --users file is a second, read-only source of client users.
     legacy = None

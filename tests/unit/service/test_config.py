@@ -148,6 +148,7 @@ def special_values(tmp_path: Path) -> dict[str, Any]:
         "mqtt-ws": ["tcp:8085:interface=127.0.0.1"],
         "ws-allowed-origin": ["https://console.example"],
         "amqp-max-held-bytes": 2097152,
+        "upstream": "amqps://gw:secret@core.example:5671?server-name=core",
         "tls-ca": str(ca),
         "archive-dir": str(tmp_path / "archive"),
         "mqtt": ["tcp:1884:interface=127.0.0.1",

@@ -1,0 +1,582 @@
+"""The MQTT side of a gateway: one client connection served through its
+``ClientChannel`` on the upstream, with no session state of its own.
+
+Why not ``mqtt.protocol.MQTTProtocol``: its parts call the core's ``Broker`` port at
+every step (about forty commands: sessions, the commit batcher, the router, flow
+control, the console's views), and the session they drive lives in this process.
+In a gateway every one of those answers comes from the core over AMQP, later, or
+not at all; a port of that size faked over AMQP would be a second broker.  The
+sans-IO parts do fit and are reused as they are: the codec (``mqtt.codec``), the
+connection's states, keepalive rule, acknowledgement order and string rules
+(``mqtt.connection``), and CONNECT's decision (``mqtt.decisions.connect``: protocol,
+client id, strings).
+
+What it owns: reading packets in the connection's states (packets after CONNECT
+wait in the decoder until CONNACK), CONNECT → the channel's flow → CONNACK (session
+present from AMQP_SUBSCRIPTIONS; "server unavailable", 3.1.1 code 3 / MQTT 5 0x88,
+when no upstream connection is open or the core does not answer), PUBLISH (PUBACK /
+PUBREC once the core accepted, in the order the packets came: ``AckQueue``), QoS 2's
+PUBREL → PUBCOMP, SUBSCRIBE / UNSUBSCRIBE → SUBACK / UNSUBACK, deliveries from the
+core with packet ids, PUBACK / PUBREC / PUBCOMP of them, keepalive, takeover of a
+client id on this gateway, and the one close: clean (DISCONNECT) or brute
+(everything else), which the channel carries to the core's will service.
+
+What it must not do: keep anything of a session beyond the connection (in-flight
+packet ids and QoS 2 ids awaiting PUBREL are the connection's, as the core's own MQTT
+adapter keeps them), import the core's broker or the store, or touch proton
+(``channel``).  MQTT 5: a PUBLISH's message properties cross both ways; what does
+not yet is in docs/gateway.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer  # type: ignore[import-untyped]
+
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.core.auth import Authenticator, Credentials
+from mqttamqp.core.clock import Clock
+from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
+from mqttamqp.gateway.outbound import Outbound
+from mqttamqp.gateway.timers import ClientTimer
+from mqttamqp.mqtt.actions import Refuse, ack_frame
+from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
+from mqttamqp.mqtt.connection import (
+    AckQueue,
+    ConnectionRules,
+    ConnectionState,
+    Keepalive,
+    StringRules,
+)
+from mqttamqp.mqtt.decisions import authenticated
+from mqttamqp.mqtt.decisions import connect as decide_connect
+from mqttamqp.mqtt.packets import (
+    SUBACK_FAILURE,
+    Connack,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, Negotiated, message_properties
+
+if TYPE_CHECKING:
+    from mqttamqp.gateway.pool import UpstreamPool
+
+__all__ = ["GatewayFactory", "GatewayProtocol"]
+
+PINGRESP = encode(Pingresp())
+_WITH_WILL = 0x04   # MQTT 5 DISCONNECT: publish the will all the same
+
+
+class GatewayFactory(Factory):
+    """The MQTT listeners' factory in gateway mode; the clients it serves by id."""
+
+    log: ClassVar[Logger] = Logger()
+    noisy = False
+
+    def __init__(self, pool: UpstreamPool, clock: Clock, limits: Limits,
+                 credit: int) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.limits = limits
+        self.strings = StringRules(limits)
+        self.credit = credit
+        self.clients: dict[str, GatewayProtocol] = {}
+        self.connections: set[GatewayProtocol] = set()
+        self.ratelog = LogLimiter(clock.seconds, burst=5)
+        self.refused_unavailable = 0      # CONNECTs refused: no upstream
+        self.refused_connections = 0      # sockets closed at --max-connections
+        self.reading_pauses = 0           # clients not read for a while (flow control)
+        self.connected_total = 0
+        self.make_channel = ClientChannel   # (tests give a fake)
+        # Who may connect (the broker's user store, as on a broker); None: anyone.
+        self.authenticator: Authenticator | None = None
+
+    def buildProtocol(self, addr: Any) -> Protocol:
+        limit = self.limits.max_connections
+        if limit and len(self.connections) >= limit:
+            self.refused_connections += 1
+            held = self.ratelog.allow("max-connections")
+            if held is not None:
+                self.log.warn("refused a connection from {a}: --max-connections ({n}) "
+                              "reached{more}", a=addr, n=limit,
+                              more=f"; {held} more not logged" if held else "")
+            return _Refusing()
+        return GatewayProtocol(self)
+
+    def channel_for(self, client: GatewayProtocol, credit: int, clean_start: bool
+                    ) -> ClientChannel | None:
+        """A new channel for ``client``; None: no upstream connection can take it.
+        A client of that id is closed first (a takeover; its will is published when
+        the newcomer starts clean, not when it resumes the session, as the broker
+        does), and the new channel goes on its connection, so the core sees the old
+        links go before the new ones come."""
+        old = self.clients.get(client.client_id)
+        prefer = None
+        if old is not None:
+            prefer = old.channel.conn if old.channel is not None else None
+            old.abort("session taken over by a new connection", brute=clean_start)
+        conn = self.pool.pick(prefer)
+        if conn is None:
+            self.refused_unavailable += 1
+            return None
+        self.clients[client.client_id] = client
+        return self.make_channel(conn, client.client_id, client, self.clock, credit,
+                                 self.limits.connect_timeout)
+
+    def warn(self, cause: str, fmt: str, **kw: Any) -> None:
+        """One line for ``cause``, rate-limited (``LogLimiter``)."""
+        held = self.ratelog.allow(cause)
+        if held is not None:
+            self.log.warn(fmt + ("; {held} more not logged" if held else ""), held=held, **kw)
+
+    def close_all(self, reason: str) -> None:
+        for conn in list(self.connections):
+            conn.abort(reason)
+
+
+class _Refusing(Protocol):
+    """A socket over --max-connections: closed at once (TCP and WebSocket alike)."""
+
+    transport: Any
+
+    def connectionMade(self) -> None:
+        self.transport.abortConnection()
+
+
+def _message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
+    """An MQTT 5 PUBLISH's properties that travel with the message (in their AMQP
+    places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
+    CONNACK allows none)."""
+    if props.topic_alias is not None:
+        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
+    mp = message_properties(props)
+    if mp is None:
+        return None, None
+    return Mqtt5Props(mp.payload_format, mp.expiry_interval, mp.content_type,
+                      mp.response_topic, mp.correlation_data, mp.user_properties), None
+
+
+def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
+    """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
+    client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
+    session present flag (its byte is reserved)."""
+    if level != 5:
+        return encode(Connack(present and level != 3, code))
+    props = Properties(assigned_client_identifier=assigned) if assigned else None
+    return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
+
+
+@implementer(IPushProducer)
+class GatewayProtocol(Protocol):
+    """One MQTT client of the gateway."""
+
+    log: ClassVar[Logger] = Logger()
+    transport: Any
+
+    def __init__(self, factory: GatewayFactory) -> None:
+        self.factory = factory
+        self.clock = factory.clock
+        self.rules = ConnectionRules()
+        self.decoder = Decoder(factory.limits.max_packet_size, 4, server=True)
+        self.acks = AckQueue()
+        self.level = 4
+        self.client_id = ""
+        self.peer = "?"
+        self.clean = True            # remove the session at the end (AMQP_CLOSE)
+        self.channel: ClientChannel | None = None
+        self.keepalive: Keepalive | None = None
+        self.last_activity = 0.0
+        self.timer = ClientTimer(self.clock)   # CONNECT deadline, then keepalive
+        self._said_goodbye = False   # DISCONNECT: a clean close
+        self._with_will = False
+        self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
+        self.outbound = Outbound()            # deliveries the client has not finished
+        self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
+        self.reading_paused = False
+
+    # -- Twisted ------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        self.factory.connections.add(self)
+        self.transport.registerProducer(self, True)
+        self.last_activity = self.clock.seconds()
+        self.timer.start(self.factory.limits.connect_timeout, self._connect_deadline)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.rules.closed:
+            return
+        self.last_activity = self.clock.seconds()
+        self.decoder.feed(data)
+        self._read()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.factory.connections.discard(self)
+        if self.factory.clients.get(self.client_id) is self:
+            del self.factory.clients[self.client_id]
+        self.timer.cancel()
+        self._end_channel(f"connection lost: {reason.getErrorMessage()}"
+                          if reason is not None else "connection lost")
+        self.rules.advance("close")
+
+    def _end_channel(self, why: str) -> None:
+        """The one end of the client's upstream half: clean after DISCONNECT (or a
+        takeover), brute otherwise; none of it while CONNECT is unanswered (a refused
+        or abandoned CONNECT leaves no will)."""
+        channel, self.channel = self.channel, None
+        if channel is None:
+            return
+        brute = (not self._said_goodbye or self._with_will) and (
+            self.rules.state is not ConnectionState.CONNECTING)
+        channel.close(brute, self.clean, "client sent DISCONNECT" if not brute else why)
+
+    # IPushProducer: the client's socket buffer is full / drained: the core's
+    # deliveries wait (no credit is given back on .publish).
+    def pauseProducing(self) -> None:
+        if self.channel is not None:
+            self.channel.pause()
+
+    def resumeProducing(self) -> None:
+        if self.channel is not None:
+            self.channel.resume()
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        rules = self.rules
+        try:
+            while rules.reading and not self.reading_paused:
+                packet = self.decoder.next_packet()
+                if packet is None:
+                    return
+                problem = rules.check(packet)
+                if problem is not None:
+                    self._violation(problem)
+                    return
+                self._handle(packet)
+        except MalformedPacket as e:
+            self._violation(f"malformed packet: {e.reason}")
+
+    def _handle(self, packet: object) -> None:
+        kind = type(packet)
+        if kind is Publish:
+            self._on_publish(packet)  # type: ignore[arg-type]
+        elif kind is Puback:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self._finish(self.outbound.acknowledged(pid))
+        elif kind is Pubrel:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self.awaiting_rel.discard(pid)
+            self.acks.add(ack_frame(0x70, pid), None, True)
+            self._flush_acks()
+        elif kind is Pubrec:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            dlv = self.outbound.acknowledged(pid)
+            if dlv is not None and self.channel is not None:
+                self.channel.released(pid, dlv)
+        elif kind is Pubcomp:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            self._finish(self.outbound.completed(pid))
+        elif kind is Subscribe:
+            self._on_subscribe(packet)  # type: ignore[arg-type]
+        elif kind is Unsubscribe:
+            self._on_unsubscribe(packet)  # type: ignore[arg-type]
+        elif kind is Pingreq:
+            self.transport.write(PINGRESP)
+        elif kind is Disconnect:
+            self._said_goodbye = True
+            self._with_will = packet.reason_code == _WITH_WILL  # type: ignore[attr-defined]
+            self._end_channel("client sent DISCONNECT")
+            self.rules.advance("close")
+            self.transport.loseConnection()
+        elif kind is Connect:
+            self._on_connect(packet)  # type: ignore[arg-type]
+        else:
+            self._violation(f"unexpected {kind.__name__.upper()}")
+
+    # -- CONNECT --------------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect) -> None:
+        factory = self.factory
+        self.rules.advance("connect")
+        decided = decide_connect(packet, factory.limits, factory.strings, lambda _m: None)
+        if isinstance(decided, Refuse):
+            self._refuse(decided.code, decided.reason)
+            return
+        self.level = self.outbound.level = decided.level
+        self.decoder.protocol_level = decided.level
+        if decided.failure is not None:
+            failure = decided.failure
+            if isinstance(failure, Refuse):
+                self._refuse(failure.code, failure.reason)
+            else:
+                self._violation(failure.reason)
+            return
+        if decided.exchange is not None:
+            self._refuse(0x8C, "enhanced authentication is not served through a gateway")
+            return
+        self.client_id = decided.client_id
+        self._assigned = decided.assigned
+        v5 = decided.v5
+        self.clean = (packet.clean_session if v5 is None
+                      else v5.session_expiry == 0)
+        self.keepalive = Keepalive.of(packet.keepalive) if packet.keepalive else None
+        auth = factory.authenticator
+        answer = True if auth is None else auth.authenticate(Credentials(
+            self.client_id, packet.username, packet.password, "mqtt", self.peer))
+        if isinstance(answer, Deferred):
+            answer.addCallbacks(self._authenticated, self._not_opened,
+                                callbackArgs=(packet, v5), errbackArgs=(None,))
+        else:
+            self._authenticated(answer, packet, v5)
+
+    def _authenticated(self, ok: bool, packet: Connect, v5: Negotiated | None) -> None:
+        """The authenticator's answer: refused (4 or 5), or the contract's flow."""
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return   # (the client went meanwhile)
+        refused = authenticated(ok, packet, True)
+        if refused is not None:
+            self._refuse(refused.code, refused.reason)
+            return
+        factory = self.factory
+        channel = factory.channel_for(self, factory.credit if v5 is None
+                                      else min(factory.credit, v5.client_receive_max),
+                                      packet.clean_session)
+        if channel is None:
+            self._refuse(ConnackCode.SERVER_UNAVAILABLE, "no upstream connection is open")
+            return
+        self.channel = channel
+        will = packet.will
+        d = Deferred.fromCoroutine(channel.open(
+            packet.clean_session,
+            (will.topic, will.payload, will.qos, will.retain) if will is not None else None))
+        d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
+
+    def _accepted(self, present: bool) -> None:
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return   # (the client went meanwhile; connectionLost closed the channel)
+        self.timer.cancel()
+        self.rules.advance("accepted")
+        self.factory.connected_total += 1
+        self.transport.write(_connack(self.level, present, ConnackCode.ACCEPTED,
+                                      self.client_id if self._assigned else None))
+        if self.keepalive is not None:
+            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort)
+        self._read()
+
+    def _not_opened(self, failure: Failure, channel: ClientChannel | None) -> None:
+        if self.rules.state is not ConnectionState.CONNECTING:
+            return
+        e = failure.value
+        if not isinstance(e, Refused):
+            self.log.failure("connecting {c} through the upstream", failure, c=self.client_id)
+            e = Refused(f"internal error: {failure.getErrorMessage()}")
+        self.channel = None
+        if channel is not None:   # (a refused CONNECT leaves no will)
+            channel.close(False, False, "CONNECT refused")
+        self._refuse(ConnackCode.NOT_AUTHORIZED if e.unauthorized
+                     else ConnackCode.SERVER_UNAVAILABLE, e.reason)
+
+    def _refuse(self, code: int, reason: str) -> None:
+        self._limited(f"refused-{int(code)}", "refused CONNECT from {peer} (client id "
+                      "{c!r}): {r} (CONNACK {code})", r=reason, code=int(code))
+        if self.factory.clients.get(self.client_id) is self:
+            del self.factory.clients[self.client_id]
+        self.transport.write(_connack(self.level, False, code))
+        self.rules.advance("close")
+        self.transport.loseConnection()
+
+    # -- PUBLISH from the client ----------------------------------------------------------
+
+    def _on_publish(self, packet: Publish) -> None:
+        problem = self.factory.strings.topic(packet.topic, "PUBLISH topic")
+        props = None
+        if packet.properties is not None and problem is None:
+            props, problem = _message_props(packet.properties)
+        if problem is not None or not packet.topic:
+            self._violation(problem or "PUBLISH with an empty topic")
+            return
+        channel = self.channel
+        assert channel is not None
+        qos = packet.qos
+        if qos == 0:
+            channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
+                                    props)
+            if channel.blocked:
+                self._pause_reading()
+            return
+        pid = packet.packet_id
+        assert pid is not None
+        if qos == 2 and pid in self.awaiting_rel:
+            self.acks.add(ack_frame(0x50, pid), None, True)   # (known: PUBREC again)
+            self._flush_acks()
+            return
+        entry = self.acks.add(ack_frame(0x40 if qos == 1 else 0x50, pid), None, False)
+        if qos == 2:
+            self.awaiting_rel.add(pid)
+
+        def answered(outcome: Outcome) -> None:
+            if not outcome.accepted and not outcome.condition:
+                # Released or no answer: not acknowledged, the client sends it again.
+                self.abort(f"the core did not take a QoS {qos} PUBLISH: {outcome.reason}")
+                return
+            if not outcome.accepted:
+                self._limited("publish-refused", "{c}: the core refused a PUBLISH to {t}: "
+                              "{r}", t=packet.topic, r=outcome.reason)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.publish_message(packet.topic, packet.payload, qos, packet.retain, packet.dup,
+                                answered, props)
+        if self.acks.over_bound or channel.blocked:
+            self._pause_reading()
+
+    def _flush_acks(self) -> None:
+        if self.rules.closed:
+            return
+        frames = [frame for frame, _after in self.acks.take()]
+        if frames:
+            self.transport.write(b"".join(frames))
+        self._maybe_resume()
+
+    def _pause_reading(self) -> None:
+        """Not read while acknowledgements wait beyond their bound (``AckQueue``) or
+        the core gives no credit for PUBLISH."""
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.factory.reading_pauses += 1
+            self.transport.pauseProducing()
+
+    def _maybe_resume(self) -> None:
+        channel = self.channel
+        if (self.reading_paused and self.acks.under_resume_mark and channel is not None
+                and not channel.blocked and not self.rules.closed):
+            self.reading_paused = False
+            self.transport.resumeProducing()
+            self._read()
+
+    def writable(self) -> None:
+        self._maybe_resume()
+
+    # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        strings = self.factory.strings
+        for topic_filter, _qos in packet.topics:
+            problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
+            if problem is not None:
+                self._violation(problem)
+                return
+        if len(packet.topics) > self.factory.limits.max_subscribe_filters:
+            self._violation("too many topic filters in one SUBSCRIBE")
+            return
+        requests = {f: q for f, q in packet.topics}
+        level = self.level
+        entry = self.acks.add(b"", None, False)
+        channel = self.channel
+        assert channel is not None
+
+        def answered(outcome: Outcome) -> None:
+            codes = tuple(q if outcome.accepted else (0x87 if level == 5 and
+                                                      outcome.condition else SUBACK_FAILURE)
+                          for _f, q in packet.topics)
+            entry[1] = encode(Suback(packet.packet_id, codes), level)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.subscribe(packet.packet_id, requests).addCallback(answered)
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        entry = self.acks.add(b"", None, False)
+        level = self.level
+        channel = self.channel
+        assert channel is not None
+
+        def answered(outcome: Outcome) -> None:
+            codes = tuple(0 for _ in packet.topics) if level == 5 else ()
+            entry[1] = encode(Unsuback(packet.packet_id, codes), level)
+            AckQueue.ready(entry)
+            self._flush_acks()
+
+        channel.unsubscribe(packet.packet_id, list(packet.topics)).addCallback(answered)
+
+    # -- deliveries from the core (ChannelOwner) ------------------------------------------
+
+    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                dlv: Any, props: Mqtt5Props | None = None) -> None:
+        channel = self.channel
+        if channel is None or self.rules.state is not ConnectionState.CONNECTED:
+            return   # (unsettled: the core keeps it when the link ends)
+        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props)
+        if frame is None:
+            self.abort("no free packet id for a delivery")
+            return
+        self.transport.write(frame)
+        if qos == 0:
+            channel.finished(dlv)
+
+    def release(self, packet_id: int, dlv: Any) -> None:
+        if self.channel is not None and not self.rules.closed:
+            self.transport.write(self.outbound.pubrel(packet_id, dlv))
+
+    def upstream_gone(self, reason: str) -> None:
+        if self.rules.state is ConnectionState.CONNECTED:
+            self.abort(reason)
+
+    def _finish(self, dlv: Any) -> None:
+        if dlv is not None and self.channel is not None:
+            self.channel.finished(dlv)
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _connect_deadline(self) -> None:
+        if self.rules.state is ConnectionState.AWAITING_CONNECT:
+            self._violation("no CONNECT within the connect timeout")
+
+    # -- the one close --------------------------------------------------------------------
+
+    def _violation(self, reason: str) -> None:
+        # (the broker's wording; limited per reason, as hostile clients repeat one)
+        self._limited("violation " + reason[:80], "protocol error from {c} ({peer}): {r}; "
+                      "closing the connection", r=reason)
+        self.abort(reason)
+
+    def abort(self, reason: str, brute: bool = True) -> None:
+        """Close the client: ``brute`` (its will goes) unless a takeover."""
+        if not brute:
+            self._said_goodbye = True
+        # At once, not when the socket is gone (a turn later): a takeover's new channel
+        # attaches a will link of the same name right after.
+        self._end_channel(reason)
+        if not self.rules.closed:
+            self.rules.advance("close")
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
+        self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)

@@ -1,0 +1,76 @@
+"""What the core sends one gateway client: the MQTT frames of its deliveries, with the
+packet ids of this connection, and which AMQP delivery each id stands for until the
+client finishes it (PUBACK; PUBREC then PUBCOMP for QoS 2).
+
+What it owns: the packet ids (bounded: the ``.publish`` credit keeps at most that many
+in flight), the deliveries in flight and those released (PUBREL sent, PUBCOMP
+awaited), and the frames.  What it must not do: write, or settle anything upstream
+(the frontend hands the deliveries it returns to the channel); it keeps nothing
+beyond the connection (the core redelivers what was not settled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.mqtt.codec import encode, encode_properties, encode_publish
+from mqttamqp.mqtt.packets import Properties, Pubrel
+
+__all__ = ["Outbound"]
+
+_EMPTY_PROPS = b"\x00"   # MQTT 5: no properties
+
+
+class Outbound:
+    """The deliveries of one client's connection."""
+
+    __slots__ = ("_next_id", "inflight", "level", "releasing")
+
+    def __init__(self) -> None:
+        self.level = 4
+        self.inflight: dict[int, Any] = {}    # packet id -> delivery (PUBLISH sent)
+        self.releasing: dict[int, Any] = {}   # packet id -> AMQP_PUBREL (PUBREL sent)
+        self._next_id = 0
+
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                dlv: Any, message: Mqtt5Props | None = None) -> bytes | None:
+        """The PUBLISH frame of a delivery (kept in flight at QoS > 0), or None when
+        no packet id is free; an MQTT 5 client gets the message's properties."""
+        props = None
+        if self.level == 5:
+            props = _EMPTY_PROPS if message is None else encode_properties(Properties(
+                payload_format_indicator=message.payload_format,
+                message_expiry_interval=message.expiry_interval,
+                content_type=message.content_type, response_topic=message.response_topic,
+                correlation_data=message.correlation_data,
+                user_properties=message.user_properties))
+        if qos == 0:
+            return encode_publish(topic.encode(), payload, 0, retain, False, None, props)
+        pid = self._packet_id()
+        if pid is None:
+            return None
+        self.inflight[pid] = dlv
+        return encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
+
+    def pubrel(self, packet_id: int, dlv: Any) -> bytes:
+        """AMQP_PUBREL came for ``packet_id``: its PUBREL frame; ``dlv`` until PUBCOMP."""
+        self.releasing[packet_id] = dlv
+        return encode(Pubrel(packet_id), self.level)
+
+    def acknowledged(self, packet_id: int) -> Any:
+        """PUBACK or PUBREC: the delivery it finishes (None: unknown id)."""
+        return self.inflight.pop(packet_id, None)
+
+    def completed(self, packet_id: int) -> Any:
+        """PUBCOMP: the AMQP_PUBREL delivery it finishes."""
+        return self.releasing.pop(packet_id, None)
+
+    def _packet_id(self) -> int | None:
+        inflight = self.inflight
+        for _ in range(65535):   # (bounded: the credit keeps far fewer in flight)
+            self._next_id = self._next_id % 65535 + 1
+            pid = self._next_id
+            if pid not in inflight and pid not in self.releasing:
+                return pid
+        return None

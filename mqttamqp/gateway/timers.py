@@ -1,0 +1,49 @@
+"""One gateway client's timer: the CONNECT deadline, then the keepalive check
+(``mqtt.connection.Keepalive``'s rule: silent for 1.5 × keepalive is gone).
+
+What it owns: the one delayed call a client has at a time, on the injected clock.
+What it must not do: decide what a deadline means (the frontend is called back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.mqtt.connection import Keepalive
+
+__all__ = ["ClientTimer"]
+
+
+class ClientTimer:
+    __slots__ = ("_call", "clock")
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._call: DelayedCall | None = None
+
+    def start(self, seconds: float, fire: Callable[[], None]) -> None:
+        """Call ``fire`` in ``seconds`` (replacing what was armed)."""
+        self.cancel()
+        self._call = self.clock.callLater(seconds, self._fired, fire)
+
+    def _fired(self, fire: Callable[[], None]) -> None:
+        self._call = None
+        fire()
+
+    def keepalive(self, rule: Keepalive, last_activity: Callable[[], float],
+                  expired: Callable[[str], None]) -> None:
+        """Check now and again at the next point the client may have gone silent;
+        ``expired`` with the reason once it has."""
+        self.cancel()
+        now = self.clock.seconds()
+        wait = rule.next_check(now, last_activity(), False)
+        if wait is None:
+            expired(rule.expired_reason(now, last_activity()))
+            return
+        self._call = self.clock.callLater(wait, self.keepalive, rule, last_activity, expired)
+
+    def cancel(self) -> None:
+        call, self._call = self._call, None
+        if call is not None and call.active():
+            call.cancel()

@@ -1,0 +1,52 @@
+"""Fixtures of the gateway tests: a core broker process with its AMQP listener, and
+gateway processes (``--upstream``) in front of it, all on loopback port 0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess
+
+UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
+
+
+@pytest.fixture
+def core(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """The core: MQTT and AMQP listeners, room for many gateway sessions."""
+    proc = BrokerProcess(str(tmp_path / "core"), "--amqp-max-sessions", "500",
+                         "--will-grace", "2", listeners=("--mqtt", "--amqp"))
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = True,
+                  env: dict[str, str] | None = None) -> BrokerProcess:
+    """A gateway process in front of ``upstream``; once started, it has an open
+    upstream connection (unless not ``wait_open``)."""
+    n = len(list(tmp_path.glob("gw*")))
+    proc = BrokerProcess(str(tmp_path / f"gw{n}"), "--upstream", upstream, *extra,
+                         listeners=("--mqtt",), env=env)
+    proc.start()
+    if wait_open:
+        proc.wait_for_line(UPSTREAM_OPEN, timeout=15)
+    return proc
+
+
+@pytest.fixture
+def gateways(tmp_path: Path, core: BrokerProcess) -> Iterator[Callable[..., BrokerProcess]]:
+    """``gateways(*extra)`` starts a gateway in front of ``core``; all stopped at the end."""
+    started: list[BrokerProcess] = []
+
+    def start(*extra: str) -> BrokerProcess:
+        proc = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}", *extra)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
