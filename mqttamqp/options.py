@@ -14,7 +14,7 @@ from mqttamqp import __version__
 from mqttamqp.core.limits import Limits
 from mqttamqp.optiontable import DEFAULT_LISTENERS, FLAGS, MB, PARAMETERS, endpoint
 
-__all__ = ["DEFAULT_LISTENERS", "Options", "limits_from"]
+__all__ = ["DEFAULT_LISTENERS", "Options", "archive_from", "limits_from"]
 
 
 
@@ -280,6 +280,18 @@ class Options(usage.Options):
         if not any(tls.is_tls(d) for kind in DEFAULT_LISTENERS for d in self[kind]):
             raise usage.UsageError("--tls-ca applies to ssl: listeners, and none is given "
                                    "(e.g. --mqtt ssl:8883:privateKey=KEY:certKey=CRT)")
+
+
+def archive_from(options: Any) -> dict[str, Any] | None:
+    """The archive's settings from the options (None: ``--no-archive``)."""
+    if options["no-archive"]:
+        return None
+    return {"directory": options["archive-dir"],
+            "payload_bytes": options["archive-payload-bytes"],
+            "roll_seconds": options["archive-roll"],
+            "retention_days": options["archive-days"],
+            "include": tuple(options["archive-include"]) or ("#",),
+            "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
 
 
 def limits_from(options: Any) -> Limits:

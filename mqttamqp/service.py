@@ -38,7 +38,7 @@ from mqttamqp.ops.recorders import fan_out
 from mqttamqp.ops.reload import Reloaders
 from mqttamqp.ops.webhooks import HookSettings, WebhookRecorder
 from mqttamqp.ops.wiring import OpsWiring
-from mqttamqp.options import Options, limits_from
+from mqttamqp.options import Options, archive_from, limits_from
 from mqttamqp.reportjob import ReportJob, SpawnRunner
 from mqttamqp.security.acl import AclAuthorizer
 from mqttamqp.security.admission import guards
@@ -527,14 +527,7 @@ def makeService(options: Options) -> BrokerService | GatewayService:
     users = UserStore(os.path.abspath(options["data"]))
     authenticator: Authenticator = StoreAuthenticator(
         users, bool(options["allow-anonymous"]), legacy, global_reactor)
-    archive: dict[str, Any] | None = None
-    if not options["no-archive"]:
-        archive = {"directory": options["archive-dir"],
-                   "payload_bytes": options["archive-payload-bytes"],
-                   "roll_seconds": options["archive-roll"],
-                   "retention_days": options["archive-days"],
-                   "include": tuple(options["archive-include"]) or ("#",),
-                   "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
+    archive = archive_from(options)
     authorizer: Authorizer | None = None
     if options["acl"]:
         authorizer = AclAuthorizer(options["acl"])
