@@ -30,7 +30,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.bridge.client import BRIDGE_FLAG, LEVEL, Backoff, BridgeClient
+from mqttamqp.bridge.client import LEVEL, Backoff, BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.auth import Identity
@@ -174,9 +174,8 @@ class Bridge:
                                          # (the remote keeps what we could not take)
                                          maximum_packet_size=self.broker.limits.max_packet_size))
         else:
-            connect = Connect("MQTT", LEVEL | (BRIDGE_FLAG if s.try_private else 0),
-                              s.remote_client_id, s.clean_session, s.keepalive, None,
-                              s.username, password)
+            connect = Connect("MQTT", LEVEL, s.remote_client_id, s.clean_session,
+                              s.keepalive, None, s.username, password, bridge=s.try_private)
         client = BridgeClient(self, self.clock, connect, s.connect_timeout,
                               self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
         self._client = client

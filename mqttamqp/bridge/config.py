@@ -108,6 +108,7 @@ class BridgeSettings:
     reconnect_max: float = 60.0
     tls_ca: str | None = None        # mqtts://: a PEM CA bundle (default: the platform's)
     server_name: str | None = None   # mqtts://: the name to verify (default: address host)
+    max_hops: int = 4                # bridges a message may cross (MQTT 5 user property)
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -182,6 +183,8 @@ class BridgeSettings:
             raise TableKeyError("connect-timeout", "more than 0 seconds")
         if not 0 < self.reconnect_min <= self.reconnect_max:
             raise TableKeyError("reconnect-min", "more than 0 and at most reconnect-max")
+        if not 1 <= self.max_hops <= 255:
+            raise TableKeyError("max-hops", "1 to 255 bridges")
         if self.password is not None and self.username is None:
             raise TableKeyError("password", "needs a username")
 
@@ -193,7 +196,7 @@ class BridgeSettings:
 _TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "address": (str,), "protocol": (str,), "client_id": (str,), "username": (str,),
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
-    "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,),
+    "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,), "max_hops": (int,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
 }

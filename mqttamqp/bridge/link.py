@@ -12,6 +12,10 @@ the session's window, set by ``bridge``) and how a delivery is fitted to them:
 * retain while the remote has no retain: sent without it;
 * topic aliases: the first ``topic alias maximum`` topics get one, later PUBLISHes of
   them carry the alias and an empty topic;
+* loops (a message that went round bridges back here): each message sent to an MQTT 5
+  remote carries the user property ``bridge-hops``, the bridges it crossed (one more
+  than it came with); one that has crossed ``max-hops`` already is not sent, counted
+  and logged (rate-limited), its entry settled as dropped;
 * a PUBLISH larger than the remote's maximum packet size: not sent (the remote would
   close the connection, and the resend after the reconnect would close it again);
   the message is dropped here, counted and logged (rate-limited), its session entry
@@ -24,6 +28,7 @@ limits: every delivery takes the plain path, with no extra work per message.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.logger import Logger
@@ -41,7 +46,29 @@ from mqttamqp.mqtt.v5 import publish_properties
 if TYPE_CHECKING:
     from mqttamqp.bridge.client import BridgeClient
 
-__all__ = ["BridgeLink", "LinkOwner", "RemoteLimits"]
+__all__ = ["HOPS", "BridgeLink", "LinkOwner", "RemoteLimits", "hops_of"]
+
+HOPS = "bridge-hops"   # the user property counting the bridges a message crossed
+
+
+def hops_of(message: Message) -> int:
+    """The bridges ``message`` crossed (its ``bridge-hops`` user property; 0 without,
+    or when the value is not a count)."""
+    props = message.props
+    if props is None or not props.user_properties:
+        return 0
+    for key, value in props.user_properties:
+        if key == HOPS:
+            return int(value) if value.isdigit() and len(value) < 4 else 0
+    return 0
+
+
+def with_hops(props: Properties | None, hops: int) -> Properties:
+    """``props`` with ``bridge-hops`` set to ``hops`` (any earlier one replaced)."""
+    if props is None:
+        return Properties(user_properties=((HOPS, str(hops)),))
+    users = (*tuple(p for p in props.user_properties if p[0] != HOPS), (HOPS, str(hops)))
+    return replace(props, user_properties=users)
 
 
 class LinkOwner(Protocol):
@@ -110,7 +137,8 @@ class BridgeLink:
     """The out session's ``ClientLink``: its deliveries written to the remote."""
 
     __slots__ = ("_settle_call", "_settles", "bridge", "client", "downgraded", "limits",
-                 "local_pubrel", "puback_is_pubrec", "too_large", "unretained")
+                 "local_pubrel", "puback_is_pubrec", "too_large", "too_many_hops",
+                 "unretained")
 
     log = Logger()
 
@@ -119,6 +147,7 @@ class BridgeLink:
         self.client: BridgeClient | None = None
         self.limits = RemoteLimits(None)
         self.too_large = 0       # not sent: above the remote's maximum packet size
+        self.too_many_hops = 0   # not sent: it crossed max-hops bridges already (a loop)
         self.downgraded = 0      # sent at the remote's maximum QoS
         self.unretained = 0      # sent without retain (the remote has none)
         self._settles: list[tuple[str, int]] = []   # (``settle_later``)
@@ -149,17 +178,21 @@ class BridgeLink:
         if client is None:
             return   # (the session keeps it: resent on the next activation)
         bridge = self.bridge
+        hops = 0 if message.props is None else hops_of(message)
+        if hops >= bridge.settings.max_hops:
+            self._looped(message, hops, packet_id if qos else None)
+            return
         if not self.limits.plain:
-            self._send_fitted(client, message, qos, packet_id, dup, retain)
+            self._send_fitted(client, message, qos, packet_id, dup, retain, hops)
             return
         bridge.sent += 1
-        props = (encode_properties(publish_properties(message, bridge.clock.seconds(), None,
-                                                      ())) if bridge.v5 else None)
+        props = (encode_properties(with_hops(publish_properties(
+            message, bridge.clock.seconds(), None, ()), hops + 1)) if bridge.v5 else None)
         client.publish(bridge.remote_topic(message.topic), message.payload, qos,
                        packet_id if qos else None, dup, retain, props)
 
     def _send_fitted(self, client: BridgeClient, message: Message, qos: int,
-                     packet_id: int | None, dup: bool, retain: bool) -> None:
+                     packet_id: int | None, dup: bool, retain: bool, hops: int) -> None:
         """A delivery fitted to the remote's limits (see the module's paragraph)."""
         bridge = self.bridge
         limits = self.limits
@@ -169,8 +202,8 @@ class BridgeLink:
             self.unretained += 1
         topic = bridge.remote_topic(message.topic)
         alias, with_topic = limits.alias(topic) if limits.alias_max else (None, True)
-        props = encode_properties(publish_properties(message, bridge.clock.seconds(), alias,
-                                                     ()))
+        props = encode_properties(with_hops(publish_properties(
+            message, bridge.clock.seconds(), alias, ()), hops + 1))
         data = encode_publish(topic.encode() if with_topic else b"", message.payload,
                               sent_qos, retain, dup and sent_qos > 0,
                               packet_id if sent_qos else None, props)
@@ -215,10 +248,26 @@ class BridgeLink:
         if packet_id is not None:
             self.settle_later("dropped", packet_id)
 
+    def _looped(self, message: Message, hops: int, packet_id: int | None) -> None:
+        """A message that crossed ``max-hops`` bridges already: not sent (a loop of
+        bridges would send it round for ever), counted, logged once a minute at
+        most; its session entry settled as dropped."""
+        self.too_many_hops += 1
+        bridge = self.bridge
+        held = bridge.refusals.allow("hops")
+        if held is not None:
+            self.log.warn("bridge {n}: a message on {t} was not forwarded: it crossed {h} "
+                          "bridges already (max-hops {m}; a loop of bridges?); {c} so far{d}",
+                          n=bridge.settings.name, t=message.topic, h=hops,
+                          m=bridge.settings.max_hops, c=self.too_many_hops,
+                          d=f" ({held} not logged)" if held else "")
+        if packet_id is not None:
+            self.settle_later("looped", packet_id)
+
     def settle_later(self, kind: str, packet_id: int) -> None:
         """Settle a session entry once the current delivery pass is over (the
         session is pumping now): ``sent`` (sent at QoS 0 below its QoS), ``released``
-        (a QoS 2 entry's PUBREL, not sent), ``dropped``.  (At most the session's
+        (a QoS 2 entry's PUBREL, not sent), ``dropped``, ``looped``.  (At most the session's
         window of them: each is an entry in flight.)"""
         self._settles.append((kind, packet_id))
         if self._settle_call is None:
@@ -237,6 +286,8 @@ class BridgeLink:
                 continue
             if kind == "dropped":
                 broker.rejected(session, packet_id, "above the remote's maximum packet size")
+            elif kind == "looped":
+                broker.rejected(session, packet_id, "crossed max-hops bridges (a loop)")
             elif kind == "released":
                 broker.completed(session, packet_id)
             elif entry.qos == 1:

@@ -78,6 +78,7 @@ def figures(bridge: Bridge) -> dict[str, Any]:
         "sent": bridge.sent, "received": bridge.received,
         "remote_refused": bridge.refused, "refused_here": bridge.refused_here,
         "too_large": bridge.link.too_large, "too_large_in": bridge.too_large_in,
+        "too_many_hops": bridge.link.too_many_hops,
         "downgraded": bridge.link.downgraded,
         "unretained": bridge.link.unretained, "held": bridge.held,
         "reading_paused": sorted(client.paused_for) if client is not None else [],

@@ -82,6 +82,9 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
             exc.in_connect5 = True
             raise
     protocol_level = buf[p]
+    bridge = bool(protocol_level & 0x80) and (name, protocol_level & 0x7F) in _KNOWN_PROTOCOLS
+    if bridge:   # (Mosquitto's bridge flag, try_private: level | 0x80)
+        protocol_level &= 0x7F
     flags = buf[p + 1]
     keepalive = buf[p + 2] << 8 | buf[p + 3]
     p += 4
@@ -125,7 +128,8 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
     if p != end:
         raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
     return Connect(
-        name, protocol_level, client_id, clean_session, keepalive, will, username, password
+        name, protocol_level, client_id, clean_session, keepalive, will, username, password,
+        bridge=bridge,
     )
 
 

@@ -384,7 +384,7 @@ def _encode_connect(packet: Connect) -> bytes:
     flags = _connect_payload(packet, parts, flags, False)
     if not 0 <= packet.protocol_level <= 0xFF:
         raise ValueError(f"CONNECT protocol level {packet.protocol_level} outside 0..255")
-    parts[1] = bytes((packet.protocol_level, flags))
+    parts[1] = bytes((packet.protocol_level | (0x80 if packet.bridge else 0), flags))
     return _frame(0x10, b"".join(parts))
 
 

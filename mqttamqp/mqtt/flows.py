@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
-from mqttamqp.core.sessions.session import Session
+from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import PUBACK, PUBREC, PUBREC_OPENS, Close
 from mqttamqp.mqtt.executor import ActionExecutor
@@ -185,7 +185,10 @@ class ConnectedFlows(ActionExecutor):
             if refused is not None:
                 self._carry_out(refused)
                 return
-            codes, d = broker.subscribe(session, identity, packet.topics)
+            # A bridge (Mosquitto's flag) gets nothing it published itself back.
+            codes, d = broker.subscribe(session, identity, packet.topics,
+                                        [q | NO_LOCAL for _, q in packet.topics]
+                                        if self.bridge_peer else ())
             ack, grants = decisions.suback(packet, codes, self.version)
         self._acknowledge(ack, packet.packet_id, d,
                           lambda: broker.send_retained(session, grants))

@@ -108,6 +108,7 @@ class ConnectHandshake(ActionExecutor):
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
+        self.bridge_peer = packet.bridge
         if exchange is not None and cert_user is None:
             # MQTT 5 enhanced authentication: AUTH packets until the method says
             # yes or no, bounded by the connect timeout.

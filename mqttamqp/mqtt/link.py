@@ -82,6 +82,7 @@ class MQTTLink:
     clean_session: bool
     connected_since: float
     _v5: Negotiated | None
+    bridge_peer: bool   # the client announced Mosquitto's bridge flag
     _connect_timer: list[Any] | None
     _keepalive: Keepalive | None
     _keepalive_timer: list[Any] | None

@@ -162,6 +162,9 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     properties: Properties | None = None
+    # Mosquitto's bridge flag (3.1/3.1.1 level | 0x80): the client is a bridge; the
+    # level above is without it.  What it publishes is not sent back to it.
+    bridge: bool = False
 
 
 @record

@@ -179,6 +179,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
+        self.bridge_peer = False   # Mosquitto's bridge flag in CONNECT
         self.connected_since = 0.0
         self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive

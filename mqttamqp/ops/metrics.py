@@ -328,6 +328,8 @@ _BRIDGE_METRICS = (
      "maximum packet size.", "too_large"),
     ("mqttamqp_bridge_too_large_in", COUNTER, "In messages dropped: from a 3.1.1 remote, "
      "above --max-packet-size (acknowledged to it).", "too_large_in"),
+    ("mqttamqp_bridge_too_many_hops", COUNTER, "Out messages not sent: they had crossed "
+     "max-hops bridges already (a loop).", "too_many_hops"),
     ("mqttamqp_bridge_remote_refused", COUNTER, "Out messages the remote refused (MQTT 5 "
      "PUBACK failure codes).", "remote_refused"),
     ("mqttamqp_bridge_refused_here", COUNTER, "In messages a durable queue here refused "
