@@ -30,6 +30,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.bridge.backlog import BacklogGuard
 from mqttamqp.bridge.client import LEVEL, Backoff, BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
@@ -75,6 +76,7 @@ class Bridge:
         self.connector = connector
         self.identity = Identity(settings.session_id, None, PROTOCOL)
         self.link = BridgeLink(self)
+        self.backlog = BacklogGuard(settings, broker.limits)
         self.backoff = Backoff(settings.reconnect_min, settings.reconnect_max)
         self.out_rules = tuple(r for r in settings.rules if r.outbound)
         self.in_rules = tuple(r for r in settings.rules if r.inbound)
@@ -116,6 +118,7 @@ class Bridge:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             session = opened.session
+            self.backlog.apply(session)
             stale = [f for f in session.subscriptions if f not in self._out_filters()]
             if stale:
                 self.broker.unsubscribe(session, stale)
@@ -157,6 +160,10 @@ class Bridge:
         if session is not None:   # (detached now: a bridge started anew claims it)
             self.link.attach(None, RemoteLimits(None))
             self.broker.end_session(self.link, session, True, "bridge stopped")
+        held = self.broker.sessions.get(self.settings.session_id)
+        if held is not None:   # (publishers it held go on: nothing holds them now)
+            self.backlog.release(held)
+            self.broker.link_drained(None)
         self._set_state("stopped")
 
     def _attempt(self) -> None:
@@ -251,6 +258,7 @@ class Bridge:
             opened = self.broker.open_session(self.link, self.settings.session_id, False,
                                               None, self.identity, None)
             self.session = opened.session   # (claimed: ended if the remote goes now)
+            self.backlog.apply(opened.session)
             if not opened.session.subscriptions:   # (expired meanwhile: subscribe again)
                 self._subscribe_out(opened.session)
             # MQTT 5: the remote's receive maximum bounds what is in flight (absent:

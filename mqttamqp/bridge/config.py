@@ -109,6 +109,9 @@ class BridgeSettings:
     tls_ca: str | None = None        # mqtts://: a PEM CA bundle (default: the platform's)
     server_name: str | None = None   # mqtts://: the name to verify (default: address host)
     max_hops: int = 4                # bridges a message may cross (MQTT 5 user property)
+    max_backlog_bytes: int = 32 << 20   # the out backlog's payload bytes ...
+    max_backlog_messages: int = 30_000  # ... and messages (queued, not in flight)
+    on_full: str = "drop"            # at the bound: "drop" (counted) or "block" publishers
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -183,6 +186,13 @@ class BridgeSettings:
             raise TableKeyError("connect-timeout", "more than 0 seconds")
         if not 0 < self.reconnect_min <= self.reconnect_max:
             raise TableKeyError("reconnect-min", "more than 0 and at most reconnect-max")
+        if self.max_backlog_bytes < 1:
+            raise TableKeyError("max-backlog-bytes", "at least 1 byte")
+        if not 1 <= self.max_backlog_messages <= 30_000:
+            raise TableKeyError("max-backlog-messages", "1 to 30000 (each holds an MQTT "
+                                "packet id; with on-full = \"block\" twice as many may wait)")
+        if self.on_full not in ("drop", "block"):
+            raise TableKeyError("on-full", f"{self.on_full!r} is not \"drop\" or \"block\"")
         if not 1 <= self.max_hops <= 255:
             raise TableKeyError("max-hops", "1 to 255 bridges")
         if self.password is not None and self.username is None:
@@ -197,6 +207,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "address": (str,), "protocol": (str,), "client_id": (str,), "username": (str,),
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,), "max_hops": (int,),
+    "max_backlog_bytes": (int,), "max_backlog_messages": (int,), "on_full": (str,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
 }

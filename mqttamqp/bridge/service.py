@@ -84,6 +84,9 @@ def figures(bridge: Bridge) -> dict[str, Any]:
         "reading_paused": sorted(client.paused_for) if client is not None else [],
         "backlog_messages": queued + inflight, "inflight": inflight,
         "backlog_bytes": session.queued_bytes if session is not None else 0,
+        "backlog_dropped": session.dropped if session is not None else 0,
+        "backlog_blocked": bridge.backlog.blocked, "backlog_blocking": bridge.backlog.blocking,
+        "max_backlog_bytes": s.max_backlog_bytes, "on_full": s.on_full,
     }
 
 

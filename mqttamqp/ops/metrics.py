@@ -336,6 +336,10 @@ _BRIDGE_METRICS = (
      "(not acknowledged to the remote).", "refused_here"),
     ("mqttamqp_bridge_backlog_messages", GAUGE, "Out messages waiting in the bridge's "
      "session (queued and in flight).", "backlog_messages"),
+    ("mqttamqp_bridge_backlog_dropped", COUNTER, "Out messages dropped at the backlog's "
+     "bound (max-backlog-bytes, max-backlog-messages).", "backlog_dropped"),
+    ("mqttamqp_bridge_backlog_blocked", COUNTER, "Times the backlog's bound paused local "
+     "publishers (on-full = \"block\").", "backlog_blocked"),
     ("mqttamqp_bridge_backlog_bytes", GAUGE, "Payload bytes queued in the bridge's "
      "session.", "backlog_bytes"),
 )

@@ -88,6 +88,14 @@ class FlowControl:
         resume, sessions, _ = entry
         suspects: Sequence[Congestible] = (
             sessions if sessions is not None else list(self._online()))
+        if sessions is not None and any(getattr(s, "backlog_bound", None) is not None
+                                        and s.over_high_water()
+                                        for s in sessions):
+            # A bound that blocks (a bridge's backlog, ``on-full = "block"``): the
+            # publisher waits until it drains, however long the remote is away.
+            self._paused[key] = (resume, sessions,
+                                 self.clock.callLater(self.stall_timeout, self._expired, key))
+            return
         for session in suspects:
             if session.over_high_water():   # (a session's is False while offline)
                 session.stalled = True
@@ -150,11 +158,15 @@ class QueueBoundLog:
         held = lines.allow(session.client_id)
         if held is None:
             return
+        # (a bridge's session has its own bound: the bridge's max-backlog-* keys)
+        limits = session.limits
         self.log.warn(
-            "{c}: {n} QoS 1/2 message(s) dropped at its queue bound (--max-queued-messages "
-            "{m}, --max-queued-bytes {b}){why}; {t} dropped in all{o}",
-            c=session.client_id, n=held + 1, m=self.limits.max_queued_messages,
-            b=self.limits.max_queued_bytes, t=session.dropped,
+            "{c}: {n} QoS 1/2 message(s) dropped at its queue bound ({o1} "
+            "{m}, {o2} {b}){why}; {t} dropped in all{o}",
+            c=session.client_id, n=held + 1, m=limits.max_queued_messages,
+            b=limits.max_queued_bytes, t=session.dropped,
+            o1="--max-queued-messages" if limits is self.limits else "max-backlog-messages",
+            o2="--max-queued-bytes" if limits is self.limits else "max-backlog-bytes",
             why=(" while it made no progress" if session.stalled else
                  "" if session.link is not None else " while offline"),
             o=f" ({others} such lines of other sessions not logged)" if others else "")

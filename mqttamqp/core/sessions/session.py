@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
+from typing import Protocol
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -48,7 +49,7 @@ from mqttamqp.core.sessions.entries import (
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
 
-__all__ = ["Session", "SessionState", "SessionStateError",
+__all__ = ["BacklogBound", "Session", "SessionState", "SessionStateError",
            "NO_LOCAL", "RETAIN_AS_PUBLISHED", "RETAIN_HANDLING"]
 
 
@@ -86,12 +87,19 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
+class BacklogBound(Protocol):
+    """A bound that pauses publishers while ``over`` (a bridge's backlog with
+    ``on-full = "block"``): also while the session is offline, and never stalled."""
+
+    def over(self, session: Session) -> bool: ...
+
+
 class Session(InflightWindow):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
     __slots__ = (
-        "_holder", "_may_expire", "_next_pid", "_next_seq", "_state", "client_id",
-        "created", "drop_offset", "dropped_congested", "dropped_rejected",
+        "_holder", "_may_expire", "_next_pid", "_next_seq", "_state", "backlog_bound",
+        "client_id", "created", "drop_offset", "dropped_congested", "dropped_rejected",
         "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link", "owner",
         "persistent", "protocol", "sub_options", "subscriptions",
     )
@@ -124,6 +132,7 @@ class Session(InflightWindow):
         self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
+        self.backlog_bound: BacklogBound | None = None   # (see over_high_water)
         # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
         # rules and --session-expiry), and the client's receive maximum.
         self.expiry: float | None = None
@@ -219,16 +228,15 @@ class Session(InflightWindow):
         return entry.state == QueuedState.RELEASED
 
     def over_high_water(self) -> bool:
-        """Queue past half its bound while online: publishers should slow down.
-
-        Not while ``stalled``: a subscriber that made no progress during a whole
-        pause does not hold publishers back (its queue drops at its bound instead)
-        until it acknowledges something again.
-        """
-        return self.link is not None and not self.stalled and (
+        """Queue past half its bound while online: publishers should slow down. Not
+        while ``stalled``: a subscriber that made no progress during a whole pause does
+        not hold publishers back (its queue drops at its bound) until it acknowledges
+        something again.  A ``backlog_bound`` holds them, offline too, while ``over``."""
+        return (self.link is not None and not self.stalled and (
             len(self.queue) * 2 > self.limits.max_queued_messages
             or self.queued_bytes * 2 > self.limits.max_queued_bytes
-            or self.link.congested)
+            or self.link.congested)) or (
+            self.backlog_bound is not None and self.backlog_bound.over(self))
 
     def has_room(self, qos: int) -> bool:
         """Could a message of ``qos`` be sent now, without a backlog growing here?
