@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from mqttamqp.core.topics import validate_topic_filter
 from mqttamqp.ops.config import TableKeyError, as_table, table_values
 
-__all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS"]
+__all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS", "load_client_certificate"]
 
 DIRECTIONS = ("out", "in", "both")
 SCHEMES = {"mqtt": 1883, "mqtts": 8883}
@@ -86,6 +86,31 @@ def parse_rule(text: str, local_prefix: str, remote_prefix: str) -> TopicRule:
     return rule
 
 
+def load_client_certificate(cert_file: str, key_file: str) -> Any:
+    """The ``twisted.internet.ssl.PrivateCertificate`` of ``cert-file`` and
+    ``key-file`` (PEM); ``ValueError`` saying which file is wrong and why."""
+    from OpenSSL import crypto
+    from twisted.internet import ssl
+
+    pems = []
+    for path in (cert_file, key_file):
+        try:
+            with open(path, "rb") as f:
+                pems.append(f.read())
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        certificate = ssl.Certificate.loadPEM(pems[0])
+    except Exception:   # (OpenSSL's errors: any of several types)
+        raise ValueError(f"{cert_file} holds no PEM certificate") from None
+    try:
+        key = ssl.KeyPair.load(pems[1], crypto.FILETYPE_PEM)
+        return ssl.PrivateCertificate.fromCertificateAndKeyPair(certificate, key)
+    except Exception:
+        raise ValueError(f"{key_file} holds no unencrypted PEM private key of "
+                         f"{cert_file}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class BridgeSettings:
     """A bridge as configured (``from_table``); every field has a default but
@@ -108,6 +133,8 @@ class BridgeSettings:
     reconnect_max: float = 60.0
     tls_ca: str | None = None        # mqtts://: a PEM CA bundle (default: the platform's)
     server_name: str | None = None   # mqtts://: the name to verify (default: address host)
+    cert_file: str | None = None     # mqtts://: our client certificate (PEM) ...
+    key_file: str | None = None      # ... and its private key (PEM, unencrypted)
     max_hops: int = 4                # bridges a message may cross (MQTT 5 user property)
     max_backlog_bytes: int = 32 << 20   # the out backlog's payload bytes ...
     max_backlog_messages: int = 30_000  # ... and messages (queued, not in flight)
@@ -166,7 +193,8 @@ class BridgeSettings:
         if parts.scheme not in SCHEMES or not parts.hostname:
             raise TableKeyError("address", f"{self.address!r} is not an mqtt:// or "
                                            "mqtts://HOST[:PORT] address")
-        for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name)):
+        for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name),
+                           ("cert-file", self.cert_file), ("key-file", self.key_file)):
             if value is not None and not self.tls:
                 raise TableKeyError(key, "only with an mqtts:// address")
         if self.tls_ca is not None:
@@ -176,6 +204,14 @@ class BridgeSettings:
                 load_ca_bundle(self.tls_ca)
             except ValueError as e:
                 raise TableKeyError("tls-ca", str(e)) from None
+        if (self.cert_file is None) != (self.key_file is None):
+            raise TableKeyError("cert-file" if self.cert_file is None else "key-file",
+                                "cert-file and key-file go together")
+        if self.cert_file is not None and self.key_file is not None:
+            try:
+                load_client_certificate(self.cert_file, self.key_file)
+            except ValueError as e:
+                raise TableKeyError("cert-file", str(e)) from None
         if self.protocol not in ("3.1.1", "5"):
             raise TableKeyError("protocol", f"{self.protocol!r} is not \"3.1.1\" or \"5\"")
         if not self.topics:
@@ -210,6 +246,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_backlog_bytes": (int,), "max_backlog_messages": (int,), "on_full": (str,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
+    "cert_file": (str,), "key_file": (str,),
 }
 
 

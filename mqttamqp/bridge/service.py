@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
-from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.bridge.config import BridgeSettings, load_client_certificate
 from mqttamqp.core.broker import Broker
 
 __all__ = ["Bridges", "figures", "hold_orphans"]
@@ -97,7 +97,7 @@ def _failed(failure: Failure, client_id: str) -> None:
 def _tls_creator(settings: BridgeSettings) -> Any:
     """TLS toward an mqtts:// remote: its certificate checked against ``tls-ca`` (else
     the platform's CAs) and its name (``server-name``, else the address's host)
-    through service-identity."""
+    through service-identity; ours (``cert-file``, ``key-file``) when configured."""
     from twisted.internet import ssl
 
     from mqttamqp.net.tls import load_ca_bundle
@@ -105,7 +105,10 @@ def _tls_creator(settings: BridgeSettings) -> Any:
     roots: Any = (ssl.trustRootFromCertificates(
         [ssl.Certificate(c) for c in load_ca_bundle(settings.tls_ca)])
         if settings.tls_ca is not None else ssl.platformTrust())
-    return ssl.optionsForClientTLS(settings.server_name or settings.host, trustRoot=roots)
+    client = (load_client_certificate(settings.cert_file, settings.key_file)
+              if settings.cert_file is not None and settings.key_file is not None else None)
+    return ssl.optionsForClientTLS(settings.server_name or settings.host, trustRoot=roots,
+                                   clientCertificate=client)
 
 
 class _Once(Factory):

@@ -98,3 +98,18 @@ def test_a_good_table_reaches_the_options(tmp_path: Any) -> None:
     options = Options()
     options.parseOptions(["--config", str(path)])
     assert [b.name for b in options["bridge"]] == ["hq"]
+
+
+def test_cert_file_and_key_file_go_together_and_are_read(tmp_path: Any) -> None:
+    """cert-file without key-file, an mqtt:// address, or a file that is not a PEM
+    certificate is refused naming the key."""
+    plain = {"name": "hq", "address": "mqtt://hq.example", "topics": ["a/# out 1"]}
+    base = {**plain, "address": "mqtts://hq.example"}
+    cert = tmp_path / "c.pem"
+    cert.write_text("not a certificate")
+    for table, key in (({**base, "cert-file": str(cert)}, "key-file"),
+                       ({**plain, "cert-file": str(cert), "key-file": str(cert)}, "cert-file"),
+                       ({**base, "cert-file": str(cert), "key-file": str(cert)}, "cert-file")):
+        with pytest.raises(TableKeyError) as caught:
+            BridgeSettings.from_table(table)
+        assert caught.value.key == key, caught.value
