@@ -9,10 +9,10 @@ wait durably while the remote is away; ``in`` publishes through the broker's por
 with the bridge as publisher), the out session's link fitted to the remote's MQTT 5
 limits (``link``), and the service that starts and stops them, holds the sessions of
 removed bridges (unsubscribed, backlog kept) and gives their figures to the console
-and the metrics (``service``).
+and the metrics (``service``), ``ws(s)://`` remotes through autobahn's client
+(``wsremote``), and the out backlog's own bound (``backlog``).
 
 What it must not do: reach storage other than through the broker's commands (the
 session's queue is the backlog; nothing here stores anything), keep a second MQTT
-client library on the reactor, or decide routing (the router does).  Not built yet:
-``ws(s)://`` remotes and SIGHUP reload.
+client library on the reactor, or decide routing (the router does).
 """

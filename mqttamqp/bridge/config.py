@@ -21,8 +21,8 @@ from mqttamqp.ops.config import TableKeyError, as_table, table_values
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS", "load_client_certificate"]
 
 DIRECTIONS = ("out", "in", "both")
-SCHEMES = {"mqtt": 1883, "mqtts": 8883}
-NOT_BUILT = ("ws", "wss")
+SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
+TLS_SCHEMES = ("mqtts", "wss")
 EMPTY = '""'   # an empty prefix in a topic rule
 
 
@@ -152,7 +152,11 @@ class BridgeSettings:
 
     @property
     def tls(self) -> bool:
-        return urlsplit(self.address).scheme == "mqtts"
+        return urlsplit(self.address).scheme in TLS_SCHEMES
+
+    @property
+    def websocket(self) -> bool:
+        return urlsplit(self.address).scheme in ("ws", "wss")
 
     @property
     def session_id(self) -> str:
@@ -187,16 +191,16 @@ class BridgeSettings:
         if not self.name or "/" in self.name or "+" in self.name or "#" in self.name:
             raise TableKeyError("name", f"{self.name!r}: a non-empty name without / + #")
         parts = urlsplit(self.address)
-        if parts.scheme in NOT_BUILT:
-            raise TableKeyError("address", f"{self.address!r}: {parts.scheme}:// remotes "
-                                           "are not built yet (mqtt:// and mqtts:// only)")
         if parts.scheme not in SCHEMES or not parts.hostname:
-            raise TableKeyError("address", f"{self.address!r} is not an mqtt:// or "
-                                           "mqtts://HOST[:PORT] address")
+            raise TableKeyError("address", f"{self.address!r} is not an mqtt://, mqtts://, "
+                                           "ws:// or wss://HOST[:PORT] address")
+        if parts.path and not self.websocket:
+            raise TableKeyError("address", f"{self.address!r}: a path only with ws:// "
+                                           "or wss://")
         for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name),
                            ("cert-file", self.cert_file), ("key-file", self.key_file)):
             if value is not None and not self.tls:
-                raise TableKeyError(key, "only with an mqtts:// address")
+                raise TableKeyError(key, "only with an mqtts:// or wss:// address")
         if self.tls_ca is not None:
             from mqttamqp.net.tls import load_ca_bundle
 

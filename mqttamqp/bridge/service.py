@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, load_client_certificate
+from mqttamqp.bridge.wsremote import connect_websocket
 from mqttamqp.core.broker import Broker
 
 __all__ = ["Bridges", "figures", "hold_orphans"]
@@ -140,6 +141,13 @@ class Bridges:
                                            timeout=max(1, int(settings.connect_timeout)))
         if settings.tls:
             endpoint = wrapClientTLS(_tls_creator(settings), endpoint)
+        if settings.websocket:
+            max_packet = self.broker.limits.max_packet_size
+
+            def connect_ws(client: BridgeClient) -> Any:
+                return connect_websocket(endpoint, settings, max_packet, client)
+
+            return connect_ws
 
         def connect(client: BridgeClient) -> Any:
             return endpoint.connect(_Once(client))

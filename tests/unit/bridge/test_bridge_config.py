@@ -44,7 +44,7 @@ def test_round_trip_through_as_table() -> None:
 @pytest.mark.parametrize(("change", "key"), [
     ({"name": None}, "name"),
     ({"address": "http://x"}, "address"),
-    ({"address": "ws://x:8083"}, "address"),
+    ({"address": "http://x:8083"}, "address"),
     ({"tls-ca": "/nonexistent.pem"}, "tls-ca"),
     ({"address": "mqtts://x", "tls-ca": "/nonexistent.pem"}, "tls-ca"),
     ({"server-name": "x"}, "server-name"),
@@ -113,3 +113,17 @@ def test_cert_file_and_key_file_go_together_and_are_read(tmp_path: Any) -> None:
         with pytest.raises(TableKeyError) as caught:
             BridgeSettings.from_table(table)
         assert caught.value.key == key, caught.value
+
+
+def test_ws_addresses_and_their_url() -> None:
+    """ws:// and wss:// are read (default ports 80 and 443, path /mqtt unless given;
+    wss is TLS); a path on an mqtt:// address is refused."""
+    from mqttamqp.bridge.wsremote import url_of
+    table = {"name": "hq", "topics": ["a/# out 1"]}
+    ws = BridgeSettings.from_table({**table, "address": "ws://h.example"})
+    assert (ws.port, ws.tls, ws.websocket, url_of(ws)) == (80, False, True,
+                                                           "ws://h.example:80/mqtt")
+    wss = BridgeSettings.from_table({**table, "address": "wss://h.example:9001/ws"})
+    assert (wss.port, wss.tls, url_of(wss)) == (9001, True, "wss://h.example:9001/ws")
+    with pytest.raises(TableKeyError, match="path"):
+        BridgeSettings.from_table({**table, "address": "mqtt://h.example/x"})
