@@ -93,6 +93,8 @@ class Bridge:
         self._announced = b""                 # the $SYS state published last
         self.sent = 0
         self.received = 0
+        self.rate_out = self.rate_in = 0.0   # messages/s over the last sample (``sample``)
+        self._counted = (0, 0)                # (sent, received) at the last sample
         self.refused = 0                      # MQTT 5 PUBACKs with a failure code
         self.refused_here = 0                 # in messages a durable queue refused here
         self.held = 0                         # times the remote was not read (storage alarm)
@@ -103,6 +105,14 @@ class Bridge:
         self._client: BridgeClient | None = None
         self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
+
+    def sample(self, elapsed: float) -> None:
+        """The rates out and in since the last sample, ``elapsed`` seconds ago."""
+        sent, received = self._counted
+        if elapsed > 0:
+            self.rate_out = (self.sent - sent) / elapsed
+            self.rate_in = (self.received - received) / elapsed
+        self._counted = (self.sent, self.received)
 
     @property
     def client(self) -> BridgeClient | None:

@@ -30,11 +30,13 @@ from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, load_client_certificate
 from mqttamqp.bridge.wsremote import connect_websocket
 from mqttamqp.core.broker import Broker
+from mqttamqp.core.message import Message
 
-__all__ = ["Bridges", "figures", "hold_orphans"]
+__all__ = ["SAMPLE", "Bridges", "figures", "hold_orphans", "sys_topics"]
 
 log = Logger()
 PREFIX = "$bridge/"
+SAMPLE = 5.0   # seconds between the rate samples (messages/s out and in)
 
 
 def hold_orphans(broker: Broker, names: Sequence[str]) -> list[str]:
@@ -88,7 +90,22 @@ def figures(bridge: Bridge) -> dict[str, Any]:
         "backlog_dropped": session.dropped if session is not None else 0,
         "backlog_blocked": bridge.backlog.blocked, "backlog_blocking": bridge.backlog.blocking,
         "max_backlog_bytes": s.max_backlog_bytes, "on_full": s.on_full,
+        "rate_out": bridge.rate_out, "rate_in": bridge.rate_in,
     }
+
+
+def sys_topics(bridge: Bridge) -> list[tuple[str, str]]:
+    """The bridge's ``$SYS/broker/connection/<client id>/...`` topics beside Mosquitto's
+    ``state`` (which ``Bridge`` publishes at each change): messages out and in, the
+    rates, and the out backlog."""
+    f = figures(bridge)
+    p = f"$SYS/broker/connection/{f['client_id']}/"
+    return [(p + "messages/sent", str(f["sent"])), (p + "messages/received", str(f["received"])),
+            (p + "messages/sent/per-second", f"{f['rate_out']:g}"),
+            (p + "messages/received/per-second", f"{f['rate_in']:g}"),
+            (p + "backlog/messages", str(f["backlog_messages"])),
+            (p + "backlog/bytes", str(f["backlog_bytes"])),
+            (p + "backlog/dropped", str(f["backlog_dropped"]))]
 
 
 def _failed(failure: Failure, client_id: str) -> None:
@@ -133,6 +150,8 @@ class Bridges:
         self.reactor = reactor
         self.bridges = [Bridge(broker, reactor, s, self._connector(s)) for s in settings]
         self.started = False
+        self._sampler: Any = None
+        self._sampled = self._sys_at = 0.0
 
     def _connector(self, settings: BridgeSettings) -> Any:
         reactor: IReactorTCP = self.reactor
@@ -159,6 +178,32 @@ class Bridges:
         hold_orphans(self.broker, [b.settings.name for b in self.bridges if b.out_rules])
         for bridge in self.bridges:
             bridge.start()
+        self._sampled = self._sys_at = self.reactor.seconds()
+        self._sampler = self.reactor.callLater(self._period(), self._sample)
+
+    def _period(self) -> float:
+        interval = self.broker.limits.sys_interval
+        return min(SAMPLE, interval) if interval > 0 else SAMPLE
+
+    def _sample(self) -> None:
+        """Every ``SAMPLE`` s (or ``--sys-interval`` if shorter): each bridge's rates;
+        every ``--sys-interval`` (0: never) its ``$SYS`` topics, retained, as the
+        broker's own messages."""
+        now = self.reactor.seconds()
+        elapsed, self._sampled = now - self._sampled, now
+        for bridge in self.bridges:
+            bridge.sample(elapsed)
+        interval = self.broker.limits.sys_interval
+        if interval > 0 and now - self._sys_at >= interval - 0.001:
+            self._sys_at = now
+            with self.broker.stats.own_messages():
+                for bridge in self.bridges:
+                    if bridge.state != "stopped":
+                        for topic, payload in sys_topics(bridge):
+                            self.broker.publish(Message(topic, payload.encode(), 0, True,
+                                                        None, now),
+                                                None, wait=False, counted=False)
+        self._sampler = self.reactor.callLater(self._period(), self._sample)
 
     def configure(self, settings: Sequence[BridgeSettings]) -> None:
         """SIGHUP: the ``[[bridge]]`` tables now.  A bridge whose table is unchanged
@@ -200,5 +245,8 @@ class Bridges:
         return [figures(bridge) for bridge in self.bridges]
 
     def stop(self) -> None:
+        if self._sampler is not None and self._sampler.active():
+            self._sampler.cancel()
+        self._sampler = None
         for bridge in self.bridges:
             bridge.stop()

@@ -76,3 +76,16 @@ def test_no_bridges_is_an_empty_table(tmp_path: Any) -> None:
     client, _, _ = _client(tmp_path, False)
     assert client.get("/api/bridges").json()["items"] == []
     assert "No bridges." in client.get("/bridges").text
+
+
+def test_bridges_page_shows_rates_and_the_backlog_bound(tmp_path: Any) -> None:
+    """The rates out and in (messages/s) and the backlog's bound are on the page and
+    in the API."""
+    client, _, bridges = _client(tmp_path, True)
+    bridges[0].sent = 25
+    bridges[0].sample(5.0)
+    api = {b["name"]: b for b in client.get("/api/bridges").json()["items"]}
+    assert api["hq"]["rate_out"] == 5.0 and api["hq"]["rate_in"] == 0.0
+    assert api["hq"]["on_full"] == "drop"
+    page = client.get("/bridges").text
+    assert "(5.0/s)" in page and "(0.0/s)" in page and "dropped" in page
