@@ -108,6 +108,8 @@ class GatewayFactory(Factory):
         self.refused_connections = 0      # sockets closed at --max-connections
         self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
+        self.published = self.delivered = 0   # messages to the core / to clients
+        self.refused: dict[int, int] = {}     # CONNECTs refused, by CONNACK code
         self.make_channel = ClientChannel   # (tests give a fake)
         # Who may connect (the broker's user store, as on a broker); None: anyone.
         self.authenticator: Authenticator | None = None
@@ -214,6 +216,7 @@ class GatewayProtocol(Protocol):
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
         self.reading_paused = False
+        self.since = 0.0                      # when the socket came (the console)
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -221,6 +224,7 @@ class GatewayProtocol(Protocol):
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self.factory.connections.add(self)
+        self.since = self.clock.seconds()
         self.transport.registerProducer(self, True)
         self.last_activity = self.clock.seconds()
         self.timer.start(self.factory.limits.connect_timeout, self._connect_deadline)
@@ -405,6 +409,7 @@ class GatewayProtocol(Protocol):
     def _refuse(self, code: int, reason: str) -> None:
         self._limited(f"refused-{int(code)}", "refused CONNECT from {peer} (client id "
                       "{c!r}): {r} (CONNACK {code})", r=reason, code=int(code))
+        self.factory.refused[int(code)] = self.factory.refused.get(int(code), 0) + 1
         if self.factory.clients.get(self.client_id) is self:
             del self.factory.clients[self.client_id]
         self.transport.write(_connack(self.level, False, code))
@@ -423,6 +428,7 @@ class GatewayProtocol(Protocol):
             return
         channel = self.channel
         assert channel is not None
+        self.factory.published += 1
         qos = packet.qos
         if qos == 0:
             channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
@@ -537,6 +543,7 @@ class GatewayProtocol(Protocol):
             self.abort("no free packet id for a delivery")
             return
         self.transport.write(frame)
+        self.factory.delivered += 1
         if qos == 0:
             channel.finished(dlv)
 

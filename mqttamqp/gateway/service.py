@@ -105,6 +105,15 @@ class GatewayService(service.MultiService):
         self.listeners.append(svc)
         return svc
 
+    def add_listener(self, kind: str, description: str, factory: Any,
+                     access: str = "users") -> ListenerService:
+        """Another listener started with the MQTT ones (the console, the metrics:
+        ``mqttamqp.gatewayweb``, outside this package, builds their sites)."""
+        svc = ListenerService(kind, description, factory, self.reactor, access)
+        svc.setServiceParent(self)  # type: ignore[no-untyped-call]
+        self.listeners.append(svc)
+        return svc
+
     def startService(self) -> None:
         logbridge.install()
         for listener in self.listeners:
