@@ -129,6 +129,8 @@ class _FirstAdmin(app_service.Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
+        # (a gateway opens no store: its --data may not exist yet)
+        os.makedirs(self.users.data_dir, mode=0o700, exist_ok=True)
         created = ensure_first_admin(self.users)
         if created is not None:
             name, _, path = created

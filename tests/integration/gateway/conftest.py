@@ -23,12 +23,13 @@ def core(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = True,
-                  env: dict[str, str] | None = None) -> BrokerProcess:
+                  env: dict[str, str] | None = None,
+                  listeners: tuple[str, ...] = ("--mqtt",)) -> BrokerProcess:
     """A gateway process in front of ``upstream``; once started, it has an open
     upstream connection (unless not ``wait_open``)."""
     n = len(list(tmp_path.glob("gw*")))
     proc = BrokerProcess(str(tmp_path / f"gw{n}"), "--upstream", upstream, *extra,
-                         listeners=("--mqtt",), env=env)
+                         listeners=listeners, env=env)
     proc.start()
     if wait_open:
         proc.wait_for_line(UPSTREAM_OPEN, timeout=15)
