@@ -8,9 +8,11 @@ the user store of ``--data`` and ``--users``), the listeners of ``--mqtt`` and
 connections at the end.  ``--mqtt-ws`` listeners put the broker's WebSocket front
 (``mqtt.websocket``) before the same MQTT side (``websocket``).
 
-What it must not do: open a store, build the core's broker, or start the console,
-archive, bridges or AMQP listeners: a gateway keeps no state (``.importlinter``
-checks that nothing here imports them).
+What it must not do: open a store, build the core's broker, or start the broker's
+console, archive, bridges or AMQP listeners: a gateway keeps no state
+(``.importlinter`` checks that nothing here imports them).  Its own console and
+metrics are built outside this package (``mqttamqp.gatewayweb``) and handed to
+``add_listener``.
 """
 
 from __future__ import annotations
