@@ -130,14 +130,15 @@ class GatewayFactory(Factory):
                     ) -> ClientChannel | None:
         """A new channel for ``client``; None: no upstream connection can take it.
         A client of that id is closed first (a takeover; its will is published when
-        the newcomer starts clean, not when it resumes the session, as the broker
-        does), and the new channel goes on its connection, so the core sees the old
-        links go before the new ones come."""
+        the newcomer starts clean or the old session was clean, not when the session
+        is resumed, as the broker does), and the new channel goes on its connection,
+        so the core sees the old links go before the new ones come."""
         old = self.clients.get(client.client_id)
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
-            old.abort("session taken over by a new connection", brute=clean_start)
+            old.abort("session taken over by a new connection",
+                      brute=clean_start or old.clean)
         conn = self.pool.pick(prefer)
         if conn is None:
             self.refused_unavailable += 1
@@ -518,6 +519,11 @@ class GatewayProtocol(Protocol):
         channel.subscribe(packet.packet_id, requests).addCallback(answered)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        for topic_filter in packet.topics:   # (as SUBSCRIBE's: a violation)
+            problem = self.factory.strings.filter(topic_filter, "UNSUBSCRIBE topic filter")
+            if problem is not None:
+                self._violation(problem)
+                return
         entry = self.acks.add(b"", None, False)
         level = self.level
         channel = self.channel

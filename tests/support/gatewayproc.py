@@ -22,15 +22,9 @@ UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
 _ACK_KIND = ("the gateway does not yet check an acknowledgement's kind against the "
              "delivery's QoS and state (PUBREC for QoS 1, PUBACK for QoS 2): it does "
              "not close the connection")
-_UNSUBSCRIBE = ("the gateway does not yet check UNSUBSCRIBE's topic filters (the core "
-                "answers the AMQP_UNSUBSCRIBE); SUBSCRIBE's are checked")
 _PUBREC_FIRST = ("PUBREC before the forwarded copy: the core routes the message and "
                  "accepts its transfer in one turn, and the gateway writes the copy as "
                  "it comes but PUBREC only once the core's Accepted arrives")
-_TAKEOVER_WILL = ("on a takeover the gateway publishes the old connection's will when "
-                  "the newcomer starts clean, not also when the old session was clean, "
-                  "as the broker does")
-
 # test function name (with "[ID]": only its cases with that parameter id) -> why it
 # cannot pass through a gateway
 GATEWAY_DIFFERS: dict[str, str] = {
@@ -38,11 +32,8 @@ GATEWAY_DIFFERS: dict[str, str] = {
     "test_qos2_ack_for_inflight_qos1_closes": _ACK_KIND,
     "test_ack_for_qos2_before_pubrec_closes": _ACK_KIND,
     "test_puback_after_pubrel_closes": _ACK_KIND,
-    "test_control_characters_in_topics_and_filters_close[unsubscribe]": _UNSUBSCRIBE,
-    "test_unsubscribe_invalid_filter_closes": _UNSUBSCRIBE,
     "test_qos2_pubrec_before_forward_to_self": _PUBREC_FIRST,
     "test_qos2_pubrec_before_forward_with_persistent_subscriber": _PUBREC_FIRST,
-    "test_takeover_resuming_persistent_session_publishes_no_will": _TAKEOVER_WILL,
 }
 
 
