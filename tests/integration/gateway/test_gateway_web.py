@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 
 from brokerproc import BrokerProcess
-from conftest import start_gateway
 from console_support import ConsoleHTTP, initial_password
+from gateway_proc import start_gateway
 from pahoclient import PahoClient
 
 

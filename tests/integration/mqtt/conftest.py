@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from brokerproc import BrokerProcess
-from gatewayproc import mark_gateway_differences
+from gateway_proc import mark_gateway_differences
 from rawclient import OpenClient, client_factory
 
 

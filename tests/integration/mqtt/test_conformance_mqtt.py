@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from brokerproc import BrokerProcess
-from gatewayproc import through_gateway
+from gateway_proc import through_gateway
 from rawclient import (
     TIMEOUT,
     OpenClient,
@@ -58,7 +58,7 @@ pytestmark = pytest.mark.timeout(90)
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[BrokerProcess]:
     """The module's broker, and the same tests through a gateway in front of one
-    (``gatewayproc``; what cannot pass there is marked with the reason)."""
+    (``gateway_proc``; what cannot pass there is marked with the reason)."""
     yield from through_gateway(request.param, str(tmp_path_factory.mktemp("data")),
                                "--sys-interval", "1")
 

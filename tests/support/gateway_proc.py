@@ -1,23 +1,44 @@
-"""The broker's MQTT conformance tests through a gateway: ``through_gateway`` starts
-a core (with the options the tests give their broker, and an AMQP listener) and a
-gateway (``--upstream``) in front of it, and hands the tests the gateway as their
-broker (its MQTT port, its log: protocol errors are the gateway's to log).
+"""Gateway processes for the tests: ``twistd mqttamqp --upstream`` in front of a core
+broker process, on loopback port 0 (the gateway tests' fixtures and modules import
+it; test modules never import a conftest).
 
+The broker's MQTT conformance tests through a gateway: ``through_gateway`` starts a
+core (with the options the tests give their broker, and an AMQP listener) and a
+gateway in front of it (``GatewayInFront``), and hands the tests the gateway as their
+broker (its MQTT port, its log: protocol errors are the gateway's to log).
 ``GATEWAY_DIFFERS`` names the tests that cannot pass through a gateway, with why
 (docs/gateway.md, "Conformance through a gateway"); ``mark_gateway_differences``
 marks them xfail (strict: one that starts passing is reported) when their broker is
-the gateway.
-"""
+the gateway."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
 
+__all__ = ["GATEWAY_DIFFERS", "GatewayInFront", "UPSTREAM_OPEN", "mark_gateway_differences",
+           "start_gateway", "through_gateway"]
+
 UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
+
+
+def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = True,
+                  env: dict[str, str] | None = None,
+                  listeners: tuple[str, ...] = ("--mqtt",)) -> BrokerProcess:
+    """A gateway process in front of ``upstream``; once started, it has an open
+    upstream connection (unless not ``wait_open``)."""
+    n = len(list(tmp_path.glob("gw*")))
+    proc = BrokerProcess(str(tmp_path / f"gw{n}"), "--upstream", upstream, *extra,
+                         listeners=listeners, env=env)
+    proc.start()
+    if wait_open:
+        proc.wait_for_line(UPSTREAM_OPEN, timeout=15)
+    return proc
+
 
 _ACK_KIND = ("the gateway does not yet check an acknowledgement's kind against the "
              "delivery's QoS and state (PUBREC for QoS 1, PUBACK for QoS 2): it does "
