@@ -47,7 +47,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.outbound import Outbound
 from mqttamqp.gateway.timers import ClientTimer
-from mqttamqp.mqtt.actions import Refuse, ack_frame
+from mqttamqp.mqtt.actions import Close, Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
     AckQueue,
@@ -58,6 +58,7 @@ from mqttamqp.mqtt.connection import (
 )
 from mqttamqp.mqtt.decisions import authenticated
 from mqttamqp.mqtt.decisions import connect as decide_connect
+from mqttamqp.mqtt.decisions import unsubscribe as decide_unsubscribe
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
@@ -217,7 +218,7 @@ class GatewayProtocol(Protocol):
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
         self.reading_paused = False
-        self.since = 0.0                      # when the socket came (the console)
+        self.since = self.clock.seconds()     # when the socket came (the console)
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -225,7 +226,6 @@ class GatewayProtocol(Protocol):
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self.factory.connections.add(self)
-        self.since = self.clock.seconds()
         self.transport.registerProducer(self, True)
         self.last_activity = self.clock.seconds()
         self.timer.start(self.factory.limits.connect_timeout, self._connect_deadline)
@@ -519,11 +519,9 @@ class GatewayProtocol(Protocol):
         channel.subscribe(packet.packet_id, requests).addCallback(answered)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        for topic_filter in packet.topics:   # (as SUBSCRIBE's: a violation)
-            problem = self.factory.strings.filter(topic_filter, "UNSUBSCRIBE topic filter")
-            if problem is not None:
-                self._violation(problem)
-                return
+        if isinstance(bad := decide_unsubscribe(packet, self.factory.strings, None, ()), Close):
+            self._violation(bad.reason)   # (a filter breaking the rules, as in SUBSCRIBE)
+            return
         entry = self.acks.add(b"", None, False)
         level = self.level
         channel = self.channel
