@@ -156,6 +156,7 @@ def test_console_pages_and_api_show_upstream_and_clients(tmp_path: Any) -> None:
                  "cannot connect: &lt;i&gt;refused&lt;/i&gt;"):
         assert text in page, text
     assert "<i>refused</i>" not in page
+    assert "console.js" not in page   # (its live feed is the broker's /api/events)
     clients = client.get("/api/clients").json()
     assert clients["total"] == 1 and clients["items"][0]["client_id"] == "<b>dev</b>"
     page = client.get("/clients").text
