@@ -111,9 +111,11 @@ class ChannelOwner(Protocol):
     """The MQTT side of one client, as its channel sees it."""
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, props: Mqtt5Props | None = None) -> None:
-        """A message of the session for the client; ``dlv`` comes back to ``finished``
-        (QoS 0: once written; QoS 1: on PUBACK; QoS 2: on PUBCOMP)."""
+                dlv: Any, props: Mqtt5Props | None = None, packet_id: int | None = None
+                ) -> None:
+        """A message of the session for the client, with the core's packet id
+        (QoS 1 and 2: the ``.publish`` delivery's message-id); ``dlv`` comes back to
+        ``finished`` (QoS 0: once written; QoS 1: on PUBACK; QoS 2: on PUBCOMP)."""
 
     def release(self, packet_id: int, dlv: Any) -> None:
         """AMQP_PUBREL on ``.publish``: send PUBREL ``packet_id``; ``dlv`` to
@@ -142,6 +144,41 @@ def _will(client_id: str, topic: str, payload: bytes, qos: int, retain: bool) ->
 
 
 _ACCEPTED = Outcome(True)   # (shared: the usual answer costs no object)
+_PROPERTIES = b"\x00\x53\x73"
+
+
+def _pubrel_id(data: bytes) -> int | None:
+    """The packet id of an AMQP_PUBREL on ``.publish``, or None: not one."""
+    try:
+        msg = decode_message(data)
+    except DecodeError:
+        return None
+    packet_id = msg.message_id
+    if msg.subject == "pubrel" and isinstance(packet_id, int) and 1 <= packet_id <= 65535:
+        return packet_id
+    return None
+
+
+def _message_id(data: bytes, start: int) -> int | None:
+    """The ulong message-id of the properties section at ``start`` (the packet id the
+    core gave a QoS 1 or 2 delivery), or None; read in place, no decode."""
+    if start < 0 or not data.startswith(_PROPERTIES, start):
+        return None
+    pos = start + 3
+    code = data[pos] if pos < len(data) else 0
+    if code == 0xC0 and data[pos + 2]:     # list8: size, count
+        pos += 3
+    elif code == 0xD0 and data[pos + 5:pos + 9] != b"\0\0\0\0":   # list32
+        pos += 9
+    else:
+        return None
+    code = data[pos]
+    if code == 0x53 or code == 0x52:       # smallulong / smalluint
+        return data[pos + 1]
+    if code == 0x80 or code == 0x70:       # ulong / uint
+        size = 8 if code == 0x80 else 4
+        return int.from_bytes(data[pos + 1:pos + 1 + size], "big")
+    return None
 
 
 def _outcome(dlv: Any, state: int) -> Outcome:
@@ -440,21 +477,22 @@ class ClientChannel:
                 return
             self._refuse(dlv, "a message with no topic or no MQTT payload")
             return
-        self.owner.deliver(fields.to, fields.payload, fields.qos, fields.retain,
-                           fields.redelivered, dlv, fields.props)
+        qos = fields.qos
+        packet_id = None
+        if qos:   # the core's packet id: PUBACK/PUBREC and AMQP_PUBREL name it
+            packet_id = _message_id(data, fields.bare_start)
+            if packet_id is None or not 1 <= packet_id <= 65535:
+                self._refuse(dlv, f"a QoS {qos} message without a packet id as message-id")
+                return
+        self.owner.deliver(fields.to, fields.payload, qos, fields.retain,
+                           fields.redelivered, dlv, fields.props, packet_id)
 
     def _maybe_pubrel(self, dlv: Any, data: bytes) -> bool:
-        try:
-            msg = decode_message(data)
-        except DecodeError:
+        packet_id = _pubrel_id(data)
+        if packet_id is None:
             return False
-        if msg.subject != "pubrel":
-            return False
-        packet_id = msg.message_id
-        if isinstance(packet_id, int) and 1 <= packet_id <= 65535:
-            self.owner.release(packet_id, dlv)
-            return True
-        return False
+        self.owner.release(packet_id, dlv)
+        return True
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)

@@ -528,13 +528,14 @@ class GatewayProtocol(Protocol):
     # -- deliveries from the core (ChannelOwner) ------------------------------------------
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, props: Mqtt5Props | None = None) -> None:
+                dlv: Any, props: Mqtt5Props | None = None, packet_id: int | None = None
+                ) -> None:
         channel = self.channel
         if channel is None or self.rules.state is not ConnectionState.CONNECTED:
             return   # (unsettled: the core keeps it when the link ends)
-        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props)
+        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props, packet_id)
         if frame is None:
-            self.abort("no free packet id for a delivery")
+            self.abort(f"the core's packet id {packet_id} is already in flight")
             return
         self.transport.write(frame)
         if qos == 0:

@@ -182,16 +182,16 @@ def test_released_publish_closes_without_puback() -> None:
 
 
 def test_delivery_gets_a_packet_id_and_is_finished_on_puback() -> None:
-    """A QoS 1 message of the session goes out with a packet id; the client's PUBACK
-    settles it upstream."""
+    """A QoS 1 message of the session goes out with the core's packet id; the client's
+    PUBACK settles it upstream."""
     proto, transport, _ = connected()
     proto.dataReceived(CONNECT)
     (channel,) = FakePool.made
     channel.opened.callback(False)
     packets(transport)
-    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1")
+    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1", None, 41)
     (sent,) = packets(transport)
-    assert (sent.topic, sent.payload, sent.qos) == ("x/y", b"hi", 1)
+    assert (sent.topic, sent.payload, sent.qos, sent.packet_id) == ("x/y", b"hi", 1, 41)
     proto.dataReceived(encode(Puback(sent.packet_id)))
     assert channel.finished_ == ["dlv-1"]
 
