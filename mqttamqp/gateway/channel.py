@@ -229,6 +229,7 @@ class ClientChannel:
         self._opened: dict[Any, Deferred[Any]] = {}   # links awaiting the core's attach
         self._reply: Deferred[dict[str, int]] | None = None
         self._end_call: DelayedCall | None = None
+        self.ended_by_core = False   # the core detached a link of ours / ended the session
 
     # -- the connect flow -------------------------------------------------------------
 
@@ -364,6 +365,8 @@ class ClientChannel:
         if self.pubrel is None:
             self.pubrel = self._sender(f"gw{self.conn.serial}:pubrel",
                                        f"$mqtt.{self.client_id}.pubrel")
+            # Not awaited: a refusal ends the client (``on_link_closed``).
+            self._opened[self.pubrel._impl].addErrback(lambda _f: None)
 
         def done(outcome: Outcome) -> None:
             if outcome.accepted:
@@ -418,11 +421,12 @@ class ClientChannel:
     def on_link_closed(self, link: Any, reason: str | None) -> None:
         why = f"the core detached {link.name}" + (f": {reason}" if reason else "")
         d = self._opened.pop(link._impl, None)
-        if d is not None and not d.called:
-            d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
-            return
         if self.state is ChannelState.READY:
-            self._gone(why)
+            # A link of ours taken (a takeover) or refused (the lazy ``.pubrel``): the
+            # client is ended; a refusal is not the core's end of the session.
+            self._gone(why, by_core=d is None)
+        elif d is not None and not d.called:
+            d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
 
     def on_session_closed(self) -> None:
         if self.state is not ChannelState.CLOSED:
@@ -530,8 +534,13 @@ class ClientChannel:
 
     # -- the end --------------------------------------------------------------------------
 
-    def _gone(self, reason: str) -> None:
-        """The core ended something of ours: the client is closed (it closes us)."""
+    def _gone(self, reason: str, by_core: bool = True) -> None:
+        """The core ended something of ours: the client is closed (it closes us).
+        ``by_core``: the core ended the channel (a link detached, the session ended:
+        a takeover, maybe through another gateway), so the close sends neither
+        AMQP_CLOSE nor a forced detach: the session and its will are the core's."""
+        if by_core:
+            self.ended_by_core = True
         if self.state is ChannelState.READY or self.state is ChannelState.OPENING:
             self.owner.upstream_gone(reason)
 
@@ -562,6 +571,8 @@ class ClientChannel:
             return
         self.state = ChannelState.CLOSING
         self._fail_waiters(reason)
+        if self.ended_by_core:
+            brute = clean_session = False
         will = self.will
         if will is not None:
             if brute:

@@ -5,13 +5,25 @@ the acknowledgement rule, the core ending a channel, CONNECT's one deadline."""
 
 from __future__ import annotations
 
+from amqp_memory import Net
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from gateway_memory import Gateway
 from test_gateway_frontend import CONNECT, FakePool, connected, packets
 
 from mqttamqp.amqp.codec.encode import encode_publish
 from mqttamqp.amqp.codec.publish import decode_publish
-from mqttamqp.gateway.channel import _message_id
+from mqttamqp.gateway.channel import ChannelState, ClientChannel, _message_id
 from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.packets import Pubcomp, Pubrec, Pubrel
+from mqttamqp.mqtt.packets import (
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Will,
+)
 
 
 def test_message_id_of_a_publish_delivery_is_read_in_place() -> None:
@@ -43,3 +55,76 @@ def test_qos2_delivery_and_pubrel_use_the_cores_packet_id() -> None:
     assert packets(transport) == [Pubrel(9)]
     proto.dataReceived(encode(Pubcomp(9)))
     assert channel.finished_ == ["rel-9"]
+
+
+def test_takeover_through_another_gateway_leaves_the_session_to_the_newcomer() -> None:
+    """A clean-session client taken over through a second gateway: the first gateway
+    closes its client without AMQP_CLOSE or a forced detach, so the newcomer keeps
+    the session (its subscription works) and the old will is not published."""
+    net = Net()
+    gw1, gw2 = Gateway(net), Gateway(net)
+    watcher = net.mqtt("watch")
+    watcher.subscribe(("w/#", 1))
+    first = gw1.client("tk", will=Will("w/tk", b"old-will", 1, False))
+    second = gw2.client("tk", clean=False)
+    net.pump()
+    assert first.proto.rules.closed
+    assert not second.proto.rules.closed
+    second.send(Subscribe(1, (("t", 1),)))
+    assert second.take(Suback) == [Suback(1, (1,))]
+    net.mqtt("p").publish("t", b"hello", qos=1)
+    assert [m.payload for m in second.take(Publish)] == [b"hello"]
+    assert not second.proto.rules.closed
+    assert watcher.publishes() == []
+
+
+class _Owner:
+    """A channel's owner that records why it was ended."""
+
+    def __init__(self) -> None:
+        self.gone: list[str] = []
+
+    def upstream_gone(self, reason: str) -> None:
+        self.gone.append(reason)
+
+
+class _Link:
+    """A link as ``on_link_closed`` sees it."""
+
+    name = "gw1:pubrel"
+    _impl = object()
+
+
+class _Conn:
+    serial = 1
+
+    def flush_now(self) -> None:
+        pass
+
+
+def test_refused_pubrel_link_ends_the_client_brute() -> None:
+    """The core refusing the lazily attached ``.pubrel`` link while READY ends the
+    client (not silently), as a refusal, not as the core ending the session; the
+    attach's Deferred is consumed, not errbacked unawaited."""
+    owner = _Owner()
+    channel = ClientChannel(_Conn(), "c", owner, Clock(), 8, 5.0)  # type: ignore[arg-type]
+    channel.state = ChannelState.READY
+    attach: Deferred[None] = Deferred()
+    channel._opened[_Link._impl] = attach
+    channel.on_link_closed(_Link(), "amqp:unauthorized-access")
+    assert owner.gone == ["the core detached gw1:pubrel: amqp:unauthorized-access"]
+    assert not channel.ended_by_core
+    assert not attach.called
+
+
+def test_a_link_detached_by_the_core_is_its_end_of_the_channel() -> None:
+    """A link of an open channel detached by the core (a takeover): the client is
+    ended and the channel's close sends no AMQP_CLOSE and no forced detach."""
+    owner = _Owner()
+    channel = ClientChannel(_Conn(), "c", owner, Clock(), 8, 5.0)  # type: ignore[arg-type]
+    channel.state = ChannelState.READY
+    channel.on_link_closed(_Link(), None)
+    assert owner.gone == ["the core detached gw1:pubrel"]
+    assert channel.ended_by_core
+    channel.close(True, True, "taken over")
+    assert channel.state is ChannelState.CLOSED   # (no AMQP_CLOSE awaited)
