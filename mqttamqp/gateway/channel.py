@@ -22,6 +22,9 @@ What it owns, per client:
   with ``amqp:link:detach-forced`` (brute: the core publishes the will), AMQP_CLOSE
   for a clean session, then the session ended.
 
+The messages themselves (control messages, AMQP_WILL, outcomes, what a ``.publish``
+delivery is) are ``wire``'s.
+
 What it must not do: read or write MQTT (``frontend`` does, through ``ChannelOwner``),
 hold session state beyond the one connection (the core keeps every session: a client
 may come back through any gateway), or touch sockets (``engine``).
@@ -33,23 +36,29 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from proton import Condition, Message, symbol, ulong
+from proton import Condition, Message, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import ANNOTATION_QOS, ANNOTATION_RETAIN, Mqtt5Props
+from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
-from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.engine import UpstreamConnection
+from mqttamqp.gateway.wire import (
+    Outcome,
+    Refused,
+    control_message,
+    outcome_of,
+    session_delivery,
+    subscriptions,
+    will_message,
+)
 from mqttamqp.net.rawproton import (
-    condition,
     delivery_link,
     delivery_partial,
     delivery_readable,
-    delivery_remote,
     delivery_remote_state,
     delivery_settle,
     delivery_settled,
@@ -79,27 +88,6 @@ MODIFIED: int = lib.PN_MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 
-class Refused(Exception):
-    """The core would not serve this client: ``unavailable`` (CONNACK 3 / 0x88) or
-    not authorized (CONNACK 5 / 0x87); ``reason`` for the log."""
-
-    def __init__(self, reason: str, unauthorized: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.unauthorized = unauthorized
-
-
-class Outcome:
-    """A disposition from the core: ``accepted``, or why not (``reason``)."""
-
-    __slots__ = ("accepted", "condition", "reason")
-
-    def __init__(self, accepted: bool, reason: str = "", condition: str = "") -> None:
-        self.accepted = accepted
-        self.reason = reason
-        self.condition = condition
-
-
 class ChannelState(Enum):
     OPENING = "opening"   # the connect flow runs
     READY = "ready"       # CONNACK may go / went out
@@ -126,72 +114,6 @@ class ChannelOwner(Protocol):
 
     def writable(self) -> None:
         """The core gave credit again: the client may be read."""
-
-
-def _control(subject: str, client_id: str, **fields: Any) -> bytes:
-    msg = Message(subject=subject, durable=True)
-    msg.correlation_id = f"$mqtt.to.{client_id}.publish"
-    for name, value in fields.items():
-        setattr(msg, name, value)
-    return bytes(msg.encode())
-
-
-def _will(client_id: str, topic: str, payload: bytes, qos: int, retain: bool) -> bytes:
-    msg = Message(subject="will", durable=qos > 0, address=topic, body=payload)
-    msg.annotations = {symbol(ANNOTATION_RETAIN): retain, symbol(ANNOTATION_QOS): qos}
-    msg.inferred = True   # (bytes as a Data section)
-    return bytes(msg.encode())
-
-
-_ACCEPTED = Outcome(True)   # (shared: the usual answer costs no object)
-_PROPERTIES = b"\x00\x53\x73"
-
-
-def _pubrel_id(data: bytes) -> int | None:
-    """The packet id of an AMQP_PUBREL on ``.publish``, or None: not one."""
-    try:
-        msg = decode_message(data)
-    except DecodeError:
-        return None
-    packet_id = msg.message_id
-    if msg.subject == "pubrel" and isinstance(packet_id, int) and 1 <= packet_id <= 65535:
-        return packet_id
-    return None
-
-
-def _message_id(data: bytes, start: int) -> int | None:
-    """The ulong message-id of the properties section at ``start`` (the packet id the
-    core gave a QoS 1 or 2 delivery), or None; read in place, no decode."""
-    if start < 0 or not data.startswith(_PROPERTIES, start):
-        return None
-    pos = start + 3
-    code = data[pos] if pos < len(data) else 0
-    if code == 0xC0 and data[pos + 2]:     # list8: size, count
-        pos += 3
-    elif code == 0xD0 and data[pos + 5:pos + 9] != b"\0\0\0\0":   # list32
-        pos += 9
-    else:
-        return None
-    code = data[pos]
-    if code == 0x53 or code == 0x52:       # smallulong / smalluint
-        return data[pos + 1]
-    if code == 0x80 or code == 0x70:       # ulong / uint
-        size = 8 if code == 0x80 else 4
-        return int.from_bytes(data[pos + 1:pos + 1 + size], "big")
-    return None
-
-
-def _outcome(dlv: Any, state: int) -> Outcome:
-    """The core's outcome of our delivery ``dlv`` (a raw pointer)."""
-    if state == ACCEPTED:
-        return _ACCEPTED
-    both = (condition(lib.pn_disposition_condition(delivery_remote(dlv)))
-            if state == REJECTED else None)
-    if both is None:
-        return Outcome(False, {RELEASED: "released", MODIFIED: "modified"}.get(
-            state, f"outcome {state}"))
-    name, description = both
-    return Outcome(False, f"{name}: {description}" if description else name, name)
 
 
 class ClientChannel:
@@ -248,14 +170,15 @@ class ClientChannel:
         await self._attached(self.will, self.service, self.control, self.topics)
         if will is not None:
             topic, payload, qos, retain = will
-            await self._expect(self.will, _will(cid, topic, payload, qos, retain), "AMQP_WILL")
+            await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
+                               "AMQP_WILL")
         if clean:
-            await self._expect(self.service, _control("close", cid), "AMQP_CLOSE")
+            await self._expect(self.service, control_message("close", cid), "AMQP_CLOSE")
             present = False
         else:
             self._reply = Deferred()
             reply = self._reply
-            await self._expect(self.service, _control(
+            await self._expect(self.service, control_message(
                 "list", cid, reply_to=f"$mqtt.to.{cid}.control"), "AMQP_LIST")
             present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS"))
         self.publish = self._receiver(prefix + "session", f"$mqtt.to.{cid}.publish",
@@ -352,11 +275,11 @@ class ClientChannel:
 
     def subscribe(self, packet_id: int, requests: dict[str, int]
                   ) -> Deferred[Outcome]:
-        return self.send(self.service, _control(
+        return self.send(self.service, control_message(
             "subscribe", self.client_id, id=ulong(packet_id), body=requests))
 
     def unsubscribe(self, packet_id: int, filters: list[str]) -> Deferred[Outcome]:
-        return self.send(self.service, _control(
+        return self.send(self.service, control_message(
             "unsubscribe", self.client_id, id=ulong(packet_id), body=filters))
 
     def released(self, packet_id: int, dlv: Any) -> None:
@@ -454,7 +377,7 @@ class ClientChannel:
             if state not in _TERMINAL and not delivery_settled(dlv):
                 return   # (non-terminal: wait for the outcome)
             then = self._waiting.pop(dlv, None)
-            outcome = _outcome(dlv, state)
+            outcome = outcome_of(dlv, state)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if then is not None:
                 then(outcome)
@@ -471,32 +394,15 @@ class ClientChannel:
             self._on_control(dlv, data)
 
     def _on_session_message(self, dlv: Any, data: bytes) -> None:
-        try:
-            fields = decode_publish(data, delivery_settled(dlv))
-        except DecodeError as e:
-            self._refuse(dlv, f"a message the gateway cannot read: {e}")
-            return
-        if fields.to is None or fields.payload is None:
-            if self._maybe_pubrel(dlv, data):
-                return
-            self._refuse(dlv, "a message with no topic or no MQTT payload")
-            return
-        qos = fields.qos
-        packet_id = None
-        if qos:   # the core's packet id: PUBACK/PUBREC and AMQP_PUBREL name it
-            packet_id = _message_id(data, fields.bare_start)
-            if packet_id is None or not 1 <= packet_id <= 65535:
-                self._refuse(dlv, f"a QoS {qos} message without a packet id as message-id")
-                return
-        self.owner.deliver(fields.to, fields.payload, qos, fields.retain,
-                           fields.redelivered, dlv, fields.props, packet_id)
-
-    def _maybe_pubrel(self, dlv: Any, data: bytes) -> bool:
-        packet_id = _pubrel_id(data)
-        if packet_id is None:
-            return False
-        self.owner.release(packet_id, dlv)
-        return True
+        got = session_delivery(data, delivery_settled(dlv))
+        if isinstance(got, str):
+            self._refuse(dlv, got)
+        elif isinstance(got, int):
+            self.owner.release(got, dlv)
+        else:
+            fields, packet_id = got
+            self.owner.deliver(fields.to, fields.payload, fields.qos,  # type: ignore[arg-type]
+                               fields.retain, fields.redelivered, dlv, fields.props, packet_id)
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)
@@ -510,27 +416,19 @@ class ClientChannel:
 
     def _on_control(self, dlv: Any, data: bytes) -> None:
         try:
-            msg = decode_message(data)
-        except DecodeError as e:
-            self._refuse_control(dlv, str(e))
-            return
+            msg: Any = decode_message(data)
+        except DecodeError:
+            msg = None
         if not delivery_settled(dlv):
-            delivery_update(dlv, ACCEPTED)
+            delivery_update(dlv, REJECTED if msg is None else ACCEPTED)
         delivery_settle(dlv)
         self.control.flow(1)
         reply = self._reply
-        if msg.subject == "subscriptions" and reply is not None and not reply.called:
+        if (msg is not None and msg.subject == "subscriptions" and reply is not None
+                and not reply.called):
             self._reply = None
-            body = msg.value if isinstance(msg.value, dict) else {}
-            reply.callback({str(k): int(v) for k, v in body.items()
-                            if str(v).isdigit() or isinstance(v, int)})
+            reply.callback(subscriptions(msg.value))
         self.conn.flush()
-
-    def _refuse_control(self, dlv: Any, reason: str) -> None:
-        if not delivery_settled(dlv):
-            delivery_update(dlv, REJECTED)
-        delivery_settle(dlv)
-        self.control.flow(1)
 
     # -- the end --------------------------------------------------------------------------
 
@@ -579,7 +477,7 @@ class ClientChannel:
                 will.condition = Condition(DETACH_FORCED, reason[:200])
             will.close()
         if clean_session and self.service is not None:
-            self.send_then(self.service, _control("close", self.client_id),
+            self.send_then(self.service, control_message("close", self.client_id),
                            lambda _outcome: self._end())
             self._end_call = self.clock.callLater(self.timeout, self._end)
             self.conn.flush_now()

@@ -6,14 +6,15 @@ the acknowledgement rule, the core ending a channel, CONNECT's one deadline."""
 from __future__ import annotations
 
 from amqp_memory import Net
-from twisted.internet.defer import Deferred
-from twisted.internet.task import Clock
 from gateway_memory import Gateway
 from test_gateway_frontend import CONNECT, FakePool, connected, packets
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 
 from mqttamqp.amqp.codec.encode import encode_publish
 from mqttamqp.amqp.codec.publish import decode_publish
-from mqttamqp.gateway.channel import ChannelState, ClientChannel, _message_id
+from mqttamqp.gateway.channel import ChannelState, ClientChannel
+from mqttamqp.gateway.wire import message_id
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Pubcomp,
@@ -31,9 +32,9 @@ def test_message_id_of_a_publish_delivery_is_read_in_place() -> None:
     properties section of a ``.publish`` delivery; none without one."""
     for pid in (1, 255, 256, 65535):
         data = encode_publish("a/b", b"x", 1, False, 0, None, pid)
-        assert _message_id(data, decode_publish(data, False).bare_start) == pid
+        assert message_id(data, decode_publish(data, False).bare_start) == pid
     data = encode_publish("a/b", b"x", 0, False, 0, None)
-    assert _message_id(data, decode_publish(data, True).bare_start) is None
+    assert message_id(data, decode_publish(data, True).bare_start) is None
 
 
 def test_qos2_delivery_and_pubrel_use_the_cores_packet_id() -> None:
