@@ -155,9 +155,14 @@ class ClientChannel:
 
     # -- the connect flow -------------------------------------------------------------
 
-    async def open(self, clean: bool, will: tuple[str, bytes, int, bool] | None) -> bool:
+    async def open(self, clean: bool, will: tuple[str, bytes, int, bool] | None,
+                   persistent: bool | None = None) -> bool:
         """Seed 000's flow for CONNECT; True if the core had a session with
-        subscriptions (CONNACK's session present).  Raises ``Refused``."""
+        subscriptions (CONNACK's session present).  ``clean``: clean session / clean
+        start (AMQP_CLOSE removes what the core had); ``persistent`` (default: not
+        ``clean``): the session outlives the connection (AMQP_LIST opens it at the
+        core: MQTT 5 clean start with a session expiry is AMQP_CLOSE, then AMQP_LIST,
+        and no session present).  Raises ``Refused``."""
         conn = self.conn
         cid = self.client_id
         self.session = conn.begin(self)
@@ -172,15 +177,15 @@ class ClientChannel:
             topic, payload, qos, retain = will
             await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
                                "AMQP_WILL")
+        present = False
         if clean:
             await self._expect(self.service, control_message("close", cid), "AMQP_CLOSE")
-            present = False
-        else:
+        if not clean or persistent:
             self._reply = Deferred()
             reply = self._reply
             await self._expect(self.service, control_message(
                 "list", cid, reply_to=f"$mqtt.to.{cid}.control"), "AMQP_LIST")
-            present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS"))
+            present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS")) and not clean
         self.publish = self._receiver(prefix + "session", f"$mqtt.to.{cid}.publish",
                                       self.credit, mixed=True)
         self._publish_impl = self.publish._impl

@@ -374,7 +374,8 @@ class GatewayProtocol(Protocol):
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
             packet.clean_session,
-            (will.topic, will.payload, will.qos, will.retain) if will is not None else None))
+            (will.topic, will.payload, will.qos, will.retain) if will is not None else None,
+            not self.clean))
         d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
 
     def _accepted(self, present: bool) -> None:

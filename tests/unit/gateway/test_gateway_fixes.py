@@ -17,6 +17,9 @@ from mqttamqp.gateway.channel import ChannelState, ClientChannel
 from mqttamqp.gateway.wire import message_id
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
+    Connect,
+    Disconnect,
+    Properties,
     Pubcomp,
     Publish,
     Pubrec,
@@ -129,3 +132,19 @@ def test_a_link_detached_by_the_core_is_its_end_of_the_channel() -> None:
     assert channel.ended_by_core
     channel.close(True, True, "taken over")
     assert channel.state is ChannelState.CLOSED   # (no AMQP_CLOSE awaited)
+
+
+def test_mqtt5_clean_start_with_session_expiry_opens_a_persistent_session() -> None:
+    """MQTT 5 clean start 1 with a session expiry: the channel removes the old session
+    and opens a persistent one, CONNACK says no session present, and the session is
+    not removed at the end."""
+    proto, transport, _ = connected()
+    expiry = Properties(session_expiry_interval=300)
+    proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10, properties=expiry), 5))
+    (channel,) = FakePool.made
+    assert channel.open_args == (True, None)
+    assert channel.persistent is True
+    channel.opened.callback(False)
+    assert transport.value()[:4] == b"\x20\x03\x00\x00"   # CONNACK: no session present
+    proto.dataReceived(encode(Disconnect(), 5))
+    assert channel.closed == (False, False)

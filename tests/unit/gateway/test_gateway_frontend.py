@@ -38,6 +38,7 @@ class FakeChannel:
         self.owner = owner
         self.opened: Deferred[bool] = Deferred()
         self.open_args: tuple[bool, Any] | None = None
+        self.persistent: bool | None = None
         self.published: list[tuple[str, bytes, int, Any]] = []
         self.subscribed: list[tuple[int, dict[str, int], Deferred[Outcome]]] = []
         self.finished_: list[Any] = []
@@ -45,8 +46,9 @@ class FakeChannel:
         self.blocked = False
         FakePool.made.append(self)
 
-    async def open(self, clean: bool, will: Any) -> bool:
+    async def open(self, clean: bool, will: Any, persistent: bool | None = None) -> bool:
         self.open_args = (clean, will)
+        self.persistent = persistent
         return await self.opened
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
