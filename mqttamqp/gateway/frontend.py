@@ -387,7 +387,8 @@ class GatewayProtocol(Protocol):
         self.transport.write(_connack(self.level, present, ConnackCode.ACCEPTED,
                                       self.client_id if self._assigned else None))
         if self.keepalive is not None:
-            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort)
+            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort,
+                                 lambda: self.reading_paused)
         self._read()
 
     def _not_opened(self, failure: Failure, channel: ClientChannel | None) -> None:

@@ -20,6 +20,7 @@ from mqttamqp.mqtt.packets import (
     Connect,
     Disconnect,
     Properties,
+    Pingreq,
     Pubcomp,
     Publish,
     Pubrec,
@@ -148,3 +149,23 @@ def test_mqtt5_clean_start_with_session_expiry_opens_a_persistent_session() -> N
     assert transport.value()[:4] == b"\x20\x03\x00\x00"   # CONNACK: no session present
     proto.dataReceived(encode(Disconnect(), 5))
     assert channel.closed == (False, False)
+
+
+def test_client_paused_for_flow_control_is_not_expired_for_its_silence() -> None:
+    """A client not read because the core gives no PUBLISH credit is not closed for
+    the silence the pause causes (its PINGREQ waits unread); read again, the
+    keepalive rule applies as before."""
+    proto, transport, clock = connected()
+    proto.dataReceived(CONNECT)          # keepalive 10 s, a will
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    channel.blocked = True
+    proto.dataReceived(encode(Publish("t", b"1", 0)) + encode(Pingreq()))
+    assert transport.producerState == "paused"
+    clock.advance(16)
+    assert channel.closed is None
+    channel.blocked = False
+    proto.writable()
+    assert transport.producerState == "producing"
+    clock.advance(31)
+    assert channel.closed == (True, False)
