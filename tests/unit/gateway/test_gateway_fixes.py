@@ -19,8 +19,8 @@ from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Connect,
     Disconnect,
-    Properties,
     Pingreq,
+    Properties,
     Pubcomp,
     Publish,
     Pubrec,
