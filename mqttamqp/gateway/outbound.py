@@ -27,10 +27,11 @@ _EMPTY_PROPS = b"\x00"   # MQTT 5: no properties
 class Outbound:
     """The deliveries of one client's connection."""
 
-    __slots__ = ("inflight", "level", "releasing")
+    __slots__ = ("inflight", "level", "max_packet", "releasing")
 
     def __init__(self) -> None:
         self.level = 4
+        self.max_packet: int | None = None     # MQTT 5: the client's maximum packet size
         self.inflight: dict[int, Any] = {}    # packet id -> delivery (PUBLISH sent)
         self.releasing: dict[int, Any] = {}   # packet id -> AMQP_PUBREL (PUBREL sent)
 
@@ -39,7 +40,8 @@ class Outbound:
                 ) -> bytes | None:
         """The PUBLISH frame of a delivery with the core's packet id ``pid`` (kept in
         flight at QoS > 0), or None when that id is missing or already in flight; an
-        MQTT 5 client gets the message's properties."""
+        MQTT 5 client gets the message's properties.  A frame over the client's maximum
+        packet size is b"" (not to be sent: the caller settles and counts it)."""
         props = None
         if self.level == 5:
             props = _EMPTY_PROPS if message is None else encode_properties(Properties(
@@ -49,11 +51,17 @@ class Outbound:
                 correlation_data=message.correlation_data,
                 user_properties=message.user_properties))
         if qos == 0:
-            return encode_publish(topic.encode(), payload, 0, retain, False, None, props)
-        if pid is None or pid in self.inflight or pid in self.releasing:
+            frame = encode_publish(topic.encode(), payload, 0, retain, False, None, props)
+        elif pid is None or pid in self.inflight or pid in self.releasing:
             return None
-        self.inflight[pid] = dlv
-        return encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
+        else:
+            frame = encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
+        limit = self.max_packet
+        if limit is not None and len(frame) > limit:
+            return b""
+        if qos:
+            self.inflight[pid] = dlv   # type: ignore[index]
+        return frame
 
     def pubrel(self, packet_id: int, dlv: Any) -> bytes:
         """AMQP_PUBREL came for ``packet_id``: its PUBREL frame; ``dlv`` until PUBCOMP."""

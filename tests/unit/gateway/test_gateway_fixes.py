@@ -5,6 +5,8 @@ the acknowledgement rule, the core ending a channel, CONNECT's one deadline."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from amqp_memory import Net
 from gateway_memory import Gateway
 from test_gateway_frontend import CONNECT, FakePool, connected, packets
@@ -13,14 +15,15 @@ from twisted.internet.task import Clock
 
 from mqttamqp.amqp.codec.encode import encode_publish
 from mqttamqp.amqp.codec.publish import decode_publish
-from mqttamqp.gateway.channel import ChannelState, ClientChannel
+from mqttamqp.gateway.channel import ChannelState, ClientChannel, Outcome
 from mqttamqp.gateway.wire import message_id
-from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connect,
     Disconnect,
     Pingreq,
     Properties,
+    Puback,
     Pubcomp,
     Publish,
     Pubrec,
@@ -169,3 +172,52 @@ def test_client_paused_for_flow_control_is_not_expired_for_its_silence() -> None
     assert transport.producerState == "producing"
     clock.advance(31)
     assert channel.closed == (True, False)
+
+
+def _connected5(props: Properties | None = None) -> tuple[Any, Any, Any]:
+    """An MQTT 5 client past CONNACK, its transport cleared, and its fake channel."""
+    proto, transport, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10, properties=props), 5))
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    transport.clear()
+    return proto, transport, channel
+
+
+def test_mqtt5_publish_the_core_refused_gets_a_failure_reason_code() -> None:
+    """MQTT 5: a QoS 1 PUBLISH the core refused as not authorized gets PUBACK 0x87, a
+    QoS 2 one refused otherwise PUBREC 0x80, and its id no longer awaits PUBREL."""
+    proto, transport, channel = _connected5()
+    proto.dataReceived(encode(Publish("t", b"1", 1, packet_id=7), 5)
+                       + encode(Publish("t", b"2", 2, packet_id=8), 5))
+    first, second = (p[3] for p in channel.published)
+    first(Outcome(False, "amqp:unauthorized-access: denied", "amqp:unauthorized-access"))
+    second(Outcome(False, "amqp:internal-error: full", "amqp:internal-error"))
+    decoder = Decoder(protocol_level=5)
+    decoder.feed(transport.value())
+    assert list(decoder) == [Puback(7, 0x87), Pubrec(8, 0x80)]
+    assert 8 not in proto.awaiting_rel
+
+
+def test_delivery_over_the_clients_maximum_packet_size_is_settled_not_sent() -> None:
+    """MQTT 5 maximum packet size: a larger delivery is not written, but settled
+    (Accepted) upstream and counted, as a broker does."""
+    proto, transport, channel = _connected5(Properties(maximum_packet_size=64))
+    proto.deliver("x/y", b"z" * 100, 1, False, False, "big", None, 5)
+    assert transport.value() == b""
+    assert channel.finished_ == ["big"]
+    assert proto.factory.too_large == 1
+    assert proto.outbound.inflight == {}
+    proto.deliver("x/y", b"small", 1, False, False, "small", None, 6)
+    assert transport.value() != b""
+
+
+def test_unanswered_subscribes_beyond_the_bound_stop_reading_the_client() -> None:
+    """SUBSCRIBEs the core has not answered count toward the acknowledgements' bound
+    (``AckQueue``): beyond it the client is not read, as for PUBLISH."""
+    proto, transport, channel = _connected5()
+    burst = b"".join(encode(Subscribe(i, (("a", 1),)), 5) for i in range(1, 1100))
+    proto.dataReceived(burst)
+    assert transport.producerState == "paused"
+    assert proto.factory.reading_pauses == 1
+    assert len(channel.subscribed) < 1099
