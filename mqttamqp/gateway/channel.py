@@ -152,6 +152,7 @@ class ClientChannel:
         self._reply: Deferred[dict[str, int]] | None = None
         self._end_call: DelayedCall | None = None
         self.ended_by_core = False   # the core detached a link of ours / ended the session
+        self._deadline = 0.0         # when the connect flow must be done
 
     # -- the connect flow -------------------------------------------------------------
 
@@ -165,6 +166,7 @@ class ClientChannel:
         and no session present).  Raises ``Refused``."""
         conn = self.conn
         cid = self.client_id
+        self._deadline = self.clock.seconds() + self.timeout   # (the whole flow's)
         self.session = conn.begin(self)
         prefix = f"gw{conn.serial}:"
         self.will = self._sender(cid, WILL_SERVICE)
@@ -231,7 +233,9 @@ class ClientChannel:
                           outcome.condition == UNAUTHORIZED)
 
     async def _within(self, d: Deferred[Any], what: str) -> Any:
-        timer = self.clock.callLater(self.timeout, self._timed_out, d, what)
+        """``d``'s result, or ``Refused`` once the connect flow's one deadline passed."""
+        wait = max(0.0, self._deadline - self.clock.seconds())
+        timer = self.clock.callLater(wait, self._timed_out, d, what)
         try:
             return await d
         finally:
@@ -240,7 +244,8 @@ class ClientChannel:
 
     def _timed_out(self, d: Deferred[Any], what: str) -> None:
         if not d.called:
-            d.errback(Refused(f"no answer to {what} from the core within {self.timeout:g} s"))
+            d.errback(Refused(f"no answer to {what} from the core within the connect "
+                              f"timeout ({self.timeout:g} s)"))
 
     # -- sending ------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ the acknowledgement rule, the core ending a channel, CONNECT's one deadline."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from amqp_memory import Net
@@ -221,3 +222,67 @@ def test_unanswered_subscribes_beyond_the_bound_stop_reading_the_client() -> Non
     assert transport.producerState == "paused"
     assert proto.factory.reading_pauses == 1
     assert len(channel.subscribed) < 1099
+
+
+class _FakeLink:
+    """A proton link as the connect flow handles it (attach only)."""
+
+    SND_MIXED, SND_UNSETTLED, RCV_FIRST = 0, 1, 0
+
+    def __init__(self, name: str, is_sender: bool) -> None:
+        self.name = name
+        self.is_sender = is_sender
+        self._impl = object()
+        self.target = SimpleNamespace(address=None)
+        self.source = SimpleNamespace(address=None)
+        self.remote_target = self.remote_source = SimpleNamespace(address="granted")
+
+    def open(self) -> None:
+        pass
+
+    def flow(self, credit: int) -> None:
+        pass
+
+
+class _FakeSession:
+    def __init__(self) -> None:
+        self.links: list[_FakeLink] = []
+
+    def sender(self, name: str) -> _FakeLink:
+        self.links.append(_FakeLink(name, True))
+        return self.links[-1]
+
+    def receiver(self, name: str) -> _FakeLink:
+        self.links.append(_FakeLink(name, False))
+        return self.links[-1]
+
+
+class _FlowConn(_Conn):
+    def __init__(self) -> None:
+        self.session = _FakeSession()
+
+    def begin(self, channel: object) -> _FakeSession:
+        return self.session
+
+    def register(self, link: object, channel: object) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def test_connect_flow_has_one_deadline_not_one_per_step() -> None:
+    """The core answering each step of the connect flow just under the connect
+    timeout does not stretch it: the flow fails once the one deadline passed."""
+    clock = Clock()
+    conn = _FlowConn()
+    channel = ClientChannel(conn, "c", _Owner(), clock, 8, 5.0)  # type: ignore[arg-type]
+    opened = Deferred.fromCoroutine(channel.open(False, None))
+    failures: list[Any] = []
+    opened.addErrback(failures.append)
+    will = conn.session.links[0]
+    clock.advance(3)
+    channel.on_link_open(will)
+    clock.advance(2.5)   # (5.5 s in all: past the deadline, 2.5 s into this step)
+    assert len(failures) == 1
+    assert "connect timeout (5 s)" in failures[0].getErrorMessage()
