@@ -342,7 +342,7 @@ class GatewayProtocol(Protocol):
         """The authenticator's answer: refused (4 or 5), or the contract's flow."""
         if self.rules.state is not ConnectionState.CONNECTING:
             return   # (the client went meanwhile)
-        refused = authenticated(ok, packet, True)
+        refused = authenticated(ok, packet, True)   # (owners unknown here: docs/gateway.md)
         if refused is not None:
             self._refuse(refused.code, refused.reason)
             return
