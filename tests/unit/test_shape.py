@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,3 +60,13 @@ def test_test_modules_have_unique_names() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+def test_no_test_module_imports_a_conftest() -> None:
+    """No test module does ``from conftest import``: with several test folders in one
+    run, ``conftest`` is whichever folder's was imported first (the collection stops);
+    helpers shared by a folder's tests live in ``tests/support``."""
+    pattern = re.compile(r"^\s*(from conftest import|import conftest)\b", re.M)
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("*.py")
+                 if pattern.search(path.read_text())]
+    assert offenders == []

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
-
-UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
+from gateway_proc import start_gateway
 
 
 @pytest.fixture
@@ -20,19 +19,6 @@ def core(tmp_path: Path) -> Iterator[BrokerProcess]:
     proc.start()
     yield proc
     proc.stop()
-
-
-def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = True,
-                  env: dict[str, str] | None = None) -> BrokerProcess:
-    """A gateway process in front of ``upstream``; once started, it has an open
-    upstream connection (unless not ``wait_open``)."""
-    n = len(list(tmp_path.glob("gw*")))
-    proc = BrokerProcess(str(tmp_path / f"gw{n}"), "--upstream", upstream, *extra,
-                         listeners=("--mqtt",), env=env)
-    proc.start()
-    if wait_open:
-        proc.wait_for_line(UPSTREAM_OPEN, timeout=15)
-    return proc
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, RestartableBroker
-from conftest import UPSTREAM_OPEN, start_gateway
+from gateway_proc import UPSTREAM_OPEN, start_gateway
 from paho.mqtt.packettypes import PacketTypes
 from pahoclient import Paho5, PahoClient, props
 

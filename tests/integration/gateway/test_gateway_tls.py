@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from brokerproc import BrokerProcess
-from conftest import start_gateway
+from gateway_proc import start_gateway
 from pahoclient import PahoClient
 from pki import make_pki
 
