@@ -56,7 +56,7 @@ from mqttamqp.gateway.frames import (
 )
 from mqttamqp.gateway.outbound import Outbound
 from mqttamqp.gateway.timers import ClientTimer
-from mqttamqp.mqtt.actions import Refuse, ack_frame
+from mqttamqp.mqtt.actions import Close, Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
     AckQueue,
@@ -67,6 +67,7 @@ from mqttamqp.mqtt.connection import (
 )
 from mqttamqp.mqtt.decisions import authenticated
 from mqttamqp.mqtt.decisions import connect as decide_connect
+from mqttamqp.mqtt.decisions import unsubscribe as decide_unsubscribe
 from mqttamqp.mqtt.packets import (
     ConnackCode,
     Connect,
@@ -113,6 +114,8 @@ class GatewayFactory(Factory):
         self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
         self.too_large = 0                # deliveries over a client's maximum packet size
+        self.published = self.delivered = 0   # messages to the core / to clients
+        self.refused: dict[int, int] = {}     # CONNECTs refused, by CONNACK code
         self.make_channel = ClientChannel   # (tests give a fake)
         # Who may connect (the broker's user store, as on a broker); None: anyone.
         self.authenticator: Authenticator | None = None
@@ -133,14 +136,15 @@ class GatewayFactory(Factory):
                     ) -> ClientChannel | None:
         """A new channel for ``client``; None: no upstream connection can take it.
         A client of that id is closed first (a takeover; its will is published when
-        the newcomer starts clean, not when it resumes the session, as the broker
-        does), and the new channel goes on its connection, so the core sees the old
-        links go before the new ones come."""
+        the newcomer starts clean or the old session was clean, not when the session
+        is resumed, as the broker does), and the new channel goes on its connection,
+        so the core sees the old links go before the new ones come."""
         old = self.clients.get(client.client_id)
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
-            old.abort("session taken over by a new connection", brute=clean_start)
+            old.abort("session taken over by a new connection",
+                      brute=clean_start or old.clean)
         conn = self.pool.pick(prefer)
         if conn is None:
             self.refused_unavailable += 1
@@ -196,6 +200,7 @@ class GatewayProtocol(Protocol):
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
         self.reading_paused = False
+        self.since = self.clock.seconds()     # when the socket came (the console)
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -390,6 +395,7 @@ class GatewayProtocol(Protocol):
     def _refuse(self, code: int, reason: str) -> None:
         self._limited(f"refused-{int(code)}", "refused CONNECT from {peer} (client id "
                       "{c!r}): {r} (CONNACK {code})", r=reason, code=int(code))
+        self.factory.refused[int(code)] = self.factory.refused.get(int(code), 0) + 1
         if self.factory.clients.get(self.client_id) is self:
             del self.factory.clients[self.client_id]
         self.transport.write(connack(self.level, False, code))
@@ -405,6 +411,7 @@ class GatewayProtocol(Protocol):
             return
         channel = self.channel
         assert channel is not None
+        self.factory.published += 1
         qos = packet.qos
         if qos == 0:
             channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
@@ -478,21 +485,21 @@ class GatewayProtocol(Protocol):
             return
         channel = self.channel
         assert channel is not None
-        level = self.level
         self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics)),
-                           lambda outcome: suback(packet, outcome, level))
+                           lambda outcome: suback(packet, outcome, self.level))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        if isinstance(bad := decide_unsubscribe(packet, self.factory.strings, None, ()), Close):
+            self._violation(bad.reason)   # (a filter breaking the rules, as in SUBSCRIBE)
+            return
         channel = self.channel
         assert channel is not None
-        level = self.level
         self._answer_later(channel.unsubscribe(packet.packet_id, list(packet.topics)),
-                           lambda _outcome: unsuback(packet, level))
+                           lambda _outcome: unsuback(packet, self.level))
 
     def _answer_later(self, d: Deferred[Outcome], frame: Callable[[Outcome], bytes]
                       ) -> None:
-        """The acknowledgement ``frame`` makes of the core's answer ``d``, in packet
-        order; beyond the acknowledgements' bound the client is not read (``AckQueue``)."""
+        """``frame`` of the core's answer ``d`` in packet order, bounded (``AckQueue``)."""
         entry = self.acks.add(b"", None, False)
         if self.acks.over_bound:
             self._pause_reading()
@@ -518,11 +525,12 @@ class GatewayProtocol(Protocol):
                 self.abort(f"the core's packet id {packet_id} is already in flight")
                 return
             self.factory.too_large += 1   # (settled, not written: as on a broker)
-            self._limited("too-large", "{c}: a message to {t} is over the client's maximum "
-                          "packet size ({n} bytes): not sent", t=topic, n=self.outbound.max_packet)
+            self._limited("too-large", "{c}: not sent, over its maximum packet size ({n}): "
+                          "a message to {t}", t=topic, n=self.outbound.max_packet)
             channel.finished(dlv)
             return
         self.transport.write(frame)
+        self.factory.delivered += 1
         if qos == 0:
             channel.finished(dlv)
 

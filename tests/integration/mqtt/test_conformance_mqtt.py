@@ -21,10 +21,11 @@ is a read on the socket or the broker's log with a deadline.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from brokerproc import BrokerProcess
+from gateway_proc import through_gateway
 from rawclient import (
     TIMEOUT,
     OpenClient,
@@ -51,6 +52,15 @@ from mqttamqp.mqtt.packets import (
 )
 
 pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module", params=["direct", "gateway"])
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[BrokerProcess]:
+    """The module's broker, and the same tests through a gateway in front of one
+    (``gateway_proc``; what cannot pass there is marked with the reason)."""
+    yield from through_gateway(request.param, str(tmp_path_factory.mktemp("data")),
+                               "--sys-interval", "1")
 
 
 

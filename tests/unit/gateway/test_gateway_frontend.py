@@ -24,6 +24,7 @@ from mqttamqp.mqtt.packets import (
     Publish,
     Suback,
     Subscribe,
+    Unsubscribe,
     Will,
 )
 
@@ -315,3 +316,32 @@ def test_mqtt31_connack_has_no_session_present() -> None:
     (channel,) = FakePool.made
     channel.opened.callback(True)
     assert transport.value() == b"\x20\x02\x00\x00"
+
+
+def test_takeover_of_a_clean_session_publishes_the_old_will() -> None:
+    """A persistent newcomer taking over a clean session ends the old client brute:
+    the session ends with it, so its will is published (as the broker does)."""
+    proto, _, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 4, "c10", True, 0,
+                                      Will("w/t", b"bye", 1, False))))
+    (old,) = FakePool.made
+    old.opened.callback(False)
+    second = proto.factory.buildProtocol(None)
+    assert isinstance(second, GatewayProtocol)
+    second.makeConnection(StringTransport())
+    second.dataReceived(encode(Connect("MQTT", 4, "c10", False, 0)))
+    assert old.closed == (True, True)
+
+
+def test_unsubscribe_with_an_invalid_filter_closes() -> None:
+    """An UNSUBSCRIBE filter that breaks the rules is a protocol violation, as in
+    SUBSCRIBE: the client is closed and nothing goes to the core."""
+    proto, transport, _ = connected()
+    proto.dataReceived(CONNECT)
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    packets(transport)
+    proto.dataReceived(encode(Unsubscribe(3, ("a/#/b",))))
+    assert transport.value() == b""
+    assert transport.disconnecting or transport.disconnected
+    assert channel.closed is not None and channel.closed[0] is True
