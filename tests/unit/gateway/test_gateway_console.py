@@ -43,7 +43,7 @@ class _Channel:
 
     made: list[_Channel] = []
 
-    async def open(self, clean: bool, will: Any) -> bool:
+    async def open(self, clean: bool, will: Any, persistent: bool | None = None) -> bool:
         return await self.opened
 
     def publish_message(self, *args: Any, **kw: Any) -> None:

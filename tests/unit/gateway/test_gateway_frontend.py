@@ -39,6 +39,7 @@ class FakeChannel:
         self.owner = owner
         self.opened: Deferred[bool] = Deferred()
         self.open_args: tuple[bool, Any] | None = None
+        self.persistent: bool | None = None
         self.published: list[tuple[str, bytes, int, Any]] = []
         self.subscribed: list[tuple[int, dict[str, int], Deferred[Outcome]]] = []
         self.finished_: list[Any] = []
@@ -46,8 +47,9 @@ class FakeChannel:
         self.blocked = False
         FakePool.made.append(self)
 
-    async def open(self, clean: bool, will: Any) -> bool:
+    async def open(self, clean: bool, will: Any, persistent: bool | None = None) -> bool:
         self.open_args = (clean, will)
+        self.persistent = persistent
         return await self.opened
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
@@ -183,16 +185,16 @@ def test_released_publish_closes_without_puback() -> None:
 
 
 def test_delivery_gets_a_packet_id_and_is_finished_on_puback() -> None:
-    """A QoS 1 message of the session goes out with a packet id; the client's PUBACK
-    settles it upstream."""
+    """A QoS 1 message of the session goes out with the core's packet id; the client's
+    PUBACK settles it upstream."""
     proto, transport, _ = connected()
     proto.dataReceived(CONNECT)
     (channel,) = FakePool.made
     channel.opened.callback(False)
     packets(transport)
-    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1")
+    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1", None, 41)
     (sent,) = packets(transport)
-    assert (sent.topic, sent.payload, sent.qos) == ("x/y", b"hi", 1)
+    assert (sent.topic, sent.payload, sent.qos, sent.packet_id) == ("x/y", b"hi", 1, 41)
     proto.dataReceived(encode(Puback(sent.packet_id)))
     assert channel.finished_ == ["dlv-1"]
 
