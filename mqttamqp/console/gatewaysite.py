@@ -12,34 +12,27 @@ core's broker, the gateway or the store: the figures come in as an object
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
 from twisted.application import service as app_service
-from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
-from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from mqttamqp.console import shell
 from mqttamqp.console.apps.gateway import GatewayApp, GatewaySource
 from mqttamqp.console.apps.login import LoginApp
 from mqttamqp.console.auth import SessionStore, ensure_first_admin
 from mqttamqp.console.context import RunInThread
 from mqttamqp.console.rendering import make_environment, static_dir
-from mqttamqp.console.web import Area, Gate, HTTPError, Pages, Redirect, SecureHeaders
+from mqttamqp.console.web import Gate, HTTPError, Pages, Redirect, SecureHeaders
 from mqttamqp.security.userstore import UserStore
 
 __all__ = ["GatewayConsole", "make_gateway_site"]
-
-_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".svg": "image/svg+xml", ".png": "image/png"}
-
 
 class GatewayConsole:
     """The gateway's console as one Klein resource (``resource()``)."""
@@ -55,9 +48,7 @@ class GatewayConsole:
         self.pages = Pages(make_environment(clock.seconds))
         self.static = static_dir()
         if run_in_thread is None:
-            def run_in_thread(f: Callable[..., Any], *args: Any) -> Deferred[Any]:
-                d: Deferred[Any] = deferToThreadPool(clock, clock.getThreadPool(), f, *args)
-                return d
+            run_in_thread = shell.thread_pool_runner(clock)
         self.login = LoginApp(self.gate, self.pages, clock, run_in_thread)
         self.gateway = GatewayApp(self.gate, self.pages, source)
 
@@ -66,55 +57,23 @@ class GatewayConsole:
 
     @app.handle_errors(HTTPError)
     def _http_error(self, request: Request, failure: Failure) -> bytes:
-        err: HTTPError = failure.value  # type: ignore[assignment]
-        if err.status == 401:
-            request.setHeader(b"www-authenticate", b'Bearer realm="mqttamqp console"')
-        if request.path.startswith(b"/api/"):
-            return self.pages.json(request, {"error": err.message}, err.status)
-        return self.pages.render(request, "error.html", self.gate.authenticate(request, False),
-                                 err.status, error_status=err.status, message=err.message)
+        return shell.http_error(self.pages, self.gate, request, failure)
 
     @app.handle_errors(Redirect)
     def _redirect(self, request: Request, failure: Failure) -> bytes:
-        request.setResponseCode(303)
-        request.setHeader(b"location", failure.value.location.encode())  # type: ignore
-        return b""
+        return shell.redirect(request, failure)
 
     @app.handle_errors(NotFound, MethodNotAllowed)
     def _not_found(self, request: Request, failure: Failure) -> bytes:
-        status = 405 if failure.check(MethodNotAllowed) else 404
-        message = "method not allowed" if status == 405 else "no such page"
-        if request.path.startswith(b"/api/"):
-            return self.pages.json(request, {"error": message}, status)
-        return self.pages.render(request, "error.html", self.gate.authenticate(request, False),
-                                 status, error_status=status, message=message)
+        return shell.not_found(self.pages, self.gate, request, failure)
 
     @app.route("/static/<name>", methods=["GET"])
     def static_file(self, request: Request, name: str) -> bytes:
-        path = self.static / name
-        ctype = _STATIC_TYPES.get(path.suffix)
-        if ctype is None or "/" in name or name.startswith(".") or not path.is_file():
-            raise HTTPError(404, "no such file")
-        request.setHeader(b"content-type", ctype.encode())
-        request.setHeader(b"cache-control", b"no-cache")
-        return path.read_bytes()
-
-
-def _mount(attribute: str, area: type[Area]) -> None:
-    for rule in area.app.url_map.iter_rules():
-        endpoint = rule.endpoint
-        assert isinstance(endpoint, str)
-
-        def route(console: GatewayConsole, request: IRequest, *args: Any,
-                  _endpoint: str = endpoint, **kwargs: Any) -> Any:
-            mounted: Area = getattr(console, attribute)
-            return mounted.app.execute_endpoint(_endpoint, request, *args, **kwargs)
-        GatewayConsole.app.route(rule.rule, methods=sorted(rule.methods or ()),
-                                 endpoint=endpoint)(route)
+        return shell.static_file(self.static, request, name)
 
 
 for _attribute, _area in (("login", LoginApp), ("gateway", GatewayApp)):
-    _mount(_attribute, _area)
+    shell.mount(GatewayConsole.app, _attribute, _area)
 del _attribute, _area
 
 
