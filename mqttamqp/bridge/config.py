@@ -138,7 +138,7 @@ class BridgeSettings:
     max_hops: int = 4                # bridges a message may cross (MQTT 5 user property)
     max_backlog_bytes: int = 32 << 20   # the out backlog's payload bytes ...
     max_backlog_messages: int = 30_000  # ... and messages (queued, not in flight)
-    on_full: str = "drop"            # at the bound: "drop" (counted) or "block" publishers
+    on_full: str = "block"           # at the bound: "block" publishers or "drop" (counted)
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property

@@ -36,7 +36,7 @@ def _publish(broker: Any, payload: bytes) -> Any:
 def test_drop_beyond_max_backlog_messages_counted() -> None:
     """on-full = "drop": beyond max-backlog-messages a message is dropped and counted;
     the broker's own --max-queued-messages does not apply to the bridge."""
-    bridge, _, broker, _ = _bridge(**{"max-backlog-messages": 3})
+    bridge, _, broker, _ = _bridge(**{"max-backlog-messages": 3, "on-full": "drop"})
     for i in range(5):
         _publish(broker, b"m%d" % i)
     session = broker.sessions["$bridge/hq"]
@@ -47,7 +47,7 @@ def test_drop_beyond_max_backlog_messages_counted() -> None:
 
 def test_drop_beyond_max_backlog_bytes() -> None:
     """The byte bound: payload bytes beyond max-backlog-bytes are dropped, counted."""
-    bridge, _, broker, _ = _bridge(**{"max-backlog-bytes": 10})
+    bridge, _, broker, _ = _bridge(**{"max-backlog-bytes": 10, "on-full": "drop"})
     for _ in range(3):
         _publish(broker, b"1234")
     f = figures(bridge)
@@ -99,3 +99,12 @@ def test_bad_bound_keys_are_refused(key: str, value: object) -> None:
     with pytest.raises(TableKeyError) as caught:
         BridgeSettings.from_table({**TABLE, key: value})
     assert caught.value.key == key
+
+
+def test_block_is_the_default() -> None:
+    """Without on-full, a full backlog pauses its publishers instead of dropping (below
+    twice the bound nothing is dropped while the remote is away)."""
+    bridge, _, broker, _ = _bridge(**{"max-backlog-messages": 2})
+    for i in range(4):
+        _publish(broker, b"m%d" % i)
+    assert figures(bridge)["backlog_dropped"] == 0
