@@ -86,6 +86,6 @@ def test_bridges_page_shows_rates_and_the_backlog_bound(tmp_path: Any) -> None:
     bridges[0].sample(5.0)
     api = {b["name"]: b for b in client.get("/api/bridges").json()["items"]}
     assert api["hq"]["rate_out"] == 5.0 and api["hq"]["rate_in"] == 0.0
-    assert api["hq"]["on_full"] == "drop"
+    assert api["hq"]["on_full"] == "block"
     page = client.get("/bridges").text
     assert "(5.0/s)" in page and "(0.0/s)" in page and "dropped" in page
