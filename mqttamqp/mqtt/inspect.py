@@ -23,15 +23,19 @@ class ConnectionView(MQTTLink):
 
     @property
     def peer(self) -> str:
-        """The client's ``host:port``, made once, when first read: every CONNECT
-        reads it (admission, bans, authentication, the archive's connect event),
-        three builds a connection for the 64 bytes kept."""
+        """The client's ``host:port``.  A lean TCP transport keeps it as its one
+        representation of the address (``net.tcp.LeanServer.peer``); for any other
+        transport (TLS, WebSocket) it is made once, when first read: every CONNECT
+        reads it (admission, bans, authentication, the archive's connect event)."""
         peer = self._peer
         if peer is not None:
             return peer
         transport = self.transport
         if transport is None:
             return "?"
+        peer = getattr(transport, "peer", None)
+        if type(peer) is str:
+            return peer
         client = getattr(transport, "client", None)
         if type(client) is tuple and len(client) >= 2:
             # (a TCP transport's accepted address: what getPeer would wrap)
@@ -41,7 +45,6 @@ class ConnectionView(MQTTLink):
             peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
         self._peer = peer
         return peer
-
 
     @property
     def protocol_label(self) -> str:

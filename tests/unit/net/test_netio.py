@@ -73,16 +73,20 @@ def _close(client: socket.socket, port: Port, *transports: Any) -> None:
 
 
 def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
-    """LeanServer keeps Twisted's transport state minus its per-connection strings, made on
-    demand as Twisted writes them."""
+    """LeanServer keeps Twisted's transport state minus its per-connection strings and
+    address tuple, made on demand as Twisted writes them, with one ``peer`` string."""
     lean, c1, p1, _ = _accept(True)
     plain, c2, p2, _ = _accept(False)
     try:
         assert isinstance(lean, LeanServer) and type(plain) is Server
         assert plain_tcp(lean) and plain_tcp(plain)
-        # Same state, less three attributes.
-        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno"}
-        assert set(vars(lean)) <= set(vars(plain))
+        # Same state, less five attributes, and the address as one string.
+        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno", "client",
+                                                      "hostname"}
+        assert set(vars(lean)) - set(vars(plain)) == {"peer"}
+        assert lean.peer == f"127.0.0.1:{c1.getsockname()[1]}"
+        assert lean.client == (plain.client[0], c1.getsockname()[1])
+        assert lean.hostname == plain.hostname == "127.0.0.1"
         # Made when read, as Twisted would have written them (the port numbers and
         # session numbers of the two ports are their own).
         assert lean.logstr == f"_Kept,{lean.sessionno},127.0.0.1"
@@ -92,6 +96,7 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         assert repr(plain) == f"<_Kept #{plain.sessionno} on {p2.getHost().port}>"
         assert lean.fileno() == lean.socket.fileno() > 0
         assert lean.getPeer().host == "127.0.0.1"
+        assert lean.getPeer().port == c1.getsockname()[1]
     finally:
         _close(c1, p1, lean)
         _close(c2, p2, plain)
