@@ -68,6 +68,9 @@ class LeanServer(Server):
       (a tuple, the host string and the port number, 146 bytes a connection) are
       made from it when read (``getPeer``, ``logstr``).  An IPv6 peer keeps its
       tuple too (its flow info and scope id are not in ``peer``).
+    * Twisted's write list (``_tempDataBuffer``, 56 bytes) only while it holds
+      something: an idle connection, or one whose writes the socket took at once
+      (``send``), has none.
 
     ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
     otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
@@ -75,6 +78,7 @@ class LeanServer(Server):
 
     nodelay = False
     _client6: tuple[Any, ...] | None = None   # an IPv6 peer's address tuple
+    _pending: list[bytes] | None = None        # ``_tempDataBuffer`` when it has one
 
     def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
                  sessionno: int, reactor: Any) -> None:
@@ -99,6 +103,19 @@ class LeanServer(Server):
         if prefix is None:
             prefix = _PREFIXES[kind] = self._getLogPrefix(getattr(self, "protocol", None))
         return prefix
+
+    @property
+    def _tempDataBuffer(self) -> list[bytes]:
+        """Twisted's list of writes not yet joined into its ``dataBuffer``: made
+        when Twisted first appends to it, dropped when Twisted empties it."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = []
+        return pending
+
+    @_tempDataBuffer.setter
+    def _tempDataBuffer(self, value: list[bytes]) -> None:
+        self._pending = value or None
 
     @property
     def client(self) -> tuple[Any, ...]:

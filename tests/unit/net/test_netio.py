@@ -73,8 +73,9 @@ def _close(client: socket.socket, port: Port, *transports: Any) -> None:
 
 
 def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
-    """LeanServer keeps Twisted's transport state minus its per-connection strings and
-    address tuple, made on demand as Twisted writes them, with one ``peer`` string."""
+    """LeanServer keeps Twisted's transport state minus its per-connection strings,
+    address tuple and empty write list, made on demand as Twisted uses them, with one
+    ``peer`` string."""
     lean, c1, p1, _ = _accept(True)
     plain, c2, p2, _ = _accept(False)
     try:
@@ -82,8 +83,14 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         assert plain_tcp(lean) and plain_tcp(plain)
         # Same state, less five attributes, and the address as one string.
         assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno", "client",
-                                                      "hostname"}
-        assert set(vars(lean)) - set(vars(plain)) == {"peer"}
+                                                      "hostname", "_tempDataBuffer"}
+        assert set(vars(lean)) - set(vars(plain)) == {"peer", "_pending"}
+        # Twisted's write list is made when written to, and dropped once empty.
+        assert lean._pending is None
+        lean._tempDataBuffer.append(b"x")
+        assert lean._pending == [b"x"]
+        lean._tempDataBuffer = []
+        assert lean._pending is None
         assert lean.peer == f"127.0.0.1:{c1.getsockname()[1]}"
         assert lean.client == (plain.client[0], c1.getsockname()[1])
         assert lean.hostname == plain.hostname == "127.0.0.1"
