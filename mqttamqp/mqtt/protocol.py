@@ -107,13 +107,16 @@ _NO_PROPERTIES = b"\x00"
 
 
 @implementer(IPushProducer)
-class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
-                   Protocol):
+class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnects, InputPump,
+                   ConnectionView, Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
     # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
     # are slots too: with them here CPython never allocates the instance's dict.
+    # The connection is its own ``ConnectionRules`` (a base class: its ``state`` slot,
+    # ``self.rules is self``): the rules stay sans-IO and tested alone, and a
+    # connection does not pay for a second object (40 bytes) to hold one field.
     __slots__ = (
         "_acks",
         "_auth",
@@ -168,7 +171,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.clock = factory.clock
         self.meter = factory.meter
         self.limits: Limits = factory.broker.limits
-        self.rules = ConnectionRules()
+        self.state = ConnectionState.AWAITING_CONNECT
+        self.rules: ConnectionRules = self
         self.strings: StringRules = factory.strings
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
                                property_limits=factory.property_limits, server=True)
@@ -206,10 +210,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
-
-    @property
-    def state(self) -> ConnectionState:
-        return self.rules.state
 
     @property
     def _link(self) -> MQTTProtocol:
