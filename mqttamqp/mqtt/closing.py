@@ -78,7 +78,7 @@ class Disconnects(MQTTLink):
         self._clean_close = False
         self._cause = cause
         self._cause_detail = reason
-        self.rules.advance("close")
+        self.advance("close")
         self._cancel_timers()
         # It is over now, though the socket may linger (a half-open peer): it leaves
         # the console and $SYS with its cause, and a reconnecting client finds its
@@ -94,7 +94,7 @@ class Disconnects(MQTTLink):
         cause, code = decisions.closed_by_broker(reason)
         if self._v5 is not None and self.state is _CONNECTED:
             self._send_disconnect(code, reason)
-        self.rules.advance("close")
+        self.advance("close")
         self.session = None
         self._cancel_timers()
         self.broker.unregister_connection(self.key, self._link, cause, reason)

@@ -135,7 +135,7 @@ class ActionExecutor(MQTTLink):
     def _flush_acks(self) -> None:
         acks = self._acks
         for frame, after, essential in acks.take_flagged():
-            if self.rules.closed:
+            if self.closed:
                 if essential and after is not None:
                     after()
                 continue
@@ -192,7 +192,7 @@ class ActionExecutor(MQTTLink):
                                        problem(self._v5, reason)), 5))
         else:
             self._write(encode(Connack(False, code)))
-        self.rules.advance("close")
+        self.advance("close")
         self._cancel_timers()
         self._lose()
 
@@ -202,7 +202,7 @@ class ActionExecutor(MQTTLink):
         with_will = goodbye.with_will
         self._clean_close = True
         self._cause = CAUSE_CLEAN
-        self.rules.advance("close")
+        self.advance("close")
         self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
         self._cancel_timers()
         if self.session is not None:

@@ -107,16 +107,17 @@ _NO_PROPERTIES = b"\x00"
 
 
 @implementer(IPushProducer)
-class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnects, InputPump,
-                   ConnectionView, Protocol):
+class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
+                   Protocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
     # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
     # are slots too: with them here CPython never allocates the instance's dict.
-    # The connection is its own ``ConnectionRules`` (a base class: its ``state`` slot,
-    # ``self.rules is self``): the rules stay sans-IO and tested alone, and a
-    # connection does not pay for a second object (40 bytes) to hold one field.
+    # The connection is its own ``ConnectionRules`` (a base class, through
+    # ``link.MQTTLink``: its ``state`` slot and methods): the rules stay sans-IO and
+    # tested alone, and a connection does not pay for a second object (40 bytes) to
+    # hold one field.
     __slots__ = (
         "_acks",
         "_auth",
@@ -154,7 +155,6 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
         "messages_in",
         "messages_out",
         "meter",
-        "rules",
         "session",
         "strings",
         "transport",
@@ -172,7 +172,6 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
         self.meter = factory.meter
         self.limits: Limits = factory.broker.limits
         self.state = ConnectionState.AWAITING_CONNECT
-        self.rules: ConnectionRules = self
         self.strings: StringRules = factory.strings
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
                                property_limits=factory.property_limits, server=True)
@@ -212,6 +211,11 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
+    def rules(self) -> ConnectionRules:
+        """The connection's rules: the connection itself (see ``__slots__``)."""
+        return self
+
+    @property
     def _link(self) -> MQTTProtocol:
         return self
 
@@ -225,7 +229,7 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
     def connectionMade(self) -> None:
         self._last_activity = self.clock.seconds()
         if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
-            self.rules.advance("close")
+            self.advance("close")
             self.transport.abortConnection()
             return
         self.factory.connections[self] = None
@@ -239,7 +243,7 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
         self._carry_out(Arm("connect", self.limits.connect_timeout))
 
     def dataReceived(self, data: bytes) -> None:
-        if self.rules.state is _CLOSED:
+        if self.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
         size = len(data)
@@ -254,7 +258,7 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
-        self.rules.advance("close")
+        self.advance("close")
         # Pending acknowledgements are not dropped: a committed QoS 2 message still
         # goes to its subscribers once its commit fires (``_flush_acks``).
         detail = self._cause_detail
@@ -295,7 +299,7 @@ class MQTTProtocol(ConnectionRules, ConnectHandshake, ConnectedFlows, Disconnect
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        if self.rules.state is _CLOSED:
+        if self.state is _CLOSED:
             return
         if message.props is not None and message.expired(self.clock.seconds()):
             # Its message expiry interval ran out while it waited (queue, in flight
