@@ -75,7 +75,6 @@ class Disconnects(MQTTLink):
                 self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
                               "connection", c=self.client_id or "(no client id yet)",
                               peer=self.peer, r=reason)
-        self._clean_close = False
         self._cause = cause
         self._cause_detail = reason
         self.advance("close")

@@ -168,8 +168,9 @@ class ActionExecutor(MQTTLink):
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
-        rule = self._keepalive = Keepalive.of(int(arm.seconds))
-        self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
+        rule = Keepalive.of(int(arm.seconds))
+        # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
+        self.keepalive = rule.seconds
         self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
@@ -200,8 +201,7 @@ class ActionExecutor(MQTTLink):
         """The client said DISCONNECT: a clean close; its session ends (with its
         will when MQTT 5's 0x04 asked for it)."""
         with_will = goodbye.with_will
-        self._clean_close = True
-        self._cause = CAUSE_CLEAN
+        self._cause = CAUSE_CLEAN      # (and so ``_clean_close``)
         self.advance("close")
         self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
         self._cancel_timers()

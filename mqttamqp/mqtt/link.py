@@ -83,11 +83,9 @@ class MQTTLink(ConnectionRules):
     connected_since: float
     _v5: Negotiated | None
     _connect_timer: list[Any] | None
-    _keepalive: Keepalive | None
     _keepalive_timer: list[Any] | None
     messages_in: int
     _acks: AckQueue
-    _clean_close: bool
     _cause: str
     _cause_detail: str
     _reading_paused_for: frozenset[str]
@@ -113,6 +111,14 @@ class MQTTLink(ConnectionRules):
     _pause_reading: Callable[[str], None]
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
+
+    @property
+    def _keepalive(self) -> Keepalive | None:
+        raise NotImplementedError
+
+    @property
+    def _clean_close(self) -> bool:
+        raise NotImplementedError
 
     @property
     def peer(self) -> str:

@@ -55,7 +55,7 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.recorder import CAUSE_LOST
+from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
@@ -124,10 +124,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_backlog",
         "_cause",
         "_cause_detail",
-        "_clean_close",
         "_connect_timer",
         "_in_process",
-        "_keepalive",
         "_keepalive_timer",
         "_last_activity",
         "_out",
@@ -183,13 +181,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.keepalive = 0
         self.clean_session = True
         self.connected_since = 0.0
-        self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
-        self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
         self._acks = NO_ACKS   # (its own once an acknowledgement waits: ``_ack``)
         # The transport's buffer is full (a plain attribute, not a property: the core
@@ -209,6 +205,19 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
+
+    @property
+    def _clean_close(self) -> bool:
+        """The client said DISCONNECT (the one cause that says so, ``_goodbye``)."""
+        return self._cause == CAUSE_CLEAN
+
+    @property
+    def _keepalive(self) -> Keepalive | None:
+        """The keepalive rule while its check is armed: the shared one for the
+        connection's ``keepalive`` (not a slot of its own)."""
+        if self._keepalive_timer is None:
+            return None
+        return Keepalive.of(self.keepalive)
 
     @property
     def rules(self) -> ConnectionRules:
@@ -428,8 +437,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _keepalive_check(self) -> None:
         self._keepalive_timer = None
-        keepalive = self._keepalive
-        assert keepalive is not None
+        keepalive = Keepalive.of(self.keepalive)
         now = self.clock.seconds()
         delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
         if delay is None:
