@@ -11,6 +11,7 @@ cause, and the close.  The will fires later, in ``connectionLost``.
 from __future__ import annotations
 
 from mqttamqp.core.recorder import (
+    CAUSE_CLEAN,
     CAUSE_KEEPALIVE,
     CAUSE_PROTOCOL_ERROR,
     CAUSE_STORAGE,
@@ -30,6 +31,12 @@ _CONNECTED = ConnectionState.CONNECTED
 class Disconnects(MQTTLink):
     """Protocol errors and broker-side closes, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    @property
+    def _clean_close(self) -> bool:
+        """The client said DISCONNECT (the one cause that says so:
+        ``executor.ActionExecutor._goodbye``)."""
+        return self._cause == CAUSE_CLEAN
 
     def _violation(self, reason: str, cause: str | None = None,
                    code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:

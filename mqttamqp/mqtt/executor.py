@@ -159,6 +159,14 @@ class ActionExecutor(MQTTLink):
 
     # -- deadlines --------------------------------------------------------------------
 
+    @property
+    def _keepalive(self) -> Keepalive | None:
+        """The keepalive rule while its check is armed: the shared one for the
+        connection's ``keepalive`` (not a slot of its own)."""
+        if self._keepalive_timer is None:
+            return None
+        return Keepalive.of(self.keepalive)
+
     def _arm(self, arm: Arm) -> None:
         """Start the deadline ``arm`` names: "connect" or "keepalive"; any other
         name is a bug (ValueError, nothing armed)."""

@@ -9,6 +9,7 @@ core's ``InspectableConnection`` questions.  Read-only.
 from __future__ import annotations
 
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
+from mqttamqp.mqtt.connection import ConnectionRules
 from mqttamqp.mqtt.link import MQTTLink
 
 __all__ = ["ConnectionView"]
@@ -45,6 +46,11 @@ class ConnectionView(MQTTLink):
             peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
         self._peer = peer
         return peer
+
+    @property
+    def rules(self) -> ConnectionRules:
+        """The connection's rules: the connection itself (``link.MQTTLink``)."""
+        return self
 
     @property
     def protocol_label(self) -> str:

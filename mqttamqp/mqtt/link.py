@@ -35,7 +35,6 @@ from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import (
     AckQueue,
     ConnectionRules,
-    Keepalive,
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
@@ -111,14 +110,6 @@ class MQTTLink(ConnectionRules):
     _pause_reading: Callable[[str], None]
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
-
-    @property
-    def _keepalive(self) -> Keepalive | None:
-        raise NotImplementedError
-
-    @property
-    def _clean_close(self) -> bool:
-        raise NotImplementedError
 
     @property
     def peer(self) -> str:

@@ -55,7 +55,7 @@ from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
-from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_LOST
+from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
@@ -65,7 +65,6 @@ from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     NO_ACKS,
-    ConnectionRules,
     ConnectionState,
     Keepalive,
     StringRules,
@@ -205,24 +204,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
-
-    @property
-    def _clean_close(self) -> bool:
-        """The client said DISCONNECT (the one cause that says so, ``_goodbye``)."""
-        return self._cause == CAUSE_CLEAN
-
-    @property
-    def _keepalive(self) -> Keepalive | None:
-        """The keepalive rule while its check is armed: the shared one for the
-        connection's ``keepalive`` (not a slot of its own)."""
-        if self._keepalive_timer is None:
-            return None
-        return Keepalive.of(self.keepalive)
-
-    @property
-    def rules(self) -> ConnectionRules:
-        """The connection's rules: the connection itself (see ``__slots__``)."""
-        return self
 
     @property
     def _link(self) -> MQTTProtocol:

@@ -32,6 +32,7 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
+from mqttamqp.core.sessions.drops import DropKinds, Drops
 from mqttamqp.core.sessions.entries import (
     NO_EXPIRED,
     NO_IDS,
@@ -86,14 +87,16 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
-class Session(InflightWindow):
+class Session(InflightWindow, DropKinds):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
+    # What most sessions never change is not a slot of its own: the kinds of drops
+    # (``_drops``, made at the first), and the creation time (never read: it is
+    # the first ``last_seen``).
     __slots__ = (
-        "_holder", "_may_expire", "_next_pid", "_next_seq", "_state", "client_id",
-        "created", "drop_offset", "dropped_congested", "dropped_rejected",
-        "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link", "owner",
-        "persistent", "protocol", "sub_options", "subscriptions",
+        "_drops", "_holder", "_may_expire", "_next_pid", "_next_seq", "_state",
+        "client_id", "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link",
+        "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
 
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
@@ -101,7 +104,6 @@ class Session(InflightWindow):
         self.client_id = client_id
         self.persistent = persistent
         self.limits = limits
-        self.created = created
         self.last_seen = created
         # filter -> QoS (``set_subscription`` adds)
         self.subscriptions: dict[str, int] = NO_SUBSCRIPTIONS
@@ -133,11 +135,10 @@ class Session(InflightWindow):
         # left the queue are only forgotten at the next purge); 0: no scan.
         self._may_expire = 0
         self.dropped = 0
-        self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
-        self.dropped_rejected = 0    # of which AMQP Rejected (``Broker.rejected``)
-        # The three counts above as they were when the session last changed protocol
-        # (what is already labelled with its former protocol in the metrics).
-        self.drop_offset: tuple[int, int, int] = (0, 0, 0)
+        # Of which QoS 0 for a link over its backlog bound, and AMQP Rejected, and the
+        # three counts as they were when the session last changed protocol: None
+        # until one of them is not 0 (see ``dropped_congested``).
+        self._drops: Drops | None = None
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1
