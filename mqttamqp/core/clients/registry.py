@@ -90,6 +90,9 @@ class SessionRegistry:
         # keyed by a client id (no MQTT client can claim them).
         self.link_subscribers: dict[str, Session] = {}
         self.connections: dict[str, InspectableConnection] = {}
+        # A live connection's protocol, for those that do not say it themselves
+        # (``protocol_label``, as an MQTT connection does): one table for most
+        # connections, not two (a dict entry a connection).
         self._connection_protocols: dict[str, str] = {}
         # What sessions dropped and hold, for $SYS, the console and the metrics.
         self.drops = DropCounts(self.sessions, self.link_subscribers, router.groups)
@@ -132,21 +135,25 @@ class SessionRegistry:
 
     def register_connection(self, key: str, connection: InspectableConnection,
                             protocol: str) -> None:
-        known = self._connection_protocols.get(key)
+        previous = self.connections.get(key)
         now = self.clock.seconds()
-        if known is not None:
-            if self.connections[key] is connection:
+        if previous is not None:
+            if previous is connection:
                 return
             # The key's previous holder is closing but not yet gone (e.g. after an
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
+            known = self._protocol_of(key, previous)
             self.stats.disconnected(known)
             self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
-                self.recorder.event(now, DISCONNECT, self.connections[key].event_fields()[0],
+                self.recorder.event(now, DISCONNECT, previous.event_fields()[0],
                                     protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
-        self._connection_protocols[key] = protocol
+        if getattr(connection, "protocol_label", None) == protocol:
+            self._connection_protocols.pop(key, None)
+        else:
+            self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
         if self._recording:
             client_id, remote, user, clean, keepalive = connection.event_fields()
@@ -157,7 +164,8 @@ class SessionRegistry:
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
         if self.connections.get(key) is connection:
             del self.connections[key]
-            protocol = self._connection_protocols.pop(key)
+            protocol = self._connection_protocols.pop(key, None) or self._protocol_of(key,
+                                                                                     connection)
             self.stats.disconnected(protocol)
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
@@ -180,6 +188,13 @@ class SessionRegistry:
             if self._recording:
                 self.recorder.event(self.clock.seconds(), DISCONNECT, client_id,
                                     protocol=protocol, reason=cause, detail=detail or None)
+
+    def _protocol_of(self, key: str, connection: InspectableConnection) -> str:
+        """The protocol ``connection`` registered under ``key`` with."""
+        protocol = self._connection_protocols.get(key)
+        if protocol is None:
+            protocol = str(getattr(connection, "protocol_label", "?"))
+        return protocol
 
     # -- claiming and ending --------------------------------------------------
 
