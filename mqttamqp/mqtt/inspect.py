@@ -24,28 +24,25 @@ class ConnectionView(MQTTLink):
 
     @property
     def peer(self) -> str:
-        """The client's ``host:port``.  A lean TCP transport keeps it as its one
-        representation of the address (``net.tcp.LeanServer.peer``); for any other
-        transport (TLS, WebSocket) it is made once, when first read: every CONNECT
-        reads it (admission, bans, authentication, the archive's connect event)."""
-        peer = self._peer
-        if peer is not None:
-            return peer
+        """The client's ``host:port``: the one representation of the address a lean
+        TCP transport keeps (``net.tcp.LeanServer.peer``), the TLS layer's too (the
+        TCP transport under it); for any other transport (WebSocket, tests'
+        fakes) made from its address when read (a few times a CONNECT)."""
         transport = self.transport
         if transport is None:
             return "?"
         peer = getattr(transport, "peer", None)
         if type(peer) is str:
             return peer
+        peer = getattr(getattr(transport, "transport", None), "peer", None)
+        if type(peer) is str:
+            return peer
         client = getattr(transport, "client", None)
         if type(client) is tuple and len(client) >= 2:
             # (a TCP transport's accepted address: what getPeer would wrap)
-            peer = f"{client[0]}:{client[1]}"
-        else:
-            address = transport.getPeer()
-            peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
-        self._peer = peer
-        return peer
+            return f"{client[0]}:{client[1]}"
+        address = transport.getPeer()
+        return f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
 
     @property
     def rules(self) -> ConnectionRules:

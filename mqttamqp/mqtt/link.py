@@ -92,7 +92,6 @@ class MQTTLink(ConnectionRules):
     _parked: Parked | None
     _turn_timer: DelayedCall | None
     _last_activity: float
-    _peer: str | None
     messages_out: int
     bytes_in: int
     bytes_out: int

@@ -130,7 +130,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_out",
         "_out_bytes",
         "_parked",
-        "_peer",
         "_reading_paused_for",
         "_throttle",
         "_turn_timer",
@@ -162,7 +161,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def __init__(self, factory: MQTTFactory) -> None:
         self.transport = None
         self.connected = 0
-        self._peer: str | None = None
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
