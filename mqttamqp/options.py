@@ -12,10 +12,41 @@ from twisted.python import usage
 
 from mqttamqp import __version__
 from mqttamqp.core.limits import Limits
-from mqttamqp.optiontable import DEFAULT_LISTENERS, FLAGS, MB, PARAMETERS, endpoint
+from mqttamqp.optiontable import (
+    DEFAULT_LISTENERS,
+    FLAGS,
+    GATEWAY_IGNORES,
+    MB,
+    PARAMETERS,
+    endpoint,
+)
 
-__all__ = ["DEFAULT_LISTENERS", "Options", "archive_from", "limits_from"]
+__all__ = ["DEFAULT_LISTENERS", "Options", "archive_from", "check_gateway", "limits_from"]
 
+
+
+def check_gateway(options: Options) -> None:
+    """Gateway mode (--upstream): a UsageError naming every option of
+    ``GATEWAY_IGNORES`` that is set (a listener not 'none', a flag on, a table, a
+    value other than the default), run before the default listeners are filled in."""
+    defaults = {p[0]: p[2] for p in PARAMETERS}
+    flags = {f[0] for f in FLAGS}
+    given = []
+    for name in GATEWAY_IGNORES:
+        value = options[name]
+        if isinstance(value, list):
+            used = any(not (isinstance(v, str) and v.strip().lower() == "none") for v in value)
+        elif name in flags:
+            used = bool(value)
+        else:
+            used = value is not None and value != defaults.get(name)
+        if used:
+            given.append("[[bridge]]" if name == "bridge" else f"--{name}")
+    if given:
+        raise usage.UsageError(
+            "gateway mode (--upstream) keeps no state and does not use "
+            f"{', '.join(given)}: remove {'it' if len(given) == 1 else 'them'} "
+            "(the core takes them; see docs/gateway.md)")
 
 
 def _check_ops(options: Options) -> None:
@@ -176,6 +207,8 @@ class Options(usage.Options):
 
             config.merge_file(self, self["config"],
                               config.given_on_command_line(self, self.argv))
+        if self["upstream"]:
+            check_gateway(self)
         for kind, default in DEFAULT_LISTENERS.items():
             given = self[kind]
             if not given:

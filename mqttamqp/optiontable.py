@@ -369,7 +369,9 @@ PARAMETERS: list[list[Any]] = [
      "Gateway mode: serve the MQTT listeners through the core at this AMQP 1.0 "
      "address (amqp://[USER[:PASSWORD]@]HOST[:PORT], or amqps://... with "
      "?server-name=NAME&ca=FILE to check its certificate), keeping no state here: no "
-     "store, console or AMQP listener is started (see docs/gateway.md)."],
+     "store or AMQP listener is started, the console (--web) and metrics show the "
+     "gateway, and the broker's options it does not use are refused (see "
+     "docs/gateway.md)."],
     ["upstream-connections", None, 2,
      "Gateway mode: AMQP connections to the core that the MQTT clients share (a "
      "session each; the core's --amqp-max-sessions bounds the clients on one).",
@@ -455,3 +457,26 @@ PARAMETERS: list[list[Any]] = [
      "The command run instead of 'python -m mqttamqp.pipeline' (split like a "
      "shell would; --archive, --out and --incremental are appended)."],
 ]
+
+# Options a gateway (--upstream) has no use for: the core's store, queues, bridges,
+# AMQP listeners, archive, ACL, rate limits and the rest of what keeps or judges state.
+# Given with --upstream (on the command line or in --config), start-up stops with one
+# line naming them (``options.check_gateway``) rather than ignoring them silently.
+GATEWAY_IGNORES: tuple[str, ...] = (
+    "storage", "ha", "ha-poll", "ha-watch", "pack-interval", "pack-growth", "bridge",
+    "amqp", "amqp-queues", "queues", "webhook", "acl", "tls-ca",
+    "tls-require-client-cert", "tls-cert-as-user", "archive", "archive-dir",
+    "archive-include", "archive-exclude", "archive-payload-bytes", "archive-roll",
+    "archive-days", "report-every", "report-command", "metrics-token-file",
+    "otel-endpoint", "otel-interval", "share-strategy", "will-grace", "session-expiry",
+    "sys-interval", "response-information", "max-connect-rate", "connect-burst",
+    "max-publish-rate", "max-publish-byte-rate", "max-queued-messages",
+    "max-queued-bytes", "max-subscriptions", "max-retained-messages",
+    "max-retained-bytes", "queue-visibility-timeout", "queue-max-deliveries",
+    "queue-prefetch", "queue-max-messages", "queue-max-bytes", "queue-max-age",
+    "queue-max-queues", "max-exchanges", "max-bindings", "queue-memory-budget",
+    "queue-max-total-bytes", "disk-free-limit", "amqp-max-sessions", "amqp-max-links",
+    "amqp-max-links-total", "amqp-max-held-bytes", "amqp-max-selector-length",
+    "max-transactions-per-connection", "max-transaction-bytes", "amqp091-channel-max",
+    "amqp091-frame-max", "amqp091-heartbeat", "amqp091-max-unacked", "amqp091-max-body",
+)

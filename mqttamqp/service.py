@@ -514,9 +514,9 @@ def _exit_status_after_stop(status: int) -> None:
 
 def makeService(options: Options) -> BrokerService | GatewayService:
     if options["upstream"]:   # gateway mode: no store, no core (docs/gateway.md)
-        from mqttamqp.gateway.service import make_gateway
+        from mqttamqp.gatewayweb import make_gateway_process
 
-        return make_gateway(options, limits_from(options))
+        return make_gateway_process(options, limits_from(options))
     # The one user store (DATA/users.json) checks MQTT CONNECT, AMQP SASL PLAIN and
     # the console; a --users file is a second, read-only source of client users.
     legacy = None

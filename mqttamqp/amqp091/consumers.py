@@ -46,8 +46,8 @@ class QueueConsumer:
         # basic.get's session of the channel: in no group, handed one message a get
         self.getter = getter
         self.answering = False   # (a getter: a basic.get is being answered now)
-        self.key = (f"{channel.connection.key}:{channel.number}:{tag}" if not getter else
-                    f"{channel.connection.key}:{channel.number}:get")
+        self.key = _unused_key(
+            channel, f"{channel.connection.key}:{channel.number}:{tag if not getter else 'get'}")
 
     def join(self, topic_filter: str, consumer: Consumer, identity: Identity | None = None
              ) -> bool:
@@ -186,3 +186,19 @@ class QueueConsumer:
     def info(self) -> dict[str, Any]:
         return {"tag": self.tag, "queue": self.queue, "no_ack": self.no_ack,
                 "prefetch": self.prefetch, "unacked": self.unacked}
+
+
+def _unused_key(channel: ConsumerHost, key: str) -> str:
+    """``key``, the name of the consumer's session in the broker, or, while a
+    session of that name is still there (a consumer cancelled with deliveries
+    unacknowledged, whose tag RabbitMQ lets a new consumer reuse; a consumer
+    tagged ``get`` beside basic.get's session), ``key#n``: two consumers never
+    share one, or the old one's end would end the new one."""
+    taken = channel.connection.broker.link_subscribers
+    if key not in taken:
+        return key
+    for n in range(1, len(taken) + 2):   # (one of these is free)
+        unique = f"{key}#{n}"
+        if unique not in taken:
+            return unique
+    raise AssertionError("unreachable: more names tried than sessions exist")

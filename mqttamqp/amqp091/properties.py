@@ -15,7 +15,8 @@ reply-to           response_topic (MQTT 5 response topic)
 expiration         expiry_interval: milliseconds rounded up to seconds
 headers            user_properties: string values (others are not carried)
 delivery-mode 2    the message's QoS 1 (persistent); otherwise QoS 0
-priority           ``Message.priority`` (AMQP 1.0 header priority; MQTT: none)
+priority           ``Message.priority`` (AMQP 1.0 header priority, where 4,
+                   the default, is none; MQTT: none)
 =================  ==========================================================
 
 The other properties (content-encoding, message-id, timestamp, type,

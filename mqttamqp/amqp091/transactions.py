@@ -163,10 +163,15 @@ class ChannelTransactions:
         self._restore(taken)
 
     def _restore(self, taken: Taken) -> None:
-        """The deliveries are the channel's, unacknowledged, again (in tag order);
-        nothing when the channel has ended (its consumers' ends release them)."""
+        """The deliveries are the channel's, unacknowledged, again (in tag order).
+        When the channel has ended, their consumers leave instead, which gives
+        them back to the queue: one cancelled before the ack is no longer among
+        the channel's consumers, and is not in its ``unacked`` either, so nothing
+        else would end it (its session would hold them for ever)."""
         channel = self.channel
         if channel.closing:
+            for _tag, (member, _packet_id) in taken:
+                member.leave()
             return
         unacked = channel.unacked
         unacked.update(taken)

@@ -15,18 +15,15 @@ runner are injected, so tests drive the console with ``treq.testing.StubTreq``, 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
-from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from mqttamqp.console import shell
 from mqttamqp.console.actions import ConsoleActions
 from mqttamqp.console.apps.api import ApiApp
 from mqttamqp.console.apps.bridges import BridgesApp, no_bridges
@@ -50,10 +47,6 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.security.userstore import UserStore
 
 __all__ = ["Console", "AREAS"]
-
-_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".svg": "image/svg+xml", ".png": "image/png"}
-
 
 class Console:
     """The whole console as one Klein resource (``resource()``): the areas' apps over
@@ -79,12 +72,7 @@ class Console:
         self.pages = Pages(make_environment(self.clock.seconds))
         self.static = static_dir()
         if run_in_thread is None:
-            reactor = self.clock
-
-            def run_in_thread(f: Callable[..., Any], *args: Any) -> Deferred[Any]:
-                d: Deferred[Any] = deferToThreadPool(reactor, reactor.getThreadPool(), f,
-                                                     *args)
-                return d
+            run_in_thread = shell.thread_pool_runner(self.clock)
         self.actions = ConsoleActions(self.broker, context.report_job)
         gate, pages, broker, clock = self.gate, self.pages, self.broker, self.clock
         # One app per area, each as the attribute AREAS mounts it from.
@@ -123,61 +111,26 @@ class Console:
 
     @app.handle_errors(HTTPError)
     def _http_error(self, request: Request, failure: Failure) -> bytes:
-        err: HTTPError = failure.value  # type: ignore[assignment]
-        api = request.path.startswith(b"/api/")
-        if err.status == 401:
-            request.setHeader(b"www-authenticate", b'Bearer realm="mqttamqp console"')
-        if api:
-            return self.pages.json(request, {"error": err.message}, err.status)
-        auth = self.gate.authenticate(request, False)
-        return self.pages.render(request, "error.html", auth, err.status,
-                                 error_status=err.status, message=err.message)
+        return shell.http_error(self.pages, self.gate, request, failure)
 
     @app.handle_errors(Redirect)
     def _redirect(self, request: Request, failure: Failure) -> bytes:
-        request.setResponseCode(303)
-        request.setHeader(b"location", failure.value.location.encode())  # type: ignore
-        return b""
+        return shell.redirect(request, failure)
 
     @app.handle_errors(NotFound, MethodNotAllowed)
     def _not_found(self, request: Request, failure: Failure) -> bytes:
-        status = 405 if failure.check(MethodNotAllowed) else 404
-        message = "method not allowed" if status == 405 else "no such page"
-        if request.path.startswith(b"/api/"):
-            return self.pages.json(request, {"error": message}, status)
-        return self.pages.render(request, "error.html", self.gate.authenticate(request, False),
-                                 status, error_status=status, message=message)
+        return shell.not_found(self.pages, self.gate, request, failure)
 
     # -- static files -------------------------------------------------------------------
 
     @app.route("/static/<name>", methods=["GET"])
     def static_file(self, request: Request, name: str) -> bytes:
-        path = self.static / name
-        ctype = _STATIC_TYPES.get(path.suffix)
-        if ctype is None or "/" in name or name.startswith(".") or not path.is_file():
-            raise HTTPError(404, "no such file")
-        request.setHeader(b"content-type", ctype.encode())
-        request.setHeader(b"cache-control", b"no-cache")
-        return path.read_bytes()
+        return shell.static_file(self.static, request, name)
 
     @app.route("/favicon.ico", methods=["GET"])
     def favicon(self, request: Request) -> bytes:
         request.setResponseCode(204)
         return b""
-
-
-def _mount(app: Klein, attribute: str, area: type[Area]) -> None:
-    """Serve every route of ``area`` from ``app``: by the instance of the area the
-    console holds as ``attribute``, under the same path, methods and endpoint."""
-    for rule in area.app.url_map.iter_rules():
-        endpoint = rule.endpoint
-        assert isinstance(endpoint, str) and endpoint not in app.endpoints, endpoint
-
-        def route(console: Console, request: IRequest, *args: Any,
-                  _endpoint: str = endpoint, **kwargs: Any) -> Any:
-            mounted: Area = getattr(console, attribute)
-            return mounted.app.execute_endpoint(_endpoint, request, *args, **kwargs)
-        app.route(rule.rule, methods=sorted(rule.methods or ()), endpoint=endpoint)(route)
 
 
 AREAS: tuple[tuple[str, type[Area]], ...] = (
@@ -189,5 +142,5 @@ AREAS: tuple[tuple[str, type[Area]], ...] = (
     ("traffic", TrafficApp), ("api", ApiApp),
 )
 for _attribute, _area in AREAS:
-    _mount(Console.app, _attribute, _area)
+    shell.mount(Console.app, _attribute, _area)
 del _attribute, _area

@@ -15,6 +15,7 @@ The parts, one concern each:
   ``mqtt/``), CONNECT to CONNACK through the channel, the packets both ways;
 * ``outbound``: the packet ids of a client's deliveries;
 * ``websocket``: the broker's MQTT-over-WebSocket front over ``frontend``;
+* ``figures``: what its console and metrics show (``mqttamqp.gatewayweb`` wires them);
 * ``service``: the process in gateway mode.
 
 What it must not do: import the store, ZODB or the core's ``Broker`` (the import

@@ -22,6 +22,9 @@ What it owns, per client:
   with ``amqp:link:detach-forced`` (brute: the core publishes the will), AMQP_CLOSE
   for a clean session, then the session ended.
 
+The messages themselves (control messages, AMQP_WILL, outcomes, what a ``.publish``
+delivery is) are ``wire``'s.
+
 What it must not do: read or write MQTT (``frontend`` does, through ``ChannelOwner``),
 hold session state beyond the one connection (the core keeps every session: a client
 may come back through any gateway), or touch sockets (``engine``).
@@ -33,23 +36,29 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from proton import Condition, Message, symbol, ulong
+from proton import Condition, Message, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import ANNOTATION_QOS, ANNOTATION_RETAIN, Mqtt5Props
+from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
-from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.engine import UpstreamConnection
+from mqttamqp.gateway.wire import (
+    Outcome,
+    Refused,
+    control_message,
+    outcome_of,
+    session_delivery,
+    subscriptions,
+    will_message,
+)
 from mqttamqp.net.rawproton import (
-    condition,
     delivery_link,
     delivery_partial,
     delivery_readable,
-    delivery_remote,
     delivery_remote_state,
     delivery_settle,
     delivery_settled,
@@ -79,27 +88,6 @@ MODIFIED: int = lib.PN_MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 
-class Refused(Exception):
-    """The core would not serve this client: ``unavailable`` (CONNACK 3 / 0x88) or
-    not authorized (CONNACK 5 / 0x87); ``reason`` for the log."""
-
-    def __init__(self, reason: str, unauthorized: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.unauthorized = unauthorized
-
-
-class Outcome:
-    """A disposition from the core: ``accepted``, or why not (``reason``)."""
-
-    __slots__ = ("accepted", "condition", "reason")
-
-    def __init__(self, accepted: bool, reason: str = "", condition: str = "") -> None:
-        self.accepted = accepted
-        self.reason = reason
-        self.condition = condition
-
-
 class ChannelState(Enum):
     OPENING = "opening"   # the connect flow runs
     READY = "ready"       # CONNACK may go / went out
@@ -111,9 +99,11 @@ class ChannelOwner(Protocol):
     """The MQTT side of one client, as its channel sees it."""
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, props: Mqtt5Props | None = None) -> None:
-        """A message of the session for the client; ``dlv`` comes back to ``finished``
-        (QoS 0: once written; QoS 1: on PUBACK; QoS 2: on PUBCOMP)."""
+                dlv: Any, props: Mqtt5Props | None = None, packet_id: int | None = None
+                ) -> None:
+        """A message of the session for the client, with the core's packet id
+        (QoS 1 and 2: the ``.publish`` delivery's message-id); ``dlv`` comes back to
+        ``finished`` (QoS 0: once written; QoS 1: on PUBACK; QoS 2: on PUBCOMP)."""
 
     def release(self, packet_id: int, dlv: Any) -> None:
         """AMQP_PUBREL on ``.publish``: send PUBREL ``packet_id``; ``dlv`` to
@@ -124,37 +114,6 @@ class ChannelOwner(Protocol):
 
     def writable(self) -> None:
         """The core gave credit again: the client may be read."""
-
-
-def _control(subject: str, client_id: str, **fields: Any) -> bytes:
-    msg = Message(subject=subject, durable=True)
-    msg.correlation_id = f"$mqtt.to.{client_id}.publish"
-    for name, value in fields.items():
-        setattr(msg, name, value)
-    return bytes(msg.encode())
-
-
-def _will(client_id: str, topic: str, payload: bytes, qos: int, retain: bool) -> bytes:
-    msg = Message(subject="will", durable=qos > 0, address=topic, body=payload)
-    msg.annotations = {symbol(ANNOTATION_RETAIN): retain, symbol(ANNOTATION_QOS): qos}
-    msg.inferred = True   # (bytes as a Data section)
-    return bytes(msg.encode())
-
-
-_ACCEPTED = Outcome(True)   # (shared: the usual answer costs no object)
-
-
-def _outcome(dlv: Any, state: int) -> Outcome:
-    """The core's outcome of our delivery ``dlv`` (a raw pointer)."""
-    if state == ACCEPTED:
-        return _ACCEPTED
-    both = (condition(lib.pn_disposition_condition(delivery_remote(dlv)))
-            if state == REJECTED else None)
-    if both is None:
-        return Outcome(False, {RELEASED: "released", MODIFIED: "modified"}.get(
-            state, f"outcome {state}"))
-    name, description = both
-    return Outcome(False, f"{name}: {description}" if description else name, name)
 
 
 class ClientChannel:
@@ -192,14 +151,22 @@ class ClientChannel:
         self._opened: dict[Any, Deferred[Any]] = {}   # links awaiting the core's attach
         self._reply: Deferred[dict[str, int]] | None = None
         self._end_call: DelayedCall | None = None
+        self.ended_by_core = False   # the core detached a link of ours / ended the session
+        self._deadline = 0.0         # when the connect flow must be done
 
     # -- the connect flow -------------------------------------------------------------
 
-    async def open(self, clean: bool, will: tuple[str, bytes, int, bool] | None) -> bool:
+    async def open(self, clean: bool, will: tuple[str, bytes, int, bool] | None,
+                   persistent: bool | None = None) -> bool:
         """Seed 000's flow for CONNECT; True if the core had a session with
-        subscriptions (CONNACK's session present).  Raises ``Refused``."""
+        subscriptions (CONNACK's session present).  ``clean``: clean session / clean
+        start (AMQP_CLOSE removes what the core had); ``persistent`` (default: not
+        ``clean``): the session outlives the connection (AMQP_LIST opens it at the
+        core: MQTT 5 clean start with a session expiry is AMQP_CLOSE, then AMQP_LIST,
+        and no session present).  Raises ``Refused``."""
         conn = self.conn
         cid = self.client_id
+        self._deadline = self.clock.seconds() + self.timeout   # (the whole flow's)
         self.session = conn.begin(self)
         prefix = f"gw{conn.serial}:"
         self.will = self._sender(cid, WILL_SERVICE)
@@ -210,16 +177,17 @@ class ClientChannel:
         await self._attached(self.will, self.service, self.control, self.topics)
         if will is not None:
             topic, payload, qos, retain = will
-            await self._expect(self.will, _will(cid, topic, payload, qos, retain), "AMQP_WILL")
+            await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
+                               "AMQP_WILL")
+        present = False
         if clean:
-            await self._expect(self.service, _control("close", cid), "AMQP_CLOSE")
-            present = False
-        else:
+            await self._expect(self.service, control_message("close", cid), "AMQP_CLOSE")
+        if not clean or persistent:
             self._reply = Deferred()
             reply = self._reply
-            await self._expect(self.service, _control(
+            await self._expect(self.service, control_message(
                 "list", cid, reply_to=f"$mqtt.to.{cid}.control"), "AMQP_LIST")
-            present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS"))
+            present = bool(await self._within(reply, "AMQP_SUBSCRIPTIONS")) and not clean
         self.publish = self._receiver(prefix + "session", f"$mqtt.to.{cid}.publish",
                                       self.credit, mixed=True)
         self._publish_impl = self.publish._impl
@@ -265,7 +233,9 @@ class ClientChannel:
                           outcome.condition == UNAUTHORIZED)
 
     async def _within(self, d: Deferred[Any], what: str) -> Any:
-        timer = self.clock.callLater(self.timeout, self._timed_out, d, what)
+        """``d``'s result, or ``Refused`` once the connect flow's one deadline passed."""
+        wait = max(0.0, self._deadline - self.clock.seconds())
+        timer = self.clock.callLater(wait, self._timed_out, d, what)
         try:
             return await d
         finally:
@@ -274,7 +244,8 @@ class ClientChannel:
 
     def _timed_out(self, d: Deferred[Any], what: str) -> None:
         if not d.called:
-            d.errback(Refused(f"no answer to {what} from the core within {self.timeout:g} s"))
+            d.errback(Refused(f"no answer to {what} from the core within the connect "
+                              f"timeout ({self.timeout:g} s)"))
 
     # -- sending ------------------------------------------------------------------------
 
@@ -314,11 +285,11 @@ class ClientChannel:
 
     def subscribe(self, packet_id: int, requests: dict[str, int]
                   ) -> Deferred[Outcome]:
-        return self.send(self.service, _control(
+        return self.send(self.service, control_message(
             "subscribe", self.client_id, id=ulong(packet_id), body=requests))
 
     def unsubscribe(self, packet_id: int, filters: list[str]) -> Deferred[Outcome]:
-        return self.send(self.service, _control(
+        return self.send(self.service, control_message(
             "unsubscribe", self.client_id, id=ulong(packet_id), body=filters))
 
     def released(self, packet_id: int, dlv: Any) -> None:
@@ -327,6 +298,8 @@ class ClientChannel:
         if self.pubrel is None:
             self.pubrel = self._sender(f"gw{self.conn.serial}:pubrel",
                                        f"$mqtt.{self.client_id}.pubrel")
+            # Not awaited: a refusal ends the client (``on_link_closed``).
+            self._opened[self.pubrel._impl].addErrback(lambda _f: None)
 
         def done(outcome: Outcome) -> None:
             if outcome.accepted:
@@ -381,11 +354,12 @@ class ClientChannel:
     def on_link_closed(self, link: Any, reason: str | None) -> None:
         why = f"the core detached {link.name}" + (f": {reason}" if reason else "")
         d = self._opened.pop(link._impl, None)
-        if d is not None and not d.called:
-            d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
-            return
         if self.state is ChannelState.READY:
-            self._gone(why)
+            # A link of ours taken (a takeover) or refused (the lazy ``.pubrel``): the
+            # client is ended; a refusal is not the core's end of the session.
+            self._gone(why, by_core=d is None)
+        elif d is not None and not d.called:
+            d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
 
     def on_session_closed(self) -> None:
         if self.state is not ChannelState.CLOSED:
@@ -413,7 +387,7 @@ class ClientChannel:
             if state not in _TERMINAL and not delivery_settled(dlv):
                 return   # (non-terminal: wait for the outcome)
             then = self._waiting.pop(dlv, None)
-            outcome = _outcome(dlv, state)
+            outcome = outcome_of(dlv, state)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if then is not None:
                 then(outcome)
@@ -430,31 +404,15 @@ class ClientChannel:
             self._on_control(dlv, data)
 
     def _on_session_message(self, dlv: Any, data: bytes) -> None:
-        try:
-            fields = decode_publish(data, delivery_settled(dlv))
-        except DecodeError as e:
-            self._refuse(dlv, f"a message the gateway cannot read: {e}")
-            return
-        if fields.to is None or fields.payload is None:
-            if self._maybe_pubrel(dlv, data):
-                return
-            self._refuse(dlv, "a message with no topic or no MQTT payload")
-            return
-        self.owner.deliver(fields.to, fields.payload, fields.qos, fields.retain,
-                           fields.redelivered, dlv, fields.props)
-
-    def _maybe_pubrel(self, dlv: Any, data: bytes) -> bool:
-        try:
-            msg = decode_message(data)
-        except DecodeError:
-            return False
-        if msg.subject != "pubrel":
-            return False
-        packet_id = msg.message_id
-        if isinstance(packet_id, int) and 1 <= packet_id <= 65535:
-            self.owner.release(packet_id, dlv)
-            return True
-        return False
+        got = session_delivery(data, delivery_settled(dlv))
+        if isinstance(got, str):
+            self._refuse(dlv, got)
+        elif isinstance(got, int):
+            self.owner.release(got, dlv)
+        else:
+            fields, packet_id = got
+            self.owner.deliver(fields.to, fields.payload, fields.qos,  # type: ignore[arg-type]
+                               fields.retain, fields.redelivered, dlv, fields.props, packet_id)
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)
@@ -468,32 +426,29 @@ class ClientChannel:
 
     def _on_control(self, dlv: Any, data: bytes) -> None:
         try:
-            msg = decode_message(data)
-        except DecodeError as e:
-            self._refuse_control(dlv, str(e))
-            return
+            msg: Any = decode_message(data)
+        except DecodeError:
+            msg = None
         if not delivery_settled(dlv):
-            delivery_update(dlv, ACCEPTED)
+            delivery_update(dlv, REJECTED if msg is None else ACCEPTED)
         delivery_settle(dlv)
         self.control.flow(1)
         reply = self._reply
-        if msg.subject == "subscriptions" and reply is not None and not reply.called:
+        if (msg is not None and msg.subject == "subscriptions" and reply is not None
+                and not reply.called):
             self._reply = None
-            body = msg.value if isinstance(msg.value, dict) else {}
-            reply.callback({str(k): int(v) for k, v in body.items()
-                            if str(v).isdigit() or isinstance(v, int)})
+            reply.callback(subscriptions(msg.value))
         self.conn.flush()
-
-    def _refuse_control(self, dlv: Any, reason: str) -> None:
-        if not delivery_settled(dlv):
-            delivery_update(dlv, REJECTED)
-        delivery_settle(dlv)
-        self.control.flow(1)
 
     # -- the end --------------------------------------------------------------------------
 
-    def _gone(self, reason: str) -> None:
-        """The core ended something of ours: the client is closed (it closes us)."""
+    def _gone(self, reason: str, by_core: bool = True) -> None:
+        """The core ended something of ours: the client is closed (it closes us).
+        ``by_core``: the core ended the channel (a link detached, the session ended:
+        a takeover, maybe through another gateway), so the close sends neither
+        AMQP_CLOSE nor a forced detach: the session and its will are the core's."""
+        if by_core:
+            self.ended_by_core = True
         if self.state is ChannelState.READY or self.state is ChannelState.OPENING:
             self.owner.upstream_gone(reason)
 
@@ -524,13 +479,15 @@ class ClientChannel:
             return
         self.state = ChannelState.CLOSING
         self._fail_waiters(reason)
+        if self.ended_by_core:
+            brute = clean_session = False
         will = self.will
         if will is not None:
             if brute:
                 will.condition = Condition(DETACH_FORCED, reason[:200])
             will.close()
         if clean_session and self.service is not None:
-            self.send_then(self.service, _control("close", self.client_id),
+            self.send_then(self.service, control_message("close", self.client_id),
                            lambda _outcome: self._end())
             self._end_call = self.clock.callLater(self.timeout, self._end)
             self.conn.flush_now()

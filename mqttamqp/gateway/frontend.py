@@ -30,6 +30,7 @@ not yet is in docs/gateway.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet.defer import Deferred
@@ -45,9 +46,17 @@ from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
+from mqttamqp.gateway.frames import (
+    connack,
+    publish_ack,
+    publish_problem,
+    suback,
+    subscribe_problem,
+    unsuback,
+)
 from mqttamqp.gateway.outbound import Outbound
 from mqttamqp.gateway.timers import ClientTimer
-from mqttamqp.mqtt.actions import Refuse, ack_frame
+from mqttamqp.mqtt.actions import Close, Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
     AckQueue,
@@ -58,26 +67,22 @@ from mqttamqp.mqtt.connection import (
 )
 from mqttamqp.mqtt.decisions import authenticated
 from mqttamqp.mqtt.decisions import connect as decide_connect
+from mqttamqp.mqtt.decisions import unsubscribe as decide_unsubscribe
 from mqttamqp.mqtt.packets import (
-    SUBACK_FAILURE,
-    Connack,
     ConnackCode,
     Connect,
     Disconnect,
     Pingreq,
     Pingresp,
-    Properties,
     Puback,
     Pubcomp,
     Publish,
     Pubrec,
     Pubrel,
-    Suback,
     Subscribe,
-    Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, Negotiated, message_properties
+from mqttamqp.mqtt.v5 import Negotiated
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.pool import UpstreamPool
@@ -108,6 +113,9 @@ class GatewayFactory(Factory):
         self.refused_connections = 0      # sockets closed at --max-connections
         self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
+        self.too_large = 0                # deliveries over a client's maximum packet size
+        self.published = self.delivered = 0   # messages to the core / to clients
+        self.refused: dict[int, int] = {}     # CONNECTs refused, by CONNACK code
         self.make_channel = ClientChannel   # (tests give a fake)
         # Who may connect (the broker's user store, as on a broker); None: anyone.
         self.authenticator: Authenticator | None = None
@@ -128,14 +136,15 @@ class GatewayFactory(Factory):
                     ) -> ClientChannel | None:
         """A new channel for ``client``; None: no upstream connection can take it.
         A client of that id is closed first (a takeover; its will is published when
-        the newcomer starts clean, not when it resumes the session, as the broker
-        does), and the new channel goes on its connection, so the core sees the old
-        links go before the new ones come."""
+        the newcomer starts clean or the old session was clean, not when the session
+        is resumed, as the broker does), and the new channel goes on its connection,
+        so the core sees the old links go before the new ones come."""
         old = self.clients.get(client.client_id)
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
-            old.abort("session taken over by a new connection", brute=clean_start)
+            old.abort("session taken over by a new connection",
+                      brute=clean_start or old.clean)
         conn = self.pool.pick(prefer)
         if conn is None:
             self.refused_unavailable += 1
@@ -162,29 +171,6 @@ class _Refusing(Protocol):
 
     def connectionMade(self) -> None:
         self.transport.abortConnection()
-
-
-def _message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
-    """An MQTT 5 PUBLISH's properties that travel with the message (in their AMQP
-    places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
-    CONNACK allows none)."""
-    if props.topic_alias is not None:
-        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
-    mp = message_properties(props)
-    if mp is None:
-        return None, None
-    return Mqtt5Props(mp.payload_format, mp.expiry_interval, mp.content_type,
-                      mp.response_topic, mp.correlation_data, mp.user_properties), None
-
-
-def _connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
-    """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
-    client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
-    session present flag (its byte is reserved)."""
-    if level != 5:
-        return encode(Connack(present and level != 3, code))
-    props = Properties(assigned_client_identifier=assigned) if assigned else None
-    return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 
 
 @implementer(IPushProducer)
@@ -214,6 +200,7 @@ class GatewayProtocol(Protocol):
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
         self.reading_paused = False
+        self.since = self.clock.seconds()     # when the socket came (the console)
 
     # -- Twisted ------------------------------------------------------------------------
 
@@ -343,6 +330,7 @@ class GatewayProtocol(Protocol):
         self.client_id = decided.client_id
         self._assigned = decided.assigned
         v5 = decided.v5
+        self.outbound.max_packet = v5.client_max_packet if v5 is not None else None
         self.clean = (packet.clean_session if v5 is None
                       else v5.session_expiry == 0)
         self.keepalive = Keepalive.of(packet.keepalive) if packet.keepalive else None
@@ -359,7 +347,7 @@ class GatewayProtocol(Protocol):
         """The authenticator's answer: refused (4 or 5), or the contract's flow."""
         if self.rules.state is not ConnectionState.CONNECTING:
             return   # (the client went meanwhile)
-        refused = authenticated(ok, packet, True)
+        refused = authenticated(ok, packet, True)   # (owners unknown here: docs/gateway.md)
         if refused is not None:
             self._refuse(refused.code, refused.reason)
             return
@@ -374,7 +362,8 @@ class GatewayProtocol(Protocol):
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
             packet.clean_session,
-            (will.topic, will.payload, will.qos, will.retain) if will is not None else None))
+            (will.topic, will.payload, will.qos, will.retain) if will is not None else None,
+            not self.clean))
         d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
 
     def _accepted(self, present: bool) -> None:
@@ -383,10 +372,11 @@ class GatewayProtocol(Protocol):
         self.timer.cancel()
         self.rules.advance("accepted")
         self.factory.connected_total += 1
-        self.transport.write(_connack(self.level, present, ConnackCode.ACCEPTED,
+        self.transport.write(connack(self.level, present, ConnackCode.ACCEPTED,
                                       self.client_id if self._assigned else None))
         if self.keepalive is not None:
-            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort)
+            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort,
+                                 lambda: self.reading_paused)
         self._read()
 
     def _not_opened(self, failure: Failure, channel: ClientChannel | None) -> None:
@@ -405,24 +395,23 @@ class GatewayProtocol(Protocol):
     def _refuse(self, code: int, reason: str) -> None:
         self._limited(f"refused-{int(code)}", "refused CONNECT from {peer} (client id "
                       "{c!r}): {r} (CONNACK {code})", r=reason, code=int(code))
+        self.factory.refused[int(code)] = self.factory.refused.get(int(code), 0) + 1
         if self.factory.clients.get(self.client_id) is self:
             del self.factory.clients[self.client_id]
-        self.transport.write(_connack(self.level, False, code))
+        self.transport.write(connack(self.level, False, code))
         self.rules.advance("close")
         self.transport.loseConnection()
 
     # -- PUBLISH from the client ----------------------------------------------------------
 
     def _on_publish(self, packet: Publish) -> None:
-        problem = self.factory.strings.topic(packet.topic, "PUBLISH topic")
-        props = None
-        if packet.properties is not None and problem is None:
-            props, problem = _message_props(packet.properties)
-        if problem is not None or not packet.topic:
-            self._violation(problem or "PUBLISH with an empty topic")
+        props, problem = publish_problem(self.factory.strings, packet)
+        if problem is not None:
+            self._violation(problem)
             return
         channel = self.channel
         assert channel is not None
+        self.factory.published += 1
         qos = packet.qos
         if qos == 0:
             channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
@@ -448,6 +437,10 @@ class GatewayProtocol(Protocol):
             if not outcome.accepted:
                 self._limited("publish-refused", "{c}: the core refused a PUBLISH to {t}: "
                               "{r}", t=packet.topic, r=outcome.reason)
+                if self.level == 5:   # (3.1.1 has no way to say it: a success ack)
+                    entry[1] = publish_ack(qos, pid, outcome)
+                    if qos == 2:   # (the exchange ends with the failed PUBREC)
+                        self.awaiting_rel.discard(pid)
             AckQueue.ready(entry)
             self._flush_acks()
 
@@ -486,57 +479,58 @@ class GatewayProtocol(Protocol):
     # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
 
     def _on_subscribe(self, packet: Subscribe) -> None:
-        strings = self.factory.strings
-        for topic_filter, _qos in packet.topics:
-            problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
-            if problem is not None:
-                self._violation(problem)
-                return
-        if len(packet.topics) > self.factory.limits.max_subscribe_filters:
-            self._violation("too many topic filters in one SUBSCRIBE")
+        problem = subscribe_problem(self.factory.strings, self.factory.limits, packet)
+        if problem is not None:
+            self._violation(problem)
             return
-        requests = {f: q for f, q in packet.topics}
-        level = self.level
-        entry = self.acks.add(b"", None, False)
         channel = self.channel
         assert channel is not None
-
-        def answered(outcome: Outcome) -> None:
-            codes = tuple(q if outcome.accepted else (0x87 if level == 5 and
-                                                      outcome.condition else SUBACK_FAILURE)
-                          for _f, q in packet.topics)
-            entry[1] = encode(Suback(packet.packet_id, codes), level)
-            AckQueue.ready(entry)
-            self._flush_acks()
-
-        channel.subscribe(packet.packet_id, requests).addCallback(answered)
+        self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics)),
+                           lambda outcome: suback(packet, outcome, self.level))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        entry = self.acks.add(b"", None, False)
-        level = self.level
+        if isinstance(bad := decide_unsubscribe(packet, self.factory.strings, None, ()), Close):
+            self._violation(bad.reason)   # (a filter breaking the rules, as in SUBSCRIBE)
+            return
         channel = self.channel
         assert channel is not None
+        self._answer_later(channel.unsubscribe(packet.packet_id, list(packet.topics)),
+                           lambda _outcome: unsuback(packet, self.level))
+
+    def _answer_later(self, d: Deferred[Outcome], frame: Callable[[Outcome], bytes]
+                      ) -> None:
+        """``frame`` of the core's answer ``d`` in packet order, bounded (``AckQueue``)."""
+        entry = self.acks.add(b"", None, False)
+        if self.acks.over_bound:
+            self._pause_reading()
 
         def answered(outcome: Outcome) -> None:
-            codes = tuple(0 for _ in packet.topics) if level == 5 else ()
-            entry[1] = encode(Unsuback(packet.packet_id, codes), level)
+            entry[1] = frame(outcome)
             AckQueue.ready(entry)
             self._flush_acks()
 
-        channel.unsubscribe(packet.packet_id, list(packet.topics)).addCallback(answered)
+        d.addCallback(answered)
 
     # -- deliveries from the core (ChannelOwner) ------------------------------------------
 
     def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, props: Mqtt5Props | None = None) -> None:
+                dlv: Any, props: Mqtt5Props | None = None, packet_id: int | None = None
+                ) -> None:
         channel = self.channel
         if channel is None or self.rules.state is not ConnectionState.CONNECTED:
             return   # (unsettled: the core keeps it when the link ends)
-        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props)
-        if frame is None:
-            self.abort("no free packet id for a delivery")
+        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props, packet_id)
+        if not frame:
+            if frame is None:
+                self.abort(f"the core's packet id {packet_id} is already in flight")
+                return
+            self.factory.too_large += 1   # (settled, not written: as on a broker)
+            self._limited("too-large", "{c}: not sent, over its maximum packet size ({n}): "
+                          "a message to {t}", t=topic, n=self.outbound.max_packet)
+            channel.finished(dlv)
             return
         self.transport.write(frame)
+        self.factory.delivered += 1
         if qos == 0:
             channel.finished(dlv)
 

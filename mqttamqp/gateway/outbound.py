@@ -1,10 +1,12 @@
 """What the core sends one gateway client: the MQTT frames of its deliveries, with the
-packet ids of this connection, and which AMQP delivery each id stands for until the
-client finishes it (PUBACK; PUBREC then PUBCOMP for QoS 2).
+packet ids the core's session gave them (the ``.publish`` delivery's message-id: unique
+and stable across reconnects, and the id AMQP_PUBREL names), and which AMQP delivery
+each id stands for until the client finishes it (PUBACK; PUBREC then PUBCOMP for
+QoS 2).
 
-What it owns: the packet ids (bounded: the ``.publish`` credit keeps at most that many
-in flight), the deliveries in flight and those released (PUBREL sent, PUBCOMP
-awaited), and the frames.  What it must not do: write, or settle anything upstream
+What it owns: the deliveries in flight (bounded: the ``.publish`` credit keeps at most
+that many) and those released (PUBREL sent, PUBCOMP awaited), and the frames; it
+allocates no packet id.  What it must not do: write, or settle anything upstream
 (the frontend hands the deliveries it returns to the channel); it keeps nothing
 beyond the connection (the core redelivers what was not settled).
 """
@@ -25,18 +27,21 @@ _EMPTY_PROPS = b"\x00"   # MQTT 5: no properties
 class Outbound:
     """The deliveries of one client's connection."""
 
-    __slots__ = ("_next_id", "inflight", "level", "releasing")
+    __slots__ = ("inflight", "level", "max_packet", "releasing")
 
     def __init__(self) -> None:
         self.level = 4
+        self.max_packet: int | None = None     # MQTT 5: the client's maximum packet size
         self.inflight: dict[int, Any] = {}    # packet id -> delivery (PUBLISH sent)
         self.releasing: dict[int, Any] = {}   # packet id -> AMQP_PUBREL (PUBREL sent)
-        self._next_id = 0
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, message: Mqtt5Props | None = None) -> bytes | None:
-        """The PUBLISH frame of a delivery (kept in flight at QoS > 0), or None when
-        no packet id is free; an MQTT 5 client gets the message's properties."""
+                dlv: Any, message: Mqtt5Props | None = None, pid: int | None = None
+                ) -> bytes | None:
+        """The PUBLISH frame of a delivery with the core's packet id ``pid`` (kept in
+        flight at QoS > 0), or None when that id is missing or already in flight; an
+        MQTT 5 client gets the message's properties.  A frame over the client's maximum
+        packet size is b"" (not to be sent: the caller settles and counts it)."""
         props = None
         if self.level == 5:
             props = _EMPTY_PROPS if message is None else encode_properties(Properties(
@@ -46,12 +51,17 @@ class Outbound:
                 correlation_data=message.correlation_data,
                 user_properties=message.user_properties))
         if qos == 0:
-            return encode_publish(topic.encode(), payload, 0, retain, False, None, props)
-        pid = self._packet_id()
-        if pid is None:
+            frame = encode_publish(topic.encode(), payload, 0, retain, False, None, props)
+        elif pid is None or pid in self.inflight or pid in self.releasing:
             return None
-        self.inflight[pid] = dlv
-        return encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
+        else:
+            frame = encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
+        limit = self.max_packet
+        if limit is not None and len(frame) > limit:
+            return b""
+        if qos:
+            self.inflight[pid] = dlv   # type: ignore[index]
+        return frame
 
     def pubrel(self, packet_id: int, dlv: Any) -> bytes:
         """AMQP_PUBREL came for ``packet_id``: its PUBREL frame; ``dlv`` until PUBCOMP."""
@@ -65,12 +75,3 @@ class Outbound:
     def completed(self, packet_id: int) -> Any:
         """PUBCOMP: the AMQP_PUBREL delivery it finishes."""
         return self.releasing.pop(packet_id, None)
-
-    def _packet_id(self) -> int | None:
-        inflight = self.inflight
-        for _ in range(65535):   # (bounded: the credit keeps far fewer in flight)
-            self._next_id = self._next_id % 65535 + 1
-            pid = self._next_id
-            if pid not in inflight and pid not in self.releasing:
-                return pid
-        return None

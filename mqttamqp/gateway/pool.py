@@ -36,7 +36,8 @@ RETRY_MAX = 15.0
 
 
 class _Slot:
-    __slots__ = ("attempts", "backoff", "conn", "down_logged", "index", "retry", "state")
+    __slots__ = ("attempts", "backoff", "conn", "down_logged", "index", "last_error", "opens",
+                 "retry", "since", "state")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -46,6 +47,9 @@ class _Slot:
         self.state = "idle"      # idle, connecting, open, waiting
         self.attempts = 0        # failed attempts since the slot was last open
         self.down_logged = False
+        self.last_error = ""     # why it last went down, or could not connect
+        self.opens = 0           # times it was open (reconnects: opens - 1)
+        self.since = 0.0         # when it was last open
 
 
 class UpstreamPool:
@@ -137,6 +141,8 @@ class UpstreamPool:
             return
         slot.state = "open"
         self.connects += 1
+        slot.opens += 1
+        slot.since = self.clock.seconds()
         after = f" after {slot.attempts} failed attempts" if slot.attempts else ""
         slot.attempts = 0
         slot.down_logged = False
@@ -153,6 +159,7 @@ class UpstreamPool:
     def _down(self, slot: _Slot, reason: str) -> None:
         was_open = slot.state == "open"
         slot.conn = None
+        slot.last_error = reason
         if was_open:
             self.losses += 1
         slot.attempts += 0 if was_open else 1

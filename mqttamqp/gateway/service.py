@@ -8,9 +8,11 @@ the user store of ``--data`` and ``--users``), the listeners of ``--mqtt`` and
 connections at the end.  ``--mqtt-ws`` listeners put the broker's WebSocket front
 (``mqtt.websocket``) before the same MQTT side (``websocket``).
 
-What it must not do: open a store, build the core's broker, or start the console,
-archive, bridges or AMQP listeners: a gateway keeps no state (``.importlinter``
-checks that nothing here imports them).
+What it must not do: open a store, build the core's broker, or start the broker's
+console, archive, bridges or AMQP listeners: a gateway keeps no state
+(``.importlinter`` checks that nothing here imports them).  Its own console and
+metrics are built outside this package (``mqttamqp.gatewayweb``) and handed to
+``add_listener``.
 """
 
 from __future__ import annotations
@@ -101,6 +103,15 @@ class GatewayService(service.MultiService):
             self.ws_factory = MQTTWebSocketFactory(
                 side, self.reactor, OriginRule.from_options(allowed_origins), self.reactor)
         svc = ListenerService("MQTT-WS", description, self.ws_factory, self.reactor, "anyone")
+        svc.setServiceParent(self)  # type: ignore[no-untyped-call]
+        self.listeners.append(svc)
+        return svc
+
+    def add_listener(self, kind: str, description: str, factory: Any,
+                     access: str = "users") -> ListenerService:
+        """Another listener started with the MQTT ones (the console, the metrics:
+        ``mqttamqp.gatewayweb``, outside this package, builds their sites)."""
+        svc = ListenerService(kind, description, factory, self.reactor, access)
         svc.setServiceParent(self)  # type: ignore[no-untyped-call]
         self.listeners.append(svc)
         return svc

@@ -32,16 +32,18 @@ class ClientTimer:
         fire()
 
     def keepalive(self, rule: Keepalive, last_activity: Callable[[], float],
-                  expired: Callable[[str], None]) -> None:
+                  expired: Callable[[str], None], paused: Callable[[], bool]) -> None:
         """Check now and again at the next point the client may have gone silent;
-        ``expired`` with the reason once it has."""
+        ``expired`` with the reason once it has.  While ``paused()`` (the client is not
+        read: flow control) its silence is the gateway's: a full period later."""
         self.cancel()
         now = self.clock.seconds()
-        wait = rule.next_check(now, last_activity(), False)
+        wait = rule.next_check(now, last_activity(), paused())
         if wait is None:
             expired(rule.expired_reason(now, last_activity()))
             return
-        self._call = self.clock.callLater(wait, self.keepalive, rule, last_activity, expired)
+        self._call = self.clock.callLater(wait, self.keepalive, rule, last_activity, expired,
+                                          paused)
 
     def cancel(self) -> None:
         call, self._call = self._call, None

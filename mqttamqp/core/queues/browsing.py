@@ -6,10 +6,12 @@ is not acquired, not counted as a delivery, not removed, and other consumers sti
 get it.  It starts at the head (the oldest message some classic group has not
 finished) and reads what is there, then new messages as they are committed, each
 sent at QoS 0 (no receipt: the receiver's outcome has no effect) while its link has
-room (credit).  Nothing of it is stored, and it holds nothing back: the log is
+room (credit).  Nothing of it is stored, and it holds no message back: the log is
 trimmed as if it were not there (a message trimmed before the browser reached it is
-skipped), so a slow browser costs the queue nothing.  Bodies kept in storage only are
-read back first, as for members (``MemoryBudget``).
+skipped).  Bodies kept in storage only are read back first, as for members
+(``MemoryBudget``), and what a browser reads next (a read-back's worth:
+``READ_MESSAGES``, ``READ_BYTES``) is not evicted, or a read would be evicted again
+before the browser sent it; that much memory is what a slow browser costs.
 
 What this module must not do: deliver to members or decide acknowledgements (the
 layers below), or know the protocol (the session's link sends).
@@ -109,6 +111,15 @@ class Browsing(Membership):
         if self._browsed:
             for browser in list(self._browsed.get(queue, ())):
                 self._browse(browser)
+
+    def _protected(self, queue: QueueLog) -> set[int]:
+        keep = super()._protected(queue)
+        browsers = self._browsed.get(queue) if self._browsed else None
+        if browsers:
+            first = queue.first
+            for browser in browsers:
+                self._keep_ahead(queue, max(browser.next, first), keep)
+        return keep
 
     def feeding(self, session: Session) -> bool:
         browser = self._browsers.get(session) if self._browsers else None

@@ -2,7 +2,8 @@
 
 Past the budget, durable bodies far from any consumer are evicted (a ``stub``
 stays in the log) and read back from storage in batches as consumers near them;
-what each consuming group hands out next is protected.
+what each consuming group hands out next is protected (and what each queue
+browser reads next: ``Browsing``).
 
 What this module must not do: read storage itself (the reader is injected by
 ``attach_storage``) or decide what a consumer gets (``Dispatch``)."""
@@ -19,8 +20,8 @@ __all__ = ["MemoryBudget", "READ_MESSAGES", "READ_BYTES"]
 
 # The memory budget of queue bodies (``--queue-memory-budget``): a read back from
 # storage takes at most this many messages and bytes (at least one message), and
-# the same ahead of each consuming group's cursor is never evicted, so that what
-# was read back is not evicted again before it goes out.
+# the same ahead of each consuming group's (and browser's) cursor is never evicted,
+# so that what was read back is not evicted again before it goes out.
 READ_MESSAGES = 64
 READ_BYTES = 4 << 20
 
@@ -34,8 +35,6 @@ class MemoryBudget(QueueLogs):
         taken from one message at a time (AMQP 0.9.1 ``basic.get``), what it hands
         out next (up to a read-back's worth)."""
         keep: set[int] = set()
-        log = queue.log
-        evicted = queue.evicted
         getting = ({g for taken in self._gets.values() for g, _ in taken} if self._gets
                    else ())
         for group in queue.groups.values():
@@ -46,18 +45,26 @@ class MemoryBudget(QueueLogs):
                 keep.update(group.ready[:READ_MESSAGES])
             if group.levels is not None:   # (a priority queue: by level)
                 keep.update(group.levels.first(READ_MESSAGES))
-            count = size = 0
-            offset = group.next
-            end = queue.next_offset
-            while offset < end and count < READ_MESSAGES and size < READ_BYTES:
-                message = log.get(offset)
-                if message is not None:
-                    keep.add(offset)
-                    count += 1
-                    sizes = evicted.get(offset)
-                    size += sizes[1] if sizes is not None else body_size(message)
-                offset += 1
+            self._keep_ahead(queue, group.next, keep)
         return keep
+
+    @staticmethod
+    def _keep_ahead(queue: QueueLog, offset: int, keep: set[int]) -> None:
+        """Add to ``keep`` the offsets of ``queue`` from ``offset`` on that a cursor
+        there reads next (up to a read-back's worth: ``READ_MESSAGES``,
+        ``READ_BYTES``)."""
+        log = queue.log
+        evicted = queue.evicted
+        count = size = 0
+        end = queue.next_offset
+        while offset < end and count < READ_MESSAGES and size < READ_BYTES:
+            message = log.get(offset)
+            if message is not None:
+                keep.add(offset)
+                count += 1
+                sizes = evicted.get(offset)
+                size += sizes[1] if sizes is not None else body_size(message)
+            offset += 1
 
     def _evict(self) -> None:
         """Over the memory budget: drop durable bodies from memory, those farthest

@@ -378,10 +378,13 @@ class ConsumerGroup:
         waiting = [*self.ready, *(old if old is not None else ())]
         top = self.queue.max_priority
         self.ready = []
-        # (levels changed: every level may have handed out what the watermark covers)
-        self.level_marks = ({level: self.watermark for level in range(top + 1)}
-                            if top and self.watermark > self.floor else {})
-        self.level_safe = {level: self.safe for level in self.level_marks}
+        # (levels changed: every level may have handed out what went out, which is
+        # below the durable watermark, ``safe``.  Not ``watermark``: while its commit
+        # is in flight, no level would store a mark past it, and none's would ever
+        # become durable; from ``safe``, the next pump stores each level's own.)
+        self.level_marks = ({level: self.safe for level in range(top + 1)}
+                            if top and self.safe > self.floor else {})
+        self.level_safe = dict(self.level_marks)
         if top:
             self.levels = levels = PriorityLevels(top)
             log = self.queue.log

@@ -25,10 +25,11 @@ TIMEOUT = 10.0
 class Inbox:
     """A consumer's deliveries as they arrive (``basic_consume`` callback)."""
 
-    def __init__(self, conn: pika.BlockingConnection, ch: Any, queue: str) -> None:
+    def __init__(self, conn: pika.BlockingConnection, ch: Any, queue: str,
+                 tag: str | None = None) -> None:
         self.conn, self.ch = conn, ch
         self.got: list[tuple[Any, Any, bytes]] = []
-        self.tag = ch.basic_consume(queue, self._on_message)
+        self.tag = ch.basic_consume(queue, self._on_message, consumer_tag=tag)
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         self.got.append((method, props, body))
@@ -110,3 +111,63 @@ def test_reject_after_cancel_drops_it(pika_conn: Connect) -> None:
     second = Inbox(other.connection, other, queue)
     other.basic_publish("", queue, b"marker")
     assert next_body(second, 1) == b"marker"
+
+
+def _one_delivered(pika_conn: Connect, tag: str | None = None, tx: bool = False
+                   ) -> tuple[str, Any, Any, Inbox]:
+    """A queue holding ``m1`` and a consumer (``tag``; on a tx channel) that got it."""
+    queue = "ac-" + uuid.uuid4().hex[:10]
+    conn = pika_conn()
+    pub = conn.channel()
+    pub.queue_declare(queue, durable=True)
+    pub.confirm_delivery()
+    pub.basic_publish("", queue, b"m1")
+    ch = conn.channel()
+    if tx:
+        ch.tx_select()
+    first = Inbox(conn, ch, queue, tag)
+    first.wait(1)
+    return queue, conn, ch, first
+
+
+def _redelivered_elsewhere(pika_conn: Connect, queue: str) -> tuple[Any, bytes]:
+    """What a consumer on a new connection gets first from ``queue``."""
+    other_conn = pika_conn()
+    third = Inbox(other_conn, other_conn.channel(), queue)
+    method, _props, body = third.wait(1)[0]
+    return method, body
+
+
+def test_a_tag_reused_after_cancel_keeps_its_new_consumer(pika_conn: Connect) -> None:
+    """A consumer tag reused after basic.cancel names a new consumer that the old
+    one's last ack does not end: it gets the next message."""
+    queue, conn, ch, first = _one_delivered(pika_conn, "t1")
+    ch.basic_cancel("t1")
+    second = Inbox(conn, ch, queue, "t1")
+    ch.basic_ack(first.got[0][0].delivery_tag)
+    ch.basic_publish("", queue, b"m2")
+    assert next_body(second, 1) == b"m2"
+
+
+def test_a_tag_reused_after_cancel_then_close_gives_back_the_old_delivery(
+        pika_conn: Connect) -> None:
+    """The cancelled consumer's unacknowledged delivery comes back (redelivered)
+    when its channel closes, though a new consumer reused its tag."""
+    queue, conn, ch, _first = _one_delivered(pika_conn, "t1")
+    ch.basic_cancel("t1")
+    Inbox(conn, ch, queue, "t1")
+    ch.close()
+    method, body = _redelivered_elsewhere(pika_conn, queue)
+    assert body == b"m1" and method.redelivered is True
+
+
+def test_an_ack_in_an_open_tx_after_cancel_then_close_gives_it_back(
+        pika_conn: Connect) -> None:
+    """An ack of a cancelled consumer's delivery held by an open transaction is
+    rolled back when the channel closes: the message comes back, redelivered."""
+    queue, _conn, ch, first = _one_delivered(pika_conn, tx=True)
+    ch.basic_cancel(first.tag)
+    ch.basic_ack(first.got[0][0].delivery_tag)
+    ch.close()
+    method, body = _redelivered_elsewhere(pika_conn, queue)
+    assert body == b"m1" and method.redelivered is True

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from brokerproc import BrokerProcess
+from gateway_proc import mark_gateway_differences
 from rawclient import OpenClient, client_factory
 
 
@@ -13,3 +14,10 @@ from rawclient import OpenClient, client_factory
 def raw(broker: BrokerProcess) -> Iterator[OpenClient]:
     """Connected raw clients on the module's broker (a module may define its own)."""
     yield from client_factory(lambda: broker.mqtt_port)
+
+
+@pytest.fixture(autouse=True)
+def _gateway_differences(request: pytest.FixtureRequest) -> None:
+    """A test whose module broker is a gateway (``through_gateway``) and that cannot
+    pass through one is marked xfail with the reason (``GATEWAY_DIFFERS``)."""
+    mark_gateway_differences(request)

@@ -534,3 +534,29 @@ def test_a_priority_reaches_a_091_consumer_as_its_basic_property() -> None:
         message = Message("q/t", b"x", 1, False, None, 0.0, priority=priority)
         props, _count, _again = from_core(message, 0.0)
         assert props.priority == priority
+
+
+def test_a_consumer_tagged_get_leaves_a_got_message_to_come_back() -> None:
+    """A consumer tagged ``get`` beside basic.get's session on one channel has a
+    session of its own: an unacknowledged get comes back when the channel closes."""
+    conn, t, broker, clock, factory = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="g2", durable=True)))
+    broker.publish(Message("$queue/g2", b"one", 1, False, "p", clock.seconds()))
+    clock.advance(1)
+    conn.dataReceived(method_frame(1, B.Get(queue="g2"))
+                      + method_frame(1, B.Consume(queue="g2", consumer_tag="get")))
+    assert bodies(frames_of(t)) == [b"one"]
+    conn.dataReceived(method_frame(1, commands.Channel.Close(200, "", 0, 0)))
+    clock.advance(1)
+    other = factory.buildProtocol(None)
+    t2 = StringTransport()
+    other.makeConnection(t2)
+    other.dataReceived(
+        method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+        + method_frame(0, C.TuneOk(2047, 131072, 0)) + method_frame(0, C.Open("/"))
+        + method_frame(1, commands.Channel.Open())
+        + method_frame(1, B.Consume(queue="g2", consumer_tag="w")))
+    clock.advance(1)
+    frames = frames_of(t2)
+    delivered = [f for f in frames if f.name == "Basic.Deliver"]
+    assert bodies(frames) == [b"one"] and delivered[0].redelivered

@@ -532,3 +532,26 @@ def test_the_disk_watermark_reads_the_file_system_the_storage_is_on(
         assert svc.broker.queues.alarm.free is not None
     finally:
         svc.store.close()
+
+
+def test_a_browser_reads_every_message_kept_in_storage_only() -> None:
+    """A browser over a queue whose bodies were evicted reads each back once and
+    sees every message in order: what a read brought back stays until it is sent."""
+    store = MemoryStore()
+    store.hold_reads = True
+    broker, _ = make(store, queue_memory_budget=32 * KB)
+    sent = payloads(300)
+    for body in sent:
+        publish(broker, "jobs", body)
+    assert broker.queues.queues["jobs"].evicted
+    browser, link = client(broker, "browser")
+    join(broker, browser, "$queue/jobs/#", 0, consumer=Consumer(browse=True))
+    broker.link_drained(browser)
+    reads = 0
+    for _ in range(200):   # (bounded: a looping browser would use them all)
+        if not store.finish_reads():
+            break
+        reads += 1
+    assert [m.payload for m, *_ in link.published()] == sent
+    assert reads < 200
+    assert broker.queues.read_backs <= len(sent)

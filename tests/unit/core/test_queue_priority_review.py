@@ -9,14 +9,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from fakes import MemoryStore
+from fakes import ManualMemoryStore, MemoryStore
 from queue_facade import client, got, join, make, meta, send
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import PutQueueGroup
 from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.queues.dispatch import Dispatch
 from mqttamqp.core.queues.memory import READ_MESSAGES
+from mqttamqp.core.queues.model import Retention
 
 
 def _rules(top: int | None, count: int | None = None) -> Any:
@@ -233,3 +235,25 @@ def test_a_group_record_from_before_the_level_watermarks_counts_as_it_did() -> N
     join(again, worker, "$queue/jobs/#")
     counts = [(m.payload, meta(m)["delivery-count"]) for m, *_ in link.published()]
     assert counts == [(b"high", "2"), (b"low-0", "2")]
+
+
+def test_levels_given_while_the_dispatch_watermark_is_stored_do_not_stall() -> None:
+    """A queue given priority levels while its group's watermark commit is in flight
+    delivers everything once the commits land (the levels' marks, taken from that
+    watermark, become safe with it)."""
+    store = ManualMemoryStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "worker")
+    join(broker, worker, "$queue/jobs/#")
+    for i in range(3):
+        send(broker, "$queue/jobs/k", b"%d" % i)
+    for _ in range(20):   # the appends durable; the watermark's commit waits
+        if not store.pending or any(isinstance(op, PutQueueGroup)
+                                    for op in store.pending[0][0]):
+            break
+        store.commit_next()
+    assert store.pending
+    broker.queues.set_retention("jobs", Retention(max_priority=5))
+    for _ in range(10):
+        store.commit_all()
+    assert [p for _, p in got(link)] == [b"0", b"1", b"2"]

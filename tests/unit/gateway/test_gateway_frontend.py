@@ -24,6 +24,7 @@ from mqttamqp.mqtt.packets import (
     Publish,
     Suback,
     Subscribe,
+    Unsubscribe,
     Will,
 )
 
@@ -38,6 +39,7 @@ class FakeChannel:
         self.owner = owner
         self.opened: Deferred[bool] = Deferred()
         self.open_args: tuple[bool, Any] | None = None
+        self.persistent: bool | None = None
         self.published: list[tuple[str, bytes, int, Any]] = []
         self.subscribed: list[tuple[int, dict[str, int], Deferred[Outcome]]] = []
         self.finished_: list[Any] = []
@@ -45,8 +47,9 @@ class FakeChannel:
         self.blocked = False
         FakePool.made.append(self)
 
-    async def open(self, clean: bool, will: Any) -> bool:
+    async def open(self, clean: bool, will: Any, persistent: bool | None = None) -> bool:
         self.open_args = (clean, will)
+        self.persistent = persistent
         return await self.opened
 
     def publish_message(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
@@ -182,16 +185,16 @@ def test_released_publish_closes_without_puback() -> None:
 
 
 def test_delivery_gets_a_packet_id_and_is_finished_on_puback() -> None:
-    """A QoS 1 message of the session goes out with a packet id; the client's PUBACK
-    settles it upstream."""
+    """A QoS 1 message of the session goes out with the core's packet id; the client's
+    PUBACK settles it upstream."""
     proto, transport, _ = connected()
     proto.dataReceived(CONNECT)
     (channel,) = FakePool.made
     channel.opened.callback(False)
     packets(transport)
-    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1")
+    proto.deliver("x/y", b"hi", 1, False, False, "dlv-1", None, 41)
     (sent,) = packets(transport)
-    assert (sent.topic, sent.payload, sent.qos) == ("x/y", b"hi", 1)
+    assert (sent.topic, sent.payload, sent.qos, sent.packet_id) == ("x/y", b"hi", 1, 41)
     proto.dataReceived(encode(Puback(sent.packet_id)))
     assert channel.finished_ == ["dlv-1"]
 
@@ -313,3 +316,32 @@ def test_mqtt31_connack_has_no_session_present() -> None:
     (channel,) = FakePool.made
     channel.opened.callback(True)
     assert transport.value() == b"\x20\x02\x00\x00"
+
+
+def test_takeover_of_a_clean_session_publishes_the_old_will() -> None:
+    """A persistent newcomer taking over a clean session ends the old client brute:
+    the session ends with it, so its will is published (as the broker does)."""
+    proto, _, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 4, "c10", True, 0,
+                                      Will("w/t", b"bye", 1, False))))
+    (old,) = FakePool.made
+    old.opened.callback(False)
+    second = proto.factory.buildProtocol(None)
+    assert isinstance(second, GatewayProtocol)
+    second.makeConnection(StringTransport())
+    second.dataReceived(encode(Connect("MQTT", 4, "c10", False, 0)))
+    assert old.closed == (True, True)
+
+
+def test_unsubscribe_with_an_invalid_filter_closes() -> None:
+    """An UNSUBSCRIBE filter that breaks the rules is a protocol violation, as in
+    SUBSCRIBE: the client is closed and nothing goes to the core."""
+    proto, transport, _ = connected()
+    proto.dataReceived(CONNECT)
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    packets(transport)
+    proto.dataReceived(encode(Unsubscribe(3, ("a/#/b",))))
+    assert transport.value() == b""
+    assert transport.disconnecting or transport.disconnected
+    assert channel.closed is not None and channel.closed[0] is True

@@ -1,0 +1,103 @@
+"""The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
+the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
+and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, and
+what an MQTT 5 PUBLISH's properties become on their way to the core.
+
+What it must not do: write, keep state, or decide when a frame goes (``frontend``).
+"""
+
+from __future__ import annotations
+
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.core.limits import Limits
+from mqttamqp.gateway.wire import Outcome
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.connection import StringRules
+from mqttamqp.mqtt.packets import (
+    SUBACK_FAILURE,
+    Connack,
+    Properties,
+    Puback,
+    Publish,
+    Pubrec,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
+
+__all__ = ["connack", "message_props", "publish_ack", "publish_problem", "suback",
+           "subscribe_problem", "unsuback"]
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+
+
+def publish_problem(strings: StringRules, packet: Publish
+                    ) -> tuple[Mqtt5Props | None, str | None]:
+    """A PUBLISH's message properties (``message_props``), or why it breaks the
+    protocol: its topic, an empty topic, a topic alias."""
+    problem = strings.topic(packet.topic, "PUBLISH topic")
+    if problem is None and not packet.topic:
+        problem = "PUBLISH with an empty topic"
+    if problem is not None or packet.properties is None:
+        return None, problem
+    return message_props(packet.properties)
+
+
+def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
+    """An MQTT 5 PUBLISH's properties that travel with the message (in their AMQP
+    places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
+    CONNACK allows none)."""
+    if props.topic_alias is not None:
+        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
+    mp = message_properties(props)
+    if mp is None:
+        return None, None
+    return Mqtt5Props(mp.payload_format, mp.expiry_interval, mp.content_type,
+                      mp.response_topic, mp.correlation_data, mp.user_properties), None
+
+
+def connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
+    """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
+    client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
+    session present flag (its byte is reserved)."""
+    if level != 5:
+        return encode(Connack(present and level != 3, code))
+    props = Properties(assigned_client_identifier=assigned) if assigned else None
+    return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
+
+
+def publish_ack(qos: int, packet_id: int, outcome: Outcome) -> bytes:
+    """The MQTT 5 PUBACK (QoS 1) or PUBREC (QoS 2) of a PUBLISH the core refused: not
+    authorized (0x87) when the core said so, else unspecified error (0x80), as
+    ``mqtt.decisions`` answers on a broker."""
+    code = (ReasonCode.NOT_AUTHORIZED if outcome.condition == UNAUTHORIZED
+            else ReasonCode.UNSPECIFIED_ERROR)
+    return encode((Puback if qos == 1 else Pubrec)(packet_id, code), 5)
+
+
+def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe) -> str | None:
+    """Why a SUBSCRIBE breaks the protocol (a bad filter, too many), or None."""
+    for topic_filter, _qos in packet.topics:
+        problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
+        if problem is not None:
+            return problem
+    if len(packet.topics) > limits.max_subscribe_filters:
+        return "too many topic filters in one SUBSCRIBE"
+    return None
+
+
+def suback(packet: Subscribe, outcome: Outcome, level: int) -> bytes:
+    """SUBACK once the core answered: the QoS asked for, or failure (MQTT 5: 0x87
+    when the core gave a reason)."""
+    failed = 0x87 if level == 5 and outcome.condition else SUBACK_FAILURE
+    codes = tuple(q if outcome.accepted else failed for _f, q in packet.topics)
+    return encode(Suback(packet.packet_id, codes), level)
+
+
+def unsuback(packet: Unsubscribe, level: int) -> bytes:
+    """UNSUBACK (MQTT 5: success for each filter)."""
+    return encode(Unsuback(packet.packet_id, tuple(0 for _ in packet.topics)
+                           if level == 5 else ()), level)
