@@ -86,13 +86,10 @@ class SessionRegistry:
         self.wills = wills
         self.flow = flow
         self.sessions: dict[str, Session] = {}
-        # AMQP receivers on topic filters: sessions of their own, in the trie but not
-        # keyed by a client id (no MQTT client can claim them).
+        # AMQP topic receivers' sessions: in the trie, keyed by link, not client id.
         self.link_subscribers: dict[str, Session] = {}
         self.connections: dict[str, InspectableConnection] = {}
-        # A live connection's protocol, for those that do not say it themselves
-        # (``protocol_label``, as an MQTT connection does): one table for most
-        # connections, not two (a dict entry a connection).
+        # The protocols of live connections that do not say it (``protocol_label``).
         self._connection_protocols: dict[str, str] = {}
         # What sessions dropped and hold, for $SYS, the console and the metrics.
         self.drops = DropCounts(self.sessions, self.link_subscribers, router.groups)
@@ -143,16 +140,15 @@ class SessionRegistry:
             # The key's previous holder is closing but not yet gone (e.g. after an
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
-            known = self._protocol_of(key, previous)
+            known = _protocol_of(self._connection_protocols.get(key), previous)
             self.stats.disconnected(known)
             self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
                 self.recorder.event(now, DISCONNECT, previous.event_fields()[0],
                                     protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
-        if getattr(connection, "protocol_label", None) == protocol:
-            self._connection_protocols.pop(key, None)
-        else:
+        self._connection_protocols.pop(key, None)
+        if getattr(connection, "protocol_label", None) != protocol:
             self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
         if self._recording:
@@ -164,8 +160,7 @@ class SessionRegistry:
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
         if self.connections.get(key) is connection:
             del self.connections[key]
-            protocol = self._connection_protocols.pop(key, None) or self._protocol_of(key,
-                                                                                     connection)
+            protocol = _protocol_of(self._connection_protocols.pop(key, None), connection)
             self.stats.disconnected(protocol)
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
@@ -188,13 +183,6 @@ class SessionRegistry:
             if self._recording:
                 self.recorder.event(self.clock.seconds(), DISCONNECT, client_id,
                                     protocol=protocol, reason=cause, detail=detail or None)
-
-    def _protocol_of(self, key: str, connection: InspectableConnection) -> str:
-        """The protocol ``connection`` registered under ``key`` with."""
-        protocol = self._connection_protocols.get(key)
-        if protocol is None:
-            protocol = str(getattr(connection, "protocol_label", "?"))
-        return protocol
 
     # -- claiming and ending --------------------------------------------------
 
@@ -482,6 +470,14 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
+
+
+def _protocol_of(stored: str | None, connection: InspectableConnection) -> str:
+    """The protocol a live connection registered with: ``stored``, what the
+    registry's table keeps for it, which is only for connections that do not say
+    it themselves (``protocol_label``, as an MQTT connection does): one dict entry
+    a connection less for most."""
+    return stored if stored is not None else str(getattr(connection, "protocol_label", "?"))
 
 
 def _will_delay(wills: Wills, session: Session) -> float:
