@@ -109,6 +109,31 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         _close(c2, p2, plain)
 
 
+class _QuietReactor:
+    """What a transport calls on its reactor while it starts reading."""
+
+    def addReader(self, reader: Any) -> None:
+        pass
+
+
+def test_a_lean_transport_keeps_an_ipv6_peers_whole_address() -> None:
+    """An IPv6 peer's address keeps its flow info and scope id (``getPeer``), beside
+    the one ``host:port`` string the console shows; a reassigned address moves both."""
+    ours, theirs = socket.socketpair()
+    try:
+        lean = LeanServer(ours, Protocol(), ("fe80::1%lo", 4321, 0, 1), None, 7,
+                          _QuietReactor())
+        assert lean.peer == "fe80::1%lo:4321"
+        assert lean.client == ("fe80::1%lo", 4321, 0, 1) and lean.hostname == "fe80::1%lo"
+        peer = lean.getPeer()
+        assert (peer.host, peer.port, peer.flowInfo, peer.scopeID) == ("fe80::1%lo", 4321, 0, 1)
+        lean.client = ("10.0.0.1", 80)
+        assert lean.peer == "10.0.0.1:80" and lean.client == ("10.0.0.1", 80)
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_a_lost_lean_transport_answers_minus_one_for_its_descriptor() -> None:
     """A lost lean transport answers -1 for its descriptor, as Twisted's does."""
     lean, client, port, _ = _accept(True)
