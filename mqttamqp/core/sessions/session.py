@@ -32,7 +32,6 @@ from mqttamqp.core.persistence import (
     QueuedState,
     StoredQueued,
 )
-from mqttamqp.core.sessions.drops import DropKinds, Drops
 from mqttamqp.core.sessions.entries import (
     NO_EXPIRED,
     NO_IDS,
@@ -46,6 +45,7 @@ from mqttamqp.core.sessions.entries import (
     DeliveryReceipt,
     OutEntry,
 )
+from mqttamqp.core.sessions.extras import Extras, SessionExtras
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
 
@@ -87,21 +87,25 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
-class Session(InflightWindow, DropKinds):
+class Session(InflightWindow, SessionExtras):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
-    # What most sessions never change is not a slot of its own: the kinds of drops
-    # (``_drops``, made at the first), and the creation time (never read: it is
-    # the first ``last_seen``).
+    # What most sessions never set is not a slot of its own: the kinds of drops and
+    # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
+    # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_drops", "_holder", "_may_expire", "_next_pid", "_next_seq", "_state",
-        "client_id", "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link",
+        "_extras", "_holder", "_may_expire", "_next_pid", "_next_seq", "_state",
+        "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
         "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
 
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
                  created: float = 0.0) -> None:
         self.client_id = client_id
+        # Of ``dropped``, QoS 0 for a link over its backlog bound and AMQP Rejected,
+        # the three counts as they were when the session last changed protocol, and
+        # the expiry interval: None until one is set (``extras.SessionExtras``).
+        self._extras: Extras | None = None
         self.persistent = persistent
         self.limits = limits
         self.last_seen = created
@@ -126,19 +130,14 @@ class Session(InflightWindow, DropKinds):
         self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
-        # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
-        # rules and --session-expiry), and the client's receive maximum.
-        self.expiry: float | None = None
+        # MQTT 5: the client's receive maximum (its session expiry interval:
+        # ``expiry``, one of the ``_extras``).
         self.window, self.queue_prefetch = limits.max_inflight, 0
         self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
         # Queued entries that may carry an expiry (an upper bound: entries that
         # left the queue are only forgotten at the next purge); 0: no scan.
         self._may_expire = 0
         self.dropped = 0
-        # Of which QoS 0 for a link over its backlog bound, and AMQP Rejected, and the
-        # three counts as they were when the session last changed protocol: None
-        # until one of them is not 0 (see ``dropped_congested``).
-        self._drops: Drops | None = None
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1
