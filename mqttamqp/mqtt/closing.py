@@ -11,6 +11,7 @@ cause, and the close.  The will fires later, in ``connectionLost``.
 from __future__ import annotations
 
 from mqttamqp.core.recorder import (
+    CAUSE_CLEAN,
     CAUSE_KEEPALIVE,
     CAUSE_PROTOCOL_ERROR,
     CAUSE_STORAGE,
@@ -30,6 +31,12 @@ _CONNECTED = ConnectionState.CONNECTED
 class Disconnects(MQTTLink):
     """Protocol errors and broker-side closes, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    @property
+    def _clean_close(self) -> bool:
+        """The client said DISCONNECT (the one cause that says so:
+        ``executor.ActionExecutor._goodbye``)."""
+        return self._cause == CAUSE_CLEAN
 
     def _violation(self, reason: str, cause: str | None = None,
                    code: int = ReasonCode.PROTOCOL_ERROR, limit: str | None = None) -> None:
@@ -75,10 +82,9 @@ class Disconnects(MQTTLink):
                 self.log.warn("protocol error from {c} ({peer}): {r}; closing the "
                               "connection", c=self.client_id or "(no client id yet)",
                               peer=self.peer, r=reason)
-        self._clean_close = False
         self._cause = cause
         self._cause_detail = reason
-        self.rules.advance("close")
+        self.advance("close")
         self._cancel_timers()
         # It is over now, though the socket may linger (a half-open peer): it leaves
         # the console and $SYS with its cause, and a reconnecting client finds its
@@ -94,7 +100,7 @@ class Disconnects(MQTTLink):
         cause, code = decisions.closed_by_broker(reason)
         if self._v5 is not None and self.state is _CONNECTED:
             self._send_disconnect(code, reason)
-        self.rules.advance("close")
+        self.advance("close")
         self.session = None
         self._cancel_timers()
         self.broker.unregister_connection(self.key, self._link, cause, reason)

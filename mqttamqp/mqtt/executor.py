@@ -135,7 +135,7 @@ class ActionExecutor(MQTTLink):
     def _flush_acks(self) -> None:
         acks = self._acks
         for frame, after, essential in acks.take_flagged():
-            if self.rules.closed:
+            if self.closed:
                 if essential and after is not None:
                     after()
                 continue
@@ -159,6 +159,14 @@ class ActionExecutor(MQTTLink):
 
     # -- deadlines --------------------------------------------------------------------
 
+    @property
+    def _keepalive(self) -> Keepalive | None:
+        """The keepalive rule while its check is armed: the shared one for the
+        connection's ``keepalive`` (not a slot of its own)."""
+        if self._keepalive_timer is None:
+            return None
+        return Keepalive.of(self.keepalive)
+
     def _arm(self, arm: Arm) -> None:
         """Start the deadline ``arm`` names: "connect" or "keepalive"; any other
         name is a bug (ValueError, nothing armed)."""
@@ -168,8 +176,9 @@ class ActionExecutor(MQTTLink):
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
-        rule = self._keepalive = Keepalive.of(int(arm.seconds))
-        self.keepalive = rule.seconds   # (the shared int: above 256 each is 32 bytes)
+        rule = Keepalive.of(int(arm.seconds))
+        # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
+        self.keepalive = rule.seconds
         self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
@@ -192,7 +201,7 @@ class ActionExecutor(MQTTLink):
                                        problem(self._v5, reason)), 5))
         else:
             self._write(encode(Connack(False, code)))
-        self.rules.advance("close")
+        self.advance("close")
         self._cancel_timers()
         self._lose()
 
@@ -200,9 +209,8 @@ class ActionExecutor(MQTTLink):
         """The client said DISCONNECT: a clean close; its session ends (with its
         will when MQTT 5's 0x04 asked for it)."""
         with_will = goodbye.with_will
-        self._clean_close = True
-        self._cause = CAUSE_CLEAN
-        self.rules.advance("close")
+        self._cause = CAUSE_CLEAN      # (and so ``_clean_close``)
+        self.advance("close")
         self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
         self._cancel_timers()
         if self.session is not None:

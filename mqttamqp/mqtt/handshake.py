@@ -114,12 +114,12 @@ class ConnectHandshake(ActionExecutor):
             # yes or no, bounded by the connect timeout.
             assert self._v5 is not None and self._v5.auth_method is not None
             self._auth = AuthInProgress(exchange, self._v5.auth_method, packet, assigned)
-            self.rules.advance("authenticate")
+            self.advance("authenticate")
             self._carry_out(decisions.authenticating(self.limits))
             props = packet.properties
             self._auth_answer(exchange.step(props.authentication_data if props else None))
             return
-        self.rules.advance("connect")
+        self.advance("connect")
         ok: bool | Deferred[bool] = True
         if cert_user is None:
             creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
@@ -190,7 +190,7 @@ class ConnectHandshake(ActionExecutor):
                    connack_props: Properties | None = None) -> None:
         if self.state is not ConnectionState.CONNECTING or self.session is not session:
             return
-        self.rules.advance("accepted")
+        self.advance("accepted")
         self.connected_since = self.clock.seconds()
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         self.broker.activate(session, self._link, self.protocol_label)
@@ -263,7 +263,7 @@ class ConnectHandshake(ActionExecutor):
             return
         auth.final = step.data
         self.username = step.username
-        self.rules.advance("connect")
+        self.advance("connect")
         self._pause_reading("connect")
         packet = auth.packet
         assert packet is not None

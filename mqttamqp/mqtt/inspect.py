@@ -9,6 +9,7 @@ core's ``InspectableConnection`` questions.  Read-only.
 from __future__ import annotations
 
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
+from mqttamqp.mqtt.connection import ConnectionRules
 from mqttamqp.mqtt.link import MQTTLink
 
 __all__ = ["ConnectionView"]
@@ -23,25 +24,30 @@ class ConnectionView(MQTTLink):
 
     @property
     def peer(self) -> str:
-        """The client's ``host:port``, made once, when first read: every CONNECT
-        reads it (admission, bans, authentication, the archive's connect event),
-        three builds a connection for the 64 bytes kept."""
-        peer = self._peer
-        if peer is not None:
-            return peer
+        """The client's ``host:port``: the one representation of the address a lean
+        TCP transport keeps (``net.tcp.LeanServer.peer``), the TLS layer's too (the
+        TCP transport under it); for any other transport (WebSocket, tests'
+        fakes) made from its address when read (a few times a CONNECT)."""
         transport = self.transport
         if transport is None:
             return "?"
+        peer = getattr(transport, "peer", None)
+        if type(peer) is str:
+            return peer
+        peer = getattr(getattr(transport, "transport", None), "peer", None)
+        if type(peer) is str:
+            return peer
         client = getattr(transport, "client", None)
         if type(client) is tuple and len(client) >= 2:
             # (a TCP transport's accepted address: what getPeer would wrap)
-            peer = f"{client[0]}:{client[1]}"
-        else:
-            address = transport.getPeer()
-            peer = f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
-        self._peer = peer
-        return peer
+            return f"{client[0]}:{client[1]}"
+        address = transport.getPeer()
+        return f"{getattr(address, 'host', '?')}:{getattr(address, 'port', '?')}"
 
+    @property
+    def rules(self) -> ConnectionRules:
+        """The connection's rules: the connection itself (``link.MQTTLink``)."""
+        return self
 
     @property
     def protocol_label(self) -> str:

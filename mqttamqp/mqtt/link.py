@@ -10,7 +10,9 @@ one's decision, and the broker calls between decisions), ``closing.Disconnects``
 ``inspect.ConnectionView`` (what the console sees) and the Twisted protocol
 itself (bytes, batches, timers).
 ``MQTTLink`` declares, once, what the parts use of each other; ``MQTTProtocol``
-has all of it (its slots and methods).  Nothing here runs.
+has all of it (its slots and methods).  The connection is its own
+``connection.ConnectionRules`` (``MQTTLink``'s base: the ``state`` slot and the
+rules' methods), not a second object holding one field.  Nothing here runs.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ from mqttamqp.mqtt.codec import Decoder
 from mqttamqp.mqtt.connection import (
     AckQueue,
     ConnectionRules,
-    ConnectionState,
-    Keepalive,
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
@@ -61,7 +61,7 @@ class ListenerState(Protocol):
     log_limit: LogLimiter
 
 
-class MQTTLink:
+class MQTTLink(ConnectionRules):
     """The state and operations of one MQTT connection its parts share."""
 
     log: ClassVar[Logger]
@@ -71,7 +71,6 @@ class MQTTLink:
     meter: DeliveryMeter
     limits: Limits
     strings: StringRules
-    rules: ConnectionRules
     decoder: Decoder
     session: Session | None
     identity: Identity | None
@@ -84,11 +83,9 @@ class MQTTLink:
     _v5: Negotiated | None
     bridge_peer: bool   # the client announced Mosquitto's bridge flag
     _connect_timer: list[Any] | None
-    _keepalive: Keepalive | None
     _keepalive_timer: list[Any] | None
     messages_in: int
     _acks: AckQueue
-    _clean_close: bool
     _cause: str
     _cause_detail: str
     _reading_paused_for: frozenset[str]
@@ -96,7 +93,6 @@ class MQTTLink:
     _parked: Parked | None
     _turn_timer: DelayedCall | None
     _last_activity: float
-    _peer: str | None
     messages_out: int
     bytes_in: int
     bytes_out: int
@@ -114,10 +110,6 @@ class MQTTLink:
     _pause_reading: Callable[[str], None]
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
-
-    @property
-    def state(self) -> ConnectionState:
-        raise NotImplementedError
 
     @property
     def peer(self) -> str:

@@ -65,7 +65,6 @@ from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     NO_ACKS,
-    ConnectionRules,
     ConnectionState,
     Keepalive,
     StringRules,
@@ -114,22 +113,23 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # Slots: more than 30 instance attributes would cost every connection a full
     # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
     # are slots too: with them here CPython never allocates the instance's dict.
+    # The connection is its own ``ConnectionRules`` (a base class, through
+    # ``link.MQTTLink``: its ``state`` slot and methods): the rules stay sans-IO and
+    # tested alone, and a connection does not pay for a second object (40 bytes) to
+    # hold one field.
     __slots__ = (
         "_acks",
         "_auth",
         "_backlog",
         "_cause",
         "_cause_detail",
-        "_clean_close",
         "_connect_timer",
         "_in_process",
-        "_keepalive",
         "_keepalive_timer",
         "_last_activity",
         "_out",
         "_out_bytes",
         "_parked",
-        "_peer",
         "_reading_paused_for",
         "_throttle",
         "_turn_timer",
@@ -151,7 +151,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "messages_in",
         "messages_out",
         "meter",
-        "rules",
         "session",
         "strings",
         "transport",
@@ -162,13 +161,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def __init__(self, factory: MQTTFactory) -> None:
         self.transport = None
         self.connected = 0
-        self._peer: str | None = None
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
         self.meter = factory.meter
         self.limits: Limits = factory.broker.limits
-        self.rules = ConnectionRules()
+        self.state = ConnectionState.AWAITING_CONNECT
         self.strings: StringRules = factory.strings
         self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
                                property_limits=factory.property_limits, server=True)
@@ -181,13 +179,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.clean_session = True
         self.bridge_peer = False   # Mosquitto's bridge flag in CONNECT
         self.connected_since = 0.0
-        self._clean_close = False
         self._cause = CAUSE_LOST     # why the connection ends, for the archive
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
-        self._keepalive: Keepalive | None = None
         self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
         self._acks = NO_ACKS   # (its own once an acknowledgement waits: ``_ack``)
         # The transport's buffer is full (a plain attribute, not a property: the core
@@ -209,10 +205,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
-    def state(self) -> ConnectionState:
-        return self.rules.state
-
-    @property
     def _link(self) -> MQTTProtocol:
         return self
 
@@ -226,7 +218,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def connectionMade(self) -> None:
         self._last_activity = self.clock.seconds()
         if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
-            self.rules.advance("close")
+            self.advance("close")
             self.transport.abortConnection()
             return
         self.factory.connections[self] = None
@@ -240,7 +232,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._carry_out(Arm("connect", self.limits.connect_timeout))
 
     def dataReceived(self, data: bytes) -> None:
-        if self.rules.state is _CLOSED:
+        if self.state is _CLOSED:
             return
         self._last_activity = self.clock.seconds()
         size = len(data)
@@ -255,7 +247,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
-        self.rules.advance("close")
+        self.advance("close")
         # Pending acknowledgements are not dropped: a committed QoS 2 message still
         # goes to its subscribers once its commit fires (``_flush_acks``).
         detail = self._cause_detail
@@ -296,7 +288,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        if self.rules.state is _CLOSED:
+        if self.state is _CLOSED:
             return
         if message.props is not None and message.expired(self.clock.seconds()):
             # Its message expiry interval ran out while it waited (queue, in flight
@@ -425,8 +417,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _keepalive_check(self) -> None:
         self._keepalive_timer = None
-        keepalive = self._keepalive
-        assert keepalive is not None
+        keepalive = Keepalive.of(self.keepalive)
         now = self.clock.seconds()
         delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
         if delay is None:

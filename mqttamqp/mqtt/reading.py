@@ -49,14 +49,13 @@ class InputPump(MQTTLink):
     def _process(self) -> None:
         decoder = self.decoder
         connected = self._connected_handlers
-        rules = self.rules
         turn = self.limits.mqtt_turn
         seconds = self.clock.seconds
         until = seconds() + turn if turn else 0.0
         was_processing, self._in_process = self._in_process, True
         try:
             while True:
-                state = rules.state
+                state = self.state
                 if (state is not _CONNECTED and state is not _AWAITING_CONNECT
                         and state is not ConnectionState.AUTHENTICATING):
                     return
@@ -88,14 +87,14 @@ class InputPump(MQTTLink):
                 # else (and anything before CONNECT) the rules explain.
                 handler = connected.get(type(packet)) if state is _CONNECTED else None
                 if handler is None:
-                    problem = rules.check(packet)
+                    problem = self.check(packet)
                     if problem is not None:
                         self._carry_out(Close(problem))
                         return
                     handler = self._handlers[type(packet)]
                 handler(self, packet)
                 if until and seconds() >= until:
-                    if (decoder.buffered and rules.state is _CONNECTED
+                    if (decoder.buffered and self.state is _CONNECTED
                             and self._others_waiting()):
                         self._yield_turn()     # (the next round returns: input held)
                     # Its share used up, it asks again every millisecond: another

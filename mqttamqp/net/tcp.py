@@ -63,12 +63,22 @@ class LeanServer(Server):
       format the two strings (a connect storm's CPU).
     * ``nodelay``: the listening socket has TCP_NODELAY, which Linux gives every
       socket it accepts (``lean_port``), so the protocol need not set it again.
+    * One representation of the peer's address, ``peer`` (``"host:port"``, what
+      the console and the logs show): Twisted's ``client`` tuple and ``hostname``
+      (a tuple, the host string and the port number, 146 bytes a connection) are
+      made from it when read (``getPeer``, ``logstr``).  An IPv6 peer keeps its
+      tuple too (its flow info and scope id are not in ``peer``).
+    * Twisted's write list (``_tempDataBuffer``, 56 bytes) only while it holds
+      something: an idle connection, or one whose writes the socket took at once
+      (``send``), has none.
 
     ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
     otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
     """
 
     nodelay = False
+    _client6: tuple[Any, ...] | None = None   # an IPv6 peer's address tuple
+    _pending: list[bytes] | None = None        # ``_tempDataBuffer`` when it has one
 
     def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
                  sessionno: int, reactor: Any) -> None:
@@ -76,9 +86,10 @@ class LeanServer(Server):
         if len(client) != 2:
             self._addressType = IPv6Address
         self.server = server
-        self.client = client
+        self.peer = f"{client[0]}:{client[1]}"
+        if len(client) != 2:
+            self._client6 = client
         self.sessionno = sessionno
-        self.hostname = client[0]
         self.startReading()  # type: ignore[no-untyped-call]
         self.connected = 1
 
@@ -92,6 +103,42 @@ class LeanServer(Server):
         if prefix is None:
             prefix = _PREFIXES[kind] = self._getLogPrefix(getattr(self, "protocol", None))
         return prefix
+
+    @property
+    def _tempDataBuffer(self) -> list[bytes]:
+        """Twisted's list of writes not yet joined into its ``dataBuffer``: made
+        when Twisted first appends to it, dropped when Twisted empties it."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = []
+        return pending
+
+    @_tempDataBuffer.setter
+    def _tempDataBuffer(self, value: list[bytes]) -> None:
+        self._pending = value or None
+
+    @property
+    def client(self) -> tuple[Any, ...]:
+        """The peer's address as ``accept`` gave it (what ``getPeer`` wraps), made
+        from ``peer`` when read."""
+        client6 = self._client6
+        if client6 is not None:
+            return client6
+        host, _, port = self.peer.rpartition(":")
+        return (host, int(port))
+
+    @client.setter
+    def client(self, value: tuple[Any, ...]) -> None:
+        self.peer = f"{value[0]}:{value[1]}"
+        self._client6 = value if len(value) != 2 else None
+
+    @property
+    def hostname(self) -> Any:
+        return self.client[0]
+
+    @hostname.setter
+    def hostname(self, value: Any) -> None:
+        pass
 
     @property
     def logstr(self) -> str:

@@ -86,10 +86,10 @@ class SessionRegistry:
         self.wills = wills
         self.flow = flow
         self.sessions: dict[str, Session] = {}
-        # AMQP receivers on topic filters: sessions of their own, in the trie but not
-        # keyed by a client id (no MQTT client can claim them).
+        # AMQP topic receivers' sessions: in the trie, keyed by link, not client id.
         self.link_subscribers: dict[str, Session] = {}
         self.connections: dict[str, InspectableConnection] = {}
+        # The protocols of live connections that do not say it (``protocol_label``).
         self._connection_protocols: dict[str, str] = {}
         # What sessions dropped and hold, for $SYS, the console and the metrics.
         self.drops = DropCounts(self.sessions, self.link_subscribers, router.groups)
@@ -132,21 +132,24 @@ class SessionRegistry:
 
     def register_connection(self, key: str, connection: InspectableConnection,
                             protocol: str) -> None:
-        known = self._connection_protocols.get(key)
+        previous = self.connections.get(key)
         now = self.clock.seconds()
-        if known is not None:
-            if self.connections[key] is connection:
+        if previous is not None:
+            if previous is connection:
                 return
             # The key's previous holder is closing but not yet gone (e.g. after an
             # MQTT DISCONNECT): the newcomer takes its place, and its later
             # unregister_connection is a no-op.
+            known = _protocol_of(self._connection_protocols.get(key), previous)
             self.stats.disconnected(known)
             self.stats.disconnect_cause(CAUSE_CLEAN)
             if self._recording:
-                self.recorder.event(now, DISCONNECT, self.connections[key].event_fields()[0],
+                self.recorder.event(now, DISCONNECT, previous.event_fields()[0],
                                     protocol=known, reason=CAUSE_CLEAN)
         self.connections[key] = connection
-        self._connection_protocols[key] = protocol
+        self._connection_protocols.pop(key, None)
+        if getattr(connection, "protocol_label", None) != protocol:
+            self._connection_protocols[key] = protocol
         self.stats.connected(protocol)
         if self._recording:
             client_id, remote, user, clean, keepalive = connection.event_fields()
@@ -157,7 +160,7 @@ class SessionRegistry:
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
         if self.connections.get(key) is connection:
             del self.connections[key]
-            protocol = self._connection_protocols.pop(key)
+            protocol = _protocol_of(self._connection_protocols.pop(key, None), connection)
             self.stats.disconnected(protocol)
             if self.commits.stopping:
                 cause = CAUSE_SHUTDOWN
@@ -467,6 +470,14 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
+
+
+def _protocol_of(stored: str | None, connection: InspectableConnection) -> str:
+    """The protocol a live connection registered with: ``stored``, what the
+    registry's table keeps for it, which is only for connections that do not say
+    it themselves (``protocol_label``, as an MQTT connection does): one dict entry
+    a connection less for most."""
+    return stored if stored is not None else str(getattr(connection, "protocol_label", "?"))
 
 
 def _will_delay(wills: Wills, session: Session) -> float:

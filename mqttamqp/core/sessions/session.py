@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
-from typing import Protocol
 
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
@@ -46,6 +45,7 @@ from mqttamqp.core.sessions.entries import (
     DeliveryReceipt,
     OutEntry,
 )
+from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
 from mqttamqp.core.sessions.window import InflightWindow
 from mqttamqp.core.topics import is_sys_topic
 
@@ -87,29 +87,27 @@ class SessionStateError(RuntimeError):
     """A lifecycle event that is not allowed in the session's state."""
 
 
-class BacklogBound(Protocol):
-    """A bound that pauses publishers while ``over`` (a bridge's backlog with
-    ``on-full = "block"``): also while the session is offline, and never stalled."""
-
-    def over(self, session: Session) -> bool: ...
-
-
-class Session(InflightWindow):
+class Session(InflightWindow, SessionExtras):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
+    # What most sessions never set is not a slot of its own: the kinds of drops and
+    # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
+    # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_holder", "_may_expire", "_next_pid", "_next_seq", "_state", "backlog_bound",
-        "client_id", "created", "drop_offset", "dropped_congested", "dropped_rejected",
-        "expired_ops", "expiry", "inbound_qos2", "last_seen", "limits", "link", "owner",
-        "persistent", "protocol", "sub_options", "subscriptions",
+        "_extras", "_holder", "_may_expire", "_next_pid", "_next_seq", "_state",
+        "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
+        "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
 
     def __init__(self, client_id: str, persistent: bool, limits: Limits,
                  created: float = 0.0) -> None:
         self.client_id = client_id
+        # Of ``dropped``, QoS 0 for a link over its backlog bound and AMQP Rejected,
+        # the three counts as they were when the session last changed protocol, and
+        # the expiry interval: None until one is set (``extras.SessionExtras``).
+        self._extras: Extras | None = None
         self.persistent = persistent
         self.limits = limits
-        self.created = created
         self.last_seen = created
         # filter -> QoS (``set_subscription`` adds)
         self.subscriptions: dict[str, int] = NO_SUBSCRIPTIONS
@@ -132,21 +130,14 @@ class Session(InflightWindow):
         self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
-        self.backlog_bound: BacklogBound | None = None   # (see over_high_water)
-        # MQTT 5: seconds the session outlives its connection (None: the 3.1.1
-        # rules and --session-expiry), and the client's receive maximum.
-        self.expiry: float | None = None
+        # MQTT 5: the client's receive maximum (its session expiry interval:
+        # ``expiry``, one of the ``_extras``; so is ``backlog_bound``).
         self.window, self.queue_prefetch = limits.max_inflight, 0
         self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
         # Queued entries that may carry an expiry (an upper bound: entries that
         # left the queue are only forgotten at the next purge); 0: no scan.
         self._may_expire = 0
         self.dropped = 0
-        self.dropped_congested = 0   # of which QoS 0 for a link over its backlog bound
-        self.dropped_rejected = 0    # of which AMQP Rejected (``Broker.rejected``)
-        # The three counts above as they were when the session last changed protocol
-        # (what is already labelled with its former protocol in the metrics).
-        self.drop_offset: tuple[int, int, int] = (0, 0, 0)
         self.delivered = 0
         self._next_seq = 1
         self._next_pid = 1

@@ -530,3 +530,21 @@ def test_sessions_share_one_empty_subscription_map_until_their_first_filter() ->
     assert not b.subscriptions
     b.set_subscription("t/#", 1)
     assert b.subscriptions == {"t/#": 1} and not a.subscriptions
+
+
+def test_the_kinds_of_drops_are_kept_only_once_a_session_has_one() -> None:
+    """A session that never dropped holds no record of the kinds of drops; the first
+    drop of a kind makes one, and each kind and the offset read back as written."""
+    session = Session("c", False, Limits())
+    assert session._extras is None
+    assert (session.dropped_congested, session.dropped_rejected) == (0, 0)
+    assert session.drop_offset == (0, 0, 0)
+    session.drop_offset = (0, 0, 0)       # (the metrics' reset of a session that has none)
+    assert session._extras is None
+    session.drop_congested("a/b")
+    session.dropped_rejected += 2
+    session.drop_offset = (1, 1, 2)
+    assert (session.dropped, session.dropped_congested, session.dropped_rejected) == (1, 1, 2)
+    assert session.drop_offset == (1, 1, 2) and session._extras is not None
+    session.drop_congested("$SYS/broker/x")   # the broker's own: not counted
+    assert session.dropped_congested == 1

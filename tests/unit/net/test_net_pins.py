@@ -16,7 +16,7 @@ from types import CodeType
 from typing import Any
 
 import pytest
-from twisted.internet import endpoints, tcp
+from twisted.internet import abstract, endpoints, tcp
 from twisted.internet.protocol import Factory, Protocol
 
 import mqttamqp
@@ -91,6 +91,12 @@ def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
         assert len(server.dataBuffer) == 0 and server._writeDisconnected is False
         assert server.writeSomeData(b"x") == 1 and theirs.recv(1) == b"x"
         assert callable(server._getLogPrefix)
+        # ``LeanServer._tempDataBuffer`` stands for the list Twisted makes, appends
+        # to and replaces with an empty one once written (``FileDescriptor``).
+        assert server._tempDataBuffer == []
+        for method in ("write", "writeSequence", "doWrite"):
+            code = getattr(abstract.FileDescriptor, method).__code__
+            assert "_tempDataBuffer" in code.co_names, method
     finally:
         ours.close()
         theirs.close()

@@ -73,16 +73,27 @@ def _close(client: socket.socket, port: Port, *transports: Any) -> None:
 
 
 def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
-    """LeanServer keeps Twisted's transport state minus its per-connection strings, made on
-    demand as Twisted writes them."""
+    """LeanServer keeps Twisted's transport state minus its per-connection strings,
+    address tuple and empty write list, made on demand as Twisted uses them, with one
+    ``peer`` string."""
     lean, c1, p1, _ = _accept(True)
     plain, c2, p2, _ = _accept(False)
     try:
         assert isinstance(lean, LeanServer) and type(plain) is Server
         assert plain_tcp(lean) and plain_tcp(plain)
-        # Same state, less three attributes.
-        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno"}
-        assert set(vars(lean)) <= set(vars(plain))
+        # Same state, less five attributes, and the address as one string.
+        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno", "client",
+                                                      "hostname", "_tempDataBuffer"}
+        assert set(vars(lean)) - set(vars(plain)) == {"peer", "_pending"}
+        # Twisted's write list is made when written to, and dropped once empty.
+        assert lean._pending is None
+        lean._tempDataBuffer.append(b"x")
+        assert lean._pending == [b"x"]
+        lean._tempDataBuffer = []
+        assert lean._pending is None
+        assert lean.peer == f"127.0.0.1:{c1.getsockname()[1]}"
+        assert lean.client == (plain.client[0], c1.getsockname()[1])
+        assert lean.hostname == plain.hostname == "127.0.0.1"
         # Made when read, as Twisted would have written them (the port numbers and
         # session numbers of the two ports are their own).
         assert lean.logstr == f"_Kept,{lean.sessionno},127.0.0.1"
@@ -92,9 +103,35 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         assert repr(plain) == f"<_Kept #{plain.sessionno} on {p2.getHost().port}>"
         assert lean.fileno() == lean.socket.fileno() > 0
         assert lean.getPeer().host == "127.0.0.1"
+        assert lean.getPeer().port == c1.getsockname()[1]
     finally:
         _close(c1, p1, lean)
         _close(c2, p2, plain)
+
+
+class _QuietReactor:
+    """What a transport calls on its reactor while it starts reading."""
+
+    def addReader(self, reader: Any) -> None:
+        pass
+
+
+def test_a_lean_transport_keeps_an_ipv6_peers_whole_address() -> None:
+    """An IPv6 peer's address keeps its flow info and scope id (``getPeer``), beside
+    the one ``host:port`` string the console shows; a reassigned address moves both."""
+    ours, theirs = socket.socketpair()
+    try:
+        lean = LeanServer(ours, Protocol(), ("fe80::1%lo", 4321, 0, 1), None, 7,
+                          _QuietReactor())
+        assert lean.peer == "fe80::1%lo:4321"
+        assert lean.client == ("fe80::1%lo", 4321, 0, 1) and lean.hostname == "fe80::1%lo"
+        peer = lean.getPeer()
+        assert (peer.host, peer.port, peer.flowInfo, peer.scopeID) == ("fe80::1%lo", 4321, 0, 1)
+        lean.client = ("10.0.0.1", 80)
+        assert lean.peer == "10.0.0.1:80" and lean.client == ("10.0.0.1", 80)
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_a_lost_lean_transport_answers_minus_one_for_its_descriptor() -> None:
