@@ -66,9 +66,15 @@ class BacklogGuard:
         self.blocking = False
 
     def over(self, session: Session) -> bool:
-        """At the bound (``on-full = "block"``): publishers feeding it wait."""
-        over = (session.queued_bytes >= self.max_bytes
-                or len(session.queue) >= self.max_messages)
+        """At the bound (``on-full = "block"``): publishers feeding it wait, until the
+        backlog is below three quarters of it (not one message below: a remote slower
+        than its publishers would pause and resume them at every acknowledgement)."""
+        if self.blocking:
+            over = (session.queued_bytes * 4 >= self.max_bytes * 3
+                    or len(session.queue) * 4 >= self.max_messages * 3)
+        else:
+            over = (session.queued_bytes >= self.max_bytes
+                    or len(session.queue) >= self.max_messages)
         if over != self.blocking:
             self.blocking = over
             if over:
@@ -79,6 +85,6 @@ class BacklogGuard:
                               n=self.name, m=len(session.queue), b=session.queued_bytes,
                               mm=self.max_messages, mb=self.max_bytes)
             else:
-                self.log.info("bridge {n}: the backlog is below its bound again: publishers "
-                              "resume", n=self.name)
+                self.log.info("bridge {n}: the backlog is below three quarters of its bound "
+                              "again: publishers resume", n=self.name)
         return over

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -196,7 +196,8 @@ class Bridge:
         client = BridgeClient(self, self.clock, connect, s.connect_timeout,
                               self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
         self._client = client
-        d = self._connecting = self.connector(client)
+        # (a connector that raises at once is a failed attempt, retried with back-off)
+        d = self._connecting = maybeDeferred(self.connector, client)
         d.addBoth(self._connected, d)
         d.addErrback(self._connect_failed, client)
 

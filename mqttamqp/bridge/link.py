@@ -59,7 +59,8 @@ def hops_of(message: Message) -> int:
         return 0
     for key, value in props.user_properties:
         if key == HOPS:
-            return int(value) if value.isdigit() and len(value) < 4 else 0
+            # (ASCII digits only: "²" is a digit to str.isdigit, not to int)
+            return int(value) if value.isascii() and value.isdigit() and len(value) < 4 else 0
     return 0
 
 

@@ -101,7 +101,11 @@ def url_of(settings: BridgeSettings) -> str:
     """The WebSocket URL of a ``ws(s)://`` address (path ``/mqtt`` unless it has one)."""
     parts = urlsplit(settings.address)
     path = parts.path or "/mqtt"
-    return f"{parts.scheme}://{parts.hostname}:{settings.port}{path}"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"     # an IPv6 address
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme}://{host}:{settings.port}{path}{query}"
 
 
 def connect_websocket(endpoint: Any, settings: BridgeSettings, max_packet_size: int,

@@ -185,9 +185,11 @@ class ConnectedFlows(ActionExecutor):
             if refused is not None:
                 self._carry_out(refused)
                 return
-            # A bridge (Mosquitto's flag) gets nothing it published itself back.
+            # A bridge (Mosquitto's flag) gets nothing it published itself back
+            # (not on a shared subscription, where no-local is not allowed).
             codes, d = broker.subscribe(session, identity, packet.topics,
-                                        [q | NO_LOCAL for _, q in packet.topics]
+                                        [q if f.startswith("$share/") else q | NO_LOCAL
+                                         for f, q in packet.topics]
                                         if self.bridge_peer else ())
             ack, grants = decisions.suback(packet, codes, self.version)
         self._acknowledge(ack, packet.packet_id, d,

@@ -108,3 +108,22 @@ def test_block_is_the_default() -> None:
     for i in range(4):
         _publish(broker, b"m%d" % i)
     assert figures(bridge)["backlog_dropped"] == 0
+
+
+def test_block_resumes_below_three_quarters_not_at_every_acknowledgement() -> None:
+    """A remote slower than its publishers: once blocked, publishers stay paused until
+    a quarter of the bound has drained (one block and two log lines, not one per
+    acknowledgement)."""
+    bridge, _, broker, _ = _bridge(**{"max-backlog-messages": 8, "on-full": "block"})
+    for i in range(8):
+        _publish(broker, b"m%d" % i)
+    session = broker.sessions["$bridge/hq"]
+    guard = bridge.backlog
+    assert guard.over(session) and guard.blocked == 1
+    session.queue.popleft()          # (one taken by the remote: 7 of 8)
+    assert guard.over(session)
+    session.queue.popleft()          # (6 of 8: three quarters)
+    assert guard.over(session)
+    session.queue.popleft()          # (5 of 8)
+    assert not guard.over(session)
+    assert guard.blocked == 1

@@ -127,3 +127,38 @@ def test_ws_addresses_and_their_url() -> None:
     assert (wss.port, wss.tls, url_of(wss)) == (9001, True, "wss://h.example:9001/ws")
     with pytest.raises(TableKeyError, match="path"):
         BridgeSettings.from_table({**table, "address": "mqtt://h.example/x"})
+
+
+def test_a_ws_url_keeps_an_ipv6_address_in_brackets_and_the_query() -> None:
+    """ws://[::1]:8080 gives an URL autobahn accepts (it raised at start-up, stopping
+    the broker's start), and a query on the address is kept."""
+    from autobahn.websocket.util import parse_url
+
+    from mqttamqp.bridge.wsremote import url_of
+    table = {"name": "hq", "topics": ["a/# out 1"]}
+    ws = BridgeSettings.from_table({**table, "address": "ws://[::1]:8080/mqtt?x=1"})
+    assert url_of(ws) == "ws://[::1]:8080/mqtt?x=1"
+    assert parse_url(url_of(ws))[1] == "::1"
+
+
+def test_a_connector_that_raises_is_a_failed_attempt_retried() -> None:
+    """A connector that raises at once (an address autobahn refuses) makes a failed
+    attempt with its back-off, not an exception out of ``start`` (which stopped the
+    broker's start-up and the bridges after it)."""
+    from core_broker import make_broker
+
+    from mqttamqp.bridge.bridge import Bridge
+    broker, clock, _ = make_broker()
+    calls: list[object] = []
+
+    def connector(client: object) -> object:
+        calls.append(client)
+        raise ValueError("invalid WebSocket URL: missing hostname")
+
+    bridge = Bridge(broker, clock, BridgeSettings.from_table(
+        {"name": "hq", "address": "ws://h.example", "topics": ["a/# out 1"]}), connector)
+    bridge.start()
+    assert len(calls) == 1 and bridge.state != "connected"
+    clock.advance(120)
+    assert len(calls) > 1
+    bridge.stop()

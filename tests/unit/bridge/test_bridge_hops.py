@@ -80,6 +80,7 @@ def test_hops_of_reads_only_a_count() -> None:
     assert hops_of(message(())) == 0
     assert hops_of(message(((HOPS, "x"),))) == 0
     assert hops_of(message(((HOPS, "7"),))) == 7
+    assert hops_of(message(((HOPS, "\u00b2"),))) == 0   # (a digit to isdigit, not to int)
 
 
 def test_the_bridge_flag_is_decoded_and_encoded_back() -> None:
@@ -116,3 +117,21 @@ def test_props_unchanged_for_a_plain_message() -> None:
     assert sent.properties.content_type == "text/plain"
     assert sent.properties.user_properties == ((HOPS, "1"),)
     assert isinstance(sent.properties, Properties)
+
+
+def test_a_bridge_gets_no_local_but_not_on_a_shared_subscription() -> None:
+    """A client with the bridge flag subscribes: its plain filters are no-local, a
+    ``$share/`` one is not (no-local is not allowed there, and the router would have
+    skipped that copy for the whole group)."""
+    from mqtt_memory import Harness
+
+    from mqttamqp.core.sessions.session import NO_LOCAL
+    from mqttamqp.mqtt.packets import Subscribe
+
+    h = Harness()
+    c = h.client()
+    c.send(Connect("MQTT", 4, "br", True, 0, bridge=True))
+    c.send(Subscribe(1, [("plant/#", 1), ("$share/g/plant/#", 1)]))
+    session = h.broker.sessions["br"]
+    assert session.sub_options.get("plant/#", 0) & NO_LOCAL
+    assert not session.sub_options.get("$share/g/plant/#", 0) & NO_LOCAL
