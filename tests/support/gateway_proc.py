@@ -14,6 +14,7 @@ the gateway."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,8 @@ def mark_gateway_differences(request: pytest.FixtureRequest) -> None:
         if function == name and (not param or param.rstrip("]") in ids):
             request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
             return
+
+
+def uid(prefix: str) -> str:
+    """A client id of its own for each test (the core keeps sessions across tests)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess
 from gateway_proc import start_gateway
+from pahoclient import PahoClient
 
 
 @pytest.fixture
@@ -36,3 +37,16 @@ def gateways(tmp_path: Path, core: BrokerProcess) -> Iterator[Callable[..., Brok
         proc.stop()
 
 
+@pytest.fixture
+def clients() -> Iterator[Callable[..., PahoClient]]:
+    """``clients(port, client_id, **kw)``: paho clients, stopped at the end."""
+    made: list[PahoClient] = []
+
+    def connect(port: int, client_id: str, **kw: object) -> PahoClient:
+        c = PahoClient(port, client_id, **kw)  # type: ignore[arg-type]
+        made.append(c)
+        return c
+
+    yield connect
+    for c in made:
+        c.stop()

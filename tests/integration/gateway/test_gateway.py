@@ -11,36 +11,15 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from brokerproc import BrokerProcess, RestartableBroker
-from gateway_proc import UPSTREAM_OPEN, start_gateway
+from gateway_proc import UPSTREAM_OPEN, start_gateway, uid
 from paho.mqtt.packettypes import PacketTypes
 from pahoclient import Paho5, PahoClient, props
 
 Gateways = Callable[..., BrokerProcess]
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def clients() -> Iterator[Callable[..., PahoClient]]:
-    """``clients(port, client_id, **kw)``: paho clients, stopped at the end."""
-    made: list[PahoClient] = []
-
-    def connect(port: int, client_id: str, **kw: object) -> PahoClient:
-        c = PahoClient(port, client_id, **kw)  # type: ignore[arg-type]
-        made.append(c)
-        return c
-
-    yield connect
-    for c in made:
-        c.stop()
 
 
 def test_session_found_through_another_gateway(core: BrokerProcess, gateways: Gateways,

@@ -8,34 +8,15 @@ from __future__ import annotations
 
 import socket
 import struct
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from brokerproc import BrokerProcess
+from gateway_proc import uid
 from paho.mqtt.packettypes import PacketTypes
 from pahoclient import Paho5, PahoClient, props
 
 Gateways = Callable[..., BrokerProcess]
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def clients() -> Iterator[Callable[..., PahoClient]]:
-    """``clients(port, client_id, **kw)``: paho clients, stopped at the end."""
-    made: list[PahoClient] = []
-
-    def connect(port: int, client_id: str, **kw: object) -> PahoClient:
-        c = PahoClient(port, client_id, **kw)  # type: ignore[arg-type]
-        made.append(c)
-        return c
-
-    yield connect
-    for c in made:
-        c.stop()
 
 
 def _packet(kind: int, body: bytes) -> bytes:
