@@ -196,7 +196,12 @@ class _SessionLink(OutgoingLink):
         if self.closed:
             return
         session = self.session
-        count = 1 if message.dup else 0
+        # The publisher's DUP is not this delivery's (MQTT 3.1.1 §3.3.1.1: set only by
+        # whether this send is a retransmission): a topic or ``.publish`` delivery
+        # counts its own failed attempts only.  A durable queue's copy is ``dup`` when
+        # the queue delivered it before (the publisher's was cleared on the way in).
+        redelivered = message.dup and self.queue
+        count = 1 if redelivered else 0
         if packet_id is not None:
             if dup and session is not None:
                 # (a failed attempt marks the entry dup: a first send has none)
@@ -213,9 +218,9 @@ class _SessionLink(OutgoingLink):
             return
         native = message.native if self.native else None
         props = message.props
-        # First-acquirer: no delivery of this message came before this one, here or
-        # (a publisher's redelivery) upstream.
-        first = not (dup or message.dup)
+        # First-acquirer: no delivery of this message came before this one, on this
+        # session or (a queue's) to another member.
+        first = not (dup or redelivered)
         if props is None:
             if native is not None:
                 data = encode_native(native, qos, retain, count, message.publisher, None,
