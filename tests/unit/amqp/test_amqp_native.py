@@ -21,6 +21,7 @@ from amqp_memory import (
     RELEASED,
     MqttPeer,
     Net,
+    Receiver,
     annotation,
     outcome,
     publish_message,
@@ -576,6 +577,30 @@ def test_sessions_beyond_the_limit_close_the_connection() -> None:
     net.pump()
     assert greedy.lost and not fine.lost
     assert net.broker.stats.limits == {"amqp_sessions": 1}
+
+
+def test_the_session_limit_is_advertised_as_channel_max_and_usable_to_the_last() -> None:
+    """--amqp-max-sessions is the open's channel-max (the number minus one), so a
+    conforming peer (a gateway) knows it before it begins a session: it uses every
+    session up to the limit, each with a working link, and keeps its connection."""
+    net = Net(amqp_max_sessions=3)
+    app = net.amqp("polite")
+    assert app.transport.remote_channel_max == 2
+    receivers = [app.receiver("cm/t")]         # (its first session)
+    for i in range(2):
+        session = app.conn.session()
+        session.open()
+        link = session.receiver(f"cm{i}")
+        link.source.address = "cm/t"
+        link.open()
+        link.flow(5)
+        receivers.append(Receiver(link))
+        app.receivers.append(receivers[-1])
+    net.pump()
+    snd = app.sender("cm/t")
+    assert outcome(app.send(snd, Message(body="all"))) == (ACCEPTED, None)
+    assert [[m.body for m, _ in r.new()] for r in receivers] == [["all"]] * 3
+    assert not app.lost and net.broker.stats.limits == {}
 
 
 # == storage that fails (issue 10, item 3) ====================================================
