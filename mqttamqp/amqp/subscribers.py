@@ -6,9 +6,11 @@ own, in the trie, not keyed by a client id) and ``SessionOutlet``
 connection claims it): QoS 0 goes pre-settled, QoS 1/2 unsettled with the packet
 id as delivery tag, and the receiver's outcome drives the session (Accepted done,
 Released redelivered unchanged, Modified redelivered with delivery-count + 1 if
-delivery-failed, Rejected dropped and counted); how each message is encoded for
-its receiver (the contract's AMQP_PUBLISH, the sender's own sections, a durable
-queue's metadata as annotations).
+delivery-failed, Rejected dropped and counted; settled without an outcome is
+Modified(delivery-failed), ``links.DEFAULT_OUTCOME``); each delivery's
+delivery-count and first-acquirer (its own failed attempts, never the publisher's
+DUP); how each message is encoded for its receiver (the contract's AMQP_PUBLISH,
+the sender's own sections, a durable queue's metadata as annotations).
 
 What it must not do: decide which session a ``.publish`` receiver claims
 (``services.SessionRequests``), or hold routing rules (the core does).
