@@ -48,6 +48,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.deliveries import ClientDeliveries
 from mqttamqp.gateway.frames import (
+    bridge_options,
     connack,
     publish_ack,
     publish_problem,
@@ -193,6 +194,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self.client_id = ""
         self.peer = "?"
         self.clean = True            # remove the session at the end (AMQP_CLOSE)
+        self.bridge = False          # Mosquitto's bridge flag: its subscriptions no-local
         self.channel: ClientChannel | None = None
         self.keepalive: Keepalive | None = None
         self.last_activity = 0.0
@@ -326,6 +328,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self._refuse(0x8C, "enhanced authentication is not served through a gateway")
             return
         self.client_id = decided.client_id
+        self.bridge = packet.bridge
         self._assigned = decided.assigned
         v5 = decided.v5
         self.outbound.max_packet = v5.client_max_packet if v5 is not None else None
@@ -486,7 +489,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         channel = self.channel
         assert channel is not None
-        self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics)),
+        self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics),
+                                             bridge_options(packet) if self.bridge else None),
                            lambda outcome: suback(packet, outcome, self.level))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
