@@ -81,8 +81,9 @@ class Outbound:
         Between the client's PUBREC and the core's AMQP_PUBREL the delivery counts as
         released, as a broker's persistent session holds PUBREL for its commit."""
         if packet_id in self.inflight:
-            return ack_problem(kind, packet_id,
-                               2 if packet_id in self.exactly_once else 1, False)
+            if packet_id not in self.exactly_once:
+                return None if kind == "PUBACK" else ack_problem(kind, packet_id, 1, False)
+            return ack_problem(kind, packet_id, 2, False)
         if packet_id in self.exactly_once:
             return ack_problem(kind, packet_id, 2, True)
         return None
