@@ -21,8 +21,8 @@ from mqttamqp.ops.config import TableKeyError, as_table, table_values
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS", "load_client_certificate"]
 
 DIRECTIONS = ("out", "in", "both")
-SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
-TLS_SCHEMES = ("mqtts", "wss")
+SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443, "amqp": 5672, "amqps": 5671}
+TLS_SCHEMES = ("mqtts", "wss", "amqps")
 EMPTY = '""'   # an empty prefix in a topic rule
 
 
@@ -159,6 +159,11 @@ class BridgeSettings:
         return urlsplit(self.address).scheme in ("ws", "wss")
 
     @property
+    def amqp(self) -> bool:
+        """The remote speaks AMQP 1.0 (``amqp://``, ``amqps://``), not MQTT."""
+        return urlsplit(self.address).scheme in ("amqp", "amqps")
+
+    @property
     def session_id(self) -> str:
         """The broker's own session holding the outbound backlog."""
         return f"$bridge/{self.name}"
@@ -193,14 +198,15 @@ class BridgeSettings:
         parts = urlsplit(self.address)
         if parts.scheme not in SCHEMES or not parts.hostname:
             raise TableKeyError("address", f"{self.address!r} is not an mqtt://, mqtts://, "
-                                           "ws:// or wss://HOST[:PORT] address")
+                                           "ws://, wss://, amqp:// or amqps://HOST[:PORT] "
+                                           "address")
         if parts.path and not self.websocket:
             raise TableKeyError("address", f"{self.address!r}: a path only with ws:// "
                                            "or wss://")
         for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name),
                            ("cert-file", self.cert_file), ("key-file", self.key_file)):
             if value is not None and not self.tls:
-                raise TableKeyError(key, "only with an mqtts:// or wss:// address")
+                raise TableKeyError(key, "only with an mqtts://, wss:// or amqps:// address")
         if self.tls_ca is not None:
             from mqttamqp.net.tls import load_ca_bundle
 
