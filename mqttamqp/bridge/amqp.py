@@ -19,7 +19,10 @@ as for ``mqtts://``), one session on it with
   each message published here with the bridge as publisher at min(its QoS, the
   rule's) and accepted only once durable here (``base.take_in``); ``CREDIT``
   unsettled messages at most are outstanding; a message with no MQTT form (no topic,
-  a body that is not bytes) is rejected, counted and logged.
+  a body that is not bytes) is rejected, counted and logged.  Loops: the out session is
+  no-local here, and on a ``both`` rule a message the remote delivers with our
+  container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
+  accepted and not published again here (counted as an echo).
 
 What it must not do: speak MQTT, store anything itself, copy the gateway's engine
 (it is used as it is), or keep a pointer proton may free: an incoming delivery waiting
@@ -32,9 +35,10 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
 from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.amqp.codec.publish import decode_publish
+from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
 from mqttamqp.bridge.config import TopicRule
@@ -350,8 +354,20 @@ class AmqpBridge(BridgeBase):
 
     log = Logger()
 
+    echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
+
     def new_link(self) -> BridgeLink:
         return AmqpLink(self)
+
+    def _echo(self, data: bytes) -> bool:
+        """Whether the remote names us as the publisher (its ``x-opt-mqtt-client-id``,
+        as mqttamqp annotates what it delivers): a message this bridge sent there,
+        back through a ``both`` rule's receiver.  (Read only for ``both`` rules.)"""
+        try:
+            publisher = decode_message(data).annotations.get(ANNOTATION_CLIENT_ID)
+        except DecodeError:
+            return False
+        return bool(publisher == self.settings.remote_client_id)
 
     def new_client(self) -> AmqpRemote:
         limits = self.broker.limits
@@ -434,6 +450,10 @@ class AmqpBridge(BridgeBase):
                               n=self.settings.name, a=rule.remote_filter, e=e,
                               h=f" ({held} not logged)" if held else "")
             remote.answer(dlv, impl, REJECTED)
+            return
+        if rule.outbound and self._echo(data):
+            self.echoes += 1   # (ours, back from the remote: a ``both`` rule)
+            remote.answer(dlv, impl, ACCEPTED)
             return
         qos = min(fields.qos, rule.qos)
         message = Message(self.local_topic(to), fields.payload, qos, fields.retain,

@@ -189,3 +189,35 @@ server-name = "wrong.example"
     finally:
         near.stop()
         far.stop()
+
+
+def test_a_both_rule_carries_each_message_once_each_way(tmp_path: Path) -> None:
+    """A ``both`` rule to a second mqttamqp over AMQP: a publish on either side arrives
+    once on each side; the remote's copy of ours is not published here again."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}", 'topics = ["t/# both 1"]')
+    try:
+        near.wait_for_line(r"bridge hq: receiving from the remote's t/#", timeout=15)
+        far_sub = PahoClient(far.mqtt_port, "far-sub")
+        far_sub.subscribe(("t/#", 1))
+        near_sub = PahoClient(near.mqtt_port, "near-sub")
+        near_sub.subscribe(("t/#", 1))
+        near_pub = PahoClient(near.mqtt_port, "near-pub")
+        far_pub = PahoClient(far.mqtt_port, "far-pub")
+        near_pub.publish("t/a", b"a", qos=1)
+        far_pub.publish("t/b", b"b", qos=1)
+        near_pub.publish("t/end", b"e", qos=1)
+        far_pub.publish("t/end2", b"e", qos=1)
+        for sub in (far_sub, near_sub):
+            topics = [sub.get(15).topic for _ in range(4)]
+            assert sorted(topics) == ["t/a", "t/b", "t/end", "t/end2"], topics
+        # An echo would have come before the markers that followed it on the same
+        # path; one more round proves nothing else is on its way.
+        near_pub.publish("t/last", b"l", qos=1)
+        assert far_sub.get(15).topic == "t/last"
+        assert near_sub.get(15).topic == "t/last"
+        for c in (far_sub, near_sub, near_pub, far_pub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
