@@ -17,9 +17,10 @@ as for ``mqtts://``), one session on it with
   window: while the remote grants none, the session sends nothing more;
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
   each message published here with the bridge as publisher at min(its QoS, the
-  rule's) and accepted only once durable here (``base.take_in``); ``CREDIT``
-  unsettled messages at most are outstanding; a message with no MQTT form (no topic,
-  a body that is not bytes) is rejected, counted and logged.  Loops: the out session is
+  rule's) and accepted only once durable here (``base.take_in``); ``credit``
+  (the table's key) unsettled messages at most are outstanding per receiver; a
+  message with no MQTT form (no topic, a body that is not bytes) is rejected, counted
+  and logged.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
   container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
   accepted and not published again here (counted as an echo).
@@ -70,9 +71,8 @@ from mqttamqp.net.rawproton import (
     recv,
 )
 
-__all__ = ["CREDIT", "AmqpBridge", "AmqpLink", "AmqpRemote"]
+__all__ = ["AmqpBridge", "AmqpLink", "AmqpRemote"]
 
-CREDIT = 100   # unsettled in messages outstanding per receiver (the in direction's window)
 ACCEPTED: int = lib.PN_ACCEPTED
 REJECTED: int = lib.PN_REJECTED
 RELEASED: int = lib.PN_RELEASED
@@ -263,7 +263,7 @@ class AmqpRemote:
             link.rcv_settle_mode = link.RCV_FIRST
             self.rules[link._impl] = rule
             self._open(link)
-            link.flow(CREDIT)
+            link.flow(bridge.settings.credit)
         bridge.remote_open(self)
         conn.flush()
 

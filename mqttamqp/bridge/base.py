@@ -30,8 +30,8 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.adapter.backoff import Backoff
 from mqttamqp.bridge.backlog import BacklogGuard
-from mqttamqp.bridge.client import Backoff
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.auth import Identity

@@ -139,6 +139,7 @@ class BridgeSettings:
     max_backlog_bytes: int = 32 << 20   # the out backlog's payload bytes ...
     max_backlog_messages: int = 30_000  # ... and messages (queued, not in flight)
     on_full: str = "block"           # at the bound: "block" publishers or "drop" (counted)
+    credit: int = 100                # amqp://: unsettled in messages per receiver, at most
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -239,6 +240,8 @@ class BridgeSettings:
                                 "packet id; with on-full = \"block\" twice as many may wait)")
         if self.on_full not in ("drop", "block"):
             raise TableKeyError("on-full", f"{self.on_full!r} is not \"drop\" or \"block\"")
+        if not 1 <= self.credit <= 10_000:
+            raise TableKeyError("credit", "1 to 10000 unsettled messages per receiver")
         if not 1 <= self.max_hops <= 255:
             raise TableKeyError("max-hops", "1 to 255 bridges")
         if self.password is not None and self.username is None:
@@ -254,6 +257,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,), "max_hops": (int,),
     "max_backlog_bytes": (int,), "max_backlog_messages": (int,), "on_full": (str,),
+    "credit": (int,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
     "cert_file": (str,), "key_file": (str,),

@@ -87,7 +87,8 @@ def figures(bridge: BridgeBase) -> dict[str, Any]:
         "too_many_hops": bridge.link.too_many_hops,
         "downgraded": bridge.link.downgraded,
         "unretained": bridge.link.unretained, "held": bridge.held,
-        "released": getattr(bridge.link, "released", 0),
+        "released": getattr(bridge.link, "released", 0),   # (AMQP remotes only)
+        "echoes": getattr(bridge, "echoes", 0),
         "reading_paused": sorted(client.paused_for) if client is not None else [],
         "backlog_messages": queued + inflight, "inflight": inflight,
         "backlog_bytes": session.queued_bytes if session is not None else 0,

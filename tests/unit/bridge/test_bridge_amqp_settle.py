@@ -124,9 +124,11 @@ def test_no_credit_holds_the_session_until_a_flow() -> None:
 
 def test_the_amqp_table() -> None:
     """amqp:// and amqps:// are read (default ports 5672 and 5671; TLS keys only with
-    amqps://); a path is refused."""
+    amqps://; ``credit`` 1 to 10000, 100 by default); a path is refused."""
     plain = BridgeSettings.from_table(TABLE)
-    assert plain.amqp and not plain.tls and plain.port == 5672
+    assert plain.amqp and not plain.tls and plain.port == 5672 and plain.credit == 100
+    with pytest.raises(TableKeyError, match="credit"):
+        BridgeSettings.from_table({**TABLE, "credit": 0})
     tls = BridgeSettings.from_table({**TABLE, "address": "amqps://core.example",
                                      "server-name": "core"})
     assert tls.amqp and tls.tls and tls.port == 5671
