@@ -42,6 +42,7 @@ from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
+from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
 from mqttamqp.core.message import Message, MessageProperties
@@ -171,11 +172,19 @@ class AmqpRemote:
         self.sender_impl: Any = None
         self.rules: dict[Any, TopicRule] = {}   # receiver (raw) → its rule
         self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
+        self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
+        self.closed = False
         self._attaching = 0
         self._tag = 0
         self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
 
     # -- what the bridge uses (base.Remote) ----------------------------------
+
+    @property
+    def container(self) -> str:
+        """The remote's container id (from its open), for the log."""
+        pconn = self.conn.pconn
+        return str(pconn.remote_container or "?") if pconn is not None else "?"
 
     @property
     def no_credit(self) -> bool:
@@ -228,9 +237,17 @@ class AmqpRemote:
             self.conn.transport.abortConnection()
 
     def disconnect(self) -> None:
-        """A clean end (the bridge stops): close frame, then the socket."""
+        """A clean end (the bridge stops): close frame, then the socket, aborted if
+        it has not closed ``CLOSE_GRACE`` seconds later (a TLS close may hang)."""
         self._cancel()
         self.conn.close("bridge stopped")
+        if not self.closed and self.conn.transport is not None:
+            self._timer = self.bridge.clock.callLater(CLOSE_GRACE, self._abort)
+
+    def _abort(self) -> None:
+        self._timer = None
+        if not self.closed and self.conn.transport is not None:
+            self.conn.transport.abortConnection()
 
     def _no_open(self) -> None:
         self._timer = None
@@ -273,8 +290,12 @@ class AmqpRemote:
         link.open()
 
     def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None:
+        self.closed = True
         self._cancel()
         self.waiting.clear()
+        held, self.held = self.held, set()
+        for dlv in held:   # (not acknowledged: the remote sends them again)
+            decref(dlv)
         self.bridge.remote_lost(self, reason)
 
     # -- the session's events (gateway.engine.ChannelEvents) ------------------
@@ -283,11 +304,9 @@ class AmqpRemote:
         terminus = link.remote_target if link.is_sender else link.remote_source
         if terminus is None:
             return   # (refused: its detach says why)
-        if link._impl == self.sender_impl:
-            self.bridge.sender_open(self)
         self._attaching -= 1
-        if self._attaching == 0 and self.rules:
-            self.bridge.subscribed(self)
+        if self._attaching == 0:
+            self.bridge.links_ready(self)
 
     def on_link_closed(self, link: Any, reason: str | None) -> None:
         self.drop(f"the remote detached {link.name}" + (f": {reason}" if reason else ""))
@@ -340,12 +359,15 @@ class AmqpRemote:
     def answer_later(self, dlv: Any, impl: Any) -> Any:
         """The acknowledgement of ``dlv`` for once it is durable here."""
         incref(dlv)
+        self.held.add(dlv)
 
         def ack() -> None:
-            try:
-                self.answer(dlv, impl, ACCEPTED)
-            finally:
-                decref(dlv)
+            if dlv in self.held:   # (else the connection ended: released there)
+                self.held.discard(dlv)
+                try:
+                    self.answer(dlv, impl, ACCEPTED)
+                finally:
+                    decref(dlv)
         return ack
 
 
@@ -374,27 +396,28 @@ class AmqpBridge(BridgeBase):
         return AmqpRemote(self, max(512, min(limits.max_packet_size + 1024, 1 << 20)))
 
     def remote_open(self, remote: AmqpRemote) -> None:
+        """The remote's open came (SASL done): the links are being attached."""
         if not self._running or self._client is not remote:   # (stopped meanwhile)
             remote.disconnect()
-            return
-        self.up(f"container {remote.conn.pconn.remote_container or '?'}")
 
-    def sender_open(self, remote: AmqpRemote) -> None:
-        """The out sender is attached: the out session goes out on it."""
-        if self._client is not remote:
+    def links_ready(self, remote: AmqpRemote) -> None:
+        """Every link is attached: connected (a link the remote refuses ends the
+        attempt before, with its reason); the out session goes out on the sender."""
+        if not self._running or self._client is not remote:
             return
-        self.claim_out(remote, self.broker.limits.max_inflight,
-                       lambda session: self._activate(remote, session))
+        self.up(f"container {remote.container}")
+        if self.in_rules:
+            self.log.info("bridge {n}: receiving from the remote's {f}", n=self.settings.name,
+                          f=", ".join(r.remote_filter for r in self.in_rules))
+        if self.out_rules:
+            self.claim_out(remote, self.broker.limits.max_inflight,
+                           lambda session: self._activate(remote, session))
 
     def _activate(self, remote: AmqpRemote, session: Session) -> None:
         if self._client is not remote or self.session is not session:
             return
         self.link.attach(remote, RemoteLimits(None))
         self.broker.activate(session, self.link, PROTOCOL)
-
-    def subscribed(self, remote: AmqpRemote) -> None:
-        self.log.info("bridge {n}: receiving from the remote's {f}", n=self.settings.name,
-                      f=", ".join(r.remote_filter for r in self.in_rules))
 
     def outcome(self, remote: AmqpRemote, packet_id: int, state: int, reason: str) -> None:
         """The remote's outcome of an out message (see the module)."""

@@ -76,7 +76,8 @@ def figures(bridge: BridgeBase) -> dict[str, Any]:
     inflight = len(session.inflight) if session is not None else 0
     client = bridge.client
     return {
-        "name": s.name, "address": s.address, "protocol": s.protocol,
+        "name": s.name, "address": s.address,
+        "protocol": "AMQP 1.0" if s.amqp else s.protocol,
         "client_id": s.remote_client_id, "session": s.session_id,
         "rules": [r.text() for r in s.rules], "state": bridge.state,
         "last_error": bridge.last_error, "connected_since": bridge.connected_since,

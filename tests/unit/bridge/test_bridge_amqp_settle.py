@@ -24,6 +24,8 @@ TABLE = {"name": "hq", "address": "amqp://127.0.0.1:5672", "topics": ["out/# out
 class FakeRemote:
     """What the bridge uses of an ``AmqpRemote``: what was sent, and the credit."""
 
+    container = "fake"
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, int | None, bool]] = []
         self.no_credit = False
@@ -48,8 +50,7 @@ def _connected(**table: Any) -> tuple[AmqpBridge, FakeRemote, Any, Any]:
     bridge.start()
     remote = FakeRemote()
     bridge._client = remote
-    bridge.up("test")
-    bridge.sender_open(remote)
+    bridge.links_ready(remote)
     return bridge, remote, broker, clock
 
 
@@ -136,3 +137,15 @@ def test_the_amqp_table() -> None:
         BridgeSettings.from_table({**TABLE, "server-name": "core"})
     with pytest.raises(TableKeyError, match="address"):
         BridgeSettings.from_table({**TABLE, "address": "amqp://h/queue"})
+
+
+def test_figures_name_the_amqp_remote() -> None:
+    """The Bridges page's figures say AMQP 1.0 (not an MQTT version) and count what
+    the remote released."""
+    from mqttamqp.bridge.service import figures
+
+    bridge, remote, broker, _ = _connected()
+    _publish(broker, 1)
+    bridge.outcome(remote, remote.sent[0][2], RELEASED, "")
+    f = figures(bridge)
+    assert f["protocol"] == "AMQP 1.0" and f["released"] == 1 and f["state"] == "connected"
