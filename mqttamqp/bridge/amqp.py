@@ -19,8 +19,9 @@ as for ``mqtts://``), one session on it with
   each message published here with the bridge as publisher at min(its QoS, the
   rule's) and accepted only once durable here (``base.take_in``); ``credit``
   (the table's key) unsettled messages at most are outstanding per receiver; a
-  message with no MQTT form (no topic, a body that is not bytes) is rejected, counted
-  and logged.  Loops: the out session is
+  message with no MQTT form (no topic, a body that is not bytes), or larger than
+  ``--max-packet-size`` (announced as each receiver's max-message-size), is rejected,
+  counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
   container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
   accepted and not published again here (counted as an echo).
@@ -276,6 +277,7 @@ class AmqpRemote:
         for i, rule in enumerate(bridge.in_rules):
             link = self.session.receiver(f"{name}:in:{i}")
             link.source.address = rule.remote_filter
+            link.max_message_size = bridge.broker.limits.max_packet_size
             link.snd_settle_mode = link.SND_MIXED
             link.rcv_settle_mode = link.RCV_FIRST
             self.rules[link._impl] = rule
@@ -453,6 +455,18 @@ class AmqpBridge(BridgeBase):
         """A message of an ``in`` rule's receiver: published here, accepted once durable
         (pre-settled, or QoS 0 by the rule: accepted at once)."""
         if self._client is not remote:
+            return
+        maximum = self.broker.limits.max_packet_size
+        if len(data) > maximum:   # (announced as the receiver's max-message-size)
+            self.too_large_in += 1
+            held = self.refusals.allow("too-large-in")
+            if held is not None:
+                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {s} "
+                              "bytes, above --max-packet-size {m}; {c} so far{h}",
+                              n=self.settings.name, a=rule.remote_filter, s=len(data),
+                              m=maximum, c=self.too_large_in,
+                              h=f" ({held} not logged)" if held else "")
+            remote.answer(dlv, impl, REJECTED)
             return
         presettled = bool(delivery_settled(dlv))
         try:

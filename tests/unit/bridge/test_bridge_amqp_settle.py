@@ -31,6 +31,7 @@ class FakeRemote:
         self.no_credit = False
         self.paused_for: set[str] = set()
         self.dropped: str | None = None
+        self.answers: list[tuple[Any, int]] = []
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> None:
@@ -39,12 +40,16 @@ class FakeRemote:
     def drop(self, reason: str) -> None:
         self.dropped = reason
 
+    def answer(self, dlv: Any, impl: Any, state: int) -> None:
+        self.answers.append((dlv, state))
+
     def disconnect(self) -> None:
         pass
 
 
-def _connected(**table: Any) -> tuple[AmqpBridge, FakeRemote, Any, Any]:
-    broker, clock, _ = make_broker()
+def _connected(limits: dict[str, Any] | None = None, **table: Any
+               ) -> tuple[AmqpBridge, FakeRemote, Any, Any]:
+    broker, clock, _ = make_broker(**(limits or {}))
     settings = BridgeSettings.from_table({**TABLE, **table})
     bridge = AmqpBridge(broker, clock, settings, lambda client: Deferred())
     bridge.start()
@@ -149,3 +154,12 @@ def test_figures_name_the_amqp_remote() -> None:
     bridge.outcome(remote, remote.sent[0][2], RELEASED, "")
     f = figures(bridge)
     assert f["protocol"] == "AMQP 1.0" and f["released"] == 1 and f["state"] == "connected"
+
+
+def test_an_in_message_above_max_packet_size_is_rejected_and_counted() -> None:
+    """An in message larger than --max-packet-size is rejected to the remote (not
+    published here), counted as too large."""
+    bridge, remote, _, _ = _connected({"max_packet_size": 64}, topics=["in/# in 1"])
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", b"x" * 65)
+    assert remote.answers == [("dlv", REJECTED)]
+    assert bridge.too_large_in == 1 and bridge.received == 0
