@@ -11,7 +11,8 @@ with the bridge as publisher), the out session's link fitted to the remote's MQT
 limits (``link``), and the service that starts and stops them, holds the sessions of
 removed bridges (unsubscribed, backlog kept) and gives their figures to the console
 and the metrics (``service``), ``ws(s)://`` remotes through autobahn's client
-(``wsremote``), and the out backlog's own bound (``backlog``).
+(``wsremote``), ``amqp://`` and ``amqps://`` remotes over gateway mode's proton client
+engine (``amqp``), and the out backlog's own bound (``backlog``).
 
 What it must not do: reach storage other than through the broker's commands (the
 session's queue is the backlog; nothing here stores anything), keep a second MQTT

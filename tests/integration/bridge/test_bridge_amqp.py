@@ -1,8 +1,9 @@
 """AMQP 1.0 bridges (``amqp://``, ``amqps://``) to a second mqttamqp process on
 loopback, through its AMQP listener: ``out`` to a topic address and ``in`` from a
 durable queue, at QoS 1, with the remote stopped mid-stream and started again on the
-same ports (nothing acknowledged lost, first copies in order); TLS verified by name
-with a ``mqttamqp-admin gen-cert`` certificate, a wrong name failing."""
+same ports (nothing acknowledged lost, first copies in order); a ``both`` rule each
+way without echoes; a message the remote rejects dropped while the rest go on; TLS
+verified by name with a ``mqttamqp-admin gen-cert`` certificate, a wrong name failing."""
 
 from __future__ import annotations
 
@@ -217,6 +218,32 @@ def test_a_both_rule_carries_each_message_once_each_way(tmp_path: Path) -> None:
         assert far_sub.get(15).topic == "t/last"
         assert near_sub.get(15).topic == "t/last"
         for c in (far_sub, near_sub, near_pub, far_pub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_message_the_remote_rejects_is_dropped_and_the_rest_go_on(tmp_path: Path) -> None:
+    """The remote rejects a message (its address ``$queue/q/$ack`` is refused there):
+    it is dropped here, logged with the remote's reason, and the messages after it go
+    through on the same connection."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["q/# out 1 \\"\\" $queue/", "ok/# out 1"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("ok/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("q/$ack", b"refused there", qos=1)
+        line = near.wait_for_line("bridge hq: the remote rejected a message", timeout=15)
+        assert "q/$ack" in line and "dropped" in line, line
+        pub.publish("ok/after", b"taken", qos=1)
+        msg = sub.get(15)
+        assert (msg.topic, msg.payload) == ("ok/after", b"taken")
+        assert not any(": lost" in line for line in near.log), near.output()
+        for c in (pub, sub):
             c.stop()
     finally:
         near.stop()
