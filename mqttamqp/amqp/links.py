@@ -59,7 +59,7 @@ __all__ = [
     "LinkHost", "BrokerLink", "OutgoingLink", "ControlOutlet", "settle_mode_name",
     "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED", "DECODE_ERROR",
     "INVALID_FIELD", "UNAUTHORIZED", "PRECONDITION_FAILED", "NOT_ALLOWED", "TRANSACTIONAL",
-    "DEFAULT_OUTCOME",
+    "DEFAULT_OUTCOME", "NO_OUTCOME",
 ]
 
 ACCEPTED = Delivery.ACCEPTED
@@ -67,8 +67,11 @@ REJECTED = Delivery.REJECTED
 RELEASED = Delivery.RELEASED
 MODIFIED = Delivery.MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
-# What a delivery the peer settles without an outcome counts as (with delivery-failed).
+# What a delivery the peer settles without an outcome counts as on the gateway
+# contract's ``$mqtt.to.<id>.publish`` (with delivery-failed; ``SessionOutlet``).
 DEFAULT_OUTCOME = MODIFIED
+# The ``reason`` of ``OutgoingLink.outcome`` for a delivery settled without an outcome.
+NO_OUTCOME = "settled without an outcome"
 # transactional-state (AMQP 1.0 part 4): a transfer or outcome under a transaction
 # (``transactions``)
 TRANSACTIONAL = 0x34
@@ -211,6 +214,9 @@ class BrokerLink:
 class OutgoingLink(BrokerLink):
     __slots__ = ("_awaiting", "_over_credit_bytes", "_tag", "mixed", "presettled")
     role = "sender"
+    # What a delivery settled without an outcome counts as (AMQP 1.0 §3.5.3): 0, no
+    # state, consumed (Accepted); ``SessionOutlet`` has ``DEFAULT_OUTCOME``.
+    default_outcome = 0
 
     def __init__(self, host: LinkHost, plink: Any, address: str) -> None:
         super().__init__(host, plink, address)
@@ -295,14 +301,17 @@ class OutgoingLink(BrokerLink):
             if not delivery_settled(dlv):
                 return  # non-terminal (e.g. Received): wait for the outcome
             # Settled without an outcome: the source's default outcome applies (AMQP
-            # 1.0 §3.5.3, source.default-outcome), and this broker's sources have
-            # modified(delivery-failed): sent again, counted as a failed attempt, never
-            # taken as consumed (docs/amqp.md, "Settlement without an outcome").
-            state, failed = DEFAULT_OUTCOME, True
+            # 1.0 §3.5.3, source.default-outcome): consumed (no state) on most links,
+            # modified(delivery-failed) on the contract's ``.publish`` (docs/amqp.md,
+            # "Settlement without an outcome"); counted (looping peers show).
+            self.broker.stats.settled_without_outcome += 1
+            state = self.default_outcome
+            failed = state == MODIFIED
+            reason: str | None = NO_OUTCOME
         else:
             failed = state == MODIFIED and bool(
                 disposition_is_failed(delivery_remote(dlv)))
-        reason = _rejected_reason(dlv) if state == REJECTED else None
+            reason = _rejected_reason(dlv) if state == REJECTED else None
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None
         delivery_settle(dlv)  # its address may be reused from here on
@@ -311,7 +320,8 @@ class OutgoingLink(BrokerLink):
 
     def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
         """The outcome of the delivery sent with ``key`` (``reason``: Rejected's
-        error description, if it gave one)."""
+        error description, if it gave one; ``NO_OUTCOME`` (this very object): the
+        peer settled without one, ``state`` is ``default_outcome``)."""
 
     def claim(self, dlv: Any) -> int | None:
         """The key of ``dlv``, no longer awaited (a transaction holds its outcome)."""

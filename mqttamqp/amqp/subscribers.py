@@ -7,7 +7,8 @@ connection claims it): QoS 0 goes pre-settled, QoS 1/2 unsettled with the packet
 id as delivery tag, and the receiver's outcome drives the session (Accepted done,
 Released redelivered unchanged, Modified redelivered with delivery-count + 1 if
 delivery-failed, Rejected dropped and counted; settled without an outcome is
-Modified(delivery-failed), ``links.DEFAULT_OUTCOME``); each delivery's
+consumed on a topic or queue receiver, Modified(delivery-failed) on ``.publish``
+(``links.DEFAULT_OUTCOME``, the gateway contract)); each delivery's
 delivery-count and first-acquirer (its own failed attempts, never the publisher's
 DUP); how each message is encoded for its receiver (the contract's AMQP_PUBLISH,
 the sender's own sections, a durable queue's metadata as annotations).
@@ -34,6 +35,7 @@ from mqttamqp.amqp.codec.encode import (
 )
 from mqttamqp.amqp.links import (
     ACCEPTED,
+    DEFAULT_OUTCOME,
     MODIFIED,
     REJECTED,
     RELEASED,
@@ -398,6 +400,9 @@ class SessionOutlet(_SessionLink):
 
     __slots__ = ("active", "client_id", "opening")
     host: OutletHost
+    # The gateway contract (issue #29): an FE that settles without an outcome has not
+    # delivered the message to its client, so it is sent again.
+    default_outcome = DEFAULT_OUTCOME
 
     def __init__(self, host: OutletHost, plink: Any, address: str, client_id: str) -> None:
         super().__init__(host, plink, address)

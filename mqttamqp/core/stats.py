@@ -113,6 +113,9 @@ class BrokerStats:
     disconnects: dict[str, int] = field(default_factory=dict)   # by cause
     auth_failures: int = 0
     messages_rejected: int = 0        # AMQP Rejected (in messages_dropped)
+    # AMQP deliveries the peer settled without an outcome (a peer that always does
+    # on ``.publish`` gets each message again: operators see looping peers).
+    settled_without_outcome: int = 0
     commits: int = 0                  # successful store commits
     commit_latency: Histogram = field(default_factory=_latency)     # seconds
     commit_batch: Histogram = field(default_factory=lambda: Histogram(_BATCH_BOUNDS))

@@ -210,6 +210,9 @@ def snapshot(broker: Broker) -> list[Family]:
         _one("mqttamqp_mqtt_turns_yielded", COUNTER, "Times an MQTT connection's input "
              "was held for a later turn of the event loop after its share of one "
              "(--mqtt-turn-ms).", stats.mqtt_turns_yielded),
+        _one("mqttamqp_amqp_settled_without_outcome", COUNTER, "AMQP deliveries the "
+             "receiver settled without an outcome (consumed; sent again on a gateway's "
+             ".publish): a peer that loops shows here.", stats.settled_without_outcome),
         _one("mqttamqp_wills_published", COUNTER, "Wills published.", c.wills_published),
         _one("mqttamqp_commits", COUNTER, "Successful store submits (what callers waited "
              "for; several share a commit: mqttamqp_store_group_commits).", stats.commits),

@@ -1,7 +1,8 @@
 """The core's side of the gateway contract in memory (``amqp_memory.Net``): what a
 publisher's DUP does to a subscriber's delivery, and what a delivery on
-``$mqtt.to.<id>.publish`` (or a topic receiver) that the peer settles without an
-outcome counts as (issue #29 §1, the core's findings)."""
+``$mqtt.to.<id>.publish`` (or a topic or queue receiver) that the peer settles
+without an outcome counts as, and how far it is sent again (issue #29 §1, the core's
+findings and their review)."""
 
 from __future__ import annotations
 
@@ -136,9 +137,10 @@ def test_pubrel_settled_without_outcome_is_sent_again() -> None:
     assert not net.broker.sessions["nrel"].inflight
 
 
-def test_topic_delivery_settled_without_outcome_is_sent_again() -> None:
-    """The same rule on a topic receiver: an unsettled delivery settled with no
-    outcome comes again (delivery-count 1), it is not taken as consumed."""
+def test_topic_delivery_settled_without_outcome_is_consumed() -> None:
+    """On a plain topic receiver a delivery settled with no outcome is consumed, as
+    before the gateway contract's rule (which is ``.publish``'s only): not sent
+    again; the settlement is counted."""
     net = Net()
     app = net.amqp()
     rcv = app.receiver("tno/t")
@@ -146,7 +148,23 @@ def test_topic_delivery_settled_without_outcome_is_sent_again() -> None:
     [(_, dlv)] = rcv.new()
     dlv.settle()
     net.pump()
-    [(again, dlv2)] = rcv.new()
-    assert (bytes(again.body), again.delivery_count) == (b"x", 1)
-    app.settle(dlv2, ACCEPTED)
     assert rcv.new() == []
+    assert all(not s.inflight for s in net.broker.link_subscribers.values())
+    assert net.broker.stats.settled_without_outcome == 1
+
+
+def test_queue_delivery_settled_without_outcome_is_acknowledged() -> None:
+    """On a durable queue's receiver a delivery settled with no outcome is
+    acknowledged (consumed), not made visible again."""
+    from fakes import MemoryStore
+
+    net = Net(store=MemoryStore())
+    app = net.amqp()
+    app.send(app.sender("$queue/nq"), Message(body="m"))
+    rcv = app.receiver("$queue/nq", credit=5)
+    [(_, dlv)] = rcv.new()
+    dlv.settle()
+    net.pump()
+    assert rcv.new() == []
+    view = {v.name: v for v in net.broker.queues.views()}["nq"]
+    assert view.acknowledged == 1
