@@ -165,10 +165,13 @@ class InflightWindow:
         return NO_OPS
 
     def redeliver(self, packet_id: int, increment: bool) -> None:
-        """AMQP Released/Modified: put the entry back at the head, to be sent again."""
-        entry = self.inflight.pop(packet_id, None)
-        if entry is None:
+        """AMQP Released/Modified: put the entry back at the head, to be sent again.
+        Not once released (AMQP_PUBREL accepted: the client has it, exactly once):
+        it stays in flight until the PUBREL's settle completes it."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state == QueuedState.RELEASED:
             return
+        del self.inflight[packet_id]
         entry.state = QueuedState.QUEUED
         entry.dup = entry.dup or increment
         if increment:

@@ -7,7 +7,7 @@ findings and their review)."""
 from __future__ import annotations
 
 import pytest
-from amqp_memory import ACCEPTED, FE, MODIFIED, Net, annotation, publish_message
+from amqp_memory import ACCEPTED, FE, MODIFIED, RELEASED, Net, annotation, publish_message
 from proton import Message, int32, ulong
 
 from mqttamqp.mqtt.packets import Puback, Publish
@@ -168,3 +168,26 @@ def test_queue_delivery_settled_without_outcome_is_acknowledged() -> None:
     assert rcv.new() == []
     view = {v.name: v for v in net.broker.queues.views()}["nq"]
     assert view.acknowledged == 1
+
+
+@pytest.mark.parametrize("how", ["none", "released", "modified"])
+def test_a_released_qos2_delivery_is_not_sent_again(how: str) -> None:
+    """Once the FE's AMQP_PUBREL is accepted (its client has the message), a
+    non-Accepted settlement of the message's own delivery (none, Released, Modified)
+    does not send the message again: the PUBREL's settle completes it (exactly once)."""
+    net = Net()
+    fe = _subscribed_fe(net, "q2", "q2/#")
+    net.mqtt("q2-pub").publish("q2/t", b"two", qos=2)
+    assert fe.publish is not None
+    [(m, dlv)] = fe.publish.new()
+    _release(fe, int(m.id))
+    if how == "none":
+        dlv.settle()
+        net.pump()
+    else:
+        fe.peer.settle(dlv, RELEASED if how == "released" else MODIFIED)
+    got = fe.publish.new()
+    assert [x.subject for x, _ in got] == ["pubrel"]
+    fe.peer.settle(got[0][1], ACCEPTED)
+    assert fe.publish.new() == []
+    assert not net.broker.sessions["q2"].inflight
