@@ -350,6 +350,7 @@ def limits_from(options: Any) -> Limits:
         amqp_max_sessions=options["amqp-max-sessions"],
         amqp_max_links=options["amqp-max-links"],
         amqp_max_links_total=options["amqp-max-links-total"],
+        amqp_max_default_outcomes=options["amqp-max-default-outcomes"],
         amqp_max_held_bytes=options["amqp-max-held-bytes"],
         amqp_max_selector_length=options["amqp-max-selector-length"],
         max_transactions_per_connection=options["max-transactions-per-connection"],

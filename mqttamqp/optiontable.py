@@ -346,6 +346,11 @@ PARAMETERS: list[list[Any]] = [
      "count until detached; 3-5 KB each); beyond, an attach is refused with "
      "amqp:resource-limit-exceeded and the connection stays.",
      _positive(int, "amqp-max-links-total")],
+    ["amqp-max-default-outcomes", None, _D.amqp_max_default_outcomes,
+     "Failed attempts of one message on a gateway's $mqtt.to.<id>.publish (or of its "
+     "AMQP_PUBREL) after which one more settlement without an outcome drops it, "
+     "counted as rejected and logged (a peer that never gives an outcome would loop).",
+     _positive(int, "amqp-max-default-outcomes")],
     ["amqp-max-held-bytes", None, _D.amqp_max_held_bytes,
      "Most bytes of unfinished (multi-frame) incoming messages the broker holds for "
      "one AMQP connection; a peer that sends more is closed "
@@ -477,7 +482,8 @@ GATEWAY_IGNORES: tuple[str, ...] = (
     "queue-prefetch", "queue-max-messages", "queue-max-bytes", "queue-max-age",
     "queue-max-queues", "max-exchanges", "max-bindings", "queue-memory-budget",
     "queue-max-total-bytes", "disk-free-limit", "amqp-max-sessions", "amqp-max-links",
-    "amqp-max-links-total", "amqp-max-held-bytes", "amqp-max-selector-length",
+    "amqp-max-links-total", "amqp-max-default-outcomes", "amqp-max-held-bytes",
+    "amqp-max-selector-length",
     "max-transactions-per-connection", "max-transaction-bytes", "amqp091-channel-max",
     "amqp091-frame-max", "amqp091-heartbeat", "amqp091-max-unacked", "amqp091-max-body",
 )

@@ -75,6 +75,9 @@ class AttachHost(LinkHost, Protocol):
     @property
     def refusal_log(self) -> LogLimiter: ...
 
+    @property
+    def log_limit(self) -> LogLimiter: ...
+
 
 def refuse_link(host: AttachHost, plink: Any, condition: str, description: str,
                 logged: bool = True) -> None:

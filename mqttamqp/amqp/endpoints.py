@@ -140,6 +140,12 @@ class SessionsAndLinks(EnginePump):
         return False
 
     @property
+    def log_limit(self) -> LogLimiter:
+        """Log lines limited per cause, one a minute (shared by the listener)."""
+        log: LogLimiter = self.registers.log_limit
+        return log
+
+    @property
     def refusal_log(self) -> LogLimiter:
         """Log lines of refused links, limited per condition (``attach``)."""
         log: LogLimiter = self.registers.refusal_log

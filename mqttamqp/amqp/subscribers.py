@@ -8,7 +8,8 @@ id as delivery tag, and the receiver's outcome drives the session (Accepted done
 Released redelivered unchanged, Modified redelivered with delivery-count + 1 if
 delivery-failed, Rejected dropped and counted; settled without an outcome is
 consumed on a topic or queue receiver, Modified(delivery-failed) on ``.publish``
-(``links.DEFAULT_OUTCOME``, the gateway contract)); each delivery's
+(``links.DEFAULT_OUTCOME``, the gateway contract), dropped as rejected past
+``--amqp-max-default-outcomes``); each delivery's
 delivery-count and first-acquirer (its own failed attempts, never the publisher's
 DUP); how each message is encoded for its receiver (the contract's AMQP_PUBLISH,
 the sender's own sections, a durable queue's metadata as annotations).
@@ -37,6 +38,7 @@ from mqttamqp.amqp.links import (
     ACCEPTED,
     DEFAULT_OUTCOME,
     MODIFIED,
+    NO_OUTCOME,
     REJECTED,
     RELEASED,
     LinkHost,
@@ -45,6 +47,7 @@ from mqttamqp.amqp.links import (
 from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.metadata import METADATA_KEYS
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle
 
@@ -140,6 +143,9 @@ class OutletHost(LinkHost, Protocol):
 
     @property
     def requests(self) -> PublishRequests: ...
+
+    @property
+    def log_limit(self) -> LogLimiter: ...
 
 
 # The key of an unsettled QoS 1/2 delivery (``OutgoingLink._awaiting``): its packet
@@ -398,10 +404,10 @@ class TopicSubscription(_SessionLink):
 class SessionOutlet(_SessionLink):
     """A receiver on ``$mqtt.to.<id>.publish``: the session of that client id."""
 
-    __slots__ = ("active", "client_id", "opening")
+    __slots__ = ("_pubrel_retries", "active", "client_id", "opening")
     host: OutletHost
     # The gateway contract (issue #29): an FE that settles without an outcome has not
-    # delivered the message to its client, so it is sent again.
+    # delivered the message to its client, so it is sent again (bounded, ``outcome``).
     default_outcome = DEFAULT_OUTCOME
 
     def __init__(self, host: OutletHost, plink: Any, address: str, client_id: str) -> None:
@@ -409,6 +415,57 @@ class SessionOutlet(_SessionLink):
         self.client_id = client_id
         self.active = False
         self.opening = False
+        # AMQP_PUBRELs resent after a settlement without an outcome, by packet id
+        # (made on the first; at most one per packet id in flight).
+        self._pubrel_retries: dict[int, int] | None = None
+
+    def outcome(self, key: int, state: int, failed: bool, reason: str | None = None) -> None:
+        if reason is NO_OUTCOME and key < 0:
+            retries = self._pubrel_retries
+            if retries is None:
+                retries = self._pubrel_retries = {}
+            n = retries.get(-key, 0) + 1
+            if n <= self.host.limits.amqp_max_default_outcomes:
+                retries[-key] = n
+            else:
+                retries.pop(-key, None)
+                self._given_up(-key, "AMQP_PUBREL")
+                return
+        elif reason is NO_OUTCOME and key >= 0:
+            session = self.session
+            packet_id = key & _PACKET_ID
+            if (session is not None and not self.closed
+                    and session.delivery_failures(packet_id)
+                    >= self.host.limits.amqp_max_default_outcomes
+                    and session.awaiting_release(packet_id) is False):
+                self._given_up(key, "message")
+                return
+        super().outcome(key, state, failed, reason)
+
+    def _pubrel_outcome(self, packet_id: int, state: int) -> None:
+        retries = self._pubrel_retries
+        if retries and state != RELEASED and state != MODIFIED:
+            retries.pop(packet_id, None)   # (done: the id may be reused)
+        super()._pubrel_outcome(packet_id, state)
+
+    def _given_up(self, key: int, what: str) -> None:
+        """Drop the delivery of ``key`` settled without an outcome once too often:
+        counted as rejected, one log line a minute at most."""
+        session = self.session
+        if session is None or self.closed:
+            return
+        limit = self.host.limits.amqp_max_default_outcomes
+        reason = f"settled without an outcome more than {limit} times"
+        held = self.host.log_limit.allow("amqp-max-default-outcomes")
+        if held is not None:
+            self.log.warn("{c}: a {what} to {id} dropped as rejected: {r} "
+                          "(--amqp-max-default-outcomes; {h} more not logged)",
+                          c=self.host.container_id, what=what, id=self.client_id,
+                          r=reason, h=held)
+        if what == "message":
+            self._finished(key & _PACKET_ID, REJECTED, False, reason)
+        else:
+            self.broker.rejected(session, key, reason)
 
     def start(self) -> None:
         self.host.requests.publish_attached(self)
@@ -454,6 +511,7 @@ class SessionOutlet(_SessionLink):
         self.active = False
         self.opening = False
         self._sent = None
+        self._pubrel_retries = None
         # Its unsettled deliveries belong to the old session: an outcome for one of
         # them must not name a packet id of the next session (ids start again).
         self._awaiting = None

@@ -37,6 +37,10 @@ class Limits:
     # objects, a topic receiver's session; ``bench/linkmem.py``): 20,000 stay
     # within ~100 MB, where 10,000 connections of 1,000 links each would not.
     amqp_max_links_total: int = 20_000
+    # Failed attempts of a message on ``$mqtt.to.<id>.publish`` (settled without an
+    # outcome there is Modified(delivery-failed)) before the next such settlement
+    # drops it as rejected; the same for its AMQP_PUBREL resent.
+    amqp_max_default_outcomes: int = 5
     # Bytes of unfinished (multi-frame) incoming messages one AMQP connection may
     # have the broker hold; beyond, the connection is closed.
     amqp_max_held_bytes: int = 32 << 20

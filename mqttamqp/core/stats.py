@@ -114,7 +114,7 @@ class BrokerStats:
     auth_failures: int = 0
     messages_rejected: int = 0        # AMQP Rejected (in messages_dropped)
     # AMQP deliveries the peer settled without an outcome (a peer that always does
-    # on ``.publish`` gets each message again: operators see looping peers).
+    # on ``.publish`` loops until ``--amqp-max-default-outcomes``).
     settled_without_outcome: int = 0
     commits: int = 0                  # successful store commits
     commit_latency: Histogram = field(default_factory=_latency)     # seconds

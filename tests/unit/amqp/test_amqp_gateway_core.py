@@ -6,6 +6,9 @@ findings and their review)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from amqp_memory import ACCEPTED, FE, MODIFIED, RELEASED, Net, annotation, publish_message
 from proton import Message, int32, ulong
@@ -191,3 +194,65 @@ def test_a_released_qos2_delivery_is_not_sent_again(how: str) -> None:
     fe.peer.settle(got[0][1], ACCEPTED)
     assert fe.publish.new() == []
     assert not net.broker.sessions["q2"].inflight
+
+
+def test_a_publish_delivery_never_given_an_outcome_is_dropped_at_the_bound(
+        log_events: list[dict[str, Any]]) -> None:
+    """A ``.publish`` peer that always settles without an outcome gets the message
+    --amqp-max-default-outcomes + 1 times, then it is dropped as rejected, counted,
+    one log line; the settlements are counted."""
+    from twisted.logger import formatEvent
+
+    net = Net(amqp_max_default_outcomes=3)
+    fe = _subscribed_fe(net, "loop", "loop/#")
+    net.mqtt("loop-pub").publish("loop/t", b"x", qos=1)
+    assert fe.publish is not None
+    counts = []
+    for _ in range(10):
+        got = fe.publish.new()
+        if not got:
+            break
+        [(msg, dlv)] = got
+        counts.append(msg.delivery_count)
+        dlv.settle()
+        net.pump()
+    assert counts == [0, 1, 2, 3]
+    assert not net.broker.sessions["loop"].inflight
+    assert net.broker.stats.messages_rejected == 1
+    assert net.broker.stats.settled_without_outcome == 4
+    lines = [formatEvent(e) for e in log_events]
+    assert len([x for x in lines if "--amqp-max-default-outcomes" in x]) == 1, lines
+
+
+def test_a_pubrel_never_given_an_outcome_is_dropped_at_the_bound() -> None:
+    """An AMQP_PUBREL always settled without an outcome is resent
+    --amqp-max-default-outcomes times, then the exchange is dropped as rejected."""
+    net = Net(amqp_max_default_outcomes=2)
+    fe = _subscribed_fe(net, "lrel", "lrel/#")
+    net.mqtt("lrel-pub").publish("lrel/t", b"two", qos=2)
+    assert fe.publish is not None
+    [(m, dlv)] = fe.publish.new()
+    _release(fe, int(m.id))
+    fe.peer.settle(dlv, ACCEPTED)
+    sent = 0
+    for _ in range(10):
+        got = fe.publish.new()
+        if not got:
+            break
+        assert got[0][0].subject == "pubrel"
+        sent += 1
+        got[0][1].settle()
+        net.pump()
+    assert sent == 3
+    assert not net.broker.sessions["lrel"].inflight
+    assert net.broker.stats.messages_rejected == 1
+
+
+@pytest.fixture
+def log_events() -> Iterator[list[dict[str, Any]]]:
+    from twisted.logger import globalLogPublisher
+
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
