@@ -38,6 +38,7 @@ from mqttamqp.amqp.links import (
     ACCEPTED,
     DECODE_ERROR,
     MODIFIED,
+    NO_OUTCOME,
     REJECTED,
     RELEASED,
     TRANSACTIONAL,
@@ -249,21 +250,29 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
             f"names unknown transaction {what}")
         link.detach(UNKNOWN_ID, f"unknown transaction {what}")
         return
-    _, code, fields = state
+    _, given, fields = state
     settled = bool(delivery_settled(dlv))
-    if code not in _OUTCOMES:
-        # (transactional-state without an outcome: the delivery is in the transaction,
-        # its outcome still to come; settled so, it stays in flight until the link ends)
-        if settled:
-            link.claim(dlv)
-            delivery_settle(dlv)
-        return
+    no_outcome = given not in _OUTCOMES
+    if no_outcome:
+        # transactional-state without an outcome: the delivery is in the transaction,
+        # its outcome still to come (part 4 §4.5.5: the outcome is provisional).
+        # Settled so, none will come: the link's default outcome (consumed; on
+        # ``.publish`` modified(delivery-failed)) applies at discharge, like a plain
+        # settlement without an outcome; a rollback releases it.
+        if not settled:
+            return
+        host.broker.stats.settled_without_outcome += 1
+    code: int = (link.default_outcome or ACCEPTED) if no_outcome or given is None else given
     key = link.claim(dlv)
     if key is None:
         delivery_settle(dlv)
         return
-    failed = code == MODIFIED and bool(fields and fields[0])
-    reason = _rejected_reason(fields) if code == REJECTED else None
+    reason: str | None
+    if no_outcome:
+        failed, reason = code == MODIFIED, NO_OUTCOME
+    else:
+        failed = code == MODIFIED and bool(fields and fields[0])
+        reason = _rejected_reason(fields) if code == REJECTED else None
     if settled:
         delivery_settle(dlv)    # (the peer settled first: nothing of ours to keep)
         ptr = None
@@ -287,7 +296,8 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
                     "link ended)")
         return None
 
-    def apply(outcome: int = code, is_failed: bool = failed) -> None:
+    def apply(outcome: int = code, is_failed: bool = failed,
+              why: str | None = reason) -> None:
         valid = check() is None   # (never settle a delivery that is no longer this one)
         if ptr is not None:
             if not link.closed:
@@ -296,12 +306,12 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
             decref(ptr)
         # (its link ended: the queue kept it claimed, settled without the link)
         if valid and not broker.settlement.settle_kept(token, _CORE_OUTCOMES[outcome], is_failed,
-                                            reason):
-            link.outcome(key, outcome, is_failed, reason)
+                                            why):
+            link.outcome(key, outcome, is_failed, why)
         broker.settlement.unhold(token)
 
     try:
-        tx.add_settle(apply, lambda: apply(RELEASED, False), check)
+        tx.add_settle(apply, lambda: apply(RELEASED, False, None), check)
     except TransactionRefused:
         # (the transaction can only roll back: the delivery stays as it was)
         broker.settlement.unhold(token)

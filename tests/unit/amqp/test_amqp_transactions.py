@@ -246,6 +246,46 @@ def test_topic_receiver_outcomes_apply_at_commit() -> None:
     assert len(session.inflight) == 0
 
 
+def _settled_in_txn_without_outcome(net: Net, app: AmqpPeer, address: str) -> Any:
+    """A topic receiver's QoS 1 delivery settled with transactional-state and no
+    outcome; returns (receiver, coordinator, txn-id)."""
+    rcv = app.receiver(address, credit=5)
+    net.mqtt(f"{address}-pub").publish(address, b"x", qos=1)
+    [(_, dlv)] = rcv.new()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    dlv.local.data = [txn]          # transactional-state, no outcome
+    dlv.update(TRANSACTIONAL)
+    dlv.settle()
+    net.pump()
+    return rcv, ctrl, txn
+
+
+def test_settled_in_a_transaction_without_an_outcome_is_consumed_at_commit() -> None:
+    """A delivery settled with transactional-state and no outcome (none can come)
+    takes the link's default outcome at commit: consumed on a topic receiver, its
+    in-flight slot freed, not sent again."""
+    net = Net()
+    app = net.amqp()
+    rcv, ctrl, txn = _settled_in_txn_without_outcome(net, app, "txo/t")
+    session = next(iter(net.broker.link_subscribers.values()))
+    assert len(session.inflight) == 1          # held by the transaction until then
+    assert outcome(discharge(app, ctrl, txn)) == (ACCEPTED, None)
+    assert len(session.inflight) == 0
+    assert rcv.new() == []
+    assert net.broker.stats.settled_without_outcome == 1
+
+
+def test_settled_in_a_transaction_without_an_outcome_is_released_at_rollback() -> None:
+    """The same delivery rolled back is released: sent again, unchanged."""
+    net = Net()
+    app = net.amqp()
+    rcv, ctrl, txn = _settled_in_txn_without_outcome(net, app, "txr/t")
+    assert outcome(discharge(app, ctrl, txn, fail=True)) == (ACCEPTED, None)
+    [(again, _)] = rcv.new()
+    assert (bytes(again.body), again.delivery_count) == (b"x", 0)
+
+
 def test_the_coordinator_link_ending_rolls_back_its_transactions() -> None:
     """Detaching the coordinator rolls back its open transactions: the held publish
     is never routed, the held acknowledgement is released."""
