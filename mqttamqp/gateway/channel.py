@@ -356,10 +356,14 @@ class ClientChannel:
         if d is None:
             return
         # The core refuses a link by attaching with no terminus, then detaching.
-        terminus = link.remote_target if link.is_sender else link.remote_source
-        if terminus is None or (terminus.address is None and link.target.address is not None
-                                and link.is_sender):
-            self._opened[link._impl] = d   # (its detach says why)
+        # Proton shows a missing remote source as a terminus without an address (never
+        # None): a refusal of ours that named one, for a receiver as for a sender.
+        if link.is_sender:
+            terminus, local = link.remote_target, link.target
+        else:
+            terminus, local = link.remote_source, link.source
+        if terminus is None or (terminus.address is None and local.address is not None):
+            self._opened[link._impl] = d   # (its detach says why: ``Refused``)
             return
         d.callback(None)
 

@@ -1,9 +1,9 @@
 """The core's side of the gateway contract end to end (issue #29 §1): a core broker
 process, a gateway-like AMQP peer (``contract_peer``: python-qpid-proton, a session
 per client on one connection) or a gateway process, raw MQTT clients, all on
-loopback.  A link over ``--amqp-max-links`` is refused alone, a publisher's DUP does
-not reach a subscriber, and a ``.publish`` delivery settled without an outcome is
-sent again."""
+loopback.  A link over ``--amqp-max-links`` is refused alone (a gateway client whose
+link is refused gets "server unavailable"), a publisher's DUP does not reach a
+subscriber, and a ``.publish`` delivery settled without an outcome is sent again."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess
 from contract_peer import ContractPeer
-from gateway_proc import uid
+from gateway_proc import start_gateway, uid
 from proton import Delivery, Endpoint
 from rawclient import RawClient
 
@@ -151,3 +151,38 @@ def test_a_publish_delivery_settled_without_outcome_is_sent_again(
     pub.publish(topic, b"next", qos=1)
     [(after, _)] = peer.take(publish, 1)
     assert bytes(after.body) == b"next"
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_client_whose_publish_link_is_refused_gets_server_unavailable(
+        tmp_path: Path, level: int) -> None:
+    """A core that lets one connection hold 9 links and a gateway with one upstream
+    connection: the second client's ``.publish`` attach (the tenth link) is refused,
+    so its CONNECT is answered CONNACK 3 (MQTT 5: 0x88, server unavailable), logged;
+    the first client keeps working, and once it leaves a new client connects."""
+    core = BrokerProcess(str(tmp_path / "core9"), "--amqp-max-links", "9",
+                         listeners=("--mqtt", "--amqp"))
+    core.start()
+    gw = None
+    clients: list[RawClient] = []
+    try:
+        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
+                           "--upstream-connections", "1")
+        clients.append(RawClient(gw.mqtt_port, level=level))
+        first = clients[-1]
+        assert first.connect(uid("ra")).return_code == 0
+        clients.append(RawClient(gw.mqtt_port, level=level))
+        second = clients[-1]
+        assert second.connect(uid("rb")).return_code == (0x88 if level == 5 else 3)
+        second.wait_closed()
+        gw.wait_for_line(r"refused CONNECT .*: the core detached .*\(CONNACK (3|136)\)")
+        assert first.subscribe((uid("still") + "/t", 1)) == (1,)
+        first.disconnect()
+        clients.append(RawClient(gw.mqtt_port, level=level))
+        assert clients[-1].connect(uid("rc")).return_code == 0
+    finally:
+        for client in clients:
+            client.close()
+        if gw is not None:
+            gw.stop()
+        core.stop()
