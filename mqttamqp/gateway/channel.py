@@ -120,6 +120,15 @@ class ChannelOwner(Protocol):
         """The core gave credit again: the client may be read."""
 
 
+def _refused(link: Any) -> bool:
+    """The core's attach of ``link`` is a refusal: it attaches with no terminus, then
+    detaches (proton shows a receiver's missing source as a terminus without an
+    address, never None), where ours named an address."""
+    terminus, local = ((link.remote_target, link.target) if link.is_sender
+                       else (link.remote_source, link.source))
+    return terminus is None or (terminus.address is None and local.address is not None)
+
+
 class ClientChannel:
     """One client's session and links on an upstream connection."""
 
@@ -355,14 +364,7 @@ class ClientChannel:
         d = self._opened.pop(link._impl, None)
         if d is None:
             return
-        # The core refuses a link by attaching with no terminus, then detaching.
-        # Proton shows a missing remote source as a terminus without an address (never
-        # None): a refusal of ours that named one, for a receiver as for a sender.
-        if link.is_sender:
-            terminus, local = link.remote_target, link.target
-        else:
-            terminus, local = link.remote_source, link.source
-        if terminus is None or (terminus.address is None and local.address is not None):
+        if _refused(link):
             self._opened[link._impl] = d   # (its detach says why: ``Refused``)
             return
         d.callback(None)
