@@ -339,8 +339,9 @@ PARAMETERS: list[list[Any]] = [
     ["amqp-max-links", None, _D.amqp_max_links,
      "Most links attached at a time on one AMQP connection (refused ones count "
      "until detached); beyond, the attach is refused with "
-     "amqp:resource-limit-exceeded and the connection stays (one that keeps refused "
-     "links past half as many again is closed).", _positive(int, "amqp-max-links")],
+     "amqp:resource-limit-exceeded and the connection stays (one that holds more refused "
+     "links than this, at least 64, or keeps one attached over 5 s and attaches again, "
+     "is closed).", _positive(int, "amqp-max-links")],
     ["amqp-max-links-total", None, _D.amqp_max_links_total,
      "Most links attached at a time on all AMQP connections together (refused ones "
      "count until detached; 3-5 KB each); beyond, an attach is refused with "

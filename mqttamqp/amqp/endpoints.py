@@ -41,8 +41,8 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 
-__all__ = ["SessionsAndLinks", "LinkRegisters", "link_margin", "refusal_margin",
-           "transport_error_cause"]
+__all__ = ["SessionsAndLinks", "LinkRegisters", "refused_bound", "REFUSED_GRACE",
+           "refusal_margin", "transport_error_cause"]
 
 _E = Event
 _CLOSED = ConnectionState.CLOSED   # (an Enum member read from its class costs a hook)
@@ -87,6 +87,9 @@ class SessionsAndLinks(EnginePump):
         self.txns: dict[bytes, Transaction] | None = None
         self._peer_closed = False           # the peer sent close (a clean end unless error)
         self._lost_reason = ""
+        # Links refused for --amqp-max-links, not yet detached by the peer: when each
+        # was refused, oldest first (made on the first; ``_refuse_over_limit``).
+        self._over_limit: dict[Any, float] | None = None
 
     def _on_event(self, event: Any) -> None:
         """Any event but a delivery's (``_pump``)."""
@@ -194,6 +197,8 @@ class SessionsAndLinks(EnginePump):
         while plink:
             if lib.pn_link_session(plink) == simpl and plink not in freeing:
                 gone += 1
+                if self._over_limit:
+                    self._over_limit.pop(plink, None)
             plink = lib.pn_link_next(plink, active)
         self._hold_links(-gone)
         condition = describe(lib.pn_session_remote_condition(simpl))
@@ -221,17 +226,25 @@ class SessionsAndLinks(EnginePump):
             # Only this link is refused: the connection may carry many clients (a
             # gateway's), whose links keep working.
             self.meter.limit_hit("amqp_links")
-            if self.links_held > link_margin(limits):
-                # Refused links are held until the peer detaches them: one that does
-                # not is closed at this margin, or it could hold links without bound.
-                self.log.warn("AMQP connection of {c} ({peer}) holds more than {n} links, "
-                              "refused ones it did not detach included "
-                              "(--amqp-max-links); closing it",
-                              c=self.container_id or "?", peer=self.peer,
-                              n=link_margin(limits))
+            over = self._over_limit
+            if over is None:
+                over = self._over_limit = {}
+            now = self.clock.seconds()
+            if (len(over) >= refused_bound(limits)
+                    or (over and now - next(iter(over.values())) > REFUSED_GRACE)):
+                # Refused links are held until the peer detaches them.  A burst of
+                # attaches in one read is refused link by link (the peer has not read
+                # the refusals yet); a peer that keeps refused links attached past
+                # REFUSED_GRACE, or holds more than ``refused_bound``, is closed, or
+                # it could hold links without bound.
+                self.log.warn("AMQP connection of {c} ({peer}) keeps {n} links refused "
+                              "for --amqp-max-links attached (at most {b}, for {g:g} s); "
+                              "closing it", c=self.container_id or "?", peer=self.peer,
+                              n=len(over), b=refused_bound(limits), g=REFUSED_GRACE)
                 self._too_many_links(f"more than {limits.amqp_max_links} links on one "
                                      "connection, and refused ones not detached")
                 return
+            over[plink._impl] = now
             held = self.registers.log_limit.allow("amqp-max-links")
             if held is not None:
                 self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} "
@@ -278,6 +291,8 @@ class SessionsAndLinks(EnginePump):
             return   # (the connection's end ends everything)
         impl = event_link(event)
         self._hold_links(-1)
+        if self._over_limit:
+            self._over_limit.pop(impl, None)
         link = self.links.pop(impl, None)
         condition = describe(lib.pn_link_remote_condition(impl))
         if link is not None:
@@ -348,11 +363,17 @@ class SessionsAndLinks(EnginePump):
     is the listener's)."""
 
 
-def link_margin(limits: Limits) -> int:
-    """The most links one connection may hold, refused ones not yet detached
-    included (``--amqp-max-links`` and half as much again, at least 16 more); an
-    attach beyond closes the connection."""
-    return limits.amqp_max_links + max(16, limits.amqp_max_links // 2)
+# Seconds a link refused for --amqp-max-links may stay attached: the next attach
+# over the limit after that closes the connection (a peer reads a refusal and
+# detaches within a round trip; one that does not is holding links).
+REFUSED_GRACE = 5.0
+
+
+def refused_bound(limits: Limits) -> int:
+    """The most links one connection may hold refused for ``--amqp-max-links`` and not
+    yet detached (as many as the limit, at least 64: a burst of attaches in one read
+    is refused link by link); an attach beyond closes the connection."""
+    return max(64, limits.amqp_max_links)
 
 
 def refusal_margin(limits: Limits) -> int:

@@ -19,6 +19,7 @@ from amqp_memory import (
     ACCEPTED,
     REJECTED,
     RELEASED,
+    AmqpPeer,
     MqttPeer,
     Net,
     Receiver,
@@ -537,27 +538,70 @@ def test_a_link_beyond_the_limit_is_refused_and_the_connection_stays(log_events)
     assert fresh.link.remote_condition is None and not app.lost
 
 
-def test_refused_links_not_detached_close_the_connection_at_the_margin() -> None:
-    """A peer that keeps attaching past --amqp-max-links without detaching the
-    refused links is closed at the margin (link_margin), so it cannot hold links
-    without bound; other connections carry on."""
-    from mqttamqp.amqp.endpoints import link_margin
-    from mqttamqp.core.limits import Limits
+def _burst(peer: AmqpPeer, n: int, prefix: str) -> list[Link]:
+    """``n`` receiver attaches written in one batch (the broker reads them at once)."""
+    links = []
+    for i in range(n):
+        link = peer.session.receiver(f"{prefix}{i}")
+        link.source.address = f"{prefix}/{i}"
+        link.open()
+        links.append(link)
+    peer.net.pump()
+    return links
+
+
+def test_a_burst_of_attaches_over_the_limit_is_refused_link_by_link() -> None:
+    """A burst of attaches far past --amqp-max-links in one read (more than the limit
+    and half again) is refused link by link: the peer has not read the refusals yet,
+    so the connection stays; once it detaches them (and one more) a new link attaches."""
+    net = Net(amqp_max_links=2)
+    app = net.amqp()
+    links = _burst(app, 30, "b")
+    assert not app.lost
+    refused = [x for x in links if x.remote_condition is not None]
+    assert len(refused) == 28
+    assert {x.remote_condition.name for x in refused} == {"amqp:resource-limit-exceeded"}
+    for link in [*refused, links[0]]:          # (and one of the two it holds)
+        link.close()
+    net.pump()
+    assert app.receiver("b/fresh").link.remote_condition is None and not app.lost
+
+
+def test_refused_links_kept_attached_past_the_grace_close_the_connection() -> None:
+    """A peer that keeps links refused for --amqp-max-links attached longer than
+    REFUSED_GRACE is closed at its next attach over the limit (it could hold links
+    without bound); other connections carry on."""
+    from mqttamqp.amqp.endpoints import REFUSED_GRACE
 
     net = Net(amqp_max_links=2)
     other = net.amqp()
     rcv = other.receiver("m/t")
     greedy = net.amqp()
-    margin = link_margin(Limits(amqp_max_links=2))
-    for i in range(margin):
-        greedy.receiver(f"m/{i}", credit=0)
+    _burst(greedy, 5, "g")
     assert not greedy.lost
+    net.clock.advance(REFUSED_GRACE + 1)
     greedy.receiver("m/last", credit=0)
     assert greedy.lost
     assert greedy.conn.remote_condition.name == "amqp:resource-limit-exceeded"
     snd = other.sender("m/t")
     assert outcome(other.send(snd, Message(body="ok"))) == (ACCEPTED, None)
     assert [m.body for m, _ in rcv.new()] == ["ok"]
+
+
+def test_refused_links_past_their_bound_close_the_connection() -> None:
+    """More links refused for --amqp-max-links and not detached than refused_bound,
+    however fast: the connection is closed."""
+    from mqttamqp.amqp.endpoints import refused_bound
+    from mqttamqp.core.limits import Limits
+
+    net = Net(amqp_max_links=2)
+    greedy = net.amqp()
+    bound = refused_bound(Limits(amqp_max_links=2))
+    _burst(greedy, 2 + bound, "r")
+    assert not greedy.lost
+    _burst(greedy, 1, "last")
+    assert greedy.lost
+    assert greedy.conn.remote_condition.name == "amqp:resource-limit-exceeded"
 
 
 def test_sessions_beyond_the_limit_close_the_connection() -> None:
