@@ -14,7 +14,8 @@ failed under an acknowledgement (``_ack_failed`` closes directly).
 broker's step returned beside it (the Deferred to wait for, the packet id, what
 follows the write).  Acknowledgements leave in the order their packets came,
 each once what it promises is durable (``connection.AckQueue`` keeps the order;
-a commit failure closes without acknowledging); a refused CONNECT
+a commit failure closes without acknowledging; a QoS 1 PUBACK waits on its
+batch's ``core.commits.Waiter``, the others on a Deferred); a refused CONNECT
 (``_refuse``) and a client's DISCONNECT (``_goodbye``) end here; a protocol
 error goes to ``closing.Disconnects._violation``, the one disconnect.
 
@@ -33,6 +34,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from mqttamqp.core.commits import Waiter
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import encode
@@ -42,9 +44,12 @@ from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
 
-__all__ = ["Action", "ActionExecutor"]
+__all__ = ["Action", "ActionExecutor", "Durable"]
 
 Action = Send | Ack | Close | Refuse | Arm | Goodbye
+# What an acknowledgement waits for: a commit, the batch's early-acknowledgement
+# waiter (``core.commits.Waiter``: MQTT QoS 1), or nothing.
+Durable = Deferred[None] | Waiter | None
 
 
 class ActionExecutor(MQTTLink):
@@ -72,7 +77,7 @@ class ActionExecutor(MQTTLink):
 
     # -- acknowledgements, in order ---------------------------------------------------
 
-    def _acknowledge(self, ack: Ack, packet_id: int, durable: Deferred[None] | None,
+    def _acknowledge(self, ack: Ack, packet_id: int, durable: Durable,
                      then: Callable[[], None] | None = None) -> None:
         """Send ``ack`` for ``packet_id`` once ``durable`` fired and every earlier
         acknowledgement went out, then call ``then`` (the QoS 2 gate's ``open``
@@ -95,7 +100,7 @@ class ActionExecutor(MQTTLink):
         else:
             self._ack(durable, frame, then, ack.opens)
 
-    def _ack_releasing(self, durable: Deferred[None] | None, frame: bytes,
+    def _ack_releasing(self, durable: Durable, frame: bytes,
                        packet_id: int) -> None:
         """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
         method: a closure in ``_acknowledge`` would make its cells on every call.)"""
@@ -104,7 +109,7 @@ class ActionExecutor(MQTTLink):
         release = v5.quota_release
         self._ack(durable, frame, lambda: release(packet_id))
 
-    def _ack(self, d: Deferred[None] | None, frame: bytes,
+    def _ack(self, d: Durable, frame: bytes,
              after: Callable[[], None] | None = None, essential: bool = False) -> None:
         """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out,
         then call ``after``; an ``essential`` one is called even if the connection
@@ -124,13 +129,24 @@ class ActionExecutor(MQTTLink):
             self._pause_reading("storage")
         if d is None:
             self._flush_acks()
+        elif type(d) is Waiter:
+            d.when_done(self._ack_outcome, entry)
         else:
+            assert isinstance(d, Deferred)
             d.addCallbacks(self._ack_ready, self._ack_failed,
                            callbackArgs=(entry,), errbackArgs=(entry,))
 
     def _ack_ready(self, _: object, entry: list[Any]) -> None:
         AckQueue.ready(entry)
         self._flush_acks()
+
+    def _ack_outcome(self, failure: Failure | None, entry: list[Any]) -> None:
+        """A ``Waiter``'s outcome for ``entry``: durable (None), or the failure."""
+        if failure is None:
+            AckQueue.ready(entry)
+            self._flush_acks()
+        else:
+            self._ack_failed(failure, entry)
 
     def _flush_acks(self) -> None:
         acks = self._acks

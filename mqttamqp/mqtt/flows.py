@@ -83,8 +83,8 @@ class ConnectedFlows(ActionExecutor):
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, self.identity)
-            self._acknowledge(PUBACK, pid, result.durable)
+            result = broker.publish(message, self.identity, early=True)
+            self._acknowledge(PUBACK, pid, result.waiter or result.durable)
         else:
             pid = packet.packet_id
             assert pid is not None
@@ -118,14 +118,15 @@ class ConnectedFlows(ActionExecutor):
         else:
             assert pid is not None
             if qos == 1:
-                result = broker.publish(message, self.identity, count_drops=True)
+                result = broker.publish(message, self.identity, count_drops=True,
+                                        early=True)
             else:
                 result = broker.publish_qos2(session, message, self.identity, pid,
                                              count_drops=True)
             ack = decisions.published(qos, pid, result, v5)
             assert ack is not None
             gate = result.gate
-            self._acknowledge(ack, pid, result.durable,
+            self._acknowledge(ack, pid, result.waiter or result.durable,
                               gate.open if ack.opens and gate is not None else None)
         self._after_publish(session, result, len(packet.payload))
 
