@@ -122,6 +122,14 @@ class ActionExecutor(MQTTLink):
             return
         if acks is NO_ACKS:
             acks = self._acks = AckQueue()
+        if type(d) is Waiter and after is None:
+            # (one entry, one callback and one flush for the QoS 1 PUBACKs of a read)
+            waiting = acks.add_waiting(frame, d)
+            if acks.over_bound:
+                self._pause_reading("storage")
+            if waiting is not None:
+                d.when_done(self._ack_outcome, waiting)
+            return
         entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they
