@@ -87,16 +87,21 @@ class CommitBatcher:
         """True inside a batch that will be stored (``persist_early`` may be used)."""
         return bool(self._depth) and not self.stopping
 
-    def persist_early(self, ops: Sequence[Op], entries: Sequence[OutEntry]) -> Waiter:
+    def persist_early(self, ops: Sequence[Op], entries: Sequence[OutEntry]) -> Waiter | None:
         """Inside a batch (``batching``): submit ``ops`` with the batch, and return
         the batch's ``Waiter``, which succeeds once the batch is committed or once
         every entry of every ``persist_early`` of the batch has been acknowledged,
-        whichever comes first, and fails if the commit fails first."""
+        whichever comes first, and fails if the commit fails first.  Outside a
+        batch, or while stopping: None, nothing submitted (use ``persist``)."""
+        if not self._depth or self.stopping:
+            return None
         self._ops.extend(ops)
         waiter = self._early
         if waiter is None:
             waiter = self._early = Waiter(self.log_failure)
-        waiter.hold(entries)
+        for entry in entries:   # (``Waiter.hold`` inlined: once per publish)
+            entry.on_done = waiter
+        waiter.outstanding += len(entries)
         return waiter
 
     def barrier(self) -> Deferred[None]:

@@ -245,11 +245,11 @@ class Router(Subscriptions):
                 (identity.protocol or None) if identity is not None else None,
                 len(matches) - dropped,
                 dropped)
-        if (early and qos1_entries and not held and other_ops == 0 and gate is None
-                and commits.batching):
-            return Published(None, congested if congested is not None else _NO_SESSIONS,
-                             dropped=dropped,
-                             waiter=commits.persist_early(ops, qos1_entries))
+        if early and qos1_entries and not held and other_ops == 0 and gate is None:
+            waiter = commits.persist_early(ops, qos1_entries)   # (None: not batching)
+            if waiter is not None:
+                return Published(None, congested if congested is not None
+                                 else _NO_SESSIONS, dropped=dropped, waiter=waiter)
         # Inside a batch (or while stopping) the Deferred persist returns is ours
         # alone, so it may also be fired early, by acknowledgements.
         owned = commits.owned

@@ -114,7 +114,12 @@ class OutEntry:
 
     def put_op(self, client_id: str) -> PutQueued:
         """The store operation that records this entry for session ``client_id``."""
-        return PutQueued(client_id, self.seq, self.stored())
+        # (``stored`` inlined: one per QoS 1/2 delivery to a persistent session)
+        message = self.message
+        if message.retain != self.retain:
+            message = message.with_retain(self.retain)
+        return PutQueued(client_id, self.seq, StoredQueued(
+            message, self.qos, self.state, self.packet_id, self.subscription_ids))
 
 
 NO_OPS: list[Op] = []
