@@ -151,13 +151,17 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
 
     A subscriber that acknowledges within one commit window makes the queue write
     pointless: skipping it (and keeping the delete, which may remove a record from
-    an earlier commit) leaves the same state with far fewer bucket writes.  A put
+    an earlier commit, unless the entry's first put is in this commit:
+    ``PutQueued.first``) leaves the same state with far fewer bucket writes.  A put
     followed by another put of the same entry (its state changed) is written once,
     as the last one.
     """
     # (session, seq) -> the id of the entry's last PutQueued not yet superseded:
     # one int per put, no list (this runs on the writer thread for every op).
     pending: dict[tuple[str, int], int] = {}
+    # Entries whose first put is in this commit: nothing of them is stored yet, so
+    # their delete is skipped too while that put is pending.
+    fresh: set[tuple[str, int]] = set()
     # Durable queues likewise: a message consumed by every group before the commit
     # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
     appended: dict[str, list[tuple[int, int]]] = {}
@@ -171,11 +175,16 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                 earlier = pending.get(key)
                 if earlier is not None:
                     skip.add(earlier)
+                elif op.first:  # type: ignore[union-attr]
+                    fresh.add(key)
                 pending[key] = id(op)
             elif kind is DeleteQueued:
-                put = pending.pop((op.client_id, op.seq), None)  # type: ignore[union-attr]
+                key = (op.client_id, op.seq)  # type: ignore[union-attr]
+                put = pending.pop(key, None)
                 if put is not None:
                     skip.add(put)
+                    if key in fresh:
+                        skip.add(id(op))
             elif kind is PutQueueMessage:
                 appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]
                     (op.offset, id(op)))  # type: ignore[union-attr]
@@ -192,6 +201,7 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                 client = op.client_id  # type: ignore[union-attr]
                 for key in [k for k in pending if k[0] == client]:
                     del pending[key]
+                    fresh.discard(key)
     return skip
 
 

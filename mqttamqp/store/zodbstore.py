@@ -305,6 +305,8 @@ class ZODBStore:
             "ops": self._ops,                  # ops committed
             "commits": self._commits,          # successful group commits
             "failed_commits": self._failed_commits,
+            # queue writes skipped: puts a later op replaced, and the deletes of
+            # entries never stored (``applying.superseded_puts``)
             "coalesced_puts": self._coalesced,
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,

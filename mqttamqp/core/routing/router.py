@@ -228,7 +228,7 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                ops.append(entry.put_op(session.client_id))
+                ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                 if qos == 1 and entry.packet_id in session.inflight:
                     qos1_entries.append(entry)
                 else:

@@ -1,7 +1,8 @@
 """The batch's early-acknowledgement waiter (``core.commits.Waiter``) and how
 ``CommitBatcher.persist_early`` feeds it: one outcome for every callback, each
 called on its own, success at the commit or once every delivery is acknowledged
-after the batch was submitted, and a failed commit failing them all."""
+after the batch was submitted, and a failed commit failing them all; and the
+``PutQueued.first`` mark the router gives a new delivery's put."""
 
 from __future__ import annotations
 
@@ -149,3 +150,22 @@ def test_no_waiter_outside_a_batch_or_while_stopping() -> None:
     commits.stopping = True
     assert not commits.batching
     commits.end()
+
+
+def test_a_routed_delivery_is_a_first_put_and_a_later_state_is_not() -> None:
+    """The router's put of a new delivery says ``first`` (its seq is new: a delete in
+    the same commit has nothing to remove); the put of a later state (PUBREC) does
+    not."""
+    from core_broker import connect, make_broker, pub, subscribe
+
+    from mqttamqp.core.persistence import PutQueued
+
+    broker, _clock, store = make_broker()
+    s, _link, _ = connect(broker, "p", clean=False)
+    subscribe(broker, s, ("a", 2))
+    pub(broker, "a", b"m", qos=2)
+    puts = [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert [op.first for op in puts] == [True]
+    broker.received(s, 1)
+    puts = [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert [op.first for op in puts] == [True, False]
