@@ -222,11 +222,12 @@ class CommitBatcher:
     def _submit(self) -> None:
         ops, waiters, early = self._ops, self._waiters, self._early
         self._ops, self._waiters, self._early = [], [], None
+        if early is not None:
+            # (while stopping nothing is stored: only the acknowledgements complete it)
+            early.seal()
         if self.stopping:
             return
         d = self._commit(ops)
-        if early is not None:
-            early.seal()
         if waiters or early is not None:
             # (one callback pair for all: none of them sees what another returned)
             d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early),

@@ -169,3 +169,19 @@ def test_a_routed_delivery_is_a_first_put_and_a_later_state_is_not() -> None:
     broker.received(s, 1)
     puts = [op for op in store.submitted if isinstance(op, PutQueued)]
     assert [op.first for op in puts] == [True, False]
+
+
+def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() -> None:
+    """Shutdown begun inside the batch: nothing is submitted; the waiter succeeds only
+    once every delivery is acknowledged (as the Deferred path's early completion)."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.begin()
+    entry = _entry(1)
+    waiter = commits.persist_early([_op(entry)], [entry])
+    assert waiter is not None
+    commits.stopping = True
+    commits.end()
+    assert store.pending == [] and not waiter.done
+    waiter()
+    assert waiter.done
