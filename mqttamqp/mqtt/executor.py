@@ -172,14 +172,14 @@ class ActionExecutor(MQTTLink):
         name is a bug (ValueError, nothing armed)."""
         deadline = arm.deadline
         if deadline == "connect":
-            self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
+            self._factory.connect_deadlines.add(self, arm.seconds)
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
         rule = Keepalive.of(int(arm.seconds))
         # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
         self.keepalive = rule.seconds
-        self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
+        self._factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
 

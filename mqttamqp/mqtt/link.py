@@ -82,8 +82,8 @@ class MQTTLink(ConnectionRules):
     connected_since: float
     _v5: Negotiated | None
     bridge_peer: bool   # the client announced Mosquitto's bridge flag
-    _connect_timer: list[Any] | None
-    _keepalive_timer: list[Any] | None
+    _connect_timer: float | None    # due times, set by the ``Deadlines``
+    _keepalive_timer: float | None
     messages_in: int
     _acks: AckQueue
     _cause: str

@@ -183,8 +183,10 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
-        self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
-        self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
+        # The due times of the deadlines in factory.connect_deadlines and
+        # factory.keepalives (set and cleared by them).
+        self._connect_timer: float | None = None
+        self._keepalive_timer: float | None = None
         self._acks = NO_ACKS   # (its own once an acknowledgement waits: ``_ack``)
         # The transport's buffer is full (a plain attribute, not a property: the core
         # reads it for every delivery, ``ClientLink.congested``).
@@ -412,23 +414,20 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # -- timers -------------------------------------------------------------------
 
     def _connect_timed_out(self) -> None:
-        self._connect_timer = None
         self._carry_out(Close(f"no CONNECT within {self.limits.connect_timeout:g}s"))
 
     def _keepalive_check(self) -> None:
-        self._keepalive_timer = None
         keepalive = Keepalive.of(self.keepalive)
         now = self.clock.seconds()
         delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
         if delay is None:
             self._carry_out(Close(keepalive.expired_reason(now, self._last_activity)))
         else:
-            self._keepalive_timer = self.factory.keepalives.add(self, delay)
+            self.factory.keepalives.add(self, delay)
 
     def _stop_connect_timer(self) -> None:
         if self._connect_timer is not None:
-            self.factory.connect_deadlines.cancel(self._connect_timer)
-            self._connect_timer = None
+            self.factory.connect_deadlines.cancel(self)
 
     def _cancel_timers(self) -> None:
         self._stop_connect_timer()
@@ -438,8 +437,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if timer is not None and timer.active():
             timer.cancel()
         if self._keepalive_timer is not None:
-            self.factory.keepalives.cancel(self._keepalive_timer)
-        self._keepalive_timer = self._turn_timer = None
+            self.factory.keepalives.cancel(self)
+        self._turn_timer = None
         if "_debug_timer" in vars(self):
             self.stop_debug()
 
@@ -517,9 +516,10 @@ class MQTTFactory(Factory):
         # "connected from": 20 lines a second at most (then a count in the next one).
         self.connect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         # Every connection's keepalive check, on one timer.
-        self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
+        self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check, "_keepalive_timer")
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
-        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
+        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out,
+                                           "_connect_timer")
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
