@@ -28,7 +28,7 @@ through ``protocol``'s ``_write``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -50,6 +50,9 @@ Action = Send | Ack | Close | Refuse | Arm | Goodbye
 class ActionExecutor(MQTTLink):
     """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _carry_out(self, action: Action, packet_id: int = 0) -> None:
         """Do ``action`` (an ``Ack`` here is sent at once, in order)."""

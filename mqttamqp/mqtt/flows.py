@@ -14,6 +14,8 @@ or write.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
@@ -55,6 +57,9 @@ def _consumer(props: Properties | None) -> Consumer | None:
 class ConnectedFlows(ActionExecutor):
     """The packets of a connected client, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     # -- PUBLISH and its flows --------------------------------------------------------
 

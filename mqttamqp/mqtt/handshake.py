@@ -17,6 +17,7 @@ protocol's slots).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -66,6 +67,9 @@ class AuthInProgress:
 
 class ConnectHandshake(ActionExecutor):
     """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
 

@@ -18,7 +18,7 @@ rules' methods), not a second object holding one field.  Nothing here runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from twisted.logger import Logger
 
@@ -63,6 +63,9 @@ class ListenerState(Protocol):
 
 class MQTTLink(ConnectionRules):
     """The state and operations of one MQTT connection its parts share."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     log: ClassVar[Logger]
     transport: Any

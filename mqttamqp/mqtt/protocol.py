@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -89,6 +89,7 @@ from mqttamqp.mqtt.packets import (
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
@@ -107,12 +108,14 @@ _NO_PROPERTIES = b"\x00"
 
 @implementer(IPushProducer)
 class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
-                   Protocol):
+                   SlottedProtocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
-    # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
-    # are slots too: with them here CPython never allocates the instance's dict.
+    # (unshared) __dict__ of about 1.5 KB; and with no dict at all (every base has
+    # ``__slots__``; ``SlottedProtocol`` in place of Twisted's ``Protocol``, which has
+    # none) the dict's pointers and values block are gone too (~40 bytes).  The
+    # console's debug log does not need one either: ``debuglog`` swaps the class.
     # The connection is its own ``ConnectionRules`` (a base class, through
     # ``link.MQTTLink``: its ``state`` slot and methods): the rules stay sans-IO and
     # tested alone, and a connection does not pay for a second object (40 bytes) to
@@ -134,6 +137,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_throttle",
         "_turn_timer",
         "_v5",
+        "bridge_peer",
         "broker",
         "bytes_in",
         "bytes_out",
@@ -439,7 +443,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if self._keepalive_timer is not None:
             self.factory.keepalives.cancel(self)
         self._turn_timer = None
-        if "_debug_timer" in vars(self):
+        if debuglog.debugged(self):
             self.stop_debug()
 
     # -- per-client debug logging (the console's "Debug log") ----------------------
