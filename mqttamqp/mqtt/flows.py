@@ -82,18 +82,21 @@ class ConnectedFlows(ActionExecutor):
                           self.client_id, self.clock.seconds(), packet.dup)
         self.messages_in += 1
         broker = self.broker
+        identity = self.identity
+        if identity is None:
+            identity = self._identified()
         qos = packet.qos
         if qos == 0:
-            result = broker.publish(message, self.identity, wait=False)
+            result = broker.publish(message, identity, wait=False)
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, self.identity)
+            result = broker.publish(message, identity)
             self._acknowledge(PUBACK, pid, result.durable)
         else:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish_qos2(session, message, self.identity, pid)
+            result = broker.publish_qos2(session, message, identity, pid)
             # PUBREC first (after its commit), then the message goes to subscribers.
             gate = result.gate
             if gate is None:
@@ -118,14 +121,17 @@ class ConnectedFlows(ActionExecutor):
         self.messages_in += 1
         qos = packet.qos
         broker = self.broker
+        identity = self.identity
+        if identity is None:
+            identity = self._identified()
         if qos == 0:
-            result = broker.publish(message, self.identity, wait=False)
+            result = broker.publish(message, identity, wait=False)
         else:
             assert pid is not None
             if qos == 1:
-                result = broker.publish(message, self.identity, count_drops=True)
+                result = broker.publish(message, identity, count_drops=True)
             else:
-                result = broker.publish_qos2(session, message, self.identity, pid,
+                result = broker.publish_qos2(session, message, identity, pid,
                                              count_drops=True)
             ack = decisions.published(qos, pid, result, v5)
             assert ack is not None
@@ -175,8 +181,10 @@ class ConnectedFlows(ActionExecutor):
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
+        assert session is not None
         identity = self.identity
-        assert session is not None and identity is not None
+        if identity is None:
+            identity = self._identified()
         broker = self.broker
         if self._v5 is not None:
             plan = decisions.subscribe5(packet, self.limits, self.strings,

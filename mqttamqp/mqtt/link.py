@@ -76,7 +76,7 @@ class MQTTLink(ConnectionRules):
     strings: StringRules
     decoder: Decoder
     session: Session | None
-    identity: Identity | None
+    identity: Identity | None   # made at the first PUBLISH or SUBSCRIBE (``_identified``)
     client_id: str
     username: str | None
     version: str
@@ -113,6 +113,7 @@ class MQTTLink(ConnectionRules):
     _pause_reading: Callable[[str], None]
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
+    _identified: Callable[[], Identity]
 
     @property
     def peer(self) -> str:
