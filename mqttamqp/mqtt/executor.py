@@ -29,7 +29,7 @@ through ``protocol``'s ``_write``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -55,6 +55,9 @@ Durable = Deferred[None] | Waiter | None
 class ActionExecutor(MQTTLink):
     """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _carry_out(self, action: Action, packet_id: int = 0) -> None:
         """Do ``action`` (an ``Ack`` here is sent at once, in order)."""
@@ -196,14 +199,14 @@ class ActionExecutor(MQTTLink):
         name is a bug (ValueError, nothing armed)."""
         deadline = arm.deadline
         if deadline == "connect":
-            self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
+            self._factory.connect_deadlines.add(self, arm.seconds)
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
         rule = Keepalive.of(int(arm.seconds))
         # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
         self.keepalive = rule.seconds
-        self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
+        self._factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
 
