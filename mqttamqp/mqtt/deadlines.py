@@ -79,10 +79,19 @@ class Deadlines:
     def cancel(self, item: Any) -> None:
         """``item`` has no deadline here any more (none is fine)."""
         slot = self._slot
-        if getattr(item, slot) is None:
+        due = getattr(item, slot)
+        if due is None:
             return
         setattr(item, slot, None)
         self._live -= 1
+        second = int(due)
+        if second > self._opened:
+            # out of its bucket now: a closed connection must not stay reachable
+            # until its second comes (one bucket's scan, at close time)
+            bucket = self._buckets.get(second)
+            if bucket is not None and item in bucket:
+                bucket.remove(item)
+                self._entries -= 1
         if not self._live:
             self._clear()    # (the timer, if set, runs once and finds nothing)
         elif self._entries > 2 * self._live + 64:
@@ -149,8 +158,9 @@ class Deadlines:
             if self._due <= due:
                 return    # it runs first, and then sets itself for this one
             timer.cancel()
-        self._due = due
-        self._timer = self._clock.callLater(max(0.0, due - self._clock.seconds()), self._run)
+        now = self._clock.seconds()
+        self._due = max(due, now)   # when it really runs (a bucket's second may be past)
+        self._timer = self._clock.callLater(max(0.0, due - now), self._run)
 
     def _open(self, now: float) -> None:
         """Move the buckets whose second has come to the exact heap."""
