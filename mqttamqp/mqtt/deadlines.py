@@ -31,8 +31,10 @@ class Deadlines:
     the item) 134.  Here an item waits in a wheel of one-second buckets (a pointer in
     the bucket's list), and its exact due time is its own: the float in the
     attribute named ``slot`` (None: no deadline), which is also what tells a live
-    entry from one cancelled or replaced (the bucket keeps those, inert, until
-    its second comes or there are too many of them).  When a bucket's second comes
+    entry from one replaced (the bucket keeps those, inert, until its second comes
+    or there are too many of them; a cancelled one leaves its bucket at once).  The
+    saving assumes busy seconds: a deadline alone in its second pays for a bucket
+    (~157 bytes, more than the heap entry).  When a bucket's second comes
     its live items move to a small exact heap, which runs each at its due time:
     the timer is never later than the earliest live deadline.  The timer stays set
     when its deadline is cancelled: it runs then, finds what is due (perhaps
