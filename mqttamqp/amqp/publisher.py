@@ -61,8 +61,8 @@ def acting_for(host: LinkHost, plink: Any) -> str | None:
     act on that client's session as for the Subscription Service; else None."""
     try:
         props = plink.remote_properties
-    except UnicodeDecodeError:   # (proton decodes strings strictly: NOTES)
-        return None
+    except (UnicodeDecodeError, KeyError, TypeError, ValueError):
+        return None   # (undecodable, as attach._capabilities: NOTES) -> no claim
     claimed = props.get(ANNOTATION_CLIENT_ID) if isinstance(props, dict) else None
     if not isinstance(claimed, str) or not claimed:
         return None

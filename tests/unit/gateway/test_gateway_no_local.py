@@ -80,3 +80,49 @@ def test_a_sender_acts_for_a_client_only_where_its_connection_may() -> None:
     assert acting_for(_host(True), SimpleNamespace(remote_properties=None)) is None
     assert acting_for(_host(True), SimpleNamespace(
         remote_properties={"x-opt-mqtt-client-id": 7})) is None
+
+
+def _hostile_properties(link: Any) -> None:
+    """Attach properties proton cannot decode into a dict: a list as a map key."""
+    from cproton import pn_link_properties
+    from proton import Data
+
+    d = Data(pn_link_properties(link._impl))
+    d.put_map()
+    d.enter()
+    d.put_list()
+    d.enter()
+    d.put_int(1)
+    d.exit()
+    d.put_string("x")
+    d.exit()
+
+
+def test_undecodable_attach_properties_on_a_sender_leave_the_connection_open() -> None:
+    """A topic sender whose attach properties do not decode claims no client and does
+    not end its connection (as undecodable capabilities, attach._capabilities)."""
+    net = Net()
+    peer = net.amqp("hostile")
+    link = peer.session.sender("s-bad")
+    link.target.address = link.source.address = "t/x"
+    _hostile_properties(link)
+    link.open()
+    net.pump()
+    assert not peer.lost
+    assert link.remote_target.address == "t/x"
+
+
+def test_undecodable_attach_properties_on_a_queue_receiver_refuse_only_the_link() -> None:
+    """A queue receiver whose attach properties do not decode is refused with
+    amqp:invalid-field; the connection stays."""
+    net = Net()
+    peer = net.amqp("hostile-q")
+    link = peer.session.receiver("r-bad")
+    link.source.address = "$queue/q1"
+    link.target.address = "r-bad"
+    _hostile_properties(link)
+    link.open()
+    net.pump()
+    assert not peer.lost
+    assert link.remote_condition is not None
+    assert link.remote_condition.name == "amqp:invalid-field"
