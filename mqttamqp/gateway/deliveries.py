@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.mqtt.connection import AckQueue, ConnectionRules, ConnectionState
+from mqttamqp.mqtt.decisions import pubrec_refused
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.channel import ClientChannel
@@ -113,13 +114,20 @@ class ClientDeliveries:
             return
         self._finish(outbound.acknowledged(pid))
 
-    def _on_pubrec(self, pid: int) -> None:
+    def _on_pubrec(self, pid: int, reason_code: int = 0) -> None:
         outbound = self.outbound
         problem = outbound.ack_problem("PUBREC", pid)
         if problem is not None:
             self._violation(problem)
             return
         dlv = outbound.acknowledged(pid)
+        if pubrec_refused(reason_code):
+            # MQTT 5 §4.3.3: a failed PUBREC ends the exchange (no PUBREL), as on a
+            # broker (mqtt.flows): settled Accepted without release, the core
+            # completes the message.
+            outbound.exactly_once.discard(pid)
+            self._finish(dlv)
+            return
         if dlv is not None and self.channel is not None:
             self.channel.released(pid, dlv)
 

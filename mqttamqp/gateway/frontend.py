@@ -286,7 +286,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.acks.add(ack_frame(0x70, pid), None, True)
             self._flush_acks()
         elif kind is Pubrec:
-            self._on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+            self._on_pubrec(packet.packet_id,  # type: ignore[attr-defined]
+                            packet.reason_code)  # type: ignore[attr-defined]
         elif kind is Pubcomp:
             self._on_pubcomp(packet.packet_id)  # type: ignore[attr-defined]
         elif kind is Subscribe:

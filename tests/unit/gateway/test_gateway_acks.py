@@ -9,14 +9,25 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from amqp_memory import Net
+from gateway_memory import Gateway
 from test_gateway_frontend import CONNECT, FakePool, connected, packets
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.gateway.channel import Outcome
 from mqttamqp.gateway.frontend import GatewayProtocol
-from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connect,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+)
 
 
 def _ready() -> tuple[GatewayProtocol, StringTransport, Any, Clock]:
@@ -132,3 +143,41 @@ def test_held_deliveries_keep_their_order_and_qos0_is_settled_once_written() -> 
     assert [p.payload for p in packets(transport)] == [b"now"]
     assert channel.finished_ == ["q0", "q0b"]
     assert proto.factory.held_deliveries == 2
+
+
+def mqtt5_client(net: Net, gw: Gateway, cid: str) -> tuple[Any, Any]:
+    """An MQTT 5 client of ``gw`` (``gateway_memory``'s are 3.1.1): send, take."""
+    proto = gw.factory.buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    dec = Decoder(protocol_level=5)
+
+    def send(*ps: object) -> None:
+        for p in ps:
+            proto.dataReceived(encode(p, 5))
+        net.pump()
+
+    def take() -> list[object]:
+        net.pump()
+        dec.feed(transport.value())
+        transport.clear()
+        return list(dec)
+
+    send(Connect("MQTT", 5, cid, True, 0, None))
+    take()
+    return send, take
+
+
+def test_a_failed_pubrec_ends_the_exchange_without_pubrel() -> None:
+    """MQTT 5 PUBREC with a failure code (>= 0x80) gets no PUBREL, as from a broker,
+    and the core is done with the message (the delivery settled)."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5")
+    send(Subscribe(1, (("t", 2),)))
+    take()
+    net.mqtt("pub").publish("t", b"x", 2)
+    (m,) = [p for p in take() if isinstance(p, Publish)]
+    send(Pubrec(m.packet_id, 0x80))
+    assert not [p for p in take() if isinstance(p, Pubrel)]
+    assert not net.broker.sessions["v5"].inflight
