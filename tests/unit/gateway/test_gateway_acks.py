@@ -181,3 +181,34 @@ def test_a_failed_pubrec_ends_the_exchange_without_pubrel() -> None:
     send(Pubrec(m.packet_id, 0x80))
     assert not [p for p in take() if isinstance(p, Pubrel)]
     assert not net.broker.sessions["v5"].inflight
+
+
+def test_puback_for_a_pubrel_resent_after_a_reconnect_closes() -> None:
+    """After a reconnect the core resends PUBREL for a PUBREC'd delivery; PUBACK for
+    it breaks the protocol and closes the connection, as on a broker."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    c = gw.client("p", clean=False)
+    c.send(Subscribe(1, (("t", 2),)))
+    assert c.take(Suback)
+    net.mqtt("pub").publish("t", b"x", 2)
+    (m,) = c.take(Publish)
+    c.send(Pubrec(m.packet_id))
+    assert c.take(Pubrel)
+    c.drop()
+    c2 = gw.client("p", clean=False)
+    (rel,) = c2.take(Pubrel)
+    c2.send(Puback(rel.packet_id))
+    assert c2.proto.rules.closed
+
+
+def test_a_released_packet_id_is_not_reused_for_a_new_delivery() -> None:
+    """The core's packet id of a delivery whose PUBREL was sent is refused for another
+    PUBLISH until PUBCOMP (resent PUBREL after a reconnect too)."""
+    from mqttamqp.gateway.outbound import Outbound
+
+    out = Outbound()
+    out.pubrel(7, "rel")
+    assert out.publish("t", b"x", 1, False, False, "d", None, 7) is None
+    assert out.completed(7) == "rel"
+    assert out.publish("t", b"x", 1, False, False, "d", None, 7)
