@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -49,10 +49,12 @@ from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.deliveries import ClientDeliveries
 from mqttamqp.gateway.frames import (
     bridge_options,
+    carried_options,
     connack,
     publish_ack,
     publish_problem,
     suback,
+    suback_v5,
     subscribe_problem,
     unsuback,
 )
@@ -67,7 +69,7 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
     StringRules,
 )
-from mqttamqp.mqtt.decisions import authenticated
+from mqttamqp.mqtt.decisions import authenticated, subscribe5
 from mqttamqp.mqtt.decisions import connect as decide_connect
 from mqttamqp.mqtt.decisions import unsubscribe as decide_unsubscribe
 from mqttamqp.mqtt.packets import (
@@ -490,6 +492,13 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         channel = self.channel
         assert channel is not None
+        if self.level == 5:   # (the broker's judgement: 0x8F for no local on $share/)
+            plan = subscribe5(packet, self.factory.limits, self.factory.strings, ())
+            self._answer_later(channel.subscribe(
+                packet.packet_id, dict(plan.wanted), carried_options(plan)
+            ) if plan.wanted else succeed(Outcome(True)),
+                lambda outcome: suback_v5(packet, plan, outcome))
+            return
         self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics),
                                              bridge_options(packet) if self.bridge else None),
                            lambda outcome: suback(packet, outcome, self.level))

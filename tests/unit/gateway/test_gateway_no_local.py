@@ -12,10 +12,11 @@ from typing import Any
 
 from amqp_memory import Net
 from gateway_memory import Gateway
+from test_gateway_acks import mqtt5_client
 
 from mqttamqp.amqp.codec.contract import subscription_options
 from mqttamqp.amqp.publisher import acting_for
-from mqttamqp.core.sessions.session import NO_LOCAL
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED
 from mqttamqp.mqtt.packets import Puback, Publish, Suback, Subscribe
 
 
@@ -126,3 +127,33 @@ def test_undecodable_attach_properties_on_a_queue_receiver_refuse_only_the_link(
     assert not peer.lost
     assert link.remote_condition is not None
     assert link.remote_condition.name == "amqp:invalid-field"
+
+
+def test_an_mqtt5_clients_no_local_is_honoured() -> None:
+    """MQTT 5 no-local through a gateway: the client does not get its own message,
+    and the core keeps the option (with retain as published) for the filter."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5nl")
+    send(Subscribe(1, (("t", 0), ("u", 1)), options=(0x04, 0x08)))
+    (ack,) = [p for p in take() if isinstance(p, Suback)]
+    assert ack.return_codes == (0, 1)
+    send(Publish("t", b"own", 0, False, False, None))
+    assert not [p for p in take() if isinstance(p, Publish)]
+    assert net.broker.sessions["v5nl"].sub_options == {"t": 0 | NO_LOCAL,
+                                                       "u": 1 | RETAIN_AS_PUBLISHED}
+
+
+def test_an_mqtt5_no_local_on_a_shared_filter_is_refused_for_that_filter() -> None:
+    """MQTT-3.8.3-4: no-local on a $share/ filter gets SUBACK 0x8F for that filter,
+    as from the broker (mqtt.decisions.subscribe5); the other filters are granted."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5sh")
+    send(Subscribe(1, (("$share/g/u", 0),), options=(0x04,)))
+    (ack,) = [p for p in take() if isinstance(p, Suback)]
+    assert ack.return_codes == (0x8F,)
+    send(Subscribe(2, (("$share/g/u", 0), ("v", 1)), options=(0x04, 0)))
+    (ack,) = [p for p in take() if isinstance(p, Suback)]
+    assert ack.return_codes == (0x8F, 1)
+    assert "$share/g/u" not in net.broker.sessions["v5sh"].subscriptions
