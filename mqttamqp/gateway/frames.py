@@ -1,8 +1,8 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
 the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
 and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, the
-subscription options carried to the core (a bridge's; an MQTT 5 client's), and what an MQTT 5 PUBLISH's properties become on
-their way to the core.
+subscription options carried to the core (a bridge's; an MQTT 5 client's), and what
+an MQTT 5 PUBLISH's properties become on their way to the core.
 
 What it must not do: write, keep state, or decide when a frame goes (``frontend``).
 """
