@@ -66,15 +66,16 @@ def test_subscription_options_annotation_is_read_per_filter() -> None:
         assert isinstance(subscription_options({key: bad}, requests), str)
 
 
-def _host(allowed: bool) -> Any:
-    gate = SimpleNamespace(may_use_session=lambda identity, client_id: allowed)
-    return SimpleNamespace(broker=SimpleNamespace(gate=gate), identity=None)
+def _host(holds_will: bool) -> Any:
+    gate = SimpleNamespace(may_use_session=lambda identity, client_id: True)
+    return SimpleNamespace(broker=SimpleNamespace(gate=gate), identity=None,
+                           holds_will=lambda client_id: holds_will)
 
 
-def test_a_sender_acts_for_a_client_only_where_its_connection_may() -> None:
-    """The attach property names the publisher only when the connection may act on
-    that client's session (as for the Subscription Service); else, or without one
-    or with one that is not a string, the container stays the publisher."""
+def test_a_sender_acts_for_a_client_only_where_its_connection_holds_its_will() -> None:
+    """The attach property names the publisher only when the same connection holds
+    that client's will-service link (whatever the gate would allow); else, or without
+    one or with one that is not a string, the container stays the publisher."""
     props = {"x-opt-mqtt-client-id": "dev-1"}
     assert acting_for(_host(True), SimpleNamespace(remote_properties=props)) == "dev-1"
     assert acting_for(_host(False), SimpleNamespace(remote_properties=props)) is None
@@ -157,3 +158,26 @@ def test_an_mqtt5_no_local_on_a_shared_filter_is_refused_for_that_filter() -> No
     (ack,) = [p for p in take() if isinstance(p, Suback)]
     assert ack.return_codes == (0x8F, 1)
     assert "$share/g/u" not in net.broker.sessions["v5sh"].subscriptions
+
+
+def test_a_claim_without_the_clients_will_link_is_ignored_quietly(
+        log_lines: list[str]) -> None:
+    """A sender on another connection naming a gateway client in
+    ``x-opt-mqtt-client-id`` does not publish as that client (its no-local
+    subscriber still gets the message), and nothing is logged about a takeover."""
+    from proton import Message, symbol
+
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5c")
+    send(Subscribe(1, (("t", 0),), options=(0x04,)))
+    assert [p for p in take() if isinstance(p, Suback)]
+    peer = net.amqp("other")
+    link = peer.session.sender("claims-v5c")
+    link.target.address = link.source.address = "t"
+    link.properties = {symbol("x-opt-mqtt-client-id"): "v5c"}
+    link.open()
+    net.pump()
+    peer.send(link, Message(body=b"not yours"), settled=True)
+    assert [p.payload for p in take() if isinstance(p, Publish)] == [b"not yours"]
+    assert not [line for line in log_lines if "take over" in line]
