@@ -429,6 +429,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.acks.add(ack_frame(0x50, pid), None, True)   # (known: PUBREC again)
             self._flush_acks()
             return
+        self._own_entry(packet.topic)   # (its copy comes after this: ``deliveries``)
         entry = self.acks.add(ack_frame(0x40 if qos == 1 else 0x50, pid), None, False)
         if qos == 2:
             self.awaiting_rel.add(pid)
@@ -458,6 +459,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         taken = self.acks.take()
         if taken:
+            self._acks_taken(len(taken))
             self.transport.write(b"".join([frame for frame, _after in taken]))
             for _frame, after in taken:
                 if after is not None:
@@ -515,12 +517,14 @@ class GatewayProtocol(ClientDeliveries, Protocol):
     def _answer_later(self, d: Deferred[Outcome], frame: Callable[[Outcome], bytes]
                       ) -> None:
         """``frame`` of the core's answer ``d`` in packet order, bounded (``AckQueue``)."""
+        position = self._acks_written + len(self.acks)
         entry = self.acks.add(b"", None, False)
         if self.acks.over_bound:
             self._pause_reading()
 
         def answered(outcome: Outcome) -> None:
             entry[1] = frame(outcome)
+            self._answered_in_turn(position)
             AckQueue.ready(entry)
             self._flush_acks()
 
