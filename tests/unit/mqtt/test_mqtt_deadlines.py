@@ -197,7 +197,7 @@ def test_a_cancelled_item_is_no_longer_held_by_the_wheel() -> None:
     from mqttamqp.mqtt.deadlines import Deadlines
 
     class Conn:
-        __slots__ = ("due", "__weakref__")
+        __slots__ = ("__weakref__", "due")
 
         def __init__(self) -> None:
             self.due: float | None = None
