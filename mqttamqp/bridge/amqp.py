@@ -123,9 +123,12 @@ class AmqpLink(BridgeLink):
         if hops >= bridge.settings.max_hops:
             self._looped(message, hops, packet_id if qos else None)
             return
+        size = remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup,
+                           hops + 1, packet_id if qos else None, bridge.clock.seconds())
+        if size:   # (above the remote's max-message-size: it would detach the sender)
+            self._too_large(message, size, remote.max_message, packet_id if qos else None)
+            return
         bridge.sent += 1
-        remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup, hops + 1,
-                    packet_id if qos else None, bridge.clock.seconds())
 
     def send_pubrel(self, packet_id: int) -> None:
         """QoS 2: the remote accepted it (``received``); nothing more goes there."""
@@ -175,6 +178,7 @@ class AmqpRemote:
         self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
         self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
         self.closed = False
+        self.max_message = 0   # the remote's max-message-size on the sender (0: none)
         self._attaching = 0
         self._tag = 0
         self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
@@ -193,7 +197,9 @@ class AmqpRemote:
         return impl is None or link_credit(impl) <= 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
-             hops: int, packet_id: int | None, now: float) -> None:
+             hops: int, packet_id: int | None, now: float) -> int:
+        """Send one message; its encoded size instead if that is above the remote's
+        max-message-size (not sent: the caller drops it), else 0."""
         props = message.props
         users = ((*(p for p in props.user_properties if p[0] != HOPS), (HOPS, str(hops)))
                  if props is not None else ((HOPS, str(hops)),))
@@ -203,6 +209,8 @@ class AmqpRemote:
                            users))
         body = encode_publish5(address, message.payload, qos, retain, int(dup),
                                message.publisher, None, wire)
+        if self.max_message and len(body) > self.max_message:
+            return len(body)
         self._tag += 1
         tag = b"%x" % (packet_id if packet_id is not None else self._tag)
         impl = self.sender_impl
@@ -214,6 +222,7 @@ class AmqpRemote:
         else:
             self.waiting[dlv] = packet_id
         self.conn.flush()
+        return 0
 
     def pause_reading(self, why: str) -> None:
         """Stop reading the remote: what it sends waits unsettled in its keeping."""
@@ -308,6 +317,8 @@ class AmqpRemote:
             return   # (refused: its detach says why)
         self._attaching -= 1
         if self._attaching == 0:
+            if self.sender is not None:
+                self.max_message = int(self.sender.remote_max_message_size or 0)
             self.bridge.links_ready(self)
 
     def on_link_closed(self, link: Any, reason: str | None) -> None:

@@ -21,13 +21,13 @@ STOP_AFTER = 100   # the remote is stopped once this many are acknowledged
 
 
 def _far(tmp_path: Path, ports: dict[str, int] | None = None,
-         descriptions: dict[str, str] | None = None) -> BrokerProcess:
+         descriptions: dict[str, str] | None = None, *extra: str) -> BrokerProcess:
     """The remote: a second mqttamqp with MQTT and AMQP listeners (on ``ports`` when
     it starts again)."""
     if ports is not None:
         descriptions = {"--mqtt": f"tcp:{ports['MQTT']}:interface=127.0.0.1",
                         "--amqp": f"tcp:{ports['AMQP']}:interface=127.0.0.1"}
-    return BrokerProcess(os.path.join(tmp_path, "far"), listeners=("--mqtt", "--amqp"),
+    return BrokerProcess(os.path.join(tmp_path, "far"), *extra, listeners=("--mqtt", "--amqp"),
                          descriptions=descriptions).start()
 
 
@@ -242,6 +242,30 @@ def test_a_message_the_remote_rejects_is_dropped_and_the_rest_go_on(tmp_path: Pa
         pub.publish("ok/after", b"taken", qos=1)
         msg = sub.get(15)
         assert (msg.topic, msg.payload) == ("ok/after", b"taken")
+        assert not any(": lost" in line for line in near.log), near.output()
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_message_above_the_remote_max_message_size_is_dropped(tmp_path: Path) -> None:
+    """An out message larger than the max-message-size the remote announces is dropped
+    here (logged, counted), the connection stays up and the next message goes through."""
+    far = _far(tmp_path, None, None, "--max-packet-size", "2000")
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}", 'topics = ["out/# out 1"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("out/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("out/big", b"x" * 5000, qos=1)
+        pub.publish("out/small", b"s", qos=1)
+        line = near.wait_for_line(r"bridge hq: a message on out/big was dropped", timeout=15)
+        assert "2000" in line, line
+        msg = sub.get(15)
+        assert (msg.topic, msg.payload) == ("out/small", b"s")
         assert not any(": lost" in line for line in near.log), near.output()
         for c in (pub, sub):
             c.stop()

@@ -34,8 +34,9 @@ class FakeRemote:
         self.answers: list[tuple[Any, int]] = []
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
-             hops: int, packet_id: int | None, now: float) -> None:
+             hops: int, packet_id: int | None, now: float) -> int:
         self.sent.append((address, message.payload, packet_id, dup))
+        return 0
 
     def drop(self, reason: str) -> None:
         self.dropped = reason
