@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proton import Terminus
 from twisted.logger import Logger
 
 from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
@@ -80,6 +81,18 @@ REJECTED: int = lib.PN_REJECTED
 RELEASED: int = lib.PN_RELEASED
 MODIFIED: int = lib.PN_MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+
+
+def refused(link: Any) -> bool:
+    """Whether the remote's attach of ``link`` refuses it (its detach follows): a null
+    target for our sender, a null source for our receiver.  Proton never gives None
+    for the remote terminus: a null one is a terminus of type unspecified (and a null
+    source address, which a receiver needs).  (A pure function of proton's link; the
+    gateway's channel has its own check of the same fact.)"""
+    if link.is_sender:
+        return bool(link.remote_target.type == Terminus.UNSPECIFIED)
+    source = link.remote_source
+    return bool(source.type == Terminus.UNSPECIFIED or source.address is None)
 
 
 def upstream_of(bridge: BridgeBase) -> Upstream:
@@ -312,9 +325,8 @@ class AmqpRemote:
     # -- the session's events (gateway.engine.ChannelEvents) ------------------
 
     def on_link_open(self, link: Any) -> None:
-        terminus = link.remote_target if link.is_sender else link.remote_source
-        if terminus is None:
-            return   # (refused: its detach says why)
+        if refused(link):
+            return   # (still connecting: its detach, a failed attempt, says why)
         self._attaching -= 1
         if self._attaching == 0:
             if self.sender is not None:

@@ -272,3 +272,20 @@ def test_a_message_above_the_remote_max_message_size_is_dropped(tmp_path: Path) 
     finally:
         near.stop()
         far.stop()
+
+
+def test_a_receiver_the_remote_refuses_is_a_failing_attempt(tmp_path: Path) -> None:
+    """The remote refuses the in rule's receiver (its source has more levels than its
+    --max-topic-levels): the bridge never says connected, it logs the attempts as
+    failing with the remote's reason, once."""
+    far = _far(tmp_path, None, None, "--max-topic-levels", "2")
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["a/b/c/# in 1"]')
+    try:
+        line = near.wait_for_line(r"bridge hq to amqp://\S+: failing", timeout=15)
+        assert "detached" in line, line
+        lines = [x for x in near.log if "bridge hq" in x]
+        assert not any(": connected" in x or ": lost" in x for x in lines), lines
+    finally:
+        near.stop()
+        far.stop()
