@@ -18,7 +18,9 @@ as for ``mqtts://``), one session on it with
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
   each message published here with the bridge as publisher at min(its QoS, the
   rule's) and accepted only once durable here (``base.take_in``); ``credit``
-  (the table's key) unsettled messages at most are outstanding per receiver; a
+  (the table's key) unsettled messages at most are outstanding per receiver, and
+  while ``take_in`` holds the remote none is given back (the socket is still read:
+  heartbeats go on); a
   message with no MQTT form (no topic, a body that is not bytes), or larger than
   ``--max-packet-size`` (announced as each receiver's max-message-size), is rejected,
   counted and logged once a minute at most.  Loops: the out session is
@@ -190,6 +192,8 @@ class AmqpRemote:
         self.rules: dict[Any, TopicRule] = {}   # receiver (raw) → its rule
         self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
         self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
+        self.owed: dict[Any, int] = {}   # receiver (raw) → credit withheld while paused
+        self.detached = False   # dropped, or a link detached: nothing more is answered
         self.closed = False
         self.max_message = 0   # the remote's max-message-size on the sender (0: none)
         self._attaching = 0
@@ -238,22 +242,26 @@ class AmqpRemote:
         return 0
 
     def pause_reading(self, why: str) -> None:
-        """Stop reading the remote: what it sends waits unsettled in its keeping."""
-        transport = self.conn.transport
-        if not self.paused_for and transport is not None:
-            transport.pauseProducing()
+        """Hold the remote: no credit is given back while paused (what it sends waits
+        in its keeping; at most the credit it still has comes).  The socket is still
+        read, so that the heartbeats flow and proton's idle time-out does not end
+        the connection."""
         self.paused_for.add(why)
 
     def resume_reading(self, why: str) -> None:
         if why not in self.paused_for:
             return
         self.paused_for.discard(why)
-        transport = self.conn.transport
-        if not self.paused_for and transport is not None:
-            transport.resumeProducing()
+        if not self.paused_for and self.owed:
+            owed, self.owed = self.owed, {}
+            if self.conn.ptrans is not None and not self.detached:
+                for impl, n in owed.items():
+                    link_flow(impl, n)
+                self.conn.flush()
 
     def drop(self, reason: str) -> None:
         """Close the connection (the bridge reconnects) saying why."""
+        self.detached = True
         if self.conn.reason == "connection lost":
             self.conn.reason = reason
         if self.conn.transport is not None:
@@ -373,12 +381,15 @@ class AmqpRemote:
     def answer(self, dlv: Any, impl: Any, state: int) -> None:
         """Settle an incoming delivery with ``state`` and give its credit back
         (nothing once the connection is gone: the remote keeps it)."""
-        if self.conn.ptrans is None:
+        if self.conn.ptrans is None or self.detached:
             return
         if not delivery_settled(dlv):
             delivery_update(dlv, state)
         delivery_settle(dlv)
-        link_flow(impl, 1)
+        if self.paused_for:   # (held: given back on ``resume_reading``)
+            self.owed[impl] = self.owed.get(impl, 0) + 1
+        else:
+            link_flow(impl, 1)
         self.conn.flush()
 
     def answer_later(self, dlv: Any, impl: Any) -> Any:
