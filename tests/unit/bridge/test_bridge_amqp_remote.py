@@ -26,7 +26,7 @@ class FakeConn:
     def flush(self) -> None:
         self.flushed += 1
 
-    def pauseProducing(self) -> None:   # noqa: N802 (Twisted's name)
+    def pauseProducing(self) -> None:
         self.paused = True
 
 
