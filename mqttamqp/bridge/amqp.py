@@ -51,7 +51,7 @@ from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.topics import topic_matches
+from mqttamqp.core.topics import topic_matches, topic_size_problem, validate_topic_name
 from mqttamqp.gateway.engine import UpstreamConnection
 from mqttamqp.gateway.target import Upstream
 from mqttamqp.net.rawproton import (
@@ -378,12 +378,17 @@ class AmqpRemote:
         else:
             self.bridge.remote_message(self, rule, dlv, impl, data)
 
-    def answer(self, dlv: Any, impl: Any, state: int) -> None:
-        """Settle an incoming delivery with ``state`` and give its credit back
-        (nothing once the connection is gone: the remote keeps it)."""
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+        """Settle an incoming delivery with ``state`` (rejected with ``invalid``: its
+        condition amqp:invalid-field saying so) and give its credit back (nothing
+        once the connection is gone: the remote keeps it)."""
         if self.conn.ptrans is None or self.detached:
             return
         if not delivery_settled(dlv):
+            if invalid is not None:
+                cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
+                lib.pn_condition_set_name(cond, b"amqp:invalid-field")
+                lib.pn_condition_set_description(cond, invalid[:200].encode())
             delivery_update(dlv, state)
         delivery_settle(dlv)
         if self.paused_for:   # (held: given back on ``resume_reading``)
@@ -526,8 +531,21 @@ class AmqpBridge(BridgeBase):
             self.echoes += 1   # (ours, back from the remote: a ``both`` rule)
             remote.answer(dlv, impl, ACCEPTED)
             return
+        topic = self.local_topic(to)
+        limits = self.broker.limits   # (as the core's AMQP ingress checks a 'to')
+        problem = validate_topic_name(topic) or topic_size_problem(
+            topic, limits.max_topic_levels, limits.max_topic_length)
+        if problem is not None:
+            self.refused_here += 1
+            held = self.refusals.allow("in-bad-topic")
+            if held is not None:
+                self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
+                              "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
+                              a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
+            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}")
+            return
         qos = min(fields.qos, rule.qos)
-        message = Message(self.local_topic(to), fields.payload, qos, fields.retain,
+        message = Message(topic, fields.payload, qos, fields.retain,
                           self.settings.session_id, self.clock.seconds(), props=props)
         if qos == 0:
             self.take_in(remote, message, None)

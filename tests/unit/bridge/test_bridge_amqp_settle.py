@@ -12,6 +12,9 @@ from core_broker import make_broker
 from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
 
+import mqttamqp.bridge.amqp as amqp
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.bridge.amqp import ACCEPTED, REJECTED, RELEASED, AmqpBridge, AmqpLink
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.message import Message
@@ -32,6 +35,7 @@ class FakeRemote:
         self.paused_for: set[str] = set()
         self.dropped: str | None = None
         self.answers: list[tuple[Any, int]] = []
+        self.invalid: str | None = None
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> int:
@@ -41,8 +45,9 @@ class FakeRemote:
     def drop(self, reason: str) -> None:
         self.dropped = reason
 
-    def answer(self, dlv: Any, impl: Any, state: int) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
         self.answers.append((dlv, state))
+        self.invalid = invalid
 
     def disconnect(self) -> None:
         pass
@@ -164,3 +169,21 @@ def test_an_in_message_above_max_packet_size_is_rejected_and_counted() -> None:
     bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", b"x" * 65)
     assert remote.answers == [("dlv", REJECTED)]
     assert bridge.too_large_in == 1 and bridge.received == 0
+
+
+def _in_message(topic: str) -> bytes:
+    return encode_publish5(topic, b"bad", 1, False, 0, "someone", None,
+                           Mqtt5Props(None, None, None, None, None, ()))
+
+
+@pytest.mark.parametrize("topic", ["a/#", "a/+/b", "a/b/c/d"])
+def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
+        topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in message whose topic here is not a valid topic name (a wildcard) or breaks
+    --max-topic-levels is rejected as amqp:invalid-field, counted, not published."""
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, broker, _ = _connected({"max_topic_levels": 3}, topics=["# in 1"])
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+    assert remote.answers == [("dlv", REJECTED)] and remote.invalid is not None
+    assert topic in remote.invalid
+    assert bridge.refused_here == 1 and bridge.received == 0
