@@ -182,7 +182,7 @@ def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
     """An in message whose topic here is not a valid topic name (a wildcard) or breaks
     --max-topic-levels is rejected as amqp:invalid-field, counted, not published."""
     monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
-    bridge, remote, broker, _ = _connected({"max_topic_levels": 3}, topics=["# in 1"])
+    bridge, remote, _, _ = _connected({"max_topic_levels": 3}, topics=["# in 1"])
     bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
     assert remote.answers == [("dlv", REJECTED)] and remote.invalid is not None
     assert topic in remote.invalid
