@@ -35,6 +35,7 @@ for the store is held with ``incref``.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from proton import Terminus
@@ -128,6 +129,13 @@ class AmqpLink(BridgeLink):
         remote = self.remote
         return remote is None or remote.no_credit
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes handed to proton without credit (waiting there): with ``congested``,
+        the session's QoS 0 bound (``--congested-qos0-bytes``) applies to them."""
+        remote = self.remote
+        return 0 if remote is None else remote.unsent
+
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         remote = self.remote
@@ -196,6 +204,8 @@ class AmqpRemote:
         self.detached = False   # dropped, or a link detached: nothing more is answered
         self.closed = False
         self.max_message = 0   # the remote's max-message-size on the sender (0: none)
+        self.unsent = 0        # bytes sent without credit, still queued in proton ...
+        self._unsent: deque[int] = deque()   # ... and their sizes, in order
         self._attaching = 0
         self._tag = 0
         self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
@@ -231,6 +241,9 @@ class AmqpRemote:
         self._tag += 1
         tag = b"%x" % (packet_id if packet_id is not None else self._tag)
         impl = self.sender_impl
+        if link_credit(impl) <= 0:   # (queued in proton until the remote's flow)
+            self.unsent += len(body)
+            self._unsent.append(len(body))
         dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
         link_send(impl, body, len(body))
         link_advance(impl)
@@ -348,8 +361,14 @@ class AmqpRemote:
         self.drop("the remote ended the session")
 
     def on_flow(self, impl: Any) -> None:
-        if impl == self.sender_impl and link_credit(impl) > 0:
-            self.bridge.client_drained(self)
+        if impl == self.sender_impl:
+            queued = self._unsent
+            if queued:   # (those proton sent on the new credit are out of it)
+                left = lib.pn_link_queued(impl)
+                while len(queued) > left:
+                    self.unsent -= queued.popleft()
+            if link_credit(impl) > 0:
+                self.bridge.client_drained(self)
 
     def lost(self, reason: str) -> None:
         """(The connection ended: ``upstream_lost`` tells the bridge.)"""

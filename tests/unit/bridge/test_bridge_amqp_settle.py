@@ -36,10 +36,13 @@ class FakeRemote:
         self.dropped: str | None = None
         self.answers: list[tuple[Any, int]] = []
         self.invalid: str | None = None
+        self.unsent = 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> int:
         self.sent.append((address, message.payload, packet_id, dup))
+        if self.no_credit:
+            self.unsent += len(message.payload)
         return 0
 
     def drop(self, reason: str) -> None:
@@ -187,3 +190,15 @@ def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
     assert remote.answers == [("dlv", REJECTED)] and remote.invalid is not None
     assert topic in remote.invalid
     assert bridge.refused_here == 1 and bridge.received == 0
+
+
+def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
+    """While the remote grants no credit, QoS 0 messages handed to proton count as the
+    link's backlog; past --congested-qos0-bytes the rest are dropped and counted."""
+    bridge, remote, broker, _ = _connected({"congested_qos0_bytes": 1000},
+                                           topics=["out/# out 0"])
+    remote.no_credit = True
+    for i in range(100):
+        broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
+    assert 10 <= len(remote.sent) <= 11, len(remote.sent)
+    assert bridge.session is not None and bridge.session.dropped_congested >= 89
