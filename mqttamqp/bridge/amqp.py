@@ -172,7 +172,12 @@ class AmqpLink(BridgeLink):
         session = self.bridge.session
         if session is None or self.remote is None:
             return   # (still in flight in the session: sent on the next connection)
-        for packet_id in ids:
+        for i, packet_id in enumerate(ids):
+            if self.congested:   # (no credit: the rest wait for the next try)
+                self._retries[:0] = ids[i:]
+                self._retry_call = self.bridge.clock.callLater(
+                    self.bridge.settings.reconnect_min, self._resend)
+                return
             entry = session.inflight.get(packet_id)
             if entry is not None:
                 self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
@@ -382,6 +387,9 @@ class AmqpRemote:
             reason = ""
             if state == REJECTED:
                 reason = describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
+            elif state == MODIFIED and lib.pn_disposition_is_undeliverable(
+                    delivery_remote(dlv)):
+                state, reason = REJECTED, "modified: undeliverable-here"
             packet_id = self.waiting.pop(dlv, None)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if packet_id is not None:
@@ -493,9 +501,17 @@ class AmqpBridge(BridgeBase):
                 broker.acknowledged(session, packet_id)
             else:
                 broker.received(session, packet_id)   # (then completed: ``send_pubrel``)
-        elif state == REJECTED:
+        else:
+            entry.failures += 1
+            if state != REJECTED and entry.failures <= self.settings.max_resends:
+                link = self.link
+                assert isinstance(link, AmqpLink)
+                link.retry(packet_id)
+                return
+            if state != REJECTED:
+                reason = f"max-resends: released or modified {entry.failures} times"
             self.refused += 1
-            cause = reason.split(":", 1)[0] or "rejected"
+            cause = reason.split(": ", 1)[0] or "rejected"
             held = self.refusals.allow(f"rejected {cause}")
             if held is not None:
                 self.log.warn("bridge {n}: the remote rejected a message on {t} ({r}); it "
@@ -503,10 +519,6 @@ class AmqpBridge(BridgeBase):
                               t=entry.message.topic, r=reason or "no condition",
                               c=self.refused, h=f" ({held} not logged)" if held else "")
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
-        else:
-            link = self.link
-            assert isinstance(link, AmqpLink)
-            link.retry(packet_id)
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:

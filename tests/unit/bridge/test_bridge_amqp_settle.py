@@ -76,19 +76,20 @@ def _publish(broker: Any, n: int) -> None:
 def test_accepted_ends_the_entry_and_the_remote_address_is_mapped() -> None:
     """A QoS 1 message goes unsettled to remote-prefix + topic; the remote's accepted
     takes it out of the session."""
-    bridge, remote, broker, _ = _connected(topics=['out/# out 1 "" far/'])
+    bridge, remote, broker, clock = _connected(topics=['out/# out 1 "" far/'])
     _publish(broker, 1)
     assert [(a, p) for a, p, _, _ in remote.sent] == [("far/out/0", b"0")]
     packet_id = remote.sent[0][2]
     assert packet_id is not None and bridge.session is not None
     assert packet_id in bridge.session.inflight
     bridge.outcome(remote, packet_id, ACCEPTED, "")
+    clock.advance(0.1)   # (whatever settles later has had its turn)
     assert not bridge.session.inflight and bridge.sent == 1
 
 
 def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
-    """Two messages rejected for the same cause: both leave the session, both are
-    counted, one line is logged."""
+    """Two messages rejected for one condition and one for another: all leave the
+    session, all are counted, one line is logged per condition."""
     bridge, remote, broker, _ = _connected()
     lines: list[str] = []
 
@@ -98,14 +99,15 @@ def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
 
     globalLogPublisher.addObserver(observe)
     try:
-        _publish(broker, 2)
-        for _, _, packet_id, _ in list(remote.sent):
-            bridge.outcome(remote, packet_id, REJECTED,
-                           "amqp:unauthorized-access: no")
+        _publish(broker, 3)
+        reasons = ["amqp:unauthorized-access: no", "amqp:unauthorized-access: again",
+                   "amqp:resource-limit-exceeded: full"]
+        for (_, _, packet_id, _), reason in zip(list(remote.sent), reasons, strict=True):
+            bridge.outcome(remote, packet_id, REJECTED, reason)
     finally:
         globalLogPublisher.removeObserver(observe)
     assert bridge.session is not None and not bridge.session.inflight
-    assert bridge.refused == 2 and len(lines) == 1
+    assert bridge.refused == 3 and len(lines) == 2
 
 
 def test_released_is_sent_again_after_reconnect_min() -> None:
@@ -202,3 +204,46 @@ def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
         broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
     assert 10 <= len(remote.sent) <= 11, len(remote.sent)
     assert bridge.session is not None and bridge.session.dropped_congested >= 89
+
+
+def test_qos2_accepted_completes_the_entry() -> None:
+    """QoS 2: the remote's accepted is the end; the entries leave the session once the
+    clock has run (the completion is settled later)."""
+    bridge, remote, broker, clock = _connected(topics=["out/# out 2"])
+    for i in range(3):
+        broker.publish(Message(f"out/{i}", b"0", 2, False, "p", 0.0))
+    clock.advance(0.1)
+    for _, _, packet_id, _ in list(remote.sent):
+        bridge.outcome(remote, packet_id, ACCEPTED, "")
+    clock.advance(0.1)
+    assert bridge.session is not None and not bridge.session.inflight
+    assert len(remote.sent) == 3
+
+
+def test_released_is_sent_again_max_resends_times_then_dropped() -> None:
+    """A message the remote releases each time is sent again max-resends times, then
+    dropped and counted as rejected."""
+    bridge, remote, broker, clock = _connected(**{"max-resends": 2})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    for _ in range(3):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(2.1)
+    assert len(remote.sent) == 3
+    assert bridge.session is not None and packet_id not in bridge.session.inflight
+    assert bridge.refused == 1
+
+
+def test_a_resend_waits_for_credit() -> None:
+    """Released messages are not sent again while the remote grants no credit; they go
+    on the first try after it does."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 2)
+    for _, _, packet_id, _ in list(remote.sent):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+    remote.no_credit = True
+    clock.advance(2.1)
+    assert len(remote.sent) == 2
+    remote.no_credit = False
+    clock.advance(2.1)
+    assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
