@@ -206,6 +206,7 @@ class AmqpRemote:
         self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
         self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
         self.owed: dict[Any, int] = {}   # receiver (raw) → credit withheld while paused
+        self.ready = False      # every link attached (the open timer stops)
         self.detached = False   # dropped, or a link detached: nothing more is answered
         self.closed = False
         self.max_message = 0   # the remote's max-message-size on the sender (0: none)
@@ -300,8 +301,13 @@ class AmqpRemote:
 
     def _no_open(self) -> None:
         self._timer = None
-        if not self.conn.open and self.conn.transport is not None:
-            self.drop("no AMQP open from the remote within twice the connect-timeout")
+        if not self.ready and self.conn.transport is not None:
+            self.drop("no AMQP open and attach from the remote within twice the "
+                      "connect-timeout")
+
+    def cancel(self) -> None:
+        """No timer left (the connect failed, or the bridge stops)."""
+        self._cancel()
 
     def _cancel(self) -> None:
         if self._timer is not None and self._timer.active():
@@ -311,7 +317,6 @@ class AmqpRemote:
     # -- the connection's owner (gateway.engine.ConnectionOwner) ------------
 
     def upstream_open(self, conn: UpstreamConnection) -> None:
-        self._cancel()
         bridge = self.bridge
         self.session = conn.begin(self)
         name = bridge.settings.remote_client_id
@@ -355,6 +360,8 @@ class AmqpRemote:
             return   # (still connecting: its detach, a failed attempt, says why)
         self._attaching -= 1
         if self._attaching == 0:
+            self.ready = True
+            self._cancel()
             if self.sender is not None:
                 self.max_message = int(self.sender.remote_max_message_size or 0)
             self.bridge.links_ready(self)
@@ -458,6 +465,10 @@ class AmqpBridge(BridgeBase):
         except DecodeError:
             return False
         return bool(publisher == self.settings.remote_client_id)
+
+    def _connect_failed(self, failure: Any, client: Any) -> None:
+        client.cancel()   # (its open timer: no connection to time)
+        super()._connect_failed(failure, client)
 
     def new_client(self) -> AmqpRemote:
         limits = self.broker.limits

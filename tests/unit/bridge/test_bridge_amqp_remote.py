@@ -69,3 +69,39 @@ def test_after_a_drop_nothing_is_answered(
     r.drop("the remote detached x")
     r.answer("d1", "rx", ACCEPTED)
     assert calls == []
+
+
+def test_a_failed_connect_leaves_no_timer() -> None:
+    """A connect that fails leaves only the bridge's next attempt on the clock (the
+    remote's open timer is cancelled with it)."""
+    from core_broker import make_broker
+    from twisted.internet.defer import fail
+
+    from mqttamqp.bridge.amqp import AmqpBridge
+    from mqttamqp.bridge.config import BridgeSettings
+
+    broker, clock, _ = make_broker()
+    settings = BridgeSettings.from_table({"name": "hq", "address": "amqp://127.0.0.1:1",
+                                          "topics": ["out/# out 1"]})
+    bridge = AmqpBridge(broker, clock, settings,
+                        lambda client: fail(ConnectionRefusedError("refused")))
+    bridge.start()
+    assert bridge.state == "waiting"
+    calls = [c for c in clock.getDelayedCalls() if c.active()]
+    assert [c.func for c in calls] == [bridge._attempt], calls
+    bridge.stop()
+
+
+def test_the_open_timer_runs_until_the_links_are_attached(
+        remote: tuple[AmqpRemote, list[tuple[str, Any]]]) -> None:
+    """The remote opened but never answered the attach: the open timer still drops the
+    connection, saying so."""
+    r, _ = remote
+    r.ready = False
+    r._timer = None
+    r.conn.reason = "connection lost"  # type: ignore[attr-defined]
+    aborted: list[bool] = []
+    r.conn.abortConnection = lambda: aborted.append(True)  # type: ignore[attr-defined]
+    r.conn.open = True  # type: ignore[misc]
+    r._no_open()
+    assert aborted and "attach" in r.conn.reason
