@@ -247,3 +247,19 @@ def test_a_resend_waits_for_credit() -> None:
     remote.no_credit = False
     clock.advance(2.1)
     assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
+
+
+def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """take_in with the store's Deferred still pending: the remote is not answered;
+    once it fires the message is accepted, once."""
+    from types import SimpleNamespace
+
+    bridge, remote, broker, _ = _connected(topics=["in/# in 1"])
+    stored: Deferred[None] = Deferred()
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=None, blocked=False, congested=(), durable=stored))
+    acks: list[int] = []
+    bridge.take_in(remote, Message("in/a", b"a", 1, False, "hq", 0.0), lambda: acks.append(1))
+    assert acks == [] and remote.dropped is None
+    stored.callback(None)
+    assert acks == [1]
