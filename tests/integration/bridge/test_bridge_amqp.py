@@ -289,3 +289,37 @@ def test_a_receiver_the_remote_refuses_is_a_failing_attempt(tmp_path: Path) -> N
     finally:
         near.stop()
         far.stop()
+
+
+def test_in_loses_nothing_when_this_broker_is_killed(tmp_path: Path) -> None:
+    """QoS 1 ``in`` rule reading the remote's durable queue: this broker killed (-9)
+    mid-stream and started again on its data, every message the remote had is
+    delivered here (what was accepted there had been stored here first)."""
+    far = _far(tmp_path)
+    address = f"amqp://127.0.0.1:{far.ports['AMQP']}"
+    body = 'topics = ["# in 1 in/ $queue/jobs/"]'
+    near = _near(tmp_path, address, body)
+    try:
+        near.wait_for_line(r"bridge hq: receiving from the remote's \$queue/jobs/#",
+                           timeout=15)
+        sub = PahoClient(near.mqtt_port, "near-sub", clean=False)
+        sub.subscribe(("in/#", 1))
+        pub = PahoClient(far.mqtt_port, "far-pub")
+        for i in range(COUNT):
+            pub.publish(f"$queue/jobs/{i}", str(i).encode(), qos=1)
+        pub.stop()
+        payloads = [sub.get(30).payload for _ in range(STOP_AFTER // 10)]
+        near.kill()
+        payloads += [m.payload for m in _drain(sub)]  # type: ignore[attr-defined]
+        sub.stop()
+        near = _near(tmp_path, address, body)
+        again = PahoClient(near.mqtt_port, "near-sub", clean=False)
+        for _ in range(2 * COUNT):
+            if len(set(payloads)) == COUNT:
+                break
+            payloads.append(again.get(30).payload)
+        assert set(payloads) == {str(i).encode() for i in range(COUNT)}
+        again.stop()
+    finally:
+        near.stop()
+        far.stop()
