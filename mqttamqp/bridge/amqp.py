@@ -11,19 +11,22 @@ as for ``mqtts://``), one session on it with
   as an MQTT bridge maps topics), the MQTT fields as the contract's annotations and
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
-  is done only on the remote's outcome: accepted (done), rejected (dropped, counted,
-  logged once a minute per condition), released, modified or settled without an
-  outcome (sent again after ``reconnect-min`` seconds).  The sender's credit is the
-  window: while the remote grants none, the session sends nothing more;
+  is done only on the remote's outcome: accepted (done), rejected or modified
+  undeliverable-here (dropped, counted, logged once a minute per condition), released,
+  modified or settled without an outcome (sent again ``reconnect-min`` seconds later,
+  with credit, ``max-resends`` times at most, then dropped as rejected).  One above
+  the remote's max-message-size is dropped (``too_large``).  The sender's credit is
+  the window: while the remote grants none, the session sends nothing more (QoS 0
+  still goes, to the session's bound of a congested link's QoS 0 bytes);
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
   each message published here with the bridge as publisher at min(its QoS, the
   rule's) and accepted only once durable here (``base.take_in``); ``credit``
   (the table's key) unsettled messages at most are outstanding per receiver, and
   while ``take_in`` holds the remote none is given back (the socket is still read:
-  heartbeats go on); a
-  message with no MQTT form (no topic, a body that is not bytes), or larger than
-  ``--max-packet-size`` (announced as each receiver's max-message-size), is rejected,
-  counted and logged once a minute at most.  Loops: the out session is
+  heartbeats go on); a message with no MQTT form (no topic, a body that is not
+  bytes), a topic that is no valid topic name here (amqp:invalid-field), or larger
+  than ``--max-packet-size`` (announced as each receiver's max-message-size), is
+  rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
   container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
   accepted and not published again here (counted as an echo).
