@@ -328,6 +328,10 @@ _BRIDGE_METRICS = (
      "maximum packet size (AMQP: max-message-size).", "too_large"),
     ("mqttamqp_bridge_too_large_in", COUNTER, "In messages dropped: above --max-packet-size "
      "(from a 3.1.1 remote: acknowledged to it; AMQP: rejected).", "too_large_in"),
+    ("mqttamqp_bridge_released", COUNTER, "Out messages an AMQP remote released or "
+     "modified (sent again).", "released"),
+    ("mqttamqp_bridge_echoes", COUNTER, "In messages that were ours, back from an AMQP "
+     "remote on a both rule (accepted, not published).", "echoes"),
     ("mqttamqp_bridge_too_many_hops", COUNTER, "Out messages not sent: they had crossed "
      "max-hops bridges already (a loop).", "too_many_hops"),
     ("mqttamqp_bridge_remote_refused", COUNTER, "Out messages the remote refused (MQTT 5 "

@@ -167,6 +167,21 @@ def test_figures_name_the_amqp_remote() -> None:
     assert f["protocol"] == "AMQP 1.0" and f["released"] == 1 and f["state"] == "connected"
 
 
+def test_released_and_echoes_are_metrics() -> None:
+    """The metrics listener has an AMQP bridge's released and echoes counts."""
+    from mqttamqp.bridge.service import figures
+    from mqttamqp.ops.metrics import BridgeCollector, broker_registry, exposition
+
+    bridge, remote, broker, _ = _connected()
+    _publish(broker, 1)
+    bridge.outcome(remote, remote.sent[0][2], RELEASED, "")
+    registry = broker_registry(broker)
+    registry.register(BridgeCollector(lambda: [figures(bridge)]))
+    text = exposition(registry).decode()
+    assert 'mqttamqp_bridge_released_total{bridge="hq"} 1.0' in text
+    assert 'mqttamqp_bridge_echoes_total{bridge="hq"} 0.0' in text
+
+
 def test_an_in_message_above_max_packet_size_is_rejected_and_counted() -> None:
     """An in message larger than --max-packet-size is rejected to the remote (not
     published here), counted as too large."""
