@@ -11,17 +11,22 @@ as for ``mqtts://``), one session on it with
   as an MQTT bridge maps topics), the MQTT fields as the contract's annotations and
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
-  is done only on the remote's outcome: accepted (done), rejected (dropped, counted,
-  logged once a minute per condition), released, modified or settled without an
-  outcome (sent again after ``reconnect-min`` seconds).  The sender's credit is the
-  window: while the remote grants none, the session sends nothing more;
+  is done only on the remote's outcome: accepted (done), rejected or modified
+  undeliverable-here (dropped, counted, logged once a minute per condition), released,
+  modified or settled without an outcome (sent again ``reconnect-min`` seconds later,
+  with credit, ``max-resends`` times at most, then dropped as rejected).  One above
+  the remote's max-message-size is dropped (``too_large``).  The sender's credit is
+  the window: while the remote grants none, the session sends nothing more (QoS 0
+  still goes, to the session's bound of a congested link's QoS 0 bytes);
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
   each message published here with the bridge as publisher at min(its QoS, the
   rule's) and accepted only once durable here (``base.take_in``); ``credit``
-  (the table's key) unsettled messages at most are outstanding per receiver; a
-  message with no MQTT form (no topic, a body that is not bytes), or larger than
-  ``--max-packet-size`` (announced as each receiver's max-message-size), is rejected,
-  counted and logged once a minute at most.  Loops: the out session is
+  (the table's key) unsettled messages at most are outstanding per receiver, and
+  while ``take_in`` holds the remote none is given back (the socket is still read:
+  heartbeats go on); a message with no MQTT form (no topic, a body that is not
+  bytes), a topic that is no valid topic name here (amqp:invalid-field), or larger
+  than ``--max-packet-size`` (announced as each receiver's max-message-size), is
+  rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
   container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
   accepted and not published again here (counted as an echo).
@@ -33,8 +38,10 @@ for the store is held with ``incref``.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
+from proton import Terminus
 from twisted.logger import Logger
 
 from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
@@ -48,7 +55,7 @@ from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.topics import topic_matches
+from mqttamqp.core.topics import topic_matches, topic_size_problem, validate_topic_name
 from mqttamqp.gateway.engine import UpstreamConnection
 from mqttamqp.gateway.target import Upstream
 from mqttamqp.net.rawproton import (
@@ -82,6 +89,18 @@ MODIFIED: int = lib.PN_MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 
+def refused(link: Any) -> bool:
+    """Whether the remote's attach of ``link`` refuses it (its detach follows): a null
+    target for our sender, a null source for our receiver.  Proton never gives None
+    for the remote terminus: a null one is a terminus of type unspecified (and a null
+    source address, which a receiver needs).  (A pure function of proton's link; the
+    gateway's channel has its own check of the same fact.)"""
+    if link.is_sender:
+        return bool(link.remote_target.type == Terminus.UNSPECIFIED)
+    source = link.remote_source
+    return bool(source.type == Terminus.UNSPECIFIED or source.address is None)
+
+
 def upstream_of(bridge: BridgeBase) -> Upstream:
     """The remote as the gateway's connection names it."""
     s = bridge.settings
@@ -113,6 +132,13 @@ class AmqpLink(BridgeLink):
         remote = self.remote
         return remote is None or remote.no_credit
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes handed to proton without credit (waiting there): with ``congested``,
+        the session's QoS 0 bound (``--congested-qos0-bytes``) applies to them."""
+        remote = self.remote
+        return 0 if remote is None else remote.unsent
+
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
         remote = self.remote
@@ -123,9 +149,12 @@ class AmqpLink(BridgeLink):
         if hops >= bridge.settings.max_hops:
             self._looped(message, hops, packet_id if qos else None)
             return
+        size = remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup,
+                           hops + 1, packet_id if qos else None, bridge.clock.seconds())
+        if size:   # (above the remote's max-message-size: it would detach the sender)
+            self._too_large(message, size, remote.max_message, packet_id if qos else None)
+            return
         bridge.sent += 1
-        remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup, hops + 1,
-                    packet_id if qos else None, bridge.clock.seconds())
 
     def send_pubrel(self, packet_id: int) -> None:
         """QoS 2: the remote accepted it (``received``); nothing more goes there."""
@@ -146,7 +175,12 @@ class AmqpLink(BridgeLink):
         session = self.bridge.session
         if session is None or self.remote is None:
             return   # (still in flight in the session: sent on the next connection)
-        for packet_id in ids:
+        for i, packet_id in enumerate(ids):
+            if self.congested:   # (no credit: the rest wait for the next try)
+                self._retries[:0] = ids[i:]
+                self._retry_call = self.bridge.clock.callLater(
+                    self.bridge.settings.reconnect_min, self._resend)
+                return
             entry = session.inflight.get(packet_id)
             if entry is not None:
                 self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
@@ -174,7 +208,13 @@ class AmqpRemote:
         self.rules: dict[Any, TopicRule] = {}   # receiver (raw) → its rule
         self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
         self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
+        self.owed: dict[Any, int] = {}   # receiver (raw) → credit withheld while paused
+        self.ready = False      # every link attached (the open timer stops)
+        self.detached = False   # dropped, or a link detached: nothing more is answered
         self.closed = False
+        self.max_message = 0   # the remote's max-message-size on the sender (0: none)
+        self.unsent = 0        # bytes sent without credit, still queued in proton ...
+        self._unsent: deque[int] = deque()   # ... and their sizes, in order
         self._attaching = 0
         self._tag = 0
         self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
@@ -193,7 +233,9 @@ class AmqpRemote:
         return impl is None or link_credit(impl) <= 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
-             hops: int, packet_id: int | None, now: float) -> None:
+             hops: int, packet_id: int | None, now: float) -> int:
+        """Send one message; its encoded size instead if that is above the remote's
+        max-message-size (not sent: the caller drops it), else 0."""
         props = message.props
         users = ((*(p for p in props.user_properties if p[0] != HOPS), (HOPS, str(hops)))
                  if props is not None else ((HOPS, str(hops)),))
@@ -203,9 +245,14 @@ class AmqpRemote:
                            users))
         body = encode_publish5(address, message.payload, qos, retain, int(dup),
                                message.publisher, None, wire)
+        if self.max_message and len(body) > self.max_message:
+            return len(body)
         self._tag += 1
         tag = b"%x" % (packet_id if packet_id is not None else self._tag)
         impl = self.sender_impl
+        if link_credit(impl) <= 0:   # (queued in proton until the remote's flow)
+            self.unsent += len(body)
+            self._unsent.append(len(body))
         dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
         link_send(impl, body, len(body))
         link_advance(impl)
@@ -214,24 +261,29 @@ class AmqpRemote:
         else:
             self.waiting[dlv] = packet_id
         self.conn.flush()
+        return 0
 
     def pause_reading(self, why: str) -> None:
-        """Stop reading the remote: what it sends waits unsettled in its keeping."""
-        transport = self.conn.transport
-        if not self.paused_for and transport is not None:
-            transport.pauseProducing()
+        """Hold the remote: no credit is given back while paused (what it sends waits
+        in its keeping; at most the credit it still has comes).  The socket is still
+        read, so that the heartbeats flow and proton's idle time-out does not end
+        the connection."""
         self.paused_for.add(why)
 
     def resume_reading(self, why: str) -> None:
         if why not in self.paused_for:
             return
         self.paused_for.discard(why)
-        transport = self.conn.transport
-        if not self.paused_for and transport is not None:
-            transport.resumeProducing()
+        if not self.paused_for and self.owed:
+            owed, self.owed = self.owed, {}
+            if self.conn.ptrans is not None and not self.detached:
+                for impl, n in owed.items():
+                    link_flow(impl, n)
+                self.conn.flush()
 
     def drop(self, reason: str) -> None:
         """Close the connection (the bridge reconnects) saying why."""
+        self.detached = True
         if self.conn.reason == "connection lost":
             self.conn.reason = reason
         if self.conn.transport is not None:
@@ -252,8 +304,13 @@ class AmqpRemote:
 
     def _no_open(self) -> None:
         self._timer = None
-        if not self.conn.open and self.conn.transport is not None:
-            self.drop("no AMQP open from the remote within twice the connect-timeout")
+        if not self.ready and self.conn.transport is not None:
+            self.drop("no AMQP open and attach from the remote within twice the "
+                      "connect-timeout")
+
+    def cancel(self) -> None:
+        """No timer left (the connect failed, or the bridge stops)."""
+        self._cancel()
 
     def _cancel(self) -> None:
         if self._timer is not None and self._timer.active():
@@ -263,7 +320,6 @@ class AmqpRemote:
     # -- the connection's owner (gateway.engine.ConnectionOwner) ------------
 
     def upstream_open(self, conn: UpstreamConnection) -> None:
-        self._cancel()
         bridge = self.bridge
         self.session = conn.begin(self)
         name = bridge.settings.remote_client_id
@@ -303,11 +359,14 @@ class AmqpRemote:
     # -- the session's events (gateway.engine.ChannelEvents) ------------------
 
     def on_link_open(self, link: Any) -> None:
-        terminus = link.remote_target if link.is_sender else link.remote_source
-        if terminus is None:
-            return   # (refused: its detach says why)
+        if refused(link):
+            return   # (still connecting: its detach, a failed attempt, says why)
         self._attaching -= 1
         if self._attaching == 0:
+            self.ready = True
+            self._cancel()
+            if self.sender is not None:
+                self.max_message = int(self.sender.remote_max_message_size or 0)
             self.bridge.links_ready(self)
 
     def on_link_closed(self, link: Any, reason: str | None) -> None:
@@ -317,8 +376,14 @@ class AmqpRemote:
         self.drop("the remote ended the session")
 
     def on_flow(self, impl: Any) -> None:
-        if impl == self.sender_impl and link_credit(impl) > 0:
-            self.bridge.client_drained(self)
+        if impl == self.sender_impl:
+            queued = self._unsent
+            if queued:   # (those proton sent on the new credit are out of it)
+                left = lib.pn_link_queued(impl)
+                while len(queued) > left:
+                    self.unsent -= queued.popleft()
+            if link_credit(impl) > 0:
+                self.bridge.client_drained(self)
 
     def lost(self, reason: str) -> None:
         """(The connection ended: ``upstream_lost`` tells the bridge.)"""
@@ -332,6 +397,9 @@ class AmqpRemote:
             reason = ""
             if state == REJECTED:
                 reason = describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
+            elif state == MODIFIED and lib.pn_disposition_is_undeliverable(
+                    delivery_remote(dlv)):
+                state, reason = REJECTED, "modified: undeliverable-here"
             packet_id = self.waiting.pop(dlv, None)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if packet_id is not None:
@@ -347,15 +415,23 @@ class AmqpRemote:
         else:
             self.bridge.remote_message(self, rule, dlv, impl, data)
 
-    def answer(self, dlv: Any, impl: Any, state: int) -> None:
-        """Settle an incoming delivery with ``state`` and give its credit back
-        (nothing once the connection is gone: the remote keeps it)."""
-        if self.conn.ptrans is None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+        """Settle an incoming delivery with ``state`` (rejected with ``invalid``: its
+        condition amqp:invalid-field saying so) and give its credit back (nothing
+        once the connection is gone: the remote keeps it)."""
+        if self.conn.ptrans is None or self.detached:
             return
         if not delivery_settled(dlv):
+            if invalid is not None:
+                cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
+                lib.pn_condition_set_name(cond, b"amqp:invalid-field")
+                lib.pn_condition_set_description(cond, invalid[:200].encode())
             delivery_update(dlv, state)
         delivery_settle(dlv)
-        link_flow(impl, 1)
+        if self.paused_for:   # (held: given back on ``resume_reading``)
+            self.owed[impl] = self.owed.get(impl, 0) + 1
+        else:
+            link_flow(impl, 1)
         self.conn.flush()
 
     def answer_later(self, dlv: Any, impl: Any) -> Any:
@@ -392,6 +468,10 @@ class AmqpBridge(BridgeBase):
         except DecodeError:
             return False
         return bool(publisher == self.settings.remote_client_id)
+
+    def _connect_failed(self, failure: Any, client: Any) -> None:
+        client.cancel()   # (its open timer: no connection to time)
+        super()._connect_failed(failure, client)
 
     def new_client(self) -> AmqpRemote:
         limits = self.broker.limits
@@ -435,9 +515,17 @@ class AmqpBridge(BridgeBase):
                 broker.acknowledged(session, packet_id)
             else:
                 broker.received(session, packet_id)   # (then completed: ``send_pubrel``)
-        elif state == REJECTED:
+        else:
+            entry.failures += 1
+            if state != REJECTED and entry.failures <= self.settings.max_resends:
+                link = self.link
+                assert isinstance(link, AmqpLink)
+                link.retry(packet_id)
+                return
+            if state != REJECTED:
+                reason = f"max-resends: released or modified {entry.failures} times"
             self.refused += 1
-            cause = reason.split(":", 1)[0] or "rejected"
+            cause = reason.split(": ", 1)[0] or "rejected"
             held = self.refusals.allow(f"rejected {cause}")
             if held is not None:
                 self.log.warn("bridge {n}: the remote rejected a message on {t} ({r}); it "
@@ -445,10 +533,6 @@ class AmqpBridge(BridgeBase):
                               t=entry.message.topic, r=reason or "no condition",
                               c=self.refused, h=f" ({held} not logged)" if held else "")
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
-        else:
-            link = self.link
-            assert isinstance(link, AmqpLink)
-            link.retry(packet_id)
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:
@@ -492,8 +576,21 @@ class AmqpBridge(BridgeBase):
             self.echoes += 1   # (ours, back from the remote: a ``both`` rule)
             remote.answer(dlv, impl, ACCEPTED)
             return
+        topic = self.local_topic(to)
+        limits = self.broker.limits   # (as the core's AMQP ingress checks a 'to')
+        problem = validate_topic_name(topic) or topic_size_problem(
+            topic, limits.max_topic_levels, limits.max_topic_length)
+        if problem is not None:
+            self.refused_here += 1
+            held = self.refusals.allow("in-bad-topic")
+            if held is not None:
+                self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
+                              "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
+                              a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
+            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}")
+            return
         qos = min(fields.qos, rule.qos)
-        message = Message(self.local_topic(to), fields.payload, qos, fields.retain,
+        message = Message(topic, fields.payload, qos, fields.retain,
                           self.settings.session_id, self.clock.seconds(), props=props)
         if qos == 0:
             self.take_in(remote, message, None)

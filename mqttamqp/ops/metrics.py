@@ -328,15 +328,21 @@ _BRIDGE_METRICS = (
     ("mqttamqp_bridge_messages_in", COUNTER, "Messages received from the remote (in "
      "rules).", "received"),
     ("mqttamqp_bridge_too_large", COUNTER, "Out messages dropped: above the remote's "
-     "maximum packet size.", "too_large"),
-    ("mqttamqp_bridge_too_large_in", COUNTER, "In messages dropped: from a 3.1.1 remote, "
-     "above --max-packet-size (acknowledged to it).", "too_large_in"),
+     "maximum packet size (AMQP: max-message-size).", "too_large"),
+    ("mqttamqp_bridge_too_large_in", COUNTER, "In messages dropped: above --max-packet-size "
+     "(from a 3.1.1 remote: acknowledged to it; AMQP: rejected).", "too_large_in"),
+    ("mqttamqp_bridge_released", COUNTER, "Out messages an AMQP remote released or "
+     "modified (sent again).", "released"),
+    ("mqttamqp_bridge_echoes", COUNTER, "In messages that were ours, back from an AMQP "
+     "remote on a both rule (accepted, not published).", "echoes"),
     ("mqttamqp_bridge_too_many_hops", COUNTER, "Out messages not sent: they had crossed "
      "max-hops bridges already (a loop).", "too_many_hops"),
     ("mqttamqp_bridge_remote_refused", COUNTER, "Out messages the remote refused (MQTT 5 "
-     "PUBACK failure codes).", "remote_refused"),
-    ("mqttamqp_bridge_refused_here", COUNTER, "In messages a durable queue here refused "
-     "(not acknowledged to the remote).", "refused_here"),
+     "PUBACK failure codes; AMQP: rejected, modified undeliverable-here, or released "
+     "past max-resends).", "remote_refused"),
+    ("mqttamqp_bridge_refused_here", COUNTER, "In messages refused here: by a durable "
+     "queue (not acknowledged to the remote); AMQP: also undecodable or a bad topic "
+     "(rejected).", "refused_here"),
     ("mqttamqp_bridge_backlog_messages", GAUGE, "Out messages waiting in the bridge's "
      "session (queued and in flight).", "backlog_messages"),
     ("mqttamqp_bridge_backlog_dropped", COUNTER, "Out messages dropped at the backlog's "

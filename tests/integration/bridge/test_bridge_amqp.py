@@ -21,13 +21,13 @@ STOP_AFTER = 100   # the remote is stopped once this many are acknowledged
 
 
 def _far(tmp_path: Path, ports: dict[str, int] | None = None,
-         descriptions: dict[str, str] | None = None) -> BrokerProcess:
+         descriptions: dict[str, str] | None = None, *extra: str) -> BrokerProcess:
     """The remote: a second mqttamqp with MQTT and AMQP listeners (on ``ports`` when
     it starts again)."""
     if ports is not None:
         descriptions = {"--mqtt": f"tcp:{ports['MQTT']}:interface=127.0.0.1",
                         "--amqp": f"tcp:{ports['AMQP']}:interface=127.0.0.1"}
-    return BrokerProcess(os.path.join(tmp_path, "far"), listeners=("--mqtt", "--amqp"),
+    return BrokerProcess(os.path.join(tmp_path, "far"), *extra, listeners=("--mqtt", "--amqp"),
                          descriptions=descriptions).start()
 
 
@@ -56,7 +56,7 @@ def _first_copies(payloads: list[bytes]) -> list[int]:
 
 def test_out_to_a_topic_address_loses_nothing_over_a_remote_restart(tmp_path: Path) -> None:
     """QoS 1 ``out`` rule with a remote prefix: each local ``out/N`` reaches the remote
-    as address ``far/out/N``; the remote stopped mid-stream and started again, every
+    as address ``far/out/N``; the remote killed mid-stream and started again, every
     message acknowledged here arrives there, first copies in order."""
     far = _far(tmp_path)
     near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
@@ -80,7 +80,7 @@ def test_out_to_a_topic_address_loses_nothing_over_a_remote_restart(tmp_path: Pa
         thread.start()
         assert halfway.wait(30), "the first messages were not acknowledged here"
         ports = dict(far.ports)
-        far.stop()
+        far.kill()   # (-9: what it accepted it had stored)
         sub.stop()
         near.wait_for_line(r"bridge hq to amqp://\S+: lost", timeout=15)
         assert done.wait(60), "publishing here stalled while the remote was away"
@@ -245,6 +245,81 @@ def test_a_message_the_remote_rejects_is_dropped_and_the_rest_go_on(tmp_path: Pa
         assert not any(": lost" in line for line in near.log), near.output()
         for c in (pub, sub):
             c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_message_above_the_remote_max_message_size_is_dropped(tmp_path: Path) -> None:
+    """An out message larger than the max-message-size the remote announces is dropped
+    here (logged, counted), the connection stays up and the next message goes through."""
+    far = _far(tmp_path, None, None, "--max-packet-size", "2000")
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}", 'topics = ["out/# out 1"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("out/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("out/big", b"x" * 5000, qos=1)
+        pub.publish("out/small", b"s", qos=1)
+        line = near.wait_for_line(r"bridge hq: a message on out/big was dropped", timeout=15)
+        assert "2000" in line, line
+        msg = sub.get(15)
+        assert (msg.topic, msg.payload) == ("out/small", b"s")
+        assert not any(": lost" in line for line in near.log), near.output()
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_receiver_the_remote_refuses_is_a_failing_attempt(tmp_path: Path) -> None:
+    """The remote refuses the in rule's receiver (its source has more levels than its
+    --max-topic-levels): the bridge never says connected, it logs the attempts as
+    failing with the remote's reason, once."""
+    far = _far(tmp_path, None, None, "--max-topic-levels", "2")
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["a/b/c/# in 1"]')
+    try:
+        line = near.wait_for_line(r"bridge hq to amqp://\S+: failing", timeout=15)
+        assert "detached" in line, line
+        lines = [x for x in near.log if "bridge hq" in x]
+        assert not any(": connected" in x or ": lost" in x for x in lines), lines
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_in_loses_nothing_when_this_broker_is_killed(tmp_path: Path) -> None:
+    """QoS 1 ``in`` rule reading the remote's durable queue: this broker killed (-9)
+    mid-stream and started again on its data, every message the remote had is
+    delivered here (what was accepted there had been stored here first)."""
+    far = _far(tmp_path)
+    address = f"amqp://127.0.0.1:{far.ports['AMQP']}"
+    body = 'topics = ["# in 1 in/ $queue/jobs/"]'
+    near = _near(tmp_path, address, body)
+    try:
+        near.wait_for_line(r"bridge hq: receiving from the remote's \$queue/jobs/#",
+                           timeout=15)
+        sub = PahoClient(near.mqtt_port, "near-sub", clean=False)
+        sub.subscribe(("in/#", 1))
+        pub = PahoClient(far.mqtt_port, "far-pub")
+        for i in range(COUNT):
+            pub.publish(f"$queue/jobs/{i}", str(i).encode(), qos=1)
+        pub.stop()
+        payloads = [sub.get(30).payload for _ in range(STOP_AFTER // 10)]
+        near.kill()
+        payloads += [m.payload for m in _drain(sub)]  # type: ignore[attr-defined]
+        sub.stop()
+        near = _near(tmp_path, address, body)
+        again = PahoClient(near.mqtt_port, "near-sub", clean=False)
+        for _ in range(2 * COUNT):
+            if len(set(payloads)) == COUNT:
+                break
+            payloads.append(again.get(30).payload)
+        assert set(payloads) == {str(i).encode() for i in range(COUNT)}
+        again.stop()
     finally:
         near.stop()
         far.stop()

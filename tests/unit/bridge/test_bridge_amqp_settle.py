@@ -12,6 +12,9 @@ from core_broker import make_broker
 from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
 
+import mqttamqp.bridge.amqp as amqp
+from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.bridge.amqp import ACCEPTED, REJECTED, RELEASED, AmqpBridge, AmqpLink
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.message import Message
@@ -32,16 +35,22 @@ class FakeRemote:
         self.paused_for: set[str] = set()
         self.dropped: str | None = None
         self.answers: list[tuple[Any, int]] = []
+        self.invalid: str | None = None
+        self.unsent = 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
-             hops: int, packet_id: int | None, now: float) -> None:
+             hops: int, packet_id: int | None, now: float) -> int:
         self.sent.append((address, message.payload, packet_id, dup))
+        if self.no_credit:
+            self.unsent += len(message.payload)
+        return 0
 
     def drop(self, reason: str) -> None:
         self.dropped = reason
 
-    def answer(self, dlv: Any, impl: Any, state: int) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
         self.answers.append((dlv, state))
+        self.invalid = invalid
 
     def disconnect(self) -> None:
         pass
@@ -67,19 +76,20 @@ def _publish(broker: Any, n: int) -> None:
 def test_accepted_ends_the_entry_and_the_remote_address_is_mapped() -> None:
     """A QoS 1 message goes unsettled to remote-prefix + topic; the remote's accepted
     takes it out of the session."""
-    bridge, remote, broker, _ = _connected(topics=['out/# out 1 "" far/'])
+    bridge, remote, broker, clock = _connected(topics=['out/# out 1 "" far/'])
     _publish(broker, 1)
     assert [(a, p) for a, p, _, _ in remote.sent] == [("far/out/0", b"0")]
     packet_id = remote.sent[0][2]
     assert packet_id is not None and bridge.session is not None
     assert packet_id in bridge.session.inflight
     bridge.outcome(remote, packet_id, ACCEPTED, "")
+    clock.advance(0.1)   # (whatever settles later has had its turn)
     assert not bridge.session.inflight and bridge.sent == 1
 
 
 def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
-    """Two messages rejected for the same cause: both leave the session, both are
-    counted, one line is logged."""
+    """Two messages rejected for one condition and one for another: all leave the
+    session, all are counted, one line is logged per condition."""
     bridge, remote, broker, _ = _connected()
     lines: list[str] = []
 
@@ -89,14 +99,15 @@ def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
 
     globalLogPublisher.addObserver(observe)
     try:
-        _publish(broker, 2)
-        for _, _, packet_id, _ in list(remote.sent):
-            bridge.outcome(remote, packet_id, REJECTED,
-                           "amqp:unauthorized-access: no")
+        _publish(broker, 3)
+        reasons = ["amqp:unauthorized-access: no", "amqp:unauthorized-access: again",
+                   "amqp:resource-limit-exceeded: full"]
+        for (_, _, packet_id, _), reason in zip(list(remote.sent), reasons, strict=True):
+            bridge.outcome(remote, packet_id, REJECTED, reason)
     finally:
         globalLogPublisher.removeObserver(observe)
     assert bridge.session is not None and not bridge.session.inflight
-    assert bridge.refused == 2 and len(lines) == 1
+    assert bridge.refused == 3 and len(lines) == 2
 
 
 def test_released_is_sent_again_after_reconnect_min() -> None:
@@ -156,6 +167,21 @@ def test_figures_name_the_amqp_remote() -> None:
     assert f["protocol"] == "AMQP 1.0" and f["released"] == 1 and f["state"] == "connected"
 
 
+def test_released_and_echoes_are_metrics() -> None:
+    """The metrics listener has an AMQP bridge's released and echoes counts."""
+    from mqttamqp.bridge.service import figures
+    from mqttamqp.ops.metrics import BridgeCollector, broker_registry, exposition
+
+    bridge, remote, broker, _ = _connected()
+    _publish(broker, 1)
+    bridge.outcome(remote, remote.sent[0][2], RELEASED, "")
+    registry = broker_registry(broker)
+    registry.register(BridgeCollector(lambda: [figures(bridge)]))
+    text = exposition(registry).decode()
+    assert 'mqttamqp_bridge_released_total{bridge="hq"} 1.0' in text
+    assert 'mqttamqp_bridge_echoes_total{bridge="hq"} 0.0' in text
+
+
 def test_an_in_message_above_max_packet_size_is_rejected_and_counted() -> None:
     """An in message larger than --max-packet-size is rejected to the remote (not
     published here), counted as too large."""
@@ -163,3 +189,92 @@ def test_an_in_message_above_max_packet_size_is_rejected_and_counted() -> None:
     bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", b"x" * 65)
     assert remote.answers == [("dlv", REJECTED)]
     assert bridge.too_large_in == 1 and bridge.received == 0
+
+
+def _in_message(topic: str) -> bytes:
+    return encode_publish5(topic, b"bad", 1, False, 0, "someone", None,
+                           Mqtt5Props(None, None, None, None, None, ()))
+
+
+@pytest.mark.parametrize("topic", ["a/#", "a/+/b", "a/b/c/d"])
+def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
+        topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in message whose topic here is not a valid topic name (a wildcard) or breaks
+    --max-topic-levels is rejected as amqp:invalid-field, counted, not published."""
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, _, _ = _connected({"max_topic_levels": 3}, topics=["# in 1"])
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+    assert remote.answers == [("dlv", REJECTED)] and remote.invalid is not None
+    assert topic in remote.invalid
+    assert bridge.refused_here == 1 and bridge.received == 0
+
+
+def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
+    """While the remote grants no credit, QoS 0 messages handed to proton count as the
+    link's backlog; past --congested-qos0-bytes the rest are dropped and counted."""
+    bridge, remote, broker, _ = _connected({"congested_qos0_bytes": 1000},
+                                           topics=["out/# out 0"])
+    remote.no_credit = True
+    for i in range(100):
+        broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
+    assert 10 <= len(remote.sent) <= 11, len(remote.sent)
+    assert bridge.session is not None and bridge.session.dropped_congested >= 89
+
+
+def test_qos2_accepted_completes_the_entry() -> None:
+    """QoS 2: the remote's accepted is the end; the entries leave the session once the
+    clock has run (the completion is settled later)."""
+    bridge, remote, broker, clock = _connected(topics=["out/# out 2"])
+    for i in range(3):
+        broker.publish(Message(f"out/{i}", b"0", 2, False, "p", 0.0))
+    clock.advance(0.1)
+    for _, _, packet_id, _ in list(remote.sent):
+        bridge.outcome(remote, packet_id, ACCEPTED, "")
+    clock.advance(0.1)
+    assert bridge.session is not None and not bridge.session.inflight
+    assert len(remote.sent) == 3
+
+
+def test_released_is_sent_again_max_resends_times_then_dropped() -> None:
+    """A message the remote releases each time is sent again max-resends times, then
+    dropped and counted as rejected."""
+    bridge, remote, broker, clock = _connected(**{"max-resends": 2})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    for _ in range(3):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(2.1)
+    assert len(remote.sent) == 3
+    assert bridge.session is not None and packet_id not in bridge.session.inflight
+    assert bridge.refused == 1
+
+
+def test_a_resend_waits_for_credit() -> None:
+    """Released messages are not sent again while the remote grants no credit; they go
+    on the first try after it does."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 2)
+    for _, _, packet_id, _ in list(remote.sent):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+    remote.no_credit = True
+    clock.advance(2.1)
+    assert len(remote.sent) == 2
+    remote.no_credit = False
+    clock.advance(2.1)
+    assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
+
+
+def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """take_in with the store's Deferred still pending: the remote is not answered;
+    once it fires the message is accepted, once."""
+    from types import SimpleNamespace
+
+    bridge, remote, broker, _ = _connected(topics=["in/# in 1"])
+    stored: Deferred[None] = Deferred()
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=None, blocked=False, congested=(), durable=stored))
+    acks: list[int] = []
+    bridge.take_in(remote, Message("in/a", b"a", 1, False, "hq", 0.0), lambda: acks.append(1))
+    assert acks == [] and remote.dropped is None
+    stored.callback(None)
+    assert acks == [1]

@@ -1,0 +1,91 @@
+"""An AMQP 1.0 bridge's reading of the remote's attach (``amqp.refused``) on two
+in-memory proton engines wired to each other: a null source or target refuses the
+link, the anonymous relay's null target address does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton import Collector, Connection, Event, Terminus, Transport
+
+from mqttamqp.bridge.amqp import refused
+
+
+def _attach(sender: bool, answer: Any) -> Any:
+    """Our link as it stands once the remote's attach came (``answer(link)`` sets the
+    remote's terminus before it opens its end)."""
+    ours, theirs = Connection(), Connection()
+    t, st = Transport(), Transport(Transport.SERVER)
+    t.bind(ours)
+    st.bind(theirs)
+    events = Collector()
+    theirs.collect(events)
+    ours.open()
+    theirs.open()
+    session = ours.session()
+    session.open()
+    link = session.sender("b:out") if sender else session.receiver("b:in:0")
+    if sender:
+        link.target.address = None
+    else:
+        link.source.address = "in/#"
+    link.open()
+
+    def pump() -> None:
+        for _ in range(4):
+            for a, b in ((t, st), (st, t)):
+                n = a.pending()
+                if n > 0:
+                    b.push(a.peek(n))
+                    a.pop(n)
+
+    pump()
+    for _ in range(20):   # (the few events of one open, begin and attach)
+        event = events.peek()
+        if event is None:
+            break
+        if event.type == Event.SESSION_REMOTE_OPEN:
+            event.session.open()
+        if event.type == Event.LINK_REMOTE_OPEN:
+            answer(event.link)
+            event.link.open()
+        events.pop()
+    pump()
+    assert link.state & link.REMOTE_ACTIVE
+    return link
+
+
+def _null_source(link: Any) -> None:
+    link.source.address = None
+    link.source.type = Terminus.UNSPECIFIED
+
+
+def _null_target(link: Any) -> None:
+    link.target.address = None
+    link.target.type = Terminus.UNSPECIFIED
+
+
+def _copy(link: Any) -> None:
+    link.source.copy(link.remote_source)
+    link.target.copy(link.remote_target)
+
+
+def test_a_null_source_refuses_our_receiver() -> None:
+    """The remote answers our receiver with a null source: refused."""
+    assert refused(_attach(False, _null_source))
+
+
+def test_a_source_given_back_accepts_our_receiver() -> None:
+    """The remote answers with our source: attached."""
+    assert not refused(_attach(False, _copy))
+
+
+def test_a_null_target_refuses_our_sender() -> None:
+    """The remote answers our sender with a null target: refused."""
+    assert refused(_attach(True, _null_target))
+
+
+def test_the_anonymous_relay_target_accepts_our_sender() -> None:
+    """The remote answers with a target whose address is null (the anonymous relay):
+    attached."""
+    assert not refused(_attach(True, _copy))
