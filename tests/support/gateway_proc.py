@@ -2,14 +2,16 @@
 broker process, on loopback port 0 (the gateway tests' fixtures and modules import
 it; test modules never import a conftest).
 
-The broker's MQTT conformance tests through a gateway: ``through_gateway`` starts a
-core (with the options the tests give their broker, and an AMQP listener) and a
-gateway in front of it (``GatewayInFront``), and hands the tests the gateway as their
-broker (its MQTT port, its log: protocol errors are the gateway's to log).
-``GATEWAY_DIFFERS`` names the tests that cannot pass through a gateway, with why
-(docs/gateway.md, "Conformance through a gateway"); ``mark_gateway_differences``
-marks them xfail (strict: one that starts passing is reported) when their broker is
-the gateway."""
+The broker's MQTT test suites through a gateway: ``through_gateway`` starts a core
+(with the options the tests give their broker, and an AMQP listener) and a gateway in
+front of it (``GatewayInFront``, given the options a gateway takes: the MQTT rules it
+applies), and hands the tests the gateway as their broker (its MQTT port, its log:
+protocol errors are the gateway's to log).  A test module asks for it with the
+``through_gateway`` mark (tests/integration/mqtt/conftest.py parametrizes its
+``broker`` and ``start_broker``).  ``GATEWAY_DIFFERS`` names the tests that cannot
+pass through a gateway, with why (docs/gateway.md, "Conformance through a gateway");
+``mark_gateway_differences`` marks them xfail (strict: one that starts passing is
+reported) when their broker is the gateway."""
 
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess
 
-__all__ = ["GATEWAY_DIFFERS", "GatewayInFront", "UPSTREAM_OPEN", "mark_gateway_differences",
-           "start_gateway", "through_gateway"]
+from mqttamqp.optiontable import FLAGS, GATEWAY_IGNORES
+
+__all__ = ["GATEWAY_DIFFERS", "GatewayInFront", "UPSTREAM_OPEN", "broker_or_gateway",
+           "gateway_takes",
+           "mark_gateway_differences", "start_gateway", "through_gateway"]
 
 UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
 
@@ -59,12 +64,29 @@ GATEWAY_DIFFERS: dict[str, str] = {
 }
 
 
+_FLAGS = frozenset(f"--{row[0]}" for row in FLAGS)
+
+
+def gateway_takes(options: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``options`` (``--name value`` pairs and flags) a gateway accepts: all but
+    those it refuses as the core's (``GATEWAY_IGNORES``)."""
+    taken: list[str] = []
+    rest = list(options)
+    while rest:
+        name = rest.pop(0)
+        words = [name] if name in _FLAGS or "=" in name else [name, rest.pop(0)]
+        if name.split("=")[0].lstrip("-") not in GATEWAY_IGNORES:
+            taken += words
+    return tuple(taken)
+
+
 class GatewayInFront(BrokerProcess):
     """A gateway process in front of its own core; ``core`` is reachable too."""
 
     def __init__(self, data_dir: str, *core_options: str,
-                 gateway_options: tuple[str, ...] = ()) -> None:
-        super().__init__(os.path.join(data_dir, "gateway"))
+                 gateway_options: tuple[str, ...] = (),
+                 listeners: tuple[str, ...] = ("--mqtt",)) -> None:
+        super().__init__(os.path.join(data_dir, "gateway"), listeners=listeners)
         os.makedirs(data_dir, exist_ok=True)   # (the broker makes its own, not parents)
         self.gateway_options = gateway_options
         self.core = BrokerProcess(os.path.join(data_dir, "core"), "--amqp-max-sessions",
@@ -87,11 +109,21 @@ class GatewayInFront(BrokerProcess):
         return status
 
 
-def through_gateway(kind: str, data_dir: str, *options: str) -> Iterator[BrokerProcess]:
-    """The broker the tests use: ``direct`` (a broker with ``options``) or ``gateway``
-    (a gateway in front of such a broker)."""
-    proc = (BrokerProcess(data_dir, *options) if kind == "direct"
-            else GatewayInFront(data_dir, *options))
+def broker_or_gateway(kind: str, data_dir: str, *options: str,
+                      listeners: tuple[str, ...] = ("--mqtt",)) -> BrokerProcess:
+    """``direct``: a broker with ``options``; ``gateway``: a gateway (with the
+    ``options`` it takes, and ``listeners``) in front of such a broker. Not started."""
+    if kind == "direct":
+        return BrokerProcess(data_dir, *options, listeners=listeners)
+    return GatewayInFront(data_dir, *options, gateway_options=gateway_takes(options),
+                          listeners=listeners)
+
+
+def through_gateway(kind: str, data_dir: str, *options: str,
+                    listeners: tuple[str, ...] = ("--mqtt",)) -> Iterator[BrokerProcess]:
+    """The broker the tests use, started, stopped after: ``direct`` (a broker with
+    ``options``) or ``gateway`` (a gateway in front of such a broker)."""
+    proc = broker_or_gateway(kind, data_dir, *options, listeners=listeners)
     proc.start()
     try:
         yield proc
