@@ -153,6 +153,7 @@ class ClientChannel:
         self._end_call: DelayedCall | None = None
         self.ended_by_core = False   # the core detached a link of ours / ended the session
         self._deadline = 0.0         # when the connect flow must be done
+        self.max_message = 0         # the core's max-message-size for PUBLISH (0: none)
 
     # -- the connect flow -------------------------------------------------------------
 
@@ -175,6 +176,7 @@ class ClientChannel:
         self.topics = self._sender(prefix + "publish", None)
         self._topics_impl = self.topics._impl
         await self._attached(self.will, self.service, self.control, self.topics)
+        self.max_message = int(self.topics.remote_max_message_size or 0)
         if will is not None:
             topic, payload, qos, retain = will
             await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
@@ -281,6 +283,10 @@ class ClientChannel:
                 if props is None else
                 encode_publish5(topic, payload, qos, retain, int(dup), self.client_id, None,
                                 props))
+        if self.max_message and len(body) > self.max_message:   # (else the core detaches:
+            self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
+                       f"max-message-size {self.max_message}", by_core=False)
+            return
         self.send_then(self.topics, body, then)
 
     def subscribe(self, packet_id: int, requests: dict[str, int]

@@ -540,6 +540,7 @@ class GatewayProtocol(Protocol):
 
     def upstream_gone(self, reason: str) -> None:
         if self.rules.state is ConnectionState.CONNECTED:
+            self._limited("upstream-gone", "closing {c} ({peer}): {r}", r=reason)
             self.abort(reason)
 
     def _finish(self, dlv: Any) -> None:
@@ -561,16 +562,15 @@ class GatewayProtocol(Protocol):
         self.abort(reason)
 
     def abort(self, reason: str, brute: bool = True) -> None:
-        """Close the client: ``brute`` (its will goes) unless a takeover."""
-        if not brute:
-            self._said_goodbye = True
+        """Close the client after what is written: ``brute`` (its will goes) unless a takeover."""
+        self._said_goodbye = self._said_goodbye or not brute
         # At once, not when the socket is gone (a turn later): a takeover's new channel
         # attaches a will link of the same name right after.
         self._end_channel(reason)
         if not self.rules.closed:
             self.rules.advance("close")
         if self.transport is not None:
-            self.transport.abortConnection()
+            self.transport.loseConnection()
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
         self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)
