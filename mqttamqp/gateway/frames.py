@@ -1,7 +1,8 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
-the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
-and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, and
-what an MQTT 5 PUBLISH's properties become on their way to the core.
+MQTT 5's DISCONNECT of a client taken over, the acknowledgement of a PUBLISH the
+core refused (MQTT 5: its reason code), SUBACK and UNSUBACK from the core's answer,
+what makes a SUBSCRIBE a protocol error, and what an MQTT 5 PUBLISH's properties
+become on their way to the core.
 
 What it must not do: write, keep state, or decide when a frame goes (``frontend``).
 """
@@ -16,6 +17,7 @@ from mqttamqp.mqtt.connection import StringRules
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
+    Disconnect,
     Properties,
     Puback,
     Publish,
@@ -28,10 +30,13 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
 
-__all__ = ["connack", "message_props", "publish_ack", "publish_problem", "suback",
-           "subscribe_problem", "unsuback"]
+__all__ = ["TAKEN_OVER", "connack", "message_props", "publish_ack", "publish_problem",
+           "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
+# MQTT 5: the client whose client id a new connection took is told why (as the broker).
+TAKEN_OVER = encode(Disconnect(ReasonCode.SESSION_TAKEN_OVER, Properties(
+    reason_string="session taken over by a new connection")), 5)
 
 
 def publish_problem(strings: StringRules, packet: Publish

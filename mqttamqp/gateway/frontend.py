@@ -47,6 +47,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.frames import (
+    TAKEN_OVER,
     connack,
     publish_ack,
     publish_problem,
@@ -143,6 +144,8 @@ class GatewayFactory(Factory):
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
+            if old.level == 5 and old.rules.state is ConnectionState.CONNECTED:
+                old.transport.write(TAKEN_OVER)
             old.abort("session taken over by a new connection",
                       brute=clean_start or old.clean)
         conn = self.pool.pick(prefer)
