@@ -28,7 +28,7 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, RECEIVE_MAXIMUM, message_properties
 
 __all__ = ["TAKEN_OVER", "connack", "message_props", "publish_ack", "publish_problem",
            "suback", "subscribe_problem", "unsuback"]
@@ -64,13 +64,22 @@ def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
                       mp.response_topic, mp.correlation_data, mp.user_properties), None
 
 
-def connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
+def connack(level: int, present: bool, code: int, assigned: str | None = None,
+            limits: Limits | None = None) -> bytes:
     """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
     client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
-    session present flag (its byte is reserved)."""
+    session present flag (its byte is reserved).  An MQTT 5 acceptance (``limits``
+    given) announces what the gateway serves: the receive maximum and packet size it
+    applies, no topic aliases, no subscription identifiers (the contract has no place
+    for them)."""
     if level != 5:
         return encode(Connack(present and level != 3, code))
     props = Properties(assigned_client_identifier=assigned) if assigned else None
+    if limits is not None and code == 0:
+        props = Properties(assigned_client_identifier=assigned,
+                           receive_maximum=RECEIVE_MAXIMUM,
+                           maximum_packet_size=limits.max_packet_size,
+                           subscription_identifier_available=0)
     return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 
 

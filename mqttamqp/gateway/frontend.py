@@ -375,8 +375,8 @@ class GatewayProtocol(Protocol):
         self.timer.cancel()
         self.rules.advance("accepted")
         self.factory.connected_total += 1
-        self.transport.write(connack(self.level, present, ConnackCode.ACCEPTED,
-                                      self.client_id if self._assigned else None))
+        assigned = self.client_id if self._assigned else None   # (MQTT 5: said in CONNACK)
+        self.transport.write(connack(self.level, present, 0, assigned, self.factory.limits))
         if self.keepalive is not None:
             self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort,
                                  lambda: self.reading_paused)
