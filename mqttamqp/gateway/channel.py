@@ -36,11 +36,15 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from proton import Condition, Message, ulong
+from proton import Condition, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.contract import (
+    ANNOTATION_CLIENT_ID,
+    ANNOTATION_SUBSCRIPTION_OPTIONS,
+    Mqtt5Props,
+)
 from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
@@ -173,7 +177,9 @@ class ClientChannel:
         self.will = self._sender(cid, WILL_SERVICE)
         self.service = self._sender(prefix + "ss", SUBSCRIPTION_SERVICE)
         self.control = self._receiver(prefix + "control", f"$mqtt.to.{cid}.control", 8)
-        self.topics = self._sender(prefix + "publish", None)
+        # (named the client it publishes for: the core's publisher, for no local)
+        self.topics = self._sender(prefix + "publish", None,
+                                   {symbol(ANNOTATION_CLIENT_ID): cid})
         self._topics_impl = self.topics._impl
         await self._attached(self.will, self.service, self.control, self.topics)
         self.max_message = int(self.topics.remote_max_message_size or 0)
@@ -197,9 +203,12 @@ class ClientChannel:
         self.state = ChannelState.READY
         return present
 
-    def _sender(self, name: str, address: str | None) -> Any:
+    def _sender(self, name: str, address: str | None,
+                properties: dict[symbol, Any] | None = None) -> Any:
         link = self.session.sender(name)
         link.target.address = address
+        if properties is not None:
+            link.properties = properties
         link.snd_settle_mode = link.SND_MIXED if address is None else link.SND_UNSETTLED
         link.rcv_settle_mode = link.RCV_FIRST
         self._senders.add(link._impl)
@@ -280,19 +289,21 @@ class ClientChannel:
         """AMQP_PUBLISH of a client's PUBLISH (``then`` None for QoS 0), with its MQTT 5
         properties in their AMQP places."""
         body = (encode_publish(topic, payload, qos, retain, int(dup), self.client_id)
-                if props is None else
-                encode_publish5(topic, payload, qos, retain, int(dup), self.client_id, None,
-                                props))
+                if props is None else encode_publish5(topic, payload, qos, retain, int(dup),
+                                                      self.client_id, None, props))
         if self.max_message and len(body) > self.max_message:   # (else the core detaches:
             self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
                        f"max-message-size {self.max_message}", by_core=False)
             return
         self.send_then(self.topics, body, then)
 
-    def subscribe(self, packet_id: int, requests: dict[str, int]
-                  ) -> Deferred[Outcome]:
+    def subscribe(self, packet_id: int, requests: dict[str, int],
+                  options: dict[str, int] | None = None) -> Deferred[Outcome]:
+        """AMQP_SUBSCRIBE; ``options``: its filters' options (a bridge's no local)."""
+        extra = {"annotations": {symbol(ANNOTATION_SUBSCRIPTION_OPTIONS): options}
+                 } if options else {}
         return self.send(self.service, control_message(
-            "subscribe", self.client_id, id=ulong(packet_id), body=requests))
+            "subscribe", self.client_id, id=ulong(packet_id), body=requests, **extra))
 
     def unsubscribe(self, packet_id: int, filters: list[str]) -> Deferred[Outcome]:
         return self.send(self.service, control_message(
@@ -422,12 +433,7 @@ class ClientChannel:
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)
-        if not delivery_settled(dlv):
-            cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
-            lib.pn_condition_set_name(cond, b"amqp:decode-error")
-            lib.pn_condition_set_description(cond, reason[:200].encode())
-            delivery_update(dlv, REJECTED)
-        delivery_settle(dlv)
+        _reject(dlv, reason)
         self._credit_back()
 
     def _on_control(self, dlv: Any, data: bytes) -> None:
@@ -516,3 +522,12 @@ class ClientChannel:
         self.conn.flush_now()
 
 
+def _reject(dlv: Any, reason: str) -> None:
+    """Settle ``dlv`` (rejected with ``amqp:decode-error`` and ``reason`` unless the
+    core settled it already)."""
+    if not delivery_settled(dlv):
+        cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
+        lib.pn_condition_set_name(cond, b"amqp:decode-error")
+        lib.pn_condition_set_description(cond, reason[:200].encode())
+        delivery_update(dlv, REJECTED)
+    delivery_settle(dlv)

@@ -46,12 +46,6 @@ def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = 
     return proc
 
 
-_ACK_KIND = ("the gateway does not yet check an acknowledgement's kind against the "
-             "delivery's QoS and state (PUBREC for QoS 1, PUBACK for QoS 2): it does "
-             "not close the connection")
-_PUBREC_FIRST = ("PUBREC before the forwarded copy: the core routes the message and "
-                 "accepts its transfer in one turn, and the gateway writes the copy as "
-                 "it comes but PUBREC only once the core's Accepted arrives")
 _SESSION_PRESENT = ("session present is the seed's: the core's AMQP_SUBSCRIPTIONS map "
                     "is not empty (the broker says 1 for any persistent session it "
                     "resumes, one without subscriptions too)")
@@ -76,12 +70,6 @@ _SESSION_EXPIRY = ("a client's MQTT 5 session expiry is not carried (the core's 
 # test function name (with "[ID]": only its cases with that parameter id) -> why it
 # cannot pass through a gateway
 GATEWAY_DIFFERS: dict[str, str] = {
-    # test_conformance_mqtt.py
-    "test_qos2_ack_for_inflight_qos1_closes": _ACK_KIND,
-    "test_ack_for_qos2_before_pubrec_closes": _ACK_KIND,
-    "test_puback_after_pubrel_closes": _ACK_KIND,
-    "test_qos2_pubrec_before_forward_to_self": _PUBREC_FIRST,
-    "test_qos2_pubrec_before_forward_with_persistent_subscriber": _PUBREC_FIRST,
     # test_mqtt_raw.py
     "test_session_present_flag_mqtt311": _SESSION_PRESENT,
     "test_qos2_inbound_duplicate_after_reconnect_is_routed_once": _QOS2_IDS,
