@@ -1,5 +1,5 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
-MQTT 5's DISCONNECT of a client taken over, the acknowledgement of a PUBLISH the
+MQTT 5's DISCONNECT of a client taken over or closed, the acknowledgement of a PUBLISH the
 core refused (MQTT 5: its reason code), SUBACK and UNSUBACK from the core's answer,
 what makes a SUBSCRIBE a protocol error, a bridge's subscription options, and what
 an MQTT 5 PUBLISH's properties become on their way to the core.
@@ -32,13 +32,22 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.v5 import CONNACK_REASONS, RECEIVE_MAXIMUM, message_properties
 
-__all__ = ["TAKEN_OVER", "bridge_options", "connack", "message_props", "publish_ack",
-           "publish_problem", "suback", "subscribe_problem", "unsuback"]
+__all__ = ["TAKEN_OVER", "bridge_options", "connack", "disconnect5", "message_props",
+           "publish_ack", "publish_problem", "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 # MQTT 5: the client whose client id a new connection took is told why (as the broker).
 TAKEN_OVER = encode(Disconnect(ReasonCode.SESSION_TAKEN_OVER, Properties(
     reason_string="session taken over by a new connection")), 5)
+ALIAS_REFUSED = "PUBLISH with a topic alias (topic alias maximum is 0)"
+
+
+def disconnect5(reason: str, code: int) -> bytes:
+    """MQTT 5's DISCONNECT of a client closed for a protocol error: ``code`` (the
+    codec's, 0x94 for a topic alias, else 0x82) and the reason (as the broker)."""
+    if reason == ALIAS_REFUSED:
+        code = ReasonCode.TOPIC_ALIAS_INVALID
+    return encode(Disconnect(code, Properties(reason_string=reason[:200])), 5)
 
 
 def publish_problem(strings: StringRules, packet: Publish
@@ -58,7 +67,7 @@ def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
     places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
     CONNACK allows none)."""
     if props.topic_alias is not None:
-        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
+        return None, ALIAS_REFUSED
     mp = message_properties(props)
     if mp is None:
         return None, None

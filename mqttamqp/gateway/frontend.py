@@ -51,6 +51,7 @@ from mqttamqp.gateway.frames import (
     TAKEN_OVER,
     bridge_options,
     connack,
+    disconnect5,
     publish_ack,
     publish_problem,
     suback,
@@ -275,7 +276,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
                     return
                 self._handle(packet)
         except MalformedPacket as e:
-            self._violation(f"malformed packet: {e.reason}")
+            self._violation(f"malformed packet: {e.reason}", e.code)
 
     def _handle(self, packet: object) -> None:
         kind = type(packet)
@@ -527,10 +528,12 @@ class GatewayProtocol(ClientDeliveries, Protocol):
 
     # -- the one close --------------------------------------------------------------------
 
-    def _violation(self, reason: str) -> None:
+    def _violation(self, reason: str, code: int = 0x82) -> None:
         # (the broker's wording; limited per reason, as hostile clients repeat one)
         self._limited("violation " + reason[:80], "protocol error from {c} ({peer}): {r}; "
                       "closing the connection", r=reason)
+        if self.level == 5 and self.rules.state is ConnectionState.CONNECTED:
+            self.transport.write(disconnect5(reason, code))   # (MQTT 5: told why)
         self.abort(reason)
 
     def abort(self, reason: str, brute: bool = True) -> None:

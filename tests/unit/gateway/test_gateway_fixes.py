@@ -172,6 +172,22 @@ def test_mqtt5_connack_announces_what_the_gateway_serves() -> None:
     assert props.topic_alias_maximum is None
 
 
+def test_mqtt5_protocol_error_is_told_with_disconnect_and_its_reason_code() -> None:
+    """An MQTT 5 client closed for a protocol error gets DISCONNECT with the reason code
+    (0x94 for a topic alias, which the gateway allows none of) before the close."""
+    proto, transport, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10), 5))
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    transport.clear()
+    proto.dataReceived(encode(Publish("t", b"x", properties=Properties(topic_alias=3)), 5))
+    decoder = Decoder(1 << 20, 5)
+    decoder.feed(transport.value())
+    (told,) = list(decoder)
+    assert isinstance(told, Disconnect) and told.reason_code == 0x94
+    assert transport.disconnecting
+
+
 def test_client_paused_for_flow_control_is_not_expired_for_its_silence() -> None:
     """A client not read because the core gives no PUBLISH credit is not closed for
     the silence the pause causes (its PINGREQ waits unread); read again, the
