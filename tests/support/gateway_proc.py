@@ -52,9 +52,6 @@ _SESSION_PRESENT = ("session present is the seed's: the core's AMQP_SUBSCRIPTION
 _QOS2_IDS = ("the gateway keeps the QoS 2 packet ids awaiting PUBREL per connection only "
              "(it holds no session state): a PUBLISH resent with DUP on a new connection "
              "is routed again")
-_CORE_DUP = ("the core delivers a message whose PUBLISH had DUP as a redelivery "
-             "(the contract carries DUP as delivery-count 1), so the subscriber sees DUP "
-             "set: the core's bug, fixed on its side (then this mark goes)")
 _USER_PROPERTIES = ("MQTT 5 user properties cross as AMQP application-properties, a map: "
                     "of a repeated name only the first value arrives")
 _TOPIC_ALIAS = ("topic aliases are not served through a gateway: its CONNACK announces "
@@ -71,7 +68,6 @@ GATEWAY_DIFFERS: dict[str, str] = {
     # test_mqtt_raw.py
     "test_session_present_flag_mqtt311": _SESSION_PRESENT,
     "test_qos2_inbound_duplicate_after_reconnect_is_routed_once": _QOS2_IDS,
-    "test_forwarded_message_has_dup_clear": _CORE_DUP,
     # test_mqtt5_clients.py
     "test_paho_connack_properties_and_assigned_id": _TOPIC_ALIAS,
     "test_paho_properties_pass_through": _USER_PROPERTIES,
