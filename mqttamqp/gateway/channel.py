@@ -166,6 +166,7 @@ class ClientChannel:
         self._end_call: DelayedCall | None = None
         self.ended_by_core = False   # the core detached a link of ours / ended the session
         self._deadline = 0.0         # when the connect flow must be done
+        self.max_message = 0         # the core's max-message-size for PUBLISH (0: none)
 
     # -- the connect flow -------------------------------------------------------------
 
@@ -190,6 +191,7 @@ class ClientChannel:
                                    {symbol(ANNOTATION_CLIENT_ID): cid})
         self._topics_impl = self.topics._impl
         await self._attached(self.will, self.service, self.control, self.topics)
+        self.max_message = int(self.topics.remote_max_message_size or 0)
         if will is not None:
             topic, payload, qos, retain = will
             await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
@@ -296,9 +298,12 @@ class ClientChannel:
         """AMQP_PUBLISH of a client's PUBLISH (``then`` None for QoS 0), with its MQTT 5
         properties in their AMQP places."""
         body = (encode_publish(topic, payload, qos, retain, int(dup), self.client_id)
-                if props is None else
-                encode_publish5(topic, payload, qos, retain, int(dup), self.client_id, None,
-                                props))
+                if props is None else encode_publish5(topic, payload, qos, retain, int(dup),
+                                                      self.client_id, None, props))
+        if self.max_message and len(body) > self.max_message:   # (else the core detaches:
+            self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
+                       f"max-message-size {self.max_message}", by_core=False)
+            return
         self.send_then(self.topics, body, then)
 
     def subscribe(self, packet_id: int, requests: dict[str, int],
@@ -434,12 +439,7 @@ class ClientChannel:
 
     def _refuse(self, dlv: Any, reason: str) -> None:
         self.log.warn("{c}: rejected {r}", c=self.client_id, r=reason)
-        if not delivery_settled(dlv):
-            cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
-            lib.pn_condition_set_name(cond, b"amqp:decode-error")
-            lib.pn_condition_set_description(cond, reason[:200].encode())
-            delivery_update(dlv, REJECTED)
-        delivery_settle(dlv)
+        _reject(dlv, reason)
         self._credit_back()
 
     def _on_control(self, dlv: Any, data: bytes) -> None:
@@ -528,3 +528,12 @@ class ClientChannel:
         self.conn.flush_now()
 
 
+def _reject(dlv: Any, reason: str) -> None:
+    """Settle ``dlv`` (rejected with ``amqp:decode-error`` and ``reason`` unless the
+    core settled it already)."""
+    if not delivery_settled(dlv):
+        cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
+        lib.pn_condition_set_name(cond, b"amqp:decode-error")
+        lib.pn_condition_set_description(cond, reason[:200].encode())
+        delivery_update(dlv, REJECTED)
+    delivery_settle(dlv)

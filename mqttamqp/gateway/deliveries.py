@@ -145,6 +145,7 @@ class ClientDeliveries:
 
     def upstream_gone(self, reason: str) -> None:
         if self.rules.state is ConnectionState.CONNECTED:
+            self._limited("upstream-gone", "closing {c} ({peer}): {r}", r=reason)
             self.abort(reason)
 
     # -- the client's answers ---------------------------------------------------------------

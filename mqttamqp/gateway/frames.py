@@ -1,7 +1,8 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
-the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
-and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, the
-subscription options carried to the core (a bridge's; an MQTT 5 client's), and what
+MQTT 5's DISCONNECT of a client taken over or closed, the acknowledgement of a
+PUBLISH the core refused (MQTT 5: its reason code), SUBACK and UNSUBACK from the
+core's answer, what makes a SUBSCRIBE a protocol error, the subscription options
+carried to the core (a bridge's; an MQTT 5 client's), and what
 an MQTT 5 PUBLISH's properties become on their way to the core.
 
 What it must not do: write, keep state, or decide when a frame goes (``frontend``).
@@ -20,6 +21,7 @@ from mqttamqp.mqtt.decisions import Subscription, suback5
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
+    Disconnect,
     Properties,
     Puback,
     Publish,
@@ -30,12 +32,24 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
+from mqttamqp.mqtt.v5 import CONNACK_REASONS, RECEIVE_MAXIMUM, message_properties
 
-__all__ = ["bridge_options", "connack", "message_props", "publish_ack", "publish_problem",
-           "suback", "subscribe_problem", "unsuback"]
+__all__ = ["TAKEN_OVER", "bridge_options", "connack", "disconnect5", "message_props",
+           "publish_ack", "publish_problem", "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
+# MQTT 5: the client whose client id a new connection took is told why (as the broker).
+TAKEN_OVER = encode(Disconnect(ReasonCode.SESSION_TAKEN_OVER, Properties(
+    reason_string="session taken over by a new connection")), 5)
+ALIAS_REFUSED = "PUBLISH with a topic alias (topic alias maximum is 0)"
+
+
+def disconnect5(reason: str, code: int) -> bytes:
+    """MQTT 5's DISCONNECT of a client closed for a protocol error: ``code`` (the
+    codec's, 0x94 for a topic alias, else 0x82) and the reason (as the broker)."""
+    if reason == ALIAS_REFUSED:
+        code = ReasonCode.TOPIC_ALIAS_INVALID
+    return encode(Disconnect(code, Properties(reason_string=reason[:200])), 5)
 
 
 def publish_problem(strings: StringRules, packet: Publish
@@ -55,7 +69,7 @@ def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
     places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
     CONNACK allows none)."""
     if props.topic_alias is not None:
-        return None, "PUBLISH with a topic alias (topic alias maximum is 0)"
+        return None, ALIAS_REFUSED
     mp = message_properties(props)
     if mp is None:
         return None, None
@@ -63,13 +77,22 @@ def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
                       mp.response_topic, mp.correlation_data, mp.user_properties), None
 
 
-def connack(level: int, present: bool, code: int, assigned: str | None = None) -> bytes:
+def connack(level: int, present: bool, code: int, assigned: str | None = None,
+            limits: Limits | None = None) -> bytes:
     """CONNACK: ``code`` a 3.1.1 return code, translated for MQTT 5; ``assigned``: the
     client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
-    session present flag (its byte is reserved)."""
+    session present flag (its byte is reserved).  An MQTT 5 acceptance (``limits``
+    given) announces what the gateway serves: the receive maximum and packet size it
+    applies, no topic aliases, no subscription identifiers (the contract has no place
+    for them)."""
     if level != 5:
         return encode(Connack(present and level != 3, code))
     props = Properties(assigned_client_identifier=assigned) if assigned else None
+    if limits is not None and code == 0:
+        props = Properties(assigned_client_identifier=assigned,
+                           receive_maximum=RECEIVE_MAXIMUM,
+                           maximum_packet_size=limits.max_packet_size,
+                           subscription_identifier_available=0)
     return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 
 

@@ -48,9 +48,11 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.deliveries import ClientDeliveries
 from mqttamqp.gateway.frames import (
+    TAKEN_OVER,
     bridge_options,
     carried_options,
     connack,
+    disconnect5,
     publish_ack,
     publish_problem,
     suback,
@@ -148,6 +150,8 @@ class GatewayFactory(Factory):
         prefer = None
         if old is not None:
             prefer = old.channel.conn if old.channel is not None else None
+            if old.level == 5 and old.rules.state is ConnectionState.CONNECTED:
+                old.transport.write(TAKEN_OVER)
             old.abort("session taken over by a new connection",
                       brute=clean_start or old.clean)
         conn = self.pool.pick(prefer)
@@ -274,7 +278,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
                     return
                 self._handle(packet)
         except MalformedPacket as e:
-            self._violation(f"malformed packet: {e.reason}")
+            self._violation(f"malformed packet: {e.reason}", e.code)
 
     def _handle(self, packet: object) -> None:
         kind = type(packet)
@@ -376,8 +380,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self.timer.cancel()
         self.rules.advance("accepted")
         self.factory.connected_total += 1
-        self.transport.write(connack(self.level, present, ConnackCode.ACCEPTED,
-                                      self.client_id if self._assigned else None))
+        assigned = self.client_id if self._assigned else None   # (MQTT 5: said in CONNACK)
+        self.transport.write(connack(self.level, present, 0, assigned, self.factory.limits))
         if self.keepalive is not None:
             self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort,
                                  lambda: self.reading_paused)
@@ -538,23 +542,24 @@ class GatewayProtocol(ClientDeliveries, Protocol):
 
     # -- the one close --------------------------------------------------------------------
 
-    def _violation(self, reason: str) -> None:
+    def _violation(self, reason: str, code: int = 0x82) -> None:
         # (the broker's wording; limited per reason, as hostile clients repeat one)
         self._limited("violation " + reason[:80], "protocol error from {c} ({peer}): {r}; "
                       "closing the connection", r=reason)
+        if self.level == 5 and self.rules.state is ConnectionState.CONNECTED:
+            self.transport.write(disconnect5(reason, code))   # (MQTT 5: told why)
         self.abort(reason)
 
     def abort(self, reason: str, brute: bool = True) -> None:
-        """Close the client: ``brute`` (its will goes) unless a takeover."""
-        if not brute:
-            self._said_goodbye = True
+        """Close the client after what is written: ``brute`` (its will goes) unless a takeover."""
+        self._said_goodbye = self._said_goodbye or not brute
         # At once, not when the socket is gone (a turn later): a takeover's new channel
         # attaches a will link of the same name right after.
         self._end_channel(reason)
         if not self.rules.closed:
             self.rules.advance("close")
         if self.transport is not None:
-            self.transport.abortConnection()
+            self.transport.loseConnection()
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
         self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)

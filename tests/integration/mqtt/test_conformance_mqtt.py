@@ -20,13 +20,11 @@ is a read on the socket or the broker's log with a deadline.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from brokerproc import BrokerProcess
-from gateway_proc import GatewayInFront, through_gateway
 from rawclient import (
     TIMEOUT,
     OpenClient,
@@ -52,37 +50,8 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 
-pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(scope="module", params=["direct", "gateway"])
-def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[BrokerProcess]:
-    """The module's broker, and the same tests through a gateway in front of one
-    (``gateway_proc``; what cannot pass there is marked with the reason)."""
-    yield from through_gateway(request.param, str(tmp_path_factory.mktemp("data")),
-                               "--sys-interval", "1")
-
-
-@pytest.fixture(params=["direct", "gateway"])
-def start_broker(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]
-                 ) -> Iterator[Callable[..., BrokerProcess]]:
-    """``start_broker(*options)``: a broker of the test's own, and through a gateway
-    in front of one (both given the options: they are MQTT rules the gateway applies)."""
-    started: list[BrokerProcess] = []
-
-    def start(*options: str) -> BrokerProcess:
-        where = os.path.join(str(tmp_path), f"data{len(started)}")
-        proc = (BrokerProcess(where, *options) if request.param == "direct"
-                else GatewayInFront(where, *options, gateway_options=options))
-        started.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in started:
-        proc.stop()
-
-
+# Every test against a broker and through a gateway (the folder conftest).
+pytestmark = [pytest.mark.timeout(90), pytest.mark.through_gateway]
 
 
 def closed_with_reason(broker: BrokerProcess, client: RawClient, reason: str,

@@ -30,7 +30,8 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
 )
 
-pytestmark = pytest.mark.timeout(60)
+# Against a broker and through a gateway in front of one (the folder conftest).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.through_gateway]
 
 TIMEOUT = 5.0
 
@@ -124,6 +125,7 @@ def test_paho_session_expiry_resumes_with_queued_message(paho5: Any) -> None:
     assert back.get().payload == b"while away"
 
 
+# Direct only: restarts the broker (and identifiers do not cross a gateway).
 def test_paho_subscription_identifiers_live_and_after_a_restart(
         fresh_broker: BrokerProcess) -> None:
     """paho gets the identifier of each overlapping subscription on a live message,
@@ -254,6 +256,7 @@ def test_raw_takeover_then_disconnect_expires_on_the_new_interval(
     assert "session expiry interval 3s" in line
 
 
+# Direct only: about the core's own shutdown.
 def test_paho_told_of_shutdown(fresh_broker: BrokerProcess) -> None:
     """Stopping the broker tells a connected MQTT 5 client 0x8B (Server shutting down)."""
     c = Paho5(fresh_broker.mqtt_port, uid("z"))

@@ -15,7 +15,8 @@ import uuid
 import pytest
 from mosquitto import pub
 
-pytestmark = pytest.mark.timeout(60)
+# Against a broker and through a gateway in front of one (the folder conftest).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.through_gateway]
 
 _ids = itertools.count(1)
 def uid(prefix: str = "c") -> str:

@@ -19,7 +19,8 @@ import pahoclient
 import pytest
 from brokerproc import BrokerProcess
 
-pytestmark = pytest.mark.timeout(60)
+# Against a broker and through a gateway in front of one (the folder conftest).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.through_gateway]
 
 TIMEOUT = 5.0
 _ids = itertools.count(1)

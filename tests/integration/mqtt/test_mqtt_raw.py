@@ -48,7 +48,8 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 
-pytestmark = pytest.mark.timeout(60)
+# Against a broker and through a gateway in front of one (the folder conftest).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.through_gateway]
 
 
 
@@ -1041,6 +1042,7 @@ class SysWatcher:
                 values[name] = m.payload
 
 
+@pytest.mark.core_only("the core's $SYS counters (behind a gateway, clients are AMQP links)")
 def test_sys_client_and_subscription_counters(start_broker) -> None:
     """$SYS clients/connected, total, maximum and subscriptions/count follow the
     connections and subscriptions exactly."""
@@ -1064,6 +1066,7 @@ def test_sys_client_and_subscription_counters(start_broker) -> None:
             c.close()
 
 
+@pytest.mark.core_only("the core's $SYS counters (behind a gateway, clients are AMQP links)")
 def test_sys_message_counters_count_client_traffic(start_broker) -> None:
     """messages/received and messages/sent count the messages clients publish and
     the copies sent of them, not the broker's own $SYS updates (the bytes are

@@ -33,11 +33,16 @@ from mqttamqp.mqtt.packets import (
     Will,
 )
 
-pytestmark = pytest.mark.timeout(60)
-
 TIMEOUT = 5.0
 MAX_PACKET = 4096
 _ids = itertools.count(1)
+
+
+# Against a broker and through a gateway in front of one (the folder conftest's
+# ``broker``, with these options and listeners).
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.through_gateway(options=("--max-packet-size", str(MAX_PACKET)),
+                                          listeners=("--mqtt", "--mqtt-ws"))]
 
 
 def uid(prefix: str = "w") -> str:
@@ -48,27 +53,18 @@ class PahoClient(pahoclient.PahoClient):
     timeout = TIMEOUT
 
 
-@pytest.fixture(scope="module")
-def ws_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(str(tmp_path_factory.mktemp("data")), "--max-packet-size",
-                         str(MAX_PACKET), listeners=("--mqtt", "--mqtt-ws"))
-    proc.start()
-    yield proc
-    proc.stop()
-
-
 Open = Callable[..., PahoClient]
 
 
 @pytest.fixture
-def paho(ws_broker: BrokerProcess) -> Iterator[Open]:
+def paho(broker: BrokerProcess) -> Iterator[Open]:
     """``paho(client_id, transport="websockets", will=None)``: a connected client."""
     made: list[PahoClient] = []
 
     def open_client(client_id: str, transport: str = "websockets",
                     will: tuple[str, bytes, int, bool] | None = None,
                     protocol: int = mqtt.MQTTv311) -> PahoClient:
-        port = ws_broker.ports["MQTT-WS" if transport == "websockets" else "MQTT"]
+        port = broker.ports["MQTT-WS" if transport == "websockets" else "MQTT"]
         c = PahoClient(port, client_id, protocol, True, will, transport=transport)
         made.append(c)
         return c
@@ -79,11 +75,11 @@ def paho(ws_broker: BrokerProcess) -> Iterator[Open]:
 
 
 @pytest.fixture
-def raw(ws_broker: BrokerProcess) -> Iterator[Callable[[], RawWebSocket]]:
+def raw(broker: BrokerProcess) -> Iterator[Callable[[], RawWebSocket]]:
     made: list[RawWebSocket] = []
 
     def open_socket() -> RawWebSocket:
-        ws = RawWebSocket(ws_broker.ports["MQTT-WS"], timeout=TIMEOUT)
+        ws = RawWebSocket(broker.ports["MQTT-WS"], timeout=TIMEOUT)
         made.append(ws)
         return ws
 
@@ -201,7 +197,7 @@ def test_a_packet_split_over_messages_and_packets_packed_in_one(raw: Callable[[]
 
 
 def test_oversize_packet_closes_as_on_tcp(raw: Callable[[], RawWebSocket],
-                                          ws_broker: BrokerProcess) -> None:
+                                          broker: BrokerProcess) -> None:
     """A packet over --max-packet-size, whatever the frames, closes the connection
     with the MQTT listener's own log line."""
     ws = raw()
@@ -212,7 +208,7 @@ def test_oversize_packet_closes_as_on_tcp(raw: Callable[[], RawWebSocket],
     big = encode(Publish("t", b"x" * MAX_PACKET, 0, False, False, None))
     ws.send_message(big[:100])   # the header already says it is too large
     assert ws.closed_by_peer()
-    ws_broker.wait_for_line(rf"protocol error from {client} .*exceeds maximum packet size")
+    broker.wait_for_line(rf"protocol error from {client} .*exceeds maximum packet size")
 
 
 # ==================================================================================
@@ -220,12 +216,12 @@ def test_oversize_packet_closes_as_on_tcp(raw: Callable[[], RawWebSocket],
 
 
 def test_origin_of_another_host_is_refused(raw: Callable[[], RawWebSocket],
-                                           ws_broker: BrokerProcess) -> None:
+                                           broker: BrokerProcess) -> None:
     """A browser page from another host gets 403 and the broker logs why once."""
     ws = raw()
     status, _ = ws.handshake(origin="http://evil.example")
     assert status == 403
-    ws_broker.wait_for_line(r"refusing MQTT over WebSocket from 127\.0\.0\.1:\d+: origin "
+    broker.wait_for_line(r"refusing MQTT over WebSocket from 127\.0\.0\.1:\d+: origin "
                             r"'http://evil\.example' is not this host")
 
 
@@ -240,7 +236,7 @@ def test_origin_of_this_host_and_no_origin_are_accepted(raw: Callable[[], RawWeb
 
 
 def test_a_plain_http_get_gets_426_and_no_status_page(raw: Callable[[], RawWebSocket],
-                                                      ws_broker: BrokerProcess) -> None:
+                                                      broker: BrokerProcess) -> None:
     """A GET without Upgrade (someone opening the URL in a browser) gets 426 with no
     body, not autobahn's page naming its version, and one log line."""
     ws = raw()
@@ -249,22 +245,22 @@ def test_a_plain_http_get_gets_426_and_no_status_page(raw: Callable[[], RawWebSo
     while chunk := ws.sock.recv(4096):
         answer += chunk
     assert answer == b"HTTP/1.1 426 HTTP Upgrade header missing\r\n\r\n"
-    ws_broker.wait_for_line("refusing MQTT over WebSocket from .*HTTP Upgrade header missing")
+    broker.wait_for_line("refusing MQTT over WebSocket from .*HTTP Upgrade header missing")
 
 
 def test_a_websocket_version_other_than_13_gets_426_naming_13(
-        raw: Callable[[], RawWebSocket], ws_broker: BrokerProcess) -> None:
+        raw: Callable[[], RawWebSocket], broker: BrokerProcess) -> None:
     """RFC 6455 4.2.2: a version the server does not speak (the draft's 8, which
     autobahn would accept) gets 426 Upgrade Required with the version it does."""
     ws = raw()
     status, headers = ws.handshake(version=8)
     assert status == 426 and headers["sec-websocket-version"] == "13"
-    ws_broker.wait_for_line("refusing MQTT over WebSocket from .*WebSocket version 8 "
+    broker.wait_for_line("refusing MQTT over WebSocket from .*WebSocket version 8 "
                             "not supported")
 
 
 def test_a_frame_header_announcing_100_mb_closes_before_its_payload(
-        raw: Callable[[], RawWebSocket], ws_broker: BrokerProcess) -> None:
+        raw: Callable[[], RawWebSocket], broker: BrokerProcess) -> None:
     """A frame header announcing 100 MB, and nothing after it: the broker closes
     the connection at the header (close code 1009) instead of waiting for it."""
     import struct
@@ -278,7 +274,7 @@ def test_a_frame_header_announcing_100_mb_closes_before_its_payload(
     frame = ws.next_frame()
     assert frame.opcode == CLOSE and frame.payload[:2] == (1009).to_bytes(2, "big")
     assert ws.closed_by_peer()
-    ws_broker.wait_for_line(r"closing MQTT over WebSocket from 127\.0\.0\.1:\d+: a "
+    broker.wait_for_line(r"closing MQTT over WebSocket from 127\.0\.0\.1:\d+: a "
                             r"WebSocket frame of 104857600 bytes")
 
 
@@ -300,19 +296,19 @@ def test_mqtt_subprotocols_are_negotiated(raw: Callable[[], RawWebSocket],
     ({"path": "/"}, 404, "path '/' \\(MQTT is at /mqtt\\)"),
 ], ids=["no-subprotocol", "other-subprotocol", "other-path"])
 def test_handshake_without_mqtt_is_refused(raw: Callable[[], RawWebSocket],
-                                           ws_broker: BrokerProcess, kw: dict[str, object],
+                                           broker: BrokerProcess, kw: dict[str, object],
                                            status: int, logged: str | None) -> None:
     """A handshake for another subprotocol or path gets an HTTP error; the broker
     logs the cause (once a minute per cause)."""
     ws = raw()
     assert ws.handshake(**kw)[0] == status
     if logged is not None:
-        ws_broker.wait_for_line("refusing MQTT over WebSocket from .*" + logged)
+        broker.wait_for_line("refusing MQTT over WebSocket from .*" + logged)
 
 
 def test_text_frame_closes_with_1003_and_fires_the_will(raw: Callable[[], RawWebSocket],
                                                        paho: Open,
-                                                       ws_broker: BrokerProcess) -> None:
+                                                       broker: BrokerProcess) -> None:
     """A text frame gets a close frame 1003 with the reason; the MQTT connection
     ends as lost (its will is published) and the broker logs it."""
     topic = uid("tx") + "/will"
@@ -331,13 +327,14 @@ def test_text_frame_closes_with_1003_and_fires_the_will(raw: Callable[[], RawWeb
     ws.send(client_frame(frame.payload[:2], CLOSE))
     assert ws.closed_by_peer()
     assert watcher.get().payload == b"text"
-    ws_broker.wait_for_line("closing MQTT over WebSocket from .*binary frames only")
+    broker.wait_for_line("closing MQTT over WebSocket from .*binary frames only")
 
 
 # ==================================================================================
 # wss: an ssl: endpoint, with a client certificate as the user (--tls-cert-as-user)
 
 
+# Direct only: a gateway refuses --tls-ca (client certificates are the core's).
 def test_wss_with_a_client_certificate_as_the_user(tmp_path: Path, pki: Pki) -> None:
     """An ssl: --mqtt-ws listener speaks wss; the client certificate a browser or
     library presents there is seen by the MQTT protocol as on TCP TLS."""

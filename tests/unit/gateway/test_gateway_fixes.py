@@ -148,9 +148,44 @@ def test_mqtt5_clean_start_with_session_expiry_opens_a_persistent_session() -> N
     assert channel.open_args == (True, None)
     assert channel.persistent is True
     channel.opened.callback(False)
-    assert transport.value()[:4] == b"\x20\x03\x00\x00"   # CONNACK: no session present
+    decoder = Decoder(1 << 20, 5)
+    decoder.feed(transport.value())
+    ack = next(iter(decoder))
+    assert (ack.session_present, ack.return_code) == (False, 0)
     proto.dataReceived(encode(Disconnect(), 5))
     assert channel.closed == (False, False)
+
+
+def test_mqtt5_connack_announces_what_the_gateway_serves() -> None:
+    """An MQTT 5 CONNACK through a gateway announces its receive maximum and maximum
+    packet size, no subscription identifiers and (absent) no topic aliases."""
+    proto, transport, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10), 5))
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    decoder = Decoder(1 << 20, 5)
+    decoder.feed(transport.value())
+    props = next(iter(decoder)).properties
+    assert props.receive_maximum == 1000
+    assert props.maximum_packet_size == proto.factory.limits.max_packet_size
+    assert props.subscription_identifier_available == 0
+    assert props.topic_alias_maximum is None
+
+
+def test_mqtt5_protocol_error_is_told_with_disconnect_and_its_reason_code() -> None:
+    """An MQTT 5 client closed for a protocol error gets DISCONNECT with the reason code
+    (0x94 for a topic alias, which the gateway allows none of) before the close."""
+    proto, transport, _ = connected()
+    proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10), 5))
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    transport.clear()
+    proto.dataReceived(encode(Publish("t", b"x", properties=Properties(topic_alias=3)), 5))
+    decoder = Decoder(1 << 20, 5)
+    decoder.feed(transport.value())
+    (told,) = list(decoder)
+    assert isinstance(told, Disconnect) and told.reason_code == 0x94
+    assert transport.disconnecting
 
 
 def test_client_paused_for_flow_control_is_not_expired_for_its_silence() -> None:
