@@ -8,15 +8,10 @@ import getpass
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ports import free_port
 
 
 class MosquittoServer:

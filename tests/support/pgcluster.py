@@ -14,10 +14,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
+
+from ports import free_port
 
 
 def pg_bin() -> str | None:
@@ -25,12 +26,6 @@ def pg_bin() -> str | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
                    key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
     return os.path.dirname(found[-1]) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresCluster:
@@ -44,7 +39,7 @@ class PostgresCluster:
         self.root = tempfile.mkdtemp(prefix="mqttamqp-pg-", dir="/tmp")
         os.chmod(self.root, 0o755)
         self.data = os.path.join(self.root, "data")
-        self.port = _free_port()
+        self.port = free_port()
         self.as_user: list[str] = []
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")

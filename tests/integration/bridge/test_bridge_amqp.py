@@ -13,6 +13,7 @@ from pathlib import Path
 
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
+from ports import free_port
 
 from mqttamqp.console.credentials import main as admin_main
 
@@ -24,7 +25,10 @@ def _far(tmp_path: Path, ports: dict[str, int] | None = None,
          descriptions: dict[str, str] | None = None, *extra: str) -> BrokerProcess:
     """The remote: a second mqttamqp with MQTT and AMQP listeners (on ``ports`` when
     it starts again)."""
-    if ports is not None:
+    if descriptions is None:
+        # (ports below the ephemeral range: a restart listens on them again, and a
+        # port the kernel handed out could meanwhile be a client's — "in use")
+        ports = ports or {"MQTT": free_port(), "AMQP": free_port()}
         descriptions = {"--mqtt": f"tcp:{ports['MQTT']}:interface=127.0.0.1",
                         "--amqp": f"tcp:{ports['AMQP']}:interface=127.0.0.1"}
     return BrokerProcess(os.path.join(tmp_path, "far"), *extra, listeners=("--mqtt", "--amqp"),

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 from brokerproc import BrokerProcess
-from mosquitto_server import MosquittoServer, free_port
+from mosquitto_server import MosquittoServer
 from pahoclient import PahoClient
+from ports import free_port
 
 from mqttamqp.console.credentials import main as admin_main
 

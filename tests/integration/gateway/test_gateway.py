@@ -8,7 +8,6 @@ gets "server unavailable"."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from brokerproc import BrokerProcess, RestartableBroker
 from gateway_proc import UPSTREAM_OPEN, start_gateway, uid
 from paho.mqtt.packettypes import PacketTypes
 from pahoclient import Paho5, PahoClient, props
+from ports import free_port
 
 Gateways = Callable[..., BrokerProcess]
 
@@ -142,16 +142,10 @@ def test_kill9_of_a_gateway_fires_its_clients_wills(
     assert got == [f"{base}/c{i}" for i in range(3)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_no_upstream_refuses_connect_with_server_unavailable(
         tmp_path: Path, clients: Callable[..., PahoClient]) -> None:
     """With nothing at the upstream address, CONNECT gets CONNACK 3 (server unavailable)."""
-    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{_free_port()}", wait_open=False)
+    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{free_port()}", wait_open=False)
     try:
         gw.wait_for_line(r"upstream connection 0 to \S+ is down", timeout=15)
         clients(gw.mqtt_port, uid("early"), expect_rc=3)
@@ -175,7 +169,7 @@ def test_gateway_reconnects_when_the_core_is_back(
         tmp_path: Path, clients: Callable[..., PahoClient]) -> None:
     """After the core was killed and restarted on the same address, the gateway's
     upstream connections open again and CONNECTs are served, with the session kept."""
-    port = _free_port()
+    port = free_port()
     where = {"--amqp": f"tcp:{port}:interface=127.0.0.1"}
 
     def start_core() -> RestartableBroker:
@@ -273,7 +267,7 @@ def test_mqtt5_message_properties_cross_the_gateway(
 
 def test_mqtt5_connect_without_upstream_is_0x88(tmp_path: Path) -> None:
     """MQTT 5 CONNECT with no upstream: CONNACK reason code 0x88 (server unavailable)."""
-    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{_free_port()}", wait_open=False)
+    gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{free_port()}", wait_open=False)
     try:
         gw.wait_for_line(r"upstream connection 0 to \S+ is down", timeout=15)
         c = Paho5(gw.mqtt_port, uid("v5-early"))

@@ -29,6 +29,7 @@ import pytest
 from brokerproc import BrokerProcess
 from pahoclient import PahoClient
 from pahokeep import KeepPubrel
+from ports import free_port
 
 from mqttamqp.store.engines import SERVING_LOCK_KEY
 
@@ -36,12 +37,6 @@ pytestmark = pytest.mark.timeout(90)
 
 TAKEOVER = 30.0   # generous: two shared cores
 CHECK_LEADER = Path(__file__).resolve().parents[3] / "contrib" / "keepalived" / "check-leader"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _readyz(port: int) -> tuple[int, dict[str, Any]]:
@@ -89,7 +84,7 @@ def ha_broker(tmp_path: Any, database: str) -> Iterator[Start]:
     started: list[BrokerProcess] = []
 
     def start(leader: bool = True, *extra: str, watch: str = "0.2") -> BrokerProcess:
-        port = _free_port()
+        port = free_port()
         proc = BrokerProcess(
             os.path.join(str(tmp_path), f"data{len(started)}"), "--storage", database,
             "--ha", "--ha-poll", "0.2", "--ha-watch", watch, "--no-archive",
