@@ -171,8 +171,8 @@ class Options(usage.Options):
     opt_webhook.toml_tables = True  # type: ignore[attr-defined]
 
     def opt_bridge(self, bridge: str | dict[str, Any]) -> None:
-        ("An MQTT bridge to another broker: only as a [[bridge]] table in the --config "
-         "file (name, address, topics; see docs/bridges.md).")
+        ("A bridge (MQTT or AMQP 1.0) to another broker: only as a [[bridge]] table in the "
+         "--config file (name, address, topics; see docs/bridges.md).")
         from mqttamqp.bridge.config import BridgeSettings
 
         if isinstance(bridge, str):

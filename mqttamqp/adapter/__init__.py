@@ -6,7 +6,9 @@ the rules they share, so that each adapter states them once, the same way:
   and the one rule that picks 1 delivery in ``DELIVER_SAMPLE_MASK + 1`` for the
   publish-to-deliver latency;
 * ``throttle``: ``PublishThrottle``, the pause of a publisher over its publish
-  rate (``--max-publish-rate``, ``--max-publish-byte-rate``) and its end.
+  rate (``--max-publish-rate``, ``--max-publish-byte-rate``) and its end;
+* ``backoff``: ``Backoff``, the reconnect delays of the outbound connections
+  (bridges, gateway mode's upstream).
 
 What it must not do: import a protocol, the network tricks (``mqttamqp.net``) or
 anything but the core (``.importlinter``); the adapters call it, not the core.

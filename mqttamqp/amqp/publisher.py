@@ -18,7 +18,7 @@ from typing import Any
 
 from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.amqp.addresses import queue_topic
-from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
 from mqttamqp.amqp.codec.native import native_parts
 from mqttamqp.amqp.codec.publish import PublishFields, PublishMemo, decode_publish, recall_publish
 from mqttamqp.amqp.codec.values import DecodeError
@@ -54,6 +54,21 @@ __all__ = ["TopicPublisher"]
 # and the head and cut of the message's native form (``native_parts``).
 _Route = tuple[PublishFields, str, bool, bytes, int]
 
+
+def acting_for(host: LinkHost, plink: Any) -> str | None:
+    """The MQTT client a sender publishes for: its attach property
+    ``x-opt-mqtt-client-id`` (a gateway's, docs/gateway.md), when the connection may
+    act on that client's session as for the Subscription Service; else None."""
+    try:
+        props = plink.remote_properties
+    except UnicodeDecodeError:   # (proton decodes strings strictly: NOTES)
+        return None
+    claimed = props.get(ANNOTATION_CLIENT_ID) if isinstance(props, dict) else None
+    if not isinstance(claimed, str) or not claimed:
+        return None
+    return claimed if host.broker.gate.may_use_session(host.identity, claimed) else None
+
+
 # A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.
 _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
                        QUOTA_EXCEEDED: "amqp:resource-limit-exceeded"}
@@ -62,11 +77,15 @@ _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
 class TopicPublisher(IncomingLink):
     """A sender to a topic address, or to the null address with ``to`` on each message."""
 
-    __slots__ = ("_held", "_memo", "_route", "_throttle", "_warned_amqp_only", "topic")
+    __slots__ = ("_held", "_memo", "_route", "_throttle", "_warned_amqp_only", "publisher",
+                 "topic")
 
     def __init__(self, host: LinkHost, plink: Any, topic: str | None) -> None:
         super().__init__(host, plink, topic or "")
         self.topic = topic
+        # Whom its messages are from (no-local compares it with the session's client
+        # id): the MQTT client a gateway's sender publishes for, else the container.
+        self.publisher = acting_for(host, plink) or host.container_id or None
         # Exactly-once messages Accepted and not yet settled by the sender (made on
         # the first: only rcv-settle-mode second has any).
         self._held: dict[Any, Message] | None = None
@@ -115,7 +134,7 @@ class TopicPublisher(IncomingLink):
             if props is None:
                 return
         routed = Message(topic, b"" if payload is None else payload, qos, retain,
-                         self.host.container_id or None, self.broker.clock.seconds(),
+                         self.publisher, self.broker.clock.seconds(),
                          redelivered, head + data[cut:], payload is None, props, None,
                          priority)
         if delivery_remote_state(dlv) == TRANSACTIONAL:

@@ -41,6 +41,7 @@ from mqttamqp.amqp.codec.contract import (
     message_retain,
     mqtt5_props,
     parse_qos,
+    subscription_options,
 )
 from mqttamqp.amqp.codec.encode import encode_control
 from mqttamqp.amqp.codec.sections import InboundMessage
@@ -230,10 +231,15 @@ class SubscriptionServiceLink(_ServiceLink):
                 self.reject(dlv, DECODE_ERROR, f"AMQP_SUBSCRIBE: {problem}")
                 return
             requests.append((str(topic_filter), qos))
+        options = subscription_options(message.annotations, requests)
+        if isinstance(options, str):
+            self.reject(dlv, DECODE_ERROR, f"AMQP_SUBSCRIBE: {options}")
+            return
         # A .publish receiver waiting for AMQP_LIST claims the session now.
         self.requests.claim_waiting(client_id)
         identity = Identity(client_id, self.host.identity.username, "amqp")
-        session, codes, d = self.broker.gateway.subscribe_client(client_id, identity, requests)
+        session, codes, d = self.broker.gateway.subscribe_client(client_id, identity, requests,
+                                                                 options)
         if all(code >= SUBSCRIBE_FAILURE for code in codes):
             self.reject(dlv, NOT_ALLOWED, "every topic filter was refused: "
                         + ", ".join(f for f, _ in requests))

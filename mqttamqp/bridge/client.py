@@ -6,8 +6,8 @@ protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
 seconds, the connection dropped when the remote is silent for one and a half; not
 judged while reading is paused), a clean close (``disconnect``: the producer
 unregistered first, aborted after ``CLOSE_GRACE``), and
-each packet from the remote handed to its ``Bridge`` as a call.  ``Backoff``: the
-reconnect delays, doubling from a minimum to a bound.
+each packet from the remote handed to its ``Bridge`` as a call.  (``Backoff``, the
+reconnect delays, is ``adapter.backoff``'s, imported here as it was.)
 
 What it must not do: touch the broker or its sessions (``bridge.Bridge`` does), or
 decide what to send: it writes what it is given.  A second MQTT client library
@@ -24,6 +24,7 @@ from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.adapter.backoff import Backoff
 from mqttamqp.bridge.oversize import OversizedPublish
 from mqttamqp.core.clock import Clock
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
@@ -49,26 +50,6 @@ BRIDGE_FLAG = 0x80
 LEVEL = 4     # MQTT 3.1.1
 MAX_PACKET = 268_435_455
 CLOSE_GRACE = 5.0   # seconds a stopped bridge's connection may take to close
-
-
-class Backoff:
-    """Reconnect delays: ``minimum``, then doubled each failure up to ``maximum``;
-    ``reset`` once a connection is accepted."""
-
-    __slots__ = ("_next", "maximum", "minimum")
-
-    def __init__(self, minimum: float, maximum: float) -> None:
-        self.minimum = minimum
-        self.maximum = maximum
-        self._next = minimum
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.minimum
 
 
 class ClientOwner(Protocol):

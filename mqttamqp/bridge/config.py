@@ -21,8 +21,8 @@ from mqttamqp.ops.config import TableKeyError, as_table, table_values
 __all__ = ["BridgeSettings", "TopicRule", "DIRECTIONS", "load_client_certificate"]
 
 DIRECTIONS = ("out", "in", "both")
-SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443}
-TLS_SCHEMES = ("mqtts", "wss")
+SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 80, "wss": 443, "amqp": 5672, "amqps": 5671}
+TLS_SCHEMES = ("mqtts", "wss", "amqps")
 EMPTY = '""'   # an empty prefix in a topic rule
 
 
@@ -139,6 +139,7 @@ class BridgeSettings:
     max_backlog_bytes: int = 32 << 20   # the out backlog's payload bytes ...
     max_backlog_messages: int = 30_000  # ... and messages (queued, not in flight)
     on_full: str = "block"           # at the bound: "block" publishers or "drop" (counted)
+    credit: int = 100                # amqp://: unsettled in messages per receiver, at most
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -157,6 +158,11 @@ class BridgeSettings:
     @property
     def websocket(self) -> bool:
         return urlsplit(self.address).scheme in ("ws", "wss")
+
+    @property
+    def amqp(self) -> bool:
+        """The remote speaks AMQP 1.0 (``amqp://``, ``amqps://``), not MQTT."""
+        return urlsplit(self.address).scheme in ("amqp", "amqps")
 
     @property
     def session_id(self) -> str:
@@ -193,14 +199,15 @@ class BridgeSettings:
         parts = urlsplit(self.address)
         if parts.scheme not in SCHEMES or not parts.hostname:
             raise TableKeyError("address", f"{self.address!r} is not an mqtt://, mqtts://, "
-                                           "ws:// or wss://HOST[:PORT] address")
+                                           "ws://, wss://, amqp:// or amqps://HOST[:PORT] "
+                                           "address")
         if parts.path and not self.websocket:
             raise TableKeyError("address", f"{self.address!r}: a path only with ws:// "
                                            "or wss://")
         for key, value in (("tls-ca", self.tls_ca), ("server-name", self.server_name),
                            ("cert-file", self.cert_file), ("key-file", self.key_file)):
             if value is not None and not self.tls:
-                raise TableKeyError(key, "only with an mqtts:// or wss:// address")
+                raise TableKeyError(key, "only with an mqtts://, wss:// or amqps:// address")
         if self.tls_ca is not None:
             from mqttamqp.net.tls import load_ca_bundle
 
@@ -233,6 +240,8 @@ class BridgeSettings:
                                 "packet id; with on-full = \"block\" twice as many may wait)")
         if self.on_full not in ("drop", "block"):
             raise TableKeyError("on-full", f"{self.on_full!r} is not \"drop\" or \"block\"")
+        if not 1 <= self.credit <= 10_000:
+            raise TableKeyError("credit", "1 to 10000 unsettled messages per receiver")
         if not 1 <= self.max_hops <= 255:
             raise TableKeyError("max-hops", "1 to 255 bridges")
         if self.password is not None and self.username is None:
@@ -248,6 +257,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,), "max_hops": (int,),
     "max_backlog_bytes": (int,), "max_backlog_messages": (int,), "on_full": (str,),
+    "credit": (int,),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
     "cert_file": (str,), "key_file": (str,),

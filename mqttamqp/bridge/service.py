@@ -2,7 +2,8 @@
 (``BrokerService._start_serving``: at the start, or under ``--ha`` at the takeover,
 never on a standby), stopped with the service.
 
-What it owns: building each ``Bridge`` with a TCP connector on the reactor, and at
+What it owns: building each bridge (``Bridge`` toward an MQTT remote, ``amqp.AmqpBridge``
+toward an AMQP 1.0 one) with a TCP connector on the reactor, and at
 the start and on each reload holding the sessions ``$bridge/<name>`` of bridges no
 longer configured, or with no ``out`` rule any more (``hold_orphans``): each is
 unsubscribed, so it stops queuing for nobody, but what it holds is kept (a forgotten
@@ -25,6 +26,8 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.bridge.amqp import AmqpBridge
+from mqttamqp.bridge.base import BridgeBase
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.bridge.config import BridgeSettings, load_client_certificate
@@ -64,7 +67,7 @@ def hold_orphans(broker: Broker, names: Sequence[str]) -> list[str]:
     return orphans
 
 
-def figures(bridge: Bridge) -> dict[str, Any]:
+def figures(bridge: BridgeBase) -> dict[str, Any]:
     """A bridge now: state, remote, last error, connected since, counters, and its
     out backlog (the session's queue and what is in flight)."""
     s = bridge.settings
@@ -73,7 +76,8 @@ def figures(bridge: Bridge) -> dict[str, Any]:
     inflight = len(session.inflight) if session is not None else 0
     client = bridge.client
     return {
-        "name": s.name, "address": s.address, "protocol": s.protocol,
+        "name": s.name, "address": s.address,
+        "protocol": "AMQP 1.0" if s.amqp else s.protocol,
         "client_id": s.remote_client_id, "session": s.session_id,
         "rules": [r.text() for r in s.rules], "state": bridge.state,
         "last_error": bridge.last_error, "connected_since": bridge.connected_since,
@@ -84,6 +88,8 @@ def figures(bridge: Bridge) -> dict[str, Any]:
         "too_many_hops": bridge.link.too_many_hops,
         "downgraded": bridge.link.downgraded,
         "unretained": bridge.link.unretained, "held": bridge.held,
+        "released": getattr(bridge.link, "released", 0),   # (AMQP remotes only)
+        "echoes": getattr(bridge, "echoes", 0),
         "reading_paused": sorted(client.paused_for) if client is not None else [],
         "backlog_messages": queued + inflight, "inflight": inflight,
         "backlog_bytes": session.queued_bytes if session is not None else 0,
@@ -94,7 +100,7 @@ def figures(bridge: Bridge) -> dict[str, Any]:
     }
 
 
-def sys_topics(bridge: Bridge) -> list[tuple[str, str]]:
+def sys_topics(bridge: BridgeBase) -> list[tuple[str, str]]:
     """The bridge's ``$SYS/broker/connection/<client id>/...`` topics beside Mosquitto's
     ``state`` (which ``Bridge`` publishes at each change): messages out and in, the
     rates, and the out backlog."""
@@ -134,10 +140,10 @@ class _Once(Factory):
 
     noisy = False
 
-    def __init__(self, client: BridgeClient) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
 
-    def buildProtocol(self, addr: Any) -> BridgeClient:
+    def buildProtocol(self, addr: Any) -> Any:
         return self.client
 
 
@@ -148,10 +154,15 @@ class Bridges:
                  ) -> None:
         self.broker = broker
         self.reactor = reactor
-        self.bridges = [Bridge(broker, reactor, s, self._connector(s)) for s in settings]
+        self.bridges = [self._bridge(s) for s in settings]
         self.started = False
         self._sampler: Any = None
         self._sampled = self._sys_at = 0.0
+
+    def _bridge(self, settings: BridgeSettings) -> BridgeBase:
+        """A bridge of ``settings``: to an MQTT remote, or an AMQP 1.0 one."""
+        kind = AmqpBridge if settings.amqp else Bridge
+        return kind(self.broker, self.reactor, settings, self._connector(settings))
 
     def _connector(self, settings: BridgeSettings) -> Any:
         reactor: IReactorTCP = self.reactor
@@ -167,6 +178,12 @@ class Bridges:
                 return connect_websocket(endpoint, settings, max_packet, client)
 
             return connect_ws
+
+        if settings.amqp:   # (an ``AmqpRemote``: its connection is the gateway's engine)
+            def connect_amqp(remote: Any) -> Any:
+                return endpoint.connect(_Once(remote.conn))
+
+            return connect_amqp
 
         def connect(client: BridgeClient) -> Any:
             return endpoint.connect(_Once(client))
@@ -215,7 +232,7 @@ class Bridges:
         names = {s.name for s in settings}
         added: list[str] = []
         changed: list[str] = []
-        bridges: list[Bridge] = []
+        bridges: list[BridgeBase] = []
         # Every new Bridge is built first (a TLS remote's CA file is read here): if
         # one fails, nothing has been stopped and the running set stays as it was.
         for s in settings:
@@ -224,7 +241,7 @@ class Bridges:
                 bridges.append(bridge)
                 continue
             (changed if bridge is not None else added).append(s.name)
-            bridges.append(Bridge(self.broker, self.reactor, s, self._connector(s)))
+            bridges.append(self._bridge(s))
         removed = [name for name in old if name not in names]
         for name in changed + removed:
             old[name].stop()

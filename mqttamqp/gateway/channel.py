@@ -36,11 +36,15 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from proton import Condition, Message, ulong
+from proton import Condition, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from mqttamqp.amqp.codec.contract import Mqtt5Props
+from mqttamqp.amqp.codec.contract import (
+    ANNOTATION_CLIENT_ID,
+    ANNOTATION_SUBSCRIPTION_OPTIONS,
+    Mqtt5Props,
+)
 from mqttamqp.amqp.codec.encode import encode_publish, encode_publish5
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
@@ -172,7 +176,9 @@ class ClientChannel:
         self.will = self._sender(cid, WILL_SERVICE)
         self.service = self._sender(prefix + "ss", SUBSCRIPTION_SERVICE)
         self.control = self._receiver(prefix + "control", f"$mqtt.to.{cid}.control", 8)
-        self.topics = self._sender(prefix + "publish", None)
+        # (named the client it publishes for: the core's publisher, for no local)
+        self.topics = self._sender(prefix + "publish", None,
+                                   {symbol(ANNOTATION_CLIENT_ID): cid})
         self._topics_impl = self.topics._impl
         await self._attached(self.will, self.service, self.control, self.topics)
         if will is not None:
@@ -195,9 +201,12 @@ class ClientChannel:
         self.state = ChannelState.READY
         return present
 
-    def _sender(self, name: str, address: str | None) -> Any:
+    def _sender(self, name: str, address: str | None,
+                properties: dict[symbol, Any] | None = None) -> Any:
         link = self.session.sender(name)
         link.target.address = address
+        if properties is not None:
+            link.properties = properties
         link.snd_settle_mode = link.SND_MIXED if address is None else link.SND_UNSETTLED
         link.rcv_settle_mode = link.RCV_FIRST
         self._senders.add(link._impl)
@@ -283,10 +292,13 @@ class ClientChannel:
                                 props))
         self.send_then(self.topics, body, then)
 
-    def subscribe(self, packet_id: int, requests: dict[str, int]
-                  ) -> Deferred[Outcome]:
+    def subscribe(self, packet_id: int, requests: dict[str, int],
+                  options: dict[str, int] | None = None) -> Deferred[Outcome]:
+        """AMQP_SUBSCRIBE; ``options``: its filters' options (a bridge's no local)."""
+        extra = {"annotations": {symbol(ANNOTATION_SUBSCRIPTION_OPTIONS): options}
+                 } if options else {}
         return self.send(self.service, control_message(
-            "subscribe", self.client_id, id=ulong(packet_id), body=requests))
+            "subscribe", self.client_id, id=ulong(packet_id), body=requests, **extra))
 
     def unsubscribe(self, packet_id: int, filters: list[str]) -> Deferred[Outcome]:
         return self.send(self.service, control_message(

@@ -129,6 +129,7 @@ class GatewayFigures:
             "messages_to_core": f.published,
             "messages_to_clients": f.delivered,
             "reading_pauses": f.reading_pauses,
+            "held_deliveries": f.held_deliveries,
             "started": self.started,
             "upstream": self.pool.upstream.display,
         }

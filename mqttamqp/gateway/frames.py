@@ -1,7 +1,8 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
 the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
-and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, and
-what an MQTT 5 PUBLISH's properties become on their way to the core.
+and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, a
+bridge's subscription options, and what an MQTT 5 PUBLISH's properties become on
+their way to the core.
 
 What it must not do: write, keep state, or decide when a frame goes (``frontend``).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.routing.shared import SHARE_PREFIX
+from mqttamqp.core.sessions.session import NO_LOCAL
 from mqttamqp.gateway.wire import Outcome
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import StringRules
@@ -28,8 +31,8 @@ from mqttamqp.mqtt.packets import (
 )
 from mqttamqp.mqtt.v5 import CONNACK_REASONS, message_properties
 
-__all__ = ["connack", "message_props", "publish_ack", "publish_problem", "suback",
-           "subscribe_problem", "unsuback"]
+__all__ = ["bridge_options", "connack", "message_props", "publish_ack", "publish_problem",
+           "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
 
@@ -87,6 +90,13 @@ def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe) -
     if len(packet.topics) > limits.max_subscribe_filters:
         return "too many topic filters in one SUBSCRIBE"
     return None
+
+
+def bridge_options(packet: Subscribe) -> dict[str, int]:
+    """The subscription options of a bridge's SUBSCRIBE (Mosquitto's flag in CONNECT):
+    no local on every filter but shared ones (where MQTT 5 forbids it), as a broker
+    subscribes a bridge, so what it publishes is not sent back to it."""
+    return {f: NO_LOCAL for f, _q in packet.topics if not f.startswith(SHARE_PREFIX)}
 
 
 def suback(packet: Subscribe, outcome: Outcome, level: int) -> bytes:

@@ -16,8 +16,9 @@ wait in the decoder until CONNACK), CONNECT → the channel's flow → CONNACK (
 present from AMQP_SUBSCRIPTIONS; "server unavailable", 3.1.1 code 3 / MQTT 5 0x88,
 when no upstream connection is open or the core does not answer), PUBLISH (PUBACK /
 PUBREC once the core accepted, in the order the packets came: ``AckQueue``), QoS 2's
-PUBREL → PUBCOMP, SUBSCRIBE / UNSUBSCRIBE → SUBACK / UNSUBACK, deliveries from the
-core with packet ids, PUBACK / PUBREC / PUBCOMP of them, keepalive, takeover of a
+PUBREL → PUBCOMP, SUBSCRIBE / UNSUBSCRIBE → SUBACK / UNSUBACK, (through its base
+class ``deliveries.ClientDeliveries``) deliveries from the core with packet ids and
+PUBACK / PUBREC / PUBCOMP of them, keepalive, takeover of a
 client id on this gateway, and the one close: clean (DISCONNECT) or brute
 (everything else), which the channel carries to the core's will service.
 
@@ -40,13 +41,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
-from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.auth import Authenticator, Credentials
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
+from mqttamqp.gateway.deliveries import ClientDeliveries
 from mqttamqp.gateway.frames import (
+    bridge_options,
     connack,
     publish_ack,
     publish_problem,
@@ -114,6 +116,7 @@ class GatewayFactory(Factory):
         self.reading_pauses = 0           # clients not read for a while (flow control)
         self.connected_total = 0
         self.too_large = 0                # deliveries over a client's maximum packet size
+        self.held_deliveries = 0          # deliveries written after pending acknowledgements
         self.published = self.delivered = 0   # messages to the core / to clients
         self.refused: dict[int, int] = {}     # CONNECTs refused, by CONNACK code
         self.make_channel = ClientChannel   # (tests give a fake)
@@ -174,11 +177,12 @@ class _Refusing(Protocol):
 
 
 @implementer(IPushProducer)
-class GatewayProtocol(Protocol):
-    """One MQTT client of the gateway."""
+class GatewayProtocol(ClientDeliveries, Protocol):
+    """One MQTT client of the gateway (its deliveries: ``ClientDeliveries``)."""
 
     log: ClassVar[Logger] = Logger()
     transport: Any
+    factory: GatewayFactory
 
     def __init__(self, factory: GatewayFactory) -> None:
         self.factory = factory
@@ -190,6 +194,7 @@ class GatewayProtocol(Protocol):
         self.client_id = ""
         self.peer = "?"
         self.clean = True            # remove the session at the end (AMQP_CLOSE)
+        self.bridge = False          # Mosquitto's bridge flag: its subscriptions no-local
         self.channel: ClientChannel | None = None
         self.keepalive: Keepalive | None = None
         self.last_activity = 0.0
@@ -274,21 +279,16 @@ class GatewayProtocol(Protocol):
         if kind is Publish:
             self._on_publish(packet)  # type: ignore[arg-type]
         elif kind is Puback:
-            pid = packet.packet_id  # type: ignore[attr-defined]
-            self._finish(self.outbound.acknowledged(pid))
+            self._on_puback(packet.packet_id)  # type: ignore[attr-defined]
         elif kind is Pubrel:
             pid = packet.packet_id  # type: ignore[attr-defined]
             self.awaiting_rel.discard(pid)
             self.acks.add(ack_frame(0x70, pid), None, True)
             self._flush_acks()
         elif kind is Pubrec:
-            pid = packet.packet_id  # type: ignore[attr-defined]
-            dlv = self.outbound.acknowledged(pid)
-            if dlv is not None and self.channel is not None:
-                self.channel.released(pid, dlv)
+            self._on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
         elif kind is Pubcomp:
-            pid = packet.packet_id  # type: ignore[attr-defined]
-            self._finish(self.outbound.completed(pid))
+            self._on_pubcomp(packet.packet_id)  # type: ignore[attr-defined]
         elif kind is Subscribe:
             self._on_subscribe(packet)  # type: ignore[arg-type]
         elif kind is Unsubscribe:
@@ -328,6 +328,7 @@ class GatewayProtocol(Protocol):
             self._refuse(0x8C, "enhanced authentication is not served through a gateway")
             return
         self.client_id = decided.client_id
+        self.bridge = packet.bridge
         self._assigned = decided.assigned
         v5 = decided.v5
         self.outbound.max_packet = v5.client_max_packet if v5 is not None else None
@@ -452,9 +453,12 @@ class GatewayProtocol(Protocol):
     def _flush_acks(self) -> None:
         if self.rules.closed:
             return
-        frames = [frame for frame, _after in self.acks.take()]
-        if frames:
-            self.transport.write(b"".join(frames))
+        taken = self.acks.take()
+        if taken:
+            self.transport.write(b"".join([frame for frame, _after in taken]))
+            for _frame, after in taken:
+                if after is not None:
+                    after()   # (a held QoS 0 delivery: settled once written)
         self._maybe_resume()
 
     def _pause_reading(self) -> None:
@@ -485,7 +489,8 @@ class GatewayProtocol(Protocol):
             return
         channel = self.channel
         assert channel is not None
-        self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics)),
+        self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics),
+                                             bridge_options(packet) if self.bridge else None),
                            lambda outcome: suback(packet, outcome, self.level))
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
@@ -510,41 +515,6 @@ class GatewayProtocol(Protocol):
             self._flush_acks()
 
         d.addCallback(answered)
-
-    # -- deliveries from the core (ChannelOwner) ------------------------------------------
-
-    def deliver(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
-                dlv: Any, props: Mqtt5Props | None = None, packet_id: int | None = None
-                ) -> None:
-        channel = self.channel
-        if channel is None or self.rules.state is not ConnectionState.CONNECTED:
-            return   # (unsettled: the core keeps it when the link ends)
-        frame = self.outbound.publish(topic, payload, qos, retain, dup, dlv, props, packet_id)
-        if not frame:
-            if frame is None:
-                self.abort(f"the core's packet id {packet_id} is already in flight")
-                return
-            self.factory.too_large += 1   # (settled, not written: as on a broker)
-            self._limited("too-large", "{c}: not sent, over its maximum packet size ({n}): "
-                          "a message to {t}", t=topic, n=self.outbound.max_packet)
-            channel.finished(dlv)
-            return
-        self.transport.write(frame)
-        self.factory.delivered += 1
-        if qos == 0:
-            channel.finished(dlv)
-
-    def release(self, packet_id: int, dlv: Any) -> None:
-        if self.channel is not None and not self.rules.closed:
-            self.transport.write(self.outbound.pubrel(packet_id, dlv))
-
-    def upstream_gone(self, reason: str) -> None:
-        if self.rules.state is ConnectionState.CONNECTED:
-            self.abort(reason)
-
-    def _finish(self, dlv: Any) -> None:
-        if dlv is not None and self.channel is not None:
-            self.channel.finished(dlv)
 
     # -- time -----------------------------------------------------------------------------
 

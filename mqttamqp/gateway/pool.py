@@ -2,7 +2,7 @@
 
 What it owns: ``--upstream-connections`` slots, each an ``UpstreamConnection`` kept
 open (one attempt at a time per slot, a bounded exponential back-off between
-attempts: ``bridge.client.Backoff``), the pick of a connection for a new client (the
+attempts: ``adapter.backoff.Backoff``), the pick of a connection for a new client (the
 one it had, on a takeover, else the least loaded with a session to spare), and one
 log line per state change of a slot (up; down with the reason; the first failed
 attempt of a spell).  ``up``: whether any connection is open (CONNECTs are refused
@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqttamqp.bridge.client import Backoff
+from mqttamqp.adapter.backoff import Backoff
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.engine import UpstreamConnection
 from mqttamqp.gateway.target import Upstream

@@ -46,6 +46,9 @@ _PLAIN = (
      "connection full (--upstream-max-clients, the core's channel-max).", "upstream_full"),
     ("mqttamqp_gateway_reading_pauses", False, "Times a client was not read for a while "
      "(no credit from the core, or acknowledgements waiting).", "reading_pauses"),
+    ("mqttamqp_gateway_held_deliveries", False, "Deliveries written to a client after "
+     "its acknowledgements that awaited the core (PUBREC before the copy of its own "
+     "QoS 2 message).", "held_deliveries"),
     ("mqttamqp_gateway_start_time_seconds", True, "When the gateway started, seconds "
      "since the epoch.", "started"),
 )

@@ -88,8 +88,8 @@ class Gateway:
         return succeed(conn)
 
     def client(self, client_id: str, clean: bool = True, will: Will | None = None,
-               keepalive: int = 0) -> Client:
-        return Client(self, client_id, clean, will, keepalive)
+               keepalive: int = 0, bridge: bool = False) -> Client:
+        return Client(self, client_id, clean, will, keepalive, bridge)
 
 
 def _refused() -> Deferred[Any]:
@@ -99,10 +99,11 @@ def _refused() -> Deferred[Any]:
 
 
 class Client:
-    """An MQTT 3.1.1 client of the gateway on a ``StringTransport``."""
+    """An MQTT 3.1.1 client of the gateway on a ``StringTransport`` (``bridge``: with
+    Mosquitto's bridge flag)."""
 
     def __init__(self, gateway: Gateway, client_id: str, clean: bool, will: Will | None,
-                 keepalive: int) -> None:
+                 keepalive: int, bridge: bool = False) -> None:
         self.gateway = gateway
         proto = gateway.factory.buildProtocol(None)
         assert isinstance(proto, GatewayProtocol)
@@ -111,7 +112,7 @@ class Client:
         self.proto.makeConnection(self.transport)
         self.decoder = Decoder()
         self.inbox: list[Packet] = []
-        self.send(Connect("MQTT", 4, client_id, clean, keepalive, will))
+        self.send(Connect("MQTT", 4, client_id, clean, keepalive, will, bridge=bridge))
         (self.connack,) = self.take(Connack)
 
     def send(self, *packets: Packet) -> None:

@@ -41,21 +41,9 @@ def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = 
     return proc
 
 
-_ACK_KIND = ("the gateway does not yet check an acknowledgement's kind against the "
-             "delivery's QoS and state (PUBREC for QoS 1, PUBACK for QoS 2): it does "
-             "not close the connection")
-_PUBREC_FIRST = ("PUBREC before the forwarded copy: the core routes the message and "
-                 "accepts its transfer in one turn, and the gateway writes the copy as "
-                 "it comes but PUBREC only once the core's Accepted arrives")
 # test function name (with "[ID]": only its cases with that parameter id) -> why it
 # cannot pass through a gateway
 GATEWAY_DIFFERS: dict[str, str] = {
-    # test_conformance_mqtt.py
-    "test_qos2_ack_for_inflight_qos1_closes": _ACK_KIND,
-    "test_ack_for_qos2_before_pubrec_closes": _ACK_KIND,
-    "test_puback_after_pubrel_closes": _ACK_KIND,
-    "test_qos2_pubrec_before_forward_to_self": _PUBREC_FIRST,
-    "test_qos2_pubrec_before_forward_with_persistent_subscriber": _PUBREC_FIRST,
 }
 
 

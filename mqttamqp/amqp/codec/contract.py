@@ -18,13 +18,36 @@ from mqttamqp.amqp.codec.sections import InboundMessage
 from mqttamqp.amqp.codec.values import MAX_DEPTH, DecodeError, Described, Symbol
 
 __all__ = ["ANNOTATION_RETAIN", "ANNOTATION_QOS", "ANNOTATION_CLIENT_ID",
-           "ANNOTATION_PAYLOAD_FORMAT", "parse_qos", "message_qos", "message_retain",
+           "ANNOTATION_PAYLOAD_FORMAT", "ANNOTATION_SUBSCRIPTION_OPTIONS",
+           "subscription_options", "parse_qos", "message_qos", "message_retain",
            "message_payload", "mqtt_payload", "Mqtt5Props", "mqtt5_props"]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
 ANNOTATION_QOS = "x-opt-mqtt-qos"
 ANNOTATION_CLIENT_ID = "x-opt-mqtt-client-id"
 ANNOTATION_PAYLOAD_FORMAT = "x-opt-mqtt-payload-format"
+# AMQP_SUBSCRIBE's MQTT 5 subscription options (an extension: docs/gateway.md)
+ANNOTATION_SUBSCRIPTION_OPTIONS = "x-opt-mqtt-subscription-options"
+# The options the core keeps per filter: no local (0x04), retain as published (0x08).
+_KEPT_OPTIONS = 0x0C
+
+
+def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, int]]
+                         ) -> list[int] | str:
+    """Per request of an AMQP_SUBSCRIBE, its options packed with its QoS as
+    ``Session.sub_options`` keeps them, from the annotation
+    ``x-opt-mqtt-subscription-options`` (a map: filter → the MQTT 5 options byte; no
+    local and retain as published are kept, other bits ignored); [] without one, or
+    why the annotation is not such a map."""
+    raw = annotations.get(ANNOTATION_SUBSCRIPTION_OPTIONS)
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255
+            for v in raw.values()):
+        return (f"annotation {ANNOTATION_SUBSCRIPTION_OPTIONS} must map topic filters to "
+                "an options byte (0-255)")
+    return [qos | (raw.get(f, 0) & _KEPT_OPTIONS) for f, qos in requests]
 
 
 def _is_ascii_number(text: str) -> bool:

@@ -45,17 +45,18 @@ class GatewaySessions:
         return (dict(session.subscriptions) if session.persistent else {}), d
 
     def subscribe_client(self, client_id: str, identity: Identity,
-                         requests: Sequence[tuple[str, int]]
+                         requests: Sequence[tuple[str, int]], options: Sequence[int] = ()
                          ) -> tuple[Session | None, list[int], Deferred[None] | None]:
         """AMQP_SUBSCRIBE: subscribe the session of ``client_id``, created offline and
-        persistent if it has none (and at least one filter can be granted).  The
+        persistent if it has none (and at least one filter can be granted), with the
+        requests' subscription ``options`` (as ``Broker.subscribe``: none if empty).  The
         Deferred (None when every filter was refused) fires once the session and its
         subscriptions are durable."""
         if client_id not in self._registry.sessions and not any(
                 self._router.may_subscribe(identity, f) for f, _ in requests):
             return None, [SUBSCRIBE_FAILURE] * len(requests), None  # nothing is created
         session, created = self._registry.offline_session(client_id, identity.username)
-        codes, d = self._router.subscribe(session, identity, requests)
+        codes, d = self._router.subscribe(session, identity, requests, options=options)
         if d is None:
             d = created
         if all(code >= SUBSCRIBE_FAILURE for code in codes):

@@ -18,7 +18,24 @@ from collections import deque
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
 from mqttamqp.core.sessions.entries import NO_INFLIGHT, NO_OPS, NO_QUEUE, ClientLink, OutEntry
 
-__all__ = ["InflightWindow"]
+__all__ = ["InflightWindow", "ack_problem"]
+
+
+def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | None:
+    """Why an MQTT acknowledgement ``kind`` (PUBACK, PUBREC or PUBCOMP) does not fit
+    a message in flight as ``packet_id`` at ``qos`` (``released``: its PUBREC came, so
+    PUBREL is or will be out) — a protocol violation — or None.  The one rule of the
+    broker's sessions and of a gateway's connections (``gateway.deliveries``)."""
+    if kind == "PUBACK":
+        if qos == 1:
+            return None
+        stage = "after PUBREL" if released else "before PUBREC"
+        return f"PUBACK for packet id {packet_id}, a QoS 2 message in flight ({stage})"
+    if qos != 2:
+        return f"{kind} for packet id {packet_id}, a QoS 1 message in flight"
+    if kind == "PUBCOMP" and not released:
+        return f"PUBCOMP for packet id {packet_id} before PUBREC"
+    return None
 
 
 class InflightWindow:
@@ -79,16 +96,7 @@ class InflightWindow:
         entry = self.inflight.get(packet_id)
         if entry is None:
             return None
-        if kind == "PUBACK":
-            if entry.qos == 1:
-                return None
-            stage = "after PUBREL" if entry.state == QueuedState.RELEASED else "before PUBREC"
-            return f"PUBACK for packet id {packet_id}, a QoS 2 message in flight ({stage})"
-        if entry.qos != 2:
-            return f"{kind} for packet id {packet_id}, a QoS 1 message in flight"
-        if kind == "PUBCOMP" and entry.state != QueuedState.RELEASED:
-            return f"PUBCOMP for packet id {packet_id} before PUBREC"
-        return None
+        return ack_problem(kind, packet_id, entry.qos, entry.state == QueuedState.RELEASED)
 
     def acknowledge(self, packet_id: int) -> list[Op]:
         """PUBACK from the client (or Accepted on an AMQP delivery of QoS 1)."""

@@ -180,6 +180,7 @@ def test_metrics_and_readiness() -> None:
                  "mqttamqp_gateway_upstream_connections_up 1.0",
                  'mqttamqp_gateway_connects_refused_total{cause="not_authorized"} 2.0',
                  'mqttamqp_gateway_messages_total{direction="to_core"} 0.0',
+                 "mqttamqp_gateway_held_deliveries_total 0.0",
                  "mqttamqp_gateway_connects_total 1.0"):
         assert line in text, line
     http = StubTreq(gateway_ops_site(gateway_registry(figures.counters),

@@ -42,6 +42,7 @@ class FakeChannel:
         self.persistent: bool | None = None
         self.published: list[tuple[str, bytes, int, Any]] = []
         self.subscribed: list[tuple[int, dict[str, int], Deferred[Outcome]]] = []
+        self.sub_options: list[dict[str, int] | None] = []
         self.finished_: list[Any] = []
         self.closed: tuple[bool, bool] | None = None
         self.blocked = False
@@ -56,9 +57,11 @@ class FakeChannel:
                         then: Any, props: Any = None) -> None:
         self.published.append((topic, payload, qos, then))
 
-    def subscribe(self, packet_id: int, requests: dict[str, int]) -> Deferred[Outcome]:
+    def subscribe(self, packet_id: int, requests: dict[str, int],
+                  options: dict[str, int] | None = None) -> Deferred[Outcome]:
         d: Deferred[Outcome] = Deferred()
         self.subscribed.append((packet_id, requests, d))
+        self.sub_options.append(options)
         return d
 
     def finished(self, dlv: Any) -> None:

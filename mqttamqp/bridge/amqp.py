@@ -1,0 +1,502 @@
+"""AMQP 1.0 bridges: a ``[[bridge]]`` whose address is ``amqp://`` or ``amqps://``.
+
+What it owns: the AMQP side of a bridge (``base.BridgeBase`` has the rest: the out
+session ``$bridge/<name>`` and its backlog bound, the connect loop, the status): the
+connection to the remote (the gateway's ``UpstreamConnection``: a proton client
+engine, SASL PLAIN with ``username``/``password`` or ANONYMOUS, TLS below it checked
+as for ``mqtts://``), one session on it with
+
+* ``out``: one sender to the null address (the anonymous relay), each message with
+  ``to`` = its remote address (``remote-prefix`` + the topic past ``local-prefix``,
+  as an MQTT bridge maps topics), the MQTT fields as the contract's annotations and
+  the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
+  QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
+  is done only on the remote's outcome: accepted (done), rejected (dropped, counted,
+  logged once a minute per condition), released, modified or settled without an
+  outcome (sent again after ``reconnect-min`` seconds).  The sender's credit is the
+  window: while the remote grants none, the session sends nothing more;
+* ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
+  each message published here with the bridge as publisher at min(its QoS, the
+  rule's) and accepted only once durable here (``base.take_in``); ``credit``
+  (the table's key) unsettled messages at most are outstanding per receiver; a
+  message with no MQTT form (no topic, a body that is not bytes), or larger than
+  ``--max-packet-size`` (announced as each receiver's max-message-size), is rejected,
+  counted and logged once a minute at most.  Loops: the out session is
+  no-local here, and on a ``both`` rule a message the remote delivers with our
+  container id as its publisher (``x-opt-mqtt-client-id``, as mqttamqp annotates) is
+  accepted and not published again here (counted as an echo).
+
+What it must not do: speak MQTT, store anything itself, copy the gateway's engine
+(it is used as it is), or keep a pointer proton may free: an incoming delivery waiting
+for the store is held with ``incref``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
+from mqttamqp.amqp.codec.encode import encode_publish5
+from mqttamqp.amqp.codec.publish import decode_publish
+from mqttamqp.amqp.codec.sections import decode_message
+from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.bridge.base import PROTOCOL, BridgeBase
+from mqttamqp.bridge.client import CLOSE_GRACE
+from mqttamqp.bridge.config import TopicRule
+from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.sessions.session import Session
+from mqttamqp.core.topics import topic_matches
+from mqttamqp.gateway.engine import UpstreamConnection
+from mqttamqp.gateway.target import Upstream
+from mqttamqp.net.rawproton import (
+    decref,
+    delivery_link,
+    delivery_partial,
+    delivery_readable,
+    delivery_remote,
+    delivery_remote_state,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    describe,
+    from_buffer,
+    incref,
+    lib,
+    link_advance,
+    link_credit,
+    link_flow,
+    link_send,
+    new_delivery,
+    recv,
+)
+
+__all__ = ["AmqpBridge", "AmqpLink", "AmqpRemote"]
+
+ACCEPTED: int = lib.PN_ACCEPTED
+REJECTED: int = lib.PN_REJECTED
+RELEASED: int = lib.PN_RELEASED
+MODIFIED: int = lib.PN_MODIFIED
+_TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+
+
+def upstream_of(bridge: BridgeBase) -> Upstream:
+    """The remote as the gateway's connection names it."""
+    s = bridge.settings
+    return Upstream(s.host, s.port, s.tls, s.username, s.password, s.server_name, s.tls_ca)
+
+
+class AmqpLink(BridgeLink):
+    """The out session's ``ClientLink`` over the remote's sender (see the module)."""
+
+    __slots__ = ("_retries", "_retry_call", "released", "remote")
+
+    def __init__(self, bridge: Any) -> None:
+        super().__init__(bridge)
+        self.remote: AmqpRemote | None = None
+        self.released = 0       # outcomes released / modified: sent again
+        self._retries: list[int] = []
+        self._retry_call: Any = None
+
+    def attach(self, client: Any, limits: RemoteLimits) -> None:
+        super().attach(None, limits)
+        self.remote = client
+        self._retries.clear()
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self._retry_call = None
+
+    @property
+    def congested(self) -> bool:
+        remote = self.remote
+        return remote is None or remote.no_credit
+
+    def send_publish(self, message: Message, qos: int, packet_id: int | None,
+                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
+        remote = self.remote
+        if remote is None:
+            return   # (the session keeps it: resent on the next activation)
+        bridge = self.bridge
+        hops = 0 if message.props is None else hops_of(message)
+        if hops >= bridge.settings.max_hops:
+            self._looped(message, hops, packet_id if qos else None)
+            return
+        bridge.sent += 1
+        remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup, hops + 1,
+                    packet_id if qos else None, bridge.clock.seconds())
+
+    def send_pubrel(self, packet_id: int) -> None:
+        """QoS 2: the remote accepted it (``received``); nothing more goes there."""
+        self.settle_later("released", packet_id)
+
+    def retry(self, packet_id: int) -> None:
+        """The remote released it: sent again after ``reconnect-min`` seconds (at most
+        the session's window of them wait)."""
+        self.released += 1
+        self._retries.append(packet_id)
+        if self._retry_call is None:
+            self._retry_call = self.bridge.clock.callLater(
+                self.bridge.settings.reconnect_min, self._resend)
+
+    def _resend(self) -> None:
+        self._retry_call = None
+        ids, self._retries = self._retries, []
+        session = self.bridge.session
+        if session is None or self.remote is None:
+            return   # (still in flight in the session: sent on the next connection)
+        for packet_id in ids:
+            entry = session.inflight.get(packet_id)
+            if entry is not None:
+                self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
+
+    def close(self, reason: str) -> None:
+        if self.remote is not None:
+            self.remote.drop(reason)
+
+
+class AmqpRemote:
+    """One AMQP connection to the remote: the owner of a gateway ``UpstreamConnection``
+    and the channel of its one session (``gateway.engine.ChannelEvents``)."""
+
+    log = Logger()
+
+    def __init__(self, bridge: AmqpBridge, max_frame: int) -> None:
+        s = bridge.settings
+        self.bridge = bridge
+        self.conn = UpstreamConnection(self, bridge.clock, upstream_of(bridge),
+                                       s.remote_client_id, float(s.keepalive), max_frame, 1)
+        self.paused_for: set[str] = set()
+        self.session: Any = None
+        self.sender: Any = None
+        self.sender_impl: Any = None
+        self.rules: dict[Any, TopicRule] = {}   # receiver (raw) → its rule
+        self.waiting: dict[Any, int] = {}       # our unsettled deliveries → packet id
+        self.held: set[Any] = set()   # incoming deliveries waiting for the store (incref'd)
+        self.closed = False
+        self._attaching = 0
+        self._tag = 0
+        self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
+
+    # -- what the bridge uses (base.Remote) ----------------------------------
+
+    @property
+    def container(self) -> str:
+        """The remote's container id (from its open), for the log."""
+        pconn = self.conn.pconn
+        return str(pconn.remote_container or "?") if pconn is not None else "?"
+
+    @property
+    def no_credit(self) -> bool:
+        impl = self.sender_impl
+        return impl is None or link_credit(impl) <= 0
+
+    def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
+             hops: int, packet_id: int | None, now: float) -> None:
+        props = message.props
+        users = ((*(p for p in props.user_properties if p[0] != HOPS), (HOPS, str(hops)))
+                 if props is not None else ((HOPS, str(hops)),))
+        wire = (Mqtt5Props(None, None, None, None, None, users) if props is None else
+                Mqtt5Props(props.payload_format, message.remaining_expiry(now),
+                           props.content_type, props.response_topic, props.correlation_data,
+                           users))
+        body = encode_publish5(address, message.payload, qos, retain, int(dup),
+                               message.publisher, None, wire)
+        self._tag += 1
+        tag = b"%x" % (packet_id if packet_id is not None else self._tag)
+        impl = self.sender_impl
+        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        link_send(impl, body, len(body))
+        link_advance(impl)
+        if packet_id is None:
+            delivery_settle(dlv)
+        else:
+            self.waiting[dlv] = packet_id
+        self.conn.flush()
+
+    def pause_reading(self, why: str) -> None:
+        """Stop reading the remote: what it sends waits unsettled in its keeping."""
+        transport = self.conn.transport
+        if not self.paused_for and transport is not None:
+            transport.pauseProducing()
+        self.paused_for.add(why)
+
+    def resume_reading(self, why: str) -> None:
+        if why not in self.paused_for:
+            return
+        self.paused_for.discard(why)
+        transport = self.conn.transport
+        if not self.paused_for and transport is not None:
+            transport.resumeProducing()
+
+    def drop(self, reason: str) -> None:
+        """Close the connection (the bridge reconnects) saying why."""
+        if self.conn.reason == "connection lost":
+            self.conn.reason = reason
+        if self.conn.transport is not None:
+            self.conn.transport.abortConnection()
+
+    def disconnect(self) -> None:
+        """A clean end (the bridge stops): close frame, then the socket, aborted if
+        it has not closed ``CLOSE_GRACE`` seconds later (a TLS close may hang)."""
+        self._cancel()
+        self.conn.close("bridge stopped")
+        if not self.closed and self.conn.transport is not None:
+            self._timer = self.bridge.clock.callLater(CLOSE_GRACE, self._abort)
+
+    def _abort(self) -> None:
+        self._timer = None
+        if not self.closed and self.conn.transport is not None:
+            self.conn.transport.abortConnection()
+
+    def _no_open(self) -> None:
+        self._timer = None
+        if not self.conn.open and self.conn.transport is not None:
+            self.drop("no AMQP open from the remote within twice the connect-timeout")
+
+    def _cancel(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    # -- the connection's owner (gateway.engine.ConnectionOwner) ------------
+
+    def upstream_open(self, conn: UpstreamConnection) -> None:
+        self._cancel()
+        bridge = self.bridge
+        self.session = conn.begin(self)
+        name = bridge.settings.remote_client_id
+        if bridge.out_rules:
+            link = self.session.sender(f"{name}:out")
+            link.target.address = None   # (the anonymous relay: ``to`` on each message)
+            link.snd_settle_mode = link.SND_MIXED
+            link.rcv_settle_mode = link.RCV_FIRST
+            self.sender, self.sender_impl = link, link._impl
+            self._open(link)
+        for i, rule in enumerate(bridge.in_rules):
+            link = self.session.receiver(f"{name}:in:{i}")
+            link.source.address = rule.remote_filter
+            link.max_message_size = bridge.broker.limits.max_packet_size
+            link.snd_settle_mode = link.SND_MIXED
+            link.rcv_settle_mode = link.RCV_FIRST
+            self.rules[link._impl] = rule
+            self._open(link)
+            link.flow(bridge.settings.credit)
+        bridge.remote_open(self)
+        conn.flush()
+
+    def _open(self, link: Any) -> None:
+        self.conn.register(link, self)
+        self._attaching += 1
+        link.open()
+
+    def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None:
+        self.closed = True
+        self._cancel()
+        self.waiting.clear()
+        held, self.held = self.held, set()
+        for dlv in held:   # (not acknowledged: the remote sends them again)
+            decref(dlv)
+        self.bridge.remote_lost(self, reason)
+
+    # -- the session's events (gateway.engine.ChannelEvents) ------------------
+
+    def on_link_open(self, link: Any) -> None:
+        terminus = link.remote_target if link.is_sender else link.remote_source
+        if terminus is None:
+            return   # (refused: its detach says why)
+        self._attaching -= 1
+        if self._attaching == 0:
+            self.bridge.links_ready(self)
+
+    def on_link_closed(self, link: Any, reason: str | None) -> None:
+        self.drop(f"the remote detached {link.name}" + (f": {reason}" if reason else ""))
+
+    def on_session_closed(self) -> None:
+        self.drop("the remote ended the session")
+
+    def on_flow(self, impl: Any) -> None:
+        if impl == self.sender_impl and link_credit(impl) > 0:
+            self.bridge.client_drained(self)
+
+    def lost(self, reason: str) -> None:
+        """(The connection ended: ``upstream_lost`` tells the bridge.)"""
+
+    def on_delivery(self, dlv: Any) -> None:
+        impl = delivery_link(dlv)
+        if impl == self.sender_impl:
+            state = delivery_remote_state(dlv)
+            if state not in _TERMINAL and not delivery_settled(dlv):
+                return   # (non-terminal: wait for the outcome)
+            reason = ""
+            if state == REJECTED:
+                reason = describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
+            packet_id = self.waiting.pop(dlv, None)
+            delivery_settle(dlv)   # (its pointer may be reused from here on)
+            if packet_id is not None:
+                self.bridge.outcome(self, packet_id, state, reason)
+            return
+        if not delivery_readable(dlv) or delivery_partial(dlv):
+            return
+        data = recv(impl, dlv)
+        link_advance(impl)
+        rule = self.rules.get(impl)
+        if data is None or rule is None:
+            self.answer(dlv, impl, REJECTED)
+        else:
+            self.bridge.remote_message(self, rule, dlv, impl, data)
+
+    def answer(self, dlv: Any, impl: Any, state: int) -> None:
+        """Settle an incoming delivery with ``state`` and give its credit back
+        (nothing once the connection is gone: the remote keeps it)."""
+        if self.conn.ptrans is None:
+            return
+        if not delivery_settled(dlv):
+            delivery_update(dlv, state)
+        delivery_settle(dlv)
+        link_flow(impl, 1)
+        self.conn.flush()
+
+    def answer_later(self, dlv: Any, impl: Any) -> Any:
+        """The acknowledgement of ``dlv`` for once it is durable here."""
+        incref(dlv)
+        self.held.add(dlv)
+
+        def ack() -> None:
+            if dlv in self.held:   # (else the connection ended: released there)
+                self.held.discard(dlv)
+                try:
+                    self.answer(dlv, impl, ACCEPTED)
+                finally:
+                    decref(dlv)
+        return ack
+
+
+class AmqpBridge(BridgeBase):
+    """One configured bridge to an AMQP 1.0 remote."""
+
+    log = Logger()
+
+    echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
+
+    def new_link(self) -> BridgeLink:
+        return AmqpLink(self)
+
+    def _echo(self, data: bytes) -> bool:
+        """Whether the remote names us as the publisher (its ``x-opt-mqtt-client-id``,
+        as mqttamqp annotates what it delivers): a message this bridge sent there,
+        back through a ``both`` rule's receiver.  (Read only for ``both`` rules.)"""
+        try:
+            publisher = decode_message(data).annotations.get(ANNOTATION_CLIENT_ID)
+        except DecodeError:
+            return False
+        return bool(publisher == self.settings.remote_client_id)
+
+    def new_client(self) -> AmqpRemote:
+        limits = self.broker.limits
+        return AmqpRemote(self, max(512, min(limits.max_packet_size + 1024, 1 << 20)))
+
+    def remote_open(self, remote: AmqpRemote) -> None:
+        """The remote's open came (SASL done): the links are being attached."""
+        if not self._running or self._client is not remote:   # (stopped meanwhile)
+            remote.disconnect()
+
+    def links_ready(self, remote: AmqpRemote) -> None:
+        """Every link is attached: connected (a link the remote refuses ends the
+        attempt before, with its reason); the out session goes out on the sender."""
+        if not self._running or self._client is not remote:
+            return
+        self.up(f"container {remote.container}")
+        if self.in_rules:
+            self.log.info("bridge {n}: receiving from the remote's {f}", n=self.settings.name,
+                          f=", ".join(r.remote_filter for r in self.in_rules))
+        if self.out_rules:
+            self.claim_out(remote, self.broker.limits.max_inflight,
+                           lambda session: self._activate(remote, session))
+
+    def _activate(self, remote: AmqpRemote, session: Session) -> None:
+        if self._client is not remote or self.session is not session:
+            return
+        self.link.attach(remote, RemoteLimits(None))
+        self.broker.activate(session, self.link, PROTOCOL)
+
+    def outcome(self, remote: AmqpRemote, packet_id: int, state: int, reason: str) -> None:
+        """The remote's outcome of an out message (see the module)."""
+        session = self.session
+        if self._client is not remote or session is None:
+            return
+        entry = session.inflight.get(packet_id)
+        if entry is None:
+            return
+        broker = self.broker
+        if state == ACCEPTED:
+            if entry.qos == 1:
+                broker.acknowledged(session, packet_id)
+            else:
+                broker.received(session, packet_id)   # (then completed: ``send_pubrel``)
+        elif state == REJECTED:
+            self.refused += 1
+            cause = reason.split(":", 1)[0] or "rejected"
+            held = self.refusals.allow(f"rejected {cause}")
+            if held is not None:
+                self.log.warn("bridge {n}: the remote rejected a message on {t} ({r}); it "
+                              "is dropped; {c} rejected so far{h}", n=self.settings.name,
+                              t=entry.message.topic, r=reason or "no condition",
+                              c=self.refused, h=f" ({held} not logged)" if held else "")
+            broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
+        else:
+            link = self.link
+            assert isinstance(link, AmqpLink)
+            link.retry(packet_id)
+
+    def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
+                       data: bytes) -> None:
+        """A message of an ``in`` rule's receiver: published here, accepted once durable
+        (pre-settled, or QoS 0 by the rule: accepted at once)."""
+        if self._client is not remote:
+            return
+        maximum = self.broker.limits.max_packet_size
+        if len(data) > maximum:   # (announced as the receiver's max-message-size)
+            self.too_large_in += 1
+            held = self.refusals.allow("too-large-in")
+            if held is not None:
+                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {s} "
+                              "bytes, above --max-packet-size {m}; {c} so far{h}",
+                              n=self.settings.name, a=rule.remote_filter, s=len(data),
+                              m=maximum, c=self.too_large_in,
+                              h=f" ({held} not logged)" if held else "")
+            remote.answer(dlv, impl, REJECTED)
+            return
+        presettled = bool(delivery_settled(dlv))
+        try:
+            fields = decode_publish(data, presettled)
+            to = fields.to
+            if to is None or not topic_matches(rule.remote_filter, to):
+                if "+" in rule.remote_filter or "#" in rule.remote_filter:
+                    raise DecodeError("no 'to' the rule's remote filter matches")
+                to = rule.remote_filter
+            if fields.payload is None:
+                raise DecodeError("a body with no MQTT payload (not one Data section)")
+            props = None if fields.props is None else MessageProperties(*fields.props)
+        except DecodeError as e:
+            self.refused_here += 1
+            held = self.refusals.allow("in-undecodable")
+            if held is not None:
+                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {e}{h}",
+                              n=self.settings.name, a=rule.remote_filter, e=e,
+                              h=f" ({held} not logged)" if held else "")
+            remote.answer(dlv, impl, REJECTED)
+            return
+        if rule.outbound and self._echo(data):
+            self.echoes += 1   # (ours, back from the remote: a ``both`` rule)
+            remote.answer(dlv, impl, ACCEPTED)
+            return
+        qos = min(fields.qos, rule.qos)
+        message = Message(self.local_topic(to), fields.payload, qos, fields.retain,
+                          self.settings.session_id, self.clock.seconds(), props=props)
+        if qos == 0:
+            self.take_in(remote, message, None)
+            remote.answer(dlv, impl, ACCEPTED)
+        else:
+            self.take_in(remote, message, remote.answer_later(dlv, impl))

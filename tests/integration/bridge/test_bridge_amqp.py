@@ -1,0 +1,250 @@
+"""AMQP 1.0 bridges (``amqp://``, ``amqps://``) to a second mqttamqp process on
+loopback, through its AMQP listener: ``out`` to a topic address and ``in`` from a
+durable queue, at QoS 1, with the remote stopped mid-stream and started again on the
+same ports (nothing acknowledged lost, first copies in order); a ``both`` rule each
+way without echoes; a message the remote rejects dropped while the rest go on; TLS
+verified by name with a ``mqttamqp-admin gen-cert`` certificate, a wrong name failing."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from brokerproc import BrokerProcess
+from pahoclient import PahoClient
+
+from mqttamqp.console.credentials import main as admin_main
+
+COUNT = 300        # messages each way
+STOP_AFTER = 100   # the remote is stopped once this many are acknowledged
+
+
+def _far(tmp_path: Path, ports: dict[str, int] | None = None,
+         descriptions: dict[str, str] | None = None) -> BrokerProcess:
+    """The remote: a second mqttamqp with MQTT and AMQP listeners (on ``ports`` when
+    it starts again)."""
+    if ports is not None:
+        descriptions = {"--mqtt": f"tcp:{ports['MQTT']}:interface=127.0.0.1",
+                        "--amqp": f"tcp:{ports['AMQP']}:interface=127.0.0.1"}
+    return BrokerProcess(os.path.join(tmp_path, "far"), listeners=("--mqtt", "--amqp"),
+                         descriptions=descriptions).start()
+
+
+def _near(tmp_path: Path, address: str, body: str) -> BrokerProcess:
+    config = tmp_path / "near.toml"
+    config.write_text(f"""
+[[bridge]]
+name = "hq"
+address = "{address}"
+reconnect-min = 0.2
+reconnect-max = 1.0
+{body}
+""")
+    return BrokerProcess(os.path.join(tmp_path, "near"), "--config", str(config)).start()
+
+
+def _first_copies(payloads: list[bytes]) -> list[int]:
+    seen: set[bytes] = set()
+    order: list[int] = []
+    for p in payloads:
+        if p not in seen:
+            seen.add(p)
+            order.append(int(p))
+    return order
+
+
+def test_out_to_a_topic_address_loses_nothing_over_a_remote_restart(tmp_path: Path) -> None:
+    """QoS 1 ``out`` rule with a remote prefix: each local ``out/N`` reaches the remote
+    as address ``far/out/N``; the remote stopped mid-stream and started again, every
+    message acknowledged here arrives there, first copies in order."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["out/# out 1 \\"\\" far/"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        sub = PahoClient(far.mqtt_port, "far-sub", clean=False)
+        sub.subscribe(("far/out/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        halfway = threading.Event()
+        done = threading.Event()
+
+        def publish() -> None:
+            for i in range(COUNT):
+                pub.publish(f"out/{i}", str(i).encode(), qos=1)
+                if i == STOP_AFTER:
+                    halfway.set()
+            done.set()
+
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        assert halfway.wait(30), "the first messages were not acknowledged here"
+        ports = dict(far.ports)
+        far.stop()
+        sub.stop()
+        near.wait_for_line(r"bridge hq to amqp://\S+: lost", timeout=15)
+        assert done.wait(60), "publishing here stalled while the remote was away"
+        far = _far(tmp_path, ports)
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        again = PahoClient(far.mqtt_port, "far-sub", clean=False)
+        payloads = [m.payload for m in _drain(sub)]
+        for _ in range(2 * COUNT):
+            if len(set(payloads)) == COUNT:
+                break
+            msg = again.get(30)
+            assert msg.topic == f"far/out/{int(msg.payload)}"
+            payloads.append(msg.payload)
+        assert _first_copies(payloads) == list(range(COUNT))
+        for c in (pub, again):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def _drain(client: PahoClient) -> list[object]:
+    """What a stopped client had received (its queue, without waiting)."""
+    got = []
+    while not client.messages.empty():
+        got.append(client.messages.get_nowait())
+    return got
+
+
+def test_in_from_a_remote_queue_loses_nothing_over_a_remote_restart(tmp_path: Path) -> None:
+    """QoS 1 ``in`` rule reading the remote's durable queue ``jobs`` (``$queue/jobs/#``)
+    into local topics ``in/N``, accepted there only once stored here: the remote
+    stopped mid-stream and started again, every message its publisher had
+    acknowledged arrives here, first copies in order."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["# in 1 in/ $queue/jobs/"]')
+    try:
+        near.wait_for_line(r"bridge hq: receiving from the remote's \$queue/jobs/#",
+                           timeout=15)
+        sub = PahoClient(near.mqtt_port, "near-sub", clean=False)
+        sub.subscribe(("in/#", 1))
+        pub = PahoClient(far.mqtt_port, "far-pub")
+        for i in range(STOP_AFTER):
+            pub.publish(f"$queue/jobs/{i}", str(i).encode(), qos=1)
+        pub.stop()
+        ports = dict(far.ports)
+        far.stop()
+        near.wait_for_line(r"bridge hq to amqp://\S+: lost", timeout=15)
+        far = _far(tmp_path, ports)
+        pub = PahoClient(far.mqtt_port, "far-pub")
+        for i in range(STOP_AFTER, COUNT):
+            pub.publish(f"$queue/jobs/{i}", str(i).encode(), qos=1)
+        payloads: list[bytes] = []
+        for _ in range(2 * COUNT):
+            if len(set(payloads)) == COUNT:
+                break
+            msg = sub.get(30)
+            assert msg.topic == f"in/{int(msg.payload)}"
+            payloads.append(msg.payload)
+        assert _first_copies(payloads) == list(range(COUNT))
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def _gen_cert(directory: Path, host: str) -> tuple[str, str]:
+    """(certificate, key) written by ``mqttamqp-admin gen-cert``."""
+    assert admin_main(["gen-cert", "--data", str(directory), "--host", host]) == 0
+    return str(directory / "tls" / "server.crt"), str(directory / "tls" / "server.key")
+
+
+def test_amqps_verifies_the_remote_by_name(tmp_path: Path) -> None:
+    """``amqps://`` to a remote serving a gen-cert certificate for localhost: with its
+    CA and the right name the bridge connects and carries a message; a second bridge
+    naming ``wrong.example`` fails verification (VerificationError, in one line)."""
+    crt, key = _gen_cert(tmp_path / "pki", "localhost")
+    far = _far(tmp_path, descriptions={
+        "--amqp": f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={crt}"})
+    address = f"amqps://localhost:{far.ports['AMQP']}"
+    near = _near(tmp_path, address, f'topics = ["tls/# out 1"]\ntls-ca = "{crt}"\n'
+                 f"""
+[[bridge]]
+name = "wrong"
+address = "{address}"
+topics = ["nothing/# out 1"]
+tls-ca = "{crt}"
+server-name = "wrong.example"
+""")
+    try:
+        said: dict[str, str] = {}
+        for _ in range(2):   # (the two bridges' first lines, in either order)
+            line = near.wait_for_line(r"bridge (hq|wrong) to \S+: (connected|failing)", 15)
+            said[line.split("bridge ", 1)[1].split(" ", 1)[0]] = line
+        assert ": connected" in said["hq"], said
+        assert "VerificationError" in said["wrong"] and "wrong.example" in said["wrong"], said
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("tls/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("tls/a", b"over TLS", qos=1)
+        msg = sub.get(15)
+        assert (msg.topic, msg.payload) == ("tls/a", b"over TLS")
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_both_rule_carries_each_message_once_each_way(tmp_path: Path) -> None:
+    """A ``both`` rule to a second mqttamqp over AMQP: a publish on either side arrives
+    once on each side; the remote's copy of ours is not published here again."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}", 'topics = ["t/# both 1"]')
+    try:
+        near.wait_for_line(r"bridge hq: receiving from the remote's t/#", timeout=15)
+        far_sub = PahoClient(far.mqtt_port, "far-sub")
+        far_sub.subscribe(("t/#", 1))
+        near_sub = PahoClient(near.mqtt_port, "near-sub")
+        near_sub.subscribe(("t/#", 1))
+        near_pub = PahoClient(near.mqtt_port, "near-pub")
+        far_pub = PahoClient(far.mqtt_port, "far-pub")
+        near_pub.publish("t/a", b"a", qos=1)
+        far_pub.publish("t/b", b"b", qos=1)
+        near_pub.publish("t/end", b"e", qos=1)
+        far_pub.publish("t/end2", b"e", qos=1)
+        for sub in (far_sub, near_sub):
+            topics = [sub.get(15).topic for _ in range(4)]
+            assert sorted(topics) == ["t/a", "t/b", "t/end", "t/end2"], topics
+        # An echo would have come before the markers that followed it on the same
+        # path; one more round proves nothing else is on its way.
+        near_pub.publish("t/last", b"l", qos=1)
+        assert far_sub.get(15).topic == "t/last"
+        assert near_sub.get(15).topic == "t/last"
+        for c in (far_sub, near_sub, near_pub, far_pub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_message_the_remote_rejects_is_dropped_and_the_rest_go_on(tmp_path: Path) -> None:
+    """The remote rejects a message (its address ``$queue/q/$ack`` is refused there):
+    it is dropped here, logged with the remote's reason, and the messages after it go
+    through on the same connection."""
+    far = _far(tmp_path)
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["q/# out 1 \\"\\" $queue/", "ok/# out 1"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("ok/#", 1))
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("q/$ack", b"refused there", qos=1)
+        line = near.wait_for_line("bridge hq: the remote rejected a message", timeout=15)
+        assert "q/$ack" in line and "dropped" in line, line
+        pub.publish("ok/after", b"taken", qos=1)
+        msg = sub.get(15)
+        assert (msg.topic, msg.payload) == ("ok/after", b"taken")
+        assert not any(": lost" in line for line in near.log), near.output()
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
