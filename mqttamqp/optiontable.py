@@ -338,8 +338,9 @@ PARAMETERS: list[list[Any]] = [
      _positive(int, "amqp-max-sessions")],
     ["amqp-max-links", None, _D.amqp_max_links,
      "Most links attached at a time on one AMQP connection (refused ones count "
-     "until detached); a peer that attaches more is closed "
-     "(amqp:resource-limit-exceeded).", _positive(int, "amqp-max-links")],
+     "until detached); beyond, the attach is refused with "
+     "amqp:resource-limit-exceeded and the connection stays (one that keeps refused "
+     "links past half as many again is closed).", _positive(int, "amqp-max-links")],
     ["amqp-max-links-total", None, _D.amqp_max_links_total,
      "Most links attached at a time on all AMQP connections together (refused ones "
      "count until detached; 3-5 KB each); beyond, an attach is refused with "

@@ -3,10 +3,11 @@ detaches and ends them.
 
 What it owns: what each endpoint event means (``_on_event``: a session begun is
 begun, a link attached goes to ``attach``, a detach or an end ends our side of it),
-the bounds on links (``--amqp-max-links`` per connection: beyond, the connection is
-closed; ``--amqp-max-links-total`` in all: beyond, the attach is refused with
-``amqp:resource-limit-exceeded``, one log line per episode; both count every link
-proton holds, refused ones too, until the peer detaches it) and on bytes of
+the bounds on links (``--amqp-max-links`` per connection and
+``--amqp-max-links-total`` in all: beyond either, the attach is refused with
+``amqp:resource-limit-exceeded`` and the connection stays, counted, log lines limited
+per cause; both count every link proton holds, refused ones too, until the peer
+detaches it, and a peer that holds refused links past a margin is closed) and on bytes of
 unfinished messages (``--amqp-max-held-bytes``), transport errors, the links'
 shared registers (control outlets, will links), and the one place where the end of
 a connection ends its links: a brute end (wills fire) unless the peer closed
@@ -40,7 +41,8 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 
-__all__ = ["SessionsAndLinks", "LinkRegisters", "refusal_margin", "transport_error_cause"]
+__all__ = ["SessionsAndLinks", "LinkRegisters", "link_margin", "refusal_margin",
+           "transport_error_cause"]
 
 _E = Event
 _CLOSED = ConnectionState.CLOSED   # (an Enum member read from its class costs a hook)
@@ -210,12 +212,32 @@ class SessionsAndLinks(EnginePump):
         self._hold_links(1)
         limits = self.limits
         if self.links_held > limits.amqp_max_links:
+            # Only this link is refused: the connection may carry many clients (a
+            # gateway's), whose links keep working.
             self.meter.limit_hit("amqp_links")
-            self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} links "
-                          "(--amqp-max-links); closing it", c=self.container_id or "?",
-                          peer=self.peer, n=limits.amqp_max_links)
-            self._too_many_links(f"more than {limits.amqp_max_links} links on one "
-                                 "connection")
+            if self.links_held > link_margin(limits):
+                # Refused links are held until the peer detaches them: one that does
+                # not is closed at this margin, or it could hold links without bound.
+                self.log.warn("AMQP connection of {c} ({peer}) holds more than {n} links, "
+                              "refused ones it did not detach included "
+                              "(--amqp-max-links); closing it",
+                              c=self.container_id or "?", peer=self.peer,
+                              n=link_margin(limits))
+                self._too_many_links(f"more than {limits.amqp_max_links} links on one "
+                                     "connection, and refused ones not detached")
+                return
+            held = self.registers.log_limit.allow("amqp-max-links")
+            if held is not None:
+                self.log.warn("AMQP connection of {c} ({peer}) attached more than {n} "
+                              "links (--amqp-max-links): the attach is refused with "
+                              "amqp:resource-limit-exceeded and the connection stays{more}",
+                              c=self.container_id or "?", peer=self.peer,
+                              n=limits.amqp_max_links,
+                              more=f" ({held} more refused for this cause since the last "
+                              "such line)" if held else "")
+            refuse_link(self, plink, RESOURCE_LIMIT,
+                        f"more than {limits.amqp_max_links} links attached on this "
+                        "connection (--amqp-max-links)", logged=False)
             return
         total = self.registers.links_held
         if total > limits.amqp_max_links_total:
@@ -318,6 +340,13 @@ class SessionsAndLinks(EnginePump):
     }
     """What each event but a delivery's and a flow means (the connection's own open
     is the listener's)."""
+
+
+def link_margin(limits: Limits) -> int:
+    """The most links one connection may hold, refused ones not yet detached
+    included (``--amqp-max-links`` and half as much again, at least 16 more); an
+    attach beyond closes the connection."""
+    return limits.amqp_max_links + max(16, limits.amqp_max_links // 2)
 
 
 def refusal_margin(limits: Limits) -> int:

@@ -59,6 +59,7 @@ __all__ = [
     "LinkHost", "BrokerLink", "OutgoingLink", "ControlOutlet", "settle_mode_name",
     "rcv_mode_name", "ACCEPTED", "REJECTED", "RELEASED", "MODIFIED", "DECODE_ERROR",
     "INVALID_FIELD", "UNAUTHORIZED", "PRECONDITION_FAILED", "NOT_ALLOWED", "TRANSACTIONAL",
+    "DEFAULT_OUTCOME",
 ]
 
 ACCEPTED = Delivery.ACCEPTED
@@ -66,6 +67,8 @@ REJECTED = Delivery.REJECTED
 RELEASED = Delivery.RELEASED
 MODIFIED = Delivery.MODIFIED
 _TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
+# What a delivery the peer settles without an outcome counts as (with delivery-failed).
+DEFAULT_OUTCOME = MODIFIED
 # transactional-state (AMQP 1.0 part 4): a transfer or outcome under a transaction
 # (``transactions``)
 TRANSACTIONAL = 0x34
@@ -291,8 +294,14 @@ class OutgoingLink(BrokerLink):
                 return
             if not delivery_settled(dlv):
                 return  # non-terminal (e.g. Received): wait for the outcome
-        failed = state == MODIFIED and bool(
-            disposition_is_failed(delivery_remote(dlv)))
+            # Settled without an outcome: the source's default outcome applies (AMQP
+            # 1.0 §3.5.3, source.default-outcome), and this broker's sources have
+            # modified(delivery-failed): sent again, counted as a failed attempt, never
+            # taken as consumed (docs/amqp.md, "Settlement without an outcome").
+            state, failed = DEFAULT_OUTCOME, True
+        else:
+            failed = state == MODIFIED and bool(
+                disposition_is_failed(delivery_remote(dlv)))
         reason = _rejected_reason(dlv) if state == REJECTED else None
         awaiting = self._awaiting
         key = awaiting.pop(dlv, None) if awaiting else None

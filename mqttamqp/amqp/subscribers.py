@@ -6,9 +6,11 @@ own, in the trie, not keyed by a client id) and ``SessionOutlet``
 connection claims it): QoS 0 goes pre-settled, QoS 1/2 unsettled with the packet
 id as delivery tag, and the receiver's outcome drives the session (Accepted done,
 Released redelivered unchanged, Modified redelivered with delivery-count + 1 if
-delivery-failed, Rejected dropped and counted); how each message is encoded for
-its receiver (the contract's AMQP_PUBLISH, the sender's own sections, a durable
-queue's metadata as annotations).
+delivery-failed, Rejected dropped and counted; settled without an outcome is
+Modified(delivery-failed), ``links.DEFAULT_OUTCOME``); each delivery's
+delivery-count and first-acquirer (its own failed attempts, never the publisher's
+DUP); how each message is encoded for its receiver (the contract's AMQP_PUBLISH,
+the sender's own sections, a durable queue's metadata as annotations).
 
 What it must not do: decide which session a ``.publish`` receiver claims
 (``services.SessionRequests``), or hold routing rules (the core does).
@@ -196,7 +198,12 @@ class _SessionLink(OutgoingLink):
         if self.closed:
             return
         session = self.session
-        count = 1 if message.dup else 0
+        # The publisher's DUP is not this delivery's (MQTT 3.1.1 §3.3.1.1: set only by
+        # whether this send is a retransmission): a topic or ``.publish`` delivery
+        # counts its own failed attempts only.  A durable queue's copy is ``dup`` when
+        # the queue delivered it before (the publisher's was cleared on the way in).
+        redelivered = message.dup and self.queue
+        count = 1 if redelivered else 0
         if packet_id is not None:
             if dup and session is not None:
                 # (a failed attempt marks the entry dup: a first send has none)
@@ -213,9 +220,9 @@ class _SessionLink(OutgoingLink):
             return
         native = message.native if self.native else None
         props = message.props
-        # First-acquirer: no delivery of this message came before this one, here or
-        # (a publisher's redelivery) upstream.
-        first = not (dup or message.dup)
+        # First-acquirer: no delivery of this message came before this one, on this
+        # session or (a queue's) to another member.
+        first = not (dup or redelivered)
         if props is None:
             if native is not None:
                 data = encode_native(native, qos, retain, count, message.publisher, None,

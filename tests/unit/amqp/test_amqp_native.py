@@ -21,6 +21,7 @@ from amqp_memory import (
     RELEASED,
     MqttPeer,
     Net,
+    Receiver,
     annotation,
     outcome,
     publish_message,
@@ -500,13 +501,11 @@ def test_a_protocol_error_close_is_one_cause_and_one_count(log_events) -> None:
 
 # == limits on what one connection holds (issue 10, item 4) =================================
 
-def test_links_beyond_the_limit_close_the_connection_once(caplog) -> None:
+def test_a_link_beyond_the_limit_is_refused_and_the_connection_stays(log_events) -> None:
     """More links than --amqp-max-links on one connection (refused ones count too):
-    closed with amqp:resource-limit-exceeded, counted, one log line; detached links
-    do not count; other connections carry on."""
+    that attach is refused with amqp:resource-limit-exceeded, counted, one log line;
+    the connection and its other links carry on; detached links do not count."""
     net = Net(amqp_max_links=5)
-    other = net.amqp()
-    rcv = other.receiver("lim/t")
     app = net.amqp()
     first = [app.receiver(f"lim/{i}") for i in range(3)]
     for r in first:
@@ -514,13 +513,49 @@ def test_links_beyond_the_limit_close_the_connection_once(caplog) -> None:
     net.pump()
     kept = [app.receiver(f"lim/k{i}") for i in range(4)]
     kept.append(app.receiver("a/#/b"))         # refused (invalid filter): still held
+    over = [app.receiver(f"lim/over{i}") for i in range(3)]
     assert not app.lost
-    app.receiver("lim/one-too-many")
-    assert app.lost
-    assert app.conn.remote_condition.name == "amqp:resource-limit-exceeded"
-    assert net.broker.stats.limits == {"amqp_links": 1}
-    assert len([r for r in caplog.records if "more than 5 links" in r.getMessage()]) <= 1
-    snd = other.sender("lim/t")
+    for r in over:
+        assert r.link.remote_condition.name == "amqp:resource-limit-exceeded"
+        assert "--amqp-max-links" in r.link.remote_condition.description
+    assert net.broker.stats.limits == {"amqp_links": 3}
+    from twisted.logger import formatEvent
+
+    lines = [formatEvent(e) for e in log_events]
+    assert len([x for x in lines if "more than 5 links" in x]) == 1, lines
+    snd = app.sender("lim/k0")                 # still over: refused too
+    assert snd.remote_condition.name == "amqp:resource-limit-exceeded"
+    other = net.amqp()                         # its links: another connection's
+    assert outcome(other.send(other.sender("lim/k1"), Message(body="ok"))) == (ACCEPTED, None)
+    assert [m.body for m, _ in kept[1].new()] == ["ok"]
+    for r in over:                             # the peer detaches what was refused
+        r.link.close()
+    snd.close()
+    kept[0].link.close()
+    net.pump()
+    fresh = app.receiver("lim/fresh")
+    assert fresh.link.remote_condition is None and not app.lost
+
+
+def test_refused_links_not_detached_close_the_connection_at_the_margin() -> None:
+    """A peer that keeps attaching past --amqp-max-links without detaching the
+    refused links is closed at the margin (link_margin), so it cannot hold links
+    without bound; other connections carry on."""
+    from mqttamqp.amqp.endpoints import link_margin
+    from mqttamqp.core.limits import Limits
+
+    net = Net(amqp_max_links=2)
+    other = net.amqp()
+    rcv = other.receiver("m/t")
+    greedy = net.amqp()
+    margin = link_margin(Limits(amqp_max_links=2))
+    for i in range(margin):
+        greedy.receiver(f"m/{i}", credit=0)
+    assert not greedy.lost
+    greedy.receiver("m/last", credit=0)
+    assert greedy.lost
+    assert greedy.conn.remote_condition.name == "amqp:resource-limit-exceeded"
+    snd = other.sender("m/t")
     assert outcome(other.send(snd, Message(body="ok"))) == (ACCEPTED, None)
     assert [m.body for m, _ in rcv.new()] == ["ok"]
 
@@ -542,6 +577,30 @@ def test_sessions_beyond_the_limit_close_the_connection() -> None:
     net.pump()
     assert greedy.lost and not fine.lost
     assert net.broker.stats.limits == {"amqp_sessions": 1}
+
+
+def test_the_session_limit_is_advertised_as_channel_max_and_usable_to_the_last() -> None:
+    """--amqp-max-sessions is the open's channel-max (the number minus one), so a
+    conforming peer (a gateway) knows it before it begins a session: it uses every
+    session up to the limit, each with a working link, and keeps its connection."""
+    net = Net(amqp_max_sessions=3)
+    app = net.amqp("polite")
+    assert app.transport.remote_channel_max == 2
+    receivers = [app.receiver("cm/t")]         # (its first session)
+    for i in range(2):
+        session = app.conn.session()
+        session.open()
+        link = session.receiver(f"cm{i}")
+        link.source.address = "cm/t"
+        link.open()
+        link.flow(5)
+        receivers.append(Receiver(link))
+        app.receivers.append(receivers[-1])
+    net.pump()
+    snd = app.sender("cm/t")
+    assert outcome(app.send(snd, Message(body="all"))) == (ACCEPTED, None)
+    assert [[m.body for m, _ in r.new()] for r in receivers] == [["all"]] * 3
+    assert not app.lost and net.broker.stats.limits == {}
 
 
 # == storage that fails (issue 10, item 3) ====================================================

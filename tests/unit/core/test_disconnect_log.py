@@ -53,8 +53,9 @@ def test_keepalive_expiry_is_one_line(log_lines: list[str]) -> None:
 
 def test_amqp_idle_time_out_and_link_limit_are_one_line_each(log_lines: list[str]) -> None:
     """AMQP: an idle time-out is the disconnect's line only ('keepalive'); too many
-    links is the limit's warning only, recorded with cause 'limit', not 'console'
-    (found in review: two lines each, and the wrong cause)."""
+    links is the limit's warnings only (the first refusal's, then the close at the
+    margin's), recorded with cause 'limit', not 'console' (found in review: two lines
+    each, and the wrong cause)."""
     net = Net(idle_timeout=4.0, amqp_max_links=2)
     idle = net.amqp("idle-peer")
     idle.silent = True
@@ -67,10 +68,14 @@ def test_amqp_idle_time_out_and_link_limit_are_one_line_each(log_lines: list[str
                   not in line]
     assert len(about_idle) == 1 and "disconnected: keepalive" in about_idle[0]
     greedy = net.amqp("greedy")
-    for i in range(3):
-        greedy.receiver(f"g/{i}")
+    # (a link over the limit is refused, the connection stays; one that keeps its
+    # refused links attached is closed at the margin, 18 links here)
+    for i in range(19):
+        greedy.receiver(f"g/{i}", credit=0)
     assert greedy.lost
     about_greedy = [line for line in log_lines if "greedy" in line and "connection from"
                     not in line]
-    assert len(about_greedy) == 1 and "more than 2 links" in about_greedy[0]
+    assert len(about_greedy) == 2, about_greedy
+    assert "attach is refused" in about_greedy[0]
+    assert "more than 18 links" in about_greedy[1] and "closing it" in about_greedy[1]
     assert greedy.server._end_cause() == "limit"
