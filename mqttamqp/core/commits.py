@@ -10,6 +10,13 @@ more is acknowledged; and whether storage is failing: one log line when commits
 start to fail, one when they succeed again, a counter in between (in
 ``BrokerStats``), however many acknowledgements were withheld meanwhile.
 
+The early acknowledgements of one batch share one ``Waiter`` (``persist_early``):
+a count of the deliveries they stand for that are still unacknowledged, and a
+list of callbacks, each called with the outcome (None once the batch's commit
+succeeded or every delivery was acknowledged first, or the commit's Failure).
+Unlike a Deferred shared by several consumers, no callback's return value
+reaches the next one: a failed commit fails every waiter of it.
+
 What it must not do: decide what to store (the other core parts describe their
 changes as operations) or write to sockets itself (connections flush their own
 output when asked).
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -28,7 +36,7 @@ from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
-__all__ = ["CommitBatcher", "all_durable", "fire_when_acknowledged",
+__all__ = ["CommitBatcher", "Waiter", "all_durable", "fire_when_acknowledged",
            "committed_or_acknowledged", "committed_or_early"]
 
 
@@ -48,6 +56,7 @@ class CommitBatcher:
         self._depth = 0
         self._ops: list[Op] = []
         self._waiters: list[Deferred[None]] = []
+        self._early: Waiter | None = None   # the batch's early acknowledgements
         self._flushes: list[Callable[[], None]] = []
 
     @property
@@ -72,6 +81,28 @@ class CommitBatcher:
             self._waiters.append(waiter)
             return waiter
         return self._commit(ops)
+
+    @property
+    def batching(self) -> bool:
+        """True inside a batch that will be stored (``persist_early`` may be used)."""
+        return bool(self._depth) and not self.stopping
+
+    def persist_early(self, ops: Sequence[Op], entries: Sequence[OutEntry]) -> Waiter | None:
+        """Inside a batch (``batching``): submit ``ops`` with the batch, and return
+        the batch's ``Waiter``, which succeeds once the batch is committed or once
+        every entry of every ``persist_early`` of the batch has been acknowledged,
+        whichever comes first, and fails if the commit fails first.  Outside a
+        batch, or while stopping: None, nothing submitted (use ``persist``)."""
+        if not self._depth or self.stopping:
+            return None
+        self._ops.extend(ops)
+        waiter = self._early
+        if waiter is None:
+            waiter = self._early = Waiter(self.log_failure)
+        for entry in entries:   # (``Waiter.hold`` inlined: once per publish)
+            entry.on_done = waiter
+        waiter.outstanding += len(entries)
+        return waiter
 
     def barrier(self) -> Deferred[None]:
         """Fires once everything submitted so far is durable."""
@@ -173,7 +204,7 @@ class CommitBatcher:
         if self._depth:
             return
         while True:
-            if self._ops or self._waiters:
+            if self._ops or self._waiters or self._early is not None:
                 self._submit()
             if not self._flushes:
                 return
@@ -189,16 +220,103 @@ class CommitBatcher:
                 self._depth = 0
 
     def _submit(self) -> None:
-        ops, waiters = self._ops, self._waiters
-        self._ops, self._waiters = [], []
+        ops, waiters, early = self._ops, self._waiters, self._early
+        self._ops, self._waiters, self._early = [], [], None
+        if early is not None:
+            # (while stopping nothing is stored: only the acknowledgements complete it)
+            early.seal()
         if self.stopping:
             return
         d = self._commit(ops)
-        if waiters:
-            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters,),
-                           errbackArgs=(waiters, self.log_failure))
+        if waiters or early is not None:
+            # (one callback pair for all: none of them sees what another returned)
+            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early),
+                           errbackArgs=(waiters, early, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
+
+
+class Waiter:
+    """What the early acknowledgements of one batch wait for (``persist_early``).
+
+    ``outstanding`` counts the deliveries (``OutEntry``) whose acknowledgement
+    may stand for the commit; each entry calls the waiter (its ``on_done``) when
+    the client acknowledges it.  The outcome comes once: success when the batch
+    is committed, or when the batch was submitted (``seal``) and every entry has
+    been acknowledged; the commit's Failure if it fails before that.  Each
+    callback (``when_done``) is called with the outcome and its own argument; what
+    it returns, or raises, reaches no other callback.  A commit that fails after
+    an early success is logged (the acknowledgements went out: the deliveries
+    were acknowledged by every subscriber that needed them).
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_log_failure",
+        "_outcome",
+        "_sealed",
+        "outstanding",
+    )
+
+    def __init__(self, log_failure: Callable[[Failure, str], None]) -> None:
+        self.outstanding = 0
+        self._callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
+        self._done = False
+        self._sealed = False    # the batch is submitted: no more entries join
+        self._outcome: Failure | None = None
+        self._log_failure = log_failure
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def hold(self, entries: Sequence[OutEntry]) -> None:
+        """Count ``entries``; each calls the waiter once acknowledged."""
+        for entry in entries:
+            entry.on_done = self
+        self.outstanding += len(entries)
+
+    def __call__(self) -> None:
+        """One entry was acknowledged."""
+        self.outstanding -= 1
+        if not self.outstanding and self._sealed and not self._done:
+            self._fire(None)
+
+    def seal(self) -> None:
+        """The batch is submitted; if every entry was acknowledged already, succeed."""
+        self._sealed = True
+        if not self.outstanding and not self._done:
+            self._fire(None)
+
+    def when_done(self, callback: Callable[[Failure | None, Any], object],
+                  arg: Any) -> None:
+        """Call ``callback(outcome, arg)`` once the outcome is known (at once if it
+        is)."""
+        if self._done:
+            callback(self._outcome, arg)
+        else:
+            self._callbacks.append((callback, arg))
+
+    def committed(self, _: object) -> None:
+        if not self._done:
+            self._fire(None)
+
+    def failed(self, failure: Failure) -> None:
+        if not self._done:
+            self._fire(failure)
+        else:
+            self._log_failure(failure, "storing messages that were already acknowledged")
+
+    def _fire(self, outcome: Failure | None) -> None:
+        self._done = True
+        self._outcome = outcome
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, arg in callbacks:
+            try:
+                callback(outcome, arg)
+            except Exception:   # one consumer's fault must not cost the others theirs
+                self._log_failure(Failure(), "acknowledging after a commit")
 
 
 # Marks a Failure that is a failed commit, already counted and logged.
@@ -235,21 +353,25 @@ def all_durable(ds: Sequence[Deferred[None] | None]) -> Deferred[None] | None:
     return done
 
 
-def _fire_all(_: object, waiters: list[Deferred[None]]) -> None:
+def _fire_all(_: object, waiters: list[Deferred[None]], early: Waiter | None) -> None:
     for waiter in waiters:
         if not waiter.called:  # else fired early (fire_when_acknowledged)
             waiter.callback(None)
+    if early is not None:
+        early.committed(None)
 
 
-def _fail_all(failure: Failure, waiters: list[Deferred[None]],
+def _fail_all(failure: Failure, waiters: list[Deferred[None]], early: Waiter | None,
               log_failure: Callable[[Failure, str], None]) -> None:
-    early = False
+    fired = False
     for waiter in waiters:
         if waiter.called:
-            early = True
+            fired = True
         else:
             waiter.errback(failure)
-    if early:
+    if early is not None:
+        early.failed(failure)
+    if fired:
         log_failure(failure, "storing messages that were already acknowledged")
 
 

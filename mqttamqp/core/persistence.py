@@ -112,11 +112,17 @@ class DeleteSubscription:
 
 @record
 class PutQueued:
-    """Insert or replace the queue entry ``seq`` of a persistent session."""
+    """Insert or replace the queue entry ``seq`` of a persistent session.
+
+    ``first``: the entry's first put (its ``seq`` is new, so nothing of it was
+    stored before): a ``DeleteQueued`` of it in the same commit has nothing to
+    remove either, and the writer skips both.  Not part of the op's equality.
+    """
 
     client_id: str
     seq: int
     entry: StoredQueued
+    first: bool = field(default=False, compare=False)
 
 
 @record

@@ -10,6 +10,8 @@ cause, and the close.  The will fires later, in ``connectionLost``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqttamqp.core.recorder import (
     CAUSE_CLEAN,
     CAUSE_KEEPALIVE,
@@ -31,6 +33,9 @@ _CONNECTED = ConnectionState.CONNECTED
 class Disconnects(MQTTLink):
     """Protocol errors and broker-side closes, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
     def _clean_close(self) -> bool:

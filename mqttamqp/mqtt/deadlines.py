@@ -3,7 +3,7 @@ reactor timer.
 
 This is the I/O side of the rules in ``connection``: they say when a connection
 must be looked at again (``Keepalive.next_check``), and ``Deadlines`` calls the
-clock to look then.  It owns the heap of deadlines and the one ``callLater``
+clock to look then.  It owns the wheel of deadlines and the one ``callLater``
 behind them; it must not decide anything about a connection (the callback it is
 given does).
 """
@@ -27,54 +27,123 @@ class Deadlines:
     """Many connections' deadlines (keepalive checks) on one reactor timer.
 
     A ``DelayedCall`` per connection was about 450 bytes of the broker's memory per
-    idle client; an entry here is a small list in one heap.  Deadlines are kept
-    exactly: the timer is never later than the earliest live deadline.  A
-    cancelled entry stays in the heap, inert, until its time (or until none is
-    left), and the timer stays set when its deadline is cancelled: it runs then,
-    finds what is due (perhaps nothing) and sets itself for the next.  A connect
-    storm adds and cancels a CONNECT deadline per connection; moving the timer each
-    time was a ``callLater`` and a ``cancel`` per connection.
+    idle client, and a heap entry (a list of the due time, a sequence number and
+    the item) 134.  Here an item waits in a wheel of one-second buckets (a pointer in
+    the bucket's list), and its exact due time is its own: the float in the
+    attribute named ``slot`` (None: no deadline), which is also what tells a live
+    entry from one cancelled or replaced (the bucket keeps those, inert, until
+    its second comes or there are too many of them).  When a bucket's second comes
+    its live items move to a small exact heap, which runs each at its due time:
+    the timer is never later than the earliest live deadline.  The timer stays set
+    when its deadline is cancelled: it runs then, finds what is due (perhaps
+    nothing) and sets itself for the next.  A connect storm adds and cancels a
+    CONNECT deadline per connection; moving the timer each time was a
+    ``callLater`` and a ``cancel`` per connection.
+
+    An item has at most one deadline here: ``add`` replaces the one it had.
     """
 
-    __slots__ = ("_clock", "_due", "_fire", "_heap", "_live", "_seq", "_timer")
+    __slots__ = ("_buckets", "_clock", "_due", "_entries", "_fire", "_keys", "_live", "_near",
+                 "_opened", "_seq", "_slot", "_timer")
 
-    def __init__(self, clock: Clock, fire: Callable[[Any], None]) -> None:
+    def __init__(self, clock: Clock, fire: Callable[[Any], None], slot: str) -> None:
         self._clock = clock
         self._fire = fire            # called with the item whose deadline came
-        self._heap: list[list[Any]] = []
-        self._live = 0
+        self._slot = slot            # the item's attribute holding its due time
+        self._buckets: dict[int, list[Any]] = {}   # second -> items due in it
+        self._keys: list[int] = []   # a heap of the buckets' seconds
+        self._opened = -1            # the last second whose bucket moved to ``_near``
+        self._near: list[list[Any]] = []   # a heap of [due, seq, item] (opened seconds)
         self._seq = 0
+        self._live = 0
+        self._entries = 0            # items held (live, cancelled or replaced)
         self._timer: DelayedCall | None = None
         self._due = 0.0               # when ``_timer`` runs
 
-    def add(self, item: Any, delay: float) -> list[Any]:
-        """``item`` is due in ``delay`` seconds; returns the handle ``cancel`` takes."""
-        self._seq += 1
-        entry = [self._clock.seconds() + delay, self._seq, item]
-        heapq.heappush(self._heap, entry)
-        self._live += 1
-        if self._heap[0] is entry:
+    def add(self, item: Any, delay: float) -> None:
+        """``item`` is due in ``delay`` seconds (its earlier deadline here, if any,
+        is replaced)."""
+        slot = self._slot
+        if getattr(item, slot) is None:
+            self._live += 1
+        elif self._entries > 2 * self._live + 64:
+            self._compact()
+        due = self._clock.seconds() + delay   # (a new float: the entry's identity)
+        setattr(item, slot, due)
+        self._place(item, due)
+        self._entries += 1
+        timer = self._timer
+        if timer is None or self._due > due or not timer.active():
             self._arm()
-        return entry
 
-    def cancel(self, entry: list[Any]) -> None:
-        if entry[2] is None:
+    def cancel(self, item: Any) -> None:
+        """``item`` has no deadline here any more (none is fine)."""
+        slot = self._slot
+        if getattr(item, slot) is None:
             return
-        entry[2] = None
+        setattr(item, slot, None)
         self._live -= 1
         if not self._live:
-            self._heap.clear()   # (the timer, if set, runs once and finds nothing)
-        elif len(self._heap) > 2 * self._live + 64:
+            self._clear()    # (the timer, if set, runs once and finds nothing)
+        elif self._entries > 2 * self._live + 64:
             # (cancelled entries would stay until their time: connection churn with
-            # long keepalives grew the heap without bound)
-            self._heap = [e for e in self._heap if e[2] is not None]
-            heapq.heapify(self._heap)
+            # long keepalives grew the wheel without bound)
+            self._compact()
 
     def __len__(self) -> int:
         return self._live
 
+    def _place(self, item: Any, due: float) -> None:
+        second = int(due)
+        if second <= self._opened:
+            self._seq += 1
+            heapq.heappush(self._near, [due, self._seq, item])
+            return
+        bucket = self._buckets.get(second)
+        if bucket is None:
+            self._buckets[second] = [item]
+            heapq.heappush(self._keys, second)
+        else:
+            bucket.append(item)
+
+    def _clear(self) -> None:
+        self._buckets.clear()
+        self._keys.clear()
+        self._near.clear()
+        self._entries = 0
+
+    def _compact(self) -> None:
+        slot = self._slot
+        held = [entry[2] for entry in self._near]
+        for bucket in self._buckets.values():
+            held.extend(bucket)
+        self._clear()
+        seen: set[int] = set()
+        for item in held:
+            due = getattr(item, slot)
+            if due is not None and id(item) not in seen:
+                seen.add(id(item))
+                self._place(item, due)
+                self._entries += 1
+
+    def _next(self) -> float | None:
+        """When the timer must run next: the earliest exact deadline opened, or
+        the earliest bucket's second."""
+        near = self._near
+        slot = self._slot
+        while near and getattr(near[0][2], slot) is not near[0][0]:
+            heapq.heappop(near)   # (cancelled or replaced ones at the head)
+            self._entries -= 1
+        due: float | None = near[0][0] if near else None
+        keys = self._keys
+        if keys and (due is None or keys[0] < due):
+            return float(keys[0])
+        return due
+
     def _arm(self) -> None:
-        due = self._heap[0][0]
+        due = self._next()
+        if due is None:
+            return
         timer = self._timer
         if timer is not None and timer.active():
             if self._due <= due:
@@ -83,24 +152,41 @@ class Deadlines:
         self._due = due
         self._timer = self._clock.callLater(max(0.0, due - self._clock.seconds()), self._run)
 
+    def _open(self, now: float) -> None:
+        """Move the buckets whose second has come to the exact heap."""
+        keys, buckets, near, slot = self._keys, self._buckets, self._near, self._slot
+        while keys and keys[0] <= now:
+            second = heapq.heappop(keys)
+            self._opened = second
+            bucket = buckets.pop(second)
+            for item in bucket:
+                due = getattr(item, slot)
+                if due is not None and int(due) == second:
+                    self._seq += 1
+                    heapq.heappush(near, [due, self._seq, item])
+                else:
+                    self._entries -= 1   # (cancelled, or due in another second)
+
     def _run(self) -> None:
         self._timer = None
         now = self._clock.seconds()
+        slot = self._slot
         try:
-            while self._heap and self._heap[0][0] <= now:
-                entry = heapq.heappop(self._heap)
-                item = entry[2]
-                if item is None:
-                    continue
-                entry[2] = None
+            self._open(now)
+            near = self._near
+            while near and near[0][0] <= now:
+                due, _, item = heapq.heappop(near)
+                self._entries -= 1
+                if getattr(item, slot) is not due:
+                    continue     # (cancelled, or replaced by a later deadline)
+                setattr(item, slot, None)
                 self._live -= 1
                 try:
                     self._fire(item)
                 except Exception:   # one connection's failure must not stop the others
                     _log.failure("keepalive check of {item!r} failed", item=item)
         finally:
-            heap = self._heap
-            while heap and heap[0][2] is None:   # (cancelled ones at the head)
-                heapq.heappop(heap)
-            if heap and self._timer is None:
+            if not self._live:
+                self._clear()
+            elif self._timer is None:
                 self._arm()

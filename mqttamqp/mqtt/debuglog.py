@@ -1,10 +1,10 @@
 """Per-client debug logging (the console's "Debug log"): every packet in and out
 of one MQTT connection, for a while, within a line budget.
 
-The logging wrappers are put in the connection's own ``__dict__`` (shadowing the
-class's ``_emit`` and handler table) only while it is debugged, so no other
-connection pays a check per packet.  I/O side (a timer, the log); it decides
-nothing about the connection.
+While it is debugged the connection's class is a subclass of its own whose
+``_emit`` and handler table log (``__class__`` assignment: the connection has no
+``__dict__`` to hold wrappers), so no other connection pays a check per packet.
+I/O side (a timer, the log); it decides nothing about the connection.
 """
 
 from __future__ import annotations
@@ -47,58 +47,97 @@ def _frame_kind(data: bytes) -> str:
     return _FRAME_KINDS[data[0] >> 4] if data else "empty"
 
 
-def start(conn: Debugged, until: float) -> None:
-    """Log every packet in and out of ``conn`` until ``until`` (a new deadline
-    only, if it is logged already)."""
-    own = vars(conn)
-    timer = own.get("_debug_timer")
-    if timer is not None and timer.active():
-        timer.cancel()
-    own["_debug_timer"] = conn.clock.callLater(
-        max(0.0, until - conn.clock.seconds()), conn.stop_debug)
-    if "_emit" in own:
-        return   # already logging: a new deadline only
-    plain_emit = conn._emit
-    log = conn.log
-    budget = LineBudget()
+class _Logging:
+    """One debugged connection's window: its deadline and line budget."""
 
-    def allowed() -> bool:
-        if budget.take():
-            return True
-        if budget.left == -1:   # once: the rest of the window is not logged
-            log.info("debug {c} ({peer}): {n} lines logged, the most for one "
-                     "window; no more", c=conn.client_id, peer=conn.peer,
-                     n=MAX_DEBUG_LINES)
+    __slots__ = ("budget", "timer")
+
+    def __init__(self, timer: Any) -> None:
+        self.timer = timer
+        self.budget = LineBudget()
+
+
+# The connections being debugged (a handful at most: the console turns it on one
+# client at a time) and their windows.
+_windows: dict[Any, _Logging] = {}
+# class -> its logging subclass, and back (bounded: one per connection class)
+_logging_classes: dict[type, type] = {}
+_plain_classes: dict[type, type] = {}
+
+
+def _allowed(conn: Debugged) -> bool:
+    window = _windows.get(conn)
+    if window is None:
         return False
+    budget = window.budget
+    if budget.take():
+        return True
+    if budget.left == -1:   # once: the rest of the window is not logged
+        conn.log.info("debug {c} ({peer}): {n} lines logged, the most for one "
+                      "window; no more", c=conn.client_id, peer=conn.peer,
+                      n=MAX_DEBUG_LINES)
+    return False
 
-    def emit(data: bytes) -> None:
-        if allowed():
-            log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=conn.client_id,
-                     peer=conn.peer, kind=_frame_kind(data), n=len(data))
-        plain_emit(data)
+
+def _logging_class(cls: type) -> type:
+    """``cls`` with ``_emit`` and the packet handlers logged (no new slots: a
+    connection changes class to it and back, ``__class__`` assignment)."""
+    made = _logging_classes.get(cls)
+    if made is not None:
+        return made
+    plain_emit = cls._emit  # type: ignore[attr-defined]
+
+    def emit(self: Debugged, data: bytes) -> None:
+        if _allowed(self):
+            self.log.info("debug {c} ({peer}): out {kind} ({n} bytes)", c=self.client_id,
+                          peer=self.peer, kind=_frame_kind(data), n=len(data))
+        plain_emit(self, data)
 
     def logged(handler: _Handler) -> _Handler:
         def handle(link: Debugged, packet: Any) -> None:
-            if allowed():
-                log.info("debug {c} ({peer}): in {packet}", c=link.client_id,
-                         peer=link.peer, packet=repr(packet)[:300])
+            if _allowed(link):
+                link.log.info("debug {c} ({peer}): in {packet}", c=link.client_id,
+                              peer=link.peer, packet=repr(packet)[:300])
             handler(link, packet)
         return handle
 
-    own["_emit"] = emit
-    own["_connected_handlers"] = {kind: logged(handler) for kind, handler
-                                  in type(conn)._connected_handlers.items()}
-    log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=conn.client_id,
-             peer=conn.peer, s=until - conn.clock.seconds())
+    handlers = {kind: logged(handler) for kind, handler
+                in cls._connected_handlers.items()}  # type: ignore[attr-defined]
+    made = type(cls.__name__, (cls,), {"__slots__": (), "_emit": emit,
+                                       "_connected_handlers": handlers,
+                                       "__module__": cls.__module__})
+    _logging_classes[cls] = made
+    _plain_classes[made] = cls
+    return made
+
+
+def debugged(conn: Debugged) -> bool:
+    """``conn`` is being logged."""
+    return conn in _windows
+
+
+def start(conn: Debugged, until: float) -> None:
+    """Log every packet in and out of ``conn`` until ``until`` (a new deadline
+    only, if it is logged already)."""
+    window = _windows.get(conn)
+    timer = conn.clock.callLater(max(0.0, until - conn.clock.seconds()), conn.stop_debug)
+    if window is not None:
+        if window.timer.active():
+            window.timer.cancel()
+        window.timer = timer
+        return   # already logging: a new deadline only
+    _windows[conn] = _Logging(timer)
+    conn.__class__ = _logging_class(type(conn))
+    conn.log.info("debug logging of {c} ({peer}) on for {s:.0f}s", c=conn.client_id,
+                  peer=conn.peer, s=until - conn.clock.seconds())
 
 
 def stop(conn: Debugged) -> None:
     """Stop logging ``conn`` (its deadline came, or it closed)."""
-    own = vars(conn)
-    timer = own.pop("_debug_timer", None)
-    if timer is not None and timer.active():
-        timer.cancel()
-    if own.pop("_emit", None) is not None:
-        own.pop("_connected_handlers", None)
-        conn.log.info("debug logging of {c} ({peer}) ended", c=conn.client_id,
-                      peer=conn.peer)
+    window = _windows.pop(conn, None)
+    if window is None:
+        return
+    if window.timer.active():
+        window.timer.cancel()
+    conn.__class__ = _plain_classes[type(conn)]
+    conn.log.info("debug logging of {c} ({peer}) ended", c=conn.client_id, peer=conn.peer)

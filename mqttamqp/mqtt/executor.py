@@ -14,7 +14,8 @@ failed under an acknowledgement (``_ack_failed`` closes directly).
 broker's step returned beside it (the Deferred to wait for, the packet id, what
 follows the write).  Acknowledgements leave in the order their packets came,
 each once what it promises is durable (``connection.AckQueue`` keeps the order;
-a commit failure closes without acknowledging); a refused CONNECT
+a commit failure closes without acknowledging; a QoS 1 PUBACK waits on its
+batch's ``core.commits.Waiter``, the others on a Deferred); a refused CONNECT
 (``_refuse``) and a client's DISCONNECT (``_goodbye``) end here; a protocol
 error goes to ``closing.Disconnects._violation``, the one disconnect.
 
@@ -28,11 +29,12 @@ through ``protocol``'s ``_write``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from mqttamqp.core.commits import Waiter
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import encode
@@ -42,14 +44,20 @@ from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
 
-__all__ = ["Action", "ActionExecutor"]
+__all__ = ["Action", "ActionExecutor", "Durable"]
 
 Action = Send | Ack | Close | Refuse | Arm | Goodbye
+# What an acknowledgement waits for: a commit, the batch's early-acknowledgement
+# waiter (``core.commits.Waiter``: MQTT QoS 1), or nothing.
+Durable = Deferred[None] | Waiter | None
 
 
 class ActionExecutor(MQTTLink):
     """Carries out the actions of ``decisions``, for ``protocol.MQTTProtocol`` (a
     base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _carry_out(self, action: Action, packet_id: int = 0) -> None:
         """Do ``action`` (an ``Ack`` here is sent at once, in order)."""
@@ -72,7 +80,7 @@ class ActionExecutor(MQTTLink):
 
     # -- acknowledgements, in order ---------------------------------------------------
 
-    def _acknowledge(self, ack: Ack, packet_id: int, durable: Deferred[None] | None,
+    def _acknowledge(self, ack: Ack, packet_id: int, durable: Durable,
                      then: Callable[[], None] | None = None) -> None:
         """Send ``ack`` for ``packet_id`` once ``durable`` fired and every earlier
         acknowledgement went out, then call ``then`` (the QoS 2 gate's ``open``
@@ -95,7 +103,7 @@ class ActionExecutor(MQTTLink):
         else:
             self._ack(durable, frame, then, ack.opens)
 
-    def _ack_releasing(self, durable: Deferred[None] | None, frame: bytes,
+    def _ack_releasing(self, durable: Durable, frame: bytes,
                        packet_id: int) -> None:
         """``_ack``, giving the quota of ``packet_id`` back once written.  (Its own
         method: a closure in ``_acknowledge`` would make its cells on every call.)"""
@@ -104,7 +112,7 @@ class ActionExecutor(MQTTLink):
         release = v5.quota_release
         self._ack(durable, frame, lambda: release(packet_id))
 
-    def _ack(self, d: Deferred[None] | None, frame: bytes,
+    def _ack(self, d: Durable, frame: bytes,
              after: Callable[[], None] | None = None, essential: bool = False) -> None:
         """Send ``frame`` once ``d`` fired and every earlier acknowledgement went out,
         then call ``after``; an ``essential`` one is called even if the connection
@@ -117,6 +125,14 @@ class ActionExecutor(MQTTLink):
             return
         if acks is NO_ACKS:
             acks = self._acks = AckQueue()
+        if type(d) is Waiter and after is None:
+            # (one entry, one callback and one flush for the QoS 1 PUBACKs of a read)
+            waiting = acks.add_waiting(frame, d)
+            if acks.over_bound:
+                self._pause_reading("storage")
+            if waiting is not None:
+                d.when_done(self._ack_outcome, waiting)
+            return
         entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they
@@ -124,13 +140,24 @@ class ActionExecutor(MQTTLink):
             self._pause_reading("storage")
         if d is None:
             self._flush_acks()
+        elif type(d) is Waiter:
+            d.when_done(self._ack_outcome, entry)
         else:
+            assert isinstance(d, Deferred)
             d.addCallbacks(self._ack_ready, self._ack_failed,
                            callbackArgs=(entry,), errbackArgs=(entry,))
 
     def _ack_ready(self, _: object, entry: list[Any]) -> None:
         AckQueue.ready(entry)
         self._flush_acks()
+
+    def _ack_outcome(self, failure: Failure | None, entry: list[Any]) -> None:
+        """A ``Waiter``'s outcome for ``entry``: durable (None), or the failure."""
+        if failure is None:
+            AckQueue.ready(entry)
+            self._flush_acks()
+        else:
+            self._ack_failed(failure, entry)
 
     def _flush_acks(self) -> None:
         acks = self._acks
@@ -172,14 +199,14 @@ class ActionExecutor(MQTTLink):
         name is a bug (ValueError, nothing armed)."""
         deadline = arm.deadline
         if deadline == "connect":
-            self._connect_timer = self._factory.connect_deadlines.add(self, arm.seconds)
+            self._factory.connect_deadlines.add(self, arm.seconds)
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
         rule = Keepalive.of(int(arm.seconds))
         # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
         self.keepalive = rule.seconds
-        self._keepalive_timer = self._factory.keepalives.add(self, rule.limit)
+        self._factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
 

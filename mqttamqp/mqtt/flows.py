@@ -14,6 +14,8 @@ or write.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
@@ -56,6 +58,9 @@ class ConnectedFlows(ActionExecutor):
     """The packets of a connected client, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
 
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+
     # -- PUBLISH and its flows --------------------------------------------------------
 
     def _on_publish(self, packet: Publish) -> None:
@@ -77,18 +82,21 @@ class ConnectedFlows(ActionExecutor):
                           self.client_id, self.clock.seconds(), packet.dup)
         self.messages_in += 1
         broker = self.broker
+        identity = self.identity
+        if identity is None:
+            identity = self._identified()
         qos = packet.qos
         if qos == 0:
-            result = broker.publish(message, self.identity, wait=False)
+            result = broker.publish(message, identity, wait=False)
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, self.identity)
-            self._acknowledge(PUBACK, pid, result.durable)
+            result = broker.publish(message, identity, early=True)
+            self._acknowledge(PUBACK, pid, result.waiter or result.durable)
         else:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish_qos2(session, message, self.identity, pid)
+            result = broker.publish_qos2(session, message, identity, pid)
             # PUBREC first (after its commit), then the message goes to subscribers.
             gate = result.gate
             if gate is None:
@@ -113,19 +121,23 @@ class ConnectedFlows(ActionExecutor):
         self.messages_in += 1
         qos = packet.qos
         broker = self.broker
+        identity = self.identity
+        if identity is None:
+            identity = self._identified()
         if qos == 0:
-            result = broker.publish(message, self.identity, wait=False)
+            result = broker.publish(message, identity, wait=False)
         else:
             assert pid is not None
             if qos == 1:
-                result = broker.publish(message, self.identity, count_drops=True)
+                result = broker.publish(message, identity, count_drops=True,
+                                        early=True)
             else:
-                result = broker.publish_qos2(session, message, self.identity, pid,
+                result = broker.publish_qos2(session, message, identity, pid,
                                              count_drops=True)
             ack = decisions.published(qos, pid, result, v5)
             assert ack is not None
             gate = result.gate
-            self._acknowledge(ack, pid, result.durable,
+            self._acknowledge(ack, pid, result.waiter or result.durable,
                               gate.open if ack.opens and gate is not None else None)
         self._after_publish(session, result, len(packet.payload))
 
@@ -170,8 +182,10 @@ class ConnectedFlows(ActionExecutor):
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
+        assert session is not None
         identity = self.identity
-        assert session is not None and identity is not None
+        if identity is None:
+            identity = self._identified()
         broker = self.broker
         if self._v5 is not None:
             plan = decisions.subscribe5(packet, self.limits, self.strings,

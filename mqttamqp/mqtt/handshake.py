@@ -17,6 +17,7 @@ protocol's slots).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -66,6 +67,9 @@ class AuthInProgress:
 
 class ConnectHandshake(ActionExecutor):
     """CONNECT to CONNACK, for ``protocol.MQTTProtocol`` (a base class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
 
@@ -143,14 +147,23 @@ class ConnectHandshake(ActionExecutor):
             # once: the two epoll calls were a tenth of the CPU of a connect storm.
             self._pause_reading("connect")
 
+    def _identified(self) -> Identity:
+        """Who the accepted client is (made at its first PUBLISH or SUBSCRIBE, and
+        kept: 56 bytes an idle connection does not pay)."""
+        identity = self.identity = Identity(self.client_id, self.username,
+                                            self.protocol_label)
+        return identity
+
     def _authenticated(self, ok: bool, packet: Connect, assigned: bool = False
                        ) -> Deferred[None] | None:
         if self.state is not ConnectionState.CONNECTING:
             return None  # the socket went away while we checked
         may_claim = False
+        identity = None
         if ok:
-            identity = self.identity = Identity(self.client_id, self.username,
-                                                self.protocol_label)
+            # (not kept: an idle client that never publishes nor subscribes does not
+            # need one; ``_identified`` makes the connection's at the first)
+            identity = Identity(self.client_id, self.username, self.protocol_label)
             may_claim = self.broker.gate.may_claim(identity, self.client_id)
         refused = decisions.authenticated(ok, packet, may_claim)
         if refused is not None:
@@ -175,7 +188,7 @@ class ConnectHandshake(ActionExecutor):
                 connack_props = replace(connack_props, authentication_method=auth.method,
                                         authentication_data=auth.final)
         opened = self.broker.open_session(
-            self._link, self.client_id, packet.clean_session, will, self.identity, expiry)
+            self._link, self.client_id, packet.clean_session, will, identity, expiry)
         session, present, d = opened.session, opened.present, opened.durable
         self.session = session
         if self._v5 is not None:

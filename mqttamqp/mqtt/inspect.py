@@ -8,6 +8,8 @@ core's ``InspectableConnection`` questions.  Read-only.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.mqtt.connection import ConnectionRules
 from mqttamqp.mqtt.link import MQTTLink
@@ -21,6 +23,9 @@ _PROTOCOL_LABELS = {v: "mqtt" + v for v in ("3.1", "3.1.1", "5")}
 class ConnectionView(MQTTLink):
     """The connection as others see it, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
     def peer(self) -> str:

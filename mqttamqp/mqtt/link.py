@@ -18,7 +18,7 @@ rules' methods), not a second object holding one field.  Nothing here runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from twisted.logger import Logger
 
@@ -64,6 +64,9 @@ class ListenerState(Protocol):
 class MQTTLink(ConnectionRules):
     """The state and operations of one MQTT connection its parts share."""
 
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
+
     log: ClassVar[Logger]
     transport: Any
     broker: Broker
@@ -73,7 +76,7 @@ class MQTTLink(ConnectionRules):
     strings: StringRules
     decoder: Decoder
     session: Session | None
-    identity: Identity | None
+    identity: Identity | None   # made at the first PUBLISH or SUBSCRIBE (``_identified``)
     client_id: str
     username: str | None
     version: str
@@ -82,8 +85,8 @@ class MQTTLink(ConnectionRules):
     connected_since: float
     _v5: Negotiated | None
     bridge_peer: bool   # the client announced Mosquitto's bridge flag
-    _connect_timer: list[Any] | None
-    _keepalive_timer: list[Any] | None
+    _connect_timer: float | None    # due times, set by the ``Deadlines``
+    _keepalive_timer: float | None
     messages_in: int
     _acks: AckQueue
     _cause: str
@@ -110,6 +113,7 @@ class MQTTLink(ConnectionRules):
     _pause_reading: Callable[[str], None]
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
+    _identified: Callable[[], Identity]
 
     @property
     def peer(self) -> str:

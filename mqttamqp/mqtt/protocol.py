@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
@@ -89,6 +89,7 @@ from mqttamqp.mqtt.packets import (
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
@@ -107,12 +108,14 @@ _NO_PROPERTIES = b"\x00"
 
 @implementer(IPushProducer)
 class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, ConnectionView,
-                   Protocol):
+                   SlottedProtocol):
     log = Logger()
     transport: Any
     # Slots: more than 30 instance attributes would cost every connection a full
-    # (unshared) __dict__ of about 1.5 KB.  Twisted's ``transport`` and ``connected``
-    # are slots too: with them here CPython never allocates the instance's dict.
+    # (unshared) __dict__ of about 1.5 KB; and with no dict at all (every base has
+    # ``__slots__``; ``SlottedProtocol`` in place of Twisted's ``Protocol``, which has
+    # none) the dict's pointers and values block are gone too (~40 bytes).  The
+    # console's debug log does not need one either: ``debuglog`` swaps the class.
     # The connection is its own ``ConnectionRules`` (a base class, through
     # ``link.MQTTLink``: its ``state`` slot and methods): the rules stay sans-IO and
     # tested alone, and a connection does not pay for a second object (40 bytes) to
@@ -134,6 +137,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_throttle",
         "_turn_timer",
         "_v5",
+        "bridge_peer",
         "broker",
         "bytes_in",
         "bytes_out",
@@ -183,8 +187,10 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._cause_detail = ""
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
-        self._connect_timer: list[Any] | None = None     # in factory.connect_deadlines
-        self._keepalive_timer: list[Any] | None = None   # in factory.keepalives
+        # The due times of the deadlines in factory.connect_deadlines and
+        # factory.keepalives (set and cleared by them).
+        self._connect_timer: float | None = None
+        self._keepalive_timer: float | None = None
         self._acks = NO_ACKS   # (its own once an acknowledgement waits: ``_ack``)
         # The transport's buffer is full (a plain attribute, not a property: the core
         # reads it for every delivery, ``ClientLink.congested``).
@@ -412,23 +418,20 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # -- timers -------------------------------------------------------------------
 
     def _connect_timed_out(self) -> None:
-        self._connect_timer = None
         self._carry_out(Close(f"no CONNECT within {self.limits.connect_timeout:g}s"))
 
     def _keepalive_check(self) -> None:
-        self._keepalive_timer = None
         keepalive = Keepalive.of(self.keepalive)
         now = self.clock.seconds()
         delay = keepalive.next_check(now, self._last_activity, bool(self._reading_paused_for))
         if delay is None:
             self._carry_out(Close(keepalive.expired_reason(now, self._last_activity)))
         else:
-            self._keepalive_timer = self.factory.keepalives.add(self, delay)
+            self.factory.keepalives.add(self, delay)
 
     def _stop_connect_timer(self) -> None:
         if self._connect_timer is not None:
-            self.factory.connect_deadlines.cancel(self._connect_timer)
-            self._connect_timer = None
+            self.factory.connect_deadlines.cancel(self)
 
     def _cancel_timers(self) -> None:
         self._stop_connect_timer()
@@ -438,9 +441,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if timer is not None and timer.active():
             timer.cancel()
         if self._keepalive_timer is not None:
-            self.factory.keepalives.cancel(self._keepalive_timer)
-        self._keepalive_timer = self._turn_timer = None
-        if "_debug_timer" in vars(self):
+            self.factory.keepalives.cancel(self)
+        self._turn_timer = None
+        if debuglog.debugged(self):
             self.stop_debug()
 
     # -- per-client debug logging (the console's "Debug log") ----------------------
@@ -517,9 +520,10 @@ class MQTTFactory(Factory):
         # "connected from": 20 lines a second at most (then a count in the next one).
         self.connect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         # Every connection's keepalive check, on one timer.
-        self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check)
+        self.keepalives = Deadlines(clock, MQTTProtocol._keepalive_check, "_keepalive_timer")
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
-        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out)
+        self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out,
+                                           "_connect_timer")
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user

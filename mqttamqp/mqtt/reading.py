@@ -13,7 +13,7 @@ of a reactor turn (``Limits.mqtt_turn``) is used up while others wait
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
@@ -36,6 +36,9 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 class InputPump(MQTTLink):
     """The input pump and reading pauses, for ``protocol.MQTTProtocol`` (a base
     class of it)."""
+
+    if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
+        __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     def _process_batch(self) -> None:
         """``_process`` as one batch: what it causes is committed and written once."""

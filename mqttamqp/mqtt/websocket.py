@@ -214,7 +214,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._cancel_handshake_timer()
         mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
         self.mqtt = mqtt
-        mqtt.makeConnection(StreamOverWebSocket(self))  # type: ignore[no-untyped-call]
+        mqtt.makeConnection(StreamOverWebSocket(self))
 
     def onMessageBegin(self, isBinary: bool) -> None:
         if not isBinary and not self._ignoring:

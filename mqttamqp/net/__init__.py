@@ -15,6 +15,8 @@ Modules (each says in its docstring why its trick pays):
   the endpoint's private ``_sslContextFactory``).
 * ``websocket``: a WebSocket seen as a byte stream (``StreamOverWebSocket``), for a
   protocol written for TCP.
+* ``slotted``: ``SlottedProtocol``, Twisted's ``Protocol`` without an instance
+  dict (an MQTT connection with slots only: ~40 bytes less each).
 * ``rawproton``: proton-c's functions called by name (``cproton``) on the AMQP
   per-message path, looked up once.
 

@@ -145,14 +145,23 @@ GATHER_FOR = (PutQueued, PutQueueMessage)
 
 
 def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
-    """ids of PutQueued ops whose entry a later DeleteQueued in the same commit removes
-    (and of PutQueueMessage ops a later TrimQueue or DeleteQueue removes).
+    """ids of PutQueued ops whose entry a later DeleteQueued, or a later PutQueued of
+    the same entry, in the same commit replaces (and of PutQueueMessage ops a later
+    TrimQueue or DeleteQueue removes).
 
     A subscriber that acknowledges within one commit window makes the queue write
     pointless: skipping it (and keeping the delete, which may remove a record from
-    an earlier commit) leaves the same state with far fewer bucket writes.
+    an earlier commit, unless the entry's first put is in this commit:
+    ``PutQueued.first``) leaves the same state with far fewer bucket writes.  A put
+    followed by another put of the same entry (its state changed) is written once,
+    as the last one.
     """
-    pending: dict[tuple[str, int], list[int]] = {}
+    # (session, seq) -> the id of the entry's last PutQueued not yet superseded:
+    # one int per put, no list (this runs on the writer thread for every op).
+    pending: dict[tuple[str, int], int] = {}
+    # Entries whose first put is in this commit: nothing of them is stored yet, so
+    # their delete is skipped too while that put is pending.
+    fresh: set[tuple[str, int]] = set()
     # Durable queues likewise: a message consumed by every group before the commit
     # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
     appended: dict[str, list[tuple[int, int]]] = {}
@@ -160,7 +169,23 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
     for ops, _ in group:
         for op in ops:
             kind = type(op)
-            if kind is PutQueueMessage:
+            # (the session queue's ops first: a durable QoS 1 message has two)
+            if kind is PutQueued:
+                key = (op.client_id, op.seq)  # type: ignore[union-attr]
+                earlier = pending.get(key)
+                if earlier is not None:
+                    skip.add(earlier)
+                elif op.first:  # type: ignore[union-attr]
+                    fresh.add(key)
+                pending[key] = id(op)
+            elif kind is DeleteQueued:
+                key = (op.client_id, op.seq)  # type: ignore[union-attr]
+                put = pending.pop(key, None)
+                if put is not None:
+                    skip.add(put)
+                    if key in fresh:
+                        skip.add(id(op))
+            elif kind is PutQueueMessage:
                 appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]
                     (op.offset, id(op)))  # type: ignore[union-attr]
             elif kind is TrimQueue:
@@ -172,16 +197,11 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                         a for a in appends if a[0] >= upto]
             elif kind is DeleteQueue:
                 skip.update(i for _, i in appended.pop(op.name, ()))  # type: ignore[union-attr]
-            elif kind is PutQueued:
-                pending.setdefault((op.client_id, op.seq), []).append(id(op))  # type: ignore[union-attr]
-            elif kind is DeleteQueued:
-                puts = pending.pop((op.client_id, op.seq), None)  # type: ignore[union-attr]
-                if puts:
-                    skip.update(puts)
             elif kind is DeleteSession:
                 client = op.client_id  # type: ignore[union-attr]
                 for key in [k for k in pending if k[0] == client]:
                     del pending[key]
+                    fresh.discard(key)
     return skip
 
 

@@ -305,7 +305,7 @@ class ZODBStore:
             "ops": self._ops,                  # ops committed
             "commits": self._commits,          # successful group commits
             "failed_commits": self._failed_commits,
-            "coalesced_puts": self._coalesced,
+            "coalesced_puts": self._coalesced,   # queue ops skipped (superseded_puts)
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,
             "commit_seconds": self._commit_seconds,   # summed over all commits

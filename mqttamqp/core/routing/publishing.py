@@ -58,18 +58,20 @@ class Publishing:
 
     def publish(self, message: Message, identity: Identity | None = None, *,
                 wait: bool = True, counted: bool = True,
-                count_drops: bool = False) -> Published:
+                count_drops: bool = False, early: bool = False) -> Published:
         """Route ``message`` (checked against ``identity``'s permissions, if given).
 
         With ``wait`` False nobody waits for ``Published.durable``: a storage
         failure is logged here and ``durable`` is None.  ``count_drops``: say in
         ``Published.dropped`` how many subscribers' queue bounds refused it.
+        ``early``: the caller can wait on ``Published.waiter`` (``Router.publish``).
         """
         queue = self._queues.address(message.topic) if message.topic[:1] == "$" else None
         if queue is not None and is_command(queue, message.topic):
             return self._queue_command(message, identity, queue)
         result = self._router.publish(message, identity, (), counted,
-                                      count_drops=count_drops, queue=queue)
+                                      count_drops=count_drops, queue=queue,
+                                      early=early and self.topic_exchange is None)
         if self.topic_exchange is not None and queue is None and not result.denied:
             result = self._bound(message, result)
         if counted and not result.denied:

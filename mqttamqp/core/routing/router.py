@@ -121,7 +121,7 @@ class Router(Subscriptions):
     def publish(self, message: Message, identity: Identity | None = None,
                 extra_ops: Sequence[Op] = (), counted: bool = True,
                 hold: bool = False, count_drops: bool = False,
-                queue: QueueAddress | str | None = None) -> Published:
+                queue: QueueAddress | str | None = None, early: bool = False) -> Published:
         """Route ``message``.
 
         Deliveries to clean sessions, and QoS 0/1 deliveries to persistent ones, go
@@ -138,6 +138,9 @@ class Router(Subscriptions):
 
         ``queue``: the topic parsed by ``QueueManager.address`` (a ``$queue/`` or
         ``$dlq/`` topic goes to the queues, never the trie); None: parsed here.
+        ``early``: the caller takes ``Published.waiter`` (the batch's, shared by its
+        publishes) where a QoS 1 acknowledgement may go before the commit; no
+        Deferred is made for it.
         """
         commits = self.commits
         if identity is not None and not self.may_publish(
@@ -225,7 +228,7 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                ops.append(entry.put_op(session.client_id))
+                ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                 if qos == 1 and entry.packet_id in session.inflight:
                     qos1_entries.append(entry)
                 else:
@@ -242,6 +245,11 @@ class Router(Subscriptions):
                 (identity.protocol or None) if identity is not None else None,
                 len(matches) - dropped,
                 dropped)
+        if early and qos1_entries and not held and other_ops == 0 and gate is None:
+            waiter = commits.persist_early(ops, qos1_entries)   # (None: not batching)
+            if waiter is not None:
+                return Published(None, congested if congested is not None
+                                 else _NO_SESSIONS, dropped=dropped, waiter=waiter)
         # Inside a batch (or while stopping) the Deferred persist returns is ours
         # alone, so it may also be fired early, by acknowledgements.
         owned = commits.owned

@@ -112,9 +112,15 @@ class OutEntry:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
                             self.packet_id, self.subscription_ids)
 
-    def put_op(self, client_id: str) -> PutQueued:
-        """The store operation that records this entry for session ``client_id``."""
-        return PutQueued(client_id, self.seq, self.stored())
+    def put_op(self, client_id: str, first: bool = False) -> PutQueued:
+        """The store operation that records this entry for session ``client_id``
+        (``first``: the entry was just made, ``PutQueued.first``)."""
+        # (``stored`` inlined: one per QoS 1/2 delivery to a persistent session)
+        message = self.message
+        if message.retain != self.retain:
+            message = message.with_retain(self.retain)
+        return PutQueued(client_id, self.seq, StoredQueued(
+            message, self.qos, self.state, self.packet_id, self.subscription_ids), first)
 
 
 NO_OPS: list[Op] = []

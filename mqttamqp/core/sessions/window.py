@@ -94,8 +94,8 @@ class InflightWindow:
         fit the QoS flow of the in-flight ``packet_id`` — a protocol violation — or
         None.  An id that is not in flight is not one (a late duplicate: ignored)."""
         entry = self.inflight.get(packet_id)
-        if entry is None:
-            return None
+        if entry is None or (entry.qos == 1 and kind == "PUBACK"):
+            return None   # (the common case, without the call)
         return ack_problem(kind, packet_id, entry.qos, entry.state == QueuedState.RELEASED)
 
     def acknowledge(self, packet_id: int) -> list[Op]:

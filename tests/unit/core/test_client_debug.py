@@ -143,3 +143,23 @@ def test_a_flooding_client_spends_its_line_budget(lines: list[str],
     debug = [x for x in lines if x.startswith("debug flood (")]
     assert len(debug) == 6 and "the most for one window" in debug[-1]
     flood.proto.connectionLost(None)
+
+
+def test_debugging_swaps_the_connection_class_and_back() -> None:
+    """The MQTT connection has no instance dict; the debug log is a subclass it
+    takes on while debugged (the same slots) and drops when the window ends."""
+    from mqttamqp.mqtt.protocol import MQTTProtocol
+
+    clock = Clock()
+    broker = Broker(clock, NullStore())
+    client = Client(MQTTFactory(broker, clock))
+    client.connect("swapped")
+    proto = client.proto
+    assert type(proto) is MQTTProtocol and not hasattr(proto, "__dict__")
+    broker.commands.debug_client("swapped", 30)
+    assert type(proto) is not MQTTProtocol and isinstance(proto, MQTTProtocol)
+    broker.commands.debug_client("swapped", 60)       # a new deadline only
+    clock.advance(30)
+    assert type(proto) is not MQTTProtocol
+    clock.advance(30)
+    assert type(proto) is MQTTProtocol and timers_left(clock) == []

@@ -106,6 +106,28 @@ def test_ack_queue_bound_and_resume_mark() -> None:
     assert not acks.over_bound and acks.under_resume_mark
 
 
+def test_acks_waiting_on_one_waiter_join_one_entry_and_count_in_the_bound() -> None:
+    """Consecutive acknowledgements on the same waiter are one entry (one frame of
+    them all, in order); another waiter or a plain entry starts a new one; the bound
+    counts every acknowledgement."""
+    acks = AckQueue()
+    one, two = object(), object()
+    first = acks.add_waiting(b"1", one)
+    assert first is not None and acks.add_waiting(b"2", one) is None
+    second = acks.add_waiting(b"3", two)
+    plain = acks.add(b"4", None, ready=False)
+    assert second is not None and acks.add_waiting(b"5", two) is not None
+    assert len(acks) == 5
+    AckQueue.ready(first)
+    assert acks.take() == [(b"12", None)] and len(acks) == 3
+    AckQueue.ready(second)
+    AckQueue.ready(plain)
+    assert acks.take() == [(b"3", None), (b"4", None)] and len(acks) == 1
+    for _ in range(MAX_PENDING_ACKS):
+        acks.add_waiting(b"x", two)
+    assert acks.over_bound
+
+
 def test_idle_ack_queues_share_one_empty_list() -> None:
     """No list of its own until an acknowledgement waits, and none once all left."""
     a, b = AckQueue(), AckQueue()

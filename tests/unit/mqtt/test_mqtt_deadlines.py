@@ -6,6 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 
+class Item:
+    """A connection as ``Deadlines`` sees it: an attribute for its due time."""
+
+    __slots__ = ("due", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.due: float | None = None
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     """Keepalive checks of many connections share one reactor timer; each fires at
     its own deadline, a cancelled one never does, and once none is left the timer
@@ -16,10 +29,11 @@ def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
 
     clock = Clock()
     fired: list[str] = []
-    deadlines = Deadlines(clock, fired.append)
-    a = deadlines.add("a", 10.0)
-    deadlines.add("b", 5.0)
-    c = deadlines.add("c", 7.0)
+    deadlines = Deadlines(clock, lambda item: fired.append(item.name), "due")
+    a, b, c, d = Item("a"), Item("b"), Item("c"), Item("d")
+    deadlines.add(a, 10.0)
+    deadlines.add(b, 5.0)
+    deadlines.add(c, 7.0)
     assert len(clock.getDelayedCalls()) == 1
     deadlines.cancel(c)
     clock.advance(5.0 - 1e-6)
@@ -28,7 +42,7 @@ def test_deadlines_fire_exactly_in_order_on_one_timer() -> None:
     assert fired == ["b"]
     clock.advance(3.0)
     assert fired == ["b"]                  # (c was cancelled)
-    deadlines.add("d", 1.0)                # earlier than a: the timer moves
+    deadlines.add(d, 1.0)                  # earlier than a: the timer moves
     clock.advance(1.0)
     assert fired == ["b", "d"] and len(deadlines) == 1
     deadlines.cancel(a)
@@ -47,21 +61,24 @@ def test_deadlines_survive_a_failing_check_and_forget_cancelled_entries() -> Non
     clock = Clock()
     fired: list[str] = []
 
-    def fire(item: str) -> None:
-        if item == "bad":
+    def fire(item: Item) -> None:
+        if item.name == "bad":
             raise RuntimeError("boom")
-        fired.append(item)
+        fired.append(item.name)
 
-    deadlines = Deadlines(clock, fire)
-    deadlines.add("bad", 1.0)
-    deadlines.add("good", 2.0)
+    deadlines = Deadlines(clock, fire, "due")
+    deadlines.add(Item("bad"), 1.0)
+    deadlines.add(Item("good"), 2.0)
     clock.advance(1.0)
     clock.advance(1.0)
     assert fired == ["good"]
-    keep = deadlines.add("live", 1000.0)
-    for _ in range(1000):
-        deadlines.cancel(deadlines.add("churn", 900.0))
-    assert len(deadlines._heap) < 100 and len(deadlines) == 1
+    keep = Item("live")
+    deadlines.add(keep, 1000.0)
+    for n in range(1000):
+        churn = Item(f"churn{n}")
+        deadlines.add(churn, 900.0 + n % 7)
+        deadlines.cancel(churn)
+    assert deadlines._entries < 100 and len(deadlines) == 1
     deadlines.cancel(keep)
     clock.advance(1000.0)
     assert fired == ["good"] and clock.getDelayedCalls() == []
@@ -77,7 +94,7 @@ def test_deadlines_added_and_cancelled_in_turn_keep_one_timer() -> None:
 
     clock = Clock()
     fired: list[str] = []
-    deadlines = Deadlines(clock, fired.append)
+    deadlines = Deadlines(clock, lambda item: fired.append(item.name), "due")
     calls: list[float] = []
     call_later = clock.callLater
 
@@ -88,8 +105,82 @@ def test_deadlines_added_and_cancelled_in_turn_keep_one_timer() -> None:
     clock.callLater = counting  # type: ignore[method-assign]
     for n in range(100):
         clock.advance(0.001)
-        deadlines.cancel(deadlines.add(f"c{n}", 10.0))
+        item = Item(f"c{n}")
+        deadlines.add(item, 10.0)
+        deadlines.cancel(item)
     assert len(calls) == 1 and len(deadlines) == 0
-    deadlines.add("late", 10.0)
+    deadlines.add(Item("late"), 10.0)
     clock.advance(10.0)
     assert fired == ["late"] and clock.getDelayedCalls() == []
+
+
+def test_deadlines_in_the_wheel_fire_at_their_exact_time_whatever_the_order() -> None:
+    """The wheel of one-second buckets keeps each deadline exactly: in a seeded
+    random run of adds, replacements, cancels and clock steps (fractions of a
+    second and many seconds), every live deadline fires in the first step that
+    reaches it, never before, once, and a cancelled or replaced one never."""
+    import random
+
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    rng = random.Random(31)
+    clock = Clock()
+    clock.advance(1000.25)
+    fired: list[tuple[Item, float]] = []
+    deadlines = Deadlines(clock, lambda item: fired.append((item, clock.seconds())), "due")
+    items = [Item(f"i{n}") for n in range(40)]
+    expected: dict[int, float] = {}   # id(item) -> its due time (the model)
+    for _ in range(3000):
+        item = rng.choice(items)
+        roll = rng.random()
+        if roll < 0.45:
+            delay = rng.choice((0.0, rng.random(), rng.random() * 5, rng.random() * 90))
+            deadlines.add(item, delay)
+            expected[id(item)] = clock.seconds() + delay
+            if delay == 0.0:
+                assert clock.getDelayedCalls()   # (due now: the timer runs next turn)
+        elif roll < 0.6:
+            deadlines.cancel(item)
+            expected.pop(id(item), None)
+        else:
+            clock.advance(rng.choice((0.01, 0.3, 1.0, rng.random() * 20)))
+            now = clock.seconds()
+            due_now = {key for key, due in expected.items() if due <= now}
+            got = {id(item) for item, _ in fired}
+            assert got == due_now and len(fired) == len(got)
+            for item, when in fired:
+                assert when >= expected.pop(id(item)) and item.due is None
+            fired.clear()
+        assert len(deadlines) == len(expected)
+        assert deadlines._entries <= 2 * len(expected) + 65 + 40
+    for item in items:
+        deadlines.cancel(item)
+    clock.advance(200.0)
+    assert fired == [] and clock.getDelayedCalls() == []
+
+
+def test_a_deadline_added_again_replaces_the_first() -> None:
+    """An item has one deadline: adding it again moves it (earlier or later), and
+    it fires once, at the new time."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    clock = Clock()
+    fired: list[float] = []
+    deadlines = Deadlines(clock, lambda item: fired.append(clock.seconds()), "due")
+    item = Item("a")
+    deadlines.add(item, 5.0)
+    deadlines.add(item, 12.5)
+    assert len(deadlines) == 1
+    clock.advance(12.0)
+    assert fired == []
+    clock.advance(0.5)
+    assert fired == [12.5]
+    deadlines.add(item, 30.0)
+    deadlines.add(item, 0.25)
+    clock.advance(0.25)
+    clock.advance(40.0)
+    assert fired == [12.5, 12.75] and clock.getDelayedCalls() == []

@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fakes import ManualStore
 from mqtt_memory import Harness, connected
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 
 from mqttamqp.mqtt import actions
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Send
@@ -24,6 +26,7 @@ from mqttamqp.mqtt.packets import (
     Puback,
     Publish,
     ReasonCode,
+    Subscribe,
 )
 from mqttamqp.mqtt.protocol import MQTTProtocol
 
@@ -173,3 +176,63 @@ def test_actions_are_immutable(action: object) -> None:
     with pytest.raises(AttributeError):
         action.other = 1   # type: ignore[attr-defined]
     assert getattr(action, name) == was
+
+
+def _persistent_subscriber(h: Harness, store: Any) -> Any:
+    sub = h.client()
+    sub.connect("s", clean=False)
+    sub.send(Subscribe(1, (("t", 1),)))
+    store.commit_all()
+    sub.received()
+    return sub
+
+
+def test_a_failed_commit_sends_neither_puback_of_one_read() -> None:
+    """Two QoS 1 publishes to a persistent subscriber in one read share the batch's
+    waiter; its commit fails (one subscriber PUBACK came first): no PUBACK is sent,
+    the publisher is closed so that it retries."""
+    store = ManualStore()
+    h = Harness(store)
+    sub = _persistent_subscriber(h, store)
+    pub = h.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"a", 1, False, False, 1), Publish("t", b"b", 1, False, False, 2))
+    delivered = [p for p in sub.received() if isinstance(p, Publish)]
+    assert len(delivered) == 2 and len(store.pending) == 1
+    sub.send(Puback(delivered[0].packet_id))
+    assert pub.received() == []
+    _ops, commit = store.pending.pop(0)
+    commit.errback(Failure(OSError(28, "No space left on device")))
+    assert pub.received() == [] and not pub.open
+
+
+def test_pubacks_of_one_read_go_once_every_delivery_is_acknowledged() -> None:
+    """The promise holds early: once the persistent subscriber acknowledged both
+    messages of the read, both PUBACKs go, in order, before the commit."""
+    store = ManualStore()
+    h = Harness(store)
+    sub = _persistent_subscriber(h, store)
+    pub = h.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"a", 1, False, False, 1), Publish("t", b"b", 1, False, False, 2))
+    delivered = [p for p in sub.received() if isinstance(p, Publish)]
+    sub.send(Puback(delivered[0].packet_id))
+    assert pub.received() == []
+    sub.send(Puback(delivered[1].packet_id))
+    assert pub.received() == [Puback(1), Puback(2)] and not store.pending[0][1].called
+    store.commit_all()
+    assert pub.received() == [] and pub.open
+
+
+def test_pubacks_of_one_read_go_at_the_commit() -> None:
+    """Without the subscriber's acknowledgements the PUBACKs wait for the commit."""
+    store = ManualStore()
+    h = Harness(store)
+    sub = _persistent_subscriber(h, store)
+    pub = h.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"a", 1, False, False, 1), Publish("t", b"b", 1, False, False, 2))
+    assert len([p for p in sub.received() if isinstance(p, Publish)]) == 2
+    assert pub.received() == []
+    store.commit_all()
+    assert pub.received() == [Puback(1), Puback(2)]

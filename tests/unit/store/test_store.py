@@ -620,6 +620,34 @@ def test_put_then_delete_in_one_commit_skips_the_put(disk: MemoryDisk,
     assert [seq for seq, _ in snap.sessions["c"].queue] == [3]
 
 
+def test_two_puts_of_one_entry_in_one_commit_write_the_last(disk: MemoryDisk,
+                                                             reactor: FakeReactor) -> None:
+    """An entry put twice in one commit (its state changed) is written once, as the
+    second put says."""
+    q = StoredQueued(Message("t", b"x", 2), 2)
+    released = StoredQueued(q.message, 2, QueuedState.RELEASED, 1)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutSession("c", 1.0), PutQueued("c", 1, q)])
+    commit(reactor, store, [PutQueued("c", 2, q), PutQueued("c", 2, released)])
+    assert store.stats()["coalesced_puts"] == 1
+    store.close()
+    assert reload(disk).sessions["c"].queue == [(1, q), (2, released)]
+
+
+def test_a_new_entry_put_and_deleted_in_one_commit_touches_nothing(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """An entry's first put (``PutQueued.first``) and its delete in one commit are both
+    skipped; a delete of an entry stored earlier still removes it."""
+    q = StoredQueued(Message("t", b"x", 1), 1)
+    store = open_store(disk, reactor)
+    commit(reactor, store, [PutSession("c", 1.0), PutQueued("c", 1, q, True)])
+    commit(reactor, store, [PutQueued("c", 2, q, True), DeleteQueued("c", 2),
+                            PutQueued("c", 1, q), DeleteQueued("c", 1)])
+    assert store.stats()["coalesced_puts"] == 3   # both of 2, the put of 1
+    store.close()
+    assert reload(disk).sessions["c"].queue == []
+
+
 def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
                                                       reactor: FakeReactor) -> None:
     """Queues (root["queues"]): messages by offset, trims, single deletes, group

@@ -1,0 +1,187 @@
+"""The batch's early-acknowledgement waiter (``core.commits.Waiter``) and how
+``CommitBatcher.persist_early`` feeds it: one outcome for every callback, each
+called on its own, success at the commit or once every delivery is acknowledged
+after the batch was submitted, and a failed commit failing them all; and the
+``PutQueued.first`` mark the router gives a new delivery's put."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fakes import ManualStore
+from twisted.python.failure import Failure
+
+from mqttamqp.core.commits import CommitBatcher, Waiter
+from mqttamqp.core.message import Message
+from mqttamqp.core.persistence import Op
+from mqttamqp.core.sessions.entries import OutEntry
+
+
+def _entry(seq: int) -> OutEntry:
+    return OutEntry(seq, Message("t", b"x", 1), 1, False, seq)
+
+
+def _batch(commits: CommitBatcher, *entries: OutEntry) -> Waiter:
+    """One batch of ``persist_early`` calls, one per entry; the waiter they share."""
+    commits.begin()
+    assert commits.batching
+    waiters = {id(commits.persist_early([_op(e)], [e])) for e in entries}
+    waiter = commits.persist_early([], [])
+    commits.end()
+    assert waiters == {id(waiter)}
+    return waiter
+
+
+def _op(entry: OutEntry) -> Op:
+    return entry.put_op("s")
+
+
+class _Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Any]] = []
+
+    def __call__(self, outcome: Failure | None, arg: Any) -> None:
+        self.seen.append(("ok" if outcome is None else outcome.getErrorMessage(), arg))
+
+
+def test_the_commit_succeeds_every_callback_once() -> None:
+    """The batch's commit gives every callback success, once, with its own argument."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    waiter = _batch(commits, _entry(1), _entry(2))
+    seen = _Outcomes()
+    waiter.when_done(seen, 1)
+    waiter.when_done(seen, 2)
+    assert seen.seen == [] and len(store.pending) == 1
+    store.commit_all()
+    assert seen.seen == [("ok", 1), ("ok", 2)]
+    waiter.when_done(seen, 3)    # (known already: called at once)
+    assert seen.seen[-1] == ("ok", 3)
+
+
+def test_a_failed_commit_fails_every_callback_whatever_the_first_returns() -> None:
+    """The first callback swallowing the failure (returning None) or raising does not
+    turn the failure into success for the next ones."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.log_failure = lambda failure, what: None  # type: ignore[method-assign]
+    waiter = _batch(commits, _entry(1), _entry(2))
+    seen = _Outcomes()
+
+    def swallow(outcome: Failure | None, arg: Any) -> None:
+        seen(outcome, arg)
+        return None
+
+    def raises(outcome: Failure | None, arg: Any) -> None:
+        seen(outcome, arg)
+        raise RuntimeError("a consumer's bug")
+
+    waiter.when_done(swallow, 1)
+    waiter.when_done(raises, 2)
+    waiter.when_done(seen, 3)
+    _ops, commit = store.pending.pop(0)
+    commit.errback(Failure(OSError(28, "No space left on device")))
+    assert [arg for _, arg in seen.seen] == [1, 2, 3]
+    assert all(what != "ok" for what, _ in seen.seen)
+    assert "No space left" in seen.seen[2][0]
+
+
+def test_every_delivery_acknowledged_succeeds_before_the_commit() -> None:
+    """Once every delivery the batch's early acknowledgements stand for is
+    acknowledged, the waiter succeeds; the commit after it changes nothing."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    a, b = _entry(1), _entry(2)
+    waiter = _batch(commits, a, b)
+    seen = _Outcomes()
+    waiter.when_done(seen, "x")
+    assert a.on_done is waiter and b.on_done is waiter and waiter.outstanding == 2
+    waiter()
+    assert seen.seen == [] and not waiter.done
+    waiter()
+    assert seen.seen == [("ok", "x")]
+    store.commit_all()
+    assert seen.seen == [("ok", "x")]
+
+
+def test_acknowledged_inside_the_batch_waits_for_its_end() -> None:
+    """Deliveries acknowledged before the batch is submitted settle nothing yet:
+    another publish of the same batch may still join."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.begin()
+    first = _entry(1)
+    waiter = commits.persist_early([_op(first)], [first])
+    waiter()
+    assert not waiter.done
+    second = _entry(2)
+    assert commits.persist_early([_op(second)], [second]) is waiter
+    commits.end()
+    assert not waiter.done
+    waiter()
+    assert waiter.done
+
+
+def test_a_failure_after_an_early_success_is_logged() -> None:
+    """A commit failing after every delivery was acknowledged is logged, and no
+    callback is called again."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    logged: list[str] = []
+    commits.log_failure = lambda failure, what: logged.append(what)  # type: ignore[method-assign]
+    entry = _entry(1)
+    waiter = _batch(commits, entry)
+    seen = _Outcomes()
+    waiter.when_done(seen, 0)
+    waiter()
+    _ops, commit = store.pending.pop(0)
+    commit.errback(Failure(OSError(28, "No space left on device")))
+    assert seen.seen == [("ok", 0)]
+    assert logged == ["storing messages that were already acknowledged"]
+
+
+def test_no_waiter_outside_a_batch_or_while_stopping() -> None:
+    """``batching`` is False outside a batch and while stopping (the router then
+    takes the Deferred path)."""
+    commits = CommitBatcher(ManualStore())
+    assert not commits.batching
+    commits.begin()
+    assert commits.batching
+    commits.stopping = True
+    assert not commits.batching
+    commits.end()
+
+
+def test_a_routed_delivery_is_a_first_put_and_a_later_state_is_not() -> None:
+    """The router's put of a new delivery says ``first`` (its seq is new: a delete in
+    the same commit has nothing to remove); the put of a later state (PUBREC) does
+    not."""
+    from core_broker import connect, make_broker, pub, subscribe
+
+    from mqttamqp.core.persistence import PutQueued
+
+    broker, _clock, store = make_broker()
+    s, _link, _ = connect(broker, "p", clean=False)
+    subscribe(broker, s, ("a", 2))
+    pub(broker, "a", b"m", qos=2)
+    puts = [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert [op.first for op in puts] == [True]
+    broker.received(s, 1)
+    puts = [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert [op.first for op in puts] == [True, False]
+
+
+def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() -> None:
+    """Shutdown begun inside the batch: nothing is submitted; the waiter succeeds only
+    once every delivery is acknowledged (as the Deferred path's early completion)."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.begin()
+    entry = _entry(1)
+    waiter = commits.persist_early([_op(entry)], [entry])
+    assert waiter is not None
+    commits.stopping = True
+    commits.end()
+    assert store.pending == [] and not waiter.done
+    waiter()
+    assert waiter.done
