@@ -252,8 +252,8 @@ def _queue_receiver(host: AttachHost, plink: Any, topic: str, address: str,
         try:
             consumer = consumer_from_properties(plink.remote_properties, topic_filter,
                                                 selector, browse)
-        except UnicodeDecodeError:
-            consumer = "the attach properties are not valid UTF-8"
+        except (UnicodeDecodeError, KeyError, TypeError, ValueError):
+            consumer = "the attach properties do not decode"
     if isinstance(consumer, str):
         refuse_link(host, plink, "amqp:invalid-field",
                     f"source {address!r} is not a queue this broker can serve: {consumer}")

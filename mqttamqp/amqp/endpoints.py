@@ -133,6 +133,12 @@ class SessionsAndLinks(EnginePump):
     def claim_will(self, link: BrokerLink) -> None:
         self.registers.will_links[link.name] = link
 
+    def holds_will(self, client_id: str) -> bool:
+        """Whether this connection holds ``client_id``'s will-service link (checked
+        at its attach: ``gate.may_use_session``)."""
+        link = self.registers.will_links.get(client_id)
+        return link is not None and link.host is self and not link.closed
+
     def release_will(self, link: BrokerLink) -> bool:
         if self.registers.will_links.get(link.name) is link:
             del self.registers.will_links[link.name]

@@ -124,6 +124,8 @@ class LinkHost(Protocol):
 
     def claim_will(self, link: BrokerLink) -> None: ...
 
+    def holds_will(self, client_id: str) -> bool: ...
+
     def hold(self, delta: int) -> None:
         """Bytes of unfinished incoming messages changed by ``delta``."""
 

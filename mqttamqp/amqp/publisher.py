@@ -57,16 +57,18 @@ _Route = tuple[PublishFields, str, bool, bytes, int]
 
 def acting_for(host: LinkHost, plink: Any) -> str | None:
     """The MQTT client a sender publishes for: its attach property
-    ``x-opt-mqtt-client-id`` (a gateway's, docs/gateway.md), when the connection may
-    act on that client's session as for the Subscription Service; else None."""
+    ``x-opt-mqtt-client-id`` (a gateway's, docs/gateway.md), when the same connection
+    holds that client's will-service link (a gateway attaches it first; its attach
+    checked the connection may act for the client); else None, quietly (the sender
+    then publishes as its container)."""
     try:
         props = plink.remote_properties
-    except UnicodeDecodeError:   # (proton decodes strings strictly: NOTES)
-        return None
+    except (UnicodeDecodeError, KeyError, TypeError, ValueError):
+        return None   # (undecodable, as attach._capabilities: NOTES) -> no claim
     claimed = props.get(ANNOTATION_CLIENT_ID) if isinstance(props, dict) else None
     if not isinstance(claimed, str) or not claimed:
         return None
-    return claimed if host.broker.gate.may_use_session(host.identity, claimed) else None
+    return claimed if host.holds_will(claimed) else None
 
 
 # A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.

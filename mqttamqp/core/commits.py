@@ -222,12 +222,16 @@ class CommitBatcher:
     def _submit(self) -> None:
         ops, waiters, early = self._ops, self._waiters, self._early
         self._ops, self._waiters, self._early = [], [], None
-        if early is not None:
-            # (while stopping nothing is stored: only the acknowledgements complete it)
-            early.seal()
         if self.stopping:
+            if early is not None:
+                # (nothing is stored: only the acknowledgements complete it)
+                early.seal()
             return
         d = self._commit(ops)
+        if early is not None:
+            # sealed after the submit: a callback it fires at once (every delivery
+            # already acknowledged) may start work whose ops must follow these
+            early.seal()
         if waiters or early is not None:
             # (one callback pair for all: none of them sees what another returned)
             d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early),

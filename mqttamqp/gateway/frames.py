@@ -1,8 +1,8 @@
 """The MQTT frames of a gateway client that are not deliveries, sans-IO: CONNACK,
 the acknowledgement of a PUBLISH the core refused (MQTT 5: its reason code), SUBACK
-and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, a
-bridge's subscription options, and what an MQTT 5 PUBLISH's properties become on
-their way to the core.
+and UNSUBACK from the core's answer, what makes a SUBSCRIBE a protocol error, the
+subscription options carried to the core (a bridge's; an MQTT 5 client's), and what
+an MQTT 5 PUBLISH's properties become on their way to the core.
 
 What it must not do: write, keep state, or decide when a frame goes (``frontend``).
 """
@@ -12,10 +12,11 @@ from __future__ import annotations
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.routing.shared import SHARE_PREFIX
-from mqttamqp.core.sessions.session import NO_LOCAL
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED
 from mqttamqp.gateway.wire import Outcome
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import StringRules
+from mqttamqp.mqtt.decisions import Subscription, suback5
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
@@ -97,6 +98,27 @@ def bridge_options(packet: Subscribe) -> dict[str, int]:
     no local on every filter but shared ones (where MQTT 5 forbids it), as a broker
     subscribes a bridge, so what it publishes is not sent back to it."""
     return {f: NO_LOCAL for f, _q in packet.topics if not f.startswith(SHARE_PREFIX)}
+
+
+def carried_options(plan: Subscription) -> dict[str, int] | None:
+    """The options of an MQTT 5 SUBSCRIBE the core is told (``mqtt.decisions.subscribe5``
+    judged it): no local and retain as published of each filter that has one; None
+    without any.  (Retain handling and subscription identifiers are not carried.)"""
+    carried = NO_LOCAL | RETAIN_AS_PUBLISHED
+    options = {f: o & carried for (f, _q), o in zip(plan.wanted, plan.packed, strict=True)
+               if o & carried}
+    return options or None
+
+
+def suback_v5(packet: Subscribe, plan: Subscription, outcome: Outcome) -> bytes:
+    """MQTT 5 SUBACK once the core answered for ``plan.wanted``: the gateway's own
+    codes (0x8F: no local on a shared filter) and, for the rest, the QoS asked for or
+    0x87 / 0x80 as in ``suback``."""
+    failed = 0x87 if outcome.condition else SUBACK_FAILURE
+    granted = [q if outcome.accepted else failed for _f, q in plan.wanted]
+    frame = suback5(packet, plan, granted)[0].frame
+    assert frame is not None
+    return frame
 
 
 def suback(packet: Subscribe, outcome: Outcome, level: int) -> bytes:

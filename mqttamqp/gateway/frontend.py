@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -49,10 +49,12 @@ from mqttamqp.gateway.channel import ClientChannel, Outcome, Refused
 from mqttamqp.gateway.deliveries import ClientDeliveries
 from mqttamqp.gateway.frames import (
     bridge_options,
+    carried_options,
     connack,
     publish_ack,
     publish_problem,
     suback,
+    suback_v5,
     subscribe_problem,
     unsuback,
 )
@@ -67,7 +69,7 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
     StringRules,
 )
-from mqttamqp.mqtt.decisions import authenticated
+from mqttamqp.mqtt.decisions import authenticated, subscribe5
 from mqttamqp.mqtt.decisions import connect as decide_connect
 from mqttamqp.mqtt.decisions import unsubscribe as decide_unsubscribe
 from mqttamqp.mqtt.packets import (
@@ -286,7 +288,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.acks.add(ack_frame(0x70, pid), None, True)
             self._flush_acks()
         elif kind is Pubrec:
-            self._on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+            self._on_pubrec(packet.packet_id,  # type: ignore[attr-defined]
+                            packet.reason_code)  # type: ignore[attr-defined]
         elif kind is Pubcomp:
             self._on_pubcomp(packet.packet_id)  # type: ignore[attr-defined]
         elif kind is Subscribe:
@@ -426,6 +429,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.acks.add(ack_frame(0x50, pid), None, True)   # (known: PUBREC again)
             self._flush_acks()
             return
+        self._own_entry(packet.topic)   # (its copy comes after this: ``deliveries``)
         entry = self.acks.add(ack_frame(0x40 if qos == 1 else 0x50, pid), None, False)
         if qos == 2:
             self.awaiting_rel.add(pid)
@@ -455,6 +459,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         taken = self.acks.take()
         if taken:
+            self._acks_taken(len(taken))
             self.transport.write(b"".join([frame for frame, _after in taken]))
             for _frame, after in taken:
                 if after is not None:
@@ -489,6 +494,13 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         channel = self.channel
         assert channel is not None
+        if self.level == 5:   # (the broker's judgement: 0x8F for no local on $share/)
+            plan = subscribe5(packet, self.factory.limits, self.factory.strings, ())
+            self._answer_later(channel.subscribe(
+                packet.packet_id, dict(plan.wanted), carried_options(plan)
+            ) if plan.wanted else succeed(Outcome(True)),
+                lambda outcome: suback_v5(packet, plan, outcome))
+            return
         self._answer_later(channel.subscribe(packet.packet_id, dict(packet.topics),
                                              bridge_options(packet) if self.bridge else None),
                            lambda outcome: suback(packet, outcome, self.level))
@@ -505,12 +517,14 @@ class GatewayProtocol(ClientDeliveries, Protocol):
     def _answer_later(self, d: Deferred[Outcome], frame: Callable[[Outcome], bytes]
                       ) -> None:
         """``frame`` of the core's answer ``d`` in packet order, bounded (``AckQueue``)."""
+        position = self._acks_written + len(self.acks)
         entry = self.acks.add(b"", None, False)
         if self.acks.over_bound:
             self._pause_reading()
 
         def answered(outcome: Outcome) -> None:
             entry[1] = frame(outcome)
+            self._answered_in_turn(position)
             AckQueue.ready(entry)
             self._flush_acks()
 

@@ -57,7 +57,7 @@ class Outbound:
         if qos == 0:
             frame = encode_publish(topic.encode(), payload, 0, retain, False, None, props)
         elif pid is None or pid in self.inflight or pid in self.exactly_once:
-            return None
+            return None   # (exactly_once holds the released ids too: ``pubrel``)
         else:
             frame = encode_publish(topic.encode(), payload, qos, retain, dup, pid, props)
         limit = self.max_packet
@@ -72,6 +72,9 @@ class Outbound:
     def pubrel(self, packet_id: int, dlv: Any) -> bytes:
         """AMQP_PUBREL came for ``packet_id``: its PUBREL frame; ``dlv`` until PUBCOMP."""
         self.releasing[packet_id] = dlv
+        # (after a reconnect the resent PUBREL is the first this connection knows of
+        # the delivery: PUBACK, or PUBREC, for it breaks the protocol as on a broker)
+        self.exactly_once.add(packet_id)
         return encode(Pubrel(packet_id), self.level)
 
     def ack_problem(self, kind: str, packet_id: int) -> str | None:

@@ -31,8 +31,10 @@ class Deadlines:
     the item) 134.  Here an item waits in a wheel of one-second buckets (a pointer in
     the bucket's list), and its exact due time is its own: the float in the
     attribute named ``slot`` (None: no deadline), which is also what tells a live
-    entry from one cancelled or replaced (the bucket keeps those, inert, until
-    its second comes or there are too many of them).  When a bucket's second comes
+    entry from one replaced (the bucket keeps those, inert, until its second comes
+    or there are too many of them; a cancelled one leaves its bucket at once).  The
+    saving assumes busy seconds: a deadline alone in its second pays for a bucket
+    (~157 bytes, more than the heap entry).  When a bucket's second comes
     its live items move to a small exact heap, which runs each at its due time:
     the timer is never later than the earliest live deadline.  The timer stays set
     when its deadline is cancelled: it runs then, finds what is due (perhaps
@@ -79,10 +81,19 @@ class Deadlines:
     def cancel(self, item: Any) -> None:
         """``item`` has no deadline here any more (none is fine)."""
         slot = self._slot
-        if getattr(item, slot) is None:
+        due = getattr(item, slot)
+        if due is None:
             return
         setattr(item, slot, None)
         self._live -= 1
+        second = int(due)
+        if second > self._opened:
+            # out of its bucket now: a closed connection must not stay reachable
+            # until its second comes (one bucket's scan, at close time)
+            bucket = self._buckets.get(second)
+            if bucket is not None and item in bucket:
+                bucket.remove(item)
+                self._entries -= 1
         if not self._live:
             self._clear()    # (the timer, if set, runs once and finds nothing)
         elif self._entries > 2 * self._live + 64:
@@ -149,8 +160,9 @@ class Deadlines:
             if self._due <= due:
                 return    # it runs first, and then sets itself for this one
             timer.cancel()
-        self._due = due
-        self._timer = self._clock.callLater(max(0.0, due - self._clock.seconds()), self._run)
+        now = self._clock.seconds()
+        self._due = max(due, now)   # when it really runs (a bucket's second may be past)
+        self._timer = self._clock.callLater(max(0.0, due - now), self._run)
 
     def _open(self, now: float) -> None:
         """Move the buckets whose second has come to the exact heap."""

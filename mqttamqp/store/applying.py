@@ -183,7 +183,8 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                 put = pending.pop(key, None)
                 if put is not None:
                     skip.add(put)
-                    if key in fresh:
+                    if key in fresh:   # (a later put of the key is not a first one)
+                        fresh.discard(key)
                         skip.add(id(op))
             elif kind is PutQueueMessage:
                 appended.setdefault(op.queue, []).append(  # type: ignore[union-attr]

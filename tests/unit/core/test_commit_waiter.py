@@ -185,3 +185,40 @@ def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() 
     assert store.pending == [] and not waiter.done
     waiter()
     assert waiter.done
+
+
+def test_a_waiter_complete_inside_its_batch_fires_after_the_batch_is_submitted() -> None:
+    """Review finding: the batch's waiter was sealed before its ops went to the store,
+    so a callback that stores something (a resumed read's batch) got there first."""
+    from mqttamqp.core.persistence import PutSession
+
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.begin()
+    entry = _entry(1)
+    waiter = commits.persist_early([entry.put_op("s", True)], [entry])
+    assert waiter is not None
+    entry.on_done = None
+    waiter()                       # acknowledged within the batch
+    later = PutSession("other", 1.0)
+    waiter.when_done(lambda outcome, arg: commits.persist([later]), None)
+    commits.end()
+    order = [ops for ops, _ in store.pending]
+    assert order[0] != [later] and order[-1] == [later]
+
+
+def test_a_put_after_a_first_put_and_its_delete_is_not_a_first_one() -> None:
+    """Review finding: a key stayed "first" after its delete was skipped with its
+    first put, so the delete of a later put of the key in the same commit was skipped
+    too and that put's record would have stayed stored."""
+    from mqttamqp.core.persistence import DeleteQueued, PutQueued
+    from mqttamqp.store.applying import superseded_puts
+
+    stored = _entry(1).put_op("c", True).entry
+    put1 = PutQueued("c", 1, stored, first=True)
+    delete1 = DeleteQueued("c", 1)
+    put2 = PutQueued("c", 1, stored)
+    delete2 = DeleteQueued("c", 1)
+    skip = superseded_puts([([put1, delete1, put2, delete2], None)])
+    assert id(put1) in skip and id(delete1) in skip and id(put2) in skip
+    assert id(delete2) not in skip

@@ -9,14 +9,25 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from amqp_memory import Net
+from gateway_memory import Gateway
 from test_gateway_frontend import CONNECT, FakePool, connected, packets
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.gateway.channel import Outcome
 from mqttamqp.gateway.frontend import GatewayProtocol
-from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connect,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+)
 
 
 def _ready() -> tuple[GatewayProtocol, StringTransport, Any, Clock]:
@@ -116,19 +127,153 @@ def test_pubrec_goes_before_the_copy_of_the_clients_own_qos2_message() -> None:
 
 
 def test_held_deliveries_keep_their_order_and_qos0_is_settled_once_written() -> None:
-    """Deliveries held behind a pending SUBACK come after it in the order they came,
-    a QoS 0 one settled only once written; with nothing pending they go at once."""
+    """Deliveries to a topic whose own QoS 1 PUBLISH awaits the core come after its
+    PUBACK in the order they came, a QoS 0 one settled only once written; a
+    delivery to another topic goes at once."""
     proto, transport, channel, _ = _ready()
-    proto.dataReceived(encode(Subscribe(3, (("a/#", 1),))))
+    proto.dataReceived(encode(Publish("a/1", b"mine", 1, False, False, 5)))
+    ((_t, _p, _q, answered),) = channel.published
     proto.deliver("a/1", b"zero", 0, False, False, "q0", None, None)
-    proto.deliver("a/2", b"one", 1, False, False, "q1", None, 8)
-    assert packets(transport) == [] and channel.finished_ == []
-    channel.subscribed[0][2].callback(Outcome(True))
+    proto.deliver("a/2", b"other", 0, False, False, "q0x", None, None)
+    proto.deliver("a/1", b"one", 1, False, False, "q1", None, 8)
+    assert [p.payload for p in packets(transport)] == [b"other"]
+    assert channel.finished_ == ["q0x"]
+    answered(Outcome(True))
     got = packets(transport)
-    assert [type(p) for p in got] == [Suback, Publish, Publish]
+    assert [type(p) for p in got] == [Puback, Publish, Publish]
     assert [p.payload for p in got[1:]] == [b"zero", b"one"]
-    assert channel.finished_ == ["q0"]
-    proto.deliver("a/3", b"now", 0, False, False, "q0b", None, None)
+    assert channel.finished_ == ["q0x", "q0"]
+    proto.deliver("a/1", b"now", 0, False, False, "q0b", None, None)
     assert [p.payload for p in packets(transport)] == [b"now"]
-    assert channel.finished_ == ["q0", "q0b"]
+    assert channel.finished_ == ["q0x", "q0", "q0b"]
     assert proto.factory.held_deliveries == 2
+    assert not proto._own_topics
+
+
+def test_pending_puback_or_suback_does_not_delay_other_topics() -> None:
+    """A PUBACK awaiting the core's durable commit, or a SUBACK awaiting the core,
+    does not hold deliveries to topics the client did not publish to."""
+    proto, transport, channel, _ = _ready()
+    proto.dataReceived(encode(Publish("mine", b"m", 1, False, False, 5)))
+    proto.dataReceived(encode(Subscribe(3, (("a/#", 1),))))
+    proto.deliver("a/1", b"x", 0, False, False, "q0", None, None)
+    proto.deliver("a/2", b"y", 1, False, False, "q1", None, 8)
+    assert [p.payload for p in packets(transport)] == [b"x", b"y"]
+    assert channel.finished_ == ["q0"] and proto.factory.held_deliveries == 0
+
+
+def test_an_acknowledgement_answered_but_not_yet_written_still_holds_its_topic() -> None:
+    """A PUBACK the core answered that waits behind an earlier unanswered one still
+    goes before the copy of its own message; the copy goes when it does."""
+    proto, transport, channel, _ = _ready()
+    proto.dataReceived(encode(Publish("x", b"1", 1, False, False, 1))
+                       + encode(Publish("t", b"2", 1, False, False, 2)))
+    (_a, (_t, _p, _q, second)) = channel.published
+    first = channel.published[0][3]
+    second(Outcome(True))
+    proto.deliver("t", b"copy", 0, False, False, "c", None, None)
+    assert packets(transport) == []
+    first(Outcome(True))
+    got = packets(transport)
+    assert got[:2] == [Puback(1), Puback(2)] and got[2].payload == b"copy"
+
+
+def test_retained_messages_come_after_an_answered_suback_that_waits() -> None:
+    """A SUBACK the core answered that waits behind an unanswered PUBACK holds every
+    delivery (the retained messages it sent) until it is written."""
+    proto, transport, channel, _ = _ready()
+    proto.dataReceived(encode(Publish("x", b"1", 1, False, False, 1)))
+    proto.dataReceived(encode(Subscribe(3, (("r/#", 0),))))
+    channel.subscribed[0][2].callback(Outcome(True))
+    proto.deliver("r/1", b"kept", 0, True, False, "r", None, None)
+    assert packets(transport) == []
+    channel.published[0][3](Outcome(True))
+    got = packets(transport)
+    assert [type(p) for p in got] == [Puback, Suback, Publish]
+
+
+def test_the_topic_positions_stay_bounded_by_the_queue() -> None:
+    """The positions kept for the order rule are pruned to about twice the entries
+    still queued, and emptied with the queue."""
+    proto, _transport, channel, _ = _ready()
+    proto.dataReceived(encode(Publish("block", b"b", 1, False, False, 1)))
+    for i in range(200):
+        proto.dataReceived(encode(Publish(f"t/{i}", b"", 1, False, False, 2 + i)))
+    proto.dataReceived(encode(Publish("tail", b"", 1, False, False, 300)))
+    for _t, _p, _q, answered in channel.published[1:-1]:
+        answered(Outcome(True))
+    assert proto._own_topics is not None
+    assert len(proto._own_topics) == 202   # (nothing written: all behind "block")
+    channel.published[0][3](Outcome(True))
+    assert len(proto.acks) == 1 and proto._own_topics == {"tail": 201}
+    channel.published[-1][3](Outcome(True))
+    assert proto.acks.empty and not proto._own_topics
+
+
+def mqtt5_client(net: Net, gw: Gateway, cid: str) -> tuple[Any, Any]:
+    """An MQTT 5 client of ``gw`` (``gateway_memory``'s are 3.1.1): send, take."""
+    proto = gw.factory.buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    dec = Decoder(protocol_level=5)
+
+    def send(*ps: object) -> None:
+        for p in ps:
+            proto.dataReceived(encode(p, 5))
+        net.pump()
+
+    def take() -> list[object]:
+        net.pump()
+        dec.feed(transport.value())
+        transport.clear()
+        return list(dec)
+
+    send(Connect("MQTT", 5, cid, True, 0, None))
+    take()
+    return send, take
+
+
+def test_a_failed_pubrec_ends_the_exchange_without_pubrel() -> None:
+    """MQTT 5 PUBREC with a failure code (>= 0x80) gets no PUBREL, as from a broker,
+    and the core is done with the message (the delivery settled)."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5")
+    send(Subscribe(1, (("t", 2),)))
+    take()
+    net.mqtt("pub").publish("t", b"x", 2)
+    (m,) = [p for p in take() if isinstance(p, Publish)]
+    send(Pubrec(m.packet_id, 0x80))
+    assert not [p for p in take() if isinstance(p, Pubrel)]
+    assert not net.broker.sessions["v5"].inflight
+
+
+def test_puback_for_a_pubrel_resent_after_a_reconnect_closes() -> None:
+    """After a reconnect the core resends PUBREL for a PUBREC'd delivery; PUBACK for
+    it breaks the protocol and closes the connection, as on a broker."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    c = gw.client("p", clean=False)
+    c.send(Subscribe(1, (("t", 2),)))
+    assert c.take(Suback)
+    net.mqtt("pub").publish("t", b"x", 2)
+    (m,) = c.take(Publish)
+    c.send(Pubrec(m.packet_id))
+    assert c.take(Pubrel)
+    c.drop()
+    c2 = gw.client("p", clean=False)
+    (rel,) = c2.take(Pubrel)
+    c2.send(Puback(rel.packet_id))
+    assert c2.proto.rules.closed
+
+
+def test_a_released_packet_id_is_not_reused_for_a_new_delivery() -> None:
+    """The core's packet id of a delivery whose PUBREL was sent is refused for another
+    PUBLISH until PUBCOMP (resent PUBREL after a reconnect too)."""
+    from mqttamqp.gateway.outbound import Outbound
+
+    out = Outbound()
+    out.pubrel(7, "rel")
+    assert out.publish("t", b"x", 1, False, False, "d", None, 7) is None
+    assert out.completed(7) == "rel"
+    assert out.publish("t", b"x", 1, False, False, "d", None, 7)

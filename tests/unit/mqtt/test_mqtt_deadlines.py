@@ -184,3 +184,55 @@ def test_a_deadline_added_again_replaces_the_first() -> None:
     clock.advance(0.25)
     clock.advance(40.0)
     assert fired == [12.5, 12.75] and clock.getDelayedCalls() == []
+
+
+def test_a_cancelled_item_is_no_longer_held_by_the_wheel() -> None:
+    """Review finding: cancel left a closed connection in its bucket until its second
+    came (up to 1.5 × keepalive), so connection churn kept closed connections alive."""
+    import gc
+    import weakref
+
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    class Conn:
+        __slots__ = ("__weakref__", "due")
+
+        def __init__(self) -> None:
+            self.due: float | None = None
+
+    clock = Clock()
+    deadlines = Deadlines(clock, lambda item: None, "due")
+    keep = [Conn() for _ in range(20)]
+    for conn in keep:
+        deadlines.add(conn, 90.0)
+    gone = Conn()
+    deadlines.add(gone, 90.0)
+    ref = weakref.ref(gone)
+    deadlines.cancel(gone)
+    del gone
+    gc.collect()
+    assert ref() is None
+    assert len(deadlines) == 20
+
+
+def test_a_deadline_added_after_the_clock_stepped_back_is_not_late() -> None:
+    """Review finding: with the timer set for a bucket's second already past, a clock
+    stepped back made a new, earlier deadline fire when the timer ran, not at its time."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    clock = Clock()
+    clock.advance(1000.5)
+    fired: list[tuple[str, float]] = []
+    deadlines = Deadlines(clock, lambda item: fired.append((item.name, clock.seconds())),
+                          "due")
+    a, b = Item("a"), Item("b")
+    deadlines.add(a, 0.2)           # due 1000.7
+    clock.rightNow -= 5.0           # the wall clock steps back
+    deadlines.add(b, 1000.2 - clock.seconds())
+    while clock.getDelayedCalls() and not fired:
+        clock.advance(min(c.getTime() for c in clock.getDelayedCalls()) - clock.seconds())
+    assert fired and fired[0][0] == "b" and abs(fired[0][1] - 1000.2) < 1e-6
