@@ -31,6 +31,9 @@ class QueueConsumer:
 
     __slots__ = ("answering", "channel", "closed", "delivered", "getter", "key", "no_ack",
                  "prefetch", "queue", "session", "tag", "unacked")
+    # (the queues build no metadata for a first delivery: ``Channel.deliver`` reads
+    # only the delivery count of it, ``core.queues.metadata.COUNT_ONLY_ATTRIBUTE``)
+    reads_delivery_count_only = True
 
     def __init__(self, channel: ConsumerHost, tag: str, queue: str, no_ack: bool,
                  prefetch: int, getter: bool = False) -> None:

@@ -183,23 +183,33 @@ class TopicSpace(QueueDeclarations):
                  | dict[str, None], key: str, publisher: str, refusals: bool = True
                  ) -> Deferred[None] | None:
         """Append ``message`` to each existing queue of ``names`` (a refusal fails
-        the Deferred, with ``refusals``)."""
-        waits: list[Deferred[None] | None] = []
+        the Deferred, with ``refusals``): one queue by ``QueueManager.publish``,
+        several in one commit (``QueueManager.publish_copies``)."""
         queues = self.queues
         m = message
-        for name in names:
+        # (copies built field by field, as ``queues.metadata.with_metadata`` does:
+        # ``dataclasses.replace`` was ~4 us a queue copy)
+        if len(names) == 1:
+            name = next(iter(names))
             if name not in queues.queues:
-                continue
-            # (built field by field, as ``queues.metadata.with_metadata`` does:
-            # ``dataclasses.replace`` was ~4 us a queue copy)
+                return None
             copy = Message(queue_topic(name, key), m.payload, m.qos, m.retain, m.publisher,
                            m.timestamp, m.dup, m.native, m.amqp_only, m.props, m.amqp091,
                            m.priority)
             d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher)
-            if refusal is not None:
-                if refusals:
-                    waits.append(fail(PublishRefused(
-                        f"queue '{name}': {refusal.reason}")))
-            else:
-                waits.append(d)
+            if refusal is None:
+                return d
+            return fail(PublishRefused(f"queue '{name}': {refusal.reason}")) if refusals else None
+        copies = [(name, Message(queue_topic(name, key), m.payload, m.qos, m.retain,
+                                 m.publisher, m.timestamp, m.dup, m.native, m.amqp_only,
+                                 m.props, m.amqp091, m.priority))
+                  for name in names if name in queues.queues]
+        if not copies:
+            return None
+        d, refused = queues.publish_copies(copies, publisher)
+        if not refused or not refusals:
+            return d
+        waits: list[Deferred[None] | None] = [d]
+        waits.extend(fail(PublishRefused(f"queue '{name}': {refusal.reason}"))
+                     for name, refusal in refused)
         return all_durable(waits)

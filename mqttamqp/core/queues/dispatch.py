@@ -23,7 +23,11 @@ from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueueMessage, Op, PutQueueGroup, QueueDone
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM
 from mqttamqp.core.queues.memory import READ_MESSAGES
-from mqttamqp.core.queues.metadata import METADATA_PROTOCOLS, with_metadata
+from mqttamqp.core.queues.metadata import (
+    COUNT_ONLY_ATTRIBUTE,
+    METADATA_PROTOCOLS,
+    with_metadata,
+)
 from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog, StreamRead
 from mqttamqp.core.queues.parking import Parking
 from mqttamqp.core.queues.priority import level_of
@@ -276,11 +280,20 @@ class Dispatch(Parking):
                 group.redelivered += 1
                 self.stats.redelivered += 1
         session = member.session
-        # (MQTT 3.x clients get no properties: no metadata to build for them)
-        delivered = (with_metadata(message, queue.name, group.key, offset, count,
-                                    group.mode == STREAM or again
-                                    or offset in group.uncounted)
-                     if session.protocol in METADATA_PROTOCOLS else message)
+        # (MQTT 3.x clients get no properties: no metadata to build for them; nor a
+        # first delivery to a 0.9.1 consumer that would read nothing of it)
+        if session.protocol not in METADATA_PROTOCOLS:
+            delivered = message
+        else:
+            seen = group.mode == STREAM or again or offset in group.uncounted
+            props = message.props
+            if (count == 1 and not seen and message.amqp091 is not None
+                    and not message.dup and (props is None or not props.user_properties)
+                    and getattr(session.link, COUNT_ONLY_ATTRIBUTE, False)):
+                delivered = message
+            else:
+                delivered = with_metadata(message, queue.name, group.key, offset, count,
+                                          seen)
         if group.mode == STREAM:
             read = StreamRead(self, group, offset, member) if member.qos else None
             entry = session.deliver(delivered, member.qos, False, receipt=read)

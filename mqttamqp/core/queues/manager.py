@@ -169,6 +169,47 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
+    def publish_copies(self, copies: Sequence[tuple[str, Message]], publisher: str
+                       ) -> tuple[Deferred[None] | None, list[tuple[str, Refusal]]]:
+        """Append each ``(queue name, message)`` copy of one publish (a fanout, a
+        topic or headers route to several queues) to its queue in one commit: one
+        hand-off to the writer and one Deferred for all of them, not one per queue
+        (those were most of a fanout's cost).  Queues that do not exist are
+        skipped; the refusals (x-overflow reject-publish) are returned by name.
+
+        The Deferred fires once every append is durable.  Unlike ``publish``, it is
+        never answered early when the consumers finish a copy before the commit:
+        that needs every queue's copy done, which a fanout seldom has, and a
+        waiter per queue is the cost this saves."""
+        ops: list[Op] = []
+        refusals: list[tuple[str, Refusal]] = []
+        pump: list[QueueLog] = []
+        queues = self.queues
+        for name, message in copies:
+            queue = queues.get(name)
+            if queue is None:
+                continue
+            if queue.refuses(message):
+                if queue.reject_dead and queue.dead_letter is not None:
+                    self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
+                refusals.append((name, self._refuse(
+                    "overflow", publisher, message.topic,
+                    f"queue {name!r} is full (x-overflow reject-publish)", QUOTA_EXCEEDED)))
+                continue
+            if message.retain or message.dup:
+                message = replace(message, retain=False, dup=False)
+            self._append(queue, message, ops)
+            if message.qos < 2:
+                # (dispatched below, as ``publish`` does: not when the commit comes)
+                self._appended_to.pop(queue, None)
+                pump.append(queue)
+        d = self._commit(ops)
+        for queue in pump:
+            if queue.committed < queue.next_offset and queues.get(queue.name) is queue:
+                queue.committed = queue.next_offset
+                self._pump_queue(queue)
+        return d, refusals
+
     def room_problem(self, name: str | None, message: Message,
                      planned: dict[str, tuple[int, int]]) -> str | None:
         """Why queue ``name`` would refuse ``message`` now, after what ``planned``

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from mqttamqp.core.message import Message, MessageProperties
 
-__all__ = ["METADATA_KEYS", "DLQ_KEYS", "METADATA_PROTOCOLS", "with_metadata", "without_metadata"]
+__all__ = ["METADATA_KEYS", "DLQ_KEYS", "METADATA_PROTOCOLS", "COUNT_ONLY_ATTRIBUTE",
+           "with_metadata", "without_metadata"]
 
 # The user properties a queue gives its deliveries (the seed's contract for MQTT 5;
 # an AMQP receiver gets them as message annotations, see amqp.links), and those a
@@ -19,6 +20,13 @@ DLQ_KEYS = frozenset(("origin-queue", "origin-offset", "origin-group", "delivery
 # The protocols whose deliveries carry the metadata (MQTT 5 user properties, AMQP
 # message annotations, AMQP 0.9.1 x-delivery-count; the console's tail shows it too).
 METADATA_PROTOCOLS = frozenset(("mqtt5", "amqp", "amqp0-9-1", "console", ""))
+# A consumer's link whose class sets this attribute True reads nothing of the
+# metadata but the delivery count, and only past the first delivery (AMQP 0.9.1:
+# ``x-delivery-count`` and the redelivered flag; its sessions are "amqp", as AMQP
+# 1.0's): for a message whose properties go to it as its publisher sent them
+# (``Message.amqp091``) and that has no user properties of its own, a first,
+# uncounted delivery needs no copy at all (``Dispatch._deliver``).
+COUNT_ONLY_ATTRIBUTE = "reads_delivery_count_only"
 METADATA_KEYS = frozenset(("message-id", "group-id", "queue", "offset", "delivery-count"))
 
 
@@ -48,4 +56,5 @@ def with_metadata(message: Message, queue: str, group: str, offset: int, count: 
                                   (*without_metadata(p.user_properties), *users))
     return Message(m.topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, again,
                    m.native, m.amqp_only, props, m.amqp091, m.priority)
+
 
