@@ -54,7 +54,7 @@ class PublisherConfirms:
             return
         self._round = r
         seqs = self._round_seqs = [seq]
-        r.when_done(self._round_confirmed, seqs)
+        r.when_answered(self._round_confirmed, seqs)
 
     def _round_confirmed(self, outcome: Failure | None, seqs: list[int]) -> None:
         """The commit holding publishes ``seqs`` succeeded (``outcome`` None) or

@@ -135,6 +135,7 @@ class CommitBatcher:
         if r is None:
             r = self._round = CommitRound(self.log_failure)
         r.count += 1
+        r.outstanding += 1
         return r
 
     def barrier(self) -> Deferred[None]:
@@ -257,17 +258,21 @@ class CommitBatcher:
         ops, waiters, early, r = self._ops, self._waiters, self._early, self._round
         self._ops, self._waiters, self._early, self._round = [], [], None, None
         if self.stopping:
-            # (nothing is stored: the round never completes, as ``persist``'s
+            # (nothing is stored: only the acknowledgements complete the early
+            # waiter and answer the round, which never completes, as ``persist``'s
             # Deferreds never fire)
             if early is not None:
-                # (nothing is stored: only the acknowledgements complete it)
                 early.seal()
+            if r is not None:
+                r.seal()
             return
         d = self._commit(ops)
         if early is not None:
             # sealed after the submit: a callback it fires at once (every delivery
             # already acknowledged) may start work whose ops must follow these
             early.seal()
+        if r is not None:
+            r.seal()   # (likewise)
         if waiters or early is not None or r is not None:
             # (one callback pair for all: none of them sees what another returned)
             d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early, r),
@@ -365,19 +370,29 @@ class CommitRound:
 
     ``count``: the submissions that joined it (``persist_in_round``).  Each
     callback (``when_done``) is called once with the commit's outcome, None or
-    its Failure, and its own argument; at once if the outcome is known.  The
+    its Failure, and its own argument; at once if the outcome is known.  That
     outcome is never known before the commit holding the batch's ops has
-    succeeded or failed (no early answer, unlike ``Waiter``), and a failure
-    reaches every callback, whatever an earlier one returned or raised.
+    succeeded or failed, and a failure reaches every callback, whatever an
+    earlier one returned or raised.
+
+    Answers (``when_answered``: publisher confirms) may come earlier: once the
+    batch is submitted (``seal``) and every submission has been ``release``d
+    (a queue append every consumer finished before the commit); else with the
+    commit's outcome.  A commit that fails after an early answer is logged.
     """
 
-    __slots__ = ("_callbacks", "_log_failure", "_outcome", "count", "done")
+    __slots__ = ("_answers", "_callbacks", "_log_failure", "_outcome", "_sealed",
+                 "answered", "count", "done", "outstanding")
 
     def __init__(self, log_failure: Callable[[Failure, str], None]) -> None:
         self.count = 0
+        self.outstanding = 0    # submissions not released
         self.done = False
+        self.answered = False
+        self._sealed = False
         self._outcome: Failure | None = None
         self._callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
+        self._answers: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
         self._log_failure = log_failure
 
     def when_done(self, callback: Callable[[Failure | None, Any], object],
@@ -388,6 +403,27 @@ class CommitRound:
         else:
             self._callbacks.append((callback, arg))
 
+    def when_answered(self, callback: Callable[[Failure | None, Any], object],
+                      arg: Any) -> None:
+        """Call ``callback(outcome, arg)`` at the commit, or with None once every
+        submission was released after the batch was submitted, if that is first."""
+        if self.answered:
+            callback(self._outcome, arg)
+        else:
+            self._answers.append((callback, arg))
+
+    def release(self) -> None:
+        """One submission needs the commit no more (its message was finished)."""
+        self.outstanding -= 1
+        if not self.outstanding and self._sealed and not self.answered:
+            self._answer(None)
+
+    def seal(self) -> None:
+        """The batch is submitted; answer now if every submission was released."""
+        self._sealed = True
+        if not self.outstanding and self._answers and not self.answered:
+            self._answer(None)
+
     def finish(self, outcome: Failure | None) -> None:
         """The commit succeeded (None) or failed: call every callback with that."""
         if self.done:
@@ -395,6 +431,19 @@ class CommitRound:
         self.done = True
         self._outcome = outcome
         callbacks, self._callbacks = self._callbacks, []
+        self._call(callbacks, outcome)
+        if not self.answered:
+            self._answer(outcome)
+        elif outcome is not None:
+            self._log_failure(outcome, "storing messages that were already acknowledged")
+
+    def _answer(self, outcome: Failure | None) -> None:
+        self.answered = True
+        answers, self._answers = self._answers, []
+        self._call(answers, outcome)
+
+    def _call(self, callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]],
+              outcome: Failure | None) -> None:
         for callback, arg in callbacks:
             try:
                 callback(outcome, arg)

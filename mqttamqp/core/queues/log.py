@@ -90,7 +90,7 @@ class QueueLogs(AppendAccounting):
         self._appended_to: dict[QueueLog, int] = {}
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
         self._unsaved: dict[ConsumerGroup, list[int]] = {}
-        self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
+        self._early: list[Deferred[None] | CommitRound] = []  # to answer now: ``_fire_early``
         self._parsed: dict[str, QueueAddress | str] = {}   # publish topics, parsed
         # Client ids that have (or had) a stored membership: only their sessions'
         # connects look through the groups (``session_online``, on every CONNECT).
@@ -250,7 +250,9 @@ class QueueLogs(AppendAccounting):
     def _fire_early(self) -> None:
         early, self._early = self._early, []
         for waiter in early:      # (consumed before stored: see ``publish``)
-            if not waiter.called:
+            if isinstance(waiter, CommitRound):
+                waiter.release()
+            elif not waiter.called:
                 waiter.callback(None)
 
     def _drain_done(self) -> list[Op]:

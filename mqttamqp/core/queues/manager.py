@@ -134,8 +134,9 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         Acknowledgement topics are ``command``'s, not this.
 
         ``in_round`` (a 0.9.1 publish with confirms): inside a batch, the append
-        waits on the batch's ``CommitRound`` instead, with no Deferred of its own
-        and no early answer (the confirm goes after the commit holding it).
+        waits on the batch's ``CommitRound`` instead, with no Deferred of its own;
+        its answer (``when_answered``) may come before the commit when every
+        classic group finished every append of the round first.
 
         While the storage alarm is raised (``blocked``) the message is still
         appended (what a publisher sent before its protocol stopped reading it),
@@ -172,6 +173,9 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._appended_to.pop(queue, None)
         if in_round and not queue.transient and self.commits.batching:
             r = self._commit_in_round(ops)
+            if r is not None and message.qos and any(
+                    g.mode == CLASSIC for g in queue.groups.values()):
+                queue.waiters[offset] = r   # (released when consumed first: ``_trim``)
             if message.qos < 2 and queue.committed < queue.next_offset:
                 queue.committed = queue.next_offset   # (as below)
                 self._pump_queue(queue)

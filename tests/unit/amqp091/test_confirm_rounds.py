@@ -76,3 +76,27 @@ def test_two_publishes_in_a_failed_commit_are_both_nacked() -> None:
     clock.advance(1)
     assert _confirms(t) == [("Basic.Nack", 1, False), ("Basic.Nack", 2, False)]
 
+
+
+def test_a_publish_its_consumer_finished_first_is_confirmed_before_the_commit() -> None:
+    """A consumer acknowledging a publish before its commit answers the confirm at
+    once (the message is safe: consumed), while the commit is still pending."""
+    store = ManualMemoryStore()
+    conn, t, clock = _publisher(store)
+    conn.dataReceived(method_frame(1, B.Consume(queue="c", consumer_tag="k")))
+    store.commit_all()
+    conn.dataReceived(_publish(1))     # (the first delivery waits for a watermark)
+    store.commit_all()
+    clock.advance(1)
+    [first] = [f for f in frames_of(t) if f.name == "Basic.Deliver"]
+    conn.dataReceived(method_frame(1, B.Ack(first.delivery_tag)))
+    store.commit_all()
+    clock.advance(1)
+    frames_of(t)
+    conn.dataReceived(_publish(1))
+    assert store.pending
+    [deliver] = [f for f in frames_of(t) if f.name == "Basic.Deliver"]
+    conn.dataReceived(method_frame(1, B.Ack(deliver.delivery_tag)))
+    clock.advance(1)
+    assert store.pending                 # (the publish's commit is not done)
+    assert _confirms(t) == [("Basic.Ack", 2, True)]

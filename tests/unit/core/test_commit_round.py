@@ -173,3 +173,47 @@ def test_queue_appends_in_a_round_are_durable_after_its_commit() -> None:
     store.commit_all()
     assert queue.durable == queue.next_offset
     assert queues.unstored_bytes == 0
+
+
+def test_answers_come_early_once_every_submission_is_released() -> None:
+    """Answers (confirms) may precede the commit once the batch is submitted and
+    every submission released; ``when_done`` still waits for the commit, and a
+    failure after the early answer reaches it and is logged."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    logged = _quiet(commits)
+    answers, done = _Outcomes(), _Outcomes()
+    commits.begin()
+    r = commits.persist_in_round([_op("a")])
+    assert r is not None and commits.persist_in_round([_op("b")]) is r
+    r.when_answered(answers, "confirm")
+    r.when_done(done, "durable")
+    r.release()
+    r.release()
+    assert answers.seen == []            # (not before the batch is submitted)
+    commits.end()
+    assert answers.seen == [("ok", "confirm")] and done.seen == []
+    _, d = store.pending.pop()
+    d.errback(Failure(OSError("disk full")))
+    assert done.seen == [("disk full", "durable")]
+    assert answers.seen == [("ok", "confirm")]
+    assert "storing messages that were already acknowledged" in logged
+
+
+def test_no_early_answer_while_one_submission_is_held() -> None:
+    """One submission not released (a message no consumer finished): the answer
+    waits for the commit, and a failed commit fails it."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    _quiet(commits)
+    answers = _Outcomes()
+    commits.begin()
+    r = commits.persist_in_round([_op("a")])
+    assert r is not None and commits.persist_in_round([_op("b")]) is r
+    r.when_answered(answers, "confirm")
+    r.release()
+    commits.end()
+    assert answers.seen == []
+    _, d = store.pending.pop()
+    d.errback(Failure(OSError("disk full")))
+    assert answers.seen == [("disk full", "confirm")]
