@@ -7,8 +7,9 @@ commit of 100 publishes is one frame), a refused one as a ``basic.nack``; and
 how a publish waits: on the Deferred of its durable copies, or, for a copy to
 one queue inside a batch, on the batch's ``CommitRound`` (``core.commits``),
 one callback per round and channel for all of that round's publishes.  A
-confirm never goes before the commit that holds the message (or, for a
-Deferred a queue answers early, before every consumer finished it).
+confirm never goes before the commit that holds the message, unless every
+consumer finished it first (the queue's early answer: its Deferred, or the
+round's ``when_answered`` once every append of the round was finished).
 
 What it must not do: route or store (``Channel.published``, the core), or send
 anything while the channel closes.

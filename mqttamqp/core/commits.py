@@ -19,11 +19,11 @@ reaches the next one: a failed commit fails every waiter of it.
 
 The commit of one batch is also a ``CommitRound`` (``commit_round``,
 ``persist_in_round``): a count of the submissions that joined it and a list of
-callbacks, each called once with the commit's outcome (None, or its Failure).
-Unlike a ``Waiter`` it is never answered early: a callback on it learns of the
-commit that holds what it registered, not of a later one.  The queues' appends
-(their durable watermark) and 0.9.1 publisher confirms wait on it instead of a
-Deferred per append.
+callbacks, each called once with the commit's outcome (None, or its Failure):
+``when_done`` never before the commit that holds what it registered (the queues'
+durable watermark waits on it), ``when_answered`` (0.9.1 publisher confirms) also
+once every submission was released, consumed before the commit, as a ``Waiter``.
+No Deferred per queue append.
 
 What it must not do: decide what to store (the other core parts describe their
 changes as operations) or write to sockets itself (connections flush their own
