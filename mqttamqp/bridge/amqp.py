@@ -11,10 +11,12 @@ as for ``mqtts://``), one session on it with
   as an MQTT bridge maps topics), the MQTT fields as the contract's annotations and
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
-  is done only on the remote's outcome: accepted (done), rejected or modified
-  undeliverable-here (dropped, counted, logged once a minute per condition), released,
-  modified or settled without an outcome (sent again ``reconnect-min`` seconds later,
-  with credit, ``max-resends`` times at most, then dropped as rejected).  One above
+  is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
+  (dropped, counted, logged once a minute per condition), released, modified or
+  settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
+  later doubling up to ``reconnect-max`` until the remote accepts one; never
+  dropped), modified with delivery-failed (the same, ``max-resends`` times at most,
+  then dropped as a poison message, counted and logged as rejected).  One above
   the remote's max-message-size is dropped (``too_large``).  The sender's credit is
   the window: while the remote grants none, the session sends nothing more (QoS 0
   still goes, to the session's bound of a congested link's QoS 0 bytes);
@@ -41,7 +43,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from proton import Terminus
 from twisted.logger import Logger
 
 from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
@@ -49,6 +50,16 @@ from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.bridge.amqpterms import (
+    ACCEPTED,
+    FAILED,
+    REJECTED,
+    RELEASED,
+    TERMINAL,
+    outcome_of,
+    refused,
+    upstream_of,
+)
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
 from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
@@ -57,18 +68,15 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches, topic_size_problem, validate_topic_name
 from mqttamqp.gateway.engine import UpstreamConnection
-from mqttamqp.gateway.target import Upstream
 from mqttamqp.net.rawproton import (
     decref,
     delivery_link,
     delivery_partial,
     delivery_readable,
-    delivery_remote,
     delivery_remote_state,
     delivery_settle,
     delivery_settled,
     delivery_update,
-    describe,
     from_buffer,
     incref,
     lib,
@@ -80,42 +88,19 @@ from mqttamqp.net.rawproton import (
     recv,
 )
 
-__all__ = ["AmqpBridge", "AmqpLink", "AmqpRemote"]
-
-ACCEPTED: int = lib.PN_ACCEPTED
-REJECTED: int = lib.PN_REJECTED
-RELEASED: int = lib.PN_RELEASED
-MODIFIED: int = lib.PN_MODIFIED
-_TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
-
-
-def refused(link: Any) -> bool:
-    """Whether the remote's attach of ``link`` refuses it (its detach follows): a null
-    target for our sender, a null source for our receiver.  Proton never gives None
-    for the remote terminus: a null one is a terminus of type unspecified (and a null
-    source address, which a receiver needs).  (A pure function of proton's link; the
-    gateway's channel has its own check of the same fact.)"""
-    if link.is_sender:
-        return bool(link.remote_target.type == Terminus.UNSPECIFIED)
-    source = link.remote_source
-    return bool(source.type == Terminus.UNSPECIFIED or source.address is None)
-
-
-def upstream_of(bridge: BridgeBase) -> Upstream:
-    """The remote as the gateway's connection names it."""
-    s = bridge.settings
-    return Upstream(s.host, s.port, s.tls, s.username, s.password, s.server_name, s.tls_ca)
-
+__all__ = ["ACCEPTED", "REJECTED", "RELEASED", "AmqpBridge", "AmqpLink", "AmqpRemote",
+           "refused"]
 
 class AmqpLink(BridgeLink):
     """The out session's ``ClientLink`` over the remote's sender (see the module)."""
 
-    __slots__ = ("_retries", "_retry_call", "released", "remote")
+    __slots__ = ("_retries", "_retry_call", "delay", "released", "remote")
 
     def __init__(self, bridge: Any) -> None:
         super().__init__(bridge)
         self.remote: AmqpRemote | None = None
         self.released = 0       # outcomes released / modified: sent again
+        self.delay = 0.0        # the last resend delay (0: none since an accepted)
         self._retries: list[int] = []
         self._retry_call: Any = None
 
@@ -123,6 +108,7 @@ class AmqpLink(BridgeLink):
         super().attach(None, limits)
         self.remote = client
         self._retries.clear()
+        self.delay = 0.0
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
         self._retry_call = None
@@ -161,13 +147,18 @@ class AmqpLink(BridgeLink):
         self.settle_later("released", packet_id)
 
     def retry(self, packet_id: int) -> None:
-        """The remote released it: sent again after ``reconnect-min`` seconds (at most
-        the session's window of them wait)."""
+        """The remote released it (or failed it): sent again after ``delay`` seconds,
+        ``reconnect-min`` doubling up to ``reconnect-max`` while the remote accepts
+        none (at most the session's window of them wait)."""
         self.released += 1
         self._retries.append(packet_id)
         if self._retry_call is None:
-            self._retry_call = self.bridge.clock.callLater(
-                self.bridge.settings.reconnect_min, self._resend)
+            self._retry_call = self.bridge.clock.callLater(self._next_delay(), self._resend)
+
+    def _next_delay(self) -> float:
+        s = self.bridge.settings
+        self.delay = min(self.delay * 2, s.reconnect_max) if self.delay else s.reconnect_min
+        return self.delay
 
     def _resend(self) -> None:
         self._retry_call = None
@@ -178,8 +169,8 @@ class AmqpLink(BridgeLink):
         for i, packet_id in enumerate(ids):
             if self.congested:   # (no credit: the rest wait for the next try)
                 self._retries[:0] = ids[i:]
-                self._retry_call = self.bridge.clock.callLater(
-                    self.bridge.settings.reconnect_min, self._resend)
+                self._retry_call = self.bridge.clock.callLater(self._next_delay(),
+                                                               self._resend)
                 return
             entry = session.inflight.get(packet_id)
             if entry is not None:
@@ -391,15 +382,9 @@ class AmqpRemote:
     def on_delivery(self, dlv: Any) -> None:
         impl = delivery_link(dlv)
         if impl == self.sender_impl:
-            state = delivery_remote_state(dlv)
-            if state not in _TERMINAL and not delivery_settled(dlv):
+            if delivery_remote_state(dlv) not in TERMINAL and not delivery_settled(dlv):
                 return   # (non-terminal: wait for the outcome)
-            reason = ""
-            if state == REJECTED:
-                reason = describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
-            elif state == MODIFIED and lib.pn_disposition_is_undeliverable(
-                    delivery_remote(dlv)):
-                state, reason = REJECTED, "modified: undeliverable-here"
+            state, reason = outcome_of(dlv)
             packet_id = self.waiting.pop(dlv, None)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if packet_id is not None:
@@ -511,19 +496,24 @@ class AmqpBridge(BridgeBase):
             return
         broker = self.broker
         if state == ACCEPTED:
+            link = self.link
+            assert isinstance(link, AmqpLink)
+            link.delay = 0.0   # (the remote takes messages: resends start over)
             if entry.qos == 1:
                 broker.acknowledged(session, packet_id)
             else:
                 broker.received(session, packet_id)   # (then completed: ``send_pubrel``)
         else:
-            entry.failures += 1
-            if state != REJECTED and entry.failures <= self.settings.max_resends:
+            if state == FAILED:   # (only a failed delivery counts toward the cap)
+                entry.failures += 1
+            if state == RELEASED or (state == FAILED
+                                     and entry.failures <= self.settings.max_resends):
                 link = self.link
                 assert isinstance(link, AmqpLink)
                 link.retry(packet_id)
                 return
-            if state != REJECTED:
-                reason = f"max-resends: released or modified {entry.failures} times"
+            if state == FAILED:   # (a poison message: the remote fails it each time)
+                reason = f"max-resends: {reason} {entry.failures} times"
             self.refused += 1
             cause = reason.split(": ", 1)[0] or "rejected"
             held = self.refusals.allow(f"rejected {cause}")

@@ -235,18 +235,56 @@ def test_qos2_accepted_completes_the_entry() -> None:
     assert len(remote.sent) == 3
 
 
-def test_released_is_sent_again_max_resends_times_then_dropped() -> None:
-    """A message the remote releases each time is sent again max-resends times, then
-    dropped and counted as rejected."""
+def test_released_for_a_long_time_never_drops_an_acknowledged_message() -> None:
+    """Default settings: a remote releasing a QoS 1 message for far longer than
+    max-resends tries keeps it in flight, sent again with a doubling delay."""
+    bridge, remote, broker, clock = _connected(**{"reconnect-min": 1.0})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    start, times = clock.seconds(), []
+    for _ in range(15):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        sent = len(remote.sent)
+        for _ in range(200):   # (bounded: the resend comes within reconnect-max)
+            clock.advance(0.5)
+            if len(remote.sent) > sent:
+                break
+        times.append(clock.seconds())
+    assert bridge.session is not None and packet_id in bridge.session.inflight
+    assert bridge.refused == 0 and len(remote.sent) == 16
+    gaps = [b - a for a, b in zip([start, *times], times, strict=False)]
+    assert gaps[0] == 1.0 and gaps[1] == 2.0 and gaps[-1] == 60.0
+
+
+def test_delivery_failed_is_sent_again_max_resends_times_then_dropped() -> None:
+    """A message the remote fails each time (modified with delivery-failed) is sent
+    again max-resends times, then dropped as a poison message, counted as rejected."""
     bridge, remote, broker, clock = _connected(**{"max-resends": 2})
     _publish(broker, 1)
     packet_id = remote.sent[0][2]
     for _ in range(3):
-        bridge.outcome(remote, packet_id, RELEASED, "")
-        clock.advance(2.1)
+        bridge.outcome(remote, packet_id, amqp.FAILED, "modified: delivery-failed")
+        clock.advance(8.1)
     assert len(remote.sent) == 3
     assert bridge.session is not None and packet_id not in bridge.session.inflight
     assert bridge.refused == 1
+
+
+def test_an_accepted_outcome_starts_the_resend_delay_over() -> None:
+    """After releases have doubled the resend delay, an accepted message brings the
+    next resend back to reconnect-min."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 2)
+    first, second = remote.sent[0][2], remote.sent[1][2]
+    bridge.outcome(remote, first, RELEASED, "")
+    clock.advance(2.1)
+    bridge.outcome(remote, first, RELEASED, "")
+    clock.advance(4.1)
+    link = bridge.link
+    assert isinstance(link, AmqpLink) and link.delay == 4.0
+    bridge.outcome(remote, second, ACCEPTED, "")
+    bridge.outcome(remote, first, RELEASED, "")
+    assert link.delay == 2.0
 
 
 def test_a_resend_waits_for_credit() -> None:
@@ -260,7 +298,7 @@ def test_a_resend_waits_for_credit() -> None:
     clock.advance(2.1)
     assert len(remote.sent) == 2
     remote.no_credit = False
-    clock.advance(2.1)
+    clock.advance(4.1)   # (the next try: the delay doubled)
     assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
 
 
