@@ -26,7 +26,10 @@ as for ``mqtts://``), one session on it with
   (the table's key) unsettled messages at most are outstanding per receiver, and
   while ``take_in`` holds the remote none is given back (the socket is still read:
   heartbeats go on); a message with no MQTT form (no topic, a body that is not
-  bytes), a topic that is no valid topic name here (amqp:invalid-field), or larger
+  bytes), a topic that is no valid topic name here or a control address
+  (amqp:invalid-field, as the core's AMQP ingress), a queue acknowledgement
+  (amqp:not-allowed), one a durable queue refuses for good (a ``$dlq/`` topic: its
+  condition; one refused for now, a full queue, drops the connection), or larger
   than ``--max-packet-size`` (announced as each receiver's max-message-size), is
   rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
@@ -50,6 +53,9 @@ from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.amqp.links import INVALID_FIELD, NOT_ALLOWED
+from mqttamqp.amqp.publisher import to_problem
+from mqttamqp.bridge.amqplink import AmqpLink
 from mqttamqp.bridge.amqpterms import (
     ACCEPTED,
     FAILED,
@@ -63,10 +69,11 @@ from mqttamqp.bridge.amqpterms import (
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
 from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
-from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
+from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues.addresses import QUEUE_COMMAND, TOPIC_NAME_INVALID, Refusal
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.topics import topic_matches, topic_size_problem, validate_topic_name
+from mqttamqp.core.topics import topic_matches
 from mqttamqp.gateway.engine import UpstreamConnection
 from mqttamqp.net.rawproton import (
     decref,
@@ -90,96 +97,6 @@ from mqttamqp.net.rawproton import (
 
 __all__ = ["ACCEPTED", "REJECTED", "RELEASED", "AmqpBridge", "AmqpLink", "AmqpRemote",
            "refused"]
-
-class AmqpLink(BridgeLink):
-    """The out session's ``ClientLink`` over the remote's sender (see the module)."""
-
-    __slots__ = ("_retries", "_retry_call", "delay", "released", "remote")
-
-    def __init__(self, bridge: Any) -> None:
-        super().__init__(bridge)
-        self.remote: AmqpRemote | None = None
-        self.released = 0       # outcomes released / modified: sent again
-        self.delay = 0.0        # the last resend delay (0: none since an accepted)
-        self._retries: list[int] = []
-        self._retry_call: Any = None
-
-    def attach(self, client: Any, limits: RemoteLimits) -> None:
-        super().attach(None, limits)
-        self.remote = client
-        self._retries.clear()
-        self.delay = 0.0
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        self._retry_call = None
-
-    @property
-    def congested(self) -> bool:
-        remote = self.remote
-        return remote is None or remote.no_credit
-
-    @property
-    def backlog_bytes(self) -> int:
-        """Bytes handed to proton without credit (waiting there): with ``congested``,
-        the session's QoS 0 bound (``--congested-qos0-bytes``) applies to them."""
-        remote = self.remote
-        return 0 if remote is None else remote.unsent
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        remote = self.remote
-        if remote is None:
-            return   # (the session keeps it: resent on the next activation)
-        bridge = self.bridge
-        hops = 0 if message.props is None else hops_of(message)
-        if hops >= bridge.settings.max_hops:
-            self._looped(message, hops, packet_id if qos else None)
-            return
-        size = remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup,
-                           hops + 1, packet_id if qos else None, bridge.clock.seconds())
-        if size:   # (above the remote's max-message-size: it would detach the sender)
-            self._too_large(message, size, remote.max_message, packet_id if qos else None)
-            return
-        bridge.sent += 1
-
-    def send_pubrel(self, packet_id: int) -> None:
-        """QoS 2: the remote accepted it (``received``); nothing more goes there."""
-        self.settle_later("released", packet_id)
-
-    def retry(self, packet_id: int) -> None:
-        """The remote released it (or failed it): sent again after ``delay`` seconds,
-        ``reconnect-min`` doubling up to ``reconnect-max`` while the remote accepts
-        none (at most the session's window of them wait)."""
-        self.released += 1
-        self._retries.append(packet_id)
-        if self._retry_call is None:
-            self._retry_call = self.bridge.clock.callLater(self._next_delay(), self._resend)
-
-    def _next_delay(self) -> float:
-        s = self.bridge.settings
-        self.delay = min(self.delay * 2, s.reconnect_max) if self.delay else s.reconnect_min
-        return self.delay
-
-    def _resend(self) -> None:
-        self._retry_call = None
-        ids, self._retries = self._retries, []
-        session = self.bridge.session
-        if session is None or self.remote is None:
-            return   # (still in flight in the session: sent on the next connection)
-        for i, packet_id in enumerate(ids):
-            if self.congested:   # (no credit: the rest wait for the next try)
-                self._retries[:0] = ids[i:]
-                self._retry_call = self.bridge.clock.callLater(self._next_delay(),
-                                                               self._resend)
-                return
-            entry = session.inflight.get(packet_id)
-            if entry is not None:
-                self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
-
-    def close(self, reason: str) -> None:
-        if self.remote is not None:
-            self.remote.drop(reason)
-
 
 class AmqpRemote:
     """One AMQP connection to the remote: the owner of a gateway ``UpstreamConnection``
@@ -400,16 +317,17 @@ class AmqpRemote:
         else:
             self.bridge.remote_message(self, rule, dlv, impl, data)
 
-    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None,
+               condition: str = INVALID_FIELD) -> None:
         """Settle an incoming delivery with ``state`` (rejected with ``invalid``: its
-        condition amqp:invalid-field saying so) and give its credit back (nothing
-        once the connection is gone: the remote keeps it)."""
+        ``condition`` saying so) and give its credit back (nothing once the
+        connection is gone: the remote keeps it)."""
         if self.conn.ptrans is None or self.detached:
             return
         if not delivery_settled(dlv):
             if invalid is not None:
                 cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
-                lib.pn_condition_set_name(cond, b"amqp:invalid-field")
+                lib.pn_condition_set_name(cond, condition.encode())
                 lib.pn_condition_set_description(cond, invalid[:200].encode())
             delivery_update(dlv, state)
         delivery_settle(dlv)
@@ -432,6 +350,16 @@ class AmqpRemote:
                 finally:
                     decref(dlv)
         return ack
+
+    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> None:
+        """Reject ``dlv`` (held by ``answer_later``): refused here for good."""
+        if dlv in self.held:
+            self.held.discard(dlv)
+            try:
+                self.answer(dlv, impl, REJECTED, refusal.reason, INVALID_FIELD
+                            if refusal.code == TOPIC_NAME_INVALID else NOT_ALLOWED)
+            finally:
+                decref(dlv)
 
 
 class AmqpBridge(BridgeBase):
@@ -567,9 +495,10 @@ class AmqpBridge(BridgeBase):
             remote.answer(dlv, impl, ACCEPTED)
             return
         topic = self.local_topic(to)
-        limits = self.broker.limits   # (as the core's AMQP ingress checks a 'to')
-        problem = validate_topic_name(topic) or topic_size_problem(
-            topic, limits.max_topic_levels, limits.max_topic_length)
+        problem = to_problem(topic, self.broker.limits)   # (as the core's AMQP ingress)
+        condition = INVALID_FIELD
+        if problem is None and self.broker.queues.kind(topic) == QUEUE_COMMAND:
+            problem, condition = "a queue acknowledgement, no message", NOT_ALLOWED
         if problem is not None:
             self.refused_here += 1
             held = self.refusals.allow("in-bad-topic")
@@ -577,7 +506,7 @@ class AmqpBridge(BridgeBase):
                 self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
                               "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
                               a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
-            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}")
+            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}", condition)
             return
         qos = min(fields.qos, rule.qos)
         message = Message(topic, fields.payload, qos, fields.retain,
@@ -586,4 +515,5 @@ class AmqpBridge(BridgeBase):
             self.take_in(remote, message, None)
             remote.answer(dlv, impl, ACCEPTED)
         else:
-            self.take_in(remote, message, remote.answer_later(dlv, impl))
+            self.take_in(remote, message, remote.answer_later(dlv, impl),
+                         lambda refusal: remote.reject_held(dlv, impl, refusal))

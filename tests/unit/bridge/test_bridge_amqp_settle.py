@@ -36,6 +36,7 @@ class FakeRemote:
         self.dropped: str | None = None
         self.answers: list[tuple[Any, int]] = []
         self.invalid: str | None = None
+        self.condition = ""
         self.unsent = 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
@@ -48,12 +49,20 @@ class FakeRemote:
     def drop(self, reason: str) -> None:
         self.dropped = reason
 
-    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None,
+               condition: str = "amqp:invalid-field") -> None:
         self.answers.append((dlv, state))
         self.invalid = invalid
+        self.condition = condition
 
     def disconnect(self) -> None:
         pass
+
+    def answer_later(self, dlv: Any, impl: Any) -> Any:
+        return lambda: self.answer(dlv, impl, ACCEPTED)
+
+    def reject_held(self, dlv: Any, impl: Any, refusal: Any) -> None:
+        self.answer(dlv, impl, REJECTED, refusal.reason)
 
 
 def _connected(limits: dict[str, Any] | None = None, **table: Any
@@ -207,6 +216,39 @@ def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
     assert remote.answers == [("dlv", REJECTED)] and remote.invalid is not None
     assert topic in remote.invalid
     assert bridge.refused_here == 1 and bridge.received == 0
+
+
+@pytest.mark.parametrize("topic", ["$queue/jobs/$ack", "$dlq/jobs/x", "$mqtt.control"])
+def test_an_in_message_the_core_refuses_for_good_is_rejected_not_a_reconnect(
+        topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in message to a queue acknowledgement, a $dlq/ publish or a control address
+    is rejected to the remote (as the core's AMQP ingress does), not answered by a
+    reconnect that would bring it back first each time."""
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, _, _ = _connected(topics=[f"{topic} in 1"])
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+    assert remote.dropped is None, remote.dropped
+    assert remote.answers == [("dlv", REJECTED)] and remote.invalid
+    assert bridge.refused_here == 1
+
+
+def test_an_in_message_a_full_queue_refuses_drops_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal that may pass later (quota: a full queue) is not rejected: the
+    connection is dropped so that the remote keeps the message."""
+    from types import SimpleNamespace
+
+    from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, Refusal
+
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, broker, _ = _connected(topics=["$queue/# in 1"])
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=Refusal(QUOTA_EXCEEDED, "queue 'jobs' is full"), blocked=False,
+        congested=(), durable=None))
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl",
+                          _in_message("$queue/jobs/a"))
+    assert remote.answers == [] and remote.dropped is not None
+    assert "full" in remote.dropped
 
 
 def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
