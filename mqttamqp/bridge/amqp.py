@@ -140,6 +140,17 @@ class AmqpRemote:
         impl = self.sender_impl
         return impl is None or link_credit(impl) <= 0
 
+    def backlog(self) -> int:
+        """The bytes sent without credit still queued in proton: those it has put on
+        the wire since are out of it (read when asked: proton counts a delivery
+        queued until its output is written, after the flow that lets it go)."""
+        queued = self._unsent
+        if queued:
+            left = lib.pn_link_queued(self.sender_impl)
+            while len(queued) > left:
+                self.unsent -= queued.popleft()
+        return self.unsent
+
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> int:
         """Send one message; its encoded size instead if that is above the remote's
@@ -285,11 +296,6 @@ class AmqpRemote:
 
     def on_flow(self, impl: Any) -> None:
         if impl == self.sender_impl:
-            queued = self._unsent
-            if queued:   # (those proton sent on the new credit are out of it)
-                left = lib.pn_link_queued(impl)
-                while len(queued) > left:
-                    self.unsent -= queued.popleft()
             if link_credit(impl) > 0:
                 self.bridge.client_drained(self)
 

@@ -55,7 +55,7 @@ class AmqpLink(BridgeLink):
         """Bytes handed to proton without credit (waiting there): with ``congested``,
         the session's QoS 0 bound (``--congested-qos0-bytes``) applies to them."""
         remote = self.remote
-        return 0 if remote is None else remote.unsent
+        return 0 if remote is None else int(remote.backlog())
 
     def send_publish(self, message: Message, qos: int, packet_id: int | None,
                      dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:

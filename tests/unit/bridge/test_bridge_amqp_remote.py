@@ -1,10 +1,13 @@
 """An AMQP 1.0 bridge's connection to the remote (``AmqpRemote``) holding the remote
 by its credit, on a fake engine (proton's delivery and link calls recorded): paused,
 an answered delivery gives no credit back and the socket is not paused (heartbeats
-go on); resumed, the withheld credit goes at once; once dropped, nothing is answered."""
+go on); resumed, the withheld credit goes at once; once dropped, nothing is answered.
+The QoS 0 backlog's count against two real in-memory proton engines."""
 
 from __future__ import annotations
 
+from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -105,3 +108,91 @@ def test_the_open_timer_runs_until_the_links_are_attached(
     r.conn.open = True  # type: ignore[misc]
     r._no_open()
     assert aborted and "attach" in r.conn.reason
+
+
+class _Engines:
+    """Our proton client engine and a remote server engine, in memory: a sender to
+    the null address on ours, the remote's receiver attached with no credit yet."""
+
+    def __init__(self) -> None:
+        from proton import Collector, Connection, Event, Transport
+
+        self.ours, self.theirs = Connection(), Connection()
+        self.t, self.st = Transport(), Transport(Transport.SERVER)
+        self.t.bind(self.ours)
+        self.st.bind(self.theirs)
+        self.col, tcol = Collector(), Collector()
+        self.ours.collect(self.col)
+        self.theirs.collect(tcol)
+        self.ours.open()
+        self.theirs.open()
+        session = self.ours.session()
+        session.open()
+        self.sender = session.sender("out")
+        self.sender.target.address = None
+        self.sender.open()
+        self.pump()
+        self.receiver: Any = None
+        for _ in range(100):   # (bounded: the handful of events of one attach)
+            e = tcol.peek()
+            if e is None:
+                break
+            if e.type == Event.SESSION_REMOTE_OPEN:
+                e.session.open()
+            if e.type == Event.LINK_REMOTE_OPEN:
+                e.link.target.copy(e.link.remote_target)
+                e.link.open()
+                self.receiver = e.link
+            tcol.pop()
+        self.pump()
+        while self.col.peek() is not None:
+            self.col.pop()
+
+    def pump(self) -> None:
+        for _ in range(4):
+            for a, b in ((self.t, self.st), (self.st, self.t)):
+                n = a.pending()
+                if n > 0:
+                    b.push(a.peek(n))
+                    a.pop(n)
+
+
+def test_qos0_backlog_is_out_of_the_count_once_proton_wrote_it() -> None:
+    """Three QoS 0 messages sent without credit count as the link's backlog; once the
+    remote's flow lets them go and our output is written, the backlog is 0 (it was
+    reduced only on the next flow)."""
+    from proton import Event
+
+    from mqttamqp.bridge.amqp import AmqpLink
+
+    e = _Engines()
+    r = AmqpRemote.__new__(AmqpRemote)
+    r.sender_impl = e.sender._impl
+    r.unsent = 0
+    r._unsent = deque()
+    drained: list[object] = []
+    r.bridge = SimpleNamespace(client_drained=drained.append)  # type: ignore[assignment]
+    link = AmqpLink(SimpleNamespace())
+    link.remote = r
+    for i in range(3):   # (as ``send`` does without credit)
+        d = e.sender.delivery(b"%d" % i)
+        e.sender.send(b"x" * 100)
+        e.sender.advance()
+        d.settle()
+        r.unsent += 100
+        r._unsent.append(100)
+    assert link.backlog_bytes == 300
+    e.receiver.flow(10)
+    n = e.st.pending()   # (the flow frame in: input only, as dataReceived pushes it)
+    e.t.push(e.st.peek(n))
+    e.st.pop(n)
+    for _ in range(100):
+        event = e.col.peek()
+        if event is None:
+            break
+        if event.type == Event.LINK_FLOW:
+            r.on_flow(e.sender._impl)
+        e.col.pop()
+    assert drained == [r]
+    e.t.pending()   # (our output written: the three are on the wire)
+    assert link.backlog_bytes == 0

@@ -58,6 +58,9 @@ class FakeRemote:
     def disconnect(self) -> None:
         pass
 
+    def backlog(self) -> int:
+        return self.unsent
+
     def answer_later(self, dlv: Any, impl: Any) -> Any:
         return lambda: self.answer(dlv, impl, ACCEPTED)
 
