@@ -7,7 +7,8 @@ What it owns: ``BridgeBase``, one configured bridge's life on the broker's react
 filters of the ``out`` rules (no-local, retain as published) with the bridge's own
 backlog bound (``backlog``), claimed again on each connection (``claim_out``: what was
 in flight goes first, then the queue in order) and ended when the connection goes;
-the connect loop (one attempt at a time, bounded exponential back-off, one log line
+the connect loop (one attempt at a time, bounded exponential back-off reset after
+max(keepalive, reconnect-max) seconds connected, one log line
 per state change, none per attempt failing as the one before) and Mosquitto's
 ``$SYS/broker/connection/<client id>/state``; the status the console, the metrics and
 ``$SYS`` read (state, last error, connected since, attempts, failures, counts, rates);
@@ -108,6 +109,7 @@ class BridgeBase:
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
+        self._steady: Any = None   # resets the back-off once connected long enough
         self._client: Any = None
         self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
@@ -172,6 +174,7 @@ class BridgeBase:
         if not self._running:
             return
         self._running = False
+        self._cancel_steady()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -219,6 +222,7 @@ class BridgeBase:
         when a connection is lost, one when attempts start failing or fail for
         another reason; none for an attempt that fails as the one before."""
         was_connected = self.connected_since is not None
+        self._cancel_steady()
         self.last_error = reason
         self.connected_since = None
         if not self._running:
@@ -232,6 +236,11 @@ class BridgeBase:
                             "line while attempts fail so", "failing")
         self._failing = None if was_connected else reason
         self._retry = self.clock.callLater(delay, self._attempt)
+
+    def _cancel_steady(self) -> None:
+        if self._steady is not None and self._steady.active():
+            self._steady.cancel()
+        self._steady = None
 
     def _set_state(self, state: str, detail: str = "", said: str | None = None) -> None:
         """Now ``state``, logged as ``said`` (else the state) with ``detail``."""
@@ -251,8 +260,13 @@ class BridgeBase:
     # -- a connection's life (for the subclasses) ----------------------------
 
     def up(self, detail: str) -> None:
-        """The remote accepted the connection: the back-off starts over."""
-        self.backoff.reset()
+        """The remote accepted the connection: the back-off starts over once it has
+        stayed up max(keepalive, reconnect-max) seconds (a remote that accepts, then
+        ends each connection at once, is tried again with a growing delay)."""
+        self._cancel_steady()
+        s = self.settings
+        self._steady = self.clock.callLater(max(s.keepalive, s.reconnect_max),
+                                            self.backoff.reset)
         self.connected_since = self.clock.seconds()
         self._failing = None
         self._set_state("connected", detail)
