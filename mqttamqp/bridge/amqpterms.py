@@ -37,14 +37,13 @@ TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 def refused(link: Any) -> bool:
     """Whether the remote's attach of ``link`` refuses it (its detach follows): a null
-    target for our sender, a null source for our receiver.  Proton never gives None
-    for the remote terminus: a null one is a terminus of type unspecified (and a null
-    source address, which a receiver needs).  (A pure function of proton's link; the
-    gateway's channel has its own check of the same fact.)"""
-    if link.is_sender:
-        return bool(link.remote_target.type == Terminus.UNSPECIFIED)
-    source = link.remote_source
-    return bool(source.type == Terminus.UNSPECIFIED or source.address is None)
+    terminus, the remote's target for our sender, its source for our receiver (AMQP
+    1.0 §2.6.3; a terminus without an address is not one).  Proton never gives None
+    for the remote terminus: a null one is a terminus of type unspecified.  (A pure
+    function of proton's link; the gateway's channel has its own check of the same
+    fact.)"""
+    terminus = link.remote_target if link.is_sender else link.remote_source
+    return bool(terminus.type == Terminus.UNSPECIFIED)
 
 
 def upstream_of(bridge: Any) -> Upstream:

@@ -81,6 +81,18 @@ def test_a_source_given_back_accepts_our_receiver() -> None:
     assert not refused(_attach(False, _copy))
 
 
+def _source_without_address(link: Any) -> None:
+    link.source.copy(link.remote_source)
+    link.source.address = None
+    link.source.dynamic = True   # (else proton sends a null source: no field is set)
+
+
+def test_a_source_without_an_address_accepts_our_receiver() -> None:
+    """The remote answers our receiver with a source that has no address (not a null
+    terminus, which the spec allows): attached, not refused."""
+    assert not refused(_attach(False, _source_without_address))
+
+
 def test_a_null_target_refuses_our_sender() -> None:
     """The remote answers our sender with a null target: refused."""
     assert refused(_attach(True, _null_target))
