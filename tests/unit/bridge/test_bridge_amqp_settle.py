@@ -254,18 +254,6 @@ def test_an_in_message_a_full_queue_refuses_drops_the_connection(
     assert "full" in remote.dropped
 
 
-def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
-    """While the remote grants no credit, QoS 0 messages handed to proton count as the
-    link's backlog; past --congested-qos0-bytes the rest are dropped and counted."""
-    bridge, remote, broker, _ = _connected({"congested_qos0_bytes": 1000},
-                                           topics=["out/# out 0"])
-    remote.no_credit = True
-    for i in range(100):
-        broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
-    assert 10 <= len(remote.sent) <= 11, len(remote.sent)
-    assert bridge.session is not None and bridge.session.dropped_congested >= 89
-
-
 def test_qos2_accepted_completes_the_entry() -> None:
     """QoS 2: the remote's accepted is the end; the entries leave the session once the
     clock has run (the completion is settled later)."""
