@@ -373,6 +373,8 @@ class AmqpBridge(BridgeBase):
 
     log = Logger()
 
+    holding = "giving the remote no more credit (its socket still read)"
+    resuming = "crediting the remote again"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
 
     def new_link(self) -> BridgeLink:

@@ -13,9 +13,10 @@ per state change, none per attempt failing as the one before) and Mosquitto's
 ``$SYS/broker/connection/<client id>/state``; the status the console, the metrics and
 ``$SYS`` read (state, last error, connected since, attempts, failures, counts, rates);
 ``take_in``, an ``in`` message published here with the bridge as publisher and
-acknowledged to the remote (the ``ack`` it is given) once durable here, the remote not
-read while the durable queues' storage alarm holds or subscribers here it fed are
-behind; and the topic mapping of the rules' prefixes.
+acknowledged to the remote (the ``ack`` it is given) once durable here, the remote held
+while the durable queues' storage alarm holds or subscribers here it fed are behind
+(``pause_reading``: an MQTT remote's socket is not read; an AMQP remote is still
+read, only its credit is withheld); and the topic mapping of the rules' prefixes.
 
 What it must not do: speak a protocol (a subclass makes its connection, ``new_client``,
 and turns the remote's acknowledgements into the session's settlement), store
@@ -74,6 +75,9 @@ class BridgeBase:
     subclass's)."""
 
     log: ClassVar[Logger] = Logger()
+    # How the remote is held, and let go, for the log (``_hold_remote``).
+    holding: ClassVar[str] = "not reading the remote"
+    resuming: ClassVar[str] = "reading the remote again"
 
     def __init__(self, broker: Broker, clock: Clock, settings: BridgeSettings,
                  connector: Connector) -> None:
@@ -104,8 +108,8 @@ class BridgeBase:
         self._counted = (0, 0)                # (sent, received) at the last sample
         self.refused = 0                      # out messages the remote refused
         self.refused_here = 0                 # in messages a durable queue refused here
-        self.held = 0                         # times the remote was not read (storage alarm)
-        self._said_held = False               # "not reading the remote" logged, not undone
+        self.held = 0                         # times the remote was held (storage alarm)
+        self._said_held = False               # ``holding`` logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
@@ -354,9 +358,10 @@ class BridgeBase:
 
     def _hold_remote(self, client: Remote, blocked: bool,
                      congested: Sequence[Any]) -> None:
-        """Stop reading the remote, as a client's socket here is not read: while the
-        durable queues' storage alarm holds (``blocked``: this message was stored,
-        what follows waits unacknowledged in the remote's keeping), or while
+        """Hold the remote (``pause_reading``: an MQTT remote's socket is not read, as
+        a client's here; an AMQP remote gets no credit back, its socket still read):
+        while the durable queues' storage alarm holds (``blocked``: this message was
+        stored, what follows waits unacknowledged in the remote's keeping), or while
         subscribers here it fed are behind (``congested``)."""
         broker = self.broker
         if blocked:
@@ -365,8 +370,8 @@ class BridgeBase:
             if "alarm" not in client.paused_for and broker.queues.blocked:
                 self.held += 1
                 self._said_held = True
-                self.log.info("bridge {n}: not reading the remote while the durable "
-                              "queues are blocked", n=self.settings.name)
+                self.log.info("bridge {n}: {h} while the durable queues are blocked",
+                              n=self.settings.name, h=self.holding)
             client.pause_reading("alarm")
             broker.when_queues_writable(id(self), lambda: self._read_again(client, "alarm"))
         if congested:
@@ -379,7 +384,7 @@ class BridgeBase:
         if self._client is client:
             if why == "alarm" and why in client.paused_for and self._said_held:
                 self._said_held = False
-                self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
+                self.log.info("bridge {n}: {r}", n=self.settings.name, r=self.resuming)
             client.resume_reading(why)
 
     # -- topics -------------------------------------------------------------

@@ -247,7 +247,7 @@ def test_qos0_backlog_is_out_of_the_count_once_proton_wrote_it() -> None:
 
 def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
     """While the remote grants no credit, the QoS 0 messages ``AmqpRemote.send`` hands
-    to proton count (encoded) as the link's backlog: past --congested-qos0-bytes the
+    to proton count (encoded) as the link's backlog: past the congested QoS 0 bound the
     rest are dropped and counted; once the remote's credit lets them go, it is 0."""
     from test_bridge_amqp_settle import _connected
 
