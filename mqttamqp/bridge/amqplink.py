@@ -102,8 +102,8 @@ class AmqpLink(BridgeLink):
         for i, packet_id in enumerate(ids):
             if self.congested:   # (no credit: the rest wait for the next try)
                 self._retries[:0] = ids[i:]
-                self._retry_call = self.bridge.clock.callLater(self._next_delay(),
-                                                               self._resend)
+                self._retry_call = self.bridge.clock.callLater(   # (the same delay:
+                    self.delay, self._resend)                     # not a release)
                 return
             entry = session.inflight.get(packet_id)
             if entry is not None:

@@ -331,7 +331,7 @@ def test_a_resend_waits_for_credit() -> None:
     clock.advance(2.1)
     assert len(remote.sent) == 2
     remote.no_credit = False
-    clock.advance(4.1)   # (the next try: the delay doubled)
+    clock.advance(2.1)   # (the next try: the same delay, no credit is no release)
     assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
 
 
