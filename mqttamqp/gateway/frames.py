@@ -105,12 +105,16 @@ def publish_ack(qos: int, packet_id: int, outcome: Outcome) -> bytes:
     return encode((Puback if qos == 1 else Pubrec)(packet_id, code), 5)
 
 
-def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe) -> str | None:
-    """Why a SUBSCRIBE breaks the protocol (a bad filter, too many), or None."""
-    for topic_filter, _qos in packet.topics:
-        problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
-        if problem is not None:
-            return problem
+def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe,
+                      level: int) -> str | None:
+    """Why a SUBSCRIBE breaks the protocol (too many filters; before MQTT 5 a bad
+    filter too), or None.  An MQTT 5 client's bad filter is no protocol error: it
+    gets 0x8F in SUBACK (``mqtt.decisions.subscribe5`` judges it, as on a broker)."""
+    if level != 5:
+        for topic_filter, _qos in packet.topics:
+            problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
+            if problem is not None:
+                return problem
     if len(packet.topics) > limits.max_subscribe_filters:
         return "too many topic filters in one SUBSCRIBE"
     return None

@@ -492,13 +492,15 @@ class GatewayProtocol(ClientDeliveries, Protocol):
     # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
 
     def _on_subscribe(self, packet: Subscribe) -> None:
-        problem = subscribe_problem(self.factory.strings, self.factory.limits, packet)
+        problem = subscribe_problem(self.factory.strings, self.factory.limits, packet,
+                                    self.level)
         if problem is not None:
             self._violation(problem)
             return
         channel = self.channel
         assert channel is not None
-        if self.level == 5:   # (the broker's judgement: 0x8F for no local on $share/)
+        if self.level == 5:   # (the broker's judgement: 0x8F for an invalid filter
+            # or no local on $share/, per filter)
             plan = subscribe5(packet, self.factory.limits, self.factory.strings, ())
             self._answer_later(channel.subscribe(
                 packet.packet_id, dict(plan.wanted), carried_options(plan)
