@@ -8,7 +8,7 @@ from amqp_memory import Net
 from gateway_memory import Gateway
 from test_gateway_acks import mqtt5_client
 
-from mqttamqp.mqtt.packets import Suback, Subscribe
+from mqttamqp.mqtt.packets import Disconnect, Properties, Puback, Publish, Suback, Subscribe
 
 
 def test_an_invalid_mqtt5_filter_gets_0x8f_and_the_others_are_granted() -> None:
@@ -21,3 +21,34 @@ def test_an_invalid_mqtt5_filter_gets_0x8f_and_the_others_are_granted() -> None:
     (ack,) = [p for p in take() if isinstance(p, Suback)]
     assert ack.return_codes == (1, 0x8F, 0)
     assert set(net.broker.sessions["v5bad"].subscriptions) == {"ok/#", "$share/g/t"}
+
+
+def test_topic_aliases_from_the_client_reach_the_topic_they_stand_for() -> None:
+    """A PUBLISH with a topic and an alias sets it; later ones with the alias alone
+    (QoS 0 and 1) go to that topic; a topic with a known alias sets it anew."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=8)
+    send, take = mqtt5_client(net, gw, "v5alias")
+    send(Subscribe(1, (("a/#", 1),)))
+    assert [p for p in take() if isinstance(p, Suback)]
+    send(Publish("a/1", b"1", 1, False, False, 10, Properties(topic_alias=1)),
+         Publish("", b"2", 0, False, False, None, Properties(topic_alias=1)),
+         Publish("", b"3", 1, False, False, 11, Properties(topic_alias=1)),
+         Publish("a/2", b"4", 1, False, False, 12, Properties(topic_alias=1)),
+         Publish("", b"5", 1, False, False, 13, Properties(topic_alias=1)))
+    got = take()
+    assert [(p.topic, p.payload) for p in got if isinstance(p, Publish)] == [
+        ("a/1", b"1"), ("a/1", b"2"), ("a/1", b"3"), ("a/2", b"4"), ("a/2", b"5")]
+    assert sorted(p.packet_id for p in got if isinstance(p, Puback)) == [10, 11, 12, 13]
+
+
+def test_an_alias_never_set_closes_the_client_with_0x82() -> None:
+    """A PUBLISH with an empty topic and an alias the client never set is a protocol
+    error (DISCONNECT 0x82, as from the broker); nothing goes to the core."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=8)
+    send, take = mqtt5_client(net, gw, "v5noalias")
+    send(Publish("", b"x", 0, False, False, None, Properties(topic_alias=5)))
+    got = take()
+    assert [p.reason_code for p in got if isinstance(p, Disconnect)] == [0x82]
+    assert gw.factory.published == 0
