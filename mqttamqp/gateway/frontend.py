@@ -53,6 +53,7 @@ from mqttamqp.gateway.frames import (
     carried_options,
     connack,
     disconnect5,
+    message_props,
     publish_ack,
     publish_problem,
     suback,
@@ -371,7 +372,9 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
             packet.clean_session,
-            (will.topic, will.payload, will.qos, will.retain) if will is not None else None,
+            (will.topic, will.payload, will.qos, will.retain,
+             message_props(will.properties) if will.properties is not None else None)
+            if will is not None else None,
             not self.clean))
         d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
 

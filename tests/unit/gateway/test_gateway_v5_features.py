@@ -7,8 +7,21 @@ from __future__ import annotations
 from amqp_memory import Net
 from gateway_memory import Gateway
 from test_gateway_acks import mqtt5_client
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 
-from mqttamqp.mqtt.packets import Disconnect, Properties, Puback, Publish, Suback, Subscribe
+from mqttamqp.mqtt.codec import encode
+from mqttamqp.mqtt.packets import (
+    Connect,
+    Disconnect,
+    Properties,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Will,
+)
 
 
 def test_an_invalid_mqtt5_filter_gets_0x8f_and_the_others_are_granted() -> None:
@@ -52,3 +65,32 @@ def test_an_alias_never_set_closes_the_client_with_0x82() -> None:
     got = take()
     assert [p.reason_code for p in got if isinstance(p, Disconnect)] == [0x82]
     assert gw.factory.published == 0
+
+
+def test_an_mqtt5_wills_properties_reach_the_core_and_its_subscribers() -> None:
+    """An MQTT 5 will's content type, response topic, correlation data, payload
+    format, message expiry and user properties go with AMQP_WILL; the will the core
+    publishes on a brute end carries them to an MQTT 5 subscriber."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    watcher = net.mqtt("watch5", level=5)
+    watcher.subscribe(("w5/#", 1))
+    will = Will("w5/gone", b"bye", 1, False, Properties(
+        payload_format_indicator=1, message_expiry_interval=600, content_type="text/plain",
+        response_topic="re/w5", correlation_data=b"\x01\x02",
+        user_properties=(("why", "test"),)))
+    proto = gw.factory.buildProtocol(None)
+    proto.makeConnection(StringTransport())
+    proto.dataReceived(encode(Connect("MQTT", 5, "dying5", True, 0, will), 5))
+    net.pump()
+    proto.connectionLost(Failure(ConnectionDone()))
+    net.pump()
+    (got,) = watcher.publishes()
+    props = got.properties
+    assert (got.topic, got.payload) == ("w5/gone", b"bye")
+    assert props is not None
+    assert (props.payload_format_indicator, props.content_type, props.response_topic,
+            props.correlation_data, props.user_properties) == (
+        1, "text/plain", "re/w5", b"\x01\x02", (("why", "test"),))
+    assert props.message_expiry_interval is not None
+    assert 0 < props.message_expiry_interval <= 600
