@@ -13,7 +13,7 @@ from __future__ import annotations
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.routing.shared import SHARE_PREFIX
-from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING
 from mqttamqp.gateway.wire import Outcome
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import StringRules
@@ -45,6 +45,9 @@ __all__ = ["TAKEN_OVER", "bridge_options", "connack", "disconnect5", "message_pr
            "publish_ack", "publish_problem", "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
+# An MQTT 5 SUBSCRIBE's options the core is told: no local, retain as published,
+# retain handling.
+_CARRIED = NO_LOCAL | RETAIN_AS_PUBLISHED | RETAIN_HANDLING
 # MQTT 5: the client whose client id a new connection took is told why (as the broker).
 TAKEN_OVER = encode(Disconnect(ReasonCode.SESSION_TAKEN_OVER, Properties(
     reason_string="session taken over by a new connection")), 5)
@@ -139,13 +142,15 @@ def bridge_options(packet: Subscribe) -> dict[str, int]:
     return {f: NO_LOCAL for f, _q in packet.topics if not f.startswith(SHARE_PREFIX)}
 
 
-def carried_options(plan: Subscription) -> dict[str, int] | None:
+def carried_options(packet: Subscribe, plan: Subscription) -> dict[str, int] | None:
     """The options of an MQTT 5 SUBSCRIBE the core is told (``mqtt.decisions.subscribe5``
-    judged it): no local and retain as published of each filter that has one; None
-    without any.  (Retain handling and subscription identifiers are not carried.)"""
-    carried = NO_LOCAL | RETAIN_AS_PUBLISHED
-    options = {f: o & carried for (f, _q), o in zip(plan.wanted, plan.packed, strict=True)
-               if o & carried}
+    judged it): no local, retain as published and retain handling (the core sends
+    retained messages by it, knowing which filters are new) of each filter of
+    ``plan.wanted`` that has one; None without any.  (Subscription identifiers are
+    not carried.)"""
+    given = dict(zip((f for f, _q in packet.topics),
+                     packet.options or (0,) * len(packet.topics), strict=True))
+    options = {f: given[f] & _CARRIED for f, _q in plan.wanted if given[f] & _CARRIED}
     return options or None
 
 

@@ -511,7 +511,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             # or no local on $share/, per filter)
             plan = subscribe5(packet, self.factory.limits, self.factory.strings, ())
             self._answer_later(channel.subscribe(
-                packet.packet_id, dict(plan.wanted), carried_options(plan)
+                packet.packet_id, dict(plan.wanted), carried_options(packet, plan)
             ) if plan.wanted else succeed(Outcome(True)),
                 lambda outcome: suback_v5(packet, plan, outcome))
             return

@@ -11,6 +11,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
+from mqttamqp.amqp.codec.contract import retained_for
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Connect,
@@ -94,3 +95,36 @@ def test_an_mqtt5_wills_properties_reach_the_core_and_its_subscribers() -> None:
         1, "text/plain", "re/w5", b"\x01\x02", (("why", "test"),))
     assert props.message_expiry_interval is not None
     assert 0 < props.message_expiry_interval <= 600
+
+
+def test_retain_handling_is_honoured_through_a_gateway() -> None:
+    """Retain handling 0 sends retained messages on every SUBSCRIBE, 1 only when the
+    subscription is new, 2 never (the core reads it from the options annotation)."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=8)
+    net.mqtt("keeper").publish("r/1", b"kept", 1, retain=True)
+    send, take = mqtt5_client(net, gw, "v5rh")
+
+    def retained_after(packet_id: int, topic_filter: str, handling: int) -> list[bytes]:
+        send(Subscribe(packet_id, ((topic_filter, 0),), options=(handling << 4,)))
+        got = take()
+        assert [p for p in got if isinstance(p, Suback)]
+        return [p.payload for p in got if isinstance(p, Publish) and p.retain]
+
+    assert retained_after(1, "r/#", 2) == []
+    assert retained_after(2, "r/#", 2) == []
+    assert retained_after(3, "r/+", 1) == [b"kept"]
+    assert retained_after(4, "r/+", 1) == []
+    assert retained_after(5, "r/1", 0) == [b"kept"]
+    assert retained_after(6, "r/1", 0) == [b"kept"]
+
+
+def test_retained_for_reads_retain_handling_from_the_options_annotation() -> None:
+    """The core's reading of AMQP_SUBSCRIBE's options: 0 (or absent) sends retained
+    messages, 1 only for a filter the session did not have, 2 never; no annotation
+    sends them for every filter."""
+    requests = [("a", 0), ("b", 1), ("c", 0), ("d", 0), ("e", 2)]
+    annotations = {"x-opt-mqtt-subscription-options": {"a": 0x04, "b": 0x10, "c": 0x10,
+                                                       "d": 0x20}}
+    assert retained_for(annotations, requests, {"c"}) == [True, True, False, False, True]
+    assert retained_for({}, requests, {"c"}) == [True] * 5
