@@ -1,6 +1,7 @@
-"""The queue metadata a 0.9.1 consumer gets (``COUNT_ONLY_PROTOCOLS``): none is built
-for a first delivery of a 0.9.1 message without headers (its properties go as sent),
-and a redelivery, a message with headers and an MQTT 5 consumer still get it."""
+"""The queue metadata a 0.9.1 consumer gets (its link's ``reads_delivery_count_only``,
+``core.queues.metadata.COUNT_ONLY_ATTRIBUTE``): none is built for a first delivery
+of a 0.9.1 message without headers (its properties go as sent), and a redelivery,
+a message with headers and an MQTT 5 member of the same queue still get it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from core_broker import make_broker
 from pamqp import commands, header
 from pamqp import frame as pframe
 from pamqp.body import ContentBody
+from queue_facade import client, join, meta
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.amqp091.connection import AMQP091Factory
 from mqttamqp.amqp091.frames import FrameReader, method_frame
 from mqttamqp.amqp091.handshake import Settings
 from mqttamqp.core.queues import dispatch
+from mqttamqp.core.queues.addresses import Consumer
 
 C, B, Q = commands.Connection, commands.Basic, commands.Queue
 
@@ -96,4 +99,24 @@ def test_a_message_with_headers_still_gets_the_metadata(built: list[int]) -> Non
     clock.advance(1)
     [head] = [f for f in frames_of(t) if f.name == "ContentHeader"]
     assert head.properties.headers == {"k": "v"}
+    assert built == [1]
+
+
+def test_an_mqtt5_member_of_the_queue_still_gets_the_metadata(built: list[int]) -> None:
+    """An MQTT 5 member of the 0.9.1 consumer's group receives a headerless 0.9.1
+    publish with the queue's metadata (message-id, delivery-count 1), while the 0.9.1
+    consumer's copy goes as sent: the choice is the receiving link's, not the
+    message's."""
+    conn, t, clock = consuming()
+    broker = conn.broker
+    session, link = client(broker, "q-m5", "mqtt5")
+    assert join(broker, session, "$queue/q", consumer=Consumer(group="q")) == 1
+    for _ in range(2):
+        publish(conn, B.Properties(delivery_mode=2))
+    clock.advance(1)
+    [head] = [f for f in frames_of(t) if f.name == "ContentHeader"]
+    assert not head.properties.headers
+    [(sent, *_)] = link.published()
+    assert sent.payload == b"hi" and sent.props is not None
+    assert meta(sent)["delivery-count"] == "1" and meta(sent)["message-id"]
     assert built == [1]
