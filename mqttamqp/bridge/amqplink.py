@@ -53,8 +53,8 @@ class AmqpLink(BridgeLink):
     @property
     def backlog_bytes(self) -> int:
         """Bytes handed to proton without credit (waiting there): with ``congested``,
-        the session's QoS 0 bound (``Limits.congested_qos0_bytes``, 4 MiB: no
-        option sets it) applies to them."""
+        the session's QoS 0 bound (``Limits.congested_qos0_bytes``,
+        ``--congested-qos0-bytes``) applies to them."""
         remote = self.remote
         return 0 if remote is None else int(remote.backlog())
 
