@@ -113,8 +113,9 @@ class ChannelOwner(Protocol):
         """AMQP_PUBREL on ``.publish``: send PUBREL ``packet_id``; ``dlv`` to
         ``finished`` on PUBCOMP."""
 
-    def upstream_gone(self, reason: str) -> None:
-        """The channel cannot serve the client any more: close it."""
+    def upstream_gone(self, reason: str, cause: str = "upstream-gone") -> None:
+        """The channel cannot serve the client any more: close it (one line per
+        ``cause``, rate-limited)."""
 
     def writable(self) -> None:
         """The core gave credit again: the client may be read."""
@@ -302,7 +303,8 @@ class ClientChannel:
                                                       self.client_id, None, props))
         if self.max_message and len(body) > self.max_message:   # (else the core detaches:
             self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
-                       f"max-message-size {self.max_message}", by_core=False)
+                       f"max-message-size {self.max_message}", by_core=False,
+                       cause="publish-over-core-max")
             return
         self.send_then(self.topics, body, then)
 
@@ -460,7 +462,7 @@ class ClientChannel:
 
     # -- the end --------------------------------------------------------------------------
 
-    def _gone(self, reason: str, by_core: bool = True) -> None:
+    def _gone(self, reason: str, by_core: bool = True, cause: str = "upstream-gone") -> None:
         """The core ended something of ours: the client is closed (it closes us).
         ``by_core``: the core ended the channel (a link detached, the session ended:
         a takeover, maybe through another gateway), so the close sends neither
@@ -468,7 +470,7 @@ class ClientChannel:
         if by_core:
             self.ended_by_core = True
         if self.state is ChannelState.READY or self.state is ChannelState.OPENING:
-            self.owner.upstream_gone(reason)
+            self.owner.upstream_gone(reason, cause)
 
     def lost(self, reason: str) -> None:
         """The upstream connection is gone: nothing can be sent any more."""
