@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Protocol
 from proton import Condition, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.amqp.codec.contract import (
     ANNOTATION_CLIENT_ID,
@@ -119,6 +120,10 @@ class ChannelOwner(Protocol):
 
     def writable(self) -> None:
         """The core gave credit again: the client may be read."""
+
+
+def _consumed(_failure: Failure) -> None:
+    """The end of a waiter's failure nobody awaits any more."""
 
 
 def _refused(link: Any) -> bool:
@@ -385,6 +390,7 @@ class ClientChannel:
             self._gone(why, by_core=d is None)
         elif d is not None and not d.called:
             d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
+            self._opened[link._impl] = d   # (``_attached`` may not be at it yet)
 
     def on_session_closed(self) -> None:
         if self.state is not ChannelState.CLOSED:
@@ -481,13 +487,17 @@ class ClientChannel:
             self.owner.upstream_gone(reason)
 
     def _fail_waiters(self, reason: str) -> None:
+        # The connect flow awaits one attach at a time: those it will not await now
+        # have their failure consumed (else a "Unhandled error in Deferred" each).
         opened, self._opened = self._opened, {}
         for d in opened.values():
             if not d.called:
                 d.errback(Refused(reason))
+            d.addErrback(_consumed)
         reply, self._reply = self._reply, None
         if reply is not None and not reply.called:
             reply.errback(Refused(reason))
+            reply.addErrback(_consumed)
         waiting, self._waiting = self._waiting, {}
         for then in waiting.values():
             then(Outcome(False, reason))
