@@ -123,7 +123,8 @@ class ChannelOwner(Protocol):
 
 
 def _consumed(_failure: Failure) -> None:
-    """The end of a waiter's failure nobody awaits any more."""
+    """The end of a waiter's failure nobody awaits any more (the connect flow awaits
+    one attach at a time): else an "Unhandled error in Deferred" each."""
 
 
 def _refused(link: Any) -> bool:
@@ -308,8 +309,7 @@ class ClientChannel:
                                                       self.client_id, None, props))
         if self.max_message and len(body) > self.max_message:   # (else the core detaches:
             self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
-                       f"max-message-size {self.max_message}", by_core=False,
-                       cause="publish-over-core-max")
+                       f"max-message-size {self.max_message}", False, "publish-over-core-max")
             return
         self.send_then(self.topics, body, then)
 
@@ -487,8 +487,6 @@ class ClientChannel:
             self.owner.upstream_gone(reason)
 
     def _fail_waiters(self, reason: str) -> None:
-        # The connect flow awaits one attach at a time: those it will not await now
-        # have their failure consumed (else a "Unhandled error in Deferred" each).
         opened, self._opened = self._opened, {}
         for d in opened.values():
             if not d.called:
