@@ -334,6 +334,7 @@ def limits_from(options: Any) -> Limits:
         max_inflight=options["max-inflight"],
         max_queued_messages=options["max-queued-messages"],
         max_queued_bytes=options["max-queued-bytes"],
+        congested_qos0_bytes=options["congested-qos0-bytes"],
         connect_timeout=options["connect-timeout"],
         session_expiry=options["session-expiry"],
         will_grace=options["will-grace"],

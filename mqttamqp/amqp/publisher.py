@@ -47,7 +47,7 @@ from mqttamqp.core.routing.published import Published
 from mqttamqp.core.topics import topic_size_problem, validate_topic_name
 from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle, delivery_update
 
-__all__ = ["TopicPublisher"]
+__all__ = ["TopicPublisher", "to_problem"]
 
 # Where a sender's message goes (``TopicPublisher._route_of``): the fields it was
 # worked out from (the memo's, by identity), the topic, whether a durable queue's,
@@ -74,6 +74,17 @@ def acting_for(host: LinkHost, plink: Any) -> str | None:
 # A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.
 _REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
                        QUOTA_EXCEEDED: "amqp:resource-limit-exceeded"}
+
+
+def to_problem(topic: str, limits: Any) -> str | None:
+    """Why ``topic`` (a relayed message's ``to``) is no topic to publish to, or None:
+    an invalid or too long topic name, a control address.  (Pure: the AMQP 1.0
+    bridge's ``in`` direction checks the same.)"""
+    problem = validate_topic_name(topic) or topic_size_problem(
+        topic, limits.max_topic_levels, limits.max_topic_length)
+    if problem is None and topic.startswith("$mqtt."):
+        problem = "control addresses need a link of their own"
+    return problem
 
 
 class TopicPublisher(IncomingLink):
@@ -267,10 +278,7 @@ class TopicPublisher(IncomingLink):
             return None
         if self.topic is None:  # the link's own target was checked at attach
             limits = self.host.limits
-            problem = validate_topic_name(topic) or topic_size_problem(
-                topic, limits.max_topic_levels, limits.max_topic_length)
-            if problem is None and topic.startswith("$mqtt."):
-                problem = "control addresses need a link of their own"
+            problem = to_problem(topic, limits)
             if problem is not None:
                 self.reject(dlv, INVALID_FIELD, f"bad topic {topic!r}: {problem}")
                 return None

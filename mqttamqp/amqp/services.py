@@ -41,6 +41,7 @@ from mqttamqp.amqp.codec.contract import (
     message_retain,
     mqtt5_props,
     parse_qos,
+    retained_for,
     subscription_options,
 )
 from mqttamqp.amqp.codec.encode import encode_control
@@ -238,6 +239,9 @@ class SubscriptionServiceLink(_ServiceLink):
         # A .publish receiver waiting for AMQP_LIST claims the session now.
         self.requests.claim_waiting(client_id)
         identity = Identity(client_id, self.host.identity.username, "amqp")
+        before = self.broker.sessions.get(client_id)   # (retain handling 1: new filters)
+        send = retained_for(message.annotations, requests,
+                            before.subscriptions if before is not None else ())
         session, codes, d = self.broker.gateway.subscribe_client(client_id, identity, requests,
                                                                  options)
         if all(code >= SUBSCRIBE_FAILURE for code in codes):
@@ -245,7 +249,8 @@ class SubscriptionServiceLink(_ServiceLink):
                         + ", ".join(f for f, _ in requests))
             return
         assert session is not None
-        grants = [(f, code) for (f, _), code in zip(requests, codes, strict=True)]
+        grants = [(f, code) for (f, _), code, wanted in zip(requests, codes, send, strict=True)
+                  if wanted]
         self.answer_after(d, dlv, lambda: self.broker.send_retained(session, grants))
 
     def _on_unsubscribe(self, dlv: Any, message: InboundMessage, client_id: str) -> None:

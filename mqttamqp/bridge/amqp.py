@@ -11,10 +11,12 @@ as for ``mqtts://``), one session on it with
   as an MQTT bridge maps topics), the MQTT fields as the contract's annotations and
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
-  is done only on the remote's outcome: accepted (done), rejected or modified
-  undeliverable-here (dropped, counted, logged once a minute per condition), released,
-  modified or settled without an outcome (sent again ``reconnect-min`` seconds later,
-  with credit, ``max-resends`` times at most, then dropped as rejected).  One above
+  is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
+  (dropped, counted, logged once a minute per condition), released, modified or
+  settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
+  later doubling up to ``reconnect-max`` until the remote accepts one; never
+  dropped), modified with delivery-failed (the same, ``max-resends`` times at most,
+  then dropped as a poison message, counted and logged as rejected).  One above
   the remote's max-message-size is dropped (``too_large``).  The sender's credit is
   the window: while the remote grants none, the session sends nothing more (QoS 0
   still goes, to the session's bound of a congested link's QoS 0 bytes);
@@ -24,7 +26,10 @@ as for ``mqtts://``), one session on it with
   (the table's key) unsettled messages at most are outstanding per receiver, and
   while ``take_in`` holds the remote none is given back (the socket is still read:
   heartbeats go on); a message with no MQTT form (no topic, a body that is not
-  bytes), a topic that is no valid topic name here (amqp:invalid-field), or larger
+  bytes), a topic that is no valid topic name here or a control address
+  (amqp:invalid-field, as the core's AMQP ingress), a queue acknowledgement
+  (amqp:not-allowed), one a durable queue refuses for good (a ``$dlq/`` topic: its
+  condition; one refused for now, a full queue, drops the connection), or larger
   than ``--max-packet-size`` (announced as each receiver's max-message-size), is
   rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
@@ -41,7 +46,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from proton import Terminus
 from twisted.logger import Logger
 
 from mqttamqp.amqp.codec.contract import ANNOTATION_CLIENT_ID, Mqtt5Props
@@ -49,26 +53,37 @@ from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.amqp.codec.publish import decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
+from mqttamqp.amqp.links import INVALID_FIELD, NOT_ALLOWED
+from mqttamqp.amqp.publisher import to_problem
+from mqttamqp.bridge.amqplink import AmqpLink
+from mqttamqp.bridge.amqpterms import (
+    ACCEPTED,
+    FAILED,
+    REJECTED,
+    RELEASED,
+    TERMINAL,
+    outcome_of,
+    refused,
+    upstream_of,
+)
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
 from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
-from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits, hops_of
+from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues.addresses import QUEUE_COMMAND, TOPIC_NAME_INVALID, Refusal
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.core.topics import topic_matches, topic_size_problem, validate_topic_name
+from mqttamqp.core.topics import topic_matches
 from mqttamqp.gateway.engine import UpstreamConnection
-from mqttamqp.gateway.target import Upstream
 from mqttamqp.net.rawproton import (
     decref,
     delivery_link,
     delivery_partial,
     delivery_readable,
-    delivery_remote,
     delivery_remote_state,
     delivery_settle,
     delivery_settled,
     delivery_update,
-    describe,
     from_buffer,
     incref,
     lib,
@@ -80,115 +95,8 @@ from mqttamqp.net.rawproton import (
     recv,
 )
 
-__all__ = ["AmqpBridge", "AmqpLink", "AmqpRemote"]
-
-ACCEPTED: int = lib.PN_ACCEPTED
-REJECTED: int = lib.PN_REJECTED
-RELEASED: int = lib.PN_RELEASED
-MODIFIED: int = lib.PN_MODIFIED
-_TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
-
-
-def refused(link: Any) -> bool:
-    """Whether the remote's attach of ``link`` refuses it (its detach follows): a null
-    target for our sender, a null source for our receiver.  Proton never gives None
-    for the remote terminus: a null one is a terminus of type unspecified (and a null
-    source address, which a receiver needs).  (A pure function of proton's link; the
-    gateway's channel has its own check of the same fact.)"""
-    if link.is_sender:
-        return bool(link.remote_target.type == Terminus.UNSPECIFIED)
-    source = link.remote_source
-    return bool(source.type == Terminus.UNSPECIFIED or source.address is None)
-
-
-def upstream_of(bridge: BridgeBase) -> Upstream:
-    """The remote as the gateway's connection names it."""
-    s = bridge.settings
-    return Upstream(s.host, s.port, s.tls, s.username, s.password, s.server_name, s.tls_ca)
-
-
-class AmqpLink(BridgeLink):
-    """The out session's ``ClientLink`` over the remote's sender (see the module)."""
-
-    __slots__ = ("_retries", "_retry_call", "released", "remote")
-
-    def __init__(self, bridge: Any) -> None:
-        super().__init__(bridge)
-        self.remote: AmqpRemote | None = None
-        self.released = 0       # outcomes released / modified: sent again
-        self._retries: list[int] = []
-        self._retry_call: Any = None
-
-    def attach(self, client: Any, limits: RemoteLimits) -> None:
-        super().attach(None, limits)
-        self.remote = client
-        self._retries.clear()
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        self._retry_call = None
-
-    @property
-    def congested(self) -> bool:
-        remote = self.remote
-        return remote is None or remote.no_credit
-
-    @property
-    def backlog_bytes(self) -> int:
-        """Bytes handed to proton without credit (waiting there): with ``congested``,
-        the session's QoS 0 bound (``--congested-qos0-bytes``) applies to them."""
-        remote = self.remote
-        return 0 if remote is None else remote.unsent
-
-    def send_publish(self, message: Message, qos: int, packet_id: int | None,
-                     dup: bool, retain: bool, subscription_ids: tuple[int, ...] = ()) -> None:
-        remote = self.remote
-        if remote is None:
-            return   # (the session keeps it: resent on the next activation)
-        bridge = self.bridge
-        hops = 0 if message.props is None else hops_of(message)
-        if hops >= bridge.settings.max_hops:
-            self._looped(message, hops, packet_id if qos else None)
-            return
-        size = remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup,
-                           hops + 1, packet_id if qos else None, bridge.clock.seconds())
-        if size:   # (above the remote's max-message-size: it would detach the sender)
-            self._too_large(message, size, remote.max_message, packet_id if qos else None)
-            return
-        bridge.sent += 1
-
-    def send_pubrel(self, packet_id: int) -> None:
-        """QoS 2: the remote accepted it (``received``); nothing more goes there."""
-        self.settle_later("released", packet_id)
-
-    def retry(self, packet_id: int) -> None:
-        """The remote released it: sent again after ``reconnect-min`` seconds (at most
-        the session's window of them wait)."""
-        self.released += 1
-        self._retries.append(packet_id)
-        if self._retry_call is None:
-            self._retry_call = self.bridge.clock.callLater(
-                self.bridge.settings.reconnect_min, self._resend)
-
-    def _resend(self) -> None:
-        self._retry_call = None
-        ids, self._retries = self._retries, []
-        session = self.bridge.session
-        if session is None or self.remote is None:
-            return   # (still in flight in the session: sent on the next connection)
-        for i, packet_id in enumerate(ids):
-            if self.congested:   # (no credit: the rest wait for the next try)
-                self._retries[:0] = ids[i:]
-                self._retry_call = self.bridge.clock.callLater(
-                    self.bridge.settings.reconnect_min, self._resend)
-                return
-            entry = session.inflight.get(packet_id)
-            if entry is not None:
-                self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
-
-    def close(self, reason: str) -> None:
-        if self.remote is not None:
-            self.remote.drop(reason)
-
+__all__ = ["ACCEPTED", "REJECTED", "RELEASED", "AmqpBridge", "AmqpLink", "AmqpRemote",
+           "refused"]
 
 class AmqpRemote:
     """One AMQP connection to the remote: the owner of a gateway ``UpstreamConnection``
@@ -231,6 +139,17 @@ class AmqpRemote:
     def no_credit(self) -> bool:
         impl = self.sender_impl
         return impl is None or link_credit(impl) <= 0
+
+    def backlog(self) -> int:
+        """The bytes sent without credit still queued in proton: those it has put on
+        the wire since are out of it (read when asked: proton counts a delivery
+        queued until its output is written, after the flow that lets it go)."""
+        queued = self._unsent
+        if queued:
+            left = lib.pn_link_queued(self.sender_impl)
+            while len(queued) > left:
+                self.unsent -= queued.popleft()
+        return self.unsent
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> int:
@@ -377,11 +296,6 @@ class AmqpRemote:
 
     def on_flow(self, impl: Any) -> None:
         if impl == self.sender_impl:
-            queued = self._unsent
-            if queued:   # (those proton sent on the new credit are out of it)
-                left = lib.pn_link_queued(impl)
-                while len(queued) > left:
-                    self.unsent -= queued.popleft()
             if link_credit(impl) > 0:
                 self.bridge.client_drained(self)
 
@@ -391,15 +305,9 @@ class AmqpRemote:
     def on_delivery(self, dlv: Any) -> None:
         impl = delivery_link(dlv)
         if impl == self.sender_impl:
-            state = delivery_remote_state(dlv)
-            if state not in _TERMINAL and not delivery_settled(dlv):
+            if delivery_remote_state(dlv) not in TERMINAL and not delivery_settled(dlv):
                 return   # (non-terminal: wait for the outcome)
-            reason = ""
-            if state == REJECTED:
-                reason = describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
-            elif state == MODIFIED and lib.pn_disposition_is_undeliverable(
-                    delivery_remote(dlv)):
-                state, reason = REJECTED, "modified: undeliverable-here"
+            state, reason = outcome_of(dlv)
             packet_id = self.waiting.pop(dlv, None)
             delivery_settle(dlv)   # (its pointer may be reused from here on)
             if packet_id is not None:
@@ -415,16 +323,17 @@ class AmqpRemote:
         else:
             self.bridge.remote_message(self, rule, dlv, impl, data)
 
-    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None,
+               condition: str = INVALID_FIELD) -> None:
         """Settle an incoming delivery with ``state`` (rejected with ``invalid``: its
-        condition amqp:invalid-field saying so) and give its credit back (nothing
-        once the connection is gone: the remote keeps it)."""
+        ``condition`` saying so) and give its credit back (nothing once the
+        connection is gone: the remote keeps it)."""
         if self.conn.ptrans is None or self.detached:
             return
         if not delivery_settled(dlv):
             if invalid is not None:
                 cond = lib.pn_disposition_condition(lib.pn_delivery_local(dlv))
-                lib.pn_condition_set_name(cond, b"amqp:invalid-field")
+                lib.pn_condition_set_name(cond, condition.encode())
                 lib.pn_condition_set_description(cond, invalid[:200].encode())
             delivery_update(dlv, state)
         delivery_settle(dlv)
@@ -448,12 +357,24 @@ class AmqpRemote:
                     decref(dlv)
         return ack
 
+    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> None:
+        """Reject ``dlv`` (held by ``answer_later``): refused here for good."""
+        if dlv in self.held:
+            self.held.discard(dlv)
+            try:
+                self.answer(dlv, impl, REJECTED, refusal.reason, INVALID_FIELD
+                            if refusal.code == TOPIC_NAME_INVALID else NOT_ALLOWED)
+            finally:
+                decref(dlv)
+
 
 class AmqpBridge(BridgeBase):
     """One configured bridge to an AMQP 1.0 remote."""
 
     log = Logger()
 
+    holding = "giving the remote no more credit (its socket still read)"
+    resuming = "crediting the remote again"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
 
     def new_link(self) -> BridgeLink:
@@ -511,19 +432,24 @@ class AmqpBridge(BridgeBase):
             return
         broker = self.broker
         if state == ACCEPTED:
+            link = self.link
+            assert isinstance(link, AmqpLink)
+            link.delay = 0.0   # (the remote takes messages: resends start over)
             if entry.qos == 1:
                 broker.acknowledged(session, packet_id)
             else:
                 broker.received(session, packet_id)   # (then completed: ``send_pubrel``)
         else:
-            entry.failures += 1
-            if state != REJECTED and entry.failures <= self.settings.max_resends:
+            if state == FAILED:   # (only a failed delivery counts toward the cap)
+                entry.failures += 1
+            if state == RELEASED or (state == FAILED
+                                     and entry.failures <= self.settings.max_resends):
                 link = self.link
                 assert isinstance(link, AmqpLink)
                 link.retry(packet_id)
                 return
-            if state != REJECTED:
-                reason = f"max-resends: released or modified {entry.failures} times"
+            if state == FAILED:   # (a poison message: the remote fails it each time)
+                reason = f"max-resends: {reason} {entry.failures} times"
             self.refused += 1
             cause = reason.split(": ", 1)[0] or "rejected"
             held = self.refusals.allow(f"rejected {cause}")
@@ -577,9 +503,10 @@ class AmqpBridge(BridgeBase):
             remote.answer(dlv, impl, ACCEPTED)
             return
         topic = self.local_topic(to)
-        limits = self.broker.limits   # (as the core's AMQP ingress checks a 'to')
-        problem = validate_topic_name(topic) or topic_size_problem(
-            topic, limits.max_topic_levels, limits.max_topic_length)
+        problem = to_problem(topic, self.broker.limits)   # (as the core's AMQP ingress)
+        condition = INVALID_FIELD
+        if problem is None and self.broker.queues.kind(topic) == QUEUE_COMMAND:
+            problem, condition = "a queue acknowledgement, no message", NOT_ALLOWED
         if problem is not None:
             self.refused_here += 1
             held = self.refusals.allow("in-bad-topic")
@@ -587,7 +514,7 @@ class AmqpBridge(BridgeBase):
                 self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
                               "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
                               a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
-            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}")
+            remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}", condition)
             return
         qos = min(fields.qos, rule.qos)
         message = Message(topic, fields.payload, qos, fields.retain,
@@ -596,4 +523,5 @@ class AmqpBridge(BridgeBase):
             self.take_in(remote, message, None)
             remote.answer(dlv, impl, ACCEPTED)
         else:
-            self.take_in(remote, message, remote.answer_later(dlv, impl))
+            self.take_in(remote, message, remote.answer_later(dlv, impl),
+                         lambda refusal: remote.reject_held(dlv, impl, refusal))

@@ -7,14 +7,16 @@ What it owns: ``BridgeBase``, one configured bridge's life on the broker's react
 filters of the ``out`` rules (no-local, retain as published) with the bridge's own
 backlog bound (``backlog``), claimed again on each connection (``claim_out``: what was
 in flight goes first, then the queue in order) and ended when the connection goes;
-the connect loop (one attempt at a time, bounded exponential back-off, one log line
+the connect loop (one attempt at a time, bounded exponential back-off reset after
+max(keepalive, reconnect-max) seconds connected, one log line
 per state change, none per attempt failing as the one before) and Mosquitto's
 ``$SYS/broker/connection/<client id>/state``; the status the console, the metrics and
 ``$SYS`` read (state, last error, connected since, attempts, failures, counts, rates);
 ``take_in``, an ``in`` message published here with the bridge as publisher and
-acknowledged to the remote (the ``ack`` it is given) once durable here, the remote not
-read while the durable queues' storage alarm holds or subscribers here it fed are
-behind; and the topic mapping of the rules' prefixes.
+acknowledged to the remote (the ``ack`` it is given) once durable here, the remote held
+while the durable queues' storage alarm holds or subscribers here it fed are behind
+(``pause_reading``: an MQTT remote's socket is not read; an AMQP remote is still
+read, only its credit is withheld); and the topic mapping of the rules' prefixes.
 
 What it must not do: speak a protocol (a subclass makes its connection, ``new_client``,
 and turns the remote's acknowledgements into the session's settlement), store
@@ -38,6 +40,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, Refusal
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
@@ -72,6 +75,9 @@ class BridgeBase:
     subclass's)."""
 
     log: ClassVar[Logger] = Logger()
+    # How the remote is held, and let go, for the log (``_hold_remote``).
+    holding: ClassVar[str] = "not reading the remote"
+    resuming: ClassVar[str] = "reading the remote again"
 
     def __init__(self, broker: Broker, clock: Clock, settings: BridgeSettings,
                  connector: Connector) -> None:
@@ -102,11 +108,12 @@ class BridgeBase:
         self._counted = (0, 0)                # (sent, received) at the last sample
         self.refused = 0                      # out messages the remote refused
         self.refused_here = 0                 # in messages a durable queue refused here
-        self.held = 0                         # times the remote was not read (storage alarm)
-        self._said_held = False               # "not reading the remote" logged, not undone
+        self.held = 0                         # times the remote was held (storage alarm)
+        self._said_held = False               # ``holding`` logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
         self._retry: Any = None
+        self._steady: Any = None   # resets the back-off once connected long enough
         self._client: Any = None
         self._connecting: Any = None   # the connect Deferred while TCP connects
         self._running = False
@@ -171,6 +178,7 @@ class BridgeBase:
         if not self._running:
             return
         self._running = False
+        self._cancel_steady()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -218,6 +226,7 @@ class BridgeBase:
         when a connection is lost, one when attempts start failing or fail for
         another reason; none for an attempt that fails as the one before."""
         was_connected = self.connected_since is not None
+        self._cancel_steady()
         self.last_error = reason
         self.connected_since = None
         if not self._running:
@@ -231,6 +240,11 @@ class BridgeBase:
                             "line while attempts fail so", "failing")
         self._failing = None if was_connected else reason
         self._retry = self.clock.callLater(delay, self._attempt)
+
+    def _cancel_steady(self) -> None:
+        if self._steady is not None and self._steady.active():
+            self._steady.cancel()
+        self._steady = None
 
     def _set_state(self, state: str, detail: str = "", said: str | None = None) -> None:
         """Now ``state``, logged as ``said`` (else the state) with ``detail``."""
@@ -250,8 +264,13 @@ class BridgeBase:
     # -- a connection's life (for the subclasses) ----------------------------
 
     def up(self, detail: str) -> None:
-        """The remote accepted the connection: the back-off starts over."""
-        self.backoff.reset()
+        """The remote accepted the connection: the back-off starts over once it has
+        stayed up max(keepalive, reconnect-max) seconds (a remote that accepts, then
+        ends each connection at once, is tried again with a growing delay)."""
+        self._cancel_steady()
+        s = self.settings
+        self._steady = self.clock.callLater(max(s.keepalive, s.reconnect_max),
+                                            self.backoff.reset)
         self.connected_since = self.clock.seconds()
         self._failing = None
         self._set_state("connected", detail)
@@ -290,16 +309,30 @@ class BridgeBase:
 
     # -- the in direction ----------------------------------------------------
 
-    def take_in(self, client: Remote, message: Message, ack: Callable[[], None] | None
-                ) -> None:
+    def take_in(self, client: Remote, message: Message, ack: Callable[[], None] | None,
+                reject: Callable[[Refusal], None] | None = None) -> None:
         """A message of an ``in`` rule: published here; ``ack`` (None: QoS 0, nothing
         to acknowledge) once it is durable here.  One a durable queue here refuses is
-        not acknowledged: the connection is dropped, so that the remote keeps it."""
+        not acknowledged: with ``reject`` (a remote that can be told) a permanent
+        refusal (a topic no queue takes) is rejected to it, as sending it again
+        would be refused again; else (a full queue, too many queues: it may pass
+        later) the connection is dropped, so that the remote keeps it."""
         self.received += 1
         result = self.broker.publish(message, self.identity, wait=ack is not None)
         if ack is None:
             if result.blocked or result.congested:
                 self._hold_remote(client, result.blocked, result.congested)
+            return
+        if result.refusal is not None and reject is not None \
+                and result.refusal.code != QUOTA_EXCEEDED:
+            self.refused_here += 1
+            held = self.refusals.allow("in-rejected")
+            if held is not None:
+                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
+                              "here ({r}); rejected to the remote{h}", n=self.settings.name,
+                              t=message.topic, r=result.refusal.reason,
+                              h=f" ({held} not logged)" if held else "")
+            reject(result.refusal)
             return
         if result.refusal is not None:
             # A durable queue here refused it (full, too many queues): nothing is
@@ -325,9 +358,10 @@ class BridgeBase:
 
     def _hold_remote(self, client: Remote, blocked: bool,
                      congested: Sequence[Any]) -> None:
-        """Stop reading the remote, as a client's socket here is not read: while the
-        durable queues' storage alarm holds (``blocked``: this message was stored,
-        what follows waits unacknowledged in the remote's keeping), or while
+        """Hold the remote (``pause_reading``: an MQTT remote's socket is not read, as
+        a client's here; an AMQP remote gets no credit back, its socket still read):
+        while the durable queues' storage alarm holds (``blocked``: this message was
+        stored, what follows waits unacknowledged in the remote's keeping), or while
         subscribers here it fed are behind (``congested``)."""
         broker = self.broker
         if blocked:
@@ -336,8 +370,8 @@ class BridgeBase:
             if "alarm" not in client.paused_for and broker.queues.blocked:
                 self.held += 1
                 self._said_held = True
-                self.log.info("bridge {n}: not reading the remote while the durable "
-                              "queues are blocked", n=self.settings.name)
+                self.log.info("bridge {n}: {h} while the durable queues are blocked",
+                              n=self.settings.name, h=self.holding)
             client.pause_reading("alarm")
             broker.when_queues_writable(id(self), lambda: self._read_again(client, "alarm"))
         if congested:
@@ -350,7 +384,7 @@ class BridgeBase:
         if self._client is client:
             if why == "alarm" and why in client.paused_for and self._said_held:
                 self._said_held = False
-                self.log.info("bridge {n}: reading the remote again", n=self.settings.name)
+                self.log.info("bridge {n}: {r}", n=self.settings.name, r=self.resuming)
             client.resume_reading(why)
 
     # -- topics -------------------------------------------------------------

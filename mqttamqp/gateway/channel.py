@@ -177,10 +177,12 @@ class ClientChannel:
 
     # -- the connect flow -------------------------------------------------------------
 
-    async def open(self, clean: bool, will: tuple[str, bytes, int, bool] | None,
+    async def open(self, clean: bool,
+                   will: tuple[str, bytes, int, bool, Mqtt5Props | None] | None,
                    persistent: bool | None = None) -> bool:
         """Seed 000's flow for CONNECT; True if the core had a session with
-        subscriptions (CONNACK's session present).  ``clean``: clean session / clean
+        subscriptions (CONNACK's session present).  ``will``: topic, payload, QoS,
+        retain and MQTT 5 properties (AMQP_WILL).  ``clean``: clean session / clean
         start (AMQP_CLOSE removes what the core had); ``persistent`` (default: not
         ``clean``): the session outlives the connection (AMQP_LIST opens it at the
         core: MQTT 5 clean start with a session expiry is AMQP_CLOSE, then AMQP_LIST,
@@ -200,9 +202,7 @@ class ClientChannel:
         await self._attached(self.will, self.service, self.control, self.topics)
         self.max_message = int(self.topics.remote_max_message_size or 0)
         if will is not None:
-            topic, payload, qos, retain = will
-            await self._expect(self.will, will_message(cid, topic, payload, qos, retain),
-                               "AMQP_WILL")
+            await self._expect(self.will, will_message(cid, *will), "AMQP_WILL")
         present = False
         if clean:
             await self._expect(self.service, control_message("close", cid), "AMQP_CLOSE")

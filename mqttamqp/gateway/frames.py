@@ -13,7 +13,7 @@ from __future__ import annotations
 from mqttamqp.amqp.codec.contract import Mqtt5Props
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.routing.shared import SHARE_PREFIX
-from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED
+from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, RETAIN_HANDLING
 from mqttamqp.gateway.wire import Outcome
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import StringRules
@@ -32,49 +32,63 @@ from mqttamqp.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import CONNACK_REASONS, RECEIVE_MAXIMUM, message_properties
+from mqttamqp.mqtt.v5 import (
+    CONNACK_REASONS,
+    RECEIVE_MAXIMUM,
+    TOPIC_ALIAS_MAXIMUM,
+    InboundAliases,
+    message_properties,
+    resolve_topic,
+)
 
 __all__ = ["TAKEN_OVER", "bridge_options", "connack", "disconnect5", "message_props",
            "publish_ack", "publish_problem", "suback", "subscribe_problem", "unsuback"]
 
 UNAUTHORIZED = "amqp:unauthorized-access"
+# An MQTT 5 SUBSCRIBE's options the core is told: no local, retain as published,
+# retain handling.
+_CARRIED = NO_LOCAL | RETAIN_AS_PUBLISHED | RETAIN_HANDLING
 # MQTT 5: the client whose client id a new connection took is told why (as the broker).
 TAKEN_OVER = encode(Disconnect(ReasonCode.SESSION_TAKEN_OVER, Properties(
     reason_string="session taken over by a new connection")), 5)
-ALIAS_REFUSED = "PUBLISH with a topic alias (topic alias maximum is 0)"
 
 
 def disconnect5(reason: str, code: int) -> bytes:
     """MQTT 5's DISCONNECT of a client closed for a protocol error: ``code`` (the
-    codec's, 0x94 for a topic alias, else 0x82) and the reason (as the broker)."""
-    if reason == ALIAS_REFUSED:
-        code = ReasonCode.TOPIC_ALIAS_INVALID
+    codec's, 0x94 for a topic alias above the maximum, else 0x82) and the reason (as
+    the broker)."""
     return encode(Disconnect(code, Properties(reason_string=reason[:200])), 5)
 
 
-def publish_problem(strings: StringRules, packet: Publish
-                    ) -> tuple[Mqtt5Props | None, str | None]:
-    """A PUBLISH's message properties (``message_props``), or why it breaks the
-    protocol: its topic, an empty topic, a topic alias."""
-    problem = strings.topic(packet.topic, "PUBLISH topic")
-    if problem is None and not packet.topic:
+def publish_problem(strings: StringRules, packet: Publish, aliases: InboundAliases
+                    ) -> tuple[str, Mqtt5Props | None, str | None, int]:
+    """A PUBLISH's topic (an MQTT 5 topic alias resolved in ``aliases``, which this
+    only reads: ``InboundAliases.took`` records an alias set) and message properties
+    (``message_props``), or why it breaks the protocol and the MQTT 5 reason code: its
+    topic, an empty topic, an unknown alias (0x82) or one above the maximum (0x94)."""
+    topic = packet.topic
+    props = packet.properties
+    if props is not None and props.topic_alias is not None:
+        resolved, why, code = resolve_topic(aliases, packet)
+        if resolved is None:
+            return topic, None, why, code
+        topic = resolved
+    problem = strings.topic(topic, "PUBLISH topic")
+    if problem is None and not topic:
         problem = "PUBLISH with an empty topic"
-    if problem is not None or packet.properties is None:
-        return None, problem
-    return message_props(packet.properties)
+    if problem is not None or props is None:
+        return topic, None, problem, ReasonCode.PROTOCOL_ERROR
+    return topic, message_props(props), None, 0
 
 
-def message_props(props: Properties) -> tuple[Mqtt5Props | None, str | None]:
+def message_props(props: Properties) -> Mqtt5Props | None:
     """An MQTT 5 PUBLISH's properties that travel with the message (in their AMQP
-    places), or why the PUBLISH breaks the protocol: a topic alias (the gateway's
-    CONNACK allows none)."""
-    if props.topic_alias is not None:
-        return None, ALIAS_REFUSED
+    places); None without any."""
     mp = message_properties(props)
     if mp is None:
-        return None, None
+        return None
     return Mqtt5Props(mp.payload_format, mp.expiry_interval, mp.content_type,
-                      mp.response_topic, mp.correlation_data, mp.user_properties), None
+                      mp.response_topic, mp.correlation_data, mp.user_properties)
 
 
 def connack(level: int, present: bool, code: int, assigned: str | None = None,
@@ -83,8 +97,8 @@ def connack(level: int, present: bool, code: int, assigned: str | None = None,
     client id the gateway made up (MQTT 5 says it in CONNACK).  MQTT 3.1 has no
     session present flag (its byte is reserved).  An MQTT 5 acceptance (``limits``
     given) announces what the gateway serves: the receive maximum and packet size it
-    applies, no topic aliases, no subscription identifiers (the contract has no place
-    for them)."""
+    applies, the topic alias maximum it serves (the broker's), no subscription
+    identifiers (the contract has no place for them)."""
     if level != 5:
         return encode(Connack(present and level != 3, code))
     props = Properties(assigned_client_identifier=assigned) if assigned else None
@@ -92,6 +106,7 @@ def connack(level: int, present: bool, code: int, assigned: str | None = None,
         props = Properties(assigned_client_identifier=assigned,
                            receive_maximum=RECEIVE_MAXIMUM,
                            maximum_packet_size=limits.max_packet_size,
+                           topic_alias_maximum=TOPIC_ALIAS_MAXIMUM,
                            subscription_identifier_available=0)
     return encode(Connack(present, CONNACK_REASONS.get(code, code), props), 5)
 
@@ -105,12 +120,16 @@ def publish_ack(qos: int, packet_id: int, outcome: Outcome) -> bytes:
     return encode((Puback if qos == 1 else Pubrec)(packet_id, code), 5)
 
 
-def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe) -> str | None:
-    """Why a SUBSCRIBE breaks the protocol (a bad filter, too many), or None."""
-    for topic_filter, _qos in packet.topics:
-        problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
-        if problem is not None:
-            return problem
+def subscribe_problem(strings: StringRules, limits: Limits, packet: Subscribe,
+                      level: int) -> str | None:
+    """Why a SUBSCRIBE breaks the protocol (too many filters; before MQTT 5 a bad
+    filter too), or None.  An MQTT 5 client's bad filter is no protocol error: it
+    gets 0x8F in SUBACK (``mqtt.decisions.subscribe5`` judges it, as on a broker)."""
+    if level != 5:
+        for topic_filter, _qos in packet.topics:
+            problem = strings.filter(topic_filter, "SUBSCRIBE topic filter")
+            if problem is not None:
+                return problem
     if len(packet.topics) > limits.max_subscribe_filters:
         return "too many topic filters in one SUBSCRIBE"
     return None
@@ -123,13 +142,15 @@ def bridge_options(packet: Subscribe) -> dict[str, int]:
     return {f: NO_LOCAL for f, _q in packet.topics if not f.startswith(SHARE_PREFIX)}
 
 
-def carried_options(plan: Subscription) -> dict[str, int] | None:
+def carried_options(packet: Subscribe, plan: Subscription) -> dict[str, int] | None:
     """The options of an MQTT 5 SUBSCRIBE the core is told (``mqtt.decisions.subscribe5``
-    judged it): no local and retain as published of each filter that has one; None
-    without any.  (Retain handling and subscription identifiers are not carried.)"""
-    carried = NO_LOCAL | RETAIN_AS_PUBLISHED
-    options = {f: o & carried for (f, _q), o in zip(plan.wanted, plan.packed, strict=True)
-               if o & carried}
+    judged it): no local, retain as published and retain handling (the core sends
+    retained messages by it, knowing which filters are new) of each filter of
+    ``plan.wanted`` that has one; None without any.  (Subscription identifiers are
+    not carried.)"""
+    given = dict(zip((f for f, _q in packet.topics),
+                     packet.options or (0,) * len(packet.topics), strict=True))
+    options = {f: given[f] & _CARRIED for f, _q in plan.wanted if given[f] & _CARRIED}
     return options or None
 
 

@@ -24,9 +24,9 @@ client id on this gateway, and the one close: clean (DISCONNECT) or brute
 
 What it must not do: keep anything of a session beyond the connection (in-flight
 packet ids and QoS 2 ids awaiting PUBREL are the connection's, as the core's own MQTT
-adapter keeps them), import the core's broker or the store, or touch proton
-(``channel``).  MQTT 5: a PUBLISH's message properties cross both ways; what does
-not yet is in docs/gateway.md.
+adapter keeps them; so are the topic aliases a client sets), import the core's broker
+or the store, or touch proton (``channel``).  MQTT 5: a PUBLISH's message properties
+cross both ways; what does not yet is in docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from mqttamqp.gateway.frames import (
     carried_options,
     connack,
     disconnect5,
+    message_props,
     publish_ack,
     publish_problem,
     suback,
@@ -88,7 +89,7 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
     Unsubscribe,
 )
-from mqttamqp.mqtt.v5 import Negotiated
+from mqttamqp.mqtt.v5 import InboundAliases, Negotiated
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.pool import UpstreamPool
@@ -210,6 +211,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
+        self.aliases = InboundAliases()       # MQTT 5: the client's topic aliases
         self.reading_paused = False
         self.since = self.clock.seconds()     # when the socket came (the console)
 
@@ -370,7 +372,9 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         will = packet.will
         d = Deferred.fromCoroutine(channel.open(
             packet.clean_session,
-            (will.topic, will.payload, will.qos, will.retain) if will is not None else None,
+            (will.topic, will.payload, will.qos, will.retain,
+             message_props(will.properties) if will.properties is not None else None)
+            if will is not None else None,
             not self.clean))
         d.addCallbacks(self._accepted, self._not_opened, errbackArgs=(channel,))
 
@@ -414,16 +418,20 @@ class GatewayProtocol(ClientDeliveries, Protocol):
     # -- PUBLISH from the client ----------------------------------------------------------
 
     def _on_publish(self, packet: Publish) -> None:
-        props, problem = publish_problem(self.factory.strings, packet)
+        topic, props, problem, code = publish_problem(self.factory.strings, packet,
+                                                      self.aliases)
         if problem is not None:
-            self._violation(problem)
+            self._violation(problem, code)
             return
+        own = packet.properties
+        if own is not None and own.topic_alias is not None:
+            self.aliases.took(packet)   # (a topic with its alias: set from now on)
         channel = self.channel
         assert channel is not None
         self.factory.published += 1
         qos = packet.qos
         if qos == 0:
-            channel.publish_message(packet.topic, packet.payload, 0, packet.retain, False, None,
+            channel.publish_message(topic, packet.payload, 0, packet.retain, False, None,
                                     props)
             if channel.blocked:
                 self._pause_reading()
@@ -434,7 +442,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.acks.add(ack_frame(0x50, pid), None, True)   # (known: PUBREC again)
             self._flush_acks()
             return
-        self._own_entry(packet.topic)   # (its copy comes after this: ``deliveries``)
+        self._own_entry(topic)   # (its copy comes after this: ``deliveries``)
         entry = self.acks.add(ack_frame(0x40 if qos == 1 else 0x50, pid), None, False)
         if qos == 2:
             self.awaiting_rel.add(pid)
@@ -446,7 +454,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
                 return
             if not outcome.accepted:
                 self._limited("publish-refused", "{c}: the core refused a PUBLISH to {t}: "
-                              "{r}", t=packet.topic, r=outcome.reason)
+                              "{r}", t=topic, r=outcome.reason)
                 if self.level == 5:   # (3.1.1 has no way to say it: a success ack)
                     entry[1] = publish_ack(qos, pid, outcome)
                     if qos == 2:   # (the exchange ends with the failed PUBREC)
@@ -454,7 +462,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             AckQueue.ready(entry)
             self._flush_acks()
 
-        channel.publish_message(packet.topic, packet.payload, qos, packet.retain, packet.dup,
+        channel.publish_message(topic, packet.payload, qos, packet.retain, packet.dup,
                                 answered, props)
         if self.acks.over_bound or channel.blocked:
             self._pause_reading()
@@ -493,16 +501,18 @@ class GatewayProtocol(ClientDeliveries, Protocol):
     # -- SUBSCRIBE, UNSUBSCRIBE -----------------------------------------------------------
 
     def _on_subscribe(self, packet: Subscribe) -> None:
-        problem = subscribe_problem(self.factory.strings, self.factory.limits, packet)
+        problem = subscribe_problem(self.factory.strings, self.factory.limits, packet,
+                                    self.level)
         if problem is not None:
             self._violation(problem)
             return
         channel = self.channel
         assert channel is not None
-        if self.level == 5:   # (the broker's judgement: 0x8F for no local on $share/)
+        if self.level == 5:   # (the broker's judgement: 0x8F for an invalid filter
+            # or no local on $share/, per filter)
             plan = subscribe5(packet, self.factory.limits, self.factory.strings, ())
             self._answer_later(channel.subscribe(
-                packet.packet_id, dict(plan.wanted), carried_options(plan)
+                packet.packet_id, dict(plan.wanted), carried_options(packet, plan)
             ) if plan.wanted else succeed(Outcome(True)),
                 lambda outcome: suback_v5(packet, plan, outcome))
             return

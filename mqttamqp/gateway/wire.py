@@ -14,7 +14,12 @@ from typing import Any
 
 from proton import Message, symbol
 
-from mqttamqp.amqp.codec.contract import ANNOTATION_QOS, ANNOTATION_RETAIN
+from mqttamqp.amqp.codec.contract import (
+    ANNOTATION_PAYLOAD_FORMAT,
+    ANNOTATION_QOS,
+    ANNOTATION_RETAIN,
+    Mqtt5Props,
+)
 from mqttamqp.amqp.codec.publish import PublishFields, decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
@@ -58,9 +63,34 @@ def control_message(subject: str, client_id: str, **fields: Any) -> bytes:
     return bytes(msg.encode())
 
 
-def will_message(client_id: str, topic: str, payload: bytes, qos: int, retain: bool) -> bytes:
+def will_message(client_id: str, topic: str, payload: bytes, qos: int, retain: bool,
+                 props: Mqtt5Props | None = None) -> bytes:
+    """AMQP_WILL; an MQTT 5 will's properties (``props``) in the places a PUBLISH's
+    take (docs/amqp.md, the mapping), where the core's will service reads them: the
+    expiry interval as header.ttl, payload format as its annotation, content type,
+    response topic as reply-to, correlation data as a binary correlation-id, user
+    properties as application-properties (a map: of a repeated name the first).  The
+    will delay interval has no place in the contract (docs/gateway.md)."""
     msg = Message(subject="will", durable=qos > 0, address=topic, body=payload)
-    msg.annotations = {symbol(ANNOTATION_RETAIN): retain, symbol(ANNOTATION_QOS): qos}
+    annotations: dict[Any, Any] = {symbol(ANNOTATION_RETAIN): retain,
+                                   symbol(ANNOTATION_QOS): qos}
+    if props is not None:
+        if props.payload_format is not None:
+            annotations[symbol(ANNOTATION_PAYLOAD_FORMAT)] = props.payload_format
+        if props.expiry_interval is not None:
+            msg.ttl = min(props.expiry_interval, 0xFFFFFFFF // 1000)
+        if props.content_type is not None and props.content_type.isascii():
+            msg.content_type = props.content_type   # (a symbol: ASCII only, as a PUBLISH)
+        if props.response_topic is not None:
+            msg.reply_to = props.response_topic
+        if props.correlation_data is not None:
+            msg.correlation_id = props.correlation_data
+        if props.user_properties:
+            first: dict[str, str] = {}
+            for name, value in props.user_properties:
+                first.setdefault(name, value)
+            msg.properties = first   # type: ignore[assignment]  # (proton: typed None)
+    msg.annotations = annotations
     msg.inferred = True   # (bytes as a Data section)
     return bytes(msg.encode())
 

@@ -281,7 +281,7 @@ def publish5(packet: Publish, v5: Negotiated, strings: StringRules, client_id: s
     quota back) or closes (QoS 0).  ``v5`` is only read: once the message is
     routed or answered, ``v5.took(packet)`` records the alias it sets and its
     packet id's quota."""
-    topic, why, code = resolve_topic(v5, packet)
+    topic, why, code = resolve_topic(v5.aliases_in, packet)
     if topic is None:
         return Close(why, code)
     props = packet.properties

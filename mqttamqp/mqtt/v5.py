@@ -5,8 +5,9 @@ What it owns:
 * ``Negotiated``: both sides' limits from CONNECT and CONNACK (receive maximum,
   maximum packet size, topic alias maximum, session expiry, server keep alive,
   request problem / response information), built by ``negotiate``;
-* the topic alias tables, inbound (``resolve_topic`` reads it, ``Negotiated.took``
-  records what a PUBLISH sets) and outbound (``Negotiated.outbound_alias``);
+* the topic alias tables, inbound (``InboundAliases``: ``resolve_topic`` reads it,
+  ``InboundAliases.took`` records what a PUBLISH sets; a gateway keeps one of its
+  own) and outbound (``Negotiated.outbound_alias``);
 * the inbound receive-maximum quota (``Negotiated.quota_allows``, ``took``,
   ``quota_release``);
 * turning PUBLISH properties into the core's ``MessageProperties`` and back, with
@@ -25,8 +26,8 @@ from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.mqtt.packets import ConnackCode, Connect, Properties, Publish, ReasonCode
 
 __all__ = [
-    "CONNACK_REASONS", "Negotiated", "RECEIVE_MAXIMUM", "TOPIC_ALIAS_MAXIMUM",
-    "message_properties", "negotiate", "publish_properties", "resolve_topic",
+    "CONNACK_REASONS", "InboundAliases", "Negotiated", "RECEIVE_MAXIMUM",
+    "TOPIC_ALIAS_MAXIMUM", "message_properties", "negotiate", "publish_properties", "resolve_topic",
     "utf8_payload_problem",
 ]
 
@@ -46,10 +47,27 @@ CONNACK_REASONS: dict[int, int] = {
 }
 
 
+class InboundAliases:
+    """The topic aliases a client set on its PUBLISHes (at most
+    ``TOPIC_ALIAS_MAXIMUM``, announced in CONNACK), for one connection."""
+
+    __slots__ = ("_topics",)
+
+    def __init__(self) -> None:
+        self._topics: dict[int, str] = {}
+
+    def took(self, packet: Publish) -> None:
+        """Record the alias ``packet`` sets (a topic and an alias together), once
+        ``resolve_topic`` let it in."""
+        props = packet.properties
+        if props is not None and props.topic_alias is not None and packet.topic:
+            self._topics[props.topic_alias] = packet.topic
+
+
 class Negotiated:
     """The MQTT 5 state of one connection (not kept across connections)."""
 
-    __slots__ = ("_aliases_in", "_aliases_out", "_quota", "auth_method", "client_alias_max",
+    __slots__ = ("_aliases_out", "_quota", "aliases_in", "auth_method", "client_alias_max",
                  "client_max_packet", "client_receive_max", "keepalive", "plain",
                  "problem_info", "response_info", "session_expiry", "too_large")
 
@@ -63,7 +81,7 @@ class Negotiated:
         self.response_info = props.request_response_information == 1
         self.keepalive = packet.keepalive
         self.auth_method = props.authentication_method   # MQTT 5 enhanced authentication
-        self._aliases_in: dict[int, str] = {}
+        self.aliases_in = InboundAliases()
         self._aliases_out: dict[str, int] = {}
         self._quota: set[int] = set()
         self.too_large = 0     # PUBLISHes not sent: above the client's maximum
@@ -106,7 +124,8 @@ class Negotiated:
         place in the receive-maximum quota (given back by ``quota_release``)."""
         props = packet.properties
         if props is not None and props.topic_alias is not None and packet.topic:
-            self._aliases_in[props.topic_alias] = packet.topic
+            # (InboundAliases.took inlined: this runs for every MQTT 5 QoS 1/2 PUBLISH)
+            self.aliases_in._topics[props.topic_alias] = packet.topic
         pid = packet.packet_id
         if pid is not None:
             self._quota.add(pid)
@@ -152,10 +171,12 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
     return state, props
 
 
-def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str, int]:
+def resolve_topic(aliases: InboundAliases, packet: Publish
+                  ) -> tuple[str | None, str, int]:
     """The topic of an inbound PUBLISH after its alias (section 3.3.2.3.4), or
     (None, why, reason code): Topic Alias invalid (0x94) or Protocol Error (0x82).
-    Read only: a topic and alias together set the alias once ``Negotiated.took``."""
+    Read only: a topic and alias together set the alias once ``InboundAliases.took``
+    (``Negotiated.took`` on a broker)."""
     props = packet.properties
     alias = props.topic_alias if props is not None else None
     if alias is None:
@@ -168,7 +189,7 @@ def resolve_topic(state: Negotiated, packet: Publish) -> tuple[str | None, str, 
             ReasonCode.TOPIC_ALIAS_INVALID
     if packet.topic:
         return packet.topic, "", 0
-    topic = state._aliases_in.get(alias)
+    topic = aliases._topics.get(alias)
     if topic is None:
         return None, f"topic alias {alias} was never set", ReasonCode.PROTOCOL_ERROR
     return topic, "", 0

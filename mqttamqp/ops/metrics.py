@@ -338,11 +338,12 @@ _BRIDGE_METRICS = (
     ("mqttamqp_bridge_too_many_hops", COUNTER, "Out messages not sent: they had crossed "
      "max-hops bridges already (a loop).", "too_many_hops"),
     ("mqttamqp_bridge_remote_refused", COUNTER, "Out messages the remote refused (MQTT 5 "
-     "PUBACK failure codes; AMQP: rejected, modified undeliverable-here, or released "
-     "past max-resends).", "remote_refused"),
+     "PUBACK failure codes; AMQP: rejected, or modified delivery-failed past "
+     "max-resends).", "remote_refused"),
     ("mqttamqp_bridge_refused_here", COUNTER, "In messages refused here: by a durable "
-     "queue (not acknowledged to the remote); AMQP: also undecodable or a bad topic "
-     "(rejected).", "refused_here"),
+     "queue (not acknowledged to the remote; AMQP: rejected when refused for good); "
+     "AMQP: also undecodable, a bad topic or a queue acknowledgement (rejected).",
+     "refused_here"),
     ("mqttamqp_bridge_backlog_messages", GAUGE, "Out messages waiting in the bridge's "
      "session (queued and in flight).", "backlog_messages"),
     ("mqttamqp_bridge_backlog_dropped", COUNTER, "Out messages dropped at the backlog's "

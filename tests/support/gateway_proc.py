@@ -54,12 +54,6 @@ _QOS2_IDS = ("the gateway keeps the QoS 2 packet ids awaiting PUBREL per connect
              "is routed again")
 _USER_PROPERTIES = ("MQTT 5 user properties cross as AMQP application-properties, a map: "
                     "of a repeated name only the first value arrives")
-_TOPIC_ALIAS = ("topic aliases are not served through a gateway: its CONNACK announces "
-                "none (topic alias maximum 0)")
-_WILL_PROPERTIES = ("a will's MQTT 5 properties are not carried yet (AMQP_WILL has its "
-                    "topic, payload, QoS and retain)")
-_SUBACK_INVALID = ("an invalid filter in an MQTT 5 SUBSCRIBE closes the connection, as in "
-                   "3.1.1; the broker answers 0x8F for that filter in SUBACK")
 _SESSION_EXPIRY = ("a client's MQTT 5 session expiry is not carried (the core's "
                    "--session-expiry applies) and session present is the seed's")
 # test function name (with "[ID]": only its cases with that parameter id) -> why it
@@ -69,11 +63,7 @@ GATEWAY_DIFFERS: dict[str, str] = {
     "test_session_present_flag_mqtt311": _SESSION_PRESENT,
     "test_qos2_inbound_duplicate_after_reconnect_is_routed_once": _QOS2_IDS,
     # test_mqtt5_clients.py
-    "test_paho_connack_properties_and_assigned_id": _TOPIC_ALIAS,
     "test_paho_properties_pass_through": _USER_PROPERTIES,
-    "test_paho_topic_alias": _TOPIC_ALIAS,
-    "test_paho_will_with_properties": _WILL_PROPERTIES,
-    "test_raw_suback_codes": _SUBACK_INVALID,
     "test_raw_takeover_then_disconnect_expires_on_the_new_interval": _SESSION_EXPIRY,
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Container
 from typing import Any, NamedTuple
 
 from mqttamqp.amqp.codec.sections import InboundMessage
@@ -19,7 +20,7 @@ from mqttamqp.amqp.codec.values import MAX_DEPTH, DecodeError, Described, Symbol
 
 __all__ = ["ANNOTATION_RETAIN", "ANNOTATION_QOS", "ANNOTATION_CLIENT_ID",
            "ANNOTATION_PAYLOAD_FORMAT", "ANNOTATION_SUBSCRIPTION_OPTIONS",
-           "subscription_options", "parse_qos", "message_qos", "message_retain",
+           "subscription_options", "retained_for", "parse_qos", "message_qos", "message_retain",
            "message_payload", "mqtt_payload", "Mqtt5Props", "mqtt5_props"]
 
 ANNOTATION_RETAIN = "x-opt-retain-message"
@@ -30,6 +31,8 @@ ANNOTATION_PAYLOAD_FORMAT = "x-opt-mqtt-payload-format"
 ANNOTATION_SUBSCRIPTION_OPTIONS = "x-opt-mqtt-subscription-options"
 # The options the core keeps per filter: no local (0x04), retain as published (0x08).
 _KEPT_OPTIONS = 0x0C
+# Retain handling (0x30): read per AMQP_SUBSCRIBE (``retained_for``), not kept.
+_RETAIN_HANDLING = 0x30
 
 
 def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, int]]
@@ -37,7 +40,8 @@ def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, 
     """Per request of an AMQP_SUBSCRIBE, its options packed with its QoS as
     ``Session.sub_options`` keeps them, from the annotation
     ``x-opt-mqtt-subscription-options`` (a map: filter → the MQTT 5 options byte; no
-    local and retain as published are kept, other bits ignored); [] without one, or
+    local and retain as published are kept, retain handling is ``retained_for``'s,
+    other bits ignored); [] without one, or
     why the annotation is not such a map."""
     raw = annotations.get(ANNOTATION_SUBSCRIPTION_OPTIONS)
     if raw is None:
@@ -48,6 +52,22 @@ def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, 
         return (f"annotation {ANNOTATION_SUBSCRIPTION_OPTIONS} must map topic filters to "
                 "an options byte (0-255)")
     return [qos | (raw.get(f, 0) & _KEPT_OPTIONS) for f, qos in requests]
+
+
+def retained_for(annotations: dict[Any, Any], requests: list[tuple[str, int]],
+                 subscribed: Container[str]) -> list[bool]:
+    """Per request of an AMQP_SUBSCRIBE, whether its retained messages follow, by the
+    retain handling bits (0x30) of its options byte in ``x-opt-mqtt-subscription-options``
+    (checked by ``subscription_options``): 0 (or no annotation) yes, 1 only for a filter
+    not in ``subscribed`` (the session's before this AMQP_SUBSCRIBE), 2 no."""
+    raw = annotations.get(ANNOTATION_SUBSCRIPTION_OPTIONS)
+    if not isinstance(raw, dict):
+        return [True] * len(requests)
+    wanted = []
+    for topic_filter, _qos in requests:
+        handling = (raw.get(topic_filter, 0) & _RETAIN_HANDLING) >> 4
+        wanted.append(handling == 0 or (handling == 1 and topic_filter not in subscribed))
+    return wanted
 
 
 def _is_ascii_number(text: str) -> bool:

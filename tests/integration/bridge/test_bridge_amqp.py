@@ -281,14 +281,18 @@ def test_a_message_above_the_remote_max_message_size_is_dropped(tmp_path: Path) 
 def test_a_receiver_the_remote_refuses_is_a_failing_attempt(tmp_path: Path) -> None:
     """The remote refuses the in rule's receiver (its source has more levels than its
     --max-topic-levels): the bridge never says connected, it logs the attempts as
-    failing with the remote's reason, once."""
+    failing with the remote's reason, once however many fail (the back-off's growth
+    is test_bridge_amqp_attach's, on a clock)."""
     far = _far(tmp_path, None, None, "--max-topic-levels", "2")
     near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
                  'topics = ["a/b/c/# in 1"]')
     try:
         line = near.wait_for_line(r"bridge hq to amqp://\S+: failing", timeout=15)
         assert "detached" in line, line
-        lines = [x for x in near.log if "bridge hq" in x]
+        for _ in range(4):   # (four attempts refused by the remote, each logged there)
+            far.wait_for_line(r"refused link \S+:in:0 ", timeout=15)
+        lines = [x for x in near.log if "bridge hq to" in x]
+        assert [x for x in lines if ": failing" in x] == [line], lines
         assert not any(": connected" in x or ": lost" in x for x in lines), lines
     finally:
         near.stop()

@@ -25,6 +25,7 @@ from mqttamqp.mqtt.packets import (
     Connect,
     Disconnect,
     Properties,
+    Puback,
     Publish,
     Suback,
     Subscribe,
@@ -228,6 +229,31 @@ def test_raw_suback_codes(sockets) -> None:
     assert isinstance(c.recv(), Connack)
     c.send(Subscribe(3, (("ok/#", 1), ("bad/#/x", 1), ("$share/g/t", 0))))
     assert c.expect(Suback, 3) == Suback(3, (1, 0x8F, 0))
+
+
+def test_raw_retain_handling(sockets) -> None:
+    """Retain handling: 2 sends no retained message, 1 only on a new subscription, 0 on
+    every SUBSCRIBE (the next PUBLISH after each SUBACK is the retained one, or the
+    client's own live marker when none was sent)."""
+    base = "rh/" + uid()
+    c: RawClient = sockets(level=5)
+    c.send(Connect("MQTT", 5, uid("h"), True, 60))
+    assert isinstance(c.recv(), Connack)
+    c.send(Publish(base + "/kept", b"kept", 1, True, False, 1))
+    c.expect(Puback, 1)
+    for pid, (topic_filter, handling, retained) in enumerate([
+            (base + "/#", 2, False), (base + "/+", 1, True), (base + "/+", 1, False),
+            (base + "/kept", 0, True), (base + "/kept", 0, True)], start=2):
+        c.send(Subscribe(pid, ((topic_filter, 0),), options=(handling << 4,)))
+        assert isinstance(c.expect(Suback, pid), Suback)
+        marker = b"marker %d" % pid
+        c.send(Publish(base + "/live", marker, 0, False, False, None))
+        got: list[bytes] = []
+        while marker not in got:   # (bounded: expect times out)
+            packet = c.expect(Publish)
+            assert isinstance(packet, Publish)
+            got.append(packet.payload)
+        assert (b"kept" in got) is retained, (topic_filter, handling, got)
 
 
 def test_raw_takeover_then_disconnect_expires_on_the_new_interval(

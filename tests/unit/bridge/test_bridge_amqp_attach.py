@@ -1,6 +1,7 @@
 """An AMQP 1.0 bridge's reading of the remote's attach (``amqp.refused``) on two
 in-memory proton engines wired to each other: a null source or target refuses the
-link, the anonymous relay's null target address does not."""
+link, the anonymous relay's null target address does not; the back-off across
+connections the remote ends at once (on ``task.Clock``)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ def test_a_source_given_back_accepts_our_receiver() -> None:
     assert not refused(_attach(False, _copy))
 
 
+def _source_without_address(link: Any) -> None:
+    link.source.copy(link.remote_source)
+    link.source.address = None
+    link.source.dynamic = True   # (else proton sends a null source: no field is set)
+
+
+def test_a_source_without_an_address_accepts_our_receiver() -> None:
+    """The remote answers our receiver with a source that has no address (not a null
+    terminus, which the spec allows): attached, not refused."""
+    assert not refused(_attach(False, _source_without_address))
+
+
 def test_a_null_target_refuses_our_sender() -> None:
     """The remote answers our sender with a null target: refused."""
     assert refused(_attach(True, _null_target))
@@ -89,3 +102,38 @@ def test_the_anonymous_relay_target_accepts_our_sender() -> None:
     """The remote answers with a target whose address is null (the anonymous relay):
     attached."""
     assert not refused(_attach(True, _copy))
+
+
+def test_a_connection_ended_at_once_each_time_makes_the_backoff_grow() -> None:
+    """A remote that attaches every link, then detaches one at once, each time: the
+    delay before the next attempt grows (the attach no longer resets the back-off)."""
+    from test_bridge_amqp_settle import FakeRemote, _connected
+
+    bridge, remote, _, clock = _connected(**{"reconnect-min": 1.0})
+    delays = []
+    for _ in range(5):
+        bridge.remote_lost(remote, "the remote detached hq:out: amqp:not-allowed")
+        call = bridge._retry
+        delays.append(call.getTime() - clock.seconds())
+        call.cancel()
+        remote = FakeRemote()
+        bridge._client = remote
+        bridge.links_ready(remote)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_a_connection_that_lasted_resets_the_backoff() -> None:
+    """Connected for max(keepalive, reconnect-max) seconds, the back-off starts over:
+    the attempt after that connection is lost waits reconnect-min."""
+    from test_bridge_amqp_settle import FakeRemote, _connected
+
+    bridge, remote, _, clock = _connected(**{"reconnect-min": 1.0, "keepalive": 30})
+    for _ in range(3):
+        bridge.remote_lost(remote, "gone")
+        bridge._retry.cancel()
+        remote = FakeRemote()
+        bridge._client = remote
+        bridge.links_ready(remote)
+    clock.advance(60.0)   # (reconnect-max, above keepalive)
+    bridge.remote_lost(remote, "gone")
+    assert bridge._retry.getTime() - clock.seconds() == 1.0

@@ -1,10 +1,13 @@
 """An AMQP 1.0 bridge's connection to the remote (``AmqpRemote``) holding the remote
 by its credit, on a fake engine (proton's delivery and link calls recorded): paused,
 an answered delivery gives no credit back and the socket is not paused (heartbeats
-go on); resumed, the withheld credit goes at once; once dropped, nothing is answered."""
+go on); resumed, the withheld credit goes at once; once dropped, nothing is answered.
+The QoS 0 backlog's count against two real in-memory proton engines."""
 
 from __future__ import annotations
 
+from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -92,16 +95,180 @@ def test_a_failed_connect_leaves_no_timer() -> None:
     bridge.stop()
 
 
-def test_the_open_timer_runs_until_the_links_are_attached(
-        remote: tuple[AmqpRemote, list[tuple[str, Any]]]) -> None:
-    """The remote opened but never answered the attach: the open timer still drops the
-    connection, saying so."""
-    r, _ = remote
-    r.ready = False
-    r._timer = None
-    r.conn.reason = "connection lost"  # type: ignore[attr-defined]
-    aborted: list[bool] = []
-    r.conn.abortConnection = lambda: aborted.append(True)  # type: ignore[attr-defined]
-    r.conn.open = True  # type: ignore[misc]
-    r._no_open()
-    assert aborted and "attach" in r.conn.reason
+class _FakeLink:
+    """A proton link as ``upstream_open`` sets it up (its termini, modes, open)."""
+
+    SND_MIXED = RCV_FIRST = 0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = SimpleNamespace(address=None)
+        self.target = SimpleNamespace(address=None)
+        self._impl = object()
+
+    def open(self) -> None:
+        pass
+
+    def flow(self, n: int) -> None:
+        pass
+
+
+class _OpenedConn(FakeConn):
+    """An ``UpstreamConnection`` whose remote opened: ``begin`` gives a session that
+    makes fake links; the remote never answers their attach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = "connection lost"
+        self.aborted = False
+
+    def begin(self, owner: Any) -> Any:
+        return SimpleNamespace(sender=_FakeLink, receiver=_FakeLink)
+
+    def register(self, link: Any, owner: Any) -> None:
+        pass
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+
+
+def test_the_open_timer_runs_until_the_links_are_attached() -> None:
+    """The remote opened (``upstream_open``) but never answered the attach: twice the
+    connect-timeout later the open timer drops the connection, saying so."""
+    from core_broker import make_broker
+    from twisted.internet.defer import Deferred
+
+    from mqttamqp.bridge.amqp import AmqpBridge
+    from mqttamqp.bridge.config import BridgeSettings
+
+    broker, clock, _ = make_broker()
+    settings = BridgeSettings.from_table({"name": "hq", "address": "amqp://127.0.0.1:1",
+                                          "topics": ["out/# out 1", "in/# in 1"],
+                                          "connect-timeout": 5.0})
+    bridge = AmqpBridge(broker, clock, settings, lambda client: Deferred())
+    bridge.start()
+    r = bridge.client
+    conn = r.conn = _OpenedConn()
+    r.upstream_open(conn)
+    assert not r.ready and not conn.aborted
+    clock.advance(9.9)
+    assert not conn.aborted
+    clock.advance(0.2)
+    assert conn.aborted and "attach" in conn.reason
+
+
+class _Engines:
+    """Our proton client engine and a remote server engine, in memory: a sender to
+    the null address on ours, the remote's receiver attached with no credit yet."""
+
+    def __init__(self) -> None:
+        from proton import Collector, Connection, Event, Transport
+
+        self.ours, self.theirs = Connection(), Connection()
+        self.t, self.st = Transport(), Transport(Transport.SERVER)
+        self.t.bind(self.ours)
+        self.st.bind(self.theirs)
+        self.col, tcol = Collector(), Collector()
+        self.ours.collect(self.col)
+        self.theirs.collect(tcol)
+        self.ours.open()
+        self.theirs.open()
+        session = self.ours.session()
+        session.open()
+        self.sender = session.sender("out")
+        self.sender.target.address = None
+        self.sender.open()
+        self.pump()
+        self.receiver: Any = None
+        for _ in range(100):   # (bounded: the handful of events of one attach)
+            e = tcol.peek()
+            if e is None:
+                break
+            if e.type == Event.SESSION_REMOTE_OPEN:
+                e.session.open()
+            if e.type == Event.LINK_REMOTE_OPEN:
+                e.link.target.copy(e.link.remote_target)
+                e.link.open()
+                self.receiver = e.link
+            tcol.pop()
+        self.pump()
+        while self.col.peek() is not None:
+            self.col.pop()
+
+    def pump(self) -> None:
+        for _ in range(4):
+            for a, b in ((self.t, self.st), (self.st, self.t)):
+                n = a.pending()
+                if n > 0:
+                    b.push(a.peek(n))
+                    a.pop(n)
+
+
+def test_qos0_backlog_is_out_of_the_count_once_proton_wrote_it() -> None:
+    """Three QoS 0 messages sent without credit count as the link's backlog; once the
+    remote's flow lets them go and our output is written, the backlog is 0 (it was
+    reduced only on the next flow)."""
+    from proton import Event
+
+    from mqttamqp.bridge.amqp import AmqpLink
+
+    e = _Engines()
+    r = AmqpRemote.__new__(AmqpRemote)
+    r.sender_impl = e.sender._impl
+    r.unsent = 0
+    r._unsent = deque()
+    drained: list[object] = []
+    r.bridge = SimpleNamespace(client_drained=drained.append)  # type: ignore[assignment]
+    link = AmqpLink(SimpleNamespace())
+    link.remote = r
+    for i in range(3):   # (as ``send`` does without credit)
+        d = e.sender.delivery(b"%d" % i)
+        e.sender.send(b"x" * 100)
+        e.sender.advance()
+        d.settle()
+        r.unsent += 100
+        r._unsent.append(100)
+    assert link.backlog_bytes == 300
+    e.receiver.flow(10)
+    n = e.st.pending()   # (the flow frame in: input only, as dataReceived pushes it)
+    e.t.push(e.st.peek(n))
+    e.st.pop(n)
+    for _ in range(100):
+        event = e.col.peek()
+        if event is None:
+            break
+        if event.type == Event.LINK_FLOW:
+            r.on_flow(e.sender._impl)
+        e.col.pop()
+    assert drained == [r]
+    e.t.pending()   # (our output written: the three are on the wire)
+    assert link.backlog_bytes == 0
+
+
+def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
+    """While the remote grants no credit, the QoS 0 messages ``AmqpRemote.send`` hands
+    to proton count (encoded) as the link's backlog: past the congested QoS 0 bound the
+    rest are dropped and counted; once the remote's credit lets them go, it is 0."""
+    from test_bridge_amqp_settle import _connected
+
+    from mqttamqp.bridge.link import RemoteLimits
+    from mqttamqp.core.message import Message
+
+    e = _Engines()
+    bridge, _, broker, _ = _connected({"congested_qos0_bytes": 1000},
+                                      topics=["out/# out 0"])
+    r = AmqpRemote.__new__(AmqpRemote)
+    r.conn = FakeConn()  # type: ignore[assignment]
+    r.bridge = bridge
+    r.sender_impl = e.sender._impl
+    r.unsent, r._unsent, r._tag, r.max_message, r.waiting = 0, deque(), 0, 0, {}
+    bridge._client = r
+    bridge.link.attach(r, RemoteLimits(None))
+    for i in range(100):
+        broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
+    sent = r._tag
+    assert 0 < sent < 20 and bridge.link.backlog_bytes == r.unsent >= 1000
+    assert bridge.session is not None and bridge.session.dropped_congested == 100 - sent
+    e.receiver.flow(100)
+    e.pump()   # (the flow in, our output out: the queued messages are on the wire)
+    assert bridge.link.backlog_bytes == 0

@@ -36,6 +36,7 @@ class FakeRemote:
         self.dropped: str | None = None
         self.answers: list[tuple[Any, int]] = []
         self.invalid: str | None = None
+        self.condition = ""
         self.unsent = 0
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
@@ -48,12 +49,23 @@ class FakeRemote:
     def drop(self, reason: str) -> None:
         self.dropped = reason
 
-    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None) -> None:
+    def answer(self, dlv: Any, impl: Any, state: int, invalid: str | None = None,
+               condition: str = "amqp:invalid-field") -> None:
         self.answers.append((dlv, state))
         self.invalid = invalid
+        self.condition = condition
 
     def disconnect(self) -> None:
         pass
+
+    def backlog(self) -> int:
+        return self.unsent
+
+    def answer_later(self, dlv: Any, impl: Any) -> Any:
+        return lambda: self.answer(dlv, impl, ACCEPTED)
+
+    def reject_held(self, dlv: Any, impl: Any, refusal: Any) -> None:
+        self.answer(dlv, impl, REJECTED, refusal.reason)
 
 
 def _connected(limits: dict[str, Any] | None = None, **table: Any
@@ -209,16 +221,37 @@ def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
     assert bridge.refused_here == 1 and bridge.received == 0
 
 
-def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
-    """While the remote grants no credit, QoS 0 messages handed to proton count as the
-    link's backlog; past --congested-qos0-bytes the rest are dropped and counted."""
-    bridge, remote, broker, _ = _connected({"congested_qos0_bytes": 1000},
-                                           topics=["out/# out 0"])
-    remote.no_credit = True
-    for i in range(100):
-        broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
-    assert 10 <= len(remote.sent) <= 11, len(remote.sent)
-    assert bridge.session is not None and bridge.session.dropped_congested >= 89
+@pytest.mark.parametrize("topic", ["$queue/jobs/$ack", "$dlq/jobs/x", "$mqtt.control"])
+def test_an_in_message_the_core_refuses_for_good_is_rejected_not_a_reconnect(
+        topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in message to a queue acknowledgement, a $dlq/ publish or a control address
+    is rejected to the remote (as the core's AMQP ingress does), not answered by a
+    reconnect that would bring it back first each time."""
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, _, _ = _connected(topics=[f"{topic} in 1"])
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+    assert remote.dropped is None, remote.dropped
+    assert remote.answers == [("dlv", REJECTED)] and remote.invalid
+    assert bridge.refused_here == 1
+
+
+def test_an_in_message_a_full_queue_refuses_drops_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal that may pass later (quota: a full queue) is not rejected: the
+    connection is dropped so that the remote keeps the message."""
+    from types import SimpleNamespace
+
+    from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, Refusal
+
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, broker, _ = _connected(topics=["$queue/# in 1"])
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=Refusal(QUOTA_EXCEEDED, "queue 'jobs' is full"), blocked=False,
+        congested=(), durable=None))
+    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl",
+                          _in_message("$queue/jobs/a"))
+    assert remote.answers == [] and remote.dropped is not None
+    assert "full" in remote.dropped
 
 
 def test_qos2_accepted_completes_the_entry() -> None:
@@ -235,18 +268,56 @@ def test_qos2_accepted_completes_the_entry() -> None:
     assert len(remote.sent) == 3
 
 
-def test_released_is_sent_again_max_resends_times_then_dropped() -> None:
-    """A message the remote releases each time is sent again max-resends times, then
-    dropped and counted as rejected."""
+def test_released_for_a_long_time_never_drops_an_acknowledged_message() -> None:
+    """Default settings: a remote releasing a QoS 1 message for far longer than
+    max-resends tries keeps it in flight, sent again with a doubling delay."""
+    bridge, remote, broker, clock = _connected(**{"reconnect-min": 1.0})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    start, times = clock.seconds(), []
+    for _ in range(15):
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        sent = len(remote.sent)
+        for _ in range(200):   # (bounded: the resend comes within reconnect-max)
+            clock.advance(0.5)
+            if len(remote.sent) > sent:
+                break
+        times.append(clock.seconds())
+    assert bridge.session is not None and packet_id in bridge.session.inflight
+    assert bridge.refused == 0 and len(remote.sent) == 16
+    gaps = [b - a for a, b in zip([start, *times], times, strict=False)]
+    assert gaps[0] == 1.0 and gaps[1] == 2.0 and gaps[-1] == 60.0
+
+
+def test_delivery_failed_is_sent_again_max_resends_times_then_dropped() -> None:
+    """A message the remote fails each time (modified with delivery-failed) is sent
+    again max-resends times, then dropped as a poison message, counted as rejected."""
     bridge, remote, broker, clock = _connected(**{"max-resends": 2})
     _publish(broker, 1)
     packet_id = remote.sent[0][2]
     for _ in range(3):
-        bridge.outcome(remote, packet_id, RELEASED, "")
-        clock.advance(2.1)
+        bridge.outcome(remote, packet_id, amqp.FAILED, "modified: delivery-failed")
+        clock.advance(8.1)
     assert len(remote.sent) == 3
     assert bridge.session is not None and packet_id not in bridge.session.inflight
     assert bridge.refused == 1
+
+
+def test_an_accepted_outcome_starts_the_resend_delay_over() -> None:
+    """After releases have doubled the resend delay, an accepted message brings the
+    next resend back to reconnect-min."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 2)
+    first, second = remote.sent[0][2], remote.sent[1][2]
+    bridge.outcome(remote, first, RELEASED, "")
+    clock.advance(2.1)
+    bridge.outcome(remote, first, RELEASED, "")
+    clock.advance(4.1)
+    link = bridge.link
+    assert isinstance(link, AmqpLink) and link.delay == 4.0
+    bridge.outcome(remote, second, ACCEPTED, "")
+    bridge.outcome(remote, first, RELEASED, "")
+    assert link.delay == 2.0
 
 
 def test_a_resend_waits_for_credit() -> None:
@@ -260,7 +331,7 @@ def test_a_resend_waits_for_credit() -> None:
     clock.advance(2.1)
     assert len(remote.sent) == 2
     remote.no_credit = False
-    clock.advance(2.1)
+    clock.advance(2.1)   # (the next try: the same delay, no credit is no release)
     assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
 
 

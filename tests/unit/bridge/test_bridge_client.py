@@ -42,7 +42,8 @@ def test_backoff_doubles_to_its_bound_and_resets() -> None:
 
 
 def test_reconnect_waits_with_bounded_backoff_then_resets() -> None:
-    """A refused remote is retried after 1, 2, 4, 8, 8 s; an accepted CONNECT resets it."""
+    """A refused remote is retried after 1, 2, 4, 8, 8 s; a connection that lasted
+    max(keepalive, reconnect-max) seconds resets it."""
     bridge, remote, _, clock = _bridge()
     bridge.start()
     assert remote.attempts == 1 and bridge.state == "waiting"
@@ -59,6 +60,7 @@ def test_reconnect_waits_with_bounded_backoff_then_resets() -> None:
     clock.advance(8.0)
     accept(remote)
     assert bridge.state == "connected"
+    clock.advance(10.0)   # (keepalive 10, reconnect-max 8)
     remote.lose()
     assert bridge.state == "waiting"
     before = remote.attempts
@@ -123,7 +125,7 @@ def test_out_backlog_waits_goes_in_order_and_is_resent_until_puback() -> None:
     remote.send(Puback(sent[0].packet_id))
     remote.send(Puback(sent[1].packet_id))
     remote.lose()
-    clock.advance(1.0)
+    clock.advance(2.0)   # (the back-off went on: that connection did not last)
     accept(remote)
     (again,) = remote.packets()
     assert isinstance(again, Publish) and (again.payload, again.dup) == (b"m2", True)
@@ -346,8 +348,7 @@ def test_one_log_line_per_state_change_not_per_attempt() -> None:
         accept(remote)
         remote.lose()
         remote.up = False
-        clock.advance(1.0)
-        clock.advance(2.0)
+        clock.advance(8.0)   # (the back-off at its bound: that connection did not last)
         assert lines == ["connecting", "failing", "connected", "lost", "failing"]
         assert bridge.state == "waiting" and bridge.last_error == "refused"
     finally:

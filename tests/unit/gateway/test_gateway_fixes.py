@@ -33,6 +33,7 @@ from mqttamqp.mqtt.packets import (
     Subscribe,
     Will,
 )
+from mqttamqp.mqtt.v5 import TOPIC_ALIAS_MAXIMUM
 
 
 def test_message_id_of_a_publish_delivery_is_read_in_place() -> None:
@@ -173,7 +174,7 @@ def test_mqtt5_clean_start_with_session_expiry_opens_a_persistent_session() -> N
 
 def test_mqtt5_connack_announces_what_the_gateway_serves() -> None:
     """An MQTT 5 CONNACK through a gateway announces its receive maximum and maximum
-    packet size, no subscription identifiers and (absent) no topic aliases."""
+    packet size, the broker's topic alias maximum and no subscription identifiers."""
     proto, transport, _ = connected()
     proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10), 5))
     (channel,) = FakePool.made
@@ -184,18 +185,19 @@ def test_mqtt5_connack_announces_what_the_gateway_serves() -> None:
     assert props.receive_maximum == 1000
     assert props.maximum_packet_size == proto.factory.limits.max_packet_size
     assert props.subscription_identifier_available == 0
-    assert props.topic_alias_maximum is None
+    assert props.topic_alias_maximum == TOPIC_ALIAS_MAXIMUM
 
 
 def test_mqtt5_protocol_error_is_told_with_disconnect_and_its_reason_code() -> None:
     """An MQTT 5 client closed for a protocol error gets DISCONNECT with the reason code
-    (0x94 for a topic alias, which the gateway allows none of) before the close."""
+    (0x94 for a topic alias above the maximum announced) before the close."""
     proto, transport, _ = connected()
     proto.dataReceived(encode(Connect("MQTT", 5, "c5", True, 10), 5))
     (channel,) = FakePool.made
     channel.opened.callback(False)
     transport.clear()
-    proto.dataReceived(encode(Publish("t", b"x", properties=Properties(topic_alias=3)), 5))
+    proto.dataReceived(encode(Publish("t", b"x", properties=Properties(
+        topic_alias=TOPIC_ALIAS_MAXIMUM + 1)), 5))
     decoder = Decoder(1 << 20, 5)
     decoder.feed(transport.value())
     (told,) = list(decoder)

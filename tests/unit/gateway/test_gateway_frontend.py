@@ -115,7 +115,7 @@ def test_connack_waits_for_the_upstream_and_says_session_present() -> None:
     proto, transport, _ = connected()
     proto.dataReceived(CONNECT)
     (channel,) = FakePool.made
-    assert channel.open_args == (False, ("w/t", b"bye", 1, False))
+    assert channel.open_args == (False, ("w/t", b"bye", 1, False, None))
     assert transport.value() == b""
     channel.opened.callback(True)
     assert packets(transport) == [Connack(True, 0)]
