@@ -102,8 +102,10 @@ class AmqpLink(BridgeLink):
         for i, packet_id in enumerate(ids):
             if self.congested:   # (no credit: the rest wait for the next try)
                 self._retries[:0] = ids[i:]
-                self._retry_call = self.bridge.clock.callLater(   # (the same delay:
-                    self.delay, self._resend)                     # not a release)
+                # the same delay (not a release), never less than reconnect-min: an
+                # accept since may have set it to 0, and no credit would spin here
+                wait = max(self.delay, self.bridge.settings.reconnect_min)
+                self._retry_call = self.bridge.clock.callLater(wait, self._resend)
                 return
             entry = session.inflight.get(packet_id)
             if entry is not None:

@@ -335,6 +335,23 @@ def test_a_resend_waits_for_credit() -> None:
     assert [(p, dup) for _, p, _, dup in remote.sent[2:]] == [(b"0", True), (b"1", True)]
 
 
+def test_a_resend_waiting_for_credit_after_an_accept_does_not_spin() -> None:
+    """Review finding: an accept between a release and its resend set the delay to 0,
+    so with no credit the resend was scheduled again at once, every reactor turn."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 2)
+    (_, _, first, _), (_, _, second, _) = remote.sent[:2]
+    bridge.outcome(remote, first, RELEASED, "")
+    bridge.outcome(remote, second, ACCEPTED, "")
+    remote.no_credit = True
+    clock.advance(2.1)              # the resend's try: no credit
+    retry = bridge.link._retry_call
+    assert retry is not None and retry.getTime() - clock.seconds() >= 1.0
+    remote.no_credit = False
+    clock.advance(retry.getTime() - clock.seconds())
+    assert [p for _, p, _, _ in remote.sent[2:]] == [b"0"]
+
+
 def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyPatch) -> None:
     """take_in with the store's Deferred still pending: the remote is not answered;
     once it fires the message is accepted, once."""
