@@ -1,0 +1,43 @@
+"""A reviewer's findings on MQTT 5 through a gateway (issue #29 §1): each as the
+broker does it; against the in-memory core (``gateway_memory``, ``amqp_memory``)."""
+
+from __future__ import annotations
+
+from amqp_memory import Net
+from gateway_memory import Gateway
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.packets import (
+    Connack,
+    Connect,
+    Properties,
+    Will,
+)
+
+
+def test_a_will_declared_utf8_that_is_not_is_accepted_and_published() -> None:
+    """A will with payload format 1 and a non-UTF-8 payload is accepted (CONNACK 0,
+    as the broker does) and published on a brute end, without the declaration."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    watcher = net.mqtt("watchbad", level=5)
+    watcher.subscribe(("wb/#", 1))
+    will = Will("wb/gone", b"\xff\xfe", 1, False, Properties(payload_format_indicator=1))
+    proto = gw.factory.buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    proto.dataReceived(encode(Connect("MQTT", 5, "dyingbad", True, 0, will), 5))
+    net.pump()
+    dec = Decoder(protocol_level=5)
+    dec.feed(transport.value())
+    (connack,) = [p for p in dec if isinstance(p, Connack)]
+    assert connack.return_code == 0
+    proto.connectionLost(Failure(ConnectionDone()))
+    net.pump()
+    (got,) = watcher.publishes()
+    assert (got.topic, got.payload) == ("wb/gone", b"\xff\xfe")
+    assert got.properties is None or got.properties.payload_format_indicator is None
+
