@@ -148,9 +148,16 @@ def carried_options(packet: Subscribe, plan: Subscription) -> dict[str, int] | N
     retained messages by it, knowing which filters are new) of each filter of
     ``plan.wanted`` that has one; None without any.  (Subscription identifiers are
     not carried.)"""
-    given = dict(zip((f for f, _q in packet.topics),
-                     packet.options or (0,) * len(packet.topics), strict=True))
-    options = {f: given[f] & _CARRIED for f, _q in plan.wanted if given[f] & _CARRIED}
+    # (each entry of ``wanted`` with its own options byte: ``plan.codes`` says SUCCESS
+    # exactly for them, in order; a filter given twice keeps its last granted entry's)
+    options: dict[str, int] = {}
+    for (f, _q), option, code in zip(packet.topics, packet.options or (0,) * len(
+            packet.topics), plan.codes, strict=True):
+        if code == ReasonCode.SUCCESS:
+            if option & _CARRIED:
+                options[f] = option & _CARRIED
+            else:
+                options.pop(f, None)
     return options or None
 
 

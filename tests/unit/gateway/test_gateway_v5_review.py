@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from amqp_memory import Net
 from gateway_memory import Gateway
+from test_gateway_acks import mqtt5_client
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
@@ -14,6 +15,8 @@ from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
     Properties,
+    Suback,
+    Subscribe,
     Will,
 )
 
@@ -41,3 +44,16 @@ def test_a_will_declared_utf8_that_is_not_is_accepted_and_published() -> None:
     assert (got.topic, got.payload) == ("wb/gone", b"\xff\xfe")
     assert got.properties is None or got.properties.payload_format_indicator is None
 
+
+def test_a_repeated_filter_carries_the_options_of_the_entry_granted() -> None:
+    """A shared filter given twice, without and then with No Local, gets SUBACK
+    (0, 0x8F); the core stores the granted entry's options (no No Local)."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5twice")
+    send(Subscribe(1, (("$share/g/t", 0), ("$share/g/t", 0)), options=(0, 0x04)))
+    (ack,) = [p for p in take() if isinstance(p, Suback)]
+    assert ack.return_codes == (0, 0x8F)
+    session = net.broker.sessions["v5twice"]
+    assert "$share/g/t" in session.subscriptions
+    assert session.sub_options.get("$share/g/t", 0) == 0
