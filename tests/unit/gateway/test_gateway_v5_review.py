@@ -10,6 +10,9 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
+from mqttamqp.amqp.codec.contract import Mqtt5Props, mqtt5_props
+from mqttamqp.amqp.codec.sections import decode_message
+from mqttamqp.gateway.wire import will_message
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -57,3 +60,13 @@ def test_a_repeated_filter_carries_the_options_of_the_entry_granted() -> None:
     session = net.broker.sessions["v5twice"]
     assert "$share/g/t" in session.subscriptions
     assert session.sub_options.get("$share/g/t", 0) == 0
+
+
+def test_a_will_with_message_expiry_0_reaches_the_core_as_ttl_0() -> None:
+    """A will's message expiry interval 0 goes with AMQP_WILL as header.ttl 0 (not
+    left out: a will that never expires), and AMQP_WILL keeps its subject and topic."""
+    wire = decode_message(will_message("c0", "w0/gone", b"bye", 1, False, Mqtt5Props(
+        None, 0, None, None, None, ())))
+    props = mqtt5_props(wire)
+    assert props is not None and props.expiry_interval == 0
+    assert (wire.subject, wire.to) == ("will", "w0/gone")
