@@ -17,7 +17,9 @@ from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
+    Disconnect,
     Properties,
+    Publish,
     Suback,
     Subscribe,
     Will,
@@ -70,3 +72,15 @@ def test_a_will_with_message_expiry_0_reaches_the_core_as_ttl_0() -> None:
     props = mqtt5_props(wire)
     assert props is not None and props.expiry_interval == 0
     assert (wire.subject, wire.to) == ("will", "w0/gone")
+
+
+def test_an_invalid_topic_name_closes_with_0x90_and_an_empty_one_with_0x82() -> None:
+    """A PUBLISH to a topic with a control character closes an MQTT 5 client with
+    0x90 (topic name invalid, as the broker does); an empty one, no alias, with 0x82."""
+    for topic, code in (("a/\x01", 0x90), ("", 0x82)):
+        net = Net()
+        gw = Gateway(net, connections=1, credit=4)
+        send, take = mqtt5_client(net, gw, "v5topic")
+        send(Publish(topic, b"x", 0, False, False, None))
+        assert [p.reason_code for p in take() if isinstance(p, Disconnect)] == [code]
+        assert gw.factory.published == 0
