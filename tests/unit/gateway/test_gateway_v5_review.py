@@ -3,8 +3,10 @@ broker does it; against the in-memory core (``gateway_memory``, ``amqp_memory``)
 
 from __future__ import annotations
 
-from amqp_memory import Net
+from amqp_memory import ACCEPTED, REJECTED, Net, outcome
+from amqp_messages import control
 from gateway_memory import Gateway
+from proton import symbol, ulong
 from test_gateway_acks import mqtt5_client
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
@@ -84,3 +86,24 @@ def test_an_invalid_topic_name_closes_with_0x90_and_an_empty_one_with_0x82() -> 
         send(Publish(topic, b"x", 0, False, False, None))
         assert [p.reason_code for p in take() if isinstance(p, Disconnect)] == [code]
         assert gw.factory.published == 0
+
+
+def test_retain_handling_3_or_a_reserved_bit_from_an_amqp_peer_is_a_decode_error() -> None:
+    """AMQP_SUBSCRIBE whose options byte has retain handling 3 (0x30) or a reserved
+    bit (0x40, 0x80) is Rejected with amqp:decode-error; retain handling 2 is taken."""
+    net = Net()
+    net.mqtt("ro", clean=False).disconnect()
+    fe = net.fe("ro")
+    fe.list()
+    fe.attach_publish()
+
+    def subscribe(option: int, packet_id: int) -> tuple[int, str | None]:
+        msg = control("subscribe", "ro", body={"ro/t": 1}, message_id=ulong(packet_id))
+        msg.annotations = {symbol("x-opt-mqtt-subscription-options"): {"ro/t": option}}
+        return outcome(fe.send(msg))
+
+    for packet_id, bad in enumerate((0x30, 0x40, 0x80, 0x04 | 0x30), start=1):
+        assert subscribe(bad, packet_id) == (REJECTED, "amqp:decode-error"), hex(bad)
+    assert fe.list() == {}
+    assert subscribe(0x20 | 0x04, 9) == (ACCEPTED, None)
+    assert fe.list() == {"ro/t": 1}
