@@ -107,3 +107,17 @@ def test_retain_handling_3_or_a_reserved_bit_from_an_amqp_peer_is_a_decode_error
     assert fe.list() == {}
     assert subscribe(0x20 | 0x04, 9) == (ACCEPTED, None)
     assert fe.list() == {"ro/t": 1}
+
+
+def test_topic_alias_0_closes_the_client_with_0x94() -> None:
+    """A PUBLISH with topic alias 0 closes an MQTT 5 client with DISCONNECT 0x94
+    (Topic Alias invalid, MQTT-3.3.2-8), on the broker and through a gateway."""
+    net = Net()
+    direct = net.mqtt("v5alias0d", level=5)
+    direct.send(Publish("a/0", b"x", 0, False, False, None, Properties(topic_alias=0)))
+    assert [p.reason_code for p in direct.take(Disconnect)] == [0x94]
+    gw = Gateway(net, connections=1, credit=4)
+    send, take = mqtt5_client(net, gw, "v5alias0")
+    send(Publish("a/0", b"x", 0, False, False, None, Properties(topic_alias=0)))
+    assert [p.reason_code for p in take() if isinstance(p, Disconnect)] == [0x94]
+    assert gw.factory.published == 0
