@@ -317,7 +317,11 @@ def hold_outcome(link: OutgoingLink, dlv: Any) -> None:
         broker.settlement.unhold(token)
         if ptr is not None:
             decref(ptr)
-        link.unclaim(dlv, key)
+            link.unclaim(dlv, key)
+        else:
+            # Settled by the peer: no outcome will come on it (and proton may reuse
+            # its pointer), so it is released now, as the rollback would.
+            link.outcome(key, RELEASED, False)
 
 
 def _rejected_reason(fields: list[Any]) -> str | None:

@@ -6,8 +6,8 @@ its consumers and their delivery tags, prefetch (``basic.qos``), acknowledgement
 Accepted, a requeue Modified with delivery-failed, counted as RabbitMQ counts it,
 no requeue Rejected, which dead-letters), publishing (``basic.publish`` with its
 content, ``mandatory`` returns, ``immediate`` refused with 540, ``user-id`` checked)
-and publisher confirms (``confirm.select``: ``basic.ack`` once the core's Deferred
-fires, ``multiple`` when several are done at once; ``basic.nack`` when it fails).
+and publisher confirms (``confirm.select``; which publishes are kept, and the
+``basic.ack``/``nack`` that say so, are ``confirms``'s).
 In tx mode (``tx``: ``transactions``) publishes and acknowledgements are held
 until ``tx.commit`` rather than carried out.
 Queue and exchange methods go to the 0.9.1 model (``Broker.exchanges``:
@@ -30,6 +30,7 @@ from pamqp import commands
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from mqttamqp.amqp091.confirms import PublisherConfirms
 from mqttamqp.amqp091.consumers import QueueConsumer
 from mqttamqp.amqp091.frames import Content, deliver_frame
 from mqttamqp.amqp091.hosts import ChannelHost
@@ -42,6 +43,7 @@ from mqttamqp.amqp091.permissions import (
 )
 from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
 from mqttamqp.amqp091.transactions import TX_METHODS, ChannelTransactions
+from mqttamqp.core.commits import CommitRound, Durable
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
     NOT_ALLOWED,
@@ -59,7 +61,7 @@ B, C = commands.Basic, commands.Confirm
 _NO_PROPS = b"\x00\x00"
 
 
-class Channel:
+class Channel(PublisherConfirms):
     """An open channel of a connection."""
 
     def __init__(self, connection: ChannelHost, number: int) -> None:
@@ -79,6 +81,9 @@ class Channel:
         self.publish_seq = 0
         self.confirms: OrderedDict[int, bool | None] = OrderedDict()
         self._ack_due = 0              # the confirm ack not yet sent (``_confirmed``)
+        # The commit round the last publishes wait on, and their numbers.
+        self._round: CommitRound | None = None
+        self._round_seqs: list[int] = []
         self._tags = 0
         # answers waiting for a commit, and those behind them (in method order)
         self._answers: deque[list[Any]] = deque()
@@ -270,10 +275,12 @@ class Channel:
         if self.confirming:
             self.publish_seq = seq = self.publish_seq + 1
             self.confirms[seq] = None
-        durable = self.route(message, content)
+        durable = self._routed(message, content, bool(seq))
         if seq:
             if durable is None:
                 self._confirmed(None, seq, True)
+            elif isinstance(durable, CommitRound):
+                self._confirm_in_round(durable, seq)
             else:
                 durable.addCallbacks(self._confirmed, self._confirm_failed,
                                      callbackArgs=(seq, True), errbackArgs=(seq,))
@@ -281,10 +288,17 @@ class Channel:
     def route(self, message: Message, content: Content) -> Deferred[None] | None:
         """Route a publish now (a ``mandatory`` one no queue took comes back): the
         Deferred of its durable copies."""
+        durable = self._routed(message, content, False)
+        assert not isinstance(durable, CommitRound)
+        return durable
+
+    def _routed(self, message: Message, content: Content, in_round: bool) -> Durable:
+        """``route``; ``in_round``: a copy to one queue may be waited on as the
+        batch's ``CommitRound`` (``Exchanges.publish``)."""
         m, props, connection = content.method, content.properties, self.connection
         routed, durable = self.exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
-            m.mandatory, connection.identity)
+            m.mandatory, connection.identity, in_round)
         congested = self.exchanges.congested
         if congested:
             connection.fed_congested(congested)
@@ -296,43 +310,6 @@ class Channel:
                                     content.raw_properties or props.marshal(),
                                     content.body)
         return durable
-
-    def _confirm_failed(self, failure: Failure, seq: int) -> None:
-        self._confirmed(None, seq, False)
-
-    def _confirmed(self, _: object, seq: int, ok: bool) -> None:
-        """Publish ``seq`` is kept (``ok``) or not.  Confirms go in order: one
-        ``basic.ack`` with ``multiple`` for the run done in a row, sent once the
-        commit's other Deferreds have fired too (``_ack_later``: a commit of 100
-        messages is one ack, not 100); a failed one is a ``basic.nack`` at once,
-        after the acks before it."""
-        confirms = self.confirms
-        if seq not in confirms or self.closing:
-            return
-        confirms[seq] = ok
-        acked = 0
-        while confirms:
-            first, state = next(iter(confirms.items()))
-            if state is None:
-                break
-            del confirms[first]
-            if state:
-                acked = first
-                continue
-            self._send_ack_due()
-            if acked:
-                self._send(B.Ack(acked, multiple=True))
-                acked = 0
-            self._send(B.Nack(first, multiple=False, requeue=False))
-        if acked:
-            if not self._ack_due:
-                self.connection.call_soon(self._send_ack_due)
-            self._ack_due = acked
-
-    def _send_ack_due(self) -> None:
-        acked, self._ack_due = self._ack_due, 0
-        if acked and not self.closing:
-            self._send(B.Ack(acked, multiple=True))
 
     def confirm_select(self, m: Any) -> None:
         if self.tx is not None:

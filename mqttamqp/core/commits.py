@@ -17,6 +17,14 @@ succeeded or every delivery was acknowledged first, or the commit's Failure).
 Unlike a Deferred shared by several consumers, no callback's return value
 reaches the next one: a failed commit fails every waiter of it.
 
+The commit of one batch is also a ``CommitRound`` (``commit_round``,
+``persist_in_round``): a count of the submissions that joined it and a list of
+callbacks, each called once with the commit's outcome (None, or its Failure):
+``when_done`` never before the commit that holds what it registered (the queues'
+durable watermark waits on it), ``when_answered`` (0.9.1 publisher confirms) also
+once every submission was released, consumed before the commit, as a ``Waiter``.
+No Deferred per queue append.
+
 What it must not do: decide what to store (the other core parts describe their
 changes as operations) or write to sockets itself (connections flush their own
 output when asked).
@@ -36,8 +44,8 @@ from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
-__all__ = ["CommitBatcher", "Waiter", "all_durable", "fire_when_acknowledged",
-           "committed_or_acknowledged", "committed_or_early"]
+__all__ = ["CommitBatcher", "CommitRound", "Durable", "Waiter", "all_done", "all_durable",
+           "fire_when_acknowledged", "committed_or_acknowledged", "committed_or_early"]
 
 
 class CommitBatcher:
@@ -57,6 +65,7 @@ class CommitBatcher:
         self._ops: list[Op] = []
         self._waiters: list[Deferred[None]] = []
         self._early: Waiter | None = None   # the batch's early acknowledgements
+        self._round: CommitRound | None = None   # the batch's commit, as a round
         self._flushes: list[Callable[[], None]] = []
 
     @property
@@ -103,6 +112,31 @@ class CommitBatcher:
             entry.on_done = waiter
         waiter.outstanding += len(entries)
         return waiter
+
+    def commit_round(self) -> CommitRound | None:
+        """Inside a batch (``batching``): the ``CommitRound`` of the commit that will
+        hold everything the batch submits, before or after this call.  Outside a
+        batch, or while stopping: None."""
+        if not self._depth or self.stopping:
+            return None
+        r = self._round
+        if r is None:
+            r = self._round = CommitRound(self.log_failure)
+        return r
+
+    def persist_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
+        """Inside a batch: submit ``ops`` with it and return its ``CommitRound``
+        (counted once more), no Deferred of the caller's own.  Outside a batch,
+        or while stopping: None, nothing submitted (use ``persist``)."""
+        if not self._depth or self.stopping:
+            return None
+        self._ops.extend(ops)
+        r = self._round
+        if r is None:
+            r = self._round = CommitRound(self.log_failure)
+        r.count += 1
+        r.outstanding += 1
+        return r
 
     def barrier(self) -> Deferred[None]:
         """Fires once everything submitted so far is durable."""
@@ -204,7 +238,8 @@ class CommitBatcher:
         if self._depth:
             return
         while True:
-            if self._ops or self._waiters or self._early is not None:
+            if (self._ops or self._waiters or self._early is not None
+                    or self._round is not None):
                 self._submit()
             if not self._flushes:
                 return
@@ -220,22 +255,28 @@ class CommitBatcher:
                 self._depth = 0
 
     def _submit(self) -> None:
-        ops, waiters, early = self._ops, self._waiters, self._early
-        self._ops, self._waiters, self._early = [], [], None
+        ops, waiters, early, r = self._ops, self._waiters, self._early, self._round
+        self._ops, self._waiters, self._early, self._round = [], [], None, None
         if self.stopping:
+            # (nothing is stored: only the acknowledgements complete the early
+            # waiter and answer the round, which never completes, as ``persist``'s
+            # Deferreds never fire)
             if early is not None:
-                # (nothing is stored: only the acknowledgements complete it)
                 early.seal()
+            if r is not None:
+                r.seal()
             return
         d = self._commit(ops)
         if early is not None:
             # sealed after the submit: a callback it fires at once (every delivery
             # already acknowledged) may start work whose ops must follow these
             early.seal()
-        if waiters or early is not None:
+        if r is not None:
+            r.seal()   # (likewise)
+        if waiters or early is not None or r is not None:
             # (one callback pair for all: none of them sees what another returned)
-            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early),
-                           errbackArgs=(waiters, early, self.log_failure))
+            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early, r),
+                           errbackArgs=(waiters, early, r, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
 
@@ -323,6 +364,120 @@ class Waiter:
                 self._log_failure(Failure(), "acknowledging after a commit")
 
 
+class CommitRound:
+    """The commit of one batch (``CommitBatcher.commit_round``), waited on without
+    a Deferred per submission.
+
+    ``count``: the submissions that joined it (``persist_in_round``).  Each
+    callback (``when_done``) is called once with the commit's outcome, None or
+    its Failure, and its own argument; at once if the outcome is known.  That
+    outcome is never known before the commit holding the batch's ops has
+    succeeded or failed, and a failure reaches every callback, whatever an
+    earlier one returned or raised.
+
+    Answers (``when_answered``: publisher confirms) may come earlier: once the
+    batch is submitted (``seal``) and every submission has been ``release``d
+    (a queue append every consumer finished before the commit); else with the
+    commit's outcome.  A commit that fails after an early answer is logged.
+    """
+
+    __slots__ = ("_answers", "_callbacks", "_log_failure", "_outcome", "_sealed",
+                 "answered", "count", "done", "outstanding")
+
+    def __init__(self, log_failure: Callable[[Failure, str], None]) -> None:
+        self.count = 0
+        self.outstanding = 0    # submissions not released
+        self.done = False
+        self.answered = False
+        self._sealed = False
+        self._outcome: Failure | None = None
+        self._callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
+        self._answers: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
+        self._log_failure = log_failure
+
+    def when_done(self, callback: Callable[[Failure | None, Any], object],
+                  arg: Any) -> None:
+        """Call ``callback(outcome, arg)`` once the commit's outcome is known."""
+        if self.done:
+            callback(self._outcome, arg)
+        else:
+            self._callbacks.append((callback, arg))
+
+    def when_answered(self, callback: Callable[[Failure | None, Any], object],
+                      arg: Any) -> None:
+        """Call ``callback(outcome, arg)`` at the commit, or with None once every
+        submission was released after the batch was submitted, if that is first."""
+        if self.answered:
+            callback(self._outcome, arg)
+        else:
+            self._answers.append((callback, arg))
+
+    def release(self) -> None:
+        """One submission needs the commit no more (its message was finished)."""
+        self.outstanding -= 1
+        if not self.outstanding and self._sealed and not self.answered:
+            self._answer(None)
+
+    def seal(self) -> None:
+        """The batch is submitted; answer now if every submission was released."""
+        self._sealed = True
+        if not self.outstanding and self._answers and not self.answered:
+            self._answer(None)
+
+    def finish(self, outcome: Failure | None) -> None:
+        """The commit succeeded (None) or failed: call every callback with that."""
+        if self.done:
+            return
+        self.done = True
+        self._outcome = outcome
+        callbacks, self._callbacks = self._callbacks, []
+        self._call(callbacks, outcome)
+        if not self.answered:
+            self._answer(outcome)
+        elif outcome is not None:
+            self._log_failure(outcome, "storing messages that were already acknowledged")
+
+    def _answer(self, outcome: Failure | None) -> None:
+        self.answered = True
+        answers, self._answers = self._answers, []
+        self._call(answers, outcome)
+
+    def _call(self, callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]],
+              outcome: Failure | None) -> None:
+        for callback, arg in callbacks:
+            try:
+                callback(outcome, arg)
+            except Exception:   # one waiter's fault must not cost the others theirs
+                self._log_failure(Failure(), "completing a commit's round")
+
+
+# What a caller waits on for a commit: a Deferred, a batch's round, or nothing.
+Durable = Deferred[None] | CommitRound | None
+
+
+def round_deferred(r: CommitRound) -> Deferred[None]:
+    """A Deferred that ``r``'s outcome fires (for a caller that combines it)."""
+    d: Deferred[None] = Deferred()
+    r.when_done(_fire_deferred, d)
+    return d
+
+
+def _fire_deferred(outcome: Failure | None, d: Deferred[None]) -> None:
+    if outcome is None:
+        d.callback(None)
+    else:
+        d.errback(outcome)
+
+
+def all_done(ds: Sequence[Durable]) -> Durable:
+    """``all_durable`` over Deferreds and rounds: one of them is returned as is."""
+    pending = [d for d in ds if d is not None]
+    if len(pending) == 1:
+        return pending[0]
+    return all_durable([round_deferred(d) if isinstance(d, CommitRound) else d
+                        for d in pending])
+
+
 # Marks a Failure that is a failed commit, already counted and logged.
 _COUNTED = "_mqttamqp_storage_counted"
 
@@ -357,16 +512,19 @@ def all_durable(ds: Sequence[Deferred[None] | None]) -> Deferred[None] | None:
     return done
 
 
-def _fire_all(_: object, waiters: list[Deferred[None]], early: Waiter | None) -> None:
+def _fire_all(_: object, waiters: list[Deferred[None]], early: Waiter | None,
+              r: CommitRound | None) -> None:
     for waiter in waiters:
         if not waiter.called:  # else fired early (fire_when_acknowledged)
             waiter.callback(None)
     if early is not None:
         early.committed(None)
+    if r is not None:
+        r.finish(None)
 
 
 def _fail_all(failure: Failure, waiters: list[Deferred[None]], early: Waiter | None,
-              log_failure: Callable[[Failure, str], None]) -> None:
+              r: CommitRound | None, log_failure: Callable[[Failure, str], None]) -> None:
     fired = False
     for waiter in waiters:
         if waiter.called:
@@ -375,6 +533,8 @@ def _fail_all(failure: Failure, waiters: list[Deferred[None]], early: Waiter | N
             waiter.errback(failure)
     if early is not None:
         early.failed(failure)
+    if r is not None:
+        r.finish(failure)
     if fired:
         log_failure(failure, "storing messages that were already acknowledged")
 

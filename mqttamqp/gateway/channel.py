@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Protocol
 from proton import Condition, Message, symbol, ulong
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from mqttamqp.amqp.codec.contract import (
     ANNOTATION_CLIENT_ID,
@@ -113,11 +114,17 @@ class ChannelOwner(Protocol):
         """AMQP_PUBREL on ``.publish``: send PUBREL ``packet_id``; ``dlv`` to
         ``finished`` on PUBCOMP."""
 
-    def upstream_gone(self, reason: str) -> None:
-        """The channel cannot serve the client any more: close it."""
+    def upstream_gone(self, reason: str, cause: str = "upstream-gone") -> None:
+        """The channel cannot serve the client any more: close it (one line per
+        ``cause``, rate-limited)."""
 
     def writable(self) -> None:
         """The core gave credit again: the client may be read."""
+
+
+def _consumed(_failure: Failure) -> None:
+    """The end of a waiter's failure nobody awaits any more (the connect flow awaits
+    one attach at a time): else an "Unhandled error in Deferred" each."""
 
 
 def _refused(link: Any) -> bool:
@@ -302,7 +309,7 @@ class ClientChannel:
                                                       self.client_id, None, props))
         if self.max_message and len(body) > self.max_message:   # (else the core detaches:
             self._gone(f"a PUBLISH of {len(body)} bytes as AMQP is over the core's "  # no will)
-                       f"max-message-size {self.max_message}", by_core=False)
+                       f"max-message-size {self.max_message}", False, "publish-over-core-max")
             return
         self.send_then(self.topics, body, then)
 
@@ -383,6 +390,7 @@ class ClientChannel:
             self._gone(why, by_core=d is None)
         elif d is not None and not d.called:
             d.errback(Refused(why, reason is not None and UNAUTHORIZED in reason))
+            self._opened[link._impl] = d   # (``_attached`` may not be at it yet)
 
     def on_session_closed(self) -> None:
         if self.state is not ChannelState.CLOSED:
@@ -460,7 +468,7 @@ class ClientChannel:
 
     # -- the end --------------------------------------------------------------------------
 
-    def _gone(self, reason: str, by_core: bool = True) -> None:
+    def _gone(self, reason: str, by_core: bool = True, cause: str = "upstream-gone") -> None:
         """The core ended something of ours: the client is closed (it closes us).
         ``by_core``: the core ended the channel (a link detached, the session ended:
         a takeover, maybe through another gateway), so the close sends neither
@@ -468,7 +476,7 @@ class ClientChannel:
         if by_core:
             self.ended_by_core = True
         if self.state is ChannelState.READY or self.state is ChannelState.OPENING:
-            self.owner.upstream_gone(reason)
+            self.owner.upstream_gone(reason, cause)
 
     def lost(self, reason: str) -> None:
         """The upstream connection is gone: nothing can be sent any more."""
@@ -483,9 +491,11 @@ class ClientChannel:
         for d in opened.values():
             if not d.called:
                 d.errback(Refused(reason))
+            d.addErrback(_consumed)
         reply, self._reply = self._reply, None
         if reply is not None and not reply.called:
             reply.errback(Refused(reason))
+            reply.addErrback(_consumed)
         waiting, self._waiting = self._waiting, {}
         for then in waiting.values():
             then(Outcome(False, reason))

@@ -143,9 +143,9 @@ class ClientDeliveries:
         if self.channel is not None and not self.rules.closed:
             self.transport.write(self.outbound.pubrel(packet_id, dlv))
 
-    def upstream_gone(self, reason: str) -> None:
+    def upstream_gone(self, reason: str, cause: str = "upstream-gone") -> None:
         if self.rules.state is ConnectionState.CONNECTED:
-            self._limited("upstream-gone", "closing {c} ({peer}): {r}", r=reason)
+            self._limited(cause, "closing {c} ({peer}): {r}", r=reason)
             self.abort(reason)
 
     # -- the client's answers ---------------------------------------------------------------

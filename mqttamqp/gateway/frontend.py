@@ -62,7 +62,7 @@ from mqttamqp.gateway.frames import (
     unsuback,
 )
 from mqttamqp.gateway.outbound import Outbound
-from mqttamqp.gateway.timers import ClientTimer
+from mqttamqp.gateway.timers import CLOSE_GRACE, ClientTimer
 from mqttamqp.mqtt.actions import Close, Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
@@ -387,7 +387,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         assigned = self.client_id if self._assigned else None   # (MQTT 5: said in CONNACK)
         self.transport.write(connack(self.level, present, 0, assigned, self.factory.limits))
         if self.keepalive is not None:
-            self.timer.keepalive(self.keepalive, lambda: self.last_activity, self.abort,
+            self.timer.keepalive(self.keepalive, lambda: self.last_activity,
+                                 lambda r: self.abort(r, grace=0.0),
                                  lambda: self.reading_paused)
         self._read()
 
@@ -560,8 +561,9 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.transport.write(disconnect5(reason, code))   # (MQTT 5: told why)
         self.abort(reason)
 
-    def abort(self, reason: str, brute: bool = True) -> None:
-        """Close the client after what is written: ``brute`` (its will goes) unless a takeover."""
+    def abort(self, reason: str, brute: bool = True, grace: float = CLOSE_GRACE) -> None:
+        """Close the client after what is written (cut after ``grace`` seconds; at once
+        if 0: a silent client): ``brute`` (its will goes) unless a takeover."""
         self._said_goodbye = self._said_goodbye or not brute
         # At once, not when the socket is gone (a turn later): a takeover's new channel
         # attaches a will link of the same name right after.
@@ -569,7 +571,14 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         if not self.rules.closed:
             self.rules.advance("close")
         if self.transport is not None:
-            self.transport.loseConnection()
+            # A registered producer is resumed, not closed, once the buffer drains;
+            # a client that does not read what is left is cut after ``grace``.
+            self.transport.unregisterProducer()
+            if grace > 0:
+                self.transport.loseConnection()
+                self.timer.start(grace, self.transport.abortConnection)
+            else:
+                self.transport.abortConnection()
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
         self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)

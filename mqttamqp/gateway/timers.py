@@ -1,5 +1,7 @@
 """One gateway client's timer: the CONNECT deadline, then the keepalive check
-(``mqtt.connection.Keepalive``'s rule: silent for 1.5 × keepalive is gone).
+(``mqtt.connection.Keepalive``'s rule: silent for 1.5 × keepalive is gone), then,
+once the gateway closes the client, the grace it has to read what is left
+(``CLOSE_GRACE``).
 
 What it owns: the one delayed call a client has at a time, on the injected clock.
 What it must not do: decide what a deadline means (the frontend is called back).
@@ -12,7 +14,12 @@ from collections.abc import Callable
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.mqtt.connection import Keepalive
 
-__all__ = ["ClientTimer"]
+__all__ = ["CLOSE_GRACE", "ClientTimer"]
+
+# Seconds a client the gateway closes has to read what was written before it; then
+# the socket is cut (a client that stopped reading would hold it, and its place
+# under --max-connections, for ever).
+CLOSE_GRACE = 5.0
 
 
 class ClientTimer:

@@ -99,6 +99,9 @@ _CLOSED = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
+# Seconds a connection the broker closes has to read what was written before it;
+# then the socket is cut (a client that stopped reading would hold it for ever).
+CLOSE_GRACE = 5.0
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
 # row; encode it once.
 _qos0_cache: list[Any] = [None, False, b""]
@@ -411,9 +414,16 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _lose(self) -> None:
-        """Close after writing everything (including what a batch still holds)."""
+        """Close after writing everything (including what a batch still holds); a
+        client that does not read it within ``CLOSE_GRACE`` is cut."""
         self._flush_out()
-        self.transport.loseConnection()
+        transport = self.transport
+        # A registered producer is resumed, not closed, once the buffer drains.
+        transport.unregisterProducer()
+        transport.loseConnection()
+        # (in the turn timer's slot: no turn comes after the close, and
+        # ``connectionLost`` cancels it)
+        self._turn_timer = self.clock.callLater(CLOSE_GRACE, transport.abortConnection)
 
     # -- timers -------------------------------------------------------------------
 

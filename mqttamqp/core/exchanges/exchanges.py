@@ -22,7 +22,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.commits import all_durable
+from mqttamqp.core.commits import Durable, all_done
 from mqttamqp.core.exchanges.arguments import QueueArguments
 from mqttamqp.core.exchanges.errors import (
     ACCESS_REFUSED,
@@ -299,12 +299,14 @@ class Exchanges(TopicSpace):
 
     def publish(self, message: Message, exchange: str, routing_key: str,
                 headers: Mapping[str, object] | None = None, publisher: str = "",
-                mandatory: bool = False, identity: Identity | None = None
-                ) -> tuple[bool, Deferred[None] | None]:
+                mandatory: bool = False, identity: Identity | None = None,
+                in_round: bool = False) -> tuple[bool, Durable]:
         """Route ``message`` published to ``exchange`` with ``routing_key``: whether
         any queue took it (False: ``basic.return`` when ``mandatory``) and the
         Deferred that fires once every durable copy is committed (None: nothing to
-        wait for); it fails (``PublishRefused``) when a queue refused it.  Through
+        wait for); it fails (``PublishRefused``) when a queue refused it.
+        ``in_round``: a copy to one queue may be waited on as the batch's
+        ``CommitRound`` instead (``QueueManager.publish``).  Through
         ``amq.topic`` it is also an MQTT publish (``identity``'s permission), and
         ``congested`` then holds the subscribers it left past their high-water
         mark (empty otherwise)."""
@@ -320,27 +322,29 @@ class Exchanges(TopicSpace):
             # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
             if routing_key[:1] == "$" or routing_key not in self.queues.queues:
                 return False, None
-            return True, self._enqueue(message, (routing_key,), routing_key, publisher)
+            return True, self._enqueue(message, (routing_key,), routing_key, publisher,
+                                       in_round=in_round)
         source = self.exchange(exchange)
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,
                                f"cannot publish to internal exchange '{exchange}'")
         counted = stats.messages_received
         queues, topic = self.route(source, routing_key, headers, True)
-        waits: list[Deferred[None] | None] = []
+        waits: list[Durable] = []
         routed = bool(queues)
         if topic:
             into, d = self.to_topic_space(message, routing_key, identity, queues)
             routed = routed or into
             waits.append(d)
         if queues:
-            waits.append(self._enqueue(message, queues, routing_key, publisher))
+            waits.append(self._enqueue(message, queues, routing_key, publisher,
+                                       in_round=in_round))
         if stats.messages_received == counted:   # (the router counted it if it went there)
             stats.messages_received += 1
         # (counted with messages_received, never before a refusal: the MQTT figure
         # is received less the other protocols', and must not go down)
         stats.messages_received_amqp091 += 1
-        return routed, all_durable(waits)
+        return routed, all_done(waits)
 
     def route(self, source: Exchange, routing_key: str,
               headers: Mapping[str, object] | None, into_topic: bool = False

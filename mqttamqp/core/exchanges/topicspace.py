@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal, overload
 
 from twisted.internet.defer import Deferred, fail
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.commits import all_durable
+from mqttamqp.core.commits import Durable, all_durable
 from mqttamqp.core.exchanges.errors import ACCESS_REFUSED, ChannelError
 from mqttamqp.core.exchanges.queuedecl import QueueDeclarations
 from mqttamqp.core.exchanges.routes import Exchange
@@ -179,12 +179,23 @@ class TopicSpace(QueueDeclarations):
               ) -> tuple[dict[str, None], bool]:
         raise NotImplementedError   # (``Exchanges.route``)
 
+    @overload
     def _enqueue(self, message: Message, names: tuple[str, ...] | list[str]
-                 | dict[str, None], key: str, publisher: str, refusals: bool = True
-                 ) -> Deferred[None] | None:
+                 | dict[str, None], key: str, publisher: str, refusals: bool = True,
+                 in_round: Literal[False] = False) -> Deferred[None] | None: ...
+
+    @overload
+    def _enqueue(self, message: Message, names: tuple[str, ...] | list[str]
+                 | dict[str, None], key: str, publisher: str, refusals: bool = True,
+                 in_round: bool = False) -> Durable: ...
+
+    def _enqueue(self, message: Message, names: tuple[str, ...] | list[str]
+                 | dict[str, None], key: str, publisher: str, refusals: bool = True,
+                 in_round: bool = False) -> Durable:
         """Append ``message`` to each existing queue of ``names`` (a refusal fails
-        the Deferred, with ``refusals``): one queue by ``QueueManager.publish``,
-        several in one commit (``QueueManager.publish_copies``)."""
+        the Deferred, with ``refusals``): one queue by ``QueueManager.publish``
+        (``in_round``: on the batch's ``CommitRound``), several in one commit
+        (``QueueManager.publish_copies``)."""
         queues = self.queues
         m = message
         # (copies built field by field, as ``queues.metadata.with_metadata`` does:
@@ -196,7 +207,8 @@ class TopicSpace(QueueDeclarations):
             copy = Message(queue_topic(name, key), m.payload, m.qos, m.retain, m.publisher,
                            m.timestamp, m.dup, m.native, m.amqp_only, m.props, m.amqp091,
                            m.priority)
-            d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher)
+            d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher,
+                                        in_round=in_round)
             if refusal is None:
                 return d
             return fail(PublishRefused(f"queue '{name}': {refusal.reason}")) if refusals else None

@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
-from mqttamqp.core.commits import CommitBatcher
+from mqttamqp.core.commits import CommitBatcher, CommitRound
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, body_size
 from mqttamqp.core.persistence import (
@@ -44,6 +44,7 @@ from mqttamqp.core.queues.addresses import (
     Refusal,
 )
 from mqttamqp.core.queues.budget import FreeSpace, StorageAlarm
+from mqttamqp.core.queues.durability import AppendAccounting, RoundAppends
 from mqttamqp.core.queues.model import (
     ConsumerGroup,
     Member,
@@ -61,7 +62,7 @@ __all__ = ["QueueLogs", "BodyReader"]
 BodyReader = Callable[[str, Sequence[int]], "Deferred[list[tuple[int, Message]]]"]
 
 
-class QueueLogs:
+class QueueLogs(AppendAccounting):
     """The queues, their logs and the commits that make their changes durable."""
 
     log = Logger(namespace="mqttamqp.core.queues")
@@ -89,7 +90,7 @@ class QueueLogs:
         self._appended_to: dict[QueueLog, int] = {}
         # Offsets finished (acknowledged, dead) not yet in a commit, per group.
         self._unsaved: dict[ConsumerGroup, list[int]] = {}
-        self._early: list[Deferred[None]] = []   # publishers' waiters to fire now
+        self._early: list[Deferred[None] | CommitRound] = []  # to answer now: ``_fire_early``
         self._parsed: dict[str, QueueAddress | str] = {}   # publish topics, parsed
         # Client ids that have (or had) a stored membership: only their sessions'
         # connects look through the groups (``session_online``, on every CONNECT).
@@ -114,6 +115,8 @@ class QueueLogs:
         self.budget = limits.queue_memory_budget
         self._reader: BodyReader | None = None
         self._appends: dict[QueueLog, tuple[int, int]] = {}  # (first, upto) this commit
+        # The appends of the current batch's commit, marked durable by its round.
+        self._round_appends: RoundAppends | None = None
         # Body bytes appended and not committed yet (they cannot be evicted): past
         # ``_unstored_limit`` publishers to queues wait for the writer (``paused``),
         # so that what waits for a commit does not grow past the budget.
@@ -197,24 +200,11 @@ class QueueLogs:
                 ) -> Deferred[None] | None:
         """Persist ``ops``; the queues appended to meanwhile dispatch their new
         messages once that commit is durable.  With ``background`` nobody waits."""
-        if self._unsaved:
-            ops = [*ops, *self._drain_done()]
-        if self.transient:
-            ops = self._durable_ops(ops)
-        appended, self._appended_to = self._appended_to, {}
-        stored, self._appends = self._appends, {}
-        nbytes, self._append_bytes = self._append_bytes, 0
+        ops, appended = self._hand_off(ops)
         d = self.commits.persist(ops)
-        if d is not None and stored:
-            d.addCallbacks(self._made_durable, self._not_durable,
-                           callbackArgs=(stored, nbytes), errbackArgs=(stored, nbytes))
-        elif nbytes:
-            self._committed_bytes(nbytes)
+        self._account(d)
         if self._early:
-            early, self._early = self._early, []
-            for waiter in early:      # (consumed before stored: see ``publish``)
-                if not waiter.called:
-                    waiter.callback(None)
+            self._fire_early()
         if d is None:
             for queue, upto in appended.items():   # (transient: nothing to wait for)
                 self._appended(None, queue, upto)
@@ -226,32 +216,44 @@ class QueueLogs:
             return None
         return d
 
-    def _committed_bytes(self, nbytes: int) -> None:
-        self.unstored_bytes -= nbytes
-        if self.unstored_bytes <= self._unstored_limit // 2:
-            self.alarm.set_behind(False)
+    def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
+        """As ``_commit`` inside a batch (``commits.batching``), for a caller that
+        needs no Deferred of its own: the batch's ``CommitRound`` (None outside a
+        batch or while stopping, and nothing is done: use ``_commit``)."""
+        if not self.commits.batching:
+            return None
+        ops, appended = self._hand_off(ops)
+        r = self.commits.persist_in_round(ops)
+        assert r is not None
+        self._account_in_round(r)
+        if self._early:
+            self._fire_early()
+        for queue, upto in appended.items():
+            r.when_done(self._appended_in_round, (queue, upto))
+        return r
 
-    def _made_durable(self, result: object, stored: dict[QueueLog, tuple[int, int]],
-                      nbytes: int) -> object:
-        """Appends up to ``upto`` are durable: their bodies may be evicted."""
-        for queue, (_, upto) in stored.items():
-            if upto > queue.durable:
-                queue.durable = upto
-        self._committed_bytes(nbytes)
-        if self.resident > self.budget > 0:
-            if self.resident > self._evict_above:
-                self._evict()
-        else:
-            self._evict_above = 0
-        return result
+    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], dict[QueueLog, int]]:
+        """What a commit stores (``ops``, the finished offsets, without the
+        transient queues') and the queues to dispatch once it is durable."""
+        if self._unsaved:
+            ops = [*ops, *self._drain_done()]
+        if self.transient:
+            ops = self._durable_ops(ops)
+        appended, self._appended_to = self._appended_to, {}
+        return ops, appended
 
-    def _not_durable(self, failure: Failure, stored: dict[QueueLog, tuple[int, int]],
-                     nbytes: int) -> Failure:
-        """Appends whose commit failed are in memory only: never evicted."""
-        self._committed_bytes(nbytes)
-        for queue, (first, upto) in stored.items():
-            queue.unstored.update(o for o in range(first, upto) if o in queue.log)
-        return failure
+    def _appended_in_round(self, outcome: Failure | None,
+                           arg: tuple[QueueLog, int]) -> None:
+        if outcome is None:
+            self._appended(None, *arg)
+
+    def _fire_early(self) -> None:
+        early, self._early = self._early, []
+        for waiter in early:      # (consumed before stored: see ``publish``)
+            if isinstance(waiter, CommitRound):
+                waiter.release()
+            elif not waiter.called:
+                waiter.callback(None)
 
     def _drain_done(self) -> list[Op]:
         """The offsets finished since the last commit, one ``QueueDone`` per group,

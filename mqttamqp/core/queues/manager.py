@@ -49,10 +49,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Literal, overload
 
 from twisted.internet.defer import Deferred
 
-from mqttamqp.core.commits import committed_or_early
+from mqttamqp.core.commits import CommitRound, committed_or_early
 from mqttamqp.core.message import Message, body_size
 from mqttamqp.core.persistence import Op, QueueGroupRecord, QueueRecord
 from mqttamqp.core.queues.addresses import (
@@ -112,12 +113,30 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             return NOT_QUEUED
         return QUEUE_COMMAND if is_command(address, topic) else QUEUED
 
+    @overload
     def publish(self, message: Message, address: QueueAddress | str, publisher: str,
-                extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False
-                ) -> tuple[Deferred[None] | None, Refusal | None]:
+                extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False,
+                in_round: Literal[False] = False
+                ) -> tuple[Deferred[None] | None, Refusal | None]: ...
+
+    @overload
+    def publish(self, message: Message, address: QueueAddress | str, publisher: str,
+                extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False,
+                in_round: bool = False
+                ) -> tuple[Deferred[None] | CommitRound | None, Refusal | None]: ...
+
+    def publish(self, message: Message, address: QueueAddress | str, publisher: str,
+                extra_ops: Sequence[Op] = (), refuse_when_blocked: bool = False,
+                in_round: bool = False
+                ) -> tuple[Deferred[None] | CommitRound | None, Refusal | None]:
         """Append ``message`` (topic ``$queue/<name>/...``, parsed as ``address`` by
         ``address()``) to its queue; the Deferred fires once the append is durable.
         Acknowledgement topics are ``command``'s, not this.
+
+        ``in_round`` (a 0.9.1 publish with confirms): inside a batch, the append
+        waits on the batch's ``CommitRound`` instead, with no Deferred of its own;
+        its answer (``when_answered``) may come before the commit when every
+        classic group finished every append of the round first.
 
         While the storage alarm is raised (``blocked``) the message is still
         appended (what a publisher sent before its protocol stopped reading it),
@@ -152,6 +171,15 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         if message.qos < 2:
             # (dispatched now, below: nothing to do when the commit comes)
             self._appended_to.pop(queue, None)
+        if in_round and not queue.transient and self.commits.batching:
+            r = self._commit_in_round(ops)
+            if r is not None and message.qos and any(
+                    g.mode == CLASSIC for g in queue.groups.values()):
+                queue.waiters[offset] = r   # (released when consumed first: ``_trim``)
+            if message.qos < 2 and queue.committed < queue.next_offset:
+                queue.committed = queue.next_offset   # (as below)
+                self._pump_queue(queue)
+            return r, None
         d = self._commit(ops)
         if d is not None and message.qos and any(
                 g.mode == CLASSIC for g in queue.groups.values()):

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
+from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import QueueGroupRecord
 from mqttamqp.core.queues.addresses import CLASSIC, STREAM, routing_key
@@ -80,7 +81,7 @@ class QueueLog:
         self.expired = 0
         # offset -> what its publisher waits for, while it may still fire early:
         # every classic group done with it before its commit (``_trim``).
-        self.waiters: dict[int, Deferred[None]] = {}
+        self.waiters: dict[int, Deferred[None] | CommitRound] = {}
         # Offsets below ``next_offset`` that hold no message and never will, as
         # sorted ranges [start, end): found at a restart (``QueueManager._skip_unstored_offsets``),
         # jumped over by floors and cursors, left out of lags.

@@ -95,8 +95,11 @@ class Settlement:
         description).  Accepted finishes QoS 1, and QoS 2 unless an FE released it
         through ``$mqtt.<id>.pubrel`` (then AMQP_PUBREL's settle completes it).
         On a durable queue's delivery: Accepted acknowledges, Released and Modified
-        make it visible again, Rejected dead-letters it."""
+        make it visible again (not once released: then only AMQP_PUBREL's settle
+        counts, as on a topic), Rejected dead-letters it."""
         if outcome is not _ACCEPTED:
+            if outcome is not _REJECTED and session.awaiting_release(packet_id):
+                return   # (its client has it: AMQP_PUBREL's settle completes it)
             entry = session.inflight.get(packet_id)
             if entry is not None and entry.receipt is not None:
                 entry.receipt.settled(entry, outcome.value, failed, reason)

@@ -186,3 +186,33 @@ def test_a_client_whose_publish_link_is_refused_gets_server_unavailable(
         if gw is not None:
             gw.stop()
         core.stop()
+
+
+def test_a_refused_connect_leaves_no_unhandled_deferred_error(tmp_path: Path) -> None:
+    """A core that lets one connection hold 5 links refuses a gateway client's
+    attaches while its CONNECT waits on them: the client gets CONNACK 3, and the
+    gateway logs the refusal, with no "Unhandled error in Deferred" traceback for the
+    attaches it no longer awaits."""
+    core = BrokerProcess(str(tmp_path / "core5"), "--amqp-max-links", "5",
+                         listeners=("--mqtt", "--amqp"))
+    core.start()
+    gw = None
+    clients: list[RawClient] = []
+    try:
+        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
+                           "--upstream-connections", "1")
+        for name in ("ua", "ub", "uc"):
+            clients.append(RawClient(gw.mqtt_port))
+            code = clients[-1].connect(uid(name)).return_code
+            if code != 0:
+                assert code == 3
+                clients[-1].wait_closed()
+        gw.wait_for_line(r"refused CONNECT .*: the core detached .*\(CONNACK 3\)")
+    finally:
+        for client in clients:
+            client.close()
+        if gw is not None:
+            gw.stop()
+        core.stop()
+    assert gw is not None
+    assert "Unhandled error in Deferred" not in gw.output()

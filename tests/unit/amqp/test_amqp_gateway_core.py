@@ -173,14 +173,20 @@ def test_queue_delivery_settled_without_outcome_is_acknowledged() -> None:
     assert view.acknowledged == 1
 
 
+@pytest.mark.parametrize("queue", [False, True], ids=["topic", "queue"])
 @pytest.mark.parametrize("how", ["none", "released", "modified"])
-def test_a_released_qos2_delivery_is_not_sent_again(how: str) -> None:
+def test_a_released_qos2_delivery_is_not_sent_again(how: str, queue: bool) -> None:
     """Once the FE's AMQP_PUBREL is accepted (its client has the message), a
     non-Accepted settlement of the message's own delivery (none, Released, Modified)
-    does not send the message again: the PUBREL's settle completes it (exactly once)."""
-    net = Net()
-    fe = _subscribed_fe(net, "q2", "q2/#")
-    net.mqtt("q2-pub").publish("q2/t", b"two", qos=2)
+    does not send the message again, from a topic or a durable queue: the PUBREL's
+    settle completes it (exactly once)."""
+    from fakes import MemoryStore
+
+    net = Net(store=MemoryStore()) if queue else Net()
+    topic = "$queue/jobs/t" if queue else "q2/t"
+    fe = _subscribed_fe(net, "q2", "$queue/jobs/#" if queue else "q2/#")
+    net.mqtt("q2-pub").publish(topic, b"two", qos=2)
+    net.pump()
     assert fe.publish is not None
     [(m, dlv)] = fe.publish.new()
     _release(fe, int(m.id))
@@ -192,8 +198,12 @@ def test_a_released_qos2_delivery_is_not_sent_again(how: str) -> None:
     got = fe.publish.new()
     assert [x.subject for x, _ in got] == ["pubrel"]
     fe.peer.settle(got[0][1], ACCEPTED)
+    net.pump()
     assert fe.publish.new() == []
     assert not net.broker.sessions["q2"].inflight
+    if queue:
+        view = {v.name: v for v in net.broker.queues.views()}["jobs"]
+        assert view.acknowledged == 1
 
 
 def test_a_publish_delivery_never_given_an_outcome_is_dropped_at_the_bound(

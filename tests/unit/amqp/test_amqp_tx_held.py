@@ -13,7 +13,7 @@ import pytest
 from amqp_memory import ACCEPTED, REJECTED, AmqpPeer, Net, outcome
 from amqp_messages import control
 from fakes import MemoryStore
-from proton import Delivery, Link, Message
+from proton import Delivery, Described, Link, Message, ulong
 from test_amqp_transactions import TRANSACTIONAL, accept_in, coordinator, declare, discharge
 
 pytestmark = pytest.mark.timeout(120)
@@ -241,3 +241,31 @@ def test_a_refusal_the_check_missed_is_partially_applied_not_rollback(
     assert outcome(done) == (REJECTED, "amqp:internal-error")
     assert "partially applied" in done.remote.condition.description
     assert len(net.broker.queues.queues["full2"].log) == 1
+
+
+@pytest.mark.parametrize("with_outcome", [True, False], ids=["accepted", "no-outcome"])
+def test_a_settled_delivery_a_doomed_transaction_refuses_is_released(
+        with_outcome: bool) -> None:
+    """A queue delivery settled under transactional-state of a transaction that can
+    only roll back is released at once (another receiver gets it), not put back to
+    await an outcome its settled delivery can never bring."""
+    net = Net(store=MemoryStore(), max_transaction_bytes=3000)
+    app = net.amqp()
+    rcv = _queue_receiver(app, "dm", ["job"])
+    [(_, dlv)] = rcv.new()
+    ctrl = coordinator(app)
+    txn = declare(app, ctrl)
+    snd = app.sender("tx/doom")
+    heavy = Message(body="s", properties={"p": "y" * 2000})
+    assert send_in(app, snd, txn, heavy).remote_state == TRANSACTIONAL
+    assert outcome(send_in(app, snd, txn, heavy))[0] == REJECTED   # (now doomed)
+    dlv.local.data = [txn, Described(ulong(ACCEPTED), [])] if with_outcome else [txn]
+    dlv.update(TRANSACTIONAL)
+    dlv.settle()
+    net.pump()
+    other = net.amqp()
+    idle = other.receiver("$queue/dm", credit=5)
+    net.pump()
+    assert [m.body for m, _ in idle.new()] == ["job"]
+    group = _group(net, "dm")
+    assert group.acked == 0

@@ -520,7 +520,8 @@ def test_a_queue_copy_keeps_every_field_but_the_topic() -> None:
     class Queues:
         queues = {"q": None}
 
-        def publish(self, copy: Message, address: Any, publisher: str) -> Any:
+        def publish(self, copy: Message, address: Any, publisher: str,
+                    in_round: bool = False) -> Any:
             seen.append(copy)
             return None, None
 

@@ -91,9 +91,11 @@ class _Owner:
 
     def __init__(self) -> None:
         self.gone: list[str] = []
+        self.causes: list[str] = []
 
-    def upstream_gone(self, reason: str) -> None:
+    def upstream_gone(self, reason: str, cause: str = "upstream-gone") -> None:
         self.gone.append(reason)
+        self.causes.append(cause)
 
 
 class _Link:
@@ -123,6 +125,19 @@ def test_refused_pubrel_link_ends_the_client_brute() -> None:
     assert owner.gone == ["the core detached gw1:pubrel: amqp:unauthorized-access"]
     assert not channel.ended_by_core
     assert not attach.called
+
+
+def test_a_publish_over_the_cores_bound_is_logged_under_its_own_cause() -> None:
+    """The close for a PUBLISH over the core's max-message-size has its own
+    rate-limit cause, so its line is not folded into the core-ended closes'."""
+    owner = _Owner()
+    channel = ClientChannel(_Conn(), "c", owner, Clock(), 8, 5.0)  # type: ignore[arg-type]
+    channel.state = ChannelState.READY
+    channel.max_message = 100
+    channel.publish_message("t", b"x" * 200, 0, False, False, None)
+    channel.on_link_closed(_Link(), None)
+    assert owner.causes == ["publish-over-core-max", "upstream-gone"]
+    assert owner.gone[0].startswith("a PUBLISH of ")
 
 
 def test_a_link_detached_by_the_core_is_its_end_of_the_channel() -> None:
