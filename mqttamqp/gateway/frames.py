@@ -65,7 +65,8 @@ def publish_problem(strings: StringRules, packet: Publish, aliases: InboundAlias
     """A PUBLISH's topic (an MQTT 5 topic alias resolved in ``aliases``, which this
     only reads: ``InboundAliases.took`` records an alias set) and message properties
     (``message_props``), or why it breaks the protocol and the MQTT 5 reason code: its
-    topic, an empty topic, an unknown alias (0x82) or one above the maximum (0x94)."""
+    topic (0x90), an empty topic or an unknown alias (0x82), or an alias above the
+    maximum (0x94)."""
     topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
@@ -73,11 +74,13 @@ def publish_problem(strings: StringRules, packet: Publish, aliases: InboundAlias
         if resolved is None:
             return topic, None, why, code
         topic = resolved
+    if not topic:
+        return topic, None, "PUBLISH with an empty topic", ReasonCode.PROTOCOL_ERROR
     problem = strings.topic(topic, "PUBLISH topic")
-    if problem is None and not topic:
-        problem = "PUBLISH with an empty topic"
-    if problem is not None or props is None:
-        return topic, None, problem, ReasonCode.PROTOCOL_ERROR
+    if problem is not None:
+        return topic, None, problem, ReasonCode.TOPIC_NAME_INVALID
+    if props is None:
+        return topic, None, None, ReasonCode.PROTOCOL_ERROR
     return topic, message_props(props), None, 0
 
 
@@ -148,9 +151,16 @@ def carried_options(packet: Subscribe, plan: Subscription) -> dict[str, int] | N
     retained messages by it, knowing which filters are new) of each filter of
     ``plan.wanted`` that has one; None without any.  (Subscription identifiers are
     not carried.)"""
-    given = dict(zip((f for f, _q in packet.topics),
-                     packet.options or (0,) * len(packet.topics), strict=True))
-    options = {f: given[f] & _CARRIED for f, _q in plan.wanted if given[f] & _CARRIED}
+    # (each entry of ``wanted`` with its own options byte: ``plan.codes`` says SUCCESS
+    # exactly for them, in order; a filter given twice keeps its last granted entry's)
+    options: dict[str, int] = {}
+    for (f, _q), option, code in zip(packet.topics, packet.options or (0,) * len(
+            packet.topics), plan.codes, strict=True):
+        if code == ReasonCode.SUCCESS:
+            if option & _CARRIED:
+                options[f] = option & _CARRIED
+            else:
+                options.pop(f, None)
     return options or None
 
 

@@ -15,11 +15,11 @@ from typing import Any
 from proton import Message, symbol
 
 from mqttamqp.amqp.codec.contract import (
-    ANNOTATION_PAYLOAD_FORMAT,
     ANNOTATION_QOS,
     ANNOTATION_RETAIN,
     Mqtt5Props,
 )
+from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.amqp.codec.publish import PublishFields, decode_publish
 from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
@@ -71,28 +71,27 @@ def will_message(client_id: str, topic: str, payload: bytes, qos: int, retain: b
     response topic as reply-to, correlation data as a binary correlation-id, user
     properties as application-properties (a map: of a repeated name the first).  The
     will delay interval has no place in the contract (docs/gateway.md)."""
-    msg = Message(subject="will", durable=qos > 0, address=topic, body=payload)
-    annotations: dict[Any, Any] = {symbol(ANNOTATION_RETAIN): retain,
-                                   symbol(ANNOTATION_QOS): qos}
-    if props is not None:
-        if props.payload_format is not None:
-            annotations[symbol(ANNOTATION_PAYLOAD_FORMAT)] = props.payload_format
-        if props.expiry_interval is not None:
-            msg.ttl = min(props.expiry_interval, 0xFFFFFFFF // 1000)
-        if props.content_type is not None and props.content_type.isascii():
-            msg.content_type = props.content_type   # (a symbol: ASCII only, as a PUBLISH)
-        if props.response_topic is not None:
-            msg.reply_to = props.response_topic
-        if props.correlation_data is not None:
-            msg.correlation_id = props.correlation_data
-        if props.user_properties:
-            first: dict[str, str] = {}
-            for name, value in props.user_properties:
-                first.setdefault(name, value)
-            msg.properties = first   # type: ignore[assignment]  # (proton: typed None)
-    msg.annotations = annotations
-    msg.inferred = True   # (bytes as a Data section)
-    return bytes(msg.encode())
+    if props is None:
+        msg = Message(subject="will", durable=qos > 0, address=topic, body=payload)
+        msg.annotations = {symbol(ANNOTATION_RETAIN): retain, symbol(ANNOTATION_QOS): qos}
+        msg.inferred = True   # (bytes as a Data section)
+        return bytes(msg.encode())
+    if props.payload_format == 1 and not _utf8(payload):
+        # (a broker keeps a will declared UTF-8 that is not; the core's will service
+        # refuses one, so the declaration is left out: docs/gateway.md)
+        props = props._replace(payload_format=None)
+    # (the project's encoder, as for AMQP_PUBLISH: an expiry interval 0 is header.ttl
+    # 0, which proton's Message would leave out, a will that never expires)
+    return encode_publish5(topic, payload, qos, retain, 0, None, None, props,
+                           subject="will")
+
+
+def _utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 _ACCEPTED = Outcome(True)   # (shared: the usual answer costs no object)

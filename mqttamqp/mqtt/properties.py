@@ -288,6 +288,7 @@ PROPERTY_TABLE: dict[int, PropertySpec] = {spec.identifier: spec for spec in (
 
 _BY_FIELD = {spec.field: spec for spec in PROPERTY_TABLE.values()}
 _USER_PROPERTY = _BY_FIELD["user_properties"].identifier
+_TOPIC_ALIAS = _BY_FIELD["topic_alias"].identifier
 _REPEATABLE = frozenset({"user_properties", "subscription_identifiers"})
 _FIELD_ORDER = tuple(f.name for f in fields(Properties))
 assert set(_FIELD_ORDER) == set(_BY_FIELD), "Properties and PROPERTY_TABLE disagree"
@@ -325,7 +326,9 @@ def read_properties(buf: _Buffer, p: int, end: int, context: PropertyContext,
         start = p
         value, p = spec.reader(buf, p, stop, label)
         if spec.valid is not None and not spec.valid(value):
-            raise MalformedPacket(f"{label} has an invalid value {value!r}", 0x82)
+            # (topic alias 0: Topic Alias invalid, 0x94 [MQTT-3.3.2-8]; the rest 0x82)
+            raise MalformedPacket(f"{label} has an invalid value {value!r}",
+                                  0x94 if identifier == _TOPIC_ALIAS else 0x82)
         if spec.field == "user_properties":
             pair_bytes += p - start - 4     # (less the two length prefixes)
             if pair_bytes > limits.user_property_bytes:

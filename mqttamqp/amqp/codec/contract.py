@@ -33,6 +33,8 @@ ANNOTATION_SUBSCRIPTION_OPTIONS = "x-opt-mqtt-subscription-options"
 _KEPT_OPTIONS = 0x0C
 # Retain handling (0x30): read per AMQP_SUBSCRIBE (``retained_for``), not kept.
 _RETAIN_HANDLING = 0x30
+# Reserved bits of the options byte (MQTT 5 §3.8.3.1): set, the byte is refused.
+_RESERVED = 0xC0
 
 
 def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, int]]
@@ -41,16 +43,18 @@ def subscription_options(annotations: dict[Any, Any], requests: list[tuple[str, 
     ``Session.sub_options`` keeps them, from the annotation
     ``x-opt-mqtt-subscription-options`` (a map: filter → the MQTT 5 options byte; no
     local and retain as published are kept, retain handling is ``retained_for``'s,
-    other bits ignored); [] without one, or
-    why the annotation is not such a map."""
+    the QoS bits ignored); [] without one, or why the annotation is not such a map
+    (a byte with retain handling 3 or a reserved bit, 0xC0, is not an option byte,
+    as MQTT 5 says)."""
     raw = annotations.get(ANNOTATION_SUBSCRIPTION_OPTIONS)
     if raw is None:
         return []
     if not isinstance(raw, dict) or not all(
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255
+            and not v & _RESERVED and v & _RETAIN_HANDLING != _RETAIN_HANDLING
             for v in raw.values()):
         return (f"annotation {ANNOTATION_SUBSCRIPTION_OPTIONS} must map topic filters to "
-                "an options byte (0-255)")
+                "an options byte (0-255; retain handling 0-2, reserved bits 0xC0 clear)")
     return [qos | (raw.get(f, 0) & _KEPT_OPTIONS) for f, qos in requests]
 
 

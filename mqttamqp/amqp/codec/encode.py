@@ -115,19 +115,22 @@ def encode_publish5(topic: str, payload: bytes, qos: int, retain: bool, delivery
                     publisher: str | None, message_id: int | str | None, props: Mqtt5Props,
                     first_acquirer: bool = False,
                     annotations: Annotations = NO_ANNOTATIONS,
-                    correlation_text: bool = False, priority: int | None = None) -> bytes:
+                    correlation_text: bool = False, priority: int | None = None,
+                    subject: str | None = None) -> bytes:
     """AMQP_PUBLISH of a message with MQTT 5 properties, in their places of the
     mapping: header.ttl (``props.expiry_interval`` is what is left of it), the
     payload format annotation, properties reply-to, correlation-id (binary, or
     its UTF-8 as a string with ``correlation_text``: what an AMQP 0.9.1 publisher
     sent) and content-type (a symbol; left out unless ASCII, as symbols are), and
     application-properties (the first value of a repeated key); ``annotations``
-    after the contract's; header.priority if the publisher gave one.  Not cached: the
+    after the contract's; header.priority if the publisher gave one; properties
+    subject if given (AMQP_WILL: ``will``).  Not cached: the
     slower path, taken only by messages that carry properties."""
     head = _encode_head(qos, retain, delivery_count, publisher, qos > 0,
                         _ttl_ms(props.expiry_interval), props.payload_format, priority,
                         first_acquirer, annotations)
-    items = [_message_id(message_id), b"\x40", amqp_string(topic), b"\x40",
+    items = [_message_id(message_id), b"\x40", amqp_string(topic),
+             b"\x40" if subject is None else amqp_string(subject),
              b"\x40" if props.response_topic is None else amqp_string(props.response_topic),
              _correlation(props.correlation_data, correlation_text),
              b"\x40" if props.content_type is None or not props.content_type.isascii()

@@ -60,7 +60,7 @@ def test_subscription_options_annotation_is_read_per_filter() -> None:
     requests = [("a", 1), ("b", 2)]
     key = "x-opt-mqtt-subscription-options"
     assert subscription_options({}, requests) == []
-    assert subscription_options({key: {"a": 0x04 | 0x30 | 0x02}}, requests) == [1 | 0x04, 2]
+    assert subscription_options({key: {"a": 0x04 | 0x20 | 0x02}}, requests) == [1 | 0x04, 2]
     assert subscription_options({key: {"b": 0x08}}, requests) == [1, 2 | 0x08]
     for bad in ([1], {"a": 300}, {"a": "4"}, {"a": True}):
         assert isinstance(subscription_options({key: bad}, requests), str)

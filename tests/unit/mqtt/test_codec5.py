@@ -233,13 +233,17 @@ def test_unknown_property_identifier_is_malformed() -> None:
 
 @pytest.mark.parametrize(("identifier", "value"), [
     (0x01, b"\x02"),          # payload format indicator 0 or 1
-    (0x23, u16(0)),           # topic alias 0
     (0x08, s("a/+")),         # response topic with a wildcard
     (0x0B, b"\x00"),          # subscription identifier 0
 ])
 def test_property_value_out_of_range_is_protocol_error(identifier: int, value: bytes) -> None:
     """Values the spec calls a Protocol Error are refused with 0x82."""
     assert refused(publish_with(props_block(prop(identifier, value)))).code == 0x82
+
+
+def test_topic_alias_0_is_topic_alias_invalid() -> None:
+    """Topic alias 0 is refused with 0x94 Topic Alias invalid [MQTT-3.3.2-8]."""
+    assert refused(publish_with(props_block(prop(0x23, u16(0))))).code == 0x94
 
 
 @pytest.mark.parametrize(("identifier", "value"), [(0x21, u16(0)), (0x27, b"\x00" * 4),
