@@ -309,7 +309,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self._with_will = packet.reason_code == _WITH_WILL  # type: ignore[attr-defined]
             self._end_channel("client sent DISCONNECT")
             self.rules.advance("close")
-            self.transport.loseConnection()
+            _lose(self.transport, self.timer)
         elif kind is Connect:
             self._on_connect(packet)  # type: ignore[arg-type]
         else:
@@ -413,7 +413,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             del self.factory.clients[self.client_id]
         self.transport.write(connack(self.level, False, code))
         self.rules.advance("close")
-        self.transport.loseConnection()
+        _lose(self.transport, self.timer)
 
     # -- PUBLISH from the client ----------------------------------------------------------
 
@@ -571,14 +571,19 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         if not self.rules.closed:
             self.rules.advance("close")
         if self.transport is not None:
-            # A registered producer is resumed, not closed, once the buffer drains;
-            # a client that does not read what is left is cut after ``grace``.
-            self.transport.unregisterProducer()
-            if grace > 0:
-                self.transport.loseConnection()
-                self.timer.start(grace, self.transport.abortConnection)
-            else:
-                self.transport.abortConnection()
+            _lose(self.transport, self.timer, grace)
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
         self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)
+
+
+def _lose(transport: Any, timer: ClientTimer, grace: float = CLOSE_GRACE) -> None:
+    """Close a client after what is written.  A registered producer is resumed, not
+    closed, once the buffer drains: it is unregistered first, and a client that does
+    not read what is left is cut after ``grace`` seconds (0: at once)."""
+    transport.unregisterProducer()
+    if grace > 0:
+        transport.loseConnection()
+        timer.start(grace, transport.abortConnection)
+    else:
+        transport.abortConnection()

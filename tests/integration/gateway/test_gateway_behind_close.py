@@ -14,13 +14,16 @@ from gateway_proc import start_gateway, uid
 from rawclient import RawClient
 from slow_reader import SIZE, await_metric, beyond_kernel_buffers, read_to_close
 
+from mqttamqp.mqtt.packets import Disconnect
+
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_a_client_taken_over_while_far_behind_gets_eof(tmp_path: Path) -> None:
-    """A client that has not read more than its socket can hold is taken over: its
-    socket is closed (EOF once it read everything, or cut after the grace if it was
-    too slow), and the gateway counts it gone."""
+@pytest.mark.parametrize("ending", ["takeover", "disconnect"])
+def test_a_client_taken_over_while_far_behind_gets_eof(tmp_path: Path, ending: str) -> None:
+    """A client that has not read more than its socket can hold is taken over (or
+    sends DISCONNECT): its socket is closed (EOF once it read everything, or cut
+    after the grace if it was too slow), and the gateway counts it gone."""
     count = beyond_kernel_buffers()
     window = str(count + 50)   # every flood message in flight at once: all written
     core = BrokerProcess(str(tmp_path / "core"), "--max-inflight", window,
@@ -46,14 +49,18 @@ def test_a_client_taken_over_while_far_behind_gets_eof(tmp_path: Path) -> None:
                                 '"to_clients"}', lambda v: v >= count,
                                 "flood messages written to the slow client")
         assert written >= count
-        newer = RawClient(gw.mqtt_port)
-        clients.append(newer)
-        assert newer.connect(cid, keepalive=0).return_code == 0   # takes the id over
+        if ending == "takeover":
+            newer = RawClient(gw.mqtt_port)
+            clients.append(newer)
+            assert newer.connect(cid, keepalive=0).return_code == 0   # takes the id over
+        else:
+            slow.send(Disconnect())
         got, how = read_to_close(slow.sock)
         assert how is not None, f"read {got} bytes, then the gateway kept the socket open"
         assert how == "reset" or got >= count * SIZE
-        await_metric(metrics, "mqttamqp_gateway_clients", lambda v: v == 2,
-                      "the taken-over client leaving the gateway's count")
+        await_metric(metrics, "mqttamqp_gateway_clients",
+                     lambda v: v == (2 if ending == "takeover" else 1),
+                     "the taken-over client leaving the gateway's count")
     finally:
         for client in clients:
             client.close()
