@@ -91,19 +91,24 @@ def test_out_to_a_topic_address_loses_nothing_over_a_remote_restart(tmp_path: Pa
         far = _far(tmp_path, ports)
         near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
         again = PahoClient(far.mqtt_port, "far-sub", clean=False)
-        payloads = [m.payload for m in _drain(sub)]
-        for _ in range(2 * COUNT):
-            if len(set(payloads)) == COUNT:
-                break
-            msg = again.get(30)
-            assert msg.topic == f"far/out/{int(msg.payload)}"
-            payloads.append(msg.payload)
-        assert _first_copies(payloads) == list(range(COUNT))
+        _receive_all(again, "far/out/", [m.payload for m in _drain(sub)])
         for c in (pub, again):
             c.stop()
     finally:
         near.stop()
         far.stop()
+
+
+def _receive_all(client: PahoClient, prefix: str, payloads: list[bytes]) -> None:
+    """Receive (after ``payloads``, already had) until every one of the COUNT messages
+    came, each on ``prefix`` + its number; their first copies in order."""
+    for _ in range(2 * COUNT):
+        if len(set(payloads)) == COUNT:
+            break
+        msg = client.get(30)
+        assert msg.topic == f"{prefix}{int(msg.payload)}"
+        payloads.append(msg.payload)
+    assert _first_copies(payloads) == list(range(COUNT))
 
 
 def _drain(client: PahoClient) -> list[object]:
@@ -138,14 +143,7 @@ def test_in_from_a_remote_queue_loses_nothing_over_a_remote_restart(tmp_path: Pa
         pub = PahoClient(far.mqtt_port, "far-pub")
         for i in range(STOP_AFTER, COUNT):
             pub.publish(f"$queue/jobs/{i}", str(i).encode(), qos=1)
-        payloads: list[bytes] = []
-        for _ in range(2 * COUNT):
-            if len(set(payloads)) == COUNT:
-                break
-            msg = sub.get(30)
-            assert msg.topic == f"in/{int(msg.payload)}"
-            payloads.append(msg.payload)
-        assert _first_copies(payloads) == list(range(COUNT))
+        _receive_all(sub, "in/", [])
         for c in (pub, sub):
             c.stop()
     finally:
