@@ -21,6 +21,8 @@ from mqttamqp.core.clock import Clock, DelayedCall
 __all__ = ["Deadlines"]
 
 _log = Logger(namespace="mqttamqp.mqtt")
+# A cancelled item leaves a bucket of at most this many at once (scanned).
+_SCAN = 64
 
 
 class Deadlines:
@@ -88,17 +90,19 @@ class Deadlines:
         self._live -= 1
         second = int(due)
         if second > self._opened:
-            # out of its bucket now: a closed connection must not stay reachable
-            # until its second comes (one bucket's scan, at close time)
+            # out of a small bucket now: a closed connection must not stay reachable
+            # until its second comes; a large bucket is not scanned (cancels in any
+            # order would be quadratic) and keeps it inert until a compaction
             bucket = self._buckets.get(second)
-            if bucket is not None and item in bucket:
+            if bucket is not None and len(bucket) <= _SCAN and item in bucket:
                 bucket.remove(item)
                 self._entries -= 1
         if not self._live:
             self._clear()    # (the timer, if set, runs once and finds nothing)
-        elif self._entries > 2 * self._live + 64:
+        elif self._entries > self._live + (self._live >> 2) + 64:
             # (cancelled entries would stay until their time: connection churn with
-            # long keepalives grew the wheel without bound)
+            # long keepalives grew the wheel without bound, and kept closed
+            # connections reachable; a compaction every live/4 cancels or so)
             self._compact()
 
     def __len__(self) -> int:

@@ -24,18 +24,26 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+# Ports this process has handed out: two calls in a row never give the same one.
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing is bound to now, below the ephemeral range if one is
-    free there (bounded attempts; else one the kernel picks)."""
+    """A loopback port nothing is bound to now, below the ephemeral range if there
+    is room below it (bounded attempts; else one the kernel picks)."""
     high = _ephemeral_low() - 1
-    for _ in range(_ATTEMPTS):
-        port = random.randint(max(1024, high - 12000), high)
+    low = max(1024, high - 12000)
+    for _ in range(_ATTEMPTS if high - low >= 1000 else 0):
+        port = random.randint(low, high)
+        if port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _given.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -236,3 +236,39 @@ def test_a_deadline_added_after_the_clock_stepped_back_is_not_late() -> None:
     while clock.getDelayedCalls() and not fired:
         clock.advance(min(c.getTime() for c in clock.getDelayedCalls()) - clock.seconds())
     assert fired and fired[0][0] == "b" and abs(fired[0][1] - 1000.2) < 1e-6
+
+
+def test_cancels_in_a_large_bucket_in_any_order_keep_few_closed_items() -> None:
+    """Review finding: a cancel scanned its whole bucket, so a busy second's items
+    cancelled in random order cost quadratic time; a large bucket is not scanned, and
+    the compaction keeps the closed items reachable from the wheel few."""
+    import gc
+    import random
+    import weakref
+
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import Deadlines
+
+    class Conn:
+        __slots__ = ("__weakref__", "due")
+
+        def __init__(self) -> None:
+            self.due: float | None = None
+
+    clock = Clock()
+    deadlines = Deadlines(clock, lambda item: None, "due")
+    conns = [Conn() for _ in range(2000)]
+    for conn in conns:
+        deadlines.add(conn, 90.0)            # all in one second's bucket
+    random.Random(7).shuffle(conns)
+    closed = conns[:1800]
+    refs = [weakref.ref(conn) for conn in closed]
+    for conn in closed:
+        deadlines.cancel(conn)
+    del closed, conn
+    conns = conns[1800:]
+    gc.collect()
+    still = sum(ref() is not None for ref in refs)
+    assert len(deadlines) == 200
+    assert still <= 200 // 4 + 64
