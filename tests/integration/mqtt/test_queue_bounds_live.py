@@ -87,7 +87,9 @@ def test_a_queue_flood_stays_within_the_memory_budget(data: str) -> None:
         flood(pub, "$queue/big/x", 928)
         grown_mb = (rss_kb(proc) - before) / KB
         pub.close()
-        assert grown_mb < 40, f"RSS grew by {grown_mb:.0f} MB for 58 MB queued"
+        # (measured 2026-11-29: 33-38 MB with the 8 MB budget, 40 on a loaded CI run
+        # (commits lag, the allocator keeps freed blocks), ~80 MB without a budget)
+        assert grown_mb < 50, f"RSS grew by {grown_mb:.0f} MB for 58 MB queued"
         got = consume(proc.mqtt_port, "$queue/big/#", 960)
         assert [int(p[:8]) for p in got] == list(range(32)) + list(range(928))
         assert all(p == body(int(p[:8])) for p in got)

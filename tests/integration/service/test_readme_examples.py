@@ -107,7 +107,15 @@ class Background:
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def wait(self, timeout: float) -> int:
+        """Its exit status once it ended and every line it wrote was read (the
+        reading thread can be behind the exit)."""
+        status = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return status
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -455,7 +463,7 @@ def run_acl(block: Block, place: Place) -> None:
     for target, payload in ((denied, "refused"), (topic, "granted")):
         subprocess.run(client("mosquitto_pub", writer, "-t", target, "-m", payload),
                        check=True, timeout=60, capture_output=True)
-    assert sub.proc.wait(timeout=WAIT) == 0, sub.own.text()
+    assert sub.wait(WAIT) == 0, sub.own.text()
     received = [line for line in sub.own.text().splitlines()
                 if line.endswith((" granted", " refused"))]
     assert received == [f"{topic} granted"], sub.own.text()
