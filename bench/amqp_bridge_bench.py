@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mqttwire
-from bridge_bench import _publish, _receive, _run, _subscriber
+from bridge_bench import _drained, _publish, _run, _subscriber
 from brokers import free_port, proc_cpu_s
 from gateway_bench import _start, _stop
 
@@ -92,20 +92,7 @@ def main() -> None:
         _publish(near_port, "pub-outage", "bench/out/o", opts.backlog, payload)
         queued_s = time.monotonic() - start
         far = _far(far_dir, far_mqtt, far_amqp)
-        restarted = time.monotonic()
-        sub, parser = _subscriber(far_mqtt, "sub-outage", "bench/out/#", clean=False)
-        times: list[float] = []
-        _receive(sub, parser, opts.backlog, times)
-        if len(times) < 2:
-            raise RuntimeError("the backlog did not drain")
-        result["outage"] = {
-            "backlog": opts.backlog,
-            "queued_here_per_s": round(opts.backlog / queued_s),
-            "first_after_restart_s": round(times[0] - restarted, 3),
-            "drain_seconds": round(times[-1] - times[0], 3),
-            "drained_per_s": round(opts.backlog / max(times[-1] - times[0], 1e-6)),
-        }
-        sub.close()
+        result["outage"] = _drained(far_mqtt, opts.backlog, queued_s)
         print(json.dumps(result, indent=2))
     finally:
         if near is not None:

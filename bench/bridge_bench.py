@@ -144,6 +144,25 @@ def _run(pub_port: int, sub_port: int, topic: str, n: int, payload: bytes, tag: 
     return times[-1] - start
 
 
+def _drained(port: int, backlog: int, queued_s: float) -> dict[str, float]:
+    """A persistent subscriber on the restarted remote (``port``) receives the
+    ``backlog`` queued here during the outage (in ``queued_s``): the figures."""
+    restarted = time.monotonic()
+    sub, parser = _subscriber(port, "sub-outage", "bench/out/#", clean=False)
+    times: list[float] = []
+    _receive(sub, parser, backlog, times)
+    sub.close()
+    if len(times) < 2:
+        raise RuntimeError("the backlog did not drain")
+    return {
+        "backlog": backlog,
+        "queued_here_per_s": round(backlog / queued_s),
+        "first_after_restart_s": round(times[0] - restarted, 3),
+        "drain_seconds": round(times[-1] - times[0], 3),
+        "drained_per_s": round(backlog / max(times[-1] - times[0], 1e-6)),
+    }
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -195,20 +214,7 @@ def main() -> None:
         _publish(near_port, "pub-outage", "bench/out/o", opts.backlog, payload)
         queued_s = time.monotonic() - start
         far = _mosquitto(far_dir, far_port)
-        restarted = time.monotonic()
-        sub, parser = _subscriber(far_port, "sub-outage", "bench/out/#", clean=False)
-        times: list[float] = []
-        _receive(sub, parser, opts.backlog, times)
-        if len(times) < 2:
-            raise RuntimeError("the backlog did not drain")
-        result["outage"] = {
-            "backlog": opts.backlog,
-            "queued_here_per_s": round(opts.backlog / queued_s),
-            "first_after_restart_s": round(times[0] - restarted, 3),
-            "drain_seconds": round(times[-1] - times[0], 3),
-            "drained_per_s": round(opts.backlog / max(times[-1] - times[0], 1e-6)),
-        }
-        sub.close()
+        result["outage"] = _drained(far_port, opts.backlog, queued_s)
         print(json.dumps(result, indent=2))
     finally:
         if near is not None:
