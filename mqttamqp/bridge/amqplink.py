@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttamqp.bridge.link import BridgeLink, RemoteLimits, hops_of
+from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message
 
 __all__ = ["AmqpLink"]
@@ -64,9 +64,8 @@ class AmqpLink(BridgeLink):
         if remote is None:
             return   # (the session keeps it: resent on the next activation)
         bridge = self.bridge
-        hops = 0 if message.props is None else hops_of(message)
-        if hops >= bridge.settings.max_hops:
-            self._looped(message, hops, packet_id if qos else None)
+        hops = self._hops(message, packet_id if qos else None)
+        if hops is None:
             return
         size = remote.send(bridge.remote_topic(message.topic), message, qos, retain, dup,
                            hops + 1, packet_id if qos else None, bridge.clock.seconds())

@@ -179,9 +179,8 @@ class BridgeLink:
         if client is None:
             return   # (the session keeps it: resent on the next activation)
         bridge = self.bridge
-        hops = 0 if message.props is None else hops_of(message)
-        if hops >= bridge.settings.max_hops:
-            self._looped(message, hops, packet_id if qos else None)
+        hops = self._hops(message, packet_id if qos else None)
+        if hops is None:
             return
         if not self.limits.plain:
             self._send_fitted(client, message, qos, packet_id, dup, retain, hops)
@@ -248,6 +247,15 @@ class BridgeLink:
                           c=self.too_large, h=f" ({held} not logged)" if held else "")
         if packet_id is not None:
             self.settle_later("dropped", packet_id)
+
+    def _hops(self, message: Message, packet_id: int | None) -> int | None:
+        """The bridges ``message`` crossed, or None when that reached ``max-hops``
+        (then it is not sent: ``_looped``)."""
+        hops = 0 if message.props is None else hops_of(message)
+        if hops >= self.bridge.settings.max_hops:
+            self._looped(message, hops, packet_id)
+            return None
+        return hops
 
     def _looped(self, message: Message, hops: int, packet_id: int | None) -> None:
         """A message that crossed ``max-hops`` bridges already: not sent (a loop of
