@@ -16,7 +16,13 @@ records, inside the broker:
   start of the next (the events of that poll handled, the timers run, and any wait
   for the GIL inside them), as a histogram;
 * every garbage collection (``gc.callbacks``): count and pause by generation;
-* the turns that took over 1 ms, and how many of them a collection overlapped.
+* the turns that took over 1 ms, and how many of them a collection overlapped;
+* per message (the counts load does not move): reactor turns, delayed calls
+  scheduled (``callLater``, by function), and, per thread of the broker's process,
+  CPU time and context switches (voluntary: it slept and was woken; involuntary:
+  preempted), from ``/proc/self/task``;
+* with ``--perf``, ``perf stat`` of the broker's process over the load: system
+  calls, context switches and CPU migrations, per message.
 
 The load generators are the same processes as ``run.py``'s, so the latencies are
 comparable with scenario 7's (less the process start-up).  Every loop is bounded
@@ -30,6 +36,8 @@ import argparse
 import gc
 import json
 import os
+import re
+import subprocess
 import shutil
 import sys
 import tempfile
@@ -64,6 +72,47 @@ class Histogram:
                 "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3)}
 
 
+def thread_stats() -> dict[str, list[float]]:
+    """User and system CPU seconds and voluntary/involuntary context switches of
+    each thread of this process, by thread name (Python's names by native id; threads
+    of one name are summed)."""
+    import threading
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, list[float]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                status = f.read()
+        except OSError:   # (the thread ended meanwhile)
+            continue
+        name = names.get(int(tid)) or stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        switches = dict(re.findall(r"^(\w*voluntary_ctxt_switches):\s+(\d+)", status, re.M))
+        row = out.setdefault(name, [0.0, 0.0, 0, 0])
+        row[0] += int(fields[11]) / tick
+        row[1] += int(fields[12]) / tick
+        row[2] += int(switches["voluntary_ctxt_switches"])
+        row[3] += int(switches["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def per_message(before: dict[str, list[float]], after: dict[str, list[float]],
+                n: int) -> dict[str, dict[str, float]]:
+    """Each thread's user and system CPU (µs) and context switches per message
+    between two ``thread_stats``."""
+    res = {}
+    for name, row in after.items():
+        b = before.get(name, [0.0, 0.0, 0, 0])
+        res[name] = {"user_us": round((row[0] - b[0]) * 1e6 / n, 2),
+                     "sys_us": round((row[1] - b[1]) * 1e6 / n, 2),
+                     "voluntary_switches": round((row[2] - b[2]) / n, 4),
+                     "involuntary_switches": round((row[3] - b[3]) / n, 4)}
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=10)
@@ -71,6 +120,15 @@ def main() -> int:
     ap.add_argument("--persistent", action="store_true")
     ap.add_argument("--broker-arg", action="append", default=[])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="cProfile the reactor thread while the load runs and report "
+                         "the N functions of most calls, per message (call counts do "
+                         "not move with the machine's load; times do)")
+    ap.add_argument("--profile-out", metavar="FILE",
+                    help="with --profile: also write the profile (pstats) to FILE")
+    ap.add_argument("--perf", action="store_true",
+                    help="perf stat the broker's process (system calls, context switches, "
+                         "instructions) while the load runs")
     args = ap.parse_args()
 
     from twisted.internet import protocol, reactor
@@ -130,6 +188,22 @@ def main() -> int:
                 last_poll_end[0] = time.perf_counter()
 
     reactor._poller = Poller(reactor._poller)   # type: ignore[attr-defined]
+    timers: dict[str, int] = {}
+    real_call_later = reactor.callLater
+
+    def call_later(delay: float, f: Any, *a: Any, **kw: Any) -> Any:
+        if recording[0]:
+            name = getattr(f, "__qualname__", repr(f))
+            timers[name] = timers.get(name, 0) + 1
+        return real_call_later(delay, f, *a, **kw)
+
+    reactor.callLater = call_later   # type: ignore[method-assign]
+    threads0: list[dict[str, list[float]]] = []
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+    perf: list[Any] = []
     gc.callbacks.append(on_gc)
     procs: dict[str, Any] = {}
     cpu0: list[float] = []
@@ -149,13 +223,27 @@ def main() -> int:
                 elif tag == "READY" and self.name == "pub":
                     recording[0] = True
                     cpu0.append(time.process_time())
+                    threads0.append(thread_stats())
+                    if profiler is not None:
+                        profiler.enable()
+                    if args.perf:
+                        perf.append(subprocess.Popen(
+                            ["perf", "stat", "-x,", "-e",
+                             "raw_syscalls:sys_enter,context-switches,cpu-migrations",
+                             "-p", str(os.getpid()), "--", "sleep",
+                             str(max(1, args.seconds - 1))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
                     self.transport.write(b"GO\n")
                 elif tag == "RESULT":
                     report[self.name] = json.loads(rest) if rest else {}
                     if self.name == "sub":
                         recording[0] = False
+                        if profiler is not None:
+                            profiler.disable()
                         report["broker_cpu_us_per_msg"] = (
                             (time.process_time() - cpu0[0]) * 1e6 / max(1, n))
+                        report["threads_per_msg"] = per_message(threads0[0], thread_stats(),
+                                                                max(1, n))
                         reactor.callLater(0.2, reactor.stop)
 
         def errReceived(self, chunk: bytes) -> None:
@@ -205,6 +293,34 @@ def main() -> int:
     report["reactor_turns"] = turns.report()
     report["gc"] = {str(g): h.report() for g, h in gcs.items()}
     report["late_turns"] = late
+    report["turns_per_msg"] = round(turns.n / max(1, n), 3)
+    report["timers_per_msg"] = {k: round(v / max(1, n), 4) for k, v in
+                                sorted(timers.items(), key=lambda kv: -kv[1])}
+    if profiler is not None:
+        import pstats
+        if args.profile_out:
+            profiler.dump_stats(args.profile_out)
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][1])[:args.profile]
+        report["profile_per_msg"] = [
+            {"function": f"{os.path.basename(fn)}:{line}:{name}",
+             "calls": round(cc / max(1, n), 3), "tottime_us": round(tt * 1e6 / max(1, n), 2),
+             "cumtime_us": round(ct * 1e6 / max(1, n), 2)}
+            for (fn, line, name), (_, cc, tt, ct, _) in rows]
+    if perf:
+        # (perf measured seconds - 1 of the load: per message at the paced rate)
+        try:
+            _, err = perf[0].communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            perf[0].kill()   # (our own child, by its Popen)
+            _, err = perf[0].communicate()
+        measured = max(1, args.seconds - 1) * args.rate
+        counts = {}
+        for line in err.splitlines():
+            parts = line.split(",")
+            if len(parts) > 2 and parts[0].strip().isdigit():
+                counts[parts[2]] = round(int(parts[0]) / measured, 2)
+        report["perf_per_msg"] = counts
     report["gc_threshold"] = gc.get_threshold()
     report["gc_frozen_objects"] = gc.get_freeze_count()
     report["loadavg"] = os.getloadavg()
