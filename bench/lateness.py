@@ -21,6 +21,7 @@ records, inside the broker:
   scheduled (``callLater``, by function), and, per thread of the broker's process,
   CPU time and context switches (voluntary: it slept and was woken; involuntary:
   preempted), from ``/proc/self/task``;
+* with ``--profile N``, cProfile call counts per message (the N most called);
 * with ``--perf``, ``perf stat`` of the broker's process over the load: system
   calls, context switches and CPU migrations, per message.
 
@@ -37,8 +38,8 @@ import gc
 import json
 import os
 import re
-import subprocess
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
