@@ -54,6 +54,7 @@ def test_the_poll_reactors_have_what_lean_port_and_others_waiting_read(
         assert isinstance(reactor._POLL_IN, int) and reactor._POLL_IN
         assert isinstance(reactor._POLL_DISCONNECTED, int)
         assert reactor.waker.fileno() in reactor._reads
+        assert reactor._selectables[reactor.waker.fileno()] is reactor.waker
         assert isinstance(reactor._poller.poll(0), list)
     finally:
         reactor.removeAll()
