@@ -200,6 +200,8 @@ def main() -> int:
 
     reactor.callLater = call_later   # type: ignore[method-assign]
     threads0: list[dict[str, list[float]]] = []
+    archive = getattr(svc, "archive", None)   # (None with --no-archive)
+    steps0: list[int] = []
     profiler = None
     if args.profile:
         import cProfile
@@ -225,6 +227,8 @@ def main() -> int:
                     recording[0] = True
                     cpu0.append(time.process_time())
                     threads0.append(thread_stats())
+                    if archive is not None:
+                        steps0.append(archive._steps)
                     if profiler is not None:
                         profiler.enable()
                     if args.perf:
@@ -245,6 +249,9 @@ def main() -> int:
                             (time.process_time() - cpu0[0]) * 1e6 / max(1, n))
                         report["threads_per_msg"] = per_message(threads0[0], thread_stats(),
                                                                 max(1, n))
+                        if archive is not None:
+                            report["archive_steps_per_msg"] = round(
+                                (archive._steps - steps0[0]) / max(1, n), 5)
                         reactor.callLater(0.2, reactor.stop)
 
         def errReceived(self, chunk: bytes) -> None:

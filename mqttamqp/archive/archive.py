@@ -15,7 +15,8 @@ Three parts, one object:
   process (``mqttamqp.archive.writer``) in one pickled frame on its stdin, then
   waits for its answer (counters and log lines). When no whole batch waits it
   takes what the batch being filled holds (a copy and a delete of its front), so a
-  slow trickle is written too. Packing and pickling are all the GIL time the
+  slow trickle is written too (within a second: a trickle is stepped once a
+  second, a stream every tenth, ``_pause``). Packing and pickling are all the GIL time the
   archive costs besides the appends;
 - the writer process filters topics (``include``/``exclude``), turns rows into
   Arrow record batches through ``SegmentSet``, rolls segments on time or size and
@@ -88,6 +89,10 @@ _EVENT_WAKE = _FRAME
 # and each time the reactor is made to hand it over (on a busy machine it may then
 # wait for a CPU as well). One step a batch, about every 20 ms at 200k msg/s, against
 # this: broker CPU 5.60 -> 5.53 us a message in bench scenario 1, interleaved.
+# A trickle (the last step took less than a batch) is stepped every ``_IDLE_WAIT``
+# instead, or at once when a batch fills: at a paced 1,000 msg/s ten steps a second
+# each held the GIL ~0.15 ms (~0.15 % of the time; a message arriving then waited
+# for it, at the p99.9 of issue 31's latency test), one a second holds it ~0.2 ms.
 _STEP_WAIT = 0.1
 # The writer process finds this very mqttamqp (a source tree or an installation)
 # first, whatever the environment says.
@@ -168,6 +173,7 @@ class Archive:
         self._thread: threading.Thread | None = None
         self._batch_limit = max(_FRAME, buffer_limit)   # messages a step may take
         self._behind = False   # the last step took half the buffer or more
+        self._taken = 0        # messages the last step took
         self._dozing = False   # the feeding thread sleeps ``_IDLE_WAIT``: wake it for work
         # (events that wake it: half the buffer when that is smaller than a frame)
         self._event_wake = max(1, min(_EVENT_WAKE, buffer_limit // 2))
@@ -364,15 +370,7 @@ class Archive:
                     # the step's start: the writer's time is not added to it.
                     # (``_dozing`` before the count: a batch queued after it wakes
                     # the thread, one queued before it is counted.)
-                    self._dozing = True
-                    if progressed and self._messages_waiting():
-                        self._dozing = False
-                        pause = _STEP_WAIT - (time.monotonic() - began)
-                    elif progressed:
-                        pause = _IDLE_WAIT
-                    else:   # no writer process: until one may be started again
-                        pause = min(_IDLE_WAIT, max(_STEP_WAIT,
-                                                    self._writer.respawn_at - time.monotonic()))
+                    pause = self._pause(progressed, time.monotonic() - began)
                     if pause > 0:
                         self._wake.wait(pause)
                     self._dozing = False
@@ -385,6 +383,20 @@ class Archive:
             if self._on_exit is not None:
                 self._on_exit()
 
+    def _pause(self, progressed: bool, elapsed: float) -> float:
+        """How long to sleep after a step begun ``elapsed`` seconds ago; ``_dozing``
+        is left set when a full batch (or a frame of events) should cut it short."""
+        self._dozing = True
+        if progressed and self._messages_waiting():
+            if self._taken < self._batch and not self._full:
+                return _IDLE_WAIT - elapsed   # a trickle: a step a second at most
+            self._dozing = False              # a stream: a frame every _STEP_WAIT
+            return _STEP_WAIT - elapsed
+        if progressed:
+            return _IDLE_WAIT
+        # no writer process: until one may be started again
+        return min(_IDLE_WAIT, max(_STEP_WAIT, self._writer.respawn_at - time.monotonic()))
+
     def _step(self) -> bool:
         """Send one batch (perhaps empty: the writer rolls on time) and take the
         answer; false if there is no writer process to send it to."""
@@ -394,6 +406,7 @@ class Archive:
         messages = self._pack_all(self._take_messages())
         events = take_events(self._events)
         taken = sum(packed[0] for packed in messages)
+        self._taken = taken
         self._inflight = taken + len(events)
         self._behind = 2 * taken >= self.buffer_limit or len(events) >= _FRAME
         fault, self._fault = self._fault, None

@@ -685,3 +685,25 @@ def test_the_core_records_with_the_archives_names() -> None:
     assert recorder.EVENT_KINDS == archive.EVENT_KINDS
     causes = {v for k, v in vars(recorder).items() if k.startswith("CAUSE_")}
     assert causes == set(archive.DISCONNECT_CAUSES) | set(archive.WILL_CAUSES)
+
+
+def test_a_trickle_of_messages_is_stepped_once_a_second_a_stream_every_tenth(
+        tmp_path: Path, clock: Clock) -> None:
+    """After a step that took less than a batch, waiting messages are sent within
+    ``_IDLE_WAIT`` (and a full batch still wakes the thread); after a step of a batch
+    or more, or with a batch already queued, within ``_STEP_WAIT``; nothing waiting:
+    ``_IDLE_WAIT``."""
+    from mqttamqp.archive import archive as module
+
+    a = Archive(str(tmp_path), clock, buffer_limit=1_000_000)   # (no thread started)
+    assert a._pause(True, 0.25) == module._IDLE_WAIT and a._dozing   # nothing waits
+    a.message(1.0, "t", 1, False, b"x", None, None, None, 1, 0)
+    a._taken = 100                                   # the last step: a trickle
+    assert a._pause(True, 0.25) == module._IDLE_WAIT - 0.25 and a._dozing
+    for _ in range(module._BATCH):                   # a batch fills: queued, wakes it
+        a.message(1.0, "t", 1, False, b"x", None, None, None, 1, 0)
+    assert a._wake.is_set() and not a._dozing
+    assert a._pause(True, 0.25) == module._STEP_WAIT - 0.25 and not a._dozing
+    a._full.clear()
+    a._taken = module._BATCH                          # the last step: a stream
+    assert a._pause(True, 0.0) == module._STEP_WAIT and not a._dozing
