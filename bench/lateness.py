@@ -22,6 +22,9 @@ records, inside the broker:
   CPU time and context switches (voluntary: it slept and was woken; involuntary:
   preempted), from ``/proc/self/task``;
 * with ``--profile N``, cProfile call counts per message (the N most called);
+* with ``--callgrind`` (under ``valgrind --tool=callgrind --instr-atstart=no``),
+  instructions collected only while the load runs: callgrind's total over the
+  messages is the instructions per message at this pace (all threads);
 * with ``--perf``, ``perf stat`` of the broker's process over the load: system
   calls, context switches and CPU migrations, per message.
 
@@ -127,6 +130,10 @@ def main() -> int:
                          "not move with the machine's load; times do)")
     ap.add_argument("--profile-out", metavar="FILE",
                     help="with --profile: also write the profile (pstats) to FILE")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="run under valgrind --tool=callgrind --instr-atstart=no: "
+                         "instructions are collected only while the load runs "
+                         "(callgrind_control -i on/off; use a low --rate)")
     ap.add_argument("--perf", action="store_true",
                     help="perf stat the broker's process (system calls, context switches, "
                          "instructions) while the load runs")
@@ -227,6 +234,9 @@ def main() -> int:
                     recording[0] = True
                     cpu0.append(time.process_time())
                     threads0.append(thread_stats())
+                    if args.callgrind:
+                        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())],
+                                       stdout=subprocess.DEVNULL, timeout=60, check=False)
                     if archive is not None:
                         steps0.append(archive._steps)
                     if profiler is not None:
@@ -243,6 +253,10 @@ def main() -> int:
                     report[self.name] = json.loads(rest) if rest else {}
                     if self.name == "sub":
                         recording[0] = False
+                        if args.callgrind:
+                            subprocess.run(["callgrind_control", "-i", "off",
+                                            str(os.getpid())],
+                                           stdout=subprocess.DEVNULL, timeout=60, check=False)
                         if profiler is not None:
                             profiler.disable()
                         report["broker_cpu_us_per_msg"] = (
