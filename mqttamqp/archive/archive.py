@@ -368,8 +368,6 @@ class Archive:
                     # Let batches build up: one frame (one pickle, a write and a
                     # few GIL hand-overs) per many records. The period counts from
                     # the step's start: the writer's time is not added to it.
-                    # (``_dozing`` before the count: a batch queued after it wakes
-                    # the thread, one queued before it is counted.)
                     pause = self._pause(progressed, time.monotonic() - began)
                     if pause > 0:
                         self._wake.wait(pause)
@@ -386,7 +384,7 @@ class Archive:
     def _pause(self, progressed: bool, elapsed: float) -> float:
         """How long to sleep after a step begun ``elapsed`` seconds ago; ``_dozing``
         is left set when a full batch (or a frame of events) should cut it short."""
-        self._dozing = True
+        self._dozing = True   # (before the count: a batch queued after it wakes us)
         if progressed and self._messages_waiting():
             if self._taken < self._batch and not self._full:
                 return _IDLE_WAIT - elapsed   # a trickle: a step a second at most
