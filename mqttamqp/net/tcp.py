@@ -278,6 +278,7 @@ def lean_port(port: Any) -> None:
 
 
 _PLAIN = (Server, LeanServer, LeanServerNoDelay)
+_SEND_LIMIT = Server.SEND_LIMIT   # (more at once: through ``writeSomeData``)
 
 
 def send(transport: Any, data: bytes) -> None:
@@ -285,10 +286,22 @@ def send(transport: Any, data: bytes) -> None:
     if (type(transport) in _PLAIN and transport.connected and not transport._tempDataLen
             and transport.offset >= len(transport.dataBuffer)
             and not transport.disconnecting and not transport._writeDisconnected):
-        sent = transport.writeSomeData(data)
-        if isinstance(sent, int):    # (else the connection is lost: write() finds out)
-            if sent >= len(data):
-                return
+        # The socket's own ``send``, which ``writeSomeData`` calls through a
+        # memoryview and ``untilConcludes`` (two Python calls more a write; a paced
+        # message is two writes).  Would block, interrupted, or lost: ``write``
+        # buffers what is left, and its next write finds the error.
+        if len(data) <= _SEND_LIMIT:
+            try:
+                sent = transport.socket.send(data)
+            except OSError:
+                sent = 0
+        else:
+            sent = transport.writeSomeData(data)   # (its first SEND_LIMIT bytes)
+            if not isinstance(sent, int):   # (the connection is lost)
+                sent = 0
+        if sent >= len(data):
+            return
+        if sent:
             data = data[sent:]
     transport.write(data)
 

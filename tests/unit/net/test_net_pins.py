@@ -83,14 +83,16 @@ def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
 
 
 def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
-    """``send`` writes past the transport only when its buffers (``dataBuffer``,
-    ``offset``, ``_tempDataLen``) are empty and its write side is open."""
+    """``send`` writes past the transport (to its ``socket``, at most ``SEND_LIMIT``)
+    only when its buffers (``dataBuffer``, ``offset``, ``_tempDataLen``) are empty and
+    its write side is open."""
     ours, theirs = socket.socketpair()
     try:
         server = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _StubReactor())
         assert server._tempDataLen == 0 and server.offset == 0
         assert len(server.dataBuffer) == 0 and server._writeDisconnected is False
         assert server.writeSomeData(b"x") == 1 and theirs.recv(1) == b"x"
+        assert server.socket is ours and server.SEND_LIMIT >= 65536   # (``send``)
         assert callable(server._getLogPrefix)
         # ``LeanServer._tempDataBuffer`` stands for the list Twisted makes, appends
         # to and replaces with an empty one once written (``FileDescriptor``).

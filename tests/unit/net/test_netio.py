@@ -493,3 +493,57 @@ def test_refusals_are_one_line_a_spell_and_counted_each() -> None:
         globalLogPublisher.removeObserver(observe)
 
 
+
+
+class _WriterStub:
+    """What a ``tcp.Server`` calls on its reactor when it starts and buffers."""
+
+    def __init__(self) -> None:
+        self.writers: list[Any] = []
+
+    def addReader(self, reader: Any) -> None:
+        pass
+
+    def removeReader(self, reader: Any) -> None:
+        pass
+
+    def addWriter(self, writer: Any) -> None:
+        self.writers.append(writer)
+
+    def removeWriter(self, writer: Any) -> None:
+        pass
+
+
+def test_send_writes_to_the_socket_at_once_and_buffers_what_it_does_not_take() -> None:
+    """``net.tcp.send``: with nothing buffered the bytes go to the socket in the call;
+    what a full socket does not take stays in the transport's buffer, in order, and
+    later writes queue behind it."""
+    from mqttamqp.net.tcp import send
+
+    socketmod = socket
+    ours, theirs = socketmod.socketpair()
+    ours.setblocking(False)
+    stub = _WriterStub()
+    try:
+        server = Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, stub)
+        send(server, b"hello")
+        assert theirs.recv(16) == b"hello" and not stub.writers
+        ours.setsockopt(socketmod.SOL_SOCKET, socketmod.SO_SNDBUF, 4096)
+        big = bytes(range(256)) * 4096      # 1 MiB: more than the socket takes
+        send(server, big[:65536])
+        send(server, big[65536:131072])
+        held = server._tempDataLen + len(server.dataBuffer) - server.offset
+        # the rest waits for doWrite, the second write behind the first's rest
+        assert held > 0 and stub.writers and all(w is server for w in stub.writers)
+        got = bytearray()
+        theirs.setblocking(False)
+        for _ in range(1000):                 # (bounded: drain what was sent at once)
+            try:
+                chunk = theirs.recv(1 << 16)
+            except BlockingIOError:
+                break
+            got += chunk
+        assert len(got) == 131072 - held and bytes(got) == big[:len(got)]
+    finally:
+        ours.close()
+        theirs.close()
