@@ -14,10 +14,11 @@ as for ``mqtts://``), one session on it with
   is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
   (dropped, counted, logged once a minute per condition), released, modified or
   settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
-  later doubling up to ``reconnect-max`` until the remote accepts one; never
-  dropped), modified with delivery-failed (the same, ``max-resends`` times at most,
-  then dropped as a poison message, counted and logged as rejected).  One above
-  the remote's max-message-size is dropped (``too_large``).  The sender's credit is
+  later doubling up to ``reconnect-max`` until the remote accepts one on the same
+  address: the back-off is per address, ``amqplink.Resends``; never dropped),
+  modified with delivery-failed (the same, ``max-resends`` times at most, then
+  dropped as a poison message, counted and logged as rejected).  One above the
+  remote's max-message-size is dropped (``too_large``).  The sender's credit is
   the window: while the remote grants none, the session sends nothing more (QoS 0
   still goes, to the session's bound of a congested link's QoS 0 bytes);
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
@@ -431,10 +432,11 @@ class AmqpBridge(BridgeBase):
         if entry is None:
             return
         broker = self.broker
+        link = self.link
+        assert isinstance(link, AmqpLink)
         if state == ACCEPTED:
-            link = self.link
-            assert isinstance(link, AmqpLink)
-            link.delay = 0.0   # (the remote takes messages: resends start over)
+            if link.resends:   # (the remote takes messages there: resends start over)
+                link.accepted(self.remote_topic(entry.message.topic))
             if entry.qos == 1:
                 broker.acknowledged(session, packet_id)
             else:
@@ -444,9 +446,7 @@ class AmqpBridge(BridgeBase):
                 entry.failures += 1
             if state == RELEASED or (state == FAILED
                                      and entry.failures <= self.settings.max_resends):
-                link = self.link
-                assert isinstance(link, AmqpLink)
-                link.retry(packet_id)
+                link.retry(packet_id, self.remote_topic(entry.message.topic))
                 return
             if state == FAILED:   # (a poison message: the remote fails it each time)
                 reason = f"max-resends: {reason} {entry.failures} times"

@@ -303,21 +303,51 @@ def test_delivery_failed_is_sent_again_max_resends_times_then_dropped() -> None:
     assert bridge.refused == 1
 
 
+def _publish_to(broker: Any, topic: str, n: int) -> None:
+    for i in range(n):
+        broker.publish(Message(topic, str(i).encode(), 1, False, "p", 0.0))
+
+
 def test_an_accepted_outcome_starts_the_resend_delay_over() -> None:
-    """After releases have doubled the resend delay, an accepted message brings the
-    next resend back to reconnect-min."""
+    """After releases have doubled an address's resend delay, a message accepted on
+    that address brings its next resend back to reconnect-min."""
     bridge, remote, broker, clock = _connected()
-    _publish(broker, 2)
+    _publish_to(broker, "out/a", 2)
     first, second = remote.sent[0][2], remote.sent[1][2]
     bridge.outcome(remote, first, RELEASED, "")
     clock.advance(2.1)
     bridge.outcome(remote, first, RELEASED, "")
     clock.advance(4.1)
     link = bridge.link
-    assert isinstance(link, AmqpLink) and link.delay == 4.0
+    assert isinstance(link, AmqpLink) and link.delay("out/a") == 4.0
     bridge.outcome(remote, second, ACCEPTED, "")
     bridge.outcome(remote, first, RELEASED, "")
-    assert link.delay == 2.0
+    assert link.delay("out/a") == 2.0
+
+
+def test_an_accept_on_another_address_keeps_the_back_off() -> None:
+    """Review finding: the back-off was one per bridge, so the remote accepting
+    messages on one address made the address it keeps releasing resend at
+    reconnect-min each time; it is per address now."""
+    bridge, remote, broker, clock = _connected()
+    _publish_to(broker, "out/refused", 1)
+    refused = remote.sent[0][2]
+    resent: list[float] = []
+    for _ in range(5):   # (bounded: each resend comes within reconnect-max)
+        bridge.outcome(remote, refused, RELEASED, "")
+        _publish_to(broker, "out/taken", 1)   # accepted on its own address
+        bridge.outcome(remote, remote.sent[-1][2], ACCEPTED, "")
+        before, sent = clock.seconds(), len(remote.sent)
+        for _ in range(200):
+            clock.advance(0.5)
+            if len(remote.sent) > sent:
+                break
+        resent.append(clock.seconds() - before)
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    assert resent == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert link.delay("out/refused") == 32.0 and link.delay("out/taken") == 0.0
+    assert set(link.resends) == {"out/refused"}
 
 
 def test_a_resend_waits_for_credit() -> None:
@@ -339,17 +369,19 @@ def test_a_resend_waiting_for_credit_after_an_accept_does_not_spin() -> None:
     """Review finding: an accept between a release and its resend set the delay to 0,
     so with no credit the resend was scheduled again at once, every reactor turn."""
     bridge, remote, broker, clock = _connected()
-    _publish(broker, 2)
+    _publish_to(broker, "out/a", 2)
     (_, _, first, _), (_, _, second, _) = remote.sent[:2]
     bridge.outcome(remote, first, RELEASED, "")
     bridge.outcome(remote, second, ACCEPTED, "")
     remote.no_credit = True
     clock.advance(2.1)              # the resend's try: no credit
-    retry = bridge.link._retry_call
+    assert isinstance(bridge.link, AmqpLink)
+    retry = bridge.link.resends["out/a"].call
     assert retry is not None and retry.getTime() - clock.seconds() >= 1.0
     remote.no_credit = False
     clock.advance(retry.getTime() - clock.seconds())
     assert [p for _, p, _, _ in remote.sent[2:]] == [b"0"]
+    assert not bridge.link.resends   # (accepted since, nothing waiting: forgotten)
 
 
 def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyPatch) -> None:
