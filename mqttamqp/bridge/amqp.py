@@ -12,7 +12,9 @@ as for ``mqtts://``), one session on it with
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
   is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
-  (dropped, counted, logged once a minute per condition), released, modified or
+  for good (dropped, counted, logged once a minute per condition), rejected for
+  now (``amqp:resource-limit-exceeded``: counted as released, logged once a minute,
+  sent again as below; ``amqp.refusals`` is the one table), released, modified or
   settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
   later doubling up to ``reconnect-max`` until the remote accepts one on the same
   address: the back-off is per address, ``amqplink.Resends``; never dropped),
@@ -30,7 +32,8 @@ as for ``mqtts://``), one session on it with
   bytes), a topic that is no valid topic name here or a control address
   (amqp:invalid-field, as the core's AMQP ingress), a queue acknowledgement
   (amqp:not-allowed), one a durable queue refuses for good (a ``$dlq/`` topic: its
-  condition; one refused for now, a full queue, drops the connection), or larger
+  condition, ``amqp.refusals``; one refused for now, a full queue, drops the
+  connection), or larger
   than ``--max-packet-size`` (announced as each receiver's max-message-size), is
   rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
@@ -56,10 +59,12 @@ from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.amqp.links import INVALID_FIELD, NOT_ALLOWED
 from mqttamqp.amqp.publisher import to_problem
+from mqttamqp.amqp.refusals import condition_of, for_good
 from mqttamqp.bridge.amqplink import AmqpLink
 from mqttamqp.bridge.amqpterms import (
     ACCEPTED,
     FAILED,
+    FULL,
     REJECTED,
     RELEASED,
     TERMINAL,
@@ -72,7 +77,7 @@ from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.addresses import QUEUE_COMMAND, TOPIC_NAME_INVALID, Refusal
+from mqttamqp.core.queues.addresses import QUEUE_COMMAND, Refusal
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.gateway.engine import UpstreamConnection
@@ -358,15 +363,20 @@ class AmqpRemote:
                     decref(dlv)
         return ack
 
-    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> None:
-        """Reject ``dlv`` (held by ``answer_later``): refused here for good."""
+    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> bool:
+        """Reject ``dlv`` (held by ``answer_later``) if ``refusal`` is for good, with
+        the condition the broker's own AMQP ingress gives it (``amqp.refusals``); not
+        one refused for now (False: the caller drops the connection, the remote
+        keeps it)."""
+        if not for_good(refusal.code):
+            return False
         if dlv in self.held:
             self.held.discard(dlv)
             try:
-                self.answer(dlv, impl, REJECTED, refusal.reason, INVALID_FIELD
-                            if refusal.code == TOPIC_NAME_INVALID else NOT_ALLOWED)
+                self.answer(dlv, impl, REJECTED, refusal.reason, condition_of(refusal.code))
             finally:
                 decref(dlv)
+        return True
 
 
 class AmqpBridge(BridgeBase):
@@ -377,6 +387,7 @@ class AmqpBridge(BridgeBase):
     holding = "giving the remote no more credit (its socket still read)"
     resuming = "crediting the remote again"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
+    refused_for_now = 0   # out messages the remote rejected for now: sent again
 
     def new_link(self) -> BridgeLink:
         return AmqpLink(self)
@@ -444,8 +455,10 @@ class AmqpBridge(BridgeBase):
         else:
             if state == FAILED:   # (only a failed delivery counts toward the cap)
                 entry.failures += 1
-            if state == RELEASED or (state == FAILED
-                                     and entry.failures <= self.settings.max_resends):
+            elif state == FULL:   # (rejected for now: never dropped)
+                self._refused_for_now(entry.message.topic, reason)
+            if state == RELEASED or state == FULL or (
+                    state == FAILED and entry.failures <= self.settings.max_resends):
                 link.retry(packet_id, self.remote_topic(entry.message.topic))
                 return
             if state == FAILED:   # (a poison message: the remote fails it each time)
@@ -459,6 +472,16 @@ class AmqpBridge(BridgeBase):
                               t=entry.message.topic, r=reason or "no condition",
                               c=self.refused, h=f" ({held} not logged)" if held else "")
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
+
+    def _refused_for_now(self, topic: str, reason: str) -> None:
+        self.refused_for_now += 1
+        cause = reason.split(": ", 1)[0]
+        held = self.refusals.allow(f"for now {cause}")
+        if held is not None:
+            self.log.warn("bridge {n}: the remote refused a message on {t} for now ({r}); "
+                          "it is sent again later, never dropped; {c} so far{h}",
+                          n=self.settings.name, t=topic, r=reason, c=self.refused_for_now,
+                          h=f" ({held} not logged)" if held else "")
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:

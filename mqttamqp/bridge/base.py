@@ -40,7 +40,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, Refusal
+from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
@@ -310,42 +310,41 @@ class BridgeBase:
     # -- the in direction ----------------------------------------------------
 
     def take_in(self, client: Remote, message: Message, ack: Callable[[], None] | None,
-                reject: Callable[[Refusal], None] | None = None) -> None:
+                reject: Callable[[Refusal], bool] | None = None) -> None:
         """A message of an ``in`` rule: published here; ``ack`` (None: QoS 0, nothing
         to acknowledge) once it is durable here.  One a durable queue here refuses is
-        not acknowledged: with ``reject`` (a remote that can be told) a permanent
-        refusal (a topic no queue takes) is rejected to it, as sending it again
-        would be refused again; else (a full queue, too many queues: it may pass
-        later) the connection is dropped, so that the remote keeps it."""
+        not acknowledged: ``reject`` (a remote that can be told) rejects a refusal
+        for good (a topic no queue takes) to it and says True, as sending it again
+        would be refused again; else (no ``reject``, or it says False: a full
+        queue, too many queues, it may pass later) the connection is dropped, so
+        that the remote keeps it."""
         self.received += 1
         result = self.broker.publish(message, self.identity, wait=ack is not None)
         if ack is None:
             if result.blocked or result.congested:
                 self._hold_remote(client, result.blocked, result.congested)
             return
-        if result.refusal is not None and reject is not None \
-                and result.refusal.code != QUOTA_EXCEEDED:
+        refusal = result.refusal
+        if refusal is not None:
             self.refused_here += 1
-            held = self.refusals.allow("in-rejected")
-            if held is not None:
-                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
-                              "here ({r}); rejected to the remote{h}", n=self.settings.name,
-                              t=message.topic, r=result.refusal.reason,
-                              h=f" ({held} not logged)" if held else "")
-            reject(result.refusal)
-            return
-        if result.refusal is not None:
+            if reject is not None and reject(refusal):
+                held = self.refusals.allow("in-rejected")
+                if held is not None:
+                    self.log.warn("bridge {n}: a message from the remote on {t} was "
+                                  "refused here for good ({r}); rejected to the remote{h}",
+                                  n=self.settings.name, t=message.topic, r=refusal.reason,
+                                  h=f" ({held} not logged)" if held else "")
+                return
             # A durable queue here refused it (full, too many queues): nothing is
             # stored, so the remote is not told it was taken; it sends it again
             # after the reconnect, with the bridge's back-off between the tries.
-            self.refused_here += 1
             held = self.refusals.allow("in-refused")
             if held is not None:
                 self.log.warn("bridge {n}: a message from the remote on {t} was refused "
                               "here ({r}); reconnecting so that the remote keeps it{h}",
                               n=self.settings.name, t=message.topic,
-                              r=result.refusal.reason, h=f" ({held} not logged)" if held else "")
-            client.drop(f"refused here: {result.refusal.reason}")
+                              r=refusal.reason, h=f" ({held} not logged)" if held else "")
+            client.drop(f"refused here: {refusal.reason}")
             return
         if result.blocked or result.congested:
             self._hold_remote(client, result.blocked, result.congested)
