@@ -73,7 +73,6 @@ from mqttamqp.bridge.amqpterms import (
     upstream_of,
 )
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
-from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message, MessageProperties
@@ -215,17 +214,12 @@ class AmqpRemote:
             self.conn.transport.abortConnection()
 
     def disconnect(self) -> None:
-        """A clean end (the bridge stops): close frame, then the socket, aborted if
-        it has not closed ``CLOSE_GRACE`` seconds later (a TLS close may hang)."""
+        """A clean end (the bridge stops): close frame, then the socket, cut if it has
+        not closed ``--close-grace`` seconds later (a TLS close may hang)."""
         self._cancel()
         self.conn.close("bridge stopped")
         if not self.closed and self.conn.transport is not None:
-            self._timer = self.bridge.clock.callLater(CLOSE_GRACE, self._abort)
-
-    def _abort(self) -> None:
-        self._timer = None
-        if not self.closed and self.conn.transport is not None:
-            self.conn.transport.abortConnection()
+            self._timer = self.bridge.close_grace.arm(self.conn.transport, "the remote")
 
     def _no_open(self) -> None:
         self._timer = None

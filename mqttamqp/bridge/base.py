@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.adapter.backoff import Backoff
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.bridge.backlog import BacklogGuard
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
@@ -112,6 +113,11 @@ class BridgeBase:
         self._said_held = False               # ``holding`` logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
+        # A stopped bridge's connection that does not close: cut (--close-grace),
+        # counted with the broker's ($SYS/broker/limits/close_grace).
+        self.close_grace = CloseGrace(clock, broker.limits.close_grace, self.log,
+                                      f"bridge {settings.name}",
+                                      lambda: broker.stats.limit_hit("close_grace"))
         self._retry: Any = None
         self._steady: Any = None   # resets the back-off once connected long enough
         self._client: Any = None

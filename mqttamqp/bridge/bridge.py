@@ -56,7 +56,8 @@ class Bridge(BridgeBase):
             connect = Connect("MQTT", LEVEL, s.remote_client_id, s.clean_session,
                               s.keepalive, None, s.username, password, bridge=s.try_private)
         return BridgeClient(self, self.clock, connect, s.connect_timeout,
-                            self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
+                            self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL,
+                            self.close_grace)
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 
