@@ -215,7 +215,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
-        self.aliases = InboundAliases()       # MQTT 5: the client's topic aliases
+        # MQTT 5: the client's topic aliases (made at the first it sets)
+        self.aliases: InboundAliases | None = None
         self.reading_paused = False
         self.since = self.clock.seconds()     # when the socket came (the console)
 
@@ -429,7 +430,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         own = packet.properties
         if own is not None and own.topic_alias is not None:
-            self.aliases.took(packet)   # (a topic with its alias: set from now on)
+            # (a topic with its alias: set from now on)
+            self.aliases = InboundAliases.of(self.aliases, packet)
         channel = self.channel
         assert channel is not None
         self.factory.published += 1
