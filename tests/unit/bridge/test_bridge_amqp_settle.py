@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from core_broker import make_broker
+from loglines import LogLines
 from twisted.internet.defer import Deferred
-from twisted.logger import globalLogPublisher
 
 import mqttamqp.bridge.amqp as amqp
 from mqttamqp.amqp.codec.contract import Mqtt5Props
@@ -78,26 +78,6 @@ def _no_proton_refcounts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(amqp, "incref", lambda dlv: None)
 
 
-class _Lines:
-    """The bridge's log lines whose format holds ``needle``, while in a ``with``."""
-
-    def __init__(self, needle: str) -> None:
-        self.needle = needle
-        self.lines: list[str] = []
-
-    def _observe(self, event: dict[str, Any]) -> None:
-        if self.needle in str(event.get("log_format", "")):
-            from twisted.logger import formatEvent
-            self.lines.append(formatEvent(event))
-
-    def __enter__(self) -> list[str]:
-        globalLogPublisher.addObserver(self._observe)
-        return self.lines
-
-    def __exit__(self, *exc: object) -> None:
-        globalLogPublisher.removeObserver(self._observe)
-
-
 def _connected(limits: dict[str, Any] | None = None, **table: Any
                ) -> tuple[AmqpBridge, FakeRemote, Any, Any]:
     broker, clock, _ = make_broker(**(limits or {}))
@@ -134,7 +114,7 @@ def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
     leave the session for good (nothing is sent again over a long time), all are
     counted, one line per condition says each is dropped."""
     bridge, remote, broker, clock = _connected()
-    with _Lines("the remote rejected a message") as lines:
+    with LogLines("the remote rejected a message") as lines:
         _publish(broker, 3)
         reasons = ["amqp:unauthorized-access: no", "amqp:unauthorized-access: again",
                    "amqp:not-allowed: never"]
@@ -159,7 +139,7 @@ def test_rejected_for_now_is_sent_again_never_dropped() -> None:
     bridge, remote, broker, clock = _connected()
     _publish(broker, 1)
     packet_id = remote.sent[0][2]
-    with _Lines("the remote refused a message") as lines:
+    with LogLines("the remote refused a message") as lines:
         for _ in range(5):   # (bounded: each resend comes within reconnect-max)
             sent = len(remote.sent)
             bridge.outcome(remote, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: "
@@ -313,7 +293,7 @@ def test_an_in_message_the_core_refuses_for_good_is_rejected_not_a_reconnect(
     monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
     bridge, remote, _, clock = _connected(topics=[f"{topic} in 1"])
     attempts = bridge.attempts
-    with _Lines("rejected") as lines:
+    with LogLines("rejected") as lines:
         bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
         for _ in range(100):   # 100 × 10 s: well past reconnect-max (60 s) many times
             clock.advance(10)
@@ -341,7 +321,7 @@ def test_an_in_refusal_gets_the_core_ingress_condition(
     monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
         refusal=Refusal(UNSPECIFIED_ERROR, "not for this queue"), blocked=False,
         congested=(), durable=None))
-    with _Lines("refused here for good") as lines:
+    with LogLines("refused here for good") as lines:
         bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl",
                               _in_message("$queue/jobs/a"))
         clock.advance(1000)

@@ -9,6 +9,7 @@ from typing import Any
 
 from bridge_remote import TABLE, Remote, accept
 from core_broker import connect, make_broker, subscribe
+from loglines import LogLines
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.bridge.bridge import Bridge
@@ -88,25 +89,14 @@ def test_the_close_grace_is_the_option_counted_and_logged_once() -> None:
     """--close-grace (here 2 s) is the time a stopped bridge's connection has to
     close: still open just before, cut then; counted with the broker's limits
     ($SYS/broker/limits/close_grace) and said in one line."""
-    from twisted.logger import formatEvent, globalLogPublisher
-
     bridge, remote, broker, clock = _connected(close_grace=2.0)
     transport = remote.transport
     assert isinstance(transport, _Transport)
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if "--close-grace" in str(event.get("log_format", "")):
-            lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    try:
+    with LogLines("--close-grace") as lines:
         bridge.stop()
         clock.advance(2.0 - 1e-6)
         assert "abort" not in transport.calls
         clock.advance(2e-6)
-    finally:
-        globalLogPublisher.removeObserver(observe)
     assert transport.calls[:3] == ["unregister", "lose", "abort"]
     assert broker.stats.limits.get("close_grace") == 1 and bridge.close_grace.cut == 1
     assert len(lines) == 1 and "bridge hq" in lines[0] and "2 s" in lines[0], lines

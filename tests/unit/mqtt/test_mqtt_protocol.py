@@ -1082,7 +1082,7 @@ def test_a_closed_connection_that_does_not_close_is_cut_after_the_close_grace() 
     """--close-grace (here 3 s): a connection the broker closed whose client reads
     nothing is still there just before, cut then; counted
     ($SYS/broker/limits/close_grace) and said in one line."""
-    from twisted.logger import formatEvent, globalLogPublisher
+    from loglines import LogLines
 
     class Recording(StringTransport):
         aborted = 0
@@ -1096,21 +1096,12 @@ def test_a_closed_connection_that_does_not_close_is_cut_after_the_close_grace() 
     c.transport = Recording()
     c.proto.makeConnection(c.transport)  # type: ignore[no-untyped-call]
     c.connect("c")
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if "--close-grace" in str(event.get("log_format", "")):
-            lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    try:
+    with LogLines("--close-grace") as lines:
         c.send(Connect("MQTT", 4, "c", True, 0))   # (a protocol violation: closed)
         assert not c.open
         h.clock.advance(3.0 - 1e-6)
         assert c.transport.aborted == 0
         h.clock.advance(2e-6)
-    finally:
-        globalLogPublisher.removeObserver(observe)
     assert c.transport.aborted == 1
     assert h.broker.stats.limits.get("close_grace") == 1
     assert len(lines) == 1 and "MQTT connection of c" in lines[0] and "3 s" in lines[0]
