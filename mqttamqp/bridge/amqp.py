@@ -459,23 +459,17 @@ class AmqpBridge(BridgeBase):
                 reason = f"max-resends: {reason} {entry.failures} times"
             self.refused += 1
             cause = reason.split(": ", 1)[0] or "rejected"
-            held = self.refusals.allow(f"rejected {cause}")
-            if held is not None:
-                self.log.warn("bridge {n}: the remote rejected a message on {t} ({r}); it "
-                              "is dropped; {c} rejected so far{h}", n=self.settings.name,
-                              t=entry.message.topic, r=reason or "no condition",
-                              c=self.refused, h=f" ({held} not logged)" if held else "")
+            self.warn(f"rejected {cause}", "bridge {n}: the remote rejected a message on "
+                      "{t} ({r}); it is dropped; {c} rejected so far",
+                      t=entry.message.topic, r=reason or "no condition", c=self.refused)
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
 
     def _refused_for_now(self, topic: str, reason: str) -> None:
         self.refused_for_now += 1
         cause = reason.split(": ", 1)[0]
-        held = self.refusals.allow(f"for now {cause}")
-        if held is not None:
-            self.log.warn("bridge {n}: the remote refused a message on {t} for now ({r}); "
-                          "it is sent again later, never dropped; {c} so far{h}",
-                          n=self.settings.name, t=topic, r=reason, c=self.refused_for_now,
-                          h=f" ({held} not logged)" if held else "")
+        self.warn(f"for now {cause}", "bridge {n}: the remote refused a message on {t} "
+                  "for now ({r}); it is sent again later, never dropped; {c} so far",
+                  t=topic, r=reason, c=self.refused_for_now)
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:
@@ -486,13 +480,9 @@ class AmqpBridge(BridgeBase):
         maximum = self.broker.limits.max_packet_size
         if len(data) > maximum:   # (announced as the receiver's max-message-size)
             self.too_large_in += 1
-            held = self.refusals.allow("too-large-in")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {s} "
-                              "bytes, above --max-packet-size {m}; {c} so far{h}",
-                              n=self.settings.name, a=rule.remote_filter, s=len(data),
-                              m=maximum, c=self.too_large_in,
-                              h=f" ({held} not logged)" if held else "")
+            self.warn("too-large-in", "bridge {n}: rejected a message from the remote's "
+                      "{a}: {s} bytes, above --max-packet-size {m}; {c} so far",
+                      a=rule.remote_filter, s=len(data), m=maximum, c=self.too_large_in)
             remote.answer(dlv, impl, REJECTED)
             return
         presettled = bool(delivery_settled(dlv))
@@ -508,11 +498,8 @@ class AmqpBridge(BridgeBase):
             props = None if fields.props is None else MessageProperties(*fields.props)
         except DecodeError as e:
             self.refused_here += 1
-            held = self.refusals.allow("in-undecodable")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {e}{h}",
-                              n=self.settings.name, a=rule.remote_filter, e=e,
-                              h=f" ({held} not logged)" if held else "")
+            self.warn("in-undecodable", "bridge {n}: rejected a message from the remote's "
+                      "{a}: {e}", a=rule.remote_filter, e=e)
             remote.answer(dlv, impl, REJECTED)
             return
         if rule.outbound and self._echo(data):
@@ -526,11 +513,8 @@ class AmqpBridge(BridgeBase):
             problem, condition = "a queue acknowledgement, no message", NOT_ALLOWED
         if problem is not None:
             self.refused_here += 1
-            held = self.refusals.allow("in-bad-topic")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
-                              "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
-                              a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
+            self.warn("in-bad-topic", "bridge {n}: rejected a message from the remote's "
+                      "{a}: bad topic {t!r}: {p}", t=topic, p=problem, a=rule.remote_filter)
             remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}", condition)
             return
         qos = min(fields.qos, rule.qos)

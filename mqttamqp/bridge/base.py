@@ -334,22 +334,16 @@ class BridgeBase:
         if refusal is not None:
             self.refused_here += 1
             if reject is not None and reject(refusal):
-                held = self.refusals.allow("in-rejected")
-                if held is not None:
-                    self.log.warn("bridge {n}: a message from the remote on {t} was "
-                                  "refused here for good ({r}); rejected to the remote{h}",
-                                  n=self.settings.name, t=message.topic, r=refusal.reason,
-                                  h=f" ({held} not logged)" if held else "")
+                self.warn("in-rejected", "bridge {n}: a message from the remote on {t} "
+                          "was refused here for good ({r}); rejected to the remote",
+                          t=message.topic, r=refusal.reason)
                 return
             # A durable queue here refused it (full, too many queues): nothing is
             # stored, so the remote is not told it was taken; it sends it again
             # after the reconnect, with the bridge's back-off between the tries.
-            held = self.refusals.allow("in-refused")
-            if held is not None:
-                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
-                              "here ({r}); reconnecting so that the remote keeps it{h}",
-                              n=self.settings.name, t=message.topic,
-                              r=refusal.reason, h=f" ({held} not logged)" if held else "")
+            self.warn("in-refused", "bridge {n}: a message from the remote on {t} was "
+                      "refused here ({r}); reconnecting so that the remote keeps it",
+                      t=message.topic, r=refusal.reason)
             client.drop(f"refused here: {refusal.reason}")
             return
         if result.blocked or result.congested:
@@ -360,6 +354,15 @@ class BridgeBase:
             result.durable.addCallbacks(lambda _: ack(),
                                         lambda f: client.drop("storing a message from the "
                                                               "remote failed"))
+
+    def warn(self, cause: str, fmt: str, **kw: Any) -> None:
+        """One line for ``cause`` a minute at most (``refusals``): ``fmt`` with
+        ``{n}``, the bridge's name, and at its end how many lines were held back
+        since the last one."""
+        held = self.refusals.allow(cause)
+        if held is not None:
+            self.log.warn(fmt + "{held_back}", n=self.settings.name,
+                          held_back=f" ({held} not logged)" if held else "", **kw)
 
     def _hold_remote(self, client: Remote, blocked: bool,
                      congested: Sequence[Any]) -> None:
