@@ -493,3 +493,21 @@ def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyP
     assert acks == [] and remote.dropped is None
     stored.callback(None)
     assert acks == [1]
+
+
+def test_the_per_address_back_off_is_bounded() -> None:
+    """Addresses released once and then dropped (rejected for good) leave an idle
+    back-off behind; past max(16, --max-inflight) addresses the idle ones are
+    forgotten, so the table stays bounded however many addresses pass."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    for i in range(100):
+        _publish_to(broker, f"out/{i}", 1)
+        packet_id = remote.sent[-1][2]
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(2.1)   # (sent again once)
+        bridge.outcome(remote, packet_id, REJECTED, "amqp:not-allowed: no")
+        assert len(link.resends) <= 17
+    assert bridge.refused == 100 and bridge.session is not None
+    assert not bridge.session.inflight
