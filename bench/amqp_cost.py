@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The broker's own cost of one AMQP -> AMQP unsettled message, in process.
 
-    PYTHONPATH=. python bench/amqp_cost.py [--count N] [--presettled]
+    PYTHONPATH=. python bench/amqp_cost.py [--count N] [--presettled] [--profile FILE]
     PYTHONPATH=. valgrind --tool=callgrind --collect-atstart=no \\
         --callgrind-out-file=/tmp/cg.out python3 bench/amqp_cost.py --callgrind
 
@@ -62,6 +62,9 @@ def main() -> int:
     ap.add_argument("--presettled", action="store_true", help="pre-settled both ways")
     ap.add_argument("--callgrind", action="store_true",
                     help="toggle callgrind's collection around the broker's calls")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="cProfile only the broker's calls (the timed ones) into FILE "
+                         "(pstats); slower, so never quote its times, only its shares")
     args = ap.parse_args()
 
     from amqp_bench import amqp_publish_bytes
@@ -70,6 +73,10 @@ def main() -> int:
     from proton import Collector, Delivery, Event, Link
 
     toggle = callgrind_toggle() if args.callgrind else None
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
     n = args.count
     net = Net(max_queued_messages=64000)
     spent = [0.0]
@@ -82,11 +89,15 @@ def main() -> int:
                 return call(*a)
             if toggle is not None:
                 toggle()
+            if profiler is not None:
+                profiler.enable()
             t = clock_time()
             try:
                 return call(*a)
             finally:
                 spent[0] += clock_time() - t
+                if profiler is not None:
+                    profiler.disable()
                 if toggle is not None:
                     toggle()
         return wrapper
@@ -188,6 +199,8 @@ def main() -> int:
                 acked += 1
     wall = time.perf_counter() - wall0
     measuring[0] = False
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     print(json.dumps({
         "messages": n, "received": got, "rounds": rounds,
         "mode": "presettled" if args.presettled else "unsettled",

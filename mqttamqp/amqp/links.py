@@ -36,6 +36,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import (
@@ -109,6 +110,10 @@ class LinkHost(Protocol):
     # The connection's open AMQP transactions by txn-id (``transactions``); None
     # until a coordinator attaches (a transfer's state is not looked at before).
     txns: dict[bytes, Transaction] | None
+
+    @property
+    def log_limit(self) -> LogLimiter:
+        """Log lines limited per cause, one a minute (shared by the listener)."""
 
     def schedule_flush(self) -> None: ...
 
