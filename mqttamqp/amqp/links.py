@@ -54,6 +54,8 @@ from mqttamqp.net.rawproton import (
     link_queued,
     link_send,
     new_delivery,
+    packet_id_tag,
+    tag_blocks,
 )
 
 __all__ = [
@@ -241,9 +243,10 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None,
+    def transfer(self, tag: bytes | int, data: bytes, settled: bool, key: int | None = None,
                  published_at: float = 0.0) -> None:
-        """Hand one delivery to the engine; ``published_at``: a message's receipt
+        """Hand one delivery to the engine; ``tag``: its delivery tag, or a packet id
+        whose decimal digits are the tag; ``published_at``: a message's receipt
         time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
         if link_credit(impl) <= 0:
@@ -251,8 +254,14 @@ class OutgoingLink(BrokerLink):
             if link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        # (``rawproton``, inline: this is every message's path)
-        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        # (``rawproton``, inline: this is every message's path; a packet id's tag is
+        # made once, ``packet_id_tag``)
+        if tag.__class__ is int:
+            block = tag_blocks[tag >> 10]
+            ctag = packet_id_tag(tag) if block is None else block[tag & 1023]
+        else:
+            ctag = (len(tag), from_buffer(tag))   # type: ignore[arg-type]
+        dlv = new_delivery(impl, ctag)
         link_send(impl, data, len(data))
         link_advance(impl)
         if settled:

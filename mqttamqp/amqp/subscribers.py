@@ -255,7 +255,7 @@ class _SessionLink(OutgoingLink):
             self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
                           None, message.timestamp)
             return
-        self.transfer(b"%d" % packet_id, data, self.presettled,
+        self.transfer(packet_id, data, self.presettled,
                       packet_id if qos == 1 else packet_id | _QOS2, message.timestamp)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.
