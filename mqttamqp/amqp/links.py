@@ -107,6 +107,7 @@ class LinkHost(Protocol):
     peer: str
     publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
+    pumping: bool            # inside the engine's pump: its output is written after
     meter: DeliveryMeter     # the core's counters, written the adapters' way
     clock: Clock
     # The connection's open AMQP transactions by txn-id (``transactions``); None
@@ -274,7 +275,8 @@ class OutgoingLink(BrokerLink):
         self.delivered += 1
         host = self.host
         host.meter.transferred(published_at)   # (bytes are counted per socket write)
-        host.schedule_flush()
+        if not host.pumping:   # (else written when the pump ends: a call less)
+            host.schedule_flush()
 
     @property
     def credit_room(self) -> bool:
