@@ -163,14 +163,6 @@ def main() -> int:
     import gc
 
     from mqttamqp.service import GC_YOUNG_THRESHOLD
-    # A long run's steady state: the delivery tags of every packet id made (a broker
-    # makes them once, as ids are first used: ``rawproton.packet_id_tag``).
-    try:
-        from mqttamqp.net.rawproton import packet_id_tag
-        for pid in range(0, 65536, 1024):
-            packet_id_tag(pid)
-    except ImportError:   # (a tree from before the tags were made once)
-        pass
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
