@@ -2,6 +2,7 @@
 """The broker's own cost of one AMQP -> AMQP unsettled message, in process.
 
     PYTHONPATH=. python bench/amqp_cost.py [--count N] [--presettled] [--profile FILE]
+                                           [--opcodes TOP]
     PYTHONPATH=. valgrind --tool=callgrind --collect-atstart=no \\
         --callgrind-out-file=/tmp/cg.out python3 bench/amqp_cost.py --callgrind
 
@@ -56,12 +57,44 @@ def callgrind_toggle() -> Callable[[], None]:
     return lib.cg_toggle  # type: ignore[no-any-return]
 
 
+class OpcodeCounter:
+    """Bytecodes run per function while enabled (``sys.settrace`` opcode events)."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+        self.counts: Counter[tuple[str, int, str]] = Counter()
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            self.counts[(code.co_filename.rsplit("mqttamqp/", 1)[-1], code.co_firstlineno,
+                         code.co_name)] += 1
+        return self._trace
+
+    def enable(self) -> None:
+        sys.settrace(self._trace)
+
+    def disable(self) -> None:
+        sys.settrace(None)
+
+    def show(self, top: int, messages: int) -> None:
+        total = sum(self.counts.values())
+        print(f"bytecodes per message: {total / messages:.1f}", file=sys.stderr)
+        for (path, line, name), n in self.counts.most_common(top):
+            print(f"{n / messages:8.1f}  {path}:{line} {name}", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=30000, help="messages")
     ap.add_argument("--presettled", action="store_true", help="pre-settled both ways")
     ap.add_argument("--callgrind", action="store_true",
                     help="toggle callgrind's collection around the broker's calls")
+    ap.add_argument("--opcodes", type=int, metavar="TOP", default=0,
+                    help="count the Python bytecodes the broker's calls run, per function "
+                         "(sys.settrace, opcode events), and print the TOP functions' "
+                         "counts per message: the Python side's share, exact on every run")
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile only the broker's calls (the timed ones) into FILE "
                          "(pstats); slower, so never quote its times, only its shares")
@@ -73,10 +106,12 @@ def main() -> int:
     from proton import Collector, Delivery, Event, Link
 
     toggle = callgrind_toggle() if args.callgrind else None
-    profiler = None
+    profiler: Any = None
     if args.profile:
         import cProfile
         profiler = cProfile.Profile()
+    elif args.opcodes:
+        profiler = OpcodeCounter()
     n = args.count
     net = Net(max_queued_messages=64000)
     spent = [0.0]
@@ -207,8 +242,10 @@ def main() -> int:
                 acked += 1
     wall = time.perf_counter() - wall0
     measuring[0] = False
-    if profiler is not None:
+    if args.profile:
         profiler.dump_stats(args.profile)
+    elif args.opcodes:
+        profiler.show(args.opcodes, max(1, got))
     print(json.dumps({
         "messages": n, "received": got, "rounds": rounds,
         "mode": "presettled" if args.presettled else "unsettled",
