@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The broker's own cost of one AMQP -> AMQP unsettled message, in process.
 
-    PYTHONPATH=. python bench/amqp_cost.py [--count N] [--presettled]
+    PYTHONPATH=. python bench/amqp_cost.py [--count N] [--presettled] [--profile FILE]
+                                           [--opcodes TOP]
     PYTHONPATH=. valgrind --tool=callgrind --collect-atstart=no \\
         --callgrind-out-file=/tmp/cg.out python3 bench/amqp_cost.py --callgrind
 
@@ -56,12 +57,47 @@ def callgrind_toggle() -> Callable[[], None]:
     return lib.cg_toggle  # type: ignore[no-any-return]
 
 
+class OpcodeCounter:
+    """Bytecodes run per function while enabled (``sys.settrace`` opcode events)."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+        self.counts: Counter[tuple[str, int, str]] = Counter()
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            self.counts[(code.co_filename.rsplit("mqttamqp/", 1)[-1], code.co_firstlineno,
+                         code.co_name)] += 1
+        return self._trace
+
+    def enable(self) -> None:
+        sys.settrace(self._trace)
+
+    def disable(self) -> None:
+        sys.settrace(None)
+
+    def show(self, top: int, messages: int) -> None:
+        total = sum(self.counts.values())
+        print(f"bytecodes per message: {total / messages:.1f}", file=sys.stderr)
+        for (path, line, name), n in self.counts.most_common(top):
+            print(f"{n / messages:8.1f}  {path}:{line} {name}", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=30000, help="messages")
     ap.add_argument("--presettled", action="store_true", help="pre-settled both ways")
     ap.add_argument("--callgrind", action="store_true",
                     help="toggle callgrind's collection around the broker's calls")
+    ap.add_argument("--opcodes", type=int, metavar="TOP", default=0,
+                    help="count the Python bytecodes the broker's calls run, per function "
+                         "(sys.settrace, opcode events), and print the TOP functions' "
+                         "counts per message: the Python side's share, exact on every run")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="cProfile only the broker's calls (the timed ones) into FILE "
+                         "(pstats); slower, so never quote its times, only its shares")
     args = ap.parse_args()
 
     from amqp_bench import amqp_publish_bytes
@@ -70,6 +106,12 @@ def main() -> int:
     from proton import Collector, Delivery, Event, Link
 
     toggle = callgrind_toggle() if args.callgrind else None
+    profiler: Any = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+    elif args.opcodes:
+        profiler = OpcodeCounter()
     n = args.count
     net = Net(max_queued_messages=64000)
     spent = [0.0]
@@ -82,11 +124,15 @@ def main() -> int:
                 return call(*a)
             if toggle is not None:
                 toggle()
+            if profiler is not None:
+                profiler.enable()
             t = clock_time()
             try:
                 return call(*a)
             finally:
                 spent[0] += clock_time() - t
+                if profiler is not None:
+                    profiler.disable()
                 if toggle is not None:
                     toggle()
         return wrapper
@@ -147,6 +193,14 @@ def main() -> int:
     tags = [str(i).encode() for i in range(n)]
     for col in cols:
         deliveries(col)
+    # The collector as the broker runs it (``service._start_serving``): what was set
+    # up frozen, a young generation of GC_YOUNG_THRESHOLD.
+    import gc
+
+    from mqttamqp.service import GC_YOUNG_THRESHOLD
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     sent = acked = got = rounds = 0
     measuring[0] = True
     wall0 = time.perf_counter()
@@ -188,6 +242,10 @@ def main() -> int:
                 acked += 1
     wall = time.perf_counter() - wall0
     measuring[0] = False
+    if args.profile:
+        profiler.dump_stats(args.profile)
+    elif args.opcodes:
+        profiler.show(args.opcodes, max(1, got))
     print(json.dumps({
         "messages": n, "received": got, "rounds": rounds,
         "mode": "presettled" if args.presettled else "unsettled",

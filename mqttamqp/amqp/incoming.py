@@ -190,6 +190,18 @@ class IncomingLink(BrokerLink):
         self._answered()
 
     def _too_large(self) -> None:
+        """A transfer over ``--max-packet-size``: the link is detached with
+        message-size-exceeded, and one log line says so, at most one a minute for
+        this cause (the held-back count in the next)."""
+        host = self.host
+        held = host.log_limit.allow("amqp-message-size")
+        if held is not None:
+            self.log.warn("a message on {a} from {c} ({peer}) is larger than {n} bytes "
+                          "(--max-packet-size): the link is detached with "
+                          "amqp:link:message-size-exceeded{more}",
+                          a=self.address or "(anonymous)", c=host.container_id,
+                          peer=host.peer, n=self.max_size,
+                          more=f" ({held} more since the last such line)" if held else "")
         self.detach("amqp:link:message-size-exceeded",   # (releases what it held)
                     f"message larger than {self.max_size} bytes")
 

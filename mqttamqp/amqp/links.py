@@ -36,6 +36,7 @@ from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.connections import LinkInfo
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import (
@@ -53,6 +54,8 @@ from mqttamqp.net.rawproton import (
     link_queued,
     link_send,
     new_delivery,
+    packet_id_tag,
+    tag_blocks,
 )
 
 __all__ = [
@@ -104,11 +107,16 @@ class LinkHost(Protocol):
     peer: str
     publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
+    pumping: bool            # inside the engine's pump: its output is written after
     meter: DeliveryMeter     # the core's counters, written the adapters' way
     clock: Clock
     # The connection's open AMQP transactions by txn-id (``transactions``); None
     # until a coordinator attaches (a transfer's state is not looked at before).
     txns: dict[bytes, Transaction] | None
+
+    @property
+    def log_limit(self) -> LogLimiter:
+        """Log lines limited per cause, one a minute (shared by the listener)."""
 
     def schedule_flush(self) -> None: ...
 
@@ -236,9 +244,10 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes, data: bytes, settled: bool, key: int | None = None,
+    def transfer(self, tag: bytes | int, data: bytes, settled: bool, key: int | None = None,
                  published_at: float = 0.0) -> None:
-        """Hand one delivery to the engine; ``published_at``: a message's receipt
+        """Hand one delivery to the engine; ``tag``: its delivery tag, or a packet id
+        whose decimal digits are the tag; ``published_at``: a message's receipt
         time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
         if link_credit(impl) <= 0:
@@ -246,8 +255,14 @@ class OutgoingLink(BrokerLink):
             if link_queued(impl) == 0:
                 self._over_credit_bytes = 0
             self._over_credit_bytes += len(data)
-        # (``rawproton``, inline: this is every message's path)
-        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        # (``rawproton``, inline: this is every message's path; a packet id's tag is
+        # made once, ``packet_id_tag``)
+        if tag.__class__ is int:
+            block = tag_blocks[tag >> 10]
+            ctag = packet_id_tag(tag) if block is None else block[tag & 1023]
+        else:
+            ctag = (len(tag), from_buffer(tag))   # type: ignore[arg-type]
+        dlv = new_delivery(impl, ctag)
         link_send(impl, data, len(data))
         link_advance(impl)
         if settled:
@@ -260,7 +275,8 @@ class OutgoingLink(BrokerLink):
         self.delivered += 1
         host = self.host
         host.meter.transferred(published_at)   # (bytes are counted per socket write)
-        host.schedule_flush()
+        if not host.pumping:   # (else written when the pump ends: a call less)
+            host.schedule_flush()
 
     @property
     def credit_room(self) -> bool:

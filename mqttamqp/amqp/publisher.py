@@ -229,7 +229,10 @@ class TopicPublisher(IncomingLink):
         if result.refusal is not None:
             self._refused(dlv, presettled, result.refusal)
             return
-        self._routed(result, routed)
+        if result.congested or result.blocked or self._throttle is not None:
+            self._routed(result, routed)
+        else:
+            self.host.meter.received_amqp()   # (``_routed`` with nothing to hold back)
         if presettled:
             self.outstanding -= 1
             delivery_settle(dlv)
@@ -241,10 +244,15 @@ class TopicPublisher(IncomingLink):
             # which writes the disposition when it ends).
             if self.closed:
                 return
-            self.outstanding -= 1
+            outstanding = self.outstanding - 1
+            self.outstanding = outstanding
             delivery_update(dlv, ACCEPTED)
             delivery_settle(dlv)
-            self._answered()
+            # (``_answered``, inline: a top-up only when one may be due)
+            owed = self._owed + 1
+            self._owed = owed
+            if owed >= self._refill or owed >= self.window - outstanding:
+                self.top_up()
             return
         self.answer_after(result.durable, dlv)
 

@@ -92,7 +92,9 @@ class EnginePump(Protocol):
         self.collector: Any = None
         # The socket's buffer is full (IPushProducer): links count what they add.
         self.write_blocked = False
-        self._pumping = False
+        # Inside ``_pump``: output is written when it ends (a link that sends while
+        # it is true need not ask for a flush: ``OutgoingLink.transfer``).
+        self.pumping = False
         self._flush_call: DelayedCall | None = None
         self._flush_pending = False      # registered to run when the batch ends
         self._after: list[Callable[[], None]] = []
@@ -151,7 +153,7 @@ class EnginePump(Protocol):
         """Output is pending: write it after the current work.  Inside a batch (any
         connection's socket read) that is when the batch ends, as for MQTT;
         otherwise on the next reactor turn."""
-        if (self._pumping or self._flush_pending or self._flush_call is not None
+        if (self.pumping or self._flush_pending or self._flush_call is not None
                 or self.pconn is None):
             return
         if self.broker.after_batch(self._flush):
@@ -222,9 +224,9 @@ class EnginePump(Protocol):
             broker.end_batch()
 
     def _pump(self) -> None:
-        if self._pumping or self.ptrans is None:
+        if self.pumping or self.ptrans is None:
             return
-        self._pumping = True
+        self.pumping = True
         try:
             col = self.collector._impl
             links = self.links
@@ -261,14 +263,14 @@ class EnginePump(Protocol):
             if self._free_links or self._free_sessions:
                 self._free_closed()
         except UnicodeDecodeError as exc:
-            self._pumping = False
+            self.pumping = False
             self._undecodable(f"a string that is not valid UTF-8 ({exc.reason} at byte "
                               f"{exc.start})")
         except Exception:
-            self._pumping = False
+            self.pumping = False
             self._internal_error(Failure())
         finally:
-            self._pumping = False
+            self.pumping = False
 
     def _orphan_delivery(self, dlv: Any) -> None:
         """A delivery on a link we no longer serve: consume and settle it."""

@@ -47,7 +47,6 @@ from mqttamqp.amqp.links import (
 from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.metadata import METADATA_KEYS
-from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle
 
@@ -143,9 +142,6 @@ class OutletHost(LinkHost, Protocol):
 
     @property
     def requests(self) -> PublishRequests: ...
-
-    @property
-    def log_limit(self) -> LogLimiter: ...
 
 
 # The key of an unsettled QoS 1/2 delivery (``OutgoingLink._awaiting``): its packet
@@ -259,7 +255,7 @@ class _SessionLink(OutgoingLink):
             self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
                           None, message.timestamp)
             return
-        self.transfer(b"%d" % packet_id, data, self.presettled,
+        self.transfer(packet_id, data, self.presettled,
                       packet_id if qos == 1 else packet_id | _QOS2, message.timestamp)
         if self.presettled:
             # The receiver asked for everything settled: at most once, done now.

@@ -225,3 +225,55 @@ def test_an_outcome_after_amqp_close_does_not_acknowledge_the_next_sessions_mess
     assert len(session.inflight) == 1
     fe.peer.settle(old_delivery, ACCEPTED)      # the old session's delivery
     assert len(session.inflight) == 1            # the new message still awaits its outcome
+
+
+def test_an_oversized_message_is_logged_once_a_minute(log_lines: list[str]) -> None:
+    """Each transfer over the packet size detaches its link; the refusals log one line
+    a minute for the cause, and the next line after a minute counts those held back."""
+    net = Net(max_packet_size=1_000)
+
+    def refused(address: str) -> None:
+        app = net.amqp()   # (a new connection each: a minute idle would close one)
+        snd = app.sender(address)
+        app.send(snd, publish_message(None, b"x" * 2_000, qos=1))
+        assert snd.remote_condition is not None
+        assert snd.remote_condition.name == "amqp:link:message-size-exceeded"
+
+    def lines() -> list[str]:
+        return [line for line in log_lines if "--max-packet-size" in line]
+
+    refused("big/a")
+    first = lines()
+    assert len(first) == 1, first
+    assert "big/a" in first[0] and "larger than 1000 bytes" in first[0]
+    refused("big/b")
+    refused("big/c")
+    assert len(lines()) == 1, lines()
+    net.clock.advance(61)
+    refused("big/d")
+    assert len(lines()) == 2, lines()
+    assert "big/d" in lines()[1] and "2 more since the last such line" in lines()[1]
+
+
+def test_a_packet_id_tag_is_its_decimal_digits_in_every_block() -> None:
+    """The ready-made delivery tag of a packet id holds its decimal digits, at the
+    edges of the blocks they are made in and at the last id."""
+    from mqttamqp.net.rawproton import ffi, packet_id_tag
+
+    for pid in (0, 1, 9, 10, 1023, 1024, 1025, 4095, 4096, 65534, 65535):
+        tag = packet_id_tag(pid)
+        assert ffi.unpack(tag.start, tag.size) == b"%d" % pid
+
+
+def test_a_qos1_delivery_is_tagged_with_its_packet_id() -> None:
+    """An unsettled QoS 1 delivery carries its packet id as its delivery tag, and a
+    QoS 0 one (pre-settled) its own tag."""
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("tag/t", credit=10)
+    snd = app.sender("tag/t")
+    for qos in (1, 1, 0):
+        assert outcome(app.send(snd, publish_message(None, b"m", qos=qos))) == (ACCEPTED, None)
+    got = rcv.new()
+    assert [dlv.tag for _, dlv in got[:2]] == ["1", "2"]
+    assert got[2][1].settled

@@ -167,3 +167,15 @@ def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
                  "STATE_CONNECTING", "STATE_OPEN", "STATE_CLOSED", "onMessageFrameBegin",
                  "onMessageFrameData", "sendMessage", "sendClose"):
         assert hasattr(WebSocketServerProtocol, name), name
+
+
+def test_pn_bytes_t_has_the_layout_the_packet_id_tags_are_packed_in() -> None:
+    """``rawproton`` packs the tags' ``pn_bytes_t`` values as ``struct``'s native
+    ``size_t`` then pointer: the installed ``cproton`` lays the struct out so."""
+    import struct
+
+    from mqttamqp.net.rawproton import ffi
+
+    assert ffi.sizeof("pn_bytes_t") == struct.calcsize("@NP")
+    assert ffi.offsetof("pn_bytes_t", "size") == 0
+    assert ffi.offsetof("pn_bytes_t", "start") == struct.calcsize("@N")
