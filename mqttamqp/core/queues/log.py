@@ -223,7 +223,7 @@ class QueueLogs(AppendAccounting):
         if not self.commits.batching:
             return None
         ops, appended = self._hand_off(ops)
-        r = self.commits.persist_in_round(ops)
+        r = self.commits.persist_in_round(ops, hold=False)
         assert r is not None
         self._account_in_round(r)
         if self._early:
@@ -384,7 +384,7 @@ class QueueLogs(AppendAccounting):
 
     def _forget(self, queue: QueueLog, offset: int) -> None:
         message = self._remove(queue, offset)
-        queue.waiters.pop(offset, None)   # (dropped, not consumed: never early)
+        queue.unwait(offset)   # (dropped, not consumed: never early)
         if message is None:
             return
         self._removed()
@@ -433,13 +433,10 @@ class QueueLogs(AppendAccounting):
                                     default=floors[0]))
         if upto <= queue.first:
             return
-        waiters = queue.waiters
+        if queue.waiters or queue.round_waits:
+            queue.consumed_below(upto, self._early)
         for offset in range(queue.first, upto):
             self._remove(queue, offset)
-            if waiters:
-                waiter = waiters.pop(offset, None)
-                if waiter is not None:
-                    self._early.append(waiter)
         queue.first = upto
         ops.append(TrimQueue(queue.name, upto))
         self._removed()
@@ -486,3 +483,4 @@ def _queue_of(op: Op) -> str | None:
     if isinstance(op, _NAMED):
         return op.name
     return None
+
