@@ -14,7 +14,8 @@ hooks at the end of ``QueueLogs``."""
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -232,14 +233,17 @@ class QueueLogs(AppendAccounting):
             r.when_done(self._appended_in_round, (queue, upto))
         return r
 
-    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], dict[QueueLog, int]]:
+    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], Mapping[QueueLog, int]]:
         """What a commit stores (``ops``, the finished offsets, without the
         transient queues') and the queues to dispatch once it is durable."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
         if self.transient:
             ops = self._durable_ops(ops)
-        appended, self._appended_to = self._appended_to, {}
+        # (usually none: a publish's own appends were dispatched at once)
+        appended: Mapping[QueueLog, int] = self._appended_to or _NO_APPENDS
+        if appended:
+            self._appended_to = {}
         return ops, appended
 
     def _appended_in_round(self, outcome: Failure | None,
@@ -462,6 +466,7 @@ class QueueLogs(AppendAccounting):
 
 
 _NAMED = (PutQueue, DeleteQueue)
+_NO_APPENDS: Mapping[QueueLog, int] = MappingProxyType({})
 
 
 def _rule_retention(rule: tuple[str, float | None, int | None, int | None]
