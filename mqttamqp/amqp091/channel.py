@@ -52,6 +52,7 @@ from mqttamqp.core.exchanges.errors import (
     ChannelError,
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
+from mqttamqp.core.exchanges.topicspace import queue_topic
 from mqttamqp.core.message import Message
 from mqttamqp.core.routing.settlement import Outcome
 
@@ -264,7 +265,9 @@ class Channel(PublisherConfirms):
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
         check_publish(connection, m.exchange, m.routing_key)
-        message = Message("", content.body, qos, False, connection.client_id,
+        # (through the default exchange, the topic it has in its queue: no copy there)
+        message = Message(queue_topic(m.routing_key, m.routing_key) if not m.exchange else "",
+                          content.body, qos, False, connection.client_id,
                           connection.clock.seconds(), props=core_props,
                           amqp091=envelope(m.exchange, m.routing_key, content.raw_properties),
                           priority=props.priority)

@@ -10,20 +10,17 @@ more is acknowledged; and whether storage is failing: one log line when commits
 start to fail, one when they succeed again, a counter in between (in
 ``BrokerStats``), however many acknowledgements were withheld meanwhile.
 
-The early acknowledgements of one batch share one ``Waiter`` (``persist_early``):
-a count of the deliveries they stand for that are still unacknowledged, and a
-list of callbacks, each called with the outcome (None once the batch's commit
-succeeded or every delivery was acknowledged first, or the commit's Failure).
-Unlike a Deferred shared by several consumers, no callback's return value
-reaches the next one: a failed commit fails every waiter of it.
-
-The commit of one batch is also a ``CommitRound`` (``commit_round``,
-``persist_in_round``): a count of the submissions that joined it and a list of
-callbacks, each called once with the commit's outcome (None, or its Failure):
-``when_done`` never before the commit that holds what it registered (the queues'
-durable watermark waits on it), ``when_answered`` (0.9.1 publisher confirms) also
-once every submission was released, consumed before the commit, as a ``Waiter``.
-No Deferred per queue append.
+The commit of one batch is a ``CommitRound`` (``commit_round``), one mechanism
+for every early acknowledgement and every wait on that commit without a Deferred
+of its own: the MQTT QoS 1 PUBACKs of the batch (``persist_early``: the
+deliveries they stand for are its outstanding count), the queues' appends
+(``persist_in_round``: the queues' durable watermark, ``when_done``, never before
+the commit that holds them) and 0.9.1 publisher confirms (``when_answered``).  Its
+callbacks are called once each with the outcome (None, or the commit's Failure):
+``when_done`` at the commit; ``when_answered`` at the commit, or earlier once the
+batch was submitted and every delivery was acknowledged and every append
+consumed.  Unlike a Deferred shared by several consumers, no callback's return
+value reaches the next one: a failed commit fails every callback of it.
 
 What it must not do: decide what to store (the other core parts describe their
 changes as operations) or write to sockets itself (connections flush their own
@@ -44,7 +41,7 @@ from mqttamqp.core.persistence import Op, StateStore
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
-__all__ = ["CommitBatcher", "CommitRound", "Durable", "Waiter", "all_done", "all_durable",
+__all__ = ["CommitBatcher", "CommitRound", "Durable", "all_done", "all_durable",
            "fire_when_acknowledged", "committed_or_acknowledged", "committed_or_early"]
 
 
@@ -64,7 +61,6 @@ class CommitBatcher:
         self._depth = 0
         self._ops: list[Op] = []
         self._waiters: list[Deferred[None]] = []
-        self._early: Waiter | None = None   # the batch's early acknowledgements
         self._round: CommitRound | None = None   # the batch's commit, as a round
         self._flushes: list[Callable[[], None]] = []
 
@@ -96,22 +92,24 @@ class CommitBatcher:
         """True inside a batch that will be stored (``persist_early`` may be used)."""
         return bool(self._depth) and not self.stopping
 
-    def persist_early(self, ops: Sequence[Op], entries: Sequence[OutEntry]) -> Waiter | None:
+    def persist_early(self, ops: Sequence[Op],
+                      entries: Sequence[OutEntry]) -> CommitRound | None:
         """Inside a batch (``batching``): submit ``ops`` with the batch, and return
-        the batch's ``Waiter``, which succeeds once the batch is committed or once
-        every entry of every ``persist_early`` of the batch has been acknowledged,
-        whichever comes first, and fails if the commit fails first.  Outside a
-        batch, or while stopping: None, nothing submitted (use ``persist``)."""
+        the batch's ``CommitRound`` holding ``entries``: its ``when_answered``
+        succeeds once the batch is committed or once every entry (and every other
+        outstanding thing of the round) has been acknowledged, whichever comes
+        first, and fails if the commit fails first.  Outside a batch, or while
+        stopping: None, nothing submitted (use ``persist``)."""
         if not self._depth or self.stopping:
             return None
         self._ops.extend(ops)
-        waiter = self._early
-        if waiter is None:
-            waiter = self._early = Waiter(self.log_failure)
-        for entry in entries:   # (``Waiter.hold`` inlined: once per publish)
-            entry.on_done = waiter
-        waiter.outstanding += len(entries)
-        return waiter
+        r = self._round
+        if r is None:
+            r = self._round = CommitRound(self.log_failure)
+        for entry in entries:   # (``CommitRound.hold`` inlined: once per publish)
+            entry.on_done = r
+        r.outstanding += len(entries)
+        return r
 
     def commit_round(self) -> CommitRound | None:
         """Inside a batch (``batching``): the ``CommitRound`` of the commit that will
@@ -124,10 +122,12 @@ class CommitBatcher:
             r = self._round = CommitRound(self.log_failure)
         return r
 
-    def persist_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
+    def persist_in_round(self, ops: Sequence[Op], hold: bool = True) -> CommitRound | None:
         """Inside a batch: submit ``ops`` with it and return its ``CommitRound``
-        (counted once more), no Deferred of the caller's own.  Outside a batch,
-        or while stopping: None, nothing submitted (use ``persist``)."""
+        (counted once more), no Deferred of the caller's own; ``hold``: also one
+        more outstanding, to be ``release``d (else the caller counts what it
+        will release itself).  Outside a batch, or while stopping: None, nothing
+        submitted (use ``persist``)."""
         if not self._depth or self.stopping:
             return None
         self._ops.extend(ops)
@@ -135,7 +135,8 @@ class CommitBatcher:
         if r is None:
             r = self._round = CommitRound(self.log_failure)
         r.count += 1
-        r.outstanding += 1
+        if hold:
+            r.outstanding += 1
         return r
 
     def barrier(self) -> Deferred[None]:
@@ -238,8 +239,7 @@ class CommitBatcher:
         if self._depth:
             return
         while True:
-            if (self._ops or self._waiters or self._early is not None
-                    or self._round is not None):
+            if self._ops or self._waiters or self._round is not None:
                 self._submit()
             if not self._flushes:
                 return
@@ -255,130 +255,48 @@ class CommitBatcher:
                 self._depth = 0
 
     def _submit(self) -> None:
-        ops, waiters, early, r = self._ops, self._waiters, self._early, self._round
-        self._ops, self._waiters, self._early, self._round = [], [], None, None
+        ops, waiters, r = self._ops, self._waiters, self._round
+        self._ops, self._waiters, self._round = [], [], None
         if self.stopping:
-            # (nothing is stored: only the acknowledgements complete the early
-            # waiter and answer the round, which never completes, as ``persist``'s
-            # Deferreds never fire)
-            if early is not None:
-                early.seal()
+            # (nothing is stored: only the acknowledgements answer the round, which
+            # never completes, as ``persist``'s Deferreds never fire)
             if r is not None:
                 r.seal()
             return
         d = self._commit(ops)
-        if early is not None:
-            # sealed after the submit: a callback it fires at once (every delivery
-            # already acknowledged) may start work whose ops must follow these
-            early.seal()
         if r is not None:
-            r.seal()   # (likewise)
-        if waiters or early is not None or r is not None:
+            # sealed after the submit: a callback it answers at once (every delivery
+            # already acknowledged) may start work whose ops must follow these
+            r.seal()
+        if waiters or r is not None:
             # (one callback pair for all: none of them sees what another returned)
-            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, early, r),
-                           errbackArgs=(waiters, early, r, self.log_failure))
+            d.addCallbacks(_fire_all, _fail_all, callbackArgs=(waiters, r),
+                           errbackArgs=(waiters, r, self.log_failure))
         else:
             d.addErrback(self.log_failure, "recording a batch of changes")
 
 
-class Waiter:
-    """What the early acknowledgements of one batch wait for (``persist_early``).
-
-    ``outstanding`` counts the deliveries (``OutEntry``) whose acknowledgement
-    may stand for the commit; each entry calls the waiter (its ``on_done``) when
-    the client acknowledges it.  The outcome comes once: success when the batch
-    is committed, or when the batch was submitted (``seal``) and every entry has
-    been acknowledged; the commit's Failure if it fails before that.  Each
-    callback (``when_done``) is called with the outcome and its own argument; what
-    it returns, or raises, reaches no other callback.  A commit that fails after
-    an early success is logged (the acknowledgements went out: the deliveries
-    were acknowledged by every subscriber that needed them).
-    """
-
-    __slots__ = (
-        "_callbacks",
-        "_done",
-        "_log_failure",
-        "_outcome",
-        "_sealed",
-        "outstanding",
-    )
-
-    def __init__(self, log_failure: Callable[[Failure, str], None]) -> None:
-        self.outstanding = 0
-        self._callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
-        self._done = False
-        self._sealed = False    # the batch is submitted: no more entries join
-        self._outcome: Failure | None = None
-        self._log_failure = log_failure
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def hold(self, entries: Sequence[OutEntry]) -> None:
-        """Count ``entries``; each calls the waiter once acknowledged."""
-        for entry in entries:
-            entry.on_done = self
-        self.outstanding += len(entries)
-
-    def __call__(self) -> None:
-        """One entry was acknowledged."""
-        self.outstanding -= 1
-        if not self.outstanding and self._sealed and not self._done:
-            self._fire(None)
-
-    def seal(self) -> None:
-        """The batch is submitted; if every entry was acknowledged already, succeed."""
-        self._sealed = True
-        if not self.outstanding and not self._done:
-            self._fire(None)
-
-    def when_done(self, callback: Callable[[Failure | None, Any], object],
-                  arg: Any) -> None:
-        """Call ``callback(outcome, arg)`` once the outcome is known (at once if it
-        is)."""
-        if self._done:
-            callback(self._outcome, arg)
-        else:
-            self._callbacks.append((callback, arg))
-
-    def committed(self, _: object) -> None:
-        if not self._done:
-            self._fire(None)
-
-    def failed(self, failure: Failure) -> None:
-        if not self._done:
-            self._fire(failure)
-        else:
-            self._log_failure(failure, "storing messages that were already acknowledged")
-
-    def _fire(self, outcome: Failure | None) -> None:
-        self._done = True
-        self._outcome = outcome
-        callbacks, self._callbacks = self._callbacks, []
-        for callback, arg in callbacks:
-            try:
-                callback(outcome, arg)
-            except Exception:   # one consumer's fault must not cost the others theirs
-                self._log_failure(Failure(), "acknowledging after a commit")
-
-
 class CommitRound:
-    """The commit of one batch (``CommitBatcher.commit_round``), waited on without
-    a Deferred per submission.
+    """The commit of one batch, waited on without a Deferred per submission: what
+    the MQTT QoS 1 PUBACKs of a batch (``persist_early``), the queues' appends
+    (``persist_in_round``, ``commit_round``) and the 0.9.1 confirms wait on.
 
-    ``count``: the submissions that joined it (``persist_in_round``).  Each
-    callback (``when_done``) is called once with the commit's outcome, None or
-    its Failure, and its own argument; at once if the outcome is known.  That
-    outcome is never known before the commit holding the batch's ops has
-    succeeded or failed, and a failure reaches every callback, whatever an
-    earlier one returned or raised.
+    ``count``: the submissions that joined it (``persist_in_round``).
+    ``outstanding``: what may answer before the commit, not finished yet: the
+    deliveries (``OutEntry``, through ``hold``: each calls the round, its
+    ``on_done``, when the client acknowledges it) and the queue appends (each
+    ``release``d when every consumer finished its message).
 
-    Answers (``when_answered``: publisher confirms) may come earlier: once the
-    batch is submitted (``seal``) and every submission has been ``release``d
-    (a queue append every consumer finished before the commit); else with the
-    commit's outcome.  A commit that fails after an early answer is logged.
+    Two kinds of callbacks, each called once with an outcome (None, or the
+    commit's Failure) and its own argument, at once if that outcome is known;
+    what one returns or raises reaches no other, and a failure reaches every one:
+
+    - ``when_done``: the commit's outcome, never before the commit that holds
+      the batch (the queues' durable watermark).
+    - ``when_answered`` (PUBACKs, confirms): the commit's outcome, or success
+      earlier, once the batch is submitted (``seal``) and nothing is
+      ``outstanding`` (every delivery acknowledged, every append consumed).  A
+      commit that fails after an early answer is logged.
     """
 
     __slots__ = ("_answers", "_callbacks", "_log_failure", "_outcome", "_sealed",
@@ -386,14 +304,20 @@ class CommitRound:
 
     def __init__(self, log_failure: Callable[[Failure, str], None]) -> None:
         self.count = 0
-        self.outstanding = 0    # submissions not released
+        self.outstanding = 0    # deliveries and submissions not finished
         self.done = False
         self.answered = False
-        self._sealed = False
+        self._sealed = False    # the batch is submitted: nothing more joins
         self._outcome: Failure | None = None
         self._callbacks: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
         self._answers: list[tuple[Callable[[Failure | None, Any], object], Any]] = []
         self._log_failure = log_failure
+
+    def hold(self, entries: Sequence[OutEntry]) -> None:
+        """Count ``entries``; each calls the round once acknowledged."""
+        for entry in entries:
+            entry.on_done = self
+        self.outstanding += len(entries)
 
     def when_done(self, callback: Callable[[Failure | None, Any], object],
                   arg: Any) -> None:
@@ -405,21 +329,25 @@ class CommitRound:
 
     def when_answered(self, callback: Callable[[Failure | None, Any], object],
                       arg: Any) -> None:
-        """Call ``callback(outcome, arg)`` at the commit, or with None once every
-        submission was released after the batch was submitted, if that is first."""
+        """Call ``callback(outcome, arg)`` at the commit, or with None once nothing
+        is outstanding after the batch was submitted, if that is first."""
         if self.answered:
             callback(self._outcome, arg)
         else:
             self._answers.append((callback, arg))
 
     def release(self) -> None:
-        """One submission needs the commit no more (its message was finished)."""
+        """One delivery or submission needs the commit no more (acknowledged,
+        consumed)."""
         self.outstanding -= 1
         if not self.outstanding and self._sealed and not self.answered:
             self._answer(None)
 
+    __call__ = release    # (an ``OutEntry.on_done``)
+
     def seal(self) -> None:
-        """The batch is submitted; answer now if every submission was released."""
+        """The batch is submitted; answer now if nothing is outstanding (and someone
+        waits: an answer nobody heard must not make a later failure look late)."""
         self._sealed = True
         if not self.outstanding and self._answers and not self.answered:
             self._answer(None)
@@ -512,27 +440,22 @@ def all_durable(ds: Sequence[Deferred[None] | None]) -> Deferred[None] | None:
     return done
 
 
-def _fire_all(_: object, waiters: list[Deferred[None]], early: Waiter | None,
-              r: CommitRound | None) -> None:
+def _fire_all(_: object, waiters: list[Deferred[None]], r: CommitRound | None) -> None:
     for waiter in waiters:
         if not waiter.called:  # else fired early (fire_when_acknowledged)
             waiter.callback(None)
-    if early is not None:
-        early.committed(None)
     if r is not None:
         r.finish(None)
 
 
-def _fail_all(failure: Failure, waiters: list[Deferred[None]], early: Waiter | None,
-              r: CommitRound | None, log_failure: Callable[[Failure, str], None]) -> None:
+def _fail_all(failure: Failure, waiters: list[Deferred[None]], r: CommitRound | None,
+              log_failure: Callable[[Failure, str], None]) -> None:
     fired = False
     for waiter in waiters:
         if waiter.called:
             fired = True
         else:
             waiter.errback(failure)
-    if early is not None:
-        early.failed(failure)
     if r is not None:
         r.finish(failure)
     if fired:

@@ -178,7 +178,7 @@ class AckQueue:
     written (``after``) and whether that must be done even if the connection is
     closed by then (``essential``: delivering a committed QoS 2 message).
     ``add_waiting`` joins consecutive acknowledgements that wait on the same
-    batch ``Waiter`` (one socket read's QoS 1 PUBACKs) into one entry: one frame
+    batch ``CommitRound`` (one socket read's QoS 1 PUBACKs) into one entry: one frame
     of them all, made ready once.  The bound counts acknowledgements, joined ones
     included.
     """

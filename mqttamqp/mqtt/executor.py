@@ -15,7 +15,7 @@ broker's step returned beside it (the Deferred to wait for, the packet id, what
 follows the write).  Acknowledgements leave in the order their packets came,
 each once what it promises is durable (``connection.AckQueue`` keeps the order;
 a commit failure closes without acknowledging; a QoS 1 PUBACK waits on its
-batch's ``core.commits.Waiter``, the others on a Deferred); a refused CONNECT
+batch's ``core.commits.CommitRound``, the others on a Deferred); a refused CONNECT
 (``_refuse``) and a client's DISCONNECT (``_goodbye``) end here; a protocol
 error goes to ``closing.Disconnects._violation``, the one disconnect.
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from mqttamqp.core.commits import Waiter
+from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import encode
@@ -48,8 +48,8 @@ __all__ = ["Action", "ActionExecutor", "Durable"]
 
 Action = Send | Ack | Close | Refuse | Arm | Goodbye
 # What an acknowledgement waits for: a commit, the batch's early-acknowledgement
-# waiter (``core.commits.Waiter``: MQTT QoS 1), or nothing.
-Durable = Deferred[None] | Waiter | None
+# round (``core.commits.CommitRound``: MQTT QoS 1), or nothing.
+Durable = Deferred[None] | CommitRound | None
 
 
 class ActionExecutor(MQTTLink):
@@ -125,13 +125,13 @@ class ActionExecutor(MQTTLink):
             return
         if acks is NO_ACKS:
             acks = self._acks = AckQueue()
-        if type(d) is Waiter and after is None:
+        if type(d) is CommitRound and after is None:
             # (one entry, one callback and one flush for the QoS 1 PUBACKs of a read)
             waiting = acks.add_waiting(frame, d)
             if acks.over_bound:
                 self._pause_reading("storage")
             if waiting is not None:
-                d.when_done(self._ack_outcome, waiting)
+                d.when_answered(self._ack_outcome, waiting)
             return
         entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
@@ -140,8 +140,8 @@ class ActionExecutor(MQTTLink):
             self._pause_reading("storage")
         if d is None:
             self._flush_acks()
-        elif type(d) is Waiter:
-            d.when_done(self._ack_outcome, entry)
+        elif type(d) is CommitRound:
+            d.when_answered(self._ack_outcome, entry)
         else:
             assert isinstance(d, Deferred)
             d.addCallbacks(self._ack_ready, self._ack_failed,
@@ -152,7 +152,7 @@ class ActionExecutor(MQTTLink):
         self._flush_acks()
 
     def _ack_outcome(self, failure: Failure | None, entry: list[Any]) -> None:
-        """A ``Waiter``'s outcome for ``entry``: durable (None), or the failure."""
+        """A ``CommitRound``'s answer for ``entry``: durable (None), or the failure."""
         if failure is None:
             AckQueue.ready(entry)
             self._flush_acks()

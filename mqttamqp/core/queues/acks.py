@@ -173,7 +173,7 @@ class Acknowledgements(Dispatch):
         count = group.counts.get(offset, 0)
         # Not consumed: its publisher waits for the commits (the dead letter's too,
         # which is in the same or a later one), never early.
-        queue.waiters.pop(offset, None)
+        queue.unwait(offset)
         self._done(group, offset, ops)
         if message is None:
             return

@@ -91,11 +91,20 @@ class AppendAccounting:
         nbytes = self._append_bytes
         if not stored and not nbytes:
             return
-        self._appends, self._append_bytes = {}, 0
-        if stored:
-            self._join_round(r, stored, nbytes)
-        else:
+        self._append_bytes = 0
+        if not stored:
             self._committed_bytes(nbytes)
+            return
+        acc = self._round_appends
+        if acc is not None and acc.round is r:
+            # (the usual case, a publish after another of the batch: merged, and
+            # the dict kept for the next append rather than a new one each)
+            acc.nbytes += nbytes
+            _merge(acc.stored, stored)
+            stored.clear()
+            return
+        self._appends = {}
+        self._join_round(r, stored, nbytes)
 
     def _join_round(self, r: CommitRound, stored: dict[QueueLog, tuple[int, int]],
                     nbytes: int) -> None:
@@ -108,10 +117,7 @@ class AppendAccounting:
             r.when_done(self._round_done, acc)
             return
         acc.nbytes += nbytes
-        merged = acc.stored
-        for queue, (first, upto) in stored.items():
-            had = merged.get(queue)
-            merged[queue] = (first, upto) if had is None else (had[0], upto)
+        _merge(acc.stored, stored)
 
     def _round_done(self, outcome: Failure | None, acc: RoundAppends) -> None:
         if self._round_appends is acc:
@@ -136,3 +142,11 @@ class RoundAppends:
         self.round = r
         self.stored = stored
         self.nbytes = nbytes
+
+
+def _merge(merged: dict[QueueLog, tuple[int, int]],
+           stored: dict[QueueLog, tuple[int, int]]) -> None:
+    """Appends ``stored`` (per queue ``(first, upto)``) after those ``merged``."""
+    for queue, (first, upto) in stored.items():
+        had = merged.get(queue)
+        merged[queue] = (first, upto) if had is None else (had[0], upto)

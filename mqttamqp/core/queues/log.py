@@ -14,7 +14,8 @@ hooks at the end of ``QueueLogs``."""
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -223,7 +224,7 @@ class QueueLogs(AppendAccounting):
         if not self.commits.batching:
             return None
         ops, appended = self._hand_off(ops)
-        r = self.commits.persist_in_round(ops)
+        r = self.commits.persist_in_round(ops, hold=False)
         assert r is not None
         self._account_in_round(r)
         if self._early:
@@ -232,14 +233,17 @@ class QueueLogs(AppendAccounting):
             r.when_done(self._appended_in_round, (queue, upto))
         return r
 
-    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], dict[QueueLog, int]]:
+    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], Mapping[QueueLog, int]]:
         """What a commit stores (``ops``, the finished offsets, without the
         transient queues') and the queues to dispatch once it is durable."""
         if self._unsaved:
             ops = [*ops, *self._drain_done()]
         if self.transient:
             ops = self._durable_ops(ops)
-        appended, self._appended_to = self._appended_to, {}
+        # (usually none: a publish's own appends were dispatched at once)
+        appended: Mapping[QueueLog, int] = self._appended_to or _NO_APPENDS
+        if appended:
+            self._appended_to = {}
         return ops, appended
 
     def _appended_in_round(self, outcome: Failure | None,
@@ -384,7 +388,7 @@ class QueueLogs(AppendAccounting):
 
     def _forget(self, queue: QueueLog, offset: int) -> None:
         message = self._remove(queue, offset)
-        queue.waiters.pop(offset, None)   # (dropped, not consumed: never early)
+        queue.unwait(offset)   # (dropped, not consumed: never early)
         if message is None:
             return
         self._removed()
@@ -433,13 +437,10 @@ class QueueLogs(AppendAccounting):
                                     default=floors[0]))
         if upto <= queue.first:
             return
-        waiters = queue.waiters
+        if queue.waiters or queue.round_waits:
+            queue.consumed_below(upto, self._early)
         for offset in range(queue.first, upto):
             self._remove(queue, offset)
-            if waiters:
-                waiter = waiters.pop(offset, None)
-                if waiter is not None:
-                    self._early.append(waiter)
         queue.first = upto
         ops.append(TrimQueue(queue.name, upto))
         self._removed()
@@ -465,6 +466,7 @@ class QueueLogs(AppendAccounting):
 
 
 _NAMED = (PutQueue, DeleteQueue)
+_NO_APPENDS: Mapping[QueueLog, int] = MappingProxyType({})
 
 
 def _rule_retention(rule: tuple[str, float | None, int | None, int | None]
@@ -486,3 +488,4 @@ def _queue_of(op: Op) -> str | None:
     if isinstance(op, _NAMED):
         return op.name
     return None
+

@@ -173,16 +173,23 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._appended_to.pop(queue, None)
         if in_round and not queue.transient and self.commits.batching:
             r = self._commit_in_round(ops)
-            if r is not None and message.qos and any(
-                    g.mode == CLASSIC for g in queue.groups.values()):
-                queue.waiters[offset] = r   # (released when consumed first: ``_trim``)
+            if r is not None:
+                if message.qos and _has_classic(queue):
+                    waits = queue.round_waits
+                    if waits and waits[-1][1] is r:
+                        waits[-1][0] = offset    # (one entry per round and queue)
+                    else:
+                        # (released when consumed first: ``_trim``)
+                        waits.append([offset, r])
+                        r.outstanding += 1
+                else:
+                    r.outstanding += 1   # (held: only the commit answers it)
             if message.qos < 2 and queue.committed < queue.next_offset:
                 queue.committed = queue.next_offset   # (as below)
                 self._pump_queue(queue)
             return r, None
         d = self._commit(ops)
-        if d is not None and message.qos and any(
-                g.mode == CLASSIC for g in queue.groups.values()):
+        if d is not None and message.qos and _has_classic(queue):
             # As for persistent sessions: the acknowledgement promises the message is
             # stored, or already consumed.  When every classic group is done with it
             # before the writer commits, it need not wait (``_trim``).
@@ -381,3 +388,11 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                 group.next = max(group.next, group.floor)
             else:
                 group.next = queue.skip(group.next)
+
+
+def _has_classic(queue: QueueLog) -> bool:
+    """Whether a classic group may finish ``queue``'s messages (an early answer)."""
+    for group in queue.groups.values():
+        if group.mode == CLASSIC:
+            return True
+    return False

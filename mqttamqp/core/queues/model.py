@@ -12,7 +12,7 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -82,6 +82,10 @@ class QueueLog:
         # offset -> what its publisher waits for, while it may still fire early:
         # every classic group done with it before its commit (``_trim``).
         self.waiters: dict[int, Deferred[None] | CommitRound] = {}
+        # The same for the appends of commit rounds (0.9.1 confirms), one entry per
+        # round, not per append: ``[last offset, round]`` in offset order, released
+        # once every classic group is past its last offset (``_trim``).
+        self.round_waits: list[list[Any]] = []
         # Offsets below ``next_offset`` that hold no message and never will, as
         # sorted ranges [start, end): found at a restart (``QueueManager._skip_unstored_offsets``),
         # jumped over by floors and cursors, left out of lags.
@@ -110,6 +114,32 @@ class QueueLog:
         # Its highest priority level (0: no levels, FIFO); its classic groups hand
         # out by level (``ConsumerGroup.levels``).  Set by ``set_max_priority``.
         self.max_priority = 0
+
+
+    def unwait(self, offset: int) -> None:
+        """``offset`` is not consumed (dropped, dead-lettered): its publisher's
+        Deferred, or the round whose ``round_waits`` entry covers it, is answered
+        by its commit only, never early (the entry goes, not released)."""
+        self.waiters.pop(offset, None)
+        waits = self.round_waits
+        for i, (last, _r) in enumerate(waits):
+            if last >= offset:
+                del waits[i]
+                return
+
+    def consumed_below(self, upto: int, early: list[Deferred[None] | CommitRound]) -> None:
+        """Every classic group is done with the offsets below ``upto``: what their
+        publishers wait for (``waiters``, ``round_waits`` entries) goes to ``early``
+        to be answered now."""
+        waiters = self.waiters
+        if waiters:
+            for offset in range(self.first, upto):
+                waiter = waiters.pop(offset, None)
+                if waiter is not None:
+                    early.append(waiter)
+        waits = self.round_waits
+        while waits and waits[0][0] < upto:
+            early.append(waits.pop(0)[1])
 
     def set_max_priority(self, top: int | None) -> None:
         """Give the queue levels 0..``top`` (None or 0: none).  Its classic groups'

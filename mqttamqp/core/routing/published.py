@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from mqttamqp.core.commits import Waiter
+from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.sessions.entries import OutEntry
@@ -108,7 +108,8 @@ class Published:
     reading the publisher (AMQP: no more credit) and resume it through
     ``Broker.when_queues_writable``.
     ``waiter``: with ``early`` (MQTT QoS 1), what the acknowledgement waits for
-    instead of ``durable`` (which is then None): the batch's ``Waiter``.
+    instead of ``durable`` (which is then None): the batch's ``CommitRound``
+    (its ``when_answered``).
     """
 
     durable: Deferred[None] | None = None
@@ -118,7 +119,7 @@ class Published:
     dropped: int = 0
     refusal: Refusal | None = None
     blocked: bool = False
-    waiter: Waiter | None = None
+    waiter: CommitRound | None = None
 
 
 def release_held(result: object, held: list[tuple[Session, int]]) -> object:

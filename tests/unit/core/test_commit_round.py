@@ -217,3 +217,57 @@ def test_no_early_answer_while_one_submission_is_held() -> None:
     _, d = store.pending.pop()
     d.errback(Failure(OSError("disk full")))
     assert answers.seen == [("disk full", "confirm")]
+
+
+def _consumed_round(reject_one: bool) -> tuple[Any, Any, _Outcomes]:
+    """Three confirmed publishes to ``jobs`` in one batch, a 3.1.1 member of it
+    taking each; the member acknowledges them, the second with ``$reject`` if
+    ``reject_one``.  The queue, the store and the round's answers."""
+    from queue_facade import ack, client, join, last, make
+
+    store = ManualStore()
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
+    store.commit_all()
+    ack(broker, worker, last(link))
+    store.commit_all()
+    queues, commits = broker.queues, broker.queues.commits
+    queue = queues.queues["jobs"]
+    answers = _Outcomes()
+    commits.begin()
+    rounds = set()
+    for n in range(3):
+        r, _ = queues.publish(Message("$queue/jobs", b"m%d" % n, 1), QueueAddress("jobs", ""),
+                              "p", in_round=True)
+        assert isinstance(r, CommitRound)
+        rounds.add(id(r))
+    assert len(rounds) == 1 and len(queue.round_waits) == 1   # (one entry, not three)
+    r.when_answered(answers, "confirm")
+    commits.end()
+    delivered = [p[0] for p in link.published()[-3:]]
+    assert [m.payload for m in delivered] == [b"m0", b"m1", b"m2"]
+    for n, message in enumerate(delivered):
+        if reject_one and n == 1:
+            ack(broker, worker, message, "$reject", reason="no")
+        else:
+            ack(broker, worker, message)
+    return queue, store, answers
+
+
+def test_a_round_answers_once_its_appends_to_a_queue_are_consumed() -> None:
+    """A round's appends to one queue are one entry, released (the confirms answered
+    before the commit) once every classic group is past the last of them."""
+    queue, store, answers = _consumed_round(reject_one=False)
+    assert answers.seen == [("ok", "confirm")] and store.pending
+    assert queue.round_waits == []
+
+
+def test_a_rejected_append_keeps_its_round_waiting_for_the_commit() -> None:
+    """Dead-lettered is not consumed: the round whose entry covers it answers only
+    at its commit, though every append was finished."""
+    queue, store, answers = _consumed_round(reject_one=True)
+    assert answers.seen == [] and queue.round_waits == []
+    store.commit_all()
+    assert answers.seen == [("ok", "confirm")]

@@ -1,5 +1,6 @@
-"""The batch's early-acknowledgement waiter (``core.commits.Waiter``) and how
-``CommitBatcher.persist_early`` feeds it: one outcome for every callback, each
+"""The batch's early acknowledgements (MQTT QoS 1 PUBACKs) on its ``CommitRound``
+(``core.commits``; it was a ``Waiter`` of their own) and how
+``CommitBatcher.persist_early`` feeds it: one answer for every callback, each
 called on its own, success at the commit or once every delivery is acknowledged
 after the batch was submitted, and a failed commit failing them all; and the
 ``PutQueued.first`` mark the router gives a new delivery's put."""
@@ -11,7 +12,7 @@ from typing import Any
 from fakes import ManualStore
 from twisted.python.failure import Failure
 
-from mqttamqp.core.commits import CommitBatcher, Waiter
+from mqttamqp.core.commits import CommitBatcher, CommitRound
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op
 from mqttamqp.core.sessions.entries import OutEntry
@@ -21,7 +22,7 @@ def _entry(seq: int) -> OutEntry:
     return OutEntry(seq, Message("t", b"x", 1), 1, False, seq)
 
 
-def _batch(commits: CommitBatcher, *entries: OutEntry) -> Waiter:
+def _batch(commits: CommitBatcher, *entries: OutEntry) -> CommitRound:
     """One batch of ``persist_early`` calls, one per entry; the waiter they share."""
     commits.begin()
     assert commits.batching
@@ -30,6 +31,29 @@ def _batch(commits: CommitBatcher, *entries: OutEntry) -> Waiter:
     commits.end()
     assert waiters == {id(waiter)}
     return waiter
+
+
+def test_deliveries_and_queue_appends_of_a_batch_share_one_round() -> None:
+    """An MQTT publish's early acknowledgement and a queue append in the same batch
+    wait on one round: its answer needs both finished (or the commit), while
+    ``when_done`` waits for the commit whatever was finished."""
+    store = ManualStore()
+    commits = CommitBatcher(store)
+    commits.begin()
+    entry = _entry(1)
+    waiter = commits.persist_early([_op(entry)], [entry])
+    r = commits.persist_in_round([entry.put_op("other")])
+    assert waiter is not None and r is waiter and r is commits.commit_round()
+    answers, done = _Outcomes(), _Outcomes()
+    r.when_answered(answers, "ack")
+    r.when_done(done, "durable")
+    commits.end()
+    waiter()                    # the delivery was acknowledged: the append was not
+    assert answers.seen == [] and not r.answered
+    r.release()                 # the append's message was consumed
+    assert answers.seen == [("ok", "ack")] and done.seen == []
+    store.commit_all()
+    assert done.seen == [("ok", "durable")] and answers.seen == [("ok", "ack")]
 
 
 def _op(entry: OutEntry) -> Op:
@@ -50,12 +74,12 @@ def test_the_commit_succeeds_every_callback_once() -> None:
     commits = CommitBatcher(store)
     waiter = _batch(commits, _entry(1), _entry(2))
     seen = _Outcomes()
-    waiter.when_done(seen, 1)
-    waiter.when_done(seen, 2)
+    waiter.when_answered(seen, 1)
+    waiter.when_answered(seen, 2)
     assert seen.seen == [] and len(store.pending) == 1
     store.commit_all()
     assert seen.seen == [("ok", 1), ("ok", 2)]
-    waiter.when_done(seen, 3)    # (known already: called at once)
+    waiter.when_answered(seen, 3)    # (known already: called at once)
     assert seen.seen[-1] == ("ok", 3)
 
 
@@ -76,9 +100,9 @@ def test_a_failed_commit_fails_every_callback_whatever_the_first_returns() -> No
         seen(outcome, arg)
         raise RuntimeError("a consumer's bug")
 
-    waiter.when_done(swallow, 1)
-    waiter.when_done(raises, 2)
-    waiter.when_done(seen, 3)
+    waiter.when_answered(swallow, 1)
+    waiter.when_answered(raises, 2)
+    waiter.when_answered(seen, 3)
     _ops, commit = store.pending.pop(0)
     commit.errback(Failure(OSError(28, "No space left on device")))
     assert [arg for _, arg in seen.seen] == [1, 2, 3]
@@ -94,10 +118,10 @@ def test_every_delivery_acknowledged_succeeds_before_the_commit() -> None:
     a, b = _entry(1), _entry(2)
     waiter = _batch(commits, a, b)
     seen = _Outcomes()
-    waiter.when_done(seen, "x")
+    waiter.when_answered(seen, "x")
     assert a.on_done is waiter and b.on_done is waiter and waiter.outstanding == 2
     waiter()
-    assert seen.seen == [] and not waiter.done
+    assert seen.seen == [] and not waiter.answered
     waiter()
     assert seen.seen == [("ok", "x")]
     store.commit_all()
@@ -113,13 +137,13 @@ def test_acknowledged_inside_the_batch_waits_for_its_end() -> None:
     first = _entry(1)
     waiter = commits.persist_early([_op(first)], [first])
     waiter()
-    assert not waiter.done
+    assert not waiter.answered
     second = _entry(2)
     assert commits.persist_early([_op(second)], [second]) is waiter
     commits.end()
-    assert not waiter.done
+    assert not waiter.answered
     waiter()
-    assert waiter.done
+    assert waiter.answered
 
 
 def test_a_failure_after_an_early_success_is_logged() -> None:
@@ -132,7 +156,7 @@ def test_a_failure_after_an_early_success_is_logged() -> None:
     entry = _entry(1)
     waiter = _batch(commits, entry)
     seen = _Outcomes()
-    waiter.when_done(seen, 0)
+    waiter.when_answered(seen, 0)
     waiter()
     _ops, commit = store.pending.pop(0)
     commit.errback(Failure(OSError(28, "No space left on device")))
@@ -182,9 +206,9 @@ def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() 
     assert waiter is not None
     commits.stopping = True
     commits.end()
-    assert store.pending == [] and not waiter.done
+    assert store.pending == [] and not waiter.answered
     waiter()
-    assert waiter.done
+    assert waiter.answered
 
 
 def test_a_waiter_complete_inside_its_batch_fires_after_the_batch_is_submitted() -> None:
@@ -201,7 +225,7 @@ def test_a_waiter_complete_inside_its_batch_fires_after_the_batch_is_submitted()
     entry.on_done = None
     waiter()                       # acknowledged within the batch
     later = PutSession("other", 1.0)
-    waiter.when_done(lambda outcome, arg: commits.persist([later]), None)
+    waiter.when_answered(lambda outcome, arg: commits.persist([later]), None)
     commits.end()
     order = [ops for ops, _ in store.pending]
     assert order[0] != [later] and order[-1] == [later]
