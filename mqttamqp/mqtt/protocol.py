@@ -70,6 +70,7 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
@@ -175,8 +176,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.limits: Limits = factory.broker.limits
         self.state = ConnectionState.AWAITING_CONNECT
         self.strings: StringRules = factory.strings
-        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
-                               property_limits=factory.property_limits, server=True)
+        self.decoder: Decoder = IDLE   # (one lent per read: ``decoders``)
         self.session: Session | None = None
         self.identity: Identity | None = None
         self.client_id = ""
@@ -248,8 +248,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
-        self.decoder.feed(data)
-        self._process_batch()
+        decoder = self.decoder
+        if decoder is IDLE:
+            decoder = self.decoder = self.factory.decoders.take(self.version)
+        decoder.feed(data)
+        self._process_batch()   # (gives the decoder back if nothing is left in it)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -522,6 +525,8 @@ class MQTTFactory(Factory):
         self.property_limits = PropertyLimits(limits.max_user_properties,
                                               limits.max_user_property_bytes, 1,
                                               limits.max_subscribe_filters)
+        # The decoders lent to connections for a read (an idle one holds none).
+        self.decoders = SpareDecoders(limits.max_packet_size, self.property_limits)
         # Open connections (CONNECT or not), in a dict used as a set: at thousands
         # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
         self.connections: dict[MQTTProtocol, None] = {}
