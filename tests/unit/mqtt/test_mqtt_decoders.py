@@ -74,3 +74,29 @@ def test_spares_one_per_level_and_emptied() -> None:
     assert spares.take("3.1.1") is d
     assert d.buffered == 0
     assert spares.take("3.1.1") is not d   # (one spare: taken, none left)
+
+
+def test_connect_times_share_the_read_time() -> None:
+    """CONNACK sent in the turn that read CONNECT: connected since, last seen and last activity are that read's time."""
+    h = Harness()
+    h.clock.advance(100.0)
+    c = h.client()
+    h.clock.advance(2.5)
+    assert c.connect("a") == [ACCEPTED]
+    proto = c.proto
+    assert proto.session is not None
+    assert proto.connected_since == proto.session.last_seen == proto._last_activity == 102.5
+    assert proto.connected_since is proto.session.last_seen   # (one float, not three)
+
+
+def test_connected_since_after_a_commit_is_the_connack_time() -> None:
+    """A CONNACK that waited for a commit says connected since the commit, not the read."""
+    store = ManualStore()
+    h = Harness(store)
+    c = h.client()
+    c.send(Connect("MQTT", 4, "p", False, 0))
+    h.clock.advance(3.0)
+    store.commit_all()
+    assert c.received() == [ACCEPTED]
+    assert c.proto.connected_since == 3.0
+    assert c.proto.session is not None and c.proto.session.last_seen == 0.0
