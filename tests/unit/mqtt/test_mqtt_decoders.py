@@ -77,7 +77,7 @@ def test_spares_one_per_level_and_emptied() -> None:
 
 
 def test_connect_times_share_the_read_time() -> None:
-    """CONNACK sent in the turn that read CONNECT: connected since, last seen and last activity are that read's time."""
+    """CONNACK in the turn that read CONNECT: connected since and last seen are the read time."""
     h = Harness()
     h.clock.advance(100.0)
     c = h.client()
