@@ -69,7 +69,7 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
     StringRules,
 )
-from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
@@ -238,7 +238,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
         self.transport.registerProducer(self, True)
-        self._carry_out(Arm("connect", self.limits.connect_timeout))
+        # (armed next turn if CONNECT has not come by then: ``SoonDeadlines``)
+        self.factory.connect_soon.add(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self.state is _CLOSED:
@@ -430,6 +431,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     # -- timers -------------------------------------------------------------------
 
+    def _arm_connect_deadline(self, delay: float) -> None:
+        self._carry_out(Arm("connect", delay))
+
     def _connect_timed_out(self) -> None:
         self._carry_out(Close(f"no CONNECT within {self.limits.connect_timeout:g}s"))
 
@@ -512,6 +516,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
 
 
+def _awaits_connect(connection: MQTTProtocol) -> bool:
+    """A connection accepted a turn ago still needs its CONNECT deadline."""
+    return (connection.state is ConnectionState.AWAITING_CONNECT
+            and connection._connect_timer is None)
+
+
 class MQTTFactory(Factory):
     """Builds one ``MQTTProtocol`` per accepted socket; knows every live connection."""
 
@@ -539,6 +549,9 @@ class MQTTFactory(Factory):
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
         self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out,
                                            "_connect_timer")
+        # ... armed a turn after the accept, for a client that did not send CONNECT
+        self.connect_soon = SoonDeadlines(clock, limits.connect_timeout, _awaits_connect,
+                                          MQTTProtocol._arm_connect_deadline)
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
