@@ -91,7 +91,7 @@ from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.net.slotted import SlottedProtocol
-from mqttamqp.net.tcp import plain_tcp, send
+from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -237,7 +237,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
-        self.transport.registerProducer(self, True)
+        register_push_producer(self.transport, self)
         # (armed next turn if CONNECT has not come by then: ``SoonDeadlines``)
         self.factory.connect_soon.add(self)
 
