@@ -51,6 +51,6 @@ class SpareDecoders:
         return decoder
 
     def give(self, decoder: Decoder) -> None:
-        """``decoder`` has nothing buffered and its connection let it go."""
-        decoder.next_packet()   # (None: it lets go of the last read's bytes)
+        """``decoder`` has nothing buffered and its connection let it go.  (It may
+        still hold the last read, taken whole: one per level, until the next feed.)"""
         self._spare[decoder.protocol_level] = decoder

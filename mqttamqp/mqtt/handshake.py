@@ -229,7 +229,10 @@ class ConnectHandshake(ActionExecutor):
         if deadline is not None:
             self._carry_out(deadline)
         self._resume_reading("connect")
-        self._process()
+        if not self._in_process:
+            # (after a password check or a commit: what was read behind CONNECT; in
+            # the turn that read CONNECT, the loop that called us goes on with it)
+            self._process()
 
     def _connect_failed(self, failure: Failure) -> None:
         self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)

@@ -65,14 +65,13 @@ def test_level_follows_connect() -> None:
 
 
 def test_spares_one_per_level_and_emptied() -> None:
-    """A decoder given back lets go of its last read and is the next one taken."""
+    """A decoder given back empty is the next one taken, one spare per level."""
     spares = SpareDecoders(1024, IDLE.property_limits)
     d = spares.take("")
     d.feed(encode(Pingreq()))
     assert d.next_packet() == Pingreq()
     spares.give(d)
-    assert spares.take("3.1.1") is d
-    assert d.buffered == 0
+    assert spares.take("3.1.1") is d and d.buffered == 0
     assert spares.take("3.1.1") is not d   # (one spare: taken, none left)
 
 
@@ -100,3 +99,12 @@ def test_connected_since_after_a_commit_is_the_connack_time() -> None:
     assert c.received() == [ACCEPTED]
     assert c.proto.connected_since == 3.0
     assert c.proto.session is not None and c.proto.session.last_seen == 0.0
+
+
+def test_packets_behind_a_connect_accepted_at_once_are_handled_in_order() -> None:
+    """CONNECT, PINGREQ and PINGREQ in one read: CONNACK then both PINGRESPs, at once."""
+    h = Harness()
+    c = h.client()
+    c.send(Connect("MQTT", 4, "a", True, 0), Pingreq(), Pingreq())
+    assert c.received() == [ACCEPTED, Pingresp(), Pingresp()]
+    assert c.proto.decoder is IDLE
