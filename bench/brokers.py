@@ -167,8 +167,11 @@ class Broker:
 
     def __init__(self, kind, label=None, max_inflight=100, max_queued=1_000_000,
                  mqttamqp_help_text=None, mqttamqp_env=None, extra_args=(), want_inflight=False,
-                 sys_interval=None):
+                 sys_interval=None, mosquitto_persistence=False):
         self.kind = kind
+        # Mosquitto's `persistence true` keeps its store in memory and writes it at
+        # autosave and exit (no per-message write, no fsync)
+        self.mosquitto_persistence = mosquitto_persistence
         self.label = label or kind
         self.max_inflight = max_inflight
         self.max_queued = max_queued
@@ -196,7 +199,7 @@ class Broker:
             lines = [
                 "listener %d 127.0.0.1" % self.port,
                 "allow_anonymous true",
-                "persistence false",
+                "persistence %s" % ("true" if self.mosquitto_persistence else "false"),
                 "max_inflight_messages %d" % self.max_inflight,
                 "max_queued_messages %d" % self.max_queued,
                 "max_connections -1",
@@ -205,6 +208,8 @@ class Broker:
                 "log_type error",
                 "log_type warning",
             ]
+            if self.mosquitto_persistence:
+                lines.append("persistence_location %s/" % self.tmp)
             if self.sys_interval is not None:
                 lines.append("sys_interval %d" % self.sys_interval)
             with open(conf, "w") as f:

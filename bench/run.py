@@ -190,17 +190,19 @@ SYS_TOPICS = {
 SYS_INTERVAL_S = {"mqttamqp": 0.1, "mosquitto": 1}
 
 
-def counts(quick):
+def counts(quick, scale=1):
+    """Messages per run of each scenario; ``scale`` multiplies the throughput
+    scenarios' counts (the issue's outside generator ran 6 s: ``--scale 6``)."""
     f = 10 if quick else 1
     return {
-        1: 200_000 // f,
-        2: 50_000 // f,
-        3: 50_000 // f,
-        4: 10_000 // f,   # publications; deliveries = 100x
-        5: 2_000 // f,    # per publisher; 100 publishers
+        1: 200_000 * scale // f,
+        2: 50_000 * scale // f,
+        3: 50_000 * scale // f,
+        4: 10_000 * scale // f,   # publications; deliveries = 100x
+        5: 2_000 * scale // f,    # per publisher; 100 publishers
         6: 5_000,         # not shrunk: per-connection memory needs the full count
         7: 10 if not quick else 2,  # seconds at 1,000 msg/s
-        8: 50_000 // f,
+        8: 50_000 * scale // f,
         9: 20_000,        # capped by RLIMIT_NOFILE's hard limit if it is lower
         10: 30_000 // f,  # messages per amqp_bench run
     }
@@ -751,6 +753,13 @@ def main():
     ap.add_argument("--broker", choices=["mqttamqp", "mosquitto", "both"], default="both")
     ap.add_argument("--scenarios", default="1,2,3,4,5,6,7,8,9,10")
     ap.add_argument("--quick", action="store_true", help="~10x fewer messages")
+    ap.add_argument("--scale", type=int, default=1,
+                    help="multiply the throughput scenarios' message counts (1-5, 8) by this "
+                         "(longer runs: a run of scenario 2 takes ~1 s at scale 1)")
+    ap.add_argument("--mosquitto-persistence", action="store_true",
+                    help="run Mosquitto with `persistence true` (in-memory store written at "
+                         "its autosave interval and at exit, no fsync) instead of false: the "
+                         "peer of the issue's outside generator")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per broker of every scenario (median and min/max reported)")
@@ -791,7 +800,9 @@ def main():
             ap.error("unknown scenario %d" % s)
     labels = ["mqttamqp", "mosquitto"] if args.broker == "both" else [args.broker]
 
-    cfg = {"counts": counts(args.quick), "timeout": args.timeout, "idle_s": args.idle,
+    if not 1 <= args.scale <= 100:
+        ap.error("--scale must be 1..100")
+    cfg = {"counts": counts(args.quick, args.scale), "timeout": args.timeout, "idle_s": args.idle,
            "window": 100, "fan": 100, "repeat": args.repeat,
            "rx_nap_s": args.rx_nap}
     if args.fan_in_count is not None:
@@ -800,7 +811,9 @@ def main():
         "tool": "mqttamqp bench/run.py",
         "machine": machine_facts(),
         "config": {
-            "quick": args.quick, "repeat": args.repeat, "drain_s": DRAIN_S,
+            "quick": args.quick, "scale": args.scale,
+            "mosquitto_persistence": args.mosquitto_persistence,
+            "repeat": args.repeat, "drain_s": DRAIN_S,
             "sys_interval_s_scenario_5": SYS_INTERVAL_S,
             "timeout_s_per_run": args.timeout, "subscriber_idle_stop_s": args.idle,
             "payload_bytes": PAYLOAD, "window": 100, "fan": 100,
@@ -849,7 +862,8 @@ def main():
         return brokers.Broker(kind, label=label, mqttamqp_help_text=help_text,
                               mqttamqp_env=env_extra, extra_args=args.mqttamqp_arg,
                               want_inflight=sc in (2, 3, 7, 8),
-                              sys_interval=SYS_INTERVAL_S[kind] if sc == 5 else None)
+                              sys_interval=SYS_INTERVAL_S[kind] if sc == 5 else None,
+                              mosquitto_persistence=args.mosquitto_persistence)
 
     runs, sc = {}, None
     try:
