@@ -59,7 +59,7 @@ from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
-from mqttamqp.mqtt.actions import Arm, Close, ack_frame
+from mqttamqp.mqtt.actions import Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -249,11 +249,10 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
-        decoder = self.decoder
-        if decoder is IDLE:
-            decoder = self.decoder = self.factory.decoders.take(self.version)
-        decoder.feed(data)
-        self._process_batch()   # (gives the decoder back if nothing is left in it)
+        if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
+            self.decoder = self.factory.decoders.take(self.version)
+        self.decoder.feed(data)
+        self._process_batch()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -430,9 +429,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._turn_timer = self.clock.callLater(CLOSE_GRACE, transport.abortConnection)
 
     # -- timers -------------------------------------------------------------------
-
-    def _arm_connect_deadline(self, delay: float) -> None:
-        self._carry_out(Arm("connect", delay))
 
     def _connect_timed_out(self) -> None:
         self._carry_out(Close(f"no CONNECT within {self.limits.connect_timeout:g}s"))

@@ -209,19 +209,14 @@ class SessionRegistry:
 
         Takes over from a connection that holds it, applies the clean/persistent
         rules and stores the MQTT will.  Call ``activate`` once CONNACK is out.
-
         ``expiry`` (MQTT 5's session expiry interval; None for 3.1.1) separates
         the two things clean session meant: ``clean`` (clean start) only says
         whether an existing session is resumed, and the session outlives the
         connection by ``expiry`` seconds (0: not at all; kept as persistent while
-        connected, so a resumed session's state is not thrown away early).
-
-        ``now``: the clock's reading the caller already has for this reactor turn
-        (the time its CONNECT was read): kept as the session's ``last_seen``, one
-        float an idle connection holds instead of two.
+        connected, so a resumed session's state is not thrown away early).  ``now``:
+        the caller's clock reading of this turn (one float a client less).
         """
-        if now is None:
-            now = self.clock.seconds()
+        now = self.clock.seconds() if now is None else now
         ops: list[Op] = []
         if self.wills.owner_returned(client_id):
             self.log.info("client {c} is back within the will grace period; its old "
