@@ -225,7 +225,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # -- Twisted ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self._last_activity = self.clock.seconds()
+        # (``_last_activity`` is first read after the first read sets it)
         if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
             self.advance("close")
             self.transport.abortConnection()
