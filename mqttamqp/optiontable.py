@@ -291,6 +291,11 @@ PARAMETERS: list[list[Any]] = [
      _positive(float, "max-publish-byte-rate")],
     ["connect-timeout", None, _D.connect_timeout,
      "Seconds a new socket has to send CONNECT.", _positive(float, "connect-timeout")],
+    ["close-grace", None, _D.close_grace,
+     "Seconds a connection the broker, a gateway or a bridge closes has to read what "
+     "was written before and close; then it is cut (counted: "
+     "$SYS/broker/limits/close_grace, the gateway's figures; one line a minute).",
+     _positive(float, "close-grace")],
     ["session-expiry", None, _D.session_expiry,
      "Seconds after which an offline persistent session is deleted; 0 = never.",
      _positive(float, "session-expiry")],
@@ -344,8 +349,12 @@ PARAMETERS: list[list[Any]] = [
      "Most links attached at a time on one AMQP connection (refused ones count "
      "until detached); beyond, the attach is refused with "
      "amqp:resource-limit-exceeded and the connection stays (one that holds more refused "
-     "links than this, at least 64, or keeps one attached over 5 s and attaches again, "
-     "is closed).", _positive(int, "amqp-max-links")],
+     "links than this, at least 64, or keeps one attached over "
+     "--amqp-refused-link-grace and attaches again, is closed).", _positive(int, "amqp-max-links")],
+    ["amqp-refused-link-grace", None, _D.amqp_refused_link_grace,
+     "Seconds a link refused for --amqp-max-links may stay attached; the next attach "
+     "over the limit after that closes the connection (counted, logged).",
+     _positive(float, "amqp-refused-link-grace")],
     ["amqp-max-links-total", None, _D.amqp_max_links_total,
      "Most links attached at a time on all AMQP connections together (refused ones "
      "count until detached; 3-5 KB each); beyond, an attach is refused with "
@@ -488,8 +497,8 @@ GATEWAY_IGNORES: tuple[str, ...] = (
     "queue-prefetch", "queue-max-messages", "queue-max-bytes", "queue-max-age",
     "queue-max-queues", "max-exchanges", "max-bindings", "queue-memory-budget",
     "queue-max-total-bytes", "disk-free-limit", "amqp-max-sessions", "amqp-max-links",
-    "amqp-max-links-total", "amqp-max-default-outcomes", "amqp-max-held-bytes",
-    "amqp-max-selector-length",
+    "amqp-max-links-total", "amqp-refused-link-grace", "amqp-max-default-outcomes",
+    "amqp-max-held-bytes", "amqp-max-selector-length",
     "max-transactions-per-connection", "max-transaction-bytes", "amqp091-channel-max",
     "amqp091-frame-max", "amqp091-heartbeat", "amqp091-max-unacked", "amqp091-max-body",
 )

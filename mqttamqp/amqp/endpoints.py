@@ -41,7 +41,7 @@ from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.transactions import Transaction
 from mqttamqp.net.rawproton import EV_LINK_FLOW, EV_TRANSPORT, describe, event_link, event_type, lib
 
-__all__ = ["SessionsAndLinks", "LinkRegisters", "refused_bound", "REFUSED_GRACE",
+__all__ = ["SessionsAndLinks", "LinkRegisters", "refused_bound",
            "refusal_margin", "transport_error_cause"]
 
 _E = Event
@@ -237,16 +237,18 @@ class SessionsAndLinks(EnginePump):
                 over = self._over_limit = {}
             now = self.clock.seconds()
             if (len(over) >= refused_bound(limits)
-                    or (over and now - next(iter(over.values())) > REFUSED_GRACE)):
+                    or (over and now - next(iter(over.values()))
+                        > limits.amqp_refused_link_grace)):
                 # Refused links are held until the peer detaches them.  A burst of
                 # attaches in one read is refused link by link (the peer has not read
                 # the refusals yet); a peer that keeps refused links attached past
-                # REFUSED_GRACE, or holds more than ``refused_bound``, is closed, or
+                # --amqp-refused-link-grace, or holds more than ``refused_bound``, is closed, or
                 # it could hold links without bound.
                 self.log.warn("AMQP connection of {c} ({peer}) keeps {n} links refused "
                               "for --amqp-max-links attached (at most {b}, for {g:g} s); "
                               "closing it", c=self.container_id or "?", peer=self.peer,
-                              n=len(over), b=refused_bound(limits), g=REFUSED_GRACE)
+                              n=len(over), b=refused_bound(limits),
+                              g=limits.amqp_refused_link_grace)
                 self._too_many_links(f"more than {limits.amqp_max_links} links on one "
                                      "connection, and refused ones not detached")
                 return
@@ -367,12 +369,6 @@ class SessionsAndLinks(EnginePump):
     }
     """What each event but a delivery's and a flow means (the connection's own open
     is the listener's)."""
-
-
-# Seconds a link refused for --amqp-max-links may stay attached: the next attach
-# over the limit after that closes the connection (a peer reads a refusal and
-# detaches within a round trip; one that does not is holding links).
-REFUSED_GRACE = 5.0
 
 
 def refused_bound(limits: Limits) -> int:

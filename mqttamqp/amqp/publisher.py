@@ -28,19 +28,17 @@ from mqttamqp.amqp.links import (
     DECODE_ERROR,
     INVALID_FIELD,
     NOT_ALLOWED,
-    PRECONDITION_FAILED,
     REJECTED,
     TRANSACTIONAL,
     UNAUTHORIZED,
     LinkHost,
 )
+from mqttamqp.amqp.refusals import condition_of
 from mqttamqp.amqp.transactions import hold_transfer
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
     NOT_QUEUED,
     QUEUE_COMMAND,
-    QUOTA_EXCEEDED,
-    TOPIC_NAME_INVALID,
     Refusal,
 )
 from mqttamqp.core.routing.published import Published
@@ -69,11 +67,6 @@ def acting_for(host: LinkHost, plink: Any) -> str | None:
     if not isinstance(claimed, str) or not claimed:
         return None
     return claimed if host.holds_will(claimed) else None
-
-
-# A durable queue's refusal (MQTT 5 reason code) as Rejected's error condition.
-_REFUSAL_CONDITIONS = {TOPIC_NAME_INVALID: INVALID_FIELD,
-                       QUOTA_EXCEEDED: "amqp:resource-limit-exceeded"}
 
 
 def to_problem(topic: str, limits: Any) -> str | None:
@@ -301,8 +294,7 @@ class TopicPublisher(IncomingLink):
             delivery_settle(dlv)
             self.top_up()
             return
-        condition = _REFUSAL_CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
-        self.answer(dlv, REJECTED, (condition, refusal.reason))
+        self.answer(dlv, REJECTED, (condition_of(refusal.code), refusal.reason))
 
     def _rate_paused(self, wait: float) -> None:
         # No more credit until the budget is back: what the peer still holds

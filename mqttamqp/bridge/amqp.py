@@ -12,12 +12,15 @@ as for ``mqtts://``), one session on it with
   the ``bridge-hops`` count in application-properties.  QoS 0 goes pre-settled,
   QoS 1 and 2 unsettled, tagged by the session's packet id, and the session's entry
   is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
-  (dropped, counted, logged once a minute per condition), released, modified or
+  for good (dropped, counted, logged once a minute per condition), rejected for
+  now (``amqp:resource-limit-exceeded``: counted as released, logged once a minute,
+  sent again as below; ``amqp.refusals`` is the one table), released, modified or
   settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
-  later doubling up to ``reconnect-max`` until the remote accepts one; never
-  dropped), modified with delivery-failed (the same, ``max-resends`` times at most,
-  then dropped as a poison message, counted and logged as rejected).  One above
-  the remote's max-message-size is dropped (``too_large``).  The sender's credit is
+  later doubling up to ``reconnect-max`` until the remote accepts one on the same
+  address: the back-off is per address, ``amqplink.Resends``; never dropped),
+  modified with delivery-failed (the same, ``max-resends`` times at most, then
+  dropped as a poison message, counted and logged as rejected).  One above the
+  remote's max-message-size is dropped (``too_large``).  The sender's credit is
   the window: while the remote grants none, the session sends nothing more (QoS 0
   still goes, to the session's bound of a congested link's QoS 0 bytes);
 * ``in``: a receiver per ``in`` rule, its source address the rule's remote filter,
@@ -29,7 +32,8 @@ as for ``mqtts://``), one session on it with
   bytes), a topic that is no valid topic name here or a control address
   (amqp:invalid-field, as the core's AMQP ingress), a queue acknowledgement
   (amqp:not-allowed), one a durable queue refuses for good (a ``$dlq/`` topic: its
-  condition; one refused for now, a full queue, drops the connection), or larger
+  condition, ``amqp.refusals``; one refused for now, a full queue, drops the
+  connection), or larger
   than ``--max-packet-size`` (announced as each receiver's max-message-size), is
   rejected, counted and logged once a minute at most.  Loops: the out session is
   no-local here, and on a ``both`` rule a message the remote delivers with our
@@ -55,10 +59,12 @@ from mqttamqp.amqp.codec.sections import decode_message
 from mqttamqp.amqp.codec.values import DecodeError
 from mqttamqp.amqp.links import INVALID_FIELD, NOT_ALLOWED
 from mqttamqp.amqp.publisher import to_problem
+from mqttamqp.amqp.refusals import condition_of, for_good
 from mqttamqp.bridge.amqplink import AmqpLink
 from mqttamqp.bridge.amqpterms import (
     ACCEPTED,
     FAILED,
+    FULL,
     REJECTED,
     RELEASED,
     TERMINAL,
@@ -67,11 +73,10 @@ from mqttamqp.bridge.amqpterms import (
     upstream_of,
 )
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase
-from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import TopicRule
 from mqttamqp.bridge.link import HOPS, BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message, MessageProperties
-from mqttamqp.core.queues.addresses import QUEUE_COMMAND, TOPIC_NAME_INVALID, Refusal
+from mqttamqp.core.queues.addresses import QUEUE_COMMAND, Refusal
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.gateway.engine import UpstreamConnection
@@ -209,17 +214,12 @@ class AmqpRemote:
             self.conn.transport.abortConnection()
 
     def disconnect(self) -> None:
-        """A clean end (the bridge stops): close frame, then the socket, aborted if
-        it has not closed ``CLOSE_GRACE`` seconds later (a TLS close may hang)."""
+        """A clean end (the bridge stops): close frame, then the socket, cut if it has
+        not closed ``--close-grace`` seconds later (a TLS close may hang)."""
         self._cancel()
         self.conn.close("bridge stopped")
         if not self.closed and self.conn.transport is not None:
-            self._timer = self.bridge.clock.callLater(CLOSE_GRACE, self._abort)
-
-    def _abort(self) -> None:
-        self._timer = None
-        if not self.closed and self.conn.transport is not None:
-            self.conn.transport.abortConnection()
+            self._timer = self.bridge.close_grace.arm(self.conn.transport, "the remote")
 
     def _no_open(self) -> None:
         self._timer = None
@@ -357,15 +357,20 @@ class AmqpRemote:
                     decref(dlv)
         return ack
 
-    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> None:
-        """Reject ``dlv`` (held by ``answer_later``): refused here for good."""
+    def reject_held(self, dlv: Any, impl: Any, refusal: Refusal) -> bool:
+        """Reject ``dlv`` (held by ``answer_later``) if ``refusal`` is for good, with
+        the condition the broker's own AMQP ingress gives it (``amqp.refusals``); not
+        one refused for now (False: the caller drops the connection, the remote
+        keeps it)."""
+        if not for_good(refusal.code):
+            return False
         if dlv in self.held:
             self.held.discard(dlv)
             try:
-                self.answer(dlv, impl, REJECTED, refusal.reason, INVALID_FIELD
-                            if refusal.code == TOPIC_NAME_INVALID else NOT_ALLOWED)
+                self.answer(dlv, impl, REJECTED, refusal.reason, condition_of(refusal.code))
             finally:
                 decref(dlv)
+        return True
 
 
 class AmqpBridge(BridgeBase):
@@ -376,6 +381,7 @@ class AmqpBridge(BridgeBase):
     holding = "giving the remote no more credit (its socket still read)"
     resuming = "crediting the remote again"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
+    refused_for_now = 0   # out messages the remote rejected for now: sent again
 
     def new_link(self) -> BridgeLink:
         return AmqpLink(self)
@@ -431,10 +437,11 @@ class AmqpBridge(BridgeBase):
         if entry is None:
             return
         broker = self.broker
+        link = self.link
+        assert isinstance(link, AmqpLink)
         if state == ACCEPTED:
-            link = self.link
-            assert isinstance(link, AmqpLink)
-            link.delay = 0.0   # (the remote takes messages: resends start over)
+            if link.resends:   # (the remote takes messages there: resends start over)
+                link.accepted(self.remote_topic(entry.message.topic))
             if entry.qos == 1:
                 broker.acknowledged(session, packet_id)
             else:
@@ -442,23 +449,27 @@ class AmqpBridge(BridgeBase):
         else:
             if state == FAILED:   # (only a failed delivery counts toward the cap)
                 entry.failures += 1
-            if state == RELEASED or (state == FAILED
-                                     and entry.failures <= self.settings.max_resends):
-                link = self.link
-                assert isinstance(link, AmqpLink)
-                link.retry(packet_id)
+            elif state == FULL:   # (rejected for now: never dropped)
+                self._refused_for_now(entry.message.topic, reason)
+            if state == RELEASED or state == FULL or (
+                    state == FAILED and entry.failures <= self.settings.max_resends):
+                link.retry(packet_id, self.remote_topic(entry.message.topic))
                 return
             if state == FAILED:   # (a poison message: the remote fails it each time)
                 reason = f"max-resends: {reason} {entry.failures} times"
             self.refused += 1
             cause = reason.split(": ", 1)[0] or "rejected"
-            held = self.refusals.allow(f"rejected {cause}")
-            if held is not None:
-                self.log.warn("bridge {n}: the remote rejected a message on {t} ({r}); it "
-                              "is dropped; {c} rejected so far{h}", n=self.settings.name,
-                              t=entry.message.topic, r=reason or "no condition",
-                              c=self.refused, h=f" ({held} not logged)" if held else "")
+            self.warn(f"rejected {cause}", "bridge {n}: the remote rejected a message on "
+                      "{t} ({r}); it is dropped; {c} rejected so far",
+                      t=entry.message.topic, r=reason or "no condition", c=self.refused)
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
+
+    def _refused_for_now(self, topic: str, reason: str) -> None:
+        self.refused_for_now += 1
+        cause = reason.split(": ", 1)[0]
+        self.warn(f"for now {cause}", "bridge {n}: the remote refused a message on {t} "
+                  "for now ({r}); it is sent again later, never dropped; {c} so far",
+                  t=topic, r=reason, c=self.refused_for_now)
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:
@@ -469,13 +480,9 @@ class AmqpBridge(BridgeBase):
         maximum = self.broker.limits.max_packet_size
         if len(data) > maximum:   # (announced as the receiver's max-message-size)
             self.too_large_in += 1
-            held = self.refusals.allow("too-large-in")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {s} "
-                              "bytes, above --max-packet-size {m}; {c} so far{h}",
-                              n=self.settings.name, a=rule.remote_filter, s=len(data),
-                              m=maximum, c=self.too_large_in,
-                              h=f" ({held} not logged)" if held else "")
+            self.warn("too-large-in", "bridge {n}: rejected a message from the remote's "
+                      "{a}: {s} bytes, above --max-packet-size {m}; {c} so far",
+                      a=rule.remote_filter, s=len(data), m=maximum, c=self.too_large_in)
             remote.answer(dlv, impl, REJECTED)
             return
         presettled = bool(delivery_settled(dlv))
@@ -491,11 +498,8 @@ class AmqpBridge(BridgeBase):
             props = None if fields.props is None else MessageProperties(*fields.props)
         except DecodeError as e:
             self.refused_here += 1
-            held = self.refusals.allow("in-undecodable")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: {e}{h}",
-                              n=self.settings.name, a=rule.remote_filter, e=e,
-                              h=f" ({held} not logged)" if held else "")
+            self.warn("in-undecodable", "bridge {n}: rejected a message from the remote's "
+                      "{a}: {e}", a=rule.remote_filter, e=e)
             remote.answer(dlv, impl, REJECTED)
             return
         if rule.outbound and self._echo(data):
@@ -509,11 +513,8 @@ class AmqpBridge(BridgeBase):
             problem, condition = "a queue acknowledgement, no message", NOT_ALLOWED
         if problem is not None:
             self.refused_here += 1
-            held = self.refusals.allow("in-bad-topic")
-            if held is not None:
-                self.log.warn("bridge {n}: rejected a message from the remote's {a}: bad "
-                              "topic {t!r}: {p}{h}", n=self.settings.name, t=topic, p=problem,
-                              a=rule.remote_filter, h=f" ({held} not logged)" if held else "")
+            self.warn("in-bad-topic", "bridge {n}: rejected a message from the remote's "
+                      "{a}: bad topic {t!r}: {p}", t=topic, p=problem, a=rule.remote_filter)
             remote.answer(dlv, impl, REJECTED, f"bad topic {topic!r}: {problem}", condition)
             return
         qos = min(fields.qos, rule.qos)

@@ -5,9 +5,10 @@ What it owns: ``AmqpLink``: each message of the out session handed to the
 connection's sender (``AmqpRemote.send``: with its hops count, mapped topic, dropped
 above the remote's max-message-size), the window as the sender's credit
 (``congested``), the QoS 0 bytes queued in proton without credit
-(``backlog_bytes``), and the resend of what the remote released: after a delay
-doubling from ``reconnect-min`` to ``reconnect-max`` while the remote accepts none,
-only with credit.
+(``backlog_bytes``), and the resend of what the remote released, per remote
+address (``Resends``): after a delay doubling from ``reconnect-min`` to
+``reconnect-max`` while the remote accepts none on that address (an accept on
+another address is no sign that this one takes messages again), only with credit.
 
 What it must not do: decide what an outcome means (``amqpterms``, the bridge's
 ``outcome``), or touch proton itself (the connection does).
@@ -20,30 +21,53 @@ from typing import Any
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message
 
-__all__ = ["AmqpLink"]
+__all__ = ["AmqpLink", "Resends"]
+
+
+class Resends:
+    """The resends of one remote address: the released packet ids waiting, the
+    timer, and the last delay (0: none since the address accepted one)."""
+
+    __slots__ = ("call", "delay", "ids")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.delay = 0.0
+        self.call: Any = None
+
+    def cancel(self) -> None:
+        if self.call is not None and self.call.active():
+            self.call.cancel()
+        self.call = None
 
 
 class AmqpLink(BridgeLink):
     """The out session's ``ClientLink`` over the remote's sender (see the module)."""
 
-    __slots__ = ("_retries", "_retry_call", "delay", "released", "remote")
+    __slots__ = ("released", "remote", "resends")
 
     def __init__(self, bridge: Any) -> None:
         super().__init__(bridge)
         self.remote: Any = None   # (the ``AmqpRemote`` while attached)
         self.released = 0       # outcomes released / modified: sent again
-        self.delay = 0.0        # the last resend delay (0: none since an accepted)
-        self._retries: list[int] = []
-        self._retry_call: Any = None
+        # Remote address -> its resends; an address leaves once it accepts one with
+        # nothing waiting, and at most the session's window of them hold a
+        # message (the window bounds what is in flight); those that hold none
+        # are forgotten past that many (``_resends_of``).
+        self.resends: dict[str, Resends] = {}
 
     def attach(self, client: Any, limits: RemoteLimits) -> None:
         super().attach(None, limits)
         self.remote = client
-        self._retries.clear()
-        self.delay = 0.0
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        self._retry_call = None
+        for r in self.resends.values():
+            r.cancel()
+        self.resends.clear()
+
+    def delay(self, address: str) -> float:
+        """The last resend delay of the remote ``address`` (0: none since it accepted
+        one)."""
+        r = self.resends.get(address)
+        return 0.0 if r is None else r.delay
 
     @property
     def congested(self) -> bool:
@@ -78,37 +102,60 @@ class AmqpLink(BridgeLink):
         """QoS 2: the remote accepted it (``received``); nothing more goes there."""
         self.settle_later("released", packet_id)
 
-    def retry(self, packet_id: int) -> None:
-        """The remote released it (or failed it): sent again after ``delay`` seconds,
-        ``reconnect-min`` doubling up to ``reconnect-max`` while the remote accepts
-        none (at most the session's window of them wait)."""
+    def retry(self, packet_id: int, address: str) -> None:
+        """The remote released it (or failed it) on ``address``: sent again after
+        that address's delay, ``reconnect-min`` doubling up to ``reconnect-max``
+        while the remote accepts none there (at most the session's window of them
+        wait)."""
         self.released += 1
-        self._retries.append(packet_id)
-        if self._retry_call is None:
-            self._retry_call = self.bridge.clock.callLater(self._next_delay(), self._resend)
+        r = self._resends_of(address)
+        r.ids.append(packet_id)
+        if r.call is None:
+            s = self.bridge.settings
+            r.delay = min(r.delay * 2, s.reconnect_max) if r.delay else s.reconnect_min
+            r.call = self.bridge.clock.callLater(r.delay, self._resend, address)
 
-    def _next_delay(self) -> float:
-        s = self.bridge.settings
-        self.delay = min(self.delay * 2, s.reconnect_max) if self.delay else s.reconnect_min
-        return self.delay
+    def accepted(self, address: str) -> None:
+        """The remote accepted a message on ``address``: its resends start over."""
+        r = self.resends.get(address)
+        if r is not None:
+            r.delay = 0.0
+            if r.call is None:
+                del self.resends[address]
 
-    def _resend(self) -> None:
-        self._retry_call = None
-        ids, self._retries = self._retries, []
+    def _resends_of(self, address: str) -> Resends:
+        resends = self.resends
+        r = resends.get(address)
+        if r is None:
+            if len(resends) >= max(16, self.bridge.broker.limits.max_inflight):
+                # (addresses with nothing waiting: their delay starts over)
+                for idle in [a for a, x in resends.items() if x.call is None]:
+                    del resends[idle]
+            r = resends[address] = Resends()
+        return r
+
+    def _resend(self, address: str) -> None:
+        r = self.resends.get(address)
+        if r is None:
+            return
+        r.call = None
+        ids, r.ids = r.ids, []
         session = self.bridge.session
         if session is None or self.remote is None:
             return   # (still in flight in the session: sent on the next connection)
         for i, packet_id in enumerate(ids):
             if self.congested:   # (no credit: the rest wait for the next try)
-                self._retries[:0] = ids[i:]
+                r.ids[:0] = ids[i:]
                 # the same delay (not a release), never less than reconnect-min: an
                 # accept since may have set it to 0, and no credit would spin here
-                wait = max(self.delay, self.bridge.settings.reconnect_min)
-                self._retry_call = self.bridge.clock.callLater(wait, self._resend)
+                wait = max(r.delay, self.bridge.settings.reconnect_min)
+                r.call = self.bridge.clock.callLater(wait, self._resend, address)
                 return
             entry = session.inflight.get(packet_id)
             if entry is not None:
                 self.send_publish(entry.message, entry.qos, packet_id, True, entry.retain)
+        if not r.delay:   # (accepted since: nothing more to remember)
+            del self.resends[address]
 
     def close(self, reason: str) -> None:
         if self.remote is not None:

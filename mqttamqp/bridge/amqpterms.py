@@ -5,7 +5,12 @@ What it owns: ``refused`` (does the remote's attach refuse our link), ``upstream
 rules of an ``out`` message from the remote's disposition (AMQP 1.0 §3.4):
 
 * accepted: done;
-* rejected: dropped (counted, logged), with the remote's condition;
+* rejected: by its condition (``amqp.refusals.verdict``, the table the broker's own
+  AMQP ingress rejects with): refused for good (most conditions): dropped (counted,
+  logged), with the remote's condition; refused for now
+  (``amqp:resource-limit-exceeded``: a full queue there): ``FULL``, sent again as a
+  released message is, never dropped; ``amqp:internal-error``: as modified with
+  ``delivery-failed``;
 * released, modified without ``delivery-failed`` (with or without
   ``undeliverable-here``), or settled with no outcome: not a failed delivery, the
   message is sent again (with a back-off), never dropped;
@@ -21,10 +26,17 @@ from typing import Any
 
 from proton import Terminus
 
+from mqttamqp.amqp.refusals import RESEND, RESEND_COUNTED, verdict
 from mqttamqp.gateway.target import Upstream
-from mqttamqp.net.rawproton import delivery_remote, delivery_remote_state, describe, lib
+from mqttamqp.net.rawproton import (
+    condition,
+    delivery_remote,
+    delivery_remote_state,
+    describe,
+    lib,
+)
 
-__all__ = ["ACCEPTED", "FAILED", "REJECTED", "RELEASED", "outcome_of", "refused",
+__all__ = ["ACCEPTED", "FAILED", "FULL", "REJECTED", "RELEASED", "outcome_of", "refused",
            "upstream_of"]
 
 ACCEPTED: int = lib.PN_ACCEPTED
@@ -32,6 +44,7 @@ REJECTED: int = lib.PN_REJECTED
 RELEASED: int = lib.PN_RELEASED
 MODIFIED: int = lib.PN_MODIFIED
 FAILED = -1   # (ours, not proton's: modified with delivery-failed)
+FULL = -2     # (ours: rejected for now, e.g. a full queue there)
 TERMINAL = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
 
 
@@ -55,12 +68,18 @@ def upstream_of(bridge: Any) -> Upstream:
 def outcome_of(dlv: Any) -> tuple[int, str]:
     """The remote's outcome of our delivery ``dlv`` (terminal, or settled) as the
     bridge settles it (see the module): ACCEPTED, REJECTED with its condition,
-    RELEASED (sent again) or FAILED (modified with delivery-failed)."""
+    FULL (rejected for now: sent again), RELEASED (sent again) or FAILED (modified
+    with delivery-failed, or the remote's internal error)."""
     state = delivery_remote_state(dlv)
     if state == ACCEPTED:
         return ACCEPTED, ""
     if state == REJECTED:
-        return REJECTED, describe(lib.pn_disposition_condition(delivery_remote(dlv))) or ""
+        cond = lib.pn_disposition_condition(delivery_remote(dlv))
+        reason = describe(cond) or ""
+        what = verdict((condition(cond) or ("", ""))[0])
+        if what == RESEND:
+            return FULL, reason
+        return (FAILED, f"rejected: {reason}") if what == RESEND_COUNTED else (REJECTED, reason)
     if state == MODIFIED and lib.pn_disposition_is_failed(delivery_remote(dlv)):
         here = lib.pn_disposition_is_undeliverable(delivery_remote(dlv))
         return FAILED, "modified: delivery-failed" + (", undeliverable-here" if here else "")

@@ -33,6 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.adapter.backoff import Backoff
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.bridge.backlog import BacklogGuard
 from mqttamqp.bridge.config import BridgeSettings, TopicRule
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
@@ -40,7 +41,7 @@ from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, Refusal
+from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import NO_LOCAL, RETAIN_AS_PUBLISHED, Session
 from mqttamqp.core.topics import topic_matches
@@ -112,6 +113,11 @@ class BridgeBase:
         self._said_held = False               # ``holding`` logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
         self.refusals = LogLimiter(clock.seconds)
+        # A stopped bridge's connection that does not close: cut (--close-grace),
+        # counted with the broker's ($SYS/broker/limits/close_grace).
+        self.close_grace = CloseGrace(clock, broker.limits.close_grace, self.log,
+                                      f"bridge {settings.name}",
+                                      lambda: broker.stats.limit_hit("close_grace"))
         self._retry: Any = None
         self._steady: Any = None   # resets the back-off once connected long enough
         self._client: Any = None
@@ -310,42 +316,35 @@ class BridgeBase:
     # -- the in direction ----------------------------------------------------
 
     def take_in(self, client: Remote, message: Message, ack: Callable[[], None] | None,
-                reject: Callable[[Refusal], None] | None = None) -> None:
+                reject: Callable[[Refusal], bool] | None = None) -> None:
         """A message of an ``in`` rule: published here; ``ack`` (None: QoS 0, nothing
         to acknowledge) once it is durable here.  One a durable queue here refuses is
-        not acknowledged: with ``reject`` (a remote that can be told) a permanent
-        refusal (a topic no queue takes) is rejected to it, as sending it again
-        would be refused again; else (a full queue, too many queues: it may pass
-        later) the connection is dropped, so that the remote keeps it."""
+        not acknowledged: ``reject`` (a remote that can be told) rejects a refusal
+        for good (a topic no queue takes) to it and says True, as sending it again
+        would be refused again; else (no ``reject``, or it says False: a full
+        queue, too many queues, it may pass later) the connection is dropped, so
+        that the remote keeps it."""
         self.received += 1
         result = self.broker.publish(message, self.identity, wait=ack is not None)
         if ack is None:
             if result.blocked or result.congested:
                 self._hold_remote(client, result.blocked, result.congested)
             return
-        if result.refusal is not None and reject is not None \
-                and result.refusal.code != QUOTA_EXCEEDED:
+        refusal = result.refusal
+        if refusal is not None:
             self.refused_here += 1
-            held = self.refusals.allow("in-rejected")
-            if held is not None:
-                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
-                              "here ({r}); rejected to the remote{h}", n=self.settings.name,
-                              t=message.topic, r=result.refusal.reason,
-                              h=f" ({held} not logged)" if held else "")
-            reject(result.refusal)
-            return
-        if result.refusal is not None:
+            if reject is not None and reject(refusal):
+                self.warn("in-rejected", "bridge {n}: a message from the remote on {t} "
+                          "was refused here for good ({r}); rejected to the remote",
+                          t=message.topic, r=refusal.reason)
+                return
             # A durable queue here refused it (full, too many queues): nothing is
             # stored, so the remote is not told it was taken; it sends it again
             # after the reconnect, with the bridge's back-off between the tries.
-            self.refused_here += 1
-            held = self.refusals.allow("in-refused")
-            if held is not None:
-                self.log.warn("bridge {n}: a message from the remote on {t} was refused "
-                              "here ({r}); reconnecting so that the remote keeps it{h}",
-                              n=self.settings.name, t=message.topic,
-                              r=result.refusal.reason, h=f" ({held} not logged)" if held else "")
-            client.drop(f"refused here: {result.refusal.reason}")
+            self.warn("in-refused", "bridge {n}: a message from the remote on {t} was "
+                      "refused here ({r}); reconnecting so that the remote keeps it",
+                      t=message.topic, r=refusal.reason)
+            client.drop(f"refused here: {refusal.reason}")
             return
         if result.blocked or result.congested:
             self._hold_remote(client, result.blocked, result.congested)
@@ -355,6 +354,15 @@ class BridgeBase:
             result.durable.addCallbacks(lambda _: ack(),
                                         lambda f: client.drop("storing a message from the "
                                                               "remote failed"))
+
+    def warn(self, cause: str, fmt: str, **kw: Any) -> None:
+        """One line for ``cause`` a minute at most (``refusals``): ``fmt`` with
+        ``{n}``, the bridge's name, and at its end how many lines were held back
+        since the last one."""
+        held = self.refusals.allow(cause)
+        if held is not None:
+            self.log.warn(fmt + "{held_back}", n=self.settings.name,
+                          held_back=f" ({held} not logged)" if held else "", **kw)
 
     def _hold_remote(self, client: Remote, blocked: bool,
                      congested: Sequence[Any]) -> None:

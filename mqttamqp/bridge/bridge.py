@@ -56,7 +56,8 @@ class Bridge(BridgeBase):
             connect = Connect("MQTT", LEVEL, s.remote_client_id, s.clean_session,
                               s.keepalive, None, s.username, password, bridge=s.try_private)
         return BridgeClient(self, self.clock, connect, s.connect_timeout,
-                            self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL)
+                            self.broker.limits.max_packet_size, 5 if self.v5 else LEVEL,
+                            self.close_grace)
 
     # -- the remote's calls (ClientOwner) -----------------------------------
 
@@ -96,12 +97,9 @@ class Bridge(BridgeBase):
         if self._client is not client:
             return
         self.too_large_in += 1
-        held = self.refusals.allow("too-large-in")
-        if held is not None:
-            self.log.warn("bridge {n}: a message from the remote on {t} was dropped: {s} "
-                          "bytes, above --max-packet-size {m}; {c} dropped so far{h}",
-                          n=self.settings.name, t=topic, s=size, m=maximum,
-                          c=self.too_large_in, h=f" ({held} not logged)" if held else "")
+        self.warn("too-large-in", "bridge {n}: a message from the remote on {t} was "
+                  "dropped: {s} bytes, above --max-packet-size {m}; {c} dropped so far",
+                  t=topic, s=size, m=maximum, c=self.too_large_in)
 
     def remote_puback(self, client: BridgeClient, packet_id: int, reason_code: int = 0
                       ) -> None:
@@ -112,11 +110,8 @@ class Bridge(BridgeBase):
             return
         if reason_code >= 0x80:
             self.refused += 1
-            held = self.refusals.allow("puback")
-            if held is not None:
-                self.log.warn("bridge {n}: the remote refused a message (PUBACK 0x{c:02x}); "
-                              "{r} refused so far{h}", n=self.settings.name, c=reason_code,
-                              r=self.refused, h=f" ({held} not logged)" if held else "")
+            self.warn("puback", "bridge {n}: the remote refused a message (PUBACK "
+                      "0x{c:02x}); {r} refused so far", c=reason_code, r=self.refused)
         session = self.session
         if session is not None:
             if packet_id in self.link.puback_is_pubrec:   # (a QoS 2 entry sent at QoS 1)

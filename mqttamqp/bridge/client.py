@@ -5,7 +5,7 @@ codec (``mqtt.codec``): CONNECT (with Mosquitto's bridge flag, ``try_private``:
 protocol level | 0x80), the CONNACK deadline, keepalive (PINGREQ every keepalive
 seconds, the connection dropped when the remote is silent for one and a half; not
 judged while reading is paused), a clean close (``disconnect``: the producer
-unregistered first, aborted after ``CLOSE_GRACE``), and
+unregistered first, cut after ``--close-grace``: the bridge's ``CloseGrace``), and
 each packet from the remote handed to its ``Bridge`` as a call.  (``Backoff``, the
 reconnect delays, is ``adapter.backoff``'s, imported here as it was.)
 
@@ -25,8 +25,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.adapter.backoff import Backoff
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.bridge.oversize import OversizedPublish
 from mqttamqp.core.clock import Clock
+from mqttamqp.core.limits import Limits
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode, encode_publish
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -49,7 +51,6 @@ __all__ = ["Backoff", "BridgeClient", "ClientOwner"]
 BRIDGE_FLAG = 0x80
 LEVEL = 4     # MQTT 3.1.1
 MAX_PACKET = 268_435_455
-CLOSE_GRACE = 5.0   # seconds a stopped bridge's connection may take to close
 
 
 class ClientOwner(Protocol):
@@ -87,8 +88,10 @@ class BridgeClient(TwistedProtocol):
 
     def __init__(self, owner: ClientOwner, clock: Clock, connect: Connect,
                  connect_timeout: float, max_packet_size: int = MAX_PACKET,
-                 level: int = LEVEL) -> None:
+                 level: int = LEVEL, grace: CloseGrace | None = None) -> None:
         self.owner = owner
+        # (the bridge's: --close-grace; without one, the default's)
+        self.grace = grace or CloseGrace(clock, Limits().close_grace, self.log, "bridge")
         self.clock = clock
         self.connect_packet = connect
         self.connect_timeout = connect_timeout
@@ -299,7 +302,7 @@ class BridgeClient(TwistedProtocol):
         """A clean end (the bridge stops): DISCONNECT, then close; nothing it reads
         from now on is handed to the bridge.  The producer is unregistered first (a
         TLS transport closes only once it is), and the connection is aborted if it
-        has not closed ``CLOSE_GRACE`` seconds later."""
+        has not closed ``--close-grace`` seconds later (counted, logged)."""
         self.reason = "bridge stopped"
         self.closing = True
         self._cancel_timer()
@@ -311,12 +314,7 @@ class BridgeClient(TwistedProtocol):
             transport.write(encode(Disconnect(), self.level))
         transport.unregisterProducer()
         transport.loseConnection()
-        self._timer = self.clock.callLater(CLOSE_GRACE, self._abort)
-
-    def _abort(self) -> None:
-        self._timer = None
-        if not self.closed:
-            self.transport.abortConnection()
+        self._timer = self.grace.arm(transport, "the remote")
 
     def _cancel_timer(self) -> None:
         if self._timer is not None and self._timer.active():

@@ -31,13 +31,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from twisted.logger import Logger
-
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.message import Message
-from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt.codec import encode_properties, encode_publish
 from mqttamqp.mqtt.packets import Properties, Pubrel
@@ -78,7 +75,6 @@ class LinkOwner(Protocol):
     broker: Broker
     clock: Clock
     settings: BridgeSettings
-    refusals: LogLimiter
     v5: bool
     sent: int
 
@@ -86,6 +82,8 @@ class LinkOwner(Protocol):
     def session(self) -> Session | None: ...
 
     def remote_topic(self, topic: str) -> str: ...
+
+    def warn(self, cause: str, fmt: str, **kw: Any) -> None: ...
 
 
 class RemoteLimits:
@@ -140,8 +138,6 @@ class BridgeLink:
     __slots__ = ("_settle_call", "_settles", "bridge", "client", "downgraded", "limits",
                  "local_pubrel", "puback_is_pubrec", "too_large", "too_many_hops",
                  "unretained")
-
-    log = Logger()
 
     def __init__(self, bridge: LinkOwner) -> None:
         self.bridge = bridge
@@ -238,13 +234,9 @@ class BridgeLink:
         """A PUBLISH above the remote's maximum packet size: dropped, counted,
         logged once a minute at most; its session entry settled as dropped."""
         self.too_large += 1
-        bridge = self.bridge
-        held = bridge.refusals.allow("too-large")
-        if held is not None:
-            self.log.warn("bridge {n}: a message on {t} was dropped: {s} bytes, above the "
-                          "remote's maximum packet size {m}; {c} dropped so far{h}",
-                          n=bridge.settings.name, t=message.topic, s=size, m=maximum,
-                          c=self.too_large, h=f" ({held} not logged)" if held else "")
+        self.bridge.warn("too-large", "bridge {n}: a message on {t} was dropped: {s} "
+                         "bytes, above the remote's maximum packet size {m}; {c} dropped "
+                         "so far", t=message.topic, s=size, m=maximum, c=self.too_large)
         if packet_id is not None:
             self.settle_later("dropped", packet_id)
 
@@ -262,14 +254,10 @@ class BridgeLink:
         bridges would send it round for ever), counted, logged once a minute at
         most; its session entry settled as dropped."""
         self.too_many_hops += 1
-        bridge = self.bridge
-        held = bridge.refusals.allow("hops")
-        if held is not None:
-            self.log.warn("bridge {n}: a message on {t} was not forwarded: it crossed {h} "
-                          "bridges already (max-hops {m}; a loop of bridges?); {c} so far{d}",
-                          n=bridge.settings.name, t=message.topic, h=hops,
-                          m=bridge.settings.max_hops, c=self.too_many_hops,
-                          d=f" ({held} not logged)" if held else "")
+        self.bridge.warn("hops", "bridge {n}: a message on {t} was not forwarded: it "
+                         "crossed {h} bridges already (max-hops {m}; a loop of bridges?); "
+                         "{c} so far", t=message.topic, h=hops,
+                         m=self.bridge.settings.max_hops, c=self.too_many_hops)
         if packet_id is not None:
             self.settle_later("looped", packet_id)
 

@@ -15,6 +15,9 @@ class Limits:
     max_queued_messages: int = 1_000          # per session (queued, not in flight)
     max_queued_bytes: int = 16 << 20          # per session, payload bytes
     connect_timeout: float = 10.0             # seconds from accept to CONNECT
+    # Seconds a connection being closed (by the broker, a gateway or a bridge) has to
+    # read what is left and close; then it is cut (``adapter.grace``).
+    close_grace: float = 5.0
     session_expiry: float = 0.0               # seconds offline; 0 = never expire
     will_grace: float = 10.0                  # seconds after a restart before orphan wills fire
     sys_interval: float = 10.0                # $SYS refresh period; 0 = off
@@ -37,6 +40,10 @@ class Limits:
     # objects, a topic receiver's session; ``bench/linkmem.py``): 20,000 stay
     # within ~100 MB, where 10,000 connections of 1,000 links each would not.
     amqp_max_links_total: int = 20_000
+    # Seconds a link refused for amqp_max_links may stay attached: the next attach
+    # over the limit after that closes the connection (a peer reads a refusal and
+    # detaches within a round trip; one that does not is holding links).
+    amqp_refused_link_grace: float = 5.0
     # Failed attempts of a message on ``$mqtt.to.<id>.publish`` (settled without an
     # outcome there is Modified(delivery-failed)) before the next such settlement
     # drops it as rejected; the same for its AMQP_PUBREL resent.

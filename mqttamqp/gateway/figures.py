@@ -130,6 +130,7 @@ class GatewayFigures:
             "messages_to_clients": f.delivered,
             "reading_pauses": f.reading_pauses,
             "held_deliveries": f.held_deliveries,
+            "cut_after_grace": f.close_grace.cut,
             "started": self.started,
             "upstream": self.pool.upstream.display,
         }

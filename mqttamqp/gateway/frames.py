@@ -60,10 +60,10 @@ def disconnect5(reason: str, code: int) -> bytes:
     return encode(Disconnect(code, Properties(reason_string=reason[:200])), 5)
 
 
-def publish_problem(strings: StringRules, packet: Publish, aliases: InboundAliases
+def publish_problem(strings: StringRules, packet: Publish, aliases: InboundAliases | None
                     ) -> tuple[str, Mqtt5Props | None, str | None, int]:
     """A PUBLISH's topic (an MQTT 5 topic alias resolved in ``aliases``, which this
-    only reads: ``InboundAliases.took`` records an alias set) and message properties
+    only reads: ``InboundAliases.of`` records an alias set) and message properties
     (``message_props``), or why it breaks the protocol and the MQTT 5 reason code: its
     topic (0x90), an empty topic or an unknown alias (0x82), or an alias above the
     maximum (0x94)."""

@@ -41,6 +41,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.core.auth import Authenticator, Credentials
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.limits import Limits
@@ -62,7 +63,7 @@ from mqttamqp.gateway.frames import (
     unsuback,
 )
 from mqttamqp.gateway.outbound import Outbound
-from mqttamqp.gateway.timers import CLOSE_GRACE, ClientTimer
+from mqttamqp.gateway.timers import ClientTimer
 from mqttamqp.mqtt.actions import Close, Refuse, ack_frame
 from mqttamqp.mqtt.codec import Decoder, MalformedPacket, encode
 from mqttamqp.mqtt.connection import (
@@ -116,6 +117,9 @@ class GatewayFactory(Factory):
         self.clients: dict[str, GatewayProtocol] = {}
         self.connections: set[GatewayProtocol] = set()
         self.ratelog = LogLimiter(clock.seconds, burst=5)
+        # Clients cut after --close-grace (``close_grace.cut``: the figures' count).
+        self.close_grace = CloseGrace(clock, limits.close_grace, self.log,
+                                      "gateway MQTT")
         self.refused_unavailable = 0      # CONNECTs refused: no upstream
         self.refused_connections = 0      # sockets closed at --max-connections
         self.reading_pauses = 0           # clients not read for a while (flow control)
@@ -211,7 +215,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self._assigned = False       # MQTT 5: the client id is the gateway's (CONNACK says)
         self.outbound = Outbound()            # deliveries the client has not finished
         self.awaiting_rel: set[int] = set()   # QoS 2 in: PUBREC sent, awaiting PUBREL
-        self.aliases = InboundAliases()       # MQTT 5: the client's topic aliases
+        # MQTT 5: the client's topic aliases (made at the first it sets)
+        self.aliases: InboundAliases | None = None
         self.reading_paused = False
         self.since = self.clock.seconds()     # when the socket came (the console)
 
@@ -309,7 +314,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self._with_will = packet.reason_code == _WITH_WILL  # type: ignore[attr-defined]
             self._end_channel("client sent DISCONNECT")
             self.rules.advance("close")
-            _lose(self.transport, self.timer)
+            self.timer.lose(self.transport, self.factory.close_grace, self.client_id)
         elif kind is Connect:
             self._on_connect(packet)  # type: ignore[arg-type]
         else:
@@ -388,7 +393,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         self.transport.write(connack(self.level, present, 0, assigned, self.factory.limits))
         if self.keepalive is not None:
             self.timer.keepalive(self.keepalive, lambda: self.last_activity,
-                                 lambda r: self.abort(r, grace=0.0),
+                                 lambda r: self.abort(r, at_once=True),
                                  lambda: self.reading_paused)
         self._read()
 
@@ -413,7 +418,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             del self.factory.clients[self.client_id]
         self.transport.write(connack(self.level, False, code))
         self.rules.advance("close")
-        _lose(self.transport, self.timer)
+        self.timer.lose(self.transport, self.factory.close_grace, self.client_id)
 
     # -- PUBLISH from the client ----------------------------------------------------------
 
@@ -425,7 +430,8 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             return
         own = packet.properties
         if own is not None and own.topic_alias is not None:
-            self.aliases.took(packet)   # (a topic with its alias: set from now on)
+            # (a topic with its alias: set from now on)
+            self.aliases = InboundAliases.of(self.aliases, packet)
         channel = self.channel
         assert channel is not None
         self.factory.published += 1
@@ -561,9 +567,10 @@ class GatewayProtocol(ClientDeliveries, Protocol):
             self.transport.write(disconnect5(reason, code))   # (MQTT 5: told why)
         self.abort(reason)
 
-    def abort(self, reason: str, brute: bool = True, grace: float = CLOSE_GRACE) -> None:
-        """Close the client after what is written (cut after ``grace`` seconds; at once
-        if 0: a silent client): ``brute`` (its will goes) unless a takeover."""
+    def abort(self, reason: str, brute: bool = True, at_once: bool = False) -> None:
+        """Close the client after what is written (cut after ``--close-grace``
+        seconds; ``at_once``: a silent client): ``brute`` (its will goes) unless a
+        takeover."""
         self._said_goodbye = self._said_goodbye or not brute
         # At once, not when the socket is gone (a turn later): a takeover's new channel
         # attaches a will link of the same name right after.
@@ -571,19 +578,7 @@ class GatewayProtocol(ClientDeliveries, Protocol):
         if not self.rules.closed:
             self.rules.advance("close")
         if self.transport is not None:
-            _lose(self.transport, self.timer, grace)
+            self.timer.lose(self.transport, self.factory.close_grace, self.client_id, at_once)
 
     def _limited(self, cause: str, fmt: str, **kw: Any) -> None:
         self.factory.warn(cause, fmt, c=self.client_id, peer=self.peer, **kw)
-
-
-def _lose(transport: Any, timer: ClientTimer, grace: float = CLOSE_GRACE) -> None:
-    """Close a client after what is written.  A registered producer is resumed, not
-    closed, once the buffer drains: it is unregistered first, and a client that does
-    not read what is left is cut after ``grace`` seconds (0: at once)."""
-    transport.unregisterProducer()
-    if grace > 0:
-        transport.loseConnection()
-        timer.start(grace, transport.abortConnection)
-    else:
-        transport.abortConnection()

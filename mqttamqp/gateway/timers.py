@@ -1,7 +1,7 @@
 """One gateway client's timer: the CONNECT deadline, then the keepalive check
 (``mqtt.connection.Keepalive``'s rule: silent for 1.5 × keepalive is gone), then,
 once the gateway closes the client, the grace it has to read what is left
-(``CLOSE_GRACE``).
+(``--close-grace``: ``adapter.grace.CloseGrace``).
 
 What it owns: the one delayed call a client has at a time, on the injected clock.
 What it must not do: decide what a deadline means (the frontend is called back).
@@ -10,16 +10,13 @@ What it must not do: decide what a deadline means (the frontend is called back).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.mqtt.connection import Keepalive
 
-__all__ = ["CLOSE_GRACE", "ClientTimer"]
-
-# Seconds a client the gateway closes has to read what was written before it; then
-# the socket is cut (a client that stopped reading would hold it, and its place
-# under --max-connections, for ever).
-CLOSE_GRACE = 5.0
+__all__ = ["ClientTimer"]
 
 
 class ClientTimer:
@@ -37,6 +34,20 @@ class ClientTimer:
     def _fired(self, fire: Callable[[], None]) -> None:
         self._call = None
         fire()
+
+    def lose(self, transport: Any, grace: CloseGrace, who: str,
+             at_once: bool = False) -> None:
+        """Close a client after what is written.  A registered producer is resumed,
+        not closed, once the buffer drains: it is unregistered first, and a client
+        that does not read what is left is cut after ``grace`` (``--close-grace``;
+        ``at_once``, or 0: now), replacing what was armed."""
+        self.cancel()
+        transport.unregisterProducer()
+        if at_once or grace.seconds <= 0:
+            transport.abortConnection()
+        else:
+            transport.loseConnection()
+            self._call = grace.arm(transport, who)
 
     def keepalive(self, rule: Keepalive, last_activity: Callable[[], float],
                   expired: Callable[[str], None], paused: Callable[[], bool]) -> None:

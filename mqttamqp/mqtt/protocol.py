@@ -47,6 +47,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.core.auth import Identity
@@ -100,9 +101,6 @@ _CLOSED = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
-# Seconds a connection the broker closes has to read what was written before it;
-# then the socket is cut (a client that stopped reading would hold it for ever).
-CLOSE_GRACE = 5.0
 # One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
 # row; encode it once.
 _qos0_cache: list[Any] = [None, False, b""]
@@ -418,7 +416,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds); a
-        client that does not read it within ``CLOSE_GRACE`` is cut."""
+        client that does not read it within ``--close-grace`` is cut."""
         self._flush_out()
         transport = self.transport
         # A registered producer is resumed, not closed, once the buffer drains.
@@ -426,7 +424,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport.loseConnection()
         # (in the turn timer's slot: no turn comes after the close, and
         # ``connectionLost`` cancels it)
-        self._turn_timer = self.clock.callLater(CLOSE_GRACE, transport.abortConnection)
+        self._turn_timer = self.factory.close_grace.arm(transport, self.client_id)
 
     # -- timers -------------------------------------------------------------------
 
@@ -549,6 +547,8 @@ class MQTTFactory(Factory):
         self.connect_soon = SoonDeadlines(clock, limits.connect_timeout, _awaits_connect,
                                           MQTTProtocol._arm_connect_deadline)
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections
+        self.close_grace = CloseGrace(clock, limits.close_grace, MQTTProtocol.log, "MQTT",
+                                      lambda: self.meter.limit_hit("close_grace"))
         self.noisy = False
         self.cert_as_user = False   # --tls-cert-as-user
         # MQTT 5 enhanced authentication methods (None: none offered, 0x8C).

@@ -7,7 +7,9 @@ What it owns:
   request problem / response information), built by ``negotiate``;
 * the topic alias tables, inbound (``InboundAliases``: ``resolve_topic`` reads it,
   ``InboundAliases.took`` records what a PUBLISH sets; a gateway keeps one of its
-  own) and outbound (``Negotiated.outbound_alias``);
+  own; made at the first PUBLISH that sets an alias, ``InboundAliases.of``: most
+  clients never do, and a 3.1.1 client cannot) and outbound
+  (``Negotiated.outbound_alias``);
 * the inbound receive-maximum quota (``Negotiated.quota_allows``, ``took``,
   ``quota_release``);
 * turning PUBLISH properties into the core's ``MessageProperties`` and back, with
@@ -56,12 +58,17 @@ class InboundAliases:
     def __init__(self) -> None:
         self._topics: dict[int, str] = {}
 
-    def took(self, packet: Publish) -> None:
-        """Record the alias ``packet`` sets (a topic and an alias together), once
-        ``resolve_topic`` let it in."""
+    @staticmethod
+    def of(aliases: InboundAliases | None, packet: Publish) -> InboundAliases | None:
+        """``aliases`` (None: none set yet) after ``packet``, once ``resolve_topic``
+        let it in: the alias it sets (a topic and an alias together) recorded, in a
+        table made now if it is the first."""
         props = packet.properties
         if props is not None and props.topic_alias is not None and packet.topic:
-            self._topics[props.topic_alias] = packet.topic
+            if aliases is None:
+                aliases = InboundAliases()
+            aliases._topics[props.topic_alias] = packet.topic
+        return aliases
 
 
 class Negotiated:
@@ -81,7 +88,7 @@ class Negotiated:
         self.response_info = props.request_response_information == 1
         self.keepalive = packet.keepalive
         self.auth_method = props.authentication_method   # MQTT 5 enhanced authentication
-        self.aliases_in = InboundAliases()
+        self.aliases_in: InboundAliases | None = None   # (made at the first alias set)
         self._aliases_out: dict[str, int] = {}
         self._quota: set[int] = set()
         self.too_large = 0     # PUBLISHes not sent: above the client's maximum
@@ -124,8 +131,7 @@ class Negotiated:
         place in the receive-maximum quota (given back by ``quota_release``)."""
         props = packet.properties
         if props is not None and props.topic_alias is not None and packet.topic:
-            # (InboundAliases.took inlined: this runs for every MQTT 5 QoS 1/2 PUBLISH)
-            self.aliases_in._topics[props.topic_alias] = packet.topic
+            self.aliases_in = InboundAliases.of(self.aliases_in, packet)
         pid = packet.packet_id
         if pid is not None:
             self._quota.add(pid)
@@ -171,12 +177,12 @@ def negotiate(packet: Connect, limits: Limits, client_id: str, assigned: bool
     return state, props
 
 
-def resolve_topic(aliases: InboundAliases, packet: Publish
+def resolve_topic(aliases: InboundAliases | None, packet: Publish
                   ) -> tuple[str | None, str, int]:
     """The topic of an inbound PUBLISH after its alias (section 3.3.2.3.4), or
     (None, why, reason code): Topic Alias invalid (0x94) or Protocol Error (0x82).
-    Read only: a topic and alias together set the alias once ``InboundAliases.took``
-    (``Negotiated.took`` on a broker)."""
+    Read only: a topic and alias together set the alias once ``InboundAliases.of``
+    (``Negotiated.took`` on a broker); ``aliases`` None: none set yet."""
     props = packet.properties
     alias = props.topic_alias if props is not None else None
     if alias is None:
@@ -189,7 +195,7 @@ def resolve_topic(aliases: InboundAliases, packet: Publish
             ReasonCode.TOPIC_ALIAS_INVALID
     if packet.topic:
         return packet.topic, "", 0
-    topic = aliases._topics.get(alias)
+    topic = aliases._topics.get(alias) if aliases is not None else None
     if topic is None:
         return None, f"topic alias {alias} was never set", ReasonCode.PROTOCOL_ERROR
     return topic, "", 0

@@ -49,6 +49,8 @@ _PLAIN = (
     ("mqttamqp_gateway_held_deliveries", False, "Deliveries written to a client after "
      "its acknowledgements that awaited the core (PUBREC before the copy of its own "
      "QoS 2 message).", "held_deliveries"),
+    ("mqttamqp_gateway_cut_after_grace", False, "Clients closed by the gateway that "
+     "did not close within --close-grace: cut.", "cut_after_grace"),
     ("mqttamqp_gateway_start_time_seconds", True, "When the gateway started, seconds "
      "since the epoch.", "started"),
 )

@@ -2,7 +2,8 @@
 loopback, through its AMQP listener: ``out`` to a topic address and ``in`` from a
 durable queue, at QoS 1, with the remote stopped mid-stream and started again on the
 same ports (nothing acknowledged lost, first copies in order); a ``both`` rule each
-way without echoes; a message the remote rejects dropped while the rest go on; TLS
+way without echoes; a message the remote rejects dropped while the rest go on; one
+it refuses for now (a full queue count there) kept and delivered once it has room; TLS
 verified by name with a ``mqttamqp-admin gen-cert`` certificate, a wrong name failing."""
 
 from __future__ import annotations
@@ -245,6 +246,42 @@ def test_a_message_the_remote_rejects_is_dropped_and_the_rest_go_on(tmp_path: Pa
         msg = sub.get(15)
         assert (msg.topic, msg.payload) == ("ok/after", b"taken")
         assert not any(": lost" in line for line in near.log), near.output()
+        for c in (pub, sub):
+            c.stop()
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_a_message_the_remote_refuses_for_now_is_kept_and_arrives_later(
+        tmp_path: Path) -> None:
+    """The remote rejects a message for now (amqp:resource-limit-exceeded: no room
+    for another queue there, --queue-max-queues 1): it is not dropped here but sent
+    again with the back-off, said in one line; once the remote has room (started
+    again with the default bound), it arrives in the queue ``q`` there."""
+    far = _far(tmp_path, None, None, "--queue-max-queues", "1")
+    near = _near(tmp_path, f"amqp://127.0.0.1:{far.ports['AMQP']}",
+                 'topics = ["q/# out 1 \\"\\" $queue/"]')
+    try:
+        near.wait_for_line(r"bridge hq to amqp://\S+: connected", timeout=15)
+        first = PahoClient(far.mqtt_port, "far-pub")
+        first.publish("$queue/a/x", b"takes the one queue", qos=1)
+        first.stop()
+        pub = PahoClient(near.mqtt_port, "near-pub")
+        pub.publish("q/b/1", b"kept", qos=1)
+        line = near.wait_for_line("bridge hq: the remote refused a message on q/b/1 for now",
+                                  timeout=15)
+        assert "amqp:resource-limit-exceeded" in line and "never dropped" in line, line
+        assert not any("the remote rejected a message" in x for x in near.log), near.output()
+        ports = dict(far.ports)
+        far.stop()
+        near.wait_for_line(r"bridge hq to amqp://\S+: lost", timeout=15)
+        far = _far(tmp_path, ports)
+        sub = PahoClient(far.mqtt_port, "far-sub")
+        sub.subscribe(("$queue/q/#", 1))
+        msg = sub.get(30)
+        assert (msg.topic, msg.payload) == ("$queue/q/b/1", b"kept")
+        assert not any("it is dropped" in x for x in near.log), near.output()
         for c in (pub, sub):
             c.stop()
     finally:

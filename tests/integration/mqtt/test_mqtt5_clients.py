@@ -256,6 +256,50 @@ def test_raw_retain_handling(sockets) -> None:
         assert (b"kept" in got) is retained, (topic_filter, handling, got)
 
 
+def _subscribe_sees_retained(c: RawClient, pid: int, topic_filter: str, handling: int,
+                             live: str) -> bool:
+    """SUBSCRIBE ``topic_filter`` with retain handling ``handling``; whether the
+    retained ``kept`` came before the client's own live marker on ``live``."""
+    c.send(Subscribe(pid, ((topic_filter, 1),), options=(1 | handling << 4,)))
+    assert isinstance(c.expect(Suback, pid), Suback)
+    marker = b"marker %d" % pid
+    c.send(Publish(live, marker, 0, False, False, None))
+    got: list[bytes] = []
+    while marker not in got:   # (bounded: expect times out)
+        packet = c.expect(Publish)
+        assert isinstance(packet, Publish)
+        got.append(packet.payload)
+        if packet.qos:
+            c.send(Puback(packet.packet_id))
+    return b"kept" in got
+
+
+def test_raw_retain_handling_1_in_a_resumed_persistent_session(sockets) -> None:
+    """Retain handling 1 ("only if the subscription did not exist") in a persistent
+    session resumed after a reconnect: the subscription the session kept exists, so
+    subscribing to it again sends no retained message; a filter new to the session
+    gets it."""
+    base = "rh1/" + uid()
+    cid = uid("r")
+    keep = Properties(session_expiry_interval=300)
+    c: RawClient = sockets(level=5)
+    c.send(Connect("MQTT", 5, cid, True, 60, properties=keep))
+    assert isinstance(c.recv(), Connack)
+    c.send(Publish(base + "/kept", b"kept", 1, True, False, 1))
+    c.expect(Puback, 1)
+    assert _subscribe_sees_retained(c, 2, base + "/+", 1, base + "/live")
+    c.send(Disconnect(0))
+    c.wait_closed()
+    again: RawClient = sockets(level=5)
+    again.send(Connect("MQTT", 5, cid, False, 60, properties=keep))
+    connack = again.recv()
+    assert isinstance(connack, Connack) and connack.session_present
+    assert not _subscribe_sees_retained(again, 3, base + "/+", 1, base + "/live")
+    assert _subscribe_sees_retained(again, 4, base + "/#", 1, base + "/live")
+    again.send(Disconnect(0, Properties(session_expiry_interval=0)))
+    again.wait_closed()
+
+
 def test_raw_takeover_then_disconnect_expires_on_the_new_interval(
         broker: BrokerProcess, sockets) -> None:
     """Issue #24 item 7 on the real broker: CONNECT (expiry 1), an immediate reconnect

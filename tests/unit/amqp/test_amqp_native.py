@@ -569,17 +569,18 @@ def test_a_burst_of_attaches_over_the_limit_is_refused_link_by_link() -> None:
 
 def test_refused_links_kept_attached_past_the_grace_close_the_connection() -> None:
     """A peer that keeps links refused for --amqp-max-links attached longer than
-    REFUSED_GRACE is closed at its next attach over the limit (it could hold links
-    without bound); other connections carry on."""
-    from mqttamqp.amqp.endpoints import REFUSED_GRACE
-
-    net = Net(amqp_max_links=2)
+    --amqp-refused-link-grace is closed at its next attach over the limit (it could
+    hold links without bound), not before; other connections carry on."""
+    net = Net(amqp_max_links=2, amqp_refused_link_grace=20.0)
     other = net.amqp()
     rcv = other.receiver("m/t")
     greedy = net.amqp()
     _burst(greedy, 5, "g")
     assert not greedy.lost
-    net.clock.advance(REFUSED_GRACE + 1)
+    net.clock.advance(19.0)   # (within the grace: another attach is refused alone)
+    greedy.receiver("m/early", credit=0)
+    assert not greedy.lost
+    net.clock.advance(2.0)
     greedy.receiver("m/last", credit=0)
     assert greedy.lost
     assert greedy.conn.remote_condition.name == "amqp:resource-limit-exceeded"

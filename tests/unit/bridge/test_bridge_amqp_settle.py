@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from core_broker import make_broker
+from loglines import LogLines
 from twisted.internet.defer import Deferred
-from twisted.logger import globalLogPublisher
 
 import mqttamqp.bridge.amqp as amqp
 from mqttamqp.amqp.codec.contract import Mqtt5Props
@@ -38,6 +38,7 @@ class FakeRemote:
         self.invalid: str | None = None
         self.condition = ""
         self.unsent = 0
+        self.held: set[Any] = set()
 
     def send(self, address: str, message: Message, qos: int, retain: bool, dup: bool,
              hops: int, packet_id: int | None, now: float) -> int:
@@ -62,10 +63,19 @@ class FakeRemote:
         return self.unsent
 
     def answer_later(self, dlv: Any, impl: Any) -> Any:
+        self.held.add(dlv)
         return lambda: self.answer(dlv, impl, ACCEPTED)
 
-    def reject_held(self, dlv: Any, impl: Any, refusal: Any) -> None:
-        self.answer(dlv, impl, REJECTED, refusal.reason)
+    # The real rule (which refusal is rejected, with which condition), on this fake's
+    # ``answer`` (``decref`` is made a no-op by ``_connected``).
+    reject_held = amqp.AmqpRemote.reject_held
+
+
+@pytest.fixture(autouse=True)
+def _no_proton_refcounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake remote's deliveries are plain values: no proton reference counts."""
+    monkeypatch.setattr(amqp, "decref", lambda dlv: None)
+    monkeypatch.setattr(amqp, "incref", lambda dlv: None)
 
 
 def _connected(limits: dict[str, Any] | None = None, **table: Any
@@ -100,26 +110,76 @@ def test_accepted_ends_the_entry_and_the_remote_address_is_mapped() -> None:
 
 
 def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
-    """Two messages rejected for one condition and one for another: all leave the
-    session, all are counted, one line is logged per condition."""
-    bridge, remote, broker, _ = _connected()
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if "the remote rejected a message" in str(event.get("log_format", "")):
-            lines.append(str(event["log_format"]))
-
-    globalLogPublisher.addObserver(observe)
-    try:
+    """Two messages rejected for good for one condition and one for another: all
+    leave the session for good (nothing is sent again over a long time), all are
+    counted, one line per condition says each is dropped."""
+    bridge, remote, broker, clock = _connected()
+    with LogLines("the remote rejected a message") as lines:
         _publish(broker, 3)
         reasons = ["amqp:unauthorized-access: no", "amqp:unauthorized-access: again",
-                   "amqp:resource-limit-exceeded: full"]
+                   "amqp:not-allowed: never"]
         for (_, _, packet_id, _), reason in zip(list(remote.sent), reasons, strict=True):
             bridge.outcome(remote, packet_id, REJECTED, reason)
-    finally:
-        globalLogPublisher.removeObserver(observe)
+        for _ in range(100):   # 100 × 10 s: well past reconnect-max (60 s) many times
+            clock.advance(10)
     assert bridge.session is not None and not bridge.session.inflight
+    assert len(remote.sent) == 3, remote.sent[3:]
     assert bridge.refused == 3 and len(lines) == 2
+    assert all("it is dropped" in line for line in lines), lines
+    assert "1 rejected so far" in lines[0] and "3 rejected so far" in lines[1]
+    assert "amqp:not-allowed" in lines[1]
+    assert isinstance(bridge.link, AmqpLink) and bridge.link.released == 0
+
+
+def test_rejected_for_now_is_sent_again_never_dropped() -> None:
+    """A remote's rejected with amqp:resource-limit-exceeded (a full queue there, as
+    the broker's own ingress and Artemis say it) is refused for now: the message is
+    sent again with the release back-off and never dropped; counted and logged once
+    a minute per condition."""
+    bridge, remote, broker, clock = _connected()
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    with LogLines("the remote refused a message") as lines:
+        for _ in range(5):   # (bounded: each resend comes within reconnect-max)
+            sent = len(remote.sent)
+            bridge.outcome(remote, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: "
+                           "queue 'jobs' is full")
+            for _ in range(200):
+                clock.advance(0.5)
+                if len(remote.sent) > sent:
+                    break
+    assert len(remote.sent) == 6 and remote.sent[-1] == ("out/0", b"0", packet_id, True)
+    assert bridge.session is not None and packet_id in bridge.session.inflight
+    assert bridge.refused == 0 and bridge.refused_for_now == 5
+    # (the five within 30 s: one line for the condition in the minute)
+    assert len(lines) == 1 and "never dropped" in lines[0] and "1 so far" in lines[0]
+
+
+@pytest.mark.parametrize(("condition", "expected"), [
+    ("amqp:resource-limit-exceeded", amqp.FULL),
+    ("amqp:internal-error", amqp.FAILED),
+    ("amqp:not-allowed", REJECTED),
+    ("amqp:invalid-field", REJECTED),
+    ("amqp:unauthorized-access", REJECTED),
+    ("", REJECTED),
+])
+def test_a_remote_rejection_is_read_by_its_condition(
+        condition: str, expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remote's rejected is read through the table the broker's own AMQP ingress
+    rejects with (``amqp.refusals``): for now, a failed attempt, or for good."""
+    from types import SimpleNamespace
+
+    import mqttamqp.bridge.amqpterms as terms
+
+    monkeypatch.setattr(terms, "delivery_remote_state", lambda dlv: REJECTED)
+    monkeypatch.setattr(terms, "delivery_remote", lambda dlv: dlv)
+    monkeypatch.setattr(terms, "lib", SimpleNamespace(pn_disposition_condition=lambda d: d))
+    both = (condition, "why") if condition else None
+    monkeypatch.setattr(terms, "condition", lambda cond: both)
+    monkeypatch.setattr(terms, "describe", lambda cond: f"{condition}: why" if both else None)
+    state, reason = terms.outcome_of("dlv")
+    assert state == expected
+    assert condition in reason
 
 
 def test_released_is_sent_again_after_reconnect_min() -> None:
@@ -221,18 +281,53 @@ def test_an_in_message_with_a_bad_topic_is_rejected_not_published(
     assert bridge.refused_here == 1 and bridge.received == 0
 
 
-@pytest.mark.parametrize("topic", ["$queue/jobs/$ack", "$dlq/jobs/x", "$mqtt.control"])
+@pytest.mark.parametrize(("topic", "condition"), [
+    ("$queue/jobs/$ack", "amqp:not-allowed"), ("$dlq/jobs/x", "amqp:invalid-field"),
+    ("$mqtt.control", "amqp:invalid-field")])
 def test_an_in_message_the_core_refuses_for_good_is_rejected_not_a_reconnect(
-        topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        topic: str, condition: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An in message to a queue acknowledgement, a $dlq/ publish or a control address
-    is rejected to the remote (as the core's AMQP ingress does), not answered by a
-    reconnect that would bring it back first each time."""
+    is rejected to the remote once, with the condition the core's AMQP ingress gives
+    it, and for good: over a long time no reconnect brings it back; counted, and the
+    line says so."""
     monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
-    bridge, remote, _, _ = _connected(topics=[f"{topic} in 1"])
-    bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+    bridge, remote, _, clock = _connected(topics=[f"{topic} in 1"])
+    attempts = bridge.attempts
+    with LogLines("rejected") as lines:
+        bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
+        for _ in range(100):   # 100 × 10 s: well past reconnect-max (60 s) many times
+            clock.advance(10)
     assert remote.dropped is None, remote.dropped
+    assert bridge.attempts == attempts and bridge.state == "connected"
     assert remote.answers == [("dlv", REJECTED)] and remote.invalid
+    assert remote.condition == condition and not remote.held
     assert bridge.refused_here == 1
+    assert len(lines) == 1 and "rejected" in lines[0] and topic.split("/")[0] in lines[0]
+
+
+def test_an_in_refusal_gets_the_core_ingress_condition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: the bridge had its own table (anything but an invalid topic
+    was amqp:not-allowed); a refusal the core's ingress rejects with
+    amqp:precondition-failed (code 0x80) gets that condition from the bridge too,
+    and the refusal is for good: no reconnect over a long time."""
+    from types import SimpleNamespace
+
+    from mqttamqp.amqp.refusals import condition_of
+    from mqttamqp.core.queues.addresses import UNSPECIFIED_ERROR, Refusal
+
+    monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
+    bridge, remote, broker, clock = _connected(topics=["$queue/# in 1"])
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=Refusal(UNSPECIFIED_ERROR, "not for this queue"), blocked=False,
+        congested=(), durable=None))
+    with LogLines("refused here for good") as lines:
+        bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl",
+                              _in_message("$queue/jobs/a"))
+        clock.advance(1000)
+    assert remote.answers == [("dlv", REJECTED)] and remote.dropped is None
+    assert remote.condition == condition_of(UNSPECIFIED_ERROR) == "amqp:precondition-failed"
+    assert bridge.refused_here == 1 and len(lines) == 1 and "not for this queue" in lines[0]
 
 
 def test_an_in_message_a_full_queue_refuses_drops_the_connection(
@@ -251,7 +346,7 @@ def test_an_in_message_a_full_queue_refuses_drops_the_connection(
     bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl",
                           _in_message("$queue/jobs/a"))
     assert remote.answers == [] and remote.dropped is not None
-    assert "full" in remote.dropped
+    assert "full" in remote.dropped and bridge.refused_here == 1
 
 
 def test_qos2_accepted_completes_the_entry() -> None:
@@ -303,21 +398,51 @@ def test_delivery_failed_is_sent_again_max_resends_times_then_dropped() -> None:
     assert bridge.refused == 1
 
 
+def _publish_to(broker: Any, topic: str, n: int) -> None:
+    for i in range(n):
+        broker.publish(Message(topic, str(i).encode(), 1, False, "p", 0.0))
+
+
 def test_an_accepted_outcome_starts_the_resend_delay_over() -> None:
-    """After releases have doubled the resend delay, an accepted message brings the
-    next resend back to reconnect-min."""
+    """After releases have doubled an address's resend delay, a message accepted on
+    that address brings its next resend back to reconnect-min."""
     bridge, remote, broker, clock = _connected()
-    _publish(broker, 2)
+    _publish_to(broker, "out/a", 2)
     first, second = remote.sent[0][2], remote.sent[1][2]
     bridge.outcome(remote, first, RELEASED, "")
     clock.advance(2.1)
     bridge.outcome(remote, first, RELEASED, "")
     clock.advance(4.1)
     link = bridge.link
-    assert isinstance(link, AmqpLink) and link.delay == 4.0
+    assert isinstance(link, AmqpLink) and link.delay("out/a") == 4.0
     bridge.outcome(remote, second, ACCEPTED, "")
     bridge.outcome(remote, first, RELEASED, "")
-    assert link.delay == 2.0
+    assert link.delay("out/a") == 2.0
+
+
+def test_an_accept_on_another_address_keeps_the_back_off() -> None:
+    """Review finding: the back-off was one per bridge, so the remote accepting
+    messages on one address made the address it keeps releasing resend at
+    reconnect-min each time; it is per address now."""
+    bridge, remote, broker, clock = _connected()
+    _publish_to(broker, "out/refused", 1)
+    refused = remote.sent[0][2]
+    resent: list[float] = []
+    for _ in range(5):   # (bounded: each resend comes within reconnect-max)
+        bridge.outcome(remote, refused, RELEASED, "")
+        _publish_to(broker, "out/taken", 1)   # accepted on its own address
+        bridge.outcome(remote, remote.sent[-1][2], ACCEPTED, "")
+        before, sent = clock.seconds(), len(remote.sent)
+        for _ in range(200):
+            clock.advance(0.5)
+            if len(remote.sent) > sent:
+                break
+        resent.append(clock.seconds() - before)
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    assert resent == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert link.delay("out/refused") == 32.0 and link.delay("out/taken") == 0.0
+    assert set(link.resends) == {"out/refused"}
 
 
 def test_a_resend_waits_for_credit() -> None:
@@ -339,17 +464,19 @@ def test_a_resend_waiting_for_credit_after_an_accept_does_not_spin() -> None:
     """Review finding: an accept between a release and its resend set the delay to 0,
     so with no credit the resend was scheduled again at once, every reactor turn."""
     bridge, remote, broker, clock = _connected()
-    _publish(broker, 2)
+    _publish_to(broker, "out/a", 2)
     (_, _, first, _), (_, _, second, _) = remote.sent[:2]
     bridge.outcome(remote, first, RELEASED, "")
     bridge.outcome(remote, second, ACCEPTED, "")
     remote.no_credit = True
     clock.advance(2.1)              # the resend's try: no credit
-    retry = bridge.link._retry_call
+    assert isinstance(bridge.link, AmqpLink)
+    retry = bridge.link.resends["out/a"].call
     assert retry is not None and retry.getTime() - clock.seconds() >= 1.0
     remote.no_credit = False
     clock.advance(retry.getTime() - clock.seconds())
     assert [p for _, p, _, _ in remote.sent[2:]] == [b"0"]
+    assert not bridge.link.resends   # (accepted since, nothing waiting: forgotten)
 
 
 def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -366,3 +493,21 @@ def test_an_in_message_is_accepted_only_once_durable(monkeypatch: pytest.MonkeyP
     assert acks == [] and remote.dropped is None
     stored.callback(None)
     assert acks == [1]
+
+
+def test_the_per_address_back_off_is_bounded() -> None:
+    """Addresses released once and then dropped (rejected for good) leave an idle
+    back-off behind; past max(16, --max-inflight) addresses the idle ones are
+    forgotten, so the table stays bounded however many addresses pass."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    for i in range(100):
+        _publish_to(broker, f"out/{i}", 1)
+        packet_id = remote.sent[-1][2]
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(2.1)   # (sent again once)
+        bridge.outcome(remote, packet_id, REJECTED, "amqp:not-allowed: no")
+        assert len(link.resends) <= 17
+    assert bridge.refused == 100 and bridge.session is not None
+    assert not bridge.session.inflight

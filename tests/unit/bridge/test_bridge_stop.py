@@ -9,11 +9,12 @@ from typing import Any
 
 from bridge_remote import TABLE, Remote, accept
 from core_broker import connect, make_broker, subscribe
+from loglines import LogLines
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.bridge.bridge import Bridge
-from mqttamqp.bridge.client import CLOSE_GRACE
 from mqttamqp.bridge.config import BridgeSettings
+from mqttamqp.core.limits import Limits
 from mqttamqp.mqtt.packets import Disconnect, Pingreq, Publish
 
 
@@ -46,8 +47,11 @@ class _Remote(Remote):
         return succeed(client)
 
 
-def _connected() -> tuple[Bridge, _Remote, Any, Any]:
-    broker, clock, _ = make_broker()
+CLOSE_GRACE = Limits().close_grace
+
+
+def _connected(**limits: Any) -> tuple[Bridge, _Remote, Any, Any]:
+    broker, clock, _ = make_broker(**limits)
     remote = _Remote()
     bridge = Bridge(broker, clock, BridgeSettings.from_table(dict(TABLE)), remote)
     bridge.start()
@@ -79,6 +83,23 @@ def test_stop_ends_the_keepalive_and_aborts_a_lingering_connection() -> None:
     clock.advance(60.0)
     assert not any(isinstance(p, Pingreq) for p in remote.packets())
     assert not clock.getDelayedCalls()
+
+
+def test_the_close_grace_is_the_option_counted_and_logged_once() -> None:
+    """--close-grace (here 2 s) is the time a stopped bridge's connection has to
+    close: still open just before, cut then; counted with the broker's limits
+    ($SYS/broker/limits/close_grace) and said in one line."""
+    bridge, remote, broker, clock = _connected(close_grace=2.0)
+    transport = remote.transport
+    assert isinstance(transport, _Transport)
+    with LogLines("--close-grace") as lines:
+        bridge.stop()
+        clock.advance(2.0 - 1e-6)
+        assert "abort" not in transport.calls
+        clock.advance(2e-6)
+    assert transport.calls[:3] == ["unregister", "lose", "abort"]
+    assert broker.stats.limits.get("close_grace") == 1 and bridge.close_grace.cut == 1
+    assert len(lines) == 1 and "bridge hq" in lines[0] and "2 s" in lines[0], lines
 
 
 def test_a_connection_that_closes_in_time_is_not_aborted() -> None:

@@ -348,3 +348,39 @@ def test_unsubscribe_with_an_invalid_filter_closes() -> None:
     assert transport.value() == b""
     assert transport.disconnecting or transport.disconnected
     assert channel.closed is not None and channel.closed[0] is True
+
+
+def test_a_closed_client_that_does_not_close_is_cut_after_the_close_grace() -> None:
+    """--close-grace (here 4 s) on a gateway: a client closed after DISCONNECT that
+    does not close is still there just before, cut then, and counted in the
+    gateway's figures (``cut_after_grace``)."""
+    from types import SimpleNamespace
+
+    from mqttamqp.gateway.figures import GatewayFigures
+
+    class Recording(StringTransport):
+        aborted = 0
+
+        def abortConnection(self) -> None:
+            self.aborted += 1
+            super().abortConnection()
+
+    clock = Clock()
+    FakePool.made = []
+    factory = GatewayFactory(FakePool(), clock, Limits(close_grace=4.0), 8)  # type: ignore[arg-type]
+    factory.make_channel = FakeChannel  # type: ignore[assignment]
+    proto = factory.buildProtocol(None)
+    transport = Recording()
+    proto.makeConnection(transport)
+    proto.dataReceived(encode(Connect("MQTT", 4, "c2", True, 0)))
+    (channel,) = FakePool.made
+    channel.opened.callback(False)
+    proto.dataReceived(encode(Disconnect()))
+    assert transport.disconnecting
+    clock.advance(4.0 - 1e-6)
+    assert transport.aborted == 0
+    clock.advance(2e-6)
+    assert transport.aborted == 1 and factory.close_grace.cut == 1
+    pool = SimpleNamespace(slots=[], connects=0, losses=0, full=0,
+                           upstream=SimpleNamespace(display="core"))
+    assert GatewayFigures(factory, pool, clock).counters()["cut_after_grace"] == 1  # type: ignore[arg-type]

@@ -128,3 +128,24 @@ def test_retained_for_reads_retain_handling_from_the_options_annotation() -> Non
                                                        "d": 0x20}}
     assert retained_for(annotations, requests, {"c"}) == [True, True, False, False, True]
     assert retained_for({}, requests, {"c"}) == [True] * 5
+
+
+def test_the_alias_table_is_made_at_the_first_alias_and_never_for_3_1_1() -> None:
+    """Review finding: every gateway client (3.1.1 ones too, which cannot send an
+    alias) had an inbound alias table; it is made at the first PUBLISH that sets an
+    alias, and an MQTT 5 client that sets none has none either."""
+    net = Net()
+    gw = Gateway(net, connections=1, credit=8)
+    old = gw.client("v311")
+    old.send(Publish("a/1", b"1", 1, False, False, 10))
+    net.pump()
+    assert old.proto.aliases is None
+    send, take = mqtt5_client(net, gw, "v5plain")
+    send(Publish("a/2", b"2", 1, False, False, 11, Properties(user_properties=(("k", "v"),))))
+    assert [p.packet_id for p in take() if isinstance(p, Puback)] == [11]
+    proto = gw.factory.clients["v5plain"]
+    assert proto.aliases is None
+    send(Publish("a/3", b"3", 0, False, False, None, Properties(topic_alias=2)),
+         Publish("", b"4", 1, False, False, 12, Properties(topic_alias=2)))
+    assert [p.packet_id for p in take() if isinstance(p, Puback)] == [12]
+    assert proto.aliases is not None and proto.aliases._topics == {2: "a/3"}

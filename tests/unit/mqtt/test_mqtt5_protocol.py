@@ -268,6 +268,22 @@ def test_inbound_topic_alias() -> None:
     closed_with(c2, 0x94)
 
 
+def test_the_inbound_alias_table_is_made_at_the_first_alias_set() -> None:
+    """An MQTT 5 connection has no inbound alias table until a PUBLISH sets an alias
+    (most clients never do); then the alias works, QoS 0 and 1 alike."""
+    h = Harness()
+    watcher = h.watcher("#")
+    c = connected(h)
+    c.send(Publish("plain", b"0"), Publish("plain", b"1", qos=1, packet_id=1))
+    v5 = c.proto._v5
+    assert v5 is not None and v5.aliases_in is None
+    c.send(Publish("t/a", b"2", qos=1, packet_id=2, properties=Properties(topic_alias=1)),
+           Publish("", b"3", properties=Properties(topic_alias=1)))
+    assert v5.aliases_in is not None and v5.aliases_in._topics == {1: "t/a"}
+    assert [p for _, p, _, _ in watcher.sent] == [b"0", b"1", b"2", b"3"]
+    assert [t for t, _, _, _ in watcher.sent][2:] == ["t/a", "t/a"]
+
+
 def test_outbound_topic_alias_up_to_the_client_maximum() -> None:
     """The broker sends a topic once with an alias, then the alias alone; beyond the
     client's maximum, topics go in full."""

@@ -1076,3 +1076,32 @@ def test_mqtt311_publish_acknowledgements_are_plain_whatever_the_verdict() -> No
     assert pub.transport.value() == b"\x50\x02\x00\x06"
     assert [(p.payload, p.qos) for p in sub.received() if isinstance(p, Publish)] == [
         (b"y", 2)]
+
+
+def test_a_closed_connection_that_does_not_close_is_cut_after_the_close_grace() -> None:
+    """--close-grace (here 3 s): a connection the broker closed whose client reads
+    nothing is still there just before, cut then; counted
+    ($SYS/broker/limits/close_grace) and said in one line."""
+    from loglines import LogLines
+
+    class Recording(StringTransport):
+        aborted = 0
+
+        def abortConnection(self) -> None:
+            self.aborted += 1
+            super().abortConnection()
+
+    h = Harness(close_grace=3.0)
+    c = h.client()
+    c.transport = Recording()
+    c.proto.makeConnection(c.transport)  # type: ignore[no-untyped-call]
+    c.connect("c")
+    with LogLines("--close-grace") as lines:
+        c.send(Connect("MQTT", 4, "c", True, 0))   # (a protocol violation: closed)
+        assert not c.open
+        h.clock.advance(3.0 - 1e-6)
+        assert c.transport.aborted == 0
+        h.clock.advance(2e-6)
+    assert c.transport.aborted == 1
+    assert h.broker.stats.limits.get("close_grace") == 1
+    assert len(lines) == 1 and "MQTT connection of c" in lines[0] and "3 s" in lines[0]
