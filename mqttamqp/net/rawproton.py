@@ -49,7 +49,7 @@ __all__ = [
     "delivery_partial", "delivery_pending", "delivery_readable", "delivery_remote",
     "delivery_remote_state", "delivery_settle", "delivery_settled", "delivery_update",
     "disposition_is_failed", "link_advance", "link_send", "link_credit", "link_flow",
-    "link_queued", "packet_id_tag", "tag_blocks", "make_packet_id_tags",
+    "link_queued", "packet_id_tag", "tag_blocks",
 ]
 
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
@@ -100,9 +100,11 @@ _buf = ffi.new("char[]", _BUF_SIZE)
 
 # The delivery tags of packet ids (b"1" ... b"65535", the tag of a QoS 1/2 delivery),
 # as ready ``pn_bytes_t`` values: a tag made per message (its bytes, a buffer view and a
-# tuple cffi converts) cost ~2,650 instructions more per transfer.  Made once per
-# process, when the AMQP listener starts (``make_packet_id_tags``; else a block of
-# 1,024 ids at a time as ids are first used): 64 blocks of ~21 KB.
+# tuple cffi converts) cost ~2,650 instructions more per transfer.  A block of 1,024
+# ids is made when an id in it is first used (``packet_id_tag``): ~21 KB of C memory
+# (16 KB of structs, then the digits).  64 blocks at most (~1.37 MB; ~1.6 MB of RSS
+# measured), reached once a session's packet ids have wrapped through 1..65535; a
+# broker with no AMQP QoS 1/2 receiver makes none.
 _TAG_BLOCK_BITS = 10
 _TAG_BLOCK = 1 << _TAG_BLOCK_BITS
 _pack_tags = struct.Struct("@" + "NP" * _TAG_BLOCK).pack   # (pn_bytes_t's layout)
@@ -110,14 +112,6 @@ _TAG_SIZE: int = ffi.sizeof("pn_bytes_t")
 # (``OutgoingLink.transfer`` reads a made block here itself: a call less per message)
 tag_blocks: list[Any] = [None] * (65536 >> _TAG_BLOCK_BITS)
 _tag_chars: list[Any] = [None] * len(tag_blocks)   # (what each block points into)
-
-
-def make_packet_id_tags() -> None:
-    """Make the tags of every packet id now (~25 ms, ~1.4 MB, once per process: a
-    listener's start), rather than a block at a time on the per-message path."""
-    for index, block in enumerate(tag_blocks):
-        if block is None:
-            _tag_block(index)
 
 
 def packet_id_tag(packet_id: int) -> Any:
