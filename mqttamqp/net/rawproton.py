@@ -107,11 +107,29 @@ _buf = ffi.new("char[]", _BUF_SIZE)
 # broker with no AMQP QoS 1/2 receiver makes none.
 _TAG_BLOCK_BITS = 10
 _TAG_BLOCK = 1 << _TAG_BLOCK_BITS
-_pack_tags = struct.Struct("@" + "NP" * _TAG_BLOCK).pack   # (pn_bytes_t's layout)
-_TAG_SIZE: int = ffi.sizeof("pn_bytes_t")
 # (``OutgoingLink.transfer`` reads a made block here itself: a call less per message)
 tag_blocks: list[Any] = [None] * (65536 >> _TAG_BLOCK_BITS)
 _tag_chars: list[Any] = [None] * len(tag_blocks)   # (what each block points into)
+
+# A block's structs are packed at C speed by ``struct`` (native ``size_t`` then a
+# pointer; a cdata attribute set per field costs ten times as much), but only where
+# ``pn_bytes_t`` has that layout: checked here, once, against what cffi says of the
+# installed ``cproton``.  Elsewhere each field is set one by one.
+_C_LAYOUT: tuple[int, int, int] = (
+    ffi.sizeof("pn_bytes_t"), ffi.offsetof("pn_bytes_t", "size"),
+    ffi.offsetof("pn_bytes_t", "start"))
+_PACKED_LAYOUT: tuple[int, int, int] = (struct.calcsize("@NP"), 0, struct.calcsize("@N"))
+
+
+def _tag_packer() -> Callable[..., bytes] | None:
+    """``struct``'s packer of a block's structs, or None if ``pn_bytes_t`` is not laid
+    out as it packs (then the fields are set one by one)."""
+    if _C_LAYOUT != _PACKED_LAYOUT:
+        return None
+    return struct.Struct("@" + "NP" * _TAG_BLOCK).pack
+
+
+_pack_tags = _tag_packer()
 
 
 def packet_id_tag(packet_id: int) -> Any:
@@ -124,22 +142,41 @@ def packet_id_tag(packet_id: int) -> Any:
 
 
 def _tag_block(index: int) -> Any:
+    chars, block = _make_tag_block(index)
+    _tag_chars[index] = chars
+    tag_blocks[index] = block
+    return block
+
+
+def _make_tag_block(index: int) -> tuple[Any, Any]:
+    """The digits of block ``index``'s packet ids, and its ``pn_bytes_t`` array
+    pointing into them (the digits must live as long as the array)."""
     first = index << _TAG_BLOCK_BITS
     tags = [b"%d" % pid for pid in range(first, first + _TAG_BLOCK)]
     chars = ffi.new("char[]", b"".join(tags))
-    # (the structs packed at C speed, in their C layout: size_t size, then the
-    # pointer; a cdata attribute set per field cost ten times as much)
+    block = ffi.new("pn_bytes_t[]", _TAG_BLOCK)
+    pack = _pack_tags
+    if pack is None:
+        at = ffi.cast("char *", chars)
+        for i, tag in enumerate(tags):
+            entry = block[i]
+            entry.size = len(tag)
+            entry.start = at
+            at += len(tag)
+        return chars, block
     base = int(ffi.cast("uintptr_t", chars))
     fields: list[int] = []
     for tag in tags:
         fields.append(len(tag))
         fields.append(base)
         base += len(tag)
-    block = ffi.new("pn_bytes_t[]", _TAG_BLOCK)
-    ffi.memmove(block, _pack_tags(*fields), _TAG_BLOCK * _TAG_SIZE)
-    _tag_chars[index] = chars
-    tag_blocks[index] = block
-    return block
+    packed = pack(*fields)
+    if len(packed) != ffi.sizeof(block):
+        # (never reached while the layout check holds; never copy a wrong size)
+        raise RuntimeError(f"packed delivery tags: {len(packed)} bytes for a block of "
+                           f"{ffi.sizeof(block)}")
+    ffi.memmove(block, packed, len(packed))
+    return chars, block
 
 
 def recv(link: Any, dlv: Any) -> bytes | None:
