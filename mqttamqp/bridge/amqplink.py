@@ -53,7 +53,8 @@ class AmqpLink(BridgeLink):
         # Remote address -> its resends; an address leaves once it accepts one with
         # nothing waiting, and at most the session's window of them hold a
         # message (the window bounds what is in flight); those that hold none
-        # are forgotten past that many (``_resends_of``).
+        # are forgotten past that many, one at a time, those at reconnect-min first
+        # (``_forget_one``).
         self.resends: dict[str, Resends] = {}
 
     def attach(self, client: Any, limits: RemoteLimits) -> None:
@@ -124,15 +125,33 @@ class AmqpLink(BridgeLink):
                 del self.resends[address]
 
     def _resends_of(self, address: str) -> Resends:
+        """The resends of ``address``, moved to the end of the table (the order is
+        that of the last release: the first are those released longest ago)."""
         resends = self.resends
-        r = resends.get(address)
+        r = resends.pop(address, None)
         if r is None:
+            r = Resends()
             if len(resends) >= max(16, self.bridge.broker.limits.max_inflight):
-                # (addresses with nothing waiting: their delay starts over)
-                for idle in [a for a, x in resends.items() if x.call is None]:
-                    del resends[idle]
-            r = resends[address] = Resends()
+                self._forget_one()
+        resends[address] = r
         return r
+
+    def _forget_one(self) -> None:
+        """Make room for one address: forget one with nothing waiting (its delay
+        starts over if it is released again), the first one still at
+        ``reconnect-min`` (nothing is lost with it), else the one released longest
+        ago: a grown back-off is never forgotten while one at the start can be."""
+        least = self.bridge.settings.reconnect_min
+        oldest = None
+        for address, r in self.resends.items():
+            if r.call is None:
+                if r.delay <= least:
+                    del self.resends[address]
+                    return
+                if oldest is None:
+                    oldest = address
+        if oldest is not None:
+            del self.resends[oldest]
 
     def _resend(self, address: str) -> None:
         r = self.resends.get(address)

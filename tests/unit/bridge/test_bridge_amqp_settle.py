@@ -511,3 +511,54 @@ def test_the_per_address_back_off_is_bounded() -> None:
         assert len(link.resends) <= 17
     assert bridge.refused == 100 and bridge.session is not None
     assert not bridge.session.inflight
+
+
+def _grow(bridge: Any, remote: FakeRemote, clock: Any, packet_id: int | None,
+          waits: tuple[float, ...]) -> None:
+    """Release ``packet_id`` and let each resend go (after each of ``waits``): its
+    address's delay doubles, and it is left awaiting the remote's outcome."""
+    for wait in waits:
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(wait)
+
+
+def test_pruning_keeps_a_grown_back_off() -> None:
+    """Review finding: making room in the bounded table forgot every address with
+    nothing waiting, so one whose delay had grown to 8 s resent at reconnect-min
+    again after 17 other addresses passed; those at reconnect-min go first now."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    _publish_to(broker, "out/x", 1)
+    x = remote.sent[-1][2]
+    _grow(bridge, remote, clock, x, (2.1, 4.1, 8.1))   # resent; awaits an outcome
+    assert link.delay("out/x") == 8.0 and link.resends["out/x"].call is None
+    for i in range(17):   # other addresses: released once, then rejected for good
+        _publish_to(broker, f"out/{i}", 1)
+        pid = remote.sent[-1][2]
+        _grow(bridge, remote, clock, pid, (2.1,))
+        bridge.outcome(remote, pid, REJECTED, "amqp:not-allowed: no")
+        assert len(link.resends) <= 16
+    bridge.outcome(remote, x, RELEASED, "")   # still never accepted on out/x
+    assert link.delay("out/x") == 16.0
+
+
+def test_pruning_forgets_the_longest_released_one_at_a_time() -> None:
+    """With every address's delay grown, room for a new one is made by forgetting
+    one only, the one released longest ago; the others keep their back-off."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    for i in range(16):
+        _publish_to(broker, f"out/{i}", 1)
+        pid = remote.sent[-1][2]
+        _grow(bridge, remote, clock, pid, (2.1, 4.1))
+        bridge.outcome(remote, pid, REJECTED, "amqp:not-allowed: no")
+    _publish_to(broker, "out/0", 1)   # released again last: out/1 is the oldest now
+    _grow(bridge, remote, clock, remote.sent[-1][2], (8.1,))
+    assert link.delay("out/0") == 8.0 and link.resends["out/0"].call is None
+    _publish_to(broker, "out/new", 1)
+    bridge.outcome(remote, remote.sent[-1][2], RELEASED, "")
+    assert len(link.resends) == 16 and "out/1" not in link.resends
+    assert link.delay("out/0") == 8.0 and link.delay("out/new") == 2.0
+    assert all(link.delay(f"out/{i}") == 4.0 for i in range(2, 16))
