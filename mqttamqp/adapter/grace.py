@@ -46,6 +46,8 @@ class CloseGrace:
         return self.clock.callLater(self.seconds, self._cut, transport, who)
 
     def _cut(self, transport: Any, who: str | None) -> None:
+        if _gone(transport):   # (closed in time, its call not cancelled: nothing to cut)
+            return
         self.cut += 1
         if self.counted is not None:
             self.counted()
@@ -56,3 +58,16 @@ class CloseGrace:
                           "far{h}", w=self.what, c=who or "?", g=self.seconds, n=self.cut,
                           h=f" ({held} not logged)" if held else "")
         transport.abortConnection()
+
+
+def _gone(transport: Any) -> bool:
+    """Whether ``transport`` is disconnected already: its own flag (TCP's, a
+    WebSocket stream's) or, for a wrapper without one (TLS), the one below it."""
+    for _ in range(3):   # (TLS over TCP: two levels)
+        gone = getattr(transport, "disconnected", None)
+        if gone is not None:
+            return bool(gone)
+        transport = getattr(transport, "transport", None)
+        if transport is None:
+            return False
+    return False
