@@ -424,6 +424,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport.loseConnection()
         # (in the turn timer's slot: no turn comes after the close, and
         # ``connectionLost`` cancels it)
+        if self._turn_timer is not None and self._turn_timer.active():
+            self._turn_timer.cancel()
         self._turn_timer = self.factory.close_grace.arm(transport, self.client_id)
 
     # -- timers -------------------------------------------------------------------
