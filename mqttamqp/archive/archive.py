@@ -264,12 +264,9 @@ class Archive:
         if len(buffer) >= self._limit:
             self.dropped += 1
             return
-        # The names as one tuple shared by every event that has them, the values in
-        # the record itself: one tuple an event (~130 bytes for a CONNECT, 80 for a
-        # SESSION_CREATED) where the keyword dict kept ~330 and a tuple of values
-        # beside the record ~160 and ~130.  A connect storm buffers two events a
-        # client for up to ``_IDLE_WAIT``; pymalloc keeps the pools they filled, among
-        # the connections' own blocks, once they are written (issue 31 §2).
+        # One tuple an event, the names shared (~130 B for a CONNECT, where a dict
+        # kept ~330): a connect storm buffers two a client until the thread's step,
+        # and pymalloc keeps the pools they filled (issue 31 §2, bench/README.md).
         buffer.append((timestamp, kind, client_id, known, *fields.values()))
         if self._dozing and len(buffer) >= self._event_wake:
             self._rouse()

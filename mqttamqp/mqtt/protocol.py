@@ -419,11 +419,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         client that does not read it within ``--close-grace`` is cut."""
         self._flush_out()
         transport = self.transport
-        # A registered producer is resumed, not closed, once the buffer drains.
-        transport.unregisterProducer()
+        transport.unregisterProducer()   # (a producer is resumed once drained, not closed)
         transport.loseConnection()
-        # (in the turn timer's slot: no turn comes after the close, and
-        # ``connectionLost`` cancels it)
+        # (in the turn timer's slot, no turn after the close; connectionLost cancels it)
+        if self._turn_timer is not None and self._turn_timer.active():
+            self._turn_timer.cancel()
         self._turn_timer = self.factory.close_grace.arm(transport, self.client_id)
 
     # -- timers -------------------------------------------------------------------
