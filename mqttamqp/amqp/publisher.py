@@ -302,7 +302,7 @@ class TopicPublisher(IncomingLink):
             delivery_settle(dlv)
             self.top_up()
             return
-        self.answer(dlv, REJECTED, (condition_of(refusal.code), refusal.reason))
+        self.answer(dlv, REJECTED, (condition_of(refusal), refusal.reason))
 
     def _rate_paused(self, wait: float) -> None:
         # No more credit until the budget is back: what the peer still holds

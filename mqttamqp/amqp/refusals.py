@@ -2,17 +2,20 @@
 the broker's own AMQP ingress and for the AMQP 1.0 bridges, both ways.
 
 What it owns: ``CONDITIONS``, a durable queue's refusal (the MQTT 5 reason code a
-``core.queues.addresses.Refusal`` carries) as the error condition a publisher's
+``core.queues.addresses.Refusal`` carries; one it flags ``lasting``, whatever its
+code, is ``amqp:precondition-failed``) as the error condition a publisher's
 message is rejected with (``condition_of``); ``FOR_NOW``, the conditions that say
 the message may pass later (a full queue: sending it again is the way), where
 every other condition says it is refused for good (sent again, it is refused
 again); ``FAILED``, those that say the attempt failed without saying why (the
 remote's internal error: sent again a bounded number of times).  Who reads it:
 
-* ``amqp.publisher`` rejects with ``condition_of(code)``;
-* a bridge's ``in`` direction (``bridge.amqp``) rejects to its remote only what is
-  refused for good (``for_good(code)``); one refused for now is not answered, the
-  connection is dropped, and the remote sends it again after the reconnect;
+* ``amqp.publisher`` rejects with ``condition_of(refusal)``;
+* a bridge's ``in`` direction rejects (``bridge.amqp``) or acknowledges
+  (``bridge.bridge``: MQTT) to its remote only what is refused for good
+  (``for_good(refusal)``), counted as dropped; one refused for now is not
+  answered, the connection is dropped, and the remote sends it again after the
+  reconnect;
 * a bridge's ``out`` direction (``bridge.amqpterms``) reads a remote's ``rejected``
   by its condition (``verdict``): for good, the message is dropped (counted, logged
   once a minute per condition); for now, it is sent again with the back-off of a
@@ -26,7 +29,7 @@ What it must not do: hold state or touch proton; pure values and lookups.
 from __future__ import annotations
 
 from mqttamqp.amqp.links import INVALID_FIELD, PRECONDITION_FAILED
-from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, TOPIC_NAME_INVALID
+from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, TOPIC_NAME_INVALID, Refusal
 
 __all__ = ["CONDITIONS", "DROP", "FAILED", "FOR_NOW", "INTERNAL_ERROR", "RESEND",
            "RESEND_COUNTED", "RESOURCE_LIMIT_EXCEEDED", "condition_of", "for_good",
@@ -49,14 +52,18 @@ FAILED: frozenset[str] = frozenset({INTERNAL_ERROR})
 DROP, RESEND, RESEND_COUNTED = 0, 1, 2
 
 
-def condition_of(code: int) -> str:
-    """The Rejected error condition of a durable queue's refusal ``code``."""
-    return CONDITIONS.get(code, PRECONDITION_FAILED)
+def condition_of(refusal: Refusal) -> str:
+    """The Rejected error condition of a durable queue's ``refusal``: by its code,
+    but ``amqp:precondition-failed`` for one that is ``lasting`` (QUOTA_EXCEEDED
+    for a message a queue can never take: refused again if sent again)."""
+    if refusal.lasting:
+        return PRECONDITION_FAILED
+    return CONDITIONS.get(refusal.code, PRECONDITION_FAILED)
 
 
-def for_good(code: int) -> bool:
-    """Whether a refusal with ``code`` would refuse the same message again."""
-    return condition_of(code) not in FOR_NOW
+def for_good(refusal: Refusal) -> bool:
+    """Whether ``refusal`` would refuse the same message again."""
+    return condition_of(refusal) not in FOR_NOW
 
 
 def verdict(condition: str) -> int:

@@ -364,12 +364,12 @@ class AmqpRemote:
         the condition the broker's own AMQP ingress gives it (``amqp.refusals``); not
         one refused for now (False: the caller drops the connection, the remote
         keeps it)."""
-        if not for_good(refusal.code):
+        if not for_good(refusal):
             return False
         if dlv in self.held:
             self.held.discard(dlv)
             try:
-                self.answer(dlv, impl, REJECTED, refusal.reason, condition_of(refusal.code))
+                self.answer(dlv, impl, REJECTED, refusal.reason, condition_of(refusal))
             finally:
                 decref(dlv)
         return True

@@ -82,10 +82,14 @@ class QueueAddress:
 @record
 class Refusal:
     """Why a queue publish or acknowledgement was refused (MQTT 5 reason code and
-    string; AMQP Rejected's description)."""
+    string; AMQP Rejected's description).  ``lasting``: refused for good whatever
+    ``code`` says, the same message is refused again (a message a reject-publish
+    queue could never take gets QUOTA_EXCEEDED, MQTT 5's code for it, as RabbitMQ
+    gives it; ``amqp.refusals`` reads the flag, not the code)."""
 
     code: int
     reason: str
+    lasting: bool = False
 
 
 def _split(topic: str) -> tuple[str, str, str] | str:

@@ -189,13 +189,13 @@ class QueueLogs(AppendAccounting):
         return [op for op in ops if _queue_of(op) not in transient]
 
     def _refuse(self, cause: str, who: str, topic: str, reason: str,
-                code: int = UNSPECIFIED_ERROR) -> Refusal:
+                code: int = UNSPECIFIED_ERROR, lasting: bool = False) -> Refusal:
         self.stats.refused += 1
         suppressed = self._log_limit.allow("queue:" + cause)
         if suppressed is not None:
             self.log.warn("{c}: {t!r} refused: {r} ({h} more refusals like it since the "
                           "last line)", c=who, t=topic, r=reason, h=suppressed)
-        return Refusal(code, reason)
+        return Refusal(code, reason, lasting)
 
     def _commit(self, ops: Sequence[Op], background: str | None = None
                 ) -> Deferred[None] | None:

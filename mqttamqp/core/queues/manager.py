@@ -64,7 +64,6 @@ from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     STREAM,
     TOPIC_NAME_INVALID,
-    UNSPECIFIED_ERROR,
     QueueAddress,
     Refusal,
     is_command,
@@ -203,11 +202,12 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         return d, None
 
     def _overflow(self, queue: QueueLog, message: Message, publisher: str) -> Refusal:
-        """The refusal of an x-overflow reject-publish queue: full for now
-        (QUOTA_EXCEEDED: AMQP 1.0 amqp:resource-limit-exceeded, sent again later),
-        or for good when even an empty queue would refuse ``message``
-        (UNSPECIFIED_ERROR: amqp:precondition-failed; sent again, it is refused
-        again).  A 0.9.1 publisher gets a basic.nack for either, as RabbitMQ's."""
+        """The refusal of an x-overflow reject-publish queue, QUOTA_EXCEEDED (MQTT 5
+        PUBACK 0x97, as RabbitMQ answers both) either way: full for now (AMQP 1.0
+        amqp:resource-limit-exceeded, sent again later), or for good when even an
+        empty queue would refuse ``message`` (``Refusal.lasting``: AMQP 1.0
+        amqp:precondition-failed; sent again, it is refused again).  A 0.9.1
+        publisher gets a basic.nack for either, as RabbitMQ's."""
         if not queue.never_fits(message):
             return self._refuse("overflow", publisher, message.topic,
                                 f"queue {queue.name!r} is full (x-overflow reject-publish)",
@@ -217,7 +217,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         return self._refuse("never-fits", publisher, message.topic,
                             f"queue {queue.name!r} can never take a message of "
                             f"{len(message.payload)} bytes ({bound}, x-overflow "
-                            "reject-publish)", UNSPECIFIED_ERROR)
+                            "reject-publish)", QUOTA_EXCEEDED, lasting=True)
 
     def publish_copies(self, copies: Sequence[tuple[str, Message]], publisher: str
                        ) -> tuple[Deferred[None] | None, list[tuple[str, Refusal]]]:

@@ -327,7 +327,8 @@ def test_an_in_refusal_gets_the_core_ingress_condition(
                               _in_message("$queue/jobs/a"))
         clock.advance(1000)
     assert remote.answers == [("dlv", REJECTED)] and remote.dropped is None
-    assert remote.condition == condition_of(UNSPECIFIED_ERROR) == "amqp:precondition-failed"
+    assert remote.condition == condition_of(Refusal(UNSPECIFIED_ERROR, "")) == (
+        "amqp:precondition-failed")
     assert bridge.refused_here == 1 and len(lines) == 1 and "not for this queue" in lines[0]
 
 
