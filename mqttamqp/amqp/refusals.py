@@ -23,12 +23,12 @@ remote's internal error: sent again a bounded number of times).  Who reads it:
   ``modified`` with delivery-failed
   (``max-resends``).
 
-What it must not do: hold state or touch proton; pure values and lookups.
+What it must not do: hold state or touch proton (nor import it: the MQTT bridge
+reads ``for_good``); pure values and lookups.
 """
 
 from __future__ import annotations
 
-from mqttamqp.amqp.links import INVALID_FIELD, PRECONDITION_FAILED
 from mqttamqp.core.queues.addresses import QUOTA_EXCEEDED, TOPIC_NAME_INVALID, Refusal
 
 __all__ = ["CONDITIONS", "DROP", "FAILED", "FOR_NOW", "INTERNAL_ERROR", "RESEND",
@@ -37,6 +37,10 @@ __all__ = ["CONDITIONS", "DROP", "FAILED", "FOR_NOW", "INTERNAL_ERROR", "RESEND"
 
 RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
 INTERNAL_ERROR = "amqp:internal-error"
+# (amqp.links's names, not imported from there: that imports proton, which the MQTT
+# bridge, a reader of this table, does not load)
+INVALID_FIELD = "amqp:invalid-field"
+PRECONDITION_FAILED = "amqp:precondition-failed"
 
 # A durable queue's refusal code -> the Rejected error condition (others:
 # amqp:precondition-failed).

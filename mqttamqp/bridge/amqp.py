@@ -382,6 +382,7 @@ class AmqpBridge(BridgeBase):
 
     holding = "giving the remote no more credit (its socket still read)"
     resuming = "crediting the remote again"
+    told = "rejected to the remote"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
     refused_for_now = 0   # out messages the remote rejected for now: sent again
     full_dropped = 0   # ... and dropped, refused for now past max-full-wait

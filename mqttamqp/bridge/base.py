@@ -79,6 +79,8 @@ class BridgeBase:
     # How the remote is held, and let go, for the log (``_hold_remote``).
     holding: ClassVar[str] = "not reading the remote"
     resuming: ClassVar[str] = "reading the remote again"
+    # How the remote is told of an in message refused here for good (``take_in``).
+    told: ClassVar[str] = "acknowledged to the remote"
 
     def __init__(self, broker: Broker, clock: Clock, settings: BridgeSettings,
                  connector: Connector) -> None:
@@ -109,6 +111,7 @@ class BridgeBase:
         self._counted = (0, 0)                # (sent, received) at the last sample
         self.refused = 0                      # out messages the remote refused
         self.refused_here = 0                 # in messages a durable queue refused here
+        self.dropped_in = 0                   # ... of them for good: the remote told, dropped
         self.held = 0                         # times the remote was held (storage alarm)
         self._said_held = False               # ``holding`` logged, not undone
         self.too_large_in = 0                 # from a 3.1.1 remote: above ours, dropped
@@ -315,15 +318,17 @@ class BridgeBase:
 
     # -- the in direction ----------------------------------------------------
 
-    def take_in(self, client: Remote, message: Message, ack: Callable[[], None] | None,
+    def take_in(self, client: Remote, message: Message, ack: Callable[[], object] | None,
                 reject: Callable[[Refusal], bool] | None = None) -> None:
         """A message of an ``in`` rule: published here; ``ack`` (None: QoS 0, nothing
         to acknowledge) once it is durable here.  One a durable queue here refuses is
-        not acknowledged: ``reject`` (a remote that can be told) rejects a refusal
-        for good (a topic no queue takes) to it and says True, as sending it again
-        would be refused again; else (no ``reject``, or it says False: a full
-        queue, too many queues, it may pass later) the connection is dropped, so
-        that the remote keeps it."""
+        not acknowledged as taken: ``reject`` tells the remote of a refusal for good
+        (``amqp.refusals.for_good``: a topic no queue takes, a message a queue can
+        never take; AMQP: rejected, MQTT: acknowledged with the refusal's reason
+        code) and says True, as sending it again would be refused again: dropped,
+        counted (``dropped_in``), logged once a minute per reason code; else (no
+        ``reject``, or it says False: a full queue, too many queues, it may pass
+        later) the connection is dropped, so that the remote keeps it."""
         self.received += 1
         result = self.broker.publish(message, self.identity, wait=ack is not None)
         if ack is None:
@@ -334,9 +339,11 @@ class BridgeBase:
         if refusal is not None:
             self.refused_here += 1
             if reject is not None and reject(refusal):
-                self.warn("in-rejected", "bridge {n}: a message from the remote on {t} "
-                          "was refused here for good ({r}); rejected to the remote",
-                          t=message.topic, r=refusal.reason)
+                self.dropped_in += 1
+                self.warn(f"in-dropped {refusal.code:#04x}", "bridge {n}: a message from "
+                          "the remote on {t} was refused here for good ({r}); {how}, "
+                          "dropped; {c} dropped so far", t=message.topic, r=refusal.reason,
+                          how=self.told, c=self.dropped_in)
                 return
             # A durable queue here refused it (full, too many queues): nothing is
             # stored, so the remote is not told it was taken; it sends it again

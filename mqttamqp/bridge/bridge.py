@@ -10,7 +10,10 @@ the remote's receive maximum as its window, its deliveries going out through
 ``BridgeLink`` (``link``: the remote's MQTT 5 limits) with the session's packet ids
 and removed only on the remote's PUBACK (PUBCOMP for QoS 2); an ``in`` PUBLISH
 handed to the base and acknowledged (PUBACK, or PUBREC then PUBCOMP on PUBREL: at
-least once) once durable here.
+least once) once durable here; one a durable queue here refuses for good
+(``amqp.refusals.for_good``) acknowledged at once and dropped (MQTT 5: with the
+refusal's reason code and string), one refused for now not at all (the connection
+is dropped, the remote keeps it).
 
 What it must not do: store anything itself or bypass the broker's commands, or
 parse bytes (``client``).  Loops: toward Mosquitto the bridge flag (``try_private``)
@@ -20,10 +23,12 @@ no-local, so what ``in`` publishes is not sent back out by a ``both`` rule.
 
 from __future__ import annotations
 
+from mqttamqp.amqp.refusals import for_good
 from mqttamqp.bridge.base import PROTOCOL, BridgeBase, Connector
 from mqttamqp.bridge.client import LEVEL, BridgeClient
 from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -41,6 +46,8 @@ __all__ = ["Bridge", "BridgeLink", "Connector"]
 
 class Bridge(BridgeBase):
     """One configured MQTT bridge on the broker's reactor."""
+
+    remote_max_packet: int | None = None   # the remote's (MQTT 5 CONNACK; None: none)
 
     def new_client(self) -> BridgeClient:
         s = self.settings
@@ -66,6 +73,7 @@ class Bridge(BridgeBase):
             client.disconnect()
             return
         limits = RemoteLimits(connack.properties if self.v5 else None)
+        self.remote_max_packet = limits.max_packet
         fitted = limits.describe()
         self.up(f"session present: {connack.session_present}"
                 + (f"; the remote takes {fitted}" if fitted else ""))
@@ -154,7 +162,37 @@ class Bridge(BridgeBase):
             self.take_in(client, message, None)
             return
         ack: Puback | Pubrec = Puback(packet_id) if packet.qos == 1 else Pubrec(packet_id)
-        self.take_in(client, message, lambda: client.send(ack))
+
+        def answer(refusal: Refusal | None = None) -> bool:
+            # (one function for both: the message durable here, or refused here)
+            if refusal is None:
+                client.send(ack)
+                return True
+            return self._refused_here(client, ack, refusal)
+        self.take_in(client, message, answer, answer)
+
+    def _refused_here(self, client: BridgeClient, ack: Puback | Pubrec, refusal: Refusal
+                      ) -> bool:
+        """A durable queue here refused an ``in`` message.  For good (``for_good``:
+        sent again, it would be refused again, e.g. a message a queue can never
+        take): acknowledged all the same (``ack``; MQTT 5: with the refusal's reason
+        code, and its reason string where the remote's maximum packet size allows),
+        so the remote stops sending it, and True (``take_in`` counts it dropped).
+        For now (a full queue): False, nothing sent; the connection is dropped and
+        the remote keeps it."""
+        if not for_good(refusal):
+            return False
+        if self.v5:
+            reason = refusal.reason[:200]
+            # (fixed header 2, packet id 2, code 1, properties length 1-2, the
+            # reason string property 3 + its UTF-8)
+            fits = (self.remote_max_packet is None
+                    or 10 + len(reason.encode()) <= self.remote_max_packet)
+            props = Properties(reason_string=reason) if fits else None
+            ack = (Puback(ack.packet_id, refusal.code, props) if isinstance(ack, Puback)
+                   else Pubrec(ack.packet_id, refusal.code, props))
+        client.send(ack)
+        return True
 
     def remote_pubrel(self, client: BridgeClient, packet_id: int) -> None:
         if self._client is client:

@@ -84,6 +84,7 @@ def figures(bridge: BridgeBase) -> dict[str, Any]:
         "attempts": bridge.attempts, "failures": bridge.failures,
         "sent": bridge.sent, "received": bridge.received,
         "remote_refused": bridge.refused, "refused_here": bridge.refused_here,
+        "dropped_in": bridge.dropped_in,
         "too_large": bridge.link.too_large, "too_large_in": bridge.too_large_in,
         "too_many_hops": bridge.link.too_many_hops,
         "downgraded": bridge.link.downgraded,

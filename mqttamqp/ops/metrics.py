@@ -344,9 +344,13 @@ _BRIDGE_METRICS = (
      "PUBACK failure codes; AMQP: rejected, or modified delivery-failed past "
      "max-resends).", "remote_refused"),
     ("mqttamqp_bridge_refused_here", COUNTER, "In messages refused here: by a durable "
-     "queue (not acknowledged to the remote; AMQP: rejected when refused for good); "
+     "queue (for now: not acknowledged, the connection dropped; for good: dropped_in); "
      "AMQP: also undecodable, a bad topic or a queue acknowledgement (rejected).",
      "refused_here"),
+    ("mqttamqp_bridge_dropped_in", COUNTER, "In messages a durable queue here refused "
+     "for good (it would refuse them again): the remote told (MQTT: acknowledged, at "
+     "MQTT 5 with the reason code; AMQP: rejected) and the message dropped (counted in "
+     "refused_here too).", "dropped_in"),
     ("mqttamqp_bridge_backlog_messages", GAUGE, "Out messages waiting in the bridge's "
      "session (queued and in flight).", "backlog_messages"),
     ("mqttamqp_bridge_backlog_dropped", COUNTER, "Out messages dropped at the backlog's "

@@ -294,7 +294,7 @@ def test_an_in_message_the_core_refuses_for_good_is_rejected_not_a_reconnect(
     monkeypatch.setattr(amqp, "delivery_settled", lambda dlv: False)
     bridge, remote, _, clock = _connected(topics=[f"{topic} in 1"])
     attempts = bridge.attempts
-    with LogLines("rejected") as lines:
+    with LogLines("from the remote") as lines:
         bridge.remote_message(remote, bridge.in_rules[0], "dlv", "impl", _in_message(topic))
         for _ in range(100):   # 100 × 10 s: well past reconnect-max (60 s) many times
             clock.advance(10)
@@ -330,6 +330,11 @@ def test_an_in_refusal_gets_the_core_ingress_condition(
     assert remote.condition == condition_of(Refusal(UNSPECIFIED_ERROR, "")) == (
         "amqp:precondition-failed")
     assert bridge.refused_here == 1 and len(lines) == 1 and "not for this queue" in lines[0]
+    assert bridge.dropped_in == 1 and "rejected to the remote, dropped" in lines[0]
+    # (amqp.refusals names the conditions itself, not importing proton: the same)
+    from mqttamqp.amqp import links, refusals
+    assert (refusals.INVALID_FIELD, refusals.PRECONDITION_FAILED) == (
+        links.INVALID_FIELD, links.PRECONDITION_FAILED)
 
 
 def test_an_in_message_a_full_queue_refuses_drops_the_connection(
