@@ -58,17 +58,22 @@ class AmqpLink(BridgeLink):
         # are forgotten past that many, one at a time, those at reconnect-min first
         # (``_forget_one``).
         self.resends: dict[str, Resends] = {}
-        # Packet id -> (its entry, when the remote first refused it for now): how
-        # long a full queue there has held it (``refused_for``); at most the
-        # window's in-flight messages (the rest are forgotten on the next one).
+        # Packet id -> (its entry, when the remote first refused it for now, on
+        # this connection): how long a full queue there has held it
+        # (``refused_for``); at most the window's in-flight messages (the rest are
+        # forgotten on the next one); emptied by ``attach``.
         self.full: dict[int, tuple[Any, float]] = {}
 
     def attach(self, client: Any, limits: RemoteLimits) -> None:
+        """A connection attached (or gone: ``client`` None): the resends and the
+        refusals for now start over with it (a wait for room is of one connection,
+        as a restart starts it over: time spent disconnected counts for nothing)."""
         super().attach(None, limits)
         self.remote = client
         for r in self.resends.values():
             r.cancel()
         self.resends.clear()
+        self.full.clear()
 
     def delay(self, address: str) -> float:
         """The last resend delay of the remote ``address`` (0: none since it accepted
@@ -132,8 +137,8 @@ class AmqpLink(BridgeLink):
 
     def refused_for(self, packet_id: int, entry: Any, now: float) -> float:
         """The remote refused ``entry`` (in flight as ``packet_id``) for now: the
-        seconds since its first such refusal (0 the first time; kept over
-        reconnects, not over a restart)."""
+        seconds since its first such refusal on this connection (0 the first time;
+        a reconnect starts it over, as a restart does: ``attach``)."""
         full = self.full
         first = full.get(packet_id)
         if first is not None and first[0] is entry:

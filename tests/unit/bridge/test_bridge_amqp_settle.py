@@ -654,3 +654,34 @@ def test_the_full_wait_table_is_bounded_by_the_window() -> None:
         assert len(link.full) <= 5
         bridge.outcome(remote, pid, ACCEPTED, "")
         clock.advance(60)
+
+
+def test_a_reconnect_starts_the_full_wait_over() -> None:
+    """Review finding: the first refusal for now was kept across a reconnect, so the
+    time the bridge spent disconnected counted toward max-full-wait and the first
+    refusal on the new connection dropped the message.  A reconnect starts the wait
+    over, as a restart does: dropped only max-full-wait after its first refusal on
+    the new connection."""
+    bridge, remote, broker, clock = _connected(**{"max-full-wait": 100})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    assert packet_id is not None and bridge.session is not None
+    bridge.outcome(remote, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: full")
+    link = bridge.link
+    assert isinstance(link, AmqpLink) and packet_id in link.full
+    bridge.remote_lost(remote, "gone")
+    assert not link.full
+    clock.advance(150)   # (disconnected past max-full-wait)
+    again = FakeRemote()
+    bridge._client = again
+    bridge.links_ready(again)
+    clock.advance(1)
+    assert [p for _, _, p, _ in again.sent] == [packet_id]   # (the same entry, resent)
+    bridge.outcome(again, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: full")
+    assert bridge.full_dropped == 0 and packet_id in bridge.session.inflight
+    clock.advance(99)
+    bridge.outcome(again, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: full")
+    assert bridge.full_dropped == 0 and packet_id in bridge.session.inflight
+    clock.advance(2)   # (101 s since the first refusal on this connection)
+    bridge.outcome(again, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: full")
+    assert bridge.full_dropped == 1 and packet_id not in bridge.session.inflight
