@@ -13,7 +13,8 @@ each known one does here:
   ``x-overflow`` ``drop-head`` (the default: the oldest go, dead-lettered with
   reason ``maxlen``) or ``reject-publish`` / ``reject-publish-dlx`` (a publish to
   a full queue is refused: a confirm is a ``basic.nack``; with ``-dlx`` it is
-  dead-lettered, reason ``maxlen``);
+  dead-lettered, reason ``maxlen``); refused (406), whatever its value, on a stream
+  queue, as RabbitMQ refuses it there (a stream drops the oldest);
 * ``x-dead-letter-exchange`` / ``x-dead-letter-routing-key``: the queue manager's
   dead letters (a reject, too many deliveries) are routed there instead of to
   ``$dlq/<name>``;
@@ -144,6 +145,9 @@ def parse_queue_arguments(arguments: Mapping[str, object] | None, durable: bool,
         return "a stream queue must be durable, not exclusive and not auto-delete"
     if queue_type == "stream" and found.get("max_priority"):
         return "invalid arg 'x-max-priority': a stream queue has no priorities"
+    if queue_type == "stream" and "overflow" in found:
+        return ("invalid arg 'x-overflow': a stream queue refuses no publish (its "
+                "x-max-length and x-max-length-bytes drop the oldest)")
     if "dead_letter_routing_key" in found and "dead_letter_exchange" not in found:
         return ("invalid arg 'x-dead-letter-routing-key': it needs "
                 "x-dead-letter-exchange")

@@ -421,7 +421,13 @@ class QueueDeclarations:
             if rec.arguments is None or queue is None:
                 continue
             known = DeclaredQueue(rec.name, True, False, False, tuple(rec.arguments), None)
-            parsed = parse_queue_arguments(thaw(known.arguments), True, False, False)
+            arguments = thaw(known.arguments)
+            parsed = parse_queue_arguments(arguments, True, False, False)
+            if isinstance(parsed, str) and "x-overflow" in arguments:
+                # A stream declared with x-overflow before that was refused: its
+                # bounds act as a stream's, dropping the oldest.
+                del arguments["x-overflow"]
+                parsed = parse_queue_arguments(arguments, True, False, False)
             if not isinstance(parsed, str):   # (it was checked when declared)
                 known.parsed = parsed
             self.declared[rec.name] = known

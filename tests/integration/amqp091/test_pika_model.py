@@ -79,6 +79,21 @@ def test_redeclare_with_other_properties_is_406(pika_conn: Connect) -> None:
     assert info.value.reply_code == 406
 
 
+def test_a_stream_declared_with_x_overflow_is_406(pika_conn: Connect) -> None:
+    """x-overflow on a stream queue closes the channel with 406 naming the argument
+    (as RabbitMQ); the same stream without it is declared."""
+    conn = pika_conn()
+    ch = conn.channel()
+    q = name("s")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_declare(q, durable=True, arguments={
+            "x-queue-type": "stream", "x-max-length": 2, "x-overflow": "reject-publish"})
+    assert info.value.reply_code == 406 and "x-overflow" in info.value.reply_text
+    ch = conn.channel()
+    assert ch.queue_declare(q, durable=True, arguments={
+        "x-queue-type": "stream", "x-max-length": 2}).method.queue == q
+
+
 def test_exclusive_queue_of_another_connection_is_405(pika_conn: Connect) -> None:
     """Another connection may not use an exclusive queue: 405 RESOURCE_LOCKED."""
     q = pika_conn().channel().queue_declare(name("ex"), exclusive=True).method.queue

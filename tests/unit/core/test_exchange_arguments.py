@@ -348,3 +348,48 @@ def test_dead_letters_respect_a_reject_publish_target() -> None:
     assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"0"]
     assert broker.queues.stats.refused == refused + 2
     assert broker.queues.queues["q"].log == {}
+
+
+def test_a_stream_refuses_x_overflow_at_declare() -> None:
+    """Review finding: a stream took x-overflow reject-publish, then refused every
+    publish past its bound "for now" for ever (a stream's bounds drop the oldest;
+    nothing consumes to make room).  x-overflow on a stream is refused (406), any
+    value, as RabbitMQ refuses it there; a stream with x-max-length alone keeps
+    the newest."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    for overflow in ("reject-publish", "reject-publish-dlx", "drop-head"):
+        with pytest.raises(ChannelError) as info:
+            ex.declare_queue("s", "c1", durable=True, arguments={
+                "x-queue-type": "stream", "x-max-length": 2, "x-overflow": overflow})
+        assert info.value.code == 406 and "invalid arg 'x-overflow'" in info.value.text
+        assert "s" not in broker.queues.queues and "s" not in ex.declared
+    ex.declare_queue("s", "c1", durable=True, arguments={
+        "x-queue-type": "stream", "x-max-length": 2})
+    for payload in (b"a", b"b", b"c", b"d"):
+        assert broker.publish(Message("$queue/s/x", payload, 1, False, "p", 0.0), None,
+                              wait=True).refusal is None
+    assert [m.payload for m in broker.queues.queues["s"].log.values()] == [b"c", b"d"]
+
+
+def test_a_stream_stored_with_x_overflow_restarts_dropping_the_oldest() -> None:
+    """A stream declared with x-overflow before it was refused is restored with its
+    bounds acting as a stream's (the oldest go), not refusing publishes for ever."""
+    from fakes import MemoryStore
+
+    from mqttamqp.core.persistence import PutQueueArguments
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("s", "c1", durable=True, arguments={
+        "x-queue-type": "stream", "x-max-length": 2})
+    # (what an older version stored for x-overflow reject-publish on a stream)
+    broker.queues.commits.persist([PutQueueArguments("s", (
+        ("x-max-length", 2), ("x-overflow", "reject-publish"),
+        ("x-queue-type", "stream")))])
+    again, _, _ = make(store)
+    queue = again.queues.queues["s"]
+    assert queue.reject_above is None and queue.retention.max_messages == 2
+    for payload in (b"a", b"b", b"c"):
+        assert again.publish(Message("$queue/s/x", payload, 1, False, "p", 0.0), None,
+                             wait=True).refusal is None
+    assert [m.payload for m in queue.log.values()] == [b"b", b"c"]
