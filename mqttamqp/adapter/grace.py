@@ -1,7 +1,9 @@
 """The close grace (``--close-grace``, ``Limits.close_grace``): a connection the
 broker, a gateway or a bridge closes after writing what is left has that many
-seconds for its peer to read it and close; then the socket is cut (a peer that
-stopped reading would hold it, and its place under ``--max-connections``, for ever).
+seconds for its peer to read it and close (AMQP 0.9.1: to answer the broker's
+connection.close with close-ok, or read the close-ok it was sent); then the socket
+is cut (a peer that stopped reading, or never answers, would hold it, and its place
+under ``--max-connections``, for ever).
 
 What it owns: ``CloseGrace``, one per listener factory (the MQTT front end, AMQP
 0.9.1's, the gateway's) and per bridge service: the cut armed on the injected clock
@@ -59,9 +61,9 @@ class CloseGrace:
         held = self._limit.allow("close-grace")
         if held is not None:
             self.log.warn("{w} connection of {c} did not close within --close-grace "
-                          "{g:g} s of being closed (its peer reads nothing); cut, {n} so "
-                          "far{h}", w=self.what, c=who or "?", g=self.seconds, n=self.cut,
-                          h=f" ({held} not logged)" if held else "")
+                          "{g:g} s of being closed (its peer did not answer or close); "
+                          "cut, {n} so far{h}", w=self.what, c=who or "?", g=self.seconds,
+                          n=self.cut, h=f" ({held} not logged)" if held else "")
         if cut is not None:
             cut()
         else:

@@ -166,7 +166,8 @@ class AmqpLink(BridgeLink):
     def _forget_one(self) -> None:
         """Make room for one address: forget one with nothing waiting (its delay
         starts over if it is released again), the first one still at
-        ``reconnect-min`` (nothing is lost with it), else the one released longest
+        ``reconnect-min`` (that costs one doubling at most: released again, it waits
+        ``reconnect-min`` again, not twice that), else the one released longest
         ago: a grown back-off is never forgotten while one at the start can be."""
         least = self.bridge.settings.reconnect_min
         oldest = None

@@ -153,15 +153,27 @@ def test_the_deliver_frame_cache_is_bounded_and_skips_long_keys() -> None:
 def test_the_close_timers_are_close_grace() -> None:
     """Review finding: the 0.9.1 close had its own 5 s; it is --close-grace (here
     2 s): a close-ok not answered, and a client's close then silence, are aborted at
-    the grace, not before, each counted ($SYS/broker/limits/close_grace)."""
+    the grace, not before, each counted ($SYS/broker/limits/close_grace); the line
+    says the peer did not answer or close (it said "reads nothing", untrue of a
+    close-ok not answered)."""
     from core_broker import make_broker
-    from twisted.internet.testing import StringTransport
+    from loglines import LogLines
 
     from mqttamqp.amqp091.connection import AMQP091Factory
     from mqttamqp.amqp091.handshake import Settings
 
     broker, clock, _ = make_broker(close_grace=2.0)
     factory = AMQP091Factory(broker, clock, Settings())
+    with LogLines("--close-grace") as lines:
+        _close_twice(factory, broker, clock)
+    assert len(lines) == 1 and "(its peer did not answer or close); cut, 1 so far" in (
+        lines[0]), lines
+
+
+def _close_twice(factory: Any, broker: Any, clock: Any) -> None:
+    """A close-ok not answered, then a client's close and silence: each cut at the
+    grace, not before, and counted."""
+    from twisted.internet.testing import StringTransport
     for n, client_closes in enumerate((False, True), 1):
         conn = factory.buildProtocol(None)
         t = StringTransport()
