@@ -39,6 +39,9 @@ class _StubReactor:
     def removeWriter(self, writer: Any) -> None:
         pass
 
+    def callLater(self, delay: float, f: Any, *args: Any, **kw: Any) -> None:
+        """(``abortConnection`` schedules its ``connectionLost``: not run here.)"""
+
 
 @pytest.mark.parametrize("module, name", [("epollreactor", "EPollReactor"),
                                           ("pollreactor", "PollReactor")])
@@ -84,8 +87,8 @@ def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
 
 def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
     """``send`` writes past the transport (to its ``socket``, at most ``SEND_LIMIT``)
-    only when its buffers (``dataBuffer``, ``offset``, ``_tempDataLen``) are empty and
-    its write side is open."""
+    only when its buffers (``dataBuffer``, ``offset``, ``_tempDataLen``) are empty, its
+    write side is open and it is not being aborted (``_aborting``)."""
     ours, theirs = socket.socketpair()
     try:
         server = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _StubReactor())
@@ -100,6 +103,11 @@ def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
         for method in ("write", "writeSequence", "doWrite"):
             code = getattr(abstract.FileDescriptor, method).__code__
             assert "_tempDataBuffer" in code.co_names, method
+        # ``send`` writes nothing once ``abortConnection`` set ``_aborting`` (before
+        # its ``connectionLost``, while ``connected`` is still true)
+        assert server._aborting is False
+        server.abortConnection()
+        assert server._aborting is True and server.connected and not server.disconnecting
     finally:
         ours.close()
         theirs.close()

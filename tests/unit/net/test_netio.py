@@ -513,6 +513,9 @@ class _WriterStub:
     def removeWriter(self, writer: Any) -> None:
         pass
 
+    def callLater(self, delay: float, f: Any, *args: Any, **kw: Any) -> None:
+        """(``abortConnection`` schedules its ``connectionLost``: not run here.)"""
+
 
 def test_send_writes_to_the_socket_at_once_and_buffers_what_it_does_not_take() -> None:
     """``net.tcp.send``: with nothing buffered the bytes go to the socket in the call;
@@ -589,3 +592,25 @@ def test_a_later_send_queues_behind_buffered_bytes_even_when_the_socket_has_room
     finally:
         ours.close()
         theirs.close()
+
+
+def test_send_after_abort_connection_writes_nothing() -> None:
+    """After ``abortConnection`` (its ``connectionLost`` not yet run) ``send`` gives
+    the socket nothing, as Twisted's ``write`` gives it nothing."""
+    from mqttamqp.net.tcp import send
+
+    for write in (lambda s: s.write(b"after-abort"), lambda s: send(s, b"after-abort")):
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        try:
+            server = Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _WriterStub())
+            server.abortConnection()
+            assert server.connected and not server.disconnecting   # (the window)
+            write(server)
+            server.doWrite()                 # (a no-op once aborting, as in Twisted)
+            with pytest.raises(BlockingIOError):
+                theirs.recv(100)
+        finally:
+            ours.close()
+            theirs.close()
