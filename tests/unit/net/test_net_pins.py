@@ -67,6 +67,19 @@ def test_the_poll_reactors_have_what_lean_port_and_others_waiting_read(
             close()
 
 
+def test_the_epoll_reactors_do_poll_is_the_body_lean_dispatch_replaces() -> None:
+    """``net.dispatch`` replaces ``EPollReactor.doPoll`` (and ``doIteration``, the same
+    function) only when the names it uses are Twisted 26.10's: an upgrade that
+    changes the body fails here (in production the reactor would keep its own)."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+
+    assert frozenset(EPollReactor.doPoll.__code__.co_names) == dispatch._DO_POLL_NAMES
+    assert EPollReactor.doIteration is EPollReactor.doPoll
+    assert dispatch._known_body(EPollReactor)
+
+
 def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
     """``lean_port`` swaps the class and transport of a listening ``Port`` and
     drives its accept loop; ``watch_accept_errors`` replaces its ``_logger``."""
