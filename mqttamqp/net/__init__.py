@@ -25,7 +25,7 @@ Modules (each says in its docstring why its trick pays):
   per-message path, looked up once.
 
 Twisted's private names (``tcp``, ``accept``, ``tls``, ``dispatch``) and proton's internal
-``cproton`` module (``rawproton``) are not promised to stay: setup.cfg bounds both
+``cproton`` module (``rawproton``) are not promised to stay: pyproject.toml bounds both
 from above at the newest release tested (Twisted 26.10, python-qpid-proton 0.40,
 what CI installs), and ``tests/unit/net/test_net_pins.py`` checks every private name on the
 installed versions, so that an upgrade fails a test, not production.  The same

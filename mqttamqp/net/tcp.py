@@ -26,7 +26,7 @@ earlier place to choose the class) that builds ``LeanServer`` transports.
 Every private name of Twisted used here (``_reads``, ``_doReadOrWrite``,
 ``_POLL_IN``, ``_poller``, ``_tempDataLen``, ``_writeDisconnected``, ``_aborting``, ...) is checked
 against the installed Twisted by ``tests/unit/net/test_net_pins.py``; the versions they were
-read from are pinned in setup.cfg (see ``mqttamqp.net``).
+read from are pinned in pyproject.toml (see ``mqttamqp.net``).
 
 What it must not do: know any protocol, or import the broker's core.
 """

@@ -1,5 +1,5 @@
 """The private names ``mqttamqp.net`` relies on exist in the installed Twisted and
-proton: an upgrade past the pins in setup.cfg fails here, not in production
+proton: an upgrade past the pins in pyproject.toml fails here, not in production
 (where ``LeanPort`` and ``others_waiting`` would quietly fall back to the slow
 path, and the accept watcher would let Twisted's lines through).
 
