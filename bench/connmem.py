@@ -122,10 +122,12 @@ def pymalloc() -> dict[str, object]:
         text = tmp.read().decode(errors="replace")
     out: dict[str, object] = {}
     classes: dict[int, int] = {}
+    free: dict[int, int] = {}
     for line in text.splitlines():
         m = re.match(r"\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", line)
         if m and "obmalloc" not in out:
             classes[int(m.group(2))] = int(m.group(4))
+            free[int(m.group(2))] = int(m.group(5))
             continue
         m = re.match(r"# (arenas allocated current|bytes in allocated blocks|"
                      r"bytes in available blocks|bytes in \d+ unused pools|"
@@ -139,6 +141,7 @@ def pymalloc() -> dict[str, object]:
             out["obmalloc"] = True
     out.pop("obmalloc", None)
     out["classes"] = classes
+    out["free_classes"] = free
     return out
 
 
@@ -203,6 +206,11 @@ def memory_delta(m0: dict, m1: dict, n: int) -> dict[str, object]:  # type: igno
         size: round((c1.get(size, 0) - c0.get(size, 0)) / n, 2)
         for size in sorted(set(c0) | set(c1))
         if abs(c1.get(size, 0) - c0.get(size, 0)) >= n // 100}
+    f0, f1 = m0["pymalloc"]["free_classes"], m1["pymalloc"]["free_classes"]
+    per["pymalloc_free_blocks_per_conn_by_size"] = {
+        size: round((f1.get(size, 0) - f0.get(size, 0)) / n, 2)
+        for size in sorted(set(f0) | set(f1))
+        if abs(f1.get(size, 0) - f0.get(size, 0)) >= n // 100}
     return per
 
 

@@ -353,7 +353,8 @@ PARAMETERS: list[list[Any]] = [
      "--amqp-refused-link-grace and attaches again, is closed).", _positive(int, "amqp-max-links")],
     ["amqp-refused-link-grace", None, _D.amqp_refused_link_grace,
      "Seconds a link refused for --amqp-max-links may stay attached; the next attach "
-     "over the limit after that closes the connection (counted, logged).",
+     "over the limit after that closes the connection (counted, "
+     "$SYS/broker/limits/amqp_refused_links; logged, one line a minute at most).",
      _positive(float, "amqp-refused-link-grace")],
     ["amqp-max-links-total", None, _D.amqp_max_links_total,
      "Most links attached at a time on all AMQP connections together (refused ones "

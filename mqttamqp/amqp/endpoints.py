@@ -244,11 +244,16 @@ class SessionsAndLinks(EnginePump):
                 # the refusals yet); a peer that keeps refused links attached past
                 # --amqp-refused-link-grace, or holds more than ``refused_bound``, is closed, or
                 # it could hold links without bound.
-                self.log.warn("AMQP connection of {c} ({peer}) keeps {n} links refused "
-                              "for --amqp-max-links attached (at most {b}, for {g:g} s); "
-                              "closing it", c=self.container_id or "?", peer=self.peer,
-                              n=len(over), b=refused_bound(limits),
-                              g=limits.amqp_refused_link_grace)
+                self.meter.limit_hit("amqp_refused_links")
+                held = self.registers.log_limit.allow("amqp-refused-links")
+                if held is not None:
+                    self.log.warn("AMQP connection of {c} ({peer}) keeps {n} links "
+                                  "refused for --amqp-max-links attached (at most {b}, "
+                                  "for {g:g} s); closing it{more}",
+                                  c=self.container_id or "?", peer=self.peer, n=len(over),
+                                  b=refused_bound(limits), g=limits.amqp_refused_link_grace,
+                                  more=f" ({held} more closed so since the last such "
+                                  "line)" if held else "")
                 self._too_many_links(f"more than {limits.amqp_max_links} links on one "
                                      "connection, and refused ones not detached")
                 return

@@ -16,7 +16,8 @@ remote's internal error: sent again a bounded number of times).  Who reads it:
 * a bridge's ``out`` direction (``bridge.amqpterms``) reads a remote's ``rejected``
   by its condition (``verdict``): for good, the message is dropped (counted, logged
   once a minute per condition); for now, it is sent again with the back-off of a
-  released one, never dropped; failed, as a ``modified`` with delivery-failed
+  released one, for the bridge's ``max-full-wait`` at most; failed, as a
+  ``modified`` with delivery-failed
   (``max-resends``).
 
 What it must not do: hold state or touch proton; pure values and lookups.
@@ -60,7 +61,7 @@ def for_good(code: int) -> bool:
 
 def verdict(condition: str) -> int:
     """What to do with a message rejected with ``condition`` (its name; "" when the
-    remote gave none): DROP (for good), RESEND (for now: never dropped) or
+    remote gave none): DROP (for good), RESEND (for now: up to max-full-wait) or
     RESEND_COUNTED (a failed attempt: toward ``max-resends``)."""
     if condition in FOR_NOW:
         return RESEND

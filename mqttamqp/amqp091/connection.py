@@ -32,6 +32,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.adapter.grace import CloseGrace
 from mqttamqp.adapter.meter import DeliveryMeter
 from mqttamqp.amqp091.channel import Channel
 from mqttamqp.amqp091.frames import (
@@ -413,14 +414,14 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self._connection_error(code, text)
 
     def _arm_close(self) -> None:
-        """Abort in 5 s unless the connection is lost first: the close-ok the broker
-        waits for, and the flush after a close either side started (loseConnection
-        waits for the send buffer to drain, which never ends for a peer that
-        stopped reading)."""
+        """Abort after --close-grace unless the connection is lost first: the
+        close-ok the broker waits for, and the flush after a close either side
+        started (loseConnection waits for the send buffer to drain, which never ends
+        for a peer that stopped reading); counted and logged (``CloseGrace``)."""
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
-        self._timer = self.clock.callLater(5.0, self.abort)
+        self._timer = self.factory.close_grace.arm(self.transport, self.peer, self.abort)
 
     def _peer_close(self, m: Any) -> None:
         self._reason = f"closed by the client ({m.reply_code} {m.reply_text})"
@@ -523,6 +524,8 @@ class AMQP091Factory(Factory):
         self.serials = itertools.count(1)
         self.meter = DeliveryMeter(broker.stats)
         self.log_limit = LogLimiter(clock.seconds)
+        self.close_grace = CloseGrace(clock, broker.limits.close_grace, AMQP091Connection.log,
+                                      "AMQP 0.9.1", lambda: self.meter.limit_hit("close_grace"))
         self.blocked: set[AMQP091Connection] = set()
         # queue -> its exclusive 0.9.1 consumer (basic.consume exclusive=true)
         self.exclusive: dict[str, Any] = {}

@@ -12,9 +12,9 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 - ``(STEP, now, messages, events, fault)``: the messages as batches of columns
   (``columns.pack``: numbers as packed bytes, a string every row shares once, the
   capped payloads joined), oldest first, the events as the reactor buffered them
-  (``Archive.event`` tuples), the broker's clock for roll
-  times and retention; ``fault`` is ``None`` except in tests (the next append of that
-  dataset raises ``OSError``);
+  (``Archive.event`` tuples: time, kind, client id, field names, then the values),
+  the broker's clock for roll times and retention; ``fault`` is ``None`` except in
+  tests (the next append of that dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
   and exit;
 - the answer to each is ``Writer.report()``: cumulative counters and the lines to log.
@@ -244,8 +244,10 @@ class Writer:
     def _event_rows(records: Iterable[tuple[Any, ...]]
                     ) -> list[tuple[float, tuple[Any, ...]]]:
         rows: list[tuple[float, tuple[Any, ...]]] = []
-        for ts, kind, client_id, names, values in records:
-            get = dict(zip(names, values, strict=True)).get
+        for record in records:
+            # (``Archive.event``: time, kind, client id, the field names, their values)
+            ts, kind, client_id, names = record[:4]
+            get = dict(zip(names, record[4:], strict=True)).get
             rows.append((ts, (round(ts * 1_000_000), kind, client_id,
                               *(get(c) for c in _EVENT_OPTIONAL))))
         return rows

@@ -14,7 +14,9 @@ as for ``mqtts://``), one session on it with
   is done only on the remote's outcome (``amqpterms``): accepted (done), rejected
   for good (dropped, counted, logged once a minute per condition), rejected for
   now (``amqp:resource-limit-exceeded``: counted as released, logged once a minute,
-  sent again as below; ``amqp.refusals`` is the one table), released, modified or
+  sent again as below, until ``max-full-wait`` seconds of such refusals in a row:
+  then dropped, counted as ``full_dropped`` and as rejected; ``amqp.refusals`` is
+  the one table), released, modified or
   settled without an outcome (sent again, with credit, ``reconnect-min`` seconds
   later doubling up to ``reconnect-max`` until the remote accepts one on the same
   address: the back-off is per address, ``amqplink.Resends``; never dropped),
@@ -382,6 +384,7 @@ class AmqpBridge(BridgeBase):
     resuming = "crediting the remote again"
     echoes = 0   # in messages that were ours (a ``both`` rule): accepted, not published
     refused_for_now = 0   # out messages the remote rejected for now: sent again
+    full_dropped = 0   # ... and dropped, refused for now past max-full-wait
 
     def new_link(self) -> BridgeLink:
         return AmqpLink(self)
@@ -439,6 +442,8 @@ class AmqpBridge(BridgeBase):
         broker = self.broker
         link = self.link
         assert isinstance(link, AmqpLink)
+        if link.full and state != FULL:   # (another outcome: no longer held by a full queue)
+            link.full.pop(packet_id, None)
         if state == ACCEPTED:
             if link.resends:   # (the remote takes messages there: resends start over)
                 link.accepted(self.remote_topic(entry.message.topic))
@@ -449,8 +454,8 @@ class AmqpBridge(BridgeBase):
         else:
             if state == FAILED:   # (only a failed delivery counts toward the cap)
                 entry.failures += 1
-            elif state == FULL:   # (rejected for now: never dropped)
-                self._refused_for_now(entry.message.topic, reason)
+            elif state == FULL:   # (rejected for now: sent again, up to max-full-wait)
+                state, reason = self._refused_for_now(link, packet_id, entry, reason)
             if state == RELEASED or state == FULL or (
                     state == FAILED and entry.failures <= self.settings.max_resends):
                 link.retry(packet_id, self.remote_topic(entry.message.topic))
@@ -464,12 +469,24 @@ class AmqpBridge(BridgeBase):
                       t=entry.message.topic, r=reason or "no condition", c=self.refused)
             broker.rejected(session, packet_id, f"the remote rejected it: {reason}")
 
-    def _refused_for_now(self, topic: str, reason: str) -> None:
+    def _refused_for_now(self, link: AmqpLink, packet_id: int, entry: Any, reason: str
+                         ) -> tuple[int, str]:
+        """The remote refused ``entry`` for now: FULL (sent again), or REJECTED (to
+        be dropped) once it has refused it so for max-full-wait seconds."""
+        waited = link.refused_for(packet_id, entry, self.clock.seconds())
+        wait = self.settings.max_full_wait
+        if waited >= wait:
+            del link.full[packet_id]
+            self.full_dropped += 1
+            return REJECTED, (f"max-full-wait: {reason}, for {waited:.0f} s (max-full-wait "
+                              f"{wait:g}); {self.full_dropped} dropped so")
         self.refused_for_now += 1
         cause = reason.split(": ", 1)[0]
         self.warn(f"for now {cause}", "bridge {n}: the remote refused a message on {t} "
-                  "for now ({r}); it is sent again later, never dropped; {c} so far",
-                  t=topic, r=reason, c=self.refused_for_now)
+                  "for now ({r}); it is sent again later, for max-full-wait {w:g} s at "
+                  "most; {c} so far", t=entry.message.topic, r=reason, w=wait,
+                  c=self.refused_for_now)
+        return FULL, reason
 
     def remote_message(self, remote: AmqpRemote, rule: TopicRule, dlv: Any, impl: Any,
                        data: bytes) -> None:

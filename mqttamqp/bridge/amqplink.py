@@ -8,7 +8,9 @@ above the remote's max-message-size), the window as the sender's credit
 (``backlog_bytes``), and the resend of what the remote released, per remote
 address (``Resends``): after a delay doubling from ``reconnect-min`` to
 ``reconnect-max`` while the remote accepts none on that address (an accept on
-another address is no sign that this one takes messages again), only with credit.
+another address is no sign that this one takes messages again), only with credit;
+and when the remote first refused each in-flight message for now (``full``,
+``refused_for``: the bridge drops one past ``max-full-wait``).
 
 What it must not do: decide what an outcome means (``amqpterms``, the bridge's
 ``outcome``), or touch proton itself (the connection does).
@@ -44,7 +46,7 @@ class Resends:
 class AmqpLink(BridgeLink):
     """The out session's ``ClientLink`` over the remote's sender (see the module)."""
 
-    __slots__ = ("released", "remote", "resends")
+    __slots__ = ("full", "released", "remote", "resends")
 
     def __init__(self, bridge: Any) -> None:
         super().__init__(bridge)
@@ -53,8 +55,13 @@ class AmqpLink(BridgeLink):
         # Remote address -> its resends; an address leaves once it accepts one with
         # nothing waiting, and at most the session's window of them hold a
         # message (the window bounds what is in flight); those that hold none
-        # are forgotten past that many (``_resends_of``).
+        # are forgotten past that many, one at a time, those at reconnect-min first
+        # (``_forget_one``).
         self.resends: dict[str, Resends] = {}
+        # Packet id -> (its entry, when the remote first refused it for now): how
+        # long a full queue there has held it (``refused_for``); at most the
+        # window's in-flight messages (the rest are forgotten on the next one).
+        self.full: dict[int, tuple[Any, float]] = {}
 
     def attach(self, client: Any, limits: RemoteLimits) -> None:
         super().attach(None, limits)
@@ -123,16 +130,50 @@ class AmqpLink(BridgeLink):
             if r.call is None:
                 del self.resends[address]
 
+    def refused_for(self, packet_id: int, entry: Any, now: float) -> float:
+        """The remote refused ``entry`` (in flight as ``packet_id``) for now: the
+        seconds since its first such refusal (0 the first time; kept over
+        reconnects, not over a restart)."""
+        full = self.full
+        first = full.get(packet_id)
+        if first is not None and first[0] is entry:
+            return now - first[1]
+        if len(full) >= self.bridge.broker.limits.max_inflight:
+            session = self.bridge.session
+            inflight = session.inflight if session is not None else {}
+            for gone in [p for p, (e, _) in full.items() if inflight.get(p) is not e]:
+                del full[gone]
+        full[packet_id] = (entry, now)
+        return 0.0
+
     def _resends_of(self, address: str) -> Resends:
+        """The resends of ``address``, moved to the end of the table (the order is
+        that of the last release: the first are those released longest ago)."""
         resends = self.resends
-        r = resends.get(address)
+        r = resends.pop(address, None)
         if r is None:
+            r = Resends()
             if len(resends) >= max(16, self.bridge.broker.limits.max_inflight):
-                # (addresses with nothing waiting: their delay starts over)
-                for idle in [a for a, x in resends.items() if x.call is None]:
-                    del resends[idle]
-            r = resends[address] = Resends()
+                self._forget_one()
+        resends[address] = r
         return r
+
+    def _forget_one(self) -> None:
+        """Make room for one address: forget one with nothing waiting (its delay
+        starts over if it is released again), the first one still at
+        ``reconnect-min`` (nothing is lost with it), else the one released longest
+        ago: a grown back-off is never forgotten while one at the start can be."""
+        least = self.bridge.settings.reconnect_min
+        oldest = None
+        for address, r in self.resends.items():
+            if r.call is None:
+                if r.delay <= least:
+                    del self.resends[address]
+                    return
+                if oldest is None:
+                    oldest = address
+        if oldest is not None:
+            del self.resends[oldest]
 
     def _resend(self, address: str) -> None:
         r = self.resends.get(address)

@@ -9,7 +9,8 @@ rules of an ``out`` message from the remote's disposition (AMQP 1.0 §3.4):
   AMQP ingress rejects with): refused for good (most conditions): dropped (counted,
   logged), with the remote's condition; refused for now
   (``amqp:resource-limit-exceeded``: a full queue there): ``FULL``, sent again as a
-  released message is, never dropped; ``amqp:internal-error``: as modified with
+  released message is (the bridge drops it past ``max-full-wait``);
+  ``amqp:internal-error``: as modified with
   ``delivery-failed``;
 * released, modified without ``delivery-failed`` (with or without
   ``undeliverable-here``), or settled with no outcome: not a failed delivery, the

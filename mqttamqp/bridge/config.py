@@ -141,6 +141,7 @@ class BridgeSettings:
     on_full: str = "block"           # at the bound: "block" publishers or "drop" (counted)
     credit: int = 100                # amqp://: unsettled in messages per receiver, at most
     max_resends: int = 10            # amqp://: released/modified sent again, then dropped
+    max_full_wait: float = 3600.0    # amqp://: refused for now (full) sent again this long
     rules: tuple[TopicRule, ...] = field(default=(), compare=False)
 
     @property
@@ -245,6 +246,9 @@ class BridgeSettings:
             raise TableKeyError("credit", "1 to 10000 unsettled messages per receiver")
         if not 1 <= self.max_resends <= 1000:
             raise TableKeyError("max-resends", "1 to 1000 times a message is sent again")
+        if not 1 <= self.max_full_wait <= 604_800:
+            raise TableKeyError("max-full-wait", "1 to 604800 seconds (a week) a message a "
+                                "remote refuses for now is sent again")
         if not 1 <= self.max_hops <= 255:
             raise TableKeyError("max-hops", "1 to 255 bridges")
         if self.password is not None and self.username is None:
@@ -260,7 +264,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "password": (str,), "local_prefix": (str,), "remote_prefix": (str,),
     "clean_session": (bool,), "try_private": (bool,), "keepalive": (int,), "max_hops": (int,),
     "max_backlog_bytes": (int,), "max_backlog_messages": (int,), "on_full": (str,),
-    "credit": (int,), "max_resends": (int,),
+    "credit": (int,), "max_resends": (int,), "max_full_wait": (int, float),
     "connect_timeout": (int, float), "reconnect_min": (int, float),
     "reconnect_max": (int, float), "tls_ca": (str,), "server_name": (str,),
     "cert_file": (str,), "key_file": (str,),

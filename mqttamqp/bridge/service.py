@@ -89,6 +89,7 @@ def figures(bridge: BridgeBase) -> dict[str, Any]:
         "downgraded": bridge.link.downgraded,
         "unretained": bridge.link.unretained, "held": bridge.held,
         "released": getattr(bridge.link, "released", 0),   # (AMQP remotes only)
+        "full_dropped": getattr(bridge, "full_dropped", 0),
         "echoes": getattr(bridge, "echoes", 0),
         "reading_paused": sorted(client.paused_for) if client is not None else [],
         "backlog_messages": queued + inflight, "inflight": inflight,

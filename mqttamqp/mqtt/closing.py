@@ -116,6 +116,7 @@ class Disconnects(MQTTLink):
         before the socket closes; any other is cut at once."""
         if self._v5 is not None and self.state is _CONNECTED:
             self._send_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
+            self._cancel_timers()   # (as every close: a keepalive or turn is over)
             self._lose()
         else:
             self.transport.abortConnection()

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 
 from mqttamqp.core.clock import Clock, DelayedCall
 
-__all__ = ["Deadlines"]
+__all__ = ["Deadlines", "SoonDeadlines"]
 
 _log = Logger(namespace="mqttamqp.mqtt")
 # A cancelled item leaves a bucket of at most this many at once (scanned).
@@ -206,3 +206,53 @@ class Deadlines:
                 self._clear()
             elif self._timer is None:
                 self._arm()
+
+
+class SoonDeadlines:
+    """Deadlines of ``delay`` seconds armed in ``deadlines`` at the start of the next
+    reactor turn, for items that seldom still need one then: a connection's CONNECT
+    time-out, where a client sends CONNECT at once and the listener reads it in the
+    turn that accepts it (``net.tcp.LeanPort``).  Adding a deadline to the wheel and
+    cancelling it in the same turn cost every connect; here an item is appended to a
+    list, and the one ``callLater(0)`` per turn calls ``arm`` (with the item and the
+    delay left) only for the items ``needed`` still says need one.
+
+    The delay counts from the turn's first ``add`` (one clock reading per turn): a
+    deadline is never later than ``delay`` after its ``add``, and earlier by at most
+    the rest of that turn.  The list holds what one turn added, no more.
+    """
+
+    __slots__ = ("_arm", "_call", "_clock", "_delay", "_items", "_needed", "_since")
+
+    def __init__(self, clock: Clock, delay: float, needed: Callable[[Any], bool],
+                 arm: Callable[[Any, float], None]) -> None:
+        self._clock = clock
+        self._arm = arm
+        self._delay = delay
+        self._needed = needed
+        self._items: list[Any] = []
+        self._call: DelayedCall | None = None
+        self._since = 0.0
+
+    def add(self, item: Any) -> None:
+        """``item`` is due in ``delay`` seconds, unless ``needed`` says otherwise at
+        the start of the next turn."""
+        if self._call is None:
+            self._since = self._clock.seconds()
+            self._call = self._clock.callLater(0, self._run)
+        self._items.append(item)
+
+    def __len__(self) -> int:
+        """The items waiting that still need their deadline."""
+        needed = self._needed
+        return sum(1 for item in self._items if needed(item))
+
+    def _run(self) -> None:
+        self._call = None
+        items, self._items = self._items, []
+        needed = self._needed
+        delay = max(0.0, self._delay - (self._clock.seconds() - self._since))
+        arm = self._arm
+        for item in items:
+            if needed(item):
+                arm(item, delay)

@@ -194,6 +194,11 @@ class ActionExecutor(MQTTLink):
             return None
         return Keepalive.of(self.keepalive)
 
+    def _arm_connect_deadline(self, delay: float) -> None:
+        """The CONNECT deadline of a socket whose CONNECT did not come in the turn
+        that accepted it (``deadlines.SoonDeadlines``)."""
+        self._carry_out(Arm("connect", delay))
+
     def _arm(self, arm: Arm) -> None:
         """Start the deadline ``arm`` names: "connect" or "keepalive"; any other
         name is a bug (ValueError, nothing armed)."""

@@ -187,8 +187,13 @@ class ConnectHandshake(ActionExecutor):
                 self._auth = None
                 connack_props = replace(connack_props, authentication_method=auth.method,
                                         authentication_data=auth.final)
+        # In the turn that read CONNECT (not after a password check or a commit),
+        # the time it was read is now: the session's ``last_seen`` and the
+        # connection's ``connected_since`` share that float (48 bytes an idle
+        # connection does not hold).
+        now = self._last_activity if self._in_process else None
         opened = self.broker.open_session(
-            self._link, self.client_id, packet.clean_session, will, identity, expiry)
+            self._link, self.client_id, packet.clean_session, will, identity, expiry, now)
         session, present, d = opened.session, opened.present, opened.durable
         self.session = session
         if self._v5 is not None:
@@ -204,10 +209,15 @@ class ConnectHandshake(ActionExecutor):
         if self.state is not ConnectionState.CONNECTING or self.session is not session:
             return
         self.advance("accepted")
-        self.connected_since = self.clock.seconds()
+        # (the time CONNECT was read, in the turn that read it: see ``_authenticated``)
+        self.connected_since = (session.last_seen if self._in_process
+                                and session.last_seen is self._last_activity
+                                else self.clock.seconds())
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         self.broker.activate(session, self._link, self.protocol_label)
-        self.broker.register_connection(self.key, self._link, self.protocol_label)
+        # (its CONNECT event's time: the connection's own float, no other to keep)
+        self.broker.register_connection(self.key, self._link, self.protocol_label,
+                                        self.connected_since)
         held = self._factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"
@@ -221,7 +231,10 @@ class ConnectHandshake(ActionExecutor):
         if deadline is not None:
             self._carry_out(deadline)
         self._resume_reading("connect")
-        self._process()
+        if not self._in_process:
+            # (after a password check or a commit: what was read behind CONNECT; in
+            # the turn that read CONNECT, the loop that called us goes on with it)
+            self._process()
 
     def _connect_failed(self, failure: Failure) -> None:
         self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)

@@ -38,6 +38,7 @@ from mqttamqp.mqtt.connection import (
     StringRules,
 )
 from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.decoders import SpareDecoders
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
@@ -57,6 +58,7 @@ class ListenerState(Protocol):
     enhanced_auth: EnhancedAuthenticator | None
     connect_deadlines: Deadlines
     keepalives: Deadlines
+    decoders: SpareDecoders
     connect_lines: LogLimiter
     log_limit: LogLimiter
 

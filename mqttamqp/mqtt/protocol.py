@@ -60,7 +60,7 @@ from mqttamqp.core.recorder import CAUSE_LOST
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
-from mqttamqp.mqtt.actions import Arm, Close, ack_frame
+from mqttamqp.mqtt.actions import Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
 from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
 from mqttamqp.mqtt.connection import (
@@ -70,7 +70,8 @@ from mqttamqp.mqtt.connection import (
     Keepalive,
     StringRules,
 )
-from mqttamqp.mqtt.deadlines import Deadlines
+from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
+from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
@@ -91,7 +92,7 @@ from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.net.slotted import SlottedProtocol
-from mqttamqp.net.tcp import plain_tcp, send
+from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
 
 __all__ = ["MQTTProtocol", "MQTTFactory", "ConnectionState", "MAX_PENDING_ACKS"]
@@ -173,8 +174,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.limits: Limits = factory.broker.limits
         self.state = ConnectionState.AWAITING_CONNECT
         self.strings: StringRules = factory.strings
-        self.decoder = Decoder(max_packet_size=self.limits.max_packet_size,
-                               property_limits=factory.property_limits, server=True)
+        self.decoder: Decoder = IDLE   # (one lent per read: ``decoders``)
         self.session: Session | None = None
         self.identity: Identity | None = None
         self.client_id = ""
@@ -223,7 +223,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # -- Twisted ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self._last_activity = self.clock.seconds()
+        # (``_last_activity`` is first read after the first read sets it)
         if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
             self.advance("close")
             self.transport.abortConnection()
@@ -235,8 +235,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
             self.transport.setTcpNoDelay(True)
-        self.transport.registerProducer(self, True)
-        self._carry_out(Arm("connect", self.limits.connect_timeout))
+        register_push_producer(self.transport, self)
+        # (armed next turn if CONNECT has not come by then: ``SoonDeadlines``)
+        self.factory.connect_soon.add(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self.state is _CLOSED:
@@ -246,6 +247,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
+        if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
+            self.decoder = self.factory.decoders.take(self.version)
         self.decoder.feed(data)
         self._process_batch()
 
@@ -416,11 +419,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         client that does not read it within ``--close-grace`` is cut."""
         self._flush_out()
         transport = self.transport
-        # A registered producer is resumed, not closed, once the buffer drains.
-        transport.unregisterProducer()
+        transport.unregisterProducer()   # (a producer is resumed once drained, not closed)
         transport.loseConnection()
-        # (in the turn timer's slot: no turn comes after the close, and
-        # ``connectionLost`` cancels it)
+        # (in the turn timer's slot, no turn after the close; connectionLost cancels it)
+        if self._turn_timer is not None and self._turn_timer.active():
+            self._turn_timer.cancel()
         self._turn_timer = self.factory.close_grace.arm(transport, self.client_id)
 
     # -- timers -------------------------------------------------------------------
@@ -507,6 +510,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
 
 
+def _awaits_connect(connection: MQTTProtocol) -> bool:
+    """A connection accepted a turn ago still needs its CONNECT deadline."""
+    return (connection.state is ConnectionState.AWAITING_CONNECT
+            and connection._connect_timer is None)
+
+
 class MQTTFactory(Factory):
     """Builds one ``MQTTProtocol`` per accepted socket; knows every live connection."""
 
@@ -520,6 +529,8 @@ class MQTTFactory(Factory):
         self.property_limits = PropertyLimits(limits.max_user_properties,
                                               limits.max_user_property_bytes, 1,
                                               limits.max_subscribe_filters)
+        # The decoders lent to connections for a read (an idle one holds none).
+        self.decoders = SpareDecoders(limits.max_packet_size, self.property_limits)
         # Open connections (CONNECT or not), in a dict used as a set: at thousands
         # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
         self.connections: dict[MQTTProtocol, None] = {}
@@ -532,6 +543,9 @@ class MQTTFactory(Factory):
         # CONNECT (and MQTT 5 AUTH) time-outs: one heap too, not a DelayedCall each.
         self.connect_deadlines = Deadlines(clock, MQTTProtocol._connect_timed_out,
                                            "_connect_timer")
+        # ... armed a turn after the accept, for a client that did not send CONNECT
+        self.connect_soon = SoonDeadlines(clock, limits.connect_timeout, _awaits_connect,
+                                          MQTTProtocol._arm_connect_deadline)
         self.meter = DeliveryMeter(broker.stats)   # shared by its connections
         self.close_grace = CloseGrace(clock, limits.close_grace, MQTTProtocol.log, "MQTT",
                                       lambda: self.meter.limit_hit("close_grace"))

@@ -19,6 +19,7 @@ from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
 from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
+from mqttamqp.mqtt.decoders import IDLE
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.net.tcp import others_waiting, plain_tcp
@@ -48,6 +49,11 @@ class InputPump(MQTTLink):
             self._process()
         finally:
             broker.end_batch()
+        decoder = self.decoder
+        if decoder is not IDLE and not decoder.buffered and not self._in_process:
+            # Nothing held back: an idle connection keeps no decoder (``decoders``).
+            self.decoder = IDLE
+            self._factory.decoders.give(decoder)
 
     def _process(self) -> None:
         decoder = self.decoder

@@ -6,9 +6,10 @@ What it owns:
   maximum packet size, topic alias maximum, session expiry, server keep alive,
   request problem / response information), built by ``negotiate``;
 * the topic alias tables, inbound (``InboundAliases``: ``resolve_topic`` reads it,
-  ``InboundAliases.took`` records what a PUBLISH sets; a gateway keeps one of its
-  own; made at the first PUBLISH that sets an alias, ``InboundAliases.of``: most
-  clients never do, and a 3.1.1 client cannot) and outbound
+  ``InboundAliases.of`` records what a PUBLISH sets, and makes the table at the
+  first PUBLISH that sets an alias: most clients never do, and a 3.1.1 client
+  cannot; ``Negotiated.took`` calls it on a broker, a gateway keeps one of its own)
+  and outbound
   (``Negotiated.outbound_alias``);
 * the inbound receive-maximum quota (``Negotiated.quota_allows``, ``took``,
   ``quota_release``);

@@ -39,11 +39,11 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.address import IPv6Address
-from twisted.internet.tcp import Connection, Port, Server
+from twisted.internet.tcp import Port, Server
 from twisted.python import log
 
 __all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
-           "plain_tcp", "send"]
+           "plain_tcp", "register_push_producer", "send"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -72,26 +72,40 @@ class LeanServer(Server):
       something: an idle connection, or one whose writes the socket took at once
       (``send``), has none.
 
-    ``__init__`` is ``Server.__init__`` without the two strings; behaviour is
+    * No session number (an int of 32 bytes past 256, read only for reprs and
+      Twisted's ``logstr``): ``sessionno`` is the socket's descriptor number, which
+      tells open connections apart as well.
+    * What Twisted sets on every transport and an idle one leaves at its first
+      value (``_tempDataLen`` 0, ``connected`` 1, ``streamingProducer`` for the one
+      push producer ``register_push_producer`` gives it) is a class default, not an
+      entry in the instance's dict (8 bytes each): Twisted's own assignments, when
+      it writes or closes, make the entry.
+
+    ``__init__`` is ``Server.__init__`` (and ``Connection``'s and
+    ``FileDescriptor``'s) without the strings and the defaults; behaviour is
     otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
     """
 
     nodelay = False
     _client6: tuple[Any, ...] | None = None   # an IPv6 peer's address tuple
     _pending: list[bytes] | None = None        # ``_tempDataBuffer`` when it has one
+    _tempDataLen = 0
+    connected = 1
+    streamingProducer = True
 
     def __init__(self, sock: Any, protocol: Any, client: tuple[Any, ...], server: Any,
                  sessionno: int, reactor: Any) -> None:
-        Connection.__init__(self, sock, protocol, reactor)
+        # (``Connection.__init__`` and ``FileDescriptor.__init__``, less the defaults)
+        self.reactor = reactor
+        self.socket = sock
+        sock.setblocking(False)
+        self.protocol = protocol
         if len(client) != 2:
             self._addressType = IPv6Address
+            self._client6 = client
         self.server = server
         self.peer = f"{client[0]}:{client[1]}"
-        if len(client) != 2:
-            self._client6 = client
-        self.sessionno = sessionno
         self.startReading()  # type: ignore[no-untyped-call]
-        self.connected = 1
 
     def logPrefix(self) -> str:
         """The protocol's log prefix, without the session number and host that
@@ -115,7 +129,18 @@ class LeanServer(Server):
 
     @_tempDataBuffer.setter
     def _tempDataBuffer(self, value: list[bytes]) -> None:
-        self._pending = value or None
+        if value or self._pending is not None:   # (no dict entry until written to)
+            self._pending = value or None
+
+    @property
+    def sessionno(self) -> int:
+        """The socket's descriptor number (-1 once closed), in place of Twisted's
+        count of accepted connections (only reprs and ``logstr`` read it)."""
+        return self.fileno()
+
+    @sessionno.setter
+    def sessionno(self, value: int) -> None:
+        pass
 
     @property
     def client(self) -> tuple[Any, ...]:
@@ -279,6 +304,20 @@ def lean_port(port: Any) -> None:
 
 _PLAIN = (Server, LeanServer, LeanServerNoDelay)
 _SEND_LIMIT = Server.SEND_LIMIT   # (more at once: through ``writeSomeData``)
+
+
+def register_push_producer(transport: Any, producer: Any) -> None:
+    """``transport.registerProducer(producer, True)``; on a ``LeanServer`` without the
+    calls through Twisted's TLS check (``_newtls.ConnectionMixin``), and with
+    ``streamingProducer`` left at its class default."""
+    if (type(transport) in _LEAN and transport.producer is None
+            and not transport.disconnected and not transport.TLS):
+        transport.producer = producer
+    else:
+        transport.registerProducer(producer, True)
+
+
+_LEAN = (LeanServer, LeanServerNoDelay)
 
 
 def send(transport: Any, data: bytes) -> None:

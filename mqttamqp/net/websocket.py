@@ -66,6 +66,14 @@ class StreamOverWebSocket:
         self.disconnecting = True
         self._socket.abortConnection()
 
+    @property
+    def disconnected(self) -> bool:
+        """The socket below is closed (TCP's flag; under TLS, the TCP one's): the
+        close grace's cut has nothing left to cut (``adapter.grace``)."""
+        socket = self._socket
+        return bool(getattr(socket, "disconnected", False) or getattr(
+            getattr(socket, "transport", None), "disconnected", False))
+
     def getPeer(self) -> Any:
         return self._socket.getPeer()
 

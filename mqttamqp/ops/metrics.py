@@ -333,6 +333,9 @@ _BRIDGE_METRICS = (
      "(from a 3.1.1 remote: acknowledged to it; AMQP: rejected).", "too_large_in"),
     ("mqttamqp_bridge_released", COUNTER, "Out messages an AMQP remote released or "
      "modified (sent again).", "released"),
+    ("mqttamqp_bridge_full_dropped", COUNTER, "Out messages an AMQP remote refused for "
+     "now (amqp:resource-limit-exceeded) for max-full-wait seconds: dropped (counted in "
+     "remote_refused too).", "full_dropped"),
     ("mqttamqp_bridge_echoes", COUNTER, "In messages that were ours, back from an AMQP "
      "remote on a both rule (accepted, not published).", "echoes"),
     ("mqttamqp_bridge_too_many_hops", COUNTER, "Out messages not sent: they had crossed "

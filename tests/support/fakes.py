@@ -312,12 +312,13 @@ class FailingStore(NullStore):
 
 def timers_left(clock: Any) -> list[Any]:
     """``clock``'s pending calls, less the shared timer of a ``Deadlines`` (keepalive
-    and CONNECT deadlines) that has no deadline left: that one runs once more at its
-    time, doing nothing, and is gone (``mqtt.deadlines.Deadlines``)."""
-    from mqttamqp.mqtt.deadlines import Deadlines
+    and CONNECT deadlines) that has no deadline left, or of a ``SoonDeadlines`` with
+    nothing left to arm: that one runs once more at its time, doing nothing, and is
+    gone (``mqtt.deadlines``)."""
+    from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 
     def inert(call: Any) -> bool:
         owner = getattr(call.func, "__self__", None)
-        return type(owner) is Deadlines and len(owner) == 0
+        return type(owner) in (Deadlines, SoonDeadlines) and len(owner) == 0
 
     return [call for call in clock.getDelayedCalls() if not inert(call)]

@@ -131,9 +131,9 @@ class SessionRegistry:
     # -- live connections -----------------------------------------------------
 
     def register_connection(self, key: str, connection: InspectableConnection,
-                            protocol: str) -> None:
+                            protocol: str, now: float | None = None) -> None:
         previous = self.connections.get(key)
-        now = self.clock.seconds()
+        now = self.clock.seconds() if now is None else now   # (the caller's, if it has one)
         if previous is not None:
             if previous is connection:
                 return
@@ -204,19 +204,19 @@ class SessionRegistry:
 
     def open(self, connection: ClientLink, client_id: str, clean: bool,
              will: WillMessage | None, identity: Identity | None = None,
-             expiry: float | None = None) -> Opened:
+             expiry: float | None = None, now: float | None = None) -> Opened:
         """Claim the session of ``client_id`` for ``connection``.
 
         Takes over from a connection that holds it, applies the clean/persistent
         rules and stores the MQTT will.  Call ``activate`` once CONNACK is out.
-
         ``expiry`` (MQTT 5's session expiry interval; None for 3.1.1) separates
         the two things clean session meant: ``clean`` (clean start) only says
         whether an existing session is resumed, and the session outlives the
         connection by ``expiry`` seconds (0: not at all; kept as persistent while
-        connected, so a resumed session's state is not thrown away early).
+        connected, so a resumed session's state is not thrown away early).  ``now``:
+        the caller's clock reading of this turn (one float a client less).
         """
-        now = self.clock.seconds()
+        now = self.clock.seconds() if now is None else now
         ops: list[Op] = []
         if self.wills.owner_returned(client_id):
             self.log.info("client {c} is back within the will grace period; its old "

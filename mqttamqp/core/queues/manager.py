@@ -64,6 +64,7 @@ from mqttamqp.core.queues.addresses import (
     QUOTA_EXCEEDED,
     STREAM,
     TOPIC_NAME_INVALID,
+    UNSPECIFIED_ERROR,
     QueueAddress,
     Refusal,
     is_command,
@@ -161,10 +162,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         if queue.refuses(message):
             if queue.reject_dead and queue.dead_letter is not None:
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
-            return (self._commit(ops),
-                    self._refuse("overflow", publisher, message.topic,
-                                 f"queue {queue.name!r} is full (x-overflow reject-publish)",
-                                 QUOTA_EXCEEDED))
+            return self._commit(ops), self._overflow(queue, message, publisher)
         if message.retain or message.dup:
             message = replace(message, retain=False, dup=False)
         offset = self._append(queue, message, ops)
@@ -204,6 +202,23 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._pump_queue(queue)
         return d, None
 
+    def _overflow(self, queue: QueueLog, message: Message, publisher: str) -> Refusal:
+        """The refusal of an x-overflow reject-publish queue: full for now
+        (QUOTA_EXCEEDED: AMQP 1.0 amqp:resource-limit-exceeded, sent again later),
+        or for good when even an empty queue would refuse ``message``
+        (UNSPECIFIED_ERROR: amqp:precondition-failed; sent again, it is refused
+        again).  A 0.9.1 publisher gets a basic.nack for either, as RabbitMQ's."""
+        if not queue.never_fits(message):
+            return self._refuse("overflow", publisher, message.topic,
+                                f"queue {queue.name!r} is full (x-overflow reject-publish)",
+                                QUOTA_EXCEEDED)
+        count, size = queue.reject_above or (None, None)
+        bound = "x-max-length 0" if count == 0 else f"x-max-length-bytes {size}"
+        return self._refuse("never-fits", publisher, message.topic,
+                            f"queue {queue.name!r} can never take a message of "
+                            f"{len(message.payload)} bytes ({bound}, x-overflow "
+                            "reject-publish)", UNSPECIFIED_ERROR)
+
     def publish_copies(self, copies: Sequence[tuple[str, Message]], publisher: str
                        ) -> tuple[Deferred[None] | None, list[tuple[str, Refusal]]]:
         """Append each ``(queue name, message)`` copy of one publish (a fanout, a
@@ -227,9 +242,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             if queue.refuses(message):
                 if queue.reject_dead and queue.dead_letter is not None:
                     self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
-                refusals.append((name, self._refuse(
-                    "overflow", publisher, message.topic,
-                    f"queue {name!r} is full (x-overflow reject-publish)", QUOTA_EXCEEDED)))
+                refusals.append((name, self._overflow(queue, message, publisher)))
                 continue
             if message.retain or message.dup:
                 message = replace(message, retain=False, dup=False)

@@ -227,6 +227,15 @@ class QueueLog:
         return ((count is not None and ready >= count)
                 or (size is not None and ready_bytes + len(message.payload) > size))
 
+    def never_fits(self, message: Message) -> bool:
+        """x-overflow reject-publish: ``message`` would be refused by this queue even
+        empty (x-max-length 0, or a payload over x-max-length-bytes): refused for
+        good, where ``refuses`` alone says full for now."""
+        if self.reject_above is None:
+            return False
+        count, size = self.reject_above
+        return count == 0 or (size is not None and len(message.payload) > size)
+
 
 # A queue's dead-letter route: (message, reason) -> the exchange and routing key it
 # is dead-lettered with, and the queues that takes it to.

@@ -185,3 +185,40 @@ def test_with_the_cores_publish_rate_the_pause_pays_for_the_excess() -> None:
     assert pub.events == [("pause", 0.5)]
     clock.advance(0.5)
     assert pub.events[-1] == ("resume", 0.0)
+
+
+def test_the_close_grace_cuts_only_a_connection_still_there() -> None:
+    """A cut whose call fires once its connection is gone (closed in time, the call
+    not cancelled) is no cut: not counted, not logged, nothing aborted; over TLS the
+    TCP transport below says so.  One still there is cut, counted and logged."""
+    from loglines import LogLines
+    from twisted.internet.testing import StringTransport
+    from twisted.logger import Logger
+
+    from mqttamqp.adapter.grace import CloseGrace
+
+    class Socket(StringTransport):
+        aborted = 0
+
+        def abortConnection(self) -> None:
+            self.aborted += 1
+
+    class Tls:   # (a wrapper with no flag of its own: TLSMemoryBIOProtocol)
+        def __init__(self, below: Socket) -> None:
+            self.transport = below
+            self.aborted = 0
+
+        def abortConnection(self) -> None:
+            self.aborted += 1
+
+    clock, counted = Clock(), []
+    grace = CloseGrace(clock, 2.0, Logger(), "MQTT", lambda: counted.append(1))
+    gone, under_tls, there = Socket(), Socket(), Socket()
+    gone.disconnected = under_tls.disconnected = True
+    tls = Tls(under_tls)
+    with LogLines("--close-grace") as lines:
+        for transport in (gone, tls, there):
+            grace.arm(transport, "c")
+        clock.advance(2.0)
+    assert (gone.aborted, tls.aborted, there.aborted) == (0, 0, 1)
+    assert grace.cut == 1 and counted == [1] and len(lines) == 1

@@ -589,6 +589,24 @@ def test_refused_links_kept_attached_past_the_grace_close_the_connection() -> No
     assert [m.body for m, _ in rcv.new()] == ["ok"]
 
 
+def test_closes_for_the_refused_link_grace_are_counted_and_logged_once_a_minute() -> None:
+    """Two peers closed for keeping refused links attached past
+    --amqp-refused-link-grace within a minute: both counted
+    ($SYS/broker/limits/amqp_refused_links), one log line."""
+    from loglines import LogLines
+
+    net = Net(amqp_max_links=2, amqp_refused_link_grace=5.0)
+    with LogLines("links refused for --amqp-max-links attached") as lines:
+        for name in ("g1", "g2"):
+            greedy = net.amqp()
+            _burst(greedy, 3, name)
+            net.clock.advance(6.0)
+            greedy.receiver(f"m/{name}-last", credit=0)
+            assert greedy.lost
+    assert net.broker.stats.limits.get("amqp_refused_links") == 2
+    assert len(lines) == 1 and "closing it" in lines[0]
+
+
 def test_refused_links_past_their_bound_close_the_connection() -> None:
     """More links refused for --amqp-max-links and not detached than refused_bound,
     however fast: the connection is closed."""

@@ -148,3 +148,33 @@ def test_the_deliver_frame_cache_is_bounded_and_skips_long_keys() -> None:
         data = frames.deliver_frame(1, "c", tag, True, "amq.topic", long_key)
         assert data == frame.marshal(B.Deliver("c", tag, True, "amq.topic", long_key), 1)
     assert len(frames._DELIVER_CACHE) == before
+
+
+def test_the_close_timers_are_close_grace() -> None:
+    """Review finding: the 0.9.1 close had its own 5 s; it is --close-grace (here
+    2 s): a close-ok not answered, and a client's close then silence, are aborted at
+    the grace, not before, each counted ($SYS/broker/limits/close_grace)."""
+    from core_broker import make_broker
+    from twisted.internet.testing import StringTransport
+
+    from mqttamqp.amqp091.connection import AMQP091Factory
+    from mqttamqp.amqp091.handshake import Settings
+
+    broker, clock, _ = make_broker(close_grace=2.0)
+    factory = AMQP091Factory(broker, clock, Settings())
+    for n, client_closes in enumerate((False, True), 1):
+        conn = factory.buildProtocol(None)
+        t = StringTransport()
+        conn.makeConnection(t)
+        conn.dataReceived(
+            method_frame(0, C.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+            + method_frame(0, C.TuneOk(2047, 131072, 0)) + method_frame(0, C.Open("/")))
+        if client_closes:
+            conn.dataReceived(method_frame(0, C.Close(200, "bye", 0, 0)))
+        else:
+            conn.close("test")
+        clock.advance(2.0 - 1e-6)
+        assert not t.disconnected
+        clock.advance(2e-6)
+        assert t.disconnected and conn.closed
+        assert broker.stats.limits.get("close_grace") == n

@@ -131,11 +131,11 @@ def test_rejected_drops_counts_and_logs_once_per_cause() -> None:
     assert isinstance(bridge.link, AmqpLink) and bridge.link.released == 0
 
 
-def test_rejected_for_now_is_sent_again_never_dropped() -> None:
+def test_rejected_for_now_is_sent_again_not_dropped() -> None:
     """A remote's rejected with amqp:resource-limit-exceeded (a full queue there, as
     the broker's own ingress and Artemis say it) is refused for now: the message is
-    sent again with the release back-off and never dropped; counted and logged once
-    a minute per condition."""
+    sent again with the release back-off, not dropped (within max-full-wait); counted
+    and logged once a minute per condition."""
     bridge, remote, broker, clock = _connected()
     _publish(broker, 1)
     packet_id = remote.sent[0][2]
@@ -152,7 +152,8 @@ def test_rejected_for_now_is_sent_again_never_dropped() -> None:
     assert bridge.session is not None and packet_id in bridge.session.inflight
     assert bridge.refused == 0 and bridge.refused_for_now == 5
     # (the five within 30 s: one line for the condition in the minute)
-    assert len(lines) == 1 and "never dropped" in lines[0] and "1 so far" in lines[0]
+    assert len(lines) == 1 and "1 so far" in lines[0]
+    assert "sent again later, for max-full-wait 3600 s at most" in lines[0]
 
 
 @pytest.mark.parametrize(("condition", "expected"), [
@@ -511,3 +512,139 @@ def test_the_per_address_back_off_is_bounded() -> None:
         assert len(link.resends) <= 17
     assert bridge.refused == 100 and bridge.session is not None
     assert not bridge.session.inflight
+
+
+def _grow(bridge: Any, remote: FakeRemote, clock: Any, packet_id: int | None,
+          waits: tuple[float, ...]) -> None:
+    """Release ``packet_id`` and let each resend go (after each of ``waits``): its
+    address's delay doubles, and it is left awaiting the remote's outcome."""
+    for wait in waits:
+        bridge.outcome(remote, packet_id, RELEASED, "")
+        clock.advance(wait)
+
+
+def test_pruning_keeps_a_grown_back_off() -> None:
+    """Review finding: making room in the bounded table forgot every address with
+    nothing waiting, so one whose delay had grown to 8 s resent at reconnect-min
+    again after 17 other addresses passed; those at reconnect-min go first now."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    _publish_to(broker, "out/x", 1)
+    x = remote.sent[-1][2]
+    _grow(bridge, remote, clock, x, (2.1, 4.1, 8.1))   # resent; awaits an outcome
+    assert link.delay("out/x") == 8.0 and link.resends["out/x"].call is None
+    for i in range(17):   # other addresses: released once, then rejected for good
+        _publish_to(broker, f"out/{i}", 1)
+        pid = remote.sent[-1][2]
+        _grow(bridge, remote, clock, pid, (2.1,))
+        bridge.outcome(remote, pid, REJECTED, "amqp:not-allowed: no")
+        assert len(link.resends) <= 16
+    bridge.outcome(remote, x, RELEASED, "")   # still never accepted on out/x
+    assert link.delay("out/x") == 16.0
+
+
+def test_pruning_forgets_the_longest_released_one_at_a_time() -> None:
+    """With every address's delay grown, room for a new one is made by forgetting
+    one only, the one released longest ago; the others keep their back-off."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    for i in range(16):
+        _publish_to(broker, f"out/{i}", 1)
+        pid = remote.sent[-1][2]
+        _grow(bridge, remote, clock, pid, (2.1, 4.1))
+        bridge.outcome(remote, pid, REJECTED, "amqp:not-allowed: no")
+    _publish_to(broker, "out/0", 1)   # released again last: out/1 is the oldest now
+    _grow(bridge, remote, clock, remote.sent[-1][2], (8.1,))
+    assert link.delay("out/0") == 8.0 and link.resends["out/0"].call is None
+    _publish_to(broker, "out/new", 1)
+    bridge.outcome(remote, remote.sent[-1][2], RELEASED, "")
+    assert len(link.resends) == 16 and "out/1" not in link.resends
+    assert link.delay("out/0") == 8.0 and link.delay("out/new") == 2.0
+    assert all(link.delay(f"out/{i}") == 4.0 for i in range(2, 16))
+
+
+def _refuse_for_now_until_dropped(bridge: Any, remote: FakeRemote, clock: Any,
+                                  packet_id: int | None, tries: int = 20) -> list[float]:
+    """Refuse ``packet_id`` for now each time it comes, at most ``tries`` times,
+    until it leaves the session: the times it was refused."""
+    times: list[float] = []
+    for _ in range(tries):
+        assert bridge.session is not None
+        if packet_id not in bridge.session.inflight:
+            break
+        times.append(clock.seconds())
+        sent = len(remote.sent)
+        bridge.outcome(remote, packet_id, amqp.FULL,
+                       "amqp:resource-limit-exceeded: queue 'jobs' is full")
+        for _ in range(200):   # (bounded: the resend comes within reconnect-max)
+            clock.advance(0.5)
+            if len(remote.sent) > sent or packet_id not in bridge.session.inflight:
+                break
+    return times
+
+
+def test_refused_for_now_past_max_full_wait_is_dropped_for_good() -> None:
+    """Review finding: a message a remote refuses for now every time (a queue that
+    stays full, or one it could never fit) was sent again for ever; past
+    max-full-wait seconds since its first such refusal it is dropped for good:
+    counted, one line, never sent again."""
+    bridge, remote, broker, clock = _connected(**{"max-full-wait": 100})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    with LogLines("the remote rejected a message") as lines:
+        times = _refuse_for_now_until_dropped(bridge, remote, clock, packet_id)
+        sent = len(remote.sent)
+        clock.advance(1000)
+    # refused at 0, 2, 6, 14, 30, 62 s (back-off from reconnect-min 2 s), dropped at 122
+    assert [t - times[0] for t in times] == [0, 2, 6, 14, 30, 62, 122]
+    assert bridge.session is not None and packet_id not in bridge.session.inflight
+    assert len(remote.sent) == sent == 7
+    assert bridge.full_dropped == 1 and bridge.refused == 1 and bridge.refused_for_now == 6
+    assert len(lines) == 1 and "max-full-wait" in lines[0] and "it is dropped" in lines[0]
+    assert isinstance(bridge.link, AmqpLink) and not bridge.link.full
+    from mqttamqp.bridge.service import figures
+    from mqttamqp.ops.metrics import BridgeCollector, broker_registry, exposition
+    registry = broker_registry(broker)
+    registry.register(BridgeCollector(lambda: [figures(bridge)]))
+    assert figures(bridge)["full_dropped"] == 1
+    assert 'mqttamqp_bridge_full_dropped_total{bridge="hq"} 1.0' in exposition(
+        registry).decode()
+
+
+def test_another_outcome_starts_the_full_wait_over() -> None:
+    """The wait is of refusals for now in a row: a release between them (the remote
+    took the message again) starts it over, so the message is not dropped then."""
+    bridge, remote, broker, clock = _connected(**{"max-full-wait": 20})
+    _publish(broker, 1)
+    packet_id = remote.sent[0][2]
+    link = bridge.link
+    assert isinstance(link, AmqpLink) and bridge.session is not None
+    for state in (amqp.FULL, amqp.FULL, amqp.FULL, RELEASED, amqp.FULL, amqp.FULL):
+        bridge.outcome(remote, packet_id, state, "amqp:resource-limit-exceeded: full"
+                       if state == amqp.FULL else "")
+        clock.advance(8.1)   # (2, 4, 8, 16 s delays: each resend has gone)
+    # (refused for now at 0, 8.1, 16.2 s, released at 24.3, refused at 32.4, 40.5:
+    # without the release, 32.4 s would have been past max-full-wait)
+    assert packet_id in bridge.session.inflight and bridge.full_dropped == 0
+    clock.advance(4.0)   # 20.2 s since the first refusal after the release
+    bridge.outcome(remote, packet_id, amqp.FULL, "amqp:resource-limit-exceeded: full")
+    assert packet_id not in bridge.session.inflight and bridge.full_dropped == 1
+
+
+def test_the_full_wait_table_is_bounded_by_the_window() -> None:
+    """The first refusals for now are kept for messages in flight only: entries of
+    messages gone another way are forgotten once the window's worth is reached."""
+    bridge, remote, broker, clock = _connected(limits={"max_inflight": 4})
+    link = bridge.link
+    assert isinstance(link, AmqpLink)
+    for i in range(50):
+        _publish_to(broker, f"out/{i}", 1)
+        pid = remote.sent[-1][2]
+        assert pid is not None and bridge.session is not None
+        link.full[pid + 1000] = (object(), 0.0)   # (one the session no longer has)
+        bridge.outcome(remote, pid, amqp.FULL, "amqp:resource-limit-exceeded: full")
+        assert len(link.full) <= 5
+        bridge.outcome(remote, pid, ACCEPTED, "")
+        clock.advance(60)

@@ -67,6 +67,48 @@ def test_reject_publish_refuses_what_a_full_queue_cannot_take() -> None:
     assert [m.payload for m in broker.queues.queues["q"].log.values()] == [b"a"]
 
 
+def test_reject_publish_refuses_for_good_what_could_never_fit() -> None:
+    """A message even an empty reject-publish queue would refuse (a payload over
+    x-max-length-bytes, or x-max-length 0) is refused for good (AMQP 1.0
+    amqp:precondition-failed: a bridge does not send it again); one that waits for
+    room, for now (amqp:resource-limit-exceeded); a 0.9.1 confirm fails for both."""
+    from mqttamqp.amqp.refusals import RESOURCE_LIMIT_EXCEEDED, condition_of, for_good
+    from mqttamqp.core.exchanges.exchanges import PublishRefused
+    broker, _, _ = make()
+    ex = broker.exchanges
+    ex.declare_queue("q4", "c1", durable=True, arguments={
+        "x-max-length-bytes": 4, "x-overflow": "reject-publish"})
+    ex.declare_queue("q0", "c1", durable=True, arguments={
+        "x-max-length": 0, "x-overflow": "reject-publish"})
+
+    def refusal(topic: str, payload: bytes) -> Any:
+        result = broker.publish(Message(topic, payload, 1, False, "p", 0.0), None,
+                                wait=True)
+        assert result.refusal is not None, (topic, payload)
+        return result.refusal
+
+    for topic, payload in (("$queue/q4/x", b"0123456789"), ("$queue/q0/x", b"a")):
+        for _ in range(3):   # (the same every time: never for now)
+            r = refusal(topic, payload)
+            assert for_good(r.code) and condition_of(r.code) == "amqp:precondition-failed"
+            assert "can never take" in r.reason
+    _, copies = broker.queues.publish_copies(
+        [("q4", Message("$queue/q4", b"0123456789", 1, False, "p", 0.0))], "p")
+    assert [(n, for_good(r.code)) for n, r in copies] == [("q4", True)]
+    assert not broker.queues.queues["q4"].log and not broker.queues.queues["q0"].log
+    # (room for it once the queue drains: for now)
+    assert broker.publish(Message("$queue/q4/x", b"abc", 1, False, "p", 0.0),
+                          None, wait=True).refusal is None
+    r = refusal("$queue/q4/x", b"ab")
+    assert condition_of(r.code) == RESOURCE_LIMIT_EXCEEDED and not for_good(r.code)
+    for name, payload in (("q4", b"0123456789"), ("q4", b"ab"), ("q0", b"a")):
+        routed, confirm = ex.publish(message(payload, broker=broker), "", name)
+        assert routed and confirm is not None
+        failures: list[Any] = []
+        confirm.addErrback(failures.append)
+        assert failures and failures[0].check(PublishRefused), (name, payload)
+
+
 def test_reject_publish_dlx_dead_letters_the_refused_message() -> None:
     """x-overflow reject-publish-dlx refuses the publish and dead-letters it."""
     broker, _, _ = make()

@@ -712,6 +712,25 @@ def test_server_stopping_sends_0x8b() -> None:
     closed_with(c, 0x8B)
 
 
+def test_server_stopping_leaves_no_timer_behind() -> None:
+    """Review finding: the broker stopping put the close grace in the turn timer's
+    slot without cancelling the turn held there, nor the keepalive; once the
+    connection is lost no timer of it is left, and the grace cuts nothing."""
+    h = Harness(close_grace=3.0)
+    c = client5(h)
+    assert c.connect5("c", keepalive=10).return_code == 0
+    c.proto._yield_turn()   # (its input held until a later turn)
+    turn = c.proto._turn_timer
+    assert turn is not None and turn.active()
+    c.proto.server_stopping()
+    closed_with(c, 0x8B)
+    assert not turn.active()
+    c.lost()
+    assert timers_left(h.clock) == []
+    h.clock.advance(60)
+    assert h.broker.stats.limits.get("close_grace", 0) == 0
+
+
 def test_invalid_client_id_gets_connack_0x85() -> None:
     """A client id with a control character: CONNACK 0x85, then close."""
     h = Harness()

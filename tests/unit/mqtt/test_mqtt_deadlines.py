@@ -272,3 +272,47 @@ def test_cancels_in_a_large_bucket_in_any_order_keep_few_closed_items() -> None:
     still = sum(ref() is not None for ref in refs)
     assert len(deadlines) == 200
     assert still <= 200 // 4 + 64
+
+
+def test_soon_deadlines_arm_only_what_still_needs_one() -> None:
+    """``SoonDeadlines`` arms, one turn later, only the items still needing a deadline,
+    with the delay less the time the turn took, and leaves no timer behind."""
+    from twisted.internet.task import Clock
+
+    from mqttamqp.mqtt.deadlines import SoonDeadlines
+
+    clock = Clock()
+    clock.advance(50.0)
+    armed: list[tuple[str, float]] = []
+    done = {"b"}
+    soon = SoonDeadlines(clock, 10.0, lambda item: item not in done,
+                         lambda item, delay: armed.append((item, delay)))
+    soon.add("a")
+    soon.add("b")
+    soon.add("c")
+    assert len(clock.getDelayedCalls()) == 1 and len(soon) == 2
+    done.add("c")              # (its CONNECT came in the same turn)
+    clock.advance(0.25)        # (the turn took a quarter second)
+    assert armed == [("a", 9.75)]
+    assert clock.getDelayedCalls() == [] and len(soon) == 0
+    soon.add("d")              # (a later turn: a timer of its own again)
+    clock.advance(0)
+    assert armed[-1] == ("d", 10.0)
+
+
+def test_connect_read_in_the_accept_turn_arms_no_deadline() -> None:
+    """A CONNECT read in the turn that accepted the socket never puts a CONNECT
+    deadline in the wheel; a silent socket gets one at the next turn."""
+    from mqtt_memory import ACCEPTED, Harness
+
+    h = Harness(connect_timeout=5.0)
+    quick = h.client()
+    silent = h.client()
+    assert quick.connect("q") == [ACCEPTED]
+    h.clock.advance(0)
+    assert len(h.factory.connect_deadlines) == 1
+    assert quick.proto._connect_timer is None and silent.proto._connect_timer == 5.0
+    h.clock.advance(5.0 - 0.001)
+    assert silent.open
+    h.clock.advance(0.002)
+    assert not silent.open and quick.open

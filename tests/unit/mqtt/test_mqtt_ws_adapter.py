@@ -102,6 +102,17 @@ def test_a_full_socket_buffer_congests_the_subscriber_and_pauses_the_replay() ->
     assert h.broker.sessions["sub"].dropped == 0 and len(got) - 2 < 3000
 
 
+def test_the_stream_says_disconnected_once_its_socket_is() -> None:
+    """The close grace asks the MQTT protocol's transport whether it is gone (a cut
+    then is no cut): over a WebSocket, that is the socket's own flag."""
+    h = Harness()
+    c = WsClient(h)
+    stream = c.mqtt.transport
+    assert stream.disconnected is False
+    c.socket.disconnected = True
+    assert stream.disconnected is True
+
+
 def test_origin_rule_default_is_same_host_or_no_origin() -> None:
     """By default a WebSocket upgrade may come without an Origin or from the broker's own
     host."""

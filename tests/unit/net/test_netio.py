@@ -81,10 +81,15 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
     try:
         assert isinstance(lean, LeanServer) and type(plain) is Server
         assert plain_tcp(lean) and plain_tcp(plain)
-        # Same state, less five attributes, and the address as one string.
-        assert set(vars(plain)) - set(vars(lean)) == {"logstr", "repstr", "fileno", "client",
-                                                      "hostname", "_tempDataBuffer"}
-        assert set(vars(lean)) - set(vars(plain)) == {"peer", "_pending"}
+        # Same state, less the strings, the session number and the defaults an idle
+        # transport keeps as they are (class attributes), and the address as one string.
+        assert set(vars(plain)) - set(vars(lean)) == {
+            "logstr", "repstr", "fileno", "client", "hostname", "_tempDataBuffer",
+            "sessionno", "connected", "_tempDataLen"}
+        assert set(vars(lean)) - set(vars(plain)) == {"peer"}
+        assert lean.connected == plain.connected == 1
+        assert lean._tempDataLen == plain._tempDataLen == 0
+        assert lean.sessionno == lean.fileno()
         # Twisted's write list is made when written to, and dropped once empty.
         assert lean._pending is None
         lean._tempDataBuffer.append(b"x")
@@ -614,3 +619,34 @@ def test_send_after_abort_connection_writes_nothing() -> None:
         finally:
             ours.close()
             theirs.close()
+
+
+def test_push_producer_registered_on_a_lean_transport_is_paused_by_twisted() -> None:
+    """``register_push_producer`` on a LeanServer sets the producer without a dict
+    entry for ``streamingProducer``, and Twisted pauses it when its buffer is full."""
+    from mqttamqp.net.tcp import register_push_producer
+
+    class _Producer:
+        paused = 0
+
+        def pauseProducing(self) -> None:
+            self.paused += 1
+
+        def resumeProducing(self) -> None:
+            pass
+
+        def stopProducing(self) -> None:
+            pass
+
+    lean, c1, p1, _ = _accept(True)
+    try:
+        producer = _Producer()
+        register_push_producer(lean, producer)
+        assert lean.producer is producer and "streamingProducer" not in vars(lean)
+        assert lean.streamingProducer
+        lean.write(b"x" * (lean.bufferSize + 1))   # (buffered: written on the next turn)
+        assert producer.paused == 1
+        lean.unregisterProducer()
+        assert lean.producer is None
+    finally:
+        _close(c1, p1, lean)
