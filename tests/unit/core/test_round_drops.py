@@ -101,6 +101,62 @@ def test_a_publish_dead_lettered_at_its_own_append_waits_for_its_commit() -> Non
     assert fired == [None] and broker.queues.queues["q"].waiters == {}
 
 
+def test_a_round_message_expired_into_a_dead_letter_exchange_keeps_the_round() -> None:
+    """A message of the batch expires (its own expiry) into the dead-letter exchange
+    before it is delivered, the other is consumed: the confirms wait for the commit."""
+    store = ManualStore()
+    broker, clock, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_queue("dead", "c1", durable=True)
+    ex.declare_queue("q", "c1", durable=True,
+                     arguments={"x-dead-letter-exchange": "",
+                                "x-dead-letter-routing-key": "dead"})
+    session, link = _warm(broker, store, "q")
+    link.congested = True                     # (takes nothing for now)
+    commits = broker.queues.commits
+    commits.begin()
+    _, r = ex.publish(_msg(broker, b"short", expiry=1), "", "q", in_round=True)
+    ex.publish(_msg(broker, b"long"), "", "q", in_round=True)
+    answers = _answers(r)
+    commits.end()
+    clock.advance(2)
+    link.congested = False
+    broker.link_drained(session)
+    assert [m.payload for m, *_ in link.published()] == [b"long"]
+    assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"short"]
+    _ack_all(broker, session, link)
+    assert answers == [] and store.pending
+    store.commit_all()
+    assert answers == [None]
+
+
+def test_a_round_message_dropped_by_max_length_keeps_the_round() -> None:
+    """A later publish pushes the batch's first message out (x-max-length), the
+    other is consumed: the batch's confirms wait for its commit."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 2})
+    session, link = _warm(broker, store, "q")
+    link.congested = True
+    commits = broker.queues.commits
+    commits.begin()
+    _, r = ex.publish(_msg(broker, b"first"), "", "q", in_round=True)
+    ex.publish(_msg(broker, b"second"), "", "q", in_round=True)
+    answers = _answers(r)
+    commits.end()
+    ex.publish(_msg(broker, b"third"), "", "q")
+    queue = broker.queues.queues["q"]
+    assert [m.payload for m in queue.log.values()] == [b"second", b"third"]
+    link.congested = False
+    broker.link_drained(session)
+    assert [m.payload for m, *_ in link.published()] == [b"second", b"third"]
+    _ack_all(broker, session, link)
+    assert answers == [] and store.pending
+    store.commit_all()
+    assert answers == [None]
+
+
 def test_round_entries_stay_bounded_when_every_append_is_dropped() -> None:
     """x-max-length 0 with a consumer group: a round per publish, each dropped at
     its append, leaves no early-answer entry behind, and each round is answered by
