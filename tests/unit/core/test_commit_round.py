@@ -261,13 +261,13 @@ def test_a_round_answers_once_its_appends_to_a_queue_are_consumed() -> None:
     before the commit) once every classic group is past the last of them."""
     queue, store, answers = _consumed_round(reject_one=False)
     assert answers.seen == [("ok", "confirm")] and store.pending
-    assert queue.round_waits == []
+    assert not queue.round_waits
 
 
 def test_a_rejected_append_keeps_its_round_waiting_for_the_commit() -> None:
     """Dead-lettered is not consumed: the round whose entry covers it answers only
     at its commit, though every append was finished."""
     queue, store, answers = _consumed_round(reject_one=True)
-    assert answers.seen == [] and queue.round_waits == []
+    assert answers.seen == [] and not queue.round_waits
     store.commit_all()
     assert answers.seen == [("ok", "confirm")]

@@ -15,6 +15,7 @@ from queue_facade import make
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.queues.model import QueueLog, Retention
 
 
 def _msg(broker: Broker, payload: bytes, expiry: int | None = None) -> Message:
@@ -75,7 +76,7 @@ def test_a_dead_letter_at_its_own_append_keeps_the_round_for_the_commit() -> Non
     assert answers == [] and store.pending
     store.commit_all()
     assert answers == [None]
-    assert broker.queues.queues["q"].round_waits == []
+    assert not broker.queues.queues["q"].round_waits
 
 
 def test_a_publish_dead_lettered_at_its_own_append_waits_for_its_commit() -> None:
@@ -193,3 +194,26 @@ def test_publish_waiters_stay_bounded_when_every_append_is_dropped() -> None:
         ex.publish(_msg(broker, b"x"), "", "q")
         store.commit_all()
     assert broker.queues.queues["q"].waiters == {}
+
+
+def test_unwait_takes_back_only_the_entry_covering_the_offset() -> None:
+    """``unwait`` drops the one entry whose range (after the previous entry's last
+    offset, up to its own) holds the offset, wherever it is (front, middle, back),
+    none past the last; ``consumed_below`` releases from the front in order."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    queue = QueueLog("q", Retention())
+    rounds = [CommitRound(broker.queues.commits.log_failure) for _ in range(5)]
+    for n, r in enumerate(rounds):
+        queue.round_waits.append([n * 10 + 9, r])      # covers (n*10 - 1, n*10 + 9]
+    queue.unwait(50)                     # (past every entry: nothing)
+    assert [r for _, r in queue.round_waits] == rounds
+    queue.unwait(25)                     # (the middle: the third round's)
+    queue.unwait(0)                      # (the front)
+    queue.unwait(49)                     # (the back, its last offset)
+    assert [r for _, r in queue.round_waits] == [rounds[1], rounds[3]]
+    early: list[Any] = []
+    queue.consumed_below(19, early)      # (not past 19: nothing)
+    assert early == []
+    queue.consumed_below(40, early)
+    assert early == [rounds[1], rounds[3]] and not queue.round_waits
