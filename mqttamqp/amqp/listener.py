@@ -70,7 +70,6 @@ from mqttamqp.core.recorder import (
     CAUSE_LOST,
     CAUSE_PROTOCOL_ERROR,
 )
-from mqttamqp.net.rawproton import make_packet_id_tags
 from mqttamqp.net.tcp import plain_tcp
 from mqttamqp.net.tls import verified_common_name
 
@@ -395,7 +394,6 @@ class AMQPFactory(Factory):
         # total is back under nine tenths of the bound).
         self.links_held = 0
         self._links_full = False
-        make_packet_id_tags()   # (once per process: not on the per-message path)
 
     def hold_links(self, delta: int) -> None:
         self.links_held += delta

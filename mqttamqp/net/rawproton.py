@@ -26,10 +26,22 @@ names (``link_send``, ``delivery_settle``...): a global read is cheaper than
 ``lib.pn_...`` (an attribute of the cffi library object) for every message.  The
 other modules read them from here; what is not per message may call ``lib``.
 
-These are the C API of python-qpid-proton 0.39 and 0.40 (setup.cfg pins the range);
+These are the C API of python-qpid-proton 0.39 and 0.40 (pyproject.toml pins the range);
 ``tests/unit/net/test_net_pins.py`` checks each name exists in the installed ``cproton``.
 
-What it must not do: anything but thin calls; no state; no import of the broker.
+State, module-wide and used on the reactor thread only, kept here because the C
+calls that use it are here:
+
+* ``_buf``, one 64 KiB buffer that a transfer or the transport's output is read into
+  before it is copied out as bytes (a buffer per call would be an allocation per
+  message);
+* the delivery tags of packet ids (``packet_id_tag``, ``tag_blocks``): ready
+  ``pn_bytes_t`` values, a block of 1,024 made at the first use of an id in it and
+  kept for the process's life, at most 64 blocks (every packet id, ~1.4 MB).  A
+  tag made per transfer cost ~2,650 instructions more.
+
+What it must not do: anything but thin calls and those two; no other state; no
+import of the broker.
 """
 
 from __future__ import annotations
@@ -49,7 +61,7 @@ __all__ = [
     "delivery_partial", "delivery_pending", "delivery_readable", "delivery_remote",
     "delivery_remote_state", "delivery_settle", "delivery_settled", "delivery_update",
     "disposition_is_failed", "link_advance", "link_send", "link_credit", "link_flow",
-    "link_queued", "packet_id_tag", "tag_blocks", "make_packet_id_tags",
+    "link_queued", "packet_id_tag", "tag_blocks",
 ]
 
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
@@ -100,24 +112,36 @@ _buf = ffi.new("char[]", _BUF_SIZE)
 
 # The delivery tags of packet ids (b"1" ... b"65535", the tag of a QoS 1/2 delivery),
 # as ready ``pn_bytes_t`` values: a tag made per message (its bytes, a buffer view and a
-# tuple cffi converts) cost ~2,650 instructions more per transfer.  Made once per
-# process, when the AMQP listener starts (``make_packet_id_tags``; else a block of
-# 1,024 ids at a time as ids are first used): 64 blocks of ~21 KB.
+# tuple cffi converts) cost ~2,650 instructions more per transfer.  A block of 1,024
+# ids is made when an id in it is first used (``packet_id_tag``): ~21 KB of C memory
+# (16 KB of structs, then the digits).  64 blocks at most (~1.37 MB; ~1.6 MB of RSS
+# measured), reached once a session's packet ids have wrapped through 1..65535; a
+# broker with no AMQP QoS 1/2 receiver makes none.
 _TAG_BLOCK_BITS = 10
 _TAG_BLOCK = 1 << _TAG_BLOCK_BITS
-_pack_tags = struct.Struct("@" + "NP" * _TAG_BLOCK).pack   # (pn_bytes_t's layout)
-_TAG_SIZE: int = ffi.sizeof("pn_bytes_t")
 # (``OutgoingLink.transfer`` reads a made block here itself: a call less per message)
 tag_blocks: list[Any] = [None] * (65536 >> _TAG_BLOCK_BITS)
 _tag_chars: list[Any] = [None] * len(tag_blocks)   # (what each block points into)
 
+# A block's structs are packed at C speed by ``struct`` (native ``size_t`` then a
+# pointer; a cdata attribute set per field costs ten times as much), but only where
+# ``pn_bytes_t`` has that layout: checked here, once, against what cffi says of the
+# installed ``cproton``.  Elsewhere each field is set one by one.
+_C_LAYOUT: tuple[int, int, int] = (
+    ffi.sizeof("pn_bytes_t"), ffi.offsetof("pn_bytes_t", "size"),
+    ffi.offsetof("pn_bytes_t", "start"))
+_PACKED_LAYOUT: tuple[int, int, int] = (struct.calcsize("@NP"), 0, struct.calcsize("@N"))
 
-def make_packet_id_tags() -> None:
-    """Make the tags of every packet id now (~25 ms, ~1.4 MB, once per process: a
-    listener's start), rather than a block at a time on the per-message path."""
-    for index, block in enumerate(tag_blocks):
-        if block is None:
-            _tag_block(index)
+
+def _tag_packer() -> Callable[..., bytes] | None:
+    """``struct``'s packer of a block's structs, or None if ``pn_bytes_t`` is not laid
+    out as it packs (then the fields are set one by one)."""
+    if _C_LAYOUT != _PACKED_LAYOUT:
+        return None
+    return struct.Struct("@" + "NP" * _TAG_BLOCK).pack
+
+
+_pack_tags = _tag_packer()
 
 
 def packet_id_tag(packet_id: int) -> Any:
@@ -130,22 +154,41 @@ def packet_id_tag(packet_id: int) -> Any:
 
 
 def _tag_block(index: int) -> Any:
+    chars, block = _make_tag_block(index)
+    _tag_chars[index] = chars
+    tag_blocks[index] = block
+    return block
+
+
+def _make_tag_block(index: int) -> tuple[Any, Any]:
+    """The digits of block ``index``'s packet ids, and its ``pn_bytes_t`` array
+    pointing into them (the digits must live as long as the array)."""
     first = index << _TAG_BLOCK_BITS
     tags = [b"%d" % pid for pid in range(first, first + _TAG_BLOCK)]
     chars = ffi.new("char[]", b"".join(tags))
-    # (the structs packed at C speed, in their C layout: size_t size, then the
-    # pointer; a cdata attribute set per field cost ten times as much)
+    block = ffi.new("pn_bytes_t[]", _TAG_BLOCK)
+    pack = _pack_tags
+    if pack is None:
+        at = ffi.cast("char *", chars)
+        for i, tag in enumerate(tags):
+            entry = block[i]
+            entry.size = len(tag)
+            entry.start = at
+            at += len(tag)
+        return chars, block
     base = int(ffi.cast("uintptr_t", chars))
     fields: list[int] = []
     for tag in tags:
         fields.append(len(tag))
         fields.append(base)
         base += len(tag)
-    block = ffi.new("pn_bytes_t[]", _TAG_BLOCK)
-    ffi.memmove(block, _pack_tags(*fields), _TAG_BLOCK * _TAG_SIZE)
-    _tag_chars[index] = chars
-    tag_blocks[index] = block
-    return block
+    packed = pack(*fields)
+    if len(packed) != ffi.sizeof(block):
+        # (never reached while the layout check holds; never copy a wrong size)
+        raise RuntimeError(f"packed delivery tags: {len(packed)} bytes for a block of "
+                           f"{ffi.sizeof(block)}")
+    ffi.memmove(block, packed, len(packed))
+    return chars, block
 
 
 def recv(link: Any, dlv: Any) -> bytes | None:

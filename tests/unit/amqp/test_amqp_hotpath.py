@@ -265,6 +265,27 @@ def test_a_packet_id_tag_is_its_decimal_digits_in_every_block() -> None:
         assert ffi.unpack(tag.start, tag.size) == b"%d" % pid
 
 
+def test_packet_id_tags_are_made_a_block_at_a_time_as_ids_are_first_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AMQP listener makes no delivery-tag block at its start; the first QoS 1
+    delivery makes the one block its packet id is in, and no other."""
+    import mqttamqp.amqp.links as links
+    import mqttamqp.net.rawproton as rawproton
+
+    blocks: list[object] = [None] * len(rawproton.tag_blocks)
+    monkeypatch.setattr(rawproton, "tag_blocks", blocks)
+    monkeypatch.setattr(links, "tag_blocks", blocks)
+    monkeypatch.setattr(rawproton, "_tag_chars", [None] * len(blocks))
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("lazy/t", credit=10)
+    snd = app.sender("lazy/t")
+    assert blocks == [None] * len(blocks)
+    assert outcome(app.send(snd, publish_message(None, b"m", qos=1))) == (ACCEPTED, None)
+    assert [dlv.tag for _, dlv in rcv.new()] == ["1"]
+    assert [i for i, block in enumerate(blocks) if block is not None] == [0]
+
+
 def test_a_qos1_delivery_is_tagged_with_its_packet_id() -> None:
     """An unsettled QoS 1 delivery carries its packet id as its delivery tag, and a
     QoS 0 one (pre-settled) its own tag."""
