@@ -158,6 +158,33 @@ def test_a_round_message_dropped_by_max_length_keeps_the_round() -> None:
     assert answers == [None]
 
 
+def test_a_round_purged_before_it_is_consumed_keeps_the_round() -> None:
+    """queue.purge takes the batch's messages before any consumer had them; a later
+    message is consumed: the batch's confirms wait for its commit."""
+    store = ManualStore()
+    broker, _, _ = make(store)
+    ex = broker.exchanges
+    ex.declare_queue("q", "c1", durable=True)
+    session, link = _warm(broker, store, "q")
+    link.congested = True
+    commits = broker.queues.commits
+    commits.begin()
+    _, r = ex.publish(_msg(broker, b"first"), "", "q", in_round=True)
+    ex.publish(_msg(broker, b"second"), "", "q", in_round=True)
+    answers = _answers(r)
+    commits.end()
+    count, _ = broker.queues.purge_ready("q")
+    assert count == 2
+    ex.publish(_msg(broker, b"later"), "", "q")
+    link.congested = False
+    broker.link_drained(session)
+    assert [m.payload for m, *_ in link.published()] == [b"later"]
+    _ack_all(broker, session, link)
+    assert answers == [] and store.pending
+    store.commit_all()
+    assert answers == [None]
+
+
 def test_round_entries_stay_bounded_when_every_append_is_dropped() -> None:
     """x-max-length 0 with a consumer group: a round per publish, each dropped at
     its append, leaves no early-answer entry behind, and each round is answered by
