@@ -51,6 +51,29 @@ def _ack_all(broker: Broker, session: Any, link: Any) -> None:
     commits.end()
 
 
+def _round(broker: Broker, *messages: Message) -> list[object]:
+    """Publish ``messages`` to ``q`` in one batch (one commit round); the round's
+    answers, filled as they come."""
+    commits = broker.queues.commits
+    commits.begin()
+    rounds = {id(r): r for _, r in (broker.exchanges.publish(m, "", "q", in_round=True)
+                                    for m in messages)}
+    assert len(rounds) == 1
+    answers = _answers(next(iter(rounds.values())))
+    commits.end()
+    return answers
+
+
+def _acked_then_committed(broker: Broker, store: ManualStore, session: Any, link: Any,
+                          answers: list[object]) -> None:
+    """Every delivery acknowledged: the round is still unanswered while its commit is
+    pending, and answered by the commit."""
+    _ack_all(broker, session, link)
+    assert answers == [] and store.pending
+    store.commit_all()
+    assert answers == [None]
+
+
 def test_a_dead_letter_at_its_own_append_keeps_the_round_for_the_commit() -> None:
     """x-max-length-bytes dead-letters a big message at its own append; the small
     one of the same batch is consumed before the commit: the batch's confirms still
@@ -63,19 +86,10 @@ def test_a_dead_letter_at_its_own_append_keeps_the_round_for_the_commit() -> Non
                      arguments={"x-max-length-bytes": 100, "x-dead-letter-exchange": "",
                                 "x-dead-letter-routing-key": "dead"})
     session, link = _warm(broker, store, "q")
-    commits = broker.queues.commits
-    commits.begin()
-    _, r = ex.publish(_msg(broker, b"B" * 200), "", "q", in_round=True)
-    _, again = ex.publish(_msg(broker, b"s"), "", "q", in_round=True)
-    assert again is r
-    answers = _answers(r)
-    commits.end()
+    answers = _round(broker, _msg(broker, b"B" * 200), _msg(broker, b"s"))
     assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"B" * 200]
     assert [m.payload for m, *_ in link.published()] == [b"s"]
-    _ack_all(broker, session, link)
-    assert answers == [] and store.pending
-    store.commit_all()
-    assert answers == [None]
+    _acked_then_committed(broker, store, session, link, answers)
     assert not broker.queues.queues["q"].round_waits
 
 
@@ -114,21 +128,13 @@ def test_a_round_message_expired_into_a_dead_letter_exchange_keeps_the_round() -
                                 "x-dead-letter-routing-key": "dead"})
     session, link = _warm(broker, store, "q")
     link.congested = True                     # (takes nothing for now)
-    commits = broker.queues.commits
-    commits.begin()
-    _, r = ex.publish(_msg(broker, b"short", expiry=1), "", "q", in_round=True)
-    ex.publish(_msg(broker, b"long"), "", "q", in_round=True)
-    answers = _answers(r)
-    commits.end()
+    answers = _round(broker, _msg(broker, b"short", expiry=1), _msg(broker, b"long"))
     clock.advance(2)
     link.congested = False
     broker.link_drained(session)
     assert [m.payload for m, *_ in link.published()] == [b"long"]
     assert [m.payload for m in broker.queues.queues["dead"].log.values()] == [b"short"]
-    _ack_all(broker, session, link)
-    assert answers == [] and store.pending
-    store.commit_all()
-    assert answers == [None]
+    _acked_then_committed(broker, store, session, link, answers)
 
 
 def test_a_round_message_dropped_by_max_length_keeps_the_round() -> None:
@@ -140,22 +146,14 @@ def test_a_round_message_dropped_by_max_length_keeps_the_round() -> None:
     ex.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 2})
     session, link = _warm(broker, store, "q")
     link.congested = True
-    commits = broker.queues.commits
-    commits.begin()
-    _, r = ex.publish(_msg(broker, b"first"), "", "q", in_round=True)
-    ex.publish(_msg(broker, b"second"), "", "q", in_round=True)
-    answers = _answers(r)
-    commits.end()
+    answers = _round(broker, _msg(broker, b"first"), _msg(broker, b"second"))
     ex.publish(_msg(broker, b"third"), "", "q")
     queue = broker.queues.queues["q"]
     assert [m.payload for m in queue.log.values()] == [b"second", b"third"]
     link.congested = False
     broker.link_drained(session)
     assert [m.payload for m, *_ in link.published()] == [b"second", b"third"]
-    _ack_all(broker, session, link)
-    assert answers == [] and store.pending
-    store.commit_all()
-    assert answers == [None]
+    _acked_then_committed(broker, store, session, link, answers)
 
 
 def test_a_round_purged_before_it_is_consumed_keeps_the_round() -> None:
@@ -167,22 +165,14 @@ def test_a_round_purged_before_it_is_consumed_keeps_the_round() -> None:
     ex.declare_queue("q", "c1", durable=True)
     session, link = _warm(broker, store, "q")
     link.congested = True
-    commits = broker.queues.commits
-    commits.begin()
-    _, r = ex.publish(_msg(broker, b"first"), "", "q", in_round=True)
-    ex.publish(_msg(broker, b"second"), "", "q", in_round=True)
-    answers = _answers(r)
-    commits.end()
+    answers = _round(broker, _msg(broker, b"first"), _msg(broker, b"second"))
     count, _ = broker.queues.purge_ready("q")
     assert count == 2
     ex.publish(_msg(broker, b"later"), "", "q")
     link.congested = False
     broker.link_drained(session)
     assert [m.payload for m, *_ in link.published()] == [b"later"]
-    _ack_all(broker, session, link)
-    assert answers == [] and store.pending
-    store.commit_all()
-    assert answers == [None]
+    _acked_then_committed(broker, store, session, link, answers)
 
 
 def test_round_entries_stay_bounded_when_every_append_is_dropped() -> None:
