@@ -9,6 +9,7 @@ from typing import Any
 
 from core_broker import make_broker
 from fakes import ManualStore
+from queue_facade import warm_member
 from twisted.python.failure import Failure
 
 from mqttamqp.core.commits import CommitBatcher, CommitRound
@@ -175,22 +176,6 @@ def test_queue_appends_in_a_round_are_durable_after_its_commit() -> None:
     assert queues.unstored_bytes == 0
 
 
-def _member(store: ManualStore) -> tuple[Any, Any, Any]:
-    """A broker on ``store`` with queue ``jobs`` and an MQTT 5 member of its group,
-    its first delivery acknowledged and committed: the broker, the member's
-    session and its link."""
-    from queue_facade import ack, client, join, last, make
-
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1", "mqtt5")
-    join(broker, worker, "$queue/jobs/#")
-    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
-    store.commit_all()
-    ack(broker, worker, last(link))
-    store.commit_all()
-    return broker, worker, link
-
-
 def _two_in_round(broker: Any, link: Any) -> tuple[CommitRound, list[Message]]:
     """Inside the open batch: two confirmed publishes to ``jobs`` (one round, the
     real path: an early-answer entry each member may release); the round and the
@@ -213,7 +198,7 @@ def test_answers_come_early_once_every_submission_is_released() -> None:
     from queue_facade import ack
 
     store = ManualStore()
-    broker, worker, link = _member(store)
+    broker, worker, link = warm_member(store)
     commits = broker.queues.commits
     logged = _quiet(commits)
     answers, done = _Outcomes(), _Outcomes()
@@ -240,7 +225,7 @@ def test_no_early_answer_while_one_submission_is_held() -> None:
     from queue_facade import ack
 
     store = ManualStore()
-    broker, worker, link = _member(store)
+    broker, worker, link = warm_member(store)
     commits = broker.queues.commits
     _quiet(commits)
     answers = _Outcomes()
@@ -260,16 +245,10 @@ def _consumed_round(reject_one: bool) -> tuple[Any, Any, _Outcomes]:
     """Three confirmed publishes to ``jobs`` in one batch, a 3.1.1 member of it
     taking each; the member acknowledges them, the second with ``$reject`` if
     ``reject_one``.  The queue, the store and the round's answers."""
-    from queue_facade import ack, client, join, last, make
+    from queue_facade import ack
 
     store = ManualStore()
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1", "mqtt5")
-    join(broker, worker, "$queue/jobs/#")
-    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
-    store.commit_all()
-    ack(broker, worker, last(link))
-    store.commit_all()
+    broker, worker, link = warm_member(store)
     queues, commits = broker.queues, broker.queues.commits
     queue = queues.queues["jobs"]
     answers = _Outcomes()

@@ -38,16 +38,10 @@ def test_deliveries_and_queue_appends_of_a_batch_share_one_round() -> None:
     """An MQTT publish's early acknowledgement and a queue append in the same batch
     wait on one round: its answer needs both finished (or the commit), while
     ``when_done`` waits for the commit whatever was finished."""
-    from queue_facade import ack, client, join, last, make
+    from queue_facade import ack, last, warm_member
 
     store = ManualStore()
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1", "mqtt5")
-    join(broker, worker, "$queue/jobs/#")
-    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
-    store.commit_all()
-    ack(broker, worker, last(link))     # (the queue and its group stored, quiet)
-    store.commit_all()
+    broker, worker, link = warm_member(store)   # (the queue and its group stored, quiet)
     commits = broker.queues.commits
     commits.begin()
     entry = _entry(1)
