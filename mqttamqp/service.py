@@ -265,8 +265,9 @@ class BrokerService(service.MultiService):
 
     def _stop_serving(self, reason: str) -> None:
         """--ha, the leadership lost: no commit from now on (nothing more is
-        acknowledged), clients and client listeners closed, the process ends with
-        status 1 (a supervisor restarts it: it comes back as the standby)."""
+        acknowledged), clients (of every protocol) and client listeners closed, the
+        process ends with status 1 (a supervisor restarts it: it comes back as the
+        standby)."""
         self.broker.stats.ha_role = "fenced"
         _exit_status_after_stop(1)
         reactor: Any = self.reactor
@@ -277,10 +278,9 @@ class BrokerService(service.MultiService):
         for listener in self.listeners:
             if listener.kind not in _STANDBY_LISTENERS:
                 listener.close_now()
-        connections = list(self.mqtt_factory.connections)
-        if self.amqp_factory is not None:
-            connections += list(self.amqp_factory.connections)
-        for conn in connections:
+        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port
+        factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory)
+        for conn in [c for f in factories if f is not None for c in f.connections]:
             try:
                 conn.transport.abortConnection()
             except Exception:   # (best effort: the process ends anyway)

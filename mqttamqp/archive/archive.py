@@ -6,10 +6,11 @@ Three parts, one object:
 - the reactor side (``message``, ``event``, ``stats``) adds a message's payload
   (its first ``payload_bytes``) to the end of one ``bytearray`` and its other
   values to the end of one flat list, the batch being filled (an event's tuple to
-  a ``deque``), and returns. When the batch holds ``_BATCH`` messages it queues the
-  pair whole and starts a new one (a swap: no value is copied); when the queue is
-  at its bound the record is dropped and counted. It never blocks, never takes a
-  lock, never touches a file and never waits for the writer;
+  a ``deque``), and returns. When the batch holds ``_BATCH`` messages (half the
+  buffer if that is less) it queues the pair whole and starts a new one (a swap:
+  no value is copied); when the queue is at its bound the record is dropped and
+  counted. It never blocks, never takes a lock, never touches a file and never
+  waits for the writer;
 - the feeding thread turns the queued batches into columns (``columns``: numbers
   as packed bytes, a string every row shares once) and sends them to the writer
   process (``mqttamqp.archive.writer``) in one pickled frame on its stdin, then
@@ -72,7 +73,12 @@ log = Logger(namespace="mqttamqp.archive")
 DEFAULT_BUFFER_LIMIT = 65536
 DEFAULT_EXCLUDE = ("$SYS/#",)
 
-_BATCH = 4096             # messages per batch the reactor side queues whole
+# Messages per batch the reactor side queues whole; half the buffer when that is
+# less, so that a full batch can always be queued and wake the dozing feeding thread
+# (``_rotate``): one the buffer could not queue would wake it only by a dropped
+# record.  (``_pause`` dozes on a trickle only if a batch can be queued: not with a
+# one-record buffer.)
+_BATCH = 4096
 _FRAME = 16384            # events per frame at most (messages: every queued batch)
 # Longest the feeding thread sleeps while no message waits (nothing, or only events).
 # Events come in bursts (a connect storm is two a client): a step every 100 ms took
@@ -159,7 +165,7 @@ class Archive:
         self._full: deque[tuple[list[Any], bytearray]] = deque()  # oldest first
         self._events: deque[tuple[Any, ...]] = deque()
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
-        self._batch = min(_BATCH, buffer_limit)     # messages per batch
+        self._batch = max(1, min(_BATCH, buffer_limit // 2))   # messages per batch
         self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
         # Counted on the reactor thread:
         self.dropped = 0
@@ -386,7 +392,7 @@ class Archive:
         is left set when a full batch (or a frame of events) should cut it short."""
         self._dozing = True   # (before the count: a batch queued after it wakes us)
         if progressed and self._messages_waiting():
-            if self._taken < self._batch and not self._full:
+            if self._taken < self._batch and not self._full and 2 * self._batch <= self._limit:
                 return _IDLE_WAIT - elapsed   # a trickle: a step a second at most
             self._dozing = False              # a stream: a frame every _STEP_WAIT
             return _STEP_WAIT - elapsed

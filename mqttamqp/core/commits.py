@@ -122,12 +122,12 @@ class CommitBatcher:
             r = self._round = CommitRound(self.log_failure)
         return r
 
-    def persist_in_round(self, ops: Sequence[Op], hold: bool = True) -> CommitRound | None:
+    def persist_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
         """Inside a batch: submit ``ops`` with it and return its ``CommitRound``
-        (counted once more), no Deferred of the caller's own; ``hold``: also one
-        more outstanding, to be ``release``d (else the caller counts what it
-        will release itself).  Outside a batch, or while stopping: None, nothing
-        submitted (use ``persist``)."""
+        (counted once more), no Deferred of the caller's own.  The caller counts
+        in ``outstanding`` what it will ``release`` itself (a queue's early-answer
+        entry, or a hold only the commit ends).  Outside a batch, or while
+        stopping: None, nothing submitted (use ``persist``)."""
         if not self._depth or self.stopping:
             return None
         self._ops.extend(ops)
@@ -135,8 +135,6 @@ class CommitBatcher:
         if r is None:
             r = self._round = CommitRound(self.log_failure)
         r.count += 1
-        if hold:
-            r.outstanding += 1
         return r
 
     def barrier(self) -> Deferred[None]:

@@ -215,9 +215,7 @@ class ConnectHandshake(ActionExecutor):
                                 else self.clock.seconds())
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         self.broker.activate(session, self._link, self.protocol_label)
-        # (its CONNECT event's time: the connection's own float, no other to keep)
-        self.broker.register_connection(self.key, self._link, self.protocol_label,
-                                        self.connected_since)
+        self.broker.register_connection(self.key, self._link, self.protocol_label)
         held = self._factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"

@@ -95,13 +95,17 @@ class InputPump(MQTTLink):
                 # Connected, the table holds exactly what a client may send; anything
                 # else (and anything before CONNECT) the rules explain.
                 handler = connected.get(type(packet)) if state is _CONNECTED else None
-                if handler is None:
+                if handler is not None:
+                    handler(self, packet)
+                else:
                     problem = self.check(packet)
                     if problem is not None:
                         self._carry_out(Close(problem))
                         return
-                    handler = self._handlers[type(packet)]
-                handler(self, packet)
+                    self._handlers[type(packet)](self, packet)
+                    # CONNECT (or AUTH) may have connected it, and ``start_debug``
+                    # swapped its class: what follows in this read takes the new table.
+                    connected = self._connected_handlers
                 if until and seconds() >= until:
                     if (decoder.buffered and self.state is _CONNECTED
                             and self._others_waiting()):

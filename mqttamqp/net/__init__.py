@@ -19,12 +19,13 @@ Modules (each says in its docstring why its trick pays):
   dict (an MQTT connection with slots only: ~40 bytes less each).
 * ``dispatch``: ``lean_dispatch``, the epoll reactor's events handled without
   Twisted's per-event logging context (eight Python calls an event: at a paced
-  1,000 msg/s each message is two events).
+  1,000 msg/s each message is two events); only over the ``doPoll`` body it was
+  written from (its names' fingerprint), else Twisted's is kept, with one log line.
 * ``rawproton``: proton-c's functions called by name (``cproton``) on the AMQP
   per-message path, looked up once.
 
 Twisted's private names (``tcp``, ``accept``, ``tls``, ``dispatch``) and proton's internal
-``cproton`` module (``rawproton``) are not promised to stay: setup.cfg bounds both
+``cproton`` module (``rawproton``) are not promised to stay: pyproject.toml bounds both
 from above at the newest release tested (Twisted 26.10, python-qpid-proton 0.40,
 what CI installs), and ``tests/unit/net/test_net_pins.py`` checks every private name on the
 installed versions, so that an upgrade fails a test, not production.  The same

@@ -20,9 +20,13 @@ ends the turn quietly; ``_poller`` and ``_selectables`` are read on every call, 
 a wrapped poller (``bench/lateness.py``) or a reset of the reactor still applies.
 
 It changes only a reactor whose ``doPoll`` is ``EPollReactor``'s own (any other
-reactor, a subclass that overrides it, or a test's clock is left alone).  The
-private names it reads (``_poller``, ``_selectables``, ``_doReadOrWrite``) are
-checked by ``tests/unit/net/test_net_pins.py`` (see ``mqttamqp.net``).
+reactor, a subclass that overrides it, or a test's clock is left alone), and only
+if that body is the one it was written from: the names ``doPoll`` uses
+(``__code__.co_names``) must be those of Twisted 26.10's (``_DO_POLL_NAMES``).  A
+Twisted whose ``doPoll`` does something more or else (a new hook, another dispatch)
+keeps its own, with one log line.  The private names it reads (``_poller``,
+``_selectables``, ``_doReadOrWrite``) and that fingerprint are checked by
+``tests/unit/net/test_net_pins.py`` (see ``mqttamqp.net``).
 
 What it must not do: know any protocol, or import the broker's core.
 """
@@ -30,6 +34,7 @@ What it must not do: know any protocol, or import the broker's core.
 from __future__ import annotations
 
 import errno
+from importlib import metadata
 from typing import Any
 
 from twisted.logger import Logger
@@ -38,11 +43,28 @@ __all__ = ["lean_dispatch"]
 
 log = Logger(namespace="mqttamqp.net.dispatch")
 
+#: What ``EPollReactor.doPoll`` calls and reads (its ``__code__.co_names``) in the
+#: Twisted the replacement was read from and tested on: 26.10, the newest that
+#: pyproject.toml allows.  ``do_poll`` below is that body without the
+#: ``log.callWithLogger`` around each event.
+_DO_POLL_NAMES = frozenset({
+    "_poller", "poll", "len", "_selectables", "OSError", "errno", "EINTR",
+    "_doReadOrWrite", "log", "callWithLogger", "KeyError"})
+
+
+def _known_body(reactor_class: Any) -> bool:
+    """Whether ``reactor_class.doPoll`` is the body ``do_poll`` replaces (and
+    ``doIteration`` is it, as both are replaced)."""
+    code = getattr(reactor_class.doPoll, "__code__", None)
+    return (code is not None and frozenset(code.co_names) == _DO_POLL_NAMES
+            and reactor_class.doIteration is reactor_class.doPoll)
+
 
 def lean_dispatch(reactor: Any) -> bool:
     """Give ``reactor`` (an ``EPollReactor``) a ``doPoll`` that dispatches without
     the logging context; True if it has it now (or had it), False if the reactor
-    is of another kind and was left as it was."""
+    is of another kind, or its ``doPoll`` not the body this replaces, and was left
+    as it was."""
     try:
         from twisted.internet.epollreactor import EPollReactor
     except ImportError:   # (no epoll on this system)
@@ -50,6 +72,15 @@ def lean_dispatch(reactor: Any) -> bool:
     if getattr(reactor, "_lean_dispatch", False):
         return True
     if not isinstance(reactor, EPollReactor) or type(reactor).doPoll is not EPollReactor.doPoll:
+        return False
+    if not _known_body(EPollReactor):
+        try:
+            version = metadata.version("twisted")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        log.warn("net.dispatch: this Twisted's ({version}) EPollReactor.doPoll is not the "
+                 "one the lean dispatch replaces (written for 26.10); the reactor keeps "
+                 "its own", version=version)
         return False
     target: Any = reactor   # (its privates, and an instance attribute for doPoll)
 

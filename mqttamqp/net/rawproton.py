@@ -26,7 +26,7 @@ names (``link_send``, ``delivery_settle``...): a global read is cheaper than
 ``lib.pn_...`` (an attribute of the cffi library object) for every message.  The
 other modules read them from here; what is not per message may call ``lib``.
 
-These are the C API of python-qpid-proton 0.39 and 0.40 (setup.cfg pins the range);
+These are the C API of python-qpid-proton 0.39 and 0.40 (pyproject.toml pins the range);
 ``tests/unit/net/test_net_pins.py`` checks each name exists in the installed ``cproton``.
 
 State, module-wide and used on the reactor thread only, kept here because the C

@@ -24,9 +24,9 @@ swapped: Twisted builds the port inside ``listenTCP``/endpoints, so there is no
 earlier place to choose the class) that builds ``LeanServer`` transports.
 
 Every private name of Twisted used here (``_reads``, ``_doReadOrWrite``,
-``_POLL_IN``, ``_poller``, ``_tempDataLen``, ``_writeDisconnected``, ...) is checked
+``_POLL_IN``, ``_poller``, ``_tempDataLen``, ``_writeDisconnected``, ``_aborting``, ...) is checked
 against the installed Twisted by ``tests/unit/net/test_net_pins.py``; the versions they were
-read from are pinned in setup.cfg (see ``mqttamqp.net``).
+read from are pinned in pyproject.toml (see ``mqttamqp.net``).
 
 What it must not do: know any protocol, or import the broker's core.
 """
@@ -324,7 +324,8 @@ def send(transport: Any, data: bytes) -> None:
     """``transport.write(data)``, sent at once when that changes nothing else."""
     if (type(transport) in _PLAIN and transport.connected and not transport._tempDataLen
             and transport.offset >= len(transport.dataBuffer)
-            and not transport.disconnecting and not transport._writeDisconnected):
+            and not transport.disconnecting and not transport._writeDisconnected
+            and not transport._aborting):   # (``abortConnection``: nothing more goes out)
         # The socket's own ``send``, which ``writeSomeData`` calls through a
         # memoryview and ``untilConcludes`` (two Python calls more a write; a paced
         # message is two writes).  Would block, interrupted, or lost: ``write``

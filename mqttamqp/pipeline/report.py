@@ -290,7 +290,11 @@ def _tables(parts: DataFrame, events: DataFrame, opts: ReportOptions
                   .agg(F.sum("messages").alias("messages"), F.sum("bytes").alias("bytes")))
 
     conn = events.where(F.col("kind").isin(CONNECT, DISCONNECT))
-    by_client = Window.partitionBy("client_id").orderBy("timestamp", "kind")
+    # At one time a DISCONNECT goes first: the broker records a holder's end before its
+    # successor's start, at times that may be equal (one clock reading for both:
+    # ``SessionRegistry.register_connection``; or two within a microsecond).
+    by_client = Window.partitionBy("client_id").orderBy("timestamp",
+                                                        F.col("kind") == CONNECT)
     seq = conn.withColumn("next_kind", F.lead("kind").over(by_client)) \
               .withColumn("next_ts", F.lead("timestamp").over(by_client)) \
               .withColumn("next_reason", F.lead("reason").over(by_client))

@@ -15,6 +15,7 @@ from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import (
     Consumer,
+    QueueAddress,
 )
 from mqttamqp.core.sessions.session import Session
 
@@ -73,3 +74,19 @@ def ack(broker: Broker, session: Session, message: Message, action: str = "$ack"
 def last(link: FakeLink) -> Message:
     message: Message = link.published()[-1][0]
     return message
+
+
+def warm_member(store: NullStore) -> tuple[Broker, Session, FakeLink]:
+    """A broker on ``store`` with queue ``jobs`` and an MQTT 5 member of its group,
+    its first delivery acknowledged and committed (``store`` a ``ManualStore``), so
+    that what follows starts from a quiet queue: the broker, the member's session
+    and its link."""
+    broker, _, _ = make(store)
+    worker, link = client(broker, "w-1", "mqtt5")
+    join(broker, worker, "$queue/jobs/#")
+    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
+    commit_all = store.commit_all
+    commit_all()
+    ack(broker, worker, last(link))
+    commit_all()
+    return broker, worker, link

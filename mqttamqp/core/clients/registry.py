@@ -131,9 +131,9 @@ class SessionRegistry:
     # -- live connections -----------------------------------------------------
 
     def register_connection(self, key: str, connection: InspectableConnection,
-                            protocol: str, now: float | None = None) -> None:
+                            protocol: str) -> None:
         previous = self.connections.get(key)
-        now = self.clock.seconds() if now is None else now   # (the caller's, if it has one)
+        now = self.clock.seconds()   # (not the read's: a takeover's DISCONNECT is after it)
         if previous is not None:
             if previous is connection:
                 return

@@ -224,7 +224,7 @@ class QueueLogs(AppendAccounting):
         if not self.commits.batching:
             return None
         ops, appended = self._hand_off(ops)
-        r = self.commits.persist_in_round(ops, hold=False)
+        r = self.commits.persist_in_round(ops)
         assert r is not None
         self._account_in_round(r)
         if self._early:

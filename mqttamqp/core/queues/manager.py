@@ -171,7 +171,9 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
         if in_round and not queue.transient and self.commits.batching:
             r = self._commit_in_round(ops)
             if r is not None:
-                if message.qos and _has_classic(queue):
+                # (``offset in queue.log``: not dropped or dead-lettered at its own
+                # append, before it had an entry ``unwait`` could take back)
+                if message.qos and offset in queue.log and _has_classic(queue):
                     waits = queue.round_waits
                     if waits and waits[-1][1] is r:
                         waits[-1][0] = offset    # (one entry per round and queue)
@@ -186,7 +188,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                 self._pump_queue(queue)
             return r, None
         d = self._commit(ops)
-        if d is not None and message.qos and _has_classic(queue):
+        if d is not None and message.qos and offset in queue.log and _has_classic(queue):
             # As for persistent sessions: the acknowledgement promises the message is
             # stored, or already consumed.  When every classic group is done with it
             # before the writer commits, it need not wait (``_trim``).

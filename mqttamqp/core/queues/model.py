@@ -9,9 +9,11 @@ questions a group or a log answers about itself (floor, lag, skipped offsets).""
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
@@ -28,6 +30,9 @@ from mqttamqp.records import record
 
 __all__ = ["Retention", "QueueStats", "QueueLog", "ConsumerGroup", "Member", "Pending",
            "StreamRead", "DeliveryEnds", "DeadLetterRoute"]
+
+# (a ``round_waits`` entry's last offset)
+_LAST = itemgetter(0)
 
 
 @record
@@ -84,8 +89,10 @@ class QueueLog:
         self.waiters: dict[int, Deferred[None] | CommitRound] = {}
         # The same for the appends of commit rounds (0.9.1 confirms), one entry per
         # round, not per append: ``[last offset, round]`` in offset order, released
-        # once every classic group is past its last offset (``_trim``).
-        self.round_waits: list[list[Any]] = []
+        # from the front once every classic group is past its last offset
+        # (``_trim``); an entry holds at least its last offset's message, so there
+        # are no more entries than messages in the log.
+        self.round_waits: deque[list[Any]] = deque()
         # Offsets below ``next_offset`` that hold no message and never will, as
         # sorted ranges [start, end): found at a restart (``QueueManager._skip_unstored_offsets``),
         # jumped over by floors and cursors, left out of lags.
@@ -122,10 +129,12 @@ class QueueLog:
         by its commit only, never early (the entry goes, not released)."""
         self.waiters.pop(offset, None)
         waits = self.round_waits
-        for i, (last, _r) in enumerate(waits):
-            if last >= offset:
-                del waits[i]
-                return
+        if not waits or waits[-1][0] < offset:
+            return   # (no entry covers it)
+        if waits[0][0] >= offset:
+            waits.popleft()   # (the oldest: what expiry and x-max-length drop)
+        else:
+            del waits[bisect_left(waits, offset, key=_LAST)]
 
     def consumed_below(self, upto: int, early: list[Deferred[None] | CommitRound]) -> None:
         """Every classic group is done with the offsets below ``upto``: what their
@@ -139,7 +148,7 @@ class QueueLog:
                     early.append(waiter)
         waits = self.round_waits
         while waits and waits[0][0] < upto:
-            early.append(waits.pop(0)[1])
+            early.append(waits.popleft()[1])
 
     def set_max_priority(self, top: int | None) -> None:
         """Give the queue levels 0..``top`` (None or 0: none).  Its classic groups'

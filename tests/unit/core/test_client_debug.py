@@ -11,13 +11,13 @@ from amqp_memory import ListenerPeer
 from console_support import Client as ConsoleClient
 from console_support import make_console
 from fakes import NullStore, timers_left
-from mqtt_memory import Client
+from mqtt_memory import ACCEPTED, Client
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.clientdebug import MAX_DEBUGGED, ClientDebug, LineBudget
-from mqttamqp.mqtt.packets import Pingreq, Publish, Subscribe
+from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp, Publish, Subscribe
 from mqttamqp.mqtt.protocol import MQTTFactory
 
 
@@ -85,6 +85,25 @@ def test_a_client_connecting_in_the_window_is_logged(lines: list[str]) -> None:
     assert any(x.startswith("debug later (") and "in Pingreq" in x for x in lines)
     late.proto.connectionLost(None)
     assert timers_left(clock) == []          # the debug timer went with it
+
+
+def test_packets_read_with_the_connect_of_a_debugged_client_are_logged(
+        lines: list[str]) -> None:
+    """A debugged client's PUBLISH and PINGREQ in the same read as its CONNECT are logged
+    (in, in order), as those of later reads are."""
+    clock = Clock()
+    broker = Broker(clock, NullStore())
+    broker.commands.debug_client("d", 60)
+    c = Client(MQTTFactory(broker, clock))
+    c.send(Connect("MQTT", 4, "d", True, 0), Publish("t", b"p", 0), Pingreq())
+    assert c.received() == [ACCEPTED, Pingresp()]
+    debug = [x.split(": ", 1)[1] for x in lines if x.startswith("debug d (")]
+    inbound = [x for x in debug if x.startswith("in ")]
+    assert [x.split("(")[0] for x in inbound] == ["in Publish", "in Pingreq"], debug
+    assert "out PINGRESP (2 bytes)" in debug
+    c.send(Pingreq())                        # (and the next read, as before)
+    assert [x for x in lines if x.startswith("debug d (")][-1].endswith(
+        "out PINGRESP (2 bytes)")
 
 
 def test_the_console_switches_it_on_and_off(tmp_path: Any, lines: list[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from core_broker import make_broker
 from fakes import ManualStore
+from queue_facade import warm_member
 from twisted.python.failure import Failure
 
 from mqttamqp.core.commits import CommitBatcher, CommitRound
@@ -175,25 +176,43 @@ def test_queue_appends_in_a_round_are_durable_after_its_commit() -> None:
     assert queues.unstored_bytes == 0
 
 
+def _two_in_round(broker: Any, link: Any) -> tuple[CommitRound, list[Message]]:
+    """Inside the open batch: two confirmed publishes to ``jobs`` (one round, the
+    real path: an early-answer entry each member may release); the round and the
+    two deliveries the member got at once."""
+    queues = broker.queues
+    r, _ = queues.publish(Message("$queue/jobs", b"m0", 1), QueueAddress("jobs", ""), "p",
+                          in_round=True)
+    again, _ = queues.publish(Message("$queue/jobs", b"m1", 1), QueueAddress("jobs", ""),
+                              "p", in_round=True)
+    assert isinstance(r, CommitRound) and again is r
+    delivered = [p[0] for p in link.published()[-2:]]
+    assert [m.payload for m in delivered] == [b"m0", b"m1"]
+    return r, delivered
+
+
 def test_answers_come_early_once_every_submission_is_released() -> None:
     """Answers (confirms) may precede the commit once the batch is submitted and
-    every submission released; ``when_done`` still waits for the commit, and a
-    failure after the early answer reaches it and is logged."""
+    every submission released (each append consumed); ``when_done`` still waits for
+    the commit, and a failure after the early answer reaches it and is logged."""
+    from queue_facade import ack
+
     store = ManualStore()
-    commits = CommitBatcher(store)
+    broker, worker, link = warm_member(store)
+    commits = broker.queues.commits
     logged = _quiet(commits)
     answers, done = _Outcomes(), _Outcomes()
     commits.begin()
-    r = commits.persist_in_round([_op("a")])
-    assert r is not None and commits.persist_in_round([_op("b")]) is r
+    r, delivered = _two_in_round(broker, link)
     r.when_answered(answers, "confirm")
     r.when_done(done, "durable")
-    r.release()
-    r.release()
+    for message in delivered:
+        ack(broker, worker, message)
     assert answers.seen == []            # (not before the batch is submitted)
     commits.end()
     assert answers.seen == [("ok", "confirm")] and done.seen == []
-    _, d = store.pending.pop()
+    [(_, d)] = store.pending            # (the acknowledgements in the same commit)
+    store.pending.clear()
     d.errback(Failure(OSError("disk full")))
     assert done.seen == [("disk full", "durable")]
     assert answers.seen == [("ok", "confirm")]
@@ -203,18 +222,21 @@ def test_answers_come_early_once_every_submission_is_released() -> None:
 def test_no_early_answer_while_one_submission_is_held() -> None:
     """One submission not released (a message no consumer finished): the answer
     waits for the commit, and a failed commit fails it."""
+    from queue_facade import ack
+
     store = ManualStore()
-    commits = CommitBatcher(store)
+    broker, worker, link = warm_member(store)
+    commits = broker.queues.commits
     _quiet(commits)
     answers = _Outcomes()
     commits.begin()
-    r = commits.persist_in_round([_op("a")])
-    assert r is not None and commits.persist_in_round([_op("b")]) is r
+    r, delivered = _two_in_round(broker, link)
     r.when_answered(answers, "confirm")
-    r.release()
+    ack(broker, worker, delivered[0])
     commits.end()
     assert answers.seen == []
-    _, d = store.pending.pop()
+    [(_, d)] = store.pending            # (the acknowledgements in the same commit)
+    store.pending.clear()
     d.errback(Failure(OSError("disk full")))
     assert answers.seen == [("disk full", "confirm")]
 
@@ -223,16 +245,10 @@ def _consumed_round(reject_one: bool) -> tuple[Any, Any, _Outcomes]:
     """Three confirmed publishes to ``jobs`` in one batch, a 3.1.1 member of it
     taking each; the member acknowledges them, the second with ``$reject`` if
     ``reject_one``.  The queue, the store and the round's answers."""
-    from queue_facade import ack, client, join, last, make
+    from queue_facade import ack
 
     store = ManualStore()
-    broker, _, _ = make(store)
-    worker, link = client(broker, "w-1", "mqtt5")
-    join(broker, worker, "$queue/jobs/#")
-    broker.queues.publish(Message("$queue/jobs", b"first", 1), QueueAddress("jobs", ""), "p")
-    store.commit_all()
-    ack(broker, worker, last(link))
-    store.commit_all()
+    broker, worker, link = warm_member(store)
     queues, commits = broker.queues, broker.queues.commits
     queue = queues.queues["jobs"]
     answers = _Outcomes()
@@ -261,13 +277,13 @@ def test_a_round_answers_once_its_appends_to_a_queue_are_consumed() -> None:
     before the commit) once every classic group is past the last of them."""
     queue, store, answers = _consumed_round(reject_one=False)
     assert answers.seen == [("ok", "confirm")] and store.pending
-    assert queue.round_waits == []
+    assert not queue.round_waits
 
 
 def test_a_rejected_append_keeps_its_round_waiting_for_the_commit() -> None:
     """Dead-lettered is not consumed: the round whose entry covers it answers only
     at its commit, though every append was finished."""
     queue, store, answers = _consumed_round(reject_one=True)
-    assert answers.seen == [] and queue.round_waits == []
+    assert answers.seen == [] and not queue.round_waits
     store.commit_all()
     assert answers.seen == [("ok", "confirm")]

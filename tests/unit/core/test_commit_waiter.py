@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.commits import CommitBatcher, CommitRound
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op
+from mqttamqp.core.queues.addresses import QueueAddress
 from mqttamqp.core.sessions.entries import OutEntry
 
 
@@ -37,12 +38,16 @@ def test_deliveries_and_queue_appends_of_a_batch_share_one_round() -> None:
     """An MQTT publish's early acknowledgement and a queue append in the same batch
     wait on one round: its answer needs both finished (or the commit), while
     ``when_done`` waits for the commit whatever was finished."""
+    from queue_facade import ack, last, warm_member
+
     store = ManualStore()
-    commits = CommitBatcher(store)
+    broker, worker, link = warm_member(store)   # (the queue and its group stored, quiet)
+    commits = broker.queues.commits
     commits.begin()
     entry = _entry(1)
     waiter = commits.persist_early([_op(entry)], [entry])
-    r = commits.persist_in_round([entry.put_op("other")])
+    r, _ = broker.queues.publish(Message("$queue/jobs", b"m", 1), QueueAddress("jobs", ""),
+                                 "p", in_round=True)
     assert waiter is not None and r is waiter and r is commits.commit_round()
     answers, done = _Outcomes(), _Outcomes()
     r.when_answered(answers, "ack")
@@ -50,7 +55,7 @@ def test_deliveries_and_queue_appends_of_a_batch_share_one_round() -> None:
     commits.end()
     waiter()                    # the delivery was acknowledged: the append was not
     assert answers.seen == [] and not r.answered
-    r.release()                 # the append's message was consumed
+    ack(broker, worker, last(link))     # the append's message was consumed
     assert answers.seen == [("ok", "ack")] and done.seen == []
     store.commit_all()
     assert done.seen == [("ok", "durable")] and answers.seen == [("ok", "ack")]

@@ -8,7 +8,7 @@ from mqtt_memory import ACCEPTED, Harness
 
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
-from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp, Publish
+from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp
 
 
 def test_idle_connection_holds_no_decoder() -> None:
@@ -54,14 +54,16 @@ def test_input_held_while_connecting_stays_with_the_connection() -> None:
 
 
 def test_level_follows_connect() -> None:
-    """A 3.1 client's later reads are decoded with a level-3 decoder."""
+    """A 3.1 client's later read is decoded at level 3: a QoS 0 PUBLISH with DUP set
+    (allowed in 3.1, refused in 3.1.1) keeps the connection open and is routed."""
     h = Harness()
+    seen = h.watcher("t")
     c = h.client()
     assert c.connect("x", level=3) == [ACCEPTED]
-    c.send(Publish("t", b"p", 0))
+    c.proto.dataReceived(bytes([0x38, 4, 0, 1]) + b"tp")   # PUBLISH, DUP, QoS 0: "t" "p"
+    assert c.open and c.received() == []
+    assert seen.sent == [("t", b"p", 0, False)]
     assert c.proto.decoder is IDLE
-    spare = h.factory.decoders.take(c.proto.version)
-    assert spare.protocol_level == 3
 
 
 def test_spares_one_per_level_and_emptied() -> None:

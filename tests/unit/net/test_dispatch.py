@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from loglines import LogLines
 from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.task import Clock
 
@@ -143,3 +144,22 @@ def test_applying_it_twice_keeps_the_first(reactor: EPollReactor) -> None:
     first = reactor.doPoll
     assert lean_dispatch(reactor)
     assert reactor.doPoll is first
+
+
+def test_an_epoll_reactor_whose_do_poll_body_is_unknown_keeps_it_with_one_line(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Twisted whose ``EPollReactor.doPoll`` calls something the replacement does
+    not (its fingerprint differs) keeps its own dispatch, said in one log line."""
+    def changed(self: Any, timeout: float | None) -> None:
+        self._newHook()                     # (a name Twisted 26.10's body has not)
+        EPollReactor.doPoll(self, timeout)
+
+    original = EPollReactor.doPoll
+    monkeypatch.setattr(EPollReactor, "doPoll", changed)
+    monkeypatch.setattr(EPollReactor, "doIteration", changed)
+    assert original is not changed
+    with LogLines("EPollReactor.doPoll is not") as lines:
+        assert not lean_dispatch(reactor)
+    assert len(lines) == 1 and "keeps its own" in lines[0]
+    assert reactor.doPoll.__func__ is changed  # type: ignore[attr-defined]
+    assert "doPoll" not in vars(reactor) and not getattr(reactor, "_lean_dispatch", False)

@@ -1,5 +1,5 @@
 """The private names ``mqttamqp.net`` relies on exist in the installed Twisted and
-proton: an upgrade past the pins in setup.cfg fails here, not in production
+proton: an upgrade past the pins in pyproject.toml fails here, not in production
 (where ``LeanPort`` and ``others_waiting`` would quietly fall back to the slow
 path, and the accept watcher would let Twisted's lines through).
 
@@ -39,6 +39,9 @@ class _StubReactor:
     def removeWriter(self, writer: Any) -> None:
         pass
 
+    def callLater(self, delay: float, f: Any, *args: Any, **kw: Any) -> None:
+        """(``abortConnection`` schedules its ``connectionLost``: not run here.)"""
+
 
 @pytest.mark.parametrize("module, name", [("epollreactor", "EPollReactor"),
                                           ("pollreactor", "PollReactor")])
@@ -64,6 +67,19 @@ def test_the_poll_reactors_have_what_lean_port_and_others_waiting_read(
             close()
 
 
+def test_the_epoll_reactors_do_poll_is_the_body_lean_dispatch_replaces() -> None:
+    """``net.dispatch`` replaces ``EPollReactor.doPoll`` (and ``doIteration``, the same
+    function) only when the names it uses are Twisted 26.10's: an upgrade that
+    changes the body fails here (in production the reactor would keep its own)."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+
+    assert frozenset(EPollReactor.doPoll.__code__.co_names) == dispatch._DO_POLL_NAMES
+    assert EPollReactor.doIteration is EPollReactor.doPoll
+    assert dispatch._known_body(EPollReactor)
+
+
 def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
     """``lean_port`` swaps the class and transport of a listening ``Port`` and
     drives its accept loop; ``watch_accept_errors`` replaces its ``_logger``."""
@@ -84,8 +100,8 @@ def test_a_tcp_port_has_what_lean_port_and_the_accept_watch_replace() -> None:
 
 def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
     """``send`` writes past the transport (to its ``socket``, at most ``SEND_LIMIT``)
-    only when its buffers (``dataBuffer``, ``offset``, ``_tempDataLen``) are empty and
-    its write side is open."""
+    only when its buffers (``dataBuffer``, ``offset``, ``_tempDataLen``) are empty, its
+    write side is open and it is not being aborted (``_aborting``)."""
     ours, theirs = socket.socketpair()
     try:
         server = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _StubReactor())
@@ -100,6 +116,11 @@ def test_a_tcp_transport_has_the_write_buffer_that_send_reads() -> None:
         for method in ("write", "writeSequence", "doWrite"):
             code = getattr(abstract.FileDescriptor, method).__code__
             assert "_tempDataBuffer" in code.co_names, method
+        # ``send`` writes nothing once ``abortConnection`` set ``_aborting`` (before
+        # its ``connectionLost``, while ``connected`` is still true)
+        assert server._aborting is False
+        server.abortConnection()
+        assert server._aborting is True and server.connected and not server.disconnecting
     finally:
         ours.close()
         theirs.close()

@@ -518,11 +518,14 @@ class _WriterStub:
     def removeWriter(self, writer: Any) -> None:
         pass
 
+    def callLater(self, delay: float, f: Any, *args: Any, **kw: Any) -> None:
+        """(``abortConnection`` schedules its ``connectionLost``: not run here.)"""
+
 
 def test_send_writes_to_the_socket_at_once_and_buffers_what_it_does_not_take() -> None:
     """``net.tcp.send``: with nothing buffered the bytes go to the socket in the call;
-    what a full socket does not take stays in the transport's buffer, in order, and
-    later writes queue behind it."""
+    what a full socket does not take stays in the transport's buffer, in order (that a
+    later write queues behind it is the next test's)."""
     from mqttamqp.net.tcp import send
 
     socketmod = socket
@@ -552,6 +555,70 @@ def test_send_writes_to_the_socket_at_once_and_buffers_what_it_does_not_take() -
     finally:
         ours.close()
         theirs.close()
+
+
+def _drain(peer: socket.socket, into: bytearray) -> None:
+    """Read what ``peer`` has now into ``into`` (bounded; ``peer`` is non-blocking)."""
+    for _ in range(1000):
+        try:
+            chunk = peer.recv(1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        into += chunk
+
+
+def test_a_later_send_queues_behind_buffered_bytes_even_when_the_socket_has_room() -> None:
+    """After a partial send and the peer drained, a second send never overtakes the
+    first's buffered rest."""
+    from mqttamqp.net.tcp import send
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    try:
+        server = Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _WriterStub())
+        first = b"A" * 65536
+        send(server, first)
+        got = bytearray()
+        _drain(theirs, got)
+        assert 0 < len(got) < len(first)        # partial: the rest is in the transport
+        send(server, b"B" * 10)                  # the socket has room again
+        _drain(theirs, got)
+        assert b"B" not in got, "the second write overtook the first's buffered rest"
+        for _ in range(1000):                    # (bounded: until all of it arrived)
+            server.doWrite()                     # (what the reactor does when writable)
+            _drain(theirs, got)
+            if len(got) >= len(first) + 10:
+                break
+        assert bytes(got) == first + b"B" * 10
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_send_after_abort_connection_writes_nothing() -> None:
+    """After ``abortConnection`` (its ``connectionLost`` not yet run) ``send`` gives
+    the socket nothing, as Twisted's ``write`` gives it nothing."""
+    from mqttamqp.net.tcp import send
+
+    for write in (lambda s: s.write(b"after-abort"), lambda s: send(s, b"after-abort")):
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        theirs.setblocking(False)
+        try:
+            server = Server(ours, Protocol(), ("127.0.0.1", 1), None, 0, _WriterStub())
+            server.abortConnection()
+            assert server.connected and not server.disconnecting   # (the window)
+            write(server)
+            server.doWrite()                 # (a no-op once aborting, as in Twisted)
+            with pytest.raises(BlockingIOError):
+                theirs.recv(100)
+        finally:
+            ours.close()
+            theirs.close()
 
 
 def test_push_producer_registered_on_a_lean_transport_is_paused_by_twisted() -> None:

@@ -88,3 +88,44 @@ def test_a_takeover_that_fails_logs_no_takeover() -> None:
     with _Log() as log:
         ha.lock.on_acquired()
     assert ha.figures()["role"] == "fenced" and not log.events
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.aborted = 0
+
+    def abortConnection(self) -> None:
+        self.aborted += 1
+
+
+class _Client:
+    """A connection of any protocol, as ``_stop_serving`` sees it: its transport."""
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+
+
+def test_losing_the_leadership_aborts_the_clients_of_every_protocol(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """``BrokerService._stop_serving`` (the lock lost) aborts every MQTT, AMQP 1.0 and
+    AMQP 0.9.1 connection (review finding: 0.9.1 clients stayed connected to a fenced
+    broker), the role is fenced and the process is set to end with status 1."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    from mqttamqp import service
+    from mqttamqp.core.limits import Limits
+
+    statuses: list[int] = []
+    monkeypatch.setattr(service, "_exit_status_after_stop", statuses.append)
+    reactor = MemoryReactorClock()
+    svc = service.BrokerService(str(tmp_path / "data"), Limits(sys_interval=0),
+                                reactor=reactor)
+    svc.add_amqp_listener("tcp:0:interface=127.0.0.1")   # (not bound: never started)
+    mqtt, amqp10, amqp091 = _Client(), _Client(), _Client()
+    svc.mqtt_factory.connections[mqtt] = None  # type: ignore[index]
+    svc.amqp_factory.connections.add(amqp10)
+    svc.amqp091_factory.connections.add(amqp091)
+    svc._stop_serving("the serving lock's connection failed (gone)")
+    assert [c.transport.aborted for c in (mqtt, amqp10, amqp091)] == [1, 1, 1]
+    assert svc.broker.stats.ha_role == "fenced" and statuses == [1]
+    assert reactor.whenRunningHooks
