@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -73,11 +74,13 @@ class BrokerProcess:
         self.lines.put("")  # EOF marker
 
     def wait_for_line(self, pattern: str, timeout: float = 10.0) -> str:
-        """Wait until the broker logs a line matching ``pattern`` (regex); return it."""
+        """Wait until the broker logs a line matching ``pattern`` (regex); return it.
+        ``timeout`` bounds the whole wait, however many other lines come meanwhile."""
         rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                line = self.lines.get(timeout=timeout)
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s:\n"
                                    + self.output()) from None
@@ -128,8 +131,9 @@ class RestartableBroker(BrokerProcess):
     """
 
     def wait_for_line(self, pattern: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
         while True:
-            line = super().wait_for_line(pattern, timeout)
+            line = super().wait_for_line(pattern, max(0.0, deadline - time.monotonic()))
             recovery_notice = ("[stderr#error]" in line and "mqttamqp.fs" in line
                                and "Traceback" not in line and ".lock" not in line)
             if not recovery_notice:
