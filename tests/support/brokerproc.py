@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from linequeue import next_line
+
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 _LISTEN = re.compile(r"listening for ([\w-]+) on ([\d.]+):(\d+)")
 
@@ -77,18 +79,8 @@ class BrokerProcess:
         """Wait until the broker logs a line matching ``pattern`` (regex); return it.
         ``timeout`` bounds the whole wait, however many other lines come meanwhile."""
         rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s:\n"
-                                   + self.output()) from None
-            if line == "":
-                raise RuntimeError(f"broker exited while waiting for {pattern!r}:\n"
-                                   + self.output())
-            if rx.search(line):
-                return line
+        return next_line(self.lines, lambda line: rx.search(line) is not None, timeout,
+                         f"log line matching {pattern!r}", self.output)
 
     def output(self) -> str:
         return "".join(self.log[-200:])

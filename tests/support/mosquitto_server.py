@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 
+from linequeue import next_line
 from ports import free_port
 
 
@@ -54,17 +55,13 @@ class MosquittoServer:
         lines.put("")
 
     def wait_for(self, text: str, timeout: float = 10.0) -> str:
-        """The next log line holding ``text`` (bounded by ``timeout``)."""
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout)
-            except queue.Empty:
-                raise AssertionError(f"mosquitto never said {text!r}:\n"
-                                     + "".join(self.log[-30:])) from None
-            if line == "":
-                raise AssertionError("mosquitto exited:\n" + "".join(self.log[-30:]))
-            if text in line:
-                return line
+        """The next log line holding ``text`` (``timeout`` bounds the whole wait)."""
+        try:
+            return next_line(self.lines, lambda line: text in line, timeout,
+                             f"mosquitto line holding {text!r}",
+                             lambda: "".join(self.log[-30:]))
+        except (TimeoutError, RuntimeError) as e:
+            raise AssertionError(str(e)) from None
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Mapping
 
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 
 from mqttamqp.core.clock import DelayedCall
 from mqttamqp.core.exchanges.arguments import (
@@ -111,6 +112,8 @@ class DeclaredQueue:
 
 class QueueDeclarations:
     """Declared queues over the queue manager: the rules of the 0.9.1 queue methods."""
+
+    log: Logger   # (``Exchanges``')
 
     def __init__(self, queues: QueueManager) -> None:
         self.queues = queues
@@ -423,11 +426,15 @@ class QueueDeclarations:
             known = DeclaredQueue(rec.name, True, False, False, tuple(rec.arguments), None)
             arguments = thaw(known.arguments)
             parsed = parse_queue_arguments(arguments, True, False, False)
-            if isinstance(parsed, str) and "x-overflow" in arguments:
+            if (isinstance(parsed, str) and "x-overflow" in arguments
+                    and arguments.get("x-queue-type") == "stream"):
                 # A stream declared with x-overflow before that was refused: its
                 # bounds act as a stream's, dropping the oldest.
                 del arguments["x-overflow"]
                 parsed = parse_queue_arguments(arguments, True, False, False)
+                self.log.warn("queue {name}: a stream's x-overflow (declared before "
+                              "this version refused it) is ignored; its bounds drop the "
+                              "oldest message", name=rec.name)
             if not isinstance(parsed, str):   # (it was checked when declared)
                 known.parsed = parsed
             self.declared[rec.name] = known

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
+from linequeue import next_line
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -195,12 +196,16 @@ def _lines(stream: object) -> queue.Queue[str]:
 def _expect(lines: queue.Queue[str], wanted: str) -> list[str]:
     """Lines up to and including ``wanted`` (waits for it, with a timeout)."""
     seen: list[str] = []
-    while True:
-        line = lines.get(timeout=TIMEOUT)
-        assert line, f"the script ended before {wanted!r}: {seen}"
+
+    def note(line: str) -> bool:
         seen.append(line)
-        if line == wanted:
-            return seen
+        return line == wanted
+
+    try:
+        next_line(lines, note, TIMEOUT, repr(wanted), lambda: repr(seen))
+    except (TimeoutError, RuntimeError) as e:
+        raise AssertionError(str(e)) from None
+    return seen
 
 
 def test_tx_recv_interactive(examples: Examples) -> None:

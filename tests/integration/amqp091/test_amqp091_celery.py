@@ -24,6 +24,7 @@ import pytest
 from amqp091_target import Target, target, uname
 from celery import Celery
 from celery_app091 import make_app
+from linequeue import next_line
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,15 +68,11 @@ class Worker:
         self.lines.put("")
 
     def wait_ready(self, timeout: float = TIMEOUT) -> None:
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout)
-            except queue.Empty:
-                raise AssertionError("worker not ready:\n" + "".join(self.log)) from None
-            if line == "":
-                raise AssertionError("worker exited:\n" + "".join(self.log))
-            if " ready." in line:
-                return
+        try:
+            next_line(self.lines, lambda line: " ready." in line, timeout,
+                      "worker ready", lambda: "".join(self.log))
+        except (TimeoutError, RuntimeError) as e:
+            raise AssertionError(str(e)) from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:

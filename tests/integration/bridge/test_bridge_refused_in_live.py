@@ -6,9 +6,6 @@ stuck on it for ever, reconnecting while Mosquitto sent it first again each time
 from __future__ import annotations
 
 import os
-import queue
-import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,21 +18,6 @@ from pikaparams import parameters
 
 CONNECTED = r"bridge hq to \S+: connected"
 SUBSCRIBED = "bridge hq: subscribed on the remote"
-
-
-def _line(broker: BrokerProcess, pattern: str, timeout: float) -> str:
-    """The first line matching ``pattern`` within ``timeout`` seconds in all (a
-    reconnecting bridge logs all the time: ``wait_for_line``'s timeout is per line)."""
-    rx = re.compile(pattern)
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            line = broker.lines.get(timeout=left)
-        except queue.Empty:
-            break
-        if rx.search(line):
-            return line
-    raise TimeoutError(f"no line matching {pattern!r} in {timeout} s:\n" + broker.output())
 
 
 @pytest.fixture
@@ -74,7 +56,7 @@ reconnect-max = 1.0
             "x-max-length-bytes": 4, "x-overflow": "reject-publish"})
         far = PahoClient(remote.port, "far-pub")
         far.publish("jobs/a", b"x" * 10, qos=1)
-        line = _line(broker, "refused here", timeout=15)
+        line = broker.wait_for_line("refused here", timeout=15)
         assert "can never take a message of 10 bytes" in line
         assert "acknowledged to the remote, dropped; 1 dropped so far" in line
         far.publish("jobs/a", b"ok", qos=1)

@@ -393,3 +393,19 @@ def test_a_stream_stored_with_x_overflow_restarts_dropping_the_oldest() -> None:
         assert again.publish(Message("$queue/s/x", payload, 1, False, "p", 0.0), None,
                              wait=True).refusal is None
     assert [m.payload for m in queue.log.values()] == [b"b", b"c"]
+
+
+def test_a_classic_queue_stored_with_a_bad_x_overflow_keeps_it() -> None:
+    """Only a stream's stored x-overflow is dropped at restore (with one line): a
+    classic queue whose stored arguments do not parse is not quietly turned from
+    refusing publishes into dropping the oldest."""
+    from fakes import MemoryStore
+
+    from mqttamqp.core.persistence import PutQueueArguments
+    store = MemoryStore()
+    broker, _, _ = make(store)
+    broker.exchanges.declare_queue("q", "c1", durable=True, arguments={"x-max-length": 2})
+    broker.queues.commits.persist([PutQueueArguments("q", (
+        ("x-max-length", 2), ("x-overflow", "no-such-overflow")))])
+    again, _, _ = make(store)
+    assert again.exchanges.declared["q"].parsed.max_length is None
