@@ -326,7 +326,10 @@ class BridgeBase:
         (``amqp.refusals.for_good``: a topic no queue takes, a message a queue can
         never take; AMQP: rejected, MQTT: acknowledged with the refusal's reason
         code) and says True, as sending it again would be refused again: dropped,
-        counted (``dropped_in``), logged once a minute per reason code; else (no
+        counted (``dropped_in``), logged once a minute per reason code; a refusal
+        that comes with a commit (an ``x-overflow reject-publish-dlx`` queue's dead
+        letter) is told only once that commit is durable, the connection dropped if
+        it fails; else (no
         ``reject``, or it says False: a full queue, too many queues, it may pass
         later) the connection is dropped, so that the remote keeps it."""
         self.received += 1
@@ -338,20 +341,15 @@ class BridgeBase:
         refusal = result.refusal
         if refusal is not None:
             self.refused_here += 1
-            if reject is not None and reject(refusal):
-                self.dropped_in += 1
-                self.warn(f"in-dropped {refusal.code:#04x}", "bridge {n}: a message from "
-                          "the remote on {t} was refused here for good ({r}); {how}, "
-                          "dropped; {c} dropped so far", t=message.topic, r=refusal.reason,
-                          how=self.told, c=self.dropped_in)
-                return
-            # A durable queue here refused it (full, too many queues): nothing is
-            # stored, so the remote is not told it was taken; it sends it again
-            # after the reconnect, with the bridge's back-off between the tries.
-            self.warn("in-refused", "bridge {n}: a message from the remote on {t} was "
-                      "refused here ({r}); reconnecting so that the remote keeps it",
-                      t=message.topic, r=refusal.reason)
-            client.drop(f"refused here: {refusal.reason}")
+            if result.durable is None:
+                self._refused(client, message, refusal, reject)
+            else:
+                # (an x-overflow reject-publish-dlx queue: the refusal comes with the
+                # commit holding its dead letter; the remote is told once it holds)
+                result.durable.addCallbacks(
+                    lambda _: self._refused(client, message, refusal, reject),
+                    lambda f: client.drop("storing a dead letter of a message from the "
+                                          "remote failed"))
             return
         if result.blocked or result.congested:
             self._hold_remote(client, result.blocked, result.congested)
@@ -361,6 +359,26 @@ class BridgeBase:
             result.durable.addCallbacks(lambda _: ack(),
                                         lambda f: client.drop("storing a message from the "
                                                               "remote failed"))
+
+    def _refused(self, client: Remote, message: Message, refusal: Refusal,
+                 reject: Callable[[Refusal], bool] | None) -> None:
+        """``take_in``'s refused message, once what its refusal committed (a dead
+        letter) is durable: told to the remote and dropped if for good, else the
+        connection dropped so that the remote keeps it."""
+        if reject is not None and reject(refusal):
+            self.dropped_in += 1
+            self.warn(f"in-dropped {refusal.code:#04x}", "bridge {n}: a message from "
+                      "the remote on {t} was refused here for good ({r}); {how}, "
+                      "dropped; {c} dropped so far", t=message.topic, r=refusal.reason,
+                      how=self.told, c=self.dropped_in)
+            return
+        # A durable queue here refused it (full, too many queues): nothing is
+        # stored, so the remote is not told it was taken; it sends it again
+        # after the reconnect, with the bridge's back-off between the tries.
+        self.warn("in-refused", "bridge {n}: a message from the remote on {t} was "
+                  "refused here ({r}); reconnecting so that the remote keeps it",
+                  t=message.topic, r=refusal.reason)
+        client.drop(f"refused here: {refusal.reason}")
 
     def warn(self, cause: str, fmt: str, **kw: Any) -> None:
         """One line for ``cause`` a minute at most (``refusals``): ``fmt`` with

@@ -30,6 +30,7 @@ from mqttamqp.bridge.link import BridgeLink, RemoteLimits
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Refusal
 from mqttamqp.core.sessions.session import NO_LOCAL, Session
+from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Connack,
     Connect,
@@ -183,14 +184,14 @@ class Bridge(BridgeBase):
         if not for_good(refusal):
             return False
         if self.v5:
-            reason = refusal.reason[:200]
-            # (fixed header 2, packet id 2, code 1, properties length 1-2, the
-            # reason string property 3 + its UTF-8)
-            fits = (self.remote_max_packet is None
-                    or 10 + len(reason.encode()) <= self.remote_max_packet)
-            props = Properties(reason_string=reason) if fits else None
-            ack = (Puback(ack.packet_id, refusal.code, props) if isinstance(ack, Puback)
-                   else Pubrec(ack.packet_id, refusal.code, props))
+            props = Properties(reason_string=refusal.reason[:200])
+            kind = Puback if isinstance(ack, Puback) else Pubrec
+            told = kind(ack.packet_id, refusal.code, props)
+            limit = self.remote_max_packet
+            # (the encoded packet's own length: its fixed header grows past 127)
+            if limit is not None and len(encode(told, 5)) > limit:
+                told = kind(ack.packet_id, refusal.code, None)
+            ack = told
         client.send(ack)
         return True
 

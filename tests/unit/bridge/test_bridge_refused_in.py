@@ -6,8 +6,10 @@ for now (the queue full) the connection is dropped, so that the remote keeps it.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from bridge_remote import TABLE, Remote
 from core_broker import make_broker
 from loglines import LogLines
@@ -15,6 +17,7 @@ from loglines import LogLines
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.bridge.service import figures
+from mqttamqp.core.queues.addresses import UNSPECIFIED_ERROR, Refusal
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import (
     Connack,
@@ -144,3 +147,28 @@ def test_a_message_refused_for_now_still_drops_the_connection() -> None:
     assert _sent(remote, 5) == []
     assert remote.transport is not None and remote.transport.disconnecting
     assert bridge.refused_here == 1 and bridge.dropped_in == 0
+
+
+@pytest.mark.parametrize(("n", "size"), [(124, 134), (125, 136)])
+@pytest.mark.parametrize("room", [0, -1])
+def test_the_reason_string_fits_the_maximum_packet_size_exactly(
+        n: int, size: int, room: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: a reason string of 125 bytes and more (property length past
+    127: a longer varint) made a PUBACK one byte over the estimate; now the reason
+    string is sent exactly when the whole packet fits the remote's maximum."""
+    reason = "r" * n
+    assert len(encode(Puback(1, 0x80, Properties(reason_string=reason)), 5)) == size
+    bridge, remote, broker, _ = _connected(5, Properties(maximum_packet_size=size + room))
+    monkeypatch.setattr(broker, "publish", lambda *a, **k: SimpleNamespace(
+        refusal=Refusal(UNSPECIFIED_ERROR, reason), blocked=False, congested=(),
+        durable=None))
+    assert remote.transport is not None
+    remote.transport.clear()
+    _publish(remote, 5, b"x", 1)
+    raw = remote.transport.value()
+    (ack,) = _sent(remote, 5)
+    assert isinstance(ack, Puback) and ack.reason_code == 0x80
+    assert len(raw) <= size + room
+    told = ack.properties is not None and ack.properties.reason_string == reason
+    assert told == (room == 0)
+    assert bridge.dropped_in == 1
