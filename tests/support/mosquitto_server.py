@@ -10,6 +10,8 @@ import queue
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 from linequeue import next_line
 from ports import free_port
@@ -68,3 +70,15 @@ class MosquittoServer:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def running_mosquitto(tmp_path: Path, name: str = "mosquitto") -> Iterator[MosquittoServer]:
+    """A plain Mosquitto in ``tmp_path/name``, started, stopped after (the body of the
+    bridge tests' ``remote`` fixtures: ``yield from running_mosquitto(tmp_path)``)."""
+    directory = tmp_path / name
+    directory.mkdir()
+    server = MosquittoServer(str(directory)).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from brokerproc import BrokerProcess, RestartableBroker
-from mosquitto_server import MosquittoServer
+from mosquitto_server import MosquittoServer, running_mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 from pahoclient import PahoClient
 from pki import make_pki
@@ -28,11 +28,7 @@ SUBSCRIBED = "bridge hq: subscribed on the remote"
 
 @pytest.fixture
 def remote(tmp_path: Path) -> Iterator[MosquittoServer]:
-    directory = tmp_path / "mosquitto"
-    directory.mkdir()
-    server = MosquittoServer(str(directory)).start()
-    yield server
-    server.stop()
+    yield from running_mosquitto(tmp_path)
 
 
 @pytest.fixture

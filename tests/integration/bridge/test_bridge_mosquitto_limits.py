@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
-from mosquitto_server import MosquittoServer
+from mosquitto_server import MosquittoServer, running_mosquitto
 from pahoclient import PahoClient
 
 LIMITS = ("max_qos 1\nretain_available false\nmax_packet_size 2000\n"
@@ -21,11 +21,7 @@ LIMITS = ("max_qos 1\nretain_available false\nmax_packet_size 2000\n"
 
 @pytest.fixture
 def remote(tmp_path: Path) -> Iterator[MosquittoServer]:
-    directory = tmp_path / "plain-mosquitto"
-    directory.mkdir()
-    server = MosquittoServer(str(directory)).start()
-    yield server
-    server.stop()
+    yield from running_mosquitto(tmp_path, "plain-mosquitto")
 
 
 @pytest.fixture

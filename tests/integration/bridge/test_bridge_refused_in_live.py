@@ -12,7 +12,7 @@ from pathlib import Path
 import pika
 import pytest
 from brokerproc import BrokerProcess
-from mosquitto_server import MosquittoServer
+from mosquitto_server import MosquittoServer, running_mosquitto
 from pahoclient import PahoClient
 from pikaparams import parameters
 
@@ -22,11 +22,7 @@ SUBSCRIBED = "bridge hq: subscribed on the remote"
 
 @pytest.fixture
 def remote(tmp_path: Path) -> Iterator[MosquittoServer]:
-    directory = tmp_path / "mosquitto"
-    directory.mkdir()
-    server = MosquittoServer(str(directory)).start()
-    yield server
-    server.stop()
+    yield from running_mosquitto(tmp_path)
 
 
 def test_a_message_the_local_queue_never_takes_does_not_stall_the_in_direction(
