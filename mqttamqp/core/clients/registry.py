@@ -236,6 +236,9 @@ class SessionRegistry:
                               c=client_id)
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
+            # The old connection's DISCONNECT (taken over) was just recorded at a
+            # later reading than the read's: what this claim records comes after it.
+            now = self.clock.seconds()
         # The session is claimed: no expiry timer may outlive this point, neither one
         # armed when it went offline nor the one the takeover just armed by ending
         # the old holder's connection (it would expire the session later on its old
@@ -248,6 +251,8 @@ class SessionRegistry:
         if clean:
             if existing is not None:
                 ops.extend(self.discard(existing, "clean_session"))
+                if existing.persistent:   # (after its SESSION_CLEARED, at a later reading)
+                    now = self.clock.seconds()
             session = Session(client_id, persistent, self.limits, now)
             session.owner = user
             self.sessions[client_id] = session
