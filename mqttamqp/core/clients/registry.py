@@ -236,9 +236,7 @@ class SessionRegistry:
                               c=client_id)
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
-            # The old connection's DISCONNECT (taken over) was just recorded at a
-            # later reading than the read's: what this claim records comes after it.
-            now = self.clock.seconds()
+            now = self.clock.seconds()   # (after the DISCONNECT that recorded)
         # The session is claimed: no expiry timer may outlive this point, neither one
         # armed when it went offline nor the one the takeover just armed by ending
         # the old holder's connection (it would expire the session later on its old
@@ -248,18 +246,10 @@ class SessionRegistry:
         user = identity.username if identity is not None else None
         persistent = not clean if expiry is None else expiry > 0
         record = False   # a PutSession goes into this CONNECT's commit
-        if clean:
-            if existing is not None:
-                ops.extend(self.discard(existing, "clean_session"))
-                if existing.persistent:   # (after its SESSION_CLEARED, at a later reading)
-                    now = self.clock.seconds()
-            session = Session(client_id, persistent, self.limits, now)
-            session.owner = user
-            self.sessions[client_id] = session
-            if persistent:
-                ops.append(PutSession(client_id, now, user, expiry))
-                record = True
-        elif existing is not None and existing.persistent:
+        if clean and existing is not None:
+            ops.extend(self.discard(existing, "clean_session"))
+            now = self.clock.seconds()   # (after the SESSION_CLEARED that recorded)
+        if not clean and existing is not None and existing.persistent:
             session = existing
             present = True
             # A stored session resumed as it is (same owner, same expiry) changes
