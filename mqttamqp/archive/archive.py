@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,7 +58,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from mqttamqp.archive.columns import pack
-from mqttamqp.archive.eventbuffer import take_events
+from mqttamqp.archive.eventbuffer import EventBatches, take_event_batches
 from mqttamqp.archive.files import check_writable, remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP
 from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
@@ -188,10 +187,10 @@ class Archive:
         # The same pair, for the feeding thread (one read, never half of a swap):
         self._filling: tuple[list[Any], bytearray] = (self._messages, self._payloads)
         self._full: deque[tuple[list[Any], bytearray]] = deque()  # oldest first
-        # Events: a time each in one array, the other values flat in one list
-        # (``eventbuffer``: no object per event outlives the call).
-        self._event_times: array[float] = array("d")
-        self._event_values: list[Any] = []
+        # Events: a time each in an array, the other values flat in a list, in
+        # batches queued whole as messages' are (``eventbuffer``: no object per
+        # event outlives the call).
+        self._events = EventBatches(buffer_limit, self._events_queued)
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
         self._batch = max(1, min(_BATCH, buffer_limit // 2))   # messages per batch
         self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
@@ -295,17 +294,15 @@ class Archive:
             known = _KNOWN_NAMES.setdefault(names, names)
         if kind not in EVENT_KINDS:
             raise ValueError(f"archive: unknown event kind {kind!r}")
-        times = self._event_times
-        if len(times) >= self._limit:
-            self._drop("events")
-            return
         # Flat, the names shared (a CONNECT is 8 references and 8 bytes of time
         # while it waits, where its tuple and float were 160 bytes of pymalloc's
-        # small blocks; a connect storm buffers two events a client, issue 31 §2):
-        # the time first, then the values in one call (``eventbuffer``).
-        times.append(timestamp)
-        self._event_values += (kind, client_id, known, *fields.values())
-        if self._dozing and len(times) >= self._event_wake:
+        # small blocks; a connect storm buffers two events a client, issue 31 §2).
+        if not self._events.add(timestamp, (kind, client_id, known, *fields.values())):
+            self._drop("events")
+
+    def _events_queued(self, queued: int) -> None:
+        """Events were queued (a frame's worth, or no room left): wake the thread."""
+        if queued >= self._event_wake:
             self._rouse()
 
     def _drop(self, what: str) -> None:
@@ -357,7 +354,7 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = self._rotate_at = 0
+        self._limit = self._rotate_at = self._events.room = 0
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -451,11 +448,11 @@ class Archive:
         now = self.clock.seconds()
         messages = self._pack_all(take_messages(
             self._full, self._filling, self._batch_limit * MESSAGE_VALUES, self.payload_bytes))
-        events = take_events(self._event_times, self._event_values, _FRAME)
+        events = take_event_batches(self._events.full, self._events.filling, _FRAME)
         self._dropping = False    # (room again: the next drop is logged)
         taken = sum(packed[0] for packed in messages)
         self._taken = taken
-        n_events = len(events[0]) // 8
+        n_events = sum(len(stamps) for stamps, _ in events) // 8
         self._inflight = taken + n_events
         self._behind = 2 * taken >= self.buffer_limit or n_events >= _FRAME
         fault, self._fault = self._fault, None
@@ -498,7 +495,7 @@ class Archive:
     def _waiting(self) -> int:
         """Records in the buffers. (From the feeding thread it may count a batch
         queued meanwhile twice, never none.)"""
-        return self._messages_waiting() + len(self._event_times)
+        return self._messages_waiting() + self._events.waiting()
 
     def _messages_waiting(self) -> int:
         filling = len(self._messages)
@@ -539,8 +536,7 @@ class Archive:
             self._messages.clear()
             self._payloads.clear()
             self._full.clear()
-            del self._event_times[:]
-            self._event_values.clear()
+            self._events.clear()
             counts = dict(self._counts)
             counts["lost"] += left
             self._counts = counts

@@ -12,8 +12,8 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 - ``(STEP, now, messages, events, fault)``: the messages as batches of columns
   (``columns.pack``: numbers as packed bytes, a string every row shares once, the
   capped payloads joined), oldest first, the events as the reactor buffered them
-  (``eventbuffer.take_events``: their times packed, then their values flat: kind,
-  client id, field names, the fields' values),
+  (``eventbuffer.take_event_batches``: batches, each its times packed and its
+  values flat: kind, client id, field names, the fields' values),
   the broker's clock for roll times and retention; ``fault`` is ``None`` except in
   tests (the next append of that dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -101,14 +101,14 @@ class Writer:
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
     def step(self, now: float, messages: list[Packed],
-             events: tuple[bytes, list[Any]] = (b"", []),
+             events: Sequence[tuple[bytes, list[Any]]] = (),
              fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
         self._now = now
         for packed in messages:
             self._write(MESSAGES, partial(self._append, packed=packed, now=now))
-        rows = self._event_rows(*events)
+        rows = [row for batch in events for row in self._event_rows(*batch)]
         if rows:
             self._write(EVENTS, lambda segments: segments.append(rows, now))
         for name, segments in self.sets.items():

@@ -568,15 +568,15 @@ def test_buffered_events_share_their_field_names(tmp_path: Path, clock: Clock) -
     a = Archive(str(tmp_path), clock)          # (no thread started)
     a.event(1.0, CONNECT, "a", protocol="mqtt3.1.1", address="127.0.0.1:1")
     a.event(2.0, CONNECT, "b", protocol="mqtt5", address="127.0.0.1:2")
-    values = a._event_values
+    values = a._events.values
     assert values[2] is values[7] == ("protocol", "address")
     assert values == [CONNECT, "a", values[2], "mqtt3.1.1", "127.0.0.1:1",
                       CONNECT, "b", values[2], "mqtt5", "127.0.0.1:2"]
-    assert list(a._event_times) == [1.0, 2.0]
+    assert list(a._events.times) == [1.0, 2.0]
     assert not any(type(v) in (tuple, float) for v in values if v is not values[2])
     with pytest.raises(ValueError, match="no column 'adress'"):
         a.event(3.0, CONNECT, "c", adress="x")
-    assert len(a._event_times) == 2 and len(values) == 10
+    assert len(a._events.times) == 2 and len(values) == 10
 
 
 def test_events_taken_in_frames_come_back_whole_and_in_order(tmp_path: Path,
@@ -591,15 +591,15 @@ def test_events_taken_in_frames_come_back_whole_and_in_order(tmp_path: Path,
     a.event(1.5, CONNECT, "a", protocol="mqtt5", address="h:1", user=None,
             clean_session=True, keepalive=60)
     a.event(2.0, DISCONNECT, None)
-    stamps, values = take_events(a._event_times, a._event_values, 2)
+    stamps, values = take_events(a._events.times, a._events.values, 2)
     assert list(event_records(stamps, values)) == [
         (1.0, SESSION_CREATED, "a", ("clean_session",), [True]),
         (1.5, CONNECT, "a", ("protocol", "address", "user", "clean_session", "keepalive"),
          ["mqtt5", "h:1", None, True, 60])]
-    assert list(a._event_times) == [2.0] and a._event_values == [DISCONNECT, None, ()]
-    stamps, values = take_events(a._event_times, a._event_values, 2)
+    assert list(a._events.times) == [2.0] and a._events.values == [DISCONNECT, None, ()]
+    stamps, values = take_events(a._events.times, a._events.values, 2)
     assert list(event_records(stamps, values)) == [(2.0, DISCONNECT, None, (), [])]
-    assert take_events(a._event_times, a._event_values, 2) == (b"", [])
+    assert take_events(a._events.times, a._events.values, 2) == (b"", [])
     with pytest.raises(ValueError, match="event times"):
         list(event_records(stamps, [*values, "stray"]))
 
@@ -608,21 +608,47 @@ def test_a_full_event_buffer_drops_counts_and_logs_once_a_spell(
         tmp_path: Path, clock: Clock, log_lines: list[str]) -> None:
     """At the bound an event is dropped and counted; the first drop of a spell is one
     log line naming the option, until the feeding thread takes records again."""
-    from mqttamqp.archive.eventbuffer import take_events
+    from mqttamqp.archive.eventbuffer import take_event_batches
     from mqttamqp.events import CONNECT
 
     a = Archive(str(tmp_path), clock, buffer_limit=3)   # (no thread started)
     for i in range(6):
         a.event(1.0, CONNECT, f"c{i}")
-    assert a.stats()["dropped"] == 3 and len(a._event_times) == 3
+    assert a.stats()["dropped"] == 3 and a.stats()["buffered"] == 3
     full = [line for line in log_lines if "buffer is full" in line]
     assert len(full) == 1 and "--archive-buffer 3" in full[0], log_lines
-    take_events(a._event_times, a._event_values, 10)
+    taken = []
+    for _ in range(3):      # what the feeding thread's steps take
+        taken += take_event_batches(a._events.full, a._events.filling, 10)
+    assert [values[1] for _, values in taken] == ["c0", "c1", "c2"]
+    assert a.stats()["buffered"] == 0
     a._dropping = False        # (what the feeding thread's step does after a take)
     for i in range(4):
         a.event(1.0, CONNECT, f"d{i}")
     assert a.stats()["dropped"] == 4
     assert len([line for line in log_lines if "buffer is full" in line]) == 2
+
+
+def test_full_event_batches_are_queued_whole_and_taken_without_a_copy(
+        tmp_path: Path, clock: Clock) -> None:
+    """Events fill batches of ``EVENT_BATCH``; a full one is queued whole and the
+    feeding thread takes it as it is (its list, not a copy), then the rest of the
+    batch being filled; every event once, in order."""
+    from mqttamqp.archive.eventbuffer import EVENT_BATCH, event_records, take_event_batches
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock)          # (no thread started)
+    for i in range(EVENT_BATCH + 5):
+        a.event(float(i), CONNECT, f"c{i}")
+    assert len(a._events.full) == 1 and len(a._events.times) == 5
+    first_list = a._events.full[0][1]
+    taken = take_event_batches(a._events.full, a._events.filling, 16384)
+    assert len(taken) == 1 and taken[0][1] is first_list
+    taken += take_event_batches(a._events.full, a._events.filling, 16384)
+    records = [r for stamps, values in taken for r in event_records(stamps, values)]
+    assert [(ts, cid) for ts, _, cid, _, _ in records] == [
+        (float(i), f"c{i}") for i in range(EVENT_BATCH + 5)]
+    assert a.stats()["buffered"] == 0
 
 
 def test_a_small_buffer_wakes_the_dozing_thread_before_it_drops(
