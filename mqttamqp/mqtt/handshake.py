@@ -128,7 +128,8 @@ class ConnectHandshake(ActionExecutor):
         if cert_user is None:
             creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
             ok = self.broker.gate.authenticate_now(creds)
-        if isinstance(ok, Deferred):
+        # (``type`` first: Deferred's isinstance goes through ABCMeta, a Python call)
+        if type(ok) is not bool and isinstance(ok, Deferred):
             ok.addCallback(self._authenticated, packet, assigned)
             ok.addErrback(self._connect_failed)
         else:
