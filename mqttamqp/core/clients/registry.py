@@ -241,7 +241,8 @@ class SessionRegistry:
         # armed when it went offline nor the one the takeover just armed by ending
         # the old holder's connection (it would expire the session later on its old
         # interval, whatever the newcomer's DISCONNECT says).
-        self._cancel_expiry(client_id)
+        if client_id in self._expiry_timers:   # (a call less for the many without)
+            self._cancel_expiry(client_id)
         present = False
         user = identity.username if identity is not None else None
         persistent = not clean if expiry is None else expiry > 0
@@ -273,7 +274,8 @@ class SessionRegistry:
             if persistent:
                 ops.append(PutSession(client_id, now, user, expiry))
                 record = True
-        session.expiry = expiry
+        if expiry is not None or present:   # (a new session's is None already)
+            session.expiry = expiry
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
                                 queued=len(session.queue) + len(session.inflight))
@@ -287,9 +289,9 @@ class SessionRegistry:
             will = None
         if will is not None:
             ops.extend(self.wills.put(will))
-        else:
+        elif client_id in self.wills.wills:
             ops.extend(self.wills.pop(client_id, "mqtt"))
-        durable = self.commits.persist(ops)
+        durable = self.commits.persist(ops) if ops else None
         if record:
             self._settle_on(session, durable)
         return Opened(session, present, durable)
