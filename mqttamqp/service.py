@@ -278,9 +278,13 @@ class BrokerService(service.MultiService):
         for listener in self.listeners:
             if listener.kind not in _STANDBY_LISTENERS:
                 listener.close_now()
-        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port
+        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port, and
+        # the shared port's sockets that have not sent their protocol header yet
         factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory)
-        for conn in [c for f in factories if f is not None for c in f.connections]:
+        conns = [c for f in factories if f is not None for c in f.connections]
+        if self._amqp_port is not None:
+            conns.extend(self._amqp_port.pending)
+        for conn in conns:
             try:
                 conn.transport.abortConnection()
             except Exception:   # (best effort: the process ends anyway)

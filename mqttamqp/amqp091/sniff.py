@@ -7,7 +7,10 @@ given) and ``HeaderSniffer``, the protocol of a socket until its header is read:
 fed to the one chosen, and from then on the transport calls it directly (no
 cost per read after the switch).  Anything else gets the 0.9.1 header back and
 a close (AMQP 0.9.1 §4.2.2), with one log line a minute for that cause.  A socket
-that sends no header within the connect time-out is dropped.
+that sends no header within the connect time-out is dropped.  The factory keeps
+the sockets still waiting for their header (``pending``, one entry each until the
+header, the time-out or the close), so that the service can abort them when --ha
+leadership is lost, as it does the connections of every protocol.
 
 What it must not do: speak either protocol beyond the header.
 """
@@ -41,6 +44,7 @@ class HeaderSniffer(Protocol):
         self._done = False
 
     def connectionMade(self) -> None:
+        self.factory.pending.add(self)
         self._timer = self.factory.clock.callLater(self.factory.timeout, self._timed_out)
 
     def dataReceived(self, data: bytes) -> None:
@@ -52,6 +56,7 @@ class HeaderSniffer(Protocol):
             return
         self._done = True
         self._cancel()
+        self.factory.pending.discard(self)
         if kind == Kind.AMQP091:
             self._switch(self.factory.amqp091, self._buffer[8:])
         elif kind == Kind.AMQP10:
@@ -93,6 +98,7 @@ class HeaderSniffer(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel()
+        self.factory.pending.discard(self)
 
 
 class SharedPortFactory(Factory):
@@ -107,6 +113,9 @@ class SharedPortFactory(Factory):
         self.clock = clock
         self.timeout = timeout
         self.log_limit = LogLimiter(clock.seconds)
+        # sockets whose header has not come (bounded by the listener's accepts and
+        # each one's connect time-out)
+        self.pending: set[HeaderSniffer] = set()
 
     def buildProtocol(self, addr: Any) -> HeaderSniffer:
         return HeaderSniffer(self)
