@@ -10,13 +10,17 @@ a close (AMQP 0.9.1 §4.2.2), with one log line a minute for that cause.  A sock
 that sends no header within the connect time-out is dropped.  The factory keeps
 the sockets still waiting for their header (``pending``, one entry each until the
 header, the time-out or the close), so that the service can abort them when --ha
-leadership is lost, as it does the connections of every protocol.
+leadership is lost, as it does the connections of every protocol.  They are bounded
+by ``bound`` (the service gives --max-connections): a socket accepted while that
+many wait for their header is closed at once, counted (``refused``) and logged,
+one line a minute.
 
 What it must not do: speak either protocol beyond the header.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.protocol import Factory, Protocol
@@ -107,15 +111,31 @@ class SharedPortFactory(Factory):
 
     noisy = False
 
-    def __init__(self, amqp10: Any, amqp091: Any, clock: Clock, timeout: float) -> None:
+    log = Logger()
+
+    def __init__(self, amqp10: Any, amqp091: Any, clock: Clock, timeout: float,
+                 bound: int | None = None, refused: Callable[[], None] | None = None
+                 ) -> None:
         self.amqp10 = amqp10
         self.amqp091 = amqp091
         self.clock = clock
         self.timeout = timeout
         self.log_limit = LogLimiter(clock.seconds)
-        # sockets whose header has not come (bounded by the listener's accepts and
-        # each one's connect time-out)
+        # sockets whose header has not come, at most ``bound`` (None: no bound)
         self.pending: set[HeaderSniffer] = set()
+        self.bound = bound
+        self.refused = refused
 
-    def buildProtocol(self, addr: Any) -> HeaderSniffer:
+    def buildProtocol(self, addr: Any) -> HeaderSniffer | None:
+        if self.bound is not None and len(self.pending) >= self.bound:
+            if self.refused is not None:
+                self.refused()
+            held = self.log_limit.allow("pending")
+            if held is not None:
+                self.log.warn("AMQP port: {n} sockets are waiting for their protocol "
+                              "header (--max-connections); closing a new one from {peer} "
+                              "at once{more}", n=len(self.pending),
+                              peer=f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}",
+                              more=f" ({held} more since the last line)" if held else "")
+            return None   # (Twisted closes the socket)
         return HeaderSniffer(self)

@@ -155,6 +155,30 @@ def test_sniff_keeps_a_socket_pending_only_until_its_header_time_out_or_close() 
     assert port.pending == set()
 
 
+def test_sockets_waiting_for_their_header_are_bounded() -> None:
+    """With ``bound`` sockets waiting for their header, a new one is refused at its
+    accept (``buildProtocol`` gives None: Twisted closes it), counted and logged
+    once; once one of them has sent its header, a new socket is taken again."""
+    from loglines import LogLines
+
+    _, clock, _ = make_broker()
+    refused: list[int] = []
+    port = SharedPortFactory(Factory.forProtocol(Recorder), Factory.forProtocol(Recorder),
+                             clock, 10.0, bound=2, refused=lambda: refused.append(1))
+    waiting = []
+    for _ in range(2):
+        sniffer = port.buildProtocol(None)
+        assert sniffer is not None
+        sniffer.makeConnection(StringTransport())
+        waiting.append(sniffer)
+    with LogLines("waiting for their protocol header") as lines:
+        assert port.buildProtocol(None) is None
+        assert port.buildProtocol(None) is None
+    assert len(refused) == 2 and len(lines) == 1
+    waiting[0].dataReceived(b"AMQP\x00\x00\x09\x01")
+    assert port.buildProtocol(None) is not None
+
+
 def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:
     """An open 0.9.1 connection is among the console's clients, protocol amqp0-9-1,
     with its label and the protocol filter, and its consumers as links."""
