@@ -298,3 +298,16 @@ def test_a_qos1_delivery_is_tagged_with_its_packet_id() -> None:
     got = rcv.new()
     assert [dlv.tag for _, dlv in got[:2]] == ["1", "2"]
     assert got[2][1].settled
+
+
+def test_the_broker_and_gateway_engines_share_one_set_of_end_of_pump_chores() -> None:
+    """The broker's pump and gateway mode's client engine run the same timer, output
+    and freeing steps (``enginechores``), not copies of them."""
+    from mqttamqp.amqp.enginechores import EngineChores
+    from mqttamqp.amqp.pump import EnginePump
+    from mqttamqp.gateway.engine import UpstreamConnection
+
+    for chore in ("_tick", "_write_output", "_free_closed"):
+        shared = getattr(EngineChores, chore)
+        assert getattr(EnginePump, chore) is shared
+        assert getattr(UpstreamConnection, chore) is shared
