@@ -252,10 +252,11 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes | int, data: bytes, settled: bool, key: int | None = None,
+    def transfer(self, tag: Any, data: bytes, settled: bool, key: int | None = None,
                  published_at: float = 0.0) -> None:
-        """Hand one delivery to the engine; ``tag``: its delivery tag, or a packet id
-        whose decimal digits are the tag; ``published_at``: a message's receipt
+        """Hand one delivery to the engine; ``tag``: its delivery tag (bytes), a packet
+        id whose decimal digits are the tag, or a ready one (``rawproton.SETTLED_TAG``,
+        for a delivery settled now); ``published_at``: a message's receipt
         time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
         credit = self._credit - 1
@@ -273,8 +274,10 @@ class OutgoingLink(BrokerLink):
         if tag.__class__ is int:
             block = tag_blocks[tag >> 10]
             ctag = packet_id_tag(tag) if block is None else block[tag & 1023]
+        elif tag.__class__ is bytes:
+            ctag = (len(tag), from_buffer(tag))
         else:
-            ctag = (len(tag), from_buffer(tag))   # type: ignore[arg-type]
+            ctag = tag   # (ready: ``SETTLED_TAG``)
         dlv = new_delivery(impl, ctag)
         link_send(impl, data, len(data))
         link_advance(impl)
