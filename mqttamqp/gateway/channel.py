@@ -165,7 +165,7 @@ class ClientChannel:
         self._publish_impl: Any = None
         self.paused = False        # the client's socket is full: no credit given back
         self._owed = 0             # credit held back while paused
-        self._tag = 0              # the last unsettled transfer's tag number (16 bits)
+        self._tag = 0   # the last tag number: 16 bits (the core's credit keeps our unsettled few)
         # Our unsettled transfers by delivery tag: what to call with the outcome.
         # (by the delivery's raw pointer: popped before it is settled)
         self._waiting: dict[Any, Callable[[Outcome], None]] = {}
@@ -288,14 +288,9 @@ class ClientChannel:
         """``body`` on ``link``: pre-settled when ``then`` is None, else unsettled and
         ``then`` called with the core's outcome."""
         # (raw proton calls: this is every PUBLISH's path)
-        impl = link._impl
-        if then is None:
-            dlv = new_delivery(impl, SETTLED_TAG)
-        else:
-            # (ready tags, ``rawproton``: a 16-bit count's digits; unique among the
-            # unsettled, which the core's credit window keeps to a few hundred)
-            tag = self._tag = (self._tag + 1) & 0xFFFF
-            dlv = new_delivery(impl, packet_id_tag(tag))
+        impl = link._impl   # (ready tags, ``rawproton``; an unsettled one a count's)
+        self._tag = tag = (self._tag + 1) & 0xFFFF
+        dlv = new_delivery(impl, SETTLED_TAG if then is None else packet_id_tag(tag))
         link_send(impl, body, len(body))
         link_advance(impl)
         if then is None:
