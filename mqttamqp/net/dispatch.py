@@ -13,6 +13,24 @@ logs through ``twisted.logger``'s namespaced ``Logger``s, which never read that
 context; only Twisted's own legacy lines (an unhandled error in a read) lose the
 connection's prefix (their ``system`` is ``-``; the traceback names the protocol).
 
+A plain read event takes a shorter way (``_fast_read``): the event is exactly "readable"
+(no hang-up, no error, not writable), and the descriptor is a TCP server transport of
+a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``) whose ``doRead``
+is Twisted's own.  Its socket is then read and the bytes handed to the protocol's
+``dataReceived`` here, without ``_doReadOrWrite``'s generic checks, the ``fileno``
+call and ``doRead``/``_dataReceived`` (four Python calls an event; a paced message is
+two events).  The outcome is Twisted's: "would block" is nothing, a failed ``recv``
+is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close for a transport
+that takes one), an exception out of the protocol is logged as Twisted's
+``log.err`` does and loses the connection with it, each through the reactor's
+``_disconnectSelectable``.  Any other event (writable, closed, an error) or any other
+descriptor (a client still connecting, a listener, the waker, TLS and WebSocket are
+their own classes or sit above one) goes through ``_doReadOrWrite`` as before, and so
+does a transport whose socket is gone.  It is on only when the bodies it shortens
+are the ones it was read from (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``,
+``_READ_OR_WRITE_NAMES``: Twisted 26.10's); otherwise every event takes Twisted's
+way, with one log line.
+
 What it keeps: an exception escaping ``_doReadOrWrite`` (which itself catches what
 a read or a write raises and closes the connection) is logged, as
 ``callWithLogger`` did, and the other events of the turn are still handled; EINTR
@@ -37,7 +55,11 @@ import errno
 from importlib import metadata
 from typing import Any
 
+from twisted.internet import main, tcp
 from twisted.logger import Logger
+from twisted.python import log as legacy_log
+
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
 
 __all__ = ["lean_dispatch"]
 
@@ -50,6 +72,40 @@ log = Logger(namespace="mqttamqp.net.dispatch")
 _DO_POLL_NAMES = frozenset({
     "_poller", "poll", "len", "_selectables", "OSError", "errno", "EINTR",
     "_doReadOrWrite", "log", "callWithLogger", "KeyError"})
+
+
+#: The names of the bodies a plain read event skips (``_fast_read``), in Twisted 26.10:
+#: ``tcp.Connection.doRead``, ``tcp.Connection._dataReceived`` and the poll-like
+#: reactors' ``_doReadOrWrite``.
+_DO_READ_NAMES = frozenset({
+    "socket", "recv", "bufferSize", "OSError", "args", "EWOULDBLOCK", "main",
+    "CONNECTION_LOST", "_dataReceived"})
+_DATA_RECEIVED_NAMES = frozenset({"main", "CONNECTION_DONE", "protocol", "dataReceived"})
+_READ_OR_WRITE_NAMES = frozenset({
+    "_POLL_DISCONNECTED", "_POLL_IN", "_POLL_OUT", "_reads", "CONNECTION_DONE",
+    "CONNECTION_LOST", "fileno", "_NO_FILEDESC", "doRead", "doWrite", "BaseException",
+    "sys", "exc_info", "log", "err", "_disconnectSelectable"})
+#: The transports a plain read event of which ``_fast_read`` handles.
+_FAST_CLASSES = (tcp.Server, LeanServer, LeanServerNoDelay)
+
+
+def _names(function: Any) -> frozenset[str]:
+    code = getattr(function, "__code__", None)
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
+    """The transport classes whose plain read events ``do_poll`` handles itself: none
+    unless the bodies it shortens are the ones it was written from, and only those
+    whose ``doRead`` and ``_dataReceived`` are ``tcp.Connection``'s."""
+    connection: Any = tcp.Connection
+    if (_names(connection.doRead) != _DO_READ_NAMES
+            or _names(connection._dataReceived) != _DATA_RECEIVED_NAMES
+            or _names(getattr(reactor_class, "_doReadOrWrite", None)) != _READ_OR_WRITE_NAMES):
+        return frozenset()
+    return frozenset(
+        cls for cls in _FAST_CLASSES
+        if cls.doRead is connection.doRead and cls._dataReceived is connection._dataReceived)
 
 
 def _known_body(reactor_class: Any) -> bool:
@@ -83,6 +139,13 @@ def lean_dispatch(reactor: Any) -> bool:
                  "its own", version=version)
         return False
     target: Any = reactor   # (its privates, and an instance attribute for doPoll)
+    fast = _fast_read_classes(EPollReactor)
+    if not fast:
+        log.warn("net.dispatch: this Twisted's read path is not the one the plain-read "
+                 "shortcut replaces (written for 26.10); every event takes Twisted's way")
+    readable = EPollReactor._POLL_IN
+    would_block = errno.EWOULDBLOCK
+    lost, done = main.CONNECTION_LOST, main.CONNECTION_DONE
 
     def do_poll(timeout: float | None) -> None:
         if timeout is None:
@@ -99,6 +162,39 @@ def lean_dispatch(reactor: Any) -> bool:
             selectable = selectables.get(fd)
             if selectable is None:   # (closed by an earlier event of this turn)
                 continue
+            if event == readable and type(selectable) in fast:
+                # (``_doReadOrWrite`` → ``doRead`` → ``_dataReceived``, for this case)
+                try:
+                    sock = selectable.socket
+                except AttributeError:   # (lost already: Twisted's own checks)
+                    sock = None
+                if sock is not None:
+                    why: Any = None
+                    in_read = False
+                    try:
+                        try:
+                            data = sock.recv(selectable.bufferSize)
+                        except OSError as se:
+                            if se.args[0] != would_block:
+                                why = lost
+                        else:
+                            if data:
+                                selectable.protocol.dataReceived(data)
+                            else:
+                                why = done
+                        in_read = True
+                    except BaseException as exc:
+                        why = exc
+                        legacy_log.err()
+                    if why:
+                        try:
+                            target._disconnectSelectable(selectable, why, in_read)
+                        except KeyboardInterrupt:
+                            raise
+                        except BaseException:
+                            log.failure("handling an event of {selectable!r} failed",
+                                        selectable=selectable)
+                    continue
             try:
                 dispatch(selectable, fd, event)
             except KeyboardInterrupt:

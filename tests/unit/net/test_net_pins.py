@@ -200,3 +200,26 @@ def test_pn_bytes_t_has_the_layout_the_packet_id_tags_are_packed_in() -> None:
     assert ffi.sizeof("pn_bytes_t") == struct.calcsize("@NP")
     assert ffi.offsetof("pn_bytes_t", "size") == 0
     assert ffi.offsetof("pn_bytes_t", "start") == struct.calcsize("@N")
+
+
+def test_the_read_path_is_the_one_the_plain_read_shortcut_replaces() -> None:
+    """``net.dispatch`` reads a plain read event itself only when ``doRead``,
+    ``_dataReceived`` and ``_doReadOrWrite`` are Twisted 26.10's bodies: an upgrade
+    that changes one fails here (in production every event would take Twisted's
+    way); the transports it handles have the socket, buffer size and protocol it
+    reads."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+    from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
+
+    connection: Any = tcp.Connection
+    assert frozenset(connection.doRead.__code__.co_names) == dispatch._DO_READ_NAMES
+    assert frozenset(connection._dataReceived.__code__.co_names) \
+        == dispatch._DATA_RECEIVED_NAMES
+    assert frozenset(EPollReactor._doReadOrWrite.__code__.co_names) \
+        == dispatch._READ_OR_WRITE_NAMES
+    assert dispatch._fast_read_classes(EPollReactor) \
+        == {tcp.Server, LeanServer, LeanServerNoDelay}
+    assert isinstance(tcp.Server.bufferSize, int) and tcp.Server.bufferSize > 0
+    assert callable(EPollReactor._disconnectSelectable)
