@@ -230,7 +230,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             return
         self.factory.connections[self] = None
         if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
-            # Output is batched per socket read and sent at once (``_send``): without
+            # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
@@ -404,15 +404,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._out = [data]
             self._out_bytes = len(data)
         else:
-            self._send(data)
+            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
         if out:
-            self._send(out[0] if len(out) == 1 else b"".join(out))
-
-    def _send(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+            send(self.transport, out[0] if len(out) == 1 else b"".join(out))
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds); a
