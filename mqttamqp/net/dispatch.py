@@ -31,6 +31,20 @@ are the ones it was read from (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``,
 ``_READ_OR_WRITE_NAMES``: Twisted 26.10's); otherwise every event takes Twisted's
 way, with one log line.
 
+The reactor's turn itself (``_lean_main_loop``): Twisted's ``mainLoop`` calls, every
+turn, ``runUntilCurrent`` and ``timeout`` (each first inserting new delayed calls,
+then reading the clock; ``timeout`` a ``max`` and a ``min``) inside a ``with`` of its
+failure handler (``__enter__``, ``__exit__``): six Python calls a turn when no timer
+is due, which at a paced rate is nearly every turn.  The lean loop calls both only
+when something is for them (a call from a thread, a new or a due delayed call, a
+stop, cancelled calls Twisted would sweep), and otherwise computes the same poll
+time-out from the first pending call itself; an exception in a turn goes to
+Twisted's own handler (logged, the loop goes on), as ``with _topHandler`` did.  It
+is the ``mainLoop`` of the next ``run`` (the broker applies it at start-up, before
+the loop starts; an ``--ha`` takeover applies it to a running loop, which keeps
+Twisted's until the next ``run``).  Only over the bodies it was written from
+(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's).
+
 What it keeps: an exception escaping ``_doReadOrWrite`` (which itself catches what
 a read or a write raises and closes the connection) is logged, as
 ``callWithLogger`` did, and the other events of the turn are still handled; EINTR
@@ -52,10 +66,11 @@ What it must not do: know any protocol, or import the broker's core.
 from __future__ import annotations
 
 import errno
+import sys
 from importlib import metadata
 from typing import Any
 
-from twisted.internet import main, tcp
+from twisted.internet import base, main, tcp
 from twisted.logger import Logger
 from twisted.python import log as legacy_log
 
@@ -89,6 +104,22 @@ _READ_OR_WRITE_NAMES = frozenset({
 _FAST_CLASSES = (tcp.Server, LeanServer, LeanServerNoDelay)
 
 
+#: The names of Twisted 26.10's ``ReactorBase.mainLoop``, ``runUntilCurrent`` and
+#: ``timeout``, which ``_lean_main_loop`` stands in for when no timer is due.
+_MAIN_LOOP_NAMES = frozenset({
+    "_started", "_topHandler", "runUntilCurrent", "timeout", "running", "doIteration",
+    "_log", "info"})
+_RUN_UNTIL_CURRENT_NAMES = frozenset({
+    "threadCallQueue", "_threadCallHandler", "wakeUp", "_insertNewDelayedCalls",
+    "seconds", "_pendingTimedCalls", "time", "heappop", "cancelled", "_cancellations",
+    "delayed_time", "activate_delay", "heappush", "_log", "failuresHandled", "creator",
+    "_DEFAULT_DELAYED_CALL_LOGGING_HANDLER", "called", "func", "args", "kw", "len",
+    "heapify", "_justStopped", "fireSystemEvent"})
+_TIMEOUT_NAMES = frozenset({"_insertNewDelayedCalls", "_pendingTimedCalls", "time",
+                            "seconds", "max", "min"})
+_LONGEST = 2147483   # (``timeout``'s bound: epoll_wait's milliseconds in a C int)
+
+
 def _names(function: Any) -> frozenset[str]:
     code = getattr(function, "__code__", None)
     return frozenset(code.co_names) if code is not None else frozenset()
@@ -106,6 +137,46 @@ def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
     return frozenset(
         cls for cls in _FAST_CLASSES
         if cls.doRead is connection.doRead and cls._dataReceived is connection._dataReceived)
+
+
+def _known_loop(reactor_class: Any) -> bool:
+    """Whether ``mainLoop``, ``runUntilCurrent`` and ``timeout`` of ``reactor_class``
+    are the bodies ``_lean_main_loop`` was written from."""
+    return (_names(reactor_class.mainLoop) == _MAIN_LOOP_NAMES
+            and _names(reactor_class.runUntilCurrent) == _RUN_UNTIL_CURRENT_NAMES
+            and _names(reactor_class.timeout) == _TIMEOUT_NAMES
+            and hasattr(base, "_topHandler"))
+
+
+def _lean_main_loop(target: Any) -> Any:
+    """A ``mainLoop`` for ``target`` that runs its timers only when something is for
+    them (module docstring)."""
+    top: Any = base._topHandler   # (Twisted's "Unexpected error in main loop" handler)
+
+    def main_loop() -> None:
+        while target._started:
+            try:
+                pending = target._pendingTimedCalls
+                cancelled = target._cancellations
+                if (target.threadCallQueue or target._newTimedCalls or target._justStopped
+                        or (cancelled > 50 and cancelled > len(pending) >> 1)):
+                    target.runUntilCurrent()
+                    timeout = target.timeout()
+                elif pending:
+                    delay = pending[0].time - target.seconds()
+                    if delay <= 0:
+                        target.runUntilCurrent()
+                        timeout = target.timeout()
+                    else:
+                        timeout = delay if delay < _LONGEST else _LONGEST
+                else:
+                    timeout = None
+                target.doIteration(target.running and timeout)
+            except BaseException:
+                top.__exit__(*sys.exc_info())   # (logged; the loop goes on, as Twisted's)
+        base._log.info("Main loop terminated.")
+
+    return main_loop
 
 
 def _known_body(reactor_class: Any) -> bool:
@@ -204,5 +275,10 @@ def lean_dispatch(reactor: Any) -> bool:
                             selectable=selectable)
 
     target.doPoll = target.doIteration = do_poll
+    if type(reactor).mainLoop is base.ReactorBase.mainLoop and _known_loop(type(reactor)):
+        target.mainLoop = _lean_main_loop(target)
+    else:
+        log.warn("net.dispatch: this reactor's main loop is not the one the lean turn "
+                 "replaces (written for Twisted 26.10); it keeps its own")
     target._lean_dispatch = True
     return True

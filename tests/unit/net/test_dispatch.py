@@ -8,6 +8,7 @@ Reactors are built and closed here, never run; the descriptors are a socket pair
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -345,3 +346,117 @@ def test_an_unknown_read_path_turns_the_shortcut_off(
     with LogLines("plain-read shortcut") as lines:
         assert lean_dispatch(reactor)
     assert len(lines) == 1 and "Twisted's way" in lines[0]
+
+
+# -- the lean turn: timers only when something is for them ----------------------------
+# (These few run a private epoll reactor for a handful of turns: each ends with a stop
+# scheduled at once, and a stop 10 s later bounds it if something goes wrong.)
+
+def _run(reactor: EPollReactor) -> bool:
+    """Run ``reactor`` until it stops; True if the test's own stop ended it (not the
+    10 s guard: a call that waited for the guard's turn would otherwise pass)."""
+    guard = reactor.callLater(10, reactor.stop)
+    try:
+        reactor.run(installSignalHandlers=False)
+    finally:
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()
+    if guard.active():
+        guard.cancel()
+        return True
+    return False
+
+
+def test_the_lean_turn_runs_due_calls_thread_calls_and_the_shutdown() -> None:
+    """Under the lean turn, a call made in a turn, a call from another thread and
+    the shutdown triggers all run, in order, and ``run`` returns."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    assert "mainLoop" in vars(reactor)
+    seen: list[str] = []
+
+    def from_thread() -> None:
+        seen.append("thread")
+        reactor.callLater(0, reactor.stop)
+
+    def first() -> None:
+        seen.append("first")
+        reactor.callLater(0, second)
+
+    def second() -> None:
+        seen.append("second")
+        threading.Thread(target=reactor.callFromThread, args=(from_thread,)).start()
+
+    reactor.addSystemEventTrigger("before", "shutdown", seen.append, "shutdown")
+    reactor.callWhenRunning(first)
+    assert _run(reactor)
+    assert seen == ["first", "second", "thread", "shutdown"]
+
+
+def test_the_lean_turn_polls_until_the_first_pending_call() -> None:
+    """With no call due and none new, a turn runs no timers and polls until the first
+    pending call, as Twisted's ``timeout`` says (about 5 s here); once a call is
+    due, the timers run and the poll does not wait."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    turns: list[tuple[float | None, int]] = []
+    timer_runs: list[int] = []
+    run_timers, poll = reactor.runUntilCurrent, reactor.doIteration
+
+    def counted() -> None:
+        timer_runs.append(1)
+        run_timers()
+
+    def recorded(timeout: float | None) -> None:
+        turns.append((timeout, len(timer_runs)))
+        if len(turns) == 2:
+            reactor.callLater(0, reactor.stop)   # (the next turn: due at once)
+        poll(0)
+
+    reactor.runUntilCurrent = counted  # type: ignore[method-assign]
+    reactor.doIteration = recorded  # type: ignore[method-assign]
+    far = reactor.callLater(5, lambda: None)
+    assert _run(reactor)
+    far.cancel()
+    (_, runs1), (wait2, runs2), (wait3, runs3) = turns[:3]
+    assert wait2 is not None and 4 < wait2 <= 5 and runs2 == runs1   # (no timers run)
+    assert wait3 == 0 and runs3 == runs2 + 1
+
+
+def test_an_error_in_a_lean_turn_is_logged_and_the_loop_goes_on() -> None:
+    """An exception out of a turn is logged as Twisted's main loop logs it, and
+    the next turn runs."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    poll = reactor.doIteration
+    turns: list[int] = []
+
+    def failing_once(timeout: float | None) -> None:
+        turns.append(1)
+        if len(turns) == 1:
+            raise RuntimeError("a broken turn")
+        if len(turns) == 2:
+            reactor.stop()
+        poll(0)
+
+    reactor.doIteration = failing_once  # type: ignore[method-assign]
+    with LogLines("Unexpected error in main loop") as lines:
+        assert _run(reactor)
+    assert len(lines) == 1 and len(turns) >= 3
+
+
+def test_an_unknown_main_loop_is_kept_with_one_line(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Twisted whose ``timeout`` is not the body the lean turn stands in for: the
+    reactor keeps its own ``mainLoop`` (the dispatch is still lean), one log line."""
+    from twisted.internet.base import ReactorBase
+
+    def changed(self: Any) -> float | None:
+        return self._newHook()               # (a name Twisted 26.10's body has not)
+
+    monkeypatch.setattr(ReactorBase, "timeout", changed)
+    with LogLines("lean turn replaces") as lines:
+        assert lean_dispatch(reactor)
+    assert len(lines) == 1 and "keeps its own" in lines[0]
+    assert "mainLoop" not in vars(reactor)

@@ -223,3 +223,30 @@ def test_the_read_path_is_the_one_the_plain_read_shortcut_replaces() -> None:
         == {tcp.Server, LeanServer, LeanServerNoDelay}
     assert isinstance(tcp.Server.bufferSize, int) and tcp.Server.bufferSize > 0
     assert callable(EPollReactor._disconnectSelectable)
+
+
+def test_the_main_loop_is_the_one_the_lean_turn_stands_in_for() -> None:
+    """``net.dispatch``'s lean turn replaces ``mainLoop`` only when it, ``runUntilCurrent``
+    and ``timeout`` are Twisted 26.10's bodies, and reads the delayed calls' and the
+    thread calls' private lists and Twisted's main-loop failure handler."""
+    from twisted.internet import base
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+
+    reactor: Any = EPollReactor
+    assert frozenset(reactor.mainLoop.__code__.co_names) == dispatch._MAIN_LOOP_NAMES
+    assert frozenset(reactor.runUntilCurrent.__code__.co_names) \
+        == dispatch._RUN_UNTIL_CURRENT_NAMES
+    assert frozenset(reactor.timeout.__code__.co_names) == dispatch._TIMEOUT_NAMES
+    assert dispatch._known_loop(EPollReactor)
+    instance: Any = EPollReactor()
+    try:
+        assert instance._pendingTimedCalls == [] and instance._newTimedCalls == []
+        assert instance.threadCallQueue == [] and instance._cancellations == 0
+        assert instance._justStopped is False and instance._started is False
+    finally:
+        instance.removeAll()
+        instance.waker.connectionLost(None)
+        instance._poller.close()
+    assert callable(base._topHandler.__exit__)
