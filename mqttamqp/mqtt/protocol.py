@@ -242,7 +242,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def dataReceived(self, data: bytes) -> None:
         if self.state is _CLOSED:
             return
-        self._last_activity = self.clock.seconds()
+        now = self._last_activity = self.clock.seconds()
         size = len(data)
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
@@ -250,7 +250,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
             self.decoder = self.factory.decoders.take(self.version)
         self.decoder.feed(data)
-        self._process_batch()
+        self._process_batch(now)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
