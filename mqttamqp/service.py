@@ -160,8 +160,17 @@ class BrokerService(service.MultiService):
             self.amqp091_factory.port_sharers = self.amqp_factory.connections
             self.amqp_factory.port_sharers = self.amqp091_factory.connections
             self._amqp_port = SharedPortFactory(self.amqp_factory, self.amqp091_factory,
-                                                self.reactor, self.broker.limits.connect_timeout)
+                                                self.reactor, self.broker.limits.connect_timeout,
+                                                self.broker.limits.max_connections,
+                                                self._refused_unsniffed)
         return self.add_listener("AMQP", description, self._amqp_port)
+
+    def _refused_unsniffed(self) -> None:
+        """A socket on the AMQP port closed at its accept: --max-connections of them
+        were waiting for their protocol header (counted as a refused connection)."""
+        stats = self.broker.stats
+        stats.connections_refused += 1
+        stats.limit_hit("max_connections")
 
     def add_mqtt_ws_listener(self, description: str,
                              allowed_origins: Sequence[str] = ()) -> ListenerService:
@@ -278,9 +287,13 @@ class BrokerService(service.MultiService):
         for listener in self.listeners:
             if listener.kind not in _STANDBY_LISTENERS:
                 listener.close_now()
-        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port
+        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port, and
+        # the shared port's sockets that have not sent their protocol header yet
         factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory)
-        for conn in [c for f in factories if f is not None for c in f.connections]:
+        conns = [c for f in factories if f is not None for c in f.connections]
+        if self._amqp_port is not None:
+            conns.extend(self._amqp_port.pending)
+        for conn in conns:
             try:
                 conn.transport.abortConnection()
             except Exception:   # (best effort: the process ends anyway)
