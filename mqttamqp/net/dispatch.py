@@ -13,7 +13,7 @@ logs through ``twisted.logger``'s namespaced ``Logger``s, which never read that
 context; only Twisted's own legacy lines (an unhandled error in a read) lose the
 connection's prefix (their ``system`` is ``-``; the traceback names the protocol).
 
-A plain read event takes a shorter way (``_fast_read``): the event is exactly "readable"
+A plain read event takes a shorter way (in ``do_poll``): the event is exactly "readable"
 (no hang-up, no error, not writable), and the descriptor is a TCP server transport of
 a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``) whose ``doRead``
 is Twisted's own.  Its socket is then read and the bytes handed to the protocol's
@@ -89,7 +89,7 @@ _DO_POLL_NAMES = frozenset({
     "_doReadOrWrite", "log", "callWithLogger", "KeyError"})
 
 
-#: The names of the bodies a plain read event skips (``_fast_read``), in Twisted 26.10:
+#: The names of the bodies a plain read event skips (in ``do_poll``), in Twisted 26.10:
 #: ``tcp.Connection.doRead``, ``tcp.Connection._dataReceived`` and the poll-like
 #: reactors' ``_doReadOrWrite``.
 _DO_READ_NAMES = frozenset({
@@ -100,7 +100,7 @@ _READ_OR_WRITE_NAMES = frozenset({
     "_POLL_DISCONNECTED", "_POLL_IN", "_POLL_OUT", "_reads", "CONNECTION_DONE",
     "CONNECTION_LOST", "fileno", "_NO_FILEDESC", "doRead", "doWrite", "BaseException",
     "sys", "exc_info", "log", "err", "_disconnectSelectable"})
-#: The transports a plain read event of which ``_fast_read`` handles.
+#: The transports whose plain read events ``do_poll`` handles itself.
 _FAST_CLASSES = (tcp.Server, LeanServer, LeanServerNoDelay)
 
 
@@ -127,12 +127,17 @@ def _names(function: Any) -> frozenset[str]:
 
 def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
     """The transport classes whose plain read events ``do_poll`` handles itself: none
-    unless the bodies it shortens are the ones it was written from, and only those
-    whose ``doRead`` and ``_dataReceived`` are ``tcp.Connection``'s."""
+    unless the bodies it shortens are the ones it was written from (and the
+    reactor's ``_doReadOrWrite`` is the poll-like reactors' own, not an override),
+    and only those whose ``doRead`` and ``_dataReceived`` are ``tcp.Connection``'s."""
+    from twisted.internet.posixbase import _PollLikeMixin
+
     connection: Any = tcp.Connection
+    read_or_write = getattr(reactor_class, "_doReadOrWrite", None)
     if (_names(connection.doRead) != _DO_READ_NAMES
             or _names(connection._dataReceived) != _DATA_RECEIVED_NAMES
-            or _names(getattr(reactor_class, "_doReadOrWrite", None)) != _READ_OR_WRITE_NAMES):
+            or read_or_write is not _PollLikeMixin._doReadOrWrite
+            or _names(read_or_write) != _READ_OR_WRITE_NAMES):
         return frozenset()
     return frozenset(
         cls for cls in _FAST_CLASSES
@@ -210,7 +215,7 @@ def lean_dispatch(reactor: Any) -> bool:
                  "its own", version=version)
         return False
     target: Any = reactor   # (its privates, and an instance attribute for doPoll)
-    fast = _fast_read_classes(EPollReactor)
+    fast = _fast_read_classes(type(reactor))
     if not fast:
         log.warn("net.dispatch: this Twisted's read path is not the one the plain-read "
                  "shortcut replaces (written for 26.10); every event takes Twisted's way")

@@ -460,3 +460,14 @@ def test_an_unknown_main_loop_is_kept_with_one_line(
         assert lean_dispatch(reactor)
     assert len(lines) == 1 and "keeps its own" in lines[0]
     assert "mainLoop" not in vars(reactor)
+
+
+def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None:
+    """An epoll reactor class whose ``_doReadOrWrite`` is its own: no plain-read
+    shortcut (its override sees every event)."""
+    class Own(EPollReactor):
+        def _doReadOrWrite(self, selectable: Any, fd: int, event: int) -> None:
+            EPollReactor._doReadOrWrite(self, selectable, fd, event)
+
+    assert dispatch._fast_read_classes(Own) == frozenset()
+    assert dispatch._fast_read_classes(EPollReactor)
