@@ -354,7 +354,8 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = self._rotate_at = self._events.room = 0
+        self._limit = self._rotate_at = 0
+        self._events.close()
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True

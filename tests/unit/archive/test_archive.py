@@ -629,6 +629,27 @@ def test_a_full_event_buffer_drops_counts_and_logs_once_a_spell(
     assert len([line for line in log_lines if "buffer is full" in line]) == 2
 
 
+@pytest.mark.parametrize("limit", [3, 2047, 65537])
+def test_the_event_buffer_holds_exactly_its_bound(
+        tmp_path: Path, clock: Clock, limit: int) -> None:
+    """Review finding: ``--archive-buffer`` let up to a batch less one event over the
+    bound (2047 -> 3069 held); the events held fill the bound exactly, never more,
+    and room taken by the feeding thread is filled again up to it."""
+    from mqttamqp.archive.eventbuffer import take_event_batches
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock, buffer_limit=limit)   # (no thread started)
+    for i in range(limit + 50):
+        a.event(1.0, CONNECT, f"c{i}")
+    assert a.stats()["buffered"] == limit and a.stats()["dropped"] == 50
+    taken = take_event_batches(a._events.full, a._events.filling, 1)   # one batch
+    freed = sum(len(stamps) for stamps, _ in taken) // 8
+    assert 0 < freed and a.stats()["buffered"] == limit - freed
+    for i in range(freed + 10):
+        a.event(2.0, CONNECT, f"d{i}")
+    assert a.stats()["buffered"] == limit and a.stats()["dropped"] == 60
+
+
 def test_full_event_batches_are_queued_whole_and_taken_without_a_copy(
         tmp_path: Path, clock: Clock) -> None:
     """Events fill batches of ``EVENT_BATCH``; a full one is queued whole and the
