@@ -95,11 +95,15 @@ class EventBatches:
             return None
         times = self.times
         if times:
-            filled = self.filling
+            # Queued, then replaced: ``waiting`` (the batch being filled read first)
+            # counts it once or twice, never not at all. The thread may find it both
+            # queued and still as ``filling`` meanwhile: it takes from ``filling``
+            # only when it found no queued batch, and this side adds nothing more
+            # to a batch it queues.
+            full.append(self.filling)
             times = array("d")
             values: list[Any] = []
             self.times, self.values = self.filling = (times, values)
-            full.append(filled)   # last: whoever finds it queued finds it no longer filled
         # (list(): one call; the thread may take batches meanwhile: never too few)
         queued = sum(len(stamps) for stamps, _ in list(full))
         room = min(self.batch, self.limit - queued)
@@ -117,8 +121,12 @@ class EventBatches:
         self.limit = self.room = self.refused = 0
 
     def waiting(self) -> int:
-        """Events buffered (from the feeding thread: perhaps a batch twice, never none)."""
-        return sum(len(times) for times, _ in list(self.full)) + len(self.times)
+        """Events buffered. From the feeding thread while the reactor adds: perhaps
+        a batch twice, never fewer than were buffered when the count began (the
+        batch being filled is read first, and ``_rotate`` queues a batch before it
+        starts the next)."""
+        filling = len(self.times)
+        return filling + sum(len(times) for times, _ in list(self.full))
 
     def clear(self) -> None:
         del self.times[:]

@@ -657,6 +657,33 @@ def test_a_buffer_full_of_events_keeps_the_thread_stepping(
     assert a._pause(True, 0.0) == archive_module._IDLE_WAIT and a._dozing
 
 
+def test_the_event_count_never_misses_a_batch_being_queued() -> None:
+    """Review finding: ``waiting`` could miss a whole batch read while ``_rotate``
+    had started the next batch but not yet queued the full one; a rotation now
+    queues first, so a count taken at any point of it finds every event."""
+    from collections import deque
+
+    from mqttamqp.archive.eventbuffer import EventBatches
+
+    seen: list[tuple[int, int]] = []
+
+    class Watched(deque):   # type: ignore[type-arg]
+        def append(self, batch: object) -> None:
+            seen.append((buffer.waiting(), added))   # (the feeding thread's view here)
+            super().append(batch)
+            seen.append((buffer.waiting(), added))
+
+    buffer = EventBatches(64, lambda n: None)
+    buffer.full = Watched()
+    added = 0
+    for i in range(40):
+        added += 1
+        assert buffer.add(float(i), (CONNECT, f"c{i}", ()))
+    assert len(seen) == 2 * 40 // buffer.batch
+    assert all(counted >= held for counted, held in seen), seen
+    assert buffer.waiting() == 40
+
+
 @pytest.mark.parametrize("limit", [3, 2047, 65537])
 def test_the_event_buffer_holds_exactly_its_bound(
         tmp_path: Path, clock: Clock, limit: int) -> None:
