@@ -376,6 +376,14 @@ class Channel(PublisherConfirms):
         """Settle deliveries taken off ``unacked`` with the core."""
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
+        if outcome is Outcome.ACCEPTED:
+            # (one call for the lot: the core pumps once a basic.ack, not once a tag)
+            broker.settlement.accept_many([(session, packet_id) for member, packet_id in taken
+                                if (session := member.session) is not None])
+            for member, _ in taken:
+                member.settled()   # (after: a cancelled consumer may leave with its last)
+                woken.add(member)
+            taken = []
         for member, packet_id in taken:
             session = member.session
             if session is not None:

@@ -16,6 +16,7 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 from twisted.python.failure import Failure
 
@@ -41,6 +42,10 @@ __all__ = ["Dispatch"]
 # a large one only means that after a crash up to that many messages never
 # delivered count a delivery (they may have been: at-least-once).
 _WATERMARK_STEP = 4096
+
+# (``_done`` takes a list of ops and appends none: it records what is finished for
+# the next commit, ``_unsaved``)
+_UNUSED_OPS: list[Op] = []
 
 
 class Dispatch(Parking):
@@ -332,21 +337,33 @@ class Dispatch(Parking):
     def transport_ack(self, pending: Pending) -> None:
         """The transport acknowledged ``pending``'s delivery (PUBACK, PUBCOMP, AMQP
         Accepted): done, unless it is no longer its group's pending delivery."""
+        if self.accepted_quietly(pending):
+            self._flush_soon()
+            self._pump(pending.group)
+
+    def accepted_quietly(self, pending: Pending) -> bool:
+        """``transport_ack`` without storing or pumping: the caller does both once
+        for a batch (``Settlement.accept_many``; ``after_accepts``).  False if
+        ``pending`` is no longer its group's pending delivery (nothing done)."""
         group = pending.group
         offset = pending.offset
         if group.pending.get(offset) is not pending:
-            return
+            return False
         del group.pending[offset]
-        pending.detach()
-        member = pending.member
-        member.outstanding -= 1
-        ops: list[Op] = []
-        self._done(group, offset, ops)
+        pending.entry = None   # (``detach``: entry and receipt no longer linked)
+        pending.member.outstanding -= 1
+        self._done(group, offset, _UNUSED_OPS)
         group.acked += 1
         group.queue.acked += 1
         self.stats.acked += 1
+        return True
+
+    def after_accepts(self, groups: Iterable[ConsumerGroup]) -> None:
+        """A batch of ``accepted_quietly`` is over: its done records are stored at
+        the end of the batch, and its ``groups`` hand out what they may now."""
         self._flush_soon()
-        self._pump(group)
+        for group in groups:
+            self._pump(group)
 
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         self._pump(group)

@@ -182,6 +182,20 @@ class InflightWindow:
         self.queued_bytes += len(entry.message.payload)
         self.pump()
 
+    def accepted_quietly(self, entry: OutEntry) -> None:
+        """The in-flight ``entry`` (a durable queue's QoS 1 delivery: nothing of it is
+        stored here) is acknowledged, as ``acknowledge`` does it, but neither its
+        receipt is told nor the window pumped: the caller settles the receipt and
+        pumps once for a batch of them (``Settlement.accept_many``)."""
+        del self.inflight[entry.packet_id]
+        self._pids.discard(entry.packet_id)
+        self.delivered += 1
+        self.stalled = False
+        done = entry.on_done
+        if done is not None:
+            entry.on_done = None
+            done()
+
     def _finish(self, entry: OutEntry) -> list[Op]:
         del self.inflight[entry.packet_id]
         self._pids.discard(entry.packet_id)
