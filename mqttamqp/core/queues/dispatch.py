@@ -122,7 +122,8 @@ class Dispatch(Parking):
                 if group.mode == CLASSIC:
                     self._park(group, offset)
                 continue
-            again = self._deliver(group, member, offset, queue.log[offset], ops) or again
+            again = self._deliver(group, member, offset, queue.log[offset], ops,
+                                  True) or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None or marked:
@@ -270,11 +271,13 @@ class Dispatch(Parking):
             group.next = offset + 1
 
     def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
-                 ops: list[Op]) -> bool:
+                 ops: list[Op], credited: bool = False) -> bool:
         """Hand ``offset`` to ``member``; True when it was a classic redelivery,
         whose raised count the caller stores with the group's record (rare, so
         at once: a crash after it must not bring the message back with a lower
-        count than the client has seen)."""
+        count than the client has seen).  ``credited``: ``_credit`` found the
+        member's link with room just now (its QoS 1 delivery may take the
+        session's short path, ``send_credited``)."""
         queue = group.queue
         count = group.counts.get(offset, 0) + 1
         again = False
@@ -310,7 +313,12 @@ class Dispatch(Parking):
         # (the receipt goes with the session's entry: the queue's, durable already,
         # so a persistent session does not hold it for a commit of its own)
         pending = Pending(self, group, offset, member) if member.qos else None
-        entry = session.deliver(delivered, member.qos, False, receipt=pending)
+        # (the short path: a QoS 1 member ``_credit`` found with room gets it sent at
+        # once; anything else, or no window room, takes the session's queue)
+        entry = (session.send_credited(delivered, pending) if credited
+                 and pending is not None and member.qos == 1 else None)
+        if entry is None:
+            entry = session.deliver(delivered, member.qos, False, receipt=pending)
         member.outstanding += 1
         self._arm()
         if entry is None and member.qos:
