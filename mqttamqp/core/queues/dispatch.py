@@ -115,7 +115,13 @@ class Dispatch(Parking):
                     group._rr = rr   # (its turn again once the mark is durable)
                     group.held_back = True
                     break
-            self._take(group, offset)
+            # (``_take``, inline)
+            if levels is not None:
+                levels.pop()
+            elif group.ready and group.ready[0] == offset:
+                heapq.heappop(group.ready)
+            elif group.next == offset:
+                group.next = offset + 1
             if member is True:
                 # Members with credit, none whose selector takes it: it stays in the
                 # queue for another member (a stream's cursor moves past it).
@@ -306,7 +312,8 @@ class Dispatch(Parking):
             read = StreamRead(self, group, offset, member) if member.qos else None
             entry = session.deliver(delivered, member.qos, False, receipt=read)
             member.outstanding += 1
-            self._arm()
+            if self._timer is None:
+                self._arm()
             if entry is None:
                 member.outstanding -= 1
             return again
@@ -320,7 +327,8 @@ class Dispatch(Parking):
         if entry is None:
             entry = session.deliver(delivered, member.qos, False, receipt=pending)
         member.outstanding += 1
-        self._arm()
+        if self._timer is None:   # (``_arm``'s test, without the call)
+            self._arm()
         if entry is None and member.qos:
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1

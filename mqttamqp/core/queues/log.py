@@ -319,7 +319,7 @@ class QueueLogs(AppendAccounting):
             self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
             ops.append(PutQueueMessage(queue.name, offset, message))
         self._appended_to[queue] = offset + 1
-        if queue.retention.max_age is not None:
+        if queue.retention.max_age is not None and self._timer is None:
             self._arm()
         self._enforce_retention(queue, ops, message.timestamp)
         if self.alarm.max_total > 0:
