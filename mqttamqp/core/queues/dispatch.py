@@ -71,6 +71,8 @@ class Dispatch(Parking):
         if group.parked and self._parked_unseen(group):
             self._offer_parked(group)
         while True:
+            if levels is None and not group.ready and group.next >= queue.committed:
+                break   # (``_next_offset`` would find none: the usual end, without it)
             offset = self._next_offset(group, ops)
             if offset is None:
                 break

@@ -152,10 +152,6 @@ class QueueLogs(AppendAccounting):
         """Publishers to queues wait: blocked, or the writer is behind."""
         return self.alarm.paused
 
-    @property
-    def evicted_messages(self) -> int:
-        return sum(len(q.evicted) for q in self.queues.values())
-
     def default_retention(self, name: str) -> Retention:
         base = name[len(DLQ_PREFIX):] if name.startswith(DLQ_PREFIX) else name
         for pattern, retention in self.retention_rules:
@@ -319,9 +315,16 @@ class QueueLogs(AppendAccounting):
             self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
             ops.append(PutQueueMessage(queue.name, offset, message))
         self._appended_to[queue] = offset + 1
-        if queue.retention.max_age is not None and self._timer is None:
+        r = queue.retention
+        if r.max_age is not None and self._timer is None:
             self._arm()
-        self._enforce_retention(queue, ops, message.timestamp)
+        # (``_enforce_retention``'s first tests, without the call: a head old enough
+        # to drop, or past the count or size bound)
+        if ((r.max_age is not None and ((head := queue.log.get(queue.first)) is None
+                                        or head.timestamp + r.max_age <= message.timestamp))
+                or (r.max_messages is not None and len(queue.log) > r.max_messages)
+                or (r.max_bytes is not None and queue.bytes > r.max_bytes)):
+            self._enforce_retention(queue, ops, message.timestamp)
         if self.alarm.max_total > 0:
             self.alarm.check_total(self.total_bytes)
         return offset
@@ -449,10 +452,6 @@ class QueueLogs(AppendAccounting):
 
     def _pump_queue(self, queue: QueueLog) -> None:
         """Hand out what ``queue``'s groups may have (``Dispatch``)."""
-        raise NotImplementedError
-
-    def _evict(self) -> None:
-        """Bring the bodies in memory under the budget (``MemoryBudget``)."""
         raise NotImplementedError
 
     def _arm(self) -> None:

@@ -158,7 +158,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
-        if queue.refuses(message):
+        if queue.reject_above is not None and queue.refuses(message):
             if queue.reject_dead and queue.dead_letter is not None:
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return self._commit(ops), self._overflow(queue, message, publisher)

@@ -75,3 +75,16 @@ def test_a_qos0_member_is_not_given_the_short_path() -> None:
     assert not session.inflight
     (group,) = broker.queues.queues["jobs"].groups.values()
     assert group.acked == 1
+
+
+def test_an_append_still_drops_a_head_past_its_age_without_a_tick() -> None:
+    """``_append`` tests the retention bounds itself before calling
+    ``_enforce_retention``: a head older than --queue-max-age is dropped by the next
+    append (no timer tick between), and a fresh head is kept."""
+    broker, clock, _ = make(queue_max_age=10)
+    send(broker, "$queue/jobs", b"old")
+    queue = broker.queues.queues["jobs"]
+    broker.publish(Message("$queue/jobs", b"fresh", 1, False, "p", clock.seconds() + 5))
+    assert [m.payload for m in queue.log.values()] == [b"old", b"fresh"]
+    broker.publish(Message("$queue/jobs", b"late", 1, False, "p", clock.seconds() + 11))
+    assert [m.payload for m in queue.log.values()] == [b"fresh", b"late"]
