@@ -213,15 +213,12 @@ class QueueLogs(AppendAccounting):
             return None
         return d
 
-    def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
-        """As ``_commit`` inside a batch (``commits.batching``), for a caller that
-        needs no Deferred of its own: the batch's ``CommitRound`` (None outside a
-        batch or while stopping, and nothing is done: use ``_commit``)."""
-        if not self.commits.batching:
-            return None
+    def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound:
+        """As ``_commit`` inside a batch, for a caller that needs no Deferred of its
+        own and found ``commits.batching`` true: the batch's ``CommitRound``."""
         ops, appended = self._hand_off(ops)
         r = self.commits.persist_in_round(ops)
-        assert r is not None
+        assert r is not None, "_commit_in_round outside a batch"
         self._account_in_round(r)
         if self._early:
             self._fire_early()

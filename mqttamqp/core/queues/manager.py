@@ -170,19 +170,18 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._appended_to.pop(queue, None)
         if in_round and not queue.transient and self.commits.batching:
             r = self._commit_in_round(ops)
-            if r is not None:
-                # (``offset in queue.log``: not dropped or dead-lettered at its own
-                # append, before it had an entry ``unwait`` could take back)
-                if message.qos and offset in queue.log and _has_classic(queue):
-                    waits = queue.round_waits
-                    if waits and waits[-1][1] is r:
-                        waits[-1][0] = offset    # (one entry per round and queue)
-                    else:
-                        # (released when consumed first: ``_trim``)
-                        waits.append([offset, r])
-                        r.outstanding += 1
+            # (``offset in queue.log``: not dropped or dead-lettered at its own
+            # append, before it had an entry ``unwait`` could take back)
+            if message.qos and offset in queue.log and _has_classic(queue):
+                waits = queue.round_waits
+                if waits and waits[-1][1] is r:
+                    waits[-1][0] = offset    # (one entry per round and queue)
                 else:
-                    r.outstanding += 1   # (held: only the commit answers it)
+                    # (released when consumed first: ``_trim``)
+                    waits.append([offset, r])
+                    r.outstanding += 1
+            else:
+                r.outstanding += 1   # (held: only the commit answers it)
             if message.qos < 2 and queue.committed < queue.next_offset:
                 queue.committed = queue.next_offset   # (as below)
                 self._pump_queue(queue)
