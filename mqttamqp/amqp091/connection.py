@@ -72,6 +72,7 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 
 Conn, Basic = commands.Connection, commands.Basic
+_CLOSED = State.CLOSED   # (an Enum member read from its class is a lookup each time)
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 # What one batch (a socket read's handling) may hold of a connection's output before
 # it is written: below the transport's 64 KiB, so its back-pressure comes in time.
@@ -161,12 +162,12 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         try:
             assemblers = self._assemblers
             for channel, frame in self.reader.feed(data):
-                if self.closed:
+                if self.state is _CLOSED:   # (``closed``, without the call: per frame)
                     break
                 # (the content frames of a basic.publish: an assembler that waits for
                 # them exists only on an open channel, see ``_end_channel``)
                 assembler = assemblers.get(channel) if channel else None
-                if assembler is not None and assembler.busy:
+                if assembler is not None and assembler.method is not None:   # (busy)
                     _content(self, channel, assembler, frame)
                 else:
                     self._frame(channel, frame)
