@@ -72,7 +72,8 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 
 Conn, Basic = commands.Connection, commands.Basic
-_CLOSED = State.CLOSED   # (an Enum member read from its class is a lookup each time)
+# (an Enum member read from its class is a lookup each time: these are read per frame)
+_CLOSED, _OPEN = State.CLOSED, State.OPEN
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 # What one batch (a socket read's handling) may hold of a connection's output before
 # it is written: below the transport's 64 KiB, so its back-pressure comes in time.
@@ -152,7 +153,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.send_method(0, start_method(self.mechanisms))
 
     def dataReceived(self, data: bytes) -> None:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return
         self.bytes_in += len(data)
         self.meter.received_bytes(len(data))
@@ -264,11 +265,11 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.transport.loseConnection()
 
     def send_method(self, channel: int, method: Any) -> None:
-        if self.state is not State.CLOSED:
+        if self.state is not _CLOSED:
             self._write(method_frame(channel, method))
 
     def send_content(self, channel: int, method: Any, properties: bytes, body: bytes) -> None:
-        if self.state is not State.CLOSED:
+        if self.state is not _CLOSED:
             self._write(content_frames(channel, method, properties, body, self.frame_max))
 
     # -- frames --------------------------------------------------------------------
@@ -276,7 +277,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
     def _frame(self, number: int, frame: Any) -> None:
         name = getattr(frame, "name", "")
         state = self.state
-        if state is State.OPEN and number:
+        if state is _OPEN and number:
             self._channel_frame(number, frame, name)
             return
         if name == "Heartbeat":
@@ -475,7 +476,7 @@ def _content(self: AMQP091Connection, number: int, assembler: ContentAssembler,
     """A frame on channel ``number`` of connection ``self`` while its
     ``basic.publish`` waits for its content: the header, then body frames; anything
     else is 505.  (Outside the class, which the shape test keeps under 400 lines.)"""
-    if self.state is not State.OPEN:
+    if self.state is not _OPEN:
         return   # (closing: what the client still sends is discarded)
     channel = self.channels[number]
     try:
