@@ -225,7 +225,8 @@ class Dispatch(Parking):
             if offset in group.done:     # (after a restart: acknowledged before it)
                 group.next = offset + 1
                 continue
-            if message is not None and group.matches(message):
+            # (``matches``' first test inline: most groups take every message)
+            if message is not None and (group.filter == "#" or group.matches(message)):
                 return offset
             group.next = offset + 1
             group.done.add(offset)       # (not for this group: done with it)

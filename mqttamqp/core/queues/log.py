@@ -415,7 +415,11 @@ class QueueLogs(AppendAccounting):
         """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
         group.counts.pop(offset, None)
         group.uncounted.discard(offset)
-        if offset >= group.floor:
+        floor = group.floor
+        if (offset == floor and offset + 1 not in group.done
+                and not group.queue.skip_starts):
+            group.floor = offset + 1   # (``advance_floor``'s usual outcome, in place)
+        elif offset >= floor:
             group.done.add(offset)
             group.advance_floor()
         # (stored by the next ``_commit``, whoever makes it: ``_drain_done``)
