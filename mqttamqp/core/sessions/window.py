@@ -112,6 +112,8 @@ class InflightWindow:
         takes ``Session.deliver``, which applies the bounds)."""
         link = self.link
         inflight = self.inflight
+        # (--max-queued-messages/-bytes bound what waits in the session's queue; this
+        # goes straight into the window, past an empty queue: nothing waits)
         if (link is None or self.queue or len(inflight) >= self.window
                 or len(self._pids) >= 65535 or ((props := message.props) is not None
                                                 and props.expiry_interval is not None)):

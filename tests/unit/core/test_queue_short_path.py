@@ -88,3 +88,17 @@ def test_an_append_still_drops_a_head_past_its_age_without_a_tick() -> None:
     assert [m.payload for m in queue.log.values()] == [b"old", b"fresh"]
     broker.publish(Message("$queue/jobs", b"late", 1, False, "p", clock.seconds() + 11))
     assert [m.payload for m in queue.log.values()] == [b"fresh", b"late"]
+
+
+
+def test_the_session_queue_bounds_do_not_hold_back_what_goes_straight_out() -> None:
+    """--max-queued-bytes bounds what waits in a session's queue: a queue message
+    larger than it, sent straight into a window with room, is delivered (nothing
+    waits in the session's queue)."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    send(broker, "$queue/jobs", b"x" * 11)
+    clock.advance(0.1)
+    assert [m.payload for m, *_ in link.published()] == [b"x" * 11]
+    assert not session.has_queued and session.queued_bytes == 0
