@@ -25,6 +25,10 @@ records, inside the broker:
 * with ``--callgrind`` (under ``valgrind --tool=callgrind --instr-atstart=no``),
   instructions collected only while the load runs: callgrind's total over the
   messages is the instructions per message at this pace (all threads);
+* with ``--residence``, each PUBLISH's time split at the broker's read and send:
+  the publisher's send (its payload's stamp) to the read, the end of the poll that
+  woke the reactor to the read, the read to the subscriber's PUBLISH sent, and that
+  send to the next poll (the rest of the turn), as histograms;
 * with ``--perf``, ``perf stat`` of the broker's process over the load: system
   calls, context switches and CPU migrations, per message.
 
@@ -134,6 +138,13 @@ def main() -> int:
                     help="run under valgrind --tool=callgrind --instr-atstart=no: "
                          "instructions are collected only while the load runs "
                          "(callgrind_control -i on/off; use a low --rate)")
+    ap.add_argument("--residence", action="store_true",
+                    help="split each PUBLISH's latency: from the publisher's send (its "
+                         "payload's stamp) to the protocol's read (dataReceived), from "
+                         "the end of the poll that woke the reactor to that read, and "
+                         "from the read to the first send it causes (the subscriber's "
+                         "PUBLISH), as histograms (wall time: compare on a quiet "
+                         "machine)")
     ap.add_argument("--perf", action="store_true",
                     help="perf stat the broker's process (system calls, context switches, "
                          "instructions) while the load runs")
@@ -162,6 +173,8 @@ def main() -> int:
     gc_during_turn = [False]
     late = {"turns_over_1ms": 0, "with_gc": 0}
     last_poll_end = [0.0]
+    sent_at = [0.0]   # (``--residence``: when this turn's PUBLISH went to the subscriber)
+    send_to_poll = Histogram()
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -190,12 +203,57 @@ def main() -> int:
                     if gc_during_turn[0]:
                         late["with_gc"] += 1
             gc_during_turn[0] = False
+            if sent_at[0]:   # (``--residence``: the turn's rest after its PUBLISH went out)
+                send_to_poll.add(started - sent_at[0])
+                sent_at[0] = 0.0
             try:
                 return self._real.poll(*a)
             finally:
                 last_poll_end[0] = time.perf_counter()
 
     reactor._poller = Poller(reactor._poller)   # type: ignore[attr-defined]
+    wake_to_read, read_to_send, sent_to_read = Histogram(), Histogram(), Histogram()
+    if args.residence:
+        # (the protocol module's own ``send`` and ``dataReceived``, wrapped: each
+        # read's first send is its PUBLISH to the subscriber; a PUBACK's read sends
+        # nothing and is not counted)
+        from mqttamqp.mqtt import protocol as mqtt_protocol
+
+        real_received = mqtt_protocol.MQTTProtocol.dataReceived
+        real_send = mqtt_protocol.send
+        read_at = [0.0]
+        read_ns = [0]
+
+        def received(self: Any, data: bytes) -> None:
+            if recording[0]:
+                read_at[0] = time.perf_counter()
+                read_ns[0] = time.monotonic_ns()   # (the load generator's stamps' clock)
+            real_received(self, data)
+            read_at[0] = 0.0
+
+        def publisher_sent_ns(data: bytes) -> int:
+            """The publisher's send time in a QoS 1 PUBLISH's payload (3.1.1: no
+            properties; ``loadgen``'s stamp: scheduled, then sent, 8 bytes each)."""
+            i = 1
+            while data[i] & 0x80:   # (the remaining length)
+                i += 1
+            i += 1
+            offset = i + 2 + ((data[i] << 8) | data[i + 1]) + 2   # (topic, packet id)
+            return int.from_bytes(data[offset + 8:offset + 16], "big")
+
+        def sent(transport: Any, data: bytes) -> None:
+            if read_at[0]:
+                now = time.perf_counter()
+                wake_to_read.add(read_at[0] - last_poll_end[0])
+                read_to_send.add(now - read_at[0])
+                read_at[0] = 0.0
+                if data[0] >> 4 == 3 and len(data) > 20:
+                    sent_to_read.add((read_ns[0] - publisher_sent_ns(data)) / 1e9)
+                    sent_at[0] = now
+            real_send(transport, data)
+
+        mqtt_protocol.MQTTProtocol.dataReceived = received   # type: ignore[method-assign]
+        mqtt_protocol.send = sent   # type: ignore[assignment]
     timers: dict[str, int] = {}
     real_call_later = reactor.callLater
 
@@ -316,6 +374,11 @@ def main() -> int:
     report["gc"] = {str(g): h.report() for g, h in gcs.items()}
     report["late_turns"] = late
     report["turns_per_msg"] = round(turns.n / max(1, n), 3)
+    if args.residence:
+        report["residence"] = {"publisher_send_to_read": sent_to_read.report(),
+                               "wake_to_read": wake_to_read.report(),
+                               "read_to_send": read_to_send.report(),
+                               "send_to_next_poll": send_to_poll.report()}
     report["timers_per_msg"] = {k: round(v / max(1, n), 4) for k, v in
                                 sorted(timers.items(), key=lambda kv: -kv[1])}
     if profiler is not None:

@@ -151,16 +151,13 @@ class BrokerService(service.MultiService):
             self.amqp_factory = AMQPFactory(self.broker, self.reactor, idle_timeout)
             self.amqp_factory.cert_as_user = self.tls is not None and self.tls.cert_as_user
             from mqttamqp.amqp091.connection import AMQP091Factory
-            from mqttamqp.amqp091.sniff import SharedPortFactory
+            from mqttamqp.amqp091.sniff import shared_port
 
             self.amqp091_factory = AMQP091Factory(self.broker, self.reactor,
                                                   self.amqp091_settings)
             self.amqp091_factory.cert_as_user = self.amqp_factory.cert_as_user
-            # (--max-connections counts AMQP 1.0 and 0.9.1 together: one port)
-            self.amqp091_factory.port_sharers = self.amqp_factory.connections
-            self.amqp_factory.port_sharers = self.amqp091_factory.connections
-            self._amqp_port = SharedPortFactory(self.amqp_factory, self.amqp091_factory,
-                                                self.reactor, self.broker.limits.connect_timeout)
+            self._amqp_port = shared_port(self.amqp_factory, self.amqp091_factory,
+                                          self.broker, self.reactor)
         return self.add_listener("AMQP", description, self._amqp_port)
 
     def add_mqtt_ws_listener(self, description: str,
@@ -278,8 +275,10 @@ class BrokerService(service.MultiService):
         for listener in self.listeners:
             if listener.kind not in _STANDBY_LISTENERS:
                 listener.close_now()
-        # MQTT (and over WebSockets), AMQP 1.0 and AMQP 0.9.1 on the shared port
-        factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory)
+        # MQTT (and over WebSockets), AMQP 1.0 and 0.9.1, and the AMQP port's sockets
+        # that have not sent their protocol header yet (the shared port's own)
+        factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory,
+                     self._amqp_port)
         for conn in [c for f in factories if f is not None for c in f.connections]:
             try:
                 conn.transport.abortConnection()

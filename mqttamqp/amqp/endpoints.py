@@ -97,6 +97,7 @@ class SessionsAndLinks(EnginePump):
         if etype == EV_LINK_FLOW:
             link = self.links.get(event_link(event))
             if link is not None and not link.closed:
+                link.flowed()
                 link.on_flow()
         elif etype != EV_TRANSPORT:
             handler = self._handlers.get(etype)

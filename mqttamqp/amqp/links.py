@@ -180,6 +180,10 @@ class BrokerLink:
     def on_flow(self) -> None:
         """The peer's flow frame on this link."""
 
+    def flowed(self) -> None:
+        """The peer's flow frame came (before ``on_flow``): an outgoing link reads
+        its credit again."""
+
     def end(self, brute: bool, reason: str) -> None:
         """The link is gone (detach, end, close or lost connection); idempotent."""
         if self.closed:
@@ -222,7 +226,7 @@ class BrokerLink:
 
 
 class OutgoingLink(BrokerLink):
-    __slots__ = ("_awaiting", "_over_credit_bytes", "_tag", "mixed", "presettled")
+    __slots__ = ("_awaiting", "_credit", "_over_credit_bytes", "_tag", "mixed", "presettled")
     role = "sender"
     # What a delivery settled without an outcome counts as (AMQP 1.0 §3.5.3): 0, no
     # state, consumed (Accepted); ``SessionOutlet`` has ``DEFAULT_OUTCOME``.
@@ -235,6 +239,10 @@ class OutgoingLink(BrokerLink):
         self.mixed = mode == Link.SND_MIXED
         self._tag = 0             # the last delivery tag number made (``next_tag``)
         self._over_credit_bytes = 0
+        # The peer's credit as of its last flow (``flowed``), less the transfers since:
+        # proton's own count changes only by a flow, a transfer or ``drained`` (which
+        # zeroes it here too), so ``transfer`` asks proton only once this runs out.
+        self._credit = 0
         # Unsettled deliveries whose outcome matters, by their (live) pointer: a packet
         # id, or its complement (< 0) for a PUBREL.  Cheaper than reading tags back.
         # Made on the first (a receiver of QoS 0 or pre-settled only never needs it).
@@ -244,24 +252,32 @@ class OutgoingLink(BrokerLink):
         self._tag += 1
         return self._tag
 
-    def transfer(self, tag: bytes | int, data: bytes, settled: bool, key: int | None = None,
+    def transfer(self, tag: Any, data: bytes, settled: bool, key: int | None = None,
                  published_at: float = 0.0) -> None:
-        """Hand one delivery to the engine; ``tag``: its delivery tag, or a packet id
-        whose decimal digits are the tag; ``published_at``: a message's receipt
+        """Hand one delivery to the engine; ``tag``: its delivery tag (bytes), a packet
+        id whose decimal digits are the tag, or a ready one (``rawproton.SETTLED_TAG``,
+        for a delivery settled now); ``published_at``: a message's receipt
         time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
-        if link_credit(impl) <= 0:
-            # Waits inside the engine until the peer grants credit.
-            if link_queued(impl) == 0:
-                self._over_credit_bytes = 0
-            self._over_credit_bytes += len(data)
+        credit = self._credit - 1
+        if credit < 0:
+            credit = link_credit(impl) - 1   # (the count ran out: proton's, exact)
+            if credit < 0:
+                credit = 0
+                # Waits inside the engine until the peer grants credit.
+                if link_queued(impl) == 0:
+                    self._over_credit_bytes = 0
+                self._over_credit_bytes += len(data)
+        self._credit = credit
         # (``rawproton``, inline: this is every message's path; a packet id's tag is
         # made once, ``packet_id_tag``)
         if tag.__class__ is int:
             block = tag_blocks[tag >> 10]
             ctag = packet_id_tag(tag) if block is None else block[tag & 1023]
+        elif tag.__class__ is bytes:
+            ctag = (len(tag), from_buffer(tag))
         else:
-            ctag = (len(tag), from_buffer(tag))   # type: ignore[arg-type]
+            ctag = tag   # (ready: ``SETTLED_TAG``)
         dlv = new_delivery(impl, ctag)
         link_send(impl, data, len(data))
         link_advance(impl)
@@ -292,12 +308,20 @@ class OutgoingLink(BrokerLink):
         return (link_credit(impl) <= 0 and link_queued(impl) > 0
                 and self._over_credit_bytes > self.host.limits.congested_qos0_bytes)
 
+    def flowed(self) -> None:
+        self._credit = link_credit(self.impl)
+
+    def drained(self) -> None:
+        """Answer the peer's drain: the credit left is given back (zero from here)."""
+        self.plink.drained()
+        self._credit = 0
+        self.host.schedule_flush()
+
     def on_flow(self) -> None:
         plink = self.plink
         # (proton writes the drained flow after what is queued: no need to wait)
         if plink.drain_mode and plink.credit > 0 and self.idle():
-            plink.drained()
-            self.host.schedule_flush()
+            self.drained()
 
     def idle(self) -> bool:
         """Nothing more to send right now (used to answer a drain)."""

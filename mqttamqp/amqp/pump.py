@@ -4,12 +4,13 @@ engine.
 What it owns: the engine's objects (``Connection``, ``Transport``, ``Collector``),
 bytes in (``Transport.push``, all of one socket read before one pump), events out
 of the ``Collector`` (a delivery to its link through raw pointers, every other
-event to ``_on_event``), bytes out (``Transport.peek``/``pop``, all of one pump in
-one write), ``tick`` scheduled on the injected clock and re-armed only when the
-deadline moves earlier, flushes at the end of the broker's batch, the socket's
-back-pressure (a push producer), freeing links and sessions closed at both ends,
-and the frame trace of the console's debug log.  Proton's own reactor is not
-used; every buffer proton hands out is copied.
+event to ``_on_event``), flushes at the end of the broker's batch, the socket's
+back-pressure (a push producer), and the frame trace of the console's debug log.
+The end-of-pump chores it shares with gateway mode's client engine are
+``enginechores.EngineChores``': bytes out (all of one pump in one write), ``tick``
+on the injected clock (re-armed only when the deadline moves earlier), freeing links
+and sessions closed at both ends.  Proton's own reactor is not used; every buffer
+proton hands out is copied.
 
 What it must not do: decide what an event means (``endpoints``), authenticate
 (``listener``), or let an exception reach Twisted: one raised while pumping closes
@@ -30,21 +31,13 @@ from twisted.python.failure import Failure
 from zope.interface import implementer  # type: ignore[import-untyped]
 
 from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.amqp.enginechores import EngineChores
 from mqttamqp.amqp.links import BrokerLink, OutgoingLink
 from mqttamqp.core.broker import Broker
 from mqttamqp.core.clients.clientdebug import MAX_DEBUG_LINES, LineBudget
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.limits import Limits
-from mqttamqp.net.rawproton import (
-    delivery_link,
-    event_delivery,
-    free_link,
-    lib,
-    next_event,
-    output,
-    pop_event,
-    tick,
-)
+from mqttamqp.net.rawproton import delivery_link, event_delivery, lib, next_event, pop_event
 from mqttamqp.net.tcp import send
 
 __all__ = ["EnginePump", "ConnectionState"]
@@ -66,8 +59,9 @@ _CLOSED = ConnectionState.CLOSED
 @implementer(IPushProducer)
 
 
-class EnginePump(Protocol):
-    """A connection's engine and socket; subclasses say what its events mean."""
+class EnginePump(EngineChores, Protocol):
+    """A connection's engine and socket; subclasses say what its events mean (the
+    end-of-pump chores, timers, output and freeing, are ``EngineChores``')."""
 
     log = Logger()
     transport: Any
@@ -280,57 +274,18 @@ class EnginePump(Protocol):
             lib.pn_link_advance(link)
         lib.pn_delivery_settle(dlv)
 
-    def _free_closed(self) -> None:
-        """Free the links and sessions closed at both ends (their last frames are
-        written): proton keeps them until the connection ends otherwise.  Links
-        first: freeing a session frees the links it still has."""
-        links, self._free_links = self._free_links, []
-        sessions, self._free_sessions = self._free_sessions, []
-        if self.pconn is None:
-            return
-        for impl in links:
-            free_link(impl)
-        for impl in sessions:
-            lib.pn_session_free(impl)
-
-    def _tick(self) -> None:
-        now = self.clock.seconds()
-        deadline = tick(self.ptrans._impl, now)
-        if deadline <= 0:
-            return
-        timer = self._timer
-        if timer is not None and timer.active() and self._timer_deadline <= deadline:
-            return  # fires no later than needed; it re-arms then
-        if timer is not None and timer.active():
-            timer.cancel()
-        self._timer_deadline = deadline
-        self._timer = self.clock.callLater(max(0.0, deadline - now), self._on_timer)
-
     def _on_timer(self) -> None:
         self._timer = None
         if self.state is not _CLOSED and self.ptrans is not None:
             self._pump()
 
-    def _write_output(self) -> None:
-        """All the engine's output in one write: it hands out at most its buffer
-        (8 KiB) at a time, and each write can wake the peer."""
-        impl = self.ptrans._impl
-        chunks: list[bytes] = []
-        for _ in range(100_000):   # (bounded: each round takes what the engine made)
-            data = output(impl)
-            if not data:
-                break
-            chunks.append(data)
-        if chunks:
-            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        if data is None:
-            # The engine closed its output (close sent, or a transport error).
-            self._drop()
-
     def _write(self, data: bytes) -> None:
         send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
         self.bytes_out += len(data)
         self.meter.sent_bytes(len(data))
+
+    def _output_closed(self) -> None:
+        self._drop()
 
     def _drop(self) -> None:
         """Close the socket once written (the engine is done or the peer refused)."""

@@ -152,8 +152,7 @@ class QueueSubscription(TopicSubscription):
             if clock.seconds() - self._drain_since < _DRAIN_WAIT_MAX:
                 self._drain_check = clock.callLater(_DRAIN_RECHECK, self._answer_drain)
                 return
-        plink.drained()
-        self.host.schedule_flush()
+        self.drained()
 
     def ended(self, brute: bool, reason: str) -> None:
         check, self._drain_check = self._drain_check, None

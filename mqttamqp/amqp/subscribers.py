@@ -48,7 +48,7 @@ from mqttamqp.core.broker import Outcome
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.metadata import METADATA_KEYS
 from mqttamqp.core.sessions.session import Session
-from mqttamqp.net.rawproton import delivery_remote_state, delivery_settle
+from mqttamqp.net.rawproton import SETTLED_TAG, delivery_remote_state, delivery_settle
 
 __all__ = ["PublishRequests", "OutletHost", "TopicSubscription", "SessionOutlet"]
 
@@ -252,7 +252,7 @@ class _SessionLink(OutgoingLink):
             self._backlog += len(data)
         if packet_id is None:
             settled = self.presettled or self.mixed
-            self.transfer(b"s" if settled else b"z%d" % self.next_tag(), data, settled,
+            self.transfer(SETTLED_TAG if settled else b"z%d" % self.next_tag(), data, settled,
                           None, message.timestamp)
             return
         self.transfer(packet_id, data, self.presettled,

@@ -7,7 +7,14 @@ given) and ``HeaderSniffer``, the protocol of a socket until its header is read:
 fed to the one chosen, and from then on the transport calls it directly (no
 cost per read after the switch).  Anything else gets the 0.9.1 header back and
 a close (AMQP 0.9.1 §4.2.2), with one log line a minute for that cause.  A socket
-that sends no header within the connect time-out is dropped.
+that sends no header within the connect time-out is dropped.  The factory keeps
+the sockets still waiting for their header (``connections``, one entry each until
+the header, the time-out or the close), so that the service can abort them when --ha
+leadership is lost, as it does the connections of every protocol.  They are bounded
+by ``bound`` (the service gives --max-connections): a socket accepted while that
+many wait for their header is closed at once, counted (in ``stats``, the broker's,
+as a refused connection and a ``max_connections`` limit hit) and logged, one line a
+minute.
 
 What it must not do: speak either protocol beyond the header.
 """
@@ -25,7 +32,7 @@ from mqttamqp.amqp091.negotiation import Protocol as Kind
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 
-__all__ = ["SharedPortFactory", "HeaderSniffer"]
+__all__ = ["SharedPortFactory", "HeaderSniffer", "shared_port"]
 
 
 class HeaderSniffer(Protocol):
@@ -41,6 +48,7 @@ class HeaderSniffer(Protocol):
         self._done = False
 
     def connectionMade(self) -> None:
+        self.factory.connections.add(self)
         self._timer = self.factory.clock.callLater(self.factory.timeout, self._timed_out)
 
     def dataReceived(self, data: bytes) -> None:
@@ -52,6 +60,7 @@ class HeaderSniffer(Protocol):
             return
         self._done = True
         self._cancel()
+        self.factory.connections.discard(self)
         if kind == Kind.AMQP091:
             self._switch(self.factory.amqp091, self._buffer[8:])
         elif kind == Kind.AMQP10:
@@ -93,6 +102,7 @@ class HeaderSniffer(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self._cancel()
+        self.factory.connections.discard(self)
 
 
 class SharedPortFactory(Factory):
@@ -101,12 +111,42 @@ class SharedPortFactory(Factory):
 
     noisy = False
 
-    def __init__(self, amqp10: Any, amqp091: Any, clock: Clock, timeout: float) -> None:
+    log = Logger()
+
+    def __init__(self, amqp10: Any, amqp091: Any, clock: Clock, timeout: float,
+                 bound: int | None = None, stats: Any = None) -> None:
         self.amqp10 = amqp10
         self.amqp091 = amqp091
         self.clock = clock
         self.timeout = timeout
         self.log_limit = LogLimiter(clock.seconds)
+        # sockets whose header has not come, at most ``bound`` (None: no bound)
+        self.connections: set[HeaderSniffer] = set()
+        self.bound = bound
+        self.stats = stats
 
-    def buildProtocol(self, addr: Any) -> HeaderSniffer:
+    def buildProtocol(self, addr: Any) -> HeaderSniffer | None:
+        if self.bound is not None and len(self.connections) >= self.bound:
+            if self.stats is not None:
+                self.stats.connections_refused += 1
+                self.stats.limit_hit("max_connections")
+            held = self.log_limit.allow("pending")
+            if held is not None:
+                self.log.warn("AMQP port: {n} sockets are waiting for their protocol "
+                              "header (--max-connections); closing a new one from {peer} "
+                              "at once{more}", n=len(self.connections),
+                              peer=f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}",
+                              more=f" ({held} more since the last line)" if held else "")
+            return None   # (Twisted closes the socket)
         return HeaderSniffer(self)
+
+
+def shared_port(amqp10: Any, amqp091: Any, broker: Any, clock: Clock) -> SharedPortFactory:
+    """The AMQP port's factory for the broker's two AMQP factories: each counts the
+    other's connections under --max-connections (one port), and the sockets waiting
+    for their header are bounded by it too, timed out after --connect-timeout."""
+    amqp091.port_sharers = amqp10.connections
+    amqp10.port_sharers = amqp091.connections
+    limits = broker.limits
+    return SharedPortFactory(amqp10, amqp091, clock, limits.connect_timeout,
+                             limits.max_connections, broker.stats)

@@ -83,6 +83,7 @@ from mqttamqp.core.sessions.session import Session
 from mqttamqp.core.topics import topic_matches
 from mqttamqp.gateway.engine import UpstreamConnection
 from mqttamqp.net.rawproton import (
+    SETTLED_TAG,
     decref,
     delivery_link,
     delivery_partial,
@@ -91,7 +92,6 @@ from mqttamqp.net.rawproton import (
     delivery_settle,
     delivery_settled,
     delivery_update,
-    from_buffer,
     incref,
     lib,
     link_advance,
@@ -99,6 +99,7 @@ from mqttamqp.net.rawproton import (
     link_flow,
     link_send,
     new_delivery,
+    packet_id_tag,
     recv,
 )
 
@@ -131,7 +132,6 @@ class AmqpRemote:
         self.unsent = 0        # bytes sent without credit, still queued in proton ...
         self._unsent: deque[int] = deque()   # ... and their sizes, in order
         self._attaching = 0
-        self._tag = 0
         self._timer: Any = bridge.clock.callLater(s.connect_timeout * 2, self._no_open)
 
     # -- what the bridge uses (base.Remote) ----------------------------------
@@ -173,13 +173,14 @@ class AmqpRemote:
                                message.publisher, None, wire)
         if self.max_message and len(body) > self.max_message:
             return len(body)
-        self._tag += 1
-        tag = b"%x" % (packet_id if packet_id is not None else self._tag)
+        # (ready tags, ``rawproton``: the packet id's digits, unique among the session's
+        # deliveries in flight; one tag for all the pre-settled)
+        ctag = SETTLED_TAG if packet_id is None else packet_id_tag(packet_id)
         impl = self.sender_impl
         if link_credit(impl) <= 0:   # (queued in proton until the remote's flow)
             self.unsent += len(body)
             self._unsent.append(len(body))
-        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        dlv = new_delivery(impl, ctag)
         link_send(impl, body, len(body))
         link_advance(impl)
         if packet_id is None:

@@ -347,7 +347,7 @@ class BridgeBase:
                 # (an x-overflow reject-publish-dlx queue: the refusal comes with the
                 # commit holding its dead letter; the remote is told once it holds)
                 result.durable.addCallbacks(
-                    lambda _: self._refused(client, message, refusal, reject),
+                    lambda _: self._refused(client, message, refusal, reject, True),
                     lambda f: client.drop("storing a dead letter of a message from the "
                                           "remote failed"))
             return
@@ -361,16 +361,18 @@ class BridgeBase:
                                                               "remote failed"))
 
     def _refused(self, client: Remote, message: Message, refusal: Refusal,
-                 reject: Callable[[Refusal], bool] | None) -> None:
+                 reject: Callable[[Refusal], bool] | None, lettered: bool = False) -> None:
         """``take_in``'s refused message, once what its refusal committed (a dead
-        letter) is durable: told to the remote and dropped if for good, else the
+        letter, ``lettered``) is durable: told to the remote and dropped if for good
+        (the line says which: kept here as a dead letter, or dropped), else the
         connection dropped so that the remote keeps it."""
         if reject is not None and reject(refusal):
             self.dropped_in += 1
             self.warn(f"in-dropped {refusal.code:#04x}", "bridge {n}: a message from "
                       "the remote on {t} was refused here for good ({r}); {how}, "
-                      "dropped; {c} dropped so far", t=message.topic, r=refusal.reason,
-                      how=self.told, c=self.dropped_in)
+                      "{fate}; {c} dropped so far", t=message.topic, r=refusal.reason,
+                      how=self.told, c=self.dropped_in,
+                      fate="dead-lettered here" if lettered else "dropped")
             return
         # A durable queue here refused it (full, too many queues): nothing is
         # stored, so the remote is not told it was taken; it sends it again

@@ -61,6 +61,7 @@ from mqttamqp.gateway.wire import (
     will_message,
 )
 from mqttamqp.net.rawproton import (
+    SETTLED_TAG,
     delivery_link,
     delivery_partial,
     delivery_readable,
@@ -68,13 +69,13 @@ from mqttamqp.net.rawproton import (
     delivery_settle,
     delivery_settled,
     delivery_update,
-    from_buffer,
     lib,
     link_advance,
     link_credit,
     link_flow,
     link_send,
     new_delivery,
+    packet_id_tag,
     recv,
 )
 
@@ -164,7 +165,7 @@ class ClientChannel:
         self._publish_impl: Any = None
         self.paused = False        # the client's socket is full: no credit given back
         self._owed = 0             # credit held back while paused
-        self._tag = 0
+        self._tag = 0   # the last tag number: 16 bits (the core's credit keeps our unsettled few)
         # Our unsettled transfers by delivery tag: what to call with the outcome.
         # (by the delivery's raw pointer: popped before it is settled)
         self._waiting: dict[Any, Callable[[Outcome], None]] = {}
@@ -287,10 +288,9 @@ class ClientChannel:
         """``body`` on ``link``: pre-settled when ``then`` is None, else unsettled and
         ``then`` called with the core's outcome."""
         # (raw proton calls: this is every PUBLISH's path)
-        self._tag += 1
-        tag = b"%x" % self._tag
-        impl = link._impl
-        dlv = new_delivery(impl, (len(tag), from_buffer(tag)))
+        impl = link._impl   # (ready tags, ``rawproton``; an unsettled one a count's)
+        self._tag = tag = (self._tag + 1) & 0xFFFF
+        dlv = new_delivery(impl, SETTLED_TAG if then is None else packet_id_tag(tag))
         link_send(impl, body, len(body))
         link_advance(impl)
         if then is None:

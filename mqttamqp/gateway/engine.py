@@ -4,10 +4,12 @@ engine in client mode under a Twisted protocol.
 What it owns: the engine's objects (``Connection``, a client ``Transport`` with SASL
 ANONYMOUS, or PLAIN when ``--upstream`` names a user, ``Collector``), bytes in
 (``Transport.push``, all of one socket read before one pump), the engine's events
-handed to the channel (``ChannelEvents``) whose session or link they concern, bytes out (all
-of one pump in one write, coalesced over a reactor turn: ``flush``), ``tick`` on
-the injected clock (proton's idle time-out and heartbeats), and the sessions it
-begins for channels, bounded by the core's ``channel-max``.  Proton's own reactor is
+handed to the channel (``ChannelEvents``) whose session or link they concern, bytes out
+coalesced over a reactor turn (``flush``), and the sessions it begins for channels,
+bounded by the core's ``channel-max``.  The end-of-pump chores (all of one pump in
+one write, ``tick`` on the injected clock for proton's idle time-out and heartbeats,
+freeing links and sessions closed at both ends) are ``amqp/enginechores.py``'s
+``EngineChores``, shared with the broker's side.  Proton's own reactor is
 not used; every buffer it hands out is copied.  The server side of the same shape is
 ``amqp/pump.py``; this one is a client and knows nothing of the core's broker.
 
@@ -25,6 +27,7 @@ from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqttamqp.amqp.enginechores import EngineChores
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.gateway.target import Upstream
 from mqttamqp.net.rawproton import (
@@ -81,7 +84,7 @@ class ConnectionOwner(Protocol):
     def upstream_lost(self, conn: UpstreamConnection, reason: str) -> None: ...
 
 
-class UpstreamConnection(TwistedProtocol):
+class UpstreamConnection(EngineChores, TwistedProtocol):
     """One AMQP connection to the core, shared by the channels of many MQTT clients."""
 
     log: ClassVar[Logger] = Logger()
@@ -297,7 +300,7 @@ class UpstreamConnection(TwistedProtocol):
                 channel.on_link_closed(link, describe(_remote_condition(link)))
             if link.state & Endpoint.LOCAL_ACTIVE:
                 link.close()
-            self._free_links.append(link)
+            self._free_links.append(link._impl)
         elif kind is _SESSION_CLOSE:
             session = event.session
             # (counted until the core's end: its channel number is not free before)
@@ -306,7 +309,7 @@ class UpstreamConnection(TwistedProtocol):
                 channel.on_session_closed()
             if session.state & Endpoint.LOCAL_ACTIVE:
                 session.close()
-            self._free_sessions.append(session)
+            self._free_sessions.append(session._impl)
         elif kind is _CONN_OPEN:
             self.open = True
             # (proton numbers channels from 0: channel-max N allows N + 1 sessions)
@@ -326,46 +329,16 @@ class UpstreamConnection(TwistedProtocol):
         elif kind is _SESSION_FINAL:
             self.sessions.pop(event.session._impl, None)
 
-    def _free_closed(self) -> None:
-        """Let proton free the links and sessions closed at both ends (their last frames
-        are written): it keeps them until the connection ends otherwise, and a gateway's
-        connection outlives many clients.  Links first: a session frees its links."""
-        links, self._free_links = self._free_links, []
-        sessions, self._free_sessions = self._free_sessions, []
-        for link in links:
-            link.free()
-        for session in sessions:
-            session.free()
-
-    def _tick(self) -> None:
-        now = self.clock.seconds()
-        deadline = float(self.ptrans.tick(now))
-        if deadline <= 0:
-            return
-        timer = self._timer
-        if timer is not None and timer.active():
-            if self._timer_deadline <= deadline:
-                return
-            timer.cancel()
-        self._timer_deadline = deadline
-        self._timer = self.clock.callLater(max(0.0, deadline - now), self._on_timer)
-
     def _on_timer(self) -> None:
         self._timer = None
         self._pump()
 
-    def _write_output(self) -> None:
-        ptrans = self.ptrans
-        chunks: list[bytes] = []
-        for _ in range(100_000):   # (bounded: each round takes what the engine made)
-            pending = ptrans.pending()
-            if pending <= 0:
-                break
-            chunks.append(bytes(ptrans.peek(pending)))
-            ptrans.pop(pending)
-        if chunks and self.transport is not None:
-            self.transport.write(b"".join(chunks))
-        if ptrans.pending() < 0:
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def _output_closed(self) -> None:
+        if self.transport is not None:
             self.transport.loseConnection()
 
     def _failed(self, failure: Failure) -> None:

@@ -71,6 +71,7 @@ class MQTTLink(ConnectionRules):
 
     log: ClassVar[Logger]
     transport: Any
+    factory: Any   # (Twisted's; ``_factory`` is the typed view, a call more)
     broker: Broker
     clock: Clock
     meter: DeliveryMeter

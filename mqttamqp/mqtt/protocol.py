@@ -230,7 +230,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             return
         self.factory.connections[self] = None
         if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
-            # Output is batched per socket read and sent at once (``_send``): without
+            # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its
             # listener, see ``net.tcp.lean_port``.)
@@ -242,7 +242,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def dataReceived(self, data: bytes) -> None:
         if self.state is _CLOSED:
             return
-        self._last_activity = self.clock.seconds()
+        now = self._last_activity = self.clock.seconds()
         size = len(data)
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
@@ -250,7 +250,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
             self.decoder = self.factory.decoders.take(self.version)
         self.decoder.feed(data)
-        self._process_batch()
+        self._process_batch(now)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -404,15 +404,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._out = [data]
             self._out_bytes = len(data)
         else:
-            self._send(data)
+            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
         if out:
-            self._send(out[0] if len(out) == 1 else b"".join(out))
-
-    def _send(self, data: bytes) -> None:
-        send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+            send(self.transport, out[0] if len(out) == 1 else b"".join(out))
 
     def _lose(self) -> None:
         """Close after writing everything (including what a batch still holds); a

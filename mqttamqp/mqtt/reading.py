@@ -19,7 +19,7 @@ from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close
 from mqttamqp.mqtt.codec import MalformedPacket
 from mqttamqp.mqtt.connection import ConnectionState
-from mqttamqp.mqtt.decoders import IDLE
+from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.net.tcp import others_waiting, plain_tcp
@@ -41,26 +41,28 @@ class InputPump(MQTTLink):
     if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
         __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
-    def _process_batch(self) -> None:
-        """``_process`` as one batch: what it causes is committed and written once."""
+    def _process_batch(self, now: float = 0.0) -> None:
+        """``_process`` as one batch: what it causes is committed and written once.
+        (``now``: the clock's time if the caller just read it.)"""
         broker = self.broker
         broker.begin_batch()
         try:
-            self._process()
+            self._process(now)
         finally:
             broker.end_batch()
         decoder = self.decoder
         if decoder is not IDLE and not decoder.buffered and not self._in_process:
             # Nothing held back: an idle connection keeps no decoder (``decoders``).
             self.decoder = IDLE
-            self._factory.decoders.give(decoder)
+            spares: SpareDecoders = self.factory.decoders   # (per read: not ``_factory``)
+            spares.give(decoder)
 
-    def _process(self) -> None:
+    def _process(self, now: float = 0.0) -> None:
         decoder = self.decoder
         connected = self._connected_handlers
         turn = self.limits.mqtt_turn
         seconds = self.clock.seconds
-        until = seconds() + turn if turn else 0.0
+        until = (now or seconds()) + turn if turn else 0.0
         was_processing, self._in_process = self._in_process, True
         try:
             while True:

@@ -19,8 +19,11 @@ Modules (each says in its docstring why its trick pays):
   dict (an MQTT connection with slots only: ~40 bytes less each).
 * ``dispatch``: ``lean_dispatch``, the epoll reactor's events handled without
   Twisted's per-event logging context (eight Python calls an event: at a paced
-  1,000 msg/s each message is two events); only over the ``doPoll`` body it was
-  written from (its names' fingerprint), else Twisted's is kept, with one log line.
+  1,000 msg/s each message is two events), and a plain read event of a TCP server
+  transport handed to its protocol without ``_doReadOrWrite`` and ``doRead`` (four
+  calls more), and a main loop that runs the timers only when one is due (six calls
+  a turn); only over the bodies it was written from (their names' fingerprints),
+  else Twisted's is kept, with one log line.
 * ``rawproton``: proton-c's functions called by name (``cproton``) on the AMQP
   per-message path, looked up once.
 

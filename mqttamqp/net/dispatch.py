@@ -13,6 +13,38 @@ logs through ``twisted.logger``'s namespaced ``Logger``s, which never read that
 context; only Twisted's own legacy lines (an unhandled error in a read) lose the
 connection's prefix (their ``system`` is ``-``; the traceback names the protocol).
 
+A plain read event takes a shorter way (in ``do_poll``): the event is exactly "readable"
+(no hang-up, no error, not writable), and the descriptor is a TCP server transport of
+a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``) whose ``doRead``
+is Twisted's own.  Its socket is then read and the bytes handed to the protocol's
+``dataReceived`` here, without ``_doReadOrWrite``'s generic checks, the ``fileno``
+call and ``doRead``/``_dataReceived`` (four Python calls an event; a paced message is
+two events).  The outcome is Twisted's: "would block" is nothing, a failed ``recv``
+is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close for a transport
+that takes one), an exception out of the protocol is logged as Twisted's
+``log.err`` does and loses the connection with it, each through the reactor's
+``_disconnectSelectable``.  Any other event (writable, closed, an error) or any other
+descriptor (a client still connecting, a listener, the waker, TLS and WebSocket are
+their own classes or sit above one) goes through ``_doReadOrWrite`` as before, and so
+does a transport whose socket is gone.  It is on only when the bodies it shortens
+are the ones it was read from (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``,
+``_READ_OR_WRITE_NAMES``: Twisted 26.10's); otherwise every event takes Twisted's
+way, with one log line.
+
+The reactor's turn itself (``_lean_main_loop``): Twisted's ``mainLoop`` calls, every
+turn, ``runUntilCurrent`` and ``timeout`` (each first inserting new delayed calls,
+then reading the clock; ``timeout`` a ``max`` and a ``min``) inside a ``with`` of its
+failure handler (``__enter__``, ``__exit__``): six Python calls a turn when no timer
+is due, which at a paced rate is nearly every turn.  The lean loop calls both only
+when something is for them (a call from a thread, a new or a due delayed call, a
+stop, cancelled calls Twisted would sweep), and otherwise computes the same poll
+time-out from the first pending call itself; an exception in a turn goes to
+Twisted's own handler (logged, the loop goes on), as ``with _topHandler`` did.  It
+is the ``mainLoop`` of the next ``run`` (the broker applies it at start-up, before
+the loop starts; an ``--ha`` takeover applies it to a running loop, which keeps
+Twisted's until the next ``run``).  Only over the bodies it was written from
+(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's).
+
 What it keeps: an exception escaping ``_doReadOrWrite`` (which itself catches what
 a read or a write raises and closes the connection) is logged, as
 ``callWithLogger`` did, and the other events of the turn are still handled; EINTR
@@ -34,10 +66,15 @@ What it must not do: know any protocol, or import the broker's core.
 from __future__ import annotations
 
 import errno
+import sys
 from importlib import metadata
 from typing import Any
 
+from twisted.internet import base, main, tcp
 from twisted.logger import Logger
+from twisted.python import log as legacy_log
+
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
 
 __all__ = ["lean_dispatch"]
 
@@ -50,6 +87,101 @@ log = Logger(namespace="mqttamqp.net.dispatch")
 _DO_POLL_NAMES = frozenset({
     "_poller", "poll", "len", "_selectables", "OSError", "errno", "EINTR",
     "_doReadOrWrite", "log", "callWithLogger", "KeyError"})
+
+
+#: The names of the bodies a plain read event skips (in ``do_poll``), in Twisted 26.10:
+#: ``tcp.Connection.doRead``, ``tcp.Connection._dataReceived`` and the poll-like
+#: reactors' ``_doReadOrWrite``.
+_DO_READ_NAMES = frozenset({
+    "socket", "recv", "bufferSize", "OSError", "args", "EWOULDBLOCK", "main",
+    "CONNECTION_LOST", "_dataReceived"})
+_DATA_RECEIVED_NAMES = frozenset({"main", "CONNECTION_DONE", "protocol", "dataReceived"})
+_READ_OR_WRITE_NAMES = frozenset({
+    "_POLL_DISCONNECTED", "_POLL_IN", "_POLL_OUT", "_reads", "CONNECTION_DONE",
+    "CONNECTION_LOST", "fileno", "_NO_FILEDESC", "doRead", "doWrite", "BaseException",
+    "sys", "exc_info", "log", "err", "_disconnectSelectable"})
+#: The transports whose plain read events ``do_poll`` handles itself.
+_FAST_CLASSES = (tcp.Server, LeanServer, LeanServerNoDelay)
+
+
+#: The names of Twisted 26.10's ``ReactorBase.mainLoop``, ``runUntilCurrent`` and
+#: ``timeout``, which ``_lean_main_loop`` stands in for when no timer is due.
+_MAIN_LOOP_NAMES = frozenset({
+    "_started", "_topHandler", "runUntilCurrent", "timeout", "running", "doIteration",
+    "_log", "info"})
+_RUN_UNTIL_CURRENT_NAMES = frozenset({
+    "threadCallQueue", "_threadCallHandler", "wakeUp", "_insertNewDelayedCalls",
+    "seconds", "_pendingTimedCalls", "time", "heappop", "cancelled", "_cancellations",
+    "delayed_time", "activate_delay", "heappush", "_log", "failuresHandled", "creator",
+    "_DEFAULT_DELAYED_CALL_LOGGING_HANDLER", "called", "func", "args", "kw", "len",
+    "heapify", "_justStopped", "fireSystemEvent"})
+_TIMEOUT_NAMES = frozenset({"_insertNewDelayedCalls", "_pendingTimedCalls", "time",
+                            "seconds", "max", "min"})
+_LONGEST = 2147483   # (``timeout``'s bound: epoll_wait's milliseconds in a C int)
+
+
+def _names(function: Any) -> frozenset[str]:
+    code = getattr(function, "__code__", None)
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
+    """The transport classes whose plain read events ``do_poll`` handles itself: none
+    unless the bodies it shortens are the ones it was written from (and the
+    reactor's ``_doReadOrWrite`` is the poll-like reactors' own, not an override),
+    and only those whose ``doRead`` and ``_dataReceived`` are ``tcp.Connection``'s."""
+    from twisted.internet.posixbase import _PollLikeMixin
+
+    connection: Any = tcp.Connection
+    read_or_write = getattr(reactor_class, "_doReadOrWrite", None)
+    if (_names(connection.doRead) != _DO_READ_NAMES
+            or _names(connection._dataReceived) != _DATA_RECEIVED_NAMES
+            or read_or_write is not _PollLikeMixin._doReadOrWrite
+            or _names(read_or_write) != _READ_OR_WRITE_NAMES):
+        return frozenset()
+    return frozenset(
+        cls for cls in _FAST_CLASSES
+        if cls.doRead is connection.doRead and cls._dataReceived is connection._dataReceived)
+
+
+def _known_loop(reactor_class: Any) -> bool:
+    """Whether ``mainLoop``, ``runUntilCurrent`` and ``timeout`` of ``reactor_class``
+    are the bodies ``_lean_main_loop`` was written from."""
+    return (_names(reactor_class.mainLoop) == _MAIN_LOOP_NAMES
+            and _names(reactor_class.runUntilCurrent) == _RUN_UNTIL_CURRENT_NAMES
+            and _names(reactor_class.timeout) == _TIMEOUT_NAMES
+            and hasattr(base, "_topHandler"))
+
+
+def _lean_main_loop(target: Any) -> Any:
+    """A ``mainLoop`` for ``target`` that runs its timers only when something is for
+    them (module docstring)."""
+    top: Any = base._topHandler   # (Twisted's "Unexpected error in main loop" handler)
+
+    def main_loop() -> None:
+        while target._started:
+            try:
+                pending = target._pendingTimedCalls
+                cancelled = target._cancellations
+                if (target.threadCallQueue or target._newTimedCalls or target._justStopped
+                        or (cancelled > 50 and cancelled > len(pending) >> 1)):
+                    target.runUntilCurrent()
+                    timeout = target.timeout()
+                elif pending:
+                    delay = pending[0].time - target.seconds()
+                    if delay <= 0:
+                        target.runUntilCurrent()
+                        timeout = target.timeout()
+                    else:
+                        timeout = delay if delay < _LONGEST else _LONGEST
+                else:
+                    timeout = None
+                target.doIteration(target.running and timeout)
+            except BaseException:
+                top.__exit__(*sys.exc_info())   # (logged; the loop goes on, as Twisted's)
+        base._log.info("Main loop terminated.")
+
+    return main_loop
 
 
 def _known_body(reactor_class: Any) -> bool:
@@ -83,6 +215,13 @@ def lean_dispatch(reactor: Any) -> bool:
                  "its own", version=version)
         return False
     target: Any = reactor   # (its privates, and an instance attribute for doPoll)
+    fast = _fast_read_classes(type(reactor))
+    if not fast:
+        log.warn("net.dispatch: this Twisted's read path is not the one the plain-read "
+                 "shortcut replaces (written for 26.10); every event takes Twisted's way")
+    readable = EPollReactor._POLL_IN
+    would_block = errno.EWOULDBLOCK
+    lost, done = main.CONNECTION_LOST, main.CONNECTION_DONE
 
     def do_poll(timeout: float | None) -> None:
         if timeout is None:
@@ -99,6 +238,39 @@ def lean_dispatch(reactor: Any) -> bool:
             selectable = selectables.get(fd)
             if selectable is None:   # (closed by an earlier event of this turn)
                 continue
+            if event == readable and type(selectable) in fast:
+                # (``_doReadOrWrite`` → ``doRead`` → ``_dataReceived``, for this case)
+                try:
+                    sock = selectable.socket
+                except AttributeError:   # (lost already: Twisted's own checks)
+                    sock = None
+                if sock is not None:
+                    why: Any = None
+                    in_read = False
+                    try:
+                        try:
+                            data = sock.recv(selectable.bufferSize)
+                        except OSError as se:
+                            if se.args[0] != would_block:
+                                why = lost
+                        else:
+                            if data:
+                                selectable.protocol.dataReceived(data)
+                            else:
+                                why = done
+                        in_read = True
+                    except BaseException as exc:
+                        why = exc
+                        legacy_log.err()
+                    if why:
+                        try:
+                            target._disconnectSelectable(selectable, why, in_read)
+                        except KeyboardInterrupt:
+                            raise
+                        except BaseException:
+                            log.failure("handling an event of {selectable!r} failed",
+                                        selectable=selectable)
+                    continue
             try:
                 dispatch(selectable, fd, event)
             except KeyboardInterrupt:
@@ -108,5 +280,10 @@ def lean_dispatch(reactor: Any) -> bool:
                             selectable=selectable)
 
     target.doPoll = target.doIteration = do_poll
+    if type(reactor).mainLoop is base.ReactorBase.mainLoop and _known_loop(type(reactor)):
+        target.mainLoop = _lean_main_loop(target)
+    else:
+        log.warn("net.dispatch: this reactor's main loop is not the one the lean turn "
+                 "replaces (written for Twisted 26.10); it keeps its own")
     target._lean_dispatch = True
     return True

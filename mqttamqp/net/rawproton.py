@@ -37,10 +37,11 @@ calls that use it are here:
   message);
 * the delivery tags of packet ids (``packet_id_tag``, ``tag_blocks``): ready
   ``pn_bytes_t`` values, a block of 1,024 made at the first use of an id in it and
-  kept for the process's life, at most 64 blocks (every packet id, ~1.4 MB).  A
-  tag made per transfer cost ~2,650 instructions more.
+  kept for the process's life, at most 64 blocks (every packet id, ~1.4 MB), and
+  the one tag of every pre-settled delivery (``SETTLED_TAG``).  A tag made per
+  transfer cost ~2,650 instructions more.
 
-What it must not do: anything but thin calls and those two; no other state; no
+What it must not do: anything but thin calls and those; no other state; no
 import of the broker.
 """
 
@@ -61,7 +62,7 @@ __all__ = [
     "delivery_partial", "delivery_pending", "delivery_readable", "delivery_remote",
     "delivery_remote_state", "delivery_settle", "delivery_settled", "delivery_update",
     "disposition_is_failed", "link_advance", "link_send", "link_credit", "link_flow",
-    "link_queued", "packet_id_tag", "tag_blocks",
+    "link_queued", "packet_id_tag", "tag_blocks", "SETTLED_TAG",
 ]
 
 EV_LINK_FLOW: int = Event.LINK_FLOW.number
@@ -122,6 +123,13 @@ _TAG_BLOCK = 1 << _TAG_BLOCK_BITS
 # (``OutgoingLink.transfer`` reads a made block here itself: a call less per message)
 tag_blocks: list[Any] = [None] * (65536 >> _TAG_BLOCK_BITS)
 _tag_chars: list[Any] = [None] * len(tag_blocks)   # (what each block points into)
+
+# The tag of a delivery settled when sent (b"s"), ready: a settled delivery's tag need
+# not be unique (AMQP 1.0 2.6.12: unique among the unsettled), so one serves every
+# pre-settled transfer of the broker, the gateway and the bridges.
+_settled_chars = ffi.new("char[]", b"s")
+_settled_tag = ffi.new("pn_bytes_t[]", [(1, _settled_chars)])
+SETTLED_TAG: Any = _settled_tag[0]
 
 # A block's structs are packed at C speed by ``struct`` (native ``size_t`` then a
 # pointer; a cdata attribute set per field costs ten times as much), but only where

@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
@@ -26,7 +28,7 @@ from brokerproc import BrokerProcess
 from mqttamqp.optiontable import FLAGS, GATEWAY_IGNORES
 
 __all__ = ["GATEWAY_DIFFERS", "GatewayInFront", "UPSTREAM_OPEN", "broker_or_gateway",
-           "gateway_takes",
+           "core_with_gateway", "gateway_takes",
            "mark_gateway_differences", "start_gateway", "through_gateway"]
 
 UPSTREAM_OPEN = r"upstream connection \d+ to \S+ is open"
@@ -44,6 +46,30 @@ def start_gateway(tmp_path: Path, upstream: str, *extra: str, wait_open: bool = 
     if wait_open:
         proc.wait_for_line(UPSTREAM_OPEN, timeout=15)
     return proc
+
+
+@contextmanager
+def core_with_gateway(tmp_path: Path, name: str, core_options: tuple[str, ...],
+                      *gateway_options: str, listeners: tuple[str, ...] = ("--mqtt",)
+                      ) -> Iterator[tuple[BrokerProcess, BrokerProcess, list[Any]]]:
+    """A core (``core_options``, MQTT and AMQP listeners, data in ``name``) and a
+    gateway in front of it, started, with a list for the test's clients: on the way
+    out, each client's ``close``, then the gateway and the core stopped, whatever
+    failed (a gateway that did not start included)."""
+    core = BrokerProcess(str(tmp_path / name), *core_options, listeners=("--mqtt", "--amqp"))
+    core.start()
+    gw = None
+    clients: list[Any] = []
+    try:
+        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
+                           *gateway_options, listeners=listeners)
+        yield core, gw, clients
+    finally:
+        for client in clients:
+            client.close()
+        if gw is not None:
+            gw.stop()
+        core.stop()
 
 
 _SESSION_PRESENT = ("session present is the seed's: the core's AMQP_SUBSCRIPTIONS map "

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
-from gateway_proc import start_gateway, uid
+from gateway_proc import core_with_gateway, uid
 from rawclient import RawClient
 from slow_reader import SIZE, await_metric, beyond_kernel_buffers, read_to_close
 
@@ -26,14 +25,8 @@ def test_a_client_taken_over_while_far_behind_gets_eof(tmp_path: Path, ending: s
     after the grace if it was too slow), and the gateway counts it gone."""
     count = beyond_kernel_buffers()
     window = str(count + 50)   # every flood message in flight at once: all written
-    core = BrokerProcess(str(tmp_path / "core"), "--max-inflight", window,
-                         listeners=("--mqtt", "--amqp"))
-    core.start()
-    gw = None
-    clients: list[RawClient] = []
-    try:
-        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
-                           "--max-inflight", window, listeners=("--mqtt", "--metrics"))
+    with core_with_gateway(tmp_path, "core", ("--max-inflight", window), "--max-inflight",
+                           window, listeners=("--mqtt", "--metrics")) as (_, gw, clients):
         metrics = gw.ports["METRICS"]
         cid, topic = uid("behind"), uid("flood") + "/t"
         slow = RawClient(gw.mqtt_port)
@@ -61,9 +54,3 @@ def test_a_client_taken_over_while_far_behind_gets_eof(tmp_path: Path, ending: s
         await_metric(metrics, "mqttamqp_gateway_clients",
                      lambda v: v == (2 if ending == "takeover" else 1),
                      "the taken-over client leaving the gateway's count")
-    finally:
-        for client in clients:
-            client.close()
-        if gw is not None:
-            gw.stop()
-        core.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess
 from contract_peer import ContractPeer
-from gateway_proc import start_gateway, uid
+from gateway_proc import core_with_gateway, uid
 from proton import Delivery, Endpoint
 from rawclient import RawClient
 
@@ -160,14 +160,8 @@ def test_a_client_whose_publish_link_is_refused_gets_server_unavailable(
     connection: the second client's ``.publish`` attach (the tenth link) is refused,
     so its CONNECT is answered CONNACK 3 (MQTT 5: 0x88, server unavailable), logged;
     the first client keeps working, and once it leaves a new client connects."""
-    core = BrokerProcess(str(tmp_path / "core9"), "--amqp-max-links", "9",
-                         listeners=("--mqtt", "--amqp"))
-    core.start()
-    gw = None
-    clients: list[RawClient] = []
-    try:
-        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
-                           "--upstream-connections", "1")
+    with core_with_gateway(tmp_path, "core9", ("--amqp-max-links", "9"),
+                           "--upstream-connections", "1") as (_, gw, clients):
         clients.append(RawClient(gw.mqtt_port, level=level))
         first = clients[-1]
         assert first.connect(uid("ra")).return_code == 0
@@ -180,12 +174,6 @@ def test_a_client_whose_publish_link_is_refused_gets_server_unavailable(
         first.disconnect()
         clients.append(RawClient(gw.mqtt_port, level=level))
         assert clients[-1].connect(uid("rc")).return_code == 0
-    finally:
-        for client in clients:
-            client.close()
-        if gw is not None:
-            gw.stop()
-        core.stop()
 
 
 def test_a_refused_connect_leaves_no_unhandled_deferred_error(tmp_path: Path) -> None:
@@ -193,14 +181,8 @@ def test_a_refused_connect_leaves_no_unhandled_deferred_error(tmp_path: Path) ->
     attaches while its CONNECT waits on them: the client gets CONNACK 3, and the
     gateway logs the refusal, with no "Unhandled error in Deferred" traceback for the
     attaches it no longer awaits."""
-    core = BrokerProcess(str(tmp_path / "core5"), "--amqp-max-links", "5",
-                         listeners=("--mqtt", "--amqp"))
-    core.start()
-    gw = None
-    clients: list[RawClient] = []
-    try:
-        gw = start_gateway(tmp_path, f"amqp://127.0.0.1:{core.ports['AMQP']}",
-                           "--upstream-connections", "1")
+    with core_with_gateway(tmp_path, "core5", ("--amqp-max-links", "5"),
+                           "--upstream-connections", "1") as (_, gw, clients):
         for name in ("ua", "ub", "uc"):
             clients.append(RawClient(gw.mqtt_port))
             code = clients[-1].connect(uid(name)).return_code
@@ -208,11 +190,5 @@ def test_a_refused_connect_leaves_no_unhandled_deferred_error(tmp_path: Path) ->
                 assert code == 3
                 clients[-1].wait_closed()
         gw.wait_for_line(r"refused CONNECT .*: the core detached .*\(CONNACK 3\)")
-    finally:
-        for client in clients:
-            client.close()
-        if gw is not None:
-            gw.stop()
-        core.stop()
     assert gw is not None
     assert "Unhandled error in Deferred" not in gw.output()

@@ -3,7 +3,9 @@ steps of half of it as deliveries are answered, and given back at once when the
 peer is out of credit.  The broker keeps what it still owes the peer without
 reading the engine's credit on every answer; these tests pin that the flows it
 sends are the ones the window rule gives, also when transfers are aborted (they
-take credit and are never answered).
+take credit and are never answered).  A receiver's credit is counted by the broker
+too (proton is asked only when that count runs out): what waits past it is bounded
+alike however the credit ended.
 
 In memory, black box: a proton client engine on ``amqp_memory.Net``; what is
 observed is the credit the client's engine holds after each exchange.
@@ -77,3 +79,38 @@ def test_a_sender_whose_last_transfers_are_aborted_keeps_credit() -> None:
     assert link.credit == WINDOW - 49
     send(peer, link, 1)
     assert link.credit == WINDOW
+
+
+
+def _publish(net: Net, n: int) -> None:
+    from mqttamqp.core.message import Message as CoreMessage
+
+    for i in range(n):
+        net.broker.publish(CoreMessage("credit/q", b"x" * 100, 0, False, f"c{i}"))
+    net.pump()
+
+
+def test_a_receivers_credit_used_up_or_drained_bounds_what_waits_alike() -> None:
+    """QoS 0 messages past a receiver's credit wait up to the same bound whether its
+    credit ran out by transfers or was given back by a drain (the broker's own count
+    of the credit follows both)."""
+    waited = []
+    for drain in (False, True):
+        net = Net(congested_qos0_bytes=1000)
+        peer = net.amqp(f"credit-rx-{drain}")
+        receiver = peer.receiver("credit/q", credit=0)
+        if drain:
+            receiver.link.drain(5)     # answered at once: nothing to send, credit 0
+            net.pump()
+        else:
+            receiver.link.flow(5)
+            net.pump()
+            _publish(net, 5)           # uses the 5 credits up
+        assert receiver.link.credit == 0
+        receiver.new()
+        _publish(net, 40)              # past the credit: some wait, the rest dropped
+        receiver.link.flow(40)
+        net.pump()
+        waited.append(len(receiver.new()))
+        assert net.broker.registry.drops.dropped_total() > 0
+    assert waited[0] == waited[1] and 0 < waited[0] < 40

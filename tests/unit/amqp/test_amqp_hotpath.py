@@ -298,3 +298,33 @@ def test_a_qos1_delivery_is_tagged_with_its_packet_id() -> None:
     got = rcv.new()
     assert [dlv.tag for _, dlv in got[:2]] == ["1", "2"]
     assert got[2][1].settled
+
+
+def test_every_pre_settled_delivery_carries_the_one_ready_settled_tag() -> None:
+    """QoS 0 deliveries, settled when sent, all carry the tag "s" (made once,
+    ``rawproton.SETTLED_TAG``), and their bodies are each their own."""
+    from mqttamqp.net.rawproton import SETTLED_TAG, ffi
+
+    assert ffi.unpack(SETTLED_TAG.start, SETTLED_TAG.size) == b"s"
+    net = Net()
+    app = net.amqp()
+    rcv = app.receiver("tag/s", credit=10)
+    snd = app.sender("tag/s")
+    for body in (b"a", b"b", b"c"):
+        assert outcome(app.send(snd, publish_message(None, body, qos=0))) == (ACCEPTED, None)
+    got = rcv.new()
+    assert [(dlv.tag, dlv.settled) for _, dlv in got] == [("s", True)] * 3
+    assert [bytes(m.body) for m, _ in got] == [b"a", b"b", b"c"]
+
+
+def test_the_broker_and_gateway_engines_share_one_set_of_end_of_pump_chores() -> None:
+    """The broker's pump and gateway mode's client engine run the same timer, output
+    and freeing steps (``enginechores``), not copies of them."""
+    from mqttamqp.amqp.enginechores import EngineChores
+    from mqttamqp.amqp.pump import EnginePump
+    from mqttamqp.gateway.engine import UpstreamConnection
+
+    for chore in ("_tick", "_write_output", "_free_closed"):
+        shared = getattr(EngineChores, chore)
+        assert getattr(EnginePump, chore) is shared
+        assert getattr(UpstreamConnection, chore) is shared

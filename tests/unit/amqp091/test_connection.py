@@ -17,6 +17,7 @@ from mqttamqp.amqp091.connection import AMQP091Factory
 from mqttamqp.amqp091.frames import FrameReader, method_frame
 from mqttamqp.amqp091.handshake import Settings, State
 from mqttamqp.amqp091.sniff import SharedPortFactory
+from mqttamqp.core.stats import BrokerStats
 
 C = commands.Connection
 
@@ -131,6 +132,53 @@ def test_sniff_refuses_other_headers_with_the_091_header() -> None:
     """Another header gets the 0.9.1 header back and the socket is closed."""
     _, _, transport = sniffed(b"HELLO WORLD")
     assert transport.value() == b"AMQP\x00\x00\x09\x01" and transport.disconnecting
+
+
+def test_sniff_keeps_a_socket_pending_only_until_its_header_time_out_or_close() -> None:
+    """The shared port's ``connections`` (what --ha aborts at a leadership loss) holds a
+    socket from its accept until its header is read, its time-out fires or it
+    closes, and then no longer (nothing left behind)."""
+    _, clock, _ = make_broker()
+    port = SharedPortFactory(Factory.forProtocol(Recorder),
+                             Factory.forProtocol(Recorder), clock, 10.0)
+    sockets = [port.buildProtocol(None) for _ in range(4)]
+    for sniffer in sockets:
+        transport = StringTransport()
+        transport.protocol = sniffer
+        sniffer.makeConnection(transport)
+    assert port.connections == set(sockets)
+    sockets[0].dataReceived(b"AMQP\x00\x00\x09\x01")   # switched to 0.9.1
+    sockets[1].dataReceived(b"HELLO WORLD")              # refused
+    sockets[2].connectionLost(None)                      # closed before its header
+    assert port.connections == {sockets[3]}
+    clock.advance(10.0)                                  # timed out
+    sockets[3].connectionLost(None)
+    assert port.connections == set()
+
+
+def test_sockets_waiting_for_their_header_are_bounded() -> None:
+    """With ``bound`` sockets waiting for their header, a new one is refused at its
+    accept (``buildProtocol`` gives None: Twisted closes it), counted and logged
+    once; once one of them has sent its header, a new socket is taken again."""
+    from loglines import LogLines
+
+    _, clock, _ = make_broker()
+    stats = BrokerStats()
+    port = SharedPortFactory(Factory.forProtocol(Recorder), Factory.forProtocol(Recorder),
+                             clock, 10.0, bound=2, stats=stats)
+    waiting = []
+    for _ in range(2):
+        sniffer = port.buildProtocol(None)
+        assert sniffer is not None
+        sniffer.makeConnection(StringTransport())
+        waiting.append(sniffer)
+    with LogLines("waiting for their protocol header") as lines:
+        assert port.buildProtocol(None) is None
+        assert port.buildProtocol(None) is None
+    assert stats.connections_refused == 2 and len(lines) == 1
+    assert stats.limits["max_connections"] == 2
+    waiting[0].dataReceived(b"AMQP\x00\x00\x09\x01")
+    assert port.buildProtocol(None) is not None
 
 
 def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:

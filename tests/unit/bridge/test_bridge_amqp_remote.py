@@ -261,14 +261,39 @@ def test_qos0_without_credit_is_bounded_by_congested_qos0_bytes() -> None:
     r.conn = FakeConn()  # type: ignore[assignment]
     r.bridge = bridge
     r.sender_impl = e.sender._impl
-    r.unsent, r._unsent, r._tag, r.max_message, r.waiting = 0, deque(), 0, 0, {}
+    r.unsent, r._unsent, r.max_message, r.waiting = 0, deque(), 0, {}
     bridge._client = r
     bridge.link.attach(r, RemoteLimits(None))
     for i in range(100):
         broker.publish(Message(f"out/{i}", b"x" * 100, 0, False, "p", 0.0))
-    sent = r._tag
+    sent = e.sender.queued   # (handed to proton, waiting for credit)
     assert 0 < sent < 20 and bridge.link.backlog_bytes == r.unsent >= 1000
     assert bridge.session is not None and bridge.session.dropped_congested == 100 - sent
     e.receiver.flow(100)
     e.pump()   # (the flow in, our output out: the queued messages are on the wire)
     assert bridge.link.backlog_bytes == 0
+
+
+def test_a_sent_message_is_tagged_with_its_packet_id_or_the_settled_tag() -> None:
+    """``AmqpRemote.send`` tags an unsettled delivery with its packet id's digits and a
+    pre-settled one with "s" (ready tags, ``rawproton``), and the remote reads each."""
+    from mqttamqp.core.message import Message
+
+    e = _Engines()
+    r = AmqpRemote.__new__(AmqpRemote)
+    r.conn = FakeConn()  # type: ignore[assignment]
+    r.sender_impl = e.sender._impl
+    r.unsent, r._unsent, r.max_message, r.waiting = 0, deque(), 0, {}
+    e.receiver.flow(10)
+    e.pump()
+    for packet_id in (7, None, 65535):
+        message = Message("t", b"x", 0 if packet_id is None else 1, False, "p", 0.0)
+        assert r.send("t", message, message.qos, False, False, 1, packet_id, 0.0) == 0
+    e.pump()
+    tags = []
+    for _ in range(3):
+        dlv = e.receiver.current
+        tags.append((dlv.tag, dlv.settled))
+        e.receiver.advance()
+    assert tags == [("7", False), ("s", True), ("65535", False)]
+    assert sorted(r.waiting.values()) == [7, 65535]

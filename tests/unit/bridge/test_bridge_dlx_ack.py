@@ -13,6 +13,7 @@ import pytest
 from bridge_remote import TABLE, Remote
 from core_broker import make_broker
 from fakes import ManualStore
+from loglines import LogLines
 from twisted.internet.defer import Deferred
 
 import mqttamqp.bridge.amqp as amqp
@@ -83,12 +84,16 @@ def test_mqtt_puback_waits_for_the_dead_letters_commit() -> None:
     assert store.pending, "the dead letter's commit"
     assert _sent(remote) == []
     assert bridge.dropped_in == 0
-    store.commit_all()
+    with LogLines("refused here for good") as lines:
+        store.commit_all()
     (ack,) = _sent(remote)
     assert isinstance(ack, Puback) and (ack.packet_id, ack.reason_code) == (7, 0x97)
     assert _dead(broker) == [b"x" * 10]
     assert bridge.refused_here == bridge.dropped_in == 1
     assert remote.transport is not None and not remote.transport.disconnecting
+    # its one line says where the message went: a dead letter here, not dropped
+    (line,) = lines
+    assert "acknowledged to the remote, dead-lettered here;" in line
 
 
 def test_mqtt_a_failed_dead_letter_commit_drops_the_connection() -> None:

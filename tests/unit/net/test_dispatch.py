@@ -8,16 +8,23 @@ Reactors are built and closed here, never run; the descriptors are a socket pair
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from loglines import LogLines
+from twisted.internet import tcp
 from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+from zope.interface import implementer
 
 from mqttamqp.net import dispatch
 from mqttamqp.net.dispatch import lean_dispatch
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
 
 
 class _Reader:
@@ -163,3 +170,304 @@ def test_an_epoll_reactor_whose_do_poll_body_is_unknown_keeps_it_with_one_line(
     assert len(lines) == 1 and "keeps its own" in lines[0]
     assert reactor.doPoll.__func__ is changed  # type: ignore[attr-defined]
     assert "doPoll" not in vars(reactor) and not getattr(reactor, "_lean_dispatch", False)
+
+
+# -- the plain-read shortcut: the same outcome as Twisted's own dispatch -------------
+
+@implementer(IHalfCloseableProtocol)
+class _HalfCloser(Protocol):
+    """A protocol that takes a half-close (``readConnectionLost``)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.events.append(data)
+
+    def readConnectionLost(self) -> None:
+        self.events.append("read-lost")
+
+    def writeConnectionLost(self) -> None:
+        self.events.append("write-lost")
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.events.append(type(reason.value).__name__)
+
+
+class _Recorder(Protocol):
+    """A protocol that records what it is given; ``fail`` makes a read raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.events: list[Any] = []
+        self.fail = fail
+
+    def dataReceived(self, data: bytes) -> None:
+        self.events.append(data)
+        if self.fail:
+            raise ValueError("bad bytes")
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.events.append(type(reason.value).__name__)
+
+
+def _transport(kind: type, reactor: EPollReactor, protocol: Protocol
+               ) -> tuple[Any, socket.socket]:
+    """A server transport of ``kind`` over a socket pair, registered with ``reactor``;
+    the peer's end with it."""
+    a, b = _pair()
+    transport = kind(a, protocol, ("127.0.0.1", 4000), None, 0, reactor)
+    protocol.makeConnection(transport)
+    return transport, b
+
+
+def _outcome(lean: bool, kind: type, protocol: Protocol,
+             act: Callable[[socket.socket], None]) -> tuple[list[Any], list[str], int]:
+    """What ``protocol`` saw, the errors logged, and how many events went through
+    ``_doReadOrWrite``, after ``act`` on the peer and two iterations of an epoll
+    reactor with the lean dispatch (``lean``) or Twisted's own."""
+    reactor = EPollReactor()
+    generic: list[int] = []
+    real = reactor._doReadOrWrite
+
+    def counted(selectable: Any, fd: int, event: int) -> None:
+        generic.append(event)
+        real(selectable, fd, event)
+
+    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    errors: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        failure = event.get("log_failure", event.get("failure"))
+        if failure is not None:
+            errors.append(type(failure.value).__name__)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        if lean:
+            assert lean_dispatch(reactor)
+        _, peer = _transport(kind, reactor, protocol)
+        act(peer)
+        reactor.doIteration(1.0)
+        reactor.doIteration(0)
+        peer.close()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()
+    return protocol.events, errors, len(generic)  # type: ignore[attr-defined]
+
+
+_KINDS = [tcp.Server, LeanServer, LeanServerNoDelay]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_plain_read_goes_straight_to_the_protocol(kind: type) -> None:
+    """Bytes on a TCP server transport reach ``dataReceived`` as with Twisted's
+    dispatch, without ``_doReadOrWrite``."""
+    def send(peer: socket.socket) -> None:
+        peer.send(b"abc")
+
+    assert _outcome(False, kind, _Recorder(), send) == ([b"abc"], [], 1)
+    assert _outcome(True, kind, _Recorder(), send) == ([b"abc"], [], 0)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_half_close_is_a_half_close_as_with_twisted(kind: type) -> None:
+    """The peer's shutdown of its writing side: ``readConnectionLost`` for a protocol
+    that takes it, ``ConnectionDone`` for one that does not, as Twisted does."""
+    def half_close(peer: socket.socket) -> None:
+        peer.send(b"last")
+        peer.shutdown(socket.SHUT_WR)
+
+    for make in (_HalfCloser, _Recorder):
+        twisted_way = _outcome(False, kind, make(), half_close)
+        assert twisted_way[0] in ([b"last", "read-lost"], [b"last", "ConnectionDone"])
+        assert _outcome(True, kind, make(), half_close)[:2] == twisted_way[:2]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_an_exception_in_a_read_is_logged_and_loses_the_connection(kind: type) -> None:
+    """A protocol that raises in ``dataReceived``: one logged error and the connection
+    lost with that exception, as with Twisted's dispatch."""
+    def send(peer: socket.socket) -> None:
+        peer.send(b"abc")
+
+    expected = ([b"abc", "ValueError"], ["ValueError"])
+    assert _outcome(False, kind, _Recorder(fail=True), send)[:2] == expected
+    assert _outcome(True, kind, _Recorder(fail=True), send) == (*expected, 0)
+
+
+def test_a_closed_peer_takes_twisteds_way() -> None:
+    """A hang-up is not a plain read: it goes through ``_doReadOrWrite``."""
+    def close(peer: socket.socket) -> None:
+        peer.send(b"abc")
+        peer.close()
+
+    twisted_way = _outcome(False, LeanServer, _Recorder(), close)
+    lean_way = _outcome(True, LeanServer, _Recorder(), close)
+    assert lean_way[:2] == twisted_way[:2] and lean_way[0][-1] == "ConnectionDone"
+
+
+def test_other_descriptors_take_twisteds_way(reactor: EPollReactor) -> None:
+    """A descriptor of another class (here a plain reader) goes through
+    ``_doReadOrWrite``."""
+    calls: list[int] = []
+    real = reactor._doReadOrWrite
+
+    def counted(selectable: Any, fd: int, event: int) -> None:
+        calls.append(event)
+        real(selectable, fd, event)
+
+    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    assert lean_dispatch(reactor)
+    a, b = _pair()
+    reader = _Reader(a)
+    try:
+        reactor.addReader(reader)
+        b.send(b"x")
+        reactor.doIteration(1.0)
+        assert reader.reads == 1 and len(calls) == 1
+    finally:
+        reactor.removeReader(reader)
+        a.close()
+        b.close()
+
+
+def test_an_unknown_read_path_turns_the_shortcut_off(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Twisted whose ``Connection.doRead`` is not the body the shortcut replaces:
+    every event goes through ``_doReadOrWrite``, said in one log line."""
+    def changed(self: Any) -> Any:
+        self._newHook()                       # (a name Twisted 26.10's body has not)
+
+    monkeypatch.setattr(tcp.Connection, "doRead", changed)
+    assert dispatch._fast_read_classes(EPollReactor) == frozenset()
+    with LogLines("plain-read shortcut") as lines:
+        assert lean_dispatch(reactor)
+    assert len(lines) == 1 and "Twisted's way" in lines[0]
+
+
+# -- the lean turn: timers only when something is for them ----------------------------
+# (These few run a private epoll reactor for a handful of turns: each ends with a stop
+# scheduled at once, and a stop 10 s later bounds it if something goes wrong.)
+
+def _run(reactor: EPollReactor) -> bool:
+    """Run ``reactor`` until it stops; True if the test's own stop ended it (not the
+    10 s guard: a call that waited for the guard's turn would otherwise pass)."""
+    guard = reactor.callLater(10, reactor.stop)
+    try:
+        reactor.run(installSignalHandlers=False)
+    finally:
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()
+    if guard.active():
+        guard.cancel()
+        return True
+    return False
+
+
+def test_the_lean_turn_runs_due_calls_thread_calls_and_the_shutdown() -> None:
+    """Under the lean turn, a call made in a turn, a call from another thread and
+    the shutdown triggers all run, in order, and ``run`` returns."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    assert "mainLoop" in vars(reactor)
+    seen: list[str] = []
+
+    def from_thread() -> None:
+        seen.append("thread")
+        reactor.callLater(0, reactor.stop)
+
+    def first() -> None:
+        seen.append("first")
+        reactor.callLater(0, second)
+
+    def second() -> None:
+        seen.append("second")
+        threading.Thread(target=reactor.callFromThread, args=(from_thread,)).start()
+
+    reactor.addSystemEventTrigger("before", "shutdown", seen.append, "shutdown")
+    reactor.callWhenRunning(first)
+    assert _run(reactor)
+    assert seen == ["first", "second", "thread", "shutdown"]
+
+
+def test_the_lean_turn_polls_until_the_first_pending_call() -> None:
+    """With no call due and none new, a turn runs no timers and polls until the first
+    pending call, as Twisted's ``timeout`` says (about 5 s here); once a call is
+    due, the timers run and the poll does not wait."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    turns: list[tuple[float | None, int]] = []
+    timer_runs: list[int] = []
+    run_timers, poll = reactor.runUntilCurrent, reactor.doIteration
+
+    def counted() -> None:
+        timer_runs.append(1)
+        run_timers()
+
+    def recorded(timeout: float | None) -> None:
+        turns.append((timeout, len(timer_runs)))
+        if len(turns) == 2:
+            reactor.callLater(0, reactor.stop)   # (the next turn: due at once)
+        poll(0)
+
+    reactor.runUntilCurrent = counted  # type: ignore[method-assign]
+    reactor.doIteration = recorded  # type: ignore[method-assign]
+    far = reactor.callLater(5, lambda: None)
+    assert _run(reactor)
+    far.cancel()
+    (_, runs1), (wait2, runs2), (wait3, runs3) = turns[:3]
+    assert wait2 is not None and 4 < wait2 <= 5 and runs2 == runs1   # (no timers run)
+    assert wait3 == 0 and runs3 == runs2 + 1
+
+
+def test_an_error_in_a_lean_turn_is_logged_and_the_loop_goes_on() -> None:
+    """An exception out of a turn is logged as Twisted's main loop logs it, and
+    the next turn runs."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    poll = reactor.doIteration
+    turns: list[int] = []
+
+    def failing_once(timeout: float | None) -> None:
+        turns.append(1)
+        if len(turns) == 1:
+            raise RuntimeError("a broken turn")
+        if len(turns) == 2:
+            reactor.stop()
+        poll(0)
+
+    reactor.doIteration = failing_once  # type: ignore[method-assign]
+    with LogLines("Unexpected error in main loop") as lines:
+        assert _run(reactor)
+    assert len(lines) == 1 and len(turns) >= 3
+
+
+def test_an_unknown_main_loop_is_kept_with_one_line(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Twisted whose ``timeout`` is not the body the lean turn stands in for: the
+    reactor keeps its own ``mainLoop`` (the dispatch is still lean), one log line."""
+    from twisted.internet.base import ReactorBase
+
+    def changed(self: Any) -> float | None:
+        return self._newHook()               # (a name Twisted 26.10's body has not)
+
+    monkeypatch.setattr(ReactorBase, "timeout", changed)
+    with LogLines("lean turn replaces") as lines:
+        assert lean_dispatch(reactor)
+    assert len(lines) == 1 and "keeps its own" in lines[0]
+    assert "mainLoop" not in vars(reactor)
+
+
+def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None:
+    """An epoll reactor class whose ``_doReadOrWrite`` is its own: no plain-read
+    shortcut (its override sees every event)."""
+    class Own(EPollReactor):
+        def _doReadOrWrite(self, selectable: Any, fd: int, event: int) -> None:
+            EPollReactor._doReadOrWrite(self, selectable, fd, event)
+
+    assert dispatch._fast_read_classes(Own) == frozenset()
+    assert dispatch._fast_read_classes(EPollReactor)

@@ -200,3 +200,53 @@ def test_pn_bytes_t_has_the_layout_the_packet_id_tags_are_packed_in() -> None:
     assert ffi.sizeof("pn_bytes_t") == struct.calcsize("@NP")
     assert ffi.offsetof("pn_bytes_t", "size") == 0
     assert ffi.offsetof("pn_bytes_t", "start") == struct.calcsize("@N")
+
+
+def test_the_read_path_is_the_one_the_plain_read_shortcut_replaces() -> None:
+    """``net.dispatch`` reads a plain read event itself only when ``doRead``,
+    ``_dataReceived`` and ``_doReadOrWrite`` are Twisted 26.10's bodies: an upgrade
+    that changes one fails here (in production every event would take Twisted's
+    way); the transports it handles have the socket, buffer size and protocol it
+    reads."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+    from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
+
+    connection: Any = tcp.Connection
+    assert frozenset(connection.doRead.__code__.co_names) == dispatch._DO_READ_NAMES
+    assert frozenset(connection._dataReceived.__code__.co_names) \
+        == dispatch._DATA_RECEIVED_NAMES
+    assert frozenset(EPollReactor._doReadOrWrite.__code__.co_names) \
+        == dispatch._READ_OR_WRITE_NAMES
+    assert dispatch._fast_read_classes(EPollReactor) \
+        == {tcp.Server, LeanServer, LeanServerNoDelay}
+    assert isinstance(tcp.Server.bufferSize, int) and tcp.Server.bufferSize > 0
+    assert callable(EPollReactor._disconnectSelectable)
+
+
+def test_the_main_loop_is_the_one_the_lean_turn_stands_in_for() -> None:
+    """``net.dispatch``'s lean turn replaces ``mainLoop`` only when it, ``runUntilCurrent``
+    and ``timeout`` are Twisted 26.10's bodies, and reads the delayed calls' and the
+    thread calls' private lists and Twisted's main-loop failure handler."""
+    from twisted.internet import base
+    from twisted.internet.epollreactor import EPollReactor
+
+    from mqttamqp.net import dispatch
+
+    reactor: Any = EPollReactor
+    assert frozenset(reactor.mainLoop.__code__.co_names) == dispatch._MAIN_LOOP_NAMES
+    assert frozenset(reactor.runUntilCurrent.__code__.co_names) \
+        == dispatch._RUN_UNTIL_CURRENT_NAMES
+    assert frozenset(reactor.timeout.__code__.co_names) == dispatch._TIMEOUT_NAMES
+    assert dispatch._known_loop(EPollReactor)
+    instance: Any = EPollReactor()
+    try:
+        assert instance._pendingTimedCalls == [] and instance._newTimedCalls == []
+        assert instance.threadCallQueue == [] and instance._cancellations == 0
+        assert instance._justStopped is False and instance._started is False
+    finally:
+        instance.removeAll()
+        instance.waker.connectionLost(None)
+        instance._poller.close()
+    assert callable(base._topHandler.__exit__)

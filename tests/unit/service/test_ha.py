@@ -109,7 +109,8 @@ def test_losing_the_leadership_aborts_the_clients_of_every_protocol(
         tmp_path: Any, monkeypatch: Any) -> None:
     """``BrokerService._stop_serving`` (the lock lost) aborts every MQTT, AMQP 1.0 and
     AMQP 0.9.1 connection (review finding: 0.9.1 clients stayed connected to a fenced
-    broker), the role is fenced and the process is set to end with status 1."""
+    broker) and every socket on the AMQP port still waiting for its header; the role
+    is fenced and the process is set to end with status 1."""
     from twisted.internet.testing import MemoryReactorClock
 
     from mqttamqp import service
@@ -125,7 +126,10 @@ def test_losing_the_leadership_aborts_the_clients_of_every_protocol(
     svc.mqtt_factory.connections[mqtt] = None  # type: ignore[index]
     svc.amqp_factory.connections.add(amqp10)
     svc.amqp091_factory.connections.add(amqp091)
+    # a socket on the shared port that has not sent its protocol header yet
+    unsniffed = svc._amqp_port.buildProtocol(None)
+    unsniffed.makeConnection(_Transport())
     svc._stop_serving("the serving lock's connection failed (gone)")
-    assert [c.transport.aborted for c in (mqtt, amqp10, amqp091)] == [1, 1, 1]
+    assert [c.transport.aborted for c in (mqtt, amqp10, amqp091, unsniffed)] == [1, 1, 1, 1]
     assert svc.broker.stats.ha_role == "fenced" and statuses == [1]
     assert reactor.whenRunningHooks
