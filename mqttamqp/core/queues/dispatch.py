@@ -130,8 +130,13 @@ class Dispatch(Parking):
                 if group.mode == CLASSIC:
                     self._park(group, offset)
                 continue
-            again = self._deliver(group, member, offset, queue.log[offset], ops,
-                                  True) or again
+            handed = self._deliver(group, member, offset, queue.log[offset], ops, True)
+            if handed is None:
+                # (refused by the member's session, and visible again: handed to it
+                # again in this loop, it would be refused for ever; the next pump, an
+                # acknowledgement or a drained link, tries again)
+                break
+            again = handed or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None or marked:
@@ -280,13 +285,14 @@ class Dispatch(Parking):
             group.next = offset + 1
 
     def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
-                 ops: list[Op], credited: bool = False) -> bool:
+                 ops: list[Op], credited: bool = False) -> bool | None:
         """Hand ``offset`` to ``member``; True when it was a classic redelivery,
         whose raised count the caller stores with the group's record (rare, so
         at once: a crash after it must not bring the message back with a lower
         count than the client has seen).  ``credited``: ``_credit`` found the
         member's link with room just now (its QoS 1 delivery may take the
-        session's short path, ``send_credited``)."""
+        session's short path, ``send_credited``).  None: the session refused it
+        (its bound), and it is visible again."""
         queue = group.queue
         count = group.counts.get(offset, 0) + 1
         again = False
@@ -337,7 +343,7 @@ class Dispatch(Parking):
             member.outstanding -= 1
             group.counts[offset] = count - 1
             group.requeue(offset)
-            return False
+            return None
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1

@@ -5,10 +5,14 @@ broker's façade with fake links and a ``Clock``."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from queue_facade import client, join, make, send
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.persistence import QueuedState
+from mqttamqp.core.sessions.session import Session
 
 
 def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it() -> None:
@@ -102,3 +106,33 @@ def test_the_session_queue_bounds_do_not_hold_back_what_goes_straight_out() -> N
     clock.advance(0.1)
     assert [m.payload for m, *_ in link.published()] == [b"x" * 11]
     assert not session.has_queued and session.queued_bytes == 0
+
+
+def test_a_delivery_the_session_refuses_waits_for_the_next_pump_not_a_spin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window full and the message over --max-queued-bytes: ``Session.deliver``
+    refuses it; the queue keeps it visible and stops handing it out in that pump
+    (it was handed to the same member again and again, for ever); the next pump
+    after a PUBACK freed the window hands it out, first."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    session.window = 1
+    join(broker, session, "$queue/jobs")
+    session.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    calls = [0]
+    deliver = Session.deliver
+
+    def counted(self: Session, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] > 50:
+            raise AssertionError("the pump keeps handing the refused message out")
+        return deliver(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "deliver", counted)
+    send(broker, "$queue/jobs", b"x" * 11)
+    assert calls[0] == 1 and session.dropped == 1
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert not group.pending and group.ready == [0]
+    broker.acknowledged(session, link.published()[0][2])
+    send(broker, "$queue/jobs", b"y")   # (a queue pump: it goes out now, the window free)
+    assert [m.payload for m, *_ in link.published()] == [b"t", b"x" * 11]
