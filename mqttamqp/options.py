@@ -323,6 +323,7 @@ def archive_from(options: Any) -> dict[str, Any] | None:
             "payload_bytes": options["archive-payload-bytes"],
             "roll_seconds": options["archive-roll"],
             "retention_days": options["archive-days"],
+            "buffer_limit": options["archive-buffer"],
             "include": tuple(options["archive-include"]) or ("#",),
             "exclude": tuple(options["archive-exclude"]) or ("$SYS/#",)}
 

@@ -470,6 +470,10 @@ PARAMETERS: list[list[Any]] = [
     ["archive-days", None, 30,
      "Days of archive kept (older hour partitions are deleted); 0 = forever.",
      _positive(int, "archive-days")],
+    ["archive-buffer", None, 65536,
+     "Messages, and as many events, the archive buffers for its writer; past it "
+     "records are dropped and counted ($SYS/broker/archive/dropped, one log line "
+     "a spell).", _within("archive-buffer", 1, 1 << 24)],
     *_OPS_PARAMETERS,
     ["report-every", None, None,
      "Run mqttamqp-report --incremental as a child process this often (30m, 1h, "
@@ -488,7 +492,7 @@ GATEWAY_IGNORES: tuple[str, ...] = (
     "amqp", "amqp-queues", "queues", "webhook", "acl", "tls-ca",
     "tls-require-client-cert", "tls-cert-as-user", "archive", "archive-dir",
     "archive-include", "archive-exclude", "archive-payload-bytes", "archive-roll",
-    "archive-days", "report-every", "report-command", "metrics-token-file",
+    "archive-days", "archive-buffer", "report-every", "report-command", "metrics-token-file",
     "otel-endpoint", "otel-interval", "share-strategy", "will-grace", "session-expiry",
     "sys-interval", "response-information", "max-connect-rate", "connect-burst",
     "max-publish-rate", "max-publish-byte-rate", "max-queued-messages",

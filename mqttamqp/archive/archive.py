@@ -5,12 +5,13 @@ Three parts, one object:
 
 - the reactor side (``message``, ``event``, ``stats``) adds a message's payload
   (its first ``payload_bytes``) to the end of one ``bytearray`` and its other
-  values to the end of one flat list, the batch being filled (an event's tuple to
-  a ``deque``), and returns. When the batch holds ``_BATCH`` messages (half the
-  buffer if that is less) it queues the pair whole and starts a new one (a swap:
-  no value is copied); when the queue is at its bound the record is dropped and
-  counted. It never blocks, never takes a lock, never touches a file and never
-  waits for the writer;
+  values to the end of one flat list, the batch being filled, and returns. When
+  the batch holds ``_BATCH`` messages (half the buffer if that is less) it queues
+  the pair whole and starts a new one (a swap: no value is copied). An event's
+  time goes to an ``array('d')`` and its other values to the end of one flat list
+  (``eventbuffer``). At the bound (``buffer_limit`` messages, and as many events)
+  a record is dropped and counted, and the first drop of a spell logged. It never
+  blocks, never takes a lock, never touches a file and never waits for the writer;
 - the feeding thread turns the queued batches into columns (``columns``: numbers
   as packed bytes, a string every row shares once) and sends them to the writer
   process (``mqttamqp.archive.writer``) in one pickled frame on its stdin, then
@@ -24,16 +25,16 @@ Three parts, one object:
   deletes partitions older than ``retention_days``. Arrow and Parquet never hold
   this process's GIL.
 
-``list.extend``, ``bytearray`` ``+=``, slicing and deleting a list's or a bytearray's
-front, ``deque.append`` and ``popleft`` are each atomic under the GIL, so the reactor
-and the feeding thread share no lock; the counters each side increments are its
-own. Only the reactor side appends and swaps batches (a message's payload before
-its values, so whoever sees the values finds the payload); only the feeding thread
-removes, from the front of a batch, whether the reactor has queued that batch
-meanwhile or not: every record is sent once, in order. The feeding thread reads the clock
-it was given (a reactor or ``task.Clock``) and sends that time with every batch,
-for roll times and retention only; a record's time is the timestamp its caller
-passed.
+``list.extend``, ``bytearray`` ``+=``, ``array.append``, slicing and deleting a list's,
+an array's or a bytearray's front, ``deque.append`` and ``popleft`` are each atomic
+under the GIL, so the reactor and the feeding thread share no lock; the counters
+each side increments are its own. Only the reactor side appends and swaps batches
+(a message's payload before its values, an event's time before its values, so
+whoever sees the values finds the rest); only the feeding thread removes, from the
+front of a batch, whether the reactor has queued that batch meanwhile or not: every
+record is sent once, in order. The feeding thread reads the clock it was given (a
+reactor or ``task.Clock``) and sends that time with every batch, for roll times and
+retention only; a record's time is the timestamp its caller passed.
 
 The writer process dies with the broker: it exits when its stdin reaches end of file
 (the broker was killed), leaving its open segment under its temporary name, which
@@ -57,6 +58,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from mqttamqp.archive.columns import pack
+from mqttamqp.archive.eventbuffer import EventBatches, take_event_batches
 from mqttamqp.archive.files import check_writable, remove_leftovers
 from mqttamqp.archive.frames import CLOSE, STEP
 from mqttamqp.archive.names import EVENT_FIELD_NAMES, MESSAGE_VALUES, SIZE_VALUE
@@ -118,10 +120,32 @@ def stored_bytes(cap: int, sizes: list[int]) -> int:
     return sum(size if size < cap else cap for size in sizes)
 
 
-def take_events(buffer: deque[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Up to one frame's worth of events, oldest first, off ``buffer``."""
-    pop = buffer.popleft
-    return [pop() for _ in range(min(len(buffer), _FRAME))]
+def take_messages(full: deque[tuple[list[Any], bytearray]],
+                  filling: tuple[list[Any], bytearray], most: int, payload_bytes: int
+                  ) -> list[tuple[list[Any], bytearray]]:
+    """The queued batches (all of them up to ``most`` values, bounded by the buffer),
+    as they are; when none is queued, what the batch being filled (``filling``)
+    holds so far. The reactor side only adds whole records at the end of that pair
+    (the payload first) or queues it, so its first ``n`` values and their payloads'
+    bytes stay as they are between the copy and the delete. Feeding thread only."""
+    taken: list[tuple[list[Any], bytearray]] = []
+    values = 0
+    while full and values < most:
+        batch = full.popleft()   # only this thread removes: never empty here
+        if batch[0]:
+            taken.append(batch)
+            values += len(batch[0])
+    if not taken:
+        buffer, payloads = filling
+        n = len(buffer)
+        if n:
+            head = buffer[:n]
+            del buffer[:n]
+            stored = stored_bytes(payload_bytes, head[SIZE_VALUE::MESSAGE_VALUES])
+            data = payloads[:stored]
+            del payloads[:stored]
+            taken.append((head, data))
+    return taken
 
 
 class Archive:
@@ -163,12 +187,16 @@ class Archive:
         # The same pair, for the feeding thread (one read, never half of a swap):
         self._filling: tuple[list[Any], bytearray] = (self._messages, self._payloads)
         self._full: deque[tuple[list[Any], bytearray]] = deque()  # oldest first
-        self._events: deque[tuple[Any, ...]] = deque()
+        # Events: a time each in an array, the other values flat in a list, in
+        # batches queued whole as messages' are (``eventbuffer``: no object per
+        # event outlives the call).
+        self._events = EventBatches(buffer_limit, self._events_queued)
         self._limit = buffer_limit   # 0 once closing: every record is then dropped
         self._batch = max(1, min(_BATCH, buffer_limit // 2))   # messages per batch
         self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
         # Counted on the reactor thread:
         self.dropped = 0
+        self._dropping = False   # in a spell of drops (logged once at its start)
         # Written by the feeding thread only (each a whole new dict, read as it is):
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._base = dict(self._counts)  # what writer processes that died had done
@@ -219,7 +247,7 @@ class Archive:
         if len(buffer) >= self._rotate_at:
             batch = self._rotate()
             if batch is None:
-                self.dropped += 1
+                self._drop("messages")
                 return
             buffer = batch
         size = len(payload)
@@ -266,16 +294,27 @@ class Archive:
             known = _KNOWN_NAMES.setdefault(names, names)
         if kind not in EVENT_KINDS:
             raise ValueError(f"archive: unknown event kind {kind!r}")
-        buffer = self._events
-        if len(buffer) >= self._limit:
-            self.dropped += 1
-            return
-        # One tuple an event, the names shared (~130 B for a CONNECT, where a dict
-        # kept ~330): a connect storm buffers two a client until the thread's step,
-        # and pymalloc keeps the pools they filled (issue 31 §2, bench/README.md).
-        buffer.append((timestamp, kind, client_id, known, *fields.values()))
-        if self._dozing and len(buffer) >= self._event_wake:
+        # Flat, the names shared (a CONNECT is 8 references and 8 bytes of time
+        # while it waits, where its tuple and float were 160 bytes of pymalloc's
+        # small blocks; a connect storm buffers two events a client, issue 31 §2).
+        if not self._events.add(timestamp, (kind, client_id, known, *fields.values())):
+            self._drop("events")
+
+    def _events_queued(self, queued: int) -> None:
+        """Events were queued (a frame's worth, or no room left): wake the thread."""
+        if queued >= self._event_wake:
             self._rouse()
+
+    def _drop(self, what: str) -> None:
+        """A record is dropped at the buffer's bound: counted, and the first of a
+        spell logged (the next step the feeding thread takes ends the spell)."""
+        self.dropped += 1
+        if not self._dropping and self._limit:
+            self._dropping = True
+            log.warn("archive: the buffer is full ({n} {what} waiting, --archive-buffer "
+                     "{limit}); records are dropped and counted "
+                     "($SYS/broker/archive/dropped) until the writer catches up",
+                     n=self._limit, what=what, limit=self.buffer_limit)
 
     def stats(self) -> dict[str, int]:
         """Counters for $SYS and the console (plain reads; no lock needed)."""
@@ -315,7 +354,7 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = self._rotate_at = 0
+        self._limit = self._rotate_at = self._events.room = 0
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -407,12 +446,15 @@ class Archive:
         if not self._writer.running and not self._writer.respawn(self._stopping):
             return False
         now = self.clock.seconds()
-        messages = self._pack_all(self._take_messages())
-        events = take_events(self._events)
+        messages = self._pack_all(take_messages(
+            self._full, self._filling, self._batch_limit * MESSAGE_VALUES, self.payload_bytes))
+        events = take_event_batches(self._events.full, self._events.filling, _FRAME)
+        self._dropping = False    # (room again: the next drop is logged)
         taken = sum(packed[0] for packed in messages)
         self._taken = taken
-        self._inflight = taken + len(events)
-        self._behind = 2 * taken >= self.buffer_limit or len(events) >= _FRAME
+        n_events = sum(len(stamps) for stamps, _ in events) // 8
+        self._inflight = taken + n_events
+        self._behind = 2 * taken >= self.buffer_limit or n_events >= _FRAME
         fault, self._fault = self._fault, None
         try:
             report = self._writer.exchange((STEP, now, messages, events, fault))
@@ -453,38 +495,12 @@ class Archive:
     def _waiting(self) -> int:
         """Records in the buffers. (From the feeding thread it may count a batch
         queued meanwhile twice, never none.)"""
-        return self._messages_waiting() + len(self._events)
+        return self._messages_waiting() + self._events.waiting()
 
     def _messages_waiting(self) -> int:
         filling = len(self._messages)
         queued = sum(len(v) for v, _ in list(self._full))  # list(): one call, atomic
         return (filling + queued) // MESSAGE_VALUES
-
-    def _take_messages(self) -> list[tuple[list[Any], bytearray]]:
-        """The queued batches (all of them, bounded by the buffer), as they are; when
-        none is queued, what the batch being filled holds so far. The reactor side
-        only adds whole records at the end of that pair (the payload first) or
-        queues it, so its first ``n`` values and their payloads' bytes stay as they
-        are between the copy and the delete."""
-        full = self._full
-        taken: list[tuple[list[Any], bytearray]] = []
-        values = 0
-        while full and values < self._batch_limit * MESSAGE_VALUES:
-            batch = full.popleft()   # only this thread removes: never empty here
-            if batch[0]:
-                taken.append(batch)
-                values += len(batch[0])
-        if not taken:
-            buffer, payloads = self._filling
-            n = len(buffer)
-            if n:
-                head = buffer[:n]
-                del buffer[:n]
-                stored = stored_bytes(self.payload_bytes, head[SIZE_VALUE::MESSAGE_VALUES])
-                data = payloads[:stored]
-                del payloads[:stored]
-                taken.append((head, data))
-        return taken
 
     def _apply(self, report: dict[str, Any]) -> None:
         for level, text in report["logs"]:

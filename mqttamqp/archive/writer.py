@@ -12,7 +12,8 @@ sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain v
 - ``(STEP, now, messages, events, fault)``: the messages as batches of columns
   (``columns.pack``: numbers as packed bytes, a string every row shares once, the
   capped payloads joined), oldest first, the events as the reactor buffered them
-  (``Archive.event`` tuples: time, kind, client id, field names, then the values),
+  (``eventbuffer.take_event_batches``: batches, each its times packed and its
+  values flat: kind, client id, field names, the fields' values),
   the broker's clock for roll times and retention; ``fault`` is ``None`` except in
   tests (the next append of that dataset raises ``OSError``);
 - ``(CLOSE, now)``: write what is buffered, close and rename every open segment, answer
@@ -36,7 +37,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -44,6 +45,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from mqttamqp.archive.columns import Packed, Strings
+from mqttamqp.archive.eventbuffer import event_records
 from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
@@ -99,13 +101,14 @@ class Writer:
         self._message_types = [f.type for f in MESSAGE_SCHEMA]
 
     def step(self, now: float, messages: list[Packed],
-             events: list[tuple[Any, ...]], fault: str | None = None) -> None:
+             events: Sequence[tuple[bytes, list[Any]]] = (),
+             fault: str | None = None) -> None:
         if fault is not None:
             self._fault = fault
         self._now = now
         for packed in messages:
             self._write(MESSAGES, partial(self._append, packed=packed, now=now))
-        rows = self._event_rows(events)
+        rows = [row for batch in events for row in self._event_rows(*batch)]
         if rows:
             self._write(EVENTS, lambda segments: segments.append(rows, now))
         for name, segments in self.sets.items():
@@ -241,13 +244,11 @@ class Writer:
                                      [None, offsets.buffers()[1], pa.py_buffer(payloads)])
 
     @staticmethod
-    def _event_rows(records: Iterable[tuple[Any, ...]]
+    def _event_rows(stamps: bytes, values: list[Any]
                     ) -> list[tuple[float, tuple[Any, ...]]]:
         rows: list[tuple[float, tuple[Any, ...]]] = []
-        for record in records:
-            # (``Archive.event``: time, kind, client id, the field names, their values)
-            ts, kind, client_id, names = record[:4]
-            get = dict(zip(names, record[4:], strict=True)).get
+        for ts, kind, client_id, names, fields in event_records(stamps, values):
+            get = dict(zip(names, fields, strict=True)).get
             rows.append((ts, (round(ts * 1_000_000), kind, client_id,
                               *(get(c) for c in _EVENT_OPTIONAL))))
         return rows

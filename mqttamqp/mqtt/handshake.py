@@ -75,7 +75,8 @@ class ConnectHandshake(ActionExecutor):
 
     def _on_connect(self, packet: Connect) -> None:
         self._stop_connect_timer()
-        enhanced = self._factory.enhanced_auth
+        factory = self._factory
+        enhanced = factory.enhanced_auth
         decided = decisions.connect(packet, self.limits, self.strings,
                                     _no_methods if enhanced is None else enhanced.start)
         if type(decided) is Refuse:
@@ -96,7 +97,7 @@ class ConnectHandshake(ActionExecutor):
         self.username = packet.username
         # --tls-cert-as-user: a verified client certificate names the user and is
         # the credential (no password, the authenticator is not asked).
-        cert_user = verified_common_name(self.transport) if self._factory.cert_as_user else None
+        cert_user = verified_common_name(self.transport) if factory.cert_as_user else None
         if cert_user is not None:
             problem = self.strings.text(cert_user, "client certificate common name")
             if problem is not None:
@@ -128,7 +129,8 @@ class ConnectHandshake(ActionExecutor):
         if cert_user is None:
             creds = Credentials(client_id, packet.username, packet.password, "mqtt", peer)
             ok = self.broker.gate.authenticate_now(creds)
-        if isinstance(ok, Deferred):
+        # (``type`` first: Deferred's isinstance goes through ABCMeta, a Python call)
+        if type(ok) is not bool and isinstance(ok, Deferred):
             ok.addCallback(self._authenticated, packet, assigned)
             ok.addErrback(self._connect_failed)
         else:
@@ -214,8 +216,9 @@ class ConnectHandshake(ActionExecutor):
                                 and session.last_seen is self._last_activity
                                 else self.clock.seconds())
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
-        self.broker.activate(session, self._link, self.protocol_label)
-        self.broker.register_connection(self.key, self._link, self.protocol_label)
+        link, label, broker = self._link, self.protocol_label, self.broker
+        broker.activate(session, link, label)
+        broker.register_connection(self.key, link, label)
         held = self._factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"

@@ -130,7 +130,8 @@ class ClientGate:
         except Exception:
             failed: Deferred[bool] = fail()
             return failed.addErrback(self._auth_recorded, credentials, "error")
-        if isinstance(result, Deferred):
+        # (``type`` first: Deferred's isinstance goes through ABCMeta, a Python call)
+        if type(result) is not bool and isinstance(result, Deferred):
             return result.addCallbacks(
                 self._auth_recorded, self._auth_recorded, callbackArgs=(credentials, "refused"),
                 errbackArgs=(credentials, "error"))

@@ -236,25 +236,21 @@ class SessionRegistry:
                               c=client_id)
             self.take_over(client_id, fire_will=not resumes)
             existing = self.sessions.get(client_id)
+            now = self.clock.seconds()   # (after the DISCONNECT that recorded)
         # The session is claimed: no expiry timer may outlive this point, neither one
         # armed when it went offline nor the one the takeover just armed by ending
         # the old holder's connection (it would expire the session later on its old
         # interval, whatever the newcomer's DISCONNECT says).
-        self._cancel_expiry(client_id)
+        if client_id in self._expiry_timers:   # (a call less for the many without)
+            self._cancel_expiry(client_id)
         present = False
         user = identity.username if identity is not None else None
         persistent = not clean if expiry is None else expiry > 0
         record = False   # a PutSession goes into this CONNECT's commit
-        if clean:
-            if existing is not None:
-                ops.extend(self.discard(existing, "clean_session"))
-            session = Session(client_id, persistent, self.limits, now)
-            session.owner = user
-            self.sessions[client_id] = session
-            if persistent:
-                ops.append(PutSession(client_id, now, user, expiry))
-                record = True
-        elif existing is not None and existing.persistent:
+        if clean and existing is not None:
+            ops.extend(self.discard(existing, "clean_session"))
+            now = self.clock.seconds()   # (after the SESSION_CLEARED that recorded)
+        if not clean and existing is not None and existing.persistent:
             session = existing
             present = True
             # A stored session resumed as it is (same owner, same expiry) changes
@@ -278,7 +274,8 @@ class SessionRegistry:
             if persistent:
                 ops.append(PutSession(client_id, now, user, expiry))
                 record = True
-        session.expiry = expiry
+        if expiry is not None or present:   # (a new session's is None already)
+            session.expiry = expiry
         if present:
             self.recorder.event(now, SESSION_RESUMED, client_id,
                                 queued=len(session.queue) + len(session.inflight))
@@ -292,9 +289,9 @@ class SessionRegistry:
             will = None
         if will is not None:
             ops.extend(self.wills.put(will))
-        else:
+        elif client_id in self.wills.wills:
             ops.extend(self.wills.pop(client_id, "mqtt"))
-        durable = self.commits.persist(ops)
+        durable = self.commits.persist(ops) if ops else None
         if record:
             self._settle_on(session, durable)
         return Opened(session, present, durable)

@@ -71,6 +71,11 @@ class SessionState(Enum):
     CONNECTING = "connecting"  # claimed by a connection that has not had CONNACK yet
     ONLINE = "online"          # delivering to its holder
 
+    # Members are singletons compared by identity: hashed by identity in C, as
+    # ``mqtt.connection.ConnectionState`` is (``Enum.__hash__`` is a Python call,
+    # two a connect in ``_enter``'s table lookups).
+    __hash__ = object.__hash__
+
 
 # (event, from state) -> to state.  Anything else is a bug in the caller.
 _TRANSITIONS: dict[tuple[str, SessionState], SessionState] = {

@@ -560,20 +560,95 @@ def test_a_dozing_feeding_thread_is_woken_by_a_full_batch_or_a_frame_of_events(
 
 
 def test_buffered_events_share_their_field_names(tmp_path: Path, clock: Clock) -> None:
-    """A buffered event keeps its values and one tuple of field names shared by
-    every event with the same names (the keyword dict was ~330 bytes an event, and
-    a connect storm buffers two a client); a wrong name still raises at once."""
+    """A buffered event keeps its values flat, with one tuple of field names shared by
+    every event with the same names, and its time packed in the times array (no
+    tuple nor float per event waits in the buffer); a wrong name still raises at once."""
     from mqttamqp.events import CONNECT
 
     a = Archive(str(tmp_path), clock)          # (no thread started)
     a.event(1.0, CONNECT, "a", protocol="mqtt3.1.1", address="127.0.0.1:1")
     a.event(2.0, CONNECT, "b", protocol="mqtt5", address="127.0.0.1:2")
-    first, second = a._events
-    assert first[3] is second[3] == ("protocol", "address")
-    assert second[4:] == ("mqtt5", "127.0.0.1:2")   # (the values in the record itself)
+    values = a._events.values
+    assert values[2] is values[7] == ("protocol", "address")
+    assert values == [CONNECT, "a", values[2], "mqtt3.1.1", "127.0.0.1:1",
+                      CONNECT, "b", values[2], "mqtt5", "127.0.0.1:2"]
+    assert list(a._events.times) == [1.0, 2.0]
+    assert not any(type(v) in (tuple, float) for v in values if v is not values[2])
     with pytest.raises(ValueError, match="no column 'adress'"):
         a.event(3.0, CONNECT, "c", adress="x")
-    assert len(a._events) == 2
+    assert len(a._events.times) == 2 and len(values) == 10
+
+
+def test_events_taken_in_frames_come_back_whole_and_in_order(tmp_path: Path,
+                                                             clock: Clock) -> None:
+    """The feeding thread takes at most a frame of whole records off the front (times
+    and values together), and the writer reads them back as they were recorded."""
+    from mqttamqp.archive.eventbuffer import event_records, take_events
+    from mqttamqp.events import CONNECT, DISCONNECT, SESSION_CREATED
+
+    a = Archive(str(tmp_path), clock)          # (no thread started)
+    a.event(1.0, SESSION_CREATED, "a", clean_session=True)
+    a.event(1.5, CONNECT, "a", protocol="mqtt5", address="h:1", user=None,
+            clean_session=True, keepalive=60)
+    a.event(2.0, DISCONNECT, None)
+    stamps, values = take_events(a._events.times, a._events.values, 2)
+    assert list(event_records(stamps, values)) == [
+        (1.0, SESSION_CREATED, "a", ("clean_session",), [True]),
+        (1.5, CONNECT, "a", ("protocol", "address", "user", "clean_session", "keepalive"),
+         ["mqtt5", "h:1", None, True, 60])]
+    assert list(a._events.times) == [2.0] and a._events.values == [DISCONNECT, None, ()]
+    stamps, values = take_events(a._events.times, a._events.values, 2)
+    assert list(event_records(stamps, values)) == [(2.0, DISCONNECT, None, (), [])]
+    assert take_events(a._events.times, a._events.values, 2) == (b"", [])
+    with pytest.raises(ValueError, match="event times"):
+        list(event_records(stamps, [*values, "stray"]))
+
+
+def test_a_full_event_buffer_drops_counts_and_logs_once_a_spell(
+        tmp_path: Path, clock: Clock, log_lines: list[str]) -> None:
+    """At the bound an event is dropped and counted; the first drop of a spell is one
+    log line naming the option, until the feeding thread takes records again."""
+    from mqttamqp.archive.eventbuffer import take_event_batches
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock, buffer_limit=3)   # (no thread started)
+    for i in range(6):
+        a.event(1.0, CONNECT, f"c{i}")
+    assert a.stats()["dropped"] == 3 and a.stats()["buffered"] == 3
+    full = [line for line in log_lines if "buffer is full" in line]
+    assert len(full) == 1 and "--archive-buffer 3" in full[0], log_lines
+    taken = []
+    for _ in range(3):      # what the feeding thread's steps take
+        taken += take_event_batches(a._events.full, a._events.filling, 10)
+    assert [values[1] for _, values in taken] == ["c0", "c1", "c2"]
+    assert a.stats()["buffered"] == 0
+    a._dropping = False        # (what the feeding thread's step does after a take)
+    for i in range(4):
+        a.event(1.0, CONNECT, f"d{i}")
+    assert a.stats()["dropped"] == 4
+    assert len([line for line in log_lines if "buffer is full" in line]) == 2
+
+
+def test_full_event_batches_are_queued_whole_and_taken_without_a_copy(
+        tmp_path: Path, clock: Clock) -> None:
+    """Events fill batches of ``EVENT_BATCH``; a full one is queued whole and the
+    feeding thread takes it as it is (its list, not a copy), then the rest of the
+    batch being filled; every event once, in order."""
+    from mqttamqp.archive.eventbuffer import EVENT_BATCH, event_records, take_event_batches
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock)          # (no thread started)
+    for i in range(EVENT_BATCH + 5):
+        a.event(float(i), CONNECT, f"c{i}")
+    assert len(a._events.full) == 1 and len(a._events.times) == 5
+    first_list = a._events.full[0][1]
+    taken = take_event_batches(a._events.full, a._events.filling, 16384)
+    assert len(taken) == 1 and taken[0][1] is first_list
+    taken += take_event_batches(a._events.full, a._events.filling, 16384)
+    records = [r for stamps, values in taken for r in event_records(stamps, values)]
+    assert [(ts, cid) for ts, _, cid, _, _ in records] == [
+        (float(i), f"c{i}") for i in range(EVENT_BATCH + 5)]
+    assert a.stats()["buffered"] == 0
 
 
 def test_a_small_buffer_wakes_the_dozing_thread_before_it_drops(
@@ -619,14 +694,14 @@ def test_a_spell_of_failed_writes_is_one_line_then_one_when_writes_work_again(
     w = Writer(str(tmp_path), payload_bytes=16, roll_seconds=1, roll_bytes=1 << 30,
                retention_days=0, include=["#"], exclude=[], row_group_rows=1)
     one = [T0, "plant/1", 1, False, 1, "dev", "u", "mqtt3.1.1", 1, 0]
-    w.step(T0, [pack(one, b"x")], [])
+    w.step(T0, [pack(one, b"x")])
     assert w.report()["logs"] == [] and w.errors == 0
     aside = _block_dataset(tmp_path)
     logs: list[tuple[str, str]] = []
     steps = 50   # ten seconds of a step every 200 ms
     for i in range(1, steps + 1):
         now = T0 + i * 0.2
-        w.step(now, [pack([now, *one[1:]], b"x")], [])
+        w.step(now, [pack([now, *one[1:]], b"x")])
         logs += w.report()["logs"]
     failures = w.errors   # (the segment open before could take a few rows first)
     assert failures > steps - 10
@@ -636,8 +711,8 @@ def test_a_spell_of_failed_writes_is_one_line_then_one_when_writes_work_again(
     assert "archive: writing messages failed (" in text and "until a segment" in text
     _unblock_dataset(tmp_path, aside)
     now = T0 + steps * 0.2 + 2
-    w.step(now, [pack([now, *one[1:]], b"x")], [])
-    w.step(now + 2, [], [])   # rolls: the segment is published
+    w.step(now, [pack([now, *one[1:]], b"x")])
+    w.step(now + 2, [])   # rolls: the segment is published
     logs = w.report()["logs"]
     assert [level for level, _ in logs] == ["info"], logs
     assert f"after {failures} failed write(s)" in logs[0][1]
@@ -653,7 +728,7 @@ def test_a_bug_in_the_writer_still_logs_its_traceback_once(tmp_path: Path) -> No
                retention_days=0, include=["#"], exclude=[], row_group_rows=1)
     bad = (2, ("a",))   # not a packed batch
     for _ in range(3):
-        w.step(T0, [bad], [])  # type: ignore[list-item]
+        w.step(T0, [bad])  # type: ignore[list-item]
     logs = w.report()["logs"]
     assert len(logs) == 1 and "Traceback" in logs[0][1] and w.errors == 3
 

@@ -273,3 +273,11 @@ def test_the_example_file_loads_and_documents_every_option() -> None:
     missing = [name for name in config.option_specs(options)
                if name not in config.NOT_IN_FILE and name not in mentioned]
     assert not missing, f"document these in mqttamqp.toml: {missing}"
+
+
+def test_archive_buffer_reaches_the_archive() -> None:
+    """--archive-buffer is the archive's buffer_limit (65,536 by default)."""
+    from mqttamqp.options import archive_from
+
+    assert (archive_from(parse()) or {})["buffer_limit"] == 65536
+    assert (archive_from(parse("--archive-buffer", "1000")) or {})["buffer_limit"] == 1000

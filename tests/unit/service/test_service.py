@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(120)
     (["--max-queued-messages", "-1"], "--max-queued-messages must not be negative"),
     (["--connect-timeout", "soon"], "--connect-timeout must be a number"),
     (["--amqp-max-links", "0"], "--amqp-max-links must be at least 1"),
+    (["--archive-buffer", "0"], "--archive-buffer must be from 1 to 16777216"),
     (["--amqp-max-links-total", "0"], "--amqp-max-links-total must be at least 1"),
     (["--ha"], "--ha needs a shared storage: --storage postgresql://"),
     (["--ha", "--storage", "sqlite://"], "(not sqlite)"),
