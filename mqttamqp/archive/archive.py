@@ -308,10 +308,12 @@ class Archive:
         if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
             self._rouse()         # (full: the thread must take what is queued)
             return None
-        filled = self._filling
+        # Queued, then replaced (as ``EventBatches._rotate``): ``_messages_waiting``
+        # (the batch being filled read first) never misses it; the thread takes
+        # from ``_filling`` only when it found no queued batch.
+        full.append(self._filling)
         batch: list[Any] = []
         self._messages, self._payloads = self._filling = (batch, bytearray())
-        full.append(filled)   # last: whoever finds it queued finds it no longer filled
         self._rouse()         # (messages after a quiet spell: at once, not within 1 s)
         return batch
 
@@ -534,8 +536,9 @@ class Archive:
         self._base, self._counts = base, counts
 
     def _waiting(self) -> int:
-        """Records in the buffers. (From the feeding thread it may count a batch
-        queued meanwhile twice, never none.)"""
+        """Records in the buffers. (From the feeding thread while the reactor adds
+        it may count a batch queued meanwhile twice, never fewer records than were
+        buffered when the count began.)"""
         return self._messages_waiting() + self._events.waiting()
 
     def _messages_waiting(self) -> int:

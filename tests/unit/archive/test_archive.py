@@ -684,6 +684,30 @@ def test_the_event_count_never_misses_a_batch_being_queued() -> None:
     assert buffer.waiting() == 40
 
 
+def test_the_message_count_never_misses_a_batch_being_queued(
+        tmp_path: Path, clock: Clock) -> None:
+    """Found with the events' finding: ``_messages_waiting`` could miss a whole batch
+    read while ``_rotate`` had started the next but not yet queued the full one; a
+    count taken at any point of a rotation now finds every message."""
+    from collections import deque
+
+    a = Archive(str(tmp_path), clock, buffer_limit=64)   # (no thread started)
+    seen: list[tuple[int, int]] = []
+
+    class Watched(deque):   # type: ignore[type-arg]
+        def append(self, batch: object) -> None:
+            seen.append((a._messages_waiting(), added))   # (the thread's view here)
+            super().append(batch)
+            seen.append((a._messages_waiting(), added))
+
+    a._full = Watched()
+    added = 0
+    for i in range(40):
+        publish(a, T0 + i)
+        added += 1
+    assert len(seen) == 2 and all(counted >= held for counted, held in seen), seen
+    assert a._messages_waiting() == 40
+
 @pytest.mark.parametrize("limit", [3, 2047, 65537])
 def test_the_event_buffer_holds_exactly_its_bound(
         tmp_path: Path, clock: Clock, limit: int) -> None:
