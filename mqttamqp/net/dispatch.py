@@ -43,7 +43,10 @@ Twisted's own handler (logged, the loop goes on), as ``with _topHandler`` did.  
 is the ``mainLoop`` of the next ``run`` (the broker applies it at start-up, before
 the loop starts; an ``--ha`` takeover applies it to a running loop, which keeps
 Twisted's until the next ``run``).  Only over the bodies it was written from
-(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's).
+(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's) and
+those it relies on without replacing them (``_LOOP_HELPER_NAMES``: how a delayed call
+is made, inserted, cancelled, reset sooner or delayed, a call from a thread queued, a
+stop flagged, and ``run`` calling ``mainLoop``); any other keeps Twisted's loop.
 
 What it keeps: an exception escaping ``_doReadOrWrite`` (which itself catches what
 a read or a write raises and closes the connection) is logged, as
@@ -117,6 +120,34 @@ _RUN_UNTIL_CURRENT_NAMES = frozenset({
     "heapify", "_justStopped", "fireSystemEvent"})
 _TIMEOUT_NAMES = frozenset({"_insertNewDelayedCalls", "_pendingTimedCalls", "time",
                             "seconds", "max", "min"})
+#: The bodies the lean turn relies on without standing in for them, in Twisted 26.10:
+#: how a delayed call reaches ``_newTimedCalls`` or ``_pendingTimedCalls`` (``callLater``,
+#: ``_insertNewDelayedCalls``, ``_moveCallLaterSooner`` for a ``reset`` sooner, a
+#: ``delay`` that is inserted again once due), how a cancel is counted, how a call from
+#: a thread and a stop are queued and flagged, and ``run`` calling ``mainLoop``.  Keyed
+#: by ``(owner, name)``: "reactor" is the reactor's class, "call" ``DelayedCall``.
+_LOOP_HELPER_NAMES: dict[tuple[str, str], frozenset[str]] = {
+    ("reactor", "_insertNewDelayedCalls"): frozenset({
+        "_cancellations", "_newTimedCalls", "_pendingTimedCalls", "activate_delay",
+        "cancelled", "heappush"}),
+    ("reactor", "callLater"): frozenset({
+        "DelayedCall", "_cancelCallLater", "_moveCallLaterSooner", "_newTimedCalls",
+        "append", "seconds"}),
+    ("reactor", "_cancelCallLater"): frozenset({"_cancellations"}),
+    ("reactor", "_moveCallLaterSooner"): frozenset({"ValueError", "_pendingTimedCalls",
+                                                     "index"}),
+    ("reactor", "callFromThread"): frozenset({"append", "callable", "threadCallQueue",
+                                               "wakeUp"}),
+    ("reactor", "stop"): frozenset({"ReactorNotRunning", "_justStopped", "_startedBefore",
+                                     "_stopped", "error"}),
+    ("reactor", "run"): frozenset({"_signals", "mainLoop", "startRunning", "uninstall"}),
+    ("call", "reset"): frozenset({
+        "AlreadyCalled", "AlreadyCancelled", "called", "cancelled", "delayed_time",
+        "error", "resetter", "seconds", "time"}),
+    ("call", "delay"): frozenset({
+        "AlreadyCalled", "AlreadyCancelled", "activate_delay", "called", "cancelled",
+        "delayed_time", "error", "resetter"}),
+}
 _LONGEST = 2147483   # (``timeout``'s bound: epoll_wait's milliseconds in a C int)
 
 
@@ -146,10 +177,14 @@ def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
 
 def _known_loop(reactor_class: Any) -> bool:
     """Whether ``mainLoop``, ``runUntilCurrent`` and ``timeout`` of ``reactor_class``
-    are the bodies ``_lean_main_loop`` was written from."""
+    are the bodies ``_lean_main_loop`` was written from, and those it relies on
+    (``_LOOP_HELPER_NAMES``) the ones it was written over."""
+    owners = {"reactor": reactor_class, "call": base.DelayedCall}
     return (_names(reactor_class.mainLoop) == _MAIN_LOOP_NAMES
             and _names(reactor_class.runUntilCurrent) == _RUN_UNTIL_CURRENT_NAMES
             and _names(reactor_class.timeout) == _TIMEOUT_NAMES
+            and all(_names(getattr(owners[owner], name, None)) == names
+                    for (owner, name), names in _LOOP_HELPER_NAMES.items())
             and hasattr(base, "_topHandler"))
 
 

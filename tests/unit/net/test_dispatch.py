@@ -546,6 +546,25 @@ def test_an_unknown_main_loop_is_kept_with_one_line(
     assert "mainLoop" not in vars(reactor)
 
 
+@pytest.mark.parametrize("owner,name", sorted(dispatch._LOOP_HELPER_NAMES))
+def test_an_unknown_body_the_lean_turn_relies_on_keeps_twisteds_loop(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch, owner: str,
+        name: str) -> None:
+    """A Twisted whose ``callLater``, ``DelayedCall.reset`` (or another body the lean
+    turn relies on without replacing it) differs: the reactor keeps its own
+    ``mainLoop``, said in one log line."""
+    from twisted.internet.base import DelayedCall, ReactorBase
+
+    def changed(self: Any, *args: Any, **kw: Any) -> Any:
+        return self._newHook()               # (a name Twisted 26.10's body has not)
+
+    monkeypatch.setattr(ReactorBase if owner == "reactor" else DelayedCall, name, changed)
+    with LogLines("lean turn replaces") as lines:
+        assert lean_dispatch(reactor)
+    assert len(lines) == 1 and "keeps its own" in lines[0]
+    assert "mainLoop" not in vars(reactor)
+
+
 def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None:
     """An epoll reactor class whose ``_doReadOrWrite`` is its own: no plain-read
     shortcut (its override sees every event)."""
