@@ -13,23 +13,27 @@ logs through ``twisted.logger``'s namespaced ``Logger``s, which never read that
 context; only Twisted's own legacy lines (an unhandled error in a read) lose the
 connection's prefix (their ``system`` is ``-``; the traceback names the protocol).
 
-A plain read event takes a shorter way (in ``do_poll``): the event is exactly "readable"
-(no hang-up, no error, not writable), and the descriptor is a TCP server transport of
-a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``) whose ``doRead``
-is Twisted's own.  Its socket is then read and the bytes handed to the protocol's
-``dataReceived`` here, without ``_doReadOrWrite``'s generic checks, the ``fileno``
-call and ``doRead``/``_dataReceived`` (four Python calls an event; a paced message is
-two events).  The outcome is Twisted's: "would block" is nothing, a failed ``recv``
-is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close for a transport
-that takes one), an exception out of the protocol is logged as Twisted's
-``log.err`` does and loses the connection with it, each through the reactor's
-``_disconnectSelectable``.  Any other event (writable, closed, an error) or any other
-descriptor (a client still connecting, a listener, the waker, TLS and WebSocket are
-their own classes or sit above one) goes through ``_doReadOrWrite`` as before, and so
-does a transport whose socket is gone.  It is on only when the bodies it shortens
-are the ones it was read from (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``,
-``_READ_OR_WRITE_NAMES``: Twisted 26.10's); otherwise every event takes Twisted's
-way, with one log line.
+A plain read event takes a shorter way (in ``do_poll``): the event is exactly
+"readable" (no hang-up, no error, not writable), and the descriptor is a TCP server
+transport of a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``)
+whose ``doRead`` is Twisted's own.  Its socket is then read and the bytes handed to
+the protocol's ``dataReceived`` here, without ``_doReadOrWrite``'s generic checks,
+the ``fileno`` call and ``doRead``/``_dataReceived`` (four Python calls an event; a
+paced message is two events).  The outcome is Twisted's: "would block" is nothing, a
+failed ``recv`` is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close
+for a transport that takes one), an exception out of the protocol is logged as
+Twisted's ``log.err`` does and loses the connection with it, each through the
+reactor's ``_disconnectSelectable``.  TLS and WebSocket connections take it too:
+their socket transport is such a server (``listenSSL`` is ``listenTCP`` with a
+``TLSMemoryBIOFactory``; MQTT over WebSocket and AMQP the same), and the protocol
+handed the bytes is the TLS or WebSocket layer, which decrypts or unframes them as
+under Twisted's dispatch.  Any other event (writable, an error, a hang-up: an AF_UNIX
+peer's close is one; a TCP peer's FIN is a plain read of no bytes and takes the
+shortcut) or any other descriptor (a client still connecting, a listener, the waker)
+goes through ``_doReadOrWrite`` as before, and so does a transport whose socket is
+gone.  It is on only when the bodies it shortens are the ones it was read from
+(``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``, ``_READ_OR_WRITE_NAMES``: Twisted
+26.10's); otherwise every event takes Twisted's way, with one log line.
 
 The reactor's turn itself (``_lean_main_loop``): Twisted's ``mainLoop`` calls, every
 turn, ``runUntilCurrent`` and ``timeout`` (each first inserting new delayed calls,

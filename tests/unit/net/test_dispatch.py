@@ -574,3 +574,71 @@ def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None
 
     assert dispatch._fast_read_classes(Own) == frozenset()
     assert dispatch._fast_read_classes(EPollReactor)
+
+
+def test_a_tls_connection_takes_the_shortcut_and_its_bytes_arrive(tmp_path: Any) -> None:
+    """A TLS connection's socket transport is a TCP server transport: its plain reads
+    take the shortcut into ``TLSMemoryBIOProtocol``, the handshake completes and the
+    application bytes reach the protocol above it."""
+    import ssl as pyssl
+
+    from pki import make_pki
+    from twisted.internet import ssl
+    from twisted.internet.protocol import Factory
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    pki = make_pki(str(tmp_path))
+    with open(pki.server_key, "rb") as key, open(pki.server_crt, "rb") as crt:
+        options = ssl.PrivateCertificate.loadPEM(key.read() + crt.read()).options()
+    app = _Recorder()
+    tls = TLSMemoryBIOFactory(options, False, Factory.forProtocol(lambda: app))
+    reactor = EPollReactor()
+    generic: list[int] = []
+    real = reactor._doReadOrWrite
+
+    def counted(selectable: Any, fd: int, event: int) -> None:
+        generic.append(event)
+        real(selectable, fd, event)
+
+    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    assert lean_dispatch(reactor)
+    server, peer = _tcp_pair()
+    peer.setblocking(False)
+    incoming, outgoing = pyssl.MemoryBIO(), pyssl.MemoryBIO()
+    client = pyssl.create_default_context(cafile=pki.ca).wrap_bio(
+        incoming, outgoing, server_hostname="localhost")
+    try:
+        protocol = tls.buildProtocol(("127.0.0.1", 4000))
+        protocol.makeConnection(
+            LeanServer(server, protocol, ("127.0.0.1", 4000), None, 0, reactor))
+        handshaken = sent = False
+        for _ in range(200):   # (each turn waits for an event, at most 0.1 s)
+            if not handshaken:
+                try:
+                    client.do_handshake()
+                    handshaken = True
+                except pyssl.SSLWantReadError:
+                    pass
+            if handshaken and not sent:
+                client.write(b"hello over tls")
+                sent = True
+            out = outgoing.read()
+            if out:
+                peer.sendall(out)
+            reactor.doIteration(0.1)
+            try:
+                back = peer.recv(65536)
+            except BlockingIOError:
+                back = b""
+            if back:
+                incoming.write(back)
+            if b"".join(e for e in app.events if isinstance(e, bytes)) == b"hello over tls":
+                break
+        assert handshaken
+        assert app.events == [b"hello over tls"]
+        assert EPollReactor._POLL_IN not in generic   # (no plain read took Twisted's way)
+    finally:
+        peer.close()
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()
