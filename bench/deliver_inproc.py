@@ -10,7 +10,9 @@ publisher to 100 MQTT 3.1.1 subscribers), ``fan5plain`` (the same, MQTT 5
 subscribers), ``fan5`` (MQTT 5 subscribers with a subscription identifier each),
 ``q1`` (QoS 1, 1 -> 1, MQTT 3.1.1, the subscriber acknowledging each), ``q1p`` (the
 same to a persistent subscriber, clean session 0, on a store whose commits complete
-after each step, as the writer thread's do: the subscriber's PUBACKs come first).
+after each step, as the writer thread's do: the subscriber's PUBACKs come first),
+``qq`` (as ``q1`` through a durable queue: published to ``$queue/jobs/task``, one
+member of ``$queue/jobs`` acknowledging each delivery with its PUBACK).
 ``-p`` after ``N`` prints a cProfile of the measured steps (and writes it to
 the file named after ``-p``, if any).  ``N`` scales
 the number of messages.  Prints the process CPU per delivery in microseconds (the
@@ -22,7 +24,7 @@ other work does not move, count instructions at two sizes and take the slope:
     PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=OUT \\
         .venv/bin/python bench/deliver_inproc.py TREE fan311 5     (then 15)
 
-(20,000 and 60,000 deliveries for the fan-outs, 2,000 and 6,000 for ``q1``).  Never
+(20,000 and 60,000 deliveries for the fan-outs, 2,000 and 6,000 for ``q1`` and ``qq``).  Never
 use the figures in a test.
 """
 
@@ -101,10 +103,12 @@ def main() -> None:
             pub.transport.clear()
         steps = max(1, 40 * n // 50)
         deliveries = steps * 50 * 100
-    elif scenario in ("q1", "q1p"):
+    elif scenario in ("q1", "q1p", "qq"):
+        topic, topic_filter = (("$queue/jobs/task", "$queue/jobs") if scenario == "qq"
+                               else ("bench/t", "bench/t"))
         sub = h.client()
-        sub.connect("s", clean=scenario == "q1")
-        sub.send(Subscribe(1, (("bench/t", 1),)))
+        sub.connect("s", clean=scenario != "q1p")
+        sub.send(Subscribe(1, ((topic_filter, 1),)))
         sub.transport.clear()
         pub = h.client()
         pub.connect("pub")
@@ -114,10 +118,13 @@ def main() -> None:
             packets = []
             for _ in range(50):
                 pid[0] = pid[0] % 60000 + 1
-                packets.append(Publish("bench/t", b"x" * 64, 1, False, False, pid[0]))
+                packets.append(Publish(topic, b"x" * 64, 1, False, False, pid[0]))
             pub.send(*packets)
-            got = [p for p in sub.received() if isinstance(p, Publish)]
-            sub.send(*[Puback(p.packet_id) for p in got])
+            for _ in range(100):   # (a queue hands out its prefetch, more per PUBACK)
+                got = [p for p in sub.received() if isinstance(p, Publish)]
+                if not got:
+                    break
+                sub.send(*[Puback(p.packet_id) for p in got])
             store.complete()
             pub.transport.clear()
         steps = max(1, 40 * n // 50) * 10

@@ -299,10 +299,11 @@ class Channel(PublisherConfirms):
         """``route``; ``in_round``: a copy to one queue may be waited on as the
         batch's ``CommitRound`` (``Exchanges.publish``)."""
         m, props, connection = content.method, content.properties, self.connection
-        routed, durable = self.exchanges.publish(
+        exchanges = connection.broker.exchanges
+        routed, durable = exchanges.publish(
             message, m.exchange, m.routing_key, props.headers, connection.client_id,
             m.mandatory, connection.identity, in_round)
-        congested = self.exchanges.congested
+        congested = exchanges.congested
         if congested:
             connection.fed_congested(congested)
         if connection.broker.queues.alarm.paused:
@@ -376,6 +377,18 @@ class Channel(PublisherConfirms):
         """Settle deliveries taken off ``unacked`` with the core."""
         broker = self.connection.broker
         woken: set[QueueConsumer] = set()
+        if outcome is Outcome.ACCEPTED:
+            # (one call for the lot: the core pumps once a basic.ack, not once a tag)
+            broker.settlement.accept_many([(session, packet_id) for member, packet_id in taken
+                                if (session := member.session) is not None])
+            for member, _ in taken:
+                # (``QueueConsumer.settled``, inline: after the core heard it, a
+                # cancelled consumer may leave with its last)
+                member.unacked -= 1
+                if member.closed and member.unacked <= 0:
+                    member.leave()
+                woken.add(member)
+            taken = []
         for member, packet_id in taken:
             session = member.session
             if session is not None:

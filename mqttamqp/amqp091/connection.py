@@ -72,6 +72,8 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 
 Conn, Basic = commands.Connection, commands.Basic
+# (an Enum member read from its class is a lookup each time: these are read per frame)
+_CLOSED, _OPEN = State.CLOSED, State.OPEN
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
 # What one batch (a socket read's handling) may hold of a connection's output before
 # it is written: below the transport's 64 KiB, so its back-pressure comes in time.
@@ -151,7 +153,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.send_method(0, start_method(self.mechanisms))
 
     def dataReceived(self, data: bytes) -> None:
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return
         self.bytes_in += len(data)
         self.meter.received_bytes(len(data))
@@ -161,12 +163,12 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         try:
             assemblers = self._assemblers
             for channel, frame in self.reader.feed(data):
-                if self.closed:
+                if self.state is _CLOSED:   # (``closed``, without the call: per frame)
                     break
                 # (the content frames of a basic.publish: an assembler that waits for
                 # them exists only on an open channel, see ``_end_channel``)
                 assembler = assemblers.get(channel) if channel else None
-                if assembler is not None and assembler.busy:
+                if assembler is not None and assembler.method is not None:   # (busy)
                     _content(self, channel, assembler, frame)
                 else:
                     self._frame(channel, frame)
@@ -263,11 +265,11 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         self.transport.loseConnection()
 
     def send_method(self, channel: int, method: Any) -> None:
-        if self.state is not State.CLOSED:
+        if self.state is not _CLOSED:
             self._write(method_frame(channel, method))
 
     def send_content(self, channel: int, method: Any, properties: bytes, body: bytes) -> None:
-        if self.state is not State.CLOSED:
+        if self.state is not _CLOSED:
             self._write(content_frames(channel, method, properties, body, self.frame_max))
 
     # -- frames --------------------------------------------------------------------
@@ -275,7 +277,7 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
     def _frame(self, number: int, frame: Any) -> None:
         name = getattr(frame, "name", "")
         state = self.state
-        if state is State.OPEN and number:
+        if state is _OPEN and number:
             self._channel_frame(number, frame, name)
             return
         if name == "Heartbeat":
@@ -474,7 +476,7 @@ def _content(self: AMQP091Connection, number: int, assembler: ContentAssembler,
     """A frame on channel ``number`` of connection ``self`` while its
     ``basic.publish`` waits for its content: the header, then body frames; anything
     else is 505.  (Outside the class, which the shape test keeps under 400 lines.)"""
-    if self.state is not State.OPEN:
+    if self.state is not _OPEN:
         return   # (closing: what the client still sends is discarded)
     channel = self.channels[number]
     try:

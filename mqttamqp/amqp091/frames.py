@@ -224,30 +224,30 @@ class ContentAssembler:
     """One channel's content in progress: ``basic.publish``, then its header, then
     body frames until the header's body size.  ``max_body`` bounds the body."""
 
-    __slots__ = ("_body", "_header", "_method", "_parts", "max_body")
+    __slots__ = ("_body", "_header", "_parts", "max_body", "method")
 
     def __init__(self, max_body: int) -> None:
         self.max_body = max_body
-        self._method: Any = None
+        self.method: Any = None   # the content method in progress (None: none)
         self._header: ContentHeader | None = None
         self._parts: list[bytes] = []
         self._body = 0
 
     @property
     def busy(self) -> bool:
-        return self._method is not None
+        return self.method is not None
 
     def start(self, method: Any) -> None:
-        self._method = method
+        self.method = method
         self._header = None
         self._parts = []
         self._body = 0
 
     def header(self, header: ContentHeader) -> Content | None:
-        if self._method is None or self._header is not None:
+        if self.method is None or self._header is not None:
             raise FrameError(UNEXPECTED_FRAME, "content header without a content method")
         if header.body_size > self.max_body:
-            self._method = None
+            self.method = None
             raise BodyTooLarge(header.body_size, self.max_body)
         self._header = header
         if header.body_size == 0:
@@ -271,9 +271,9 @@ class ContentAssembler:
         assert header is not None
         parts = self._parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        content = Content(self._method, header.properties,
+        content = Content(self.method, header.properties,
                           header.raw if isinstance(header, Header) else b"", body)
-        self._method = None
+        self.method = None
         self._header = None
         self._parts = []
         self._body = 0

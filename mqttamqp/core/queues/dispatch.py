@@ -16,6 +16,7 @@ link), decide acknowledgements' outcomes (``Acknowledgements``) or timeouts
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 from twisted.python.failure import Failure
 
@@ -42,6 +43,10 @@ __all__ = ["Dispatch"]
 # delivered count a delivery (they may have been: at-least-once).
 _WATERMARK_STEP = 4096
 
+# (``_done`` takes a list of ops and appends none: it records what is finished for
+# the next commit, ``_unsaved``)
+_UNUSED_OPS: list[Op] = []
+
 
 class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
@@ -66,6 +71,8 @@ class Dispatch(Parking):
         if group.parked and self._parked_unseen(group):
             self._offer_parked(group)
         while True:
+            if levels is None and not group.ready and group.next >= queue.committed:
+                break   # (``_next_offset`` would find none: the usual end, without it)
             offset = self._next_offset(group, ops)
             if offset is None:
                 break
@@ -110,14 +117,26 @@ class Dispatch(Parking):
                     group._rr = rr   # (its turn again once the mark is durable)
                     group.held_back = True
                     break
-            self._take(group, offset)
+            # (``_take``, inline)
+            if levels is not None:
+                levels.pop()
+            elif group.ready and group.ready[0] == offset:
+                heapq.heappop(group.ready)
+            elif group.next == offset:
+                group.next = offset + 1
             if member is True:
                 # Members with credit, none whose selector takes it: it stays in the
                 # queue for another member (a stream's cursor moves past it).
                 if group.mode == CLASSIC:
                     self._park(group, offset)
                 continue
-            again = self._deliver(group, member, offset, queue.log[offset], ops) or again
+            handed = self._deliver(group, member, offset, queue.log[offset], ops, True)
+            if handed is None:
+                # (refused by the member's session, and visible again: handed to it
+                # again in this loop, it would be refused for ever; the next pump, an
+                # acknowledgement or a drained link, tries again)
+                break
+            again = handed or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None or marked:
@@ -211,7 +230,8 @@ class Dispatch(Parking):
             if offset in group.done:     # (after a restart: acknowledged before it)
                 group.next = offset + 1
                 continue
-            if message is not None and group.matches(message):
+            # (``matches``' first test inline: most groups take every message)
+            if message is not None and (group.filter == "#" or group.matches(message)):
                 return offset
             group.next = offset + 1
             group.done.add(offset)       # (not for this group: done with it)
@@ -265,11 +285,14 @@ class Dispatch(Parking):
             group.next = offset + 1
 
     def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
-                 ops: list[Op]) -> bool:
+                 ops: list[Op], credited: bool = False) -> bool | None:
         """Hand ``offset`` to ``member``; True when it was a classic redelivery,
         whose raised count the caller stores with the group's record (rare, so
         at once: a crash after it must not bring the message back with a lower
-        count than the client has seen)."""
+        count than the client has seen).  ``credited``: ``_credit`` found the
+        member's link with room just now (its QoS 1 delivery may take the
+        session's short path, ``send_credited``).  None: the session refused it
+        (its bound), and it is visible again."""
         queue = group.queue
         count = group.counts.get(offset, 0) + 1
         again = False
@@ -298,22 +321,29 @@ class Dispatch(Parking):
             read = StreamRead(self, group, offset, member) if member.qos else None
             entry = session.deliver(delivered, member.qos, False, receipt=read)
             member.outstanding += 1
-            self._arm()
+            if self._timer is None:
+                self._arm()
             if entry is None:
                 member.outstanding -= 1
             return again
         # (the receipt goes with the session's entry: the queue's, durable already,
         # so a persistent session does not hold it for a commit of its own)
         pending = Pending(self, group, offset, member) if member.qos else None
-        entry = session.deliver(delivered, member.qos, False, receipt=pending)
+        # (the short path: a QoS 1 member ``_credit`` found with room gets it sent at
+        # once; anything else, or no window room, takes the session's queue)
+        entry = (session.send_credited(delivered, pending) if credited
+                 and pending is not None and member.qos == 1 else None)
+        if entry is None:
+            entry = session.deliver(delivered, member.qos, False, receipt=pending)
         member.outstanding += 1
-        self._arm()
+        if self._timer is None:   # (``_arm``'s test, without the call)
+            self._arm()
         if entry is None and member.qos:
             # (refused by the session's bound: visible again at once)
             member.outstanding -= 1
             group.counts[offset] = count - 1
             group.requeue(offset)
-            return False
+            return None
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1
@@ -332,21 +362,33 @@ class Dispatch(Parking):
     def transport_ack(self, pending: Pending) -> None:
         """The transport acknowledged ``pending``'s delivery (PUBACK, PUBCOMP, AMQP
         Accepted): done, unless it is no longer its group's pending delivery."""
+        if self.accepted_quietly(pending):
+            self._flush_soon()
+            self._pump(pending.group)
+
+    def accepted_quietly(self, pending: Pending) -> bool:
+        """``transport_ack`` without storing or pumping: the caller does both once
+        for a batch (``Settlement.accept_many``; ``after_accepts``).  False if
+        ``pending`` is no longer its group's pending delivery (nothing done)."""
         group = pending.group
         offset = pending.offset
         if group.pending.get(offset) is not pending:
-            return
+            return False
         del group.pending[offset]
-        pending.detach()
-        member = pending.member
-        member.outstanding -= 1
-        ops: list[Op] = []
-        self._done(group, offset, ops)
+        pending.entry = None   # (``detach``: entry and receipt no longer linked)
+        pending.member.outstanding -= 1
+        self._done(group, offset, _UNUSED_OPS)
         group.acked += 1
         group.queue.acked += 1
         self.stats.acked += 1
+        return True
+
+    def after_accepts(self, groups: Iterable[ConsumerGroup]) -> None:
+        """A batch of ``accepted_quietly`` is over: its done records are stored at
+        the end of the batch, and its ``groups`` hand out what they may now."""
         self._flush_soon()
-        self._pump(group)
+        for group in groups:
+            self._pump(group)
 
     def after_stream_ack(self, group: ConsumerGroup) -> None:
         self._pump(group)

@@ -152,10 +152,6 @@ class QueueLogs(AppendAccounting):
         """Publishers to queues wait: blocked, or the writer is behind."""
         return self.alarm.paused
 
-    @property
-    def evicted_messages(self) -> int:
-        return sum(len(q.evicted) for q in self.queues.values())
-
     def default_retention(self, name: str) -> Retention:
         base = name[len(DLQ_PREFIX):] if name.startswith(DLQ_PREFIX) else name
         for pattern, retention in self.retention_rules:
@@ -217,15 +213,12 @@ class QueueLogs(AppendAccounting):
             return None
         return d
 
-    def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound | None:
-        """As ``_commit`` inside a batch (``commits.batching``), for a caller that
-        needs no Deferred of its own: the batch's ``CommitRound`` (None outside a
-        batch or while stopping, and nothing is done: use ``_commit``)."""
-        if not self.commits.batching:
-            return None
+    def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound:
+        """As ``_commit`` inside a batch, for a caller that needs no Deferred of its
+        own and found ``commits.batching`` true: the batch's ``CommitRound``."""
         ops, appended = self._hand_off(ops)
         r = self.commits.persist_in_round(ops)
-        assert r is not None
+        assert r is not None, "_commit_in_round outside a batch"
         self._account_in_round(r)
         if self._early:
             self._fire_early()
@@ -319,9 +312,16 @@ class QueueLogs(AppendAccounting):
             self._appends[queue] = (offset if stored is None else stored[0], offset + 1)
             ops.append(PutQueueMessage(queue.name, offset, message))
         self._appended_to[queue] = offset + 1
-        if queue.retention.max_age is not None:
+        r = queue.retention
+        if r.max_age is not None and self._timer is None:
             self._arm()
-        self._enforce_retention(queue, ops, message.timestamp)
+        # (``_enforce_retention``'s first tests, without the call: a head old enough
+        # to drop, or past the count or size bound)
+        if ((r.max_age is not None and ((head := queue.log.get(queue.first)) is None
+                                        or head.timestamp + r.max_age <= message.timestamp))
+                or (r.max_messages is not None and len(queue.log) > r.max_messages)
+                or (r.max_bytes is not None and queue.bytes > r.max_bytes)):
+            self._enforce_retention(queue, ops, message.timestamp)
         if self.alarm.max_total > 0:
             self.alarm.check_total(self.total_bytes)
         return offset
@@ -415,7 +415,11 @@ class QueueLogs(AppendAccounting):
         """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
         group.counts.pop(offset, None)
         group.uncounted.discard(offset)
-        if offset >= group.floor:
+        floor = group.floor
+        if (offset == floor and offset + 1 not in group.done
+                and not group.queue.skip_starts):
+            group.floor = offset + 1   # (``advance_floor``'s usual outcome, in place)
+        elif offset >= floor:
             group.done.add(offset)
             group.advance_floor()
         # (stored by the next ``_commit``, whoever makes it: ``_drain_done``)
@@ -449,10 +453,6 @@ class QueueLogs(AppendAccounting):
 
     def _pump_queue(self, queue: QueueLog) -> None:
         """Hand out what ``queue``'s groups may have (``Dispatch``)."""
-        raise NotImplementedError
-
-    def _evict(self) -> None:
-        """Bring the bodies in memory under the budget (``MemoryBudget``)."""
         raise NotImplementedError
 
     def _arm(self) -> None:

@@ -158,7 +158,7 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "
                                  f"{self.limits.queue_max_queues})", QUOTA_EXCEEDED))
-        if queue.refuses(message):
+        if queue.reject_above is not None and queue.refuses(message):
             if queue.reject_dead and queue.dead_letter is not None:
                 self._route_dead(queue, message, "maxlen", -1, "", 0, ops)
             return self._commit(ops), self._overflow(queue, message, publisher)
@@ -170,19 +170,18 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             self._appended_to.pop(queue, None)
         if in_round and not queue.transient and self.commits.batching:
             r = self._commit_in_round(ops)
-            if r is not None:
-                # (``offset in queue.log``: not dropped or dead-lettered at its own
-                # append, before it had an entry ``unwait`` could take back)
-                if message.qos and offset in queue.log and _has_classic(queue):
-                    waits = queue.round_waits
-                    if waits and waits[-1][1] is r:
-                        waits[-1][0] = offset    # (one entry per round and queue)
-                    else:
-                        # (released when consumed first: ``_trim``)
-                        waits.append([offset, r])
-                        r.outstanding += 1
+            # (``offset in queue.log``: not dropped or dead-lettered at its own
+            # append, before it had an entry ``unwait`` could take back)
+            if message.qos and offset in queue.log and _has_classic(queue):
+                waits = queue.round_waits
+                if waits and waits[-1][1] is r:
+                    waits[-1][0] = offset    # (one entry per round and queue)
                 else:
-                    r.outstanding += 1   # (held: only the commit answers it)
+                    # (released when consumed first: ``_trim``)
+                    waits.append([offset, r])
+                    r.outstanding += 1
+            else:
+                r.outstanding += 1   # (held: only the commit answers it)
             if message.qos < 2 and queue.committed < queue.next_offset:
                 queue.committed = queue.next_offset   # (as below)
                 self._pump_queue(queue)

@@ -29,6 +29,11 @@ READ_BYTES = 4 << 20
 class MemoryBudget(QueueLogs):
     """Evicts durable bodies past the budget and reads them back as consumers near."""
 
+    @property
+    def evicted_messages(self) -> int:
+        """How many messages' bodies are out of memory now (read back when due)."""
+        return sum(len(q.evicted) for q in self.queues.values())
+
     def _protected(self, queue: QueueLog) -> set[int]:
         """Offsets of ``queue`` whose bodies stay in memory: pending deliveries
         (their sessions hold the body anyway) and, for each group with members or

@@ -142,10 +142,15 @@ class QueueLog:
         to be answered now."""
         waiters = self.waiters
         if waiters:
-            for offset in range(self.first, upto):
-                waiter = waiters.pop(offset, None)
-                if waiter is not None:
-                    early.append(waiter)
+            if len(waiters) < upto - self.first:
+                # (fewer waiters than offsets trimmed: walk the waiters, not the gap)
+                for offset in sorted(o for o in waiters if o < upto):
+                    early.append(waiters.pop(offset))
+            else:
+                for offset in range(self.first, upto):
+                    waiter = waiters.pop(offset, None)
+                    if waiter is not None:
+                        early.append(waiter)
         waits = self.round_waits
         while waits and waits[0][0] < upto:
             early.append(waits.popleft()[1])

@@ -35,7 +35,7 @@ class Parking(MemoryBudget):
         prefetch = session.queue_prefetch or (
             min(self.limits.queue_prefetch, session.window) if member.qos
             else self.limits.queue_prefetch)
-        return member.outstanding < prefetch and not session.has_queued
+        return member.outstanding < prefetch and not session.queue   # (``has_queued``)
 
     def _room(self, member: Member) -> int:
         """How many more ``member`` may take now (0: no credit, as ``_credit``)."""

@@ -18,11 +18,12 @@ frees space.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 from mqttamqp.core.commits import CommitBatcher
 from mqttamqp.core.queues.manager import QueueManager
-from mqttamqp.core.queues.model import Pending
+from mqttamqp.core.queues.model import ConsumerGroup, Pending
 from mqttamqp.core.routing.router import Router
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.sessions.flow import FlowControl
@@ -114,6 +115,43 @@ class Settlement:
                 self.acknowledged(session, packet_id)
             else:
                 self.completed(session, packet_id)
+
+    def accept_many(self, deliveries: Iterable[tuple[Session, int]]) -> None:
+        """Accepted on each of ``deliveries`` (session, packet id), as ``settle``
+        would do one by one: AMQP 0.9.1's ``basic.ack`` (multiple).  The common
+        case, a durable queue's QoS 1 delivery to a member that acknowledges by
+        its transport, is finished in place, and the sessions and the queues'
+        groups are pumped once for the batch rather than once a delivery; any
+        other delivery takes ``settle``."""
+        queues = self._queues
+        sessions: list[Session] = []
+        groups: list[ConsumerGroup] = []
+        last_session: Session | None = None
+        last_group: ConsumerGroup | None = None
+        for session, packet_id in deliveries:
+            entry = session.inflight.get(packet_id)
+            receipt = entry.receipt if entry is not None else None
+            if (entry is None or entry.qos != 1 or type(receipt) is not Pending
+                    or receipt.member.explicit):
+                self.settle(session, packet_id, _ACCEPTED)
+                continue
+            session.accepted_quietly(entry)
+            if queues.accepted_quietly(receipt):
+                group = receipt.group
+                if group is not last_group and group not in groups:
+                    groups.append(group)
+                last_group = group
+            if session is not last_session and session not in sessions:
+                sessions.append(session)
+            last_session = session
+        if not (sessions or groups):
+            return
+        queues.after_accepts(groups)
+        router = self._router
+        for session in sessions:
+            session.pump()
+            router.room(session)
+        self._flow.resume_paused()
 
     # -- outcomes a transaction holds (core/transactions.py) -----------------------------
 

@@ -99,7 +99,7 @@ class Session(InflightWindow, SessionExtras):
     # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
     # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_extras", "_holder", "_may_expire", "_next_pid", "_next_seq", "_state",
+        "_extras", "_holder", "_may_expire", "_next_pid", "_state",
         "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
         "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )

@@ -15,10 +15,20 @@ from __future__ import annotations
 
 from collections import deque
 
+from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
-from mqttamqp.core.sessions.entries import NO_INFLIGHT, NO_OPS, NO_QUEUE, ClientLink, OutEntry
+from mqttamqp.core.sessions.entries import (
+    NO_INFLIGHT,
+    NO_OPS,
+    NO_QUEUE,
+    ClientLink,
+    DeliveryReceipt,
+    OutEntry,
+)
 
 __all__ = ["InflightWindow", "ack_problem"]
+
+_SENT = QueuedState.SENT
 
 
 def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | None:
@@ -40,8 +50,8 @@ def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | No
 
 class InflightWindow:
     # The window's state (``Session.__init__`` sets it).
-    __slots__ = ("_pids", "delivered", "dropped", "inflight", "queue", "queue_prefetch",
-                 "queued_bytes", "stalled", "window")
+    __slots__ = ("_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
+                 "queue_prefetch", "queued_bytes", "stalled", "window")
 
     queue: deque[OutEntry]
     queued_bytes: int
@@ -54,10 +64,14 @@ class InflightWindow:
     dropped: int
     delivered: int
     _pids: set[int]
+    _next_seq: int   # (the next entry's sequence number)
     # What it reads of the session's own.
     client_id: str
     persistent: bool
     link: ClientLink | None
+
+    def _allocate_pid(self) -> int:
+        raise NotImplementedError   # (``Session``'s)
 
     def pump(self) -> None:
         """Send queued entries while the window and the link allow, in order."""
@@ -88,6 +102,32 @@ class InflightWindow:
                     link.send_publish(entry.message, entry.qos, entry.packet_id, entry.dup,
                                       entry.retain)
                 entry.dup = True  # any later send of it is a redelivery
+
+    def send_credited(self, message: Message, receipt: DeliveryReceipt) -> OutEntry | None:
+        """A durable queue's QoS 1 delivery (with its ``receipt``) sent at once, the
+        queue's short path past ``Session.deliver``'s queue and ``pump``: only when
+        the caller found the link online and uncongested with nothing queued here
+        a moment ago (``Dispatch._credit``) and the window has room; the entry in
+        flight is returned.  None: not the simple case, nothing done (the caller
+        takes ``Session.deliver``, which applies the bounds)."""
+        link = self.link
+        inflight = self.inflight
+        # (--max-queued-messages/-bytes bound what waits in the session's queue; this
+        # goes straight into the window, past an empty queue: nothing waits)
+        if (link is None or self.queue or len(inflight) >= self.window
+                or len(self._pids) >= 65535 or ((props := message.props) is not None
+                                                and props.expiry_interval is not None)):
+            return None
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        packet_id = self._allocate_pid()
+        entry = OutEntry(seq, message, 1, False, packet_id, _SENT, True)
+        entry.receipt = receipt
+        if inflight is NO_INFLIGHT:
+            inflight = self.inflight = {}
+        inflight[packet_id] = entry
+        link.send_publish(message, 1, packet_id, False, False)
+        return entry
 
     def ack_problem(self, kind: str, packet_id: int) -> str | None:
         """Why an MQTT acknowledgement (``kind``: PUBACK, PUBREC or PUBCOMP) does not
@@ -181,6 +221,20 @@ class InflightWindow:
         self.queue.appendleft(entry)
         self.queued_bytes += len(entry.message.payload)
         self.pump()
+
+    def accepted_quietly(self, entry: OutEntry) -> None:
+        """The in-flight ``entry`` (a durable queue's QoS 1 delivery: nothing of it is
+        stored here) is acknowledged, as ``acknowledge`` does it, but neither its
+        receipt is told nor the window pumped: the caller settles the receipt and
+        pumps once for a batch of them (``Settlement.accept_many``)."""
+        del self.inflight[entry.packet_id]
+        self._pids.discard(entry.packet_id)
+        self.delivered += 1
+        self.stalled = False
+        done = entry.on_done
+        if done is not None:
+            entry.on_done = None
+            done()
 
     def _finish(self, entry: OutEntry) -> list[Op]:
         del self.inflight[entry.packet_id]

@@ -234,3 +234,20 @@ def test_unwait_takes_back_only_the_entry_covering_the_offset() -> None:
     assert early == []
     queue.consumed_below(40, early)
     assert early == [rounds[1], rounds[3]] and not queue.round_waits
+
+
+def test_consumed_below_answers_each_waiter_below_once_either_walk() -> None:
+    """``consumed_below`` hands ``early`` every ``waiters`` entry below ``upto``, in
+    offset order, and keeps the others, whether it walks the trimmed offsets (waiters
+    many) or the waiters (fewer waiters than offsets trimmed)."""
+    for first, waiting, upto in ((0, [3, 1000, 7], 5000), (0, [0, 1, 2, 3, 9], 4),
+                                 (10, [12, 15, 40], 20)):
+        queue = QueueLog("q", Retention())
+        queue.first = first
+        made = {o: object() for o in waiting}
+        queue.waiters.update(made)  # type: ignore[arg-type]
+        early: list[Any] = []
+        queue.consumed_below(upto, early)
+        below = sorted(o for o in waiting if o < upto)
+        assert early == [made[o] for o in below]
+        assert sorted(queue.waiters) == sorted(o for o in waiting if o >= upto)

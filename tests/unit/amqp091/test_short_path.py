@@ -1,0 +1,163 @@
+"""The short settlement path of AMQP 0.9.1's ``basic.ack`` (``Settlement.accept_many``):
+a batch of acknowledgements finished in place and pumped once, with the generic
+path's results at its edges.  A channel in process against an in-memory broker, a
+fake transport and a ``Clock``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands
+from test_amqp091_review import bodies, frames_of, opened
+
+from mqttamqp.amqp091.frames import method_frame
+from mqttamqp.core.message import Message
+from mqttamqp.core.routing.settlement import Outcome
+
+B, Q = commands.Basic, commands.Queue
+
+
+def _published(broker: Any, clock: Any, n: int, queue: str = "q") -> None:
+    for i in range(n):
+        broker.publish(Message("$queue/" + queue, b"m%d" % i, 1, False, "p",
+                               clock.seconds()))
+    clock.advance(0.1)
+
+
+def _group(broker: Any, queue: str = "q") -> Any:
+    (group,) = broker.queues.queues[queue].groups.values()
+    return group
+
+
+def _tags(frames: list[Any]) -> list[tuple[str, int, bool]]:
+    return [(f.consumer_tag, f.delivery_tag, f.redelivered) for f in frames
+            if f.name == "Basic.Deliver"]
+
+
+def _consume(conn: Any, tag: str, prefetch: int = 0, queue: str = "q") -> None:
+    if prefetch:
+        conn.dataReceived(method_frame(1, B.Qos(prefetch_count=prefetch)))
+    conn.dataReceived(method_frame(1, B.Consume(queue=queue, consumer_tag=tag)))
+
+
+def test_credit_running_out_mid_batch_is_refilled_once_the_batch_is_acked() -> None:
+    """Prefetch 5, 12 messages: 5 go out; an ack (multiple) of 3 frees exactly 3
+    (the pump after the batch sees the freed credit), and the batch's done records are
+    stored; then the rest follow acks."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "c", prefetch=5)
+    frames_of(t)
+    _published(broker, clock, 12)
+    assert bodies(frames_of(t)) == [b"m%d" % i for i in range(5)]
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=3, multiple=True)))
+    assert bodies(frames_of(t)) == [b"m5", b"m6", b"m7"]
+    group = _group(broker)
+    assert sorted(p.offset for p in group.pending.values()) == [3, 4, 5, 6, 7]
+    assert group.acked == 3
+    assert not broker.queues._unsaved   # (the done records went to storage)
+    assert broker.queues.queues["q"].first == 3   # (and the acked left the log)
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=8, multiple=True)))
+    assert bodies(frames_of(t)) == [b"m8", b"m9", b"m10", b"m11"]
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    assert not group.pending and group.acked == 12
+    assert broker.queues.queues["q"].acked == 12
+    (member,) = group.members
+    assert member.outstanding == 0
+
+
+def test_a_second_consumer_joining_shares_the_queue_and_one_ack_settles_both() -> None:
+    """Two consumers of one channel, the second joining after the first has
+    deliveries: round-robin hands both some, and one ack (multiple) of every tag
+    finishes every delivery of both (each consumer's unacked count back to 0)."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "a", prefetch=4)
+    frames_of(t)
+    _published(broker, clock, 2)
+    _consume(conn, "b")
+    frames_of(t)
+    _published(broker, clock, 6)
+    tags = _tags(frames_of(t))
+    assert {tag for tag, _, _ in tags} == {"a", "b"}
+    channel = conn.channels[1]
+    assert sum(c.unacked for c in channel.consumers.values()) == 8
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    assert [c.unacked for c in channel.consumers.values()] == [0, 0]
+    group = _group(broker)
+    assert not group.pending and group.acked == 8
+    assert all(m.outstanding == 0 for m in group.members)
+    assert not channel.unacked
+
+
+def test_cancel_with_unacked_then_ack_leaves_and_nothing_comes_back() -> None:
+    """basic.cancel with deliveries unacknowledged: they stay the channel's; the ack
+    of all of them finishes them for good (not redelivered to the next consumer)
+    and the cancelled consumer then leaves its group."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "a", prefetch=10)
+    frames_of(t)
+    _published(broker, clock, 4)
+    assert len(bodies(frames_of(t))) == 4
+    conn.dataReceived(method_frame(1, B.Cancel(consumer_tag="a")))
+    frames_of(t)
+    group = _group(broker)
+    assert len(group.members) == 1
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    clock.advance(0.1)
+    assert not group.members
+    assert not group.pending and group.acked == 4
+    _consume(conn, "b")
+    clock.advance(0.1)
+    assert bodies(frames_of(t)) == []
+
+
+def test_a_requeued_delivery_comes_back_redelivered_and_its_ack_finishes_it() -> None:
+    """basic.nack (requeue) of one of a batch: it comes back with the redelivered
+    flag and an x-delivery-count of 1; the ack of the batch finishes the rest and
+    the redelivery alike."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "a", prefetch=10)
+    frames_of(t)
+    _published(broker, clock, 3)
+    assert [r for _, _, r in _tags(frames_of(t))] == [False, False, False]
+    conn.dataReceived(method_frame(1, B.Nack(delivery_tag=2, multiple=False, requeue=True)))
+    clock.advance(0.1)
+    frames = frames_of(t)
+    assert _tags(frames) == [("a", 4, True)]
+    headers = [f.properties.headers or {} for f in frames if f.name == "ContentHeader"]
+    assert headers[0].get("x-delivery-count") == 1
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    group = _group(broker)
+    assert not group.pending and group.acked == 3
+    assert group.redelivered == 1
+
+
+def test_what_is_not_the_common_case_takes_the_generic_settle() -> None:
+    """``accept_many`` given a delivery that is no durable queue's (a topic
+    subscription's QoS 1 entry) or no longer in flight settles it as ``settle``
+    does: the topic delivery acknowledged, the unknown id ignored."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "a", prefetch=10)
+    frames_of(t)
+    _published(broker, clock, 1)
+    frames_of(t)
+    (member,) = conn.channels[1].consumers.values()
+    session = member.session
+    # a topic's QoS 1 delivery in the same session: no queue receipt
+    entry = session.deliver(Message("t", b"x", 1, False, "p", clock.seconds()), 1, False)
+    assert entry is not None and entry.receipt is None
+    queued = [pid for pid, e in session.inflight.items() if e.receipt is not None]
+    calls: list[tuple[int, Outcome]] = []
+    settle = broker.settlement.settle
+    broker.settlement.settle = lambda s, pid, outcome, *a: (calls.append((pid, outcome)),
+                                                             settle(s, pid, outcome, *a))
+    broker.settlement.accept_many([(session, queued[0]), (session, entry.packet_id),
+                                   (session, 60000)])
+    assert calls == [(entry.packet_id, Outcome.ACCEPTED), (60000, Outcome.ACCEPTED)]
+    assert not session.inflight
+    assert _group(broker).acked == 1
+    assert not broker.queues._unsaved   # (its done record stored by the batch's end)

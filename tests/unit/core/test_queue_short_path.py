@@ -1,0 +1,138 @@
+"""The durable queues' short delivery path (``InflightWindow.send_credited`` from
+``Dispatch._deliver``): a QoS 1 member with credit and window room gets the message
+sent at once; every other case takes ``Session.deliver`` and its queue.  Through the
+broker's façade with fake links and a ``Clock``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from queue_facade import client, join, make, send
+
+from mqttamqp.core.message import Message, MessageProperties
+from mqttamqp.core.persistence import QueuedState
+from mqttamqp.core.sessions.session import Session
+
+
+def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it() -> None:
+    """A QoS 1 member of an idle session: the queue's message is sent at once (in
+    flight, SENT, any later send of it a duplicate), and its PUBACK acknowledges it
+    in the queue."""
+    broker, clock, _ = make()
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    send(broker, "$queue/jobs", b"a")
+    clock.advance(0.1)
+    ((message, qos, packet_id, dup, _),) = link.published()
+    assert (message.payload, qos, dup) == (b"a", 1, False)
+    entry = session.inflight[packet_id]
+    assert entry.state == QueuedState.SENT and entry.dup and entry.receipt is not None
+    assert not session.has_queued
+    broker.acknowledged(session, packet_id)
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert group.acked == 1 and not group.pending and not session.inflight
+
+
+def test_a_full_window_sends_the_queue_message_only_after_an_ack() -> None:
+    """The session's window is full of topic deliveries (the queue's credit counts
+    only its own): the queue's message waits in the session's queue, not sent past
+    the window, and goes out once a PUBACK frees a place."""
+    broker, clock, _ = make()
+    session, link = client(broker, "w-1")
+    session.window = 2
+    join(broker, session, "$queue/jobs")
+    for i in range(2):
+        session.deliver(Message("t", b"t%d" % i, 1, False, "p", clock.seconds()), 1, False)
+    assert len(link.published()) == 2
+    send(broker, "$queue/jobs", b"q")
+    clock.advance(0.1)
+    assert len(link.published()) == 2 and session.has_queued
+    first = link.published()[0][2]
+    broker.acknowledged(session, first)
+    assert [m.payload for m, *_ in link.published()] == [b"t0", b"t1", b"q"]
+    assert len(session.inflight) == 2
+
+
+def test_a_message_with_an_expiry_takes_the_session_queue_and_is_counted() -> None:
+    """A message with an MQTT 5 expiry interval is delivered by ``Session.deliver``,
+    which counts it for the bound's purge of expired messages (the short path
+    does not count it, so it must not take it)."""
+    broker, clock, _ = make()
+    session, link = client(broker, "w-1", "mqtt5")
+    join(broker, session, "$queue/jobs")
+    send(broker, "$queue/jobs", b"e", props=MessageProperties(expiry_interval=60))
+    clock.advance(0.1)
+    assert [m.payload for m, *_ in link.published()] == [b"e"]
+    assert session._may_expire == 1
+
+
+def test_a_qos0_member_is_not_given_the_short_path() -> None:
+    """A QoS 0 member's delivery goes as before (sent, acknowledged on send, nothing
+    in flight): the short path is QoS 1's only."""
+    broker, clock, _ = make()
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs", qos=0)
+    send(broker, "$queue/jobs", b"z")
+    clock.advance(0.1)
+    assert [(m.payload, q) for m, q, *_ in link.published()] == [(b"z", 0)]
+    assert not session.inflight
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert group.acked == 1
+
+
+def test_an_append_still_drops_a_head_past_its_age_without_a_tick() -> None:
+    """``_append`` tests the retention bounds itself before calling
+    ``_enforce_retention``: a head older than --queue-max-age is dropped by the next
+    append (no timer tick between), and a fresh head is kept."""
+    broker, clock, _ = make(queue_max_age=10)
+    send(broker, "$queue/jobs", b"old")
+    queue = broker.queues.queues["jobs"]
+    broker.publish(Message("$queue/jobs", b"fresh", 1, False, "p", clock.seconds() + 5))
+    assert [m.payload for m in queue.log.values()] == [b"old", b"fresh"]
+    broker.publish(Message("$queue/jobs", b"late", 1, False, "p", clock.seconds() + 11))
+    assert [m.payload for m in queue.log.values()] == [b"fresh", b"late"]
+
+
+
+def test_the_session_queue_bounds_do_not_hold_back_what_goes_straight_out() -> None:
+    """--max-queued-bytes bounds what waits in a session's queue: a queue message
+    larger than it, sent straight into a window with room, is delivered (nothing
+    waits in the session's queue)."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    send(broker, "$queue/jobs", b"x" * 11)
+    clock.advance(0.1)
+    assert [m.payload for m, *_ in link.published()] == [b"x" * 11]
+    assert not session.has_queued and session.queued_bytes == 0
+
+
+def test_a_delivery_the_session_refuses_waits_for_the_next_pump_not_a_spin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window full and the message over --max-queued-bytes: ``Session.deliver``
+    refuses it; the queue keeps it visible and stops handing it out in that pump
+    (it was handed to the same member again and again, for ever); the next pump
+    after a PUBACK freed the window hands it out, first."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    session.window = 1
+    join(broker, session, "$queue/jobs")
+    session.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    calls = [0]
+    deliver = Session.deliver
+
+    def counted(self: Session, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] > 50:
+            raise AssertionError("the pump keeps handing the refused message out")
+        return deliver(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "deliver", counted)
+    send(broker, "$queue/jobs", b"x" * 11)
+    assert calls[0] == 1 and session.dropped == 1
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert not group.pending and group.ready == [0]
+    broker.acknowledged(session, link.published()[0][2])
+    send(broker, "$queue/jobs", b"y")   # (a queue pump: it goes out now, the window free)
+    assert [m.payload for m, *_ in link.published()] == [b"t", b"x" * 11]
