@@ -180,7 +180,10 @@ class DropSpells:
 
     def end(self, messages_waiting: Callable[[], int],
             events_waiting: Callable[[], int]) -> None:
-        """Feeding thread, before it takes: end each spell whose backlog drained."""
+        """Feeding thread, before it takes: end each spell whose backlog drained.
+        (Not locked: should the reactor fill more than half the buffer and begin a
+        new spell between this test and its write, that spell's next drop logs a
+        second line; an extra line at most, and only with a small buffer.)"""
         half = self.limit / 2
         if self.messages and messages_waiting() < half:
             self.messages = False
@@ -467,7 +470,8 @@ class Archive:
         is left set when a full batch (or a frame of events) should cut it short."""
         self._dozing = True   # (before the count: a batch queued after it wakes us)
         events = self._events
-        if progressed and not events.room and events.limit and len(events.full) >= events.refused:
+        if (progressed and not events.room and events.limit and events.refused
+                and len(events.full) >= events.refused):
             # Events fill the buffer and it has refused some since the take: behind.
             # (Refused events do not wake the thread: the refusal that began it did,
             # or it finds it here.)

@@ -104,12 +104,16 @@ class EventBatches:
             times = array("d")
             values: list[Any] = []
             self.times, self.values = self.filling = (times, values)
-        # (list(): one call; the thread may take batches meanwhile: never too few)
-        queued = sum(len(stamps) for stamps, _ in list(full))
+        # One snapshot for both the count and ``refused`` (list(): one call). The
+        # thread only takes: a take after it leaves ``len(full) < refused``, so the
+        # next ``add`` rotates again (a second read of ``full`` could see it emptied
+        # and set 0, and ``add``'s short way would then refuse for good).
+        snapshot = list(full)
+        queued = sum(len(stamps) for stamps, _ in snapshot)
         room = min(self.batch, self.limit - queued)
         if room <= 0:
             self.room = 0
-            self.refused = len(full)
+            self.refused = len(snapshot)
             self.on_queued(self.limit)
             return None
         self.room = room

@@ -684,6 +684,37 @@ def test_the_event_count_never_misses_a_batch_being_queued() -> None:
     assert buffer.waiting() == 40
 
 
+def test_a_take_during_a_rotation_does_not_leave_the_event_buffer_refusing() -> None:
+    """Review finding: ``_rotate`` counted the queued batches from one read of the
+    queue and set ``refused`` from a second; the feeding thread taking every batch
+    between the two left ``refused`` 0 with no room, and ``add``'s short way then
+    refused every event for good. One snapshot now: after such a take, the next
+    event rotates again and is taken."""
+    from collections import deque
+
+    from mqttamqp.archive.eventbuffer import EventBatches
+
+    class TakenAfterTheSnapshot(deque):   # type: ignore[type-arg]
+        take = False
+
+        def __iter__(self) -> Any:
+            items = list(super().__iter__())
+            if self.take:                 # the thread's take, right after the read
+                self.take = False
+                self.clear()
+            return iter(items)
+
+    buffer = EventBatches(4, lambda n: None)   # batches of 2, 4 events at most
+    queue = buffer.full = TakenAfterTheSnapshot()
+    for i in range(3):
+        assert buffer.add(float(i), (CONNECT, f"c{i}", ()))
+    queue.take = True
+    assert buffer.add(3.0, (CONNECT, "c3", ()))   # fills the bound: the last rotation
+    assert buffer.room == 0 and len(queue) == 0   # ... during which all was taken
+    assert buffer.add(4.0, (CONNECT, "c4", ()))   # room again: taken, not refused
+    assert buffer.waiting() == 1
+
+
 def test_the_message_count_never_misses_a_batch_being_queued(
         tmp_path: Path, clock: Clock) -> None:
     """Found with the events' finding: ``_messages_waiting`` could miss a whole batch

@@ -14,6 +14,7 @@ other round with the other two still attached) ends the session.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -92,12 +93,23 @@ print("ok", len(uc.sessions), len(uc.links))
 '''
 
 
+class _MemoryCorruption(Exception):
+    """The script's process was killed by the C library's heap check (SIGABRT) or a
+    bad pointer (SIGSEGV): the known failure, the only one the mark expects."""
+
+
 @pytest.mark.xfail(reason="not fixed: proton frees a freed session's links with it though "
-                          "a wrapper still holds them (h-fix1 report)", strict=False)
+                          "a wrapper still holds them (h-fix1 report)", strict=False,
+                   raises=_MemoryCorruption)
 def test_a_session_ended_with_links_attached_is_freed_without_a_crash() -> None:
     """The core ends a session while two of its links are attached, its wrapper is
-    dropped before theirs: the process survives 300 such rounds."""
+    dropped before theirs: the process survives 300 such rounds. Only a crash by
+    signal is the expected failure (any other, e.g. the script broken by a change,
+    fails the test); heap corruption is not always caught, so a pass is reported as
+    XPASS, not as a failure."""
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
                           timeout=120)
+    if done.returncode in (-signal.SIGABRT, -signal.SIGSEGV):
+        raise _MemoryCorruption(done.stderr[-2000:])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok")
