@@ -298,10 +298,7 @@ class Dispatch(Parking):
         again = False
         if group.mode == CLASSIC:
             group.counts[offset] = count
-            if count > 1:
-                again = True
-                group.redelivered += 1
-                self.stats.redelivered += 1
+            again = count > 1   # (counted redelivered once the session takes it)
         session = member.session
         # (MQTT 3.x clients get no properties: no metadata to build for them; nor a
         # first delivery to a 0.9.1 consumer that would read nothing of it)
@@ -325,7 +322,7 @@ class Dispatch(Parking):
                 self._arm()
             if entry is None:
                 member.outstanding -= 1
-            return again
+            return False   # (a stream counts no redeliveries)
         # (the receipt goes with the session's entry: the queue's, durable already,
         # so a persistent session does not hold it for a commit of its own)
         pending = Pending(self, group, offset, member) if member.qos else None
@@ -339,11 +336,16 @@ class Dispatch(Parking):
         if self._timer is None:   # (``_arm``'s test, without the call)
             self._arm()
         if entry is None and member.qos:
-            # (refused by the session's bound: visible again at once)
+            # (refused by the session's bound — it would have waited in a session
+            # queue already full, or behind a full window: visible again at once,
+            # neither dropped nor redelivered)
             member.outstanding -= 1
             group.counts[offset] = count - 1
             group.requeue(offset)
             return None
+        if again:
+            group.redelivered += 1
+            self.stats.redelivered += 1
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1
