@@ -339,16 +339,14 @@ class Session(InflightWindow, SessionExtras):
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
                 and self._would_wait(qos, gated, receipt)
                 and not (self._may_expire and self._purge_expired(message.timestamp, size))):
-            if receipt is None:   # (a durable queue's delivery stays in its queue)
-                self.dropped += 1
+            self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
         # stored before the client can see it (exactly once across a crash).  QoS 1
         # may go at once: if the commit is lost, so is the publisher's PUBACK, and
         # its resend is a permitted duplicate.
         if len(self._pids) >= 65535:  # every packet id is in use: a hard limit
-            if receipt is None:
-                self.dropped += 1
+            self.dropped += receipt is None   # (as above)
             return None
         seq = self._next_seq
         self._next_seq += 1
@@ -368,17 +366,6 @@ class Session(InflightWindow, SessionExtras):
         self.queued_bytes += size
         self.pump()
         return entry
-
-    def _would_wait(self, qos: int, gated: bool, receipt: DeliveryReceipt | None) -> bool:
-        """Would a new entry wait in the queue rather than go out at once?  Only
-        what waits is bound by --max-queued-messages/-bytes: an entry that goes
-        straight into the window (nothing queued, room in flight, the link online
-        and uncongested, not held for a commit nor gated) is never refused by them,
-        whatever its size, QoS or expiry."""
-        link = self.link
-        return bool(self.queue or link is None or link.congested
-                    or len(self.inflight) >= self.window or gated
-                    or (self.persistent and qos == 2 and receipt is None))
 
     def _purge_expired(self, now: float, size: int) -> bool:
         """At the queue bound: drop the queued (not in-flight) messages whose MQTT 5
