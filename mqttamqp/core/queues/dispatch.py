@@ -43,10 +43,6 @@ __all__ = ["Dispatch"]
 # delivered count a delivery (they may have been: at-least-once).
 _WATERMARK_STEP = 4096
 
-# (``_done`` takes a list of ops and appends none: it records what is finished for
-# the next commit, ``_unsaved``)
-_UNUSED_OPS: list[Op] = []
-
 
 class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
@@ -349,7 +345,7 @@ class Dispatch(Parking):
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1
-            self._done(group, offset, ops)
+            self._done(group, offset)
             group.acked += 1
             queue.acked += 1
             self.stats.acked += 1
@@ -379,7 +375,7 @@ class Dispatch(Parking):
         del group.pending[offset]
         pending.entry = None   # (``detach``: entry and receipt no longer linked)
         pending.member.outstanding -= 1
-        self._done(group, offset, _UNUSED_OPS)
+        self._done(group, offset)
         group.acked += 1
         group.queue.acked += 1
         self.stats.acked += 1

@@ -411,8 +411,9 @@ class QueueLogs(AppendAccounting):
         if offset == queue.first:
             queue.oldest()
 
-    def _done(self, group: ConsumerGroup, offset: int, ops: list[Op]) -> None:
-        """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
+    def _done(self, group: ConsumerGroup, offset: int) -> None:
+        """``offset`` is finished for ``group`` (acknowledged or dead-lettered); what
+        it records is stored by the next commit (``_unsaved``), no op of its own."""
         group.counts.pop(offset, None)
         group.uncounted.discard(offset)
         floor = group.floor
