@@ -15,10 +15,15 @@ from mqttamqp.core.persistence import QueuedState
 from mqttamqp.core.sessions.session import Session
 
 
-def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it() -> None:
-    """A QoS 1 member of an idle session: the queue's message is sent at once (in
-    flight, SENT, any later send of it a duplicate), and its PUBACK acknowledges it
-    in the queue."""
+def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QoS 1 member of an idle session: the queue's message is sent at once by the
+    short path, ``Session.deliver`` never called (in flight, SENT, any later send of
+    it a duplicate), and its PUBACK acknowledges it in the queue."""
+    def not_this_path(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the queue's delivery took Session.deliver")
+
+    monkeypatch.setattr(Session, "deliver", not_this_path)
     broker, clock, _ = make()
     session, link = client(broker, "w-1")
     join(broker, session, "$queue/jobs")
