@@ -196,3 +196,56 @@ def test_what_is_not_the_common_case_takes_the_generic_settle() -> None:
     assert _group(broker).acked == 1
     assert not broker.queues._unsaved   # (its done record stored by the batch's end)
 
+
+@pytest.mark.parametrize("method", [
+    B.Ack(delivery_tag=2, multiple=True),
+    B.Ack(delivery_tag=99, multiple=True),
+    B.Ack(delivery_tag=99),
+    B.Ack(delivery_tag=0),
+    B.Nack(delivery_tag=2, multiple=True),
+    B.Nack(delivery_tag=99, multiple=True, requeue=False),
+    B.Reject(delivery_tag=2),
+    B.Reject(delivery_tag=99),
+], ids=["ack-multiple-acked", "ack-multiple-never", "ack-never", "ack-zero",
+        "nack-multiple-acked", "nack-multiple-never", "reject-acked", "reject-never"])
+def test_a_tag_not_outstanding_closes_the_channel_before_anything_is_settled(
+        method: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """basic.ack/nack/reject of a tag that is not outstanding (acknowledged already,
+    or never issued), multiple or not: the channel is closed with 406 "unknown
+    delivery tag N", as RabbitMQ does, and none of the outstanding deliveries below
+    it was settled by it (the close gives them back to the queue)."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "c", prefetch=10)
+    frames_of(t)
+    _published(broker, clock, 3)
+    frames_of(t)
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=2)))
+    frames_of(t)
+    calls = _paths(monkeypatch)
+    conn.dataReceived(method_frame(1, method))
+    (close,) = [f for f in frames_of(t) if f.name == "Channel.Close"]
+    assert close.reply_code == 406
+    assert f"unknown delivery tag {method.delivery_tag}" in close.reply_text
+    assert calls["accept_many"] == 0
+    group = _group(broker)
+    assert group.acked == 1
+    assert sorted(group.ready) == [0, 2] and not group.pending   # (back in the queue)
+
+
+def test_ack_of_tag_zero_with_multiple_settles_everything_outstanding() -> None:
+    """Tag 0 with multiple is every outstanding delivery (RabbitMQ's reading), even
+    after some were acknowledged singly; with none outstanding it is no error."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, "c", prefetch=10)
+    frames_of(t)
+    _published(broker, clock, 3)
+    frames_of(t)
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=2)))
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    conn.dataReceived(method_frame(1, B.Ack(delivery_tag=0, multiple=True)))
+    assert not [f for f in frames_of(t) if f.name == "Channel.Close"]
+    group = _group(broker)
+    assert group.acked == 3 and not group.pending
+
