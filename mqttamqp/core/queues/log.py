@@ -412,8 +412,7 @@ class QueueLogs(AppendAccounting):
             queue.oldest()
 
     def _done(self, group: ConsumerGroup, offset: int) -> None:
-        """``offset`` is finished for ``group`` (acknowledged or dead-lettered); what
-        it records is stored by the next commit (``_unsaved``), no op of its own."""
+        """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
         group.counts.pop(offset, None)
         group.uncounted.discard(offset)
         floor = group.floor
