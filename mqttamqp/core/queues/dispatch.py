@@ -62,6 +62,7 @@ class Dispatch(Parking):
         mark = None
         marked = False    # (a level's watermark is to be stored)
         again = False
+        refused: list[Member] | None = None   # (members whose session refused one)
         evicted = queue.evicted
         levels = group.levels
         if group.parked and self._parked_unseen(group):
@@ -95,7 +96,7 @@ class Dispatch(Parking):
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
             member = self._next_member(group, offset)
-            if member is False:
+            if member is False or (refused is not None and member in refused):
                 break
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
@@ -128,10 +129,15 @@ class Dispatch(Parking):
                 continue
             handed = self._deliver(group, member, offset, queue.log[offset], ops, True)
             if handed is None:
-                # (refused by the member's session, and visible again: handed to it
-                # again in this loop, it would be refused for ever; the next pump, an
-                # acknowledgement or a drained link, tries again)
-                break
+                # (refused by the member's session, its window full: visible again,
+                # for the next member with credit in this pump, not for this one —
+                # handed to it again and again, it would be refused for ever; the
+                # next pump, an acknowledgement or a drained link, tries again)
+                if refused is None:
+                    refused = [member]
+                else:
+                    refused.append(member)
+                continue
             again = handed or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))

@@ -192,3 +192,22 @@ def test_a_refused_redelivery_is_not_counted_redelivered() -> None:
     assert [m.payload for m, *_ in link.published()][2:] == [b"x" * 11]
     assert group.redelivered == 1 and broker.queues.stats.redelivered == 1
 
+
+
+def test_a_delivery_one_member_refuses_goes_to_another_in_the_same_pump() -> None:
+    """Two members, the first's window full of a topic delivery: a message over
+    --max-queued-bytes it would have to queue is refused by it and handed, in the
+    same pump, to the idle second member (the pump stopped at the refusal and the
+    idle member waited for the next event); the first is not offered it again."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, busy_link = client(broker, "w-1")
+    idle, idle_link = client(broker, "w-2")
+    busy.window = 1
+    join(broker, busy, "$queue/jobs")
+    join(broker, idle, "$queue/jobs")
+    busy.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    send(broker, "$queue/jobs", b"x" * 11)
+    assert [m.payload for m, *_ in idle_link.published()] == [b"x" * 11]
+    assert [m.payload for m, *_ in busy_link.published()] == [b"t"]
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert busy.dropped == 0 and group.redelivered == 0 and not group.ready
