@@ -108,6 +108,7 @@ class LinkHost(Protocol):
     publish_rate: PublishLimiter | None
     write_blocked: bool      # the socket's buffer is full (until it drains)
     pumping: bool            # inside the engine's pump: its output is written after
+    input_pushes: int        # input handed to the engine so far (``Transport.push`` calls)
     meter: DeliveryMeter     # the core's counters, written the adapters' way
     clock: Clock
     # The connection's open AMQP transactions by txn-id (``transactions``); None
@@ -226,7 +227,8 @@ class BrokerLink:
 
 
 class OutgoingLink(BrokerLink):
-    __slots__ = ("_awaiting", "_credit", "_over_credit_bytes", "_tag", "mixed", "presettled")
+    __slots__ = ("_awaiting", "_credit", "_credit_input", "_over_credit_bytes", "_tag", "mixed",
+                 "presettled")
     role = "sender"
     # What a delivery settled without an outcome counts as (AMQP 1.0 §3.5.3): 0, no
     # state, consumed (Accepted); ``SessionOutlet`` has ``DEFAULT_OUTCOME``.
@@ -239,10 +241,16 @@ class OutgoingLink(BrokerLink):
         self.mixed = mode == Link.SND_MIXED
         self._tag = 0             # the last delivery tag number made (``next_tag``)
         self._over_credit_bytes = 0
-        # The peer's credit as of its last flow (``flowed``), less the transfers since:
-        # proton's own count changes only by a flow, a transfer or ``drained`` (which
-        # zeroes it here too), so ``transfer`` asks proton only once this runs out.
+        # The peer's credit as read from proton (at its last flow, ``flowed``, or by
+        # ``transfer``), less the transfers since.  Proton's own count changes by a
+        # transfer, ``drained`` (which zeroes it here too) and a flow frame, which it
+        # applies when it reads the frame (``Transport.push``), before the pump reaches
+        # the flow event: a read with this connection's publishes and then a flow that
+        # lowers this link's credit routes those publishes here first.  So the count is
+        # trusted only while no input came since it was read (``_credit_input``, the
+        # host's ``input_pushes`` then); else, or once it runs out, proton is asked.
         self._credit = 0
+        self._credit_input = -1
         # Unsettled deliveries whose outcome matters, by their (live) pointer: a packet
         # id, or its complement (< 0) for a PUBREL.  Cheaper than reading tags back.
         # Made on the first (a receiver of QoS 0 or pre-settled only never needs it).
@@ -259,9 +267,12 @@ class OutgoingLink(BrokerLink):
         for a delivery settled now); ``published_at``: a message's receipt
         time (sampled by the meter), 0 for a pubrel or a control reply."""
         impl = self.impl
+        host = self.host
         credit = self._credit - 1
-        if credit < 0:
-            credit = link_credit(impl) - 1   # (the count ran out: proton's, exact)
+        if credit < 0 or self._credit_input != host.input_pushes:
+            # (the count ran out, or input came since it was read: proton's, exact)
+            self._credit_input = host.input_pushes
+            credit = link_credit(impl) - 1
             if credit < 0:
                 credit = 0
                 # Waits inside the engine until the peer grants credit.
@@ -289,7 +300,6 @@ class OutgoingLink(BrokerLink):
                 awaiting = self._awaiting = {}
             awaiting[dlv] = key
         self.delivered += 1
-        host = self.host
         host.meter.transferred(published_at)   # (bytes are counted per socket write)
         if not host.pumping:   # (else written when the pump ends: a call less)
             host.schedule_flush()
@@ -310,6 +320,7 @@ class OutgoingLink(BrokerLink):
 
     def flowed(self) -> None:
         self._credit = link_credit(self.impl)
+        self._credit_input = self.host.input_pushes
 
     def drained(self) -> None:
         """Answer the peer's drain: the credit left is given back (zero from here)."""

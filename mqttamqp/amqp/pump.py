@@ -89,6 +89,9 @@ class EnginePump(EngineChores, Protocol):
         # Inside ``_pump``: output is written when it ends (a link that sends while
         # it is true need not ask for a flush: ``OutgoingLink.transfer``).
         self.pumping = False
+        # ``Transport.push`` calls so far: proton applies a flow frame as it reads it,
+        # so a link's own count of its credit is stale after one (``OutgoingLink``).
+        self.input_pushes = 0
         self._flush_call: DelayedCall | None = None
         self._flush_pending = False      # registered to run when the batch ends
         self._after: list[Callable[[], None]] = []
@@ -206,6 +209,7 @@ class EnginePump(EngineChores, Protocol):
                     if self.ptrans is None or ptrans.capacity() <= 0:
                         break
                     continue
+                self.input_pushes += 1
                 if capacity >= len(data):
                     ptrans.push(data)
                     break

@@ -10,7 +10,8 @@ Three parts, one object:
   the pair whole and starts a new one (a swap: no value is copied). An event's
   time goes to an ``array('d')`` and its other values to the end of one flat list
   (``eventbuffer``). At the bound (``buffer_limit`` messages, and as many events)
-  a record is dropped and counted, and the first drop of a spell logged. It never
+  a record is dropped and counted, and the first drop of a spell logged (a spell
+  per dataset, ended by the feeding thread once less than half the bound waits). It never
   blocks, never takes a lock, never touches a file and never waits for the writer;
 - the feeding thread turns the queued batches into columns (``columns``: numbers
   as packed bytes, a string every row shares once) and sends them to the writer
@@ -148,6 +149,45 @@ def take_messages(full: deque[tuple[list[Any], bytearray]],
     return taken
 
 
+class DropSpells:
+    """Spells of records dropped at the buffer's bound, one flag per dataset: the
+    first drop of a spell is one log line (reactor side). The feeding thread ends a
+    spell before a step's take once less than half the bound waits (``end``), not
+    at every step: a writer that cannot keep up makes one line however long it
+    lasts. (While the reactor drops, at least half the bound waits until the thread
+    takes: a batch is at most half of it.)"""
+
+    __slots__ = ("events", "limit", "messages")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.messages = False
+        self.events = False
+
+    def begin(self, what: str, bound: int) -> None:
+        """The first ``what`` (messages or events) dropped since the spell ended, at
+        a bound of ``bound`` records (0 while closing: no line then)."""
+        if not bound:
+            return
+        if what == "events":
+            self.events = True
+        else:
+            self.messages = True
+        log.warn("archive: the buffer is full ({n} {what} waiting, --archive-buffer "
+                 "{limit}); {what} are dropped and counted "
+                 "($SYS/broker/archive/dropped) until the writer catches up",
+                 n=bound, what=what, limit=self.limit)
+
+    def end(self, messages_waiting: Callable[[], int],
+            events_waiting: Callable[[], int]) -> None:
+        """Feeding thread, before it takes: end each spell whose backlog drained."""
+        half = self.limit / 2
+        if self.messages and messages_waiting() < half:
+            self.messages = False
+        if self.events and events_waiting() < half:
+            self.events = False
+
+
 class Archive:
     """Parquet archive of messages and events, written off the reactor's process."""
 
@@ -196,7 +236,7 @@ class Archive:
         self._rotate_at = self._batch * MESSAGE_VALUES   # values; 0 once closing
         # Counted on the reactor thread:
         self.dropped = 0
-        self._dropping = False   # in a spell of drops (logged once at its start)
+        self._spells = DropSpells(buffer_limit)
         # Written by the feeding thread only (each a whole new dict, read as it is):
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._base = dict(self._counts)  # what writer processes that died had done
@@ -247,7 +287,9 @@ class Archive:
         if len(buffer) >= self._rotate_at:
             batch = self._rotate()
             if batch is None:
-                self._drop("messages")
+                self.dropped += 1
+                if not self._spells.messages:
+                    self._spells.begin("messages", self._limit)
                 return
             buffer = batch
         size = len(payload)
@@ -266,10 +308,12 @@ class Archive:
         if not self._rotate_at or (len(full) + 2) * self._batch > self._limit:
             self._rouse()         # (full: the thread must take what is queued)
             return None
-        filled = self._filling
+        # Queued, then replaced (as ``EventBatches._rotate``): ``_messages_waiting``
+        # (the batch being filled read first) never misses it; the thread takes
+        # from ``_filling`` only when it found no queued batch.
+        full.append(self._filling)
         batch: list[Any] = []
         self._messages, self._payloads = self._filling = (batch, bytearray())
-        full.append(filled)   # last: whoever finds it queued finds it no longer filled
         self._rouse()         # (messages after a quiet spell: at once, not within 1 s)
         return batch
 
@@ -298,23 +342,14 @@ class Archive:
         # while it waits, where its tuple and float were 160 bytes of pymalloc's
         # small blocks; a connect storm buffers two events a client, issue 31 §2).
         if not self._events.add(timestamp, (kind, client_id, known, *fields.values())):
-            self._drop("events")
+            self.dropped += 1    # (full: ``add`` refuses in two comparisons)
+            if not self._spells.events:
+                self._spells.begin("events", self._limit)
 
     def _events_queued(self, queued: int) -> None:
         """Events were queued (a frame's worth, or no room left): wake the thread."""
         if queued >= self._event_wake:
             self._rouse()
-
-    def _drop(self, what: str) -> None:
-        """A record is dropped at the buffer's bound: counted, and the first of a
-        spell logged (the next step the feeding thread takes ends the spell)."""
-        self.dropped += 1
-        if not self._dropping and self._limit:
-            self._dropping = True
-            log.warn("archive: the buffer is full ({n} {what} waiting, --archive-buffer "
-                     "{limit}); records are dropped and counted "
-                     "($SYS/broker/archive/dropped) until the writer catches up",
-                     n=self._limit, what=what, limit=self.buffer_limit)
 
     def stats(self) -> dict[str, int]:
         """Counters for $SYS and the console (plain reads; no lock needed)."""
@@ -354,7 +389,8 @@ class Archive:
         the writer process exit and end the thread. Fires once the thread is gone;
         with a real reactor the join happens on the thread's way out, never on the
         reactor thread."""
-        self._limit = self._rotate_at = self._events.room = 0
+        self._limit = self._rotate_at = 0
+        self._events.close()
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._stopping = True
@@ -430,6 +466,13 @@ class Archive:
         """How long to sleep after a step begun ``elapsed`` seconds ago; ``_dozing``
         is left set when a full batch (or a frame of events) should cut it short."""
         self._dozing = True   # (before the count: a batch queued after it wakes us)
+        events = self._events
+        if progressed and not events.room and events.limit and len(events.full) >= events.refused:
+            # Events fill the buffer and it has refused some since the take: behind.
+            # (Refused events do not wake the thread: the refusal that began it did,
+            # or it finds it here.)
+            self._dozing = False
+            return 0.0
         if progressed and self._messages_waiting():
             if self._taken < self._batch and not self._full and 2 * self._batch <= self._limit:
                 return _IDLE_WAIT - elapsed   # a trickle: a step a second at most
@@ -448,8 +491,8 @@ class Archive:
         now = self.clock.seconds()
         messages = self._pack_all(take_messages(
             self._full, self._filling, self._batch_limit * MESSAGE_VALUES, self.payload_bytes))
+        self._spells.end(self._messages_waiting, self._events.waiting)
         events = take_event_batches(self._events.full, self._events.filling, _FRAME)
-        self._dropping = False    # (room again: the next drop is logged)
         taken = sum(packed[0] for packed in messages)
         self._taken = taken
         n_events = sum(len(stamps) for stamps, _ in events) // 8
@@ -493,8 +536,9 @@ class Archive:
         self._base, self._counts = base, counts
 
     def _waiting(self) -> int:
-        """Records in the buffers. (From the feeding thread it may count a batch
-        queued meanwhile twice, never none.)"""
+        """Records in the buffers. (From the feeding thread while the reactor adds
+        it may count a batch queued meanwhile twice, never fewer records than were
+        buffered when the count began.)"""
         return self._messages_waiting() + self._events.waiting()
 
     def _messages_waiting(self) -> int:

@@ -45,17 +45,24 @@ Batch = tuple["array[float]", list[Any]]
 class EventBatches:
     """The reactor side of the buffer: the batch being filled and the queued ones,
     at most ``limit`` events in all. ``on_queued(n)`` is told the events queued after
-    each rotation (``limit`` when a full batch finds no room): the archive wakes its
-    feeding thread on it."""
+    each rotation (``limit`` when the buffer is full): the archive wakes its feeding
+    thread on it.
 
-    __slots__ = ("batch", "filling", "full", "limit", "on_queued", "room", "times",
-                 "values")
+    The bound holds exactly: a new batch takes ``min(batch, limit - queued)`` events
+    (``room``), ``queued`` counted when it starts; the feeding thread only takes
+    events away meanwhile. When that room is none the buffer is full: ``room`` is 0
+    and ``refused`` the number of queued batches then, and every event is refused
+    by two comparisons until the thread has taken a batch (the queue is shorter)."""
+
+    __slots__ = ("batch", "filling", "full", "limit", "on_queued", "refused", "room",
+                 "times", "values")
 
     def __init__(self, limit: int, on_queued: Callable[[int], object]) -> None:
-        self.limit = limit
+        self.limit = limit                # 0 once closing
         self.on_queued = on_queued
-        self.batch = max(1, min(EVENT_BATCH, limit // 2))   # events per batch
-        self.room = self.batch            # events a batch takes; 0 once closing
+        self.batch = max(1, min(EVENT_BATCH, limit // 2))   # events per batch at most
+        self.room = min(self.batch, limit)   # events the batch being filled takes
+        self.refused = 0                  # queued batches when the buffer was found full
         self.times: array[float] = array("d")
         self.values: list[Any] = []
         self.filling: Batch = (self.times, self.values)   # (one read, never half a swap)
@@ -63,9 +70,11 @@ class EventBatches:
 
     def add(self, timestamp: float, record: tuple[Any, ...]) -> bool:
         """Buffer one event (``record``: kind, client id, field names, values); False
-        if it is dropped (no room, or closing). Reactor thread only."""
+        if it is dropped (the buffer is full, or closing). Reactor thread only."""
         times = self.times
-        if len(times) >= self.room:   # (a full batch the queue had no room for)
+        if len(times) >= self.room:
+            if not self.room and len(self.full) >= self.refused:
+                return False          # still full (nothing taken since): the short way
             rotated = self._rotate()
             if rotated is None:
                 return False
@@ -77,23 +86,47 @@ class EventBatches:
         return True
 
     def _rotate(self) -> array[float] | None:
-        """Queue the full batch and start a new one (returned); None if the queue and
-        a new batch would hold more than ``limit`` events, or while closing."""
+        """Queue the batch being filled (if it holds any event) and give the new one
+        the room the bound leaves; return its times, or None if it has none (the
+        buffer is full) or while closing."""
         full = self.full
-        if not self.room or (len(full) + 1) * self.batch + 1 > self.limit:
+        if not self.limit:
+            self.room = self.refused = 0
+            return None
+        times = self.times
+        if times:
+            # Queued, then replaced: ``waiting`` (the batch being filled read first)
+            # counts it once or twice, never not at all. The thread may find it both
+            # queued and still as ``filling`` meanwhile: it takes from ``filling``
+            # only when it found no queued batch, and this side adds nothing more
+            # to a batch it queues.
+            full.append(self.filling)
+            times = array("d")
+            values: list[Any] = []
+            self.times, self.values = self.filling = (times, values)
+        # (list(): one call; the thread may take batches meanwhile: never too few)
+        queued = sum(len(stamps) for stamps, _ in list(full))
+        room = min(self.batch, self.limit - queued)
+        if room <= 0:
+            self.room = 0
+            self.refused = len(full)
             self.on_queued(self.limit)
             return None
-        filled = self.filling
-        times: array[float] = array("d")
-        values: list[Any] = []
-        self.times, self.values = self.filling = (times, values)
-        full.append(filled)   # last: whoever finds it queued finds it no longer filled
-        self.on_queued(len(full) * self.batch)
+        self.room = room
+        self.on_queued(queued)
         return times
 
+    def close(self) -> None:
+        """Refuse every event from now on (reactor thread)."""
+        self.limit = self.room = self.refused = 0
+
     def waiting(self) -> int:
-        """Events buffered (from the feeding thread: perhaps a batch twice, never none)."""
-        return sum(len(times) for times, _ in list(self.full)) + len(self.times)
+        """Events buffered. From the feeding thread while the reactor adds: perhaps
+        a batch twice, never fewer than were buffered when the count began (the
+        batch being filled is read first, and ``_rotate`` queues a batch before it
+        starts the next)."""
+        filling = len(self.times)
+        return filling + sum(len(times) for times, _ in list(self.full))
 
     def clear(self) -> None:
         del self.times[:]

@@ -17,10 +17,17 @@ import struct
 import time
 from typing import Any
 
-__all__ = ["STEP", "CLOSE", "read_frame", "write_frame"]
+__all__ = ["CLOSE", "FORMAT", "REFUSED", "STEP", "read_frame", "write_frame"]
 
 STEP = "step"
 CLOSE = "close"
+#: The frames' format, sent in the configuration frame: the writer process refuses a
+#: broker that sends another (its code on disk changed under a running broker, an
+#: upgrade in place) instead of failing on every frame. Raise it whenever the
+#: contents of a frame change (2: events as ``eventbuffer`` batches).
+FORMAT = 2
+#: The writer process's exit status when it refuses the broker's format.
+REFUSED = 3
 _HEADER = struct.Struct(">I")
 
 

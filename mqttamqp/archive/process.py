@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from mqttamqp.archive.frames import read_frame, write_frame
+from mqttamqp.archive.frames import FORMAT, REFUSED, read_frame, write_frame
 
 __all__ = ["ANSWER_WAIT", "EXIT_WAIT", "RESPAWN_DELAY", "WriterProcess"]
 
@@ -39,6 +39,7 @@ class WriterProcess:
         self._child: subprocess.Popen[bytes] | None = None
         self.respawn_at = 0.0   # monotonic time before which no new process starts
         self.failures = 0       # in the current spell (logged once, at its start)
+        self.refused = False    # the writer refused our frames' format: none again
 
     @property
     def pid(self) -> int | None:
@@ -56,7 +57,7 @@ class WriterProcess:
                                  close_fds=True)
         assert child.stdin is not None
         try:
-            write_frame(child.stdin.fileno(), self._config)
+            write_frame(child.stdin.fileno(), {"format": FORMAT, **self._config})
         except OSError:
             self._child = child
             self.stop()
@@ -66,7 +67,7 @@ class WriterProcess:
     def respawn(self, stopping: bool) -> bool:
         """Start a new writer process if its time has come (or the archive is
         stopping); true if one runs now."""
-        if not stopping and time.monotonic() < self.respawn_at:
+        if self.refused or (not stopping and time.monotonic() < self.respawn_at):
             return False
         try:
             self.spawn()
@@ -91,11 +92,18 @@ class WriterProcess:
 
     def failed(self) -> None:
         """The process died or answered nonsense: end it; a new one may start after
-        ``RESPAWN_DELAY``."""
+        ``RESPAWN_DELAY``. One that refused our frames' format (its code on disk is
+        not this broker's) is not started again: one line says so."""
+        if self.stop(grace=1.0) == REFUSED:
+            self.refused = True
+            log.error("archive: the writer process refused this broker's frames "
+                      "(format {version}): the code on disk is not the one the broker "
+                      "runs; restart the broker after an upgrade. Records are dropped "
+                      "and counted until then", version=FORMAT)
+            return
         if not self.failures:   # one traceback per spell, not per second
             log.failure("archive: the writer process failed; its open segments are lost")
         self.failures += 1
-        self.stop(grace=1.0)
         self.respawn_at = time.monotonic() + RESPAWN_DELAY
 
     def recovered(self) -> None:
@@ -105,18 +113,18 @@ class WriterProcess:
                      n=self.failures)
             self.failures = 0
 
-    def stop(self, grace: float = EXIT_WAIT) -> None:
+    def stop(self, grace: float = EXIT_WAIT) -> int | None:
         """Make sure the writer process is gone and reaped: end of file on its stdin
         makes it exit; if it has not within ``grace`` seconds, SIGKILL to its own
-        PID (through its ``Popen``)."""
+        PID (through its ``Popen``). Its exit status (None if none ran)."""
         child, self._child = self._child, None
         if child is None:
-            return
+            return None
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
                 pipe.close()
         try:
-            child.wait(grace)
+            return child.wait(grace)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+            return child.wait()

@@ -8,7 +8,10 @@ through its stdin and stdout, one frame at a time, each answered before the next
 sent: a frame is a 4-byte big-endian length and a pickle (protocol 5) of plain values
 (``frames``).
 
-- the first frame is the configuration (``Writer`` keyword arguments);
+- the first frame is the configuration (``Writer`` keyword arguments) and the
+  frames' ``format`` (``frames.FORMAT``): a broker that sends another (one started
+  before its code on disk changed) is refused with one line on stderr and the exit
+  status ``REFUSED``, which the broker logs once and does not start it again for;
 - ``(STEP, now, messages, events, fault)``: the messages as batches of columns
   (``columns.pack``: numbers as packed bytes, a string every row shares once, the
   capped payloads joined), oldest first, the events as the reactor buffered them
@@ -46,7 +49,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from mqttamqp.archive.columns import Packed, Strings
 from mqttamqp.archive.eventbuffer import event_records
-from mqttamqp.archive.frames import CLOSE, STEP, read_frame, write_frame
+from mqttamqp.archive.frames import CLOSE, FORMAT, REFUSED, STEP, read_frame, write_frame
 from mqttamqp.archive.schema import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
@@ -87,6 +90,7 @@ class Writer:
         self.filtered = 0
         self.errors = 0
         self.lost = 0          # rows in segments abandoned after a write error
+        self.bad_events = 0    # batches of events that could not be read (a bug)
         self.logs: list[tuple[str, str]] = []   # (level, text), sent with the next report
         self._last_retention = float("-inf")
         self._fault: str | None = None
@@ -108,7 +112,7 @@ class Writer:
         self._now = now
         for packed in messages:
             self._write(MESSAGES, partial(self._append, packed=packed, now=now))
-        rows = [row for batch in events for row in self._event_rows(*batch)]
+        rows = self._decode_events(events)
         if rows:
             self._write(EVENTS, lambda segments: segments.append(rows, now))
         for name, segments in self.sets.items():
@@ -243,6 +247,27 @@ class Writer:
         return pa.Array.from_buffers(kind, len(sizes),
                                      [None, offsets.buffers()[1], pa.py_buffer(payloads)])
 
+    def _decode_events(self, events: Sequence[Any]
+                       ) -> list[tuple[float, tuple[Any, ...]]]:
+        """The rows of the batches of events; a batch that cannot be read (a bug
+        upstream) is counted as lost and an error, the first one logged with its
+        traceback; the rest of the frame, and the open segments, are kept."""
+        rows: list[tuple[float, tuple[Any, ...]]] = []
+        for batch in events:
+            try:
+                rows += self._event_rows(*batch)
+            except Exception:
+                lost = _records(batch)
+                self.lost += lost
+                self.errors += 1
+                self.bad_events += 1
+                if self.bad_events == 1:
+                    self.logs.append(("error", f"archive: a batch of {lost} event(s) "
+                                               "could not be read; it is lost (further "
+                                               "ones are counted only: errors, lost)\n"
+                                               f"{traceback.format_exc()}"))
+        return rows
+
     @staticmethod
     def _event_rows(stamps: bytes, values: list[Any]
                     ) -> list[tuple[float, tuple[Any, ...]]]:
@@ -261,6 +286,13 @@ class Writer:
             for partition in removed:
                 self.logs.append(("info", f"archive: removed {name}/{partition} "
                                           f"(older than {self.retention_days} days)"))
+
+
+def _records(batch: Any) -> int:
+    """Events in a batch that could not be read: one per time if its times are
+    bytes, else one."""
+    stamps = batch[0] if isinstance(batch, tuple) and batch else None
+    return max(1, len(stamps) // 8) if isinstance(stamps, bytes) else 1
 
 
 def _numbers(kind: pa.DataType, count: int, data: Any) -> pa.Array:
@@ -304,7 +336,14 @@ def main() -> None:
         pass
     steps = 0
     try:
-        writer = Writer(**read_frame(inp))
+        config = read_frame(inp)
+        sent = config.pop("format", None) if isinstance(config, dict) else None
+        if sent != FORMAT:
+            print(f"archive: the archive writer is format {FORMAT}, the broker sent "
+                  f"{sent}: restart the broker after an upgrade", file=sys.stderr,
+                  flush=True)
+            os._exit(REFUSED)
+        writer = Writer(**config)
         while True:
             frame = read_frame(inp)
             if frame[0] == STEP:

@@ -165,7 +165,8 @@ class ClientChannel:
         self._publish_impl: Any = None
         self.paused = False        # the client's socket is full: no credit given back
         self._owed = 0             # credit held back while paused
-        self._tag = 0   # the last tag number: 16 bits (the core's credit keeps our unsettled few)
+        # 16 bits: unique under 65,536 unsettled (a read's QoS 1 can pass credit by thousands)
+        self._tag = 0   # the last tag number
         # Our unsettled transfers by delivery tag: what to call with the outcome.
         # (by the delivery's raw pointer: popped before it is settled)
         self._waiting: dict[Any, Callable[[Outcome], None]] = {}

@@ -13,23 +13,27 @@ logs through ``twisted.logger``'s namespaced ``Logger``s, which never read that
 context; only Twisted's own legacy lines (an unhandled error in a read) lose the
 connection's prefix (their ``system`` is ``-``; the traceback names the protocol).
 
-A plain read event takes a shorter way (in ``do_poll``): the event is exactly "readable"
-(no hang-up, no error, not writable), and the descriptor is a TCP server transport of
-a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``) whose ``doRead``
-is Twisted's own.  Its socket is then read and the bytes handed to the protocol's
-``dataReceived`` here, without ``_doReadOrWrite``'s generic checks, the ``fileno``
-call and ``doRead``/``_dataReceived`` (four Python calls an event; a paced message is
-two events).  The outcome is Twisted's: "would block" is nothing, a failed ``recv``
-is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close for a transport
-that takes one), an exception out of the protocol is logged as Twisted's
-``log.err`` does and loses the connection with it, each through the reactor's
-``_disconnectSelectable``.  Any other event (writable, closed, an error) or any other
-descriptor (a client still connecting, a listener, the waker, TLS and WebSocket are
-their own classes or sit above one) goes through ``_doReadOrWrite`` as before, and so
-does a transport whose socket is gone.  It is on only when the bodies it shortens
-are the ones it was read from (``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``,
-``_READ_OR_WRITE_NAMES``: Twisted 26.10's); otherwise every event takes Twisted's
-way, with one log line.
+A plain read event takes a shorter way (in ``do_poll``): the event is exactly
+"readable" (no hang-up, no error, not writable), and the descriptor is a TCP server
+transport of a known class (Twisted's ``tcp.Server``, ``net.tcp``'s ``LeanServer``)
+whose ``doRead`` is Twisted's own.  Its socket is then read and the bytes handed to
+the protocol's ``dataReceived`` here, without ``_doReadOrWrite``'s generic checks,
+the ``fileno`` call and ``doRead``/``_dataReceived`` (four Python calls an event; a
+paced message is two events).  The outcome is Twisted's: "would block" is nothing, a
+failed ``recv`` is ``CONNECTION_LOST``, no bytes is ``CONNECTION_DONE`` (a half-close
+for a transport that takes one), an exception out of the protocol is logged as
+Twisted's ``log.err`` does and loses the connection with it, each through the
+reactor's ``_disconnectSelectable``.  TLS and WebSocket connections take it too:
+their socket transport is such a server (``listenSSL`` is ``listenTCP`` with a
+``TLSMemoryBIOFactory``; MQTT over WebSocket and AMQP the same), and the protocol
+handed the bytes is the TLS or WebSocket layer, which decrypts or unframes them as
+under Twisted's dispatch.  Any other event (writable, an error, a hang-up: an AF_UNIX
+peer's close is one; a TCP peer's FIN is a plain read of no bytes and takes the
+shortcut) or any other descriptor (a client still connecting, a listener, the waker)
+goes through ``_doReadOrWrite`` as before, and so does a transport whose socket is
+gone.  It is on only when the bodies it shortens are the ones it was read from
+(``_DO_READ_NAMES``, ``_DATA_RECEIVED_NAMES``, ``_READ_OR_WRITE_NAMES``: Twisted
+26.10's); otherwise every event takes Twisted's way, with one log line.
 
 The reactor's turn itself (``_lean_main_loop``): Twisted's ``mainLoop`` calls, every
 turn, ``runUntilCurrent`` and ``timeout`` (each first inserting new delayed calls,
@@ -43,7 +47,10 @@ Twisted's own handler (logged, the loop goes on), as ``with _topHandler`` did.  
 is the ``mainLoop`` of the next ``run`` (the broker applies it at start-up, before
 the loop starts; an ``--ha`` takeover applies it to a running loop, which keeps
 Twisted's until the next ``run``).  Only over the bodies it was written from
-(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's).
+(``_MAIN_LOOP_NAMES``, ``_RUN_UNTIL_CURRENT_NAMES``, ``_TIMEOUT_NAMES``: 26.10's) and
+those it relies on without replacing them (``_LOOP_HELPER_NAMES``: how a delayed call
+is made, inserted, cancelled, reset sooner or delayed, a call from a thread queued, a
+stop flagged, and ``run`` calling ``mainLoop``); any other keeps Twisted's loop.
 
 What it keeps: an exception escaping ``_doReadOrWrite`` (which itself catches what
 a read or a write raises and closes the connection) is logged, as
@@ -117,6 +124,34 @@ _RUN_UNTIL_CURRENT_NAMES = frozenset({
     "heapify", "_justStopped", "fireSystemEvent"})
 _TIMEOUT_NAMES = frozenset({"_insertNewDelayedCalls", "_pendingTimedCalls", "time",
                             "seconds", "max", "min"})
+#: The bodies the lean turn relies on without standing in for them, in Twisted 26.10:
+#: how a delayed call reaches ``_newTimedCalls`` or ``_pendingTimedCalls`` (``callLater``,
+#: ``_insertNewDelayedCalls``, ``_moveCallLaterSooner`` for a ``reset`` sooner, a
+#: ``delay`` that is inserted again once due), how a cancel is counted, how a call from
+#: a thread and a stop are queued and flagged, and ``run`` calling ``mainLoop``.  Keyed
+#: by ``(owner, name)``: "reactor" is the reactor's class, "call" ``DelayedCall``.
+_LOOP_HELPER_NAMES: dict[tuple[str, str], frozenset[str]] = {
+    ("reactor", "_insertNewDelayedCalls"): frozenset({
+        "_cancellations", "_newTimedCalls", "_pendingTimedCalls", "activate_delay",
+        "cancelled", "heappush"}),
+    ("reactor", "callLater"): frozenset({
+        "DelayedCall", "_cancelCallLater", "_moveCallLaterSooner", "_newTimedCalls",
+        "append", "seconds"}),
+    ("reactor", "_cancelCallLater"): frozenset({"_cancellations"}),
+    ("reactor", "_moveCallLaterSooner"): frozenset({"ValueError", "_pendingTimedCalls",
+                                                     "index"}),
+    ("reactor", "callFromThread"): frozenset({"append", "callable", "threadCallQueue",
+                                               "wakeUp"}),
+    ("reactor", "stop"): frozenset({"ReactorNotRunning", "_justStopped", "_startedBefore",
+                                     "_stopped", "error"}),
+    ("reactor", "run"): frozenset({"_signals", "mainLoop", "startRunning", "uninstall"}),
+    ("call", "reset"): frozenset({
+        "AlreadyCalled", "AlreadyCancelled", "called", "cancelled", "delayed_time",
+        "error", "resetter", "seconds", "time"}),
+    ("call", "delay"): frozenset({
+        "AlreadyCalled", "AlreadyCancelled", "activate_delay", "called", "cancelled",
+        "delayed_time", "error", "resetter"}),
+}
 _LONGEST = 2147483   # (``timeout``'s bound: epoll_wait's milliseconds in a C int)
 
 
@@ -146,10 +181,14 @@ def _fast_read_classes(reactor_class: Any) -> frozenset[type]:
 
 def _known_loop(reactor_class: Any) -> bool:
     """Whether ``mainLoop``, ``runUntilCurrent`` and ``timeout`` of ``reactor_class``
-    are the bodies ``_lean_main_loop`` was written from."""
+    are the bodies ``_lean_main_loop`` was written from, and those it relies on
+    (``_LOOP_HELPER_NAMES``) the ones it was written over."""
+    owners = {"reactor": reactor_class, "call": base.DelayedCall}
     return (_names(reactor_class.mainLoop) == _MAIN_LOOP_NAMES
             and _names(reactor_class.runUntilCurrent) == _RUN_UNTIL_CURRENT_NAMES
             and _names(reactor_class.timeout) == _TIMEOUT_NAMES
+            and all(_names(getattr(owners[owner], name, None)) == names
+                    for (owner, name), names in _LOOP_HELPER_NAMES.items())
             and hasattr(base, "_topHandler"))
 
 

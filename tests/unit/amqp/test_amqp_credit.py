@@ -13,8 +13,11 @@ observed is the credit the client's engine holds after each exchange.
 
 from __future__ import annotations
 
+import struct
+
 from amqp_memory import ACCEPTED, AmqpPeer, Net, outcome
-from proton import Link, Message
+from amqp_messages import drain as engine_output
+from proton import Data, Link, Message
 
 WINDOW = 100
 
@@ -114,3 +117,49 @@ def test_a_receivers_credit_used_up_or_drained_bounds_what_waits_alike() -> None
         waited.append(len(receiver.new()))
         assert net.broker.registry.drops.dropped_total() > 0
     assert waited[0] == waited[1] and 0 < waited[0] < 40
+
+
+def _flow_frame(handle: int, delivery_count: int, credit: int, next_outgoing: int) -> bytes:
+    """A flow frame (AMQP 1.0 §2.7.4) on channel 0 setting a link's credit, as a peer
+    that lowers it would send; proton's client API only adds credit."""
+    body = Data()
+    body.put_described()
+    body.enter()
+    body.put_ulong(0x13)          # flow
+    body.put_list()
+    body.enter()
+    body.put_null()               # next-incoming-id (the window below is absolute)
+    body.put_uint(2**31 - 1)      # incoming-window
+    body.put_uint(next_outgoing)  # next-outgoing-id
+    body.put_uint(2**31 - 1)      # outgoing-window
+    body.put_uint(handle)
+    body.put_uint(delivery_count)
+    body.put_uint(credit)
+    body.exit()
+    body.exit()
+    encoded = body.encode()
+    return struct.pack(">IBBH", 8 + len(encoded), 2, 0, 0) + encoded
+
+
+def test_credit_lowered_in_the_read_that_brings_messages_bounds_what_waits() -> None:
+    """One read with this connection's QoS 0 publishes to its own receiver and then a
+    flow that takes that receiver's credit away: proton's count drops during the read,
+    before the messages are routed, and what waits past it is bounded all the same
+    (the broker's own count of the credit is not trusted across new input)."""
+    net = Net(congested_qos0_bytes=1000)
+    peer = net.amqp("credit-lowered")
+    receiver = peer.receiver("credit/low", credit=5)    # handle 0: the first link
+    link = peer.sender("credit/low")
+    assert receiver.link.credit == 5
+    for i in range(4):                                   # four 600-byte QoS 0 messages
+        dlv = link.delivery(f"low{i}")
+        link.send(Message(body=b"x" * 600).encode())
+        link.advance()
+        dlv.settle()
+    read = engine_output(peer.transport) + _flow_frame(0, 0, 0, 4)
+    dropped = net.broker.registry.drops.dropped_total()
+    peer.server.dataReceived(read)                       # one socket read
+    net.pump()
+    # Past the credit: the first two wait (up to the 1000-byte bound), two dropped.
+    assert net.broker.registry.drops.dropped_total() - dropped == 2
+    assert receiver.new() == []

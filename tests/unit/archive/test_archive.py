@@ -607,26 +607,126 @@ def test_events_taken_in_frames_come_back_whole_and_in_order(tmp_path: Path,
 def test_a_full_event_buffer_drops_counts_and_logs_once_a_spell(
         tmp_path: Path, clock: Clock, log_lines: list[str]) -> None:
     """At the bound an event is dropped and counted; the first drop of a spell is one
-    log line naming the option, until the feeding thread takes records again."""
+    log line naming the option and the dataset. Review finding: every step of the
+    feeding thread ended the spell (a line a step under sustained overload); real
+    steps (``_step``, its writer process real) now end it only once the backlog has
+    drained, and messages have their own spell."""
+    from mqttamqp.events import CONNECT
+
+    def spells(what: str) -> list[str]:
+        return [line for line in log_lines if "buffer is full" in line and what in line]
+
+    a = Archive(str(tmp_path), clock, buffer_limit=3)   # (steps driven here: no thread)
+    try:
+        for i in range(6):
+            a.event(1.0, CONNECT, f"c{i}")
+        assert a.stats()["dropped"] == 3 and a.stats()["buffered"] == 3
+        assert len(spells("events")) == 1 and "--archive-buffer 3" in spells("events")[0]
+        assert a._step() and a.stats()["buffered"] == 0
+        for i in range(6):          # overloaded again, the step found the buffer full:
+            a.event(1.0, CONNECT, f"d{i}")          # the same spell
+        assert a.stats()["dropped"] == 6 and len(spells("events")) == 1
+        for _ in range(4):          # a message spell of its own (a batch of 1)
+            publish(a, 1.0)
+        assert a.stats()["dropped"] == 7 and len(spells("messages")) == 1
+        assert a._step()            # (found full: still one spell each)
+        assert a._step() and a.stats()["buffered"] == 0   # found drained: both end
+        for i in range(6):
+            a.event(1.0, CONNECT, f"e{i}")
+        assert a.stats()["dropped"] == 10 and len(spells("events")) == 2
+        assert len(spells("messages")) == 1
+    finally:
+        a._finish()
+
+
+def test_a_buffer_full_of_events_keeps_the_thread_stepping(
+        tmp_path: Path, clock: Clock) -> None:
+    """Refused events no longer wake the thread one by one: a step's pause finds the
+    event buffer full (refused since the take) and steps again at once; after a take
+    it dozes as usual."""
     from mqttamqp.archive.eventbuffer import take_event_batches
     from mqttamqp.events import CONNECT
 
-    a = Archive(str(tmp_path), clock, buffer_limit=3)   # (no thread started)
+    a = Archive(str(tmp_path), clock, buffer_limit=4)   # (no thread started)
+    assert a._pause(True, 0.0) == archive_module._IDLE_WAIT and a._dozing
     for i in range(6):
         a.event(1.0, CONNECT, f"c{i}")
-    assert a.stats()["dropped"] == 3 and a.stats()["buffered"] == 3
-    full = [line for line in log_lines if "buffer is full" in line]
-    assert len(full) == 1 and "--archive-buffer 3" in full[0], log_lines
-    taken = []
-    for _ in range(3):      # what the feeding thread's steps take
-        taken += take_event_batches(a._events.full, a._events.filling, 10)
-    assert [values[1] for _, values in taken] == ["c0", "c1", "c2"]
-    assert a.stats()["buffered"] == 0
-    a._dropping = False        # (what the feeding thread's step does after a take)
-    for i in range(4):
-        a.event(1.0, CONNECT, f"d{i}")
-    assert a.stats()["dropped"] == 4
-    assert len([line for line in log_lines if "buffer is full" in line]) == 2
+    assert a.stats()["dropped"] == 2
+    assert a._pause(True, 0.0) == 0.0 and not a._dozing
+    take_event_batches(a._events.full, a._events.filling, 100)
+    assert a._pause(True, 0.0) == archive_module._IDLE_WAIT and a._dozing
+
+
+def test_the_event_count_never_misses_a_batch_being_queued() -> None:
+    """Review finding: ``waiting`` could miss a whole batch read while ``_rotate``
+    had started the next batch but not yet queued the full one; a rotation now
+    queues first, so a count taken at any point of it finds every event."""
+    from collections import deque
+
+    from mqttamqp.archive.eventbuffer import EventBatches
+
+    seen: list[tuple[int, int]] = []
+
+    class Watched(deque):   # type: ignore[type-arg]
+        def append(self, batch: object) -> None:
+            seen.append((buffer.waiting(), added))   # (the feeding thread's view here)
+            super().append(batch)
+            seen.append((buffer.waiting(), added))
+
+    buffer = EventBatches(64, lambda n: None)
+    buffer.full = Watched()
+    added = 0
+    for i in range(40):
+        added += 1
+        assert buffer.add(float(i), (CONNECT, f"c{i}", ()))
+    assert len(seen) == 2 * 40 // buffer.batch
+    assert all(counted >= held for counted, held in seen), seen
+    assert buffer.waiting() == 40
+
+
+def test_the_message_count_never_misses_a_batch_being_queued(
+        tmp_path: Path, clock: Clock) -> None:
+    """Found with the events' finding: ``_messages_waiting`` could miss a whole batch
+    read while ``_rotate`` had started the next but not yet queued the full one; a
+    count taken at any point of a rotation now finds every message."""
+    from collections import deque
+
+    a = Archive(str(tmp_path), clock, buffer_limit=64)   # (no thread started)
+    seen: list[tuple[int, int]] = []
+
+    class Watched(deque):   # type: ignore[type-arg]
+        def append(self, batch: object) -> None:
+            seen.append((a._messages_waiting(), added))   # (the thread's view here)
+            super().append(batch)
+            seen.append((a._messages_waiting(), added))
+
+    a._full = Watched()
+    added = 0
+    for i in range(40):
+        publish(a, T0 + i)
+        added += 1
+    assert len(seen) == 2 and all(counted >= held for counted, held in seen), seen
+    assert a._messages_waiting() == 40
+
+@pytest.mark.parametrize("limit", [3, 2047, 65537])
+def test_the_event_buffer_holds_exactly_its_bound(
+        tmp_path: Path, clock: Clock, limit: int) -> None:
+    """Review finding: ``--archive-buffer`` let up to a batch less one event over the
+    bound (2047 -> 3069 held); the events held fill the bound exactly, never more,
+    and room taken by the feeding thread is filled again up to it."""
+    from mqttamqp.archive.eventbuffer import take_event_batches
+    from mqttamqp.events import CONNECT
+
+    a = Archive(str(tmp_path), clock, buffer_limit=limit)   # (no thread started)
+    for i in range(limit + 50):
+        a.event(1.0, CONNECT, f"c{i}")
+    assert a.stats()["buffered"] == limit and a.stats()["dropped"] == 50
+    taken = take_event_batches(a._events.full, a._events.filling, 1)   # one batch
+    freed = sum(len(stamps) for stamps, _ in taken) // 8
+    assert 0 < freed and a.stats()["buffered"] == limit - freed
+    for i in range(freed + 10):
+        a.event(2.0, CONNECT, f"d{i}")
+    assert a.stats()["buffered"] == limit and a.stats()["dropped"] == 60
 
 
 def test_full_event_batches_are_queued_whole_and_taken_without_a_copy(

@@ -210,18 +210,32 @@ class _Recorder(Protocol):
         self.events.append(type(reason.value).__name__)
 
 
-def _transport(kind: type, reactor: EPollReactor, protocol: Protocol
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected TCP pair over loopback (the server's end non-blocking)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        peer = socket.create_connection(listener.getsockname(), timeout=10)
+        server, _ = listener.accept()
+    server.setblocking(False)
+    return server, peer
+
+
+def _transport(kind: type, reactor: EPollReactor, protocol: Protocol,
+               pair: Callable[[], tuple[socket.socket, socket.socket]] = _pair
                ) -> tuple[Any, socket.socket]:
-    """A server transport of ``kind`` over a socket pair, registered with ``reactor``;
-    the peer's end with it."""
-    a, b = _pair()
+    """A server transport of ``kind`` over a socket pair (``pair``), registered with
+    ``reactor``; the peer's end with it."""
+    a, b = pair()
     transport = kind(a, protocol, ("127.0.0.1", 4000), None, 0, reactor)
     protocol.makeConnection(transport)
     return transport, b
 
 
 def _outcome(lean: bool, kind: type, protocol: Protocol,
-             act: Callable[[socket.socket], None]) -> tuple[list[Any], list[str], int]:
+             act: Callable[[socket.socket], None],
+             pair: Callable[[], tuple[socket.socket, socket.socket]] = _pair
+             ) -> tuple[list[Any], list[str], int]:
     """What ``protocol`` saw, the errors logged, and how many events went through
     ``_doReadOrWrite``, after ``act`` on the peer and two iterations of an epoll
     reactor with the lean dispatch (``lean``) or Twisted's own."""
@@ -245,7 +259,7 @@ def _outcome(lean: bool, kind: type, protocol: Protocol,
     try:
         if lean:
             assert lean_dispatch(reactor)
-        _, peer = _transport(kind, reactor, protocol)
+        _, peer = _transport(kind, reactor, protocol, pair)
         act(peer)
         reactor.doIteration(1.0)
         reactor.doIteration(0)
@@ -298,15 +312,29 @@ def test_an_exception_in_a_read_is_logged_and_loses_the_connection(kind: type) -
     assert _outcome(True, kind, _Recorder(fail=True), send) == (*expected, 0)
 
 
-def test_a_closed_peer_takes_twisteds_way() -> None:
-    """A hang-up is not a plain read: it goes through ``_doReadOrWrite``."""
-    def close(peer: socket.socket) -> None:
-        peer.send(b"abc")
-        peer.close()
+def _send_and_close(peer: socket.socket) -> None:
+    peer.send(b"abc")
+    peer.close()
 
-    twisted_way = _outcome(False, LeanServer, _Recorder(), close)
-    lean_way = _outcome(True, LeanServer, _Recorder(), close)
-    assert lean_way[:2] == twisted_way[:2] and lean_way[0][-1] == "ConnectionDone"
+
+def test_a_hang_up_takes_twisteds_way() -> None:
+    """A hang-up (an AF_UNIX socket pair's peer closed: EPOLLHUP with the last bytes)
+    is not a plain read: every event goes through ``_doReadOrWrite``, as without the
+    lean dispatch, with the same outcome."""
+    twisted_way = _outcome(False, LeanServer, _Recorder(), _send_and_close)
+    lean_way = _outcome(True, LeanServer, _Recorder(), _send_and_close)
+    assert lean_way == twisted_way and lean_way[0] == [b"abc", "ConnectionDone"]
+    assert lean_way[2] >= 1
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_tcp_peers_close_is_a_plain_read_with_twisteds_outcome(kind: type) -> None:
+    """A TCP peer's close is a FIN (readable, then a read of no bytes), not a hang-up:
+    it takes the shortcut, with Twisted's outcome (``ConnectionDone``)."""
+    twisted_way = _outcome(False, kind, _Recorder(), _send_and_close, _tcp_pair)
+    lean_way = _outcome(True, kind, _Recorder(), _send_and_close, _tcp_pair)
+    assert twisted_way[:2] == ([b"abc", "ConnectionDone"], []) and twisted_way[2] >= 1
+    assert lean_way == (*twisted_way[:2], 0)
 
 
 def test_other_descriptors_take_twisteds_way(reactor: EPollReactor) -> None:
@@ -353,19 +381,28 @@ def test_an_unknown_read_path_turns_the_shortcut_off(
 # scheduled at once, and a stop 10 s later bounds it if something goes wrong.)
 
 def _run(reactor: EPollReactor) -> bool:
-    """Run ``reactor`` until it stops; True if the test's own stop ended it (not the
-    10 s guard: a call that waited for the guard's turn would otherwise pass)."""
-    guard = reactor.callLater(10, reactor.stop)
+    """Run ``reactor`` until it stops; True if the test's own stop ended it, not the
+    10 s guard.  The guard is a thread's ``callFromThread(stop)``, not a delayed call:
+    a loop whose due calls never run would never run the guard's either, and hang."""
+    finished = threading.Event()
+    guarded: list[bool] = []
+
+    def guard() -> None:
+        if not finished.wait(10):
+            guarded.append(True)
+            reactor.callFromThread(reactor.stop)
+
+    watch = threading.Thread(target=guard, daemon=True)
+    watch.start()
     try:
         reactor.run(installSignalHandlers=False)
     finally:
+        finished.set()
+        watch.join(10)
         reactor.removeAll()
         reactor.waker.connectionLost(None)
         reactor._poller.close()
-    if guard.active():
-        guard.cancel()
-        return True
-    return False
+    return not guarded
 
 
 def test_the_lean_turn_runs_due_calls_thread_calls_and_the_shutdown() -> None:
@@ -409,19 +446,66 @@ def test_the_lean_turn_polls_until_the_first_pending_call() -> None:
         run_timers()
 
     def recorded(timeout: float | None) -> None:
-        turns.append((timeout, len(timer_runs)))
+        turns.append((timeout, len(timer_runs), reactor.running))
         if len(turns) == 2:
-            reactor.callLater(0, reactor.stop)   # (the next turn: due at once)
+            # (the pending call made due now: moved in the heap, nothing new; its
+            # run schedules the stop, so the poll after it must not wait)
+            far.reset(0)
         poll(0)
+
+    def due() -> None:
+        reactor.callLater(0, reactor.stop)
 
     reactor.runUntilCurrent = counted  # type: ignore[method-assign]
     reactor.doIteration = recorded  # type: ignore[method-assign]
-    far = reactor.callLater(5, lambda: None)
+    far = reactor.callLater(5, due)
     assert _run(reactor)
-    far.cancel()
-    (_, runs1), (wait2, runs2), (wait3, runs3) = turns[:3]
+    (_, runs1, _), (wait2, runs2, _), (wait3, runs3, running3) = turns[:3]
     assert wait2 is not None and 4 < wait2 <= 5 and runs2 == runs1   # (no timers run)
-    assert wait3 == 0 and runs3 == runs2 + 1
+    assert running3 and wait3 == 0 and runs3 == runs2 + 1
+
+
+def test_a_call_made_in_one_turn_runs_in_a_later_idle_turn() -> None:
+    """A ``callLater(0.05)`` made in one turn, with nothing else happening, runs when
+    it comes due in a later turn (the poll waits for it, then the timers run)."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    seen: list[str] = []
+
+    def due() -> None:
+        seen.append("due")
+        reactor.stop()
+
+    reactor.callWhenRunning(lambda: reactor.callLater(0.05, due))
+    assert _run(reactor)
+    assert seen == ["due"]
+
+
+def test_a_call_reset_sooner_or_delayed_runs_at_its_new_time() -> None:
+    """A pending call ``reset`` to an earlier time runs then (not at its first time),
+    and one ``delay``ed runs after a call due in between, under the lean turn."""
+    reactor = EPollReactor()
+    assert lean_dispatch(reactor)
+    seen: list[str] = []
+    calls: dict[str, Any] = {}
+
+    def first() -> None:   # (a turn: the calls below are pending from the next one)
+        calls["sooner"] = reactor.callLater(60, seen.append, "sooner")
+        calls["delayed"] = reactor.callLater(0.05, last)
+        calls["between"] = reactor.callLater(0.1, seen.append, "between")
+        reactor.callLater(0, second)
+
+    def second() -> None:
+        calls["sooner"].reset(0.02)
+        calls["delayed"].delay(0.15)
+
+    def last() -> None:
+        seen.append("delayed")
+        reactor.stop()
+
+    reactor.callWhenRunning(first)
+    assert _run(reactor)
+    assert seen == ["sooner", "between", "delayed"]
 
 
 def test_an_error_in_a_lean_turn_is_logged_and_the_loop_goes_on() -> None:
@@ -462,6 +546,25 @@ def test_an_unknown_main_loop_is_kept_with_one_line(
     assert "mainLoop" not in vars(reactor)
 
 
+@pytest.mark.parametrize("owner,name", sorted(dispatch._LOOP_HELPER_NAMES))
+def test_an_unknown_body_the_lean_turn_relies_on_keeps_twisteds_loop(
+        reactor: EPollReactor, monkeypatch: pytest.MonkeyPatch, owner: str,
+        name: str) -> None:
+    """A Twisted whose ``callLater``, ``DelayedCall.reset`` (or another body the lean
+    turn relies on without replacing it) differs: the reactor keeps its own
+    ``mainLoop``, said in one log line."""
+    from twisted.internet.base import DelayedCall, ReactorBase
+
+    def changed(self: Any, *args: Any, **kw: Any) -> Any:
+        return self._newHook()               # (a name Twisted 26.10's body has not)
+
+    monkeypatch.setattr(ReactorBase if owner == "reactor" else DelayedCall, name, changed)
+    with LogLines("lean turn replaces") as lines:
+        assert lean_dispatch(reactor)
+    assert len(lines) == 1 and "keeps its own" in lines[0]
+    assert "mainLoop" not in vars(reactor)
+
+
 def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None:
     """An epoll reactor class whose ``_doReadOrWrite`` is its own: no plain-read
     shortcut (its override sees every event)."""
@@ -471,3 +574,71 @@ def test_a_reactor_with_its_own_read_or_write_keeps_it_for_every_event() -> None
 
     assert dispatch._fast_read_classes(Own) == frozenset()
     assert dispatch._fast_read_classes(EPollReactor)
+
+
+def test_a_tls_connection_takes_the_shortcut_and_its_bytes_arrive(tmp_path: Any) -> None:
+    """A TLS connection's socket transport is a TCP server transport: its plain reads
+    take the shortcut into ``TLSMemoryBIOProtocol``, the handshake completes and the
+    application bytes reach the protocol above it."""
+    import ssl as pyssl
+
+    from pki import make_pki
+    from twisted.internet import ssl
+    from twisted.internet.protocol import Factory
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    pki = make_pki(str(tmp_path))
+    with open(pki.server_key, "rb") as key, open(pki.server_crt, "rb") as crt:
+        options = ssl.PrivateCertificate.loadPEM(key.read() + crt.read()).options()
+    app = _Recorder()
+    tls = TLSMemoryBIOFactory(options, False, Factory.forProtocol(lambda: app))
+    reactor = EPollReactor()
+    generic: list[int] = []
+    real = reactor._doReadOrWrite
+
+    def counted(selectable: Any, fd: int, event: int) -> None:
+        generic.append(event)
+        real(selectable, fd, event)
+
+    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    assert lean_dispatch(reactor)
+    server, peer = _tcp_pair()
+    peer.setblocking(False)
+    incoming, outgoing = pyssl.MemoryBIO(), pyssl.MemoryBIO()
+    client = pyssl.create_default_context(cafile=pki.ca).wrap_bio(
+        incoming, outgoing, server_hostname="localhost")
+    try:
+        protocol = tls.buildProtocol(("127.0.0.1", 4000))
+        protocol.makeConnection(
+            LeanServer(server, protocol, ("127.0.0.1", 4000), None, 0, reactor))
+        handshaken = sent = False
+        for _ in range(200):   # (each turn waits for an event, at most 0.1 s)
+            if not handshaken:
+                try:
+                    client.do_handshake()
+                    handshaken = True
+                except pyssl.SSLWantReadError:
+                    pass
+            if handshaken and not sent:
+                client.write(b"hello over tls")
+                sent = True
+            out = outgoing.read()
+            if out:
+                peer.sendall(out)
+            reactor.doIteration(0.1)
+            try:
+                back = peer.recv(65536)
+            except BlockingIOError:
+                back = b""
+            if back:
+                incoming.write(back)
+            if b"".join(e for e in app.events if isinstance(e, bytes)) == b"hello over tls":
+                break
+        assert handshaken
+        assert app.events == [b"hello over tls"]
+        assert EPollReactor._POLL_IN not in generic   # (no plain read took Twisted's way)
+    finally:
+        peer.close()
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()

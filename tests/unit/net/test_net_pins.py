@@ -227,7 +227,9 @@ def test_the_read_path_is_the_one_the_plain_read_shortcut_replaces() -> None:
 
 def test_the_main_loop_is_the_one_the_lean_turn_stands_in_for() -> None:
     """``net.dispatch``'s lean turn replaces ``mainLoop`` only when it, ``runUntilCurrent``
-    and ``timeout`` are Twisted 26.10's bodies, and reads the delayed calls' and the
+    and ``timeout`` are Twisted 26.10's bodies (and those it relies on: ``callLater``,
+    the delayed calls' insertion, cancel, ``reset`` and ``delay``, ``callFromThread``,
+    ``stop``, ``run``), and reads the delayed calls' and the
     thread calls' private lists and Twisted's main-loop failure handler."""
     from twisted.internet import base
     from twisted.internet.epollreactor import EPollReactor
@@ -239,6 +241,10 @@ def test_the_main_loop_is_the_one_the_lean_turn_stands_in_for() -> None:
     assert frozenset(reactor.runUntilCurrent.__code__.co_names) \
         == dispatch._RUN_UNTIL_CURRENT_NAMES
     assert frozenset(reactor.timeout.__code__.co_names) == dispatch._TIMEOUT_NAMES
+    owners = {"reactor": reactor, "call": base.DelayedCall}
+    for (owner, name), names in dispatch._LOOP_HELPER_NAMES.items():
+        body = getattr(owners[owner], name)
+        assert frozenset(body.__code__.co_names) == names, (owner, name)
     assert dispatch._known_loop(EPollReactor)
     instance: Any = EPollReactor()
     try:
