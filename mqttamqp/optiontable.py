@@ -213,7 +213,9 @@ PARAMETERS: list[list[Any]] = [
      "Messages queued per session beyond the in-flight window; more are dropped "
      "and counted.", _positive(int, "max-queued-messages")],
     ["max-queued-bytes", None, _D.max_queued_bytes,
-     "Payload bytes queued per session; more are dropped and counted.",
+     "Payload bytes queued per session beyond the in-flight window (a message that "
+     "goes straight out is never refused, whatever its size); more are dropped and "
+     "counted (a durable queue's message stays in its queue).",
      _positive(int, "max-queued-bytes")],
     ["congested-qos0-bytes", None, _D.congested_qos0_bytes,
      "QoS 0 bytes buffered for a client (or link) that stopped reading; more QoS 0 "

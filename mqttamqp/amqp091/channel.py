@@ -360,13 +360,16 @@ class Channel(PublisherConfirms):
 
     def _settle(self, tag: int, multiple: bool, outcome: Outcome, failed: bool,
                 held: bool = True) -> None:
-        if multiple:
-            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
-        elif tag in self.unacked:
-            tags = [tag]
+        # (as RabbitMQ's collect_acks: the tag must be outstanding, multiple or not;
+        # tag 0 with multiple is every outstanding one.  Checked before anything is
+        # settled: the error closes the channel, which requeues the rest)
+        unacked = self.unacked
+        if tag in unacked:
+            tags = [t for t in unacked if t <= tag] if multiple else [tag]
+        elif multiple and not tag:
+            tags = list(unacked)
         else:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        unacked = self.unacked
         if held and self.tx is not None:   # (applied at tx.commit)
             self.tx.settle([(t, unacked.pop(t)) for t in tags], outcome, failed)
         else:

@@ -104,7 +104,7 @@ class Acknowledgements(Dispatch):
         pending.member.outstanding -= 1   # (its receipt is void: no longer pending)
         pending.detach()
         if address.action == ACK:
-            self._done(group, offset, ops)
+            self._done(group, offset)
             group.acked += 1
             group.queue.acked += 1
             self.stats.acked += 1
@@ -174,7 +174,7 @@ class Acknowledgements(Dispatch):
         # Not consumed: its publisher waits for the commits (the dead letter's too,
         # which is in the same or a later one), never early.
         queue.unwait(offset)
-        self._done(group, offset, ops)
+        self._done(group, offset)
         if message is None:
             return
         queue.dead += 1

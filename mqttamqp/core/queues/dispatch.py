@@ -43,10 +43,6 @@ __all__ = ["Dispatch"]
 # delivered count a delivery (they may have been: at-least-once).
 _WATERMARK_STEP = 4096
 
-# (``_done`` takes a list of ops and appends none: it records what is finished for
-# the next commit, ``_unsaved``)
-_UNUSED_OPS: list[Op] = []
-
 
 class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
@@ -66,6 +62,7 @@ class Dispatch(Parking):
         mark = None
         marked = False    # (a level's watermark is to be stored)
         again = False
+        refused: list[Member] | None = None   # (members whose session refused one)
         evicted = queue.evicted
         levels = group.levels
         if group.parked and self._parked_unseen(group):
@@ -99,7 +96,7 @@ class Dispatch(Parking):
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
             member = self._next_member(group, offset)
-            if member is False:
+            if member is False or (refused is not None and member in refused):
                 break
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
@@ -132,10 +129,15 @@ class Dispatch(Parking):
                 continue
             handed = self._deliver(group, member, offset, queue.log[offset], ops, True)
             if handed is None:
-                # (refused by the member's session, and visible again: handed to it
-                # again in this loop, it would be refused for ever; the next pump, an
-                # acknowledgement or a drained link, tries again)
-                break
+                # (refused by the member's session, its window full: visible again,
+                # for the next member with credit in this pump, not for this one —
+                # handed to it again and again, it would be refused for ever; the
+                # next pump, an acknowledgement or a drained link, tries again)
+                if refused is None:
+                    refused = [member]
+                else:
+                    refused.append(member)
+                continue
             again = handed or again
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
@@ -298,10 +300,7 @@ class Dispatch(Parking):
         again = False
         if group.mode == CLASSIC:
             group.counts[offset] = count
-            if count > 1:
-                again = True
-                group.redelivered += 1
-                self.stats.redelivered += 1
+            again = count > 1   # (counted redelivered once the session takes it)
         session = member.session
         # (MQTT 3.x clients get no properties: no metadata to build for them; nor a
         # first delivery to a 0.9.1 consumer that would read nothing of it)
@@ -325,7 +324,7 @@ class Dispatch(Parking):
                 self._arm()
             if entry is None:
                 member.outstanding -= 1
-            return again
+            return False   # (a stream counts no redeliveries)
         # (the receipt goes with the session's entry: the queue's, durable already,
         # so a persistent session does not hold it for a commit of its own)
         pending = Pending(self, group, offset, member) if member.qos else None
@@ -339,15 +338,20 @@ class Dispatch(Parking):
         if self._timer is None:   # (``_arm``'s test, without the call)
             self._arm()
         if entry is None and member.qos:
-            # (refused by the session's bound: visible again at once)
+            # (refused by the session's bound — it would have waited in a session
+            # queue already full, or behind a full window: visible again at once,
+            # neither dropped nor redelivered)
             member.outstanding -= 1
             group.counts[offset] = count - 1
             group.requeue(offset)
             return None
+        if again:
+            group.redelivered += 1
+            self.stats.redelivered += 1
         if entry is None and not member.explicit:
             # QoS 0 without explicit acknowledgements: acknowledged on send.
             member.outstanding -= 1
-            self._done(group, offset, ops)
+            self._done(group, offset)
             group.acked += 1
             queue.acked += 1
             self.stats.acked += 1
@@ -377,7 +381,7 @@ class Dispatch(Parking):
         del group.pending[offset]
         pending.entry = None   # (``detach``: entry and receipt no longer linked)
         pending.member.outstanding -= 1
-        self._done(group, offset, _UNUSED_OPS)
+        self._done(group, offset)
         group.acked += 1
         group.queue.acked += 1
         self.stats.acked += 1

@@ -411,7 +411,7 @@ class QueueLogs(AppendAccounting):
         if offset == queue.first:
             queue.oldest()
 
-    def _done(self, group: ConsumerGroup, offset: int, ops: list[Op]) -> None:
+    def _done(self, group: ConsumerGroup, offset: int) -> None:
         """``offset`` is finished for ``group`` (acknowledged or dead-lettered)."""
         group.counts.pop(offset, None)
         group.uncounted.discard(offset)

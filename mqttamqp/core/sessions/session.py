@@ -337,15 +337,16 @@ class Session(InflightWindow, SessionExtras):
         size = len(message.payload)
         if ((len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
+                and self._would_wait(qos, gated, receipt)
                 and not (self._may_expire and self._purge_expired(message.timestamp, size))):
-            self.dropped += 1
+            self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
         # stored before the client can see it (exactly once across a crash).  QoS 1
         # may go at once: if the commit is lost, so is the publisher's PUBACK, and
         # its resend is a permitted duplicate.
         if len(self._pids) >= 65535:  # every packet id is in use: a hard limit
-            self.dropped += 1
+            self.dropped += receipt is None   # (as above)
             return None
         seq = self._next_seq
         self._next_seq += 1

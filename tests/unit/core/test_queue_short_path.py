@@ -8,17 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from queue_facade import client, join, make, send
+from queue_facade import ack, client, join, make, send
 
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.persistence import QueuedState
 from mqttamqp.core.sessions.session import Session
 
 
-def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it() -> None:
-    """A QoS 1 member of an idle session: the queue's message is sent at once (in
-    flight, SENT, any later send of it a duplicate), and its PUBACK acknowledges it
-    in the queue."""
+def test_a_credited_delivery_is_in_flight_at_once_and_its_puback_finishes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QoS 1 member of an idle session: the queue's message is sent at once by the
+    short path, ``Session.deliver`` never called (in flight, SENT, any later send of
+    it a duplicate), and its PUBACK acknowledges it in the queue."""
+    def not_this_path(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the queue's delivery took Session.deliver")
+
+    monkeypatch.setattr(Session, "deliver", not_this_path)
     broker, clock, _ = make()
     session, link = client(broker, "w-1")
     join(broker, session, "$queue/jobs")
@@ -130,9 +135,79 @@ def test_a_delivery_the_session_refuses_waits_for_the_next_pump_not_a_spin(
 
     monkeypatch.setattr(Session, "deliver", counted)
     send(broker, "$queue/jobs", b"x" * 11)
-    assert calls[0] == 1 and session.dropped == 1
+    assert calls[0] == 1 and session.dropped == 0   # (kept in the queue: not dropped)
     (group,) = broker.queues.queues["jobs"].groups.values()
     assert not group.pending and group.ready == [0]
     broker.acknowledged(session, link.published()[0][2])
     send(broker, "$queue/jobs", b"y")   # (a queue pump: it goes out now, the window free)
     assert [m.payload for m, *_ in link.published()] == [b"t", b"x" * 11]
+
+
+@pytest.mark.parametrize("member_qos, props, protocol", [
+    (2, None, "mqtt3.1.1"),
+    (1, MessageProperties(expiry_interval=600), "mqtt5"),
+], ids=["qos2-member", "expiry-interval"])
+def test_a_message_over_the_session_bound_is_delivered_when_nothing_waits(
+        member_qos: int, props: MessageProperties | None, protocol: str) -> None:
+    """A QoS 2 member, or a message with an expiry interval (neither takes the short
+    path), and a message larger than --max-queued-bytes with the session's queue
+    empty and its window free: delivered, and the messages behind it too (it was
+    refused and offered again at every pump, for ever), nothing counted dropped or
+    redelivered."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1", protocol)
+    join(broker, session, "$queue/jobs", qos=member_qos)
+    send(broker, "$queue/jobs", b"x" * 11, props=props)
+    send(broker, "$queue/jobs", b"small")
+    clock.advance(1)
+    send(broker, "$queue/jobs", b"more")
+    assert [m.payload for m, *_ in link.published()] == [b"x" * 11, b"small", b"more"]
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert session.dropped == 0 and group.redelivered == 0
+    assert broker.queues.stats.redelivered == 0 and len(group.pending) == 3
+
+
+def test_a_refused_redelivery_is_not_counted_redelivered() -> None:
+    """A $nack'd message over --max-queued-bytes, offered again while the member's
+    window is full (it would wait): refused and kept, counted neither dropped nor
+    redelivered; once the window frees it goes out, counted redelivered once."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1", "mqtt5")
+    session.window = 1
+    join(broker, session, "$queue/jobs")
+    send(broker, "$queue/jobs", b"x" * 11)
+    (first,) = link.published()
+    session.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    ack(broker, session, first[0], "$nack")
+    broker.acknowledged(session, first[2])
+    for _ in range(3):
+        clock.advance(1)
+        send(broker, "$queue/jobs", b"y")
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert [m.payload for m, *_ in link.published()] == [b"x" * 11, b"t"]
+    assert group.redelivered == 0 and broker.queues.stats.redelivered == 0
+    assert session.dropped == 0 and group.ready == [0]
+    broker.acknowledged(session, link.published()[1][2])   # (the window frees)
+    send(broker, "$queue/jobs", b"z")
+    assert [m.payload for m, *_ in link.published()][2:] == [b"x" * 11]
+    assert group.redelivered == 1 and broker.queues.stats.redelivered == 1
+
+
+
+def test_a_delivery_one_member_refuses_goes_to_another_in_the_same_pump() -> None:
+    """Two members, the first's window full of a topic delivery: a message over
+    --max-queued-bytes it would have to queue is refused by it and handed, in the
+    same pump, to the idle second member (the pump stopped at the refusal and the
+    idle member waited for the next event); the first is not offered it again."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, busy_link = client(broker, "w-1")
+    idle, idle_link = client(broker, "w-2")
+    busy.window = 1
+    join(broker, busy, "$queue/jobs")
+    join(broker, idle, "$queue/jobs")
+    busy.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    send(broker, "$queue/jobs", b"x" * 11)
+    assert [m.payload for m, *_ in idle_link.published()] == [b"x" * 11]
+    assert [m.payload for m, *_ in busy_link.published()] == [b"t"]
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert busy.dropped == 0 and group.redelivered == 0 and not group.ready
