@@ -248,6 +248,8 @@ class InflightWindow:
             done()
 
     def _finish(self, entry: OutEntry) -> list[Op]:
+        # (accepted_quietly's lines, not a call to it: this is every QoS 1 PUBACK's
+        # and QoS 2 PUBCOMP's path, and a call costs more than the lines it saves)
         del self.inflight[entry.packet_id]
         self._pids.discard(entry.packet_id)
         self.delivered += 1

@@ -42,6 +42,17 @@ def _consume(conn: Any, tag: str, prefetch: int = 0, queue: str = "q") -> None:
     conn.dataReceived(method_frame(1, B.Consume(queue=queue, consumer_tag=tag)))
 
 
+def _consuming(tag: str, prefetch: int) -> tuple[Any, Any, Any, Any]:
+    """An opened connection whose channel 1 consumes the durable queue ``q`` as
+    ``tag`` with ``prefetch``, what was written so far read: (connection,
+    transport, broker, clock)."""
+    conn, t, broker, clock, _ = opened()
+    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
+    _consume(conn, tag, prefetch=prefetch)
+    frames_of(t)
+    return conn, t, broker, clock
+
+
 def _paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the calls of each path a queue delivery and its ack may take: the
     short ones (``send_credited``, ``accept_many``) and the generic ones
@@ -66,10 +77,7 @@ def test_credit_running_out_mid_batch_is_refilled_once_the_batch_is_acked(
     stored; then the rest follow acks — every delivery by the short path, every ack
     by one ``accept_many``."""
     calls = _paths(monkeypatch)
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "c", prefetch=5)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("c", 5)
     _published(broker, clock, 12)
     assert bodies(frames_of(t)) == [b"m%d" % i for i in range(5)]
     conn.dataReceived(method_frame(1, B.Ack(delivery_tag=3, multiple=True)))
@@ -96,10 +104,7 @@ def test_a_second_consumer_joining_shares_the_queue_and_one_ack_settles_both(
     finishes every delivery of both (each consumer's unacked count back to 0), by
     the short paths."""
     calls = _paths(monkeypatch)
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "a", prefetch=4)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("a", 4)
     _published(broker, clock, 2)
     _consume(conn, "b")
     frames_of(t)
@@ -123,10 +128,7 @@ def test_cancel_with_unacked_then_ack_leaves_and_nothing_comes_back(
     of all of them (one ``accept_many``) finishes them for good (not redelivered to
     the next consumer) and the cancelled consumer then leaves its group."""
     calls = _paths(monkeypatch)
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "a", prefetch=10)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("a", 10)
     _published(broker, clock, 4)
     assert len(bodies(frames_of(t))) == 4
     conn.dataReceived(method_frame(1, B.Cancel(consumer_tag="a")))
@@ -150,10 +152,7 @@ def test_a_requeued_delivery_comes_back_redelivered_and_its_ack_finishes_it(
     1; the ack of the batch (one ``accept_many``) finishes the rest and the
     redelivery alike."""
     calls = _paths(monkeypatch)
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "a", prefetch=10)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("a", 10)
     _published(broker, clock, 3)
     assert [r for _, _, r in _tags(frames_of(t))] == [False, False, False]
     conn.dataReceived(method_frame(1, B.Nack(delivery_tag=2, multiple=False, requeue=True)))
@@ -173,10 +172,7 @@ def test_what_is_not_the_common_case_takes_the_generic_settle() -> None:
     """``accept_many`` given a delivery that is no durable queue's (a topic
     subscription's QoS 1 entry) or no longer in flight settles it as ``settle``
     does: the topic delivery acknowledged, the unknown id ignored."""
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "a", prefetch=10)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("a", 10)
     _published(broker, clock, 1)
     frames_of(t)
     (member,) = conn.channels[1].consumers.values()
@@ -214,10 +210,7 @@ def test_a_tag_not_outstanding_closes_the_channel_before_anything_is_settled(
     or never issued), multiple or not: the channel is closed with 406 "unknown
     delivery tag N", as RabbitMQ does, and none of the outstanding deliveries below
     it was settled by it (the close gives them back to the queue)."""
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "c", prefetch=10)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("c", 10)
     _published(broker, clock, 3)
     frames_of(t)
     conn.dataReceived(method_frame(1, B.Ack(delivery_tag=2)))
@@ -236,10 +229,7 @@ def test_a_tag_not_outstanding_closes_the_channel_before_anything_is_settled(
 def test_ack_of_tag_zero_with_multiple_settles_everything_outstanding() -> None:
     """Tag 0 with multiple is every outstanding delivery (RabbitMQ's reading), even
     after some were acknowledged singly; with none outstanding it is no error."""
-    conn, t, broker, clock, _ = opened()
-    conn.dataReceived(method_frame(1, Q.Declare(queue="q", durable=True)))
-    _consume(conn, "c", prefetch=10)
-    frames_of(t)
+    conn, t, broker, clock = _consuming("c", 10)
     _published(broker, clock, 3)
     frames_of(t)
     conn.dataReceived(method_frame(1, B.Ack(delivery_tag=2)))
