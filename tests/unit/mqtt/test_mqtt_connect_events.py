@@ -20,12 +20,8 @@ T0 = 1000.0
 
 
 def connection_events(client_id: str) -> list[tuple[float, str, str | None]]:
-    clock = TickingClock()
-    clock.advance(T0)
-    recorded = Recorded()
-    hand_overs(clock, recorded)
-    return [(ts, kind, f.get("reason")) for ts, kind, cid, f in recorded.events
-            if cid == client_id and kind in ("connect", "disconnect")]
+    """``all_events``' CONNECT and DISCONNECT events."""
+    return [e for e in all_events(client_id) if e[1] in ("connect", "disconnect")]
 
 
 def test_a_takeover_connect_is_recorded_after_the_disconnect_it_caused() -> None:
@@ -53,6 +49,8 @@ def test_a_newcomer_on_a_closing_holders_key_ends_it_first() -> None:
 
 
 def all_events(client_id: str) -> list[tuple[float, str, str | None]]:
+    """The archive events of ``client_id`` in ``hand_overs``' run on a ticking
+    clock: (time, kind, reason)."""
     clock = TickingClock()
     clock.advance(T0)
     recorded = Recorded()
