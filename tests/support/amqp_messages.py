@@ -62,3 +62,14 @@ def drain(transport: Any) -> bytes:
 def meta(message: Message) -> dict[str, Any]:
     """The message annotations (a queue's metadata: ``x-opt-message-id`` ...)."""
     return {str(key): value for key, value in (message.annotations or {}).items()}
+
+
+def pump_transports(ours: Any, theirs: Any, rounds: int = 4) -> None:
+    """Move the bytes two proton ``Transport``s have pending into each other, both
+    ways, ``rounds`` times (enough for an open, begin and attach and their answers)."""
+    for _ in range(rounds):
+        for a, b in ((ours, theirs), (theirs, ours)):
+            n = a.pending()
+            if n > 0:
+                b.push(a.peek(n))
+                a.pop(n)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amqp_messages import pump_transports
 from proton import Collector, Connection, Event, Terminus, Transport
 
 from mqttamqp.bridge.amqp import refused
@@ -33,12 +34,7 @@ def _attach(sender: bool, answer: Any) -> Any:
     link.open()
 
     def pump() -> None:
-        for _ in range(4):
-            for a, b in ((t, st), (st, t)):
-                n = a.pending()
-                if n > 0:
-                    b.push(a.peek(n))
-                    a.pop(n)
+        pump_transports(t, st)
 
     pump()
     for _ in range(20):   # (the few events of one open, begin and attach)

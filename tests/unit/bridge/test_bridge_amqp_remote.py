@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from amqp_messages import pump_transports
 
 import mqttamqp.bridge.amqp as amqp
 from mqttamqp.bridge.amqp import ACCEPTED, AmqpRemote
@@ -196,12 +197,7 @@ class _Engines:
             self.col.pop()
 
     def pump(self) -> None:
-        for _ in range(4):
-            for a, b in ((self.t, self.st), (self.st, self.t)):
-                n = a.pending()
-                if n > 0:
-                    b.push(a.peek(n))
-                    a.pop(n)
+        pump_transports(self.t, self.st)
 
 
 def test_qos0_backlog_is_out_of_the_count_once_proton_wrote_it() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amqp_messages import pump_transports
 from proton import Collector, Connection, Event, Transport
 from twisted.internet.task import Clock
 
@@ -36,12 +37,7 @@ def _pair() -> tuple[Any, Any, Any]:
     sender.open()
 
     def pump() -> None:
-        for _ in range(4):
-            for a, b in ((t, st), (st, t)):
-                n = a.pending()
-                if n > 0:
-                    b.push(a.peek(n))
-                    a.pop(n)
+        pump_transports(t, st)
 
     pump()
     receiver: Any = None
