@@ -65,6 +65,20 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
+
+def _count_generic(reactor: Any) -> list[int]:
+    """The events ``reactor`` hands to its generic ``_doReadOrWrite`` from now on
+    (wrapped on the instance; the events, appended to the list returned)."""
+    events: list[int] = []
+    real = reactor._doReadOrWrite
+
+    def counted(selectable: Any, fd: int, event: int) -> None:
+        events.append(event)
+        real(selectable, fd, event)
+
+    reactor._doReadOrWrite = counted
+    return events
+
 def test_a_ready_descriptor_is_read_by_the_lean_dispatch(reactor: EPollReactor) -> None:
     """After ``lean_dispatch`` one iteration reads each descriptor that has input."""
     assert lean_dispatch(reactor)
@@ -240,14 +254,7 @@ def _outcome(lean: bool, kind: type, protocol: Protocol,
     ``_doReadOrWrite``, after ``act`` on the peer and two iterations of an epoll
     reactor with the lean dispatch (``lean``) or Twisted's own."""
     reactor = EPollReactor()
-    generic: list[int] = []
-    real = reactor._doReadOrWrite
-
-    def counted(selectable: Any, fd: int, event: int) -> None:
-        generic.append(event)
-        real(selectable, fd, event)
-
-    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    generic = _count_generic(reactor)
     errors: list[str] = []
 
     def observe(event: dict[str, Any]) -> None:
@@ -340,14 +347,7 @@ def test_a_tcp_peers_close_is_a_plain_read_with_twisteds_outcome(kind: type) -> 
 def test_other_descriptors_take_twisteds_way(reactor: EPollReactor) -> None:
     """A descriptor of another class (here a plain reader) goes through
     ``_doReadOrWrite``."""
-    calls: list[int] = []
-    real = reactor._doReadOrWrite
-
-    def counted(selectable: Any, fd: int, event: int) -> None:
-        calls.append(event)
-        real(selectable, fd, event)
-
-    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    calls = _count_generic(reactor)
     assert lean_dispatch(reactor)
     a, b = _pair()
     reader = _Reader(a)
@@ -593,14 +593,7 @@ def test_a_tls_connection_takes_the_shortcut_and_its_bytes_arrive(tmp_path: Any)
     app = _Recorder()
     tls = TLSMemoryBIOFactory(options, False, Factory.forProtocol(lambda: app))
     reactor = EPollReactor()
-    generic: list[int] = []
-    real = reactor._doReadOrWrite
-
-    def counted(selectable: Any, fd: int, event: int) -> None:
-        generic.append(event)
-        real(selectable, fd, event)
-
-    reactor._doReadOrWrite = counted  # type: ignore[method-assign]
+    generic = _count_generic(reactor)
     assert lean_dispatch(reactor)
     server, peer = _tcp_pair()
     peer.setblocking(False)
