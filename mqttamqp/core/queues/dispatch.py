@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from functools import partial
 
 from twisted.python.failure import Failure
 
@@ -33,6 +34,7 @@ from mqttamqp.core.queues.model import ConsumerGroup, Member, Pending, QueueLog,
 from mqttamqp.core.queues.parking import Parking
 from mqttamqp.core.queues.priority import level_of
 from mqttamqp.core.sessions.entries import OutEntry
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Dispatch"]
 
@@ -131,8 +133,8 @@ class Dispatch(Parking):
             if handed is None:
                 # (refused by the member's session, its window full: visible again,
                 # for the next member with credit in this pump, not for this one —
-                # handed to it again and again, it would be refused for ever; the
-                # next pump, an acknowledgement or a drained link, tries again)
+                # handed to it again and again, it would be refused for ever; its
+                # window freeing, the next pump or a drained link tries again)
                 if refused is None:
                     refused = [member]
                 else:
@@ -344,6 +346,7 @@ class Dispatch(Parking):
             member.outstanding -= 1
             group.counts[offset] = count - 1
             group.requeue(offset)
+            self._refused_by(session)
             return None
         if again:
             group.redelivered += 1
@@ -362,6 +365,18 @@ class Dispatch(Parking):
         pending.entry = entry
         group.pending[offset] = pending
         return again
+
+    def _refused_by(self, session: Session) -> None:
+        """``session`` refused a delivery (it would have waited over its bound), or
+        was passed over while entries waited there: once its window frees with
+        nothing queued there, its groups are pumped again
+        (``InflightWindow.queue_waiting``)."""
+        if session.queue_waiting is None:
+            session.queue_waiting = partial(self._feed_again, session)
+
+    def _feed_again(self, session: Session) -> None:
+        for group, _member in list(self._memberships.get(session, ())):
+            self._pump(group)
 
     def transport_ack(self, pending: Pending) -> None:
         """The transport acknowledged ``pending``'s delivery (PUBACK, PUBCOMP, AMQP

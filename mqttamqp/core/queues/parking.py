@@ -20,6 +20,7 @@ from collections.abc import Callable
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.memory import MemoryBudget
 from mqttamqp.core.queues.model import ConsumerGroup, Member
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["Parking"]
 
@@ -35,7 +36,18 @@ class Parking(MemoryBudget):
         prefetch = session.queue_prefetch or (
             min(self.limits.queue_prefetch, session.window) if member.qos
             else self.limits.queue_prefetch)
-        return member.outstanding < prefetch and not session.queue   # (``has_queued``)
+        if member.outstanding >= prefetch:
+            return False   # (an acknowledgement pumps its group again)
+        if session.queue:   # (``has_queued``)
+            # (passed over while entries wait there: fed again once they are out,
+            # ``InflightWindow.queue_waiting``; nothing else would, on a quiet queue)
+            if session.queue_waiting is None:
+                self._refused_by(session)
+            return False
+        return True
+
+    def _refused_by(self, session: Session) -> None:
+        raise NotImplementedError   # (``Dispatch``'s)
 
     def _room(self, member: Member) -> int:
         """How many more ``member`` may take now (0: no credit, as ``_credit``)."""

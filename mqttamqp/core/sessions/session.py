@@ -144,6 +144,7 @@ class Session(InflightWindow, SessionExtras):
         self._may_expire = 0
         self.dropped = 0
         self.delivered = 0
+        self.queue_waiting = None   # (``InflightWindow.queue_waiting``)
         self._next_seq = 1
         self._next_pid = 1
         self._pids: set[int] = NO_IDS

@@ -14,6 +14,7 @@ What it must not do: talk to storage or sockets (the link sends).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
@@ -51,7 +52,7 @@ def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | No
 class InflightWindow:
     # The window's state (``Session.__init__`` sets it).
     __slots__ = ("_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
-                 "queue_prefetch", "queued_bytes", "stalled", "window")
+                 "queue_prefetch", "queue_waiting", "queued_bytes", "stalled", "window")
 
     queue: deque[OutEntry]
     queued_bytes: int
@@ -61,6 +62,12 @@ class InflightWindow:
     # 0.9.1 consumer's basic.qos prefetch (``amqp091.consumers``).
     queue_prefetch: int
     stalled: bool
+    # A durable queue's delivery was refused (it would have waited over the bound),
+    # or a queue passed this session over while entries waited here: what feeds
+    # its queue groups again once the window frees with nothing queued here
+    # (``_feed_queues``); None otherwise, the only cost then a test per
+    # acknowledgement.
+    queue_waiting: Callable[[], None] | None
     dropped: int
     delivered: int
     _pids: set[int]
@@ -246,6 +253,18 @@ class InflightWindow:
         if done is not None:
             entry.on_done = None
             done()
+        if self.queue_waiting is not None and not self.queue:
+            self._feed_queues()
+
+    def _feed_queues(self) -> None:
+        """The window freed with nothing queued here, after a durable queue's
+        delivery was refused or passed over: its groups are pumped again (the
+        message waits in its queue; with no other event, a quiet queue, it would
+        wait for ever)."""
+        feed = self.queue_waiting
+        if feed is not None:
+            self.queue_waiting = None
+            feed()
 
     def _finish(self, entry: OutEntry) -> list[Op]:
         # (accepted_quietly's lines, not a call to it: this is every QoS 1 PUBACK's
@@ -262,6 +281,8 @@ class InflightWindow:
         if receipt is not None:
             receipt.acknowledged()
         self.pump()
+        if self.queue_waiting is not None and not self.queue:
+            self._feed_queues()
         if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]
         return NO_OPS

@@ -1,0 +1,54 @@
+"""A durable queue's delivery refused by the member's session (--max-queued-messages
+/-bytes: it would have waited behind a full window or a queue): kept in its queue
+(a stream's cursor goes back to it), offered to the other members with credit in
+the same pump, and offered again once the refusing session's window frees.  And
+what goes straight to the window is never refused.  Through the broker's façade
+with fake links and a ``Clock``."""
+
+from __future__ import annotations
+
+from queue_facade import client, join, make, send
+
+from mqttamqp.core.message import Message
+from mqttamqp.core.sessions.session import Session
+
+
+def _fill_window(now: float, session: Session) -> None:
+    """Put one topic delivery (QoS 1) in flight on a session of window 1."""
+    session.window = 1
+    session.deliver(Message("t", b"t", 1, False, "p", now), 1, False)
+
+
+def test_a_refused_message_goes_out_once_a_topic_puback_frees_the_window() -> None:
+    """A lone member whose window is full of a topic delivery refuses a queue message
+    over --max-queued-bytes; the topic delivery's PUBACK frees the window and the
+    queue message goes out at once, with no other publish (it waited for one, for
+    ever on a quiet queue)."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    _fill_window(clock.seconds(), session)
+    send(broker, "$queue/jobs", b"x" * 11)
+    assert session.queue_waiting is not None
+    broker.acknowledged(session, link.published()[0][2])
+    assert [m.payload for m, *_ in link.published()] == [b"t", b"x" * 11]
+    assert session.queue_waiting is None and session.dropped == 0
+
+
+def test_a_refused_message_goes_out_once_the_session_queue_drains() -> None:
+    """--max-queued-messages 1, the session's queue full behind a full window: a small
+    queue message is passed over (no credit while entries wait there); once both
+    topic deliveries are acknowledged (the queue drained, the window free) it goes
+    out with no other publish."""
+    broker, clock, _ = make(max_queued_messages=1)
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    _fill_window(clock.seconds(), session)
+    session.deliver(Message("t", b"u", 1, False, "p", clock.seconds()), 1, False)
+    send(broker, "$queue/jobs", b"q")
+    assert [m.payload for m, *_ in link.published()] == [b"t"]
+    broker.acknowledged(session, link.published()[0][2])
+    assert [m.payload for m, *_ in link.published()] == [b"t", b"u"]
+    broker.acknowledged(session, link.published()[1][2])
+    assert [m.payload for m, *_ in link.published()] == [b"t", b"u", b"q"]
+    assert session.dropped == 0
