@@ -296,7 +296,8 @@ class Dispatch(Parking):
         count than the client has seen).  ``credited``: ``_credit`` found the
         member's link with room just now (its QoS 1 delivery may take the
         session's short path, ``send_credited``).  None: the session refused it
-        (its bound), and it is visible again."""
+        (its bound), and it is visible again (a stream's: its group's cursor is
+        back on it)."""
         queue = group.queue
         count = group.counts.get(offset, 0) + 1
         again = False
@@ -326,6 +327,12 @@ class Dispatch(Parking):
                 self._arm()
             if entry is None:
                 member.outstanding -= 1
+                if read is not None:
+                    # (refused by the session's bound: the group's cursor goes back
+                    # to it, read again once the window frees — not skipped)
+                    group.next = offset
+                    self._refused_by(session)
+                    return None
             return False   # (a stream counts no redeliveries)
         # (the receipt goes with the session's entry: the queue's, durable already,
         # so a persistent session does not hold it for a commit of its own)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from queue_facade import client, join, make, send
 
 from mqttamqp.core.message import Message
+from mqttamqp.core.queues.addresses import Consumer
 from mqttamqp.core.sessions.session import Session
 
 
@@ -17,6 +18,29 @@ def _fill_window(now: float, session: Session) -> None:
     """Put one topic delivery (QoS 1) in flight on a session of window 1."""
     session.window = 1
     session.deliver(Message("t", b"t", 1, False, "p", now), 1, False)
+
+
+def test_a_stream_reader_s_refused_delivery_is_read_again_not_skipped() -> None:
+    """A stream reader whose window is full refuses a message over --max-queued-bytes:
+    its group's cursor goes back to it (it moved past, and the reader skipped the
+    message for good, uncounted); once the PUBACK frees the window the reader gets
+    it, then what follows, nothing counted dropped."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    send(broker, "$queue/jobs", b"a")   # (the queue exists)
+    reader, link = client(broker, "r")
+    join(broker, reader, "$queue/jobs/#", consumer=Consumer(group="s", mode="stream"))
+    broker.acknowledged(reader, link.published()[0][2])   # (``a`` read)
+    _fill_window(clock.seconds(), reader)
+    send(broker, "$queue/jobs", b"x" * 11)
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert [m.payload for m, *_ in link.published()] == [b"a", b"t"]
+    assert group.next == 1 and reader.dropped == 0   # (the cursor is back on it)
+    broker.acknowledged(reader, link.published()[1][2])
+    assert [m.payload for m, *_ in link.published()][2:] == [b"x" * 11]
+    broker.acknowledged(reader, link.published()[2][2])
+    send(broker, "$queue/jobs", b"after")
+    assert [m.payload for m, *_ in link.published()][3:] == [b"after"]
+    assert reader.dropped == 0
 
 
 def test_a_refused_message_goes_out_once_a_topic_puback_frees_the_window() -> None:
