@@ -97,9 +97,10 @@ class Dispatch(Parking):
                 group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
-            member = self._next_member(group, offset)
-            if member is False or (refused is not None and member in refused):
-                break
+            member = (self._next_member(group, offset) if refused is None
+                      else self._next_other(group, offset, refused))
+            if member is False:
+                break   # (no member with credit, but for those that refused)
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
                 # below the group's watermark must not count a delivery after a
@@ -134,7 +135,9 @@ class Dispatch(Parking):
                 # (refused by the member's session, its window full: visible again,
                 # for the next member with credit in this pump, not for this one —
                 # handed to it again and again, it would be refused for ever; its
-                # window freeing, the next pump or a drained link tries again)
+                # window freeing, the next pump or a drained link tries again; the
+                # refused member keeps its turn in the rotation)
+                group._rr = rr
                 if refused is None:
                     refused = [member]
                 else:

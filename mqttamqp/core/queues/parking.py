@@ -77,6 +77,26 @@ class Parking(MemoryBudget):
                 return member
         return credited
 
+    def _next_other(self, group: ConsumerGroup, offset: int,
+                    refused: list[Member]) -> Member | bool:
+        """``_next_member`` past the members whose session refused a delivery in this
+        pump (``refused``: offered again, each would refuse again): False when no
+        other member has credit."""
+        members = group.members
+        n = len(members)
+        credited = False
+        for i in range(n):
+            member = members[(group._rr + i) % n]
+            if member in refused or not self._credit(member):
+                continue
+            selector = member.selector
+            if selector is not None and not self._selects(member, selector, group, offset):
+                credited = True
+                continue
+            group._rr = (group._rr + i + 1) % n
+            return member
+        return credited
+
     @staticmethod
     def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
                  offset: int) -> bool:

@@ -43,6 +43,40 @@ def test_a_stream_reader_s_refused_delivery_is_read_again_not_skipped() -> None:
     assert reader.dropped == 0
 
 
+def test_a_refusing_member_does_not_stop_the_pump_for_a_qos0_member() -> None:
+    """A busy member (window full) and an idle QoS 0 member joining while four
+    messages over --max-queued-bytes wait: the busy one refuses, the idle one gets
+    all four in that pump (the pump stopped when the rotation came back to the
+    refusing member: 1 of 4, the rest waiting for the next publish, as a QoS 0
+    member never acknowledges); the busy member is not offered them again."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, busy_link = client(broker, "w-1")
+    idle, idle_link = client(broker, "w-2")
+    join(broker, busy, "$queue/jobs")
+    _fill_window(clock.seconds(), busy)
+    for i in range(4):
+        send(broker, "$queue/jobs", b"x%d" % i * 6)
+    join(broker, idle, "$queue/jobs", qos=0)
+    assert [m.payload for m, *_ in idle_link.published()] == [
+        b"x%d" % i * 6 for i in range(4)]
+    assert [m.payload for m, *_ in busy_link.published()] == [b"t"]
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert not group.ready and not group.pending and busy.dropped == 0
+
+
+def test_a_refusing_member_does_not_stop_the_pump_for_a_qos1_member() -> None:
+    """As above with an idle QoS 1 member: it gets the four in one pump."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, _busy_link = client(broker, "w-1")
+    idle, idle_link = client(broker, "w-2")
+    join(broker, busy, "$queue/jobs")
+    _fill_window(clock.seconds(), busy)
+    for i in range(4):
+        send(broker, "$queue/jobs", b"x%d" % i * 6)
+    join(broker, idle, "$queue/jobs")
+    assert len(idle_link.published()) == 4 and busy.dropped == 0
+
+
 def test_a_refused_message_goes_out_once_a_topic_puback_frees_the_window() -> None:
     """A lone member whose window is full of a topic delivery refuses a queue message
     over --max-queued-bytes; the topic delivery's PUBACK frees the window and the
