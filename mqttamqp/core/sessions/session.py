@@ -338,7 +338,7 @@ class Session(InflightWindow, SessionExtras):
         size = len(message.payload)
         if ((len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
-                and self._would_wait(qos, gated, receipt)
+                and self._would_wait(gated)
                 and not (self._may_expire and self._purge_expired(message.timestamp, size))):
             self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None

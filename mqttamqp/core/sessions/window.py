@@ -110,16 +110,16 @@ class InflightWindow:
                                       entry.retain)
                 entry.dup = True  # any later send of it is a redelivery
 
-    def _would_wait(self, qos: int, gated: bool, receipt: DeliveryReceipt | None) -> bool:
+    def _would_wait(self, gated: bool) -> bool:
         """Would a new entry wait in the queue rather than go out at once?  Only
         what waits is bound by --max-queued-messages/-bytes: an entry that goes
         straight into the window (nothing queued, room in flight, the link online
-        and uncongested, not held for a commit nor gated) is never refused by them,
-        whatever its size, QoS or expiry."""
+        and uncongested, not gated) is never refused by them, whatever its size,
+        QoS or expiry.  A persistent session's QoS 2 entry is held only for its
+        own commit, then sent (``release_held``): not waiting either."""
         link = self.link
         return bool(self.queue or link is None or link.congested
-                    or len(self.inflight) >= self.window or gated
-                    or (self.persistent and qos == 2 and receipt is None))
+                    or len(self.inflight) >= self.window or gated)
 
     def send_credited(self, message: Message, receipt: DeliveryReceipt) -> OutEntry | None:
         """A durable queue's QoS 1 delivery (with its ``receipt``) sent at once, the

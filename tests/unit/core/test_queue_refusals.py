@@ -110,3 +110,15 @@ def test_a_refused_message_goes_out_once_the_session_queue_drains() -> None:
     broker.acknowledged(session, link.published()[1][2])
     assert [m.payload for m, *_ in link.published()] == [b"t", b"u", b"q"]
     assert session.dropped == 0
+
+
+def test_a_persistent_qos2_subscriber_gets_a_message_over_the_bytes_bound() -> None:
+    """A persistent session's QoS 2 subscription, idle: a message over
+    --max-queued-bytes is held only for its own commit, then delivered (it was
+    counted as waiting and dropped, every time)."""
+    broker, _clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "s-1", "mqtt3.1.1", clean=False)
+    join(broker, session, "t/#", qos=2)
+    send(broker, "t/a", b"x" * 11, qos=2)
+    assert [(m.payload, qos) for m, qos, *_ in link.published()] == [(b"x" * 11, 2)]
+    assert session.dropped == 0
