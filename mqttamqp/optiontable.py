@@ -207,15 +207,18 @@ PARAMETERS: list[list[Any]] = [
      "Largest MQTT packet accepted, in bytes; larger ones close the connection.",
      _positive(int, "max-packet-size")],
     ["max-inflight", None, _D.max_inflight,
-     "Outbound QoS 1/2 messages in flight per client; the rest wait in order.",
+     "Outbound QoS 1/2 messages in flight per client; the rest wait in order (with "
+     "the largest message accepted, it bounds a client's in-flight memory).",
      _positive(int, "max-inflight")],
     ["max-queued-messages", None, _D.max_queued_messages,
-     "Messages queued per session beyond the in-flight window; more are dropped "
-     "and counted.", _positive(int, "max-queued-messages")],
+     "Messages waiting per session beyond the in-flight window; more are dropped "
+     "and counted (a durable queue's message stays in its queue).",
+     _positive(int, "max-queued-messages")],
     ["max-queued-bytes", None, _D.max_queued_bytes,
-     "Payload bytes queued per session beyond the in-flight window (a message that "
-     "goes straight out is never refused, whatever its size); more are dropped and "
-     "counted (a durable queue's message stays in its queue).",
+     "Payload bytes waiting per session beyond the in-flight window (a message that "
+     "goes straight into the window is never refused, whatever its size); more are "
+     "dropped and counted (a durable queue's message stays in its queue, a stream's "
+     "reader reads it again, once the window frees).",
      _positive(int, "max-queued-bytes")],
     ["congested-qos0-bytes", None, _D.congested_qos0_bytes,
      "QoS 0 bytes buffered for a client (or link) that stopped reading; more QoS 0 "
