@@ -150,6 +150,8 @@ class Settlement:
         router = self._router
         for session in sessions:
             session.pump()
+            if session.queue_waiting is not None:
+                session.feed_queues()
             router.room(session)
         self._flow.resume_paused()
 

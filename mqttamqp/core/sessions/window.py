@@ -65,7 +65,7 @@ class InflightWindow:
     # A durable queue's delivery was refused (it would have waited over the bound),
     # or a queue passed this session over while entries waited here: what feeds
     # its queue groups again once the window frees with nothing queued here
-    # (``_feed_queues``); None otherwise, the only cost then a test per
+    # (``feed_queues``); None otherwise, the only cost then a test per
     # acknowledgement.
     queue_waiting: Callable[[], None] | None
     dropped: int
@@ -243,8 +243,9 @@ class InflightWindow:
     def accepted_quietly(self, entry: OutEntry) -> None:
         """The in-flight ``entry`` (a durable queue's QoS 1 delivery: nothing of it is
         stored here) is acknowledged, as ``acknowledge`` does it, but neither its
-        receipt is told nor the window pumped: the caller settles the receipt and
-        pumps once for a batch of them (``Settlement.accept_many``)."""
+        receipt is told nor the window pumped (nor ``feed_queues`` called): the
+        caller settles the receipt and does both once for a batch of them
+        (``Settlement.accept_many``)."""
         del self.inflight[entry.packet_id]
         self._pids.discard(entry.packet_id)
         self.delivered += 1
@@ -253,16 +254,15 @@ class InflightWindow:
         if done is not None:
             entry.on_done = None
             done()
-        if self.queue_waiting is not None and not self.queue:
-            self._feed_queues()
 
-    def _feed_queues(self) -> None:
-        """The window freed with nothing queued here, after a durable queue's
-        delivery was refused or passed over: its groups are pumped again (the
-        message waits in its queue; with no other event, a quiet queue, it would
-        wait for ever)."""
+    def feed_queues(self) -> None:
+        """The window freed, after a durable queue's delivery was refused or passed
+        over: with nothing queued here, its groups are pumped again (the message
+        waits in its queue; with no other event, a quiet queue, it would wait for
+        ever).  ``_finish`` calls it, and a batch of ``accepted_quietly`` at its
+        end (``Settlement.accept_many``: not in the middle of the batch)."""
         feed = self.queue_waiting
-        if feed is not None:
+        if feed is not None and not self.queue:
             self.queue_waiting = None
             feed()
 
@@ -281,8 +281,8 @@ class InflightWindow:
         if receipt is not None:
             receipt.acknowledged()
         self.pump()
-        if self.queue_waiting is not None and not self.queue:
-            self._feed_queues()
+        if self.queue_waiting is not None:
+            self.feed_queues()
         if self._keeps(entry):
             return [DeleteQueued(self.client_id, entry.seq)]
         return NO_OPS

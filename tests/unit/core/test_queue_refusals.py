@@ -122,3 +122,22 @@ def test_a_persistent_qos2_subscriber_gets_a_message_over_the_bytes_bound() -> N
     send(broker, "t/a", b"x" * 11, qos=2)
     assert [(m.payload, qos) for m, qos, *_ in link.published()] == [(b"x" * 11, 2)]
     assert session.dropped == 0
+
+
+def test_a_batch_of_quiet_acceptances_feeds_another_queue_s_refused_message() -> None:
+    """A member of two queues, its window full of the first one's delivery, refuses
+    the second one's message over --max-queued-bytes; a batch acceptance of the
+    first delivery (``Settlement.accept_many``, AMQP 0.9.1 ``basic.ack``) pumps the
+    first queue, and at the batch's end the second: its message goes out."""
+    broker, _clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    session.window = 1
+    join(broker, session, "$queue/one")
+    join(broker, session, "$queue/two")
+    send(broker, "$queue/one", b"a")
+    send(broker, "$queue/two", b"x" * 11)
+    assert [m.payload for m, *_ in link.published()] == [b"a"]
+    assert session.queue_waiting is not None
+    broker.settlement.accept_many([(session, link.published()[0][2])])
+    assert [m.payload for m, *_ in link.published()] == [b"a", b"x" * 11]
+    assert session.dropped == 0
