@@ -101,6 +101,12 @@ class Dispatch(Parking):
                       else self._next_other(group, offset, refused))
             if member is False:
                 break   # (no member with credit, but for those that refused)
+            if member is True and refused is not None and self._wanted(group, offset,
+                                                                       refused):
+                # (a member that refused it in this pump takes it: not parked past
+                # it, nor a stream's cursor moved past it — it waits, untaken, for
+                # that member's window to free, ``queue_waiting``)
+                break
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
                 # below the group's watermark must not count a delivery after a

@@ -97,6 +97,15 @@ class Parking(MemoryBudget):
             return member
         return credited
 
+    def _wanted(self, group: ConsumerGroup, offset: int, refused: list[Member]) -> bool:
+        """Does a member that refused a delivery in this pump (``refused``) take
+        ``offset``: no selector, or one that selects it?"""
+        for member in refused:
+            selector = member.selector
+            if selector is None or self._selects(member, selector, group, offset):
+                return True
+        return False
+
     @staticmethod
     def _selects(member: Member, selector: Callable[[Message], bool], group: ConsumerGroup,
                  offset: int) -> bool:

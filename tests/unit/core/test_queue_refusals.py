@@ -141,3 +141,43 @@ def test_a_batch_of_quiet_acceptances_feeds_another_queue_s_refused_message() ->
     broker.settlement.accept_many([(session, link.published()[0][2])])
     assert [m.payload for m, *_ in link.published()] == [b"a", b"x" * 11]
     assert session.dropped == 0
+
+
+def test_a_classic_message_a_busy_member_refused_is_not_parked_past_it() -> None:
+    """A member that takes everything refuses a message (window full), the other
+    member's selector rejects it: it is not parked past the refusing member (it
+    never got it); the PUBACK that frees the window hands it over."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, busy_link = client(broker, "w-1")
+    picky, picky_link = client(broker, "w-2")
+    join(broker, busy, "$queue/jobs")
+    join(broker, picky, "$queue/jobs",
+         consumer=Consumer(selector=lambda m: m.payload == b"b"))
+    _fill_window(clock.seconds(), busy)
+    send(broker, "$queue/jobs", b"x" * 11)
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert not group.parked
+    broker.acknowledged(busy, busy_link.published()[0][2])
+    assert [m.payload for m, *_ in busy_link.published()] == [b"t", b"x" * 11]
+    assert picky_link.published() == [] and busy.dropped == 0
+
+
+def test_a_stream_message_a_busy_reader_refused_is_not_skipped_for_a_selector() -> None:
+    """A stream reader refuses a message (window full), the group's other reader's
+    selector rejects it: the cursor stays on it (it moved past, skipped for good);
+    the PUBACK that frees the window hands it to the reader."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    send(broker, "$queue/jobs", b"a")   # (the queue exists)
+    reader, link = client(broker, "ra")
+    picky, picky_link = client(broker, "rb")
+    join(broker, reader, "$queue/jobs/#", consumer=Consumer(group="s", mode="stream"))
+    join(broker, picky, "$queue/jobs/#", consumer=Consumer(
+        group="s", mode="stream", selector=lambda m: m.payload == b"b"))
+    broker.acknowledged(reader, link.published()[0][2])   # (``a`` read)
+    _fill_window(clock.seconds(), reader)
+    send(broker, "$queue/jobs", b"x" * 11)
+    (group,) = broker.queues.queues["jobs"].groups.values()
+    assert group.next == 1
+    broker.acknowledged(reader, link.published()[1][2])
+    assert [m.payload for m, *_ in link.published()][2:] == [b"x" * 11]
+    assert picky_link.published() == [] and reader.dropped == 0
