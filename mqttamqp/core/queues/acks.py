@@ -122,8 +122,14 @@ class Acknowledgements(Dispatch):
                failed: bool, reason: str | None) -> None:
         """An AMQP outcome other than Accepted on ``entry``, the delivery of
         ``receipt``: ``released`` (nack, not counted), ``modified`` (nack; ``failed``
-        counts it), ``rejected`` (dead-letter with ``reason``)."""
+        counts it), ``rejected`` (dead-letter with ``reason``).  Its session's
+        window slot is free: it is fed (``_window_freed``)."""
         session = receipt.member.session
+        self._settle(session, receipt, entry, outcome, failed, reason)
+        self._window_freed(session)
+
+    def _settle(self, session: Session, receipt: Pending | StreamRead, entry: OutEntry,
+                outcome: str, failed: bool, reason: str | None) -> None:
         queue = self.queues.get(receipt.group.queue.name)
         group = queue.groups.get(receipt.group.key) if queue is not None else None
         session.take_back(entry)

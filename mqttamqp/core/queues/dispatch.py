@@ -390,6 +390,15 @@ class Dispatch(Parking):
         if session.queue_waiting is None:
             session.queue_waiting = partial(self._feed_again, session)
 
+    def _window_freed(self, session: Session) -> None:
+        """A queue's delivery was taken back from ``session`` (released, rejected,
+        given back, timed out): a slot of its window may be free, so what waits in
+        its queue goes, then its groups are fed if one refused it or passed it over
+        (as ``InflightWindow._finish`` does after an acknowledgement)."""
+        if session.queue_waiting is not None and session is not self._leaving:
+            session.pump()
+            session.feed_queues()
+
     def _feed_again(self, session: Session) -> None:
         for group, _member in list(self._memberships.get(session, ())):
             self._pump(group)

@@ -143,6 +143,7 @@ class Membership(Acknowledgements):
         session, by a member of its own, until the transaction commits or rolls
         back (``Settlement.settle_kept``)."""
         back: list[int] = []
+        freed = False
         for offset, pending in group.pending.items():
             if pending.member is not member:
                 continue
@@ -150,6 +151,7 @@ class Membership(Acknowledgements):
                 entry = pending.detach()
                 if entry is not None:
                     member.session.take_back(entry)
+                    freed = True
                 alone = pending.member = Member(member.session, member.qos, member.explicit)
                 alone.outstanding = 1
             else:
@@ -158,10 +160,13 @@ class Membership(Acknowledgements):
             entry = group.pending.pop(offset).detach()
             if entry is not None:
                 member.session.take_back(entry)
+                freed = True
             group.requeue(offset)
         member.outstanding = 0
         if back:
             self._pump(group)
+        if freed:   # (its window: fed, unless the session is leaving)
+            self._window_freed(member.session)
 
     def take_one(self, name: str, session: Session, qos: int) -> tuple[bool, int] | None:
         """AMQP 0.9.1 ``basic.get``: hand ``session`` the next message of queue
@@ -249,10 +254,14 @@ class Membership(Acknowledgements):
         if self._gets:
             self._return_gets(session)
         ops: list[Op] = []
-        for group, _member in list(self._memberships.get(session, ())):
-            self._leave(session, group)
-            if group.stored_members.pop(session.client_id, None) is not None:
-                ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        self._leaving = session   # (no credit, nor fed, while it leaves)
+        try:
+            for group, _member in list(self._memberships.get(session, ())):
+                self._leave(session, group)
+                if group.stored_members.pop(session.client_id, None) is not None:
+                    ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
+        finally:
+            self._leaving = None
         return list(self._durable_ops(ops))
 
     def link_drained(self, session: Session) -> None:

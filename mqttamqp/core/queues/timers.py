@@ -9,6 +9,7 @@ from mqttamqp.core.persistence import Op, PutQueueGroup
 from mqttamqp.core.queues.addresses import STREAM
 from mqttamqp.core.queues.browsing import Browsing
 from mqttamqp.core.queues.model import ConsumerGroup
+from mqttamqp.core.sessions.session import Session
 
 __all__ = ["QueueTimers"]
 
@@ -44,6 +45,7 @@ class QueueTimers(Browsing):
         now = self.clock.seconds()
         timeout = self.limits.queue_visibility_timeout
         ops: list[Op] = []
+        freed: list[Session] = []   # (sessions a delivery was taken back from)
         for queue in list(self.queues.values()):
             if queue.retention.max_age is not None:
                 self._enforce_retention(queue, ops, now)
@@ -60,22 +62,26 @@ class QueueTimers(Browsing):
                 expired = [o for o, p in group.pending.items()
                            if p.since + timeout <= now and not p.member.held and not p.tx_held]
                 for offset in expired:
-                    self._withdraw(group, offset)
+                    self._withdraw(group, offset, freed)
                     self._again(group, offset, ops, "not acknowledged within the "
                                 f"visibility timeout ({timeout:g} s)")
-                self._takeover(group, now, timeout / 2, ops)
+                self._takeover(group, now, timeout / 2, ops, freed)
                 self._pump(group)
         if ops:
             self._commit(ops, "recording queue timeouts")
+        for session in dict.fromkeys(freed):   # (their windows: fed, once each)
+            self._window_freed(session)
 
-    def _withdraw(self, group: ConsumerGroup, offset: int) -> None:
+    def _withdraw(self, group: ConsumerGroup, offset: int, freed: list[Session]) -> None:
         pending = group.pending.pop(offset)
         pending.member.outstanding -= 1
         entry = pending.detach()
         if entry is not None:
             pending.member.session.take_back(entry)
+            freed.append(pending.member.session)
 
-    def _takeover(self, group: ConsumerGroup, now: float, after: float, ops: list[Op]) -> None:
+    def _takeover(self, group: ConsumerGroup, now: float, after: float, ops: list[Op],
+                  freed: list[Session]) -> None:
         """An idle member (credit, nothing pending) takes over the messages pending
         on a member that has not acknowledged for half the visibility timeout."""
         if self._next_offset(group, ops) is not None:
@@ -97,7 +103,7 @@ class QueueTimers(Browsing):
                 m.selector is None or self._selects(m, m.selector, group, offset))]
             if not takers:
                 continue
-            self._withdraw(group, offset)
+            self._withdraw(group, offset, freed)
             # (straight to the idle member: the stale one must not get it back)
             self._deliver(group, takers[turn % len(takers)], offset, log[offset], ops)
             turn += 1

@@ -11,6 +11,7 @@ from queue_facade import client, join, make, send
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.addresses import Consumer
+from mqttamqp.core.routing.settlement import Outcome
 from mqttamqp.core.sessions.session import Session
 
 
@@ -181,3 +182,36 @@ def test_a_stream_message_a_busy_reader_refused_is_not_skipped_for_a_selector() 
     broker.acknowledged(reader, link.published()[1][2])
     assert [m.payload for m, *_ in link.published()][2:] == [b"x" * 11]
     assert picky_link.published() == [] and reader.dropped == 0
+
+
+def _waiting_behind_one(outcome: Outcome | None) -> tuple[list[bytes], int]:
+    """A session of window 1 in queues one and two has one's delivery in flight and
+    refused two's message (over --max-queued-bytes); ``outcome`` settles one's
+    delivery (None: the session unsubscribes from one): what it then got, and
+    how many it dropped."""
+    broker, _clock, _ = make(max_queued_bytes=10)
+    session, link = client(broker, "w-1")
+    session.window = 1
+    join(broker, session, "$queue/one")
+    join(broker, session, "$queue/two")
+    send(broker, "$queue/one", b"a")
+    send(broker, "$queue/two", b"x" * 11)
+    assert [m.payload for m, *_ in link.published()] == [b"a"]
+    assert session.queue_waiting is not None
+    if outcome is None:
+        broker.unsubscribe(session, ["$queue/one"])
+    else:
+        broker.settlement.settle(session, link.published()[0][2], outcome, False, "no")
+    return [m.payload for m, *_ in link.published()], session.dropped
+
+
+def test_a_rejected_queue_delivery_feeds_the_freed_window() -> None:
+    """Rejecting a queue's delivery frees its window slot: the message another
+    queue's group had to keep (refused) goes out at once."""
+    assert _waiting_behind_one(Outcome.REJECTED) == ([b"a", b"x" * 11], 0)
+
+
+def test_leaving_a_queue_with_a_delivery_in_flight_feeds_the_freed_window() -> None:
+    """Unsubscribing from a queue gives its in-flight delivery back: the freed slot
+    takes the other queue's refused message."""
+    assert _waiting_behind_one(None) == ([b"a", b"x" * 11], 0)
