@@ -131,6 +131,7 @@ class Membership(Acknowledgements):
                 del memberships[index]
                 if not memberships:
                     del self._memberships[session]
+                    session.queue_waiting = None   # (in no group: nothing to feed)
                 group.members.remove(member)
                 self._give_back(group, member)
                 return True
@@ -233,7 +234,11 @@ class Membership(Acknowledgements):
 
     def member_left(self, session: Session) -> None:
         """``session`` goes offline: its pending messages go back to their groups
-        (a persistent session stays a member, with no credit while offline)."""
+        (a persistent session stays a member, with no credit while offline, fed
+        when it is online again: ``session_online``).  Its ``queue_waiting`` hook
+        goes (a session → hook → session cycle, never collected for a session
+        loaded before ``gc.freeze``)."""
+        session.queue_waiting = None
         if self._gets:
             self._return_gets(session)
         memberships = self._memberships.get(session)
@@ -248,9 +253,11 @@ class Membership(Acknowledgements):
                     self._leave(session, group)
         finally:
             self._leaving = None
+            session.queue_waiting = None
 
     def forget_session(self, session: Session) -> list[Op]:
-        """``session`` is gone for good: it leaves every group."""
+        """``session`` is gone for good: it leaves every group (its
+        ``queue_waiting`` hook goes: ``member_left``)."""
         if self._gets:
             self._return_gets(session)
         ops: list[Op] = []
@@ -262,6 +269,7 @@ class Membership(Acknowledgements):
                     ops.append(PutQueueGroup(group.queue.name, group.key, group.record()))
         finally:
             self._leaving = None
+            session.queue_waiting = None
         return list(self._durable_ops(ops))
 
     def link_drained(self, session: Session) -> None:

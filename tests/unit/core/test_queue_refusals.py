@@ -215,3 +215,21 @@ def test_leaving_a_queue_with_a_delivery_in_flight_feeds_the_freed_window() -> N
     """Unsubscribing from a queue gives its in-flight delivery back: the freed slot
     takes the other queue's refused message."""
     assert _waiting_behind_one(None) == ([b"a", b"x" * 11], 0)
+
+
+def test_the_queue_waiting_hook_goes_with_the_session() -> None:
+    """A session that refused a queue's message holds a hook that refers to it (a
+    cycle): it goes when the session goes offline, and when it is forgotten."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    persistent, _link = client(broker, "s-1", clean=False)
+    clean, _clean_link = client(broker, "w-1")
+    for session in (persistent, clean):
+        join(broker, session, "$queue/jobs")
+        _fill_window(clock.seconds(), session)
+    send(broker, "$queue/jobs", b"x" * 11)
+    send(broker, "$queue/jobs", b"y" * 11)
+    assert persistent.queue_waiting is not None and clean.queue_waiting is not None
+    broker.queues.member_left(persistent)
+    assert persistent.queue_waiting is None
+    broker.router.forget_session(clean)
+    assert clean.queue_waiting is None
