@@ -7,6 +7,9 @@ with fake links and a ``Clock``."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from queue_facade import client, join, make, send
 
 from mqttamqp.core.message import Message
@@ -44,7 +47,24 @@ def test_a_stream_reader_s_refused_delivery_is_read_again_not_skipped() -> None:
     assert reader.dropped == 0
 
 
-def test_a_refusing_member_does_not_stop_the_pump_for_a_qos0_member() -> None:
+def _count_offers(monkeypatch: pytest.MonkeyPatch, session: Session) -> list[bytes]:
+    """Record each delivery offered to ``session`` through ``Session.deliver`` (a
+    refused offer always ends there, its short path ``send_credited`` having
+    found no room): the payloads, in order."""
+    offers: list[bytes] = []
+    deliver = Session.deliver
+
+    def counted(self: Session, message: Message, *args: Any, **kw: Any) -> Any:
+        if self is session:
+            offers.append(message.payload)
+        return deliver(self, message, *args, **kw)
+
+    monkeypatch.setattr(Session, "deliver", counted)
+    return offers
+
+
+def test_a_refusing_member_does_not_stop_the_pump_for_a_qos0_member(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy member (window full) and an idle QoS 0 member joining while four
     messages over --max-queued-bytes wait: the busy one refuses, the idle one gets
     all four in that pump (the pump stopped when the rotation came back to the
@@ -57,10 +77,12 @@ def test_a_refusing_member_does_not_stop_the_pump_for_a_qos0_member() -> None:
     _fill_window(clock.seconds(), busy)
     for i in range(4):
         send(broker, "$queue/jobs", b"x%d" % i * 6)
+    offers = _count_offers(monkeypatch, busy)
     join(broker, idle, "$queue/jobs", qos=0)
     assert [m.payload for m, *_ in idle_link.published()] == [
         b"x%d" % i * 6 for i in range(4)]
     assert [m.payload for m, *_ in busy_link.published()] == [b"t"]
+    assert offers == [b"x0" * 6]   # (refused once in that pump, not offered again)
     (group,) = broker.queues.queues["jobs"].groups.values()
     assert not group.ready and not group.pending and busy.dropped == 0
 
