@@ -122,7 +122,8 @@ class Settlement:
         case, a durable queue's QoS 1 delivery to a member that acknowledges by
         its transport, is finished in place, and the sessions and the queues'
         groups are pumped once for the batch rather than once a delivery; any
-        other delivery takes ``settle``."""
+        other delivery takes ``settle`` (and its session is pumped and fed then,
+        in the middle of the batch: ``InflightWindow._finish``)."""
         queues = self._queues
         sessions: list[Session] = []
         groups: list[ConsumerGroup] = []

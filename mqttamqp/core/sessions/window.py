@@ -259,8 +259,10 @@ class InflightWindow:
         """The window freed, after a durable queue's delivery was refused or passed
         over: with nothing queued here, its groups are pumped again (the message
         waits in its queue; with no other event, a quiet queue, it would wait for
-        ever).  ``_finish`` calls it, and a batch of ``accepted_quietly`` at its
-        end (``Settlement.accept_many``: not in the middle of the batch)."""
+        ever).  ``_finish`` calls it, a batch of ``accepted_quietly`` at its end
+        (``Settlement.accept_many``; a delivery of the batch that falls back to
+        ``Settlement.settle`` goes through ``_finish``, so in the middle), and
+        the queues when they take a delivery back (``Dispatch._window_freed``)."""
         feed = self.queue_waiting
         if feed is not None and not self.queue:
             self.queue_waiting = None
