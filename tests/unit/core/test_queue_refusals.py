@@ -147,11 +147,9 @@ def test_a_persistent_qos2_subscriber_gets_a_message_over_the_bytes_bound() -> N
     assert session.dropped == 0
 
 
-def test_a_batch_of_quiet_acceptances_feeds_another_queue_s_refused_message() -> None:
-    """A member of two queues, its window full of the first one's delivery, refuses
-    the second one's message over --max-queued-bytes; a batch acceptance of the
-    first delivery (``Settlement.accept_many``, AMQP 0.9.1 ``basic.ack``) pumps the
-    first queue, and at the batch's end the second: its message goes out."""
+def _one_in_flight_two_refused() -> tuple[Any, Any, Any]:
+    """A session of window 1 in queues one and two, one's delivery in flight, two's
+    message (over --max-queued-bytes) refused: (broker, session, its link)."""
     broker, _clock, _ = make(max_queued_bytes=10)
     session, link = client(broker, "w-1")
     session.window = 1
@@ -161,6 +159,15 @@ def test_a_batch_of_quiet_acceptances_feeds_another_queue_s_refused_message() ->
     send(broker, "$queue/two", b"x" * 11)
     assert [m.payload for m, *_ in link.published()] == [b"a"]
     assert session.queue_waiting is not None
+    return broker, session, link
+
+
+def test_a_batch_of_quiet_acceptances_feeds_another_queue_s_refused_message() -> None:
+    """A member of two queues, its window full of the first one's delivery, refuses
+    the second one's message over --max-queued-bytes; a batch acceptance of the
+    first delivery (``Settlement.accept_many``, AMQP 0.9.1 ``basic.ack``) pumps the
+    first queue, and at the batch's end the second: its message goes out."""
+    broker, session, link = _one_in_flight_two_refused()
     broker.settlement.accept_many([(session, link.published()[0][2])])
     assert [m.payload for m, *_ in link.published()] == [b"a", b"x" * 11]
     assert session.dropped == 0
@@ -211,15 +218,7 @@ def _waiting_behind_one(outcome: Outcome | None) -> tuple[list[bytes], int]:
     refused two's message (over --max-queued-bytes); ``outcome`` settles one's
     delivery (None: the session unsubscribes from one): what it then got, and
     how many it dropped."""
-    broker, _clock, _ = make(max_queued_bytes=10)
-    session, link = client(broker, "w-1")
-    session.window = 1
-    join(broker, session, "$queue/one")
-    join(broker, session, "$queue/two")
-    send(broker, "$queue/one", b"a")
-    send(broker, "$queue/two", b"x" * 11)
-    assert [m.payload for m, *_ in link.published()] == [b"a"]
-    assert session.queue_waiting is not None
+    broker, session, link = _one_in_flight_two_refused()
     if outcome is None:
         broker.unsubscribe(session, ["$queue/one"])
     else:
