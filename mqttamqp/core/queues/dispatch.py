@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from functools import partial
 
 from twisted.python.failure import Failure
 
@@ -65,6 +64,7 @@ class Dispatch(Parking):
         marked = False    # (a level's watermark is to be stored)
         again = False
         refused: list[Member] | None = None   # (members whose session refused one)
+        deferred: list[int] | None = None     # (offsets left for a refusing member)
         evicted = queue.evicted
         levels = group.levels
         if group.parked and self._parked_unseen(group):
@@ -104,9 +104,19 @@ class Dispatch(Parking):
             if member is True and refused is not None and self._wanted(group, offset,
                                                                        refused):
                 # (a member that refused it in this pump takes it: not parked past
-                # it, nor a stream's cursor moved past it — it waits, untaken, for
-                # that member's window to free, ``queue_waiting``)
-                break
+                # it, nor a stream's cursor moved past it — it waits for that
+                # member's window to free, ``queue_waiting``. A classic group sets it
+                # aside for this pump, visible again at its end, and goes on: the
+                # other members' selectors may take what follows; a stream's cursor
+                # cannot pass it, so a stream group waits for its refusing reader)
+                if group.mode != CLASSIC:
+                    break
+                self._take(group, offset)
+                if deferred is None:
+                    deferred = [offset]
+                else:
+                    deferred.append(offset)
+                continue
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
                 # below the group's watermark must not count a delivery after a
@@ -150,6 +160,9 @@ class Dispatch(Parking):
                     refused.append(member)
                 continue
             again = handed or again
+        if deferred is not None:
+            for offset in deferred:
+                group.requeue(offset)
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None or marked:
@@ -381,23 +394,6 @@ class Dispatch(Parking):
         pending.entry = entry
         group.pending[offset] = pending
         return again
-
-    def _refused_by(self, session: Session) -> None:
-        """``session`` refused a delivery (it would have waited over its bound), or
-        was passed over while entries waited there: once its window frees with
-        nothing queued there, its groups are pumped again
-        (``InflightWindow.queue_waiting``)."""
-        if session.queue_waiting is None:
-            session.queue_waiting = partial(self._feed_again, session)
-
-    def _window_freed(self, session: Session) -> None:
-        """A queue's delivery was taken back from ``session`` (released, rejected,
-        given back, timed out): a slot of its window may be free, so what waits in
-        its queue goes, then its groups are fed if one refused it or passed it over
-        (as ``InflightWindow._finish`` does after an acknowledgement)."""
-        if session.queue_waiting is not None and session is not self._leaving:
-            session.pump()
-            session.feed_queues()
 
     def _feed_again(self, session: Session) -> None:
         for group, _member in list(self._memberships.get(session, ())):

@@ -164,8 +164,9 @@ class Membership(Acknowledgements):
                 freed = True
             group.requeue(offset)
         member.outstanding = 0
-        if back:
-            self._pump(group)
+        # (pumped even with nothing given back: a message this member refused may
+        # hold the group — a stream's cursor, ``_pump`` — for it, and it is going)
+        self._pump(group)
         if freed:   # (its window: fed, unless the session is leaving)
             self._window_freed(member.session)
 

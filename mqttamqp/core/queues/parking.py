@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from functools import partial
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.queues.memory import MemoryBudget
@@ -47,7 +48,25 @@ class Parking(MemoryBudget):
         return True
 
     def _refused_by(self, session: Session) -> None:
-        raise NotImplementedError   # (``Dispatch``'s)
+        """``session`` refused a delivery (it would have waited over its bound), or
+        was passed over while entries waited there: once its window frees with
+        nothing queued there, its groups are pumped again
+        (``InflightWindow.queue_waiting``)."""
+        if session.queue_waiting is None:
+            session.queue_waiting = partial(self._feed_again, session)
+
+    def _window_freed(self, session: Session) -> None:
+        """A queue's delivery was taken back from ``session`` (released, rejected,
+        given back, timed out): a slot of its window may be free, so what waits in
+        its queue goes, then its groups are fed if one refused it or passed it over
+        (as ``InflightWindow._finish`` does after an acknowledgement)."""
+        if session is not self._leaving:
+            session.pump()
+            if session.queue_waiting is not None:
+                session.feed_queues()
+
+    def _feed_again(self, session: Session) -> None:
+        raise NotImplementedError   # (``Dispatch``'s: its groups pumped)
 
     def _room(self, member: Member) -> int:
         """How many more ``member`` may take now (0: no credit, as ``_credit``)."""

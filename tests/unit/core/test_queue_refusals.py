@@ -254,3 +254,86 @@ def test_the_queue_waiting_hook_goes_with_the_session() -> None:
     assert persistent.queue_waiting is None
     broker.router.forget_session(clean)
     assert clean.queue_waiting is None
+
+
+def _busy_and_picky() -> tuple[Any, Any, Any]:
+    """``busy`` (takes everything, its window full of a topic message) and
+    ``picky`` (selects ``b…``) in queue jobs; ``x…`` (busy refuses it, picky's
+    selector rejects it) then ``b…`` published: (broker, busy, picky's link)."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    busy, _busy_link = client(broker, "w-1")
+    picky, picky_link = client(broker, "w-2")
+    join(broker, busy, "$queue/jobs")
+    join(broker, picky, "$queue/jobs",
+         consumer=Consumer(selector=lambda m: m.payload.startswith(b"b")))
+    _fill_window(clock.seconds(), busy)
+    send(broker, "$queue/jobs", b"x" * 11)
+    send(broker, "$queue/jobs", b"b" * 11)
+    return broker, busy, picky_link
+
+
+def test_a_message_set_aside_for_a_refusing_member_does_not_hold_back_the_others() -> None:
+    """Review finding (h-fix5): the pump stopped at a message only the refusing
+    member wants, so a selector member got nothing behind it while that member's
+    window stayed full; it now sets that message aside for the pump and goes on."""
+    _, _, picky_link = _busy_and_picky()
+    assert [m.payload for m, *_ in picky_link.published()] == [b"b" * 11]
+
+
+def test_a_stream_reader_leaving_lets_the_others_past_its_refused_message() -> None:
+    """A stream group waits behind a message its refusing reader wants (its cursor
+    cannot pass it); the reader unsubscribing pumps the group: the other reader
+    gets what it selects after it."""
+    broker, clock, _ = make(max_queued_bytes=10)
+    send(broker, "$queue/jobs", b"a")
+    reader, link = client(broker, "ra")
+    picky, picky_link = client(broker, "rb")
+    join(broker, reader, "$queue/jobs/#", consumer=Consumer(group="s", mode="stream"))
+    join(broker, picky, "$queue/jobs/#", consumer=Consumer(
+        group="s", mode="stream", selector=lambda m: m.payload.startswith(b"b")))
+    broker.acknowledged(reader, link.published()[0][2])
+    _fill_window(clock.seconds(), reader)
+    send(broker, "$queue/jobs", b"x" * 11)
+    send(broker, "$queue/jobs", b"b" * 11)
+    assert picky_link.published() == []        # (waits behind x: a stream's cursor)
+    broker.unsubscribe(reader, ["$queue/jobs/#"])
+    assert [m.payload for m, *_ in picky_link.published()] == [b"b" * 11]
+
+
+@pytest.mark.parametrize("how", ["rejected", "unsubscribed"])
+def test_a_window_freed_by_a_take_back_sends_what_waits_in_the_session(how: str) -> None:
+    """A queue delivery in flight (window 1) and a topic message queued behind it:
+    rejecting the delivery (dead-lettered: its group is empty) or unsubscribing from
+    the queue frees the window, and the topic message goes (it stayed queued)."""
+    broker, clock, _ = make()
+    session, link = client(broker, "w-1")
+    session.window = 1
+    join(broker, session, "$queue/one")
+    send(broker, "$queue/one", b"a")
+    session.deliver(Message("t", b"t", 1, False, "p", clock.seconds()), 1, False)
+    assert [m.payload for m, *_ in link.published()] == [b"a"]   # (t queued behind a)
+    if how == "rejected":
+        broker.settlement.settle(session, link.published()[0][2], Outcome.REJECTED,
+                                 False, "no")
+    else:
+        broker.unsubscribe(session, ["$queue/one"])
+    assert [m.payload for m, *_ in link.published()] == [b"a", b"t"]
+
+
+def test_a_visibility_time_out_feeds_the_stale_members_freed_window() -> None:
+    """A member whose delivery times out (another takes it over) has its window
+    freed: the message it refused from another queue goes to it then."""
+    broker, clock, _ = make(max_queued_bytes=10, queue_visibility_timeout=10.0)
+    slow, link = client(broker, "w-1")
+    slow.window = 1
+    join(broker, slow, "$queue/one")
+    join(broker, slow, "$queue/two")
+    send(broker, "$queue/one", b"a")
+    send(broker, "$queue/two", b"x" * 11)
+    assert [m.payload for m, *_ in link.published()] == [b"a"]
+    assert slow.queue_waiting is not None
+    idle, idle_link = client(broker, "w-2")
+    join(broker, idle, "$queue/one")
+    clock.advance(5.0)
+    assert [m.payload for m, *_ in idle_link.published()] == [b"a"]
+    assert [m.payload for m, *_ in link.published()] == [b"a", b"x" * 11]
