@@ -262,7 +262,7 @@ class InflightWindow:
         ever).  ``_finish`` calls it, a batch of ``accepted_quietly`` at its end
         (``Settlement.accept_many``; a delivery of the batch that falls back to
         ``Settlement.settle`` goes through ``_finish``, so in the middle), and
-        the queues when they take a delivery back (``Dispatch._window_freed``)."""
+        the queues when they take a delivery back (``Parking._window_freed``)."""
         feed = self.queue_waiting
         if feed is not None and not self.queue:
             self.queue_waiting = None
