@@ -64,7 +64,6 @@ class Dispatch(Parking):
         marked = False    # (a level's watermark is to be stored)
         again = False
         refused: list[Member] | None = None   # (members whose session refused one)
-        deferred: list[int] | None = None     # (offsets left for a refusing member)
         evicted = queue.evicted
         levels = group.levels
         if group.parked and self._parked_unseen(group):
@@ -104,19 +103,11 @@ class Dispatch(Parking):
             if member is True and refused is not None and self._wanted(group, offset,
                                                                        refused):
                 # (a member that refused it in this pump takes it: not parked past
-                # it, nor a stream's cursor moved past it — it waits for that
-                # member's window to free, ``queue_waiting``. A classic group sets it
-                # aside for this pump, visible again at its end, and goes on: the
-                # other members' selectors may take what follows; a stream's cursor
-                # cannot pass it, so a stream group waits for its refusing reader)
-                if group.mode != CLASSIC:
-                    break
-                self._take(group, offset)
-                if deferred is None:
-                    deferred = [offset]
-                else:
-                    deferred.append(offset)
-                continue
+                # it, nor a stream's cursor moved past it — it waits, untaken, for
+                # that member's window to free, ``queue_waiting``, or for it to leave;
+                # what follows waits too: walking on past it would cost each pump the
+                # whole backlog)
+                break
             if levels is not None and member is not True:
                 # (and its level's, once a member takes it: a lower level's offsets
                 # below the group's watermark must not count a delivery after a
@@ -160,9 +151,6 @@ class Dispatch(Parking):
                     refused.append(member)
                 continue
             again = handed or again
-        if deferred is not None:
-            for offset in deferred:
-                group.requeue(offset)
         if again:
             ops.append(PutQueueGroup(queue.name, group.key, group.record()))
         if mark is not None or marked:

@@ -272,11 +272,18 @@ def _busy_and_picky() -> tuple[Any, Any, Any]:
     return broker, busy, picky_link
 
 
-def test_a_message_set_aside_for_a_refusing_member_does_not_hold_back_the_others() -> None:
-    """Review finding (h-fix5): the pump stopped at a message only the refusing
-    member wants, so a selector member got nothing behind it while that member's
-    window stayed full; it now sets that message aside for the pump and goes on."""
-    _, _, picky_link = _busy_and_picky()
+@pytest.mark.parametrize("leaving", ["offline", "unsubscribe"])
+def test_a_refusing_member_leaving_pumps_its_groups(leaving: str) -> None:
+    """A classic group waits behind a message only its refusing member wants (the
+    others' selectors reject it); that member going (offline, or unsubscribed) with
+    nothing of the group's pending pumps the group: the other member gets what it
+    selects after it (it waited for the next publish, on a quiet queue for ever)."""
+    broker, busy, picky_link = _busy_and_picky()
+    assert picky_link.published() == []        # (waits behind x…)
+    if leaving == "offline":
+        broker.queues.member_left(busy)
+    else:
+        broker.unsubscribe(busy, ["$queue/jobs"])
     assert [m.payload for m, *_ in picky_link.published()] == [b"b" * 11]
 
 
