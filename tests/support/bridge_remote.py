@@ -13,7 +13,7 @@ from mqttamqp.bridge.client import BridgeClient
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import Connack
 
-__all__ = ["TABLE", "Remote", "accept"]
+__all__ = ["TABLE", "Remote", "accept", "remote_received"]
 
 TABLE = {"name": "hq", "address": "mqtt://127.0.0.1:1884",
          "topics": ["sensors/# out 1", "commands/# in 1"], "keepalive": 10,
@@ -63,3 +63,13 @@ def accept(remote: Remote) -> bytes:
     remote.transport.clear()
     remote.send(Connack(False, 0))
     return raw
+
+
+def remote_received(remote: Remote, level: int = 5) -> list[Any]:
+    """The packets the bridge wrote to ``remote`` since the last read (decoded as a
+    server of protocol ``level``); the transport is cleared."""
+    assert remote.transport is not None
+    decoder = Decoder(server=True, protocol_level=level)
+    decoder.feed(remote.transport.value())
+    remote.transport.clear()
+    return list(decoder)

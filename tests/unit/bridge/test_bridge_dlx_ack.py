@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bridge_remote import TABLE, Remote
+from bridge_remote import TABLE, Remote, remote_received
 from core_broker import make_broker
 from fakes import ManualStore
 from loglines import LogLines
@@ -22,7 +22,7 @@ from mqttamqp.amqp.codec.encode import encode_publish5
 from mqttamqp.bridge.amqp import REJECTED, AmqpBridge
 from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.config import BridgeSettings
-from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Connack, Puback, Publish, Suback, Subscribe
 
 DLX = {"x-max-length-bytes": 4, "x-overflow": "reject-publish-dlx",
@@ -44,14 +44,6 @@ def _dead(broker: Any) -> list[bytes]:
     return [m.payload for m in broker.queues.queues["over"].log.values()]
 
 
-def _sent(remote: Remote) -> list[Any]:
-    assert remote.transport is not None
-    decoder = Decoder(server=True, protocol_level=5)
-    decoder.feed(remote.transport.value())
-    remote.transport.clear()
-    return list(decoder)
-
-
 def _mqtt() -> tuple[Bridge, Remote, Any, ManualStore]:
     """An MQTT 5 bridge with the rule ``$queue/jobs/# in 2``, connected and
     subscribed, nothing pending in the store."""
@@ -66,11 +58,11 @@ def _mqtt() -> tuple[Bridge, Remote, Any, ManualStore]:
     remote.transport.clear()
     remote.client.dataReceived(encode(Connack(False, 0, None), 5))
     store.commit_all()
-    (sub,) = _sent(remote)
+    (sub,) = remote_received(remote)
     assert isinstance(sub, Subscribe)
     remote.client.dataReceived(encode(Suback(sub.packet_id, (2,)), 5))
     store.commit_all()
-    _sent(remote)
+    remote_received(remote)
     return bridge, remote, broker, store
 
 
@@ -82,11 +74,11 @@ def test_mqtt_puback_waits_for_the_dead_letters_commit() -> None:
     remote.client.dataReceived(encode(Publish("$queue/jobs/a", b"x" * 10, 1, False,
                                               False, 7), 5))
     assert store.pending, "the dead letter's commit"
-    assert _sent(remote) == []
+    assert remote_received(remote) == []
     assert bridge.dropped_in == 0
     with LogLines("refused here for good") as lines:
         store.commit_all()
-    (ack,) = _sent(remote)
+    (ack,) = remote_received(remote)
     assert isinstance(ack, Puback) and (ack.packet_id, ack.reason_code) == (7, 0x97)
     assert _dead(broker) == [b"x" * 10]
     assert bridge.refused_here == bridge.dropped_in == 1
@@ -105,7 +97,7 @@ def test_mqtt_a_failed_dead_letter_commit_drops_the_connection() -> None:
                                               False, 7), 5))
     _, d = store.pending.pop(0)
     d.errback(OSError("disk gone"))
-    assert [p for p in _sent(remote) if isinstance(p, Puback)] == []
+    assert [p for p in remote_received(remote) if isinstance(p, Puback)] == []
     assert remote.transport is not None and remote.transport.disconnecting
     assert bridge.dropped_in == 0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_remote import TABLE, Remote
+from bridge_remote import TABLE, Remote, remote_received
 from core_broker import make_broker
 
 from mqttamqp.bridge.bridge import Bridge
@@ -33,11 +33,7 @@ def _connected(max_hops: int = 4) -> tuple[Bridge, Remote, Any, Any]:
 
 
 def _sent(remote: Remote) -> list[Publish]:
-    assert remote.transport is not None
-    decoder = Decoder(server=True, protocol_level=5)
-    decoder.feed(remote.transport.value())
-    remote.transport.clear()
-    return [p for p in decoder if isinstance(p, Publish)]
+    return [p for p in remote_received(remote) if isinstance(p, Publish)]
 
 
 def _publish(broker: Any, payload: bytes, hops: str | None,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from bridge_remote import TABLE, Remote
+from bridge_remote import TABLE, Remote, remote_received
 from core_broker import make_broker
 from loglines import LogLines
 
@@ -18,7 +18,7 @@ from mqttamqp.bridge.bridge import Bridge
 from mqttamqp.bridge.config import BridgeSettings
 from mqttamqp.bridge.service import figures
 from mqttamqp.core.queues.addresses import UNSPECIFIED_ERROR, Refusal
-from mqttamqp.mqtt.codec import Decoder, encode
+from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import (
     Connack,
     Pingreq,
@@ -60,11 +60,7 @@ def _connected(level: int, props: Properties | None = None
 
 
 def _sent(remote: Remote, level: int) -> list[Any]:
-    assert remote.transport is not None
-    decoder = Decoder(server=True, protocol_level=level)
-    decoder.feed(remote.transport.value())
-    remote.transport.clear()
-    return list(decoder)
+    return remote_received(remote, level)
 
 
 def _publish(remote: Remote, level: int, payload: bytes, packet_id: int, qos: int = 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_remote import TABLE, Remote
+from bridge_remote import TABLE, Remote, remote_received
 from core_broker import make_broker, pub
 
 from mqttamqp.bridge.bridge import Bridge
@@ -29,14 +29,6 @@ def _connected(props: Properties, topics: list[str] | None = None
     remote.transport.clear()
     remote.client.dataReceived(encode(Connack(False, 0, props), 5))
     return bridge, remote, broker, clock
-
-
-def _sent(remote: Remote) -> list[Any]:
-    assert remote.transport is not None
-    decoder = Decoder(server=True, protocol_level=5)
-    decoder.feed(remote.transport.value())
-    remote.transport.clear()
-    return list(decoder)
 
 
 def test_connect_announces_the_bridge_maximum_packet_size() -> None:
@@ -61,7 +53,7 @@ def test_a_message_above_the_remote_maximum_packet_size_is_dropped_not_looped() 
     bridge, remote, broker, clock = _connected(Properties(maximum_packet_size=100))
     pub(broker, "sensors/t", b"x" * 200, qos=1)
     pub(broker, "sensors/t", b"small", qos=1)
-    sent = _sent(remote)
+    sent = remote_received(remote)
     assert [p.payload for p in sent if isinstance(p, Publish)] == [b"small"]
     assert bridge.link.too_large == 1
     assert remote.transport is not None and not remote.transport.disconnecting
@@ -75,7 +67,7 @@ def test_above_the_remote_maximum_qos_is_downgraded_and_settled_here() -> None:
     retain, and leaves the session here once written."""
     bridge, remote, broker, clock = _connected(Properties(maximum_qos=0, retain_available=0))
     pub(broker, "sensors/t", b"m", qos=1, retain=True)
-    (sent,) = _sent(remote)
+    (sent,) = remote_received(remote)
     assert (sent.qos, sent.retain, sent.packet_id) == (0, False, None)
     clock.advance(0)
     session = broker.registry.sessions["$bridge/hq"]
@@ -89,14 +81,14 @@ def test_qos2_sent_at_qos1_completes_on_the_remote_puback() -> None:
                                                ["sensors/# out 2"])
     pub(broker, "sensors/t", b"two", qos=2)
     clock.advance(0)   # (the QoS 2 delivery waits for its commit)
-    (sent,) = _sent(remote)
+    (sent,) = remote_received(remote)
     assert isinstance(sent, Publish) and sent.qos == 1
     assert remote.client is not None
     remote.client.dataReceived(encode(Puback(sent.packet_id), 5))
     clock.advance(0)
     session = broker.registry.sessions["$bridge/hq"]
     assert not session.inflight
-    assert not [p for p in _sent(remote) if isinstance(p, Pubrel)]
+    assert not [p for p in remote_received(remote) if isinstance(p, Pubrel)]
 
 
 def test_topic_aliases_up_to_the_remote_maximum() -> None:
@@ -105,7 +97,7 @@ def test_topic_aliases_up_to_the_remote_maximum() -> None:
     _, remote, broker, _ = _connected(Properties(topic_alias_maximum=1))
     for topic in ("sensors/a", "sensors/a", "sensors/b"):
         pub(broker, topic, b"v", qos=0)
-    sent = _sent(remote)
+    sent = remote_received(remote)
     assert [(p.topic, p.properties.topic_alias if p.properties else None)
             for p in sent] == [("sensors/a", 1), ("", 1), ("sensors/b", None)]
 
@@ -115,11 +107,11 @@ def test_the_remote_receive_maximum_bounds_what_is_in_flight() -> None:
     _, remote, broker, _ = _connected(Properties(receive_maximum=2))
     for i in range(3):
         pub(broker, "sensors/t", b"%d" % i, qos=1)
-    first = _sent(remote)
+    first = remote_received(remote)
     assert [p.payload for p in first] == [b"0", b"1"]
     assert remote.client is not None
     remote.client.dataReceived(encode(Puback(first[0].packet_id), 5))
-    assert [p.payload for p in _sent(remote)] == [b"2"]
+    assert [p.payload for p in remote_received(remote)] == [b"2"]
 
 
 def test_a_topic_alias_from_the_remote_closes_the_connection() -> None:
