@@ -147,10 +147,11 @@ def test_a_persistent_qos2_subscriber_gets_a_message_over_the_bytes_bound() -> N
     assert session.dropped == 0
 
 
-def _one_in_flight_two_refused() -> tuple[Any, Any, Any]:
+def _one_in_flight_two_refused(**limits: Any) -> tuple[Any, Any, Any]:
     """A session of window 1 in queues one and two, one's delivery in flight, two's
-    message (over --max-queued-bytes) refused: (broker, session, its link)."""
-    broker, _clock, _ = make(max_queued_bytes=10)
+    message (over --max-queued-bytes) refused: (broker, session, its link);
+    ``limits``: more ``Limits`` fields."""
+    broker, _clock, _ = make(max_queued_bytes=10, **limits)
     session, link = client(broker, "w-1")
     session.window = 1
     join(broker, session, "$queue/one")
@@ -330,15 +331,8 @@ def test_a_window_freed_by_a_take_back_sends_what_waits_in_the_session(how: str)
 def test_a_visibility_time_out_feeds_the_stale_members_freed_window() -> None:
     """A member whose delivery times out (another takes it over) has its window
     freed: the message it refused from another queue goes to it then."""
-    broker, clock, _ = make(max_queued_bytes=10, queue_visibility_timeout=10.0)
-    slow, link = client(broker, "w-1")
-    slow.window = 1
-    join(broker, slow, "$queue/one")
-    join(broker, slow, "$queue/two")
-    send(broker, "$queue/one", b"a")
-    send(broker, "$queue/two", b"x" * 11)
-    assert [m.payload for m, *_ in link.published()] == [b"a"]
-    assert slow.queue_waiting is not None
+    broker, _slow, link = _one_in_flight_two_refused(queue_visibility_timeout=10.0)
+    clock = broker.clock
     idle, idle_link = client(broker, "w-2")
     join(broker, idle, "$queue/one")
     clock.advance(5.0)
