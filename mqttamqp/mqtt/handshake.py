@@ -218,7 +218,7 @@ class ConnectHandshake(ActionExecutor):
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         link, label, broker = self._link, self.protocol_label, self.broker
         broker.activate(session, link, label)
-        broker.register_connection(self.key, link, label)
+        broker.registry.register_client(self.client_id, link, label)
         held = self._factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"

@@ -263,7 +263,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         detail = self._cause_detail
         if not detail and self._cause == CAUSE_LOST and reason is not None:
             detail = "connection lost: " + reason.getErrorMessage()
-        self.broker.unregister_connection(self.key, self, self._cause, detail)
+        self.broker.registry.unregister_client(self.client_id, self, self._cause, detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 detail or "connection lost: unknown")

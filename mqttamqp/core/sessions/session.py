@@ -96,12 +96,9 @@ class Session(InflightWindow, SessionExtras):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
     # What most sessions never set is not a slot of its own: the kinds of drops,
-    # the MQTT 5 expiry interval and the count of entries that may expire
-    # (``_extras``, made when one is set), and the creation time (never read: it
-    # is the first ``last_seen``).  26 slots: 240 bytes with the collector's
-    # header, pymalloc's 240-byte class (a 256-byte one spaces sessions made one
-    # after another 16 apart in identity hashes: see bench/README.md, the second
-    # round of idle connections).
+    # the MQTT 5 expiry interval, the entries that may expire (``_extras``, made
+    # when one is set), and the creation time (the first ``last_seen``).  26 slots
+    # (240 B: not pymalloc's 256-byte class, see bench/README.md's second round).
     __slots__ = (
         "_extras", "_holder", "_next_pid", "_state",
         "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
