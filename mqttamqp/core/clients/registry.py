@@ -1,5 +1,5 @@
 """The session registry: sessions by client id, who holds each, takeover, the end of
-a session, expiry, and the list of live connections.
+a session, expiry; it builds the table of live connections (``live``).
 
 What it owns: the sessions of client ids (MQTT clients, and AMQP
 ``$mqtt.to.<id>.publish`` receivers, which claim the same sessions) and the
@@ -7,8 +7,9 @@ sessions of AMQP topic receivers (in the trie, but keyed by link, so no client
 can claim them); the clean/persistent rules; takeover (a newcomer closes the old
 holder first, whose will fires unless the newcomer resumes the persistent
 session); what the end of a connection means for its
-session and its MQTT will; expiry of offline persistent sessions; the console's
-list of live connections and the ``$SYS`` client counts (drops: ``DropCounts``).
+session and its MQTT will; expiry of offline persistent sessions; the ``$SYS``
+drop counts (``DropCounts``).  The live connections, their counts and events are
+``live.LiveConnections``'s, whose register methods it hands out.
 
 What it must not do: route (the router does), hold wills (``Wills`` does), or
 touch sockets beyond the ``close`` of a holder it takes a session from.
