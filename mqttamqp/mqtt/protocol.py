@@ -62,7 +62,7 @@ from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.actions import Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
-from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
+from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish, one_packet
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     NO_ACKS,
@@ -106,6 +106,12 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 _qos0_cache: list[Any] = [None, False, b""]
 _qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
 _NO_PROPERTIES = b"\x00"
+# The connection whose read is exactly one PUBLISH while it is handled, else None.
+# What it routes to another connection holding nothing for this batch is sent at
+# once (``_emit``): one frame either way, but before the rest of the publish (the
+# archive record, the publisher's PUBACK, the batch's end; a third of the calls
+# before the subscriber's send at a paced rate: ``bench/lateness.py --critical``).
+_single_publish: list[Any] = [None]
 
 
 @implementer(IPushProducer)
@@ -247,9 +253,22 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
-        if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
-            self.decoder = self.factory.decoders.take(self.version)
-        self.decoder.feed(data)
+        decoder = self.decoder
+        if decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
+            decoder = self.decoder = self.factory.decoders.take(self.version)
+            # Exactly one PUBLISH (its remaining length is the rest of the read):
+            # its deliveries go out at once (``_single_publish``).
+            if size > 1 and data[0] >> 4 == 3 and (
+                    size == data[1] + 2 if data[1] < 0x80 else one_packet(data)):
+                decoder.feed(data)
+                single = _single_publish
+                was, single[0] = single[0], self
+                try:
+                    self._process_batch(now)
+                finally:
+                    single[0] = was
+                return
+        decoder.feed(data)
         self._process_batch(now)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
@@ -400,11 +419,22 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
                 self._flush_out()
-        elif not self.congested and self.broker.after_batch(self._flush_out):
-            self._out = [data]
-            self._out_bytes = len(data)
-        else:
+        elif self.congested:
             send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+        else:
+            reader = _single_publish[0]
+            if reader is not None and reader is not self:
+                # Routed by another connection's read of one PUBLISH: at once, and
+                # a failure is logged as a batch's flush logs it.
+                try:
+                    send(self.transport, data)
+                except Exception:
+                    self.log.failure("writing a connection's output failed", Failure())
+            elif self.broker.after_batch(self._flush_out):
+                self._out = [data]
+                self._out_bytes = len(data)
+            else:
+                send(self.transport, data)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
