@@ -89,7 +89,7 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.parking import Parked
-from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
+from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
@@ -106,12 +106,6 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 _qos0_cache: list[Any] = [None, False, b""]
 _qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
 _NO_PROPERTIES = b"\x00"
-# The connection whose read is exactly one PUBLISH while it is handled, else None.
-# What it routes to another connection holding nothing for this batch is sent at
-# once (``_emit``): one frame either way, but before the rest of the publish (the
-# archive record, the publisher's PUBACK, the batch's end; a third of the calls
-# before the subscriber's send at a paced rate: ``bench/lateness.py --critical``).
-_single_publish: list[Any] = [None]
 
 
 @implementer(IPushProducer)
@@ -254,22 +248,13 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.meter.stats.bytes_received += size
         self.bytes_in += size
         decoder = self.decoder
+        one = False   # (a read of exactly one PUBLISH: ``reading.SINGLE_PUBLISH``)
         if decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
             decoder = self.decoder = self.factory.decoders.take(self.version)
-            # Exactly one PUBLISH (its remaining length is the rest of the read):
-            # its deliveries go out at once (``_single_publish``).
-            if size > 1 and data[0] >> 4 == 3 and (
-                    size == data[1] + 2 if data[1] < 0x80 else one_packet(data)):
-                decoder.feed(data)
-                single = _single_publish
-                was, single[0] = single[0], self
-                try:
-                    self._process_batch(now)
-                finally:
-                    single[0] = was
-                return
+            one = size > 1 and data[0] >> 4 == 3 and (
+                size == data[1] + 2 if data[1] < 0x80 else one_packet(data))
         decoder.feed(data)
-        self._process_batch(now)   # (its turn's share counted from this read)
+        self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -345,7 +330,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
                                                 self.clock.seconds(), subscription_ids)
                 if not fits:
-                    self._too_large(v5, message, len(frame))
+                    _too_large(self, v5, message, len(frame))
                     self._not_sent(packet_id, message.topic)
                     return
         elif qos == 0 and not dup:
@@ -373,15 +358,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             stats.deliver_sampled(message.timestamp)
         if self.congested:
             self._backlog += len(frame)
-
-    def _too_large(self, v5: Negotiated, message: Message, size: int) -> None:
-        limit = v5.client_max_packet
-        held = self.factory.log_limit.allow("packet too large for client")
-        if held is not None:
-            self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
-                          "size {m} of {c}; not sent to it ({h} more since the last "
-                          "such line)", t=message.topic, n=size, m=limit,
-                          c=self.client_id, h=held)
 
     def _not_sent(self, packet_id: int | None, topic: str) -> None:
         """A delivery this connection will not send: counted as dropped, and a QoS
@@ -421,20 +397,16 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 self._flush_out()
         elif self.congested:
             send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
-        else:
-            reader = _single_publish[0]
-            if reader is not None and reader is not self:
-                # Routed by another connection's read of one PUBLISH: at once, and
-                # a failure is logged as a batch's flush logs it.
-                try:
-                    send(self.transport, data)
-                except Exception:
-                    self.log.failure("writing a connection's output failed", Failure())
-            elif self.broker.after_batch(self._flush_out):
-                self._out = [data]
-                self._out_bytes = len(data)
-            else:
+        elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
+            try:   # (routed by another's read of one PUBLISH: ``SINGLE_PUBLISH``)
                 send(self.transport, data)
+            except Exception:   # (logged and passed over, as a batch's flush is)
+                self.log.failure("writing a connection's output failed", Failure())
+        elif self.broker.after_batch(self._flush_out):
+            self._out = [data]
+            self._out_bytes = len(data)
+        else:
+            send(self.transport, data)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -535,6 +507,17 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+
+
+def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
+               size: int) -> None:
+    """One line (rate-limited) for a delivery above the client's maximum packet size."""
+    held = connection.factory.log_limit.allow("packet too large for client")
+    if held is not None:
+        connection.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
+                            "size {m} of {c}; not sent to it ({h} more since the last "
+                            "such line)", t=message.topic, n=size, m=v5.client_max_packet,
+                            c=connection.client_id, h=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:
