@@ -55,6 +55,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 LOADGEN = os.path.join(HERE, "loadgen.py")
+SAMPLES = 100_000   # (per histogram: a bound on what a run keeps)
 EDGES_US = (50, 100, 200, 300, 500, 750, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
@@ -64,6 +65,7 @@ class Histogram:
         self.n = 0
         self.total = 0.0
         self.max = 0.0
+        self.samples: list[float] = []   # (the first SAMPLES, for the median and p90)
 
     def add(self, seconds: float) -> None:
         us = seconds * 1e6
@@ -72,12 +74,18 @@ class Histogram:
             i += 1
         self.counts[i] += 1
         self.n += 1
+        if self.n <= SAMPLES:
+            self.samples.append(us)
         self.total += seconds
         self.max = max(self.max, seconds)
 
     def report(self) -> dict[str, Any]:
+        ordered = sorted(self.samples)
+        quantiles = ({"p50_us": round(ordered[len(ordered) // 2], 1),
+                      "p90_us": round(ordered[len(ordered) * 9 // 10], 1)} if ordered else {})
         return {"edges_us": list(EDGES_US), "counts": self.counts, "n": self.n,
-                "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3)}
+                "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3),
+                **quantiles}
 
 
 def thread_stats() -> dict[str, list[float]]:
