@@ -10,18 +10,19 @@ write (``_write_output``), and freeing the links and sessions closed at both end
 (``_free_closed``: proton keeps them until the connection ends otherwise).
 
 Freeing a session: proton frees the links the session still has with it, and when
-the session ended with links attached it leaves them looking bound (their handles are
-not reset: "XXX: should really update link state also" in proton's transport.c).  If
+the session ended with links attached it leaves them looking bound (proton's
+transport does not reset their handles when it processes the end, in 0.39/0.40).  If
 the last reference to such a session is then a link's (a Python wrapper a channel
 still holds, a delivery held across a commit, an event), dropping it makes proton
 finalize the link, hand it to the session, finalize the session, and free the link
 from under its own release: "double free or corruption".  So the engine takes a
 reference to each session it frees and gives it back only when it is the last one
 (``_release_sessions``, probed with ``pn_incref``/``pn_decref``, whose answer is the
-count left): by then no link of the session is held by anyone, and the session's end
-frees its links cleanly.  When the transport is unbound (``_release_all_sessions``
-at the connection's end) nothing looks bound any more and every reference is given
-back at once.
+count left), at the end of the first pump after its last other holder went (an idle
+connection keeps it until its next pump or its end): by then no link of the session
+is held by anyone, and the session's end frees its links cleanly.  When the
+transport is unbound (``_release_all_sessions`` at the connection's end) nothing
+looks bound any more and every reference is given back at once.
 
 What it must not do: pump the engine or decide what an event means (its users do),
 write to the socket itself (``_write`` is theirs), or import the core's broker (a
