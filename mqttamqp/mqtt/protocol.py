@@ -62,7 +62,7 @@ from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.actions import Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
-from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
+from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish, one_packet
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     NO_ACKS,
@@ -89,7 +89,7 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.parking import Parked
-from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
+from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
@@ -243,10 +243,14 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
-        if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
-            self.decoder = self.factory.decoders.take(self.version)
-        self.decoder.feed(data)
-        self._process_batch(now)   # (its turn's share counted from this read)
+        decoder = self.decoder
+        one = False   # (a read of exactly one PUBLISH: ``reading.SINGLE_PUBLISH``)
+        if decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
+            decoder = self.decoder = self.factory.decoders.take(self.version)
+            one = size > 1 and data[0] >> 4 == 3 and (
+                size == data[1] + 2 if data[1] < 0x80 else one_packet(data))
+        decoder.feed(data)
+        self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -322,7 +326,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
                                                 self.clock.seconds(), subscription_ids)
                 if not fits:
-                    self._too_large(v5, message, len(frame))
+                    _too_large(self, v5, message, len(frame))
                     self._not_sent(packet_id, message.topic)
                     return
         elif qos == 0 and not dup:
@@ -350,15 +354,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             stats.deliver_sampled(message.timestamp)
         if self.congested:
             self._backlog += len(frame)
-
-    def _too_large(self, v5: Negotiated, message: Message, size: int) -> None:
-        limit = v5.client_max_packet
-        held = self.factory.log_limit.allow("packet too large for client")
-        if held is not None:
-            self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
-                          "size {m} of {c}; not sent to it ({h} more since the last "
-                          "such line)", t=message.topic, n=size, m=limit,
-                          c=self.client_id, h=held)
 
     def _not_sent(self, packet_id: int | None, topic: str) -> None:
         """A delivery this connection will not send: counted as dropped, and a QoS
@@ -396,11 +391,18 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
                 self._flush_out()
-        elif not self.congested and self.broker.after_batch(self._flush_out):
+        elif self.congested:
+            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+        elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
+            try:   # (routed by another's read of one PUBLISH: ``SINGLE_PUBLISH``)
+                send(self.transport, data)
+            except Exception:   # (logged and passed over, as a batch's flush is)
+                self.log.failure("writing a connection's output failed", Failure())
+        elif self.broker.after_batch(self._flush_out):
             self._out = [data]
             self._out_bytes = len(data)
         else:
-            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+            send(self.transport, data)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -501,6 +503,17 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+
+
+def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
+               size: int) -> None:
+    """One line (rate-limited) for a delivery above the client's maximum packet size."""
+    held = connection.factory.log_limit.allow("packet too large for client")
+    if held is not None:
+        connection.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
+                            "size {m} of {c}; not sent to it ({h} more since the last "
+                            "such line)", t=message.topic, n=size, m=v5.client_max_packet,
+                            c=connection.client_id, h=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:
