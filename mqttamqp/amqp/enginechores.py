@@ -31,7 +31,7 @@ gateway keeps no state: import rules).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.net.rawproton import decref, free_link, incref, lib, output, tick
@@ -63,7 +63,7 @@ class EngineChores:
     # holds them or a link of theirs.
     _held_sessions: list[Any]
     _held_logged = False          # (``HELD_SESSIONS_LOGGED`` said, once a connection)
-    log: Any                      # the class mixing it in's ``Logger``
+    log: ClassVar[Any]            # the class mixing it in's ``Logger``
 
     # -- what the class mixing it in says ----------------------------------------------
 
