@@ -31,7 +31,7 @@ gateway keeps no state: import rules).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.net.rawproton import decref, free_link, incref, lib, output, tick
@@ -39,6 +39,12 @@ from mqttamqp.net.rawproton import decref, free_link, incref, lib, output, tick
 __all__ = ["EngineChores"]
 
 _session_free = lib.pn_session_free
+
+# Ended sessions held at once on one connection past which one line says so (a
+# session is held while something keeps an object of it or of its links: normally
+# one, until the next pump; giving one back earlier would bring the double free
+# back, so this is a line to find what keeps them, not a limit).
+HELD_SESSIONS_LOGGED = 64
 
 
 class EngineChores:
@@ -56,6 +62,8 @@ class EngineChores:
     # (the module's docstring); at most the sessions freed while something else still
     # holds them or a link of theirs.
     _held_sessions: list[Any]
+    _held_logged = False          # (``HELD_SESSIONS_LOGGED`` said, once a connection)
+    log: ClassVar[Any]            # the class mixing it in's ``Logger``
 
     # -- what the class mixing it in says ----------------------------------------------
 
@@ -136,6 +144,11 @@ class EngineChores:
             else:
                 kept.append(impl)
         self._held_sessions = kept
+        if len(kept) >= HELD_SESSIONS_LOGGED and not self._held_logged:
+            self._held_logged = True
+            self.log.warn("{n} ended AMQP sessions of one connection are still held by "
+                          "objects of their links; they are let go when those go or "
+                          "when the connection ends", n=len(kept))
 
     def _release_all_sessions(self) -> None:
         """The transport is unbound (the connection ended): proton sees no endpoint

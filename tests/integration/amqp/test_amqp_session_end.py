@@ -47,9 +47,20 @@ class _EndsSessionsWithLinks(MessagingHandler):  # type: ignore[misc]
         self.sender: Any = None
         self.last: Any = None          # (the last session's receiver, then its sender)
         self.received: list[str] = []
+        self.failed = ""
 
     def on_start(self, event: Any) -> None:
-        self.conn = event.container.connect(self.url)
+        # (no reconnecting: a broker that died fails the test at once, not by time-out)
+        self.conn = event.container.connect(self.url, reconnect=False)
+
+    def on_transport_error(self, event: Any) -> None:
+        self.failed = str(event.transport.condition)
+        event.container.stop()
+
+    def on_disconnected(self, event: Any) -> None:
+        if not self.received:   # (before the last message: the broker went away)
+            self.failed = self.failed or "disconnected"
+            event.container.stop()
 
     def on_connection_opened(self, event: Any) -> None:
         self._begin()
@@ -102,6 +113,7 @@ def test_sessions_ended_with_links_attached_leave_the_broker_serving(broker) -> 
     queue = f"$queue/{uid('ended')}"
     handler = _EndsSessionsWithLinks(url, queue, uid("ended") + "/t", ROUNDS)
     run_container(handler, timeout=TIMEOUT * 6)
+    assert not handler.failed, (handler.failed, broker.output()[-3000:])
     assert handler.ended == ROUNDS
     assert handler.received == ["still here"]
     assert broker.proc is not None and broker.proc.poll() is None
