@@ -231,7 +231,9 @@ class ConnectHandshake(ActionExecutor):
         link, label, broker = self._link, self.protocol_label, self.broker
         broker.activate(session, link, label)
         broker.registry.register_client(self.client_id, link, label)
-        held = self._factory.connect_lines.allow("connect")
+        factory = self._factory
+        factory.opened.registered(link)   # (found in the live table from now on)
+        held = factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"
                           "{h}", c=self.client_id, peer=self.peer, v=self.version,

@@ -75,6 +75,7 @@ from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
+from mqttamqp.mqtt.opened import OpenConnections
 from mqttamqp.mqtt.packets import (
     Auth,
     Connect,
@@ -220,11 +221,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def connectionMade(self) -> None:
         # (``_last_activity`` is first read after the first read sets it)
-        if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
+        opened = self.factory.opened
+        if not self.broker.gate.admit("MQTT", self.peer, opened.count()):
             self.advance("close")
             self.transport.abortConnection()
             return
-        self.factory.connections[self] = None
+        opened.admitted(self)   # (until its CONNACK: ``opened``)
         if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
@@ -253,7 +255,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self.factory.connections.pop(self, None)
+        self.factory.opened.registered(self)   # (out of its tables: see ``opened``)
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
@@ -416,6 +418,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport = self.transport
         transport.unregisterProducer()   # (a producer is resumed once drained, not closed)
         transport.loseConnection()
+        if self.state is _CLOSED:   # (not an MQTT 5 client told of a shutdown)
+            self.factory.opened.closing(self)   # (found there until lost)
         # (in the turn timer's slot, no turn after the close; connectionLost cancels it)
         if self._turn_timer is not None and self._turn_timer.active():
             self._turn_timer.cancel()
@@ -537,9 +541,9 @@ class MQTTFactory(Factory):
                                               limits.max_subscribe_filters)
         # The decoders lent to connections for a read (an idle one holds none).
         self.decoders = SpareDecoders(limits.max_packet_size, self.property_limits)
-        # Open connections (CONNECT or not), in a dict used as a set: at thousands
-        # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
-        self.connections: dict[MQTTProtocol, None] = {}
+        # Open connections (CONNECT or not), found in the registry's live table and
+        # a table of those not in it (no table of all: ``opened``).
+        self.opened = OpenConnections(broker.registry.connections, self)
         # Lines about what a client can repeat at will: one per cause a minute.
         self.log_limit = LogLimiter(clock.seconds)
         # "connected from": 20 lines a second at most (then a count in the next one).
