@@ -82,11 +82,13 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         assert isinstance(lean, LeanServer) and type(plain) is Server
         assert plain_tcp(lean) and plain_tcp(plain)
         # Same state, less the strings, the session number and the defaults an idle
-        # transport keeps as they are (class attributes), and the address as one string.
+        # transport keeps as they are (class attributes), the address as one string,
+        # and the reactor in a slot (not in the dict).
         assert set(vars(plain)) - set(vars(lean)) == {
             "logstr", "repstr", "fileno", "client", "hostname", "_tempDataBuffer",
-            "sessionno", "connected", "_tempDataLen"}
+            "sessionno", "connected", "_tempDataLen", "reactor"}
         assert set(vars(lean)) - set(vars(plain)) == {"peer"}
+        assert lean.reactor is p1.reactor and lean.server is p1
         assert lean.connected == plain.connected == 1
         assert lean._tempDataLen == plain._tempDataLen == 0
         assert lean.sessionno == lean.fileno()
