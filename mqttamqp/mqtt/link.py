@@ -63,6 +63,7 @@ class ListenerState(Protocol):
     connect_lines: LogLimiter
     log_limit: LogLimiter
     opened: OpenConnections
+    bridge_peers: set[Any]
 
 
 class MQTTLink(ConnectionRules):
@@ -95,7 +96,6 @@ class MQTTLink(ConnectionRules):
     messages_in: int
     _acks: AckQueue
     _cause: str
-    _cause_detail: str
     _reading_paused_for: frozenset[str]
     _in_process: bool
     _parked: Parked | None

@@ -7,9 +7,10 @@ What it owns: ``OpenConnections``, the factory's view of its open connections
 every open connection cost an idle client 40-76 bytes of RSS at 5,000 (its entry,
 and the old tables a growing dict leaves in the C heap), so it is two tables that
 exist anyway: the registry's live table (``LiveConnections.mqtt``, an MQTT
-connection from its CONNACK until it closes) and ``unregistered``, a dict used as a
-set of every other open connection (before CONNACK, and closing after it until
-lost).  Idle clients are all in the first; the second holds a connect storm's
+connection from its CONNACK until it closes) and ``unregistered``, every other
+open connection (before CONNACK, and closing after it until lost), each with why it
+closes (a protocol error's reason, read when it is lost: not a slot of every
+connection).  Idle clients are all in the first; the second holds a connect storm's
 moment, and gives its table back once the storm is over.
 
 The connection keeps the two apart (``protocol.MQTTProtocol``): ``admitted`` at
@@ -44,7 +45,8 @@ class OpenConnections:
     def __init__(self, live: LiveConnections, owner: object) -> None:
         self.live = live
         self.owner = owner
-        self.unregistered: dict[Any, None] = {}
+        # (the value: why it closes, a protocol error's reason, for its end)
+        self.unregistered: dict[Any, str] = {}
 
     def count(self) -> int:
         """How many are open (what ``--max-connections`` bounds; the live table's
@@ -54,19 +56,25 @@ class OpenConnections:
 
     def admitted(self, connection: Any) -> None:
         """A new connection, not in the live table before its CONNACK."""
-        self.unregistered[connection] = None
+        self.unregistered[connection] = ""
 
-    def closing(self, connection: Any) -> None:
+    def closing(self, connection: Any, detail: str | None = None) -> None:
         """``connection`` closes (out of the live table, or never in it) and is not
-        lost yet."""
-        self.unregistered[connection] = None
+        lost yet; ``detail``: why (a protocol error's reason, kept here rather than
+        in a slot of every connection), or None to keep what was said."""
+        if detail is None:
+            self.unregistered.setdefault(connection, "")
+        else:
+            self.unregistered[connection] = detail
 
-    def registered(self, connection: Any) -> None:
-        """``connection`` is in the live table now (CONNACK), or lost."""
+    def registered(self, connection: Any) -> str:
+        """``connection`` is in the live table now (CONNACK), or lost: the detail
+        of why it closed (``closing``), "" if none."""
         unregistered = self.unregistered
-        unregistered.pop(connection, None)
+        detail = unregistered.pop(connection, "")
         if not unregistered and sys.getsizeof(unregistered) > _KEPT_TABLE_BYTES:
             unregistered.clear()   # (a storm's table given back)
+        return detail
 
     def all(self) -> list[Any]:
         """Every open connection of ``owner``, each once (a list: the sweep closes

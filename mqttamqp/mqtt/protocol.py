@@ -127,7 +127,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_acks",
         "_backlog",
         "_cause",
-        "_cause_detail",
         "_connect_timer",
         "_in_process",
         "_keepalive_timer",
@@ -139,7 +138,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_throttle",
         "_turn_timer",
         "_v5",
-        "bridge_peer",
         "broker",
         "bytes_in",
         "bytes_out",
@@ -180,10 +178,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
-        self.bridge_peer = False   # Mosquitto's bridge flag in CONNECT
         self.connected_since = 0.0
-        self._cause = CAUSE_LOST     # why the connection ends, for the archive
-        self._cause_detail = ""
+        # why the connection ends, for the archive (and its detail: ``opened``)
+        self._cause = CAUSE_LOST
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         # The due times of the deadlines in factory.connect_deadlines and
@@ -255,14 +252,17 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self.factory.opened.registered(self)   # (out of its tables: see ``opened``)
+        factory = self.factory
+        # (out of its tables, with a protocol error's reason: see ``opened``)
+        detail = factory.opened.registered(self)
+        if factory.bridge_peers:
+            factory.bridge_peers.discard(self)
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
         self.advance("close")
         # Pending acknowledgements are not dropped: a committed QoS 2 message still
         # goes to its subscribers once its commit fires (``_flush_acks``).
-        detail = self._cause_detail
         if not detail and self._cause == CAUSE_LOST and reason is not None:
             detail = "connection lost: " + reason.getErrorMessage()
         self.broker.registry.unregister_client(self.client_id, self, self._cause, detail)
@@ -544,6 +544,8 @@ class MQTTFactory(Factory):
         # Open connections (CONNECT or not), found in the registry's live table and
         # a table of those not in it (no table of all: ``opened``).
         self.opened = OpenConnections(broker.registry.connections, self)
+        # The open connections that set Mosquitto's bridge flag (``bridge_peer``).
+        self.bridge_peers: set[MQTTProtocol] = set()
         # Lines about what a client can repeat at will: one per cause a minute.
         self.log_limit = LogLimiter(clock.seconds)
         # "connected from": 20 lines a second at most (then a count in the next one).

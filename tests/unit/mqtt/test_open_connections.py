@@ -16,7 +16,7 @@ from mqtt_memory import ACCEPTED, Client, Harness, client5, connected
 from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 
-from mqttamqp.mqtt.packets import Connect, Disconnect, Pingreq, Publish
+from mqttamqp.mqtt.packets import Connect, Disconnect, Pingreq, Publish, Suback, Subscribe
 from mqttamqp.mqtt.protocol import ConnectionState
 
 
@@ -139,3 +139,42 @@ def test_a_storm_gives_its_table_back() -> None:
         c.connect5(f"c{n}")
     assert h.factory.opened.count() == 500 and not h.factory.opened.unregistered
     assert sys.getsizeof(h.factory.opened.unregistered) == sys.getsizeof({})
+
+
+def test_a_protocol_errors_reason_is_the_sessions_end_when_lost() -> None:
+    """The reason of a protocol error (kept in ``opened.unregistered`` while the
+    connection closes, not in a slot) is why its session ends once it is lost."""
+    h = Harness()
+    ended: list[str] = []
+    end = h.broker.end_session
+    h.broker.end_session = (  # type: ignore[method-assign]
+        lambda conn, session, clean, why, *a, **k: (ended.append(why),
+                                                    end(conn, session, clean, why, *a, **k)))
+    c = h.client()
+    assert c.connect("broken") == [ACCEPTED]
+    c.send(Publish("a/+", b"x", 0))
+    reason = h.factory.opened.unregistered[c.proto]
+    assert "wildcard" in reason and not c.open
+    c.lost()
+    assert ended == [reason] and _empty(h)
+
+
+def test_the_bridge_flag_is_kept_by_the_factory_while_connected() -> None:
+    """A client that sets Mosquitto's bridge flag is a ``bridge_peer`` (its
+    subscriptions get no-local) until it is lost; another client is not."""
+    h = Harness()
+    bridge, plain = h.client(), h.client()
+    bridge.send(Connect("MQTT", 4, "br", True, 0, bridge=True))
+    assert bridge.received() == [ACCEPTED]
+    assert plain.connect("plain") == [ACCEPTED]
+    assert bridge.proto.bridge_peer and not plain.proto.bridge_peer
+    bridge.send(Subscribe(1, [("t", 1)]))
+    bridge.send(Publish("t", b"own", 0))
+    plain.send(Publish("t", b"other", 0))
+    got = bridge.received()
+    assert isinstance(got[0], Suback) and list(got[0].return_codes) == [1]
+    assert [p.payload for p in got if isinstance(p, Publish)] == [b"other"]
+    assert h.factory.bridge_peers == {bridge.proto}
+    _lost(bridge)
+    _lost(plain)
+    assert not h.factory.bridge_peers and _empty(h)
