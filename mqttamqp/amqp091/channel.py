@@ -41,7 +41,7 @@ from mqttamqp.amqp091.permissions import (
     check_queue,
     consumer_identity,
 )
-from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
+from mqttamqp.amqp091.properties import PropertyError, for_consumer, published_form
 from mqttamqp.amqp091.transactions import TX_METHODS, ChannelTransactions
 from mqttamqp.core.commits import CommitRound, Durable
 from mqttamqp.core.exchanges.errors import (
@@ -52,7 +52,6 @@ from mqttamqp.core.exchanges.errors import (
     ChannelError,
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
-from mqttamqp.core.exchanges.topicspace import queue_topic
 from mqttamqp.core.message import Message
 from mqttamqp.core.routing.settlement import Outcome
 
@@ -260,17 +259,17 @@ class Channel(PublisherConfirms):
             raise ChannelError(PRECONDITION_FAILED, f"user_id property set to "
                                f"'{props.user_id}' but authenticated user was "
                                f"'{connection.username or ''}'")
+        exchange, key = m.exchange, m.routing_key
         try:
-            core_props, qos = to_core(props)
+            # (through the default exchange, the topic it has in its queue: no copy there)
+            core_props, qos, sent, priority, topic = published_form(
+                props, exchange, key, content.raw_properties)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
-        check_publish(connection, m.exchange, m.routing_key)
-        # (through the default exchange, the topic it has in its queue: no copy there)
-        message = Message(queue_topic(m.routing_key, m.routing_key) if not m.exchange else "",
-                          content.body, qos, False, connection.client_id,
-                          connection.clock.seconds(), props=core_props,
-                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties),
-                          priority=props.priority)
+        check_publish(connection, exchange, key)
+        message = Message(topic, content.body, qos, False, connection.client_id,
+                          connection.clock.seconds(), False, None, False, core_props, sent,
+                          priority)
         if self.tx is not None:
             self.tx.publish(message, content)    # (routed at tx.commit)
             return
