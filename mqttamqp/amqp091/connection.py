@@ -231,27 +231,32 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         for a read's deliveries, confirms and answers instead of one per frame.  At
         most ``OUTPUT_BATCH_BYTES`` are held; a connection whose socket buffer is
         full (``write_blocked``) is written at once, so back-pressure is unchanged.
-        Outside a batch (a commit's confirms) the bytes go at once."""
-        size = len(data)
-        self.bytes_out += size
-        self.meter.sent_bytes(size)
-        self.last_out = self.clock.seconds()
+        Outside a batch (a commit's confirms) the bytes go at once.  Bytes held are
+        counted (``bytes_out``, the meter, ``last_out``) once, when written."""
         out = self._out
         if out is not None:
             out.append(data)
-            self._out_bytes += size
+            self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self.write_blocked:
                 self._flush_out()
         elif not self.write_blocked and self.broker.after_batch(self._flush_out):
             self._out = [data]
-            self._out_bytes = size
+            self._out_bytes = len(data)
         else:
+            self._count_out(len(data))
             send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+
+    def _count_out(self, size: int) -> None:
+        self.bytes_out += size
+        self.meter.sent_bytes(size)
+        self.last_out = self.clock.seconds()
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
-        if out and self.transport is not None:
-            send(self.transport, out[0] if len(out) == 1 else b"".join(out))
+        if out:
+            self._count_out(self._out_bytes)
+            if self.transport is not None:
+                send(self.transport, out[0] if len(out) == 1 else b"".join(out))
 
     def call_soon(self, fn: Any) -> None:
         """Call ``fn`` when the current batch ends, or in the reactor's next turn
