@@ -41,7 +41,7 @@ from mqttamqp.amqp091.permissions import (
     check_queue,
     consumer_identity,
 )
-from mqttamqp.amqp091.properties import PropertyError, for_consumer, published_form
+from mqttamqp.amqp091.properties import PropertyError, for_consumer, opened, published_form
 from mqttamqp.amqp091.transactions import TX_METHODS, ChannelTransactions
 from mqttamqp.core.commits import CommitRound, Durable
 from mqttamqp.core.exchanges.errors import (
@@ -332,11 +332,19 @@ class Channel(PublisherConfirms):
                 "a delivery to basic.get's session outside basic.get")), Outcome.RELEASED)
             return
         tag = self.next_tag
-        dropped: list[str] = []
+        dropped: list[str] | None = None
         try:
             # (built before the tag is taken: what cannot be encoded takes none)
-            props, redelivered, exchange, key = for_consumer(
-                message, member.queue, connection.clock.seconds(), dropped)
+            sent = message.amqp091
+            if sent is not None and message.props is None:
+                # (a 0.9.1 publisher's message with no core properties: its bytes
+                # as sent, nothing added — ``for_consumer``'s answer, without it)
+                exchange, key, props = opened(sent)
+                redelivered = bool(message.dup)
+            else:
+                dropped = []
+                props, redelivered, exchange, key = for_consumer(
+                    message, member.queue, connection.clock.seconds(), dropped)
             method = (None if member.getter else deliver_frame(
                 self.number, member.tag, tag, redelivered or dup, exchange, key))
         except Exception:

@@ -45,7 +45,8 @@ from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.queues.deaths import DEATHS, Death, read_deaths
 from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "for_consumer", "envelope", "published_form", "sent_with",
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "opened", "published_form",
+           "sent_with",
            "PropertyError"]
 
 Properties = commands.Basic.Properties
@@ -112,7 +113,7 @@ def to_core(props: Any) -> tuple[MessageProperties | None, int]:
         correlation.encode("utf-8") if correlation is not None else None, users), qos
 
 
-# Pure memos of ``published_form`` and ``_open``: a publisher's messages usually
+# Pure memos of ``published_form`` and ``opened``: a publisher's messages usually
 # share exchange, routing key and properties, so a publish finds its core
 # properties, QoS, envelope (one bytes object, whose hash Python keeps) and queue
 # topic with one lookup instead of three calls, and a delivery its exchange, key and
@@ -164,24 +165,26 @@ def sent_with(message: Message) -> tuple[str, str] | None:
     data = message.amqp091
     if data is None:
         return None
-    exchange, key, _ = _open(data)
+    exchange, key, _ = opened(data)
     return exchange, key
 
 
-def _open(data: bytes) -> tuple[str, str, bytes]:
-    opened = _OPENED.get(data)
-    if opened is not None:
-        return opened
+def opened(data: bytes) -> tuple[str, str, bytes]:
+    """The exchange, routing key and property section of an envelope
+    (``Message.amqp091``), memoized."""
+    found = _OPENED.get(data)
+    if found is not None:
+        return found
     n = data[0]
     exchange = data[1:1 + n].decode("utf-8")
     m = data[1 + n]
     key = data[2 + n:2 + n + m].decode("utf-8")
-    opened = (exchange, key, data[2 + n + m:])
+    found = (exchange, key, data[2 + n + m:])
     if len(data) <= ENVELOPE_CACHE_ITEM:
         if len(_OPENED) >= ENVELOPE_CACHE_MAX:
             _OPENED.clear()
-        _OPENED[data] = opened
-    return opened
+        _OPENED[data] = found
+    return found
 
 
 def for_consumer(message: Message, queue: str, now: float,
@@ -209,7 +212,7 @@ def for_consumer(message: Message, queue: str, now: float,
             return props.marshal(), redelivered, "", _fit(rest, queue)
         exchange, key = _key(rest, queue)
         return props.marshal(), redelivered, exchange, key
-    exchange, key, raw = _open(data)
+    exchange, key, raw = opened(data)
     if not count and deaths is None:
         return raw, bool(message.dup), exchange, key
     added: dict[str, Any] = {}

@@ -208,10 +208,10 @@ def test_a_repeated_publish_decodes_as_pamqp_decodes_it(
 def test_an_envelope_opens_to_what_was_published(exchange: str, key: str, raw: bytes) -> None:
     """A publish's envelope (memoized or not) gives back its exchange, routing key and
     property bytes, the first time and again."""
-    from mqttamqp.amqp091.properties import _open, envelope, sent_with
+    from mqttamqp.amqp091.properties import envelope, opened, sent_with
     from mqttamqp.core.message import Message
 
     for _ in range(2):
         data = envelope(exchange, key, raw)
-        assert _open(data) == (exchange, key, raw)
+        assert opened(data) == (exchange, key, raw)
         assert sent_with(Message("t", b"", 1, False, "p", 0.0, amqp091=data)) == (exchange, key)
