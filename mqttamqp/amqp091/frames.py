@@ -98,7 +98,10 @@ class FrameReader:
             if buffer[stop] != FRAME_END:
                 raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
             payload = buffer[start + 7:stop]
-            out.append((channel, _decode(kind, channel, payload)))
+            # (a body frame is its bytes, pamqp's ``ContentBody``: one a publish,
+            # without the call to ``_decode``)
+            out.append((channel, ContentBody(payload) if kind == FRAME_BODY
+                        else _decode(kind, channel, payload)))
             start = stop + 1
         self._buffer = buffer[start:] if start < end else b""
         return out
