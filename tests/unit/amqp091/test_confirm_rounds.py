@@ -100,3 +100,33 @@ def test_a_publish_its_consumer_finished_first_is_confirmed_before_the_commit() 
     clock.advance(1)
     assert store.pending                 # (the publish's commit is not done)
     assert _confirms(t) == [("Basic.Ack", 2, True)]
+
+
+def _to(key: str) -> bytes:
+    return content_frames(1, B.Publish(exchange="", routing_key=key),
+                          B.Properties(delivery_mode=2).marshal(), b"m", 131072)
+
+
+def test_confirms_stay_in_order_when_rounds_commit_out_of_order() -> None:
+    """A later round committed first confirms nothing; the earlier one's commit
+    then confirms both with one ack, and a publish confirmed at once (routed
+    nowhere) between a round's publishes is acked with them, never before."""
+    store = ManualMemoryStore()
+    conn, t, clock = _publisher(store)
+    # (1, 2 in the round; 3 routed nowhere, kept at once; 4 in the same round)
+    conn.dataReceived(_to("c") + _to("c") + _to("nowhere") + _to("c"))
+    conn.dataReceived(_publish(2))   # (5, 6: the next round)
+    clock.advance(1)
+    assert _confirms(t) == []
+    [(_, first), (_, second)] = store.pending
+    store.pending.clear()
+    second.callback(None)   # (the later commit's outcome first)
+    clock.advance(1)
+    assert _confirms(t) == []
+    first.callback(None)
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 6, True)]
+    conn.dataReceived(_publish(1))   # (7: a round whose publishes are the oldest)
+    store.commit_all()
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 7, True)]
