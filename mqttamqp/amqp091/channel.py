@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.amqp091.confirms import PublisherConfirms
 from mqttamqp.amqp091.consumers import QueueConsumer
-from mqttamqp.amqp091.frames import Content, deliver_frame
+from mqttamqp.amqp091.frames import Content, deliver_frames
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
 from mqttamqp.amqp091.permissions import (
@@ -345,8 +345,9 @@ class Channel(PublisherConfirms):
                 dropped = []
                 props, redelivered, exchange, key = for_consumer(
                     message, member.queue, connection.clock.seconds(), dropped)
-            method = (None if member.getter else deliver_frame(
-                self.number, member.tag, tag, redelivered or dup, exchange, key))
+            frames = (None if member.getter else deliver_frames(
+                self.number, member.tag, tag, redelivered or dup, exchange, key, props,
+                message.payload, connection.frame_max))
         except Exception:
             _undeliverable(self, member, packet_id, Failure())
             return
@@ -358,10 +359,10 @@ class Channel(PublisherConfirms):
             unacked[tag] = (member, packet_id)
             if len(unacked) == connection.max_unacked:
                 connection.unacked_bound()
-        if method is None:
+        if frames is None:
             self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            connection.send_content(self.number, method, props, message.payload)
+            connection.send_frames(frames)
         connection.messages_out += 1
         connection.meter.delivered_amqp091(message.timestamp)
 

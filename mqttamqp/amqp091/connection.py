@@ -273,6 +273,11 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         if self.state is not _CLOSED:
             self._write(method_frame(channel, method))
 
+    def send_frames(self, data: bytes) -> None:
+        """Frames encoded already (``frames.deliver_frames``)."""
+        if self.state is not _CLOSED:
+            self._write(data)
+
     def send_content(self, channel: int, method: Any, properties: bytes, body: bytes) -> None:
         if self.state is not _CLOSED:
             self._write(content_frames(channel, method, properties, body, self.frame_max))
