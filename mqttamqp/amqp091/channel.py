@@ -260,8 +260,7 @@ class Channel(PublisherConfirms):
                                f"'{props.user_id}' but authenticated user was "
                                f"'{connection.username or ''}'")
         exchange, key = m.exchange, m.routing_key
-        try:
-            # (through the default exchange, the topic it has in its queue: no copy there)
+        try:   # (the default exchange's: the topic it has in its queue, no copy there)
             core_props, qos, sent, priority, topic = published_form(
                 props, exchange, key, content.raw_properties)
         except PropertyError as exc:
@@ -337,17 +336,16 @@ class Channel(PublisherConfirms):
             # (built before the tag is taken: what cannot be encoded takes none)
             sent = message.amqp091
             if sent is not None and message.props is None:
-                # (a 0.9.1 publisher's message with no core properties: its bytes
-                # as sent, nothing added — ``for_consumer``'s answer, without it)
+                # (no core properties: as sent, ``for_consumer``'s answer without it)
                 exchange, key, props = opened(sent)
                 redelivered = bool(message.dup)
             else:
                 dropped = []
                 props, redelivered, exchange, key = for_consumer(
                     message, member.queue, connection.clock.seconds(), dropped)
-            frames = (None if member.getter else deliver_frames(
+            frames = None if member.getter else deliver_frames(
                 self.number, member.tag, tag, redelivered or dup, exchange, key, props,
-                message.payload, connection.frame_max))
+                message.payload, connection.frame_max)
         except Exception:
             _undeliverable(self, member, packet_id, Failure())
             return
