@@ -130,3 +130,23 @@ def test_confirms_stay_in_order_when_rounds_commit_out_of_order() -> None:
     store.commit_all()
     clock.advance(1)
     assert _confirms(t) == [("Basic.Ack", 7, True)]
+
+
+def test_a_publish_after_another_keeps_the_channel_rules() -> None:
+    """A basic.publish on a channel whose assembler is idle (it published before) is
+    still refused with immediate=true (540, a connection error), and one sent after
+    it, while the connection closes, is discarded, not published."""
+    store = ManualMemoryStore()
+    conn, t, clock = _publisher(store)
+    conn.dataReceived(_publish(1))
+    store.commit_all()
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 1, True)]
+    immediate = content_frames(1, B.Publish(exchange="", routing_key="c", immediate=True),
+                               B.Properties(delivery_mode=2).marshal(), b"i", 131072)
+    conn.dataReceived(immediate + _publish(1))
+    store.commit_all()
+    clock.advance(1)
+    [close] = [f for f in frames_of(t) if f.name != "Basic.Ack"]
+    assert close.name == "Connection.Close" and close.reply_code == 540
+    assert conn.broker.queues.queues["c"].published == 1
