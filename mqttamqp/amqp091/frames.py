@@ -243,7 +243,8 @@ class ContentAssembler:
     def start(self, method: Any) -> None:
         self.method = method
         self._header = None
-        self._parts = []
+        if self._parts:   # (left empty by the content before: kept, not a new list)
+            self._parts = []
         self._body = 0
 
     def header(self, header: ContentHeader) -> Content | None:
@@ -261,6 +262,14 @@ class ContentAssembler:
         header = self._header
         if header is None:
             raise FrameError(UNEXPECTED_FRAME, "content body without a content header")
+        value = part.value
+        if not self._body and len(value) == header.body_size:
+            # (the usual whole body in one frame: no parts to keep and join)
+            content = Content(self.method, header.properties,
+                              header.raw if isinstance(header, Header) else b"", value)
+            self.method = None
+            self._header = None
+            return content
         self._parts.append(part.value)
         self._body += len(part.value)
         if self._body > header.body_size:
