@@ -55,6 +55,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 LOADGEN = os.path.join(HERE, "loadgen.py")
+SAMPLES = 100_000   # (per histogram: a bound on what a run keeps)
 EDGES_US = (50, 100, 200, 300, 500, 750, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
@@ -64,6 +65,7 @@ class Histogram:
         self.n = 0
         self.total = 0.0
         self.max = 0.0
+        self.samples: list[float] = []   # (the first SAMPLES, for the median and p90)
 
     def add(self, seconds: float) -> None:
         us = seconds * 1e6
@@ -72,12 +74,18 @@ class Histogram:
             i += 1
         self.counts[i] += 1
         self.n += 1
+        if self.n <= SAMPLES:
+            self.samples.append(us)
         self.total += seconds
         self.max = max(self.max, seconds)
 
     def report(self) -> dict[str, Any]:
+        ordered = sorted(self.samples)
+        quantiles = ({"p50_us": round(ordered[len(ordered) // 2], 1),
+                      "p90_us": round(ordered[len(ordered) * 9 // 10], 1)} if ordered else {})
         return {"edges_us": list(EDGES_US), "counts": self.counts, "n": self.n,
-                "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3)}
+                "total_s": round(self.total, 4), "max_ms": round(self.max * 1e3, 3),
+                **quantiles}
 
 
 def thread_stats() -> dict[str, list[float]]:
@@ -145,6 +153,13 @@ def main() -> int:
                          "from the read to the first send it causes (the subscriber's "
                          "PUBLISH), as histograms (wall time: compare on a quiet "
                          "machine)")
+    ap.add_argument("--critical", type=int, default=0, metavar="N",
+                    help="count the Python calls and built-in calls (sys.setprofile events) "
+                         "of each turn that reads a PUBLISH, split at its first send to the "
+                         "subscriber: from the poll's end to that send (the critical path "
+                         "of the latency) and from it to the next poll; with the N "
+                         "functions most called before the send (counts: the machine's "
+                         "load does not move them)")
     ap.add_argument("--perf", action="store_true",
                     help="perf stat the broker's process (system calls, context switches, "
                          "instructions) while the load runs")
@@ -203,6 +218,13 @@ def main() -> int:
                     if gc_during_turn[0]:
                         late["with_gc"] += 1
             gc_during_turn[0] = False
+            if critical_on[0]:
+                sys.setprofile(None)
+                critical_on[0] = False
+                if critical_phase[0] == 1:
+                    critical_after.append(critical_count[0] - critical_mark[0])
+                else:
+                    critical_other.append(critical_count[0])
             if sent_at[0]:   # (``--residence``: the turn's rest after its PUBLISH went out)
                 send_to_poll.add(started - sent_at[0])
                 sent_at[0] = 0.0
@@ -210,9 +232,54 @@ def main() -> int:
                 return self._real.poll(*a)
             finally:
                 last_poll_end[0] = time.perf_counter()
+                if args.critical and recording[0]:
+                    critical_count[0] = critical_mark[0] = 0
+                    critical_phase[0] = 0
+                    turn_names.clear()
+                    critical_on[0] = True
+                    sys.setprofile(critical_counter)
+
+    # (``--critical``: sys.setprofile events of each turn, split at its PUBLISH's send)
+    critical_on = [False]
+    critical_phase = [0]   # 0: before the turn's PUBLISH went out, 1: after
+    critical_count = [0]
+    critical_mark = [0]
+    critical_before: list[int] = []
+    critical_after: list[int] = []
+    critical_other: list[int] = []
+    critical_names: dict[str, int] = {}
+    turn_names: dict[str, int] = {}   # (this turn's, until its PUBLISH is sent)
+    after_names: dict[str, int] = {}   # (after the PUBLISH's send, every such turn)
+
+    def critical_counter(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            critical_count[0] += 1
+            code = frame.f_code
+            name = f"{os.path.basename(code.co_filename)}:{code.co_name}"
+            if event == "c_call":   # (a built-in, by its caller)
+                name = f"{name}>{getattr(arg, '__qualname__', repr(arg))}"
+            if not critical_phase[0]:
+                turn_names[name] = turn_names.get(name, 0) + 1
+            else:
+                after_names[name] = after_names.get(name, 0) + 1
 
     reactor._poller = Poller(reactor._poller)   # type: ignore[attr-defined]
     wake_to_read, read_to_send, sent_to_read = Histogram(), Histogram(), Histogram()
+    if args.critical:
+        from mqttamqp.mqtt import protocol as critical_protocol
+
+        real_critical_send = critical_protocol.send
+
+        def critical_sent(transport: Any, data: bytes) -> None:
+            if critical_on[0] and not critical_phase[0] and data[0] >> 4 == 3:
+                critical_phase[0] = 1
+                critical_mark[0] = critical_count[0]
+                critical_before.append(critical_count[0])
+                for name, count in turn_names.items():
+                    critical_names[name] = critical_names.get(name, 0) + count
+            real_critical_send(transport, data)
+
+        critical_protocol.send = critical_sent   # type: ignore[assignment]
     if args.residence:
         # (the protocol module's own ``send`` and ``dataReceived``, wrapped: each
         # read's first send is its PUBLISH to the subscriber; a PUBACK's read sends
@@ -392,6 +459,25 @@ def main() -> int:
              "calls": round(cc / max(1, n), 3), "tottime_us": round(tt * 1e6 / max(1, n), 2),
              "cumtime_us": round(ct * 1e6 / max(1, n), 2)}
             for (fn, line, name), (_, cc, tt, ct, _) in rows]
+    if args.critical:
+        def spread(values: list[int]) -> dict[str, Any]:
+            values = sorted(values)
+            if not values:
+                return {"n": 0}
+            return {"n": len(values), "median": values[len(values) // 2],
+                    "min": values[0], "max": values[-1],
+                    "mean": round(sum(values) / len(values), 1)}
+        turns_sent = max(1, len(critical_before))
+        report["critical"] = {
+            "profile_events_before_send": spread(critical_before),
+            "profile_events_after_send": spread(critical_after),
+            "profile_events_other_turns": spread(critical_other),
+            "before_send_by_function_per_turn": {
+                k: round(v / turns_sent, 3) for k, v in sorted(
+                    critical_names.items(), key=lambda kv: -kv[1])[:args.critical]},
+            "after_send_by_function_per_turn": {
+                k: round(v / turns_sent, 3) for k, v in sorted(
+                    after_names.items(), key=lambda kv: -kv[1])[:args.critical]}}
     if perf:
         # (perf measured seconds - 1 of the load: per message at the paced rate)
         try:

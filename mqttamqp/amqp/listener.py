@@ -167,6 +167,7 @@ class AMQPConnection(SessionsAndLinks):
                 while self.collector.peek() is not None:
                     self.collector.pop()
                 ptrans.unbind()
+                self._release_all_sessions()
             except Exception:
                 pass  # the engine may already be closed
         self.ptrans = self.pconn = self.collector = None

@@ -101,6 +101,7 @@ class EnginePump(EngineChores, Protocol):
         # Links and sessions closed at both ends, freed once this pump's output is out.
         self._free_links: list[Any] = []
         self._free_sessions: list[Any] = []
+        self._held_sessions: list[Any] = []
         self._debug_timer: DelayedCall | None = None   # frames logged until it fires
 
     # -- what subclasses decide ----------------------------------------------------------
@@ -258,7 +259,7 @@ class EnginePump(EngineChores, Protocol):
                 if not next_event(col) and not self._after:
                     break
             self._write_output()
-            if self._free_links or self._free_sessions:
+            if self._free_links or self._free_sessions or self._held_sessions:
                 self._free_closed()
         except UnicodeDecodeError as exc:
             self.pumping = False

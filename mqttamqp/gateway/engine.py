@@ -117,6 +117,7 @@ class UpstreamConnection(EngineChores, TwistedProtocol):
         self._lost = False
         self._free_links: list[Any] = []
         self._free_sessions: list[Any] = []
+        self._held_sessions: list[Any] = []
 
     # -- what channels use ------------------------------------------------------------
 
@@ -231,6 +232,7 @@ class UpstreamConnection(EngineChores, TwistedProtocol):
             ptrans.close_tail()
             ptrans.close_head()
             ptrans.unbind()
+            self._release_all_sessions()
         self.ptrans = None
         channels = set(self.sessions.values()) | set(self.links.values())
         self.sessions.clear()
@@ -279,7 +281,7 @@ class UpstreamConnection(EngineChores, TwistedProtocol):
                     return
             self._tick()
             self._write_output()
-            if self._free_links or self._free_sessions:
+            if self._free_links or self._free_sessions or self._held_sessions:
                 self._free_closed()
         except Exception:
             self._pumping = False

@@ -71,6 +71,7 @@ __all__ = [
     "encode_publish",
     "encode_properties",
     "encode_remaining_length",
+    "one_packet",
 ]
 
 MAX_REMAINING_LENGTH = MAX_VARINT  # four 7-bit groups
@@ -78,6 +79,20 @@ MAX_REMAINING_LENGTH = MAX_VARINT  # four 7-bit groups
 _pack_u16 = struct.Struct(">H").pack
 _pack_header_u16 = struct.Struct(">BBH").pack  # first byte, 1-byte length, u16
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
+
+
+def one_packet(data: bytes) -> bool:
+    """``data`` is exactly one packet by its fixed header: the remaining length (at
+    most four bytes) covers the rest of it, no more and no less.  Nothing decoded."""
+    size = len(data)
+    length = shift = 0
+    for i in range(1, min(5, size)):
+        byte = data[i]
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return i + 1 + length == size
+        shift += 7
+    return False
 
 
 # --------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from mqttamqp.core.stats import DELIVER_SAMPLE_MASK
 from mqttamqp.mqtt import debuglog, outbound
 from mqttamqp.mqtt.actions import Close, ack_frame
 from mqttamqp.mqtt.closing import Disconnects
-from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish
+from mqttamqp.mqtt.codec import Decoder, PropertyLimits, encode_publish, one_packet
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
     NO_ACKS,
@@ -73,7 +73,7 @@ from mqttamqp.mqtt.connection import (
 from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
-from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
+from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.packets import (
     Auth,
@@ -89,7 +89,7 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.parking import Parked
-from mqttamqp.mqtt.reading import NOT_PAUSED, InputPump
+from mqttamqp.mqtt.reading import NOT_PAUSED, SINGLE_PUBLISH, InputPump
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.net.slotted import SlottedProtocol
 from mqttamqp.net.tcp import plain_tcp, register_push_producer, send
@@ -124,7 +124,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # hold one field.
     __slots__ = (
         "_acks",
-        "_auth",
         "_backlog",
         "_cause",
         "_cause_detail",
@@ -147,7 +146,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "client_id",
         "clock",
         "congested",
-        "connected",
         "connected_since",
         "decoder",
         "factory",
@@ -166,7 +164,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def __init__(self, factory: MQTTFactory) -> None:
         self.transport = None
-        self.connected = 0
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
@@ -209,7 +206,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                           PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
-        self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
     def _link(self) -> MQTTProtocol:
@@ -247,10 +243,14 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         # ``DeliveryMeter.received_bytes`` inlined (and ``sent_bytes`` in ``_write``).
         self.meter.stats.bytes_received += size
         self.bytes_in += size
-        if self.decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
-            self.decoder = self.factory.decoders.take(self.version)
-        self.decoder.feed(data)
-        self._process_batch(now)   # (its turn's share counted from this read)
+        decoder = self.decoder
+        one = False   # (a read of exactly one PUBLISH: ``reading.SINGLE_PUBLISH``)
+        if decoder is IDLE:   # (lent for this read: ``_process_batch`` takes it back)
+            decoder = self.decoder = self.factory.decoders.take(self.version)
+            one = size > 1 and data[0] >> 4 == 3 and (
+                size == data[1] + 2 if data[1] < 0x80 else one_packet(data))
+        decoder.feed(data)
+        self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.factory.connections.pop(self, None)
@@ -263,7 +263,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         detail = self._cause_detail
         if not detail and self._cause == CAUSE_LOST and reason is not None:
             detail = "connection lost: " + reason.getErrorMessage()
-        self.broker.unregister_connection(self.key, self, self._cause, detail)
+        self.broker.registry.unregister_client(self.client_id, self, self._cause, detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 detail or "connection lost: unknown")
@@ -326,7 +326,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
                                                 self.clock.seconds(), subscription_ids)
                 if not fits:
-                    self._too_large(v5, message, len(frame))
+                    _too_large(self, v5, message, len(frame))
                     self._not_sent(packet_id, message.topic)
                     return
         elif qos == 0 and not dup:
@@ -354,15 +354,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             stats.deliver_sampled(message.timestamp)
         if self.congested:
             self._backlog += len(frame)
-
-    def _too_large(self, v5: Negotiated, message: Message, size: int) -> None:
-        limit = v5.client_max_packet
-        held = self.factory.log_limit.allow("packet too large for client")
-        if held is not None:
-            self.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
-                          "size {m} of {c}; not sent to it ({h} more since the last "
-                          "such line)", t=message.topic, n=size, m=limit,
-                          c=self.client_id, h=held)
 
     def _not_sent(self, packet_id: int | None, topic: str) -> None:
         """A delivery this connection will not send: counted as dropped, and a QoS
@@ -400,11 +391,18 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
                 self._flush_out()
-        elif not self.congested and self.broker.after_batch(self._flush_out):
+        elif self.congested:
+            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+        elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
+            try:   # (routed by another's read of one PUBLISH: ``SINGLE_PUBLISH``)
+                send(self.transport, data)
+            except Exception:   # (logged and passed over, as a batch's flush is)
+                self.log.failure("writing a connection's output failed", Failure())
+        elif self.broker.after_batch(self._flush_out):
             self._out = [data]
             self._out_bytes = len(data)
         else:
-            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+            send(self.transport, data)
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -505,6 +503,17 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     }
     _connected_handlers: ClassVar[dict[type, Callable[[MQTTProtocol, Any], None]]] = {
         kind: handler for kind, handler in _handlers.items() if kind is not Connect}
+
+
+def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
+               size: int) -> None:
+    """One line (rate-limited) for a delivery above the client's maximum packet size."""
+    held = connection.factory.log_limit.allow("packet too large for client")
+    if held is not None:
+        connection.log.warn("a PUBLISH on {t!r} of {n} bytes is above the maximum packet "
+                            "size {m} of {c}; not sent to it ({h} more since the last "
+                            "such line)", t=message.topic, n=size, m=v5.client_max_packet,
+                            c=connection.client_id, h=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:

@@ -24,7 +24,7 @@ from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.net.tcp import others_waiting, plain_tcp
 
-__all__ = ["NOT_PAUSED", "InputPump"]
+__all__ = ["NOT_PAUSED", "SINGLE_PUBLISH", "InputPump"]
 
 _CONNECTED = ConnectionState.CONNECTED
 _AWAITING_CONNECT = ConnectionState.AWAITING_CONNECT
@@ -32,6 +32,14 @@ NOT_PAUSED: frozenset[str] = frozenset()   # (one, shared)
 # Reading paused for these, what was read is not handled either (``_process``).
 _HOLD_INPUT = frozenset({"congestion", "turn"})
 _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is used up
+#: The connection whose read is exactly one PUBLISH while that read is handled, else
+#: None.  What it routes to another connection holding nothing for this batch is sent
+#: at once (``MQTTProtocol._emit``): one frame either way, but ahead of the rest of the
+#: publish (the archive record, the statistics, the publisher's PUBACK, the batch's
+#: end), which was a third of the calls between the poll's end and the subscriber's
+#: send at a paced rate (``bench/lateness.py --critical``).  The publisher's own
+#: output, and every read of more than one packet, wait for the batch's end.
+SINGLE_PUBLISH: list[Any] = [None]
 
 
 class InputPump(MQTTLink):
@@ -41,13 +49,22 @@ class InputPump(MQTTLink):
     if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
         __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
-    def _process_batch(self, now: float = 0.0) -> None:
+    def _process_batch(self, now: float = 0.0, one_publish: bool = False) -> None:
         """``_process`` as one batch: what it causes is committed and written once.
-        (``now``: the clock's time if the caller just read it.)"""
+        (``now``: the clock's time if the caller just read it; ``one_publish``: the
+        read is exactly one PUBLISH, ``SINGLE_PUBLISH``.)"""
         broker = self.broker
         broker.begin_batch()
         try:
-            self._process(now)
+            if one_publish:
+                single = SINGLE_PUBLISH
+                was, single[0] = single[0], self
+                try:
+                    self._process(now)
+                finally:
+                    single[0] = was
+            else:
+                self._process(now)
         finally:
             broker.end_batch()
         decoder = self.decoder

@@ -328,3 +328,39 @@ def test_the_broker_and_gateway_engines_share_one_set_of_end_of_pump_chores() ->
         shared = getattr(EngineChores, chore)
         assert getattr(EnginePump, chore) is shared
         assert getattr(UpstreamConnection, chore) is shared
+
+
+def test_many_ended_sessions_still_held_are_said_once_a_connection(monkeypatch) -> None:
+    """Past ``HELD_SESSIONS_LOGGED`` ended sessions held at once (something keeps
+    objects of their links), one warning says so, once a connection; each session
+    is kept, never given back early (that would free its links under their
+    holders), and the one nothing else holds is given back."""
+    from twisted.logger import Logger
+
+    from mqttamqp.amqp import enginechores
+
+    counts = {i: 2 for i in range(enginechores.HELD_SESSIONS_LOGGED + 1)}
+    counts[0] = 1     # (ours alone)
+
+    def incref(impl: int) -> None:
+        counts[impl] += 1
+
+    def decref(impl: int) -> int:
+        counts[impl] -= 1
+        return counts[impl]
+
+    monkeypatch.setattr(enginechores, "incref", incref)
+    monkeypatch.setattr(enginechores, "decref", decref)
+    events: list[dict[str, object]] = []
+
+    class Engine(enginechores.EngineChores):
+        log = Logger(observer=events.append)
+
+    engine = Engine()
+    engine._held_sessions = list(counts)
+    engine._release_sessions()
+    engine._release_sessions()
+    assert counts[0] == 0 and engine._held_sessions == list(range(1, len(counts)))
+    assert all(counts[i] == 2 for i in engine._held_sessions)
+    warned = [e for e in events if e["log_level"].name == "warn"]
+    assert len(warned) == 1 and warned[0]["n"] == enginechores.HELD_SESSIONS_LOGGED

@@ -17,6 +17,7 @@ from mqttamqp.mqtt.codec import (
     encode,
     encode_publish,
     encode_remaining_length,
+    one_packet,
 )
 from mqttamqp.mqtt.packets import (
     SUBACK_FAILURE,
@@ -186,6 +187,29 @@ def test_round_trip(kind: str, level: int, data: st.DataObject) -> None:
     """encode then decode gives back the same packet, for every type at both levels."""
     packet = data.draw(strategy_for(kind, level))
     assert decode_one(encode(packet), level) == packet
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@given(data=st.data())
+def test_one_packet_says_whether_bytes_are_exactly_one_packet(level: int,
+                                                              data: st.DataObject) -> None:
+    """``one_packet`` is true for exactly one whole packet (any remaining length), false
+    for two packets, a packet cut short, or one with bytes after it."""
+    first = encode(data.draw(any_packet(level)))
+    second = encode(data.draw(any_packet(level)))
+    assert one_packet(first)
+    assert not one_packet(first + second)
+    assert not one_packet(first[:-1])
+    assert not one_packet(first + b"\x00")
+    assert not one_packet(first[:1])
+
+
+def test_one_packet_with_a_four_byte_remaining_length() -> None:
+    """A PUBLISH whose remaining length takes three bytes is one packet; a fifth length
+    byte (malformed) is not."""
+    frame = encode_publish(b"t", b"x" * 20_000, 0, False, False, None)
+    assert frame[2] & 0x80 and not frame[3] & 0x80 and one_packet(frame)
+    assert not one_packet(b"\x30\xff\xff\xff\xff\x01")
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -536,6 +536,61 @@ def test_batched_output_still_meets_transport_back_pressure() -> None:
     assert count == 3000 and h.broker.sessions["sub"].dropped == 0
 
 
+def _record_writes(client: Client, log: list[tuple[str, int]], name: str,
+                   publisher: Client) -> None:
+    """Record each write to ``client``'s transport with what ``publisher`` had been
+    given to send by then (its ``bytes_out``: its PUBACK counts once handed out)."""
+    real = client.transport.write
+
+    def write(data: bytes) -> None:
+        log.append((name, publisher.proto.bytes_out))
+        real(data)
+
+    client.transport.write = write  # type: ignore[method-assign]
+
+
+def test_a_read_of_one_publish_reaches_the_subscriber_before_its_batch_ends() -> None:
+    """A read of exactly one PUBLISH: each subscriber's frame is written while the
+    PUBLISH is handled, before the publisher's PUBACK is even handed out; a read of two
+    PUBLISHes: one write per subscriber at the batch's end, after both PUBACKs."""
+    h = Harness()
+    a, b, pub = h.client(), h.client(), h.client()
+    for c, name in ((a, "a"), (b, "b"), (pub, "pub")):
+        c.connect(name)
+    for c in (a, b):
+        c.send(Subscribe(1, (("t", 1),)))
+        assert c.received() == [Suback(1, (1,))]
+    log: list[tuple[str, int]] = []
+    for c, name in ((a, "a"), (b, "b"), (pub, "pub")):
+        _record_writes(c, log, name, pub)
+    before = pub.proto.bytes_out
+    pub.send(Publish("t", b"1", 1, False, False, 7))
+    assert sorted(log) == [("a", before), ("b", before), ("pub", before + 4)]
+    assert log[-1][0] == "pub" and pub.received() == [Puback(7)]
+    assert [p.payload for p in a.received() + b.received()] == [b"1", b"1"]  # type: ignore[union-attr]
+    log.clear()
+    before = pub.proto.bytes_out
+    pub.send(Publish("t", b"2", 1, False, False, 8), Publish("t", b"3", 1, False, False, 9))
+    assert sorted(log) == [("a", before + 8), ("b", before + 8), ("pub", before + 8)]
+    assert [p.payload for p in a.received()] == [b"2", b"3"]  # type: ignore[union-attr]
+
+
+def test_a_publisher_subscribed_to_its_own_topic_gets_one_write() -> None:
+    """A read of one PUBLISH that the publisher itself subscribes to: its copy and then
+    its PUBACK still leave in one write, at the batch's end."""
+    h = Harness()
+    c = h.client()
+    c.connect("self")
+    c.send(Subscribe(1, (("t", 1),)))
+    assert c.received() == [Suback(1, (1,))]
+    log: list[tuple[str, int]] = []
+    _record_writes(c, log, "self", c)
+    c.send(Publish("t", b"x", 1, False, False, 5))
+    assert len(log) == 1
+    got = c.received()
+    assert got[0].payload == b"x" and got[1:] == [Puback(5)]  # type: ignore[union-attr]
+
+
 def test_a_failing_output_flush_does_not_strand_other_connections() -> None:
     """If writing one connection's batched output raises, the others' output of the same
     batch is still written, and later output keeps flowing."""

@@ -171,6 +171,24 @@ def test_proton_objects_have_the_raw_pointer_the_adapters_read() -> None:
         assert thing._impl is not None
 
 
+def test_pn_decref_answers_the_count_left_that_the_held_sessions_probe_reads() -> None:
+    """``EngineChores._release_sessions`` probes a freed session's references with
+    ``pn_incref`` then ``pn_decref``, whose answer must be the count left (proton
+    0.39/0.40's ``object.c``): one more holder, one more in the answer."""
+    from proton import Connection
+
+    from mqttamqp.net.rawproton import decref, incref
+
+    session = Connection().session()
+    impl = session._impl
+    incref(impl)
+    alone = decref(impl)
+    link = session.sender("pins")    # (a link holds its session)
+    incref(impl)
+    assert decref(impl) == alone + 1
+    del link
+
+
 def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
     """``mqtt.websocket`` overrides autobahn's private ``_fail_connection`` and sets
     ``failedByMe``; ``StreamOverWebSocket`` reads ``state``: renamed, the override
