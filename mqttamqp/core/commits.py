@@ -215,8 +215,11 @@ class CommitBatcher:
 
     # -- batches ------------------------------------------------------------------
 
-    def begin(self) -> None:
+    def begin(self) -> bool:
+        """Open a batch; True when it is the outermost one (a read that is not handled
+        inside another's: a WebSocket read opens one around each frame it holds)."""
         self._depth += 1
+        return self._depth == 1
 
     def after_batch(self, flush: Callable[[], None]) -> bool:
         """Inside a batch: call ``flush`` when it ends (a connection writes what the

@@ -14,7 +14,7 @@ from wsclient import BINARY, CLOSE, FrameReader, client_frame, request
 
 from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import Decoder, encode
-from mqttamqp.mqtt.packets import Connect, Packet, Suback, Subscribe
+from mqttamqp.mqtt.packets import Connect, Packet, Publish, Suback, Subscribe
 from mqttamqp.mqtt.protocol import MQTTProtocol
 from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
 
@@ -268,3 +268,29 @@ def test_a_frame_length_of_2_63_closes_at_once(log_lines: list[str]) -> None:
     c.ws.dataReceived(b"\x00" * 1000)
     assert c.socket.value() == b""
     assert len([line for line in log_lines if "WebSocket protocol error" in line]) == 1
+
+
+def test_one_socket_read_of_several_publish_frames_is_one_write_per_subscriber() -> None:
+    """A WebSocket read of three frames, one QoS 0 PUBLISH each, reaches a TCP
+    subscriber in one transport write (the read is one batch), not one per frame."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", 0),)))
+    assert sub.received() == [Suback(1, (0,))]
+    pub = WsClient(h)
+    pub.send(Connect("MQTT", 4, "pub", True, 0))
+    assert pub.received() == [ACCEPTED]
+    writes: list[bytes] = []
+    real = sub.transport.write
+
+    def counted(data: bytes) -> None:
+        writes.append(data)
+        real(data)
+
+    sub.transport.write = counted  # type: ignore[method-assign]
+    pub.ws.dataReceived(b"".join(
+        client_frame(encode(Publish("t", b"%d" % i, 0, False, False, None)))
+        for i in range(3)))
+    assert [p.payload for p in sub.received()] == [b"0", b"1", b"2"]  # type: ignore[attr-defined]
+    assert len(writes) == 1
