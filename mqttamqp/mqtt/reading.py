@@ -39,8 +39,8 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 #: end), which was a third of the calls between the poll's end and the subscriber's
 #: send at a paced rate (``bench/lateness.py --critical``).  The publisher's own
 #: output, every read of more than one packet, and a read handled inside a batch
-#: already open (a WebSocket read's frames: ``websocket.py`` opens one batch for the
-#: socket read, however many frames it holds) wait for the batch's end.
+#: already open (the frames of a WebSocket read of several: ``websocket.py`` opens
+#: one batch for such a socket read) wait for the batch's end.
 SINGLE_PUBLISH: list[Any] = [None]
 
 
