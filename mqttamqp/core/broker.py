@@ -50,9 +50,9 @@ from twisted.logger import Logger
 
 from mqttamqp.core.auth import AllowAll, Authenticator, Authorizer, Guards, Identity, NoBans
 from mqttamqp.core.clients.clientdebug import ClientDebug
-from mqttamqp.core.clients.connections import InspectableConnection
 from mqttamqp.core.clients.gate import ClientGate
 from mqttamqp.core.clients.gateway import GatewaySessions
+from mqttamqp.core.clients.live import LiveConnections
 from mqttamqp.core.clients.registry import Opened, SessionRegistry
 from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock
@@ -157,7 +157,7 @@ class Broker:
         # -- state the read model, ops and tests look at (read-only) --
         self.sessions: dict[str, Session] = registry.sessions
         self.link_subscribers: dict[str, Session] = registry.link_subscribers
-        self.connections: dict[str, InspectableConnection] = registry.connections
+        self.connections: LiveConnections = registry.connections
         self.wills: dict[str, WillMessage] = wills.wills
         self.retained: RetainedStore = router.retained
         self.trie: SubscriptionTrie[Session] = router.trie
@@ -171,7 +171,8 @@ class Broker:
         self.after_batch = commits.after_batch
         self.barrier = commits.barrier          # fires once all asked so far is durable
         # connections: live after CONNACK / AMQP open (the console lists them, $SYS
-        # counts them), gone with a cause of the recorder's
+        # counts them), gone with a cause of the recorder's (MQTT's, by client id:
+        # ``registry.register_client``)
         self.register_connection = registry.register_connection
         self.unregister_connection = registry.unregister_connection
         # sessions: claim (open or resume) the session of a client id, taking it over

@@ -94,7 +94,7 @@ class Disconnects(MQTTLink):
         # It is over now, though the socket may linger (a half-open peer): it leaves
         # the console and $SYS with its cause, and a reconnecting client finds its
         # key free.
-        self.broker.unregister_connection(self.key, self._link, self._cause, reason)
+        self.broker.registry.unregister_client(self.client_id, self._link, self._cause, reason)
         # The will fires in connectionLost (the client did not send DISCONNECT).
         self._lose()
 
@@ -108,7 +108,7 @@ class Disconnects(MQTTLink):
         self.advance("close")
         self.session = None
         self._cancel_timers()
-        self.broker.unregister_connection(self.key, self._link, cause, reason)
+        self.broker.registry.unregister_client(self.client_id, self._link, cause, reason)
         self._lose()
 
     def server_stopping(self) -> None:

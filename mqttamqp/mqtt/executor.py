@@ -243,7 +243,7 @@ class ActionExecutor(MQTTLink):
         with_will = goodbye.with_will
         self._cause = CAUSE_CLEAN      # (and so ``_clean_close``)
         self.advance("close")
-        self.broker.unregister_connection(self.key, self._link, CAUSE_CLEAN)
+        self.broker.registry.unregister_client(self.client_id, self._link, CAUSE_CLEAN)
         self._cancel_timers()
         if self.session is not None:
             why = ("client sent DISCONNECT with will" if with_will

@@ -71,7 +71,20 @@ class ConnectHandshake(ActionExecutor):
     if not TYPE_CHECKING:   # (mypy would see no slot for what the connection has)
         __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
-    _auth: AuthInProgress | None   # an MQTT 5 AUTH exchange under way
+    @property
+    def _auth(self) -> AuthInProgress | None:
+        """An MQTT 5 AUTH exchange under way (kept by ``_v5``: only an MQTT 5
+        connection has one, so it is no slot of every connection's)."""
+        v5 = self._v5
+        return None if v5 is None else v5.auth   # type: ignore[return-value]
+
+    @_auth.setter
+    def _auth(self, value: AuthInProgress | None) -> None:
+        v5 = self._v5
+        if v5 is not None:
+            v5.auth = value
+        elif value is not None:
+            raise AssertionError("an AUTH exchange without MQTT 5")
 
     def _on_connect(self, packet: Connect) -> None:
         self._stop_connect_timer()
@@ -181,12 +194,11 @@ class ConnectHandshake(ActionExecutor):
         connack_props = None
         expiry: float | None = None
         if self._v5 is not None:
+            auth = self._auth    # (the exchange's, before ``_v5`` is replaced)
             self._v5, connack_props = negotiate(packet, self.limits, self.client_id, assigned)
             self.keepalive = self._v5.keepalive
             expiry = float(self._v5.session_expiry)
-            auth = self._auth
             if auth is not None:    # the method's final data goes in CONNACK
-                self._auth = None
                 connack_props = replace(connack_props, authentication_method=auth.method,
                                         authentication_data=auth.final)
         # In the turn that read CONNECT (not after a password check or a commit),
@@ -218,7 +230,7 @@ class ConnectHandshake(ActionExecutor):
         self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
         link, label, broker = self._link, self.protocol_label, self.broker
         broker.activate(session, link, label)
-        broker.register_connection(self.key, link, label)
+        broker.registry.register_client(self.client_id, link, label)
         held = self._factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"

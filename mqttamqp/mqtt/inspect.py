@@ -28,6 +28,18 @@ class ConnectionView(MQTTLink):
         __slots__ = ()   # (the connection has no __dict__: protocol.MQTTProtocol)
 
     @property
+    def connected(self) -> int:
+        """Twisted's ``BaseProtocol.connected``: 1 once ``makeConnection`` gave it a
+        transport (nothing here reads it; the transport says it: no slot of
+        ``protocol.MQTTProtocol``'s, which with ``_auth`` kept by ``_v5`` has 38, in
+        pymalloc's 336-byte class)."""
+        return 0 if self.transport is None else 1
+
+    @connected.setter
+    def connected(self, value: int) -> None:
+        pass   # (``SlottedProtocol.makeConnection`` sets it: the transport says it)
+
+    @property
     def peer(self) -> str:
         """The client's ``host:port``: the one representation of the address a lean
         TCP transport keeps (``net.tcp.LeanServer.peer``), the TLS layer's too (the

@@ -73,7 +73,7 @@ from mqttamqp.mqtt.connection import (
 from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
-from mqttamqp.mqtt.handshake import AuthInProgress, ConnectHandshake
+from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.packets import (
     Auth,
@@ -124,7 +124,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     # hold one field.
     __slots__ = (
         "_acks",
-        "_auth",
         "_backlog",
         "_cause",
         "_cause_detail",
@@ -147,7 +146,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "client_id",
         "clock",
         "congested",
-        "connected",
         "connected_since",
         "decoder",
         "factory",
@@ -166,7 +164,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def __init__(self, factory: MQTTFactory) -> None:
         self.transport = None
-        self.connected = 0
         self.factory = factory
         self.broker = factory.broker
         self.clock = factory.clock
@@ -209,7 +206,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                           PublishThrottle(rate, self.clock, self._rate_paused, self._rate_over))
         self._turn_timer: DelayedCall | None = None   # input held until a later turn
         self._v5: Negotiated | None = None     # set once an MQTT 5 CONNECT is read
-        self._auth: AuthInProgress | None = None   # an MQTT 5 AUTH exchange under way
 
     @property
     def _link(self) -> MQTTProtocol:
@@ -267,7 +263,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         detail = self._cause_detail
         if not detail and self._cause == CAUSE_LOST and reason is not None:
             detail = "connection lost: " + reason.getErrorMessage()
-        self.broker.unregister_connection(self.key, self, self._cause, detail)
+        self.broker.registry.unregister_client(self.client_id, self, self._cause, detail)
         if self.session is not None:
             why = "client disconnected" if self._clean_close else (
                 detail or "connection lost: unknown")

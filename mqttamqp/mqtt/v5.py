@@ -75,7 +75,8 @@ class InboundAliases:
 class Negotiated:
     """The MQTT 5 state of one connection (not kept across connections)."""
 
-    __slots__ = ("_aliases_out", "_quota", "aliases_in", "auth_method", "client_alias_max",
+    __slots__ = ("_aliases_out", "_quota", "aliases_in", "auth", "auth_method",
+                 "client_alias_max",
                  "client_max_packet", "client_receive_max", "keepalive", "plain",
                  "problem_info", "response_info", "session_expiry", "too_large")
 
@@ -89,6 +90,9 @@ class Negotiated:
         self.response_info = props.request_response_information == 1
         self.keepalive = packet.keepalive
         self.auth_method = props.authentication_method   # MQTT 5 enhanced authentication
+        # The exchange under way (``handshake.AuthInProgress``; the connection's
+        # ``_auth``: a slot here, not one of every connection's).
+        self.auth: object | None = None
         self.aliases_in: InboundAliases | None = None   # (made at the first alias set)
         self._aliases_out: dict[str, int] = {}
         self._quota: set[int] = set()

@@ -1,5 +1,5 @@
 """The session registry: sessions by client id, who holds each, takeover, the end of
-a session, expiry, and the list of live connections.
+a session, expiry; it builds the table of live connections (``live``).
 
 What it owns: the sessions of client ids (MQTT clients, and AMQP
 ``$mqtt.to.<id>.publish`` receivers, which claim the same sessions) and the
@@ -7,8 +7,9 @@ sessions of AMQP topic receivers (in the trie, but keyed by link, so no client
 can claim them); the clean/persistent rules; takeover (a newcomer closes the old
 holder first, whose will fires unless the newcomer resumes the persistent
 session); what the end of a connection means for its
-session and its MQTT will; expiry of offline persistent sessions; the console's
-list of live connections and the ``$SYS`` client counts (drops: ``DropCounts``).
+session and its MQTT will; expiry of offline persistent sessions; the ``$SYS``
+drop counts (``DropCounts``).  The live connections, their counts and events are
+``live.LiveConnections``'s, whose register methods it hands out.
 
 What it must not do: route (the router does), hold wills (``Wills`` does), or
 touch sockets beyond the ``close`` of a holder it takes a session from.
@@ -22,25 +23,17 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from mqttamqp.core.auth import Identity
-from mqttamqp.core.clients.connections import InspectableConnection
 from mqttamqp.core.clients.dropcounts import DropCounts
+from mqttamqp.core.clients.live import LiveConnections
 from mqttamqp.core.clients.wills import Wills
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.commits import CommitBatcher, all_durable
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.persistence import DeleteSession, Op, PutSession, SessionRecord
-from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.recorder import (
-    CAUSE_CLEAN,
-    CAUSE_LIMIT,
     CAUSE_LOST,
-    CAUSE_PROTOCOL_ERROR,
-    CAUSE_SHUTDOWN,
-    CAUSE_STORAGE,
     CAUSE_TAKEN_OVER,
-    CONNECT,
-    DISCONNECT,
     SESSION_CLEARED,
     SESSION_CREATED,
     SESSION_EXPIRED,
@@ -88,15 +81,18 @@ class SessionRegistry:
         self.sessions: dict[str, Session] = {}
         # AMQP topic receivers' sessions: in the trie, keyed by link, not client id.
         self.link_subscribers: dict[str, Session] = {}
-        self.connections: dict[str, InspectableConnection] = {}
-        # The protocols of live connections that do not say it (``protocol_label``).
-        self._connection_protocols: dict[str, str] = {}
+        # Live connections (after CONNACK, AMQP open): the console's list, $SYS's
+        # counts, the CONNECT and DISCONNECT events and the disconnect lines.
+        self.connections = LiveConnections(clock, stats, commits, recorder)
+        self.register_connection = self.connections.register_connection
+        self.unregister_connection = self.connections.unregister_connection
+        self.register_client = self.connections.register_client
+        self.unregister_client = self.connections.unregister_client
         # What sessions dropped and hold, for $SYS, the console and the metrics.
         self.drops = DropCounts(self.sessions, self.link_subscribers, router.groups)
         # client id -> (the offline session, its MQTT 5 expiry timer): at most one
         # timer per client id, whoever armed it (see ``_arm_expiry``).
         self._expiry_timers: dict[str, tuple[Session, DelayedCall]] = {}
-        self._disconnect_lines = LogLimiter(clock.seconds, interval=1.0, burst=20)
         # Persistent sessions whose record no commit is known to hold yet (its
         # PutSession submitted and not durable, or failed): resuming one of them
         # stores the record again before CONNACK says "session present".  Every other
@@ -127,62 +123,6 @@ class SessionRegistry:
             if session.link is not None:
                 yield session
         yield from self.link_subscribers.values()
-
-    # -- live connections -----------------------------------------------------
-
-    def register_connection(self, key: str, connection: InspectableConnection,
-                            protocol: str) -> None:
-        previous = self.connections.get(key)
-        now = self.clock.seconds()   # (not the read's: a takeover's DISCONNECT is after it)
-        if previous is not None:
-            if previous is connection:
-                return
-            # The key's previous holder is closing but not yet gone (e.g. after an
-            # MQTT DISCONNECT): the newcomer takes its place, and its later
-            # unregister_connection is a no-op.
-            known = _protocol_of(self._connection_protocols.get(key), previous)
-            self.stats.disconnected(known)
-            self.stats.disconnect_cause(CAUSE_CLEAN)
-            if self._recording:
-                self.recorder.event(now, DISCONNECT, previous.event_fields()[0],
-                                    protocol=known, reason=CAUSE_CLEAN)
-        self.connections[key] = connection
-        self._connection_protocols.pop(key, None)
-        if getattr(connection, "protocol_label", None) != protocol:
-            self._connection_protocols[key] = protocol
-        self.stats.connected(protocol)
-        if self._recording:
-            client_id, remote, user, clean, keepalive = connection.event_fields()
-            self.recorder.event(now, CONNECT, client_id, protocol=protocol, address=remote,
-                                user=user, clean_session=clean, keepalive=keepalive)
-
-    def unregister_connection(self, key: str, connection: InspectableConnection,
-                              cause: str = CAUSE_LOST, detail: str = "") -> None:
-        if self.connections.get(key) is connection:
-            del self.connections[key]
-            protocol = _protocol_of(self._connection_protocols.pop(key, None), connection)
-            self.stats.disconnected(protocol)
-            if self.commits.stopping:
-                cause = CAUSE_SHUTDOWN
-            self.stats.disconnect_cause(cause)
-            client_id, remote = connection.event_fields()[:2]
-            # The one line per disconnect, with its cause.  A protocol error or a
-            # limit was logged (as a warning, with its reason) where it was found;
-            # storage failures and shutdowns are logged once for all, not per client.
-            # (20 lines a second at most, then a count in the next one)
-            held = (None if cause in (CAUSE_PROTOCOL_ERROR, CAUSE_STORAGE, CAUSE_SHUTDOWN,
-                                      CAUSE_LIMIT)
-                    else self._disconnect_lines.allow("disconnect"))
-            if held is not None:
-                self.log.info("{p} client {c} ({peer}) disconnected: {cause}{d}{h}",
-                              p=protocol, c=client_id or "?", peer=remote,
-                              cause=cause.replace("_", " "),
-                              d=f" ({detail})" if detail else "",
-                              h=f" ({held} more disconnects not logged before it)"
-                              if held else "")
-            if self._recording:
-                self.recorder.event(self.clock.seconds(), DISCONNECT, client_id,
-                                    protocol=protocol, reason=cause, detail=detail or None)
 
     # -- claiming and ending --------------------------------------------------
 
@@ -467,14 +407,6 @@ class SessionRegistry:
                                 reason="offline longer than --session-expiry")
             ops.extend(self.discard(session))
         self.commits.background(ops)
-
-
-def _protocol_of(stored: str | None, connection: InspectableConnection) -> str:
-    """The protocol a live connection registered with: ``stored``, what the
-    registry's table keeps for it, which is only for connections that do not say
-    it themselves (``protocol_label``, as an MQTT connection does): one dict entry
-    a connection less for most."""
-    return stored if stored is not None else str(getattr(connection, "protocol_label", "?"))
 
 
 def _will_delay(wills: Wills, session: Session) -> float:

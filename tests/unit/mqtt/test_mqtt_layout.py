@@ -1,0 +1,25 @@
+"""What one MQTT connection object holds: the slots an idle connection pays for."""
+
+from __future__ import annotations
+
+from mqtt_memory import Harness
+
+from mqttamqp.mqtt.protocol import MQTTProtocol
+
+
+def test_the_connection_fits_pymallocs_336_byte_class() -> None:
+    """``MQTTProtocol`` with the collector's header is at most 336 bytes (no slot for
+    Twisted's ``connected`` nor for an MQTT 5 AUTH exchange): an idle connection's
+    largest object (bench/README.md, idle connections, sixth round)."""
+    assert "connected" not in MQTTProtocol.__slots__ and "_auth" not in MQTTProtocol.__slots__
+    assert MQTTProtocol.__basicsize__ + 16 <= 336
+
+
+def test_connected_says_whether_a_transport_was_given() -> None:
+    """``connected`` is 0 before ``makeConnection`` and 1 after, as Twisted's
+    ``BaseProtocol`` has it, without a slot of its own."""
+    h = Harness()
+    proto = h.factory.buildProtocol(None)
+    assert proto.connected == 0 and proto._auth is None
+    c = h.client()
+    assert c.proto.connected == 1 and c.proto._auth is None
