@@ -123,3 +123,23 @@ def test_a_dead_letter_or_alternate_exchange_needs_write_on_it(alice: Any) -> No
     assert "write access to queue 'in'" in refused(
         p.check_routes_to, alice, {"x-dead-letter-exchange": "",
                                    "x-dead-letter-routing-key": "in"}, "jobs")
+
+
+def test_publish_asks_nothing_only_of_allow_all_itself() -> None:
+    """check_publish skips the authorizer for ``AllowAll`` itself, not for a
+    subclass that overrides a verdict: such a one is still asked (and refuses)."""
+    asked: list[str] = []
+
+    class NoQueueWrites(AllowAll):
+        def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+            asked.append(topic)
+            return False
+
+        def may_use_resource(self, identity: Identity, kind: str, access: str,
+                             name: str) -> bool:
+            return False
+
+    p.check_publish(host(AllowAll()), "", "jobs")
+    assert "write access to queue 'jobs'" in refused(p.check_publish,
+                                                     host(NoQueueWrites()), "", "jobs")
+    assert asked == ["$queue/jobs"]
