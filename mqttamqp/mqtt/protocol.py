@@ -396,8 +396,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
             try:   # (routed by another's read of one PUBLISH: ``SINGLE_PUBLISH``)
                 send(self.transport, data)
-            except Exception:   # (logged and passed over, as a batch's flush is)
-                self.log.failure("writing a connection's output failed", Failure())
+            except Exception:   # (counted, logged a line a minute, as a flush is)
+                _write_failed(self, Failure())
         elif self.broker.after_batch(self._flush_out):
             self._out = [data]
             self._out_bytes = len(data)
@@ -514,6 +514,16 @@ def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
                             "size {m} of {c}; not sent to it ({h} more since the last "
                             "such line)", t=message.topic, n=size, m=v5.client_max_packet,
                             c=connection.client_id, h=held)
+
+
+def _write_failed(connection: MQTTProtocol, failure: Failure) -> None:
+    """A frame sent at once raised (``_emit``): counted, and one line a minute with how
+    many more failed since, as a batch's flush (``CommitBatcher.output_failed``)."""
+    connection.meter.stats.write_failures += 1
+    held = connection.factory.log_limit.allow("writing output failed")
+    if held is not None:
+        connection.log.failure("writing a connection's output failed ({n} more since the "
+                               "last such line)", failure, n=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:

@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from fakes import ManualStore
-from mqtt_memory import ACCEPTED, Harness, TcpLikeTransport
+from mqtt_memory import ACCEPTED, Client, Harness, TcpLikeTransport
 from twisted.internet.address import IPv4Address
 from wsclient import BINARY, CLOSE, FrameReader, client_frame, request
 
 from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import Decoder, encode
-from mqttamqp.mqtt.packets import Connect, Packet, Suback, Subscribe
+from mqttamqp.mqtt.packets import Connect, Packet, Puback, Publish, Suback, Subscribe
 from mqttamqp.mqtt.protocol import MQTTProtocol
 from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
 
@@ -268,3 +268,51 @@ def test_a_frame_length_of_2_63_closes_at_once(log_lines: list[str]) -> None:
     c.ws.dataReceived(b"\x00" * 1000)
     assert c.socket.value() == b""
     assert len([line for line in log_lines if "WebSocket protocol error" in line]) == 1
+
+
+def _subscriber_and_ws_publisher(h: Harness, qos: int) -> tuple[Client, WsClient,
+                                                                  list[int]]:
+    """A TCP subscriber of ``t``, a WebSocket publisher, and the list that gets, at each
+    write to the subscriber, the bytes the publisher had been given by then."""
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", qos),)))
+    assert sub.received() == [Suback(1, (qos,))]
+    pub = WsClient(h)
+    pub.send(Connect("MQTT", 4, "pub", True, 0))
+    assert pub.received() == [ACCEPTED]
+    writes: list[int] = []
+    real = sub.transport.write
+
+    def counted(data: bytes) -> None:
+        writes.append(pub.mqtt.bytes_out)
+        real(data)
+
+    sub.transport.write = counted  # type: ignore[method-assign]
+    return sub, pub, writes
+
+
+def test_one_socket_read_of_several_publish_frames_is_one_write_per_subscriber() -> None:
+    """A WebSocket read of three frames, one QoS 0 PUBLISH each, reaches a TCP
+    subscriber in one transport write (the read is one batch), not one per frame."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 0)
+    pub.ws.dataReceived(b"".join(
+        client_frame(encode(Publish("t", b"%d" % i, 0, False, False, None)))
+        for i in range(3)))
+    assert [p.payload for p in sub.received()] == [b"0", b"1", b"2"]  # type: ignore[attr-defined]
+    assert len(writes) == 1
+
+
+def test_a_read_of_one_frame_of_one_publish_is_sent_before_the_puback() -> None:
+    """A WebSocket read of one whole frame holding one QoS 1 PUBLISH is handled as a
+    TCP read of one PUBLISH: the subscriber's frame is written before the publisher's
+    PUBACK is even handed out; a frame of two PUBLISHes waits for the batch's end."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 1)
+    before = pub.mqtt.bytes_out
+    pub.send(Publish("t", b"1", 1, False, False, 7))
+    assert writes == [before] and pub.received() == [Puback(7)]
+    pub.send(Publish("t", b"2", 1, False, False, 8), Publish("t", b"3", 1, False, False, 9))
+    assert writes == [before, before + 12] and pub.received() == [Puback(8), Puback(9)]
+    assert [p.payload for p in sub.received()] == [b"1", b"2", b"3"]  # type: ignore[attr-defined]
