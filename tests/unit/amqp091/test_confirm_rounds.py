@@ -150,3 +150,4 @@ def test_a_publish_after_another_keeps_the_channel_rules() -> None:
     [close] = [f for f in frames_of(t) if f.name != "Basic.Ack"]
     assert close.name == "Connection.Close" and close.reply_code == 540
     assert conn.broker.queues.queues["c"].published == 1
+    assert conn._assemblers[1].method is None   # (not started on a closing connection)
