@@ -154,7 +154,14 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
             text=True)
         os.close(edge_w)
         try:
-            marks = [mark(sub, edge_r, measured + 30) for _ in range(2)]
+            try:
+                marks = [mark(sub, edge_r, measured + 30) for _ in range(2)]
+            except TimeoutError:
+                # (perf ended without running the command, or it never came back:
+                # what perf said is the error to record)
+                perf.kill()
+                _, perf_err = perf.communicate(timeout=30)
+                raise RuntimeError("perf stat failed: " + (perf_err or "")[-500:]) from None
             _, perf_err = perf.communicate(timeout=30)
         finally:
             os.close(edge_r)
@@ -164,6 +171,9 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
         after = thread_switches(broker.pid)
         sres = sub.expect("RESULT", args.seconds + 40)
         pub.expect("RESULT", 30)
+        if marks[0] is None:
+            raise RuntimeError("the subscriber had received everything before the "
+                               "measurement window opened: nothing to divide by")
         received = [m if m is not None else sres.get("received", 0) for m in marks]
         counted = max(1, received[1] - received[0])
         res.update({"received_in_window": received[1] - received[0],

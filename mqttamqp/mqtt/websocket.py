@@ -164,10 +164,12 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                                  f"longer than {MAX_REQUEST_HEAD} bytes")
             self.transport.abortConnection()
             return
-        if self.state == self.STATE_OPEN and not self.data and _one_binary_frame(data):
-            # A read of one whole binary frame: the MQTT connection's own batch is the
-            # read's, as on TCP (a frame of one PUBLISH is sent to each subscriber at
-            # once: ``reading.SINGLE_PUBLISH``).
+        if (self.state == self.STATE_OPEN and not self.data and self.current_frame is None
+                and _one_binary_frame(data)):
+            # A read of one whole binary frame, nothing of an earlier one held or begun
+            # (autobahn's ``data`` and ``current_frame``, pinned in test_net_pins): the
+            # MQTT connection's own batch is the read's, as on TCP (a frame of one
+            # PUBLISH is sent to each subscriber at once: ``reading.SINGLE_PUBLISH``).
             super().dataReceived(data)
             return
         # One socket read is one batch, as on TCP (commits, and one write per

@@ -634,6 +634,8 @@ def test_a_failing_immediate_send_is_counted_and_logged_once_a_minute(
     (the next one says how many were held back), not one per delivery."""
     h = Harness()
     a, b, pub = _two_subscribers_one_failing(h, 4)
+    # (the failures are the immediate send's, not a batch's flush)
+    h.broker._commits.output_failed = _not_a_batch_flush  # type: ignore[method-assign]
 
     def failed() -> list[str]:
         return [line for line in log_lines if "writing a connection's output failed" in line]
@@ -649,6 +651,22 @@ def test_a_failing_immediate_send_is_counted_and_logged_once_a_minute(
     assert h.broker.stats.write_failures == 4 and a.received() == []
     pub.send(Publish("t", b"4", 0, False, False, None))
     assert [p.payload for p in a.received()] == [b"4"]  # type: ignore[union-attr]
+
+
+def _not_a_batch_flush(failure: object) -> None:
+    raise AssertionError("a batch's flush failed, not the frame sent at once")
+
+
+def test_a_failing_flush_past_the_batch_bound_is_counted_and_others_served() -> None:
+    """A read of two PUBLISHes whose copies to ``a`` pass ``OUTPUT_BATCH_BYTES`` in the
+    batch: the flush at the bound raises; it is counted, nothing escapes into the
+    read, and ``b`` still gets both."""
+    h = Harness()
+    _a, b, pub = _two_subscribers_one_failing(h, 1)
+    big = b"z" * 40_000
+    pub.send(Publish("t", big, 0, False, False, None), Publish("t", big, 0, False, False, None))
+    assert [p.payload for p in b.received()] == [big, big]  # type: ignore[union-attr]
+    assert h.broker.stats.write_failures == 1 and h.broker._commits._depth == 0
 
 
 def test_refusal_connack_is_written_before_the_close() -> None:

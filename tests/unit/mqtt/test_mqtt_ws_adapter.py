@@ -316,3 +316,35 @@ def test_a_read_of_one_frame_of_one_publish_is_sent_before_the_puback() -> None:
     pub.send(Publish("t", b"2", 1, False, False, 8), Publish("t", b"3", 1, False, False, 9))
     assert writes == [before, before + 12] and pub.received() == [Puback(8), Puback(9)]
     assert [p.payload for p in sub.received()] == [b"1", b"2", b"3"]  # type: ignore[attr-defined]
+
+
+def _split_so_the_tail_looks_like_one_frame(pubs_after: int) -> tuple[bytes, bytes]:
+    """A frame of one PUBLISH split over two reads, its mask chosen so that the second
+    read (the payload's tail and ``pubs_after`` one-PUBLISH frames) starts with 0x82
+    and a length that makes it look like one whole frame."""
+    payload = encode(Publish("t", b"A" * 40, 0, False, False, None))
+    after = b"".join(client_frame(encode(Publish("t", b"%d" % i, 0, False, False, None)))
+                     for i in range(pubs_after))
+    cut = 8   # (a multiple of 4: the mask's first two bytes mask the tail's first two)
+    size = len(payload) - cut + len(after)
+    mask = bytes([payload[cut] ^ 0x82, payload[cut + 1] ^ (0x80 | (size - 6)), 0x11, 0x22])
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    first = bytes([0x82, 0x80 | len(payload)]) + mask + masked[:cut]
+    second = masked[cut:] + after
+    assert second[:2] == bytes([0x82, 0x80 | (size - 6)])
+    return first, second
+
+
+def test_the_rest_of_a_frame_split_over_reads_is_not_taken_for_one_frame() -> None:
+    """A read that continues a frame begun in the previous one (autobahn holds no bytes
+    of it, only the frame's state) is one batch, whatever its first bytes look like:
+    the three frames after the tail reach the subscriber in one write with it."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 0)
+    first, second = _split_so_the_tail_looks_like_one_frame(3)
+    pub.ws.dataReceived(first)
+    writes.clear()
+    pub.ws.dataReceived(second)
+    assert [p.payload for p in sub.received()] == [  # type: ignore[attr-defined]
+        b"A" * 40, b"0", b"1", b"2"]
+    assert len(writes) == 1
