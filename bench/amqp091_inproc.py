@@ -25,7 +25,9 @@ made side by side only, or count instructions, which do not move with the load:
     valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/tmp/cg.out \
         python bench/amqp091_inproc.py 5000 --callgrind    # "Collected" / 5000
 
-``GC0=N`` sets the collector's young-generation threshold (the service's by default).
+``CG_STAGE=module:Class.method`` with ``--callgrind`` collects inside that callable
+only (inclusive): one stage's instructions of the run.  ``GC0=N`` sets the collector's
+young-generation threshold (the service's by default).
 """
 
 import argparse
@@ -200,6 +202,40 @@ def areas(stats, count):
         print(f"  {tt / count * 1e6:7.2f}  {100 * tt / whole:5.1f} %  {name}")
 
 
+STAGE_CALLS = [0]
+
+
+def wrap_stage(spec, toggle):
+    """``CG_STAGE=module:Class.method`` (or ``module:function``): collect only inside
+    that callable (inclusive, outermost call; the toggles cost a few hundred
+    instructions a call), so callgrind's total is that stage's share of the run."""
+    import functools
+    import importlib
+
+    modname, _, path = spec.partition(":")
+    owner = importlib.import_module(modname)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    depth = [0]
+
+    @functools.wraps(fn)
+    def staged(*args, **kwargs):
+        if depth[0]:
+            return fn(*args, **kwargs)
+        STAGE_CALLS[0] += 1
+        depth[0] = 1
+        toggle()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            toggle()
+            depth[0] = 0
+
+    setattr(owner, name, staged)
+
+
 def measure(run, n):
     t = time.process_time()
     got = run(n)
@@ -234,10 +270,16 @@ if OPTS.callgrind:
     from amqp_cost import callgrind_toggle
 
     toggle = callgrind_toggle()
-    toggle()
+    stage = os.environ.get("CG_STAGE")
+    if stage:
+        wrap_stage(stage, toggle)
+    else:
+        toggle()
 us, got = measure(run, N)
-if toggle is not None:
+if toggle is not None and not stage:
     toggle()
+if stage:
+    print(f"stage {stage}: {STAGE_CALLS[0]} calls")
 print(f"{MODE}: {us:.1f} us per message ({got})")
 if OPTS.p:
     pr = cProfile.Profile()

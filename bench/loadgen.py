@@ -14,6 +14,7 @@ Protocol with the parent on stdout/stdin, one line each:
     SENT json             (pub roles) the last PUBLISH was written: last_send_ns
     DRAIN ns              (stdin, sub role) count what has arrived at CLOCK_MONOTONIC ns
                           (the fixed drain after the last publish), keep receiving
+    MARK                  (stdin, sub role) answer MARKED json: what has arrived by now
     STOP                  (stdin, sysmon role) take one more $SYS sample, then report
     CONNECTED json        (idle role) all connections made
     CLOSE                 (stdin, idle role) close them
@@ -291,6 +292,7 @@ class DrainClock:
         self.end_ns = 0
         self.at = None
         self.buf = b""
+        self.marks = 0   # MARK lines read and not answered yet
 
     def read_stdin(self):
         """Read the parent's lines; False at EOF (stop watching stdin)."""
@@ -306,6 +308,8 @@ class DrainClock:
             word, _, arg = line.decode().strip().partition(" ")
             if word == "DRAIN" and arg:
                 self.end_ns = int(arg)
+            elif word == "MARK":
+                self.marks += 1
         return True
 
     def check(self, now_ns, total):
@@ -383,6 +387,9 @@ def role_sub(a):
             if c is drain:
                 if not drain.read_stdin():
                     sel.unregister(0)
+                while drain.marks:   # (bounded: the lines of one read)
+                    drain.marks -= 1
+                    emit("MARKED", {"received": total, "ns": mono_ns()})
                 continue
             if mask & selectors.EVENT_READ:
                 try:

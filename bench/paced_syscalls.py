@@ -16,7 +16,11 @@ while the load runs counts, in the broker's process only:
 * the voluntary and non-voluntary context switches of each thread
   (``/proc/PID/task/TID/status``), from the load's start to its end.
 
-Each figure is divided by the messages the subscriber received.  These counts are
+Each figure is divided by the messages the subscriber received during perf's
+window (its count when the window opened and when it closed, asked with
+``loadgen.py``'s ``MARK``), printed as ``received_in_window`` beside the nominal
+count (seconds × rate, ``nominal_in_window``); ``load_ended_in_window`` says the
+load ended before the window did (then the window's end counts all it received).  These counts are
 what the machine's load does not move (a loaded machine changes how often two
 events share one turn, so give the turns with them: ``epoll_wait`` per message).
 The latencies printed beside them are indicative only.  Every loop is bounded
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -89,6 +94,22 @@ def parse_perf(text: str) -> dict[str, dict[str, int]]:
     return table
 
 
+def mark(sub: run.Worker, edge: int, timeout: float) -> int | None:
+    """Wait (bounded) for the next line on the pipe ``edge``, then ask the subscriber
+    what it has received: its count, or None if it had already finished."""
+    ready, _, _ = select.select([edge], [], [], timeout)
+    if not ready or not os.read(edge, 64):
+        raise TimeoutError("the measurement window's edge did not come")
+    sub.send("MARK")
+    try:
+        marked: dict = sub.expect("MARKED", 10)
+    except RuntimeError:
+        if sub.result is None:
+            raise
+        return None   # (it received everything before the window closed)
+    return int(marked["received"])
+
+
 def one_run(kind: str, args: argparse.Namespace, help_text: str,
             env_extra: dict[str, str]) -> dict:
     broker = brokers.Broker(kind, label=kind, mqttamqp_help_text=help_text,
@@ -120,15 +141,45 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
             if os.path.isdir("/sys/kernel/tracing/events/syscalls/sys_enter_" + s)])
         pub.send("GO")
         time.sleep(1.0)   # (pacing the measurement window, not waiting for an event)
+        # The window is the life of the command perf runs (perf's own start-up, a
+        # second or so with this many events, comes before it): that command says
+        # when it starts and ends on a pipe, and the subscriber is asked then what it
+        # has received (``MARK``: its answer comes within a millisecond or so).
+        edge_r, edge_w = os.pipe()
         before = thread_switches(broker.pid)
-        perf = subprocess.run(["perf", "stat", "-x,", "--per-thread", "-e", events,
-                               "-p", str(broker.pid), "--", "sleep", str(measured)],
-                              capture_output=True, text=True, timeout=measured + 30)
+        perf = subprocess.Popen(
+            ["perf", "stat", "-x,", "--per-thread", "-e", events, "-p", str(broker.pid),
+             "--", "sh", "-c", f"echo >&{edge_w}; sleep {measured}; echo >&{edge_w}"],
+            pass_fds=(edge_w,), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        os.close(edge_w)
+        try:
+            try:
+                marks = [mark(sub, edge_r, measured + 30) for _ in range(2)]
+            except TimeoutError:
+                # (perf ended without running the command, or it never came back:
+                # what perf said is the error to record)
+                perf.kill()
+                _, perf_err = perf.communicate(timeout=30)
+                raise RuntimeError("perf stat failed: " + (perf_err or "")[-500:]) from None
+            _, perf_err = perf.communicate(timeout=30)
+        finally:
+            os.close(edge_r)
+            if perf.poll() is None:
+                perf.kill()
+                perf.wait(10)
         after = thread_switches(broker.pid)
         sres = sub.expect("RESULT", args.seconds + 40)
         pub.expect("RESULT", 30)
-        counted = measured * args.rate
-        per_thread = parse_perf(perf.stderr)
+        if marks[0] is None:
+            raise RuntimeError("the subscriber had received everything before the "
+                               "measurement window opened: nothing to divide by")
+        received = [m if m is not None else sres.get("received", 0) for m in marks]
+        counted = max(1, received[1] - received[0])
+        res.update({"received_in_window": received[1] - received[0],
+                    "nominal_in_window": measured * args.rate,
+                    "load_ended_in_window": marks[1] is None})
+        per_thread = parse_perf(perf_err)
         res["syscalls_per_msg"] = {
             thread: {ev.replace("syscalls:sys_enter_", ""): round(c / counted, 3)
                      for ev, c in sorted(evs.items(), key=lambda kv: -kv[1])}
@@ -146,7 +197,7 @@ def one_run(kind: str, args: argparse.Namespace, help_text: str,
                     "p99_ms": lat.get("p99_ms"), "measured_s": measured,
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
         if perf.returncode != 0:
-            res["perf_error"] = perf.stderr[-500:]
+            res["perf_error"] = perf_err[-500:]
     finally:
         for wk in workers:
             wk.stop()

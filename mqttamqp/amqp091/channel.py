@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.amqp091.confirms import PublisherConfirms
 from mqttamqp.amqp091.consumers import QueueConsumer
-from mqttamqp.amqp091.frames import Content, deliver_frame
+from mqttamqp.amqp091.frames import Content, deliver_frames
 from mqttamqp.amqp091.hosts import ChannelHost
 from mqttamqp.amqp091.methods import MODEL_METHODS
 from mqttamqp.amqp091.permissions import (
@@ -41,7 +41,7 @@ from mqttamqp.amqp091.permissions import (
     check_queue,
     consumer_identity,
 )
-from mqttamqp.amqp091.properties import PropertyError, envelope, for_consumer, to_core
+from mqttamqp.amqp091.properties import PropertyError, for_consumer, opened, published_form
 from mqttamqp.amqp091.transactions import TX_METHODS, ChannelTransactions
 from mqttamqp.core.commits import CommitRound, Durable
 from mqttamqp.core.exchanges.errors import (
@@ -52,7 +52,6 @@ from mqttamqp.core.exchanges.errors import (
     ChannelError,
 )
 from mqttamqp.core.exchanges.exchanges import Exchanges
-from mqttamqp.core.exchanges.topicspace import queue_topic
 from mqttamqp.core.message import Message
 from mqttamqp.core.routing.settlement import Outcome
 
@@ -260,17 +259,16 @@ class Channel(PublisherConfirms):
             raise ChannelError(PRECONDITION_FAILED, f"user_id property set to "
                                f"'{props.user_id}' but authenticated user was "
                                f"'{connection.username or ''}'")
-        try:
-            core_props, qos = to_core(props)
+        exchange, key = m.exchange, m.routing_key
+        try:   # (the default exchange's: the topic it has in its queue, no copy there)
+            core_props, qos, sent, priority, topic = published_form(
+                props, exchange, key, content.raw_properties)
         except PropertyError as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
-        check_publish(connection, m.exchange, m.routing_key)
-        # (through the default exchange, the topic it has in its queue: no copy there)
-        message = Message(queue_topic(m.routing_key, m.routing_key) if not m.exchange else "",
-                          content.body, qos, False, connection.client_id,
-                          connection.clock.seconds(), props=core_props,
-                          amqp091=envelope(m.exchange, m.routing_key, content.raw_properties),
-                          priority=props.priority)
+        check_publish(connection, exchange, key)
+        message = Message(topic, content.body, qos, False, connection.client_id,
+                          connection.clock.seconds(), False, None, False, core_props, sent,
+                          priority)
         if self.tx is not None:
             self.tx.publish(message, content)    # (routed at tx.commit)
             return
@@ -333,13 +331,21 @@ class Channel(PublisherConfirms):
                 "a delivery to basic.get's session outside basic.get")), Outcome.RELEASED)
             return
         tag = self.next_tag
-        dropped: list[str] = []
+        dropped: list[str] | None = None
         try:
             # (built before the tag is taken: what cannot be encoded takes none)
-            props, redelivered, exchange, key = for_consumer(
-                message, member.queue, connection.clock.seconds(), dropped)
-            method = (None if member.getter else deliver_frame(
-                self.number, member.tag, tag, redelivered or dup, exchange, key))
+            sent = message.amqp091
+            if sent is not None and message.props is None:
+                # (no core properties: as sent, ``for_consumer``'s answer without it)
+                exchange, key, props = opened(sent)
+                redelivered = bool(message.dup)
+            else:
+                dropped = []
+                props, redelivered, exchange, key = for_consumer(
+                    message, member.queue, connection.clock.seconds(), dropped)
+            frames = None if member.getter else deliver_frames(
+                self.number, member.tag, tag, redelivered or dup, exchange, key, props,
+                message.payload, connection.frame_max)
         except Exception:
             _undeliverable(self, member, packet_id, Failure())
             return
@@ -351,10 +357,10 @@ class Channel(PublisherConfirms):
             unacked[tag] = (member, packet_id)
             if len(unacked) == connection.max_unacked:
                 connection.unacked_bound()
-        if method is None:
+        if frames is None:
             self._got = (tag, redelivered or dup, exchange, key, props, message.payload)
         else:
-            connection.send_content(self.number, method, props, message.payload)
+            connection.send_frames(frames)
         connection.messages_out += 1
         connection.meter.delivered_amqp091(message.timestamp)
 

@@ -66,6 +66,16 @@ class PublisherConfirms:
         if self.closing:
             return
         ok = outcome is None
+        if (ok and confirms and seqs[-1] - seqs[0] + 1 == len(seqs)
+                and next(iter(confirms)) == seqs[0]):
+            # (the usual case: the round's publishes, in a row, are the oldest not
+            # confirmed — the keys are every number from the oldest on, since only
+            # ``_send_confirms`` takes them, from the front — so they go at once)
+            popitem = confirms.popitem
+            for _ in seqs:
+                popitem(False)
+            self._send_confirms(seqs[-1])
+            return
         for seq in seqs:
             if seq in confirms:
                 confirms[seq] = ok
@@ -79,18 +89,19 @@ class PublisherConfirms:
         confirms[seq] = ok
         self._send_confirms()
 
-    def _send_confirms(self) -> None:
+    def _send_confirms(self, acked: int = 0) -> None:
         """Confirms go in order: one ``basic.ack`` with ``multiple`` for the run
         done in a row, sent once the commit's other waits have fired too
         (``_ack_later``: a commit of 100 messages is one ack, not 100); a failed
-        one is a ``basic.nack`` at once, after the acks before it."""
+        one is a ``basic.nack`` at once, after the acks before it.  ``acked``: the
+        publishes up to it were kept and taken off already."""
         confirms = self.confirms
-        acked = 0
         while confirms:
-            first, state = next(iter(confirms.items()))
+            first, state = confirms.popitem(False)
             if state is None:
+                confirms[first] = None
+                confirms.move_to_end(first, False)   # (back in front: still waiting)
                 break
-            del confirms[first]
             if state:
                 acked = first
                 continue

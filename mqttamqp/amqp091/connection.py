@@ -47,7 +47,7 @@ from mqttamqp.amqp091.frames import (
     method_frame,
 )
 from mqttamqp.amqp091.handshake import PROTOCOL, Handshake, Settings, State
-from mqttamqp.amqp091.inspect import details
+from mqttamqp.amqp091.inspect import details, links
 from mqttamqp.amqp091.negotiation import (
     start_method,
 )
@@ -55,7 +55,7 @@ from mqttamqp.amqp091.pacing import FLOW_KEY, Pacing, short
 from mqttamqp.amqp091.properties import sent_with
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker
-from mqttamqp.core.clients.connections import ConnectionInfo, EventFields, LinkInfo
+from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.exchanges.errors import PRECONDITION_FAILED, ChannelError
 from mqttamqp.core.ratelog import LogLimiter
@@ -72,6 +72,7 @@ __all__ = ["AMQP091Connection", "AMQP091Factory", "Settings", "PROTOCOL"]
 
 
 Conn, Basic = commands.Connection, commands.Basic
+_PUBLISH = Basic.Publish
 # (an Enum member read from its class is a lookup each time: these are read per frame)
 _CLOSED, _OPEN = State.CLOSED, State.OPEN
 _HANDSHAKE_MAX = 131072   # frame size before tune: the spec's minimum is 4096
@@ -166,10 +167,16 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
                 if self.state is _CLOSED:   # (``closed``, without the call: per frame)
                     break
                 # (the content frames of a basic.publish: an assembler that waits for
-                # them exists only on an open channel, see ``_end_channel``)
+                # them exists only on an open channel, see ``_end_channel``; an idle
+                # one takes the next basic.publish as ``Channel.basic_publish`` would)
                 assembler = assemblers.get(channel) if channel else None
-                if assembler is not None and assembler.method is not None:   # (busy)
+                if assembler is None:
+                    self._frame(channel, frame)
+                elif assembler.method is not None:   # (busy)
                     _content(self, channel, assembler, frame)
+                elif (type(frame) is _PUBLISH and not frame.immediate
+                        and self.state is _OPEN):
+                    assembler.start(frame)
                 else:
                     self._frame(channel, frame)
         except FrameError as exc:
@@ -231,27 +238,32 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         for a read's deliveries, confirms and answers instead of one per frame.  At
         most ``OUTPUT_BATCH_BYTES`` are held; a connection whose socket buffer is
         full (``write_blocked``) is written at once, so back-pressure is unchanged.
-        Outside a batch (a commit's confirms) the bytes go at once."""
-        size = len(data)
-        self.bytes_out += size
-        self.meter.sent_bytes(size)
-        self.last_out = self.clock.seconds()
+        Outside a batch (a commit's confirms) the bytes go at once.  Bytes held are
+        counted (``bytes_out``, the meter, ``last_out``) once, when written."""
         out = self._out
         if out is not None:
             out.append(data)
-            self._out_bytes += size
+            self._out_bytes += len(data)
             if self._out_bytes >= OUTPUT_BATCH_BYTES or self.write_blocked:
                 self._flush_out()
         elif not self.write_blocked and self.broker.after_batch(self._flush_out):
             self._out = [data]
-            self._out_bytes = size
+            self._out_bytes = len(data)
         else:
+            self._count_out(len(data))
             send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
+
+    def _count_out(self, size: int) -> None:
+        self.bytes_out += size
+        self.meter.sent_bytes(size)
+        self.last_out = self.clock.seconds()
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
-        if out and self.transport is not None:
-            send(self.transport, out[0] if len(out) == 1 else b"".join(out))
+        if out:
+            self._count_out(self._out_bytes)
+            if self.transport is not None:
+                send(self.transport, out[0] if len(out) == 1 else b"".join(out))
 
     def call_soon(self, fn: Any) -> None:
         """Call ``fn`` when the current batch ends, or in the reactor's next turn
@@ -267,6 +279,11 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
     def send_method(self, channel: int, method: Any) -> None:
         if self.state is not _CLOSED:
             self._write(method_frame(channel, method))
+
+    def send_frames(self, data: bytes) -> None:
+        """Frames encoded already (``frames.deliver_frames``)."""
+        if self.state is not _CLOSED:
+            self._write(data)
 
     def send_content(self, channel: int, method: Any, properties: bytes, body: bytes) -> None:
         if self.state is not _CLOSED:
@@ -453,19 +470,10 @@ class AMQP091Connection(Handshake, Pacing, Protocol):
         return (self.client_id or self.key, self.peer, self.username, None, self.heartbeat)
 
     def info(self) -> ConnectionInfo:
-        # Its consumers as the console shows links: the consumer tag, the queue, the
-        # prefetch as credit (0: none), the unacknowledged, the deliveries made; the
-        # channel number as the session.
-        links = tuple(
-            LinkInfo(member.tag, "sender", member.queue,
-                     "settled" if member.no_ack else "unsettled", "first",
-                     member.prefetch or channel.global_prefetch, member.unacked,
-                     member.delivered, channel.number)
-            for channel in self.channels.values() for member in channel.consumers.values())
         return ConnectionInfo(
             key=self.key, client_id=self.client_id or self.key, protocol=PROTOCOL,
             remote=self.peer, user=self.username, connected_since=self.connected_since,
-            keepalive=self.heartbeat, clean_session=None, session_id=None, links=links,
+            keepalive=self.heartbeat, clean_session=None, session_id=None, links=links(self),
             amqp091=details(self),
             messages_in=self.messages_in, messages_out=self.messages_out,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, last_activity=self.last_in)

@@ -27,7 +27,7 @@ from pamqp.heartbeat import Heartbeat
 __all__ = [
     "BodyTooLarge", "FrameError", "FrameReader", "Header", "Content", "ContentAssembler",
     "method_frame",
-    "content_frames", "deliver_frame", "HEARTBEAT", "FRAME_ERROR", "SYNTAX_ERROR",
+    "content_frames", "deliver_frame", "deliver_frames", "HEARTBEAT", "FRAME_ERROR", "SYNTAX_ERROR",
     "COMMAND_INVALID", "CHANNEL_ERROR", "UNEXPECTED_FRAME", "FRAME_MIN_SIZE",
 ]
 
@@ -98,7 +98,10 @@ class FrameReader:
             if buffer[stop] != FRAME_END:
                 raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
             payload = buffer[start + 7:stop]
-            out.append((channel, _decode(kind, channel, payload)))
+            # (a body frame is its bytes, pamqp's ``ContentBody``: one a publish,
+            # without the call to ``_decode``)
+            out.append((channel, ContentBody(payload) if kind == FRAME_BODY
+                        else _decode(kind, channel, payload)))
             start = stop + 1
         self._buffer = buffer[start:] if start < end else b""
         return out
@@ -240,7 +243,8 @@ class ContentAssembler:
     def start(self, method: Any) -> None:
         self.method = method
         self._header = None
-        self._parts = []
+        if self._parts:   # (left empty by the content before: kept, not a new list)
+            self._parts = []
         self._body = 0
 
     def header(self, header: ContentHeader) -> Content | None:
@@ -258,6 +262,14 @@ class ContentAssembler:
         header = self._header
         if header is None:
             raise FrameError(UNEXPECTED_FRAME, "content body without a content header")
+        value = part.value
+        if not self._body and len(value) == header.body_size:
+            # (the usual whole body in one frame: no parts to keep and join)
+            content = Content(self.method, header.properties,
+                              header.raw if isinstance(header, Header) else b"", value)
+            self.method = None
+            self._header = None
+            return content
         self._parts.append(part.value)
         self._body += len(part.value)
         if self._body > header.body_size:
@@ -302,18 +314,40 @@ def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivere
                   exchange: str, routing_key: str) -> bytes:
     """The method frame of a ``basic.deliver``, as pamqp marshals it."""
     key = (channel, consumer_tag, redelivered, exchange, routing_key)
-    halves = _DELIVER_CACHE.get(key)
-    if halves is None:
-        whole = frame.marshal(commands.Basic.Deliver(
-            consumer_tag, 0, redelivered, exchange, routing_key), channel)
-        # (frame header 7, class and method 4, the consumer tag as a short string)
-        cut = 11 + 1 + len(consumer_tag.encode("utf-8"))
-        halves = (whole[:cut], whole[cut + 8:])
-        if len(consumer_tag) + len(exchange) + len(routing_key) <= DELIVER_CACHE_ITEM:
-            if len(_DELIVER_CACHE) >= DELIVER_CACHE_MAX:
-                _DELIVER_CACHE.clear()
-            _DELIVER_CACHE[key] = halves
+    halves = _DELIVER_CACHE.get(key) or _deliver_halves(key)
     return halves[0] + delivery_tag.to_bytes(8, "big") + halves[1]
+
+
+def _deliver_halves(key: tuple[int, str, bool, str, str]) -> tuple[bytes, bytes]:
+    channel, consumer_tag, redelivered, exchange, routing_key = key
+    whole = frame.marshal(commands.Basic.Deliver(
+        consumer_tag, 0, redelivered, exchange, routing_key), channel)
+    # (frame header 7, class and method 4, the consumer tag as a short string)
+    cut = 11 + 1 + len(consumer_tag.encode("utf-8"))
+    halves = (whole[:cut], whole[cut + 8:])
+    if len(consumer_tag) + len(exchange) + len(routing_key) <= DELIVER_CACHE_ITEM:
+        if len(_DELIVER_CACHE) >= DELIVER_CACHE_MAX:
+            _DELIVER_CACHE.clear()
+        _DELIVER_CACHE[key] = halves
+    return halves
+
+
+def deliver_frames(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
+                   exchange: str, routing_key: str, properties: bytes, body: bytes,
+                   frame_max: int) -> bytes:
+    """``content_frames`` of a ``basic.deliver`` (``deliver_frame``): the usual
+    one body frame in one join, the method's halves from the same cache."""
+    key = (channel, consumer_tag, redelivered, exchange, routing_key)
+    halves = _DELIVER_CACHE.get(key) or _deliver_halves(key)
+    size = len(body)
+    if 0 < size <= frame_max - 8:
+        return b"".join((halves[0], delivery_tag.to_bytes(8, "big"), halves[1],
+                         _content_header.pack(FRAME_HEADER, channel, 12 + len(properties),
+                                              60, 0, size),
+                         properties, _body_start.pack(FRAME_END, FRAME_BODY, channel, size),
+                         body, b"\xce"))
+    return content_frames(channel, halves[0] + delivery_tag.to_bytes(8, "big") + halves[1],
+                          properties, body, frame_max)
 
 
 def content_frames(channel: int, method: Any, properties: bytes, body: bytes,

@@ -38,6 +38,7 @@ class ChannelHost(Protocol):
     client_id: str
     write_blocked: bool
     max_unacked: int
+    frame_max: int
     cancel_notify: bool
     messages_out: int
     peer: str
@@ -46,6 +47,8 @@ class ChannelHost(Protocol):
 
     def send_content(self, channel: int, method: Any, properties: bytes,
                      body: bytes) -> None: ...
+
+    def send_frames(self, data: bytes) -> None: ...
 
     def assembler(self, channel: Any) -> Any: ...
 

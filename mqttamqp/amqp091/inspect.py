@@ -1,5 +1,5 @@
-"""What the console shows of one AMQP 0.9.1 connection beyond its consumers: the
-settings it negotiated and its channels (``Amqp091Details``; a transactional
+"""What the console shows of one AMQP 0.9.1 connection: its consumers as links
+(``links``), the settings it negotiated and its channels (``Amqp091Details``; a transactional
 channel's open transaction: its publishes, acknowledgements and bytes held), read from the
 connection's and its channels' fields when the console asks (never on the
 publish or deliver path).
@@ -11,9 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttamqp.core.clients.connections import Amqp091ChannelInfo, Amqp091Details
+from mqttamqp.core.clients.connections import Amqp091ChannelInfo, Amqp091Details, LinkInfo
 
-__all__ = ["details"]
+__all__ = ["details", "links"]
+
+
+def links(connection: Any) -> tuple[LinkInfo, ...]:
+    """``connection``'s consumers as the console shows links: the consumer tag, the
+    queue, the prefetch as credit (0: none), the unacknowledged, the deliveries
+    made; the channel number as the session."""
+    return tuple(
+        LinkInfo(member.tag, "sender", member.queue,
+                 "settled" if member.no_ack else "unsettled", "first",
+                 member.prefetch or channel.global_prefetch, member.unacked,
+                 member.delivered, channel.number)
+        for channel in connection.channels.values() for member in channel.consumers.values())
 
 
 def details(connection: Any) -> Amqp091Details:

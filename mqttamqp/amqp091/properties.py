@@ -39,12 +39,15 @@ from typing import Any
 
 from pamqp import commands, decode, encode
 
+from mqttamqp.core.exchanges.topicspace import queue_topic
 from mqttamqp.core.message import Message, MessageProperties
 from mqttamqp.core.queues.addresses import routing_key
 from mqttamqp.core.queues.deaths import DEATHS, Death, read_deaths
 from mqttamqp.core.queues.metadata import DLQ_KEYS, METADATA_KEYS
 
-__all__ = ["to_core", "from_core", "for_consumer", "envelope", "sent_with", "PropertyError"]
+__all__ = ["to_core", "from_core", "for_consumer", "envelope", "opened", "published_form",
+           "sent_with",
+           "PropertyError"]
 
 Properties = commands.Basic.Properties
 
@@ -110,14 +113,16 @@ def to_core(props: Any) -> tuple[MessageProperties | None, int]:
         correlation.encode("utf-8") if correlation is not None else None, users), qos
 
 
-# Pure memos of ``envelope`` and ``_open``: a publisher's messages usually share
-# exchange, routing key and properties, so its messages share one envelope (one
-# bytes object, whose hash Python keeps) and a delivery finds its exchange, key and
+# Pure memos of ``published_form`` and ``opened``: a publisher's messages usually
+# share exchange, routing key and properties, so a publish finds its core
+# properties, QoS, envelope (one bytes object, whose hash Python keeps) and queue
+# topic with one lookup instead of three calls, and a delivery its exchange, key and
 # properties with one lookup instead of two decodes.  Bounded as the frame decode
 # caches (``frames``): ENVELOPE_CACHE_MAX entries of at most ENVELOPE_CACHE_ITEM
 # bytes, cleared when full; fixed bounds, no option, counter or log line, for the
-# reasons said there.
-_ENVELOPES: dict[tuple[str, str, bytes], bytes] = {}
+# reasons said there.  Their values are immutable (``MessageProperties`` is frozen).
+PublishedForm = tuple[MessageProperties | None, int, bytes, "int | None", str]
+_PUBLISHED: dict[tuple[str, str, bytes], PublishedForm] = {}
 _OPENED: dict[bytes, tuple[str, str, bytes]] = {}
 ENVELOPE_CACHE_MAX = 1024
 ENVELOPE_CACHE_ITEM = 1024
@@ -126,16 +131,32 @@ ENVELOPE_CACHE_ITEM = 1024
 def envelope(exchange: str, routing_key: str, raw: bytes) -> bytes:
     """What ``Message.amqp091`` holds for a 0.9.1 publish: the exchange and routing
     key it was published with (short strings) and its property section as sent."""
+    ex, key = exchange.encode("utf-8"), routing_key.encode("utf-8")
+    return bytes((len(ex),)) + ex + bytes((len(key),)) + key + raw
+
+
+def published_form(props: Any, exchange: str, routing_key: str, raw: bytes
+                   ) -> PublishedForm:
+    """What the core's ``Message`` of a publish takes from its method and
+    properties (``props``, decoded from ``raw``, the property section as sent):
+    ``to_core``'s properties and QoS, the ``envelope``, the priority, and the topic
+    (the queue's, ``$queue/<key>``, through the default exchange; else empty: the
+    exchanges give each queue's copy its own).  Memoized by the three, since
+    ``props`` is a function of ``raw`` (not when ``raw`` is unknown, empty).
+    Raises ``PropertyError`` as ``to_core`` does."""
     memo = (exchange, routing_key, raw)
-    data = _ENVELOPES.get(memo)
-    if data is None:
-        ex, key = exchange.encode("utf-8"), routing_key.encode("utf-8")
-        data = bytes((len(ex),)) + ex + bytes((len(key),)) + key + raw
-        if len(data) <= ENVELOPE_CACHE_ITEM:
-            if len(_ENVELOPES) >= ENVELOPE_CACHE_MAX:
-                _ENVELOPES.clear()
-            _ENVELOPES[memo] = data
-    return data
+    form = _PUBLISHED.get(memo)
+    if form is not None:
+        return form
+    core, qos = to_core(props)
+    data = envelope(exchange, routing_key, raw)
+    form = (core, qos, data, props.priority,
+            "" if exchange else queue_topic(routing_key, routing_key))
+    if raw and len(data) <= ENVELOPE_CACHE_ITEM:
+        if len(_PUBLISHED) >= ENVELOPE_CACHE_MAX:
+            _PUBLISHED.clear()
+        _PUBLISHED[memo] = form
+    return form
 
 
 def sent_with(message: Message) -> tuple[str, str] | None:
@@ -144,24 +165,26 @@ def sent_with(message: Message) -> tuple[str, str] | None:
     data = message.amqp091
     if data is None:
         return None
-    exchange, key, _ = _open(data)
+    exchange, key, _ = opened(data)
     return exchange, key
 
 
-def _open(data: bytes) -> tuple[str, str, bytes]:
-    opened = _OPENED.get(data)
-    if opened is not None:
-        return opened
+def opened(data: bytes) -> tuple[str, str, bytes]:
+    """The exchange, routing key and property section of an envelope
+    (``Message.amqp091``), memoized."""
+    found = _OPENED.get(data)
+    if found is not None:
+        return found
     n = data[0]
     exchange = data[1:1 + n].decode("utf-8")
     m = data[1 + n]
     key = data[2 + n:2 + n + m].decode("utf-8")
-    opened = (exchange, key, data[2 + n + m:])
+    found = (exchange, key, data[2 + n + m:])
     if len(data) <= ENVELOPE_CACHE_ITEM:
         if len(_OPENED) >= ENVELOPE_CACHE_MAX:
             _OPENED.clear()
-        _OPENED[data] = opened
-    return opened
+        _OPENED[data] = found
+    return found
 
 
 def for_consumer(message: Message, queue: str, now: float,
@@ -189,7 +212,7 @@ def for_consumer(message: Message, queue: str, now: float,
             return props.marshal(), redelivered, "", _fit(rest, queue)
         exchange, key = _key(rest, queue)
         return props.marshal(), redelivered, exchange, key
-    exchange, key, raw = _open(data)
+    exchange, key, raw = opened(data)
     if not count and deaths is None:
         return raw, bool(message.dup), exchange, key
     added: dict[str, Any] = {}

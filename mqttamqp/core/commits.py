@@ -5,10 +5,12 @@ What it owns: the batch that one socket read (MQTT or AMQP) opens, so everything
 that read causes costs one hand-off to the writer thread; the Deferreds callers
 chain acknowledgements on; the flush hooks connections register so their output
 for a batch is written once, after it (the one flush mechanism of both
-protocols); the ``stopping`` state in which nothing more is stored, so nothing
-more is acknowledged; and whether storage is failing: one log line when commits
-start to fail, one when they succeed again, a counter in between (in
-``BrokerStats``), however many acknowledgements were withheld meanwhile.
+protocols), and what a connection's failed write costs (``output_failed``: a
+counter, a line a minute); the ``stopping`` state in which nothing more is
+stored, so nothing more is acknowledged; and whether storage is failing: one log
+line when commits start to fail, one when they succeed again, a counter in
+between (in ``BrokerStats``), however many acknowledgements were withheld
+meanwhile.
 
 The commit of one batch is a ``CommitRound`` (``commit_round``), one mechanism
 for every early acknowledgement and every wait on that commit without a Deferred
@@ -38,11 +40,17 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.persistence import Op, StateStore
+from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.core.sessions.entries import OutEntry
 from mqttamqp.core.stats import BrokerStats
 
 __all__ = ["CommitBatcher", "CommitRound", "Durable", "all_done", "all_durable",
            "fire_when_acknowledged", "committed_or_acknowledged", "committed_or_early"]
+
+
+def _no_clock() -> float:
+    """The time without a clock (a batcher built without one, in tests): none passes."""
+    return 0.0
 
 
 class CommitBatcher:
@@ -63,6 +71,8 @@ class CommitBatcher:
         self._waiters: list[Deferred[None]] = []
         self._round: CommitRound | None = None   # the batch's commit, as a round
         self._flushes: list[Callable[[], None]] = []
+        # One line a minute about failed writes, not a traceback per delivery.
+        self._log_limit = LogLimiter(clock if clock is not None else _no_clock)
 
     @property
     def owned(self) -> bool:
@@ -215,8 +225,11 @@ class CommitBatcher:
 
     # -- batches ------------------------------------------------------------------
 
-    def begin(self) -> None:
+    def begin(self) -> bool:
+        """Open a batch; True when it is the outermost one (a read that is not handled
+        inside another's: a WebSocket read opens one around each frame it holds)."""
         self._depth += 1
+        return self._depth == 1
 
     def after_batch(self, flush: Callable[[], None]) -> bool:
         """Inside a batch: call ``flush`` when it ends (a connection writes what the
@@ -248,9 +261,20 @@ class CommitBatcher:
                     try:
                         flush()
                     except Exception:  # one connection's failure must not hold up the rest
-                        self.log.failure("writing a connection's output failed", Failure())
+                        self.output_failed(Failure())
             finally:
                 self._depth = 0
+
+    def output_failed(self, failure: Failure) -> None:
+        """Writing a connection's output at a batch's end raised: what it held is
+        dropped, the other connections are served.  Counted
+        (``BrokerStats.write_failures``, as ``mqtt.protocol`` counts a frame it sent at
+        once); one line a minute with the traceback and how many more failed since."""
+        self.stats.write_failures += 1
+        held = self._log_limit.allow("output")
+        if held is not None:
+            self.log.failure("writing a connection's output failed ({n} more since the "
+                             "last such line)", failure, n=held)
 
     def _submit(self) -> None:
         ops, waiters, r = self._ops, self._waiters, self._round

@@ -52,8 +52,9 @@ def will_owner_connected(registry: SessionRegistry, will: WillMessage) -> bool:
     if will.origin == "mqtt":
         return False
     # AMQP wills are keyed by link name; ask the connections who owns it.
+    # (an AMQP adapter's: MQTT connections own no link names)
     return any(will.owner in conn.info().will_owners
-               for conn in registry.connections.values())
+               for conn in registry.connections.other.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +351,8 @@ class ReadModel:
                     offline += 1
         return Counters(
             started=stats.started, connected=len(connections),
-            amqp_connections=sum(1 for key in connections if key.startswith("amqp:")),
+            amqp_connections=sum(1 for key in connections.other   # (MQTT keys never are)
+                                 if key.startswith("amqp:")),
             by_protocol=dict(stats.by_protocol), clients_maximum=stats.clients_maximum,
             clients_total=stats.clients_total, connections_refused=stats.connections_refused,
             sessions=len(registry.sessions), persistent_sessions=persistent,

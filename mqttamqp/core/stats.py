@@ -99,6 +99,9 @@ class BrokerStats:
     # Times an MQTT connection's input was held for a later reactor turn, after its
     # share of one (``Limits.mqtt_turn``): not a refusal, a measure of contention.
     mqtt_turns_yielded: int = 0
+    # Writes to a connection's transport that raised (its output was dropped):
+    # ``CommitBatcher.output_failed``.
+    write_failures: int = 0
     # By protocol (the totals above stay the $SYS figures): AMQP's share is counted
     # on the AMQP path only, the broker's own publishes (wills, console) where they
     # are routed; MQTT's is the rest, so the MQTT hot path counts nothing extra.

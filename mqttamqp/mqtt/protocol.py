@@ -386,25 +386,26 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         (fan-in, QoS 0 streams).  At most ``OUTPUT_BATCH_BYTES`` are held, so the
         transport's own back-pressure (pauseProducing past its 64 KiB buffer) still
         comes in time for the congestion logic; a congested connection is written
-        at once."""
-        out = self._out
-        if out is not None:
-            out.append(data)
-            self._out_bytes += len(data)
-            if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
-                self._flush_out()
-        elif self.congested:
-            send(self.transport, data)   # (at once when nothing is buffered: ``net.tcp``)
-        elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
-            try:   # (routed by another's read of one PUBLISH: ``SINGLE_PUBLISH``)
+        at once.  A write that raises is counted and logged a line a minute
+        (``_write_failed``): the routing that called this goes on to the others."""
+        try:
+            out = self._out
+            if out is not None:
+                out.append(data)
+                self._out_bytes += len(data)
+                if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
+                    self._flush_out()
+            elif self.congested:
+                send(self.transport, data)   # (at once, nothing buffered: ``net.tcp``)
+            elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
+                send(self.transport, data)   # (another's read of one PUBLISH routed it)
+            elif self.broker.after_batch(self._flush_out):
+                self._out = [data]
+                self._out_bytes = len(data)
+            else:
                 send(self.transport, data)
-            except Exception:   # (logged and passed over, as a batch's flush is)
-                self.log.failure("writing a connection's output failed", Failure())
-        elif self.broker.after_batch(self._flush_out):
-            self._out = [data]
-            self._out_bytes = len(data)
-        else:
-            send(self.transport, data)
+        except Exception:
+            _write_failed(self, Failure())
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -518,6 +519,17 @@ def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
                             "size {m} of {c}; not sent to it ({h} more since the last "
                             "such line)", t=message.topic, n=size, m=v5.client_max_packet,
                             c=connection.client_id, h=held)
+
+
+def _write_failed(connection: MQTTProtocol, failure: Failure) -> None:
+    """A write from ``_emit`` raised (a frame sent at once, or held output flushed past
+    ``OUTPUT_BATCH_BYTES``): counted, and one line a minute with how many more failed
+    since; a batch's own flush has its line (``CommitBatcher.output_failed``)."""
+    connection.meter.stats.write_failures += 1
+    held = connection.factory.log_limit.allow("writing output failed")
+    if held is not None:
+        connection.log.failure("writing a connection's output failed ({n} more since the "
+                               "last such line)", failure, n=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:

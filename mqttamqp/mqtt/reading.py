@@ -38,7 +38,9 @@ _RECHECK = 0.001   # seconds between "do others wait?" once a turn's share is us
 #: publish (the archive record, the statistics, the publisher's PUBACK, the batch's
 #: end), which was a third of the calls between the poll's end and the subscriber's
 #: send at a paced rate (``bench/lateness.py --critical``).  The publisher's own
-#: output, and every read of more than one packet, wait for the batch's end.
+#: output, every read of more than one packet, and a read handled inside a batch
+#: already open (the frames of a WebSocket read of several: ``websocket.py`` opens
+#: one batch for such a socket read) wait for the batch's end.
 SINGLE_PUBLISH: list[Any] = [None]
 
 
@@ -54,9 +56,9 @@ class InputPump(MQTTLink):
         (``now``: the clock's time if the caller just read it; ``one_publish``: the
         read is exactly one PUBLISH, ``SINGLE_PUBLISH``.)"""
         broker = self.broker
-        broker.begin_batch()
+        outermost = broker.begin_batch()
         try:
-            if one_publish:
+            if one_publish and outermost:   # (inside another batch: that one's end writes)
                 single = SINGLE_PUBLISH
                 was, single[0] = single[0], self
                 try:

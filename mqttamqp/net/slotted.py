@@ -6,8 +6,9 @@ MQTT connection, issue 31 §2) even when the subclass declares slots for all it
 keeps.  ``SlottedProtocol`` provides what Twisted's transports call
 (``IProtocol``: ``makeConnection``, ``dataReceived``, ``connectionLost``; and
 ``logPrefix``) and declares no slot itself (two bases with slots cannot be
-combined): a subclass names ``connected``, ``transport`` and ``factory`` in its
-``__slots__``, and if all its classes declare ``__slots__`` it has no dict.  It owns nothing
+combined): a subclass names ``transport`` and ``factory`` in its ``__slots__``
+and ``connected`` there too or as a property of its own (``MQTTProtocol``'s), and
+if all its classes declare ``__slots__`` it has no dict.  It owns nothing
 else and must not know MQTT (``.importlinter``: ``net`` imports no adapter).
 """
 

@@ -210,6 +210,9 @@ def snapshot(broker: Broker) -> list[Family]:
         _one("mqttamqp_mqtt_turns_yielded", COUNTER, "Times an MQTT connection's input "
              "was held for a later turn of the event loop after its share of one "
              "(--mqtt-turn-ms).", stats.mqtt_turns_yielded),
+        _one("mqttamqp_write_failures", COUNTER, "Writes to a connection's socket that "
+             "raised (what they held was dropped; logged a line a minute).",
+             stats.write_failures),
         _one("mqttamqp_amqp_settled_without_outcome", COUNTER, "AMQP deliveries the "
              "receiver settled without an outcome (consumed; sent again on a gateway's "
              ".publish): a peer that loops shows here.", stats.settled_without_outcome),

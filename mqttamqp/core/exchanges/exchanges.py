@@ -322,8 +322,8 @@ class Exchanges(TopicSpace):
             # ($dlq/ queues are reached by dead-lettering only, as from MQTT)
             if routing_key[:1] == "$" or routing_key not in self.queues.queues:
                 return False, None
-            return True, self._enqueue(message, (routing_key,), routing_key, publisher,
-                                       in_round=in_round)
+            return True, self._enqueue_one(message, routing_key, routing_key, publisher,
+                                           in_round)
         source = self.exchange(exchange)
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,

@@ -40,6 +40,16 @@ AMQ_TOPIC = "amq.topic"
 _SWAP = str.maketrans("./", "/.")
 
 
+# A queue's topic for the routing key that is its name, and its address, by name:
+# a pure memo of ``TopicSpace._enqueue_one`` (a value is a function of its key), so
+# one for the process, bounded as the 0.9.1 frame decode caches are (``amqp091.frames``
+# says why no option, counter or log line): at most ROUTE_CACHE_MAX names of at most
+# ROUTE_CACHE_ITEM characters, cleared when full.
+_ROUTES: dict[str, tuple[str, QueueAddress]] = {}
+ROUTE_CACHE_MAX = 1024
+ROUTE_CACHE_ITEM = 256
+
+
 class PublishRefused(Exception):
     """A queue refused a routed message (a publisher confirm is a ``basic.nack``)."""
 
@@ -179,6 +189,30 @@ class TopicSpace(QueueDeclarations):
               ) -> tuple[dict[str, None], bool]:
         raise NotImplementedError   # (``Exchanges.route``)
 
+    def _enqueue_one(self, message: Message, name: str, key: str, publisher: str,
+                     in_round: bool, refusals: bool = True) -> Durable:
+        """``_enqueue`` to the one queue ``name``, which exists: the default
+        exchange's publish comes straight here.  The queue's address and its topic
+        for the key ``name`` are memoized by name (``_ROUTES``)."""
+        route = _ROUTES.get(name)
+        if route is None:
+            route = (queue_topic(name, name), QueueAddress(name, ""))
+            if len(name) <= ROUTE_CACHE_ITEM:
+                if len(_ROUTES) >= ROUTE_CACHE_MAX:
+                    _ROUTES.clear()
+                _ROUTES[name] = route
+        topic, address = route
+        if key and key != name:
+            topic = queue_topic(name, key)
+        m = message
+        copy = m if m.topic == topic else Message(
+            topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, m.dup,
+            m.native, m.amqp_only, m.props, m.amqp091, m.priority)
+        d, refusal = self.queues.publish(copy, address, publisher, in_round=in_round)
+        if refusal is None:
+            return d
+        return fail(PublishRefused(f"queue '{name}': {refusal.reason}")) if refusals else None
+
     @overload
     def _enqueue(self, message: Message, names: tuple[str, ...] | list[str]
                  | dict[str, None], key: str, publisher: str, refusals: bool = True,
@@ -205,15 +239,7 @@ class TopicSpace(QueueDeclarations):
             name = next(iter(names))
             if name not in queues.queues:
                 return None
-            topic = queue_topic(name, key)
-            copy = m if m.topic == topic else Message(
-                topic, m.payload, m.qos, m.retain, m.publisher, m.timestamp, m.dup,
-                m.native, m.amqp_only, m.props, m.amqp091, m.priority)
-            d, refusal = queues.publish(copy, QueueAddress(name, ""), publisher,
-                                        in_round=in_round)
-            if refusal is None:
-                return d
-            return fail(PublishRefused(f"queue '{name}': {refusal.reason}")) if refusals else None
+            return self._enqueue_one(message, name, key, publisher, in_round, refusals)
         copies = [(name, Message(queue_topic(name, key), m.payload, m.qos, m.retain,
                                  m.publisher, m.timestamp, m.dup, m.native, m.amqp_only,
                                  m.props, m.amqp091, m.priority))

@@ -107,7 +107,10 @@ class Browsing(Membership):
                 self._browse(browser)
 
     def _pump_queue(self, queue: QueueLog) -> None:
-        super()._pump_queue(queue)
+        # (``Dispatch._pump_queue``'s loop, not a ``super()`` call: every publish to a
+        # queue comes here)
+        for group in list(queue.groups.values()):
+            self._pump(group)
         if self._browsed:
             for browser in list(self._browsed.get(queue, ())):
                 self._browse(browser)

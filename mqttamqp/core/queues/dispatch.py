@@ -49,6 +49,9 @@ class Dispatch(Parking):
     """Hands out what each group may have, to members with credit."""
 
     def _pump_queue(self, queue: QueueLog) -> None:
+        # (``Browsing._pump_queue`` repeats this loop rather than calling it: a class
+        # between the two overriding it would be passed over, which a unit test
+        # guards, test_queue_short_path)
         for group in list(queue.groups.values()):
             self._pump(group)
 

@@ -98,9 +98,13 @@ class AppendAccounting:
         acc = self._round_appends
         if acc is not None and acc.round is r:
             # (the usual case, a publish after another of the batch: merged, and
-            # the dict kept for the next append rather than a new one each)
+            # the dict kept for the next append rather than a new one each; ``_merge``
+            # inline: once a publish)
             acc.nbytes += nbytes
-            _merge(acc.stored, stored)
+            merged = acc.stored
+            for queue, (first, upto) in stored.items():
+                had = merged.get(queue)
+                merged[queue] = (first, upto) if had is None else (had[0], upto)
             stored.clear()
             return
         self._appends = {}

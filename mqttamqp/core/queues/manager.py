@@ -151,9 +151,9 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
                     self._refuse("full", publisher, message.topic,
                                  f"durable queues full: {self.alarm.reason}",
                                  QUOTA_EXCEEDED))
-        ops: list[Op] = list(extra_ops)
-        queue = self._queue(address.queue, ops)
-        if queue is None:
+        ops: list[Op] = list(extra_ops) if extra_ops else []
+        queue = self.queues.get(address.queue)
+        if queue is None and (queue := self._queue(address.queue, ops)) is None:
             return (self._commit(ops),
                     self._refuse("count", publisher, message.topic,
                                  f"too many queues (--queue-max-queues "

@@ -1,9 +1,8 @@
 """What most sessions never set, kept apart from their hot fields: the kinds of
 drops (QoS 0 copies over a congested link's bound, AMQP Rejected, and all of them as
-they were at the last change of protocol), the MQTT 5 session expiry interval, a
-bridge backlog's blocking bound, and how many queued entries may carry an MQTT 5
-message expiry. One object made when the first of them is set, not six slots of
-every session.
+they were at the last change of protocol), the MQTT 5 session expiry interval, and
+a bridge backlog's blocking bound. One object made when the first of them is set,
+not five slots of every session.
 
 ``SessionExtras`` is the part of ``session.Session`` that reads and writes them (a
 mixin without slots of its own: ``_extras`` is the session's slot).  What it must
@@ -31,12 +30,10 @@ _NO_DROPS = (0, 0, 0)
 class Extras:
     """A session's seldom set fields (``Session.dropped_congested``, ...)."""
 
-    __slots__ = ("backlog_bound", "congested", "expiry", "may_expire", "offset", "rejected")
+    __slots__ = ("backlog_bound", "congested", "expiry", "offset", "rejected")
 
     def __init__(self) -> None:
         self.congested = 0
-        # Queued entries that may carry an expiry (``Session.may_expire``).
-        self.may_expire = 0
         self.rejected = 0
         self.offset: tuple[int, int, int] = _NO_DROPS
         self.expiry: float | None = None
@@ -45,7 +42,7 @@ class Extras:
 
 class SessionExtras:
     """``Session.dropped_congested``, ``dropped_rejected``, ``drop_offset``,
-    ``expiry``, ``backlog_bound`` and ``may_expire``."""
+    ``expiry`` and ``backlog_bound``."""
 
     __slots__ = ()
 
@@ -107,19 +104,6 @@ class SessionExtras:
     def backlog_bound(self, value: BacklogBound | None) -> None:
         if self._extras is not None or value is not None:
             self._own().backlog_bound = value
-
-    @property
-    def may_expire(self) -> int:
-        """Queued entries that may carry an MQTT 5 message expiry: an upper bound
-        (entries that left the queue are only forgotten at the next purge); 0: the
-        queue bound drops without a scan (``Session._purge_expired``)."""
-        drops = self._extras
-        return 0 if drops is None else drops.may_expire
-
-    @may_expire.setter
-    def may_expire(self, value: int) -> None:
-        if self._extras is not None or value:
-            self._own().may_expire = value
 
     def _own(self) -> Extras:
         drops = self._extras

@@ -95,12 +95,11 @@ class SessionStateError(RuntimeError):
 class Session(InflightWindow, SessionExtras):
     # Slots: one session per client, online or not (an instance dict of these
     # ~30 attributes cost ~50 bytes more per session).
-    # What most sessions never set is not a slot of its own: the kinds of drops,
-    # the MQTT 5 expiry interval, the entries that may expire (``_extras``, made
-    # when one is set), and the creation time (the first ``last_seen``).  26 slots
-    # (240 B: not pymalloc's 256-byte class, see bench/README.md's second round).
+    # What most sessions never set is not a slot of its own: the kinds of drops and
+    # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
+    # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_extras", "_holder", "_next_pid", "_state",
+        "_extras", "_holder", "_may_expire", "_next_pid", "_state",
         "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
         "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
@@ -140,6 +139,9 @@ class Session(InflightWindow, SessionExtras):
         # ``expiry``, one of the ``_extras``; so is ``backlog_bound``).
         self.window, self.queue_prefetch = limits.max_inflight, 0
         self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
+        # Queued entries that may carry an expiry (an upper bound: entries that
+        # left the queue are only forgotten at the next purge); 0: no scan.
+        self._may_expire = 0
         self.dropped = 0
         self.delivered = 0
         self.queue_waiting = None   # (``InflightWindow.queue_waiting``)
@@ -337,7 +339,7 @@ class Session(InflightWindow, SessionExtras):
         if ((len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
                 and self._would_wait(gated)
-                and not (self.may_expire and self._purge_expired(message.timestamp, size))):
+                and not (self._may_expire and self._purge_expired(message.timestamp, size))):
             self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
@@ -356,7 +358,7 @@ class Session(InflightWindow, SessionExtras):
         if subscription_ids:
             entry.subscription_ids = subscription_ids
         if message.props is not None and message.props.expiry_interval is not None:
-            self._own().may_expire += 1
+            self._may_expire += 1
         if gated:
             entry.gated = True
         if self.queue is NO_QUEUE:
@@ -388,7 +390,7 @@ class Session(InflightWindow, SessionExtras):
                     if self.expired_ops is NO_EXPIRED:
                         self.expired_ops = []
                     self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
-        self.may_expire = may_expire
+        self._may_expire = may_expire
         if len(keep) != len(self.queue):
             self.queue.clear()
             self.queue.extend(keep)

@@ -100,3 +100,54 @@ def test_a_publish_its_consumer_finished_first_is_confirmed_before_the_commit() 
     clock.advance(1)
     assert store.pending                 # (the publish's commit is not done)
     assert _confirms(t) == [("Basic.Ack", 2, True)]
+
+
+def _to(key: str) -> bytes:
+    return content_frames(1, B.Publish(exchange="", routing_key=key),
+                          B.Properties(delivery_mode=2).marshal(), b"m", 131072)
+
+
+def test_confirms_stay_in_order_when_rounds_commit_out_of_order() -> None:
+    """A later round committed first confirms nothing; the earlier one's commit
+    then confirms both with one ack, and a publish confirmed at once (routed
+    nowhere) between a round's publishes is acked with them, never before."""
+    store = ManualMemoryStore()
+    conn, t, clock = _publisher(store)
+    # (1, 2 in the round; 3 routed nowhere, kept at once; 4 in the same round)
+    conn.dataReceived(_to("c") + _to("c") + _to("nowhere") + _to("c"))
+    conn.dataReceived(_publish(2))   # (5, 6: the next round)
+    clock.advance(1)
+    assert _confirms(t) == []
+    [(_, first), (_, second)] = store.pending
+    store.pending.clear()
+    second.callback(None)   # (the later commit's outcome first)
+    clock.advance(1)
+    assert _confirms(t) == []
+    first.callback(None)
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 6, True)]
+    conn.dataReceived(_publish(1))   # (7: a round whose publishes are the oldest)
+    store.commit_all()
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 7, True)]
+
+
+def test_a_publish_after_another_keeps_the_channel_rules() -> None:
+    """A basic.publish on a channel whose assembler is idle (it published before) is
+    still refused with immediate=true (540, a connection error), and one sent after
+    it, while the connection closes, is discarded, not published."""
+    store = ManualMemoryStore()
+    conn, t, clock = _publisher(store)
+    conn.dataReceived(_publish(1))
+    store.commit_all()
+    clock.advance(1)
+    assert _confirms(t) == [("Basic.Ack", 1, True)]
+    immediate = content_frames(1, B.Publish(exchange="", routing_key="c", immediate=True),
+                               B.Properties(delivery_mode=2).marshal(), b"i", 131072)
+    conn.dataReceived(immediate + _publish(1))
+    store.commit_all()
+    clock.advance(1)
+    [close] = [f for f in frames_of(t) if f.name != "Basic.Ack"]
+    assert close.name == "Connection.Close" and close.reply_code == 540
+    assert conn.broker.queues.queues["c"].published == 1
+    assert conn._assemblers[1].method is None   # (not started on a closing connection)

@@ -208,10 +208,38 @@ def test_a_repeated_publish_decodes_as_pamqp_decodes_it(
 def test_an_envelope_opens_to_what_was_published(exchange: str, key: str, raw: bytes) -> None:
     """A publish's envelope (memoized or not) gives back its exchange, routing key and
     property bytes, the first time and again."""
-    from mqttamqp.amqp091.properties import _open, envelope, sent_with
+    from mqttamqp.amqp091.properties import envelope, opened, sent_with
     from mqttamqp.core.message import Message
 
     for _ in range(2):
         data = envelope(exchange, key, raw)
-        assert _open(data) == (exchange, key, raw)
+        assert opened(data) == (exchange, key, raw)
         assert sent_with(Message("t", b"", 1, False, "p", 0.0, amqp091=data)) == (exchange, key)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 65535), st.text(max_size=60), st.integers(0, 2 ** 63 - 1),
+       st.booleans(), st.from_regex(r"[a-zA-Z0-9_.:-]{0,60}", fullmatch=True),
+       st.text(max_size=60), st.integers(0, 9000), st.sampled_from([4096, 4200, 131072]),
+       st.text(max_size=20))
+def test_deliver_frames_are_what_pamqp_marshals(channel: int, ctag: str, tag: int,
+                                                redelivered: bool, exchange: str, key: str,
+                                                size: int, frame_max: int,
+                                                content_type: str) -> None:
+    """A whole delivery built from the cached prefix (deliver_frames) equals pamqp's
+    basic.deliver, content header and body frames cut to frame_max, for any values."""
+    from pamqp import body, header
+
+    from mqttamqp.amqp091.frames import deliver_frames
+
+    props = commands.Basic.Properties(content_type=content_type or None)
+    payload = bytes(i % 251 for i in range(size))
+    expected = [frame.marshal(commands.Basic.Deliver(ctag, tag, redelivered, exchange, key),
+                              channel),
+                frame.marshal(header.ContentHeader(0, size, props), channel)]
+    room = frame_max - 8
+    expected += [frame.marshal(body.ContentBody(payload[at:at + room]), channel)
+                 for at in range(0, size, room)]
+    for _ in range(2):   # (the prefix made, then found in the cache)
+        assert deliver_frames(channel, ctag, tag, redelivered, exchange, key,
+                              props.marshal(), payload, frame_max) == b"".join(expected)

@@ -173,3 +173,34 @@ def test_a_dead_letter_from_mqtt_gets_x_death() -> None:
     [death] = headers["x-death"]
     assert (death["queue"], death["reason"], death["routing-keys"]) == (
         "work", "expired", ["work"])
+
+
+def test_published_form_is_to_core_and_envelope_memoized_by_the_bytes() -> None:
+    """published_form gives to_core's properties and QoS, the envelope, the priority
+    and the default exchange's queue topic; a second publish with other property
+    bytes (same exchange and key) gets its own form, not the first's."""
+    from pamqp import commands as c
+
+    from mqttamqp.amqp091.frames import FrameReader
+    from mqttamqp.amqp091.properties import envelope, published_form
+
+    def header_of(props: c.Basic.Properties) -> tuple[c.Basic.Properties, bytes]:
+        from pamqp import frame, header
+        data = frame.marshal(header.ContentHeader(0, 5, props), 1)
+        [(_, h)] = FrameReader(1 << 20).feed(data)
+        return h.properties, h.raw
+
+    first = c.Basic.Properties(delivery_mode=2, content_type="a/b", priority=3)
+    second = c.Basic.Properties(delivery_mode=1, reply_to="r")
+    for props in (first, second, first):
+        decoded, raw = header_of(props)
+        core, qos, sent, priority, topic = published_form(decoded, "", "jobs", raw)
+        assert (core, qos) == to_core(decoded)
+        assert sent == envelope("", "jobs", raw)
+        assert priority == props.priority
+        assert topic == "$queue/jobs"
+        assert published_form(decoded, "x", "jobs", raw)[4] == ""   # (copies: per queue)
+    bad, raw = header_of(c.Basic.Properties(expiration="soon"))
+    for _ in range(2):   # (an error is not memoized)
+        with pytest.raises(PropertyError):
+            published_form(bad, "", "jobs", raw)

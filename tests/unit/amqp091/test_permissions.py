@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mqttamqp.amqp091 import permissions as p
-from mqttamqp.core.auth import AllowAll, Identity
+from mqttamqp.core.auth import AllowAll, Identity, LoopbackOnly
 from mqttamqp.core.exchanges.errors import ChannelError
 from mqttamqp.security.acl import AclAuthorizer
 
@@ -123,3 +123,30 @@ def test_a_dead_letter_or_alternate_exchange_needs_write_on_it(alice: Any) -> No
     assert "write access to queue 'in'" in refused(
         p.check_routes_to, alice, {"x-dead-letter-exchange": "",
                                    "x-dead-letter-routing-key": "in"}, "jobs")
+
+
+def test_publish_asks_nothing_only_of_allow_all_itself() -> None:
+    """check_publish skips the authorizer for ``AllowAll`` and ``LoopbackOnly``
+    themselves (nothing asked), not for a subclass that overrides a verdict: such
+    a one is still asked (and refuses)."""
+    asked: list[str] = []
+
+    class NoQueueWrites(AllowAll):
+        def may_publish(self, identity: Identity, topic: str, retain: bool) -> bool:
+            asked.append(topic)
+            return False
+
+        def may_use_resource(self, identity: Identity, kind: str, access: str,
+                             name: str) -> bool:
+            return False
+
+    for allows in (AllowAll(), LoopbackOnly()):
+        # (their verdicts recorded on the instance: the type stays exact)
+        allows.may_publish = lambda *a: asked.append("publish") or True  # type: ignore[method-assign]
+        allows.may_use_resource = lambda *a: asked.append("resource") or True  # type: ignore[method-assign]
+        for exchange in ("", "orders", "amq.topic"):
+            p.check_publish(host(allows), exchange, "jobs")
+    assert asked == []
+    assert "write access to queue 'jobs'" in refused(p.check_publish,
+                                                     host(NoQueueWrites()), "", "jobs")
+    assert asked == ["$queue/jobs"]

@@ -69,7 +69,7 @@ def test_a_message_with_an_expiry_takes_the_session_queue_and_is_counted() -> No
     send(broker, "$queue/jobs", b"e", props=MessageProperties(expiry_interval=60))
     clock.advance(0.1)
     assert [m.payload for m, *_ in link.published()] == [b"e"]
-    assert session.may_expire == 1
+    assert session._may_expire == 1
 
 
 def test_a_qos0_member_is_not_given_the_short_path() -> None:
@@ -211,3 +211,16 @@ def test_a_delivery_one_member_refuses_goes_to_another_in_the_same_pump() -> Non
     assert [m.payload for m, *_ in busy_link.published()] == [b"t"]
     (group,) = broker.queues.queues["jobs"].groups.values()
     assert busy.dropped == 0 and group.redelivered == 0 and not group.ready
+
+
+def test_only_dispatch_and_browsing_pump_a_queue() -> None:
+    """``Browsing._pump_queue`` repeats ``Dispatch._pump_queue``'s loop instead of a
+    ``super()`` call: no other class of the queue manager may define it (it would be
+    passed over)."""
+    from mqttamqp.core.queues.browsing import Browsing
+    from mqttamqp.core.queues.dispatch import Dispatch
+    from mqttamqp.core.queues.log import QueueLogs
+    from mqttamqp.core.queues.manager import QueueManager
+
+    defining = [cls for cls in QueueManager.__mro__ if "_pump_queue" in vars(cls)]
+    assert defining == [Browsing, Dispatch, QueueLogs]

@@ -591,10 +591,9 @@ def test_a_publisher_subscribed_to_its_own_topic_gets_one_write() -> None:
     assert got[0].payload == b"x" and got[1:] == [Puback(5)]  # type: ignore[union-attr]
 
 
-def test_a_failing_output_flush_does_not_strand_other_connections() -> None:
-    """If writing one connection's batched output raises, the others' output of the same
-    batch is still written, and later output keeps flowing."""
-    h = Harness()
+def _two_subscribers_one_failing(h: Harness, failures: int) -> tuple[Client, Client, Client]:
+    """Subscribers ``a`` and ``b`` of ``t`` at QoS 0 and a publisher; ``a``'s first
+    ``failures`` transport writes raise."""
     a, b, pub = h.client(), h.client(), h.client()
     for c, name in ((a, "a"), (b, "b"), (pub, "pub")):
         c.connect(name)
@@ -604,18 +603,70 @@ def test_a_failing_output_flush_does_not_strand_other_connections() -> None:
     real = a.transport.write
     calls: list[bytes] = []
 
-    def fails_once(data: bytes) -> None:
+    def fails(data: bytes) -> None:
         calls.append(data)
-        if len(calls) == 1:
+        if len(calls) <= failures:
             raise RuntimeError("write failed")
         real(data)
 
-    a.transport.write = fails_once  # type: ignore[method-assign]
-    pub.send(Publish("t", b"1", 0, False, False, None))
-    assert [p.payload for p in b.received()] == [b"1"]  # type: ignore[union-attr]
-    h.broker.publish(Message("t", b"2", 0, False))
-    assert [p.payload for p in b.received()] == [b"2"]  # type: ignore[union-attr]
-    assert [p.payload for p in a.received()] == [b"2"]  # type: ignore[union-attr]
+    a.transport.write = fails  # type: ignore[method-assign]
+    return a, b, pub
+
+
+def test_a_failing_output_flush_does_not_strand_other_connections() -> None:
+    """If writing one connection's batched output (a read of two PUBLISHes, flushed at
+    the batch's end) raises, the others' output of the same batch is still written,
+    the failure is counted, and later output keeps flowing."""
+    h = Harness()
+    a, b, pub = _two_subscribers_one_failing(h, 1)
+    pub.send(Publish("t", b"1", 0, False, False, None), Publish("t", b"2", 0, False, False, None))
+    assert [p.payload for p in b.received()] == [b"1", b"2"]  # type: ignore[union-attr]
+    assert a.received() == [] and h.broker.stats.write_failures == 1
+    h.broker.publish(Message("t", b"3", 0, False))
+    assert [p.payload for p in b.received()] == [b"3"]  # type: ignore[union-attr]
+    assert [p.payload for p in a.received()] == [b"3"]  # type: ignore[union-attr]
+
+
+def test_a_failing_immediate_send_is_counted_and_logged_once_a_minute(
+        log_lines: list[str]) -> None:
+    """A read of one PUBLISH whose immediate send to one subscriber raises: the other
+    subscriber still gets it, each failure is counted, and one line a minute is logged
+    (the next one says how many were held back), not one per delivery."""
+    h = Harness()
+    a, b, pub = _two_subscribers_one_failing(h, 4)
+    # (the failures are the immediate send's, not a batch's flush)
+    h.broker._commits.output_failed = _not_a_batch_flush  # type: ignore[method-assign]
+
+    def failed() -> list[str]:
+        return [line for line in log_lines if "writing a connection's output failed" in line]
+
+    for i in range(3):
+        pub.send(Publish("t", b"%d" % i, 0, False, False, None))
+        assert [p.payload for p in b.received()] == [b"%d" % i]  # type: ignore[union-attr]
+    assert a.received() == [] and h.broker.stats.write_failures == 3
+    assert len(failed()) == 1 and "(0 more since the last such line)" in failed()[0]
+    h.clock.advance(61)
+    pub.send(Publish("t", b"3", 0, False, False, None))
+    assert len(failed()) == 2 and "(2 more since the last such line)" in failed()[1]
+    assert h.broker.stats.write_failures == 4 and a.received() == []
+    pub.send(Publish("t", b"4", 0, False, False, None))
+    assert [p.payload for p in a.received()] == [b"4"]  # type: ignore[union-attr]
+
+
+def _not_a_batch_flush(failure: object) -> None:
+    raise AssertionError("a batch's flush failed, not the frame sent at once")
+
+
+def test_a_failing_flush_past_the_batch_bound_is_counted_and_others_served() -> None:
+    """A read of two PUBLISHes whose copies to ``a`` pass ``OUTPUT_BATCH_BYTES`` in the
+    batch: the flush at the bound raises; it is counted, nothing escapes into the
+    read, and ``b`` still gets both."""
+    h = Harness()
+    _a, b, pub = _two_subscribers_one_failing(h, 1)
+    big = b"z" * 40_000
+    pub.send(Publish("t", big, 0, False, False, None), Publish("t", big, 0, False, False, None))
+    assert [p.payload for p in b.received()] == [big, big]  # type: ignore[union-attr]
+    assert h.broker.stats.write_failures == 1 and h.broker._commits._depth == 0
 
 
 def test_refusal_connack_is_written_before_the_close() -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from fakes import ManualStore
-from mqtt_memory import ACCEPTED, Harness, TcpLikeTransport
+from mqtt_memory import ACCEPTED, Client, Harness, TcpLikeTransport
 from twisted.internet.address import IPv4Address
 from wsclient import BINARY, CLOSE, FrameReader, client_frame, request
 
 from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import Decoder, encode
-from mqttamqp.mqtt.packets import Connect, Packet, Suback, Subscribe
+from mqttamqp.mqtt.packets import Connect, Packet, Puback, Publish, Suback, Subscribe
 from mqttamqp.mqtt.protocol import MQTTProtocol
 from mqttamqp.mqtt.websocket import MQTTWebSocketFactory, OriginRule
 
@@ -268,3 +268,83 @@ def test_a_frame_length_of_2_63_closes_at_once(log_lines: list[str]) -> None:
     c.ws.dataReceived(b"\x00" * 1000)
     assert c.socket.value() == b""
     assert len([line for line in log_lines if "WebSocket protocol error" in line]) == 1
+
+
+def _subscriber_and_ws_publisher(h: Harness, qos: int) -> tuple[Client, WsClient,
+                                                                  list[int]]:
+    """A TCP subscriber of ``t``, a WebSocket publisher, and the list that gets, at each
+    write to the subscriber, the bytes the publisher had been given by then."""
+    sub = h.client()
+    sub.connect("sub")
+    sub.send(Subscribe(1, (("t", qos),)))
+    assert sub.received() == [Suback(1, (qos,))]
+    pub = WsClient(h)
+    pub.send(Connect("MQTT", 4, "pub", True, 0))
+    assert pub.received() == [ACCEPTED]
+    writes: list[int] = []
+    real = sub.transport.write
+
+    def counted(data: bytes) -> None:
+        writes.append(pub.mqtt.bytes_out)
+        real(data)
+
+    sub.transport.write = counted  # type: ignore[method-assign]
+    return sub, pub, writes
+
+
+def test_one_socket_read_of_several_publish_frames_is_one_write_per_subscriber() -> None:
+    """A WebSocket read of three frames, one QoS 0 PUBLISH each, reaches a TCP
+    subscriber in one transport write (the read is one batch), not one per frame."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 0)
+    pub.ws.dataReceived(b"".join(
+        client_frame(encode(Publish("t", b"%d" % i, 0, False, False, None)))
+        for i in range(3)))
+    assert [p.payload for p in sub.received()] == [b"0", b"1", b"2"]  # type: ignore[attr-defined]
+    assert len(writes) == 1
+
+
+def test_a_read_of_one_frame_of_one_publish_is_sent_before_the_puback() -> None:
+    """A WebSocket read of one whole frame holding one QoS 1 PUBLISH is handled as a
+    TCP read of one PUBLISH: the subscriber's frame is written before the publisher's
+    PUBACK is even handed out; a frame of two PUBLISHes waits for the batch's end."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 1)
+    before = pub.mqtt.bytes_out
+    pub.send(Publish("t", b"1", 1, False, False, 7))
+    assert writes == [before] and pub.received() == [Puback(7)]
+    pub.send(Publish("t", b"2", 1, False, False, 8), Publish("t", b"3", 1, False, False, 9))
+    assert writes == [before, before + 12] and pub.received() == [Puback(8), Puback(9)]
+    assert [p.payload for p in sub.received()] == [b"1", b"2", b"3"]  # type: ignore[attr-defined]
+
+
+def _split_so_the_tail_looks_like_one_frame(pubs_after: int) -> tuple[bytes, bytes]:
+    """A frame of one PUBLISH split over two reads, its mask chosen so that the second
+    read (the payload's tail and ``pubs_after`` one-PUBLISH frames) starts with 0x82
+    and a length that makes it look like one whole frame."""
+    payload = encode(Publish("t", b"A" * 40, 0, False, False, None))
+    after = b"".join(client_frame(encode(Publish("t", b"%d" % i, 0, False, False, None)))
+                     for i in range(pubs_after))
+    cut = 8   # (a multiple of 4: the mask's first two bytes mask the tail's first two)
+    size = len(payload) - cut + len(after)
+    mask = bytes([payload[cut] ^ 0x82, payload[cut + 1] ^ (0x80 | (size - 6)), 0x11, 0x22])
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    first = bytes([0x82, 0x80 | len(payload)]) + mask + masked[:cut]
+    second = masked[cut:] + after
+    assert second[:2] == bytes([0x82, 0x80 | (size - 6)])
+    return first, second
+
+
+def test_the_rest_of_a_frame_split_over_reads_is_not_taken_for_one_frame() -> None:
+    """A read that continues a frame begun in the previous one (autobahn holds no bytes
+    of it, only the frame's state) is one batch, whatever its first bytes look like:
+    the three frames after the tail reach the subscriber in one write with it."""
+    h = Harness()
+    sub, pub, writes = _subscriber_and_ws_publisher(h, 0)
+    first, second = _split_so_the_tail_looks_like_one_frame(3)
+    pub.ws.dataReceived(first)
+    writes.clear()
+    pub.ws.dataReceived(second)
+    assert [p.payload for p in sub.received()] == [  # type: ignore[attr-defined]
+        b"A" * 40, b"0", b"1", b"2"]
+    assert len(writes) == 1

@@ -191,8 +191,8 @@ def test_pn_decref_answers_the_count_left_that_the_held_sessions_probe_reads() -
 
 def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
     """``mqtt.websocket`` overrides autobahn's private ``_fail_connection`` and sets
-    ``failedByMe``; ``StreamOverWebSocket`` reads ``state``: renamed, the override
-    would silently never run."""
+    ``failedByMe``; ``StreamOverWebSocket`` reads ``state``, the one-frame read
+    ``data`` and ``current_frame``: renamed, the override would silently never run."""
     import inspect
 
     import autobahn.websocket.protocol as ws
@@ -200,7 +200,7 @@ def test_autobahn_still_calls_what_the_websocket_server_overrides() -> None:
 
     source = inspect.getsource(ws)
     for used in ("self._fail_connection(", "self.failedByMe", "self.wasNotCleanReason",
-                 "self.data = "):
+                 "self.data = ", "self.current_frame = None"):
         assert used in source, used
     for name in ("_fail_connection", "failHandshake", "sendCloseFrame", "dropConnection",
                  "STATE_CONNECTING", "STATE_OPEN", "STATE_CLOSED", "onMessageFrameBegin",
