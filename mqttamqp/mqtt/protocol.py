@@ -219,11 +219,13 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def connectionMade(self) -> None:
         # (``_last_activity`` is first read after the first read sets it)
         opened = self.factory.opened
-        if not self.broker.gate.admit("MQTT", self.peer, opened.count()):
+        unregistered = opened.unregistered   # (``count`` and ``admitted`` inlined)
+        if not self.broker.gate.admit("MQTT", self.peer,
+                                      len(opened.live.mqtt) + len(unregistered)):
             self.advance("close")
             self.transport.abortConnection()
             return
-        opened.admitted(self)   # (until its CONNACK: ``opened``)
+        unregistered[self] = ""   # (until its CONNACK: ``opened``)
         if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
