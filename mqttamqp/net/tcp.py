@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -88,10 +89,13 @@ class LeanServer(Server):
       (``LOAD_ATTR_SLOT``), on the write path (``startWriting``) too.
     * ``server`` (the listening port, read only for ``repr``) is a class attribute
       of a class made for each port (``lean_port``): the dict's values (socket,
-      protocol, peer, producer) fit the 48-byte class.  Those classes are in the
-      tuples ``send`` and the others check a transport's type against (first: the
-      check finds them at once), and in the fast read classes of ``net.dispatch``
-      (``port_classes``), until their port stops listening.
+      protocol, peer, producer) fit the 48-byte class.  The class holds its port
+      by weak reference only (``_PortOf``; None once the port is gone), so it
+      never keeps a stopped port, its factory and broker alive.  Those classes are
+      in the tuples ``send`` and the others check a transport's type against
+      (first: the check finds them at once), and in the fast read classes of
+      ``net.dispatch`` (``watch_port_classes``), until their port's
+      ``connectionLost`` (``LeanPort``) takes them out.
 
     ``__init__`` is ``Server.__init__`` (and ``Connection``'s and
     ``FileDescriptor``'s) without the strings and the defaults; behaviour is
@@ -101,7 +105,8 @@ class LeanServer(Server):
     __slots__ = ("reactor",)
 
     nodelay = False
-    server: Any = None   # (a port's own class: ``lean_port``)
+    server: Any = None   # (a port's own class: its port, ``_PortOf``)
+    _own_port: weakref.ref[Any] | None = None   # (a port's own class: ``lean_port``)
     _client6: tuple[Any, ...] | None = None   # an IPv6 peer's address tuple
     _pending: list[bytes] | None = None        # ``_tempDataBuffer`` when it has one
     _tempDataLen = 0
@@ -118,7 +123,8 @@ class LeanServer(Server):
         if len(client) != 2:
             self._addressType = IPv6Address
             self._client6 = client
-        if server is not self.server:   # (not when its class says it: ``lean_port``)
+        own = self._own_port   # (a port's own class: ``lean_port``)
+        if own is None or own() is not server:
             self.server = server
         self.peer = f"{client[0]}:{client[1]}"
         self.startReading()  # type: ignore[no-untyped-call]
@@ -301,6 +307,14 @@ class LeanPort(Port):
         # (Twisted's scaling of the accepts per turn)
         self.numberAccepts = limit + 20 if accepted == limit else max(1, accepted)
 
+    def connectionLost(self, reason: Any) -> None:
+        """Twisted's, then the port's own transport class leaves the tuples and the
+        watched sets (``_forget``): a stopped port is not checked against again."""
+        try:
+            Port.connectionLost(self, reason)
+        finally:
+            _forget(self.transport)
+
 
 def lean_port(port: Any) -> None:
     """Make a plain TCP listening port a ``LeanPort`` that builds ``LeanServer``
@@ -320,34 +334,69 @@ def lean_port(port: Any) -> None:
     port.transport = _for_port(base, port)
 
 
-#: Sets of transport classes (``net.dispatch``'s fast read classes) that take a
-#: port's class when its base class is in them (``watch_port_classes``).
-_WATCHERS: list[set[type]] = []
+#: The sets (``net.dispatch``'s fast read classes, one a reactor) that take a port's
+#: class when its base class is in them (``watch_port_classes``), by weak
+#: reference (a ``set`` takes one): a set whose reactor is gone drops out.
+_WATCHERS: list[weakref.ref[set[type]]] = []
+
+
+def _watchers() -> list[set[type]]:
+    """The watched sets still alive; the dead references are dropped."""
+    alive = [classes for ref in _WATCHERS if (classes := ref()) is not None]
+    if len(alive) != len(_WATCHERS):
+        _WATCHERS[:] = [weakref.ref(classes) for classes in alive]
+    return alive
 
 
 def watch_port_classes(classes: set[type]) -> None:
     """Keep ``classes`` holding the class of each listening lean port whose base
-    class (``LeanServer``, ``LeanServerNoDelay``) it holds."""
-    _WATCHERS.append(classes)
+    class (``LeanServer``, ``LeanServerNoDelay``) it holds, for as long as
+    ``classes`` lives (it is held by weak reference)."""
+    _watchers()
+    _WATCHERS.append(weakref.ref(classes))
     classes.update(c for c in _PLAIN[:-3] if c.__base__ in classes)
 
 
+class _PortOf:
+    """``server`` of a port's own transport class: the port, by weak reference
+    (None once it is gone).  Not a data descriptor: a transport given another
+    port keeps it in its own dict (``LeanServer.__init__``)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: weakref.ref[Any]) -> None:
+        self._ref = ref
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self._ref()
+
+
 def _for_port(base: type[LeanServer], port: Any) -> type[LeanServer]:
-    """A transport class for ``port``: ``base`` with ``server`` the port.  The
-    classes of ports no longer listening leave the tuples and sets here."""
+    """A transport class for ``port``: ``base`` with ``server`` the port (weakly),
+    first in the tuples and in the watched sets that hold ``base``."""
     global _PLAIN, _LEAN
+    ref = weakref.ref(port)
     cls: type[LeanServer] = type(base.__name__, (base,), {
-        "__slots__": (), "server": port, "__module__": __name__,
+        "__slots__": (), "server": _PortOf(ref), "_own_port": ref, "__module__": __name__,
         "__doc__": f"A ``{base.__name__}`` of one listening port (``lean_port``)."})
-    kept = [c for c in _PLAIN[:-3] if getattr(getattr(c, "server", None), "connected", False)]
-    gone = [c for c in _PLAIN[:-3] if c not in kept]
-    _PLAIN = (cls, *kept, Server, LeanServer, LeanServerNoDelay)
-    _LEAN = (cls, *kept, LeanServer, LeanServerNoDelay)
-    for classes in _WATCHERS:
-        classes.difference_update(gone)
+    _PLAIN = (cls, *_PLAIN)
+    _LEAN = (cls, *_LEAN)
+    for classes in _watchers():
         if base in classes:
             classes.add(cls)
     return cls
+
+
+def _forget(cls: Any) -> None:
+    """Take a stopped port's own class out of the tuples and the watched sets (the
+    base classes and Twisted's ``Server`` stay)."""
+    global _PLAIN, _LEAN
+    if cls in (Server, LeanServer, LeanServerNoDelay):
+        return
+    _PLAIN = tuple(c for c in _PLAIN if c is not cls)
+    _LEAN = tuple(c for c in _LEAN if c is not cls)
+    for classes in _watchers():
+        classes.discard(cls)
 
 
 _PLAIN: tuple[type, ...] = (Server, LeanServer, LeanServerNoDelay)

@@ -294,17 +294,26 @@ def test_a_plain_read_goes_straight_to_the_protocol(kind: type) -> None:
 
 
 class _ListeningPort:
-    """What a lean port's class reads of its port: whether it still listens."""
+    """What a lean port's class reads of its port: its number, for ``repr``."""
 
-    connected = True
     _realPortNumber = 1883
+
+
+@pytest.fixture(autouse=True)
+def _tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``net.tcp``'s tuples and watched sets as they were before each test."""
+    from mqttamqp.net import tcp as lean_tcp
+
+    monkeypatch.setattr(lean_tcp, "_PLAIN", lean_tcp._PLAIN)
+    monkeypatch.setattr(lean_tcp, "_LEAN", lean_tcp._LEAN)
+    monkeypatch.setattr(lean_tcp, "_WATCHERS", list(lean_tcp._WATCHERS))
 
 
 def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> None:
     """A transport of a lean port's own class (``server`` a class attribute: ``lean_port``)
     takes the plain-read shortcut and ``send``'s, whether its class was made before the
-    dispatch was installed or after; once its port stops listening, the next port's
-    class takes its place and it leaves both."""
+    dispatch was installed or after; once its port stops (``_forget``, from its
+    ``connectionLost``) it leaves the tuples and every watched set."""
     from mqttamqp.net import tcp as lean_tcp
 
     def send(peer: socket.socket) -> None:
@@ -317,6 +326,9 @@ def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> Non
     generic = _count_generic(reactor)
     try:
         assert lean_dispatch(reactor)
+        watched = lean_tcp._watchers()
+        assert watched and all(before in classes for classes in watched
+                               if LeanServerNoDelay in classes)
         after = lean_tcp._for_port(LeanServer, _ListeningPort())
         protocol = _Recorder()
         transport, peer = _transport(after, reactor, protocol)
@@ -324,9 +336,10 @@ def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> Non
         peer.send(b"abc")
         reactor.doIteration(1.0)
         assert protocol.events == [b"abc"] and generic == []
-        old_port.connected = False     # (its port stopped listening)
-        lean_tcp._for_port(LeanServer, _ListeningPort())
-        assert before not in lean_tcp._PLAIN and after in lean_tcp._PLAIN
+        lean_tcp._forget(before)     # (its port stopped listening)
+        assert before not in lean_tcp._PLAIN and before not in lean_tcp._LEAN
+        assert all(before not in classes for classes in lean_tcp._watchers())
+        assert after in lean_tcp._PLAIN and after in lean_tcp._LEAN
         peer.close()
     finally:
         reactor.removeAll()

@@ -13,8 +13,10 @@ import sys
 from typing import Any
 
 import pytest
+from twisted.internet import main
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.tcp import Port, Server
+from twisted.python.failure import Failure
 
 from mqttamqp.net.accept import ACCEPT_PAUSE, AcceptRefusals, watch_accept_errors
 from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay, lean_port, plain_tcp
@@ -65,11 +67,17 @@ def _accept(lean: bool) -> tuple[Any, socket.socket, Port, list[Any]]:
     return made[0].transport, client, port, made
 
 
+def _stop_port(port: Port) -> None:
+    """Stop ``port`` as ``stopListening`` ends (its ``connectionLost``), so a lean
+    port's own class leaves ``net.tcp``'s tuples."""
+    port.connectionLost(Failure(main.CONNECTION_DONE))
+
+
 def _close(client: socket.socket, port: Port, *transports: Any) -> None:
     client.close()
     for t in transports:
         t.socket.close()
-    port.socket.close()
+    _stop_port(port)
 
 
 def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
@@ -152,7 +160,7 @@ def test_a_lost_lean_transport_answers_minus_one_for_its_descriptor() -> None:
     finally:
         client.close()
         sock.close()
-        port.socket.close()
+        _stop_port(port)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's inheritance")
@@ -164,6 +172,42 @@ def test_accepted_sockets_inherit_nodelay_from_the_lean_listener() -> None:
         assert lean.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         _close(client, port, lean)
+
+
+def test_a_stopped_lean_port_leaves_the_tables_and_is_not_kept_alive() -> None:
+    """Once a lean port stops (``connectionLost``), its own transport class leaves
+    ``send``'s tuples and every watched set, and nothing in ``net.tcp`` keeps the port
+    or its factory (the broker) alive."""
+    import gc
+    import weakref
+
+    from mqttamqp.net import tcp as lean_tcp
+
+    plain, lean = len(lean_tcp._PLAIN), len(lean_tcp._LEAN)
+    watched: set[type] = {LeanServer, LeanServerNoDelay}
+    lean_tcp.watch_port_classes(watched)
+    factory = Factory.forProtocol(Protocol)
+    factory.noisy = False   # (Twisted's start-up log buffer would keep it)
+    gone = weakref.ref(factory)
+    port = Port(0, factory, interface="127.0.0.1", reactor=_Reactor())
+    port.startListening()
+    lean_port(port)
+    own = port.transport
+    assert own in lean_tcp._PLAIN and own in lean_tcp._LEAN and own in watched
+    assert own.server is port
+    _stop_port(port)
+    assert own not in lean_tcp._PLAIN and own not in lean_tcp._LEAN
+    assert own not in watched
+    assert (len(lean_tcp._PLAIN), len(lean_tcp._LEAN)) == (plain, lean)
+    del factory, port
+    gc.collect()
+    assert gone() is None
+    assert own.server is None   # (held weakly: the class does not keep it)
+    assert watched in lean_tcp._watchers()
+    del watched
+    gc.collect()
+    lean_tcp._watchers()
+    assert all(ref() is not None for ref in lean_tcp._WATCHERS)   # (the dead one dropped)
 
 
 def test_lean_port_leaves_other_transports_alone() -> None:
@@ -207,7 +251,7 @@ def _stop(reactor: Any, port: Port, *clients: socket.socket) -> None:
     for selectable in list(reactor._selectables.values()):
         if isinstance(selectable, Server):
             selectable.socket.close()
-    port.socket.close()
+    _stop_port(port)
     reactor._poller.close()
 
 
@@ -365,7 +409,7 @@ def test_lean_port_on_the_select_reactor_is_twisteds_port() -> None:
         for selectable in list(reactor._reads):
             if isinstance(selectable, Server):
                 selectable.socket.close()
-        port.socket.close()
+        _stop_port(port)
         reactor.waker.connectionLost(None)
 
 
