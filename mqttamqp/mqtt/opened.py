@@ -13,10 +13,16 @@ closes (a protocol error's reason, read when it is lost: not a slot of every
 connection).  Idle clients are all in the first; the second holds a connect storm's
 moment, and gives its table back once the storm is over.
 
-The connection keeps the two apart (``protocol.MQTTProtocol``): ``admitted`` at
-``connectionMade``, ``registered`` right after the registry's ``register_client``
-and at ``connectionLost``, ``closing`` when it closes (every close goes through
-``_lose``, after the registry's ``unregister_client``).
+The connection keeps the two apart (``protocol.MQTTProtocol``): its
+``connectionMade`` puts it in ``unregistered`` itself (``count`` and the entry
+inlined: no call on a connect storm's path), ``registered`` right after the
+registry's ``register_client`` and at ``connectionLost``, ``closing`` when it closes
+after its CONNACK.  Not every close takes the same way: ``_lose`` calls ``closing``
+after the registry's ``unregister_client``, a protocol violation (``_violation``)
+calls it before; an abort skips ``_lose`` (a server_stopping before CONNACK or to a
+3.1.1 client, the HA sweep, a refused admission, the close-grace cut), and the
+connection stays in the table it was in until it is lost (``connectionLost``'s
+``registered``; the registry's own unregistering).
 
 What it must not do: close or count a connection itself (the shutdown sweep and
 ``Gate.admit`` do), or touch the registry's table (``LiveConnections`` owns it).
@@ -53,10 +59,6 @@ class OpenConnections:
         MQTT connections of every factory of the broker: the TCP and WebSocket
         listeners share one)."""
         return len(self.live.mqtt) + len(self.unregistered)
-
-    def admitted(self, connection: Any) -> None:
-        """A new connection, not in the live table before its CONNACK."""
-        self.unregistered[connection] = ""
 
     def closing(self, connection: Any, detail: str | None = None) -> None:
         """``connection`` closes (out of the live table, or never in it) and is not

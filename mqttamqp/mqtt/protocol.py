@@ -219,7 +219,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
     def connectionMade(self) -> None:
         # (``_last_activity`` is first read after the first read sets it)
         opened = self.factory.opened
-        unregistered = opened.unregistered   # (``count`` and ``admitted`` inlined)
+        unregistered = opened.unregistered   # (``count`` inlined, and the entry)
         if not self.broker.gate.admit("MQTT", self.peer,
                                       len(opened.live.mqtt) + len(unregistered)):
             self.advance("close")
