@@ -74,9 +74,15 @@ class Dispatch(Parking):
         while True:
             if levels is None and not group.ready and group.next >= queue.committed:
                 break   # (``_next_offset`` would find none: the usual end, without it)
-            offset = self._next_offset(group, ops)
-            if offset is None:
-                break
+            # (``_next_offset``'s answer inline for the common group: classic, no
+            # levels, nothing ready again, no skipped range, a ``#`` filter)
+            offset: int | None = group.next
+            if (levels is not None or group.ready or queue.skip_starts
+                    or group.mode != CLASSIC or group.filter != "#"
+                    or offset not in queue.log or offset in group.done):
+                offset = self._next_offset(group, ops)
+                if offset is None:
+                    break
             if evicted and offset in evicted:
                 # (its body is in storage: read back, then this pump again; nothing
                 # to work out while a read is under way)
@@ -99,8 +105,18 @@ class Dispatch(Parking):
                 group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
-            member = (self._next_member(group, offset) if refused is None
-                      else self._next_other(group, offset, refused))
+            members = group.members
+            if refused is None and len(members) == 1 and members[0].selector is None:
+                # (one member without a selector, the common group: ``_next_member``'s
+                # answer without its rotation)
+                member: Member | bool = members[0]
+                if self._credit(members[0]):
+                    group._rr = 0
+                else:
+                    member = False
+            else:
+                member = (self._next_member(group, offset) if refused is None
+                          else self._next_other(group, offset, refused))
             if member is False:
                 break   # (no member with credit, but for those that refused)
             if member is True and refused is not None and self._wanted(group, offset,
