@@ -110,7 +110,15 @@ class Dispatch(Parking):
                 # (one member without a selector, the common group: ``_next_member``'s
                 # answer without its rotation)
                 member: Member | bool = members[0]
-                if self._credit(members[0]):
+                one = members[0]
+                session = one.session
+                link = session.link
+                # (``_credit``'s yes inline — online, nothing queued in its session,
+                # within its prefetch, uncongested — else the call, for its no)
+                if ((link is not None and not session.queue
+                     and one.outstanding < session.queue_prefetch
+                     and session is not self._leaving and not link.congested)
+                        or self._credit(one)):
                     group._rr = 0
                 else:
                     member = False
@@ -306,16 +314,6 @@ class Dispatch(Parking):
                 group.advance_floor()
                 ops.append(QueueDone(queue.name, group.key, tuple(finished)))
         return levels.peek(log, group.done)
-
-    def _take(self, group: ConsumerGroup, offset: int) -> None:
-        levels = group.levels
-        if levels is not None:
-            levels.pop()
-            return
-        if group.ready and group.ready[0] == offset:
-            heapq.heappop(group.ready)
-        elif group.next == offset:
-            group.next = offset + 1
 
     def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
                  ops: list[Op], credited: bool = False) -> bool | None:
