@@ -328,6 +328,17 @@ class Exchanges(TopicSpace):
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,
                                f"cannot publish to internal exchange '{exchange}'")
+        if source.kind == DIRECT:
+            # (a direct exchange's key bound to one queue, the usual case: ``route``'s
+            # answer without its walk; a binding to an exchange, several, or none
+            # (an alternate exchange's turn) take ``route``)
+            bound = source.by_key.get(routing_key)
+            if (bound is not None and len(bound) == 1 and not bound[0].to_exchange
+                    and (name := bound[0].destination) in self.queues.queues):
+                d = self._enqueue_one(message, name, routing_key, publisher, in_round)
+                stats.messages_received += 1
+                stats.messages_received_amqp091 += 1
+                return True, d
         counted = stats.messages_received
         queues, topic = self.route(source, routing_key, headers, True)
         waits: list[Durable] = []
