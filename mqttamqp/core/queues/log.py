@@ -322,8 +322,13 @@ class QueueLogs(AppendAccounting):
                 or (r.max_messages is not None and len(queue.log) > r.max_messages)
                 or (r.max_bytes is not None and queue.bytes > r.max_bytes)):
             self._enforce_retention(queue, ops, message.timestamp)
-        if self.alarm.max_total > 0:
-            self.alarm.check_total(self.total_bytes)
+        alarm = self.alarm
+        if alarm.max_total > 0:
+            total = self.total_bytes
+            if alarm.over_total or total >= alarm.max_total:
+                alarm.check_total(total)
+            else:
+                alarm.total = total   # (``check_total`` under its bound, inline)
         return offset
 
     def _remove(self, queue: QueueLog, offset: int) -> Message | None:
