@@ -39,6 +39,17 @@ class AppendAccounting:
     _append_bytes: int
     _round_appends: RoundAppends | None
 
+    @property
+    def blocked(self) -> bool:
+        """Publishers to queues are blocked (the storage alarm is raised)."""
+        return self.alarm.blocked
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: blocked, or the writer is behind (the
+        unstored bytes this accounts for are over their bound)."""
+        return self.alarm.paused
+
     def _committed_bytes(self, nbytes: int) -> None:
         self.unstored_bytes -= nbytes
         if self.unstored_bytes <= self._unstored_limit // 2:
