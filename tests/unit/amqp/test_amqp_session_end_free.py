@@ -21,23 +21,12 @@ from pathlib import Path
 _SUPPORT = Path(__file__).resolve().parents[2] / "support"
 
 _SCRIPT = r'''
-import ctypes
 import gc
 from amqp_memory import Net
 from fakes import ManualStore
 from proton import Message
 
-class _MallInfo(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-        "uordblks", "fordblks", "keepcost")]
-
-_libc = ctypes.CDLL(None)
-_libc.mallinfo2.restype = _MallInfo
-
-def c_heap_in_use():
-    gc.collect()
-    return _libc.mallinfo2().uordblks
+from c_heap import c_heap_in_use
 
 store = ManualStore()
 net = Net(store=store)

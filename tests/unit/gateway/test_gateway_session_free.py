@@ -17,12 +17,15 @@ the other two still attached) ends the session and frees its own end of it.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+_SUPPORT = Path(__file__).resolve().parents[2] / "support"
 
 _SCRIPT = r'''
-import ctypes
 import gc
 from proton import Collector, Connection, Event, Transport
 from twisted.internet.task import Clock
@@ -74,17 +77,7 @@ def server_events():
         col.pop()
     return opened
 
-class _MallInfo(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-        "uordblks", "fordblks", "keepcost")]
-
-_libc = ctypes.CDLL(None)
-_libc.mallinfo2.restype = _MallInfo
-
-def c_heap_in_use():
-    gc.collect()
-    return _libc.mallinfo2().uordblks
+from c_heap import c_heap_in_use
 
 pump(); server_events(); pump()
 assert uc.open
@@ -118,8 +111,10 @@ def test_a_session_ended_with_links_attached_is_freed_without_a_crash_or_growth(
     dropped before theirs: the process survives 300 such rounds, the engine holds at
     most the sessions whose links are still held, and the C heap does not grow with
     the rounds."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(_SUPPORT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode not in (-signal.SIGABRT, -signal.SIGSEGV), (
         "killed by the heap check or a bad pointer: " + done.stderr[-2000:])
     assert done.returncode == 0, done.stderr[-2000:]
