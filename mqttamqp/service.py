@@ -277,9 +277,9 @@ class BrokerService(service.MultiService):
                 listener.close_now()
         # MQTT (and over WebSockets), AMQP 1.0 and 0.9.1, and the AMQP port's sockets
         # that have not sent their protocol header yet (the shared port's own)
-        factories = (self.mqtt_factory, self.amqp_factory, self.amqp091_factory,
-                     self._amqp_port)
-        for conn in [c for f in factories if f is not None for c in f.connections]:
+        factories = (self.amqp_factory, self.amqp091_factory, self._amqp_port)
+        clients: list[Any] = self.mqtt_factory.opened.all()
+        for conn in [*clients, *(c for f in factories if f is not None for c in f.connections)]:
             try:
                 conn.transport.abortConnection()
             except Exception:   # (best effort: the process ends anyway)
@@ -434,7 +434,8 @@ class BrokerService(service.MultiService):
     async def _stop(self) -> None:
         await super().stopService()  # type: ignore[no-untyped-call]
         await self.report_job.stop()
-        for conn in list(self.mqtt_factory.connections):
+        # (every open one: connected, before CONNECT or CONNACK, or closing)
+        for conn in self.mqtt_factory.opened.all():
             conn.server_stopping()   # MQTT 5 clients get DISCONNECT 0x8B first
         if self.amqp_factory is not None:
             for amqp_conn in list(self.amqp_factory.connections):

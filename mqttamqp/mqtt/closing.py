@@ -88,7 +88,7 @@ class Disconnects(MQTTLink):
                               "connection", c=self.client_id or "(no client id yet)",
                               peer=self.peer, r=reason)
         self._cause = cause
-        self._cause_detail = reason
+        self._factory.opened.closing(self._link, reason)   # (read when it is lost)
         self.advance("close")
         self._cancel_timers()
         # It is over now, though the socket may linger (a half-open peer): it leaves

@@ -86,6 +86,19 @@ class ConnectHandshake(ActionExecutor):
         elif value is not None:
             raise AssertionError("an AUTH exchange without MQTT 5")
 
+    @property
+    def bridge_peer(self) -> bool:
+        """The client set Mosquitto's bridge flag in CONNECT (the factory keeps the
+        few that did: no slot of every connection)."""
+        return self in self._factory.bridge_peers
+
+    @bridge_peer.setter
+    def bridge_peer(self, value: bool) -> None:
+        if value:
+            self._factory.bridge_peers.add(self)
+        else:
+            self._factory.bridge_peers.discard(self)
+
     def _on_connect(self, packet: Connect) -> None:
         self._stop_connect_timer()
         factory = self._factory
@@ -126,7 +139,8 @@ class ConnectHandshake(ActionExecutor):
             return
         self.keepalive = packet.keepalive
         self.clean_session = packet.clean_session
-        self.bridge_peer = packet.bridge
+        if packet.bridge:   # (kept by the factory for the few that set it)
+            self.bridge_peer = True
         if exchange is not None and cert_user is None:
             # MQTT 5 enhanced authentication: AUTH packets until the method says
             # yes or no, bounded by the connect timeout.
@@ -231,7 +245,9 @@ class ConnectHandshake(ActionExecutor):
         link, label, broker = self._link, self.protocol_label, self.broker
         broker.activate(session, link, label)
         broker.registry.register_client(self.client_id, link, label)
-        held = self._factory.connect_lines.allow("connect")
+        factory = self._factory
+        factory.opened.registered(link)   # (found in the live table from now on)
+        held = factory.connect_lines.allow("connect")
         if held is not None:
             self.log.info("{c} connected from {peer} (MQTT {v}, clean={cs}, keepalive={k}s)"
                           "{h}", c=self.client_id, peer=self.peer, v=self.version,

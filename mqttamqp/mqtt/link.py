@@ -39,6 +39,7 @@ from mqttamqp.mqtt.connection import (
 )
 from mqttamqp.mqtt.deadlines import Deadlines
 from mqttamqp.mqtt.decoders import SpareDecoders
+from mqttamqp.mqtt.opened import OpenConnections
 from mqttamqp.mqtt.parking import Parked
 from mqttamqp.mqtt.v5 import Negotiated
 from mqttamqp.security.enhanced_auth import EnhancedAuthenticator
@@ -61,6 +62,8 @@ class ListenerState(Protocol):
     decoders: SpareDecoders
     connect_lines: LogLimiter
     log_limit: LogLimiter
+    opened: OpenConnections
+    bridge_peers: set[Any]
 
 
 class MQTTLink(ConnectionRules):
@@ -93,7 +96,6 @@ class MQTTLink(ConnectionRules):
     messages_in: int
     _acks: AckQueue
     _cause: str
-    _cause_detail: str
     _reading_paused_for: frozenset[str]
     _in_process: bool
     _parked: Parked | None

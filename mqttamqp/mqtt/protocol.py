@@ -75,6 +75,7 @@ from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
+from mqttamqp.mqtt.opened import OpenConnections
 from mqttamqp.mqtt.packets import (
     Auth,
     Connect,
@@ -126,7 +127,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_acks",
         "_backlog",
         "_cause",
-        "_cause_detail",
         "_connect_timer",
         "_in_process",
         "_keepalive_timer",
@@ -138,7 +138,6 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         "_throttle",
         "_turn_timer",
         "_v5",
-        "bridge_peer",
         "broker",
         "bytes_in",
         "bytes_out",
@@ -179,10 +178,9 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.version = ""
         self.keepalive = 0
         self.clean_session = True
-        self.bridge_peer = False   # Mosquitto's bridge flag in CONNECT
         self.connected_since = 0.0
-        self._cause = CAUSE_LOST     # why the connection ends, for the archive
-        self._cause_detail = ""
+        # why the connection ends, for the archive (and its detail: ``opened``)
+        self._cause = CAUSE_LOST
         self._last_activity = 0.0
         self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
         # The due times of the deadlines in factory.connect_deadlines and
@@ -220,11 +218,14 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
 
     def connectionMade(self) -> None:
         # (``_last_activity`` is first read after the first read sets it)
-        if not self.broker.gate.admit("MQTT", self.peer, len(self.factory.connections)):
+        opened = self.factory.opened
+        unregistered = opened.unregistered   # (``count`` and ``admitted`` inlined)
+        if not self.broker.gate.admit("MQTT", self.peer,
+                                      len(opened.live.mqtt) + len(unregistered)):
             self.advance("close")
             self.transport.abortConnection()
             return
-        self.factory.connections[self] = None
+        unregistered[self] = ""   # (until its CONNACK: ``opened``)
         if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
@@ -253,14 +254,17 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self._process_batch(now, one)   # (its turn's share counted from this read)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self.factory.connections.pop(self, None)
+        factory = self.factory
+        # (out of its tables, with a protocol error's reason: see ``opened``)
+        detail = factory.opened.registered(self)
+        if factory.bridge_peers:
+            factory.bridge_peers.discard(self)
         self.broker.forget_paused(id(self))
         self._cancel_timers()
         was = self.state
         self.advance("close")
         # Pending acknowledgements are not dropped: a committed QoS 2 message still
         # goes to its subscribers once its commit fires (``_flush_acks``).
-        detail = self._cause_detail
         if not detail and self._cause == CAUSE_LOST and reason is not None:
             detail = "connection lost: " + reason.getErrorMessage()
         self.broker.registry.unregister_client(self.client_id, self, self._cause, detail)
@@ -417,6 +421,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport = self.transport
         transport.unregisterProducer()   # (a producer is resumed once drained, not closed)
         transport.loseConnection()
+        if self.state is _CLOSED:   # (not an MQTT 5 client told of a shutdown)
+            self.factory.opened.closing(self)   # (found there until lost)
         # (in the turn timer's slot, no turn after the close; connectionLost cancels it)
         if self._turn_timer is not None and self._turn_timer.active():
             self._turn_timer.cancel()
@@ -549,9 +555,11 @@ class MQTTFactory(Factory):
                                               limits.max_subscribe_filters)
         # The decoders lent to connections for a read (an idle one holds none).
         self.decoders = SpareDecoders(limits.max_packet_size, self.property_limits)
-        # Open connections (CONNECT or not), in a dict used as a set: at thousands
-        # of entries a set's table is twice a dict's (~50 against ~30 bytes each).
-        self.connections: dict[MQTTProtocol, None] = {}
+        # Open connections (CONNECT or not), found in the registry's live table and
+        # a table of those not in it (no table of all: ``opened``).
+        self.opened = OpenConnections(broker.registry.connections, self)
+        # The open connections that set Mosquitto's bridge flag (``bridge_peer``).
+        self.bridge_peers: set[MQTTProtocol] = set()
         # Lines about what a client can repeat at will: one per cause a minute.
         self.log_limit = LogLimiter(clock.seconds)
         # "connected from": 20 lines a second at most (then a count in the next one).

@@ -81,7 +81,7 @@ from twisted.internet import base, main, tcp
 from twisted.logger import Logger
 from twisted.python import log as legacy_log
 
-from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay
+from mqttamqp.net.tcp import LeanServer, LeanServerNoDelay, watch_port_classes
 
 __all__ = ["lean_dispatch"]
 
@@ -254,7 +254,9 @@ def lean_dispatch(reactor: Any) -> bool:
                  "its own", version=version)
         return False
     target: Any = reactor   # (its privates, and an instance attribute for doPoll)
-    fast = _fast_read_classes(type(reactor))
+    # (a set the lean ports' own classes join: ``net.tcp.watch_port_classes``)
+    fast = set(_fast_read_classes(type(reactor)))
+    watch_port_classes(fast)
     if not fast:
         log.warn("net.dispatch: this Twisted's read path is not the one the plain-read "
                  "shortcut replaces (written for 26.10); every event takes Twisted's way")

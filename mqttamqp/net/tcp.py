@@ -43,7 +43,7 @@ from twisted.internet.tcp import Port, Server
 from twisted.python import log
 
 __all__ = ["LeanPort", "LeanServer", "LeanServerNoDelay", "lean_port", "others_waiting",
-           "plain_tcp", "register_push_producer", "send"]
+           "plain_tcp", "register_push_producer", "send", "watch_port_classes"]
 
 
 # protocol class -> its log prefix (a handful of classes)
@@ -81,12 +81,27 @@ class LeanServer(Server):
       entry in the instance's dict (8 bytes each): Twisted's own assignments, when
       it writes or closes, make the entry.
 
+    * ``reactor`` is a slot, not an entry in the instance's dict: the transport
+      object has room for it in its pymalloc block (56 bytes in the 64-byte class),
+      and the dict's values (socket, protocol, server, peer, producer) fit the 64-
+      rather than the 80-byte class.  A slot is read as fast as a dict entry
+      (``LOAD_ATTR_SLOT``), on the write path (``startWriting``) too.
+    * ``server`` (the listening port, read only for ``repr``) is a class attribute
+      of a class made for each port (``lean_port``): the dict's values (socket,
+      protocol, peer, producer) fit the 48-byte class.  Those classes are in the
+      tuples ``send`` and the others check a transport's type against (first: the
+      check finds them at once), and in the fast read classes of ``net.dispatch``
+      (``port_classes``), until their port stops listening.
+
     ``__init__`` is ``Server.__init__`` (and ``Connection``'s and
     ``FileDescriptor``'s) without the strings and the defaults; behaviour is
     otherwise Twisted's own (tests/unit/net/test_netio.py compares the two).
     """
 
+    __slots__ = ("reactor",)
+
     nodelay = False
+    server: Any = None   # (a port's own class: ``lean_port``)
     _client6: tuple[Any, ...] | None = None   # an IPv6 peer's address tuple
     _pending: list[bytes] | None = None        # ``_tempDataBuffer`` when it has one
     _tempDataLen = 0
@@ -103,7 +118,8 @@ class LeanServer(Server):
         if len(client) != 2:
             self._addressType = IPv6Address
             self._client6 = client
-        self.server = server
+        if server is not self.server:   # (not when its class says it: ``lean_port``)
+            self.server = server
         self.peer = f"{client[0]}:{client[1]}"
         self.startReading()  # type: ignore[no-untyped-call]
 
@@ -293,16 +309,48 @@ def lean_port(port: Any) -> None:
     if type(port) is not Port or port.transport is not Server:
         return
     port.__class__ = LeanPort
-    port.transport = LeanServer
+    base: type[LeanServer] = LeanServer
     if sys.platform.startswith("linux"):
         try:
             port.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
-            return
-        port.transport = LeanServerNoDelay
+            pass
+        else:
+            base = LeanServerNoDelay
+    port.transport = _for_port(base, port)
 
 
-_PLAIN = (Server, LeanServer, LeanServerNoDelay)
+#: Sets of transport classes (``net.dispatch``'s fast read classes) that take a
+#: port's class when its base class is in them (``watch_port_classes``).
+_WATCHERS: list[set[type]] = []
+
+
+def watch_port_classes(classes: set[type]) -> None:
+    """Keep ``classes`` holding the class of each listening lean port whose base
+    class (``LeanServer``, ``LeanServerNoDelay``) it holds."""
+    _WATCHERS.append(classes)
+    classes.update(c for c in _PLAIN[:-3] if c.__base__ in classes)
+
+
+def _for_port(base: type[LeanServer], port: Any) -> type[LeanServer]:
+    """A transport class for ``port``: ``base`` with ``server`` the port.  The
+    classes of ports no longer listening leave the tuples and sets here."""
+    global _PLAIN, _LEAN
+    cls: type[LeanServer] = type(base.__name__, (base,), {
+        "__slots__": (), "server": port, "__module__": __name__,
+        "__doc__": f"A ``{base.__name__}`` of one listening port (``lean_port``)."})
+    kept = [c for c in _PLAIN[:-3] if getattr(getattr(c, "server", None), "connected", False)]
+    gone = [c for c in _PLAIN[:-3] if c not in kept]
+    _PLAIN = (cls, *kept, Server, LeanServer, LeanServerNoDelay)
+    _LEAN = (cls, *kept, LeanServer, LeanServerNoDelay)
+    for classes in _WATCHERS:
+        classes.difference_update(gone)
+        if base in classes:
+            classes.add(cls)
+    return cls
+
+
+_PLAIN: tuple[type, ...] = (Server, LeanServer, LeanServerNoDelay)
 _SEND_LIMIT = Server.SEND_LIMIT   # (more at once: through ``writeSomeData``)
 
 
@@ -317,7 +365,7 @@ def register_push_producer(transport: Any, producer: Any) -> None:
         transport.registerProducer(producer, True)
 
 
-_LEAN = (LeanServer, LeanServerNoDelay)
+_LEAN: tuple[type, ...] = (LeanServer, LeanServerNoDelay)
 
 
 def send(transport: Any, data: bytes) -> None:

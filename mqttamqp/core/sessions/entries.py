@@ -11,14 +11,14 @@ What it must not do: decide anything (``session.Session`` and its in-flight wind
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, cast
 
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import Op, PutQueued, QueuedState, StoredQueued
 
-__all__ = ["ClientLink", "DeliveryReceipt", "OutEntry", "Share", "NO_OPS", "NO_OPTIONS",
-           "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT", "NO_SUBSCRIPTIONS",
+__all__ = ["ClientLink", "DeliveryReceipt", "EntryQueue", "OutEntry", "Share", "NO_OPS",
+           "NO_OPTIONS", "NO_EXPIRED", "NO_QUEUE", "NO_IDS", "NO_INFLIGHT", "NO_SUBSCRIPTIONS",
            "NO_SUBSCRIPTION_IDS"]
 
 
@@ -128,12 +128,28 @@ NO_OPS: list[Op] = []
 NO_SUBSCRIPTION_IDS: tuple[int, ...] = ()
 
 
+class EntryQueue(deque["OutEntry"]):
+    """A session's queue once it has held an entry, with how many of its entries may
+    carry an MQTT 5 message expiry (``may_expire``: an upper bound, entries that left
+    are forgotten at the next purge; 0: the queue bound drops without a scan,
+    ``Session._purge_expired``).  Kept here, not in the session: only sessions that
+    queued pay for it, and with the queue (a session is in pymalloc's 240-byte class
+    without it)."""
+
+    __slots__ = ("may_expire",)
+
+    def __init__(self, entries: Iterable[OutEntry] = ()) -> None:
+        super().__init__(entries)
+        self.may_expire = 0
+
+
 class NoEntries(tuple):  # type: ignore[type-arg]
     """Every session's queue until its first entry (an empty deque is 760 bytes, a
     session each; most sessions of idle clients never queue anything).  Reads
     work; what would add swaps in a deque first."""
 
     __slots__ = ()
+    may_expire = 0
 
     def remove(self, entry: object) -> None:
         raise ValueError("not queued")
@@ -176,7 +192,7 @@ class EmptyMap(dict):  # type: ignore[type-arg]
 # Shared empty stand-ins, replaced on first use (read-only until then):
 NO_OPTIONS: dict[str, int] = {}
 NO_EXPIRED: list[Op] = []
-NO_QUEUE = cast("deque[OutEntry]", NoEntries())
+NO_QUEUE = cast("EntryQueue", NoEntries())
 NO_IDS = cast("set[int]", NoIds())
 NO_INFLIGHT = cast("dict[int, OutEntry]", EmptyMap())
 NO_SUBSCRIPTIONS = cast("dict[str, int]", EmptyMap())

@@ -18,7 +18,6 @@ publisher resends and the subscriber may see a (permitted) duplicate.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
 
@@ -43,6 +42,7 @@ from mqttamqp.core.sessions.entries import (
     NO_SUBSCRIPTIONS,
     ClientLink,
     DeliveryReceipt,
+    EntryQueue,
     OutEntry,
 )
 from mqttamqp.core.sessions.extras import BacklogBound, Extras, SessionExtras
@@ -99,7 +99,7 @@ class Session(InflightWindow, SessionExtras):
     # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
     # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_extras", "_holder", "_may_expire", "_next_pid", "_state",
+        "_extras", "_holder", "_next_pid", "_state",
         "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
         "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
@@ -131,7 +131,7 @@ class Session(InflightWindow, SessionExtras):
         self.link: ClientLink | None = None
         # packet id -> entry, in send order
         self.inflight: dict[int, OutEntry] = NO_INFLIGHT
-        self.queue: deque[OutEntry] = NO_QUEUE
+        self.queue: EntryQueue = NO_QUEUE
         self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
@@ -139,9 +139,6 @@ class Session(InflightWindow, SessionExtras):
         # ``expiry``, one of the ``_extras``; so is ``backlog_bound``).
         self.window, self.queue_prefetch = limits.max_inflight, 0
         self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
-        # Queued entries that may carry an expiry (an upper bound: entries that
-        # left the queue are only forgotten at the next purge); 0: no scan.
-        self._may_expire = 0
         self.dropped = 0
         self.delivered = 0
         self.queue_waiting = None   # (``InflightWindow.queue_waiting``)
@@ -266,7 +263,7 @@ class Session(InflightWindow, SessionExtras):
         """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
         entries = list(queue)
         if entries:
-            self.queue = deque(self.queue)
+            self.queue = EntryQueue(self.queue)
             # Stored ids first, so an entry without one cannot be given an id in use.
             self._pids = set(self._pids)
             self._pids.update(stored.packet_id for _, stored in entries if stored.packet_id)
@@ -276,6 +273,7 @@ class Session(InflightWindow, SessionExtras):
             state = (QueuedState.RELEASED if stored.state == QueuedState.RELEASED
                      else QueuedState.QUEUED)
             entry = OutEntry(seq, msg, stored.qos, msg.retain, pid, state, dup=True)
+            self.queue.may_expire += msg.props is not None and msg.props.expiry_interval is not None
             self.queue.append(entry)
             self.queued_bytes += len(msg.payload)
             self._next_seq = max(self._next_seq, seq + 1)
@@ -339,7 +337,8 @@ class Session(InflightWindow, SessionExtras):
         if ((len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
                 and self._would_wait(gated)
-                and not (self._may_expire and self._purge_expired(message.timestamp, size))):
+                and not (self.queue.may_expire
+                         and self._purge_expired(message.timestamp, size))):
             self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
@@ -357,13 +356,14 @@ class Session(InflightWindow, SessionExtras):
             entry.receipt = receipt
         if subscription_ids:
             entry.subscription_ids = subscription_ids
-        if message.props is not None and message.props.expiry_interval is not None:
-            self._may_expire += 1
         if gated:
             entry.gated = True
-        if self.queue is NO_QUEUE:
-            self.queue = deque()
-        self.queue.append(entry)
+        queue = self.queue
+        if queue is NO_QUEUE:
+            self.queue = queue = EntryQueue()
+        if message.props is not None and message.props.expiry_interval is not None:
+            queue.may_expire += 1
+        queue.append(entry)
         self.queued_bytes += size
         self.pump()
         return entry
@@ -390,7 +390,7 @@ class Session(InflightWindow, SessionExtras):
                     if self.expired_ops is NO_EXPIRED:
                         self.expired_ops = []
                     self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
-        self._may_expire = may_expire
+        self.queue.may_expire = may_expire
         if len(keep) != len(self.queue):
             self.queue.clear()
             self.queue.extend(keep)
@@ -454,7 +454,7 @@ class Session(InflightWindow, SessionExtras):
         # its original order and is sent again.
         if self.inflight:
             if self.queue is NO_QUEUE:
-                self.queue = deque()
+                self.queue = EntryQueue()
             for entry in reversed(list(self.inflight.values())):
                 entry.dup = True
                 self.queue.appendleft(entry)

@@ -69,7 +69,7 @@ def test_a_message_with_an_expiry_takes_the_session_queue_and_is_counted() -> No
     send(broker, "$queue/jobs", b"e", props=MessageProperties(expiry_interval=60))
     clock.advance(0.1)
     assert [m.payload for m, *_ in link.published()] == [b"e"]
-    assert session._may_expire == 1
+    assert session.queue.may_expire == 1
 
 
 def test_a_qos0_member_is_not_given_the_short_path() -> None:

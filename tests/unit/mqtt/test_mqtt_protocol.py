@@ -232,7 +232,7 @@ def test_connect_timeout_closes_silent_socket() -> None:
     assert timers_left(h.clock) == []
     c.lost()
     assert timers_left(h.clock) == []
-    assert c.proto not in h.factory.connections
+    assert c.proto not in h.factory.opened.all()
 
 
 def test_connect_cancels_connect_timeout() -> None:

@@ -293,6 +293,47 @@ def test_a_plain_read_goes_straight_to_the_protocol(kind: type) -> None:
     assert _outcome(True, kind, _Recorder(), send) == ([b"abc"], [], 0)
 
 
+class _ListeningPort:
+    """What a lean port's class reads of its port: whether it still listens."""
+
+    connected = True
+    _realPortNumber = 1883
+
+
+def test_a_lean_ports_own_class_takes_the_shortcut_until_its_port_stops() -> None:
+    """A transport of a lean port's own class (``server`` a class attribute: ``lean_port``)
+    takes the plain-read shortcut and ``send``'s, whether its class was made before the
+    dispatch was installed or after; once its port stops listening, the next port's
+    class takes its place and it leaves both."""
+    from mqttamqp.net import tcp as lean_tcp
+
+    def send(peer: socket.socket) -> None:
+        peer.send(b"abc")
+
+    old_port = _ListeningPort()
+    before = lean_tcp._for_port(LeanServerNoDelay, old_port)
+    assert _outcome(True, before, _Recorder(), send) == ([b"abc"], [], 0)
+    reactor = EPollReactor()
+    generic = _count_generic(reactor)
+    try:
+        assert lean_dispatch(reactor)
+        after = lean_tcp._for_port(LeanServer, _ListeningPort())
+        protocol = _Recorder()
+        transport, peer = _transport(after, reactor, protocol)
+        assert lean_tcp.plain_tcp(transport)   # (and ``send``: the same tuple)
+        peer.send(b"abc")
+        reactor.doIteration(1.0)
+        assert protocol.events == [b"abc"] and generic == []
+        old_port.connected = False     # (its port stopped listening)
+        lean_tcp._for_port(LeanServer, _ListeningPort())
+        assert before not in lean_tcp._PLAIN and after in lean_tcp._PLAIN
+        peer.close()
+    finally:
+        reactor.removeAll()
+        reactor.waker.connectionLost(None)
+        reactor._poller.close()
+
+
 @pytest.mark.parametrize("kind", _KINDS)
 def test_a_half_close_is_a_half_close_as_with_twisted(kind: type) -> None:
     """The peer's shutdown of its writing side: ``readConnectionLost`` for a protocol

@@ -82,11 +82,14 @@ def test_lean_transport_keeps_twisteds_state_but_not_its_strings() -> None:
         assert isinstance(lean, LeanServer) and type(plain) is Server
         assert plain_tcp(lean) and plain_tcp(plain)
         # Same state, less the strings, the session number and the defaults an idle
-        # transport keeps as they are (class attributes), and the address as one string.
+        # transport keeps as they are (class attributes), the address as one string,
+        # the reactor in a slot (not in the dict) and the port in its own class's.
         assert set(vars(plain)) - set(vars(lean)) == {
             "logstr", "repstr", "fileno", "client", "hostname", "_tempDataBuffer",
-            "sessionno", "connected", "_tempDataLen"}
+            "sessionno", "connected", "_tempDataLen", "reactor", "server"}
+        assert type(lean).server is p1 and plain_tcp(lean)
         assert set(vars(lean)) - set(vars(plain)) == {"peer"}
+        assert lean.reactor is p1.reactor and lean.server is p1
         assert lean.connected == plain.connected == 1
         assert lean._tempDataLen == plain._tempDataLen == 0
         assert lean.sessionno == lean.fileno()
@@ -157,7 +160,7 @@ def test_accepted_sockets_inherit_nodelay_from_the_lean_listener() -> None:
     """Sockets accepted by a lean listener with TCP_NODELAY have it set."""
     lean, client, port, _ = _accept(True)
     try:
-        assert type(lean) is LeanServerNoDelay and lean.nodelay
+        assert type(lean).__base__ is LeanServerNoDelay and lean.nodelay
         assert lean.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         _close(client, port, lean)
@@ -241,7 +244,8 @@ def test_lean_port_reads_the_first_packet_in_the_turn_it_accepts() -> None:
     talker = _connect(port, b"\x10\x0cCONNECT...")
     silent = _connect(port)
     try:
-        assert type(port) is not Port and port.transport is LeanServerNoDelay
+        assert type(port) is not Port and port.transport.__base__ is LeanServerNoDelay
+        assert port.transport.server is port
         # (the bytes are on the server's socket once the client's sendall returns
         # on loopback; the accept queue is read below)
         _accept_until(port, lambda: len(reactor._selectables) >= 3)  # (waker + two)

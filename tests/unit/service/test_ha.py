@@ -123,7 +123,7 @@ def test_losing_the_leadership_aborts_the_clients_of_every_protocol(
                                 reactor=reactor)
     svc.add_amqp_listener("tcp:0:interface=127.0.0.1")   # (not bound: never started)
     mqtt, amqp10, amqp091 = _Client(), _Client(), _Client()
-    svc.mqtt_factory.connections[mqtt] = None  # type: ignore[index]
+    svc.mqtt_factory.opened.unregistered[mqtt] = None  # type: ignore[index]
     svc.amqp_factory.connections.add(amqp10)
     svc.amqp091_factory.connections.add(amqp091)
     # a socket on the shared port that has not sent its protocol header yet

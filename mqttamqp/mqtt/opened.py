@@ -1,0 +1,86 @@
+"""The open connections of an MQTT listener factory, found without a table of
+their own.
+
+What it owns: ``OpenConnections``, the factory's view of its open connections
+(admitted and not yet lost: before CONNECT, connected, closing) as
+``--max-connections`` counts them and the shutdown sweeps reach them.  A table of
+every open connection cost an idle client 40-76 bytes of RSS at 5,000 (its entry,
+and the old tables a growing dict leaves in the C heap), so it is two tables that
+exist anyway: the registry's live table (``LiveConnections.mqtt``, an MQTT
+connection from its CONNACK until it closes) and ``unregistered``, every other
+open connection (before CONNACK, and closing after it until lost), each with why it
+closes (a protocol error's reason, read when it is lost: not a slot of every
+connection).  Idle clients are all in the first; the second holds a connect storm's
+moment, and gives its table back once the storm is over.
+
+The connection keeps the two apart (``protocol.MQTTProtocol``): ``admitted`` at
+``connectionMade``, ``registered`` right after the registry's ``register_client``
+and at ``connectionLost``, ``closing`` when it closes (every close goes through
+``_lose``, after the registry's ``unregister_client``).
+
+What it must not do: close or count a connection itself (the shutdown sweep and
+``Gate.admit`` do), or touch the registry's table (``LiveConnections`` owns it).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from mqttamqp.core.clients.live import LiveConnections
+
+__all__ = ["OpenConnections"]
+
+# An empty ``unregistered`` keeps a table up to this size (~100 entries): a slow
+# trickle of connects does not make one again for each.
+_KEPT_TABLE_BYTES = 4096
+
+
+class OpenConnections:
+    """A listener factory's open MQTT connections: the live table's (those whose
+    ``factory`` is ``owner``) and ``unregistered``."""
+
+    __slots__ = ("live", "owner", "unregistered")
+
+    def __init__(self, live: LiveConnections, owner: object) -> None:
+        self.live = live
+        self.owner = owner
+        # (the value: why it closes, a protocol error's reason, for its end)
+        self.unregistered: dict[Any, str] = {}
+
+    def count(self) -> int:
+        """How many are open (what ``--max-connections`` bounds; the live table's
+        MQTT connections of every factory of the broker: the TCP and WebSocket
+        listeners share one)."""
+        return len(self.live.mqtt) + len(self.unregistered)
+
+    def admitted(self, connection: Any) -> None:
+        """A new connection, not in the live table before its CONNACK."""
+        self.unregistered[connection] = ""
+
+    def closing(self, connection: Any, detail: str | None = None) -> None:
+        """``connection`` closes (out of the live table, or never in it) and is not
+        lost yet; ``detail``: why (a protocol error's reason, kept here rather than
+        in a slot of every connection), or None to keep what was said."""
+        if detail is None:
+            self.unregistered.setdefault(connection, "")
+        else:
+            self.unregistered[connection] = detail
+
+    def registered(self, connection: Any) -> str:
+        """``connection`` is in the live table now (CONNACK), or lost: the detail
+        of why it closed (``closing``), "" if none."""
+        unregistered = self.unregistered
+        detail = unregistered.pop(connection, "")
+        if not unregistered and sys.getsizeof(unregistered) > _KEPT_TABLE_BYTES:
+            unregistered.clear()   # (a storm's table given back)
+        return detail
+
+    def all(self) -> list[Any]:
+        """Every open connection of ``owner``, each once (a list: the sweep closes
+        them as it goes)."""
+        owner = self.owner
+        found: dict[Any, None] = {
+            c: None for c in self.live.mqtt.values() if getattr(c, "factory", None) is owner}
+        found.update(self.unregistered)
+        return list(found)
