@@ -263,6 +263,7 @@ else:
     run_cons(2000)
     run = run_cons
 toggle = None
+stage = None
 if OPTS.callgrind:
     # Instructions per message, the same every run (no neighbours' noise): under
     # valgrind --tool=callgrind --collect-atstart=no, collected around this run only.

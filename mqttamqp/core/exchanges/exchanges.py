@@ -328,6 +328,17 @@ class Exchanges(TopicSpace):
         if source.internal:
             raise ChannelError(ACCESS_REFUSED,
                                f"cannot publish to internal exchange '{exchange}'")
+        if source.kind == DIRECT:
+            # (a direct exchange's key bound to one queue, the usual case: ``route``'s
+            # answer without its walk; a binding to an exchange, several, or none
+            # (an alternate exchange's turn) take ``route``)
+            bound = source.by_key.get(routing_key)
+            if (bound is not None and len(bound) == 1 and not bound[0].to_exchange
+                    and (name := bound[0].destination) in self.queues.queues):
+                d = self._enqueue_one(message, name, routing_key, publisher, in_round)
+                stats.messages_received += 1
+                stats.messages_received_amqp091 += 1
+                return True, d
         counted = stats.messages_received
         queues, topic = self.route(source, routing_key, headers, True)
         waits: list[Durable] = []
@@ -394,7 +405,7 @@ class Exchanges(TopicSpace):
         def route(message: Message, reason: str) -> tuple[str, str, list[str]]:
             key = fixed_key
             if key is None:
-                key = self._published_key(name, message)
+                key = _published_key(name, message, self._envelope)
             if not exchange_name:
                 return "", key, [key] if key in self.queues.queues else []
             exchange = self.exchanges.get(exchange_name)
@@ -403,24 +414,6 @@ class Exchanges(TopicSpace):
             return exchange_name, key, list(self.route(exchange, key, None)[0])
 
         return route
-
-    def _published_key(self, name: str, message: Message) -> str:
-        """The routing key message of queue ``name`` was published with, as
-        RabbitMQ dead-letters it: the key an earlier dead-lettering gave it; a
-        0.9.1 publisher's key (``attach_envelope``); else the key its topic in the
-        queue says, as a 0.9.1 consumer sees it (through ``amq.topic`` that is the
-        MQTT topic: ``a/b`` is ``a.b``), or the queue's name for none."""
-        props = message.props
-        if props is not None and props.user_properties:
-            for k, v in props.user_properties:
-                if k == "dead-letter-routing-key":
-                    return v
-        if message.amqp091 is not None and self._envelope is not None:
-            sent = self._envelope(message)
-            if sent is not None:
-                return sent[1]
-        rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
-        return rest.replace("/", ".") if rest else name
 
     # -- views -----------------------------------------------------------------------
 
@@ -487,3 +480,21 @@ def _shown(value: object) -> str:
         return "none"
     return f"'{value}'"
 
+
+def _published_key(name: str, message: Message, envelope: Envelope | None) -> str:
+    """The routing key message of queue ``name`` was published with, as RabbitMQ
+    dead-letters it: the key an earlier dead-lettering gave it; a 0.9.1 publisher's
+    key (``envelope``, the one ``Exchanges.attach_envelope`` took); else the key its
+    topic in the queue says, as a 0.9.1 consumer sees it (through ``amq.topic`` that
+    is the MQTT topic: ``a/b`` is ``a.b``), or the queue's name for none."""
+    props = message.props
+    if props is not None and props.user_properties:
+        for k, v in props.user_properties:
+            if k == "dead-letter-routing-key":
+                return v
+    if message.amqp091 is not None and envelope is not None:
+        sent = envelope(message)
+        if sent is not None:
+            return sent[1]
+    rest = message.topic[len(QUEUE_PREFIX) + len(name) + 1:]
+    return rest.replace("/", ".") if rest else name

@@ -58,7 +58,7 @@ class StorageAlarm:
         self.interval = interval
         self.total = 0                 # the queues' stored payload bytes, as last told
         self.free: int | None = None   # the last free space read
-        self._over_total = False
+        self.over_total = False        # (read by an append, ``QueueLogs._append``)
         self._disk_low = False
         # Appends not yet committed are over their bound (``QueueManager``): the
         # writer is behind.  It pauses publishers too, but is no alarm: no log line,
@@ -78,12 +78,12 @@ class StorageAlarm:
     @property
     def blocked(self) -> bool:
         """The alarm is raised: a disk bound is reached."""
-        return self._over_total or self._disk_low
+        return self.over_total or self._disk_low
 
     @property
     def paused(self) -> bool:
         """Publishers to queues wait: the alarm, or the writer behind."""
-        return self._over_total or self._disk_low or self._behind
+        return self.over_total or self._disk_low or self._behind
 
     def set_behind(self, behind: bool) -> None:
         if behind == self._behind:
@@ -96,7 +96,7 @@ class StorageAlarm:
     def reason(self) -> str | None:
         """Why publishers to queues are blocked (None: they are not)."""
         parts = []
-        if self._over_total:
+        if self.over_total:
             parts.append(f"the durable queues hold {_mb(self.total)} "
                          f"(--queue-max-total-bytes {self.max_total})")
         if self._disk_low and self.free is not None:
@@ -107,7 +107,7 @@ class StorageAlarm:
     @property
     def causes(self) -> tuple[str, ...]:
         """``total`` and/or ``disk`` while blocked."""
-        return tuple(c for c, on in ((TOTAL, self._over_total), (DISK, self._disk_low))
+        return tuple(c for c, on in ((TOTAL, self.over_total), (DISK, self._disk_low))
                      if on)
 
     @property
@@ -162,16 +162,16 @@ class StorageAlarm:
         bound = self.max_total
         if bound <= 0:
             return
-        if not self._over_total and total >= bound:
+        if not self.over_total and total >= bound:
             self._set(total=True)
-        elif self._over_total and total < bound - bound // 10:
+        elif self.over_total and total < bound - bound // 10:
             self._set(total=False)
 
     def _set(self, total: bool | None = None, disk: bool | None = None) -> None:
         was = self.blocked
         before = self.reason
         if total is not None:
-            self._over_total = total
+            self.over_total = total
         if disk is not None:
             self._disk_low = disk
         now = self.clock.seconds()

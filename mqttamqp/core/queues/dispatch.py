@@ -74,9 +74,15 @@ class Dispatch(Parking):
         while True:
             if levels is None and not group.ready and group.next >= queue.committed:
                 break   # (``_next_offset`` would find none: the usual end, without it)
-            offset = self._next_offset(group, ops)
-            if offset is None:
-                break
+            # (``_next_offset``'s answer inline for the common group: classic, no
+            # levels, nothing ready again, no skipped range, a ``#`` filter)
+            offset: int | None = group.next
+            if (levels is not None or group.ready or queue.skip_starts
+                    or group.mode != CLASSIC or group.filter != "#"
+                    or offset not in queue.log or offset in group.done):
+                offset = self._next_offset(group, ops)
+                if offset is None:
+                    break
             if evicted and offset in evicted:
                 # (its body is in storage: read back, then this pump again; nothing
                 # to work out while a read is under way)
@@ -99,8 +105,26 @@ class Dispatch(Parking):
                 group.held_back = True
                 break   # (sent once the watermark above it is durable: ``_stored``)
             rr = group._rr
-            member = (self._next_member(group, offset) if refused is None
-                      else self._next_other(group, offset, refused))
+            members = group.members
+            if refused is None and len(members) == 1 and members[0].selector is None:
+                # (one member without a selector, the common group: ``_next_member``'s
+                # answer without its rotation)
+                member: Member | bool = members[0]
+                one = members[0]
+                session = one.session
+                link = session.link
+                # (``_credit``'s yes inline — online, nothing queued in its session,
+                # within its prefetch, uncongested — else the call, for its no)
+                if ((link is not None and not session.queue
+                     and one.outstanding < session.queue_prefetch
+                     and session is not self._leaving and not link.congested)
+                        or self._credit(one)):
+                    group._rr = 0
+                else:
+                    member = False
+            else:
+                member = (self._next_member(group, offset) if refused is None
+                          else self._next_other(group, offset, refused))
             if member is False:
                 break   # (no member with credit, but for those that refused)
             if member is True and refused is not None and self._wanted(group, offset,
@@ -290,16 +314,6 @@ class Dispatch(Parking):
                 group.advance_floor()
                 ops.append(QueueDone(queue.name, group.key, tuple(finished)))
         return levels.peek(log, group.done)
-
-    def _take(self, group: ConsumerGroup, offset: int) -> None:
-        levels = group.levels
-        if levels is not None:
-            levels.pop()
-            return
-        if group.ready and group.ready[0] == offset:
-            heapq.heappop(group.ready)
-        elif group.next == offset:
-            group.next = offset + 1
 
     def _deliver(self, group: ConsumerGroup, member: Member, offset: int, message: Message,
                  ops: list[Op], credited: bool = False) -> bool | None:

@@ -7,7 +7,9 @@ queue's ``durable`` watermark (bodies below it may be evicted) and lets the
 those bodies in memory for good (``QueueLog.unstored``).  Inside a batch, every
 commit of the batch's queue appends is one ``CommitRound`` (``core.commits``) and
 this is one callback on it, not one per append; outside one, a callback pair on
-the commit's Deferred.
+the commit's Deferred.  It also answers whether publishers to the queues are
+blocked or paused (the storage alarm's state, the writer's being behind
+included: ``blocked``, ``paused``).
 
 What it must not do: decide what is appended or stored (``QueueLogs``), evict
 (``MemoryBudget``, through ``_evict``) or answer publishers (their own waits).
@@ -38,6 +40,17 @@ class AppendAccounting:
     _appends: dict[QueueLog, tuple[int, int]]
     _append_bytes: int
     _round_appends: RoundAppends | None
+
+    @property
+    def blocked(self) -> bool:
+        """Publishers to queues are blocked (the storage alarm is raised)."""
+        return self.alarm.blocked
+
+    @property
+    def paused(self) -> bool:
+        """Publishers to queues wait: blocked, or the writer is behind (the
+        unstored bytes this accounts for are over their bound)."""
+        return self.alarm.paused
 
     def _committed_bytes(self, nbytes: int) -> None:
         self.unstored_bytes -= nbytes

@@ -142,16 +142,6 @@ class QueueLogs(AppendAccounting):
                                       self.limits.disk_free_limit, free_space)
             self.alarm.check_total(self.total_bytes)
 
-    @property
-    def blocked(self) -> bool:
-        """Publishers to queues are blocked (the storage alarm is raised)."""
-        return self.alarm.blocked
-
-    @property
-    def paused(self) -> bool:
-        """Publishers to queues wait: blocked, or the writer is behind."""
-        return self.alarm.paused
-
     def default_retention(self, name: str) -> Retention:
         base = name[len(DLQ_PREFIX):] if name.startswith(DLQ_PREFIX) else name
         for pattern, retention in self.retention_rules:
@@ -197,7 +187,16 @@ class QueueLogs(AppendAccounting):
                 ) -> Deferred[None] | None:
         """Persist ``ops``; the queues appended to meanwhile dispatch their new
         messages once that commit is durable.  With ``background`` nobody waits."""
-        ops, appended = self._hand_off(ops)
+        # What a commit stores (``ops``, the finished offsets, without the transient
+        # queues') and the queues to dispatch once it is durable (usually none: a
+        # publish's own appends were dispatched at once)
+        if self._unsaved:
+            ops = [*ops, *self._drain_done()]
+        if self.transient:
+            ops = self._durable_ops(ops)
+        appended: Mapping[QueueLog, int] = self._appended_to or _NO_APPENDS
+        if appended:
+            self._appended_to = {}
         d = self.commits.persist(ops)
         self._account(d)
         if self._early:
@@ -216,7 +215,14 @@ class QueueLogs(AppendAccounting):
     def _commit_in_round(self, ops: Sequence[Op]) -> CommitRound:
         """As ``_commit`` inside a batch, for a caller that needs no Deferred of its
         own and found ``commits.batching`` true: the batch's ``CommitRound``."""
-        ops, appended = self._hand_off(ops)
+        # (``_commit``'s hand-off, as there: once a publish with confirms)
+        if self._unsaved:
+            ops = [*ops, *self._drain_done()]
+        if self.transient:
+            ops = self._durable_ops(ops)
+        appended = self._appended_to or _NO_APPENDS
+        if appended:
+            self._appended_to = {}
         r = self.commits.persist_in_round(ops)
         assert r is not None, "_commit_in_round outside a batch"
         self._account_in_round(r)
@@ -225,19 +231,6 @@ class QueueLogs(AppendAccounting):
         for queue, upto in appended.items():
             r.when_done(self._appended_in_round, (queue, upto))
         return r
-
-    def _hand_off(self, ops: Sequence[Op]) -> tuple[Sequence[Op], Mapping[QueueLog, int]]:
-        """What a commit stores (``ops``, the finished offsets, without the
-        transient queues') and the queues to dispatch once it is durable."""
-        if self._unsaved:
-            ops = [*ops, *self._drain_done()]
-        if self.transient:
-            ops = self._durable_ops(ops)
-        # (usually none: a publish's own appends were dispatched at once)
-        appended: Mapping[QueueLog, int] = self._appended_to or _NO_APPENDS
-        if appended:
-            self._appended_to = {}
-        return ops, appended
 
     def _appended_in_round(self, outcome: Failure | None,
                            arg: tuple[QueueLog, int]) -> None:
@@ -322,8 +315,13 @@ class QueueLogs(AppendAccounting):
                 or (r.max_messages is not None and len(queue.log) > r.max_messages)
                 or (r.max_bytes is not None and queue.bytes > r.max_bytes)):
             self._enforce_retention(queue, ops, message.timestamp)
-        if self.alarm.max_total > 0:
-            self.alarm.check_total(self.total_bytes)
+        alarm = self.alarm
+        if alarm.max_total > 0:
+            total = self.total_bytes
+            if alarm.over_total or total >= alarm.max_total:
+                alarm.check_total(total)
+            else:
+                alarm.total = total   # (``check_total`` under its bound, inline)
         return offset
 
     def _remove(self, queue: QueueLog, offset: int) -> Message | None:

@@ -172,7 +172,13 @@ commits), ``MemoryBudget``, ``Dispatch``, ``Acknowledgements``, ``Membership``,
             r = self._commit_in_round(ops)
             # (``offset in queue.log``: not dropped or dead-lettered at its own
             # append, before it had an entry ``unwait`` could take back)
-            if message.qos and offset in queue.log and _has_classic(queue):
+            classic = False
+            if message.qos and offset in queue.log:
+                for group in queue.groups.values():   # (``_has_classic``, inline)
+                    if group.mode == CLASSIC:
+                        classic = True
+                        break
+            if classic:
                 waits = queue.round_waits
                 if waits and waits[-1][1] is r:
                     waits[-1][0] = offset    # (one entry per round and queue)

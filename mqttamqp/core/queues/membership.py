@@ -7,6 +7,8 @@ its memberships up again when it returns, also after a restart."""
 
 from __future__ import annotations
 
+import heapq
+
 from mqttamqp.core.persistence import Op, PutQueueGroup
 from mqttamqp.core.queues.acks import Acknowledgements
 from mqttamqp.core.queues.addresses import (
@@ -169,6 +171,18 @@ class Membership(Acknowledgements):
         self._pump(group)
         if freed:   # (its window: fed, unless the session is leaving)
             self._window_freed(member.session)
+
+    def _take(self, group: ConsumerGroup, offset: int) -> None:
+        """``offset``, the group's next to hand out, is taken (``take_one``; the
+        pump does the same inline)."""
+        levels = group.levels
+        if levels is not None:
+            levels.pop()
+            return
+        if group.ready and group.ready[0] == offset:
+            heapq.heappop(group.ready)
+        elif group.next == offset:
+            group.next = offset + 1
 
     def take_one(self, name: str, session: Session, qos: int) -> tuple[bool, int] | None:
         """AMQP 0.9.1 ``basic.get``: hand ``session`` the next message of queue

@@ -18,6 +18,7 @@ publisher resends and the subscriber may see a (permitted) duplicate.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
 
@@ -32,6 +33,7 @@ from mqttamqp.core.persistence import (
     StoredQueued,
 )
 from mqttamqp.core.sessions.entries import (
+    NEVER,
     NO_EXPIRED,
     NO_IDS,
     NO_INFLIGHT,
@@ -131,14 +133,14 @@ class Session(InflightWindow, SessionExtras):
         self.link: ClientLink | None = None
         # packet id -> entry, in send order
         self.inflight: dict[int, OutEntry] = NO_INFLIGHT
-        self.queue: EntryQueue = NO_QUEUE
+        self.queue: deque[OutEntry] = NO_QUEUE
         self.inbound_qos2: set[int] = NO_IDS
         self.queued_bytes = 0
         self.stalled = False  # see over_high_water
         # MQTT 5: the client's receive maximum (its session expiry interval:
         # ``expiry``, one of the ``_extras``; so is ``backlog_bound``).
         self.window, self.queue_prefetch = limits.max_inflight, 0
-        self.expired_ops: list[Op] = NO_EXPIRED   # see _purge_expired
+        self.expired_ops: list[Op] = NO_EXPIRED   # see purge_expired
         self.dropped = 0
         self.delivered = 0
         self.queue_waiting = None   # (``InflightWindow.queue_waiting``)
@@ -263,7 +265,7 @@ class Session(InflightWindow, SessionExtras):
         """Rebuild from storage; restored entries may have been sent: DUP on redelivery."""
         entries = list(queue)
         if entries:
-            self.queue = EntryQueue(self.queue)
+            self.queue = deque(self.queue)
             # Stored ids first, so an entry without one cannot be given an id in use.
             self._pids = set(self._pids)
             self._pids.update(stored.packet_id for _, stored in entries if stored.packet_id)
@@ -273,7 +275,6 @@ class Session(InflightWindow, SessionExtras):
             state = (QueuedState.RELEASED if stored.state == QueuedState.RELEASED
                      else QueuedState.QUEUED)
             entry = OutEntry(seq, msg, stored.qos, msg.retain, pid, state, dup=True)
-            self.queue.may_expire += msg.props is not None and msg.props.expiry_interval is not None
             self.queue.append(entry)
             self.queued_bytes += len(msg.payload)
             self._next_seq = max(self._next_seq, seq + 1)
@@ -337,8 +338,8 @@ class Session(InflightWindow, SessionExtras):
         if ((len(self.queue) >= self.limits.max_queued_messages
                 or self.queued_bytes + size > self.limits.max_queued_bytes)
                 and self._would_wait(gated)
-                and not (self.queue.may_expire
-                         and self._purge_expired(message.timestamp, size))):
+                and not (getattr(self.queue, "next_expiry", NEVER) <= message.timestamp
+                         and purge_expired(self, message.timestamp, size))):
             self.dropped += receipt is None   # (a durable queue's stays in its queue)
             return None
         # QoS 2 to a persistent session waits for its commit, so its packet id is
@@ -360,42 +361,17 @@ class Session(InflightWindow, SessionExtras):
             entry.gated = True
         queue = self.queue
         if queue is NO_QUEUE:
-            self.queue = queue = EntryQueue()
-        if message.props is not None and message.props.expiry_interval is not None:
-            queue.may_expire += 1
+            self.queue = queue = deque()
+        props = message.props
+        if props is not None and props.expiry_interval is not None:
+            if type(queue) is not EntryQueue:
+                self.queue = queue = EntryQueue(queue)
+            queue.next_expiry = min(queue.next_expiry,
+                                    message.timestamp + props.expiry_interval)
         queue.append(entry)
         self.queued_bytes += size
         self.pump()
         return entry
-
-    def _purge_expired(self, now: float, size: int) -> bool:
-        """At the queue bound: drop the queued (not in-flight) messages whose MQTT 5
-        expiry interval has run out (counted; their deletions wait in
-        ``expired_ops`` for the caller's commit).  True if that made room."""
-        limits = self.limits
-        keep: list[OutEntry] = []
-        may_expire = 0
-        for entry in self.queue:
-            props = entry.message.props
-            if props is None or props.expiry_interval is None:
-                keep.append(entry)
-            elif not entry.message.expired(now):
-                keep.append(entry)
-                may_expire += 1
-            else:
-                self.queued_bytes -= len(entry.message.payload)
-                self._pids.discard(entry.packet_id)
-                self.dropped += 1
-                if self.persistent:
-                    if self.expired_ops is NO_EXPIRED:
-                        self.expired_ops = []
-                    self.expired_ops.append(DeleteQueued(self.client_id, entry.seq))
-        self.queue.may_expire = may_expire
-        if len(keep) != len(self.queue):
-            self.queue.clear()
-            self.queue.extend(keep)
-        return (len(keep) < limits.max_queued_messages
-                and self.queued_bytes + size <= limits.max_queued_bytes)
 
     def take_expired_ops(self) -> list[Op]:
         ops, self.expired_ops = self.expired_ops, NO_EXPIRED
@@ -454,7 +430,7 @@ class Session(InflightWindow, SessionExtras):
         # its original order and is sent again.
         if self.inflight:
             if self.queue is NO_QUEUE:
-                self.queue = EntryQueue()
+                self.queue = deque()
             for entry in reversed(list(self.inflight.values())):
                 entry.dup = True
                 self.queue.appendleft(entry)
@@ -492,3 +468,38 @@ class Session(InflightWindow, SessionExtras):
         self._pids.clear()
         self.queued_bytes = 0
         self.inbound_qos2.clear()
+
+
+def purge_expired(session: Session, now: float, size: int) -> bool:
+    """At the queue bound, once the earliest expiry has passed: drop the queued
+    messages not yet sent whose MQTT 5 expiry interval has run out (counted;
+    their deletions wait in ``expired_ops`` for the caller's commit).  One whose
+    onward delivery started (sent before: ``dup``; a QoS 2 one owed its PUBREL)
+    stays [MQTT-3.3.2-5]: its packet id is the client's.  True if that made room."""
+    limits = session.limits
+    keep: list[OutEntry] = []
+    queue = session.queue
+    next_expiry = NEVER
+    for entry in queue:
+        props = entry.message.props
+        if (props is None or props.expiry_interval is None or entry.dup
+                or entry.state == QueuedState.RELEASED):
+            keep.append(entry)
+        elif not entry.message.expired(now):
+            keep.append(entry)
+            next_expiry = min(next_expiry, entry.message.timestamp + props.expiry_interval)
+        else:
+            session.queued_bytes -= len(entry.message.payload)
+            session._pids.discard(entry.packet_id)
+            session.dropped += 1
+            if session.persistent:
+                if session.expired_ops is NO_EXPIRED:
+                    session.expired_ops = []
+                session.expired_ops.append(DeleteQueued(session.client_id, entry.seq))
+    if type(queue) is EntryQueue:
+        queue.next_expiry = next_expiry
+    if len(keep) != len(queue):
+        queue.clear()
+        queue.extend(keep)
+    return (len(keep) < limits.max_queued_messages
+            and session.queued_bytes + size <= limits.max_queued_bytes)

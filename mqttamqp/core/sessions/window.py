@@ -13,6 +13,7 @@ What it must not do: talk to storage or sockets (the link sends).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from mqttamqp.core.message import Message
@@ -23,7 +24,6 @@ from mqttamqp.core.sessions.entries import (
     NO_QUEUE,
     ClientLink,
     DeliveryReceipt,
-    EntryQueue,
     OutEntry,
 )
 
@@ -54,7 +54,7 @@ class InflightWindow:
     __slots__ = ("_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
                  "queue_prefetch", "queue_waiting", "queued_bytes", "stalled", "window")
 
-    queue: EntryQueue
+    queue: deque[OutEntry]
     queued_bytes: int
     inflight: dict[int, OutEntry]
     window: int
@@ -235,7 +235,7 @@ class InflightWindow:
         if increment:
             entry.failures += 1
         if self.queue is NO_QUEUE:
-            self.queue = EntryQueue()
+            self.queue = deque()
         self.queue.appendleft(entry)
         self.queued_bytes += len(entry.message.payload)
         self.pump()

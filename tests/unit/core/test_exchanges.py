@@ -599,3 +599,38 @@ def test_a_refused_amq_topic_publish_counts_for_no_protocol() -> None:
                        identity=Identity("p")) == 403
     received, _ = broker.stats.messages_by_protocol()
     assert received["mqtt"] == 0 and received["amqp0-9-1"] == 0
+
+
+def test_a_direct_key_bound_to_one_queue_skips_the_route_walk() -> None:
+    """A direct exchange's key bound to one queue goes there without ``route`` (counted
+    as received once); several queues, an exchange binding, an unbound key (the
+    alternate exchange) and an internal exchange keep ``route``'s answers."""
+    broker, _, _ = make()
+    ex = broker.exchanges
+    declared(broker, "a", "b", "lost")
+    walks: list[str] = []
+    route = ex.route
+    ex.route = lambda source, *args: walks.append(source.name) or route(source, *args)  # type: ignore[method-assign]
+    ex.declare_exchange("ae", "fanout")
+    ex.bind_queue("lost", "ae")
+    ex.declare_exchange("d", "direct", arguments={"alternate-exchange": "ae"})
+    ex.bind_queue("a", "d", "one")
+    ex.bind_queue("a", "d", "two")
+    ex.bind_queue("b", "d", "two")
+    ex.declare_exchange("on", "fanout")
+    ex.bind_exchange("on", "d", "hop")
+    ex.bind_queue("b", "on")
+    received = broker.stats.messages_received
+    assert ex.publish(message(broker=broker), "d", "one")[0]
+    assert walks == [] and broker.stats.messages_received == received + 1
+    assert [depth(broker, q) for q in ("a", "b", "lost")] == [1, 0, 0]
+    assert ex.publish(message(broker=broker), "d", "two")[0]
+    assert ex.publish(message(broker=broker), "d", "hop")[0]
+    assert ex.publish(message(broker=broker), "d", "nobody")[0]
+    assert walks == ["d", "d", "d"]
+    assert [depth(broker, q) for q in ("a", "b", "lost")] == [2, 2, 1]
+    assert broker.stats.messages_received == received + 4
+    ex.declare_exchange("inner", "direct", internal=True)
+    ex.bind_queue("a", "inner", "one")
+    assert code_of(ex.publish, message(), "inner", "one") == 403
+    assert depth(broker, "a") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import fakes
@@ -455,22 +456,54 @@ def test_restore_without_packet_id_allocates_unused_one() -> None:
     assert len(set(ids)) == 2
 
 
-def test_restored_entries_with_an_expiry_are_purged_at_the_bound() -> None:
-    """Restored entries that carry an MQTT 5 expiry count for the bound's purge: at
-    the queue bound, an expired restored message makes room for a new one (before,
-    only entries queued since the restart were counted, and the new one was
-    dropped)."""
-    session = Session("c", True, Limits(max_queued_messages=2))
-    expiring = Message("a", b"1", 1, False, "pub", 0.0,
+def test_at_the_bound_an_entry_whose_delivery_started_is_not_purged() -> None:
+    """At the queue bound, expired entries not yet sent are purged to make room; a
+    restored one (it may have been sent: DUP) and a QoS 2 one owed its PUBREL are
+    kept with their packet ids [MQTT-3.3.2-5]."""
+    session = Session("c", True, Limits(max_queued_messages=3))
+
+    def expiring(topic: str, at: float) -> Message:
+        return Message(topic, b"x", 2, False, "pub", at,
                        props=MessageProperties(expiry_interval=10))
+
     session.restore([
-        (1, StoredQueued(expiring, 1, QueuedState.QUEUED, 1)),
-        (2, StoredQueued(Message("b", b"2", 1, False, "pub", 0.0), 1, QueuedState.QUEUED, 2)),
+        (1, StoredQueued(expiring("sent", 0.0), 2, QueuedState.QUEUED, 1)),
+        (2, StoredQueued(expiring("rel", 0.0), 2, QueuedState.RELEASED, 2)),
     ], ())
-    assert session.queue.may_expire == 1
-    ops = session.enqueue(Message("c", b"3", 1, False, "pub", 100.0), 1, False)
-    assert [e.message.topic for e in session.queue] == ["b", "c"]
-    assert session.dropped == 1 and isinstance(ops[-1], PutQueued)
+    session.enqueue(expiring("new", 50.0), 2, False)     # (not sent: the client is away)
+    ops = session.enqueue(Message("later", b"y", 1, False, "pub", 100.0), 1, False)
+    assert [e.message.topic for e in session.queue] == ["sent", "rel", "later"]
+    assert session.dropped == 1 and {1, 2} <= session._pids
+    assert [type(op).__name__ for op in ops] == ["DeleteQueued", "PutQueued"]
+
+
+def test_the_bound_scans_for_expired_entries_only_once_the_earliest_expires(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full queue holding a message that expires in a day drops what comes over
+    its bound without scanning the queue for expired entries each time; once that
+    message's expiry has passed, the next one over the bound purges it; a session
+    never sent a message with an expiry keeps a plain deque (the fast one)."""
+    scans: list[float] = []
+    from mqttamqp.core.sessions import session as module
+
+    purge = module.purge_expired
+
+    def counted(self: Session, now: float, size: int) -> bool:
+        scans.append(now)
+        return purge(self, now, size)
+
+    monkeypatch.setattr(module, "purge_expired", counted)
+    session = Session("c", False, Limits(max_queued_messages=2))
+    session.enqueue(Message("plain", b"x", 1, False, "pub", 0.0), 1, False)
+    assert type(session.queue) is deque
+    session.enqueue(Message("day", b"x", 1, False, "pub", 0.0,
+                            props=MessageProperties(expiry_interval=86_400)), 1, False)
+    for t in range(1, 101):
+        session.enqueue(Message("over", b"x", 1, False, "pub", float(t)), 1, False)
+    assert scans == [] and session.dropped == 100
+    session.enqueue(Message("over", b"x", 1, False, "pub", 86_400.0), 1, False)
+    assert scans == [86_400.0]
+    assert [e.message.topic for e in session.queue] == ["plain", "over"]
 
 
 # --------------------------------------------------------------------------
