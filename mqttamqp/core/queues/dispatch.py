@@ -113,11 +113,12 @@ class Dispatch(Parking):
                 one = members[0]
                 session = one.session
                 link = session.link
-                # (``_credit``'s yes inline — online, nothing queued in its session,
-                # within its prefetch, uncongested — else the call, for its no)
-                if ((link is not None and not session.queue
-                     and one.outstanding < session.queue_prefetch
-                     and session is not self._leaving and not link.congested)
+                # (``_credit``'s yes inline — within its own prefetch (0 for MQTT and
+                # AMQP 1.0 members: the call at once), online, nothing queued in its
+                # session, uncongested — else the call, for its no)
+                if ((one.outstanding < session.queue_prefetch and link is not None
+                     and not session.queue and session is not self._leaving
+                     and not link.congested)
                         or self._credit(one)):
                     group._rr = 0
                 else:

@@ -555,3 +555,15 @@ def test_a_browser_reads_every_message_kept_in_storage_only() -> None:
     assert [m.payload for m, *_ in link.published()] == sent
     assert reads < 200
     assert broker.queues.read_backs <= len(sent)
+
+
+def test_an_append_while_over_the_total_bound_asks_again_and_clears_it() -> None:
+    """While the alarm says the queues are over --queue-max-total-bytes, every append
+    asks again: once the total is under 90 % of the bound (fallen by a path that did
+    not ask), the next append clears the alarm."""
+    broker, _ = make(MemoryStore(), queue_max_total_bytes=20 * KB)
+    alarm = broker.queues.alarm
+    alarm._set(total=True)
+    assert alarm.blocked and broker.queues.total_bytes < 18 * KB
+    publish(broker, "jobs", b"x")
+    assert not alarm.blocked

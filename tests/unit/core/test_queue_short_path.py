@@ -225,3 +225,49 @@ def test_only_dispatch_and_browsing_pump_a_queue() -> None:
 
     defining = [cls for cls in QueueManager.__mro__ if "_pump_queue" in vars(cls)]
     assert defining == [Browsing, Dispatch, QueueLogs]
+
+
+def _one_prefetching_member(broker: Any) -> tuple[Session, Any]:
+    """One member with a prefetch of its own (as a 0.9.1 consumer has), the group's
+    only one and without a selector: the pump's inline credit test decides."""
+    session, link = client(broker, "w-1")
+    join(broker, session, "$queue/jobs")
+    session.queue_prefetch = 10
+    return session, link
+
+
+def test_one_member_whose_link_is_congested_is_given_nothing() -> None:
+    """A congested link (a 0.9.1 channel.flow off, a connection blocked on writes)
+    takes nothing from the queue until it drains."""
+    broker, clock, _ = make()
+    session, link = _one_prefetching_member(broker)
+    link.congested = True
+    send(broker, "$queue/jobs", b"a")
+    clock.advance(0.1)
+    assert link.published() == []
+
+
+def test_one_member_whose_session_is_leaving_is_given_nothing() -> None:
+    """While the queues let a session go (``_leaving``), its member takes nothing."""
+    broker, clock, _ = make()
+    session, link = _one_prefetching_member(broker)
+    broker.queues._leaving = session
+    send(broker, "$queue/jobs", b"a")
+    clock.advance(0.1)
+    assert link.published() == []
+
+
+def test_one_member_with_entries_queued_in_its_session_waits_for_them() -> None:
+    """A member whose session has entries waiting (its window full of topic
+    deliveries) is passed over, with the hook that feeds it once they are out: the
+    queue's message is not served ahead of them."""
+    broker, clock, _ = make()
+    session, link = _one_prefetching_member(broker)
+    session.window = 1
+    for i in range(2):
+        session.deliver(Message("t", b"t%d" % i, 1, False, "p", clock.seconds()), 1, False)
+    assert session.has_queued and session.queue_waiting is None
+    send(broker, "$queue/jobs", b"q")
+    clock.advance(0.1)
+    assert [m.payload for m, *_ in link.published()] == [b"t0"]
+    assert session.queue_waiting is not None
