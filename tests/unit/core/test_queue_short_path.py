@@ -240,7 +240,7 @@ def test_one_member_whose_link_is_congested_is_given_nothing() -> None:
     """A congested link (a 0.9.1 channel.flow off, a connection blocked on writes)
     takes nothing from the queue until it drains."""
     broker, clock, _ = make()
-    session, link = _one_prefetching_member(broker)
+    _session, link = _one_prefetching_member(broker)
     link.congested = True
     send(broker, "$queue/jobs", b"a")
     clock.advance(0.1)
