@@ -24,3 +24,24 @@ def c_heap_in_use() -> int:
     """Bytes malloc has handed out and not had back, after a collection."""
     gc.collect()
     return int(_libc.mallinfo2().uordblks)
+
+
+def run_script(script: str) -> list[str]:
+    """Run ``script`` (which may import this module and the other support modules)
+    in a fresh interpreter, so that a crash of a native library fails the test that
+    runs it instead of ending pytest; its printed words."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    support = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [support, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode not in (-signal.SIGABRT, -signal.SIGSEGV), (
+        "killed by the heap check or a bad pointer: " + done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()

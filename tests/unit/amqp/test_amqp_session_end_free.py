@@ -12,13 +12,7 @@ sent, the session ended with both links attached, then the commit.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
-_SUPPORT = Path(__file__).resolve().parents[2] / "support"
+from c_heap import run_script
 
 _SCRIPT = r'''
 import gc
@@ -65,14 +59,7 @@ def test_a_client_ending_sessions_with_links_attached_neither_crashes_nor_grows(
     receiver attached: the process survives, the connection stays, the engine holds
     the one freed session each round (none at the end) and the C heap grows by no more than a queued
     message a round."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(_SUPPORT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                          timeout=120, env=env)
-    assert done.returncode not in (-signal.SIGABRT, -signal.SIGSEGV), (
-        "killed by the heap check or a bad pointer: " + done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    word, waited, least, most, left, growth = done.stdout.split()
+    word, waited, least, most, left, growth = run_script(_SCRIPT)
     assert word == "ok"
     assert int(waited) == 150          # every round's transfer waited for its commit
     # (each round's ended session is held by the engine, its links still looking

@@ -17,13 +17,7 @@ the other two still attached) ends the session and frees its own end of it.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
-_SUPPORT = Path(__file__).resolve().parents[2] / "support"
+from c_heap import run_script
 
 _SCRIPT = r'''
 import gc
@@ -111,14 +105,7 @@ def test_a_session_ended_with_links_attached_is_freed_without_a_crash_or_growth(
     dropped before theirs: the process survives 300 such rounds, the engine holds at
     most the sessions whose links are still held, and the C heap does not grow with
     the rounds."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(_SUPPORT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                          timeout=120, env=env)
-    assert done.returncode not in (-signal.SIGABRT, -signal.SIGSEGV), (
-        "killed by the heap check or a bad pointer: " + done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    word, sessions, links, held, growth = done.stdout.split()
+    word, sessions, links, held, growth = run_script(_SCRIPT)
     assert word == "ok"
     assert (int(sessions), int(links)) == (0, 0)   # nothing left in the engine's maps
     # The last round's link wrapper still holds its session; nothing older is held.
