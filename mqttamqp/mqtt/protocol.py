@@ -397,15 +397,13 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 self._out_bytes += len(data)
                 if self._out_bytes >= OUTPUT_BATCH_BYTES or self.congested:
                     self._flush_out()
-            elif self.congested:
-                send(self.transport, data)   # (at once, nothing buffered: ``net.tcp``)
-            elif SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self:
-                send(self.transport, data)   # (another's read of one PUBLISH routed it)
-            elif self.broker.after_batch(self._flush_out):
+            elif (self.congested   # (at once when nothing is held: ``net.tcp``)
+                  or (SINGLE_PUBLISH[0] is not None and SINGLE_PUBLISH[0] is not self)
+                  or not self.broker.after_batch(self._flush_out)):   # (outside a batch)
+                send(self.transport, data)   # (congested, or another's one PUBLISH routed it)
+            else:
                 self._out = [data]
                 self._out_bytes = len(data)
-            else:
-                send(self.transport, data)
         except Exception:
             _write_failed(self, Failure())
 
