@@ -291,6 +291,13 @@ class Decoder:
             else:
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id)
+        elif first == 0x40 and length == 2:
+            # A plain PUBACK (every 3.1.1 one, an MQTT 5 one with reason 0 and no
+            # properties): ``decode_puback``'s lines, no call (one per QoS 1 delivery).
+            packet_id = buf[start] << 8 | buf[start + 1]
+            if packet_id == 0:
+                raise MalformedPacket("PUBACK packet identifier is 0")
+            packet = Puback(packet_id)
         elif self._level == 5:
             packet = BODY_DECODERS_5[first >> 4](buf, first, start, end, 5,
                                                   self.property_limits)

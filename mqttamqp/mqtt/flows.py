@@ -153,9 +153,15 @@ class ConnectedFlows(ActionExecutor):
         return session
 
     def _on_puback(self, packet: Puback) -> None:
-        session = self._acked("PUBACK", packet.packet_id)
-        if session is not None:
-            self.broker.acknowledged(session, packet.packet_id)
+        # (``_acked`` inlined: one per QoS 1 delivery)
+        session = self.session
+        assert session is not None
+        pid = packet.packet_id
+        problem = session.ack_problem("PUBACK", pid)
+        if problem is not None:
+            self._carry_out(Close(problem))
+            return
+        self.broker.acknowledged(session, pid)
 
     def _on_pubrec(self, packet: Pubrec) -> None:
         session = self._acked("PUBREC", packet.packet_id)
