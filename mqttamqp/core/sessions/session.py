@@ -61,6 +61,9 @@ NO_LOCAL = 0x04
 RETAIN_AS_PUBLISHED = 0x08
 RETAIN_HANDLING = 0x30
 
+_SENT = QueuedState.SENT
+
+
 class SessionState(Enum):
     """The session's lifecycle; every transition is in ``_TRANSITIONS``.
 
@@ -350,9 +353,28 @@ class Session(InflightWindow, SessionExtras):
             self.dropped += receipt is None   # (as above)
             return None
         seq = self._next_seq
-        self._next_seq += 1
-        entry = OutEntry(seq, message, qos, retain, self._allocate_pid(),
-                         held=self.persistent and qos == 2 and receipt is None)
+        self._next_seq = seq + 1
+        held = self.persistent and qos == 2 and receipt is None
+        props = message.props
+        if (link is not None and not self.queue and not held and not gated and props is None
+                and len(self.inflight) < self.window and not link.congested):
+            # Nothing waits and the window has room: straight into it (``pump``'s
+            # lines for one entry, without the queue's append and pop or the call).
+            packet_id = self._allocate_pid()
+            entry = OutEntry(seq, message, qos, retain, packet_id, _SENT, True)
+            if receipt is not None:
+                entry.receipt = receipt
+            inflight = self.inflight
+            if inflight is NO_INFLIGHT:
+                inflight = self.inflight = {}
+            inflight[packet_id] = entry
+            if subscription_ids:
+                entry.subscription_ids = subscription_ids
+                link.send_publish(message, qos, packet_id, False, retain, subscription_ids)
+            else:
+                link.send_publish(message, qos, packet_id, False, retain)
+            return entry
+        entry = OutEntry(seq, message, qos, retain, self._allocate_pid(), held=held)
         if receipt is not None:
             entry.receipt = receipt
         if subscription_ids:
@@ -362,7 +384,6 @@ class Session(InflightWindow, SessionExtras):
         queue = self.queue
         if queue is NO_QUEUE:
             self.queue = queue = deque()
-        props = message.props
         if props is not None and props.expiry_interval is not None:
             if type(queue) is not EntryQueue:
                 self.queue = queue = EntryQueue(queue)

@@ -279,15 +279,17 @@ class InflightWindow:
         if done is not None:
             entry.on_done = None
             done()
+        ops = NO_OPS
         receipt = entry.receipt
         if receipt is not None:
             receipt.acknowledged()
-        self.pump()
+        elif self.persistent:   # (``_keeps``: stored with this session)
+            ops = [DeleteQueued(self.client_id, entry.seq)]
+        if self.queue:   # (``pump`` moves nothing out of an empty queue)
+            self.pump()
         if self.queue_waiting is not None:
             self.feed_queues()
-        if self._keeps(entry):
-            return [DeleteQueued(self.client_id, entry.seq)]
-        return NO_OPS
+        return ops
 
     def drop(self, packet_id: int) -> list[Op]:
         """Remove an in-flight entry without delivery (AMQP Rejected); counted."""
