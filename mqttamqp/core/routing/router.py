@@ -34,7 +34,7 @@ from mqttamqp.core.commits import (
 )
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import Op
+from mqttamqp.core.persistence import Op, PutQueued, StoredQueued
 from mqttamqp.core.queues.addresses import QueueAddress
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
@@ -99,6 +99,8 @@ class Router(Subscriptions):
         self.retained_feed.selectors = self.selectors
         self.retained = self.retained_feed.retained
         self._replays = self.retained_feed.by_session   # (read on retained publishes)
+        # The last early answer (``publish``): the plain publishes of one batch share it.
+        self._early_result = _ROUTED
 
     # -- publishing -----------------------------------------------------------
 
@@ -107,6 +109,10 @@ class Router(Subscriptions):
         ``$SYS`` is the broker's own: no client publishes there (as Mosquitto)."""
         if not is_sys_topic(topic) and self.authorizer.may_publish(identity, topic, retain):
             return True
+        return self._denied(identity, topic)
+
+    def _denied(self, identity: Identity, topic: str) -> bool:
+        """A refused publish: counted, and logged a line a minute; False."""
         self.stats.publish_denied += 1
         if identity.protocol == "amqp":
             self.stats.publish_denied_amqp += 1
@@ -143,8 +149,11 @@ class Router(Subscriptions):
         Deferred is made for it.
         """
         commits = self.commits
-        if identity is not None and not self.may_publish(
-                identity, message.topic, message.retain):
+        topic = message.topic
+        if identity is not None and (   # (``may_publish``, inline: every publish)
+                (topic[:1] == "$" and is_sys_topic(topic))
+                or not self.authorizer.may_publish(identity, topic, message.retain)):
+            self._denied(identity, topic)
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
             self.stats.messages_received += 1
@@ -228,7 +237,11 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                ops.append(entry.put_op(session.client_id, True))   # (a new seq)
+                # (``OutEntry.put_op``'s lines, first put of a new seq: once per
+                # delivery to a persistent session)
+                stored = message if retain == message.retain else message.with_retain(retain)
+                ops.append(PutQueued(session.client_id, entry.seq, StoredQueued(
+                    stored, qos, entry.state, entry.packet_id, entry.subscription_ids), True))
                 if qos == 1 and entry.packet_id in session.inflight:
                     qos1_entries.append(entry)
                 else:
@@ -248,6 +261,12 @@ class Router(Subscriptions):
         if early and qos1_entries and not held and other_ops == 0 and gate is None:
             waiter = commits.persist_early(ops, qos1_entries)   # (None: not batching)
             if waiter is not None:
+                if congested is None and not dropped:
+                    # (one answer for the batch's plain publishes: it is a value)
+                    early_result = self._early_result
+                    if early_result.waiter is not waiter:
+                        early_result = self._early_result = Published(waiter=waiter)
+                    return early_result
                 return Published(None, congested if congested is not None
                                  else _NO_SESSIONS, dropped=dropped, waiter=waiter)
         # Inside a batch (or while stopping) the Deferred persist returns is ours

@@ -235,7 +235,8 @@ class Session(InflightWindow, SessionExtras):
             len(self.queue) * 2 > self.limits.max_queued_messages
             or self.queued_bytes * 2 > self.limits.max_queued_bytes
             or self.link.congested)) or (
-            self.backlog_bound is not None and self.backlog_bound.over(self))
+            self._extras is not None   # (no ``backlog_bound`` call for most sessions)
+            and self.backlog_bound is not None and self.backlog_bound.over(self))
 
     def has_room(self, qos: int) -> bool:
         """Could a message of ``qos`` be sent now, without a backlog growing here?
