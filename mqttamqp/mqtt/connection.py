@@ -183,7 +183,7 @@ class AckQueue:
     included.
     """
 
-    __slots__ = ("_count", "_entries", "_waiter")
+    __slots__ = ("_entries", "_waiter", "count")
 
     def __init__(self) -> None:
         # A list, not a deque: an empty deque is 760 bytes, one per connection, and
@@ -191,11 +191,13 @@ class AckQueue:
         # The shared empty tuple until the first entry (an empty list is 56 bytes,
         # and most connections never wait for a commit).
         self._entries: list[list[Any]] = _NO_ENTRIES
-        self._count = 0          # acknowledgements waiting (an entry may hold several)
+        # Acknowledgements waiting (an entry may hold several); 0 exactly when
+        # ``empty`` (read on the hot path instead of the properties).
+        self.count = 0
         self._waiter: object = None   # what the last entry joins on (``add_waiting``)
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     @property
     def empty(self) -> bool:
@@ -204,11 +206,11 @@ class AckQueue:
     @property
     def over_bound(self) -> bool:
         """Too many waiting: stop reading the client until commits catch up."""
-        return self._count > MAX_PENDING_ACKS
+        return self.count > MAX_PENDING_ACKS
 
     @property
     def under_resume_mark(self) -> bool:
-        return self._count <= MAX_PENDING_ACKS // 2
+        return self.count <= MAX_PENDING_ACKS // 2
 
     def add(self, frame: bytes, after: Callable[[], None] | None, ready: bool,
             essential: bool = False) -> list[Any]:
@@ -217,7 +219,7 @@ class AckQueue:
             self._entries = [entry]
         else:
             self._entries.append(entry)
-        self._count += 1
+        self.count += 1
         self._waiter = None
         return entry
 
@@ -230,7 +232,7 @@ class AckQueue:
             last = entries[-1]
             last[1] += frame
             last[4] += 1
-            self._count += 1
+            self.count += 1
             return None
         entry = self.add(frame, None, False)
         self._waiter = waiter
@@ -257,7 +259,7 @@ class AckQueue:
             return []
         out = [(frame, after, essential)
                for _, frame, after, essential, _ in entries[:n]]
-        self._count -= count
+        self.count -= count
         if n == len(entries):
             self._entries = _NO_ENTRIES
             self._waiter = None
@@ -267,7 +269,7 @@ class AckQueue:
 
     def clear(self) -> None:
         self._entries = _NO_ENTRIES
-        self._count = 0
+        self.count = 0
         self._waiter = None
 
 

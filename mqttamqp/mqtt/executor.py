@@ -38,7 +38,13 @@ from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
 from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
 from mqttamqp.mqtt.codec import encode
-from mqttamqp.mqtt.connection import NO_ACKS, AckQueue, ConnectionState, Keepalive
+from mqttamqp.mqtt.connection import (
+    MAX_PENDING_ACKS,
+    NO_ACKS,
+    AckQueue,
+    ConnectionState,
+    Keepalive,
+)
 from mqttamqp.mqtt.decisions import problem
 from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
@@ -89,14 +95,26 @@ class ActionExecutor(MQTTLink):
         frame = ack.frame
         if frame is None:   # (``actions.ack_frame`` inlined: the hottest path)
             frame = bytes((ack.kind, 2, packet_id >> 8, packet_id & 0xFF))
-        if durable is None and self._acks.empty:
-            self._write(frame)
-            if ack.release:
-                v5 = self._v5
-                assert v5 is not None
-                v5.quota_release(packet_id)
-            if then is not None:
-                then()
+        if durable is None:
+            if not self._acks.count:   # (nothing waiting: ``AckQueue.empty``)
+                self._write(frame)
+                if ack.release:
+                    v5 = self._v5
+                    assert v5 is not None
+                    v5.quota_release(packet_id)
+                if then is not None:
+                    then()
+                return
+        elif type(durable) is CommitRound and then is None and not ack.release:
+            # (one entry, one callback and one flush for the QoS 1 PUBACKs of a read)
+            acks = self._acks
+            if acks is NO_ACKS:
+                acks = self._acks = AckQueue()
+            waiting = acks.add_waiting(frame, durable)
+            if acks.count > MAX_PENDING_ACKS:   # (``over_bound``)
+                self._pause_reading("storage")
+            if waiting is not None:
+                durable.when_answered(self._ack_outcome, waiting)
             return
         if ack.release:
             self._ack_releasing(durable, frame, packet_id)
@@ -125,14 +143,6 @@ class ActionExecutor(MQTTLink):
             return
         if acks is NO_ACKS:
             acks = self._acks = AckQueue()
-        if type(d) is CommitRound and after is None:
-            # (one entry, one callback and one flush for the QoS 1 PUBACKs of a read)
-            waiting = acks.add_waiting(frame, d)
-            if acks.over_bound:
-                self._pause_reading("storage")
-            if waiting is not None:
-                d.when_answered(self._ack_outcome, waiting)
-            return
         entry = acks.add(frame, after, d is None, essential)
         if acks.over_bound:
             # The client sends faster than commits finish: stop reading until they
