@@ -56,12 +56,21 @@ class Settlement:
         self._router = router
         self._flow = flow
         self._queues = queues
+        # What ``Router.room`` and ``FlowControl.resume_paused`` look at first (the
+        # same objects): read per acknowledgement, so they are called only with work.
+        self._replays = router.retained_feed.by_session
+        self._waiting = router.groups.waiting
+        self._paused = flow.paused
 
     def acknowledged(self, session: Session, packet_id: int) -> None:
         """PUBACK (or Accepted on an AMQP delivery of QoS 1)."""
-        self._commits.background(session.acknowledge(packet_id))
-        self._router.room(session)
-        self._flow.resume_paused()
+        ops = session.acknowledge(packet_id)
+        if ops:
+            self._commits.background(ops)
+        if session in self._replays or self._waiting:   # (``Router.room``'s tests)
+            self._router.room(session)
+        if self._paused:
+            self._flow.resume_paused()
 
     def received(self, session: Session, packet_id: int) -> None:
         """PUBREC: PUBREL goes out once the RELEASED state is durable."""

@@ -48,8 +48,9 @@ class FlowControl:
         self.clock = clock
         self.stall_timeout = stall_timeout
         self._online = online    # every session with a link (for "any subscriber")
-        # paused publisher key -> (resume callback, the congested sessions it fed)
-        self._paused: dict[
+        # paused publisher key -> (resume callback, the congested sessions it fed);
+        # read (never changed) by ``Settlement`` on every acknowledgement
+        self.paused: dict[
             int, tuple[Callable[[], None], list[Congestible] | None, DelayedCall]] = {}
 
     def pause_until_drained(self, key: int, resume: Callable[[], None],
@@ -57,7 +58,7 @@ class FlowControl:
         """Publisher ``key`` stopped reading; call ``resume`` once ``sessions`` (the
         congested subscribers it fed; None = any) are below their high-water mark,
         or after ``stall_timeout`` at the latest."""
-        known = self._paused.get(key)
+        known = self.paused.get(key)
         fed = list(sessions) if sessions is not None else None
         if known is not None:
             if known[1] is not None and fed is not None:
@@ -69,20 +70,20 @@ class FlowControl:
             timer = known[2]
         else:
             timer = self.clock.callLater(self.stall_timeout, self._expired, key)
-        self._paused[key] = (resume, fed, timer)
+        self.paused[key] = (resume, fed, timer)
 
     def forget(self, key: int) -> None:
-        entry = self._paused.pop(key, None)
+        entry = self.paused.pop(key, None)
         if entry is not None and entry[2].active():
             entry[2].cancel()
 
     def stop(self) -> None:
-        for key in list(self._paused):
+        for key in list(self.paused):
             self.forget(key)
 
     def _expired(self, key: int) -> None:
         """A publisher waited ``stall_timeout``: whoever kept it waiting is stalled."""
-        entry = self._paused.pop(key, None)
+        entry = self.paused.pop(key, None)
         if entry is None:
             return
         resume, sessions, _ = entry
@@ -93,8 +94,8 @@ class FlowControl:
                                         for s in sessions):
             # A bound that blocks (a bridge's backlog, ``on-full = "block"``): the
             # publisher waits until it drains, however long the remote is away.
-            self._paused[key] = (resume, sessions,
-                                 self.clock.callLater(self.stall_timeout, self._expired, key))
+            self.paused[key] = (resume, sessions,
+                                self.clock.callLater(self.stall_timeout, self._expired, key))
             return
         for session in suspects:
             if session.over_high_water():   # (a session's is False while offline)
@@ -112,11 +113,11 @@ class FlowControl:
         self.resume_paused()
 
     def resume_paused(self) -> None:
-        if not self._paused:
+        if not self.paused:
             return
         any_congested: bool | None = None
         ready: list[Callable[[], None]] = []
-        for key, (resume, sessions, timer) in list(self._paused.items()):
+        for key, (resume, sessions, timer) in list(self.paused.items()):
             if sessions is None:
                 if any_congested is None:
                     any_congested = any(s.over_high_water() for s in self._online())
@@ -124,7 +125,7 @@ class FlowControl:
                     continue
             elif any(s.over_high_water() for s in sessions):
                 continue
-            del self._paused[key]
+            del self.paused[key]
             if timer.active():
                 timer.cancel()
             ready.append(resume)
