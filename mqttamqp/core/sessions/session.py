@@ -104,7 +104,7 @@ class Session(InflightWindow, SessionExtras):
     # the MQTT 5 expiry interval (``_extras``, made when one is set), and the
     # creation time (never read: it is the first ``last_seen``).
     __slots__ = (
-        "_extras", "_holder", "_next_pid", "_state",
+        "_extras", "_holder", "_state",
         "client_id", "expired_ops", "inbound_qos2", "last_seen", "limits", "link",
         "owner", "persistent", "protocol", "sub_options", "subscriptions",
     )
@@ -286,20 +286,6 @@ class Session(InflightWindow, SessionExtras):
         if ids:
             self.inbound_qos2 = set(self.inbound_qos2) | ids
 
-    # -- packet ids -----------------------------------------------------------
-
-    def _allocate_pid(self) -> int:
-        if len(self._pids) >= 65535:
-            raise RuntimeError("no free packet id")
-        pid = self._next_pid
-        while pid in self._pids:
-            pid = pid % 65535 + 1
-        self._next_pid = pid % 65535 + 1
-        if self._pids is NO_IDS:
-            self._pids = set()
-        self._pids.add(pid)
-        return pid
-
     # -- outbound -------------------------------------------------------------
 
     def enqueue(self, message: Message, qos: int, retain: bool) -> list[Op]:
@@ -361,7 +347,13 @@ class Session(InflightWindow, SessionExtras):
                 and len(self.inflight) < self.window and not link.congested):
             # Nothing waits and the window has room: straight into it (``pump``'s
             # lines for one entry, without the queue's append and pop or the call).
-            packet_id = self._allocate_pid()
+            pids = self._pids
+            packet_id = self._next_pid
+            if pids is NO_IDS or packet_id in pids:
+                packet_id = self._allocate_pid()
+            else:   # (``_allocate_pid``'s usual case, without the call: the next is free)
+                self._next_pid = packet_id % 65535 + 1
+                pids.add(packet_id)
             entry = OutEntry(seq, message, qos, retain, packet_id, _SENT, True)
             if receipt is not None:
                 entry.receipt = receipt

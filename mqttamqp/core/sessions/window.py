@@ -19,6 +19,7 @@ from collections.abc import Callable
 from mqttamqp.core.message import Message
 from mqttamqp.core.persistence import DeleteQueued, Op, QueuedState
 from mqttamqp.core.sessions.entries import (
+    NO_IDS,
     NO_INFLIGHT,
     NO_OPS,
     NO_QUEUE,
@@ -51,7 +52,7 @@ def ack_problem(kind: str, packet_id: int, qos: int, released: bool) -> str | No
 
 class InflightWindow:
     # The window's state (``Session.__init__`` sets it).
-    __slots__ = ("_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
+    __slots__ = ("_next_pid", "_next_seq", "_pids", "delivered", "dropped", "inflight", "queue",
                  "queue_prefetch", "queue_waiting", "queued_bytes", "stalled", "window")
 
     queue: deque[OutEntry]
@@ -72,13 +73,24 @@ class InflightWindow:
     delivered: int
     _pids: set[int]
     _next_seq: int   # (the next entry's sequence number)
+    _next_pid: int   # (where the search for a free packet id starts)
     # What it reads of the session's own.
     client_id: str
     persistent: bool
     link: ClientLink | None
 
     def _allocate_pid(self) -> int:
-        raise NotImplementedError   # (``Session``'s)
+        """A free packet id, the next after the last one handed out."""
+        if len(self._pids) >= 65535:
+            raise RuntimeError("no free packet id")
+        pid = self._next_pid
+        while pid in self._pids:
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        if self._pids is NO_IDS:
+            self._pids = set()
+        self._pids.add(pid)
+        return pid
 
     def pump(self) -> None:
         """Send queued entries while the window and the link allow, in order."""
