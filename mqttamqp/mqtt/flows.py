@@ -153,14 +153,17 @@ class ConnectedFlows(ActionExecutor):
         return session
 
     def _on_puback(self, packet: Puback) -> None:
-        # (``_acked`` inlined: one per QoS 1 delivery)
+        # (``_acked`` inlined, and ``Session.ack_problem``'s test of the usual case:
+        # one per QoS 1 delivery)
         session = self.session
         assert session is not None
         pid = packet.packet_id
-        problem = session.ack_problem("PUBACK", pid)
-        if problem is not None:
-            self._carry_out(Close(problem))
-            return
+        entry = session.inflight.get(pid)
+        if entry is not None and entry.qos != 1:
+            problem = session.ack_problem("PUBACK", pid)
+            if problem is not None:
+                self._carry_out(Close(problem))
+                return
         self.broker.acknowledged(session, pid)
 
     def _on_pubrec(self, packet: Pubrec) -> None:
