@@ -52,6 +52,7 @@ class Publishing:
         self._router = router
         self._queues = queues
         self.topic_stats = topic_stats
+        self._topic_counts = topic_stats.by_topic
         self._sessions = sessions
         # The queues bound to amq.topic (AMQP 0.9.1), while any are.
         self.topic_exchange: TopicExchange | None = None
@@ -66,16 +67,22 @@ class Publishing:
         ``Published.dropped`` how many subscribers' queue bounds refused it.
         ``early``: the caller can wait on ``Published.waiter`` (``Router.publish``).
         """
-        queue = self._queues.address(message.topic) if message.topic[:1] == "$" else None
-        if queue is not None and is_command(queue, message.topic):
+        topic = message.topic
+        queue = self._queues.address(topic) if topic[:1] == "$" else None
+        if queue is not None and is_command(queue, topic):
             return self._queue_command(message, identity, queue)
-        result = self._router.publish(message, identity, (), counted,
-                                      count_drops=count_drops, queue=queue,
-                                      early=early and self.topic_exchange is None)
+        # (positional: extra_ops, counted, hold, count_drops, queue, early)
+        result = self._router.publish(message, identity, (), counted, False, count_drops,
+                                      queue, early and self.topic_exchange is None)
         if self.topic_exchange is not None and queue is None and not result.denied:
             result = self._bound(message, result)
         if counted and not result.denied:
-            self.topic_stats.note(message.topic)
+            counts = self._topic_counts   # (``TopicStats.note`` for a known topic)
+            n = counts.get(topic)
+            if n is not None:
+                counts[topic] = n + 1
+            else:
+                self.topic_stats.note(topic)
         if wait or result.durable is None:
             return result
         self._commits.watch(result.durable, "routing a message")

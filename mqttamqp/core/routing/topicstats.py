@@ -18,15 +18,17 @@ MAX_TRACKED_TOPICS = 10_000
 
 
 class TopicStats:
-    __slots__ = ("_counts", "max_topics", "untracked")
+    __slots__ = ("by_topic", "max_topics", "untracked")
 
     def __init__(self, max_topics: int = MAX_TRACKED_TOPICS) -> None:
         self.max_topics = max_topics
-        self._counts: dict[str, int] = {}
+        # topic -> messages routed (``note`` adds; ``Publishing`` adds to a topic
+        # already here itself, without the call)
+        self.by_topic: dict[str, int] = {}
         self.untracked = 0        # messages on topics beyond the cap
 
     def note(self, topic: str) -> None:
-        counts = self._counts
+        counts = self.by_topic
         n = counts.get(topic)
         if n is not None:
             counts[topic] = n + 1
@@ -37,7 +39,7 @@ class TopicStats:
 
     def counts(self) -> dict[str, int]:
         """A copy: topic -> messages routed since the broker started."""
-        return dict(self._counts)
+        return dict(self.by_topic)
 
     def __len__(self) -> int:
-        return len(self._counts)
+        return len(self.by_topic)
