@@ -103,7 +103,9 @@ class ConnectedFlows(ActionExecutor):
                 self._acknowledge(PUBREC, pid, result.durable)
             else:
                 self._acknowledge(PUBREC_OPENS, pid, result.durable, gate.open)
-        self._after_publish(session, result, len(packet.payload))
+        if result.blocked or result.congested or self._throttle is not None:
+            # (``_after_publish`` has nothing to do otherwise: no call per publish)
+            self._after_publish(session, result, len(packet.payload))
 
     def _on_publish5(self, v5: Negotiated, session: Session, packet: Publish) -> None:
         """An MQTT 5 PUBLISH: ``decisions.publish5`` (the message, an answer at

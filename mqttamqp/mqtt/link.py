@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from twisted.logger import Logger
 
 from mqttamqp.adapter.meter import DeliveryMeter
+from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clients.connections import InspectableConnection
@@ -99,6 +100,7 @@ class MQTTLink(ConnectionRules):
     _reading_paused_for: frozenset[str]
     _in_process: bool
     _parked: Parked | None
+    _throttle: PublishThrottle | None   # (--max-publish-rate: read per PUBLISH)
     _turn_timer: DelayedCall | None
     _last_activity: float
     messages_out: int
