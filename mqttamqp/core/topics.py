@@ -124,7 +124,9 @@ class SubscriptionTrie(Generic[K]):
     def __init__(self) -> None:
         self._root: _Node[K] = _Node()
         self._count = 0
-        self._cache: dict[str, dict[K, int]] = {}
+        # topic -> ``match``'s result: a caller may look a topic up here first (no
+        # call), and must not change it; only the trie adds, and clears it.
+        self.cache: dict[str, dict[K, int]] = {}
 
     def __len__(self) -> int:
         """Number of (filter, subscriber) pairs."""
@@ -132,8 +134,8 @@ class SubscriptionTrie(Generic[K]):
 
     def add(self, topic_filter: str, key: K, qos: int) -> bool:
         """Subscribe ``key``; returns True if it is new (False: QoS replaced)."""
-        if self._cache:
-            self._cache.clear()
+        if self.cache:
+            self.cache.clear()
         node = self._root
         for level in topic_filter.split("/"):
             child = node.children.get(level)
@@ -148,8 +150,8 @@ class SubscriptionTrie(Generic[K]):
 
     def remove(self, topic_filter: str, key: K) -> bool:
         """Unsubscribe ``key``; prunes empty branches. Returns True if it was there."""
-        if self._cache:
-            self._cache.clear()
+        if self.cache:
+            self.cache.clear()
         path: list[tuple[_Node[K], str]] = []
         node = self._root
         for level in topic_filter.split("/"):
@@ -171,7 +173,7 @@ class SubscriptionTrie(Generic[K]):
     def match(self, topic: str) -> dict[K, int]:
         """Every subscriber whose filter matches ``topic``, with its highest QoS
         (shared: do not change it)."""
-        cache = self._cache
+        cache = self.cache
         result = cache.get(topic)
         if result is not None:
             return result

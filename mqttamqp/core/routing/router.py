@@ -78,6 +78,7 @@ class Router(Subscriptions):
         self.recorder = recorder
         self._recording = records(recorder)
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        self._matched = self.trie.cache
         # Sessions of AMQP topic receivers: the only ones that take messages whose
         # body has no MQTT form (``Message.amqp_only``).
         self.native: set[Session] = set()
@@ -175,7 +176,9 @@ class Router(Subscriptions):
         qos1_entries: list[OutEntry] = []
         msg_qos = message.qos
         congested: list[Congestible] | None = None
-        matches = self.trie.match(message.topic)
+        matches = self._matched.get(topic)   # (``SubscriptionTrie.match``'s cache)
+        if matches is None:
+            matches = self.trie.match(topic)
         recording = self._recording and counted and self.recorder.records_messages
         dropped = 0
         if message.amqp_only:

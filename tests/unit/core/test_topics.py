@@ -308,7 +308,7 @@ def test_trie_matches_are_remembered_until_the_next_change() -> None:
     assert trie.match("a/b") == {"y": 2}
     for i in range(topics.MATCH_CACHE_SIZE + 10):    # bounded: it starts again
         trie.match(f"a/{i}")
-    assert len(trie._cache) <= topics.MATCH_CACHE_SIZE
+    assert len(trie.cache) <= topics.MATCH_CACHE_SIZE
 
 
 def test_trie_does_not_remember_a_large_fan_out() -> None:
@@ -320,4 +320,4 @@ def test_trie_does_not_remember_a_large_fan_out() -> None:
     for i in range(topics.MATCH_CACHE_LARGEST + 1):
         trie.add("#", i, 0)
     assert len(trie.match("a/b")) == topics.MATCH_CACHE_LARGEST + 1
-    assert trie._cache == {}
+    assert trie.cache == {}
