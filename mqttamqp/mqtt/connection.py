@@ -290,12 +290,15 @@ class StringRules:
     * topic filters with misplaced wildcards (``a/+b``, ``a/#/b``).
     """
 
-    __slots__ = ("_control", "_length", "_levels")
+    __slots__ = ("_control", "_length", "_levels", "short_topic")
 
     def __init__(self, limits: Limits) -> None:
         self._control = not limits.allow_control_chars
         self._levels = limits.max_topic_levels
         self._length = limits.max_topic_length
+        # A printable topic name of at most this many characters breaks no rule of
+        # ``topic`` (its guards, below): a caller may skip the call for one.
+        self.short_topic = min(self._levels - 1, self._length // 4)
 
     def text(self, value: str, what: str) -> str | None:
         """A client id or user name."""

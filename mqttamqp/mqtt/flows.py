@@ -74,11 +74,14 @@ class ConnectedFlows(ActionExecutor):
         # acknowledgement rule lives here and only here (``decisions.published`` is
         # MQTT 5's): PUBACK; PUBREC, opening the QoS 2 gate if the core made one;
         # a 3.1.1 client is told no verdict (denied, refused, dropped).
-        why = self.strings.topic(packet.topic, "PUBLISH topic")
-        if why is not None:
-            self._carry_out(Close(why))
-            return
-        message = Message(packet.topic, packet.payload, packet.qos, packet.retain,
+        strings = self.strings
+        topic = packet.topic
+        if len(topic) > strings.short_topic or not topic.isprintable():
+            why = strings.topic(topic, "PUBLISH topic")   # (else it has nothing to say)
+            if why is not None:
+                self._carry_out(Close(why))
+                return
+        message = Message(topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
         self.messages_in += 1
         broker = self.broker

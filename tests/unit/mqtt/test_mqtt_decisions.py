@@ -453,3 +453,17 @@ def test_banned_and_authenticated_refusals() -> None:
     owned = decisions.authenticated(True, named, False)
     assert owned is not None and "another user" in owned.reason and not owned.logged
     assert decisions.authenticated(True, named, True) is None
+
+
+def test_a_short_printable_topic_breaks_no_topic_rule() -> None:
+    """``StringRules.short_topic``: the PUBLISH path skips ``topic`` for a printable
+    topic name that long or shorter, so none such may break a rule; one character
+    more, in levels or in UTF-8 bytes, can."""
+    for levels, length in ((4, 1000), (200, 12), (3, 8), (200, 65535)):
+        strings = StringRules(Limits(max_topic_levels=levels, max_topic_length=length))
+        n = strings.short_topic
+        for topic in ("/" * n, "\U0001f600" * n, "a" * n, "a/" * (n // 2)):
+            assert len(topic) <= n and topic.isprintable()
+            assert strings.topic(topic, "PUBLISH topic") is None, (levels, length, topic)
+        longer = "/" * (n + 1) if n == levels - 1 else "\U0001f600" * (n + 1)
+        assert strings.topic(longer, "PUBLISH topic") is not None, (levels, length)
