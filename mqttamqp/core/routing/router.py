@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from twisted.logger import Logger
 
-from mqttamqp.core.auth import Authorizer, Identity
+from mqttamqp.core.auth import AllowAll, Authorizer, Identity
 from mqttamqp.core.clock import Clock
 from mqttamqp.core.commits import (
     CommitBatcher,
@@ -151,9 +151,12 @@ class Router(Subscriptions):
         """
         commits = self.commits
         topic = message.topic
-        if identity is not None and (   # (``may_publish``, inline: every publish)
+        authorizer = self.authorizer
+        if identity is not None and (   # (``may_publish``, inline: every publish;
+                # anonymous access, ``AllowAll``, allows every topic without the call)
                 (topic[:1] == "$" and is_sys_topic(topic))
-                or not self.authorizer.may_publish(identity, topic, message.retain)):
+                or (type(authorizer) is not AllowAll
+                    and not authorizer.may_publish(identity, topic, message.retain))):
             self._denied(identity, topic)
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
