@@ -12,7 +12,10 @@ subscribers), ``fan5`` (MQTT 5 subscribers with a subscription identifier each),
 same to a persistent subscriber, clean session 0, on a store whose commits complete
 after each step, as the writer thread's do: the subscriber's PUBACKs come first),
 ``qq`` (as ``q1`` through a durable queue: published to ``$queue/jobs/task``, one
-member of ``$queue/jobs`` acknowledging each delivery with its PUBACK).
+member of ``$queue/jobs`` acknowledging each delivery with its PUBACK), ``fanin``
+(``bench/run.py``'s scenario 5 in process: QoS 0, 100 MQTT 3.1.1 publishers on topics
+``bench/pNNN`` to one subscriber on ``bench/#``, each read ``FANIN_READ`` PUBLISHes,
+the publishers read round robin; the archive on, as the broker runs by default).
 ``-p`` after ``N`` prints a cProfile of the measured steps (and writes it to
 the file named after ``-p``, if any).  ``N`` scales
 the number of messages.  Prints the process CPU per delivery in microseconds (the
@@ -24,8 +27,8 @@ other work does not move, count instructions at two sizes and take the slope:
     PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=OUT \\
         .venv/bin/python bench/deliver_inproc.py TREE fan311 5     (then 15)
 
-(20,000 and 60,000 deliveries for the fan-outs, 2,000 and 6,000 for ``q1`` and ``qq``).  Never
-use the figures in a test.
+(20,000 and 60,000 deliveries for the fan-outs and ``fanin``, 2,000 and 6,000 for ``q1``
+and ``qq``).  Never use the figures in a test.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import gc
 import sys
 import time
 from typing import Any
+
+FANIN_READ = 5   # PUBLISHes in each publisher's read (``fanin``)
 
 
 class LaterStore:
@@ -73,10 +78,19 @@ def main() -> None:
     assert mqttamqp.__file__ is not None and mqttamqp.__file__.startswith(tree)
     from mqtt_memory import Harness, client5
 
+    from mqttamqp.mqtt.codec import encode
     from mqttamqp.mqtt.packets import Properties, Puback, Publish, Subscribe
 
     store = LaterStore()
-    h = Harness(store, max_inflight=100)   # (as bench/run.py sets it)
+    archive = None
+    if scenario == "fanin":
+        # The archive on, as ``twistd mqttamqp`` runs by default, wired as the service
+        # wires it (``fan_out(archive, None)`` is the archive itself); never started:
+        # what its feeding thread would take is dropped after each step (nothing is
+        # written: its directory is never made).
+        from mqttamqp.archive import Archive
+        archive = Archive("/nonexistent/fanin-archive", None)
+    h = Harness(store, max_inflight=100, recorder=archive)   # (as bench/run.py sets it)
     subs: list[Any] = []
     if scenario in ("fan311", "fan5", "fan5plain"):
         for i in range(100):
@@ -103,6 +117,32 @@ def main() -> None:
             pub.transport.clear()
         steps = max(1, 40 * n // 50)
         deliveries = steps * 50 * 100
+    elif scenario == "fanin":
+        sub = h.client()
+        sub.connect("s")
+        sub.send(Subscribe(1, (("bench/#", 0),)))
+        sub.transport.clear()
+        # (bench/run.py's scenario 5: a publisher per topic, reads of a few PUBLISHes
+        # each, taken round robin as a reactor turn takes its ready sockets)
+        reads = []
+        for i in range(100):
+            c = h.client()
+            c.connect(f"p{i}")
+            c.transport.clear()
+            reads.append((c.proto.dataReceived, c.transport.clear,
+                          encode(Publish(f"bench/p{i:03d}", b"x" * 64)) * FANIN_READ))
+
+        records, payloads = archive._filling
+
+        def step() -> None:
+            for received, _clear, data in reads:
+                received(data)
+            sub.transport.clear()
+            for _received, clear, _data in reads:
+                clear()
+            del records[:], payloads[:]
+        steps = max(1, 8 * n)
+        deliveries = steps * 100 * FANIN_READ
     elif scenario in ("q1", "q1p", "qq"):
         topic, topic_filter = (("$queue/jobs/task", "$queue/jobs") if scenario == "qq"
                                else ("bench/t", "bench/t"))
