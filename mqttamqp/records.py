@@ -12,7 +12,7 @@ equality and a hash over its fields like a frozen one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar, dataclass_transform
 
 __all__ = ["record"]
@@ -20,6 +20,6 @@ __all__ = ["record"]
 T = TypeVar("T")
 
 
-@dataclass_transform(frozen_default=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def record(cls: type[T]) -> type[T]:
     return dataclass(slots=True, unsafe_hash=True)(cls)

@@ -288,6 +288,13 @@ class Decoder:
                                            self.property_limits)
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id, props)
+            elif first == 0x30 and (start == pos + 2 or buf[start - 1]) \
+                    and type(buf) is bytes:
+                # QoS 0, no flags, its length in the fewest bytes (a longer form ends
+                # in a 0 byte): these bytes are the frame a 3.1/3.1.1 subscriber gets
+                # of it (``encode_publish``'s), kept as ``wire``.
+                packet = Publish(topic, buf[p:end], 0, False, False, None, None,
+                                 buf[pos:end])
             else:
                 packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
                                  bool(first & 0x08), packet_id)

@@ -22,6 +22,7 @@ from mqttamqp.core.sessions.session import NO_LOCAL, Session
 from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import PUBACK, PUBREC, PUBREC_OPENS, Close
 from mqttamqp.mqtt.executor import ActionExecutor
+from mqttamqp.mqtt.outbound import QOS0_FRAME
 from mqttamqp.mqtt.packets import (
     Disconnect,
     Pingreq,
@@ -83,6 +84,10 @@ class ConnectedFlows(ActionExecutor):
                 return
         message = Message(topic, packet.payload, packet.qos, packet.retain,
                           self.client_id, self.clock.seconds(), packet.dup)
+        wire = packet.wire
+        if wire is not None:   # (its 3.1.1 QoS 0 frame: sent as it came, not encoded)
+            frame = QOS0_FRAME
+            frame[0], frame[1], frame[2] = message, False, wire
         self.messages_in += 1
         broker = self.broker
         identity = self.identity

@@ -10,6 +10,7 @@ packets as before and a 3.1.1 encoding never sees them.
 
 from __future__ import annotations
 
+from dataclasses import field
 from enum import IntEnum
 
 from mqttamqp.records import record
@@ -183,6 +184,10 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None  # required (1..65535) when qos > 0, else None
     properties: Properties | None = None
+    # The bytes this packet came in as, when they are also the frame a 3.1/3.1.1
+    # subscriber gets of it at QoS 0 (the decoder sets it: ``codec.Decoder``); not
+    # part of its value (equality, hash, ``encode``).
+    wire: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @record

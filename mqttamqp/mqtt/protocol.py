@@ -76,6 +76,7 @@ from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.opened import OpenConnections
+from mqttamqp.mqtt.outbound import QOS0_FRAME
 from mqttamqp.mqtt.packets import (
     Auth,
     Connect,
@@ -102,10 +103,8 @@ _CLOSED = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
-# One-entry cache: fan-out sends the same QoS 0 message to many subscribers in a
-# row; encode it once.
-_qos0_cache: list[Any] = [None, False, b""]
-_qos0_cache5: list[Any] = [None, False, b""]   # the same for MQTT 5 subscribers
+# (``outbound.QOS0_FRAME``, the same for MQTT 5 subscribers)
+_qos0_cache5: list[Any] = [None, False, b""]
 _NO_PROPERTIES = b"\x00"
 
 
@@ -334,7 +333,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                     self._not_sent(packet_id, message.topic)
                     return
         elif qos == 0 and not dup:
-            cache = _qos0_cache
+            cache = QOS0_FRAME
             if cache[0] is message and cache[1] == retain:
                 frame = cache[2]
             else:
