@@ -1,7 +1,8 @@
 """A session's in-flight window: what goes out, and what an acknowledgement does.
 
 ``InflightWindow`` is the part of ``session.Session`` that moves entries from the
-queue into the window while the link can take them (``pump``), and out of it as
+queue into the window while the link can take them (``pump``; a new entry when
+nothing waits goes in directly, ``Session.deliver``), and out of it as
 the subscriber answers: PUBACK, PUBREC (the durable RELEASED state before PUBREL),
 PUBCOMP, an FE's AMQP_PUBREL, AMQP Released/Modified (redelivered) and Rejected
 (dropped, counted).  Each answer returns the store operations it implies; the
