@@ -6,7 +6,9 @@ filters it matched (as the core found them when it routed the message,
 ``core.routing.suboptions``: never matched here), the outbound topic alias, and
 the client's maximum packet size (a frame above it is not sent).
 ``protocol.MQTTProtocol.send_publish`` writes the frame (and builds the 3.1.1 and
-property-less MQTT 5 frames itself, inline: the hot path).  What it must not do:
+property-less MQTT 5 frames itself, inline: the hot path); ``QOS0_FRAME`` is the
+one-entry cache of a message's 3.1.1 QoS 0 frame that ``send_publish`` reads and
+``flows`` fills with the bytes a plain 3.1.1 QoS 0 PUBLISH came in.  What it must not do:
 touch a transport, a timer, a log or the broker.
 """
 

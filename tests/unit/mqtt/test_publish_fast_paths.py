@@ -8,6 +8,7 @@ from typing import Any
 
 from mqtt_memory import Harness
 
+from mqttamqp.mqtt import codec, protocol
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Publish, Subscribe
 
@@ -50,3 +51,57 @@ def test_a_qos0_publish_goes_out_as_it_came_or_encoded() -> None:
         assert s.transport.value() == want * 4, s.transport.value()
         s.transport.clear()
     assert five.received() == [Publish("t/b", b"1234")] * 4
+
+
+def test_plain_frame_not_encoded_others_are(monkeypatch: Any) -> None:
+    """The frame as it came is what goes out (``encode_publish`` is not called for
+    it); a longer length form is encoded, once for both subscribers."""
+    h = Harness()
+    subs = []
+    for name, level in (("s4", 4), ("s3", 3)):
+        s = h.client()
+        s.connect(name, level=level)
+        s.send(Subscribe(1, (("t/#", 0),)))
+        s.received()
+        subs.append(s)
+    pub = h.client()
+    pub.connect("p")
+    calls: list[bytes] = []
+    real = protocol.encode_publish
+
+    def counting(*a: Any) -> bytes:
+        calls.append(a[0])
+        return real(*a)
+    monkeypatch.setattr(protocol, "encode_publish", counting)
+    frame = encode(Publish("t/a", b"x" * 300))
+    pub.proto.dataReceived(frame)
+    assert calls == []                                   # not encoded: the wire
+    for s in subs:
+        assert s.transport.value() == frame
+        s.transport.clear()
+    odd = bytes((0x30, 0x89, 0x00)) + encode(Publish("t/b", b"1234"))[2:]
+    pub.proto.dataReceived(odd)
+    assert calls == [b"t/b"]                             # encoded once, shared
+    for s in subs:
+        assert s.transport.value() == encode(Publish("t/b", b"1234"))
+
+
+def test_decoder_sets_wire_only_where_it_is_the_frame() -> None:
+    """``Publish.wire`` is set for a plain QoS 0 frame read whole (bytes, or a
+    bytearray fed whole), never for a retained one, a longer length form or a
+    frame split over reads (its buffer a bytearray)."""
+    plain = encode(Publish("t", b"p"))
+    for data, want in ((plain, plain), (bytearray(plain), plain),
+                       (encode(Publish("t", b"p", retain=True)), None),
+                       (bytes((0x30, 0x84, 0x00)) + plain[2:], None)):
+        d = codec.Decoder(1 << 20, 4, server=True)
+        d.feed(data)
+        p = d.next_packet()
+        assert isinstance(p, Publish) and getattr(p, "wire", None) == want
+    big = encode(Publish("t", b"q" * 1000))   # (a split read: a bytearray buffer)
+    d = codec.Decoder(1 << 20, 4, server=True)
+    d.feed(big[:900])
+    assert d.next_packet() is None
+    d.feed(big[900:])
+    p = d.next_packet()
+    assert isinstance(p, Publish) and p.payload == b"q" * 1000 and p.wire is None
