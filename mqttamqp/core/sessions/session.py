@@ -306,8 +306,10 @@ class Session(InflightWindow, SessionExtras):
                 ) -> OutEntry | None:
         """Take a message for delivery at ``qos`` (with the MQTT 5 identifiers of the
         filters it matched): QoS 0 goes out at once (or is dropped); QoS 1/2 goes
-        straight into the window when nothing waits and the window and link take it,
-        else is queued and sent as the window allows.  Returns the entry (None for
+        straight into the window when nothing waits, the window has room, the link is
+        online and not congested, and the entry is not gated, held (a persistent
+        session's QoS 2) or carrying MQTT 5 properties; else it is queued and sent as
+        the window allows.  Returns the entry (None for
         QoS 0 or a drop); a persistent session's entry must be stored
         (``OutEntry.put_op``).  A ``gated`` entry is not sent (nor anything queued
         behind it) until ``ungate``.  A durable queue's ``receipt``: the queue's

@@ -88,8 +88,9 @@ def test_plain_frame_not_encoded_others_are(monkeypatch: Any) -> None:
 
 def test_decoder_sets_wire_only_where_it_is_the_frame() -> None:
     """``Publish.wire`` is set for a plain QoS 0 frame read whole (bytes, or a
-    bytearray fed whole), never for a retained one, a longer length form or a
-    frame split over reads (its buffer a bytearray)."""
+    bytearray fed whole), never for a retained one, a longer length form, or a
+    frame split over reads whose leftover was longer than the next read (the
+    decoder's buffer then a bytearray; a shorter leftover is joined into bytes)."""
     plain = encode(Publish("t", b"p"))
     for data, want in ((plain, plain), (bytearray(plain), plain),
                        (encode(Publish("t", b"p", retain=True)), None),
