@@ -20,13 +20,15 @@ from mqttamqp.core.message import Message
 from mqttamqp.mqtt.codec import encode_properties, encode_publish
 from mqttamqp.mqtt.v5 import Negotiated, publish_properties
 
-__all__ = ["QOS0_FRAME", "publish5"]
+__all__ = ["QOS0_FRAME", "QOS0_FRAME5", "publish5"]
 
 #: One-entry cache of the 3.1/3.1.1 QoS 0 frame of a message: (message, retain,
 #: frame).  Fan-out sends the same message to many subscribers in a row: encoded
 #: once (``protocol.MQTTProtocol.send_publish``); a 3.1.1 PUBLISH whose bytes are
 #: that frame puts them here before it is routed (``flows``): not encoded at all.
 QOS0_FRAME: list[Any] = [None, False, b""]
+#: The same for MQTT 5 subscribers without properties (``send_publish``).
+QOS0_FRAME5: list[Any] = [None, False, b""]
 
 
 def publish5(v5: Negotiated, message: Message, qos: int, packet_id: int | None, dup: bool,

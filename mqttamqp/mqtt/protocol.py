@@ -76,7 +76,7 @@ from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
 from mqttamqp.mqtt.opened import OpenConnections
-from mqttamqp.mqtt.outbound import QOS0_FRAME
+from mqttamqp.mqtt.outbound import QOS0_FRAME, QOS0_FRAME5
 from mqttamqp.mqtt.packets import (
     Auth,
     Connect,
@@ -103,8 +103,6 @@ _CLOSED = ConnectionState.CLOSED
 # Output held for one batch before it is written anyway (Twisted's own write buffer
 # pauses its producer past 64 KiB; see MQTTProtocol._emit).
 OUTPUT_BATCH_BYTES = 64 * 1024
-# (``outbound.QOS0_FRAME``, the same for MQTT 5 subscribers)
-_qos0_cache5: list[Any] = [None, False, b""]
 _NO_PROPERTIES = b"\x00"
 
 
@@ -314,7 +312,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 # Nothing MQTT 5 to add: an empty property block (QoS 0 frames are
                 # shared across subscribers, as for 3.1.1).
                 if qos == 0 and not dup:
-                    cache = _qos0_cache5
+                    cache = QOS0_FRAME5
                     if cache[0] is message and cache[1] == retain:
                         frame = cache[2]
                     else:

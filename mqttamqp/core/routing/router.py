@@ -34,7 +34,7 @@ from mqttamqp.core.commits import (
 )
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
-from mqttamqp.core.persistence import Op, PutQueued, StoredQueued
+from mqttamqp.core.persistence import Op
 from mqttamqp.core.queues.addresses import QueueAddress
 from mqttamqp.core.queues.manager import QueueManager
 from mqttamqp.core.ratelog import LogLimiter
@@ -243,11 +243,7 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                # (``OutEntry.put_op``'s lines, first put of a new seq: once per
-                # delivery to a persistent session)
-                stored = message if retain == message.retain else message.with_retain(retain)
-                ops.append(PutQueued(session.client_id, entry.seq, StoredQueued(
-                    stored, qos, entry.state, entry.packet_id, entry.subscription_ids), True))
+                ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                 if qos == 1 and entry.packet_id in session.inflight:
                     qos1_entries.append(entry)
                 else:
