@@ -5,12 +5,12 @@ What it owns: the batch that one socket read (MQTT or AMQP) opens, so everything
 that read causes costs one hand-off to the writer thread; the Deferreds callers
 chain acknowledgements on; the flush hooks connections register so their output
 for a batch is written once, after it (the one flush mechanism of both
-protocols), and what a connection's failed write costs (``output_failed``: a
-counter, a line a minute); the ``stopping`` state in which nothing more is
-stored, so nothing more is acknowledged; and whether storage is failing: one log
-line when commits start to fail, one when they succeed again, a counter in
-between (in ``BrokerStats``), however many acknowledgements were withheld
-meanwhile.
+protocols), and what a connection's failed write costs (``write_failed``: a
+counter, a line a minute, for a batch's flush and an MQTT frame sent at once); the
+``stopping`` state in which nothing more is stored, so nothing more is
+acknowledged; and whether storage is failing: one log line when commits start to
+fail, one when they succeed again, a counter in between (in ``BrokerStats``), however
+many acknowledgements were withheld meanwhile.
 
 The commit of one batch is a ``CommitRound`` (``commit_round``), one mechanism
 for every early acknowledgement and every wait on that commit without a Deferred
@@ -51,6 +51,19 @@ __all__ = ["CommitBatcher", "CommitRound", "Durable", "all_done", "all_durable",
 def _no_clock() -> float:
     """The time without a clock (a batcher built without one, in tests): none passes."""
     return 0.0
+
+
+def write_failed(stats: BrokerStats, limit: LogLimiter, log: Logger,
+                 failure: Failure) -> None:
+    """A write to a connection's transport raised (its output is dropped): counted
+    (``BrokerStats.write_failures``), and one line a minute with the traceback and
+    how many more failed since.  A batch's flush (``CommitBatcher.output_failed``)
+    and an MQTT frame sent at once (``MQTTProtocol._emit``) both come here."""
+    stats.write_failures += 1
+    held = limit.allow("writing output failed")
+    if held is not None:
+        log.failure("writing a connection's output failed ({n} more since the last "
+                    "such line)", failure, n=held)
 
 
 class CommitBatcher:
@@ -267,14 +280,8 @@ class CommitBatcher:
 
     def output_failed(self, failure: Failure) -> None:
         """Writing a connection's output at a batch's end raised: what it held is
-        dropped, the other connections are served.  Counted
-        (``BrokerStats.write_failures``, as ``mqtt.protocol`` counts a frame it sent at
-        once); one line a minute with the traceback and how many more failed since."""
-        self.stats.write_failures += 1
-        held = self._log_limit.allow("output")
-        if held is not None:
-            self.log.failure("writing a connection's output failed ({n} more since the "
-                             "last such line)", failure, n=held)
+        dropped, the other connections are served (``write_failed``)."""
+        write_failed(self.stats, self._log_limit, self.log, failure)
 
     def _submit(self) -> None:
         ops, waiters, r = self._ops, self._waiters, self._round

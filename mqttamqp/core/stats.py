@@ -100,7 +100,7 @@ class BrokerStats:
     # share of one (``Limits.mqtt_turn``): not a refusal, a measure of contention.
     mqtt_turns_yielded: int = 0
     # Writes to a connection's transport that raised (its output was dropped):
-    # ``CommitBatcher.output_failed``.
+    # ``core.commits.write_failed``.
     write_failures: int = 0
     # By protocol (the totals above stay the $SYS figures): AMQP's share is counted
     # on the AMQP path only, the broker's own publishes (wills, console) where they

@@ -53,6 +53,7 @@ from mqttamqp.adapter.throttle import PublishThrottle
 from mqttamqp.core.auth import Identity
 from mqttamqp.core.broker import Broker, Published
 from mqttamqp.core.clock import Clock, DelayedCall
+from mqttamqp.core.commits import write_failed
 from mqttamqp.core.limits import Limits
 from mqttamqp.core.message import Message
 from mqttamqp.core.ratelog import LogLimiter
@@ -386,7 +387,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport's own back-pressure (pauseProducing past its 64 KiB buffer) still
         comes in time for the congestion logic; a congested connection is written
         at once.  A write that raises is counted and logged a line a minute
-        (``_write_failed``): the routing that called this goes on to the others."""
+        (``core.commits.write_failed``): the routing that called this goes on to the
+        others."""
         try:
             out = self._out
             if out is not None:
@@ -402,7 +404,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 self._out = [data]
                 self._out_bytes = len(data)
         except Exception:
-            _write_failed(self, Failure())
+            write_failed(self.meter.stats, self.factory.log_limit, self.log, Failure())
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -516,17 +518,6 @@ def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
                             "size {m} of {c}; not sent to it ({h} more since the last "
                             "such line)", t=message.topic, n=size, m=v5.client_max_packet,
                             c=connection.client_id, h=held)
-
-
-def _write_failed(connection: MQTTProtocol, failure: Failure) -> None:
-    """A write from ``_emit`` raised (a frame sent at once, or held output flushed past
-    ``OUTPUT_BATCH_BYTES``): counted, and one line a minute with how many more failed
-    since; a batch's own flush has its line (``CommitBatcher.output_failed``)."""
-    connection.meter.stats.write_failures += 1
-    held = connection.factory.log_limit.allow("writing output failed")
-    if held is not None:
-        connection.log.failure("writing a connection's output failed ({n} more since the "
-                               "last such line)", failure, n=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:
