@@ -381,7 +381,7 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
     ``MQTTProtocol`` from ``mqtt`` (the TCP listener's factory, so connection
     counts, limits and the list of live connections are shared) per open
     WebSocket.  A socket is counted under --max-connections from its accept
-    (``slots``; None in gateway mode, whose MQTT side counts it once open)."""
+    (``slots``: ``UpgradeSlots``, or in gateway mode the MQTT side's own)."""
 
     protocol = MQTTWebSocketProtocol  # type: ignore[assignment]
     log = QuietLog()
@@ -397,7 +397,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         self.noisy = False
         self._log = Logger()
         self._log_limit = LogLimiter(clock.seconds)
-        self.slots = UpgradeSlots(mqtt) if isinstance(mqtt, MQTTFactory) else None
+        self.slots: Any = (UpgradeSlots(mqtt) if isinstance(mqtt, MQTTFactory)
+                           else getattr(mqtt, "slots", None))
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
             openHandshakeTimeout=0,   # MQTTWebSocketProtocol times it on ``clock``
             # The MQTT decoder bounds packets; frames and messages may carry many.

@@ -1,9 +1,8 @@
 """--max-connections and MQTT over WebSockets against a real broker process (port 0):
 a socket is counted from its accept, not from the end of its HTTP upgrade, and
-never twice (``mqtt.websocket.UpgradeSlots``).  Raw sockets (``wsclient``) so that a
-test can hold a socket in the middle of its upgrade.
-
-Direct only: a gateway counts a WebSocket once it is open (its own bound)."""
+never twice (``mqtt.websocket.UpgradeSlots``); against a broker and through a
+gateway in front of one (the gateway's own count).  Raw sockets (``wsclient``) so
+that a test can hold a socket in the middle of its upgrade."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
+from gateway_proc import broker_or_gateway
 from rawclient import ConnectionClosed, RawClient, closed_at_once, uid
 from wsclient import BINARY, RawWebSocket, client_frame, request
 
@@ -22,6 +21,9 @@ from mqttamqp.mqtt.packets import Connack, Connect
 TIMEOUT = 5.0
 
 pytestmark = pytest.mark.timeout(90)
+
+KINDS = pytest.mark.parametrize("kind", ["direct", "gateway"])
+LISTENERS = ("--mqtt", "--mqtt-ws")
 
 
 def _status(ws: RawWebSocket) -> int:
@@ -64,14 +66,16 @@ def _opened_when_free(port: int, deadline: float) -> RawWebSocket:
         time.sleep(0.05)
 
 
-def test_sockets_in_their_upgrade_count_toward_max_connections(tmp_path: Path) -> None:
+@KINDS
+def test_sockets_in_their_upgrade_count_toward_max_connections(tmp_path: Path,
+                                                               kind: str) -> None:
     """With --max-connections 2, two sockets in the middle of their upgrade hold both
     places: a third WebSocket socket and an MQTT one on TCP are closed at their
     accept, with the gate's line.  One of the two then completes its upgrade and
     its MQTT CONNECT is accepted (counted once: still two places, a new socket is
     still refused); the other closes, and its place is a new WebSocket's."""
-    with BrokerProcess(os.path.join(str(tmp_path), "data"), "--max-connections", "2",
-                       listeners=("--mqtt", "--mqtt-ws")) as broker:
+    with broker_or_gateway(kind, os.path.join(str(tmp_path), "data"), "--max-connections",
+                           "2", listeners=LISTENERS) as broker:
         port = broker.ports["MQTT-WS"]
         head = request()
         held = [RawWebSocket(port, timeout=TIMEOUT) for _ in range(2)]
@@ -82,8 +86,10 @@ def test_sockets_in_their_upgrade_count_toward_max_connections(tmp_path: Path) -
             # (one listener: the kernel hands the sockets over in order, so this one
             # is accepted after the two)
             assert closed_at_once(port, send=head)
-            broker.wait_for_line(r"refusing MQTT over WebSocket connection from "
-                                 r"127\.0\.0\.1:\d+: --max-connections \(2\) reached")
+            # (a broker's gate: "refusing MQTT over WebSocket connection from ...";
+            # a gateway's: "refused a connection from ...")
+            broker.wait_for_line(r"connection from 127\.0\.0\.1:\d+: --max-connections "
+                                 r"\(2\) reached")
             assert closed_at_once(broker.mqtt_port)
 
             first, second = held
@@ -102,13 +108,14 @@ def test_sockets_in_their_upgrade_count_toward_max_connections(tmp_path: Path) -
                 ws.sock.close()
 
 
-def test_a_socket_that_leaves_in_its_upgrade_frees_its_place(tmp_path: Path) -> None:
+@KINDS
+def test_a_socket_that_leaves_in_its_upgrade_frees_its_place(tmp_path: Path,
+                                                             kind: str) -> None:
     """With --max-connections 1: a WebSocket socket refused in its upgrade (a wrong
     path: 404), and one that times out (--connect-timeout 1), each gives its place
     back; an MQTT client on TCP then connects."""
-    with BrokerProcess(os.path.join(str(tmp_path), "data"), "--max-connections", "1",
-                       "--connect-timeout", "1",
-                       listeners=("--mqtt", "--mqtt-ws")) as broker:
+    with broker_or_gateway(kind, os.path.join(str(tmp_path), "data"), "--max-connections",
+                           "1", "--connect-timeout", "1", listeners=LISTENERS) as broker:
         port = broker.ports["MQTT-WS"]
         refused = RawWebSocket(port, timeout=TIMEOUT)
         try:

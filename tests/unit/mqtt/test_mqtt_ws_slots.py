@@ -1,8 +1,9 @@
 """A WebSocket socket in its HTTP upgrade under --max-connections (``UpgradeSlots``):
 counted with the MQTT connections from its accept, never twice once its upgrade is
 done, released on every way its upgrade can end; beyond the bound, closed at its
-accept, counted and logged as an MQTT socket is.  autobahn's server protocol on a
-fake socket, the in-memory broker of ``support/mqtt_memory.py``, a ``Clock``."""
+accept, counted and logged as an MQTT socket is; the same in gateway mode, under
+the gateway's count.  autobahn's server protocol on a fake socket, the in-memory
+broker of ``support/mqtt_memory.py`` (or a ``GatewayFactory``), a ``Clock``."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import pytest
 from mqtt_memory import ACCEPTED, Harness, TcpLikeTransport
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from wsclient import BINARY, FrameReader, client_frame, request
 
+from mqttamqp.core.limits import Limits
+from mqttamqp.gateway.frontend import GatewayFactory, GatewayProtocol
+from mqttamqp.gateway.websocket import WebSocketSide
 from mqttamqp.mqtt.codec import Decoder, encode
 from mqttamqp.mqtt.packets import Connect
 from mqttamqp.mqtt.websocket import MAX_REQUEST_HEAD, MQTTWebSocketFactory, OriginRule
@@ -174,3 +179,46 @@ def test_a_websocket_spends_one_connection_rate_token() -> None:
     assert socket.value().startswith(b"HTTP/1.1 101"), socket.value()
     assert not socket.disconnected
     assert h.broker.stats.connections_refused == 0
+
+
+# -- gateway mode: the gateway's own count ---------------------------------------------
+
+
+class _NoUpstream:
+    def pick(self, prefer: Any = None) -> Any:
+        return None
+
+
+def _gateway(max_connections: int) -> tuple[GatewayFactory, MQTTWebSocketFactory]:
+    clock = Clock()
+    gateway = GatewayFactory(_NoUpstream(), clock,  # type: ignore[arg-type]
+                             Limits(max_connections=max_connections), 8)
+    return gateway, MQTTWebSocketFactory(WebSocketSide(gateway), clock, OriginRule(),
+                                         reactor=clock)
+
+
+def test_a_gateway_counts_sockets_in_their_upgrade_too() -> None:
+    """In gateway mode, sockets in their upgrade hold places under the gateway's
+    --max-connections: one more WebSocket socket, or TCP one, is refused (counted in
+    its refused connections); a socket that leaves gives its place back; at the end
+    of an upgrade the place passes to the client (counted once); the gateway's
+    close_all cuts a socket still in its upgrade."""
+    gateway, factory = _gateway(2)
+    first, _ = _accept(factory)
+    _accept(factory)
+    assert len(gateway.upgrading) == 2
+    _, socket = _accept(factory)
+    assert socket.disconnected
+    assert not isinstance(gateway.buildProtocol(None), GatewayProtocol)
+    assert gateway.refused_connections == 2
+    _lost(first)
+    assert len(gateway.upgrading) == 1
+    ws, socket = _accept(factory)
+    ws.dataReceived(request())
+    assert socket.value().startswith(b"HTTP/1.1 101"), socket.value()
+    assert ws not in gateway.upgrading and ws.mqtt in gateway.connections
+    assert len(gateway.upgrading) + len(gateway.connections) == 2
+    assert gateway.refused_connections == 2
+    (left,) = gateway.upgrading
+    gateway.close_all("stopping")
+    assert left.transport.disconnected
