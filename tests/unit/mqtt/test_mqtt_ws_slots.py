@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 from mqtt_memory import ACCEPTED, Harness, TcpLikeTransport
+from twisted.internet import ssl
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from wsclient import BINARY, FrameReader, client_frame, request
 
@@ -78,6 +81,19 @@ def test_sockets_in_their_upgrade_are_counted_and_one_more_is_closed_at_accept(
     assert stats.limits["max_connections"] == 2
     assert [line for line in log_lines if "refusing MQTT over WebSocket connection from "
             "127.0.0.1:40000: --max-connections (2) reached" in line]
+
+
+def test_under_tls_the_refused_socket_is_aborted_too() -> None:
+    """A wss: listener wraps the factory in TLS: the refused socket's stand-in is
+    wrapped too (not None, which TLS cannot wrap) and aborts the socket below."""
+    h = Harness(max_connections=1)
+    tls = TLSMemoryBIOFactory(ssl.CertificateOptions(), False, _ws_factory(h))
+    tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1)).makeConnection(StringTransport())
+    below = StringTransport()
+    refused = tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 2))
+    refused.makeConnection(below)
+    assert below.disconnected
+    assert _count(h) == 1 and h.broker.stats.connections_refused == 1
 
 
 def test_an_open_websocket_is_counted_once() -> None:
