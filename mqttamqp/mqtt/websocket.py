@@ -53,13 +53,14 @@ from autobahn.twisted.websocket import (
 )
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
+from mqttamqp.net.accept import RefusedAtAccept
 from mqttamqp.net.websocket import (
     CLOSE_TOO_BIG,
     CLOSE_UNSUPPORTED_DATA,
@@ -144,16 +145,6 @@ class UpgradeSlots:
 
     def release(self, ws: MQTTWebSocketProtocol) -> None:
         self._opened.registered(ws)
-
-
-class _Refused(Protocol):
-    """A WebSocket socket over ``--max-connections``, at its accept: closed at once,
-    as an MQTT socket over it is (under TLS too), nothing of it read or buffered."""
-
-    transport: Any
-
-    def connectionMade(self) -> None:
-        self.transport.abortConnection()
 
 
 def _one_binary_frame(data: bytes) -> bool:
@@ -412,11 +403,12 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             autoPingInterval=0)
 
     def buildProtocol(self, addr: Any) -> Any:
-        """A socket beyond --max-connections is closed at its accept (``UpgradeSlots``)."""
+        """A socket beyond --max-connections is closed at its accept (``UpgradeSlots``),
+        as an MQTT socket over it is (under TLS too), nothing of it read or held."""
         slots = self.slots
         if slots is not None and not slots.admit(
                 f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}"):
-            return _Refused()
+            return RefusedAtAccept()
         return super().buildProtocol(addr)
 
     def refused(self, peer: str, cause: str, reason: str, open_: bool = False) -> None:
