@@ -220,6 +220,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 and len(self.data) + len(data) > MAX_REQUEST_HEAD):
             self.factory.refused(self._peer(), "request_head", "opening request head "
                                  f"longer than {MAX_REQUEST_HEAD} bytes")
+            self.factory.mqtt.meter.limit_hit("ws_request_head")
             self.transport.abortConnection()
             return
         if (self.state == self.STATE_OPEN and not self.data and self.current_frame is None
