@@ -201,7 +201,9 @@ PARAMETERS: list[list[Any]] = [
      "Data directory (ZODB FileStorage mqttamqp.fs lives here); created if missing."],
     ["max-connections", None, _D.max_connections,
      "Refuse sockets beyond this many live connections, counted per protocol "
-     "(MQTT and AMQP each; AMQP 1.0 and 0.9.1 together).",
+     "(MQTT and AMQP each; AMQP 1.0 and 0.9.1 together); an MQTT-over-WebSocket "
+     "socket counts from its accept, its HTTP upgrade included. The AMQP port's "
+     "sockets still waiting for their protocol header are bounded by it too.",
      _positive(int, "max-connections")],
     ["max-packet-size", None, _D.max_packet_size,
      "Largest MQTT packet accepted, in bytes; larger ones close the connection.",

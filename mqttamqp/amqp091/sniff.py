@@ -14,7 +14,7 @@ leadership is lost, as it does the connections of every protocol.  They are boun
 by ``bound`` (the service gives --max-connections): a socket accepted while that
 many wait for their header is closed at once, counted (in ``stats``, the broker's,
 as a refused connection and a ``max_connections`` limit hit) and logged, one line a
-minute.
+minute (aborted: ``net.accept.RefusedAtAccept``, under TLS too).
 
 What it must not do: speak either protocol beyond the header.
 """
@@ -31,6 +31,7 @@ from mqttamqp.amqp091.negotiation import HEADER_091, sniff
 from mqttamqp.amqp091.negotiation import Protocol as Kind
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
+from mqttamqp.net.accept import RefusedAtAccept
 
 __all__ = ["SharedPortFactory", "HeaderSniffer", "shared_port"]
 
@@ -125,7 +126,7 @@ class SharedPortFactory(Factory):
         self.bound = bound
         self.stats = stats
 
-    def buildProtocol(self, addr: Any) -> HeaderSniffer | None:
+    def buildProtocol(self, addr: Any) -> HeaderSniffer | RefusedAtAccept:
         if self.bound is not None and len(self.connections) >= self.bound:
             if self.stats is not None:
                 self.stats.connections_refused += 1
@@ -137,7 +138,7 @@ class SharedPortFactory(Factory):
                               "at once{more}", n=len(self.connections),
                               peer=f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}",
                               more=f" ({held} more since the last line)" if held else "")
-            return None   # (Twisted closes the socket)
+            return RefusedAtAccept()   # (not None: an ssl: listener wraps it)
         return HeaderSniffer(self)
 
 

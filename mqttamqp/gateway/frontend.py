@@ -116,6 +116,7 @@ class GatewayFactory(Factory):
         self.credit = credit
         self.clients: dict[str, GatewayProtocol] = {}
         self.connections: set[GatewayProtocol] = set()
+        self.upgrading: set[Any] = set()   # WebSocket sockets in their upgrade: counted too
         self.ratelog = LogLimiter(clock.seconds, burst=5)
         # Clients cut after --close-grace (``close_grace.cut``: the figures' count).
         self.close_grace = CloseGrace(clock, limits.close_grace, self.log,
@@ -133,16 +134,21 @@ class GatewayFactory(Factory):
         self.authenticator: Authenticator | None = None
 
     def buildProtocol(self, addr: Any) -> Protocol:
+        return _Refusing() if self.full(addr) else GatewayProtocol(self)
+
+    def full(self, addr: Any) -> bool:
+        """--max-connections reached (the clients and the WebSocket sockets still in
+        their upgrade: ``gateway.websocket``): a socket refused, counted and logged."""
         limit = self.limits.max_connections
-        if limit and len(self.connections) >= limit:
-            self.refused_connections += 1
-            held = self.ratelog.allow("max-connections")
-            if held is not None:
-                self.log.warn("refused a connection from {a}: --max-connections ({n}) "
-                              "reached{more}", a=addr, n=limit,
-                              more=f"; {held} more not logged" if held else "")
-            return _Refusing()
-        return GatewayProtocol(self)
+        if not limit or len(self.connections) + len(self.upgrading) < limit:
+            return False
+        self.refused_connections += 1
+        held = self.ratelog.allow("max-connections")
+        if held is not None:
+            self.log.warn("refused a connection from {a}: --max-connections ({n}) "
+                          "reached{more}", a=addr, n=limit,
+                          more=f"; {held} more not logged" if held else "")
+        return True
 
     def channel_for(self, client: GatewayProtocol, credit: int, clean_start: bool
                     ) -> ClientChannel | None:
@@ -176,6 +182,8 @@ class GatewayFactory(Factory):
     def close_all(self, reason: str) -> None:
         for conn in list(self.connections):
             conn.abort(reason)
+        for ws in list(self.upgrading):
+            ws.transport.abortConnection()
 
 
 class _Refusing(Protocol):

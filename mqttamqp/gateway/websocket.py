@@ -4,7 +4,9 @@ front of the gateway's MQTT protocol instead of the broker's.
 
 What it owns: ``WebSocketSide``, what ``MQTTWebSocketFactory`` reads of the MQTT
 factory it is given (``buildProtocol``, ``broker.limits``, the batch brackets, which
-mean nothing here, and a meter for what it refuses), over a ``GatewayFactory``.
+mean nothing here, a meter for what it refuses, and ``slots``: a socket in its HTTP
+upgrade is counted under the gateway's --max-connections from its accept, in the
+factory's ``upgrading``, until its upgrade ends), over a ``GatewayFactory``.
 
 What it must not do: know MQTT or WebSockets itself (the two modules it joins do).
 """
@@ -58,6 +60,16 @@ class WebSocketSide:
         self.factory = factory
         self.broker = _NoBatches(factory.limits)
         self.meter = _Meter()
+        self.slots = self   # (``mqtt.websocket.UpgradeSlots``'s three calls)
 
     def buildProtocol(self, addr: Any) -> Any:
         return self.factory.buildProtocol(addr)
+
+    def admit(self, peer: str) -> bool:
+        return not self.factory.full(peer)
+
+    def hold(self, ws: Any) -> None:
+        self.factory.upgrading.add(ws)
+
+    def release(self, ws: Any) -> None:
+        self.factory.upgrading.discard(ws)

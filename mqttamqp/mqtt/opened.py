@@ -10,8 +10,12 @@ exist anyway: the registry's live table (``LiveConnections.mqtt``, an MQTT
 connection from its CONNACK until it closes) and ``unregistered``, every other
 open connection (before CONNACK, and closing after it until lost), each with why it
 closes (a protocol error's reason, read when it is lost: not a slot of every
-connection).  Idle clients are all in the first; the second holds a connect storm's
-moment, and gives its table back once the storm is over.
+connection), and every WebSocket socket still in its HTTP upgrade (the
+``MQTTWebSocketProtocol``, put there and taken out by ``websocket.UpgradeSlots``:
+its MQTT connection takes its place when the upgrade is done; the sweeps call its
+``server_stopping`` or abort its transport as they do a connection's).  Idle
+clients are all in the first; the second holds a connect storm's moment, and gives
+its table back once the storm is over.
 
 The connection keeps the two apart (``protocol.MQTTProtocol``): its
 ``connectionMade`` puts it in ``unregistered`` itself (``count`` and the entry
@@ -57,7 +61,7 @@ class OpenConnections:
     def count(self) -> int:
         """How many are open (what ``--max-connections`` bounds; the live table's
         MQTT connections of every factory of the broker: the TCP and WebSocket
-        listeners share one)."""
+        listeners share one; and the WebSocket sockets in their upgrade)."""
         return len(self.live.mqtt) + len(self.unregistered)
 
     def closing(self, connection: Any, detail: str | None = None) -> None:

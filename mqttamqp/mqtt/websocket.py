@@ -3,7 +3,9 @@ very ``MQTTProtocol`` the TCP listener uses.
 
 What it owns: the WebSocket side of one connection.  The opening handshake is
 checked here (path ``/mqtt``, subprotocol ``mqtt`` or ``mqttv3.1``, the Origin
-rule, a bounded request head, ``--connect-timeout`` to finish it); once open, the
+rule, a bounded request head, ``--connect-timeout`` to finish it), and a socket in
+it is counted under ``--max-connections`` with the MQTT connections from its accept
+(``UpgradeSlots``: beyond the bound, closed at its accept); once open, the
 bytes of every binary message go to an ``MQTTProtocol`` through
 ``net.websocket.StreamOverWebSocket``, a transport that makes the WebSocket look
 like the TCP socket that protocol expects.  A WebSocket message may hold part of an MQTT packet
@@ -58,6 +60,7 @@ from twisted.python.failure import Failure
 from mqttamqp.core.clock import Clock, DelayedCall
 from mqttamqp.core.ratelog import LogLimiter
 from mqttamqp.mqtt.protocol import MQTTFactory, MQTTProtocol
+from mqttamqp.net.accept import RefusedAtAccept
 from mqttamqp.net.websocket import (
     CLOSE_TOO_BIG,
     CLOSE_UNSUPPORTED_DATA,
@@ -66,7 +69,7 @@ from mqttamqp.net.websocket import (
 )
 
 __all__ = ["MAX_FRAME_PACKETS", "SUBPROTOCOLS", "WS_PATH", "WS_VERSION",
-           "MQTTWebSocketFactory", "MQTTWebSocketProtocol", "OriginRule"]
+           "MQTTWebSocketFactory", "MQTTWebSocketProtocol", "OriginRule", "UpgradeSlots"]
 
 WS_PATH = "/mqtt"
 # In the order of preference when a client offers both (MQTT.js offers "mqtt"; old
@@ -108,6 +111,42 @@ class OriginRule:
                 "--ws-allowed-origin")
 
 
+class UpgradeSlots:
+    """The sockets of the WebSocket listeners still in their HTTP upgrade, under the
+    broker's ``--max-connections``: each is counted with the MQTT connections from
+    its accept (an entry of the MQTT factory's ``opened.unregistered``, as an MQTT
+    socket before its CONNECT, so the TCP listener's admission counts it too, and
+    the shutdown and --ha sweeps reach it), until its upgrade ends: at ``onOpen`` its
+    place passes to its MQTT connection (admitted then, as on TCP: the connection
+    rate is checked once, there), or it is lost (refused, timed out, closed, cut).
+    Beyond the bound a new socket is closed at its accept, refused by the broker's
+    gate: counted as a refused connection and a ``max_connections`` limit hit,
+    logged in the gate's one line a minute for that cause (shared with TCP's)."""
+
+    __slots__ = ("_gate", "_limits", "_opened")
+
+    def __init__(self, mqtt: MQTTFactory) -> None:
+        self._opened = mqtt.opened
+        self._gate = mqtt.broker.gate
+        self._limits = mqtt.broker.limits
+
+    def admit(self, peer: str) -> bool:
+        """May a socket accepted from ``peer`` begin its upgrade?"""
+        opened = self._opened
+        count = len(opened.live.mqtt) + len(opened.unregistered)
+        if count < self._limits.max_connections:
+            return True
+        # Over the bound: the gate refuses it (its count comes first), counted and
+        # logged as it does an MQTT socket; no connection-rate token is spent.
+        return self._gate.admit("MQTT over WebSocket", peer, count)
+
+    def hold(self, ws: MQTTWebSocketProtocol) -> None:
+        self._opened.unregistered[ws] = ""
+
+    def release(self, ws: MQTTWebSocketProtocol) -> None:
+        self._opened.registered(ws)
+
+
 def _one_binary_frame(data: bytes) -> bool:
     """``data`` is exactly one whole, final, masked binary frame from a client (RFC
     6455 5.2: FIN and opcode 2, the mask bit, a 7-, 16- or 64-bit length, the key)."""
@@ -138,17 +177,36 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._closing_reason: str | None = None   # ours, when we closed it
         self._handshake_timer: DelayedCall | None = None
         self._denied = False   # refused (and logged) by onConnect
+        self._held = False     # counted under --max-connections (``UpgradeSlots``)
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        # Our clock, not autobahn's timer (txaio's, on the global reactor).
         factory = self.factory
+        slots = factory.slots
+        if slots is not None:
+            slots.hold(self)   # (until its upgrade ends: ``_release``)
+            self._held = True
+        # Our clock, not autobahn's timer (txaio's, on the global reactor).
         self._handshake_timer = factory.clock.callLater(
             factory.mqtt.broker.limits.connect_timeout, self._handshake_timed_out)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._release()
         self._cancel_handshake_timer()
         super().connectionLost(reason)
+
+    def _release(self) -> None:
+        """Its upgrade is over (open, or lost on any path): no longer counted here."""
+        if self._held:
+            self._held = False
+            slots = self.factory.slots
+            if slots is not None:
+                slots.release(self)
+
+    def server_stopping(self) -> None:
+        """The broker stops (its sweep of ``opened``): a socket still in its upgrade
+        is cut."""
+        self.transport.abortConnection()
 
     def _cancel_handshake_timer(self) -> None:
         timer, self._handshake_timer = self._handshake_timer, None
@@ -162,6 +220,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 and len(self.data) + len(data) > MAX_REQUEST_HEAD):
             self.factory.refused(self._peer(), "request_head", "opening request head "
                                  f"longer than {MAX_REQUEST_HEAD} bytes")
+            self.factory.mqtt.meter.limit_hit("ws_request_head")
             self.transport.abortConnection()
             return
         if (self.state == self.STATE_OPEN and not self.data and self.current_frame is None
@@ -234,6 +293,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     def onOpen(self) -> None:
         self._cancel_handshake_timer()
+        # Its place under --max-connections passes to the MQTT connection (admitted
+        # in its connectionMade, which finds the place free: never counted twice).
+        self._release()
         mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
         self.mqtt = mqtt
         mqtt.makeConnection(StreamOverWebSocket(self))
@@ -310,7 +372,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
     """One per broker: builds an ``MQTTWebSocketProtocol`` per socket, and an
     ``MQTTProtocol`` from ``mqtt`` (the TCP listener's factory, so connection
     counts, limits and the list of live connections are shared) per open
-    WebSocket."""
+    WebSocket.  A socket is counted under --max-connections from its accept
+    (``slots``: ``UpgradeSlots``, or in gateway mode the MQTT side's own)."""
 
     protocol = MQTTWebSocketProtocol  # type: ignore[assignment]
     log = QuietLog()
@@ -326,6 +389,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         self.noisy = False
         self._log = Logger()
         self._log_limit = LogLimiter(clock.seconds)
+        self.slots: Any = (UpgradeSlots(mqtt) if isinstance(mqtt, MQTTFactory)
+                           else getattr(mqtt, "slots", None))
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
             openHandshakeTimeout=0,   # MQTTWebSocketProtocol times it on ``clock``
             # The MQTT decoder bounds packets; frames and messages may carry many.
@@ -337,6 +402,15 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             # A plain HTTP GET gets 426, not autobahn's page naming its version.
             webStatus=False,
             autoPingInterval=0)
+
+    def buildProtocol(self, addr: Any) -> Any:
+        """A socket beyond --max-connections is closed at its accept (``UpgradeSlots``),
+        as an MQTT socket over it is (under TLS too), nothing of it read or held."""
+        slots = self.slots
+        if slots is not None and not slots.admit(
+                f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}"):
+            return RefusedAtAccept()
+        return super().buildProtocol(addr)
 
     def refused(self, peer: str, cause: str, reason: str, open_: bool = False) -> None:
         """One line per cause a minute for a WebSocket peer refused in its handshake

@@ -1,6 +1,7 @@
 """Connections a listener could not accept (out of file descriptors, of memory):
 a counter and one log line per spell, in place of Twisted's three lines per
-refused connection.
+refused connection; and ``RefusedAtAccept``, what a factory builds for a socket it
+refuses at its accept (a bound reached).
 
 ``watch_accept_errors`` replaces a listening ``tcp.Port``'s private ``_logger`` on
 the instance (Twisted logs its accept failures there and nowhere else) and matches
@@ -17,10 +18,24 @@ import resource
 from collections.abc import Callable
 from typing import Any, cast
 
+from twisted.internet.protocol import Protocol
 from twisted.internet.tcp import Port
 from twisted.logger import Logger
 
-__all__ = ["ACCEPT_PAUSE", "AcceptRefusals", "watch_accept_errors"]
+__all__ = ["ACCEPT_PAUSE", "AcceptRefusals", "RefusedAtAccept", "watch_accept_errors"]
+
+
+class RefusedAtAccept(Protocol):
+    """The protocol of a socket refused at its accept (a factory's bound reached):
+    it aborts the socket at once, nothing read.  A factory returns it rather than
+    None, which only a plain TCP port takes: under TLS (``ssl:`` listeners) Twisted
+    wraps what ``buildProtocol`` gives, and a None would break the accept (a
+    traceback, and the socket left open, untimed)."""
+
+    transport: Any
+
+    def connectionMade(self) -> None:
+        self.transport.abortConnection()
 
 # What ``tcp.Port.doRead`` logs (Twisted's ``tcp._accept``, the same since Twisted 16)
 # when ``accept`` fails for want of resources: with EMFILE it closes its reserved

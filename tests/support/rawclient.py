@@ -206,6 +206,26 @@ class RawClient:
 OpenClient = Callable[..., RawClient]
 
 
+def closed_at_once(port: int, send: bytes = b"", timeout: float = TIMEOUT) -> bool:
+    """A socket to ``port`` that the broker should close at its accept (a refusal:
+    --max-connections): True when it is closed before anything arrives, by EOF or
+    by a reset.  The reset may come before ``connect()`` returns (the broker accepts
+    and aborts the socket while the client's connect is still waiting for its
+    result, as it may on a loaded machine): ``connect`` then fails with
+    ECONNRESET, which is that refusal too.  ``send``: bytes written first."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    except ConnectionResetError:
+        return True
+    with sock:
+        try:
+            if send:
+                sock.sendall(send)
+            return sock.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+
+
 def client_factory(default_port: Callable[[], int]) -> Iterator[OpenClient]:
     """Yields ``open(client_id, level=4, clean=True, keepalive=60, will=None, port=...)``
     that connects (CONNACK 0 asserted); closes every socket at the end."""

@@ -16,7 +16,7 @@ from twisted.internet.testing import StringTransport
 from mqttamqp.amqp091.connection import AMQP091Factory
 from mqttamqp.amqp091.frames import FrameReader, method_frame
 from mqttamqp.amqp091.handshake import Settings, State
-from mqttamqp.amqp091.sniff import SharedPortFactory
+from mqttamqp.amqp091.sniff import HeaderSniffer, SharedPortFactory
 from mqttamqp.core.stats import BrokerStats
 
 C = commands.Connection
@@ -158,8 +158,9 @@ def test_sniff_keeps_a_socket_pending_only_until_its_header_time_out_or_close() 
 
 def test_sockets_waiting_for_their_header_are_bounded() -> None:
     """With ``bound`` sockets waiting for their header, a new one is refused at its
-    accept (``buildProtocol`` gives None: Twisted closes it), counted and logged
-    once; once one of them has sent its header, a new socket is taken again."""
+    accept (``buildProtocol`` gives a protocol that aborts it, not None: an ssl:
+    listener wraps what it gives in TLS), counted and logged once; once one of them
+    has sent its header, a new socket is taken again."""
     from loglines import LogLines
 
     _, clock, _ = make_broker()
@@ -173,12 +174,33 @@ def test_sockets_waiting_for_their_header_are_bounded() -> None:
         sniffer.makeConnection(StringTransport())
         waiting.append(sniffer)
     with LogLines("waiting for their protocol header") as lines:
-        assert port.buildProtocol(None) is None
-        assert port.buildProtocol(None) is None
+        for _ in range(2):
+            refused, below = port.buildProtocol(None), StringTransport()
+            assert not isinstance(refused, HeaderSniffer)
+            refused.makeConnection(below)
+            assert below.disconnected
     assert stats.connections_refused == 2 and len(lines) == 1
     assert stats.limits["max_connections"] == 2
+    assert port.connections == set(waiting)
     waiting[0].dataReceived(b"AMQP\x00\x00\x09\x01")
-    assert port.buildProtocol(None) is not None
+    assert isinstance(port.buildProtocol(None), HeaderSniffer)
+
+
+def test_a_socket_refused_on_an_ssl_amqp_listener_is_aborted_below_tls() -> None:
+    """An ssl: AMQP listener wraps the shared port's factory in TLS: a socket over
+    the bound is aborted too (a None from ``buildProtocol`` made TLS raise at the
+    accept and left the socket open, without a time-out)."""
+    from twisted.internet import ssl
+    from twisted.protocols.tls import TLSMemoryBIOFactory
+
+    _, clock, _ = make_broker()
+    port = SharedPortFactory(Factory.forProtocol(Recorder), Factory.forProtocol(Recorder),
+                             clock, 10.0, bound=1, stats=BrokerStats())
+    tls = TLSMemoryBIOFactory(ssl.CertificateOptions(), False, port)
+    tls.buildProtocol(None).makeConnection(StringTransport())
+    below = StringTransport()
+    tls.buildProtocol(None).makeConnection(below)
+    assert below.disconnected and len(port.connections) == 1
 
 
 def test_the_console_lists_a_091_connection(tmp_path: Any) -> None:

@@ -162,13 +162,16 @@ def test_no_handshake_within_the_connect_timeout_drops_the_socket(log_lines: lis
 
 def test_an_overlong_request_head_is_cut_off() -> None:
     """The opening request's head is bounded (16 KB): more without its end closes
-    the socket before autobahn buffers it."""
+    the socket before autobahn buffers it, counted as a refused connection and as
+    the ws_request_head limit."""
     h = Harness()
     ws, socket = _unopened(h)
     ws.dataReceived(b"GET /mqtt HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 16_000 + b"\r\n")
     assert not socket.disconnected
     ws.dataReceived(b"X-More: " + b"b" * 1_000)
     assert socket.disconnected
+    stats = h.broker.stats
+    assert stats.connections_refused == 1 and stats.limits["ws_request_head"] == 1
 
 
 def test_deliveries_after_the_clients_close_frame_are_dropped_not_raised() -> None:
