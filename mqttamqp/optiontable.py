@@ -285,7 +285,9 @@ PARAMETERS: list[list[Any]] = [
     ["max-connect-rate", None, _D.max_connect_rate,
      "New connections a second from one address (MQTT and AMQP together; loopback "
      "is not limited); beyond it, after a burst of --connect-burst, sockets are closed "
-     "at once (counted). 0 = no limit.", _positive(float, "max-connect-rate")],
+     "at once (counted; an MQTT-over-WebSocket socket at its accept, one token for its "
+     "upgrade and its MQTT connection). 0 = no limit.",
+     _positive(float, "max-connect-rate")],
     ["connect-burst", None, _D.connect_burst,
      "How many connections one address may open at once before "
      "--max-connect-rate applies.", _positive(int, "connect-burst")],

@@ -180,6 +180,9 @@ class ConnectLimiter(Protocol):
     def admit(self, host: str) -> bool:
         ...
 
+    def refund(self, host: str) -> None:
+        """Give back the token the last ``admit`` of ``host`` took."""
+
 
 class PublishLimiter(Protocol):
     """One client's publish budget (``security.admission.PublishRate``): ``take``

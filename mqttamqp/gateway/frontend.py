@@ -91,6 +91,7 @@ from mqttamqp.mqtt.packets import (
     Unsubscribe,
 )
 from mqttamqp.mqtt.v5 import InboundAliases, Negotiated
+from mqttamqp.net.accept import RefusedAtAccept
 
 if TYPE_CHECKING:
     from mqttamqp.gateway.pool import UpstreamPool
@@ -134,7 +135,7 @@ class GatewayFactory(Factory):
         self.authenticator: Authenticator | None = None
 
     def buildProtocol(self, addr: Any) -> Protocol:
-        return _Refusing() if self.full(addr) else GatewayProtocol(self)
+        return RefusedAtAccept() if self.full(addr) else GatewayProtocol(self)
 
     def full(self, addr: Any) -> bool:
         """--max-connections reached (the clients and the WebSocket sockets still in
@@ -184,15 +185,6 @@ class GatewayFactory(Factory):
             conn.abort(reason)
         for ws in list(self.upgrading):
             ws.transport.abortConnection()
-
-
-class _Refusing(Protocol):
-    """A socket over --max-connections: closed at once (TCP and WebSocket alike)."""
-
-    transport: Any
-
-    def connectionMade(self) -> None:
-        self.transport.abortConnection()
 
 
 @implementer(IPushProducer)

@@ -60,7 +60,7 @@ class WebSocketSide:
         self.factory = factory
         self.broker = _NoBatches(factory.limits)
         self.meter = _Meter()
-        self.slots = self   # (``mqtt.websocket.UpgradeSlots``'s three calls)
+        self.slots = self   # (``mqtt.websocket.Upgrading``'s four calls)
 
     def buildProtocol(self, addr: Any) -> Any:
         return self.factory.buildProtocol(addr)
@@ -72,4 +72,8 @@ class WebSocketSide:
         self.factory.upgrading.add(ws)
 
     def release(self, ws: Any) -> None:
+        self.factory.upgrading.discard(ws)
+
+    def hand_over(self, ws: Any, peer: str) -> None:
+        # (no connection rate here: the place is the gateway connection's count)
         self.factory.upgrading.discard(ws)

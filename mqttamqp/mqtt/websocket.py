@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import (
@@ -111,17 +111,29 @@ class OriginRule:
                 "--ws-allowed-origin")
 
 
+class Upgrading(Protocol):
+    """Where a WebSocket listener counts its sockets in their upgrade: a broker's
+    ``UpgradeSlots``, or in gateway mode its ``gateway.websocket.WebSocketSide``."""
+
+    def admit(self, peer: str) -> bool: ...
+    def hold(self, ws: Any) -> None: ...
+    def release(self, ws: Any) -> None: ...
+    def hand_over(self, ws: Any, peer: str) -> None: ...
+
+
 class UpgradeSlots:
     """The sockets of the WebSocket listeners still in their HTTP upgrade, under the
     broker's ``--max-connections``: each is counted with the MQTT connections from
     its accept (an entry of the MQTT factory's ``opened.unregistered``, as an MQTT
     socket before its CONNECT, so the TCP listener's admission counts it too, and
     the shutdown and --ha sweeps reach it), until its upgrade ends: at ``onOpen`` its
-    place passes to its MQTT connection (admitted then, as on TCP: the connection
-    rate is checked once, there), or it is lost (refused, timed out, closed, cut).
-    Beyond the bound a new socket is closed at its accept, refused by the broker's
-    gate: counted as a refused connection and a ``max_connections`` limit hit,
-    logged in the gate's one line a minute for that cause (shared with TCP's)."""
+    place passes to its MQTT connection (admitted then, as on TCP), or it is lost
+    (refused, timed out, closed, cut).  Its accept is the broker gate's, as a TCP
+    socket's: beyond the bound, or past its address's --max-connect-rate, a new
+    socket is closed at its accept, counted as a refused connection and a limit hit,
+    logged in the gate's one line a minute for that cause (shared with TCP's).  The
+    rate token it spent is given back when its MQTT connection is admitted
+    (``hand_over``), so a WebSocket spends one, as a TCP socket does."""
 
     __slots__ = ("_gate", "_limits", "_opened")
 
@@ -133,18 +145,20 @@ class UpgradeSlots:
     def admit(self, peer: str) -> bool:
         """May a socket accepted from ``peer`` begin its upgrade?"""
         opened = self._opened
-        count = len(opened.live.mqtt) + len(opened.unregistered)
-        if count < self._limits.max_connections:
-            return True
-        # Over the bound: the gate refuses it (its count comes first), counted and
-        # logged as it does an MQTT socket; no connection-rate token is spent.
-        return self._gate.admit("MQTT over WebSocket", peer, count)
+        return self._gate.admit("MQTT over WebSocket", peer,
+                                len(opened.live.mqtt) + len(opened.unregistered))
 
     def hold(self, ws: MQTTWebSocketProtocol) -> None:
         self._opened.unregistered[ws] = ""
 
     def release(self, ws: MQTTWebSocketProtocol) -> None:
         self._opened.registered(ws)
+
+    def hand_over(self, ws: MQTTWebSocketProtocol, peer: str) -> None:
+        """``ws``'s upgrade is done: its place and its rate token go to the MQTT
+        connection about to be admitted (which takes them again)."""
+        self._opened.registered(ws)
+        self._gate.refund_connect(peer)
 
 
 def _one_binary_frame(data: bytes) -> bool:
@@ -195,12 +209,17 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self._cancel_handshake_timer()
         super().connectionLost(reason)
 
-    def _release(self) -> None:
-        """Its upgrade is over (open, or lost on any path): no longer counted here."""
+    def _release(self, opened: bool = False) -> None:
+        """Its upgrade is over (``opened``, or lost on any path): no longer counted
+        here."""
         if self._held:
             self._held = False
             slots = self.factory.slots
-            if slots is not None:
+            if slots is None:
+                pass
+            elif opened:
+                slots.hand_over(self, self._peer())
+            else:
                 slots.release(self)
 
     def server_stopping(self) -> None:
@@ -293,12 +312,18 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
 
     def onOpen(self) -> None:
         self._cancel_handshake_timer()
-        # Its place under --max-connections passes to the MQTT connection (admitted
-        # in its connectionMade, which finds the place free: never counted twice).
-        self._release()
-        mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
-        self.mqtt = mqtt
-        mqtt.makeConnection(StreamOverWebSocket(self))
+        # Its place under --max-connections (and its rate token) passes to the MQTT
+        # connection, admitted in its connectionMade, which finds the place free:
+        # never counted twice.
+        self._release(opened=True)
+        try:
+            mqtt = self.factory.mqtt.buildProtocol(self.transport.getPeer())
+            self.mqtt = mqtt
+            mqtt.makeConnection(StreamOverWebSocket(self))
+        except Exception:
+            # (neither counted nor timed any longer: not left open)
+            self.transport.abortConnection()
+            self.factory.hand_over_failed(self._peer(), Failure())
 
     def onMessageBegin(self, isBinary: bool) -> None:
         if not isBinary and not self._ignoring:
@@ -389,8 +414,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
         self.noisy = False
         self._log = Logger()
         self._log_limit = LogLimiter(clock.seconds)
-        self.slots: Any = (UpgradeSlots(mqtt) if isinstance(mqtt, MQTTFactory)
-                           else getattr(mqtt, "slots", None))
+        self.slots: Upgrading | None = (UpgradeSlots(mqtt) if isinstance(mqtt, MQTTFactory)
+                                        else getattr(mqtt, "slots", None))
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
             openHandshakeTimeout=0,   # MQTTWebSocketProtocol times it on ``clock``
             # The MQTT decoder bounds packets; frames and messages may carry many.
@@ -411,6 +436,16 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
                 f"{getattr(addr, 'host', '?')}:{getattr(addr, 'port', '?')}"):
             return RefusedAtAccept()
         return super().buildProtocol(addr)
+
+    def hand_over_failed(self, peer: str, failure: Failure) -> None:
+        """Building a WebSocket's MQTT connection at the end of its upgrade raised (a
+        fault, not the peer's): its socket was closed; one line a minute, with the
+        traceback."""
+        held = self._log_limit.allow("ws_hand_over")
+        if held is not None:
+            self._log.failure("the MQTT connection of a WebSocket from {peer} could not "
+                              "be built; closed ({n} more since the last such line)",
+                              failure, peer=peer, n=held)
 
     def refused(self, peer: str, cause: str, reason: str, open_: bool = False) -> None:
         """One line per cause a minute for a WebSocket peer refused in its handshake

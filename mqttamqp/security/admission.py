@@ -57,6 +57,15 @@ class ConnectRate:
         self._buckets[host] = (tokens - 1.0, now)
         return True
 
+    def refund(self, host: str) -> None:
+        """Give back the token ``admit`` took for ``host`` (a connection counted at its
+        accept whose next admission must not spend a second one: a WebSocket's MQTT
+        connection at the end of its upgrade)."""
+        host = _plain(host)
+        entry = self._buckets.get(host)
+        if entry is not None:
+            self._buckets[host] = (min(float(self.burst), entry[0] + 1.0), entry[1])
+
     def _forget(self, now: float) -> None:
         """Drop the buckets that are full again (or the fullest half)."""
         full = [h for h, (t, at) in self._buckets.items()

@@ -88,6 +88,13 @@ class ClientGate:
                           n=suppressed)
         return False
 
+    def refund_connect(self, peer: str) -> None:
+        """Give back the connection-rate token ``admit`` took for ``peer``: its socket
+        was admitted at its accept and is admitted again (a WebSocket's MQTT connection
+        at the end of its upgrade), so that it spends one token, not two."""
+        if self._connect_rate is not None:
+            self._connect_rate.refund(peer_host(peer))
+
     def banned(self, kind: str, client_id: str | None, user: str | None, peer: str
                ) -> str | None:
         """Why a connection (MQTT CONNECT, AMQP open) is banned, or None.  A refusal

@@ -112,19 +112,29 @@ def test_sockets_in_their_upgrade_count_toward_max_connections(tmp_path: Path,
 def test_a_socket_that_leaves_in_its_upgrade_frees_its_place(tmp_path: Path,
                                                              kind: str) -> None:
     """With --max-connections 1: a WebSocket socket refused in its upgrade (a wrong
-    path: 404), and one that times out (--connect-timeout 1), each gives its place
-    back; an MQTT client on TCP then connects."""
+    path: 404), and one that holds the only place until it times out
+    (--connect-timeout 2: meanwhile a WebSocket and an MQTT socket are refused),
+    each gives its place back; an MQTT client on TCP then connects."""
     with broker_or_gateway(kind, os.path.join(str(tmp_path), "data"), "--max-connections",
-                           "1", "--connect-timeout", "1", listeners=LISTENERS) as broker:
+                           "1", "--connect-timeout", "2", listeners=LISTENERS) as broker:
         port = broker.ports["MQTT-WS"]
         refused = RawWebSocket(port, timeout=TIMEOUT)
         try:
             refused.send(request(path="/other"))
             assert _status(refused) == 404
+            # (the broker closes it, its place given back in that same turn: before
+            # it accepts the next socket)
+            assert refused.closed_by_peer()
         finally:
             refused.sock.close()
+        head = request()
         silent = RawWebSocket(port, timeout=TIMEOUT)
         try:
+            silent.send(head[:30])
+            # (one listener: the kernel hands the sockets over in order, so this one
+            # is accepted after ``silent``, which holds the place)
+            assert closed_at_once(port, send=head)
+            assert closed_at_once(broker.mqtt_port)
             assert silent.closed_by_peer()     # at --connect-timeout
         finally:
             silent.sock.close()

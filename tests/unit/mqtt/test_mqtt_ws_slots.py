@@ -187,14 +187,51 @@ def test_the_shutdown_sweep_cuts_a_socket_in_its_upgrade() -> None:
 
 
 def test_a_websocket_spends_one_connection_rate_token() -> None:
-    """The connection rate of an address is checked once per WebSocket, when its MQTT
-    connection is admitted at the end of the upgrade (not also at the accept)."""
+    """The connection rate of an address is checked at a WebSocket's accept, as a TCP
+    socket's is; its MQTT connection, admitted at the end of the upgrade, gets the
+    token back first: one token a WebSocket, not two."""
     h = Harness(max_connect_rate=1, connect_burst=1)
     ws, socket = _accept(_ws_factory(h), host="192.0.2.7")
     ws.dataReceived(request(host="192.0.2.7"))
     assert socket.value().startswith(b"HTTP/1.1 101"), socket.value()
     assert not socket.disconnected
     assert h.broker.stats.connections_refused == 0
+    _, again = _accept(_ws_factory(h), host="192.0.2.7")   # (the bucket is empty)
+    assert again.disconnected and h.broker.stats.connections_refused == 1
+    h.clock.advance(1)
+    _, later = _accept(_ws_factory(h), host="192.0.2.7")
+    assert not later.disconnected
+
+
+def test_one_address_cannot_hold_every_place_with_sockets_in_their_upgrade() -> None:
+    """A WebSocket socket's accept spends its address's --max-connect-rate token: with
+    a rate of 1 and a burst of 1, ten sockets from one address leave one in its
+    upgrade (nine refused at accept, the rate's limit counted), and a client from
+    another address still connects."""
+    h = Harness(max_connections=10, max_connect_rate=1, connect_burst=1)
+    factory = _ws_factory(h)
+    sockets = [_accept(factory, host="192.0.2.7")[1] for _ in range(10)]
+    assert sum(not s.disconnected for s in sockets) == 1 and _count(h) == 1
+    assert h.broker.stats.limits.get("connect_rate") == 9
+    other = h.client()
+    other.connect("other")
+    assert other.open
+
+
+def test_a_failed_hand_over_closes_the_socket(log_lines: list[str]) -> None:
+    """Building the MQTT connection at the end of the upgrade raises: the socket,
+    no longer counted in its upgrade nor timed, is closed, not left open, with one
+    line that says why."""
+    h = Harness(max_connections=1)
+    ws, socket = _accept(_ws_factory(h))
+
+    def fails(addr: Any) -> Any:
+        raise RuntimeError("no MQTT connection")
+
+    h.factory.buildProtocol = fails  # type: ignore[method-assign]
+    ws.dataReceived(request())
+    assert socket.disconnected and _count(h) == 0
+    assert len([line for line in log_lines if "could not be built" in line]) == 1
 
 
 # -- gateway mode: the gateway's own count ---------------------------------------------
