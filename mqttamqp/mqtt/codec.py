@@ -296,8 +296,13 @@ class Decoder:
                 packet = Publish(topic, buf[p:end], 0, False, False, None, None,
                                  buf[pos:end])
             else:
-                packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
-                                 bool(first & 0x08), packet_id)
+                # (a slice of bytes is bytes: no ``bytes()`` call; the flags tested
+                # by comparison, not ``bool()``: one per QoS 1/2 PUBLISH)
+                payload = buf[p:end]
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
+                packet = Publish(topic, payload, qos, (first & 0x01) == 0x01,
+                                 (first & 0x08) == 0x08, packet_id)
         elif first == 0x40 and length == 2:
             # A plain PUBACK (every 3.1.1 one, an MQTT 5 one with reason 0 and no
             # properties): ``decode_puback``'s lines, no call (one per QoS 1 delivery).
