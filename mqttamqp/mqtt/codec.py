@@ -271,7 +271,7 @@ class Decoder:
             if p > end:
                 raise MalformedPacket("PUBLISH topic runs past packet end")
             try:
-                topic = buf[start + 2:p].decode("utf-8")
+                topic = buf[start + 2:p].decode()   # (UTF-8: unnamed, no codec lookup)
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
             if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
@@ -500,7 +500,7 @@ def _encode5_reason(first: int, code: int, props: Properties | None) -> bytes:
 def _encode5(packet: Packet) -> bytes:
     """MQTT 5 forms of the packets whose layout differs from 3.1.1's."""
     if isinstance(packet, Publish):
-        return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos,
+        return encode_publish(packet.topic.encode(), packet.payload, packet.qos,
                               packet.retain, packet.dup, packet.packet_id,
                               encode_properties(packet.properties))
     if isinstance(packet, Puback):
@@ -559,7 +559,7 @@ def encode(packet: Packet, level: int = 4) -> bytes:
         return _encode5(packet)
     if isinstance(packet, Publish):
         return encode_publish(
-            packet.topic.encode("utf-8"),
+            packet.topic.encode(),
             packet.payload,
             packet.qos,
             packet.retain,

@@ -316,12 +316,12 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                     if cache[0] is message and cache[1] == retain:
                         frame = cache[2]
                     else:
-                        frame = encode_publish(message.topic.encode("utf-8"),
+                        frame = encode_publish(message.topic.encode(),
                                                message.payload, 0, retain, False, None,
                                                _NO_PROPERTIES)
                         cache[0], cache[1], cache[2] = message, retain, frame
                 else:
-                    frame = encode_publish(message.topic.encode("utf-8"), message.payload,
+                    frame = encode_publish(message.topic.encode(), message.payload,
                                            qos, retain, dup, packet_id, _NO_PROPERTIES)
             else:
                 frame, fits = outbound.publish5(v5, message, qos, packet_id, dup, retain,
@@ -335,11 +335,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             if cache[0] is message and cache[1] == retain:
                 frame = cache[2]
             else:
-                frame = encode_publish(message.topic.encode("utf-8"), message.payload, 0,
+                frame = encode_publish(message.topic.encode(), message.payload, 0,
                                        retain, False, None)
                 cache[0], cache[1], cache[2] = message, retain, frame
         else:
-            frame = encode_publish(message.topic.encode("utf-8"), message.payload, qos,
+            frame = encode_publish(message.topic.encode(), message.payload, qos,
                                    retain, dup, packet_id)
         size = len(frame)
         out = self._out
