@@ -343,8 +343,11 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                                    retain, dup, packet_id)
         size = len(frame)
         out = self._out
-        if out is not None and not self.congested and self._out_bytes + size < OUTPUT_BATCH_BYTES:
-            out.append(frame)   # (``_emit``'s batch case, no call: every delivery)
+        if (out is not None and type(self) is MQTTProtocol and not self.congested
+                and self._out_bytes + size < OUTPUT_BATCH_BYTES):
+            # (``_emit``'s batch case; not in a subclass, whose ``_emit`` may do more:
+            # ``debuglog``'s logs every frame)
+            out.append(frame)
             self._out_bytes += size
         else:
             self._emit(frame)
