@@ -33,19 +33,26 @@ do: import Twisted or the broker, or do anything; it only names what is to be do
 
 from __future__ import annotations
 
+import struct
+
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.packets import Pingresp, ReasonCode
 
 __all__ = [
     "Ack", "Arm", "Close", "Goodbye", "PINGRESP", "PUBACK", "PUBACK_RELEASE",
     "PUBCOMP", "PUBCOMP_RELEASE", "PUBREC", "PUBREC_OPENS", "Refuse",
-    "Send", "ack_frame",
+    "Send", "ack_frame", "pack_ack",
 ]
+
+
+#: ``pack_ack(kind, 2, packet_id)``: ``ack_frame``'s bytes in one C call (half of
+#: what ``bytes`` of a tuple of four costs; one per QoS 1 PUBLISH).
+pack_ack = struct.Struct(">BBH").pack
 
 
 def ack_frame(kind: int, packet_id: int) -> bytes:
     """PUBACK (0x40), PUBREC (0x50), PUBREL (0x62), PUBCOMP (0x70) without reason."""
-    return bytes((kind, 2, packet_id >> 8, packet_id & 0xFF))
+    return pack_ack(kind, 2, packet_id)
 
 
 _set = object.__setattr__

@@ -230,6 +230,15 @@ class Decoder:
                 self._pos = 0
             return None
         first = buf[pos]
+        if first == 0x40 and pos + 4 <= n and buf[pos + 1] == 2 \
+                and self.max_packet_size >= 4:
+            # A whole plain PUBACK (every 3.1.1 one; MQTT 5 with reason 0, no properties):
+            # passes every fixed-header check; ``decode_puback``'s lines (per QoS 1 delivery).
+            pid = buf[pos + 2] << 8 | buf[pos + 3]
+            if pid == 0:
+                raise MalformedPacket("PUBACK packet identifier is 0")
+            self._pos = pos + 4
+            return Puback(pid)
         error = self._header_errors[first]
         if error is not None:
             raise MalformedPacket(error)
@@ -262,7 +271,7 @@ class Decoder:
             if p > end:
                 raise MalformedPacket("PUBLISH topic runs past packet end")
             try:
-                topic = buf[start + 2:p].decode("utf-8")
+                topic = buf[start + 2:p].decode()   # (UTF-8: unnamed, no codec lookup)
             except UnicodeDecodeError:
                 raise MalformedPacket("PUBLISH topic is not valid UTF-8") from None
             if not topic and self._level != 5:   # MQTT 5: a topic alias stands in
@@ -296,15 +305,12 @@ class Decoder:
                 packet = Publish(topic, buf[p:end], 0, False, False, None, None,
                                  buf[pos:end])
             else:
-                packet = Publish(topic, bytes(buf[p:end]), qos, bool(first & 0x01),
-                                 bool(first & 0x08), packet_id)
-        elif first == 0x40 and length == 2:
-            # A plain PUBACK (every 3.1.1 one, an MQTT 5 one with reason 0 and no
-            # properties): ``decode_puback``'s lines, no call (one per QoS 1 delivery).
-            packet_id = buf[start] << 8 | buf[start + 1]
-            if packet_id == 0:
-                raise MalformedPacket("PUBACK packet identifier is 0")
-            packet = Puback(packet_id)
+                # (a slice of bytes is bytes: no ``bytes()``; flags compared, no ``bool()``)
+                payload = buf[p:end]
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
+                packet = Publish(topic, payload, qos, (first & 0x01) == 0x01,
+                                 (first & 0x08) == 0x08, packet_id)
         elif self._level == 5:
             packet = BODY_DECODERS_5[first >> 4](buf, first, start, end, 5,
                                                   self.property_limits)
@@ -494,7 +500,7 @@ def _encode5_reason(first: int, code: int, props: Properties | None) -> bytes:
 def _encode5(packet: Packet) -> bytes:
     """MQTT 5 forms of the packets whose layout differs from 3.1.1's."""
     if isinstance(packet, Publish):
-        return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos,
+        return encode_publish(packet.topic.encode(), packet.payload, packet.qos,
                               packet.retain, packet.dup, packet.packet_id,
                               encode_properties(packet.properties))
     if isinstance(packet, Puback):
@@ -553,7 +559,7 @@ def encode(packet: Packet, level: int = 4) -> bytes:
         return _encode5(packet)
     if isinstance(packet, Publish):
         return encode_publish(
-            packet.topic.encode("utf-8"),
+            packet.topic.encode(),
             packet.payload,
             packet.qos,
             packet.retain,

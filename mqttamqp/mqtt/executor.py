@@ -36,7 +36,7 @@ from twisted.python.failure import Failure
 
 from mqttamqp.core.commits import CommitRound
 from mqttamqp.core.recorder import CAUSE_CLEAN, CAUSE_STORAGE
-from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send
+from mqttamqp.mqtt.actions import Ack, Arm, Close, Goodbye, Refuse, Send, pack_ack
 from mqttamqp.mqtt.codec import encode
 from mqttamqp.mqtt.connection import (
     MAX_PENDING_ACKS,
@@ -94,7 +94,7 @@ class ActionExecutor(MQTTLink):
         quota back if it says so (a releasing acknowledgement has no ``then``)."""
         frame = ack.frame
         if frame is None:   # (``actions.ack_frame`` inlined: the hottest path)
-            frame = bytes((ack.kind, 2, packet_id >> 8, packet_id & 0xFF))
+            frame = pack_ack(ack.kind, 2, packet_id)
         if durable is None:
             if not self._acks.count:   # (nothing waiting: ``AckQueue.empty``)
                 self._write(frame)
@@ -110,7 +110,17 @@ class ActionExecutor(MQTTLink):
             acks = self._acks
             if acks is NO_ACKS:
                 acks = self._acks = AckQueue()
-            waiting = acks.add_waiting(frame, durable)
+            entries = acks._entries
+            if durable is acks._waiter and entries and not entries[-1][0]:
+                # (``AckQueue.add_waiting``'s joining, inline: the read's PUBACKs
+                # after its first)
+                last = entries[-1]
+                last[1] += frame
+                last[4] += 1
+                acks.count += 1
+                waiting = None
+            else:
+                waiting = acks.add_waiting(frame, durable)
             if acks.count > MAX_PENDING_ACKS:   # (``over_bound``)
                 self._pause_reading("storage")
             if waiting is not None:

@@ -94,12 +94,13 @@ class ConnectedFlows(ActionExecutor):
         if identity is None:
             identity = self._identified()
         qos = packet.qos
+        # (``Publishing.publish`` called positionally: wait, counted, count_drops, early)
         if qos == 0:
-            result = broker.publish(message, identity, wait=False)
+            result = broker.publish(message, identity, False)
         elif qos == 1:
             pid = packet.packet_id
             assert pid is not None
-            result = broker.publish(message, identity, early=True)
+            result = broker.publish(message, identity, True, True, False, True)
             self._acknowledge(PUBACK, pid, result.waiter or result.durable)
         else:
             pid = packet.packet_id

@@ -37,7 +37,7 @@ def publish5(v5: Negotiated, message: Message, qos: int, packet_id: int | None, 
     subscription identifiers ``ids`` (the router's, found when it matched), and
     whether it fits the client's maximum packet size (when it does not, the frame is
     the one without an alias, never sent: the caller counts and says so)."""
-    topic = message.topic.encode("utf-8")
+    topic = message.topic.encode()
     frame = encode_publish(topic, message.payload, qos, retain, dup, packet_id,
                            encode_properties(publish_properties(message, now, None, ids)))
     limit = v5.client_max_packet

@@ -57,7 +57,7 @@ class Publishing:
         # The queues bound to amq.topic (AMQP 0.9.1), while any are.
         self.topic_exchange: TopicExchange | None = None
 
-    def publish(self, message: Message, identity: Identity | None = None, *,
+    def publish(self, message: Message, identity: Identity | None = None,
                 wait: bool = True, counted: bool = True,
                 count_drops: bool = False, early: bool = False) -> Published:
         """Route ``message`` (checked against ``identity``'s permissions, if given).
@@ -66,6 +66,8 @@ class Publishing:
         failure is logged here and ``durable`` is None.  ``count_drops``: say in
         ``Published.dropped`` how many subscribers' queue bounds refused it.
         ``early``: the caller can wait on ``Published.waiter`` (``Router.publish``).
+        (Not keyword-only: the MQTT flows call it positionally, every publish, since
+        a call with keywords costs more.)
         """
         topic = message.topic
         queue = self._queues.address(topic) if topic[:1] == "$" else None

@@ -152,17 +152,18 @@ class Router(Subscriptions):
         commits = self.commits
         topic = message.topic
         authorizer = self.authorizer
+        dollar = topic[:1] == "$"
         if identity is not None and (   # (``may_publish``, inline: every publish;
                 # anonymous access, ``AllowAll``, allows every topic without the call)
-                (topic[:1] == "$" and is_sys_topic(topic))
+                (dollar and is_sys_topic(topic))
                 or (type(authorizer) is not AllowAll
                     and not authorizer.may_publish(identity, topic, message.retain))):
             self._denied(identity, topic)
             return Published(commits.persist(extra_ops), _NO_SESSIONS, True)
         if counted:  # the broker's own $SYS updates are not traffic
             self.stats.messages_received += 1
-        if queue is None and message.topic[:1] == "$":
-            queue = self._queues.address(message.topic)
+        if queue is None and dollar:
+            queue = self._queues.address(topic)
         if queue is not None:
             appended, refusal = self._queues.publish(
                 message, queue, message.publisher or "(broker)", extra_ops,
@@ -248,7 +249,12 @@ class Router(Subscriptions):
                     qos1_entries.append(entry)
                 else:
                     held.append((session, entry.seq))
-            if session.over_high_water():   # (False while offline: no link)
+            if ((session.queue or session.queued_bytes or session._extras is not None
+                 or (session.link is not None and session.link.congested))
+                    and session.over_high_water()):
+                # (False while offline: no link; and without the call when nothing is
+                # queued, the link is not congested and it has no backlog bound: the
+                # bounds are not negative)
                 if congested is None:
                     congested = [session]
                 else:

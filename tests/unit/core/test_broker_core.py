@@ -548,6 +548,23 @@ def test_congested_for_ignores_offline_sessions() -> None:
     assert broker.router.congested_for("a") is False
 
 
+def test_publish_says_which_subscribers_are_over_high_water() -> None:
+    """A publish names the subscribers over their high-water mark (a congested link,
+    a queue past half its bound) and only those: the router asks each session that
+    has something queued or a congested link (``Router.publish``)."""
+    broker, _, _ = make_broker(max_inflight=1, max_queued_messages=2)
+    s1, link1, _ = connect(broker, "c1")
+    s2, _link2, _ = connect(broker, "c2")
+    s3, _link3, _ = connect(broker, "c3")
+    for s in (s1, s2, s3):
+        subscribe(broker, s, ("a", 1))
+    assert not broker.publish(Message("a", b"x", 1, False, "p", 0.0)).congested
+    link1.congested = True
+    s2.deliver(Message("b", b"y", 1, False, "p", 0.0), 1, False)   # (s2: two queued)
+    result = broker.publish(Message("a", b"x", 1, False, "p", 0.0))
+    assert set(result.congested) == {s1, s2}
+
+
 def test_paused_publishers_resumed_when_drained() -> None:
     """A paused publisher is resumed by link_drained once no session is over high water."""
     broker, _, _ = make_broker()

@@ -527,6 +527,19 @@ def test_over_high_water() -> None:
     assert not session.over_high_water()
 
 
+def test_over_high_water_needs_a_queue_a_congested_link_or_extras() -> None:
+    """``Router.publish`` asks ``over_high_water`` only of a session with something
+    queued (or queued bytes), a congested link or extras: without any of them it is
+    False at any bounds that are not negative, 0 included, online or not."""
+    for messages, size in ((0, 0), (0, 1), (1, 0), (1_000, 16 << 20)):
+        session, link = online(max_queued_messages=messages, max_queued_bytes=size)
+        assert not session.queue and not session.queued_bytes and session._extras is None
+        assert not link.congested
+        assert not session.over_high_water()
+        session.detach()
+        assert not session.over_high_water()
+
+
 def test_clear_messages() -> None:
     """clear_messages empties queue, in-flight, packet ids, bytes and inbound ids."""
     session, _link = online(max_inflight=1)
