@@ -50,7 +50,7 @@ from mqttamqp.mqtt.link import MQTTLink
 from mqttamqp.mqtt.packets import Connack
 from mqttamqp.mqtt.v5 import CONNACK_REASONS
 
-__all__ = ["Action", "ActionExecutor", "Durable"]
+__all__ = ["Action", "ActionExecutor", "Durable", "write_failed"]
 
 Action = Send | Ack | Close | Refuse | Arm | Goodbye
 # What an acknowledgement waits for: a commit, the batch's early-acknowledgement
@@ -218,10 +218,14 @@ class ActionExecutor(MQTTLink):
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
-        rule = Keepalive.of(int(arm.seconds))
+        self._arm_keepalive(int(arm.seconds))
+
+    def _arm_keepalive(self, seconds: int) -> None:
+        """The keepalive deadline of ``seconds`` (> 0; ``_arm``'s "keepalive")."""
+        rule = Keepalive.of(seconds)
         # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
         self.keepalive = rule.seconds
-        self._factory.keepalives.add(self, rule.limit)
+        self.factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
 
@@ -262,3 +266,15 @@ class ActionExecutor(MQTTLink):
                                     expiry=goodbye.expiry)
             self.session = None
         self._lose()
+
+
+def write_failed(connection: MQTTLink, failure: Failure) -> None:
+    """A write from ``protocol``'s ``_emit`` raised (a frame sent at once, or held
+    output flushed past ``OUTPUT_BATCH_BYTES``; or CONNACK's, ``handshake``):
+    counted, and one line a minute with how many more failed since; a batch's own
+    flush has its line (``CommitBatcher.output_failed``)."""
+    connection.meter.stats.write_failures += 1
+    held = connection.factory.log_limit.allow("writing output failed")
+    if held is not None:
+        connection.log.failure("writing a connection's output failed ({n} more since the "
+                               "last such line)", failure, n=held)

@@ -29,7 +29,7 @@ from mqttamqp.mqtt import decisions
 from mqttamqp.mqtt.actions import Close, Refuse, Send
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import Connecting
-from mqttamqp.mqtt.executor import ActionExecutor
+from mqttamqp.mqtt.executor import ActionExecutor, write_failed
 from mqttamqp.mqtt.packets import (
     Auth,
     ConnackCode,
@@ -37,6 +37,7 @@ from mqttamqp.mqtt.packets import (
     Properties,
 )
 from mqttamqp.mqtt.v5 import message_properties, negotiate
+from mqttamqp.net.tcp import send
 from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import CONTINUE, AuthExchange, AuthStep
 
@@ -241,7 +242,14 @@ class ConnectHandshake(ActionExecutor):
         self.connected_since = (session.last_seen if self._in_process
                                 and session.last_seen is self._last_activity
                                 else self.clock.seconds())
-        self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
+        frame = decisions.accepted(present, self.version, self._v5, connack_props).frame
+        if self._out is None and not self.decoder.buffered and not self.congested:
+            # Nothing of this connection's waits, nor does a packet behind CONNECT:
+            # CONNACK goes at once rather than through the batch's end (one frame
+            # either way; what this read causes after it still waits for that end).
+            self._send_now(frame)
+        else:
+            self._write(frame)
         link, label, broker = self._link, self.protocol_label, self.broker
         broker.activate(session, link, label)
         broker.registry.register_client(self.client_id, link, label)
@@ -256,14 +264,24 @@ class ConnectHandshake(ActionExecutor):
         debug_until = self.broker.client_debug.until(self.client_id)
         if debug_until is not None:
             self.start_debug(debug_until)
-        deadline = decisions.keepalive(self.keepalive)
-        if deadline is not None:
-            self._carry_out(deadline)
+        if self.keepalive > 0:   # (``decisions.keepalive``'s ``Arm``, carried out)
+            self._arm_keepalive(self.keepalive)
         self._resume_reading("connect")
         if not self._in_process:
             # (after a password check or a commit: what was read behind CONNECT; in
             # the turn that read CONNECT, the loop that called us goes on with it)
             self._process()
+
+    def _send_now(self, frame: bytes) -> None:
+        """``_write`` without the batch: ``frame`` is sent now (counted as
+        ``_write`` counts it; a failure as ``_emit``'s)."""
+        size = len(frame)
+        self.bytes_out += size
+        self.meter.stats.bytes_sent += size
+        try:
+            send(self.transport, frame)
+        except Exception:
+            write_failed(self, Failure())
 
     def _connect_failed(self, failure: Failure) -> None:
         self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)

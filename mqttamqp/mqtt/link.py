@@ -104,6 +104,8 @@ class MQTTLink(ConnectionRules):
     _turn_timer: DelayedCall | None
     _last_activity: float
     messages_out: int
+    congested: bool
+    _out: list[bytes] | None   # what the batch holds for the socket (``_emit``)
     bytes_in: int
     bytes_out: int
     _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]

@@ -72,6 +72,7 @@ from mqttamqp.mqtt.connection import (
 )
 from mqttamqp.mqtt.deadlines import Deadlines, SoonDeadlines
 from mqttamqp.mqtt.decoders import IDLE, SpareDecoders
+from mqttamqp.mqtt.executor import write_failed
 from mqttamqp.mqtt.flows import ConnectedFlows
 from mqttamqp.mqtt.handshake import ConnectHandshake
 from mqttamqp.mqtt.inspect import ConnectionView
@@ -386,7 +387,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         transport's own back-pressure (pauseProducing past its 64 KiB buffer) still
         comes in time for the congestion logic; a congested connection is written
         at once.  A write that raises is counted and logged a line a minute
-        (``_write_failed``): the routing that called this goes on to the others."""
+        (``executor.write_failed``): the routing that called this goes on to the others."""
         try:
             out = self._out
             if out is not None:
@@ -402,7 +403,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
                 self._out = [data]
                 self._out_bytes = len(data)
         except Exception:
-            _write_failed(self, Failure())
+            write_failed(self, Failure())
 
     def _flush_out(self) -> None:
         out, self._out = self._out, None
@@ -516,17 +517,6 @@ def _too_large(connection: MQTTProtocol, v5: Negotiated, message: Message,
                             "size {m} of {c}; not sent to it ({h} more since the last "
                             "such line)", t=message.topic, n=size, m=v5.client_max_packet,
                             c=connection.client_id, h=held)
-
-
-def _write_failed(connection: MQTTProtocol, failure: Failure) -> None:
-    """A write from ``_emit`` raised (a frame sent at once, or held output flushed past
-    ``OUTPUT_BATCH_BYTES``): counted, and one line a minute with how many more failed
-    since; a batch's own flush has its line (``CommitBatcher.output_failed``)."""
-    connection.meter.stats.write_failures += 1
-    held = connection.factory.log_limit.allow("writing output failed")
-    if held is not None:
-        connection.log.failure("writing a connection's output failed ({n} more since the "
-                               "last such line)", failure, n=held)
 
 
 def _awaits_connect(connection: MQTTProtocol) -> bool:
