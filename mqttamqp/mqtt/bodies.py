@@ -60,6 +60,7 @@ _KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
 
 _MQISDP_HEADER = b"\x00\x06MQIsdp\x03"  # protocol name and level of MQTT 3.1
+_MQTT_NAME = b"\x00\x04MQTT"   # the protocol name of MQTT 3.1.1 and 5, length first
 
 
 def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
@@ -68,11 +69,14 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
     # that is not 3.1) reserves them as 0000.
     if first & 0x0F and buf[start:start + 9] != _MQISDP_HEADER:
         raise MalformedPacket(f"CONNECT reserved flag bits must be 0000, got {first & 0x0F:04b}")
-    name, p = read_string(buf, start, end, False, "CONNECT protocol name")
-    # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
-    strict = name != PROTOCOL_31[0]
-    if strict and "\x00" in name:
-        raise MalformedPacket("CONNECT protocol name contains U+0000")
+    if buf[start:start + 6] == _MQTT_NAME and start + 6 <= end:   # (3.1.1, 5: no decode)
+        name, p, strict = "MQTT", start + 6, True
+    else:
+        name, p = read_string(buf, start, end, False, "CONNECT protocol name")
+        # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
+        strict = name != PROTOCOL_31[0]
+        if strict and "\x00" in name:
+            raise MalformedPacket("CONNECT protocol name contains U+0000")
     if p + 4 > end:
         raise MalformedPacket("CONNECT variable header runs past packet end")
     if (name, buf[p]) == PROTOCOL_5:
