@@ -101,7 +101,8 @@ class ConnectHandshake(ActionExecutor):
             self._factory.bridge_peers.discard(self)
 
     def _on_connect(self, packet: Connect) -> None:
-        self._stop_connect_timer()
+        if self._connect_timer is not None:   # (armed only if CONNECT took a turn)
+            self._stop_connect_timer()
         factory = self._factory
         enhanced = factory.enhanced_auth
         decided = decisions.connect(packet, self.limits, self.strings,
@@ -110,7 +111,9 @@ class ConnectHandshake(ActionExecutor):
             self._carry_out(decided)
             return
         assert isinstance(decided, Connecting)
-        self.decoder.protocol_level = decided.level
+        decoder = self.decoder
+        if decoder.protocol_level != decided.level:   # (3.1.1's is the one lent)
+            decoder.protocol_level = decided.level
         self.version = decided.version
         self._v5 = decided.v5
         failure = decided.failure
@@ -195,8 +198,9 @@ class ConnectHandshake(ActionExecutor):
             # need one; ``_identified`` makes the connection's at the first)
             identity = Identity(self.client_id, self.username, self.protocol_label)
             may_claim = self.broker.gate.may_claim(identity, self.client_id)
-        refused = decisions.authenticated(ok, packet, may_claim)
-        if refused is not None:
+        if not may_claim:   # (``may_claim`` is False whenever ``ok`` is)
+            refused = decisions.authenticated(ok, packet, may_claim)
+            assert refused is not None
             self._carry_out(refused)
             return None
         will = None
@@ -261,9 +265,11 @@ class ConnectHandshake(ActionExecutor):
                           "{h}", c=self.client_id, peer=self.peer, v=self.version,
                           cs=self.clean_session, k=self.keepalive,
                           h=f" ({held} more connects not logged before it)" if held else "")
-        debug_until = self.broker.client_debug.until(self.client_id)
-        if debug_until is not None:
-            self.start_debug(debug_until)
+        client_debug = broker.client_debug
+        if client_debug.debugged:   # (no call while no client is debugged)
+            debug_until = client_debug.until(self.client_id)
+            if debug_until is not None:
+                self.start_debug(debug_until)
         if self.keepalive > 0:   # (``decisions.keepalive``'s ``Arm``, carried out)
             self._arm_keepalive(self.keepalive)
         self._resume_reading("connect")

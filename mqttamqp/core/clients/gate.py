@@ -135,6 +135,8 @@ class ClientGate:
             return result.addCallbacks(
                 self._auth_recorded, self._auth_recorded, callbackArgs=(credentials, "refused"),
                 errbackArgs=(credentials, "error"))
+        if result:   # (``_auth_recorded`` records only a refusal here)
+            return result
         return self._auth_recorded(result, credentials, "refused")  # type: ignore[no-any-return]
 
     def _auth_recorded(self, ok: Any, credentials: Credentials, reason: str) -> Any:
