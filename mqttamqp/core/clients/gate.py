@@ -93,7 +93,7 @@ class ClientGate:
         """Why a connection (MQTT CONNECT, AMQP open) is banned, or None.  A refusal
         is counted and logged (one line per cause a minute); the caller closes it
         without logging it again."""
-        ban = self.bans.check(client_id, user, peer_host(peer))
+        ban = self.bans.check_peer(client_id, user, peer)
         if ban is None:
             return None
         self.stats.connections_refused += 1
