@@ -30,6 +30,7 @@ from mqttamqp.mqtt.actions import Close, Refuse, Send
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import Connecting
 from mqttamqp.mqtt.executor import ActionExecutor, write_failed
+from mqttamqp.mqtt.link import CoreLink, ListenerState
 from mqttamqp.mqtt.packets import (
     Auth,
     ConnackCode,
@@ -103,7 +104,7 @@ class ConnectHandshake(ActionExecutor):
     def _on_connect(self, packet: Connect) -> None:
         if self._connect_timer is not None:   # (armed only if CONNECT took a turn)
             self._stop_connect_timer()
-        factory = self._factory
+        factory: ListenerState = self.factory   # (not ``_factory``: a call less)
         enhanced = factory.enhanced_auth
         decided = decisions.connect(packet, self.limits, self.strings,
                                     _no_methods if enhanced is None else enhanced.start)
@@ -225,8 +226,9 @@ class ConnectHandshake(ActionExecutor):
         # connection's ``connected_since`` share that float (48 bytes an idle
         # connection does not hold).
         now = self._last_activity if self._in_process else None
+        link: CoreLink = self   # type: ignore[assignment]   # (``_link``, a call less)
         opened = self.broker.open_session(
-            self._link, self.client_id, packet.clean_session, will, identity, expiry, now)
+            link, self.client_id, packet.clean_session, will, identity, expiry, now)
         session, present, d = opened.session, opened.present, opened.durable
         self.session = session
         if self._v5 is not None:
@@ -254,10 +256,11 @@ class ConnectHandshake(ActionExecutor):
             self._send_now(frame)
         else:
             self._write(frame)
-        link, label, broker = self._link, self.protocol_label, self.broker
+        link: CoreLink = self   # type: ignore[assignment]   # (``_link``, a call less)
+        label, broker = self.protocol_label, self.broker
         broker.activate(session, link, label)
         broker.registry.register_client(self.client_id, link, label)
-        factory = self._factory
+        factory: ListenerState = self.factory
         factory.opened.registered(link)   # (found in the live table from now on)
         held = factory.connect_lines.allow("connect")
         if held is not None:
@@ -272,7 +275,8 @@ class ConnectHandshake(ActionExecutor):
                 self.start_debug(debug_until)
         if self.keepalive > 0:   # (``decisions.keepalive``'s ``Arm``, carried out)
             self._arm_keepalive(self.keepalive)
-        self._resume_reading("connect")
+        if self._reading_paused_for:   # (not when it was all done at once: see above)
+            self._resume_reading("connect")
         if not self._in_process:
             # (after a password check or a commit: what was read behind CONNECT; in
             # the turn that read CONNECT, the loop that called us goes on with it)

@@ -123,6 +123,7 @@ class MQTTLink(ConnectionRules):
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
     _identified: Callable[[], Identity]
+    connectionMade: Callable[[], None]   # (Twisted's, ``protocol.MQTTProtocol``'s)
 
     @property
     def peer(self) -> str:
