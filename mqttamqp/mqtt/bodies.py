@@ -34,7 +34,6 @@ from .fields import (
     too_many_filters,
 )
 from .packets import (
-    PROTOCOL_5,
     PROTOCOL_31,
     PROTOCOL_311,
     SUBACK_FAILURE,
@@ -79,14 +78,14 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
             raise MalformedPacket("CONNECT protocol name contains U+0000")
     if p + 4 > end:
         raise MalformedPacket("CONNECT variable header runs past packet end")
-    if (name, buf[p]) == PROTOCOL_5:
+    if buf[p] == 5 and name == "MQTT":   # (PROTOCOL_5, without a tuple)
         try:
             return decode5_connect(buf, p, end, limits)
         except MalformedPacket as exc:
             exc.in_connect5 = True
             raise
     protocol_level = buf[p]
-    bridge = bool(protocol_level & 0x80) and (name, protocol_level & 0x7F) in _KNOWN_PROTOCOLS
+    bridge = protocol_level > 0x7F and (name, protocol_level & 0x7F) in _KNOWN_PROTOCOLS
     if bridge:   # (Mosquitto's bridge flag, try_private: level | 0x80)
         protocol_level &= 0x7F
     flags = buf[p + 1]
@@ -94,7 +93,7 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
     p += 4
     if strict and flags & 0x01:
         raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
-    clean_session = bool(flags & 0x02)
+    clean_session = (flags & 0x02) != 0
     if (name, protocol_level) not in _KNOWN_PROTOCOLS:
         # The payload layout of an unknown protocol (e.g. MQTT 5's properties) is
         # not ours to parse; the protocol layer must still be able to answer
@@ -102,7 +101,7 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
         return Connect(name, protocol_level, "", clean_session, keepalive)
     will_flag = flags & 0x04
     will_qos = (flags >> 3) & 0x03
-    will_retain = bool(flags & 0x20)
+    will_retain = (flags & 0x20) != 0
     password_flag = flags & 0x40
     username_flag = flags & 0x80
     if will_flag:
@@ -131,9 +130,9 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
         password, p = read_binary(buf, p, end, "CONNECT password")
     if p != end:
         raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
-    return Connect(
+    return Connect(   # (positional: a call without keywords)
         name, protocol_level, client_id, clean_session, keepalive, will, username, password,
-        bridge=bridge,
+        None, bridge,
     )
 
 
