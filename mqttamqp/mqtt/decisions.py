@@ -262,7 +262,8 @@ def accepted(present: bool, version: str, v5: Negotiated | None,
 
 
 def keepalive(seconds: int) -> Arm | None:
-    """Once connected: the keepalive deadline, unless the keepalive is 0 (off)."""
+    """Once connected: the keepalive deadline, unless the keepalive is 0 (off).
+    (``handshake._connected`` applies this rule inline: an ``Arm`` less a connect.)"""
     return Arm("keepalive", seconds) if seconds > 0 else None
 
 

@@ -5,7 +5,11 @@ CONNACK, or to the refusal.
 decisions of CONNECT and AUTH (``decisions.connect``, ``auth``, ``auth_answer``,
 ``accepted``, ``keepalive``) and hands their actions to the executor
 (``executor.ActionExecutor``: a ``Refuse`` is the one refusing CONNACK, an
-``Arm`` the connect or keepalive deadline).  Between them, as thin steps, the
+``Arm`` the connect deadline).  On the accepted path two go without an action
+object (a connect storm's calls): CONNACK is sent at once when nothing waits
+behind it (``_send_now``; else it joins the batch's output), and the keepalive
+deadline (``decisions.keepalive``'s rule: 0 is none) is armed by the executor's
+``_arm_keepalive``.  Between them, as thin steps, the
 calls whose answers feed the next decision: the TLS certificate as the user,
 bans, authentication (at once, in the thread pool, or the AUTH exchange of an
 MQTT 5 method; re-authentication too), the session's open and its commit.  The
