@@ -157,6 +157,12 @@ class Bans(Protocol):
               ) -> Ban | None:
         ...
 
+    def check_peer(self, client_id: str | None, user: str | None, peer: str
+                   ) -> Ban | None:
+        """``check`` with the peer's ``host:port`` (its host taken only when
+        something is banned)."""
+        ...
+
     def add(self, kind: str, value: str, until: float | None, reason: str, by: str
             ) -> tuple[Ban, Op]:
         ...
@@ -198,6 +204,10 @@ class NoBans:
 
     def check(self, client_id: str | None, user: str | None, host: str | None
               ) -> Ban | None:
+        return None
+
+    def check_peer(self, client_id: str | None, user: str | None, peer: str
+                   ) -> Ban | None:
         return None
 
     def add(self, kind: str, value: str, until: float | None, reason: str, by: str

@@ -276,7 +276,8 @@ class Broker:
 
     def activate(self, session: Session, link: ClientLink, protocol: str) -> None:
         """CONNACK went out: deliver in-flight and queued messages to ``link``."""
-        self.registry.drops.relabel(session, protocol)
+        if session.protocol:   # (a new session has none: nothing to relabel)
+            self.registry.drops.relabel(session, protocol)
         session.protocol = protocol
         session.attach(link)
         self.queues.session_online(session)

@@ -34,7 +34,6 @@ from .fields import (
     too_many_filters,
 )
 from .packets import (
-    PROTOCOL_5,
     PROTOCOL_31,
     PROTOCOL_311,
     SUBACK_FAILURE,
@@ -60,6 +59,7 @@ _KNOWN_PROTOCOLS = frozenset({PROTOCOL_31, PROTOCOL_311})
 _SUBACK_CODES = frozenset({0, 1, 2, SUBACK_FAILURE})
 
 _MQISDP_HEADER = b"\x00\x06MQIsdp\x03"  # protocol name and level of MQTT 3.1
+_MQTT_NAME = b"\x00\x04MQTT"   # the protocol name of MQTT 3.1.1 and 5, length first
 
 
 def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
@@ -68,21 +68,24 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
     # that is not 3.1) reserves them as 0000.
     if first & 0x0F and buf[start:start + 9] != _MQISDP_HEADER:
         raise MalformedPacket(f"CONNECT reserved flag bits must be 0000, got {first & 0x0F:04b}")
-    name, p = read_string(buf, start, end, False, "CONNECT protocol name")
-    # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
-    strict = name != PROTOCOL_31[0]
-    if strict and "\x00" in name:
-        raise MalformedPacket("CONNECT protocol name contains U+0000")
+    if buf[start:start + 6] == _MQTT_NAME and start + 6 <= end:   # (3.1.1, 5: no decode)
+        name, p, strict = "MQTT", start + 6, True
+    else:
+        name, p = read_string(buf, start, end, False, "CONNECT protocol name")
+        # The CONNECT's own protocol name picks the rules: only 'MQIsdp' gets 3.1's.
+        strict = name != PROTOCOL_31[0]
+        if strict and "\x00" in name:
+            raise MalformedPacket("CONNECT protocol name contains U+0000")
     if p + 4 > end:
         raise MalformedPacket("CONNECT variable header runs past packet end")
-    if (name, buf[p]) == PROTOCOL_5:
+    if buf[p] == 5 and name == "MQTT":   # (PROTOCOL_5, without a tuple)
         try:
             return decode5_connect(buf, p, end, limits)
         except MalformedPacket as exc:
             exc.in_connect5 = True
             raise
     protocol_level = buf[p]
-    bridge = bool(protocol_level & 0x80) and (name, protocol_level & 0x7F) in _KNOWN_PROTOCOLS
+    bridge = protocol_level > 0x7F and (name, protocol_level & 0x7F) in _KNOWN_PROTOCOLS
     if bridge:   # (Mosquitto's bridge flag, try_private: level | 0x80)
         protocol_level &= 0x7F
     flags = buf[p + 1]
@@ -90,7 +93,7 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
     p += 4
     if strict and flags & 0x01:
         raise MalformedPacket("CONNECT reserved connect-flag bit 0 is set")
-    clean_session = bool(flags & 0x02)
+    clean_session = (flags & 0x02) != 0
     if (name, protocol_level) not in _KNOWN_PROTOCOLS:
         # The payload layout of an unknown protocol (e.g. MQTT 5's properties) is
         # not ours to parse; the protocol layer must still be able to answer
@@ -98,7 +101,7 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
         return Connect(name, protocol_level, "", clean_session, keepalive)
     will_flag = flags & 0x04
     will_qos = (flags >> 3) & 0x03
-    will_retain = bool(flags & 0x20)
+    will_retain = (flags & 0x20) != 0
     password_flag = flags & 0x40
     username_flag = flags & 0x80
     if will_flag:
@@ -127,9 +130,9 @@ def decode_connect(buf: Buffer, first: int, start: int, end: int, level: int,
         password, p = read_binary(buf, p, end, "CONNECT password")
     if p != end:
         raise MalformedPacket(f"CONNECT has {end - p} trailing bytes after the payload")
-    return Connect(
+    return Connect(   # (positional: a call without keywords)
         name, protocol_level, client_id, clean_session, keepalive, will, username, password,
-        bridge=bridge,
+        None, bridge,
     )
 
 

@@ -74,7 +74,12 @@ class Deadlines:
             self._compact()
         due = self._clock.seconds() + delay   # (a new float: the entry's identity)
         setattr(item, slot, due)
-        self._place(item, due)
+        second = int(due)
+        bucket = self._buckets.get(second) if second > self._opened else None
+        if bucket is not None:   # (``_place``'s common case inlined: a second's bucket)
+            bucket.append(item)
+        else:
+            self._place(item, due)
         self._entries += 1
         timer = self._timer
         if timer is None or self._due > due or not timer.active():

@@ -203,7 +203,12 @@ def _client_id(decided: Connecting, packet: Connect, limits: Limits, strings: St
             # MQTT 5 assigns an id whatever clean start says (and tells it).
             client_id = "auto-" + uuid.uuid4().hex
             decided.assigned = True
-    why = _connect_strings(packet, strings)
+    # The strings break the rules (``StringRules``)?
+    why = strings.text(packet.client_id, "CONNECT client identifier")
+    if why is None and packet.username is not None:
+        why = strings.text(packet.username, "CONNECT user name")
+    if why is None and packet.will is not None:
+        why = strings.topic(packet.will.topic, "CONNECT will topic")
     if why is not None:
         code = (ReasonCode.CLIENT_IDENTIFIER_NOT_VALID if "client identifier" in why
                 else ReasonCode.BAD_USER_NAME_OR_PASSWORD if "user name" in why
@@ -225,16 +230,6 @@ def _client_id(decided: Connecting, packet: Connect, limits: Limits, strings: St
         client_id = "auto-" + uuid.uuid4().hex
     decided.client_id = client_id
     return None
-
-
-def _connect_strings(packet: Connect, strings: StringRules) -> str | None:
-    """Why the strings of ``packet`` break the rules (``StringRules``), or None."""
-    why = strings.text(packet.client_id, "CONNECT client identifier")
-    if why is None and packet.username is not None:
-        why = strings.text(packet.username, "CONNECT user name")
-    if why is None and packet.will is not None:
-        why = strings.topic(packet.will.topic, "CONNECT will topic")
-    return why
 
 
 def banned(reason: str, v5: Negotiated | None) -> Refuse:
@@ -267,7 +262,8 @@ def accepted(present: bool, version: str, v5: Negotiated | None,
 
 
 def keepalive(seconds: int) -> Arm | None:
-    """Once connected: the keepalive deadline, unless the keepalive is 0 (off)."""
+    """Once connected: the keepalive deadline, unless the keepalive is 0 (off).
+    (``handshake._connected`` applies this rule inline: an ``Arm`` less a connect.)"""
     return Arm("keepalive", seconds) if seconds > 0 else None
 
 

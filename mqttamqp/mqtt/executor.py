@@ -7,7 +7,8 @@ the connection's own events hand it theirs too (the first CONNECT deadline is an
 read are each a ``Close``, the last with MQTT 5's refusing CONNACK as its frame).
 What does not come through here: the core's deliveries (PUBLISH, PUBREL:
 ``protocol``'s ``ClientLink`` methods), a close the broker asks for (takeover, the
-console: ``closing``), the keepalive check re-arming itself, and a commit that
+console: ``closing``), the keepalive check re-arming itself (and armed at
+CONNACK: ``_arm_keepalive``, called by ``handshake``), and a commit that
 failed under an acknowledgement (``_ack_failed`` closes directly).
 ``ActionExecutor`` is the part of ``protocol.MQTTProtocol`` that does them:
 ``_carry_out`` for any action, ``_acknowledge`` for an ``Ack`` with what the
@@ -228,10 +229,14 @@ class ActionExecutor(MQTTLink):
             return
         if deadline != "keepalive":
             raise ValueError(f"not a deadline of an MQTT connection: {deadline!r}")
-        rule = Keepalive.of(int(arm.seconds))
+        self._arm_keepalive(int(arm.seconds))
+
+    def _arm_keepalive(self, seconds: int) -> None:
+        """The keepalive deadline of ``seconds`` (> 0; ``_arm``'s "keepalive")."""
+        rule = Keepalive.of(seconds)
         # (the shared int: above 256 each is 32 bytes; ``_keepalive`` is made from it)
         self.keepalive = rule.seconds
-        self._factory.keepalives.add(self, rule.limit)
+        self.factory.keepalives.add(self, rule.limit)
 
     # -- the ends: a refused CONNECT, a client's DISCONNECT -----------------------------
 

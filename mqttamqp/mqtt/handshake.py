@@ -5,7 +5,11 @@ CONNACK, or to the refusal.
 decisions of CONNECT and AUTH (``decisions.connect``, ``auth``, ``auth_answer``,
 ``accepted``, ``keepalive``) and hands their actions to the executor
 (``executor.ActionExecutor``: a ``Refuse`` is the one refusing CONNACK, an
-``Arm`` the connect or keepalive deadline).  Between them, as thin steps, the
+``Arm`` the connect deadline).  On the accepted path two go without an action
+object (a connect storm's calls): CONNACK is sent at once when nothing waits
+behind it (``_send_now``; else it joins the batch's output), and the keepalive
+deadline (``decisions.keepalive``'s rule: 0 is none) is armed by the executor's
+``_arm_keepalive``.  Between them, as thin steps, the
 calls whose answers feed the next decision: the TLS certificate as the user,
 bans, authentication (at once, in the thread pool, or the AUTH exchange of an
 MQTT 5 method; re-authentication too), the session's open and its commit.  The
@@ -23,6 +27,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from mqttamqp.core.auth import Credentials, Identity
+from mqttamqp.core.commits import write_failed
 from mqttamqp.core.message import WillMessage
 from mqttamqp.core.sessions.session import Session
 from mqttamqp.mqtt import decisions
@@ -30,6 +35,7 @@ from mqttamqp.mqtt.actions import Close, Refuse, Send
 from mqttamqp.mqtt.connection import ConnectionState
 from mqttamqp.mqtt.decisions import Connecting
 from mqttamqp.mqtt.executor import ActionExecutor
+from mqttamqp.mqtt.link import CoreLink, ListenerState
 from mqttamqp.mqtt.packets import (
     Auth,
     ConnackCode,
@@ -37,6 +43,7 @@ from mqttamqp.mqtt.packets import (
     Properties,
 )
 from mqttamqp.mqtt.v5 import message_properties, negotiate
+from mqttamqp.net.tcp import send
 from mqttamqp.net.tls import verified_common_name
 from mqttamqp.security.enhanced_auth import CONTINUE, AuthExchange, AuthStep
 
@@ -100,8 +107,9 @@ class ConnectHandshake(ActionExecutor):
             self._factory.bridge_peers.discard(self)
 
     def _on_connect(self, packet: Connect) -> None:
-        self._stop_connect_timer()
-        factory = self._factory
+        if self._connect_timer is not None:   # (armed only if CONNECT took a turn)
+            self._stop_connect_timer()
+        factory: ListenerState = self.factory   # (not ``_factory``: a call less)
         enhanced = factory.enhanced_auth
         decided = decisions.connect(packet, self.limits, self.strings,
                                     _no_methods if enhanced is None else enhanced.start)
@@ -109,7 +117,9 @@ class ConnectHandshake(ActionExecutor):
             self._carry_out(decided)
             return
         assert isinstance(decided, Connecting)
-        self.decoder.protocol_level = decided.level
+        decoder = self.decoder
+        if decoder.protocol_level != decided.level:   # (3.1.1's is the one lent)
+            decoder.protocol_level = decided.level
         self.version = decided.version
         self._v5 = decided.v5
         failure = decided.failure
@@ -194,8 +204,9 @@ class ConnectHandshake(ActionExecutor):
             # need one; ``_identified`` makes the connection's at the first)
             identity = Identity(self.client_id, self.username, self.protocol_label)
             may_claim = self.broker.gate.may_claim(identity, self.client_id)
-        refused = decisions.authenticated(ok, packet, may_claim)
-        if refused is not None:
+        if not may_claim:   # (``may_claim`` is False whenever ``ok`` is)
+            refused = decisions.authenticated(ok, packet, may_claim)
+            assert refused is not None
             self._carry_out(refused)
             return None
         will = None
@@ -220,8 +231,9 @@ class ConnectHandshake(ActionExecutor):
         # connection's ``connected_since`` share that float (48 bytes an idle
         # connection does not hold).
         now = self._last_activity if self._in_process else None
+        link: CoreLink = self   # type: ignore[assignment]   # (``_link``, a call less)
         opened = self.broker.open_session(
-            self._link, self.client_id, packet.clean_session, will, identity, expiry, now)
+            link, self.client_id, packet.clean_session, will, identity, expiry, now)
         session, present, d = opened.session, opened.present, opened.durable
         self.session = session
         if self._v5 is not None:
@@ -241,11 +253,19 @@ class ConnectHandshake(ActionExecutor):
         self.connected_since = (session.last_seen if self._in_process
                                 and session.last_seen is self._last_activity
                                 else self.clock.seconds())
-        self._carry_out(decisions.accepted(present, self.version, self._v5, connack_props))
-        link, label, broker = self._link, self.protocol_label, self.broker
+        frame = decisions.accepted(present, self.version, self._v5, connack_props).frame
+        if self._out is None and not self.decoder.buffered and not self.congested:
+            # Nothing of this connection's waits, nor does a packet behind CONNECT:
+            # CONNACK goes at once rather than through the batch's end (one frame
+            # either way; what this read causes after it still waits for that end).
+            self._send_now(frame)
+        else:
+            self._write(frame)
+        link: CoreLink = self   # type: ignore[assignment]   # (``_link``, a call less)
+        label, broker = self.protocol_label, self.broker
         broker.activate(session, link, label)
         broker.registry.register_client(self.client_id, link, label)
-        factory = self._factory
+        factory: ListenerState = self.factory
         factory.opened.registered(link)   # (found in the live table from now on)
         held = factory.connect_lines.allow("connect")
         if held is not None:
@@ -253,17 +273,30 @@ class ConnectHandshake(ActionExecutor):
                           "{h}", c=self.client_id, peer=self.peer, v=self.version,
                           cs=self.clean_session, k=self.keepalive,
                           h=f" ({held} more connects not logged before it)" if held else "")
-        debug_until = self.broker.client_debug.until(self.client_id)
-        if debug_until is not None:
-            self.start_debug(debug_until)
-        deadline = decisions.keepalive(self.keepalive)
-        if deadline is not None:
-            self._carry_out(deadline)
-        self._resume_reading("connect")
+        client_debug = broker.client_debug
+        if client_debug.debugged:   # (no call while no client is debugged)
+            debug_until = client_debug.until(self.client_id)
+            if debug_until is not None:
+                self.start_debug(debug_until)
+        if self.keepalive > 0:   # (``decisions.keepalive``'s ``Arm``, carried out)
+            self._arm_keepalive(self.keepalive)
+        if self._reading_paused_for:   # (not when it was all done at once: see above)
+            self._resume_reading("connect")
         if not self._in_process:
             # (after a password check or a commit: what was read behind CONNECT; in
             # the turn that read CONNECT, the loop that called us goes on with it)
             self._process()
+
+    def _send_now(self, frame: bytes) -> None:
+        """``_write`` without the batch: ``frame`` is sent now (counted as
+        ``_write`` counts it; a failure as ``_emit``'s)."""
+        size = len(frame)
+        self.bytes_out += size
+        self.meter.stats.bytes_sent += size
+        try:
+            send(self.transport, frame)
+        except Exception:
+            write_failed(self.meter.stats, self.factory.log_limit, self.log, Failure())
 
     def _connect_failed(self, failure: Failure) -> None:
         self.log.failure("could not accept CONNECT from {peer}", failure, peer=self.peer)

@@ -8,7 +8,7 @@ core's ``InspectableConnection`` questions.  Read-only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mqttamqp.core.clients.connections import ConnectionInfo, EventFields
 from mqttamqp.mqtt.connection import ConnectionRules
@@ -38,6 +38,12 @@ class ConnectionView(MQTTLink):
     @connected.setter
     def connected(self, value: int) -> None:
         pass   # (``SlottedProtocol.makeConnection`` sets it: the transport says it)
+
+    def makeConnection(self, transport: Any) -> None:
+        """``SlottedProtocol.makeConnection`` without setting ``connected`` (the
+        setter above, a call that does nothing)."""
+        self.transport = transport
+        self.connectionMade()
 
     @property
     def peer(self) -> str:

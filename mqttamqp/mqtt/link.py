@@ -104,6 +104,8 @@ class MQTTLink(ConnectionRules):
     _turn_timer: DelayedCall | None
     _last_activity: float
     messages_out: int
+    congested: bool
+    _out: list[bytes] | None   # what the batch holds for the socket (``_emit``)
     bytes_in: int
     bytes_out: int
     _handlers: ClassVar[dict[type, Callable[[Any, Any], None]]]
@@ -121,6 +123,7 @@ class MQTTLink(ConnectionRules):
     _resume_reading: Callable[[str], None]
     start_debug: Callable[[float], None]
     _identified: Callable[[], Identity]
+    connectionMade: Callable[[], None]   # (Twisted's, ``protocol.MQTTProtocol``'s)
 
     @property
     def peer(self) -> str:

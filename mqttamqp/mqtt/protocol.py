@@ -224,7 +224,7 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
             self.transport.abortConnection()
             return
         unregistered[self] = ""   # (until its CONNACK: ``opened``)
-        if plain_tcp(self.transport) and not getattr(self.transport, "nodelay", False):
+        if not getattr(self.transport, "nodelay", False) and plain_tcp(self.transport):
             # Output is batched per socket read and sent at once (``_flush_out``): without
             # this, Nagle's algorithm holds a second small write until the peer's
             # (possibly delayed) ACK.  (``nodelay``: the socket has it from its

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable
 
-from mqttamqp.core.auth import Ban
+from mqttamqp.core.auth import Ban, peer_host
 from mqttamqp.core.persistence import DeleteBan, PutBan
 
 __all__ = ["BanList", "BanError", "BAN_KINDS", "MAX_BANS", "normal_value"]
@@ -96,6 +96,15 @@ class BanList:
         if self._bans[kind].pop(value, None) is None:
             return None
         return DeleteBan(kind, value)
+
+    def check_peer(self, client_id: str | None, user: str | None, peer: str
+                   ) -> Ban | None:
+        """``check`` for a peer's ``host:port``: its host is taken only when something
+        is banned (a connect asks this once; nothing is banned on most brokers)."""
+        bans = self._bans
+        if not (bans["client_id"] or bans["user"] or bans["address"]):
+            return None
+        return self.check(client_id, user, peer_host(peer))
 
     def check(self, client_id: str | None, user: str | None, host: str | None) -> Ban | None:
         """The ban that refuses this connection, or None."""

@@ -39,6 +39,9 @@ class ClientDebug:
     def __init__(self, seconds: Callable[[], float]) -> None:
         self._seconds = seconds
         self._until: dict[str, float] = {}
+        # The same dict, read-only outside: empty while no client is debugged (the
+        # adapter tests it before asking ``until``, a call less per connect).
+        self.debugged: dict[str, float] = self._until
 
     def enable(self, client_id: str, duration: float) -> float:
         """Debug ``client_id`` for ``duration`` seconds (at most an hour; 0 stops it)

@@ -50,8 +50,10 @@ class DropCounts:
         """``session`` is taken up by a client of another protocol family (an MQTT
         session through AMQP's ``.publish`` outlet): its drops so far stay labelled
         with the former one, so no counter of the metrics ever goes down."""
+        if not session.protocol:   # (a new session: nothing counted under another)
+            return
         old = protocol_family(session.protocol)
-        if not session.protocol or old == protocol_family(protocol):
+        if old == protocol_family(protocol):
             return
         d, c, r = _since_offset(session)
         if d or c or r:

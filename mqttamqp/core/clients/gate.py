@@ -100,7 +100,7 @@ class ClientGate:
         """Why a connection (MQTT CONNECT, AMQP open) is banned, or None.  A refusal
         is counted and logged (one line per cause a minute); the caller closes it
         without logging it again."""
-        ban = self.bans.check(client_id, user, peer_host(peer))
+        ban = self.bans.check_peer(client_id, user, peer)
         if ban is None:
             return None
         self.stats.connections_refused += 1
@@ -142,6 +142,8 @@ class ClientGate:
             return result.addCallbacks(
                 self._auth_recorded, self._auth_recorded, callbackArgs=(credentials, "refused"),
                 errbackArgs=(credentials, "error"))
+        if result:   # (``_auth_recorded`` records only a refusal here)
+            return result
         return self._auth_recorded(result, credentials, "refused")  # type: ignore[no-any-return]
 
     def _auth_recorded(self, ok: Any, credentials: Credentials, reason: str) -> Any:

@@ -119,8 +119,9 @@ class LiveConnections(Mapping[str, InspectableConnection]):
     def register_client(self, client_id: str, connection: InspectableConnection,
                         protocol: str) -> None:
         """An MQTT connection is live (CONNACK out) under its client id: its key is
-        ``"mqtt:" + client_id``, made only when read."""
-        self._register(self.mqtt, client_id, connection, protocol)
+        ``"mqtt:" + client_id``, made only when read.  ``protocol``: the connection's
+        own ``protocol_label``."""
+        self._register(self.mqtt, client_id, connection, protocol, True)
 
     def unregister_connection(self, key: str, connection: InspectableConnection,
                               cause: str = CAUSE_LOST, detail: str = "") -> None:
@@ -132,7 +133,10 @@ class LiveConnections(Mapping[str, InspectableConnection]):
         self._unregister(self.mqtt, client_id, connection, cause, detail)
 
     def _register(self, table: dict[str, InspectableConnection], key: str,
-                  connection: InspectableConnection, protocol: str) -> None:
+                  connection: InspectableConnection, protocol: str,
+                  labelled: bool = False) -> None:
+        """``labelled``: ``protocol`` is the connection's own ``protocol_label`` (an
+        MQTT connection's, ``register_client``): nothing to keep for it."""
         previous = table.get(key)
         now = self.clock.seconds()   # (not the read's: a takeover's DISCONNECT is after it)
         if previous is not None:
@@ -148,7 +152,7 @@ class LiveConnections(Mapping[str, InspectableConnection]):
                 self.recorder.event(now, DISCONNECT, previous.event_fields()[0],
                                     protocol=known, reason=CAUSE_CLEAN)
         table[key] = connection
-        if getattr(connection, "protocol_label", None) != protocol:
+        if not labelled and getattr(connection, "protocol_label", None) != protocol:
             self._connection_protocols[id(connection)] = protocol
         self.stats.connected(protocol)
         if self._recording:

@@ -158,7 +158,7 @@ class SessionRegistry:
         """
         now = self.clock.seconds() if now is None else now
         ops: list[Op] = []
-        if self.wills.owner_returned(client_id):
+        if self.wills.timed and self.wills.owner_returned(client_id):
             self.log.info("client {c} is back within the will grace period; its old "
                           "will is not published", c=client_id)
         existing = self.sessions.get(client_id)

@@ -57,6 +57,9 @@ class Wills:
         self.grace = grace
         self.wills: dict[str, WillMessage] = {}
         self._grace: dict[str, DelayedCall] = {}
+        # The same dict, read-only outside: empty when no will waits for its timer
+        # (a connect asks ``owner_returned`` only when it is not: a call less).
+        self.timed: dict[str, DelayedCall] = self._grace
         # Of those timers, the MQTT 5 will delays (not the grace after a restart,
         # which readiness waits for).
         self._delayed: set[str] = set()

@@ -289,8 +289,10 @@ class Membership(Acknowledgements):
 
     def link_drained(self, session: Session) -> None:
         """``session`` can take more (online again, a link drained): feed it."""
-        for group, _member in list(self._memberships.get(session, ())):
-            self._pump(group)
+        memberships = self._memberships.get(session)
+        if memberships:   # (most sessions are in no group: no list made)
+            for group, _member in list(memberships):
+                self._pump(group)
 
     def feeding(self, session: Session) -> bool:
         """A group of ``session``'s has messages it will hand out once storage

@@ -453,7 +453,8 @@ class Session(InflightWindow, SessionExtras):
                 self.queue.appendleft(entry)
                 self.queued_bytes += len(entry.message.payload)
             self.inflight.clear()
-        self.pump()
+        if self.queue:   # (``pump`` sends nothing from an empty queue)
+            self.pump()
 
     def detach(self) -> None:
         self._enter("detach", None)
