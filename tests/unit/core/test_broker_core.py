@@ -552,7 +552,7 @@ def test_publish_says_which_subscribers_are_over_high_water() -> None:
     """A publish names the subscribers over their high-water mark (a congested link,
     a queue past half its bound) and only those: the router asks each session that
     has something queued or a congested link (``Router.publish``)."""
-    broker, _, _ = make_broker(max_inflight=1, max_queued_messages=2)
+    broker, _, _ = make_broker(max_inflight=1, max_queued_messages=3)
     s1, link1, _ = connect(broker, "c1")
     s2, _link2, _ = connect(broker, "c2")
     s3, _link3, _ = connect(broker, "c3")
@@ -560,8 +560,11 @@ def test_publish_says_which_subscribers_are_over_high_water() -> None:
         subscribe(broker, s, ("a", 1))
     assert not broker.publish(Message("a", b"x", 1, False, "p", 0.0)).congested
     link1.congested = True
-    s2.deliver(Message("b", b"y", 1, False, "p", 0.0), 1, False)   # (s2: two queued)
-    result = broker.publish(Message("a", b"x", 1, False, "p", 0.0))
+    for _ in range(2):   # (s2: two queued, past half of three)
+        s2.deliver(Message("b", b"y", 1, False, "p", 0.0), 1, False)
+    # (QoS 0: nothing queued for the congested s1, named for its link alone)
+    result = broker.publish(Message("a", b"x", 0, False, "p", 0.0))
+    assert not s1.queue
     assert set(result.congested) == {s1, s2}
 
 
