@@ -58,7 +58,8 @@ def write_failed(stats: BrokerStats, limit: LogLimiter, log: Logger,
     """A write to a connection's transport raised (its output is dropped): counted
     (``BrokerStats.write_failures``), and one line a minute with the traceback and
     how many more failed since.  A batch's flush (``CommitBatcher.output_failed``)
-    and an MQTT frame sent at once (``MQTTProtocol._emit``) both come here."""
+    and an MQTT frame sent at once (``MQTTProtocol._emit``, the CONNACK of
+    ``handshake._send_now``) all come here."""
     stats.write_failures += 1
     held = limit.allow("writing output failed")
     if held is not None:

@@ -99,7 +99,7 @@ __all__ = [
     "Ack", "Close", "Connecting", "Goodbye", "Refuse", "Send", "Subscription", "Verdict",
     "accepted", "ack_frame", "auth", "auth_answer", "authenticated", "authenticating",
     "banned", "closed_by_broker", "connect",
-    "disconnect", "keepalive", "malformed", "pingreq", "problem", "publish5", "publish_ack5",
+    "disconnect", "malformed", "pingreq", "problem", "publish5", "publish_ack5",
     "published", "pubcomp", "pubrec_refused", "pubrel", "suback", "suback5",
     "subscribe", "subscribe5", "unsubscribe", "violation_code",
 ]
@@ -259,12 +259,6 @@ def accepted(present: bool, version: str, v5: Negotiated | None,
     if v5 is not None:
         return Send(encode(Connack(present, ReasonCode.SUCCESS, connack_props), 5))
     return _CONNACK_ACCEPTED[present and version == "3.1.1"]
-
-
-def keepalive(seconds: int) -> Arm | None:
-    """Once connected: the keepalive deadline, unless the keepalive is 0 (off).
-    (``handshake._connected`` applies this rule inline: an ``Arm`` less a connect.)"""
-    return Arm("keepalive", seconds) if seconds > 0 else None
 
 
 # -- PUBLISH ---------------------------------------------------------------------------

@@ -6,10 +6,11 @@ the connection's own events hand it theirs too (the first CONNECT deadline is an
 ``Arm``; a deadline that passes, a packet before CONNECT and one the codec cannot
 read are each a ``Close``, the last with MQTT 5's refusing CONNACK as its frame).
 What does not come through here: the core's deliveries (PUBLISH, PUBREL:
-``protocol``'s ``ClientLink`` methods), a close the broker asks for (takeover, the
-console: ``closing``), the keepalive check re-arming itself (and armed at
-CONNACK: ``_arm_keepalive``, called by ``handshake``), and a commit that
-failed under an acknowledgement (``_ack_failed`` closes directly).
+``protocol``'s ``ClientLink`` methods), the accepting CONNACK (``handshake``
+writes it), a close the broker asks for (takeover, the console: ``closing``), the
+keepalive check re-arming itself (and armed at CONNACK: ``_arm_keepalive``, called
+by ``handshake``), and a commit that failed under an acknowledgement
+(``_ack_failed`` closes directly).
 ``ActionExecutor`` is the part of ``protocol.MQTTProtocol`` that does them:
 ``_carry_out`` for any action, ``_acknowledge`` for an ``Ack`` with what the
 broker's step returned beside it (the Deferred to wait for, the packet id, what

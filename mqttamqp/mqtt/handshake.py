@@ -1,21 +1,19 @@
-"""Accepting an MQTT connection: from CONNECT (and an MQTT 5 AUTH exchange) to
-CONNACK, or to the refusal.
+"""Accepting an MQTT connection: from CONNECT (and an MQTT 5 AUTH exchange) to CONNACK,
+or to the refusal.
 
-``ConnectHandshake`` is the part of ``protocol.MQTTProtocol`` that calls the
-decisions of CONNECT and AUTH (``decisions.connect``, ``auth``, ``auth_answer``,
-``accepted``, ``keepalive``) and hands their actions to the executor
-(``executor.ActionExecutor``: a ``Refuse`` is the one refusing CONNACK, an
-``Arm`` the connect deadline).  On the accepted path two go without an action
-object (a connect storm's calls): CONNACK is sent at once when nothing waits
-behind it (``_send_now``; else it joins the batch's output), and the keepalive
-deadline (``decisions.keepalive``'s rule: 0 is none) is armed by the executor's
-``_arm_keepalive``.  Between them, as thin steps, the
-calls whose answers feed the next decision: the TLS certificate as the user,
-bans, authentication (at once, in the thread pool, or the AUTH exchange of an
-MQTT 5 method; re-authentication too), the session's open and its commit.  The
-running connection (reading, writing, timers, the other packets) is
-``protocol``'s.  The connection's own state it uses is declared below (the
-protocol's slots).
+``ConnectHandshake`` is the part of ``protocol.MQTTProtocol`` that calls the decisions
+of CONNECT and AUTH (``decisions.connect``, ``auth``, ``auth_answer``, ``accepted``)
+and hands their actions to the executor (``executor.ActionExecutor``: a ``Refuse`` is
+the one refusing CONNACK, an ``Arm`` the connect deadline). On the accepted path two
+go without an action object (a connect storm's calls): CONNACK is sent at once when
+nothing waits behind it (``_send_now``; else it joins the batch's output), and the
+keepalive deadline (0 is none) is armed by the executor's ``_arm_keepalive``. Between
+them, as thin steps, the calls whose answers feed the next decision: the TLS
+certificate as the user, bans, authentication (at once, in the thread pool, or the
+AUTH exchange of an MQTT 5 method; re-authentication too), the session's open and its
+commit. The running connection (reading, writing, timers, the other packets) is
+``protocol``'s. The connection's own state it uses is declared below (the protocol's
+slots).
 """
 
 from __future__ import annotations
@@ -254,10 +252,14 @@ class ConnectHandshake(ActionExecutor):
                                 and session.last_seen is self._last_activity
                                 else self.clock.seconds())
         frame = decisions.accepted(present, self.version, self._v5, connack_props).frame
-        if self._out is None and not self.decoder.buffered and not self.congested:
-            # Nothing of this connection's waits, nor does a packet behind CONNECT:
-            # CONNACK goes at once rather than through the batch's end (one frame
-            # either way; what this read causes after it still waits for that end).
+        if (self._out is None and not self.decoder.buffered and not self.congested
+                and not session.inflight and not session.queue):
+            # Nothing of this connection's waits, no packet behind CONNECT, no
+            # message of a resumed session to send after it: CONNACK goes at once
+            # rather than through the batch's end (one write either way).  A WebSocket
+            # read of several frames still shares one batch: a frame after CONNECT's
+            # is answered in a second WebSocket message (the same bytes in order).
+            # (No debug logging to bypass: ``start_debug`` swaps the class after this.)
             self._send_now(frame)
         else:
             self._write(frame)
@@ -278,7 +280,7 @@ class ConnectHandshake(ActionExecutor):
             debug_until = client_debug.until(self.client_id)
             if debug_until is not None:
                 self.start_debug(debug_until)
-        if self.keepalive > 0:   # (``decisions.keepalive``'s ``Arm``, carried out)
+        if self.keepalive > 0:   # (0: no keepalive deadline)
             self._arm_keepalive(self.keepalive)
         if self._reading_paused_for:   # (not when it was all done at once: see above)
             self._resume_reading("connect")

@@ -376,7 +376,8 @@ class MQTTProtocol(ConnectHandshake, ConnectedFlows, Disconnects, InputPump, Con
         self.meter.stats.bytes_sent += size   # (``DeliveryMeter.sent_bytes``, inlined)
 
     def _emit(self, data: bytes) -> None:
-        """Every outbound byte goes through here, in order.  While the broker handles
+        """Every outbound byte goes through here, in order (but an accepting CONNACK
+        with nothing before or behind it: ``handshake._send_now``).  While the broker handles
         one socket read (a batch), what it gives this connection is collected and
         written when the batch ends: one transport write instead of one per message
         (fan-in, QoS 0 streams).  At most ``OUTPUT_BATCH_BYTES`` are held, so the

@@ -1,6 +1,7 @@
 """When CONNACK is written: at once in the turn that read CONNECT when nothing of
-the connection's waits and no packet follows CONNECT in the read
-(``handshake._send_now``), else with the rest of the batch, in order."""
+the connection's waits, no packet follows CONNECT in the read and the session has
+no message to send after it (``handshake._send_now``), else with the rest of the
+batch, in order."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from mqtt_memory import ACCEPTED, Harness
 from twisted.internet.testing import StringTransport
 
 from mqttamqp.mqtt.codec import Decoder, encode
-from mqttamqp.mqtt.packets import Connect, Pingreq, Pingresp
+from mqttamqp.mqtt.packets import (
+    Connack,
+    ConnackCode,
+    Connect,
+    Pingreq,
+    Pingresp,
+    Publish,
+    Subscribe,
+)
 
 
 class _CountingTransport(StringTransport):
@@ -60,3 +69,27 @@ def test_a_connect_alone_is_one_write() -> None:
     proto.makeConnection(transport)
     proto.dataReceived(encode(Connect("MQTT", 4, "c", True, 0)))
     assert _decoded(transport.value()) == [ACCEPTED] and transport.writes == 1
+
+
+def test_a_resumed_session_with_messages_waiting_is_one_write() -> None:
+    """A persistent session resumed with a message waiting for it: the CONNACK and
+    the message go out together, CONNACK first, in one write (as before CONNACK was
+    ever sent at once), not CONNACK alone and then the message."""
+    h = Harness()
+    sub = h.client()
+    sub.connect("s", clean=False)
+    sub.send(Subscribe(1, (("t", 1),)))
+    sub.received()
+    sub.proto.transport.loseConnection()
+    sub.lost()
+    pub = h.client()
+    pub.connect("p")
+    pub.send(Publish("t", b"m", 1, False, False, 1))
+    proto = h.factory.buildProtocol(None)
+    transport = _CountingTransport()
+    proto.makeConnection(transport)
+    proto.dataReceived(encode(Connect("MQTT", 4, "s", False, 0)))
+    got = _decoded(transport.value())
+    assert got[0] == Connack(True, ConnackCode.ACCEPTED)
+    assert [(p.topic, p.payload) for p in got[1:]] == [("t", b"m")]  # type: ignore[attr-defined]
+    assert transport.writes == 1

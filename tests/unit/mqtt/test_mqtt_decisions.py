@@ -385,9 +385,9 @@ def test_pingreq_disconnect_and_unsubscribe_actions() -> None:
     assert isinstance(ack, Ack) and ack.kind == 0xB0 and not ack.release
 
 
-def test_connect_accepted_keepalive_and_authentication_deadline() -> None:
+def test_connect_accepted_and_authentication_deadline() -> None:
     """CONNACK accepting a client is a ``Send`` (3.1 never says session present; the
-    3.1.1 ones are made once); the keepalive and the AUTH exchange are ``Arm``s."""
+    3.1.1 ones are made once); the AUTH exchange's deadline is an ``Arm``."""
     from mqttamqp.mqtt.packets import Connack
 
     plain = decisions.accepted(True, "3.1.1", None, None)
@@ -398,9 +398,6 @@ def test_connect_accepted_keepalive_and_authentication_deadline() -> None:
     five = decisions.accepted(False, "5", _v5(), Properties(receive_maximum=10))
     assert _decode(_frame(five), 5) == Connack(False, ReasonCode.SUCCESS,
                                                Properties(receive_maximum=10))
-    armed = decisions.keepalive(30)
-    assert isinstance(armed, Arm) and (armed.deadline, armed.seconds) == ("keepalive", 30)
-    assert decisions.keepalive(0) is None
     connect = decisions.authenticating(replace(LIMITS, connect_timeout=7.0))
     assert (connect.deadline, connect.seconds) == ("connect", 7.0)
 
