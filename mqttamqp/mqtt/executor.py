@@ -112,17 +112,7 @@ class ActionExecutor(MQTTLink):
             acks = self._acks
             if acks is NO_ACKS:
                 acks = self._acks = AckQueue()
-            entries = acks._entries
-            if durable is acks._waiter and entries and not entries[-1][0]:
-                # (``AckQueue.add_waiting``'s joining, inline: the read's PUBACKs
-                # after its first)
-                last = entries[-1]
-                last[1] += frame
-                last[4] += 1
-                acks.count += 1
-                waiting = None
-            else:
-                waiting = acks.add_waiting(frame, durable)
+            waiting = acks.add_waiting(frame, durable)
             if acks.count > MAX_PENDING_ACKS:   # (``over_bound``)
                 self._pause_reading("storage")
             if waiting is not None:
