@@ -568,6 +568,33 @@ def test_publish_says_which_subscribers_are_over_high_water() -> None:
     assert set(result.congested) == {s1, s2}
 
 
+class _Over:
+    """A backlog bound (a bridge's ``on-full = "block"``) that says it is over."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def over(self, session: object) -> bool:
+        self.asked += 1
+        return True
+
+
+def test_publish_names_a_subscriber_held_by_its_backlog_bound_alone() -> None:
+    """A subscriber with nothing queued and an uncongested link, but a backlog bound
+    that is over, is named over its high-water mark: the router asks a session with
+    extras (``Router.publish``'s guard), and the bound is asked once a publish."""
+    broker, _, _ = make_broker()
+    s1, _link1, _ = connect(broker, "c1")
+    s2, _link2, _ = connect(broker, "c2")
+    for s in (s1, s2):
+        subscribe(broker, s, ("a", 0))
+    bound = _Over()
+    s1.backlog_bound = bound
+    result = broker.publish(Message("a", b"x", 0, False, "p", 0.0))
+    assert not s1.queue and list(result.congested) == [s1]
+    assert bound.asked == 1
+
+
 def test_paused_publishers_resumed_when_drained() -> None:
     """A paused publisher is resumed by link_drained once no session is over high water."""
     broker, _, _ = make_broker()
