@@ -135,12 +135,11 @@ class UpgradeSlots:
     rate token it spent is given back when its MQTT connection is admitted
     (``hand_over``), so a WebSocket spends one, as a TCP socket does."""
 
-    __slots__ = ("_gate", "_limits", "_opened")
+    __slots__ = ("_gate", "_opened")
 
     def __init__(self, mqtt: MQTTFactory) -> None:
         self._opened = mqtt.opened
         self._gate = mqtt.broker.gate
-        self._limits = mqtt.broker.limits
 
     def admit(self, peer: str) -> bool:
         """May a socket accepted from ``peer`` begin its upgrade?"""
@@ -212,12 +211,11 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def _release(self, opened: bool = False) -> None:
         """Its upgrade is over (``opened``, or lost on any path): no longer counted
         here."""
-        if self._held:
+        if self._held:   # (only with ``slots``: ``connectionMade``)
             self._held = False
             slots = self.factory.slots
-            if slots is None:
-                pass
-            elif opened:
+            assert slots is not None
+            if opened:
                 slots.hand_over(self, self._peer())
             else:
                 slots.release(self)
