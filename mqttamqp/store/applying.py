@@ -54,7 +54,7 @@ from mqttamqp.store.models import (
     will_to_record,
 )
 
-__all__ = ["GATHER_FOR", "HANDLERS", "Trees", "superseded_puts"]
+__all__ = ["GATHER_FOR", "HANDLERS", "Carried", "Trees", "split_held", "superseded_puts"]
 
 
 class Trees:
@@ -144,10 +144,17 @@ def _put_queued(t: Trees, op: PutQueued) -> None:
 GATHER_FOR = (PutQueued, PutQueueMessage)
 
 
-def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
+def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
+                    held: set[int] | None = None) -> set[int]:
     """ids of PutQueued ops whose entry a later DeleteQueued, or a later PutQueued of
     the same entry, in the same commit replaces (and of PutQueueMessage ops a later
     TrimQueue or DeleteQueue removes).
+
+    ``held`` (when given) receives the ids of the first puts of entries sent at once
+    (``PutQueued.sent``) that nothing in the group replaced: the writer may hold
+    them over to the next commit (``split_held``), where the subscriber's
+    acknowledgement usually cancels them.  Not those of a client with a
+    ``DeleteSession`` in the group (a put applied after it must not revive it).
 
     A subscriber that acknowledges within one commit window makes the queue write
     pointless: skipping it (and keeping the delete, which may remove a record from
@@ -166,7 +173,11 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
     # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
     appended: dict[str, list[tuple[int, int]]] = {}
     skip: set[int] = set()
+    # (session, seq) -> the id of a sent entry's first put, when ``held`` is asked for
+    sent: dict[tuple[str, int], int] = {}
+    deleted: set[str] = set()
     for ops, _ in group:
+        holding = held is not None and type(ops) is not Carried   # (held once only)
         for op in ops:
             kind = type(op)
             # (the session queue's ops first: a durable QoS 1 message has two)
@@ -177,6 +188,8 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                     skip.add(earlier)
                 elif op.first:  # type: ignore[union-attr]
                     fresh.add(key)
+                    if holding and op.sent:  # type: ignore[union-attr]
+                        sent[key] = id(op)
                 pending[key] = id(op)
             elif kind is DeleteQueued:
                 key = (op.client_id, op.seq)  # type: ignore[union-attr]
@@ -200,10 +213,37 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]]) -> set[int]:
                 skip.update(i for _, i in appended.pop(op.name, ()))  # type: ignore[union-attr]
             elif kind is DeleteSession:
                 client = op.client_id  # type: ignore[union-attr]
+                deleted.add(client)
                 for key in [k for k in pending if k[0] == client]:
                     del pending[key]
                     fresh.discard(key)
+    if sent:
+        assert held is not None
+        held.update(i for key, i in sent.items()
+                    if pending.get(key) == i and key[0] not in deleted)
     return skip
+
+
+class Carried(tuple[Op, ...]):
+    """The puts a commit held over (``split_held``): written by the next one, never
+    held again."""
+
+    __slots__ = ()
+
+
+def split_held(group: list[tuple[tuple[Op, ...], Any]], held: set[int]
+               ) -> tuple[list[tuple[tuple[Op, ...], Any]], list[tuple[tuple[Op, ...], Any]]]:
+    """The group whose ``held`` puts were left out of its commit, split in two: the
+    submits before the first one holding a put, whose waiters may fire at the commit,
+    and the rest, each as (its held puts, its waiter) for the next commit.  The later
+    ones wait too, though all their ops are committed: waiters fire in the order of
+    their submits (an empty submit is a barrier for everything before it)."""
+    index = next((i for i, (ops, _) in enumerate(group)
+                  if any(id(op) in held for op in ops)), None)
+    if index is None:
+        return group, []
+    return group[:index], [(Carried(op for op in ops if id(op) in held), waiter)
+                           for ops, waiter in group[index:]]
 
 
 def _delete_queued(t: Trees, op: DeleteQueued) -> None:

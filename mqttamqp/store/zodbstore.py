@@ -49,7 +49,14 @@ from mqttamqp.core.persistence import (
     Op,
     Snapshot,
 )
-from mqttamqp.store.applying import GATHER_FOR, HANDLERS, Trees, superseded_puts
+from mqttamqp.store.applying import (
+    GATHER_FOR,
+    HANDLERS,
+    Carried,
+    Trees,
+    split_held,
+    superseded_puts,
+)
 from mqttamqp.store.engines import FILENAME, Engine
 from mqttamqp.store.engines import resolve as resolve_engine
 from mqttamqp.store.fencing import check, claim, lost_to
@@ -82,6 +89,45 @@ def _abort_if_open(tm: Any) -> None:
 
 class StoreClosedError(RuntimeError):
     """``submit()`` or ``pack()`` after ``close()`` (or after the writer died)."""
+
+
+class Completions:
+    """Results of the worker threads (the writer, packs), fired on the reactor thread
+    in the order they were added."""
+
+    def __init__(self, reactor: IReactorFromThreads) -> None:
+        self._reactor = reactor
+        self._items: deque[_Completion] = deque()
+        self._lock = threading.Lock()
+        self._draining = False  # touched only on the reactor thread (or in close())
+
+    def add(self, items: list[_Completion]) -> None:
+        """From a worker thread: hand results to the reactor thread."""
+        with self._lock:
+            self._items.extend(items)
+        try:
+            self._reactor.callFromThread(self.drain)
+        except Exception:  # never lose results over a dead reactor
+            # The reactor is gone; close() fires what is left.
+            _log.failure("callFromThread failed; results wait for close()")
+
+    def drain(self) -> None:
+        """On the reactor thread (or in close()): fire finished Deferreds in order."""
+        if self._draining:  # re-entered from a callback (e.g. one calling close())
+            return
+        self._draining = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._items:
+                        return
+                    d, failure = self._items.popleft()
+                if failure is None:
+                    d.callback(None)
+                else:
+                    d.errback(failure)
+        finally:
+            self._draining = False
 
 
 class ZODBStore:
@@ -149,9 +195,7 @@ class ZODBStore:
         self._accepting = True
         self._stopping = False
         self._closed = False
-        self._completions: deque[_Completion] = deque()
-        self._completions_lock = threading.Lock()
-        self._draining = False  # touched only on the reactor thread (or in close())
+        self._completions = Completions(reactor)
         self._idle = self._gathering = False   # the writer waits for work / gathers
         self._pack_lock = threading.Lock()
         self._pack_threads: set[threading.Thread] = set()
@@ -171,6 +215,7 @@ class ZODBStore:
         self._failed_commits = 0
         self._gather = gather_seconds
         self._coalesced = 0
+        self._held = 0
         self._last_commit_seconds = 0.0
         self._max_commit_seconds = 0.0
         self._commit_seconds = 0.0   # all commits' time, from taking a group to done
@@ -265,7 +310,7 @@ class ZODBStore:
             self._pending_ops = 0
         if leftover:
             err = Failure(StoreClosedError(f"not committed: {reason}"))
-            self._complete([(d, err) for _, d in leftover])
+            self._completions.add([(d, err) for _, d in leftover])
         if first and notify and self.on_fenced is not None:
             self._reactor.callFromThread(self.on_fenced, reason)
 
@@ -291,7 +336,7 @@ class ZODBStore:
         try:
             self._db.close()  # also closes the storage
         finally:
-            self._drain_completions()
+            self._completions.drain()
 
     def stats(self) -> dict[str, Any]:
         """Counters for the admin console; cheap and safe on the reactor thread."""
@@ -306,6 +351,7 @@ class ZODBStore:
             "commits": self._commits,          # successful group commits
             "failed_commits": self._failed_commits,
             "coalesced_puts": self._coalesced,   # queue ops skipped (superseded_puts)
+            "held_puts": self._held,   # puts held over to the next commit (split_held)
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,
             "commit_seconds": self._commit_seconds,   # summed over all commits
@@ -395,14 +441,20 @@ class ZODBStore:
                 self._pending_ops = 0
             if leftover:
                 err = Failure(StoreClosedError("ZODB writer stopped"))
-                self._complete([(d, err) for _, d in leftover])
+                self._completions.add([(d, err) for _, d in leftover])
 
     def _commit(self, tm: Any, conn: Any, group: list[_Waiter]) -> None:
         nops = sum(len(ops) for ops, _ in group)
         started = time.monotonic()
         failure: Failure | None = None
-        skip = superseded_puts(group)
+        # Puts of entries just sent to their subscriber are held over to the next
+        # commit (not while closing, nor without a gather window): most are
+        # acknowledged before it, and neither they nor their deletes are ever written.
+        held: set[int] | None = set() if self._gather > 0 and not self._stopping else None
+        skip = superseded_puts(group, held)
         self._coalesced += len(skip)
+        if held:
+            skip |= held
         try:
             for attempt in tm.attempts(self._commit_attempts):
                 with attempt:
@@ -430,15 +482,30 @@ class ZODBStore:
         self._last_commit_seconds = elapsed
         self._max_commit_seconds = max(self._max_commit_seconds, elapsed)
         self._commit_seconds += elapsed
-        self._batches += len(group)
+        self._batches += sum(type(ops) is not Carried for ops, _ in group)
         self._last_batch_ops = nops
         self._max_batch_seen = max(self._max_batch_seen, nops)
         if failure is None:
             self._commits += 1
-            self._ops += nops
+            self._ops += nops - len(held) if held else nops   # (held: counted when written)
+            if held:
+                self._held += len(held)
+                group, carried = split_held(group, held)
+                self._carry(carried)
         else:
             self._failed_commits += 1
-        self._complete([(d, failure) for _, d in group])
+        self._completions.add([(d, failure) for _, d in group])
+
+    def _carry(self, carried: list[_Waiter]) -> None:
+        """Put what a commit held over back in front of the queue (or fail it once
+        fenced: nothing more is committed)."""
+        with self._cond:
+            if not self.fenced:
+                self._pending.extendleft(reversed(carried))
+                self._pending_ops += sum(len(ops) for ops, _ in carried)
+                return
+        err = Failure(StoreClosedError(f"not committed: {self.fenced}"))
+        self._completions.add([(d, err) for _, d in carried])
 
     def _pack_thread(self, d: Deferred[None], days: float) -> None:
         failure: Failure | None = None
@@ -452,35 +519,7 @@ class ZODBStore:
             except Exception:  # reported through the Deferred
                 failure = Failure()
                 _log.failure("ZODB pack failed", failure)
-            self._complete([(d, failure)])  # before close() can stop waiting for us
+            self._completions.add([(d, failure)])  # before close() can stop waiting for us
         finally:
             with self._cond:
                 self._pack_threads.discard(threading.current_thread())
-
-    def _complete(self, items: list[_Completion]) -> None:
-        """From a worker thread: hand results to the reactor thread."""
-        with self._completions_lock:
-            self._completions.extend(items)
-        try:
-            self._reactor.callFromThread(self._drain_completions)
-        except Exception:  # never lose results over a dead reactor
-            # The reactor is gone; close() fires what is left.
-            _log.failure("callFromThread failed; results wait for close()")
-
-    def _drain_completions(self) -> None:
-        """On the reactor thread (or in close()): fire finished Deferreds in order."""
-        if self._draining:  # re-entered from a callback (e.g. one calling close())
-            return
-        self._draining = True
-        try:
-            while True:
-                with self._completions_lock:
-                    if not self._completions:
-                        return
-                    d, failure = self._completions.popleft()
-                if failure is None:
-                    d.callback(None)
-                else:
-                    d.errback(failure)
-        finally:
-            self._draining = False

@@ -244,10 +244,12 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                 if qos == 1 and entry.packet_id in session.inflight:
+                    # (a new seq, sent at once: the writer may hold it over a commit)
+                    ops.append(entry.put_op(session.client_id, True, True))
                     qos1_entries.append(entry)
                 else:
+                    ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                     held.append((session, entry.seq))
             if ((session.queue or session.queued_bytes or session._extras is not None
                  or (session.link is not None and session.link.congested))

@@ -112,15 +112,16 @@ class OutEntry:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
                             self.packet_id, self.subscription_ids)
 
-    def put_op(self, client_id: str, first: bool = False) -> PutQueued:
+    def put_op(self, client_id: str, first: bool = False, sent: bool = False) -> PutQueued:
         """The store operation that records this entry for session ``client_id``
-        (``first``: the entry was just made, ``PutQueued.first``)."""
+        (``first``: the entry was just made, ``PutQueued.first``; ``sent``: and it
+        went out at once, ``PutQueued.sent``)."""
         # (``stored`` inlined: one per QoS 1/2 delivery to a persistent session)
         message = self.message
         if message.retain != self.retain:
             message = message.with_retain(self.retain)
         return PutQueued(client_id, self.seq, StoredQueued(
-            message, self.qos, self.state, self.packet_id, self.subscription_ids), first)
+            message, self.qos, self.state, self.packet_id, self.subscription_ids), first, sent)
 
 
 NO_OPS: list[Op] = []

@@ -648,6 +648,85 @@ def test_a_new_entry_put_and_deleted_in_one_commit_touches_nothing(
     assert reload(disk).sessions["c"].queue == []
 
 
+def _sent(seq: int) -> PutQueued:
+    """The first put of a QoS 1 entry sent at once (what the router gives the writer)."""
+    return PutQueued("c", seq, StoredQueued(Message("t", b"x", 1), 1), True, True)
+
+
+def test_a_sent_entry_is_held_over_a_commit_and_its_delete_cancels_it(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """The first put of an entry sent at once is left out of its commit and held for the
+    next, where its subscriber's acknowledgement (the delete) cancels both: nothing of
+    it is ever written.  Its submit's waiter, and every later one, fire only with the
+    commit that settles it; the ops of the later ones were committed at once."""
+    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
+    first = store.submit([PutSession("c", 1.0)])
+    held = store.submit([_sent(1)])
+    later = store.submit([PutRetained(msg("r"))])    # (3 ops: the batch is full)
+    wait(reactor, first)
+    assert not held.called and not later.called
+    assert store.stats()["held_puts"] == 1
+    acked = store.submit([DeleteQueued("c", 1), PutSession("c", 2.0)])   # (full again)
+    wait(reactor, acked)
+    assert held.called and later.called
+    assert store.stats()["coalesced_puts"] == 2      # the put and its delete
+    store.close()
+    snap = reload(disk)
+    assert snap.sessions["c"].queue == [] and list(snap.retained) == ["r"]
+
+
+def test_a_held_put_is_written_by_the_next_commit(disk: MemoryDisk,
+                                                  reactor: FakeReactor) -> None:
+    """No acknowledgement came: the held put is written by the next commit (after its
+    own gather window), once only, and its waiter fires then."""
+    store = open_store(disk, reactor, gather_seconds=0.05, max_batch_ops=2)
+    first = store.submit([PutSession("c", 1.0)])
+    held = store.submit([_sent(1)])
+    wait(reactor, first)
+    wait(reactor, held)
+    assert store.stats()["held_puts"] == 1
+    store.close()
+    assert [seq for seq, _ in reload(disk).sessions["c"].queue] == [1]
+
+
+def test_closing_writes_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """A put held over when the store closes is written by the final commit."""
+    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
+    first = store.submit([PutSession("c", 1.0)])
+    held = store.submit([_sent(1)])
+    wait(reactor, first)
+    assert not held.called
+    store.close()
+    assert held.called and held.result is None
+    assert [seq for seq, _ in reload(disk).sessions["c"].queue] == [1]
+
+
+def test_a_fence_fails_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """Fenced (another leader): a held put is not committed later; its waiter fails."""
+    store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
+    first = store.submit([PutSession("c", 1.0)])
+    held = store.submit([_sent(1)])
+    wait(reactor, first)
+    store.fence("another leader")
+    failures: list[Failure] = []
+    held.addErrback(failures.append)
+    reactor.run_until_fired(held)
+    assert failures and failures[0].check(StoreClosedError)
+    store.close()
+    assert reload(disk).sessions["c"].queue == []
+
+
+def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
+    """A sent put after a DeleteSession of its client in the same submit is ignored
+    by the writer; held over, it would revive the session in the next commit."""
+    put = _sent(1)
+    held: set[int] = set()
+    applying.superseded_puts([([DeleteSession("c"), put], None)], held)
+    assert held == set()
+    applying.superseded_puts([([put], None)], held)
+    assert held == {id(put)}
+
+
 def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
                                                       reactor: FakeReactor) -> None:
     """Queues (root["queues"]): messages by offset, trims, single deletes, group
