@@ -145,13 +145,14 @@ GATHER_FOR = (PutQueued, PutQueueMessage)
 
 
 def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
-                    held: set[int] | None = None) -> set[int]:
+                    held: dict[int, list[Op]] | None = None) -> set[int]:
     """ids of PutQueued ops whose entry a later DeleteQueued, or a later PutQueued of
     the same entry, in the same commit replaces (and of PutQueueMessage ops a later
     TrimQueue or DeleteQueue removes).
 
-    ``held`` (when given) receives the ids of the first puts of entries sent at once
-    (``PutQueued.sent``) that nothing in the group replaced: the writer may hold
+    ``held`` (when given) receives, by the index of their submit in the group, the
+    first puts of entries sent at once (``PutQueued.sent``), in order, that nothing
+    in the group replaced: the writer may hold
     them over to the next commit (``split_held``), where the subscriber's
     acknowledgement usually cancels them.  Not those of a client with a
     ``DeleteSession`` in the group (a put applied after it must not revive it).
@@ -173,10 +174,11 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
     # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
     appended: dict[str, list[tuple[int, int]]] = {}
     skip: set[int] = set()
-    # (session, seq) -> the id of a sent entry's first put, when ``held`` is asked for
-    sent: dict[tuple[str, int], int] = {}
+    # (session, seq) -> a sent entry's first put and its submit's index, when ``held``
+    # is asked for
+    sent: dict[tuple[str, int], tuple[Any, int]] = {}
     deleted: set[str] = set()
-    for ops, _ in group:
+    for index, (ops, _) in enumerate(group):
         holding = held is not None and type(ops) is not Carried   # (held once only)
         for op in ops:
             kind = type(op)
@@ -189,7 +191,7 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
                 elif op.first:  # type: ignore[union-attr]
                     fresh.add(key)
                     if holding and op.sent:  # type: ignore[union-attr]
-                        sent[key] = id(op)
+                        sent[key] = (op, index)
                 pending[key] = id(op)
             elif kind is DeleteQueued:
                 key = (op.client_id, op.seq)  # type: ignore[union-attr]
@@ -219,8 +221,13 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
                     fresh.discard(key)
     if sent:
         assert held is not None
-        held.update(i for key, i in sent.items()
-                    if pending.get(key) == i and key[0] not in deleted)
+        for key, (op, index) in sent.items():
+            if pending.get(key) == id(op) and key[0] not in deleted:
+                puts = held.get(index)
+                if puts is None:
+                    held[index] = [op]
+                else:
+                    puts.append(op)
     return skip
 
 
@@ -231,19 +238,18 @@ class Carried(tuple[Op, ...]):
     __slots__ = ()
 
 
-def split_held(group: list[tuple[tuple[Op, ...], Any]], held: set[int]
+def split_held(group: list[tuple[tuple[Op, ...], Any]], held: dict[int, list[Op]]
                ) -> tuple[list[tuple[tuple[Op, ...], Any]], list[tuple[tuple[Op, ...], Any]]]:
     """The group whose ``held`` puts were left out of its commit, split in two: the
     submits before the first one holding a put, whose waiters may fire at the commit,
     and the rest, each as (its held puts, its waiter) for the next commit.  The later
     ones wait too, though all their ops are committed: waiters fire in the order of
     their submits (an empty submit is a barrier for everything before it)."""
-    index = next((i for i, (ops, _) in enumerate(group)
-                  if any(id(op) in held for op in ops)), None)
-    if index is None:
+    if not held:
         return group, []
-    return group[:index], [(Carried(op for op in ops if id(op) in held), waiter)
-                           for ops, waiter in group[index:]]
+    first = min(held)
+    return group[:first], [(Carried(held.get(index, ())), waiter)
+                           for index, (_, waiter) in enumerate(group[first:], first)]
 
 
 def _delete_queued(t: Trees, op: DeleteQueued) -> None:

@@ -450,13 +450,19 @@ class ZODBStore:
         # Puts of entries just sent to their subscriber are held over to the next
         # commit (not while closing, nor without a gather window): most are
         # acknowledged before it, and neither they nor their deletes are ever written.
-        held: set[int] | None = set() if self._gather > 0 and not self._stopping else None
+        held: dict[int, list[Op]] | None = (
+            {} if self._gather > 0 and not self._stopping else None)
         skip = superseded_puts(group, held)
         self._coalesced += len(skip)
+        nheld = 0
         if held:
-            skip |= held
+            for puts in held.values():
+                nheld += len(puts)
+                skip.update(map(id, puts))
         try:
-            for attempt in tm.attempts(self._commit_attempts):
+            # (nothing left to write, and no leader epoch to check: no transaction)
+            for attempt in (tm.attempts(self._commit_attempts)
+                            if len(skip) < nops or self.epoch is not None else ()):
                 with attempt:
                     if self.epoch is not None:
                         check(conn, self.epoch)
@@ -487,14 +493,15 @@ class ZODBStore:
         self._max_batch_seen = max(self._max_batch_seen, nops)
         if failure is None:
             self._commits += 1
-            self._ops += nops - len(held) if held else nops   # (held: counted when written)
+            self._ops += nops - nheld   # (held: counted when written)
             if held:
-                self._held += len(held)
+                self._held += nheld
                 group, carried = split_held(group, held)
                 self._carry(carried)
         else:
             self._failed_commits += 1
-        self._completions.add([(d, failure) for _, d in group])
+        if group:   # (all of it held over: nothing to hand over, no wake-up)
+            self._completions.add([(d, failure) for _, d in group])
 
     def _carry(self, carried: list[_Waiter]) -> None:
         """Put what a commit held over back in front of the queue (or fail it once

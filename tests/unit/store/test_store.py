@@ -720,11 +720,11 @@ def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
     """A sent put after a DeleteSession of its client in the same submit is ignored
     by the writer; held over, it would revive the session in the next commit."""
     put = _sent(1)
-    held: set[int] = set()
+    held: dict[int, list[Any]] = {}
     applying.superseded_puts([([DeleteSession("c"), put], None)], held)
-    assert held == set()
-    applying.superseded_puts([([put], None)], held)
-    assert held == {id(put)}
+    assert held == {}
+    applying.superseded_puts([([PutSession("c", 1.0)], None), ([put], None)], held)
+    assert held == {1: [put]}
 
 
 def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
