@@ -5,7 +5,7 @@ here opens, commits or reads a storage."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mqttamqp.core.persistence import (
@@ -54,7 +54,8 @@ from mqttamqp.store.models import (
     will_to_record,
 )
 
-__all__ = ["GATHER_FOR", "HANDLERS", "Carried", "Trees", "split_held", "superseded_puts"]
+__all__ = ["HANDLERS", "HOLD_GATHER", "Carried", "Trees", "gather_window",
+           "split_held", "superseded_puts"]
 
 
 class Trees:
@@ -140,8 +141,38 @@ def _put_queued(t: Trees, op: PutQueued) -> None:
         session.queue[int(op.seq)] = queued_to_record(op.entry)
 
 
-# Ops an acknowledgement usually cancels within a millisecond (see _take).
-GATHER_FOR = (PutQueued, PutQueueMessage)
+# How much longer the writer gathers when only acknowledgements wait on the commit.
+HOLD_GATHER = 2.5
+
+
+def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float) -> float:
+    """How long the writer gathers before it commits what is ``pending``: 0 when no
+    put there (``PutQueued``, ``PutQueueMessage``: what an acknowledgement or a
+    trim usually cancels within a millisecond) waits for it;
+    ``window`` × ``HOLD_GATHER`` when all of it is puts sent at once
+    (``PutQueued.sent``), what an earlier commit held over and queue entries'
+    deletes, whose submitters wait on nothing but what their subscriber's
+    acknowledgements release as well (a steady durable QoS 1 flow: fewer commit
+    rounds, fewer puts held and looked at twice); ``window`` otherwise."""
+    puts = False
+    acks_only = True
+    for ops, _ in pending:
+        if type(ops) is Carried:
+            puts = puts or bool(ops)
+            continue
+        for op in ops:
+            kind = type(op)
+            if kind is PutQueued:
+                puts = True
+                if acks_only and not op.sent:  # type: ignore[union-attr]
+                    acks_only = False
+            elif kind is not DeleteQueued:
+                if kind is PutQueueMessage:
+                    puts = True
+                acks_only = False
+    if not puts:
+        return 0.0
+    return window * HOLD_GATHER if acks_only else window
 
 
 def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],

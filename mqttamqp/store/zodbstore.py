@@ -50,10 +50,10 @@ from mqttamqp.core.persistence import (
     Snapshot,
 )
 from mqttamqp.store.applying import (
-    GATHER_FOR,
     HANDLERS,
     Carried,
     Trees,
+    gather_window,
     split_held,
     superseded_puts,
 )
@@ -390,14 +390,14 @@ class ZODBStore:
                 self._idle = False
             if not self._pending:
                 return None
-            if self._gather > 0 and self._pending_ops < self._max_batch_ops and any(
-                    type(op) in GATHER_FOR for ops, _ in self._pending for op in ops):
+            if self._gather > 0 and self._pending_ops < self._max_batch_ops and (
+                    window := gather_window(self._pending, self._gather)):
                 # Deliveries were just queued (to a session or a durable queue): their
                 # acknowledgements usually follow within a millisecond, and a put
                 # cancelled by its DeleteQueued or TrimQueue in the same commit is
-                # never written (see _superseded_puts).  A submit notifies the
+                # never written (see superseded_puts).  A submit notifies the
                 # condition only once the batch is full (or the store stops).
-                deadline = time.monotonic() + self._gather
+                deadline = time.monotonic() + window
                 self._gathering = True
                 while not self._stopping and self._pending_ops < self._max_batch_ops:
                     remaining = deadline - time.monotonic()

@@ -727,6 +727,29 @@ def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
     assert held == {1: [put]}
 
 
+def test_the_writer_gathers_longer_when_only_acknowledgements_wait() -> None:
+    """The gather window: none without a put to cancel; the long one when everything
+    pending is sent puts, held-over puts and deletes; the usual one as soon as
+    anything else (a put queued for an offline session, a session change) waits."""
+    from mqttamqp.core.persistence import PutQueueMessage
+
+    window, long = 0.002, 0.002 * applying.HOLD_GATHER
+    queued = PutQueued("c", 9, StoredQueued(Message("t", b"x", 1), 1), True)
+    assert applying.gather_window([([PutSession("c", 1.0)], None)], window) == 0.0
+    assert applying.gather_window([([DeleteQueued("c", 1)], None)], window) == 0.0
+    assert applying.gather_window([(applying.Carried(), None)], window) == 0.0
+    assert applying.gather_window(
+        [([_sent(1), _sent(2)], None), ([DeleteQueued("c", 1)], None)], window) == long
+    assert applying.gather_window(
+        [(applying.Carried([_sent(1)]), None), (applying.Carried(), None)], window) == long
+    assert applying.gather_window(
+        [([_sent(1)], None), ([queued], None)], window) == window
+    assert applying.gather_window(
+        [([_sent(1)], None), ([PutSession("c", 2.0)], None)], window) == window
+    assert applying.gather_window(
+        [([PutQueueMessage("q", 0, msg("$queue/q/a"))], None)], window) == window
+
+
 def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
                                                       reactor: FakeReactor) -> None:
     """Queues (root["queues"]): messages by offset, trims, single deletes, group
