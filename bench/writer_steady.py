@@ -7,7 +7,7 @@ commits and hand-offs) on a FileStorage in a temporary directory, fed as
 
 ``TREE``: the checkout whose ``mqttamqp`` is measured (first on ``sys.path``, so two
 checkouts compare with one interpreter).  The feeding thread submits, every 0.5 ms,
-one publisher read's puts (``B`` first puts of entries sent at once) and the deletes
+one publisher read's puts (``B`` first puts of entries for an online subscriber) and the deletes
 of the subscriber's PUBACKs for the puts submitted ``L`` submits before, as the
 reactor does; the hand-offs (``callFromThread``) run on the feeding thread.  Prints
 the writer thread's CPU per message (µs, from ``pthread_getcpuclockid``), the
@@ -61,7 +61,7 @@ def main() -> None:
         entry = StoredQueued(message, 1, "inflight", seq % 65535 + 1)
         try:
             return PutQueued("s", seq, entry, True, True)   # type: ignore[call-arg]
-        except TypeError:   # (a tree before ``PutQueued.sent``)
+        except TypeError:   # (a tree before ``PutQueued.online``)
             return PutQueued("s", seq, entry, True)
 
     with tempfile.TemporaryDirectory() as tmp:

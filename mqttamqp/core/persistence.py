@@ -116,19 +116,20 @@ class PutQueued:
 
     ``first``: the entry's first put (its ``seq`` is new, so nothing of it was
     stored before): a ``DeleteQueued`` of it in the same commit has nothing to
-    remove either, and the writer skips both.  ``sent``: a first put of a QoS 1
-    entry that went out at once to its online subscriber, whose acknowledgement
-    usually comes within milliseconds: the writer may hold it over one commit
-    (``store.applying.split_held``), and the publisher's PUBACK then waits for
-    that subscriber's PUBACK or the next commit.  Neither is part of the op's
-    equality.
+    remove either, and the writer skips both.  ``online``: a first put of a QoS 1
+    entry for an online subscriber (sent at once, or queued behind its in-flight
+    window), whose acknowledgement usually comes within milliseconds: the writer
+    may hold it over a few commits (``store.applying.HOLD_ROUNDS``; ``split_held``),
+    and what waits on its commit (the publisher's PUBACK, unless every delivery
+    was acknowledged first) waits until it is written or its delete cancels it.
+    Neither is part of the op's equality.
     """
 
     client_id: str
     seq: int
     entry: StoredQueued
     first: bool = field(default=False, compare=False)
-    sent: bool = field(default=False, compare=False)
+    online: bool = field(default=False, compare=False)
 
 
 @record

@@ -54,8 +54,8 @@ from mqttamqp.store.models import (
     will_to_record,
 )
 
-__all__ = ["HANDLERS", "HOLD_GATHER", "Carried", "Trees", "gather_window",
-           "split_held", "superseded_puts"]
+__all__ = ["HANDLERS", "HOLD_GATHER", "HOLD_ROUNDS", "Carried", "Trees", "age_held",
+           "gather_window", "split_held", "superseded_puts"]
 
 
 class Trees:
@@ -143,14 +143,16 @@ def _put_queued(t: Trees, op: PutQueued) -> None:
 
 # How much longer the writer gathers when only acknowledgements wait on the commit.
 HOLD_GATHER = 2.5
+# The most commits a put for an online subscriber is held over (then it is written).
+HOLD_ROUNDS = 4
 
 
 def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float) -> float:
     """How long the writer gathers before it commits what is ``pending``: 0 when no
     put there (``PutQueued``, ``PutQueueMessage``: what an acknowledgement or a
     trim usually cancels within a millisecond) waits for it;
-    ``window`` × ``HOLD_GATHER`` when all of it is puts sent at once
-    (``PutQueued.sent``), what an earlier commit held over and queue entries'
+    ``window`` × ``HOLD_GATHER`` when all of it is puts for online subscribers
+    (``PutQueued.online``), what an earlier commit held over and queue entries'
     deletes, whose submitters wait on nothing but what their subscriber's
     acknowledgements release as well (a steady durable QoS 1 flow: fewer commit
     rounds, fewer puts held and looked at twice); ``window`` otherwise."""
@@ -164,7 +166,7 @@ def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float)
             kind = type(op)
             if kind is PutQueued:
                 puts = True
-                if acks_only and not op.sent:  # type: ignore[union-attr]
+                if acks_only and not op.online:  # type: ignore[union-attr]
                     acks_only = False
             elif kind is not DeleteQueued:
                 if kind is PutQueueMessage:
@@ -182,11 +184,11 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
     TrimQueue or DeleteQueue removes).
 
     ``held`` (when given) receives, by the index of their submit in the group, the
-    first puts of entries sent at once (``PutQueued.sent``), in order, that nothing
-    in the group replaced: the writer may hold
-    them over to the next commit (``split_held``), where the subscriber's
-    acknowledgement usually cancels them.  Not those of a client with a
-    ``DeleteSession`` in the group (a put applied after it must not revive it).
+    first puts of entries for online subscribers (``PutQueued.online``), in order,
+    that nothing in the group replaced: the writer may hold them over to a later
+    commit (``age_held``, ``split_held``), where the subscriber's acknowledgement
+    usually cancels them.  Not those of a client with a ``DeleteSession`` in the
+    group (a put applied after it must not revive it).
 
     A subscriber that acknowledges within one commit window makes the queue write
     pointless: skipping it (and keeping the delete, which may remove a record from
@@ -205,12 +207,12 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
     # is trimmed in it (queue -> [(offset, id of its PutQueueMessage)]).
     appended: dict[str, list[tuple[int, int]]] = {}
     skip: set[int] = set()
-    # (session, seq) -> a sent entry's first put and its submit's index, when ``held``
-    # is asked for
-    sent: dict[tuple[str, int], tuple[Any, int]] = {}
+    # (session, seq) -> an online entry's first put and its submit's index, when
+    # ``held`` is asked for
+    online: dict[tuple[str, int], tuple[Any, int]] = {}
     deleted: set[str] = set()
+    holding = held is not None
     for index, (ops, _) in enumerate(group):
-        holding = held is not None and type(ops) is not Carried   # (held once only)
         for op in ops:
             kind = type(op)
             # (the session queue's ops first: a durable QoS 1 message has two)
@@ -221,8 +223,8 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
                     skip.add(earlier)
                 elif op.first:  # type: ignore[union-attr]
                     fresh.add(key)
-                    if holding and op.sent:  # type: ignore[union-attr]
-                        sent[key] = (op, index)
+                    if holding and op.online:  # type: ignore[union-attr]
+                        online[key] = (op, index)
                 pending[key] = id(op)
             elif kind is DeleteQueued:
                 key = (op.client_id, op.seq)  # type: ignore[union-attr]
@@ -250,9 +252,9 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
                 for key in [k for k in pending if k[0] == client]:
                     del pending[key]
                     fresh.discard(key)
-    if sent:
+    if online:
         assert held is not None
-        for key, (op, index) in sent.items():
+        for key, (op, index) in online.items():
             if pending.get(key) == id(op) and key[0] not in deleted:
                 puts = held.get(index)
                 if puts is None:
@@ -263,10 +265,28 @@ def superseded_puts(group: Sequence[tuple[Sequence[Op], object]],
 
 
 class Carried(tuple[Op, ...]):
-    """The puts a commit held over (``split_held``): written by the next one, never
-    held again."""
+    """The puts a commit held over (``split_held``), for the next one."""
 
     __slots__ = ()
+
+
+def age_held(held: dict[int, list[Op]], rounds: dict[int, int]) -> dict[int, int]:
+    """Take out of ``held`` the puts already held over ``HOLD_ROUNDS`` commits (this
+    commit writes them); return how many commits each put left in has been held
+    over, this one counted (by id: ``rounds`` for the next commit)."""
+    aged: dict[int, int] = {}
+    for index in list(held):
+        keep = []
+        for op in held[index]:
+            n = rounds.get(id(op), 0) + 1
+            if n <= HOLD_ROUNDS:
+                aged[id(op)] = n
+                keep.append(op)
+        if keep:
+            held[index] = keep
+        else:
+            del held[index]
+    return aged
 
 
 def split_held(group: list[tuple[tuple[Op, ...], Any]], held: dict[int, list[Op]]

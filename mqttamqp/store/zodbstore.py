@@ -53,6 +53,7 @@ from mqttamqp.store.applying import (
     HANDLERS,
     Carried,
     Trees,
+    age_held,
     gather_window,
     split_held,
     superseded_puts,
@@ -216,6 +217,7 @@ class ZODBStore:
         self._gather = gather_seconds
         self._coalesced = 0
         self._held = 0
+        self._rounds: dict[int, int] = {}   # writer thread: id of a held put -> commits
         self._last_commit_seconds = 0.0
         self._max_commit_seconds = 0.0
         self._commit_seconds = 0.0   # all commits' time, from taking a group to done
@@ -351,7 +353,7 @@ class ZODBStore:
             "commits": self._commits,          # successful group commits
             "failed_commits": self._failed_commits,
             "coalesced_puts": self._coalesced,   # queue ops skipped (superseded_puts)
-            "held_puts": self._held,   # puts held over to the next commit (split_held)
+            "held_puts": self._held,   # puts held over a commit, each time (split_held)
             "last_commit_seconds": self._last_commit_seconds,
             "max_commit_seconds": self._max_commit_seconds,
             "commit_seconds": self._commit_seconds,   # summed over all commits
@@ -447,18 +449,17 @@ class ZODBStore:
         nops = sum(len(ops) for ops, _ in group)
         started = time.monotonic()
         failure: Failure | None = None
-        # Puts of entries just sent to their subscriber are held over to the next
-        # commit (not while closing, nor without a gather window): most are
-        # acknowledged before it, and neither they nor their deletes are ever written.
+        # Puts of entries for online subscribers are held over to a later commit, at
+        # most HOLD_ROUNDS times (not while closing, nor without a gather window):
+        # most are acknowledged before, and neither they nor their deletes are written.
         held: dict[int, list[Op]] | None = (
             {} if self._gather > 0 and not self._stopping else None)
         skip = superseded_puts(group, held)
         self._coalesced += len(skip)
-        nheld = 0
+        self._rounds = age_held(held, self._rounds) if held else {}
+        nheld = len(self._rounds)   # (one entry a put held)
         if held:
-            for puts in held.values():
-                nheld += len(puts)
-                skip.update(map(id, puts))
+            skip.update(id(op) for puts in held.values() for op in puts)
         try:
             # (nothing left to write, and no leader epoch to check: no transaction)
             for attempt in (tm.attempts(self._commit_attempts)
@@ -500,12 +501,12 @@ class ZODBStore:
                 self._carry(carried)
         else:
             self._failed_commits += 1
+            self._rounds = {}
         if group:   # (all of it held over: nothing to hand over, no wake-up)
             self._completions.add([(d, failure) for _, d in group])
 
     def _carry(self, carried: list[_Waiter]) -> None:
-        """Put what a commit held over back in front of the queue (or fail it once
-        fenced: nothing more is committed)."""
+        """Put what a commit held over back in front of the queue (fenced: fail it)."""
         with self._cond:
             if not self.fenced:
                 self._pending.extendleft(reversed(carried))

@@ -244,12 +244,14 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
+                # (a new seq; a QoS 1 entry for an online subscriber, sent or
+                # queued: the writer may hold its put over a few commits)
                 if qos == 1 and entry.packet_id in session.inflight:
-                    # (a new seq, sent at once: the writer may hold it over a commit)
                     ops.append(entry.put_op(session.client_id, True, True))
                     qos1_entries.append(entry)
                 else:
-                    ops.append(entry.put_op(session.client_id, True))   # (a new seq)
+                    ops.append(entry.put_op(session.client_id, True,
+                                            qos == 1 and session.link is not None))
                     held.append((session, entry.seq))
             if ((session.queue or session.queued_bytes or session._extras is not None
                  or (session.link is not None and session.link.congested))

@@ -112,16 +112,17 @@ class OutEntry:
         return StoredQueued(self.message.with_retain(self.retain), self.qos, self.state,
                             self.packet_id, self.subscription_ids)
 
-    def put_op(self, client_id: str, first: bool = False, sent: bool = False) -> PutQueued:
+    def put_op(self, client_id: str, first: bool = False, online: bool = False
+               ) -> PutQueued:
         """The store operation that records this entry for session ``client_id``
-        (``first``: the entry was just made, ``PutQueued.first``; ``sent``: and it
-        went out at once, ``PutQueued.sent``)."""
+        (``first``: the entry was just made, ``PutQueued.first``; ``online``: for an
+        online subscriber, ``PutQueued.online``)."""
         # (``stored`` inlined: one per QoS 1/2 delivery to a persistent session)
         message = self.message
         if message.retain != self.retain:
             message = message.with_retain(self.retain)
         return PutQueued(client_id, self.seq, StoredQueued(
-            message, self.qos, self.state, self.packet_id, self.subscription_ids), first, sent)
+            message, self.qos, self.state, self.packet_id, self.subscription_ids), first, online)
 
 
 NO_OPS: list[Op] = []

@@ -200,24 +200,28 @@ def test_a_routed_delivery_is_a_first_put_and_a_later_state_is_not() -> None:
     assert [op.first for op in puts] == [True, False]
 
 
-def test_the_router_marks_sent_only_a_qos1_put_that_went_out_at_once() -> None:
-    """``PutQueued.sent`` (the writer may hold the put over a commit) only on the first
-    put of a QoS 1 entry sent at once to its online subscriber: not on a QoS 2 entry
-    (held until stored), nor on one queued for an offline session."""
+def test_the_router_marks_online_only_a_qos1_put_for_an_online_subscriber() -> None:
+    """``PutQueued.online`` (the writer may hold the put over a few commits) only on the
+    first put of a QoS 1 entry for an online subscriber, sent at once or queued behind
+    its in-flight window: not on a QoS 2 entry (held until stored), nor on one queued
+    for an offline session."""
     from core_broker import connect, make_broker, pub, subscribe
 
     from mqttamqp.core.persistence import PutQueued
 
-    broker, _clock, store = make_broker()
+    broker, _clock, store = make_broker(max_inflight=1)
     s, link, _ = connect(broker, "p", clean=False)
     subscribe(broker, s, ("a", 2))
     pub(broker, "a", b"1", qos=1)
+    pub(broker, "a", b"q", qos=1)     # (queued: the window of one is full)
     pub(broker, "a", b"2", qos=2)
+    assert s.queue
     broker.end_session(link, s, clean=True, reason="bye")
     pub(broker, "a", b"3", qos=1)
     puts = [op for op in store.submitted if isinstance(op, PutQueued)]
-    assert [(op.entry.message.payload, op.first, op.sent) for op in puts] == [
-        (b"1", True, True), (b"2", True, False), (b"3", True, False)]
+    assert [(op.entry.message.payload, op.first, op.online) for op in puts] == [
+        (b"1", True, True), (b"q", True, True), (b"2", True, False),
+        (b"3", True, False)]
 
 
 def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() -> None:

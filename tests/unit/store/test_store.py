@@ -648,20 +648,21 @@ def test_a_new_entry_put_and_deleted_in_one_commit_touches_nothing(
     assert reload(disk).sessions["c"].queue == []
 
 
-def _sent(seq: int) -> PutQueued:
-    """The first put of a QoS 1 entry sent at once (what the router gives the writer)."""
+def _online(seq: int) -> PutQueued:
+    """The first put of a QoS 1 entry for an online subscriber (as the router gives
+    the writer)."""
     return PutQueued("c", seq, StoredQueued(Message("t", b"x", 1), 1), True, True)
 
 
-def test_a_sent_entry_is_held_over_a_commit_and_its_delete_cancels_it(
+def test_an_online_entry_is_held_over_a_commit_and_its_delete_cancels_it(
         disk: MemoryDisk, reactor: FakeReactor) -> None:
-    """The first put of an entry sent at once is left out of its commit and held for the
-    next, where its subscriber's acknowledgement (the delete) cancels both: nothing of
+    """The first put of an entry for an online subscriber is left out of its commit and
+    held for the next, where its acknowledgement (the delete) cancels both: nothing of
     it is ever written.  Its submit's waiter, and every later one, fire only with the
     commit that settles it; the ops of the later ones were committed at once."""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=3)
     first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_sent(1)])
+    held = store.submit([_online(1)])
     later = store.submit([PutRetained(msg("r"))])    # (3 ops: the batch is full)
     wait(reactor, first)
     assert not held.called and not later.called
@@ -675,16 +676,18 @@ def test_a_sent_entry_is_held_over_a_commit_and_its_delete_cancels_it(
     assert snap.sessions["c"].queue == [] and list(snap.retained) == ["r"]
 
 
-def test_a_held_put_is_written_by_the_next_commit(disk: MemoryDisk,
-                                                  reactor: FakeReactor) -> None:
-    """No acknowledgement came: the held put is written by the next commit (after its
-    own gather window), once only, and its waiter fires then."""
-    store = open_store(disk, reactor, gather_seconds=0.05, max_batch_ops=2)
+def test_a_held_put_is_written_after_the_last_commit_it_may_wait(
+        disk: MemoryDisk, reactor: FakeReactor) -> None:
+    """No acknowledgement came: the put is held over ``HOLD_ROUNDS`` commits (each
+    after its gather window), then written, once, and its waiter fires then."""
+    store = open_store(disk, reactor, gather_seconds=0.01, max_batch_ops=2)
     first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_sent(1)])
+    held = store.submit([_online(1)])
     wait(reactor, first)
     wait(reactor, held)
-    assert store.stats()["held_puts"] == 1
+    assert store.stats()["held_puts"] == applying.HOLD_ROUNDS
+    # (the first commit writes the session and holds the put; the last writes it)
+    assert store.stats()["commits"] == 1 + applying.HOLD_ROUNDS
     store.close()
     assert [seq for seq, _ in reload(disk).sessions["c"].queue] == [1]
 
@@ -693,7 +696,7 @@ def test_closing_writes_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> No
     """A put held over when the store closes is written by the final commit."""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
     first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_sent(1)])
+    held = store.submit([_online(1)])
     wait(reactor, first)
     assert not held.called
     store.close()
@@ -705,7 +708,7 @@ def test_a_fence_fails_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> Non
     """Fenced (another leader): a held put is not committed later; its waiter fails."""
     store = open_store(disk, reactor, gather_seconds=30.0, max_batch_ops=2)
     first = store.submit([PutSession("c", 1.0)])
-    held = store.submit([_sent(1)])
+    held = store.submit([_online(1)])
     wait(reactor, first)
     store.fence("another leader")
     failures: list[Failure] = []
@@ -719,7 +722,7 @@ def test_a_fence_fails_a_held_put(disk: MemoryDisk, reactor: FakeReactor) -> Non
 def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
     """A sent put after a DeleteSession of its client in the same submit is ignored
     by the writer; held over, it would revive the session in the next commit."""
-    put = _sent(1)
+    put = _online(1)
     held: dict[int, list[Any]] = {}
     applying.superseded_puts([([DeleteSession("c"), put], None)], held)
     assert held == {}
@@ -739,13 +742,13 @@ def test_the_writer_gathers_longer_when_only_acknowledgements_wait() -> None:
     assert applying.gather_window([([DeleteQueued("c", 1)], None)], window) == 0.0
     assert applying.gather_window([(applying.Carried(), None)], window) == 0.0
     assert applying.gather_window(
-        [([_sent(1), _sent(2)], None), ([DeleteQueued("c", 1)], None)], window) == long
+        [([_online(1), _online(2)], None), ([DeleteQueued("c", 1)], None)], window) == long
     assert applying.gather_window(
-        [(applying.Carried([_sent(1)]), None), (applying.Carried(), None)], window) == long
+        [(applying.Carried([_online(1)]), None), (applying.Carried(), None)], window) == long
     assert applying.gather_window(
-        [([_sent(1)], None), ([queued], None)], window) == window
+        [([_online(1)], None), ([queued], None)], window) == window
     assert applying.gather_window(
-        [([_sent(1)], None), ([PutSession("c", 2.0)], None)], window) == window
+        [([_online(1)], None), ([PutSession("c", 2.0)], None)], window) == window
     assert applying.gather_window(
         [([PutQueueMessage("q", 0, msg("$queue/q/a"))], None)], window) == window
 
