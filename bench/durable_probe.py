@@ -3,7 +3,7 @@
 persistent subscriber, window 100) against one mqttamqp broker per run, with the
 broker's CPU split by thread and the commits counted afterwards (issue 31, section 1).
 
-    python bench/durable_probe.py [--runs 3] [--count 50000] [--mosquitto]
+    python bench/durable_probe.py [--runs 3] [--count 50000] [--window 100] [--mosquitto]
                                   [--baseline DIR] [--mqttamqp-arg ARG ...] [--out FILE]
 
 Per run: messages/s as ``run.py`` counts them; the broker's CPU per message (utime +
@@ -72,7 +72,7 @@ def one_run(label, args, help_text, env_extra, rep):
     if label == "baseline":
         env_extra = dict(env_extra, PYTHONPATH=os.path.abspath(args.baseline))
     cfg = {"counts": {2: args.count}, "timeout": args.timeout, "idle_s": 5.0,
-           "window": 100, "rx_nap_s": 0.0}
+           "window": args.window, "rx_nap_s": 0.0}
     b = brokers.Broker(kind, label=label, mqttamqp_help_text=help_text,
                        mqttamqp_env=env_extra, extra_args=args.mqttamqp_arg,
                        want_inflight=True)
@@ -121,6 +121,9 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--count", type=int, default=50_000)
+    ap.add_argument("--window", type=int, default=100,
+                    help="the publisher's QoS 1 messages in flight (run.py's scenario 2: "
+                         "100; above the broker's --max-inflight of 32 they queue)")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--mosquitto", action="store_true")
     ap.add_argument("--baseline", metavar="DIR")
@@ -154,7 +157,7 @@ def main():
                                       "min": min(vals), "max": max(vals)}
     doc = {"tool": "bench/durable_probe.py", "machine": run.machine_facts(),
            "baseline": args.baseline,
-           "count": args.count, "mqttamqp_args": args.mqttamqp_arg,
+           "count": args.count, "window": args.window, "mqttamqp_args": args.mqttamqp_arg,
            "summary": summary, "runs": runs}
     text = json.dumps(doc, indent=1)
     if args.out:
