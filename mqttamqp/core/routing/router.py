@@ -244,14 +244,15 @@ class Router(Subscriptions):
                     # (nobody online, see ``pick``; or kept for the group, ``_keeper``)
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
-                # (a new seq; a QoS 1 entry for an online subscriber, sent or
-                # queued: the writer may hold its put over a few commits)
-                if qos == 1 and entry.packet_id in session.inflight:
-                    ops.append(entry.put_op(session.client_id, True, True))
-                    qos1_entries.append(entry)
-                else:
+                if qos == 1:
+                    # (a new seq; for an online subscriber, sent or queued behind its
+                    # window, the writer may hold the put over a few commits; the
+                    # publish is answered once stored or every delivery acknowledged)
                     ops.append(entry.put_op(session.client_id, True,
-                                            qos == 1 and session.link is not None))
+                                            session.link is not None))
+                    qos1_entries.append(entry)
+                else:   # (QoS 2: sent once stored, release_held)
+                    ops.append(entry.put_op(session.client_id, True))   # (a new seq)
                     held.append((session, entry.seq))
             if ((session.queue or session.queued_bytes or session._extras is not None
                  or (session.link is not None and session.link.congested))

@@ -686,6 +686,26 @@ def test_qos1_publish_completes_when_persistent_subscriber_acks_before_commit() 
     assert d.called
 
 
+def test_qos1_publish_queued_behind_the_window_completes_when_acknowledged() -> None:
+    """A QoS 1 delivery to an online persistent subscriber that waits behind its full
+    in-flight window is answered as a sent one is: once the subscriber acknowledged
+    it (after the window freed and it was sent), before the commit."""
+    store = ManualStore()
+    broker, _, _ = make_broker(store, max_inflight=1)
+    s, link, _ = connect(broker, "p", clean=False)
+    store.commit_all()
+    subscribe(broker, s, ("a", 1))
+    store.commit_all()
+    d1 = pub(broker, "a", b"m1", qos=1)
+    d2 = pub(broker, "a", b"m2", qos=1)
+    assert d1 is not None and d2 is not None and s.queue
+    broker.acknowledged(s, 1)
+    assert d1.called and not d2.called
+    assert [p for _, p, *_ in link.sent] == [b"m1", b"m2"]
+    broker.acknowledged(s, 2)
+    assert d2.called and store.pending     # (nothing committed yet)
+
+
 def test_batched_qos1_publish_completes_early_and_the_commit_does_not_fire_it_again() -> None:
     """Inside a batch (one socket read) the same early completion holds; the commit
     that follows neither fires it twice nor fails; a failing commit after it is
