@@ -117,12 +117,13 @@ class PutQueued:
     ``first``: the entry's first put (its ``seq`` is new, so nothing of it was
     stored before): a ``DeleteQueued`` of it in the same commit has nothing to
     remove either, and the writer skips both.  ``online``: a first put of a QoS 1
-    entry for an online subscriber (sent at once, or queued behind its in-flight
-    window), whose acknowledgement usually comes within milliseconds: the writer
-    may hold it over a few commits (``store.applying.HOLD_ROUNDS``; ``split_held``),
-    and what waits on its commit (the publisher's PUBACK, unless every delivery
-    was acknowledged first) waits until it is written or its delete cancels it.
-    Neither is part of the op's equality.
+    entry sent at once to its online subscriber, whose acknowledgement usually comes
+    within milliseconds, and of a publish that stores nothing else (no will, packet
+    id or retained message; not in a transaction, not gated): the writer may hold it
+    over ``store.applying.HOLD_ROUNDS`` commits (``split_held``), committing the
+    rest of its submit first, and what waits on its commit (the publisher's PUBACK,
+    unless every delivery was acknowledged first) waits until it is written or its
+    delete cancels it.  Neither is part of the op's equality.
     """
 
     client_id: str

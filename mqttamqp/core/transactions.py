@@ -192,6 +192,7 @@ class Transaction:
         waits: list[Deferred[None] | None] = []
         error: Failure | None = None
         commits.begin()
+        commits.atomic += 1
         try:
             for kind, run in work:
                 try:
@@ -209,6 +210,7 @@ class Transaction:
             # above is durable)
             waits.append(commits.barrier())
         finally:
+            commits.atomic -= 1
             commits.end()
         if error is not None:
             for d in waits:

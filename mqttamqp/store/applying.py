@@ -143,8 +143,10 @@ def _put_queued(t: Trees, op: PutQueued) -> None:
 
 # How much longer the writer gathers when only acknowledgements wait on the commit.
 HOLD_GATHER = 2.5
-# The most commits a put for an online subscriber is held over (then it is written).
-HOLD_ROUNDS = 4
+# The most commits a put for an online subscriber is held over (then it is written):
+# each is a wait of up to 5 ms for what waits behind it (a stalled subscriber's
+# publisher, an acknowledgement submitted after it).
+HOLD_ROUNDS = 2
 
 
 def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float) -> float:
@@ -162,16 +164,20 @@ def gather_window(pending: Iterable[tuple[Sequence[Op], object]], window: float)
         if type(ops) is Carried:
             puts = puts or bool(ops)
             continue
+        if not ops:
+            acks_only = False     # (a barrier: its waiter waits for this commit)
         for op in ops:
             kind = type(op)
             if kind is PutQueued:
                 puts = True
-                if acks_only and not op.online:  # type: ignore[union-attr]
+                if not op.online:  # type: ignore[union-attr]
                     acks_only = False
             elif kind is not DeleteQueued:
                 if kind is PutQueueMessage:
                     puts = True
                 acks_only = False
+            if puts and not acks_only:
+                return window
     if not puts:
         return 0.0
     return window * HOLD_GATHER if acks_only else window

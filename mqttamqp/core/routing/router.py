@@ -176,6 +176,11 @@ class Router(Subscriptions):
         if message.retain and not message.topic.startswith(DYNAMIC_PREFIX):
             self.retained_feed.keep(message, ops)
         other_ops = len(ops)
+        # (the writer may hold the put of a QoS 1 entry sent at once over a commit or
+        # two, committing the rest of its submit first: not when the publish stores
+        # more than its deliveries (a will's delete, a QoS 2 packet id, a retained
+        # message), nor in a transaction (one store transaction), nor under a gate)
+        holdable = not other_ops and not hold and not commits.atomic
         held: list[tuple[Session, int]] = []
         qos1_entries: list[OutEntry] = []
         msg_qos = message.qos
@@ -245,11 +250,12 @@ class Router(Subscriptions):
                     self.groups.lend(group, session, entry)
             if entry is not None and session.persistent:
                 if qos == 1:
-                    # (a new seq; for an online subscriber, sent or queued behind its
-                    # window, the writer may hold the put over a few commits; the
-                    # publish is answered once stored or every delivery acknowledged)
-                    ops.append(entry.put_op(session.client_id, True,
-                                            session.link is not None))
+                    # (a new seq; sent at once, the writer may hold the put over a
+                    # commit or two; sent or queued behind the window, the publish is
+                    # answered once stored or every delivery acknowledged)
+                    ops.append(entry.put_op(
+                        session.client_id, True,
+                        holdable and entry.packet_id in session.inflight))
                     qos1_entries.append(entry)
                 else:   # (QoS 2: sent once stored, release_held)
                     ops.append(entry.put_op(session.client_id, True))   # (a new seq)

@@ -200,11 +200,12 @@ def test_a_routed_delivery_is_a_first_put_and_a_later_state_is_not() -> None:
     assert [op.first for op in puts] == [True, False]
 
 
-def test_the_router_marks_online_only_a_qos1_put_for_an_online_subscriber() -> None:
-    """``PutQueued.online`` (the writer may hold the put over a few commits) only on the
-    first put of a QoS 1 entry for an online subscriber, sent at once or queued behind
-    its in-flight window: not on a QoS 2 entry (held until stored), nor on one queued
-    for an offline session."""
+def test_the_router_marks_online_only_a_qos1_put_sent_at_once() -> None:
+    """``PutQueued.online`` (the writer may hold the put over a commit or two) only on
+    the first put of a QoS 1 entry sent at once to its online subscriber: not on one
+    queued behind its full in-flight window (its subscriber may be stalled: what waits
+    on the commit would wait the longest), on a QoS 2 entry (held until stored), nor on
+    one queued for an offline session."""
     from core_broker import connect, make_broker, pub, subscribe
 
     from mqttamqp.core.persistence import PutQueued
@@ -220,8 +221,41 @@ def test_the_router_marks_online_only_a_qos1_put_for_an_online_subscriber() -> N
     pub(broker, "a", b"3", qos=1)
     puts = [op for op in store.submitted if isinstance(op, PutQueued)]
     assert [(op.entry.message.payload, op.first, op.online) for op in puts] == [
-        (b"1", True, True), (b"q", True, True), (b"2", True, False),
+        (b"1", True, True), (b"q", True, False), (b"2", True, False),
         (b"3", True, False)]
+
+
+def test_no_put_is_marked_online_for_a_publish_that_commits_more_than_its_deliveries(
+        ) -> None:
+    """A held put is committed after the rest of its submit: not for a will (its
+    ``DeleteWill`` would be durable without the delivery: lost after kill -9), nor
+    for an inbound QoS 2 publish (its stored packet id would make the re-sent
+    PUBLISH a duplicate, never routed again; and its gated deliveries go out only
+    after that commit, so no acknowledgement can cancel the put first), nor for a
+    retained message.  (Review finding, session 19: the first two lost messages
+    after kill -9.)"""
+    from core_broker import connect, make_broker, pub, subscribe, will
+
+    from mqttamqp.core.auth import Identity
+    from mqttamqp.core.message import Message
+    from mqttamqp.core.persistence import PutQueued
+
+    broker, _clock, store = make_broker()
+    s, _link, _ = connect(broker, "s", clean=False)
+    subscribe(broker, s, ("a", 1), ("b", 1), ("r", 1))
+    s2, _link2, _ = connect(broker, "s2", clean=False)   # (nothing gated before)
+    subscribe(broker, s2, ("b", 1), ("r", 1), ("x", 1))
+    p, _plink, _ = connect(broker, "p", clean=False)
+    broker.publish_qos2(p, Message("a", b"q2", 2, False, "p", 0.0), Identity("p"), 7)
+    w, wlink, _ = connect(broker, "w", will=will("w", "b", b"will", 1))
+    broker.end_session(wlink, w, clean=False, reason="socket lost")
+    pub(broker, "r", b"kept", qos=1, retain=True)
+    pub(broker, "x", b"plain", qos=1)
+    assert s2.inflight and not s2.queue     # (all of them sent at once to s2)
+    puts = [op for op in store.submitted if isinstance(op, PutQueued) and op.first]
+    assert [(op.client_id, op.entry.message.payload, op.online) for op in puts] == [
+        ("s", b"q2", False), ("s", b"will", False), ("s2", b"will", False),
+        ("s", b"kept", False), ("s2", b"kept", False), ("s2", b"plain", True)]
 
 
 def test_stopping_before_the_batch_ends_stores_nothing_and_only_acks_complete() -> None:

@@ -292,3 +292,24 @@ def test_a_held_token_names_the_delivery_not_its_packet_id() -> None:
     worker.inflight[packet_id] = entry
     assert not settlement.still_held(worker, packet_id, token)
     assert settlement.still_held(worker, packet_id, settlement.hold(worker, packet_id))
+
+
+def test_no_put_of_a_transaction_is_marked_online() -> None:
+    """A transaction's ops are committed in one store transaction: the writer may not
+    hold back a put of it (``PutQueued.online``) while committing its acknowledgements,
+    as it may an ordinary publish's put for an online subscriber.  (Review finding,
+    session 19: a transaction split across two commits by kill -9.)"""
+    from mqttamqp.core.persistence import PutQueued
+
+    store = ManualStore()
+    broker, _, _ = make(store)
+    sub, _link = client(broker, "s", clean=False)
+    join(broker, sub, "t")
+    store.commit_all()
+    send(broker, "t", b"plain")
+    tx = broker.transactions.open("conn")
+    tx.add_publish(1, publisher(broker, "t", b"tx"))
+    tx.commit()
+    puts = [op for op in store.submitted if isinstance(op, PutQueued)]
+    assert [(op.entry.message.payload, op.online) for op in puts] == [
+        (b"plain", True), (b"tx", False)]

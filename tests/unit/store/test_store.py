@@ -732,8 +732,9 @@ def test_no_put_is_held_for_a_session_deleted_in_the_same_commit() -> None:
 
 def test_the_writer_gathers_longer_when_only_acknowledgements_wait() -> None:
     """The gather window: none without a put to cancel; the long one when everything
-    pending is sent puts, held-over puts and deletes; the usual one as soon as
-    anything else (a put queued for an offline session, a session change) waits."""
+    pending is puts sent at once, held-over puts and deletes; the usual one as soon
+    as anything else (a put queued behind a window or for an offline session, a
+    session change, a barrier) waits."""
     from mqttamqp.core.persistence import PutQueueMessage
 
     window, long = 0.002, 0.002 * applying.HOLD_GATHER
@@ -751,6 +752,8 @@ def test_the_writer_gathers_longer_when_only_acknowledgements_wait() -> None:
         [([_online(1)], None), ([PutSession("c", 2.0)], None)], window) == window
     assert applying.gather_window(
         [([PutQueueMessage("q", 0, msg("$queue/q/a"))], None)], window) == window
+    assert applying.gather_window(     # (a barrier's waiter waits for this commit)
+        [([_online(1)], None), ([], None)], window) == window
 
 
 def test_durable_queues_survive_a_reopen_of_the_file(tmp_path: Path,
